@@ -1,0 +1,237 @@
+"""AgentEvent classes: every step of a run, as frozen attrs values.
+
+Each event serialises (through the one cattrs converter below) to a JSON-ready dict
+with a ``type`` tag — the same dict goes on the wire, into `navi run --events`, and
+into replay buffers. The session actor adds ``session_id`` and ``seq`` when it fans
+an event out; they are not part of the event itself.
+
+Every event carries two keyword-only fields for sub-agent forwarding: ``is_subagent``
+and ``agent_id`` (the sub-agent's id). A parent marks a forwarded event with
+``attrs.evolve(ev, is_subagent=True, agent_id=...)``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+import attrs
+import cattrs
+
+
+@attrs.frozen
+class AgentEvent:
+    type: ClassVar[str] = ""
+    is_subagent: bool = attrs.field(default=False, kw_only=True)
+    agent_id: str | None = attrs.field(default=None, kw_only=True)
+
+
+@attrs.frozen
+class TextDelta(AgentEvent):
+    text: str
+
+
+@attrs.frozen
+class ThinkingDelta(AgentEvent):
+    text: str
+
+
+@attrs.frozen
+class ThinkingEnd(AgentEvent):
+    pass
+
+
+@attrs.frozen
+class ModelInfo(AgentEvent):
+    """The resolved model changed (first answer of a run, or mid-turn)."""
+
+    model: str
+
+
+@attrs.frozen
+class PlanStep:
+    index: int
+    description: str
+    executor: str = "SELF"  # "TOOL", "AGENT" or "SELF"
+    target: str | None = None  # tool name or profile id
+
+
+@attrs.frozen
+class PlanPhase(AgentEvent):
+    """A planning phase started (analysis, review, plan) — for progress display."""
+
+    phase: str
+    status: str = "started"  # started | done | skipped
+    detail: str = ""
+
+
+@attrs.frozen
+class PlanCreated(AgentEvent):
+    text: str
+    steps: tuple[PlanStep, ...] = ()
+    milestones: tuple[str, ...] = ()
+    complexity: str = ""
+
+
+@attrs.frozen
+class ToolStarted(AgentEvent):
+    call_id: str
+    name: str
+    arguments: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class ToolEvent(AgentEvent):
+    """Live progress from a running tool (output lines, sub-step notes)."""
+
+    call_id: str
+    name: str
+    data: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class ToolResult(AgentEvent):
+    call_id: str
+    name: str
+    ok: bool
+    output: str = ""
+    error: str | None = None
+    duration_ms: int = 0
+
+
+@attrs.frozen
+class CompressionStarted(AgentEvent):
+    reason: str  # pre_turn | mid_turn | forced | worker | truncated_prompt
+    tokens_before: int = 0
+
+
+@attrs.frozen
+class ContextCompressed(AgentEvent):
+    reason: str
+    tokens_before: int
+    tokens_after: int
+    messages_summarised: int = 0
+
+
+@attrs.frozen
+class StreamEnd(AgentEvent):
+    text: str = ""
+    stopped: bool = False
+    reason: str = "complete"  # complete | stopped | max_iterations | error | context_too_large
+    iterations: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    done_reason: str | None = None
+
+
+@attrs.frozen
+class ErrorEvent(AgentEvent):
+    message: str
+    code: str = "error"
+
+
+@attrs.frozen
+class WarningEvent(AgentEvent):
+    message: str
+    code: str = "warning"
+
+
+@attrs.frozen
+class MessageQueued(AgentEvent):
+    text: str
+    position: int
+    dropped_total: int = 0
+
+
+@attrs.frozen
+class TaskUpdate(AgentEvent):
+    task_id: str
+    tool: str
+    status: str  # running | completed | failed | cancelled
+    args_summary: str = ""
+    error: str | None = None
+    result_excerpt: str = ""
+    subagent_tokens: int = 0
+
+
+@attrs.frozen
+class TodoStep:
+    index: int
+    text: str
+    status: str = "pending"  # pending | in_progress | done | failed
+    validation: str | None = None
+
+
+@attrs.frozen
+class TodoUpdated(AgentEvent):
+    steps: tuple[TodoStep, ...] = ()
+
+
+@attrs.frozen
+class SubagentStarted(AgentEvent):
+    profile_id: str
+    task: str
+
+
+@attrs.frozen
+class SubagentFinished(AgentEvent):
+    completed: bool
+    text: str = ""
+    tokens: int = 0
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+EVENT_CLASSES: tuple[type[AgentEvent], ...] = (
+    TextDelta,
+    ThinkingDelta,
+    ThinkingEnd,
+    ModelInfo,
+    PlanPhase,
+    PlanCreated,
+    ToolStarted,
+    ToolEvent,
+    ToolResult,
+    CompressionStarted,
+    ContextCompressed,
+    StreamEnd,
+    ErrorEvent,
+    WarningEvent,
+    MessageQueued,
+    TaskUpdate,
+    TodoUpdated,
+    SubagentStarted,
+    SubagentFinished,
+)
+
+_TAGS: dict[str, type[AgentEvent]] = {}
+for _cls in EVENT_CLASSES:
+    _tag = {"ErrorEvent": "error", "WarningEvent": "warning", "PlanCreated": "plan"}.get(
+        _cls.__name__, _snake(_cls.__name__)
+    )
+    _cls.type = _tag  # type: ignore[misc]
+    _TAGS[_tag] = _cls
+
+converter = cattrs.Converter(forbid_extra_keys=True)
+
+
+def event_to_dict(event: AgentEvent) -> dict[str, Any]:
+    """The JSON-ready dict for an event, with its ``type`` tag first."""
+    body: dict[str, Any] = converter.unstructure(event)
+    return {"type": type(event).type, **body}
+
+
+def event_from_dict(data: dict[str, Any]) -> AgentEvent:
+    """Inverse of `event_to_dict`. Extra wire keys ``session_id``/``seq`` are ignored."""
+    body = {k: v for k, v in data.items() if k not in ("type", "session_id", "seq")}
+    try:
+        cls = _TAGS[data["type"]]
+    except KeyError:
+        raise ValueError(f"unknown event type {data.get('type')!r}") from None
+    return converter.structure(body, cls)
+
+
+def event_types() -> dict[str, type[AgentEvent]]:
+    return dict(_TAGS)

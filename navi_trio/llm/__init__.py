@@ -1,0 +1,1 @@
+"""LLM backends: Ollama /api/chat, OpenAI-compatible /v1/chat/completions, scripted."""

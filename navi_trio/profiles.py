@@ -1,0 +1,210 @@
+"""Agent profiles and the config file (`config/config.json`) that holds them.
+
+The file is structured strictly through cattrs: an unknown key, a wrong type or a
+missing required key is a `ConfigError` naming the file, the key path and what was
+expected. Prompt texts may live beside the file (``system_prompt_file``,
+``persona_file``); they are read at load time, relative to the config file.
+
+`ConfigSource` keeps the last good config and reloads on demand (hot reload): a broken
+edit is logged and the last good config keeps running.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+
+from navi_trio.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen(kw_only=True)
+class ToolsConfig:
+    agent: tuple[str, ...] = ()
+    subagent: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class AgentProfile:
+    id: str = ""
+    description: str = ""
+    model: str | None = None  # None -> Settings.default_model
+    system_prompt: str = ""
+    system_prompt_file: str | None = None
+    subagent_system_prompt: str = ""
+    max_iterations: int = 25
+    planning_enabled: bool = False
+    planning_mandatory: bool = False
+    # Thinking mechanics (agent-loop.md), with the spec's defaults.
+    think_enabled: bool = True
+    iteration_budget_enabled: bool = True
+    planning_phase2_enabled: bool = False
+    goal_anchoring_enabled: bool = True
+    goal_anchoring_interval: int = 5
+    anti_stall_enabled: bool = True
+    anti_stall_threshold: int = 8
+    step_validation_enabled: bool = False
+    adaptive_replan_enabled: bool = False
+    subagent_planning_enabled: bool = False
+    tools: ToolsConfig = ToolsConfig()
+    parallel_tool_calls: bool | None = None  # None -> Settings.parallel_tool_calls
+    compression_keep_recent: int | None = None
+    compression_max_tokens: int | None = None
+    compression_prompt_file: str | None = None
+
+    def get_agent_tools(self) -> tuple[str, ...]:
+        return self.tools.agent
+
+    def get_subagent_tools(self) -> tuple[str, ...]:
+        """tools.subagent, falling back to tools.agent when it is empty."""
+        return self.tools.subagent or self.tools.agent
+
+
+@attrs.frozen(kw_only=True)
+class NaviConfig:
+    persona: str = ""
+    persona_file: str | None = None
+    default_profile: str
+    profiles: dict[str, AgentProfile]
+    base_dir: Path = Path(".")  # folder of the file: prompt files resolve against it
+
+    def profile(self, profile_id: str | None) -> AgentProfile:
+        """The named profile, or the default one when `profile_id` is None or unknown."""
+        if profile_id and profile_id in self.profiles:
+            return self.profiles[profile_id]
+        return self.profiles[self.default_profile]
+
+    def resolve_path(self, name: str) -> Path:
+        p = Path(name)
+        return p if p.is_absolute() else self.base_dir / p
+
+
+_converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+
+
+def _structure_strict_scalar(typ: type) -> Any:
+    def hook(value: Any, _: Any) -> Any:
+        # cattrs would coerce "5" to 5 and 1 to True; a config with the wrong type is
+        # a mistake to report, not to guess at.
+        if typ is bool and not isinstance(value, bool):
+            raise TypeError(f"expected true or false, got {value!r}")
+        if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"expected a whole number, got {value!r}")
+        if typ is float and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise TypeError(f"expected a number, got {value!r}")
+        if typ is str and not isinstance(value, str):
+            raise TypeError(f"expected a string, got {value!r}")
+        return value
+
+    return hook
+
+
+for _t in (bool, int, float, str):
+    _converter.register_structure_hook(_t, _structure_strict_scalar(_t))
+
+
+def parse_config(data: Any, path: Path) -> NaviConfig:
+    """Structure already-decoded JSON into a NaviConfig; errors name `path` and the key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object at the top level")
+    try:
+        cfg = _converter.structure({k: v for k, v in data.items()}, NaviConfig)
+    except cattrs.BaseValidationError as exc:
+        problems = "; ".join(cattrs.transform_error(exc, path="$"))
+        raise ConfigError(f"{path}: {problems}") from None
+    if not cfg.profiles:
+        raise ConfigError(f"{path}: $.profiles: at least one profile is required")
+    if cfg.default_profile not in cfg.profiles:
+        raise ConfigError(
+            f"{path}: $.default_profile: {cfg.default_profile!r} is not one of the profiles "
+            f"({', '.join(sorted(cfg.profiles))})"
+        )
+    base = path.parent
+    persona = cfg.persona
+    if cfg.persona_file:
+        persona = _read_text(base / cfg.persona_file, path, "$.persona_file")
+    profiles = {}
+    for pid, prof in cfg.profiles.items():
+        where = f"$.profiles.{pid}"
+        for field in ("goal_anchoring_interval", "anti_stall_threshold", "max_iterations"):
+            if getattr(prof, field) < 1:
+                raise ConfigError(f"{path}: {where}.{field}: expected a number of 1 or more")
+        prompt = prof.system_prompt
+        if prof.system_prompt_file:
+            prompt = _read_text(base / prof.system_prompt_file, path, f"{where}.system_prompt_file")
+        if prof.compression_prompt_file:
+            _read_text(base / prof.compression_prompt_file, path, f"{where}.compression_prompt_file")
+        profiles[pid] = attrs.evolve(prof, id=pid, system_prompt=prompt)
+    return attrs.evolve(cfg, persona=persona, profiles=profiles, base_dir=base)
+
+
+def _read_text(file: Path, cfg_path: Path, key: str) -> str:
+    try:
+        return file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{cfg_path}: {key}: cannot read {file}: {exc.strerror}") from None
+
+
+def load_config(path: Path) -> NaviConfig:
+    """Read and validate the config file at `path`."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+    return parse_config(data, path)
+
+
+class ConfigSource:
+    """The config in force, reloadable at run time.
+
+    `reload()` re-reads the file; when the new file is broken, the error is logged and
+    kept in `last_error`, and `current` stays the last good config. `maybe_reload()`
+    reloads only when the file's modification time changed (a cheap stat per turn).
+    """
+
+    def __init__(self, path: Path, initial: NaviConfig | None = None) -> None:
+        self.path = path
+        self.current: NaviConfig = initial if initial is not None else load_config(path)
+        self.last_error: ConfigError | None = None
+        self.generation = 0
+        self._mtime = self._stat()
+
+    def _stat(self) -> float | None:
+        try:
+            return os.stat(self.path).st_mtime_ns / 1e9
+        except OSError:
+            return None
+
+    def reload(self) -> bool:
+        """Re-read the file. True when a new config took effect."""
+        self._mtime = self._stat()
+        try:
+            cfg = load_config(self.path)
+        except ConfigError as exc:
+            self.last_error = exc
+            log.error("config reload failed, keeping the last good config: %s", exc)
+            return False
+        self.current = cfg
+        self.last_error = None
+        self.generation += 1
+        return True
+
+    def maybe_reload(self) -> bool:
+        if self._stat() != self._mtime:
+            return self.reload()
+        return False

@@ -1,0 +1,145 @@
+"""Process settings, read from environment variables.
+
+Every field has a default; `Settings.from_env` reads the env var named in the field's
+metadata, converts it to the field's type, and raises `ConfigError` naming the variable
+and the expected type when it cannot. Names from the spec keep their spec spelling
+(``LLM_STREAM_FIRST_CHUNK_TIMEOUT`` …); navi_trio's own ones start with ``NAVI_``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from navi_trio.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_BACKGROUNDABLE = ("terminal", "ssh_exec", "peer", "spawn_agent", "code_exec")
+
+
+def _env(name: str) -> dict[str, str]:
+    return {"env": name}
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "navi"
+
+
+@attrs.frozen(kw_only=True)
+class Settings:
+    # The LLM endpoint.
+    llm_url: str = attrs.field(default="http://127.0.0.1:11434", metadata=_env("OLLAMA_HOST"))
+    llm_backend: str = attrs.field(default="ollama", metadata=_env("NAVI_LLM_BACKEND"))
+    llm_api_key: str = attrs.field(default="", metadata=_env("NAVI_LLM_API_KEY"))
+    default_model: str = attrs.field(default="qwen3:8b", metadata=_env("NAVI_MODEL"))
+    keep_alive: str = attrs.field(default="30m", metadata=_env("OLLAMA_KEEP_ALIVE"))
+    llm_connect_timeout: float = attrs.field(default=10.0, metadata=_env("NAVI_LLM_CONNECT_TIMEOUT"))
+    first_chunk_timeout: float = attrs.field(
+        default=90.0, metadata=_env("LLM_STREAM_FIRST_CHUNK_TIMEOUT")
+    )
+    chunk_timeout: float = attrs.field(default=60.0, metadata=_env("LLM_STREAM_CHUNK_TIMEOUT"))
+    # The model's window and the per-message view budget (0 -> num_ctx // 6).
+    num_ctx: int = attrs.field(default=8192, metadata=_env("OLLAMA_NUM_CTX"))
+    context_message_token_budget: int = attrs.field(
+        default=0, metadata=_env("CONTEXT_MESSAGE_TOKEN_BUDGET")
+    )
+    # Compression starts when the context reaches this share of num_ctx.
+    compression_threshold: float = attrs.field(
+        default=0.75, metadata=_env("NAVI_COMPRESSION_THRESHOLD")
+    )
+    compression_keep_recent: int = attrs.field(
+        default=6, metadata=_env("NAVI_COMPRESSION_KEEP_RECENT")
+    )
+    compression_max_tokens: int = attrs.field(
+        default=1024, metadata=_env("NAVI_COMPRESSION_MAX_TOKENS")
+    )
+    # Where things live.
+    db_path: Path = attrs.field(
+        factory=lambda: _default_data_dir() / "navi.db", metadata=_env("NAVI_DB")
+    )
+    data_dir: Path = attrs.field(factory=_default_data_dir, metadata=_env("NAVI_DATA_DIR"))
+    config_path: Path = attrs.field(
+        default=REPO_ROOT / "config" / "config.json", metadata=_env("NAVI_CONFIG")
+    )
+    manuals_dir: Path = attrs.field(default=REPO_ROOT / "manuals", metadata=_env("NAVI_MANUALS"))
+    # Background tasks (background-tasks.md).
+    tasks_max_per_session: int = attrs.field(default=5, metadata=_env("NAVI_TASKS_MAX_PER_SESSION"))
+    tasks_max_global: int = attrs.field(default=20, metadata=_env("NAVI_TASKS_MAX_GLOBAL"))
+    tasks_max_spawn: int = attrs.field(default=2, metadata=_env("NAVI_TASKS_MAX_SPAWN"))
+    tasks_rate_limit: int = attrs.field(default=10, metadata=_env("NAVI_TASKS_RATE_LIMIT"))
+    tasks_rate_window_sec: float = attrs.field(
+        default=300.0, metadata=_env("NAVI_TASKS_RATE_WINDOW_SEC")
+    )
+    tasks_ttl_sec: float = attrs.field(default=3600.0, metadata=_env("NAVI_TASKS_TTL_SEC"))
+    tasks_keep_finished: int = attrs.field(default=50, metadata=_env("NAVI_TASKS_KEEP_FINISHED"))
+    tasks_wait_max_sec: float = attrs.field(default=120.0, metadata=_env("NAVI_TASKS_WAIT_MAX_SEC"))
+    task_notes_per_turn: int = attrs.field(default=5, metadata=_env("NAVI_TASK_NOTES_PER_TURN"))
+    task_notes_max_pending: int = attrs.field(
+        default=20, metadata=_env("NAVI_TASK_NOTES_MAX_PENDING")
+    )
+    backgroundable_tools: tuple[str, ...] = attrs.field(
+        default=DEFAULT_BACKGROUNDABLE, metadata=_env("NAVI_BACKGROUNDABLE_TOOLS")
+    )
+    parallel_tool_calls: bool = attrs.field(default=False, metadata=_env("NAVI_PARALLEL_TOOL_CALLS"))
+    # Sessions.
+    message_queue_max: int = attrs.field(default=5, metadata=_env("NAVI_MESSAGE_QUEUE_MAX"))
+    spawn_timeout_sec: float = attrs.field(default=300.0, metadata=_env("NAVI_SPAWN_TIMEOUT_SEC"))
+    # Tools.
+    tool_output_max_chars: int = attrs.field(
+        default=20000, metadata=_env("NAVI_TOOL_OUTPUT_MAX_CHARS")
+    )
+    terminal_timeout_sec: float = attrs.field(
+        default=120.0, metadata=_env("NAVI_TERMINAL_TIMEOUT_SEC")
+    )
+
+    @property
+    def message_token_budget(self) -> int:
+        """CONTEXT_MESSAGE_TOKEN_BUDGET, with 0 meaning num_ctx // 6."""
+        return self.context_message_token_budget or self.num_ctx // 6
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Settings from `environ` (default: os.environ); `overrides` win over both."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for field in attrs.fields(cls):
+            name = field.metadata.get("env")
+            if field.name in overrides or name is None or name not in env:
+                continue
+            values[field.name] = _convert(name, env[name], field.type)
+        values.update(overrides)
+        return cls(**values)
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _convert(name: str, raw: str, typ: Any) -> Any:
+    text = raw.strip()
+    try:
+        if typ in (float, "float"):
+            return float(text)
+        if typ in (int, "int"):
+            return int(text)
+        if typ in (bool, "bool"):
+            low = text.lower()
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise ValueError
+        if typ in (Path, "Path"):
+            return Path(text).expanduser()
+        if typ in ("tuple[str, ...]",):
+            return tuple(p.strip() for p in text.split(",") if p.strip())
+        return text
+    except ValueError:
+        expected = {"float": "a number", "int": "a whole number", "bool": "true or false"}
+        what = expected.get(str(getattr(typ, "__name__", typ)), str(typ))
+        raise ConfigError(f"environment variable {name}={raw!r}: expected {what}") from None

@@ -1,0 +1,170 @@
+"""The Tool protocol, the context a tool runs with, and the registry.
+
+A tool never imports the agent: whatever it needs (the store's kv table, the session
+folder, a way to report progress, the services the core offers such as spawning a
+sub-agent or the task supervisor) arrives in its `ToolContext`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+import attrs
+
+from navi_trio.errors import ToolInputError
+from navi_trio.events import AgentEvent
+from navi_trio.profiles import AgentProfile, NaviConfig
+from navi_trio.settings import Settings
+
+
+@attrs.frozen
+class ToolResult:
+    """What a tool returns. `content()` is what the model sees in the tool message."""
+
+    ok: bool
+    output: str = ""
+    error: str | None = None
+    data: dict[str, Any] | None = None  # structured extras (task_id, exit code ...)
+
+    def content(self) -> str:
+        if self.ok:
+            return self.output
+        if self.output:
+            return f"Error: {self.error}\n{self.output}"
+        return f"Error: {self.error}"
+
+    @classmethod
+    def fail(cls, error: str, output: str = "", **data: Any) -> ToolResult:
+        return cls(ok=False, output=output, error=error, data=data or None)
+
+    @classmethod
+    def success(cls, output: str, **data: Any) -> ToolResult:
+        return cls(ok=True, output=output, data=data or None)
+
+
+class KVStore(Protocol):
+    """The part of the store tools use: JSON values under (scope, key)."""
+
+    async def kv_get(self, scope: str, key: str) -> Any | None: ...
+    async def kv_set(self, scope: str, key: str, value: Any) -> None: ...
+    async def kv_delete(self, scope: str, key: str) -> None: ...
+    async def kv_list(self, scope: str, prefix: str = "") -> list[tuple[str, Any]]: ...
+
+
+def _no_emit(_: dict[str, Any]) -> None:
+    return None
+
+
+def _no_publish(_: AgentEvent) -> None:
+    return None
+
+
+@attrs.frozen(kw_only=True)
+class ToolContext:
+    session_id: str
+    session_dir: Path  # the session's own folder; file tools are confined to it (and cwd)
+    kv: KVStore
+    settings: Settings
+    profile: AgentProfile
+    config: NaviConfig
+    cwd: Path | None = None
+    user_id: str = "local"
+    call_id: str = ""
+    # Live progress of this call (becomes a ToolEvent); must not block.
+    emit: Callable[[dict[str, Any]], None] = _no_emit
+    # Any other event (TodoUpdated, forwarded sub-agent events); must not block.
+    publish: Callable[[AgentEvent], None] = _no_publish
+    # Services the core offers (spawn_agent, tasks, switch_profile); see core/services.py.
+    services: Any = None
+    is_subagent: bool = False
+
+    def roots(self) -> tuple[Path, ...]:
+        """Folders file tools may touch: the session folder, then the run's cwd."""
+        return (self.session_dir,) if self.cwd is None else (self.session_dir, self.cwd)
+
+
+class Tool(Protocol):
+    name: str
+    description: str
+    parameters: dict[str, Any]  # JSON schema of the arguments object
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult: ...
+
+
+def tool_schema(tool: Tool) -> dict[str, Any]:
+    """The OpenAI/Ollama function schema for a tool."""
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+        },
+    }
+
+
+class ToolRegistry:
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            self.register(tool)
+
+    def register(self, tool: Tool) -> None:
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def select(self, names: Iterable[str], exclude: Iterable[str] = ()) -> list[Tool]:
+        """The registered tools named in `names`, in that order, minus `exclude`."""
+        skip = set(exclude)
+        return [self._tools[n] for n in names if n in self._tools and n not in skip]
+
+
+# Helpers for argument checking, so every tool words its errors the same way.
+
+
+def require_str(args: dict[str, Any], key: str) -> str:
+    value = args.get(key)
+    if not isinstance(value, str) or not value:
+        raise ToolInputError(f"argument '{key}' is required and must be a non-empty string")
+    return value
+
+
+def optional_str(args: dict[str, Any], key: str, default: str | None = None) -> str | None:
+    value = args.get(key, default)
+    if value is not None and not isinstance(value, str):
+        raise ToolInputError(f"argument '{key}' must be a string")
+    return value
+
+
+def optional_number(args: dict[str, Any], key: str, default: float) -> float:
+    value = args.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ToolInputError(f"argument '{key}' must be a number")
+    return float(value)
+
+
+def require_choice(args: dict[str, Any], key: str, choices: Iterable[str]) -> str:
+    options = list(choices)
+    value = args.get(key)
+    if value not in options:
+        raise ToolInputError(
+            f"argument '{key}' must be one of {', '.join(options)} (got {json.dumps(value)})"
+        )
+    return str(value)
+
+
+def cap_text(text: str, limit: int) -> str:
+    """Head and tail of `text` within `limit` characters, with a marker in between."""
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    tail = limit - head
+    return f"{text[:head]}\n[… {len(text) - limit} characters cut …]\n{text[-tail:]}"
