@@ -1,0 +1,23 @@
+"""The session store: sessions, display history, LLM context, kv values and users.
+
+`SessionStore` is the protocol everything above this layer uses; `SQLiteStore` is the
+implementation (one SQLite file, WAL, one worker thread). A PostgreSQL store would be a
+new module implementing the same protocol.
+"""
+
+from navi_trio.store.base import LoadedSession as LoadedSession
+from navi_trio.store.base import SessionRow as SessionRow
+from navi_trio.store.base import SessionStore as SessionStore
+from navi_trio.store.repair import repair_dangling_tool_calls as repair_dangling_tool_calls
+from navi_trio.store.sqlite import SQLiteStore as SQLiteStore
+
+open_store = SQLiteStore.open
+
+__all__ = [
+    "LoadedSession",
+    "SQLiteStore",
+    "SessionRow",
+    "SessionStore",
+    "open_store",
+    "repair_dangling_tool_calls",
+]

@@ -1,0 +1,94 @@
+"""What every session store offers: the rows it returns and the `SessionStore` protocol.
+
+The SQLite store (`navi_trio.store.sqlite`) is the only implementation today. The
+protocol is the seam for a PostgreSQL store later (DESIGN.md, "Beyond one machine"): a
+new module implementing these methods, nothing above the store layer changes.
+
+Contract every implementation keeps:
+- Messages are plain JSON-able dicts (the internal shape of `navi_trio.llm.base` plus
+  display keys such as ``is_plan``); ``load_*`` returns exactly what was appended.
+- A save appends what is new. Only `replace_context` (compression) rewrites anything.
+- `load_session` pairs every dangling assistant tool call with a placeholder result
+  (`repair_dangling_tool_calls`) and persists the placeholders, so it is idempotent.
+- Failures raise `navi_trio.errors.StoreError` naming the operation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import attrs
+
+
+@attrs.frozen
+class SessionRow:
+    id: str
+    profile_id: str
+    title: str
+    user_id: str
+    created_at: float
+    updated_at: float
+    meta: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class LoadedSession:
+    """A session as the agent resumes it; `repaired` counts placeholders added now."""
+
+    row: SessionRow
+    messages: list[dict[str, Any]]
+    context: list[dict[str, Any]]
+    repaired: int = 0
+
+
+class SessionStore(Protocol):
+    """Sessions, their display history and LLM context, kv values and users."""
+
+    # sessions
+    async def create_session(
+        self,
+        session_id: str | None = None,
+        *,
+        profile_id: str,
+        title: str = "",
+        user_id: str = "local",
+        meta: dict[str, Any] | None = None,
+    ) -> SessionRow: ...
+    async def get_session(self, session_id: str) -> SessionRow | None: ...
+    async def list_sessions(self, user_id: str | None = None) -> list[SessionRow]: ...
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        profile_id: str | None = None,
+        title: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None: ...
+    async def delete_session(self, session_id: str) -> bool: ...
+
+    # history: append what is new
+    async def append(
+        self,
+        session_id: str,
+        *,
+        messages: Sequence[dict[str, Any]] = (),
+        context: Sequence[dict[str, Any]] = (),
+    ) -> None: ...
+    async def load_messages(self, session_id: str) -> list[dict[str, Any]]: ...
+    async def load_context(self, session_id: str) -> list[dict[str, Any]]: ...
+    async def replace_context(self, session_id: str, context: Sequence[dict[str, Any]]) -> None: ...
+    async def load_session(self, session_id: str) -> LoadedSession | None: ...
+
+    # kv: JSON values under (scope, key)
+    async def kv_get(self, scope: str, key: str) -> Any | None: ...
+    async def kv_set(self, scope: str, key: str, value: Any) -> None: ...
+    async def kv_delete(self, scope: str, key: str) -> None: ...
+    async def kv_list(self, scope: str, prefix: str = "") -> list[tuple[str, Any]]: ...
+
+    # users
+    async def create_user(self, name: str, token: str, role: str = "user") -> dict[str, Any]: ...
+    async def get_user_by_token(self, token: str) -> dict[str, Any] | None: ...
+
+    # health
+    async def stats(self) -> dict[str, int]: ...

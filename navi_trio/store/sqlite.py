@@ -1,0 +1,693 @@
+"""The SQLite session store: one file, WAL, every database touch on one worker thread.
+
+    async with SQLiteStore.open(path) as store:
+        row = await store.create_session(profile_id="default")
+        await store.append(row.id, messages=[msg], context=[msg])
+
+Why one dedicated thread: sqlite3 connections belong to the thread that made them, and
+serialising every call through one queue means no two writes ever race for the file's
+lock, while trio never blocks on disk I/O. A caller awaits its job's `trio.Event`, set
+from the thread via the caller's trio token.
+
+Cancellation: a job is queued before its caller waits. A caller cancelled while waiting
+stops waiting, but the job is not withdrawn: a queued write still completes (the
+agent's shielded clean-up relies on a save it started landing on disk). Leaving
+`open()` drains every queued job before the connection closes.
+
+Durability: ``synchronous=FULL`` by default. In WAL mode NORMAL already survives a
+killed process; FULL adds an fsync per commit so a commit that returned also survives
+power loss or an OS crash. Saves come at chat speed (a few per turn), so the fsync is
+cheap and the design's promise, "a crash loses at most the message being streamed",
+holds for every kind of crash. Pass ``synchronous="NORMAL"`` to trade that for speed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import queue
+import re
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any, Generic, NamedTuple, TypeVar
+
+import trio
+from sqlite_utils import Database
+
+from navi_trio.errors import StoreError
+from navi_trio.store.base import LoadedSession, SessionRow
+from navi_trio.store.repair import repair_dangling_tool_calls
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@+=-]{0,127}")
+_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+BUSY_TIMEOUT_S = 5.0
+
+
+class _Job(Generic[T]):
+    """One unit of work for the worker thread, and the way its answer gets back."""
+
+    def __init__(self, op: str, fn: Callable[[Database], T], stop: bool = False) -> None:
+        self.op = op
+        self.fn = fn
+        self.stop = stop
+        self.token = trio.lowlevel.current_trio_token()
+        self.done = trio.Event()
+        self.result: T | None = None
+        self.error: BaseException | None = None
+
+    def run(self, db: Database | None, connect_error: BaseException | None) -> None:
+        try:
+            if db is None:
+                raise connect_error or StoreError("no database connection")
+            self.result = self.fn(db)
+        except BaseException as exc:  # noqa: B036 - the thread must answer every job
+            self.error = exc
+        finally:
+            try:
+                self.token.run_sync_soon(self.done.set)
+            except trio.RunFinishedError:
+                pass  # the caller's trio run is gone; nobody is waiting
+
+
+class _Worker:
+    """The thread that owns the sqlite connection and runs jobs in arrival order."""
+
+    def __init__(self, path: Path, synchronous: str) -> None:
+        self._path = path
+        self._synchronous = synchronous
+        self._queue: queue.SimpleQueue[_Job[Any]] = queue.SimpleQueue()
+        self.thread = threading.Thread(
+            target=self._main, name=f"navi-store:{path.name}", daemon=True
+        )
+
+    def submit(self, job: _Job[Any]) -> None:
+        if not self.thread.is_alive():
+            raise StoreError(f"the store worker for {self._path} is not running")
+        self._queue.put(job)
+
+    def _main(self) -> None:
+        db: Database | None = None
+        connect_error: BaseException | None = None
+        try:
+            db = _connect(self._path, self._synchronous, BUSY_TIMEOUT_S)
+        except BaseException as exc:  # noqa: B036 - reported to every job instead
+            connect_error = exc
+        try:
+            while True:
+                job = self._queue.get()
+                job.run(db, connect_error)
+                if job.stop:
+                    return
+        finally:
+            if db is not None:
+                db.close()
+
+
+def _dump(value: Any, what: str) -> str:
+    # ensure_ascii keeps lone surrogates (valid in JSON, invalid in UTF-8) round-tripping.
+    try:
+        return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{what} is not JSON-serialisable: {exc}") from None
+
+
+def _prepare(items: Sequence[dict[str, Any]], what: str) -> list[_Row]:
+    """Serialise on the caller's side: the thread gets a snapshot the caller cannot mutate."""
+    if isinstance(items, dict | str | bytes):
+        raise StoreError(f"{what} must be a sequence of message dicts, not {type(items).__name__}")
+    rows: list[_Row] = []
+    for i, msg in enumerate(items):
+        if not isinstance(msg, dict):
+            raise StoreError(f"{what}[{i}] must be a dict, not {type(msg).__name__}")
+        role = msg.get("role")
+        content = msg.get("content")
+        if not isinstance(content, str):
+            content = None if content is None else _dump(content, f"{what}[{i}].content")
+        rows.append(
+            _Row(
+                role=_column_text(role) if isinstance(role, str) else None,
+                content=_column_text(content) if content is not None else None,
+                is_plan=bool(msg.get("is_plan")),
+                data=_dump(msg, f"{what}[{i}]"),
+            )
+        )
+    return rows
+
+
+def _column_text(text: str) -> str:
+    """Columns are for queries; `data` keeps the exact text, lone surrogates included."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
+def _check_session_id(session_id: object) -> str:
+    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
+        raise StoreError(
+            f"invalid session id {session_id!r}: use 1-128 letters, digits or . _ @ + = -"
+            " (not starting with . @ + = -)"
+        )
+    return session_id
+
+
+def _check_text(value: object, name: str, *, allow_empty: bool = False) -> str:
+    if not isinstance(value, str) or (not allow_empty and not value):
+        raise StoreError(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _check_meta(meta: object) -> dict[str, Any]:
+    if not isinstance(meta, dict):
+        raise StoreError(f"session meta must be a dict, not {type(meta).__name__}")
+    return meta
+
+
+class SQLiteStore:
+    """The session store on one SQLite file. Create it with `SQLiteStore.open(path)`."""
+
+    def __init__(self, path: Path, *, synchronous: str = "FULL") -> None:
+        self.path = Path(path)
+        if synchronous.upper() not in _SYNCHRONOUS:
+            raise StoreError(f"synchronous must be one of {_SYNCHRONOUS}, got {synchronous!r}")
+        self._synchronous = synchronous.upper()
+        self._worker: _Worker | None = None
+        self._closed = False
+        self._last_now = 0.0
+
+    def _now(self) -> float:
+        # Strictly increasing, so "newest updated first" never depends on clock resolution.
+        self._last_now = max(time.time(), self._last_now + 1e-6)
+        return self._last_now
+
+    @classmethod
+    def open(
+        cls, path: Path | str, *, synchronous: str = "FULL", close_timeout: float = 10.0
+    ) -> AbstractAsyncContextManager[SQLiteStore]:
+        """Open (creating the parent folders, WAL and schema) and close on exit.
+
+        At exit, queued jobs are drained and the connection closed, shielded from
+        cancellation and bounded by `close_timeout` seconds of real time (a thread join,
+        so a test's virtual clock cannot cut it short).
+        """
+        return cls._open(Path(path), synchronous, close_timeout)
+
+    @classmethod
+    @asynccontextmanager
+    async def _open(
+        cls, path: Path, synchronous: str, close_timeout: float
+    ) -> AsyncIterator[SQLiteStore]:
+        store = cls(path, synchronous=synchronous)
+        worker = _Worker(store.path, store._synchronous)
+        worker.thread.start()
+        store._worker = worker
+        try:
+            await store._run(f"open store {path}", _init_schema)
+            yield store
+        finally:
+            with trio.CancelScope(shield=True):
+                await store._close(close_timeout)
+
+    async def _close(self, join_seconds: float) -> None:
+        worker = self._worker
+        if worker is None or self._closed:
+            return
+        self._closed = True
+        if worker.thread.is_alive():
+            worker.submit(_Job("close", lambda db: None, stop=True))
+        await trio.to_thread.run_sync(worker.thread.join, join_seconds)
+        if worker.thread.is_alive():
+            logger.warning(
+                "store %s: worker still busy %.1f s after close; queued writes may be lost",
+                self.path,
+                join_seconds,
+            )
+
+    async def _run(self, op: str, fn: Callable[[Database], T]) -> T:
+        if self._worker is None:
+            raise StoreError(
+                f"{op}: the store at {self.path} is not open (use `async with"
+                " SQLiteStore.open(path) as store`)"
+            )
+        if self._closed:
+            raise StoreError(f"{op}: the store at {self.path} is closed")
+        job: _Job[T] = _Job(op, fn)
+        self._worker.submit(job)
+        # Cancelled here? The job stays queued and still runs; only its answer is dropped.
+        await job.done.wait()
+        if job.error is not None:
+            if isinstance(job.error, StoreError):
+                raise job.error
+            raise StoreError(f"{op} failed: {job.error}") from job.error
+        return job.result  # type: ignore[return-value]  # set when error is None
+
+    # -- sessions -------------------------------------------------------------------
+
+    async def create_session(
+        self,
+        session_id: str | None = None,
+        *,
+        profile_id: str,
+        title: str = "",
+        user_id: str = "local",
+        meta: dict[str, Any] | None = None,
+    ) -> SessionRow:
+        sid = _check_session_id(session_id) if session_id is not None else _new_session_id()
+        now = self._now()
+        row = SessionRow(
+            id=sid,
+            profile_id=_check_text(profile_id, "profile_id"),
+            title=_check_text(title, "title", allow_empty=True),
+            user_id=_check_text(user_id, "user_id"),
+            created_at=now,
+            updated_at=now,
+            meta=dict(_check_meta(meta if meta is not None else {})),
+        )
+        meta_json = _dump(row.meta, "session meta")
+        await self._run(f"create session {sid!r}", lambda db: _insert_session(db, row, meta_json))
+        return row
+
+    async def get_session(self, session_id: str) -> SessionRow | None:
+        sid = _check_session_id(session_id)
+        return await self._run(f"get session {sid!r}", lambda db: _get_session(db, sid))
+
+    async def list_sessions(self, user_id: str | None = None) -> list[SessionRow]:
+        if user_id is not None:
+            _check_text(user_id, "user_id")
+        return await self._run("list sessions", lambda db: _list_sessions(db, user_id))
+
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        profile_id: str | None = None,
+        title: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        """Change the given fields (meta is replaced whole) and bump updated_at."""
+        sid = _check_session_id(session_id)
+        changes: dict[str, Any] = {"updated_at": self._now()}
+        if profile_id is not None:
+            changes["profile_id"] = _check_text(profile_id, "profile_id")
+        if title is not None:
+            changes["title"] = _check_text(title, "title", allow_empty=True)
+        if meta is not None:
+            changes["meta"] = _dump(_check_meta(meta), "session meta")
+        await self._run(f"update session {sid!r}", lambda db: _update_session(db, sid, changes))
+
+    async def delete_session(self, session_id: str) -> bool:
+        """Delete the session, its history, context and kv rows keyed `sid` or `sid:…`."""
+        sid = _check_session_id(session_id)
+        return await self._run(f"delete session {sid!r}", lambda db: _delete_session(db, sid))
+
+    # -- history --------------------------------------------------------------------
+
+    async def append(
+        self,
+        session_id: str,
+        *,
+        messages: Sequence[dict[str, Any]] = (),
+        context: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        """Append new display messages and context entries in one transaction."""
+        sid = _check_session_id(session_id)
+        msg_rows = _prepare(messages, "messages")
+        ctx_rows = _prepare(context, "context")
+        if not msg_rows and not ctx_rows:
+            return
+        now = self._now()
+        await self._run(
+            f"append to session {sid!r}",
+            lambda db: _append(db, sid, msg_rows, ctx_rows, now),
+        )
+
+    async def load_messages(self, session_id: str) -> list[dict[str, Any]]:
+        sid = _check_session_id(session_id)
+        return await self._run(
+            f"load messages of {sid!r}", lambda db: _load_history(db, "messages", sid)
+        )
+
+    async def load_context(self, session_id: str) -> list[dict[str, Any]]:
+        sid = _check_session_id(session_id)
+        return await self._run(
+            f"load context of {sid!r}", lambda db: _load_history(db, "context", sid)
+        )
+
+    async def replace_context(self, session_id: str, context: Sequence[dict[str, Any]]) -> None:
+        """Compression only: swap the whole LLM context in one transaction."""
+        sid = _check_session_id(session_id)
+        rows = _prepare(context, "context")
+        now = self._now()
+        await self._run(
+            f"replace context of {sid!r}", lambda db: _replace_context(db, sid, rows, now)
+        )
+
+    async def load_session(self, session_id: str) -> LoadedSession | None:
+        """Row, messages and context, with dangling tool calls repaired and persisted.
+
+        Call it when no run of this session is live: a run's in-flight tool calls look
+        dangling until their results are appended.
+        """
+        sid = _check_session_id(session_id)
+        now = self._now()
+        return await self._run(f"load session {sid!r}", lambda db: _load_session(db, sid, now))
+
+    # -- kv -------------------------------------------------------------------------
+
+    async def kv_get(self, scope: str, key: str) -> Any | None:
+        _check_text(scope, "kv scope")
+        _check_text(key, "kv key", allow_empty=True)
+        return await self._run(f"kv get {scope}/{key}", lambda db: _kv_get(db, scope, key))
+
+    async def kv_set(self, scope: str, key: str, value: Any) -> None:
+        _check_text(scope, "kv scope")
+        _check_text(key, "kv key", allow_empty=True)
+        data = _dump(value, f"kv value for {scope}/{key}")
+        now = self._now()
+        await self._run(f"kv set {scope}/{key}", lambda db: _kv_set(db, scope, key, data, now))
+
+    async def kv_delete(self, scope: str, key: str) -> None:
+        _check_text(scope, "kv scope")
+        _check_text(key, "kv key", allow_empty=True)
+        await self._run(f"kv delete {scope}/{key}", lambda db: _kv_delete(db, scope, key))
+
+    async def kv_list(self, scope: str, prefix: str = "") -> list[tuple[str, Any]]:
+        _check_text(scope, "kv scope")
+        _check_text(prefix, "kv prefix", allow_empty=True)
+        return await self._run(f"kv list {scope}/{prefix}*", lambda db: _kv_list(db, scope, prefix))
+
+    # -- users ----------------------------------------------------------------------
+
+    async def create_user(self, name: str, token: str, role: str = "user") -> dict[str, Any]:
+        """Add a user; only a SHA-256 of the token is stored (tokens are random secrets)."""
+        _check_text(name, "user name")
+        _check_text(role, "user role")
+        user = {
+            "id": "u-" + uuid.uuid4().hex[:12],
+            "name": name,
+            "role": role,
+            "created_at": self._now(),
+        }
+        digest = _token_digest(token)
+        await self._run(f"create user {name!r}", lambda db: _insert_user(db, user, digest))
+        return dict(user)
+
+    async def get_user_by_token(self, token: str) -> dict[str, Any] | None:
+        digest = _token_digest(token)
+        return await self._run("find user by token", lambda db: _user_by_digest(db, digest))
+
+    # -- health ---------------------------------------------------------------------
+
+    async def stats(self) -> dict[str, int]:
+        """Row count per table."""
+        return await self._run("stats", _stats)
+
+
+def _new_session_id() -> str:
+    return "s-" + uuid.uuid4().hex[:12]
+
+
+def _token_digest(token: object) -> str:
+    token = _check_text(token, "user token")
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+# -- on the worker thread: everything below touches the connection -------------------
+
+SCHEMA_VERSION = 1
+_HISTORY = ("messages", "context")
+_TABLES = ("sessions", "messages", "context", "kv", "users")
+_SESSION_COLS = "id, profile_id, title, user_id, created_at, updated_at, meta"
+
+
+class _Row(NamedTuple):
+    """A message ready for a history table: columns for queries, `data` for the dict."""
+
+    role: str | None
+    content: str | None
+    is_plan: bool
+    data: str
+
+
+def _connect(path: Path, synchronous: str, busy_timeout: float) -> Database:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(path), timeout=busy_timeout)
+    try:
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise StoreError(f"{path}: SQLite refused WAL journal mode (got {mode!r})")
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+        return Database(conn, execute_plugins=False)
+    except BaseException:
+        conn.close()
+        raise
+
+
+def _init_schema(db: Database) -> None:
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"the database has schema version {version}; this navi knows {SCHEMA_VERSION}"
+        )
+    with db.atomic():
+        db.table("sessions").create(
+            {"id": str, "profile_id": str, "title": str, "user_id": str,
+             "created_at": float, "updated_at": float, "meta": str},
+            pk="id", not_null=["profile_id", "title", "user_id", "created_at", "updated_at",
+                               "meta"],
+            if_not_exists=True,
+        )  # fmt: skip
+        db.table("sessions").create_index(
+            ["user_id", "updated_at"], index_name="sessions_user", if_not_exists=True
+        )
+        for table in _HISTORY:
+            db.table(table).create(
+                {"id": int, "session_id": str, "position": float, "role": str, "content": str,
+                 "is_plan": int, "data": str, "created_at": float},
+                pk="id", not_null=["session_id", "position", "is_plan", "data", "created_at"],
+                foreign_keys=[("session_id", "sessions", "id")], if_not_exists=True,
+            )  # fmt: skip
+            db.table(table).create_index(
+                ["session_id", "position"], index_name=f"{table}_order", unique=True,
+                if_not_exists=True,
+            )  # fmt: skip
+        db.table("kv").create(
+            {"scope": str, "key": str, "value": str, "updated_at": float},
+            pk=("scope", "key"), not_null=["value", "updated_at"], if_not_exists=True,
+        )  # fmt: skip
+        db.table("users").create(
+            {"id": str, "name": str, "token_sha256": str, "role": str, "created_at": float},
+            pk="id", not_null=["name", "token_sha256", "role", "created_at"],
+            if_not_exists=True,
+        )  # fmt: skip
+        db.table("users").create_index(
+            ["token_sha256"], index_name="users_token", unique=True, if_not_exists=True
+        )
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
+def _session_from(row: Sequence[Any]) -> SessionRow:
+    return SessionRow(
+        id=row[0], profile_id=row[1], title=row[2], user_id=row[3],
+        created_at=row[4], updated_at=row[5], meta=json.loads(row[6]),
+    )  # fmt: skip
+
+
+def _get_session(db: Database, sid: str) -> SessionRow | None:
+    row = db.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", [sid]).fetchone()
+    return None if row is None else _session_from(row)
+
+
+def _require_session(db: Database, sid: str) -> None:
+    if db.execute("SELECT 1 FROM sessions WHERE id = ?", [sid]).fetchone() is None:
+        raise StoreError(f"no session {sid!r} in the store")
+
+
+def _insert_session(db: Database, row: SessionRow, meta_json: str) -> None:
+    with db.atomic():
+        if db.execute("SELECT 1 FROM sessions WHERE id = ?", [row.id]).fetchone() is not None:
+            raise StoreError(f"session {row.id!r} already exists")
+        db.execute(
+            f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [row.id, row.profile_id, row.title, row.user_id, row.created_at, row.updated_at,
+             meta_json],
+        )  # fmt: skip
+
+
+def _list_sessions(db: Database, user_id: str | None) -> list[SessionRow]:
+    where, params = ("WHERE user_id = ?", [user_id]) if user_id is not None else ("", [])
+    rows = db.execute(
+        f"SELECT {_SESSION_COLS} FROM sessions {where} ORDER BY updated_at DESC, rowid DESC",
+        params,
+    ).fetchall()
+    return [_session_from(r) for r in rows]
+
+
+def _update_session(db: Database, sid: str, changes: dict[str, Any]) -> None:
+    # Column names come from update_session's fixed keyword set, never from callers.
+    sets = ", ".join(f"{col} = ?" for col in changes)
+    with db.atomic():
+        _require_session(db, sid)
+        db.execute(f"UPDATE sessions SET {sets} WHERE id = ?", [*changes.values(), sid])
+
+
+def _delete_session(db: Database, sid: str) -> bool:
+    with db.atomic():
+        for table in _HISTORY:
+            db.execute(f"DELETE FROM {table} WHERE session_id = ?", [sid])
+        # substr, not LIKE: ids may contain LIKE's wildcard `_`.
+        db.execute(
+            "DELETE FROM kv WHERE key = ? OR substr(key, 1, ?) = ?", [sid, len(sid) + 1, sid + ":"]
+        )
+        return bool(db.execute("DELETE FROM sessions WHERE id = ?", [sid]).rowcount)
+
+
+def _insert_history(
+    db: Database, table: str, sid: str, rows: Sequence[_Row], positions: Sequence[float],
+    now: float,
+) -> None:  # fmt: skip
+    db.conn.executemany(
+        f"INSERT INTO {table} (session_id, position, role, content, is_plan, data, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [(sid, pos, r.role, r.content, int(r.is_plan), r.data, now)
+         for pos, r in zip(positions, rows, strict=True)],
+    )  # fmt: skip
+
+
+def _next_positions(db: Database, table: str, sid: str, count: int) -> list[float]:
+    top = db.execute(
+        f"SELECT COALESCE(MAX(position), 0) FROM {table} WHERE session_id = ?", [sid]
+    ).fetchone()[0]
+    return [float(top) + i for i in range(1, count + 1)]
+
+
+def _append(db: Database, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float) -> None:
+    with db.atomic():
+        _require_session(db, sid)
+        for table, rows in (("messages", msg_rows), ("context", ctx_rows)):
+            if rows:
+                positions = _next_positions(db, table, sid, len(rows))
+                _insert_history(db, table, sid, rows, positions, now)
+        db.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", [now, sid])
+
+
+def _load_history(db: Database, table: str, sid: str) -> list[dict[str, Any]]:
+    _require_session(db, sid)
+    rows = db.execute(
+        f"SELECT data FROM {table} WHERE session_id = ? ORDER BY position", [sid]
+    ).fetchall()
+    return [json.loads(r[0]) for r in rows]
+
+
+def _replace_context(db: Database, sid: str, rows: list[_Row], now: float) -> None:
+    with db.atomic():
+        _require_session(db, sid)
+        db.execute("DELETE FROM context WHERE session_id = ?", [sid])
+        _insert_history(db, "context", sid, rows, [float(i) for i in range(1, len(rows) + 1)], now)
+
+
+def _placeholder_positions(
+    original: Sequence[float], inserted: Sequence[tuple[int, dict[str, Any]]]
+) -> list[float]:
+    """Positions strictly between the original neighbours of each run of placeholders."""
+    indexes = [i for i, _ in inserted]
+    out: list[float] = []
+    start = 0
+    while start < len(indexes):
+        end = start
+        while end + 1 < len(indexes) and indexes[end + 1] == indexes[end] + 1:
+            end += 1
+        before = indexes[start] - start  # originals preceding this run (>= 1: the assistant)
+        low = original[before - 1]
+        high = original[before] if before < len(original) else low + 1.0
+        count = end - start + 1
+        out.extend(low + (high - low) * (k + 1) / (count + 1) for k in range(count))
+        start = end + 1
+    return out
+
+
+def _load_session(db: Database, sid: str, now: float) -> LoadedSession | None:
+    row = _get_session(db, sid)
+    if row is None:
+        return None
+    loaded: dict[str, list[dict[str, Any]]] = {}
+    repaired = 0
+    # One job on the one thread: no append can slip between reading and repairing.
+    with db.atomic():
+        for table in _HISTORY:
+            records = db.execute(
+                f"SELECT position, data FROM {table} WHERE session_id = ? ORDER BY position",
+                [sid],
+            ).fetchall()
+            items = [json.loads(r[1]) for r in records]
+            fixed, inserted = repair_dangling_tool_calls(items)
+            if inserted:
+                positions = _placeholder_positions([r[0] for r in records], inserted)
+                rows = _prepare([ph for _, ph in inserted], f"{table} placeholders")
+                _insert_history(db, table, sid, rows, positions, now)
+            loaded[table] = fixed
+            repaired += len(inserted)
+    return LoadedSession(
+        row=row, messages=loaded["messages"], context=loaded["context"], repaired=repaired
+    )
+
+
+def _kv_get(db: Database, scope: str, key: str) -> Any | None:
+    row = db.execute("SELECT value FROM kv WHERE scope = ? AND key = ?", [scope, key]).fetchone()
+    return None if row is None else json.loads(row[0])
+
+
+def _kv_set(db: Database, scope: str, key: str, value: str, now: float) -> None:
+    db.execute(
+        "INSERT INTO kv (scope, key, value, updated_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
+        " updated_at = excluded.updated_at",
+        [scope, key, value, now],
+    )
+
+
+def _kv_delete(db: Database, scope: str, key: str) -> None:
+    db.execute("DELETE FROM kv WHERE scope = ? AND key = ?", [scope, key])
+
+
+def _kv_list(db: Database, scope: str, prefix: str) -> list[tuple[str, Any]]:
+    rows = db.execute(
+        "SELECT key, value FROM kv WHERE scope = ? AND substr(key, 1, ?) = ? ORDER BY key",
+        [scope, len(prefix), prefix],
+    ).fetchall()
+    return [(r[0], json.loads(r[1])) for r in rows]
+
+
+def _insert_user(db: Database, user: dict[str, Any], digest: str) -> None:
+    with db.atomic():
+        if db.execute("SELECT 1 FROM users WHERE token_sha256 = ?", [digest]).fetchone():
+            raise StoreError("a user with this token already exists; tokens must be unique")
+        db.execute(
+            "INSERT INTO users (id, name, token_sha256, role, created_at) VALUES (?, ?, ?, ?, ?)",
+            [user["id"], user["name"], digest, user["role"], user["created_at"]],
+        )
+
+
+def _user_by_digest(db: Database, digest: str) -> dict[str, Any] | None:
+    row = db.execute(
+        "SELECT id, name, role, created_at FROM users WHERE token_sha256 = ?", [digest]
+    ).fetchone()
+    if row is None:
+        return None
+    return {"id": row[0], "name": row[1], "role": row[2], "created_at": row[3]}
+
+
+def _stats(db: Database) -> dict[str, int]:
+    return {t: int(db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]) for t in _TABLES}

@@ -1,0 +1,485 @@
+"""The SQLite store: schema and pragmas, the one worker thread, appends, kv, users, repair.
+
+Rules for this module: real SQLite files under tmp_path, no sleeps, every test that
+waits on the worker thread under an absolute `trio.fail_after` (real clock: the
+autojump clock would jump while the thread works).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from navi_trio.errors import StoreError
+from navi_trio.store import (
+    LoadedSession,
+    SessionStore,
+    SQLiteStore,
+    open_store,
+    repair_dangling_tool_calls,
+)
+from navi_trio.store.repair import PLACEHOLDER_CONTENT
+
+TIMEOUT = 10
+
+
+async def raw(store: SQLiteStore, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """A query on the store's own connection (its worker thread)."""
+    return await store._run("test query", lambda db: db.execute(sql, params).fetchall())
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def call(cid: str | None, name: str = "shell") -> dict[str, Any]:
+    c: dict[str, Any] = {"name": name, "arguments": {}}
+    if cid is not None:
+        c["id"] = cid
+    return c
+
+
+def assistant(*calls: dict[str, Any], text: str = "") -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        msg["tool_calls"] = list(calls)
+    return msg
+
+
+def result(cid: str | None, content: str = "ok") -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "tool", "name": "shell", "content": content}
+    if cid is not None:
+        msg["tool_call_id"] = cid
+    return msg
+
+
+# -- opening, pragmas, the worker thread -----------------------------------------------
+
+
+async def test_open_creates_parent_folders_wal_schema_and_pragmas(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "er" / "navi.db"
+    with trio.fail_after(TIMEOUT):
+        async with open_store(path) as store:
+            assert store.path == path
+            assert path.exists()
+            assert (await raw(store, "PRAGMA journal_mode"))[0][0] == "wal"
+            assert (await raw(store, "PRAGMA synchronous"))[0][0] == 2  # FULL
+            assert (await raw(store, "PRAGMA foreign_keys"))[0][0] == 1
+            assert (await raw(store, "PRAGMA busy_timeout"))[0][0] > 0
+            tables = {r[0] for r in await raw(store, "SELECT name FROM sqlite_master")}
+            assert {"sessions", "messages", "context", "kv", "users"} <= tables
+            assert await store.stats() == dict.fromkeys(
+                ["sessions", "messages", "context", "kv", "users"], 0
+            )
+
+
+async def test_sqlite_store_satisfies_the_session_store_protocol(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_store(tmp_path / "n.db") as store:
+            as_protocol: SessionStore = store  # mypy checks the signatures match
+            names = [n for n in dir(SessionStore) if not n.startswith("_")]
+            assert len(names) == 17
+            assert all(inspect.iscoroutinefunction(getattr(as_protocol, n)) for n in names)
+
+
+def test_store_package_exports_what_it_promises() -> None:
+    import navi_trio.store as pkg
+
+    assert sorted(pkg.__all__) == sorted(
+        ["LoadedSession", "SQLiteStore", "SessionRow", "SessionStore", "open_store",
+         "repair_dangling_tool_calls"]
+    )  # fmt: skip
+    assert all(hasattr(pkg, name) for name in pkg.__all__)
+    assert pkg.open_store == SQLiteStore.open
+
+
+async def test_open_on_an_unusable_path_raises_store_error_naming_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with trio.fail_after(TIMEOUT), pytest.raises(StoreError, match="open store .*file"):
+        async with open_store(blocker / "navi.db"):
+            pass
+
+
+async def test_every_call_runs_on_one_worker_thread_not_trios(tmp_path: Path) -> None:
+    idents: list[int] = []
+
+    async def whoami(store: SQLiteStore) -> None:
+        idents.append(await store._run("ident", lambda db: threading.get_ident()))
+
+    with trio.fail_after(TIMEOUT):
+        async with open_store(tmp_path / "n.db") as store, trio.open_nursery() as nursery:
+            for _ in range(10):
+                nursery.start_soon(whoami, store)
+    assert len(idents) == 10 and len(set(idents)) == 1
+    assert idents[0] != threading.get_ident()
+
+
+async def test_trio_keeps_running_while_the_worker_is_busy(tmp_path: Path) -> None:
+    # The job can only finish if a trio task sets the gate while the job runs.
+    gate = threading.Event()
+    outcome: list[bool] = []
+
+    async def busy(store: SQLiteStore) -> None:
+        outcome.append(await store._run("wait for trio", lambda db: gate.wait(5)))
+
+    with trio.fail_after(TIMEOUT):
+        async with open_store(tmp_path / "n.db") as store, trio.open_nursery() as nursery:
+            nursery.start_soon(busy, store)
+            await trio.testing.wait_all_tasks_blocked()
+            gate.set()
+    assert outcome == [True]
+
+
+async def test_a_cancelled_write_still_lands_and_close_drains_it(tmp_path: Path) -> None:
+    path = tmp_path / "n.db"
+    gate = threading.Event()
+    with trio.fail_after(TIMEOUT):
+        async with open_store(path) as store:
+            row = await store.create_session(profile_id="p")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(store._run, "hold", lambda db: gate.wait(5))
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(_append_expecting_cancel, store, row.id)
+                await trio.testing.wait_all_tasks_blocked()
+                # Both callers give up; their jobs stay queued behind the held one.
+                nursery.cancel_scope.cancel()
+            gate.set()
+            # Leave at once: close must drain the queued append before closing.
+        async with open_store(path) as store:
+            assert await store.load_messages(row.id) == [user("queued")]
+
+
+async def _append_expecting_cancel(store: SQLiteStore, sid: str) -> None:
+    await store.append(sid, messages=[user("queued")])
+    pytest.fail("the append should have been cancelled while queued")
+
+
+async def test_closed_or_never_opened_store_raises_instead_of_hanging(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        with pytest.raises(StoreError, match="not open"):
+            await SQLiteStore(tmp_path / "n.db").stats()
+        async with open_store(tmp_path / "n.db") as store:
+            pass
+        with pytest.raises(StoreError, match="closed"):
+            await store.create_session(profile_id="p")
+
+
+async def test_sqlite_errors_come_back_as_store_error_naming_the_operation(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_store(tmp_path / "n.db") as store:
+            row = await store.create_session("s-1", profile_id="p")
+            await raw(
+                store,
+                "CREATE TRIGGER no_ctx BEFORE INSERT ON context"
+                " BEGIN SELECT RAISE(ABORT, 'context is frozen'); END",
+            )
+            with pytest.raises(StoreError, match="append to session 's-1'.*context is frozen"):
+                await store.append(row.id, messages=[user("a")], context=[user("a")])
+            # One transaction for both tables: the message did not land either.
+            assert await store.load_messages(row.id) == []
+
+
+# -- sessions ---------------------------------------------------------------------------
+
+
+async def test_sessions_create_get_list_update_and_reject_bad_input(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_store(tmp_path / "n.db") as store:
+            a = await store.create_session(profile_id="coder", title="A", meta={"k": [1, "é"]})
+            assert re.fullmatch(r"s-[0-9a-f]{12}", a.id)
+            b = await store.create_session("chat.2", profile_id="p", user_id="bob")
+            assert await store.get_session(a.id) == a
+            assert await store.get_session("nope") is None
+            assert [r.id for r in await store.list_sessions()] == [b.id, a.id]
+            await store.update_session(a.id, title="A2", meta={"x": 1})
+            got = await store.get_session(a.id)
+            assert got is not None and (got.title, got.meta, got.profile_id) == (
+                "A2",
+                {"x": 1},
+                "coder",
+            )
+            assert got.updated_at >= a.updated_at
+            assert [r.id for r in await store.list_sessions()] == [a.id, b.id]
+            assert [r.id for r in await store.list_sessions("bob")] == [b.id]
+            with pytest.raises(StoreError, match="'chat.2' already exists"):
+                await store.create_session("chat.2", profile_id="p")
+            with pytest.raises(StoreError, match="no session 'ghost'"):
+                await store.update_session("ghost", title="x")
+            with pytest.raises(StoreError, match="invalid session id 'a:b'"):
+                await store.create_session("a:b", profile_id="p")
+            with pytest.raises(StoreError, match="profile_id"):
+                await store.create_session(profile_id="")
+            with pytest.raises(StoreError, match="no session 'ghost'"):
+                await store.append("ghost", messages=[user("x")])
+
+
+async def test_delete_session_removes_history_context_and_its_kv_rows_only(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_store(tmp_path / "n.db") as store:
+            a = await store.create_session("s_1", profile_id="p")
+            b = await store.create_session("s_10", profile_id="p")
+            for sid in (a.id, b.id):
+                await store.append(sid, messages=[user(sid)], context=[user(sid)])
+            for key in ("s_1", "s_1:todo", "s_10", "s_10:todo", "s_1x", "sX1:todo"):
+                await store.kv_set("notes", key, key)
+            assert await store.delete_session(a.id) is True
+            assert await store.get_session(a.id) is None
+            remaining = [k for k, _ in await store.kv_list("notes")]
+            assert remaining == sorted(["s_10", "s_10:todo", "s_1x", "sX1:todo"])
+            stats = await store.stats()
+            assert (stats["sessions"], stats["messages"], stats["context"]) == (1, 1, 1)
+            assert await store.load_messages(b.id) == [user(b.id)]
+            assert await store.delete_session(a.id) is False
+
+
+# -- history ----------------------------------------------------------------------------
+
+
+async def test_append_n_then_m_adds_rows_and_never_rewrites_earlier_ones(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_store(tmp_path / "n.db") as store:
+            sid = (await store.create_session(profile_id="p")).id
+            first = [user(f"m{i}") for i in range(5)]
+            await store.append(sid, messages=first, context=first[:2])
+            q = "SELECT id, position, data FROM messages ORDER BY position"
+            before = await raw(store, q)
+            more = [assistant(text=f"a{i}") | {"is_plan": i == 0} for i in range(3)]
+            await store.append(sid, messages=more, context=more)
+            after = await raw(store, q)
+            assert len(after) == 8 and after[:5] == before
+            assert await store.load_messages(sid) == first + more
+            assert await store.load_context(sid) == first[:2] + more
+            cols = await raw(store, "SELECT role, content, is_plan FROM messages ORDER BY position")
+            assert cols[0] == ("user", "m0", 0) and cols[5] == ("assistant", "a0", 1)
+
+
+async def test_replace_context_swaps_context_and_leaves_messages(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_store(tmp_path / "n.db") as store:
+            sid = (await store.create_session(profile_id="p")).id
+            history = [user(str(i)) for i in range(6)]
+            await store.append(sid, messages=history, context=history)
+            summary = {"role": "system", "content": "summary of 0-3", "is_summary": True}
+            await store.replace_context(sid, [summary, *history[4:]])
+            assert await store.load_context(sid) == [summary, *history[4:]]
+            assert await store.load_messages(sid) == history
+            await store.append(sid, context=[user("6")])
+            assert (await store.load_context(sid))[-1] == user("6")
+
+
+async def test_append_rejects_what_is_not_a_json_dict_and_writes_nothing(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_store(tmp_path / "n.db") as store:
+            sid = (await store.create_session(profile_id="p")).id
+            with pytest.raises(StoreError, match=r"context\[1\] is not JSON-serialisable"):
+                await store.append(sid, messages=[user("a")], context=[user("a"), {"x": {1, 2}}])
+            with pytest.raises(StoreError, match=r"messages\[0\] must be a dict"):
+                await store.append(sid, messages=["hello"])  # type: ignore[list-item]
+            stats = await store.stats()
+            assert stats["messages"] == stats["context"] == 0
+
+
+async def test_unicode_and_odd_values_round_trip_exactly(tmp_path: Path) -> None:
+    odd = {
+        "role": "assistant",
+        "content": "héllo 🌍 שלום \x00 end \ud800",
+        "thinking": "∑ ≠ 𝔘",
+        "tool_calls": [{"id": "c1", "name": "t", "arguments": {"n": 2**70, "f": -0.5}}],
+        "nested": {"": [None, True, {"deep": []}]},
+    }
+    with trio.fail_after(TIMEOUT):
+        async with open_store(tmp_path / "n.db") as store:
+            sid = (await store.create_session(profile_id="p")).id
+            await store.append(sid, messages=[odd, user("next")], context=[odd])
+        async with open_store(tmp_path / "n.db") as store:
+            assert await store.load_messages(sid) == [odd, user("next")]
+            assert await store.load_context(sid) == [odd]
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+messages_st = st.lists(st.dictionaries(st.text(), json_values, max_size=6), max_size=5)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(messages=messages_st, context=messages_st)
+def test_any_json_dicts_round_trip_through_append_and_load(
+    tmp_path_factory: pytest.TempPathFactory,
+    messages: list[dict[str, Any]],
+    context: list[dict[str, Any]],
+) -> None:
+    path = tmp_path_factory.getbasetemp() / "roundtrip.db"
+
+    async def main() -> None:
+        with trio.fail_after(TIMEOUT):
+            async with SQLiteStore.open(path, synchronous="NORMAL") as store:
+                sid = (await store.create_session(profile_id="p")).id
+                await store.append(sid, messages=messages, context=context)
+                # Compare JSON text too: 1 == 1.0 == True would hide a type change.
+                got_m, got_c = await store.load_messages(sid), await store.load_context(sid)
+                assert json.dumps(got_m) == json.dumps(messages)
+                assert json.dumps(got_c) == json.dumps(context)
+
+    trio.run(main)
+
+
+# -- load_session and repair --------------------------------------------------------------
+
+
+async def test_load_session_repairs_dangling_calls_in_place_and_persists_once(
+    tmp_path: Path,
+) -> None:
+    history = [
+        user("go"),
+        assistant(call("c1"), call("c2", "grep")),
+        result("c1"),
+        user("and?"),
+        assistant(text="done"),
+    ]
+    with trio.fail_after(TIMEOUT):
+        async with open_store(tmp_path / "n.db") as store:
+            sid = (await store.create_session(profile_id="p")).id
+            await store.append(sid, messages=history, context=history[:2])
+            loaded = await store.load_session(sid)
+            assert isinstance(loaded, LoadedSession) and loaded.repaired == 3  # 1 + 2
+            expected_ph = {
+                "role": "tool",
+                "tool_call_id": "c2",
+                "name": "grep",
+                "content": PLACEHOLDER_CONTENT,
+                "repaired": True,
+            }
+            assert loaded.messages == [*history[:3], expected_ph, *history[3:]]
+            assert loaded.context == [*history[:2], expected_ph | {"tool_call_id": "c1",
+                                                                   "name": "shell"},
+                                      expected_ph]  # fmt: skip
+            # Persisted at the right position, and a second load repairs nothing.
+            assert await store.load_messages(sid) == loaded.messages
+            again = await store.load_session(sid)
+            assert again is not None and again.repaired == 0
+            assert (again.messages, again.context) == (loaded.messages, loaded.context)
+            await store.append(sid, messages=[user("later")])
+            assert (await store.load_messages(sid))[-1] == user("later")
+            assert await store.load_session("missing") is None
+
+
+def test_repair_leaves_a_complete_history_alone() -> None:
+    history = [user("a"), assistant(call("c1")), result("c1"), assistant(text="ok")]
+    fixed, inserted = repair_dangling_tool_calls(history)
+    assert fixed == history and inserted == []
+
+
+def test_repair_puts_placeholders_after_existing_results_before_the_next_turn() -> None:
+    history = [
+        assistant(call("c1"), call("c2"), call("c3")),
+        result("c2"),
+        {"role": "system", "content": "task note"},
+        user("next"),
+        result("c1"),  # too late: after the next user message it answers nothing
+    ]
+    fixed, inserted = repair_dangling_tool_calls(history)
+    assert [i for i, _ in inserted] == [2, 3]
+    assert [ph["tool_call_id"] for _, ph in inserted] == ["c1", "c3"]
+    assert fixed[:2] == history[:2] and fixed[4:] == history[2:]
+    assert all(fixed[i] is ph for i, ph in inserted)
+
+
+def test_repair_handles_a_dangling_call_at_the_end_and_openai_shaped_calls() -> None:
+    openai_call = {"id": "c9", "type": "function", "function": {"name": "web", "arguments": "{}"}}
+    fixed, inserted = repair_dangling_tool_calls([user("a"), assistant(openai_call)])
+    assert inserted == [(2, fixed[2])] and fixed[2]["name"] == "web"
+
+
+def test_repair_pairs_id_less_calls_by_position_and_gives_the_rest_an_id() -> None:
+    history = [assistant(call(None, "a"), call(None, "b")), result(None)]
+    fixed, inserted = repair_dangling_tool_calls(history)
+    assert len(inserted) == 1 and inserted[0][0] == 2
+    assert inserted[0][1]["name"] == "b" and inserted[0][1]["tool_call_id"]
+    assert repair_dangling_tool_calls(fixed)[1] == []
+
+
+message_shapes = st.one_of(
+    st.builds(user, st.text(max_size=3)),
+    st.builds(
+        lambda ids: assistant(*[call(i) for i in ids]),
+        st.lists(st.sampled_from(["c1", "c2", "c3", None]), max_size=3),
+    ),
+    st.builds(result, st.sampled_from(["c1", "c2", "c3", "zz", None])),
+    st.just({"role": "system", "content": "note"}),
+)
+
+
+@given(st.lists(message_shapes, max_size=12))
+def test_repair_is_idempotent_pure_and_only_inserts(history: list[dict[str, Any]]) -> None:
+    snapshot = json.dumps(history)
+    fixed, inserted = repair_dangling_tool_calls(history)
+    assert json.dumps(history) == snapshot  # input untouched
+    assert len(fixed) == len(history) + len(inserted)
+    inserted_at = {i for i, _ in inserted}
+    assert [m for i, m in enumerate(fixed) if i not in inserted_at] == history
+    assert all(ph["repaired"] is True and ph["role"] == "tool" for _, ph in inserted)
+    again, none = repair_dangling_tool_calls(fixed)
+    assert none == [] and again == fixed
+
+
+# -- kv and users -------------------------------------------------------------------------
+
+
+async def test_kv_set_get_list_delete_with_json_values(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_store(tmp_path / "n.db") as store:
+            assert await store.kv_get("todo", "s1") is None
+            await store.kv_set("todo", "s1:b", {"items": ["x"]})
+            await store.kv_set("todo", "s1:a", [1, 2])
+            await store.kv_set("todo", "s2:a", "other")
+            await store.kv_set("memory", "s1:a", 3)
+            await store.kv_set("todo", "s1:a", [1, 2, 3])  # overwrite
+            assert await store.kv_get("todo", "s1:a") == [1, 2, 3]
+            assert await store.kv_list("todo", "s1:") == [("s1:a", [1, 2, 3]),
+                                                          ("s1:b", {"items": ["x"]})]  # fmt: skip
+            assert [k for k, _ in await store.kv_list("todo")] == ["s1:a", "s1:b", "s2:a"]
+            assert await store.kv_list("todo", "s1_") == []  # no LIKE wildcards
+            await store.kv_delete("todo", "s1:a")
+            await store.kv_delete("todo", "absent")
+            assert await store.kv_get("todo", "s1:a") is None
+            assert await store.kv_get("memory", "s1:a") == 3
+            with pytest.raises(StoreError, match="kv value for todo/x is not JSON"):
+                await store.kv_set("todo", "x", object())
+            with pytest.raises(StoreError, match="kv scope"):
+                await store.kv_get("", "x")
+
+
+async def test_users_are_found_by_token_which_is_stored_only_hashed(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_store(tmp_path / "n.db") as store:
+            ada = await store.create_user("ada", "secret-token-1", role="admin")
+            assert await store.get_user_by_token("secret-token-1") == ada
+            assert ada["role"] == "admin" and ada["id"].startswith("u-")
+            assert await store.get_user_by_token("wrong") is None
+            with pytest.raises(StoreError, match="token already exists"):
+                await store.create_user("eve", "secret-token-1")
+            rows = await raw(store, "SELECT * FROM users")
+            assert len(rows) == 1 and "secret-token-1" not in repr(rows)
+            assert (await store.stats())["users"] == 1
