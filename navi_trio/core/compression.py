@@ -1,0 +1,270 @@
+"""Context compression: summarise the older part of a context with the LLM.
+
+The context splits into an older part (summarised) and the last ``keep_recent``
+messages (kept verbatim). The split moves back so that an assistant's tool call and
+its tool results always land on the same side. The older part becomes one summary
+message::
+
+    {"role": "system", "content": "[Summary of earlier conversation]\\n…",
+     "summary": True, "keep": True}
+
+Why a system message: the summary is neither the user's words (a user-role summary
+invites the model to answer it) nor the model's (an assistant-role one is continued or
+quoted as if said). It sits right after the system prompt and memory, and ``keep``
+makes the context builder pass it on instead of stripping it like old system prompts.
+
+A summary already in the older part is handed to the summariser as the summary so far:
+summaries fold. When the older part is nothing but one summary there is nothing to
+compress (`would_compress` is False; `compress` raises NothingToCompactError), so
+``/compact`` twice in a row never summarises a summary.
+
+Nothing here persists or emits anything: the agent saves the outcome and emits
+CompressionStarted / ContextCompressed (after checking `would_compress`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from navi_trio.errors import ConfigError, LLMError, NothingToCompactError
+from navi_trio.profiles import AgentProfile, NaviConfig
+from navi_trio.settings import Settings
+
+from .context import is_kept_system
+from .tokens import TokenCounter
+
+# complete(messages, purpose) -> the model's full answer; injected by the agent.
+Complete = Callable[[list[dict[str, Any]], str], Awaitable[str]]
+
+SUMMARY_PREFIX = "[Summary of earlier conversation]"
+DEFAULT_PROMPT_FILE = "compression.md"
+PURPOSE = "compression"
+# Room left in the summariser's own window for its prompt framing.
+_FRAMING_ROOM = 256
+
+
+def is_summary(msg: Mapping[str, Any]) -> bool:
+    if msg.get("summary"):
+        return True
+    content = msg.get("content")
+    return isinstance(content, str) and content.startswith(SUMMARY_PREFIX)
+
+
+def split_index(context: Sequence[Mapping[str, Any]], keep_recent: int) -> int:
+    """Index where the kept part starts: ``context[:i]`` is summarised, ``context[i:]`` kept.
+
+    Starts ``keep_recent`` messages from the end, then moves back until no kept tool
+    result belongs to a tool call in the summarised part and the kept part does not
+    start with a tool result.
+    """
+    if keep_recent < 0:
+        raise ValueError(f"keep_recent must not be negative, got {keep_recent}")
+    owners = _tool_owners(context)
+    start = max(0, len(context) - keep_recent)
+    moved = True
+    while moved:
+        moved = False
+        while 0 < start < len(context) and context[start]["role"] == "tool":
+            start -= 1
+            moved = True
+        earliest = min(
+            (owners[i] for i in range(start, len(context)) if i in owners), default=start
+        )
+        if earliest < start:
+            start = earliest
+            moved = True
+    return start
+
+
+def _tool_owners(context: Sequence[Mapping[str, Any]]) -> dict[int, int]:
+    """For each tool result's index, the index of the assistant message that called it."""
+    owners: dict[int, int] = {}
+    by_id: dict[str, int] = {}
+    last_caller: int | None = None
+    for i, msg in enumerate(context):
+        if not isinstance(msg, Mapping) or not isinstance(msg.get("role"), str):
+            raise TypeError(f"context[{i}] must be a message dict with a string 'role'")
+        if msg["role"] == "assistant" and msg.get("tool_calls"):
+            last_caller = i
+            for call in msg["tool_calls"]:
+                if isinstance(call, Mapping) and call.get("id"):
+                    by_id[str(call["id"])] = i
+        elif msg["role"] == "tool":
+            owner = by_id.get(str(msg.get("tool_call_id") or ""), last_caller)
+            if owner is not None:
+                owners[i] = owner
+    return owners
+
+
+@attrs.frozen
+class CompressionOutcome:
+    context: list[dict[str, Any]]  # [summary message] + the kept recent messages
+    tokens_before: int
+    tokens_after: int
+    messages_summarised: int
+
+
+class Compressor:
+    def __init__(
+        self, settings: Settings, counter: TokenCounter, complete: Complete, prompts_dir: Path
+    ) -> None:
+        self._settings = settings
+        self._counter = counter
+        self._complete = complete
+        self._prompts_dir = Path(prompts_dir)
+
+    def threshold(self) -> int:
+        return int(self._settings.num_ctx * self._settings.compression_threshold)
+
+    def over_threshold(self, tokens: int) -> bool:
+        return tokens >= self.threshold()
+
+    def keep_recent(self, profile: AgentProfile) -> int:
+        value = profile.compression_keep_recent
+        return self._settings.compression_keep_recent if value is None else value
+
+    def max_tokens(self, profile: AgentProfile) -> int:
+        value = profile.compression_max_tokens
+        return self._settings.compression_max_tokens if value is None else value
+
+    def would_compress(
+        self, context: Sequence[Mapping[str, Any]], *, profile: AgentProfile
+    ) -> bool:
+        """True only when the older part holds something that is not already one summary."""
+        older = _summarisable(context[: split_index(context, self.keep_recent(profile))])
+        return bool(older) and not (len(older) == 1 and is_summary(older[0]))
+
+    async def compress(
+        self,
+        context: Sequence[Mapping[str, Any]],
+        *,
+        profile: AgentProfile,
+        config: NaviConfig,
+        reason: str,
+    ) -> CompressionOutcome:
+        """Summarise the older part; raises NothingToCompactError when there is none.
+
+        `reason` (pre_turn, mid_turn, forced, worker …) is only used in messages; the
+        agent reports it in its events.
+        """
+        start = split_index(context, self.keep_recent(profile))
+        older = list(context[:start])
+        if not self.would_compress(context, profile=profile):
+            raise NothingToCompactError(
+                f"nothing to compact ({reason}): the {len(context) - start} most recent "
+                "messages are kept as they are and everything before them is already a summary"
+            )
+        max_tokens = self.max_tokens(profile)
+        if max_tokens < 1:
+            raise ConfigError(f"profile {profile.id!r}: compression_max_tokens must be 1 or more")
+        prompt = await self._prompt(profile, config, max_tokens)
+        summary = await self._summarise(_summarisable(older), prompt, max_tokens)
+        summary_msg = {
+            "role": "system",
+            "content": f"{SUMMARY_PREFIX}\n{summary}",
+            "summary": True,
+            "keep": True,
+        }
+        new_context = [summary_msg, *(dict(m) for m in context[start:])]
+        return CompressionOutcome(
+            context=new_context,
+            tokens_before=self._counter.estimate_messages(context),
+            tokens_after=self._counter.estimate_messages(new_context),
+            messages_summarised=len(older),
+        )
+
+    async def _prompt(self, profile: AgentProfile, config: NaviConfig, max_tokens: int) -> str:
+        if profile.compression_prompt_file:
+            path = config.resolve_path(profile.compression_prompt_file)
+            whose = f"profile {profile.id!r} compression_prompt_file"
+        else:
+            path = self._prompts_dir / DEFAULT_PROMPT_FILE
+            whose = "default compression prompt"
+        try:
+            text = await trio.Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{whose}: cannot read {path}: {exc.strerror}") from None
+        limit = f"at most {max_tokens} tokens"
+        if "{max_tokens}" in text:
+            return text.replace("{max_tokens}", str(max_tokens))
+        return f"{text.rstrip()}\n\nKeep the summary to {limit}."
+
+    async def _summarise(self, older: list[Mapping[str, Any]], prompt: str, max_tokens: int) -> str:
+        previous = [str(m.get("content") or "") for m in older if is_summary(m)]
+        so_far = "\n\n".join(p.removeprefix(SUMMARY_PREFIX).strip() for p in previous)
+        entries = [self._render(m) for m in older if not is_summary(m)]
+        # The transcript must fit the summariser's own window: when it does not, fold it
+        # in chunks, each chunk summarised together with the summary so far.
+        # Each request holds the prompt, the summary so far (capped at max_tokens from
+        # the second chunk on) and a chunk, and leaves max_tokens for the answer.
+        carried = max(self._counter.count_text(so_far), max_tokens)
+        room = self._settings.num_ctx - 2 * max_tokens - self._counter.count_text(prompt)
+        room = max(room - _FRAMING_ROOM - (carried - max_tokens), _FRAMING_ROOM)
+        for chunk in _chunks(entries, room, self._counter):
+            answer = await self._complete(_request(prompt, so_far, chunk), PURPOSE)
+            if not isinstance(answer, str) or not answer.strip():
+                raise LLMError(
+                    "the model returned an empty summary; the context was left as it was"
+                )
+            so_far, _ = self._counter.truncate_middle(answer.strip(), max_tokens)
+        return so_far
+
+    def _render(self, msg: Mapping[str, Any]) -> str:
+        role = msg["role"]
+        content = str(msg.get("content") or "")
+        if role == "tool":
+            head = f"### tool result ({msg.get('name') or msg.get('tool_call_id') or 'tool'})"
+        elif role == "system":
+            head = "### note"
+        else:
+            head = f"### {role}"
+        lines = [head]
+        if content:
+            lines.append(content)
+        for call in msg.get("tool_calls") or ():
+            args = call.get("arguments")
+            args_text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+            lines.append(f"[called {call.get('name')}({args_text})]")
+        text = "\n".join(lines)
+        # One huge tool output must not crowd out the rest of the transcript.
+        budget = self._settings.message_token_budget
+        return self._counter.truncate_middle(text, budget)[0] if budget > 0 else text
+
+
+def _summarisable(older: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    # Stored system prompts are stripped from every built context: nothing to keep.
+    return [m for m in older if m["role"] != "system" or is_kept_system(m)]
+
+
+def _chunks(entries: list[str], room: int, counter: TokenCounter) -> list[list[str]]:
+    chunks: list[list[str]] = [[]]
+    used = 0
+    for entry in entries:
+        size = counter.count_text(entry) + 2
+        if chunks[-1] and used + size > room:
+            chunks.append([])
+            used = 0
+        chunks[-1].append(entry)
+        used += size
+    return chunks
+
+
+def _request(prompt: str, so_far: str, chunk: list[str]) -> list[dict[str, Any]]:
+    parts = []
+    if so_far:
+        parts.append(
+            "Summary of the earlier conversation so far (fold its facts into your summary):\n"
+            + so_far
+        )
+    if chunk:
+        parts.append("Conversation to summarise:\n\n" + "\n\n".join(chunk))
+    return [
+        {"role": "system", "content": prompt},
+        {"role": "user", "content": "\n\n".join(parts)},
+    ]

@@ -1,0 +1,177 @@
+"""What the model sees on each call: the context builder.
+
+Every LLM call receives, in order:
+
+1. the system message — persona + ``---`` + the profile's system prompt — built fresh,
+   never stored, cached per (profile id, sub-agent or not);
+2. the memory message ``## What I remember about the user`` when there are memories;
+3. the session context, with stored ``system`` messages stripped (the system prompt
+   is injected fresh, so an old one would duplicate it) — except messages marked
+   ``"keep": True`` or ``"summary": True``: persisted notes that must reach the model,
+   such as a background task's completion note or the compression summary;
+4. ``extra``: ephemeral system notes for this call only (iteration budget, goal
+   anchor, anti-stall warning …).
+
+A single tool/assistant message larger than ``settings.message_token_budget`` is
+head/tail-cut in the built copy only (``[…truncated ~N tokens…]``); the stored message
+is never touched. Compression handles the cumulative case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from navi_trio.errors import ContextTooLargeError
+from navi_trio.profiles import AgentProfile, NaviConfig
+from navi_trio.settings import Settings
+
+from .tokens import TokenCounter
+
+MEMORY_HEADER = "## What I remember about the user"
+SEPARATOR = "\n\n---\n\n"
+TRUNCATED_ROLES = ("tool", "assistant")
+# Room for the marker line and its newlines when a message is cut.
+_MARKER_ROOM = 16
+
+
+def is_kept_system(msg: Mapping[str, Any]) -> bool:
+    """True for stored system messages that must reach the model (notes, summaries)."""
+    return bool(msg.get("keep")) or bool(msg.get("summary"))
+
+
+class ContextBuilder:
+    """Builds the message list for one LLM call. Holds only the system prompt cache.
+
+    Call `invalidate()` when the config is reloaded or a profile changes: the cache is
+    keyed by profile id, so a new prompt under the same id is not seen until then.
+    """
+
+    def __init__(self, settings: Settings, counter: TokenCounter) -> None:
+        self._settings = settings
+        self._counter = counter
+        self._system_cache: dict[tuple[str, bool], str] = {}
+
+    def system_prompt(
+        self,
+        config: NaviConfig,
+        profile: AgentProfile,
+        *,
+        subagent: bool = False,
+        override: str | None = None,
+    ) -> str:
+        """persona + ``---`` + the profile prompt (a sub-agent's own prompt when it has one).
+
+        `override` is a complete system prompt used verbatim and not cached (a
+        sub-agent's custom or inherited prompt); the caller composes it.
+        """
+        if override is not None:
+            if not isinstance(override, str):
+                raise TypeError(f"system prompt override must be a string, got {override!r}")
+            return override
+        key = (profile.id, subagent)
+        cached = self._system_cache.get(key)
+        if cached is not None:
+            return cached
+        body = profile.system_prompt
+        if subagent and profile.subagent_system_prompt:
+            body = profile.subagent_system_prompt
+        parts = [p.strip() for p in (config.persona, body) if p and p.strip()]
+        text = SEPARATOR.join(parts)
+        self._system_cache[key] = text
+        return text
+
+    def invalidate(self, profile_id: str | None = None) -> None:
+        """Drop the cached system prompts of `profile_id` (of every profile when None)."""
+        if profile_id is None:
+            self._system_cache.clear()
+            return
+        for key in [k for k in self._system_cache if k[0] == profile_id]:
+            del self._system_cache[key]
+
+    def build(
+        self,
+        *,
+        config: NaviConfig,
+        profile: AgentProfile,
+        context: Sequence[Mapping[str, Any]],
+        memories: Sequence[str] = (),
+        extra: Sequence[Mapping[str, Any]] = (),
+        system_override: str | None = None,
+        subagent: bool = False,
+    ) -> list[dict[str, Any]]:
+        """The messages for one call; every dict is a new (shallow) copy.
+
+        Inputs are never mutated; nested values (tool call lists) are shared with the
+        input, so callers must not mutate them in the result either.
+        """
+        system = self.system_prompt(config, profile, subagent=subagent, override=system_override)
+        built: list[dict[str, Any]] = [{"role": "system", "content": system}]
+        memory = memory_message(memories)
+        if memory is not None:
+            built.append(memory)
+        budget = self._settings.message_token_budget
+        for i, msg in enumerate(context):
+            _check_message(msg, f"context[{i}]")
+            if msg["role"] == "system" and not is_kept_system(msg):
+                continue
+            built.append(self._view(msg, budget))
+        for i, msg in enumerate(extra):
+            _check_message(msg, f"extra[{i}]")
+            built.append(dict(msg))
+        return built
+
+    def check_context_size(
+        self, built: Sequence[Mapping[str, Any]], *, num_ctx: int, reserve: int | None = None
+    ) -> int:
+        """Estimated tokens of `built`; ContextTooLargeError when it leaves no room to answer.
+
+        `reserve` (default ``min(1024, num_ctx // 8)``) is kept free for the answer.
+        """
+        if num_ctx <= 0:
+            raise ValueError(f"num_ctx must be positive, got {num_ctx}")
+        room = min(1024, num_ctx // 8) if reserve is None else reserve
+        if room < 0 or room >= num_ctx:
+            raise ValueError(f"reserve must be between 0 and num_ctx ({num_ctx}), got {room}")
+        tokens = self._counter.estimate_messages(built)
+        limit = num_ctx - room
+        if tokens > limit:
+            raise ContextTooLargeError(tokens, limit)
+        return tokens
+
+    def _view(self, msg: Mapping[str, Any], budget: int) -> dict[str, Any]:
+        view = dict(msg)
+        if msg["role"] not in TRUNCATED_ROLES or budget <= 0:
+            return view
+        size = self._counter.estimate_message(msg)
+        if size <= budget:
+            return view
+        content = msg.get("content") or ""
+        # What is not content (tool calls, framing) cannot be cut without breaking it.
+        fixed = size - self._counter.count_text(content)
+        room = max(budget - fixed - _MARKER_ROOM, 0)
+        view["content"], _ = self._counter.truncate_middle(content, room)
+        return view
+
+
+def memory_message(memories: Sequence[str]) -> dict[str, Any] | None:
+    """The ``## What I remember about the user`` system message, or None when empty."""
+    if isinstance(memories, str):
+        raise TypeError("memories must be a list of strings, not one string")
+    facts = []
+    for i, fact in enumerate(memories):
+        if not isinstance(fact, str):
+            raise TypeError(f"memories[{i}] must be a string, got {type(fact).__name__}")
+        if fact.strip():
+            facts.append(f"- {fact.strip()}")
+    if not facts:
+        return None
+    return {"role": "system", "content": MEMORY_HEADER + "\n" + "\n".join(facts)}
+
+
+def _check_message(msg: Any, where: str) -> None:
+    if not isinstance(msg, Mapping):
+        raise TypeError(f"{where} must be a message dict, got {type(msg).__name__}")
+    role = msg.get("role")
+    if role not in ("system", "user", "assistant", "tool"):
+        raise ValueError(f"{where} has role {role!r}; expected system, user, assistant or tool")
