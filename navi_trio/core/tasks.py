@@ -1,0 +1,381 @@
+"""The TaskSupervisor: the actor that owns every background job.
+
+A tool call with ``"background": true`` is handed by the ToolExecutor to
+`TaskSupervisor.submit`, which starts it as a `Job` in the supervisor's own nursery —
+outside any session's run, so Stop on the session does not touch it; only
+`TaskSupervisor.cancel` (the `tasks cancel` action) cancels the job's own scope.
+
+Lifecycle of a job::
+
+    submit ──► running ──► completed | failed | cancelled
+       │          │                 │
+       │          │                 └─ note (kv "task_notes"), task_update, marker
+       │          │                    deleted, and only then `done` is set
+       │          └─ running marker in kv "task_running" while it runs
+       └─ task_update(running) to the session's clients; refused → TaskRejectedError
+
+Caps (settings): running jobs per session and globally, background sub-agents per
+session, and accepted submissions per session in a sliding window. Finished jobs are
+swept lazily (on submit / list / get) after `tasks_ttl_sec`, and at most
+`tasks_keep_finished` finished jobs are kept per session.
+
+Jobs die with the process. Their running markers do not: on the next start, `run()`
+turns every leftover marker into a "lost" completion note before it takes submissions,
+so the agent learns the job is gone instead of waiting for it forever.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import trio
+
+from navi_trio.core.task_notes import record_note
+from navi_trio.errors import TaskRejectedError
+from navi_trio.events import AgentEvent, TaskUpdate
+from navi_trio.settings import Settings
+from navi_trio.tools.base import KVStore, ToolResult
+
+RUNNING_SCOPE = "task_running"
+RING_SIZE = 50
+SPAWN_RING_SIZE = 200
+ARGS_SUMMARY_MAX = 200
+EXCERPT_MAX = 200
+LOST_SUMMARY = "lost: the daemon stopped while it was running"
+# Bookkeeping writes (marker, note) run shielded but must not hang a shutdown forever.
+KV_DEADLINE_SEC = 10.0
+
+log = logging.getLogger(__name__)
+
+
+@attrs.define(eq=False)
+class Job:
+    """One background job. Touched only from trio tasks of the same run (no locks)."""
+
+    task_id: str
+    session_id: str
+    tool: str
+    args_summary: str
+    is_spawn: bool
+    status: str = "running"  # running | completed | failed | cancelled
+    result: ToolResult | None = None
+    error: str | None = None
+    ring: collections.deque[AgentEvent] = attrs.field()
+    dropped: int = 0
+    done: trio.Event = attrs.field(factory=trio.Event)
+    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    started_at: float = 0.0
+    finished_at: float | None = None
+    tokens: int = 0
+
+    @ring.default
+    def _ring_default(self) -> collections.deque[AgentEvent]:
+        return collections.deque(maxlen=SPAWN_RING_SIZE if self.is_spawn else RING_SIZE)
+
+    def emit(self, event: AgentEvent) -> None:
+        """Record a live event; never blocks. A full ring drops its oldest event."""
+        if self.ring.maxlen is not None and len(self.ring) >= self.ring.maxlen:
+            self.dropped += 1
+        self.ring.append(event)
+
+    @property
+    def finished(self) -> bool:
+        return self.status != "running"
+
+
+JobRunner = Callable[[Job], Awaitable[ToolResult]]
+
+
+def summarize_args(args: dict[str, Any]) -> str:
+    """json.dumps of the arguments (minus the background flag), capped for display."""
+    shown = {k: v for k, v in args.items() if k != "background"}
+    text = json.dumps(shown, ensure_ascii=False, default=str)
+    if len(text) > ARGS_SUMMARY_MAX:
+        text = text[: ARGS_SUMMARY_MAX - 1] + "…"
+    return text
+
+
+class TaskSupervisor:
+    """Owns the nursery of background jobs; enforces caps; delivers results."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        kv: KVStore,
+        publish: Callable[[str, TaskUpdate], None],
+    ) -> None:
+        self._settings = settings
+        self._kv = kv
+        self._publish = publish
+        self._nursery: trio.Nursery | None = None
+        # session id -> task id -> job, in submit order.
+        self._jobs: dict[str, dict[str, Job]] = {}
+        # session id -> trio times of accepted submissions inside the rate window.
+        self._submits: dict[str, collections.deque[float]] = {}
+
+    # --- the actor -------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled (daemon shutdown); jobs are cancelled with it."""
+        async with trio.open_nursery() as nursery:
+            await self._report_lost_jobs()
+            self._nursery = nursery
+            try:
+                task_status.started()
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    async def _report_lost_jobs(self) -> None:
+        """Turn running markers left by a previous process into completion notes."""
+        try:
+            markers = await self._kv.kv_list(RUNNING_SCOPE)
+        except Exception:
+            log.exception("could not read leftover background task markers")
+            return
+        for key, marker in markers:
+            info = marker if isinstance(marker, dict) else {}
+            session_id = str(info.get("session_id") or key.partition(":")[0])
+            task_id = str(info.get("task_id") or key.rpartition(":")[2])
+            args = str(info.get("args_summary") or "")
+            try:
+                await record_note(
+                    self._kv,
+                    self._settings,
+                    session_id,
+                    task_id=task_id,
+                    tool=str(info.get("tool") or "?"),
+                    status="failed",
+                    summary=f"{LOST_SUMMARY} {args}".strip(),
+                )
+                await self._kv.kv_delete(RUNNING_SCOPE, key)
+            except Exception:
+                log.exception("could not report lost background task %s", key)
+
+    # --- the API the executor and the tasks tool call ------------------------------
+
+    def submit(
+        self,
+        session_id: str,
+        tool: str,
+        args: dict[str, Any],
+        runner: JobRunner,
+        *,
+        is_spawn: bool = False,
+    ) -> Job:
+        """Start `runner` as a background job, or raise TaskRejectedError with the reason."""
+        if self._nursery is None:
+            raise TaskRejectedError("the task supervisor is not running")
+        self._sweep()
+        self._check_caps(session_id, is_spawn)
+        now = trio.current_time()
+        job = Job(
+            task_id=self._new_task_id(),
+            session_id=session_id,
+            tool=tool,
+            args_summary=summarize_args(args),
+            is_spawn=is_spawn,
+            started_at=now,
+        )
+        self._jobs.setdefault(session_id, {})[job.task_id] = job
+        self._submits.setdefault(session_id, collections.deque()).append(now)
+        self._nursery.start_soon(self._run_job, job, runner, name=f"background {job.task_id}")
+        self._notify(job)
+        return job
+
+    def list_jobs(self, session_id: str) -> list[Job]:
+        self._sweep()
+        return list(self._jobs.get(session_id, {}).values())
+
+    def get(self, session_id: str, task_id: str) -> Job | None:
+        """The job, or None when unknown, swept, or another session's."""
+        self._sweep()
+        return self._jobs.get(session_id, {}).get(task_id)
+
+    # The timeout is part of the call (the tool's `timeout` argument, capped here), not a
+    # deadline the caller could express with a cancel scope of its own.
+    async def wait(self, session_id: str, task_id: str, timeout: float) -> bool:  # noqa: ASYNC109
+        """Wait for the job to finish; True if it did. `timeout` is capped at the max."""
+        job = self.get(session_id, task_id)
+        if job is None:
+            raise LookupError(f"no task {task_id} in this session")
+        limit = min(max(float(timeout), 0.0), self._settings.tasks_wait_max_sec)
+        with trio.move_on_after(limit):
+            await job.done.wait()
+        return job.done.is_set()
+
+    def cancel(self, session_id: str, task_id: str) -> bool:
+        """Cancel the job's own scope; False if unknown, another session's, or finished."""
+        job = self.get(session_id, task_id)
+        if job is None or job.finished:
+            return False
+        job.cancel_scope.cancel()
+        return True
+
+    def running_count(self, session_id: str | None = None) -> int:
+        if session_id is None:
+            sessions = list(self._jobs.values())
+        else:
+            sessions = [self._jobs.get(session_id, {})]
+        return sum(1 for jobs in sessions for job in jobs.values() if not job.finished)
+
+    # --- internals -------------------------------------------------------------------
+
+    def _check_caps(self, session_id: str, is_spawn: bool) -> None:
+        s = self._settings
+        total = self.running_count()
+        if total >= s.tasks_max_global:
+            raise TaskRejectedError(
+                f"the daemon already runs {total} background tasks (tasks_max_global)"
+            )
+        mine = self.running_count(session_id)
+        if mine >= s.tasks_max_per_session:
+            raise TaskRejectedError(
+                f"this session already runs {mine} background tasks (tasks_max_per_session)"
+            )
+        if is_spawn:
+            spawns = sum(
+                1
+                for job in self._jobs.get(session_id, {}).values()
+                if job.is_spawn and not job.finished
+            )
+            if spawns >= s.tasks_max_spawn:
+                raise TaskRejectedError(
+                    f"this session already runs {spawns} background sub-agents (tasks_max_spawn)"
+                )
+        recent = self._submits.get(session_id, collections.deque())
+        if len(recent) >= s.tasks_rate_limit:
+            retry = max(recent[0] + s.tasks_rate_window_sec - trio.current_time(), 0.0)
+            raise TaskRejectedError(
+                f"this session started {len(recent)} background tasks in the last "
+                f"{s.tasks_rate_window_sec:g} s (tasks_rate_limit); "
+                f"a new one is possible in {retry:.0f} s"
+            )
+
+    def _sweep(self) -> None:
+        """Drop finished jobs past their TTL or beyond the per-session keep count."""
+        now = trio.current_time()
+        ttl = self._settings.tasks_ttl_sec
+        keep = max(self._settings.tasks_keep_finished, 0)
+        for session_id in list(self._jobs):
+            jobs = self._jobs[session_id]
+            finished = sorted(
+                (j.finished_at, j.task_id) for j in jobs.values() if j.finished_at is not None
+            )
+            expired = {tid for at, tid in finished if now - at >= ttl}
+            alive = [tid for _, tid in finished if tid not in expired]
+            expired.update(alive[: max(len(alive) - keep, 0)])
+            for task_id in expired:
+                del jobs[task_id]
+            if not jobs:
+                del self._jobs[session_id]
+        window_start = now - self._settings.tasks_rate_window_sec
+        for session_id in list(self._submits):
+            times = self._submits[session_id]
+            while times and times[0] <= window_start:
+                times.popleft()
+            if not times:
+                del self._submits[session_id]
+
+    def _new_task_id(self) -> str:
+        taken = {tid for jobs in self._jobs.values() for tid in jobs}
+        while True:
+            task_id = "bt-" + secrets.token_hex(4)
+            if task_id not in taken:
+                return task_id
+
+    async def _run_job(self, job: Job, runner: JobRunner) -> None:
+        marker_key = f"{job.session_id}:{job.task_id}"
+        with trio.move_on_after(KV_DEADLINE_SEC, shield=True):
+            await self._kv_quietly(self._kv.kv_set(RUNNING_SCOPE, marker_key, self._marker(job)))
+        try:
+            with job.cancel_scope:
+                result = await runner(job)
+        except Exception as exc:
+            job.status, job.error = "failed", f"{type(exc).__name__}: {exc}"
+        except BaseException:
+            # The supervisor itself is being cancelled (daemon shutdown): the marker stays,
+            # so the next start reports the job as lost. Wake any waiter, then unwind.
+            job.status, job.error = "cancelled", LOST_SUMMARY
+            job.finished_at = trio.current_time()
+            job.done.set()
+            raise
+        else:
+            if job.cancel_scope.cancelled_caught:
+                job.status, job.error = "cancelled", "cancelled by request (tasks cancel)"
+            elif not isinstance(result, ToolResult):
+                job.status = "failed"
+                job.error = f"the job returned {type(result).__name__}, not a ToolResult"
+            else:
+                job.result = result
+                job.status = "completed" if result.ok else "failed"
+                job.error = None if result.ok else (result.error or "failed")
+        await self._finish(job, marker_key)
+
+    async def _finish(self, job: Job, marker_key: str) -> None:
+        job.finished_at = trio.current_time()
+        with trio.move_on_after(KV_DEADLINE_SEC, shield=True):
+            await self._kv_quietly(
+                record_note(
+                    self._kv,
+                    self._settings,
+                    job.session_id,
+                    task_id=job.task_id,
+                    tool=job.tool,
+                    status=job.status,
+                    summary=self._summary(job),
+                    tokens=job.tokens,
+                )
+            )
+            self._notify(job)
+            await self._kv_quietly(self._kv.kv_delete(RUNNING_SCOPE, marker_key))
+        job.done.set()
+
+    async def _kv_quietly(self, op: Awaitable[None]) -> None:
+        # A failing store must not take the supervisor (and every other job) down.
+        try:
+            await op
+        except Exception:
+            log.exception("background task bookkeeping failed")
+
+    def _notify(self, job: Job) -> None:
+        excerpt = ""
+        if job.result is not None:
+            excerpt = (job.result.output or job.result.error or "")[:EXCERPT_MAX]
+        elif job.error:
+            excerpt = job.error[:EXCERPT_MAX]
+        event = TaskUpdate(
+            task_id=job.task_id,
+            tool=job.tool,
+            status=job.status,
+            args_summary=job.args_summary,
+            error=job.error,
+            result_excerpt=excerpt,
+            subagent_tokens=job.tokens,
+        )
+        try:
+            self._publish(job.session_id, event)
+        except Exception:
+            log.exception("publishing task_update for %s failed", job.task_id)
+
+    @staticmethod
+    def _summary(job: Job) -> str:
+        if job.result is not None:
+            return job.result.content()
+        return job.error or ""
+
+    @staticmethod
+    def _marker(job: Job) -> dict[str, Any]:
+        return {
+            "session_id": job.session_id,
+            "task_id": job.task_id,
+            "tool": job.tool,
+            "args_summary": job.args_summary,
+            "is_spawn": job.is_spawn,
+        }
