@@ -211,7 +211,7 @@ for _cls in EVENT_CLASSES:
     _tag = {"ErrorEvent": "error", "WarningEvent": "warning", "PlanCreated": "plan"}.get(
         _cls.__name__, _snake(_cls.__name__)
     )
-    _cls.type = _tag  # type: ignore[misc]
+    _cls.type = _tag
     _TAGS[_tag] = _cls
 
 converter = cattrs.Converter(forbid_extra_keys=True)

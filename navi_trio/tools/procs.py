@@ -1,0 +1,486 @@
+"""Child processes without orphans.
+
+Every process a tool starts is the leader of a new session (``start_new_session=True``),
+so it and everything it forks share one process group. When the owner of a process is
+done with it — the command finished, its timeout fired, its call or job was cancelled,
+or the daemon is shutting down — `kill_group` signals the *whole group*: SIGTERM, a
+short grace for the leader, then SIGKILL, all under a shielded scope with a deadline,
+and the leader is reaped. Background children (``sleep 300 &``) die with their command.
+
+Two ways to run something:
+
+- `run_command` — run to completion (or timeout) and return the capped output; output
+  lines are handed to a callback as they arrive (stdout and stderr merged).
+- `ProcessPool` — an actor owning persistent processes (``terminal open``): started by
+  the runtime with ``await nursery.start(pool.run)``; each process lives in the pool's
+  nursery, its output goes to a bounded buffer read with `read`; a session sees only
+  its own handles. Cancelling `run` (daemon shutdown) kills every group it owns.
+"""
+
+from __future__ import annotations
+
+import codecs
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+import trio
+
+from navi_trio.errors import ToolInputError
+from navi_trio.tools.base import cap_text
+
+KILL_GRACE_SEC = 2.0  # between SIGTERM and SIGKILL
+DRAIN_SEC = 1.0  # reading what is left in the pipe after the group is gone
+MAX_LINE_CHARS = 4000  # a "line" longer than this is streamed in pieces
+WRITE_TIMEOUT_SEC = 5.0
+READ_CHUNK = 65536
+
+LineCallback = Callable[[str], None]
+
+
+def shell_argv(command: str | Sequence[str]) -> list[str]:
+    """argv for `command`: a string goes through bash (or sh), a sequence is used as is."""
+    if isinstance(command, str):
+        if not command.strip():
+            raise ToolInputError("the command is empty")
+        shell = shutil.which("bash") or "/bin/sh"
+        return [shell, "-c", command]
+    argv = [str(a) for a in command]
+    if not argv:
+        raise ToolInputError("the command is empty")
+    return argv
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"  # so Python children stream their lines
+    if extra:
+        env.update(extra)
+    return env
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # nobody left in the group
+
+
+async def kill_group(process: trio.Process, grace: float = KILL_GRACE_SEC) -> None:
+    """Kill the process group led by `process` and reap the leader.
+
+    Safe to call when the leader already exited: whatever it left behind in its group
+    is killed. Runs shielded, so it completes even inside a cancelled scope.
+    """
+    pgid = process.pid  # the leader of a new session: its pid is the group id
+    with trio.CancelScope(shield=True):
+        with trio.move_on_after(grace + 5.0):
+            if process.returncode is None:
+                _signal_group(pgid, signal.SIGTERM)
+                with trio.move_on_after(grace):
+                    await process.wait()
+            # Always: grandchildren may ignore SIGTERM or outlive their parent.
+            _signal_group(pgid, signal.SIGKILL)
+            await process.wait()
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                await stream.aclose()
+
+
+class LineSplitter:
+    """Bytes in, complete text lines out; decoding survives split UTF-8 sequences."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._partial = ""
+
+    def feed(self, data: bytes | bytearray) -> tuple[str, list[str]]:
+        """The decoded text of `data`, and the lines it completed."""
+        text = self._decoder.decode(data)
+        self._partial += text
+        *lines, self._partial = self._partial.split("\n")
+        while len(self._partial) > MAX_LINE_CHARS:
+            lines.append(self._partial[:MAX_LINE_CHARS])
+            self._partial = self._partial[MAX_LINE_CHARS:]
+        return text, [line.rstrip("\r") for line in lines]
+
+    def flush(self) -> tuple[str, list[str]]:
+        text = self._decoder.decode(b"", final=True)
+        rest = self._partial + text
+        self._partial = ""
+        return text, ([rest.rstrip("\r")] if rest else [])
+
+
+class HeadTail:
+    """Keeps the head and the tail of a long text, within a fixed memory bound."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(limit, 1)
+        self.total = 0
+        self._head = ""
+        self._tail = ""
+
+    def add(self, text: str) -> None:
+        self.total += len(text)
+        room = self.limit - len(self._head)
+        if room > 0:
+            self._head += text[:room]
+            text = text[room:]
+        if text:
+            self._tail = (self._tail + text)[-self.limit :]
+
+    def text(self) -> str:
+        whole = self._head + self._tail
+        if len(whole) == self.total:  # nothing was dropped: cap it the usual way
+            return cap_text(whole, self.limit)
+        head = self.limit * 2 // 3
+        tail = self.limit - head
+        cut = self.total - head - tail
+        return f"{self._head[:head]}\n[… {cut} characters cut …]\n{self._tail[-tail:]}"
+
+
+async def _pump(
+    stream: trio.abc.ReceiveStream,
+    on_text: Callable[[str], None],
+    on_line: LineCallback | None,
+    eof: trio.Event,
+) -> None:
+    splitter = LineSplitter()
+    try:
+        while data := await stream.receive_some(READ_CHUNK):
+            text, lines = splitter.feed(data)
+            on_text(text)
+            if on_line is not None:
+                for line in lines:
+                    on_line(line)
+    except (trio.ClosedResourceError, trio.BrokenResourceError):
+        pass  # closed by kill_group: the process is gone
+    finally:
+        text, lines = splitter.flush()
+        on_text(text)
+        if on_line is not None:
+            for line in lines:
+                on_line(line)
+        eof.set()
+
+
+async def _wait_and_drain(
+    process: trio.Process,
+    on_text: Callable[[str], None],
+    on_line: LineCallback | None,
+) -> None:
+    """Stream output until the leader exits, then kill its leftovers and drain the pipe."""
+    assert process.stdout is not None
+    eof = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_pump, process.stdout, on_text, on_line, eof)
+        await process.wait()
+        # Anything still in the group is an orphan-to-be that also holds the pipe open.
+        _signal_group(process.pid, signal.SIGKILL)
+        with trio.move_on_after(DRAIN_SEC):
+            await eof.wait()
+        nursery.cancel_scope.cancel()
+
+
+@attrs.frozen
+class CommandResult:
+    exit_code: int | None  # None when it timed out (the group was killed)
+    output: str  # merged stdout+stderr, head+tail capped
+    timed_out: bool
+    timeout: float
+    duration: float
+
+    def status_text(self) -> str:
+        if self.timed_out:
+            return f"timed out after {self.timeout:g} s (the process group was killed)"
+        if self.exit_code is not None and self.exit_code < 0:
+            return f"killed by signal {-self.exit_code}"
+        return f"exited with code {self.exit_code}"
+
+
+async def run_command(
+    command: str | Sequence[str],
+    *,
+    cwd: Path,
+    time_limit: float,
+    on_line: LineCallback | None = None,
+    max_chars: int = 20000,
+    env: Mapping[str, str] | None = None,
+    grace: float = KILL_GRACE_SEC,
+) -> CommandResult:
+    """Run `command` in its own process group until it exits or `time_limit` passes.
+
+    stdin is /dev/null. On timeout the group is killed and the output so far returned;
+    if the caller is cancelled the group is killed and `trio.Cancelled` propagates.
+    Raises OSError when the process cannot be started (e.g. `cwd` does not exist).
+    """
+    if time_limit <= 0:
+        raise ToolInputError(f"the time limit must be positive (got {time_limit:g})")
+    argv = shell_argv(command)
+    started = trio.current_time()
+    process = await trio.lowlevel.open_process(
+        argv,
+        cwd=str(cwd),
+        env=child_env(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    output = HeadTail(max_chars)
+    try:
+        with trio.move_on_after(time_limit) as scope:
+            await _wait_and_drain(process, output.add, on_line)
+    finally:
+        await kill_group(process, grace)
+    return CommandResult(
+        exit_code=None if scope.cancelled_caught else process.returncode,
+        output=output.text(),
+        timed_out=scope.cancelled_caught,
+        timeout=time_limit,
+        duration=trio.current_time() - started,
+    )
+
+
+@attrs.frozen
+class ProcessInfo:
+    handle_id: str
+    command: str
+    pid: int
+    running: bool
+    exit_code: int | None
+    cwd: str
+
+
+@attrs.frozen
+class ReadResult:
+    output: str
+    dropped: int  # characters lost because the buffer overflowed before this read
+    pending: int  # characters still buffered (the read hit max_chars)
+    running: bool
+    exit_code: int | None
+
+
+class _Handle:
+    def __init__(
+        self, session_id: str, handle_id: str, command: str, cwd: Path, process: trio.Process
+    ) -> None:
+        self.session_id = session_id
+        self.handle_id = handle_id
+        self.command = command
+        self.cwd = cwd
+        self.process = process
+        self.scope = trio.CancelScope()
+        self.pending = ""
+        self.dropped = 0
+        self.changed = trio.Event()  # set when output arrives or the process ends
+        self.done = trio.Event()
+        self.exit_code: int | None = None
+        self.write_lock = trio.Lock()
+
+    def info(self) -> ProcessInfo:
+        return ProcessInfo(
+            handle_id=self.handle_id,
+            command=self.command,
+            pid=self.process.pid,
+            running=not self.done.is_set(),
+            exit_code=self.exit_code,
+            cwd=str(self.cwd),
+        )
+
+
+class ProcessPool:
+    """Persistent processes per session, owned by one actor (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        buffer_chars: int = 64_000,
+        max_per_session: int = 8,
+        grace: float = KILL_GRACE_SEC,
+    ) -> None:
+        self.buffer_chars = buffer_chars
+        self.max_per_session = max_per_session
+        self.grace = grace
+        self._nursery: trio.Nursery | None = None
+        self._handles: dict[tuple[str, str], _Handle] = {}
+        self._counters: dict[str, itertools.count[int]] = {}
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                task_status.started()
+                await trio.sleep_forever()
+            finally:
+                # Each process task kills its own group as the cancellation reaches it.
+                self._nursery = None
+
+    def _get(self, session_id: str, handle_id: str) -> _Handle:
+        handle = self._handles.get((session_id, handle_id))
+        if handle is None:
+            known = ", ".join(i.handle_id for i in self.list(session_id)) or "none"
+            raise ToolInputError(
+                f"no process '{handle_id}' in this session (open processes: {known})"
+            )
+        return handle
+
+    def _prune_exited(self, session_id: str) -> None:
+        mine = [h for h in self._handles.values() if h.session_id == session_id]
+        exited = [h for h in mine if h.done.is_set()]
+        for handle in exited[: max(0, len(mine) - self.max_per_session + 1)]:
+            del self._handles[(session_id, handle.handle_id)]
+
+    async def open(self, session_id: str, command: str, cwd: Path) -> str:
+        """Start `command` (through the shell) in `cwd`; returns its handle id ("p1" …)."""
+        nursery = self._nursery
+        if nursery is None:
+            raise ToolInputError("the process pool is not running (the daemon is stopping)")
+        self._prune_exited(session_id)
+        mine = [h for h in self._handles.values() if h.session_id == session_id]
+        if len(mine) >= self.max_per_session:
+            raise ToolInputError(
+                f"this session already has {len(mine)} processes open (the limit is "
+                f"{self.max_per_session}); kill one first"
+            )
+        counter = self._counters.setdefault(session_id, itertools.count(1))
+        handle_id = f"p{next(counter)}"
+        argv = shell_argv(command)
+        handle: _Handle = await nursery.start(
+            self._serve, session_id, handle_id, command, argv, cwd
+        )
+        return handle.handle_id
+
+    async def _serve(
+        self,
+        session_id: str,
+        handle_id: str,
+        command: str,
+        argv: list[str],
+        cwd: Path,
+        task_status: trio.TaskStatus[_Handle] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        process = await trio.lowlevel.open_process(
+            argv,
+            cwd=str(cwd),
+            env=child_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        handle = _Handle(session_id, handle_id, command, cwd, process)
+        self._handles[(session_id, handle_id)] = handle
+        try:
+            with handle.scope:
+                task_status.started(handle)
+                await _wait_and_drain(process, lambda text: self._buffer(handle, text), None)
+        finally:
+            await kill_group(process, self.grace)
+            handle.exit_code = process.returncode
+            handle.done.set()
+            handle.changed.set()
+
+    def _buffer(self, handle: _Handle, text: str) -> None:
+        if not text:
+            return
+        handle.pending += text
+        excess = len(handle.pending) - self.buffer_chars
+        if excess > 0:
+            handle.dropped += excess
+            handle.pending = handle.pending[excess:]
+        handle.changed.set()
+
+    async def read(
+        self, session_id: str, handle_id: str, max_chars: int, wait: float = 0.0
+    ) -> ReadResult:
+        """Output since the last read (oldest first, at most `max_chars`).
+
+        With `wait` > 0 and nothing buffered yet, waits up to `wait` seconds for output
+        or for the process to end.
+        """
+        handle = self._get(session_id, handle_id)
+        if max_chars < 1:
+            raise ToolInputError(f"max_chars must be at least 1 (got {max_chars})")
+        if wait > 0 and not handle.pending and not handle.done.is_set():
+            with trio.move_on_after(wait):
+                await handle.changed.wait()
+        text, handle.pending = handle.pending[:max_chars], handle.pending[max_chars:]
+        dropped, handle.dropped = handle.dropped, 0
+        if not handle.pending and not handle.done.is_set():
+            handle.changed = trio.Event()
+        return ReadResult(
+            output=text,
+            dropped=dropped,
+            pending=len(handle.pending),
+            running=not handle.done.is_set(),
+            exit_code=handle.exit_code,
+        )
+
+    async def write(self, session_id: str, handle_id: str, text: str, eof: bool = False) -> None:
+        """Send `text` to the process's stdin; `eof` closes stdin afterwards."""
+        handle = self._get(session_id, handle_id)
+        stdin = handle.process.stdin
+        assert stdin is not None
+        if handle.done.is_set():
+            raise ToolInputError(f"process {handle_id} has exited (code {handle.exit_code})")
+        async with handle.write_lock:
+            try:
+                with trio.fail_after(WRITE_TIMEOUT_SEC):
+                    if text:
+                        await stdin.send_all(text.encode("utf-8"))
+                    if eof:
+                        await stdin.aclose()
+            except trio.TooSlowError:
+                raise ToolInputError(
+                    f"process {handle_id} is not reading its input (waited {WRITE_TIMEOUT_SEC:g} s)"
+                ) from None
+            except trio.ClosedResourceError:
+                raise ToolInputError(f"the input of process {handle_id} was closed") from None
+            except trio.BrokenResourceError:
+                raise ToolInputError(f"process {handle_id} closed its input") from None
+
+    async def kill(self, session_id: str, handle_id: str) -> ReadResult:
+        """Kill the process's whole group, forget the handle; returns its unread output."""
+        handle = self._get(session_id, handle_id)
+        handle.scope.cancel()
+        await handle.done.wait()
+        self._handles.pop((session_id, handle_id), None)
+        dropped = handle.dropped
+        return ReadResult(
+            output=handle.pending,
+            dropped=dropped,
+            pending=0,
+            running=False,
+            exit_code=handle.exit_code,
+        )
+
+    async def kill_session(self, session_id: str) -> None:
+        """Kill and forget every process of a session (deleted or retired session)."""
+        handles = [h for h in self._handles.values() if h.session_id == session_id]
+        for handle in handles:
+            handle.scope.cancel()
+        for handle in handles:
+            await handle.done.wait()
+            self._handles.pop((session_id, handle.handle_id), None)
+        self._counters.pop(session_id, None)
+
+    async def wait_exit(self, session_id: str, handle_id: str) -> int | None:
+        """Wait until the process has ended (its group killed); returns its exit code."""
+        handle = self._get(session_id, handle_id)
+        await handle.done.wait()
+        return handle.exit_code
+
+    def list(self, session_id: str) -> list[ProcessInfo]:
+        return [h.info() for h in self._handles.values() if h.session_id == session_id]
+
+
+def python_argv(script: Path) -> list[str]:
+    """Isolated (-I), unbuffered (-u) Python running `script`."""
+    return [sys.executable, "-I", "-u", str(script)]

@@ -1,0 +1,54 @@
+"""The switch_profile tool: move the session to another agent profile.
+
+Validates the id against ``ctx.config.profiles`` and asks the core through
+``ctx.services.switch_profile(profile_id)``; the agent loop reloads the profile and its
+tools before the next iteration.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from navi_trio.errors import ToolInputError
+from navi_trio.tools.base import ToolContext, ToolResult, optional_str, require_str
+from navi_trio.tools.services import get_service, unavailable
+
+
+class SwitchProfileTool:
+    name = "switch_profile"
+    description = (
+        "Switch this session to another agent profile (its model, prompt and tools) when "
+        "the task needs it, e.g. to `coder` for programming work. Takes effect on the next "
+        "iteration. Manual: read `manual:profiles` with the filesystem tool."
+    )
+    parameters: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "profile_id": {"type": "string", "description": "the profile to switch to"},
+            "reason": {"type": "string", "description": "why, in a few words"},
+        },
+        "required": ["profile_id"],
+    }
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        try:
+            profile_id = require_str(args, "profile_id")
+            reason = optional_str(args, "reason")
+            valid = sorted(ctx.config.profiles)
+            if profile_id not in ctx.config.profiles:
+                raise ToolInputError(
+                    f"unknown profile '{profile_id}'; valid profiles: {', '.join(valid)}"
+                )
+            if profile_id == ctx.profile.id:
+                return ToolResult.success(f"already using profile '{profile_id}'")
+            switch = get_service(ctx.services, "switch_profile")
+            if switch is None:
+                return unavailable("switching profiles")
+            switch(profile_id)
+        except ToolInputError as exc:
+            return ToolResult.fail(str(exc))
+        why = f" ({reason})" if reason else ""
+        return ToolResult.success(
+            f"switched to profile '{profile_id}'{why}; it takes effect on the next iteration",
+            profile_id=profile_id,
+        )

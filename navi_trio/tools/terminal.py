@@ -1,0 +1,193 @@
+"""The terminal tool: one-shot commands, and persistent processes through the pool.
+
+`run` executes a shell command in its own process group (see `procs`), streams each
+output line as ``ctx.emit({"stream": "output", "line": ...})`` and returns the exit
+code with the capped output. Stopping the run (or cancelling the background job)
+cancels the call, and the whole group is killed. `open`/`read`/`write`/`kill`/`list`
+use the session's persistent processes in ``ctx.services.processes``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from navi_trio.errors import ToolInputError
+from navi_trio.settings import Settings
+from navi_trio.tools.base import (
+    ToolContext,
+    ToolResult,
+    optional_number,
+    optional_str,
+    require_choice,
+    require_str,
+)
+from navi_trio.tools.filesystem import resolve_dir
+from navi_trio.tools.procs import CommandResult, ReadResult, run_command
+from navi_trio.tools.services import get_service, unavailable
+
+ACTIONS = ("run", "open", "read", "write", "kill", "list")
+READ_WAIT_MAX_SEC = 30.0
+
+
+def read_timeout(args: dict[str, Any], settings: Settings) -> tuple[float, str]:
+    """The timeout to use (capped at settings.terminal_timeout_sec) and a note if capped."""
+    cap = settings.terminal_timeout_sec
+    timeout = optional_number(args, "timeout", cap)
+    if timeout <= 0:
+        raise ToolInputError("argument 'timeout' must be a positive number of seconds")
+    if timeout > cap:
+        return cap, f"[timeout capped at {cap:g} s]\n"
+    return timeout, ""
+
+
+def command_result(result: CommandResult, note: str = "") -> ToolResult:
+    """The tool result for a finished `run_command`: non-zero exit is a failure."""
+    output = note + (result.output if result.output else "(no output)")
+    data = {"exit_code": result.exit_code, "duration_s": round(result.duration, 3)}
+    if result.timed_out:
+        return ToolResult.fail(result.status_text(), output=output, **data)
+    if result.exit_code != 0:
+        return ToolResult.fail(f"the command {result.status_text()}", output=output, **data)
+    return ToolResult.success(f"{output}\n[exit code 0]", **data)
+
+
+def emit_line(ctx: ToolContext) -> Any:
+    def on_line(line: str) -> None:
+        ctx.emit({"stream": "output", "line": line})
+
+    return on_line
+
+
+class TerminalTool:
+    name = "terminal"
+    parameters: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "action": {"type": "string", "enum": list(ACTIONS)},
+            "command": {"type": "string", "description": "run / open: a bash command line"},
+            "timeout": {"type": "number", "description": "run: seconds before it is killed"},
+            "cwd": {"type": "string", "description": "run / open: folder to run in"},
+            "handle": {"type": "string", "description": 'read/write/kill: e.g. "p1"'},
+            "text": {"type": "string", "description": "write: text for stdin (add \\n)"},
+            "eof": {"type": "boolean", "description": "write: close stdin afterwards"},
+            "wait": {"type": "number", "description": "read: seconds to wait for output"},
+            "max_chars": {"type": "integer", "description": "read: at most this much"},
+        },
+        "required": ["action"],
+    }
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        default = (settings or Settings()).terminal_timeout_sec
+        self.description = (
+            "Run shell commands (bash). `run` waits for the command and returns its exit "
+            f"code and output (timeout default and maximum {default:g} s); `open` starts a "
+            "persistent process you talk to with read / write / kill; `list` shows them. "
+            "Manual: read `manual:terminal` with the filesystem tool."
+        )
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        try:
+            action = require_choice(args, "action", ACTIONS)
+            if action == "run":
+                return await self._run(args, ctx)
+            pool = get_service(ctx.services, "processes")
+            if pool is None:
+                return unavailable("persistent processes (terminal open/read/write/kill)")
+            if action == "open":
+                return await self._open(pool, args, ctx)
+            if action == "list":
+                return self._list(pool, ctx)
+            handle = require_str(args, "handle")
+            if action == "read":
+                return await self._read(pool, handle, args, ctx)
+            if action == "write":
+                return await self._write(pool, handle, args, ctx)
+            return _format_read(handle, await pool.kill(ctx.session_id, handle), killed=True)
+        except ToolInputError as exc:
+            return ToolResult.fail(str(exc))
+
+    async def _run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        command = require_str(args, "command")
+        timeout, note = read_timeout(args, ctx.settings)
+        cwd = await trio.to_thread.run_sync(resolve_dir, ctx, optional_str(args, "cwd"))
+        try:
+            result = await run_command(
+                command,
+                cwd=cwd,
+                time_limit=timeout,
+                on_line=emit_line(ctx),
+                max_chars=ctx.settings.tool_output_max_chars,
+            )
+        except OSError as exc:
+            return ToolResult.fail(f"cannot start the command: {exc.strerror or exc}")
+        return command_result(result, note)
+
+    async def _open(self, pool: Any, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        # A "background" flag is accepted and ignored: an opened process is persistent.
+        command = require_str(args, "command")
+        cwd = await trio.to_thread.run_sync(resolve_dir, ctx, optional_str(args, "cwd"))
+        try:
+            handle = await pool.open(ctx.session_id, command, cwd)
+        except OSError as exc:
+            return ToolResult.fail(f"cannot start the process: {exc.strerror or exc}")
+        return ToolResult.success(
+            f"started process {handle}: {command}\nRead its output with "
+            f'{{"action": "read", "handle": "{handle}", "wait": 2}}.',
+            handle=handle,
+        )
+
+    def _list(self, pool: Any, ctx: ToolContext) -> ToolResult:
+        infos = pool.list(ctx.session_id)
+        if not infos:
+            return ToolResult.success("no open processes")
+        lines = []
+        for info in infos:
+            state = "running" if info.running else f"exited (code {info.exit_code})"
+            lines.append(f"{info.handle_id}  pid {info.pid}  {state}  {info.command}")
+        return ToolResult.success("\n".join(lines))
+
+    async def _read(
+        self, pool: Any, handle: str, args: dict[str, Any], ctx: ToolContext
+    ) -> ToolResult:
+        cap = ctx.settings.tool_output_max_chars
+        max_chars = optional_number(args, "max_chars", cap)
+        if max_chars < 1 or max_chars != int(max_chars):
+            raise ToolInputError("argument 'max_chars' must be a whole number of 1 or more")
+        wait = optional_number(args, "wait", 0.0)
+        if not 0 <= wait <= READ_WAIT_MAX_SEC:
+            raise ToolInputError(
+                f"argument 'wait' must be between 0 and {READ_WAIT_MAX_SEC:g} seconds"
+            )
+        result = await pool.read(ctx.session_id, handle, min(int(max_chars), cap), wait)
+        return _format_read(handle, result)
+
+    async def _write(
+        self, pool: Any, handle: str, args: dict[str, Any], ctx: ToolContext
+    ) -> ToolResult:
+        text = args.get("text", "")
+        if not isinstance(text, str):
+            raise ToolInputError("argument 'text' must be a string")
+        eof = args.get("eof", False)
+        if not isinstance(eof, bool):
+            raise ToolInputError("argument 'eof' must be true or false")
+        if not text and not eof:
+            raise ToolInputError("argument 'text' is required (or set 'eof': true)")
+        await pool.write(ctx.session_id, handle, text, eof)
+        closed = " and closed its input" if eof else ""
+        return ToolResult.success(f"sent {len(text)} characters to {handle}{closed}")
+
+
+def _format_read(handle: str, result: ReadResult, killed: bool = False) -> ToolResult:
+    parts = []
+    if result.dropped:
+        parts.append(f"[… {result.dropped} earlier characters were dropped (buffer full) …]")
+    parts.append(result.output if result.output else "(no new output)")
+    if result.pending:
+        parts.append(f"[{result.pending} more characters waiting: read again]")
+    if killed:
+        parts.append(f"[{handle} killed]")
+    elif not result.running:
+        parts.append(f"[{handle} exited with code {result.exit_code}]")
+    return ToolResult.success("\n".join(parts), running=result.running, exit_code=result.exit_code)

@@ -1,0 +1,134 @@
+"""Test helpers for the core tools: an in-memory KV store, a ToolContext builder, a
+recorder for emitted lines, and a way to watch PIDs die without sleeping.
+
+The KV fake stores values as JSON (like the real store) and checkpoints on every call,
+so concurrent read-modify-write sequences really interleave.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from navi_trio.events import AgentEvent
+from navi_trio.profiles import load_config
+from navi_trio.settings import REPO_ROOT, Settings
+from navi_trio.tools.base import ToolContext
+
+
+class MemoryKV:
+    def __init__(self) -> None:
+        self.data: dict[tuple[str, str], str] = {}
+
+    async def kv_get(self, scope: str, key: str) -> Any | None:
+        await trio.lowlevel.checkpoint()
+        raw = self.data.get((scope, key))
+        return None if raw is None else json.loads(raw)
+
+    async def kv_set(self, scope: str, key: str, value: Any) -> None:
+        await trio.lowlevel.checkpoint()
+        self.data[(scope, key)] = json.dumps(value)
+
+    async def kv_delete(self, scope: str, key: str) -> None:
+        await trio.lowlevel.checkpoint()
+        self.data.pop((scope, key), None)
+
+    async def kv_list(self, scope: str, prefix: str = "") -> list[tuple[str, Any]]:
+        await trio.lowlevel.checkpoint()
+        return sorted(
+            (k, json.loads(v))
+            for (s, k), v in self.data.items()
+            if s == scope and k.startswith(prefix)
+        )
+
+
+class Recorder:
+    """Collects what a tool emits and publishes; `wait_lines` wakes on each new line."""
+
+    def __init__(self) -> None:
+        self.emitted: list[dict[str, Any]] = []
+        self.published: list[AgentEvent] = []
+        self._changed = trio.Event()
+
+    def emit(self, data: dict[str, Any]) -> None:
+        self.emitted.append(data)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def publish(self, event: AgentEvent) -> None:
+        self.published.append(event)
+
+    def lines(self) -> list[str]:
+        return [d["line"] for d in self.emitted if d.get("stream") == "output"]
+
+    async def wait_lines(self, prefix: str, count: int) -> list[str]:
+        """Wait until `count` output lines start with `prefix`; return them."""
+        while len(found := [ln for ln in self.lines() if ln.startswith(prefix)]) < count:
+            await self._changed.wait()
+        return found
+
+
+def pids_in(lines: list[str]) -> list[int]:
+    return [int(ln.split()[-1]) for ln in lines]
+
+
+def is_gone(pid: int) -> bool:
+    """No such process, or only a zombie left (PID 1 in a container may never reap)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+class PidWatch:
+    """pidfds for live processes: `wait_exited` returns when every one has died."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.fds = [os.pidfd_open(pid) for pid in pids]
+
+    async def wait_exited(self) -> None:
+        for fd in self.fds:
+            await trio.lowlevel.wait_readable(fd)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+
+
+def make_ctx(
+    tmp_path: Path,
+    *,
+    kv: Any = None,
+    profile: str = "general",
+    cwd: Path | None = None,
+    services: Any = None,
+    recorder: Recorder | None = None,
+    session_id: str = "s1",
+    user_id: str = "local",
+    **settings: Any,
+) -> ToolContext:
+    config = load_config(REPO_ROOT / "config" / "config.json")
+    rec = recorder or Recorder()
+    return ToolContext(
+        session_id=session_id,
+        session_dir=tmp_path / "data" / "sessions" / session_id,
+        kv=kv if kv is not None else MemoryKV(),
+        settings=Settings.from_env({}, data_dir=tmp_path / "data", **settings),
+        profile=config.profile(profile),
+        config=config,
+        cwd=cwd,
+        user_id=user_id,
+        emit=rec.emit,
+        publish=rec.publish,
+        services=services,
+    )

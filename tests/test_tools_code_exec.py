@@ -1,0 +1,103 @@
+"""The code_exec tool: Python in an isolated subprocess, capped, streamed, killable.
+
+Real processes, so no autojump clock; every test bounded by a real `trio.fail_after`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+from kvfake import PidWatch, Recorder, is_gone, make_ctx, pids_in
+
+from navi_trio.tools.code_exec import SNIPPET_DIR, CodeExecTool
+
+
+async def test_runs_python_and_streams_printed_lines(tmp_path: Path) -> None:
+    rec = Recorder()
+    ctx = make_ctx(tmp_path, recorder=rec)
+    code = "import sys\nprint(6 * 7)\nprint('isolated', sys.flags.isolated)\n"
+    with trio.fail_after(20):
+        result = await CodeExecTool().execute({"code": code}, ctx)
+    assert result.ok, result.content()
+    assert rec.lines() == ["42", "isolated 1"]
+    assert result.data is not None and result.data["exit_code"] == 0
+
+
+async def test_the_temp_file_lives_in_the_session_folder_and_is_removed(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    code = "print(__file__)"
+    with trio.fail_after(20):
+        result = await CodeExecTool().execute({"code": code}, ctx)
+    script = Path(result.output.splitlines()[0])
+    assert script.parent == (ctx.session_dir / SNIPPET_DIR)
+    assert not await trio.Path(script).exists()
+
+
+async def test_runs_in_the_cwd_when_the_run_has_one(tmp_path: Path) -> None:
+    work = tmp_path / "project"
+    work.mkdir()
+    ctx = make_ctx(tmp_path, cwd=work)
+    with trio.fail_after(20):
+        result = await CodeExecTool().execute({"code": "import os; print(os.getcwd())"}, ctx)
+    assert result.output.splitlines()[0] == str(work.resolve())
+
+
+async def test_an_exception_is_a_failed_result_with_the_traceback(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    with trio.fail_after(20):
+        result = await CodeExecTool().execute({"code": "print('so far')\n1 / 0\n"}, ctx)
+    assert not result.ok
+    assert "exited with code 1" in (result.error or "")
+    assert "so far" in result.output and "ZeroDivisionError" in result.output
+
+
+async def test_timeout_reports_output_so_far(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    code = "import time\nprint('started')\ntime.sleep(30)\nprint('never')\n"
+    with trio.fail_after(20):
+        result = await CodeExecTool().execute({"code": code, "timeout": 2}, ctx)
+    assert not result.ok and "timed out after 2 s" in (result.error or "")
+    assert "started" in result.output and "never" not in result.output
+
+
+async def test_output_is_capped(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path, tool_output_max_chars=200)
+    with trio.fail_after(20):
+        result = await CodeExecTool().execute({"code": "print('y' * 100000)"}, ctx)
+    assert result.ok and "characters cut" in result.output and len(result.output) < 400
+
+
+async def test_missing_or_bad_arguments_name_the_argument(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    with trio.fail_after(20):
+        missing = await CodeExecTool().execute({}, ctx)
+        bad_timeout = await CodeExecTool().execute({"code": "pass", "timeout": True}, ctx)
+    assert not missing.ok and "'code'" in (missing.error or "")
+    assert not bad_timeout.ok and "'timeout'" in (bad_timeout.error or "")
+
+
+async def test_cancel_kills_every_process_the_code_started(tmp_path: Path) -> None:
+    rec = Recorder()
+    ctx = make_ctx(tmp_path, recorder=rec)
+    code = (
+        "import os, subprocess, time\n"
+        "print('pid', os.getpid())\n"
+        "kid = subprocess.Popen(['sleep', '300'])\n"
+        "print('pid', kid.pid)\n"
+        "sh = subprocess.Popen(['sh', '-c', 'sleep 300 & echo pid $!; wait'])\n"
+        "print('pid', sh.pid)\n"
+        "time.sleep(300)\n"
+    )
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(CodeExecTool().execute, {"code": code}, ctx)
+            pids = pids_in(await rec.wait_lines("pid ", 4))
+            watch = PidWatch(pids)
+            assert not any(is_gone(p) for p in pids)
+            nursery.cancel_scope.cancel()
+        try:
+            await watch.wait_exited()
+        finally:
+            watch.close()
+    assert all(is_gone(p) for p in pids), pids
