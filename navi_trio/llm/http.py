@@ -1,0 +1,179 @@
+"""Helpers shared by both wire dialects (Ollama NDJSON, OpenAI-compatible SSE).
+
+Error mapping lives here, in one place, like httpx's own ``_exceptions.py``:
+
+    httpx.ConnectError / ConnectTimeout      -> LLMConnectionError ("cannot connect to URL")
+    httpx.RemoteProtocolError / ReadError …  -> LLMConnectionError ("connection to URL dropped")
+    any other httpx.HTTPError                -> LLMConnectionError
+    HTTP status >= 400                       -> LLMStatusError (quotes the body's error text)
+
+Also here: `chunk_channel`, the one way every backend (and the guard) exposes a stream;
+turning a model's raw tool call into a `ToolCall` (never a crash on bad arguments).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import secrets
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from typing import Any, ParamSpec, TypeVar
+
+import httpx
+import trio
+
+from navi_trio.errors import LLMConnectionError, LLMMalformedStreamError, LLMStatusError
+from navi_trio.llm.base import ToolCall
+
+EXCERPT = 200
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def chunk_channel(
+    fn: Callable[P, AsyncGenerator[T, None]],
+) -> Callable[P, AbstractAsyncContextManager[trio.abc.ReceiveChannel[T]]]:
+    """`trio.as_safe_channel`, plus: a producer's error comes out alone.
+
+    When the generator raises, trio closes the channel before it cancels the consumer,
+    so a consumer blocked in ``await chunks.receive()`` may get `EndOfChannel` and the
+    ``async with`` would raise both in a group. The `EndOfChannel` is only the echo of
+    the producer's error, so we drop it and raise the error itself (LLMStatusError …).
+    """
+    safe = trio.as_safe_channel(fn)
+
+    @asynccontextmanager
+    @functools.wraps(fn)
+    async def context_manager(
+        *args: P.args, **kwargs: P.kwargs
+    ) -> AsyncIterator[trio.abc.ReceiveChannel[T]]:
+        sole: BaseException | None = None
+        try:
+            async with safe(*args, **kwargs) as channel:
+                yield channel
+        except BaseExceptionGroup as group:
+            _, rest = group.split(trio.EndOfChannel)
+            if (
+                rest is None
+                or len(rest.exceptions) != 1
+                or isinstance(rest.exceptions[0], BaseExceptionGroup)
+            ):
+                raise
+            sole = rest.exceptions[0]
+        if sole is not None:
+            raise sole
+
+    return context_manager
+
+
+def excerpt(text: str, limit: int = EXCERPT) -> str:
+    """A short quotable piece of `text` (for error messages)."""
+    text = text.strip()
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+@contextmanager
+def map_http_errors(url: str) -> Iterator[None]:
+    """Turn httpx's transport errors into the most specific LLMError, naming `url`."""
+    try:
+        yield
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        raise LLMConnectionError(
+            f"cannot connect to the LLM at {url}: {exc or type(exc).__name__}"
+        ) from exc
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+        raise LLMConnectionError(
+            f"the connection to the LLM at {url} dropped mid-stream: {exc or type(exc).__name__}"
+        ) from exc
+    except httpx.HTTPError as exc:
+        raise LLMConnectionError(
+            f"talking to the LLM at {url} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def error_text(body: bytes) -> str:
+    """The error message in an HTTP error body.
+
+    Ollama sends ``{"error": "model 'x' not found"}``; OpenAI-compatible servers send
+    ``{"error": {"message": ...}}``; proxies send plain text. Quote what a person can act on.
+    """
+    text = body.decode("utf-8", errors="replace")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return excerpt(text, 500)
+    if isinstance(data, dict) and "error" in data:
+        err = data["error"]
+        return stream_error_text(err)
+    return excerpt(text, 500)
+
+
+async def raise_for_status(response: httpx.Response, url: str) -> None:
+    """Raise `LLMStatusError` quoting the body when the response is an HTTP error."""
+    if response.status_code < 400:
+        return
+    body = await response.aread()
+    raise LLMStatusError(response.status_code, error_text(body) or response.reason_phrase, url)
+
+
+def stream_error_text(err: Any) -> str:
+    """The message of an ``{"error": ...}`` object sent inside a 200 stream."""
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        return str(err["message"])
+    return err if isinstance(err, str) else json.dumps(err)
+
+
+def parse_json_object(line: str) -> dict[str, Any]:
+    """One stream line as a JSON object, or `LLMMalformedStreamError` quoting it."""
+    try:
+        data = json.loads(line)
+    except ValueError:
+        raise LLMMalformedStreamError(
+            f"the LLM sent a line that is not JSON: {excerpt(line)!r}"
+        ) from None
+    if not isinstance(data, dict):
+        raise LLMMalformedStreamError(f"the LLM sent JSON that is not an object: {excerpt(line)!r}")
+    return data
+
+
+def new_call_id() -> str:
+    """An id for a tool call the server sent without one (Ollama's native dialect)."""
+    return f"call_{secrets.token_hex(6)}"
+
+
+def make_tool_call(call_id: Any, name: Any, arguments: Any) -> ToolCall:
+    """A ToolCall from what the model sent; bad arguments become `parse_error`, not a crash.
+
+    `arguments` may be an object (Ollama) or JSON text (OpenAI, possibly cut short).
+    """
+    cid = call_id if isinstance(call_id, str) and call_id else new_call_id()
+    if not isinstance(name, str) or not name:
+        return ToolCall(cid, "", {}, parse_error=f"the tool call has no function name: {name!r}")
+    if isinstance(arguments, dict):
+        return ToolCall(cid, name, arguments)
+    if arguments is None or arguments == "":
+        return ToolCall(cid, name, {})
+    if not isinstance(arguments, str):
+        return ToolCall(
+            cid, name, {}, parse_error=f"arguments are not a JSON object: {arguments!r:.200}"
+        )
+    try:
+        parsed = json.loads(arguments)
+    except ValueError as exc:
+        return ToolCall(
+            cid,
+            name,
+            {},
+            parse_error=f"arguments are not valid JSON ({exc}): {excerpt(arguments)!r}",
+        )
+    if not isinstance(parsed, dict):
+        return ToolCall(
+            cid, name, {}, parse_error=f"arguments are not a JSON object: {excerpt(arguments)!r}"
+        )
+    return ToolCall(cid, name, parsed)
+
+
+def int_or_zero(value: Any) -> int:
+    """A usage count, or 0 when the server sent something else."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

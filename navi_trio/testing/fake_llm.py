@@ -1,0 +1,574 @@
+"""A fake LLM server: real HTTP/1.1 on 127.0.0.1 (trio + h11), speaking both dialects.
+
+``POST /api/chat`` answers in Ollama's NDJSON, ``POST /v1/chat/completions`` in the
+OpenAI-compatible SSE (``data: {...}`` events, ``data: [DONE]`` last). Both play the same
+script: a list of replies, one consumed per chat request, in order. With ``loop`` the
+list cycles; without it a request past the end gets HTTP 500 ``script exhausted``.
+``GET /`` says "Ollama is running"; ``GET /api/tags`` and ``GET /v1/models`` list one
+model (``navi doctor`` pings them).
+
+The reply format is defined once, in `navi_trio.llm.script` (see its docstring for every
+key): ``text``, ``thinking``, ``tool_calls`` (``[{"name", "arguments"}]``), ``model``,
+``delay_first``, ``delay_chunk``, ``stall``, ``drop_after``, ``status`` + ``error_body``
+(+ ``error_raw``), ``malformed``, ``error_line``, ``prompt_tokens``,
+``completion_tokens``, ``done_reason``, ``thinking_field``. How it goes on the wire:
+
+- Text and thinking stream one word per chunk; a chunk is one write, so a client sees
+  them arrive one by one, ``delay_first`` before the first, ``delay_chunk`` before each
+  later one (trio.sleep: a test's MockClock applies).
+- Ollama: tool calls arrive whole in one chunk, without ids (as Ollama sends them).
+  OpenAI: each call's arguments go out in two fragments keyed by ``index``, to exercise
+  assembly; ``tool_calls`` arguments given as a string are sent as-is (cut JSON).
+- Every complete stream ends with usage: ``prompt_eval_count`` / ``eval_count`` and
+  ``done_reason`` (Ollama), ``finish_reason`` + a ``usage`` chunk (OpenAI).
+
+What it saw, for tests to assert on: `requests` (method, path, headers, body as JSON,
+time), `disconnects` (a client closed the connection before its reply finished: path,
+time, chunks sent), `completed` (replies streamed to the end), `connections` (TCP
+connections accepted: shows keep-alive reuse). `wait_requests(n)`,
+`wait_disconnects(n)` and `wait_completed(n)` wait on a trio.Event, no polling.
+
+From the shell::
+
+    python -m navi_trio.testing.fake_llm --port 11434 --script replies.json [--loop]
+
+prints ``listening on http://127.0.0.1:PORT`` first (useful with ``--port 0``), then
+serves until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import h11
+import trio
+
+from navi_trio.errors import ConfigError
+from navi_trio.llm.script import (
+    DEFAULT_MODEL,
+    ContentItem,
+    Reply,
+    load_script,
+    parse_reply,
+    rough_tokens,
+)
+
+CHAT_PATHS = ("/api/chat", "/v1/chat/completions")
+_MAX_BODY = 64 * 1024 * 1024
+
+
+class _Dialect:
+    """How one dialect writes a reply; `_Ollama` and `_OpenAI` fill it in."""
+
+    content_type = "application/json"
+
+    def __init__(self, reply: Reply, model: str, call_prefix: str) -> None:
+        self.reply = reply
+        self.model = model
+        self.call_prefix = call_prefix
+
+    def content(self, item: ContentItem) -> list[bytes]:
+        raise NotImplementedError
+
+    def final(self, prompt_tokens: int, completion_tokens: int) -> list[bytes]:
+        raise NotImplementedError
+
+    def malformed(self, line: str) -> bytes:
+        raise NotImplementedError
+
+    def error_line(self, message: str) -> bytes:
+        raise NotImplementedError
+
+    def error_body(self, message: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class _Ollama(_Dialect):
+    content_type = "application/x-ndjson"
+
+    def _line(self, message: dict[str, Any], **extra: Any) -> bytes:
+        obj = {
+            "model": self.model,
+            "created_at": "2025-01-01T00:00:00Z",
+            "message": {"role": "assistant", "content": "", **message},
+            "done": False,
+            **extra,
+        }
+        return (json.dumps(obj) + "\n").encode()
+
+    def content(self, item: ContentItem) -> list[bytes]:
+        if item.kind == "thinking":
+            return [self._line({"thinking": item.text})]
+        if item.kind == "text":
+            return [self._line({"content": item.text})]
+        calls = [
+            # A string is sent as-is: a real server may send cut or non-object JSON.
+            {"function": {"name": c.name, "arguments": c.arguments}}
+            for c in item.calls
+        ]
+        return [self._line({"tool_calls": calls})]
+
+    def final(self, prompt_tokens: int, completion_tokens: int) -> list[bytes]:
+        return [
+            self._line(
+                {},
+                done=True,
+                done_reason=self.reply.done_reason,
+                total_duration=1000,
+                prompt_eval_count=prompt_tokens,
+                eval_count=completion_tokens,
+            )
+        ]
+
+    def malformed(self, line: str) -> bytes:
+        return (line + "\n").encode()
+
+    def error_line(self, message: str) -> bytes:
+        return (json.dumps({"error": message}) + "\n").encode()
+
+    def error_body(self, message: str) -> dict[str, Any]:
+        return {"error": message}
+
+
+class _OpenAI(_Dialect):
+    content_type = "text/event-stream"
+
+    def __init__(self, reply: Reply, model: str, call_prefix: str) -> None:
+        super().__init__(reply, model, call_prefix)
+        self._role_sent = False
+
+    @staticmethod
+    def _event(obj: Any) -> bytes:
+        return f"data: {json.dumps(obj)}\n\n".encode()
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        if not self._role_sent:
+            delta = {"role": "assistant", **delta}
+            self._role_sent = True
+        return self._event(
+            {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion.chunk",
+                "created": 1735689600,
+                "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+            }
+        )
+
+    def content(self, item: ContentItem) -> list[bytes]:
+        if item.kind == "thinking":
+            return [self._chunk({self.reply.thinking_field: item.text})]
+        if item.kind == "text":
+            return [self._chunk({"content": item.text})]
+        out = []
+        for i, call in enumerate(item.calls):
+            args = call.arguments_json()
+            cut = max(1, len(args) // 2)
+            head = {
+                "index": i,
+                "id": f"{self.call_prefix}_{i}",
+                "type": "function",
+                "function": {"name": call.name, "arguments": args[:cut]},
+            }
+            out.append(self._chunk({"tool_calls": [head]}))
+            out.append(
+                self._chunk({"tool_calls": [{"index": i, "function": {"arguments": args[cut:]}}]})
+            )
+        return out
+
+    def final(self, prompt_tokens: int, completion_tokens: int) -> list[bytes]:
+        reason = self.reply.done_reason
+        if self.reply.tool_calls and reason == "stop":
+            reason = "tool_calls"
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        usage_chunk = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion.chunk",
+            "created": 1735689600,
+            "model": self.model,
+            "choices": [],
+            "usage": usage,
+        }
+        return [self._chunk({}, reason), self._event(usage_chunk), b"data: [DONE]\n\n"]
+
+    def malformed(self, line: str) -> bytes:
+        return f"data: {line}\n\n".encode()
+
+    def error_line(self, message: str) -> bytes:
+        return self._event({"error": {"message": message, "type": "api_error"}})
+
+    def error_body(self, message: str) -> dict[str, Any]:
+        return {"error": {"message": message, "type": "api_error", "param": None, "code": None}}
+
+
+class _Dropped(Exception):
+    """The reply asked to drop the connection."""
+
+
+class FakeLLMServer:
+    """The fake LLM HTTP server. Start it with ``await nursery.start(server.serve)``."""
+
+    def __init__(self, replies: Iterable[Reply | dict[str, Any]] = (), loop: bool = False) -> None:
+        self.replies: list[Reply] = []
+        self.loop = loop
+        self.requests: list[dict[str, Any]] = []
+        self.disconnects: list[dict[str, Any]] = []
+        self.completed = 0
+        self.connections = 0  # TCP connections accepted (keep-alive reuse shows here)
+        self.host = "127.0.0.1"
+        self.port = 0
+        self._next = 0
+        self._changed = trio.Event()
+        self.add_replies(*replies)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def chat_requests(self) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r["path"] in CHAT_PATHS]
+
+    def add_replies(self, *replies: Reply | dict[str, Any]) -> None:
+        start = len(self.replies)
+        self.replies += [parse_reply(r, f"reply {start + i}") for i, r in enumerate(replies)]
+
+    async def wait_requests(self, n: int = 1) -> None:
+        await self._wait_until(lambda: len(self.requests) >= n)
+
+    async def wait_disconnects(self, n: int = 1) -> None:
+        await self._wait_until(lambda: len(self.disconnects) >= n)
+
+    async def wait_completed(self, n: int = 1) -> None:
+        await self._wait_until(lambda: self.completed >= n)
+
+    async def _wait_until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            await self._changed.wait()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def serve(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        task_status: trio.TaskStatus[FakeLLMServer] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Listen on host:port (0: any free port), then serve until cancelled."""
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        self.host = host
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started(self)
+        await trio.serve_listeners(self._handle, listeners)
+
+    def _take(self) -> Reply | None:
+        if self._next >= len(self.replies):
+            if not self.loop or not self.replies:
+                return None
+            self._next = 0
+        reply = self.replies[self._next]
+        self._next += 1
+        return reply
+
+    # --- one connection -------------------------------------------------------------
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_BODY)
+        try:
+            while True:
+                request = await self._read_request(stream, conn)
+                if request is None:
+                    return
+                keep = await self._dispatch(stream, conn, *request)
+                if not keep or conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                    return
+                conn.start_next_cycle()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+            return
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _next_event(self, stream: trio.SocketStream, conn: h11.Connection) -> Any:
+        while True:
+            event = conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            conn.receive_data(await stream.receive_some(65536))
+
+    async def _read_request(
+        self, stream: trio.SocketStream, conn: h11.Connection
+    ) -> tuple[h11.Request, bytes] | None:
+        event = await self._next_event(stream, conn)
+        if not isinstance(event, h11.Request):
+            return None
+        body = bytearray()
+        while True:
+            part = await self._next_event(stream, conn)
+            if isinstance(part, h11.Data):
+                body += part.data
+            elif isinstance(part, h11.EndOfMessage):
+                return event, bytes(body)
+            else:
+                return None
+
+    async def _dispatch(
+        self, stream: trio.SocketStream, conn: h11.Connection, request: h11.Request, raw: bytes
+    ) -> bool:
+        method = request.method.decode("ascii", "replace").upper()
+        path = request.target.decode("ascii", "replace").split("?", 1)[0]
+        body: Any = None
+        bad_json = ""
+        if raw:
+            try:
+                body = json.loads(raw)
+            except ValueError as exc:
+                body, bad_json = raw.decode("utf-8", "replace"), str(exc)
+        self.requests.append(
+            {
+                "method": method,
+                "path": path,
+                "headers": {k.decode().lower(): v.decode() for k, v in request.headers},
+                "body": body,
+                "time": trio.current_time(),
+            }
+        )
+        self._notify()
+        if method == "GET" and path == "/":
+            return await self._send_whole(stream, conn, 200, b"Ollama is running", "text/plain")
+        if method == "GET" and path == "/api/tags":
+            tags = {"models": [{"name": DEFAULT_MODEL, "model": DEFAULT_MODEL, "size": 0}]}
+            return await self._send_json(stream, conn, 200, tags)
+        if method == "GET" and path == "/v1/models":
+            models = {
+                "object": "list",
+                "data": [{"id": DEFAULT_MODEL, "object": "model", "owned_by": "fake"}],
+            }
+            return await self._send_json(stream, conn, 200, models)
+        if method != "POST" or path not in CHAT_PATHS:
+            return await self._send_json(
+                stream, conn, 404, {"error": f"no route for {method} {path}"}
+            )
+        dialect_cls = _Ollama if path == "/api/chat" else _OpenAI
+        if bad_json or not isinstance(body, dict):
+            problem = (
+                f"invalid JSON body: {bad_json}" if bad_json else "the body must be a JSON object"
+            )
+            return await self._send_json(
+                stream, conn, 400, dialect_cls(Reply(), "", "").error_body(problem)
+            )
+        reply = self._take()
+        if reply is None:
+            return await self._send_json(
+                stream, conn, 500, dialect_cls(Reply(), "", "").error_body("script exhausted")
+            )
+        requested = body.get("model")
+        model = reply.model or (
+            requested if isinstance(requested, str) and requested else DEFAULT_MODEL
+        )
+        dialect = dialect_cls(reply, model, f"call_{len(self.requests)}")
+        return await self._watched(stream, conn, path, dialect, body)
+
+    # --- replies ----------------------------------------------------------------------
+
+    async def _send_whole(
+        self, stream: trio.SocketStream, conn: h11.Connection, status: int, data: bytes, ctype: str
+    ) -> bool:
+        headers = [("Content-Type", ctype), ("Content-Length", str(len(data)))]
+        await stream.send_all(conn.send(h11.Response(status_code=status, headers=headers)))
+        await stream.send_all(conn.send(h11.Data(data=data)))
+        await stream.send_all(conn.send(h11.EndOfMessage()))
+        return True
+
+    async def _send_json(
+        self, stream: trio.SocketStream, conn: h11.Connection, status: int, obj: Any
+    ) -> bool:
+        return await self._send_whole(
+            stream, conn, status, json.dumps(obj).encode(), "application/json"
+        )
+
+    async def _watched(
+        self,
+        stream: trio.SocketStream,
+        conn: h11.Connection,
+        path: str,
+        dialect: _Dialect,
+        body: dict[str, Any],
+    ) -> bool:
+        """Stream a reply while watching for the client going away (even during a sleep)."""
+        progress = {"chunks": 0}
+        gone = False
+
+        def record() -> None:
+            nonlocal gone
+            if not gone:
+                gone = True
+                self.disconnects.append(
+                    {"path": path, "time": trio.current_time(), "chunks_sent": progress["chunks"]}
+                )
+                self._notify()
+
+        async def watch(cancel: trio.CancelScope) -> None:
+            # The request is fully read, so EOF here means the client closed early.
+            try:
+                data = await stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                data = b""
+            if data:
+                conn.receive_data(data)  # a pipelined request: keep it for the next cycle
+                return
+            record()
+            cancel.cancel()
+
+        finished = False
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch, nursery.cancel_scope)
+            try:
+                finished = await self._stream_reply(stream, conn, dialect, body, progress)
+            except trio.BrokenResourceError:
+                record()
+            except _Dropped:
+                pass
+            nursery.cancel_scope.cancel()
+        return finished and not gone
+
+    async def _stream_reply(
+        self,
+        stream: trio.SocketStream,
+        conn: h11.Connection,
+        dialect: _Dialect,
+        body: dict[str, Any],
+        progress: dict[str, int],
+    ) -> bool:
+        reply = dialect.reply
+
+        async def pause() -> None:
+            await trio.sleep(reply.delay_first if progress["chunks"] == 0 else reply.delay_chunk)
+
+        async def send(pieces: Sequence[bytes]) -> None:
+            for piece in pieces:
+                await stream.send_all(conn.send(h11.Data(data=piece)))
+            progress["chunks"] += 1
+
+        if reply.status is not None:
+            await trio.sleep(reply.delay_first)
+            if reply.error_raw or isinstance(reply.error_body, dict):
+                data = (
+                    reply.error_body.encode()
+                    if isinstance(reply.error_body, str)
+                    else json.dumps(reply.error_body).encode()
+                )
+                ctype = "text/plain" if isinstance(reply.error_body, str) else "application/json"
+                await self._send_whole(stream, conn, reply.status, data, ctype)
+            else:
+                await self._send_json(
+                    stream, conn, reply.status, dialect.error_body(reply.error_message())
+                )
+            return True
+
+        headers = [("Content-Type", dialect.content_type), ("Transfer-Encoding", "chunked")]
+        await stream.send_all(conn.send(h11.Response(status_code=200, headers=headers)))
+        items = reply.content()
+        for item in items:
+            if reply.drop_after is not None and progress["chunks"] >= reply.drop_after:
+                raise _Dropped
+            await pause()
+            await send(dialect.content(item))
+        if reply.drop_after is not None:
+            raise _Dropped
+        if reply.stall:
+            await trio.sleep_forever()
+        await pause()
+        line = reply.malformed_line()
+        if line is not None:
+            await send([dialect.malformed(line)])
+        elif reply.error_line is not None:
+            await send([dialect.error_line(reply.error_line)])
+        else:
+            messages = body.get("messages")
+            prompt = reply.prompt_tokens
+            if prompt is None:
+                prompt = rough_tokens(messages if isinstance(messages, list) else [])
+            completion = reply.completion_tokens
+            if completion is None:
+                completion = len(items)
+            await send(dialect.final(prompt, completion))
+        await stream.send_all(conn.send(h11.EndOfMessage()))
+        # Counted here, not after the watcher stops: a client that read the end of the
+        # body must already see it counted.
+        self.completed += 1
+        self._notify()
+        return True
+
+
+@asynccontextmanager
+async def open_fake_llm(
+    replies: Iterable[Reply | dict[str, Any]] = (), loop: bool = False
+) -> AsyncIterator[FakeLLMServer]:
+    """``async with open_fake_llm([...]) as server:`` — started, listening on 127.0.0.1."""
+    server = FakeLLMServer(replies, loop=loop)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(server.serve))
+        yield server
+        nursery.cancel_scope.cancel()
+
+
+async def _run(server: FakeLLMServer, host: str, port: int) -> None:
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(server.serve, host=host, port=port))
+        print(f"listening on {server.url}", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m navi_trio.testing.fake_llm",
+        description="A fake Ollama / OpenAI-compatible LLM server playing a reply script.",
+    )
+    parser.add_argument("--port", type=int, default=0, help="port to listen on (0: any free port)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--script", required=True, help="JSON list of replies (see the docstring)")
+    parser.add_argument("--loop", action="store_true", help="cycle through the replies forever")
+    args = parser.parse_args(argv)
+    try:
+        replies = load_script(args.script)
+    except ConfigError as exc:
+        print(f"fake_llm: {exc}", file=sys.stderr)
+        return 2
+    try:
+        trio.run(_run, FakeLLMServer(replies, loop=args.loop), args.host, args.port)
+    except KeyboardInterrupt:
+        return 0
+    except BaseExceptionGroup as group:
+        # Ctrl-C arrives wrapped by the nursery; anything else is a real failure.
+        _, rest = group.split(KeyboardInterrupt)
+        if rest is None:
+            return 0
+        listen = rest.subgroup(OSError)
+        if listen is not None and listen == rest:
+            print(
+                f"fake_llm: cannot listen on {args.host}:{args.port}: {rest.exceptions[0]}",
+                file=sys.stderr,
+            )
+            return 1
+        raise
+    except OSError as exc:
+        print(f"fake_llm: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

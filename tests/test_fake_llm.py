@@ -1,0 +1,302 @@
+"""The fake LLM server itself: raw HTTP against it, the script format, the shell entry.
+
+Rules: loopback only, port 0; the autojump clock for anything that sleeps (the server
+sleeps with trio.sleep in the same run); every I/O test has an absolute timeout. The
+shell test runs a real subprocess, so it uses real time with a generous bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
+
+from navi_trio.errors import ConfigError
+from navi_trio.llm.script import Reply, load_script, parse_reply, split_words
+from navi_trio.testing.fake_llm import FakeLLMServer, open_fake_llm
+
+REPO = Path(__file__).resolve().parent.parent
+TIMEOUT = 10
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+async def test_get_endpoints_answer_like_ollama() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_fake_llm() as server, httpx.AsyncClient(base_url=server.url) as client:
+            assert (await client.get("/")).text == "Ollama is running"
+            tags = (await client.get("/api/tags")).json()
+            models = (await client.get("/v1/models")).json()
+            missing = await client.get("/nope")
+    assert tags["models"][0]["name"] and models["data"][0]["id"]
+    assert missing.status_code == 404 and "/nope" in missing.json()["error"]
+    assert [r["path"] for r in server.requests] == ["/", "/api/tags", "/v1/models", "/nope"]
+    assert server.url.startswith("http://127.0.0.1:") and server.port > 0
+
+
+async def test_ollama_lines_arrive_one_chunk_at_a_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    reply = {"thinking": "hm", "text": "a b", "delay_first": 10, "delay_chunk": 2}
+    with trio.fail_after(100):
+        async with open_fake_llm([reply]) as server, httpx.AsyncClient(timeout=None) as client:
+            start = trio.current_time()
+            lines: list[tuple[float, dict[str, Any]]] = []
+            async with client.stream("POST", f"{server.url}/api/chat", json=CHAT) as resp:
+                assert resp.headers["content-type"] == "application/x-ndjson"
+                async for line in resp.aiter_lines():
+                    if line:
+                        lines.append((trio.current_time() - start, json.loads(line)))
+    assert [t for t, _ in lines] == pytest.approx([10, 12, 14, 16])
+    assert [
+        obj["message"].get("thinking") or obj["message"]["content"] for _, obj in lines[:3]
+    ] == ["hm", "a ", "b"]
+    final = lines[-1][1]
+    assert final["done"] is True and final["done_reason"] == "stop" and final["eval_count"] == 3
+    assert server.requests[0]["body"] == CHAT and server.requests[0]["time"] >= start
+    assert server.completed == 1
+
+
+async def test_openai_stream_is_sse_with_fragmented_tool_calls_and_done_marker() -> None:
+    reply = {"tool_calls": [{"name": "f", "arguments": {"path": "abc"}}]}
+    with trio.fail_after(TIMEOUT):
+        async with open_fake_llm([reply]) as server, httpx.AsyncClient() as client:
+            url = f"{server.url}/v1/chat/completions"
+            async with client.stream("POST", url, json=CHAT) as resp:
+                assert resp.headers["content-type"] == "text/event-stream"
+                events = [line async for line in resp.aiter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    objs = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    fragments = [o["choices"][0]["delta"]["tool_calls"][0] for o in objs[:2]]
+    assert fragments[0]["id"] and fragments[0]["function"]["name"] == "f"
+    assert "id" not in fragments[1]
+    joined = "".join(f["function"]["arguments"] for f in fragments)
+    assert json.loads(joined) == {"path": "abc"} and fragments[1]["function"]["arguments"]
+    assert objs[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    assert objs[-1]["usage"]["completion_tokens"] == 1
+
+
+async def test_script_exhausted_then_loop_then_add_replies() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_fake_llm([{"text": "x"}]) as server, httpx.AsyncClient() as client:
+            assert (await client.post(f"{server.url}/api/chat", json=CHAT)).status_code == 200
+            exhausted = await client.post(f"{server.url}/api/chat", json=CHAT)
+            assert exhausted.status_code == 500 and exhausted.json() == {
+                "error": "script exhausted"
+            }
+            server.add_replies({"text": "more"})
+            later = await client.post(f"{server.url}/api/chat", json=CHAT)
+            assert json.loads(later.text.splitlines()[0])["message"]["content"] == "more"
+        async with open_fake_llm([{"text": "a"}, {"text": "b"}], loop=True) as server:
+            async with httpx.AsyncClient() as client:
+                texts = []
+                for _ in range(3):
+                    resp = await client.post(f"{server.url}/api/chat", json=CHAT)
+                    texts.append(json.loads(resp.text.splitlines()[0])["message"]["content"])
+    assert texts == ["a", "b", "a"]
+
+
+async def test_a_client_leaving_a_stalled_stream_is_recorded_as_a_disconnect() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_fake_llm([{"text": "a b", "stall": True}]) as server:
+            async with httpx.AsyncClient() as client:
+                async with client.stream("POST", f"{server.url}/api/chat", json=CHAT) as resp:
+                    seen = 0
+                    async for line in resp.aiter_lines():
+                        seen += bool(line)
+                        if seen == 2:
+                            break  # both words arrived; the server now stalls
+            await server.wait_disconnects(1)
+    assert server.disconnects[0]["path"] == "/api/chat"
+    assert server.disconnects[0]["chunks_sent"] == 2
+    assert server.completed == 0
+
+
+async def test_drop_after_cuts_the_body_and_is_not_a_client_disconnect() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_fake_llm([{"text": "a b c", "drop_after": 1}]) as server:
+            async with httpx.AsyncClient() as client:
+                with pytest.raises(httpx.RemoteProtocolError):
+                    async with client.stream("POST", f"{server.url}/api/chat", json=CHAT) as resp:
+                        async for _line in resp.aiter_lines():
+                            pass
+    assert server.disconnects == [] and server.completed == 0
+
+
+@pytest.mark.parametrize(
+    ("reply", "ctype", "body"),
+    [
+        (
+            {"status": 404, "error_body": "model 'x' not found"},
+            "application/json",
+            '{"error": "model \'x\' not found"}',
+        ),
+        ({"status": 503, "error_body": "busy", "error_raw": True}, "text/plain", "busy"),
+        ({"status": 400, "error_body": {"detail": "no"}}, "application/json", '{"detail": "no"}'),
+    ],
+)
+async def test_http_error_replies(reply: dict[str, Any], ctype: str, body: str) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_fake_llm([reply]) as server, httpx.AsyncClient() as client:
+            resp = await client.post(f"{server.url}/api/chat", json=CHAT)
+    assert resp.status_code == reply["status"]
+    assert resp.headers["content-type"] == ctype and resp.text == body
+
+
+async def test_a_body_that_is_not_json_gets_400_and_consumes_no_reply() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_fake_llm([{"text": "kept"}]) as server, httpx.AsyncClient() as client:
+            bad = await client.post(f"{server.url}/api/chat", content=b"{nope")
+            good = await client.post(f"{server.url}/api/chat", json=CHAT)
+    assert bad.status_code == 400 and "invalid JSON body" in bad.json()["error"]
+    assert json.loads(good.text.splitlines()[0])["message"]["content"] == "kept"
+
+
+async def test_serve_in_a_caller_nursery_reports_started() -> None:
+    server = FakeLLMServer([{"text": "x"}])
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            started = await nursery.start(server.serve)
+            assert started is server and server.port > 0
+            async with httpx.AsyncClient() as client:
+                assert (await client.get(server.url)).status_code == 200
+            nursery.cancel_scope.cancel()
+
+
+# --- the script format ------------------------------------------------------------------
+
+
+def test_load_script_reads_a_list_and_names_the_file_and_reply_on_errors(tmp_path: Path) -> None:
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps([{"text": "hi", "delay_first": 1}, {"status": 503}]))
+    assert load_script(good) == [Reply(text="hi", delay_first=1.0), Reply(status=503)]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"text": "ok"}, {"text": "x", "stal": True}]))
+    with pytest.raises(ConfigError, match=r"bad.json: reply 1: unknown key 'stal'"):
+        load_script(bad)
+    bad.write_text('{"text": "x"}')
+    with pytest.raises(ConfigError, match="expected a JSON list"):
+        load_script(bad)
+    bad.write_text("[{")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_script(bad)
+    with pytest.raises(ConfigError, match="cannot read script"):
+        load_script(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ({"drop_after": -1}, "drop_after must be >= 0"),
+        ({"status": 200}, "400-599"),
+        ({"stall": "yes"}, r"expected bool @ \$.stall"),
+        ({"tool_calls": [{"name": "f", "arguments": 1}]}, "object or a string"),
+        ({"thinking_field": "thoughts"}, "thinking_field"),
+    ],
+)
+def test_bad_values_are_named(data: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse_reply(data)
+
+
+@given(st.text(max_size=60))
+def test_split_words_joins_back_to_the_text(text: str) -> None:
+    assert "".join(split_words(text)) == text
+
+
+_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 700),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.lists(st.dictionaries(st.text(max_size=9), st.text(max_size=5)), max_size=2),
+)
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from([f.name for f in Reply.__attrs_attrs__] + ["bogus"]), _values, max_size=6
+    )
+)
+def test_fuzzed_replies_parse_or_fail_with_config_error(data: dict[str, Any]) -> None:
+    try:
+        reply = parse_reply(data)
+    except ConfigError as exc:
+        assert str(exc)
+        return
+    assert isinstance(reply, Reply)
+    reply.content()
+
+
+# --- the shell entry point ---------------------------------------------------------------
+
+
+async def _read_line(stream: trio.abc.ReceiveStream) -> str:
+    buf = b""
+    while b"\n" not in buf:
+        data = await stream.receive_some(1024)
+        if not data:
+            break
+        buf += data
+    return buf.decode().split("\n", 1)[0]
+
+
+@pytest.mark.slow
+async def test_shell_entry_point_serves_the_script_in_a_loop_until_ctrl_c(tmp_path: Path) -> None:
+    script = tmp_path / "replies.json"
+    script.write_text(json.dumps([{"text": "from the shell"}]))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "navi_trio.testing.fake_llm",
+        "--port",
+        "0",
+        "--script",
+        str(script),
+        "--loop",
+    ]
+    proc = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE, env=env, cwd=str(REPO))
+    try:
+        with trio.fail_after(30):
+            assert proc.stdout is not None
+            first = await _read_line(proc.stdout)
+            assert first.startswith("listening on http://127.0.0.1:"), first
+            url = first.removeprefix("listening on ")
+            async with httpx.AsyncClient() as client:
+                for _ in range(2):  # --loop: the one reply serves every request
+                    resp = await client.post(f"{url}/api/chat", json=CHAT)
+                    words = [json.loads(x)["message"]["content"] for x in resp.text.splitlines()]
+                    assert "".join(words) == "from the shell"
+            proc.send_signal(signal.SIGINT)
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            with trio.move_on_after(5):
+                await proc.wait()
+
+
+@pytest.mark.slow
+async def test_shell_entry_point_rejects_a_bad_script(tmp_path: Path) -> None:
+    script = tmp_path / "bad.json"
+    script.write_text(json.dumps([{"txet": "typo"}]))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "navi_trio.testing.fake_llm", "--script", str(script)]
+    with trio.fail_after(30):
+        result = await trio.run_process(
+            cmd, capture_stdout=True, capture_stderr=True, check=False, env=env
+        )
+    assert result.returncode == 2
+    assert b"unknown key 'txet'" in result.stderr

@@ -1,0 +1,194 @@
+"""The stream guard: first-chunk and between-chunk timeouts, and closing the connection.
+
+Rules for this module: loopback only, port 0; the autojump clock for anything that
+sleeps (the fake server sleeps with trio.sleep in the same run, so a 100 s prefill takes
+no real time); every test has an absolute timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from navi_trio.errors import LLMChunkTimeout, LLMFirstChunkTimeout, LLMStatusError
+from navi_trio.llm.base import ChatRequest, DoneChunk, LLMBackend, LLMChunk, TextChunk
+from navi_trio.llm.guard import guarded_stream
+from navi_trio.llm.ollama import OllamaBackend
+from navi_trio.llm.openai import OpenAIBackend
+from navi_trio.llm.scripted import ScriptedBackend
+from navi_trio.testing.fake_llm import FakeLLMServer, open_fake_llm
+
+REQUEST = ChatRequest(messages=[{"role": "user", "content": "hi"}], model="m")
+# Virtual seconds: far longer than any real test could wait.
+LIMIT = 60
+
+
+@asynccontextmanager
+async def served(
+    replies: list[dict[str, Any]], dialect: str = "ollama"
+) -> AsyncIterator[tuple[FakeLLMServer, LLMBackend]]:
+    async with open_fake_llm(replies) as server:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5)) as client:
+            backend: LLMBackend = (
+                OllamaBackend(client, server.url)
+                if dialect == "ollama"
+                else OpenAIBackend(client, server.url)
+            )
+            yield server, backend
+
+
+async def drain(backend: LLMBackend, first: float = 90, chunk: float = 60) -> list[LLMChunk]:
+    got: list[LLMChunk] = []
+    async with guarded_stream(
+        backend, REQUEST, first_chunk_timeout=first, chunk_timeout=chunk
+    ) as chunks:
+        async for c in chunks:
+            got.append(c)
+    return got
+
+
+@pytest.mark.parametrize("dialect", ["ollama", "openai"])
+async def test_slow_prefill_raises_first_chunk_timeout_and_the_server_sees_the_disconnect(
+    autojump_clock: trio.testing.MockClock, dialect: str
+) -> None:
+    with trio.fail_after(LIMIT * 10):
+        async with served([{"text": "too late", "delay_first": 100}], dialect) as (server, backend):
+            start = trio.current_time()
+            with pytest.raises(LLMFirstChunkTimeout) as info:
+                await drain(backend, first=90, chunk=60)
+            assert info.value.seconds == 90
+            assert trio.current_time() - start == pytest.approx(90, abs=1)
+            with trio.fail_after(5):
+                await server.wait_disconnects(1)
+            assert server.disconnects[0]["chunks_sent"] == 0
+            assert server.completed == 0
+
+
+@pytest.mark.parametrize("dialect", ["ollama", "openai"])
+async def test_a_stall_mid_stream_raises_chunk_timeout_and_closes_the_connection(
+    autojump_clock: trio.testing.MockClock, dialect: str
+) -> None:
+    with trio.fail_after(LIMIT * 10):
+        reply = {"text": "one two three", "stall": True, "delay_chunk": 1}
+        async with served([reply], dialect) as (server, backend):
+            got: list[LLMChunk] = []
+            with pytest.raises(LLMChunkTimeout) as info:
+                async with guarded_stream(
+                    backend, REQUEST, first_chunk_timeout=90, chunk_timeout=30
+                ) as chunks:
+                    async for c in chunks:
+                        got.append(c)
+            assert info.value.seconds == 30
+            assert "".join(c.text for c in got if isinstance(c, TextChunk)) == "one two three"
+            with trio.fail_after(5):
+                await server.wait_disconnects(1)
+            assert server.disconnects[0]["chunks_sent"] == 3
+
+
+async def test_chunks_slower_than_first_timeout_but_within_chunk_timeout_pass(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    with trio.fail_after(LIMIT * 10):
+        reply = {"text": "a b c", "delay_first": 80, "delay_chunk": 50}
+        async with served([reply]) as (server, backend):
+            got = await drain(backend, first=90, chunk=60)
+            assert [c.text for c in got if isinstance(c, TextChunk)] == ["a ", "b ", "c"]
+            assert isinstance(got[-1], DoneChunk)
+            assert server.disconnects == []
+            assert server.completed == 1
+
+
+async def test_time_the_consumer_spends_on_a_chunk_does_not_count(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    with trio.fail_after(LIMIT * 10):
+        async with served([{"text": "a b"}]) as (_server, backend):
+            texts = []
+            async with guarded_stream(
+                backend, REQUEST, first_chunk_timeout=5, chunk_timeout=5
+            ) as chunks:
+                async for c in chunks:
+                    await trio.sleep(100)  # e.g. a slow subscriber
+                    if isinstance(c, TextChunk):
+                        texts.append(c.text)
+            assert texts == ["a ", "b"]
+
+
+async def test_cancelling_from_outside_during_prefill_closes_the_connection(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    with trio.fail_after(LIMIT * 10):
+        async with served([{"text": "never", "delay_first": 1000}]) as (server, backend):
+            async with trio.open_nursery() as nursery:
+                stop = trio.CancelScope()
+
+                async def press_stop() -> None:
+                    await server.wait_requests(1)
+                    await trio.sleep(5)  # the model is prefilling
+                    stop.cancel()
+
+                nursery.start_soon(press_stop)
+                with stop:
+                    await drain(backend)
+                assert stop.cancelled_caught
+            with trio.fail_after(5):
+                await server.wait_disconnects(1)
+            assert trio.current_time() < 100  # Stop did not wait for the prefill
+
+
+async def test_leaving_the_stream_early_closes_the_connection(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    with trio.fail_after(LIMIT * 10):
+        async with served([{"text": "a b c d e f", "delay_chunk": 1}]) as (server, backend):
+            async with guarded_stream(
+                backend, REQUEST, first_chunk_timeout=90, chunk_timeout=60
+            ) as chunks:
+                first = await chunks.receive()
+            assert first == TextChunk("a ")
+            with trio.fail_after(5):
+                await server.wait_disconnects(1)
+
+
+async def test_backend_errors_pass_through_the_guard(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    with trio.fail_after(LIMIT):
+        async with served([{"status": 404, "error_body": "model 'm' not found"}]) as (_s, backend):
+            with pytest.raises(LLMStatusError, match="model 'm' not found"):
+                await drain(backend)
+
+
+async def test_guard_applies_to_the_scripted_backend_too(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    with trio.fail_after(LIMIT * 10):
+        backend = ScriptedBackend(
+            [{"delay_first": 100, "text": "x"}, {"text": "a b", "stall": True}]
+        )
+        with pytest.raises(LLMFirstChunkTimeout):
+            await drain(backend, first=90)
+        with pytest.raises(LLMChunkTimeout):
+            await drain(backend, chunk=10)
+
+
+async def test_errors_come_out_alone_when_the_consumer_calls_receive_directly(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # trio closes the channel before cancelling the consumer; the guard's error must not
+    # arrive wrapped in a group together with that EndOfChannel.
+    replies = [{"status": 503, "error_body": "busy"}, {"delay_first": 100, "text": "x"}]
+    with trio.fail_after(LIMIT * 10):
+        async with served(replies) as (_server, backend):
+            for expected in (LLMStatusError, LLMFirstChunkTimeout):
+                with pytest.raises(expected):
+                    async with guarded_stream(
+                        backend, REQUEST, first_chunk_timeout=90, chunk_timeout=60
+                    ) as chunks:
+                        await chunks.receive()
