@@ -19,6 +19,7 @@ from typing import Any
 
 import attrs
 import cattrs
+from cattrs.v import format_exception
 
 from navi_trio.errors import ConfigError
 
@@ -94,13 +95,13 @@ def _structure_strict_scalar(typ: type) -> Any:
         # cattrs would coerce "5" to 5 and 1 to True; a config with the wrong type is
         # a mistake to report, not to guess at.
         if typ is bool and not isinstance(value, bool):
-            raise TypeError(f"expected true or false, got {value!r}")
+            raise _ExpectedError(f"expected bool (true or false), got {value!r}")
         if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise TypeError(f"expected a whole number, got {value!r}")
+            raise _ExpectedError(f"expected int (a whole number), got {value!r}")
         if typ is float and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise TypeError(f"expected a number, got {value!r}")
+            raise _ExpectedError(f"expected float (a number), got {value!r}")
         if typ is str and not isinstance(value, str):
-            raise TypeError(f"expected a string, got {value!r}")
+            raise _ExpectedError(f"expected str (a string), got {value!r}")
         return value
 
     return hook
@@ -110,6 +111,44 @@ for _t in (bool, int, float, str):
     _converter.register_structure_hook(_t, _structure_strict_scalar(_t))
 
 
+def _structure_names(value: Any, _: Any) -> tuple[str, ...]:
+    # cattrs would turn the string "filesystem" into ('f', 'i', ...): a list is required.
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise _ExpectedError(f"expected a list of names, got {value!r}")
+    return tuple(value)
+
+
+def _structure_tools(value: Any, _: Any) -> ToolsConfig:
+    if not isinstance(value, dict):
+        raise _ExpectedError(
+            f'expected an object like {{"agent": [...], "subagent": [...]}}, got {value!r}'
+        )
+    extra = set(value) - {"agent", "subagent"}
+    if extra:
+        raise _ExpectedError(f"unknown keys {sorted(extra)}: expected agent and subagent")
+    lists = {}
+    for key in ("agent", "subagent"):
+        try:
+            lists[key] = _structure_names(value.get(key, []), None)
+        except _ExpectedError as exc:
+            raise _ExpectedError(f"{key}: {exc}") from None
+    return ToolsConfig(**lists)
+
+
+_converter.register_structure_hook_func(lambda t: t == tuple[str, ...], _structure_names)
+_converter.register_structure_hook(ToolsConfig, _structure_tools)
+
+
+class _ExpectedError(TypeError):
+    """Raised by our strict hooks; its message already says what was expected."""
+
+
+def _explain(exc: BaseException, typ: Any) -> str:
+    if isinstance(exc, _ExpectedError):
+        return str(exc)
+    return format_exception(exc, typ)
+
+
 def parse_config(data: Any, path: Path) -> NaviConfig:
     """Structure already-decoded JSON into a NaviConfig; errors name `path` and the key."""
     if not isinstance(data, dict):
@@ -117,7 +156,7 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
     try:
         cfg = _converter.structure({k: v for k, v in data.items()}, NaviConfig)
     except cattrs.BaseValidationError as exc:
-        problems = "; ".join(cattrs.transform_error(exc, path="$"))
+        problems = "; ".join(cattrs.transform_error(exc, path="$", format_exception=_explain))
         raise ConfigError(f"{path}: {problems}") from None
     if not cfg.profiles:
         raise ConfigError(f"{path}: $.profiles: at least one profile is required")
@@ -132,7 +171,7 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
         persona = _read_text(base / cfg.persona_file, path, "$.persona_file")
     profiles = {}
     for pid, prof in cfg.profiles.items():
-        where = f"$.profiles.{pid}"
+        where = f"$.profiles[{pid!r}]"
         for field in ("goal_anchoring_interval", "anti_stall_threshold", "max_iterations"):
             if getattr(prof, field) < 1:
                 raise ConfigError(f"{path}: {where}.{field}: expected a number of 1 or more")
@@ -140,7 +179,9 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
         if prof.system_prompt_file:
             prompt = _read_text(base / prof.system_prompt_file, path, f"{where}.system_prompt_file")
         if prof.compression_prompt_file:
-            _read_text(base / prof.compression_prompt_file, path, f"{where}.compression_prompt_file")
+            _read_text(
+                base / prof.compression_prompt_file, path, f"{where}.compression_prompt_file"
+            )
         profiles[pid] = attrs.evolve(prof, id=pid, system_prompt=prompt)
     return attrs.evolve(cfg, persona=persona, profiles=profiles, base_dir=base)
 

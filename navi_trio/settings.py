@@ -38,7 +38,9 @@ class Settings:
     llm_api_key: str = attrs.field(default="", metadata=_env("NAVI_LLM_API_KEY"))
     default_model: str = attrs.field(default="qwen3:8b", metadata=_env("NAVI_MODEL"))
     keep_alive: str = attrs.field(default="30m", metadata=_env("OLLAMA_KEEP_ALIVE"))
-    llm_connect_timeout: float = attrs.field(default=10.0, metadata=_env("NAVI_LLM_CONNECT_TIMEOUT"))
+    llm_connect_timeout: float = attrs.field(
+        default=10.0, metadata=_env("NAVI_LLM_CONNECT_TIMEOUT")
+    )
     first_chunk_timeout: float = attrs.field(
         default=90.0, metadata=_env("LLM_STREAM_FIRST_CHUNK_TIMEOUT")
     )
@@ -85,7 +87,9 @@ class Settings:
     backgroundable_tools: tuple[str, ...] = attrs.field(
         default=DEFAULT_BACKGROUNDABLE, metadata=_env("NAVI_BACKGROUNDABLE_TOOLS")
     )
-    parallel_tool_calls: bool = attrs.field(default=False, metadata=_env("NAVI_PARALLEL_TOOL_CALLS"))
+    parallel_tool_calls: bool = attrs.field(
+        default=False, metadata=_env("NAVI_PARALLEL_TOOL_CALLS")
+    )
     # Sessions.
     message_queue_max: int = attrs.field(default=5, metadata=_env("NAVI_MESSAGE_QUEUE_MAX"))
     spawn_timeout_sec: float = attrs.field(default=300.0, metadata=_env("NAVI_SPAWN_TIMEOUT_SEC"))
@@ -113,6 +117,15 @@ class Settings:
                 continue
             values[field.name] = _convert(name, env[name], field.type)
         values.update(overrides)
+        for field in attrs.fields(cls):
+            value = values.get(field.name)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                # Caps, timeouts and sizes: zero or less would switch a guard off by accident.
+                least = 0 if field.name == "context_message_token_budget" else 1e-9
+                if value < least:
+                    name = field.metadata.get("env", field.name)
+                    what = "0 or more" if least == 0 else "more than 0"
+                    raise ConfigError(f"{name}={value!r}: expected a number {what}")
         return cls(**values)
 
 
