@@ -1,0 +1,34 @@
+"""Test support: the fake LLM server and a harness that drives the actors directly.
+
+- `FakeLLMServer` / `open_fake_llm`: real HTTP on 127.0.0.1, Ollama and OpenAI dialects,
+  scripted replies (see `navi_trio.testing.fake_llm`).
+- `open_harness`: a whole runtime on a temp SQLite file wired to the fake server, with
+  `SessionDriver`s to send messages, stop, compact and read frames
+  (see `navi_trio.testing.harness`).
+
+Names are imported lazily so that ``python -m navi_trio.testing.fake_llm`` does not
+import the module twice.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "FakeLLMServer": "navi_trio.testing.fake_llm",
+    "open_fake_llm": "navi_trio.testing.fake_llm",
+    "Harness": "navi_trio.testing.harness",
+    "SessionDriver": "navi_trio.testing.harness",
+    "open_harness": "navi_trio.testing.harness",
+    "test_config": "navi_trio.testing.harness",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'navi_trio.testing' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,118 @@
+"""In-memory state of a session and the cache that loads, creates and saves it.
+
+`SessionState` holds the display history (`messages`) and the LLM context (`context`)
+plus how much of each is already in the store; `save()` appends only what is new.
+Compression replaces the context (the one rewrite the store allows).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import attrs
+import trio
+
+from navi_trio.core.tokens import Baseline
+from navi_trio.store.base import SessionRow, SessionStore
+
+
+@attrs.define(eq=False)
+class SessionState:
+    row: SessionRow
+    messages: list[dict[str, Any]]
+    context: list[dict[str, Any]]
+    saved_messages: int
+    saved_context: int
+    baseline: Baseline = attrs.field(factory=Baseline)
+    last_model: str | None = None
+    # Set by the truthful-context check: compress before the next LLM call.
+    needs_compression: bool = False
+    lock: trio.Lock = attrs.field(factory=trio.Lock)
+    # The message queue (background-tasks.md "Message queue"), used by the session actor.
+    pending_user_messages: deque[Any] = attrs.field(factory=deque)
+    dropped_total: int = 0
+
+    @property
+    def id(self) -> str:
+        return self.row.id
+
+    @property
+    def profile_id(self) -> str:
+        return self.row.profile_id
+
+    @property
+    def is_first_message(self) -> bool:
+        return not any(m.get("role") == "user" for m in self.messages)
+
+    def add(self, message: dict[str, Any], *, display: bool = True, context: bool = True) -> None:
+        """Append a message to the display history and/or the context (not yet saved)."""
+        stamped = {**message, "created_at": message.get("created_at", time.time())}
+        if display:
+            self.messages.append(stamped)
+        if context:
+            self.context.append(stamped)
+
+    def unsaved(self) -> bool:
+        return len(self.messages) > self.saved_messages or len(self.context) > self.saved_context
+
+
+class SessionCache:
+    """Loads sessions from the store once and keeps them in memory."""
+
+    def __init__(self, store: SessionStore, default_profile: str) -> None:
+        self._store = store
+        self._default_profile = default_profile
+        self._sessions: dict[str, SessionState] = {}
+
+    async def get(self, session_id: str, *, profile_id: str | None = None) -> SessionState:
+        """The session, loaded from the store or created when it does not exist."""
+        state = self._sessions.get(session_id)
+        if state is not None:
+            return state
+        loaded = await self._store.load_session(session_id)
+        if loaded is None:
+            row = await self._store.create_session(
+                session_id, profile_id=profile_id or self._default_profile
+            )
+            state = SessionState(row=row, messages=[], context=[], saved_messages=0, saved_context=0)
+        else:
+            state = SessionState(
+                row=loaded.row,
+                messages=list(loaded.messages),
+                context=list(loaded.context),
+                saved_messages=len(loaded.messages),
+                saved_context=len(loaded.context),
+            )
+        # Another task may have loaded it while we awaited the store.
+        return self._sessions.setdefault(session_id, state)
+
+    def forget(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    async def save(self, state: SessionState) -> None:
+        """Append what is new in both lists, in one store transaction."""
+        new_messages = state.messages[state.saved_messages :]
+        new_context = state.context[state.saved_context :]
+        if not new_messages and not new_context:
+            return
+        # Shielded: a stop landing mid-save would leave the counters behind a write that
+        # still lands (the store never withdraws a queued write), and the next save
+        # would append the same messages twice.
+        with trio.CancelScope(shield=True):
+            await self._store.append(state.id, messages=new_messages, context=new_context)
+            state.saved_messages += len(new_messages)
+            state.saved_context += len(new_context)
+
+    async def replace_context(self, state: SessionState, context: list[dict[str, Any]]) -> None:
+        """Compression: the only rewrite. Unsaved display messages are saved first."""
+        await self.save(state)
+        with trio.CancelScope(shield=True):
+            await self._store.replace_context(state.id, context)
+            state.context = list(context)
+            state.saved_context = len(context)
+
+    async def set_profile(self, state: SessionState, profile_id: str) -> None:
+        await self._store.update_session(state.id, profile_id=profile_id)
+        state.row = attrs.evolve(state.row, profile_id=profile_id)

@@ -1,0 +1,237 @@
+"""Session actors: one per live session, started on demand by the registry.
+
+A `SessionActor` owns its runs (a nursery inside the actor), the message queue
+(background-tasks.md "Message queue": a message arriving while a run is active is
+queued, ``message_queue_max`` deep, oldest dropped and counted in ``dropped_total``;
+queued messages run in submit order when the run ends, whether or not anybody is
+connected) and the fan-out of its events to subscribers.
+
+Every event of a run or compaction becomes a wire frame ``{"type", "session_id",
+"seq", ...}`` kept in a bounded replay buffer, so a subscriber that reconnects with the
+last seq it saw gets what it missed. `task_update` frames are out-of-band: sent to the
+subscribers of the moment, with no seq and not kept for replay (a client re-syncs
+through the tasks list).
+
+Commands are synchronous methods (atomic under trio): `send_message`, `stop`, `compact`,
+`subscribe`. A subscriber too slow to keep up with its bounded channel is dropped (its
+channel is closed); it reconnects and replays from its last seq.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Any
+
+import trio
+
+from navi_trio.core.agent import Agent, RunControl, UserMessage
+from navi_trio.errors import NothingToCompactError
+from navi_trio.events import AgentEvent, ErrorEvent, MessageQueued, event_to_dict
+
+log = logging.getLogger(__name__)
+
+Frame = dict[str, Any]
+REPLAY_MAX = 2000
+SUBSCRIBER_BUFFER = 1000
+
+
+class Subscription:
+    """A subscriber's end: frames arrive on `frames`; `close()` unsubscribes."""
+
+    def __init__(self, actor: SessionActor, send: trio.MemorySendChannel[Frame],
+                 frames: trio.MemoryReceiveChannel[Frame]) -> None:
+        self._actor = actor
+        self._send = send
+        self.frames = frames
+
+    def close(self) -> None:
+        self._actor._subscribers.discard(self._send)
+        self._send.close()
+        self.frames.close()
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SessionActor:
+    def __init__(self, session_id: str, agent: Agent, *, queue_max: int) -> None:
+        self.session_id = session_id
+        self.agent = agent
+        self.queue_max = queue_max
+        self.pending: collections.deque[UserMessage] = collections.deque()
+        self.dropped_total = 0
+        self.seq = 0
+        self.replay: collections.deque[Frame] = collections.deque(maxlen=REPLAY_MAX)
+        self._subscribers: set[trio.MemorySendChannel[Frame]] = set()
+        self._nursery: trio.Nursery | None = None
+        self._control: RunControl | None = None
+        self.busy = False
+        self.idle = trio.Event()
+        self.idle.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[SessionActor] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started(self)
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+                for send in list(self._subscribers):
+                    send.close()
+
+    # -- commands -------------------------------------------------------------------
+
+    def send_message(self, message: str | UserMessage) -> None:
+        msg = UserMessage(message) if isinstance(message, str) else message
+        if not self.busy:
+            self._start(self._run, msg)
+            return
+        if len(self.pending) >= self.queue_max:
+            self.pending.popleft()
+            self.dropped_total += 1
+        self.pending.append(msg)
+        self.publish(
+            MessageQueued(text=msg.text, position=len(self.pending), dropped_total=self.dropped_total)
+        )
+
+    def stop(self) -> bool:
+        """Stop the running turn (queued messages stay queued). False when idle."""
+        if self._control is None:
+            return False
+        self._control.stop()
+        return True
+
+    def compact(self) -> None:
+        if self.busy:
+            self.publish(
+                ErrorEvent(message="a run is active: stop it or wait before compacting", code="busy")
+            )
+            return
+        self._start(self._compact)
+
+    def subscribe(self, last_seq: int | None = None) -> Subscription:
+        """Frames after `last_seq` from the replay buffer, then live ones."""
+        send, recv = trio.open_memory_channel[Frame](SUBSCRIBER_BUFFER)
+        if last_seq is not None:
+            for frame in self.replay:
+                if frame["seq"] > last_seq:
+                    self._offer(send, frame)
+        self._subscribers.add(send)
+        return Subscription(self, send, recv)
+
+    # -- fan-out --------------------------------------------------------------------
+
+    def publish(self, event: AgentEvent) -> Frame:
+        self.seq += 1
+        frame = {"type": type(event).type, "session_id": self.session_id, "seq": self.seq,
+                 **event_to_dict(event)}
+        self.replay.append(frame)
+        self._fan_out(frame)
+        return frame
+
+    def publish_out_of_band(self, event: AgentEvent) -> None:
+        self._fan_out({"type": type(event).type, "session_id": self.session_id, "seq": None,
+                       **event_to_dict(event)})
+
+    def _fan_out(self, frame: Frame) -> None:
+        for send in list(self._subscribers):
+            self._offer(send, frame)
+
+    def _offer(self, send: trio.MemorySendChannel[Frame], frame: Frame) -> None:
+        try:
+            send.send_nowait(frame)
+        except trio.WouldBlock:
+            log.warning("session %s: dropping a subscriber that fell behind", self.session_id)
+            self._subscribers.discard(send)
+            send.close()
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self._subscribers.discard(send)
+
+    # -- work -------------------------------------------------------------------------
+
+    def _start(self, fn: Any, *args: Any) -> None:
+        if self._nursery is None:
+            raise RuntimeError(f"session actor {self.session_id} is not running")
+        self.busy = True
+        self.idle = trio.Event()
+        self._nursery.start_soon(fn, *args)
+
+    def _done(self) -> None:
+        self.busy = False
+        self._control = None
+        if self.pending:
+            self._start(self._run, self.pending.popleft())
+        else:
+            self.idle.set()
+
+    async def _run(self, msg: UserMessage) -> None:
+        control = self._control = RunControl()
+        try:
+            async with self.agent.run_stream(self.session_id, msg, control=control) as events:
+                async for event in events:
+                    self.publish(event)
+        finally:
+            self._done()
+
+    async def _compact(self) -> None:
+        try:
+            async with self.agent.compact_stream(self.session_id) as events:
+                async for event in events:
+                    self.publish(event)
+        except NothingToCompactError as exc:
+            self.publish(ErrorEvent(message=str(exc), code="nothing_to_compact"))
+        finally:
+            self._done()
+
+
+class SessionRegistry:
+    """Starts a SessionActor per session on demand, in the registry's nursery."""
+
+    def __init__(self, agent: Agent, *, queue_max: int) -> None:
+        self.agent = agent
+        self.queue_max = queue_max
+        self._actors: dict[str, SessionActor] = {}
+        self._nursery: trio.Nursery | None = None
+        self._starting: dict[str, trio.Event] = {}
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    async def get(self, session_id: str) -> SessionActor:
+        actor = self._actors.get(session_id)
+        if actor is not None:
+            return actor
+        if session_id in self._starting:
+            await self._starting[session_id].wait()
+            return self._actors[session_id]
+        if self._nursery is None:
+            raise RuntimeError("the session registry is not running")
+        started = self._starting[session_id] = trio.Event()
+        try:
+            actor = SessionActor(session_id, self.agent, queue_max=self.queue_max)
+            await self._nursery.start(actor.run)
+            self._actors[session_id] = actor
+        finally:
+            started.set()
+            del self._starting[session_id]
+        return actor
+
+    def actor(self, session_id: str) -> SessionActor | None:
+        return self._actors.get(session_id)
+
+    def publish_task_update(self, session_id: str, event: AgentEvent) -> None:
+        """TaskSupervisor's publish: out-of-band to the session's connected clients."""
+        actor = self._actors.get(session_id)
+        if actor is not None:
+            actor.publish_out_of_band(event)

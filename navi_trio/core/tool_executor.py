@@ -1,0 +1,198 @@
+"""Running the model's tool calls: inline, in a parallel batch, or detached.
+
+`ToolExecutor.execute_one` is the one place a tool call turns into a `ToolResult`:
+bad JSON arguments, an unknown tool, a tool that raises — each becomes a failed result
+the model can read; none of them ends the run. A call whose arguments carry
+``"background": true`` for a tool in `settings.backgroundable_tools` is detached to the
+TaskSupervisor (background-tasks.md), here, so it works the same for the top-level loop
+and for sub-agents.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from navi_trio.core.tasks import Job, TaskSupervisor
+from navi_trio.errors import TaskRejectedError
+from navi_trio.events import AgentEvent, ToolEvent, ToolResult as ToolResultEvent, ToolStarted
+from navi_trio.llm.base import ToolCall
+from navi_trio.settings import Settings
+from navi_trio.tools.base import Tool, ToolContext, ToolRegistry, ToolResult
+
+STOPPED_TEXT = "stopped by the user"
+BACKGROUND_HINT = (
+    "The call is running in the background — continue with other work. Collect the result "
+    "with the tasks tool (check / wait) or from the completion note on your next turn."
+)
+
+Publish = Callable[[AgentEvent], None]
+
+
+def stopped_result() -> ToolResult:
+    return ToolResult.fail(STOPPED_TEXT)
+
+
+def tool_message(call: ToolCall, result: ToolResult) -> dict[str, Any]:
+    """The role=tool message that pairs an assistant tool call with its result."""
+    msg: dict[str, Any] = {
+        "role": "tool",
+        "tool_call_id": call.id,
+        "name": call.name,
+        "content": result.content(),
+        "ok": result.ok,
+    }
+    return msg
+
+
+def args_summary(args: dict[str, Any], limit: int = 200) -> str:
+    text = json.dumps(args, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class ToolExecutor:
+    def __init__(
+        self, registry: ToolRegistry, settings: Settings, supervisor: TaskSupervisor | None
+    ) -> None:
+        self.registry = registry
+        self.settings = settings
+        self.supervisor = supervisor
+
+    def _wants_background(self, call: ToolCall) -> bool:
+        if call.arguments.get("background") is not True:
+            return False
+        if call.name not in self.settings.backgroundable_tools:
+            return False
+        # terminal "open" keeps its own meaning of background: a persistent process.
+        return not (call.name == "terminal" and call.arguments.get("action") == "open")
+
+    async def execute_one(
+        self,
+        call: ToolCall,
+        ctx: ToolContext,
+        allowed: Sequence[str],
+        publish: Publish,
+    ) -> ToolResult:
+        """Run one call (ToolStarted is emitted by the caller) and emit its ToolResult."""
+        started = time.monotonic()
+        result = await self._execute(call, ctx, allowed, publish)
+        publish(
+            ToolResultEvent(
+                call_id=call.id,
+                name=call.name,
+                ok=result.ok,
+                output=result.output,
+                error=result.error,
+                duration_ms=int((time.monotonic() - started) * 1000),
+            )
+        )
+        return result
+
+    async def _execute(
+        self, call: ToolCall, ctx: ToolContext, allowed: Sequence[str], publish: Publish
+    ) -> ToolResult:
+        if call.parse_error is not None:
+            return ToolResult.fail(
+                f"the arguments of {call.name} were not valid JSON ({call.parse_error}); "
+                "the answer may have been cut off. Call the tool again with complete arguments."
+            )
+        tool = self.registry.get(call.name) if call.name in allowed else None
+        if tool is None:
+            return ToolResult.fail(
+                f"unknown tool {call.name!r}; available tools: {', '.join(allowed) or 'none'}"
+            )
+
+        def emit(data: dict[str, Any]) -> None:
+            publish(ToolEvent(call_id=call.id, name=call.name, data=data))
+
+        call_ctx = attrs.evolve(ctx, call_id=call.id, emit=emit)
+        args = dict(call.arguments)
+        if self._wants_background(call):
+            args.pop("background")
+            return self._detach(tool, args, call_ctx)
+        if call.name != "terminal" or args.get("action") != "open":
+            args.pop("background", None)
+        return await run_tool(tool, args, call_ctx)
+
+    def _detach(self, tool: Tool, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        if self.supervisor is None:
+            return ToolResult.fail("Cannot run in background: background tasks are not available")
+
+        async def runner(job: Job) -> ToolResult:
+            def emit(data: dict[str, Any]) -> None:
+                job.emit(ToolEvent(call_id=ctx.call_id, name=tool.name, data=data))
+
+            # Its own sink (the job's ring) — never the foreground run's channel, which
+            # may be long gone when the job speaks.
+            job_ctx = attrs.evolve(ctx, emit=emit, publish=job.emit, services=ctx.services)
+            result = await run_tool(tool, args, job_ctx)
+            if result.data and isinstance(result.data.get("tokens"), int):
+                job.tokens = result.data["tokens"]
+            return result
+
+        try:
+            job = self.supervisor.submit(
+                ctx.session_id, tool.name, args, runner, is_spawn=tool.name == "spawn_agent"
+            )
+        except TaskRejectedError as exc:
+            return ToolResult.fail(
+                f"Cannot run in background: {exc}. Run the call again without "
+                "background to do it inline."
+            )
+        payload = {
+            "task_id": job.task_id,
+            "tool": tool.name,
+            "status": "running",
+            "args_summary": job.args_summary,
+            "hint": BACKGROUND_HINT,
+        }
+        return ToolResult.success(json.dumps(payload, ensure_ascii=False), **payload)
+
+
+async def run_tool(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    """Run a tool; an exception becomes the call's own failed result (Cancelled passes)."""
+    try:
+        result = await tool.execute(args, ctx)
+    except Exception as exc:  # a tool's bug must not end the run
+        return ToolResult.fail(f"the tool {tool.name} raised {type(exc).__name__}: {exc}")
+    if not isinstance(result, ToolResult):
+        return ToolResult.fail(f"the tool {tool.name} returned {type(result).__name__}, not a result")
+    return result
+
+
+async def execute_batch(
+    executor: ToolExecutor,
+    calls: Sequence[ToolCall],
+    ctx: ToolContext,
+    allowed: Sequence[str],
+    publish: Publish,
+    results: dict[int, ToolResult],
+    *,
+    parallel: bool,
+) -> None:
+    """Run `calls`, filling `results` by index as each finishes.
+
+    The caller owns `results`, so when the run is stopped mid-batch it knows which calls
+    finished and pairs the others with "stopped by the user". With `parallel`, the
+    ToolStarted frames of the whole batch go out first, in call order, and the calls run
+    concurrently in one nursery; one call's failure is its own result only.
+    """
+    if parallel and len(calls) > 1:
+        for call in calls:
+            publish(ToolStarted(call_id=call.id, name=call.name, arguments=dict(call.arguments)))
+
+        async def one(i: int, call: ToolCall) -> None:
+            results[i] = await executor.execute_one(call, ctx, allowed, publish)
+
+        async with trio.open_nursery() as nursery:
+            for i, call in enumerate(calls):
+                nursery.start_soon(one, i, call)
+        return
+    for i, call in enumerate(calls):
+        publish(ToolStarted(call_id=call.id, name=call.name, arguments=dict(call.arguments)))
+        results[i] = await executor.execute_one(call, ctx, allowed, publish)

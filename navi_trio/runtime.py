@@ -1,0 +1,110 @@
+"""Wiring: the runtime that owns every long-lived actor.
+
+    async with open_runtime(settings) as rt:
+        actor = await rt.sessions.get("s-1")
+        actor.send_message("hello")
+
+The root nursery holds, in start order: the process pool (persistent processes of
+``terminal open``), the TaskSupervisor (background jobs), and the session registry
+(session actors and their runs). Leaving the block cancels them all: runs are stopped
+(their clean-up is shielded), background jobs end (their running markers stay, so the
+next start reports them as lost), and every process group is killed. The store closes
+last, after every queued write has landed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import attrs
+import trio
+
+from navi_trio.core.agent import Agent
+from navi_trio.core.session_actor import SessionRegistry
+from navi_trio.core.tasks import TaskSupervisor
+from navi_trio.events import TaskUpdate
+from navi_trio.llm.base import LLMBackend
+from navi_trio.llm.factory import make_backend, make_client
+from navi_trio.profiles import ConfigSource
+from navi_trio.settings import Settings
+from navi_trio.store.sqlite import SQLiteStore
+from navi_trio.tools.base import Tool, ToolRegistry
+from navi_trio.tools.builtin import builtin_tools
+from navi_trio.tools.procs import ProcessPool
+from navi_trio.tools.spawn_agent import SpawnAgentTool
+from navi_trio.tools.tasks import TasksTool
+
+
+@attrs.define(eq=False)
+class Runtime:
+    settings: Settings
+    config: ConfigSource
+    store: SQLiteStore
+    backend: LLMBackend
+    registry: ToolRegistry
+    processes: ProcessPool
+    supervisor: TaskSupervisor
+    agent: Agent
+    sessions: SessionRegistry
+    nursery: trio.Nursery
+
+
+def default_tools(settings: Settings) -> list[Tool]:
+    return [*builtin_tools(settings), TasksTool(), SpawnAgentTool()]
+
+
+@asynccontextmanager
+async def open_runtime(
+    settings: Settings,
+    *,
+    backend: LLMBackend | None = None,
+    config: ConfigSource | None = None,
+    tools: list[Tool] | None = None,
+) -> AsyncIterator[Runtime]:
+    """Open the store, the LLM backend and every actor; close them all on exit."""
+    config = config or ConfigSource(settings.config_path)
+    async with AsyncExitStack() as stack:
+        store = await stack.enter_async_context(SQLiteStore.open(settings.db_path))
+        if backend is None:
+            client = await stack.enter_async_context(make_client(settings))
+            backend = make_backend(settings, client)
+        async with trio.open_nursery() as nursery:
+            registry = ToolRegistry(tools if tools is not None else default_tools(settings))
+            processes = ProcessPool()
+            await nursery.start(processes.run)
+            sessions_ref: list[SessionRegistry] = []
+
+            def publish(session_id: str, event: TaskUpdate) -> None:
+                if sessions_ref:
+                    sessions_ref[0].publish_task_update(session_id, event)
+
+            supervisor = TaskSupervisor(settings, store, publish)
+            await nursery.start(supervisor.run)
+            agent = Agent(
+                settings=settings,
+                config=config,
+                store=store,
+                backend=backend,
+                registry=registry,
+                supervisor=supervisor,
+                processes=processes,
+            )
+            sessions = SessionRegistry(agent, queue_max=settings.message_queue_max)
+            sessions_ref.append(sessions)
+            await nursery.start(sessions.run)
+            try:
+                yield Runtime(
+                    settings=settings,
+                    config=config,
+                    store=store,
+                    backend=backend,
+                    registry=registry,
+                    processes=processes,
+                    supervisor=supervisor,
+                    agent=agent,
+                    sessions=sessions,
+                    nursery=nursery,
+                )
+            finally:
+                nursery.cancel_scope.cancel()

@@ -1,0 +1,185 @@
+"""Drive navi_trio's actors directly — for our tests and for harnesses outside this repo.
+
+    from navi_trio.testing import open_harness
+
+    async with open_harness(tmp_path, replies=[{"text": "Hello there"}]) as h:
+        s = await h.session("s-1")
+        s.send("hi")
+        frames = await s.until_end()        # every frame up to this run's stream_end
+        assert frames[-1]["text"] == "Hello there"
+
+`open_harness` opens a full runtime on a SQLite file under `tmp_path`, talking real
+HTTP to a `FakeLLMServer` on 127.0.0.1 that plays `replies` (or, with `scripted=True`,
+to the in-process `ScriptedBackend`). `Harness.fake` is the server (requests it got,
+disconnects it saw), `Harness.runtime` everything else.
+
+A `SessionDriver` subscribes to one session's frames (the wire dicts: ``type``,
+``session_id``, ``seq`` …) and offers `send`, `stop`, `compact` and ways to read:
+`next()`, `until(pred)`, `until_type(t)`, `until_end()`. Reads never poll: they wait on
+the subscription channel.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from navi_trio.core.agent import UserMessage
+from navi_trio.core.session_actor import Frame, SessionActor, Subscription
+from navi_trio.llm.script import Reply
+from navi_trio.llm.scripted import ScriptedBackend
+from navi_trio.profiles import ConfigSource, parse_config
+from navi_trio.runtime import Runtime, open_runtime
+from navi_trio.settings import REPO_ROOT, Settings
+from navi_trio.testing.fake_llm import FakeLLMServer
+from navi_trio.tools.base import Tool
+
+
+class SessionDriver:
+    def __init__(self, actor: SessionActor, subscription: Subscription) -> None:
+        self.actor = actor
+        self.subscription = subscription
+        self.frames: list[Frame] = []
+
+    @property
+    def session_id(self) -> str:
+        return self.actor.session_id
+
+    def send(self, text: str, **kwargs: Any) -> None:
+        self.actor.send_message(UserMessage(text, **kwargs))
+
+    def stop(self) -> bool:
+        return self.actor.stop()
+
+    def compact(self) -> None:
+        self.actor.compact()
+
+    async def next(self) -> Frame:
+        frame = await self.subscription.frames.receive()
+        self.frames.append(frame)
+        return frame
+
+    async def until(self, pred: Callable[[Frame], bool]) -> list[Frame]:
+        """Frames up to and including the first one matching `pred`."""
+        got: list[Frame] = []
+        while True:
+            frame = await self.next()
+            got.append(frame)
+            if pred(frame):
+                return got
+
+    async def until_type(self, type_: str, **match: Any) -> list[Frame]:
+        return await self.until(
+            lambda f: f["type"] == type_ and all(f.get(k) == v for k, v in match.items())
+        )
+
+    async def until_end(self) -> list[Frame]:
+        """Frames up to the top-level stream_end of the current run."""
+        return await self.until(lambda f: f["type"] == "stream_end" and not f["is_subagent"])
+
+    async def idle(self) -> None:
+        """Wait until no run is active and the queue is empty."""
+        await self.actor.idle.wait()
+
+
+@attrs.define(eq=False)
+class Harness:
+    runtime: Runtime
+    fake: FakeLLMServer | None
+    scripted: ScriptedBackend | None
+    tmp_path: Path
+
+    async def session(self, session_id: str) -> SessionDriver:
+        actor = await self.runtime.sessions.get(session_id)
+        return SessionDriver(actor, actor.subscribe())
+
+    async def turn(self, session_id: str, text: str, **kwargs: Any) -> list[Frame]:
+        """Send one message and return its frames up to stream_end."""
+        driver = await self.session(session_id)
+        try:
+            driver.send(text, **kwargs)
+            return await driver.until_end()
+        finally:
+            driver.subscription.close()
+
+    def add_replies(self, *replies: Reply | dict[str, Any]) -> None:
+        target = self.fake or self.scripted
+        assert target is not None
+        target.add_replies(*replies)
+
+    @property
+    def chat_requests(self) -> list[dict[str, Any]]:
+        """Bodies of the chat requests the LLM got, in order."""
+        if self.fake is not None:
+            return [r["body"] for r in self.fake.chat_requests]
+        assert self.scripted is not None
+        return [
+            {"messages": r.messages, "tools": r.tools, "think": r.think, "model": r.model}
+            for r in self.scripted.requests
+        ]
+
+
+def test_config(
+    profiles: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    base: Path | None = None,
+    default_profile: str | None = None,
+) -> ConfigSource:
+    """A ConfigSource on the shipped config, with `profiles` merged over its profiles.
+
+    `{"general": {"think_enabled": False}}` changes one flag of the shipped profile; an
+    id that is not shipped adds a new profile.
+    """
+    path = base or REPO_ROOT / "config" / "config.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    for pid, changes in (profiles or {}).items():
+        data["profiles"][pid] = {**data["profiles"].get(pid, {}), **changes}
+    if default_profile:
+        data["default_profile"] = default_profile
+    return ConfigSource(path, initial=parse_config(data, path))
+
+
+@asynccontextmanager
+async def open_harness(
+    tmp_path: Path,
+    *,
+    replies: Iterable[Reply | dict[str, Any]] = (),
+    loop: bool = False,
+    scripted: bool = False,
+    profiles: Mapping[str, Mapping[str, Any]] | None = None,
+    config: ConfigSource | None = None,
+    dialect: str = "ollama",
+    tools: list[Tool] | None = None,
+    **settings: Any,
+) -> AsyncIterator[Harness]:
+    """A runtime on `tmp_path/navi.db` with the fake LLM (or the scripted backend).
+
+    `tools` replaces the default tool set (passed to `open_runtime`); a profile still
+    offers only the tools its ``tools.agent`` names.
+    """
+    cfg = config or test_config(profiles)
+    async with trio.open_nursery() as nursery:
+        fake: FakeLLMServer | None = None
+        backend: ScriptedBackend | None = None
+        if scripted:
+            backend = ScriptedBackend(list(replies), loop=loop)
+        else:
+            fake = FakeLLMServer(list(replies), loop=loop)
+            await nursery.start(fake.serve)
+        values: dict[str, Any] = {
+            "db_path": tmp_path / "navi.db",
+            "data_dir": tmp_path / "data",
+            "llm_backend": dialect,
+            "llm_url": fake.url if fake else "http://127.0.0.1:9",
+            **settings,
+        }
+        conf = Settings.from_env({}, **values)
+        async with open_runtime(conf, backend=backend, config=cfg, tools=tools) as rt:
+            yield Harness(runtime=rt, fake=fake, scripted=backend, tmp_path=tmp_path)
+        nursery.cancel_scope.cancel()
