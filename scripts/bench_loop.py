@@ -1,0 +1,98 @@
+"""Benchmark: agent-loop overhead and stop latency.
+
+    python scripts/bench_loop.py [--turns 200] [--stops 50]
+
+Prints three figures, each over real HTTP to the fake LLM server on 127.0.0.1 and a
+real SQLite file in a temp dir:
+
+- turn overhead: wall time of a full turn (user message saved, context built, LLM
+  streamed, answer saved, stream_end) for a one-word answer, minus nothing — the fake
+  server answers instantly, so this is our cost plus loopback HTTP;
+- tool-iteration overhead: the extra time of a turn with one `todo list` tool call;
+- stop latency: from `RunControl.stop()` to `stream_end(stopped)` while the model is
+  in prefill (the fake server holds its first chunk for 1000 s), and the time until the
+  server sees the HTTP connection close.
+
+Bounded: a fixed number of turns and stops, a 120 s overall limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from navi_trio.core.agent import RunControl
+from navi_trio.events import StreamEnd
+from navi_trio.testing import open_harness
+
+
+def _fmt(samples: list[float]) -> str:
+    ms = sorted(s * 1000 for s in samples)
+    p95 = ms[min(len(ms) - 1, int(len(ms) * 0.95))]
+    return (
+        f"n={len(ms)} min={ms[0]:.2f} ms median={statistics.median(ms):.2f} ms "
+        f"p95={p95:.2f} ms max={ms[-1]:.2f} ms"
+    )
+
+
+async def bench(turns: int, stops: int) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="navi-bench-"))
+    profiles = {"general": {"planning_enabled": False}}
+    with trio.fail_after(120):
+        async with open_harness(tmp, replies=[{"text": "ok"}], loop=True, profiles=profiles) as h:
+            agent = h.runtime.agent
+            await agent.run("warm", "hi")  # first message of a session; warms caches
+            plain = []
+            for i in range(turns):
+                t0 = time.perf_counter()
+                await agent.run(f"plain-{i % 10}", "hi")
+                plain.append(time.perf_counter() - t0)
+            print(f"turn (one LLM call, text answer): {_fmt(plain)}")
+
+            h.fake.replies.clear()
+            h.fake.add_replies(
+                {"tool_calls": [{"name": "todo", "arguments": {"action": "list"}}]},
+                {"text": "done"},
+            )
+            tooled = []
+            for i in range(turns):
+                t0 = time.perf_counter()
+                await agent.run(f"tool-{i % 10}", "hi")
+                tooled.append(time.perf_counter() - t0)
+            print(f"turn (tool call + answer, two LLM calls): {_fmt(tooled)}")
+
+            h.fake.replies.clear()
+            h.fake.add_replies({"text": "never", "delay_first": 1000})
+            latency, disconnect = [], []
+            for i in range(stops):
+                control = RunControl()
+                seen = len(h.fake.disconnects)
+                async with agent.run_stream(f"stop-{i % 10}", "hi", control=control) as events:
+                    await h.fake.wait_requests(len(h.fake.requests) + 1)
+                    await trio.sleep(0.005)  # let the request reach prefill
+                    t0 = time.perf_counter()
+                    control.stop()
+                    async for event in events:
+                        if isinstance(event, StreamEnd):
+                            latency.append(time.perf_counter() - t0)
+                await h.fake.wait_disconnects(seen + 1)
+                disconnect.append(time.perf_counter() - t0)
+            print(f"stop during prefill -> stream_end(stopped): {_fmt(latency)}")
+            print(f"stop during prefill -> server saw the disconnect: {_fmt(disconnect)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--stops", type=int, default=50)
+    args = parser.parse_args()
+    trio.run(bench, args.turns, args.stops)
+
+
+if __name__ == "__main__":
+    main()
