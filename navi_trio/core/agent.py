@@ -113,6 +113,12 @@ def _error_code(exc: BaseException) -> str:
     return "llm_error"
 
 
+def _only_cancelled(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1] is None
+    return isinstance(exc, trio.Cancelled)
+
+
 class Agent:
     def __init__(
         self,
@@ -276,15 +282,25 @@ class Agent:
 
     async def _drive(self, runner: TurnRunner, control: RunControl) -> None:
         turn = runner.turn
-        with control.scope:
-            try:
-                await runner.run()
-            except ContextTooLargeError as exc:
-                await self._too_large(runner, exc)
-            except LLMError as exc:
-                await shielded(partial(self._failed, runner, exc))
-            if turn.completed_normally and turn.persist:
-                await self._run_workers(runner)
+        try:
+            with control.scope:
+                try:
+                    await runner.run()
+                except ContextTooLargeError as exc:
+                    await self._too_large(runner, exc)
+                except LLMError as exc:
+                    await shielded(partial(self._failed, runner, exc))
+                if turn.completed_normally and turn.persist:
+                    await self._run_workers(runner)
+        except BaseException as exc:
+            # Cancelled from outside the run (the runtime shutting down) or our own bug:
+            # the history is left consistent all the same, then the exception goes on.
+            if not turn.ended:
+                if _only_cancelled(exc):
+                    await shielded(lambda: self._stopped(runner))
+                else:
+                    await shielded(partial(self._crashed, runner))
+            raise
         if not turn.ended:
             await shielded(lambda: self._stopped(runner))
 
@@ -327,6 +343,9 @@ class Agent:
         runner.pair_results()
         await runner.save()
         return text
+
+    async def _crashed(self, runner: TurnRunner) -> None:
+        await self._save_partial(runner, error="internal error")
 
     async def _stopped(self, runner: TurnRunner) -> None:
         text = await self._save_partial(runner, stopped=True)

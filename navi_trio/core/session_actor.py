@@ -73,7 +73,9 @@ class SessionActor:
         self.idle = trio.Event()
         self.idle.set()
 
-    async def run(self, *, task_status: trio.TaskStatus[SessionActor] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: trio.TaskStatus[SessionActor] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started(self)
@@ -89,14 +91,16 @@ class SessionActor:
     def send_message(self, message: str | UserMessage) -> None:
         msg = UserMessage(message) if isinstance(message, str) else message
         if not self.busy:
-            self._start(self._run, msg)
+            self._start_run(msg)
             return
         if len(self.pending) >= self.queue_max:
             self.pending.popleft()
             self.dropped_total += 1
         self.pending.append(msg)
         self.publish(
-            MessageQueued(text=msg.text, position=len(self.pending), dropped_total=self.dropped_total)
+            MessageQueued(
+                text=msg.text, position=len(self.pending), dropped_total=self.dropped_total
+            )
         )
 
     def stop(self) -> bool:
@@ -109,7 +113,9 @@ class SessionActor:
     def compact(self) -> None:
         if self.busy:
             self.publish(
-                ErrorEvent(message="a run is active: stop it or wait before compacting", code="busy")
+                ErrorEvent(
+                    message="a run is active: stop it or wait before compacting", code="busy"
+                )
             )
             return
         self._start(self._compact)
@@ -158,19 +164,30 @@ class SessionActor:
         if self._nursery is None:
             raise RuntimeError(f"session actor {self.session_id} is not running")
         self.busy = True
-        self.idle = trio.Event()
+        # A queued run follows the last one: whoever waits for idle keeps waiting on the
+        # same event until the queue is empty (a new event would strand them).
+        if self.idle.is_set():
+            self.idle = trio.Event()
         self._nursery.start_soon(fn, *args)
 
     def _done(self) -> None:
         self.busy = False
         self._control = None
-        if self.pending:
-            self._start(self._run, self.pending.popleft())
+        # At shutdown the nursery is gone: queued messages (in memory by design) are
+        # not started, and the actor is idle.
+        if self.pending and self._nursery is not None:
+            self._start_run(self.pending.popleft())
         else:
             self.idle.set()
 
-    async def _run(self, msg: UserMessage) -> None:
-        control = self._control = RunControl()
+    def _start_run(self, msg: UserMessage) -> None:
+        # The control exists before the task starts: a stop sent right after the
+        # message (same tick) must land.
+        control = RunControl()
+        self._start(self._run, msg, control)
+        self._control = control
+
+    async def _run(self, msg: UserMessage, control: RunControl) -> None:
         try:
             async with self.agent.run_stream(self.session_id, msg, control=control) as events:
                 async for event in events:

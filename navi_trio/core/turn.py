@@ -19,13 +19,13 @@ from navi_trio.core import planning
 from navi_trio.core.llm_call import Reply, chat_request, stream_reply
 from navi_trio.core.tool_executor import execute_batch, stopped_result, tool_message
 from navi_trio.events import (
-    TodoStep,
     AgentEvent,
     CompressionStarted,
     ContextCompressed,
     ModelInfo,
     PlanCreated,
     StreamEnd,
+    TodoStep,
     TodoUpdated,
     WarningEvent,
 )
@@ -84,7 +84,8 @@ class Turn:
         return self.max_iterations or self.profile.max_iterations
 
     def tool_names(self) -> list[str]:
-        names = self.profile.get_subagent_tools() if self.subagent else self.profile.get_agent_tools()
+        p = self.profile
+        names = p.get_subagent_tools() if self.subagent else p.get_agent_tools()
         return [n for n in names if n not in self.exclude_tools]
 
     def end(self, event: StreamEnd) -> None:
@@ -173,7 +174,8 @@ class TurnRunner:
         await self.save()
         event: PlanCreated = planning.plan_event(result)
         t.emit(event)
-        steps = await fill_from_plan(self.agent.kv, self.todo_session(), planning.plan_step_texts(result))
+        texts = planning.plan_step_texts(result)
+        steps = await fill_from_plan(self.agent.kv, self.todo_session(), texts)
         t.emit(TodoUpdated(steps=tuple(steps)))
 
     def todo_session(self) -> str:
@@ -218,6 +220,11 @@ class TurnRunner:
             reason = "truncated_prompt" if t.state.needs_compression else "mid_turn"
             if await self.compress(reason, estimate, force=t.state.needs_compression):
                 built = self._build(iteration, memories)
+        # Once per call, after the last rebuild: a compression rebuilds the context,
+        # and the warning and re-plan note must be in the one that is sent.
+        if t.profile.anti_stall_enabled and t.stall >= t.profile.anti_stall_threshold:
+            t.emit(WarningEvent(message=f"no progress for {t.stall} iterations", code="anti_stall"))
+            t.stall = 0
         t.replan = None
         return built
 
@@ -234,7 +241,8 @@ class TurnRunner:
                        else "Plan to finish and answer before they run out.]")
                 )
             )
-        if p.goal_anchoring_enabled and iteration > 0 and iteration % p.goal_anchoring_interval == 0:
+        interval = p.goal_anchoring_interval
+        if p.goal_anchoring_enabled and iteration > 0 and iteration % interval == 0:
             extra.append(
                 _note(f"[Goal reminder] The user asked: {t.user_text}\nStay on this goal.")
             )
@@ -246,8 +254,6 @@ class TurnRunner:
                     "or answer with what you have."
                 )
             )
-            t.emit(WarningEvent(message=f"no progress for {t.stall} iterations", code="anti_stall"))
-            t.stall = 0
         if t.replan:
             extra.append(_note(t.replan))
         return self.agent.builder.build(
