@@ -20,7 +20,6 @@ cost from the store's.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -36,35 +35,8 @@ from navi_trio.core.task_notes import NOTES_SCOPE  # noqa: E402
 from navi_trio.core.tasks import Job, TaskSupervisor  # noqa: E402
 from navi_trio.events import TaskUpdate  # noqa: E402
 from navi_trio.settings import Settings  # noqa: E402
+from navi_trio.testing.memkv import MemoryKV  # noqa: E402
 from navi_trio.tools.base import KVStore, ToolResult  # noqa: E402
-
-
-class MemoryKV:
-    """The kv part of the store, in a dict (for --memory)."""
-
-    def __init__(self) -> None:
-        self.data: dict[tuple[str, str], str] = {}
-
-    async def kv_get(self, scope: str, key: str) -> Any | None:
-        await trio.lowlevel.checkpoint()
-        raw = self.data.get((scope, key))
-        return None if raw is None else json.loads(raw)
-
-    async def kv_set(self, scope: str, key: str, value: Any) -> None:
-        await trio.lowlevel.checkpoint()
-        self.data[(scope, key)] = json.dumps(value)
-
-    async def kv_delete(self, scope: str, key: str) -> None:
-        await trio.lowlevel.checkpoint()
-        self.data.pop((scope, key), None)
-
-    async def kv_list(self, scope: str, prefix: str = "") -> list[tuple[str, Any]]:
-        await trio.lowlevel.checkpoint()
-        return sorted(
-            (k, json.loads(v))
-            for (s, k), v in self.data.items()
-            if s == scope and k.startswith(prefix)
-        )
 
 
 class TimedKV:

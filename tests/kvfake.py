@@ -7,7 +7,6 @@ so concurrent read-modify-write sequences really interleave.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -17,33 +16,8 @@ import trio
 from navi_trio.events import AgentEvent
 from navi_trio.profiles import load_config
 from navi_trio.settings import REPO_ROOT, Settings
+from navi_trio.testing.memkv import MemoryKV as MemoryKV
 from navi_trio.tools.base import ToolContext
-
-
-class MemoryKV:
-    def __init__(self) -> None:
-        self.data: dict[tuple[str, str], str] = {}
-
-    async def kv_get(self, scope: str, key: str) -> Any | None:
-        await trio.lowlevel.checkpoint()
-        raw = self.data.get((scope, key))
-        return None if raw is None else json.loads(raw)
-
-    async def kv_set(self, scope: str, key: str, value: Any) -> None:
-        await trio.lowlevel.checkpoint()
-        self.data[(scope, key)] = json.dumps(value)
-
-    async def kv_delete(self, scope: str, key: str) -> None:
-        await trio.lowlevel.checkpoint()
-        self.data.pop((scope, key), None)
-
-    async def kv_list(self, scope: str, prefix: str = "") -> list[tuple[str, Any]]:
-        await trio.lowlevel.checkpoint()
-        return sorted(
-            (k, json.loads(v))
-            for (s, k), v in self.data.items()
-            if s == scope and k.startswith(prefix)
-        )
 
 
 class Recorder:
