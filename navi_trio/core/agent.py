@@ -181,6 +181,7 @@ class Agent:
             publish=turn.emit,
             services=RunServices(self, turn, self.processes, self.supervisor),
             is_subagent=turn.subagent,
+            can_detach=turn.persist or turn.parent_session_id is not None,
         )
 
     async def switch_profile(self, turn: Turn, profile_id: str) -> None:
@@ -236,8 +237,11 @@ class Agent:
                 await self._run_turn(session_id, msg, emit, control)
             except Exception as exc:  # our own bug: say so and keep the daemon alive
                 log.exception("run of session %s failed", session_id)
-                emit(ErrorEvent(message=f"internal error: {type(exc).__name__}: {exc}",
-                                code="internal"))
+                emit(
+                    ErrorEvent(
+                        message=f"internal error: {type(exc).__name__}: {exc}", code="internal"
+                    )
+                )
                 emit(StreamEnd(reason="error"))
 
     async def _run_turn(
@@ -272,8 +276,9 @@ class Agent:
         note = await drain_notes(self.kv, self.settings, state.id)
         if note:
             # Persisted, invisible in the UI, kept by the context builder.
-            state.add({"role": "system", "content": note, "keep": True, "task_notes": True},
-                      display=False)
+            state.add(
+                {"role": "system", "content": note, "keep": True, "task_notes": True}, display=False
+            )
         user: dict[str, Any] = {"role": "user", "content": msg.text}
         if msg.cwd is not None:
             user["cwd"] = str(msg.cwd)
@@ -327,7 +332,10 @@ class Agent:
         text = reply.content if reply else ""
         if reply is not None and (reply.text or reply.thinking):
             message: dict[str, Any] = {
-                "role": "assistant", "content": text, "partial": True, **marks
+                "role": "assistant",
+                "content": text,
+                "partial": True,
+                **marks,
             }
             if reply.thinking:
                 message["thinking"] = reply.thinking_text

@@ -76,7 +76,9 @@ class SessionCache:
             row = await self._store.create_session(
                 session_id, profile_id=profile_id or self._default_profile
             )
-            state = SessionState(row=row, messages=[], context=[], saved_messages=0, saved_context=0)
+            state = SessionState(
+                row=row, messages=[], context=[], saved_messages=0, saved_context=0
+            )
         else:
             state = SessionState(
                 row=loaded.row,

@@ -93,8 +93,13 @@ async def run_ephemeral(
     now = time.time()
     state = SessionState(
         row=SessionRow(
-            id=agent_id, profile_id=profile.id, title="", user_id=user_id,
-            created_at=now, updated_at=now, meta={},
+            id=agent_id,
+            profile_id=profile.id,
+            title="",
+            user_id=user_id,
+            created_at=now,
+            updated_at=now,
+            meta={},
         ),
         messages=[],
         context=[],
@@ -102,7 +107,12 @@ async def run_ephemeral(
         saved_context=0,
     )
     if context_transfer:
-        state.add({"role": "user", "content": f"Context from the parent conversation:\n{context_transfer}"})
+        state.add(
+            {
+                "role": "user",
+                "content": f"Context from the parent conversation:\n{context_transfer}",
+            }
+        )
         state.add({"role": "assistant", "content": CONTEXT_TRANSFER_ACK})
     state.add({"role": "user", "content": user_message})
     turn = Turn(
@@ -122,29 +132,45 @@ async def run_ephemeral(
         first_message=True,
     )
     runner = TurnRunner(agent, turn)
-    publish(SubagentStarted(profile_id=profile.id, task=user_message, is_subagent=True,
-                            agent_id=agent_id))
+    publish(
+        SubagentStarted(
+            profile_id=profile.id, task=user_message, is_subagent=True, agent_id=agent_id
+        )
+    )
     text = ""
-    with runvars.bound(
-        session_id=parent_session_id or agent_id,
-        model=profile.model or agent.settings.default_model,
-    ):
-        with trio.move_on_after(timeout_seconds) as timeout:
-            try:
-                await runner.run()
-                text = turn.final_text
-            except (LLMError, ContextTooLargeError) as exc:
-                forward(ErrorEvent(message=str(exc), code="subagent_error"))
-                text = f"[the sub-agent failed: {exc}]"
-        if timeout.cancelled_caught:
-            partial = turn.reply.content if turn.reply else ""
-            text = (partial + "\n" if partial else "") + (
-                f"[the sub-agent timed out after {timeout_seconds:g} s]"
+    completed = False
+    try:
+        with runvars.bound(
+            session_id=parent_session_id or agent_id,
+            model=profile.model or agent.settings.default_model,
+        ):
+            with trio.move_on_after(timeout_seconds) as timeout:
+                try:
+                    await runner.run()
+                    text = turn.final_text
+                except (LLMError, ContextTooLargeError) as exc:
+                    forward(ErrorEvent(message=str(exc), code="subagent_error"))
+                    text = f"[the sub-agent failed: {exc}]"
+            if timeout.cancelled_caught:
+                partial = turn.reply.content if turn.reply else ""
+                text = (partial + "\n" if partial else "") + (
+                    f"[the sub-agent timed out after {timeout_seconds:g} s]"
+                )
+        completed = turn.completed_normally and not timeout.cancelled_caught
+    finally:
+        # Also when the parent's Stop cancels it: a client's sub-agent card closes.
+        if not completed and not text:
+            text = "[the sub-agent was stopped]"
+        publish(
+            SubagentFinished(
+                completed=completed,
+                text=text[:2000],
+                tokens=turn.prompt_tokens + turn.completion_tokens,
+                is_subagent=True,
+                agent_id=agent_id,
             )
-    completed = turn.completed_normally and not timeout.cancelled_caught
+        )
     tokens = turn.prompt_tokens + turn.completion_tokens
-    publish(SubagentFinished(completed=completed, text=text[:2000], tokens=tokens,
-                             is_subagent=True, agent_id=agent_id))
     return SubagentOutcome(text=text, completed=completed, tokens=tokens, agent_id=agent_id)
 
 

@@ -20,7 +20,8 @@ import trio
 
 from navi_trio.core.tasks import Job, TaskSupervisor
 from navi_trio.errors import TaskRejectedError
-from navi_trio.events import AgentEvent, ToolEvent, ToolResult as ToolResultEvent, ToolStarted
+from navi_trio.events import AgentEvent, ToolEvent, ToolStarted
+from navi_trio.events import ToolResult as ToolResultEvent
 from navi_trio.llm.base import ToolCall
 from navi_trio.settings import Settings
 from navi_trio.tools.base import Tool, ToolContext, ToolRegistry, ToolResult
@@ -68,8 +69,9 @@ class ToolExecutor:
             return False
         if call.name not in self.settings.backgroundable_tools:
             return False
-        # terminal "open" keeps its own meaning of background: a persistent process.
-        return not (call.name == "terminal" and call.arguments.get("action") == "open")
+        # Only terminal "run" is detached: "open" keeps its own meaning of background (a
+        # persistent process), and read/write/kill/list answer at once anyway.
+        return call.name != "terminal" or call.arguments.get("action") == "run"
 
     async def execute_one(
         self,
@@ -122,6 +124,11 @@ class ToolExecutor:
     def _detach(self, tool: Tool, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         if self.supervisor is None:
             return ToolResult.fail("Cannot run in background: background tasks are not available")
+        if not ctx.can_detach:
+            return ToolResult.fail(
+                "Cannot run in background: this sub-agent belongs to no session that could "
+                "receive the result. Run the call again without background."
+            )
 
         async def runner(job: Job) -> ToolResult:
             def emit(data: dict[str, Any]) -> None:
@@ -161,7 +168,9 @@ async def run_tool(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> ToolRe
     except Exception as exc:  # a tool's bug must not end the run
         return ToolResult.fail(f"the tool {tool.name} raised {type(exc).__name__}: {exc}")
     if not isinstance(result, ToolResult):
-        return ToolResult.fail(f"the tool {tool.name} returned {type(result).__name__}, not a result")
+        return ToolResult.fail(
+            f"the tool {tool.name} returned {type(result).__name__}, not a result"
+        )
     return result
 
 

@@ -80,6 +80,9 @@ class ToolContext:
     # Services the core offers (spawn_agent, tasks, switch_profile); see core/services.py.
     services: Any = None
     is_subagent: bool = False
+    # False for a sub-agent with no parent session: a background job's note would have
+    # no session to reach, so the executor refuses to detach.
+    can_detach: bool = True
 
     def roots(self) -> tuple[Path, ...]:
         """Folders file tools may touch: the session folder, then the run's cwd."""
