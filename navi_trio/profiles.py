@@ -19,9 +19,9 @@ from typing import Any
 
 import attrs
 import cattrs
-from cattrs.v import format_exception
 
 from navi_trio.errors import ConfigError
+from navi_trio.strict import ExpectedError, describe, strict_converter
 
 log = logging.getLogger(__name__)
 
@@ -87,66 +87,35 @@ class NaviConfig:
         return p if p.is_absolute() else self.base_dir / p
 
 
-_converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
-
-
-def _structure_strict_scalar(typ: type) -> Any:
-    def hook(value: Any, _: Any) -> Any:
-        # cattrs would coerce "5" to 5 and 1 to True; a config with the wrong type is
-        # a mistake to report, not to guess at.
-        if typ is bool and not isinstance(value, bool):
-            raise _ExpectedError(f"expected bool (true or false), got {value!r}")
-        if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise _ExpectedError(f"expected int (a whole number), got {value!r}")
-        if typ is float and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise _ExpectedError(f"expected float (a number), got {value!r}")
-        if typ is str and not isinstance(value, str):
-            raise _ExpectedError(f"expected str (a string), got {value!r}")
-        return value
-
-    return hook
-
-
-for _t in (bool, int, float, str):
-    _converter.register_structure_hook(_t, _structure_strict_scalar(_t))
+_converter = strict_converter()
 
 
 def _structure_names(value: Any, _: Any) -> tuple[str, ...]:
     # cattrs would turn the string "filesystem" into ('f', 'i', ...): a list is required.
     if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-        raise _ExpectedError(f"expected a list of names, got {value!r}")
+        raise ExpectedError(f"expected a list of names, got {value!r}")
     return tuple(value)
 
 
 def _structure_tools(value: Any, _: Any) -> ToolsConfig:
     if not isinstance(value, dict):
-        raise _ExpectedError(
+        raise ExpectedError(
             f'expected an object like {{"agent": [...], "subagent": [...]}}, got {value!r}'
         )
     extra = set(value) - {"agent", "subagent"}
     if extra:
-        raise _ExpectedError(f"unknown keys {sorted(extra)}: expected agent and subagent")
+        raise ExpectedError(f"unknown keys {sorted(extra)}: expected agent and subagent")
     lists = {}
     for key in ("agent", "subagent"):
         try:
             lists[key] = _structure_names(value.get(key, []), None)
-        except _ExpectedError as exc:
-            raise _ExpectedError(f"{key}: {exc}") from None
+        except ExpectedError as exc:
+            raise ExpectedError(f"{key}: {exc}") from None
     return ToolsConfig(**lists)
 
 
 _converter.register_structure_hook_func(lambda t: t == tuple[str, ...], _structure_names)
 _converter.register_structure_hook(ToolsConfig, _structure_tools)
-
-
-class _ExpectedError(TypeError):
-    """Raised by our strict hooks; its message already says what was expected."""
-
-
-def _explain(exc: BaseException, typ: Any) -> str:
-    if isinstance(exc, _ExpectedError):
-        return str(exc)
-    return format_exception(exc, typ)
 
 
 def parse_config(data: Any, path: Path) -> NaviConfig:
@@ -156,7 +125,7 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
     try:
         cfg = _converter.structure({k: v for k, v in data.items()}, NaviConfig)
     except cattrs.BaseValidationError as exc:
-        problems = "; ".join(cattrs.transform_error(exc, path="$", format_exception=_explain))
+        problems = describe(exc)
         raise ConfigError(f"{path}: {problems}") from None
     if not cfg.profiles:
         raise ConfigError(f"{path}: $.profiles: at least one profile is required")

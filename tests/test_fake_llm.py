@@ -199,7 +199,7 @@ def test_load_script_reads_a_list_and_names_the_file_and_reply_on_errors(tmp_pat
     [
         ({"drop_after": -1}, "drop_after must be >= 0"),
         ({"status": 200}, "400-599"),
-        ({"stall": "yes"}, r"expected bool @ \$.stall"),
+        ({"stall": "yes"}, r"expected bool \(true or false\), got .yes. @ \$.stall"),
         ({"tool_calls": [{"name": "f", "arguments": 1}]}, "object or a string"),
         ({"thinking_field": "thoughts"}, "thinking_field"),
     ],

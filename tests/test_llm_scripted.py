@@ -139,7 +139,9 @@ async def test_stall_never_finishes_until_cancelled(autojump_clock: trio.testing
 def test_bad_replies_are_rejected_naming_the_key() -> None:
     with pytest.raises(ConfigError, match="unknown key 'txt'"):
         ScriptedBackend([{"txt": "x"}])
-    with pytest.raises(ConfigError, match=r"reply 1: .*expected float @ \$.delay_first"):
+    with pytest.raises(
+        ConfigError, match=r"reply 1: .*expected float \(a number\), got .soon. @ \$.delay_first"
+    ):
         ScriptedBackend([{}, {"delay_first": "soon"}])
 
 

@@ -44,9 +44,9 @@ from typing import Any, Literal
 
 import attrs
 import cattrs
-from cattrs.v import format_exception
 
 from navi_trio.errors import ConfigError
+from navi_trio.strict import describe, strict_converter
 
 DEFAULT_MODEL = "fake-model"
 
@@ -161,36 +161,7 @@ def rough_tokens(request_messages: Iterable[Any]) -> int:
     return max(1, chars // 4)
 
 
-_converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
-
-
-def _strict(typ: type) -> Any:
-    def hook(value: Any, _: Any) -> Any:
-        # cattrs would coerce "5" to 5 and "no" to True: a script with the wrong type
-        # is a mistake to report, not to guess at.
-        if typ is bool and not isinstance(value, bool):
-            raise TypeError(f"expected true or false, got {value!r}")
-        if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise TypeError(f"expected a whole number, got {value!r}")
-        if typ is float and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise TypeError(f"expected a number, got {value!r}")
-        if typ is str and not isinstance(value, str):
-            raise TypeError(f"expected a string, got {value!r}")
-        return float(value) if typ is float else value
-
-    return hook
-
-
-for _t in (bool, int, float, str):
-    _converter.register_structure_hook(_t, _strict(_t))
-
-
-def _fmt(exc: BaseException, typ: type | None) -> str:
-    # cattrs says only "invalid value" for a failed validator: keep our message, it
-    # names the key and the rule.
-    if isinstance(exc, ValueError | TypeError) and str(exc) and typ is None:
-        return str(exc)
-    return format_exception(exc, typ)
+_converter = strict_converter()
 
 
 def parse_reply(data: Reply | dict[str, Any], where: str = "reply") -> Reply:
@@ -209,7 +180,7 @@ def parse_reply(data: Reply | dict[str, Any], where: str = "reply") -> Reply:
     try:
         return _converter.structure(data, Reply)
     except cattrs.BaseValidationError as exc:
-        problems = "; ".join(cattrs.transform_error(exc, path="$", format_exception=_fmt))
+        problems = describe(exc)
         raise ConfigError(f"{where}: {problems}") from None
     except (TypeError, ValueError) as exc:  # attrs validators run outside cattrs' wrapping
         raise ConfigError(f"{where}: {exc}") from None
