@@ -29,9 +29,7 @@ from navi_trio.testing import Harness, open_harness
 TIMEOUT = 30
 
 PROFILES: dict[str, dict[str, Any]] = {
-    "bg": profile(
-        ["block", "snapshot", "terminal", "spawn_agent", "tasks"], ["block", "snapshot"]
-    ),
+    "bg": profile(["block", "snapshot", "terminal", "spawn_agent", "tasks"], ["block", "snapshot"]),
     # One iteration: the parent asks the model once, so a background sub-agent's
     # requests are the only ones the fake LLM sees afterwards (its script is global).
     "bg1": profile(["spawn_agent", "tasks"], ["block", "snapshot"], max_iterations=1),
@@ -40,9 +38,7 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 def harness(tmp_path: Path, kit: Kit, replies: list[dict[str, Any]], **settings: Any) -> Any:
     settings.setdefault("backgroundable_tools", BACKGROUNDABLE)
-    return open_harness(
-        tmp_path, replies=replies, profiles=PROFILES, tools=kit.tools(), **settings
-    )
+    return open_harness(tmp_path, replies=replies, profiles=PROFILES, tools=kit.tools(), **settings)
 
 
 def only_job(h: Harness, session_id: str) -> Job:
@@ -117,9 +113,14 @@ async def test_job_has_its_own_context_and_sink_and_never_writes_history(
             await job.done.wait()
             assert job.status == "completed"
             ring = list(job.ring)
-            assert ToolEvent(
-                call_id=started["call_id"], name="block", data={"phase": "released", "label": "j"}
-            ) in ring
+            assert (
+                ToolEvent(
+                    call_id=started["call_id"],
+                    name="block",
+                    data={"phase": "released", "label": "j"},
+                )
+                in ring
+            )
             assert WarningEvent(message="j says goodbye", code="block") in ring
             actor = h.runtime.sessions.actor("s1")
             assert actor is not None
@@ -178,6 +179,23 @@ async def test_terminal_open_keeps_its_own_meaning_of_background(tmp_path: Path)
             assert h.runtime.supervisor.list_jobs("s1") == []
             # A persistent process of the session, not a background job.
             assert len(h.runtime.processes.list("s1")) == 1
+
+
+async def test_backgroundable_tools_offer_the_background_flag_to_the_model(
+    tmp_path: Path,
+) -> None:
+    kit = make_kit()
+    with trio.fail_after(TIMEOUT):
+        async with harness(tmp_path, kit, [{"text": "ok"}]) as h:
+            await h.turn("s1", "hi", profile_id="bg")
+            tools = {t["function"]["name"]: t["function"] for t in h.chat_requests[0]["tools"]}
+            assert "background" in tools["terminal"]["parameters"]["properties"]
+            assert "background" in tools["block"]["parameters"]["properties"]
+            assert "background" not in tools["tasks"]["parameters"]["properties"]
+            # The tool's own schema is not changed by it.
+            terminal = h.runtime.registry.get("terminal")
+            assert terminal is not None
+            assert "background" not in terminal.parameters["properties"]
 
 
 async def test_only_terminal_run_is_detached_not_its_other_actions(tmp_path: Path) -> None:

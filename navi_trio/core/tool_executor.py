@@ -24,13 +24,21 @@ from navi_trio.events import AgentEvent, ToolEvent, ToolStarted
 from navi_trio.events import ToolResult as ToolResultEvent
 from navi_trio.llm.base import ToolCall
 from navi_trio.settings import Settings
-from navi_trio.tools.base import Tool, ToolContext, ToolRegistry, ToolResult
+from navi_trio.tools.base import Tool, ToolContext, ToolRegistry, ToolResult, tool_schema
 
 STOPPED_TEXT = "stopped by the user"
 BACKGROUND_HINT = (
     "The call is running in the background — continue with other work. Collect the result "
     "with the tasks tool (check / wait) or from the completion note on your next turn."
 )
+
+BACKGROUND_PARAM = {
+    "type": "boolean",
+    "description": (
+        "true: run detached and get a task_id at once; keep working and collect the "
+        "result with the tasks tool (manual:tasks)"
+    ),
+}
 
 Publish = Callable[[AgentEvent], None]
 
@@ -63,6 +71,20 @@ class ToolExecutor:
         self.registry = registry
         self.settings = settings
         self.supervisor = supervisor
+
+    def schemas(self, tools: Sequence[Tool]) -> list[dict[str, Any]]:
+        """Function schemas for the model; backgroundable tools offer ``background``."""
+        out = []
+        for tool in tools:
+            schema = tool_schema(tool)
+            if tool.name in self.settings.backgroundable_tools:
+                params = schema["function"]["parameters"]
+                schema["function"]["parameters"] = {
+                    **params,
+                    "properties": {**params.get("properties", {}), "background": BACKGROUND_PARAM},
+                }
+            out.append(schema)
+        return out
 
     def _wants_background(self, call: ToolCall) -> bool:
         if call.arguments.get("background") is not True:

@@ -31,7 +31,7 @@ from navi_trio.events import (
 )
 from navi_trio.llm.base import ToolCall
 from navi_trio.profiles import AgentProfile, NaviConfig
-from navi_trio.tools.base import ToolContext, ToolResult, tool_schema
+from navi_trio.tools.base import ToolContext, ToolResult
 from navi_trio.tools.memory import load_memories
 from navi_trio.tools.todo import fill_from_plan, load_todo
 
@@ -237,8 +237,11 @@ class TurnRunner:
             extra.append(
                 _note(
                     f"[Iteration {iteration + 1} of {t.limit}; {left} left after this one. "
-                    + ("This is the last one: answer now, without tools.]" if left == 0
-                       else "Plan to finish and answer before they run out.]")
+                    + (
+                        "This is the last one: answer now, without tools.]"
+                        if left == 0
+                        else "Plan to finish and answer before they run out.]"
+                    )
                 )
             )
         interval = p.goal_anchoring_interval
@@ -269,7 +272,7 @@ class TurnRunner:
     async def call_llm(self, built: list[dict[str, Any]]) -> Reply:
         """Steps 6-7: stream one answer; record the real baseline; check truthfulness."""
         t = self.turn
-        tools = [tool_schema(tool) for tool in self.agent.registry.select(t.tool_names())]
+        tools = self.agent.executor.schemas(self.agent.registry.select(t.tool_names()))
         request = chat_request(
             self.settings, built, self.model(), tools=tools, think=t.profile.think_enabled
         )
