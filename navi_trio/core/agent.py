@@ -60,7 +60,7 @@ from navi_trio.events import (
 )
 from navi_trio.events import ToolResult as ToolResultEvent
 from navi_trio.llm.base import LLMBackend
-from navi_trio.profiles import AgentProfile, ConfigSource, NaviConfig
+from navi_trio.profiles import ConfigSource, NaviConfig
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionStore
 from navi_trio.tools.base import ToolContext, ToolRegistry
@@ -454,6 +454,3 @@ class Agent:
             timeout_seconds=timeout_seconds,
         )
         return outcome.text, outcome.completed
-
-    def profile(self, profile_id: str | None) -> AgentProfile:
-        return self.config().profile(profile_id)

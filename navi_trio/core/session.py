@@ -8,7 +8,6 @@ Compression replaces the context (the one rewrite the store allows).
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Any
 
 import attrs
@@ -29,10 +28,8 @@ class SessionState:
     last_model: str | None = None
     # Set by the truthful-context check: compress before the next LLM call.
     needs_compression: bool = False
+    # One run (or compaction) of a session at a time.
     lock: trio.Lock = attrs.field(factory=trio.Lock)
-    # The message queue (background-tasks.md "Message queue"), used by the session actor.
-    pending_user_messages: deque[Any] = attrs.field(factory=deque)
-    dropped_total: int = 0
 
     @property
     def id(self) -> str:
@@ -53,9 +50,6 @@ class SessionState:
             self.messages.append(stamped)
         if context:
             self.context.append(stamped)
-
-    def unsaved(self) -> bool:
-        return len(self.messages) > self.saved_messages or len(self.context) > self.saved_context
 
 
 class SessionCache:
