@@ -40,34 +40,36 @@ def _fmt(samples: list[float]) -> str:
     )
 
 
-async def bench(turns: int, stops: int) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="navi-bench-"))
+async def _turns(
+    tmp: Path, replies: list[dict[str, object]], turns: int, calls: int
+) -> list[float]:
+    """Time `turns` turns (10 sessions in rotation), each making `calls` LLM calls."""
     profiles = {"general": {"planning_enabled": False}}
+    async with open_harness(tmp, replies=replies, loop=True, profiles=profiles) as h:
+        agent = h.runtime.agent
+        samples = []
+        for i in range(turns):
+            t0 = time.perf_counter()
+            await agent.run(f"s-{i % 10}", "hi")  # "hi" is small talk: no planning
+            samples.append(time.perf_counter() - t0)
+        made = len(h.fake.chat_requests)
+        assert made == calls * turns, f"expected {calls * turns} LLM calls, got {made}"
+        return samples
+
+
+async def bench(turns: int, stops: int) -> None:
+    root = Path(tempfile.mkdtemp(prefix="navi-bench-"))
     with trio.fail_after(120):
-        async with open_harness(tmp, replies=[{"text": "ok"}], loop=True, profiles=profiles) as h:
+        plain = await _turns(root / "plain", [{"text": "ok"}], turns, 1)
+        print(f"turn (one LLM call, text answer): {_fmt(plain)}")
+        todo = {"tool_calls": [{"name": "todo", "arguments": {"action": "list"}}]}
+        tooled = await _turns(root / "tool", [todo, {"text": "done"}], turns, 2)
+        print(f"turn (tool call + answer, two LLM calls): {_fmt(tooled)}")
+
+        async with open_harness(
+            root / "stop", replies=[{"text": "never", "delay_first": 1000}], loop=True
+        ) as h:
             agent = h.runtime.agent
-            await agent.run("warm", "hi")  # first message of a session; warms caches
-            plain = []
-            for i in range(turns):
-                t0 = time.perf_counter()
-                await agent.run(f"plain-{i % 10}", "hi")
-                plain.append(time.perf_counter() - t0)
-            print(f"turn (one LLM call, text answer): {_fmt(plain)}")
-
-            h.fake.replies.clear()
-            h.fake.add_replies(
-                {"tool_calls": [{"name": "todo", "arguments": {"action": "list"}}]},
-                {"text": "done"},
-            )
-            tooled = []
-            for i in range(turns):
-                t0 = time.perf_counter()
-                await agent.run(f"tool-{i % 10}", "hi")
-                tooled.append(time.perf_counter() - t0)
-            print(f"turn (tool call + answer, two LLM calls): {_fmt(tooled)}")
-
-            h.fake.replies.clear()
-            h.fake.add_replies({"text": "never", "delay_first": 1000})
             latency, disconnect = [], []
             for i in range(stops):
                 control = RunControl()

@@ -43,8 +43,10 @@ Emit = Callable[[AgentEvent], None]
 
 # Ollama cuts a prompt over num_ctx silently and still answers 200: when the model
 # reports far fewer prompt tokens than we estimate we sent, the context was truncated.
+# Only a prompt near the window can have been cut: below half of it, a low count is
+# just a tokenizer that packs better than cl100k (or a server counting differently).
 TRUNCATION_RATIO = 0.6
-TRUNCATION_MIN_TOKENS = 256
+TRUNCATION_WINDOW_SHARE = 0.5
 
 
 @attrs.define(eq=False)
@@ -287,7 +289,7 @@ class TurnRunner:
             estimate = self.agent.counter.estimate_messages(built)
             if (
                 done.prompt_tokens
-                and estimate >= TRUNCATION_MIN_TOKENS
+                and estimate >= self.settings.num_ctx * TRUNCATION_WINDOW_SHARE
                 and done.prompt_tokens < estimate * TRUNCATION_RATIO
             ):
                 t.emit(
