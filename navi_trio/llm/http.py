@@ -18,13 +18,13 @@ import json
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 import httpx
 import trio
 
 from navi_trio.errors import LLMConnectionError, LLMMalformedStreamError, LLMStatusError
-from navi_trio.llm.base import ToolCall
+from navi_trio.llm.base import DoneChunk, LLMChunk, ToolCall
 
 EXCERPT = 200
 P = ParamSpec("P")
@@ -65,6 +65,49 @@ def chunk_channel(
             raise sole
 
     return context_manager
+
+
+class LineParser(Protocol):
+    """A dialect's pure parser: body lines in, chunks out."""
+
+    def feed(self, line: str) -> list[LLMChunk]: ...
+
+    def finish(self) -> list[LLMChunk]:
+        """At the end of the body: the chunks still owed, or an error if it was cut."""
+        ...
+
+
+async def stream_chunks(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    parser: LineParser,
+    headers: dict[str, str] | None = None,
+) -> AsyncGenerator[LLMChunk, None]:
+    """POST `body` and yield the parser's chunks as the lines arrive.
+
+    Leaving early (end, error, timeout, cancel) closes the response, so the server sees
+    the connection go and stops generating. The DoneChunk comes only once the body has
+    ended: a consumer that stops at it leaves a finished response (a reusable
+    connection, no disconnect seen by the server).
+    """
+    done: list[LLMChunk] = []
+    with map_http_errors(url):
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            await raise_for_status(response, url)
+            async for line in response.aiter_lines():
+                for chunk in parser.feed(line):
+                    if isinstance(chunk, DoneChunk):
+                        done.append(chunk)
+                    else:
+                        yield chunk
+            for chunk in parser.finish():
+                if isinstance(chunk, DoneChunk):
+                    done.append(chunk)
+                else:
+                    yield chunk
+    for chunk in done:
+        yield chunk
 
 
 def excerpt(text: str, limit: int = EXCERPT) -> str:

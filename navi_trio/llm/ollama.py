@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, aclosing
 from typing import Any
 
 import httpx
@@ -38,9 +38,8 @@ from navi_trio.llm.http import (
     excerpt,
     int_or_zero,
     make_tool_call,
-    map_http_errors,
     parse_json_object,
-    raise_for_status,
+    stream_chunks,
     stream_error_text,
 )
 
@@ -158,13 +157,14 @@ class OllamaParser:
             fn = {}
         return make_tool_call(raw.get("id"), fn.get("name"), fn.get("arguments"))
 
-    def finish(self) -> None:
+    def finish(self) -> list[LLMChunk]:
         """Called at the end of the body: a stream without ``done`` was cut."""
         if not self.done:
             raise LLMConnectionError(
                 f"the stream from the LLM at {self.url} ended before the model was done "
                 "(connection dropped?)"
             )
+        return []
 
 
 class OllamaBackend:
@@ -190,22 +190,8 @@ class OllamaBackend:
     async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
         parser = OllamaParser(request.model, self.url)
         body = ollama_body(request, self.keep_alive)
-        # Leaving this block (end, error, timeout, cancel) closes the response, so
-        # Ollama sees the connection go and stops generating.
-        with map_http_errors(self.url):
-            async with self._client.stream("POST", self.url, json=body) as response:
-                await raise_for_status(response, self.url)
-                done: list[LLMChunk] = []
-                async for line in response.aiter_lines():
-                    for chunk in parser.feed(line):
-                        if isinstance(chunk, DoneChunk):
-                            done.append(chunk)
-                        else:
-                            yield chunk
-                parser.finish()
-            # DoneChunk only once the body has ended: a consumer that stops at it leaves a
-            # finished response (reusable connection, no disconnect seen by the server).
-            for chunk in done:
+        async with aclosing(stream_chunks(self._client, self.url, body, parser)) as chunks:
+            async for chunk in chunks:
                 yield chunk
 
     async def aclose(self) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, aclosing
 from typing import Any
 
 import httpx
@@ -36,9 +36,8 @@ from navi_trio.llm.http import (
     excerpt,
     int_or_zero,
     make_tool_call,
-    map_http_errors,
     parse_json_object,
-    raise_for_status,
+    stream_chunks,
     stream_error_text,
 )
 
@@ -262,28 +261,9 @@ class OpenAIBackend:
     async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
         parser = OpenAIParser(request.model, self.url)
         body = openai_body(request)
-        # Leaving this block (end, error, timeout, cancel) closes the response, so
-        # the server sees the connection go and stops generating.
-        with map_http_errors(self.url):
-            async with self._client.stream(
-                "POST", self.url, json=body, headers=self._headers
-            ) as response:
-                await raise_for_status(response, self.url)
-                done: list[LLMChunk] = []
-                async for line in response.aiter_lines():
-                    for chunk in parser.feed(line):
-                        if isinstance(chunk, DoneChunk):
-                            done.append(chunk)
-                        else:
-                            yield chunk
-                for chunk in parser.finish():
-                    if isinstance(chunk, DoneChunk):
-                        done.append(chunk)
-                    else:
-                        yield chunk
-            # DoneChunk only once the body has ended: a consumer that stops at it leaves a
-            # finished response (reusable connection, no disconnect seen by the server).
-            for chunk in done:
+        stream = stream_chunks(self._client, self.url, body, parser, self._headers)
+        async with aclosing(stream) as chunks:
+            async for chunk in chunks:
                 yield chunk
 
     async def aclose(self) -> None:
