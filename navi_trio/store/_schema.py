@@ -1,0 +1,138 @@
+"""The SQLite schema and the row <-> dict conversions of the session store.
+
+The connection (WAL and pragmas), the tables and their version, and the helpers that
+turn message dicts into history rows and session rows back into `SessionRow`s.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from sqlite_utils import Database
+
+from navi_trio.errors import StoreError
+from navi_trio.store.base import SessionRow
+
+SCHEMA_VERSION = 1
+_HISTORY = ("messages", "context")
+_TABLES = ("sessions", "messages", "context", "kv", "users")
+_SESSION_COLS = "id, profile_id, title, user_id, created_at, updated_at, meta"
+
+
+class _Row(NamedTuple):
+    """A message ready for a history table: columns for queries, `data` for the dict."""
+
+    role: str | None
+    content: str | None
+    is_plan: bool
+    data: str
+
+
+def _dump(value: Any, what: str) -> str:
+    # ensure_ascii keeps lone surrogates (valid in JSON, invalid in UTF-8) round-tripping.
+    try:
+        return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{what} is not JSON-serialisable: {exc}") from None
+
+
+def _prepare(items: Sequence[dict[str, Any]], what: str) -> list[_Row]:
+    """Serialise on the caller's side: the thread gets a snapshot the caller cannot mutate."""
+    if isinstance(items, dict | str | bytes):
+        raise StoreError(f"{what} must be a sequence of message dicts, not {type(items).__name__}")
+    rows: list[_Row] = []
+    for i, msg in enumerate(items):
+        if not isinstance(msg, dict):
+            raise StoreError(f"{what}[{i}] must be a dict, not {type(msg).__name__}")
+        role = msg.get("role")
+        content = msg.get("content")
+        if not isinstance(content, str):
+            content = None if content is None else _dump(content, f"{what}[{i}].content")
+        rows.append(
+            _Row(
+                role=_column_text(role) if isinstance(role, str) else None,
+                content=_column_text(content) if content is not None else None,
+                is_plan=bool(msg.get("is_plan")),
+                data=_dump(msg, f"{what}[{i}]"),
+            )
+        )
+    return rows
+
+
+def _column_text(text: str) -> str:
+    """Columns are for queries; `data` keeps the exact text, lone surrogates included."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
+def _connect(path: Path, synchronous: str, busy_timeout: float) -> Database:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(path), timeout=busy_timeout)
+    try:
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise StoreError(f"{path}: SQLite refused WAL journal mode (got {mode!r})")
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+        return Database(conn, execute_plugins=False)
+    except BaseException:
+        conn.close()
+        raise
+
+
+def _init_schema(db: Database) -> None:
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"the database has schema version {version}; this navi knows {SCHEMA_VERSION}"
+        )
+    with db.atomic():
+        db.table("sessions").create(
+            {"id": str, "profile_id": str, "title": str, "user_id": str,
+             "created_at": float, "updated_at": float, "meta": str},
+            pk="id", not_null=["profile_id", "title", "user_id", "created_at", "updated_at",
+                               "meta"],
+            if_not_exists=True,
+        )  # fmt: skip
+        db.table("sessions").create_index(
+            ["user_id", "updated_at"], index_name="sessions_user", if_not_exists=True
+        )
+        for table in _HISTORY:
+            db.table(table).create(
+                {"id": int, "session_id": str, "position": float, "role": str, "content": str,
+                 "is_plan": int, "data": str, "created_at": float},
+                pk="id", not_null=["session_id", "position", "is_plan", "data", "created_at"],
+                foreign_keys=[("session_id", "sessions", "id")], if_not_exists=True,
+            )  # fmt: skip
+            db.table(table).create_index(
+                ["session_id", "position"], index_name=f"{table}_order", unique=True,
+                if_not_exists=True,
+            )  # fmt: skip
+        db.table("kv").create(
+            {"scope": str, "key": str, "value": str, "updated_at": float},
+            pk=("scope", "key"), not_null=["value", "updated_at"], if_not_exists=True,
+        )  # fmt: skip
+        db.table("users").create(
+            {"id": str, "name": str, "token_sha256": str, "role": str, "created_at": float},
+            pk="id", not_null=["name", "token_sha256", "role", "created_at"],
+            if_not_exists=True,
+        )  # fmt: skip
+        db.table("users").create_index(
+            ["token_sha256"], index_name="users_token", unique=True, if_not_exists=True
+        )
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
+def _session_from(row: Sequence[Any]) -> SessionRow:
+    return SessionRow(
+        id=row[0], profile_id=row[1], title=row[2], user_id=row[3],
+        created_at=row[4], updated_at=row[5], meta=json.loads(row[6]),
+    )  # fmt: skip

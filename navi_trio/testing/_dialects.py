@@ -1,0 +1,161 @@
+"""The fake LLM server's two wire dialects: how one scripted reply is written out.
+
+`_Ollama` writes NDJSON lines (``/api/chat``), `_OpenAI` writes SSE events
+(``/v1/chat/completions``); both fill in `_Dialect`. The server in
+`navi_trio.testing.fake_llm` picks one per request and sends what it returns.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from navi_trio.llm.script import ContentItem, Reply
+
+
+class _Dialect:
+    """How one dialect writes a reply; `_Ollama` and `_OpenAI` fill it in."""
+
+    content_type = "application/json"
+
+    def __init__(self, reply: Reply, model: str, call_prefix: str) -> None:
+        self.reply = reply
+        self.model = model
+        self.call_prefix = call_prefix
+
+    def content(self, item: ContentItem) -> list[bytes]:
+        raise NotImplementedError
+
+    def final(self, prompt_tokens: int, completion_tokens: int) -> list[bytes]:
+        raise NotImplementedError
+
+    def malformed(self, line: str) -> bytes:
+        raise NotImplementedError
+
+    def error_line(self, message: str) -> bytes:
+        raise NotImplementedError
+
+    def error_body(self, message: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class _Ollama(_Dialect):
+    content_type = "application/x-ndjson"
+
+    def _line(self, message: dict[str, Any], **extra: Any) -> bytes:
+        obj = {
+            "model": self.model,
+            "created_at": "2025-01-01T00:00:00Z",
+            "message": {"role": "assistant", "content": "", **message},
+            "done": False,
+            **extra,
+        }
+        return (json.dumps(obj) + "\n").encode()
+
+    def content(self, item: ContentItem) -> list[bytes]:
+        if item.kind == "thinking":
+            return [self._line({"thinking": item.text})]
+        if item.kind == "text":
+            return [self._line({"content": item.text})]
+        calls = [
+            # A string is sent as-is: a real server may send cut or non-object JSON.
+            {"function": {"name": c.name, "arguments": c.arguments}}
+            for c in item.calls
+        ]
+        return [self._line({"tool_calls": calls})]
+
+    def final(self, prompt_tokens: int, completion_tokens: int) -> list[bytes]:
+        return [
+            self._line(
+                {},
+                done=True,
+                done_reason=self.reply.done_reason,
+                total_duration=1000,
+                prompt_eval_count=prompt_tokens,
+                eval_count=completion_tokens,
+            )
+        ]
+
+    def malformed(self, line: str) -> bytes:
+        return (line + "\n").encode()
+
+    def error_line(self, message: str) -> bytes:
+        return (json.dumps({"error": message}) + "\n").encode()
+
+    def error_body(self, message: str) -> dict[str, Any]:
+        return {"error": message}
+
+
+class _OpenAI(_Dialect):
+    content_type = "text/event-stream"
+
+    def __init__(self, reply: Reply, model: str, call_prefix: str) -> None:
+        super().__init__(reply, model, call_prefix)
+        self._role_sent = False
+
+    @staticmethod
+    def _event(obj: Any) -> bytes:
+        return f"data: {json.dumps(obj)}\n\n".encode()
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        if not self._role_sent:
+            delta = {"role": "assistant", **delta}
+            self._role_sent = True
+        return self._event(
+            {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion.chunk",
+                "created": 1735689600,
+                "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+            }
+        )
+
+    def content(self, item: ContentItem) -> list[bytes]:
+        if item.kind == "thinking":
+            return [self._chunk({self.reply.thinking_field: item.text})]
+        if item.kind == "text":
+            return [self._chunk({"content": item.text})]
+        out = []
+        for i, call in enumerate(item.calls):
+            args = call.arguments_json()
+            cut = max(1, len(args) // 2)
+            head = {
+                "index": i,
+                "id": f"{self.call_prefix}_{i}",
+                "type": "function",
+                "function": {"name": call.name, "arguments": args[:cut]},
+            }
+            out.append(self._chunk({"tool_calls": [head]}))
+            out.append(
+                self._chunk({"tool_calls": [{"index": i, "function": {"arguments": args[cut:]}}]})
+            )
+        return out
+
+    def final(self, prompt_tokens: int, completion_tokens: int) -> list[bytes]:
+        reason = self.reply.done_reason
+        if self.reply.tool_calls and reason == "stop":
+            reason = "tool_calls"
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        usage_chunk = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion.chunk",
+            "created": 1735689600,
+            "model": self.model,
+            "choices": [],
+            "usage": usage,
+        }
+        return [self._chunk({}, reason), self._event(usage_chunk), b"data: [DONE]\n\n"]
+
+    def malformed(self, line: str) -> bytes:
+        return f"data: {line}\n\n".encode()
+
+    def error_line(self, message: str) -> bytes:
+        return self._event({"error": {"message": message, "type": "api_error"}})
+
+    def error_body(self, message: str) -> dict[str, Any]:
+        return {"error": {"message": message, "type": "api_error", "param": None, "code": None}}
