@@ -185,3 +185,31 @@ async def test_internal_error_still_ends_the_stream(tmp_path: Path) -> None:
             assert frames[-1]["type"] == "stream_end" and frames[-1]["reason"] == "error"
             messages = await h.runtime.store.load_messages("s1")
             assert messages[-1]["content"] == TASK
+
+
+async def test_garbage_from_the_llm_ends_the_turn_with_an_error_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    # Both dialects: a line that is not JSON (or not an SSE event) in the middle of an
+    # answer. The partial answer is kept, the error names the problem, and the session
+    # answers the next message normally.
+    for dialect in ("ollama", "openai"):
+        with trio.fail_after(TIMEOUT):
+            replies = [
+                {"text": "half an answer", "malformed": "<html>502 Bad Gateway</html>"},
+                {"text": "back to normal"},
+            ]
+            async with open_harness(tmp_path / dialect, replies=replies, dialect=dialect) as h:
+                await seed(h)
+                frames = await h.turn("s1", TASK)
+                (err,) = of_type(frames, "error")
+                assert err["code"] == "llm_error" and "Bad Gateway" in err["message"]
+                assert (frames[-1]["type"], frames[-1]["reason"]) == ("stream_end", "error")
+                frames = await h.turn("s1", "again")
+                assert frames[-1]["text"] == "back to normal"
+                messages = await h.runtime.store.load_messages("s1")
+                assert [m["content"] for m in messages] == [
+                    "earlier", TASK, "half an answer", "again", "back to normal",
+                ]
+                assert messages[2]["partial"] is True and "Bad Gateway" in messages[2]["error"]
+                assert all(m.get("role") != "tool" for m in messages)
