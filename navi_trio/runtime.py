@@ -90,7 +90,9 @@ async def open_runtime(
                 supervisor=supervisor,
                 processes=processes,
             )
-            sessions = SessionRegistry(agent, queue_max=settings.message_queue_max)
+            sessions = SessionRegistry(
+                agent, queue_max=settings.message_queue_max, idle_timeout=settings.session_idle_sec
+            )
             sessions_ref.append(sessions)
             await nursery.start(sessions.run)
             try:

@@ -92,6 +92,8 @@ class Settings:
     )
     # Sessions.
     message_queue_max: int = attrs.field(default=5, metadata=_env("NAVI_MESSAGE_QUEUE_MAX"))
+    # A session actor with no run, no queue and nobody subscribed is retired after this.
+    session_idle_sec: float = attrs.field(default=600.0, metadata=_env("NAVI_SESSION_IDLE_SEC"))
     spawn_timeout_sec: float = attrs.field(default=300.0, metadata=_env("NAVI_SPAWN_TIMEOUT_SEC"))
     # Tools.
     tool_output_max_chars: int = attrs.field(

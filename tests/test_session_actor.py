@@ -175,3 +175,58 @@ async def test_stop_right_after_send_is_not_lost(tmp_path: Path) -> None:
             frames = await s.until_end()
             assert frames[-1]["stopped"] is True and not of_type(frames, "text_delta")
             assert await _users(h) == ["hi"]
+
+
+# --- Retirement of idle actors (MockClock without autojump: time moves only when the
+# test jumps it, so the store's thread waits cannot race a deadline) -------------------
+
+
+async def test_an_idle_actor_retires_and_its_successor_goes_on(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    replies = [{"text": "one"}, {"text": "two"}]
+    async with open_harness(tmp_path, replies=replies, session_idle_sec=60) as h:
+        first = await h.turn("s1", "hi")
+        actor = h.runtime.sessions.actor("s1")
+        assert actor is not None and "s1" in h.runtime.agent.cache
+        await actor.idle.wait()  # the run's last save may still be on the store's thread
+        await trio.testing.wait_all_tasks_blocked()  # the countdown has started
+        mock_clock.jump(59)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not actor.retired.is_set()
+        mock_clock.jump(2)
+        await trio.testing.wait_all_tasks_blocked()
+        assert actor.retired.is_set()
+        assert h.runtime.sessions.actor("s1") is None
+        assert "s1" not in h.runtime.agent.cache  # its history left memory
+        second = await h.turn("s1", "hi again")
+        assert second[-1]["text"] == "two"
+        # The successor's seq goes on from the retired actor's last one.
+        assert second[0]["seq"] == first[-1]["seq"] + 1
+        # And the history came back from the store.
+        sent = h.chat_requests[-1]["messages"]
+        assert [m["content"] for m in sent if m["role"] != "system"] == ["hi", "one", "hi again"]
+
+
+async def test_an_actor_with_a_subscriber_a_run_or_a_queue_does_not_retire(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    gate = GateTool()
+    async with _gated(tmp_path, gate, [{"text": "done"}], session_idle_sec=60) as h:
+        s = await h.session("s1")
+        actor = s.actor
+        mock_clock.jump(600)  # subscribed: stays
+        await trio.testing.wait_all_tasks_blocked()
+        assert not actor.retired.is_set()
+        s.send("hi")
+        await gate.entered.wait()
+        s.subscription.close()
+        mock_clock.jump(600)  # a run in flight: stays
+        await trio.testing.wait_all_tasks_blocked()
+        assert not actor.retired.is_set()
+        gate.gate.set()
+        await actor.idle.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(61)  # now idle and alone: retires
+        await trio.testing.wait_all_tasks_blocked()
+        assert actor.retired.is_set()

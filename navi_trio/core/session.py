@@ -85,7 +85,16 @@ class SessionCache:
         return self._sessions.setdefault(session_id, state)
 
     def forget(self, session_id: str) -> None:
-        self._sessions.pop(session_id, None)
+        """Drop a session from memory (it reloads from the store when used again).
+
+        Not while a run or compaction holds it: that run's saves must keep going to
+        the one in-memory state."""
+        state = self._sessions.get(session_id)
+        if state is not None and not state.lock.locked():
+            del self._sessions[session_id]
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._sessions
 
     async def save(self, state: SessionState) -> None:
         """Append what is new in both lists, in one store transaction."""

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -39,14 +41,19 @@ SUBSCRIBER_BUFFER = 1000
 class Subscription:
     """A subscriber's end: frames arrive on `frames`; `close()` unsubscribes."""
 
-    def __init__(self, actor: SessionActor, send: trio.MemorySendChannel[Frame],
-                 frames: trio.MemoryReceiveChannel[Frame]) -> None:
+    def __init__(
+        self,
+        actor: SessionActor,
+        send: trio.MemorySendChannel[Frame],
+        frames: trio.MemoryReceiveChannel[Frame],
+    ) -> None:
         self._actor = actor
         self._send = send
         self.frames = frames
 
     def close(self) -> None:
         self._actor._subscribers.discard(self._send)
+        self._actor._touch()
         self._send.close()
         self.frames.close()
 
@@ -58,13 +65,26 @@ class Subscription:
 
 
 class SessionActor:
-    def __init__(self, session_id: str, agent: Agent, *, queue_max: int) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        agent: Agent,
+        *,
+        queue_max: int,
+        idle_timeout: float = math.inf,
+        first_seq: int = 0,
+        on_retire: Callable[[SessionActor], None] | None = None,
+    ) -> None:
         self.session_id = session_id
         self.agent = agent
         self.queue_max = queue_max
+        self.idle_timeout = idle_timeout
+        self._on_retire = on_retire
+        self._changed = trio.Event()
+        self.retired = trio.Event()
         self.pending: collections.deque[UserMessage] = collections.deque()
         self.dropped_total = 0
-        self.seq = 0
+        self.seq = first_seq
         self.replay: collections.deque[Frame] = collections.deque(maxlen=REPLAY_MAX)
         self._subscribers: set[trio.MemorySendChannel[Frame]] = set()
         self._nursery: trio.Nursery | None = None
@@ -80,11 +100,37 @@ class SessionActor:
             self._nursery = nursery
             task_status.started(self)
             try:
-                await trio.sleep_forever()
+                await self._live_until_retired()
             finally:
                 self._nursery = None
                 for send in list(self._subscribers):
                     send.close()
+
+    def _retirable(self) -> bool:
+        return not self.busy and not self.pending and not self._subscribers
+
+    def _touch(self) -> None:
+        """Something changed that may start or cancel the idle countdown."""
+        self._changed.set()
+
+    async def _live_until_retired(self) -> None:
+        # Idle (no run, no queue, nobody subscribed) for idle_timeout: retire, so a
+        # long-running daemon does not keep every session it ever saw in memory.
+        while True:
+            self._changed = trio.Event()
+            if not self._retirable():
+                await self._changed.wait()
+                continue
+            with trio.move_on_after(self.idle_timeout):
+                await self._changed.wait()
+                continue
+            if self._retirable():
+                # Synchronously, before any checkpoint: from here on the registry
+                # starts a new actor for this session.
+                self.retired.set()
+                if self._on_retire is not None:
+                    self._on_retire(self)
+                return
 
     # -- commands -------------------------------------------------------------------
 
@@ -128,21 +174,32 @@ class SessionActor:
                 if frame["seq"] > last_seq:
                     self._offer(send, frame)
         self._subscribers.add(send)
+        self._touch()
         return Subscription(self, send, recv)
 
     # -- fan-out --------------------------------------------------------------------
 
     def publish(self, event: AgentEvent) -> Frame:
         self.seq += 1
-        frame = {"type": type(event).type, "session_id": self.session_id, "seq": self.seq,
-                 **event_to_dict(event)}
+        frame = {
+            "type": type(event).type,
+            "session_id": self.session_id,
+            "seq": self.seq,
+            **event_to_dict(event),
+        }
         self.replay.append(frame)
         self._fan_out(frame)
         return frame
 
     def publish_out_of_band(self, event: AgentEvent) -> None:
-        self._fan_out({"type": type(event).type, "session_id": self.session_id, "seq": None,
-                       **event_to_dict(event)})
+        self._fan_out(
+            {
+                "type": type(event).type,
+                "session_id": self.session_id,
+                "seq": None,
+                **event_to_dict(event),
+            }
+        )
 
     def _fan_out(self, frame: Frame) -> None:
         for send in list(self._subscribers):
@@ -155,8 +212,10 @@ class SessionActor:
             log.warning("session %s: dropping a subscriber that fell behind", self.session_id)
             self._subscribers.discard(send)
             send.close()
+            self._touch()
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self._subscribers.discard(send)
+            self._touch()
 
     # -- work -------------------------------------------------------------------------
 
@@ -164,6 +223,7 @@ class SessionActor:
         if self._nursery is None:
             raise RuntimeError(f"session actor {self.session_id} is not running")
         self.busy = True
+        self._touch()
         # A queued run follows the last one: whoever waits for idle keeps waiting on the
         # same event until the queue is empty (a new event would strand them).
         if self.idle.is_set():
@@ -173,6 +233,7 @@ class SessionActor:
     def _done(self) -> None:
         self.busy = False
         self._control = None
+        self._touch()
         # At shutdown the nursery is gone: queued messages (in memory by design) are
         # not started, and the actor is idle.
         if self.pending and self._nursery is not None:
@@ -209,10 +270,14 @@ class SessionActor:
 class SessionRegistry:
     """Starts a SessionActor per session on demand, in the registry's nursery."""
 
-    def __init__(self, agent: Agent, *, queue_max: int) -> None:
+    def __init__(self, agent: Agent, *, queue_max: int, idle_timeout: float = math.inf) -> None:
         self.agent = agent
         self.queue_max = queue_max
+        self.idle_timeout = idle_timeout
         self._actors: dict[str, SessionActor] = {}
+        # The last seq of a retired actor: its successor goes on from there, so a
+        # client never sees a seq it already had.
+        self._last_seq: dict[str, int] = {}
         self._nursery: trio.Nursery | None = None
         self._starting: dict[str, trio.Event] = {}
 
@@ -236,7 +301,14 @@ class SessionRegistry:
             raise RuntimeError("the session registry is not running")
         started = self._starting[session_id] = trio.Event()
         try:
-            actor = SessionActor(session_id, self.agent, queue_max=self.queue_max)
+            actor = SessionActor(
+                session_id,
+                self.agent,
+                queue_max=self.queue_max,
+                idle_timeout=self.idle_timeout,
+                first_seq=self._last_seq.pop(session_id, 0),
+                on_retire=self._retire,
+            )
             await self._nursery.start(actor.run)
             self._actors[session_id] = actor
         finally:
@@ -246,6 +318,12 @@ class SessionRegistry:
 
     def actor(self, session_id: str) -> SessionActor | None:
         return self._actors.get(session_id)
+
+    def _retire(self, actor: SessionActor) -> None:
+        if self._actors.get(actor.session_id) is actor:
+            del self._actors[actor.session_id]
+            self._last_seq[actor.session_id] = actor.seq
+            self.agent.cache.forget(actor.session_id)
 
     def publish_task_update(self, session_id: str, event: AgentEvent) -> None:
         """TaskSupervisor's publish: out-of-band to the session's connected clients."""
