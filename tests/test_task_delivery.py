@@ -70,14 +70,18 @@ async def test_task_update_reaches_every_client_out_of_band(tmp_path: Path) -> N
             for frames in ends:
                 (running,) = of_type(frames, "task_update")
                 assert (running["status"], running["tool"], running["seq"]) == (
-                    "running", "block", None
+                    "running",
+                    "block",
+                    None,
                 )
             task_id = running["task_id"]
             kit.block.release("j")
             for d in (one, two):
                 (done,) = of_type(await d.until_type("task_update"), "task_update")
                 assert (done["task_id"], done["status"], done["seq"]) == (
-                    task_id, "completed", None
+                    task_id,
+                    "completed",
+                    None,
                 )
                 assert done["result_excerpt"] == "block j released"
             # Another session's client hears nothing of it.
@@ -136,7 +140,9 @@ async def test_completion_notes_become_one_persisted_system_message(tmp_path: Pa
             notes = [m for m in context if m.get("task_notes")]
             assert len(notes) == 1
             assert (notes[0]["role"], notes[0]["content"], notes[0]["keep"]) == (
-                "system", expected, True
+                "system",
+                expected,
+                True,
             )
             messages = await store.load_messages("s1")
             assert not [m for m in messages if HEADER in m["content"]]
@@ -238,8 +244,9 @@ async def test_stop_leaves_background_jobs_running_only_tasks_cancel_ends_them(
             assert s.stop() is False
             assert job.status == "running"
             # tasks cancel does end it, and every client hears the final state.
-            h.add_replies(calls(call("tasks", action="cancel", task_id=job.task_id)),
-                          {"text": "cancelled it"})
+            h.add_replies(
+                calls(call("tasks", action="cancel", task_id=job.task_id)), {"text": "cancelled it"}
+            )
             s.send("cancel the job")
             frames = await s.until_end()
             (result,) = of_type(frames, "tool_result", name="tasks")
@@ -247,3 +254,43 @@ async def test_stop_leaves_background_jobs_running_only_tasks_cancel_ends_them(
             assert job.status == "cancelled" and kit.block.cancelled == ["survivor"]
             (update,) = of_type(frames, "task_update")
             assert (update["task_id"], update["status"]) == (job.task_id, "cancelled")
+
+
+async def test_notes_stay_pending_until_the_turn_that_carries_them_is_saved(
+    tmp_path: Path,
+) -> None:
+    from navi_trio.core.task_notes import record_note
+
+    kit = make_kit()
+    with trio.fail_after(TIMEOUT):
+        async with harness(tmp_path, kit, [{"text": "seen"}]) as h:
+            rt = h.runtime
+            await rt.store.create_session("s1", profile_id="general")
+            await record_note(
+                rt.store,
+                rt.settings,
+                "s1",
+                task_id="bt-00000001",
+                tool="terminal",
+                status="completed",
+                summary="PASS 3/3",
+            )
+            real_save = rt.agent.cache.save
+
+            async def failing_save(state: Any) -> None:
+                raise OSError("disk full")
+
+            rt.agent.cache.save = failing_save  # type: ignore[method-assign]
+            frames = await h.turn("s1", "hi")
+            assert of_type(frames, "error")[0]["code"] == "internal"
+            # The save failed: the note is still pending, not lost.
+            assert [n["task_id"] for n in await pending_notes(rt.store, "s1")] == ["bt-00000001"]
+
+            rt.agent.cache.save = real_save  # type: ignore[method-assign]
+            rt.agent.cache.forget("s1")  # what the failed turn left in memory is gone
+            frames = await h.turn("s1", "hi")
+            assert frames[-1]["text"] == "seen"
+            assert await pending_notes(rt.store, "s1") == []
+            context = await rt.store.load_context("s1")
+            notes = [m for m in context if m.get("task_notes")]
+            assert len(notes) == 1 and "bt-00000001" in notes[0]["content"]

@@ -38,7 +38,7 @@ from navi_trio.core.planning import PlanningPrompts
 from navi_trio.core.services import RunServices
 from navi_trio.core.session import SessionCache, SessionState
 from navi_trio.core.subagent import run_ephemeral, spawn_from_turn
-from navi_trio.core.task_notes import drain_notes
+from navi_trio.core.task_notes import collect_notes, remove_notes
 from navi_trio.core.tasks import TaskSupervisor
 from navi_trio.core.tokens import TokenCounter
 from navi_trio.core.tool_executor import ToolExecutor, stopped_result
@@ -273,17 +273,22 @@ class Agent:
 
     async def _accept(self, state: SessionState, msg: UserMessage) -> None:
         """Save the user message first (and this turn's background task notes)."""
-        note = await drain_notes(self.kv, self.settings, state.id)
-        if note:
+        notes = await collect_notes(self.kv, self.settings, state.id)
+        if notes is not None:
             # Persisted, invisible in the UI, kept by the context builder.
             state.add(
-                {"role": "system", "content": note, "keep": True, "task_notes": True}, display=False
+                {"role": "system", "content": notes.text, "keep": True, "task_notes": True},
+                display=False,
             )
         user: dict[str, Any] = {"role": "user", "content": msg.text}
         if msg.cwd is not None:
             user["cwd"] = str(msg.cwd)
         state.add(user)
         await self.cache.save(state)
+        if notes is not None:
+            # Only once they are in the saved context: a crash in between repeats a
+            # note next turn instead of losing it.
+            await remove_notes(self.kv, notes.keys)
 
     async def _drive(self, runner: TurnRunner, control: RunControl) -> None:
         turn = runner.turn

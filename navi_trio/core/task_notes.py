@@ -24,6 +24,7 @@ import re
 import time
 from typing import Any
 
+import attrs
 import trio
 
 from navi_trio.settings import Settings
@@ -81,11 +82,21 @@ async def pending_notes(kv: KVStore, session_id: str) -> list[dict[str, Any]]:
     return [value for _, value in await _session_notes(kv, session_id)]
 
 
-async def drain_notes(kv: KVStore, settings: Settings, session_id: str) -> str | None:
-    """Remove all pending notes of the session and return them as one system message.
+@attrs.frozen
+class NoteBatch:
+    """The notes of one turn as one system message, and the kv keys they came from."""
+
+    text: str
+    keys: tuple[str, ...]
+
+
+async def collect_notes(kv: KVStore, settings: Settings, session_id: str) -> NoteBatch | None:
+    """All pending notes of the session as one system message, without removing them.
 
     At most `task_notes_per_turn` notes are written out; the others are named by task id
-    with a pointer to `tasks check`. None when there is nothing pending.
+    with a pointer to `tasks check`. None when there is nothing pending. The caller
+    removes the notes (`remove_notes`) once the message is saved: a crash in between
+    delivers them twice rather than never.
     """
     notes = await _session_notes(kv, session_id)
     if not notes:
@@ -104,12 +115,23 @@ async def drain_notes(kv: KVStore, settings: Settings, session_id: str) -> str |
             "call `tasks check` with a task_id to see its result."
         )
     lines.append(FOOTER)
-    # Shielded: once we start removing notes, finish, so that the caller gets the text
-    # for every note that is gone (a cancel before this point removes nothing).
+    return NoteBatch(text="\n".join(lines), keys=tuple(key for key, _ in notes))
+
+
+async def remove_notes(kv: KVStore, keys: tuple[str, ...]) -> None:
+    # Shielded: once we start removing notes, finish (a cancel before removes nothing).
     with trio.move_on_after(_DELETE_DEADLINE_SEC, shield=True):
-        for key, _ in notes:
+        for key in keys:
             await kv.kv_delete(NOTES_SCOPE, key)
-    return "\n".join(lines)
+
+
+async def drain_notes(kv: KVStore, settings: Settings, session_id: str) -> str | None:
+    """Remove all pending notes of the session and return them as one system message."""
+    batch = await collect_notes(kv, settings, session_id)
+    if batch is None:
+        return None
+    await remove_notes(kv, batch.keys)
+    return batch.text
 
 
 async def _session_notes(kv: KVStore, session_id: str) -> list[tuple[str, dict[str, Any]]]:
