@@ -1,0 +1,119 @@
+"""Fuzz the whole loop with what a model may really send: text, thinking, tool calls to
+real and unknown tools with sensible, odd or cut arguments, garbage lines, dropped
+connections, HTTP errors, an exhausted script — in any order.
+
+Whatever arrives, every turn ends with exactly one top-level stream_end, no internal
+error, every user message is stored, and every assistant tool call is paired with one
+result in both the history and the context (so a reload repairs nothing).
+
+Real HTTP to the fake LLM server on 127.0.0.1, a real SQLite file per example. Each
+example runs its own `trio.run` inside hypothesis; bounded: a few dozen examples, an
+absolute timeout on each.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import trio
+from agent_tools import assert_paired
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from navi_trio.testing import open_harness
+
+SAFE_TOOLS = ["todo", "scratchpad", "memory", "filesystem", "switch_profile"]
+
+words = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | words,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(words, inner, max_size=3),
+    max_leaves=6,
+)
+arguments = st.one_of(
+    st.dictionaries(
+        st.sampled_from(
+            ["action", "path", "content", "text", "index", "status", "profile_id", "fact"]
+        ),
+        json_values,
+        max_size=4,
+    ),
+    st.fixed_dictionaries(
+        {
+            "action": st.sampled_from(["list", "read", "add", "write"]),
+            "text": words,
+            "path": st.just("notes.txt"),
+            "content": words,
+        }
+    ),
+    st.just('{"action": "li'),  # cut JSON, sent as-is
+)
+tool_call = st.fixed_dictionaries(
+    {"name": st.sampled_from([*SAFE_TOOLS, "no_such_tool", ""]), "arguments": arguments}
+)
+reply = st.one_of(
+    st.fixed_dictionaries({"text": words}),
+    st.fixed_dictionaries({"thinking": words, "text": words}),
+    st.fixed_dictionaries({"tool_calls": st.lists(tool_call, min_size=1, max_size=3)}),
+    st.fixed_dictionaries({"text": words, "malformed": st.just(True)}),
+    st.fixed_dictionaries({"text": st.just("one two three"), "drop_after": st.integers(0, 2)}),
+    st.fixed_dictionaries({"status": st.sampled_from([400, 404, 500, 503]), "error_body": words}),
+    st.fixed_dictionaries({"text": words, "error_line": words}),
+    st.fixed_dictionaries(
+        {
+            "tool_calls": st.lists(tool_call, min_size=1, max_size=2),
+            "done_reason": st.just("length"),
+        }
+    ),
+)
+
+
+async def _check(replies: list[dict[str, Any]], dialect: str, texts: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp, trio.fail_after(60):
+        async with open_harness(
+            Path(tmp),
+            replies=replies,
+            dialect=dialect,
+            parallel_tool_calls=True,
+            profiles={"general": {"max_iterations": 4}},
+        ) as h:
+            for text in texts:
+                frames = await h.turn("s1", text)
+                ends = [f for f in frames if f["type"] == "stream_end" and not f["is_subagent"]]
+                assert len(ends) == 1 and frames[-1] is ends[0], frames
+                codes = [f["code"] for f in frames if f["type"] == "error"]
+                assert "internal" not in codes, frames
+            store = h.runtime.store
+            messages = await store.load_messages("s1")
+            users = [m["content"] for m in messages if m["role"] == "user"]
+            assert users == texts
+            assert_paired(messages)
+            assert_paired(await store.load_context("s1"))
+        # A fresh load of the file (as after a restart) has nothing to repair.
+        from navi_trio.store import SQLiteStore
+
+        async with SQLiteStore.open(Path(tmp) / "navi.db") as store:
+            loaded = await store.load_session("s1")
+            assert loaded is not None and loaded.repaired == 0
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    replies=st.lists(reply, min_size=1, max_size=6),
+    dialect=st.sampled_from(["ollama", "openai"]),
+    texts=st.lists(
+        st.sampled_from(["hi", "Fix the bug in notes.txt", "thanks", "go on"]),
+        min_size=1,
+        max_size=2,
+    ),
+)
+def test_no_reply_sequence_breaks_a_turn_or_the_history(
+    replies: list[dict[str, Any]], dialect: str, texts: list[str]
+) -> None:
+    trio.run(_check, replies, dialect, texts)
