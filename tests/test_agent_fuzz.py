@@ -71,7 +71,7 @@ reply = st.one_of(
 
 
 async def _check(replies: list[dict[str, Any]], dialect: str, texts: list[str]) -> None:
-    with tempfile.TemporaryDirectory() as tmp, trio.fail_after(60):
+    with tempfile.TemporaryDirectory() as tmp, trio.fail_after(20):
         async with open_harness(
             Path(tmp),
             replies=replies,
@@ -117,3 +117,50 @@ def test_no_reply_sequence_breaks_a_turn_or_the_history(
     replies: list[dict[str, Any]], dialect: str, texts: list[str]
 ) -> None:
     trio.run(_check, replies, dialect, texts)
+
+
+async def _stop_after(frames_before_stop: int, replies: list[dict[str, Any]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp, trio.fail_after(20):
+        async with open_harness(Path(tmp), replies=replies, parallel_tool_calls=True) as h:
+            s = await h.session("s1")
+            s.send("Fix the bug in notes.txt")
+            seen: list[dict[str, Any]] = []
+            while len(seen) < frames_before_stop and not any(
+                f["type"] == "stream_end" for f in seen
+            ):
+                seen.append(await s.next())
+            if not any(f["type"] == "stream_end" for f in seen):
+                s.stop()
+                seen += await s.until_end()
+            assert sum(f["type"] == "stream_end" and not f["is_subagent"] for f in seen) == 1
+            await s.idle()
+            messages = await h.runtime.store.load_messages("s1")
+            assert [m["content"] for m in messages if m["role"] == "user"] == [
+                "Fix the bug in notes.txt"
+            ]
+            assert_paired(messages)
+            assert_paired(await h.runtime.store.load_context("s1"))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    stop_at=st.integers(0, 25),
+    replies=st.lists(
+        st.one_of(
+            st.fixed_dictionaries(
+                {
+                    "text": st.just("one two three four"),
+                    "thinking": st.just("hmm let me see"),
+                    "delay_chunk": st.just(0.001),
+                }
+            ),
+            st.fixed_dictionaries({"tool_calls": st.lists(tool_call, min_size=1, max_size=3)}),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+)
+def test_a_stop_at_any_point_ends_once_and_leaves_nothing_dangling(
+    stop_at: int, replies: list[dict[str, Any]]
+) -> None:
+    trio.run(_stop_after, stop_at, [{"text": "DIRECT"}, *replies, {"text": "done"}])
