@@ -48,7 +48,7 @@ def _profile_info(p: AgentProfile, settings: Settings, default: str) -> dict[str
         flags.append("parallel_tool_calls")
     return {
         "id": p.id,
-        "model": p.model or settings.default_model,
+        "model": p.model_or(settings.default_model),
         "description": p.description,
         "default": p.id == default,
         "max_iterations": p.max_iterations,

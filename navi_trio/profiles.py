@@ -60,6 +60,10 @@ class AgentProfile:
     compression_max_tokens: int | None = None
     compression_prompt_file: str | None = None
 
+    def model_or(self, default: str) -> str:
+        """The profile's model, or `default` (Settings.default_model) when it names none."""
+        return self.model or default
+
     def get_agent_tools(self) -> tuple[str, ...]:
         return self.tools.agent
 

@@ -590,3 +590,14 @@ def test_parsers_stay_linear_on_long_whitespace_runs(text: str) -> None:
     parse_analysis(text)
     review_sections(text)
     assert time.perf_counter() - start < 2.0
+
+
+@pytest.mark.parametrize(
+    ("first", "message", "expected"),
+    [(False, "fix the bug", True), (True, "fix the bug", True), (False, "thanks", False)],
+)
+def test_planning_mandatory_plans_every_non_casual_turn(
+    first: bool, message: str, expected: bool
+) -> None:
+    profile = AgentProfile(planning_mandatory=True)
+    assert should_plan(is_first_message=first, profile=profile, message=message) is expected

@@ -262,7 +262,7 @@ class Agent:
             )
             with runvars.bound(
                 session_id=session_id,
-                model=profile.model or self.settings.default_model,
+                model=profile.model_or(self.settings.default_model),
                 working_directory=msg.cwd,
                 user_id=msg.user_id,
                 user_role=msg.user_role,

@@ -142,7 +142,7 @@ async def run_ephemeral(
     try:
         with runvars.bound(
             session_id=parent_session_id or agent_id,
-            model=profile.model or agent.settings.default_model,
+            model=profile.model_or(agent.settings.default_model),
         ):
             with trio.move_on_after(timeout_seconds) as timeout:
                 try:

@@ -110,7 +110,7 @@ class TurnRunner:
             await self.agent.cache.save(self.turn.state)
 
     def model(self) -> str:
-        return self.turn.profile.model or self.settings.default_model
+        return self.turn.profile.model_or(self.settings.default_model)
 
     # -- the LLM, for planning and compression ------------------------------------
 
@@ -191,10 +191,8 @@ class TurnRunner:
         # Pre-turn compression, from the real context (not a stored count).
         await self.compress("pre_turn", self.agent.counter.estimate_messages(t.state.context))
         wants_plan = planning.should_plan(
-            is_first_message=t.first_message,
-            profile=t.profile,
-            message=t.user_text,
-        ) or (t.profile.planning_mandatory and not planning.is_casual(t.user_text))
+            is_first_message=t.first_message, profile=t.profile, message=t.user_text
+        )
         if wants_plan and (not t.subagent or t.profile.subagent_planning_enabled):
             await self.plan()
         self._todo = await load_todo(self.agent.kv, self.todo_session())
