@@ -135,7 +135,6 @@ class Agent:
         self.settings = settings
         self.config_source = config
         self.store = store
-        self.kv = store
         self.backend = backend
         self.registry = registry
         self.supervisor = supervisor
@@ -172,7 +171,7 @@ class Agent:
         return ToolContext(
             session_id=session_id,
             session_dir=self.session_dir(session_id),
-            kv=self.kv,
+            kv=self.store,
             settings=self.settings,
             profile=turn.profile,
             config=turn.config,
@@ -273,7 +272,7 @@ class Agent:
 
     async def _accept(self, state: SessionState, msg: UserMessage) -> None:
         """Save the user message first (and this turn's background task notes)."""
-        notes = await collect_notes(self.kv, self.settings, state.id)
+        notes = await collect_notes(self.store, self.settings, state.id)
         if notes is not None:
             # Persisted, invisible in the UI, kept by the context builder.
             state.add(
@@ -288,7 +287,7 @@ class Agent:
         if notes is not None:
             # Only once they are in the saved context: a crash in between repeats a
             # note next turn instead of losing it.
-            await remove_notes(self.kv, notes.keys)
+            await remove_notes(self.store, notes.keys)
 
     async def _drive(self, runner: TurnRunner, control: RunControl) -> None:
         turn = runner.turn
@@ -362,12 +361,12 @@ class Agent:
 
     async def _stopped(self, runner: TurnRunner) -> None:
         text = await self._save_partial(runner, stopped=True)
-        runner.turn.end(runner._stream_end(text, reason="stopped"))
+        runner.turn.end(runner.stream_end(text, reason="stopped"))
 
     async def _failed(self, runner: TurnRunner, exc: LLMError) -> None:
         runner.turn.emit(ErrorEvent(message=str(exc), code=_error_code(exc)))
         text = await self._save_partial(runner, error=str(exc))
-        runner.turn.end(runner._stream_end(text, reason="error"))
+        runner.turn.end(runner.stream_end(text, reason="error"))
 
     async def _too_large(self, runner: TurnRunner, exc: ContextTooLargeError) -> None:
         turn = runner.turn
@@ -380,7 +379,7 @@ class Agent:
         # Display only: adding it to the context would make the context larger still.
         turn.state.add({"role": "assistant", "content": text, "synthetic": True}, context=False)
         await shielded(runner.save)
-        turn.end(runner._stream_end(text, reason="context_too_large"))
+        turn.end(runner.stream_end(text, reason="context_too_large"))
 
     # -- compact_stream -----------------------------------------------------------
 

@@ -136,11 +136,11 @@ class ToolExecutor:
 
         call_ctx = attrs.evolve(ctx, call_id=call.id, emit=emit)
         args = dict(call.arguments)
+        # The flag is the executor's, never the tool's (terminal open, which keeps its
+        # own meaning of background, is persistent either way).
+        args.pop("background", None)
         if self._wants_background(call):
-            args.pop("background")
             return self._detach(tool, args, call_ctx)
-        if call.name != "terminal" or args.get("action") != "open":
-            args.pop("background", None)
         return await run_tool(tool, args, call_ctx)
 
     def _detach(self, tool: Tool, args: dict[str, Any], ctx: ToolContext) -> ToolResult:

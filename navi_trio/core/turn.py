@@ -177,7 +177,7 @@ class TurnRunner:
         event: PlanCreated = planning.plan_event(result)
         t.emit(event)
         texts = planning.plan_step_texts(result)
-        steps = await fill_from_plan(self.agent.kv, self.todo_session(), texts)
+        steps = await fill_from_plan(self.agent.store, self.todo_session(), texts)
         t.emit(TodoUpdated(steps=tuple(steps)))
 
     def todo_session(self) -> str:
@@ -195,7 +195,7 @@ class TurnRunner:
         )
         if wants_plan and (not t.subagent or t.profile.subagent_planning_enabled):
             await self.plan()
-        self._todo = await load_todo(self.agent.kv, self.todo_session())
+        self._todo = await load_todo(self.agent.store, self.todo_session())
 
         for iteration in range(t.limit):
             t.iterations = iteration + 1
@@ -213,7 +213,7 @@ class TurnRunner:
     async def build(self, iteration: int) -> list[dict[str, Any]]:
         """Steps 1-4: mid-turn compression, context with budget/anchor/warnings."""
         t = self.turn
-        memories = await load_memories(self.agent.kv, t.user_id)
+        memories = await load_memories(self.agent.store, t.user_id)
         built = self._build(iteration, memories)
         if iteration > 0 or t.state.needs_compression:
             estimate = t.state.baseline.real_baseline_estimate(built, self.agent.counter)
@@ -322,7 +322,7 @@ class TurnRunner:
         t.reply = None
         await self.save()
         t.completed_normally = True
-        t.end(self._stream_end(reply.content, reason="complete", reply=reply))
+        t.end(self.stream_end(reply.content, reason="complete", reply=reply))
 
     async def finish_max_iterations(self) -> None:
         t = self.turn
@@ -333,9 +333,9 @@ class TurnRunner:
         t.state.add({"role": "assistant", "content": text, "synthetic": True})
         await self.save()
         t.emit(WarningEvent(message=f"reached max_iterations={t.limit}", code="max_iterations"))
-        t.end(self._stream_end(text, reason="max_iterations"))
+        t.end(self.stream_end(text, reason="max_iterations"))
 
-    def _stream_end(self, text: str, *, reason: str, reply: Reply | None = None) -> StreamEnd:
+    def stream_end(self, text: str, *, reason: str, reply: Reply | None = None) -> StreamEnd:
         t = self.turn
         return StreamEnd(
             text=text,
@@ -387,7 +387,7 @@ class TurnRunner:
     async def after_tools(self, calls: list[ToolCall]) -> None:
         """Step 9-10: anti-stall counters, newly failed steps, profile switch."""
         t = self.turn
-        todo = await load_todo(self.agent.kv, self.todo_session())
+        todo = await load_todo(self.agent.store, self.todo_session())
         signatures = [
             json.dumps(
                 [call.name, call.arguments, t.results[i].content() if i in t.results else None],
