@@ -73,11 +73,13 @@ async def open_runtime(
             registry = ToolRegistry(tools if tools is not None else default_tools(settings))
             processes = ProcessPool()
             await nursery.start(processes.run)
-            sessions_ref: list[SessionRegistry] = []
+            # The supervisor starts first (the agent needs it), the session registry
+            # last (it needs the agent): task updates reach it through this closure.
+            sessions: SessionRegistry | None = None
 
             def publish(session_id: str, event: TaskUpdate) -> None:
-                if sessions_ref:
-                    sessions_ref[0].publish_task_update(session_id, event)
+                if sessions is not None:
+                    sessions.publish_task_update(session_id, event)
 
             supervisor = TaskSupervisor(settings, store, publish)
             await nursery.start(supervisor.run)
@@ -93,7 +95,6 @@ async def open_runtime(
             sessions = SessionRegistry(
                 agent, queue_max=settings.message_queue_max, idle_timeout=settings.session_idle_sec
             )
-            sessions_ref.append(sessions)
             await nursery.start(sessions.run)
             try:
                 yield Runtime(

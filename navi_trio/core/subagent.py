@@ -161,16 +161,16 @@ async def run_ephemeral(
         # Also when the parent's Stop cancels it: a client's sub-agent card closes.
         if not completed and not text:
             text = "[the sub-agent was stopped]"
+        tokens = turn.prompt_tokens + turn.completion_tokens
         publish(
             SubagentFinished(
                 completed=completed,
                 text=text[:2000],
-                tokens=turn.prompt_tokens + turn.completion_tokens,
+                tokens=tokens,
                 is_subagent=True,
                 agent_id=agent_id,
             )
         )
-    tokens = turn.prompt_tokens + turn.completion_tokens
     return SubagentOutcome(text=text, completed=completed, tokens=tokens, agent_id=agent_id)
 
 
