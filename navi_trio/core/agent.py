@@ -37,7 +37,7 @@ from navi_trio.core.context import ContextBuilder
 from navi_trio.core.planning import PlanningPrompts
 from navi_trio.core.services import RunServices
 from navi_trio.core.session import SessionCache, SessionState
-from navi_trio.core.subagent import run_ephemeral, spawn_from_turn
+from navi_trio.core.subagent import run_ephemeral
 from navi_trio.core.task_notes import collect_notes, remove_notes
 from navi_trio.core.tasks import TaskSupervisor
 from navi_trio.core.tokens import TokenCounter
@@ -423,11 +423,7 @@ class Agent:
                 with recv:
                     yield recv
 
-    # -- sub-agents (spawn_agent) ---------------------------------------------------
-
-    async def spawn_subagent(self, parent: Turn, **kwargs: Any) -> tuple[str, bool, int, str]:
-        """The spawn_agent tool's service: (text, completed, tokens, agent_id)."""
-        return await spawn_from_turn(self, parent, **kwargs)
+    # -- sub-agents ------------------------------------------------------------------
 
     async def run_ephemeral(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from navi_trio.core.subagent import spawn_from_turn
 from navi_trio.errors import ToolInputError
 
 if TYPE_CHECKING:
@@ -37,4 +38,4 @@ class RunServices:
 
     async def spawn(self, **kwargs: Any) -> Any:
         """run_ephemeral for the spawn_agent tool, bound to this run."""
-        return await self.agent.spawn_subagent(self.turn, **kwargs)
+        return await spawn_from_turn(self.agent, self.turn, **kwargs)
