@@ -7,14 +7,19 @@ queued messages run in submit order when the run ends, whether or not anybody is
 connected) and the fan-out of its events to subscribers.
 
 Every event of a run or compaction becomes a wire frame ``{"type", "session_id",
-"seq", ...}`` kept in a bounded replay buffer, so a subscriber that reconnects with the
-last seq it saw gets what it missed. `task_update` frames are out-of-band: sent to the
-subscribers of the moment, with no seq and not kept for replay (a client re-syncs
-through the tasks list).
+"seq", "epoch", ...}`` kept in a bounded replay buffer (`core/replay.py`: consecutive
+deltas merged), so a subscriber that reconnects with the last seq it saw gets what it
+missed. When what it missed has left the buffer, or it comes from another epoch (the
+daemon restarted: seqs start again), its first frame is ``resync``: reload the history,
+then the live frames follow. Never a silent gap. `task_update` frames are out-of-band:
+sent to the subscribers of the moment, with no seq and not kept for replay (a client
+re-syncs through the tasks list).
 
 Commands are synchronous methods (atomic under trio): `send_message`, `stop`, `compact`,
-`subscribe`. A subscriber too slow to keep up with its bounded channel is dropped (its
-channel is closed); it reconnects and replays from its last seq.
+`subscribe`. A subscriber too slow to keep up with its bounded channel is cut off: its
+channel is closed after the frames already in it, and `Subscription.lagged` says from
+which seq it missed frames, so its owner can tell the client why and subscribe again
+from the last seq it delivered. The run and the other subscribers never wait for it.
 """
 
 from __future__ import annotations
@@ -22,24 +27,34 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import secrets
 from collections.abc import Callable
 from typing import Any
 
 import trio
 
 from navi_trio.core.agent import Agent, RunControl, UserMessage
+from navi_trio.core.replay import ReplayBuffer
 from navi_trio.errors import NothingToCompactError
 from navi_trio.events import AgentEvent, ErrorEvent, MessageQueued, event_to_dict
 
 log = logging.getLogger(__name__)
 
 Frame = dict[str, Any]
-REPLAY_MAX = 2000
 SUBSCRIBER_BUFFER = 1000
 
 
+def new_epoch() -> str:
+    """Names one life of the daemon: seqs of another epoch mean nothing here."""
+    return secrets.token_hex(4)
+
+
 class Subscription:
-    """A subscriber's end: frames arrive on `frames`; `close()` unsubscribes."""
+    """A subscriber's end: frames arrive on `frames`; `close()` unsubscribes.
+
+    `lagged` is set when the subscriber fell behind and was cut off: ``(missed_from,
+    missed_to)``, the seqs of the first and last frame it did not get at that moment.
+    """
 
     def __init__(
         self,
@@ -50,9 +65,10 @@ class Subscription:
         self._actor = actor
         self._send = send
         self.frames = frames
+        self.lagged: tuple[int, int] | None = None
 
     def close(self) -> None:
-        self._actor._subscribers.discard(self._send)
+        self._actor._subscribers.pop(self._send, None)
         self._actor._touch()
         self._send.close()
         self.frames.close()
@@ -73,6 +89,7 @@ class SessionActor:
         queue_max: int,
         idle_timeout: float = math.inf,
         first_seq: int = 0,
+        epoch: str | None = None,
         on_retire: Callable[[SessionActor], None] | None = None,
     ) -> None:
         self.session_id = session_id
@@ -85,8 +102,9 @@ class SessionActor:
         self.pending: collections.deque[UserMessage] = collections.deque()
         self.dropped_total = 0
         self.seq = first_seq
-        self.replay: collections.deque[Frame] = collections.deque(maxlen=REPLAY_MAX)
-        self._subscribers: set[trio.MemorySendChannel[Frame]] = set()
+        self.epoch = epoch or new_epoch()
+        self.replay = ReplayBuffer()
+        self._subscribers: dict[trio.MemorySendChannel[Frame], Subscription] = {}
         self._nursery: trio.Nursery | None = None
         self._control: RunControl | None = None
         self.busy = False
@@ -166,16 +184,36 @@ class SessionActor:
             return
         self._start(self._compact)
 
-    def subscribe(self, last_seq: int | None = None) -> Subscription:
-        """Frames after `last_seq` from the replay buffer, then live ones."""
-        send, recv = trio.open_memory_channel[Frame](SUBSCRIBER_BUFFER)
+    def subscribe(self, last_seq: int | None = None, epoch: str | None = None) -> Subscription:
+        """Frames after `last_seq` from the replay buffer, then live ones.
+
+        With no `last_seq`, live frames only. When the frames after `last_seq` are no
+        longer all here, or `epoch` is another daemon life's, the first frame is
+        ``resync`` (reload the history; live frames go on from its seq).
+        """
+        backlog: list[Frame] = []
         if last_seq is not None:
-            for frame in self.replay:
-                if frame["seq"] > last_seq:
-                    self._offer(send, frame)
-        self._subscribers.add(send)
+            missed = (
+                None if epoch not in (None, self.epoch) else self.replay.since(last_seq, self.seq)
+            )
+            backlog = [self.resync_frame()] if missed is None else missed
+        # Room for the whole backlog on top of the usual margin: a replay must never
+        # cut off the subscriber it is for.
+        send, recv = trio.open_memory_channel[Frame](SUBSCRIBER_BUFFER + len(backlog))
+        sub = Subscription(self, send, recv)
+        self._subscribers[send] = sub
+        for frame in backlog:
+            self._offer(send, frame)
         self._touch()
-        return Subscription(self, send, recv)
+        return sub
+
+    def resync_frame(self) -> Frame:
+        return {
+            "type": "resync",
+            "session_id": self.session_id,
+            "seq": self.seq,
+            "epoch": self.epoch,
+        }
 
     # -- fan-out --------------------------------------------------------------------
 
@@ -185,6 +223,7 @@ class SessionActor:
             "type": type(event).type,
             "session_id": self.session_id,
             "seq": self.seq,
+            "epoch": self.epoch,
             **event_to_dict(event),
         }
         self.replay.append(frame)
@@ -197,6 +236,7 @@ class SessionActor:
                 "type": type(event).type,
                 "session_id": self.session_id,
                 "seq": None,
+                "epoch": self.epoch,
                 **event_to_dict(event),
             }
         )
@@ -209,12 +249,17 @@ class SessionActor:
         try:
             send.send_nowait(frame)
         except trio.WouldBlock:
-            log.warning("session %s: dropping a subscriber that fell behind", self.session_id)
-            self._subscribers.discard(send)
+            sub = self._subscribers.pop(send, None)
+            seq = frame["seq"] if isinstance(frame.get("seq"), int) else self.seq
+            if sub is not None:
+                sub.lagged = (seq, max(seq, self.seq))
+            log.warning(
+                "session %s: a subscriber fell behind at seq %s; cut off", self.session_id, seq
+            )
             send.close()
             self._touch()
         except (trio.ClosedResourceError, trio.BrokenResourceError):
-            self._subscribers.discard(send)
+            self._subscribers.pop(send, None)
             self._touch()
 
     # -- work -------------------------------------------------------------------------
@@ -280,6 +325,8 @@ class SessionRegistry:
         self._last_seq: dict[str, int] = {}
         self._nursery: trio.Nursery | None = None
         self._starting: dict[str, trio.Event] = {}
+        # Seqs restart with the daemon: the epoch tells a client its seq is another life's.
+        self.epoch = new_epoch()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -307,6 +354,7 @@ class SessionRegistry:
                 queue_max=self.queue_max,
                 idle_timeout=self.idle_timeout,
                 first_seq=self._last_seq.pop(session_id, 0),
+                epoch=self.epoch,
                 on_retire=self._retire,
             )
             await self._nursery.start(actor.run)
