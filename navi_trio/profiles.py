@@ -177,8 +177,15 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
     profiles = {}
     for pid, prof in cfg.profiles.items():
         where = f"$.profiles[{pid!r}]"
-        for field in ("goal_anchoring_interval", "anti_stall_threshold", "max_iterations"):
-            if getattr(prof, field) < 1:
+        for field in (
+            "goal_anchoring_interval",
+            "anti_stall_threshold",
+            "max_iterations",
+            "compression_keep_recent",
+            "compression_max_tokens",
+        ):
+            value = getattr(prof, field)
+            if value is not None and value < 1:  # None: the setting of the same name
                 raise ConfigError(f"{path}: {where}.{field}: expected a number of 1 or more")
         prompt = prof.system_prompt
         if prof.system_prompt_file:
