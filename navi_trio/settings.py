@@ -2,8 +2,14 @@
 
 Every field has a default; `Settings.from_env` reads the env var named in the field's
 metadata, converts it to the field's type, and raises `ConfigError` naming the variable
-and the expected type when it cannot. Names from the spec keep their spec spelling
-(``LLM_STREAM_FIRST_CHUNK_TIMEOUT`` …); navi_trio's own ones start with ``NAVI_``.
+and the expected type when it cannot. A number no run could use is refused the same
+way, from the environment or an override: NaN or infinite, zero or less for a cap,
+timeout or size, outside (0, 1] for a fraction (``_env(..., fraction=True)``). Names
+from the spec keep their spec spelling (``LLM_STREAM_FIRST_CHUNK_TIMEOUT`` …);
+navi_trio's own ones start with ``NAVI_``.
+
+The default config and manuals are the folders navi ships (`shipped_dir`): package data
+in an installed wheel, the top-level ``config/`` and ``manuals/`` in a checkout.
 """
 
 from __future__ import annotations
