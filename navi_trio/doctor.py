@@ -16,7 +16,7 @@ import trio
 
 from navi_trio import __version__
 from navi_trio.errors import ConfigError, NaviError
-from navi_trio.profiles import AgentProfile, NaviConfig, load_config
+from navi_trio.profiles import AgentProfile, NaviConfig, check_config, load_config
 from navi_trio.settings import Settings
 from navi_trio.store.sqlite import SQLiteStore
 
@@ -101,11 +101,13 @@ async def collect_doctor(settings: Settings) -> dict[str, Any]:
     config: dict[str, Any] = {"path": str(settings.config_path), "ok": False}
     cfg: NaviConfig | None = None
     try:
-        cfg = load_config(settings.config_path)
+        loaded = load_config(settings.config_path)
+        check_config(loaded, settings.config_path)
     except ConfigError as exc:
         config["error"] = str(exc)
         report["errors"].append(str(exc))
     else:
+        cfg = loaded
         config.update(
             ok=True,
             default_profile=cfg.default_profile,

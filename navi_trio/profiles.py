@@ -5,6 +5,10 @@ missing required key is a `ConfigError` naming the file, the key path and what w
 expected. Prompt texts may live beside the file (``system_prompt_file``,
 ``persona_file``); they are read at load time, relative to the config file.
 
+`check_config` adds what the file's shape cannot say: every tool a profile names exists,
+and the config folder holds the prompt files the planning phases and compression read
+(`REQUIRED_PROMPT_FILES`). Start-up (`open_runtime`) and ``navi doctor`` run it.
+
 `ConfigSource` keeps the last good config and reloads on demand (hot reload): a broken
 edit is logged and the last good config keeps running.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +29,33 @@ from navi_trio.errors import ConfigError
 from navi_trio.strict import ExpectedError, describe, strict_converter
 
 log = logging.getLogger(__name__)
+
+# The tools navi ships (tools/builtin.py plus tasks and spawn_agent in runtime.py). The
+# vocabulary cannot import the tools, so the names live here and a test keeps them equal
+# to `runtime.default_tools`. A runtime given more tools accepts their names too.
+BUILTIN_TOOL_NAMES = frozenset(
+    {
+        "filesystem",
+        "terminal",
+        "code_exec",
+        "todo",
+        "scratchpad",
+        "memory",
+        "switch_profile",
+        "spawn_agent",
+        "tasks",
+    }
+)
+
+# Files every config folder holds, relative to the folder of config.json: the three
+# planning phases (core/planning.py) and the default compression prompt
+# (core/compression.py); a test keeps this list equal to the names those modules read.
+REQUIRED_PROMPT_FILES = (
+    "prompts/planning_analysis.md",
+    "prompts/planning_review.md",
+    "prompts/planning_plan.md",
+    "prompts/compression.md",
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -145,8 +177,15 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
     profiles = {}
     for pid, prof in cfg.profiles.items():
         where = f"$.profiles[{pid!r}]"
-        for field in ("goal_anchoring_interval", "anti_stall_threshold", "max_iterations"):
-            if getattr(prof, field) < 1:
+        for field in (
+            "goal_anchoring_interval",
+            "anti_stall_threshold",
+            "max_iterations",
+            "compression_keep_recent",
+            "compression_max_tokens",
+        ):
+            value = getattr(prof, field)
+            if value is not None and value < 1:  # None: the setting of the same name
                 raise ConfigError(f"{path}: {where}.{field}: expected a number of 1 or more")
         prompt = prof.system_prompt
         if prof.system_prompt_file:
@@ -164,6 +203,31 @@ def _read_text(file: Path, cfg_path: Path, key: str) -> str:
         return file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{cfg_path}: {key}: cannot read {file}: {exc.strerror}") from None
+
+
+def check_config(
+    cfg: NaviConfig, path: Path, known_tools: Collection[str] = BUILTIN_TOOL_NAMES
+) -> None:
+    """Refuse a config no run can use: a profile naming a tool that is not one of
+    `known_tools`, or a config folder without a file of `REQUIRED_PROMPT_FILES`.
+
+    The ConfigError names the file, the key or the missing file, and every problem found.
+    """
+    known = frozenset(known_tools)
+    problems = []
+    for pid, prof in cfg.profiles.items():
+        for key, names in (("agent", prof.tools.agent), ("subagent", prof.tools.subagent)):
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                problems.append(
+                    f"$.profiles[{pid!r}].tools.{key}: unknown tool(s) {', '.join(unknown)} "
+                    f"(known tools: {', '.join(sorted(known))})"
+                )
+    for name in REQUIRED_PROMPT_FILES:
+        if not (cfg.base_dir / name).is_file():
+            problems.append(f"the config folder lacks {name} ({cfg.base_dir / name} not found)")
+    if problems:
+        raise ConfigError(f"{path}: {'; '.join(problems)}")
 
 
 def load_config(path: Path) -> NaviConfig:
@@ -196,7 +260,17 @@ class ConfigSource:
         self.current: NaviConfig = initial if initial is not None else load_config(path)
         self.last_error: ConfigError | None = None
         self.generation = 0
+        # Set by `require`: a reload must pass `check_config` with these tool names too.
+        self.known_tools: frozenset[str] | None = None
         self._mtime = self._stat()
+
+    def require(self, known_tools: Collection[str]) -> None:
+        """Check the config in force, and from now on every reload, with `check_config`.
+
+        Raises ConfigError when the current config fails: start-up refuses it.
+        """
+        check_config(self.current, self.path, known_tools)
+        self.known_tools = frozenset(known_tools)
 
     def _stat(self) -> float | None:
         try:
@@ -209,6 +283,8 @@ class ConfigSource:
         self._mtime = self._stat()
         try:
             cfg = load_config(self.path)
+            if self.known_tools is not None:
+                check_config(cfg, self.path, self.known_tools)
         except ConfigError as exc:
             self.last_error = exc
             log.error("config reload failed, keeping the last good config: %s", exc)

@@ -26,7 +26,7 @@ from navi_trio.core.tasks import TaskSupervisor
 from navi_trio.events import TaskUpdate
 from navi_trio.llm.base import LLMBackend
 from navi_trio.llm.factory import make_backend, make_client
-from navi_trio.profiles import ConfigSource
+from navi_trio.profiles import BUILTIN_TOOL_NAMES, ConfigSource
 from navi_trio.settings import Settings
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.tools.base import Tool, ToolRegistry
@@ -64,13 +64,17 @@ async def open_runtime(
 ) -> AsyncIterator[Runtime]:
     """Open the store, the LLM backend and every actor; close them all on exit."""
     config = config or ConfigSource(settings.config_path)
+    tools = tools if tools is not None else default_tools(settings)
+    # Refuse a config naming a tool nobody provides or lacking a prompt file, before
+    # anything opens (and before a user message could be saved).
+    config.require(BUILTIN_TOOL_NAMES | {t.name for t in tools})
     async with AsyncExitStack() as stack:
         store = await stack.enter_async_context(SQLiteStore.open(settings.db_path))
         if backend is None:
             client = await stack.enter_async_context(make_client(settings))
             backend = make_backend(settings, client)
         async with trio.open_nursery() as nursery:
-            registry = ToolRegistry(tools if tools is not None else default_tools(settings))
+            registry = ToolRegistry(tools)
             processes = ProcessPool()
             await nursery.start(processes.run)
             # The supervisor starts first (the agent needs it), the session registry

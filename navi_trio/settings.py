@@ -2,14 +2,22 @@
 
 Every field has a default; `Settings.from_env` reads the env var named in the field's
 metadata, converts it to the field's type, and raises `ConfigError` naming the variable
-and the expected type when it cannot. Names from the spec keep their spec spelling
-(``LLM_STREAM_FIRST_CHUNK_TIMEOUT`` …); navi_trio's own ones start with ``NAVI_``.
+and the expected type when it cannot. A number no run could use is refused the same
+way, from the environment or an override: NaN or infinite, zero or less for a cap,
+timeout or size, outside (0, 1] for a fraction (``_env(..., fraction=True)``). Names
+from the spec keep their spec spelling (``LLM_STREAM_FIRST_CHUNK_TIMEOUT`` …);
+navi_trio's own ones start with ``NAVI_``.
+
+The default config and manuals are the folders navi ships (`shipped_dir`): package data
+in an installed wheel, the top-level ``config/`` and ``manuals/`` in a checkout.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +29,27 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BACKGROUNDABLE = ("terminal", "ssh_exec", "peer", "spawn_agent", "code_exec")
 
 
-def _env(name: str) -> dict[str, str]:
-    return {"env": name}
+def _env(name: str, *, fraction: bool = False) -> dict[str, Any]:
+    """Field metadata: the env var that sets it; a `fraction` must lie in (0, 1]."""
+    return {"env": name, "fraction": fraction}
+
+
+def shipped_dir(top_level: str) -> Path:
+    """A folder navi ships (``config``, ``manuals``).
+
+    An installed wheel holds it as package data, ``navi_trio/_config`` or
+    ``navi_trio/_manuals`` (pyproject.toml maps the top-level folders there); a source
+    checkout and an editable install use the top-level folder itself.
+    """
+    installed = resources.files("navi_trio") / f"_{top_level}"
+    if isinstance(installed, Path) and installed.is_dir():
+        return installed
+    return REPO_ROOT / top_level
+
+
+def default_config_path() -> Path:
+    """The config.json navi ships."""
+    return shipped_dir("config") / "config.json"
 
 
 def _default_data_dir() -> Path:
@@ -52,7 +79,7 @@ class Settings:
     )
     # Compression starts when the context reaches this share of num_ctx.
     compression_threshold: float = attrs.field(
-        default=0.75, metadata=_env("NAVI_COMPRESSION_THRESHOLD")
+        default=0.75, metadata=_env("NAVI_COMPRESSION_THRESHOLD", fraction=True)
     )
     compression_keep_recent: int = attrs.field(
         default=6, metadata=_env("NAVI_COMPRESSION_KEEP_RECENT")
@@ -65,10 +92,10 @@ class Settings:
         factory=lambda: _default_data_dir() / "navi.db", metadata=_env("NAVI_DB")
     )
     data_dir: Path = attrs.field(factory=_default_data_dir, metadata=_env("NAVI_DATA_DIR"))
-    config_path: Path = attrs.field(
-        default=REPO_ROOT / "config" / "config.json", metadata=_env("NAVI_CONFIG")
+    config_path: Path = attrs.field(factory=default_config_path, metadata=_env("NAVI_CONFIG"))
+    manuals_dir: Path = attrs.field(
+        factory=lambda: shipped_dir("manuals"), metadata=_env("NAVI_MANUALS")
     )
-    manuals_dir: Path = attrs.field(default=REPO_ROOT / "manuals", metadata=_env("NAVI_MANUALS"))
     # Background tasks (background-tasks.md).
     tasks_max_per_session: int = attrs.field(default=5, metadata=_env("NAVI_TASKS_MAX_PER_SESSION"))
     tasks_max_global: int = attrs.field(default=20, metadata=_env("NAVI_TASKS_MAX_GLOBAL"))
@@ -122,13 +149,28 @@ class Settings:
         for field in attrs.fields(cls):
             value = values.get(field.name)
             if isinstance(value, int | float) and not isinstance(value, bool):
-                # Caps, timeouts and sizes: zero or less would switch a guard off by accident.
-                least = 0 if field.name == "context_message_token_budget" else 1e-9
-                if value < least:
-                    name = field.metadata.get("env", field.name)
-                    what = "0 or more" if least == 0 else "more than 0"
-                    raise ConfigError(f"{name}={value!r}: expected a number {what}")
+                _check_number(field, value)
         return cls(**values)
+
+
+def _check_number(field: attrs.Attribute[Any], value: float) -> None:
+    """Refuse a number no run could use, naming the variable (env and overrides alike).
+
+    NaN compares false with everything, so without the finite check `nan` would pass
+    every range test here and fail mid-run, after the user's message was saved.
+    """
+    name = field.metadata.get("env", field.name)
+    if not math.isfinite(value):
+        raise ConfigError(f"{name}={value!r}: expected a finite number")
+    if field.metadata.get("fraction"):
+        if not 0 < value <= 1:
+            raise ConfigError(f"{name}={value!r}: expected a fraction above 0 and at most 1")
+        return
+    # Caps, timeouts and sizes: zero or less would switch a guard off by accident.
+    least = 0 if field.name == "context_message_token_budget" else 1e-9
+    if value < least:
+        what = "0 or more" if least == 0 else "more than 0"
+        raise ConfigError(f"{name}={value!r}: expected a number {what}")
 
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -7,6 +7,7 @@ got '5'") and carry cattrs' key path (``@ $.profiles['coder'].max_iterations``).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import cattrs
@@ -32,6 +33,9 @@ def _scalar_hook(typ: type) -> Any:
             ok = isinstance(value, int | float) and not isinstance(value, bool)
         if not ok:
             raise ExpectedError(f"expected {_SCALARS[typ]}, got {value!r}")
+        if typ is float and not math.isfinite(value):
+            # json.loads reads NaN and Infinity; no setting of ours can use them.
+            raise ExpectedError(f"expected a finite number, got {value!r}")
         return float(value) if typ is float else value
 
     return hook

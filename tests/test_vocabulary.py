@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import math
 import os
 import shutil
 import types
@@ -27,6 +28,7 @@ from navi_trio.errors import ConfigError, LLMError, LLMTimeoutError, NaviError
 from navi_trio.events import EVENT_CLASSES, event_from_dict, event_to_dict, event_types
 from navi_trio.profiles import ConfigSource, load_config
 from navi_trio.settings import REPO_ROOT, Settings
+from navi_trio.strict import describe, strict_converter
 
 SHIPPED_CONFIG = REPO_ROOT / "config" / "config.json"
 
@@ -145,6 +147,8 @@ def _changed(field: attrs.Attribute[Any], tmp_path: Path) -> tuple[str, Any]:
         return ("false" if default else "true"), not default
     if typ == "int":
         return str(default + 3), default + 3
+    if typ == "float" and field.metadata.get("fraction"):
+        return str(default / 2), default / 2
     if typ == "float":
         return str(default + 1.5), default + 1.5
     if typ == "Path":
@@ -268,6 +272,10 @@ def _write(path: Path, data: Any) -> Path:
                      id="int-in-tool-list"),
         pytest.param(_minimal(anti_stall_threshold=0), ["main", "anti_stall_threshold"],
                      id="zero-threshold"),
+        pytest.param(_minimal(compression_max_tokens=0), ["main", "compression_max_tokens"],
+                     id="zero-summary-size"),
+        pytest.param(_minimal(compression_keep_recent=-2), ["main", "compression_keep_recent"],
+                     id="negative-keep-recent"),
         pytest.param({"profiles": _minimal()["profiles"]}, ["default_profile"],
                      id="missing-default"),
         pytest.param({**_minimal(), "default_profile": "ghost"},
@@ -310,6 +318,56 @@ def test_zero_or_negative_caps_are_refused() -> None:
     with pytest.raises(ConfigError, match="LLM_STREAM_CHUNK_TIMEOUT"):
         Settings.from_env({"LLM_STREAM_CHUNK_TIMEOUT": "-1"})
     assert Settings.from_env({"CONTEXT_MESSAGE_TOKEN_BUDGET": "0"}).message_token_budget > 0
+
+
+_NUMBERS = [f for f in attrs.fields(Settings) if str(f.type) in ("int", "float")]
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-inf", "1e400", "NaN"])
+@pytest.mark.parametrize(
+    "field", [f for f in _NUMBERS if str(f.type) == "float"], ids=lambda f: f.name
+)
+def test_a_non_finite_env_value_is_refused_naming_the_variable(
+    field: attrs.Attribute[Any], raw: str
+) -> None:
+    name = field.metadata["env"]
+    with pytest.raises(ConfigError, match="finite") as info:
+        Settings.from_env({name: raw})
+    assert str(info.value).startswith(f"{name}=")
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize(
+    "field", [f for f in _NUMBERS if str(f.type) == "float"], ids=lambda f: f.name
+)
+def test_a_non_finite_override_is_refused_naming_the_variable(
+    field: attrs.Attribute[Any], value: float
+) -> None:
+    with pytest.raises(ConfigError, match="finite") as info:
+        Settings.from_env({}, **{field.name: value})
+    assert field.metadata["env"] in str(info.value)
+
+
+@pytest.mark.parametrize("raw", ["7", "1.0001", "0", "-0.5"])
+def test_the_compression_threshold_must_be_a_fraction(raw: str) -> None:
+    with pytest.raises(ConfigError, match="NAVI_COMPRESSION_THRESHOLD.*fraction"):
+        Settings.from_env({"NAVI_COMPRESSION_THRESHOLD": raw})
+    with pytest.raises(ConfigError, match="NAVI_COMPRESSION_THRESHOLD.*fraction"):
+        Settings.from_env({}, compression_threshold=float(raw))
+    assert Settings.from_env({"NAVI_COMPRESSION_THRESHOLD": "1"}).compression_threshold == 1.0
+    assert Settings.from_env({}, compression_threshold=0.01).compression_threshold == 0.01
+
+
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
+def test_a_non_finite_number_in_a_hand_written_file_is_refused(token: str) -> None:
+    # json.loads reads these tokens; the strict converter must not let them through.
+    @attrs.frozen
+    class Knob:
+        share: float
+
+    with pytest.raises(cattrs.BaseValidationError) as info:
+        strict_converter().structure(json.loads(f'{{"share": {token}}}'), Knob)
+    assert "finite" in describe(info.value) and "share" in describe(info.value)
 
 
 def test_a_missing_or_unparsable_config_file_names_it(tmp_path: Path) -> None:

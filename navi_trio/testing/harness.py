@@ -36,7 +36,7 @@ from navi_trio.llm.script import Reply
 from navi_trio.llm.scripted import ScriptedBackend
 from navi_trio.profiles import ConfigSource, parse_config
 from navi_trio.runtime import Runtime, open_runtime
-from navi_trio.settings import REPO_ROOT, Settings
+from navi_trio.settings import Settings, default_config_path
 from navi_trio.testing.fake_llm import FakeLLMServer
 from navi_trio.tools.base import Tool
 
@@ -136,7 +136,7 @@ def test_config(
     `{"general": {"think_enabled": False}}` changes one flag of the shipped profile; an
     id that is not shipped adds a new profile.
     """
-    path = base or REPO_ROOT / "config" / "config.json"
+    path = base or default_config_path()
     data = json.loads(path.read_text(encoding="utf-8"))
     for pid, changes in (profiles or {}).items():
         data["profiles"][pid] = {**data["profiles"].get(pid, {}), **changes}
