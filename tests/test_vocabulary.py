@@ -151,7 +151,7 @@ def _changed(field: attrs.Attribute[Any], tmp_path: Path) -> tuple[str, Any]:
         return str(default / 2), default / 2
     if typ == "float":
         return str(default + 1.5), default + 1.5
-    if typ == "Path":
+    if typ in ("Path", "Path | None"):
         return str(tmp_path / field.name), tmp_path / field.name
     if typ == "tuple[str, ...]":
         return " alpha, beta ,", ("alpha", "beta")
