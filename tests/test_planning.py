@@ -642,3 +642,38 @@ def test_planning_mandatory_plans_every_non_casual_turn(
 ) -> None:
     profile = AgentProfile(planning_mandatory=True)
     assert should_plan(is_first_message=first, profile=profile, message=message) is expected
+
+
+async def test_a_review_cut_at_its_cap_ends_planning_with_one_warning(
+    prompts: PlanningPrompts,
+) -> None:
+    from navi_trio.core.llm_call import Reply
+    from navi_trio.events import WarningEvent
+    from navi_trio.llm.base import DoneChunk
+
+    answers = {"analysis": ("Goal\nREFLECT: yes", "stop"), "review": ("Critic: and so", "length")}
+    asked: list[str] = []
+
+    async def complete(messages: list[dict[str, Any]], phase: str) -> Reply:
+        asked.append(phase)
+        await trio.lowlevel.checkpoint()
+        text, reason = answers[phase]
+        return Reply(text=[text], done=DoneChunk(done_reason=reason))
+
+    seen: list[PlanPhase | WarningEvent] = []
+    result = await run_planning(
+        "fix the failing test in foo.py",
+        profile=AgentProfile(id="r", planning_phase2_enabled=True),
+        complete=complete,
+        prompts=prompts,
+        tools=["filesystem"],
+        profiles=["r"],
+        on_phase=seen.append,
+    )
+    assert asked == ["analysis", "review"]  # the plan phase never ran
+    assert not result.has_plan and "review phase was cut" in result.failed
+    warnings = [e for e in seen if isinstance(e, WarningEvent)]
+    assert [w.code for w in warnings] == ["plan_cut"]
+    assert [(e.phase, e.status) for e in seen if isinstance(e, PlanPhase)][-1] == (
+        "review", "failed",
+    )  # fmt: skip

@@ -37,10 +37,12 @@ from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings
 
 from .context import is_kept_system
+from .llm_call import Reply
 from .tokens import TokenCounter
 
-# complete(messages, purpose) -> the model's full answer; injected by the agent.
-Complete = Callable[[list[dict[str, Any]], str], Awaitable[str]]
+# complete(messages, purpose) -> the model's full answer (text, or a Reply holding it);
+# injected by the agent, which caps the answer at compression_max_tokens for PURPOSE.
+Complete = Callable[[list[dict[str, Any]], str], Awaitable["str | Reply"]]
 
 SUMMARY_PREFIX = "[Summary of earlier conversation]"
 DEFAULT_PROMPT_FILE = "compression.md"
@@ -208,6 +210,8 @@ class Compressor:
         room = max(room - _FRAMING_ROOM - (carried - max_tokens), _FRAMING_ROOM)
         for chunk in _chunks(entries, room, self._counter):
             answer = await self._complete(_request(prompt, so_far, chunk), PURPOSE)
+            if isinstance(answer, Reply):
+                answer = answer.content
             if not isinstance(answer, str) or not answer.strip():
                 raise LLMError(
                     "the model returned an empty summary; the context was left as it was"
