@@ -62,6 +62,7 @@ async def test_planning_compression_and_answer_requests_carry_their_caps(
             frames = await h.turn("s1", REQUEST)
             assert frames[-1]["reason"] == "complete"
             s = await h.session("s1")
+            await s.idle()  # the turn's run has fully ended: compact is not refused as busy
             s.compact()
             await s.until_type("context_compressed")
             await s.idle()

@@ -134,11 +134,11 @@ class TurnRunner:
         compressor = self.agent.compressor(self.complete)
         if not force and not compressor.over_threshold(tokens):
             return False
-        if not compressor.would_compress(t.state.context, profile=t.profile):
+        if not compressor.would_compress(t.state.context, profile=t.profile, shrink=force):
             return False
         t.emit(CompressionStarted(reason=reason, tokens_before=tokens))
         outcome = await compressor.compress(
-            t.state.context, profile=t.profile, config=t.config, reason=reason
+            t.state.context, profile=t.profile, config=t.config, reason=reason, shrink=force
         )
         if t.persist:
             await self.agent.cache.replace_context(t.state, outcome.context)
