@@ -350,7 +350,7 @@ async def test_forced_compression_summarises_and_cuts_many_kept_messages_to_the_
     assert [m["content"] for m in plain.context[1:]] == [m["content"] for m in kept]
 
 
-def test_shrink_never_cuts_tool_calls_or_empty_messages() -> None:
+def test_shrink_keeps_a_small_call_whole_and_cuts_its_big_result() -> None:
     call = {
         "role": "assistant",
         "content": "",
@@ -361,3 +361,24 @@ def test_shrink_never_cuts_tool_calls_or_empty_messages() -> None:
     out = comp._shrink([call, result], budget=600)
     assert out[0] == call
     assert out[1]["tool_call_id"] == "c1" and len(out[1]["content"]) < 4000
+
+
+def test_shrink_cuts_the_long_string_arguments_of_a_kept_call() -> None:
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "name": "filesystem",
+             "arguments": {"op": "write", "path": "a.txt", "content": "line " * 5000}},
+        ],
+    }  # fmt: skip
+    result = {"role": "tool", "tool_call_id": "c1", "name": "filesystem", "content": "written"}
+    comp = compressor(FakeLLM(), num_ctx=2048)
+    assert comp.would_compress([call, result], profile=PROFILE, shrink=True)
+    out = comp._shrink([call, result], budget=1000)
+    args = out[0]["tool_calls"][0]["arguments"]
+    assert (args["op"], args["path"]) == ("write", "a.txt")
+    assert "[…truncated ~" in args["content"] and len(args["content"]) < 5000
+    assert out[0]["tool_calls"][0]["id"] == "c1" and out[1] == result
+    assert not comp.would_compress(out, profile=PROFILE, shrink=True)
+    assert call["tool_calls"][0]["arguments"]["content"] == "line " * 5000  # input untouched

@@ -236,14 +236,31 @@ class Compressor:
 
     def _cut(self, msg: dict[str, Any], limit: int) -> dict[str, Any]:
         size = self._counter.estimate_message(msg)
+        if size <= limit:
+            return msg
+        if msg.get("tool_calls"):
+            # A call's long string arguments (a file written whole) are cut too: the
+            # call keeps its id, name and keys, so its result still pairs with it.
+            msg = {**msg, "tool_calls": [self._cut_call(c, limit) for c in msg["tool_calls"]]}
+            size = self._counter.estimate_message(msg)
         content = msg.get("content")
         if size <= limit or not isinstance(content, str) or not content:
             return msg
-        # What is not content (tool calls, framing) cannot be cut without breaking it.
         fixed = size - self._counter.count_text(content)
         room = max(limit - fixed - _MARKER_ROOM, _MIN_KEPT // 2)
         cut, n = self._counter.truncate_middle(content, room)
         return {**msg, "content": cut} if n else msg
+
+    def _cut_call(self, call: Any, limit: int) -> Any:
+        args = call.get("arguments") if isinstance(call, Mapping) else None
+        if not isinstance(args, Mapping):
+            return call
+        room = max(limit // (2 * max(len(args), 1)), _MIN_KEPT // 2)
+        cut = {
+            k: self._counter.truncate_middle(v, room)[0] if isinstance(v, str) else v
+            for k, v in args.items()
+        }
+        return {**call, "arguments": cut}
 
     async def _prompt(self, profile: AgentProfile, config: NaviConfig, max_tokens: int) -> str:
         if profile.compression_prompt_file:
