@@ -241,3 +241,21 @@ async def test_a_long_analysis_is_cut_before_it_is_carried_into_the_plan(
 
 def _finish_plan() -> list[dict[str, Any]]:
     return [_calls(_done(1)), _calls(_done(2)), _calls(_done(3))]
+
+
+async def test_a_plan_with_no_parsable_steps_gives_no_plan_and_the_turn_answers(
+    tmp_path: Path,
+) -> None:
+    unreadable = "Complexity: simple\nMilestones: done\nI would just answer this directly."
+    replies = [{"text": "Goal: x\nREFLECT: no"}, {"text": unreadable}, {"text": "the answer"}]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=replies) as h:
+            frames = await h.turn("s1", REQUEST)
+            phases = [(f["phase"], f["status"], f["detail"]) for f in of_type(frames, "plan_phase")]
+            assert phases[-1] == ("plan", "done", "0 steps")
+            assert not of_type(frames, "plan") and not of_type(frames, "todo_updated")
+            assert not of_type(frames, "warning")
+            assert frames[-1]["reason"] == "complete" and frames[-1]["text"] == "the answer"
+            context = await h.runtime.store.load_context("s1")
+            assert [m["role"] for m in context] == ["user", "assistant"]
+            assert not any(m.get("is_plan") for m in context)
