@@ -275,9 +275,9 @@ class TurnRunner:
         """Steps 6-7: stream one answer; record the real baseline; check truthfulness."""
         t = self.turn
         tools = self.agent.executor.schemas(self.agent.registry.select(t.tool_names()))
+        think, cap = t.profile.think_enabled, output_cap(self.settings, t.profile, "answer")
         request = chat_request(
-            self.settings, built, self.model(), tools=tools, think=t.profile.think_enabled,
-            max_tokens=output_cap(self.settings, t.profile, "answer"),
+            self.settings, built, self.model(), tools=tools, think=think, max_tokens=cap
         )
         t.reply = Reply()
         reply = await stream_reply(self.agent.backend, self.settings, request, t.reply, t.emit)
