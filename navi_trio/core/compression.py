@@ -44,7 +44,7 @@ from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings
 
 from .context import is_kept_system
-from .llm_call import Reply
+from .llm_call import Reply, output_cap
 from .tokens import TokenCounter
 
 # complete(messages, purpose) -> the model's full answer (text, or a Reply holding it);
@@ -142,8 +142,8 @@ class Compressor:
         return self._settings.compression_keep_recent if value is None else value
 
     def max_tokens(self, profile: AgentProfile) -> int:
-        value = profile.compression_max_tokens
-        return self._settings.compression_max_tokens if value is None else value
+        """The summary's size, which is also the summary call's output cap."""
+        return output_cap(self._settings, profile, PURPOSE)
 
     def would_compress(
         self, context: Sequence[Mapping[str, Any]], *, profile: AgentProfile, shrink: bool = False
