@@ -3,6 +3,7 @@
     navi --help | --version
     navi doctor [--db PATH] [--config PATH] [--llm-url URL] [--backend B] [--json]
     navi run [--session ID] [--profile P] [--cwd DIR] [--events] ... "message"
+    navi compact --session ID [--db PATH] [--config PATH] [--llm-url URL] [--backend B]
 
 `main` parses the arguments, runs the subcommand under `trio.run` and turns every
 failure into one line ``navi: error: ...`` on stderr and a non-zero exit code (1; 130 on
@@ -111,6 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--events", action="store_true", help="print every event as one JSON line instead"
     )
     _add_endpoint_options(run)
+
+    compact = sub.add_parser(
+        "compact",
+        help="compress a session's context (the way out of context_too_large)",
+        description="Summarise the older part of a session's context with the LLM and cut "
+        "any kept message too big to fit, so the next turn fits the model's window. "
+        "The display history keeps every message.",
+    )
+    compact.add_argument("--session", metavar="ID", required=True, help="the session")
+    _add_endpoint_options(compact)
     return parser
 
 
@@ -304,11 +315,56 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_ERROR
 
 
+# ------------------------------------------------------------------------- compact
+
+
+async def compact_session(
+    settings: Settings, source: ConfigSource, session_id: str, out: TextIO
+) -> str | None:
+    """Forced compression of one session; prints what it did. Returns an error or None."""
+    from navi_trio.events import CompressionStarted, ContextCompressed
+    from navi_trio.runtime import open_runtime
+
+    async with open_runtime(settings, config=source) as rt:
+        if await rt.store.get_session(session_id) is None:
+            raise UsageError(f"unknown session {session_id[:64]!r} (in {settings.db_path})")
+        error: str | None = None
+        async with rt.agent.compact_stream(session_id) as events:
+            async for event in events:
+                if isinstance(event, CompressionStarted):
+                    print(f"compacting session {session_id} (~{event.tokens_before} tokens)…",
+                          file=out, flush=True)  # fmt: skip
+                elif isinstance(event, ContextCompressed):
+                    print(
+                        f"compacted: {event.messages_summarised} older messages summarised, "
+                        f"~{event.tokens_before} -> ~{event.tokens_after} tokens",
+                        file=out,
+                        flush=True,
+                    )
+                elif isinstance(event, ErrorEvent):
+                    error = one_line(event.message)
+    return error
+
+
+def cmd_compact(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    settings = load_settings(args)
+    if not args.session.strip():
+        raise UsageError("--session is empty")
+    source = ConfigSource(settings.config_path)
+    error = trio.run(compact_session, settings, source, args.session, out)
+    if error is not None:
+        print(f"navi: error: compacting failed, the context was left as it was: {error}",
+              file=err)  # fmt: skip
+        return EXIT_ERROR
+    return EXIT_OK
+
+
 # ------------------------------------------------------------------------- main
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
     "doctor": cmd_doctor,
     "run": cmd_run,
+    "compact": cmd_compact,
 }
 
 

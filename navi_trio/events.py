@@ -61,7 +61,7 @@ class PlanPhase(AgentEvent):
     """A planning phase started (analysis, review, plan) — for progress display."""
 
     phase: str
-    status: str = "started"  # started | done | skipped
+    status: str = "started"  # started | done | skipped | failed
     detail: str = ""
 
 

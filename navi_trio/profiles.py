@@ -90,6 +90,9 @@ class AgentProfile:
     parallel_tool_calls: bool | None = None  # None -> Settings.parallel_tool_calls
     compression_keep_recent: int | None = None
     compression_max_tokens: int | None = None
+    # Output caps (None -> Settings.plan_max_tokens / answer_max_tokens).
+    plan_max_tokens: int | None = None
+    answer_max_tokens: int | None = None
     compression_prompt_file: str | None = None
 
     def model_or(self, default: str) -> str:
@@ -186,6 +189,10 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
         ):
             value = getattr(prof, field)
             if value is not None and value < 1:  # None: the setting of the same name
+                raise ConfigError(f"{path}: {where}.{field}: expected a number of 1 or more")
+        for field in ("plan_max_tokens", "answer_max_tokens", "compression_max_tokens"):
+            value = getattr(prof, field)
+            if value is not None and value < 1:
                 raise ConfigError(f"{path}: {where}.{field}: expected a number of 1 or more")
         prompt = prof.system_prompt
         if prof.system_prompt_file:

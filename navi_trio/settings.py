@@ -92,6 +92,10 @@ class Settings:
     compression_max_tokens: int = attrs.field(
         default=1024, metadata=_env("NAVI_COMPRESSION_MAX_TOKENS")
     )
+    # Output caps sent with every request (num_predict / max_tokens): each planning
+    # phase, and the answer. A model that never stops must not fill the window.
+    plan_max_tokens: int = attrs.field(default=1024, metadata=_env("NAVI_PLAN_MAX_TOKENS"))
+    answer_max_tokens: int = attrs.field(default=4096, metadata=_env("NAVI_ANSWER_MAX_TOKENS"))
     # Where things live.
     db_path: Path = attrs.field(
         factory=lambda: _default_data_dir() / "navi.db", metadata=_env("NAVI_DB")

@@ -290,3 +290,37 @@ async def test_stop_during_a_compression_leaves_the_context_as_it_was(tmp_path: 
             await h.fake.wait_disconnects(1)
             context = await h.runtime.store.load_context("s1")
             assert context == [*before, context[-1]] and context[-1]["content"] == TASK
+
+
+async def test_a_session_stuck_on_huge_recent_messages_recovers_after_compact(
+    tmp_path: Path,
+) -> None:
+    # Recent messages too big for the window (a user message is never cut in the view):
+    # every turn fails with context_too_large until a forced compaction cuts them.
+    huge = "START " + "word " * 1500 + "END"
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=[{"text": "small answer"}], num_ctx=1024) as h:
+            await seed(h)
+            frames = await h.turn("s1", huge)
+            assert frames[-1]["reason"] == "context_too_large"
+            assert "navi compact --session s1" in frames[-1]["text"]
+            frames = await h.turn("s1", "and now?")
+            assert frames[-1]["reason"] == "context_too_large"  # stuck
+            assert h.chat_requests == []
+
+            s = await h.session("s1")
+            await s.idle()  # the last run has fully ended: compact is not refused as busy
+            s.compact()
+            done = (await s.until_type("context_compressed"))[-1]
+            await s.idle()
+            assert done["reason"] == "forced" and done["tokens_after"] < done["tokens_before"]
+            assert h.chat_requests == []  # nothing older to summarise: no LLM call
+
+            frames = await h.turn("s1", "go on")
+            assert frames[-1]["reason"] == "complete" and frames[-1]["text"] == "small answer"
+            sent = h.chat_requests[0]["messages"]
+            cut = [m["content"] for m in sent if m["content"].startswith("START")]
+            assert len(cut) == 1 and cut[0].endswith("END") and "[…truncated ~" in cut[0]
+            # The display history keeps every word.
+            messages = await h.runtime.store.load_messages("s1")
+            assert any(m["content"] == huge for m in messages)

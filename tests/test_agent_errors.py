@@ -134,7 +134,7 @@ async def test_context_too_large_is_answered_not_crashed(tmp_path: Path) -> None
             end = frames[-1]
             assert end["reason"] == "context_too_large"
             text = "".join(f["text"] for f in of_type(frames, "text_delta"))
-            assert text == end["text"] and "/compact" in text and "tokens" in text
+            assert text == end["text"] and "navi compact --session s1" in text and "tokens" in text
             messages = await h.runtime.store.load_messages("s1")
             context = await h.runtime.store.load_context("s1")
             # The user message is kept; the synthesized answer is shown, not sent back.

@@ -169,3 +169,93 @@ async def test_planning_mandatory_overrides_direct_on_every_turn(tmp_path: Path)
         async with open_harness(tmp_path / "off", replies=replies) as h:
             frames = await h.turn("s1", REQUEST)
             assert not of_type(frames, "plan") and frames[-1]["text"] == "plain answer"
+
+
+# -- bounds on planning (issue 7 #2) ------------------------------------------------------
+
+
+def _warnings(frames: list[Any]) -> list[tuple[str, str]]:
+    return [(f["code"], f["message"]) for f in of_type(frames, "warning")]
+
+
+async def test_a_phase_cut_at_its_cap_is_a_failed_phase_and_the_turn_goes_on(
+    tmp_path: Path,
+) -> None:
+    for cut_at in ("analysis", "plan"):
+        analysis = {"text": "Goal: a long analysis that never ends " * 20}
+        if cut_at == "analysis":
+            replies = [{**analysis, "done_reason": "length"}, {"text": "the answer"}]
+        else:
+            replies = [
+                {"text": "Goal: x\nREFLECT: no"},
+                {"text": PLAN[:60], "done_reason": "length"},
+                {"text": "the answer"},
+            ]
+        with trio.fail_after(TIMEOUT):
+            async with open_harness(tmp_path / cut_at, replies=replies) as h:
+                frames = await h.turn("s1", REQUEST)
+                warnings = _warnings(frames)
+                assert [code for code, _ in warnings] == ["plan_cut"], warnings
+                assert f"the {cut_at} phase was cut at its output cap of 1024" in warnings[0][1]
+                assert not of_type(frames, "plan") and not of_type(frames, "todo_updated")
+                phases = [(f["phase"], f["status"]) for f in of_type(frames, "plan_phase")]
+                assert phases[-1] == (cut_at, "failed")
+                assert frames[-1]["reason"] == "complete" and frames[-1]["text"] == "the answer"
+                context = await h.runtime.store.load_context("s1")
+                assert not any(m.get("is_plan") for m in context)
+                # The answer call did not get the cut text as a plan.
+                assert "## Plan" not in str(h.chat_requests[-1]["messages"])
+
+
+async def test_a_planning_prompt_that_cannot_fit_is_never_sent(tmp_path: Path) -> None:
+    # ~1000 tokens of request: the analysis prompt with room for its 1024-token answer
+    # does not fit a 2048 window, while the turn's own call (no planning prompt) does.
+    request = "Summarise this text: " + "word " * 1000
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=[{"text": "short"}], num_ctx=2048) as h:
+            frames = await h.turn("s1", request)
+            warnings = _warnings(frames)
+            assert [code for code, _ in warnings] == ["plan_too_large"]
+            assert "analysis prompt needs ~" in warnings[0][1] and "(2048" in warnings[0][1]
+            reqs = h.chat_requests
+            assert len(reqs) == 1 and reqs[0]["messages"][-2]["content"] == request
+            assert frames[-1]["reason"] == "complete" and frames[-1]["text"] == "short"
+
+
+async def test_a_long_analysis_is_cut_before_it_is_carried_into_the_plan(
+    tmp_path: Path,
+) -> None:
+    analysis = "Goal: START " + "detail " * 3000 + "END\nREFLECT: no"
+    replies = [{"text": analysis}, {"text": PLAN}, *_finish_plan(), {"text": "done"}]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=replies, profiles={"general": {"plan_max_tokens": 500}}
+        ) as h:
+            frames = await h.turn("s1", REQUEST)
+            plan_prompt = h.chat_requests[1]["messages"][-1]["content"]
+            assert "[the analysis was cut to 500 tokens]" in plan_prompt
+            assert "START" in plan_prompt and "END" in plan_prompt  # head and tail kept
+            assert plan_prompt.count("detail") < 600
+            assert len(of_type(frames, "plan")) == 1
+
+
+def _finish_plan() -> list[dict[str, Any]]:
+    return [_calls(_done(1)), _calls(_done(2)), _calls(_done(3))]
+
+
+async def test_a_plan_with_no_parsable_steps_gives_no_plan_and_the_turn_answers(
+    tmp_path: Path,
+) -> None:
+    unreadable = "Complexity: simple\nMilestones: done\nI would just answer this directly."
+    replies = [{"text": "Goal: x\nREFLECT: no"}, {"text": unreadable}, {"text": "the answer"}]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=replies) as h:
+            frames = await h.turn("s1", REQUEST)
+            phases = [(f["phase"], f["status"], f["detail"]) for f in of_type(frames, "plan_phase")]
+            assert phases[-1] == ("plan", "done", "0 steps")
+            assert not of_type(frames, "plan") and not of_type(frames, "todo_updated")
+            assert not of_type(frames, "warning")
+            assert frames[-1]["reason"] == "complete" and frames[-1]["text"] == "the answer"
+            context = await h.runtime.store.load_context("s1")
+            assert [m["role"] for m in context] == ["user", "assistant"]
+            assert not any(m.get("is_plan") for m in context)

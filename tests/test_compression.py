@@ -301,3 +301,84 @@ def test_kept_part_never_holds_a_result_whose_call_was_summarised(
     assert out.messages_summarised == start
     # Compacting the result again finds nothing new.
     assert not comp.would_compress(out.context, profile=profile)
+
+
+# -- forced compression shrinks what it keeps (issue 7 #5) ---------------------------------
+
+
+async def test_forced_compression_cuts_huge_kept_messages_to_fit() -> None:
+    # Nothing older to summarise, but the two kept messages are far over the window.
+    huge = [
+        {"role": "user", "content": "START " + "word " * 3000 + "END"},
+        {"role": "assistant", "content": "reply " * 2000},
+    ]
+    llm = FakeLLM()
+    comp = compressor(llm, num_ctx=2048)
+    assert not comp.would_compress(huge, profile=PROFILE)  # automatic: nothing older
+    assert comp.would_compress(huge, profile=PROFILE, shrink=True)
+    with pytest.raises(NothingToCompactError):
+        await comp.compress(huge, profile=PROFILE, config=config(), reason="pre_turn")
+    out = await comp.compress(huge, profile=PROFILE, config=config(), reason="forced", shrink=True)
+    assert llm.calls == []  # no summary call: there was nothing older
+    assert out.messages_summarised == 0
+    assert out.tokens_after <= comp.threshold() < out.tokens_before
+    user = out.context[0]["content"]
+    assert user.startswith("START") and user.endswith("END") and "[…truncated ~" in user
+    per = Settings(num_ctx=2048).message_token_budget
+    assert all(COUNTER.estimate_message(m) <= per for m in out.context)
+    assert huge[0]["content"].count("word") == 3000  # the input is not touched
+    # Once it fits, there is nothing left to do.
+    assert not comp.would_compress(out.context, profile=PROFILE, shrink=True)
+
+
+async def test_forced_compression_summarises_and_cuts_many_kept_messages_to_the_threshold() -> None:
+    # Eight kept messages, each under the per-message budget, together over the threshold.
+    kept = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"k{i} " + "word " * 330}
+        for i in range(8)
+    ]
+    profile = AgentProfile(id="general", compression_keep_recent=8)
+    context = [*turn(0), *kept]
+    comp = compressor(FakeLLM("GIST"), num_ctx=2048)
+    out = await comp.compress(context, profile=profile, config=config(), reason="forced",
+                              shrink=True)  # fmt: skip
+    assert out.context[0]["content"] == f"{SUMMARY_PREFIX}\nGIST"
+    assert [m["content"].split()[0] for m in out.context[1:]] == [f"k{i}" for i in range(8)]
+    assert out.tokens_after <= comp.threshold()
+    # Without shrink the kept part stays word for word (automatic compression).
+    plain = await comp.compress(context, profile=profile, config=config(), reason="pre_turn")
+    assert [m["content"] for m in plain.context[1:]] == [m["content"] for m in kept]
+
+
+def test_shrink_keeps_a_small_call_whole_and_cuts_its_big_result() -> None:
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c1", "name": "terminal", "arguments": {"cmd": "ls"}}],
+    }
+    result = {"role": "tool", "tool_call_id": "c1", "name": "terminal", "content": "x " * 4000}
+    comp = compressor(FakeLLM(), num_ctx=2048)
+    out = comp._shrink([call, result], budget=600)
+    assert out[0] == call
+    assert out[1]["tool_call_id"] == "c1" and len(out[1]["content"]) < 4000
+
+
+def test_shrink_cuts_the_long_string_arguments_of_a_kept_call() -> None:
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "name": "filesystem",
+             "arguments": {"op": "write", "path": "a.txt", "content": "line " * 5000}},
+        ],
+    }  # fmt: skip
+    result = {"role": "tool", "tool_call_id": "c1", "name": "filesystem", "content": "written"}
+    comp = compressor(FakeLLM(), num_ctx=2048)
+    assert comp.would_compress([call, result], profile=PROFILE, shrink=True)
+    out = comp._shrink([call, result], budget=1000)
+    args = out[0]["tool_calls"][0]["arguments"]
+    assert (args["op"], args["path"]) == ("write", "a.txt")
+    assert "[…truncated ~" in args["content"] and len(args["content"]) < 5000
+    assert out[0]["tool_calls"][0]["id"] == "c1" and out[1] == result
+    assert not comp.would_compress(out, profile=PROFILE, shrink=True)
+    assert call["tool_calls"][0]["arguments"]["content"] == "line " * 5000  # input untouched

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
+import trio
+from agent_tools import seed
 
-from navi_trio.core.context import MEMORY_HEADER, ContextBuilder
+from navi_trio.core.context import MEMORY_HEADER, PARALLEL_CALLS_NOTE, ContextBuilder
 from navi_trio.core.tokens import TokenCounter
 from navi_trio.errors import ContextTooLargeError
 from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings
+from navi_trio.testing import open_harness
 
 PERSONA = "You are Navi."
 GENERAL = AgentProfile(
@@ -212,3 +216,40 @@ def test_memories_must_be_strings(builder: ContextBuilder, config: NaviConfig) -
         builder.build(config=config, profile=GENERAL, context=[], memories=["a", 3])  # type: ignore[list-item]
     with pytest.raises(TypeError, match="not one string"):
         builder.build(config=config, profile=GENERAL, context=[], memories="likes tea")
+
+
+# -- the parallel-calls rule (issue 7 #19) -------------------------------------------------
+
+
+def test_the_batching_rule_is_in_the_system_message_only_with_parallel_calls(
+    counter: TokenCounter, config: NaviConfig
+) -> None:
+    off = ContextBuilder(Settings(), counter)
+    on = ContextBuilder(Settings(parallel_tool_calls=True), counter)
+    msgs = [{"role": "user", "content": "hi"}]
+    plain = off.build(config=config, profile=GENERAL, context=msgs)[0]["content"]
+    assert PARALLEL_CALLS_NOTE not in plain
+    for builder, profile in (
+        (on, GENERAL),  # the setting turns it on
+        (off, attrs.evolve(GENERAL, parallel_tool_calls=True)),  # the profile does
+    ):
+        for kwargs in ({}, {"subagent": True}, {"system_override": "Custom sub-agent."}):
+            system = builder.build(config=config, profile=profile, context=msgs, **kwargs)[0]
+            assert system["content"].endswith(PARALLEL_CALLS_NOTE), kwargs
+    system = on.build(
+        config=config, profile=attrs.evolve(GENERAL, parallel_tool_calls=False), context=msgs
+    )[0]
+    assert PARALLEL_CALLS_NOTE not in system["content"]
+
+
+async def test_the_coder_profile_sends_the_batching_rule_to_the_model(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with open_harness(tmp_path, replies=[{"text": "ok"}]) as h:
+            await seed(h, "s-coder", profile_id="coder")
+            await seed(h, "s-general", profile_id="general")
+            h.add_replies({"text": "ok"})
+            await h.turn("s-coder", "hi")  # casual: no planning call
+            await h.turn("s-general", "hi")
+            coder, general = (r["messages"][0]["content"] for r in h.chat_requests)
+            assert "Batch only calls that are independent" in coder
+            assert "Batch only calls that are independent" not in general

@@ -6,7 +6,6 @@ network, no real sleeps (the cancellation test uses the autojump clock).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -285,6 +284,58 @@ def test_parse_plan_cuts_to_fifteen_steps_and_renumbers() -> None:
     assert len(steps) == MAX_PLAN_STEPS
     assert [s.index for s in steps] == list(range(1, 16))
     assert steps[-1].description == "step 15"
+
+
+def test_numbered_tagged_lines_after_inline_milestones_are_steps() -> None:
+    # Seen from a real model: milestones inline, then the steps with no "Steps:" heading.
+    text = """Complexity: medium
+Milestones: gather, report
+1. List the files — TOOL: filesystem
+2. Read the README — TOOL: filesystem
+3. Write the report — SELF
+"""
+    steps, milestones, complexity = parse_plan(text)
+    assert [(s.index, s.description, s.executor, s.target) for s in steps] == [
+        (1, "List the files", "TOOL", "filesystem"),
+        (2, "Read the README", "TOOL", "filesystem"),
+        (3, "Write the report", "SELF", None),
+    ]
+    assert milestones == ("gather, report",) and complexity == "medium"
+
+
+def test_numbered_tagged_lines_after_bulleted_milestones_are_steps() -> None:
+    text = """Milestones:
+- Files known
+- Report written
+1. List the files — TOOL: filesystem
+2. Write the report
+"""
+    steps, milestones, _ = parse_plan(text)
+    assert [(s.description, s.executor) for s in steps] == [
+        ("List the files", "TOOL"),
+        ("Write the report", "SELF"),
+    ]
+    assert milestones == ("Files known", "Report written")
+
+
+def test_numbered_milestones_without_executor_tags_stay_milestones() -> None:
+    text = "Milestones:\n1. Design the (API)\n2. Tests green\nSteps:\n1. Write it — SELF\n"
+    steps, milestones, _ = parse_plan(text)
+    assert milestones == ("Design the (API)", "Tests green")
+    assert [s.description for s in steps] == ["Write it"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Complexity: simple\nMilestones:\n- done\nSteps:\n",  # a heading and no steps
+        "Milestones: a; b\n1. first outcome\n2. second outcome\n",  # all milestones
+        "Steps: none needed, I will answer directly.",
+        "<think>1. Read it — TOOL: filesystem</think>\nNo plan.",  # steps only in thinking
+    ],
+)
+def test_plan_text_with_no_parsable_steps_gives_no_steps(text: str) -> None:
+    assert parse_plan(text)[0] == ()
 
 
 @pytest.mark.parametrize("text", ["", "   \n\n", "I cannot make a plan.", "DIRECT", "}{%$#@!"])
@@ -578,18 +629,8 @@ def test_should_plan_truth_table(first: bool, enabled: bool, message: str, expec
     assert should_plan(is_first_message=first, profile=profile, message=message) is expected
 
 
-@pytest.mark.parametrize(
-    "text",
-    [" " * 50_000 + "x", "- " + " " * 50_000 + "x", "1. a tool" + " " * 50_000 + ":",
-     "1. a -" + " " * 50_000 + "self x", "reflect" + " " * 50_000 + "maybe", "<think>" * 20_000],
-)  # fmt: skip
-def test_parsers_stay_linear_on_long_whitespace_runs(text: str) -> None:
-    # A backtracking regex would take minutes here; the budget is generous for slow CI.
-    start = time.perf_counter()
-    parse_plan(text)
-    parse_analysis(text)
-    review_sections(text)
-    assert time.perf_counter() - start < 2.0
+# The parsers' speed on long whitespace runs (linear, not backtracking) is measured by
+# scripts/bench_plan_parser.py: a wall-clock assert here would depend on the machine.
 
 
 @pytest.mark.parametrize(
@@ -601,3 +642,38 @@ def test_planning_mandatory_plans_every_non_casual_turn(
 ) -> None:
     profile = AgentProfile(planning_mandatory=True)
     assert should_plan(is_first_message=first, profile=profile, message=message) is expected
+
+
+async def test_a_review_cut_at_its_cap_ends_planning_with_one_warning(
+    prompts: PlanningPrompts,
+) -> None:
+    from navi_trio.core.llm_call import Reply
+    from navi_trio.events import WarningEvent
+    from navi_trio.llm.base import DoneChunk
+
+    answers = {"analysis": ("Goal\nREFLECT: yes", "stop"), "review": ("Critic: and so", "length")}
+    asked: list[str] = []
+
+    async def complete(messages: list[dict[str, Any]], phase: str) -> Reply:
+        asked.append(phase)
+        await trio.lowlevel.checkpoint()
+        text, reason = answers[phase]
+        return Reply(text=[text], done=DoneChunk(done_reason=reason))
+
+    seen: list[PlanPhase | WarningEvent] = []
+    result = await run_planning(
+        "fix the failing test in foo.py",
+        profile=AgentProfile(id="r", planning_phase2_enabled=True),
+        complete=complete,
+        prompts=prompts,
+        tools=["filesystem"],
+        profiles=["r"],
+        on_phase=seen.append,
+    )
+    assert asked == ["analysis", "review"]  # the plan phase never ran
+    assert not result.has_plan and "review phase was cut" in result.failed
+    warnings = [e for e in seen if isinstance(e, WarningEvent)]
+    assert [w.code for w in warnings] == ["plan_cut"]
+    assert [(e.phase, e.status) for e in seen if isinstance(e, PlanPhase)][-1] == (
+        "review", "failed",
+    )  # fmt: skip

@@ -372,8 +372,8 @@ class Agent:
         turn = runner.turn
         text = (
             f"I can't go on with this conversation: it needs ~{exc.tokens} tokens but the "
-            f"model's window allows {exc.limit}. Use /compact to summarise it, or start a "
-            "new session."
+            f"model's window allows {exc.limit}. Compact it with `navi compact --session "
+            f"{turn.state.id}` (or /compact in a chat), or start a new session."
         )
         turn.emit(TextDelta(text))
         # Display only: adding it to the context would make the context larger still.
@@ -404,7 +404,7 @@ class Agent:
             )
             runner = TurnRunner(self, turn)
             if not self.compressor(runner.complete).would_compress(
-                state.context, profile=turn.profile
+                state.context, profile=turn.profile, shrink=True
             ):
                 raise NothingToCompactError(
                     "nothing to compact: the context is already short or already a summary"

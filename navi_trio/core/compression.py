@@ -18,6 +18,13 @@ summaries fold. When the older part is nothing but one summary there is nothing 
 compress (`would_compress` is False; `compress` raises NothingToCompactError), so
 ``/compact`` twice in a row never summarises a summary.
 
+Forced compression (``shrink=True``: ``/compact``, ``navi compact``, a prompt the server
+cut) must leave a context that fits, or a session with huge recent messages would fail
+every turn: any kept message over the per-message budget is cut (head and tail, marked,
+like the context builder's view), and when the kept part still exceeds the threshold
+the biggest messages are cut further until it fits. The display history keeps every
+word. A kept part that does not fit is something to compact even with no older part.
+
 Nothing here persists or emits anything: the agent saves the outcome and emits
 CompressionStarted / ContextCompressed (after checking `would_compress`).
 """
@@ -37,16 +44,21 @@ from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings
 
 from .context import is_kept_system
+from .llm_call import Reply, output_cap
 from .tokens import TokenCounter
 
-# complete(messages, purpose) -> the model's full answer; injected by the agent.
-Complete = Callable[[list[dict[str, Any]], str], Awaitable[str]]
+# complete(messages, purpose) -> the model's full answer (text, or a Reply holding it);
+# injected by the agent, which caps the answer at compression_max_tokens for PURPOSE.
+Complete = Callable[[list[dict[str, Any]], str], Awaitable["str | Reply"]]
 
 SUMMARY_PREFIX = "[Summary of earlier conversation]"
 DEFAULT_PROMPT_FILE = "compression.md"
 PURPOSE = "compression"
 # Room left in the summariser's own window for its prompt framing.
 _FRAMING_ROOM = 256
+# Room for the cut marker; and the least a kept message is cut to when shrinking.
+_MARKER_ROOM = 16
+_MIN_KEPT = 48
 
 
 def is_summary(msg: Mapping[str, Any]) -> bool:
@@ -130,15 +142,37 @@ class Compressor:
         return self._settings.compression_keep_recent if value is None else value
 
     def max_tokens(self, profile: AgentProfile) -> int:
-        value = profile.compression_max_tokens
-        return self._settings.compression_max_tokens if value is None else value
+        """The summary's size, which is also the summary call's output cap."""
+        return output_cap(self._settings, profile, PURPOSE)
 
     def would_compress(
-        self, context: Sequence[Mapping[str, Any]], *, profile: AgentProfile
+        self, context: Sequence[Mapping[str, Any]], *, profile: AgentProfile, shrink: bool = False
     ) -> bool:
-        """True only when the older part holds something that is not already one summary."""
-        older = _summarisable(context[: split_index(context, self.keep_recent(profile))])
-        return bool(older) and not (len(older) == 1 and is_summary(older[0]))
+        """True when the older part holds something that is not already one summary, or
+        (with `shrink`) when the kept part is too big to fit."""
+        start = split_index(context, self.keep_recent(profile))
+        if self._has_older(context[:start]):
+            return True
+        return shrink and self._kept_too_big(context[:start], context[start:], profile)
+
+    @staticmethod
+    def _has_older(older: Sequence[Mapping[str, Any]]) -> bool:
+        parts = _summarisable(older)
+        return bool(parts) and not (len(parts) == 1 and is_summary(parts[0]))
+
+    def _kept_budget(self, head: Sequence[Mapping[str, Any]], profile: AgentProfile) -> int:
+        """Tokens the kept part may use: the threshold minus what goes before it."""
+        return self.threshold() - self._counter.estimate_messages(head)
+
+    def _kept_too_big(
+        self,
+        head: Sequence[Mapping[str, Any]],
+        kept: Sequence[Mapping[str, Any]],
+        profile: AgentProfile,
+    ) -> bool:
+        per = self._settings.message_token_budget
+        sizes = [self._counter.estimate_message(m) for m in kept]
+        return any(n > per for n in sizes) or sum(sizes) > self._kept_budget(head, profile)
 
     async def compress(
         self,
@@ -147,37 +181,86 @@ class Compressor:
         profile: AgentProfile,
         config: NaviConfig,
         reason: str,
+        shrink: bool = False,
     ) -> CompressionOutcome:
         """Summarise the older part; raises NothingToCompactError when there is none.
 
-        `reason` (pre_turn, mid_turn, forced, worker …) is only used in messages; the
-        agent reports it in its events.
+        With `shrink` (forced compression) the kept messages are also cut until the
+        result fits (see the module docstring). `reason` (pre_turn, mid_turn, forced,
+        worker …) is only used in messages; the agent reports it in its events.
         """
         start = split_index(context, self.keep_recent(profile))
         older = list(context[:start])
-        if not self.would_compress(context, profile=profile):
+        if not self.would_compress(context, profile=profile, shrink=shrink):
             raise NothingToCompactError(
                 f"nothing to compact ({reason}): the {len(context) - start} most recent "
                 "messages are kept as they are and everything before them is already a summary"
             )
-        max_tokens = self.max_tokens(profile)
-        if max_tokens < 1:
-            raise ConfigError(f"profile {profile.id!r}: compression_max_tokens must be 1 or more")
-        prompt = await self._prompt(profile, config, max_tokens)
-        summary = await self._summarise(_summarisable(older), prompt, max_tokens)
-        summary_msg = {
-            "role": "system",
-            "content": f"{SUMMARY_PREFIX}\n{summary}",
-            "summary": True,
-            "keep": True,
-        }
-        new_context = [summary_msg, *(dict(m) for m in context[start:])]
+        head: list[dict[str, Any]] = [dict(m) for m in _summarisable(older)]
+        if self._has_older(older):
+            max_tokens = self.max_tokens(profile)
+            if max_tokens < 1:
+                raise ConfigError(
+                    f"profile {profile.id!r}: compression_max_tokens must be 1 or more"
+                )
+            prompt = await self._prompt(profile, config, max_tokens)
+            summary = await self._summarise(_summarisable(older), prompt, max_tokens)
+            head = [
+                {
+                    "role": "system",
+                    "content": f"{SUMMARY_PREFIX}\n{summary}",
+                    "summary": True,
+                    "keep": True,
+                }
+            ]
+        kept = [dict(m) for m in context[start:]]
+        if shrink:
+            kept = self._shrink(kept, self._kept_budget(head, profile))
+        new_context = [*head, *kept]
         return CompressionOutcome(
             context=new_context,
             tokens_before=self._counter.estimate_messages(context),
             tokens_after=self._counter.estimate_messages(new_context),
             messages_summarised=len(older),
         )
+
+    def _shrink(self, kept: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+        """Cut kept messages to the per-message budget, then the biggest ones further
+        until their total fits `budget` (never below a small floor each)."""
+        out = [self._cut(m, self._settings.message_token_budget) for m in kept]
+        sizes = [self._counter.estimate_message(m) for m in out]
+        if sum(sizes) <= budget:
+            return out
+        level = _level(sizes, max(budget, _MIN_KEPT * len(sizes)))
+        return [self._cut(m, level) for m in out]
+
+    def _cut(self, msg: dict[str, Any], limit: int) -> dict[str, Any]:
+        size = self._counter.estimate_message(msg)
+        if size <= limit:
+            return msg
+        if msg.get("tool_calls"):
+            # A call's long string arguments (a file written whole) are cut too: the
+            # call keeps its id, name and keys, so its result still pairs with it.
+            msg = {**msg, "tool_calls": [self._cut_call(c, limit) for c in msg["tool_calls"]]}
+            size = self._counter.estimate_message(msg)
+        content = msg.get("content")
+        if size <= limit or not isinstance(content, str) or not content:
+            return msg
+        fixed = size - self._counter.count_text(content)
+        room = max(limit - fixed - _MARKER_ROOM, _MIN_KEPT // 2)
+        cut, n = self._counter.truncate_middle(content, room)
+        return {**msg, "content": cut} if n else msg
+
+    def _cut_call(self, call: Any, limit: int) -> Any:
+        args = call.get("arguments") if isinstance(call, Mapping) else None
+        if not isinstance(args, Mapping):
+            return call
+        room = max(limit // (2 * max(len(args), 1)), _MIN_KEPT // 2)
+        cut = {
+            k: self._counter.truncate_middle(v, room)[0] if isinstance(v, str) else v
+            for k, v in args.items()
+        }
+        return {**call, "arguments": cut}
 
     async def _prompt(self, profile: AgentProfile, config: NaviConfig, max_tokens: int) -> str:
         if profile.compression_prompt_file:
@@ -208,6 +291,8 @@ class Compressor:
         room = max(room - _FRAMING_ROOM - (carried - max_tokens), _FRAMING_ROOM)
         for chunk in _chunks(entries, room, self._counter):
             answer = await self._complete(_request(prompt, so_far, chunk), PURPOSE)
+            if isinstance(answer, Reply):
+                answer = answer.content
             if not isinstance(answer, str) or not answer.strip():
                 raise LLMError(
                     "the model returned an empty summary; the context was left as it was"
@@ -240,6 +325,18 @@ class Compressor:
 def _summarisable(older: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     # Stored system prompts are stripped from every built context: nothing to keep.
     return [m for m in older if m["role"] != "system" or is_kept_system(m)]
+
+
+def _level(sizes: Sequence[int], budget: int) -> int:
+    """The largest cap c with sum(min(size, c)) <= budget (water filling)."""
+    left = budget
+    ordered = sorted(sizes)
+    for i, size in enumerate(ordered):
+        share = left // (len(ordered) - i)
+        if size > share:
+            return max(share, _MIN_KEPT)
+        left -= size
+    return max(ordered, default=budget)
 
 
 def _chunks(entries: list[str], room: int, counter: TokenCounter) -> list[list[str]]:

@@ -3,7 +3,8 @@
 Every LLM call receives, in order:
 
 1. the system message — persona + ``---`` + the profile's system prompt — built fresh,
-   never stored, cached per (profile id, sub-agent or not);
+   never stored, cached per (profile id, sub-agent or not); when the profile runs tool
+   calls in parallel, `PARALLEL_CALLS_NOTE` follows it (batch only independent calls);
 2. the memory message ``## What I remember about the user`` when there are memories;
 3. the session context, with stored ``system`` messages stripped (the system prompt
    is injected fresh, so an old one would duplicate it) — except messages marked
@@ -33,6 +34,14 @@ SEPARATOR = "\n\n---\n\n"
 TRUNCATED_ROLES = ("tool", "assistant")
 # Room for the marker line and its newlines when a message is cut.
 _MARKER_ROOM = 16
+# With parallel tool calls, every call of one answer runs at once, in no set order: a
+# model that batches "read the file" with "edit it" gets nonsense back.
+PARALLEL_CALLS_NOTE = """## Several tool calls in one answer
+The tool calls of one answer run at the same time, in no fixed order, and you see all
+their results together. Batch only calls that are independent of each other: none needs
+another one's result, and no two write the same file or act on the same process or
+terminal. A call that depends on another (read a file, then edit it; start a process,
+then read its output) goes in a later answer, after you have seen the first result."""
 
 
 def is_kept_system(msg: Mapping[str, Any]) -> bool:
@@ -81,6 +90,11 @@ class ContextBuilder:
         self._system_cache[key] = text
         return text
 
+    def parallel_calls(self, profile: AgentProfile) -> bool:
+        """Whether `profile` runs the calls of one answer at once (else the setting)."""
+        value = profile.parallel_tool_calls
+        return self._settings.parallel_tool_calls if value is None else value
+
     def invalidate(self, profile_id: str | None = None) -> None:
         """Drop the cached system prompts of `profile_id` (of every profile when None)."""
         if profile_id is None:
@@ -106,6 +120,8 @@ class ContextBuilder:
         input, so callers must not mutate them in the result either.
         """
         system = self.system_prompt(config, profile, subagent=subagent, override=system_override)
+        if self.parallel_calls(profile):
+            system = f"{system}{SEPARATOR}{PARALLEL_CALLS_NOTE}" if system else PARALLEL_CALLS_NOTE
         built: list[dict[str, Any]] = [{"role": "system", "content": system}]
         memory = memory_message(memories)
         if memory is not None:

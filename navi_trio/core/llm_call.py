@@ -18,6 +18,7 @@ from navi_trio.llm.base import (
     ToolCallsChunk,
 )
 from navi_trio.llm.guard import guarded_stream
+from navi_trio.profiles import AgentProfile
 from navi_trio.settings import Settings
 
 
@@ -84,11 +85,34 @@ def chat_request(
     *,
     tools: list[dict[str, Any]] | None = None,
     think: bool = False,
+    max_tokens: int | None = None,
 ) -> ChatRequest:
+    """One request; it always carries an output cap (`max_tokens`, else the answer's).
+
+    ``num_predict`` is Ollama's name; the OpenAI dialect sends it as ``max_tokens``.
+    """
+    cap = settings.answer_max_tokens if max_tokens is None else max_tokens
+    if cap < 1:
+        raise ValueError(f"max_tokens must be 1 or more, got {cap}")
     return ChatRequest(
         messages=messages,
         model=model,
         tools=tools or [],
         think=think,
-        options={"num_ctx": settings.num_ctx},
+        options={"num_ctx": settings.num_ctx, "num_predict": cap},
     )
+
+
+PLANNING_PURPOSES = ("analysis", "review", "plan")
+
+
+def output_cap(settings: Settings, profile: AgentProfile, purpose: str) -> int:
+    """The output cap of a call made for `purpose`: a planning phase, compression or
+    anything else (the answer). The profile's field wins over the setting."""
+    if purpose in PLANNING_PURPOSES:
+        value, default = profile.plan_max_tokens, settings.plan_max_tokens
+    elif purpose == "compression":
+        value, default = profile.compression_max_tokens, settings.compression_max_tokens
+    else:
+        value, default = profile.answer_max_tokens, settings.answer_max_tokens
+    return default if value is None else value

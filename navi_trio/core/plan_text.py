@@ -183,6 +183,8 @@ _EXECUTORS = (
     re.compile(r"(?:[-–—|:→]|->|=>)\s*(?P<other>self)\s*\.?\s*$", re.I),
 )
 _EXECUTOR_LEAD = re.compile(r"^(?:executor|tool|agent|self)\b", re.I)
+# What makes a marker an executor tag and not a word in brackets ("(API)").
+_TAG_WORD = re.compile(r"\b(?:executor|tool|agent|self)\b", re.I)
 _EDGE_JUNK = " \t-–—:|,;→>=*"
 
 
@@ -208,6 +210,13 @@ def _executor(text: str) -> tuple[str, str | None, tuple[int, int] | None]:
             return "AGENT", None, m.span()
         return "SELF", None, m.span()  # SELF, an unknown word, or TOOL without a name
     return "SELF", None, None
+
+
+def _is_tagged(text: str) -> bool:
+    """True when `text` names its executor (TOOL/AGENT/SELF/executor), not just "(API)"."""
+    plain = text.replace("**", "")
+    span = _executor(plain)[2]
+    return span is not None and _TAG_WORD.search(plain[span[0] : span[1]]) is not None
 
 
 def _tidy(text: str) -> str:
@@ -241,7 +250,9 @@ def parse_plan(text: str) -> tuple[tuple[PlanStep, ...], tuple[str, ...], str]:
     """(steps, milestones, complexity) from a Phase 3 answer; never raises on bad text.
 
     Steps under a ``Steps:`` heading win; without one, numbered lines anywhere outside
-    the milestones count. Executors missing or unknown become SELF; steps are cut to
+    the milestones count. A numbered line with an executor tag is a step even right
+    after the milestones (``Milestones: a, b`` then ``1. List — TOOL: filesystem``).
+    Executors missing or unknown become SELF; steps are cut to
     `MAX_PLAN_STEPS` and renumbered 1..n.
     """
     complexity = ""
@@ -270,6 +281,11 @@ def parse_plan(text: str) -> tuple[tuple[PlanStep, ...], tuple[str, ...], str]:
             section = new_section or section
             continue
         body = item.group("body")
+        if section == "milestones" and numbered and _is_tagged(body):
+            # A numbered line with an executor tag is a step wherever it stands: the
+            # model wrote its milestones inline or as bullets and went on without a
+            # "Steps:" heading. What follows is steps too.
+            section = "steps"
         if section == "milestones":
             _add_milestone(milestones, body)
             current = None

@@ -5,6 +5,14 @@ The agent loop decides whether to plan (`should_plan`) and does what follows a p
 ``is_plan``, the todo list from `plan_step_texts`, the `plan_event` for clients). This
 module runs the model calls through an injected `Complete` function, so it has no HTTP
 in it; reading what the model wrote is `navi_trio.core.plan_text`.
+
+Bounds (`PlanLimits`): each phase's output is capped by the request (the agent's
+`complete` sends ``plan_max_tokens``); a phase the model did not finish (done reason
+``length``) is a failed phase, and planning ends there without a plan and with one
+``plan_cut`` warning. The analysis and the review are cut (marked) before they are
+carried into the next phase, and every prompt is measured against the window before
+it is sent: one that cannot fit with room for its answer skips planning
+(``plan_too_large``). The turn goes on without a plan in both cases.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from typing import Any
 
 import attrs
 
+from navi_trio.core.llm_call import Reply, output_cap
 from navi_trio.core.plan_text import MAX_MILESTONES as MAX_MILESTONES
 from navi_trio.core.plan_text import MAX_PLAN_STEPS as MAX_PLAN_STEPS
 from navi_trio.core.plan_text import REVIEW_SECTIONS as REVIEW_SECTIONS
@@ -24,12 +33,16 @@ from navi_trio.core.plan_text import is_casual as is_casual
 from navi_trio.core.plan_text import parse_analysis as parse_analysis
 from navi_trio.core.plan_text import parse_plan as parse_plan
 from navi_trio.core.plan_text import review_sections as review_sections
+from navi_trio.core.tokens import TokenCounter
 from navi_trio.errors import ConfigError
-from navi_trio.events import PlanCreated, PlanPhase, PlanStep
+from navi_trio.events import PlanCreated, PlanPhase, PlanStep, WarningEvent
 from navi_trio.profiles import AgentProfile
+from navi_trio.settings import Settings
 
-# complete(messages, phase) -> the model's whole answer; phase is "analysis" | "review" | "plan".
-Complete = Callable[[list[dict[str, Any]], str], Awaitable[str]]
+# complete(messages, phase) -> the model's whole answer; phase is "analysis" | "review" |
+# "plan". A `Reply` also says why the model stopped (a cut phase is a failed one).
+Complete = Callable[[list[dict[str, Any]], str], Awaitable[str | Reply]]
+OnPhase = Callable[[PlanPhase | WarningEvent], None]
 
 # ---------------------------------------------------------------- prompts
 
@@ -83,6 +96,37 @@ class PlanningPrompts:
         return cls(**texts)
 
 
+# ---------------------------------------------------------------- bounds
+
+
+@attrs.frozen
+class PlanLimits:
+    """How big the planning calls may get (see the module docstring)."""
+
+    counter: TokenCounter
+    num_ctx: int  # the model's window: prompt + answer must fit in it
+    max_tokens: int  # each phase's output cap, as the request sends it
+    carry_tokens: int  # the most of the analysis / review carried into the next phase
+
+    @classmethod
+    def of(cls, settings: Settings, profile: AgentProfile, counter: TokenCounter) -> PlanLimits:
+        cap = output_cap(settings, profile, "plan")
+        # The phase output is capped already; the window bound matters for small windows.
+        carry = max(64, min(cap, settings.num_ctx // 8))
+        return cls(counter=counter, num_ctx=settings.num_ctx, max_tokens=cap, carry_tokens=carry)
+
+
+class _PlanningFailed(Exception):
+    """A phase was cut or a prompt cannot fit: planning ends without a plan."""
+
+
+def _carry(text: str, what: str, limits: PlanLimits | None) -> str:
+    if limits is None:
+        return text
+    cut, n = limits.counter.truncate_middle(text, limits.carry_tokens)
+    return cut if not n else f"{cut}\n[the {what} was cut to {limits.carry_tokens} tokens]"
+
+
 # ---------------------------------------------------------------- result
 
 
@@ -96,6 +140,7 @@ class PlanResult:
     steps: tuple[PlanStep, ...] = ()
     milestones: tuple[str, ...] = ()
     complexity: str = ""  # simple | medium | complex | autonomous | ""
+    failed: str = ""  # why planning ended without a plan (a cut phase, a prompt too big)
 
     @property
     def has_plan(self) -> bool:
@@ -192,54 +237,127 @@ async def run_planning(
     tools: Sequence[str],
     profiles: Sequence[str],
     context_summary: str = "",
-    on_phase: Callable[[PlanPhase], None] = lambda e: None,
+    on_phase: OnPhase = lambda e: None,
+    limits: PlanLimits | None = None,
 ) -> PlanResult:
-    """Run Phase 1, then (maybe) Phase 2 and Phase 3. Errors and cancellation propagate."""
+    """Run Phase 1, then (maybe) Phase 2 and Phase 3. Errors and cancellation propagate.
+
+    A phase cut at its output cap, or a prompt that cannot fit the window (`limits`),
+    ends planning: one warning, a result without a plan (`failed` says why).
+    """
     if not message.strip():
         raise ValueError("planning needs a non-empty user message")
-    values = {
-        "request": message,
-        "context": context_summary.strip() or "(no earlier conversation)",
-        "tools": _bullets(tools, "(no tools)"),
-        "profiles": _bullets(profiles, "(no sub-agent profiles)"),
-        "analysis": "",
-        "review": "",
-    }
+    run = _Phases(complete, on_phase, limits)
+    try:
+        return await run.all(message, profile, prompts, tools, profiles, context_summary)
+    except _PlanningFailed as exc:
+        return PlanResult(
+            direct=False,
+            analysis=run.analysis,
+            reflect=False,
+            review=None,
+            text="",
+            failed=str(exc),
+        )
 
-    on_phase(PlanPhase(phase="analysis", status="started"))
-    analysis = await complete(_ask(prompts.analysis, values), "analysis")
-    direct, reflect = parse_analysis(analysis)
-    on_phase(PlanPhase(phase="analysis", status="done", detail=_analysis_detail(direct, reflect)))
-    if direct and not profile.planning_mandatory:
-        on_phase(PlanPhase(phase="review", status="skipped", detail="direct"))
-        on_phase(PlanPhase(phase="plan", status="skipped", detail="direct"))
-        return PlanResult(direct=True, analysis=analysis, reflect=False, review=None, text="")
-    values["analysis"] = _FORCED_NOTE if direct else _strip_thinking(analysis).strip()
 
-    review: str | None = None
-    if profile.planning_phase2_enabled and reflect:
-        on_phase(PlanPhase(phase="review", status="started"))
-        review = await complete(_ask(prompts.review, values), "review")
-        values["review"] = _review_block(review)
-        on_phase(PlanPhase(phase="review", status="done"))
-    else:
-        why = "no reflection asked" if profile.planning_phase2_enabled else "phase 2 disabled"
-        on_phase(PlanPhase(phase="review", status="skipped", detail=why))
+@attrs.define
+class _Phases:
+    complete: Complete
+    on_phase: OnPhase
+    limits: PlanLimits | None
+    analysis: str = ""
 
-    on_phase(PlanPhase(phase="plan", status="started"))
-    text = await complete(_ask(prompts.plan, values), "plan")
-    steps, milestones, complexity = parse_plan(text)
-    on_phase(PlanPhase(phase="plan", status="done", detail=f"{len(steps)} steps"))
-    return PlanResult(
-        direct=False,
-        analysis=analysis,
-        reflect=reflect,
-        review=review,
-        text=text,
-        steps=steps,
-        milestones=milestones,
-        complexity=complexity,
-    )
+    async def ask(self, phase: str, template: str, values: Mapping[str, str]) -> str:
+        messages = _ask(template, values)
+        lim = self.limits
+        if lim is not None:
+            need = lim.counter.estimate_messages(messages) + lim.max_tokens
+            if need > lim.num_ctx:
+                self.fail(
+                    phase,
+                    "too large",
+                    "plan_too_large",
+                    f"planning skipped: the {phase} prompt needs ~{need} tokens with room "
+                    f"for its answer, more than the model's window ({lim.num_ctx}, "
+                    "OLLAMA_NUM_CTX); going on without a plan",
+                )
+        answer = await self.complete(messages, phase)
+        if isinstance(answer, str):
+            return answer
+        if answer.done is not None and answer.done.done_reason == "length":
+            cap = f" of {lim.max_tokens} tokens" if lim is not None else ""
+            self.fail(
+                phase,
+                "cut",
+                "plan_cut",
+                f"planning failed: the {phase} phase was cut at its output cap{cap} "
+                "(NAVI_PLAN_MAX_TOKENS or the profile's plan_max_tokens); going on "
+                "without a plan",
+            )
+        return answer.content
+
+    def fail(self, phase: str, detail: str, code: str, message: str) -> None:
+        self.on_phase(PlanPhase(phase=phase, status="failed", detail=detail))
+        self.on_phase(WarningEvent(message=message, code=code))
+        raise _PlanningFailed(message)
+
+    async def all(
+        self,
+        message: str,
+        profile: AgentProfile,
+        prompts: PlanningPrompts,
+        tools: Sequence[str],
+        profiles: Sequence[str],
+        context_summary: str,
+    ) -> PlanResult:
+        on_phase = self.on_phase
+        values = {
+            "request": message,
+            "context": context_summary.strip() or "(no earlier conversation)",
+            "tools": _bullets(tools, "(no tools)"),
+            "profiles": _bullets(profiles, "(no sub-agent profiles)"),
+            "analysis": "",
+            "review": "",
+        }
+
+        on_phase(PlanPhase(phase="analysis", status="started"))
+        analysis = self.analysis = await self.ask("analysis", prompts.analysis, values)
+        direct, reflect = parse_analysis(analysis)
+        on_phase(
+            PlanPhase(phase="analysis", status="done", detail=_analysis_detail(direct, reflect))
+        )
+        if direct and not profile.planning_mandatory:
+            on_phase(PlanPhase(phase="review", status="skipped", detail="direct"))
+            on_phase(PlanPhase(phase="plan", status="skipped", detail="direct"))
+            return PlanResult(direct=True, analysis=analysis, reflect=False, review=None, text="")
+        carried = _strip_thinking(analysis).strip()
+        values["analysis"] = _FORCED_NOTE if direct else _carry(carried, "analysis", self.limits)
+
+        review: str | None = None
+        if profile.planning_phase2_enabled and reflect:
+            on_phase(PlanPhase(phase="review", status="started"))
+            review = await self.ask("review", prompts.review, values)
+            values["review"] = _carry(_review_block(review), "review", self.limits)
+            on_phase(PlanPhase(phase="review", status="done"))
+        else:
+            why = "no reflection asked" if profile.planning_phase2_enabled else "phase 2 disabled"
+            on_phase(PlanPhase(phase="review", status="skipped", detail=why))
+
+        on_phase(PlanPhase(phase="plan", status="started"))
+        text = await self.ask("plan", prompts.plan, values)
+        steps, milestones, complexity = parse_plan(text)
+        on_phase(PlanPhase(phase="plan", status="done", detail=f"{len(steps)} steps"))
+        return PlanResult(
+            direct=False,
+            analysis=analysis,
+            reflect=reflect,
+            review=review,
+            text=text,
+            steps=steps,
+            milestones=milestones,
+            complexity=complexity,
+        )
 
 
 def _analysis_detail(direct: bool, reflect: bool) -> str:

@@ -16,7 +16,7 @@ import attrs
 import trio
 
 from navi_trio.core import planning
-from navi_trio.core.llm_call import Reply, chat_request, stream_reply
+from navi_trio.core.llm_call import Reply, chat_request, output_cap, stream_reply
 from navi_trio.core.tool_executor import execute_batch, stopped_result, tool_message
 from navi_trio.events import (
     AgentEvent,
@@ -114,11 +114,12 @@ class TurnRunner:
 
     # -- the LLM, for planning and compression ------------------------------------
 
-    async def complete(self, messages: list[dict[str, Any]], purpose: str) -> str:
-        request = chat_request(self.settings, messages, self.model())
+    async def complete(self, messages: list[dict[str, Any]], purpose: str) -> Reply:
+        cap = output_cap(self.settings, self.turn.profile, purpose)
+        request = chat_request(self.settings, messages, self.model(), max_tokens=cap)
         reply = await stream_reply(self.agent.backend, self.settings, request, Reply(), None)
         self._count(reply)
-        return reply.content
+        return reply
 
     def _count(self, reply: Reply) -> None:
         if reply.done is not None:
@@ -133,11 +134,11 @@ class TurnRunner:
         compressor = self.agent.compressor(self.complete)
         if not force and not compressor.over_threshold(tokens):
             return False
-        if not compressor.would_compress(t.state.context, profile=t.profile):
+        if not compressor.would_compress(t.state.context, profile=t.profile, shrink=force):
             return False
         t.emit(CompressionStarted(reason=reason, tokens_before=tokens))
         outcome = await compressor.compress(
-            t.state.context, profile=t.profile, config=t.config, reason=reason
+            t.state.context, profile=t.profile, config=t.config, reason=reason, shrink=force
         )
         if t.persist:
             await self.agent.cache.replace_context(t.state, outcome.context)
@@ -168,6 +169,7 @@ class TurnRunner:
             tools=t.tool_names(),
             profiles=sorted(cfg.profiles),
             on_phase=t.emit,
+            limits=planning.PlanLimits.of(self.settings, t.profile, self.agent.counter),
         )
         if not result.has_plan:
             return
@@ -273,8 +275,9 @@ class TurnRunner:
         """Steps 6-7: stream one answer; record the real baseline; check truthfulness."""
         t = self.turn
         tools = self.agent.executor.schemas(self.agent.registry.select(t.tool_names()))
+        think, cap = t.profile.think_enabled, output_cap(self.settings, t.profile, "answer")
         request = chat_request(
-            self.settings, built, self.model(), tools=tools, think=t.profile.think_enabled
+            self.settings, built, self.model(), tools=tools, think=think, max_tokens=cap
         )
         t.reply = Reply()
         reply = await stream_reply(self.agent.backend, self.settings, request, t.reply, t.emit)
