@@ -45,6 +45,9 @@ class StandIn:
     sessions: dict[str, Session] = attrs.field(factory=dict)
     connections: list[WebSocketConnection] = attrs.field(factory=list)
     got: trio.Event = attrs.field(factory=trio.Event)  # set on every received frame
+    # How a re-subscribe is answered: "replay" (frames after last_seq), "all" (every
+    # frame again: the client must drop what it saw), "resync" (a new epoch), "lagged".
+    on_subscribe: str = "replay"
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -143,8 +146,29 @@ class StandIn:
             session = self.sessions.setdefault(frame["session_id"], Session(frame["session_id"]))
             last = frame.get("last_seq")
             await self._send(ws, {"type": "ok"})
+            if self.on_subscribe == "resync":
+                await self._send(
+                    ws,
+                    {
+                        "type": "resync",
+                        "session_id": session.session_id,
+                        "seq": session.seq,
+                        "epoch": "e2",
+                    },
+                )
+                return
+            if self.on_subscribe == "lagged":
+                await self._send(
+                    ws,
+                    {
+                        "type": "lagged",
+                        "session_id": session.session_id,
+                        "missed_from": 2,
+                        "missed_to": 3,
+                    },
+                )
             for old in session.frames:
-                if last is not None and old["seq"] > last:
+                if self.on_subscribe == "all" or (last is not None and old["seq"] > last):
                     await self._send(ws, old)
         elif kind == "sessions" and frame["action"] == "list":
             await self._send(

@@ -91,3 +91,41 @@ async def test_chat_in_a_terminal_answers_cards_stops_helps_and_quits(tmp_path: 
                 if child.isalive():
                     child.terminate(force=True)
             nursery.cancel_scope.cancel()
+
+
+async def test_a_bad_token_in_a_terminal_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    daemon = StandIn(token="t0k")
+    with trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(daemon.serve)
+            child = await _in_thread(_spawn, daemon.url, tmp_path, "--token", "nope")
+            try:
+                await _in_thread(child.expect, r"navi: error: the daemon refused the token")
+                await _in_thread(child.expect, r"pass --token, set NAVI_TOKEN")
+                await _in_thread(child.expect, pexpect.EOF)
+                child.close()
+                assert child.exitstatus == 1
+            finally:
+                if child.isalive():
+                    child.terminate(force=True)
+            nursery.cancel_scope.cancel()
+
+
+async def test_ctrl_d_quits_and_the_token_file_is_used(tmp_path: Path) -> None:
+    daemon = StandIn(token="from-file")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "local-token").write_text("from-file\n")
+    with trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(daemon.serve)
+            child = await _in_thread(_spawn, daemon.url, tmp_path)
+            try:
+                await _in_thread(child.expect, "connected to stand-in")
+                await _in_thread(child.send, "\x04")
+                await _in_thread(child.expect, pexpect.EOF)
+                child.close()
+                assert child.exitstatus == 0
+            finally:
+                if child.isalive():
+                    child.terminate(force=True)
+            nursery.cancel_scope.cancel()

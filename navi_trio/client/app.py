@@ -17,7 +17,13 @@ import attrs
 import trio
 
 from navi_trio.client import frames as wire
-from navi_trio.client.connection import ChatError, Connection, NotConnected
+from navi_trio.client.connection import (
+    BACKOFF_FIRST,
+    RETRIES,
+    ChatError,
+    Connection,
+    NotConnected,
+)
 from navi_trio.client.frames import Frame
 from navi_trio.client.reader import InputEvent, Reader
 from navi_trio.client.render import Renderer
@@ -42,6 +48,8 @@ class ChatOptions:
     session_id: str | None = None
     profile: str | None = None
     cwd: str | None = None
+    retries: int = RETRIES  # reconnects before giving up
+    backoff: float = BACKOFF_FIRST  # first reconnect delay, doubled each time (capped)
 
 
 class ChatApp:
@@ -77,7 +85,14 @@ class ChatApp:
     async def run(self) -> None:
         """Connect and chat until /quit, Ctrl-D or a second Ctrl-C; `ChatError` when it can't."""
         send, recv = trio.open_memory_channel[Frame](256)
-        self._conn = Connection(self.options.url, self.options.token, send, resume=self.resume)
+        self._conn = Connection(
+            self.options.url,
+            self.options.token,
+            send,
+            resume=self.resume,
+            retries=self.options.retries,
+            backoff=self.options.backoff,
+        )
         try:
             with self._quit, trio.open_signal_receiver(signal.SIGINT) as sigint:
                 async with trio.open_nursery() as nursery:

@@ -43,6 +43,16 @@ class NotConnected(ChatError):
     """A frame could not be sent: the connection is down (it is being retried)."""
 
 
+def _reason(exc: BaseException) -> str:
+    """The most telling text of a drop (trio-websocket's own errors are often empty)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if str(seen):
+            return f"{type(seen).__name__}: {seen}"
+        seen = seen.__cause__ or seen.__context__
+    return type(exc).__name__
+
+
 def _drop(exc: BaseException) -> BaseException | None:
     """The connection-drop leaf of `exc` (maybe a group from the ws nursery), else None."""
     if isinstance(exc, BaseExceptionGroup):
@@ -61,12 +71,14 @@ class Connection:
         *,
         resume: Callable[[], list[Frame]] = list,
         retries: int = RETRIES,
+        backoff: float = BACKOFF_FIRST,
     ) -> None:
         self.url = url
         self._token = token
         self._out = out
         self._resume = resume
         self._retries = retries
+        self._backoff = backoff
         self._ws: WebSocketConnection | None = None
 
     @property
@@ -111,8 +123,8 @@ class Connection:
                     raise
                 if not started:
                     raise ChatError(
-                        f"no navi daemon answers at {self.url} ({type(leaf).__name__}: "
-                        f"{leaf}); start one with `navi serve` or check --url"
+                        f"no navi daemon answers at {self.url} ({_reason(leaf)}); start one "
+                        "with `navi serve` or check --url"
                     ) from None
                 failures += 1
                 if failures > self._retries:
@@ -120,11 +132,11 @@ class Connection:
                         f"lost the daemon at {self.url} and {self._retries} reconnects failed; "
                         "is `navi serve` still running?"
                     ) from None
-                delay = min(BACKOFF_FIRST * 2 ** (failures - 1), BACKOFF_MAX)
+                delay = min(self._backoff * 2 ** (failures - 1), BACKOFF_MAX)
                 await self._out.send(
                     {
                         "type": "_disconnected",
-                        "reason": str(leaf) or type(leaf).__name__,
+                        "reason": _reason(leaf),
                         "retry_in": delay,
                         "attempt": failures,
                     }

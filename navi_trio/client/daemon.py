@@ -85,10 +85,8 @@ async def ensure_daemon(
 ) -> str | None:
     """Start a background daemon if none answers at `url`; the line to show, or None."""
     host, port = host_port(url)
-    if await answers(host, port):
-        return None
-    if host not in _LOOPBACK:
-        raise ChatError(f"no navi daemon answers at {url}; start `navi serve` there or check --url")
+    if host not in _LOOPBACK or await answers(host, port):
+        return None  # another machine's daemon is not ours to start: connecting will tell
     log_path = data_dir / LOG_FILE
     proc = _spawn(list(command or serve_command(port)), log_path)
     delay = 0.05
