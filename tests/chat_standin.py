@@ -48,6 +48,7 @@ class StandIn:
     # How a re-subscribe is answered: "replay" (frames after last_seq), "all" (every
     # frame again: the client must drop what it saw), "resync" (a new epoch), "lagged".
     on_subscribe: str = "replay"
+    history_extra: list[Frame] = attrs.field(factory=list)  # appended to every history
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -202,6 +203,7 @@ class StandIn:
                     "messages": [
                         {"role": "user", "content": "what is 2+2?"},
                         {"role": "assistant", "content": "It is **4**."},
+                        *self.history_extra,
                     ],
                 },
             )

@@ -303,3 +303,15 @@ async def test_a_resync_loads_the_history_and_takes_the_new_epoch() -> None:
             assert (chat.app.epoch, chat.app.last_seq) == ("e2", 3)
             chat.reader.type("/quit")
         assert chat.error is None
+
+
+async def test_a_history_larger_than_the_websocket_default_limit_is_replayed() -> None:
+    with trio.fail_after(DEADLINE):
+        async with standin() as daemon:
+            big = "x" * (2 * 1024 * 1024)  # trio-websocket's default limit is 1 MiB
+            daemon.history_extra = [{"role": "tool", "content": big}]
+            async with chatting(daemon, session_id="s-big") as chat:
+                await chat.screen.wait_for("resumed session s-big")
+                assert "3 messages replayed" in chat.screen.text
+                chat.reader.type("/quit")
+            assert chat.error is None

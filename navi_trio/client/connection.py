@@ -28,6 +28,8 @@ WELCOME_TIMEOUT = 10.0
 RETRIES = 6
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 8.0
+# A long session's history comes as one frame: accept more than trio-websocket's 1 MiB.
+MAX_FRAME = 64 * 1024 * 1024
 _DROPS = (ConnectionClosed, HandshakeError, OSError, trio.TooSlowError)
 
 
@@ -103,7 +105,10 @@ class Connection:
         while True:
             try:
                 async with open_websocket_url(
-                    self.url, connect_timeout=CONNECT_TIMEOUT, disconnect_timeout=2
+                    self.url,
+                    connect_timeout=CONNECT_TIMEOUT,
+                    disconnect_timeout=2,
+                    max_message_size=MAX_FRAME,
                 ) as ws:
                     welcome = await self._hello(ws)
                     self._ws = ws
