@@ -9,6 +9,7 @@ for what the screen (or the stand-in) shows.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,7 @@ async def test_a_bad_token_in_a_terminal_is_one_line_and_exit_1(tmp_path: Path) 
             nursery.cancel_scope.cancel()
 
 
-async def test_ctrl_d_quits_and_the_token_file_is_used(tmp_path: Path) -> None:
+async def test_sigint_warns_ctrl_d_quits_and_the_token_file_is_used(tmp_path: Path) -> None:
     daemon = StandIn(token="from-file")
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "local-token").write_text("from-file\n")
@@ -121,6 +122,9 @@ async def test_ctrl_d_quits_and_the_token_file_is_used(tmp_path: Path) -> None:
             child = await _in_thread(_spawn, daemon.url, tmp_path)
             try:
                 await _in_thread(child.expect, "connected to stand-in")
+                # A SIGINT from outside the prompt is handled like Ctrl+C typed at it.
+                await _in_thread(child.kill, signal.SIGINT)
+                await _in_thread(child.expect, "press Ctrl\\+C again or Ctrl\\+D to quit")
                 await _in_thread(child.send, "\x04")
                 await _in_thread(child.expect, pexpect.EOF)
                 child.close()
@@ -129,3 +133,26 @@ async def test_ctrl_d_quits_and_the_token_file_is_used(tmp_path: Path) -> None:
                 if child.isalive():
                     child.terminate(force=True)
             nursery.cancel_scope.cancel()
+
+
+async def test_piped_input_is_sent_and_the_chat_waits_for_the_answer_before_quitting(
+    tmp_path: Path,
+) -> None:
+    daemon = StandIn(token="t0k")
+    env = {**os.environ, "NAVI_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(REPO_ROOT)}
+    with trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(daemon.serve)
+            done = await trio.run_process(
+                [sys.executable, "-m", "navi_trio", "chat", "--url", daemon.url, "--token", "t0k"],
+                stdin=b"/tasks\nhi from a script\n",
+                capture_stdout=True,
+                capture_stderr=True,
+                env=env,
+                check=False,
+            )
+            nursery.cancel_scope.cancel()
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()
+    assert "you said: hi from a script" in out
+    assert "t-1 terminal: running" in out

@@ -50,6 +50,9 @@ class ChatOptions:
     cwd: str | None = None
     retries: int = RETRIES  # reconnects before giving up
     backoff: float = BACKOFF_FIRST  # first reconnect delay, doubled each time (capped)
+    # End of input (a script piped in) waits for the run to finish before quitting;
+    # Ctrl-D at a terminal quits at once.
+    finish_runs_on_eof: bool = False
 
 
 class ChatApp:
@@ -64,6 +67,7 @@ class ChatApp:
         self._resuming: str | None = None  # /resume target awaiting its history
         self._creating = False  # a message went out without a session: adopt the new one
         self._interrupted = False  # Ctrl-C pressed once on an idle prompt
+        self._settled = trio.Event()  # set when a frame leaves us with no run going
         self._conn: Connection | None = None
         self._quit = trio.CancelScope()
         self._commands: dict[str, Callable[[str], Awaitable[None]]] = {
@@ -142,6 +146,8 @@ class ChatApp:
                 self.reader.read, abandon_on_cancel=True
             )
             if event.kind == "eof":
+                if self.options.finish_runs_on_eof:
+                    await self._wait_settled()
                 self.quit()
                 return
             if event.kind == "interrupt":
@@ -236,6 +242,16 @@ class ChatApp:
         async for frame in recv:
             for reply in self.on_frame(frame):
                 await self.send(reply)
+            if not self._running():
+                self._settled.set()
+
+    def _running(self) -> bool:
+        return self.renderer.busy or self._creating or self._resuming is not None
+
+    async def _wait_settled(self) -> None:
+        while self._running():
+            self._settled = trio.Event()
+            await self._settled.wait()
 
     def _set_session(self, session_id: str | None) -> None:
         if session_id != self.session_id:

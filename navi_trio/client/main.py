@@ -51,8 +51,15 @@ def chat(
     """Run the chat in this terminal; the exit code (1 with one line on `err` on failure)."""
     err = err or sys.stderr
     renderer = Renderer(Console(highlight=False))  # file=None: follows patch_stdout
-    reader: Reader = PromptReader(renderer.status.toolbar) if sys.stdin.isatty() else LineReader()
-    options = ChatOptions(url=url, token="", session_id=session_id, profile=profile)
+    interactive = sys.stdin.isatty()
+    reader: Reader = PromptReader(renderer.status.toolbar) if interactive else LineReader()
+    options = ChatOptions(
+        url=url,
+        token="",
+        session_id=session_id,
+        profile=profile,
+        finish_runs_on_eof=not interactive,
+    )
     code = 0
     try:
         with reader.output():
