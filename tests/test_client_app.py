@@ -146,6 +146,10 @@ async def test_a_dropped_connection_reconnects_and_subscribes_from_the_last_seq(
             await chat.screen.wait_for("connection lost")
             sub = await daemon.wait_for("subscribe")
             assert sub == {"type": "subscribe", "session_id": "s-1", "last_seq": 3, "epoch": EPOCH}
+            # Task updates are out-of-band: the list is asked for again after a reconnect.
+            tasks = await daemon.wait_for("tasks")
+            assert tasks == {"type": "tasks", "action": "list", "session_id": "s-1"}
+            await chat.screen.wait_for("t-1 terminal: running")
             await chat.screen.wait_for("reconnected")
             assert daemon.types().count("hello") == 2
             chat.reader.type("two")

@@ -68,6 +68,7 @@ class ChatApp:
         self._creating = False  # a message went out without a session: adopt the new one
         self._interrupted = False  # Ctrl-C pressed once on an idle prompt
         self._settled = trio.Event()  # set when a frame leaves us with no run going
+        self._quiet_tasks = False  # the next tasks list is a resync: show it only if not empty
         self._conn: Connection | None = None
         self._quit = trio.CancelScope()
         self._commands: dict[str, Callable[[str], Awaitable[None]]] = {
@@ -116,10 +117,16 @@ class ChatApp:
         self._quit.cancel()
 
     def resume(self) -> list[Frame]:
-        """Frames to send after a reconnect: subscribe from the last seq seen."""
+        """Frames to send after a reconnect: subscribe from the last seq seen, and ask for
+        the tasks list (task updates are out-of-band: the ones sent while we were away
+        are gone)."""
         if self.session_id is None:
             return []
-        return [wire.subscribe(self.session_id, self.last_seq, self.epoch)]
+        self._quiet_tasks = True
+        return [
+            wire.subscribe(self.session_id, self.last_seq, self.epoch),
+            wire.tasks_list(self.session_id),
+        ]
 
     def _welcome(self, welcome: Frame) -> None:
         self.renderer.status.connected = True
@@ -339,7 +346,10 @@ class ChatApp:
     def _on_tasks(self, frame: Frame) -> None:
         action = frame.get("action")
         if action == "list":
-            self.renderer.tasks(list(frame.get("tasks") or []))
+            tasks = list(frame.get("tasks") or [])
+            quiet, self._quiet_tasks = self._quiet_tasks, False
+            if tasks or not quiet:
+                self.renderer.tasks(tasks)
         elif action == "check":
             task = frame.get("task") or {}
             self.renderer.notice(f"task {task.get('task_id')}: {task.get('status')}")
