@@ -122,6 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compact.add_argument("--session", metavar="ID", required=True, help="the session")
     _add_endpoint_options(compact)
+    chat = sub.add_parser(
+        "chat",
+        help="chat with the daemon in this terminal",
+        description="Chat with the navi daemon at --url (one is started in the background "
+        "when none answers). Ctrl-C stops a run; /help lists the commands.",
+    )
+    chat.add_argument("--url", default="ws://127.0.0.1:8765", help="daemon WebSocket URL")
+    chat.add_argument("--session", metavar="ID", help="resume this session (default: new)")
+    chat.add_argument("--profile", metavar="P", help="profile for new messages")
+    chat.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
     return parser
 
 
@@ -357,6 +367,21 @@ def cmd_compact(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
               file=err)  # fmt: skip
         return EXIT_ERROR
     return EXIT_OK
+# ------------------------------------------------------------------------- chat
+
+
+def cmd_chat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from navi_trio.client.main import chat
+
+    data_dir = Settings.from_env(os.environ).data_dir
+    return chat(
+        url=args.url,
+        data_dir=data_dir,
+        session_id=args.session,
+        profile=args.profile,
+        token=args.token,
+        err=err,
+    )
 
 
 # ------------------------------------------------------------------------- main
@@ -365,6 +390,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
     "doctor": cmd_doctor,
     "run": cmd_run,
     "compact": cmd_compact,
+    "chat": cmd_chat,
 }
 
 

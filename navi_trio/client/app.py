@@ -1,0 +1,360 @@
+"""`ChatApp`: the `navi chat` program, wiring a `Connection`, a `Reader` and a `Renderer`.
+
+Three tasks in one nursery: the connection actor (frames in), the frame loop (frames to
+the renderer; replies to requests), and the input loop (lines to messages and slash
+commands). A SIGINT that reaches the process (no prompt in raw mode at that moment)
+is handled like Ctrl-C typed at the prompt: stop the run, or quit on a second press
+at an idle prompt.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import attrs
+import trio
+
+from navi_trio.client import frames as wire
+from navi_trio.client.connection import (
+    BACKOFF_FIRST,
+    RETRIES,
+    ChatError,
+    Connection,
+    NotConnected,
+)
+from navi_trio.client.frames import Frame
+from navi_trio.client.reader import InputEvent, Reader
+from navi_trio.client.render import Renderer
+
+HELP = """\
+Type a message and press Enter; while a run is active your message is queued.
+  /compact        summarise the conversation to free context
+  /tasks          list background tasks
+  /profile NAME   use profile NAME from the next message (no NAME: show it)
+  /sessions       list your sessions
+  /resume ID      continue session ID (its history is replayed)
+  /new            start a new session with the next message
+  /thinking       show or hide the model's thinking in full
+  /help           this list
+  /quit           leave (Ctrl+D too); Ctrl+C stops a run, twice on an idle prompt quits"""
+
+
+@attrs.define
+class ChatOptions:
+    url: str
+    token: str
+    session_id: str | None = None
+    profile: str | None = None
+    cwd: str | None = None
+    retries: int = RETRIES  # reconnects before giving up
+    backoff: float = BACKOFF_FIRST  # first reconnect delay, doubled each time (capped)
+    # End of input (a script piped in) waits for the run to finish before quitting;
+    # Ctrl-D at a terminal quits at once.
+    finish_runs_on_eof: bool = False
+
+
+class ChatApp:
+    def __init__(self, options: ChatOptions, renderer: Renderer, reader: Reader) -> None:
+        self.options = options
+        self.renderer = renderer
+        self.reader = reader
+        self.session_id: str | None = None
+        self.profile = options.profile
+        self.last_seq: int | None = None
+        self.epoch: str | None = None
+        self._resuming: str | None = None  # /resume target awaiting its history
+        self._creating = False  # a message went out without a session: adopt the new one
+        self._interrupted = False  # Ctrl-C pressed once on an idle prompt
+        self._settled = trio.Event()  # set when a frame leaves us with no run going
+        self._quiet_tasks = False  # the next tasks list is a resync: show it only if not empty
+        self._conn: Connection | None = None
+        self._quit = trio.CancelScope()
+        self._commands: dict[str, Callable[[str], Awaitable[None]]] = {
+            "help": self._cmd_help,
+            "quit": self._cmd_quit,
+            "exit": self._cmd_quit,
+            "new": self._cmd_new,
+            "compact": self._cmd_compact,
+            "tasks": self._cmd_tasks,
+            "profile": self._cmd_profile,
+            "sessions": self._cmd_sessions,
+            "resume": self._cmd_resume,
+            "thinking": self._cmd_thinking,
+        }
+        renderer.status.profile = self.profile
+
+    # ------------------------------------------------------------------ life
+
+    async def run(self) -> None:
+        """Connect and chat until /quit, Ctrl-D or a second Ctrl-C; `ChatError` when it can't."""
+        send, recv = trio.open_memory_channel[Frame](256)
+        self._conn = Connection(
+            self.options.url,
+            self.options.token,
+            send,
+            resume=self.resume,
+            retries=self.options.retries,
+            backoff=self.options.backoff,
+        )
+        try:
+            with self._quit, trio.open_signal_receiver(signal.SIGINT) as sigint:
+                async with trio.open_nursery() as nursery:
+                    welcome = await nursery.start(self._conn.run)
+                    self._welcome(welcome)
+                    nursery.start_soon(self._frame_loop, recv)
+                    nursery.start_soon(self._input_loop)
+                    nursery.start_soon(self._signal_loop, sigint)
+                    if self.options.session_id:
+                        await self._cmd_resume(self.options.session_id)
+        finally:
+            self.reader.abort()  # leave the prompt so the terminal is restored
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await trio.to_thread.run_sync(self.reader.wait_idle, 2.0)
+
+    def quit(self) -> None:
+        self._quit.cancel()
+
+    def resume(self) -> list[Frame]:
+        """Frames to send after a reconnect: subscribe from the last seq seen, and ask for
+        the tasks list (task updates are out-of-band: the ones sent while we were away
+        are gone)."""
+        if self.session_id is None:
+            return []
+        self._quiet_tasks = True
+        return [
+            wire.subscribe(self.session_id, self.last_seq, self.epoch),
+            wire.tasks_list(self.session_id),
+        ]
+
+    def _welcome(self, welcome: Frame) -> None:
+        self.renderer.status.connected = True
+        user = welcome.get("user") or {}
+        self.renderer.notice(
+            f"connected to {welcome.get('server', 'navi')} at {self.options.url} as "
+            f"{user.get('name', '?')} — /help lists the commands"
+        )
+
+    async def send(self, frame: Frame) -> bool:
+        assert self._conn is not None
+        try:
+            await self._conn.send(frame)
+        except NotConnected as exc:
+            self.renderer.error(str(exc))
+            return False
+        return True
+
+    # ------------------------------------------------------------------ input
+
+    async def _input_loop(self) -> None:
+        while True:
+            event: InputEvent = await trio.to_thread.run_sync(
+                self.reader.read, abandon_on_cancel=True
+            )
+            if event.kind == "eof":
+                if self.options.finish_runs_on_eof:
+                    await self._wait_settled()
+                self.quit()
+                return
+            if event.kind == "interrupt":
+                await self.interrupt()
+                continue
+            self._interrupted = False
+            await self.line(event.text)
+
+    async def _signal_loop(self, sigint: AsyncIterator[int]) -> None:
+        async for _ in sigint:
+            await self.interrupt()
+
+    async def interrupt(self) -> None:
+        """Ctrl-C: stop the active run; on an idle prompt, a second one quits."""
+        if self.renderer.busy and self.session_id:
+            self._interrupted = False
+            if await self.send(wire.stop(self.session_id)):
+                self.renderer.notice("stopping the run… (Ctrl+C twice on an idle prompt quits)")
+            return
+        if self._interrupted:
+            self.quit()
+            return
+        self._interrupted = True
+        self.renderer.notice("press Ctrl+C again or Ctrl+D to quit")
+
+    async def line(self, text: str) -> None:
+        text = text.strip()
+        if not text:
+            return
+        if text.startswith("/"):
+            name, _, arg = text[1:].partition(" ")
+            command = self._commands.get(name.lower())
+            if command is None:
+                self.renderer.error(f"unknown command /{name}: type /help for the list")
+                return
+            await command(arg.strip())
+            return
+        frame = wire.message(text, self.session_id, self.profile, self.options.cwd or os.getcwd())
+        if await self.send(frame):
+            self._creating = self.session_id is None
+            self.renderer.busy = self.session_id is not None or self.renderer.busy
+
+    # ------------------------------------------------------------------ commands
+
+    async def _cmd_help(self, arg: str) -> None:
+        self.renderer.console.print(HELP, highlight=False, markup=False)
+
+    async def _cmd_quit(self, arg: str) -> None:
+        self.quit()
+
+    async def _cmd_new(self, arg: str) -> None:
+        if self.session_id:
+            await self.send(wire.unsubscribe(self.session_id))
+        self._set_session(None)
+        self.renderer.notice("new session: it starts with your next message")
+
+    async def _cmd_compact(self, arg: str) -> None:
+        if self.session_id is None:
+            self.renderer.notice("nothing to compact yet: this session has no messages")
+            return
+        if await self.send(wire.compact(self.session_id)):
+            self.renderer.notice("compacting…")
+
+    async def _cmd_tasks(self, arg: str) -> None:
+        await self.send(wire.tasks_list(self.session_id))
+
+    async def _cmd_profile(self, arg: str) -> None:
+        if not arg:
+            self.renderer.notice(f"profile: {self.profile or 'default'} (/profile NAME changes it)")
+            return
+        self.profile = self.renderer.status.profile = arg
+        self.renderer.notice(f"profile {arg}: used from your next message")
+
+    async def _cmd_sessions(self, arg: str) -> None:
+        await self.send(wire.sessions_list())
+
+    async def _cmd_resume(self, arg: str) -> None:
+        if not arg:
+            self.renderer.error("/resume needs a session id: /sessions lists them")
+            return
+        self._resuming = arg
+        await self.send(wire.history(arg))
+
+    async def _cmd_thinking(self, arg: str) -> None:
+        self.renderer.show_thinking = not self.renderer.show_thinking
+        shown = "shown in full" if self.renderer.show_thinking else "summarised"
+        self.renderer.notice(f"thinking is {shown} from now on")
+
+    # ------------------------------------------------------------------ frames
+
+    async def _frame_loop(self, recv: trio.MemoryReceiveChannel[Frame]) -> None:
+        async for frame in recv:
+            for reply in self.on_frame(frame):
+                await self.send(reply)
+            if not self._running():
+                self._settled.set()
+
+    def _running(self) -> bool:
+        return self.renderer.busy or self._creating or self._resuming is not None
+
+    async def _wait_settled(self) -> None:
+        while self._running():
+            self._settled = trio.Event()
+            await self._settled.wait()
+
+    def _set_session(self, session_id: str | None) -> None:
+        if session_id != self.session_id:
+            self.last_seq = self.epoch = None
+            self.renderer.busy = False
+        self.session_id = self.renderer.status.session_id = session_id
+
+    def on_frame(self, frame: Frame) -> list[Frame]:
+        """Handle one frame; returns the frames to send in answer (e.g. subscribe)."""
+        kind = frame["type"]
+        r = self.renderer
+        if kind == "_disconnected":
+            r.status.connected = False
+            r.warning(
+                f"connection lost ({frame.get('reason')}); reconnecting in "
+                f"{frame.get('retry_in')}s (try {frame.get('attempt')})…"
+            )
+        elif kind == "_reconnected":
+            r.status.connected = True
+            r.notice("reconnected")
+        elif kind == "session":
+            if self.session_id is None:
+                self._adopt(str(frame["session_id"]))
+        elif kind == "sessions":
+            return self._on_sessions(frame)
+        elif kind == "tasks":
+            self._on_tasks(frame)
+        elif kind == "resync":
+            if frame.get("session_id") == self.session_id:
+                self.epoch = frame.get("epoch")
+                self.last_seq = frame.get("seq")
+                r.frame(frame)
+                return [wire.history(str(self.session_id))]
+        elif kind == "lagged":
+            r.frame(frame)
+        elif kind in ("welcome", "ok"):
+            pass
+        elif wire.is_session_frame(frame):
+            self._on_session_frame(frame)
+        elif frame.get("session_id") in (None, self.session_id):
+            r.frame(frame)  # errors, task updates of ours or of the connection
+        return []
+
+    def _adopt(self, session_id: str) -> None:
+        """The session the server created for our first message."""
+        self._creating = False
+        self._set_session(session_id)
+        self.renderer.busy = True  # our first message is running in it
+        self.renderer.notice(f"session {session_id}")
+
+    def _on_session_frame(self, frame: Frame) -> None:
+        if self.session_id is None and self._creating and frame.get("session_id"):
+            self._adopt(str(frame["session_id"]))
+        if frame.get("session_id") != self.session_id:
+            return  # a session we left
+        seq = int(frame["seq"])
+        epoch = frame.get("epoch")
+        same_epoch = epoch is None or self.epoch is None or epoch == self.epoch
+        if self.last_seq is not None and same_epoch and seq <= self.last_seq:
+            return  # already shown (a replay overlapping what we saw)
+        self.last_seq = seq
+        self.epoch = epoch if isinstance(epoch, str) else self.epoch
+        self.renderer.frame(frame)
+
+    def _on_sessions(self, frame: Frame) -> list[Frame]:
+        action = frame.get("action")
+        if action == "list":
+            self.renderer.sessions(list(frame.get("sessions") or []))
+        elif action == "history":
+            sid = str(frame.get("session_id"))
+            if sid == self._resuming:
+                self._resuming = None
+                self._set_session(sid)
+                self.renderer.history(list(frame.get("messages") or []))
+                self.last_seq = frame.get("seq")
+                self.epoch = frame.get("epoch")
+                self.renderer.notice(f"resumed session {sid}")
+                return [wire.subscribe(sid, self.last_seq, self.epoch)]
+            if sid == self.session_id:  # after a resync: live frames continue on their own
+                self.renderer.history(list(frame.get("messages") or []))
+        elif action == "delete":
+            self.renderer.notice(f"deleted session {frame.get('session_id')}")
+        return []
+
+    def _on_tasks(self, frame: Frame) -> None:
+        action = frame.get("action")
+        if action == "list":
+            tasks = list(frame.get("tasks") or [])
+            quiet, self._quiet_tasks = self._quiet_tasks, False
+            if tasks or not quiet:
+                self.renderer.tasks(tasks)
+        elif action == "check":
+            task = frame.get("task") or {}
+            self.renderer.notice(f"task {task.get('task_id')}: {task.get('status')}")
+        elif action == "cancel":
+            self.renderer.notice("task cancelled")
+
+
+__all__ = ["ChatApp", "ChatError", "ChatOptions"]

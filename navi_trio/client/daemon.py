@@ -1,0 +1,108 @@
+"""Finding the daemon: its token, and starting one in the background when none answers.
+
+`ensure_daemon` is the one place `navi chat` starts a process: when nothing accepts TCP
+connections at the URL's loopback address it runs ``python -m navi_trio serve --port P``
+detached (own session, log in ``data_dir/navi-serve.log``) and waits, bounded, until the
+port accepts. The command is a parameter so tests can use a stand-in script.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import trio
+
+from navi_trio.client.connection import ChatError
+
+TOKEN_FILE = "local-token"
+LOG_FILE = "navi-serve.log"
+START_TIMEOUT = 20.0
+PROBE_TIMEOUT = 1.0
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def find_token(given: str | None, environ: Mapping[str, str], data_dir: Path) -> str:
+    """--token, else NAVI_TOKEN, else the daemon's local-token file, else ""."""
+    if given:
+        return given
+    if environ.get("NAVI_TOKEN"):
+        return environ["NAVI_TOKEN"]
+    try:
+        return (data_dir / TOKEN_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+
+
+def host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        raise ChatError(f"--url {url!r}: expected a ws:// URL such as ws://127.0.0.1:8765")
+    try:
+        port = parts.port or (443 if parts.scheme == "wss" else 80)
+    except ValueError:
+        raise ChatError(f"--url {url!r}: the port is not a number") from None
+    return parts.hostname, port
+
+
+async def answers(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections at host:port (within PROBE_TIMEOUT)."""
+    with trio.move_on_after(PROBE_TIMEOUT):
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError:
+            return False
+        await stream.aclose()
+        return True
+    return False
+
+
+def serve_command(port: int) -> list[str]:
+    return [sys.executable, "-m", "navi_trio", "serve", "--port", str(port)]
+
+
+def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        # Detached on purpose: the daemon outlives this chat (own session), so it is
+        # no task of ours.
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=dict(os.environ),
+        )
+
+
+async def ensure_daemon(
+    url: str, data_dir: Path, command: Sequence[str] | None = None
+) -> str | None:
+    """Start a background daemon if none answers at `url`; the line to show, or None."""
+    host, port = host_port(url)
+    if host not in _LOOPBACK or await answers(host, port):
+        return None  # another machine's daemon is not ours to start: connecting will tell
+    log_path = data_dir / LOG_FILE
+    proc = _spawn(list(command or serve_command(port)), log_path)
+    delay = 0.05
+    with trio.move_on_after(START_TIMEOUT):
+        while True:
+            # Waiting on another process's socket: there is no event to wait on, so
+            # probe with backoff (bounded by START_TIMEOUT).
+            if proc.poll() is not None:
+                raise ChatError(
+                    f"the background daemon exited with code {proc.returncode}; see {log_path}"
+                )
+            if await answers(host, port):
+                return f"started a navi daemon in the background on {host}:{port} (log: {log_path})"
+            await trio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+    raise ChatError(
+        f"started `navi serve` but it did not accept connections within {START_TIMEOUT:.0f}s; "
+        f"see {log_path}"
+    )

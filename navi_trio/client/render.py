@@ -1,0 +1,412 @@
+"""`Renderer`: server frames in, lines on a rich Console out.
+
+It owns only display state (what is being streamed, the open tool cards, the plan, the
+status line) and never does I/O other than printing, so tests feed it frame sequences
+and read a ``Console(file=StringIO())``. Habits borrowed from Claude Code and Codex:
+
+- the answer streams block by block, each finished Markdown block (up to a blank line
+  outside a code fence) rendered as Markdown, the rest at ``stream_end``;
+- thinking is one dim line ``✻ thinking… (N words)``; `/thinking` shows it in full;
+- the plan is a checklist that ticks as ``todo_updated`` steps finish;
+- a tool call is a card: ``⏺ name(args)``, a bounded tail of its live output, then
+  ``⎿ ✔ ok · 1.2s`` with the first line of the result;
+- sub-agent output is indented and labelled with its agent id;
+- warnings and errors are one line each, with what to do where we know it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+from rich.console import Console
+from rich.markdown import Markdown
+from rich.markup import escape
+from rich.padding import Padding
+
+from navi_trio.client.frames import Frame
+
+TOOL_TAIL_LINES = 5  # live output lines shown per tool call before "… N more lines"
+ARGS_MAX = 60
+RESULT_MAX = 100
+_TICKS = {"done": "✔", "in_progress": "▸", "failed": "✗", "pending": "☐"}
+
+# What to do about an error, by its stable code (protocol.md and the agent's codes).
+HINTS = {
+    "unauthorized": "pass --token, set NAVI_TOKEN, or use the daemon's local-token file",
+    "forbidden": "that session or task belongs to another user",
+    "not_found": "check the id with /sessions or /tasks",
+    "busy": "a run is active: stop it with Ctrl+C or wait, then try again",
+    "session_busy": "a run is active: stop it with Ctrl+C or wait, then try again",
+    "nothing_to_compact": "the conversation is already short",
+    "rate_limited": "slow down a little and try again",
+    "limit": "close another chat or delete old sessions (/sessions)",
+    "llm_connection": "is the LLM server running? check OLLAMA_HOST / --llm-url (navi doctor)",
+    "llm_timeout": "the model did not answer in time: check it is loaded (navi doctor)",
+    "llm_status": "the LLM server refused the request: check the model name (navi doctor)",
+    "unsupported": "this daemon does not support that yet",
+}
+
+
+def one_line(text: str, limit: int = 0) -> str:
+    flat = " ".join(str(text).split())
+    if limit and len(flat) > limit:
+        return flat[: limit - 1] + "…"
+    return flat
+
+
+def split_blocks(buffer: str) -> tuple[str, str]:
+    """(finished Markdown blocks, the rest): cut at the last blank line outside a fence."""
+    in_fence = False
+    cut = pos = 0
+    lines = buffer.split("\n")
+    for line in lines[:-1]:  # the last piece has no newline yet
+        pos += len(line) + 1
+        stripped = line.strip()
+        if stripped.startswith(("```", "~~~")):
+            in_fence = not in_fence
+        elif not stripped and not in_fence:
+            cut = pos
+    return buffer[:cut], buffer[cut:]
+
+
+@attrs.define
+class Status:
+    session_id: str | None = None
+    profile: str | None = None
+    model: str | None = None
+    context_tokens: int | None = None
+    connected: bool = False
+    activity: str = ""  # what the run is doing now ("answering… 42 words"), toolbar only
+
+    def toolbar(self) -> str:
+        return f"{self.activity} │ {self.line()}" if self.activity else self.line()
+
+    def line(self) -> str:
+        parts = [
+            f"session {self.session_id or '(new)'}",
+            f"profile {self.profile or 'default'}",
+            f"model {self.model or '?'}",
+        ]
+        if self.context_tokens is not None:
+            parts.append(f"context {self.context_tokens} tokens")
+        if not self.connected:
+            parts.append("disconnected")
+        return " · ".join(parts)
+
+
+@attrs.define
+class _Card:
+    name: str
+    who: str
+    lines: int = 0
+
+
+@attrs.define
+class _Stream:
+    """Text and thinking being streamed by one agent (the main one or a sub-agent)."""
+
+    text: str = ""
+    thinking: str = ""
+    printed: bool = False  # some of this answer already went out
+    words: int = 0  # streamed so far (for the toolbar)
+
+
+class Renderer:
+    def __init__(self, console: Console, *, show_thinking: bool = False) -> None:
+        self.console = console
+        self.show_thinking = show_thinking
+        self.status = Status()
+        self.busy = False  # a top-level run of our session is streaming
+        self._streams: dict[str | None, _Stream] = {}
+        self._cards: dict[str, _Card] = {}
+        self._plan: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ output
+
+    def _print(self, markup: str, who: str = "", style: str | None = None) -> None:
+        if who:
+            self.console.print(Padding(f"[dim]{escape(who)}[/] {markup}", (0, 0, 0, 4)))
+        else:
+            self.console.print(markup, style=style, highlight=False)
+
+    def notice(self, text: str, who: str = "") -> None:
+        """A dim one-line notice (status changes, commands' answers)."""
+        self._print(f"[dim]{escape(one_line(text))}[/]", who)
+
+    def warning(self, text: str, who: str = "") -> None:
+        self._print(f"[yellow]⚠ {escape(one_line(text))}[/]", who)
+
+    def error(self, text: str, code: str | None = None, who: str = "") -> None:
+        hint = HINTS.get(code or "")
+        tail = f" — {hint}" if hint else ""
+        tag = f" [{code}]" if code and code not in ("error",) else ""
+        self._print(f"[bold red]✗ error{escape(tag)}:[/] {escape(one_line(text))}{tail}", who)
+
+    def markdown(self, text: str, who: str = "") -> None:
+        if not text.strip():
+            return
+        if who:
+            self.console.print(Padding(f"[dim]{escape(who)}[/]", (0, 0, 0, 4)))
+            self.console.print(Padding(Markdown(text), (0, 0, 0, 4)))
+        else:
+            self.console.print(Markdown(text))
+
+    def user(self, text: str) -> None:
+        self.console.print(f"[bold cyan]›[/] {escape(text)}", highlight=False)
+
+    # ------------------------------------------------------------------ frames
+
+    def frame(self, frame: Frame) -> None:
+        """Show one server frame (session frames and replies alike)."""
+        kind = str(frame.get("type"))
+        handler = getattr(self, "_on_" + kind, None)
+        if handler is None:
+            return  # a frame type from a newer server: nothing to show
+        handler(frame, self._who(frame))
+
+    @staticmethod
+    def _who(frame: Frame) -> str:
+        if not frame.get("is_subagent"):
+            return ""
+        return f"[{frame.get('agent_id') or 'sub-agent'}]"
+
+    def _stream(self, frame: Frame) -> _Stream:
+        key = frame.get("agent_id") if frame.get("is_subagent") else None
+        return self._streams.setdefault(key, _Stream())
+
+    def _top(self, frame: Frame) -> None:
+        if not frame.get("is_subagent") and frame.get("seq") is not None:
+            self.busy = True
+
+    def _on_text_delta(self, frame: Frame, who: str) -> None:
+        self._top(frame)
+        stream = self._stream(frame)
+        self._end_thinking(stream, who)
+        stream.text += str(frame.get("text", ""))
+        if not who:
+            stream.words += len(str(frame.get("text", "")).split())
+            self.status.activity = f"answering… {stream.words} words"
+        done, stream.text = split_blocks(stream.text)
+        if done:
+            self.markdown(done, who)
+            stream.printed = True
+
+    def _on_thinking_delta(self, frame: Frame, who: str) -> None:
+        self._top(frame)
+        stream = self._stream(frame)
+        stream.thinking += str(frame.get("text", ""))
+        if not who:
+            self.status.activity = f"thinking… {len(stream.thinking.split())} words"
+
+    def _on_thinking_end(self, frame: Frame, who: str) -> None:
+        self._end_thinking(self._stream(frame), who)
+
+    def _end_thinking(self, stream: _Stream, who: str) -> None:
+        text, stream.thinking = stream.thinking, ""
+        if not text.strip():
+            return
+        if self.show_thinking:
+            self._print(f"[dim italic]✻ {escape(text.strip())}[/]", who)
+        else:
+            words = len(text.split())
+            self._print(f"[dim]✻ thinking… ({words} words) — /thinking shows it[/]", who)
+
+    def _flush_text(self, stream: _Stream, who: str, final: str = "") -> None:
+        self._end_thinking(stream, who)
+        text, stream.text = stream.text, ""
+        if not stream.printed and not text and final:
+            text = final  # nothing was streamed (e.g. replayed end): show the answer once
+        self.markdown(text, who)
+        stream.printed = False
+
+    def _on_stream_end(self, frame: Frame, who: str) -> None:
+        key = frame.get("agent_id") if frame.get("is_subagent") else None
+        stream = self._streams.pop(key, _Stream())
+        self._flush_text(stream, who, str(frame.get("text") or ""))
+        reason = frame.get("reason", "complete")
+        if frame.get("stopped") or reason == "stopped":
+            self._print("[yellow]■ stopped[/]", who)
+        elif reason not in ("complete", "error"):
+            self.warning(f"the run ended: {reason}", who)
+        if who:
+            return
+        self.busy = False
+        self.status.activity = ""
+        tokens = frame.get("prompt_tokens")
+        if isinstance(tokens, int) and tokens > 0:
+            self.status.context_tokens = tokens
+        self.notice(self.status.line())
+
+    def _on_model_info(self, frame: Frame, who: str) -> None:
+        if not who:
+            self.status.model = str(frame.get("model"))
+
+    def _on_plan_phase(self, frame: Frame, who: str) -> None:
+        self._top(frame)
+        if frame.get("status") == "started":
+            self.notice(f"· planning: {frame.get('phase')}…", who)
+
+    def _on_plan(self, frame: Frame, who: str) -> None:
+        self._top(frame)
+        steps = frame.get("steps") or []
+        self._plan = [
+            {"index": s.get("index", i + 1), "text": s.get("description", ""), "status": "pending"}
+            for i, s in enumerate(steps)
+            if isinstance(s, dict)
+        ]
+        if self._plan:
+            self._checklist("Plan", who)
+        else:
+            self.markdown(str(frame.get("text", "")), who)
+
+    def _on_todo_updated(self, frame: Frame, who: str) -> None:
+        steps = [s for s in frame.get("steps") or [] if isinstance(s, dict)]
+        if not steps:
+            return
+        self._plan = steps
+        self._checklist("Plan", who)
+
+    def _checklist(self, title: str, who: str) -> None:
+        done = sum(1 for s in self._plan if s.get("status") == "done")
+        lines = [f"[bold]{title}[/] [dim]{done}/{len(self._plan)}[/]"]
+        for step in self._plan:
+            status = str(step.get("status", "pending"))
+            tick = _TICKS.get(status, "☐")
+            text = escape(one_line(str(step.get("text", ""))))
+            if status == "done":
+                text = f"[dim strike]{text}[/]"
+            elif status == "in_progress":
+                text = f"[bold]{text}[/]"
+            lines.append(f"  {tick} {step.get('index', '')}. {text}")
+        self._print("\n".join(lines), who)
+
+    def _on_tool_started(self, frame: Frame, who: str) -> None:
+        self._top(frame)
+        name = str(frame.get("name", "?"))
+        self._cards[str(frame.get("call_id"))] = _Card(name, who)
+        self.status.activity = f"running {name}…"
+        args = frame.get("arguments") or {}
+        shown = one_line(json.dumps(args, ensure_ascii=False), ARGS_MAX) if args else ""
+        self._print(f"[bold magenta]⏺ {escape(name)}[/]([dim]{escape(shown)}[/])", who)
+
+    def _on_tool_event(self, frame: Frame, who: str) -> None:
+        card = self._cards.get(str(frame.get("call_id")))
+        if card is None:
+            return
+        card.lines += 1
+        if card.lines > TOOL_TAIL_LINES:
+            return  # the count is reported with the result
+        data = frame.get("data") or {}
+        text = data.get("line") or data.get("text") or data.get("message") or json.dumps(data)
+        self._print(f"[dim]  │ {escape(one_line(str(text), RESULT_MAX))}[/]", who)
+
+    def _on_tool_result(self, frame: Frame, who: str) -> None:
+        card = self._cards.pop(str(frame.get("call_id")), None)
+        name = str(frame.get("name") or (card.name if card else "?"))
+        seconds = int(frame.get("duration_ms") or 0) / 1000
+        more = card.lines - TOOL_TAIL_LINES if card else 0
+        if more > 0:
+            self._print(f"[dim]  │ … {more} more lines[/]", who)
+        if frame.get("ok"):
+            head = one_line(str(frame.get("output", "")), RESULT_MAX)
+            self._print(
+                f"  ⎿ [green]✔ {escape(name)}[/] [dim]· {seconds:.1f}s · {escape(head)}[/]", who
+            )
+        else:
+            reason = one_line(str(frame.get("error") or frame.get("output") or ""), RESULT_MAX)
+            self._print(
+                f"  ⎿ [red]✗ {escape(name)} failed[/] [dim]· {seconds:.1f}s ·[/] {escape(reason)}",
+                who,
+            )
+
+    def _on_compression_started(self, frame: Frame, who: str) -> None:
+        self.notice(f"compressing the context ({frame.get('reason')})…", who)
+
+    def _on_context_compressed(self, frame: Frame, who: str) -> None:
+        after = frame.get("tokens_after")
+        self.notice(f"context compressed: {frame.get('tokens_before')} → {after} tokens", who)
+        if not who and isinstance(after, int):
+            self.status.context_tokens = after
+
+    def _on_error(self, frame: Frame, who: str) -> None:
+        self.error(str(frame.get("message", "")), frame.get("code"), who)
+
+    def _on_warning(self, frame: Frame, who: str) -> None:
+        self.warning(str(frame.get("message", "")), who)
+
+    def _on_message_queued(self, frame: Frame, who: str) -> None:
+        text = one_line(str(frame.get("text", "")), ARGS_MAX)
+        dropped = frame.get("dropped_total") or 0
+        tail = f" ({dropped} older dropped)" if dropped else ""
+        self._print(f"[cyan]queued #{frame.get('position')}[/] [dim]{escape(text)}{tail}[/]")
+
+    def _on_task_update(self, frame: Frame, who: str) -> None:
+        status = str(frame.get("status"))
+        colour = {"completed": "green", "failed": "red", "cancelled": "yellow"}.get(status, "blue")
+        detail = frame.get("error") or frame.get("result_excerpt") or frame.get("args_summary")
+        tail = f" — {escape(one_line(str(detail), RESULT_MAX))}" if detail else ""
+        self._print(
+            f"[{colour}]◆ task {escape(str(frame.get('task_id')))}[/] "
+            f"{escape(str(frame.get('tool')))}: {escape(status)}{tail}"
+        )
+
+    def _on_subagent_started(self, frame: Frame, who: str) -> None:
+        task = one_line(str(frame.get("task", "")), RESULT_MAX)
+        self._print(f"[blue]↳ sub-agent ({escape(str(frame.get('profile_id')))}):[/] {task}", who)
+
+    def _on_subagent_finished(self, frame: Frame, who: str) -> None:
+        key = frame.get("agent_id")
+        if key in self._streams:
+            self._flush_text(self._streams.pop(key), who)
+        verdict = "[green]done[/]" if frame.get("completed") else "[red]did not finish[/]"
+        tokens = frame.get("tokens", 0)
+        self._print(f"[blue]↳ sub-agent[/] {verdict} [dim]({tokens} tokens)[/]", who)
+
+    def _on_resync(self, frame: Frame, who: str) -> None:
+        self.notice("missed part of the stream: reloading the history")
+
+    def _on_lagged(self, frame: Frame, who: str) -> None:
+        self.notice(f"fell behind (seq {frame.get('missed_from')}–{frame.get('missed_to')})")
+
+    # ------------------------------------------------------------------ replies
+
+    def sessions(self, sessions: list[dict[str, Any]]) -> None:
+        if not sessions:
+            self.notice("no sessions yet")
+            return
+        for s in sessions:
+            busy = " [yellow](running)[/]" if s.get("busy") else ""
+            title = escape(one_line(str(s.get("title") or ""), ARGS_MAX))
+            sid, profile = escape(str(s.get("session_id"))), escape(str(s.get("profile")))
+            when = escape(str(s.get("updated_at") or ""))
+            self._print(f"  [bold]{sid}[/] [dim]{profile} · {when}[/] {title}{busy}")
+        self.notice("/resume ID continues one")
+
+    def tasks(self, tasks: list[dict[str, Any]]) -> None:
+        if not tasks:
+            self.notice("no background tasks")
+            return
+        for t in tasks:
+            self._print(
+                f"  [bold]{escape(str(t.get('task_id')))}[/] {escape(str(t.get('tool')))}: "
+                f"{escape(str(t.get('status')))} [dim]· {t.get('age_sec', '?')}s[/]"
+            )
+
+    def history(self, messages: list[dict[str, Any]]) -> None:
+        """Replay a session's display history (``sessions history``)."""
+        for m in messages:
+            role = m.get("role")
+            content = m.get("content")
+            text = content if isinstance(content, str) else json.dumps(content)
+            if role == "user":
+                self.user(text)
+            elif role == "assistant":
+                for call in m.get("tool_calls") or []:
+                    fn = call.get("function", call) if isinstance(call, dict) else {}
+                    self._print(f"[bold magenta]⏺ {escape(str(fn.get('name', '?')))}[/]")
+                self.markdown(text)
+            elif role == "tool":
+                self._print(f"  ⎿ [dim]{escape(one_line(text, RESULT_MAX))}[/]")
+        self.notice(f"— {len(messages)} messages replayed —")

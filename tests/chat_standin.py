@@ -1,0 +1,320 @@
+"""A stand-in navi daemon for the chat client's tests: protocol v1, scripted, in-process.
+
+A trio-websocket server on 127.0.0.1 (port 0) that answers ``hello`` with ``welcome``
+(or ``unauthorized`` for a wrong token), and a ``message`` with a scripted run chosen
+by its content:
+
+- ``tool``  : model_info, thinking, a Markdown answer, a terminal tool card with live
+  output, a todo list that ticks, stream_end;
+- ``wait``  : a first delta, then nothing until ``stop`` arrives (then stream_end stopped);
+  a message arriving meanwhile gets ``message_queued``;
+- anything else: an echo ``you said: …`` and stream_end.
+
+Every frame a client sends is recorded in `received`; `drop()` closes the live
+connections (the server goes on) to test reconnects.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
+
+Frame = dict[str, Any]
+EPOCH = "e1"
+
+
+@attrs.define
+class Session:
+    session_id: str
+    seq: int = 0
+    frames: list[Frame] = attrs.field(factory=list)
+    busy: bool = False
+    stop: trio.Event = attrs.field(factory=trio.Event)
+    queued: int = 0
+
+
+@attrs.define(eq=False)
+class StandIn:
+    token: str = "t0k"
+    port: int = 0
+    received: list[Frame] = attrs.field(factory=list)
+    sessions: dict[str, Session] = attrs.field(factory=dict)
+    connections: list[WebSocketConnection] = attrs.field(factory=list)
+    got: trio.Event = attrs.field(factory=trio.Event)  # set on every received frame
+    # How a re-subscribe is answered: "replay" (frames after last_seq), "all" (every
+    # frame again: the client must drop what it saw), "resync" (a new epoch), "lagged".
+    on_subscribe: str = "replay"
+    history_extra: list[Frame] = attrs.field(factory=list)  # appended to every history
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(serve_websocket, self._handle, "127.0.0.1", 0, None)
+            self.port = server.port
+            task_status.started(self.port)
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def types(self) -> list[str]:
+        return [f["type"] for f in self.received]
+
+    async def wait_for(self, kind: str, **fields: Any) -> Frame:
+        """The first received frame of type `kind` with these field values (waits for it)."""
+        while True:
+            for frame in self.received:
+                if frame["type"] == kind and all(frame.get(k) == v for k, v in fields.items()):
+                    return frame
+            self.got = trio.Event()
+            await self.got.wait()
+
+    async def drop(self) -> None:
+        for ws in list(self.connections):
+            await ws.aclose()
+
+    async def _handle(self, request: WebSocketRequest) -> None:
+        ws = await request.accept()
+        self.connections.append(ws)
+        try:
+            await self._converse(ws)
+        except* ConnectionClosed:
+            pass  # the client went away (or `drop()`): that is the test's business
+        finally:
+            self.connections.remove(ws)
+
+    async def _send(self, ws: WebSocketConnection, frame: Frame) -> None:
+        await ws.send_message(json.dumps(frame))
+
+    async def _converse(self, ws: WebSocketConnection) -> None:
+        hello = json.loads(await ws.get_message())
+        self._record(hello)
+        if hello.get("token") != self.token:
+            await self._send(
+                ws, {"type": "error", "code": "unauthorized", "message": "missing or wrong token"}
+            )
+            await ws.aclose()
+            return
+        await self._send(
+            ws,
+            {
+                "type": "welcome",
+                "protocol": 1,
+                "server": "stand-in 0.1",
+                "user": {"name": "tester", "role": "admin"},
+            },
+        )
+        async with trio.open_nursery() as nursery:
+            while True:
+                frame = json.loads(await ws.get_message())
+                self._record(frame)
+                await self._dispatch(ws, frame, nursery)
+
+    def _record(self, frame: Frame) -> None:
+        self.received.append(frame)
+        self.got.set()
+
+    async def _dispatch(self, ws: WebSocketConnection, frame: Frame, nursery: trio.Nursery) -> None:
+        kind = frame["type"]
+        if kind == "message":
+            sid = frame.get("session_id")
+            if sid is None:
+                sid = f"s-{len(self.sessions) + 1}"
+                self.sessions[sid] = Session(sid)
+                await self._send(ws, {"type": "session", "session_id": sid, "created": True})
+            session = self.sessions.setdefault(sid, Session(sid))
+            if session.busy:
+                session.queued += 1
+                await self._publish(
+                    ws,
+                    session,
+                    {
+                        "type": "message_queued",
+                        "text": frame["content"],
+                        "position": session.queued,
+                    },
+                )
+                return
+            nursery.start_soon(self._run, ws, session, str(frame["content"]))
+        elif kind == "stop":
+            session = self.sessions[frame["session_id"]]
+            session.stop.set()
+            await self._send(ws, {"type": "ok", "id": frame.get("id")})
+        elif kind == "subscribe":
+            session = self.sessions.setdefault(frame["session_id"], Session(frame["session_id"]))
+            last = frame.get("last_seq")
+            await self._send(ws, {"type": "ok"})
+            if self.on_subscribe == "resync":
+                await self._send(
+                    ws,
+                    {
+                        "type": "resync",
+                        "session_id": session.session_id,
+                        "seq": session.seq,
+                        "epoch": "e2",
+                    },
+                )
+                return
+            if self.on_subscribe == "lagged":
+                await self._send(
+                    ws,
+                    {
+                        "type": "lagged",
+                        "session_id": session.session_id,
+                        "missed_from": 2,
+                        "missed_to": 3,
+                    },
+                )
+            for old in session.frames:
+                if self.on_subscribe == "all" or (last is not None and old["seq"] > last):
+                    await self._send(ws, old)
+        elif kind == "sessions" and frame["action"] == "list":
+            await self._send(
+                ws,
+                {
+                    "type": "sessions",
+                    "action": "list",
+                    "sessions": [
+                        {
+                            "session_id": "s-old",
+                            "title": "an older chat",
+                            "profile": "general",
+                            "user": "tester",
+                            "created_at": "2026-11-29",
+                            "updated_at": "2026-11-29",
+                            "busy": False,
+                        }
+                    ],
+                },
+            )
+        elif kind == "sessions" and frame["action"] == "history":
+            session = self.sessions.setdefault(frame["session_id"], Session(frame["session_id"]))
+            await self._send(
+                ws,
+                {
+                    "type": "sessions",
+                    "action": "history",
+                    "session_id": session.session_id,
+                    "seq": session.seq,
+                    "epoch": EPOCH,
+                    "messages": [
+                        {"role": "user", "content": "what is 2+2?"},
+                        {"role": "assistant", "content": "It is **4**."},
+                        *self.history_extra,
+                    ],
+                },
+            )
+        elif kind == "tasks":
+            await self._send(
+                ws,
+                {
+                    "type": "tasks",
+                    "action": "list",
+                    "tasks": [
+                        {
+                            "task_id": "t-1",
+                            "tool": "terminal",
+                            "status": "running",
+                            "age_sec": 3,
+                            "session_id": frame.get("session_id"),
+                        }
+                    ],
+                },
+            )
+        elif kind in ("compact", "unsubscribe"):
+            await self._send(ws, {"type": "ok"})
+        else:
+            await self._send(
+                ws,
+                {
+                    "type": "error",
+                    "code": "unknown_type",
+                    "message": f"unknown frame type {kind!r}",
+                },
+            )
+
+    async def _publish(self, ws: WebSocketConnection, session: Session, body: Frame) -> None:
+        session.seq += 1
+        frame = {
+            **body,
+            "session_id": session.session_id,
+            "seq": session.seq,
+            "epoch": EPOCH,
+            "is_subagent": body.get("is_subagent", False),
+            "agent_id": body.get("agent_id"),
+        }
+        session.frames.append(frame)
+        await self._send(ws, frame)
+
+    async def _run(self, ws: WebSocketConnection, session: Session, content: str) -> None:
+        session.busy = True
+        session.stop = trio.Event()
+        pub = self._publish
+        await pub(ws, session, {"type": "model_info", "model": "stand-in-model"})
+        if content == "tool":
+            await pub(ws, session, {"type": "thinking_delta", "text": "let me run a command"})
+            await pub(ws, session, {"type": "thinking_end"})
+            steps = [
+                {"index": 1, "text": "list files", "status": "in_progress"},
+                {"index": 2, "text": "report", "status": "pending"},
+            ]
+            await pub(ws, session, {"type": "todo_updated", "steps": steps})
+            await pub(
+                ws,
+                session,
+                {
+                    "type": "tool_started",
+                    "call_id": "c1",
+                    "name": "terminal",
+                    "arguments": {"command": "ls"},
+                },
+            )
+            await pub(
+                ws,
+                session,
+                {
+                    "type": "tool_event",
+                    "call_id": "c1",
+                    "name": "terminal",
+                    "data": {"stream": "output", "line": "README.md"},
+                },
+            )
+            await pub(
+                ws,
+                session,
+                {
+                    "type": "tool_result",
+                    "call_id": "c1",
+                    "name": "terminal",
+                    "ok": True,
+                    "output": "README.md",
+                    "duration_ms": 1250,
+                },
+            )
+            steps = [
+                {"index": 1, "text": "list files", "status": "done"},
+                {"index": 2, "text": "report", "status": "done"},
+            ]
+            await pub(ws, session, {"type": "todo_updated", "steps": steps})
+            await pub(ws, session, {"type": "text_delta", "text": "The folder holds **README"})
+            await pub(ws, session, {"type": "text_delta", "text": ".md** only."})
+            await pub(
+                ws,
+                session,
+                {"type": "stream_end", "text": "The folder holds README.md", "prompt_tokens": 321},
+            )
+        elif content == "wait":
+            await pub(ws, session, {"type": "text_delta", "text": "Working on it"})
+            await session.stop.wait()
+            await pub(ws, session, {"type": "stream_end", "stopped": True, "reason": "stopped"})
+        else:
+            await pub(ws, session, {"type": "text_delta", "text": f"you said: {content}"})
+            await pub(
+                ws,
+                session,
+                {"type": "stream_end", "text": f"you said: {content}", "prompt_tokens": 42},
+            )
+        session.busy = False

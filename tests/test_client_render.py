@@ -1,0 +1,267 @@
+"""The chat renderer fed frame sequences, read back from a recording rich Console.
+
+No I/O, no clock: each test builds frames as the daemon sends them and checks the text
+a person would see.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from rich.console import Console
+
+from navi_trio.client.render import TOOL_TAIL_LINES, Renderer, split_blocks
+
+
+def _renderer(**kw: Any) -> tuple[Renderer, io.StringIO]:
+    out = io.StringIO()
+    console = Console(file=out, width=160, color_system=None, force_terminal=False)
+    return Renderer(console, **kw), out
+
+
+def _seq(frames: list[dict[str, Any]], session: str = "s-1") -> list[dict[str, Any]]:
+    return [
+        {"session_id": session, "seq": i + 1, "is_subagent": False, "agent_id": None, **f}
+        for i, f in enumerate(frames)
+    ]
+
+
+def _feed(r: Renderer, frames: list[dict[str, Any]]) -> None:
+    for frame in _seq(frames):
+        r.frame(frame)
+
+
+def _steps(*statuses: str) -> list[dict[str, Any]]:
+    names = ["read the code", "write the test", "fix it"]
+    return [{"index": i + 1, "text": names[i], "status": s} for i, s in enumerate(statuses)]
+
+
+def test_the_plan_is_a_checklist_that_ticks_as_todo_steps_finish() -> None:
+    r, out = _renderer()
+    _feed(
+        r,
+        [
+            {
+                "type": "plan",
+                "text": "1. read",
+                "steps": [
+                    {"index": 1, "description": "read the code"},
+                    {"index": 2, "description": "write the test"},
+                    {"index": 3, "description": "fix it"},
+                ],
+            },
+            {"type": "todo_updated", "steps": _steps("done", "in_progress", "pending")},
+            {"type": "todo_updated", "steps": _steps("done", "done", "failed")},
+        ],
+    )
+    text = out.getvalue()
+    blocks = text.split("Plan ")
+    assert blocks[1].startswith("0/3") and "☐ 1. read the code" in blocks[1]
+    assert blocks[2].startswith("1/3")
+    assert "✔ 1. read the code" in blocks[2] and "▸ 2. write the test" in blocks[2]
+    assert "☐ 3. fix it" in blocks[2]
+    assert blocks[3].startswith("2/3") and "✔ 2. write the test" in blocks[3]
+    assert "✗ 3. fix it" in blocks[3]
+
+
+def test_a_tool_call_is_a_card_with_status_duration_and_a_bounded_output_tail() -> None:
+    r, out = _renderer()
+    lines = [f"line {i}" for i in range(TOOL_TAIL_LINES + 3)]
+    _feed(
+        r,
+        [
+            {
+                "type": "tool_started",
+                "call_id": "c1",
+                "name": "terminal",
+                "arguments": {"command": "make test"},
+            },
+            *[
+                {
+                    "type": "tool_event",
+                    "call_id": "c1",
+                    "name": "terminal",
+                    "data": {"stream": "output", "line": line},
+                }
+                for line in lines
+            ],
+            {
+                "type": "tool_result",
+                "call_id": "c1",
+                "name": "terminal",
+                "ok": True,
+                "output": "all passed\nmore",
+                "duration_ms": 2340,
+            },
+            {
+                "type": "tool_started",
+                "call_id": "c2",
+                "name": "read_file",
+                "arguments": {"path": "x"},
+            },
+            {
+                "type": "tool_result",
+                "call_id": "c2",
+                "name": "read_file",
+                "ok": False,
+                "error": "no such file: x",
+                "duration_ms": 10,
+            },
+        ],
+    )
+    text = out.getvalue()
+    assert '⏺ terminal({"command": "make test"})' in text
+    assert f"│ line {TOOL_TAIL_LINES - 1}" in text
+    assert f"line {TOOL_TAIL_LINES}" not in text  # the tail is bounded …
+    assert "│ … 3 more lines" in text  # … and says what it left out
+    assert "⎿ ✔ terminal · 2.3s · all passed more" in text
+    assert "⎿ ✗ read_file failed · 0.0s · no such file: x" in text
+
+
+def test_sub_agent_output_is_indented_and_labelled() -> None:
+    r, out = _renderer()
+    sub = {"is_subagent": True, "agent_id": "sub-7"}
+    for frame in _seq(
+        [
+            {
+                "type": "subagent_started",
+                "profile_id": "researcher",
+                "task": "find the docs",
+                **sub,
+            },
+            {"type": "text_delta", "text": "found them", **sub},
+            {"type": "stream_end", "text": "found them", **sub},
+            {"type": "subagent_finished", "completed": True, "tokens": 120, **sub},
+            {"type": "text_delta", "text": "Main answer."},
+            {"type": "stream_end", "text": "Main answer."},
+        ]
+    ):
+        frame.update({k: v for k, v in frame.items() if k in sub})
+        r.frame(frame)
+    lines = out.getvalue().splitlines()
+    started = next(ln for ln in lines if "sub-agent (researcher)" in ln)
+    assert started.startswith("    [sub-7] ↳ sub-agent (researcher): find the docs")
+    assert any(ln.startswith("    ") and "found them" in ln for ln in lines)
+    assert any(ln.startswith("    [sub-7] ↳ sub-agent done (120 tokens)") for ln in lines)
+    assert any(ln.startswith("Main answer.") for ln in lines)
+    assert r.busy is False  # only the top-level stream_end ends the run
+
+
+def test_a_queued_message_shows_its_position() -> None:
+    r, out = _renderer()
+    _feed(r, [{"type": "message_queued", "text": "and then?", "position": 2, "dropped_total": 1}])
+    assert "queued #2 and then? (1 older dropped)" in out.getvalue()
+
+
+def test_errors_and_warnings_are_one_line_with_what_to_do() -> None:
+    r, out = _renderer()
+    r.frame({"type": "error", "code": "unauthorized", "message": "bad\ntoken"})
+    _feed(
+        r,
+        [
+            {
+                "type": "error",
+                "code": "llm_connection",
+                "message": "cannot connect to http://127.0.0.1:11434",
+            },
+            {"type": "warning", "code": "anti_stall", "message": "no progress for 3 iterations"},
+            {"type": "stream_end", "reason": "error"},
+        ],
+    )
+    lines = [ln for ln in out.getvalue().splitlines() if ln.strip()]
+    assert lines[0] == (
+        "✗ error [unauthorized]: bad token — pass --token, set NAVI_TOKEN, or use the daemon's "
+        "local-token file"
+    )
+    assert lines[1].startswith("✗ error [llm_connection]: cannot connect to http://127.0.0.1:11434")
+    assert "is the LLM server running?" in lines[1]
+    assert lines[2] == "⚠ no progress for 3 iterations"
+
+
+def test_the_answer_is_rendered_as_markdown_block_by_block() -> None:
+    r, out = _renderer()
+    _feed(r, [{"type": "text_delta", "text": "# Title\n\nSome **bold"}])
+    assert "Title" in out.getvalue() and "bold" not in out.getvalue()  # block still open
+    _feed(r, [{"type": "text_delta", "text": "** text.\n\n```py\nx = 1\n\ny = 2\n"}])
+    assert "Some bold text." in out.getvalue()  # Markdown: no asterisks
+    assert "x = 1" not in out.getvalue()  # a blank line inside a fence does not cut it
+    _feed(r, [{"type": "text_delta", "text": "```\n"}, {"type": "stream_end", "text": "…"}])
+    text = out.getvalue()
+    assert "x = 1" in text and "y = 2" in text
+    assert "**" not in text and "```" not in text and "…" not in text
+
+
+def test_split_blocks_cuts_at_the_last_blank_line_outside_a_fence() -> None:
+    assert split_blocks("a\n\nb") == ("a\n\n", "b")
+    assert split_blocks("a\n\nb\n\nc") == ("a\n\nb\n\n", "c")
+    assert split_blocks("```\na\n\nb") == ("", "```\na\n\nb")
+    assert split_blocks("no break yet") == ("", "no break yet")
+
+
+def test_a_replayed_end_without_deltas_shows_the_answer_once() -> None:
+    r, out = _renderer()
+    _feed(r, [{"type": "stream_end", "text": "the final answer", "prompt_tokens": 900}])
+    assert out.getvalue().count("the final answer") == 1
+    assert r.status.context_tokens == 900
+
+
+def test_thinking_is_one_dim_line_until_thinking_is_toggled_on() -> None:
+    r, out = _renderer()
+    _feed(r, [{"type": "thinking_delta", "text": "one two three"}, {"type": "thinking_end"}])
+    assert "✻ thinking… (3 words)" in out.getvalue() and "one two" not in out.getvalue()
+    r.show_thinking = True
+    _feed(r, [{"type": "thinking_delta", "text": "four five"}, {"type": "text_delta", "text": "x"}])
+    assert "✻ four five" in out.getvalue()
+
+
+def test_a_stopped_run_says_so_and_the_status_line_follows_the_run() -> None:
+    r, out = _renderer()
+    r.status.session_id, r.status.profile = "s-1", "coder"
+    _feed(
+        r,
+        [
+            {"type": "model_info", "model": "qwen3:8b"},
+            {"type": "text_delta", "text": "partial"},
+        ],
+    )
+    assert r.busy and r.status.activity == "answering… 1 words"
+    _feed(r, [{"type": "stream_end", "stopped": True, "reason": "stopped", "prompt_tokens": 5}])
+    text = out.getvalue()
+    assert "partial" in text and "■ stopped" in text
+    assert "session s-1 · profile coder · model qwen3:8b · context 5 tokens" in text
+    assert not r.busy and r.status.activity == ""
+
+
+def test_task_updates_are_notices_and_replies_are_listed() -> None:
+    r, out = _renderer()
+    r.frame(
+        {
+            "type": "task_update",
+            "session_id": "s-1",
+            "seq": None,
+            "task_id": "t-3",
+            "tool": "terminal",
+            "status": "completed",
+            "result_excerpt": "exit 0",
+        }
+    )
+    r.sessions(
+        [
+            {
+                "session_id": "s-9",
+                "title": "fix bug",
+                "profile": "coder",
+                "updated_at": "today",
+                "busy": True,
+            }
+        ]
+    )
+    r.tasks([{"task_id": "t-3", "tool": "terminal", "status": "running", "age_sec": 4}])
+    r.history([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "**hello**"}])
+    text = out.getvalue()
+    assert "◆ task t-3 terminal: completed — exit 0" in text
+    assert "s-9 coder · today fix bug (running)" in text
+    assert "t-3 terminal: running · 4s" in text
+    assert "› hi" in text and "hello" in text and "**hello**" not in text
+    assert "2 messages replayed" in text
