@@ -75,6 +75,9 @@ class AgentProfile:
     max_iterations: int = 25
     planning_enabled: bool = False
     planning_mandatory: bool = False
+    # false: no plan on a session's first message either (small local models: a plan
+    # costs three calls they cannot afford and rarely follow)
+    planning_first_message: bool = True
     # Thinking mechanics (agent-loop.md), with the spec's defaults.
     think_enabled: bool = True
     iteration_budget_enabled: bool = True

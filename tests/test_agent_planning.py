@@ -259,3 +259,26 @@ async def test_a_plan_with_no_parsable_steps_gives_no_plan_and_the_turn_answers(
             context = await h.runtime.store.load_context("s1")
             assert [m["role"] for m in context] == ["user", "assistant"]
             assert not any(m.get("is_plan") for m in context)
+
+
+async def test_a_profile_can_drop_the_first_message_plan(tmp_path: Path) -> None:
+    """The `local` profile's rule: no planning calls on a session's first message."""
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=[{"text": "Straight to the answer."}],
+            profiles={"general": {"planning_first_message": False}},
+        ) as h:  # fmt: skip
+            frames = await h.turn("s1", REQUEST)
+            assert frames[-1]["text"] == "Straight to the answer."
+            assert not of_type(frames, "plan_phase")
+            assert len(h.chat_requests) == 1
+
+
+def test_the_shipped_local_profile_is_for_small_models() -> None:
+    from navi_trio.profiles import ConfigSource
+    from navi_trio.settings import default_config_path
+
+    local = ConfigSource(default_config_path()).current.profile("local")
+    assert local.id == "local" and not local.planning_first_message
+    assert not local.planning_enabled and not local.think_enabled
+    assert local.max_iterations <= 5

@@ -193,10 +193,12 @@ def plan_event(result: PlanResult) -> PlanCreated:
 def should_plan(*, is_first_message: bool, profile: AgentProfile, message: str) -> bool:
     """The spec's rule: (first message or planning_enabled) and not casual.
 
-    `planning_mandatory` forces a plan on every turn, so it counts as planning_enabled.
+    `planning_mandatory` forces a plan on every turn, so it counts as planning_enabled;
+    `planning_first_message: false` drops the first-message plan (small models).
     """
     every_turn = profile.planning_enabled or profile.planning_mandatory
-    return (is_first_message or every_turn) and not is_casual(message)
+    first = is_first_message and profile.planning_first_message
+    return (first or every_turn) and not is_casual(message)
 
 
 # ---------------------------------------------------------------- the review for Phase 3
