@@ -3,6 +3,7 @@
     navi --help | --version
     navi doctor [--db PATH] [--config PATH] [--llm-url URL] [--backend B] [--json]
     navi run [--session ID] [--profile P] [--cwd DIR] [--events] ... "message"
+    navi serve | users | sessions | tasks        (the daemon: see cli_daemon.py)
 
 `main` parses the arguments, runs the subcommand under `trio.run` and turns every
 failure into one line ``navi: error: ...`` on stderr and a non-zero exit code (1; 130 on
@@ -29,6 +30,10 @@ import attrs
 import trio
 
 from navi_trio import __version__
+from navi_trio.api.protocol import event_frame
+from navi_trio.api.remote import DEFAULT_URL
+from navi_trio.cli_daemon import COMMANDS as DAEMON_COMMANDS
+from navi_trio.cli_daemon import add_parsers as add_daemon_parsers
 from navi_trio.doctor import LLM_PING_TIMEOUT as LLM_PING_TIMEOUT
 from navi_trio.doctor import collect_doctor as collect_doctor
 from navi_trio.doctor import ping_llm as ping_llm
@@ -40,7 +45,6 @@ from navi_trio.events import (
     StreamEnd,
     TextDelta,
     WarningEvent,
-    event_to_dict,
 )
 from navi_trio.llm.factory import BACKENDS
 from navi_trio.profiles import ConfigSource
@@ -96,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_endpoint_options(doctor)
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
+    doctor.add_argument("--url", default=DEFAULT_URL, help="the daemon to look for")
 
     run = sub.add_parser(
         "run",
@@ -111,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--events", action="store_true", help="print every event as one JSON line instead"
     )
     _add_endpoint_options(run)
+    add_daemon_parsers(sub, _add_endpoint_options)
     return parser
 
 
@@ -145,7 +151,7 @@ def load_settings(args: argparse.Namespace, environ: dict[str, str] | None = Non
 
 def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     settings = load_settings(args)
-    report = trio.run(collect_doctor, settings)
+    report = trio.run(collect_doctor, settings, args.url)
     if args.json:
         print(json.dumps(report, indent=None), file=out)
     else:
@@ -245,13 +251,7 @@ def _show(
     if isinstance(event, StreamEnd) and top:
         outcome.end = event
     if as_json:
-        frame = {
-            "type": type(event).type,
-            "session_id": session_id,
-            "seq": seq,
-            **event_to_dict(event),
-        }
-        print(json.dumps(frame), file=out, flush=True)
+        print(json.dumps(event_frame(event, session_id, seq)), file=out, flush=True)
         if isinstance(event, ErrorEvent) and top:
             outcome.error = one_line(event.message)  # stdout only: cmd_run repeats it
         return
@@ -309,6 +309,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 _COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
     "doctor": cmd_doctor,
     "run": cmd_run,
+    **DAEMON_COMMANDS,
 }
 
 
