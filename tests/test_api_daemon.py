@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -181,3 +182,28 @@ async def test_users_add_list_rotate_remove(env: dict[str, str], tmp_path: Path)
     assert done.code == 0
     done = await navi("users", "remove", "carol", env=env, cwd=tmp_path)
     assert done.code == 1 and "no user named 'carol'" in done.err
+
+
+async def test_sighup_reloads_the_config_and_logs_are_json_lines(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    from navi_trio.settings import REPO_ROOT
+
+    shutil.copytree(REPO_ROOT / "config", tmp_path / "config")
+    cfg = tmp_path / "config" / "config.json"
+    data = json.loads(cfg.read_text(encoding="utf-8"))
+    llm = f"http://127.0.0.1:{unused_port()}"
+    with trio.fail_after(DEADLINE):
+        async with serve(env, llm, "--config", str(cfg), "--log-json") as proc:
+            data["default_profile"] = "coder"
+            cfg.write_text(json.dumps(data), encoding="utf-8")
+            proc.send_signal(signal.SIGHUP)
+            log = await _read_until(proc.stderr, b"SIGHUP: config reloaded")
+            proc.send_signal(signal.SIGINT)
+            await proc.wait()
+            assert proc.returncode == 0
+            log += await proc.stderr.receive_some(1 << 16)
+    records = [json.loads(line) for line in log.decode().splitlines()]
+    messages_ = [r["message"] for r in records]
+    assert "SIGHUP: config reloaded" in messages_ and "SIGINT: shutting down" in messages_
+    assert all({"ts", "level", "logger", "message"} <= r.keys() for r in records)

@@ -355,3 +355,22 @@ async def test_a_client_that_goes_away_leaves_the_run_and_others_alone(tmp_path:
                 assert ok["type"] == "ok"
                 gate.gate.set()
                 assert (await watcher.until_end(sid))["text"] == "gated done"
+
+
+async def test_a_failing_request_is_an_internal_error_and_the_daemon_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken() -> None:
+        raise KeyError("a bug")
+
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path) as d, d.connect("alice") as c:
+            monkeypatch.setattr(d.harness.runtime.store, "list_users", broken)
+            err = await c.request({"type": "sessions", "action": "list"})
+            assert err["code"] == "internal" and "KeyError" in err["message"]
+            monkeypatch.undo()
+            assert (await c.request({"type": "sessions", "action": "list"}))["type"] == "sessions"
+            async with d.connect("bob") as bob:
+                assert (await bob.request({"type": "sessions", "action": "create"}))[
+                    "type"
+                ] == "session"

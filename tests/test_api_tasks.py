@@ -45,7 +45,9 @@ async def test_runs_know_their_user_and_tasks_belong_to_the_owner(tmp_path: Path
                 listed = await alice.request({"type": "tasks", "action": "list"})
                 (task,) = listed["tasks"]
                 assert (task["tool"], task["status"], task["session_id"]) == (
-                    "block", "running", sid
+                    "block",
+                    "running",
+                    sid,
                 )
                 tid = task["task_id"]
                 async with d.connect("bob") as bob:

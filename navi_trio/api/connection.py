@@ -153,6 +153,10 @@ class Connection:
             except NaviError as exc:
                 log.warning("request of %s failed: %s", self._who(), exc)
                 await self.send(error_frame("internal", str(exc), request_id=rid))
+            except Exception as exc:  # our bug: say so, keep the connection and the daemon
+                log.exception("request of %s failed", self._who())
+                message = f"internal error: {type(exc).__name__}: {exc}"
+                await self.send(error_frame("internal", message, request_id=rid))
 
     async def _writer(self) -> None:
         async for frame in self._outbox:

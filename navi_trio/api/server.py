@@ -66,7 +66,10 @@ class ApiServer:
         ws = await request.accept()
         peer = ws.remote
         where = str(peer) if isinstance(peer, str) else f"{peer.address}:{peer.port}"
-        await Connection(self, ws, where).run()
+        try:
+            await Connection(self, ws, where).run()
+        except* Exception:  # one connection's failure must not end the server
+            log.exception("connection %s failed", where)
 
     # -- connections per user ------------------------------------------------------------
 
