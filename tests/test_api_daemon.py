@@ -136,6 +136,9 @@ async def test_sigkill_mid_stream_leaves_the_session_loadable_after_restart(
                 # The CLI lists it too, through the daemon.
                 done = await navi("sessions", "--url", proc.url, env=env, cwd=tmp_path)
                 assert done.code == 0 and sid in done.out, done
+                done = await navi("doctor", "--url", proc.url, "--llm-url", llm, "--json",
+                                  env=env, cwd=tmp_path)  # fmt: skip
+                assert json.loads(done.out)["daemon"] == {"url": proc.url, "ok": True}
     saved = await messages(Path(env["NAVI_DB"]), sid)
     assert [m["content"] for m in saved] == ["hi", "hello?", "after the crash"]
 
@@ -144,6 +147,9 @@ async def test_cli_clients_say_one_line_when_no_daemon_answers(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     url = f"ws://127.0.0.1:{unused_port()}/"
+    done = await navi("doctor", "--url", url, "--llm-url", url.replace("ws", "http"),
+                      env=env, cwd=tmp_path)  # fmt: skip
+    assert f"daemon       {url}  not running (`navi serve`)" in done.out, done.out
     for args in (("sessions",), ("tasks", "list"), ("sessions", "history", "s-1")):
         done = await navi(*args, "--url", url, "--token", "t", env=env, cwd=tmp_path)
         assert done.code == 1, done

@@ -203,11 +203,24 @@ async def test_bad_frames_get_errors_and_the_connection_goes_on(tmp_path: Path) 
                     ({"type": "message", "content": "x" * 3000}, "too_large", "limit is 2048"),
                     ({"type": "approve", "call_id": "c1"}, "unsupported", "approve"),
                     ({"type": "hello", "token": "again"}, "bad_frame", "already"),
+                    (
+                        {"type": "message", "content": "x", "cwd": "/no/such/dir"},
+                        "bad_frame",
+                        "/no/such/dir",
+                    ),
+                    (
+                        {"type": "message", "content": "x", "profile": "ghost"},
+                        "bad_frame",
+                        "unknown profile 'ghost'",
+                    ),
                 ]
                 for frame, code, words in cases:
                     await c.send(frame if isinstance(frame, str | bytes) else json.dumps(frame))
                     err = await c.until_type("error")
                     assert err["code"] == code and words in err["message"], (frame, err)
+                # Refused frames created nothing.
+                listed = await c.request({"type": "sessions", "action": "list"})
+                assert [s["session_id"] for s in listed["sessions"]] == [sid]
                 # The connection and the session go on: a normal turn works.
                 ok = await c.request({"type": "message", "session_id": sid, "content": "again"})
                 assert ok["type"] == "ok"

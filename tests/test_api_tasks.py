@@ -18,6 +18,7 @@ from api_ws import open_daemon
 from bg_tools import BACKGROUNDABLE, call, calls, make_kit, profile
 
 from navi_trio.api.connection import Connection
+from navi_trio.daemon import wait_background_jobs
 from navi_trio.settings import Settings
 
 TIMEOUT = 30
@@ -125,3 +126,45 @@ async def test_a_lagged_subscription_is_reported_and_resumed_from_the_last_seq()
             second.send.close()
             await trio.testing.wait_all_tasks_blocked()
             assert len(actor.calls) == 2 and not conn.subscribed("s1")
+
+
+async def test_shutdown_waits_for_background_jobs_only_as_long_as_the_setting(
+    tmp_path: Path,
+) -> None:
+    kit = make_kit()
+    replies = [
+        calls(call("block", label="a", background=True), call("block", label="b",
+              background=True)),
+        {"text": "started"},
+    ]  # fmt: skip
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(
+            tmp_path, replies=replies, tools=kit.tools(), backgroundable_tools=BACKGROUNDABLE,
+            profiles={"bg": profile(["block"])},
+        ) as d:  # fmt: skip
+            rt = d.harness.runtime
+            async with d.connect("alice") as c:
+                made = await c.request({"type": "message", "content": "hi", "profile": "bg"})
+                await c.until_end(made["session_id"])
+            await kit.block.wait_started(2)
+            jobs = rt.supervisor.list_jobs(made["session_id"])
+            # 0 s: nothing is waited for; both jobs still run (the runtime cancels them).
+            await wait_background_jobs(rt, 0)
+            assert [j.status for j in jobs] == ["running", "running"]
+            # A job that finishes within the wait is waited for (event-driven, no polling).
+            returned = trio.Event()
+
+            async def waiter() -> None:
+                await wait_background_jobs(rt, 3600.0)
+                returned.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter)
+                await trio.testing.wait_all_tasks_blocked()
+                kit.block.release("a")
+                await jobs[0].done.wait()
+                await trio.testing.wait_all_tasks_blocked()
+                assert not returned.is_set()  # b still runs
+                kit.block.release("b")
+                await returned.wait()
+            assert [j.status for j in jobs] == ["completed", "completed"]

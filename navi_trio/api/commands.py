@@ -125,17 +125,18 @@ class Commands:
     # -- session commands ---------------------------------------------------------------
 
     async def _message(self, rid: RequestId, cmd: SendMessage) -> None:
+        # Everything the frame says is checked before a session is created for it.
+        cwd = None
+        if cmd.cwd is not None:
+            cwd = Path(cmd.cwd)
+            if not await trio.Path(cwd).is_dir():
+                raise ProtocolError(f"cwd {cmd.cwd!r} is not a directory on the daemon's machine")
         row = await self.rt.store.get_session(cmd.session_id) if cmd.session_id else None
         if row is None:
             row = await self._create(cmd.session_id, cmd.profile)
             await self.conn.send(reply(rid, "session", session_id=row.id, created=True))
         else:
             row = await self._owned(row.id)
-        cwd = None
-        if cmd.cwd is not None:
-            cwd = Path(cmd.cwd)
-            if not await trio.Path(cwd).is_dir():
-                raise ProtocolError(f"cwd {cmd.cwd!r} is not a directory on the daemon's machine")
         actor = await self._actor(row.id)
         if not self.conn.subscribed(row.id):
             self.conn.subscribe(actor, None, None)
