@@ -404,6 +404,8 @@ async def test_cut_mid_run_then_resubscribe_gets_no_gap_and_no_duplicate(tmp_pat
                 assert ok["type"] == "ok"
                 await c3.request({"type": "subscribe", "session_id": sid, "last_seq": last})
                 ends = [await c2.until_end(sid), await c3.until_end(sid)]
+                for cl in (c2, c3):  # a round trip: whatever followed the end has arrived
+                    await cl.request({"type": "sessions", "action": "list"})
                 assert ends[0] == ends[1] and ends[0]["text"] == "gated done"
                 got = [
                     [f["seq"] for f in cl.frames if f.get("session_id") == sid
