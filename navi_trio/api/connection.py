@@ -18,12 +18,13 @@ user, closes the connection (after the error frame).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from navi_trio.api.auth import User, authenticate
+from navi_trio.api.commands import Commands
 from navi_trio.api.limits import TokenBucket
 from navi_trio.api.protocol import (
     Frame,
@@ -62,7 +63,7 @@ class Connection:
         self._outbox_send, self._outbox = trio.open_memory_channel[Frame](OUTBOX_SIZE)
         self._nursery: trio.Nursery | None = None
         # session id -> (subscription, the pump's cancel scope)
-        self._subs: dict[str, tuple[Any, trio.CancelScope]] = {}
+        self._subs: dict[str, tuple[Subscription, trio.CancelScope]] = {}
         settings = server.runtime.settings
         self._bucket = TokenBucket(settings.ws_frames_per_sec, settings.ws_frames_burst)
 
@@ -85,8 +86,6 @@ class Connection:
             await self._close_with(error_frame_for(exc))
             return
         log.info("connection %s: user %s (%s) connected", self.peer, user.name, user.role)
-        from navi_trio.api.commands import Commands
-
         commands = Commands(self.server, self, user)
         try:
             async with trio.open_nursery() as nursery:
@@ -132,7 +131,7 @@ class Connection:
 
     # -- reader / writer ----------------------------------------------------------------
 
-    async def _reader(self, commands: Any) -> None:
+    async def _reader(self, commands: Commands) -> None:
         settings = self.server.runtime.settings
         while True:
             message = await self.ws.get_message()
@@ -191,6 +190,10 @@ class Connection:
         sub.close()
         return True
 
+    def _current(self, session_id: str) -> Subscription | None:
+        entry = self._subs.get(session_id)
+        return entry[0] if entry is not None else None
+
     async def _pump(
         self, actor: SessionActor, sub: Subscription, scope: trio.CancelScope, last: int | None
     ) -> None:
@@ -202,7 +205,7 @@ class Connection:
                     if isinstance(frame.get("seq"), int):
                         last = frame["seq"]
                 lagged = getattr(sub, "lagged", None)
-                if lagged is None or self._subs.get(sid, (None,))[0] is not sub:
+                if lagged is None or self._current(sid) is not sub:
                     break
                 missed_from, missed_to = lagged
                 log.warning("%s lagged on session %s: resubscribing", self._who(), sid)
@@ -213,7 +216,7 @@ class Connection:
                 epoch = getattr(actor, "epoch", None)
                 sub = _subscribe(actor, last, epoch)
                 self._subs[sid] = (sub, scope)
-        if self._subs.get(sid, (None,))[0] is sub:
+        if self._current(sid) is sub:
             # The actor ended the subscription (retired or shutting down).
             del self._subs[sid]
 
