@@ -148,6 +148,10 @@ class Connection:
             except RequestError as exc:
                 if exc.request_id is None:
                     exc.request_id = rid
+                log.info(
+                    "refused a request of %s (session %s): %s %s",
+                    self._who(), exc.session_id or "-", exc.code, exc,
+                )  # fmt: skip
                 await self.send(error_frame_for(exc))
             except NaviError as exc:
                 log.warning("request of %s failed: %s", self._who(), exc)
