@@ -39,11 +39,13 @@ async def serve_daemon(
     port: int,
     ready: Callable[[int], None] = lambda port: None,
 ) -> None:
-    with trio.open_signal_receiver(*STOP_SIGNALS, signal.SIGHUP) as signals:
-        async with open_runtime(settings, config=config) as rt:
-            await ensure_local_token(rt.store, settings.data_dir)
-            async with trio.open_nursery() as nursery:
-                bound = await nursery.start(ApiServer(rt, host=host, port=port).run)
+    async with open_runtime(settings, config=config) as rt:
+        await ensure_local_token(rt.store, settings.data_dir)
+        async with trio.open_nursery() as nursery:
+            bound = await nursery.start(ApiServer(rt, host=host, port=port).run)
+            # Only while serving: once shutdown starts, a second Ctrl-C or SIGTERM acts
+            # as usual (KeyboardInterrupt / termination) instead of waiting for it.
+            with trio.open_signal_receiver(*STOP_SIGNALS, signal.SIGHUP) as signals:
                 ready(bound)
                 _notify_systemd("READY=1")
                 async for signum in signals:
@@ -53,10 +55,10 @@ async def serve_daemon(
                         continue
                     log.info("%s: shutting down", signal.Signals(signum).name)
                     break
-                _notify_systemd("STOPPING=1")
-                nursery.cancel_scope.cancel()  # stop accepting, close every connection
-            await wait_background_jobs(rt, settings.shutdown_wait_tasks_sec)
-            log.info("stopping active runs and closing the store")
+            _notify_systemd("STOPPING=1")
+            nursery.cancel_scope.cancel()  # stop accepting, close every connection
+        await wait_background_jobs(rt, settings.shutdown_wait_tasks_sec)
+        log.info("stopping active runs and closing the store")
     log.info("stopped")
 
 
