@@ -4,6 +4,8 @@
     navi doctor [--db PATH] [--config PATH] [--llm-url URL] [--backend B] [--json]
     navi run [--session ID] [--profile P] [--cwd DIR] [--events] ... "message"
     navi compact --session ID [--db PATH] [--config PATH] [--llm-url URL] [--backend B]
+    navi chat [--url URL] [--session ID] [--profile P] [--token T]
+    navi serve | users | sessions | tasks        (the daemon: see cli_daemon.py)
 
 `main` parses the arguments, runs the subcommand under `trio.run` and turns every
 failure into one line ``navi: error: ...`` on stderr and a non-zero exit code (1; 130 on
@@ -30,6 +32,10 @@ import attrs
 import trio
 
 from navi_trio import __version__
+from navi_trio.api.protocol import event_frame
+from navi_trio.api.remote import DEFAULT_URL
+from navi_trio.cli_daemon import COMMANDS as DAEMON_COMMANDS
+from navi_trio.cli_daemon import add_parsers as add_daemon_parsers
 from navi_trio.doctor import LLM_PING_TIMEOUT as LLM_PING_TIMEOUT
 from navi_trio.doctor import collect_doctor as collect_doctor
 from navi_trio.doctor import ping_llm as ping_llm
@@ -41,7 +47,6 @@ from navi_trio.events import (
     StreamEnd,
     TextDelta,
     WarningEvent,
-    event_to_dict,
 )
 from navi_trio.llm.factory import BACKENDS
 from navi_trio.profiles import ConfigSource
@@ -97,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_endpoint_options(doctor)
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
+    doctor.add_argument("--url", default=DEFAULT_URL, help="the daemon to look for")
 
     run = sub.add_parser(
         "run",
@@ -132,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--session", metavar="ID", help="resume this session (default: new)")
     chat.add_argument("--profile", metavar="P", help="profile for new messages")
     chat.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
+    add_daemon_parsers(sub, _add_endpoint_options)
     return parser
 
 
@@ -166,7 +173,7 @@ def load_settings(args: argparse.Namespace, environ: dict[str, str] | None = Non
 
 def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     settings = load_settings(args)
-    report = trio.run(collect_doctor, settings)
+    report = trio.run(collect_doctor, settings, args.url)
     if args.json:
         print(json.dumps(report, indent=None), file=out)
     else:
@@ -266,13 +273,7 @@ def _show(
     if isinstance(event, StreamEnd) and top:
         outcome.end = event
     if as_json:
-        frame = {
-            "type": type(event).type,
-            "session_id": session_id,
-            "seq": seq,
-            **event_to_dict(event),
-        }
-        print(json.dumps(frame), file=out, flush=True)
+        print(json.dumps(event_frame(event, session_id, seq)), file=out, flush=True)
         if isinstance(event, ErrorEvent) and top:
             outcome.error = one_line(event.message)  # stdout only: cmd_run repeats it
         return
@@ -391,6 +392,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
     "run": cmd_run,
     "compact": cmd_compact,
     "chat": cmd_chat,
+    **DAEMON_COMMANDS,
 }
 
 

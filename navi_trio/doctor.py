@@ -15,6 +15,7 @@ import httpx
 import trio
 
 from navi_trio import __version__
+from navi_trio.api.remote import DEFAULT_URL, daemon_answers
 from navi_trio.errors import ConfigError, NaviError
 from navi_trio.profiles import AgentProfile, NaviConfig, check_config, load_config
 from navi_trio.settings import Settings
@@ -95,7 +96,7 @@ async def ping_llm(settings: Settings) -> dict[str, Any]:
     return result
 
 
-async def collect_doctor(settings: Settings) -> dict[str, Any]:
+async def collect_doctor(settings: Settings, daemon_url: str = DEFAULT_URL) -> dict[str, Any]:
     """Everything `navi doctor` reports, as one JSON-ready dict (``ok``: config and DB fine)."""
     report: dict[str, Any] = {"version": __version__, "warnings": [], "errors": []}
     config: dict[str, Any] = {"path": str(settings.config_path), "ok": False}
@@ -141,6 +142,7 @@ async def collect_doctor(settings: Settings) -> dict[str, Any]:
     for key, folder in (("manuals_dir", settings.manuals_dir), ("data_dir", settings.data_dir)):
         report[key] = {"path": str(folder), "exists": folder.is_dir()}
     report["settings"] = _settings_info(settings)
+    report["daemon"] = {"url": daemon_url, "ok": await daemon_answers(daemon_url)}
     report["ok"] = not report["errors"]
     return report
 
@@ -191,6 +193,8 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
         line("", f"DOWN: {m['error']}")
     for key, label in (("manuals_dir", "manuals"), ("data_dir", "data dir")):
         line(label, r[key]["path"] + ("" if r[key]["exists"] else "  (missing)"))
+    dm = r["daemon"]
+    line("daemon", f"{dm['url']}  " + ("answers" if dm["ok"] else "not running (`navi serve`)"))
     s = r["settings"]
     line(
         "model",

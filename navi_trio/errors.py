@@ -9,6 +9,19 @@ The tree::
     ├── NothingToCompactError       /compact found nothing (new) to summarise
     ├── ToolInputError              a tool got arguments it cannot use
     ├── TaskRejectedError           a background submit was refused (cap, rate limit)
+    ├── RequestError                a WebSocket client's request failed; `code` goes on the wire
+    │   ├── ProtocolError           bad_frame: not JSON, not an object, binary, a bad field
+    │   │   ├── UnknownTypeError    unknown_type: a "type" the server does not know
+    │   │   └── FrameTooLargeError  too_large: a frame over the size limit
+    │   ├── RateLimitedError        rate_limited: too many frames per second
+    │   ├── AuthError               unauthorized: no hello, or a bad token
+    │   ├── ForbiddenError          forbidden: another user's session or task
+    │   ├── NotFoundError           not_found: no such session or task
+    │   ├── LimitError              limit: too many connections or sessions for a user
+    │   ├── BusyError               busy: compact while a run is active
+    │   ├── SessionBusyError        session_busy: delete while a run is active or queued
+    │   ├── UnsupportedError        unsupported: a frame type kept for a later version
+    │   └── UnavailableError        internal: the daemon is shutting down
     └── LLMError                    anything that went wrong talking to the model
         ├── LLMConnectionError      could not connect / the connection dropped
         ├── LLMStatusError          HTTP 4xx/5xx; quotes the body
@@ -58,6 +71,73 @@ class ToolInputError(NaviError):
 
 class TaskRejectedError(NaviError):
     """A background submit was refused; the message is the reason."""
+
+
+class RequestError(NaviError):
+    """A client request the daemon refused; `code` is the stable wire code.
+
+    `request_id` and `session_id` (when known) are echoed in the error frame."""
+
+    code = "internal"
+
+    def __init__(
+        self, message: str, *, request_id: str | int | None = None, session_id: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+        self.session_id = session_id
+
+
+class ProtocolError(RequestError):
+    """A frame the daemon cannot read: not JSON, not an object, binary, a bad field."""
+
+    code = "bad_frame"
+
+
+class UnknownTypeError(ProtocolError):
+    code = "unknown_type"
+
+
+class FrameTooLargeError(ProtocolError):
+    code = "too_large"
+
+
+class RateLimitedError(RequestError):
+    code = "rate_limited"
+
+
+class AuthError(RequestError):
+    code = "unauthorized"
+
+
+class ForbiddenError(RequestError):
+    code = "forbidden"
+
+
+class NotFoundError(RequestError):
+    code = "not_found"
+
+
+class LimitError(RequestError):
+    code = "limit"
+
+
+class BusyError(RequestError):
+    code = "busy"
+
+
+class SessionBusyError(RequestError):
+    code = "session_busy"
+
+
+class UnsupportedError(RequestError):
+    code = "unsupported"
+
+
+class UnavailableError(RequestError):
+    """The daemon cannot take the request now (it is shutting down)."""
+
+    code = "internal"
 
 
 class LLMError(NaviError):

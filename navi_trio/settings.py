@@ -131,6 +131,22 @@ class Settings:
     # A session actor with no run, no queue and nobody subscribed is retired after this.
     session_idle_sec: float = attrs.field(default=600.0, metadata=_env("NAVI_SESSION_IDLE_SEC"))
     spawn_timeout_sec: float = attrs.field(default=300.0, metadata=_env("NAVI_SPAWN_TIMEOUT_SEC"))
+    # The WebSocket daemon (`navi serve`): limits per connection and per user.
+    ws_frame_max_bytes: int = attrs.field(
+        default=1 << 20, metadata=_env("NAVI_WS_FRAME_MAX_BYTES")
+    )
+    ws_frames_per_sec: float = attrs.field(default=20.0, metadata=_env("NAVI_WS_FRAMES_PER_SEC"))
+    ws_frames_burst: int = attrs.field(default=40, metadata=_env("NAVI_WS_FRAMES_BURST"))
+    ws_connections_per_user: int = attrs.field(
+        default=8, metadata=_env("NAVI_WS_CONNECTIONS_PER_USER")
+    )
+    ws_hello_timeout_sec: float = attrs.field(
+        default=10.0, metadata=_env("NAVI_WS_HELLO_TIMEOUT_SEC")
+    )
+    sessions_per_user: int = attrs.field(default=200, metadata=_env("NAVI_SESSIONS_PER_USER"))
+    shutdown_wait_tasks_sec: float = attrs.field(
+        default=2.0, metadata=_env("NAVI_SHUTDOWN_WAIT_TASKS_SEC")
+    )
     # Tools.
     tool_output_max_chars: int = attrs.field(
         default=20000, metadata=_env("NAVI_TOOL_OUTPUT_MAX_CHARS")
@@ -176,10 +192,14 @@ def _check_number(field: attrs.Attribute[Any], value: float) -> None:
             raise ConfigError(f"{name}={value!r}: expected a fraction above 0 and at most 1")
         return
     # Caps, timeouts and sizes: zero or less would switch a guard off by accident.
-    least = 0 if field.name == "context_message_token_budget" else 1e-9
+    least = 0 if field.name in _ZERO_OK else 1e-9
     if value < least:
         what = "0 or more" if least == 0 else "more than 0"
         raise ConfigError(f"{name}={value!r}: expected a number {what}")
+
+
+# Fields where 0 is a meaningful value, not a guard switched off by accident.
+_ZERO_OK = ("context_message_token_budget", "shutdown_wait_tasks_sec")
 
 
 _TRUE = {"1", "true", "yes", "on"}

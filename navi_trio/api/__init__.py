@@ -1,0 +1,17 @@
+"""The WebSocket daemon's layer: above core, below the wiring (DESIGN.md).
+
+protocol    client frame -> command, event -> frame (the one encoder)
+auth        tokens, users, the local token file, the Origin check
+connection  one actor per connection: hello, reader, writer, subscription pumps
+commands    what each command does for one user, ownership checked once
+server      the listening socket, connections per user
+remote      a one-request client (navi sessions / tasks / doctor)
+"""
+
+from navi_trio.api.protocol import PROTOCOL_VERSION as PROTOCOL_VERSION
+from navi_trio.api.protocol import event_frame as event_frame
+from navi_trio.api.protocol import parse_frame as parse_frame
+
+# Only the light protocol here: `navi --help` imports this package; the server (and
+# with it the whole core) is imported where it is used.
+__all__ = ["PROTOCOL_VERSION", "event_frame", "parse_frame"]

@@ -315,6 +315,35 @@ class SQLiteStore:
         digest = _token_digest(token)
         return await self._run("find user by token", lambda db: _user_by_digest(db, digest))
 
+    async def list_users(self) -> list[dict[str, Any]]:
+        """Every user (id, name, role, created_at), oldest first; never a token."""
+        return await self._run("list users", _list_users)
+
+    async def get_user(self, user_id: str) -> dict[str, Any] | None:
+        _check_text(user_id, "user id")
+        return await self._run(f"get user {user_id}", lambda db: _user_where(db, "id", user_id))
+
+    async def get_user_by_name(self, name: str) -> dict[str, Any] | None:
+        _check_text(name, "user name")
+        return await self._run(f"get user {name!r}", lambda db: _user_where(db, "name", name))
+
+    async def remove_user(self, name: str) -> bool:
+        """Remove the user called `name` (their sessions stay); False when unknown."""
+        _check_text(name, "user name")
+        return await self._run(f"remove user {name!r}", lambda db: _remove_user(db, name))
+
+    async def rotate_user_token(self, name: str, token: str) -> bool:
+        """Replace the token of `name`: the old one stops working. False when unknown."""
+        _check_text(name, "user name")
+        digest = _token_digest(token)
+        return await self._run(
+            f"rotate token of {name!r}", lambda db: _rotate_token(db, name, digest)
+        )
+
+    async def count_sessions(self, user_id: str) -> int:
+        _check_text(user_id, "user id")
+        return await self._run(f"count sessions of {user_id}", lambda db: _count(db, user_id))
+
     # -- health ---------------------------------------------------------------------
 
     async def stats(self) -> dict[str, int]:
@@ -516,6 +545,42 @@ def _user_by_digest(db: Database, digest: str) -> dict[str, Any] | None:
     if row is None:
         return None
     return {"id": row[0], "name": row[1], "role": row[2], "created_at": row[3]}
+
+
+_USER_COLS = "id, name, role, created_at"
+
+
+def _user_dict(row: Sequence[Any]) -> dict[str, Any]:
+    return {"id": row[0], "name": row[1], "role": row[2], "created_at": row[3]}
+
+
+def _list_users(db: Database) -> list[dict[str, Any]]:
+    rows = db.execute(f"SELECT {_USER_COLS} FROM users ORDER BY created_at, rowid").fetchall()
+    return [_user_dict(r) for r in rows]
+
+
+def _user_where(db: Database, column: str, value: str) -> dict[str, Any] | None:
+    # `column` is one of two literals from the callers above, never user input.
+    row = db.execute(f"SELECT {_USER_COLS} FROM users WHERE {column} = ?", [value]).fetchone()
+    return None if row is None else _user_dict(row)
+
+
+def _count(db: Database, user_id: str) -> int:
+    row = db.execute("SELECT COUNT(*) FROM sessions WHERE user_id = ?", [user_id]).fetchone()
+    return int(row[0])
+
+
+def _remove_user(db: Database, name: str) -> bool:
+    return bool(db.execute("DELETE FROM users WHERE name = ?", [name]).rowcount)
+
+
+def _rotate_token(db: Database, name: str, digest: str) -> bool:
+    with db.atomic():
+        if db.execute("SELECT 1 FROM users WHERE token_sha256 = ?", [digest]).fetchone():
+            raise StoreError("a user with this token already exists; tokens must be unique")
+        return bool(
+            db.execute("UPDATE users SET token_sha256 = ? WHERE name = ?", [digest, name]).rowcount
+        )
 
 
 def _stats(db: Database) -> dict[str, int]:

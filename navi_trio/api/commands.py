@@ -1,0 +1,304 @@
+"""What each client command does, for one authenticated user.
+
+Ownership is checked here, once per command: a user sees, drives, subscribes to and
+deletes only their own sessions and tasks; an admin may touch all. The work itself is
+the session actors' (runtime.sessions) and the store's; nothing of the agent loop is
+here. Every refusal is a `RequestError` with its wire code.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from navi_trio.api.auth import User
+from navi_trio.api.protocol import (
+    Approval,
+    Command,
+    Compact,
+    Hello,
+    RequestId,
+    SendMessage,
+    Sessions,
+    Stop,
+    Subscribe,
+    Tasks,
+    Unsubscribe,
+    reply,
+)
+from navi_trio.core.agent import UserMessage
+from navi_trio.core.session_actor import SessionActor
+from navi_trio.core.tasks import Job
+from navi_trio.errors import (
+    BusyError,
+    ForbiddenError,
+    LimitError,
+    NotFoundError,
+    ProtocolError,
+    SessionBusyError,
+    UnavailableError,
+    UnsupportedError,
+)
+from navi_trio.store.base import SessionRow
+
+if TYPE_CHECKING:
+    from navi_trio.api.connection import Connection
+    from navi_trio.api.server import ApiServer
+
+log = logging.getLogger(__name__)
+
+
+def new_session_id() -> str:
+    import uuid
+
+    return "s-" + uuid.uuid4().hex[:12]
+
+
+class Commands:
+    def __init__(self, server: ApiServer, conn: Connection, user: User) -> None:
+        self.server = server
+        self.rt = server.runtime
+        self.conn = conn
+        self.user = user
+
+    async def handle(self, rid: RequestId, command: Command) -> None:
+        if isinstance(command, Hello):
+            raise ProtocolError("already authenticated: hello is the first frame only")
+        if isinstance(command, Approval):
+            raise UnsupportedError(f"{command.decision!r} is not supported by this daemon yet")
+        handler: Any = {
+            SendMessage: self._message,
+            Stop: self._stop,
+            Compact: self._compact,
+            Subscribe: self._subscribe,
+            Unsubscribe: self._unsubscribe,
+            Tasks: self._tasks,
+            Sessions: self._sessions,
+        }[type(command)]
+        try:
+            await handler(rid, command)
+        except (ForbiddenError, NotFoundError, BusyError, SessionBusyError) as exc:
+            exc.session_id = exc.session_id or getattr(command, "session_id", None)
+            raise
+
+    # -- ownership ----------------------------------------------------------------------
+
+    async def _owned(self, session_id: str) -> SessionRow:
+        row = await self.rt.store.get_session(session_id)
+        if row is None:
+            raise NotFoundError(f"no session {session_id!r}")
+        if row.user_id != self.user.id and not self.user.is_admin:
+            log.warning("user %s refused session %s of another user", self.user.name, session_id)
+            raise ForbiddenError(f"session {session_id!r} belongs to another user")
+        return row
+
+    async def _create(self, session_id: str | None, profile: str | None) -> SessionRow:
+        cfg = self.rt.config.current
+        if profile is not None and profile not in cfg.profiles:
+            raise ProtocolError(
+                f"unknown profile {profile!r} (known: {', '.join(sorted(cfg.profiles))})"
+            )
+        limit = self.rt.settings.sessions_per_user
+        if await self.rt.store.count_sessions(self.user.id) >= limit:
+            raise LimitError(
+                f"user {self.user.name} already has {limit} sessions (NAVI_SESSIONS_PER_USER):"
+                " delete one first"
+            )
+        row = await self.rt.store.create_session(
+            session_id or new_session_id(),
+            profile_id=profile or cfg.default_profile,
+            user_id=self.user.id,
+        )
+        log.info("session %s created by %s", row.id, self.user.name)
+        return row
+
+    async def _actor(self, session_id: str) -> SessionActor:
+        try:
+            return await self.rt.sessions.get(session_id)
+        except RuntimeError:  # the registry is not running: the daemon is stopping
+            raise UnavailableError("the daemon is shutting down; try again later") from None
+
+    # -- session commands ---------------------------------------------------------------
+
+    async def _message(self, rid: RequestId, cmd: SendMessage) -> None:
+        # Everything the frame says is checked before a session is created for it.
+        cwd = None
+        if cmd.cwd is not None:
+            cwd = Path(cmd.cwd)
+            if not await trio.Path(cwd).is_dir():
+                raise ProtocolError(f"cwd {cmd.cwd!r} is not a directory on the daemon's machine")
+        row = await self.rt.store.get_session(cmd.session_id) if cmd.session_id else None
+        if row is None:
+            row = await self._create(cmd.session_id, cmd.profile)
+            await self.conn.send(reply(rid, "session", session_id=row.id, created=True))
+        else:
+            row = await self._owned(row.id)
+        actor = await self._actor(row.id)
+        if not self.conn.subscribed(row.id):
+            self.conn.subscribe(actor, None, None)
+        message = UserMessage(
+            cmd.content,
+            cwd=cwd,
+            user_id=self.user.id,
+            user_role=self.user.role,
+            user_info=self.user.info,
+            profile_id=cmd.profile,
+        )
+        queued = actor.busy
+        try:
+            actor.send_message(message)
+        except RuntimeError:
+            raise UnavailableError("the daemon is shutting down; try again later") from None
+        log.info(
+            "session %s: message from %s %s", row.id, self.user.name, "queued" if queued else "runs"
+        )
+        await self.conn.send(reply(rid, "ok", session_id=row.id, queued=queued))
+
+    async def _stop(self, rid: RequestId, cmd: Stop) -> None:
+        await self._owned(cmd.session_id)
+        actor = self.rt.sessions.actor(cmd.session_id)
+        stopped = actor.stop() if actor is not None else False
+        if stopped:
+            log.info("session %s: stopped by %s", cmd.session_id, self.user.name)
+        await self.conn.send(reply(rid, "ok", session_id=cmd.session_id, stopped=stopped))
+
+    async def _compact(self, rid: RequestId, cmd: Compact) -> None:
+        await self._owned(cmd.session_id)
+        actor = await self._actor(cmd.session_id)
+        if actor.busy:
+            raise BusyError("a run is active: stop it or wait before compacting")
+        if not self.conn.subscribed(cmd.session_id):
+            self.conn.subscribe(actor, None, None)
+        try:
+            actor.compact()
+        except RuntimeError:
+            raise UnavailableError("the daemon is shutting down; try again later") from None
+        await self.conn.send(reply(rid, "ok", session_id=cmd.session_id))
+
+    async def _subscribe(self, rid: RequestId, cmd: Subscribe) -> None:
+        await self._owned(cmd.session_id)
+        actor = await self._actor(cmd.session_id)
+        # The ok goes out before the replay: the client knows its request was taken.
+        await self.conn.send(reply(rid, "ok", session_id=cmd.session_id, seq=actor.seq))
+        self.conn.subscribe(actor, cmd.last_seq, cmd.epoch)
+
+    async def _unsubscribe(self, rid: RequestId, cmd: Unsubscribe) -> None:
+        was = self.conn.unsubscribe(cmd.session_id)
+        await self.conn.send(reply(rid, "ok", session_id=cmd.session_id, unsubscribed=was))
+
+    # -- sessions -----------------------------------------------------------------------
+
+    async def _sessions(self, rid: RequestId, cmd: Sessions) -> None:
+        if cmd.action == "list":
+            await self._list_sessions(rid)
+            return
+        if cmd.action == "create":
+            row = await self._create(cmd.session_id, cmd.profile)
+            await self.conn.send(reply(rid, "session", session_id=row.id, created=True))
+            return
+        if cmd.session_id is None:
+            raise ProtocolError(f"sessions {cmd.action} needs a session_id")
+        if cmd.action == "history":
+            await self._history(rid, cmd.session_id)
+        else:
+            await self._delete(rid, cmd.session_id)
+
+    async def _list_sessions(self, rid: RequestId) -> None:
+        store = self.rt.store
+        rows = await store.list_sessions(None if self.user.is_admin else self.user.id)
+        names = {u["id"]: u["name"] for u in await store.list_users()}
+        sessions = []
+        for row in rows:
+            actor = self.rt.sessions.actor(row.id)
+            sessions.append(
+                {
+                    "session_id": row.id,
+                    "title": row.title,
+                    "profile": row.profile_id,
+                    "user": names.get(row.user_id, row.user_id),
+                    "created_at": row.created_at,
+                    "updated_at": row.updated_at,
+                    "busy": bool(actor is not None and actor.busy),
+                }
+            )
+        await self.conn.send(reply(rid, "sessions", action="list", sessions=sessions))
+
+    async def _history(self, rid: RequestId, session_id: str) -> None:
+        await self._owned(session_id)
+        actor = await self._actor(session_id)
+        seq, epoch = actor.seq, getattr(actor, "epoch", None)
+        messages = await self.rt.store.load_messages(session_id)
+        frame = reply(
+            rid, "sessions", action="history", session_id=session_id, messages=messages, seq=seq
+        )
+        if epoch is not None:
+            frame["epoch"] = epoch
+        await self.conn.send(frame)
+
+    async def _delete(self, rid: RequestId, session_id: str) -> None:
+        await self._owned(session_id)
+        actor = self.rt.sessions.actor(session_id)
+        if actor is not None and (actor.busy or actor.pending):
+            raise SessionBusyError(
+                f"session {session_id!r} has a run active or queued: stop it first"
+            )
+        self.conn.unsubscribe(session_id)
+        for job in self.rt.supervisor.list_jobs(session_id):
+            self.rt.supervisor.cancel(session_id, job.task_id)
+        deleted = await self.rt.store.delete_session(session_id)
+        self.rt.agent.cache.forget(session_id)
+        folder = self.rt.agent.session_dir(session_id)
+        await trio.to_thread.run_sync(lambda: shutil.rmtree(folder, ignore_errors=True))
+        log.info("session %s deleted by %s", session_id, self.user.name)
+        await self.conn.send(
+            reply(rid, "sessions", action="delete", session_id=session_id, deleted=deleted)
+        )
+
+    # -- tasks --------------------------------------------------------------------------
+
+    async def _tasks(self, rid: RequestId, cmd: Tasks) -> None:
+        sup = self.rt.supervisor
+        if cmd.session_id is not None:
+            await self._owned(cmd.session_id)
+            session_ids = [cmd.session_id]
+        else:
+            rows = await self.rt.store.list_sessions(None if self.user.is_admin else self.user.id)
+            session_ids = [r.id for r in rows]
+        if cmd.action == "list":
+            tasks = [_job_info(job) for sid in session_ids for job in sup.list_jobs(sid)]
+            await self.conn.send(reply(rid, "tasks", action="list", tasks=tasks))
+            return
+        if not cmd.task_id:
+            raise ProtocolError(f"tasks {cmd.action} needs a task_id")
+        job = next((j for sid in session_ids if (j := sup.get(sid, cmd.task_id))), None)
+        if job is None:
+            raise NotFoundError(f"no task {cmd.task_id!r} in your sessions")
+        if cmd.action == "check":
+            info = _job_info(job)
+            if job.result is not None:
+                info["result"] = job.result.content()
+            if job.error is not None:
+                info["error"] = job.error
+            await self.conn.send(reply(rid, "tasks", action="check", task=info))
+        else:
+            cancelled = sup.cancel(job.session_id, job.task_id)
+            log.info("task %s cancelled by %s: %s", job.task_id, self.user.name, cancelled)
+            await self.conn.send(
+                reply(rid, "tasks", action="cancel", task_id=job.task_id, cancelled=cancelled)
+            )
+
+
+def _job_info(job: Job) -> dict[str, Any]:
+    end = job.finished_at if job.finished_at is not None else trio.current_time()
+    return {
+        "task_id": job.task_id,
+        "tool": job.tool,
+        "status": job.status,
+        "age_sec": round(max(0.0, end - job.started_at), 3),
+        "session_id": job.session_id,
+        "args": job.args_summary,
+    }

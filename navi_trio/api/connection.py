@@ -1,0 +1,231 @@
+"""One WebSocket connection as an actor: hello, then a reader and a writer.
+
+    reader  ws -> parse_frame -> Commands.handle -> session actors / store
+    pumps   one per subscribed session: sub.frames -> outbox
+    writer  outbox (ONE bounded channel) -> ws
+
+Every frame the connection sends goes through the outbox, so the writer is the only
+task that writes to the socket. A slow client fills the outbox, the pumps block, the
+session actor finds the subscriber's channel full and drops it with ``lagged`` set;
+the pump then sends a ``lagged`` frame and resubscribes from the last seq it
+delivered. A run never waits for a client.
+
+A bad frame gets an error frame and the connection goes on; so does any refused
+request (`RequestError`). Only a missing or bad hello, or too many connections for a
+user, closes the connection (after the error frame).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection
+
+from navi_trio.api.auth import User, authenticate
+from navi_trio.api.commands import Commands
+from navi_trio.api.limits import TokenBucket
+from navi_trio.api.protocol import (
+    Frame,
+    Hello,
+    encode,
+    error_frame,
+    error_frame_for,
+    parse_frame,
+    welcome_frame,
+)
+from navi_trio.errors import (
+    AuthError,
+    LimitError,
+    NaviError,
+    ProtocolError,
+    RateLimitedError,
+    RequestError,
+)
+
+if TYPE_CHECKING:
+    from navi_trio.api.server import ApiServer
+    from navi_trio.core.session_actor import SessionActor, Subscription
+
+log = logging.getLogger(__name__)
+
+OUTBOX_SIZE = 256
+CLOSE_SEND_TIMEOUT = 5.0
+
+
+class Connection:
+    def __init__(self, server: ApiServer, ws: WebSocketConnection, peer: str) -> None:
+        self.server = server
+        self.ws = ws
+        self.peer = peer
+        self.user: User | None = None
+        self._outbox_send, self._outbox = trio.open_memory_channel[Frame](OUTBOX_SIZE)
+        self._nursery: trio.Nursery | None = None
+        # session id -> (subscription, the pump's cancel scope)
+        self._subs: dict[str, tuple[Subscription, trio.CancelScope]] = {}
+        settings = server.runtime.settings
+        self._bucket = TokenBucket(settings.ws_frames_per_sec, settings.ws_frames_burst)
+
+    # -- life -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            user = await self._hello()
+        except RequestError as exc:
+            log.info("connection %s refused: %s", self.peer, exc)
+            await self._close_with(error_frame_for(exc))
+            return
+        except ConnectionClosed:
+            return
+        self.user = user
+        try:
+            self.server.connected(user)
+        except LimitError as exc:
+            log.warning("connection %s of %s refused: %s", self.peer, user.name, exc)
+            await self._close_with(error_frame_for(exc))
+            return
+        log.info("connection %s: user %s (%s) connected", self.peer, user.name, user.role)
+        commands = Commands(self.server, self, user)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._writer)
+                await self.ws.send_message(encode(welcome_frame(user.name, user.role)))
+                await self._reader(commands)
+                nursery.cancel_scope.cancel()
+        except* ConnectionClosed:
+            pass  # the client went away: its subscriptions end, its runs go on
+        finally:
+            self._nursery = None
+            for sub, _ in self._subs.values():
+                sub.close()
+            self._subs.clear()
+            self.server.disconnected(user)
+            log.info("connection %s: user %s disconnected", self.peer, user.name)
+
+    async def _hello(self) -> User:
+        settings = self.server.runtime.settings
+        with trio.move_on_after(settings.ws_hello_timeout_sec):
+            message = await self.ws.get_message()
+            try:
+                rid, command = parse_frame(message, settings.ws_frame_max_bytes)
+            except ProtocolError as exc:
+                raise AuthError(f"the first frame must be a hello with a token ({exc})") from None
+            if not isinstance(command, Hello):
+                raise AuthError("the first frame must be a hello with a token", request_id=rid)
+            try:
+                return await authenticate(self.server.runtime.store, command.token)
+            except AuthError as exc:
+                exc.request_id = rid
+                raise
+        raise AuthError(f"no hello within {settings.ws_hello_timeout_sec:g} s")
+
+    async def _close_with(self, frame: Frame) -> None:
+        with trio.move_on_after(CLOSE_SEND_TIMEOUT):
+            try:
+                await self.ws.send_message(encode(frame))
+                await self.ws.aclose(code=1008, reason=str(frame.get("code", "")))
+            except ConnectionClosed:
+                pass
+
+    # -- reader / writer ----------------------------------------------------------------
+
+    async def _reader(self, commands: Commands) -> None:
+        settings = self.server.runtime.settings
+        while True:
+            message = await self.ws.get_message()
+            rid = None
+            try:
+                allowed = self._bucket.take()
+                rid, command = parse_frame(message, settings.ws_frame_max_bytes)
+                if not allowed:  # parsed first only so that the error echoes the id
+                    raise RateLimitedError(
+                        f"more than {settings.ws_frames_per_sec:g} frames per second: "
+                        "this frame was dropped"
+                    )
+                await commands.handle(rid, command)
+            except RequestError as exc:
+                if exc.request_id is None:
+                    exc.request_id = rid
+                log.info(
+                    "refused a request of %s (session %s): %s %s",
+                    self._who(), exc.session_id or "-", exc.code, exc,
+                )  # fmt: skip
+                await self.send(error_frame_for(exc))
+            except NaviError as exc:
+                log.warning("request of %s failed: %s", self._who(), exc)
+                await self.send(error_frame("internal", str(exc), request_id=rid))
+            except Exception as exc:  # our bug: say so, keep the connection and the daemon
+                log.exception("request of %s failed", self._who())
+                message = f"internal error: {type(exc).__name__}: {exc}"
+                await self.send(error_frame("internal", message, request_id=rid))
+
+    async def _writer(self) -> None:
+        async for frame in self._outbox:
+            await self.ws.send_message(encode(frame))
+
+    async def send(self, frame: Frame) -> None:
+        await self._outbox_send.send(frame)
+
+    def _who(self) -> str:
+        return self.user.name if self.user is not None else self.peer
+
+    # -- subscriptions --------------------------------------------------------------------
+
+    def subscribed(self, session_id: str) -> bool:
+        return session_id in self._subs
+
+    def subscribe(self, actor: SessionActor, last_seq: int | None, epoch: str | None) -> None:
+        """(Re)subscribe to `actor`'s frames; an old subscription to it is replaced."""
+        self.unsubscribe(actor.session_id)
+        assert self._nursery is not None
+        sub = _subscribe(actor, last_seq, epoch)
+        scope = trio.CancelScope()
+        self._subs[actor.session_id] = (sub, scope)
+        self._nursery.start_soon(self._pump, actor, sub, scope, last_seq)
+
+    def unsubscribe(self, session_id: str) -> bool:
+        entry = self._subs.pop(session_id, None)
+        if entry is None:
+            return False
+        sub, scope = entry
+        scope.cancel()
+        sub.close()
+        return True
+
+    def _current(self, session_id: str) -> Subscription | None:
+        entry = self._subs.get(session_id)
+        return entry[0] if entry is not None else None
+
+    async def _pump(
+        self, actor: SessionActor, sub: Subscription, scope: trio.CancelScope, last: int | None
+    ) -> None:
+        sid = actor.session_id
+        with scope:
+            while True:
+                async for frame in sub.frames:
+                    await self.send(frame)
+                    if isinstance(frame.get("seq"), int):
+                        last = frame["seq"]
+                lagged = getattr(sub, "lagged", None)
+                if lagged is None or self._current(sid) is not sub:
+                    break
+                missed_from, missed_to = lagged
+                log.warning("%s lagged on session %s: resubscribing", self._who(), sid)
+                await self.send(
+                    {"type": "lagged", "session_id": sid, "missed_from": missed_from,
+                     "missed_to": missed_to}
+                )  # fmt: skip
+                epoch = getattr(actor, "epoch", None)
+                sub = _subscribe(actor, last, epoch)
+                self._subs[sid] = (sub, scope)
+        if self._current(sid) is sub:
+            # The actor ended the subscription (retired or shutting down).
+            del self._subs[sid]
+
+
+def _subscribe(actor: SessionActor, last_seq: int | None, epoch: str | None) -> Subscription:
+    if epoch is None:
+        return actor.subscribe(last_seq)
+    return actor.subscribe(last_seq, epoch)  # type: ignore[call-arg,unused-ignore]

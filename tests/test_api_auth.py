@@ -1,0 +1,57 @@
+"""Tokens: the local admin token file (0600, kept across restarts, replaced when stale)
+and which token a client uses (--token, then NAVI_TOKEN, then the file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from navi_trio.api.auth import (
+    LOCAL_ADMIN,
+    authenticate,
+    ensure_local_token,
+    read_local_token,
+    resolve_token,
+)
+from navi_trio.errors import AuthError, ConfigError
+from navi_trio.store.sqlite import SQLiteStore
+
+TIMEOUT = 30
+
+
+async def test_the_local_token_file_is_private_kept_and_replaced_when_stale(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    with trio.fail_after(TIMEOUT):
+        async with SQLiteStore.open(tmp_path / "navi.db") as store:
+            path = await ensure_local_token(store, data)
+            assert path.stat().st_mode & 0o777 == 0o600
+            token = read_local_token(data)
+            assert token is not None
+            user = await authenticate(store, token)
+            assert (user.name, user.role) == (LOCAL_ADMIN, "admin")
+            # A second start keeps it: clients configured with it go on working.
+            path.chmod(0o644)
+            await ensure_local_token(store, data)
+            assert read_local_token(data) == token
+            assert path.stat().st_mode & 0o777 == 0o600
+            # A file whose token the store does not know (another DB) is replaced.
+            path.write_text("navi_stale\n")
+            await ensure_local_token(store, data)
+            fresh = read_local_token(data)
+            assert fresh not in (None, token, "navi_stale")
+            assert [u["name"] for u in await store.list_users()] == [LOCAL_ADMIN]
+            with pytest.raises(AuthError, match="unknown token"):
+                await authenticate(store, token)
+
+
+def test_a_client_token_comes_from_the_flag_then_the_env_then_the_file(tmp_path: Path) -> None:
+    (tmp_path / "local-token").write_text("from-file\n")
+    assert resolve_token("flag", tmp_path, {"NAVI_TOKEN": "env"}) == "flag"
+    assert resolve_token(None, tmp_path, {"NAVI_TOKEN": "env"}) == "env"
+    assert resolve_token(None, tmp_path, {}) == "from-file"
+    with pytest.raises(ConfigError, match="--token.*NAVI_TOKEN.*navi serve"):
+        resolve_token(None, tmp_path / "nowhere", {})
