@@ -31,7 +31,7 @@ from navi_trio.store.sqlite import SQLiteStore
 
 DEADLINE = 60
 ANSWER = "Hello from the fake model"
-PROFILES = ("coder", "general", "researcher")
+PROFILES = ("coder", "general", "local", "researcher")
 
 
 @attrs.frozen

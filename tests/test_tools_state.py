@@ -274,7 +274,7 @@ async def test_switch_profile_lists_valid_ids_on_a_bad_one(tmp_path: Path) -> No
     ctx = make_ctx(tmp_path, services=switcher)
     result = await call(SwitchProfileTool(), ctx, profile_id="wizard")
     assert not result.ok
-    assert "'wizard'" in (result.error or "") and "coder, general, researcher" in (
+    assert "'wizard'" in (result.error or "") and "coder, general, local, researcher" in (
         result.error or ""
     )
     assert switcher.calls == []
