@@ -33,7 +33,14 @@ from navi_trio.errors import (
     LLMStatusError,
     StoreError,
 )
-from navi_trio.llm.base import ChatRequest, DoneChunk, LLMBackend, LLMChunk, ToolCallsChunk
+from navi_trio.llm.base import (
+    ChatRequest,
+    DoneChunk,
+    LLMBackend,
+    LLMChunk,
+    TextChunk,
+    ToolCallsChunk,
+)
 from navi_trio.llm.http import make_tool_call
 from navi_trio.llm.ollama import OllamaBackend, OllamaParser
 from navi_trio.llm.openai import OpenAIBackend, OpenAIParser
@@ -324,13 +331,27 @@ async def test_the_scripted_backend_plays_the_new_modes(
 ) -> None:
     from navi_trio.core.llm_call import Reply, stream_reply
 
-    backend = ScriptedBackend([{"empty_body": True}, {"text": "x ", "endless": True}])
+    backend = ScriptedBackend(
+        [
+            {"empty_body": True},
+            {"text": "x ", "endless": True},
+            {"hang_up": True},
+            {"text": "retried"},
+            {"hang_up": True},
+            {"hang_up": True},
+        ]
+    )
     settings = Settings.from_env({}, answer_max_chars=100)
     with trio.fail_after(TIMEOUT):
         with pytest.raises(LLMEmptyResponseError):
             await collect(backend)
         with pytest.raises(LLMAnswerTooLongError):
             await stream_reply(backend, settings, request(), Reply(), None)
+        assert [c for c in await collect(backend) if isinstance(c, TextChunk)] == [
+            TextChunk("retried")
+        ]
+        with pytest.raises(LLMConnectionError, match="twice"):
+            await collect(backend)
 
 
 # --- the same, end to end through the agent ---------------------------------------------
@@ -422,3 +443,43 @@ async def test_the_stream_timeouts_come_from_their_environment_variables(
                 await stream_reply(backend, settings, request(), Reply(), None)
             with pytest.raises(LLMChunkTimeout, match="0.3 s"):
                 await stream_reply(backend, settings, request(), Reply(), None)
+
+
+# --- issue 9 quirks ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dialect", ["openai", "ollama"])
+async def test_a_server_hanging_up_on_a_reused_connection_is_retried_once(dialect: str) -> None:
+    replies = [{"text": "one"}, {"hang_up": True}, {"text": "two"}]
+    with trio.fail_after(TIMEOUT):
+        async with served(replies, dialect) as (server, backend):
+            first = await collect(backend)
+            assert server.connections == 1
+            second = await collect(backend)
+    assert [c.text for c in first + second if isinstance(c, TextChunk)] == ["one", "two"]
+    assert (server.hang_ups, server.connections) == (1, 2)
+
+
+@pytest.mark.parametrize("dialect", ["openai", "ollama"])
+async def test_hanging_up_twice_is_a_connection_error_not_a_loop(dialect: str) -> None:
+    replies = [{"hang_up": True}, {"hang_up": True}, {"text": "never"}]
+    with trio.fail_after(TIMEOUT):
+        async with served(replies, dialect) as (server, backend):
+            with pytest.raises(LLMConnectionError, match="dropped"):
+                await collect(backend)
+    assert server.hang_ups == 2 and server.completed == 0
+
+
+@pytest.mark.parametrize("dialect", ["openai", "ollama"])
+async def test_null_content_beside_tool_calls_is_sent_as_an_empty_string(dialect: str) -> None:
+    history = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "c1", "name": "echo", "arguments": {"text": "x"}}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "echo", "content": "x"},
+    ]
+    with trio.fail_after(TIMEOUT):
+        async with served([{"text": "ok"}], dialect) as (server, backend):
+            await collect(backend, request(messages=history))
+    sent = server.chat_requests[0]["body"]["messages"]
+    assert sent[1]["content"] == "" and sent[1]["tool_calls"]

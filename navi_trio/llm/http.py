@@ -9,6 +9,7 @@ Error mapping lives here, in one place, like httpx's own ``_exceptions.py``:
                                                 a 404 with no word of a model suggests the
                                                 other dialect: wrong --backend)
     HTTP 200 and no body at all              -> LLMEmptyResponseError (prompt over the window?)
+    disconnected before any answer           -> sent once more (a stale keep-alive connection)
     a body cut before the model was done     -> LLMConnectionError ("connection dropped?")
 
 Also here: `chunk_channel`, the one way every backend (and the guard) exposes a stream;
@@ -103,9 +104,14 @@ async def stream_chunks(
     connection, no disconnect seen by the server).
     """
     done: list[LLMChunk] = []
-    headers = {**(headers or {}), "Content-Type": "application/json"}
+    request = client.build_request(
+        "POST",
+        url,
+        content=json_body(body),
+        headers={**(headers or {}), "Content-Type": "application/json"},
+    )
     with map_http_errors(url):
-        async with client.stream("POST", url, content=json_body(body), headers=headers) as response:
+        async with _send(client, request) as response:
             await raise_for_status(response, url)
             async for line in response.aiter_lines():
                 for chunk in parser.feed(line):
@@ -120,6 +126,25 @@ async def stream_chunks(
                     yield chunk
     for chunk in done:
         yield chunk
+
+
+@asynccontextmanager
+async def _send(client: httpx.AsyncClient, request: httpx.Request) -> AsyncIterator[httpx.Response]:
+    """Send `request`, streaming the answer; closed on exit.
+
+    A server may close an idle keep-alive connection just as we reuse it: the request
+    then fails with "Server disconnected without sending a response" before any byte
+    came back. Nothing was answered, so it is sent once more (the failed connection has
+    left the pool: the retry gets a fresh one). Anything after the headers is not retried.
+    """
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.RemoteProtocolError:
+        response = await client.send(request, stream=True)
+    try:
+        yield response
+    finally:
+        await response.aclose()
 
 
 def excerpt(text: str, limit: int = EXCERPT) -> str:

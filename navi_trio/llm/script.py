@@ -38,6 +38,9 @@ empty_body           true: answer 200 with an empty body (what llama.cpp does wh
                      prompt is larger than its window)
 endless              true: after the content, stream the text (or "more ") again and
                      again, never finishing (a model that does not stop)
+hang_up              true: close the connection without answering (a server dropping an
+                     idle keep-alive connection as the request comes); the client retries
+                     once on a fresh connection and gets the next reply
 ===================  ======================================================================
 
 An unknown key or a value of the wrong type is a `ConfigError` naming it.
@@ -119,6 +122,7 @@ class Reply:
     tool_call_style: Literal["openai", "split_name", "repeat_name", "reversed"] = "openai"
     empty_body: bool = False
     endless: bool = False
+    hang_up: bool = False
 
     def content(self) -> list[ContentItem]:
         """The content chunks in stream order: thinking words, text words, tool calls."""

@@ -75,6 +75,12 @@ class ScriptedBackend:
     @chunk_channel
     async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
         reply = self._take()
+        if reply.hang_up:  # as over HTTP: retried once, the next reply answers
+            reply = self._take()
+            if reply.hang_up:
+                raise LLMConnectionError(
+                    f"the LLM at {SCRIPTED_URL} closed the connection without answering, twice"
+                )
         if reply.status is not None:
             raise LLMStatusError(reply.status, reply.error_message(), SCRIPTED_URL)
         if reply.empty_body:

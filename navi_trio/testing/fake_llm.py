@@ -14,7 +14,8 @@ The reply format is defined once, in `navi_trio.llm.script` (see its docstring f
 key): ``text``, ``thinking``, ``tool_calls`` (``[{"name", "arguments"}]``), ``model``,
 ``delay_first``, ``delay_chunk``, ``stall``, ``drop_after``, ``status`` + ``error_body``
 (+ ``error_raw``), ``malformed``, ``error_line``, ``prompt_tokens``,
-``completion_tokens``, ``done_reason``, ``thinking_field``. How it goes on the wire:
+``completion_tokens``, ``done_reason``, ``thinking_field``, ``tool_call_style``,
+``empty_body``, ``endless``, ``hang_up``. How it goes on the wire:
 
 - Text and thinking stream one word per chunk; a chunk is one write, so a client sees
   them arrive one by one, ``delay_first`` before the first, ``delay_chunk`` before each
@@ -96,6 +97,7 @@ class FakeLLMServer:
         self.disconnects: list[dict[str, Any]] = []
         self.completed = 0
         self.connections = 0  # TCP connections accepted (keep-alive reuse shows here)
+        self.hang_ups = 0  # requests answered by closing the connection (``hang_up``)
         self.host = "127.0.0.1"
         self.port = 0
         self._next = 0
@@ -240,6 +242,12 @@ class FakeLLMServer:
             return await self._send_json(
                 stream, conn, 500, dialect_cls(Reply(), "", "").error_body("script exhausted")
             )
+        if reply.hang_up:
+            # Close without a byte of answer, as a server closing an idle keep-alive
+            # connection just as the request arrives.
+            self.hang_ups += 1
+            self._notify()
+            return False
         requested = body.get("model")
         model = reply.model or (
             requested if isinstance(requested, str) and requested else DEFAULT_MODEL
