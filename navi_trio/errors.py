@@ -27,6 +27,8 @@ The tree::
         ├── LLMStatusError          HTTP 4xx/5xx; quotes the body
         ├── LLMStreamError          the server reported an error inside a 200 stream
         ├── LLMMalformedStreamError a line/event we cannot parse
+        ├── LLMEmptyResponseError   HTTP 200 with an empty body (prompt over the server's window?)
+        ├── LLMAnswerTooLongError   the answer passed answer_max_chars: the stream was cut
         └── LLMTimeoutError
             ├── LLMFirstChunkTimeout  nothing arrived within first_chunk_timeout
             └── LLMChunkTimeout       a gap between chunks exceeded chunk_timeout
@@ -143,6 +145,9 @@ class UnavailableError(RequestError):
 class LLMError(NaviError):
     """Anything that went wrong talking to the model."""
 
+    # The stable error code a client sees (the agent maps the older classes itself).
+    code = "llm_error"
+
 
 class LLMConnectionError(LLMError):
     """Could not connect to the LLM endpoint, or the connection dropped mid-stream."""
@@ -165,6 +170,38 @@ class LLMStreamError(LLMError):
 
 class LLMMalformedStreamError(LLMError):
     """The stream carried a line or event that cannot be parsed."""
+
+
+class LLMEmptyResponseError(LLMError):
+    """The server answered 200 with no body at all.
+
+    llama.cpp does this when the prompt does not fit its context window, so the message
+    says so and names the setting to change, instead of blaming the connection.
+    """
+
+    code = "llm_empty_response"
+
+    def __init__(self, url: str) -> None:
+        super().__init__(
+            f"the LLM at {url} answered with an empty body: the prompt is probably larger "
+            "than the server's context window (llama.cpp answers like this). Set "
+            "OLLAMA_NUM_CTX to the server's window or less (`navi doctor` shows it), or "
+            "start the server with a larger context"
+        )
+        self.url = url
+
+
+class LLMAnswerTooLongError(LLMError):
+    """The answer (text + thinking) passed answer_max_chars; the stream was cut."""
+
+    code = "answer_too_long"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the model's answer passed {limit} characters (NAVI_ANSWER_MAX_CHARS) without "
+            "ending: the stream was cut and the partial answer kept"
+        )
+        self.limit = limit
 
 
 class LLMTimeoutError(LLMError):

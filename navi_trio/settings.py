@@ -77,6 +77,9 @@ class Settings:
         default=90.0, metadata=_env("LLM_STREAM_FIRST_CHUNK_TIMEOUT")
     )
     chunk_timeout: float = attrs.field(default=60.0, metadata=_env("LLM_STREAM_CHUNK_TIMEOUT"))
+    # One answer's text + thinking, in characters: past it the stream is cut (a model
+    # that never stops would otherwise fill memory and the window).
+    answer_max_chars: int = attrs.field(default=200_000, metadata=_env("NAVI_ANSWER_MAX_CHARS"))
     # The model's window and the per-message view budget (0 -> num_ctx // 6).
     num_ctx: int = attrs.field(default=8192, metadata=_env("OLLAMA_NUM_CTX"))
     context_message_token_budget: int = attrs.field(

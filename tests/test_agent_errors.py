@@ -2,8 +2,8 @@
 an LLM that drops mid-stream / answers an HTTP error / goes silent, a context too
 large for the window, an answer cut by ``done_reason: length`` (also mid tool call).
 
-Rules: see tests/test_agent_basic.py. The timeout tests use real time with 0.2 s
-timeouts (the store's thread waits would make an autojump clock race ahead).
+Rules: see tests/test_agent_basic.py. The timeout test runs on the autojump clock under a
+real-time limit (tests/realtime.py says why a trio deadline would not do).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import trio
+import trio.testing
 from agent_tools import (
     EchoTool,
     ExplodeTool,
@@ -22,6 +23,7 @@ from agent_tools import (
     toolset,
     with_tools,
 )
+from realtime import real_time_limit
 
 from navi_trio.testing import open_harness
 
@@ -101,23 +103,36 @@ async def test_http_error_status_and_stream_error_line(tmp_path: Path) -> None:
             assert [m["content"] for m in messages] == ["earlier", TASK, "again", "partial"]
 
 
-async def test_first_chunk_and_chunk_timeouts(tmp_path: Path) -> None:
-    with trio.fail_after(TIMEOUT):
+async def test_first_chunk_and_chunk_timeouts(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The settings reach the guard through the agent: first chunk 10 s, then 0.3 s gaps.
+    # A 1 s prefill with 0.2 s gaps completes; an 11 s prefill and a stall do not.
+    with real_time_limit(TIMEOUT):
         replies = [
-            {"delay_first": 1000, "text": "too late"},
-            {"text": "some words then", "stall": True},
+            {"delay_first": 1, "delay_chunk": 0.2, "text": "slow prefill then words"},
+            {"delay_first": 11, "text": "too late"},
+            {"text": "some words then", "stall": True, "delay_chunk": 0.2},
         ]
         async with open_harness(
-            tmp_path, replies=replies, first_chunk_timeout=0.2, chunk_timeout=0.2
+            tmp_path, replies=replies, first_chunk_timeout=10, chunk_timeout=0.3
         ) as h:
             await seed(h)
             frames = await h.turn("s1", TASK)
+            assert of_type(frames, "error") == []
+            assert (frames[-1]["reason"], frames[-1]["text"]) == (
+                "complete",
+                "slow prefill then words",
+            )
+            frames = await h.turn("s1", "again")
             err = of_type(frames, "error")[0]
-            assert err["code"] == "llm_timeout" and "first chunk" in err["message"]
+            assert err["code"] == "llm_timeout"
+            assert err["message"] == "the model sent nothing within 10 s (first chunk)"
             await h.fake.wait_disconnects(1)
             frames = await h.turn("s1", "again")
             err = of_type(frames, "error")[0]
-            assert err["code"] == "llm_timeout" and "mid-stream" in err["message"]
+            assert err["code"] == "llm_timeout"
+            assert err["message"] == "the model went silent for 0.3 s mid-stream"
             assert frames[-1]["text"] == "some words then"
             await h.fake.wait_disconnects(2)
             messages = await h.runtime.store.load_messages("s1")

@@ -110,7 +110,7 @@ def _error_code(exc: BaseException) -> str:
         return "llm_connection"
     if isinstance(exc, LLMStatusError):
         return "llm_status"
-    return "llm_error"
+    return exc.code if isinstance(exc, LLMError) else "llm_error"
 
 
 def _only_cancelled(exc: BaseException) -> bool:

@@ -7,6 +7,7 @@ from typing import Any
 
 import attrs
 
+from navi_trio.errors import LLMAnswerTooLongError
 from navi_trio.events import AgentEvent, TextDelta, ThinkingDelta, ThinkingEnd
 from navi_trio.llm.base import (
     ChatRequest,
@@ -48,8 +49,14 @@ async def stream_reply(
     reply: Reply,
     emit: Callable[[AgentEvent], None] | None,
 ) -> Reply:
-    """Stream `request` into `reply`, emitting thinking/text deltas through `emit`."""
+    """Stream `request` into `reply`, emitting thinking/text deltas through `emit`.
+
+    An answer longer than ``settings.answer_max_chars`` (text + thinking) raises
+    `LLMAnswerTooLongError`: leaving the ``async with`` closes the connection, so the
+    server stops generating; `reply` keeps what came (the partial answer).
+    """
     thinking = False
+    size = 0
     async with guarded_stream(
         backend,
         request,
@@ -57,6 +64,10 @@ async def stream_reply(
         chunk_timeout=settings.chunk_timeout,
     ) as chunks:
         async for chunk in chunks:
+            if isinstance(chunk, ThinkingChunk | TextChunk):
+                size += len(chunk.text)
+                if size > settings.answer_max_chars:
+                    raise LLMAnswerTooLongError(settings.answer_max_chars)
             if isinstance(chunk, ThinkingChunk):
                 reply.thinking.append(chunk.text)
                 thinking = True

@@ -5,7 +5,12 @@ Error mapping lives here, in one place, like httpx's own ``_exceptions.py``:
     httpx.ConnectError / ConnectTimeout      -> LLMConnectionError ("cannot connect to URL")
     httpx.RemoteProtocolError / ReadError …  -> LLMConnectionError ("connection to URL dropped")
     any other httpx.HTTPError                -> LLMConnectionError
-    HTTP status >= 400                       -> LLMStatusError (quotes the body's error text)
+    HTTP status >= 400                       -> LLMStatusError (quotes the body's error text;
+                                                a 404 with no word of a model suggests the
+                                                other dialect: wrong --backend)
+    HTTP 200 and no body at all              -> LLMEmptyResponseError (prompt over the window?)
+    disconnected before any answer           -> sent once more (a stale keep-alive connection)
+    a body cut before the model was done     -> LLMConnectionError ("connection dropped?")
 
 Also here: `chunk_channel`, the one way every backend (and the guard) exposes a stream;
 turning a model's raw tool call into a `ToolCall` (never a crash on bad arguments).
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
@@ -23,7 +29,13 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 import httpx
 import trio
 
-from navi_trio.errors import LLMConnectionError, LLMMalformedStreamError, LLMStatusError
+from navi_trio.errors import (
+    LLMConnectionError,
+    LLMEmptyResponseError,
+    LLMError,
+    LLMMalformedStreamError,
+    LLMStatusError,
+)
 from navi_trio.llm.base import DoneChunk, LLMChunk, ToolCall
 
 EXCERPT = 200
@@ -92,8 +104,14 @@ async def stream_chunks(
     connection, no disconnect seen by the server).
     """
     done: list[LLMChunk] = []
+    request = client.build_request(
+        "POST",
+        url,
+        content=json_body(body),
+        headers={**(headers or {}), "Content-Type": "application/json"},
+    )
     with map_http_errors(url):
-        async with client.stream("POST", url, json=body, headers=headers) as response:
+        async with _send(client, request) as response:
             await raise_for_status(response, url)
             async for line in response.aiter_lines():
                 for chunk in parser.feed(line):
@@ -108,6 +126,25 @@ async def stream_chunks(
                     yield chunk
     for chunk in done:
         yield chunk
+
+
+@asynccontextmanager
+async def _send(client: httpx.AsyncClient, request: httpx.Request) -> AsyncIterator[httpx.Response]:
+    """Send `request`, streaming the answer; closed on exit.
+
+    A server may close an idle keep-alive connection just as we reuse it: the request
+    then fails with "Server disconnected without sending a response" before any byte
+    came back. Nothing was answered, so it is sent once more (the failed connection has
+    left the pool: the retry gets a fresh one). Anything after the headers is not retried.
+    """
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.RemoteProtocolError:
+        response = await client.send(request, stream=True)
+    try:
+        yield response
+    finally:
+        await response.aclose()
 
 
 def excerpt(text: str, limit: int = EXCERPT) -> str:
@@ -152,12 +189,89 @@ def error_text(body: bytes) -> str:
     return excerpt(text, 500)
 
 
+# A 404 from one dialect's path usually means the server speaks the other one.
+_OTHER_DIALECT = {
+    "/api/chat": ("openai", "an OpenAI-compatible server (llama.cpp, vLLM …)"),
+    "/v1/chat/completions": ("ollama", "Ollama's native API"),
+}
+
+
+def dialect_hint(status: int, url: str, text: str) -> str:
+    """For a 404 on a chat path: which backend the server probably wants, else ""."""
+    if status != 404 or "model" in text.lower():  # Ollama: "model 'x' not found"
+        return ""
+    path = httpx.URL(url).path
+    for suffix, (other, what) in _OTHER_DIALECT.items():
+        if path.endswith(suffix):
+            return (
+                f" (the server has no {suffix}: if it is {what}, use "
+                f"--backend {other} or NAVI_LLM_BACKEND={other})"
+            )
+    return ""
+
+
 async def raise_for_status(response: httpx.Response, url: str) -> None:
     """Raise `LLMStatusError` quoting the body when the response is an HTTP error."""
     if response.status_code < 400:
         return
     body = await response.aread()
-    raise LLMStatusError(response.status_code, error_text(body) or response.reason_phrase, url)
+    text = error_text(body) or response.reason_phrase
+    hint = dialect_hint(response.status_code, url, text)
+    raise LLMStatusError(response.status_code, text + hint, url)
+
+
+def ended_early(url: str, received: bool) -> LLMError:
+    """The error for a body that ended before the model was done.
+
+    No bytes at all is what llama.cpp sends for a prompt over its window; a body cut
+    after some lines is a dropped connection.
+    """
+    if not received:
+        return LLMEmptyResponseError(url)
+    return LLMConnectionError(
+        f"the stream from the LLM at {url} ended before the model was done (connection dropped?)"
+    )
+
+
+def json_body(body: dict[str, Any]) -> bytes:
+    """`body` as JSON bytes, never with NaN or Infinity (which no server can parse).
+
+    Arguments are checked when they are parsed, but a history saved before that check
+    may still hold such numbers: they go out as null, so the session keeps working.
+    """
+    try:
+        text = json.dumps(body, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        text = json.dumps(finite_only(body), ensure_ascii=False, allow_nan=False)
+    return text.encode("utf-8")
+
+
+def finite_only(value: Any) -> Any:
+    """A copy of `value` with every NaN / Infinity replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_only(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_only(v) for v in value]
+    return value
+
+
+def non_finite_path(value: Any, path: str = "") -> str | None:
+    """Where in `value` (a parsed JSON value) a NaN or Infinity sits, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "(the value itself)"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = non_finite_path(v, f"{path}.{k}" if path else str(k))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = non_finite_path(v, f"{path}[{i}]")
+            if found:
+                return found
+    return None
 
 
 def stream_error_text(err: Any) -> str:
@@ -194,7 +308,7 @@ def make_tool_call(call_id: Any, name: Any, arguments: Any) -> ToolCall:
     if not isinstance(name, str) or not name:
         return ToolCall(cid, "", {}, parse_error=f"the tool call has no function name: {name!r}")
     if isinstance(arguments, dict):
-        return ToolCall(cid, name, arguments)
+        return _finite_call(cid, name, arguments, arguments)
     if arguments is None or arguments == "":
         return ToolCall(cid, name, {})
     if not isinstance(arguments, str):
@@ -214,7 +328,25 @@ def make_tool_call(call_id: Any, name: Any, arguments: Any) -> ToolCall:
         return ToolCall(
             cid, name, {}, parse_error=f"arguments are not a JSON object: {excerpt(arguments)!r}"
         )
-    return ToolCall(cid, name, parsed)
+    return _finite_call(cid, name, parsed, arguments)
+
+
+def _finite_call(cid: str, name: str, arguments: dict[str, Any], raw: Any) -> ToolCall:
+    """Refuse arguments holding NaN or Infinity (``1e400`` parses to inf): JSON cannot
+    carry them, so storing or sending them back would break every later turn."""
+    where = non_finite_path(arguments)
+    if where is None:
+        return ToolCall(cid, name, arguments)
+    shown = excerpt(raw if isinstance(raw, str) else json.dumps(raw))
+    return ToolCall(
+        cid,
+        name,
+        {},
+        parse_error=(
+            f"arguments hold a number that is not finite at {where!r} (NaN, Infinity or "
+            f"too large for a float, like 1e400): use a finite number. Sent: {shown!r}"
+        ),
+    )
 
 
 def int_or_zero(value: Any) -> int:

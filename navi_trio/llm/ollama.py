@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import trio
 
-from navi_trio.errors import LLMConnectionError, LLMMalformedStreamError, LLMStreamError
+from navi_trio.errors import LLMMalformedStreamError, LLMStreamError
 from navi_trio.llm.base import (
     ChatRequest,
     DoneChunk,
@@ -35,6 +35,7 @@ from navi_trio.llm.base import (
 )
 from navi_trio.llm.http import (
     chunk_channel,
+    ended_early,
     excerpt,
     int_or_zero,
     make_tool_call,
@@ -108,8 +109,11 @@ class OllamaParser:
         self.model = model
         self.url = url
         self.done = False
+        self.received = False  # any line at all (an empty body says something else)
 
     def feed(self, line: str) -> list[LLMChunk]:
+        if line.strip():
+            self.received = True
         if not line.strip() or self.done:
             return []
         obj = parse_json_object(line)
@@ -160,10 +164,7 @@ class OllamaParser:
     def finish(self) -> list[LLMChunk]:
         """Called at the end of the body: a stream without ``done`` was cut."""
         if not self.done:
-            raise LLMConnectionError(
-                f"the stream from the LLM at {self.url} ended before the model was done "
-                "(connection dropped?)"
-            )
+            raise ended_early(self.url, self.received)
         return []
 
 

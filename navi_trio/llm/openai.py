@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import trio
 
-from navi_trio.errors import LLMConnectionError, LLMMalformedStreamError, LLMStreamError
+from navi_trio.errors import LLMMalformedStreamError, LLMStreamError
 from navi_trio.llm.base import (
     ChatRequest,
     DoneChunk,
@@ -33,7 +33,9 @@ from navi_trio.llm.base import (
 )
 from navi_trio.llm.http import (
     chunk_channel,
+    ended_early,
     excerpt,
+    finite_only,
     int_or_zero,
     make_tool_call,
     parse_json_object,
@@ -65,7 +67,7 @@ def _tool_call_out(call: Any) -> dict[str, Any]:
         "type": "function",
         "function": {
             "name": call.get("name", ""),
-            "arguments": args if isinstance(args, str) else json.dumps(args or {}),
+            "arguments": args if isinstance(args, str) else json.dumps(finite_only(args or {})),
         },
     }
 
@@ -99,27 +101,68 @@ def openai_body(request: ChatRequest) -> dict[str, Any]:
     return body
 
 
+def tool_names(request: ChatRequest) -> frozenset[str]:
+    """The function names offered in `request.tools` (OpenAI-style schemas)."""
+    names = set()
+    for tool in request.tools:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            names.add(fn["name"])
+    return frozenset(names)
+
+
 class _PendingCall:
+    """One tool call being assembled from its fragments.
+
+    Servers disagree on how a name is streamed: OpenAI sends it once, some servers send
+    it in pieces (``"file"``, ``"system"``), llama-cpp-python repeats it whole in every
+    fragment. `name` follows the rules in `add_name`; `glued` is the plain concatenation,
+    kept so that a known tool name can settle the rare ambiguous case (``"ab"`` + ``"ab"``
+    is ``"ab"`` repeated, unless the tools offered include ``"abab"``).
+    """
+
     def __init__(self) -> None:
         self.id: str | None = None
         self.name: str = ""
+        self.glued: str = ""
         self.arguments: list[str] = []
+
+    def add_name(self, piece: str) -> None:
+        if not piece:
+            return
+        self.glued += piece
+        if not self.name or (piece.startswith(self.name) and piece != self.name):
+            self.name = piece  # the first piece, or a server that resends the name so far
+        elif piece != self.name:
+            self.name += piece  # a name sent in pieces
+        # else: the whole name repeated (llama-cpp-python): nothing new
+
+    def final_name(self, known: frozenset[str]) -> str:
+        if known and self.name not in known and self.glued in known:
+            return self.glued
+        return self.name
 
 
 class OpenAIParser:
     """Turns SSE lines into chunks. Pure: no I/O, so it can be fuzzed."""
 
-    def __init__(self, model: str, url: str = "") -> None:
+    def __init__(self, model: str, url: str = "", tool_names: frozenset[str] = frozenset()) -> None:
         self.model = model
         self.url = url
+        self.tool_names = tool_names  # the tools offered: settle an ambiguous glued name
         self.finished = False  # saw [DONE]
+        self.received = False  # any line at all (an empty body says something else)
         self.finish_reason: str | None = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self._calls: dict[int, _PendingCall] = {}
+        self._index_of_id: dict[str, int] = {}
+        self._last: int | None = None
 
     def feed(self, line: str) -> list[LLMChunk]:
         line = line.rstrip("\r")
+        if line.strip():
+            self.received = True
         if not line.strip() or line.startswith(":") or self.finished:
             return []
         field, _, value = line.partition(":")
@@ -183,16 +226,28 @@ class OpenAIParser:
     def _add_fragment(self, position: int, frag: Any) -> None:
         if not isinstance(frag, dict):
             return
-        index = frag.get("index", position)
-        if not isinstance(index, int):
-            index = position
+        call_id = frag["id"] if isinstance(frag.get("id"), str) and frag["id"] else None
+        index = frag.get("index")
+        if not isinstance(index, int) or isinstance(index, bool):
+            # No index: a known id points at its call, a new id opens a new one, and a
+            # lone fragment without either continues the call opened last.
+            if call_id is not None and call_id in self._index_of_id:
+                index = self._index_of_id[call_id]
+            elif call_id is not None:
+                index = max(self._calls) + 1 if position in self._calls else position
+            elif position == 0 and self._last is not None:
+                index = self._last
+            else:
+                index = position
+        self._last = index
         call = self._calls.setdefault(index, _PendingCall())
-        if isinstance(frag.get("id"), str) and frag["id"]:
-            call.id = frag["id"]
+        if call_id is not None:
+            call.id = call_id
+            self._index_of_id.setdefault(call_id, index)
         fn = frag.get("function")
         if isinstance(fn, dict):
             if isinstance(fn.get("name"), str):
-                call.name += fn["name"]
+                call.add_name(fn["name"])
             args = fn.get("arguments")
             if isinstance(args, str):
                 call.arguments.append(args)
@@ -203,7 +258,7 @@ class OpenAIParser:
         out: list[LLMChunk] = []
         if self._calls:
             calls = tuple(
-                make_tool_call(c.id, c.name, "".join(c.arguments))
+                make_tool_call(c.id, c.final_name(self.tool_names), "".join(c.arguments))
                 for _, c in sorted(self._calls.items())
             )
             out.append(ToolCallsChunk(calls))
@@ -226,10 +281,7 @@ class OpenAIParser:
             # Some servers omit [DONE]; a finish_reason means the answer is complete.
             self.finished = True
             return self._final()
-        raise LLMConnectionError(
-            f"the stream from the LLM at {self.url} ended before the model was done "
-            "(connection dropped?)"
-        )
+        raise ended_early(self.url, self.received)
 
 
 def chat_completions_url(base_url: str) -> str:
@@ -259,7 +311,7 @@ class OpenAIBackend:
 
     @chunk_channel
     async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
-        parser = OpenAIParser(request.model, self.url)
+        parser = OpenAIParser(request.model, self.url, tool_names(request))
         body = openai_body(request)
         stream = stream_chunks(self._client, self.url, body, parser, self._headers)
         async with aclosing(stream) as chunks:

@@ -29,6 +29,18 @@ completion_tokens    usage reported at the end (default: the number of content c
 done_reason          "stop" (default), "length" (the answer was cut) or any other word
 thinking_field       OpenAI dialect only: "reasoning" (default, as Ollama sends it) or
                      "reasoning_content" (as vLLM / DeepSeek send it)
+tool_call_style      OpenAI dialect only, how tool call fragments go out: "openai" (default:
+                     id and name once, arguments in two pieces), "split_name" (the name in
+                     two pieces), "repeat_name" (id and whole name in every fragment, as
+                     llama-cpp-python sends them), "reversed" (calls out of index order,
+                     their fragments interleaved)
+empty_body           true: answer 200 with an empty body (what llama.cpp does when the
+                     prompt is larger than its window)
+endless              true: after the content, stream the text (or "more ") again and
+                     again, never finishing (a model that does not stop)
+hang_up              true: close the connection without answering (a server dropping an
+                     idle keep-alive connection as the request comes); the client retries
+                     once on a fresh connection and gets the next reply
 ===================  ======================================================================
 
 An unknown key or a value of the wrong type is a `ConfigError` naming it.
@@ -107,6 +119,10 @@ class Reply:
     completion_tokens: int | None = attrs.field(default=None, validator=_non_negative)
     done_reason: str = "stop"
     thinking_field: Literal["reasoning", "reasoning_content"] = "reasoning"
+    tool_call_style: Literal["openai", "split_name", "repeat_name", "reversed"] = "openai"
+    empty_body: bool = False
+    endless: bool = False
+    hang_up: bool = False
 
     def content(self) -> list[ContentItem]:
         """The content chunks in stream order: thinking words, text words, tool calls."""

@@ -8,6 +8,7 @@ reply can script raises the error the HTTP backends would raise for it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncGenerator, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -16,6 +17,7 @@ import trio
 
 from navi_trio.errors import (
     LLMConnectionError,
+    LLMEmptyResponseError,
     LLMMalformedStreamError,
     LLMStatusError,
     LLMStreamError,
@@ -29,7 +31,7 @@ from navi_trio.llm.base import (
     ToolCallsChunk,
 )
 from navi_trio.llm.http import chunk_channel, excerpt, make_tool_call
-from navi_trio.llm.script import Reply, parse_reply, rough_tokens
+from navi_trio.llm.script import Reply, parse_reply, rough_tokens, split_words
 
 SCRIPTED_URL = "scripted://llm"
 
@@ -73,8 +75,17 @@ class ScriptedBackend:
     @chunk_channel
     async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
         reply = self._take()
+        if reply.hang_up:  # as over HTTP: retried once, the next reply answers
+            reply = self._take()
+            if reply.hang_up:
+                raise LLMConnectionError(
+                    f"the LLM at {SCRIPTED_URL} closed the connection without answering, twice"
+                )
         if reply.status is not None:
             raise LLMStatusError(reply.status, reply.error_message(), SCRIPTED_URL)
+        if reply.empty_body:
+            await trio.sleep(reply.delay_first)
+            raise LLMEmptyResponseError(SCRIPTED_URL)
         sent = 0
         for item in reply.content():
             if reply.drop_after is not None and sent >= reply.drop_after:
@@ -96,6 +107,11 @@ class ScriptedBackend:
             raise LLMConnectionError(
                 f"the connection to the LLM at {SCRIPTED_URL} dropped mid-stream"
             )
+        if reply.endless:
+            for word in itertools.cycle(split_words(reply.text) or ["more "]):
+                await trio.sleep(reply.delay_first if sent == 0 else reply.delay_chunk)
+                sent += 1
+                yield TextChunk(word)
         if reply.stall:
             await trio.sleep_forever()
         await trio.sleep(reply.delay_first if sent == 0 else reply.delay_chunk)

@@ -34,9 +34,18 @@ class _Row(NamedTuple):
 
 def _dump(value: Any, what: str) -> str:
     # ensure_ascii keeps lone surrogates (valid in JSON, invalid in UTF-8) round-tripping.
+    # allow_nan=False: NaN / Infinity are not JSON; stored, they would come back to be
+    # sent to the LLM, which refuses them (a poisoned session).
     try:
-        return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
+        return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    except ValueError as exc:
+        if "Out of range float" in str(exc):
+            raise StoreError(
+                f"{what} holds a number that is not finite (NaN or Infinity), "
+                "which JSON cannot carry"
+            ) from None
+        raise StoreError(f"{what} is not JSON-serialisable: {exc}") from None
+    except TypeError as exc:
         raise StoreError(f"{what} is not JSON-serialisable: {exc}") from None
 
 

@@ -10,7 +10,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from navi_trio.llm.script import ContentItem, Reply
+from navi_trio.llm.script import ContentItem, Reply, ScriptToolCall
+
+
+def _interleave(lists: list[list[bytes]]) -> list[bytes]:
+    """Round-robin: the first item of each list, then the second of each …"""
+    out: list[bytes] = []
+    for n in range(max((len(x) for x in lists), default=0)):
+        out += [x[n] for x in lists if n < len(x)]
+    return out
 
 
 class _Dialect:
@@ -116,21 +124,60 @@ class _OpenAI(_Dialect):
             return [self._chunk({self.reply.thinking_field: item.text})]
         if item.kind == "text":
             return [self._chunk({"content": item.text})]
-        out = []
-        for i, call in enumerate(item.calls):
-            args = call.arguments_json()
-            cut = max(1, len(args) // 2)
-            head = {
-                "index": i,
-                "id": f"{self.call_prefix}_{i}",
-                "type": "function",
-                "function": {"name": call.name, "arguments": args[:cut]},
-            }
-            out.append(self._chunk({"tool_calls": [head]}))
-            out.append(
-                self._chunk({"tool_calls": [{"index": i, "function": {"arguments": args[cut:]}}]})
-            )
-        return out
+        style = self.reply.tool_call_style
+        per_call = [self._fragments(i, call, style) for i, call in enumerate(item.calls)]
+        if style == "reversed":
+            # Later calls first, each call's fragments interleaved with the others'.
+            return _interleave(per_call[::-1])
+        return [frag for frags in per_call for frag in frags]
+
+    def _fragments(self, i: int, call: ScriptToolCall, style: str) -> list[bytes]:
+        """One call's fragments: the id and name first (or in every fragment), then the
+        arguments in pieces, as each server style sends them."""
+        args = call.arguments_json()
+        cut = max(1, len(args) // 2)
+        pieces = [args[:cut], args[cut:]] if args[cut:] else [args]
+        call_id = f"{self.call_prefix}_{i}"
+        if style == "repeat_name":
+            # As llama-cpp-python 0.3 (chatml-function-calling) streams a call: every
+            # fragment repeats the id, the type and the whole name with a few characters
+            # of the arguments (also as the legacy function_call), an empty piece last.
+            small = [args[n : n + 4] for n in range(0, len(args), 4)] + [""]
+            return [
+                self._chunk(
+                    {
+                        "role": None,
+                        "content": None,
+                        "function_call": {"name": call.name, "arguments": piece},
+                        "tool_calls": [self._frag(i, call_id, call.name, piece)],
+                    }
+                )
+                for piece in small
+            ]
+        if style == "split_name":
+            half = max(1, len(call.name) // 2)
+            names = [call.name[:half], call.name[half:]]
+            out = [self._chunk({"tool_calls": [self._frag(i, call_id, names[0], "")]})]
+            out.append(self._chunk({"tool_calls": [{"index": i, "function": {"name": names[1]}}]}))
+            return out + [
+                self._chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+                for piece in pieces
+            ]
+        # OpenAI: the id and name with the first piece of the arguments, then the rest.
+        out = [self._chunk({"tool_calls": [self._frag(i, call_id, call.name, pieces[0])]})]
+        return out + [
+            self._chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+            for piece in pieces[1:]
+        ]
+
+    @staticmethod
+    def _frag(i: int, call_id: str, name: str, arguments: str) -> dict[str, Any]:
+        return {
+            "index": i,
+            "id": call_id,
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }
 
     def final(self, prompt_tokens: int, completion_tokens: int) -> list[bytes]:
         reason = self.reply.done_reason

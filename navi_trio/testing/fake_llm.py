@@ -5,13 +5,17 @@ OpenAI-compatible SSE (``data: {...}`` events, ``data: [DONE]`` last). Both play
 script: a list of replies, one consumed per chat request, in order. With ``loop`` the
 list cycles; without it a request past the end gets HTTP 500 ``script exhausted``.
 ``GET /`` says "Ollama is running"; ``GET /api/tags`` and ``GET /v1/models`` list one
-model (``navi doctor`` pings them).
+model (``navi doctor`` pings them); ``POST /api/show`` (Ollama), ``GET /props``
+(llama.cpp) and the ``meta`` of ``/v1/models`` report the context window ``n_ctx``.
+``dialects=("openai",)`` makes it a server that answers 404 to ``/api/chat`` (and the
+Ollama-only endpoints), like llama-cpp-python; ``("ollama",)`` the other way round.
 
 The reply format is defined once, in `navi_trio.llm.script` (see its docstring for every
 key): ``text``, ``thinking``, ``tool_calls`` (``[{"name", "arguments"}]``), ``model``,
 ``delay_first``, ``delay_chunk``, ``stall``, ``drop_after``, ``status`` + ``error_body``
 (+ ``error_raw``), ``malformed``, ``error_line``, ``prompt_tokens``,
-``completion_tokens``, ``done_reason``, ``thinking_field``. How it goes on the wire:
+``completion_tokens``, ``done_reason``, ``thinking_field``, ``tool_call_style``,
+``empty_body``, ``endless``, ``hang_up``. How it goes on the wire:
 
 - Text and thinking stream one word per chunk; a chunk is one write, so a client sees
   them arrive one by one, ``delay_first`` before the first, ``delay_chunk`` before each
@@ -39,6 +43,7 @@ serves until Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -52,15 +57,21 @@ import trio
 from navi_trio.errors import ConfigError
 from navi_trio.llm.script import (
     DEFAULT_MODEL,
+    ContentItem,
     Reply,
     load_script,
     parse_reply,
     rough_tokens,
+    split_words,
 )
 from navi_trio.testing._dialects import _Dialect, _Ollama, _OpenAI
 
 CHAT_PATHS = ("/api/chat", "/v1/chat/completions")
 _MAX_BODY = 64 * 1024 * 1024
+
+
+def _dialect_of(path: str) -> str:
+    return "ollama" if path == "/api/chat" else "openai"
 
 
 class _Dropped(Exception):
@@ -70,13 +81,23 @@ class _Dropped(Exception):
 class FakeLLMServer:
     """The fake LLM HTTP server. Start it with ``await nursery.start(server.serve)``."""
 
-    def __init__(self, replies: Iterable[Reply | dict[str, Any]] = (), loop: bool = False) -> None:
+    def __init__(
+        self,
+        replies: Iterable[Reply | dict[str, Any]] = (),
+        loop: bool = False,
+        *,
+        n_ctx: int = 8192,
+        dialects: tuple[str, ...] = ("ollama", "openai"),
+    ) -> None:
         self.replies: list[Reply] = []
         self.loop = loop
+        self.n_ctx = n_ctx  # the context window the info endpoints report
+        self.dialects = dialects  # a server speaking only one answers 404 to the other
         self.requests: list[dict[str, Any]] = []
         self.disconnects: list[dict[str, Any]] = []
         self.completed = 0
         self.connections = 0  # TCP connections accepted (keep-alive reuse shows here)
+        self.hang_ups = 0  # requests answered by closing the connection (``hang_up``)
         self.host = "127.0.0.1"
         self.port = 0
         self._next = 0
@@ -199,21 +220,15 @@ class FakeLLMServer:
             }
         )
         self._notify()
-        if method == "GET" and path == "/":
-            return await self._send_whole(stream, conn, 200, b"Ollama is running", "text/plain")
-        if method == "GET" and path == "/api/tags":
-            tags = {"models": [{"name": DEFAULT_MODEL, "model": DEFAULT_MODEL, "size": 0}]}
-            return await self._send_json(stream, conn, 200, tags)
-        if method == "GET" and path == "/v1/models":
-            models = {
-                "object": "list",
-                "data": [{"id": DEFAULT_MODEL, "object": "model", "owned_by": "fake"}],
-            }
-            return await self._send_json(stream, conn, 200, models)
-        if method != "POST" or path not in CHAT_PATHS:
-            return await self._send_json(
-                stream, conn, 404, {"error": f"no route for {method} {path}"}
-            )
+        info = self._info(method, path)
+        if isinstance(info, bytes):
+            return await self._send_whole(stream, conn, 200, info, "text/plain")
+        if info is not None:
+            return await self._send_json(stream, conn, 200, info)
+        if method != "POST" or path not in CHAT_PATHS or _dialect_of(path) not in self.dialects:
+            # "detail" as FastAPI (llama-cpp-python) answers a path it does not serve.
+            missing = {"detail": "Not Found", "error": f"no route for {method} {path}"}
+            return await self._send_json(stream, conn, 404, missing)
         dialect_cls = _Ollama if path == "/api/chat" else _OpenAI
         if bad_json or not isinstance(body, dict):
             problem = (
@@ -227,12 +242,39 @@ class FakeLLMServer:
             return await self._send_json(
                 stream, conn, 500, dialect_cls(Reply(), "", "").error_body("script exhausted")
             )
+        if reply.hang_up:
+            # Close without a byte of answer, as a server closing an idle keep-alive
+            # connection just as the request arrives.
+            self.hang_ups += 1
+            self._notify()
+            return False
         requested = body.get("model")
         model = reply.model or (
             requested if isinstance(requested, str) and requested else DEFAULT_MODEL
         )
         dialect = dialect_cls(reply, model, f"call_{len(self.requests)}")
         return await self._watched(stream, conn, path, dialect, body)
+
+    def _info(self, method: str, path: str) -> dict[str, Any] | bytes | None:
+        """The answer to an info endpoint (model list, context size), or None."""
+        ollama, openai = "ollama" in self.dialects, "openai" in self.dialects
+        if ollama and method == "GET" and path == "/":
+            return b"Ollama is running"
+        if ollama and method == "GET" and path == "/api/tags":
+            return {"models": [{"name": DEFAULT_MODEL, "model": DEFAULT_MODEL, "size": 0}]}
+        if ollama and method == "POST" and path == "/api/show":
+            # model_info holds the trained window; parameters what the Modelfile sets.
+            return {
+                "model_info": {"general.architecture": "fake", "fake.context_length": self.n_ctx},
+                "parameters": f"num_ctx                        {self.n_ctx}",
+            }
+        if openai and method == "GET" and path == "/v1/models":
+            model = {"id": DEFAULT_MODEL, "object": "model", "owned_by": "fake"}
+            return {"object": "list", "data": [{**model, "meta": {"n_ctx_train": self.n_ctx}}]}
+        if openai and method == "GET" and path == "/props":
+            # llama.cpp's server: the window it runs with.
+            return {"default_generation_settings": {"n_ctx": self.n_ctx}, "total_slots": 1}
+        return None
 
     # --- replies ----------------------------------------------------------------------
 
@@ -332,6 +374,15 @@ class FakeLLMServer:
             return True
 
         headers = [("Content-Type", dialect.content_type), ("Transfer-Encoding", "chunked")]
+        if reply.empty_body:
+            # As llama-cpp-python answers a prompt over its window when streaming: 200,
+            # chunked, and at once the last (empty) chunk.
+            await trio.sleep(reply.delay_first)
+            await stream.send_all(conn.send(h11.Response(status_code=200, headers=headers)))
+            await stream.send_all(conn.send(h11.EndOfMessage()))
+            self.completed += 1
+            self._notify()
+            return True
         await stream.send_all(conn.send(h11.Response(status_code=200, headers=headers)))
         items = reply.content()
         for item in items:
@@ -339,6 +390,11 @@ class FakeLLMServer:
                 raise _Dropped
             await pause()
             await send(dialect.content(item))
+        if reply.endless:
+            words = split_words(reply.text) or ["more "]
+            for word in itertools.cycle(words):
+                await pause()
+                await send(dialect.content(ContentItem("text", word)))
         if reply.drop_after is not None:
             raise _Dropped
         if reply.stall:
@@ -368,10 +424,12 @@ class FakeLLMServer:
 
 @asynccontextmanager
 async def open_fake_llm(
-    replies: Iterable[Reply | dict[str, Any]] = (), loop: bool = False
+    replies: Iterable[Reply | dict[str, Any]] = (), loop: bool = False, **options: Any
 ) -> AsyncIterator[FakeLLMServer]:
-    """``async with open_fake_llm([...]) as server:`` — started, listening on 127.0.0.1."""
-    server = FakeLLMServer(replies, loop=loop)
+    """``async with open_fake_llm([...]) as server:`` — started, listening on 127.0.0.1.
+
+    `options` go to `FakeLLMServer` (``n_ctx``, ``dialects``)."""
+    server = FakeLLMServer(replies, loop=loop, **options)
     async with trio.open_nursery() as nursery:
         await nursery.start(partial(server.serve))
         yield server
@@ -393,6 +451,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--script", required=True, help="JSON list of replies (see the docstring)")
     parser.add_argument("--loop", action="store_true", help="cycle through the replies forever")
+    parser.add_argument(
+        "--n-ctx", type=int, default=8192, help="context window the info endpoints report"
+    )
     args = parser.parse_args(argv)
     try:
         replies = load_script(args.script)
@@ -400,7 +461,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fake_llm: {exc}", file=sys.stderr)
         return 2
     try:
-        trio.run(_run, FakeLLMServer(replies, loop=args.loop), args.host, args.port)
+        server = FakeLLMServer(replies, loop=args.loop, n_ctx=args.n_ctx)
+        trio.run(_run, server, args.host, args.port)
     except KeyboardInterrupt:
         return 0
     except BaseExceptionGroup as group:
