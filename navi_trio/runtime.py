@@ -20,6 +20,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import attrs
 import trio
 
+from navi_trio.api.protocol import event_frame
 from navi_trio.core.agent import Agent
 from navi_trio.core.session_actor import SessionRegistry
 from navi_trio.core.tasks import TaskSupervisor
@@ -97,7 +98,10 @@ async def open_runtime(
                 processes=processes,
             )
             sessions = SessionRegistry(
-                agent, queue_max=settings.message_queue_max, idle_timeout=settings.session_idle_sec
+                agent,
+                encode=event_frame,
+                queue_max=settings.message_queue_max,
+                idle_timeout=settings.session_idle_sec,
             )
             await nursery.start(sessions.run)
             try:

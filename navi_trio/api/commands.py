@@ -230,13 +230,12 @@ class Commands:
     async def _history(self, rid: RequestId, session_id: str) -> None:
         await self._owned(session_id)
         actor = await self._actor(session_id)
-        seq, epoch = actor.seq, getattr(actor, "epoch", None)
+        seq, epoch = actor.seq, actor.epoch
         messages = await self.rt.store.load_messages(session_id)
         frame = reply(
-            rid, "sessions", action="history", session_id=session_id, messages=messages, seq=seq
-        )
-        if epoch is not None:
-            frame["epoch"] = epoch
+            rid, "sessions", action="history", session_id=session_id, messages=messages,
+            seq=seq, epoch=epoch,
+        )  # fmt: skip
         await self.conn.send(frame)
 
     async def _delete(self, rid: RequestId, session_id: str) -> None:

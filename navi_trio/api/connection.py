@@ -180,7 +180,7 @@ class Connection:
         """(Re)subscribe to `actor`'s frames; an old subscription to it is replaced."""
         self.unsubscribe(actor.session_id)
         assert self._nursery is not None
-        sub = _subscribe(actor, last_seq, epoch)
+        sub = actor.subscribe(last_seq, epoch)
         scope = trio.CancelScope()
         self._subs[actor.session_id] = (sub, scope)
         self._nursery.start_soon(self._pump, actor, sub, scope, last_seq)
@@ -208,7 +208,7 @@ class Connection:
                     await self.send(frame)
                     if isinstance(frame.get("seq"), int):
                         last = frame["seq"]
-                lagged = getattr(sub, "lagged", None)
+                lagged = sub.lagged
                 if lagged is None or self._current(sid) is not sub:
                     break
                 missed_from, missed_to = lagged
@@ -217,15 +217,10 @@ class Connection:
                     {"type": "lagged", "session_id": sid, "missed_from": missed_from,
                      "missed_to": missed_to}
                 )  # fmt: skip
-                epoch = getattr(actor, "epoch", None)
-                sub = _subscribe(actor, last, epoch)
+                # From the last frame it got; none yet: from just before the first missed.
+                sub = actor.subscribe(missed_from - 1 if last is None else last, actor.epoch)
                 self._subs[sid] = (sub, scope)
         if self._current(sid) is sub:
             # The actor ended the subscription (retired or shutting down).
             del self._subs[sid]
 
-
-def _subscribe(actor: SessionActor, last_seq: int | None, epoch: str | None) -> Subscription:
-    if epoch is None:
-        return actor.subscribe(last_seq)
-    return actor.subscribe(last_seq, epoch)  # type: ignore[call-arg,unused-ignore]

@@ -36,11 +36,15 @@ import trio
 from navi_trio.core.agent import Agent, RunControl, UserMessage
 from navi_trio.core.replay import ReplayBuffer
 from navi_trio.errors import NothingToCompactError
-from navi_trio.events import AgentEvent, ErrorEvent, MessageQueued, event_to_dict
+from navi_trio.events import AgentEvent, ErrorEvent, MessageQueued
 
 log = logging.getLogger(__name__)
 
 Frame = dict[str, Any]
+# Turns an event into a wire frame: (event, session_id, seq or None, epoch) -> frame.
+# The one encoder lives in api/protocol.py (`event_frame`); the runtime passes it in,
+# since the core may not import the api layer.
+Encode = Callable[[AgentEvent, str, "int | None", "str | None"], Frame]
 SUBSCRIBER_BUFFER = 1000
 
 
@@ -86,6 +90,7 @@ class SessionActor:
         session_id: str,
         agent: Agent,
         *,
+        encode: Encode,
         queue_max: int,
         idle_timeout: float = math.inf,
         first_seq: int = 0,
@@ -94,6 +99,7 @@ class SessionActor:
     ) -> None:
         self.session_id = session_id
         self.agent = agent
+        self.encode = encode
         self.queue_max = queue_max
         self.idle_timeout = idle_timeout
         self._on_retire = on_retire
@@ -219,27 +225,13 @@ class SessionActor:
 
     def publish(self, event: AgentEvent) -> Frame:
         self.seq += 1
-        frame = {
-            "type": type(event).type,
-            "session_id": self.session_id,
-            "seq": self.seq,
-            "epoch": self.epoch,
-            **event_to_dict(event),
-        }
+        frame = self.encode(event, self.session_id, self.seq, self.epoch)
         self.replay.append(frame)
         self._fan_out(frame)
         return frame
 
     def publish_out_of_band(self, event: AgentEvent) -> None:
-        self._fan_out(
-            {
-                "type": type(event).type,
-                "session_id": self.session_id,
-                "seq": None,
-                "epoch": self.epoch,
-                **event_to_dict(event),
-            }
-        )
+        self._fan_out(self.encode(event, self.session_id, None, self.epoch))
 
     def _fan_out(self, frame: Frame) -> None:
         for send in list(self._subscribers):
@@ -315,8 +307,11 @@ class SessionActor:
 class SessionRegistry:
     """Starts a SessionActor per session on demand, in the registry's nursery."""
 
-    def __init__(self, agent: Agent, *, queue_max: int, idle_timeout: float = math.inf) -> None:
+    def __init__(
+        self, agent: Agent, *, encode: Encode, queue_max: int, idle_timeout: float = math.inf
+    ) -> None:
         self.agent = agent
+        self.encode = encode
         self.queue_max = queue_max
         self.idle_timeout = idle_timeout
         self._actors: dict[str, SessionActor] = {}
@@ -351,6 +346,7 @@ class SessionRegistry:
             actor = SessionActor(
                 session_id,
                 self.agent,
+                encode=self.encode,
                 queue_max=self.queue_max,
                 idle_timeout=self.idle_timeout,
                 first_seq=self._last_seq.pop(session_id, 0),
