@@ -37,7 +37,12 @@ class Recorder:
         self.published.append(event)
 
     def lines(self) -> list[str]:
-        return [d["line"] for d in self.emitted if d.get("stream") == "output"]
+        """The output lines emitted so far (progress events carry several each)."""
+        out: list[str] = []
+        for d in self.emitted:
+            if d.get("stream") == "output" and d.get("lines"):
+                out.extend(d["text"].split("\n"))
+        return out
 
     async def wait_lines(self, prefix: str, count: int) -> list[str]:
         """Wait until `count` output lines start with `prefix`; return them."""
