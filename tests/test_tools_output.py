@@ -150,7 +150,9 @@ def secret_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_secret_names_are_recognised() -> None:
     assert all(is_secret(name) for name in SECRETS)
     assert is_secret("NAVI_WS_SECRET") and is_secret("navi_llm_api_key")
-    assert not any(is_secret(n) for n in ("PATH", "HOME", "NAVI_MODEL", "GH_TOKEN"))
+    assert is_secret("NAVI_SIGNING_KEY") and is_secret("NAVI_DB_PASSWORD")
+    keep = ("PATH", "HOME", "NAVI_MODEL", "GH_TOKEN", "NAVI_COMPRESSION_MAX_TOKENS")
+    assert not any(is_secret(n) for n in keep)
 
 
 @pytest.mark.usefixtures("secret_env")

@@ -55,10 +55,11 @@ READ_CHUNK = 65536
 LineCallback = Callable[[str], None]
 LinesCallback = Callable[[list[str]], None]
 TAG_VAR = "NAVI_PROC_TAG"
-# Environment variables navi reads that hold secrets; also any NAVI_* variable whose name
-# says it holds one (token, key, secret, password).
+# Environment variables navi reads that hold secrets; also any NAVI_* variable with a
+# word in its name that says it holds one (NAVI_WS_TOKEN, NAVI_SIGNING_KEY, ...), but
+# not a setting that merely counts tokens (NAVI_COMPRESSION_MAX_TOKENS).
 SECRET_VARS = frozenset({"NAVI_LLM_API_KEY", "NAVI_TOKEN", "OPENAI_API_KEY"})
-_SECRET_MARKS = ("TOKEN", "API_KEY", "SECRET", "PASSWORD", "PASSWD")
+_SECRET_WORDS = frozenset({"TOKEN", "KEY", "APIKEY", "SECRET", "PASSWORD", "PASSWD"})
 
 
 def shell_argv(command: str | Sequence[str]) -> list[str]:
@@ -79,7 +80,7 @@ def is_secret(name: str) -> bool:
     upper = name.upper()
     if upper in SECRET_VARS:
         return True
-    return upper.startswith("NAVI_") and any(mark in upper for mark in _SECRET_MARKS)
+    return upper.startswith("NAVI_") and not _SECRET_WORDS.isdisjoint(upper.split("_"))
 
 
 def new_tag() -> str:
