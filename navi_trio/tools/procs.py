@@ -11,14 +11,17 @@ A process that calls ``setsid`` leaves the group. To catch those too, every comm
 environment carries a tag (``NAVI_PROC_TAG``) that its descendants inherit, and
 `kill_group` also kills (see `proctree`) every process below the leader by parent id
 and every process whose environment carries the tag, even after it was reparented.
-Only a descendant that both leaves the session and empties its environment escapes.
+Only a descendant that leaves the session, empties its environment and loses its
+parent escapes.
 
 Tool processes never see navi's own secrets: `child_env` strips them (`is_secret`).
 
 Two ways to run something:
 
-- `run_command` — run to completion (or timeout) and return the capped output; output
-  lines are handed to a callback as they arrive (stdout and stderr merged).
+- `run_command` — run to completion (or timeout) and return the output, read in large
+  blocks and kept only as head and tail within a cap; output lines go, a block at a
+  time, to an `OutputProgress` (coalesced, rate-limited live events) and/or a per-line
+  callback (stdout and stderr merged).
 - `ProcessPool` — an actor owning persistent processes (``terminal open``): started by
   the runtime with ``await nursery.start(pool.run)``; each process lives in the pool's
   nursery, its output goes to a bounded buffer read with `read`; a session sees only
