@@ -157,6 +157,17 @@ class Settings:
     terminal_timeout_sec: float = attrs.field(
         default=120.0, metadata=_env("NAVI_TERMINAL_TIMEOUT_SEC")
     )
+    # Live output of a command: one progress event per this many seconds at most,
+    # each carrying at most this many characters of the newest lines.
+    tool_progress_interval_sec: float = attrs.field(
+        default=0.25, metadata=_env("NAVI_TOOL_PROGRESS_INTERVAL_SEC")
+    )
+    tool_progress_max_chars: int = attrs.field(
+        default=4000, metadata=_env("NAVI_TOOL_PROGRESS_MAX_CHARS")
+    )
+    # A run's event path: progress events (text deltas, tool output) a slow reader may
+    # leave waiting before they are merged or dropped; other events are never dropped.
+    event_buffer_max: int = attrs.field(default=256, metadata=_env("NAVI_EVENT_BUFFER_MAX"))
 
     @property
     def message_token_budget(self) -> int:

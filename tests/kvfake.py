@@ -8,10 +8,12 @@ so concurrent read-modify-write sequences really interleave.
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
+import trio.testing
 
 from navi_trio.events import AgentEvent
 from navi_trio.profiles import load_config
@@ -37,13 +39,52 @@ class Recorder:
         self.published.append(event)
 
     def lines(self) -> list[str]:
-        return [d["line"] for d in self.emitted if d.get("stream") == "output"]
+        """The output lines emitted so far (progress events carry several each)."""
+        out: list[str] = []
+        for d in self.emitted:
+            if d.get("stream") == "output" and d.get("lines"):
+                out.extend(d["text"].split("\n"))
+        return out
 
     async def wait_lines(self, prefix: str, count: int) -> list[str]:
         """Wait until `count` output lines start with `prefix`; return them."""
         while len(found := [ln for ln in self.lines() if ln.startswith(prefix)]) < count:
             await self._changed.wait()
         return found
+
+
+T = TypeVar("T")
+STUCK_SEC = 10.0
+
+
+async def jump_after_line(
+    clock: trio.testing.MockClock,
+    run: Callable[[], Awaitable[T]],
+    rec: Recorder,
+    prefix: str,
+    seconds: float,
+) -> T:
+    """Start `run()`, wait until it emitted a line starting with `prefix` (the process
+    is up and printing), then move the MockClock by `seconds`; return what it returned.
+
+    A timeout test on a hand-moved MockClock does not depend on how fast the machine
+    starts a process (an autojump clock would fire the timeout before it printed). As a
+    safety net only, a run idle for `STUCK_SEC` real seconds lets the clock jump to a
+    virtual deadline, so a broken timeout fails the test with TooSlowError instead of
+    hanging it.
+    """
+    results: list[T] = []
+
+    async def go() -> None:
+        results.append(await run())
+
+    clock.autojump_threshold = STUCK_SEC
+    with trio.fail_after(seconds + 3600):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(go)
+            await rec.wait_lines(prefix, 1)
+            clock.jump(seconds)
+    return results[0]
 
 
 def pids_in(lines: list[str]) -> list[int]:

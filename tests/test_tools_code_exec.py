@@ -1,6 +1,7 @@
 """The code_exec tool: Python in an isolated subprocess, capped, streamed, killable.
 
-Real processes, so no autojump clock; every test bounded by a real `trio.fail_after`.
+Real processes, so no autojump clock; every test bounded by a real `trio.fail_after`,
+except the timeout test, on a MockClock moved by hand once the code has printed.
 """
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import trio
-from kvfake import PidWatch, Recorder, is_gone, make_ctx, pids_in
+import trio.testing
+from kvfake import PidWatch, Recorder, is_gone, jump_after_line, make_ctx, pids_in
 
 from navi_trio.tools.code_exec import SNIPPET_DIR, CodeExecTool
 
@@ -52,11 +54,19 @@ async def test_an_exception_is_a_failed_result_with_the_traceback(tmp_path: Path
     assert "so far" in result.output and "ZeroDivisionError" in result.output
 
 
-async def test_timeout_reports_output_so_far(tmp_path: Path) -> None:
-    ctx = make_ctx(tmp_path)
+async def test_timeout_reports_output_so_far(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    rec = Recorder()
+    ctx = make_ctx(tmp_path, recorder=rec)
     code = "import time\nprint('started')\ntime.sleep(30)\nprint('never')\n"
-    with trio.fail_after(20):
-        result = await CodeExecTool().execute({"code": code, "timeout": 2}, ctx)
+    result = await jump_after_line(
+        mock_clock,
+        lambda: CodeExecTool().execute({"code": code, "timeout": 2}, ctx),
+        rec,
+        "started",
+        2.0,
+    )
     assert not result.ok and "timed out after 2 s" in (result.error or "")
     assert "started" in result.output and "never" not in result.output
 

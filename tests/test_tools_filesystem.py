@@ -61,6 +61,23 @@ async def test_dotdot_escapes_are_refused_naming_the_path(tmp_path: Path, path: 
     assert not (tmp_path / "data" / "sessions" / "escape.txt").exists()
 
 
+async def test_a_sibling_folder_sharing_the_session_name_prefix_is_refused(
+    tmp_path: Path,
+) -> None:
+    # Session "s1" lives in .../sessions/s1; ".../sessions/s1-evil" starts with the same
+    # characters but is not inside it (a string-prefix check would let it through).
+    ctx = make_ctx(tmp_path, session_id="s1")
+    evil = ctx.session_dir.parent / "s1-evil"
+    evil.mkdir(parents=True)
+    (evil / "x").write_text("secret")
+    for path in ("../s1-evil/x", str(evil / "x")):
+        for action, extra in (("read", {}), ("write", {"content": "pwned"}), ("delete", {})):
+            result = await fs(ctx, action=action, path=path, **extra)
+            assert not result.ok and f"'{path}'" in (result.error or ""), result
+    assert (evil / "x").read_text() == "secret"
+    assert (await fs(ctx, action="list", path="../s1-evil")).ok is False
+
+
 async def test_dotdot_that_stays_inside_is_fine(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path)
     assert (await fs(ctx, action="write", path="a/../b.txt", content="ok")).ok

@@ -3,6 +3,8 @@
 Rules for this module: real processes only (no autojump clock — a virtual clock would
 jump while the kernel works), every test bounded by a real `trio.fail_after`, and no
 sleeps: process deaths are observed through pidfds, output through emitted lines.
+Timeout tests run on a MockClock moved by hand once the command has printed
+(`jump_after_line`), so no test depends on the machine's speed.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 import trio
-from kvfake import PidWatch, Recorder, is_gone, make_ctx, pids_in
+import trio.testing
+from kvfake import PidWatch, Recorder, is_gone, jump_after_line, make_ctx, pids_in
 
 from navi_trio.errors import ToolInputError
 from navi_trio.tools.procs import ProcessPool, run_command
@@ -68,24 +71,29 @@ async def test_run_in_a_cwd_outside_the_roots_is_refused(tmp_path: Path) -> None
     assert not result.ok and "'/etc'" in (result.error or "")
 
 
-async def test_run_timeout_kills_and_reports_output_so_far(tmp_path: Path) -> None:
-    ctx = make_ctx(tmp_path)
-    with trio.fail_after(20):
-        result = await TerminalTool().execute(
-            {"action": "run", "command": "echo before; sleep 30; echo after", "timeout": 1},
-            ctx,
-        )
+async def test_run_timeout_kills_and_reports_output_so_far(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    rec = Recorder()
+    ctx = make_ctx(tmp_path, recorder=rec)
+    args = {"action": "run", "command": "echo before; sleep 30; echo after", "timeout": 1}
+    result = await jump_after_line(
+        mock_clock, lambda: TerminalTool().execute(args, ctx), rec, "before", 1.0
+    )
     assert not result.ok
     assert "timed out after 1 s" in (result.error or "")
     assert "before" in result.output and "after" not in result.output
 
 
-async def test_run_timeout_is_capped_by_settings(tmp_path: Path) -> None:
-    ctx = make_ctx(tmp_path, terminal_timeout_sec=0.3)
-    with trio.fail_after(20):
-        result = await TerminalTool().execute(
-            {"action": "run", "command": "sleep 30", "timeout": 600}, ctx
-        )
+async def test_run_timeout_is_capped_by_settings(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    rec = Recorder()
+    ctx = make_ctx(tmp_path, recorder=rec, terminal_timeout_sec=0.3)
+    args = {"action": "run", "command": "echo go; sleep 30", "timeout": 600}
+    result = await jump_after_line(
+        mock_clock, lambda: TerminalTool().execute(args, ctx), rec, "go", 0.3
+    )
     assert not result.ok and "timed out after 0.3 s" in (result.error or "")
     assert "capped at 0.3 s" in result.output
 
@@ -158,13 +166,26 @@ async def test_background_children_do_not_outlive_a_finished_run(tmp_path: Path)
 async def test_group_members_ignoring_sigterm_are_killed_after_the_grace(
     tmp_path: Path,
 ) -> None:
+    # Stopped once the member is up (no time limit to race): SIGTERM is ignored by
+    # all, so only the SIGKILL after the grace ends them.
     lines: list[str] = []
-    command = "trap '' TERM; sh -c \"trap '' TERM; sleep 300\" & echo pid $!; sleep 30"
+    up = trio.Event()
+
+    def on_line(line: str) -> None:
+        lines.append(line)
+        up.set()
+
+    command = "trap '' TERM; sh -c \"trap '' TERM; sleep 300\" & echo pid $!; sleep 300"
     with trio.fail_after(20):
-        result = await run_command(
-            command, cwd=tmp_path, time_limit=1.0, on_line=lines.append, grace=0.2
-        )
-    assert result.timed_out and len(pids_in(lines)) == 1
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                lambda: run_command(
+                    command, cwd=tmp_path, time_limit=600, on_line=on_line, grace=0.2
+                )
+            )
+            await up.wait()
+            nursery.cancel_scope.cancel()
+    assert len(pids_in(lines)) == 1
     assert all(is_gone(p) for p in pids_in(lines)), lines
 
 

@@ -7,9 +7,9 @@
             ...
 
 The turn runs in a task of the context manager's own nursery and sends its events to
-an unbounded memory channel: a tool's progress callback must never block, and the
-events of one turn are bounded by the turn itself. Leaving the ``async with`` early
-stops the run (as Stop does).
+a bounded channel that never blocks (`core.emit`): a tool's progress callback must
+never block, and a slow reader costs merged or dropped progress, never memory.
+Leaving the ``async with`` early stops the run (as Stop does).
 
 Stop is a cancel scope (`RunControl.stop()`): it takes effect at the next checkpoint in
 any phase — planning, prefill, streaming, a running tool. The clean-up that follows
@@ -34,6 +34,7 @@ import trio
 from navi_trio.core import runvars
 from navi_trio.core.compression import Compressor
 from navi_trio.core.context import ContextBuilder
+from navi_trio.core.emit import EventReceiver, EventSender, SendsNowait, open_event_channel
 from navi_trio.core.planning import PlanningPrompts
 from navi_trio.core.services import RunServices
 from navi_trio.core.session import SessionCache, SessionState
@@ -93,7 +94,7 @@ class RunControl:
         return self.scope.cancel_called
 
 
-def _emitter(send: trio.MemorySendChannel[AgentEvent]) -> Any:
+def _emitter(send: SendsNowait) -> Any:
     def emit(event: AgentEvent) -> None:
         try:
             send.send_nowait(event)
@@ -201,10 +202,11 @@ class Agent:
         message: str | UserMessage,
         *,
         control: RunControl | None = None,
-    ) -> AsyncIterator[trio.MemoryReceiveChannel[AgentEvent]]:
+    ) -> AsyncIterator[EventReceiver]:
         msg = UserMessage(message) if isinstance(message, str) else message
         ctl = control or RunControl()
-        send, recv = trio.open_memory_channel[AgentEvent](math.inf)
+        # Bounded: a slow reader costs merged or dropped progress, never memory.
+        send, recv = open_event_channel(self.settings.event_buffer_max)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._run_task, session_id, msg, send, ctl)
             with recv:
@@ -227,7 +229,7 @@ class Agent:
         self,
         session_id: str,
         msg: UserMessage,
-        send: trio.MemorySendChannel[AgentEvent],
+        send: EventSender,
         control: RunControl,
     ) -> None:
         async with send:

@@ -3,7 +3,7 @@
 The code goes to a temp file in the session folder and runs as
 ``sys.executable -I -u FILE`` in its own process group, in the run's cwd (else the
 session folder), with the terminal's timeout rules; output lines stream through
-``ctx.emit`` and the group is killed on timeout or stop.
+``ctx.emit`` (coalesced, as the terminal's) and the group is killed on timeout or stop.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from navi_trio.settings import Settings
 from navi_trio.tools.base import ToolContext, ToolResult, require_str
 from navi_trio.tools.filesystem import base_dir
 from navi_trio.tools.procs import python_argv, run_command
-from navi_trio.tools.terminal import command_result, emit_line, read_timeout
+from navi_trio.tools.terminal import command_result, output_progress, read_timeout
 
 SNIPPET_DIR = ".code_exec"
 
@@ -64,7 +64,7 @@ class CodeExecTool:
                 python_argv(script),
                 cwd=cwd,
                 time_limit=timeout,
-                on_line=emit_line(ctx),
+                progress=output_progress(ctx),
                 max_chars=ctx.settings.tool_output_max_chars,
             )
         except OSError as exc:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import trio
 
@@ -33,6 +33,7 @@ from navi_trio.tools.base import (
 ACTIONS = ("read", "write", "append", "list", "edit", "mkdir", "delete")
 MANUAL_PREFIX = "manual:"
 LIST_MAX_ENTRIES = 500
+BLOCK_BYTES = 1 << 20  # reading past what is shown: lines are counted, not kept
 _MANUAL_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -170,25 +171,13 @@ class FilesystemTool:
         cap = ctx.settings.tool_output_max_chars
         with path.open("rb") as fh:
             sample = fh.read(8192)
-        if b"\x00" in sample:
-            size = path.stat().st_size
-            return ToolResult.fail(f"'{raw}' looks like a binary file ({size} bytes); not shown")
-        lines: list[str] = []
-        used = 0
-        total = 0
-        last = offset - 1
-        full = False  # the cap is reached: keep counting lines, to say where to go on
-        with path.open(encoding="utf-8", errors="replace", newline="") as fh:
-            for number, line in enumerate(fh, start=1):
-                total = number
-                if full or number < offset or (limit and number >= offset + limit):
-                    continue
-                if used + len(line) > cap and lines:
-                    full = True
-                    continue
-                lines.append(line if len(line) <= cap else line[:cap] + "…\n")
-                used += len(line)
-                last = number
+            if b"\x00" in sample:
+                size = path.stat().st_size
+                return ToolResult.fail(
+                    f"'{raw}' looks like a binary file ({size} bytes); not shown"
+                )
+            fh.seek(0)
+            lines, last, total = _read_lines(fh, offset, limit, cap)
         if total and offset > total:
             return ToolResult.fail(f"'{raw}' has {total} lines; offset {offset} is past the end")
         text = "".join(lines)
@@ -274,6 +263,55 @@ class FilesystemTool:
         if truncated:
             text += f"\n[only the first {LIST_MAX_ENTRIES} entries are shown]"
         return ToolResult.success(cap_text(text, ctx.settings.tool_output_max_chars))
+
+
+def _read_lines(fh: BinaryIO, offset: int, limit: int, cap: int) -> tuple[list[str], int, int]:
+    """(the lines shown, the number of the last one shown, the file's line count).
+
+    Memory stays within about `cap` characters whatever the file holds: a line is read
+    in pieces of at most `cap` characters (a longer one is shown cut, with "…"), and
+    once the shown lines are complete the rest of the file is only counted, in blocks.
+    """
+    piece = cap * 4 + 4  # bytes enough for more than `cap` characters of UTF-8
+    lines: list[str] = []
+    used = 0
+    number = 0
+    last = offset - 1
+    while chunk := fh.readline(piece):
+        number += 1
+        cut = len(chunk) == piece and not chunk.endswith(b"\n")
+        if number >= offset:
+            line = chunk.decode("utf-8", errors="replace")
+            if cut:
+                line = line[:cap] + "…\n"
+            if used + len(line) > cap and lines:
+                number -= 1  # not shown: counted with the rest below
+                fh.seek(-len(chunk), os.SEEK_CUR)
+                break
+            lines.append(line)
+            used += len(line)
+            last = number
+        if cut:
+            _skip_rest_of_line(fh)
+        if limit and number >= offset + limit - 1:
+            break
+    return lines, last, number + _count_lines(fh)
+
+
+def _skip_rest_of_line(fh: BinaryIO) -> None:
+    while block := fh.readline(BLOCK_BYTES):
+        if block.endswith(b"\n"):
+            return
+
+
+def _count_lines(fh: BinaryIO) -> int:
+    """Lines from the current position to the end, reading in fixed-size blocks."""
+    count = 0
+    tail = b"\n"
+    while block := fh.read(BLOCK_BYTES):
+        count += block.count(b"\n")
+        tail = block[-1:]
+    return count + (tail != b"\n")
 
 
 def _write_text(path: Path, text: str, mode: str) -> None:

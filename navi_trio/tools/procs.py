@@ -7,10 +7,21 @@ or the daemon is shutting down — `kill_group` signals the *whole group*: SIGTE
 short grace for the leader, then SIGKILL, all under a shielded scope with a deadline,
 and the leader is reaped. Background children (``sleep 300 &``) die with their command.
 
+A process that calls ``setsid`` leaves the group. To catch those too, every command's
+environment carries a tag (``NAVI_PROC_TAG``) that its descendants inherit, and
+`kill_group` also kills (see `proctree`) every process below the leader by parent id
+and every process whose environment carries the tag, even after it was reparented.
+Only a descendant that leaves the session, empties its environment and loses its
+parent escapes.
+
+Tool processes never see navi's own secrets: `child_env` strips them (`is_secret`).
+
 Two ways to run something:
 
-- `run_command` — run to completion (or timeout) and return the capped output; output
-  lines are handed to a callback as they arrive (stdout and stderr merged).
+- `run_command` — run to completion (or timeout) and return the output, read in large
+  blocks and kept only as head and tail within a cap; output lines go, a block at a
+  time, to an `OutputProgress` (coalesced, rate-limited live events) and/or a per-line
+  callback (stdout and stderr merged).
 - `ProcessPool` — an actor owning persistent processes (``terminal open``): started by
   the runtime with ``await nursery.start(pool.run)``; each process lives in the pool's
   nursery, its output goes to a bounded buffer read with `read`; a session sees only
@@ -22,6 +33,7 @@ from __future__ import annotations
 import codecs
 import itertools
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -34,6 +46,8 @@ import trio
 
 from navi_trio.errors import ToolInputError
 from navi_trio.tools.base import cap_text
+from navi_trio.tools.proctree import Strays, find_strays
+from navi_trio.tools.progress import OutputProgress
 
 KILL_GRACE_SEC = 2.0  # between SIGTERM and SIGKILL
 DRAIN_SEC = 1.0  # reading what is left in the pipe after the group is gone
@@ -42,6 +56,13 @@ WRITE_TIMEOUT_SEC = 5.0
 READ_CHUNK = 65536
 
 LineCallback = Callable[[str], None]
+LinesCallback = Callable[[list[str]], None]
+TAG_VAR = "NAVI_PROC_TAG"
+# Environment variables navi reads that hold secrets; also any NAVI_* variable with a
+# word in its name that says it holds one (NAVI_WS_TOKEN, NAVI_SIGNING_KEY, ...), but
+# not a setting that merely counts tokens (NAVI_COMPRESSION_MAX_TOKENS).
+SECRET_VARS = frozenset({"NAVI_LLM_API_KEY", "NAVI_TOKEN", "OPENAI_API_KEY"})
+_SECRET_WORDS = frozenset({"TOKEN", "KEY", "APIKEY", "SECRET", "PASSWORD", "PASSWD"})
 
 
 def shell_argv(command: str | Sequence[str]) -> list[str]:
@@ -57,9 +78,25 @@ def shell_argv(command: str | Sequence[str]) -> list[str]:
     return argv
 
 
-def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
+def is_secret(name: str) -> bool:
+    """True for an environment variable of navi's that holds a secret."""
+    upper = name.upper()
+    if upper in SECRET_VARS:
+        return True
+    return upper.startswith("NAVI_") and not _SECRET_WORDS.isdisjoint(upper.split("_"))
+
+
+def new_tag() -> str:
+    """A value for `TAG_VAR`, unique to one command."""
+    return f"{os.getpid()}-{secrets.token_hex(8)}"
+
+
+def child_env(extra: Mapping[str, str] | None = None, *, tag: str | None = None) -> dict[str, str]:
+    """The environment of a tool process: ours without navi's secrets, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not is_secret(k)}
     env["PYTHONUNBUFFERED"] = "1"  # so Python children stream their lines
+    if tag is not None:
+        env[TAG_VAR] = tag
     if extra:
         env.update(extra)
     return env
@@ -72,22 +109,48 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         pass  # nobody left in the group
 
 
-async def kill_group(process: trio.Process, grace: float = KILL_GRACE_SEC) -> None:
-    """Kill the process group led by `process` and reap the leader.
+STRAY_ROUNDS = 3  # a stray may fork while we look: look again, this many times at most
 
-    Safe to call when the leader already exited: whatever it left behind in its group
-    is killed. Runs shielded, so it completes even inside a cancelled scope.
+
+async def _find_strays(process: trio.Process, tag: str | None) -> Strays:
+    # Walk the tree only below an unreaped leader: a reaped leader's pid may be reused.
+    leader = process.pid if process.returncode is None else None
+    return await trio.to_thread.run_sync(find_strays, leader, TAG_VAR, tag)
+
+
+async def kill_group(
+    process: trio.Process, grace: float = KILL_GRACE_SEC, tag: str | None = None
+) -> None:
+    """Kill the process group led by `process`, its strays, and reap the leader.
+
+    Strays are the processes that left the group with ``setsid``: below the leader by
+    parent id, or carrying `tag` in their environment (see `proctree`). Safe to call
+    when the leader already exited: whatever it left behind is killed. Runs shielded,
+    so it completes even inside a cancelled scope.
     """
     pgid = process.pid  # the leader of a new session: its pid is the group id
     with trio.CancelScope(shield=True):
         with trio.move_on_after(grace + 5.0):
-            if process.returncode is None:
-                _signal_group(pgid, signal.SIGTERM)
-                with trio.move_on_after(grace):
-                    await process.wait()
-            # Always: grandchildren may ignore SIGTERM or outlive their parent.
-            _signal_group(pgid, signal.SIGKILL)
-            await process.wait()
+            # Before the leader dies, while its descendants still hang below it.
+            strays = await _find_strays(process, tag)
+            try:
+                if process.returncode is None:
+                    _signal_group(pgid, signal.SIGTERM)
+                    strays.signal(signal.SIGTERM)
+                    with trio.move_on_after(grace):
+                        await process.wait()
+                # Always: grandchildren may ignore SIGTERM or outlive their parent.
+                _signal_group(pgid, signal.SIGKILL)
+                for _ in range(STRAY_ROUNDS):
+                    strays.signal(signal.SIGKILL)
+                    await strays.wait()
+                    strays.close()
+                    strays = await _find_strays(process, tag)
+                    if not strays:
+                        break
+                await process.wait()
+            finally:
+                strays.close()
         for stream in (process.stdin, process.stdout):
             if stream is not None:
                 await stream.aclose()
@@ -148,44 +211,62 @@ class HeadTail:
 async def _pump(
     stream: trio.abc.ReceiveStream,
     on_text: Callable[[str], None],
-    on_line: LineCallback | None,
+    on_lines: LinesCallback | None,
     eof: trio.Event,
 ) -> None:
+    # Large blocks, and lines handed on a block at a time: a line-by-line loop over
+    # millions of short lines is what made big outputs slow.
     splitter = LineSplitter()
     try:
         while data := await stream.receive_some(READ_CHUNK):
             text, lines = splitter.feed(data)
             on_text(text)
-            if on_line is not None:
-                for line in lines:
-                    on_line(line)
+            if on_lines is not None and lines:
+                on_lines(lines)
     except (trio.ClosedResourceError, trio.BrokenResourceError):
         pass  # closed by kill_group: the process is gone
     finally:
         text, lines = splitter.flush()
         on_text(text)
-        if on_line is not None:
-            for line in lines:
-                on_line(line)
+        if on_lines is not None and lines:
+            on_lines(lines)
         eof.set()
 
 
 async def _wait_and_drain(
     process: trio.Process,
     on_text: Callable[[str], None],
-    on_line: LineCallback | None,
+    on_lines: LinesCallback | None,
+    progress: OutputProgress | None = None,
 ) -> None:
     """Stream output until the leader exits, then kill its leftovers and drain the pipe."""
     assert process.stdout is not None
     eof = trio.Event()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_pump, process.stdout, on_text, on_line, eof)
+        if progress is not None:
+            nursery.start_soon(progress.run)
+        nursery.start_soon(_pump, process.stdout, on_text, on_lines, eof)
         await process.wait()
         # Anything still in the group is an orphan-to-be that also holds the pipe open.
         _signal_group(process.pid, signal.SIGKILL)
         with trio.move_on_after(DRAIN_SEC):
             await eof.wait()
         nursery.cancel_scope.cancel()
+
+
+def _lines_to(
+    on_line: LineCallback | None, progress: OutputProgress | None
+) -> LinesCallback | None:
+    if on_line is None:
+        return None if progress is None else progress.add
+
+    def both(lines: list[str]) -> None:
+        for line in lines:
+            on_line(line)
+        if progress is not None:
+            progress.add(lines)
+
+    return both
 
 
 @attrs.frozen
@@ -210,35 +291,43 @@ async def run_command(
     cwd: Path,
     time_limit: float,
     on_line: LineCallback | None = None,
+    progress: OutputProgress | None = None,
     max_chars: int = 20000,
     env: Mapping[str, str] | None = None,
     grace: float = KILL_GRACE_SEC,
 ) -> CommandResult:
     """Run `command` in its own process group until it exits or `time_limit` passes.
 
-    stdin is /dev/null. On timeout the group is killed and the output so far returned;
-    if the caller is cancelled the group is killed and `trio.Cancelled` propagates.
-    Raises OSError when the process cannot be started (e.g. `cwd` does not exist).
+    stdin is /dev/null. Output lines go to `progress` (coalesced, rate-limited) and/or
+    `on_line` (each line); the result keeps only the head and tail of the output, within
+    `max_chars`, however much is printed. On timeout the group is killed and the output
+    so far returned; if the caller is cancelled the group is killed and `trio.Cancelled`
+    propagates. Raises OSError when the process cannot be started (e.g. `cwd` does not
+    exist).
     """
     if time_limit <= 0:
         raise ToolInputError(f"the time limit must be positive (got {time_limit:g})")
     argv = shell_argv(command)
     started = trio.current_time()
+    tag = new_tag()
     process = await trio.lowlevel.open_process(
         argv,
         cwd=str(cwd),
-        env=child_env(env),
+        env=child_env(env, tag=tag),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     output = HeadTail(max_chars)
+    on_lines = _lines_to(on_line, progress)
     try:
         with trio.move_on_after(time_limit) as scope:
-            await _wait_and_drain(process, output.add, on_line)
+            await _wait_and_drain(process, output.add, on_lines, progress)
     finally:
-        await kill_group(process, grace)
+        await kill_group(process, grace, tag)
+        if progress is not None:
+            progress.flush()
     return CommandResult(
         exit_code=None if scope.cancelled_caught else process.returncode,
         output=output.text(),
@@ -366,10 +455,11 @@ class ProcessPool:
         cwd: Path,
         task_status: trio.TaskStatus[_Handle] = trio.TASK_STATUS_IGNORED,
     ) -> None:
+        tag = new_tag()
         process = await trio.lowlevel.open_process(
             argv,
             cwd=str(cwd),
-            env=child_env(),
+            env=child_env(tag=tag),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -382,7 +472,7 @@ class ProcessPool:
                 task_status.started(handle)
                 await _wait_and_drain(process, lambda text: self._buffer(handle, text), None)
         finally:
-            await kill_group(process, self.grace)
+            await kill_group(process, self.grace, tag)
             handle.exit_code = process.returncode
             handle.done.set()
             handle.changed.set()

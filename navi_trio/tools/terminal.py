@@ -1,8 +1,9 @@
 """The terminal tool: one-shot commands, and persistent processes through the pool.
 
-`run` executes a shell command in its own process group (see `procs`), streams each
-output line as ``ctx.emit({"stream": "output", "line": ...})`` and returns the exit
-code with the capped output. Stopping the run (or cancelling the background job)
+`run` executes a shell command in its own process group (see `procs`), streams its
+output lines coalesced and rate-limited (see `progress`: ``ctx.emit({"stream":
+"output", "text": ..., "lines": n, "dropped_lines": k})``) and returns the exit code
+with the capped output. Stopping the run (or cancelling the background job)
 cancels the call, and the whole group is killed. `open`/`read`/`write`/`kill`/`list`
 use the session's persistent processes in ``ctx.services.processes``.
 """
@@ -25,6 +26,7 @@ from navi_trio.tools.base import (
 )
 from navi_trio.tools.filesystem import resolve_dir
 from navi_trio.tools.procs import CommandResult, ReadResult, run_command
+from navi_trio.tools.progress import OutputProgress
 from navi_trio.tools.services import get_service, unavailable
 
 ACTIONS = ("run", "open", "read", "write", "kill", "list")
@@ -53,11 +55,13 @@ def command_result(result: CommandResult, note: str = "") -> ToolResult:
     return ToolResult.success(f"{output}\n[exit code 0]", **data)
 
 
-def emit_line(ctx: ToolContext) -> Any:
-    def on_line(line: str) -> None:
-        ctx.emit({"stream": "output", "line": line})
-
-    return on_line
+def output_progress(ctx: ToolContext) -> OutputProgress:
+    """The live view of a command's output for this call (see `progress`)."""
+    return OutputProgress(
+        ctx.emit,
+        interval=ctx.settings.tool_progress_interval_sec,
+        max_chars=ctx.settings.tool_progress_max_chars,
+    )
 
 
 class TerminalTool:
@@ -117,7 +121,7 @@ class TerminalTool:
                 command,
                 cwd=cwd,
                 time_limit=timeout,
-                on_line=emit_line(ctx),
+                progress=output_progress(ctx),
                 max_chars=ctx.settings.tool_output_max_chars,
             )
         except OSError as exc:

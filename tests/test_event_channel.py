@@ -1,0 +1,123 @@
+"""The bounded event path of a run (`core.emit`): a reader that keeps up sees exactly
+what was sent; a slow one costs merged or dropped progress, never memory, and never
+loses any other event.
+
+The channel tests are synchronous sends with no reader; the end-to-end test runs a
+real `terminal run` through `agent.run_stream` and reads nothing until the turn has
+moved on (the fake LLM got its second request). Counts are asserted, never time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from navi_trio.core.emit import open_event_channel
+from navi_trio.events import (
+    AgentEvent,
+    StreamEnd,
+    TextDelta,
+    ThinkingDelta,
+    ToolEvent,
+    ToolResult,
+    ToolStarted,
+)
+from navi_trio.testing import open_harness
+
+TIMEOUT = 60
+
+
+def output(call_id: str, first: int, count: int) -> ToolEvent:
+    text = "\n".join(str(i) for i in range(first, first + count))
+    data = {"stream": "output", "text": text, "lines": count, "dropped_lines": 0}
+    return ToolEvent(call_id=call_id, name="terminal", data=data)
+
+
+async def drain(recv: Any) -> list[AgentEvent]:
+    got: list[AgentEvent] = []
+    async for event in recv:
+        got.append(event)
+    return got
+
+
+async def test_a_reader_that_keeps_up_sees_every_event_unchanged() -> None:
+    send, recv = open_event_channel(max_progress=4)
+    sent = [TextDelta("a"), TextDelta("b"), ThinkingDelta("c"), output("c1", 0, 2)]
+    got: list[AgentEvent] = []
+    with recv:
+        for event in sent:
+            send.send_nowait(event)
+            got.append(await recv.receive())
+        send.close()
+        got += await drain(recv)
+    assert got == sent
+    assert recv.statistics().merged == recv.statistics().dropped == 0
+
+
+async def test_a_stalled_reader_costs_merged_progress_not_memory() -> None:
+    send, recv = open_event_channel(max_progress=8, max_chars=500)
+    send.send_nowait(ToolStarted(call_id="c1", name="terminal"))
+    for i in range(100_000):
+        send.send_nowait(output("c1", i * 3, 3))
+        if i % 1000 == 0:
+            send.send_nowait(ToolEvent(call_id="c1", name="terminal", data={"note": i}))
+    send.send_nowait(ToolResult(call_id="c1", name="terminal", ok=True, output="done"))
+    for i in range(100_000):
+        send.send_nowait(TextDelta(f"{i} "))
+        send.send_nowait(TextDelta("x", is_subagent=True, agent_id="sub"))
+    send.send_nowait(StreamEnd(text="end"))
+    send.close()
+    stats = recv.statistics()
+    assert stats.queued <= 3 + 8 + 2, stats  # three others, the progress bound, merges
+    got = await drain(recv)
+    # Every non-progress event, in order.
+    assert [type(e) for e in got if not isinstance(e, ToolEvent | TextDelta)] == [
+        ToolStarted, ToolResult, StreamEnd
+    ]
+    # Text is merged, never lost, and each source keeps its order.
+    top = "".join(e.text for e in got if isinstance(e, TextDelta) and not e.is_subagent)
+    sub = "".join(e.text for e in got if isinstance(e, TextDelta) and e.is_subagent)
+    assert top == "".join(f"{i} " for i in range(100_000)) and sub == "x" * 100_000
+    # Tool output: bounded events, each small; merged lines counted as dropped.
+    outputs = [e for e in got if isinstance(e, ToolEvent) and "text" in e.data]
+    assert all(len(e.data["text"]) <= 500 for e in outputs)
+    assert outputs[-1].data["text"].endswith(str(300_000 - 1))
+    assert stats.merged > 0 and stats.dropped > 0
+    # Nothing after the result: the tool's events all come before it.
+    result_at = next(i for i, e in enumerate(got) if isinstance(e, ToolResult))
+    assert all(i < result_at for i, e in enumerate(got) if isinstance(e, ToolEvent))
+
+
+async def test_sending_after_the_reader_left_raises_broken() -> None:
+    send, recv = open_event_channel()
+    recv.close()
+    try:
+        send.send_nowait(TextDelta("late"))
+    except trio.BrokenResourceError:
+        pass
+    else:
+        raise AssertionError("expected BrokenResourceError")
+
+
+async def test_a_slow_reader_of_a_chatty_run_gets_bounded_progress(tmp_path: Path) -> None:
+    # ~1,000,000 lines, a progress event per block read, and a reader that reads
+    # nothing until the turn is done with the tool.
+    args = {"action": "run", "command": "yes | head -c 2000000"}
+    replies = [{"tool_calls": [{"name": "terminal", "arguments": args}]}, {"text": "done"}]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=replies, event_buffer_max=8, tool_progress_interval_sec=1e-6
+        ) as h:
+            async with h.runtime.agent.run_stream("s1", "hi") as events:
+                await h.fake.wait_requests(2)  # the tool is done: its result went back
+                stats = events.statistics()
+                got = await drain(events)
+    kinds = [type(e) for e in got]
+    assert ToolStarted in kinds and ToolResult in kinds and kinds[-1] is StreamEnd
+    outputs = [e for e in got if isinstance(e, ToolEvent)]
+    assert stats.merged > 0, stats
+    assert len(outputs) <= 8, len(outputs)
+    assert sum(e.data["lines"] + e.data["dropped_lines"] for e in outputs) == 1_000_000
+    assert "".join(e.text for e in got if isinstance(e, TextDelta)) == "done"
