@@ -47,6 +47,7 @@ from navi_trio.store._schema import (
     _prepare,
     _Row,
     _session_from,
+    _write_tx,
 )
 from navi_trio.store._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from navi_trio.store._worker import BUSY_TIMEOUT_S as BUSY_TIMEOUT_S
@@ -345,7 +346,7 @@ def _require_session(db: Database, sid: str) -> None:
 
 
 def _insert_session(db: Database, row: SessionRow, meta_json: str) -> None:
-    with db.atomic():
+    with _write_tx(db):
         if db.execute("SELECT 1 FROM sessions WHERE id = ?", [row.id]).fetchone() is not None:
             raise StoreError(f"session {row.id!r} already exists")
         db.execute(
@@ -367,13 +368,13 @@ def _list_sessions(db: Database, user_id: str | None) -> list[SessionRow]:
 def _update_session(db: Database, sid: str, changes: dict[str, Any]) -> None:
     # Column names come from update_session's fixed keyword set, never from callers.
     sets = ", ".join(f"{col} = ?" for col in changes)
-    with db.atomic():
+    with _write_tx(db):
         _require_session(db, sid)
         db.execute(f"UPDATE sessions SET {sets} WHERE id = ?", [*changes.values(), sid])
 
 
 def _delete_session(db: Database, sid: str) -> bool:
-    with db.atomic():
+    with _write_tx(db):
         for table in _HISTORY:
             db.execute(f"DELETE FROM {table} WHERE session_id = ?", [sid])
         # substr, not LIKE: ids may contain LIKE's wildcard `_`.
@@ -403,7 +404,7 @@ def _next_positions(db: Database, table: str, sid: str, count: int) -> list[floa
 
 
 def _append(db: Database, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float) -> None:
-    with db.atomic():
+    with _write_tx(db):
         _require_session(db, sid)
         for table, rows in (("messages", msg_rows), ("context", ctx_rows)):
             if rows:
@@ -421,7 +422,7 @@ def _load_history(db: Database, table: str, sid: str) -> list[dict[str, Any]]:
 
 
 def _replace_context(db: Database, sid: str, rows: list[_Row], now: float) -> None:
-    with db.atomic():
+    with _write_tx(db):
         _require_session(db, sid)
         db.execute("DELETE FROM context WHERE session_id = ?", [sid])
         _insert_history(db, "context", sid, rows, [float(i) for i in range(1, len(rows) + 1)], now)
@@ -454,7 +455,7 @@ def _load_session(db: Database, sid: str, now: float) -> LoadedSession | None:
     loaded: dict[str, list[dict[str, Any]]] = {}
     repaired = 0
     # One job on the one thread: no append can slip between reading and repairing.
-    with db.atomic():
+    with _write_tx(db):
         for table in _HISTORY:
             records = db.execute(
                 f"SELECT position, data FROM {table} WHERE session_id = ? ORDER BY position",
@@ -479,16 +480,18 @@ def _kv_get(db: Database, scope: str, key: str) -> Any | None:
 
 
 def _kv_set(db: Database, scope: str, key: str, value: str, now: float) -> None:
-    db.execute(
-        "INSERT INTO kv (scope, key, value, updated_at) VALUES (?, ?, ?, ?)"
-        " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
-        " updated_at = excluded.updated_at",
-        [scope, key, value, now],
-    )
+    with _write_tx(db):
+        db.execute(
+            "INSERT INTO kv (scope, key, value, updated_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
+            " updated_at = excluded.updated_at",
+            [scope, key, value, now],
+        )
 
 
 def _kv_delete(db: Database, scope: str, key: str) -> None:
-    db.execute("DELETE FROM kv WHERE scope = ? AND key = ?", [scope, key])
+    with _write_tx(db):
+        db.execute("DELETE FROM kv WHERE scope = ? AND key = ?", [scope, key])
 
 
 def _kv_list(db: Database, scope: str, prefix: str) -> list[tuple[str, Any]]:
@@ -500,7 +503,7 @@ def _kv_list(db: Database, scope: str, prefix: str) -> list[tuple[str, Any]]:
 
 
 def _insert_user(db: Database, user: dict[str, Any], digest: str) -> None:
-    with db.atomic():
+    with _write_tx(db):
         if db.execute("SELECT 1 FROM users WHERE token_sha256 = ?", [digest]).fetchone():
             raise StoreError("a user with this token already exists; tokens must be unique")
         db.execute(
