@@ -47,7 +47,7 @@ from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
 
 if TYPE_CHECKING:
-    from navi_trio.core.agent import RunControl
+    from navi_trio.core.tasks import Job, TaskSupervisor
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -167,8 +167,29 @@ def new_session_id() -> str:
 class _RunOutcome:
     end: StreamEnd | None = None
     error: str | None = None  # the last top-level error message, already printed
-    interrupted: bool = False
+    signal: int | None = None  # the first stop signal (SIGINT, SIGTERM, SIGHUP)
     printed_text: bool = False
+
+    @property
+    def interrupted(self) -> bool:
+        return self.signal is not None
+
+
+# Stop signals are handled alike: the first stops the run cleanly (partial answer saved,
+# tool processes killed), a second one quits without waiting for that.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def exit_code_for(signum: int) -> int:
+    """The shell's convention: 128 + the signal number (130 Ctrl-C, 143 SIGTERM)."""
+    return 128 + signum
+
+
+def _say(err: TextIO, text: str) -> None:
+    try:
+        print(text, file=err, flush=True)
+    except (OSError, ValueError):
+        pass  # the terminal is gone (SIGHUP): stopping cleanly matters more than saying so
 
 
 def _message_text(args: argparse.Namespace) -> str:
@@ -178,20 +199,57 @@ def _message_text(args: argparse.Namespace) -> str:
     return str(text)
 
 
-async def _watch_sigint(
-    signals: AsyncIterator[int],
-    control: RunControl,
-    outcome: _RunOutcome,
-    outer: trio.CancelScope,
-    err: TextIO,
+@attrs.define(eq=False)
+class _StopHandler:
+    """What the first stop signal does right now: stop the run, later cancel the jobs."""
+
+    outcome: _RunOutcome
+    outer: trio.CancelScope
+    err: TextIO
+    action: Callable[[], None]
+    what: str = "the run"
+
+    async def watch(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            if self.outcome.signal is not None:
+                self.outer.cancel()  # the second signal: stop waiting for the clean stop
+                return
+            self.outcome.signal = signum
+            self.action()
+            name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            _say(self.err, f"navi: {name}: stopping {self.what} (Ctrl-C again to quit now)")
+
+    def switch(self, action: Callable[[], None], what: str) -> None:
+        self.action, self.what = action, what
+        if self.outcome.signal is not None:
+            action()  # a signal already came: do not start waiting at all
+
+
+async def _wait_for_background(
+    supervisor: TaskSupervisor, session_id: str, stopper: _StopHandler, err: TextIO
 ) -> None:
-    async for _ in signals:
-        if outcome.interrupted:
-            outer.cancel()  # second Ctrl-C: stop waiting for the clean stop
-            return
-        outcome.interrupted = True
-        control.stop()
-        print("navi: stopping the run (Ctrl-C again to quit now)", file=err, flush=True)
+    """`navi run` is the only process that can finish its background jobs: wait.
+
+    Their results become task notes in the store, read by the session's next turn.
+    A stop signal cancels them (each still leaves a "cancelled" note).
+    """
+
+    def running() -> list[Job]:
+        return [job for job in supervisor.list_jobs(session_id) if not job.finished]
+
+    def cancel_all() -> None:
+        for job in running():
+            supervisor.cancel(session_id, job.task_id)
+
+    jobs = running()
+    if not jobs:
+        return
+    _say(err, f"navi: waiting for {len(jobs)} background task(s)… Ctrl-C to cancel them")
+    stopper.switch(cancel_all, "the background task(s)")
+    while jobs:  # a background sub-agent may start further jobs while we wait
+        for job in jobs:
+            await job.done.wait()
+        jobs = running()
 
 
 async def run_turn(
@@ -206,29 +264,33 @@ async def run_turn(
     from navi_trio.core.agent import RunControl, UserMessage
     from navi_trio.runtime import open_runtime
 
-    session_id = args.session or new_session_id()
+    session_id = args.session if args.session is not None else new_session_id()
     control = RunControl()
     outcome = _RunOutcome()
     cwd = (args.cwd or Path.cwd()).expanduser().resolve()
     if not cwd.is_dir():
         raise UsageError(f"--cwd {cwd}: not a directory")
-    with trio.CancelScope() as outer, trio.open_signal_receiver(signal.SIGINT) as signals:
+    with trio.CancelScope() as outer, trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        stopper = _StopHandler(outcome, outer, err, control.stop)
         async with open_runtime(settings, config=source) as rt, trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_sigint, signals, control, outcome, outer, err)
-            if await rt.store.get_session(session_id) is not None and args.profile:
-                state = await rt.agent.cache.get(session_id)
-                if state.profile_id != args.profile:
-                    await rt.agent.cache.set_profile(state, args.profile)
+            nursery.start_soon(stopper.watch, signals)
             print(f"session: {session_id}", file=err, flush=True)
-            msg = UserMessage(text, cwd=cwd, profile_id=args.profile)
-            seq = 0
-            async with rt.agent.run_stream(session_id, msg, control=control) as events:
-                async for event in events:
-                    seq += 1
-                    _show(event, args.events, session_id, seq, outcome, out, err)
+            # The lease before anything reads the session: another process may run it.
+            async with rt.agent.leases.hold(session_id):
+                if await rt.store.get_session(session_id) is not None and args.profile:
+                    state = await rt.agent.cache.get(session_id)
+                    if state.profile_id != args.profile:
+                        await rt.agent.cache.set_profile(state, args.profile)
+                msg = UserMessage(text, cwd=cwd, profile_id=args.profile)
+                seq = 0
+                async with rt.agent.run_stream(session_id, msg, control=control) as events:
+                    async for event in events:
+                        seq += 1
+                        _show(event, args.events, session_id, seq, outcome, out, err)
+                await _wait_for_background(rt.supervisor, session_id, stopper, err)
             nursery.cancel_scope.cancel()
-    if outer.cancelled_caught:
-        outcome.interrupted = True
+    if outer.cancelled_caught and outcome.signal is None:
+        outcome.signal = signal.SIGINT
     return outcome
 
 
@@ -289,8 +351,8 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         )
     outcome = trio.run(run_turn, settings, source, args, text, out, err)
     end = outcome.end
-    if outcome.interrupted:
-        return EXIT_INTERRUPTED
+    if outcome.signal is not None:
+        return exit_code_for(outcome.signal)
     if end is None:
         print("navi: error: the run ended without a result", file=err)
         return EXIT_ERROR

@@ -7,6 +7,7 @@ The tree::
     ├── StoreError                  the SQLite store failed
     ├── ContextTooLargeError        the built context cannot fit the model's window
     ├── NothingToCompactError       /compact found nothing (new) to summarise
+    ├── SessionBusyError            another process runs this session right now
     ├── ToolInputError              a tool got arguments it cannot use
     ├── TaskRejectedError           a background submit was refused (cap, rate limit)
     └── LLMError                    anything that went wrong talking to the model
@@ -50,6 +51,10 @@ class ContextTooLargeError(NaviError):
 
 class NothingToCompactError(NaviError):
     """Forced compression found nothing that is not already a summary."""
+
+
+class SessionBusyError(NaviError):
+    """Another live owner (process) holds the session's lease; the message names it."""
 
 
 class ToolInputError(NaviError):

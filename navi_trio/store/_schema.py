@@ -159,6 +159,13 @@ def _init_schema(db: Database) -> None:
         db.table("users").create_index(
             ["token_sha256"], index_name="users_token", unique=True, if_not_exists=True
         )
+        # Who runs a session right now (store/_lease.py). No foreign key: a run leases
+        # its session before the session row exists. Old databases gain the table here.
+        db.table("leases").create(
+            {"session_id": str, "owner": str, "pid": int, "host": str, "expires_at": float},
+            pk="session_id", not_null=["owner", "pid", "host", "expires_at"],
+            if_not_exists=True,
+        )  # fmt: skip
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 

@@ -38,6 +38,7 @@ import trio
 from sqlite_utils import Database
 
 from navi_trio.errors import StoreError
+from navi_trio.store._lease import _claim, _release, _renew
 from navi_trio.store._schema import (
     _HISTORY,
     _SESSION_COLS,
@@ -52,7 +53,7 @@ from navi_trio.store._schema import (
 from navi_trio.store._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from navi_trio.store._worker import BUSY_TIMEOUT_S as BUSY_TIMEOUT_S
 from navi_trio.store._worker import _Job, _Worker
-from navi_trio.store.base import LoadedSession, SessionRow
+from navi_trio.store.base import LeaseRow, LoadedSession, SessionRow
 from navi_trio.store.repair import repair_dangling_tool_calls
 
 logger = logging.getLogger(__name__)
@@ -315,6 +316,28 @@ class SQLiteStore:
     async def get_user_by_token(self, token: str) -> dict[str, Any] | None:
         digest = _token_digest(token)
         return await self._run("find user by token", lambda db: _user_by_digest(db, digest))
+
+    # -- leases ---------------------------------------------------------------------
+
+    async def claim_lease(
+        self, session_id: str, *, owner: str, pid: int, host: str, ttl: float
+    ) -> LeaseRow:
+        """Take the session's lease for `ttl` s unless a live owner holds it (see base)."""
+        sid = _check_session_id(session_id)
+        now = self._now()
+        lease = LeaseRow(session_id=sid, owner=_check_text(owner, "lease owner"), pid=pid,
+                         host=_check_text(host, "lease host"), expires_at=now + ttl)  # fmt: skip
+        return await self._run(f"claim lease of {sid!r}", lambda db: _claim(db, lease, now))
+
+    async def renew_lease(self, session_id: str, *, owner: str, ttl: float) -> bool:
+        """Extend our lease by `ttl` s from now; False when it is no longer ours."""
+        sid = _check_session_id(session_id)
+        until = self._now() + ttl
+        return await self._run(f"renew lease of {sid!r}", lambda db: _renew(db, sid, owner, until))
+
+    async def release_lease(self, session_id: str, *, owner: str) -> None:
+        sid = _check_session_id(session_id)
+        await self._run(f"release lease of {sid!r}", lambda db: _release(db, sid, owner))
 
     # -- health ---------------------------------------------------------------------
 
