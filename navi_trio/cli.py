@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import traceback
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -33,7 +34,7 @@ from navi_trio.doctor import LLM_PING_TIMEOUT as LLM_PING_TIMEOUT
 from navi_trio.doctor import collect_doctor as collect_doctor
 from navi_trio.doctor import ping_llm as ping_llm
 from navi_trio.doctor import print_doctor as print_doctor
-from navi_trio.errors import ConfigError, NaviError
+from navi_trio.errors import ConfigError, NaviError, StoreError
 from navi_trio.events import (
     AgentEvent,
     ErrorEvent,
@@ -45,6 +46,7 @@ from navi_trio.events import (
 from navi_trio.llm.factory import BACKENDS
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
+from navi_trio.store.sqlite import check_session_id
 
 if TYPE_CHECKING:
     from navi_trio.core.tasks import Job, TaskSupervisor
@@ -132,12 +134,54 @@ def load_settings(args: argparse.Namespace, environ: dict[str, str] | None = Non
             f"NAVI_LLM_BACKEND={settings.llm_backend!r} is not a known LLM backend "
             f"(expected one of: {', '.join(BACKENDS)})"
         )
-    if not settings.llm_url.startswith(("http://", "https://")):
-        raise ConfigError(
-            f"LLM URL {settings.llm_url!r} (--llm-url or OLLAMA_HOST): expected an http:// or "
-            "https:// URL"
-        )
-    return settings
+    return attrs.evolve(settings, llm_url=normalize_llm_url(settings.llm_url))
+
+
+_OLLAMA_PORT = 11434
+# Listening on "all interfaces" means "this machine" to a client, as Ollama reads it.
+_ANY_ADDRESS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "[::1]"}
+
+
+def normalize_llm_url(url: str) -> str:
+    """The LLM URL as a client uses it; accepts what Ollama accepts in OLLAMA_HOST.
+
+    A full http(s) URL stays as it is. A bare ``host[:port][/path]`` gets ``http://``
+    and Ollama's port 11434 when none is given; the any-address hosts 0.0.0.0 and ::
+    (what a server listens on) become the loopback address. ConfigError otherwise.
+    """
+    text = url.strip()
+    if "://" not in text:
+        hostport, slash, path = text.partition("/")
+        host, port = _split_host_port(hostport)
+        host = f"[{host}]" if ":" in host else host
+        text = f"http://{host}:{port or _OLLAMA_PORT}{slash}{path}"
+    parts = urllib.parse.urlsplit(text)
+    where = f"LLM URL {_cut(url)!r} (--llm-url or OLLAMA_HOST)"
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{where}: expected an http:// or https:// URL or host[:port]")
+    try:
+        number = parts.port
+    except ValueError:
+        raise ConfigError(f"{where}: the port is not a number from 1 to 65535") from None
+    host = parts.hostname or ""
+    if host in _ANY_ADDRESS:
+        netloc = _ANY_ADDRESS[host] + (f":{number}" if number is not None else "")
+        parts = parts._replace(netloc=netloc)
+    return urllib.parse.urlunsplit(parts)
+
+
+def _split_host_port(hostport: str) -> tuple[str, str]:
+    if hostport.startswith("["):  # [v6]:port
+        host, _, rest = hostport[1:].partition("]")
+        return host, rest.removeprefix(":")
+    if hostport.count(":") == 1:
+        host, _, port = hostport.partition(":")
+        return host, port
+    return hostport, ""  # a name, an IPv4 address, or a bare IPv6 address
+
+
+def _cut(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 1]}… ({len(text)} characters)"
 
 
 # ------------------------------------------------------------------------- doctor
@@ -340,6 +384,11 @@ def _show(
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.session is not None:
+        try:
+            check_session_id(args.session)
+        except StoreError as exc:
+            raise UsageError(f"--session: {exc}") from None
     settings = load_settings(args)
     text = _message_text(args)
     source = ConfigSource(settings.config_path)
@@ -403,7 +452,13 @@ def _logging_handler(debug: bool) -> logging.Handler:
                 record.stack_info = None
             return super().format(record)
 
+    def reported_elsewhere(record: logging.LogRecord) -> bool:
+        # A logged exception reaches the user as the command's own one error line (an
+        # error event, or main's); the log record of it is for NAVI_DEBUG=1 only.
+        return debug or not record.exc_info
+
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(reported_elsewhere)
     handler.setFormatter(OneLine("navi: %(levelname)s: %(name)s: %(message)s"))
     handler.setLevel(logging.DEBUG if debug else logging.WARNING)
     return handler

@@ -18,7 +18,7 @@ from navi_trio import __version__
 from navi_trio.errors import ConfigError, NaviError
 from navi_trio.profiles import AgentProfile, NaviConfig, load_config
 from navi_trio.settings import Settings
-from navi_trio.store.sqlite import SQLiteStore
+from navi_trio.store.sqlite import read_only_stats
 
 LLM_PING_TIMEOUT = 3.0
 
@@ -115,14 +115,17 @@ async def collect_doctor(settings: Settings) -> dict[str, Any]:
         )
     report["config"] = config
 
+    # Read-only: the doctor reports, it never creates or changes the database.
     db: dict[str, Any] = {"path": str(settings.db_path), "existed": settings.db_path.exists()}
-    try:
-        async with SQLiteStore.open(settings.db_path) as store:
-            db["tables"] = await store.stats()
-        db["ok"] = True
-    except NaviError as exc:
-        db.update(ok=False, error=str(exc))
-        report["errors"].append(str(exc))
+    if not db["existed"]:
+        db.update(ok=True, tables=None)
+    else:
+        try:
+            db["tables"] = await trio.to_thread.run_sync(read_only_stats, settings.db_path)
+            db["ok"] = True
+        except NaviError as exc:
+            db.update(ok=False, error=str(exc))
+            report["errors"].append(str(exc))
     report["db"] = db
 
     llm = {"backend": settings.llm_backend, **await ping_llm(settings)}
@@ -175,11 +178,11 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
     else:
         line("", c["error"])
     d = r["db"]
-    state = "exists" if d["existed"] else "did not exist: created now"
+    state = "exists" if d["existed"] else "no database yet: the first run creates it"
     line("db", f"{d['path']}  ({state})")
-    if d["ok"]:
+    if d["ok"] and d["tables"] is not None:
         line("", "rows: " + ", ".join(f"{k}={v}" for k, v in sorted(d["tables"].items())))
-    else:
+    elif not d["ok"]:
         line("", f"BROKEN: {d['error']}")
     m = r["llm"]
     line("llm", f"{m['backend']} {m['url']}")

@@ -9,6 +9,8 @@ from FIFOs the tool's shell writes, and observe deaths through pidfds.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import signal
 import subprocess
@@ -31,7 +33,10 @@ from test_cli import (
 )
 from test_no_orphans import read_pids, spawner
 
+from navi_trio.cli import load_settings, main
+from navi_trio.core.agent import Agent
 from navi_trio.core.task_notes import NOTES_SCOPE
+from navi_trio.errors import ConfigError
 from navi_trio.store.sqlite import SQLiteStore
 
 __all__ = ["env"]  # the fixture, imported for pytest
@@ -251,3 +256,107 @@ async def test_ctrl_c_while_waiting_cancels_the_background_tasks(
     assert all(is_gone(p) for p in pids), pids
     (note,) = await notes(tmp_path / "navi.db", "s-bgc")
     assert note["status"] == "cancelled"
+
+
+# ------------------------------------------------------------------ odd input, doctor
+
+
+async def test_an_empty_or_overlong_session_id_is_refused_in_one_short_line(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    done = await navi("run", "--session", "", "hi", env=env, cwd=tmp_path)
+    assert done.code == 1 and "--session: the session id is empty" in _one_error_line(done)
+    long_id = "x" * 5000 + "!"
+    done = await navi("run", "--session", long_id, "hi", env=env, cwd=tmp_path)
+    line = _one_error_line(done)
+    assert done.code == 1 and "invalid session id 'xxxx" in line and "5001 characters" in line
+    assert len(line) < 300, len(line)
+    assert not (tmp_path / "navi.db").exists()  # refused before anything was created
+
+
+@pytest.mark.parametrize(
+    ("given", "url"),
+    [
+        ("127.0.0.1:11434", "http://127.0.0.1:11434"),
+        ("0.0.0.0", "http://127.0.0.1:11434"),
+        ("0.0.0.0:8080", "http://127.0.0.1:8080"),
+        ("localhost", "http://localhost:11434"),
+        ("[::]:9000", "http://[::1]:9000"),
+        ("http://0.0.0.0:11434", "http://127.0.0.1:11434"),
+        ("https://llm.example/v1", "https://llm.example/v1"),
+    ],
+)
+def test_ollama_host_accepts_what_ollama_accepts(given: str, url: str) -> None:
+    args = argparse.Namespace()
+    assert load_settings(args, {"OLLAMA_HOST": given}).llm_url == url
+    assert load_settings(argparse.Namespace(llm_url=given), {}).llm_url == url
+
+
+@pytest.mark.parametrize("given", ["ftp://host", "host:99999", "host:port", "http://"])
+def test_an_unusable_llm_url_is_refused_naming_it(given: str) -> None:
+    with pytest.raises(ConfigError, match="OLLAMA_HOST") as refused:
+        load_settings(argparse.Namespace(), {"OLLAMA_HOST": given})
+    assert repr(given) in str(refused.value)
+
+
+async def test_a_bare_ollama_host_reaches_the_server(env: dict[str, str], tmp_path: Path) -> None:
+    async with fake_llm(tmp_path, [{"text": ANSWER}]) as url:
+        bare = url.removeprefix("http://")
+        done = await navi("run", "hi", env={**env, "OLLAMA_HOST": bare}, cwd=tmp_path)
+    assert done.code == 0 and done.out == ANSWER + "\n", done
+
+
+def files(folder: Path) -> dict[str, tuple[int, int]]:
+    """name -> (mtime ns, size) of every file in `folder`."""
+    return {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.iterdir()}
+
+
+async def test_doctor_reads_an_existing_database_without_writing_it(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    db = tmp_path / "navi.db"
+    down = "http://127.0.0.1:9"
+    done = await navi("doctor", "--llm-url", down, "--json", env=env, cwd=tmp_path)
+    report = json.loads(done.out)
+    assert done.code == 0 and report["db"] == {"path": str(db), "existed": False, "ok": True,
+                                               "tables": None}  # fmt: skip
+    assert files(tmp_path) == {}
+    async with SQLiteStore.open(db) as store:
+        await store.create_session("s-1", profile_id="general")
+    before = files(tmp_path)
+    done = await navi("doctor", "--llm-url", down, env=env, cwd=tmp_path)
+    assert done.code == 0 and "sessions=1" in done.out, done
+    assert files(tmp_path) == before
+    # While a writer has it open: the database and its log stay as they were (the -shm
+    # is shared memory every reader marks; that is how WAL reads work).
+    async with SQLiteStore.open(db) as store:
+        await store.create_session("s-2", profile_id="general")
+        before = files(tmp_path)
+        done = await navi("doctor", "--llm-url", down, env=env, cwd=tmp_path)
+        assert done.code == 0 and "sessions=2" in done.out, done
+        after = files(tmp_path)
+        assert {n: after[n] for n in ("navi.db", "navi.db-wal")} == {
+            n: before[n] for n in ("navi.db", "navi.db-wal")
+        }
+    (tmp_path / "other.db").write_bytes(b"")  # an empty file is no navi database
+    done = await navi("doctor", "--db", str(tmp_path / "other.db"), "--llm-url", down,
+                      env=env, cwd=tmp_path)  # fmt: skip
+    assert done.code == 1 and "not a navi database" in _one_error_line(done)
+
+
+def test_an_internal_error_is_one_line_on_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def broken(*args: Any, **kwargs: Any) -> None:
+        raise ValueError("boom")
+
+    monkeypatch.setattr(Agent, "_run_turn", broken)
+    for name in ("NAVI_DEBUG", "OLLAMA_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NAVI_DB", str(tmp_path / "navi.db"))
+    monkeypatch.setenv("NAVI_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--llm-url", "http://127.0.0.1:9", "hi"]) == 1
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if not ln.startswith("session: ")]
+    assert len(lines) == 1, lines
+    assert "internal error: ValueError: boom" in lines[0] and "NAVI_DEBUG=1" in lines[0]

@@ -27,7 +27,9 @@ import hashlib
 import json
 import logging
 import re
+import sqlite3
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -61,12 +63,20 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@+=-]{0,127}")
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+_ID_SHOWN_MAX = 60  # an error message quotes at most this much of a bad session id
 
 
-def _check_session_id(session_id: object) -> str:
+def check_session_id(session_id: object) -> str:
+    """`session_id` if it is a valid id; StoreError naming it (cut when long) if not."""
     if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
+        if isinstance(session_id, str) and not session_id:
+            raise StoreError("the session id is empty")
+        shown = repr(session_id)
+        if len(shown) > _ID_SHOWN_MAX:
+            size = f"{len(session_id)} characters" if isinstance(session_id, str) else "long"
+            shown = f"{shown[: _ID_SHOWN_MAX - 1]}… ({size})"
         raise StoreError(
-            f"invalid session id {session_id!r}: use 1-128 letters, digits or . _ @ + = -"
+            f"invalid session id {shown}: use 1-128 letters, digits or . _ @ + = -"
             " (not starting with . @ + = -)"
         )
     return session_id
@@ -173,7 +183,7 @@ class SQLiteStore:
         user_id: str = "local",
         meta: dict[str, Any] | None = None,
     ) -> SessionRow:
-        sid = _check_session_id(session_id) if session_id is not None else _new_session_id()
+        sid = check_session_id(session_id) if session_id is not None else _new_session_id()
         now = self._now()
         row = SessionRow(
             id=sid,
@@ -189,7 +199,7 @@ class SQLiteStore:
         return row
 
     async def get_session(self, session_id: str) -> SessionRow | None:
-        sid = _check_session_id(session_id)
+        sid = check_session_id(session_id)
         return await self._run(f"get session {sid!r}", lambda db: _get_session(db, sid))
 
     async def list_sessions(self, user_id: str | None = None) -> list[SessionRow]:
@@ -206,7 +216,7 @@ class SQLiteStore:
         meta: dict[str, Any] | None = None,
     ) -> None:
         """Change the given fields (meta is replaced whole) and bump updated_at."""
-        sid = _check_session_id(session_id)
+        sid = check_session_id(session_id)
         changes: dict[str, Any] = {"updated_at": self._now()}
         if profile_id is not None:
             changes["profile_id"] = _check_text(profile_id, "profile_id")
@@ -218,7 +228,7 @@ class SQLiteStore:
 
     async def delete_session(self, session_id: str) -> bool:
         """Delete the session, its history, context and kv rows keyed `sid` or `sid:…`."""
-        sid = _check_session_id(session_id)
+        sid = check_session_id(session_id)
         return await self._run(f"delete session {sid!r}", lambda db: _delete_session(db, sid))
 
     # -- history --------------------------------------------------------------------
@@ -231,7 +241,7 @@ class SQLiteStore:
         context: Sequence[dict[str, Any]] = (),
     ) -> None:
         """Append new display messages and context entries in one transaction."""
-        sid = _check_session_id(session_id)
+        sid = check_session_id(session_id)
         msg_rows = _prepare(messages, "messages")
         ctx_rows = _prepare(context, "context")
         if not msg_rows and not ctx_rows:
@@ -243,20 +253,20 @@ class SQLiteStore:
         )
 
     async def load_messages(self, session_id: str) -> list[dict[str, Any]]:
-        sid = _check_session_id(session_id)
+        sid = check_session_id(session_id)
         return await self._run(
             f"load messages of {sid!r}", lambda db: _load_history(db, "messages", sid)
         )
 
     async def load_context(self, session_id: str) -> list[dict[str, Any]]:
-        sid = _check_session_id(session_id)
+        sid = check_session_id(session_id)
         return await self._run(
             f"load context of {sid!r}", lambda db: _load_history(db, "context", sid)
         )
 
     async def replace_context(self, session_id: str, context: Sequence[dict[str, Any]]) -> None:
         """Compression only: swap the whole LLM context in one transaction."""
-        sid = _check_session_id(session_id)
+        sid = check_session_id(session_id)
         rows = _prepare(context, "context")
         now = self._now()
         await self._run(
@@ -269,7 +279,7 @@ class SQLiteStore:
         Call it when no run of this session is live: a run's in-flight tool calls look
         dangling until their results are appended.
         """
-        sid = _check_session_id(session_id)
+        sid = check_session_id(session_id)
         now = self._now()
         return await self._run(f"load session {sid!r}", lambda db: _load_session(db, sid, now))
 
@@ -323,7 +333,7 @@ class SQLiteStore:
         self, session_id: str, *, owner: str, pid: int, host: str, ttl: float
     ) -> LeaseRow:
         """Take the session's lease for `ttl` s unless a live owner holds it (see base)."""
-        sid = _check_session_id(session_id)
+        sid = check_session_id(session_id)
         now = self._now()
         lease = LeaseRow(session_id=sid, owner=_check_text(owner, "lease owner"), pid=pid,
                          host=_check_text(host, "lease host"), expires_at=now + ttl)  # fmt: skip
@@ -331,12 +341,12 @@ class SQLiteStore:
 
     async def renew_lease(self, session_id: str, *, owner: str, ttl: float) -> bool:
         """Extend our lease by `ttl` s from now; False when it is no longer ours."""
-        sid = _check_session_id(session_id)
+        sid = check_session_id(session_id)
         until = self._now() + ttl
         return await self._run(f"renew lease of {sid!r}", lambda db: _renew(db, sid, owner, until))
 
     async def release_lease(self, session_id: str, *, owner: str) -> None:
-        sid = _check_session_id(session_id)
+        sid = check_session_id(session_id)
         await self._run(f"release lease of {sid!r}", lambda db: _release(db, sid, owner))
 
     # -- health ---------------------------------------------------------------------
@@ -542,6 +552,39 @@ def _user_by_digest(db: Database, digest: str) -> dict[str, Any] | None:
     if row is None:
         return None
     return {"id": row[0], "name": row[1], "role": row[2], "created_at": row[3]}
+
+
+def read_only_stats(path: Path) -> dict[str, int]:
+    """Row count per table of an existing database, opened read-only (blocking).
+
+    For `navi doctor`, which must not create or change anything: no WAL switch, no
+    schema, no parent folders. StoreError when the file is not a navi database.
+    """
+    # Read-only still creates the -wal and -shm files of a WAL database when they are
+    # absent (the last close checkpointed and removed them). Then the main file holds
+    # everything, and "immutable" reads it without creating anything.
+    wal = path.with_name(path.name + "-wal")
+    mode = "mode=ro" if wal.exists() else "mode=ro&immutable=1"
+    uri = f"file:{urllib.parse.quote(str(path))}?{mode}"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open {path} read-only: {exc}") from None
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{path} has schema version {version}; this navi knows {SCHEMA_VERSION}"
+            )
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        missing = [t for t in _TABLES if t not in names]
+        if missing:
+            raise StoreError(f"{path} is not a navi database (no table {', '.join(missing)})")
+        return {t: int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]) for t in _TABLES}
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot read {path}: {exc}") from None
+    finally:
+        conn.close()
 
 
 def _stats(db: Database) -> dict[str, int]:
