@@ -22,9 +22,14 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from kvfake_tasks import MemoryKV
+from test_task_supervisor import running_supervisor
 
 from navi_trio.core.lease import SessionLeases
+from navi_trio.core.task_notes import drain_notes
+from navi_trio.core.tasks import RUNNING_SCOPE
 from navi_trio.errors import SessionBusyError
+from navi_trio.settings import Settings
 from navi_trio.store._lease import pid_alive
 from navi_trio.store._schema import _connect, _init_schema, _prepare
 from navi_trio.store.base import SessionRow
@@ -190,3 +195,23 @@ async def lease_of(store: SQLiteStore, sid: str) -> tuple[str, float] | None:
         return None if row is None else (row[0], row[1])
 
     return await store._run("read lease", read)
+
+
+# -- background task markers of another process --------------------------------------
+
+
+async def test_a_start_reports_only_markers_whose_process_is_gone_as_lost() -> None:
+    kv = MemoryKV()
+    mine = {"session_id": "s1", "task_id": "bt-live", "tool": "terminal",
+            "pid": os.getppid(), "host": HOST}  # fmt: skip
+    dead = {**mine, "task_id": "bt-dead", "pid": dead_pid()}
+    old = {k: v for k, v in mine.items() if k not in ("pid", "host")} | {"task_id": "bt-old"}
+    for marker in (mine, dead, old):
+        await kv.kv_set(RUNNING_SCOPE, f"s1:{marker['task_id']}", marker)
+    with trio.fail_after(TIMEOUT):
+        async with running_supervisor(kv=kv):
+            text = await drain_notes(kv, Settings(), "s1")
+    # Another live process on this host runs bt-live: its marker stays, no note.
+    assert kv.keys(RUNNING_SCOPE) == ["s1:bt-live"]
+    assert text is not None and "bt-dead" in text and "bt-old" in text
+    assert "bt-live" not in text

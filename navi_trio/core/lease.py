@@ -31,6 +31,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from navi_trio.errors import SessionBusyError, StoreError
+from navi_trio.store._lease import pid_alive as pid_alive
 from navi_trio.store.base import LeaseRow, SessionStore
 
 log = logging.getLogger(__name__)
