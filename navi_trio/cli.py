@@ -5,10 +5,11 @@
     navi run [--session ID] [--profile P] [--cwd DIR] [--events] ... "message"
 
 `main` parses the arguments, runs the subcommand under `trio.run` and turns every
-failure into one line ``navi: error: ...`` on stderr and a non-zero exit code (1; 130 on
-Ctrl-C). A traceback is printed only with ``NAVI_DEBUG=1``: the person at the shell
-needs the reason, not our stack. ``navi serve`` and ``navi chat`` will be further
-subparsers; `_COMMANDS` is where they plug in.
+failure into one line ``navi: error: ...`` on stderr and a non-zero exit code (1; 128 +
+the signal when a run was stopped by Ctrl-C, SIGTERM or SIGHUP). A traceback is printed
+only with ``NAVI_DEBUG=1``: the person at the shell needs the reason, not our stack.
+``navi serve`` and ``navi chat`` will be further subparsers; `_COMMANDS` is where they
+plug in.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run one turn in-process and print the answer",
         description="Run one turn of the agent in-process and print the final answer "
-        "as it streams. Ctrl-C stops the run cleanly (the partial answer is saved).",
+        "as it streams. Ctrl-C, SIGTERM or SIGHUP stops the run cleanly (the partial "
+        "answer is saved), and it waits for its background tasks before it exits.",
     )
     run.add_argument("message", help="the user message ('-' reads it from stdin)")
     run.add_argument("--session", metavar="ID", help="continue this session (default: new)")
