@@ -15,6 +15,7 @@ plug in.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import os
@@ -245,6 +246,25 @@ def _message_text(args: argparse.Namespace) -> str:
     return str(text)
 
 
+def _output_gone(*streams: TextIO) -> tuple[TextIO, TextIO]:
+    """After a hang-up the terminal is gone: send the rest of the output nowhere.
+
+    The descriptors are pointed at /dev/null too, so flushing what is still buffered
+    (now or at exit) cannot fail a run that is stopping cleanly.
+    """
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for stream in streams:
+            try:
+                os.dup2(null, stream.fileno())
+            except (OSError, ValueError, io.UnsupportedOperation):
+                pass  # not a real file (a test's StringIO): nothing to redirect
+    finally:
+        os.close(null)
+    sink = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives until exit
+    return sink, sink
+
+
 @attrs.define(eq=False)
 class _StopHandler:
     """What the first stop signal does right now: stop the run, later cancel the jobs."""
@@ -332,7 +352,12 @@ async def run_turn(
                 async with rt.agent.run_stream(session_id, msg, control=control) as events:
                     async for event in events:
                         seq += 1
-                        _show(event, args.events, session_id, seq, outcome, out, err)
+                        try:
+                            _show(event, args.events, session_id, seq, outcome, out, err)
+                        except OSError:
+                            if outcome.signal is None:
+                                raise
+                            out, err = _output_gone(out, err)
                 await _wait_for_background(rt.supervisor, session_id, stopper, err)
             nursery.cancel_scope.cancel()
     if outer.cancelled_caught and outcome.signal is None:

@@ -191,6 +191,32 @@ async def test_a_stop_signal_kills_the_tools_processes_and_saves_the_stopped_tur
     assert "stopped" in saved[2]["content"].lower()
 
 
+async def test_sighup_after_the_terminal_is_gone_still_stops_cleanly(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    # A hang-up usually means the terminal went away: writing the rest of the answer
+    # fails. The run must still stop cleanly, save the partial answer and exit 129.
+    async with fake_llm(tmp_path, [{"text": "partial answer", "stall": True}]) as url:
+        proc = await start_navi("run", "--session", "s-hup", "--llm-url", url, "hi",
+                                env=env, cwd=tmp_path)  # fmt: skip
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            with trio.fail_after(DEADLINE):
+                await _read_until(proc.stdout, b"partial answer")
+                await proc.stdout.aclose()  # nobody reads the output any more
+                proc.send_signal(signal.SIGHUP)
+                code = await proc.wait()
+                err = b""
+                while chunk := await proc.stderr.receive_some():
+                    err += chunk
+        finally:
+            await reap(proc)
+    assert code == 129, err.decode()
+    assert b"Traceback" not in err and b"Exception ignored" not in err, err.decode()
+    saved = await messages(tmp_path / "navi.db", "s-hup")
+    assert saved[-1]["content"] == "partial answer" and saved[-1].get("stopped") is True
+
+
 # ------------------------------------------------------------------ background jobs
 
 
