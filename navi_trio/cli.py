@@ -217,10 +217,6 @@ class _RunOutcome:
     signal: int | None = None  # the first stop signal (SIGINT, SIGTERM, SIGHUP)
     printed_text: bool = False
 
-    @property
-    def interrupted(self) -> bool:
-        return self.signal is not None
-
 
 # Stop signals are handled alike: the first stops the run cleanly (partial answer saved,
 # tool processes killed), a second one quits without waiting for that.
@@ -282,8 +278,11 @@ class _StopHandler:
                 return
             self.outcome.signal = signum
             self.action()
-            name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-            _say(self.err, f"navi: {name}: stopping {self.what} (Ctrl-C again to quit now)")
+            if signum == signal.SIGINT:
+                name, again = "Ctrl-C", "Ctrl-C again to quit now"
+            else:
+                name, again = signal.Signals(signum).name, "a second signal quits at once"
+            _say(self.err, f"navi: {name}: stopping {self.what} ({again})")
 
     def switch(self, action: Callable[[], None], what: str) -> None:
         self.action, self.what = action, what

@@ -28,6 +28,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import attrs
 import trio
 
 from navi_trio.errors import SessionBusyError, StoreError
@@ -48,6 +49,12 @@ def busy_message(session_id: str, holder: LeaseRow) -> str:
     )
 
 
+@attrs.define
+class _Holds:
+    count: int = 0  # holds of one session open in this runtime
+    claimed: bool = False  # one of them won the claim: the row is ours to release
+
+
 class SessionLeases:
     """This runtime's leases. One per runtime (its owner id), never module-level."""
 
@@ -57,18 +64,20 @@ class SessionLeases:
         self.pid = os.getpid()
         self.host = socket.gethostname() or "localhost"
         self.owner = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:12]}"
-        self._holds: dict[str, int] = {}  # session id -> nested holds in this runtime
+        self._holds: dict[str, _Holds] = {}  # session id -> its holds in this runtime
 
     @asynccontextmanager
     async def hold(self, session_id: str) -> AsyncIterator[None]:
         """Hold the session's lease for the block; raise SessionBusyError if taken."""
-        self._holds[session_id] = self._holds.get(session_id, 0) + 1
+        entry = self._holds.setdefault(session_id, _Holds())
+        entry.count += 1
         try:
             holder = await self._store.claim_lease(
                 session_id, owner=self.owner, pid=self.pid, host=self.host, ttl=self.ttl
             )
             if holder.owner != self.owner:
                 raise SessionBusyError(busy_message(session_id, holder))
+            entry.claimed = True
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._renew, session_id)
@@ -82,10 +91,11 @@ class SessionLeases:
                     raise group.exceptions[0] from None
                 raise
         finally:
-            self._holds[session_id] -= 1
-            if not self._holds[session_id]:
+            entry.count -= 1
+            if not entry.count:
                 del self._holds[session_id]
-                await self._release(session_id)
+                if entry.claimed:  # not after a refused or failed claim: no row of ours
+                    await self._release(session_id)
 
     async def _renew(self, session_id: str) -> None:
         lost = False
