@@ -82,6 +82,9 @@ def check_session_id(session_id: object) -> str:
     return session_id
 
 
+_check_session_id = check_session_id  # the name the methods below use
+
+
 def _check_text(value: object, name: str, *, allow_empty: bool = False) -> str:
     if not isinstance(value, str) or (not allow_empty and not value):
         raise StoreError(f"{name} must be a non-empty string, got {value!r}")
@@ -183,7 +186,7 @@ class SQLiteStore:
         user_id: str = "local",
         meta: dict[str, Any] | None = None,
     ) -> SessionRow:
-        sid = check_session_id(session_id) if session_id is not None else _new_session_id()
+        sid = _check_session_id(session_id) if session_id is not None else _new_session_id()
         now = self._now()
         row = SessionRow(
             id=sid,
@@ -199,7 +202,7 @@ class SQLiteStore:
         return row
 
     async def get_session(self, session_id: str) -> SessionRow | None:
-        sid = check_session_id(session_id)
+        sid = _check_session_id(session_id)
         return await self._run(f"get session {sid!r}", lambda db: _get_session(db, sid))
 
     async def list_sessions(self, user_id: str | None = None) -> list[SessionRow]:
@@ -216,7 +219,7 @@ class SQLiteStore:
         meta: dict[str, Any] | None = None,
     ) -> None:
         """Change the given fields (meta is replaced whole) and bump updated_at."""
-        sid = check_session_id(session_id)
+        sid = _check_session_id(session_id)
         changes: dict[str, Any] = {"updated_at": self._now()}
         if profile_id is not None:
             changes["profile_id"] = _check_text(profile_id, "profile_id")
@@ -228,7 +231,7 @@ class SQLiteStore:
 
     async def delete_session(self, session_id: str) -> bool:
         """Delete the session, its history, context and kv rows keyed `sid` or `sid:…`."""
-        sid = check_session_id(session_id)
+        sid = _check_session_id(session_id)
         return await self._run(f"delete session {sid!r}", lambda db: _delete_session(db, sid))
 
     # -- history --------------------------------------------------------------------
@@ -241,7 +244,7 @@ class SQLiteStore:
         context: Sequence[dict[str, Any]] = (),
     ) -> None:
         """Append new display messages and context entries in one transaction."""
-        sid = check_session_id(session_id)
+        sid = _check_session_id(session_id)
         msg_rows = _prepare(messages, "messages")
         ctx_rows = _prepare(context, "context")
         if not msg_rows and not ctx_rows:
@@ -253,20 +256,20 @@ class SQLiteStore:
         )
 
     async def load_messages(self, session_id: str) -> list[dict[str, Any]]:
-        sid = check_session_id(session_id)
+        sid = _check_session_id(session_id)
         return await self._run(
             f"load messages of {sid!r}", lambda db: _load_history(db, "messages", sid)
         )
 
     async def load_context(self, session_id: str) -> list[dict[str, Any]]:
-        sid = check_session_id(session_id)
+        sid = _check_session_id(session_id)
         return await self._run(
             f"load context of {sid!r}", lambda db: _load_history(db, "context", sid)
         )
 
     async def replace_context(self, session_id: str, context: Sequence[dict[str, Any]]) -> None:
         """Compression only: swap the whole LLM context in one transaction."""
-        sid = check_session_id(session_id)
+        sid = _check_session_id(session_id)
         rows = _prepare(context, "context")
         now = self._now()
         await self._run(
@@ -279,7 +282,7 @@ class SQLiteStore:
         Call it when no run of this session is live: a run's in-flight tool calls look
         dangling until their results are appended.
         """
-        sid = check_session_id(session_id)
+        sid = _check_session_id(session_id)
         now = self._now()
         return await self._run(f"load session {sid!r}", lambda db: _load_session(db, sid, now))
 
@@ -333,7 +336,7 @@ class SQLiteStore:
         self, session_id: str, *, owner: str, pid: int, host: str, ttl: float
     ) -> LeaseRow:
         """Take the session's lease for `ttl` s unless a live owner holds it (see base)."""
-        sid = check_session_id(session_id)
+        sid = _check_session_id(session_id)
         now = self._now()
         lease = LeaseRow(session_id=sid, owner=_check_text(owner, "lease owner"), pid=pid,
                          host=_check_text(host, "lease host"), expires_at=now + ttl)  # fmt: skip
@@ -341,12 +344,12 @@ class SQLiteStore:
 
     async def renew_lease(self, session_id: str, *, owner: str, ttl: float) -> bool:
         """Extend our lease by `ttl` s from now; False when it is no longer ours."""
-        sid = check_session_id(session_id)
+        sid = _check_session_id(session_id)
         until = self._now() + ttl
         return await self._run(f"renew lease of {sid!r}", lambda db: _renew(db, sid, owner, until))
 
     async def release_lease(self, session_id: str, *, owner: str) -> None:
-        sid = check_session_id(session_id)
+        sid = _check_session_id(session_id)
         await self._run(f"release lease of {sid!r}", lambda db: _release(db, sid, owner))
 
     # -- health ---------------------------------------------------------------------
