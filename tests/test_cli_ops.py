@@ -255,8 +255,9 @@ async def test_run_waits_for_its_background_task_and_keeps_its_note(
     assert note["status"] == "completed" and "bg-result-42" in note["summary"]
 
 
-async def test_ctrl_c_while_waiting_cancels_the_background_tasks(
-    env: dict[str, str], tmp_path: Path
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+async def test_a_stop_signal_while_waiting_cancels_the_background_tasks(
+    env: dict[str, str], tmp_path: Path, signum: int
 ) -> None:
     fifo = tmp_path / "pids"
     os.mkfifo(fifo)
@@ -271,14 +272,14 @@ async def test_ctrl_c_while_waiting_cancels_the_background_tasks(
                 watch = PidWatch(pids)
                 try:
                     await _read_until(proc.stderr, b"Ctrl-C to cancel them")
-                    proc.send_signal(signal.SIGINT)
+                    proc.send_signal(signum)
                     code, _, err = await finish(proc)
                     await watch.wait_exited()
                 finally:
                     watch.close()
         finally:
             await reap(proc)
-    assert code == 130, err
+    assert code == 128 + signum, err
     assert all(is_gone(p) for p in pids), pids
     (note,) = await notes(tmp_path / "navi.db", "s-bgc")
     assert note["status"] == "cancelled"
