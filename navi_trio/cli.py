@@ -8,21 +8,24 @@
     navi serve | users | sessions | tasks        (the daemon: see cli_daemon.py)
 
 `main` parses the arguments, runs the subcommand under `trio.run` and turns every
-failure into one line ``navi: error: ...`` on stderr and a non-zero exit code (1; 130 on
-Ctrl-C). A traceback is printed only with ``NAVI_DEBUG=1``: the person at the shell
-needs the reason, not our stack. ``navi serve`` and ``navi chat`` will be further
-subparsers; `_COMMANDS` is where they plug in.
+failure into one line ``navi: error: ...`` on stderr and a non-zero exit code (1; 128 +
+the signal when a run was stopped by Ctrl-C, SIGTERM or SIGHUP). A traceback is printed
+only with ``NAVI_DEBUG=1``: the person at the shell needs the reason, not our stack.
+``navi serve`` and ``navi chat`` will be further subparsers; `_COMMANDS` is where they
+plug in.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import os
 import signal
 import sys
 import traceback
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -40,7 +43,7 @@ from navi_trio.doctor import LLM_PING_TIMEOUT as LLM_PING_TIMEOUT
 from navi_trio.doctor import collect_doctor as collect_doctor
 from navi_trio.doctor import ping_llm as ping_llm
 from navi_trio.doctor import print_doctor as print_doctor
-from navi_trio.errors import ConfigError, NaviError
+from navi_trio.errors import ConfigError, NaviError, StoreError
 from navi_trio.events import (
     AgentEvent,
     ErrorEvent,
@@ -51,9 +54,10 @@ from navi_trio.events import (
 from navi_trio.llm.factory import BACKENDS
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
+from navi_trio.store.sqlite import check_session_id
 
 if TYPE_CHECKING:
-    from navi_trio.core.agent import RunControl
+    from navi_trio.core.tasks import Job, TaskSupervisor
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -108,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run one turn in-process and print the answer",
         description="Run one turn of the agent in-process and print the final answer "
-        "as it streams. Ctrl-C stops the run cleanly (the partial answer is saved).",
+        "as it streams. Ctrl-C, SIGTERM or SIGHUP stops the run cleanly (the partial "
+        "answer is saved), and it waits for its background tasks before it exits.",
     )
     run.add_argument("message", help="the user message ('-' reads it from stdin)")
     run.add_argument("--session", metavar="ID", help="continue this session (default: new)")
@@ -160,12 +165,54 @@ def load_settings(args: argparse.Namespace, environ: dict[str, str] | None = Non
             f"NAVI_LLM_BACKEND={settings.llm_backend!r} is not a known LLM backend "
             f"(expected one of: {', '.join(BACKENDS)})"
         )
-    if not settings.llm_url.startswith(("http://", "https://")):
-        raise ConfigError(
-            f"LLM URL {settings.llm_url!r} (--llm-url or OLLAMA_HOST): expected an http:// or "
-            "https:// URL"
-        )
-    return settings
+    return attrs.evolve(settings, llm_url=normalize_llm_url(settings.llm_url))
+
+
+_OLLAMA_PORT = 11434
+# Listening on "all interfaces" means "this machine" to a client, as Ollama reads it.
+_ANY_ADDRESS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "[::1]"}
+
+
+def normalize_llm_url(url: str) -> str:
+    """The LLM URL as a client uses it; accepts what Ollama accepts in OLLAMA_HOST.
+
+    A full http(s) URL stays as it is. A bare ``host[:port][/path]`` gets ``http://``
+    and Ollama's port 11434 when none is given; the any-address hosts 0.0.0.0 and ::
+    (what a server listens on) become the loopback address. ConfigError otherwise.
+    """
+    text = url.strip()
+    if "://" not in text:
+        hostport, slash, path = text.partition("/")
+        host, port = _split_host_port(hostport)
+        host = f"[{host}]" if ":" in host else host
+        text = f"http://{host}:{port or _OLLAMA_PORT}{slash}{path}"
+    parts = urllib.parse.urlsplit(text)
+    where = f"LLM URL {_cut(url)!r} (--llm-url or OLLAMA_HOST)"
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{where}: expected an http:// or https:// URL or host[:port]")
+    try:
+        number = parts.port
+    except ValueError:
+        raise ConfigError(f"{where}: the port is not a number from 1 to 65535") from None
+    host = parts.hostname or ""
+    if host in _ANY_ADDRESS:
+        netloc = _ANY_ADDRESS[host] + (f":{number}" if number is not None else "")
+        parts = parts._replace(netloc=netloc)
+    return urllib.parse.urlunsplit(parts)
+
+
+def _split_host_port(hostport: str) -> tuple[str, str]:
+    if hostport.startswith("["):  # [v6]:port
+        host, _, rest = hostport[1:].partition("]")
+        return host, rest.removeprefix(":")
+    if hostport.count(":") == 1:
+        host, _, port = hostport.partition(":")
+        return host, port
+    return hostport, ""  # a name, an IPv4 address, or a bare IPv6 address
+
+
+def _cut(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 1]}… ({len(text)} characters)"
 
 
 # ------------------------------------------------------------------------- doctor
@@ -195,8 +242,25 @@ def new_session_id() -> str:
 class _RunOutcome:
     end: StreamEnd | None = None
     error: str | None = None  # the last top-level error message, already printed
-    interrupted: bool = False
+    signal: int | None = None  # the first stop signal (SIGINT, SIGTERM, SIGHUP)
     printed_text: bool = False
+
+
+# Stop signals are handled alike: the first stops the run cleanly (partial answer saved,
+# tool processes killed), a second one quits without waiting for that.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def exit_code_for(signum: int) -> int:
+    """The shell's convention: 128 + the signal number (130 Ctrl-C, 143 SIGTERM)."""
+    return 128 + signum
+
+
+def _say(err: TextIO, text: str) -> None:
+    try:
+        print(text, file=err, flush=True)
+    except (OSError, ValueError):
+        pass  # the terminal is gone (SIGHUP): stopping cleanly matters more than saying so
 
 
 def _message_text(args: argparse.Namespace) -> str:
@@ -206,20 +270,79 @@ def _message_text(args: argparse.Namespace) -> str:
     return str(text)
 
 
-async def _watch_sigint(
-    signals: AsyncIterator[int],
-    control: RunControl,
-    outcome: _RunOutcome,
-    outer: trio.CancelScope,
-    err: TextIO,
+def _output_gone(*streams: TextIO) -> tuple[TextIO, TextIO]:
+    """After a hang-up the terminal is gone: send the rest of the output nowhere.
+
+    The descriptors are pointed at /dev/null too, so flushing what is still buffered
+    (now or at exit) cannot fail a run that is stopping cleanly.
+    """
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for stream in streams:
+            try:
+                os.dup2(null, stream.fileno())
+            except (OSError, ValueError, io.UnsupportedOperation):
+                pass  # not a real file (a test's StringIO): nothing to redirect
+    finally:
+        os.close(null)
+    sink = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives until exit
+    return sink, sink
+
+
+@attrs.define(eq=False)
+class _StopHandler:
+    """What the first stop signal does right now: stop the run, later cancel the jobs."""
+
+    outcome: _RunOutcome
+    outer: trio.CancelScope
+    err: TextIO
+    action: Callable[[], None]
+    what: str = "the run"
+
+    async def watch(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            if self.outcome.signal is not None:
+                self.outer.cancel()  # the second signal: stop waiting for the clean stop
+                return
+            self.outcome.signal = signum
+            self.action()
+            if signum == signal.SIGINT:
+                name, again = "Ctrl-C", "Ctrl-C again to quit now"
+            else:
+                name, again = signal.Signals(signum).name, "a second signal quits at once"
+            _say(self.err, f"navi: {name}: stopping {self.what} ({again})")
+
+    def switch(self, action: Callable[[], None], what: str) -> None:
+        self.action, self.what = action, what
+        if self.outcome.signal is not None:
+            action()  # a signal already came: do not start waiting at all
+
+
+async def _wait_for_background(
+    supervisor: TaskSupervisor, session_id: str, stopper: _StopHandler, err: TextIO
 ) -> None:
-    async for _ in signals:
-        if outcome.interrupted:
-            outer.cancel()  # second Ctrl-C: stop waiting for the clean stop
-            return
-        outcome.interrupted = True
-        control.stop()
-        print("navi: stopping the run (Ctrl-C again to quit now)", file=err, flush=True)
+    """`navi run` is the only process that can finish its background jobs: wait.
+
+    Their results become task notes in the store, read by the session's next turn.
+    A stop signal cancels them (each still leaves a "cancelled" note).
+    """
+
+    def running() -> list[Job]:
+        return [job for job in supervisor.list_jobs(session_id) if not job.finished]
+
+    def cancel_all() -> None:
+        for job in running():
+            supervisor.cancel(session_id, job.task_id)
+
+    jobs = running()
+    if not jobs:
+        return
+    _say(err, f"navi: waiting for {len(jobs)} background task(s)… Ctrl-C to cancel them")
+    stopper.switch(cancel_all, "the background task(s)")
+    while jobs:  # a background sub-agent may start further jobs while we wait
+        for job in jobs:
+            await job.done.wait()
+        jobs = running()
 
 
 async def run_turn(
@@ -234,29 +357,38 @@ async def run_turn(
     from navi_trio.core.agent import RunControl, UserMessage
     from navi_trio.runtime import open_runtime
 
-    session_id = args.session or new_session_id()
+    session_id = args.session if args.session is not None else new_session_id()
     control = RunControl()
     outcome = _RunOutcome()
     cwd = (args.cwd or Path.cwd()).expanduser().resolve()
     if not cwd.is_dir():
         raise UsageError(f"--cwd {cwd}: not a directory")
-    with trio.CancelScope() as outer, trio.open_signal_receiver(signal.SIGINT) as signals:
+    with trio.CancelScope() as outer, trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        stopper = _StopHandler(outcome, outer, err, control.stop)
         async with open_runtime(settings, config=source) as rt, trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_sigint, signals, control, outcome, outer, err)
-            if await rt.store.get_session(session_id) is not None and args.profile:
-                state = await rt.agent.cache.get(session_id)
-                if state.profile_id != args.profile:
-                    await rt.agent.cache.set_profile(state, args.profile)
+            nursery.start_soon(stopper.watch, signals)
             print(f"session: {session_id}", file=err, flush=True)
-            msg = UserMessage(text, cwd=cwd, profile_id=args.profile)
-            seq = 0
-            async with rt.agent.run_stream(session_id, msg, control=control) as events:
-                async for event in events:
-                    seq += 1
-                    _show(event, args.events, session_id, seq, outcome, out, err)
+            # The lease before anything reads the session: another process may run it.
+            async with rt.agent.leases.hold(session_id):
+                if await rt.store.get_session(session_id) is not None and args.profile:
+                    state = await rt.agent.cache.get(session_id)
+                    if state.profile_id != args.profile:
+                        await rt.agent.cache.set_profile(state, args.profile)
+                msg = UserMessage(text, cwd=cwd, profile_id=args.profile)
+                seq = 0
+                async with rt.agent.run_stream(session_id, msg, control=control) as events:
+                    async for event in events:
+                        seq += 1
+                        try:
+                            _show(event, args.events, session_id, seq, outcome, out, err)
+                        except OSError:
+                            if outcome.signal is None:
+                                raise
+                            out, err = _output_gone(out, err)
+                await _wait_for_background(rt.supervisor, session_id, stopper, err)
             nursery.cancel_scope.cancel()
-    if outer.cancelled_caught:
-        outcome.interrupted = True
+    if outer.cancelled_caught and outcome.signal is None:
+        outcome.signal = signal.SIGINT
     return outcome
 
 
@@ -300,6 +432,11 @@ def _show(
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.session is not None:
+        try:
+            check_session_id(args.session)
+        except StoreError as exc:
+            raise UsageError(f"--session: {exc}") from None
     settings = load_settings(args)
     text = _message_text(args)
     source = ConfigSource(settings.config_path)
@@ -311,8 +448,8 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         )
     outcome = trio.run(run_turn, settings, source, args, text, out, err)
     end = outcome.end
-    if outcome.interrupted:
-        return EXIT_INTERRUPTED
+    if outcome.signal is not None:
+        return exit_code_for(outcome.signal)
     if end is None:
         print("navi: error: the run ended without a result", file=err)
         return EXIT_ERROR
@@ -425,7 +562,13 @@ def _logging_handler(debug: bool) -> logging.Handler:
                 record.stack_info = None
             return super().format(record)
 
+    def reported_elsewhere(record: logging.LogRecord) -> bool:
+        # A logged exception reaches the user as the command's own one error line (an
+        # error event, or main's); the log record of it is for NAVI_DEBUG=1 only.
+        return debug or not record.exc_info
+
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(reported_elsewhere)
     handler.setFormatter(OneLine("navi: %(levelname)s: %(name)s: %(message)s"))
     handler.setLevel(logging.DEBUG if debug else logging.WARNING)
     return handler

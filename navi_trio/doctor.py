@@ -19,7 +19,7 @@ from navi_trio.api.remote import DEFAULT_URL, daemon_answers
 from navi_trio.errors import ConfigError, NaviError
 from navi_trio.profiles import AgentProfile, NaviConfig, check_config, load_config
 from navi_trio.settings import Settings
-from navi_trio.store.sqlite import SQLiteStore
+from navi_trio.store.sqlite import read_only_stats
 
 LLM_PING_TIMEOUT = 3.0
 
@@ -221,14 +221,17 @@ async def collect_doctor(settings: Settings, daemon_url: str = DEFAULT_URL) -> d
         )
     report["config"] = config
 
+    # Read-only: the doctor reports, it never creates or changes the database.
     db: dict[str, Any] = {"path": str(settings.db_path), "existed": settings.db_path.exists()}
-    try:
-        async with SQLiteStore.open(settings.db_path) as store:
-            db["tables"] = await store.stats()
-        db["ok"] = True
-    except NaviError as exc:
-        db.update(ok=False, error=str(exc))
-        report["errors"].append(str(exc))
+    if not db["existed"]:
+        db.update(ok=True, tables=None)
+    else:
+        try:
+            db["tables"] = await trio.to_thread.run_sync(read_only_stats, settings.db_path)
+            db["ok"] = True
+        except NaviError as exc:
+            db.update(ok=False, error=str(exc))
+            report["errors"].append(str(exc))
     report["db"] = db
 
     llm = {"backend": settings.llm_backend, **await ping_llm(settings)}
@@ -287,11 +290,11 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
     else:
         line("", c["error"])
     d = r["db"]
-    state = "exists" if d["existed"] else "did not exist: created now"
+    state = "exists" if d["existed"] else "no database yet: the first run creates it"
     line("db", f"{d['path']}  ({state})")
-    if d["ok"]:
+    if d["ok"] and d["tables"] is not None:
         line("", "rows: " + ", ".join(f"{k}={v}" for k, v in sorted(d["tables"].items())))
-    else:
+    elif not d["ok"]:
         line("", f"BROKEN: {d['error']}")
     m = r["llm"]
     line("llm", f"{m['backend']} {m['url']}")

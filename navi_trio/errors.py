@@ -19,7 +19,8 @@ The tree::
     │   ├── NotFoundError           not_found: no such session or task
     │   ├── LimitError              limit: too many connections or sessions for a user
     │   ├── BusyError               busy: compact while a run is active
-    │   ├── SessionBusyError        session_busy: delete while a run is active or queued
+    │   ├── SessionBusyError        session_busy: another process runs it (its lease), or a
+    │   │                           delete while a run is active or queued
     │   ├── UnsupportedError        unsupported: a frame type kept for a later version
     │   └── UnavailableError        internal: the daemon is shutting down
     └── LLMError                    anything that went wrong talking to the model
@@ -129,6 +130,9 @@ class BusyError(RequestError):
 
 
 class SessionBusyError(RequestError):
+    """The session is in use: another process holds its lease (the message names it), or
+    a client asked to delete it while a run is active or queued."""
+
     code = "session_busy"
 
 

@@ -167,12 +167,13 @@ async def test_doctor_with_the_llm_down_warns_and_exits_0(
     assert str(REPO_ROOT / "config" / "config.json") in done.out
     for pid in PROFILES:
         assert f"- {pid}" in done.out
-    assert str(tmp_path / "navi.db") in done.out and "created now" in done.out
-    assert "sessions=0" in done.out
+    assert str(tmp_path / "navi.db") in done.out and "no database yet" in done.out
     assert "DOWN" in done.out and f"warning: the LLM at {url}/api/tags" in done.out
     assert "num_ctx 8192" in done.out and "first chunk 90 s" in done.out
-    assert (tmp_path / "navi.db").exists()
+    assert not (tmp_path / "navi.db").exists()  # the doctor never writes
 
+    async with SQLiteStore.open(tmp_path / "navi.db"):
+        pass
     done = await navi("doctor", "--llm-url", url, "--json", env=env, cwd=tmp_path)
     report = json.loads(done.out)
     assert done.code == 0 and report["ok"] is True

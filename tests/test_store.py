@@ -88,7 +88,7 @@ async def test_sqlite_store_satisfies_the_session_store_protocol(tmp_path: Path)
         async with open_store(tmp_path / "n.db") as store:
             as_protocol: SessionStore = store  # mypy checks the signatures match
             names = [n for n in dir(SessionStore) if not n.startswith("_")]
-            assert len(names) == 23  # 17 + the users/ownership methods of the daemon
+            assert len(names) == 26  # 17 + users/ownership (daemon) + leases
             assert all(inspect.iscoroutinefunction(getattr(as_protocol, n)) for n in names)
 
 
@@ -96,7 +96,7 @@ def test_store_package_exports_what_it_promises() -> None:
     import navi_trio.store as pkg
 
     assert sorted(pkg.__all__) == sorted(
-        ["LoadedSession", "SQLiteStore", "SessionRow", "SessionStore", "open_store",
+        ["LeaseRow", "LoadedSession", "SQLiteStore", "SessionRow", "SessionStore", "open_store",
          "repair_dangling_tool_calls"]
     )  # fmt: skip
     assert all(hasattr(pkg, name) for name in pkg.__all__)

@@ -35,6 +35,7 @@ from navi_trio.core import runvars
 from navi_trio.core.compression import Compressor
 from navi_trio.core.context import ContextBuilder
 from navi_trio.core.emit import EventReceiver, EventSender, SendsNowait, open_event_channel
+from navi_trio.core.lease import SessionLeases
 from navi_trio.core.planning import PlanningPrompts
 from navi_trio.core.services import RunServices
 from navi_trio.core.session import SessionCache, SessionState
@@ -51,6 +52,7 @@ from navi_trio.errors import (
     LLMStatusError,
     LLMTimeoutError,
     NothingToCompactError,
+    SessionBusyError,
 )
 from navi_trio.events import (
     AgentEvent,
@@ -144,6 +146,7 @@ class Agent:
         self.builder = ContextBuilder(settings, self.counter)
         self.executor = ToolExecutor(registry, settings, supervisor)
         self.cache = SessionCache(store, config.current.default_profile)
+        self.leases = SessionLeases(store)  # one process runs a session at a time
         self._generation = config.generation
         self.planning_prompts = PlanningPrompts.load(self.prompts_dir)
 
@@ -235,7 +238,11 @@ class Agent:
         async with send:
             emit = _emitter(send)
             try:
-                await self._run_turn(session_id, msg, emit, control)
+                async with self.leases.hold(session_id):
+                    await self._run_turn(session_id, msg, emit, control)
+            except SessionBusyError as exc:
+                emit(ErrorEvent(message=str(exc), code="session_busy"))
+                emit(StreamEnd(reason="error"))
             except Exception as exc:  # our own bug: say so and keep the daemon alive
                 log.exception("run of session %s failed", session_id)
                 emit(

@@ -21,7 +21,8 @@ swept lazily (on submit / list / get) after `tasks_ttl_sec`, and at most
 
 Jobs die with the process. Their running markers do not: on the next start, `run()`
 turns every leftover marker into a "lost" completion note before it takes submissions,
-so the agent learns the job is gone instead of waiting for it forever.
+so the agent learns the job is gone instead of waiting for it forever. A marker of
+another live process on this host (a `navi run` sharing the database) is left alone.
 """
 
 from __future__ import annotations
@@ -29,13 +30,16 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import os
 import secrets
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
 import trio
 
+from navi_trio.core.lease import pid_alive
 from navi_trio.core.task_notes import record_note
 from navi_trio.errors import TaskRejectedError
 from navi_trio.events import AgentEvent, TaskUpdate
@@ -141,6 +145,8 @@ class TaskSupervisor:
             return
         for key, marker in markers:
             info = marker if isinstance(marker, dict) else {}
+            if _runs_in_another_process(info):
+                continue  # another navi process on this DB runs it: not lost
             session_id = str(info.get("session_id") or key.partition(":")[0])
             task_id = str(info.get("task_id") or key.rpartition(":")[2])
             args = str(info.get("args_summary") or "")
@@ -378,4 +384,17 @@ class TaskSupervisor:
             "tool": job.tool,
             "args_summary": job.args_summary,
             "is_spawn": job.is_spawn,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
         }
+
+
+def _runs_in_another_process(marker: dict[str, Any]) -> bool:
+    """The marker's job belongs to another live process on this host (same database)."""
+    pid = marker.get("pid")
+    return (
+        isinstance(pid, int)
+        and pid != os.getpid()
+        and marker.get("host") == socket.gethostname()
+        and pid_alive(pid)
+    )

@@ -5,6 +5,7 @@ implementation (one SQLite file, WAL, one worker thread). A PostgreSQL store wou
 new module implementing the same protocol.
 """
 
+from navi_trio.store.base import LeaseRow as LeaseRow
 from navi_trio.store.base import LoadedSession as LoadedSession
 from navi_trio.store.base import SessionRow as SessionRow
 from navi_trio.store.base import SessionStore as SessionStore
@@ -14,6 +15,7 @@ from navi_trio.store.sqlite import SQLiteStore as SQLiteStore
 open_store = SQLiteStore.open
 
 __all__ = [
+    "LeaseRow",
     "LoadedSession",
     "SQLiteStore",
     "SessionRow",

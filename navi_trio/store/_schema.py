@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -97,13 +98,43 @@ def _connect(path: Path, synchronous: str, busy_timeout: float) -> Database:
         raise
 
 
+@contextmanager
+def _write_tx(db: Database) -> Iterator[Database]:
+    """One write transaction that takes the write lock first: ``BEGIN IMMEDIATE``.
+
+    Why not sqlite-utils' ``atomic()`` (a deferred ``BEGIN``): a deferred transaction
+    reads first and upgrades to a writer at its first write. In WAL mode, if another
+    process committed in between, the upgrade fails at once with "database is locked"
+    (SQLITE_BUSY_SNAPSHOT) and the busy timeout is never consulted. Taking the lock at
+    BEGIN makes every writer wait its turn for up to the busy timeout instead. Nested
+    inside an open transaction, this is a savepoint.
+    """
+    if db.conn.in_transaction:
+        with db.atomic():
+            yield db
+        return
+    db.conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        if db.conn.in_transaction:
+            db.conn.execute("ROLLBACK")
+        raise
+    try:
+        db.conn.execute("COMMIT")
+    except BaseException:
+        if db.conn.in_transaction:
+            db.conn.execute("ROLLBACK")
+        raise
+
+
 def _init_schema(db: Database) -> None:
     version = db.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
         raise StoreError(
             f"the database has schema version {version}; this navi knows {SCHEMA_VERSION}"
         )
-    with db.atomic():
+    with _write_tx(db):
         db.table("sessions").create(
             {"id": str, "profile_id": str, "title": str, "user_id": str,
              "created_at": float, "updated_at": float, "meta": str},
@@ -137,6 +168,13 @@ def _init_schema(db: Database) -> None:
         db.table("users").create_index(
             ["token_sha256"], index_name="users_token", unique=True, if_not_exists=True
         )
+        # Who runs a session right now (store/_lease.py). No foreign key: a run leases
+        # its session before the session row exists. Old databases gain the table here.
+        db.table("leases").create(
+            {"session_id": str, "owner": str, "pid": int, "host": str, "expires_at": float},
+            pk="session_id", not_null=["owner", "pid", "host", "expires_at"],
+            if_not_exists=True,
+        )  # fmt: skip
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 

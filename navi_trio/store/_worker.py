@@ -19,7 +19,9 @@ from navi_trio.errors import StoreError
 from navi_trio.store._schema import _connect
 
 T = TypeVar("T")
-BUSY_TIMEOUT_S = 5.0
+# How long a write waits for another process's write lock before "database is locked".
+# Commits take milliseconds; waiting long is cheap, failing a run mid-save is not.
+BUSY_TIMEOUT_S = 30.0
 
 
 class _Job(Generic[T]):

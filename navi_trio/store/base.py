@@ -10,6 +10,9 @@ Contract every implementation keeps:
 - A save appends what is new. Only `replace_context` (compression) rewrites anything.
 - `load_session` pairs every dangling assistant tool call with a placeholder result
   (`repair_dangling_tool_calls`) and persists the placeholders, so it is idempotent.
+- `claim_lease` returns the lease's holder after the attempt: the claimer's own row
+  when it won; the live holder's when not. A claim takes over an expired lease, and
+  a lease whose process (same host) is gone.
 - Failures raise `navi_trio.errors.StoreError` naming the operation.
 """
 
@@ -40,6 +43,17 @@ class LoadedSession:
     messages: list[dict[str, Any]]
     context: list[dict[str, Any]]
     repaired: int = 0
+
+
+@attrs.frozen
+class LeaseRow:
+    """Who runs a session: `owner` (one per runtime), its `pid` and `host`, until when."""
+
+    session_id: str
+    owner: str
+    pid: int
+    host: str
+    expires_at: float  # wall-clock seconds (time.time())
 
 
 class SessionStore(Protocol):
@@ -95,6 +109,13 @@ class SessionStore(Protocol):
     async def remove_user(self, name: str) -> bool: ...
     async def rotate_user_token(self, name: str, token: str) -> bool: ...
     async def count_sessions(self, user_id: str) -> int: ...
+
+    # leases: one owner runs a session at a time, across processes
+    async def claim_lease(
+        self, session_id: str, *, owner: str, pid: int, host: str, ttl: float
+    ) -> LeaseRow: ...
+    async def renew_lease(self, session_id: str, *, owner: str, ttl: float) -> bool: ...
+    async def release_lease(self, session_id: str, *, owner: str) -> None: ...
 
     # health
     async def stats(self) -> dict[str, int]: ...

@@ -27,7 +27,9 @@ import hashlib
 import json
 import logging
 import re
+import sqlite3
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -38,6 +40,7 @@ import trio
 from sqlite_utils import Database
 
 from navi_trio.errors import StoreError
+from navi_trio.store._lease import _claim, _release, _renew
 from navi_trio.store._schema import (
     _HISTORY,
     _SESSION_COLS,
@@ -47,11 +50,12 @@ from navi_trio.store._schema import (
     _prepare,
     _Row,
     _session_from,
+    _write_tx,
 )
 from navi_trio.store._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from navi_trio.store._worker import BUSY_TIMEOUT_S as BUSY_TIMEOUT_S
 from navi_trio.store._worker import _Job, _Worker
-from navi_trio.store.base import LoadedSession, SessionRow
+from navi_trio.store.base import LeaseRow, LoadedSession, SessionRow
 from navi_trio.store.repair import repair_dangling_tool_calls
 
 logger = logging.getLogger(__name__)
@@ -59,15 +63,26 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@+=-]{0,127}")
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+_ID_SHOWN_MAX = 60  # an error message quotes at most this much of a bad session id
 
 
-def _check_session_id(session_id: object) -> str:
+def check_session_id(session_id: object) -> str:
+    """`session_id` if it is a valid id; StoreError naming it (cut when long) if not."""
     if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
+        if isinstance(session_id, str) and not session_id:
+            raise StoreError("the session id is empty")
+        shown = repr(session_id)
+        if len(shown) > _ID_SHOWN_MAX:
+            size = f"{len(session_id)} characters" if isinstance(session_id, str) else "long"
+            shown = f"{shown[: _ID_SHOWN_MAX - 1]}… ({size})"
         raise StoreError(
-            f"invalid session id {session_id!r}: use 1-128 letters, digits or . _ @ + = -"
+            f"invalid session id {shown}: use 1-128 letters, digits or . _ @ + = -"
             " (not starting with . @ + = -)"
         )
     return session_id
+
+
+_check_session_id = check_session_id  # the name the methods below use
 
 
 def _check_text(value: object, name: str, *, allow_empty: bool = False) -> str:
@@ -344,6 +359,28 @@ class SQLiteStore:
         _check_text(user_id, "user id")
         return await self._run(f"count sessions of {user_id}", lambda db: _count(db, user_id))
 
+    # -- leases ---------------------------------------------------------------------
+
+    async def claim_lease(
+        self, session_id: str, *, owner: str, pid: int, host: str, ttl: float
+    ) -> LeaseRow:
+        """Take the session's lease for `ttl` s unless a live owner holds it (see base)."""
+        sid = _check_session_id(session_id)
+        now = self._now()
+        lease = LeaseRow(session_id=sid, owner=_check_text(owner, "lease owner"), pid=pid,
+                         host=_check_text(host, "lease host"), expires_at=now + ttl)  # fmt: skip
+        return await self._run(f"claim lease of {sid!r}", lambda db: _claim(db, lease, now))
+
+    async def renew_lease(self, session_id: str, *, owner: str, ttl: float) -> bool:
+        """Extend our lease by `ttl` s from now; False when it is no longer ours."""
+        sid = _check_session_id(session_id)
+        until = self._now() + ttl
+        return await self._run(f"renew lease of {sid!r}", lambda db: _renew(db, sid, owner, until))
+
+    async def release_lease(self, session_id: str, *, owner: str) -> None:
+        sid = _check_session_id(session_id)
+        await self._run(f"release lease of {sid!r}", lambda db: _release(db, sid, owner))
+
     # -- health ---------------------------------------------------------------------
 
     async def stats(self) -> dict[str, int]:
@@ -374,7 +411,7 @@ def _require_session(db: Database, sid: str) -> None:
 
 
 def _insert_session(db: Database, row: SessionRow, meta_json: str) -> None:
-    with db.atomic():
+    with _write_tx(db):
         if db.execute("SELECT 1 FROM sessions WHERE id = ?", [row.id]).fetchone() is not None:
             raise StoreError(f"session {row.id!r} already exists")
         db.execute(
@@ -396,13 +433,13 @@ def _list_sessions(db: Database, user_id: str | None) -> list[SessionRow]:
 def _update_session(db: Database, sid: str, changes: dict[str, Any]) -> None:
     # Column names come from update_session's fixed keyword set, never from callers.
     sets = ", ".join(f"{col} = ?" for col in changes)
-    with db.atomic():
+    with _write_tx(db):
         _require_session(db, sid)
         db.execute(f"UPDATE sessions SET {sets} WHERE id = ?", [*changes.values(), sid])
 
 
 def _delete_session(db: Database, sid: str) -> bool:
-    with db.atomic():
+    with _write_tx(db):
         for table in _HISTORY:
             db.execute(f"DELETE FROM {table} WHERE session_id = ?", [sid])
         # substr, not LIKE: ids may contain LIKE's wildcard `_`.
@@ -432,7 +469,7 @@ def _next_positions(db: Database, table: str, sid: str, count: int) -> list[floa
 
 
 def _append(db: Database, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float) -> None:
-    with db.atomic():
+    with _write_tx(db):
         _require_session(db, sid)
         for table, rows in (("messages", msg_rows), ("context", ctx_rows)):
             if rows:
@@ -450,7 +487,7 @@ def _load_history(db: Database, table: str, sid: str) -> list[dict[str, Any]]:
 
 
 def _replace_context(db: Database, sid: str, rows: list[_Row], now: float) -> None:
-    with db.atomic():
+    with _write_tx(db):
         _require_session(db, sid)
         db.execute("DELETE FROM context WHERE session_id = ?", [sid])
         _insert_history(db, "context", sid, rows, [float(i) for i in range(1, len(rows) + 1)], now)
@@ -483,7 +520,7 @@ def _load_session(db: Database, sid: str, now: float) -> LoadedSession | None:
     loaded: dict[str, list[dict[str, Any]]] = {}
     repaired = 0
     # One job on the one thread: no append can slip between reading and repairing.
-    with db.atomic():
+    with _write_tx(db):
         for table in _HISTORY:
             records = db.execute(
                 f"SELECT position, data FROM {table} WHERE session_id = ? ORDER BY position",
@@ -508,16 +545,18 @@ def _kv_get(db: Database, scope: str, key: str) -> Any | None:
 
 
 def _kv_set(db: Database, scope: str, key: str, value: str, now: float) -> None:
-    db.execute(
-        "INSERT INTO kv (scope, key, value, updated_at) VALUES (?, ?, ?, ?)"
-        " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
-        " updated_at = excluded.updated_at",
-        [scope, key, value, now],
-    )
+    with _write_tx(db):
+        db.execute(
+            "INSERT INTO kv (scope, key, value, updated_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
+            " updated_at = excluded.updated_at",
+            [scope, key, value, now],
+        )
 
 
 def _kv_delete(db: Database, scope: str, key: str) -> None:
-    db.execute("DELETE FROM kv WHERE scope = ? AND key = ?", [scope, key])
+    with _write_tx(db):
+        db.execute("DELETE FROM kv WHERE scope = ? AND key = ?", [scope, key])
 
 
 def _kv_list(db: Database, scope: str, prefix: str) -> list[tuple[str, Any]]:
@@ -529,7 +568,7 @@ def _kv_list(db: Database, scope: str, prefix: str) -> list[tuple[str, Any]]:
 
 
 def _insert_user(db: Database, user: dict[str, Any], digest: str) -> None:
-    with db.atomic():
+    with _write_tx(db):
         if db.execute("SELECT 1 FROM users WHERE token_sha256 = ?", [digest]).fetchone():
             raise StoreError("a user with this token already exists; tokens must be unique")
         db.execute(
@@ -575,12 +614,45 @@ def _remove_user(db: Database, name: str) -> bool:
 
 
 def _rotate_token(db: Database, name: str, digest: str) -> bool:
-    with db.atomic():
+    with _write_tx(db):
         if db.execute("SELECT 1 FROM users WHERE token_sha256 = ?", [digest]).fetchone():
             raise StoreError("a user with this token already exists; tokens must be unique")
         return bool(
             db.execute("UPDATE users SET token_sha256 = ? WHERE name = ?", [digest, name]).rowcount
         )
+
+
+def read_only_stats(path: Path) -> dict[str, int]:
+    """Row count per table of an existing database, opened read-only (blocking).
+
+    For `navi doctor`, which must not create or change anything: no WAL switch, no
+    schema, no parent folders. StoreError when the file is not a navi database.
+    """
+    # Read-only still creates the -wal and -shm files of a WAL database when they are
+    # absent (the last close checkpointed and removed them). Then the main file holds
+    # everything, and "immutable" reads it without creating anything.
+    wal = path.with_name(path.name + "-wal")
+    mode = "mode=ro" if wal.exists() else "mode=ro&immutable=1"
+    uri = f"file:{urllib.parse.quote(str(path))}?{mode}"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open {path} read-only: {exc}") from None
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{path} has schema version {version}; this navi knows {SCHEMA_VERSION}"
+            )
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        missing = [t for t in _TABLES if t not in names]
+        if missing:
+            raise StoreError(f"{path} is not a navi database (no table {', '.join(missing)})")
+        return {t: int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]) for t in _TABLES}
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot read {path}: {exc}") from None
+    finally:
+        conn.close()
 
 
 def _stats(db: Database) -> dict[str, int]:

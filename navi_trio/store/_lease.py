@@ -1,0 +1,79 @@
+"""Session leases on the worker thread: which process runs a session right now.
+
+A lease row says "owner X (pid, host) runs this session until expires_at". The holder
+renews it while its run lives. A claim wins when there is no row, the row is the
+claimer's own, the row has expired, or the row's process is gone (same host, pid no
+longer alive): a crashed process never blocks a session for longer than one TTL, and
+on its own host not even that.
+"""
+
+from __future__ import annotations
+
+import os
+
+from sqlite_utils import Database
+
+from navi_trio.store._schema import _write_tx
+from navi_trio.store.base import LeaseRow
+
+_COLS = "session_id, owner, pid, host, expires_at"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (signal 0 probes only)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    except OSError:
+        return False
+    try:  # a zombie is dead too (in a container, PID 1 may never reap it)
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False  # gone since the probe
+    except (OSError, IndexError):
+        return True  # no /proc: trust the signal probe
+    return state not in ("Z", "X")
+
+
+def _lease_from(row: tuple[str, str, int, str, float]) -> LeaseRow:
+    return LeaseRow(session_id=row[0], owner=row[1], pid=row[2], host=row[3], expires_at=row[4])
+
+
+def _claim(db: Database, lease: LeaseRow, now: float) -> LeaseRow:
+    """Take the lease unless someone alive holds it; returns whoever holds it after."""
+    with _write_tx(db):
+        row = db.execute(
+            f"SELECT {_COLS} FROM leases WHERE session_id = ?", [lease.session_id]
+        ).fetchone()
+        if row is not None:
+            holder = _lease_from(row)
+            dead = holder.host == lease.host and not pid_alive(holder.pid)
+            if holder.owner != lease.owner and holder.expires_at > now and not dead:
+                return holder
+        db.execute(
+            f"INSERT INTO leases ({_COLS}) VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id)"
+            " DO UPDATE SET owner = excluded.owner, pid = excluded.pid, host = excluded.host,"
+            " expires_at = excluded.expires_at",
+            [lease.session_id, lease.owner, lease.pid, lease.host, lease.expires_at],
+        )
+        return lease
+
+
+def _renew(db: Database, sid: str, owner: str, expires_at: float) -> bool:
+    with _write_tx(db):
+        cursor = db.execute(
+            "UPDATE leases SET expires_at = ? WHERE session_id = ? AND owner = ?",
+            [expires_at, sid, owner],
+        )
+        return bool(cursor.rowcount)
+
+
+def _release(db: Database, sid: str, owner: str) -> None:
+    with _write_tx(db):
+        db.execute("DELETE FROM leases WHERE session_id = ? AND owner = ?", [sid, owner])
