@@ -40,7 +40,8 @@ from navi_trio.core.task_notes import collect_notes, remove_notes
 from navi_trio.core.task_supervisor import TaskSupervisor
 from navi_trio.core.tokens import TokenCounter
 from navi_trio.core.tool_executor import ToolExecutor
-from navi_trio.core.turn import LoopParts, Turn, TurnRunner, error_code, shielded
+from navi_trio.core.turn import TurnRunner, error_code, shielded
+from navi_trio.core.turn_state import LoopParts, Turn
 from navi_trio.errors import LLMError, NothingToCompactError
 from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd
 from navi_trio.llm.base import LLMBackend

@@ -16,7 +16,7 @@ import attrs
 
 from navi_trio.core import runvars
 from navi_trio.core.subagent import run_ephemeral
-from navi_trio.core.turn import LoopParts, Turn
+from navi_trio.core.turn_state import LoopParts, Turn
 from navi_trio.errors import ToolInputError
 from navi_trio.tools.base import ToolContext
 from navi_trio.tools.services import (

@@ -24,7 +24,8 @@ import trio
 
 from navi_trio.core import runvars
 from navi_trio.core.session import SessionState
-from navi_trio.core.turn import LoopParts, Turn, TurnRunner
+from navi_trio.core.turn import TurnRunner
+from navi_trio.core.turn_state import LoopParts, Turn
 from navi_trio.errors import ContextTooLargeError, LLMError
 from navi_trio.events import AgentEvent, ErrorEvent, SubagentFinished, SubagentStarted
 from navi_trio.store.base import SessionRow
