@@ -12,10 +12,16 @@ events of one turn are bounded by the turn itself. Leaving the ``async with`` ea
 stops the run (as Stop does).
 
 Stop is a cancel scope (`RunControl.stop()`): it takes effect at the next checkpoint in
-any phase — planning, prefill, streaming, a running tool. The clean-up that follows
-runs shielded: the partial answer is saved, every tool call without a result gets
-"stopped by the user", and StreamEnd says the run was stopped. The user message is
-saved (shielded) before anything else, so it is never lost.
+any phase — planning, prefill, streaming, a running tool. The turn's own runner
+(`TurnRunner.drive` in turn.py) does the clean-up that follows, shielded: the partial
+answer is saved, every tool call without a result gets "stopped by the user", and
+StreamEnd says the run was stopped. The user message is saved (shielded) before
+anything else, so it is never lost.
+
+The agent builds the parts a turn runs with once (`LoopParts`: settings, store, cache,
+backend, tools, executor, context builder, token counter, the live config, and the
+tool-context factory that gives tools their `RunServices`) and hands them to each
+runner; nothing below reaches back into the agent.
 """
 
 from __future__ import annotations
