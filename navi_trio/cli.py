@@ -57,7 +57,7 @@ from navi_trio.settings import Settings
 from navi_trio.store.sqlite import check_session_id
 
 if TYPE_CHECKING:
-    from navi_trio.core.tasks import Job, TaskSupervisor
+    from navi_trio.core.task_supervisor import Job, TaskSupervisor
 
 EXIT_OK = 0
 EXIT_ERROR = 1

@@ -90,7 +90,9 @@ class ToolEvent(AgentEvent):
 
 
 @attrs.frozen
-class ToolResult(AgentEvent):
+class ToolResultEvent(AgentEvent):
+    """A tool call's result on the event stream (the tool's own value is tools' ToolResult)."""
+
     call_id: str
     name: str
     ok: bool
@@ -193,7 +195,7 @@ EVENT_CLASSES: tuple[type[AgentEvent], ...] = (
     PlanCreated,
     ToolStarted,
     ToolEvent,
-    ToolResult,
+    ToolResultEvent,
     CompressionStarted,
     ContextCompressed,
     StreamEnd,
@@ -208,7 +210,12 @@ EVENT_CLASSES: tuple[type[AgentEvent], ...] = (
 
 _TAGS: dict[str, type[AgentEvent]] = {}
 for _cls in EVENT_CLASSES:
-    _tag = {"ErrorEvent": "error", "WarningEvent": "warning", "PlanCreated": "plan"}.get(
+    _tag = {
+        "ErrorEvent": "error",
+        "WarningEvent": "warning",
+        "PlanCreated": "plan",
+        "ToolResultEvent": "tool_result",
+    }.get(
         _cls.__name__, _snake(_cls.__name__)
     )
     _cls.type = _tag

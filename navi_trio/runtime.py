@@ -23,7 +23,7 @@ import trio
 from navi_trio.api.protocol import event_frame
 from navi_trio.core.agent import Agent
 from navi_trio.core.session_actor import SessionRegistry
-from navi_trio.core.tasks import TaskSupervisor
+from navi_trio.core.task_supervisor import TaskSupervisor
 from navi_trio.events import TaskUpdate
 from navi_trio.llm.base import LLMBackend
 from navi_trio.llm.factory import make_backend, make_client

@@ -169,6 +169,10 @@ class Settings:
     # leave waiting before they are merged or dropped; other events are never dropped.
     event_buffer_max: int = attrs.field(default=256, metadata=_env("NAVI_EVENT_BUFFER_MAX"))
 
+    def session_dir(self, session_id: str) -> Path:
+        """The session's own folder (file tools are confined to it and the run's cwd)."""
+        return self.data_dir / "sessions" / session_id
+
     @property
     def message_token_budget(self) -> int:
         """CONTEXT_MESSAGE_TOKEN_BUDGET, with 0 meaning num_ctx // 6."""

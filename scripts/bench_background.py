@@ -64,7 +64,7 @@ class TimedTool:
 def time_executor(h: Any, spans: list[float]) -> None:
     """Time every `execute_one` of the runtime's ToolExecutor (this bench's calls are
     all background ones)."""
-    executor = h.runtime.agent.executor
+    executor = h.runtime.agent.parts.executor
     inner = executor.execute_one
 
     async def timed(*args: Any, **kwargs: Any) -> ToolResult:

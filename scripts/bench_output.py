@@ -27,7 +27,7 @@ from pathlib import Path
 
 import trio
 
-from navi_trio.events import ToolEvent, ToolResult, event_to_dict
+from navi_trio.events import ToolEvent, ToolResultEvent, event_to_dict
 from navi_trio.profiles import load_config
 from navi_trio.settings import REPO_ROOT, Settings
 from navi_trio.testing import open_harness
@@ -48,7 +48,7 @@ async def one(size: int) -> dict[str, float | int]:
                     json.dumps(event_to_dict(event))  # what `navi run --events` does
                     events += 1
                     progress += isinstance(event, ToolEvent)
-                    if isinstance(event, ToolResult):
+                    if isinstance(event, ToolResultEvent):
                         result_chars = len(event.output or event.error or "")
             seconds = time.perf_counter() - started
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

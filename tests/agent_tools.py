@@ -144,15 +144,27 @@ def tool_contents(body: Mapping[str, Any]) -> list[str]:
 
 
 def assert_paired(messages: Sequence[Mapping[str, Any]]) -> None:
-    """Every assistant tool call has exactly one tool result with its id, after it."""
-    results: dict[str, int] = {}
-    for m in messages:
+    """Every assistant tool call is followed DIRECTLY by exactly one result with its id.
+
+    An assistant message with n tool calls is followed by n tool messages answering
+    those n calls (each once, none other, in any order); a tool message anywhere else
+    (a second result, an orphan, a result after a user message) fails.
+    """
+    i = 0
+    while i < len(messages):
+        m = messages[i]
         if m["role"] == "tool":
-            results[m["tool_call_id"]] = results.get(m["tool_call_id"], 0) + 1
-    for i, m in enumerate(messages):
-        for c in m.get("tool_calls") or ():
-            later = [x for x in messages[i + 1 :] if x.get("tool_call_id") == c["id"]]
-            assert len(later) == 1 and results[c["id"]] == 1, f"call {c} is not paired once"
+            raise AssertionError(f"message {i}: tool result {m.get('tool_call_id')!r} "
+                                 "does not follow its call")
+        calls = m.get("tool_calls") or ()
+        ids = [c["id"] for c in calls]
+        after = messages[i + 1 : i + 1 + len(ids)]
+        got = [x.get("tool_call_id") for x in after if x["role"] == "tool"]
+        assert sorted(got) == sorted(ids) and len(got) == len(after), (
+            f"message {i}: calls {ids} are not followed directly by their results "
+            f"(got {[(x['role'], x.get('tool_call_id')) for x in after]})"
+        )
+        i += 1 + len(ids)
 
 
 def assert_wire_paired(messages: Sequence[Mapping[str, Any]]) -> None:

@@ -169,7 +169,7 @@ async def test_delete_removes_messages_kv_and_folder(tmp_path: Path) -> None:
                 await c.until_end(sid)
                 await store.kv_set("todo", sid, [{"text": "x"}])
                 await store.kv_set("task_notes", f"{sid}:t-1", {"note": 1})
-                folder = d.harness.runtime.agent.session_dir(sid)
+                folder = d.harness.runtime.settings.session_dir(sid)
                 folder.mkdir(parents=True)
                 (folder / "f.txt").write_text("x")
                 done = await c.request({"type": "sessions", "action": "delete", "session_id": sid})

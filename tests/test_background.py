@@ -20,7 +20,7 @@ import trio
 from bg_tools import BACKGROUNDABLE, Kit, call, calls, make_kit, of_type, profile
 
 from navi_trio.core.task_notes import pending_notes
-from navi_trio.core.tasks import SPAWN_RING_SIZE, Job
+from navi_trio.core.task_supervisor import SPAWN_RING_SIZE, Job
 from navi_trio.core.tool_executor import BACKGROUND_HINT
 from navi_trio.events import SubagentStarted, ToolEvent, ToolStarted, WarningEvent
 from navi_trio.settings import DEFAULT_BACKGROUNDABLE

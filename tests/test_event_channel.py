@@ -21,7 +21,7 @@ from navi_trio.events import (
     TextDelta,
     ThinkingDelta,
     ToolEvent,
-    ToolResult,
+    ToolResultEvent,
     ToolStarted,
 )
 from navi_trio.testing import open_harness
@@ -63,7 +63,7 @@ async def test_a_stalled_reader_costs_merged_progress_not_memory() -> None:
         send.send_nowait(output("c1", i * 3, 3))
         if i % 1000 == 0:
             send.send_nowait(ToolEvent(call_id="c1", name="terminal", data={"note": i}))
-    send.send_nowait(ToolResult(call_id="c1", name="terminal", ok=True, output="done"))
+    send.send_nowait(ToolResultEvent(call_id="c1", name="terminal", ok=True, output="done"))
     for i in range(100_000):
         send.send_nowait(TextDelta(f"{i} "))
         send.send_nowait(TextDelta("x", is_subagent=True, agent_id="sub"))
@@ -74,7 +74,7 @@ async def test_a_stalled_reader_costs_merged_progress_not_memory() -> None:
     got = await drain(recv)
     # Every non-progress event, in order.
     assert [type(e) for e in got if not isinstance(e, ToolEvent | TextDelta)] == [
-        ToolStarted, ToolResult, StreamEnd
+        ToolStarted, ToolResultEvent, StreamEnd
     ]
     # Text is merged, never lost, and each source keeps its order.
     top = "".join(e.text for e in got if isinstance(e, TextDelta) and not e.is_subagent)
@@ -86,7 +86,7 @@ async def test_a_stalled_reader_costs_merged_progress_not_memory() -> None:
     assert outputs[-1].data["text"].endswith(str(300_000 - 1))
     assert stats.merged > 0 and stats.dropped > 0
     # Nothing after the result: the tool's events all come before it.
-    result_at = next(i for i, e in enumerate(got) if isinstance(e, ToolResult))
+    result_at = next(i for i, e in enumerate(got) if isinstance(e, ToolResultEvent))
     assert all(i < result_at for i, e in enumerate(got) if isinstance(e, ToolEvent))
 
 
@@ -115,7 +115,7 @@ async def test_a_slow_reader_of_a_chatty_run_gets_bounded_progress(tmp_path: Pat
                 stats = events.statistics()
                 got = await drain(events)
     kinds = [type(e) for e in got]
-    assert ToolStarted in kinds and ToolResult in kinds and kinds[-1] is StreamEnd
+    assert ToolStarted in kinds and ToolResultEvent in kinds and kinds[-1] is StreamEnd
     outputs = [e for e in got if isinstance(e, ToolEvent)]
     assert stats.merged > 0, stats
     assert len(outputs) <= 8, len(outputs)

@@ -647,7 +647,7 @@ def test_planning_mandatory_plans_every_non_casual_turn(
 async def test_a_review_cut_at_its_cap_ends_planning_with_one_warning(
     prompts: PlanningPrompts,
 ) -> None:
-    from navi_trio.core.llm_call import Reply
+    from navi_trio.core.llm_call import StreamedReply as Reply
     from navi_trio.events import WarningEvent
     from navi_trio.llm.base import DoneChunk
 

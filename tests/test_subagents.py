@@ -210,8 +210,8 @@ async def test_spawn_agent_shapes_the_system_prompt_and_transfers_context(
             await h.turn("s1", "hi", profile_id="pa")
             agent = h.runtime.agent
             cfg = agent.config()
-            sub_prompt = agent.builder.system_prompt(cfg, cfg.profile("pa"), subagent=True)
-            main_prompt = agent.builder.system_prompt(cfg, cfg.profile("pa"))
+            sub_prompt = agent.parts.builder.system_prompt(cfg, cfg.profile("pa"), subagent=True)
+            main_prompt = agent.parts.builder.system_prompt(cfg, cfg.profile("pa"))
             reqs = h.chat_requests
             assert system_texts(reqs[1])[0] == f"{sub_prompt}\n\n## Briefing\nB-FACTS"
             assert system_texts(reqs[3])[0] == "CUSTOM ONLY\n\n## Briefing\nB2"

@@ -19,7 +19,7 @@ import trio
 from bg_tools import BACKGROUNDABLE, Kit, call, calls, make_kit, of_type, profile, system_texts
 
 from navi_trio.core.task_notes import FOOTER, HEADER, NOTES_SCOPE, pending_notes
-from navi_trio.core.tasks import LOST_SUMMARY, Job
+from navi_trio.core.task_supervisor import LOST_SUMMARY, Job
 from navi_trio.testing import Harness, SessionDriver, open_harness
 
 TIMEOUT = 30

@@ -14,7 +14,7 @@ import trio
 import trio.testing
 from kvfake_tasks import MemoryKV
 
-from navi_trio.core.tasks import Job, TaskSupervisor
+from navi_trio.core.task_supervisor import Job, TaskSupervisor
 from navi_trio.events import TextDelta, ToolEvent, ToolStarted
 from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings
@@ -217,6 +217,6 @@ async def test_bad_arguments_get_clear_errors(autojump_clock: Any) -> None:
 
 
 async def test_without_a_supervisor_the_tool_says_so() -> None:
-    for svc in (None, types.SimpleNamespace()):
+    for svc in (None, types.SimpleNamespace(tasks=None)):
         result = await call(make_ctx("s1", svc), action="list")
         assert not result.ok and result.error == "background tasks are not available here"

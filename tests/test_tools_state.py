@@ -282,8 +282,15 @@ async def test_switch_profile_lists_valid_ids_on_a_bad_one(tmp_path: Path) -> No
     assert not missing.ok and "'profile_id'" in (missing.error or "")
 
 
+class NoSwitch(Switcher):
+    """Services that cannot switch (as a background job's): they say so."""
+
+    def switch_profile(self, profile_id: str) -> None:
+        raise ToolInputError("switching profiles is not available here")
+
+
 async def test_switch_profile_without_the_service_is_a_clear_failure(tmp_path: Path) -> None:
-    for services in (None, object()):
+    for services in (None, NoSwitch()):
         ctx = make_ctx(tmp_path, services=services)
         result = await call(SwitchProfileTool(), ctx, profile_id="coder")
         assert not result.ok and "not available here" in (result.error or "")

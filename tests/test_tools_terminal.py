@@ -264,21 +264,6 @@ async def test_pool_shutdown_kills_every_group_it_owns(tmp_path: Path) -> None:
     assert all(is_gone(p) for p in pids), pids
 
 
-async def test_pool_kill_session_kills_only_that_sessions_processes(tmp_path: Path) -> None:
-    pool = ProcessPool()
-    with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(pool.run)
-            for session in ("s1", "s1", "s2"):
-                await pool.open(session, "cat", tmp_path)
-            pids = [i.pid for i in pool.list("s1")]
-            await pool.kill_session("s1")
-            assert pool.list("s1") == [] and all(is_gone(p) for p in pids)
-            assert pool.list("s2")[0].running
-            assert await pool.open("s1", "cat", tmp_path) == "p1"
-            nursery.cancel_scope.cancel()
-
-
 async def test_pool_refuses_new_processes_when_not_running(tmp_path: Path) -> None:
     with pytest.raises(ToolInputError, match="not running"):
         await ProcessPool().open("s1", "cat", tmp_path)

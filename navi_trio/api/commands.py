@@ -32,7 +32,7 @@ from navi_trio.api.protocol import (
 )
 from navi_trio.core.agent import UserMessage
 from navi_trio.core.session_actor import SessionActor
-from navi_trio.core.tasks import Job
+from navi_trio.core.task_supervisor import Job
 from navi_trio.errors import (
     BusyError,
     ForbiddenError,
@@ -250,7 +250,7 @@ class Commands:
             self.rt.supervisor.cancel(session_id, job.task_id)
         deleted = await self.rt.store.delete_session(session_id)
         self.rt.agent.cache.forget(session_id)
-        folder = self.rt.agent.session_dir(session_id)
+        folder = self.rt.settings.session_dir(session_id)
         await trio.to_thread.run_sync(lambda: shutil.rmtree(folder, ignore_errors=True))
         log.info("session %s deleted by %s", session_id, self.user.name)
         await self.conn.send(

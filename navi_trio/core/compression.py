@@ -44,12 +44,12 @@ from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings
 
 from .context import is_kept_system
-from .llm_call import Reply, output_cap
+from .llm_call import StreamedReply, output_cap
 from .tokens import TokenCounter
 
-# complete(messages, purpose) -> the model's full answer (text, or a Reply holding it);
+# complete(messages, purpose) -> the model's full answer (text, or a StreamedReply holding it);
 # injected by the agent, which caps the answer at compression_max_tokens for PURPOSE.
-Complete = Callable[[list[dict[str, Any]], str], Awaitable["str | Reply"]]
+Complete = Callable[[list[dict[str, Any]], str], Awaitable["str | StreamedReply"]]
 
 SUMMARY_PREFIX = "[Summary of earlier conversation]"
 DEFAULT_PROMPT_FILE = "compression.md"
@@ -291,7 +291,7 @@ class Compressor:
         room = max(room - _FRAMING_ROOM - (carried - max_tokens), _FRAMING_ROOM)
         for chunk in _chunks(entries, room, self._counter):
             answer = await self._complete(_request(prompt, so_far, chunk), PURPOSE)
-            if isinstance(answer, Reply):
+            if isinstance(answer, StreamedReply):
                 answer = answer.content
             if not isinstance(answer, str) or not answer.strip():
                 raise LLMError(

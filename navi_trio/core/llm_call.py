@@ -24,7 +24,7 @@ from navi_trio.settings import Settings
 
 
 @attrs.define
-class Reply:
+class StreamedReply:
     """What one call produced so far. Filled while streaming, so a stop mid-stream still
     finds the partial text here."""
 
@@ -46,9 +46,9 @@ async def stream_reply(
     backend: LLMBackend,
     settings: Settings,
     request: ChatRequest,
-    reply: Reply,
+    reply: StreamedReply,
     emit: Callable[[AgentEvent], None] | None,
-) -> Reply:
+) -> StreamedReply:
     """Stream `request` into `reply`, emitting thinking/text deltas through `emit`.
 
     An answer longer than ``settings.answer_max_chars`` (text + thinking) raises

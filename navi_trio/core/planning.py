@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from navi_trio.core.llm_call import Reply, output_cap
+from navi_trio.core.llm_call import StreamedReply, output_cap
 from navi_trio.core.plan_text import MAX_MILESTONES as MAX_MILESTONES
 from navi_trio.core.plan_text import MAX_PLAN_STEPS as MAX_PLAN_STEPS
 from navi_trio.core.plan_text import REVIEW_SECTIONS as REVIEW_SECTIONS
@@ -40,8 +40,8 @@ from navi_trio.profiles import AgentProfile
 from navi_trio.settings import Settings
 
 # complete(messages, phase) -> the model's whole answer; phase is "analysis" | "review" |
-# "plan". A `Reply` also says why the model stopped (a cut phase is a failed one).
-Complete = Callable[[list[dict[str, Any]], str], Awaitable[str | Reply]]
+# "plan". A `StreamedReply` also says why the model stopped (a cut phase is a failed one).
+Complete = Callable[[list[dict[str, Any]], str], Awaitable[str | StreamedReply]]
 OnPhase = Callable[[PlanPhase | WarningEvent], None]
 
 # ---------------------------------------------------------------- prompts

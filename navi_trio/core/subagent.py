@@ -1,14 +1,16 @@
 """run_ephemeral: a non-persistent sub-agent with a temporary in-memory context.
 
-The sub-agent runs the same loop as a session turn (`TurnRunner`) on an in-memory
-`SessionState` that is never saved. Its events go to `publish`, marked
-``is_subagent=True`` and ``agent_id`` — the parent's stream for a synchronous
-spawn_agent call, the job's ring for a background one.
+The sub-agent runs the same loop as a session turn (`TurnRunner`, with the same
+`LoopParts`) on an in-memory `SessionState` that is never saved. It runs in a child task
+(DESIGN.md: "sub-agent … run_ephemeral in a child task"): the child runs in a copy of
+the caller's context, so nothing the sub-agent or its tools set in a ContextVar can
+reach the parent; `runvars.bound` gives it its own values. The child's nursery lives
+inside the caller's cancel scope, so the parent's Stop stops the sub-agent too; its own
+timeout is a `move_on_after` scope.
 
-ContextVars: the sub-agent binds its own values with `runvars.bound`, which restores
-the parent's on every exit path (success, failure, timeout, stop). It runs inside the
-parent's cancel scope, so the parent's Stop stops it too; its own timeout is a
-`move_on_after` scope.
+Its events go to `publish`, marked ``is_subagent=True`` and ``agent_id`` — the parent's
+stream for a synchronous spawn_agent call, the job's ring for a background one. A
+synchronous caller passes `usage_to` so the sub-agent's tokens count in its own turn.
 """
 
 from __future__ import annotations
@@ -16,32 +18,22 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
 from navi_trio.core import runvars
 from navi_trio.core.session import SessionState
-from navi_trio.core.turn import Turn, TurnRunner
+from navi_trio.core.turn import TurnRunner
+from navi_trio.core.turn_state import LoopParts, Turn
 from navi_trio.errors import ContextTooLargeError, LLMError
 from navi_trio.events import AgentEvent, ErrorEvent, SubagentFinished, SubagentStarted
 from navi_trio.store.base import SessionRow
-
-if TYPE_CHECKING:
-    from navi_trio.core.agent import Agent
+from navi_trio.tools.services import SubagentOutcome
 
 Publish = Callable[[AgentEvent], None]
 
 CONTEXT_TRANSFER_ACK = "Understood. I have the context from the parent conversation."
-
-
-@attrs.frozen
-class SubagentOutcome:
-    text: str
-    completed: bool
-    tokens: int
-    agent_id: str
 
 
 def _no_publish(_: AgentEvent) -> None:
@@ -49,7 +41,7 @@ def _no_publish(_: AgentEvent) -> None:
 
 
 async def run_ephemeral(
-    agent: Agent,
+    parts: LoopParts,
     user_message: str,
     profile_id: str | None,
     *,
@@ -63,13 +55,14 @@ async def run_ephemeral(
     timeout_seconds: float = 300.0,
     publish: Publish = _no_publish,
     user_id: str = "local",
+    usage_to: Callable[[int, int], None] | None = None,
 ) -> SubagentOutcome:
     agent_id = f"subagent_{secrets.token_hex(4)}"
-    cfg = agent.config()
+    cfg = parts.config.current()
     parent_profile_id: str | None = None
     if parent_session_id is not None:
         # The parent session from the DB: its current profile is the default one.
-        row = await agent.store.get_session(parent_session_id)
+        row = await parts.store.get_session(parent_session_id)
         if row is not None:
             parent_profile_id = row.profile_id
     profile = cfg.profile(profile_id or parent_profile_id)
@@ -79,9 +72,9 @@ async def run_ephemeral(
         system = custom_system_prompt
     elif inherit_system_prompt:
         parent = cfg.profile(parent_profile_id)
-        system = agent.builder.system_prompt(cfg, parent)
+        system = parts.builder.system_prompt(cfg, parent)
     if briefing:
-        base = system or agent.builder.system_prompt(cfg, profile, subagent=True)
+        base = system or parts.builder.system_prompt(cfg, profile, subagent=True)
         system = f"{base}\n\n## Briefing\n{briefing}"
 
     def forward(event: AgentEvent) -> None:
@@ -130,63 +123,79 @@ async def run_ephemeral(
         agent_id=agent_id,
         parent_session_id=parent_session_id,
         first_message=True,
+        usage_to=usage_to,
     )
-    runner = TurnRunner(agent, turn)
+    runner = TurnRunner(parts, turn)
     publish(
         SubagentStarted(
             profile_id=profile.id, task=user_message, is_subagent=True, agent_id=agent_id
         )
     )
+    ended: list[SubagentOutcome] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_run_child, runner, timeout_seconds, publish, ended.append)
+    return ended[0]
+
+
+async def _run_child(
+    runner: TurnRunner,
+    timeout_seconds: float,
+    publish: Publish,
+    done: Callable[[SubagentOutcome], None],
+) -> None:
+    """The sub-agent's own task: run the loop, say how it ended (also when stopped)."""
+    turn = runner.turn
+    agent_id = turn.agent_id or ""
     text = ""
-    completed = False
+    failure: str | None = "it was stopped"
     try:
         with runvars.bound(
-            session_id=parent_session_id or agent_id,
-            model=profile.model_or(agent.settings.default_model),
+            session_id=turn.parent_session_id or agent_id,
+            model=runner.model(),
         ):
             with trio.move_on_after(timeout_seconds) as timeout:
                 try:
                     await runner.run()
                     text = turn.final_text
-                except (LLMError, ContextTooLargeError) as exc:
-                    forward(ErrorEvent(message=str(exc), code="subagent_error"))
-                    text = f"[the sub-agent failed: {exc}]"
+                    failure = (
+                        None
+                        if turn.completed_normally
+                        else (
+                            f"it reached its iteration limit ({turn.limit}) without a final answer"
+                        )
+                    )
+                except ContextTooLargeError as exc:
+                    failure = f"its context outgrew the model's window: {exc}"
+                except LLMError as exc:
+                    failure = f"its LLM call failed: {exc}"
+                if failure is not None and not turn.ended:
+                    turn.emit(ErrorEvent(message=failure, code="subagent_error"))
+                    text = f"[the sub-agent failed: {failure}]"
             if timeout.cancelled_caught:
                 partial = turn.reply.content if turn.reply else ""
-                text = (partial + "\n" if partial else "") + (
-                    f"[the sub-agent timed out after {timeout_seconds:g} s]"
-                )
-        completed = turn.completed_normally and not timeout.cancelled_caught
+                failure = f"it timed out after {timeout_seconds:g} s"
+                text = (partial + "\n" if partial else "") + f"[the sub-agent {failure}]"
     finally:
         # Also when the parent's Stop cancels it: a client's sub-agent card closes.
+        completed = failure is None
         if not completed and not text:
             text = "[the sub-agent was stopped]"
-        tokens = turn.prompt_tokens + turn.completion_tokens
         publish(
             SubagentFinished(
                 completed=completed,
                 text=text[:2000],
-                tokens=tokens,
+                tokens=turn.prompt_tokens + turn.completion_tokens,
                 is_subagent=True,
                 agent_id=agent_id,
             )
         )
-    return SubagentOutcome(text=text, completed=completed, tokens=tokens, agent_id=agent_id)
-
-
-async def spawn_from_turn(
-    agent: Agent, parent: Turn, *, publish: Publish | None = None, task: str, **kwargs: Any
-) -> tuple[str, bool, int, str]:
-    """spawn_agent's service: run_ephemeral with the parent run's session and profile."""
-    profile_id = kwargs.pop("profile_id", None) or parent.profile.id
-    session_id = parent.parent_session_id or (None if not parent.persist else parent.state.id)
-    outcome = await run_ephemeral(
-        agent,
-        task,
-        profile_id,
-        parent_session_id=session_id,
-        publish=publish or parent.emit,
-        user_id=parent.user_id,
-        **kwargs,
+    done(
+        SubagentOutcome(
+            text=text,
+            completed=completed,
+            agent_id=agent_id,
+            prompt_tokens=turn.prompt_tokens,
+            completion_tokens=turn.completion_tokens,
+            failure=failure,
+        )
     )
-    return outcome.text, outcome.completed, outcome.tokens, outcome.agent_id

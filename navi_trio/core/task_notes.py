@@ -14,7 +14,7 @@ Each note is its own kv key, ``{session_id}:{wall time ns, 20 digits}:{task_id}`
 two jobs finishing at once never race a read-modify-write of a shared list: a writer
 adds its key first and trims the oldest keys beyond ``task_notes_max_pending`` after,
 which converges whatever the interleaving. Notes live in the store, so they survive a
-daemon restart (the jobs themselves do not; see ``core/tasks.py``).
+daemon restart (the jobs themselves do not; see ``core/task_supervisor.py``).
 """
 
 from __future__ import annotations

@@ -18,10 +18,9 @@ from typing import Any
 import attrs
 import trio
 
-from navi_trio.core.tasks import Job, TaskSupervisor
+from navi_trio.core.task_supervisor import Job, TaskSupervisor
 from navi_trio.errors import TaskRejectedError
-from navi_trio.events import AgentEvent, ToolEvent, ToolStarted
-from navi_trio.events import ToolResult as ToolResultEvent
+from navi_trio.events import AgentEvent, ToolEvent, ToolResultEvent, ToolStarted
 from navi_trio.llm.base import ToolCall
 from navi_trio.settings import Settings
 from navi_trio.tools.base import Tool, ToolContext, ToolRegistry, ToolResult, tool_schema
@@ -43,6 +42,10 @@ BACKGROUND_PARAM = {
 Publish = Callable[[AgentEvent], None]
 
 
+def _nothing(_: object) -> None:
+    return None
+
+
 def stopped_result() -> ToolResult:
     return ToolResult.fail(STOPPED_TEXT)
 
@@ -57,11 +60,6 @@ def tool_message(call: ToolCall, result: ToolResult) -> dict[str, Any]:
         "ok": result.ok,
     }
     return msg
-
-
-def args_summary(args: dict[str, Any], limit: int = 200) -> str:
-    text = json.dumps(args, ensure_ascii=False, sort_keys=True)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class ToolExecutor:
@@ -152,14 +150,22 @@ class ToolExecutor:
                 "receive the result. Run the call again without background."
             )
 
+        # What the job keeps: never the foreground run's channel (it may be long gone
+        # when the job speaks) nor the run itself (its history, its token totals) —
+        # only the services that outlive the run.
+        kept = attrs.evolve(
+            ctx,
+            emit=_nothing,
+            publish=_nothing,
+            services=ctx.services.detached() if ctx.services is not None else None,
+        )
+        call_id = ctx.call_id
+
         async def runner(job: Job) -> ToolResult:
             def emit(data: dict[str, Any]) -> None:
-                job.emit(ToolEvent(call_id=ctx.call_id, name=tool.name, data=data))
+                job.emit(ToolEvent(call_id=call_id, name=tool.name, data=data))
 
-            # Its own sink (the job's ring) — never the foreground run's channel, which
-            # may be long gone when the job speaks.
-            job_ctx = attrs.evolve(ctx, emit=emit, publish=job.emit, services=ctx.services)
-            result = await run_tool(tool, args, job_ctx)
+            result = await run_tool(tool, args, attrs.evolve(kept, emit=emit, publish=job.emit))
             if result.data and isinstance(result.data.get("tokens"), int):
                 job.tokens = result.data["tokens"]
             return result

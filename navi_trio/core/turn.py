@@ -1,45 +1,50 @@
-"""One turn of the agent loop (agent-loop.md "Tool-calling loop", steps 1-10).
+"""One turn of the agent loop (agent-loop.md "Tool-calling loop", steps 1-10), and how it ends.
 
-A `Turn` is the mutable state of one run; `TurnRunner` drives it. Everything that a
-stop must clean up lives on the Turn (the partial answer of the call being streamed,
-the tool calls that have no result yet), so the shielded clean-up in `agent.py` can
-save it no matter where the cancel landed.
+`TurnRunner` drives a `Turn` with the parts it is given as one frozen `LoopParts` (both
+in turn_state.py; the agent builds the parts once, the runner never sees the agent). A
+turn's clean-up lives here too: `TurnRunner.drive` runs the loop inside the run's cancel
+scope and ends the turn whatever happens — complete, stopped, failed (LLM error),
+crashed (our bug), context too large — saving the partial answer and pairing every
+tool call, shielded.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import Any
 
-import attrs
 import trio
 
 from navi_trio.core import planning
-from navi_trio.core.llm_call import Reply, chat_request, output_cap, stream_reply
+from navi_trio.core.llm_call import StreamedReply, chat_request, output_cap, stream_reply
 from navi_trio.core.tool_executor import execute_batch, stopped_result, tool_message
+from navi_trio.core.turn_state import LoopParts, Turn
+from navi_trio.errors import (
+    ContextTooLargeError,
+    LLMConnectionError,
+    LLMError,
+    LLMStatusError,
+    LLMTimeoutError,
+)
 from navi_trio.events import (
-    AgentEvent,
     CompressionStarted,
     ContextCompressed,
+    ErrorEvent,
     ModelInfo,
     PlanCreated,
     StreamEnd,
+    TextDelta,
     TodoStep,
     TodoUpdated,
+    ToolResultEvent,
     WarningEvent,
 )
 from navi_trio.llm.base import ToolCall
-from navi_trio.profiles import AgentProfile, NaviConfig
-from navi_trio.tools.base import ToolContext, ToolResult
+from navi_trio.tools.base import ToolContext
 from navi_trio.tools.memory import load_memories
 from navi_trio.tools.todo import fill_from_plan, load_todo
-
-if TYPE_CHECKING:
-    from navi_trio.core.agent import Agent
-    from navi_trio.core.session import SessionState
-
-Emit = Callable[[AgentEvent], None]
 
 # Ollama cuts a prompt over num_ctx silently and still answers 200: when the model
 # reports far fewer prompt tokens than we estimate we sent, the context was truncated.
@@ -49,89 +54,43 @@ TRUNCATION_RATIO = 0.6
 TRUNCATION_WINDOW_SHARE = 0.5
 
 
-@attrs.define(eq=False)
-class Turn:
-    state: SessionState
-    profile: AgentProfile
-    config: NaviConfig
-    user_text: str
-    emit: Emit
-    user_id: str = "local"
-    persist: bool = True
-    subagent: bool = False
-    system_override: str | None = None
-    exclude_tools: tuple[str, ...] = ()
-    max_iterations: int | None = None
-    agent_id: str | None = None
-    parent_session_id: str | None = None
-    first_message: bool = False
-    # Live state that clean-up after a stop needs.
-    reply: Reply | None = None
-    pending_calls: list[ToolCall] = attrs.field(factory=list)
-    results: dict[int, ToolResult] = attrs.field(factory=dict)
-    ended: bool = False
-    final_text: str = ""
-    iterations: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    completed_normally: bool = False
-    # Loop mechanics.
-    stall: int = 0
-    seen_calls: set[str] = attrs.field(factory=set)
-    replan: str | None = None
-    switch_to: str | None = None
-
-    @property
-    def limit(self) -> int:
-        return self.max_iterations or self.profile.max_iterations
-
-    def tool_names(self) -> list[str]:
-        p = self.profile
-        names = p.get_subagent_tools() if self.subagent else p.get_agent_tools()
-        return [n for n in names if n not in self.exclude_tools]
-
-    def end(self, event: StreamEnd) -> None:
-        self.ended = True
-        self.final_text = event.text
-        self.emit(event)
-
-
 class TurnRunner:
-    """Runs the loop of one turn with the agent's parts."""
+    """Runs the loop of one turn, and ends it whatever happens (`drive`)."""
 
-    def __init__(self, agent: Agent, turn: Turn) -> None:
-        self.agent = agent
+    def __init__(self, parts: LoopParts, turn: Turn) -> None:
+        self.parts = parts
         self.turn = turn
-        self.settings = agent.settings
+        self.settings = parts.settings
         self._todo: list[TodoStep] = []
 
     async def save(self) -> None:
         if self.turn.persist:
-            await self.agent.cache.save(self.turn.state)
+            await self.parts.cache.save(self.turn.state)
 
     def model(self) -> str:
         return self.turn.profile.model_or(self.settings.default_model)
 
     # -- the LLM, for planning and compression ------------------------------------
 
-    async def complete(self, messages: list[dict[str, Any]], purpose: str) -> Reply:
+    async def complete(self, messages: list[dict[str, Any]], purpose: str) -> StreamedReply:
         cap = output_cap(self.settings, self.turn.profile, purpose)
         request = chat_request(self.settings, messages, self.model(), max_tokens=cap)
-        reply = await stream_reply(self.agent.backend, self.settings, request, Reply(), None)
+        reply = await stream_reply(
+            self.parts.backend, self.settings, request, StreamedReply(), None
+        )
         self._count(reply)
         return reply
 
-    def _count(self, reply: Reply) -> None:
+    def _count(self, reply: StreamedReply) -> None:
         if reply.done is not None:
-            self.turn.prompt_tokens += reply.done.prompt_tokens
-            self.turn.completion_tokens += reply.done.completion_tokens
+            self.turn.count(reply.done.prompt_tokens, reply.done.completion_tokens)
 
     # -- compression --------------------------------------------------------------
 
     async def compress(self, reason: str, tokens: int, *, force: bool = False) -> bool:
         """Compress when over the threshold (or `force`) and would_compress() agrees."""
         t = self.turn
-        compressor = self.agent.compressor(self.complete)
+        compressor = self.parts.compressor(self.complete)
         if not force and not compressor.over_threshold(tokens):
             return False
         if not compressor.would_compress(t.state.context, profile=t.profile, shrink=force):
@@ -141,7 +100,7 @@ class TurnRunner:
             t.state.context, profile=t.profile, config=t.config, reason=reason, shrink=force
         )
         if t.persist:
-            await self.agent.cache.replace_context(t.state, outcome.context)
+            await self.parts.cache.replace_context(t.state, outcome.context)
         else:
             t.state.context = list(outcome.context)
         t.state.baseline.reset()
@@ -165,11 +124,11 @@ class TurnRunner:
             t.user_text,
             profile=t.profile,
             complete=self.complete,
-            prompts=self.agent.planning_prompts,
+            prompts=self.parts.config.planning_prompts,
             tools=t.tool_names(),
             profiles=sorted(cfg.profiles),
             on_phase=t.emit,
-            limits=planning.PlanLimits.of(self.settings, t.profile, self.agent.counter),
+            limits=planning.PlanLimits.of(self.settings, t.profile, self.parts.counter),
         )
         if not result.has_plan:
             return
@@ -179,30 +138,26 @@ class TurnRunner:
         event: PlanCreated = planning.plan_event(result)
         t.emit(event)
         texts = planning.plan_step_texts(result)
-        steps = await fill_from_plan(self.agent.store, self.todo_session(), texts)
+        steps = await fill_from_plan(self.parts.store, self.turn.todo_session(), texts)
         t.emit(TodoUpdated(steps=tuple(steps)))
-
-    def todo_session(self) -> str:
-        """Session-aware tools of a sub-agent work on the parent session's data."""
-        return self.turn.parent_session_id or self.turn.state.id
 
     # -- the loop -----------------------------------------------------------------
 
     async def run(self) -> None:
         t = self.turn
         # Pre-turn compression, from the real context (not a stored count).
-        await self.compress("pre_turn", self.agent.counter.estimate_messages(t.state.context))
+        await self.compress("pre_turn", self.parts.counter.estimate_messages(t.state.context))
         wants_plan = planning.should_plan(
             is_first_message=t.first_message, profile=t.profile, message=t.user_text
         )
         if wants_plan and (not t.subagent or t.profile.subagent_planning_enabled):
             await self.plan()
-        self._todo = await load_todo(self.agent.store, self.todo_session())
+        self._todo = await load_todo(self.parts.store, self.turn.todo_session())
 
         for iteration in range(t.limit):
             t.iterations = iteration + 1
             built = await self.build(iteration)
-            self.agent.builder.check_context_size(built, num_ctx=self.settings.num_ctx)
+            self.parts.builder.check_context_size(built, num_ctx=self.settings.num_ctx)
             reply = await self.call_llm(built)
             calls = reply.tool_calls
             if not calls:
@@ -215,10 +170,10 @@ class TurnRunner:
     async def build(self, iteration: int) -> list[dict[str, Any]]:
         """Steps 1-4: mid-turn compression, context with budget/anchor/warnings."""
         t = self.turn
-        memories = await load_memories(self.agent.store, t.user_id)
+        memories = await load_memories(self.parts.store, t.user_id)
         built = self._build(iteration, memories)
         if iteration > 0 or t.state.needs_compression:
-            estimate = t.state.baseline.real_baseline_estimate(built, self.agent.counter)
+            estimate = t.state.baseline.real_baseline_estimate(built, self.parts.counter)
             reason = "truncated_prompt" if t.state.needs_compression else "mid_turn"
             if await self.compress(reason, estimate, force=t.state.needs_compression):
                 built = self._build(iteration, memories)
@@ -261,7 +216,7 @@ class TurnRunner:
             )
         if t.replan:
             extra.append(_note(t.replan))
-        return self.agent.builder.build(
+        return self.parts.builder.build(
             config=t.config,
             profile=p,
             context=t.state.context,
@@ -271,23 +226,23 @@ class TurnRunner:
             subagent=t.subagent,
         )
 
-    async def call_llm(self, built: list[dict[str, Any]]) -> Reply:
+    async def call_llm(self, built: list[dict[str, Any]]) -> StreamedReply:
         """Steps 6-7: stream one answer; record the real baseline; check truthfulness."""
         t = self.turn
-        tools = self.agent.executor.schemas(self.agent.registry.select(t.tool_names()))
+        tools = self.parts.executor.schemas(self.parts.registry.select(t.tool_names()))
         think, cap = t.profile.think_enabled, output_cap(self.settings, t.profile, "answer")
         request = chat_request(
             self.settings, built, self.model(), tools=tools, think=think, max_tokens=cap
         )
-        t.reply = Reply()
-        reply = await stream_reply(self.agent.backend, self.settings, request, t.reply, t.emit)
+        t.reply = StreamedReply()
+        reply = await stream_reply(self.parts.backend, self.settings, request, t.reply, t.emit)
         self._count(reply)
         done = reply.done
         if done is not None:
             if done.model and done.model != t.state.last_model:
                 t.state.last_model = done.model
                 t.emit(ModelInfo(done.model))
-            estimate = self.agent.counter.estimate_messages(built)
+            estimate = self.parts.counter.estimate_messages(built)
             if (
                 done.prompt_tokens
                 and estimate >= self.settings.num_ctx * TRUNCATION_WINDOW_SHARE
@@ -315,13 +270,10 @@ class TurnRunner:
                 )
         return reply
 
-    async def finish(self, reply: Reply) -> None:
+    async def finish(self, reply: StreamedReply) -> None:
         """Step 8a: the final answer."""
         t = self.turn
-        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
-        if reply.thinking:
-            message["thinking"] = reply.thinking_text
-        t.state.add(message)
+        t.state.add(_assistant(reply))
         t.reply = None
         await self.save()
         t.completed_normally = True
@@ -338,7 +290,9 @@ class TurnRunner:
         t.emit(WarningEvent(message=f"reached max_iterations={t.limit}", code="max_iterations"))
         t.end(self.stream_end(text, reason="max_iterations"))
 
-    def stream_end(self, text: str, *, reason: str, reply: Reply | None = None) -> StreamEnd:
+    def stream_end(
+        self, text: str, *, reason: str, reply: StreamedReply | None = None
+    ) -> StreamEnd:
         t = self.turn
         return StreamEnd(
             text=text,
@@ -350,18 +304,11 @@ class TurnRunner:
             done_reason=reply.done.done_reason if reply and reply.done else None,
         )
 
-    async def run_tools(self, reply: Reply) -> None:
+    async def run_tools(self, reply: StreamedReply) -> None:
         """Step 8b: append the assistant call message, run the calls, append results."""
         t = self.turn
         calls = reply.tool_calls
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": reply.content,
-            "tool_calls": [c.to_message() for c in calls],
-        }
-        if reply.thinking:
-            message["thinking"] = reply.thinking_text
-        t.state.add(message)
+        t.state.add(_assistant(reply, tool_calls=[c.to_message() for c in calls]))
         t.reply = None
         t.pending_calls = list(calls)
         t.results = {}
@@ -371,7 +318,7 @@ class TurnRunner:
         if parallel is None:
             parallel = self.settings.parallel_tool_calls
         await execute_batch(
-            self.agent.executor, calls, ctx, t.tool_names(), t.emit, t.results, parallel=parallel
+            self.parts.executor, calls, ctx, t.tool_names(), t.emit, t.results, parallel=parallel
         )
         self.pair_results()
         await self.save()
@@ -384,13 +331,12 @@ class TurnRunner:
         t.pending_calls = []
 
     def tool_context(self) -> ToolContext:
-        t = self.turn
-        return self.agent.tool_context(t, session_id=self.todo_session())
+        return self.parts.tool_context(self.turn)
 
     async def after_tools(self, calls: list[ToolCall]) -> None:
         """Step 9-10: anti-stall counters, newly failed steps, profile switch."""
         t = self.turn
-        todo = await load_todo(self.agent.store, self.todo_session())
+        todo = await load_todo(self.parts.store, self.turn.todo_session())
         signatures = [
             json.dumps(
                 [call.name, call.arguments, t.results[i].content() if i in t.results else None],
@@ -418,8 +364,143 @@ class TurnRunner:
                     "(replace or add steps), then continue."
                 )
         if t.switch_to and t.switch_to != t.profile.id:
-            await self.agent.switch_profile(t, t.switch_to)
+            await self.switch_profile(t.switch_to)
         t.switch_to = None
+
+    async def switch_profile(self, profile_id: str) -> None:
+        """Step 10: the profile changed; reload it (and with it the tools)."""
+        t = self.turn
+        t.config = self.parts.config.current()
+        t.profile = t.config.profile(profile_id)
+        self.parts.builder.invalidate(profile_id)
+        if t.persist and not t.subagent:
+            await self.parts.cache.set_profile(t.state, profile_id)
+
+    # -- how a turn ends ------------------------------------------------------------
+
+    async def drive(self, scope: trio.CancelScope) -> None:
+        """Run the turn inside the run's cancel `scope` and end it whatever happens.
+
+        Stop cancels `scope`; a cancel from outside (the runtime shutting down) or our
+        own bug ends the turn the same way, then goes on. Every ending is shielded: the
+        history is left consistent (partial answer saved, every call paired).
+        """
+        turn = self.turn
+        try:
+            with scope:
+                try:
+                    await self.run()
+                except ContextTooLargeError as exc:
+                    await self._too_large(exc)
+                except LLMError as exc:
+                    await shielded(partial(self._failed, exc))
+                if turn.completed_normally and turn.persist:
+                    await self._run_workers()
+        except BaseException as exc:
+            if not turn.ended:
+                if _only_cancelled(exc):
+                    await shielded(self._stopped)
+                else:
+                    await shielded(self._crashed)
+            raise
+        if not turn.ended:
+            await shielded(self._stopped)
+
+    async def _run_workers(self) -> None:
+        """Workers run after StreamEnd: the compression worker.
+
+        The turn has already ended, so a failure here is a warning, never a second
+        StreamEnd; the context stays as it was and the next turn tries again.
+        """
+        turn = self.turn
+        try:
+            await self.compress("worker", self.parts.counter.estimate_messages(turn.state.context))
+        except LLMError as exc:
+            turn.emit(
+                WarningEvent(
+                    message=f"compressing the context after the answer failed: {exc}",
+                    code="compression_failed",
+                )
+            )
+
+    async def _save_partial(self, **marks: Any) -> str:
+        """Keep what the call being streamed produced; pair every call without a result."""
+        turn = self.turn
+        reply = turn.reply
+        text = reply.content if reply else ""
+        if reply is not None and (reply.text or reply.thinking):
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": text,
+                "partial": True,
+                **marks,
+            }
+            if reply.thinking:
+                message["thinking"] = reply.thinking_text
+            turn.state.add(message)
+        turn.reply = None
+        for i, call in enumerate(turn.pending_calls):
+            if i not in turn.results:
+                result = stopped_result()
+                turn.results[i] = result
+                turn.emit(
+                    ToolResultEvent(call_id=call.id, name=call.name, ok=False, error=result.error)
+                )
+        self.pair_results()
+        await self.save()
+        return text
+
+    async def _crashed(self) -> None:
+        await self._save_partial(error="internal error")
+
+    async def _stopped(self) -> None:
+        text = await self._save_partial(stopped=True)
+        self.turn.end(self.stream_end(text, reason="stopped"))
+
+    async def _failed(self, exc: LLMError) -> None:
+        self.turn.emit(ErrorEvent(message=str(exc), code=error_code(exc)))
+        text = await self._save_partial(error=str(exc))
+        self.turn.end(self.stream_end(text, reason="error"))
+
+    async def _too_large(self, exc: ContextTooLargeError) -> None:
+        turn = self.turn
+        text = (
+            f"I can't go on with this conversation: it needs ~{exc.tokens} tokens but the "
+            f"model's window allows {exc.limit}. Compact it with `navi compact --session "
+            f"{turn.state.id}` (or /compact in a chat), or start a new session."
+        )
+        turn.emit(TextDelta(text))
+        # Display only: adding it to the context would make the context larger still.
+        turn.state.add({"role": "assistant", "content": text, "synthetic": True}, context=False)
+        await shielded(self.save)
+        turn.end(self.stream_end(text, reason="context_too_large"))
+
+
+def error_code(exc: BaseException) -> str:
+    """The stable `code` of the error event for an LLM error."""
+    if isinstance(exc, LLMTimeoutError):
+        return "llm_timeout"
+    if isinstance(exc, LLMConnectionError):
+        return "llm_connection"
+    if isinstance(exc, LLMStatusError):
+        return "llm_status"
+    return exc.code if isinstance(exc, LLMError) else "llm_error"
+
+
+def _only_cancelled(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1] is None
+    return isinstance(exc, trio.Cancelled)
+
+
+def _assistant(reply: StreamedReply, **extra: Any) -> dict[str, Any]:
+    """The stored assistant message of a reply; one cut by the output limit says so."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content, **extra}
+    if reply.thinking:
+        message["thinking"] = reply.thinking_text
+    if reply.done is not None and reply.done.done_reason == "length":
+        message["cut"] = "length"
+    return message
 
 
 def _note(text: str) -> dict[str, Any]:

@@ -18,31 +18,9 @@ from navi_trio.errors import ToolInputError
 from navi_trio.events import AgentEvent
 from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings
-
-
-@attrs.frozen
-class ToolResult:
-    """What a tool returns. `content()` is what the model sees in the tool message."""
-
-    ok: bool
-    output: str = ""
-    error: str | None = None
-    data: dict[str, Any] | None = None  # structured extras (task_id, exit code ...)
-
-    def content(self) -> str:
-        if self.ok:
-            return self.output
-        if self.output:
-            return f"Error: {self.error}\n{self.output}"
-        return f"Error: {self.error}"
-
-    @classmethod
-    def fail(cls, error: str, output: str = "", **data: Any) -> ToolResult:
-        return cls(ok=False, output=output, error=error, data=data or None)
-
-    @classmethod
-    def success(cls, output: str, **data: Any) -> ToolResult:
-        return cls(ok=True, output=output, data=data or None)
+from navi_trio.tools.result import ToolResult as ToolResult
+from navi_trio.tools.result import cap_text as cap_text
+from navi_trio.tools.services import ToolServices
 
 
 class KVStore(Protocol):
@@ -77,8 +55,8 @@ class ToolContext:
     emit: Callable[[dict[str, Any]], None] = _no_emit
     # Any other event (TodoUpdated, forwarded sub-agent events); must not block.
     publish: Callable[[AgentEvent], None] = _no_publish
-    # Services the core offers (spawn_agent, tasks, switch_profile); see core/services.py.
-    services: Any = None
+    # What the core offers (processes, tasks, switch_profile, spawn); see tools/services.py.
+    services: ToolServices | None = None
     is_subagent: bool = False
     # False for a sub-agent with no parent session: a background job's note would have
     # no session to reach, so the executor refuses to detach.
@@ -162,12 +140,3 @@ def require_choice(args: dict[str, Any], key: str, choices: Iterable[str]) -> st
             f"argument '{key}' must be one of {', '.join(options)} (got {json.dumps(value)})"
         )
     return str(value)
-
-
-def cap_text(text: str, limit: int) -> str:
-    """Head and tail of `text` within `limit` characters, with a marker in between."""
-    if len(text) <= limit:
-        return text
-    head = limit * 2 // 3
-    tail = limit - head
-    return f"{text[:head]}\n[… {len(text) - limit} characters cut …]\n{text[-tail:]}"

@@ -45,9 +45,9 @@ import attrs
 import trio
 
 from navi_trio.errors import ToolInputError
-from navi_trio.tools.base import cap_text
 from navi_trio.tools.proctree import Strays, find_strays
 from navi_trio.tools.progress import OutputProgress
+from navi_trio.tools.result import cap_text
 
 KILL_GRACE_SEC = 2.0  # between SIGTERM and SIGKILL
 DRAIN_SEC = 1.0  # reading what is left in the pipe after the group is gone
@@ -550,16 +550,6 @@ class ProcessPool:
             running=False,
             exit_code=handle.exit_code,
         )
-
-    async def kill_session(self, session_id: str) -> None:
-        """Kill and forget every process of a session (deleted or retired session)."""
-        handles = [h for h in self._handles.values() if h.session_id == session_id]
-        for handle in handles:
-            handle.scope.cancel()
-        for handle in handles:
-            await handle.done.wait()
-            self._handles.pop((session_id, handle.handle_id), None)
-        self._counters.pop(session_id, None)
 
     async def wait_exit(self, session_id: str, handle_id: str) -> int | None:
         """Wait until the process has ended (its group killed); returns its exit code."""

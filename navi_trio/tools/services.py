@@ -1,28 +1,32 @@
-"""What tools need from the core, as Protocols.
+"""What a tool may ask of the core: the `ToolServices` Protocol.
 
-The core passes one services object as ``ToolContext.services``. Tools look up the
-attributes below and cope when `services` is None or lacks one (a failed result saying
-the feature "is not available here", e.g. inside a sub-agent without it):
+The core passes one services object as ``ToolContext.services`` (None where there is
+no core, e.g. a tool tested alone). Tools never import the core; they see only this:
 
-- ``ctx.services.switch_profile(profile_id)`` — `ProfileSwitcher`: switch the session's
-  profile from the next iteration on; raises `ToolInputError` for an unknown id.
-- ``ctx.services.processes`` — `ProcessService` (implemented by
-  `navi_trio.tools.procs.ProcessPool`): the persistent processes of ``terminal open``.
-
-Other services (spawn_agent, tasks) are described by the modules that use them.
+- ``processes`` — `ProcessService` (implemented by `navi_trio.tools.procs.ProcessPool`):
+  the persistent processes of ``terminal open``; None where there are none.
+- ``tasks`` — `TaskService` (implemented by the core's TaskSupervisor): this session's
+  background jobs, for the ``tasks`` tool; None where there is no supervisor.
+- ``switch_profile(profile_id)`` — switch the session's profile from the next iteration
+  on; raises `ToolInputError` for an unknown id or where switching is not possible.
+- ``spawn(request, publish)`` — run a sub-agent for spawn_agent and return its outcome.
+- ``detached()`` — the services a background job keeps: only what outlives the run
+  that started it (never the run itself, its history or its event channel).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from navi_trio.tools.base import ToolResult
+import attrs
+
+from navi_trio.events import AgentEvent
 from navi_trio.tools.procs import ProcessInfo, ReadResult
+from navi_trio.tools.result import ToolResult
 
-
-class ProfileSwitcher(Protocol):
-    def switch_profile(self, profile_id: str) -> None: ...
+Publish = Callable[[AgentEvent], None]
 
 
 class ProcessService(Protocol):
@@ -41,11 +45,87 @@ class ProcessService(Protocol):
     def list(self, session_id: str) -> list[ProcessInfo]: ...
 
 
-def get_service(services: Any, name: str) -> Any | None:
-    """`services.<name>`, or None when there are no services or not that one."""
-    if services is None:
-        return None
-    return getattr(services, name, None)
+class TaskJobView(Protocol):
+    """What the tasks tool reads of a background job (core's task_supervisor.Job)."""
+
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def tool(self) -> str: ...
+    @property
+    def args_summary(self) -> str: ...
+    @property
+    def is_spawn(self) -> bool: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def result(self) -> ToolResult | None: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def ring(self) -> Sequence[AgentEvent]: ...
+    @property
+    def dropped(self) -> int: ...
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def finished_at(self) -> float | None: ...
+    @property
+    def tokens(self) -> int: ...
+
+
+class TaskService(Protocol):
+    """What the tasks tool calls on the supervisor (core's task_supervisor)."""
+
+    def list_jobs(self, session_id: str) -> Sequence[TaskJobView]: ...
+    def get(self, session_id: str, task_id: str) -> TaskJobView | None: ...
+    async def wait(self, session_id: str, task_id: str, timeout: float) -> bool: ...  # noqa: ASYNC109
+    def cancel(self, session_id: str, task_id: str) -> bool: ...
+
+
+@attrs.frozen(kw_only=True)
+class SpawnRequest:
+    """spawn_agent's checked arguments (the profile defaults to the session's)."""
+
+    task: str
+    profile_id: str | None = None
+    max_iterations: int = 40
+    exclude_tools: tuple[str, ...] = ()
+    briefing: str | None = None
+    custom_system_prompt: str | None = None
+    inherit_system_prompt: bool = False
+    context_transfer: str | None = None
+    timeout_seconds: float = 300.0
+
+
+@attrs.frozen(kw_only=True)
+class SubagentOutcome:
+    """How a sub-agent ended. `failure` says why it did not complete, in words."""
+
+    text: str
+    completed: bool
+    agent_id: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    failure: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class ToolServices(Protocol):
+    @property
+    def processes(self) -> ProcessService | None: ...
+
+    @property
+    def tasks(self) -> TaskService | None: ...
+
+    def switch_profile(self, profile_id: str) -> None: ...
+
+    async def spawn(self, request: SpawnRequest, publish: Publish) -> SubagentOutcome: ...
+
+    def detached(self) -> ToolServices: ...
 
 
 def unavailable(what: str) -> ToolResult:

@@ -11,7 +11,7 @@ from typing import Any
 
 from navi_trio.errors import ToolInputError
 from navi_trio.tools.base import ToolContext, ToolResult, optional_str, require_str
-from navi_trio.tools.services import get_service, unavailable
+from navi_trio.tools.services import unavailable
 
 
 class SwitchProfileTool:
@@ -41,10 +41,9 @@ class SwitchProfileTool:
                 )
             if profile_id == ctx.profile.id:
                 return ToolResult.success(f"already using profile '{profile_id}'")
-            switch = get_service(ctx.services, "switch_profile")
-            if switch is None:
+            if ctx.services is None:
                 return unavailable("switching profiles")
-            switch(profile_id)
+            ctx.services.switch_profile(profile_id)
         except ToolInputError as exc:
             return ToolResult.fail(str(exc))
         why = f" ({reason})" if reason else ""

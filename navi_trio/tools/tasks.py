@@ -1,17 +1,16 @@
 """The `tasks` tool: list, check, wait for and cancel this session's background jobs.
 
-The jobs live in the core's TaskSupervisor, reached as ``ctx.services.tasks``; this
-module declares the small part of it the tool uses (`TaskService`), so that tools do
-not import the core. Everything is scoped to ``ctx.session_id``: another session's task
-id gets the same answer as an unknown one.
+The jobs live in the core's TaskSupervisor, reached as ``ctx.services.tasks``
+(`TaskService` in tools/services.py, so that tools do not import the core). Everything
+is scoped to ``ctx.session_id``: another session's task id gets the same answer as an
+unknown one.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
@@ -25,6 +24,7 @@ from navi_trio.tools.base import (
     require_choice,
     require_str,
 )
+from navi_trio.tools.services import TaskJobView, TaskService
 
 ACTIONS = ("list", "check", "wait", "cancel")
 RESULT_MAX_CHARS = 2000
@@ -33,44 +33,6 @@ RECENT_EVENTS = 10
 EVENT_LINE_MAX = 160
 # After a cancel, give the job this long to unwind so the answer can state the outcome.
 CANCEL_SETTLE_SEC = 2.0
-
-
-class TaskJobView(Protocol):
-    """What the tool reads of a background job (core.tasks.Job)."""
-
-    @property
-    def task_id(self) -> str: ...
-    @property
-    def tool(self) -> str: ...
-    @property
-    def args_summary(self) -> str: ...
-    @property
-    def is_spawn(self) -> bool: ...
-    @property
-    def status(self) -> str: ...
-    @property
-    def result(self) -> ToolResult | None: ...
-    @property
-    def error(self) -> str | None: ...
-    @property
-    def ring(self) -> Sequence[AgentEvent]: ...
-    @property
-    def dropped(self) -> int: ...
-    @property
-    def started_at(self) -> float: ...
-    @property
-    def finished_at(self) -> float | None: ...
-    @property
-    def tokens(self) -> int: ...
-
-
-class TaskService(Protocol):
-    """What the tool calls on the supervisor (core.tasks.TaskSupervisor)."""
-
-    def list_jobs(self, session_id: str) -> Sequence[TaskJobView]: ...
-    def get(self, session_id: str, task_id: str) -> TaskJobView | None: ...
-    async def wait(self, session_id: str, task_id: str, timeout: float) -> bool: ...  # noqa: ASYNC109
-    def cancel(self, session_id: str, task_id: str) -> bool: ...
 
 
 class TasksTool:
@@ -100,7 +62,7 @@ class TasksTool:
     }
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        service: TaskService | None = getattr(ctx.services, "tasks", None)
+        service = ctx.services.tasks if ctx.services else None
         if service is None:
             return ToolResult.fail("background tasks are not available here")
         try:

@@ -27,7 +27,7 @@ from navi_trio.tools.base import (
 from navi_trio.tools.filesystem import resolve_dir
 from navi_trio.tools.procs import CommandResult, ReadResult, run_command
 from navi_trio.tools.progress import OutputProgress
-from navi_trio.tools.services import get_service, unavailable
+from navi_trio.tools.services import unavailable
 
 ACTIONS = ("run", "open", "read", "write", "kill", "list")
 READ_WAIT_MAX_SEC = 30.0
@@ -96,7 +96,7 @@ class TerminalTool:
             action = require_choice(args, "action", ACTIONS)
             if action == "run":
                 return await self._run(args, ctx)
-            pool = get_service(ctx.services, "processes")
+            pool = ctx.services.processes if ctx.services else None
             if pool is None:
                 return unavailable("persistent processes (terminal open/read/write/kill)")
             if action == "open":

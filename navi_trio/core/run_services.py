@@ -1,0 +1,151 @@
+"""The core's side of `ToolServices` (tools/services.py): what a tool may ask of a run.
+
+`RunServices` is bound to one running turn: switch_profile sets the turn's pending
+switch, and a synchronous spawn_agent call counts the sub-agent's tokens in the turn's
+totals. A background job gets `detached()` instead: `JobServices` keep only what
+outlives the run — the loop's parts and who spawns (session, profile, user) — never
+the turn, its history or its event channel; a background sub-agent's tokens are its
+job's (background-tasks.md), not the parent turn's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from navi_trio.core import runvars
+from navi_trio.core.subagent import run_ephemeral
+from navi_trio.core.turn_state import LoopParts, Turn
+from navi_trio.errors import ToolInputError
+from navi_trio.tools.base import ToolContext
+from navi_trio.tools.services import (
+    ProcessService,
+    Publish,
+    SpawnRequest,
+    SubagentOutcome,
+    TaskService,
+    ToolServices,
+)
+
+
+@attrs.frozen(kw_only=True)
+class Spawner:
+    """Who starts a sub-agent: its defaults and the session its tools work on."""
+
+    parts: LoopParts
+    profile_id: str
+    session_id: str | None  # None: a sub-agent of an ephemeral run has no session
+    user_id: str
+
+    async def spawn(
+        self,
+        request: SpawnRequest,
+        publish: Publish,
+        usage_to: Callable[[int, int], None] | None = None,
+    ) -> SubagentOutcome:
+        return await run_ephemeral(
+            self.parts,
+            request.task,
+            request.profile_id or self.profile_id,
+            max_iterations=request.max_iterations,
+            exclude_tools=request.exclude_tools,
+            briefing=request.briefing,
+            custom_system_prompt=request.custom_system_prompt,
+            inherit_system_prompt=request.inherit_system_prompt,
+            context_transfer=request.context_transfer,
+            parent_session_id=self.session_id,
+            timeout_seconds=request.timeout_seconds,
+            publish=publish,
+            user_id=self.user_id,
+            usage_to=usage_to,
+        )
+
+
+@attrs.frozen
+class JobServices:
+    """A background job's services: it may spawn, nothing else of a run."""
+
+    spawner: Spawner
+
+    @property
+    def processes(self) -> ProcessService | None:
+        return None
+
+    @property
+    def tasks(self) -> TaskService | None:
+        return None
+
+    def switch_profile(self, profile_id: str) -> None:
+        raise ToolInputError("switching profiles is not available in a background task")
+
+    async def spawn(self, request: SpawnRequest, publish: Publish) -> SubagentOutcome:
+        return await self.spawner.spawn(request, publish)
+
+    def detached(self) -> ToolServices:
+        return self
+
+
+class RunServices:
+    """The services of one running turn."""
+
+    def __init__(
+        self,
+        parts: LoopParts,
+        turn: Turn,
+        processes: ProcessService | None,
+        tasks: TaskService | None,
+    ) -> None:
+        self._parts = parts
+        self._turn = turn
+        self.processes = processes
+        self.tasks = tasks
+
+    def switch_profile(self, profile_id: str) -> None:
+        """Takes effect at step 10 of the loop (after this iteration's tools)."""
+        profiles = self._turn.config.profiles
+        if profile_id not in profiles:
+            known = ", ".join(sorted(profiles))
+            raise ToolInputError(f"unknown profile {profile_id!r}; profiles: {known}")
+        self._turn.switch_to = profile_id
+
+    async def spawn(self, request: SpawnRequest, publish: Publish) -> SubagentOutcome:
+        """A synchronous sub-agent: its tokens count in this turn's totals."""
+        return await self._spawner().spawn(request, publish, usage_to=self._turn.count)
+
+    def detached(self) -> ToolServices:
+        return JobServices(self._spawner())
+
+    def _spawner(self) -> Spawner:
+        t = self._turn
+        return Spawner(
+            parts=self._parts,
+            profile_id=t.profile.id,
+            session_id=t.parent_session_id or (t.state.id if t.persist else None),
+            user_id=t.user_id,
+        )
+
+
+def make_tool_context(
+    parts: LoopParts,
+    turn: Turn,
+    *,
+    processes: ProcessService | None,
+    tasks: TaskService | None,
+) -> ToolContext:
+    """The context a turn's tool calls run with (`LoopParts.tool_context`)."""
+    session_id = turn.todo_session()
+    return ToolContext(
+        session_id=session_id,
+        session_dir=parts.settings.session_dir(session_id),
+        kv=parts.store,
+        settings=parts.settings,
+        profile=turn.profile,
+        config=turn.config,
+        cwd=runvars.current_working_directory.get(),
+        user_id=turn.user_id,
+        publish=turn.emit,
+        services=RunServices(parts, turn, processes, tasks),
+        is_subagent=turn.subagent,
+        can_detach=turn.persist or turn.parent_session_id is not None,
+    )

@@ -1,0 +1,112 @@
+"""What a turn is and what it runs with: the `Turn` (the mutable state of one run) and
+the `LoopParts` (everything the runner in `turn.py` uses, as one frozen object).
+
+Everything that a stop must clean up lives on the Turn (the partial answer of the call
+being streamed, the tool calls that have no result yet), so the shielded clean-up finds
+it wherever the cancel landed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from navi_trio.core.compression import Complete, Compressor
+from navi_trio.core.context import ContextBuilder
+from navi_trio.core.live_config import LiveConfig
+from navi_trio.core.llm_call import StreamedReply
+from navi_trio.core.session import SessionCache, SessionState
+from navi_trio.core.tokens import TokenCounter
+from navi_trio.core.tool_executor import ToolExecutor
+from navi_trio.events import AgentEvent, StreamEnd
+from navi_trio.llm.base import LLMBackend, ToolCall
+from navi_trio.profiles import AgentProfile, NaviConfig
+from navi_trio.settings import Settings
+from navi_trio.store.base import SessionStore
+from navi_trio.tools.base import ToolContext, ToolRegistry, ToolResult
+
+Emit = Callable[[AgentEvent], None]
+
+
+@attrs.define(eq=False)
+class Turn:
+    state: SessionState
+    profile: AgentProfile
+    config: NaviConfig
+    user_text: str
+    emit: Emit
+    user_id: str = "local"
+    persist: bool = True
+    subagent: bool = False
+    system_override: str | None = None
+    exclude_tools: tuple[str, ...] = ()
+    max_iterations: int | None = None
+    agent_id: str | None = None
+    parent_session_id: str | None = None
+    first_message: bool = False
+    # Live state that clean-up after a stop needs.
+    reply: StreamedReply | None = None
+    pending_calls: list[ToolCall] = attrs.field(factory=list)
+    results: dict[int, ToolResult] = attrs.field(factory=dict)
+    ended: bool = False
+    final_text: str = ""
+    iterations: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    completed_normally: bool = False
+    # Loop mechanics.
+    stall: int = 0
+    seen_calls: set[str] = attrs.field(factory=set)
+    replan: str | None = None
+    switch_to: str | None = None
+    # A synchronous sub-agent's usage also counts in its parent turn's totals.
+    usage_to: Callable[[int, int], None] | None = None
+
+    @property
+    def limit(self) -> int:
+        return self.max_iterations or self.profile.max_iterations
+
+    def tool_names(self) -> list[str]:
+        p = self.profile
+        names = p.get_subagent_tools() if self.subagent else p.get_agent_tools()
+        return [n for n in names if n not in self.exclude_tools]
+
+    def todo_session(self) -> str:
+        """Session-aware tools of a sub-agent work on the parent session's data."""
+        return self.parent_session_id or self.state.id
+
+    def count(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        if self.usage_to is not None:
+            self.usage_to(prompt_tokens, completion_tokens)
+
+    def end(self, event: StreamEnd) -> None:
+        self.ended = True
+        self.final_text = event.text
+        self.emit(event)
+
+
+@attrs.frozen(kw_only=True)
+class LoopParts:
+    """What a turn's runner works with, handed over as one object.
+
+    `tool_context` makes the context a turn's tool calls run with (and with it the
+    services tools see); the agent supplies it, so a tool can start a sub-agent that
+    runs this same loop without the loop knowing about sub-agents.
+    """
+
+    settings: Settings
+    store: SessionStore
+    cache: SessionCache
+    backend: LLMBackend
+    registry: ToolRegistry
+    executor: ToolExecutor
+    builder: ContextBuilder
+    counter: TokenCounter
+    config: LiveConfig
+    tool_context: Callable[[Turn], ToolContext]
+
+    def compressor(self, complete: Complete) -> Compressor:
+        return Compressor(self.settings, self.counter, complete, self.config.prompts_dir)
