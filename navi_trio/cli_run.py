@@ -318,6 +318,8 @@ class _RemoteRun:
     printer: _Printer
     err: TextIO
     stop_wanted: trio.Event = attrs.field(factory=trio.Event)
+    # Set once the first frame after our message says whether it runs or waits.
+    known: trio.Event = attrs.field(factory=trio.Event)
     started: bool = False  # our run's frames are coming (not a run ahead of ours)
     ahead: int | None = None  # runs to wait for when our message was queued
     finished: bool = False
@@ -337,6 +339,7 @@ class _RemoteRun:
             if self.ahead is None and kind == "message_queued":
                 # The first frame after our message: it waits behind `position` runs.
                 self.ahead = int(frame.get("position", 1))
+                self.known.set()
                 _say(self.err, f"navi: the session is busy: message queued (#{self.ahead})")
                 return
             if self.ahead:
@@ -344,6 +347,7 @@ class _RemoteRun:
                     self.ahead -= 1
                 return
             self.started = True
+            self.known.set()
         self.finished = self.printer.show(frame)
 
 
@@ -378,6 +382,7 @@ async def run_remote(url: str, token: str, req: RunRequest, out: TextIO, err: Te
 
                 async def send_stop() -> None:
                     await run.stop_wanted.wait()
+                    await run.known.wait()  # a stop must not hit the run ahead of ours
                     if not run.started:  # queued behind another run: not ours to stop
                         _say(err, "navi: the message stays queued in the daemon")
                         outer.cancel()
@@ -401,8 +406,8 @@ async def run_remote(url: str, token: str, req: RunRequest, out: TextIO, err: Te
             ) from None
         except ConnectionClosed:
             raise DaemonUnreachableError(
-                f"the daemon at {url} closed the connection; the run goes on there: "
-                f"`navi sessions history {req.session_id}` shows it"
+                f"the daemon at {url} closed the connection before the run ended: "
+                f"`navi sessions history {req.session_id}` shows what it saved"
             ) from None
     if outer.cancelled_caught and outcome.signal is None:
         outcome.signal = signal.SIGINT

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -86,3 +88,33 @@ def test_the_daemon_or_this_process(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert daemon_target(_args(url="ws://h:1/"), settings) == ("ws://h:1/", "env-token")
     with pytest.raises(UsageError, match="drop --db, --llm-url or --url"):
         daemon_target(_args(url="ws://h:1/", db=Path("x"), llm_url="http://x"), settings)
+
+
+async def test_ctrl_c_while_queued_leaves_the_run_ahead_alone(tmp_path: Path) -> None:
+    gate = GateTool()
+    replies = [call("gate"), {"text": "first done"}, {"text": "second done"}]
+    out, err = io.StringIO(), io.StringIO()
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(
+            tmp_path, replies=replies, tools=toolset(gate),
+            profiles={"general": with_tools(["gate"])},
+        ) as d, d.connect("alice") as alice:  # fmt: skip
+            await alice.request({"type": "message", "session_id": "s-q", "content": "hi"})
+            await gate.entered.wait()
+            req = RunRequest("s-q", "thanks", tmp_path, None, False)
+            async with trio.open_nursery() as nursery:
+
+                async def navi_run() -> None:
+                    outcome = await run_remote(d.url, d.tokens["alice"], req, out, err)
+                    assert outcome.signal == signal.SIGINT and outcome.end is None
+
+                nursery.start_soon(navi_run)
+                await alice.until_type("message_queued", session_id="s-q", text="thanks")
+                os.kill(os.getpid(), signal.SIGINT)
+            # navi run has quit; the run ahead was not stopped, and ours still runs.
+            gate.gate.set()
+            first = await alice.until_end("s-q")
+            second = await alice.until_end("s-q")
+    assert (first["reason"], first["text"]) == ("complete", "first done")
+    assert second["text"] == "second done" and out.getvalue() == ""
+    assert "navi: the message stays queued in the daemon" in err.getvalue()
