@@ -18,24 +18,20 @@ plug in.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import logging
 import os
-import signal
 import sys
 import traceback
 import urllib.parse
-import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 import attrs
 import trio
 
 from navi_trio import __version__
-from navi_trio.api.protocol import event_frame
 from navi_trio.api.remote import DEFAULT_URL
 from navi_trio.cli_daemon import COMMANDS as DAEMON_COMMANDS
 from navi_trio.cli_daemon import add_parsers as add_daemon_parsers
@@ -43,21 +39,11 @@ from navi_trio.doctor import LLM_PING_TIMEOUT as LLM_PING_TIMEOUT
 from navi_trio.doctor import collect_doctor as collect_doctor
 from navi_trio.doctor import ping_llm as ping_llm
 from navi_trio.doctor import print_doctor as print_doctor
-from navi_trio.errors import ConfigError, NaviError, StoreError
-from navi_trio.events import (
-    AgentEvent,
-    ErrorEvent,
-    StreamEnd,
-    TextDelta,
-    WarningEvent,
-)
+from navi_trio.errors import ConfigError, NaviError
+from navi_trio.events import ErrorEvent
 from navi_trio.llm.factory import BACKENDS
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
-from navi_trio.store.sqlite import check_session_id
-
-if TYPE_CHECKING:
-    from navi_trio.core.task_supervisor import Job, TaskSupervisor
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -110,10 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser(
         "run",
-        help="run one turn in-process and print the answer",
-        description="Run one turn of the agent in-process and print the final answer "
-        "as it streams. Ctrl-C, SIGTERM or SIGHUP stops the run cleanly (the partial "
-        "answer is saved), and it waits for its background tasks before it exits.",
+        help="run one turn and print the answer",
+        description="Run one turn of the agent and print the final answer as it streams: "
+        "in the daemon when one answers (--url, default the local one), else in this "
+        "process, which then waits for the turn's background tasks before it exits. "
+        "Ctrl-C, SIGTERM or SIGHUP stops the run cleanly (the partial answer is saved).",
     )
     run.add_argument("message", help="the user message ('-' reads it from stdin)")
     run.add_argument("--session", metavar="ID", help="continue this session (default: new)")
@@ -122,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--events", action="store_true", help="print every event as one JSON line instead"
     )
+    run.add_argument("--url", help=f"run it in this daemon (default: {DEFAULT_URL} if it answers)")
+    run.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
     _add_endpoint_options(run)
 
     compact = sub.add_parser(
@@ -234,233 +223,11 @@ def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 # ------------------------------------------------------------------------- run
 
 
-def new_session_id() -> str:
-    return "s-" + uuid.uuid4().hex[:12]
-
-
-@attrs.define
-class _RunOutcome:
-    end: StreamEnd | None = None
-    error: str | None = None  # the last top-level error message, already printed
-    signal: int | None = None  # the first stop signal (SIGINT, SIGTERM, SIGHUP)
-    printed_text: bool = False
-
-
-# Stop signals are handled alike: the first stops the run cleanly (partial answer saved,
-# tool processes killed), a second one quits without waiting for that.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def exit_code_for(signum: int) -> int:
-    """The shell's convention: 128 + the signal number (130 Ctrl-C, 143 SIGTERM)."""
-    return 128 + signum
-
-
-def _say(err: TextIO, text: str) -> None:
-    try:
-        print(text, file=err, flush=True)
-    except (OSError, ValueError):
-        pass  # the terminal is gone (SIGHUP): stopping cleanly matters more than saying so
-
-
-def _message_text(args: argparse.Namespace) -> str:
-    text = sys.stdin.read() if args.message == "-" else args.message
-    if not text.strip():
-        raise UsageError("the message is empty")
-    return str(text)
-
-
-def _output_gone(*streams: TextIO) -> tuple[TextIO, TextIO]:
-    """After a hang-up the terminal is gone: send the rest of the output nowhere.
-
-    The descriptors are pointed at /dev/null too, so flushing what is still buffered
-    (now or at exit) cannot fail a run that is stopping cleanly.
-    """
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        for stream in streams:
-            try:
-                os.dup2(null, stream.fileno())
-            except (OSError, ValueError, io.UnsupportedOperation):
-                pass  # not a real file (a test's StringIO): nothing to redirect
-    finally:
-        os.close(null)
-    sink = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives until exit
-    return sink, sink
-
-
-@attrs.define(eq=False)
-class _StopHandler:
-    """What the first stop signal does right now: stop the run, later cancel the jobs."""
-
-    outcome: _RunOutcome
-    outer: trio.CancelScope
-    err: TextIO
-    action: Callable[[], None]
-    what: str = "the run"
-
-    async def watch(self, signals: AsyncIterator[int]) -> None:
-        async for signum in signals:
-            if self.outcome.signal is not None:
-                self.outer.cancel()  # the second signal: stop waiting for the clean stop
-                return
-            self.outcome.signal = signum
-            self.action()
-            if signum == signal.SIGINT:
-                name, again = "Ctrl-C", "Ctrl-C again to quit now"
-            else:
-                name, again = signal.Signals(signum).name, "a second signal quits at once"
-            _say(self.err, f"navi: {name}: stopping {self.what} ({again})")
-
-    def switch(self, action: Callable[[], None], what: str) -> None:
-        self.action, self.what = action, what
-        if self.outcome.signal is not None:
-            action()  # a signal already came: do not start waiting at all
-
-
-async def _wait_for_background(
-    supervisor: TaskSupervisor, session_id: str, stopper: _StopHandler, err: TextIO
-) -> None:
-    """`navi run` is the only process that can finish its background jobs: wait.
-
-    Their results become task notes in the store, read by the session's next turn.
-    A stop signal cancels them (each still leaves a "cancelled" note).
-    """
-
-    def running() -> list[Job]:
-        return [job for job in supervisor.list_jobs(session_id) if not job.finished]
-
-    def cancel_all() -> None:
-        for job in running():
-            supervisor.cancel(session_id, job.task_id)
-
-    jobs = running()
-    if not jobs:
-        return
-    _say(err, f"navi: waiting for {len(jobs)} background task(s)… Ctrl-C to cancel them")
-    stopper.switch(cancel_all, "the background task(s)")
-    while jobs:  # a background sub-agent may start further jobs while we wait
-        for job in jobs:
-            await job.done.wait()
-        jobs = running()
-
-
-async def run_turn(
-    settings: Settings,
-    source: ConfigSource,
-    args: argparse.Namespace,
-    text: str,
-    out: TextIO,
-    err: TextIO,
-) -> _RunOutcome:
-    # Imported here so `navi --help` and `navi doctor` stay light.
-    from navi_trio.core.agent import RunControl, UserMessage
-    from navi_trio.runtime import open_runtime
-
-    session_id = args.session if args.session is not None else new_session_id()
-    control = RunControl()
-    outcome = _RunOutcome()
-    cwd = (args.cwd or Path.cwd()).expanduser().resolve()
-    if not cwd.is_dir():
-        raise UsageError(f"--cwd {cwd}: not a directory")
-    with trio.CancelScope() as outer, trio.open_signal_receiver(*STOP_SIGNALS) as signals:
-        stopper = _StopHandler(outcome, outer, err, control.stop)
-        async with open_runtime(settings, config=source) as rt, trio.open_nursery() as nursery:
-            nursery.start_soon(stopper.watch, signals)
-            print(f"session: {session_id}", file=err, flush=True)
-            # The lease before anything reads the session: another process may run it.
-            async with rt.agent.leases.hold(session_id):
-                if await rt.store.get_session(session_id) is not None and args.profile:
-                    state = await rt.agent.cache.get(session_id)
-                    if state.profile_id != args.profile:
-                        await rt.agent.cache.set_profile(state, args.profile)
-                msg = UserMessage(text, cwd=cwd, profile_id=args.profile)
-                seq = 0
-                async with rt.agent.run_stream(session_id, msg, control=control) as events:
-                    async for event in events:
-                        seq += 1
-                        try:
-                            _show(event, args.events, session_id, seq, outcome, out, err)
-                        except OSError:
-                            if outcome.signal is None:
-                                raise
-                            out, err = _output_gone(out, err)
-                await _wait_for_background(rt.supervisor, session_id, stopper, err)
-            nursery.cancel_scope.cancel()
-    if outer.cancelled_caught and outcome.signal is None:
-        outcome.signal = signal.SIGINT
-    return outcome
-
-
-def _show(
-    event: AgentEvent,
-    as_json: bool,
-    session_id: str,
-    seq: int,
-    outcome: _RunOutcome,
-    out: TextIO,
-    err: TextIO,
-) -> None:
-    top = not event.is_subagent
-    if isinstance(event, StreamEnd) and top:
-        outcome.end = event
-    if as_json:
-        print(json.dumps(event_frame(event, session_id, seq)), file=out, flush=True)
-        if isinstance(event, ErrorEvent) and top:
-            outcome.error = one_line(event.message)  # stdout only: cmd_run repeats it
-        return
-    who = "" if top else f"[{event.agent_id or 'sub-agent'}] "
-    message = one_line(getattr(event, "message", ""))
-    if isinstance(event, TextDelta) and top:
-        out.write(event.text)
-        out.flush()
-        outcome.printed_text = outcome.printed_text or bool(event.text)
-    elif isinstance(event, StreamEnd) and top:
-        if not outcome.printed_text and event.text:
-            out.write(event.text)
-            outcome.printed_text = True
-        if outcome.printed_text:
-            out.write("\n")
-            out.flush()
-    elif isinstance(event, WarningEvent):
-        print(f"navi: warning: {who}{message}", file=err, flush=True)
-    elif isinstance(event, ErrorEvent):
-        hint = f" {_DEBUG_HINT}" if event.code == "internal" else ""
-        print(f"navi: error: {who}{message}{hint}", file=err, flush=True)
-        if top:
-            outcome.error = message
-
-
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    if args.session is not None:
-        try:
-            check_session_id(args.session)
-        except StoreError as exc:
-            raise UsageError(f"--session: {exc}") from None
-    settings = load_settings(args)
-    text = _message_text(args)
-    source = ConfigSource(settings.config_path)
-    profiles = source.current.profiles
-    if args.profile is not None and args.profile not in profiles:
-        raise ConfigError(
-            f"unknown profile {args.profile!r} (profiles in {settings.config_path}: "
-            f"{', '.join(sorted(profiles))})"
-        )
-    outcome = trio.run(run_turn, settings, source, args, text, out, err)
-    end = outcome.end
-    if outcome.signal is not None:
-        return exit_code_for(outcome.signal)
-    if end is None:
-        print("navi: error: the run ended without a result", file=err)
-        return EXIT_ERROR
-    if end.reason == "complete":
-        return EXIT_OK
-    # In plain mode the error event was already printed as the one line; in --events
-    # mode it went to stdout, so say it on stderr too.
-    if outcome.error is None or args.events:
-        reason = outcome.error or f"the run ended with reason {end.reason}"
-        print(f"navi: error: {reason}", file=err)
-    return EXIT_ERROR
+    """`navi run`: through the daemon or an embedded runtime (cli_run.py)."""
+    from navi_trio.cli_run import cmd_run as run
+
+    return run(args, out, err)
 
 
 # ------------------------------------------------------------------------- compact
@@ -505,6 +272,8 @@ def cmd_compact(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
               file=err)  # fmt: skip
         return EXIT_ERROR
     return EXIT_OK
+
+
 # ------------------------------------------------------------------------- chat
 
 

@@ -48,7 +48,7 @@ class Done:
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     """os.environ without any navi setting, plus a private DB and data dir."""
-    names = {f.metadata["env"] for f in attrs.fields(Settings)} | {"NAVI_DEBUG"}
+    names = {f.metadata["env"] for f in attrs.fields(Settings)} | {"NAVI_DEBUG", "NAVI_TOKEN"}
     clean = {k: v for k, v in os.environ.items() if k not in names}
     clean.update(NAVI_DB=str(tmp_path / "navi.db"), NAVI_DATA_DIR=str(tmp_path / "data"))
     return clean

@@ -201,28 +201,30 @@ class Agent:
         self, session_id: str, msg: UserMessage, emit: Any, control: RunControl
     ) -> None:
         state = await self.cache.get(session_id, profile_id=msg.profile_id)
-        async with state.lock:
-            cfg = self.config()
-            profile = cfg.profile(state.profile_id)
-            turn = Turn(
-                state=state,
-                profile=profile,
-                config=cfg,
-                user_text=msg.text,
-                emit=emit,
-                user_id=msg.user_id,
-                first_message=state.is_first_message,
-            )
-            with runvars.bound(
-                session_id=session_id,
-                model=profile.model_or(self.settings.default_model),
-                working_directory=msg.cwd,
-                user_id=msg.user_id,
-                user_role=msg.user_role,
-                user_info=msg.user_info,
-            ):
-                await shielded(lambda: self._accept(state, msg))
-                await TurnRunner(self.parts, turn).drive(control.scope)
+        # No per-session lock: the session actor runs one turn (or compaction) of its
+        # session at a time, and the lease taken in _run_task keeps other processes
+        # out. A direct caller of run_stream (tests, harnesses) owns its session.
+        cfg = self.config()
+        profile = cfg.profile(state.profile_id)
+        turn = Turn(
+            state=state,
+            profile=profile,
+            config=cfg,
+            user_text=msg.text,
+            emit=emit,
+            user_id=msg.user_id,
+            first_message=state.is_first_message,
+        )
+        with runvars.bound(
+            session_id=session_id,
+            model=profile.model_or(self.settings.default_model),
+            working_directory=msg.cwd,
+            user_id=msg.user_id,
+            user_role=msg.user_role,
+            user_info=msg.user_info,
+        ):
+            await shielded(lambda: self._accept(state, msg))
+            await TurnRunner(self.parts, turn).drive(control.scope)
 
     async def _accept(self, state: SessionState, msg: UserMessage) -> None:
         """Save the user message first (and this turn's background task notes)."""
@@ -256,36 +258,38 @@ class Agent:
         # Another process must not run the session while its context is rewritten.
         async with self.leases.hold(session_id):
             state = await self.cache.get(session_id)
-            async with state.lock:
-                cfg = self.config()
-                send, recv = trio.open_memory_channel[AgentEvent](math.inf)
-                turn = Turn(
-                    state=state,
-                    profile=cfg.profile(state.profile_id),
-                    config=cfg,
-                    user_text="",
-                    emit=_emitter(send),
+            # No per-session lock: a daemon compacts through the session actor, which
+            # refuses while a run is active and runs nothing else meanwhile; `navi
+            # compact` runs in its own runtime under the lease, with no actor running.
+            cfg = self.config()
+            send, recv = trio.open_memory_channel[AgentEvent](math.inf)
+            turn = Turn(
+                state=state,
+                profile=cfg.profile(state.profile_id),
+                config=cfg,
+                user_text="",
+                emit=_emitter(send),
+            )
+            runner = TurnRunner(self.parts, turn)
+            if not self.parts.compressor(runner.complete).would_compress(
+                state.context, profile=turn.profile, shrink=True
+            ):
+                raise NothingToCompactError(
+                    "nothing to compact: the context is already short or already a summary"
                 )
-                runner = TurnRunner(self.parts, turn)
-                if not self.parts.compressor(runner.complete).would_compress(
-                    state.context, profile=turn.profile, shrink=True
-                ):
-                    raise NothingToCompactError(
-                        "nothing to compact: the context is already short or already a summary"
-                    )
 
-                async def compact() -> None:
-                    async with send:
-                        tokens = self.parts.counter.estimate_messages(state.context)
-                        try:
-                            await runner.compress("forced", tokens, force=True)
-                        except LLMError as exc:
-                            turn.emit(ErrorEvent(message=str(exc), code=error_code(exc)))
+            async def compact() -> None:
+                async with send:
+                    tokens = self.parts.counter.estimate_messages(state.context)
+                    try:
+                        await runner.compress("forced", tokens, force=True)
+                    except LLMError as exc:
+                        turn.emit(ErrorEvent(message=str(exc), code=error_code(exc)))
 
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(compact)
-                    with recv:
-                        yield recv
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(compact)
+                with recv:
+                    yield recv
 
     # -- sub-agents ------------------------------------------------------------------
 

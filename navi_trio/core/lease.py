@@ -14,7 +14,7 @@ Take the lease *before* loading the session: loading repairs tool calls that loo
 dangling, and another process's in-flight calls look exactly like that.
 
 Within one process, holds nest: runs of one session in the same runtime share one
-lease (they queue on the session's own lock), and it is released when the last ends.
+lease (the session actor runs them one at a time), and it is released when the last ends.
 A second process gets `SessionBusyError` at once rather than waiting: a command-line
 run should not hang without saying why; the message names the session and the holder.
 """

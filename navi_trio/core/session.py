@@ -28,8 +28,9 @@ class SessionState:
     last_model: str | None = None
     # Set by the truthful-context check: compress before the next LLM call.
     needs_compression: bool = False
-    # One run (or compaction) of a session at a time.
-    lock: trio.Lock = attrs.field(factory=trio.Lock)
+    # No lock here: one owner per session. In a runtime that owner is the session's
+    # actor (it runs one turn or compaction at a time and queues the rest); across
+    # processes it is the session lease (core/lease.py).
 
     @property
     def id(self) -> str:
@@ -87,11 +88,11 @@ class SessionCache:
     def forget(self, session_id: str) -> None:
         """Drop a session from memory (it reloads from the store when used again).
 
-        Not while a run or compaction holds it: that run's saves must keep going to
-        the one in-memory state."""
-        state = self._sessions.get(session_id)
-        if state is not None and not state.lock.locked():
-            del self._sessions[session_id]
+        Callers make sure no run or compaction of the session is live, since that run's
+        saves must keep going to the one in-memory state: the registry forgets a session
+        when its actor retires (idle: no run, no queue), and `sessions delete` refuses a
+        session whose actor is busy or has messages queued."""
+        self._sessions.pop(session_id, None)
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._sessions

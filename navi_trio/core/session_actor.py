@@ -35,8 +35,14 @@ import trio
 
 from navi_trio.core.agent import Agent, RunControl, UserMessage
 from navi_trio.core.replay import ReplayBuffer
-from navi_trio.errors import NothingToCompactError
-from navi_trio.events import AgentEvent, ErrorEvent, MessageQueued
+from navi_trio.errors import NaviError, NothingToCompactError, SessionBusyError
+from navi_trio.events import (
+    AgentEvent,
+    ErrorEvent,
+    MessageQueued,
+    StreamEnd,
+    ToolResultEvent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -286,12 +292,38 @@ class SessionActor:
         self._control = control
 
     async def _run(self, msg: UserMessage, control: RunControl) -> None:
+        # The one place a session's turns run (daemon and `navi run` alike): one at a
+        # time, the rest queued. Across processes the lease keeps other owners out; it
+        # is taken before the profile switch reads the session (holds nest with the
+        # agent's own).
+        run_log = RunLog(self.session_id, msg)
         try:
-            async with self.agent.run_stream(self.session_id, msg, control=control) as events:
-                async for event in events:
-                    self.publish(event)
+            async with self.agent.leases.hold(self.session_id):
+                await self._switch_profile(msg)
+                async with self.agent.run_stream(self.session_id, msg, control=control) as ev:
+                    async for event in ev:
+                        run_log.event(event)
+                        self.publish(event)
+        except NaviError as exc:  # busy (another process runs it), unknown profile, store
+            code = "session_busy" if isinstance(exc, SessionBusyError) else "error"
+            for event in (ErrorEvent(message=str(exc), code=code), StreamEnd(reason="error")):
+                run_log.event(event)
+                self.publish(event)
         finally:
+            run_log.end()
             self._done()
+
+    async def _switch_profile(self, msg: UserMessage) -> None:
+        """`profile_id` names the profile of a new session, or switches an existing one."""
+        wanted = msg.profile_id
+        if wanted is None:
+            return
+        profiles = self.agent.config().profiles
+        if wanted not in profiles:
+            raise NaviError(f"unknown profile {wanted!r} (profiles: {', '.join(sorted(profiles))})")
+        state = await self.agent.cache.get(self.session_id, profile_id=wanted)
+        if state.profile_id != wanted:
+            await self.agent.cache.set_profile(state, wanted)
 
     async def _compact(self) -> None:
         try:
@@ -302,6 +334,43 @@ class SessionActor:
             self.publish(ErrorEvent(message=str(exc), code="nothing_to_compact"))
         finally:
             self._done()
+
+
+class RunLog:
+    """The log lines of one run (issue 8 "Logs"), at INFO with the session and user.
+
+    One line when the run starts and when it ends (reason, duration), one per tool
+    call (name, ok, duration; sub-agents' too) and one per error event.
+    """
+
+    def __init__(self, session_id: str, msg: UserMessage) -> None:
+        info = msg.user_info or {}
+        self.session_id = session_id
+        self.user = str(info.get("name") or msg.user_id)
+        self.reason = "cancelled"  # no StreamEnd: the runtime was shut down under it
+        self.started = trio.current_time()
+        log.info("session %s: run started (user %s)", session_id, self.user)
+
+    def event(self, event: AgentEvent) -> None:
+        where = f"session {self.session_id}" + (
+            f" [{event.agent_id or 'sub-agent'}]" if event.is_subagent else ""
+        )
+        if isinstance(event, ToolResultEvent):
+            log.info(
+                "%s: tool %s %s in %d ms (user %s)", where, event.name,
+                "ok" if event.ok else "failed", event.duration_ms, self.user,
+            )  # fmt: skip
+        elif isinstance(event, ErrorEvent):
+            log.info("%s: error [%s] %s (user %s)", where, event.code, event.message, self.user)
+        elif isinstance(event, StreamEnd) and not event.is_subagent:
+            self.reason = event.reason
+
+    def end(self) -> None:
+        took = trio.current_time() - self.started
+        log.info(
+            "session %s: run ended: %s in %.2f s (user %s)",
+            self.session_id, self.reason, took, self.user,
+        )  # fmt: skip
 
 
 class SessionRegistry:
