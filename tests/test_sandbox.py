@@ -272,3 +272,30 @@ async def test_an_empty_spec_makes_nothing_writable_but_the_snippet_still_runs(
         result = await CodeExecTool().execute({"code": "open('x.txt', 'w')"}, ctx)
     assert not result.ok and "Read-only file system" in result.output, result.content()
     assert not (ctx.session_dir / "x.txt").exists()
+
+
+async def test_an_open_process_and_its_setsid_grandchild_die_at_shutdown(
+    tmp_path: Path, tags: list[str]
+) -> None:
+    pool = ProcessPool(grace=1.0)
+    ctx = attrs.evolve(sandboxed(tmp_path), services=SimpleNamespace(processes=pool))
+    os.mkfifo(ctx.session_dir / "go")  # never written: the command waits on it
+    tag = new_tag()
+    tags.append(tag)
+    tool = TerminalTool()
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+            opened = await tool.execute({"action": "open", "command": escaper(ctx, tag)}, ctx)
+            assert opened.ok, opened.content()
+            handle = opened.data["handle"] if opened.data else ""
+            read = await tool.execute({"action": "read", "handle": handle, "wait": 20}, ctx)
+            assert "started" in read.output, read.output
+            pids = tagged_pids(tag)
+            assert len(pids) == 1
+            watch = PidWatch(pids)
+            nursery.cancel_scope.cancel()  # the daemon shuts down
+        try:
+            await watch.wait_exited()
+        finally:
+            watch.close()
