@@ -98,6 +98,16 @@ async def test_a_write_inside_the_workspace_works(tmp_path: Path) -> None:
     assert (ctx.session_dir / "made.txt").read_text() == "hello\n"
 
 
+async def test_output_streams_and_is_capped_under_the_sandbox(tmp_path: Path) -> None:
+    rec = Recorder()
+    ctx = sandboxed(tmp_path, recorder=rec, tool_output_max_chars=1000)
+    result = await run(ctx, "seq 1 100000")
+    assert result.ok, result.content()
+    assert result.output.startswith("1\n2\n3") and "100000" in result.output
+    assert "characters cut" in result.output and len(result.output) < 1200
+    assert rec.emitted and rec.lines()[-1] == "100000"  # streamed live, up to the end
+
+
 async def test_reading_etc_works_and_tmp_is_private(tmp_path: Path) -> None:
     (tmp_path / "host-secret.txt").write_text("host")
     ctx = sandboxed(tmp_path)
