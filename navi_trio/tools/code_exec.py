@@ -4,6 +4,7 @@ The code goes to a temp file in the session folder and runs as
 ``sys.executable -I -u FILE`` in its own process group, in the run's cwd (else the
 session folder), with the terminal's timeout rules; output lines stream through
 ``ctx.emit`` (coalesced, as the terminal's) and the group is killed on timeout or stop.
+With ``ctx.sandbox`` set it runs under bwrap (see `sandbox`), or is refused.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
 from navi_trio.errors import ToolInputError
@@ -59,6 +61,9 @@ class CodeExecTool:
         except ToolInputError as exc:
             return ToolResult.fail(str(exc))
         script, cwd = await trio.to_thread.run_sync(_write_snippet, ctx, code)
+        sandbox = ctx.sandbox
+        if sandbox is not None:  # the snippet must be visible even if its folder is not
+            sandbox = attrs.evolve(sandbox, readable=(*sandbox.readable, script.parent))
         try:
             result = await run_command(
                 python_argv(script),
@@ -66,9 +71,13 @@ class CodeExecTool:
                 time_limit=timeout,
                 progress=output_progress(ctx),
                 max_chars=ctx.settings.tool_output_max_chars,
+                sandbox=sandbox,
+                bwrap_path=ctx.settings.bwrap_path,
             )
         except OSError as exc:
             return ToolResult.fail(f"cannot start Python: {exc.strerror or exc}")
+        except ToolInputError as exc:  # SandboxUnavailableError: refused, never unsandboxed
+            return ToolResult.fail(str(exc))
         finally:
             script.unlink(missing_ok=True)
         return command_result(result, note)

@@ -16,6 +16,10 @@ parent escapes.
 
 Tool processes never see navi's own secrets: `child_env` strips them (`is_secret`).
 
+A sandboxed command (`sandbox`) is led by bwrap, with the command in its own PID
+namespace: killing the group kills bwrap, and with it everything inside, ``setsid``
+daemons included (the kernel empties a PID namespace whose init is gone).
+
 Two ways to run something:
 
 - `run_command` — run to completion (or timeout) and return the output, read in large
@@ -48,6 +52,7 @@ from navi_trio.errors import ToolInputError
 from navi_trio.tools.proctree import Strays, find_strays
 from navi_trio.tools.progress import OutputProgress
 from navi_trio.tools.result import cap_text
+from navi_trio.tools.sandbox import SandboxSpec, sandboxed_argv
 
 KILL_GRACE_SEC = 2.0  # between SIGTERM and SIGKILL
 DRAIN_SEC = 1.0  # reading what is left in the pipe after the group is gone
@@ -295,6 +300,8 @@ async def run_command(
     max_chars: int = 20000,
     env: Mapping[str, str] | None = None,
     grace: float = KILL_GRACE_SEC,
+    sandbox: SandboxSpec | None = None,
+    bwrap_path: Path | None = None,
 ) -> CommandResult:
     """Run `command` in its own process group until it exits or `time_limit` passes.
 
@@ -303,11 +310,12 @@ async def run_command(
     `max_chars`, however much is printed. On timeout the group is killed and the output
     so far returned; if the caller is cancelled the group is killed and `trio.Cancelled`
     propagates. Raises OSError when the process cannot be started (e.g. `cwd` does not
-    exist).
+    exist). With a `sandbox` the command runs under bwrap (see `sandbox`); when bwrap
+    cannot run here, raises `SandboxUnavailableError` instead of running it unsandboxed.
     """
     if time_limit <= 0:
         raise ToolInputError(f"the time limit must be positive (got {time_limit:g})")
-    argv = shell_argv(command)
+    argv = await sandboxed_argv(sandbox, shell_argv(command), cwd, bwrap_path)
     started = trio.current_time()
     tag = new_tag()
     process = await trio.lowlevel.open_process(
@@ -426,8 +434,21 @@ class ProcessPool:
         for handle in exited[: max(0, len(mine) - self.max_per_session + 1)]:
             del self._handles[(session_id, handle.handle_id)]
 
-    async def open(self, session_id: str, command: str, cwd: Path) -> str:
-        """Start `command` (through the shell) in `cwd`; returns its handle id ("p1" …)."""
+    async def open(
+        self,
+        session_id: str,
+        command: str,
+        cwd: Path,
+        *,
+        sandbox: SandboxSpec | None = None,
+        bwrap_path: Path | None = None,
+    ) -> str:
+        """Start `command` (through the shell) in `cwd`; returns its handle id ("p1" …).
+
+        With a `sandbox` it runs under bwrap, or is refused (`SandboxUnavailableError`).
+        """
+        # First, before the checks: they must not go stale across an await.
+        argv = await sandboxed_argv(sandbox, shell_argv(command), cwd, bwrap_path)
         nursery = self._nursery
         if nursery is None:
             raise ToolInputError("the process pool is not running (the daemon is stopping)")
@@ -440,7 +461,6 @@ class ProcessPool:
             )
         counter = self._counters.setdefault(session_id, itertools.count(1))
         handle_id = f"p{next(counter)}"
-        argv = shell_argv(command)
         handle: _Handle = await nursery.start(
             self._serve, session_id, handle_id, command, argv, cwd
         )

@@ -5,7 +5,9 @@ output lines coalesced and rate-limited (see `progress`: ``ctx.emit({"stream":
 "output", "text": ..., "lines": n, "dropped_lines": k})``) and returns the exit code
 with the capped output. Stopping the run (or cancelling the background job)
 cancels the call, and the whole group is killed. `open`/`read`/`write`/`kill`/`list`
-use the session's persistent processes in ``ctx.services.processes``.
+use the session's persistent processes in ``ctx.services.processes``. With
+``ctx.sandbox`` set, `run` and `open` run under bwrap (see `sandbox`), or are refused
+when it cannot run here.
 """
 
 from __future__ import annotations
@@ -123,6 +125,8 @@ class TerminalTool:
                 time_limit=timeout,
                 progress=output_progress(ctx),
                 max_chars=ctx.settings.tool_output_max_chars,
+                sandbox=ctx.sandbox,
+                bwrap_path=ctx.settings.bwrap_path,
             )
         except OSError as exc:
             return ToolResult.fail(f"cannot start the command: {exc.strerror or exc}")
@@ -133,7 +137,13 @@ class TerminalTool:
         command = require_str(args, "command")
         cwd = await trio.to_thread.run_sync(resolve_dir, ctx, optional_str(args, "cwd"))
         try:
-            handle = await pool.open(ctx.session_id, command, cwd)
+            handle = await pool.open(
+                ctx.session_id,
+                command,
+                cwd,
+                sandbox=ctx.sandbox,
+                bwrap_path=ctx.settings.bwrap_path,
+            )
         except OSError as exc:
             return ToolResult.fail(f"cannot start the process: {exc.strerror or exc}")
         return ToolResult.success(
