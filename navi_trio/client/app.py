@@ -69,6 +69,10 @@ class ChatApp:
         self._interrupted = False  # Ctrl-C pressed once on an idle prompt
         self._settled = trio.Event()  # set when a frame leaves us with no run going
         self._quiet_tasks = False  # the next tasks list is a resync: show it only if not empty
+        # What a resync's history replay may skip: the user messages of the session the
+        # last history showed, plus one per top-level run whose end we saw live since.
+        self._synced_users = 0
+        self._ended_runs = 0
         self._conn: Connection | None = None
         self._quit = trio.CancelScope()
         self._commands: dict[str, Callable[[str], Awaitable[None]]] = {
@@ -263,7 +267,8 @@ class ChatApp:
     def _set_session(self, session_id: str | None) -> None:
         if session_id != self.session_id:
             self.last_seq = self.epoch = None
-            self.renderer.busy = False
+            self.renderer.reset()
+            self._synced_users = self._ended_runs = 0
         self.session_id = self.renderer.status.session_id = session_id
 
     def on_frame(self, frame: Frame) -> list[Frame]:
@@ -290,6 +295,7 @@ class ChatApp:
             if frame.get("session_id") == self.session_id:
                 self.epoch = frame.get("epoch")
                 self.last_seq = frame.get("seq")
+                r.reset()  # a run half-shown may be gone (a restarted daemon): drop its text
                 r.frame(frame)
                 return [wire.history(str(self.session_id))]
         elif kind == "lagged":
@@ -321,6 +327,8 @@ class ChatApp:
             return  # already shown (a replay overlapping what we saw)
         self.last_seq = seq
         self.epoch = epoch if isinstance(epoch, str) else self.epoch
+        if frame["type"] == "stream_end" and not frame.get("is_subagent"):
+            self._ended_runs += 1
         self.renderer.frame(frame)
 
     def _on_sessions(self, frame: Frame) -> list[Frame]:
@@ -332,13 +340,18 @@ class ChatApp:
             if sid == self._resuming:
                 self._resuming = None
                 self._set_session(sid)
-                self.renderer.history(list(frame.get("messages") or []))
+                messages = list(frame.get("messages") or [])
+                self.renderer.history(messages)
+                self._synced_users, self._ended_runs = _users(messages), 0
                 self.last_seq = frame.get("seq")
                 self.epoch = frame.get("epoch")
                 self.renderer.notice(f"resumed session {sid}")
                 return [wire.subscribe(sid, self.last_seq, self.epoch)]
             if sid == self.session_id:  # after a resync: live frames continue on their own
-                self.renderer.history(list(frame.get("messages") or []))
+                messages = list(frame.get("messages") or [])
+                seen = self._synced_users + self._ended_runs
+                self.renderer.history(_after_users(messages, seen), replayed_from=seen)
+                self._synced_users, self._ended_runs = _users(messages), 0
         elif action == "delete":
             self.renderer.notice(f"deleted session {frame.get('session_id')}")
         return []
@@ -355,6 +368,21 @@ class ChatApp:
             self.renderer.notice(f"task {task.get('task_id')}: {task.get('status')}")
         elif action == "cancel":
             self.renderer.notice("task cancelled")
+
+
+def _users(messages: list[Frame]) -> int:
+    return sum(1 for m in messages if m.get("role") == "user")
+
+
+def _after_users(messages: list[Frame], seen: int) -> list[Frame]:
+    """`messages` from the user message after the first `seen` ones: the turns not yet
+    shown in full. Fewer user messages than that (a count gone wrong): the last turn."""
+    starts = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    if seen < len(starts):
+        return messages[starts[seen] :]
+    if seen == len(starts):
+        return []
+    return messages[starts[-1] :] if starts else messages
 
 
 __all__ = ["ChatApp", "ChatError", "ChatOptions"]
