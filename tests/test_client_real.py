@@ -36,6 +36,20 @@ DEADLINE = 120
 EXPECT = 20
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-B]|\r")
 
+BACKSPACE = re.compile(r"[^\n]\x08")
+
+
+def _clean(raw: str) -> str:
+    """The text a terminal shows for `raw`: escape codes out, backspaced chars erased."""
+    text = ANSI.sub("", raw)
+    while "\x08" in text:
+        shorter = BACKSPACE.sub("", text)
+        if shorter == text:
+            return text.replace("\x08", "")
+        text = shorter
+    return text
+
+
 PLAN = """Complexity: simple
 Milestones:
 - the folder is known
@@ -108,7 +122,7 @@ class Chat:
                 ) from None
             except pexpect.TIMEOUT:
                 continue
-            self.screen = ANSI.sub("", self.raw)
+            self.screen = _clean(self.raw)
 
     async def expect(self, pattern: str) -> re.Match[str]:
         found = await trio.to_thread.run_sync(self._expect, pattern)
@@ -279,7 +293,155 @@ async def test_no_daemon_answering_starts_a_real_one_in_the_background(
                     assert await c.quit() == 0
             log = (data / LOG_FILE).read_text()
             assert f"listening on ws://127.0.0.1:{port}/" in log
+            # It outlives the chat, and its pid is where the line said.
+            pid = int((data / PID_FILE).read_text())
+            os.kill(pid, 0)
+            assert f"pid {pid}" in c.screen
     finally:
         pid_file = data / PID_FILE
         if pid_file.exists():
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def _cat(fifo: Path, text: str = "") -> dict[str, Any]:
+    """A reply whose tool call waits until the test writes to `fifo`."""
+    call = {"name": "terminal", "arguments": {"action": "run", "command": f"cat {fifo}"}}
+    return {"text": text, "tool_calls": [call]}
+
+
+def _release(fifo: Path) -> None:
+    """End a `cat fifo` left waiting (a killed daemon's tool): it reads end of file."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass  # no reader left
+
+
+@attrs.define(eq=False)
+class Proxy:
+    """A TCP forwarder between the chat and the daemon: `cut()` kills every connection
+    for real (the daemon goes on); while `gate` is closed new connections wait."""
+
+    target_port: int
+    port: int = 0
+    live: list[trio.CancelScope] = attrs.field(factory=list)
+    gate: trio.Event = attrs.field(factory=trio.Event)
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[Proxy] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        self.gate.set()
+        task_status.started(self)
+        await trio.serve_listeners(self._handle, listeners)
+
+    def cut(self) -> None:
+        self.gate = trio.Event()
+        for scope in self.live:
+            scope.cancel()
+        self.live.clear()
+
+    async def _handle(self, client: trio.SocketStream) -> None:
+        async with client:
+            await self.gate.wait()
+            scope = trio.CancelScope()
+            self.live.append(scope)
+            with scope:
+                server = await trio.open_tcp_stream("127.0.0.1", self.target_port)
+                async with server, trio.open_nursery() as nursery:
+                    nursery.start_soon(self._pipe, client, server, nursery.cancel_scope)
+                    nursery.start_soon(self._pipe, server, client, nursery.cancel_scope)
+
+    @staticmethod
+    async def _pipe(src: trio.SocketStream, dst: trio.SocketStream, done: trio.CancelScope) -> None:
+        try:
+            async for data in src:
+                await dst.send_all(data)
+        except trio.BrokenResourceError:
+            pass
+        done.cancel()
+
+
+async def test_a_connection_cut_mid_run_is_resumed_without_gap_or_duplicate(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    words = " ".join(f"w{i}" for i in range(1, 41))
+    replies = [
+        {"text": "hello there"},
+        _cat(fifo),
+        {"text": words},
+    ]
+    with trio.fail_after(DEADLINE):
+        async with fake_llm(*replies) as llm, serve(env, llm.url) as daemon:
+            port = int(daemon.url.rstrip("/").rsplit(":", 1)[1])
+            async with trio.open_nursery() as nursery:
+                proxy = await nursery.start(Proxy(port).serve)
+                url = f"ws://127.0.0.1:{proxy.port}"
+                async with chat(env, tmp_path, "--url", url) as c:
+                    await c.expect("connected to")
+                    await c.line("hi")
+                    await c.expect("hello there")
+                    await c.line("cat the fifo, then count to forty")
+                    await c.expect(r"⏺ terminal\(")
+                    # Mid-run: the tool waits on the fifo. Cut the connection, let the
+                    # run finish while the chat cannot reconnect, then let it in.
+                    proxy.cut()
+                    await c.expect(r"connection lost")
+                    await trio.to_thread.run_sync(fifo.write_text, "released\n")
+                    await llm.wait_completed(3)
+                    proxy.gate.set()
+                    await c.expect(r"reconnected")
+                    await c.expect(r"✔ terminal · [^\n]*released")
+                    await c.expect(r"w40")
+                    await c.expect(r"context \d+ tokens")
+                    answers = [ln.strip() for ln in c.screen.splitlines() if "w1 " in ln]
+                    assert answers == [words], c.screen  # all of it, once, in order
+                    assert c.screen.count("✔ terminal") == 1
+                    assert await c.quit() == 0
+                nursery.cancel_scope.cancel()
+
+
+async def test_a_restarted_daemon_makes_the_chat_resync_and_go_on(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    port = unused_port()
+    fifo = tmp_path / "never"
+    os.mkfifo(fifo)
+    # The killed run streamed "Let me look first." (held until the answer ends) and
+    # started a tool that waits forever.
+    replies = [{"text": "hello there"}, _cat(fifo, "Let me look first."), {"text": "after it"}]
+    try:
+        with trio.fail_after(DEADLINE):
+            async with fake_llm(*replies) as llm:
+                async with serve(env, llm.url, "--port", str(port)) as daemon:
+                    url = daemon.url.rstrip("/")
+                    async with chat(env, tmp_path, "--url", url) as c:
+                        await c.expect("connected to")
+                        await c.line("hi")
+                        sid = (await c.expect(r"session (s-[0-9a-f]+)")).group(1)
+                        await c.expect("hello there")
+                        await c.line("look at the fifo")
+                        await c.expect(r"⏺ terminal\(")
+                        daemon.kill()  # SIGKILL mid-run
+                        await daemon.wait()
+                        await c.expect(r"connection lost")
+                        async with serve(env, llm.url, "--port", str(port)):
+                            await c.expect(r"reconnected")
+                            await c.expect(r"missed part of the stream: reloading the history")
+                            await c.expect(r"› look at the fifo")
+                            await c.expect(r"\d+ messages replayed \(turns 2\+\)")
+                            assert c.screen.count("hello there") == 1  # not shown again
+                            await c.line("and now?")
+                            await c.expect(r"after it")
+                            await c.expect(rf"session {sid} · ")
+                            # The killed run's held text came back once, from the history,
+                            # and is not glued to the next answer.
+                            assert c.screen.count("Let me look first.") == 1
+                            shown = [ln for ln in c.screen.splitlines() if "after it" in ln]
+                            assert [ln.strip() for ln in shown] == ["after it"], c.screen
+                            assert await c.quit() == 0
+    finally:
+        _release(fifo)
