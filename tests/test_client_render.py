@@ -34,7 +34,7 @@ def _feed(r: Renderer, frames: list[dict[str, Any]]) -> None:
 
 
 def _steps(*statuses: str) -> list[dict[str, Any]]:
-    names = ["read the code", "write the test", "fix it"]
+    names = ["read the code — TOOL: filesystem", "write the test — SELF", "fix it"]
     return [{"index": i + 1, "text": names[i], "status": s} for i, s in enumerate(statuses)]
 
 
@@ -67,6 +67,7 @@ def test_the_plan_is_a_checklist_that_ticks_as_todo_steps_finish() -> None:
     assert blocks[3].startswith("2/3") and "✔ 2. write the test" in blocks[3]
     assert "✗ 3. fix it" in blocks[3]
     assert len(blocks) == 4  # the plan filled into the todo list is not shown again
+    assert "TOOL:" not in text and "SELF" not in text  # the planner's step tails
 
 
 def test_a_tool_call_is_a_card_with_status_duration_and_a_bounded_output_tail() -> None:

@@ -17,6 +17,7 @@ and read a ``Console(file=StringIO())``. Habits borrowed from Claude Code and Co
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -31,6 +32,8 @@ from navi_trio.client.frames import Frame
 TOOL_TAIL_LINES = 5  # live output lines shown per tool call before "… N more lines"
 ARGS_MAX = 60
 RESULT_MAX = 100
+# The planner's "— TOOL: name" / "— SELF" tail of a todo step: the plan shows it without.
+_STEP_MARK = re.compile(r"\s+—\s+(TOOL:\s*[\w.-]+|SELF)\s*$")
 _TICKS = {"done": "✔", "in_progress": "▸", "failed": "✗", "pending": "☐"}
 
 # What to do about an error, by its stable code (protocol.md and the agent's codes).
@@ -287,7 +290,7 @@ class Renderer:
         for step in self._plan:
             status = str(step.get("status", "pending"))
             tick = _TICKS.get(status, "☐")
-            text = escape(one_line(str(step.get("text", ""))))
+            text = escape(one_line(_STEP_MARK.sub("", str(step.get("text", "")))))
             if status == "done":
                 text = f"[dim strike]{text}[/]"
             elif status == "in_progress":
