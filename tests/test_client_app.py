@@ -246,9 +246,14 @@ async def test_slash_commands_answer_in_one_line_each() -> None:
             assert (await daemon.wait_for("message"))["profile"] == "researcher"
             chat.reader.type("/compact")
             assert (await daemon.wait_for("compact"))["session_id"] == "s-1"
+            # The daemon applies a message's profile to a new session only: said so.
+            chat.reader.type("/profile coder")
+            await s.wait_for("profile coder: used for your next new session (/new starts one)")
+            assert chat.app.renderer.status.profile == "researcher"
             chat.reader.type("/new")
             await s.wait_for("new session: it starts with your next message")
             assert chat.app.session_id is None
+            assert chat.app.renderer.status.profile == "coder"
             assert (await daemon.wait_for("unsubscribe"))["session_id"] == "s-1"
             chat.reader.type("/quit")
         assert chat.error is None
