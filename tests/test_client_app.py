@@ -271,6 +271,8 @@ async def test_ctrl_c_stops_a_run_and_twice_on_an_idle_prompt_quits() -> None:
             chat.reader.press("interrupt")
             assert (await daemon.wait_for("stop"))["session_id"] == "s-1"
             await chat.screen.wait_for("■ stopped")
+            await chat.screen.wait_for("you said: meanwhile")  # the queue drains after a stop
+            await chat.screen.wait_for("context 42 tokens")
             chat.reader.press("interrupt")
             await chat.screen.wait_for("press Ctrl+C again or Ctrl+D to quit")
             assert not chat.done.is_set()

@@ -445,3 +445,25 @@ async def test_a_restarted_daemon_makes_the_chat_resync_and_go_on(
                             assert await c.quit() == 0
     finally:
         _release(fifo)
+
+
+async def test_piped_lines_go_to_one_session_and_each_gets_its_answer(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    replies = [{"text": "DIRECT"}, {"text": "first answer"}, {"text": "second answer"}]
+    with trio.fail_after(DEADLINE):
+        async with fake_llm(*replies) as llm, serve(env, llm.url) as daemon:
+            done = await trio.run_process(
+                [sys.executable, "-m", "navi_trio", "chat", "--url", daemon.url.rstrip("/")],
+                # The second line is read before the daemon has named the new session.
+                stdin=b"what can you do for me?\nand what else?\n",
+                capture_stdout=True,
+                capture_stderr=True,
+                env=env,
+                cwd=tmp_path,
+                check=False,
+            )
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()
+    assert "first answer" in out and "second answer" in out, out
+    assert len(set(re.findall(r"session (s-[0-9a-f]+)", out))) == 1, out

@@ -66,6 +66,8 @@ class ChatApp:
         self.epoch: str | None = None
         self._resuming: str | None = None  # /resume target awaiting its history
         self._creating = False  # a message went out without a session: adopt the new one
+        self._created = trio.Event()  # set when that session is known (or its creation failed)
+        self._queued = 0  # messages waiting in the daemon's queue of our session
         self._interrupted = False  # Ctrl-C pressed once on an idle prompt
         self._settled = trio.Event()  # set when a frame leaves us with no run going
         self._quiet_tasks = False  # the next tasks list is a resync: show it only if not empty
@@ -196,10 +198,21 @@ class ChatApp:
                 return
             await command(arg.strip())
             return
+        if self._creating:
+            # Lines typed (or piped) before the daemon named the new session go to it,
+            # not to a second new session.
+            await self._created.wait()
         frame = wire.message(text, self.session_id, self.profile, self.options.cwd or os.getcwd())
+        if self.session_id is None:
+            self._creating, self._created = True, trio.Event()
         if await self.send(frame):
-            self._creating = self.session_id is None
             self.renderer.busy = self.session_id is not None or self.renderer.busy
+        elif self.session_id is None:
+            self._creation_over()
+
+    def _creation_over(self) -> None:
+        self._creating = False
+        self._created.set()
 
     # ------------------------------------------------------------------ commands
 
@@ -266,7 +279,9 @@ class ChatApp:
                 self._settled.set()
 
     def _running(self) -> bool:
-        return self.renderer.busy or self._creating or self._resuming is not None
+        return (
+            self.renderer.busy or self._creating or self._queued > 0 or self._resuming is not None
+        )
 
     async def _wait_settled(self) -> None:
         while self._running():
@@ -276,6 +291,7 @@ class ChatApp:
     def _set_session(self, session_id: str | None) -> None:
         if session_id != self.session_id:
             self.last_seq = self.epoch = None
+            self._queued = 0
             self.renderer.reset()
             self._synced_users = self._ended_runs = 0
         self.session_id = self.renderer.status.session_id = session_id
@@ -285,6 +301,8 @@ class ChatApp:
         kind = frame["type"]
         r = self.renderer
         if kind == "_disconnected":
+            if self._creating:
+                self._creation_over()  # its session frame may be lost: stop waiting for it
             r.status.connected = False
             r.warning(
                 f"connection lost ({frame.get('reason')}); reconnecting in "
@@ -314,12 +332,14 @@ class ChatApp:
         elif wire.is_session_frame(frame):
             self._on_session_frame(frame)
         elif frame.get("session_id") in (None, self.session_id):
+            if kind == "error" and self._creating and self.session_id is None:
+                self._creation_over()  # the new session's message was refused
             r.frame(frame)  # errors, task updates of ours or of the connection
         return []
 
     def _adopt(self, session_id: str) -> None:
         """The session the server created for our first message."""
-        self._creating = False
+        self._creation_over()
         self._set_session(session_id)
         self.renderer.busy = True  # our first message is running in it
         self.renderer.notice(f"session {session_id}")
@@ -336,9 +356,14 @@ class ChatApp:
             return  # already shown (a replay overlapping what we saw)
         self.last_seq = seq
         self.epoch = epoch if isinstance(epoch, str) else self.epoch
+        if frame["type"] == "message_queued" and isinstance(frame.get("position"), int):
+            self._queued = frame["position"]  # its place is the queue's length (drops counted)
+        self.renderer.frame(frame)
         if frame["type"] == "stream_end" and not frame.get("is_subagent"):
             self._ended_runs += 1
-        self.renderer.frame(frame)
+            if self._queued > 0:  # the daemon runs the next queued message now
+                self._queued -= 1
+                self.renderer.busy = True
 
     def _on_sessions(self, frame: Frame) -> list[Frame]:
         action = frame.get("action")
