@@ -273,6 +273,10 @@ async def test_a_bad_token_and_an_unreachable_llm_are_one_line_each(
                 error_lines = [ln for ln in c.screen.splitlines() if "✗ error" in ln]
                 assert len(error_lines) == 1, c.screen
                 await c.expect(r"session s-")  # the status line after the run ended
+                await c.line("/resume s-nothere")
+                await c.expect(r"✗ error \[not_found\]: no session 's-nothere' — check the id")
+                await c.line("/sessions")  # and the chat goes on
+                await c.expect(r"/resume ID continues one")
                 assert await c.quit() == 0
 
 

@@ -329,11 +329,17 @@ class ChatApp:
             r.frame(frame)
         elif kind in ("welcome", "ok"):
             pass
+        elif kind == "error" and not isinstance(frame.get("seq"), int):
+            # A refused request (never a run's error, those have a seq): always shown,
+            # also when it names a session we are not on (/resume of a wrong id).
+            if self._resuming is not None and frame.get("session_id") in (None, self._resuming):
+                self._resuming = None
+            if self._creating and self.session_id is None:
+                self._creation_over()  # the new session's message was refused
+            r.frame(frame)
         elif wire.is_session_frame(frame):
             self._on_session_frame(frame)
         elif frame.get("session_id") in (None, self.session_id):
-            if kind == "error" and self._creating and self.session_id is None:
-                self._creation_over()  # the new session's message was refused
             r.frame(frame)  # errors, task updates of ours or of the connection
         return []
 
