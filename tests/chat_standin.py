@@ -7,7 +7,7 @@ by its content:
 - ``tool``  : model_info, thinking, a Markdown answer, a terminal tool card with live
   output, a todo list that ticks, stream_end;
 - ``wait``  : a first delta, then nothing until ``stop`` arrives (then stream_end stopped);
-  a message arriving meanwhile gets ``message_queued``;
+  a message arriving meanwhile gets ``message_queued`` and runs after it, as in the daemon;
 - anything else: an echo ``you said: …`` and stream_end.
 
 Every frame a client sends is recorded in `received`; `drop()` closes the live
@@ -34,7 +34,7 @@ class Session:
     frames: list[Frame] = attrs.field(factory=list)
     busy: bool = False
     stop: trio.Event = attrs.field(factory=trio.Event)
-    queued: int = 0
+    waiting: list[str] = attrs.field(factory=list)  # queued messages, run in order after
 
 
 @attrs.define(eq=False)
@@ -127,14 +127,14 @@ class StandIn:
                 await self._send(ws, {"type": "session", "session_id": sid, "created": True})
             session = self.sessions.setdefault(sid, Session(sid))
             if session.busy:
-                session.queued += 1
+                session.waiting.append(str(frame["content"]))
                 await self._publish(
                     ws,
                     session,
                     {
                         "type": "message_queued",
                         "text": frame["content"],
-                        "position": session.queued,
+                        "position": len(session.waiting),
                     },
                 )
                 return
@@ -309,6 +309,7 @@ class StandIn:
         elif content == "wait":
             await pub(ws, session, {"type": "text_delta", "text": "Working on it"})
             await session.stop.wait()
+            session.stop = trio.Event()
             await pub(ws, session, {"type": "stream_end", "stopped": True, "reason": "stopped"})
         else:
             await pub(ws, session, {"type": "text_delta", "text": f"you said: {content}"})
@@ -318,3 +319,5 @@ class StandIn:
                 {"type": "stream_end", "text": f"you said: {content}", "prompt_tokens": 42},
             )
         session.busy = False
+        if session.waiting:  # as the daemon does: the queue drains in order after the run
+            await self._run(ws, session, session.waiting.pop(0))

@@ -246,9 +246,14 @@ async def test_slash_commands_answer_in_one_line_each() -> None:
             assert (await daemon.wait_for("message"))["profile"] == "researcher"
             chat.reader.type("/compact")
             assert (await daemon.wait_for("compact"))["session_id"] == "s-1"
+            # The daemon applies a message's profile to a new session only: said so.
+            chat.reader.type("/profile coder")
+            await s.wait_for("profile coder: used for your next new session (/new starts one)")
+            assert chat.app.renderer.status.profile == "researcher"
             chat.reader.type("/new")
             await s.wait_for("new session: it starts with your next message")
             assert chat.app.session_id is None
+            assert chat.app.renderer.status.profile == "coder"
             assert (await daemon.wait_for("unsubscribe"))["session_id"] == "s-1"
             chat.reader.type("/quit")
         assert chat.error is None
@@ -266,6 +271,8 @@ async def test_ctrl_c_stops_a_run_and_twice_on_an_idle_prompt_quits() -> None:
             chat.reader.press("interrupt")
             assert (await daemon.wait_for("stop"))["session_id"] == "s-1"
             await chat.screen.wait_for("■ stopped")
+            await chat.screen.wait_for("you said: meanwhile")  # the queue drains after a stop
+            await chat.screen.wait_for("context 42 tokens")
             chat.reader.press("interrupt")
             await chat.screen.wait_for("press Ctrl+C again or Ctrl+D to quit")
             assert not chat.done.is_set()
@@ -301,7 +308,9 @@ async def test_a_resync_loads_the_history_and_takes_the_new_epoch() -> None:
             await chat.screen.wait_for("context 42 tokens")
             await daemon.drop()
             await chat.screen.wait_for("missed part of the stream: reloading the history")
-            await chat.screen.wait_for("2 messages replayed")
+            # The stand-in's history holds one turn, the one shown live: not shown again.
+            await chat.screen.wait_for("history reloaded: every turn was already shown")
+            assert "what is 2+2" not in chat.screen.text
             history = await daemon.wait_for("sessions", action="history")
             assert history["session_id"] == "s-1"
             assert (chat.app.epoch, chat.app.last_seq) == ("e2", 3)

@@ -7,6 +7,7 @@ a person would see.
 from __future__ import annotations
 
 import io
+import time
 from typing import Any
 
 from rich.console import Console
@@ -33,7 +34,7 @@ def _feed(r: Renderer, frames: list[dict[str, Any]]) -> None:
 
 
 def _steps(*statuses: str) -> list[dict[str, Any]]:
-    names = ["read the code", "write the test", "fix it"]
+    names = ["read the code — TOOL: filesystem", "write the test — SELF", "fix it"]
     return [{"index": i + 1, "text": names[i], "status": s} for i, s in enumerate(statuses)]
 
 
@@ -51,6 +52,8 @@ def test_the_plan_is_a_checklist_that_ticks_as_todo_steps_finish() -> None:
                     {"index": 3, "description": "fix it"},
                 ],
             },
+            # The daemon fills the todo list from the plan: the same steps, all pending.
+            {"type": "todo_updated", "steps": _steps("pending", "pending", "pending")},
             {"type": "todo_updated", "steps": _steps("done", "in_progress", "pending")},
             {"type": "todo_updated", "steps": _steps("done", "done", "failed")},
         ],
@@ -63,6 +66,8 @@ def test_the_plan_is_a_checklist_that_ticks_as_todo_steps_finish() -> None:
     assert "☐ 3. fix it" in blocks[2]
     assert blocks[3].startswith("2/3") and "✔ 2. write the test" in blocks[3]
     assert "✗ 3. fix it" in blocks[3]
+    assert len(blocks) == 4  # the plan filled into the todo list is not shown again
+    assert "TOOL:" not in text and "SELF" not in text  # the planner's step tails
 
 
 def test_a_tool_call_is_a_card_with_status_duration_and_a_bounded_output_tail() -> None:
@@ -265,3 +270,29 @@ def test_task_updates_are_notices_and_replies_are_listed() -> None:
     assert "t-3 terminal: running · 4s" in text
     assert "› hi" in text and "hello" in text and "**hello**" not in text
     assert "2 messages replayed" in text
+
+
+def test_the_daemons_numbers_are_shown_readably() -> None:
+    r, out = _renderer()
+    stamp = time.mktime((2026, 11, 30, 21, 5, 0, 0, 0, -1))
+    r.sessions([{"session_id": "s-9", "title": "", "profile": "general", "updated_at": stamp}])
+    r.tasks(
+        [
+            {"task_id": "t-1", "tool": "terminal", "status": "running", "age_sec": 0.029},
+            {"task_id": "t-2", "tool": "terminal", "status": "running", "age_sec": 184.5},
+        ]
+    )
+    text = out.getvalue()
+    assert "s-9 general · 2026-11-30 21:05" in text
+    assert "t-1 terminal: running · 0s" in text
+    assert "t-2 terminal: running · 3m 04s" in text
+
+
+def test_a_reset_drops_a_half_shown_run() -> None:
+    r, out = _renderer()
+    _feed(r, [{"type": "text_delta", "text": "held until the end"}])
+    assert r.busy
+    r.reset()
+    assert not r.busy and r.status.activity == ""
+    _feed(r, [{"type": "text_delta", "text": "fresh"}, {"type": "stream_end", "text": "fresh"}])
+    assert "held until the end" not in out.getvalue() and "fresh" in out.getvalue()

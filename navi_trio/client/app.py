@@ -32,7 +32,7 @@ HELP = """\
 Type a message and press Enter; while a run is active your message is queued.
   /compact        summarise the conversation to free context
   /tasks          list background tasks
-  /profile NAME   use profile NAME from the next message (no NAME: show it)
+  /profile NAME   use profile NAME for the next new session (no NAME: show it)
   /sessions       list your sessions
   /resume ID      continue session ID (its history is replayed)
   /new            start a new session with the next message
@@ -66,9 +66,15 @@ class ChatApp:
         self.epoch: str | None = None
         self._resuming: str | None = None  # /resume target awaiting its history
         self._creating = False  # a message went out without a session: adopt the new one
+        self._created = trio.Event()  # set when that session is known (or its creation failed)
+        self._queued = 0  # messages waiting in the daemon's queue of our session
         self._interrupted = False  # Ctrl-C pressed once on an idle prompt
         self._settled = trio.Event()  # set when a frame leaves us with no run going
         self._quiet_tasks = False  # the next tasks list is a resync: show it only if not empty
+        # What a resync's history replay may skip: the user messages of the session the
+        # last history showed, plus one per top-level run whose end we saw live since.
+        self._synced_users = 0
+        self._ended_runs = 0
         self._conn: Connection | None = None
         self._quit = trio.CancelScope()
         self._commands: dict[str, Callable[[str], Awaitable[None]]] = {
@@ -192,10 +198,21 @@ class ChatApp:
                 return
             await command(arg.strip())
             return
+        if self._creating:
+            # Lines typed (or piped) before the daemon named the new session go to it,
+            # not to a second new session.
+            await self._created.wait()
         frame = wire.message(text, self.session_id, self.profile, self.options.cwd or os.getcwd())
+        if self.session_id is None:
+            self._creating, self._created = True, trio.Event()
         if await self.send(frame):
-            self._creating = self.session_id is None
             self.renderer.busy = self.session_id is not None or self.renderer.busy
+        elif self.session_id is None:
+            self._creation_over()
+
+    def _creation_over(self) -> None:
+        self._creating = False
+        self._created.set()
 
     # ------------------------------------------------------------------ commands
 
@@ -209,6 +226,7 @@ class ChatApp:
         if self.session_id:
             await self.send(wire.unsubscribe(self.session_id))
         self._set_session(None)
+        self.renderer.status.profile = self.profile
         self.renderer.notice("new session: it starts with your next message")
 
     async def _cmd_compact(self, arg: str) -> None:
@@ -225,8 +243,16 @@ class ChatApp:
         if not arg:
             self.renderer.notice(f"profile: {self.profile or 'default'} (/profile NAME changes it)")
             return
-        self.profile = self.renderer.status.profile = arg
-        self.renderer.notice(f"profile {arg}: used from your next message")
+        self.profile = arg
+        if self.session_id is None:
+            self.renderer.status.profile = arg
+            self.renderer.notice(f"profile {arg}: used from your next message")
+            return
+        # The daemon applies a message's profile to a new session only.
+        self.renderer.notice(
+            f"profile {arg}: used for your next new session (/new starts one); "
+            f"session {self.session_id} keeps its profile"
+        )
 
     async def _cmd_sessions(self, arg: str) -> None:
         await self.send(wire.sessions_list())
@@ -253,7 +279,9 @@ class ChatApp:
                 self._settled.set()
 
     def _running(self) -> bool:
-        return self.renderer.busy or self._creating or self._resuming is not None
+        return (
+            self.renderer.busy or self._creating or self._queued > 0 or self._resuming is not None
+        )
 
     async def _wait_settled(self) -> None:
         while self._running():
@@ -263,7 +291,9 @@ class ChatApp:
     def _set_session(self, session_id: str | None) -> None:
         if session_id != self.session_id:
             self.last_seq = self.epoch = None
-            self.renderer.busy = False
+            self._queued = 0
+            self.renderer.reset()
+            self._synced_users = self._ended_runs = 0
         self.session_id = self.renderer.status.session_id = session_id
 
     def on_frame(self, frame: Frame) -> list[Frame]:
@@ -271,6 +301,8 @@ class ChatApp:
         kind = frame["type"]
         r = self.renderer
         if kind == "_disconnected":
+            if self._creating:
+                self._creation_over()  # its session frame may be lost: stop waiting for it
             r.status.connected = False
             r.warning(
                 f"connection lost ({frame.get('reason')}); reconnecting in "
@@ -290,12 +322,21 @@ class ChatApp:
             if frame.get("session_id") == self.session_id:
                 self.epoch = frame.get("epoch")
                 self.last_seq = frame.get("seq")
+                r.reset()  # a run half-shown may be gone (a restarted daemon): drop its text
                 r.frame(frame)
                 return [wire.history(str(self.session_id))]
         elif kind == "lagged":
             r.frame(frame)
         elif kind in ("welcome", "ok"):
             pass
+        elif kind == "error" and not isinstance(frame.get("seq"), int):
+            # A refused request (never a run's error, those have a seq): always shown,
+            # also when it names a session we are not on (/resume of a wrong id).
+            if self._resuming is not None and frame.get("session_id") in (None, self._resuming):
+                self._resuming = None
+            if self._creating and self.session_id is None:
+                self._creation_over()  # the new session's message was refused
+            r.frame(frame)
         elif wire.is_session_frame(frame):
             self._on_session_frame(frame)
         elif frame.get("session_id") in (None, self.session_id):
@@ -304,7 +345,7 @@ class ChatApp:
 
     def _adopt(self, session_id: str) -> None:
         """The session the server created for our first message."""
-        self._creating = False
+        self._creation_over()
         self._set_session(session_id)
         self.renderer.busy = True  # our first message is running in it
         self.renderer.notice(f"session {session_id}")
@@ -321,7 +362,14 @@ class ChatApp:
             return  # already shown (a replay overlapping what we saw)
         self.last_seq = seq
         self.epoch = epoch if isinstance(epoch, str) else self.epoch
+        if frame["type"] == "message_queued" and isinstance(frame.get("position"), int):
+            self._queued = frame["position"]  # its place is the queue's length (drops counted)
         self.renderer.frame(frame)
+        if frame["type"] == "stream_end" and not frame.get("is_subagent"):
+            self._ended_runs += 1
+            if self._queued > 0:  # the daemon runs the next queued message now
+                self._queued -= 1
+                self.renderer.busy = True
 
     def _on_sessions(self, frame: Frame) -> list[Frame]:
         action = frame.get("action")
@@ -332,13 +380,18 @@ class ChatApp:
             if sid == self._resuming:
                 self._resuming = None
                 self._set_session(sid)
-                self.renderer.history(list(frame.get("messages") or []))
+                messages = list(frame.get("messages") or [])
+                self.renderer.history(messages)
+                self._synced_users, self._ended_runs = _users(messages), 0
                 self.last_seq = frame.get("seq")
                 self.epoch = frame.get("epoch")
                 self.renderer.notice(f"resumed session {sid}")
                 return [wire.subscribe(sid, self.last_seq, self.epoch)]
             if sid == self.session_id:  # after a resync: live frames continue on their own
-                self.renderer.history(list(frame.get("messages") or []))
+                messages = list(frame.get("messages") or [])
+                seen = self._synced_users + self._ended_runs
+                self.renderer.history(_after_users(messages, seen), replayed_from=seen)
+                self._synced_users, self._ended_runs = _users(messages), 0
         elif action == "delete":
             self.renderer.notice(f"deleted session {frame.get('session_id')}")
         return []
@@ -355,6 +408,21 @@ class ChatApp:
             self.renderer.notice(f"task {task.get('task_id')}: {task.get('status')}")
         elif action == "cancel":
             self.renderer.notice("task cancelled")
+
+
+def _users(messages: list[Frame]) -> int:
+    return sum(1 for m in messages if m.get("role") == "user")
+
+
+def _after_users(messages: list[Frame], seen: int) -> list[Frame]:
+    """`messages` from the user message after the first `seen` ones: the turns not yet
+    shown in full. Fewer user messages than that (a count gone wrong): the last turn."""
+    starts = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    if seen < len(starts):
+        return messages[starts[seen] :]
+    if seen == len(starts):
+        return []
+    return messages[starts[-1] :] if starts else messages
 
 
 __all__ = ["ChatApp", "ChatError", "ChatOptions"]

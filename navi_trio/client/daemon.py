@@ -2,8 +2,9 @@
 
 `ensure_daemon` is the one place `navi chat` starts a process: when nothing accepts TCP
 connections at the URL's loopback address it runs ``python -m navi_trio serve --port P``
-detached (own session, log in ``data_dir/navi-serve.log``) and waits, bounded, until the
-port accepts. The command is a parameter so tests can use a stand-in script.
+detached (own session, log in ``data_dir/navi-serve.log``, pid in ``navi-serve.pid``)
+and waits, bounded, until the port accepts. The command is a parameter so tests can use
+a stand-in script.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from navi_trio.client.connection import ChatError
 
 TOKEN_FILE = "local-token"
 LOG_FILE = "navi-serve.log"
+PID_FILE = "navi-serve.pid"  # the background daemon's pid, to stop it: kill $(cat …)
 START_TIMEOUT = 20.0
 PROBE_TIMEOUT = 1.0
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -89,6 +91,7 @@ async def ensure_daemon(
         return None  # another machine's daemon is not ours to start: connecting will tell
     log_path = data_dir / LOG_FILE
     proc = _spawn(list(command or serve_command(port)), log_path)
+    (data_dir / PID_FILE).write_text(f"{proc.pid}\n", encoding="utf-8")
     delay = 0.05
     with trio.move_on_after(START_TIMEOUT):
         while True:
@@ -99,7 +102,10 @@ async def ensure_daemon(
                     f"the background daemon exited with code {proc.returncode}; see {log_path}"
                 )
             if await answers(host, port):
-                return f"started a navi daemon in the background on {host}:{port} (log: {log_path})"
+                return (
+                    f"started a navi daemon in the background on {host}:{port} "
+                    f"(pid {proc.pid}, log: {log_path})"
+                )
             await trio.sleep(delay)
             delay = min(delay * 2, 0.5)
     raise ChatError(

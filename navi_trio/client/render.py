@@ -17,6 +17,8 @@ and read a ``Console(file=StringIO())``. Habits borrowed from Claude Code and Co
 from __future__ import annotations
 
 import json
+import re
+import time
 from typing import Any
 
 import attrs
@@ -30,6 +32,8 @@ from navi_trio.client.frames import Frame
 TOOL_TAIL_LINES = 5  # live output lines shown per tool call before "… N more lines"
 ARGS_MAX = 60
 RESULT_MAX = 100
+# The planner's "— TOOL: name" / "— SELF" tail of a todo step: the plan shows it without.
+_STEP_MARK = re.compile(r"\s+—\s+(TOOL:\s*[\w.-]+|SELF)\s*$")
 _TICKS = {"done": "✔", "in_progress": "▸", "failed": "✗", "pending": "☐"}
 
 # What to do about an error, by its stable code (protocol.md and the agent's codes).
@@ -122,6 +126,14 @@ class Renderer:
         self._streams: dict[str | None, _Stream] = {}
         self._cards: dict[str, _Card] = {}
         self._plan: list[dict[str, Any]] = []
+
+    def reset(self) -> None:
+        """Forget a run half-shown (its text not yet printed, its open tool cards): after a
+        resync it may be gone (a restarted daemon) and the history shows what was kept."""
+        self._streams.clear()
+        self._cards.clear()
+        self.busy = False
+        self.status.activity = ""
 
     # ------------------------------------------------------------------ output
 
@@ -265,6 +277,10 @@ class Renderer:
         steps = [s for s in frame.get("steps") or [] if isinstance(s, dict)]
         if not steps:
             return
+        fresh = all(s.get("status", "pending") == "pending" for s in [*steps, *self._plan])
+        if fresh and len(steps) == len(self._plan):
+            self._plan = steps  # the plan just shown, filled into the todo list: no reprint
+            return
         self._plan = steps
         self._checklist("Plan", who)
 
@@ -274,7 +290,7 @@ class Renderer:
         for step in self._plan:
             status = str(step.get("status", "pending"))
             tick = _TICKS.get(status, "☐")
-            text = escape(one_line(str(step.get("text", ""))))
+            text = escape(one_line(_STEP_MARK.sub("", str(step.get("text", "")))))
             if status == "done":
                 text = f"[dim strike]{text}[/]"
             elif status == "in_progress":
@@ -380,7 +396,7 @@ class Renderer:
             busy = " [yellow](running)[/]" if s.get("busy") else ""
             title = escape(one_line(str(s.get("title") or ""), ARGS_MAX))
             sid, profile = escape(str(s.get("session_id"))), escape(str(s.get("profile")))
-            when = escape(str(s.get("updated_at") or ""))
+            when = escape(_when(s.get("updated_at")))
             self._print(f"  [bold]{sid}[/] [dim]{profile} · {when}[/] {title}{busy}")
         self.notice("/resume ID continues one")
 
@@ -391,11 +407,12 @@ class Renderer:
         for t in tasks:
             self._print(
                 f"  [bold]{escape(str(t.get('task_id')))}[/] {escape(str(t.get('tool')))}: "
-                f"{escape(str(t.get('status')))} [dim]· {t.get('age_sec', '?')}s[/]"
+                f"{escape(str(t.get('status')))} [dim]· {_age(t.get('age_sec'))}[/]"
             )
 
-    def history(self, messages: list[dict[str, Any]]) -> None:
-        """Replay a session's display history (``sessions history``)."""
+    def history(self, messages: list[dict[str, Any]], replayed_from: int = 0) -> None:
+        """Replay a session's display history (``sessions history``); after a resync only
+        its turns from the `replayed_from`-th user message on are passed in."""
         for m in messages:
             role = m.get("role")
             content = m.get("content")
@@ -409,4 +426,28 @@ class Renderer:
                 self.markdown(text)
             elif role == "tool":
                 self._print(f"  ⎿ [dim]{escape(one_line(text, RESULT_MAX))}[/]")
-        self.notice(f"— {len(messages)} messages replayed —")
+        if replayed_from and not messages:
+            self.notice("— history reloaded: every turn was already shown —")
+        elif replayed_from:
+            self.notice(f"— {len(messages)} messages replayed (turns {replayed_from + 1}+) —")
+        else:
+            self.notice(f"— {len(messages)} messages replayed —")
+
+
+def _age(seconds: Any) -> str:
+    """A task's age (seconds, the daemon sends a float) as 4s, 3m 04s or 2h 05m."""
+    if not isinstance(seconds, int | float):
+        return "?"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
+
+
+def _when(stamp: Any) -> str:
+    """A sessions list time (seconds since the epoch) as local YYYY-MM-DD HH:MM."""
+    if isinstance(stamp, int | float):
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp))
+    return str(stamp or "")
