@@ -32,7 +32,7 @@ HELP = """\
 Type a message and press Enter; while a run is active your message is queued.
   /compact        summarise the conversation to free context
   /tasks          list background tasks
-  /profile NAME   use profile NAME for the next new session (no NAME: show it)
+  /profile NAME   use profile NAME from your next message on (no NAME: show it)
   /sessions       list your sessions
   /resume ID      continue session ID (its history is replayed)
   /new            start a new session with the next message
@@ -243,16 +243,10 @@ class ChatApp:
         if not arg:
             self.renderer.notice(f"profile: {self.profile or 'default'} (/profile NAME changes it)")
             return
+        # The daemon switches the session to a message's profile (a new one starts with it).
         self.profile = arg
-        if self.session_id is None:
-            self.renderer.status.profile = arg
-            self.renderer.notice(f"profile {arg}: used from your next message")
-            return
-        # The daemon applies a message's profile to a new session only.
-        self.renderer.notice(
-            f"profile {arg}: used for your next new session (/new starts one); "
-            f"session {self.session_id} keeps its profile"
-        )
+        self.renderer.status.profile = arg
+        self.renderer.notice(f"profile {arg}: used from your next message")
 
     async def _cmd_sessions(self, arg: str) -> None:
         await self.send(wire.sessions_list())
