@@ -63,6 +63,9 @@ class Settings:
     llm_url: str = attrs.field(default="http://127.0.0.1:11434", metadata=_env("OLLAMA_HOST"))
     llm_backend: str = attrs.field(default="ollama", metadata=_env("NAVI_LLM_BACKEND"))
     llm_api_key: str = attrs.field(default="", metadata=_env("NAVI_LLM_API_KEY"))
+    # OpenAI-compatible backend: false sends requests that offer tools non-streamed, the
+    # one way llama-cpp-python's function-calling format calls a tool on its own choice.
+    openai_tool_stream: bool = attrs.field(default=True, metadata=_env("NAVI_OPENAI_TOOL_STREAM"))
     default_model: str = attrs.field(default="qwen3:8b", metadata=_env("NAVI_MODEL"))
     keep_alive: str = attrs.field(default="30m", metadata=_env("OLLAMA_KEEP_ALIVE"))
     # The embedded local model (NAVI_LLM_BACKEND=local): a GGUF file (default: the one the

@@ -28,7 +28,12 @@ def make_backend(settings: Settings, client: httpx.AsyncClient) -> LLMBackend:
     if kind == "ollama":
         return OllamaBackend(client, settings.llm_url, keep_alive=settings.keep_alive)
     if kind == "openai":
-        return OpenAIBackend(client, settings.llm_url, api_key=settings.llm_api_key)
+        return OpenAIBackend(
+            client,
+            settings.llm_url,
+            api_key=settings.llm_api_key,
+            tool_stream=settings.openai_tool_stream,
+        )
     if kind == "local":
         from navi_trio.llm.local import LocalBackend  # the optional extra: imported on use
 

@@ -128,6 +128,30 @@ async def stream_chunks(
         yield chunk
 
 
+async def fetch_whole(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> bytes:
+    """POST `body` and return the whole answer body (a non-streamed request).
+
+    The same error mapping and retry as `stream_chunks`; a cancel (Stop, the guard's
+    first-chunk timeout) while the server generates closes the connection, so the
+    server sees it go.
+    """
+    request = client.build_request(
+        "POST",
+        url,
+        content=json_body(body),
+        headers={**(headers or {}), "Content-Type": "application/json"},
+    )
+    with map_http_errors(url):
+        async with _send(client, request) as response:
+            await raise_for_status(response, url)
+            return await response.aread()
+
+
 @asynccontextmanager
 async def _send(client: httpx.AsyncClient, request: httpx.Request) -> AsyncIterator[httpx.Response]:
     """Send `request`, streaming the answer; closed on exit.

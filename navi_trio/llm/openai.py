@@ -9,6 +9,13 @@ with empty ``choices`` (we ask for it with ``stream_options.include_usage``).
 
 `ChatRequest.think` has no standard field in this dialect and is not sent
 (``reasoning_effort`` is refused by models that do not reason).
+
+With ``tool_stream=False`` (``NAVI_OPENAI_TOOL_STREAM=false``) a request that offers
+tools is sent non-streamed, with ``tool_choice: "auto"`` said out loud: llama-cpp-python's
+function-calling chat format only calls tools on such requests (streamed with automatic
+choice, it always answers in text). `parse_completion` turns the JSON body into the same
+chunks a stream gives, so nothing above the backend can tell the difference; the stream
+guard's first-chunk timeout then bounds the whole answer, and Stop closes the request.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from navi_trio.llm.http import (
     chunk_channel,
     ended_early,
     excerpt,
+    fetch_whole,
     finite_only,
     int_or_zero,
     make_tool_call,
@@ -86,15 +94,18 @@ def to_openai_message(msg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def openai_body(request: ChatRequest) -> dict[str, Any]:
+def openai_body(request: ChatRequest, *, stream: bool = True) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": request.model,
         "messages": [to_openai_message(m) for m in request.messages],
-        "stream": True,
-        "stream_options": {"include_usage": True},
+        "stream": stream,
     }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
     if request.tools:
         body["tools"] = request.tools
+        if not stream:
+            body["tool_choice"] = "auto"  # llama-cpp-python ignores the tools without it
     for key, value in request.options.items():
         if key in _OPTION_NAMES:
             body[_OPTION_NAMES[key]] = value
@@ -284,6 +295,72 @@ class OpenAIParser:
         raise ended_early(self.url, self.received)
 
 
+def parse_completion(
+    data: bytes, model: str, url: str = "", known: frozenset[str] = frozenset()
+) -> list[LLMChunk]:
+    """A non-streamed ``chat.completion`` body as the chunks a stream would give.
+
+    Reasoning, text, the tool calls (whole: names are not repeated here) and a last
+    `DoneChunk` with usage and finish_reason. No body at all is `LLMEmptyResponseError`
+    (llama.cpp's answer to a prompt over its window), anything unreadable an error quoting it.
+    """
+    text = data.decode("utf-8", errors="replace")
+    if not text.strip():
+        raise ended_early(url, received=False)
+    obj = parse_json_object(text)
+    if "error" in obj:
+        raise LLMStreamError(f"the LLM reported an error: {stream_error_text(obj['error'])}")
+    raw_usage = obj.get("usage")
+    usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise LLMMalformedStreamError(
+            f"the LLM sent a completion without a choice: {excerpt(text)!r}"
+        )
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise LLMMalformedStreamError(
+            f"the LLM sent a choice without a message object: {excerpt(text)!r}"
+        )
+    out: list[LLMChunk] = []
+    for key in _REASONING_KEYS:
+        if isinstance(message.get(key), str) and message[key]:
+            out.append(ThinkingChunk(message[key]))
+            break
+    if isinstance(message.get("content"), str) and message["content"]:
+        out.append(TextChunk(message["content"]))
+    raw_calls = message.get("tool_calls")
+    if raw_calls:
+        if not isinstance(raw_calls, list):
+            raise LLMMalformedStreamError(
+                f"the LLM sent 'tool_calls' that is not a list: {excerpt(text)!r}"
+            )
+        out.append(ToolCallsChunk(tuple(_whole_call(c, known) for c in raw_calls)))
+    finish = choice.get("finish_reason")
+    served = obj.get("model")
+    out.append(
+        DoneChunk(
+            model=served if isinstance(served, str) and served else model,
+            prompt_tokens=int_or_zero(usage.get("prompt_tokens")),
+            completion_tokens=int_or_zero(usage.get("completion_tokens")),
+            done_reason=finish if isinstance(finish, str) else None,
+        )
+    )
+    return out
+
+
+def _whole_call(raw: Any, known: frozenset[str]) -> ToolCall:
+    fn = raw.get("function") if isinstance(raw, dict) else None
+    if not isinstance(fn, dict):
+        return make_tool_call(None, None, None)  # a parse_error naming the problem
+    call = _PendingCall()
+    if isinstance(fn.get("name"), str):
+        call.add_name(fn["name"])
+    args = fn.get("arguments")
+    return make_tool_call(raw.get("id"), call.final_name(known), args)
+
+
 def chat_completions_url(base_url: str) -> str:
     """``{base}/v1/chat/completions``, also when `base_url` already ends in ``/v1``."""
     base = base_url.rstrip("/")
@@ -295,11 +372,20 @@ def chat_completions_url(base_url: str) -> str:
 class OpenAIBackend:
     """Streams chat completions from an OpenAI-compatible ``/v1/chat/completions``.
 
-    The backend owns `client` (one per backend): `aclose` closes it.
+    The backend owns `client` (one per backend): `aclose` closes it. With
+    `tool_stream` False, requests that offer tools go non-streamed (module docstring).
     """
 
-    def __init__(self, client: httpx.AsyncClient, base_url: str, *, api_key: str = "") -> None:
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        base_url: str,
+        *,
+        api_key: str = "",
+        tool_stream: bool = True,
+    ) -> None:
         self._client = client
+        self.tool_stream = tool_stream
         self.base_url = base_url.rstrip("/")
         self.url = chat_completions_url(base_url)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -311,7 +397,14 @@ class OpenAIBackend:
 
     @chunk_channel
     async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
-        parser = OpenAIParser(request.model, self.url, tool_names(request))
+        names = tool_names(request)
+        if request.tools and not self.tool_stream:
+            body = openai_body(request, stream=False)
+            data = await fetch_whole(self._client, self.url, body, self._headers)
+            for chunk in parse_completion(data, request.model, self.url, names):
+                yield chunk
+            return
+        parser = OpenAIParser(request.model, self.url, names)
         body = openai_body(request)
         stream = stream_chunks(self._client, self.url, body, parser, self._headers)
         async with aclosing(stream) as chunks:

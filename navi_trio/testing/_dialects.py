@@ -179,15 +179,47 @@ class _OpenAI(_Dialect):
             "function": {"name": name, "arguments": arguments},
         }
 
-    def final(self, prompt_tokens: int, completion_tokens: int) -> list[bytes]:
+    def _reason(self) -> str:
         reason = self.reply.done_reason
-        if self.reply.tool_calls and reason == "stop":
-            reason = "tool_calls"
-        usage = {
+        return "tool_calls" if self.reply.tool_calls and reason == "stop" else reason
+
+    @staticmethod
+    def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+        return {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         }
+
+    def whole(
+        self, items: list[ContentItem], prompt_tokens: int, completion_tokens: int
+    ) -> dict[str, Any]:
+        """The non-streamed ``chat.completion`` body: the whole reply in one message."""
+        text = "".join(i.text for i in items if i.kind == "text")
+        thinking = "".join(i.text for i in items if i.kind == "thinking")
+        message: dict[str, Any] = {"role": "assistant", "content": text or None}
+        if thinking:
+            message[self.reply.thinking_field] = thinking
+        calls = [c for i in items if i.kind == "tool_calls" for c in i.calls]
+        if calls:
+            message["tool_calls"] = [
+                self._frag(n, f"{self.call_prefix}_{n}", c.name, c.arguments_json())
+                for n, c in enumerate(calls)
+            ]
+            for call in message["tool_calls"]:
+                del call["index"]
+        return {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 1735689600,
+            "model": self.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": self._reason()}],
+            "usage": self._usage(prompt_tokens, completion_tokens),
+        }
+
+    def final(self, prompt_tokens: int, completion_tokens: int) -> list[bytes]:
+        reason = self._reason()
+        usage = self._usage(prompt_tokens, completion_tokens)
         usage_chunk = {
             "id": "chatcmpl-fake",
             "object": "chat.completion.chunk",

@@ -23,6 +23,9 @@ key): ``text``, ``thinking``, ``tool_calls`` (``[{"name", "arguments"}]``), ``mo
 - Ollama: tool calls arrive whole in one chunk, without ids (as Ollama sends them).
   OpenAI: each call's arguments go out in two fragments keyed by ``index``, to exercise
   assembly; ``tool_calls`` arguments given as a string are sent as-is (cut JSON).
+- OpenAI, ``"stream": false`` in the request: one ``chat.completion`` JSON body after
+  the reply's delays (``stall`` / ``endless``: never), with the text, the tool calls
+  whole, ``finish_reason`` and ``usage``.
 - Every complete stream ends with usage: ``prompt_eval_count`` / ``eval_count`` and
   ``done_reason`` (Ollama), ``finish_reason`` + a ``usage`` chunk (OpenAI).
 
@@ -383,6 +386,8 @@ class FakeLLMServer:
             self.completed += 1
             self._notify()
             return True
+        if isinstance(dialect, _OpenAI) and body.get("stream") is False:
+            return await self._whole_reply(stream, conn, dialect, body)
         await stream.send_all(conn.send(h11.Response(status_code=200, headers=headers)))
         items = reply.content()
         for item in items:
@@ -417,6 +422,39 @@ class FakeLLMServer:
         await stream.send_all(conn.send(h11.EndOfMessage()))
         # Counted here, not after the watcher stops: a client that read the end of the
         # body must already see it counted.
+        self.completed += 1
+        self._notify()
+        return True
+
+    async def _whole_reply(
+        self, stream: trio.SocketStream, conn: h11.Connection, dialect: _OpenAI, body: Any
+    ) -> bool:
+        """A non-streamed answer (``"stream": false``): one JSON body, once "generated".
+
+        The delays add up before it (the model generates it all first); ``stall`` and
+        ``endless`` never answer; ``drop_after`` closes without an answer.
+        """
+        reply = dialect.reply
+        items = reply.content()
+        await trio.sleep(reply.delay_first + reply.delay_chunk * max(0, len(items) - 1))
+        if reply.stall or reply.endless:
+            await trio.sleep_forever()
+        if reply.drop_after is not None:
+            raise _Dropped
+        line = reply.malformed_line()
+        if line is not None:
+            await self._send_whole(stream, conn, 200, line.encode(), "application/json")
+        elif reply.error_line is not None:
+            await self._send_json(stream, conn, 200, {"error": {"message": reply.error_line}})
+        else:
+            messages = body.get("messages")
+            prompt = reply.prompt_tokens
+            if prompt is None:
+                prompt = rough_tokens(messages if isinstance(messages, list) else [])
+            completion = reply.completion_tokens
+            if completion is None:
+                completion = len(items)
+            await self._send_json(stream, conn, 200, dialect.whole(items, prompt, completion))
         self.completed += 1
         self._notify()
         return True
