@@ -20,6 +20,7 @@ from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings
 from navi_trio.tools.result import ToolResult as ToolResult
 from navi_trio.tools.result import cap_text as cap_text
+from navi_trio.tools.sandbox import SandboxSpec
 from navi_trio.tools.services import ToolServices
 
 
@@ -61,6 +62,11 @@ class ToolContext:
     # False for a sub-agent with no parent session: a background job's note would have
     # no session to reach, so the executor refuses to detach.
     can_detach: bool = True
+    # The run's policy mode (read-only / workspace / full) and the sender's role; the
+    # sandbox terminal and code_exec run in (None: no sandbox, `full` mode).
+    mode: str = "workspace"
+    user_role: str = "user"
+    sandbox: SandboxSpec | None = None
 
     def roots(self) -> tuple[Path, ...]:
         """Folders file tools may touch: the session folder, then the run's cwd."""
