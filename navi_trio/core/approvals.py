@@ -100,13 +100,11 @@ class ApprovalBroker:
             ok = headless_allows(profile.policy, facts)
             publish(ApprovalDecided(call_id=call_id, approved=ok, by="headless"))
             why = "allowed" if ok else "denied"
-            return Outcome(
-                ok,
-                f"{why} by the headless rule: no client is attached to approve it "
-                f"({verdict.rule})",
-            )
+            nobody = "no client is attached to approve it"
+            return Outcome(ok, f"{why} by the headless rule: {nobody} ({verdict.rule})")
         pending = _Pending(owner, verdict.key, verdict.rule)
-        self._pending[(session_id, call_id)] = pending
+        key = (session_id, call_id)
+        self._pending[key] = pending
         try:
             publish(
                 ApprovalRequest(
@@ -121,7 +119,8 @@ class ApprovalBroker:
             with trio.move_on_after(self.timeout):
                 await pending.answered.wait()
         finally:
-            del self._pending[(session_id, call_id)]
+            if self._pending.get(key) is pending:  # a provider may reuse a call id
+                del self._pending[key]
         if not pending.answered.is_set():
             publish(ApprovalDecided(call_id=call_id, approved=False, by="timeout"))
             return Outcome(False, f"no answer within {self.timeout:g} s ({verdict.rule})")
