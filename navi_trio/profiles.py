@@ -90,6 +90,9 @@ class CallPattern:
 class PolicyRule(CallPattern):
     decision: Decision
     roles: tuple[str, ...] = ()  # empty: every role
+    # true: a matching terminal / code_exec call gets the network in its sandbox (what
+    # the sandbox would otherwise block: make such a rule "ask" unless you trust it).
+    network: bool = False
 
 
 @attrs.frozen(kw_only=True)

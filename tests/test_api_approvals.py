@@ -57,7 +57,9 @@ def _daemon(
     policy = policy or {"rules": list(rules)}
     return open_daemon(
         tmp_path, replies=replies, loop=True, tools=toolset(term),
-        profiles={"general": with_tools(["terminal"], policy=policy)}, **kw,
+        # No plan on a first message: the scripted replies are the run's own.
+        profiles={"general": with_tools(["terminal"], policy=policy, planning_first_message=False)},
+        **kw,
     )  # fmt: skip
 
 
@@ -161,28 +163,37 @@ async def test_always_is_persisted_and_a_restart_still_allows(tmp_path: Path) ->
             assert [(f["by"], f["scope"]) for f in decided] == [("grant", "always")]
 
 
+async def _tick(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """A deadline every virtual second: while the store's thread works, the autojump
+    clock moves by one second, never all the way to a far deadline (the hello's)."""
+    task_status.started()
+    while True:  # noqa: ASYNC110 -- the deadlines are the point, not a wait
+        await trio.sleep(1)
+
+
 async def test_no_answer_within_the_timeout_is_a_deny(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     term = FakeTerminal()
     with real_time_limit(TIMEOUT):
-        async with _daemon(
-            tmp_path, term, approval_timeout_sec=45, first_chunk_timeout=1e5,
-            chunk_timeout=1e5, session_idle_sec=1e5, ws_hello_timeout_sec=1e5,
-            llm_connect_timeout=1e5,
-        ) as d, d.connect("alice") as c:  # fmt: skip
-            # Every other deadline is far: the clock jumps to the approval's.
-            sid, req = await _ask(c)
-            asked_at = trio.current_time()
-            assert req["timeout_sec"] == 45
-            decided = await c.until_type("approval_decided", session_id=sid)
-            assert 44 <= trio.current_time() - asked_at <= 45
-            assert decided["by"] == "timeout" and decided["approved"] is False
-            end = await c.until_end(sid)
-            assert end["text"] == "done" and term.ran == []
-            (result,) = _tool_results(c, sid)
-            assert "no answer within 45 s" in result["error"]
-            assert d.harness.runtime.approvals.pending(sid) == []
+        async with trio.open_nursery() as ticker:
+            await ticker.start(_tick)
+            async with _daemon(
+                tmp_path, term, approval_timeout_sec=45, first_chunk_timeout=1e5,
+                chunk_timeout=1e5, session_idle_sec=1e5, llm_connect_timeout=1e5,
+            ) as d, d.connect("alice") as c:  # fmt: skip
+                sid, req = await _ask(c)
+                asked_at = trio.current_time()
+                assert req["timeout_sec"] == 45
+                decided = await c.until_type("approval_decided", session_id=sid)
+                assert 43 <= trio.current_time() - asked_at <= 46
+                assert decided["by"] == "timeout" and decided["approved"] is False
+                end = await c.until_end(sid)
+                assert end["text"] == "done" and term.ran == []
+                (result,) = _tool_results(c, sid)
+                assert "no answer within 45 s" in result["error"]
+                assert d.harness.runtime.approvals.pending(sid) == []
+            ticker.cancel_scope.cancel()
 
 
 async def test_stop_while_waiting_ends_the_run_at_once(tmp_path: Path) -> None:
@@ -311,3 +322,22 @@ async def test_a_user_cannot_leave_a_read_only_mode_configured_for_users(
                 fields = {} if asked_for is None else {"mode": asked_for}
                 ctx, _ = await _mode_of_run(d, "alice", term, **fields)
                 assert ctx.mode == "read-only", asked_for
+
+
+async def test_a_network_rule_opens_the_sandbox_network_for_its_calls_only(
+    tmp_path: Path,
+) -> None:
+    term = FakeTerminal()
+    replies = [
+        call("terminal", action="run", command="curl https://example.org"),
+        call("terminal", action="run", command="make"),
+        {"text": "done"},
+    ]
+    rule = {"tool": "terminal", "match": "curl *", "decision": "ask", "network": True}
+    with trio.fail_after(TIMEOUT):
+        async with _daemon(tmp_path, term, rules=[rule], replies=replies) as d:
+            ctx, asked = await _mode_of_run(d, "alice", term)
+            assert asked and term.ran == ["curl https://example.org", "make"]
+            curl, make = term.ctxs
+            assert curl.sandbox is not None and curl.sandbox.network is True
+            assert make.sandbox is not None and make.sandbox.network is False

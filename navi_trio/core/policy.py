@@ -97,6 +97,7 @@ class Verdict:
     decision: str  # allow | ask | deny
     rule: str  # which rule decided, readable
     key: str  # what a "session" or "always" answer grants: this rule
+    network: bool = False  # the rule opens the sandbox's network for this call
 
 
 def _describe(pattern: CallPattern) -> str:
@@ -116,6 +117,7 @@ def decide(profile: AgentProfile, role: str, mode: str, facts: CallFacts) -> Ver
                 rule.decision,
                 f"{where}: {_describe(rule)} -> {rule.decision}",
                 f"rule|{profile.id}|{rule.tool}|{rule.action}|{rule.match}|{rule.decision}",
+                network=rule.network,
             )
     key = f"mode|{mode}|{facts.tool}|{facts.action}"
     if mode == "full" and facts.runs_code:
@@ -123,6 +125,11 @@ def decide(profile: AgentProfile, role: str, mode: str, facts: CallFacts) -> Ver
     if mode == "read-only" and facts.writes_files:
         return Verdict("ask", f"mode read-only: filesystem {facts.action} writes", key)
     return Verdict("allow", f"mode {mode}", key)
+
+
+def with_network(sandbox: SandboxSpec | None) -> SandboxSpec | None:
+    """The call's sandbox with the network on (None, no sandbox, stays None)."""
+    return None if sandbox is None else attrs.evolve(sandbox, network=True)
 
 
 def headless_allows(policy: PolicyConfig, facts: CallFacts) -> bool:

@@ -24,7 +24,7 @@ import attrs
 import trio
 
 from navi_trio.core.approvals import ApprovalBroker
-from navi_trio.core.policy import CallFacts, decide, summary
+from navi_trio.core.policy import CallFacts, Verdict, decide, summary, with_network
 from navi_trio.core.task_supervisor import Job, TaskSupervisor
 from navi_trio.errors import TaskRejectedError
 from navi_trio.events import AgentEvent, ToolEvent, ToolResultEvent, ToolStarted
@@ -149,19 +149,26 @@ class ToolExecutor:
         # The flag is the executor's, never the tool's (terminal open, which keeps its
         # own meaning of background, is persistent either way).
         args.pop("background", None)
-        refused = await self._gate(call, args, ctx, publish)
+        verdict = decide(ctx.profile, ctx.user_role, ctx.mode, CallFacts.of(call.name, args))
+        refused = await self._gate(call, args, ctx, verdict, publish)
         if refused is not None:
             return refused
+        if verdict.network:
+            call_ctx = attrs.evolve(call_ctx, sandbox=with_network(call_ctx.sandbox))
         if self._wants_background(call):
             return self._detach(tool, args, call_ctx)
         return await run_tool(tool, args, call_ctx)
 
     async def _gate(
-        self, call: ToolCall, args: dict[str, Any], ctx: ToolContext, publish: Publish
+        self,
+        call: ToolCall,
+        args: dict[str, Any],
+        ctx: ToolContext,
+        verdict: Verdict,
+        publish: Publish,
     ) -> ToolResult | None:
         """None when the policy lets the call run; else its failed result."""
         facts = CallFacts.of(call.name, args)
-        verdict = decide(ctx.profile, ctx.user_role, ctx.mode, facts)
         if verdict.decision == "allow":
             return None
         if verdict.decision == "deny":
