@@ -201,10 +201,13 @@ async def test_stop_while_waiting_ends_the_run_at_once(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
         async with _daemon(tmp_path, term) as d, d.connect("alice") as c:
             sid, req = await _ask(c)
+            assert d.harness.runtime.approvals.pending(sid) == [req["call_id"]]  # waiting
             ok = await c.request({"type": "stop", "session_id": sid})
             assert ok["stopped"] is True
             end = await c.until_end(sid)
             assert end["reason"] == "stopped" and term.ran == []
+            (result,) = _tool_results(c, sid)
+            assert result["error"] == "stopped by the user"
             assert d.harness.runtime.approvals.pending(sid) == []
             late = await _answer(c, "approve", sid, req["call_id"])
             assert late["type"] == "error" and late["code"] == "not_found", late
@@ -341,3 +344,28 @@ async def test_a_network_rule_opens_the_sandbox_network_for_its_calls_only(
             curl, make = term.ctxs
             assert curl.sandbox is not None and curl.sandbox.network is True
             assert make.sandbox is not None and make.sandbox.network is False
+
+
+async def test_a_subagent_runs_in_its_parents_mode(tmp_path: Path) -> None:
+    from navi_trio.tools.spawn_agent import SpawnAgentTool
+
+    term = FakeTerminal()
+    replies = [
+        call("spawn_agent", task="build it"),
+        call("terminal", action="run", command="make"),  # the sub-agent's call
+        {"text": "sub done"},
+        {"text": "done"},
+    ]
+    profile = {
+        "tools": {"agent": ["spawn_agent"], "subagent": ["terminal"]},
+        "planning_first_message": False,
+    }
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=replies, tools=toolset(term, SpawnAgentTool()),
+            profiles={"general": profile},
+        ) as h:  # fmt: skip
+            await h.turn("s-sub", "delegate", mode="read-only")
+            (ctx,) = term.ctxs
+            assert ctx.is_subagent and ctx.mode == "read-only"
+            assert ctx.sandbox is not None and ctx.sandbox.writable == ()
