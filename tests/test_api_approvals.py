@@ -224,7 +224,12 @@ async def test_only_the_owner_answers(tmp_path: Path) -> None:
                     assert err["type"] == "error" and err["code"] == "forbidden", (who, err)
             assert term.ran == [] and d.harness.runtime.approvals.pending(sid) == [req["call_id"]]
             assert await d.harness.runtime.store.kv_list(ALWAYS_SCOPE) == []
-            await _answer(alice, "approve", sid, req["call_id"])
+            # The owner on another connection: subscribing shows what waits, and answers.
+            async with d.connect("alice") as again:
+                ok = await again.request({"type": "subscribe", "session_id": sid})
+                assert [a["call_id"] for a in ok["approvals"]] == [req["call_id"]]
+                assert ok["approvals"][0]["summary"] == "terminal run: git push"
+                await _answer(again, "approve", sid, req["call_id"])
             await alice.until_end(sid)
             assert term.ran == ["git push"]
 

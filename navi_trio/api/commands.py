@@ -42,6 +42,7 @@ from navi_trio.errors import (
     SessionBusyError,
     UnavailableError,
 )
+from navi_trio.events import event_to_dict
 from navi_trio.store.base import SessionRow
 
 if TYPE_CHECKING:
@@ -203,8 +204,12 @@ class Commands:
     async def _subscribe(self, rid: RequestId, cmd: Subscribe) -> None:
         await self._owned(cmd.session_id)
         actor = await self._actor(cmd.session_id)
-        # The ok goes out before the replay: the client knows its request was taken.
-        await self.conn.send(reply(rid, "ok", session_id=cmd.session_id, seq=actor.seq))
+        # The ok goes out before the replay: the client knows its request was taken. It
+        # carries the approval requests still waiting, which a replay may no longer hold.
+        waiting = [event_to_dict(e) for e in self.rt.approvals.waiting(cmd.session_id)]
+        await self.conn.send(
+            reply(rid, "ok", session_id=cmd.session_id, seq=actor.seq, approvals=waiting)
+        )
         self.conn.subscribe(actor, cmd.last_seq, cmd.epoch)
 
     async def _unsubscribe(self, rid: RequestId, cmd: Unsubscribe) -> None:

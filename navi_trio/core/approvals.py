@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from typing import Any
 
 import attrs
 import trio
@@ -27,6 +26,7 @@ from navi_trio.core.policy import CallFacts, Verdict, headless_allows
 from navi_trio.errors import NotFoundError
 from navi_trio.events import AgentEvent, ApprovalDecided, ApprovalRequest
 from navi_trio.profiles import AgentProfile
+from navi_trio.store.base import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ class _Pending:
     owner_id: str
     key: str
     rule: str
+    request: ApprovalRequest
     answered: trio.Event = attrs.Factory(trio.Event)
     approved: bool = False
     scope: str = "once"
@@ -61,7 +62,9 @@ class ApprovalBroker:
     `attached(session_id)` says whether a client is subscribed to the session.
     """
 
-    def __init__(self, store: Any, timeout: float, attached: Callable[[str], bool]) -> None:
+    def __init__(
+        self, store: SessionStore, timeout: float, attached: Callable[[str], bool]
+    ) -> None:
         self.store = store
         self.timeout = timeout
         self.attached = attached
@@ -71,6 +74,10 @@ class ApprovalBroker:
     def pending(self, session_id: str) -> list[str]:
         """Call ids waiting for an answer in `session_id`."""
         return [cid for (sid, cid) in self._pending if sid == session_id]
+
+    def waiting(self, session_id: str) -> list[ApprovalRequest]:
+        """The requests still waiting in `session_id` (a client that subscribes gets them)."""
+        return [p.request for (sid, _), p in self._pending.items() if sid == session_id]
 
     async def owner_of(self, session_id: str, fallback: str) -> str:
         row = await self.store.get_session(session_id)
@@ -102,20 +109,19 @@ class ApprovalBroker:
             why = "allowed" if ok else "denied"
             nobody = "no client is attached to approve it"
             return Outcome(ok, f"{why} by the headless rule: {nobody} ({verdict.rule})")
-        pending = _Pending(owner, verdict.key, verdict.rule)
+        request = ApprovalRequest(
+            call_id=call_id,
+            tool=facts.tool,
+            summary=summary,
+            rule=verdict.rule,
+            mode=mode,
+            timeout_sec=math.ceil(self.timeout),
+        )
+        pending = _Pending(owner, verdict.key, verdict.rule, request)
         key = (session_id, call_id)
         self._pending[key] = pending
         try:
-            publish(
-                ApprovalRequest(
-                    call_id=call_id,
-                    tool=facts.tool,
-                    summary=summary,
-                    rule=verdict.rule,
-                    mode=mode,
-                    timeout_sec=math.ceil(self.timeout),
-                )
-            )
+            publish(request)
             with trio.move_on_after(self.timeout):
                 await pending.answered.wait()
         finally:
