@@ -111,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--url", help=f"run it in this daemon (default: {DEFAULT_URL} if it answers)")
     run.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
+    run.add_argument(
+        "--mode",
+        choices=("read-only", "workspace", "full"),
+        help="safety mode for this run, within what your role allows (default: the profile's)",
+    )
     _add_endpoint_options(run)
 
     compact = sub.add_parser(

@@ -20,11 +20,18 @@ has its own), so giving one of them means "in this process".
 
 The first Ctrl-C, SIGTERM or SIGHUP stops the run cleanly (in the daemon: a ``stop``
 frame, then the run's ``stream_end`` is awaited); a second one quits at once.
+
+A tool call that needs approval (README "Safety") is asked on the terminal when there is
+one (y: once, s: for this session, a: always, anything else: no); without a terminal it
+is denied at once, with a line saying so. In this process the person at the shell is
+the local admin; through the daemon the token's role applies. `--mode` asks for a mode
+within what that role allows.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -48,7 +55,7 @@ from navi_trio.cli import (
     load_settings,
     one_line,
 )
-from navi_trio.errors import ConfigError, StoreError
+from navi_trio.errors import ConfigError, NotFoundError, StoreError
 from navi_trio.events import (
     AgentEvent,
     ErrorEvent,
@@ -225,6 +232,38 @@ class RunRequest:
     cwd: Path
     profile: str | None
     as_json: bool
+    mode: str | None = None
+
+
+def _ask_line(prompt: str) -> str:
+    """Blocking: one answer typed on the terminal (run in a worker thread)."""
+    print(prompt, end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline()
+
+
+async def decide_approval(frame: Frame, err: TextIO, *, interactive: bool) -> tuple[bool, str]:
+    """(approve, scope) for an `approval_request` frame: asked on the terminal, or no."""
+    tool, summary = frame.get("tool", "?"), one_line(str(frame.get("summary", "")))
+    rule = frame.get("rule", "")
+    if not interactive:
+        _say(err, f"navi: denied {tool} ({summary}): it needs approval ({rule}) and there is "
+             "no terminal to ask; run it with a terminal, or allow it with a rule")  # fmt: skip
+        return False, "once"
+    line = await trio.to_thread.run_sync(
+        _ask_line,
+        f"navi: approve {tool}: {summary}  [{rule}]? [y]es / [s]ession / [a]lways / [N]o: ",
+        abandon_on_cancel=True,
+    )
+    choice = line.strip().lower()[:1]
+    scope = {"y": "once", "s": "session", "a": "always"}.get(choice)
+    return (scope is not None), (scope or "once")
+
+
+def _interactive() -> bool:
+    try:
+        return sys.stdin.isatty()
+    except (ValueError, OSError):
+        return False
 
 
 # ------------------------------------------------------------------ embedded runtime
@@ -258,7 +297,11 @@ async def _wait_for_background(
 
 
 async def _follow(
-    actor: SessionActor, req: RunRequest, printer: _Printer, stopper: _StopHandler
+    actor: SessionActor,
+    req: RunRequest,
+    printer: _Printer,
+    stopper: _StopHandler,
+    on_approval: Callable[[Frame], None],
 ) -> None:
     """Send the message to the actor and show its frames until this run ends."""
     from navi_trio.core.agent import UserMessage
@@ -269,12 +312,20 @@ async def _follow(
         # Live frames first; after being cut off for lagging, from the last one shown.
         with actor.subscribe(last, actor.epoch if last is not None else None) as sub:
             if not sent:
-                actor.send_message(UserMessage(req.text, cwd=req.cwd, profile_id=req.profile))
+                # The person at this shell owns the machine: the local admin.
+                actor.send_message(
+                    UserMessage(
+                        req.text, cwd=req.cwd, profile_id=req.profile, user_role="admin",
+                        mode=req.mode,
+                    )
+                )  # fmt: skip
                 sent = True
                 stopper.switch(actor.stop, "the run")
             async for frame in sub.frames:
                 if isinstance(frame.get("seq"), int):
                     last = frame["seq"]
+                if frame.get("type") == "approval_request":
+                    on_approval(frame)
                 if printer.show(frame):
                     return
         if sub.lagged is None:
@@ -294,12 +345,20 @@ async def run_embedded(
         async with open_runtime(settings, config=source) as rt, trio.open_nursery() as nursery:
             nursery.start_soon(stopper.watch, signals)
             print(f"session: {req.session_id}", file=err, flush=True)
+
             # The lease before anything reads the session: another process may run it.
             # The actor's run takes it too (holds nest); this one also covers the wait
             # for the background jobs, which belong to this process.
+            async def answer(frame: Frame) -> None:
+                approve, scope = await decide_approval(frame, err, interactive=_interactive())
+                with contextlib.suppress(NotFoundError):  # timed out or stopped meanwhile
+                    await rt.approvals.answer(
+                        req.session_id, str(frame["call_id"]), approve=approve, scope=scope
+                    )
+
             async with rt.agent.leases.hold(req.session_id):
                 actor = await rt.sessions.get(req.session_id)
-                await _follow(actor, req, printer, stopper)
+                await _follow(actor, req, printer, stopper, lambda f: nursery.start_soon(answer, f))
                 await _wait_for_background(rt.supervisor, req.session_id, stopper, printer.err)
             nursery.cancel_scope.cancel()
     if outer.cancelled_caught and outcome.signal is None:
@@ -321,6 +380,7 @@ class _RemoteRun:
     # Set once the first frame after our message says whether it runs or waits.
     known: trio.Event = attrs.field(factory=trio.Event)
     started: bool = False  # our run's frames are coming (not a run ahead of ours)
+    on_approval: Callable[[Frame], None] = lambda frame: None
     ahead: int | None = None  # runs to wait for when our message was queued
     finished: bool = False
 
@@ -348,6 +408,8 @@ class _RemoteRun:
                 return
             self.started = True
             self.known.set()
+        if kind == "approval_request":
+            self.on_approval(frame)
         self.finished = self.printer.show(frame)
 
 
@@ -393,6 +455,17 @@ async def run_remote(url: str, token: str, req: RunRequest, out: TextIO, err: Te
                                   "session_id": req.session_id, "cwd": str(req.cwd)}  # fmt: skip
                 if req.profile is not None:
                     message["profile"] = req.profile
+                if req.mode is not None:
+                    message["mode"] = req.mode
+
+                async def answer(frame: Frame) -> None:
+                    approve, scope = await decide_approval(frame, err, interactive=_interactive())
+                    await ws.send_message(encode({
+                        "type": "approve" if approve else "deny", "session_id": req.session_id,
+                        "call_id": frame["call_id"], "scope": scope,
+                    }))  # fmt: skip
+
+                run.on_approval = lambda f: nursery.start_soon(answer, f)
                 await ws.send_message(encode(message))
                 nursery.start_soon(send_stop)
                 while not run.finished:
@@ -452,7 +525,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not cwd.is_dir():
         raise UsageError(f"--cwd {cwd}: not a directory")
     session_id = args.session if args.session is not None else new_session_id()
-    req = RunRequest(session_id, text, cwd, args.profile, args.events)
+    req = RunRequest(session_id, text, cwd, args.profile, args.events, args.mode)
     target = daemon_target(args, settings)
     if target is not None:
         outcome = trio.run(run_remote, *target, req, out, err)

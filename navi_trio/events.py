@@ -182,6 +182,28 @@ class SubagentFinished(AgentEvent):
     tokens: int = 0
 
 
+@attrs.frozen
+class ApprovalRequest(AgentEvent):
+    """A tool call waits for its session owner's `approve` / `deny` (README "Safety")."""
+
+    call_id: str
+    tool: str
+    summary: str  # the arguments, readable
+    rule: str  # which rule asked
+    mode: str = "workspace"
+    timeout_sec: int = 0  # whole seconds, rounded up
+
+
+@attrs.frozen
+class ApprovalDecided(AgentEvent):
+    """How an approval ended: by the owner, for lack of an answer, or by the headless rule."""
+
+    call_id: str
+    approved: bool
+    scope: str = "once"  # once | session | always
+    by: str = "owner"  # owner | timeout | headless | grant
+
+
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
@@ -206,6 +228,8 @@ EVENT_CLASSES: tuple[type[AgentEvent], ...] = (
     TodoUpdated,
     SubagentStarted,
     SubagentFinished,
+    ApprovalRequest,
+    ApprovalDecided,
 )
 
 _TAGS: dict[str, type[AgentEvent]] = {}

@@ -20,7 +20,7 @@ import logging
 import os
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import cattrs
@@ -64,6 +64,47 @@ class ToolsConfig:
     subagent: tuple[str, ...] = ()
 
 
+# Tool policy (README "Safety"): modes from least to most power; the roles a user has.
+MODES = ("read-only", "workspace", "full")
+ROLES = ("admin", "user")
+Mode = Literal["read-only", "workspace", "full"]
+Decision = Literal["allow", "ask", "deny"]
+
+
+def _pattern(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
+    if not value.strip():
+        raise ValueError(f"{attr.name} must not be empty (use \"*\" for any)")
+
+
+@attrs.frozen(kw_only=True)
+class CallPattern:
+    """Which calls: a tool, its action, and the command or path (fnmatch patterns)."""
+
+    tool: str = attrs.field(validator=_pattern)
+    action: str = attrs.field(default="*", validator=_pattern)
+    # terminal run / open: the command line; code_exec: the code; filesystem: the path.
+    match: str = attrs.field(default="*", validator=_pattern)
+
+
+@attrs.frozen(kw_only=True)
+class PolicyRule(CallPattern):
+    decision: Decision
+    roles: tuple[str, ...] = ()  # empty: every role
+    # true: a matching terminal / code_exec call gets the network in its sandbox (what
+    # the sandbox would otherwise block: make such a rule "ask" unless you trust it).
+    network: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class PolicyConfig:
+    # role -> the mode its runs get (for a user, also the most it may ask for).
+    modes: dict[str, Mode] = attrs.Factory(dict)
+    rules: tuple[PolicyRule, ...] = ()
+    # With no client attached, a call that would ask runs only when it matches one of
+    # these; every other such call is denied.
+    headless_allow: tuple[CallPattern, ...] = ()
+
+
 @attrs.frozen(kw_only=True)
 class AgentProfile:
     id: str = ""
@@ -97,6 +138,7 @@ class AgentProfile:
     plan_max_tokens: int | None = None
     answer_max_tokens: int | None = None
     compression_prompt_file: str | None = None
+    policy: PolicyConfig = PolicyConfig()
 
     def model_or(self, default: str) -> str:
         """The profile's model, or `default` (Settings.default_model) when it names none."""
@@ -157,6 +199,31 @@ def _structure_tools(value: Any, _: Any) -> ToolsConfig:
 
 
 _converter.register_structure_hook_func(lambda t: t == tuple[str, ...], _structure_names)
+
+
+def _structure_choice(value: Any, typ: Any) -> Any:
+    if value not in typ.__args__:
+        choices = ", ".join(repr(a) for a in typ.__args__)
+        raise ExpectedError(f"expected one of {choices}, got {value!r}")
+    return value
+
+
+_converter.register_structure_hook_func(lambda t: t in (Decision, Mode), _structure_choice)
+
+
+def _check_policy_lists(data: dict[str, Any], path: Path) -> None:
+    """cattrs reads a string as a list of characters: rule lists must be lists of objects."""
+    profiles = data.get("profiles")
+    for pid, prof in (profiles.items() if isinstance(profiles, dict) else ()):
+        policy = prof.get("policy") if isinstance(prof, dict) else None
+        for key in ("rules", "headless_allow"):
+            value = policy.get(key, []) if isinstance(policy, dict) else []
+            where = f"$.profiles[{pid!r}].policy.{key}"
+            if not isinstance(value, list):
+                raise ConfigError(f"{path}: {where}: expected a list of objects, got {value!r}")
+            for i, item in enumerate(value):
+                if not isinstance(item, dict):
+                    raise ConfigError(f"{path}: {where}[{i}]: expected an object, got {item!r}")
 _converter.register_structure_hook(ToolsConfig, _structure_tools)
 
 
@@ -164,6 +231,7 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
     """Structure already-decoded JSON into a NaviConfig; errors name `path` and the key."""
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object at the top level")
+    _check_policy_lists(data, path)
     try:
         cfg = _converter.structure({k: v for k, v in data.items()}, NaviConfig)
     except cattrs.BaseValidationError as exc:
@@ -197,6 +265,7 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
             value = getattr(prof, field)
             if value is not None and value < 1:
                 raise ConfigError(f"{path}: {where}.{field}: expected a number of 1 or more")
+        _check_policy(prof.policy, path, f"{where}.policy")
         prompt = prof.system_prompt
         if prof.system_prompt_file:
             prompt = _read_text(base / prof.system_prompt_file, path, f"{where}.system_prompt_file")
@@ -206,6 +275,26 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
             )
         profiles[pid] = attrs.evolve(prof, id=pid, system_prompt=prompt)
     return attrs.evolve(cfg, persona=persona, profiles=profiles, base_dir=base)
+
+
+def _check_policy(policy: PolicyConfig, path: Path, where: str) -> None:
+    """What the policy's shape cannot say: known roles, and `full` for admins only."""
+    for role, mode in policy.modes.items():
+        if role not in ROLES:
+            raise ConfigError(
+                f"{path}: {where}.modes: unknown role {role!r} (roles: {', '.join(ROLES)})"
+            )
+        if mode == "full" and role != "admin":
+            raise ConfigError(
+                f"{path}: {where}.modes[{role!r}]: 'full' (no sandbox) is for admins only"
+            )
+    for i, rule in enumerate(policy.rules):
+        unknown = [r for r in rule.roles if r not in ROLES]
+        if unknown:
+            raise ConfigError(
+                f"{path}: {where}.rules[{i}].roles: unknown role(s) {', '.join(unknown)} "
+                f"(roles: {', '.join(ROLES)})"
+            )
 
 
 def _read_text(file: Path, cfg_path: Path, key: str) -> str:
@@ -232,6 +321,17 @@ def check_config(
                 problems.append(
                     f"$.profiles[{pid!r}].tools.{key}: unknown tool(s) {', '.join(unknown)} "
                     f"(known tools: {', '.join(sorted(known))})"
+                )
+        patterns: list[tuple[str, CallPattern]] = [("rules", r) for r in prof.policy.rules]
+        patterns += [("headless_allow", r) for r in prof.policy.headless_allow]
+        counts = {"rules": 0, "headless_allow": 0}
+        for key, pattern in patterns:
+            i = counts[key]
+            counts[key] += 1
+            if pattern.tool != "*" and pattern.tool not in known:
+                problems.append(
+                    f"$.profiles[{pid!r}].policy.{key}[{i}].tool: unknown tool "
+                    f"{pattern.tool!r} (known tools: {', '.join(sorted(known))})"
                 )
     for name in REQUIRED_PROMPT_FILES:
         if not (cfg.base_dir / name).is_file():

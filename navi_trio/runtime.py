@@ -23,6 +23,7 @@ import trio
 
 from navi_trio.api.protocol import event_frame
 from navi_trio.core.agent import Agent
+from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.session_actor import SessionRegistry
 from navi_trio.core.task_supervisor import TaskSupervisor
 from navi_trio.events import TaskUpdate
@@ -48,6 +49,7 @@ class Runtime:
     registry: ToolRegistry
     processes: ProcessPool
     supervisor: TaskSupervisor
+    approvals: ApprovalBroker
     agent: Agent
     sessions: SessionRegistry
     nursery: trio.Nursery
@@ -98,6 +100,11 @@ async def open_runtime(
 
             supervisor = TaskSupervisor(settings, store, publish)
             await nursery.start(supervisor.run)
+
+            def attached(session_id: str) -> bool:
+                return sessions is not None and sessions.attached(session_id)
+
+            approvals = ApprovalBroker(store, settings.approval_timeout_sec, attached)
             agent = Agent(
                 settings=settings,
                 config=config,
@@ -106,6 +113,7 @@ async def open_runtime(
                 registry=registry,
                 supervisor=supervisor,
                 processes=processes,
+                approvals=approvals,
             )
             sessions = SessionRegistry(
                 agent,
@@ -123,6 +131,7 @@ async def open_runtime(
                     registry=registry,
                     processes=processes,
                     supervisor=supervisor,
+                    approvals=approvals,
                     agent=agent,
                     sessions=sessions,
                     nursery=nursery,

@@ -171,6 +171,10 @@ class Settings:
     tool_progress_max_chars: int = attrs.field(
         default=4000, metadata=_env("NAVI_TOOL_PROGRESS_MAX_CHARS")
     )
+    # A tool call that asks for approval: no answer within this is a deny.
+    approval_timeout_sec: float = attrs.field(
+        default=300.0, metadata=_env("NAVI_APPROVAL_TIMEOUT_SEC")
+    )
     # A run's event path: progress events (text deltas, tool output) a slow reader may
     # leave waiting before they are merged or dropped; other events are never dropped.
     event_buffer_max: int = attrs.field(default=256, metadata=_env("NAVI_EVENT_BUFFER_MAX"))

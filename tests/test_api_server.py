@@ -201,7 +201,9 @@ async def test_bad_frames_get_errors_and_the_connection_goes_on(tmp_path: Path) 
                     ({"type": "stop"}, "bad_frame", "session_id"),
                     ({"type": "tasks", "action": "boom"}, "bad_frame", "'list'"),
                     ({"type": "message", "content": "x" * 3000}, "too_large", "limit is 2048"),
-                    ({"type": "approve", "call_id": "c1"}, "unsupported", "approve"),
+                    ({"type": "approve", "call_id": "c1"}, "bad_frame", "approve.session_id"),
+                    ({"type": "deny", "session_id": sid, "call_id": "c1"}, "not_found", "'c1'"),
+                    ({"type": "message", "content": "x", "mode": "god"}, "bad_frame", "'full'"),
                     ({"type": "hello", "token": "again"}, "bad_frame", "already"),
                     (
                         {"type": "message", "content": "x", "cwd": "/no/such/dir"},

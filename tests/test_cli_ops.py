@@ -32,6 +32,7 @@ from test_cli import (
     navi,
 )
 from test_no_orphans import read_pids, spawner
+from unsandboxed import FULL_ARGS, unsandboxed_config
 
 from navi_trio.cli import load_settings, main
 from navi_trio.core.agent import Agent
@@ -162,13 +163,14 @@ async def test_a_crashed_owner_does_not_block_its_session(
 async def test_a_stop_signal_kills_the_tools_processes_and_saves_the_stopped_turn(
     env: dict[str, str], tmp_path: Path, signum: int
 ) -> None:
+    env = {**env, "NAVI_CONFIG": str(unsandboxed_config(tmp_path))}  # host pids: no sandbox
     fifo = tmp_path / "pids"
     os.mkfifo(fifo)
     call = {"action": "run", "command": spawner(fifo)}
     replies = [{"text": "Running it.", "tool_calls": [{"name": "terminal", "arguments": call}]},
                {"text": "never asked"}]  # fmt: skip
     async with fake_llm(tmp_path, replies) as url:
-        proc = await start_navi("run", "--session", "s-sig", "--llm-url", url, "go",
+        proc = await start_navi("run", "--session", "s-sig", "--llm-url", url, *FULL_ARGS, "go",
                                 env=env, cwd=tmp_path)  # fmt: skip
         try:
             with trio.fail_after(DEADLINE):
@@ -259,11 +261,12 @@ async def test_run_waits_for_its_background_task_and_keeps_its_note(
 async def test_a_stop_signal_while_waiting_cancels_the_background_tasks(
     env: dict[str, str], tmp_path: Path, signum: int
 ) -> None:
+    env = {**env, "NAVI_CONFIG": str(unsandboxed_config(tmp_path))}  # host pids: no sandbox
     fifo = tmp_path / "pids"
     os.mkfifo(fifo)
     replies = [background_call(spawner(fifo)), {"text": "Started it."}]
     async with fake_llm(tmp_path, replies) as url:
-        proc = await start_navi("run", "--session", "s-bgc", "--llm-url", url, "go",
+        proc = await start_navi("run", "--session", "s-bgc", "--llm-url", url, *FULL_ARGS, "go",
                                 env=env, cwd=tmp_path)  # fmt: skip
         assert proc.stderr is not None
         try:

@@ -16,6 +16,7 @@ from typing import Any
 
 import trio
 from kvfake import PidWatch, is_gone
+from unsandboxed import ALLOW_EXEC, FULL
 
 from navi_trio.testing import open_harness
 
@@ -50,8 +51,8 @@ async def test_cancelling_a_background_task_kills_its_whole_process_group(
     os.mkfifo(fifo)
     replies = [run_call(fifo, background=True), {"text": "started"}]
     with trio.fail_after(TIMEOUT):
-        async with open_harness(tmp_path, replies=replies) as h:
-            await h.turn("s1", "hi")
+        async with open_harness(tmp_path, replies=replies, profiles={"general": ALLOW_EXEC}) as h:
+            await h.turn("s1", "hi", **FULL)
             (job,) = h.runtime.supervisor.list_jobs("s1")
             pids = await read_pids(fifo, 4)
             watch = PidWatch(pids)
@@ -73,9 +74,9 @@ async def test_daemon_shutdown_kills_background_and_inline_process_groups(
     os.mkfifo(inline_fifo)
     replies = [run_call(bg_fifo, background=True), run_call(inline_fifo), {"text": "never"}]
     with trio.fail_after(TIMEOUT):
-        async with open_harness(tmp_path, replies=replies) as h:
+        async with open_harness(tmp_path, replies=replies, profiles={"general": ALLOW_EXEC}) as h:
             s = await h.session("s1")
-            s.send("hi")
+            s.send("hi", **FULL)
             pids = await read_pids(bg_fifo, 4) + await read_pids(inline_fifo, 4)
             watch = PidWatch(pids)
             assert not any(is_gone(p) for p in pids)

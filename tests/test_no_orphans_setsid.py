@@ -21,6 +21,7 @@ from typing import Any
 import trio
 import trio.testing
 from kvfake import PidWatch, is_gone, make_ctx
+from unsandboxed import ALLOW_EXEC, FULL
 
 from navi_trio.testing import open_harness
 from navi_trio.tools.code_exec import CodeExecTool
@@ -183,8 +184,8 @@ async def test_cancelling_a_background_task_kills_a_setsid_grandchild(tmp_path: 
     fifo = make_fifo(tmp_path / "pids")
     replies = [run_call(fifo, background=True), {"text": "started"}]
     with trio.fail_after(TIMEOUT):
-        async with open_harness(tmp_path, replies=replies) as h:
-            await h.turn("s1", "hi")
+        async with open_harness(tmp_path, replies=replies, profiles={"general": ALLOW_EXEC}) as h:
+            await h.turn("s1", "hi", **FULL)
             (job,) = h.runtime.supervisor.list_jobs("s1")
             watch = PidWatch(await read_pids(fifo, 2))
             assert h.runtime.supervisor.cancel("s1", job.task_id)
@@ -198,9 +199,9 @@ async def test_runtime_shutdown_kills_setsid_grandchildren(tmp_path: Path) -> No
     inline_fifo = make_fifo(tmp_path / "inline")
     replies = [run_call(bg_fifo, background=True), run_call(inline_fifo), {"text": "never"}]
     with trio.fail_after(TIMEOUT):
-        async with open_harness(tmp_path, replies=replies) as h:
+        async with open_harness(tmp_path, replies=replies, profiles={"general": ALLOW_EXEC}) as h:
             s = await h.session("s1")
-            s.send("hi")
+            s.send("hi", **FULL)
             pids = await read_pids(bg_fifo, 2) + await read_pids(inline_fifo, 2)
             watch = PidWatch(pids)
         # Leaving the runtime is the daemon shutting down, mid-run and mid-job.

@@ -41,8 +41,8 @@ from navi_trio.errors import (
     ProtocolError,
     SessionBusyError,
     UnavailableError,
-    UnsupportedError,
 )
+from navi_trio.events import event_to_dict
 from navi_trio.store.base import SessionRow
 
 if TYPE_CHECKING:
@@ -68,8 +68,6 @@ class Commands:
     async def handle(self, rid: RequestId, command: Command) -> None:
         if isinstance(command, Hello):
             raise ProtocolError("already authenticated: hello is the first frame only")
-        if isinstance(command, Approval):
-            raise UnsupportedError(f"{command.decision!r} is not supported by this daemon yet")
         handler: Any = {
             SendMessage: self._message,
             Stop: self._stop,
@@ -78,6 +76,7 @@ class Commands:
             Unsubscribe: self._unsubscribe,
             Tasks: self._tasks,
             Sessions: self._sessions,
+            Approval: self._approval,
         }[type(command)]
         try:
             await handler(rid, command)
@@ -147,6 +146,7 @@ class Commands:
             user_role=self.user.role,
             user_info=self.user.info,
             profile_id=cmd.profile,
+            mode=cmd.mode,
         )
         queued = actor.busy
         try:
@@ -166,6 +166,28 @@ class Commands:
             log.info("session %s: stopped by %s", cmd.session_id, self.user.name)
         await self.conn.send(reply(rid, "ok", session_id=cmd.session_id, stopped=stopped))
 
+    async def _approval(self, rid: RequestId, cmd: Approval) -> None:
+        # Only the session's owner answers, an admin included: it is their call.
+        row = await self._owned(cmd.session_id)
+        broker = self.rt.approvals
+        broker.owner_of_pending(cmd.session_id, cmd.call_id)  # NotFoundError when none
+        if self.user.id != row.user_id:
+            log.warning(
+                "user %s refused: approval %s in session %s of another user",
+                self.user.name, cmd.call_id, cmd.session_id,
+            )  # fmt: skip
+            raise ForbiddenError(
+                f"only the owner of session {cmd.session_id!r} answers its approval requests"
+            )
+        approve = cmd.decision == "approve"
+        await broker.answer(cmd.session_id, cmd.call_id, approve=approve, scope=cmd.scope)
+        await self.conn.send(
+            reply(
+                rid, "ok", session_id=cmd.session_id, call_id=cmd.call_id,
+                approved=approve, scope=cmd.scope,
+            )  # fmt: skip
+        )
+
     async def _compact(self, rid: RequestId, cmd: Compact) -> None:
         await self._owned(cmd.session_id)
         actor = await self._actor(cmd.session_id)
@@ -182,8 +204,12 @@ class Commands:
     async def _subscribe(self, rid: RequestId, cmd: Subscribe) -> None:
         await self._owned(cmd.session_id)
         actor = await self._actor(cmd.session_id)
-        # The ok goes out before the replay: the client knows its request was taken.
-        await self.conn.send(reply(rid, "ok", session_id=cmd.session_id, seq=actor.seq))
+        # The ok goes out before the replay: the client knows its request was taken. It
+        # carries the approval requests still waiting, which a replay may no longer hold.
+        waiting = [event_to_dict(e) for e in self.rt.approvals.waiting(cmd.session_id)]
+        await self.conn.send(
+            reply(rid, "ok", session_id=cmd.session_id, seq=actor.seq, approvals=waiting)
+        )
         self.conn.subscribe(actor, cmd.last_seq, cmd.epoch)
 
     async def _unsubscribe(self, rid: RequestId, cmd: Unsubscribe) -> None:
@@ -250,6 +276,7 @@ class Commands:
             self.rt.supervisor.cancel(session_id, job.task_id)
         deleted = await self.rt.store.delete_session(session_id)
         self.rt.agent.cache.forget(session_id)
+        self.rt.approvals.forget(session_id)
         folder = self.rt.settings.session_dir(session_id)
         await trio.to_thread.run_sync(lambda: shutil.rmtree(folder, ignore_errors=True))
         log.info("session %s deleted by %s", session_id, self.user.name)

@@ -64,6 +64,8 @@ class SendMessage:
     session_id: str | None = attrs.field(default=None, validator=_session_id)
     cwd: str | None = attrs.field(default=None, validator=_absolute)
     profile: str | None = None
+    # The tool policy's mode: clamped to what the sender's role allows.
+    mode: Literal["read-only", "workspace", "full"] | None = None
 
 
 @attrs.frozen
@@ -104,9 +106,12 @@ class Sessions:
 
 @attrs.frozen
 class Approval:
-    """approve / deny: reserved for the safety issue; refused as unsupported today."""
+    """approve / deny: the session owner's answer to an `approval_request`."""
 
-    decision: str
+    session_id: str = attrs.field(validator=_session_id)
+    call_id: str = attrs.field(validator=_not_blank)
+    scope: Literal["once", "session", "always"] = "once"
+    decision: Literal["approve", "deny"] = "approve"  # from the frame's type
 
 
 Command = (
@@ -122,6 +127,8 @@ COMMANDS: dict[str, type[Any]] = {
     "unsubscribe": Unsubscribe,
     "tasks": Tasks,
     "sessions": Sessions,
+    "approve": Approval,
+    "deny": Approval,
 }
 
 
@@ -178,14 +185,18 @@ def parse_frame(message: str | bytes, max_bytes: int) -> tuple[RequestId, Comman
         raise ProtocolError("id must be a string or a whole number (at most 128 characters)")
     kind = data.get("type")
     body = {k: v for k, v in data.items() if k not in ("type", "id")}
-    if kind in ("approve", "deny"):
-        return rid, Approval(decision=kind)
     if not isinstance(kind, str):
         raise ProtocolError('a frame needs a "type" string', request_id=rid)
     cls = COMMANDS.get(kind)
     if cls is None:
-        known = ", ".join([*COMMANDS, "approve", "deny"])
+        known = ", ".join(COMMANDS)
         raise UnknownTypeError(f"unknown frame type {kind!r} (known: {known})", request_id=rid)
+    if cls is Approval:
+        if "decision" in body:
+            raise ProtocolError(
+                f"bad {kind!r} frame: unknown field(s): decision", request_id=rid
+            )
+        body["decision"] = kind
     try:
         command = converter.structure(body, cls)
     except Exception as exc:  # cattrs raises exception groups of field errors

@@ -37,10 +37,12 @@ import attrs
 import trio
 
 from navi_trio.core import runvars
+from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.context import ContextBuilder
 from navi_trio.core.emit import EventReceiver, EventSender, SendsNowait, open_event_channel
 from navi_trio.core.lease import SessionLeases
 from navi_trio.core.live_config import LiveConfig
+from navi_trio.core.policy import effective_mode
 from navi_trio.core.run_services import make_tool_context
 from navi_trio.core.session import SessionCache, SessionState
 from navi_trio.core.subagent import run_ephemeral
@@ -70,6 +72,7 @@ class UserMessage:
     user_role: str = "user"
     user_info: dict[str, Any] | None = None
     profile_id: str | None = None  # for a session that does not exist yet
+    mode: str | None = None  # asked for; clamped to the role's (core/policy.py)
 
 
 class RunControl:
@@ -108,11 +111,13 @@ class Agent:
         supervisor: TaskSupervisor | None = None,
         processes: ProcessPool | None = None,
         counter: TokenCounter | None = None,
+        approvals: ApprovalBroker | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.supervisor = supervisor
         self.processes = processes
+        self.approvals = approvals
         counter = counter or TokenCounter()
         builder = ContextBuilder(settings, counter)
         self.live_config = LiveConfig(config, builder)
@@ -129,7 +134,7 @@ class Agent:
             cache=self.cache,
             backend=backend,
             registry=registry,
-            executor=ToolExecutor(registry, settings, supervisor),
+            executor=ToolExecutor(registry, settings, supervisor, approvals),
             builder=builder,
             counter=counter,
             config=self.live_config,
@@ -213,6 +218,8 @@ class Agent:
             user_text=msg.text,
             emit=emit,
             user_id=msg.user_id,
+            mode=effective_mode(profile.policy, msg.user_role, msg.mode),
+            user_role=msg.user_role,
             first_message=state.is_first_message,
         )
         with runvars.bound(

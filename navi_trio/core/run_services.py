@@ -15,6 +15,7 @@ from collections.abc import Callable
 import attrs
 
 from navi_trio.core import runvars
+from navi_trio.core.policy import sandbox_for
 from navi_trio.core.subagent import run_ephemeral
 from navi_trio.core.turn_state import LoopParts, Turn
 from navi_trio.errors import ToolInputError
@@ -37,6 +38,9 @@ class Spawner:
     profile_id: str
     session_id: str | None  # None: a sub-agent of an ephemeral run has no session
     user_id: str
+    # A sub-agent runs in its parent's mode, never a more powerful one.
+    mode: str = "workspace"
+    user_role: str = "user"
 
     async def spawn(
         self,
@@ -58,6 +62,8 @@ class Spawner:
             timeout_seconds=request.timeout_seconds,
             publish=publish,
             user_id=self.user_id,
+            mode=self.mode,
+            user_role=self.user_role,
             usage_to=usage_to,
         )
 
@@ -123,6 +129,8 @@ class RunServices:
             profile_id=t.profile.id,
             session_id=t.parent_session_id or (t.state.id if t.persist else None),
             user_id=t.user_id,
+            mode=t.mode,
+            user_role=t.user_role,
         )
 
 
@@ -135,17 +143,22 @@ def make_tool_context(
 ) -> ToolContext:
     """The context a turn's tool calls run with (`LoopParts.tool_context`)."""
     session_id = turn.todo_session()
+    session_dir = parts.settings.session_dir(session_id)
+    cwd = runvars.current_working_directory.get()
     return ToolContext(
         session_id=session_id,
-        session_dir=parts.settings.session_dir(session_id),
+        session_dir=session_dir,
         kv=parts.store,
         settings=parts.settings,
         profile=turn.profile,
         config=turn.config,
-        cwd=runvars.current_working_directory.get(),
+        cwd=cwd,
         user_id=turn.user_id,
         publish=turn.emit,
         services=RunServices(parts, turn, processes, tasks),
         is_subagent=turn.subagent,
         can_detach=turn.persist or turn.parent_session_id is not None,
+        mode=turn.mode,
+        user_role=turn.user_role,
+        sandbox=sandbox_for(turn.mode, session_dir, cwd),
     )

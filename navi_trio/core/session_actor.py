@@ -438,6 +438,11 @@ class SessionRegistry:
             self._last_seq[actor.session_id] = actor.seq
             self.agent.cache.forget(actor.session_id)
 
+    def attached(self, session_id: str) -> bool:
+        """Whether a client is subscribed to the session (someone could answer it)."""
+        actor = self._actors.get(session_id)
+        return actor is not None and bool(actor._subscribers)
+
     def publish_task_update(self, session_id: str, event: AgentEvent) -> None:
         """TaskSupervisor's publish: out-of-band to the session's connected clients."""
         actor = self._actors.get(session_id)

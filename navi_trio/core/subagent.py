@@ -55,6 +55,8 @@ async def run_ephemeral(
     timeout_seconds: float = 300.0,
     publish: Publish = _no_publish,
     user_id: str = "local",
+    mode: str = "workspace",
+    user_role: str = "user",
     usage_to: Callable[[int, int], None] | None = None,
 ) -> SubagentOutcome:
     agent_id = f"subagent_{secrets.token_hex(4)}"
@@ -115,6 +117,8 @@ async def run_ephemeral(
         user_text=user_message,
         emit=forward,
         user_id=user_id,
+        mode=mode,
+        user_role=user_role,
         persist=False,
         subagent=True,
         system_override=system,

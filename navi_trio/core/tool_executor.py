@@ -6,6 +6,11 @@ the model can read; none of them ends the run. A call whose arguments carry
 ``"background": true`` for a tool in `settings.backgroundable_tools` is detached to the
 TaskSupervisor (background-tasks.md), here, so it works the same for the top-level loop
 and for sub-agents.
+
+Before a call runs (and before a background call detaches) the tool policy decides
+(core/policy.py): allow, deny (a failed result saying so), or ask — then the call waits
+for its session owner's answer through the `ApprovalBroker` (core/approvals.py), inside
+the run's cancel scope.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from typing import Any
 import attrs
 import trio
 
+from navi_trio.core.approvals import ApprovalBroker
+from navi_trio.core.policy import CallFacts, Verdict, decide, summary, with_network
 from navi_trio.core.task_supervisor import Job, TaskSupervisor
 from navi_trio.errors import TaskRejectedError
 from navi_trio.events import AgentEvent, ToolEvent, ToolResultEvent, ToolStarted
@@ -64,11 +71,16 @@ def tool_message(call: ToolCall, result: ToolResult) -> dict[str, Any]:
 
 class ToolExecutor:
     def __init__(
-        self, registry: ToolRegistry, settings: Settings, supervisor: TaskSupervisor | None
+        self,
+        registry: ToolRegistry,
+        settings: Settings,
+        supervisor: TaskSupervisor | None,
+        approvals: ApprovalBroker | None = None,
     ) -> None:
         self.registry = registry
         self.settings = settings
         self.supervisor = supervisor
+        self.approvals = approvals
 
     def schemas(self, tools: Sequence[Tool]) -> list[dict[str, Any]]:
         """Function schemas for the model; backgroundable tools offer ``background``."""
@@ -137,9 +149,51 @@ class ToolExecutor:
         # The flag is the executor's, never the tool's (terminal open, which keeps its
         # own meaning of background, is persistent either way).
         args.pop("background", None)
+        verdict = decide(ctx.profile, ctx.user_role, ctx.mode, CallFacts.of(call.name, args))
+        refused = await self._gate(call, args, ctx, verdict, publish)
+        if refused is not None:
+            return refused
+        if verdict.network:
+            call_ctx = attrs.evolve(call_ctx, sandbox=with_network(call_ctx.sandbox))
         if self._wants_background(call):
             return self._detach(tool, args, call_ctx)
         return await run_tool(tool, args, call_ctx)
+
+    async def _gate(
+        self,
+        call: ToolCall,
+        args: dict[str, Any],
+        ctx: ToolContext,
+        verdict: Verdict,
+        publish: Publish,
+    ) -> ToolResult | None:
+        """None when the policy lets the call run; else its failed result."""
+        facts = CallFacts.of(call.name, args)
+        if verdict.decision == "allow":
+            return None
+        if verdict.decision == "deny":
+            why = f"the tool policy denies it ({verdict.rule})"
+        elif self.approvals is None:
+            why = f"it needs approval ({verdict.rule}) and nobody can approve it here"
+        else:
+            outcome = await self.approvals.resolve(
+                session_id=ctx.session_id,
+                user_id=ctx.user_id,
+                call_id=call.id,
+                profile=ctx.profile,
+                mode=ctx.mode,
+                facts=facts,
+                verdict=verdict,
+                summary=summary(call.name, args),
+                publish=publish,
+            )
+            if outcome.approved:
+                return None
+            why = outcome.why
+        return ToolResult.fail(
+            f"The call was not run: {why}. Go on without it, or tell the user what you "
+            "need and why."
+        )
 
     def _detach(self, tool: Tool, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         if self.supervisor is None:

@@ -37,6 +37,9 @@ class Turn:
     user_text: str
     emit: Emit
     user_id: str = "local"
+    # The tool policy's mode for this run (core/policy.py) and the sender's role.
+    mode: str = "workspace"
+    user_role: str = "user"
     persist: bool = True
     subagent: bool = False
     system_override: str | None = None

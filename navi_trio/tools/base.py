@@ -62,7 +62,11 @@ class ToolContext:
     # False for a sub-agent with no parent session: a background job's note would have
     # no session to reach, so the executor refuses to detach.
     can_detach: bool = True
-    # Where terminal and code_exec run: None = unsandboxed; else bwrap (tools/sandbox.py).
+    # The run's policy mode (read-only / workspace / full) and the sender's role; where
+    # terminal and code_exec run: None = unsandboxed (`full` mode), else bwrap
+    # (tools/sandbox.py).
+    mode: str = "workspace"
+    user_role: str = "user"
     sandbox: SandboxSpec | None = None
 
     def roots(self) -> tuple[Path, ...]:

@@ -1,0 +1,148 @@
+"""Tool policy: which mode a run gets, and whether one tool call runs, asks or is denied.
+
+Three modes, from least to most power (README "Safety"):
+
+- ``read-only``: reads run; terminal and code_exec run in a sandbox with nothing
+  writable; a filesystem write asks.
+- ``workspace`` (the default for every role): writes go to the session folder and the
+  run's cwd only (the filesystem tool's confinement), terminal and code_exec run in a
+  sandbox where those two folders are writable and the network is off. What the
+  sandbox contains runs without asking.
+- ``full`` (admins only): no sandbox; a terminal or code_exec call asks.
+
+A profile's rules (``policy.rules`` in config.json) come first: the first rule that
+matches the call's tool, action and command or path (fnmatch) decides allow, ask or
+deny. Nothing a client sends reaches the rules, and a requested mode is clamped to what
+the sender's role allows (`effective_mode`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from navi_trio.profiles import MODES, AgentProfile, CallPattern, PolicyConfig
+from navi_trio.tools.sandbox import SandboxSpec
+
+DEFAULT_MODE = "workspace"
+# Tools that run code: sandboxed in read-only and workspace, unsandboxed in full.
+EXEC_TOOLS = ("terminal", "code_exec")
+# Their actions that start something (terminal read / write / kill / list touch only
+# what an earlier run or open started).
+EXEC_ACTIONS = ("run", "open", "")
+FILE_WRITES = ("write", "append", "edit", "mkdir", "delete")
+SUMMARY_MAX = 300
+
+
+def effective_mode(policy: PolicyConfig, role: str, requested: str | None) -> str:
+    """The mode a run gets: the role's configured mode, or the requested one when it is
+    not more than the role allows (an admin may ask for anything; a user never above
+    the mode configured for users)."""
+    configured = policy.modes.get(role, DEFAULT_MODE)
+    ceiling = "full" if role == "admin" else configured
+    wanted = requested if requested in MODES else configured
+    return min(wanted, ceiling, key=MODES.index)
+
+
+def sandbox_for(mode: str, session_dir: Path, cwd: Path | None) -> SandboxSpec | None:
+    """The sandbox terminal and code_exec run in: None (no sandbox) in `full` mode."""
+    if mode == "full":
+        return None
+    if mode == "read-only":
+        return SandboxSpec(writable=(), network=False)
+    writable = (session_dir,) if cwd is None else (session_dir, cwd)
+    return SandboxSpec(writable=writable, network=False)
+
+
+@attrs.frozen
+class CallFacts:
+    """What the policy looks at in one call."""
+
+    tool: str
+    action: str
+    target: str  # terminal: the command; code_exec: the code; filesystem: the path
+
+    @classmethod
+    def of(cls, tool: str, args: dict[str, Any]) -> CallFacts:
+        action = args.get("action")
+        action = action if isinstance(action, str) else ""
+        if tool == "code_exec":
+            action = action or "run"
+        key = {"terminal": "command", "code_exec": "code", "filesystem": "path"}.get(tool)
+        target = args.get(key) if key else None
+        return cls(tool, action, target if isinstance(target, str) else "")
+
+    @property
+    def runs_code(self) -> bool:
+        return self.tool in EXEC_TOOLS and self.action in EXEC_ACTIONS
+
+    @property
+    def writes_files(self) -> bool:
+        return self.tool == "filesystem" and self.action in FILE_WRITES
+
+    def matches(self, pattern: CallPattern) -> bool:
+        return (
+            fnmatch.fnmatchcase(self.tool, pattern.tool)
+            and fnmatch.fnmatchcase(self.action, pattern.action)
+            and fnmatch.fnmatchcase(self.target, pattern.match)
+        )
+
+
+@attrs.frozen
+class Verdict:
+    decision: str  # allow | ask | deny
+    rule: str  # which rule decided, readable
+    key: str  # what a "session" or "always" answer grants: this rule
+    network: bool = False  # the rule opens the sandbox's network for this call
+
+
+def _describe(pattern: CallPattern) -> str:
+    action = "" if pattern.action == "*" else f" {pattern.action}"
+    match = "" if pattern.match == "*" else f" {pattern.match!r}"
+    return f"{pattern.tool}{action}{match}"
+
+
+def decide(profile: AgentProfile, role: str, mode: str, facts: CallFacts) -> Verdict:
+    """The profile's first matching rule, else the mode's default."""
+    for i, rule in enumerate(profile.policy.rules):
+        if rule.roles and role not in rule.roles:
+            continue
+        if facts.matches(rule):
+            where = f"profile {profile.id!r} rule {i + 1}"
+            return Verdict(
+                rule.decision,
+                f"{where}: {_describe(rule)} -> {rule.decision}",
+                f"rule|{profile.id}|{rule.tool}|{rule.action}|{rule.match}|{rule.decision}",
+                network=rule.network,
+            )
+    key = f"mode|{mode}|{facts.tool}|{facts.action}"
+    if mode == "full" and facts.runs_code:
+        return Verdict("ask", f"mode full: {facts.tool} runs without a sandbox", key)
+    if mode == "read-only" and facts.writes_files:
+        return Verdict("ask", f"mode read-only: filesystem {facts.action} writes", key)
+    return Verdict("allow", f"mode {mode}", key)
+
+
+def with_network(sandbox: SandboxSpec | None) -> SandboxSpec | None:
+    """The call's sandbox with the network on (None, no sandbox, stays None)."""
+    return None if sandbox is None else attrs.evolve(sandbox, network=True)
+
+
+def headless_allows(policy: PolicyConfig, facts: CallFacts) -> bool:
+    """With no client attached: only calls on the profile's headless allow-list run."""
+    return any(facts.matches(p) for p in policy.headless_allow)
+
+
+def summary(tool: str, args: dict[str, Any]) -> str:
+    """The arguments, readable in one line for an approval card."""
+    facts = CallFacts.of(tool, args)
+    if facts.target:
+        head = f"{tool} {facts.action}".strip()
+        text = f"{head}: {facts.target}"
+    else:
+        text = f"{tool} {json.dumps(args, ensure_ascii=False, sort_keys=True)}"
+    return text if len(text) <= SUMMARY_MAX else text[: SUMMARY_MAX - 1] + "…"
