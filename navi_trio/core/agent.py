@@ -226,18 +226,23 @@ class Agent:
 
     async def _accept(self, state: SessionState, msg: UserMessage) -> None:
         """Save the user message first (and this turn's background task notes)."""
-        notes = await collect_notes(self.store, self.settings, state.id)
-        if notes is not None:
-            # Persisted, invisible in the UI, kept by the context builder.
-            state.add(
-                {"role": "system", "content": notes.text, "keep": True, "task_notes": True},
-                display=False,
-            )
         user: dict[str, Any] = {"role": "user", "content": msg.text}
         if msg.cwd is not None:
             user["cwd"] = str(msg.cwd)
-        state.add(user)
-        await self.cache.save(state)
+        notes = None
+        try:
+            notes = await collect_notes(self.store, self.settings, state.id)
+        finally:
+            # Even when reading the notes was cut short (the clean-up deadline): the
+            # user message is never dropped; the notes stay stored for the next turn.
+            if notes is not None:
+                # Persisted, invisible in the UI, kept by the context builder.
+                state.add(
+                    {"role": "system", "content": notes.text, "keep": True, "task_notes": True},
+                    display=False,
+                )
+            state.add(user)
+            await self.cache.save(state)  # shielded inside: lands even when cancelled
         if notes is not None:
             # Only once they are in the saved context: a crash in between repeats a
             # note next turn instead of losing it.
