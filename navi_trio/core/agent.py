@@ -70,6 +70,9 @@ class UserMessage:
     user_role: str = "user"
     user_info: dict[str, Any] | None = None
     profile_id: str | None = None  # for a session that does not exist yet
+    # Set once the message is saved (or its run ended without saving it): the daemon
+    # acknowledges a message only then, so a crash cannot lose an acknowledged one.
+    accepted: trio.Event = attrs.field(factory=trio.Event, eq=False, repr=False)
 
 
 class RunControl:
@@ -196,6 +199,8 @@ class Agent:
                     )
                 )
                 emit(StreamEnd(reason="error"))
+            finally:
+                msg.accepted.set()
 
     async def _run_turn(
         self, session_id: str, msg: UserMessage, emit: Any, control: RunControl
@@ -243,6 +248,7 @@ class Agent:
                 )
             state.add(user)
             await self.cache.save(state)  # shielded inside: lands even when cancelled
+            msg.accepted.set()
         if notes is not None:
             # Only once they are in the saved context: a crash in between repeats a
             # note next turn instead of losing it.
