@@ -111,7 +111,8 @@ def open_fds(pid: int | None = None) -> int:
 
 
 def descendants(pid: int | None = None) -> list[int]:
-    """Every live process below `pid` (children, grandchildren …), zombies excluded."""
+    """Every process below `pid` (children, grandchildren …), zombies included: a
+    child nobody reaped is a leak too."""
     root = pid or os.getpid()
     parent_of: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -122,8 +123,7 @@ def descendants(pid: int | None = None) -> list[int]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z":
-            parent_of[int(entry)] = int(fields[1])
+        parent_of[int(entry)] = int(fields[1])
     found: list[int] = []
     frontier = [root]
     while frontier:
