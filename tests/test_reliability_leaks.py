@@ -10,6 +10,7 @@ counts after the warm-up round, and no orphaned ``sleep`` is left anywhere.
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 from typing import Any
@@ -85,10 +86,12 @@ async def test_a_soak_of_runs_stops_and_cancelled_jobs_leaks_nothing(tmp_path: P
             for i in range(len(SESSIONS)):  # warm-up: every session, every kind once
                 await _one_round(h, drivers, i)
             await trio.testing.wait_all_tasks_blocked()
+            gc.collect()  # what earlier tests left to the collector closes now, not mid-soak
             start = (open_fds(), descendants(), _sleepers(), trio_task_count())
             for i in range(ROUNDS):
                 await _one_round(h, drivers, len(SESSIONS) + i)
             await trio.testing.wait_all_tasks_blocked()
+            gc.collect()
             end = (open_fds(), descendants(), _sleepers(), trio_task_count())
             print(
                 f"leak suite: {ROUNDS} rounds; fds, children, orphaned sleeps, tasks: "
