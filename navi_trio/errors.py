@@ -140,6 +140,12 @@ class UnsupportedError(RequestError):
     code = "unsupported"
 
 
+class ExistsError(RequestError):
+    """A session that already exists cannot be created again."""
+
+    code = "exists"
+
+
 class UnavailableError(RequestError):
     """The daemon cannot take the request now (it is shutting down)."""
 

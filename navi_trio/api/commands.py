@@ -35,6 +35,7 @@ from navi_trio.core.session_actor import SessionActor
 from navi_trio.core.task_supervisor import Job
 from navi_trio.errors import (
     BusyError,
+    ExistsError,
     ForbiddenError,
     LimitError,
     NotFoundError,
@@ -153,6 +154,8 @@ class Commands:
             actor.send_message(message)
         except RuntimeError:
             raise UnavailableError("the daemon is shutting down; try again later") from None
+        if not queued:
+            await message.accepted.wait()  # saved: a crash after the ok cannot lose it
         log.info(
             "session %s: message from %s %s", row.id, self.user.name, "queued" if queued else "runs"
         )
@@ -223,6 +226,11 @@ class Commands:
             await self._list_sessions(rid)
             return
         if cmd.action == "create":
+            if cmd.session_id and await self.rt.store.get_session(cmd.session_id):
+                await self._owned(cmd.session_id)  # another user's: forbidden, as elsewhere
+                raise ExistsError(
+                    f"session {cmd.session_id!r} already exists", session_id=cmd.session_id
+                )
             row = await self._create(cmd.session_id, cmd.profile)
             await self.conn.send(reply(rid, "session", session_id=row.id, created=True))
             return

@@ -178,6 +178,8 @@ def parse_frame(message: str | bytes, max_bytes: int) -> tuple[RequestId, Comman
         data = json.loads(message)
     except ValueError as exc:
         raise ProtocolError(f"the frame is not JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("the frame is nested too deeply to read") from None
     if not isinstance(data, dict):
         raise ProtocolError(f"a frame must be a JSON object, not {type(data).__name__}")
     rid = _request_id(data)

@@ -73,6 +73,9 @@ class UserMessage:
     user_info: dict[str, Any] | None = None
     profile_id: str | None = None  # for a session that does not exist yet
     mode: str | None = None  # asked for; clamped to the role's (core/policy.py)
+    # Set once the message is saved (or its run ended without saving it): the daemon
+    # acknowledges a message only then, so a crash cannot lose an acknowledged one.
+    accepted: trio.Event = attrs.field(factory=trio.Event, eq=False, repr=False)
 
 
 class RunControl:
@@ -201,6 +204,8 @@ class Agent:
                     )
                 )
                 emit(StreamEnd(reason="error"))
+            finally:
+                msg.accepted.set()
 
     async def _run_turn(
         self, session_id: str, msg: UserMessage, emit: Any, control: RunControl
@@ -235,18 +240,24 @@ class Agent:
 
     async def _accept(self, state: SessionState, msg: UserMessage) -> None:
         """Save the user message first (and this turn's background task notes)."""
-        notes = await collect_notes(self.store, self.settings, state.id)
-        if notes is not None:
-            # Persisted, invisible in the UI, kept by the context builder.
-            state.add(
-                {"role": "system", "content": notes.text, "keep": True, "task_notes": True},
-                display=False,
-            )
         user: dict[str, Any] = {"role": "user", "content": msg.text}
         if msg.cwd is not None:
             user["cwd"] = str(msg.cwd)
-        state.add(user)
-        await self.cache.save(state)
+        notes = None
+        try:
+            notes = await collect_notes(self.store, self.settings, state.id)
+        finally:
+            # Even when reading the notes was cut short (the clean-up deadline): the
+            # user message is never dropped; the notes stay stored for the next turn.
+            if notes is not None:
+                # Persisted, invisible in the UI, kept by the context builder.
+                state.add(
+                    {"role": "system", "content": notes.text, "keep": True, "task_notes": True},
+                    display=False,
+                )
+            state.add(user)
+            await self.cache.save(state)  # shielded inside: lands even when cancelled
+            msg.accepted.set()
         if notes is not None:
             # Only once they are in the saved context: a crash in between repeats a
             # note next turn instead of losing it.

@@ -1,0 +1,146 @@
+"""Helpers for the reliability suites (tests/test_reliability_*.py): a real `navi serve`
+subprocess on 127.0.0.1 port 0 with its own DB and data dir, a WebSocket client with
+the daemon's local token, and process measurements read from /proc (peak RSS, open file
+descriptors, child processes).
+
+Nothing here sleeps: the daemon's port comes from the line it prints, frames are read
+as they arrive. Every process started here is killed on the way out.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+from api_ws import Client
+from trio_websocket import open_websocket_url
+
+from navi_trio.api.auth import read_local_token
+from navi_trio.settings import Settings
+
+START_LIMIT = 60  # real seconds for a daemon to print its port (2 busy cores)
+
+
+def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """os.environ without any navi setting, plus a private DB and data dir."""
+    names = {f.metadata["env"] for f in attrs.fields(Settings)} | {"NAVI_DEBUG", "NAVI_TOKEN"}
+    env = {k: v for k, v in os.environ.items() if k not in names}
+    env.update(NAVI_DB=str(tmp_path / "navi.db"), NAVI_DATA_DIR=str(tmp_path / "data"), **extra)
+    return env
+
+
+@attrs.define(eq=False)
+class Daemon:
+    proc: trio.Process
+    url: str
+    data_dir: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @asynccontextmanager
+    async def connect(self) -> AsyncIterator[Client]:
+        token = read_local_token(self.data_dir)
+        assert token, "navi serve wrote no local token"
+        async with open_websocket_url(self.url) as ws:
+            c = Client(ws)
+            await c.send({"type": "hello", "token": token})
+            welcome = await c.next()
+            assert welcome["type"] == "welcome", welcome
+            yield c
+
+
+async def _first_line(stream: trio.abc.ReceiveStream) -> str:
+    data = b""
+    while b"\n" not in data:
+        chunk = await stream.receive_some()
+        if not chunk:
+            raise AssertionError(f"navi serve exited before listening; printed {data!r}")
+        data += chunk
+    return data.decode().splitlines()[0]
+
+
+@asynccontextmanager
+async def navi_serve(env: dict[str, str], llm_url: str, log: Path) -> AsyncIterator[Daemon]:
+    """``python -m navi_trio serve --port 0``; its log (warnings and up) goes to `log`."""
+    with log.open("ab") as err:
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "navi_trio", "serve", "--port", "0", "--llm-url", llm_url,
+             "--log-level", "warning"],
+            stdout=subprocess.PIPE, stderr=err, env=env,
+        )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        with trio.fail_after(START_LIMIT):
+            line = await _first_line(proc.stdout)
+        assert line.startswith("navi: listening on ws://127.0.0.1:"), line
+        yield Daemon(proc, line.split()[-1], Path(env["NAVI_DATA_DIR"]))
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            await proc.wait()
+            await proc.stdout.aclose()
+
+
+# -- /proc measurements ------------------------------------------------------------------
+
+
+def _status_kb(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident set (VmHWM) in MB, kept by the kernel: no sampling."""
+    return _status_kb(pid, "VmHWM") / 1024
+
+
+def open_fds(pid: int | None = None) -> int:
+    return len(os.listdir(f"/proc/{pid or os.getpid()}/fd"))
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """Every process below `pid` (children, grandchildren …), zombies included: a
+    child nobody reaped is a leak too."""
+    root = pid or os.getpid()
+    parent_of: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        parent_of[int(entry)] = int(fields[1])
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parent_of.items() if pp == p]
+        found += kids
+        frontier += kids
+    return found
+
+
+def trio_task_count() -> int:
+    """Live trio tasks in the current run (walks the task tree from the root)."""
+    count = 0
+    stack: list[Any] = [trio.lowlevel.current_root_task()]
+    while stack:
+        task = stack.pop()
+        count += 1
+        for nursery in task.child_nurseries:
+            stack.extend(nursery.child_tasks)
+    return count
