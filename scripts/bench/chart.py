@@ -24,16 +24,24 @@ def main() -> int:
     except ImportError:
         print("chart: matplotlib not available in the bench venv; no PNG")
         return 0
-    fig, (left, mid, right) = plt.subplots(1, 3, figsize=(17, 5.5))
+    fig, axes = plt.subplots(2, 2, figsize=(15, 10))
+    (left, cpu_ax), (mid, right) = axes
     for name, s in res.get("loop50", {}).items():
         if "curve" in s:
             left.plot(range(1, len(s["curve"]) + 1), s["curve"], label=name, lw=1.4)
-    left.set(title="50-round tool loop", xlabel="round", ylabel="ms per round", yscale="log")
+        if s.get("cpu_curve"):
+            cpu_ax.plot(range(1, len(s["cpu_curve"]) + 1), s["cpu_curve"], label=name, lw=1.4)
+    left.set(title="50-round tool loop, wall", xlabel="round", ylabel="ms per round",
+             yscale="log")  # fmt: skip
+    cpu_ax.set(title="50-round tool loop, CPU of the runner process", xlabel="round",
+               ylabel="CPU ms per round", yscale="log")  # fmt: skip
     left.legend(fontsize=7)
+    cpu_ax.legend(fontsize=7)
     for name, s in res.get("loop_long", {}).items():
-        if "curve" in s:
-            mid.plot(range(1, len(s["curve"]) + 1), s["curve"], label=name, lw=1)
-    mid.set(title="long tool loop", xlabel="round", ylabel="ms per round", yscale="log")
+        if s.get("cpu_curve"):
+            mid.plot(range(1, len(s["cpu_curve"]) + 1), s["cpu_curve"], label=name, lw=0.8)
+    mid.set(title="long tool loop, CPU", xlabel="round", ylabel="CPU ms per round",
+            yscale="log")  # fmt: skip
     mid.legend(fontsize=7)
     stop = {k: v for k, v in res.get("stop", {}).items() if "stop_to_stream_end_ms" in v}
     names = list(stop)
@@ -48,7 +56,7 @@ def main() -> int:
     fig.suptitle(f"navi_trio benchmarks ({res.get('started', '')}, "
                  f"{'--quick' if res.get('quick') else 'full'})")  # fmt: skip
     fig.tight_layout()
-    fig.savefig(out / "bench.png", dpi=90)
+    fig.savefig(out / "bench.png", dpi=60)
     print(f"chart: {out / 'bench.png'}")
     return 0
 

@@ -101,7 +101,11 @@ async def stop_phase(name: str, tries: int) -> dict[str, Any]:
     async with trio.open_nursery() as nursery:
         await nursery.start(fake.serve)
         tools = [*default_tools(Settings.from_env({})), EchoTool()]
-        async with bench_runtime(fake.url, tools, profile=profile) as rt:
+        # The default limit (NAVI_WS_FRAMES_PER_SEC 20, burst 40) drops frames of a client
+        # sending faster, stop frames too: 50 tries in a row would hit it. Measured apart.
+        async with bench_runtime(
+            fake.url, tools, profile=profile, ws_frames_per_sec=1e6, ws_frames_burst=10**6
+        ) as rt:
             async with ws_daemon(rt) as (url, token), ws_client(url, token) as c:
                 for i in range(tries):
                     before = len(fake.chat_requests)
@@ -132,12 +136,13 @@ async def stop_phase(name: str, tries: int) -> dict[str, Any]:
 
 async def stop_bench(a: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name in PHASES:
+    for name in a.phases.split(",") if a.phases else PHASES:
         try:
             with trio.fail_after(120):
                 out[name] = await stop_phase(name, a.tries)
         except Exception as exc:  # one phase failing must not hide the others
-            out[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            leaves = exc.exceptions if isinstance(exc, BaseExceptionGroup) else [exc]
+            out[name] = {"error": "; ".join(f"{type(e).__name__}: {e}" for e in leaves)[:300]}
         print(name, out[name], file=sys.stderr, flush=True)
     return out
 
@@ -211,6 +216,7 @@ def main() -> int:
     p.add_argument("what", choices=["stop", "growth"])
     p.add_argument("--tries", type=int, default=20)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--phases", default="", help="comma list of stop phases (default: all)")
     a = p.parse_args()
     fn = stop_bench if a.what == "stop" else growth_bench
     print(json.dumps(trio.run(fn, a)))

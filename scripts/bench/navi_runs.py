@@ -60,21 +60,21 @@ class EchoTool:
 
     def __init__(self) -> None:
         self.t: list[float] = []
-        self.cpu = (0.0, 0.0)
-        self.cpu_runs: list[float] = []  # CPU ms per round of each run (all threads)
+        self.c: list[float] = []
+        self.cpu_runs: list[list[float]] = []  # CPU ms of each round (all threads)
 
     def start(self) -> None:
         self.t = [time.perf_counter()]
-        self.cpu = (time.process_time(), 0.0)
+        self.c = [time.process_time()]
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         self.t.append(time.perf_counter())
-        self.cpu = (self.cpu[0], time.process_time())
+        self.c.append(time.process_time())
         return ToolResult.success(str(args.get("text", "")))
 
     def rounds_ms(self) -> list[float]:
         if len(self.t) > 1:
-            self.cpu_runs.append((self.cpu[1] - self.cpu[0]) * 1000 / (len(self.t) - 1))
+            self.cpu_runs.append([(b - a) * 1000 for a, b in zip(self.c, self.c[1:], strict=False)])
         return [(b - a) * 1000 for a, b in zip(self.t, self.t[1:], strict=False)]
 
 
@@ -206,7 +206,8 @@ async def loop_bench(a: argparse.Namespace) -> dict[str, Any]:
 
 
 async def stream_bench(a: argparse.Namespace) -> dict[str, Any]:
-    async with bench_runtime(a.url, [EchoTool()]) as rt, ws_daemon(rt) as (url, token):
+    big = {"answer_max_chars": 10**9, "answer_max_tokens": 10**9}  # no answer cap here
+    async with bench_runtime(a.url, [EchoTool()], **big) as rt, ws_daemon(rt) as (url, token):
         async with ws_client(url, token) as c:
             t0 = time.perf_counter()
             sid = await c.start_session("stream")
@@ -274,14 +275,27 @@ async def concurrency_bench(a: argparse.Namespace) -> dict[str, Any]:
 
 
 async def idle_rss_bench(a: argparse.Namespace) -> dict[str, Any]:
+    import gc
+    import tracemalloc
+
     async with bench_runtime(a.url, [EchoTool()], session_idle_sec=3600.0) as rt:
         for i in range(20):  # warm up allocators and code paths
             await rt.sessions.get(f"warm-{i}")
+        gc.collect()
         before = rss_kb()
+        tracemalloc.start()
+        traced0 = tracemalloc.get_traced_memory()[0]
         for i in range(a.sessions):
             await rt.sessions.get(f"idle-{i}")
+        gc.collect()
+        traced = tracemalloc.get_traced_memory()[0] - traced0
+        tracemalloc.stop()
         after = rss_kb()
-    return {"sessions": a.sessions, "rss_per_idle_session_kb": (after - before) / a.sessions}
+    return {
+        "sessions": a.sessions,
+        "rss_per_idle_session_kb": (after - before) / a.sessions,
+        "python_heap_per_idle_session_kb": traced / 1024 / a.sessions,
+    }
 
 
 def main() -> int:
@@ -296,7 +310,20 @@ def main() -> int:
     p.add_argument("--tries", type=int, default=20)
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--profile", default="")
+    p.add_argument(
+        "--sync", default="", help="what-if: open the store with this synchronous= (OFF, NORMAL)"
+    )
     a = p.parse_args()
+    if a.sync:
+        # An experiment, not a setting: how much of a figure is the per-commit fsync.
+        from navi_trio.store.sqlite import SQLiteStore
+
+        real_open = SQLiteStore.open.__func__  # type: ignore[attr-defined]
+
+        def open_with(cls: Any, path: Any, **kw: Any) -> Any:
+            return real_open(cls, path, **{**kw, "synchronous": a.sync})
+
+        SQLiteStore.open = classmethod(open_with)  # type: ignore[method-assign,assignment]
     fn = {
         "loop": loop_bench, "stream": stream_bench, "concurrency": concurrency_bench,
         "idle_rss": idle_rss_bench,

@@ -26,26 +26,26 @@ MODEL = "fake-model"
 PROMPT = "call echo until told otherwise"
 
 
-CPU_RUNS: list[float] = []  # CPU ms per round of each run (this process, all threads)
+CPU_RUNS: list[list[float]] = []  # CPU ms of each round of each run (all threads)
 
 
 class Stamps:
     def __init__(self) -> None:
         self.t: list[float] = []
-        self.cpu = (0.0, 0.0)
+        self.c: list[float] = []
 
     def start(self) -> None:
         self.t = [time.perf_counter()]
-        self.cpu = (time.process_time(), 0.0)
+        self.c = [time.process_time()]
 
     def echo(self, text: str) -> str:
         self.t.append(time.perf_counter())
-        self.cpu = (self.cpu[0], time.process_time())
+        self.c.append(time.process_time())
         return text
 
     def rounds_ms(self) -> list[float]:
         if len(self.t) > 1:
-            CPU_RUNS.append((self.cpu[1] - self.cpu[0]) * 1000 / (len(self.t) - 1))
+            CPU_RUNS.append([(b - a) * 1000 for a, b in zip(self.c, self.c[1:], strict=False)])
         return [(b - a) * 1000 for a, b in zip(self.t, self.t[1:], strict=False)]
 
 

@@ -21,57 +21,70 @@ def table(res: dict[str, Any]) -> str:
     add = lines.append
     loop = res.get("loop50", {})
     if loop:
-        add("1. Tool loop, 50 rounds (ms per round; median of runs after a warm-up)")
-        add(f"   {'runner':<22}{'ms/round':>9}{'r1-10':>8}{'r41-50':>8}{'41-50/1-10':>11}"
-            f"{'x plain':>9}{'x LG mem':>9}{'CPU ms':>8}{'CPU x LG':>9}")  # fmt: skip
-        base = loop.get("plain_httpx", {}).get("ms_per_round")
-        lg = loop.get("langgraph_memory", {}).get("ms_per_round")
-        lgc = loop.get("langgraph_memory", {}).get("cpu_ms_per_round")
+        add("1. Tool loop, 50 rounds, ms per round (median of runs after a warm-up). Wall time")
+        add("   at the runner, and CPU time of the runner's process (all threads: steadier on a")
+        add("   busy machine). Ratios are between runners of this same run.")
+        add(f"   {'runner':<18}{'wall':>7}{'r1-10':>7}{'r41-50':>7}{'CPU':>7}{'r1-10':>7}"
+            f"{'r41-50':>7}{'flat':>6}{'xplain':>8}{'xLGmem':>8}{'CPU xplain':>11}"
+            f"{'CPU xLG':>8}")  # fmt: skip
+        base = loop.get("plain_httpx", {})
+        lg = loop.get("langgraph_memory", {})
+
+        def ratio(s: dict[str, Any], ref: dict[str, Any], k: str) -> float | None:
+            return s[k] / ref[k] if s.get(k) and ref.get(k) else None
+
         for name, s in loop.items():
             if "error" in s:
-                add(f"   {name:<22}unavailable: {s['error'][:90]}")
+                add(f"   {name:<18}unavailable: {s['error'][:90]}")
                 continue
-            m = s["ms_per_round"]
+            flat = ratio({"x": s.get("cpu_last10")}, {"x": s.get("cpu_first10")}, "x")
             add(
-                f"   {name:<22}{_f(m):>9}{_f(s['first10']):>8}{_f(s['last10']):>8}"
-                f"{_f(s['last10'] / s['first10']):>11}"
-                f"{_f(m / base if base else None):>9}{_f(m / lg if lg else None):>9}"
-                f"{_f(s.get('cpu_ms_per_round')):>8}"
-                f"{_f(cpu / lgc if lgc and (cpu := s.get('cpu_ms_per_round')) else None):>9}"
+                f"   {name:<18}{_f(s['ms_per_round']):>7}{_f(s['first10']):>7}"
+                f"{_f(s['last10']):>7}{_f(s.get('cpu_ms_per_round')):>7}"
+                f"{_f(s.get('cpu_first10')):>7}{_f(s.get('cpu_last10')):>7}{_f(flat):>6}"
+                f"{_f(ratio(s, base, 'ms_per_round')):>8}{_f(ratio(s, lg, 'ms_per_round')):>8}"
+                f"{_f(ratio(s, base, 'cpu_ms_per_round')):>11}"
+                f"{_f(ratio(s, lg, 'cpu_ms_per_round')):>8}"
             )
         navi = loop.get("navi_inproc", {})
         ws = loop.get("navi_ws", {})
+
+        def target(label: str, wall: float | None, cpu: float | None, limit: float) -> None:
+            got = [v for v in (wall, cpu) if v is not None]
+            verdict = _verdict(bool(got) and all(v <= limit for v in got))
+            add(f"   target {label} <= {limit}: wall {_f(wall)}x, CPU {_f(cpu)}x  {verdict}")
+
         if "ms_per_round" in navi:
-            m = navi["ms_per_round"]
-            if lg:
-                add(f"   target <= 0.5x LangGraph in memory: {_f(m / lg)}x "
-                    f"{_verdict(m <= 0.5 * lg)}")  # fmt: skip
-            if base:
-                add(f"   target <= 2.5x plain loop: {_f(m / base)}x {_verdict(m <= 2.5 * base)}")
-            flat = navi["last10"] / navi["first10"]
-            add(f"   target flat (41-50 within 1.15x of 1-10): {_f(flat)}x "
-                f"{_verdict(flat <= 1.15)}")  # fmt: skip
+            target("navi / LangGraph in memory", ratio(navi, lg, "ms_per_round"),
+                   ratio(navi, lg, "cpu_ms_per_round"), 0.5)  # fmt: skip
+            target("navi / plain loop", ratio(navi, base, "ms_per_round"),
+                   ratio(navi, base, "cpu_ms_per_round"), 2.5)  # fmt: skip
+            target("navi rounds 41-50 / 1-10", navi["last10"] / navi["first10"],
+                   ratio({"x": navi.get("cpu_last10")}, {"x": navi.get("cpu_first10")}, "x"),
+                   1.15)  # fmt: skip
             if "ms_per_round" in ws:
-                r = ws["ms_per_round"] / m
-                add(f"   target WebSocket <= 1.3x in-process: {_f(r)}x {_verdict(r <= 1.3)}")
+                target("WebSocket / in-process", ratio(ws, navi, "ms_per_round"),
+                       ratio(ws, navi, "cpu_ms_per_round"), 1.3)  # fmt: skip
     long = res.get("loop_long", {})
     if long:
-        add("   Long loop (ms per round, first 10 -> last 10 rounds)")
+        add("   Long loop: ms per round, rounds 1-10 -> last 10 (wall; CPU)")
         for name, s in long.items():
             if "error" in s:
                 add(f"   {name:<26}{s['error'][:90]}")
                 continue
             g = s["last10"] / s["first10"]
+            cg = s["cpu_last10"] / s["cpu_first10"] if s.get("cpu_first10") else None
             extra = ""
             if "tool_rounds" in s:
                 n = s.get("compressions", 0)
                 extra = f" ({s['tool_rounds']} tool rounds, {n} compressions)"
-            add(f"   {name:<26}{_f(s['ms_per_round']):>7} ms/round  {_f(s['first10'])} -> "
-                f"{_f(s['last10'])}  growth {_f(g)}x{extra}")  # fmt: skip
+            add(f"   {name:<24} wall {_f(s['first10'])} -> {_f(s['last10'])} ({_f(g)}x); "
+                f"CPU {_f(s.get('cpu_first10'))} -> {_f(s.get('cpu_last10'))} ({_f(cg)}x)"
+                f"{extra}")  # fmt: skip
         s = long.get("navi_inproc", {})
-        if "first10" in s:
-            g = s["last10"] / s["first10"]
-            add(f"   target navi flat within 1.25x at the long loop: {_f(g)}x "
+        if s.get("cpu_first10"):
+            g = s["cpu_last10"] / s["cpu_first10"]
+            add(f"   target navi flat within 1.25x at the long loop (CPU): {_f(g)}x "
                 f"{_verdict(g <= 1.25)}")  # fmt: skip
     stop = res.get("stop", {})
     if stop:
@@ -104,7 +117,9 @@ def table(res: dict[str, Any]) -> str:
         for n, s in conc.items():
             if n == "idle":
                 kb = s.get("rss_per_idle_session_kb")
-                add(f"   RSS per idle session: {_f(kb, 1)} KB  target < 100 KB "
+                heap = s.get("python_heap_per_idle_session_kb")
+                add(f"   RSS per idle session: {_f(kb, 1)} KB (Python heap {_f(heap, 1)} KB, "
+                    f"tracemalloc)  target < 100 KB "
                     f"{_verdict(kb is not None and kb < 100)}")  # fmt: skip
                 continue
             if "error" in s:
@@ -128,6 +143,15 @@ def table(res: dict[str, Any]) -> str:
                 add(f"   target {k[:-3]} 10 -> 10,000 within 2x: {_f(r, 1)}x {_verdict(r <= 2)}")
     elif gr:
         add(f"5. Growth: {gr['error']}")
+    wi = res.get("whatif", {})
+    if wi:
+        add("   What-if (same run): the store's synchronous=FULL (as shipped) vs OFF (no fsync)")
+        for k in ("FULL", "OFF"):
+            lo, co = wi.get(f"loop50_sync_{k}", {}), wi.get(f"concurrency100_sync_{k}", {})
+            add(f"   {k:<5} loop50 wall {_f(lo.get('ms_per_round'))} CPU "
+                f"{_f(lo.get('cpu_ms_per_round'))} ms/round; 100 sessions "
+                f"{_f(co.get('rounds_per_s'), 0)} rounds/s, frame gap p99 "
+                f"{_f(co.get('p99_gap_ms'))} ms")  # fmt: skip
     su = res.get("startup", {})
     if su:
         s, r = su.get("serve_accepting_ms", []), su.get("run_first_request_ms", [])

@@ -147,10 +147,13 @@ def summarize_loop(result: dict[str, Any], rounds: int) -> dict[str, Any]:
     if not kept or any(len(r) != rounds for r in kept):
         return {"error": f"expected {rounds} rounds, got {[len(r) for r in runs]}"}
     per_round = [statistics.median(r[i] for r in kept) for i in range(rounds)]
-    cpu = result.get("cpu", [])
+    cpu = [r for r in result.get("cpu", []) if len(r) == rounds]
     cpu = cpu[1:] if len(cpu) > 1 else cpu
     return {
-        "cpu_ms_per_round": statistics.median(cpu) if cpu else None,
+        "cpu_ms_per_round": statistics.median(statistics.mean(r) for r in cpu) if cpu else None,
+        "cpu_first10": statistics.median(statistics.mean(r[:10]) for r in cpu) if cpu else None,
+        "cpu_last10": statistics.median(statistics.mean(r[-10:]) for r in cpu) if cpu else None,
+        "cpu_curve": [statistics.median(r[i] for r in cpu) for i in range(rounds)] if cpu else [],
         "ms_per_round": statistics.median(statistics.mean(r) for r in kept),
         "first10": statistics.median(statistics.mean(r[:10]) for r in kept),
         "last10": statistics.median(statistics.mean(r[-10:]) for r in kept),
@@ -200,6 +203,7 @@ def bench_loop_long(status: dict[str, str], rounds: int) -> Any:
             # Compression's own LLM calls take replies from the script: fewer tool rounds.
             got = len(res["runs"][0])
             res["runs"] = [res["runs"][0][: got - got % 10]]
+            res["cpu"] = [c[: got - got % 10] for c in res.get("cpu", [])]
             out[label] = summarize_loop(res, len(res["runs"][0]))
             out[label]["tool_rounds"] = got
         else:
@@ -227,12 +231,32 @@ def bench_concurrency(counts: list[int]) -> Any:
         with fake_server(script) as url:
             r = child(
                 ["navi_runs.py", "concurrency", "--url", url, "--sessions", str(n),
-                 "--timeout", "240"], 300,
+                 "--timeout", "540"], 600,
             )  # fmt: skip
         out[str(n)] = r
         print(f"  concurrency {n}: {r}", flush=True)
     with fake_server([{"text": "x"}]) as url:
         out["idle"] = child(["navi_runs.py", "idle_rss", "--url", url, "--sessions", "300"], 300)
+    return out
+
+
+def bench_whatif(reps: int) -> Any:
+    """The same navi loops with the store's fsync off: what one commit per round costs."""
+    out: dict[str, Any] = {}
+    script = [echo_call()] * 50 + [{"text": "done"}]
+    for sync in ("FULL", "OFF"):
+        with fake_server(script) as url:
+            res = loop_runner("navi_inproc", url, 50, reps + 1, 120, sync=sync)
+        out[f"loop50_sync_{sync}"] = summarize_loop(res, 50)
+    slow = {"delay_first": 0.005, "delay_chunk": 0.005}
+    conc = [{**echo_call(), **slow}] * 10 + [{"text": "done", **slow}]
+    for sync in ("FULL", "OFF"):
+        with fake_server(conc) as url:
+            out[f"concurrency100_sync_{sync}"] = child(
+                ["navi_runs.py", "concurrency", "--url", url, "--sessions", "100",
+                 "--timeout", "240", f"--sync={sync}"], 300,
+            )  # fmt: skip
+    print(f"  what-if: {json.dumps(out)[:300]}", flush=True)
     return out
 
 
@@ -290,9 +314,14 @@ def bench_startup(tries: int) -> Any:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer runs and sizes (~1-2 min)")
-    p.add_argument("--only", default="", help="comma list: loop,long,stop,stream,conc,growth,start")
+    p.add_argument(
+        "--only", default="", help="comma list: loop,long,stop,stream,conc,growth,whatif,start"
+    )
     p.add_argument("--out", type=Path, default=HERE / "out")
     p.add_argument("--no-install", action="store_true", help="never create the bench venv")
+    p.add_argument(
+        "--merge", action="store_true", help="update the sections run in OUT/results.json"
+    )
     a = p.parse_args()
     only = set(filter(None, a.only.split(",")))
 
@@ -320,11 +349,16 @@ def main() -> int:
         res["concurrency"] = bench_concurrency([10, 100] if q else [10, 100, 500])
     if want("growth"):
         res["growth"] = child(["navi_more.py", "growth"] + (["--quick"] if q else []), 600)
+    if want("whatif"):
+        res["whatif"] = bench_whatif(2 if q else 5)
     if want("start"):
         res["startup"] = bench_startup(2 if q else 5)
     res["seconds"] = round(time.perf_counter() - t0, 1)
     res["loadavg"] = [load0, [round(x, 2) for x in os.getloadavg()], os.cpu_count()]
     a.out.mkdir(parents=True, exist_ok=True)
+    old = a.out / "results.json"
+    if a.merge and old.exists():
+        res = {**json.loads(old.read_text()), **res, "merged": True}
     (a.out / "results.json").write_text(json.dumps(res, indent=1))
     from report import table  # noqa: I001  (beside this file)
 
