@@ -35,7 +35,7 @@ def table(res: dict[str, Any]) -> str:
 
         for name, s in loop.items():
             if "error" in s:
-                add(f"   {name:<18}unavailable: {s['error'][:90]}")
+                add(f"   {name:<18}{s['error'][:100]}")
                 continue
             flat = ratio({"x": s.get("cpu_last10")}, {"x": s.get("cpu_first10")}, "x")
             add(

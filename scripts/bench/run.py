@@ -340,17 +340,17 @@ def main() -> int:
     if want("loop"):
         res["loop50"] = bench_loop(status, 50, 2 if q else 5, LOOP_RUNNERS)
     if want("long"):
-        res["loop_long"] = bench_loop_long(status, 200 if q else 500)
+        res["loop_long"] = bench_loop_long(status, 100 if q else 500)
     if want("stop"):
         res["stop"] = child(["navi_more.py", "stop", "--tries", "10" if q else "50"], 600)
     if want("stream"):
         res["stream"] = bench_stream(20_000 if q else 100_000)
     if want("conc"):
-        res["concurrency"] = bench_concurrency([10, 100] if q else [10, 100, 500])
+        res["concurrency"] = bench_concurrency([10, 50] if q else [10, 100, 500])
     if want("growth"):
         res["growth"] = child(["navi_more.py", "growth"] + (["--quick"] if q else []), 600)
     if want("whatif"):
-        res["whatif"] = bench_whatif(2 if q else 5)
+        res["whatif"] = bench_whatif(1 if q else 5)
     if want("start"):
         res["startup"] = bench_startup(2 if q else 5)
     res["seconds"] = round(time.perf_counter() - t0, 1)
