@@ -80,7 +80,7 @@ def resolve_model_file(model_file: Path | None) -> Path:
     if path is None:
         raise ConfigError(f"no local model file: set NAVI_MODEL_FILE to a GGUF, or {EXTRA_HINT}")
     if not path.is_file():
-        raise ConfigError(f"NAVI_MODEL_FILE={str(path)!r}: no such file")
+        raise ConfigError(f"model file {str(path)!r} (--model-file, NAVI_MODEL_FILE): not found")
     return path
 
 
