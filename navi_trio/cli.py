@@ -271,7 +271,8 @@ def _cut(text: str, limit: int = 80) -> str:
 
 def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     settings = load_settings(args)
-    report = trio.run(collect_doctor, settings, args.url)
+    configured = backend_configured(os.environ, given=_llm_given(args))
+    report = trio.run(lambda: collect_doctor(settings, args.url, configured=configured))
     if args.json:
         print(json.dumps(report, indent=None), file=out)
     else:

@@ -14,10 +14,12 @@ import socket
 from functools import partial
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 
 from navi_trio import cli
+from navi_trio.doctor import collect_doctor, print_doctor
 from navi_trio.errors import ConfigError
 from navi_trio.llm import factory, local
 from navi_trio.llm.factory import (
@@ -193,3 +195,51 @@ def test_nothing_at_all_is_one_error_line_and_exit_1(
     assert lines[0].startswith("navi: error: no LLM to talk to: no Ollama answers at ")
     assert "pip install 'navi-trio[local]'" in lines[0]
     assert not (tmp_path / "navi.db").exists()  # nothing was started
+
+
+# -- navi doctor ----------------------------------------------------------------------------
+
+
+async def test_doctor_reports_the_local_model_and_the_backend_it_would_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[bool]
+) -> None:
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"\0" * 2_500_000)
+    monkeypatch.setattr(local, "llama_installed", lambda: True)
+    settings = Settings(
+        llm_url=_closed_url(),
+        model_file=gguf,
+        db_path=tmp_path / "navi.db",
+        data_dir=tmp_path / "data",
+    )
+    report = await collect_doctor(settings, _closed_url().replace("http", "ws"),
+                                  configured=False, environ={})  # fmt: skip
+    assert report["local"] == {
+        "llama_cpp": True, "file": str(gguf), "size_bytes": 2_500_000, "ok": True
+    }
+    assert report["backend"]["name"] == "local"
+    assert "no Ollama at" in report["backend"]["why"] and "tiny.gguf" in report["backend"]["why"]
+    assert report["llm"] == {"backend": "local", "url": str(gguf), "ok": True, "models": ["tiny"]}
+    assert report["settings"]["num_ctx"] == LOCAL_NUM_CTX
+    out = io.StringIO()
+    print_doctor(report, out)
+    assert f"local model  installed: {gguf} (2.5 MB)" in out.getvalue()
+    assert "backend      local: no Ollama at" in out.getvalue()
+
+    # Neither Ollama nor the extra: the doctor says so (a warning: it still reports).
+    extra[0] = False
+    monkeypatch.setattr(local, "llama_installed", lambda: False)
+    report = await collect_doctor(attrs.evolve(settings, model_file=None),
+                                  configured=False, environ={})  # fmt: skip
+    assert report["backend"]["name"] is None
+    assert report["local"]["llama_cpp"] is False and report["local"]["ok"] is False
+    assert any("pip install 'navi-trio[local]'" in w for w in report["warnings"])
+    out = io.StringIO()
+    print_doctor(report, out)
+    assert "local model  not installed (pip install 'navi-trio[local]')" in out.getvalue()
+
+    # Configured: kept, and said so.
+    async with open_fake_llm() as server:
+        report = await collect_doctor(attrs.evolve(settings, llm_url=server.url))
+    assert report["backend"]["name"] == "ollama" and "configured" in report["backend"]["why"]
+    assert report["llm"]["ok"] is True
