@@ -490,6 +490,8 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         except StoreError as exc:
             raise UsageError(f"--session: {exc}") from None
     text = _message_text(args)
+    if args.cwd is not None and not args.cwd.expanduser().is_dir():  # before any probing
+        raise UsageError(f"--cwd {args.cwd.expanduser().resolve()}: not a directory")
     settings = llm_settings(args, err)
     source = config_source(settings)
     profiles = source.current.profiles

