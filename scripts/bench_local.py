@@ -116,8 +116,9 @@ def alone(
     return rates, firsts
 
 
-def chat_first_token(timeout: float = 300) -> tuple[float, float]:
-    """Seconds from starting `navi chat --local` to "connected" and to the first token."""
+def chat_first_token(timeout: float = 300) -> tuple[float, float, float]:
+    """Seconds from starting `navi chat --local` to "connected", the first answer text
+    on screen, and the end of the run (the status line with the context size)."""
     import pexpect
 
     with socket.socket() as sock:
@@ -136,16 +137,20 @@ def chat_first_token(timeout: float = 300) -> tuple[float, float]:
         child.expect("connected to navi_trio")
         connected = time.perf_counter() - start
         child.sendline("Say hello to me.")
-        # The status line counts the answer's words from its first delta on.
-        child.expect(r"answering… \d+ word")
+        child.expect(r"session s-\w+")
+        # The answer's first block: text right after the renderer turns line wrap back on
+        # (not an escape sequence). Blocks appear as they complete (Markdown rendering).
+        child.expect("\x1b\\[\\?7h(?!\x1b)[^\x1b\r\n]{3}")
         first = time.perf_counter() - start
+        child.expect(r"context \d+ tokens")
+        end = time.perf_counter() - start
         child.sendline("/quit")
         child.expect(pexpect.EOF, timeout=30)
     finally:
         if child.isalive():
             child.terminate(force=True)
         _end_daemon(port)
-    return connected, first
+    return connected, first, end
 
 
 def _end_daemon(port: int) -> None:
@@ -194,6 +199,8 @@ def main() -> None:
     print(f"model SmolLM2-135M-Instruct Q4_1, {args.threads} threads, n_ctx 4096, "
           f"max {args.max_tokens} tokens, median of {args.runs} runs, cpus {os.cpu_count()}, "
           f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    if not args.no_chat:  # first: the model is not yet loaded in this process
+        connected, first, end = chat_first_token()
     result = trio.run(bench, args)
     (hr, hf), (ar, af) = result["harness"], result["alone"]
     print(f"generation, through the harness (agent loop): {hr:6.1f} tokens/s, "
@@ -202,9 +209,9 @@ def main() -> None:
           f"first token {af:.2f} s")  # fmt: skip
     print(f"harness / alone: {hr / ar:.0%} of the tokens/s")
     if not args.no_chat:
-        connected, first = chat_first_token()
-        print(f"navi chat --local (starting its daemon): connected after {connected:.2f} s, "
-              f"first token on screen after {first:.2f} s")  # fmt: skip
+        print(f"navi chat --local, starting its daemon: connected after {connected:.2f} s, "
+              f"first answer text on screen after {first:.2f} s (message sent on connect), "
+              f"run ended after {end:.2f} s")  # fmt: skip
 
 
 if __name__ == "__main__":
