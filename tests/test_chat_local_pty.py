@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -122,3 +123,18 @@ def test_navi_chat_local_answers_in_a_terminal(tmp_path: Path) -> None:
             child.terminate(force=True)
         for pid in _daemon_argvs(port):
             _end(pid)
+
+
+def test_navi_run_local_answers_with_the_local_profile(tmp_path: Path) -> None:
+    names = {f.metadata["env"] for f in attrs.fields(Settings)}
+    env = {k: v for k, v in os.environ.items() if k not in names}
+    env.update(NAVI_DB=str(tmp_path / "navi.db"), NAVI_DATA_DIR=str(tmp_path / "data"),
+               PYTHONPATH=str(REPO_ROOT))  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "navi_trio", "run", "--local", "Say hello."],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=ANSWER, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip(), "no answer printed"
+    assert "no Ollama" not in proc.stderr  # --local: chosen, not probed
+    assert trio.run(_last_answer, tmp_path / "navi.db").strip()
