@@ -2,9 +2,9 @@
 
     navi --help | --version
     navi doctor [--db PATH] [--config PATH] [--llm-url URL] [--backend B] [--json]
-    navi run [--session ID] [--profile P] [--cwd DIR] [--events] ... "message"
+    navi run [--session ID] [--profile P] [--cwd DIR] [--events] [--local] ... "message"
     navi compact --session ID [--db PATH] [--config PATH] [--llm-url URL] [--backend B]
-    navi chat [--url URL] [--session ID] [--profile P] [--token T]
+    navi chat [--url URL] [--session ID] [--profile P] [--token T] [--local [--model-file PATH]]
     navi serve | users | sessions | tasks        (the daemon: see cli_daemon.py)
 
 `main` parses the arguments, runs the subcommand under `trio.run` and turns every
@@ -41,7 +41,12 @@ from navi_trio.doctor import ping_llm as ping_llm
 from navi_trio.doctor import print_doctor as print_doctor
 from navi_trio.errors import ConfigError, NaviError
 from navi_trio.events import ErrorEvent
-from navi_trio.llm.factory import BACKENDS
+from navi_trio.llm.factory import (
+    BACKENDS,
+    LOCAL_PROFILE,
+    backend_configured,
+    choose_backend,
+)
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
 
@@ -77,6 +82,19 @@ def _add_endpoint_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, metavar="PATH", help="config.json (env NAVI_CONFIG)")
     p.add_argument("--llm-url", metavar="URL", help="LLM endpoint (env OLLAMA_HOST)")
     p.add_argument("--backend", choices=BACKENDS, help="LLM dialect (env NAVI_LLM_BACKEND)")
+    _add_local_options(p)
+
+
+def _add_local_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--local",
+        action="store_true",
+        help="the embedded local model (llama.cpp in this process; the `local` profile "
+        "for new sessions, num_ctx 4096 unless OLLAMA_NUM_CTX)",
+    )
+    p.add_argument(
+        "--model-file", type=Path, metavar="PATH", help="GGUF for --local (env NAVI_MODEL_FILE)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--session", metavar="ID", help="resume this session (default: new)")
     chat.add_argument("--profile", metavar="P", help="profile for new messages")
     chat.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
+    _add_local_options(chat)
     add_daemon_parsers(sub, _add_endpoint_options)
     return parser
 
@@ -149,10 +168,15 @@ def load_settings(args: argparse.Namespace, environ: dict[str, str] | None = Non
         ("config", "config_path"),
         ("llm_url", "llm_url"),
         ("backend", "llm_backend"),
+        ("model_file", "model_file"),
     ):
         value = getattr(args, option, None)
         if value is not None:
             overrides[field] = value.expanduser() if isinstance(value, Path) else value
+    if getattr(args, "local", False):
+        if "llm_backend" in overrides or "llm_url" in overrides:
+            raise UsageError("--local runs the embedded model: leave out --backend and --llm-url")
+        overrides["llm_backend"] = "local"
     settings = Settings.from_env(os.environ if environ is None else environ, **overrides)
     if settings.llm_backend.strip().lower() not in BACKENDS:
         raise ConfigError(
@@ -160,6 +184,33 @@ def load_settings(args: argparse.Namespace, environ: dict[str, str] | None = Non
             f"(expected one of: {', '.join(BACKENDS)})"
         )
     return attrs.evolve(settings, llm_url=normalize_llm_url(settings.llm_url))
+
+
+def _llm_given(args: argparse.Namespace) -> bool:
+    return any(getattr(args, name, None) for name in ("local", "backend", "llm_url"))
+
+
+def llm_settings(
+    args: argparse.Namespace, err: TextIO, environ: dict[str, str] | None = None
+) -> Settings:
+    """`load_settings`, with the backend chosen when none is configured (`choose_backend`).
+
+    Ollama if it answers at the default URL, else the embedded local model (said in one
+    line on `err`), else ConfigError saying how to get either.
+    """
+    env = dict(os.environ) if environ is None else environ
+    settings = load_settings(args, env)
+    configured = backend_configured(env, given=_llm_given(args))
+    choice = trio.run(lambda: choose_backend(settings, env, configured=configured))
+    if choice.note:
+        print(f"navi: {choice.note}", file=err, flush=True)
+    return choice.settings
+
+
+def config_source(settings: Settings) -> ConfigSource:
+    """The config; with the local backend, new sessions get the `local` profile."""
+    local = settings.llm_backend.strip().lower() == "local"
+    return ConfigSource(settings.config_path, default_profile=LOCAL_PROFILE if local else None)
 
 
 _OLLAMA_PORT = 11434
@@ -214,7 +265,8 @@ def _cut(text: str, limit: int = 80) -> str:
 
 def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     settings = load_settings(args)
-    report = trio.run(collect_doctor, settings, args.url)
+    configured = backend_configured(os.environ, given=_llm_given(args))
+    report = trio.run(lambda: collect_doctor(settings, args.url, configured=configured))
     if args.json:
         print(json.dumps(report, indent=None), file=out)
     else:
@@ -267,10 +319,10 @@ async def compact_session(
 
 
 def cmd_compact(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    settings = load_settings(args)
     if not args.session.strip():
         raise UsageError("--session is empty")
-    source = ConfigSource(settings.config_path)
+    settings = llm_settings(args, err)
+    source = config_source(settings)
     error = trio.run(compact_session, settings, source, args.session, out)
     if error is not None:
         print(f"navi: error: compacting failed, the context was left as it was: {error}",
@@ -282,17 +334,41 @@ def cmd_compact(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 # ------------------------------------------------------------------------- chat
 
 
+def serve_args_for_chat(args: argparse.Namespace, err: TextIO) -> list[str]:
+    """The backend options of the daemon `navi chat` is about to start.
+
+    `--local` is passed on; with nothing configured the choice is made here, so its one
+    line shows in this terminal (not in the daemon's log), and passed on explicitly.
+    """
+    settings = llm_settings(args, err)
+    if settings.llm_backend == "local":
+        from navi_trio.llm.local import resolve_model_file
+
+        resolve_model_file(settings.model_file)  # a missing extra or file: say so here
+        extra = ["--model-file", str(settings.model_file)] if args.model_file else []
+        return ["--local", *extra]
+    if _llm_given(args) or backend_configured(os.environ, given=False):
+        return []  # configured in the environment: the daemon inherits it
+    return ["--backend", "ollama"]
+
+
 def cmd_chat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from navi_trio.client.daemon import daemon_needed
     from navi_trio.client.main import chat
 
-    data_dir = Settings.from_env(os.environ).data_dir
+    settings = Settings.from_env(os.environ)
+    serve_args: list[str] = []
+    if trio.run(daemon_needed, args.url):
+        serve_args = serve_args_for_chat(args, err)
     return chat(
         url=args.url,
-        data_dir=data_dir,
+        data_dir=settings.data_dir,
         session_id=args.session,
         profile=args.profile,
         token=args.token,
         err=err,
+        serve_args=serve_args,
+        want_backend="local" if args.local else None,
     )
 
 

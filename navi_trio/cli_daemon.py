@@ -1,6 +1,7 @@
 """The daemon's subcommands of ``navi``: serve, users, sessions, tasks.
 
     navi serve [--host 127.0.0.1] [--port 8765] [--allow-remote] [--log-level L] [--log-json]
+               [--local [--model-file PATH]]
     navi users add NAME [--role admin|user] | list | remove NAME | rotate NAME
     navi sessions [list | history ID | delete ID] [--url URL] [--token T]
     navi tasks [list | check ID | cancel ID] [--session ID] [--url URL] [--token T]
@@ -102,9 +103,8 @@ def _is_loopback(host: str) -> bool:
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.cli import UsageError, load_settings
+    from navi_trio.cli import UsageError, config_source, llm_settings
     from navi_trio.daemon import serve_daemon
-    from navi_trio.profiles import ConfigSource
 
     if not _is_loopback(args.host):
         if not args.allow_remote:
@@ -118,8 +118,8 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             file=err,
             flush=True,
         )
-    settings = load_settings(args)
-    source = ConfigSource(settings.config_path)
+    settings = llm_settings(args, err)
+    source = config_source(settings)
     root = logging.getLogger()
     level = getattr(logging, args.log_level.upper())
     root.setLevel(level)

@@ -52,6 +52,8 @@ from navi_trio.cli import (
     EXIT_ERROR,
     EXIT_OK,
     UsageError,
+    config_source,
+    llm_settings,
     load_settings,
     one_line,
 )
@@ -76,7 +78,7 @@ PROBE_TIMEOUT = 1.0  # is the local daemon there? (a refused connection answers 
 CONNECT_TIMEOUT = 5.0
 MAX_FRAME = 64 * 1024 * 1024
 # Options that configure an embedded runtime: a daemon has its own.
-_EMBEDDED_OPTIONS = ("db", "config", "llm_url", "backend", "local")
+_EMBEDDED_OPTIONS = ("db", "config", "llm_url", "backend", "local", "model_file")
 _RUN_ID = "run"
 
 
@@ -522,7 +524,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     settings = load_settings(args)
     text = _message_text(args)
     cwd = (args.cwd or Path.cwd()).expanduser().resolve()
-    if not cwd.is_dir():
+    if not cwd.is_dir():  # before any probing
         raise UsageError(f"--cwd {cwd}: not a directory")
     session_id = args.session if args.session is not None else new_session_id()
     req = RunRequest(session_id, text, cwd, args.profile, args.events, args.mode)
@@ -530,7 +532,10 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if target is not None:
         outcome = trio.run(run_remote, *target, req, out, err)
     else:
-        source = ConfigSource(settings.config_path)
+        # In this process: the LLM is chosen here (--local, or Ollama / the local model
+        # when nothing is configured), with the `local` profile for --local.
+        settings = llm_settings(args, err)
+        source = config_source(settings)
         profiles = source.current.profiles
         if args.profile is not None and args.profile not in profiles:
             raise ConfigError(

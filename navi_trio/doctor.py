@@ -7,6 +7,8 @@ for its model list); `print_doctor` shows it for a person. The command itself
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -17,6 +19,7 @@ import trio
 from navi_trio import __version__
 from navi_trio.api.remote import DEFAULT_URL, daemon_answers
 from navi_trio.errors import ConfigError, NaviError
+from navi_trio.llm.factory import choose_backend
 from navi_trio.profiles import AgentProfile, NaviConfig, check_config, load_config
 from navi_trio.settings import Settings
 from navi_trio.store.sqlite import read_only_stats
@@ -200,9 +203,66 @@ def _window_warning(settings: Settings, context: dict[str, Any]) -> str | None:
     )
 
 
-async def collect_doctor(settings: Settings, daemon_url: str = DEFAULT_URL) -> dict[str, Any]:
-    """Everything `navi doctor` reports, as one JSON-ready dict (``ok``: config and DB fine)."""
+def local_model_info(model_file: Path | None) -> dict[str, Any]:
+    """The embedded model: is llama-cpp-python installed, which GGUF, how big."""
+    from navi_trio.llm import local  # finds the packages without importing llama_cpp
+
+    path = model_file or local.default_model_file()
+    info: dict[str, Any] = {
+        "llama_cpp": local.llama_installed(),
+        "file": str(path) if path else None,
+        "size_bytes": path.stat().st_size if path and path.is_file() else None,
+    }
+    info["ok"] = bool(info["llama_cpp"] and info["size_bytes"])
+    return info
+
+
+async def _backend_choice(
+    settings: Settings, configured: bool, environ: Mapping[str, str]
+) -> tuple[Settings, dict[str, Any]]:
+    """Which backend `navi run|chat|serve` would use, and why (`choose_backend`)."""
+    try:
+        choice = await choose_backend(settings, environ, configured=configured)
+    except ConfigError as exc:
+        return settings, {"name": None, "why": str(exc)}
+    chosen = choice.settings
+    if configured:
+        why = "configured (NAVI_LLM_BACKEND, OLLAMA_HOST or an option)"
+    else:
+        why = choice.note or f"nothing configured: Ollama answers at {chosen.llm_url}"
+    return chosen, {"name": chosen.llm_backend, "why": why}
+
+
+def _local_llm(settings: Settings, local: dict[str, Any]) -> dict[str, Any]:
+    """The `llm` entry for the embedded backend: no endpoint to ping."""
+    if local["ok"]:
+        return {"backend": "local", "url": local["file"], "ok": True,
+                "models": [Path(local["file"]).stem]}  # fmt: skip
+    from navi_trio.llm.local import EXTRA_HINT
+
+    error = "llama-cpp-python is not installed" if not local["llama_cpp"] else "no model file"
+    return {"backend": "local", "url": local["file"] or "-", "ok": False,
+            "error": f"{error}: {EXTRA_HINT}"}  # fmt: skip
+
+
+async def collect_doctor(
+    settings: Settings,
+    daemon_url: str = DEFAULT_URL,
+    *,
+    configured: bool = True,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Everything `navi doctor` reports, as one JSON-ready dict (``ok``: config and DB fine).
+
+    `configured`: whether the LLM was chosen (env or options); when not, the report says
+    which backend would be chosen (Ollama if it answers, else the local model).
+    """
     report: dict[str, Any] = {"version": __version__, "warnings": [], "errors": []}
+    report["local"] = local_model_info(settings.model_file)
+    env = os.environ if environ is None else environ
+    settings, report["backend"] = await _backend_choice(settings, configured, env)
+    if report["backend"]["name"] is None:
+        report["warnings"].append(report["backend"]["why"])
     config: dict[str, Any] = {"path": str(settings.config_path), "ok": False}
     cfg: NaviConfig | None = None
     try:
@@ -235,18 +295,21 @@ async def collect_doctor(settings: Settings, daemon_url: str = DEFAULT_URL) -> d
             report["errors"].append(str(exc))
     report["db"] = db
 
-    llm = {"backend": settings.llm_backend, **await ping_llm(settings)}
+    if settings.llm_backend.strip().lower() == "local":
+        llm = _local_llm(settings, report["local"])
+    else:
+        llm = {"backend": settings.llm_backend, **await ping_llm(settings)}
     report["llm"] = llm
     if not llm["ok"]:
         report["warnings"].append(f"the LLM at {llm['url']} does not answer: {llm['error']}")
-    elif cfg is not None:
+    elif cfg is not None and llm["backend"] != "local":
         wanted = sorted({p["model"] for p in config["profiles"]})
         missing = [m for m in wanted if m not in llm["models"]]
         if missing:
             report["warnings"].append(
                 f"model(s) {', '.join(missing)} used by the profiles are not listed by the LLM"
             )
-    if llm["ok"]:
+    if llm["ok"] and llm["backend"] != "local":
         llm["context"] = await server_context(settings)
         warning = _window_warning(settings, llm["context"])
         if warning:
@@ -305,6 +368,16 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
         line("", "rows: " + ", ".join(f"{k}={v}" for k, v in sorted(d["tables"].items())))
     elif not d["ok"]:
         line("", f"BROKEN: {d['error']}")
+    b = r["backend"]
+    line("backend", f"{b['name'] or 'NONE'}: {b['why']}")
+    lm = r["local"]
+    if lm["ok"]:
+        size = f"{lm['size_bytes'] / 1e6:.1f} MB"
+        line("local model", f"installed: {lm['file']} ({size}); `navi chat --local`")
+    elif lm["llama_cpp"]:
+        line("local model", "llama-cpp-python installed, but no model file (NAVI_MODEL_FILE)")
+    else:
+        line("local model", "not installed (pip install 'navi-trio[local]')")
     m = r["llm"]
     line("llm", f"{m['backend']} {m['url']}")
     if m["ok"]:

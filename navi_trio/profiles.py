@@ -365,9 +365,14 @@ class ConfigSource:
     reloads only when the file's modification time changed (a cheap stat per turn).
     """
 
-    def __init__(self, path: Path, initial: NaviConfig | None = None) -> None:
+    def __init__(
+        self, path: Path, initial: NaviConfig | None = None, *, default_profile: str | None = None
+    ) -> None:
         self.path = path
-        self.current: NaviConfig = initial if initial is not None else load_config(path)
+        # `navi ... --local`: new sessions get this profile, whatever the file says.
+        self.default_profile = default_profile
+        cfg = initial if initial is not None else load_config(path)
+        self.current: NaviConfig = self._with_default(cfg)
         self.last_error: ConfigError | None = None
         self.generation = 0
         # Set by `require`: a reload must pass `check_config` with these tool names too.
@@ -388,6 +393,11 @@ class ConfigSource:
         except OSError:
             return None
 
+    def _with_default(self, cfg: NaviConfig) -> NaviConfig:
+        if self.default_profile is None or self.default_profile not in cfg.profiles:
+            return cfg
+        return attrs.evolve(cfg, default_profile=self.default_profile)
+
     def reload(self) -> bool:
         """Re-read the file. True when a new config took effect."""
         self._mtime = self._stat()
@@ -399,7 +409,7 @@ class ConfigSource:
             self.last_error = exc
             log.error("config reload failed, keeping the last good config: %s", exc)
             return False
-        self.current = cfg
+        self.current = self._with_default(cfg)
         self.last_error = None
         self.generation += 1
         return True

@@ -62,7 +62,7 @@ async def test_hello_message_streams_frames_and_session_is_owned(tmp_path: Path)
                 welcome = await c.next()
                 assert welcome == {
                     "type": "welcome", "protocol": 1, "server": "navi_trio 0.1.0",
-                    "user": {"name": "alice", "role": "user"},
+                    "user": {"name": "alice", "role": "user"}, "llm_backend": "ollama",
                 }  # fmt: skip
                 sid = await _start_session(c)
                 end = await c.until_end(sid)

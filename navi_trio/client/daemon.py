@@ -9,6 +9,7 @@ a stand-in script.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,7 +18,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import trio
+from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
+from navi_trio.client import frames as wire
 from navi_trio.client.connection import ChatError
 
 TOKEN_FILE = "local-token"
@@ -63,8 +66,28 @@ async def answers(host: str, port: int) -> bool:
     return False
 
 
-def serve_command(port: int) -> list[str]:
-    return [sys.executable, "-m", "navi_trio", "serve", "--port", str(port)]
+def serve_command(port: int, extra: Sequence[str] = ()) -> list[str]:
+    return [sys.executable, "-m", "navi_trio", "serve", "--port", str(port), *extra]
+
+
+async def daemon_needed(url: str) -> bool:
+    """Whether `ensure_daemon` would start a daemon for `url` (loopback, nothing answers)."""
+    host, port = host_port(url)
+    return host in _LOOPBACK and not await answers(host, port)
+
+
+async def daemon_backend(url: str, token: str) -> str | None:
+    """The LLM backend the daemon at `url` says it runs with (its welcome), or None."""
+    with trio.move_on_after(PROBE_TIMEOUT * 5):
+        try:
+            async with open_websocket_url(url, connect_timeout=PROBE_TIMEOUT) as ws:
+                await ws.send_message(wire.encode(wire.hello(token)))
+                frame = json.loads(await ws.get_message())
+        except (OSError, HandshakeError, ConnectionClosed, ValueError):
+            return None
+        backend = frame.get("llm_backend") if isinstance(frame, dict) else None
+        return backend if isinstance(backend, str) else None
+    return None
 
 
 def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -83,14 +106,14 @@ def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
 
 
 async def ensure_daemon(
-    url: str, data_dir: Path, command: Sequence[str] | None = None
+    url: str, data_dir: Path, command: Sequence[str] | None = None, serve_args: Sequence[str] = ()
 ) -> str | None:
     """Start a background daemon if none answers at `url`; the line to show, or None."""
     host, port = host_port(url)
     if host not in _LOOPBACK or await answers(host, port):
         return None  # another machine's daemon is not ours to start: connecting will tell
     log_path = data_dir / LOG_FILE
-    proc = _spawn(list(command or serve_command(port)), log_path)
+    proc = _spawn(list(command or serve_command(port, serve_args)), log_path)
     (data_dir / PID_FILE).write_text(f"{proc.pid}\n", encoding="utf-8")
     delay = 0.05
     with trio.move_on_after(START_TIMEOUT):

