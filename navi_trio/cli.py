@@ -23,51 +23,44 @@ import logging
 import os
 import sys
 import traceback
-import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import NoReturn, TextIO
 
-import attrs
 import trio
 
 from navi_trio import __version__
 from navi_trio.api.remote import DEFAULT_URL
+from navi_trio.cli_common import DEBUG_HINT as _DEBUG_HINT
+from navi_trio.cli_common import EXIT_ERROR as EXIT_ERROR
+from navi_trio.cli_common import EXIT_INTERRUPTED as EXIT_INTERRUPTED
+from navi_trio.cli_common import EXIT_OK as EXIT_OK
+from navi_trio.cli_common import UsageError as UsageError
+from navi_trio.cli_common import config_source as config_source
+from navi_trio.cli_common import llm_given
+from navi_trio.cli_common import llm_settings as llm_settings
+from navi_trio.cli_common import load_settings as load_settings
+from navi_trio.cli_common import normalize_llm_url as normalize_llm_url
+from navi_trio.cli_common import one_line as one_line
 from navi_trio.cli_daemon import COMMANDS as DAEMON_COMMANDS
 from navi_trio.cli_daemon import add_parsers as add_daemon_parsers
 from navi_trio.doctor import LLM_PING_TIMEOUT as LLM_PING_TIMEOUT
 from navi_trio.doctor import collect_doctor as collect_doctor
 from navi_trio.doctor import ping_llm as ping_llm
 from navi_trio.doctor import print_doctor as print_doctor
-from navi_trio.errors import ConfigError, NaviError
+from navi_trio.errors import NaviError
 from navi_trio.events import ErrorEvent
 from navi_trio.llm.factory import (
     BACKENDS,
-    LOCAL_PROFILE,
     backend_configured,
-    choose_backend,
 )
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
-
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_INTERRUPTED = 130
-_DEBUG_HINT = "(run with NAVI_DEBUG=1 for the traceback)"
-
-
-class UsageError(Exception):
-    """Bad command-line arguments (argparse's own exit is replaced by this)."""
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `{self.prog} --help`)")
-
-
-def one_line(text: str) -> str:
-    """`text` with every run of whitespace (newlines too) made one space."""
-    return " ".join(text.split())
 
 
 def _debug() -> bool:
@@ -160,112 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_settings(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
-    """Settings from the environment, with the command-line options winning."""
-    overrides: dict[str, Any] = {}
-    for option, field in (
-        ("db", "db_path"),
-        ("config", "config_path"),
-        ("llm_url", "llm_url"),
-        ("backend", "llm_backend"),
-        ("model_file", "model_file"),
-    ):
-        value = getattr(args, option, None)
-        if value is not None:
-            overrides[field] = value.expanduser() if isinstance(value, Path) else value
-    if getattr(args, "local", False):
-        if "llm_backend" in overrides or "llm_url" in overrides:
-            raise UsageError("--local runs the embedded model: leave out --backend and --llm-url")
-        overrides["llm_backend"] = "local"
-    settings = Settings.from_env(os.environ if environ is None else environ, **overrides)
-    if settings.llm_backend.strip().lower() not in BACKENDS:
-        raise ConfigError(
-            f"NAVI_LLM_BACKEND={settings.llm_backend!r} is not a known LLM backend "
-            f"(expected one of: {', '.join(BACKENDS)})"
-        )
-    return attrs.evolve(settings, llm_url=normalize_llm_url(settings.llm_url))
-
-
-def _llm_given(args: argparse.Namespace) -> bool:
-    return any(getattr(args, name, None) for name in ("local", "backend", "llm_url"))
-
-
-def llm_settings(
-    args: argparse.Namespace, err: TextIO, environ: dict[str, str] | None = None
-) -> Settings:
-    """`load_settings`, with the backend chosen when none is configured (`choose_backend`).
-
-    Ollama if it answers at the default URL, else the embedded local model (said in one
-    line on `err`), else ConfigError saying how to get either.
-    """
-    env = dict(os.environ) if environ is None else environ
-    settings = load_settings(args, env)
-    configured = backend_configured(env, given=_llm_given(args))
-    choice = trio.run(lambda: choose_backend(settings, env, configured=configured))
-    if choice.note:
-        print(f"navi: {choice.note}", file=err, flush=True)
-    return choice.settings
-
-
-def config_source(settings: Settings) -> ConfigSource:
-    """The config; with the local backend, new sessions get the `local` profile."""
-    local = settings.llm_backend.strip().lower() == "local"
-    return ConfigSource(settings.config_path, default_profile=LOCAL_PROFILE if local else None)
-
-
-_OLLAMA_PORT = 11434
-# Listening on "all interfaces" means "this machine" to a client, as Ollama reads it.
-_ANY_ADDRESS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "[::1]"}
-
-
-def normalize_llm_url(url: str) -> str:
-    """The LLM URL as a client uses it; accepts what Ollama accepts in OLLAMA_HOST.
-
-    A full http(s) URL stays as it is. A bare ``host[:port][/path]`` gets ``http://``
-    and Ollama's port 11434 when none is given; the any-address hosts 0.0.0.0 and ::
-    (what a server listens on) become the loopback address. ConfigError otherwise.
-    """
-    text = url.strip()
-    if "://" not in text:
-        hostport, slash, path = text.partition("/")
-        host, port = _split_host_port(hostport)
-        host = f"[{host}]" if ":" in host else host
-        text = f"http://{host}:{port or _OLLAMA_PORT}{slash}{path}"
-    parts = urllib.parse.urlsplit(text)
-    where = f"LLM URL {_cut(url)!r} (--llm-url or OLLAMA_HOST)"
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(f"{where}: expected an http:// or https:// URL or host[:port]")
-    try:
-        number = parts.port
-    except ValueError:
-        raise ConfigError(f"{where}: the port is not a number from 1 to 65535") from None
-    host = parts.hostname or ""
-    if host in _ANY_ADDRESS:
-        netloc = _ANY_ADDRESS[host] + (f":{number}" if number is not None else "")
-        parts = parts._replace(netloc=netloc)
-    return urllib.parse.urlunsplit(parts)
-
-
-def _split_host_port(hostport: str) -> tuple[str, str]:
-    if hostport.startswith("["):  # [v6]:port
-        host, _, rest = hostport[1:].partition("]")
-        return host, rest.removeprefix(":")
-    if hostport.count(":") == 1:
-        host, _, port = hostport.partition(":")
-        return host, port
-    return hostport, ""  # a name, an IPv4 address, or a bare IPv6 address
-
-
-def _cut(text: str, limit: int = 80) -> str:
-    return text if len(text) <= limit else f"{text[: limit - 1]}… ({len(text)} characters)"
-
-
 # ------------------------------------------------------------------------- doctor
 
 
 def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     settings = load_settings(args)
-    configured = backend_configured(os.environ, given=_llm_given(args))
+    configured = backend_configured(os.environ, given=llm_given(args))
     report = trio.run(lambda: collect_doctor(settings, args.url, configured=configured))
     if args.json:
         print(json.dumps(report, indent=None), file=out)
@@ -347,7 +240,7 @@ def serve_args_for_chat(args: argparse.Namespace, err: TextIO) -> list[str]:
         resolve_model_file(settings.model_file)  # a missing extra or file: say so here
         extra = ["--model-file", str(settings.model_file)] if args.model_file else []
         return ["--local", *extra]
-    if _llm_given(args) or backend_configured(os.environ, given=False):
+    if llm_given(args) or backend_configured(os.environ, given=False):
         return []  # configured in the environment: the daemon inherits it
     return ["--backend", "ollama"]
 

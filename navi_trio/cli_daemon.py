@@ -103,7 +103,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.cli import UsageError, config_source, llm_settings
+    from navi_trio.cli_common import UsageError, config_source, llm_settings
     from navi_trio.daemon import serve_daemon
 
     if not _is_loopback(args.host):
@@ -139,7 +139,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_users(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.cli import UsageError, load_settings
+    from navi_trio.cli_common import UsageError, load_settings
 
     if args.action != "list" and not args.name:
         raise UsageError(f"users {args.action} needs a NAME")
@@ -194,7 +194,7 @@ def _call(args: argparse.Namespace, frame: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.cli import UsageError
+    from navi_trio.cli_common import UsageError
 
     if args.action != "list" and not args.session_id:
         raise UsageError(f"sessions {args.action} needs a session ID")
@@ -221,7 +221,7 @@ def cmd_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_tasks(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.cli import UsageError
+    from navi_trio.cli_common import UsageError
 
     if args.action != "list" and not args.task_id:
         raise UsageError(f"tasks {args.action} needs a task ID")

@@ -47,8 +47,8 @@ import trio
 
 from navi_trio.api.protocol import Frame, encode
 from navi_trio.api.remote import DEFAULT_URL, DaemonUnreachableError, RemoteError, daemon_answers
-from navi_trio.cli import (
-    _DEBUG_HINT,
+from navi_trio.cli_common import (
+    DEBUG_HINT,
     EXIT_ERROR,
     EXIT_OK,
     UsageError,
@@ -219,7 +219,7 @@ class _Printer:
         elif isinstance(event, WarningEvent):
             print(f"navi: warning: {who}{message}", file=err, flush=True)
         elif isinstance(event, ErrorEvent):
-            hint = f" {_DEBUG_HINT}" if event.code == "internal" else ""
+            hint = f" {DEBUG_HINT}" if event.code == "internal" else ""
             print(f"navi: error: {who}{message}{hint}", file=err, flush=True)
             if top:
                 outcome.error = message

@@ -1,0 +1,140 @@
+"""What every `navi` subcommand shares: exit codes, the usage error, one-line messages,
+and the settings from the environment and the command line (with the LLM chosen when
+none is configured). `cli.py` (the parser and `main`), `cli_run.py` and `cli_daemon.py`
+import it; it imports none of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import urllib.parse
+from pathlib import Path
+from typing import Any, TextIO
+
+import attrs
+import trio
+
+from navi_trio.errors import ConfigError
+from navi_trio.llm.factory import (
+    BACKENDS,
+    LOCAL_PROFILE,
+    backend_configured,
+    choose_backend,
+)
+from navi_trio.profiles import ConfigSource
+from navi_trio.settings import Settings
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+DEBUG_HINT = "(run with NAVI_DEBUG=1 for the traceback)"
+
+
+class UsageError(Exception):
+    """Bad command-line arguments (argparse's own exit is replaced by this)."""
+
+
+def one_line(text: str) -> str:
+    """`text` with every run of whitespace (newlines too) made one space."""
+    return " ".join(text.split())
+
+
+def load_settings(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
+    """Settings from the environment, with the command-line options winning."""
+    overrides: dict[str, Any] = {}
+    for option, field in (
+        ("db", "db_path"),
+        ("config", "config_path"),
+        ("llm_url", "llm_url"),
+        ("backend", "llm_backend"),
+        ("model_file", "model_file"),
+    ):
+        value = getattr(args, option, None)
+        if value is not None:
+            overrides[field] = value.expanduser() if isinstance(value, Path) else value
+    if getattr(args, "local", False):
+        if "llm_backend" in overrides or "llm_url" in overrides:
+            raise UsageError("--local runs the embedded model: leave out --backend and --llm-url")
+        overrides["llm_backend"] = "local"
+    settings = Settings.from_env(os.environ if environ is None else environ, **overrides)
+    if settings.llm_backend.strip().lower() not in BACKENDS:
+        raise ConfigError(
+            f"NAVI_LLM_BACKEND={settings.llm_backend!r} is not a known LLM backend "
+            f"(expected one of: {', '.join(BACKENDS)})"
+        )
+    return attrs.evolve(settings, llm_url=normalize_llm_url(settings.llm_url))
+
+
+def llm_given(args: argparse.Namespace) -> bool:
+    return any(getattr(args, name, None) for name in ("local", "backend", "llm_url"))
+
+
+def llm_settings(
+    args: argparse.Namespace, err: TextIO, environ: dict[str, str] | None = None
+) -> Settings:
+    """`load_settings`, with the backend chosen when none is configured (`choose_backend`).
+
+    Ollama if it answers at the default URL, else the embedded local model (said in one
+    line on `err`), else ConfigError saying how to get either.
+    """
+    env = dict(os.environ) if environ is None else environ
+    settings = load_settings(args, env)
+    configured = backend_configured(env, given=llm_given(args))
+    choice = trio.run(lambda: choose_backend(settings, env, configured=configured))
+    if choice.note:
+        print(f"navi: {choice.note}", file=err, flush=True)
+    return choice.settings
+
+
+def config_source(settings: Settings) -> ConfigSource:
+    """The config; with the local backend, new sessions get the `local` profile."""
+    local = settings.llm_backend.strip().lower() == "local"
+    return ConfigSource(settings.config_path, default_profile=LOCAL_PROFILE if local else None)
+
+
+_OLLAMA_PORT = 11434
+# Listening on "all interfaces" means "this machine" to a client, as Ollama reads it.
+_ANY_ADDRESS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "[::1]"}
+
+
+def normalize_llm_url(url: str) -> str:
+    """The LLM URL as a client uses it; accepts what Ollama accepts in OLLAMA_HOST.
+
+    A full http(s) URL stays as it is. A bare ``host[:port][/path]`` gets ``http://``
+    and Ollama's port 11434 when none is given; the any-address hosts 0.0.0.0 and ::
+    (what a server listens on) become the loopback address. ConfigError otherwise.
+    """
+    text = url.strip()
+    if "://" not in text:
+        hostport, slash, path = text.partition("/")
+        host, port = _split_host_port(hostport)
+        host = f"[{host}]" if ":" in host else host
+        text = f"http://{host}:{port or _OLLAMA_PORT}{slash}{path}"
+    parts = urllib.parse.urlsplit(text)
+    where = f"LLM URL {_cut(url)!r} (--llm-url or OLLAMA_HOST)"
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{where}: expected an http:// or https:// URL or host[:port]")
+    try:
+        number = parts.port
+    except ValueError:
+        raise ConfigError(f"{where}: the port is not a number from 1 to 65535") from None
+    host = parts.hostname or ""
+    if host in _ANY_ADDRESS:
+        netloc = _ANY_ADDRESS[host] + (f":{number}" if number is not None else "")
+        parts = parts._replace(netloc=netloc)
+    return urllib.parse.urlunsplit(parts)
+
+
+def _split_host_port(hostport: str) -> tuple[str, str]:
+    if hostport.startswith("["):  # [v6]:port
+        host, _, rest = hostport[1:].partition("]")
+        return host, rest.removeprefix(":")
+    if hostport.count(":") == 1:
+        host, _, port = hostport.partition(":")
+        return host, port
+    return hostport, ""  # a name, an IPv4 address, or a bare IPv6 address
+
+
+def _cut(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 1]}… ({len(text)} characters)"
