@@ -32,6 +32,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -145,7 +146,10 @@ def bwrap_argv(bwrap: Path, spec: SandboxSpec, argv: Sequence[str], cwd: Path) -
     """The bwrap command line that runs `argv` in `cwd` inside `spec`'s sandbox."""
     writable = [Path(os.path.realpath(p)) for p in spec.writable if os.path.isdir(p)]
     cwd = Path(os.path.realpath(cwd))
-    readable = [Path(os.path.realpath(p)) for p in (*spec.readable, cwd) if os.path.exists(p)]
+    # navi's own Python (its venv may live under /tmp, hidden by the private /tmp):
+    # code_exec runs it, and a terminal command may find it on PATH.
+    seen = (*spec.readable, cwd, sys.prefix, sys.exec_prefix, sys.base_prefix)
+    readable = [Path(os.path.realpath(p)) for p in seen if os.path.exists(p)]
     out = [str(bwrap), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     out += ["--tmpfs", "/tmp", "--unshare-pid", "--die-with-parent"]
     if not spec.network:
