@@ -148,7 +148,7 @@ def bwrap_argv(bwrap: Path, spec: SandboxSpec, argv: Sequence[str], cwd: Path) -
     cwd = Path(os.path.realpath(cwd))
     # navi's own Python (its venv may live under /tmp, hidden by the private /tmp):
     # code_exec runs it, and a terminal command may find it on PATH.
-    seen = (*spec.readable, cwd, sys.prefix, sys.exec_prefix, sys.base_prefix)
+    seen: list[Path | str] = [*spec.readable, cwd, sys.prefix, sys.exec_prefix, sys.base_prefix]
     readable = [Path(os.path.realpath(p)) for p in seen if os.path.exists(p)]
     out = [str(bwrap), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     out += ["--tmpfs", "/tmp", "--unshare-pid", "--die-with-parent"]
