@@ -8,6 +8,9 @@ by its content:
   output, a todo list that ticks, stream_end;
 - ``wait``  : a first delta, then nothing until ``stop`` arrives (then stream_end stopped);
   a message arriving meanwhile gets ``message_queued`` and runs after it, as in the daemon;
+- ``ask``   : an ``approval_request`` for a terminal call, then nothing until an
+  ``approve``/``deny`` for it arrives (recorded), then ``approval_decided`` and the end;
+  a ``subscribe`` meanwhile lists it in its ``ok`` (``approvals``), as the daemon does;
 - anything else: an echo ``you said: …`` and stream_end.
 
 Every frame a client sends is recorded in `received`; `drop()` closes the live
@@ -35,6 +38,8 @@ class Session:
     busy: bool = False
     stop: trio.Event = attrs.field(factory=trio.Event)
     waiting: list[str] = attrs.field(factory=list)  # queued messages, run in order after
+    asking: dict[str, Frame] = attrs.field(factory=dict)  # approval requests waiting
+    answered: trio.Event = attrs.field(factory=trio.Event)
 
 
 @attrs.define(eq=False)
@@ -146,7 +151,18 @@ class StandIn:
         elif kind == "subscribe":
             session = self.sessions.setdefault(frame["session_id"], Session(frame["session_id"]))
             last = frame.get("last_seq")
-            await self._send(ws, {"type": "ok"})
+            await self._send(
+                ws,
+                {
+                    "type": "ok",
+                    "session_id": session.session_id,
+                    "seq": session.seq,
+                    "approvals": [
+                        {k: v for k, v in f.items() if k not in ("session_id", "seq", "epoch")}
+                        for f in session.asking.values()
+                    ],
+                },
+            )
             if self.on_subscribe == "resync":
                 await self._send(
                     ws,
@@ -224,6 +240,13 @@ class StandIn:
                     ],
                 },
             )
+        elif kind in ("approve", "deny"):
+            session = self.sessions[frame["session_id"]]
+            if session.asking.pop(frame["call_id"], None) is None:
+                await self._send(ws, {"type": "error", "code": "not_found", "message": "no such"})
+                return
+            await self._send(ws, {"type": "ok", "call_id": frame["call_id"]})
+            session.answered.set()
         elif kind in ("compact", "unsubscribe"):
             await self._send(ws, {"type": "ok"})
         else:
@@ -306,6 +329,30 @@ class StandIn:
                 session,
                 {"type": "stream_end", "text": "The folder holds README.md", "prompt_tokens": 321},
             )
+        elif content == "ask":
+            request = {
+                "type": "approval_request",
+                "call_id": "c-ask",
+                "tool": "terminal",
+                "summary": "terminal run: rm -rf build",
+                "rule": "mode full: terminal runs without a sandbox",
+                "mode": "full",
+                "timeout_sec": 300,
+            }
+            session.answered = trio.Event()
+            await pub(ws, session, request)
+            session.asking["c-ask"] = session.frames[-1]
+            await session.answered.wait()
+            answer = [f for f in self.received if f["type"] in ("approve", "deny")][-1]
+            decided = {
+                "type": "approval_decided",
+                "call_id": "c-ask",
+                "approved": answer["type"] == "approve",
+                "scope": answer.get("scope", "once"),
+                "by": "owner",
+            }
+            await pub(ws, session, decided)
+            await pub(ws, session, {"type": "stream_end", "text": "asked", "prompt_tokens": 7})
         elif content == "wait":
             await pub(ws, session, {"type": "text_delta", "text": "Working on it"})
             await session.stop.wait()

@@ -328,3 +328,60 @@ async def test_a_history_larger_than_the_websocket_default_limit_is_replayed() -
                 assert "3 messages replayed" in chat.screen.text
                 chat.reader.type("/quit")
             assert chat.error is None
+
+
+async def cards(screen: Screen, count: int) -> None:
+    """Wait until `count` approval cards are on the screen."""
+    while screen.text.count("? approve terminal") < count:
+        screen.changed = trio.Event()
+        await screen.changed.wait()
+
+
+async def test_an_approval_request_is_a_card_answered_with_y_n_a_or_s() -> None:
+    with trio.fail_after(DEADLINE):
+        async with standin() as daemon, chatting(daemon) as chat:
+            chat.reader.type("/mode full")
+            await chat.screen.wait_for("mode full: asked for in your next messages")
+            chat.reader.type("ask")
+            await chat.screen.wait_for("y yes · s this session · a always · n no")
+            assert (await daemon.wait_for("message"))["mode"] == "full"
+            assert "? approve terminal: terminal run: rm -rf build" in chat.screen.text
+            assert "mode full: terminal runs without a sandbox" in chat.screen.text
+            assert "no answer in 300s is a deny" in chat.screen.text
+            chat.reader.type("a")
+            answer = await daemon.wait_for("approve")
+            assert answer == {
+                "type": "approve", "session_id": "s-1", "call_id": "c-ask", "scope": "always",
+            }  # fmt: skip
+            await chat.screen.wait_for("✔ approved terminal (always, by owner)")
+            await chat.screen.wait_for("context 7 tokens")
+            # With nothing waiting, "n" is a message like any other.
+            chat.reader.type("n")
+            await chat.screen.wait_for("you said: n")
+            chat.reader.type("ask")
+            await cards(chat.screen, 2)
+            chat.reader.type("n")
+            assert (await daemon.wait_for("deny"))["scope"] == "once"
+            await chat.screen.wait_for("✗ denied terminal (by owner)")
+            chat.reader.type("/mode fast")
+            await chat.screen.wait_for("unknown mode 'fast': use one of read-only, workspace, full")
+            chat.reader.type("/quit")
+        assert chat.error is None
+        assert [f["type"] for f in daemon.received].count("approve") == 1
+
+
+async def test_a_request_still_waiting_is_shown_again_on_reconnect_and_answered() -> None:
+    with trio.fail_after(DEADLINE):
+        async with standin() as daemon, chatting(daemon) as chat:
+            chat.reader.type("ask")
+            await chat.screen.wait_for("? approve terminal")
+            await daemon.drop()  # the run waits on in the daemon; its card comes with the ok
+            await chat.screen.wait_for("reconnected")
+            await daemon.wait_for("subscribe")
+            await cards(chat.screen, 2)
+            chat.reader.type("s")
+            answer = await daemon.wait_for("approve")
+            assert answer["call_id"] == "c-ask" and answer["scope"] == "session"
+            assert daemon.sessions["s-1"].asking == {}
+            chat.reader.type("/quit")
+        assert chat.error is None

@@ -471,3 +471,31 @@ async def test_piped_lines_go_to_one_session_and_each_gets_its_answer(
     assert done.returncode == 0, done.stderr.decode()
     assert "first answer" in out and "second answer" in out, out
     assert len(set(re.findall(r"session (s-[0-9a-f]+)", out))) == 1, out
+
+
+async def test_a_full_mode_terminal_call_asks_and_y_lets_it_run(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """/mode full (the local token is admin): the terminal call runs unsandboxed, so it
+    asks; the card shows, y approves it once, and the command really runs."""
+    marker = tmp_path / "approved-marker"
+    call = {"name": "terminal", "arguments": {"action": "run", "command": f"touch {marker}"}}
+    replies = [{"text": "DIRECT"}, {"tool_calls": [call]}, {"text": "The marker is there."}]
+    with trio.fail_after(DEADLINE):
+        async with fake_llm(*replies) as llm, serve(env, llm.url) as daemon:
+            async with chat(env, tmp_path, "--url", daemon.url.rstrip("/")) as c:
+                await c.expect("connected to")
+                await c.line("/mode full")
+                await c.expect(r"mode full: asked for in your next messages")
+                await c.line("create the marker file")
+                await c.expect(r"\? approve terminal: [^\n]*touch")
+                await c.expect(r"rule: mode full: terminal runs without a sandbox")
+                await c.expect(r"mode full · no answer in \d+s is a deny")
+                await c.expect(r"y yes · s this session · a always · n no")
+                assert not marker.exists()  # it waits for the answer
+                await c.line("y")
+                await c.expect(r"✔ approved terminal \(once, by owner\)")
+                await c.expect(r"✔ terminal · ")
+                await c.expect(r"The marker is there\.")
+                assert marker.exists()
+                assert await c.quit() == 0

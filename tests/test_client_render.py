@@ -296,3 +296,29 @@ def test_a_reset_drops_a_half_shown_run() -> None:
     assert not r.busy and r.status.activity == ""
     _feed(r, [{"type": "text_delta", "text": "fresh"}, {"type": "stream_end", "text": "fresh"}])
     assert "held until the end" not in out.getvalue() and "fresh" in out.getvalue()
+
+
+def test_an_approval_request_is_a_card_and_its_decision_one_line() -> None:
+    r, out = _renderer()
+    request = {
+        "type": "approval_request",
+        "call_id": "c9",
+        "tool": "terminal",
+        "summary": "terminal run: git push origin main",
+        "rule": "profile 'coder' rule 2: terminal run 'git push*' -> ask",
+        "mode": "workspace",
+        "timeout_sec": 300,
+    }
+    _feed(r, [request])
+    card = out.getvalue().splitlines()
+    assert card == [
+        "? approve terminal: terminal run: git push origin main",
+        "  │ rule: profile 'coder' rule 2: terminal run 'git push*' -> ask",
+        "  │ mode workspace · no answer in 300s is a deny",
+        "  └ y yes · s this session · a always · n no",
+    ]
+    _feed(r, [{"type": "approval_decided", "call_id": "c9", "approved": True, "scope": "always"}])
+    assert out.getvalue().splitlines()[-1] == "✔ approved terminal (always, by owner)"
+    _feed(r, [request, {"type": "approval_decided", "call_id": "c9", "approved": False,
+                        "by": "timeout"}])  # fmt: skip
+    assert out.getvalue().splitlines()[-1] == "✗ denied terminal (by timeout)"

@@ -36,9 +36,25 @@ Type a message and press Enter; while a run is active your message is queued.
   /sessions       list your sessions
   /resume ID      continue session ID (its history is replayed)
   /new            start a new session with the next message
+  /mode NAME      ask for mode read-only, workspace or full in your messages (no NAME: show it)
   /thinking       show or hide the model's thinking in full
   /help           this list
-  /quit           leave (Ctrl+D too); Ctrl+C stops a run, twice on an idle prompt quits"""
+  /quit           leave (Ctrl+D too); Ctrl+C stops a run, twice on an idle prompt quits
+While an approval request waits, answer it with y (once), s (this session), a (always)
+or n (deny); anything else you type is still a message."""
+
+MODES = ("read-only", "workspace", "full")
+# An answer typed while an approval request waits: (approve, scope).
+ANSWERS = {
+    "y": (True, "once"),
+    "yes": (True, "once"),
+    "s": (True, "session"),
+    "session": (True, "session"),
+    "a": (True, "always"),
+    "always": (True, "always"),
+    "n": (False, "once"),
+    "no": (False, "once"),
+}
 
 
 @attrs.define
@@ -62,6 +78,9 @@ class ChatApp:
         self.reader = reader
         self.session_id: str | None = None
         self.profile = options.profile
+        self.mode: str | None = None  # the `mode` field of our messages (/mode)
+        # Approval requests of our session still waiting, oldest first (call id -> frame).
+        self._approvals: dict[str, Frame] = {}
         self.last_seq: int | None = None
         self.epoch: str | None = None
         self._resuming: str | None = None  # /resume target awaiting its history
@@ -88,6 +107,7 @@ class ChatApp:
             "sessions": self._cmd_sessions,
             "resume": self._cmd_resume,
             "thinking": self._cmd_thinking,
+            "mode": self._cmd_mode,
         }
         renderer.status.profile = self.profile
 
@@ -190,6 +210,10 @@ class ChatApp:
         text = text.strip()
         if not text:
             return
+        answer = ANSWERS.get(text.lower())
+        if answer is not None and self._approvals:
+            await self._answer(*answer)
+            return
         if text.startswith("/"):
             name, _, arg = text[1:].partition(" ")
             command = self._commands.get(name.lower())
@@ -202,7 +226,8 @@ class ChatApp:
             # Lines typed (or piped) before the daemon named the new session go to it,
             # not to a second new session.
             await self._created.wait()
-        frame = wire.message(text, self.session_id, self.profile, self.options.cwd or os.getcwd())
+        cwd = self.options.cwd or os.getcwd()
+        frame = wire.message(text, self.session_id, self.profile, cwd, self.mode)
         if self.session_id is None:
             self._creating, self._created = True, trio.Event()
         if await self.send(frame):
@@ -213,6 +238,15 @@ class ChatApp:
     def _creation_over(self) -> None:
         self._creating = False
         self._created.set()
+
+    async def _answer(self, approve: bool, scope: str) -> None:
+        """Answer the oldest waiting approval request of our session."""
+        call_id, request = next(iter(self._approvals.items()))
+        sid = str(request.get("session_id") or self.session_id)
+        if await self.send(wire.approval(approve, sid, call_id, scope)):
+            self._approvals.pop(call_id, None)
+            if self._approvals:
+                self.renderer.notice(f"{len(self._approvals)} more approval request(s) waiting")
 
     # ------------------------------------------------------------------ commands
 
@@ -258,6 +292,18 @@ class ChatApp:
         self._resuming = arg
         await self.send(wire.history(arg))
 
+    async def _cmd_mode(self, arg: str) -> None:
+        if not arg:
+            shown = self.mode or "the daemon's default"
+            self.renderer.notice(f"mode: {shown} (/mode {' | '.join(MODES)} changes it)")
+            return
+        if arg not in MODES:
+            self.renderer.error(f"unknown mode {arg!r}: use one of {', '.join(MODES)}")
+            return
+        # The daemon clamps it to what our role allows (README "Safety").
+        self.mode = arg
+        self.renderer.notice(f"mode {arg}: asked for in your next messages")
+
     async def _cmd_thinking(self, arg: str) -> None:
         self.renderer.show_thinking = not self.renderer.show_thinking
         shown = "shown in full" if self.renderer.show_thinking else "summarised"
@@ -288,6 +334,7 @@ class ChatApp:
             self._queued = 0
             self.renderer.reset()
             self._synced_users = self._ended_runs = 0
+            self._approvals.clear()
         self.session_id = self.renderer.status.session_id = session_id
 
     def on_frame(self, frame: Frame) -> list[Frame]:
@@ -321,7 +368,9 @@ class ChatApp:
                 return [wire.history(str(self.session_id))]
         elif kind == "lagged":
             r.frame(frame)
-        elif kind in ("welcome", "ok"):
+        elif kind == "ok":
+            self._on_waiting(frame)
+        elif kind == "welcome":
             pass
         elif kind == "error" and not isinstance(frame.get("seq"), int):
             # A refused request (never a run's error, those have a seq): always shown,
@@ -356,6 +405,12 @@ class ChatApp:
             return  # already shown (a replay overlapping what we saw)
         self.last_seq = seq
         self.epoch = epoch if isinstance(epoch, str) else self.epoch
+        if frame["type"] == "approval_request":
+            if str(frame.get("call_id")) in self._approvals:
+                return  # already shown from the subscribe reply
+            self._approvals[str(frame.get("call_id"))] = frame
+        elif frame["type"] == "approval_decided":
+            self._approvals.pop(str(frame.get("call_id")), None)
         if frame["type"] == "message_queued" and isinstance(frame.get("position"), int):
             self._queued = frame["position"]  # its place is the queue's length (drops counted)
         self.renderer.frame(frame)
@@ -364,6 +419,20 @@ class ChatApp:
             if self._queued > 0:  # the daemon runs the next queued message now
                 self._queued -= 1
                 self.renderer.busy = True
+
+    def _on_waiting(self, frame: Frame) -> None:
+        """The approval requests still waiting, from the `ok` to a subscribe (a reconnect or
+        /resume): shown as cards again, answered like live ones."""
+        waiting = frame.get("approvals")
+        if frame.get("session_id") != self.session_id or not isinstance(waiting, list):
+            return
+        # The daemon's list is the truth: one decided while we were away is gone from it.
+        self._approvals.clear()
+        for request in waiting:
+            call_id = str(request.get("call_id")) if isinstance(request, dict) else ""
+            if call_id:
+                self._approvals[call_id] = {**request, "session_id": self.session_id}
+                self.renderer.frame(request)
 
     def _on_sessions(self, frame: Frame) -> list[Frame]:
         action = frame.get("action")

@@ -44,7 +44,11 @@ def hello(token: str) -> Frame:
 
 
 def message(
-    content: str, session_id: str | None, profile: str | None = None, cwd: str | None = None
+    content: str,
+    session_id: str | None,
+    profile: str | None = None,
+    cwd: str | None = None,
+    mode: str | None = None,
 ) -> Frame:
     frame: Frame = {"type": "message", "content": content}
     if session_id:
@@ -53,7 +57,15 @@ def message(
         frame["profile"] = profile
     if cwd:
         frame["cwd"] = cwd
+    if mode:
+        frame["mode"] = mode
     return frame
+
+
+def approval(approve: bool, session_id: str, call_id: str, scope: str = "once") -> Frame:
+    """The owner's answer to an `approval_request`: approve or deny, once/session/always."""
+    kind = "approve" if approve else "deny"
+    return {"type": kind, "session_id": session_id, "call_id": call_id, "scope": scope}
 
 
 def stop(session_id: str) -> Frame:

@@ -126,6 +126,7 @@ class Renderer:
         self._streams: dict[str | None, _Stream] = {}
         self._cards: dict[str, _Card] = {}
         self._plan: list[dict[str, Any]] = []
+        self._asked: dict[str, str] = {}  # call id -> tool of the approval requests shown
 
     def reset(self) -> None:
         """Forget a run half-shown (its text not yet printed, its open tool cards): after a
@@ -336,6 +337,39 @@ class Renderer:
                 f"  ⎿ [red]✗ {escape(name)} failed[/] [dim]· {seconds:.1f}s ·[/] {escape(reason)}",
                 who,
             )
+
+    def _on_approval_request(self, frame: Frame, who: str) -> None:
+        """The card of a call waiting for the owner: what, which rule, how long; the keys."""
+        tool = str(frame.get("tool") or "?")
+        self._asked[str(frame.get("call_id"))] = tool
+        summary = one_line(str(frame.get("summary") or ""), RESULT_MAX)
+        rule = one_line(str(frame.get("rule") or "?"), RESULT_MAX)
+        timeout = frame.get("timeout_sec")
+        wait = f"no answer in {timeout}s is a deny" if timeout else "waits for your answer"
+        self._print(
+            "\n".join(
+                [
+                    f"[bold yellow]? approve {escape(tool)}:[/] {escape(summary)}",
+                    f"[yellow]  │[/] [dim]rule:[/] {escape(rule)}",
+                    f"[yellow]  │[/] [dim]mode {escape(str(frame.get('mode') or '?'))} · "
+                    f"{escape(wait)}[/]",
+                    "[yellow]  └[/] [bold]y[/] yes · [bold]s[/] this session · "
+                    "[bold]a[/] always · [bold]n[/] no",
+                ]
+            ),
+            who,
+        )
+
+    def _on_approval_decided(self, frame: Frame, who: str) -> None:
+        call_id = str(frame.get("call_id"))
+        tool = self._asked.pop(call_id, "the call")
+        by = str(frame.get("by") or "owner")
+        scope = str(frame.get("scope") or "once")
+        tail = f"{scope}, by {by}" if frame.get("approved") else f"by {by}"
+        if frame.get("approved"):
+            self._print(f"[green]✔ approved {escape(tool)}[/] [dim]({escape(tail)})[/]", who)
+        else:
+            self._print(f"[red]✗ denied {escape(tool)}[/] [dim]({escape(tail)})[/]", who)
 
     def _on_compression_started(self, frame: Frame, who: str) -> None:
         self.notice(f"compressing the context ({frame.get('reason')})…", who)
