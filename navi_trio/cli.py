@@ -35,10 +35,6 @@ from navi_trio import __version__
 from navi_trio.api.remote import DEFAULT_URL
 from navi_trio.cli_daemon import COMMANDS as DAEMON_COMMANDS
 from navi_trio.cli_daemon import add_parsers as add_daemon_parsers
-from navi_trio.doctor import LLM_PING_TIMEOUT as LLM_PING_TIMEOUT
-from navi_trio.doctor import collect_doctor as collect_doctor
-from navi_trio.doctor import ping_llm as ping_llm
-from navi_trio.doctor import print_doctor as print_doctor
 from navi_trio.errors import ConfigError, NaviError
 from navi_trio.events import ErrorEvent
 from navi_trio.llm.factory import (
@@ -264,6 +260,9 @@ def _cut(text: str, limit: int = 80) -> str:
 
 
 def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    # Imported here: the doctor pulls in much that `navi run` / `navi serve` do not need.
+    from navi_trio.doctor import collect_doctor, print_doctor
+
     settings = load_settings(args)
     configured = backend_configured(os.environ, given=_llm_given(args))
     report = trio.run(lambda: collect_doctor(settings, args.url, configured=configured))

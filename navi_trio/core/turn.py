@@ -151,8 +151,13 @@ class TurnRunner:
 
     async def run(self) -> None:
         t = self.turn
-        # Pre-turn compression, from the real context (not a stored count).
-        await self.compress("pre_turn", self.parts.counter.estimate_messages(t.state.context))
+        # Pre-turn compression, from the real context (not a stored count). While the
+        # encoding still loads, a bound under the threshold settles it without waiting.
+        counter, context = self.parts.counter, t.state.context
+        if counter.loaded or self.parts.compressor(self.complete).over_threshold(
+            counter.bound_messages(context)
+        ):
+            await self.compress("pre_turn", counter.estimate_messages(context))
         wants_plan = planning.should_plan(
             is_first_message=t.first_message, profile=t.profile, message=t.user_text
         )
@@ -185,6 +190,7 @@ class TurnRunner:
             reason = "truncated_prompt" if t.state.needs_compression else "mid_turn"
             if await self.compress(reason, estimate, force=t.state.needs_compression):
                 built = self._build(iteration, memories)
+        self.parts.counter.wanted()  # load the encoding while the LLM call waits
         # Once per call, after the last rebuild: a compression rebuilds the context,
         # and the warning and re-plan note must be in the one that is sent.
         if t.profile.anti_stall_enabled and t.stall >= t.profile.anti_stall_threshold:
