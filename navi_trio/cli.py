@@ -44,10 +44,6 @@ from navi_trio.cli_common import normalize_llm_url as normalize_llm_url
 from navi_trio.cli_common import one_line as one_line
 from navi_trio.cli_daemon import COMMANDS as DAEMON_COMMANDS
 from navi_trio.cli_daemon import add_parsers as add_daemon_parsers
-from navi_trio.doctor import LLM_PING_TIMEOUT as LLM_PING_TIMEOUT
-from navi_trio.doctor import collect_doctor as collect_doctor
-from navi_trio.doctor import ping_llm as ping_llm
-from navi_trio.doctor import print_doctor as print_doctor
 from navi_trio.errors import NaviError
 from navi_trio.events import ErrorEvent
 from navi_trio.llm.factory import (
@@ -157,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    # Imported here: the doctor pulls in much that `navi run` / `navi serve` do not need.
+    from navi_trio.doctor import collect_doctor, print_doctor
+
     settings = load_settings(args)
     configured = backend_configured(os.environ, given=llm_given(args))
     report = trio.run(lambda: collect_doctor(settings, args.url, configured=configured))

@@ -115,6 +115,7 @@ async def open_runtime(
                 processes=processes,
                 approvals=approvals,
             )
+            nursery.start_soon(agent.parts.counter.preload_on_demand)  # off the start-up path
             sessions = SessionRegistry(
                 agent,
                 encode=event_frame,

@@ -264,3 +264,38 @@ async def test_tool_results_go_back_to_the_model(tmp_path: Path, dialect: str) -
             offered = {t["function"]["name"] for t in h.chat_requests[0]["tools"]}
             assert offered == {"record", "explode"}
             assert frames[-1]["text"] == "All done." and frames[-1]["iterations"] == 2
+
+
+async def test_memories_load_once_per_turn_and_reload_after_the_memory_tool(
+    tmp_path: Path,
+) -> None:
+    # A store round trip per round was measured on the tool-loop path: once per turn,
+    # and again only after the memory tool ran.
+    with trio.fail_after(TIMEOUT):
+        replies = [
+            call("echo", text="a"), call("echo", text="b"),
+            call("memory", action="remember", fact="likes tea"),
+            call("echo", text="c"), {"text": "done"},
+        ]  # fmt: skip
+        async with open_harness(
+            tmp_path, replies=replies, tools=toolset(EchoTool()),
+            profiles={"general": with_tools(["echo", "memory"])},
+        ) as h:
+            store = h.runtime.store
+            reads: list[str] = []
+            kv_get = store.kv_get
+
+            async def counting_kv_get(scope: str, key: str) -> Any:
+                if scope == "memory":
+                    reads.append(key)
+                return await kv_get(scope, key)
+
+            store.kv_get = counting_kv_get  # type: ignore[method-assign]
+            frames = await h.turn("s1", "hi")
+            assert frames[-1]["reason"] == "complete"
+            main = h.chat_requests[-5:]
+            mem = [[n for n in system_notes(r) if n.startswith(MEMORY_HEADER)] for r in main]
+            tea = [f"{MEMORY_HEADER}\n- likes tea"]
+            assert mem == [[], [], [], tea, tea]  # reloaded right after the memory tool
+            # One load for the turn, one by the memory tool, one reload after it.
+            assert len(reads) == 3, reads

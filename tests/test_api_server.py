@@ -420,3 +420,27 @@ async def test_cut_mid_run_then_resubscribe_gets_no_gap_and_no_duplicate(tmp_pat
                 assert all(a < b for a, b in zip(got[0], got[0][1:], strict=False))
                 text = "".join(f["text"] for f in c2.frames if f["type"] == "text_delta")
                 assert text == "gated done"
+
+
+async def test_stop_and_approvals_pass_the_frames_per_second_limit(tmp_path: Path) -> None:
+    # A dropped stop let a run go on to its timeout: stop / approve / deny are exempt.
+    with trio.fail_after(TIMEOUT):
+        gate = GateTool()
+        async with (
+            _gated(tmp_path, gate, ws_frames_per_sec=0.001, ws_frames_burst=3) as d,
+            d.connect("alice") as c,
+        ):
+            sid = await _start_session(c, "hi")
+            await gate.entered.wait()
+            limited = 0
+            for _ in range(5):  # burst past the limit
+                reply = await c.request({"type": "sessions", "action": "list"})
+                limited += reply.get("code") == "rate_limited"
+            assert limited >= 3
+            for kind in ("approve", "deny"):
+                err = await c.request({"type": kind, "session_id": sid, "call_id": "nope"})
+                assert err["type"] == "error" and err["code"] != "rate_limited", err
+            ok = await c.request({"type": "stop", "session_id": sid})
+            assert ok["type"] == "ok" and ok["stopped"] is True, ok
+            assert (await c.until_end(sid))["reason"] == "stopped"
+            gate.gate.set()

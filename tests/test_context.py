@@ -253,3 +253,19 @@ async def test_the_coder_profile_sends_the_batching_rule_to_the_model(tmp_path: 
             coder, general = (r["messages"][0]["content"] for r in h.chat_requests)
             assert "Batch only calls that are independent" in coder
             assert "Batch only calls that are independent" not in general
+
+
+def test_check_context_size_needs_no_encoding_while_a_bound_fits(
+    counter: TokenCounter, config: NaviConfig
+) -> None:
+    # The first LLM request of `navi run` must not wait for the cl100k load.
+    fresh = TokenCounter()
+    builder = ContextBuilder(Settings(), fresh)
+    small = builder.build(config=config, profile=GENERAL, context=conversation())
+    assert builder.check_context_size(small, num_ctx=32768) >= counter.estimate_messages(small)
+    assert not fresh.loaded
+    # When the bound does not fit, the real count decides (and loads the encoding).
+    big = [{"role": "user", "content": f"sentence number {i}. " * 20} for i in range(60)]
+    tokens = counter.estimate_messages(big)
+    assert builder.check_context_size(big, num_ctx=tokens + 100, reserve=100) == tokens
+    assert fresh.loaded

@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 import tiktoken
+import trio
+import trio.testing
 
 from navi_trio.core.tokens import MESSAGE_OVERHEAD, Baseline, TokenCounter, message_key
 
@@ -210,3 +212,34 @@ def test_bad_prompt_tokens_are_rejected() -> None:
         Baseline().record_real_baseline(-1, [])
     with pytest.raises(TypeError, match="prompt_tokens must be an int"):
         Baseline().record_real_baseline("12", [])  # type: ignore[arg-type]
+
+
+async def test_the_encoding_loads_on_first_use_or_preload_not_on_construction() -> None:
+    # Loading cl100k cost 0.3-1.4 s on the start-up path: construction must not do it.
+    lazy = TokenCounter()
+    assert not lazy.loaded
+    assert lazy.count_text("hello world") == 2 and lazy.loaded
+    early = TokenCounter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(early.preload_on_demand)  # as the runtime does at open
+        await trio.testing.wait_all_tasks_blocked()
+        assert not early.loaded  # not during start-up: only once a context is built
+        early.wanted()
+    assert early.loaded and early.count_text("hello world") == 2
+
+
+def test_the_byte_bound_is_never_under_the_estimate_and_needs_no_encoding(
+    counter: TokenCounter,
+) -> None:
+    msgs = [
+        *history(5),
+        {"role": "user", "content": "Größe 42 — emoji 🎉 " * 50},
+        {"role": "assistant", "content": None, "tool_calls": [{"name": "x", "arguments": "{}"}]},
+        {"role": "system", "content": ""},
+    ]
+    fresh = TokenCounter()
+    bounds = [fresh.bound_messages([m]) for m in msgs]
+    assert not fresh.loaded
+    for msg, bound in zip(msgs, bounds, strict=True):
+        assert bound >= counter.estimate_message(msg), msg
+    assert fresh.bound_messages(msgs) == sum(bounds)

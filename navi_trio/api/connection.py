@@ -27,8 +27,10 @@ from navi_trio.api.auth import User, authenticate
 from navi_trio.api.commands import Commands
 from navi_trio.api.limits import TokenBucket
 from navi_trio.api.protocol import (
+    Approval,
     Frame,
     Hello,
+    Stop,
     encode,
     error_frame,
     error_frame_for,
@@ -52,6 +54,8 @@ log = logging.getLogger(__name__)
 
 OUTBOX_SIZE = 256
 CLOSE_SEND_TIMEOUT = 5.0
+# Commands the frames-per-second limit never drops (control frames: stop, approve, deny).
+RATE_EXEMPT = (Stop, Approval)
 
 
 class Connection:
@@ -138,9 +142,14 @@ class Connection:
             message = await self.ws.get_message()
             rid = None
             try:
-                allowed = self._bucket.take()
-                rid, command = parse_frame(message, settings.ws_frame_max_bytes)
-                if not allowed:  # parsed first only so that the error echoes the id
+                try:
+                    rid, command = parse_frame(message, settings.ws_frame_max_bytes)
+                except ProtocolError:
+                    self._bucket.take()  # a bad frame counts against the rate too
+                    raise
+                # stop / approve / deny are never dropped for rate: a dropped stop let a
+                # run go on to its timeout. They still pass the size limit and auth.
+                if not isinstance(command, RATE_EXEMPT) and not self._bucket.take():
                     raise RateLimitedError(
                         f"more than {settings.ws_frames_per_sec:g} frames per second: "
                         "this frame was dropped"

@@ -143,14 +143,19 @@ class ContextBuilder:
         """Estimated tokens of `built`; ContextTooLargeError when it leaves no room to answer.
 
         `reserve` (default ``min(1024, num_ctx // 8)``) is kept free for the answer.
+        While the encoding still loads, an upper bound that fits is returned instead.
         """
         if num_ctx <= 0:
             raise ValueError(f"num_ctx must be positive, got {num_ctx}")
         room = min(1024, num_ctx // 8) if reserve is None else reserve
         if room < 0 or room >= num_ctx:
             raise ValueError(f"reserve must be between 0 and num_ctx ({num_ctx}), got {room}")
-        tokens = self._counter.estimate_messages(built)
         limit = num_ctx - room
+        if not self._counter.loaded:  # the first call need not wait for the encoding
+            bound = self._counter.bound_messages(built)
+            if bound <= limit:
+                return bound
+        tokens = self._counter.estimate_messages(built)
         if tokens > limit:
             raise ContextTooLargeError(tokens, limit)
         return tokens
@@ -159,6 +164,8 @@ class ContextBuilder:
         view = dict(msg)
         if msg["role"] not in TRUNCATED_ROLES or budget <= 0:
             return view
+        if not self._counter.loaded and self._counter.bound_messages([msg]) <= budget:
+            return view  # fits for sure: no need to wait for the encoding
         size = self._counter.estimate_message(msg)
         if size <= budget:
             return view

