@@ -104,12 +104,7 @@ async def stream_chunks(
     connection, no disconnect seen by the server).
     """
     done: list[LLMChunk] = []
-    request = client.build_request(
-        "POST",
-        url,
-        content=json_body(body),
-        headers={**(headers or {}), "Content-Type": "application/json"},
-    )
+    request = _json_post(client, url, body, headers)
     with map_http_errors(url):
         async with _send(client, request) as response:
             await raise_for_status(response, url)
@@ -128,6 +123,18 @@ async def stream_chunks(
         yield chunk
 
 
+def _json_post(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str] | None
+) -> httpx.Request:
+    """The POST of a chat request: strict JSON (no NaN) with its content type."""
+    return client.build_request(
+        "POST",
+        url,
+        content=json_body(body),
+        headers={**(headers or {}), "Content-Type": "application/json"},
+    )
+
+
 async def fetch_whole(
     client: httpx.AsyncClient,
     url: str,
@@ -140,12 +147,7 @@ async def fetch_whole(
     first-chunk timeout) while the server generates closes the connection, so the
     server sees it go.
     """
-    request = client.build_request(
-        "POST",
-        url,
-        content=json_body(body),
-        headers={**(headers or {}), "Content-Type": "application/json"},
-    )
+    request = _json_post(client, url, body, headers)
     with map_http_errors(url):
         async with _send(client, request) as response:
             await raise_for_status(response, url)
