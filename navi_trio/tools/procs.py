@@ -49,7 +49,7 @@ import attrs
 import trio
 
 from navi_trio.errors import ToolInputError
-from navi_trio.tools.proctree import Strays, find_strays
+from navi_trio.tools.proctree import Strays, find_strays, start_time
 from navi_trio.tools.progress import OutputProgress
 from navi_trio.tools.result import cap_text
 from navi_trio.tools.sandbox import SandboxSpec, sandboxed_argv
@@ -117,10 +117,10 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 STRAY_ROUNDS = 3  # a stray may fork while we look: look again, this many times at most
 
 
-async def _find_strays(process: trio.Process, tag: str | None) -> Strays:
+async def _find_strays(process: trio.Process, tag: str | None, since: int | None) -> Strays:
     # Walk the tree only below an unreaped leader: a reaped leader's pid may be reused.
     leader = process.pid if process.returncode is None else None
-    return await trio.to_thread.run_sync(find_strays, leader, TAG_VAR, tag)
+    return await trio.to_thread.run_sync(find_strays, leader, TAG_VAR, tag, since)
 
 
 async def kill_group(
@@ -136,8 +136,11 @@ async def kill_group(
     pgid = process.pid  # the leader of a new session: its pid is the group id
     with trio.CancelScope(shield=True):
         with trio.move_on_after(grace + 5.0):
+            # Strays start after the leader: older processes are skipped cheaply. Read
+            # only while the leader is unreaped (a reaped leader's pid may be reused).
+            since = start_time(process.pid) if process.returncode is None else None
             # Before the leader dies, while its descendants still hang below it.
-            strays = await _find_strays(process, tag)
+            strays = await _find_strays(process, tag, since)
             try:
                 if process.returncode is None:
                     _signal_group(pgid, signal.SIGTERM)
@@ -150,7 +153,7 @@ async def kill_group(
                     strays.signal(signal.SIGKILL)
                     await strays.wait()
                     strays.close()
-                    strays = await _find_strays(process, tag)
+                    strays = await _find_strays(process, tag, since)
                     if not strays:
                         break
                 await process.wait()

@@ -26,48 +26,76 @@ import trio
 PROC = Path("/proc")
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, parent pid) of a process, or None when it is gone."""
+def _read(path: str) -> bytes | None:
+    """The bytes of a small /proc file (one open, few reads), or None when unreadable."""
     try:
-        text = (PROC / str(pid) / "stat").read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # gone, or another user's
+        return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
     except OSError:
         return None
-    fields = text.rsplit(")", 1)[1].split()
-    return fields[0], int(fields[1])
+    finally:
+        os.close(fd)
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, start time in clock ticks) of a process, or None when gone."""
+    data = _read(f"{PROC}/{pid}/stat")
+    if data is None:
+        return None
+    fields = data.rsplit(b")", 1)[1].split()
+    return fields[0].decode(), int(fields[1]), int(fields[19])
+
+
+def start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot), or None when it is gone."""
+    info = _stat(pid)
+    return None if info is None else info[2]
 
 
 def _has_tag(pid: int, needle: bytes) -> bool:
-    try:
-        env = (PROC / str(pid) / "environ").read_bytes()
-    except OSError:  # another user's process, or gone
-        return False
-    return needle in b"\0" + env + b"\0"
+    env = _read(f"{PROC}/{pid}/environ")
+    return env is not None and needle in b"\0" + env + b"\0"
 
 
-def stray_pids(leader: int | None, tag_var: str, tag: str | None) -> set[int]:
-    """Live processes below `leader` (if given) by parent id, or carrying ``tag_var=tag``."""
+def stray_pids(
+    leader: int | None, tag_var: str, tag: str | None, since: int | None = None
+) -> set[int]:
+    """Live processes below `leader` (if given) by parent id, or carrying ``tag_var=tag``.
+
+    Only processes started no earlier than `since` (clock ticks; the leader's start time
+    when not given) can be strays, as every stray descends from the leader: older ones
+    cost one read of their stat file, and their environment is never read.
+    """
     me, uid = os.getpid(), os.getuid()
+    if since is None and leader is not None:
+        since = start_time(leader)
     children: dict[int, list[int]] = {}
     tagged: set[int] = set()
     needle = f"\0{tag_var}={tag}\0".encode() if tag else None
     try:
-        entries = list(os.scandir(PROC))
+        names = os.listdir(PROC)
     except OSError:
         return set()
-    for entry in entries:
-        if not entry.name.isdigit():
+    for name in names:
+        if not name.isdigit():
             continue
-        pid = int(entry.name)
+        pid = int(name)
+        info = _stat(pid)
+        if info is None or info[0] in ("Z", "X") or (since is not None and info[2] < since):
+            continue
         try:
-            if entry.stat().st_uid != uid:
+            if os.stat(f"{PROC}/{pid}").st_uid != uid:
                 continue  # not ours: we could not signal it anyway
         except OSError:
             continue
-        info = _stat(pid)
-        if info is None or info[0] in ("Z", "X"):
-            continue
         children.setdefault(info[1], []).append(pid)
-        if needle is not None and pid != me and _has_tag(pid, needle):
+        if needle is not None and pid != me and pid != leader and _has_tag(pid, needle):
             tagged.add(pid)
     found: set[int] = set()
     todo = list(children.get(leader, [])) if leader is not None else []
@@ -110,8 +138,10 @@ class Strays:
         self.fds.clear()
 
 
-def find_strays(leader: int | None, tag_var: str, tag: str | None) -> Strays:
+def find_strays(
+    leader: int | None, tag_var: str, tag: str | None, since: int | None = None
+) -> Strays:
     """The strays of `leader` (see the module docstring); runs in a worker thread."""
     if not hasattr(os, "pidfd_open") or not PROC.is_dir():
         return Strays(set())
-    return Strays(stray_pids(leader, tag_var, tag))
+    return Strays(stray_pids(leader, tag_var, tag, since))
