@@ -120,12 +120,17 @@ class _Book:
             for _ in range(count):
                 self.n += 1
                 text = f"message {self.n} of life {life}"
+                if sid is not None:
+                    # Sent before it is acknowledged: a kill between the daemon saving it
+                    # and its `ok` reaching us leaves it in history, rightly.
+                    self.order.setdefault(sid, []).append(text)
                 sid, queued = await r.send(sid, text)
                 used.add(sid)
-                if sid not in self.order:
+                if sid not in self.acked:
                     self.sids.append(sid)
                     self.acked[sid] = []
-                self.order.setdefault(sid, []).append(text)
+                if text not in self.order.setdefault(sid, []):
+                    self.order[sid].append(text)
                 if not queued:
                     self.acked[sid].append(text)
         await r.until_idle(used)
