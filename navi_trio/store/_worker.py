@@ -2,11 +2,20 @@
 
 A `_Job` carries one function to run against the connection and the way its answer gets
 back to the caller's trio run (an event set through the caller's trio token).
+
+Group commit: when several jobs are already queued, the worker runs them in arrival
+order inside ONE ``BEGIN IMMEDIATE … COMMIT`` (one fsync under synchronous=FULL), each
+job in its own savepoint so an error fails only that job. Every caller is answered only
+after the commit that holds its write, so durability is what it was with one commit per
+job. Should the batch's BEGIN or COMMIT fail, it is rolled back and its jobs run again
+one by one, each in its own transaction as before.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
+import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -19,9 +28,12 @@ from navi_trio.errors import StoreError
 from navi_trio.store._schema import _connect
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 # How long a write waits for another process's write lock before "database is locked".
 # Commits take milliseconds; waiting long is cheap, failing a run mid-save is not.
 BUSY_TIMEOUT_S = 30.0
+# At most this many queued jobs share one transaction (bounds how long the lock is held).
+MAX_BATCH = 64
 
 
 class _Job(Generic[T]):
@@ -38,16 +50,26 @@ class _Job(Generic[T]):
 
     def run(self, db: Database | None, connect_error: BaseException | None) -> None:
         try:
+            self.execute(db, connect_error)
+        finally:
+            self.answer()
+
+    def execute(self, db: Database | None, connect_error: BaseException | None) -> None:
+        """Run the function, keeping its result or error; the caller is not told yet."""
+        self.result, self.error = None, None
+        try:
             if db is None:
                 raise connect_error or StoreError("no database connection")
             self.result = self.fn(db)
         except BaseException as exc:  # noqa: B036 - the thread must answer every job
             self.error = exc
-        finally:
-            try:
-                self.token.run_sync_soon(self.done.set)
-            except trio.RunFinishedError:
-                pass  # the caller's trio run is gone; nobody is waiting
+
+    def answer(self) -> None:
+        """Wake the caller (once its write, if any, is committed)."""
+        try:
+            self.token.run_sync_soon(self.done.set)
+        except trio.RunFinishedError:
+            pass  # the caller's trio run is gone; nobody is waiting
 
 
 class _Worker:
@@ -75,10 +97,55 @@ class _Worker:
             connect_error = exc
         try:
             while True:
-                job = self._queue.get()
-                job.run(db, connect_error)
-                if job.stop:
+                batch = self._take_batch()
+                if db is None or len(batch) == 1:
+                    for job in batch:
+                        job.run(db, connect_error)
+                else:
+                    _run_batch(db, batch)
+                if batch[-1].stop:
                     return
         finally:
             if db is not None:
                 db.close()
+
+    def _take_batch(self) -> list[_Job[Any]]:
+        """The next job and every job already queued behind it, up to a stop job."""
+        batch = [self._queue.get()]
+        while not batch[-1].stop and len(batch) < MAX_BATCH:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+
+def _run_batch(db: Database, batch: list[_Job[Any]]) -> None:
+    """Run `batch` in one transaction, a savepoint per job; answer after the commit."""
+    conn = db.conn
+    try:
+        if conn.in_transaction:  # left open by an earlier job: do not fold into it
+            raise sqlite3.OperationalError("a transaction is already open")
+        conn.execute("BEGIN IMMEDIATE")
+        for job in batch:
+            conn.execute("SAVEPOINT navi_job")
+            job.execute(db, None)
+            # Jobs never commit themselves (`_write_tx` nests as a savepoint); a transaction
+            # gone here was rolled back by an error, so nothing of the batch is on disk.
+            if not conn.in_transaction:
+                raise sqlite3.OperationalError("a job ended the group transaction")
+            if job.error is not None:
+                conn.execute("ROLLBACK TO navi_job")
+            conn.execute("RELEASE navi_job")
+        conn.execute("COMMIT")
+    except BaseException:  # noqa: B036 - nothing committed: every job runs again alone
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                logger.exception("store: rolling back a group transaction failed")
+        for job in batch:
+            job.run(db, None)
+        return
+    for job in batch:
+        job.answer()

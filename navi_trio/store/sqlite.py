@@ -19,6 +19,9 @@ killed process; FULL adds an fsync per commit so a commit that returned also sur
 power loss or an OS crash. Saves come at chat speed (a few per turn), so the fsync is
 cheap and the design's promise, "a crash loses at most the message being streamed",
 holds for every kind of crash. Pass ``synchronous="NORMAL"`` to trade that for speed.
+Jobs already queued when the worker takes the next one share one transaction (group
+commit, see `_worker`): many sessions saving at once pay one fsync, and each caller is
+still answered only after the commit that holds its write.
 """
 
 from __future__ import annotations
