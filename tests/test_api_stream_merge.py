@@ -1,0 +1,56 @@
+"""The writer merges text deltas waiting for a slow WebSocket reader into fewer frames,
+with exactly the same text and strictly increasing seqs; a fast reader loses nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+from api_ws import Client, open_daemon
+
+TIMEOUT = 60
+BIG = {"answer_max_chars": 10**9, "answer_max_tokens": 10**9}
+
+
+def _words(n: int, width: int) -> list[str]:
+    return [f"w{i}".ljust(width, "x") for i in range(n)]
+
+
+async def _deltas(c: Client, sid: str) -> list[dict[str, object]]:
+    await c.until_end(sid)
+    return [f for f in c.frames if f["type"] == "text_delta" and f.get("session_id") == sid]
+
+
+def _check(deltas: list[dict[str, object]], words: list[str]) -> None:
+    assert "".join(str(f["text"]) for f in deltas).split() == words
+    seqs = [int(str(f["seq"])) for f in deltas]
+    assert all(a < b for a, b in zip(seqs, seqs[1:], strict=False)), seqs
+
+
+async def test_a_slow_reader_gets_merged_deltas_with_the_same_text(tmp_path: Path) -> None:
+    # ~1 MB of answer, one word per delta: more than the socket buffers hold while the
+    # reader waits, so deltas queue in the outbox and the writer merges them.
+    words = _words(2000, 500)
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, replies=[{"text": " ".join(words)}], **BIG) as d:
+            async with d.connect("alice") as c:
+                created = await c.request({"type": "message", "content": "hi"})
+                assert created["type"] == "session", created
+                assert d.harness.fake is not None
+                await d.harness.fake.wait_completed(1)  # the reader was away meanwhile
+                sid = str((await c.until_type("ok", id=created["id"]))["session_id"])
+                deltas = await _deltas(c, sid)
+    _check(deltas, words)
+    assert len(deltas) < len(words) // 2, len(deltas)
+    assert max(len(str(f["text"])) for f in deltas) <= 64_000
+
+
+async def test_a_fast_reader_loses_nothing(tmp_path: Path) -> None:
+    words = _words(300, 3)
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, replies=[{"text": " ".join(words)}], **BIG) as d:
+            async with d.connect("alice") as c:
+                created = await c.request({"type": "message", "content": "hi"})
+                sid = str((await c.until_type("ok", id=created["id"]))["session_id"])
+                deltas = await _deltas(c, sid)
+    _check(deltas, words)
