@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import tiktoken
@@ -32,11 +32,14 @@ MESSAGE_OVERHEAD = 4
 MessageKey = tuple[str, str, str, str, str]
 
 
-def message_key(msg: Mapping[str, Any]) -> MessageKey:
+def message_key(
+    msg: Mapping[str, Any], calls_json: Callable[[Sequence[Any]], str] | None = None
+) -> MessageKey:
     """A cheap, stable identity of what the model sees of `msg`.
 
     Two dicts with the same key estimate the same; ``thinking`` and storage markers
     (``keep``, ``summary``) are not part of it because they are not sent as text.
+    `calls_json` serialises the tool-call list (`TokenCounter.key` passes its cached one).
     Raises TypeError naming the problem when `msg` is not a message dict.
     """
     if not isinstance(msg, Mapping):
@@ -56,7 +59,7 @@ def message_key(msg: Mapping[str, Any]) -> MessageKey:
     if calls:
         if not isinstance(calls, Sequence) or isinstance(calls, str):
             raise TypeError(f"'tool_calls' must be a list, got {type(calls).__name__}")
-        calls_text = json.dumps(list(calls), sort_keys=True, ensure_ascii=False, default=str)
+        calls_text = (calls_json or _calls_json)(calls)
     return (
         role,
         content,
@@ -78,6 +81,12 @@ class TokenCounter:
         self._wanted = trio.Event()
         self._max_cache = max_cache
         self._cache: OrderedDict[MessageKey, int] = OrderedDict()
+        # id(tool_calls list) -> (the list, its JSON). The list is kept alive here, so its
+        # id cannot be reused while cached: a built context shares the stored lists, and
+        # re-serialising every call of the history on every round was most of the cost.
+        # Tool-call lists are never mutated once a message exists (messages are replaced).
+        self._calls: OrderedDict[int, tuple[Sequence[Any], str]] = OrderedDict()
+        self._bounds: OrderedDict[MessageKey, int] = OrderedDict()  # bound_messages' cache
 
     @property
     def loaded(self) -> bool:
@@ -128,9 +137,24 @@ class TokenCounter:
             return 0
         return len(self.encode(text))
 
+    def key(self, msg: Mapping[str, Any]) -> MessageKey:
+        """`message_key(msg)`, with the tool-call JSON cached by list identity."""
+        return message_key(msg, self._calls_json)
+
+    def _calls_json(self, calls: Sequence[Any]) -> str:
+        entry = self._calls.get(id(calls))
+        if entry is not None and entry[0] is calls:
+            self._calls.move_to_end(id(calls))
+            return entry[1]
+        text = _calls_json(calls)
+        self._calls[id(calls)] = (calls, text)
+        if len(self._calls) > self._max_cache:
+            self._calls.popitem(last=False)
+        return text
+
     def estimate_message(self, msg: Mapping[str, Any]) -> int:
         """Content + tool calls (name and JSON arguments) + tool name/id + overhead."""
-        key = message_key(msg)
+        key = self.key(msg)
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
@@ -156,13 +180,16 @@ class TokenCounter:
         """
         total = 0
         for msg in messages:
-            role, content, name, call_id, _ = message_key(msg)
-            total += MESSAGE_OVERHEAD + _nbytes(role) + _nbytes(content)
-            total += _nbytes(name) + _nbytes(call_id)
-            for call in msg.get("tool_calls") or ():
-                if not isinstance(call, Mapping):
-                    raise TypeError(f"a tool call must be a dict, got {type(call).__name__}")
-                total += 3 + _nbytes(str(call.get("name") or "")) + _nbytes(_args_text(call))
+            key = self.key(msg)
+            bound = self._bounds.get(key)
+            if bound is None:
+                bound = _bound_message(msg, key)
+                self._bounds[key] = bound
+                if len(self._bounds) > self._max_cache:
+                    self._bounds.popitem(last=False)
+            else:
+                self._bounds.move_to_end(key)
+            total += bound
         return total
 
     def truncate_middle(self, text: str, max_tokens: int) -> tuple[str, int]:
@@ -190,6 +217,20 @@ class TokenCounter:
             raise TypeError(f"a tool call must be a dict, got {type(call).__name__}")
         # A few tokens for the call's own framing ({"name": …, "arguments": …}).
         return 3 + self.count_text(str(call.get("name") or "")) + self.count_text(_args_text(call))
+
+
+def _bound_message(msg: Mapping[str, Any], key: MessageKey) -> int:
+    role, content, name, call_id, _ = key
+    total = MESSAGE_OVERHEAD + _nbytes(role) + _nbytes(content) + _nbytes(name) + _nbytes(call_id)
+    for call in msg.get("tool_calls") or ():
+        if not isinstance(call, Mapping):
+            raise TypeError(f"a tool call must be a dict, got {type(call).__name__}")
+        total += 3 + _nbytes(str(call.get("name") or "")) + _nbytes(_args_text(call))
+    return total
+
+
+def _calls_json(calls: Sequence[Any]) -> str:
+    return json.dumps(list(calls), sort_keys=True, ensure_ascii=False, default=str)
 
 
 def _args_text(call: Mapping[str, Any]) -> str:
@@ -240,9 +281,12 @@ class Baseline:
             # Backends that report no usage send 0: that is "unknown", not "empty".
             self.reset()
             return
+        for i, msg in enumerate(messages):  # validate now, key later with the counter
+            if not isinstance(msg, Mapping):
+                raise TypeError(f"messages[{i}] must be a dict, got {type(msg).__name__}")
         self._prompt_tokens = prompt_tokens
         self._recorded = list(messages)
-        self._keys = [message_key(m) for m in self._recorded]
+        self._keys = []
 
     def reset(self) -> None:
         self._prompt_tokens = None
@@ -254,10 +298,15 @@ class Baseline:
     ) -> int:
         if self._prompt_tokens is None:
             return counter.estimate_messages(messages)
+        recorded = self._recorded
+        if len(self._keys) != len(recorded):
+            self._keys = [counter.key(m) for m in recorded]
         keys = self._keys
         common = 0
         limit = min(len(keys), len(messages))
-        while common < limit and message_key(messages[common]) == keys[common]:
+        while common < limit and (
+            messages[common] is recorded[common] or counter.key(messages[common]) == keys[common]
+        ):
             common += 1
         dropped = self._recorded[common:]
         if common == 0 or any(m.get("role") != "system" for m in dropped):
