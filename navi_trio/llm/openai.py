@@ -122,6 +122,18 @@ def tool_names(request: ChatRequest) -> frozenset[str]:
     return frozenset(names)
 
 
+def _text_chunks(part: dict[str, Any]) -> list[LLMChunk]:
+    """The reasoning and the text of a streamed delta or a whole message, in that order."""
+    out: list[LLMChunk] = []
+    for key in _REASONING_KEYS:
+        if isinstance(part.get(key), str) and part[key]:
+            out.append(ThinkingChunk(part[key]))
+            break
+    if isinstance(part.get("content"), str) and part["content"]:
+        out.append(TextChunk(part["content"]))
+    return out
+
+
 class _PendingCall:
     """One tool call being assembled from its fragments.
 
@@ -218,12 +230,7 @@ class OpenAIParser:
                 raise LLMMalformedStreamError(
                     f"the LLM sent a delta that is not an object: {excerpt(payload)!r}"
                 )
-            for key in _REASONING_KEYS:
-                if isinstance(delta.get(key), str) and delta[key]:
-                    out.append(ThinkingChunk(delta[key]))
-                    break
-            if isinstance(delta.get("content"), str) and delta["content"]:
-                out.append(TextChunk(delta["content"]))
+            out += _text_chunks(delta)
             tool_calls = delta.get("tool_calls")
             if tool_calls:
                 if not isinstance(tool_calls, list):
@@ -323,13 +330,7 @@ def parse_completion(
         raise LLMMalformedStreamError(
             f"the LLM sent a choice without a message object: {excerpt(text)!r}"
         )
-    out: list[LLMChunk] = []
-    for key in _REASONING_KEYS:
-        if isinstance(message.get(key), str) and message[key]:
-            out.append(ThinkingChunk(message[key]))
-            break
-    if isinstance(message.get("content"), str) and message["content"]:
-        out.append(TextChunk(message["content"]))
+    out: list[LLMChunk] = _text_chunks(message)
     raw_calls = message.get("tool_calls")
     if raw_calls:
         if not isinstance(raw_calls, list):

@@ -77,6 +77,19 @@ def _dialect_of(path: str) -> str:
     return "ollama" if path == "/api/chat" else "openai"
 
 
+def _usage(reply: Reply, body: Any, chunks: int) -> tuple[int, int]:
+    """(prompt, completion) tokens to report: the script's, else a rough count of the
+    prompt and one token per content chunk."""
+    messages = body.get("messages")
+    prompt = reply.prompt_tokens
+    if prompt is None:
+        prompt = rough_tokens(messages if isinstance(messages, list) else [])
+    completion = reply.completion_tokens
+    if completion is None:
+        completion = chunks
+    return prompt, completion
+
+
 class _Dropped(Exception):
     """The reply asked to drop the connection."""
 
@@ -411,13 +424,7 @@ class FakeLLMServer:
         elif reply.error_line is not None:
             await send([dialect.error_line(reply.error_line)])
         else:
-            messages = body.get("messages")
-            prompt = reply.prompt_tokens
-            if prompt is None:
-                prompt = rough_tokens(messages if isinstance(messages, list) else [])
-            completion = reply.completion_tokens
-            if completion is None:
-                completion = len(items)
+            prompt, completion = _usage(reply, body, len(items))
             await send(dialect.final(prompt, completion))
         await stream.send_all(conn.send(h11.EndOfMessage()))
         # Counted here, not after the watcher stops: a client that read the end of the
@@ -447,13 +454,7 @@ class FakeLLMServer:
         elif reply.error_line is not None:
             await self._send_json(stream, conn, 200, {"error": {"message": reply.error_line}})
         else:
-            messages = body.get("messages")
-            prompt = reply.prompt_tokens
-            if prompt is None:
-                prompt = rough_tokens(messages if isinstance(messages, list) else [])
-            completion = reply.completion_tokens
-            if completion is None:
-                completion = len(items)
+            prompt, completion = _usage(reply, body, len(items))
             await self._send_json(stream, conn, 200, dialect.whole(items, prompt, completion))
         self.completed += 1
         self._notify()
