@@ -26,7 +26,7 @@ import importlib.resources
 import importlib.util
 import json
 import threading
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -334,19 +334,11 @@ class LocalBackend:
         finish: str | None = None
         text_tokens = 0
         stream = llama.create_chat_completion(messages, stream=True, **params)
-        try:
-            for chunk in stream:
-                self.last_tokens += 1
-                if stop.is_set():
-                    raise _Stopped
-                choice_ = chunk["choices"][0]
-                content = choice_["delta"].get("content")
-                if content:
-                    text_tokens += 1
-                    put(TextChunk(content))
-                finish = choice_.get("finish_reason") or finish
-        finally:
-            stream.close()
+        for content, reason in self._tokens(stream, stop):
+            if content:
+                text_tokens += 1
+                put(TextChunk(content))
+            finish = reason or finish
         prompt = max(prompt, int(llama.n_tokens) - text_tokens)
         put(self._done(prompt, completion + text_tokens, finish or "stop"))
 
@@ -365,25 +357,30 @@ class LocalBackend:
 
         if isinstance(grammar, str):
             grammar = LlamaGrammar.from_string(grammar, verbose=False)
-        parts: list[str] = []
         stream = llama.create_chat_completion(
             messages,
             stream=True,
             grammar=grammar,
             **{**params, "max_tokens": max_tokens, "temperature": 0.0, "repeat_penalty": 1.0},
         )
+        parts = [content for content, _ in self._tokens(stream, stop) if content]
+        tokens = len(parts)
+        return "".join(parts).strip(), (max(0, int(llama.n_tokens) - tokens), tokens)
+
+    def _tokens(
+        self, stream: Any, stop: threading.Event
+    ) -> Iterator[tuple[str | None, str | None]]:
+        """(content, finish_reason) of each generated token, counted; within one token of
+        `stop` the generation ends (`_Stopped`) and the stream is closed either way."""
         try:
             for chunk in stream:
                 self.last_tokens += 1
                 if stop.is_set():
                     raise _Stopped
-                content = chunk["choices"][0]["delta"].get("content")
-                if content:
-                    parts.append(content)
+                choice = chunk["choices"][0]
+                yield choice["delta"].get("content"), choice.get("finish_reason")
         finally:
             stream.close()
-        tokens = len(parts)
-        return "".join(parts).strip(), (max(0, int(llama.n_tokens) - tokens), tokens)
 
     def _done(self, prompt: int, completion: int, reason: str) -> DoneChunk:
         return DoneChunk(
