@@ -11,8 +11,8 @@
 failure into one line ``navi: error: ...`` on stderr and a non-zero exit code (1; 128 +
 the signal when a run was stopped by Ctrl-C, SIGTERM or SIGHUP). A traceback is printed
 only with ``NAVI_DEBUG=1``: the person at the shell needs the reason, not our stack.
-``navi serve`` and ``navi chat`` will be further subparsers; `_COMMANDS` is where they
-plug in.
+Each subcommand is one entry of `_COMMANDS`; `run` lives in cli_run.py, the daemon's
+commands in cli_daemon.py, and what they all share in cli_common.py.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from navi_trio.cli_common import config_source as config_source
 from navi_trio.cli_common import llm_given
 from navi_trio.cli_common import llm_settings as llm_settings
 from navi_trio.cli_common import load_settings as load_settings
-from navi_trio.cli_common import normalize_llm_url as normalize_llm_url
 from navi_trio.cli_common import one_line as one_line
 from navi_trio.cli_daemon import COMMANDS as DAEMON_COMMANDS
 from navi_trio.cli_daemon import add_parsers as add_daemon_parsers
