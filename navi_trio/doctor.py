@@ -8,6 +8,7 @@ for its model list); `print_doctor` shows it for a person. The command itself
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
@@ -265,8 +266,9 @@ async def collect_doctor(
         report["warnings"].append(report["backend"]["why"])
     config: dict[str, Any] = {"path": str(settings.config_path), "ok": False}
     cfg: NaviConfig | None = None
+    parsed: NaviConfig | None = None  # the ssh hosts are listed even if a file is missing
     try:
-        loaded = load_config(settings.config_path)
+        loaded = parsed = load_config(settings.config_path)
         check_config(loaded, settings.config_path)
     except ConfigError as exc:
         config["error"] = str(exc)
@@ -281,6 +283,9 @@ async def collect_doctor(
             ],
         )
     report["config"] = config
+    report["ssh"] = _ssh_info(parsed)
+    if report["ssh"]["hosts"] and not report["ssh"]["client"]:
+        report["warnings"].append("ssh hosts are configured but the ssh client is not installed")
 
     # Read-only: the doctor reports, it never creates or changes the database.
     db: dict[str, Any] = {"path": str(settings.db_path), "existed": settings.db_path.exists()}
@@ -328,6 +333,15 @@ async def collect_doctor(
     report["daemon"] = {"url": daemon_url, "ok": await daemon_answers(daemon_url)}
     report["ok"] = not report["errors"]
     return report
+
+
+def _ssh_info(cfg: NaviConfig | None) -> dict[str, Any]:
+    """The hosts ssh_exec may reach (their files are checked by check_config), and ssh."""
+    hosts = cfg.ssh.hosts if cfg is not None and cfg.ssh is not None else {}
+    return {
+        "hosts": {alias: f"{h.user}@{h.host}:{h.port}" for alias, h in hosts.items()},
+        "client": shutil.which("ssh"),
+    }
 
 
 def _settings_info(settings: Settings) -> dict[str, Any]:
@@ -397,6 +411,10 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
         line("", f"DOWN: {m['error']}")
     for key, label in (("manuals_dir", "manuals"), ("data_dir", "data dir")):
         line(label, r[key]["path"] + ("" if r[key]["exists"] else "  (missing)"))
+    hosts = r["ssh"]["hosts"]
+    listed = ", ".join(f"{alias} ({where})" for alias, where in hosts.items())
+    count = f"{len(hosts)} host{'' if len(hosts) == 1 else 's'}"
+    line("ssh", f"{count}: {listed}" if hosts else "no hosts configured (ssh_exec refuses)")
     sb = r["sandbox"]
     line("sandbox", ("OK: " if sb["ok"] else "UNAVAILABLE: ") + sb["reason"])
     dm = r["daemon"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
@@ -44,6 +45,7 @@ BUILTIN_TOOL_NAMES = frozenset(
         "switch_profile",
         "spawn_agent",
         "tasks",
+        "ssh_exec",
     }
 )
 
@@ -105,6 +107,100 @@ class PolicyConfig:
     headless_allow: tuple[CallPattern, ...] = ()
 
 
+# SSH hosts for the ssh_exec tool (README "Remote hosts over SSH"). Paths are relative
+# to the config folder (or absolute, or ~/...); parse_config makes them absolute and
+# check_config requires the files to exist.
+_PROGRAM = re.compile(r"[A-Za-z0-9_.+/][A-Za-z0-9_.+/-]*\Z")
+
+
+def _ssh_word(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
+    # user and host end up in one argv word "user@host": no option, no second '@'.
+    if not value or value.startswith("-") or "@" in value or any(c.isspace() for c in value):
+        raise ValueError(
+            f"{attr.name}: expected a name without spaces, '@' or a leading '-', got {value!r}"
+        )
+
+
+def _port(_inst: Any, attr: attrs.Attribute[Any], value: int) -> None:
+    if not 1 <= value <= 65535:
+        raise ValueError(f"{attr.name}: expected a port from 1 to 65535, got {value!r}")
+
+
+def _non_empty(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
+    if not value.strip():
+        raise ValueError(f"{attr.name}: expected a path, got an empty string")
+
+
+def _commands(_inst: Any, attr: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    if value == ("*",):
+        return
+    bad = [c for c in value if not _PROGRAM.match(c)]
+    if not value or bad:
+        raise ValueError(
+            f'{attr.name}: expected ["*"] or a list of program names (like "ls"), '
+            f"got {list(value)!r}"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class SshHost:
+    user: str = attrs.field(validator=_ssh_word)
+    host: str = attrs.field(validator=_ssh_word)
+    port: int = attrs.field(default=22, validator=_port)
+    identity_file: str = attrs.field(validator=_non_empty)
+    # ["*"]: any command line (the remote shell reads it); else the programs allowed.
+    commands: tuple[str, ...] = attrs.field(validator=_commands)
+
+    @property
+    def any_command(self) -> bool:
+        return self.commands == ("*",)
+
+
+@attrs.frozen(kw_only=True)
+class SshConfig:
+    known_hosts: str = attrs.field(validator=_non_empty)
+    hosts: dict[str, SshHost] = attrs.Factory(dict)
+
+
+def _absolute(name: str, base: Path) -> str:
+    p = Path(name).expanduser()
+    return str(p if p.is_absolute() else base / p)
+
+
+def _resolve_ssh(ssh: SshConfig, base: Path, path: Path) -> SshConfig:
+    for alias in ssh.hosts:
+        if not _PROGRAM.match(alias):
+            raise ConfigError(
+                f"{path}: $.ssh.hosts: expected an alias without spaces, got {alias!r}"
+            )
+    hosts = {
+        alias: attrs.evolve(h, identity_file=_absolute(h.identity_file, base))
+        for alias, h in ssh.hosts.items()
+    }
+    return SshConfig(known_hosts=_absolute(ssh.known_hosts, base), hosts=hosts)
+
+
+def _check_ssh_shape(data: dict[str, Any], path: Path) -> None:
+    """cattrs words a string where an object belongs as an "unknown error": say it here."""
+    ssh = data.get("ssh", {})
+    hosts = ssh.get("hosts", {}) if isinstance(ssh, dict) else {}
+    items = [("$.ssh", ssh), ("$.ssh.hosts", hosts)]
+    if isinstance(hosts, dict):
+        items += [(f"$.ssh.hosts[{a!r}]", h) for a, h in hosts.items()]
+    for where, value in items:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: {where}: expected an object, got {value!r}")
+
+
+def ssh_problems(ssh: SshConfig | None) -> list[str]:
+    """The ssh files that are missing: the known_hosts file and each identity file."""
+    if ssh is None:
+        return []
+    files = [("$.ssh.known_hosts", ssh.known_hosts)]
+    files += [(f"$.ssh.hosts[{a!r}].identity_file", h.identity_file) for a, h in ssh.hosts.items()]
+    return [f"{key}: {name} not found" for key, name in files if not Path(name).is_file()]
+
+
 @attrs.frozen(kw_only=True)
 class AgentProfile:
     id: str = ""
@@ -158,6 +254,7 @@ class NaviConfig:
     persona_file: str | None = None
     default_profile: str
     profiles: dict[str, AgentProfile]
+    ssh: SshConfig | None = None  # hosts the ssh_exec tool may reach
     base_dir: Path = Path(".")  # folder of the file: prompt files resolve against it
 
     def profile(self, profile_id: str | None) -> AgentProfile:
@@ -232,6 +329,7 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object at the top level")
     _check_policy_lists(data, path)
+    _check_ssh_shape(data, path)
     try:
         cfg = _converter.structure({k: v for k, v in data.items()}, NaviConfig)
     except cattrs.BaseValidationError as exc:
@@ -274,7 +372,8 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
                 base / prof.compression_prompt_file, path, f"{where}.compression_prompt_file"
             )
         profiles[pid] = attrs.evolve(prof, id=pid, system_prompt=prompt)
-    return attrs.evolve(cfg, persona=persona, profiles=profiles, base_dir=base)
+    ssh = None if cfg.ssh is None else _resolve_ssh(cfg.ssh, base, path)
+    return attrs.evolve(cfg, persona=persona, profiles=profiles, ssh=ssh, base_dir=base)
 
 
 def _check_policy(policy: PolicyConfig, path: Path, where: str) -> None:
@@ -333,6 +432,7 @@ def check_config(
                     f"$.profiles[{pid!r}].policy.{key}[{i}].tool: unknown tool "
                     f"{pattern.tool!r} (known tools: {', '.join(sorted(known))})"
                 )
+    problems += ssh_problems(cfg.ssh)
     for name in REQUIRED_PROMPT_FILES:
         if not (cfg.base_dir / name).is_file():
             problems.append(f"the config folder lacks {name} ({cfg.base_dir / name} not found)")

@@ -10,6 +10,12 @@ Three modes, from least to most power (README "Safety"):
   sandbox contains runs without asking.
 - ``full`` (admins only): no sandbox; a terminal or code_exec call asks.
 
+``ssh_exec`` runs a command on another machine, where no sandbox of ours reaches: it is
+denied in ``read-only`` (whatever the rules say: nothing could keep the promise that
+nothing changes) and asks in ``workspace`` and ``full`` unless a rule allows it. Its
+"action", for rules and approvals, is the host alias: ``{"tool": "ssh_exec", "action":
+"web1", "match": "uptime*", "decision": "allow"}``; a "session" approval covers one host.
+
 A profile's rules (``policy.rules`` in config.json) come first: the first rule that
 matches the call's tool, action and command or path (fnmatch) decides allow, ask or
 deny. Nothing a client sends reaches the rules, and a requested mode is clamped to what
@@ -35,6 +41,7 @@ EXEC_TOOLS = ("terminal", "code_exec")
 # what an earlier run or open started).
 EXEC_ACTIONS = ("run", "open", "")
 FILE_WRITES = ("write", "append", "edit", "mkdir", "delete")
+REMOTE_TOOL = "ssh_exec"  # runs on another machine: no sandbox applies
 SUMMARY_MAX = 300
 
 
@@ -72,7 +79,11 @@ class CallFacts:
         action = action if isinstance(action, str) else ""
         if tool == "code_exec":
             action = action or "run"
+        if tool == REMOTE_TOOL:
+            host = args.get("host")
+            action = host if isinstance(host, str) else ""
         key = {"terminal": "command", "code_exec": "code", "filesystem": "path"}.get(tool)
+        key = "command" if tool == REMOTE_TOOL else key
         target = args.get(key) if key else None
         return cls(tool, action, target if isinstance(target, str) else "")
 
@@ -108,6 +119,9 @@ def _describe(pattern: CallPattern) -> str:
 
 def decide(profile: AgentProfile, role: str, mode: str, facts: CallFacts) -> Verdict:
     """The profile's first matching rule, else the mode's default."""
+    if facts.tool == REMOTE_TOOL and mode == "read-only":
+        key = f"mode|{mode}|{facts.tool}"
+        return Verdict("deny", "mode read-only: ssh_exec runs on another machine", key)
     for i, rule in enumerate(profile.policy.rules):
         if rule.roles and role not in rule.roles:
             continue
@@ -122,6 +136,8 @@ def decide(profile: AgentProfile, role: str, mode: str, facts: CallFacts) -> Ver
     key = f"mode|{mode}|{facts.tool}|{facts.action}"
     if mode == "full" and facts.runs_code:
         return Verdict("ask", f"mode full: {facts.tool} runs without a sandbox", key)
+    if facts.tool == REMOTE_TOOL:
+        return Verdict("ask", f"mode {mode}: ssh_exec runs on {facts.action!r}, unsandboxed", key)
     if mode == "read-only" and facts.writes_files:
         return Verdict("ask", f"mode read-only: filesystem {facts.action} writes", key)
     return Verdict("allow", f"mode {mode}", key)

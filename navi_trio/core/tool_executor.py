@@ -149,6 +149,12 @@ class ToolExecutor:
         # The flag is the executor's, never the tool's (terminal open, which keeps its
         # own meaning of background, is persistent either way).
         args.pop("background", None)
+        # A tool may refuse a call it can never run (ssh_exec: an unknown host) before
+        # anyone is asked to approve it.
+        precheck = getattr(tool, "precheck", None)
+        early: ToolResult | None = precheck(args, call_ctx) if precheck else None
+        if early is not None:
+            return early
         verdict = decide(ctx.profile, ctx.user_role, ctx.mode, CallFacts.of(call.name, args))
         refused = await self._gate(call, args, ctx, verdict, publish)
         if refused is not None:

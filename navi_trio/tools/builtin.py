@@ -8,6 +8,7 @@ from navi_trio.tools.code_exec import CodeExecTool
 from navi_trio.tools.filesystem import FilesystemTool
 from navi_trio.tools.memory import MemoryTool
 from navi_trio.tools.scratchpad import ScratchpadTool
+from navi_trio.tools.ssh_exec import SshExecTool
 from navi_trio.tools.switch_profile import SwitchProfileTool
 from navi_trio.tools.terminal import TerminalTool
 from navi_trio.tools.todo import TodoTool
@@ -22,4 +23,5 @@ def builtin_tools(settings: Settings) -> list[Tool]:
         ScratchpadTool(),
         MemoryTool(),
         SwitchProfileTool(),
+        SshExecTool(settings),
     ]
