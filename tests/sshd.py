@@ -138,7 +138,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=10)
 
 
-def _start(folder: Path, user: str) -> tuple[subprocess.Popen[bytes], _Log, int] | str:
+def start_sshd(folder: Path, user: str) -> tuple[subprocess.Popen[bytes], _Log, int] | str:
     """A listening sshd, or why none could start."""
     why = "no attempt"
     for attempt in range(TRIES):
@@ -192,7 +192,7 @@ def sshd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]
     _keygen(folder / "host_key")
     _keygen(folder / "client_key")
     shutil.copy(folder / "client_key.pub", folder / "authorized_keys")
-    started = _start(folder, user)
+    started = start_sshd(folder, user)
     if isinstance(started, str):
         pytest.skip(started)
     process, log, port = started

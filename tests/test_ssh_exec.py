@@ -25,7 +25,7 @@ import trio
 import trio.testing
 from bg_tools import call, calls, of_type, profile
 from kvfake import PidWatch, Recorder, jump_after_line, make_ctx, pids_in
-from sshd import SshServer
+from sshd import SSHD, SshServer, start_sshd
 from sshd import sshd_server as sshd_server  # the fixture
 
 from navi_trio.core.policy import CallFacts, decide, summary
@@ -467,3 +467,11 @@ async def test_doctor_lists_the_hosts_and_reports_missing_files(tmp_path: Path) 
     out = io.StringIO()
     print_doctor(report, out)
     assert "ssh          1 host: web1 (ops@h:22)" in out.getvalue()
+
+
+def test_an_sshd_that_cannot_start_gives_the_reason_to_skip_with(tmp_path: Path) -> None:
+    if not SSHD.exists():
+        pytest.skip(f"{SSHD} not found")
+    why = start_sshd(tmp_path, "nobody")  # no host key in the folder
+    assert isinstance(why, str) and why.startswith("sshd did not start"), why
+    assert "no hostkeys available" in why
