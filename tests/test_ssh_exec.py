@@ -345,6 +345,31 @@ async def test_background_true_runs_through_the_task_supervisor(
     assert with_token(token) == {}
 
 
+async def test_stop_of_the_run_ends_an_inline_remote_command(
+    tmp_path: Path, sshd_server: SshServer
+) -> None:
+    token = unique_seconds()
+    fifo = tmp_path / "up"
+    os.mkfifo(fifo)
+    prof = profile(["ssh_exec"], policy=ALLOW_SSH, planning_first_message=False)
+    config = source(sshd_server.ssh_section(box=None), remote=prof)
+    command = f"echo $$ > {fifo}; exec sleep {token}"
+    replies = [calls(call("ssh_exec", host="box", command=command)), {"text": "never"}]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=replies, config=config) as h:
+            driver = await h.session("s1")
+            driver.send("sleep there", profile_id="remote")
+            await driver.until_type("tool_started")
+            remote = int(await trio.to_thread.run_sync(fifo.read_text, abandon_on_cancel=True))
+            assert remote in with_token(token)
+            assert driver.stop()
+            frames = await driver.until_end()
+            await wait_gone(remote)
+    (result,) = of_type(frames, "tool_result", name="ssh_exec")
+    assert not result["ok"] and "stopped by the user" in result["error"]
+    assert with_token(token) == {}
+
+
 async def test_an_unconfigured_host_is_refused_before_anyone_is_asked(tmp_path: Path) -> None:
     # Workspace mode, no rule: a configured host would need approval first.
     config = source(None, remote=profile(["ssh_exec"], planning_first_message=False))
