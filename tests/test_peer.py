@@ -11,6 +11,7 @@ frames; the timeout test moves a MockClock by hand once B is stuck.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
@@ -27,7 +28,7 @@ import trio.testing
 from agent_tools import call, with_tools
 from api_ws import Daemon, open_daemon
 
-from navi_trio.doctor import collect_doctor
+from navi_trio.doctor import collect_doctor, print_doctor
 from navi_trio.errors import ConfigError
 from navi_trio.profiles import AgentProfile, ConfigSource, PeerConfig, parse_config
 from navi_trio.settings import Settings, default_config_path
@@ -184,6 +185,27 @@ async def test_stop_on_our_side_stops_the_peers_run(tmp_path: Path, monkeypatch:
             end = await ended(b, sid)
             assert end["reason"] == "stopped", end
             await b.harness.fake.wait_disconnects(1)  # B's model request was cut too
+
+
+async def test_a_message_queued_behind_another_run_gets_its_own_answer(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    b_replies = [{"text": "the earlier run", "stall": True}, {"text": "B answers the queued one"}]
+    with trio.fail_after(TIMEOUT):
+        async with (
+            peer_b(tmp_path, b_replies) as b,
+            daemon_a(tmp_path, [ask("me too", session="pq-2"), {"text": "ok"}], to_b(b)) as a,
+            b.connect("alice") as alice,
+        ):
+            monkeypatch.setenv(TOKEN_ENV, b.tokens["alice"])
+            await alice.request({"type": "message", "session_id": "pq-2", "content": "first"})
+            await b.harness.fake.wait_requests(1)  # B's session is busy with alice's run
+            driver = await start(a)
+            await alice.until_type("message_queued", text="me too")
+            await alice.request({"type": "stop", "session_id": "pq-2"})
+            (result,) = results(await driver.until_end())
+            assert result["ok"], result
+            assert result["output"].startswith("B answers the queued one")
 
 
 async def test_background_ask_returns_a_task_and_the_job_gets_the_answer(
@@ -352,6 +374,11 @@ async def test_timeout_fails_and_stops_the_peers_run(
 # -- config and doctor ----------------------------------------------------------------
 
 
+def test_the_agent_has_a_manual_for_peer() -> None:
+    text = (Settings().manuals_dir / "peer.md").read_text(encoding="utf-8")
+    assert "## Background mode" in text and '"background": true' in text
+
+
 def test_peer_config_is_strict_and_hides_the_token(tmp_path: Path) -> None:
     path = default_config_path()
     base = json.loads(path.read_text(encoding="utf-8"))
@@ -392,6 +419,9 @@ async def test_doctor_reports_peers_it_cannot_reach(tmp_path: Path, monkeypatch:
                 config_path=folder / "config.json",
             )
             report = await collect_doctor(settings, f"ws://127.0.0.1:{unused_port()}/")
+    out = io.StringIO()
+    print_doctor(report, out)
+    assert "peer         good ws://127.0.0.1" in out.getvalue()
     peers = {p["name"]: p for p in report["peers"]}
     assert peers["good"]["ok"] is True
     assert peers["gone"]["ok"] is False and "unreachable" in peers["gone"]["error"]

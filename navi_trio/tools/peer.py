@@ -88,14 +88,14 @@ class _Feed:
         self._peer = peer
         self._interval = ctx.settings.tool_progress_interval_sec
         self._max = max(ctx.settings.tool_progress_max_chars, 1)
-        self._limit = ctx.settings.tool_output_max_chars
+        self.limit = ctx.settings.tool_output_max_chars
         self._text: list[str] = []
         self._chars = 0
         self._ready = trio.Event()
-        self.answer = ""  # the top-level text so far, newest `_limit` characters
+        self.answer = ""  # the top-level text so far, newest `limit` characters
 
     def text(self, delta: str) -> None:
-        self.answer = (self.answer + delta)[-self._limit :]
+        self.answer = (self.answer + delta)[-self.limit :]
         self._text.append(delta)
         self._chars += len(delta)
         self._ready.set()
@@ -261,7 +261,7 @@ def _outcome(
     sid = data["session_id"]
     if reason in ("complete", "max_iterations"):
         note = f'\n\n[peer {name}, session {sid}: pass "session": "{sid}" to continue it]'
-        cut = cap_text(text, feed._limit)
+        cut = cap_text(text, feed.limit)
         return ToolResult.success(cut + note, **data)
     if reason == "stopped":
         why = "the peer's run was stopped before it finished"
