@@ -28,6 +28,7 @@ import trio.testing
 from agent_tools import call, with_tools
 from api_ws import Daemon, open_daemon
 
+from navi_trio.api.peer_link import WsPeerLink
 from navi_trio.doctor import collect_doctor, print_doctor
 from navi_trio.errors import ConfigError
 from navi_trio.profiles import AgentProfile, ConfigSource, PeerConfig, parse_config
@@ -36,7 +37,7 @@ from navi_trio.testing import Harness, open_harness
 from navi_trio.testing.harness import SessionDriver
 from navi_trio.testing.memkv import MemoryKV
 from navi_trio.tools.base import ToolContext
-from navi_trio.tools.peer import _Feed
+from navi_trio.tools.peer import PeerTool, _Feed
 
 TIMEOUT = 30
 TOKEN_ENV = "NAVI_TEST_PEER_TOKEN"
@@ -375,6 +376,8 @@ async def test_timeout_fails_and_stops_the_peers_run(
 
 
 def test_the_agent_has_a_manual_for_peer() -> None:
+    description = PeerTool(WsPeerLink()).description
+    assert description.endswith("Manual: read `manual:peer` with the filesystem tool.")
     text = (Settings().manuals_dir / "peer.md").read_text(encoding="utf-8")
     assert "## Background mode" in text and '"background": true' in text
 
