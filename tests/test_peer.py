@@ -167,7 +167,10 @@ async def test_the_answer_is_the_peers_and_the_peer_session_can_be_continued(
             assert token not in json.dumps(frames) and token not in caplog.text
 
 
-async def test_stop_on_our_side_stops_the_peers_run(tmp_path: Path, monkeypatch: Any) -> None:
+async def test_stop_on_our_side_stops_the_peers_run(
+    tmp_path: Path, monkeypatch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
     b_replies = [{"text": "thinking about it slowly", "stall": True}]
     with trio.fail_after(TIMEOUT):
         async with (
@@ -186,6 +189,8 @@ async def test_stop_on_our_side_stops_the_peers_run(tmp_path: Path, monkeypatch:
             end = await ended(b, sid)
             assert end["reason"] == "stopped", end
             await b.harness.fake.wait_disconnects(1)  # B's model request was cut too
+            assert "sending stop" in caplog.text
+            assert b.tokens["alice"] not in json.dumps(driver.frames) + caplog.text
 
 
 async def test_a_message_queued_behind_another_run_gets_its_own_answer(

@@ -201,8 +201,11 @@ class PeerTool:
                                "text": f"asked {name} (session {run.session_id})"})  # fmt: skip
                     end, error = await _follow(run, feed, name)
         except PeerRefusedError as exc:
-            why = "refused the token" if exc.code == "unauthorized" else "refused the request"
-            return ToolResult.fail(f"{where} {why}: {exc}", peer=name)
+            if exc.code == "unauthorized":
+                why = f"refused the token of peers.{name} (fix it in the config or env): {exc}"
+            else:
+                why = f"refused the request: {exc}"
+            return ToolResult.fail(f"{where} {why}", peer=name)
         except PeerError as exc:
             return ToolResult.fail(f"{where}: {exc}", output=feed.answer, peer=name)
         finally:
