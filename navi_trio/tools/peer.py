@@ -207,7 +207,8 @@ class PeerTool:
                 why = f"refused the request: {exc}"
             return ToolResult.fail(f"{where} {why}", peer=name)
         except PeerError as exc:
-            return ToolResult.fail(f"{where}: {exc}", output=feed.answer, peer=name)
+            extra = {} if run is None else {"session_id": run.session_id}
+            return ToolResult.fail(f"{where}: {exc}", output=feed.answer, peer=name, **extra)
         finally:
             feed.flush()
         data: dict[str, Any] = {"peer": name}
