@@ -18,6 +18,7 @@ import httpx
 import trio
 
 from navi_trio import __version__
+from navi_trio.api.peer_link import check_peer
 from navi_trio.api.remote import DEFAULT_URL, daemon_answers
 from navi_trio.errors import ConfigError, NaviError
 from navi_trio.llm.factory import choose_backend
@@ -331,6 +332,10 @@ async def collect_doctor(
         )
     report["settings"] = _settings_info(settings)
     report["daemon"] = {"url": daemon_url, "ok": await daemon_answers(daemon_url)}
+    report["peers"] = await _peers(cfg, env) if cfg is not None else []
+    for peer in report["peers"]:
+        if not peer["ok"]:
+            report["warnings"].append(f"peer {peer['name']!r} ({peer['url']}): {peer['error']}")
     report["ok"] = not report["errors"]
     return report
 
@@ -342,6 +347,18 @@ def _ssh_info(cfg: NaviConfig | None) -> dict[str, Any]:
         "hosts": {alias: f"{h.user}@{h.host}:{h.port}" for alias, h in hosts.items()},
         "client": shutil.which("ssh"),
     }
+
+
+async def _peers(cfg: NaviConfig, env: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Each configured peer: does it answer and accept its token? (never the token)."""
+    out: list[dict[str, Any]] = []
+    for name, peer in sorted(cfg.peers.items()):
+        try:
+            error = await check_peer(peer.url, peer.resolve_token(name, env))
+        except ConfigError as exc:
+            error = str(exc)
+        out.append({"name": name, "url": peer.url, "ok": error is None, "error": error})
+    return out
 
 
 def _settings_info(settings: Settings) -> dict[str, Any]:
@@ -419,6 +436,8 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
     line("sandbox", ("OK: " if sb["ok"] else "UNAVAILABLE: ") + sb["reason"])
     dm = r["daemon"]
     line("daemon", f"{dm['url']}  " + ("answers" if dm["ok"] else "not running (`navi serve`)"))
+    for peer in r.get("peers", []):
+        line("peer", f"{peer['name']} {peer['url']}  " + ("OK" if peer["ok"] else peer["error"]))
     s = r["settings"]
     line(
         "model",

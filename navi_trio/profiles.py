@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,6 +46,7 @@ BUILTIN_TOOL_NAMES = frozenset(
         "spawn_agent",
         "tasks",
         "ssh_exec",
+        "peer",
     }
 )
 
@@ -248,6 +249,37 @@ class AgentProfile:
         return self.tools.subagent or self.tools.agent
 
 
+def _ws_url(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
+    if not value.startswith(("ws://", "wss://")):
+        raise ValueError(f"{attr.name} {value!r}: expected a ws:// or wss:// URL")
+
+
+@attrs.frozen(kw_only=True)
+class PeerConfig:
+    """Another navi daemon the `peer` tool may ask: its URL and where its token is.
+
+    The token is inline (`token`) or, better, named by an environment variable
+    (`token_env`): exactly one of the two. It is kept out of repr and error texts.
+    """
+
+    url: str = attrs.field(validator=_ws_url)
+    token: str | None = attrs.field(default=None, repr=False)
+    token_env: str | None = None
+    timeout_sec: float = 600.0  # the longest an `ask` may wait for the peer's answer
+
+    def resolve_token(self, name: str, environ: Mapping[str, str]) -> str:
+        """The token; a ConfigError naming the variable (never a value) when unset."""
+        if self.token is not None:
+            return self.token
+        value = environ.get(self.token_env or "", "")
+        if not value:
+            raise ConfigError(
+                f"peer {name!r}: the environment variable {self.token_env} (peers.{name}."
+                "token_env) is not set in the daemon's environment"
+            )
+        return value
+
+
 @attrs.frozen(kw_only=True)
 class NaviConfig:
     persona: str = ""
@@ -255,6 +287,7 @@ class NaviConfig:
     default_profile: str
     profiles: dict[str, AgentProfile]
     ssh: SshConfig | None = None  # hosts the ssh_exec tool may reach
+    peers: dict[str, PeerConfig] = attrs.Factory(dict)
     base_dir: Path = Path(".")  # folder of the file: prompt files resolve against it
 
     def profile(self, profile_id: str | None) -> AgentProfile:
@@ -342,6 +375,7 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
             f"{path}: $.default_profile: {cfg.default_profile!r} is not one of the profiles "
             f"({', '.join(sorted(cfg.profiles))})"
         )
+    _check_peers(cfg.peers, path)
     base = path.parent
     persona = cfg.persona
     if cfg.persona_file:
@@ -374,6 +408,20 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
         profiles[pid] = attrs.evolve(prof, id=pid, system_prompt=prompt)
     ssh = None if cfg.ssh is None else _resolve_ssh(cfg.ssh, base, path)
     return attrs.evolve(cfg, persona=persona, profiles=profiles, ssh=ssh, base_dir=base)
+
+
+def _check_peers(peers: Mapping[str, PeerConfig], path: Path) -> None:
+    """Each peer names its token exactly one way, and waits a positive time."""
+    for name, peer in peers.items():
+        where = f"{path}: $.peers[{name!r}]"
+        if (peer.token is None) == (peer.token_env is None):
+            raise ConfigError(f"{where}: give exactly one of token_env (better) or token")
+        if peer.token is not None and not peer.token.strip():
+            raise ConfigError(f"{where}.token: must not be empty")
+        if peer.token_env is not None and not peer.token_env.strip():
+            raise ConfigError(f"{where}.token_env: must name an environment variable")
+        if peer.timeout_sec <= 0:
+            raise ConfigError(f"{where}.timeout_sec: expected a number above 0")
 
 
 def _check_policy(policy: PolicyConfig, path: Path, where: str) -> None:

@@ -5,8 +5,9 @@
         actor.send_message("hello")
 
 The root nursery holds, in start order: the process pool (persistent processes of
-``terminal open``), the TaskSupervisor (background jobs), and the session registry
-(session actors and their runs). Leaving the block cancels them all: runs are stopped
+``terminal open``), the peer tool's link (its connections to other daemons), the
+TaskSupervisor (background jobs), and the session registry (session actors and their
+runs). Leaving the block cancels them all: runs are stopped
 (their clean-up is shielded), background jobs end (their running markers stay, so the
 next start reports them as lost), and every process group is killed. The store closes
 last, after every queued write has landed.
@@ -21,6 +22,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import attrs
 import trio
 
+from navi_trio.api.peer_link import WsPeerLink
 from navi_trio.api.protocol import event_frame
 from navi_trio.core.agent import Agent
 from navi_trio.core.approvals import ApprovalBroker
@@ -34,6 +36,7 @@ from navi_trio.settings import Settings
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.tools.base import Tool, ToolRegistry
 from navi_trio.tools.builtin import builtin_tools
+from navi_trio.tools.peer import PeerTool
 from navi_trio.tools.procs import ProcessPool
 from navi_trio.tools.sandbox import sandbox_available
 from navi_trio.tools.spawn_agent import SpawnAgentTool
@@ -56,7 +59,7 @@ class Runtime:
 
 
 def default_tools(settings: Settings) -> list[Tool]:
-    return [*builtin_tools(settings), TasksTool(), SpawnAgentTool()]
+    return [*builtin_tools(settings), TasksTool(), SpawnAgentTool(), PeerTool(WsPeerLink())]
 
 
 @asynccontextmanager
@@ -90,6 +93,9 @@ async def open_runtime(
             registry = ToolRegistry(tools)
             processes = ProcessPool()
             await nursery.start(processes.run)
+            for tool in tools:  # the peer tool's connections live in the runtime's nursery
+                if isinstance(tool, PeerTool):
+                    await nursery.start(tool.link.run)
             # The supervisor starts first (the agent needs it), the session registry
             # last (it needs the agent): task updates reach it through this closure.
             sessions: SessionRegistry | None = None
