@@ -32,7 +32,8 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -300,6 +301,9 @@ class NaviBridge:
         self._nursery = nursery
         self._rt: Runtime | None = None
         self._opening = trio.Lock()
+        # In this process, one ask at a time per session (the next one waits): a run
+        # is followed by its session's frames, which a second run would mix in.
+        self._turns: dict[str, tuple[trio.Lock, int]] = {}
 
     # -- the runtime in this process ----------------------------------------------------
 
@@ -320,6 +324,20 @@ class NaviBridge:
             log.info("runtime open in this process (db %s)", choice.settings.db_path)
             task_status.started(rt)
             await trio.sleep_forever()
+
+    @asynccontextmanager
+    async def _turn(self, session_id: str) -> AsyncIterator[None]:
+        lock, users = self._turns.get(session_id, (trio.Lock(), 0))
+        self._turns[session_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._turns[session_id]
+            if users == 1:
+                del self._turns[session_id]
+            else:
+                self._turns[session_id] = (lock, users - 1)
 
     # -- ask ----------------------------------------------------------------------------
 
@@ -398,7 +416,8 @@ class NaviBridge:
         async def follow(stopper: _Stopper) -> None:
             await follow_in_runtime(rt, req, feed, deny, on_sent=stopper.switch)
 
-        await follow_stopping_on_cancel(follow)
+        async with self._turn(req.session_id):
+            await follow_stopping_on_cancel(follow)
 
     async def _ask_daemon(
         self, url: str, token: str, req: RunRequest, feed: AskFeed, *, new: bool

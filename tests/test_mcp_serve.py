@@ -180,6 +180,32 @@ async def test_a_call_that_needs_approval_is_denied_with_a_note(
     assert not marker.exists()
 
 
+async def test_two_asks_at_once_in_one_session_each_get_their_own_answer(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    replies = [{"text": "Answer one", "delay_chunk": 0.2}, {"text": "Answer two"}]
+    async with fake_llm(tmp_path, replies) as llm:
+        env = {**env, "OLLAMA_HOST": llm}
+        with trio.fail_after(DEADLINE):
+            async with mcp_serve(env, tmp_path) as client:
+                first = await ask(client, message="start")
+                sid = first.structured_content["session_id"]  # type: ignore[index]
+                answers: list[str] = []
+
+                async def one(message: str) -> None:
+                    result = await ask(client, message=message, session_id=sid)
+                    answers.append(result.structured_content["answer"])  # type: ignore[index]
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(one, "a")
+                    nursery.start_soon(one, "b")
+    assert sorted(answers) == ["Answer one", "Answer two"]
+    saved = await messages(tmp_path / "navi.db", sid)
+    assert [m["content"] for m in saved if m["role"] == "assistant"] == [
+        "Answer one", "Answer two", "Answer one",
+    ]  # fmt: skip
+
+
 # ------------------------------------------------------------------ cancellation
 
 
