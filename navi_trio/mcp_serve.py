@@ -304,6 +304,8 @@ class NaviBridge:
         # In this process, one ask at a time per session (the next one waits): a run
         # is followed by its session's frames, which a second run would mix in.
         self._turns: dict[str, tuple[trio.Lock, int]] = {}
+        self._holding = False
+        self._closed = trio.Event()  # the runtime of this process closed (once opened)
 
     # -- the runtime in this process ----------------------------------------------------
 
@@ -317,13 +319,25 @@ class NaviBridge:
         from navi_trio.runtime import open_runtime
 
         opts = self.options
-        choice = await choose_backend(opts.settings, os.environ, configured=opts.llm_configured)
-        if choice.note:
-            log.warning("%s", choice.note)
-        async with open_runtime(choice.settings, config=config_source(choice.settings)) as rt:
-            log.info("runtime open in this process (db %s)", choice.settings.db_path)
-            task_status.started(rt)
-            await trio.sleep_forever()
+        self._holding = True
+        try:
+            choice = await choose_backend(opts.settings, os.environ, configured=opts.llm_configured)
+            if choice.note:
+                log.warning("%s", choice.note)
+            source = config_source(choice.settings)
+            async with open_runtime(choice.settings, config=source) as rt:
+                log.info("runtime open in this process (db %s)", choice.settings.db_path)
+                task_status.started(rt)
+                await trio.sleep_forever()
+        finally:
+            self._rt = None
+            self._holding = False
+            self._closed.set()
+
+    async def wait_closed(self) -> None:
+        """Until the runtime of this process (if one is open) has closed."""
+        if self._holding:
+            await self._closed.wait()
 
     @asynccontextmanager
     async def _turn(self, session_id: str) -> AsyncIterator[None]:
@@ -578,16 +592,25 @@ def build_server(bridge: NaviBridge) -> MCPServer:
 
 
 async def serve(options: ServeOptions) -> None:
-    """Serve MCP on stdin/stdout until stdin closes or SIGTERM / SIGINT comes."""
+    """Serve MCP on stdin/stdout until stdin closes (the client's way to stop a server).
+
+    SIGTERM or SIGINT stops the runs in flight (their stopped turns saved), closes the
+    runtime of this process, then ends the process by the same signal: the SDK reads
+    stdin in a worker thread that only the end of stdin would let go.
+    """
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
+            bridge = NaviBridge(options, nursery)
 
             async def on_signal() -> None:
                 async for signum in signals:
                     log.info("%s: stopping", signal.Signals(signum).name)
                     nursery.cancel_scope.cancel()
+                    with trio.CancelScope(shield=True), trio.move_on_after(STOP_GRACE + 5):
+                        await bridge.wait_closed()
+                    signal.signal(signum, signal.SIG_DFL)
+                    os.kill(os.getpid(), signum)
 
             nursery.start_soon(on_signal)
-            bridge = NaviBridge(options, nursery)
             await build_server(bridge).run_stdio_async()
             nursery.cancel_scope.cancel()

@@ -13,6 +13,8 @@ before it cancels). The progress pump's rate limit is tested on a MockClock.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -24,13 +26,14 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from mcp import Client
+from mcp import Client, MCPError
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult
 from test_api_daemon import serve
 from test_cli import env, fake_llm, messages, unused_port
 
 from navi_trio.mcp_serve import LINE_MAX, ProgressPump
+from navi_trio.store.sqlite import SQLiteStore
 
 __all__ = ["env"]  # the fixture, imported for pytest
 pytestmark = pytest.mark.slow
@@ -242,6 +245,32 @@ async def test_cancelling_an_ask_stops_the_run_and_saves_the_stopped_turn(
     saved = await messages(tmp_path / "navi.db", sid)
     assert roles(saved) == [("user", "hi"), ("assistant", "partial answer"),
                             ("user", "go on"), ("assistant", "continued")]  # fmt: skip
+    assert saved[1].get("stopped") is True
+
+
+async def test_sigterm_mid_ask_saves_the_stopped_turn_and_ends_the_server(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "pid"
+    serve_cmd = f"echo $$ > {pid_file}; exec {sys.executable} -m navi_trio mcp serve"
+    async with fake_llm(tmp_path, [{"text": "partial answer", "stall": True}]) as llm:
+        env = {**env, "OLLAMA_HOST": llm}
+        with trio.fail_after(DEADLINE):
+            async with mcp_serve(env, tmp_path, command=["sh", "-c", serve_cmd]) as client:
+                progress = Progress()
+
+                async def terminate() -> None:
+                    await progress.seen("partial answer")
+                    os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(terminate)
+                    with pytest.raises(MCPError, match="[Cc]onnection closed"):
+                        await client.call_tool("ask", {"message": "hi"}, progress_callback=progress)
+    async with SQLiteStore.open(tmp_path / "navi.db") as store:
+        (row,) = await store.list_sessions()
+        saved = await store.load_messages(row.id)
+    assert roles(saved) == [("user", "hi"), ("assistant", "partial answer")]
     assert saved[1].get("stopped") is True
 
 
