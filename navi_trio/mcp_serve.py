@@ -319,7 +319,7 @@ class NaviBridge:
         from navi_trio.runtime import open_runtime
 
         opts = self.options
-        self._holding = True
+        self._holding, self._closed = True, trio.Event()
         try:
             choice = await choose_backend(opts.settings, os.environ, configured=opts.llm_configured)
             if choice.note:
