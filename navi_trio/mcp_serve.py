@@ -109,7 +109,7 @@ class ProgressPump:
     tail: str = ""  # the end of the answer so far
     text_new: bool = False
     sent: int = 0
-    closing: bool = False
+    _closing: trio.Event = attrs.field(factory=trio.Event)
     _wake: trio.Event = attrs.field(factory=trio.Event)
 
     def step(self, line: str) -> None:
@@ -122,7 +122,7 @@ class ProgressPump:
         self._wake.set()
 
     def finish(self) -> None:
-        self.closing = True
+        self._closing.set()
         self._wake.set()
 
     def _next(self) -> str | None:
@@ -142,9 +142,9 @@ class ProgressPump:
             while self.sent < self.limit and (line := self._next()) is not None:
                 self.sent += 1
                 await self.report(float(self.sent), line)
-                if not self.closing:
-                    await trio.sleep(self.interval)  # the rate limit
-            if self.closing:
+                with trio.move_on_after(self.interval):  # the rate limit, cut by `finish`
+                    await self._closing.wait()
+            if self._closing.is_set():
                 return
 
 
