@@ -277,16 +277,20 @@ async def test_sigterm_mid_ask_saves_the_stopped_turn_and_ends_the_server(
 # ------------------------------------------------------------------ through a daemon
 
 
-async def test_through_a_running_daemon_ask_sessions_and_cancel(
+async def test_through_a_running_daemon_ask_deny_sessions_and_cancel(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    replies = [TOOL_CALL, {"text": ANSWER}, {"text": "partial answer", "stall": True},
-               {"text": "continued"}]  # fmt: skip
+    marker = tmp_path / "ran"
+    touch = {"name": "terminal", "arguments": {"action": "run", "command": f"touch {marker}"}}
+    replies = [{"text": "", "tool_calls": [touch]}, {"text": ANSWER},
+               {"text": "partial answer", "stall": True}, {"text": "continued"}]  # fmt: skip
     async with fake_llm(tmp_path, replies) as llm:
         with trio.fail_after(DEADLINE):
             async with serve(env, llm) as daemon:
                 daemon_log = b""
-                async with mcp_serve(env, tmp_path, "--url", daemon.url) as client:
+                # In `full` mode the terminal call asks: over MCP it is denied.
+                args = ("--url", daemon.url, "--mode", "full")
+                async with mcp_serve(env, tmp_path, *args) as client:
                     progress = Progress()
                     first = await ask(client, progress, message="hi")
                     sid = first.structured_content["session_id"]  # type: ignore[index]
@@ -298,6 +302,9 @@ async def test_through_a_running_daemon_ask_sessions_and_cancel(
                 daemon_log = await daemon.stderr.receive_some(1 << 20)
     assert first.structured_content["answer"] == ANSWER  # type: ignore[index]
     assert any("tool terminal" in line for line in progress.lines)
+    (note,) = first.structured_content["notes"]  # type: ignore[index]
+    assert note.startswith("denied terminal") and any(note in line for line in progress.lines)
+    assert not marker.exists()
     assert after.structured_content["answer"] == "continued"  # type: ignore[index]
     (row,) = listed.structured_content["sessions"]  # type: ignore[index]
     assert row["session_id"] == sid and row["title"] == "hi"
