@@ -566,7 +566,8 @@ def build_server(bridge: NaviBridge) -> MCPServer:
             str | None, Field(description="continue this session (default: a new one)")
         ] = None,
         profile: Annotated[
-            str | None, Field(description="the profile for a new session (e.g. coder)")
+            str | None,
+            Field(description="profile of a new session, e.g. coder (one continued keeps its own)"),
         ] = None,
         cwd: Annotated[str | None, Field(description="working directory for navi's tools")] = None,
     ) -> Annotated[CallToolResult, AskResult]:
