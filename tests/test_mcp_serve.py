@@ -132,7 +132,7 @@ async def test_ask_answers_with_progress_and_the_session_id_continues_it(
         "answer": ANSWER, "session_id": sid, "reason": "complete", "notes": [],
     }  # fmt: skip
     assert text(first).startswith(ANSWER) and sid in text(first)  # the id in the text too
-    assert progress.lines and progress.lines[-1] == f"answer: {ANSWER}"
+    assert f"answer: {ANSWER}" in progress.lines  # (the client may run callbacks out of order)
     assert second.structured_content["answer"] == "Second answer"  # type: ignore[index]
     assert roles(await messages(tmp_path / "navi.db", sid)) == [
         ("user", "hi"), ("assistant", ANSWER), ("user", "and then?"),
