@@ -38,9 +38,9 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 import attrs
 import trio
@@ -73,6 +73,7 @@ from navi_trio.store.sqlite import check_session_id
 if TYPE_CHECKING:
     from navi_trio.core.session_actor import SessionActor
     from navi_trio.core.task_supervisor import Job, TaskSupervisor
+    from navi_trio.runtime import Runtime
 
 PROBE_TIMEOUT = 1.0  # is the local daemon there? (a refused connection answers at once)
 CONNECT_TIMEOUT = 5.0
@@ -237,6 +238,19 @@ class RunRequest:
     mode: str | None = None
 
 
+class FrameSink(Protocol):
+    """Where a followed run's session frames go (`navi run` prints them; mcp_serve.py
+    turns them into progress and an answer)."""
+
+    def show(self, frame: Frame) -> bool:
+        """Take one session frame; True at this run's top-level stream_end."""
+        ...
+
+
+# (approve, scope) for an approval_request frame.
+Approver = Callable[[Frame], Awaitable[tuple[bool, str]]]
+
+
 def _ask_line(prompt: str) -> str:
     """Blocking: one answer typed on the terminal (run in a worker thread)."""
     print(prompt, end="", file=sys.stderr, flush=True)
@@ -301,11 +315,14 @@ async def _wait_for_background(
 async def _follow(
     actor: SessionActor,
     req: RunRequest,
-    printer: _Printer,
-    stopper: _StopHandler,
+    sink: FrameSink,
+    on_sent: Callable[[], object],
     on_approval: Callable[[Frame], None],
 ) -> None:
-    """Send the message to the actor and show its frames until this run ends."""
+    """Send the message to the actor and show its frames until this run ends.
+
+    `on_sent` runs right after the message went in: from then on `actor.stop` stops it.
+    """
     from navi_trio.core.agent import UserMessage
 
     last: int | None = None
@@ -322,16 +339,51 @@ async def _follow(
                     )
                 )  # fmt: skip
                 sent = True
-                stopper.switch(actor.stop, "the run")
+                on_sent()
             async for frame in sub.frames:
                 if isinstance(frame.get("seq"), int):
                     last = frame["seq"]
                 if frame.get("type") == "approval_request":
                     on_approval(frame)
-                if printer.show(frame):
+                if sink.show(frame):
                     return
         if sub.lagged is None:
             return  # the actor closed the subscription: the runtime is shutting down
+
+
+async def follow_in_runtime(
+    rt: Runtime,
+    req: RunRequest,
+    sink: FrameSink,
+    decide: Approver,
+    on_sent: Callable[[Callable[[], object]], object] = lambda stop: None,
+    after: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Run `req` in a session actor of the runtime `rt`, showing its frames on `sink`.
+
+    The lease before anything reads the session: another process may run it. The
+    actor's run takes it too (holds nest); this one also covers `after` (navi run's
+    wait for the background jobs, which belong to its process). `on_sent(stop)` gets
+    the actor's stop once the message went in; `decide` answers approval requests.
+    """
+
+    async def answer(frame: Frame) -> None:
+        approve, scope = await decide(frame)
+        with contextlib.suppress(NotFoundError):  # timed out or stopped meanwhile
+            await rt.approvals.answer(
+                req.session_id, str(frame["call_id"]), approve=approve, scope=scope
+            )
+
+    async with trio.open_nursery() as nursery:
+        async with rt.agent.leases.hold(req.session_id):
+            actor = await rt.sessions.get(req.session_id)
+            await _follow(
+                actor, req, sink, lambda: on_sent(actor.stop),
+                lambda f: nursery.start_soon(answer, f),
+            )  # fmt: skip
+            if after is not None:
+                await after()
+        nursery.cancel_scope.cancel()
 
 
 async def run_embedded(
@@ -348,20 +400,13 @@ async def run_embedded(
             nursery.start_soon(stopper.watch, signals)
             print(f"session: {req.session_id}", file=err, flush=True)
 
-            # The lease before anything reads the session: another process may run it.
-            # The actor's run takes it too (holds nest); this one also covers the wait
-            # for the background jobs, which belong to this process.
-            async def answer(frame: Frame) -> None:
-                approve, scope = await decide_approval(frame, err, interactive=_interactive())
-                with contextlib.suppress(NotFoundError):  # timed out or stopped meanwhile
-                    await rt.approvals.answer(
-                        req.session_id, str(frame["call_id"]), approve=approve, scope=scope
-                    )
-
-            async with rt.agent.leases.hold(req.session_id):
-                actor = await rt.sessions.get(req.session_id)
-                await _follow(actor, req, printer, stopper, lambda f: nursery.start_soon(answer, f))
+            async def wait_for_jobs() -> None:
                 await _wait_for_background(rt.supervisor, req.session_id, stopper, printer.err)
+
+            await follow_in_runtime(
+                rt, req, printer, lambda f: decide_approval(f, err, interactive=_interactive()),
+                on_sent=lambda stop: stopper.switch(stop, "the run"), after=wait_for_jobs,
+            )  # fmt: skip
             nursery.cancel_scope.cancel()
     if outer.cancelled_caught and outcome.signal is None:
         outcome.signal = signal.SIGINT
@@ -372,12 +417,12 @@ async def run_embedded(
 
 
 @attrs.define(eq=False)
-class _RemoteRun:
+class RemoteRun:
     """Follows one message of ours through the daemon's frames of the session."""
 
     req: RunRequest
-    printer: _Printer
-    err: TextIO
+    sink: FrameSink
+    err: TextIO  # where the notes on a queued message go
     stop_wanted: trio.Event = attrs.field(factory=trio.Event)
     # Set once the first frame after our message says whether it runs or waits.
     known: trio.Event = attrs.field(factory=trio.Event)
@@ -385,6 +430,7 @@ class _RemoteRun:
     on_approval: Callable[[Frame], None] = lambda frame: None
     ahead: int | None = None  # runs to wait for when our message was queued
     finished: bool = False
+    abandoned: bool = False  # stopped while queued: the message stays in the daemon
 
     def stop(self) -> None:
         self.stop_wanted.set()
@@ -412,7 +458,7 @@ class _RemoteRun:
             self.known.set()
         if kind == "approval_request":
             self.on_approval(frame)
-        self.finished = self.printer.show(frame)
+        self.finished = self.sink.show(frame)
 
 
 async def _receive(ws: Any) -> Frame:
@@ -425,74 +471,121 @@ async def _receive(ws: Any) -> Frame:
     return frame
 
 
-async def run_remote(url: str, token: str, req: RunRequest, out: TextIO, err: TextIO) -> RunOutcome:
+async def follow_remote(
+    url: str,
+    token: str,
+    run: RemoteRun,
+    decide: Approver,
+    on_welcome: Callable[[], object] = lambda: None,
+) -> None:
+    """Send `run.req` to the daemon at `url` and follow it until its stream_end.
+
+    `run.stop()` sends a ``stop`` (once the run is ours, not one ahead of it; while our
+    message is queued it gives up and leaves the message queued). Failures to reach the
+    daemon are `DaemonUnreachableError`, refusals `RemoteError`.
+    """
     from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
+    req, err = run.req, run.err
+    try:
+        async with open_websocket_url(
+            url, connect_timeout=CONNECT_TIMEOUT, max_message_size=MAX_FRAME
+        ) as ws, trio.open_nursery() as nursery:  # fmt: skip
+            await ws.send_message(encode({"type": "hello", "token": token}))
+            welcome = await _receive(ws)
+            if welcome.get("type") != "welcome":
+                run.frame(welcome)  # the error frame: raises
+            on_welcome()
+
+            async def send_stop() -> None:
+                await run.stop_wanted.wait()
+                await run.known.wait()  # a stop must not hit the run ahead of ours
+                if not run.started:  # queued behind another run: not ours to stop
+                    _say(err, "navi: the message stays queued in the daemon")
+                    run.abandoned = True
+                    nursery.cancel_scope.cancel()
+                    return
+                await ws.send_message(encode({"type": "stop", "session_id": req.session_id}))
+
+            message: Frame = {"type": "message", "id": _RUN_ID, "content": req.text,
+                              "session_id": req.session_id, "cwd": str(req.cwd)}  # fmt: skip
+            if req.profile is not None:
+                message["profile"] = req.profile
+            if req.mode is not None:
+                message["mode"] = req.mode
+
+            async def answer(frame: Frame) -> None:
+                approve, scope = await decide(frame)
+                await ws.send_message(encode({
+                    "type": "approve" if approve else "deny", "session_id": req.session_id,
+                    "call_id": frame["call_id"], "scope": scope,
+                }))  # fmt: skip
+
+            run.on_approval = lambda f: nursery.start_soon(answer, f)
+            await ws.send_message(encode(message))
+            nursery.start_soon(send_stop)
+            while not run.finished:
+                run.frame(await _receive(ws))
+            nursery.cancel_scope.cancel()
+    except (OSError, HandshakeError) as exc:
+        detail = one_line(str(exc))
+        raise DaemonUnreachableError(
+            f"no daemon answers at {url}: start one with `navi serve`"
+            + (f" ({detail})" if detail else "")
+        ) from None
+    except ConnectionClosed:
+        raise DaemonUnreachableError(
+            f"the daemon at {url} closed the connection before the run ended: "
+            f"`navi sessions history {req.session_id}` shows what it saved"
+        ) from None
+
+
+async def run_remote(url: str, token: str, req: RunRequest, out: TextIO, err: TextIO) -> RunOutcome:
     outcome = RunOutcome()
     printer = _Printer(req.as_json, outcome, out, err)
-    run = _RemoteRun(req, printer, err)
+    run = RemoteRun(req, printer, err)
     with trio.CancelScope() as outer, trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         stopper = _StopHandler(outcome, outer, err, run.stop)
-        try:
-            async with open_websocket_url(
-                url, connect_timeout=CONNECT_TIMEOUT, max_message_size=MAX_FRAME
-            ) as ws, trio.open_nursery() as nursery:  # fmt: skip
-                nursery.start_soon(stopper.watch, signals)
-                await ws.send_message(encode({"type": "hello", "token": token}))
-                welcome = await _receive(ws)
-                if welcome.get("type") != "welcome":
-                    run.frame(welcome)  # the error frame: raises
-                print(f"session: {req.session_id}", file=err, flush=True)
-
-                async def send_stop() -> None:
-                    await run.stop_wanted.wait()
-                    await run.known.wait()  # a stop must not hit the run ahead of ours
-                    if not run.started:  # queued behind another run: not ours to stop
-                        _say(err, "navi: the message stays queued in the daemon")
-                        outer.cancel()
-                        return
-                    await ws.send_message(encode({"type": "stop", "session_id": req.session_id}))
-
-                message: Frame = {"type": "message", "id": _RUN_ID, "content": req.text,
-                                  "session_id": req.session_id, "cwd": str(req.cwd)}  # fmt: skip
-                if req.profile is not None:
-                    message["profile"] = req.profile
-                if req.mode is not None:
-                    message["mode"] = req.mode
-
-                async def answer(frame: Frame) -> None:
-                    approve, scope = await decide_approval(frame, err, interactive=_interactive())
-                    await ws.send_message(encode({
-                        "type": "approve" if approve else "deny", "session_id": req.session_id,
-                        "call_id": frame["call_id"], "scope": scope,
-                    }))  # fmt: skip
-
-                run.on_approval = lambda f: nursery.start_soon(answer, f)
-                await ws.send_message(encode(message))
-                nursery.start_soon(send_stop)
-                while not run.finished:
-                    run.frame(await _receive(ws))
-                nursery.cancel_scope.cancel()
-        except (OSError, HandshakeError) as exc:
-            detail = one_line(str(exc))
-            raise DaemonUnreachableError(
-                f"no daemon answers at {url}: start one with `navi serve`"
-                + (f" ({detail})" if detail else "")
-            ) from None
-        except ConnectionClosed:
-            raise DaemonUnreachableError(
-                f"the daemon at {url} closed the connection before the run ended: "
-                f"`navi sessions history {req.session_id}` shows what it saved"
-            ) from None
-    if outer.cancelled_caught and outcome.signal is None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stopper.watch, signals)
+            await follow_remote(
+                url, token, run, lambda f: decide_approval(f, err, interactive=_interactive()),
+                on_welcome=lambda: print(f"session: {req.session_id}", file=err, flush=True),
+            )  # fmt: skip
+            nursery.cancel_scope.cancel()
+    if (outer.cancelled_caught or run.abandoned) and outcome.signal is None:
         outcome.signal = signal.SIGINT
     return outcome
 
 
-def daemon_target(args: argparse.Namespace, settings: Settings) -> tuple[str, str] | None:
-    """(url, token) of the daemon to run in, or None for an embedded runtime."""
-    from navi_trio.api.auth import read_local_token, resolve_token
+@attrs.frozen
+class RunTarget:
+    """Where runs go: the daemon asked for (`url`), else the local one when it answers
+    and a token is at hand, else this process (`daemon()` is None)."""
 
+    url: str | None  # --url: that daemon, none answering is an error
+    token: str | None  # --token
+    data_dir: Path
+    embedded: bool  # an option configures a runtime in this process
+
+    async def daemon(self) -> tuple[str, str] | None:
+        """(url, token) of the daemon to run in, or None for an embedded runtime."""
+        from navi_trio.api.auth import read_local_token, resolve_token
+
+        if self.url is not None:
+            return self.url, resolve_token(self.token, self.data_dir, dict(os.environ))
+        if self.embedded:
+            return None
+        token = self.token or os.environ.get("NAVI_TOKEN") or read_local_token(self.data_dir)
+        if not token:
+            return None  # no local daemon ever wrote its token here: do not even look
+        if not await daemon_answers(DEFAULT_URL, PROBE_TIMEOUT):
+            return None
+        return DEFAULT_URL, token
+
+
+def run_target(args: argparse.Namespace, settings: Settings) -> RunTarget:
+    """The `RunTarget` of the options; --url with an embedded-runtime option is refused."""
     explicit = args.url is not None
     embedded = [o for o in _EMBEDDED_OPTIONS if getattr(args, o, None) not in (None, False)]
     if explicit and embedded:
@@ -500,16 +593,12 @@ def daemon_target(args: argparse.Namespace, settings: Settings) -> tuple[str, st
         raise UsageError(
             f"--url runs the turn in the daemon, which has its own settings: drop {names} or --url"
         )
-    if explicit:
-        return args.url, resolve_token(args.token, settings.data_dir, dict(os.environ))
-    if embedded:
-        return None
-    token = args.token or os.environ.get("NAVI_TOKEN") or read_local_token(settings.data_dir)
-    if not token:
-        return None  # no local daemon ever wrote its token here: do not even look
-    if not trio.run(daemon_answers, DEFAULT_URL, PROBE_TIMEOUT):
-        return None
-    return DEFAULT_URL, token
+    return RunTarget(args.url, args.token, settings.data_dir, bool(embedded))
+
+
+def daemon_target(args: argparse.Namespace, settings: Settings) -> tuple[str, str] | None:
+    """(url, token) of the daemon to run in, or None for an embedded runtime."""
+    return trio.run(run_target(args, settings).daemon)
 
 
 # ------------------------------------------------------------------ the command
