@@ -1,0 +1,58 @@
+"""Start-up stays light: heavy modules are imported where they are first needed.
+
+`navi run` must reach the LLM within 300 ms (issue 11), and most of that is imports.
+Each check runs in a fresh interpreter (this one has imported everything already) and
+lists which of the heavy modules an import pulled in:
+
+- numpy (~50 ms): sqlite-utils imports it when installed (navi_trio/imports.py);
+  llama-cpp-python needs it, on use only;
+- rich, pygments: httpx's command-line client pulls them (the chat client uses rich);
+- tiktoken: the cl100k encoding loads in a worker thread after the first request;
+- mcp: the MCP client library, only when an MCP server is configured;
+- trio_websocket (the `navi run` path only): the embedded run never talks WebSocket.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("numpy", "rich", "pygments", "tiktoken", "mcp")
+TIMEOUT = 60
+
+
+def imported_by(statement: str, names: tuple[str, ...]) -> list[str]:
+    """Which of `names` are in sys.modules after `statement`, in a fresh interpreter."""
+    code = f"import json, sys\n{statement}\nprint(json.dumps([n for n in {names!r} "
+    code += "if n in sys.modules]))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert done.returncode == 0, done.stderr
+    found: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
+def test_the_navi_command_imports_no_heavy_module() -> None:
+    assert imported_by("import navi_trio.cli", HEAVY) == []
+
+
+def test_the_embedded_run_path_imports_no_heavy_module() -> None:
+    # What `navi run` imports before its first LLM request (cli_run.run_embedded).
+    statement = "import navi_trio.cli, navi_trio.cli_run, navi_trio.runtime"
+    assert imported_by(statement, (*HEAVY, "trio_websocket")) == []
+
+
+def test_a_module_hidden_from_sqlite_utils_is_importable_afterwards() -> None:
+    # The local backend (llama-cpp-python) needs numpy after the store has loaded.
+    pytest.importorskip("numpy")
+    statement = "import navi_trio.store, numpy"
+    assert imported_by(statement, ("numpy", "sqlite_utils")) == ["numpy", "sqlite_utils"]
+
+
+def test_httpx_works_without_its_command_line_client() -> None:
+    statement = "import navi_trio.llm, httpx; assert httpx.AsyncClient and httpx.Timeout"
+    assert imported_by(statement, ("httpx", "httpx._main", "click")) == ["httpx"]
