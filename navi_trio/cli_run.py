@@ -66,9 +66,9 @@ from navi_trio.events import (
     WarningEvent,
     event_from_dict,
 )
+from navi_trio.llm.factory import ClientInThread, make_backend
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
-from navi_trio.store.sqlite import check_session_id
 
 if TYPE_CHECKING:
     from navi_trio.core.session_actor import SessionActor
@@ -337,14 +337,23 @@ async def _follow(
 async def run_embedded(
     settings: Settings, source: ConfigSource, req: RunRequest, out: TextIO, err: TextIO
 ) -> RunOutcome:
-    # Imported here so `navi --help` and `navi doctor` stay light.
+    # The LLM's HTTP client is built in a thread while this one imports the runtime
+    # (imported here so `navi --help` and `navi doctor` stay light): start-up overlaps.
+    local = settings.llm_backend.strip().lower() == "local"
+    building = None if local else ClientInThread(settings)
     from navi_trio.runtime import open_runtime
 
+    client = None if building is None else await building.client()
+    backend = None if client is None else make_backend(settings, client)
     outcome = RunOutcome()
     printer = _Printer(req.as_json, outcome, out, err)
     with trio.CancelScope() as outer, trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         stopper = _StopHandler(outcome, outer, err)
-        async with open_runtime(settings, config=source) as rt, trio.open_nursery() as nursery:
+        async with (
+            client if client is not None else contextlib.nullcontext(),
+            open_runtime(settings, config=source, backend=backend) as rt,
+            trio.open_nursery() as nursery,
+        ):
             nursery.start_soon(stopper.watch, signals)
             print(f"session: {req.session_id}", file=err, flush=True)
 
@@ -517,6 +526,8 @@ def daemon_target(args: argparse.Namespace, settings: Settings) -> tuple[str, st
 
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.session is not None:
+        from navi_trio.store.sqlite import check_session_id  # the store: imported on use
+
         try:
             check_session_id(args.session)
         except StoreError as exc:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 import pytest
+import trio
 
 HEAVY = ("numpy", "rich", "pygments", "tiktoken", "mcp")
 TIMEOUT = 60
@@ -46,6 +47,14 @@ def test_the_embedded_run_path_imports_no_heavy_module() -> None:
     assert imported_by(statement, (*HEAVY, "trio_websocket")) == []
 
 
+def test_the_store_and_core_are_imported_while_the_http_client_builds() -> None:
+    # cmd_run reads the settings and the token file first; the store and the agent
+    # come with the runtime, imported while ClientInThread loads the CA certificates.
+    statement = "import navi_trio.cli, navi_trio.cli_run, navi_trio.api.auth"
+    late = ("sqlite_utils", "navi_trio.store", "navi_trio.core.agent", "navi_trio.runtime")
+    assert imported_by(statement, late) == []
+
+
 def test_a_module_hidden_from_sqlite_utils_is_importable_afterwards() -> None:
     # The local backend (llama-cpp-python) needs numpy after the store has loaded.
     pytest.importorskip("numpy")
@@ -56,3 +65,30 @@ def test_a_module_hidden_from_sqlite_utils_is_importable_afterwards() -> None:
 def test_httpx_works_without_its_command_line_client() -> None:
     statement = "import navi_trio.llm, httpx; assert httpx.AsyncClient and httpx.Timeout"
     assert imported_by(statement, ("httpx", "httpx._main", "click")) == ["httpx"]
+
+
+async def test_the_client_built_in_a_thread_is_handed_over() -> None:
+    from navi_trio.llm.factory import ClientInThread
+    from navi_trio.settings import Settings
+
+    building = ClientInThread(Settings.from_env({}, llm_connect_timeout=3.5))
+    with trio.fail_after(TIMEOUT):
+        client = await building.client()
+        async with client:
+            assert client.timeout.connect == 3.5 and client.timeout.read is None
+            assert await building.client() is client
+
+
+async def test_a_failure_building_the_client_is_raised_in_the_caller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from navi_trio.llm import factory
+    from navi_trio.settings import Settings
+
+    def broken(settings: Settings) -> None:
+        raise ValueError("no certificates here")
+
+    monkeypatch.setattr(factory, "make_client", broken)
+    building = factory.ClientInThread(Settings.from_env({}))
+    with trio.fail_after(TIMEOUT), pytest.raises(ValueError, match="no certificates here"):
+        await building.client()
