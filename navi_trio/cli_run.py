@@ -51,6 +51,7 @@ from navi_trio.cli_common import (
     DEBUG_HINT,
     EXIT_ERROR,
     EXIT_OK,
+    InThread,
     UsageError,
     config_source,
     llm_settings,
@@ -66,9 +67,10 @@ from navi_trio.events import (
     WarningEvent,
     event_from_dict,
 )
-from navi_trio.llm.factory import ClientInThread, make_backend
+from navi_trio.llm.factory import make_backend, make_client
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
+from navi_trio.tools.sandbox import sandbox_available
 
 if TYPE_CHECKING:
     from navi_trio.core.session_actor import SessionActor
@@ -337,14 +339,17 @@ async def _follow(
 async def run_embedded(
     settings: Settings, source: ConfigSource, req: RunRequest, out: TextIO, err: TextIO
 ) -> RunOutcome:
-    # The LLM's HTTP client is built in a thread while this one imports the runtime
-    # (imported here so `navi --help` and `navi doctor` stay light): start-up overlaps.
+    # The LLM's HTTP client is built and the sandbox probed (open_runtime's probe then
+    # finds the answer cached) in threads while this one imports the runtime (imported
+    # here so `navi --help` and `navi doctor` stay light).
     local = settings.llm_backend.strip().lower() == "local"
-    building = None if local else ClientInThread(settings)
+    building = None if local else InThread(make_client, settings)
+    probing = InThread(sandbox_available, settings.bwrap_path)
     from navi_trio.runtime import open_runtime
 
-    client = None if building is None else await building.client()
+    client = None if building is None else await building.result()
     backend = None if client is None else make_backend(settings, client)
+    await probing.result()
     outcome = RunOutcome()
     printer = _Printer(req.as_json, outcome, out, err)
     with trio.CancelScope() as outer, trio.open_signal_receiver(*STOP_SIGNALS) as signals:

@@ -49,7 +49,7 @@ def test_the_embedded_run_path_imports_no_heavy_module() -> None:
 
 def test_the_store_and_core_are_imported_while_the_http_client_builds() -> None:
     # cmd_run reads the settings and the token file first; the store and the agent
-    # come with the runtime, imported while ClientInThread loads the CA certificates.
+    # come with the runtime, imported while threads build the HTTP client and probe bwrap.
     statement = "import navi_trio.cli, navi_trio.cli_run, navi_trio.api.auth"
     late = ("sqlite_utils", "navi_trio.store", "navi_trio.core.agent", "navi_trio.runtime")
     assert imported_by(statement, late) == []
@@ -68,27 +68,23 @@ def test_httpx_works_without_its_command_line_client() -> None:
 
 
 async def test_the_client_built_in_a_thread_is_handed_over() -> None:
-    from navi_trio.llm.factory import ClientInThread
+    from navi_trio.cli_common import InThread
+    from navi_trio.llm.factory import make_client
     from navi_trio.settings import Settings
 
-    building = ClientInThread(Settings.from_env({}, llm_connect_timeout=3.5))
+    building = InThread(make_client, Settings.from_env({}, llm_connect_timeout=3.5))
     with trio.fail_after(TIMEOUT):
-        client = await building.client()
+        client = await building.result()
         async with client:
             assert client.timeout.connect == 3.5 and client.timeout.read is None
-            assert await building.client() is client
+            assert await building.result() is client
 
 
-async def test_a_failure_building_the_client_is_raised_in_the_caller(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from navi_trio.llm import factory
-    from navi_trio.settings import Settings
+async def test_a_failure_in_the_thread_is_raised_in_the_caller() -> None:
+    from navi_trio.cli_common import InThread
 
-    def broken(settings: Settings) -> None:
+    def broken() -> None:
         raise ValueError("no certificates here")
 
-    monkeypatch.setattr(factory, "make_client", broken)
-    building = factory.ClientInThread(Settings.from_env({}))
     with trio.fail_after(TIMEOUT), pytest.raises(ValueError, match="no certificates here"):
-        await building.client()
+        await InThread(broken).result()

@@ -8,7 +8,6 @@ get either.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 
 import attrs
@@ -31,36 +30,6 @@ def make_client(settings: Settings) -> httpx.AsyncClient:
     (first_chunk_timeout / chunk_timeout), which is the layer that knows about prefill.
     """
     return httpx.AsyncClient(timeout=httpx.Timeout(None, connect=settings.llm_connect_timeout))
-
-
-class ClientInThread:
-    """`make_client` in a worker thread started at once; `client()` awaits it.
-
-    Building the client loads the CA certificates (~25 ms, mostly outside the GIL), which
-    then overlaps with what the caller does meanwhile: `navi run` imports the runtime.
-    """
-
-    def __init__(self, settings: Settings) -> None:
-        self._client: httpx.AsyncClient | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._build, args=(settings,), name="navi-http-client", daemon=True
-        )
-        self._thread.start()
-
-    def _build(self, settings: Settings) -> None:
-        try:
-            self._client = make_client(settings)
-        except BaseException as exc:  # raised again in the caller's task by `client()`
-            self._error = exc
-
-    async def client(self) -> httpx.AsyncClient:
-        if self._thread.is_alive():
-            await trio.to_thread.run_sync(self._thread.join)
-        if self._error is not None:
-            raise self._error
-        assert self._client is not None
-        return self._client
 
 
 def make_backend(settings: Settings, client: httpx.AsyncClient) -> LLMBackend:
