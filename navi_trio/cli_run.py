@@ -347,9 +347,9 @@ async def run_embedded(
     probing = InThread(sandbox_available, settings.bwrap_path)
     from navi_trio.runtime import open_runtime
 
+    await probing.result()  # first: it never raises, so both threads are joined
     client = None if building is None else await building.result()
     backend = None if client is None else make_backend(settings, client)
-    await probing.result()
     outcome = RunOutcome()
     printer = _Printer(req.as_json, outcome, out, err)
     with trio.CancelScope() as outer, trio.open_signal_receiver(*STOP_SIGNALS) as signals:
