@@ -12,7 +12,9 @@ dependencies import heavy optional modules at import time that navi never uses:
 `import_hiding` imports such a module while those names look absent (``None`` in
 `sys.modules`, which makes their import raise ImportError, which both libraries catch),
 then makes them importable again: llama-cpp-python still gets numpy when the local
-backend loads. A hidden module that is already imported is left alone.
+backend loads. A hidden module that is already imported is left alone. Meant for import
+time (store/__init__.py, llm/__init__.py): another thread importing a hidden module at
+that very moment would find it "not installed".
 """
 
 from __future__ import annotations

@@ -14,10 +14,14 @@ lists which of the heavy modules an import pulled in:
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
@@ -88,3 +92,33 @@ async def test_a_failure_in_the_thread_is_raised_in_the_caller() -> None:
 
     with trio.fail_after(TIMEOUT), pytest.raises(ValueError, match="no certificates here"):
         await InThread(broken).result()
+
+
+async def test_navi_run_builds_its_http_client_in_a_thread_and_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from navi_trio import cli_run
+    from navi_trio.settings import Settings
+    from navi_trio.testing.fake_llm import open_fake_llm
+
+    on_main_thread: list[bool] = []
+    real = cli_run.make_client
+
+    def recording(settings: Settings) -> httpx.AsyncClient:
+        on_main_thread.append(threading.current_thread() is threading.main_thread())
+        return real(settings)
+
+    monkeypatch.setattr(cli_run, "make_client", recording)
+    out, err = io.StringIO(), io.StringIO()
+    with trio.fail_after(TIMEOUT):
+        async with open_fake_llm([{"text": "hello"}]) as llm:
+            settings = Settings.from_env(
+                {}, db_path=tmp_path / "navi.db", data_dir=tmp_path, llm_url=llm.url,
+                llm_backend="ollama",
+            )  # fmt: skip
+            req = cli_run.RunRequest("s-start", "hi", tmp_path, None, False)
+            source = cli_run.config_source(settings)
+            outcome = await cli_run.run_embedded(settings, source, req, out, err)
+    assert on_main_thread == [False], "the client was not built by run_embedded's thread"
+    assert outcome.end is not None and outcome.end.reason == "complete", err.getvalue()
+    assert out.getvalue() == "hello\n"
