@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Generic, TextIO, TypeVar
 
 import attrs
 import trio
@@ -25,6 +27,8 @@ from navi_trio.llm.factory import (
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
 
+T = TypeVar("T")
+
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -33,6 +37,34 @@ DEBUG_HINT = "(run with NAVI_DEBUG=1 for the traceback)"
 
 class UsageError(Exception):
     """Bad command-line arguments (argparse's own exit is replaced by this)."""
+
+
+class InThread(Generic[T]):
+    """A blocking call started in a worker thread at once; `result()` awaits it.
+
+    Start-up runs slow set-up this way while the trio thread imports what follows (`navi
+    run`: the LLM's HTTP client loading the CA certificates, the sandbox probe running
+    bwrap; both wait mostly outside the GIL). The caller awaits `result()` on its way.
+    """
+
+    def __init__(self, fn: Callable[..., T], *args: Any) -> None:
+        self._value: T | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._call, args=(fn, *args), daemon=True)
+        self._thread.start()
+
+    def _call(self, fn: Callable[..., T], *args: Any) -> None:
+        try:
+            self._value = fn(*args)
+        except BaseException as exc:  # raised again in the caller's task by `result()`
+            self._error = exc
+
+    async def result(self) -> T:
+        if self._thread.is_alive():
+            await trio.to_thread.run_sync(self._thread.join)
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]  # set when no error was
 
 
 def one_line(text: str) -> str:

@@ -51,6 +51,7 @@ from navi_trio.cli_common import (
     DEBUG_HINT,
     EXIT_ERROR,
     EXIT_OK,
+    InThread,
     UsageError,
     config_source,
     llm_settings,
@@ -66,9 +67,10 @@ from navi_trio.events import (
     WarningEvent,
     event_from_dict,
 )
+from navi_trio.llm.factory import make_backend, make_client
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
-from navi_trio.store.sqlite import check_session_id
+from navi_trio.tools.sandbox import sandbox_available
 
 if TYPE_CHECKING:
     from navi_trio.core.session_actor import SessionActor
@@ -389,14 +391,26 @@ async def follow_in_runtime(
 async def run_embedded(
     settings: Settings, source: ConfigSource, req: RunRequest, out: TextIO, err: TextIO
 ) -> RunOutcome:
-    # Imported here so `navi --help` and `navi doctor` stay light.
+    # The LLM's HTTP client is built and the sandbox probed (open_runtime's probe then
+    # finds the answer cached) in threads while this one imports the runtime (imported
+    # here so `navi --help` and `navi doctor` stay light).
+    local = settings.llm_backend.strip().lower() == "local"
+    building = None if local else InThread(make_client, settings)
+    probing = InThread(sandbox_available, settings.bwrap_path)
     from navi_trio.runtime import open_runtime
 
+    await probing.result()  # first: it never raises, so both threads are joined
+    client = None if building is None else await building.result()
+    backend = None if client is None else make_backend(settings, client)
     outcome = RunOutcome()
     printer = _Printer(req.as_json, outcome, out, err)
     with trio.CancelScope() as outer, trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         stopper = _StopHandler(outcome, outer, err)
-        async with open_runtime(settings, config=source) as rt, trio.open_nursery() as nursery:
+        async with (
+            client if client is not None else contextlib.nullcontext(),
+            open_runtime(settings, config=source, backend=backend) as rt,
+            trio.open_nursery() as nursery,
+        ):
             nursery.start_soon(stopper.watch, signals)
             print(f"session: {req.session_id}", file=err, flush=True)
 
@@ -606,6 +620,8 @@ def daemon_target(args: argparse.Namespace, settings: Settings) -> tuple[str, st
 
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.session is not None:
+        from navi_trio.store.sqlite import check_session_id  # the store: imported on use
+
         try:
             check_session_id(args.session)
         except StoreError as exc:

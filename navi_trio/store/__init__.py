@@ -5,6 +5,8 @@ implementation (one SQLite file, WAL, one worker thread). A PostgreSQL store wou
 new module implementing the same protocol.
 """
 
+# First: sqlite-utils without numpy, before the modules below import it (its docstring).
+from navi_trio.store import _sqlite_utils as _sqlite_utils
 from navi_trio.store.base import LeaseRow as LeaseRow
 from navi_trio.store.base import LoadedSession as LoadedSession
 from navi_trio.store.base import SessionRow as SessionRow

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import select
-import socket
 import statistics
 import subprocess
 import sys
@@ -261,54 +260,15 @@ def bench_whatif(reps: int) -> Any:
 
 
 def bench_startup(tries: int) -> Any:
-    """`navi serve` until it accepts; `navi run` until its first byte reaches the LLM."""
-    navi = str(VENV / "bin" / "navi")
-    serve, first = [], []
-    for _ in range(tries):
-        with tempfile.TemporaryDirectory() as tmp:
-            env = {**os.environ, "NAVI_DB": f"{tmp}/navi.db", "NAVI_DATA_DIR": f"{tmp}/d",
-                   "OLLAMA_HOST": "http://127.0.0.1:9"}  # fmt: skip
-            t0 = time.perf_counter()
-            proc = subprocess.Popen(
-                [navi, "serve", "--port", "0"], env=env, stdout=subprocess.PIPE, text=True,
-                stderr=subprocess.DEVNULL,
-            )  # fmt: skip
-            try:
-                assert proc.stdout is not None
-                ready, _, _ = select.select([proc.stdout], [], [], 30)
-                line = proc.stdout.readline() if ready else ""
-                if "listening on ws://" in line:
-                    port = int(line.rsplit(":", 1)[1].strip("/\n"))
-                    with socket.create_connection(("127.0.0.1", port), timeout=5):
-                        serve.append(time.perf_counter() - t0)
-            finally:
-                proc.terminate()
-                proc.wait(10)
-            # A one-shot listener stands in for the LLM: the time of the first request.
-            with socket.socket() as lsock:
-                lsock.bind(("127.0.0.1", 0))
-                lsock.listen()
-                env["OLLAMA_HOST"] = f"http://127.0.0.1:{lsock.getsockname()[1]}"
-                t0 = time.perf_counter()
-                proc = subprocess.Popen(
-                    [navi, "run", "hi"], env=env, stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )  # fmt: skip
-                try:
-                    lsock.settimeout(30)
-                    conn, _ = lsock.accept()
-                    with conn:
-                        conn.settimeout(30)
-                        data = conn.recv(4096)
-                        if data:
-                            first.append(time.perf_counter() - t0)
-                finally:
-                    proc.kill()
-                    proc.wait(10)
-    return {
-        "serve_accepting_ms": [round(s * 1000, 1) for s in serve],
-        "run_first_request_ms": [round(s * 1000, 1) for s in first],
-    }
+    """`navi serve` until it accepts; `navi run` until its first byte reaches the LLM.
+
+    startup.py beside this file: fresh data each try, after one warm-up, from bytecode.
+    """
+    from startup import measure  # noqa: I001  (beside this file)
+
+    navi = VENV / "bin" / "navi"  # without the bench venv: this Python, this checkout
+    cmd = [str(navi)] if navi.exists() else [sys.executable, "-m", "navi_trio"]
+    return measure(cmd, tries, cwd=str(REPO))
 
 
 def main() -> int:
@@ -352,7 +312,7 @@ def main() -> int:
     if want("whatif"):
         res["whatif"] = bench_whatif(1 if q else 5)
     if want("start"):
-        res["startup"] = bench_startup(2 if q else 5)
+        res["startup"] = bench_startup(3 if q else 11)
     res["seconds"] = round(time.perf_counter() - t0, 1)
     res["loadavg"] = [load0, [round(x, 2) for x in os.getloadavg()], os.cpu_count()]
     a.out.mkdir(parents=True, exist_ok=True)

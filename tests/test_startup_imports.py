@@ -1,0 +1,124 @@
+"""Start-up stays light: heavy modules are imported where they are first needed.
+
+`navi run` must reach the LLM within 300 ms (issue 11), and most of that is imports.
+Each check runs in a fresh interpreter (this one has imported everything already) and
+lists which of the heavy modules an import pulled in:
+
+- numpy (~50 ms): sqlite-utils imports it when installed (navi_trio/imports.py);
+  llama-cpp-python needs it, on use only;
+- rich, pygments: httpx's command-line client pulls them (the chat client uses rich);
+- tiktoken: the cl100k encoding loads in a worker thread after the first request;
+- mcp: the MCP client library, only when an MCP server is configured;
+- trio_websocket (the `navi run` path only): the embedded run never talks WebSocket.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+HEAVY = ("numpy", "rich", "pygments", "tiktoken", "mcp")
+TIMEOUT = 60
+
+
+def imported_by(statement: str, names: tuple[str, ...]) -> list[str]:
+    """Which of `names` are in sys.modules after `statement`, in a fresh interpreter."""
+    code = f"import json, sys\n{statement}\nprint(json.dumps([n for n in {names!r} "
+    code += "if n in sys.modules]))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert done.returncode == 0, done.stderr
+    found: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
+def test_the_navi_command_imports_no_heavy_module() -> None:
+    assert imported_by("import navi_trio.cli", HEAVY) == []
+
+
+def test_the_embedded_run_path_imports_no_heavy_module() -> None:
+    # What `navi run` imports before its first LLM request (cli_run.run_embedded).
+    statement = "import navi_trio.cli, navi_trio.cli_run, navi_trio.runtime"
+    assert imported_by(statement, (*HEAVY, "trio_websocket")) == []
+
+
+def test_the_store_and_core_are_imported_while_the_http_client_builds() -> None:
+    # cmd_run reads the settings and the token file first; the store and the agent
+    # come with the runtime, imported while threads build the HTTP client and probe bwrap.
+    statement = "import navi_trio.cli, navi_trio.cli_run, navi_trio.api.auth"
+    late = ("sqlite_utils", "navi_trio.store", "navi_trio.core.agent", "navi_trio.runtime")
+    assert imported_by(statement, late) == []
+
+
+def test_a_module_hidden_from_sqlite_utils_is_importable_afterwards() -> None:
+    # The local backend (llama-cpp-python) needs numpy after the store has loaded.
+    pytest.importorskip("numpy")
+    statement = "import navi_trio.store, numpy"
+    assert imported_by(statement, ("numpy", "sqlite_utils")) == ["numpy", "sqlite_utils"]
+
+
+def test_httpx_works_without_its_command_line_client() -> None:
+    statement = "import navi_trio.llm, httpx; assert httpx.AsyncClient and httpx.Timeout"
+    assert imported_by(statement, ("httpx", "httpx._main", "click")) == ["httpx"]
+
+
+async def test_the_client_built_in_a_thread_is_handed_over() -> None:
+    from navi_trio.cli_common import InThread
+    from navi_trio.llm.factory import make_client
+    from navi_trio.settings import Settings
+
+    building = InThread(make_client, Settings.from_env({}, llm_connect_timeout=3.5))
+    with trio.fail_after(TIMEOUT):
+        client = await building.result()
+        async with client:
+            assert client.timeout.connect == 3.5 and client.timeout.read is None
+            assert await building.result() is client
+
+
+async def test_a_failure_in_the_thread_is_raised_in_the_caller() -> None:
+    from navi_trio.cli_common import InThread
+
+    def broken() -> None:
+        raise ValueError("no certificates here")
+
+    with trio.fail_after(TIMEOUT), pytest.raises(ValueError, match="no certificates here"):
+        await InThread(broken).result()
+
+
+async def test_navi_run_builds_its_http_client_in_a_thread_and_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from navi_trio import cli_run
+    from navi_trio.settings import Settings
+    from navi_trio.testing.fake_llm import open_fake_llm
+
+    on_main_thread: list[bool] = []
+    real = cli_run.make_client
+
+    def recording(settings: Settings) -> httpx.AsyncClient:
+        on_main_thread.append(threading.current_thread() is threading.main_thread())
+        return real(settings)
+
+    monkeypatch.setattr(cli_run, "make_client", recording)
+    out, err = io.StringIO(), io.StringIO()
+    with trio.fail_after(TIMEOUT):
+        async with open_fake_llm([{"text": "hello"}]) as llm:
+            settings = Settings.from_env(
+                {}, db_path=tmp_path / "navi.db", data_dir=tmp_path, llm_url=llm.url,
+                llm_backend="ollama",
+            )  # fmt: skip
+            req = cli_run.RunRequest("s-start", "hi", tmp_path, None, False)
+            source = cli_run.config_source(settings)
+            outcome = await cli_run.run_embedded(settings, source, req, out, err)
+    assert on_main_thread == [False], "the client was not built by run_embedded's thread"
+    assert outcome.end is not None and outcome.end.reason == "complete", err.getvalue()
+    assert out.getvalue() == "hello\n"
