@@ -25,16 +25,12 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
-from trio_websocket import (
-    ConnectionClosed,
-    HandshakeError,
-    WebSocketConnection,
-    connect_websocket_url,
-    open_websocket_url,
-)
+
+if TYPE_CHECKING:  # trio_websocket is imported on first use: `navi run` never needs it
+    from trio_websocket import WebSocketConnection
 
 from navi_trio.api.protocol import Frame, encode
 from navi_trio.tools.peer import PeerError, PeerRefusedError, PeerUnreachableError
@@ -53,6 +49,8 @@ def _drop(exc: BaseException) -> bool:
     """Whether `exc` (maybe a group of them) says the connection could not be made."""
     if isinstance(exc, BaseExceptionGroup):
         return all(_drop(e) for e in exc.exceptions)
+    from trio_websocket import ConnectionClosed, HandshakeError
+
     return isinstance(exc, OSError | HandshakeError | ConnectionClosed)
 
 
@@ -112,6 +110,8 @@ class _Run:
 
 
 async def _send_frame(ws: WebSocketConnection, frame: Frame) -> None:
+    from trio_websocket import ConnectionClosed
+
     try:
         await ws.send_message(encode(frame))
     except ConnectionClosed as exc:
@@ -119,6 +119,8 @@ async def _send_frame(ws: WebSocketConnection, frame: Frame) -> None:
 
 
 async def _receive(ws: WebSocketConnection) -> Frame:
+    from trio_websocket import ConnectionClosed
+
     try:
         text = await ws.get_message()
     except ConnectionClosed as exc:
@@ -161,6 +163,8 @@ class WsPeerLink:
     ) -> AsyncIterator[_Run]:
         if self._nursery is None:
             raise PeerError("the peer link is not running (the daemon is stopping)")
+        from trio_websocket import connect_websocket_url
+
         nursery = self._nursery
         scope = trio.CancelScope()  # the connection's: cancelled when we are done
 
@@ -252,6 +256,8 @@ def _reason(exc: BaseException) -> str:
 
 async def check_peer(url: str, token: str, timeout: float = 3.0) -> str | None:  # noqa: ASYNC109
     """None when the peer at `url` accepts `token`; else why not (for `navi doctor`)."""
+    from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
+
     try:
         with trio.fail_after(timeout):
             async with open_websocket_url(url, connect_timeout=timeout) as ws:
