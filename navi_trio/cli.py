@@ -6,6 +6,7 @@
     navi compact --session ID [--db PATH] [--config PATH] [--llm-url URL] [--backend B]
     navi chat [--url URL] [--session ID] [--profile P] [--token T] [--local [--model-file PATH]]
     navi serve | users | sessions | tasks        (the daemon: see cli_daemon.py)
+    navi mcp list [--config PATH]                (MCP servers: see cli_mcp.py)
 
 `main` parses the arguments, runs the subcommand under `trio.run` and turns every
 failure into one line ``navi: error: ...`` on stderr and a non-zero exit code (1; 128 +
@@ -43,6 +44,7 @@ from navi_trio.cli_common import load_settings as load_settings
 from navi_trio.cli_common import one_line as one_line
 from navi_trio.cli_daemon import COMMANDS as DAEMON_COMMANDS
 from navi_trio.cli_daemon import add_parsers as add_daemon_parsers
+from navi_trio.cli_mcp import add_mcp_parser, cmd_mcp
 from navi_trio.errors import NaviError
 from navi_trio.events import ErrorEvent
 from navi_trio.llm.factory import (
@@ -145,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
     _add_local_options(chat)
     add_daemon_parsers(sub, _add_endpoint_options)
+    add_mcp_parser(sub)
     return parser
 
 
@@ -270,6 +273,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
     "run": cmd_run,
     "compact": cmd_compact,
     "chat": cmd_chat,
+    "mcp": cmd_mcp,
     **DAEMON_COMMANDS,
 }
 
