@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -329,6 +331,25 @@ async def test_a_crashed_server_restarts_and_its_tools_say_so_meanwhile(
             assert results(frames) == [(True, "survived: this is the restarted server")]
 
 
+async def test_a_server_killed_between_calls_is_noticed_and_restarted(
+    tmp_path: Path, events: ServerEvents
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path,
+            replies=[call("mcp__demo__spawn"), {"text": "pid"},
+                     call("mcp__demo__echo", text="back"), {"text": "ok"}],
+            config=mcp_config({"demo": stdio_entry()}),
+        ) as h:  # fmt: skip
+            [(ok, out)] = results(await h.turn("s1", "your pid?"))
+            server = json.loads(out)["server"]
+            actor = h.runtime.mcp.server("demo")
+            assert actor is not None and actor.starts == 1
+            os.kill(server, signal.SIGKILL)  # no call is running: the actor must see it
+            await actor.until("ready", starts=2)
+            assert results(await h.turn("s1", "again")) == [(True, "echo: back")]
+
+
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_stop_mid_call_cancels_the_request_on_the_server(
     tmp_path: Path, transport: str, events: ServerEvents
@@ -412,6 +433,32 @@ async def test_an_mcp_call_asks_by_default_then_runs_or_is_denied(
                     assert not ok and "the user denied it" in out
             assert events.lines.count("echo approved") == 1
             assert "echo denied" not in events.lines
+
+
+async def test_a_server_with_background_true_offers_background_calls(
+    tmp_path: Path, events: ServerEvents
+) -> None:
+    servers = {"demo": stdio_entry(background=True), "fg": stdio_entry()}
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path,
+            replies=[call("mcp__demo__echo", text="later", background=True), {"text": "queued"}],
+            config=mcp_config(
+                servers, policy={"rules": [{"tool": "mcp__*", "decision": "allow"}]}
+            ),
+        ) as h:
+            frames = await h.turn("s1", "in the background please")
+            offered = {t["function"]["name"]: t["function"] for t in h.chat_requests[0]["tools"]}
+            assert "background" in offered["mcp__demo__echo"]["parameters"]["properties"]
+            assert "background" not in offered["mcp__fg__echo"]["parameters"]["properties"]
+            [(ok, out)] = results(frames)
+            task_id = json.loads(out)["task_id"]
+            assert ok and task_id
+            supervisor = h.runtime.supervisor
+            assert await supervisor.wait("s1", task_id, TIMEOUT)
+            job = supervisor.get("s1", task_id)
+            assert job is not None and job.result is not None
+            assert (job.result.ok, job.result.output) == (True, "echo: later")
 
 
 def _alive(pid: int) -> bool:
