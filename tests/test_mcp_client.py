@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
