@@ -36,6 +36,7 @@ from navi_trio.tools.base import ToolContext
 from navi_trio.tools.mcp import McpServers
 
 TIMEOUT = 60
+STALL = 10  # real seconds of nothing to do before a mock clock moves on its own
 DEMO = Path(__file__).parent / "mcp_servers" / "demo.py"
 ALLOW = {"rules": [{"tool": "mcp__demo__*", "decision": "allow"}]}
 
@@ -86,11 +87,12 @@ def stdio_entry(**extra: Any) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def http_server(events: ServerEvents) -> AsyncIterator[str]:
+async def http_server(events: ServerEvents, port: int = 0, **env: Any) -> AsyncIterator[str]:
     """The demo server over streamable HTTP in a child process; yields its URL."""
     async with trio.open_nursery() as nursery:
         proc = await trio.lowlevel.open_process(
-            [sys.executable, str(DEMO), "--http"],
+            [sys.executable, str(DEMO), "--http", "--port", str(port)],
+            env={**os.environ, **{k: str(v) for k, v in env.items()}},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
@@ -350,6 +352,36 @@ async def test_a_server_killed_between_calls_is_noticed_and_restarted(
             assert results(await h.turn("s1", "again")) == [(True, "echo: back")]
 
 
+async def test_an_http_server_that_crashed_is_reconnected_once_it_is_back(
+    tmp_path: Path, events: ServerEvents
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with http_server(events) as url:
+            port = int(url.rsplit(":", 1)[1].split("/")[0])
+            async with open_harness(
+                tmp_path,
+                replies=[
+                    call("mcp__demo__crash"),
+                    call("mcp__demo__echo", text="too soon"),
+                    {"text": "it crashed"},
+                    call("mcp__demo__echo", text="back"),
+                    {"text": "it is back"},
+                ],
+                config=mcp_config({"demo": {"url": url}}),
+            ) as h:
+                frames = await h.turn("s1", "crash it")
+                [(ok1, crashed), (ok2, meanwhile)] = results(frames)
+                assert not ok1 and "closed the connection during the call" in crashed
+                assert not ok2 and "restarting" in meanwhile
+                actor = h.runtime.mcp.server("demo")
+                assert actor is not None
+                # The same URL answers again: the actor's next attempt connects.
+                async with http_server(events, port=port):
+                    await actor.until("ready", starts=2)
+                    frames = await h.turn("s1", "again")
+                    assert results(frames) == [(True, "echo: back")]
+
+
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_stop_mid_call_cancels_the_request_on_the_server(
     tmp_path: Path, transport: str, events: ServerEvents
@@ -371,35 +403,52 @@ async def test_stop_mid_call_cancels_the_request_on_the_server(
             await events.wait_for("hang-cancelled s1")
 
 
+@pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_a_call_past_timeout_sec_fails_and_the_server_is_told(
-    tmp_path: Path, events: ServerEvents, mock_clock: trio.testing.MockClock
+    tmp_path: Path, transport: str, events: ServerEvents, mock_clock: trio.testing.MockClock
 ) -> None:
-    """The clock stands still while the server starts (real I/O), then jumps: the
-    5 s timeout passes in no real time."""
-    cfg = mcp_config({"demo": stdio_entry(timeout_sec=5)}).current
+    """The clock moves only after STALL real seconds with nothing to do (so the
+    absolute timeout still guards each wait on real I/O), and at once while the call
+    hangs: the 5 s timeout passes in no real time."""
+    mock_clock.autojump_threshold = STALL
+    async with demo_servers(transport, events, timeout_sec=5) as servers:
+        await _time_out(tmp_path, servers, events, mock_clock)
+
+
+async def _time_out(
+    tmp_path: Path,
+    servers: dict[str, Any],
+    events: ServerEvents,
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    cfg = mcp_config(servers).current
     settings = Settings.from_env({}, db_path=tmp_path / "db", data_dir=tmp_path / "d")
     ctx = ToolContext(
         session_id="s", session_dir=tmp_path, kv=None,  # type: ignore[arg-type]
         settings=settings, profile=cfg.profile(None), config=cfg,
     )  # fmt: skip
-    servers = McpServers(lambda: cfg)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(servers.run)
-        names = await servers.prepare(cfg.profile(None), lambda _: None)
-        assert "mcp__demo__hang" in names
-        tool = servers.get("mcp__demo__hang")
-        assert tool is not None
-        got: list[Any] = []
+    mcp = McpServers(lambda: cfg)
+    got: list[Any] = []
+    done = trio.Event()
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mcp.run)
+            names = await mcp.prepare(cfg.profile(None), lambda _: None)
+            assert "mcp__demo__hang" in names
+            tool = mcp.get("mcp__demo__hang")
+            assert tool is not None
 
-        async def run_call() -> None:
-            got.append(await tool.execute({"label": "t"}, ctx))
+            async def run_call() -> None:
+                got.append(await tool.execute({"label": "t"}, ctx))
+                done.set()
 
-        nursery.start_soon(run_call)
-        with trio.fail_after(TIMEOUT * 10):  # mock seconds
+            nursery.start_soon(run_call)
             await events.wait_for("hang-started t")
-            mock_clock.autojump_threshold = 0
+            mock_clock.autojump_threshold = 0  # while the call waits: time flies
+            await done.wait()
+            mock_clock.autojump_threshold = STALL  # the cancel notice travels in real time
             await events.wait_for("hang-cancelled t")
-        nursery.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()
     [result] = got
     assert not result.ok and "did not answer hang within 5 s" in result.error
 

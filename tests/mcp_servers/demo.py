@@ -1,11 +1,12 @@
 """An MCP server for tests/test_mcp_client.py, written with the SDK's MCPServer.
 
     python tests/mcp_servers/demo.py            # stdio
-    python tests/mcp_servers/demo.py --http     # streamable HTTP on 127.0.0.1, free port
+    python tests/mcp_servers/demo.py --http [--port N]   # streamable HTTP on 127.0.0.1
 
-Over HTTP the server binds port 0 itself and prints ``PORT <n>`` on stdout once it
-listens, so the test never races for a port. What a test must see the server do (a
-call started, a call cancelled) is written to stderr as ``EVENT <what>`` lines.
+Over HTTP the server binds port N (default 0: a free one) itself and prints
+``PORT <n>`` on stdout once it listens, so the test never races for a port. What a
+test must see the server do (a call started, a call cancelled) is written to stderr
+as ``EVENT <what>`` lines.
 
 Environment: ``DEMO_BIG_SCHEMA=<n>`` adds a tool whose input schema is over n
 characters; ``DEMO_CRASH_ONCE=<file>`` makes ``crash`` exit only while <file> does not
@@ -126,7 +127,8 @@ def main() -> None:
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 0
+    sock.bind(("127.0.0.1", port))
     port = sock.getsockname()[1]
     app = server.streamable_http_app()
     config = uvicorn.Config(app, log_level="warning")

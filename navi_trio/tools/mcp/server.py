@@ -191,7 +191,10 @@ class McpServer:
                 self.settled.set()
                 log.info("MCP server %s ready: %d tool(s)", self.name, len(self.tools))
                 await self._broken.wait()
+                # Calls answer "restarting" from now on, not once the session has closed.
+                self._session = None
                 self.error = "the connection closed (the server exited or dropped it)"
+                self._set("restarting")
         except* trio.TooSlowError:
             self.error = f"no answer within {timeout:g} s while starting"
         except* Exception as group:
@@ -303,7 +306,7 @@ class McpServer:
         from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
         session, broken = self._session, self._broken
-        if session is None or self.state != "ready":
+        if session is None or self.state != "ready" or broken.is_set():
             return ToolResult.fail(self.unavailable())
 
         async def progress(done: float, total: float | None, message: str | None) -> None:
