@@ -448,6 +448,7 @@ async def _time_out(
             await done.wait()
             mock_clock.autojump_threshold = STALL  # the cancel notice travels in real time
             await events.wait_for("hang-cancelled t")
+            mock_clock.autojump_threshold = 0  # the SDK's shutdown polls on the clock
             nursery.cancel_scope.cancel()
     [result] = got
     assert not result.ok and "did not answer hang within 5 s" in result.error
