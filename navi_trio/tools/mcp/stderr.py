@@ -21,8 +21,9 @@ LINES_PER_MINUTE = 300
 
 def open_stderr_pipe() -> tuple[TextIO, trio.lowlevel.FdStream]:
     """(the write end for the child, the read end for `log_lines`)."""
+    # Not inheritable: the spawn puts the write end on the child's fd 2 only, so no other
+    # process started meanwhile holds it (EOF comes when the server's own tree is gone).
     r, w = os.pipe()
-    os.set_inheritable(w, True)
     return os.fdopen(w, "w"), trio.lowlevel.FdStream(r)
 
 
