@@ -257,6 +257,23 @@ async def test_a_tool_error_is_a_failed_result(
             assert "failed on purpose: bad disk" in tool_msg["content"]
 
 
+async def test_a_long_output_is_capped_like_other_tools(
+    tmp_path: Path, events: ServerEvents
+) -> None:
+    long = "word " * 200
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path,
+            replies=[call("mcp__demo__echo", text=long), {"text": "read it"}],
+            config=mcp_config({"demo": stdio_entry()}),
+            tool_output_max_chars=120,
+        ) as h:
+            frames = await h.turn("s1", "say a lot")
+            [(ok, text)] = results(frames)
+            assert ok and "characters cut" in text and len(text) < 200
+            assert text.startswith("echo: word word")
+
+
 async def test_non_text_content_comes_back_as_references(
     tmp_path: Path, events: ServerEvents
 ) -> None:
@@ -377,6 +394,7 @@ async def test_an_http_server_that_crashed_is_reconnected_once_it_is_back(
                 assert actor is not None
                 # The same URL answers again: the actor's next attempt connects.
                 async with http_server(events, port=port):
+                    actor.retry()  # in case it gave up while the server was down
                     await actor.until("ready", starts=2)
                     frames = await h.turn("s1", "again")
                     assert results(frames) == [(True, "echo: back")]
