@@ -572,6 +572,27 @@ async def test_a_server_that_cannot_start_is_reported_and_the_run_goes_on(
             assert "no-such-program" in warning["message"]
 
 
+async def test_stderr_is_logged_line_by_line_within_bounds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from navi_trio.tools.mcp.stderr import LINE_MAX, LINES_PER_MINUTE, log_lines
+
+    r, w = os.pipe()
+    data = "x" * (LINE_MAX + 50) + "\n" + "".join(f"line {i}\n" for i in range(400))
+    logger = logging.getLogger("navi_trio.mcp.stderr")
+    with trio.fail_after(TIMEOUT), caplog.at_level(logging.INFO, logger=logger.name):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(log_lines, trio.lowlevel.FdStream(r), logger, "s")
+            async with trio.lowlevel.FdStream(w) as writer:
+                await writer.send_all(data.encode())
+    infos = [m.getMessage() for m in caplog.records if m.levelno == logging.INFO]
+    assert len(infos) == LINES_PER_MINUTE
+    assert infos[0].endswith("[… 50 characters cut]") and len(infos[0]) < LINE_MAX + 40
+    assert infos[1] == "[s] line 0"
+    [dropped] = [m.getMessage() for m in caplog.records if m.levelno == logging.WARNING]
+    assert f"{401 - LINES_PER_MINUTE} stderr lines not logged" in dropped
+
+
 # -- navi mcp list and navi doctor -------------------------------------------------------
 
 
