@@ -572,6 +572,36 @@ async def test_a_server_that_cannot_start_is_reported_and_the_run_goes_on(
             assert "no-such-program" in warning["message"]
 
 
+async def test_a_changed_entry_gets_a_new_actor_and_a_disabled_one_no_tools(
+    events: ServerEvents,
+) -> None:
+    configs = [
+        mcp_config({"demo": stdio_entry(tools=["echo"])}).current,
+        mcp_config({"demo": stdio_entry(tools=["shout"])}).current,
+        mcp_config({"demo": stdio_entry(tools=["shout"], enabled=False)}).current,
+    ]
+    current = [configs[0]]
+    mcp = McpServers(lambda: current[0])
+    warnings: list[Any] = []
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mcp.run)
+            profile = configs[0].profile(None)
+            assert await mcp.prepare(profile, warnings.append) == ["mcp__demo__echo"]
+            first = mcp.server("demo")
+            assert await mcp.prepare(profile, warnings.append) == ["mcp__demo__echo"]
+            assert mcp.server("demo") is first  # same entry: the same actor
+            current[0] = configs[1]  # a reload changed the entry
+            assert await mcp.prepare(profile, warnings.append) == ["mcp__demo__shout"]
+            assert mcp.server("demo") is not first and first is not None
+            assert first.scope.cancel_called
+            current[0] = configs[2]
+            assert await mcp.prepare(profile, warnings.append) == []
+            assert [s["state"] for s in mcp.status()] == ["disabled"]
+            nursery.cancel_scope.cancel()
+    assert warnings == []
+
+
 async def test_stderr_is_logged_line_by_line_within_bounds(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
