@@ -6,7 +6,8 @@
     navi compact --session ID [--db PATH] [--config PATH] [--llm-url URL] [--backend B]
     navi chat [--url URL] [--session ID] [--profile P] [--token T] [--local [--model-file PATH]]
     navi serve | users | sessions | tasks        (the daemon: see cli_daemon.py)
-    navi mcp serve [--url URL] [--profile P] [--mode M] ...   (see cli_mcp.py)
+    navi mcp list [--config PATH]                (MCP servers: see cli_mcp.py)
+    navi mcp serve [--url URL] [--profile P] [--mode M] ...   (navi as an MCP server)
 
 `main` parses the arguments, runs the subcommand under `trio.run` and turns every
 failure into one line ``navi: error: ...`` on stderr and a non-zero exit code (1; 128 +

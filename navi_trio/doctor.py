@@ -28,6 +28,7 @@ from navi_trio.store.sqlite import read_only_stats
 from navi_trio.tools.sandbox import find_bwrap, sandbox_available
 
 LLM_PING_TIMEOUT = 3.0
+MCP_START_CAP = 15.0  # seconds a server may take to start before the doctor gives up
 
 # Profile flags worth a glance in `navi doctor` (shown when on).
 _FLAGS = (
@@ -330,6 +331,12 @@ async def collect_doctor(
             f"the sandbox is unavailable ({reason}): terminal and code_exec calls in a "
             "sandboxed mode will be refused"
         )
+    report["mcp"] = await _mcp_servers(cfg)
+    for server in report["mcp"]:
+        if not server["ok"]:
+            report["warnings"].append(
+                f"MCP server {server['name']} did not start: {server['error']}"
+            )
     report["settings"] = _settings_info(settings)
     report["daemon"] = {"url": daemon_url, "ok": await daemon_answers(daemon_url)}
     report["peers"] = await _peers(cfg, env) if cfg is not None else []
@@ -359,6 +366,15 @@ async def _peers(cfg: NaviConfig, env: Mapping[str, str]) -> list[dict[str, Any]
             error = str(exc)
         out.append({"name": name, "url": peer.url, "ok": error is None, "error": error})
     return out
+
+
+async def _mcp_servers(cfg: NaviConfig | None) -> list[dict[str, Any]]:
+    """Each configured MCP server, started briefly (`MCP_START_CAP` s at most)."""
+    if cfg is None or not cfg.mcp_servers:
+        return []
+    from navi_trio.tools.mcp import probe  # the SDK loads only when servers exist
+
+    return await probe(cfg, MCP_START_CAP)
 
 
 def _settings_info(settings: Settings) -> dict[str, Any]:
@@ -462,5 +478,9 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
         f"backgroundable {', '.join(s['backgroundable_tools'])}; parallel calls "
         f"{'on' if s['parallel_tool_calls'] else 'off'}; queue {s['message_queue_max']}",
     )
+    for s in r.get("mcp", []):
+        tools = f": {', '.join(s['tools'])}" if s["tools"] else ""
+        state = s["state"] if s["ok"] else f"{s['state']} ({s['error']})"
+        line("mcp", f"{s['name']} ({s['transport']}) {state}{tools}")
     for w in r["warnings"]:
         print(f"warning: {w}", file=out)

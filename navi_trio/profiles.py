@@ -202,6 +202,34 @@ def ssh_problems(ssh: SshConfig | None) -> list[str]:
     return [f"{key}: {name} not found" for key, name in files if not Path(name).is_file()]
 
 
+# An MCP server's name is part of its tools' names (`mcp__<server>__<tool>`), which
+# OpenAI-style function names limit to letters, digits, _ and - (64 at most).
+MCP_SERVER_NAME = re.compile(r"^[A-Za-z0-9-]+(_[A-Za-z0-9-]+)*$")
+MCP_PREFIX = "mcp__"
+
+
+@attrs.frozen(kw_only=True)
+class McpServerConfig:
+    """One MCP server (README "MCP servers"): a command run over stdio, or a URL
+    (streamable HTTP). Exactly one of `command` and `url`."""
+
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = attrs.Factory(dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = attrs.Factory(dict)
+    enabled: bool = True
+    timeout_sec: float = 60.0  # one call, and the start (initialize + list of tools)
+    tools: tuple[str, ...] | None = None  # allow-list of the server's own tool names
+    # true: its tools take ``"background": true`` like the backgroundable built-ins.
+    background: bool = False
+
+    @property
+    def transport(self) -> str:
+        return "stdio" if self.command is not None else "http"
+
+
 @attrs.frozen(kw_only=True)
 class AgentProfile:
     id: str = ""
@@ -236,6 +264,8 @@ class AgentProfile:
     answer_max_tokens: int | None = None
     compression_prompt_file: str | None = None
     policy: PolicyConfig = PolicyConfig()
+    # Names of `NaviConfig.mcp_servers` whose tools this profile's runs get.
+    mcp_servers: tuple[str, ...] = ()
 
     def model_or(self, default: str) -> str:
         """The profile's model, or `default` (Settings.default_model) when it names none."""
@@ -288,6 +318,7 @@ class NaviConfig:
     profiles: dict[str, AgentProfile]
     ssh: SshConfig | None = None  # hosts the ssh_exec tool may reach
     peers: dict[str, PeerConfig] = attrs.Factory(dict)
+    mcp_servers: dict[str, McpServerConfig] = attrs.Factory(dict)
     base_dir: Path = Path(".")  # folder of the file: prompt files resolve against it
 
     def profile(self, profile_id: str | None) -> AgentProfile:
@@ -376,6 +407,7 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
             f"({', '.join(sorted(cfg.profiles))})"
         )
     _check_peers(cfg.peers, path)
+    _check_mcp(cfg, path)
     base = path.parent
     persona = cfg.persona
     if cfg.persona_file:
@@ -422,6 +454,42 @@ def _check_peers(peers: Mapping[str, PeerConfig], path: Path) -> None:
             raise ConfigError(f"{where}.token_env: must name an environment variable")
         if peer.timeout_sec <= 0:
             raise ConfigError(f"{where}.timeout_sec: expected a number above 0")
+
+
+def _check_mcp(cfg: NaviConfig, path: Path) -> None:
+    """What the shape of `mcp_servers` cannot say, and the profiles' server names."""
+    for name, server in cfg.mcp_servers.items():
+        where = f"{path}: $.mcp_servers[{name!r}]"
+        if not MCP_SERVER_NAME.match(name) or len(name) > 24:
+            raise ConfigError(
+                f"{where}: a server name is 1-24 letters, digits, - or single _ (it becomes "
+                f"part of the tool names mcp__<server>__<tool>)"
+            )
+        if (server.command is None) == (server.url is None):
+            raise ConfigError(
+                f"{where}: give exactly one of command (a program spoken to over stdio) "
+                "and url (streamable HTTP)"
+            )
+        if server.command is not None and not server.command.strip():
+            raise ConfigError(f"{where}.command: must not be empty")
+        if server.url is not None and not server.url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"{where}.url: expected an http:// or https:// URL, got {server.url!r}"
+            )
+        if server.command is None and (server.args or server.env or server.cwd):
+            raise ConfigError(f"{where}: args, env and cwd are for a command, not a url")
+        if server.url is None and server.headers:
+            raise ConfigError(f"{where}.headers: headers are for a url, not a command")
+        if server.timeout_sec <= 0:
+            raise ConfigError(f"{where}.timeout_sec: expected a number above 0")
+    for pid, prof in cfg.profiles.items():
+        unknown = [n for n in prof.mcp_servers if n not in cfg.mcp_servers]
+        if unknown:
+            known = ", ".join(sorted(cfg.mcp_servers)) or "none configured"
+            raise ConfigError(
+                f"{path}: $.profiles[{pid!r}].mcp_servers: unknown MCP server(s) "
+                f"{', '.join(unknown)} (servers: {known})"
+            )
 
 
 def _check_policy(policy: PolicyConfig, path: Path, where: str) -> None:
@@ -475,7 +543,14 @@ def check_config(
         for key, pattern in patterns:
             i = counts[key]
             counts[key] += 1
-            if pattern.tool != "*" and pattern.tool not in known:
+            if pattern.tool.startswith(MCP_PREFIX):
+                server = pattern.tool.removeprefix(MCP_PREFIX).split("__")[0]
+                if server and not set("*?[") & set(server) and server not in cfg.mcp_servers:
+                    problems.append(
+                        f"$.profiles[{pid!r}].policy.{key}[{i}].tool: {pattern.tool!r} names "
+                        f"no configured MCP server ({', '.join(sorted(cfg.mcp_servers)) or 'none'})"
+                    )
+            elif pattern.tool != "*" and pattern.tool not in known:
                 problems.append(
                     f"$.profiles[{pid!r}].policy.{key}[{i}].tool: unknown tool "
                     f"{pattern.tool!r} (known tools: {', '.join(sorted(known))})"

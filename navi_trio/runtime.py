@@ -5,9 +5,10 @@
         actor.send_message("hello")
 
 The root nursery holds, in start order: the process pool (persistent processes of
-``terminal open``), the peer tool's link (its connections to other daemons), the
-TaskSupervisor (background jobs), and the session registry (session actors and their
-runs). Leaving the block cancels them all: runs are stopped
+``terminal open``), the peer tool's link (its connections to other daemons), the MCP
+servers (each started when a run first needs it; their tools reach runs through the
+tool registry), the TaskSupervisor (background jobs), and the session registry
+(session actors and their runs). Leaving the block cancels them all: runs are stopped
 (their clean-up is shielded), background jobs end (their running markers stay, so the
 next start reports them as lost), and every process group is killed. The store closes
 last, after every queued write has landed.
@@ -36,6 +37,7 @@ from navi_trio.settings import Settings
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.tools.base import Tool, ToolRegistry
 from navi_trio.tools.builtin import builtin_tools
+from navi_trio.tools.mcp import McpServers
 from navi_trio.tools.peer import PeerTool
 from navi_trio.tools.procs import ProcessPool
 from navi_trio.tools.sandbox import sandbox_available
@@ -51,6 +53,7 @@ class Runtime:
     backend: LLMBackend
     registry: ToolRegistry
     processes: ProcessPool
+    mcp: McpServers
     supervisor: TaskSupervisor
     approvals: ApprovalBroker
     agent: Agent
@@ -96,6 +99,9 @@ async def open_runtime(
             for tool in tools:  # the peer tool's connections live in the runtime's nursery
                 if isinstance(tool, PeerTool):
                     await nursery.start(tool.link.run)
+            mcp = McpServers(lambda: config.current)
+            await nursery.start(mcp.run)
+            registry.add_source(mcp)
             # The supervisor starts first (the agent needs it), the session registry
             # last (it needs the agent): task updates reach it through this closure.
             sessions: SessionRegistry | None = None
@@ -137,6 +143,7 @@ async def open_runtime(
                     backend=backend,
                     registry=registry,
                     processes=processes,
+                    mcp=mcp,
                     supervisor=supervisor,
                     approvals=approvals,
                     agent=agent,

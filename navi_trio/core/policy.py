@@ -18,7 +18,9 @@ nothing changes) and asks in ``workspace`` and ``full`` unless a rule allows it.
 
 A profile's rules (``policy.rules`` in config.json) come first: the first rule that
 matches the call's tool, action and command or path (fnmatch) decides allow, ask or
-deny. Nothing a client sends reaches the rules, and a requested mode is clamped to what
+deny. A call of an MCP server's tool (``mcp__<server>__<tool>``) asks in every mode unless
+a rule decides: another program acts, outside our sandbox. Nothing a client sends
+reaches the rules, and a requested mode is clamped to what
 the sender's role allows (`effective_mode`).
 """
 
@@ -31,7 +33,7 @@ from typing import Any
 
 import attrs
 
-from navi_trio.profiles import MODES, AgentProfile, CallPattern, PolicyConfig
+from navi_trio.profiles import MCP_PREFIX, MODES, AgentProfile, CallPattern, PolicyConfig
 from navi_trio.tools.sandbox import SandboxSpec
 
 DEFAULT_MODE = "workspace"
@@ -134,6 +136,8 @@ def decide(profile: AgentProfile, role: str, mode: str, facts: CallFacts) -> Ver
                 network=rule.network,
             )
     key = f"mode|{mode}|{facts.tool}|{facts.action}"
+    if facts.tool.startswith(MCP_PREFIX):
+        return Verdict("ask", f"mode {mode}: {facts.tool} runs in an MCP server, unsandboxed", key)
     if mode == "full" and facts.runs_code:
         return Verdict("ask", f"mode full: {facts.tool} runs without a sandbox", key)
     if facts.tool == REMOTE_TOOL:

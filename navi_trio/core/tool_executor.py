@@ -87,7 +87,7 @@ class ToolExecutor:
         out = []
         for tool in tools:
             schema = tool_schema(tool)
-            if tool.name in self.settings.backgroundable_tools:
+            if self._backgroundable(tool):
                 params = schema["function"]["parameters"]
                 schema["function"]["parameters"] = {
                     **params,
@@ -96,10 +96,16 @@ class ToolExecutor:
             out.append(schema)
         return out
 
-    def _wants_background(self, call: ToolCall) -> bool:
+    def _backgroundable(self, tool: Tool) -> bool:
+        # An MCP server's tools are when its entry says `background: true`.
+        return tool.name in self.settings.backgroundable_tools or bool(
+            getattr(tool, "backgroundable", False)
+        )
+
+    def _wants_background(self, call: ToolCall, tool: Tool) -> bool:
         if call.arguments.get("background") is not True:
             return False
-        if call.name not in self.settings.backgroundable_tools:
+        if not self._backgroundable(tool):
             return False
         # Only terminal "run" is detached: "open" keeps its own meaning of background (a
         # persistent process), and read/write/kill/list answer at once anyway.
@@ -161,7 +167,7 @@ class ToolExecutor:
             return refused
         if verdict.network:
             call_ctx = attrs.evolve(call_ctx, sandbox=with_network(call_ctx.sandbox))
-        if self._wants_background(call):
+        if self._wants_background(call, tool):
             return self._detach(tool, args, call_ctx)
         return await run_tool(tool, args, call_ctx)
 

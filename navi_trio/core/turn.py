@@ -151,6 +151,7 @@ class TurnRunner:
 
     async def run(self) -> None:
         t = self.turn
+        t.runtime_tools = await self.parts.registry.prepare(t.profile, t.emit)
         # Pre-turn compression, from the real context (not a stored count). While the
         # encoding still loads, a bound under the threshold settles it without waiting.
         counter, context = self.parts.counter, t.state.context
@@ -388,6 +389,7 @@ class TurnRunner:
         t = self.turn
         t.config = self.parts.config.current()
         t.profile = t.config.profile(profile_id)
+        t.runtime_tools = await self.parts.registry.prepare(t.profile, t.emit)
         self.parts.builder.invalidate(profile_id)
         if t.persist and not t.subagent:
             await self.parts.cache.set_profile(t.state, profile_id)

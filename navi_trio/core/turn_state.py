@@ -44,6 +44,8 @@ class Turn:
     subagent: bool = False
     system_override: str | None = None
     exclude_tools: tuple[str, ...] = ()
+    # Tools known at run time (the profile's MCP servers): ToolRegistry.prepare.
+    runtime_tools: tuple[str, ...] = ()
     max_iterations: int | None = None
     agent_id: str | None = None
     parent_session_id: str | None = None
@@ -73,7 +75,7 @@ class Turn:
     def tool_names(self) -> list[str]:
         p = self.profile
         names = p.get_subagent_tools() if self.subagent else p.get_agent_tools()
-        return [n for n in names if n not in self.exclude_tools]
+        return [n for n in (*names, *self.runtime_tools) if n not in self.exclude_tools]
 
     def todo_session(self) -> str:
         """Session-aware tools of a sub-agent work on the parent session's data."""

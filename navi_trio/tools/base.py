@@ -94,17 +94,45 @@ def tool_schema(tool: Tool) -> dict[str, Any]:
     }
 
 
+class ToolSource(Protocol):
+    """Tools known only at run time (MCP servers: tools/mcp/servers.py)."""
+
+    async def prepare(
+        self, profile: AgentProfile, publish: Callable[[AgentEvent], None]
+    ) -> list[str]: ...
+
+    def get(self, name: str) -> Tool | None: ...
+
+
 class ToolRegistry:
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
+        self._sources: list[ToolSource] = []
         for tool in tools:
             self.register(tool)
 
     def register(self, tool: Tool) -> None:
         self._tools[tool.name] = tool
 
+    def add_source(self, source: ToolSource) -> None:
+        self._sources.append(source)
+
+    async def prepare(
+        self, profile: AgentProfile, publish: Callable[[AgentEvent], None]
+    ) -> tuple[str, ...]:
+        """The run-time tools `profile` gets (its MCP servers' tools), started if need be."""
+        names: list[str] = []
+        for source in self._sources:
+            names += await source.prepare(profile, publish)
+        return tuple(names)
+
     def get(self, name: str) -> Tool | None:
-        return self._tools.get(name)
+        tool = self._tools.get(name)
+        for source in self._sources:
+            if tool is not None:
+                break
+            tool = source.get(name)
+        return tool
 
     def names(self) -> list[str]:
         return sorted(self._tools)
@@ -112,7 +140,8 @@ class ToolRegistry:
     def select(self, names: Iterable[str], exclude: Iterable[str] = ()) -> list[Tool]:
         """The registered tools named in `names`, in that order, minus `exclude`."""
         skip = set(exclude)
-        return [self._tools[n] for n in names if n in self._tools and n not in skip]
+        tools = [self.get(n) for n in names if n not in skip]
+        return [t for t in tools if t is not None]
 
 
 # Helpers for argument checking, so every tool words its errors the same way.

@@ -1,0 +1,146 @@
+"""An MCP server for tests/test_mcp_client.py, written with the SDK's MCPServer.
+
+    python tests/mcp_servers/demo.py            # stdio
+    python tests/mcp_servers/demo.py --http [--port N]   # streamable HTTP on 127.0.0.1
+
+Over HTTP the server binds port N (default 0: a free one) itself and prints
+``PORT <n>`` on stdout once it listens, so the test never races for a port. What a
+test must see the server do (a call started, a call cancelled) is written to stderr
+as ``EVENT <what>`` lines.
+
+Environment: ``DEMO_BIG_SCHEMA=<n>`` adds a tool whose input schema is over n
+characters; ``DEMO_CRASH_ONCE=<file>`` makes ``crash`` exit only while <file> does not
+exist (it creates it), so the restarted server answers.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+from typing import Annotated
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import (
+    AudioContent,
+    EmbeddedResource,
+    ImageContent,
+    ResourceLink,
+    TextContent,
+    TextResourceContents,
+)
+from pydantic import Field
+
+server = MCPServer("demo")
+
+
+def event(what: str) -> None:
+    print(f"EVENT {what}", file=sys.stderr, flush=True)
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Return the text unchanged."""
+    event(f"echo {text}")
+    return f"echo: {text}"
+
+
+@server.tool()
+def fail(reason: str) -> str:
+    """Always fails with the reason."""
+    raise ToolError(f"failed on purpose: {reason}")
+
+
+@server.tool()
+def crash() -> str:
+    """Kill the server process at once (no answer)."""
+    marker = os.environ.get("DEMO_CRASH_ONCE")
+    if marker:
+        if os.path.exists(marker):
+            return "survived: this is the restarted server"
+        open(marker, "w").close()
+    event("crash")
+    os._exit(3)
+
+
+@server.tool()
+async def hang(label: str = "") -> str:
+    """Never answers; says on stderr when it starts and when it is cancelled."""
+    event(f"hang-started {label}")
+    try:
+        await anyio.sleep_forever()
+    except anyio.get_cancelled_exc_class():
+        event(f"hang-cancelled {label}")
+        raise
+    return "unreachable"
+
+
+@server.tool()
+def media() -> list[TextContent | ImageContent | AudioContent | EmbeddedResource | ResourceLink]:
+    """One block of each kind of content."""
+    png = base64.b64encode(b"\x89PNG" + b"\0" * 12284).decode()
+    return [
+        TextContent(text="here is the media"),
+        ImageContent(data=png, mime_type="image/png"),
+        AudioContent(data=base64.b64encode(b"RIFF" * 10).decode(), mime_type="audio/wav"),
+        EmbeddedResource(
+            resource=TextResourceContents(uri="file:///tmp/notes.txt", text="the notes")
+        ),
+        ResourceLink(name="report", uri="file:///x/report.pdf", mime_type="application/pdf"),
+    ]
+
+
+@server.tool()
+def spawn() -> str:
+    """Start a grandchild that leaves the process group; the pids, as JSON."""
+    child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    return json.dumps({"server": os.getpid(), "child": child.pid})
+
+
+@server.tool()
+def shout(text: str) -> str:
+    """Upper-case the text (a second tool for allow-lists)."""
+    return text.upper()
+
+
+big = int(os.environ.get("DEMO_BIG_SCHEMA", "0"))
+if big:
+
+    @server.tool()
+    def huge(
+        value: Annotated[str, Field(description="x" * big)],
+    ) -> str:
+        """A tool whose schema is far too large."""
+        return value
+
+
+def main() -> None:
+    if "--http" not in sys.argv:
+        server.run()
+        return
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 0
+    sock.bind(("127.0.0.1", port))
+    port = sock.getsockname()[1]
+    app = server.streamable_http_app()
+    config = uvicorn.Config(app, log_level="warning")
+    userver = uvicorn.Server(config)
+
+    async def serve() -> None:
+        sock.listen(16)
+        print(f"PORT {port}", flush=True)
+        await userver.serve(sockets=[sock])
+
+    anyio.run(serve)
+
+
+if __name__ == "__main__":
+    main()
