@@ -168,7 +168,9 @@ class TurnRunner:
         for iteration in range(t.limit):
             t.iterations = iteration + 1
             built = await self.build(iteration)
-            self.parts.builder.check_context_size(built, num_ctx=self.settings.num_ctx)
+            self.parts.builder.check_context_size(
+                built, num_ctx=self.settings.num_ctx, views=t.views
+            )
             reply = await self.call_llm(built)
             calls = reply.tool_calls
             if not calls:
@@ -186,7 +188,9 @@ class TurnRunner:
         memories = self._memories
         built = self._build(iteration, memories)
         if iteration > 0 or t.state.needs_compression:
-            estimate = t.state.baseline.real_baseline_estimate(built, self.parts.counter)
+            estimate = t.state.baseline.real_baseline_estimate(
+                built, self.parts.counter, partial(self.parts.builder.estimate, built, t.views)
+            )
             reason = "truncated_prompt" if t.state.needs_compression else "mid_turn"
             if await self.compress(reason, estimate, force=t.state.needs_compression):
                 built = self._build(iteration, memories)
@@ -238,6 +242,7 @@ class TurnRunner:
             extra=extra,
             system_override=t.system_override,
             subagent=t.subagent,
+            views=t.views,
         )
 
     async def call_llm(self, built: list[dict[str, Any]]) -> StreamedReply:
@@ -256,7 +261,7 @@ class TurnRunner:
             if done.model and done.model != t.state.last_model:
                 t.state.last_model = done.model
                 t.emit(ModelInfo(done.model))
-            estimate = self.parts.counter.estimate_messages(built)
+            estimate = self.parts.builder.estimate(built, t.views)
             if (
                 done.prompt_tokens
                 and estimate >= self.settings.num_ctx * TRUNCATION_WINDOW_SHARE
@@ -389,6 +394,7 @@ class TurnRunner:
         t.config = self.parts.config.current()
         t.profile = t.config.profile(profile_id)
         self.parts.builder.invalidate(profile_id)
+        t.views.invalidate()
         if t.persist and not t.subagent:
             await self.parts.cache.set_profile(t.state, profile_id)
 
