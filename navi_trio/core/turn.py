@@ -70,6 +70,7 @@ class TurnRunner:
         # The user's memories, loaded once per turn (a store round trip): reloaded only
         # after a round that may have changed them (the memory tool, a sub-agent).
         self._memories: list[str] | None = None
+        self._tool_context: ToolContext | None = None
 
     async def save(self) -> None:
         if self.turn.persist:
@@ -363,10 +364,22 @@ class TurnRunner:
         t.pending_calls = []
 
     def tool_context(self) -> ToolContext:
-        return self.parts.tool_context(self.turn)
+        """The context of this turn's tool calls: made once, again after a profile switch."""
+        if self._tool_context is None:
+            self._tool_context = self.parts.tool_context(self.turn)
+        return self._tool_context
 
     async def after_tools(self, calls: list[ToolCall]) -> None:
         """Step 9-10: anti-stall counters, newly failed steps, profile switch."""
+        t = self.turn
+        # Progress is tracked (a todo read per round) only for a profile that uses it.
+        if t.profile.anti_stall_enabled or t.profile.adaptive_replan_enabled:
+            await self._track_progress(calls)
+        if t.switch_to and t.switch_to != t.profile.id:
+            await self.switch_profile(t.switch_to)
+        t.switch_to = None
+
+    async def _track_progress(self, calls: list[ToolCall]) -> None:
         t = self.turn
         todo = await load_todo(self.parts.store, self.turn.todo_session())
         signatures = [
@@ -395,9 +408,6 @@ class TurnRunner:
                     "decide how to reach the goal another way, update the todo list "
                     "(replace or add steps), then continue."
                 )
-        if t.switch_to and t.switch_to != t.profile.id:
-            await self.switch_profile(t.switch_to)
-        t.switch_to = None
 
     async def switch_profile(self, profile_id: str) -> None:
         """Step 10: the profile changed; reload it (and with it the tools)."""
@@ -406,6 +416,10 @@ class TurnRunner:
         t.profile = t.config.profile(profile_id)
         self.parts.builder.invalidate(profile_id)
         t.views.invalidate()
+        self._tool_context = None
+        if t.profile.anti_stall_enabled or t.profile.adaptive_replan_enabled:
+            # Untracked until now: progress counts from the todo list as it is.
+            self._todo = await load_todo(self.parts.store, t.todo_session())
         if t.persist and not t.subagent:
             await self.parts.cache.set_profile(t.state, profile_id)
 
