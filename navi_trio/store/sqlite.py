@@ -249,7 +249,10 @@ class SQLiteStore:
         """Append new display messages and context entries in one transaction."""
         sid = _check_session_id(session_id)
         msg_rows = _prepare(messages, "messages")
-        ctx_rows = _prepare(context, "context")
+        # Both lists usually hold the same dicts: each is serialised once. (`messages` is
+        # still referenced here, so the ids cannot be reused while this runs.)
+        done = {id(m): row for m, row in zip(messages, msg_rows, strict=True)}
+        ctx_rows = _prepare(context, "context", done)
         if not msg_rows and not ctx_rows:
             return
         now = self._now()
