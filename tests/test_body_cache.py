@@ -90,6 +90,15 @@ def test_the_cache_is_bounded_and_stays_right() -> None:
         body = cache.body(ollama_body(attrs.evolve(request, messages=[]), ""), history)
         assert body == json_body(ollama_body(request, ""))
         assert len(cache) == 3
+    by_size = BodyCache(to_ollama_message, max_chars=100)
+    big = [{"role": "tool", "content": "x" * 40} for _ in range(5)]
+    for _ in range(2):
+        body = by_size.body(ollama_body(attrs.evolve(request, messages=[]), ""), big)
+        assert body == json_body(ollama_body(attrs.evolve(request, messages=big), ""))
+        assert len(by_size) == 1 and 0 < by_size.chars <= 100  # one ~70-char entry fits
+    huge = {"role": "tool", "content": "y" * 200}
+    assert by_size.message(huge) == json_body(to_ollama_message(huge)).decode()
+    assert by_size.chars <= 100
     with pytest.raises(ValueError, match="at least 1"):
         BodyCache(to_ollama_message, max_entries=0)
     with pytest.raises(ValueError, match="model and messages"):

@@ -21,8 +21,10 @@ from typing import Any
 from navi_trio.llm.http import finite_only
 
 Convert = Callable[[dict[str, Any]], dict[str, Any]]
-# Enough for a few hundred sessions' histories; past it, the oldest entries go first.
+# Enough for a few hundred sessions' histories; past either bound (entries, characters
+# of JSON kept), the oldest entries go first.
 MAX_ENTRIES = 50_000
+MAX_CHARS = 64 << 20
 
 
 def _text(value: Any) -> str:
@@ -36,15 +38,26 @@ def _text(value: Any) -> str:
 class BodyCache:
     """The JSON of recently sent messages (one cache per backend, never global)."""
 
-    def __init__(self, convert: Convert, max_entries: int = MAX_ENTRIES) -> None:
-        if max_entries < 1:
-            raise ValueError(f"max_entries must be at least 1, got {max_entries}")
+    def __init__(
+        self, convert: Convert, max_entries: int = MAX_ENTRIES, max_chars: int = MAX_CHARS
+    ) -> None:
+        if max_entries < 1 or max_chars < 1:
+            raise ValueError(
+                f"max_entries and max_chars must be at least 1, got {max_entries}, {max_chars}"
+            )
         self._convert = convert
         self._max = max_entries
+        self._max_chars = max_chars
+        self._chars = 0
         self._json: dict[int, tuple[dict[str, Any], str]] = {}
 
     def __len__(self) -> int:
         return len(self._json)
+
+    @property
+    def chars(self) -> int:
+        """Characters of JSON kept (the bound on the memory the cache holds)."""
+        return self._chars
 
     def message(self, msg: dict[str, Any]) -> str:
         """The JSON of `msg` in the dialect's shape (converted and encoded once)."""
@@ -52,9 +65,15 @@ class BodyCache:
         if entry is not None and entry[0] is msg:
             return entry[1]
         text = _text(self._convert(msg))
-        if len(self._json) >= self._max:
-            del self._json[next(iter(self._json))]
+        if len(text) > self._max_chars:
+            return text  # too big to keep
+        while self._json and (
+            len(self._json) >= self._max or self._chars + len(text) > self._max_chars
+        ):
+            oldest = next(iter(self._json))
+            self._chars -= len(self._json.pop(oldest)[1])
         self._json[id(msg)] = (msg, text)
+        self._chars += len(text)
         return text
 
     def body(self, body: dict[str, Any], messages: Sequence[dict[str, Any]]) -> bytes:
