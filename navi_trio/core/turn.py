@@ -55,8 +55,6 @@ TRUNCATION_RATIO = 0.6
 TRUNCATION_WINDOW_SHARE = 0.5
 # Tool calls after which the turn reloads the user's memories (they may have changed).
 MEMORY_WRITERS = frozenset({MemoryTool.name, SpawnAgentTool.name})
-# Calls still running after this long get their call message saved before the results.
-CALL_SAVE_DELAY = 0.25
 
 
 class TurnRunner:
@@ -72,9 +70,9 @@ class TurnRunner:
         self._memories: list[str] | None = None
         self._tool_context: ToolContext | None = None
 
-    async def save(self) -> None:
+    async def save(self, *, durable: bool = True) -> None:
         if self.turn.persist:
-            await self.parts.cache.save(self.turn.state)
+            await self.parts.cache.save(self.turn.state, durable=durable)
 
     def model(self) -> str:
         return self.turn.profile.model_or(self.settings.default_model)
@@ -329,9 +327,9 @@ class TurnRunner:
     async def run_tools(self, reply: StreamedReply) -> None:
         """Step 8b: append the assistant call message, run the calls, append results.
 
-        One store write per round: the call message is saved with its results, unless
-        the calls are still running after `CALL_SAVE_DELAY` (then it is saved at once,
-        so a crash during a long tool keeps the call; the load pairs it).
+        The call message is saved before the calls run (a crash during a long tool keeps
+        the call; the load pairs it), committed without an fsync: the results' save at
+        the end of the round, durable, flushes both.
         """
         t = self.turn
         calls = reply.tool_calls
@@ -339,18 +337,14 @@ class TurnRunner:
         t.reply = None
         t.pending_calls = list(calls)
         t.results = {}
+        await self.save(durable=False)
         ctx = self.tool_context()
         parallel = t.profile.parallel_tool_calls
         if parallel is None:
             parallel = self.settings.parallel_tool_calls
-        batch = partial(
-            execute_batch,
-            self.parts.executor, calls, ctx, t.tool_names(), t.emit, t.results, parallel=parallel,
-        )  # fmt: skip
-        if t.persist:
-            await _with_save_after(CALL_SAVE_DELAY, self.save, batch)
-        else:
-            await batch()
+        await execute_batch(
+            self.parts.executor, calls, ctx, t.tool_names(), t.emit, t.results, parallel=parallel
+        )
         self.pair_results()
         if any(c.name in MEMORY_WRITERS for c in calls):
             self._memories = None
@@ -532,29 +526,6 @@ def error_code(exc: BaseException) -> str:
     if isinstance(exc, LLMStatusError):
         return "llm_status"
     return exc.code if isinstance(exc, LLMError) else "llm_error"
-
-
-async def _with_save_after(
-    seconds: float, save: Callable[[], Awaitable[None]], body: Callable[[], Awaitable[None]]
-) -> None:
-    """Run `body`; should it take longer than `seconds`, `save` meanwhile (once)."""
-
-    async def save_later() -> None:
-        await trio.sleep(seconds)
-        await save()
-
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(save_later)
-            try:
-                await body()
-            finally:
-                nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        # A group of one holds the body's exception (or the save's): raise it as is.
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
 
 
 def _only_cancelled(exc: BaseException) -> bool:
