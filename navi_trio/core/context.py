@@ -60,9 +60,11 @@ class ContextViews:
     """The built copies of one context list's messages, kept between the rounds of a turn.
 
     Valid while the list only grows: a different list (compression, a reload), a shorter
-    one, or a processed entry that is no longer the same object (an edit) starts over.
-    `invalidate()` starts over explicitly. The running sums count ``views[:estimated]``
-    (and ``views[:bounded]``); a round adds only what is new.
+    one, or a first or last processed entry that is no longer the same object (the last
+    message replaced) starts over. Whoever replaces an entry in the middle of the list in
+    place calls `invalidate()` (nothing in the agent does: messages are appended, and
+    compression makes a new list). The running sums count ``views[:estimated]`` (and
+    ``views[:bounded]``); a round adds only what is new.
     """
 
     source: list[Any] | None = None
