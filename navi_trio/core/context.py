@@ -16,12 +16,18 @@ Every LLM call receives, in order:
 A single tool/assistant message larger than ``settings.message_token_budget`` is
 head/tail-cut in the built copy only (``[…truncated ~N tokens…]``); the stored message
 is never touched. Compression handles the cumulative case.
+
+A turn passes one `ContextViews` to every build: the stored context only grows between
+compressions, so each round copies, checks and counts only the messages added since
+the previous round (a running token sum), not the whole history.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import attrs
 
 from navi_trio.errors import ContextTooLargeError
 from navi_trio.profiles import AgentProfile, NaviConfig
@@ -47,6 +53,47 @@ then read its output) goes in a later answer, after you have seen the first resu
 def is_kept_system(msg: Mapping[str, Any]) -> bool:
     """True for stored system messages that must reach the model (notes, summaries)."""
     return bool(msg.get("keep")) or bool(msg.get("summary"))
+
+
+@attrs.define(eq=False)
+class ContextViews:
+    """The built copies of one context list's messages, kept between the rounds of a turn.
+
+    Valid while the list only grows: a different list (compression, a reload), a shorter
+    one, or a first or last processed entry that is no longer the same object (the last
+    message replaced) starts over. Whoever replaces an entry in the middle of the list in
+    place calls `invalidate()` (nothing in the agent does: messages are appended, and
+    compression makes a new list). The running sums count ``views[:estimated]`` (and
+    ``views[:bounded]``); a round adds only what is new.
+    """
+
+    source: list[Any] | None = None
+    seen: int = 0  # entries of `source` processed (stripped system messages included)
+    first: object = None  # source[0] and source[seen - 1] as processed
+    last: object = None
+    views: list[dict[str, Any]] = attrs.field(factory=list)
+    estimated: int = 0
+    estimate: int = 0
+    bounded: int = 0
+    bound: int = 0
+    # The last list `build` returned with these views, and where its views sit in it.
+    built: list[dict[str, Any]] | None = None
+    head: int = 0
+
+    def invalidate(self) -> None:
+        self.source = None
+
+    def _fresh(self, context: Sequence[Any]) -> bool:
+        if self.source is not context or len(context) < self.seen:
+            return False
+        return self.seen == 0 or (context[0] is self.first and context[self.seen - 1] is self.last)
+
+    def _reset(self, context: Sequence[Any]) -> None:
+        self.source = context if isinstance(context, list) else None
+        self.seen = self.estimated = self.estimate = self.bounded = self.bound = 0
+        self.first = self.last = None
+        self.views = []
+        self.built = None
 
 
 class ContextBuilder:
@@ -113,11 +160,14 @@ class ContextBuilder:
         extra: Sequence[Mapping[str, Any]] = (),
         system_override: str | None = None,
         subagent: bool = False,
+        views: ContextViews | None = None,
     ) -> list[dict[str, Any]]:
         """The messages for one call; every dict is a new (shallow) copy.
 
         Inputs are never mutated; nested values (tool call lists) are shared with the
-        input, so callers must not mutate them in the result either.
+        input, so callers must not mutate them in the result either. With `views`, the
+        copies of the context's messages are kept there and reused by the next build of
+        the same (grown) list: callers must not mutate any dict of the result.
         """
         system = self.system_prompt(config, profile, subagent=subagent, override=system_override)
         if self.parallel_calls(profile):
@@ -126,24 +176,76 @@ class ContextBuilder:
         memory = memory_message(memories)
         if memory is not None:
             built.append(memory)
-        budget = self._settings.message_token_budget
-        for i, msg in enumerate(context):
-            _check_message(msg, f"context[{i}]")
-            if msg["role"] == "system" and not is_kept_system(msg):
-                continue
-            built.append(self._view(msg, budget))
+        if views is None:
+            built.extend(self._views(context, 0))
+        else:
+            if not views._fresh(context):
+                views._reset(context)
+            if len(context) > views.seen:
+                views.views.extend(self._views(context, views.seen))
+                views.seen = len(context)
+                views.first, views.last = context[0], context[-1]
+            views.head = len(built)
+            built.extend(views.views)
+            views.built = built
         for i, msg in enumerate(extra):
             _check_message(msg, f"extra[{i}]")
             built.append(dict(msg))
         return built
 
+    def _views(self, context: Sequence[Mapping[str, Any]], start: int) -> list[dict[str, Any]]:
+        budget = self._settings.message_token_budget
+        out = []
+        for i in range(start, len(context)):
+            msg = context[i]
+            _check_message(msg, f"context[{i}]")
+            if msg["role"] == "system" and not is_kept_system(msg):
+                continue
+            out.append(self._view(msg, budget))
+        return out
+
+    def estimate(
+        self, built: Sequence[Mapping[str, Any]], views: ContextViews | None = None
+    ) -> int:
+        """`counter.estimate_messages(built)`; with the `views` that built it, only the
+        messages not counted by an earlier call are counted (a running sum)."""
+        part = _views_part(built, views)
+        if part is None or views is None:
+            return self._counter.estimate_messages(built)
+        start, end = part
+        counter = self._counter
+        if views.estimated < len(views.views):
+            views.estimate += counter.estimate_messages(views.views[views.estimated :])
+            views.estimated = len(views.views)
+        rest = counter.estimate_messages(built[:start]) + counter.estimate_messages(built[end:])
+        return views.estimate + rest
+
+    def bound(self, built: Sequence[Mapping[str, Any]], views: ContextViews | None = None) -> int:
+        """`counter.bound_messages(built)`, with a running sum like `estimate`."""
+        part = _views_part(built, views)
+        if part is None or views is None:
+            return self._counter.bound_messages(built)
+        start, end = part
+        counter = self._counter
+        if views.bounded < len(views.views):
+            views.bound += counter.bound_messages(views.views[views.bounded :])
+            views.bounded = len(views.views)
+        rest = counter.bound_messages(built[:start]) + counter.bound_messages(built[end:])
+        return views.bound + rest
+
     def check_context_size(
-        self, built: Sequence[Mapping[str, Any]], *, num_ctx: int, reserve: int | None = None
+        self,
+        built: Sequence[Mapping[str, Any]],
+        *,
+        num_ctx: int,
+        reserve: int | None = None,
+        views: ContextViews | None = None,
     ) -> int:
         """Estimated tokens of `built`; ContextTooLargeError when it leaves no room to answer.
 
         `reserve` (default ``min(1024, num_ctx // 8)``) is kept free for the answer.
         While the encoding still loads, an upper bound that fits is returned instead.
+        `views`: the ones `built` was built with (its counts are kept there).
         """
         if num_ctx <= 0:
             raise ValueError(f"num_ctx must be positive, got {num_ctx}")
@@ -152,10 +254,10 @@ class ContextBuilder:
             raise ValueError(f"reserve must be between 0 and num_ctx ({num_ctx}), got {room}")
         limit = num_ctx - room
         if not self._counter.loaded:  # the first call need not wait for the encoding
-            bound = self._counter.bound_messages(built)
+            bound = self.bound(built, views)
             if bound <= limit:
                 return bound
-        tokens = self._counter.estimate_messages(built)
+        tokens = self.estimate(built, views)
         if tokens > limit:
             raise ContextTooLargeError(tokens, limit)
         return tokens
@@ -190,6 +292,18 @@ def memory_message(memories: Sequence[str]) -> dict[str, Any] | None:
     if not facts:
         return None
     return {"role": "system", "content": MEMORY_HEADER + "\n" + "\n".join(facts)}
+
+
+def _views_part(
+    built: Sequence[Mapping[str, Any]], views: ContextViews | None
+) -> tuple[int, int] | None:
+    """Where `views`' messages sit in `built`, when `built` is the list built with them."""
+    if views is None or views.built is not built:
+        return None
+    end = views.head + len(views.views)
+    if end > len(built):
+        return None
+    return views.head, end
 
 
 def _check_message(msg: Any, where: str) -> None:

@@ -97,8 +97,10 @@ class SessionCache:
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._sessions
 
-    async def save(self, state: SessionState) -> None:
-        """Append what is new in both lists, in one store transaction."""
+    async def save(self, state: SessionState, *, durable: bool = True) -> None:
+        """Append what is new in both lists, in one store transaction.
+
+        `durable=False`: committed, but not flushed to disk yet (SessionStore.append)."""
         new_messages = state.messages[state.saved_messages :]
         new_context = state.context[state.saved_context :]
         if not new_messages and not new_context:
@@ -107,7 +109,9 @@ class SessionCache:
         # still lands (the store never withdraws a queued write), and the next save
         # would append the same messages twice.
         with trio.CancelScope(shield=True):
-            await self._store.append(state.id, messages=new_messages, context=new_context)
+            await self._store.append(
+                state.id, messages=new_messages, context=new_context, durable=durable
+            )
             state.saved_messages += len(new_messages)
             state.saved_context += len(new_context)
 

@@ -266,7 +266,6 @@ class Baseline:
 
     def __init__(self) -> None:
         self._prompt_tokens: int | None = None
-        self._keys: list[MessageKey] = []
         self._recorded: list[Mapping[str, Any]] = []
 
     @property
@@ -285,35 +284,54 @@ class Baseline:
             # Backends that report no usage send 0: that is "unknown", not "empty".
             self.reset()
             return
-        for i, msg in enumerate(messages):  # validate now, key later with the counter
-            if not isinstance(msg, Mapping):
-                raise TypeError(f"messages[{i}] must be a dict, got {type(msg).__name__}")
+        recorded = list(messages)
+        if not set(map(type, recorded)) <= {dict}:  # validate now, key later with the counter
+            for i, msg in enumerate(recorded):
+                if not isinstance(msg, Mapping):
+                    raise TypeError(f"messages[{i}] must be a dict, got {type(msg).__name__}")
         self._prompt_tokens = prompt_tokens
-        self._recorded = list(messages)
-        self._keys = []
+        self._recorded = recorded
 
     def reset(self) -> None:
         self._prompt_tokens = None
-        self._keys = []
         self._recorded = []
 
     def real_baseline_estimate(
-        self, messages: Sequence[Mapping[str, Any]], counter: TokenCounter
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        counter: TokenCounter,
+        total: Callable[[], int] | None = None,
     ) -> int:
+        """The last real count plus the estimate of what changed since; `total` (default:
+        estimate every message) gives the plain estimate when there is no usable baseline.
+
+        Costs what changed since the recording, not the whole list, when the recorded
+        messages are the same objects (a turn's `ContextViews` reuses them).
+        """
+
+        def plain() -> int:
+            return total() if total is not None else counter.estimate_messages(messages)
+
         if self._prompt_tokens is None:
-            return counter.estimate_messages(messages)
+            return plain()
         recorded = self._recorded
-        if len(self._keys) != len(recorded):
-            self._keys = [counter.key(m) for m in recorded]
-        keys = self._keys
+        limit = min(len(recorded), len(messages))
+        # Everything up to the trailing system notes usually matches: one list comparison
+        # (identity first, in C) settles it, then the key loop looks only at the rest.
+        fixed = len(recorded)
+        while fixed > 0 and recorded[fixed - 1].get("role") == "system":
+            fixed -= 1
         common = 0
-        limit = min(len(keys), len(messages))
+        head = messages[:fixed] if isinstance(messages, list) else list(messages[:fixed])
+        if fixed <= limit and recorded[:fixed] == head:
+            common = fixed
         while common < limit and (
-            messages[common] is recorded[common] or counter.key(messages[common]) == keys[common]
+            messages[common] is recorded[common]
+            or counter.key(messages[common]) == counter.key(recorded[common])
         ):
             common += 1
-        dropped = self._recorded[common:]
+        dropped = recorded[common:]
         if common == 0 or any(m.get("role") != "system" for m in dropped):
-            return counter.estimate_messages(messages)
+            return plain()
         added = counter.estimate_messages(messages[common:])
         return max(0, self._prompt_tokens - counter.estimate_messages(dropped) + added)

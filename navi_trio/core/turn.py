@@ -68,10 +68,11 @@ class TurnRunner:
         # The user's memories, loaded once per turn (a store round trip): reloaded only
         # after a round that may have changed them (the memory tool, a sub-agent).
         self._memories: list[str] | None = None
+        self._tool_context: ToolContext | None = None
 
-    async def save(self) -> None:
+    async def save(self, *, durable: bool = True) -> None:
         if self.turn.persist:
-            await self.parts.cache.save(self.turn.state)
+            await self.parts.cache.save(self.turn.state, durable=durable)
 
     def model(self) -> str:
         return self.turn.profile.model_or(self.settings.default_model)
@@ -169,7 +170,9 @@ class TurnRunner:
         for iteration in range(t.limit):
             t.iterations = iteration + 1
             built = await self.build(iteration)
-            self.parts.builder.check_context_size(built, num_ctx=self.settings.num_ctx)
+            self.parts.builder.check_context_size(
+                built, num_ctx=self.settings.num_ctx, views=t.views
+            )
             reply = await self.call_llm(built)
             calls = reply.tool_calls
             if not calls:
@@ -187,7 +190,9 @@ class TurnRunner:
         memories = self._memories
         built = self._build(iteration, memories)
         if iteration > 0 or t.state.needs_compression:
-            estimate = t.state.baseline.real_baseline_estimate(built, self.parts.counter)
+            estimate = t.state.baseline.real_baseline_estimate(
+                built, self.parts.counter, partial(self.parts.builder.estimate, built, t.views)
+            )
             reason = "truncated_prompt" if t.state.needs_compression else "mid_turn"
             if await self.compress(reason, estimate, force=t.state.needs_compression):
                 built = self._build(iteration, memories)
@@ -239,6 +244,7 @@ class TurnRunner:
             extra=extra,
             system_override=t.system_override,
             subagent=t.subagent,
+            views=t.views,
         )
 
     async def call_llm(self, built: list[dict[str, Any]]) -> StreamedReply:
@@ -257,7 +263,7 @@ class TurnRunner:
             if done.model and done.model != t.state.last_model:
                 t.state.last_model = done.model
                 t.emit(ModelInfo(done.model))
-            estimate = self.parts.counter.estimate_messages(built)
+            estimate = self.parts.builder.estimate(built, t.views)
             if (
                 done.prompt_tokens
                 and estimate >= self.settings.num_ctx * TRUNCATION_WINDOW_SHARE
@@ -320,14 +326,19 @@ class TurnRunner:
         )
 
     async def run_tools(self, reply: StreamedReply) -> None:
-        """Step 8b: append the assistant call message, run the calls, append results."""
+        """Step 8b: append the assistant call message, run the calls, append results.
+
+        The call message is saved before the calls run (a crash during a long tool keeps
+        the call; the load pairs it), committed without an fsync: the results' save at
+        the end of the round, durable, flushes both.
+        """
         t = self.turn
         calls = reply.tool_calls
         t.state.add(_assistant(reply, tool_calls=[c.to_message() for c in calls]))
         t.reply = None
         t.pending_calls = list(calls)
         t.results = {}
-        await self.save()
+        await self.save(durable=False)
         ctx = self.tool_context()
         parallel = t.profile.parallel_tool_calls
         if parallel is None:
@@ -348,10 +359,22 @@ class TurnRunner:
         t.pending_calls = []
 
     def tool_context(self) -> ToolContext:
-        return self.parts.tool_context(self.turn)
+        """The context of this turn's tool calls: made once, again after a profile switch."""
+        if self._tool_context is None:
+            self._tool_context = self.parts.tool_context(self.turn)
+        return self._tool_context
 
     async def after_tools(self, calls: list[ToolCall]) -> None:
         """Step 9-10: anti-stall counters, newly failed steps, profile switch."""
+        t = self.turn
+        # Progress is tracked (a todo read per round) only for a profile that uses it.
+        if t.profile.anti_stall_enabled or t.profile.adaptive_replan_enabled:
+            await self._track_progress(calls)
+        if t.switch_to and t.switch_to != t.profile.id:
+            await self.switch_profile(t.switch_to)
+        t.switch_to = None
+
+    async def _track_progress(self, calls: list[ToolCall]) -> None:
         t = self.turn
         todo = await load_todo(self.parts.store, self.turn.todo_session())
         signatures = [
@@ -380,9 +403,6 @@ class TurnRunner:
                     "decide how to reach the goal another way, update the todo list "
                     "(replace or add steps), then continue."
                 )
-        if t.switch_to and t.switch_to != t.profile.id:
-            await self.switch_profile(t.switch_to)
-        t.switch_to = None
 
     async def switch_profile(self, profile_id: str) -> None:
         """Step 10: the profile changed; reload it (and with it the tools)."""
@@ -391,6 +411,11 @@ class TurnRunner:
         t.profile = t.config.profile(profile_id)
         t.runtime_tools = await self.parts.registry.prepare(t.profile, t.emit)
         self.parts.builder.invalidate(profile_id)
+        t.views.invalidate()
+        self._tool_context = None
+        if t.profile.anti_stall_enabled or t.profile.adaptive_replan_enabled:
+            # Untracked until now: progress counts from the todo list as it is.
+            self._todo = await load_todo(self.parts.store, t.todo_session())
         if t.persist and not t.subagent:
             await self.parts.cache.set_profile(t.state, profile_id)
 

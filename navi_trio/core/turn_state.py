@@ -13,7 +13,7 @@ from collections.abc import Callable
 import attrs
 
 from navi_trio.core.compression import Complete, Compressor
-from navi_trio.core.context import ContextBuilder
+from navi_trio.core.context import ContextBuilder, ContextViews
 from navi_trio.core.live_config import LiveConfig
 from navi_trio.core.llm_call import StreamedReply
 from navi_trio.core.session import SessionCache, SessionState
@@ -65,6 +65,8 @@ class Turn:
     seen_calls: set[str] = attrs.field(factory=set)
     replan: str | None = None
     switch_to: str | None = None
+    # The context's built copies and token sums, kept between rounds (core/context.py).
+    views: ContextViews = attrs.field(factory=ContextViews)
     # A synchronous sub-agent's usage also counts in its parent turn's totals.
     usage_to: Callable[[int, int], None] | None = None
 

@@ -92,7 +92,7 @@ class LineParser(Protocol):
 async def stream_chunks(
     client: httpx.AsyncClient,
     url: str,
-    body: dict[str, Any],
+    body: dict[str, Any] | bytes,
     parser: LineParser,
     headers: dict[str, str] | None = None,
 ) -> AsyncGenerator[LLMChunk, None]:
@@ -124,13 +124,18 @@ async def stream_chunks(
 
 
 def _json_post(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str] | None
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any] | bytes,
+    headers: dict[str, str] | None,
 ) -> httpx.Request:
-    """The POST of a chat request: strict JSON (no NaN) with its content type."""
+    """The POST of a chat request: strict JSON (no NaN) with its content type.
+
+    `body` may come as the JSON bytes already (llm/body_cache.py)."""
     return client.build_request(
         "POST",
         url,
-        content=json_body(body),
+        content=body if isinstance(body, bytes) else json_body(body),
         headers={**(headers or {}), "Content-Type": "application/json"},
     )
 
@@ -138,7 +143,7 @@ def _json_post(
 async def fetch_whole(
     client: httpx.AsyncClient,
     url: str,
-    body: dict[str, Any],
+    body: dict[str, Any] | bytes,
     headers: dict[str, str] | None = None,
 ) -> bytes:
     """POST `body` and return the whole answer body (a non-streamed request).

@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator
 from contextlib import AbstractAsyncContextManager, aclosing
 from typing import Any
 
+import attrs
 import httpx
 import trio
 
@@ -33,6 +34,7 @@ from navi_trio.llm.base import (
     ToolCall,
     ToolCallsChunk,
 )
+from navi_trio.llm.body_cache import BodyCache
 from navi_trio.llm.http import (
     chunk_channel,
     ended_early,
@@ -181,6 +183,7 @@ class OllamaBackend:
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/api/chat"
         self.keep_alive = keep_alive
+        self._bodies = BodyCache(to_ollama_message)
 
     def stream_chat(
         self, request: ChatRequest
@@ -190,7 +193,8 @@ class OllamaBackend:
     @chunk_channel
     async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
         parser = OllamaParser(request.model, self.url)
-        body = ollama_body(request, self.keep_alive)
+        rest = ollama_body(attrs.evolve(request, messages=[]), self.keep_alive)
+        body = self._bodies.body(rest, request.messages)
         async with aclosing(stream_chunks(self._client, self.url, body, parser)) as chunks:
             async for chunk in chunks:
                 yield chunk

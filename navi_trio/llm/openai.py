@@ -25,6 +25,7 @@ from collections.abc import AsyncGenerator
 from contextlib import AbstractAsyncContextManager, aclosing
 from typing import Any
 
+import attrs
 import httpx
 import trio
 
@@ -38,6 +39,7 @@ from navi_trio.llm.base import (
     ToolCall,
     ToolCallsChunk,
 )
+from navi_trio.llm.body_cache import BodyCache
 from navi_trio.llm.http import (
     chunk_channel,
     ended_early,
@@ -390,6 +392,7 @@ class OpenAIBackend:
         self.base_url = base_url.rstrip("/")
         self.url = chat_completions_url(base_url)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._bodies = BodyCache(to_openai_message)
 
     def stream_chat(
         self, request: ChatRequest
@@ -400,17 +403,22 @@ class OpenAIBackend:
     async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
         names = tool_names(request)
         if request.tools and not self.tool_stream:
-            body = openai_body(request, stream=False)
+            body = self._body(request, stream=False)
             data = await fetch_whole(self._client, self.url, body, self._headers)
             for chunk in parse_completion(data, request.model, self.url, names):
                 yield chunk
             return
         parser = OpenAIParser(request.model, self.url, names)
-        body = openai_body(request)
+        body = self._body(request, stream=True)
         stream = stream_chunks(self._client, self.url, body, parser, self._headers)
         async with aclosing(stream) as chunks:
             async for chunk in chunks:
                 yield chunk
+
+    def _body(self, request: ChatRequest, *, stream: bool) -> bytes:
+        """`openai_body` as JSON, each message's JSON kept for the next call."""
+        rest = openai_body(attrs.evolve(request, messages=[]), stream=stream)
+        return self._bodies.body(rest, request.messages)
 
     async def aclose(self) -> None:
         await self._client.aclose()

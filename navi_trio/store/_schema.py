@@ -50,12 +50,20 @@ def _dump(value: Any, what: str) -> str:
         raise StoreError(f"{what} is not JSON-serialisable: {exc}") from None
 
 
-def _prepare(items: Sequence[dict[str, Any]], what: str) -> list[_Row]:
-    """Serialise on the caller's side: the thread gets a snapshot the caller cannot mutate."""
+def _prepare(
+    items: Sequence[dict[str, Any]], what: str, done: dict[int, _Row] | None = None
+) -> list[_Row]:
+    """Serialise on the caller's side: the thread gets a snapshot the caller cannot mutate.
+
+    `done` maps id(message) to its row for messages of the same call already serialised
+    (a message that goes to both the display history and the context is one dict)."""
     if isinstance(items, dict | str | bytes):
         raise StoreError(f"{what} must be a sequence of message dicts, not {type(items).__name__}")
     rows: list[_Row] = []
     for i, msg in enumerate(items):
+        if done is not None and id(msg) in done:
+            rows.append(done[id(msg)])
+            continue
         if not isinstance(msg, dict):
             raise StoreError(f"{what}[{i}] must be a dict, not {type(msg).__name__}")
         role = msg.get("role")

@@ -9,6 +9,11 @@ job in its own savepoint so an error fails only that job. Every caller is answer
 after the commit that holds its write, so durability is what it was with one commit per
 job. Should the batch's BEGIN or COMMIT fail, it is rolled back and its jobs run again
 one by one, each in its own transaction as before.
+
+Durability per job: a job marked not `durable` (under ``synchronous=FULL``) runs with
+``synchronous=NORMAL``: committed, in the WAL, without the fsync. A batch is fsync'd
+when any of its jobs is durable; a later durable commit's fsync flushes the earlier
+frames of the log too.
 """
 
 from __future__ import annotations
@@ -39,10 +44,13 @@ MAX_BATCH = 64
 class _Job(Generic[T]):
     """One unit of work for the worker thread, and the way its answer gets back."""
 
-    def __init__(self, op: str, fn: Callable[[Database], T], stop: bool = False) -> None:
+    def __init__(
+        self, op: str, fn: Callable[[Database], T], stop: bool = False, durable: bool = True
+    ) -> None:
         self.op = op
         self.fn = fn
         self.stop = stop
+        self.durable = durable
         self.token = trio.lowlevel.current_trio_token()
         self.done = trio.Event()
         self.result: T | None = None
@@ -78,6 +86,9 @@ class _Worker:
     def __init__(self, path: Path, synchronous: str) -> None:
         self._path = path
         self._synchronous = synchronous
+        # Only FULL/EXTRA fsync at each commit: a job that need not be durable skips it.
+        self._relaxable = synchronous in ("FULL", "EXTRA")
+        self._level = synchronous  # the connection's level now
         self._queue: queue.SimpleQueue[_Job[Any]] = queue.SimpleQueue()
         self.thread = threading.Thread(
             target=self._main, name=f"navi-store:{path.name}", daemon=True
@@ -99,15 +110,33 @@ class _Worker:
             while True:
                 batch = self._take_batch()
                 if db is None or len(batch) == 1:
+                    if db is not None:
+                        self._sync_for(db, batch)
                     for job in batch:
                         job.run(db, connect_error)
                 else:
+                    self._sync_for(db, batch)
                     _run_batch(db, batch)
                 if batch[-1].stop:
                     return
         finally:
             if db is not None:
                 db.close()
+
+    def _sync_for(self, db: Database, batch: list[_Job[Any]]) -> None:
+        """The connection's ``synchronous`` for `batch`: NORMAL when no job in it needs
+        the fsync, else the configured level. Set outside any transaction; should SQLite
+        refuse, the level stays as it was (and is tried again before the next batch)."""
+        relaxed = self._relaxable and not any(job.durable for job in batch)
+        level = "NORMAL" if relaxed else self._synchronous
+        if level == self._level or db.conn.in_transaction:
+            return
+        try:
+            db.conn.execute(f"PRAGMA synchronous={level}")
+        except sqlite3.Error:
+            logger.exception("store: setting synchronous=%s failed", level)
+            return
+        self._level = level
 
     def _take_batch(self) -> list[_Job[Any]]:
         """The next job and every job already queued behind it, up to a stop job."""

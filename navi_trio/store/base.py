@@ -8,6 +8,8 @@ Contract every implementation keeps:
 - Messages are plain JSON-able dicts (the internal shape of `navi_trio.llm.base` plus
   display keys such as ``is_plan``); ``load_*`` returns exactly what was appended.
 - A save appends what is new. Only `replace_context` (compression) rewrites anything.
+- `append(durable=False)` may skip the flush to stable storage, never the commit: it
+  survives a killed process; the next durable write makes it survive power loss too.
 - `load_session` pairs every dangling assistant tool call with a placeholder result
   (`repair_dangling_tool_calls`) and persists the placeholders, so it is idempotent.
 - `claim_lease` returns the lease's holder after the attempt: the claimer's own row
@@ -88,6 +90,7 @@ class SessionStore(Protocol):
         *,
         messages: Sequence[dict[str, Any]] = (),
         context: Sequence[dict[str, Any]] = (),
+        durable: bool = True,
     ) -> None: ...
     async def load_messages(self, session_id: str) -> list[dict[str, Any]]: ...
     async def load_context(self, session_id: str) -> list[dict[str, Any]]: ...

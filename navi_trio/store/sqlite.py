@@ -19,6 +19,9 @@ killed process; FULL adds an fsync per commit so a commit that returned also sur
 power loss or an OS crash. Saves come at chat speed (a few per turn), so the fsync is
 cheap and the design's promise, "a crash loses at most the message being streamed",
 holds for every kind of crash. Pass ``synchronous="NORMAL"`` to trade that for speed.
+An `append(durable=False)` (the agent's tool-call message, saved just before its calls
+run) commits without the fsync: it survives a killed process at once, and power loss
+once the next durable commit (that round's results) has flushed the log.
 Jobs already queued when the worker takes the next one share one transaction (group
 commit, see `_worker`): many sessions saving at once pay one fsync, and each caller is
 still answered only after the commit that holds its write.
@@ -160,7 +163,7 @@ class SQLiteStore:
                 join_seconds,
             )
 
-    async def _run(self, op: str, fn: Callable[[Database], T]) -> T:
+    async def _run(self, op: str, fn: Callable[[Database], T], durable: bool = True) -> T:
         if self._worker is None:
             raise StoreError(
                 f"{op}: the store at {self.path} is not open (use `async with"
@@ -168,7 +171,7 @@ class SQLiteStore:
             )
         if self._closed:
             raise StoreError(f"{op}: the store at {self.path} is closed")
-        job: _Job[T] = _Job(op, fn)
+        job: _Job[T] = _Job(op, fn, durable=durable)
         self._worker.submit(job)
         # Cancelled here? The job stays queued and still runs; only its answer is dropped.
         await job.done.wait()
@@ -245,17 +248,24 @@ class SQLiteStore:
         *,
         messages: Sequence[dict[str, Any]] = (),
         context: Sequence[dict[str, Any]] = (),
+        durable: bool = True,
     ) -> None:
-        """Append new display messages and context entries in one transaction."""
+        """Append new display messages and context entries in one transaction.
+
+        `durable=False`: committed without an fsync (see the module's "Durability")."""
         sid = _check_session_id(session_id)
         msg_rows = _prepare(messages, "messages")
-        ctx_rows = _prepare(context, "context")
+        # Both lists usually hold the same dicts: each is serialised once. (`messages` is
+        # still referenced here, so the ids cannot be reused while this runs.)
+        done = {id(m): row for m, row in zip(messages, msg_rows, strict=True)}
+        ctx_rows = _prepare(context, "context", done)
         if not msg_rows and not ctx_rows:
             return
         now = self._now()
         await self._run(
             f"append to session {sid!r}",
             lambda db: _append(db, sid, msg_rows, ctx_rows, now),
+            durable,
         )
 
     async def load_messages(self, session_id: str) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from typing import Any
 import trio
 from navi_runs import BENCH_PROFILE, PROMPT, EchoTool, WsClient, bench_runtime, ws_client, ws_daemon
 
-from navi_trio.core.context import ContextBuilder
+from navi_trio.core.context import ContextBuilder, ContextViews
 from navi_trio.core.tokens import TokenCounter
 from navi_trio.runtime import default_tools
 from navi_trio.settings import Settings
@@ -194,17 +194,31 @@ async def growth_bench(a: argparse.Namespace) -> dict[str, Any]:
                 new = _round(10**6 + next(serial))
                 await store.append(sid, messages=new, context=new)
 
-            async def build(context: list[dict[str, Any]] = context) -> None:
-                built = builder.build(config=cfg, profile=profile, context=context)
-                builder.check_context_size(built, num_ctx=settings.num_ctx)
+            views = ContextViews()  # a running turn's: kept between its rounds
+
+            async def build(
+                context: list[dict[str, Any]] = context, views: ContextViews = views
+            ) -> None:
+                # One round of a turn: the round's two new messages, then the build and
+                # the size check of the whole context.
+                context += _round(10**6 + next(serial))
+                built = builder.build(config=cfg, profile=profile, context=context, views=views)
+                builder.check_context_size(built, num_ctx=settings.num_ctx, views=views)
 
             async def load(sid: str = sid) -> None:
                 await store.load_session(sid)
+
+            async def first_build(context: list[dict[str, Any]] = context) -> None:
+                # A turn's first round builds every message once (new views).
+                fresh = ContextViews()
+                built = builder.build(config=cfg, profile=profile, context=context, views=fresh)
+                builder.check_context_size(built, num_ctx=settings.num_ctx, views=fresh)
 
             await build()  # the counter's cache holds the history, as in a running turn
             out[str(size)] = {
                 "save_ms": await _timed(save, n),
                 "build_ms": await _timed(build, n),
+                "first_build_ms": await _timed(first_build, 5),
                 "load_session_ms": await _timed(load, 5 if size >= 10000 else n),
             }
             print(size, out[str(size)], file=sys.stderr, flush=True)

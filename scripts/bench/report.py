@@ -133,10 +133,12 @@ def table(res: dict[str, Any]) -> str:
             )
     gr = res.get("growth", {})
     if gr and "error" not in gr:
-        add("5. Growth (ms, median): one round's save; context build + size check; load")
+        add("5. Growth (ms, median): one round's save; a round's context build + size check "
+            "(a turn's first round); load")  # fmt: skip
         for n, s in gr.items():
-            add(f"   {n:>6} messages: save {_f(s['save_ms'])}  build {_f(s['build_ms'], 3)}  "
-                f"load_session {_f(s['load_session_ms'])}")  # fmt: skip
+            first = f" ({_f(s['first_build_ms'], 3)})" if "first_build_ms" in s else ""
+            add(f"   {n:>6} messages: save {_f(s['save_ms'])}  build {_f(s['build_ms'], 3)}"
+                f"{first}  load_session {_f(s['load_session_ms'])}")  # fmt: skip
         if "10" in gr and "10000" in gr:
             for k in ("save_ms", "build_ms"):
                 r = gr["10000"][k] / gr["10"][k]

@@ -1,0 +1,105 @@
+"""Request bodies joined from kept message JSON are byte for byte the plain bodies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from navi_trio.llm.base import ChatRequest
+from navi_trio.llm.body_cache import BodyCache
+from navi_trio.llm.http import json_body
+from navi_trio.llm.ollama import ollama_body, to_ollama_message
+from navi_trio.llm.openai import openai_body, to_openai_message
+
+_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=20)
+_value = st.one_of(_text, st.integers(), st.floats(allow_nan=True, allow_infinity=True))
+_call = st.fixed_dictionaries(
+    {"name": _text, "arguments": st.one_of(_text, st.dictionaries(_text, _value, max_size=2))},
+    optional={"id": _text},
+)
+_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool"]), "content": _text},
+    optional={
+        "tool_calls": st.lists(_call, max_size=2),
+        "name": _text,
+        "tool_call_id": _text,
+        "thinking": _text,
+        "images": st.lists(_text, max_size=1),
+    },
+)
+_request = st.builds(
+    ChatRequest,
+    messages=st.lists(_message, max_size=6),
+    model=_text,
+    tools=st.lists(st.fixed_dictionaries({"type": st.just("function"), "x": _value}), max_size=1),
+    think=st.booleans(),
+    options=st.fixed_dictionaries({}, optional={"num_ctx": st.integers(1, 9), "x": _value}),
+)
+OLLAMA = BodyCache(to_ollama_message)  # warm across examples, like a backend's
+OPENAI = BodyCache(to_openai_message)
+
+
+def _cached(cache: BodyCache, body: Any, request: ChatRequest) -> bytes:
+    return cache.body(body(attrs.evolve(request, messages=[])), request.messages)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_request, st.lists(_message, max_size=3), st.booleans())
+def test_a_joined_body_is_the_plain_body(
+    request: ChatRequest, added: list[dict[str, Any]], stream: bool
+) -> None:
+    dialects = [
+        (OLLAMA, lambda r: ollama_body(r, "30m")),
+        (OPENAI, lambda r: openai_body(r, stream=stream)),
+    ]
+    later = attrs.evolve(request, messages=[*request.messages, *added])
+    for cache, body in dialects:
+        for req in (request, later, later):  # new, partly kept, all kept
+            assert _cached(cache, body, req) == json_body(body(req))
+
+
+def test_each_message_is_converted_once_and_a_new_dict_anew() -> None:
+    converted: list[str] = []
+
+    def convert(msg: dict[str, Any]) -> dict[str, Any]:
+        converted.append(msg["content"])
+        return to_ollama_message(msg)
+
+    cache = BodyCache(convert)
+    history = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    request = ChatRequest(messages=history, model="m")
+    cache.body(ollama_body(attrs.evolve(request, messages=[]), ""), history)
+    history.append({"role": "tool", "content": "c"})
+    cache.body(ollama_body(attrs.evolve(request, messages=[]), ""), history)
+    assert converted == ["a", "b", "c"]
+    history[0] = {"role": "user", "content": "a2"}  # replaced, never edited in place
+    body = cache.body(ollama_body(attrs.evolve(request, messages=[]), ""), history)
+    assert converted == ["a", "b", "c", "a2"]
+    assert body == json_body(ollama_body(attrs.evolve(request, messages=history), ""))
+
+
+def test_the_cache_is_bounded_and_stays_right() -> None:
+    cache = BodyCache(to_ollama_message, max_entries=3)
+    history = [{"role": "user", "content": str(i)} for i in range(10)]
+    request = ChatRequest(messages=history, model="m")
+    for _ in range(2):
+        body = cache.body(ollama_body(attrs.evolve(request, messages=[]), ""), history)
+        assert body == json_body(ollama_body(request, ""))
+        assert len(cache) == 3
+    by_size = BodyCache(to_ollama_message, max_chars=100)
+    big = [{"role": "tool", "content": "x" * 40} for _ in range(5)]
+    for _ in range(2):
+        body = by_size.body(ollama_body(attrs.evolve(request, messages=[]), ""), big)
+        assert body == json_body(ollama_body(attrs.evolve(request, messages=big), ""))
+        assert len(by_size) == 1 and 0 < by_size.chars <= 100  # one ~70-char entry fits
+    huge = {"role": "tool", "content": "y" * 200}
+    assert by_size.message(huge) == json_body(to_ollama_message(huge)).decode()
+    assert by_size.chars <= 100
+    with pytest.raises(ValueError, match="at least 1"):
+        BodyCache(to_ollama_message, max_entries=0)
+    with pytest.raises(ValueError, match="model and messages"):
+        cache.body({"messages": [], "model": "m"}, history)

@@ -1,0 +1,103 @@
+"""An append serialises a message that goes to both lists once; both rows are right.
+
+Real SQLite file under tmp_path."""
+
+from __future__ import annotations
+
+import threading
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from navi_trio.store import _schema
+from navi_trio.store.sqlite import SQLiteStore
+
+
+async def test_a_message_in_both_lists_is_serialised_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dumped: list[str] = []
+    real_dump = _schema._dump
+
+    def counting_dump(value: Any, what: str) -> str:
+        dumped.append(what)
+        return real_dump(value, what)
+
+    monkeypatch.setattr(_schema, "_dump", counting_dump)
+    async with SQLiteStore.open(tmp_path / "navi.db") as store:
+        await store.create_session("s1", profile_id="p")
+        shared = {"role": "assistant", "content": "hi", "tool_calls": [{"name": "echo"}]}
+        note = {"role": "system", "content": "a note", "keep": True}  # context only
+        shown = {"role": "assistant", "content": "shown only"}  # display only
+        await store.append("s1", messages=[shared, shown], context=[note, shared])
+        assert dumped == ["messages[0]", "messages[1]", "context[0]"]
+        assert await store.load_messages("s1") == [shared, shown]
+        assert await store.load_context("s1") == [note, shared]
+
+
+def _level(db: Any) -> int:
+    return int(db.execute("PRAGMA synchronous").fetchone()[0])
+
+
+async def test_an_append_that_need_not_be_durable_commits_without_the_fsync(
+    tmp_path: Path,
+) -> None:
+    full, normal = 2, 1
+    async with SQLiteStore.open(tmp_path / "navi.db") as store:
+        await store.create_session("s1", profile_id="p")
+        # What a job sees of the connection's level: relaxed only for a non-durable job.
+        assert await store._run("level", _level, durable=False) == normal
+        assert await store._run("level", _level) == full
+        msg = {"role": "assistant", "content": "calling", "tool_calls": [{"name": "echo"}]}
+        await store.append("s1", messages=[msg], context=[msg], durable=False)
+        assert await store.load_messages("s1") == [msg]  # committed all the same
+        assert await store._run("level", _level) == full
+    async with SQLiteStore.open(tmp_path / "n.db", synchronous="NORMAL") as store:
+        assert await store._run("level", _level, durable=False) == normal
+        assert await store._run("level", _level) == normal  # never raised above the setting
+
+
+async def _batch_statements(tmp_path: Path, durables: list[bool]) -> list[str]:
+    """The PRAGMA and COMMIT statements of one group commit of appends (`durables`)
+    and of the load after it."""
+    started, gate = threading.Event(), threading.Event()
+    statements: list[str] = []
+
+    def trace(db: Any) -> None:
+        def keep(sql: str) -> None:
+            if sql.startswith(("PRAGMA synchronous", "COMMIT")):
+                statements.append(sql)
+
+        db.conn.set_trace_callback(keep)
+
+    def hold(db: Any) -> bool:
+        started.set()
+        return gate.wait(5)
+
+    with trio.fail_after(10):
+        async with SQLiteStore.open(tmp_path / "navi.db") as store:
+            await store.create_session("s1", profile_id="p")
+            await store._run("trace", trace)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(store._run, "hold", hold)
+                await trio.to_thread.run_sync(started.wait, 5)
+                for i, durable in enumerate(durables):
+                    msg = {"role": "user", "content": str(i)}
+                    nursery.start_soon(partial(store.append, "s1", messages=[msg], durable=durable))
+                    await trio.testing.wait_all_tasks_blocked()
+                statements.clear()
+                gate.set()
+            assert len(await store.load_messages("s1")) == len(durables)
+    return statements
+
+
+async def test_a_group_commit_is_flushed_when_any_of_its_appends_must_be(tmp_path: Path) -> None:
+    mixed = await _batch_statements(tmp_path / "mixed", [False, True, False])
+    assert mixed == ["COMMIT"]  # one transaction, at the configured FULL
+    relaxed = await _batch_statements(tmp_path / "relaxed", [False, False])
+    # Relaxed for the batch, back to FULL for the next job (the load that follows).
+    assert relaxed == ["PRAGMA synchronous=NORMAL", "COMMIT", "PRAGMA synchronous=FULL"]
