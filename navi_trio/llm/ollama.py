@@ -24,6 +24,7 @@ import httpx
 import trio
 
 from navi_trio.errors import LLMMalformedStreamError, LLMStreamError
+from navi_trio.llm.ahead import ahead_channel
 from navi_trio.llm.base import (
     ChatRequest,
     DoneChunk,
@@ -34,7 +35,6 @@ from navi_trio.llm.base import (
     ToolCallsChunk,
 )
 from navi_trio.llm.http import (
-    chunk_channel,
     ended_early,
     excerpt,
     int_or_zero,
@@ -187,7 +187,7 @@ class OllamaBackend:
     ) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[LLMChunk]]:
         return self._stream(request)
 
-    @chunk_channel
+    @ahead_channel
     async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
         parser = OllamaParser(request.model, self.url)
         body = ollama_body(request, self.keep_alive)

@@ -29,6 +29,7 @@ import httpx
 import trio
 
 from navi_trio.errors import LLMMalformedStreamError, LLMStreamError
+from navi_trio.llm.ahead import ahead_channel
 from navi_trio.llm.base import (
     ChatRequest,
     DoneChunk,
@@ -39,7 +40,6 @@ from navi_trio.llm.base import (
     ToolCallsChunk,
 )
 from navi_trio.llm.http import (
-    chunk_channel,
     ended_early,
     excerpt,
     fetch_whole,
@@ -396,7 +396,7 @@ class OpenAIBackend:
     ) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[LLMChunk]]:
         return self._stream(request)
 
-    @chunk_channel
+    @ahead_channel
     async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
         names = tool_names(request)
         if request.tools and not self.tool_stream:
