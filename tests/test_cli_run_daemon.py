@@ -83,9 +83,8 @@ async def test_the_same_run_gives_the_same_output_with_and_without_a_daemon(
     actor_log = f"navi_trio.core.session_actor: session {_session(traced.err)}: run started"
     assert actor_log in traced.err
     assert _joined(_normal(alone_ev.out)) == _joined(_normal(daemon_ev.out))
-    assert [f["seq"] for f in _normal(daemon_ev.out)] == list(
-        range(1, len(daemon_ev.out.splitlines()) + 1)
-    )
+    seqs = [f["seq"] for f in _normal(daemon_ev.out)]  # a merged delta: its last seq
+    assert seqs[0] >= 1 and seqs == sorted(set(seqs))
     # The daemon ran it: its session list and history show it (and not the embedded ones:
     # those are in the same DB, but the daemon lists them too, owned by "local").
     ids = {s["session_id"] for s in json.loads(listed.out)["sessions"]}
