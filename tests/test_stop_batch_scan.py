@@ -77,3 +77,26 @@ def test_one_pass_answers_each_leader_as_its_own_scan() -> None:
     many = proctree.stray_pids_many(queries, "NAVI_PROC_TAG_TEST")
     one = [proctree.stray_pids(leader, "NAVI_PROC_TAG_TEST", tag, s) for leader, tag, s in queries]
     assert many == one
+
+
+@pytest.mark.parametrize(("processes", "threaded"), [(10, False), (10**6, True)])
+async def test_a_scan_of_few_processes_runs_without_a_thread_hop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, processes: int, threaded: bool
+) -> None:
+    hops: list[object] = []
+    real = trio.to_thread.run_sync
+
+    async def counting(fn: object, *args: object, **kw: object) -> object:
+        hops.append(fn)
+        return await real(fn, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(procs, "process_count", lambda: processes)
+    monkeypatch.setattr(trio.to_thread, "run_sync", counting)
+    with trio.fail_after(TIMEOUT):
+        process = await trio.lowlevel.open_process(["sleep", "60"], start_new_session=True)
+        try:
+            strays = await procs._find_strays(process, "t", None)
+            strays.close()
+        finally:
+            await procs.kill_group(process, 1.0, "t")
+    assert (procs.find_strays_many in hops) is threaded

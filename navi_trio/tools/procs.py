@@ -49,7 +49,13 @@ import attrs
 import trio
 
 from navi_trio.errors import ToolInputError
-from navi_trio.tools.proctree import Query, Strays, find_strays_many, start_time
+from navi_trio.tools.proctree import (
+    Query,
+    Strays,
+    find_strays_many,
+    process_count,
+    start_time,
+)
 from navi_trio.tools.progress import OutputProgress
 from navi_trio.tools.result import cap_text
 from navi_trio.tools.sandbox import SandboxSpec, sandboxed_argv
@@ -117,6 +123,9 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 STRAY_ROUNDS = 3  # a stray may fork while we look: look again, this many times at most
 
 
+INLINE_SCAN_MAX = 300  # processes on the machine: scan in the event loop up to this many
+
+
 class _ScanBatch:
     """The stray scans asked for at one moment: one pass over /proc answers them all."""
 
@@ -151,7 +160,12 @@ async def _find_strays(process: trio.Process, tag: str | None, since: int | None
     finally:
         _OPEN_BATCH.set(None)
     try:
-        batch.results = await trio.to_thread.run_sync(find_strays_many, batch.queries, TAG_VAR)
+        if process_count() <= INLINE_SCAN_MAX:
+            # A few hundred processes take well under a millisecond to scan: less
+            # than the hop to a worker thread costs a stop on a busy machine.
+            batch.results = find_strays_many(batch.queries, TAG_VAR)
+        else:
+            batch.results = await trio.to_thread.run_sync(find_strays_many, batch.queries, TAG_VAR)
     finally:
         batch.done.set()
     return batch.results[0]
