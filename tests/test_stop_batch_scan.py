@@ -58,9 +58,11 @@ async def test_a_stopped_batch_of_sleeps_dies_whole_with_one_first_scan(
             for _ in range(N):
                 nursery.start_soon(
                     lambda: procs.run_command(
-                        "sleep 60 & echo $$ $!; wait", cwd=tmp_path, time_limit=60,
+                        "sleep 60 & echo $$ $!; wait",
+                        cwd=tmp_path,
+                        time_limit=60,
                         on_line=on_line,
-                    )  # fmt: skip
+                    )
                 )
             await started.wait()
             assert all(_alive(p) for p in pids)
