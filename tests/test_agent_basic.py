@@ -73,15 +73,18 @@ async def test_streaming_events_come_in_order(tmp_path: Path) -> None:
         reply = {"thinking": "let me see", "text": "two words", "model": "m-1"}
         async with open_harness(tmp_path, replies=[reply]) as h:
             frames = await h.turn("s1", "hi")
+            # How many deltas a text comes in depends on how far the reader is behind
+            # (waiting deltas merge); their order and their text do not.
             kinds = [f["type"] for f in frames]
+            kinds = [k for i, k in enumerate(kinds) if i == 0 or k != kinds[i - 1]]
             assert kinds == [
-                "thinking_delta", "thinking_delta", "thinking_delta", "thinking_end",
-                "text_delta", "text_delta", "model_info", "stream_end",
+                "thinking_delta", "thinking_end", "text_delta", "model_info", "stream_end",
             ]
             assert "".join(f["text"] for f in of_type(frames, "thinking_delta")) == "let me see"
             assert "".join(f["text"] for f in of_type(frames, "text_delta")) == "two words"
             assert of_type(frames, "model_info")[0]["model"] == "m-1"
-            assert [f["seq"] for f in frames] == list(range(1, len(frames) + 1))
+            seqs = [f["seq"] for f in frames]  # a merged delta carries its last seq
+            assert seqs == sorted(set(seqs)) and seqs[-1] == h.runtime.sessions.actor("s1").seq
             stored = await h.runtime.store.load_messages("s1")
             assert stored[-1]["thinking"] == "let me see"
 

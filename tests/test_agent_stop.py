@@ -79,7 +79,7 @@ async def test_stop_mid_stream_saves_the_partial_answer(tmp_path: Path) -> None:
             await seed(h)
             s = await h.session("s1")
             s.send(TASK)
-            await s.until(lambda f: f["type"] == "text_delta" and f["text"] == "is")
+            await s.until(lambda f: f["type"] == "text_delta" and f["text"].endswith("is"))
             s.stop()
             frames = await s.until_end()
             _assert_stopped(frames[-1])
@@ -177,7 +177,7 @@ async def test_leaving_run_stream_early_is_a_stop(tmp_path: Path) -> None:
             async with agent.run_stream("s1", UserMessage(TASK)) as events:
                 async for ev in events:
                     got.append(ev)
-                    if isinstance(ev, TextDelta) and ev.text == "three":
+                    if isinstance(ev, TextDelta) and ev.text.endswith("three"):
                         break
             # Leaving returned: the run is over (its task ended with the nursery) and
             # it ended as a Stop does — not by the stream's 60 s chunk timeout, which

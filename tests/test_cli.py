@@ -242,7 +242,8 @@ async def test_run_events_prints_wire_json_lines(env: dict[str, str], tmp_path: 
     assert done.code == 0, done
     frames = [json.loads(line) for line in done.out.splitlines()]
     session = _session_of(done)
-    assert [f["seq"] for f in frames] == list(range(1, len(frames) + 1))
+    seqs = [f["seq"] for f in frames]  # a merged delta carries its last seq
+    assert seqs[0] >= 1 and seqs == sorted(set(seqs))
     assert all(f["session_id"] == session for f in frames)
     parsed = [event_from_dict(f) for f in frames]
     assert "".join(e.text for e in parsed if isinstance(e, TextDelta)) == ANSWER

@@ -90,6 +90,25 @@ async def test_a_stalled_reader_costs_merged_progress_not_memory() -> None:
     assert all(i < result_at for i, e in enumerate(got) if isinstance(e, ToolEvent))
 
 
+async def test_a_delta_sent_while_one_waits_is_merged_into_it() -> None:
+    send, recv = open_event_channel()
+    with recv:
+        for i in range(100):
+            send.send_nowait(TextDelta(f"{i} "))
+        send.send_nowait(ThinkingDelta("t1"))
+        send.send_nowait(ThinkingDelta("t2"))
+        send.send_nowait(TextDelta("sub", is_subagent=True, agent_id="a"))
+        send.send_nowait(TextDelta("end"))
+        assert recv.statistics().queued == 4
+        send.close()
+        got = await drain(recv)
+    assert got == [
+        TextDelta("".join(f"{i} " for i in range(100))), ThinkingDelta("t1t2"),
+        TextDelta("sub", is_subagent=True, agent_id="a"), TextDelta("end"),
+    ]  # fmt: skip
+    assert recv.statistics().merged == 100
+
+
 async def test_sending_after_the_reader_left_raises_broken() -> None:
     send, recv = open_event_channel()
     recv.close()

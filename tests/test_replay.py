@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from navi_trio.core.replay import MERGE_MAX_CHARS, ReplayBuffer
 from navi_trio.core.session_actor import SUBSCRIBER_BUFFER
+from navi_trio.events import TextDelta, ThinkingDelta
 from navi_trio.testing import open_harness
 
 TIMEOUT = 30
@@ -142,9 +143,12 @@ async def test_a_long_answer_is_replayed_whole_from_a_few_frames(tmp_path: Path)
             live = await h.turn("s1", "hi")
             actor = h.runtime.sessions.actor("s1")
             assert actor is not None
-            assert len(live) > 3000  # one frame per word went out live
+            deltas = [f for f in live if f["type"] == "text_delta"]
+            assert "".join(f["text"] for f in deltas) == words
             assert len(actor.replay) < 20  # the buffer merged them
-            start = next(f["seq"] for f in live if f["type"] == "text_delta") + 499
+            # From the middle of the answer (a live frame's seq: what a client saw last).
+            cut = len(deltas) // 2
+            start = deltas[cut]["seq"]
             with actor.subscribe(last_seq=start) as sub:
                 replayed = []
                 while True:
@@ -155,7 +159,7 @@ async def test_a_long_answer_is_replayed_whole_from_a_few_frames(tmp_path: Path)
             expected = [f for f in live if f["seq"] > start]
             assert _atoms(replayed) == _atoms(expected)
             text = "".join(f["text"] for f in replayed if f["type"] == "text_delta")
-            assert text == words[len("".join(f"w{i} " for i in range(500))) :]
+            assert text == words[len("".join(f["text"] for f in deltas[: cut + 1])) :]
 
 
 async def test_a_subscriber_from_too_long_ago_or_another_epoch_gets_resync(
@@ -195,15 +199,19 @@ async def test_a_restarted_daemon_answers_an_old_seq_with_resync(tmp_path: Path)
 
 
 async def test_a_subscriber_that_falls_behind_is_told_what_it_missed(tmp_path: Path) -> None:
-    words = " ".join(f"w{i}" for i in range(SUBSCRIBER_BUFFER + 500))
+    # Deltas of alternating kinds never merge, so a subscriber that does not read
+    # overflows (a long answer of one kind merges while it waits: no cut-off).
+    events = [(ThinkingDelta, TextDelta)[i % 2](f"w{i} ") for i in range(SUBSCRIBER_BUFFER + 500)]
     with trio.fail_after(TIMEOUT):
-        async with open_harness(tmp_path, replies=[{"text": words}]) as h:
+        async with open_harness(tmp_path) as h:
             s = await h.session("s1")
             actor = s.actor
-            slow = actor.subscribe()  # never read while the run streams
-            s.send("hi")
-            frames = await s.until_end()  # the fast one sees everything
-            assert frames[-1]["text"] == words
+            slow = actor.subscribe()  # never read while the frames go out
+            frames = []
+            for event in events:
+                actor.publish(event)
+                frames.append(await s.subscription.frames.receive())  # this one keeps up
+            assert len(frames) == len(events) and s.subscription.lagged is None
             assert slow.lagged is not None
             missed_from, missed_to = slow.lagged
             assert missed_from == SUBSCRIBER_BUFFER + 1

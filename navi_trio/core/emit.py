@@ -5,6 +5,9 @@ so the channel cannot push back on the sender; an unbounded channel turned a slo
 reader plus a chatty tool into gigabytes. `open_event_channel` gives a channel that
 never blocks the sender and never grows without bound:
 
+- A text (thinking) delta sent while the last waiting event is a text (thinking)
+  delta of the same source is merged into it: the texts joined, one event to hand on
+  instead of one per token, at every hop after this one.
 - *Progress* events — `TextDelta`, `ThinkingDelta` and `ToolEvent` — are queued as
   they are while fewer than `max_progress` of them wait. Beyond that, a new one is
   merged into the latest waiting one from the same source (text deltas: texts joined;
@@ -92,6 +95,13 @@ class _Queue:
         self.waiter.set()
 
     def put(self, event: AgentEvent) -> None:
+        if isinstance(event, TextDelta | ThinkingDelta) and self.items:
+            tail = self.items[-1]
+            if type(tail) is type(event) and _source(tail) == _source(event):
+                assert isinstance(tail, TextDelta | ThinkingDelta)
+                self.items[-1] = attrs.evolve(tail, text=tail.text + event.text)
+                self.merged += 1
+                return  # the reader already has one waiting
         if not is_progress(event):
             self.items.append(event)
         elif self.progress < self.max_progress:

@@ -20,6 +20,8 @@ Commands are synchronous methods (atomic under trio): `send_message`, `stop`, `c
 channel is closed after the frames already in it, and `Subscription.lagged` says from
 which seq it missed frames, so its owner can tell the client why and subscribe again
 from the last seq it delivered. The run and the other subscribers never wait for it.
+While it is behind, its waiting text deltas merge into one frame (`core/fanout.py`), so
+a long answer alone never cuts it off.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 import trio
 
 from navi_trio.core.agent import Agent, RunControl, UserMessage
+from navi_trio.core.fanout import FrameReceiver, FrameSender, open_frame_channel
 from navi_trio.core.replay import ReplayBuffer
 from navi_trio.errors import NaviError, NothingToCompactError, SessionBusyError
 from navi_trio.events import (
@@ -69,8 +72,8 @@ class Subscription:
     def __init__(
         self,
         actor: SessionActor,
-        send: trio.MemorySendChannel[Frame],
-        frames: trio.MemoryReceiveChannel[Frame],
+        send: FrameSender,
+        frames: FrameReceiver,
     ) -> None:
         self._actor = actor
         self._send = send
@@ -116,7 +119,7 @@ class SessionActor:
         self.seq = first_seq
         self.epoch = epoch or new_epoch()
         self.replay = ReplayBuffer()
-        self._subscribers: dict[trio.MemorySendChannel[Frame], Subscription] = {}
+        self._subscribers: dict[FrameSender, Subscription] = {}
         self._nursery: trio.Nursery | None = None
         self._control: RunControl | None = None
         self.busy = False
@@ -211,7 +214,7 @@ class SessionActor:
             backlog = [self.resync_frame()] if missed is None else missed
         # Room for the whole backlog on top of the usual margin: a replay must never
         # cut off the subscriber it is for.
-        send, recv = trio.open_memory_channel[Frame](SUBSCRIBER_BUFFER + len(backlog))
+        send, recv = open_frame_channel(SUBSCRIBER_BUFFER + len(backlog))
         sub = Subscription(self, send, recv)
         self._subscribers[send] = sub
         for frame in backlog:
@@ -243,7 +246,7 @@ class SessionActor:
         for send in list(self._subscribers):
             self._offer(send, frame)
 
-    def _offer(self, send: trio.MemorySendChannel[Frame], frame: Frame) -> None:
+    def _offer(self, send: FrameSender, frame: Frame) -> None:
         try:
             send.send_nowait(frame)
         except trio.WouldBlock:

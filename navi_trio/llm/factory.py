@@ -18,6 +18,7 @@ from navi_trio.errors import ConfigError
 from navi_trio.llm.base import LLMBackend
 from navi_trio.llm.ollama import OllamaBackend
 from navi_trio.llm.openai import OpenAIBackend
+from navi_trio.llm.shards import ShardedClient
 from navi_trio.settings import Settings
 
 BACKENDS = ("ollama", "openai", "local")
@@ -29,7 +30,8 @@ def make_client(settings: Settings) -> httpx.AsyncClient:
     Only connecting has an httpx timeout: reads wait as long as the stream guard allows
     (first_chunk_timeout / chunk_timeout), which is the layer that knows about prefill.
     """
-    return httpx.AsyncClient(timeout=httpx.Timeout(None, connect=settings.llm_connect_timeout))
+    timeout = httpx.Timeout(None, connect=settings.llm_connect_timeout)
+    return ShardedClient(timeout=timeout)  # many sessions at once: see llm/shards.py
 
 
 def make_backend(settings: Settings, client: httpx.AsyncClient) -> LLMBackend:

@@ -12,38 +12,51 @@ a cancel scope, effective at once.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import trio
 
 from navi_trio.errors import LLMChunkTimeout, LLMFirstChunkTimeout
 from navi_trio.llm.base import ChatRequest, LLMBackend, LLMChunk
-from navi_trio.llm.http import chunk_channel
 
 
-@chunk_channel
+class _Guarded(trio.abc.ReceiveChannel[LLMChunk]):
+    """The backend's channel, each receive bounded by the first-chunk or chunk timeout."""
+
+    def __init__(
+        self, chunks: trio.abc.ReceiveChannel[LLMChunk], first: float, later: float
+    ) -> None:
+        self._chunks = chunks
+        self._limit = first
+        self._later = later
+        self._first = True
+
+    async def receive(self) -> LLMChunk:
+        with trio.move_on_after(self._limit):
+            chunk = await self._chunks.receive()
+            self._limit = self._later
+            self._first = False
+            return chunk
+        raise LLMFirstChunkTimeout(self._limit) if self._first else LLMChunkTimeout(self._limit)
+
+    async def aclose(self) -> None:
+        await self._chunks.aclose()
+
+
+@asynccontextmanager
 async def guarded_stream(
     backend: LLMBackend,
     request: ChatRequest,
     *,
     first_chunk_timeout: float,
     chunk_timeout: float,
-) -> AsyncGenerator[LLMChunk, None]:
+) -> AsyncIterator[trio.abc.ReceiveChannel[LLMChunk]]:
     """``async with guarded_stream(...) as chunks:`` — the backend's stream, with timeouts.
 
     Each wait is measured from when the consumer asks for the next chunk, so time the
-    consumer spends on a chunk never counts against the model.
+    consumer spends on a chunk never counts against the model. No task of its own: a
+    receive is the backend's receive inside a cancel scope.
     """
     async with backend.stream_chat(request) as chunks:
-        first = True
-        while True:
-            limit = first_chunk_timeout if first else chunk_timeout
-            with trio.move_on_after(limit) as scope:
-                try:
-                    chunk = await chunks.receive()
-                except trio.EndOfChannel:
-                    return
-            if scope.cancelled_caught:
-                raise LLMFirstChunkTimeout(limit) if first else LLMChunkTimeout(limit)
-            first = False
-            yield chunk
+        yield _Guarded(chunks, first_chunk_timeout, chunk_timeout)

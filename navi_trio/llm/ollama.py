@@ -25,6 +25,7 @@ import httpx
 import trio
 
 from navi_trio.errors import LLMMalformedStreamError, LLMStreamError
+from navi_trio.llm.ahead import ahead_channel
 from navi_trio.llm.base import (
     ChatRequest,
     DoneChunk,
@@ -36,7 +37,6 @@ from navi_trio.llm.base import (
 )
 from navi_trio.llm.body_cache import BodyCache
 from navi_trio.llm.http import (
-    chunk_channel,
     ended_early,
     excerpt,
     int_or_zero,
@@ -190,7 +190,7 @@ class OllamaBackend:
     ) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[LLMChunk]]:
         return self._stream(request)
 
-    @chunk_channel
+    @ahead_channel
     async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
         parser = OllamaParser(request.model, self.url)
         rest = ollama_body(attrs.evolve(request, messages=[]), self.keep_alive)

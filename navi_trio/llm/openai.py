@@ -30,6 +30,7 @@ import httpx
 import trio
 
 from navi_trio.errors import LLMMalformedStreamError, LLMStreamError
+from navi_trio.llm.ahead import ahead_channel
 from navi_trio.llm.base import (
     ChatRequest,
     DoneChunk,
@@ -41,7 +42,6 @@ from navi_trio.llm.base import (
 )
 from navi_trio.llm.body_cache import BodyCache
 from navi_trio.llm.http import (
-    chunk_channel,
     ended_early,
     excerpt,
     fetch_whole,
@@ -399,7 +399,7 @@ class OpenAIBackend:
     ) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[LLMChunk]]:
         return self._stream(request)
 
-    @chunk_channel
+    @ahead_channel
     async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
         names = tool_names(request)
         if request.tools and not self.tool_stream:

@@ -49,7 +49,13 @@ import attrs
 import trio
 
 from navi_trio.errors import ToolInputError
-from navi_trio.tools.proctree import Strays, find_strays, start_time
+from navi_trio.tools.proctree import (
+    Query,
+    Strays,
+    find_strays_many,
+    process_count,
+    start_time,
+)
 from navi_trio.tools.progress import OutputProgress
 from navi_trio.tools.result import cap_text
 from navi_trio.tools.sandbox import SandboxSpec, sandboxed_argv
@@ -117,10 +123,52 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 STRAY_ROUNDS = 3  # a stray may fork while we look: look again, this many times at most
 
 
+INLINE_SCAN_MAX = 300  # processes on the machine: scan in the event loop up to this many
+
+
+class _ScanBatch:
+    """The stray scans asked for at one moment: one pass over /proc answers them all."""
+
+    def __init__(self) -> None:
+        self.queries: list[Query] = []
+        self.results: list[Strays] = []
+        self.done = trio.Event()
+
+
+# Per trio run (not process-wide): the batch still taking queries, if any.
+_OPEN_BATCH: trio.lowlevel.RunVar[_ScanBatch | None] = trio.lowlevel.RunVar(
+    "navi_stray_scan", default=None
+)
+
+
 async def _find_strays(process: trio.Process, tag: str | None, since: int | None) -> Strays:
+    """The strays of `process`, found in a worker thread. Kills that scan at the same
+    moment (a stopped parallel batch) share one pass over /proc."""
     # Walk the tree only below an unreaped leader: a reaped leader's pid may be reused.
     leader = process.pid if process.returncode is None else None
-    return await trio.to_thread.run_sync(find_strays, leader, TAG_VAR, tag, since)
+    batch = _OPEN_BATCH.get()
+    if batch is not None:
+        index = len(batch.queries)
+        batch.queries.append((leader, tag, since))
+        await batch.done.wait()
+        return batch.results[index] if index < len(batch.results) else Strays(set())
+    batch = _ScanBatch()
+    batch.queries.append((leader, tag, since))
+    _OPEN_BATCH.set(batch)
+    try:
+        await trio.lowlevel.checkpoint()  # the other kills of this moment join the batch
+    finally:
+        _OPEN_BATCH.set(None)
+    try:
+        if process_count() <= INLINE_SCAN_MAX:
+            # A few hundred processes take well under a millisecond to scan: less
+            # than the hop to a worker thread costs a stop on a busy machine.
+            batch.results = find_strays_many(batch.queries, TAG_VAR)
+        else:
+            batch.results = await trio.to_thread.run_sync(find_strays_many, batch.queries, TAG_VAR)
+    finally:
+        batch.done.set()
+    return batch.results[0]
 
 
 async def kill_group(

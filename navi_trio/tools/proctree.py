@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
+from typing import TypeAlias
 
 import trio
 
@@ -58,9 +59,20 @@ def start_time(pid: int) -> int | None:
     return None if info is None else info[2]
 
 
+def process_count() -> int:
+    """How many processes the machine has now (0 without /proc)."""
+    try:
+        return sum(1 for name in os.listdir(PROC) if name.isdigit())
+    except OSError:
+        return 0
+
+
 def _has_tag(pid: int, needle: bytes) -> bool:
     env = _read(f"{PROC}/{pid}/environ")
     return env is not None and needle in b"\0" + env + b"\0"
+
+
+Query: TypeAlias = tuple[int | None, str | None, int | None]  # (leader, tag, since)
 
 
 def stray_pids(
@@ -72,22 +84,34 @@ def stray_pids(
     when not given) can be strays, as every stray descends from the leader: older ones
     cost one read of their stat file, and their environment is never read.
     """
+    return stray_pids_many([(leader, tag, since)], tag_var)[0]
+
+
+def stray_pids_many(queries: list[Query], tag_var: str) -> list[set[int]]:
+    """`stray_pids` for several leaders at once, in one pass over /proc: the commands
+    of a parallel batch stopped together cost one scan, not one each."""
     me, uid = os.getpid(), os.getuid()
-    if since is None and leader is not None:
-        since = start_time(leader)
+    wanted: list[tuple[int | None, bytes | None, int | None]] = []
+    for leader, tag, since in queries:
+        if since is None and leader is not None:
+            since = start_time(leader)
+        needle = f"\0{tag_var}={tag}\0".encode() if tag else None
+        wanted.append((leader, needle, since))
+    sinces = [since for _, _, since in wanted]
+    oldest = None if not sinces or None in sinces else min(s for s in sinces if s is not None)
     children: dict[int, list[int]] = {}
-    tagged: set[int] = set()
-    needle = f"\0{tag_var}={tag}\0".encode() if tag else None
+    started: dict[int, int] = {}
+    tagged: list[set[int]] = [set() for _ in wanted]
     try:
         names = os.listdir(PROC)
     except OSError:
-        return set()
+        return [set() for _ in wanted]
     for name in names:
         if not name.isdigit():
             continue
         pid = int(name)
         info = _stat(pid)
-        if info is None or info[0] in ("Z", "X") or (since is not None and info[2] < since):
+        if info is None or info[0] in ("Z", "X") or (oldest is not None and info[2] < oldest):
             continue
         try:
             if os.stat(f"{PROC}/{pid}").st_uid != uid:
@@ -95,16 +119,27 @@ def stray_pids(
         except OSError:
             continue
         children.setdefault(info[1], []).append(pid)
-        if needle is not None and pid != me and pid != leader and _has_tag(pid, needle):
-            tagged.add(pid)
-    found: set[int] = set()
-    todo = list(children.get(leader, [])) if leader is not None else []
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(children.get(pid, []))
-    return (found | tagged) - {me, leader or me}
+        started[pid] = info[2]
+        for i, (leader, needle, since) in enumerate(wanted):
+            if (
+                needle is not None
+                and pid != me
+                and pid != leader
+                and (since is None or info[2] >= since)
+                and _has_tag(pid, needle)
+            ):
+                tagged[i].add(pid)
+    out = []
+    for (leader, _, since), tags in zip(wanted, tagged, strict=True):
+        found: set[int] = set()
+        todo = list(children.get(leader, [])) if leader is not None else []
+        while todo:
+            pid = todo.pop()
+            if pid not in found and (since is None or started[pid] >= since):
+                found.add(pid)
+                todo.extend(children.get(pid, []))
+        out.append((found | tags) - {me, leader or me})
+    return out
 
 
 class Strays:
@@ -142,6 +177,11 @@ def find_strays(
     leader: int | None, tag_var: str, tag: str | None, since: int | None = None
 ) -> Strays:
     """The strays of `leader` (see the module docstring); runs in a worker thread."""
+    return find_strays_many([(leader, tag, since)], tag_var)[0]
+
+
+def find_strays_many(queries: list[Query], tag_var: str) -> list[Strays]:
+    """`find_strays` for several leaders in one pass; runs in a worker thread."""
     if not hasattr(os, "pidfd_open") or not PROC.is_dir():
-        return Strays(set())
-    return Strays(stray_pids(leader, tag_var, tag, since))
+        return [Strays(set()) for _ in queries]
+    return [Strays(pids) for pids in stray_pids_many(queries, tag_var)]
