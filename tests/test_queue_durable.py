@@ -22,7 +22,9 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from agent_tools import GateTool, call, toolset, with_tools
+from api_ws import open_daemon
 
 from navi_trio.errors import StoreError
 from navi_trio.store import SQLiteStore
@@ -203,3 +205,35 @@ async def test_an_embedded_runtime_leaves_a_crash_queue_to_the_daemon(tmp_path: 
             assert frames[-1]["type"] == "stream_end"
             assert await _users(h.runtime.store) == ["mine"]
             assert [k for _, k in _queued(db)] == ["kb"]
+
+
+async def test_the_ok_of_a_queued_message_comes_after_it_is_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The queue write is held until every task is blocked: an ok sent before the row
+    # is committed would have reached the client by then, and the row would be missing.
+    entered, gate = trio.Event(), trio.Event()
+    enqueue = SQLiteStore.enqueue
+
+    async def held(self: SQLiteStore, *args: Any, **kwargs: Any) -> None:
+        entered.set()
+        await gate.wait()
+        await enqueue(self, *args, **kwargs)
+
+    monkeypatch.setattr(SQLiteStore, "enqueue", held)
+    replies = [{"text": "slow", "delay_first": 3600}]
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, replies=replies) as d, d.connect("alice") as c:
+            first = await c.request({"type": "message", "content": "A runs"})
+            sid = str((await c.until_type("ok", id=first["id"]))["session_id"])
+            async with trio.open_nursery() as nursery:
+
+                async def open_gate() -> None:
+                    await entered.wait()
+                    await trio.testing.wait_all_tasks_blocked(cushion=0.01)
+                    gate.set()
+
+                nursery.start_soon(open_gate)
+                ok = await c.request({"type": "message", "session_id": sid, "content": "B"})
+                assert ok["type"] == "ok" and ok["queued"] is True, ok
+                assert len(_queued(tmp_path / "navi.db")) == 1  # read at once, in this thread
