@@ -39,6 +39,9 @@ def _unqueue(db: Database, key: str) -> bool:
 
 def _adopt(db: Database, sid: str, pid: int, host: str) -> list[tuple[str, dict[str, Any]]]:
     """The session's rows left by a dead process on this host (or by us), now ours."""
+    # Every actor start asks: without rows (nearly always) no write lock is taken.
+    if db.execute("SELECT 1 FROM queued WHERE session_id = ? LIMIT 1", [sid]).fetchone() is None:
+        return []
     with _write_tx(db):
         rows = db.execute(
             "SELECT key, pid, host, data FROM queued WHERE session_id = ? ORDER BY id", [sid]
