@@ -76,8 +76,9 @@ class UserMessage:
     # The store's key while it waits in the session's queue (core/session_actor.py):
     # saving it into the history takes it off the queue in the same transaction.
     queue_key: str | None = None
-    # Set once the message is saved (or its run ended without saving it): the daemon
-    # acknowledges a message only then, so a crash cannot lose an acknowledged one.
+    # Set once the message is saved, or stored in the queue (core/queued.py), or its
+    # run ended without saving it: the daemon acknowledges a message only then, so a
+    # crash cannot lose an acknowledged one.
     accepted: trio.Event = attrs.field(factory=trio.Event, eq=False, repr=False)
 
 
