@@ -41,12 +41,14 @@ async def serve_daemon(
 ) -> None:
     async with open_runtime(settings, config=config) as rt:
         await ensure_local_token(rt.store, settings.data_dir)
+        rt.sessions.adopt = True  # session actors run what a crash left queued
         async with trio.open_nursery() as nursery:
             bound = await nursery.start(ApiServer(rt, host=host, port=port).run)
             # Only while serving: once shutdown starts, a second Ctrl-C or SIGTERM acts
             # as usual (KeyboardInterrupt / termination) instead of waiting for it.
             with trio.open_signal_receiver(*STOP_SIGNALS, signal.SIGHUP) as signals:
                 ready(bound)
+                nursery.start_soon(rt.sessions.resume_queued)  # what a crash left queued
                 _notify_systemd("READY=1")
                 async for signum in signals:
                     if signum == signal.SIGHUP:

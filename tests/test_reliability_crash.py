@@ -4,7 +4,9 @@ The fake LLM (in this process, real HTTP on 127.0.0.1) plays multi-tool conversa
 with small delays, cycling: a todo call, two parallel calls, a final answer. Each round
 starts the daemon on the same DB, sends a few messages to a few sessions, and kills the
 daemon with SIGKILL after a random number of frames. After each kill, every user
-message the daemon acknowledged (its ``ok`` reply) is in the history, in order, once;
+message the daemon acknowledged (its ``ok`` reply, running or queued) is in the history
+or, queued when the daemon died, in the store's queue after it (the restarted daemon
+runs those first): in order, once;
 every tool call has its result once the session is loaded (as the restarted daemon
 loads it); and the sessions go on: the last round is not killed and every session
 answers it normally.
@@ -15,8 +17,11 @@ The seed is printed (``-s`` or on failure); ``NAVI_CRASH_SEED`` replays one,
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +61,8 @@ class _Round:
         self.kill_at = kill_at
         self.seen = 0
         self.reached = trio.Event()
+        # Per session, its last message: (text, queued, index in c.frames of its ok).
+        self.last: dict[str, tuple[str, bool, int]] = {}
         orig = client.next
 
         async def counting() -> dict[str, Any]:
@@ -75,15 +82,31 @@ class _Round:
         if got["type"] == "session":  # a new session: the ok follows
             got = await self.c.until_type("ok", id=got["id"])
         assert got["type"] == "ok", got
-        return str(got["session_id"]), bool(got["queued"])
+        sid, queued = str(got["session_id"]), bool(got["queued"])
+        self.last[sid] = (text, queued, next(i for i, f in enumerate(self.c.frames) if f is got))
+        return sid, queued
 
     async def until_idle(self, sids: set[str]) -> None:
-        """Until each session ended a run with nothing queued behind it."""
-        left = set(sids)
-        while left:
-            f = await self.c.until(lambda f: f["type"] == "stream_end" and not f["is_subagent"])
-            if not f.get("queued"):
-                left.discard(f["session_id"])
+        """Until the run of each session's last message ended.
+
+        A queued message's `message_queued` frame says how many runs are ahead of it
+        (`position`: the queue before it and the running one, which may be a run a
+        crash left queued): that many stream_ends follow it, then its own."""
+        while not all([self._ended(sid) for sid in sids]):
+            await self.c.next()  # kept in c.frames
+
+    def _ended(self, sid: str) -> bool:
+        text, queued, since = self.last[sid]
+        need = 1
+        if queued:
+            mark = [i for i, f in enumerate(self.c.frames) if f["type"] == "message_queued"
+                    and f["session_id"] == sid and f["text"] == text]  # fmt: skip
+            if not mark:
+                return False  # not here yet: it may come after the ok
+            since, need = mark[-1], self.c.frames[mark[-1]]["position"] + 1
+        ends = [f for f in self.c.frames[since + 1 :] if f["type"] == "stream_end"
+                and not f["is_subagent"] and f["session_id"] == sid]  # fmt: skip
+        return len(ends) >= need
 
 
 async def _check_after_kill(
@@ -93,7 +116,9 @@ async def _check_after_kill(
         for sid, texts in acked.items():
             loaded = await store.load_session(sid)  # as the restarted daemon loads it
             assert loaded is not None, f"session {sid} lost"
+            # What a crash left queued runs after the restart, after the history.
             users = [m["content"] for m in loaded.messages if m["role"] == "user"]
+            users += _queued_rows(db, sid)
             assert len(users) == len(set(users)), f"{sid}: a user message twice: {users}"
             sent = order[sid]
             assert set(users) <= set(sent), f"{sid}: a message nobody sent: {users}"
@@ -108,7 +133,7 @@ class _Book:
     """What was sent and acknowledged, over all the daemon's lives."""
 
     def __init__(self) -> None:
-        self.acked: dict[str, list[str]] = {}  # acknowledged as running (queued: false)
+        self.acked: dict[str, list[str]] = {}  # acknowledged (running or queued)
         self.order: dict[str, list[str]] = {}  # every message sent, in order
         self.sids: list[str] = []
         self.n = 0
@@ -124,15 +149,14 @@ class _Book:
                     # Sent before it is acknowledged: a kill between the daemon saving it
                     # and its `ok` reaching us leaves it in history, rightly.
                     self.order.setdefault(sid, []).append(text)
-                sid, queued = await r.send(sid, text)
+                sid, _ = await r.send(sid, text)
                 used.add(sid)
                 if sid not in self.acked:
                     self.sids.append(sid)
                     self.acked[sid] = []
                 if text not in self.order.setdefault(sid, []):
                     self.order[sid].append(text)
-                if not queued:
-                    self.acked[sid].append(text)
+                self.acked[sid].append(text)
         await r.until_idle(used)
 
     async def talk_until_killed(self, r: _Round, plan: list[tuple[str | None, int]],
@@ -176,33 +200,58 @@ async def test_sigkill_at_random_points_loses_no_acknowledged_message(tmp_path: 
                     last = history["messages"][-1]
                     assert last["role"] == "assistant" and "All done" in last["content"], sid
             await _check_after_kill(db, book.acked, book.order)
+            assert all(_queued_rows(db, sid) == [] for sid in book.sids), "left queued"
     total = sum(len(v) for v in book.acked.values())
     print(f"crash suite: {KILLS} kills, {len(book.sids)} sessions, {total} acknowledged messages")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a queued message (ok with queued: true) lives only in the session's in-memory "
-    "queue (spec background-tasks.md: 'Queue state is in-memory'); a SIGKILL before its "
-    "run starts loses it although the daemon acknowledged it",
-)
+def _queued_rows(db: Path, sid: str) -> list[str]:
+    """The texts queued in the store (read-only: adopting them would make them ours)."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        rows = conn.execute("SELECT data FROM queued WHERE session_id = ? ORDER BY id", [sid])
+        return [json.loads(data)["text"] for (data,) in rows]
+
+
 async def test_a_queued_acknowledged_message_survives_sigkill(tmp_path: Path) -> None:
+    # B and C are acknowledged as queued behind A, the daemon is SIGKILLed, and the
+    # restarted daemon runs them, in order, before D sent after the restart.
     env = clean_env(tmp_path)
+    db = Path(env["NAVI_DB"])
     with trio.fail_after(60):
-        # The first answer never comes: the run holds the session while B is queued.
+        # The first answer never comes: the run holds the session while B, C are queued.
         async with open_fake_llm([{"text": "slow", "delay_first": 3600}]) as llm:
             async with navi_serve(env, llm.url, tmp_path / "serve.log") as d, d.connect() as c:
                 r = _Round(c, None)
                 sid, queued = await r.send(None, "A runs")
                 assert not queued
                 await llm.wait_requests(1)
-                _, queued = await r.send(sid, "B is queued")
-                assert queued
+                for text in ("B is queued", "C is queued"):
+                    _, queued = await r.send(sid, text)
+                    assert queued
                 d.proc.kill()
                 await d.proc.wait()
-        async with SQLiteStore.open(Path(env["NAVI_DB"])) as store:
+        async with SQLiteStore.open(db) as store:
             users = [m["content"] for m in await store.load_messages(sid) if m["role"] == "user"]
-        assert users == ["A runs", "B is queued"]
+        assert users == ["A runs"]
+        assert _queued_rows(db, sid) == ["B is queued", "C is queued"]
+        replies = [{"text": f"answer {n}"} for n in "BCD"]
+        async with open_fake_llm(replies) as llm:
+            async with navi_serve(env, llm.url, tmp_path / "serve.log") as d, d.connect() as c:
+                await c.request({"type": "subscribe", "session_id": sid, "last_seq": 0})
+                await _Round(c, None).send(sid, "D after the restart")
+                for _ in range(3):
+                    await c.until_end(sid)
+                history = await c.request(
+                    {"type": "sessions", "action": "history", "session_id": sid}
+                )
+        said = [(m["role"], m["content"]) for m in history["messages"]]
+        assert said == [
+            ("user", "A runs"),
+            ("user", "B is queued"), ("assistant", "answer B"),
+            ("user", "C is queued"), ("assistant", "answer C"),
+            ("user", "D after the restart"), ("assistant", "answer D"),
+        ]  # fmt: skip
+        assert _queued_rows(db, sid) == []
 
 
 async def test_the_ok_of_a_running_message_comes_after_it_is_saved(

@@ -154,8 +154,8 @@ class Commands:
             actor.send_message(message)
         except RuntimeError:
             raise UnavailableError("the daemon is shutting down; try again later") from None
-        if not queued:
-            await message.accepted.wait()  # saved: a crash after the ok cannot lose it
+        # Saved (running) or stored in the queue: a crash after the ok cannot lose it.
+        await message.accepted.wait()
         log.info(
             "session %s: message from %s %s", row.id, self.user.name, "queued" if queued else "runs"
         )

@@ -73,8 +73,12 @@ class UserMessage:
     user_info: dict[str, Any] | None = None
     profile_id: str | None = None  # for a session that does not exist yet
     mode: str | None = None  # asked for; clamped to the role's (core/policy.py)
-    # Set once the message is saved (or its run ended without saving it): the daemon
-    # acknowledges a message only then, so a crash cannot lose an acknowledged one.
+    # The store's key while it waits in the session's queue (core/session_actor.py):
+    # saving it into the history takes it off the queue in the same transaction.
+    queue_key: str | None = None
+    # Set once the message is saved, or stored in the queue (core/queued.py), or its
+    # run ended without saving it: the daemon acknowledges a message only then, so a
+    # crash cannot lose an acknowledged one.
     accepted: trio.Event = attrs.field(factory=trio.Event, eq=False, repr=False)
 
 
@@ -256,7 +260,8 @@ class Agent:
                     display=False,
                 )
             state.add(user)
-            await self.cache.save(state)  # shielded inside: lands even when cancelled
+            # Shielded inside: lands even when cancelled.
+            await self.cache.save(state, dequeue=msg.queue_key)
             msg.accepted.set()
         if notes is not None:
             # Only once they are in the saved context: a crash in between repeats a

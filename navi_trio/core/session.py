@@ -97,10 +97,13 @@ class SessionCache:
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._sessions
 
-    async def save(self, state: SessionState, *, durable: bool = True) -> None:
+    async def save(
+        self, state: SessionState, *, durable: bool = True, dequeue: str | None = None
+    ) -> None:
         """Append what is new in both lists, in one store transaction.
 
-        `durable=False`: committed, but not flushed to disk yet (SessionStore.append)."""
+        `durable=False`: committed, but not flushed to disk yet (SessionStore.append).
+        `dequeue`: the queued message being saved leaves the queue in that transaction."""
         new_messages = state.messages[state.saved_messages :]
         new_context = state.context[state.saved_context :]
         if not new_messages and not new_context:
@@ -110,8 +113,9 @@ class SessionCache:
         # would append the same messages twice.
         with trio.CancelScope(shield=True):
             await self._store.append(
-                state.id, messages=new_messages, context=new_context, durable=durable
-            )
+                state.id, messages=new_messages, context=new_context, durable=durable,
+                dequeue=dequeue,
+            )  # fmt: skip
             state.saved_messages += len(new_messages)
             state.saved_context += len(new_context)
 

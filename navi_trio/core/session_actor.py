@@ -4,7 +4,9 @@ A `SessionActor` owns its runs (a nursery inside the actor), the message queue
 (background-tasks.md "Message queue": a message arriving while a run is active is
 queued, ``message_queue_max`` deep, oldest dropped and counted in ``dropped_total``;
 queued messages run in submit order when the run ends, whether or not anybody is
-connected) and the fan-out of its events to subscribers.
+connected) and the fan-out of its events to subscribers. Queued messages are durable
+(`core/queued.py`): each is stored before it is acknowledged, and a crash's leftovers
+are adopted when the session's actor starts and run before anything new.
 
 Every event of a run or compaction becomes a wire frame ``{"type", "session_id",
 "seq", "epoch", ...}`` kept in a bounded replay buffer (`core/replay.py`: consecutive
@@ -37,6 +39,7 @@ import trio
 
 from navi_trio.core.agent import Agent, RunControl, UserMessage
 from navi_trio.core.fanout import FrameReceiver, FrameSender, open_frame_channel
+from navi_trio.core.queued import DurableQueue
 from navi_trio.core.replay import ReplayBuffer
 from navi_trio.errors import NaviError, NothingToCompactError, SessionBusyError
 from navi_trio.events import (
@@ -105,8 +108,10 @@ class SessionActor:
         first_seq: int = 0,
         epoch: str | None = None,
         on_retire: Callable[[SessionActor], None] | None = None,
+        adopt: bool = False,
     ) -> None:
         self.session_id = session_id
+        self._adopt = adopt
         self.agent = agent
         self.encode = encode
         self.queue_max = queue_max
@@ -115,6 +120,9 @@ class SessionActor:
         self._changed = trio.Event()
         self.retired = trio.Event()
         self.pending: collections.deque[UserMessage] = collections.deque()
+        self.queue = DurableQueue(
+            session_id, agent.store, pid=agent.leases.pid, host=agent.leases.host
+        )
         self.dropped_total = 0
         self.seq = first_seq
         self.epoch = epoch or new_epoch()
@@ -129,9 +137,14 @@ class SessionActor:
     async def run(
         self, *, task_status: trio.TaskStatus[SessionActor] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        # What a crash left queued runs first, in its order, before any new message.
+        if self._adopt:
+            self.pending.extend(await self.queue.adopt())
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started(self)
+            if self.pending:
+                self._start_run(self.pending.popleft())
             try:
                 await self._live_until_retired()
             finally:
@@ -172,9 +185,13 @@ class SessionActor:
         if not self.busy:
             self._start_run(msg)
             return
+        if self._nursery is None:
+            raise RuntimeError(f"session actor {self.session_id} is not running")
         if len(self.pending) >= self.queue_max:
-            self.pending.popleft()
+            self.queue.drop(self._nursery, self.pending.popleft())
             self.dropped_total += 1
+        # Stored before it is acknowledged: `msg.accepted` is set once its row is in.
+        msg = self.queue.keep(self._nursery, msg)
         self.pending.append(msg)
         self.publish(
             MessageQueued(
@@ -280,8 +297,8 @@ class SessionActor:
         self.busy = False
         self._control = None
         self._touch()
-        # At shutdown the nursery is gone: queued messages (in memory by design) are
-        # not started, and the actor is idle.
+        # At shutdown the nursery is gone: queued messages are not started (they stay
+        # in the store and run after the restart), and the actor is idle.
         if self.pending and self._nursery is not None:
             self._start_run(self.pending.popleft())
         else:
@@ -301,6 +318,7 @@ class SessionActor:
         # agent's own).
         run_log = RunLog(self.session_id, msg)
         try:
+            await self.queue.written(msg)  # its save moves its row: the row comes first
             async with self.agent.leases.hold(self.session_id):
                 await self._switch_profile(msg)
                 async with self.agent.run_stream(self.session_id, msg, control=control) as ev:
@@ -309,6 +327,7 @@ class SessionActor:
                         self.publish(event)
         except NaviError as exc:  # busy (another process runs it), unknown profile, store
             code = "session_busy" if isinstance(exc, SessionBusyError) else "error"
+            await self.queue.ran(msg)  # refused before its save: not to be run again
             for event in (ErrorEvent(message=str(exc), code=code), StreamEnd(reason="error")):
                 run_log.event(event)
                 self.publish(event)
@@ -392,6 +411,10 @@ class SessionRegistry:
         self._last_seq: dict[str, int] = {}
         self._nursery: trio.Nursery | None = None
         self._starting: dict[str, trio.Event] = {}
+        # Whether a starting actor takes over what a crash left queued: the daemon's
+        # registry does; an embedded `navi run` leaves it to the daemon, since it
+        # follows its own message's run only.
+        self.adopt = False
         # Seqs restart with the daemon: the epoch tells a client its seq is another life's.
         self.epoch = new_epoch()
 
@@ -424,6 +447,7 @@ class SessionRegistry:
                 first_seq=self._last_seq.pop(session_id, 0),
                 epoch=self.epoch,
                 on_retire=self._retire,
+                adopt=self.adopt,
             )
             await self._nursery.start(actor.run)
             self._actors[session_id] = actor
@@ -434,6 +458,20 @@ class SessionRegistry:
 
     def actor(self, session_id: str) -> SessionActor | None:
         return self._actors.get(session_id)
+
+    async def resume_queued(self) -> int:
+        """Start the actor of every session with messages queued in the store (a crash
+        left them: they run now, whether or not anybody connects). The daemon sets
+        `adopt` and calls it once it listens; each actor adopts only the rows of a dead
+        process."""
+        try:
+            sids = await self.agent.store.queued_sessions()
+        except NaviError as exc:
+            log.warning("reading the sessions with queued messages failed: %s", exc)
+            return 0
+        for sid in sids:
+            await self.get(sid)
+        return len(sids)
 
     def _retire(self, actor: SessionActor) -> None:
         if self._actors.get(actor.session_id) is actor:

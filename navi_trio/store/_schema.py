@@ -183,6 +183,14 @@ def _init_schema(db: Database) -> None:
             pk="session_id", not_null=["owner", "pid", "host", "expires_at"],
             if_not_exists=True,
         )  # fmt: skip
+        # Queued user messages (store/_queue.py): `id` is the order they were queued in.
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS queued (id INTEGER PRIMARY KEY AUTOINCREMENT,"
+            " key TEXT NOT NULL UNIQUE, session_id TEXT NOT NULL REFERENCES sessions(id),"
+            " pid INTEGER NOT NULL, host TEXT NOT NULL, data TEXT NOT NULL,"
+            " created_at FLOAT NOT NULL)"
+        )
+        db.execute("CREATE INDEX IF NOT EXISTS queued_session ON queued (session_id, id)")
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 

@@ -47,6 +47,7 @@ from sqlite_utils import Database
 
 from navi_trio.errors import StoreError
 from navi_trio.store._lease import _claim, _release, _renew
+from navi_trio.store._queue import _adopt, _enqueue, _queued_sessions, _unqueue
 from navi_trio.store._schema import (
     _HISTORY,
     _SESSION_COLS,
@@ -249,22 +250,25 @@ class SQLiteStore:
         messages: Sequence[dict[str, Any]] = (),
         context: Sequence[dict[str, Any]] = (),
         durable: bool = True,
+        dequeue: str | None = None,
     ) -> None:
         """Append new display messages and context entries in one transaction.
 
-        `durable=False`: committed without an fsync (see the module's "Durability")."""
+        `durable=False`: committed without an fsync (see the module's "Durability").
+        `dequeue`: the key of the queued message being appended; its queued row is
+        deleted in the same transaction (it is never both queued and in history)."""
         sid = _check_session_id(session_id)
         msg_rows = _prepare(messages, "messages")
         # Both lists usually hold the same dicts: each is serialised once. (`messages` is
         # still referenced here, so the ids cannot be reused while this runs.)
         done = {id(m): row for m, row in zip(messages, msg_rows, strict=True)}
         ctx_rows = _prepare(context, "context", done)
-        if not msg_rows and not ctx_rows:
+        if not msg_rows and not ctx_rows and dequeue is None:
             return
         now = self._now()
         await self._run(
             f"append to session {sid!r}",
-            lambda db: _append(db, sid, msg_rows, ctx_rows, now),
+            lambda db: _append(db, sid, msg_rows, ctx_rows, now, dequeue),
             durable,
         )
 
@@ -298,6 +302,39 @@ class SQLiteStore:
         sid = _check_session_id(session_id)
         now = self._now()
         return await self._run(f"load session {sid!r}", lambda db: _load_session(db, sid, now))
+
+    # -- queued messages ---------------------------------------------------------------
+
+    async def enqueue(
+        self, session_id: str, key: str, message: dict[str, Any], *, pid: int, host: str
+    ) -> None:
+        """Keep a queued user message until its run appends it (`append(dequeue=key)`)."""
+        sid = _check_session_id(session_id)
+        _check_text(key, "queued message key")
+        data = _dump(message, f"queued message of {sid!r}")
+        now = self._now()
+        await self._run(
+            f"queue a message in {sid!r}", lambda db: _enqueue(db, sid, key, data, pid, host, now)
+        )
+
+    async def unqueue(self, key: str) -> bool:
+        """Forget a queued message (dropped from a full queue). False when not there."""
+        _check_text(key, "queued message key")
+        return await self._run(f"unqueue message {key!r}", lambda db: _unqueue(db, key))
+
+    async def adopt_queued(
+        self, session_id: str, *, pid: int, host: str
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """(key, message) of the session's queued messages that no live process owns
+        (theirs: same host, pid gone; or ours), in queued order, now owned by `pid`."""
+        sid = _check_session_id(session_id)
+        return await self._run(
+            f"adopt queued messages of {sid!r}", lambda db: _adopt(db, sid, pid, host)
+        )
+
+    async def queued_sessions(self) -> list[str]:
+        """Ids of the sessions with queued messages."""
+        return await self._run("list sessions with queued messages", _queued_sessions)
 
     # -- kv -------------------------------------------------------------------------
 
@@ -455,6 +492,7 @@ def _delete_session(db: Database, sid: str) -> bool:
     with _write_tx(db):
         for table in _HISTORY:
             db.execute(f"DELETE FROM {table} WHERE session_id = ?", [sid])
+        db.execute("DELETE FROM queued WHERE session_id = ?", [sid])
         # substr, not LIKE: ids may contain LIKE's wildcard `_`.
         db.execute(
             "DELETE FROM kv WHERE key = ? OR substr(key, 1, ?) = ?", [sid, len(sid) + 1, sid + ":"]
@@ -481,9 +519,14 @@ def _next_positions(db: Database, table: str, sid: str, count: int) -> list[floa
     return [float(top) + i for i in range(1, count + 1)]
 
 
-def _append(db: Database, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float) -> None:
+def _append(
+    db: Database, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
+    dequeue: str | None = None,
+) -> None:  # fmt: skip
     with _write_tx(db):
         _require_session(db, sid)
+        if dequeue is not None:
+            _unqueue(db, dequeue)
         for table, rows in (("messages", msg_rows), ("context", ctx_rows)):
             if rows:
                 positions = _next_positions(db, table, sid, len(rows))

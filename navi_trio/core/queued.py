@@ -1,0 +1,149 @@
+"""The durable side of a session's message queue (issue 11: crash consistency).
+
+A message queued behind a run is written to the store before the daemon acknowledges
+it (`UserMessage.accepted` is set once its row is committed), and leaves the store's
+queue in the very transaction that saves it into the history when its run starts
+(`SessionCache.save(dequeue=...)`). A SIGKILL at any point leaves it in exactly one of
+the two places. After a restart, the session actor adopts the rows a dead process left
+(`adopt`) and runs them first, in the order they were queued.
+
+Writes go to the store one after the other in the order the actor asked for them: a
+chain of events, since tasks started in the same tick run in no fixed order.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from navi_trio.core.agent import UserMessage
+from navi_trio.errors import NaviError
+from navi_trio.store.base import SessionStore
+
+log = logging.getLogger(__name__)
+
+WRITE_DEADLINE_SEC = 10.0  # a queue write that must land, shielded, at most this long
+
+
+def to_row(msg: UserMessage) -> dict[str, Any]:
+    return {
+        "text": msg.text,
+        "cwd": None if msg.cwd is None else str(msg.cwd),
+        "user_id": msg.user_id,
+        "user_role": msg.user_role,
+        "user_info": msg.user_info,
+        "profile_id": msg.profile_id,
+        "mode": msg.mode,
+    }
+
+
+def from_row(key: str, row: dict[str, Any]) -> UserMessage:
+    msg = UserMessage(
+        str(row.get("text", "")),
+        cwd=Path(row["cwd"]) if row.get("cwd") else None,
+        user_id=str(row.get("user_id") or "local"),
+        user_role=str(row.get("user_role") or "user"),
+        user_info=row.get("user_info"),
+        profile_id=row.get("profile_id"),
+        mode=row.get("mode"),
+        queue_key=key,
+    )
+    msg.accepted.set()  # it was acknowledged in its first life
+    return msg
+
+
+class DurableQueue:
+    """The store rows of one session's queued messages; the actor owns it."""
+
+    def __init__(self, session_id: str, store: SessionStore, *, pid: int, host: str) -> None:
+        self.session_id = session_id
+        self.store = store
+        self.pid = pid
+        self.host = host
+        self._tail = trio.Event()  # the last write asked for has landed
+        self._tail.set()
+        self._written: dict[str, trio.Event] = {}
+
+    def keep(self, nursery: trio.Nursery, msg: UserMessage) -> UserMessage:
+        """`msg` with its queue key; its row is written in the background, in order.
+
+        `msg.accepted` is set once the row is committed (or the write failed: logged,
+        and the message still runs from memory)."""
+        queued = attrs.evolve(msg, queue_key=secrets.token_hex(8))
+        key = queued.queue_key
+        assert key is not None
+        self._written[key] = self._chain(
+            nursery, self.store.enqueue, self.session_id, key, to_row(queued),
+            pid=self.pid, host=self.host, then=queued.accepted,
+        )  # fmt: skip
+        return queued
+
+    def drop(self, nursery: trio.Nursery, msg: UserMessage) -> None:
+        """Forget a message dropped from a full queue (after its own write)."""
+        if msg.queue_key is not None:
+            self._written.pop(msg.queue_key, None)
+            self._chain(nursery, self.store.unqueue, msg.queue_key)
+
+    async def written(self, msg: UserMessage) -> None:
+        """Until the message's row is in the store: its run's save must come after."""
+        if msg.queue_key is not None:
+            done = self._written.pop(msg.queue_key, None)
+            if done is not None:
+                await done.wait()
+
+    async def ran(self, msg: UserMessage) -> None:
+        """A run refused before its save (session busy, unknown profile): the message
+        leaves the queue too, so a restart does not run it again. (A run cancelled by
+        a shutdown before its save keeps its row: it runs after the restart.)"""
+        if msg.queue_key is not None:
+            with _shielded():
+                try:
+                    await self.store.unqueue(msg.queue_key)
+                except NaviError as exc:
+                    log.warning("session %s: unqueue failed: %s", self.session_id, exc)
+
+    async def adopt(self) -> list[UserMessage]:
+        """The messages a dead process left queued in this session, oldest first."""
+        try:
+            rows = await self.store.adopt_queued(self.session_id, pid=self.pid, host=self.host)
+        except NaviError as exc:
+            log.warning("session %s: reading its queued messages failed: %s",
+                        self.session_id, exc)  # fmt: skip
+            return []
+        if rows:
+            log.info("session %s: %d queued message(s) left by a crash run now",
+                     self.session_id, len(rows))  # fmt: skip
+        return [from_row(key, row) for key, row in rows]
+
+    def _chain(self, nursery: trio.Nursery, fn: Any, *args: Any, then: trio.Event | None = None,
+               **kwargs: Any) -> trio.Event:  # fmt: skip
+        before, done = self._tail, trio.Event()
+        self._tail = done
+
+        async def write() -> None:
+            try:
+                await before.wait()
+                with _shielded():
+                    try:
+                        await fn(*args, **kwargs)
+                    except NaviError as exc:
+                        log.warning("session %s: queue write failed: %s", self.session_id, exc)
+                # Acknowledged only now (a write that failed is logged; the message
+                # still runs from memory). Not when cancelled first: nothing to ack.
+                if then is not None:
+                    then.set()
+            finally:
+                done.set()
+
+        nursery.start_soon(write)
+        return done
+
+
+def _shielded() -> trio.CancelScope:
+    """A write that must land: shielded from cancellation, bounded by its own deadline."""
+    return trio.CancelScope(deadline=trio.current_time() + WRITE_DEADLINE_SEC, shield=True)

@@ -1,0 +1,239 @@
+"""Durable queued messages (issue 11): a message acknowledged as queued survives a crash.
+
+The store keeps a queued message until the transaction that appends it to the history
+takes it off the queue; a session actor adopts what a dead process left queued and
+runs it first, in order. (The SIGKILL of a real `navi serve` is in
+tests/test_reliability_crash.py.)
+
+Rules: real SQLite files under tmp_path, no sleeps; every test under an absolute
+`trio.fail_after` (real clock: the store's worker thread works in real time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from agent_tools import GateTool, call, toolset, with_tools
+from api_ws import open_daemon
+
+from navi_trio.errors import StoreError
+from navi_trio.store import SQLiteStore
+from navi_trio.testing import open_harness
+
+TIMEOUT = 30
+HOST = socket.gethostname() or "localhost"
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped): a crashed daemon's."""
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return int(proc.stdout)
+
+
+def _queued(db: Path) -> list[tuple[str, str]]:
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        return list(conn.execute("SELECT session_id, key FROM queued ORDER BY id"))
+
+
+def _row(text: str) -> dict[str, Any]:
+    return {"text": text, "user_id": "local", "user_role": "user"}
+
+
+async def test_a_queued_row_leaves_exactly_when_its_history_row_arrives(tmp_path: Path) -> None:
+    db = tmp_path / "navi.db"
+    with trio.fail_after(TIMEOUT):
+        async with SQLiteStore.open(db) as store:
+            await store.create_session("s1", profile_id="general")
+            await store.enqueue("s1", "k1", _row("B"), pid=os.getpid(), host=HOST)
+            await store.enqueue("s1", "k2", _row("C"), pid=os.getpid(), host=HOST)
+            assert _queued(db) == [("s1", "k1"), ("s1", "k2")]
+            # The append fails inside its transaction: the queued row stays with it.
+            with contextlib.closing(sqlite3.connect(db)) as conn:
+                conn.execute("CREATE TRIGGER boom BEFORE INSERT ON messages"
+                             " BEGIN SELECT RAISE(ABORT, 'disk on fire'); END")  # fmt: skip
+                conn.commit()
+            user = {"role": "user", "content": "B"}
+            with pytest.raises(StoreError, match="disk on fire"):
+                await store.append("s1", messages=[user], context=[user], dequeue="k1")
+            assert await store.load_messages("s1") == []
+            assert _queued(db) == [("s1", "k1"), ("s1", "k2")]
+            with contextlib.closing(sqlite3.connect(db)) as conn:
+                conn.execute("DROP TRIGGER boom")
+                conn.commit()
+            await store.append("s1", messages=[user], context=[user], dequeue="k1")
+            assert await store.load_messages("s1") == [user]
+            assert _queued(db) == [("s1", "k2")]
+            # Dropped from a full queue: gone; a second time there is nothing to drop.
+            assert await store.unqueue("k2") is True
+            assert await store.unqueue("k2") is False
+            assert _queued(db) == []
+
+
+async def test_only_the_rows_of_a_dead_process_are_adopted_in_order(tmp_path: Path) -> None:
+    db = tmp_path / "navi.db"
+    dead, alive = _dead_pid(), os.getppid()
+    with trio.fail_after(TIMEOUT):
+        async with SQLiteStore.open(db) as store:
+            for sid in ("s1", "s2"):
+                await store.create_session(sid, profile_id="general")
+            await store.enqueue("s1", "a", _row("first"), pid=dead, host=HOST)
+            await store.enqueue("s1", "b", _row("live one's"), pid=alive, host=HOST)
+            await store.enqueue("s1", "c", _row("elsewhere"), pid=dead, host="another-host")
+            await store.enqueue("s1", "d", _row("second"), pid=dead, host=HOST)
+            await store.enqueue("s2", "e", _row("other session"), pid=dead, host=HOST)
+            assert await store.queued_sessions() == ["s1", "s2"]
+            me = os.getpid()
+            got = await store.adopt_queued("s1", pid=me, host=HOST)
+            assert [(k, r["text"]) for k, r in got] == [("a", "first"), ("d", "second")]
+            # Now ours (alive): another process adopts nothing; we get them again.
+            assert await store.adopt_queued("s1", pid=dead + 1_000_000, host=HOST) == []
+            assert [k for k, _ in await store.adopt_queued("s1", pid=me, host=HOST)] == ["a", "d"]
+            # Deleting a session deletes what it had queued.
+            assert await store.delete_session("s2") is True
+            assert await store.queued_sessions() == ["s1"]
+            with pytest.raises(StoreError, match="invalid session id"):
+                await store.enqueue("../x", "f", _row("x"), pid=me, host=HOST)
+
+
+def _gated(tmp_path: Path, gate: GateTool, replies: list[dict[str, Any]], **kw: Any) -> Any:
+    return open_harness(
+        tmp_path, replies=[call("gate"), *replies], tools=toolset(gate),
+        profiles={"general": with_tools(["gate"])}, **kw,
+    )  # fmt: skip
+
+
+async def _users(store: SQLiteStore, sid: str = "s1") -> list[str]:
+    return [m["content"] for m in await store.load_messages(sid) if m["role"] == "user"]
+
+
+async def test_a_message_is_stored_before_it_is_acknowledged_and_leaves_when_it_runs(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "navi.db"
+    with trio.fail_after(TIMEOUT):
+        gate = GateTool()
+        async with _gated(tmp_path, gate, [{"text": "1"}, {"text": "2"}],
+                          message_queue_max=1) as h:  # fmt: skip
+            actor = await h.runtime.sessions.get("s1")
+            actor.send_message("hi")
+            await gate.entered.wait()
+            actor.send_message("dropped")
+            actor.send_message("kept")
+            pending = list(actor.pending)
+            assert [m.text for m in pending] == ["kept"]
+            await pending[0].accepted.wait()  # what the daemon's ok waits for
+            assert [k for _, k in _queued(db)] == [pending[0].queue_key]
+            gate.gate.set()
+            await actor.idle.wait()
+            assert await _users(h.runtime.store) == ["hi", "kept"]
+            assert _queued(db) == []
+
+
+async def test_after_a_crash_two_queued_messages_run_in_order_before_a_new_one(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "navi.db"
+    with trio.fail_after(TIMEOUT):
+        # What a SIGKILLed daemon leaves: its queued rows, its pid gone.
+        async with SQLiteStore.open(db) as store:
+            await store.create_session("s1", profile_id="general")
+            user = {"role": "user", "content": "A"}
+            await store.append("s1", messages=[user], context=[user])
+            dead = _dead_pid()
+            await store.enqueue("s1", "kb", _row("B"), pid=dead, host=HOST)
+            await store.enqueue("s1", "kc", _row("C"), pid=dead, host=HOST)
+        replies = [{"text": f"answer {n}"} for n in "BCD"]
+        async with open_harness(tmp_path, replies=replies) as h:
+            # As the daemon does: its actors adopt, and it starts them at start-up.
+            h.runtime.sessions.adopt = True
+            assert await h.runtime.sessions.resume_queued() == 1
+            s = await h.session("s1")
+            assert s.actor.busy  # B runs already
+            s.send("D")
+            await s.idle()
+            messages = await h.runtime.store.load_messages("s1")
+            said = [(m["role"], m["content"]) for m in messages]
+            assert said == [
+                ("user", "A"), ("user", "B"), ("assistant", "answer B"),
+                ("user", "C"), ("assistant", "answer C"), ("user", "D"), ("assistant", "answer D"),
+            ]  # fmt: skip
+            assert _queued(db) == []
+            # Each run saw the ones before it, once.
+            last_user = [
+                [m["content"] for m in body["messages"] if m["role"] == "user"]
+                for body in h.chat_requests
+            ]
+            assert last_user == [["A", "B"], ["A", "B", "C"], ["A", "B", "C", "D"]]
+
+
+async def test_a_graceful_shutdown_keeps_the_queue_for_the_next_start(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        gate = GateTool()
+        async with _gated(tmp_path, gate, [{"text": "never"}]) as h:
+            s = await h.session("s1")
+            s.send("hi")
+            await gate.entered.wait()
+            s.send("queued at shutdown")
+            await s.actor.pending[0].accepted.wait()
+        async with open_harness(tmp_path, replies=[{"text": "now"}]) as h2:
+            h2.runtime.sessions.adopt = True
+            s = await h2.session("s1")
+            await s.idle()
+            assert await _users(h2.runtime.store) == ["hi", "queued at shutdown"]
+
+
+async def test_an_embedded_runtime_leaves_a_crash_queue_to_the_daemon(tmp_path: Path) -> None:
+    # `navi run` follows its own message only: a leftover run first would answer for it.
+    db = tmp_path / "navi.db"
+    with trio.fail_after(TIMEOUT):
+        async with SQLiteStore.open(db) as store:
+            await store.create_session("s1", profile_id="general")
+            await store.enqueue("s1", "kb", _row("B"), pid=_dead_pid(), host=HOST)
+        async with open_harness(tmp_path, replies=[{"text": "mine"}]) as h:
+            frames = await h.turn("s1", "mine")
+            assert frames[-1]["type"] == "stream_end"
+            assert await _users(h.runtime.store) == ["mine"]
+            assert [k for _, k in _queued(db)] == ["kb"]
+
+
+async def test_the_ok_of_a_queued_message_comes_after_it_is_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The queue write is held until every task is blocked: an ok sent before the row
+    # is committed would have reached the client by then, and the row would be missing.
+    entered, gate = trio.Event(), trio.Event()
+    enqueue = SQLiteStore.enqueue
+
+    async def held(self: SQLiteStore, *args: Any, **kwargs: Any) -> None:
+        entered.set()
+        await gate.wait()
+        await enqueue(self, *args, **kwargs)
+
+    monkeypatch.setattr(SQLiteStore, "enqueue", held)
+    replies = [{"text": "slow", "delay_first": 3600}]
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, replies=replies) as d, d.connect("alice") as c:
+            first = await c.request({"type": "message", "content": "A runs"})
+            sid = str((await c.until_type("ok", id=first["id"]))["session_id"])
+            async with trio.open_nursery() as nursery:
+
+                async def open_gate() -> None:
+                    await entered.wait()
+                    await trio.testing.wait_all_tasks_blocked(cushion=0.01)
+                    gate.set()
+
+                nursery.start_soon(open_gate)
+                ok = await c.request({"type": "message", "session_id": sid, "content": "B"})
+                assert ok["type"] == "ok" and ok["queued"] is True, ok
+                assert len(_queued(tmp_path / "navi.db")) == 1  # read at once, in this thread
