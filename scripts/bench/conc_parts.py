@@ -5,7 +5,8 @@ daemon   the full runtime (bench profile, max_iterations 10) and an ApiServer on
          its stdin closes.
 clients  connects --count clients (tokens --first ...), says hello, prints ``ready``;
          on ``go`` each sends one message and reads its session's frames until
-         ``stream_end``; prints {"gaps_ms", "rounds", "cpu_s", "errors"}.
+         ``stream_end``; prints {"gaps_ms" (a list per session), "rounds", "cpu_s",
+         "errors"}.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ async def daemon(a: argparse.Namespace) -> None:
 
 async def clients(a: argparse.Namespace) -> None:
     tokens: list[str] = a.token_list[a.first : a.first + a.count]
-    gaps: list[float] = []
+    gaps: list[list[float]] = []  # per session, in order
     errors: list[str] = []
     rounds = 0
     go = trio.Event()
@@ -61,10 +62,12 @@ async def clients(a: argparse.Namespace) -> None:
             await go.wait()
             sid = await c.start_session(PROMPT)
             last = time.perf_counter()
+            mine: list[float] = []
+            gaps.append(mine)
             while True:
                 f = await c.next()
                 now = time.perf_counter()
-                gaps.append((now - last) * 1000)
+                mine.append((now - last) * 1000)
                 last = now
                 if f.get("session_id") != sid or f.get("is_subagent"):
                     continue
