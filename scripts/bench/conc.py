@@ -121,7 +121,8 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
                 raise RuntimeError("a client process did not connect")
         spy = None
         if a.py_spy:
-            exe = shutil.which("py-spy")
+            beside = Path(sys.executable).parent / "py-spy"  # the bench venv's
+            exe = str(beside) if beside.exists() else shutil.which("py-spy")
             if exe is None:
                 raise RuntimeError("--py-spy: py-spy is not on PATH (pip install py-spy)")
             spy = subprocess.Popen(
