@@ -56,3 +56,15 @@ def test_table_judges_targets_on_wall_and_cpu() -> None:
     assert "target WebSocket" not in text  # no WebSocket runner, no verdict
     assert "target navi / LangGraph in memory <= 0.5: wall 0.67x, CPU 0.33x  MISSED" in text
     assert "pydantic_ai       unavailable: pip install failed: no network" in text
+
+
+def test_concurrency_rows_give_the_daemon_cpu_and_judge_500_sessions() -> None:
+    conc = _load("conc")  # the orchestrator imports the standard library only
+    gaps = conc._pcts([float(i) for i in range(1, 201)])
+    assert (gaps["p50_gap_ms"], gaps["p99_gap_ms"], gaps["max_gap_ms"]) == (100.5, 199.0, 200.0)
+    row = {"rounds_per_s": 300.0, "p50_gap_ms": 300.0, "p99_gap_ms": 2000.0,
+           "max_gap_ms": 4000.0, "cpu_util": {"daemon": 0.95, "clients": 0.07},
+           "rss_start_kb": 100 << 10, "rss_peak_kb": 180 << 10}  # fmt: skip
+    text = _load("report").table({"concurrency": {"100": row, "500": row}})
+    assert "100 sessions: 300 rounds/s" in text and "daemon cpu 0.95" in text
+    assert "RSS 100 -> 180 MB  target p99<50 ms MISSED" in text

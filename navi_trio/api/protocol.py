@@ -28,6 +28,7 @@ from navi_trio.events import AgentEvent, event_to_dict
 PROTOCOL_VERSION = 1
 Frame = dict[str, Any]
 RequestId = str | int | None
+KEEP_MAX_CHARS = 64_000  # an `EventFrame` keeps its JSON text up to this length
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@+=-]{0,127}")
 
@@ -213,11 +214,34 @@ def parse_frame(message: str | bytes, max_bytes: int) -> tuple[RequestId, Comman
 # -- frames (server -> client) --------------------------------------------------------
 
 
+class EventFrame(dict[str, Any]):
+    """A session frame that keeps its JSON text once encoded.
+
+    The session actor sends the same frame object to every subscriber (and keeps it
+    for replay); each connection's writer `encode`s it, and only the first pays for
+    ``json.dumps``. Frames are never changed once published: a merged delta is a new
+    (plain) dict, encoded on its own. A text longer than `KEEP_MAX_CHARS` is not kept:
+    the replay buffer may hold the frame for long, and a big tool output twice (dict
+    and text) is not worth a second ``json.dumps`` saved.
+    """
+
+    __slots__ = ("_text",)
+
+    def text(self) -> str:
+        try:
+            return self._text
+        except AttributeError:
+            text = _dumps(self)
+            if len(text) <= KEEP_MAX_CHARS:
+                self._text: str = text
+            return text
+
+
 def event_frame(
     event: AgentEvent, session_id: str, seq: int | None, epoch: str | None = None
 ) -> Frame:
     """An AgentEvent as a session frame: type, session_id, seq (and epoch), then fields."""
-    frame: Frame = {"type": type(event).type, "session_id": session_id, "seq": seq}
+    frame = EventFrame(type=type(event).type, session_id=session_id, seq=seq)
     if epoch is not None:
         frame["epoch"] = epoch
     body = event_to_dict(event)
@@ -266,6 +290,13 @@ def reply(request_id: RequestId, type_: str, **fields: Any) -> Frame:
 
 
 def encode(frame: Frame) -> str:
+    """The frame's JSON text (an `EventFrame` is encoded once, whoever asks)."""
+    if isinstance(frame, EventFrame):
+        return frame.text()
+    return _dumps(frame)
+
+
+def _dumps(frame: Frame) -> str:
     text = json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
     try:
         text.encode("utf-8")

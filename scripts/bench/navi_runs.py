@@ -3,7 +3,6 @@
     python scripts/bench/navi_runs.py loop --mode inproc|ws --url URL --rounds 50 --reps 3
     python scripts/bench/navi_runs.py stop --tries 20
     python scripts/bench/navi_runs.py stream --url URL --words 100000
-    python scripts/bench/navi_runs.py concurrency --url URL --sessions 10
     python scripts/bench/navi_runs.py growth
     python scripts/bench/navi_runs.py idle_rss --sessions 200
 
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -225,53 +223,7 @@ async def stream_bench(a: argparse.Namespace) -> dict[str, Any]:
     return {"words": words, "seconds": dt, "words_per_s": words / dt, "frames": frames}
 
 
-# --- 4. concurrency ------------------------------------------------------------------
-
-
-async def concurrency_bench(a: argparse.Namespace) -> dict[str, Any]:
-    echo = EchoTool()
-    gaps: list[float] = []
-    rounds_done = 0
-    rss0 = rss_kb()
-    peak = rss0
-    async with bench_runtime(a.url, [echo], session_idle_sec=3600.0) as rt:
-        tokens: list[str] = []
-        async with ws_daemon(rt, a.sessions + 1, tokens) as (url, _):
-
-            async def one(i: int) -> None:
-                nonlocal rounds_done, peak
-                async with ws_client(url, tokens[i]) as c:
-                    sid = await c.start_session(PROMPT)
-                    last = time.perf_counter()
-
-                    def gap(f: dict[str, Any]) -> None:
-                        nonlocal last, rounds_done
-                        now = time.perf_counter()
-                        gaps.append((now - last) * 1000)
-                        last = now
-                        if f.get("type") == "tool_result":
-                            rounds_done += 1
-
-                    await c.until_end(sid, gap)
-                peak = max(peak, rss_kb())
-
-            await one(a.sessions)  # warm-up: first connection, first LLM call
-            gaps.clear()
-            rounds_done = 0
-            t0 = time.perf_counter()
-            with trio.fail_after(a.timeout):
-                async with trio.open_nursery() as n:
-                    for i in range(a.sessions):
-                        n.start_soon(one, i)
-            dt = time.perf_counter() - t0
-            peak = max(peak, rss_kb())
-    gaps.sort()
-    return {
-        "sessions": a.sessions, "rounds": rounds_done, "seconds": dt,
-        "rounds_per_s": rounds_done / dt, "p50_gap_ms": statistics.median(gaps),
-        "p99_gap_ms": gaps[int(len(gaps) * 0.99)], "max_gap_ms": gaps[-1],
-        "rss_start_kb": rss0, "rss_peak_kb": peak,
-    }  # fmt: skip
+# --- 4. concurrency: conc.py (the daemon, the clients and the LLM in separate processes)
 
 
 async def idle_rss_bench(a: argparse.Namespace) -> dict[str, Any]:
@@ -325,7 +277,7 @@ def main() -> int:
 
         SQLiteStore.open = classmethod(open_with)  # type: ignore[method-assign,assignment]
     fn = {
-        "loop": loop_bench, "stream": stream_bench, "concurrency": concurrency_bench,
+        "loop": loop_bench, "stream": stream_bench,
         "idle_rss": idle_rss_bench,
     }  # fmt: skip
 

@@ -113,7 +113,10 @@ def table(res: dict[str, Any]) -> str:
                 f"{_verdict(navi >= 0.7 * plain)}")  # fmt: skip
     conc = res.get("concurrency", {})
     if conc:
-        add("4. Concurrency (10-round tool loops, 5 ms between chunks; RSS includes the clients)")
+        add(
+            "4. Concurrency (10-round tool loops, 5 ms between chunks; daemon, clients and LLM "
+            "in separate processes; cpu = CPU s / wall s of the daemon)"
+        )
         for n, s in conc.items():
             if n == "idle":
                 kb = s.get("rss_per_idle_session_kb")
@@ -128,6 +131,7 @@ def table(res: dict[str, Any]) -> str:
             add(
                 f"   {n:>4} sessions: {_f(s['rounds_per_s'], 0)} rounds/s, frame gap p50 "
                 f"{_f(s['p50_gap_ms'])} p99 {_f(s['p99_gap_ms'])} max {_f(s['max_gap_ms'])} ms, "
+                f"daemon cpu {_f(s.get('cpu_util', {}).get('daemon'))}, "
                 f"RSS {s['rss_start_kb'] // 1024} -> {s['rss_peak_kb'] // 1024} MB"
                 + (f"  target p99<50 ms {_verdict(s['p99_gap_ms'] < 50)}" if n == "500" else "")
             )

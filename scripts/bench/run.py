@@ -12,7 +12,8 @@ every ratio is between figures of this same run. Prints a table, writes results.
 (with matplotlib) bench.png into --out (default scripts/bench/out/, git-ignored).
 
 This file uses the standard library only; what runs in the bench venv lives beside it:
-peers.py (the peer loops), navi_runs.py and navi_more.py (navi_trio's side), chart.py.
+peers.py (the peer loops), navi_runs.py, navi_more.py and conc.py (navi_trio's side),
+chart.py.
 Everything is bounded: each child process has a timeout, each loop a fixed round count.
 """
 
@@ -226,15 +227,10 @@ def bench_stream(words: int) -> Any:
 
 
 def bench_concurrency(counts: list[int]) -> Any:
+    """conc.py: the fake LLM server, the daemon and the clients each in its own process."""
     out: dict[str, Any] = {}
-    slow = {"delay_first": 0.005, "delay_chunk": 0.005}
-    script = [{**echo_call(), **slow}] * 10 + [{"text": "done", **slow}]
     for n in counts:
-        with fake_server(script) as url:
-            r = child(
-                ["navi_runs.py", "concurrency", "--url", url, "--sessions", str(n),
-                 "--timeout", "540"], 600,
-            )  # fmt: skip
+        r = child(["conc.py", "--sessions", str(n), "--timeout", "540"], 600)
         out[str(n)] = r
         print(f"  concurrency {n}: {r}", flush=True)
     with fake_server([{"text": "x"}]) as url:
@@ -250,14 +246,10 @@ def bench_whatif(reps: int) -> Any:
         with fake_server(script) as url:
             res = loop_runner("navi_inproc", url, 50, reps + 1, 120, sync=sync)
         out[f"loop50_sync_{sync}"] = summarize_loop(res, 50)
-    slow = {"delay_first": 0.005, "delay_chunk": 0.005}
-    conc = [{**echo_call(), **slow}] * 10 + [{"text": "done", **slow}]
     for sync in ("FULL", "OFF"):
-        with fake_server(conc) as url:
-            out[f"concurrency100_sync_{sync}"] = child(
-                ["navi_runs.py", "concurrency", "--url", url, "--sessions", "100",
-                 "--timeout", "240", f"--sync={sync}"], 300,
-            )  # fmt: skip
+        out[f"concurrency100_sync_{sync}"] = child(
+            ["conc.py", "--sessions", "100", "--timeout", "240", f"--sync={sync}"], 300
+        )
     print(f"  what-if: {json.dumps(out)[:300]}", flush=True)
     return out
 

@@ -1,0 +1,201 @@
+"""Benchmark 4, concurrency: N sessions each running a 10-round tool loop at once.
+
+    python scripts/bench/conc.py --sessions 500 [--client-procs 2] [--py-spy OUT.txt]
+
+Every part in its own process, so that neither the CPU nor the figures of one are
+charged to another: the fake LLM server (``python -m navi_trio.testing.fake_llm``, 5 ms
+before each chunk), the daemon (``conc.py daemon``: the full runtime with the bench
+profile and an ApiServer on 127.0.0.1) and the WebSocket clients (``conc.py clients``,
+split over ``--client-procs`` processes). Each session runs exactly 10 rounds: the LLM
+always answers one ``echo`` call and the bench profile stops at ``max_iterations`` 10.
+
+The clients connect and say hello first; then all start at once. A client records the
+gap between consecutive frames of its session, from the ``ok`` of its message to
+``stream_end``. Reported: rounds/s over the whole run, p50/p99/max gap (and p99 without
+each session's first gap, the start when all ask at once), the CPU seconds
+and utilisation (CPU s / wall s; 1.0 = one core busy throughout) of the daemon, the
+clients and the fake server, the daemon's RSS before the run (everyone connected) and
+its peak. ``--py-spy OUT`` samples the daemon alone (``py-spy record --threads``,
+collapsed stacks) while the sessions run. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+HERE = Path(__file__).resolve().parent
+ROUNDS = 10
+SLOW = {"delay_first": 0.005, "delay_chunk": 0.005}
+ECHO = {"tool_calls": [{"name": "echo", "arguments": {"text": "ping"}}], **SLOW}
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def _status_kb(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _line(proc: subprocess.Popen[str], timeout: float, what: str) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline() if ready else ""
+    if not line:
+        raise RuntimeError(f"{what} said nothing within {timeout:.0f} s (exit {proc.poll()})")
+    return line
+
+
+def _spawn(args: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        cwd=HERE,
+    )  # fmt: skip
+
+
+def _tell(proc: subprocess.Popen[str], text: str) -> None:
+    stdin: IO[str] | None = proc.stdin
+    assert stdin is not None
+    stdin.write(text + "\n")
+    stdin.flush()
+
+
+def _pcts(gaps: list[float]) -> dict[str, float]:
+    s = sorted(gaps)
+    return {
+        "p50_gap_ms": statistics.median(s), "p99_gap_ms": s[int(len(s) * 0.99)],
+        "max_gap_ms": s[-1], "frames": len(s),
+    }  # fmt: skip
+
+
+def measure(a: argparse.Namespace) -> dict[str, Any]:
+    procs: list[subprocess.Popen[str]] = []
+    tmp = Path(tempfile.mkdtemp(prefix="navi-conc-"))
+    try:
+        script = tmp / "script.json"
+        script.write_text(json.dumps([ECHO]))
+        fake = _spawn(["-m", "navi_trio.testing.fake_llm", "--loop", "--script", str(script)])
+        procs.append(fake)
+        llm_url = _line(fake, 30, "the fake LLM server").split("listening on", 1)[1].strip()
+        daemon_args = ["conc.py", "daemon", "--url", llm_url, "--users", str(a.sessions + 1)]
+        daemon = _spawn(daemon_args + ([f"--sync={a.sync}"] if a.sync else []))
+        procs.append(daemon)
+        hello = json.loads(_line(daemon, 60, "the daemon"))
+        tokens = tmp / "tokens.json"
+        tokens.write_text(json.dumps(hello["tokens"]))
+        common = ["conc.py", "clients", "--ws", hello["ws"], "--tokens", str(tokens)]
+
+        # Warm-up: the first connection and the first LLM call, not measured.
+        warm = _spawn([*common, "--first", str(a.sessions), "--count", "1"])
+        procs.append(warm)
+        _line(warm, 60, "the warm-up client")
+        _tell(warm, "go")
+        _line(warm, 120, "the warm-up client")
+
+        per = -(-a.sessions // a.client_procs)
+        clients = [
+            _spawn([*common, "--first", str(i), "--count", str(min(per, a.sessions - i))])
+            for i in range(0, a.sessions, per)
+        ]
+        procs += clients
+        for c in clients:
+            if _line(c, 120, "a client process").strip() != "ready":
+                raise RuntimeError("a client process did not connect")
+        spy = None
+        if a.py_spy:
+            beside = Path(sys.executable).parent / "py-spy"  # the bench venv's
+            exe = str(beside) if beside.exists() else shutil.which("py-spy")
+            if exe is None:
+                raise RuntimeError("--py-spy: py-spy is not on PATH (pip install py-spy)")
+            spy = subprocess.Popen(
+                [exe, "record", "--threads", "--nonblocking", "--format", "raw", "--rate",
+                 "200", "--pid", str(daemon.pid), "-o", a.py_spy],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            time.sleep(1.0)  # let it attach before the load starts
+        rss0 = _status_kb(daemon.pid, "VmRSS")
+        cpu0 = {"daemon": _cpu_s(daemon.pid), "llm": _cpu_s(fake.pid)}
+        load0 = os.getloadavg()[0]
+        t0 = time.monotonic()
+        for c in clients:
+            _tell(c, "go")
+        results = [json.loads(_line(c, a.timeout, "a client process")) for c in clients]
+        wall = time.monotonic() - t0
+        cpu = {k: _cpu_s(p.pid) - cpu0[k] for k, p in (("daemon", daemon), ("llm", fake))}
+        cpu["clients"] = sum(r["cpu_s"] for r in results)
+        peak = _status_kb(daemon.pid, "VmHWM")
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
+        gaps = [g for r in results for one in r["gaps_ms"] for g in one]
+        # Without each session's first gap (its message to its first frame: the start,
+        # when every session asks at once): what a session in full flow sees.
+        flow = [g for r in results for one in r["gaps_ms"] for g in one[1:]]
+        rounds = sum(r["rounds"] for r in results)
+        return {
+            "sessions": a.sessions, "client_procs": len(clients), "rounds": rounds,
+            "seconds": wall, "rounds_per_s": rounds / wall, **_pcts(gaps),
+            "p99_gap_in_flow_ms": _pcts(flow)["p99_gap_ms"],
+            "cpu_s": cpu, "cpu_util": {k: v / wall for k, v in cpu.items()},
+            "rss_start_kb": rss0, "rss_peak_kb": peak, "loadavg_start": load0,
+            "loadavg_end": os.getloadavg()[0], "errors": [e for r in results for e in r["errors"]],
+        }  # fmt: skip
+    finally:
+        for p in reversed(procs):
+            if p.stdin is not None:
+                p.stdin.close()  # the daemon and the clients end when stdin closes
+        for p in reversed(procs):
+            if p is procs[0]:
+                p.terminate()
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("what", nargs="?", default="measure", choices=["measure", "daemon", "clients"])
+    p.add_argument("--sessions", type=int, default=10)
+    p.add_argument("--client-procs", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--py-spy", default="", metavar="OUT")
+    p.add_argument("--sync", default="", help="what-if: the store's synchronous= (OFF, NORMAL)")
+    # daemon / clients (internal)
+    p.add_argument("--url", default="")
+    p.add_argument("--users", type=int, default=1)
+    p.add_argument("--ws", default="")
+    p.add_argument("--tokens", default="")
+    p.add_argument("--first", type=int, default=0)
+    p.add_argument("--count", type=int, default=1)
+    a = p.parse_args()
+    if a.what == "measure":
+        print(json.dumps(measure(a)))
+        return 0
+    import conc_parts  # noqa: I001  (beside this file; needs the bench venv's navi_trio)
+
+    return conc_parts.main(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
