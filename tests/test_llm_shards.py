@@ -9,6 +9,7 @@ absolute timeout.
 from __future__ import annotations
 
 import httpx
+import pytest
 import trio
 import trio.testing
 
@@ -48,3 +49,21 @@ async def test_concurrent_streams_fill_one_small_pool_after_another() -> None:
                     await response.aclose()
                 assert client.open_streams == [0, 0, 0, 0]
                 assert server.connections - before <= 1
+
+
+def test_every_shard_shares_the_clients_one_ssl_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading CA certificates costs ms: a shard made under load must not do it again."""
+    made: list[object] = []
+    real = httpx.create_ssl_context
+
+    def counting(*args: object, **kw: object) -> object:
+        ctx = real(*args, **kw)  # type: ignore[arg-type]
+        made.append(ctx)
+        return ctx
+
+    monkeypatch.setattr(httpx, "create_ssl_context", counting)
+    client = ShardedClient(shards=3, per_shard=1, timeout=5)
+    shards = [client._shard(i) for i in range(3)]
+    assert len(made) == 1
+    for shard in shards:
+        assert shard._transport._pool._ssl_context is made[0]  # type: ignore[attr-defined]

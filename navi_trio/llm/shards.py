@@ -13,6 +13,7 @@ connection limit: a pool walk costs at most `per_shard` connections.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -44,10 +45,14 @@ class ShardedClient(httpx.AsyncClient):
     """An `httpx.AsyncClient` whose `send` goes through one of several small pools."""
 
     def __init__(self, *, shards: int = SHARDS, per_shard: int = PER_SHARD, **kw: Any) -> None:
+        # One SSL context (loading the CA certificates costs ~10-25 ms) for this client
+        # and every shard: a shard made while hundreds of sessions stream must not load
+        # them again on the event loop.
+        if not isinstance(kw.get("verify"), ssl.SSLContext):
+            kw["verify"] = httpx.create_ssl_context(verify=kw.get("verify", True))
         super().__init__(**kw)
         self._kw = kw
-        # Made on first use: each client builds an SSL context (~1 ms), and a daemon
-        # with a few sessions needs one shard.
+        # Made on first use: a daemon with a few sessions needs one shard.
         self._shards: list[httpx.AsyncClient | None] = [None] * max(shards, 1)
         self._open = [0] * len(self._shards)
         self.per_shard = per_shard
