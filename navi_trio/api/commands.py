@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -20,6 +20,7 @@ from navi_trio.api.protocol import (
     Approval,
     Command,
     Compact,
+    Frame,
     Hello,
     RequestId,
     SendMessage,
@@ -47,8 +48,16 @@ from navi_trio.events import event_to_dict
 from navi_trio.store.base import SessionRow
 
 if TYPE_CHECKING:
-    from navi_trio.api.connection import Connection
-    from navi_trio.api.server import ApiServer
+    from navi_trio.runtime import Runtime
+
+
+class ClientLink(Protocol):
+    """What a command needs of its connection (api/connection.py `Connection`)."""
+
+    async def send(self, frame: Frame) -> None: ...
+    def subscribed(self, session_id: str) -> bool: ...
+    def subscribe(self, actor: SessionActor, last_seq: int | None, epoch: str | None) -> None: ...
+    def unsubscribe(self, session_id: str) -> bool: ...
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +69,8 @@ def new_session_id() -> str:
 
 
 class Commands:
-    def __init__(self, server: ApiServer, conn: Connection, user: User) -> None:
-        self.server = server
-        self.rt = server.runtime
+    def __init__(self, runtime: Runtime, conn: ClientLink, user: User) -> None:
+        self.rt = runtime
         self.conn = conn
         self.user = user
 

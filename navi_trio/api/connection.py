@@ -18,7 +18,7 @@ user, closes the connection (after the error frame).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
@@ -48,8 +48,17 @@ from navi_trio.errors import (
 )
 
 if TYPE_CHECKING:
-    from navi_trio.api.server import ApiServer
     from navi_trio.core.session_actor import SessionActor, Subscription
+    from navi_trio.runtime import Runtime
+
+
+class ConnectionHost(Protocol):
+    """What a connection needs of its server (api/server.py `ApiServer`)."""
+
+    runtime: Runtime
+
+    def connected(self, user: User) -> None: ...
+    def disconnected(self, user: User) -> None: ...
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +76,7 @@ def _merged(last: Frame, texts: list[str]) -> Frame:
 
 
 class Connection:
-    def __init__(self, server: ApiServer, ws: WebSocketConnection, peer: str) -> None:
+    def __init__(self, server: ConnectionHost, ws: WebSocketConnection, peer: str) -> None:
         self.server = server
         self.ws = ws
         self.peer = peer
@@ -98,7 +107,7 @@ class Connection:
             await self._close_with(error_frame_for(exc))
             return
         log.info("connection %s: user %s (%s) connected", self.peer, user.name, user.role)
-        commands = Commands(self.server, self, user)
+        commands = Commands(self.server.runtime, self, user)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import IO, Any
 
 HERE = Path(__file__).resolve().parent
-ROUNDS = 10
 SLOW = {"delay_first": 0.005, "delay_chunk": 0.005}
 ECHO = {"tool_calls": [{"name": "echo", "arguments": {"text": "ping"}}], **SLOW}
 TICK = os.sysconf("SC_CLK_TCK")

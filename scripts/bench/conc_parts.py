@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from conc import ROUNDS
 from navi_runs import BENCH_PROFILE, PROMPT, EchoTool, bench_runtime, ws_client, ws_daemon
+
+ROUNDS = 10  # rounds of each session's tool loop
 
 
 def _patch_sync(sync: str) -> None:
