@@ -24,7 +24,7 @@ the previous round (a running token sum), not the whole history.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -55,6 +55,20 @@ def is_kept_system(msg: Mapping[str, Any]) -> bool:
     return bool(msg.get("keep")) or bool(msg.get("summary"))
 
 
+@attrs.define
+class RunningSum:
+    """A count over ``views[:upto]``, extended by what was appended since."""
+
+    upto: int = 0
+    total: int = 0
+
+    def over(self, views: list[dict[str, Any]], count: Callable[[Sequence[Any]], int]) -> int:
+        if self.upto < len(views):
+            self.total += count(views[self.upto :])
+            self.upto = len(views)
+        return self.total
+
+
 @attrs.define(eq=False)
 class ContextViews:
     """The built copies of one context list's messages, kept between the rounds of a turn.
@@ -63,8 +77,8 @@ class ContextViews:
     one, or a first or last processed entry that is no longer the same object (the last
     message replaced) starts over. Whoever replaces an entry in the middle of the list in
     place calls `invalidate()` (nothing in the agent does: messages are appended, and
-    compression makes a new list). The running sums count ``views[:estimated]`` (and
-    ``views[:bounded]``); a round adds only what is new.
+    compression makes a new list). The running sums (estimate, upper bound) count the
+    views; a round adds only what is new.
     """
 
     source: list[Any] | None = None
@@ -72,10 +86,8 @@ class ContextViews:
     first: object = None  # source[0] and source[seen - 1] as processed
     last: object = None
     views: list[dict[str, Any]] = attrs.field(factory=list)
-    estimated: int = 0
-    estimate: int = 0
-    bounded: int = 0
-    bound: int = 0
+    estimate: RunningSum = attrs.field(factory=RunningSum)
+    bound: RunningSum = attrs.field(factory=RunningSum)
     # The last list `build` returned with these views, and where its views sit in it.
     built: list[dict[str, Any]] | None = None
     head: int = 0
@@ -90,7 +102,8 @@ class ContextViews:
 
     def _reset(self, context: Sequence[Any]) -> None:
         self.source = context if isinstance(context, list) else None
-        self.seen = self.estimated = self.estimate = self.bounded = self.bound = 0
+        self.seen = 0
+        self.estimate, self.bound = RunningSum(), RunningSum()
         self.first = self.last = None
         self.views = []
         self.built = None
@@ -209,29 +222,13 @@ class ContextBuilder:
     ) -> int:
         """`counter.estimate_messages(built)`; with the `views` that built it, only the
         messages not counted by an earlier call are counted (a running sum)."""
-        part = _views_part(built, views)
-        if part is None or views is None:
-            return self._counter.estimate_messages(built)
-        start, end = part
-        counter = self._counter
-        if views.estimated < len(views.views):
-            views.estimate += counter.estimate_messages(views.views[views.estimated :])
-            views.estimated = len(views.views)
-        rest = counter.estimate_messages(built[:start]) + counter.estimate_messages(built[end:])
-        return views.estimate + rest
+        count = self._counter.estimate_messages
+        return _running(built, views, count, None if views is None else views.estimate)
 
     def bound(self, built: Sequence[Mapping[str, Any]], views: ContextViews | None = None) -> int:
         """`counter.bound_messages(built)`, with a running sum like `estimate`."""
-        part = _views_part(built, views)
-        if part is None or views is None:
-            return self._counter.bound_messages(built)
-        start, end = part
-        counter = self._counter
-        if views.bounded < len(views.views):
-            views.bound += counter.bound_messages(views.views[views.bounded :])
-            views.bounded = len(views.views)
-        rest = counter.bound_messages(built[:start]) + counter.bound_messages(built[end:])
-        return views.bound + rest
+        count = self._counter.bound_messages
+        return _running(built, views, count, None if views is None else views.bound)
 
     def check_context_size(
         self,
@@ -292,6 +289,20 @@ def memory_message(memories: Sequence[str]) -> dict[str, Any] | None:
     if not facts:
         return None
     return {"role": "system", "content": MEMORY_HEADER + "\n" + "\n".join(facts)}
+
+
+def _running(
+    built: Sequence[Mapping[str, Any]],
+    views: ContextViews | None,
+    count: Callable[[Sequence[Any]], int],
+    total: RunningSum | None,
+) -> int:
+    """`count(built)`, the part of `built` that is `views` taken from the running `total`."""
+    part = _views_part(built, views)
+    if part is None or views is None or total is None:
+        return count(built)
+    start, end = part
+    return total.over(views.views, count) + count(built[:start]) + count(built[end:])
 
 
 def _views_part(
