@@ -3,9 +3,11 @@
 Every process a tool starts is the leader of a new session (``start_new_session=True``),
 so it and everything it forks share one process group. When the owner of a process is
 done with it — the command finished, its timeout fired, its call or job was cancelled,
-or the daemon is shutting down — `kill_group` signals the *whole group*: SIGTERM, a
-short grace for the leader, then SIGKILL, all under a shielded scope with a deadline,
-and the leader is reaped. Background children (``sleep 300 &``) die with their command.
+or the daemon is shutting down — `kill_group` signals the *whole group*, under a
+shielded scope with a deadline, and reaps the leader: SIGTERM, a short grace for the
+leader, then SIGKILL when the command ended or timed out; at once (frozen, looked at,
+SIGKILLed) when its owner was cancelled — a stop, a task cancel, the shutdown: those
+mean now. Background children (``sleep 300 &``) die with their command.
 
 A process that calls ``setsid`` leaves the group. To catch those too, every command's
 environment carries a tag (``NAVI_PROC_TAG``) that its descendants inherit, and
