@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from agent_tools import BlockTool, seed, toolset, with_tools
 
 from navi_trio.testing import open_harness
@@ -152,3 +153,29 @@ async def test_a_stopped_turn_is_committed_without_waiting_for_an_fsync(
         # stopped result (committed: it survives a killed daemon; the next durable
         # commit flushes it).
         assert durable == [True, False, False]
+
+
+async def test_a_timeout_still_ends_the_command_gracefully(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    # Not a stop: the command gets SIGTERM and its trap runs before anything is killed.
+    marker = tmp_path / "term"
+    command = f"trap 'echo term > {marker}; exit 0' TERM; echo ready; sleep 60 & wait"
+    ready = trio.Event()
+    results: list[procs.CommandResult] = []
+
+    def on_line(line: str) -> None:
+        if line == "ready":
+            ready.set()
+
+    async def run() -> None:
+        results.append(
+            await procs.run_command(command, cwd=tmp_path, time_limit=5.0, on_line=on_line)
+        )
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        await ready.wait()
+        mock_clock.jump(5.0)  # the command is running: now the time limit passes
+    assert results[0].timed_out
+    assert marker.read_text() == "term\n"
