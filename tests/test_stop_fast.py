@@ -36,14 +36,18 @@ def _state(pid: int) -> str | None:
 
 def _frozen(pid: int) -> bool | None:
     """Stopped, or with SIGSTOP pending: it runs no more code of its own either way.
-    None when it is gone."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return None
-    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    pending = int(fields["ShdPnd"], 16) | int(fields["SigPnd"], 16)
-    return fields["State"].strip().startswith("T") or bool(pending & (1 << (19 - 1)))
+    None when it is gone. Read twice: the state line is read before the pending
+    signals, so a stop taken between the two shows in the second read."""
+    for _ in range(2):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except FileNotFoundError:
+            return None
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        pending = int(fields["ShdPnd"], 16) | int(fields["SigPnd"], 16)
+        if fields["State"].strip().startswith("T") or pending & (1 << (19 - 1)):
+            return True
+    return False
 
 
 def _alive(pid: int) -> bool:
