@@ -466,7 +466,7 @@ class TurnRunner:
                 )
             )
 
-    async def _save_partial(self, **marks: Any) -> str:
+    async def _save_partial(self, *, durable: bool = True, **marks: Any) -> str:
         """Keep what the call being streamed produced; pair every call without a result."""
         turn = self.turn
         reply = turn.reply
@@ -490,14 +490,18 @@ class TurnRunner:
                     ToolResultEvent(call_id=call.id, name=call.name, ok=False, error=result.error)
                 )
         self.pair_results()
-        await self.save()
+        await self.save(durable=durable)
         return text
 
     async def _crashed(self) -> None:
         await self._save_partial(error="internal error")
 
     async def _stopped(self) -> None:
-        text = await self._save_partial(stopped=True)
+        # Committed without an fsync, so StreamEnd does not wait for the disk: the
+        # stopped turn survives a killed daemon at once, and power loss from the next
+        # durable commit on (before that, at worst the history ends where this turn's
+        # last durable save left it, and a dangling call is paired on load).
+        text = await self._save_partial(durable=False, stopped=True)
         self.turn.end(self.stream_end(text, reason="stopped"))
 
     async def _failed(self, exc: LLMError) -> None:

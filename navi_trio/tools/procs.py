@@ -3,9 +3,11 @@
 Every process a tool starts is the leader of a new session (``start_new_session=True``),
 so it and everything it forks share one process group. When the owner of a process is
 done with it — the command finished, its timeout fired, its call or job was cancelled,
-or the daemon is shutting down — `kill_group` signals the *whole group*: SIGTERM, a
-short grace for the leader, then SIGKILL, all under a shielded scope with a deadline,
-and the leader is reaped. Background children (``sleep 300 &``) die with their command.
+or the daemon is shutting down — `kill_group` signals the *whole group*, under a
+shielded scope with a deadline, and reaps the leader: SIGTERM, a short grace for the
+leader, then SIGKILL when the command ended or timed out; at once (frozen, looked at,
+SIGKILLed) when its owner was cancelled — a stop, a task cancel, the shutdown: those
+mean now. Background children (``sleep 300 &``) die with their command.
 
 A process that calls ``setsid`` leaves the group. To catch those too, every command's
 environment carries a tag (``NAVI_PROC_TAG``) that its descendants inherit, and
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import codecs
 import itertools
+import math
 import os
 import secrets
 import shutil
@@ -172,7 +175,11 @@ async def _find_strays(process: trio.Process, tag: str | None, since: int | None
 
 
 async def kill_group(
-    process: trio.Process, grace: float = KILL_GRACE_SEC, tag: str | None = None
+    process: trio.Process,
+    grace: float = KILL_GRACE_SEC,
+    tag: str | None = None,
+    *,
+    at_once: bool | None = None,
 ) -> None:
     """Kill the process group led by `process`, its strays, and reap the leader.
 
@@ -180,28 +187,52 @@ async def kill_group(
     parent id, or carrying `tag` in their environment (see `proctree`). Safe to call
     when the leader already exited: whatever it left behind is killed. Runs shielded,
     so it completes even inside a cancelled scope.
+
+    Two ways, chosen by `at_once` (default: whether the caller's scope is cancelled —
+    a stop, a task cancel, the daemon shutting down):
+
+    - graceful (the command ended, timed out, or ``terminal kill``): SIGTERM, up to
+      `grace` for the leader to exit, SIGKILL, then a second look for strays, as the
+      group ran on during the grace and may have started some.
+    - at once (the user asked to stop *now*): the group is frozen (SIGSTOP) before the
+      look for strays, then SIGKILLed. A frozen group cannot fork or ``setsid``, so
+      when that one look found no strays there is nothing to look for again; only
+      strays found (they ran on during the look) cost a second one.
     """
+    if at_once is None:
+        at_once = trio.current_effective_deadline() == -math.inf
     pgid = process.pid  # the leader of a new session: its pid is the group id
     with trio.CancelScope(shield=True):
         with trio.move_on_after(grace + 5.0):
             # Strays start after the leader: older processes are skipped cheaply. Read
             # only while the leader is unreaped (a reaped leader's pid may be reused).
             since = start_time(process.pid) if process.returncode is None else None
+            if at_once:
+                _signal_group(pgid, signal.SIGSTOP)
             # Before the leader dies, while its descendants still hang below it.
             strays = await _find_strays(process, tag, since)
             try:
-                if process.returncode is None:
-                    _signal_group(pgid, signal.SIGTERM)
-                    strays.signal(signal.SIGTERM)
-                    with trio.move_on_after(grace):
-                        await process.wait()
-                # Always: grandchildren may ignore SIGTERM or outlive their parent.
-                _signal_group(pgid, signal.SIGKILL)
+                if at_once:
+                    _signal_group(pgid, signal.SIGKILL)
+                    # The frozen members of the group did nothing during the look.
+                    again = bool(strays.outside)
+                else:
+                    if process.returncode is None:
+                        _signal_group(pgid, signal.SIGTERM)
+                        strays.signal(signal.SIGTERM)
+                        with trio.move_on_after(grace):
+                            await process.wait()
+                    # Always: grandchildren may ignore SIGTERM or outlive their parent.
+                    _signal_group(pgid, signal.SIGKILL)
+                    again = True
                 for _ in range(STRAY_ROUNDS):
                     strays.signal(signal.SIGKILL)
                     await strays.wait()
                     strays.close()
+                    if not again:
+                        break
                     strays = await _find_strays(process, tag, since)
+                    again = True
                     if not strays:
                         break
                 await process.wait()

@@ -44,13 +44,14 @@ def _read(path: str) -> bytes | None:
         os.close(fd)
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, parent pid, start time in clock ticks) of a process, or None when gone."""
+def _stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, parent pid, start time in clock ticks, process group) of a process, or
+    None when gone."""
     data = _read(f"{PROC}/{pid}/stat")
     if data is None:
         return None
     fields = data.rsplit(b")", 1)[1].split()
-    return fields[0].decode(), int(fields[1]), int(fields[19])
+    return fields[0].decode(), int(fields[1]), int(fields[19]), int(fields[2])
 
 
 def start_time(pid: int) -> int | None:
@@ -90,6 +91,11 @@ def stray_pids(
 def stray_pids_many(queries: list[Query], tag_var: str) -> list[set[int]]:
     """`stray_pids` for several leaders at once, in one pass over /proc: the commands
     of a parallel batch stopped together cost one scan, not one each."""
+    return _scan(queries, tag_var)[0]
+
+
+def _scan(queries: list[Query], tag_var: str) -> tuple[list[set[int]], dict[int, int]]:
+    """The strays of each query, and the process group of every process seen."""
     me, uid = os.getpid(), os.getuid()
     wanted: list[tuple[int | None, bytes | None, int | None]] = []
     for leader, tag, since in queries:
@@ -101,11 +107,12 @@ def stray_pids_many(queries: list[Query], tag_var: str) -> list[set[int]]:
     oldest = None if not sinces or None in sinces else min(s for s in sinces if s is not None)
     children: dict[int, list[int]] = {}
     started: dict[int, int] = {}
+    groups: dict[int, int] = {}
     tagged: list[set[int]] = [set() for _ in wanted]
     try:
         names = os.listdir(PROC)
     except OSError:
-        return [set() for _ in wanted]
+        return [set() for _ in wanted], {}
     for name in names:
         if not name.isdigit():
             continue
@@ -120,6 +127,7 @@ def stray_pids_many(queries: list[Query], tag_var: str) -> list[set[int]]:
             continue
         children.setdefault(info[1], []).append(pid)
         started[pid] = info[2]
+        groups[pid] = info[3]
         for i, (leader, needle, since) in enumerate(wanted):
             if (
                 needle is not None
@@ -139,13 +147,18 @@ def stray_pids_many(queries: list[Query], tag_var: str) -> list[set[int]]:
                 found.add(pid)
                 todo.extend(children.get(pid, []))
         out.append((found | tags) - {me, leader or me})
-    return out
+    return out, groups
 
 
 class Strays:
-    """Processes held by pidfds: `signal` them, `wait` for them to die, `close`."""
+    """Processes held by pidfds: `signal` them, `wait` for them to die, `close`.
 
-    def __init__(self, pids: set[int]) -> None:
+    `outside` are those that were not in the group (`group`: the leader's pid) when
+    found: the ones that left it, which a signal to the group misses.
+    """
+
+    def __init__(self, pids: set[int], outside: set[int] | None = None) -> None:
+        self.outside = set(pids) if outside is None else outside & pids
         self.fds: dict[int, int] = {}
         for pid in sorted(pids):
             try:
@@ -184,4 +197,10 @@ def find_strays_many(queries: list[Query], tag_var: str) -> list[Strays]:
     """`find_strays` for several leaders in one pass; runs in a worker thread."""
     if not hasattr(os, "pidfd_open") or not PROC.is_dir():
         return [Strays(set()) for _ in queries]
-    return [Strays(pids) for pids in stray_pids_many(queries, tag_var)]
+    found, groups = _scan(queries, tag_var)
+    out = []
+    for (leader, _, _), pids in zip(queries, found, strict=True):
+        # A reaped leader's group id may be reused: then every stray counts as outside.
+        outside = {p for p in pids if leader is None or groups.get(p) != leader}
+        out.append(Strays(pids, outside))
+    return out
