@@ -192,3 +192,35 @@ async def test_errors_come_out_alone_when_the_consumer_calls_receive_directly(
                         backend, REQUEST, first_chunk_timeout=90, chunk_timeout=60
                     ) as chunks:
                         await chunks.receive()
+
+
+def _task_count() -> int:
+    """Every task of this trio run (walked from the root task)."""
+    todo = [trio.lowlevel.current_root_task()]
+    count = 0
+    while todo:
+        task = todo.pop()
+        count += 1
+        for nursery in task.child_nurseries:
+            todo.extend(nursery.child_tasks)
+    return count
+
+
+async def test_the_guard_adds_no_task_of_its_own_to_the_backends_stream() -> None:
+    """A guarded stream reads in the consumer's task: no producer task (and its two task
+    switches per chunk) on top of the backend's own. Tasks are counted once the first
+    chunk is in (the backend's producer starts on the first receive)."""
+    with trio.fail_after(LIMIT):
+        async with served([{"text": "hello"}] * 3) as (_, backend):
+            for _ in range(2):  # the second time on the kept-alive connection
+                async with backend.stream_chat(REQUEST) as chunks:
+                    got = [await chunks.receive()]
+                    bare = _task_count()
+                    got += [c async for c in chunks]
+            async with guarded_stream(
+                backend, REQUEST, first_chunk_timeout=LIMIT, chunk_timeout=LIMIT
+            ) as guarded:
+                seen = [await guarded.receive()]
+                assert _task_count() == bare
+                seen += [c async for c in guarded]
+            assert [type(c) for c in seen] == [type(c) for c in got]

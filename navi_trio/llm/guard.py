@@ -8,42 +8,63 @@ and every later gap by ``chunk_timeout`` (``LLM_STREAM_FIRST_CHUNK_TIMEOUT`` /
 scope) the backend's ``async with`` exits, which closes the HTTP response: the server
 sees the connection go and the GPU goes idle. No polling: Stop during prefill is just
 a cancel scope, effective at once.
+
+The guard is a wrapper around the backend's channel, not a channel of its own: each
+``receive`` runs in the consumer's task under its own deadline, so a chunk costs no
+extra task hop (a second producer task would add a nursery per call and two task
+switches per chunk, for nothing the cancel scope does not already give).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import trio
 
 from navi_trio.errors import LLMChunkTimeout, LLMFirstChunkTimeout
 from navi_trio.llm.base import ChatRequest, LLMBackend, LLMChunk
-from navi_trio.llm.http import chunk_channel
 
 
-@chunk_channel
+class GuardedChannel(trio.abc.ReceiveChannel[LLMChunk]):
+    """The backend's chunks; each wait bounded from when the consumer asks for it."""
+
+    def __init__(
+        self,
+        inner: trio.abc.ReceiveChannel[LLMChunk],
+        first_chunk_timeout: float,
+        chunk_timeout: float,
+    ) -> None:
+        self._inner = inner
+        self._first_timeout = first_chunk_timeout
+        self._timeout = chunk_timeout
+        self._first = True
+
+    async def receive(self) -> LLMChunk:
+        first = self._first
+        limit = self._first_timeout if first else self._timeout
+        with trio.move_on_after(limit):
+            chunk = await self._inner.receive()
+            self._first = False
+            return chunk
+        raise LLMFirstChunkTimeout(limit) if first else LLMChunkTimeout(limit)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+@asynccontextmanager
 async def guarded_stream(
     backend: LLMBackend,
     request: ChatRequest,
     *,
     first_chunk_timeout: float,
     chunk_timeout: float,
-) -> AsyncGenerator[LLMChunk, None]:
+) -> AsyncIterator[trio.abc.ReceiveChannel[LLMChunk]]:
     """``async with guarded_stream(...) as chunks:`` — the backend's stream, with timeouts.
 
     Each wait is measured from when the consumer asks for the next chunk, so time the
     consumer spends on a chunk never counts against the model.
     """
     async with backend.stream_chat(request) as chunks:
-        first = True
-        while True:
-            limit = first_chunk_timeout if first else chunk_timeout
-            with trio.move_on_after(limit) as scope:
-                try:
-                    chunk = await chunks.receive()
-                except trio.EndOfChannel:
-                    return
-            if scope.cancelled_caught:
-                raise LLMFirstChunkTimeout(limit) if first else LLMChunkTimeout(limit)
-            first = False
-            yield chunk
+        yield GuardedChannel(chunks, first_chunk_timeout, chunk_timeout)

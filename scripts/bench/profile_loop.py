@@ -32,11 +32,11 @@ async def main(a: argparse.Namespace) -> None:
     waits: collections.Counter[str] = collections.Counter()
     real_run = SQLiteStore._run
 
-    async def counted(self: SQLiteStore, op: str, fn: Any) -> Any:
+    async def counted(self: SQLiteStore, op: str, fn: Any, *args: Any, **kw: Any) -> Any:
         kind = op.split(" ")[0] + " " + (op.split(" ")[1] if " " in op else "")
         t0 = time.perf_counter()
         try:
-            return await real_run(self, op, fn)
+            return await real_run(self, op, fn, *args, **kw)
         finally:
             ops[kind] += 1
             waits[kind] += int((time.perf_counter() - t0) * 1e6)
