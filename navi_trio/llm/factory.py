@@ -16,6 +16,7 @@ import trio
 
 from navi_trio.errors import ConfigError
 from navi_trio.llm.base import LLMBackend
+from navi_trio.llm.client import LLMClient
 from navi_trio.llm.ollama import OllamaBackend
 from navi_trio.llm.openai import OpenAIBackend
 from navi_trio.settings import Settings
@@ -28,8 +29,9 @@ def make_client(settings: Settings) -> httpx.AsyncClient:
 
     Only connecting has an httpx timeout: reads wait as long as the stream guard allows
     (first_chunk_timeout / chunk_timeout), which is the layer that knows about prefill.
+    No cookies, and a cheap chat POST (llm/client.py).
     """
-    return httpx.AsyncClient(timeout=httpx.Timeout(None, connect=settings.llm_connect_timeout))
+    return LLMClient(timeout=httpx.Timeout(None, connect=settings.llm_connect_timeout))
 
 
 def make_backend(settings: Settings, client: httpx.AsyncClient) -> LLMBackend:

@@ -37,6 +37,7 @@ from navi_trio.errors import (
     LLMStatusError,
 )
 from navi_trio.llm.base import DoneChunk, LLMChunk, ToolCall
+from navi_trio.llm.client import LLMClient
 
 EXCERPT = 200
 P = ParamSpec("P")
@@ -131,11 +132,15 @@ def _json_post(
 ) -> httpx.Request:
     """The POST of a chat request: strict JSON (no NaN) with its content type.
 
-    `body` may come as the JSON bytes already (llm/body_cache.py)."""
+    `body` may come as the JSON bytes already (llm/body_cache.py). An `LLMClient`
+    builds it from its per-URL template (the same request, cheaper)."""
+    content = body if isinstance(body, bytes) else json_body(body)
+    if isinstance(client, LLMClient):
+        return client.json_post(url, content, headers)
     return client.build_request(
         "POST",
         url,
-        content=body if isinstance(body, bytes) else json_body(body),
+        content=content,
         headers={**(headers or {}), "Content-Type": "application/json"},
     )
 
