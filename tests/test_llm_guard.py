@@ -100,8 +100,8 @@ async def test_chunks_slower_than_first_timeout_but_within_chunk_timeout_pass(
             got = await drain(backend, first=90, chunk=60)
             assert [c.text for c in got if isinstance(c, TextChunk)] == ["a ", "b ", "c"]
             assert isinstance(got[-1], DoneChunk)
+            await server.wait_completed(1)  # the server's task may count it a step later
             assert server.disconnects == []
-            assert server.completed == 1
 
 
 async def test_time_the_consumer_spends_on_a_chunk_does_not_count(
@@ -194,33 +194,35 @@ async def test_errors_come_out_alone_when_the_consumer_calls_receive_directly(
                         await chunks.receive()
 
 
-def _task_count() -> int:
-    """Every task of this trio run (walked from the root task)."""
-    todo = [trio.lowlevel.current_root_task()]
-    count = 0
-    while todo:
-        task = todo.pop()
-        count += 1
-        for nursery in task.child_nurseries:
-            todo.extend(nursery.child_tasks)
-    return count
+class _Spawned(trio.abc.Instrument):
+    """Records the tasks spawned under `parent` (in a nursery `parent` opened)."""
+
+    def __init__(self, parent: trio.lowlevel.Task) -> None:
+        self.parent = parent
+        self.names: list[str] = []
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        nursery = task.parent_nursery
+        if nursery is not None and nursery.parent_task is self.parent:
+            self.names.append(task.name)
 
 
-async def test_the_guard_adds_no_task_of_its_own_to_the_backends_stream() -> None:
-    """A guarded stream reads in the consumer's task: no producer task (and its two task
-    switches per chunk) on top of the backend's own. Tasks are counted once the first
-    chunk is in (the backend's producer starts on the first receive)."""
+@pytest.mark.parametrize("dialect", ["ollama", "openai"])
+async def test_a_guarded_http_stream_runs_in_the_consumers_task(dialect: str) -> None:
+    """Neither the guard nor the HTTP backends start a producer task: each chunk is read
+    in the consumer's task (no nursery per call, no task switches per chunk), and the
+    chunks, the timeouts and the closing are what they were."""
     with trio.fail_after(LIMIT):
-        async with served([{"text": "hello"}] * 3) as (_, backend):
-            for _ in range(2):  # the second time on the kept-alive connection
-                async with backend.stream_chat(REQUEST) as chunks:
-                    got = [await chunks.receive()]
-                    bare = _task_count()
-                    got += [c async for c in chunks]
-            async with guarded_stream(
-                backend, REQUEST, first_chunk_timeout=LIMIT, chunk_timeout=LIMIT
-            ) as guarded:
-                seen = [await guarded.receive()]
-                assert _task_count() == bare
-                seen += [c async for c in guarded]
-            assert [type(c) for c in seen] == [type(c) for c in got]
+        async with served([{"text": "one two"}] * 2, dialect) as (server, backend):
+            await drain(backend)  # connecting starts tasks: the kept-alive connection is used
+            spawned = _Spawned(trio.lowlevel.current_task())
+            trio.lowlevel.add_instrument(spawned)
+            try:
+                got = await drain(backend)
+            finally:
+                trio.lowlevel.remove_instrument(spawned)
+            assert spawned.names == []
+            assert "".join(c.text for c in got if isinstance(c, TextChunk)) == "one two"
+            assert isinstance(got[-1], DoneChunk)
+            await server.wait_completed(2)
+            assert server.disconnects == []

@@ -80,6 +80,50 @@ def chunk_channel(
     return context_manager
 
 
+class _InlineChannel(trio.abc.ReceiveChannel[T]):
+    """A generator's items, produced in the receiving task (see `inline_chunk_channel`)."""
+
+    def __init__(self, agen: AsyncGenerator[T, None]) -> None:
+        self._agen = agen
+
+    async def receive(self) -> T:
+        # A stop lands here too, not only where the generator next waits for the socket.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            return await self._agen.__anext__()
+        except StopAsyncIteration:
+            raise trio.EndOfChannel from None
+
+    async def aclose(self) -> None:
+        await self._agen.aclose()
+
+
+def inline_chunk_channel(
+    fn: Callable[P, AsyncGenerator[T, None]],
+) -> Callable[P, AbstractAsyncContextManager[trio.abc.ReceiveChannel[T]]]:
+    """`chunk_channel` without the producer task: for a generator that never yields
+    inside a cancel scope or a nursery (PEP 789), such as an HTTP stream's.
+
+    Each ``receive`` runs the generator up to its next item in the consumer's task, under
+    the consumer's cancel scopes (the guard's timeouts, the run's Stop): a chunk costs no
+    task switch and a call no nursery. An error of the generator comes out of `receive`
+    alone, as from `chunk_channel`. Leaving the ``async with`` closes the generator,
+    which closes the HTTP response (the server sees the connection go)."""
+
+    @asynccontextmanager
+    @functools.wraps(fn)
+    async def context_manager(
+        *args: P.args, **kwargs: P.kwargs
+    ) -> AsyncIterator[trio.abc.ReceiveChannel[T]]:
+        agen = fn(*args, **kwargs)
+        try:
+            yield _InlineChannel(agen)
+        finally:
+            await agen.aclose()
+
+    return context_manager
+
+
 class LineParser(Protocol):
     """A dialect's pure parser: body lines in, chunks out."""
 

@@ -36,9 +36,9 @@ from navi_trio.llm.base import (
 )
 from navi_trio.llm.body_cache import BodyCache
 from navi_trio.llm.http import (
-    chunk_channel,
     ended_early,
     excerpt,
+    inline_chunk_channel,
     int_or_zero,
     make_tool_call,
     parse_json_object,
@@ -190,7 +190,7 @@ class OllamaBackend:
     ) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[LLMChunk]]:
         return self._stream(request)
 
-    @chunk_channel
+    @inline_chunk_channel
     async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
         parser = OllamaParser(request.model, self.url)
         rest = ollama_body(attrs.evolve(request, messages=[]), self.keep_alive)

@@ -41,11 +41,11 @@ from navi_trio.llm.base import (
 )
 from navi_trio.llm.body_cache import BodyCache
 from navi_trio.llm.http import (
-    chunk_channel,
     ended_early,
     excerpt,
     fetch_whole,
     finite_only,
+    inline_chunk_channel,
     int_or_zero,
     make_tool_call,
     parse_json_object,
@@ -399,7 +399,7 @@ class OpenAIBackend:
     ) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[LLMChunk]]:
         return self._stream(request)
 
-    @chunk_channel
+    @inline_chunk_channel
     async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
         names = tool_names(request)
         if request.tools and not self.tool_stream:
