@@ -12,8 +12,10 @@ Error mapping lives here, in one place, like httpx's own ``_exceptions.py``:
     disconnected before any answer           -> sent once more (a stale keep-alive connection)
     a body cut before the model was done     -> LLMConnectionError ("connection dropped?")
 
-Also here: `chunk_channel`, the one way every backend (and the guard) exposes a stream;
-turning a model's raw tool call into a `ToolCall` (never a crash on bad arguments).
+Also here: `chunk_channel` and `inline_chunk_channel`, the two ways a backend exposes a
+stream (a producer task, or none for a generator that never yields inside a cancel
+scope or nursery: the HTTP backends); turning a model's raw tool call into a `ToolCall`
+(never a crash on bad arguments).
 """
 
 from __future__ import annotations
