@@ -5,8 +5,9 @@
 URL is a fake LLM server looping over `rounds` echo calls and a final text (run.py's
 loop script; start one with ``python -m navi_trio.testing.fake_llm --loop --script F``).
 The first run is a warm-up and not profiled. Prints the store jobs per round by kind and
-the top functions of the main thread (cProfile sees only the trio thread; the store
-worker thread's own time shows as the wait in `SQLiteStore._run`). For both threads use
+the top functions of the main thread by its CPU time (`time.thread_time`: waits for the
+socket or the store cost nothing; cProfile sees only the trio thread, and the store
+worker thread's CPU is not in it). For both threads use
 py-spy: ``py-spy record --threads -f raw -o out.txt -- python navi_runs.py loop ...``.
 """
 
