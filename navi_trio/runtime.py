@@ -16,6 +16,7 @@ last, after every queued write has landed.
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -59,6 +60,20 @@ class Runtime:
     agent: Agent
     sessions: SessionRegistry
     nursery: trio.Nursery
+
+
+def freeze_start_up_objects() -> None:
+    """Leave what start-up made (modules, classes, functions, config: tens of thousands
+    of objects that live as long as the process) out of every later garbage collection.
+
+    A full collection walks every tracked object: without this, each one in a long tool
+    loop costs ~15-20 ms, nearly all of it start-up objects. Done once per process (the
+    first runtime; `gc.freeze` is process-wide), without a collection first: start-up
+    leaves little cyclic garbage, and collecting it would cost the start-up path that
+    full pass.
+    """
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
 
 
 def default_tools(settings: Settings) -> list[Tool]:
@@ -135,6 +150,7 @@ async def open_runtime(
                 idle_timeout=settings.session_idle_sec,
             )
             await nursery.start(sessions.run)
+            freeze_start_up_objects()
             try:
                 yield Runtime(
                     settings=settings,

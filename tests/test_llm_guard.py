@@ -100,8 +100,8 @@ async def test_chunks_slower_than_first_timeout_but_within_chunk_timeout_pass(
             got = await drain(backend, first=90, chunk=60)
             assert [c.text for c in got if isinstance(c, TextChunk)] == ["a ", "b ", "c"]
             assert isinstance(got[-1], DoneChunk)
+            await server.wait_completed(1)  # the server's task may count it a step later
             assert server.disconnects == []
-            assert server.completed == 1
 
 
 async def test_time_the_consumer_spends_on_a_chunk_does_not_count(
@@ -192,3 +192,37 @@ async def test_errors_come_out_alone_when_the_consumer_calls_receive_directly(
                         backend, REQUEST, first_chunk_timeout=90, chunk_timeout=60
                     ) as chunks:
                         await chunks.receive()
+
+
+class _Spawned(trio.abc.Instrument):
+    """Records the tasks spawned under `parent` (in a nursery `parent` opened)."""
+
+    def __init__(self, parent: trio.lowlevel.Task) -> None:
+        self.parent = parent
+        self.names: list[str] = []
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        nursery = task.parent_nursery
+        if nursery is not None and nursery.parent_task is self.parent:
+            self.names.append(task.name)
+
+
+@pytest.mark.parametrize("dialect", ["ollama", "openai"])
+async def test_a_guarded_http_stream_runs_in_the_consumers_task(dialect: str) -> None:
+    """Neither the guard nor the HTTP backends start a producer task: each chunk is read
+    in the consumer's task (no nursery per call, no task switches per chunk), and the
+    chunks, the timeouts and the closing are what they were."""
+    with trio.fail_after(LIMIT):
+        async with served([{"text": "one two"}] * 2, dialect) as (server, backend):
+            await drain(backend)  # connecting starts tasks: the kept-alive connection is used
+            spawned = _Spawned(trio.lowlevel.current_task())
+            trio.lowlevel.add_instrument(spawned)
+            try:
+                got = await drain(backend)
+            finally:
+                trio.lowlevel.remove_instrument(spawned)
+            assert spawned.names == []
+            assert "".join(c.text for c in got if isinstance(c, TextChunk)) == "one two"
+            assert isinstance(got[-1], DoneChunk)
+            await server.wait_completed(2)
+            assert server.disconnects == []

@@ -29,6 +29,7 @@ def make_client(settings: Settings) -> httpx.AsyncClient:
 
     Only connecting has an httpx timeout: reads wait as long as the stream guard allows
     (first_chunk_timeout / chunk_timeout), which is the layer that knows about prefill.
+    No cookies, and a cheap chat POST (llm/client.py).
     """
     timeout = httpx.Timeout(None, connect=settings.llm_connect_timeout)
     return ShardedClient(timeout=timeout)  # many sessions at once: see llm/shards.py

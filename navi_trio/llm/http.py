@@ -12,8 +12,10 @@ Error mapping lives here, in one place, like httpx's own ``_exceptions.py``:
     disconnected before any answer           -> sent once more (a stale keep-alive connection)
     a body cut before the model was done     -> LLMConnectionError ("connection dropped?")
 
-Also here: `chunk_channel`, the one way every backend (and the guard) exposes a stream;
-turning a model's raw tool call into a `ToolCall` (never a crash on bad arguments).
+Also here: `chunk_channel` and `inline_chunk_channel`, the two ways a backend exposes a
+stream (a producer task, or none for a generator that never yields inside a cancel
+scope or nursery: the HTTP backends); turning a model's raw tool call into a `ToolCall`
+(never a crash on bad arguments).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from navi_trio.errors import (
     LLMStatusError,
 )
 from navi_trio.llm.base import DoneChunk, LLMChunk, ToolCall
+from navi_trio.llm.client import LLMClient
 
 EXCERPT = 200
 P = ParamSpec("P")
@@ -75,6 +78,50 @@ def chunk_channel(
             sole = rest.exceptions[0]
         if sole is not None:
             raise sole
+
+    return context_manager
+
+
+class _InlineChannel(trio.abc.ReceiveChannel[T]):
+    """A generator's items, produced in the receiving task (see `inline_chunk_channel`)."""
+
+    def __init__(self, agen: AsyncGenerator[T, None]) -> None:
+        self._agen = agen
+
+    async def receive(self) -> T:
+        # A stop lands here too, not only where the generator next waits for the socket.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            return await self._agen.__anext__()
+        except StopAsyncIteration:
+            raise trio.EndOfChannel from None
+
+    async def aclose(self) -> None:
+        await self._agen.aclose()
+
+
+def inline_chunk_channel(
+    fn: Callable[P, AsyncGenerator[T, None]],
+) -> Callable[P, AbstractAsyncContextManager[trio.abc.ReceiveChannel[T]]]:
+    """`chunk_channel` without the producer task: for a generator that never yields
+    inside a cancel scope or a nursery (PEP 789), such as an HTTP stream's.
+
+    Each ``receive`` runs the generator up to its next item in the consumer's task, under
+    the consumer's cancel scopes (the guard's timeouts, the run's Stop): a chunk costs no
+    task switch and a call no nursery. An error of the generator comes out of `receive`
+    alone, as from `chunk_channel`. Leaving the ``async with`` closes the generator,
+    which closes the HTTP response (the server sees the connection go)."""
+
+    @asynccontextmanager
+    @functools.wraps(fn)
+    async def context_manager(
+        *args: P.args, **kwargs: P.kwargs
+    ) -> AsyncIterator[trio.abc.ReceiveChannel[T]]:
+        agen = fn(*args, **kwargs)
+        try:
+            yield _InlineChannel(agen)
+        finally:
+            await agen.aclose()
 
     return context_manager
 
@@ -131,11 +178,15 @@ def _json_post(
 ) -> httpx.Request:
     """The POST of a chat request: strict JSON (no NaN) with its content type.
 
-    `body` may come as the JSON bytes already (llm/body_cache.py)."""
+    `body` may come as the JSON bytes already (llm/body_cache.py). An `LLMClient`
+    builds it from its per-URL template (the same request, cheaper)."""
+    content = body if isinstance(body, bytes) else json_body(body)
+    if isinstance(client, LLMClient):
+        return client.json_post(url, content, headers)
     return client.build_request(
         "POST",
         url,
-        content=body if isinstance(body, bytes) else json_body(body),
+        content=content,
         headers={**(headers or {}), "Content-Type": "application/json"},
     )
 

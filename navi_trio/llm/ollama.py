@@ -25,7 +25,6 @@ import httpx
 import trio
 
 from navi_trio.errors import LLMMalformedStreamError, LLMStreamError
-from navi_trio.llm.ahead import ahead_channel
 from navi_trio.llm.base import (
     ChatRequest,
     DoneChunk,
@@ -39,6 +38,7 @@ from navi_trio.llm.body_cache import BodyCache
 from navi_trio.llm.http import (
     ended_early,
     excerpt,
+    inline_chunk_channel,
     int_or_zero,
     make_tool_call,
     parse_json_object,
@@ -190,7 +190,7 @@ class OllamaBackend:
     ) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[LLMChunk]]:
         return self._stream(request)
 
-    @ahead_channel
+    @inline_chunk_channel
     async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
         parser = OllamaParser(request.model, self.url)
         rest = ollama_body(attrs.evolve(request, messages=[]), self.keep_alive)

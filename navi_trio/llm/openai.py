@@ -30,7 +30,6 @@ import httpx
 import trio
 
 from navi_trio.errors import LLMMalformedStreamError, LLMStreamError
-from navi_trio.llm.ahead import ahead_channel
 from navi_trio.llm.base import (
     ChatRequest,
     DoneChunk,
@@ -46,6 +45,7 @@ from navi_trio.llm.http import (
     excerpt,
     fetch_whole,
     finite_only,
+    inline_chunk_channel,
     int_or_zero,
     make_tool_call,
     parse_json_object,
@@ -399,7 +399,7 @@ class OpenAIBackend:
     ) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[LLMChunk]]:
         return self._stream(request)
 
-    @ahead_channel
+    @inline_chunk_channel
     async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
         names = tool_names(request)
         if request.tools and not self.tool_stream:

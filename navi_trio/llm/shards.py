@@ -7,7 +7,7 @@ With hundreds of sessions streaming at once that walk was most of the daemon's C
 ``AsyncConnectionPool._assign_requests_to_connections``), and httpx's default limit of
 100 connections made the other sessions queue for a connection. Here each request goes
 to the first shard with fewer than `per_shard` streams open (so a lone session keeps
-reusing one keep-alive connection), every shard a plain `httpx.AsyncClient` without a
+reusing one keep-alive connection), every shard an `LLMClient` (llm/client.py) without a
 connection limit: a pool walk costs at most `per_shard` connections.
 """
 
@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
+
+from navi_trio.llm.client import LLMClient
 
 SHARDS = 32
 PER_SHARD = 16
@@ -41,8 +43,9 @@ class _Counted(httpx.AsyncByteStream):
         await self._inner.aclose()
 
 
-class ShardedClient(httpx.AsyncClient):
-    """An `httpx.AsyncClient` whose `send` goes through one of several small pools."""
+class ShardedClient(LLMClient):
+    """An `LLMClient` (no cookies, a cheap chat POST) whose `send` goes through one of
+    several small pools, each an `LLMClient` too."""
 
     def __init__(self, *, shards: int = SHARDS, per_shard: int = PER_SHARD, **kw: Any) -> None:
         # One SSL context (loading the CA certificates costs ~10-25 ms) for this client
@@ -53,15 +56,15 @@ class ShardedClient(httpx.AsyncClient):
         super().__init__(**kw)
         self._kw = kw
         # Made on first use: a daemon with a few sessions needs one shard.
-        self._shards: list[httpx.AsyncClient | None] = [None] * max(shards, 1)
+        self._shards: list[LLMClient | None] = [None] * max(shards, 1)
         self._open = [0] * len(self._shards)
         self.per_shard = per_shard
 
-    def _shard(self, i: int) -> httpx.AsyncClient:
+    def _shard(self, i: int) -> LLMClient:
         shard = self._shards[i]
         if shard is None:
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=self.per_shard)
-            shard = self._shards[i] = httpx.AsyncClient(limits=limits, **self._kw)
+            shard = self._shards[i] = LLMClient(limits=limits, **self._kw)
         return shard
 
     def _pick(self) -> int:

@@ -5,8 +5,9 @@
 URL is a fake LLM server looping over `rounds` echo calls and a final text (run.py's
 loop script; start one with ``python -m navi_trio.testing.fake_llm --loop --script F``).
 The first run is a warm-up and not profiled. Prints the store jobs per round by kind and
-the top functions of the main thread (cProfile sees only the trio thread; the store
-worker thread's own time shows as the wait in `SQLiteStore._run`). For both threads use
+the top functions of the main thread by its CPU time (`time.thread_time`: waits for the
+socket or the store cost nothing; cProfile sees only the trio thread, and the store
+worker thread's CPU is not in it). For both threads use
 py-spy: ``py-spy record --threads -f raw -o out.txt -- python navi_runs.py loop ...``.
 """
 
@@ -32,18 +33,18 @@ async def main(a: argparse.Namespace) -> None:
     waits: collections.Counter[str] = collections.Counter()
     real_run = SQLiteStore._run
 
-    async def counted(self: SQLiteStore, op: str, fn: Any) -> Any:
+    async def counted(self: SQLiteStore, op: str, fn: Any, *args: Any, **kw: Any) -> Any:
         kind = op.split(" ")[0] + " " + (op.split(" ")[1] if " " in op else "")
         t0 = time.perf_counter()
         try:
-            return await real_run(self, op, fn)
+            return await real_run(self, op, fn, *args, **kw)
         finally:
             ops[kind] += 1
             waits[kind] += int((time.perf_counter() - t0) * 1e6)
 
     SQLiteStore._run = counted  # type: ignore[method-assign]
     echo = EchoTool()
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.thread_time)  # CPU of the trio thread, not waits
     async with bench_runtime(a.url, [echo]) as rt:
 
         async def one(i: int) -> None:
