@@ -300,3 +300,26 @@ async def test_shell_entry_point_rejects_a_bad_script(tmp_path: Path) -> None:
         )
     assert result.returncode == 2
     assert b"unknown key 'txet'" in result.stderr
+
+
+def test_the_fakes_prompt_count_is_not_far_below_navis_for_a_tool_call_history() -> None:
+    """The fake counts the prompt like a server does: a long history of tool calls (empty
+    content, JSON arguments) and todo lists must not look cut (turn.py's
+    prompt_truncated check: a count under TRUNCATION_RATIO of navi's estimate), else a
+    long scripted session compresses for nothing and fails (the crash suite did)."""
+    from navi_trio.core.tokens import TokenCounter
+    from navi_trio.core.turn import TRUNCATION_RATIO
+    from navi_trio.llm.script import rough_tokens
+
+    history: list[dict[str, Any]] = [{"role": "user", "content": "message 1 of life 0"}]
+    for i in range(40):
+        calls = [{"id": f"call_{i:06x}{n:06x}", "type": "function", "function": {
+                     "name": "scratchpad",
+                     "arguments": '{"action": "append", "content": "note"}'}}
+                 for n in range(2)]  # fmt: skip
+        history.append({"role": "assistant", "content": "", "tool_calls": calls})
+        for call in calls:
+            history.append({"role": "tool", "tool_call_id": call["id"], "name": "scratchpad",
+                            "content": "appended 4 characters (68/20000 used)"})  # fmt: skip
+    navi = TokenCounter().estimate_messages(history)
+    assert rough_tokens(history) >= navi * TRUNCATION_RATIO, (rough_tokens(history), navi)

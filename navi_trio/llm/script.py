@@ -169,11 +169,16 @@ def split_words(text: str) -> list[str]:
 
 
 def rough_tokens(request_messages: Iterable[Any]) -> int:
-    """~characters/4 of the messages' content: the fake's default prompt_tokens."""
+    """~characters/4 of the messages as sent (content, tool calls, names, ids), plus a
+    few tokens of chat template per message: the fake's default prompt_tokens.
+
+    Like a real server it counts the whole prompt: counting the content alone made a
+    history of tool calls look cut to a third (navi's "prompt_truncated" check fired on
+    the fake, compressed, and the script's next reply was no summary)."""
     chars = 0
     for msg in request_messages:
-        if isinstance(msg, dict) and isinstance(msg.get("content"), str):
-            chars += len(msg["content"])
+        if isinstance(msg, dict):
+            chars += len(json.dumps(msg, ensure_ascii=False, default=str)) + 16
     return max(1, chars // 4)
 
 
