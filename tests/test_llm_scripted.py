@@ -28,7 +28,7 @@ from navi_trio.llm.base import (
     ToolCallsChunk,
 )
 from navi_trio.llm.ollama import OllamaBackend
-from navi_trio.llm.script import Reply, parse_reply
+from navi_trio.llm.script import Reply, parse_reply, rough_tokens
 from navi_trio.llm.scripted import ScriptedBackend
 from navi_trio.testing.fake_llm import open_fake_llm
 
@@ -62,7 +62,12 @@ async def test_plays_replies_in_order_with_the_same_chunks_as_http() -> None:
         ThinkingChunk("hm"),
         TextChunk("hi "),
         TextChunk("there"),
-        DoneChunk(model="m-resolved", prompt_tokens=2, completion_tokens=3, done_reason="stop"),
+        DoneChunk(
+            model="m-resolved",
+            prompt_tokens=rough_tokens(REQ.messages),
+            completion_tokens=3,
+            done_reason="stop",
+        ),
     ]
     second = await collect(backend)
     assert isinstance(second[0], ToolCallsChunk)
