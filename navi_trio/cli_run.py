@@ -40,13 +40,19 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 import attrs
 import trio
 
 from navi_trio.api.protocol import Frame, encode
-from navi_trio.api.remote import DEFAULT_URL, DaemonUnreachableError, RemoteError, daemon_answers
+from navi_trio.api.remote import (
+    DEFAULT_URL,
+    DaemonUnreachableError,
+    RemoteError,
+    daemon_answers,
+    receive_frame,
+)
 from navi_trio.cli_common import (
     DEBUG_HINT,
     EXIT_ERROR,
@@ -475,16 +481,6 @@ class RemoteRun:
         self.finished = self.sink.show(frame)
 
 
-async def _receive(ws: Any) -> Frame:
-    message = await ws.get_message()
-    frame = json.loads(message)
-    if not isinstance(frame, dict):
-        raise RemoteError(
-            "bad_frame", f"the daemon sent a frame that is not an object: {message[:200]!r}"
-        )
-    return frame
-
-
 async def follow_remote(
     url: str,
     token: str,
@@ -506,7 +502,7 @@ async def follow_remote(
             url, connect_timeout=CONNECT_TIMEOUT, max_message_size=MAX_FRAME
         ) as ws, trio.open_nursery() as nursery:  # fmt: skip
             await ws.send_message(encode({"type": "hello", "token": token}))
-            welcome = await _receive(ws)
+            welcome = await receive_frame(ws)
             if welcome.get("type") != "welcome":
                 run.frame(welcome)  # the error frame: raises
             on_welcome()
@@ -539,7 +535,7 @@ async def follow_remote(
             await ws.send_message(encode(message))
             nursery.start_soon(send_stop)
             while not run.finished:
-                run.frame(await _receive(ws))
+                run.frame(await receive_frame(ws))
             nursery.cancel_scope.cancel()
     except (OSError, HandshakeError) as exc:
         detail = one_line(str(exc))

@@ -42,12 +42,12 @@ async def request(url: str, token: str, frame: Frame) -> Frame:
         with trio.fail_after(CONNECT_TIMEOUT + REPLY_TIMEOUT):
             async with open_websocket_url(url, connect_timeout=CONNECT_TIMEOUT) as ws:
                 await ws.send_message(encode({"type": "hello", "token": token}))
-                welcome = await _receive(ws)
+                welcome = await receive_frame(ws)
                 if welcome.get("type") != "welcome":
                     raise _remote(welcome)
                 await ws.send_message(encode({**frame, "id": "cli"}))
                 while True:
-                    reply = await _receive(ws)
+                    reply = await receive_frame(ws)
                     if reply.get("id") == "cli":
                         if reply.get("type") == "error":
                             raise _remote(reply)
@@ -64,11 +64,14 @@ async def request(url: str, token: str, frame: Frame) -> Frame:
         raise DaemonUnreachableError(f"the daemon at {url} did not answer in time") from None
 
 
-async def _receive(ws: Any) -> Frame:
+async def receive_frame(ws: Any) -> Frame:
+    """The next frame from the daemon on `ws`; `RemoteError` (bad_frame) if not an object."""
     message = await ws.get_message()
     frame = json.loads(message)
     if not isinstance(frame, dict):
-        raise NaviError(f"the daemon sent a frame that is not an object: {message[:200]!r}")
+        raise RemoteError(
+            "bad_frame", f"the daemon sent a frame that is not an object: {message[:200]!r}"
+        )
     return frame
 
 
