@@ -101,7 +101,7 @@ class DurableQueue:
         leaves the queue too, so a restart does not run it again. (A run cancelled by
         a shutdown before its save keeps its row: it runs after the restart.)"""
         if msg.queue_key is not None:
-            with _shielded():
+            with trio.move_on_after(WRITE_DEADLINE_SEC, shield=True):
                 try:
                     await self.store.unqueue(msg.queue_key)
                 except NaviError as exc:
@@ -128,7 +128,7 @@ class DurableQueue:
         async def write() -> None:
             try:
                 await before.wait()
-                with _shielded():
+                with trio.move_on_after(WRITE_DEADLINE_SEC, shield=True):
                     try:
                         await fn(*args, **kwargs)
                     except NaviError as exc:
@@ -142,8 +142,3 @@ class DurableQueue:
 
         nursery.start_soon(write)
         return done
-
-
-def _shielded() -> trio.CancelScope:
-    """A write that must land: shielded from cancellation, bounded by its own deadline."""
-    return trio.CancelScope(deadline=trio.current_time() + WRITE_DEADLINE_SEC, shield=True)

@@ -556,6 +556,5 @@ def _note(text: str) -> dict[str, Any]:
 
 async def shielded(fn: Callable[[], Awaitable[None]], seconds: float = 10.0) -> None:
     """Clean-up that must finish: shielded from the stop, bounded by its own deadline."""
-    with trio.CancelScope(shield=True) as scope:
-        scope.deadline = trio.current_time() + seconds
+    with trio.move_on_after(seconds, shield=True):
         await fn()
