@@ -6,7 +6,7 @@ unknown key is refused, a `Literal` names its choices). Anything wrong raises a
 `ProtocolError` subclass whose message names the field and the problem in JSON's terms
 ("field 'last_seq' must be a whole number, not a string"), quotes at most ~64
 characters of what the client sent, and whose ``request_id`` echoes the frame's ``id``
-when it could be read. A lone surrogate (``"\ud800"``) in any field is refused: stored,
+when it could be read. A lone surrogate (``"\\ud800"``) in any field is refused: stored,
 it would break every later request of the session.
 
 Server frames are plain dicts built here: `event_frame` (an AgentEvent with its

@@ -374,7 +374,7 @@ def parse_json_object(line: str) -> dict[str, Any]:
     """One stream line as a JSON object, or `LLMMalformedStreamError` quoting it.
 
     Both dialects read every line (and OpenAI's whole answer) here: a lone surrogate
-    escape (``"\ud800"``) in a delta becomes U+FFFD, so the answer can be stored."""
+    escape (``"\\ud800"``) in a delta becomes U+FFFD, so the answer can be stored."""
     try:
         data = clean_json(json.loads(line))
     except ValueError:
