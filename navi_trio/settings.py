@@ -149,6 +149,15 @@ class Settings:
     ws_hello_timeout_sec: float = attrs.field(
         default=10.0, metadata=_env("NAVI_WS_HELLO_TIMEOUT_SEC")
     )
+    # Browser pages admitted besides the daemon's own (exact origins, like
+    # https://navi.example), and names the daemon answers to besides its own address and,
+    # on loopback, localhost (api/auth.py `WebAccess`).
+    ws_allowed_origins: tuple[str, ...] = attrs.field(
+        default=(), metadata=_env("NAVI_WS_ALLOWED_ORIGINS")
+    )
+    ws_allowed_hosts: tuple[str, ...] = attrs.field(
+        default=(), metadata=_env("NAVI_WS_ALLOWED_HOSTS")
+    )
     sessions_per_user: int = attrs.field(default=200, metadata=_env("NAVI_SESSIONS_PER_USER"))
     shutdown_wait_tasks_sec: float = attrs.field(
         default=2.0, metadata=_env("NAVI_SHUTDOWN_WAIT_TASKS_SEC")

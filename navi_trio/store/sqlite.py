@@ -64,6 +64,7 @@ from navi_trio.store._worker import BUSY_TIMEOUT_S as BUSY_TIMEOUT_S
 from navi_trio.store._worker import _Job, _Worker
 from navi_trio.store.base import LeaseRow, LoadedSession, SessionRow
 from navi_trio.store.repair import repair_dangling_tool_calls
+from navi_trio.text import loads_clean
 
 logger = logging.getLogger(__name__)
 
@@ -539,7 +540,7 @@ def _load_history(db: Database, table: str, sid: str) -> list[dict[str, Any]]:
     rows = db.execute(
         f"SELECT data FROM {table} WHERE session_id = ? ORDER BY position", [sid]
     ).fetchall()
-    return [json.loads(r[0]) for r in rows]
+    return [loads_clean(r[0]) for r in rows]  # an older version stored lone surrogates
 
 
 def _replace_context(db: Database, sid: str, rows: list[_Row], now: float) -> None:
@@ -582,7 +583,7 @@ def _load_session(db: Database, sid: str, now: float) -> LoadedSession | None:
                 f"SELECT position, data FROM {table} WHERE session_id = ? ORDER BY position",
                 [sid],
             ).fetchall()
-            items = [json.loads(r[1]) for r in records]
+            items = [loads_clean(r[1]) for r in records]  # lone surrogates: U+FFFD
             fixed, inserted = repair_dangling_tool_calls(items)
             if inserted:
                 positions = _placeholder_positions([r[0] for r in records], inserted)
