@@ -319,6 +319,10 @@ class NaviConfig:
     ssh: SshConfig | None = None  # hosts the ssh_exec tool may reach
     peers: dict[str, PeerConfig] = attrs.Factory(dict)
     mcp_servers: dict[str, McpServerConfig] = attrs.Factory(dict)
+    # role -> the folders (and below) a client of that role may send as a run's cwd,
+    # besides their own session folders (core/workspace.py); a role without an entry:
+    # users none, admins anything but navi's own data.
+    workspace_roots: dict[str, tuple[str, ...]] = attrs.Factory(dict)
     base_dir: Path = Path(".")  # folder of the file: prompt files resolve against it
 
     def profile(self, profile_id: str | None) -> AgentProfile:
@@ -408,6 +412,7 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
         )
     _check_peers(cfg.peers, path)
     _check_mcp(cfg, path)
+    _check_workspace_roots(cfg.workspace_roots, path)
     base = path.parent
     persona = cfg.persona
     if cfg.persona_file:
@@ -490,6 +495,26 @@ def _check_mcp(cfg: NaviConfig, path: Path) -> None:
                 f"{path}: $.profiles[{pid!r}].mcp_servers: unknown MCP server(s) "
                 f"{', '.join(unknown)} (servers: {known})"
             )
+
+
+def _check_workspace_roots(roots: Mapping[str, tuple[str, ...]], path: Path) -> None:
+    """Known roles; each root an absolute (or ~) folder, never the root folder."""
+    for role, folders in roots.items():
+        where = f"{path}: $.workspace_roots"
+        if role not in ROLES:
+            raise ConfigError(f"{where}: unknown role {role!r} (roles: {', '.join(ROLES)})")
+        for i, folder in enumerate(folders):
+            p = Path(folder).expanduser()
+            if not folder.strip() or not p.is_absolute():
+                raise ConfigError(
+                    f"{where}[{role!r}][{i}]: expected an absolute folder (or ~/...), "
+                    f"got {folder!r}"
+                )
+            if os.path.realpath(p) == "/":
+                raise ConfigError(
+                    f"{where}[{role!r}][{i}]: '/' would let a {role}'s commands write "
+                    "anywhere the daemon can: name the folders instead"
+                )
 
 
 def _check_policy(policy: PolicyConfig, path: Path, where: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -34,6 +33,7 @@ from navi_trio.api.protocol import (
 from navi_trio.core.agent import UserMessage
 from navi_trio.core.session_actor import SessionActor
 from navi_trio.core.task_supervisor import Job
+from navi_trio.core.workspace import check_cwd
 from navi_trio.errors import (
     BusyError,
     ExistsError,
@@ -136,9 +136,10 @@ class Commands:
         # Everything the frame says is checked before a session is created for it.
         cwd = None
         if cmd.cwd is not None:
-            cwd = Path(cmd.cwd)
-            if not await trio.Path(cwd).is_dir():
-                raise ProtocolError(f"cwd {cmd.cwd!r} is not a directory on the daemon's machine")
+            cwd = await check_cwd(
+                cmd.cwd, user_id=self.user.id, role=self.user.role, settings=self.rt.settings,
+                config=self.rt.config.current, store=self.rt.store,
+            )  # fmt: skip
         row = await self.rt.store.get_session(cmd.session_id) if cmd.session_id else None
         if row is None:
             row = await self._create(cmd.session_id, cmd.profile)
