@@ -279,3 +279,34 @@ async def test_the_data_folder_is_hidden_wherever_the_cwd_reaches_it(
             assert str(mine) in result["output"]  # it ran, in its own folder
             assert bobs.name not in result["output"]  # other session folders: not listed
 
+
+# -- session id squatting --------------------------------------------------------------
+
+
+async def test_a_user_names_sessions_only_in_their_own_namespace(
+    tmp_path: Path, base: Path
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with daemon(tmp_path, base, [{"text": "fine"}]) as d:
+            await d.add_user("alice.x")  # a name that extends alice's: its ids are its own
+
+            async def create(c: Client, sid: str) -> dict[str, Any]:
+                return await c.request({"type": "sessions", "action": "create", "session_id": sid})
+
+            async with d.connect("alice") as alice, d.connect("bob") as bob:
+                for sid in ("nightly", "bob.notes", "alice", "alice.x.notes", "s-12345"):
+                    err = await create(alice, sid)
+                    assert err["code"] == "forbidden" and "alice.NAME" in err["message"], err
+                err = await alice.request(
+                    {"type": "message", "content": "hi", "session_id": "nightly"}
+                )
+                assert err["code"] == "forbidden", err
+                assert (await create(alice, "alice.notes"))["session_id"] == "alice.notes"
+                assert (await create(bob, "s-0123456789ab"))["type"] == "session"  # random form
+                assert (await create(bob, "alice.notes"))["code"] == "forbidden"
+                listed = await alice.request({"type": "sessions", "action": "list"})
+                assert [s["session_id"] for s in listed["sessions"]] == ["alice.notes"]
+            async with d.connect("alice.x") as other, d.connect("root") as root:
+                assert (await create(other, "alice.x.notes"))["type"] == "session"
+                assert (await create(root, "nightly"))["type"] == "session"  # admins: any name
+            assert d.harness.fake is not None and d.harness.fake.chat_requests == []

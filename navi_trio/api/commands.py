@@ -9,6 +9,7 @@ here. Every refusal is a `RequestError` with its wire code.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -68,6 +69,10 @@ def new_session_id() -> str:
     return "s-" + uuid.uuid4().hex[:12]
 
 
+# What `new_session_id` (and every client's own) makes: free for anyone to choose.
+RANDOM_ID = re.compile(r"s-[0-9a-f]{12}")
+
+
 class Commands:
     def __init__(self, runtime: Runtime, conn: ClientLink, user: User) -> None:
         self.rt = runtime
@@ -110,6 +115,8 @@ class Commands:
             raise ProtocolError(
                 f"unknown profile {profile!r} (known: {', '.join(sorted(cfg.profiles))})"
             )
+        if session_id is not None and not self.user.is_admin:
+            await self._check_chosen_id(session_id)
         limit = self.rt.settings.sessions_per_user
         if await self.rt.store.count_sessions(self.user.id) >= limit:
             raise LimitError(
@@ -123,6 +130,26 @@ class Commands:
         )
         log.info("session %s created by %s", row.id, self.user.name)
         return row
+
+    async def _check_chosen_id(self, session_id: str) -> None:
+        """A user (not an admin) names a new session only in their own namespace.
+
+        Session ids are global: a name anyone could take first is one another user (or
+        an admin's script) may be about to use, and an admin's message to it would run
+        in the squatter's session. So an id a user picks is either random (``s-`` and
+        12 hex digits, as every client makes them) or starts with the user's own name
+        and a dot (``bob.notes``), the longest user name matching deciding whose it is.
+        """
+        if RANDOM_ID.fullmatch(session_id):
+            return
+        names = [str(u["name"]) for u in await self.rt.store.list_users()]
+        owner = max((n for n in names if session_id.startswith(n + ".")), key=len, default=None)
+        if owner != self.user.name:
+            log.warning("user %s refused session id %.80r", self.user.name, session_id)
+            raise ForbiddenError(
+                f"a session id you choose must start with your user name and a dot "
+                f"({self.user.name}.NAME), or be left to the daemon"
+            )
 
     async def _actor(self, session_id: str) -> SessionActor:
         try:
