@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-from collections.abc import Iterator
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +21,7 @@ from agent_tools import call
 from kvfake import PidWatch, is_gone
 from test_api_daemon import client, env, serve  # noqa: F401  (env is a fixture)
 from test_cli import fake_llm
+from test_sandbox import SLEEPER, tagged_pids, tags  # noqa: F401  (tags is a fixture)
 
 from navi_trio.tools.procs import TAG_VAR, data_digest, kill_orphans, new_tag, tag_owner
 from navi_trio.tools.proctree import start_time
@@ -28,32 +29,8 @@ from navi_trio.tools.proctree import start_time
 DEADLINE = 60
 
 
-def named(marker: str) -> list[int]:
-    """Live processes whose argv[0] is `marker` (``exec -a MARKER``)."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv0 = Path(entry.path, "cmdline").read_bytes().split(b"\0")[0]
-        except OSError:
-            continue
-        if argv0 == marker.encode() and not is_gone(int(entry.name)):
-            found.append(int(entry.name))
-    return found
-
-
 def parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-@pytest.fixture
-def markers() -> Iterator[list[str]]:
-    made: list[str] = []
-    yield made
-    for marker in made:
-        for pid in named(marker):
-            os.kill(pid, signal.SIGKILL)
 
 
 async def wait_up(fifo: Path) -> None:
@@ -76,7 +53,8 @@ async def sleeper(marker: str, fifo: Path, owner: str) -> trio.Process:
 
 
 async def test_only_a_dead_daemons_processes_on_the_same_data_folder_are_killed(
-    tmp_path: Path, markers: list[str]
+    tmp_path: Path,
+    tags: list[str],  # noqa: F811
 ) -> None:
     data, other = tmp_path / "data", tmp_path / "other"
     me = os.getpid()
@@ -91,7 +69,7 @@ async def test_only_a_dead_daemons_processes_on_the_same_data_folder_are_killed(
     with trio.fail_after(DEADLINE):
         for name, owner in cases.items():
             marker = f"navi-orphan-{name}-{secrets.token_hex(4)}"
-            markers.append(marker)
+            tags.append(marker)
             fifo = tmp_path / f"{name}.fifo"
             os.mkfifo(fifo)
             procs[name] = await sleeper(marker, fifo, owner)
@@ -108,14 +86,17 @@ async def test_only_a_dead_daemons_processes_on_the_same_data_folder_are_killed(
 async def test_a_full_mode_command_left_by_a_sigkilled_daemon_dies_at_the_restart(
     env: dict[str, str],  # noqa: F811
     tmp_path: Path,
-    markers: list[str],
+    tags: list[str],  # noqa: F811
 ) -> None:
     data = Path(env["NAVI_DATA_DIR"])
     marker = f"navi-full-stray-{secrets.token_hex(4)}"
-    markers.append(marker)
+    tags.append(marker)
     fifo = tmp_path / "up.fifo"
     os.mkfifo(fifo)
-    command = f"exec -a {marker} sleep 300 & echo up > {fifo}; wait"
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    # The named process itself says it is up: bash waits for it, both left behind.
+    command = f"exec -a {marker} {sys.executable} {script} {fifo} & wait"
     replies = [call("terminal", action="run", command=command), {"text": "done"}]
     with trio.fail_after(DEADLINE):
         async with fake_llm(tmp_path, replies) as llm:
@@ -130,7 +111,7 @@ async def test_a_full_mode_command_left_by_a_sigkilled_daemon_dies_at_the_restar
                      "scope": "once"}
                 )  # fmt: skip
                 await wait_up(fifo)
-                [sleep] = named(marker)
+                [sleep] = tagged_pids(marker)
                 bash = parent(sleep)
                 watch = PidWatch([sleep, bash])
                 proc.kill()  # SIGKILL: no clean-up of any kind

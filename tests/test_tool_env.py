@@ -14,8 +14,6 @@ import secrets
 import shutil
 import socket
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,10 +21,11 @@ import attrs
 import pytest
 import trio
 from kvfake import make_ctx
+from test_confinement import base  # noqa: F401  (a fixture: a folder outside /tmp)
 
 from navi_trio.errors import ConfigError
 from navi_trio.profiles import parse_config
-from navi_trio.settings import REPO_ROOT, default_config_path
+from navi_trio.settings import default_config_path
 from navi_trio.tools.base import ToolContext
 from navi_trio.tools.code_exec import CodeExecTool
 from navi_trio.tools.private import private_paths
@@ -149,17 +148,6 @@ def test_a_profile_env_is_checked_strictly() -> None:
 # -- Unix sockets ----------------------------------------------------------------------
 
 
-@pytest.fixture
-def outside() -> Iterator[Path]:
-    """A folder outside /tmp (the sandbox's private /tmp would hide a /tmp path)."""
-    parent = Path("/var/tmp") if os.access("/var/tmp", os.W_OK) else REPO_ROOT
-    folder = Path(tempfile.mkdtemp(prefix="navi-sock-", dir=parent)).resolve()
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def listening(path: Path) -> socket.socket:
     path.parent.mkdir(parents=True, exist_ok=True)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -182,11 +170,13 @@ PROBE = (
 
 @needs_sandbox
 async def test_a_sandboxed_command_reaches_no_host_socket_by_its_path(
-    tmp_path: Path, outside: Path
+    tmp_path: Path,
+    base: Path,  # noqa: F811
 ) -> None:
     """A socket in the data folder, one in a visible folder (the whole root is readable),
     one in /run when we may make one there: none connects from inside; one in the
     command's own writable folder still does, and outside the sandbox all of them do."""
+    outside = base
     data = outside / "data"
     ctx = make_ctx(tmp_path)
     settings = attrs.evolve(ctx.settings, data_dir=data)

@@ -29,7 +29,7 @@ from navi_trio.errors import ForbiddenError, ProtocolError
 from navi_trio.profiles import NaviConfig
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionRow
-from navi_trio.tools.private import private_paths
+from navi_trio.tools.private import private_paths, real_path, within
 
 SETTING = "workspace_roots"
 ROOT = Path("/")
@@ -39,14 +39,6 @@ class SessionLookup(Protocol):
     """The part of the store the check needs: who owns a session folder."""
 
     async def get_session(self, session_id: str) -> SessionRow | None: ...
-
-
-def _real(path: Path) -> Path:
-    return Path(os.path.realpath(path.expanduser()))
-
-
-def _inside(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
 
 
 SHOWN_MAX = 200  # characters of a client's path echoed in a refusal
@@ -78,8 +70,8 @@ def _facts(raw: str, settings: Settings, config: NaviConfig, role: str) -> _Fact
         real,
         private_paths(settings, config=config).blocks(real),
         # A root that became a link to / would open everything: it opens nothing.
-        None if roots is None else tuple(r for r in map(_real, map(Path, roots)) if r != ROOT),
-        _real(settings.data_dir) / "sessions",
+        None if roots is None else tuple(r for r in map(real_path, map(Path, roots)) if r != ROOT),
+        real_path(settings.data_dir) / "sessions",
     )
 
 
@@ -101,7 +93,7 @@ async def check_cwd(
     if real == ROOT:
         raise ForbiddenError(f"cwd {shown}: the root folder is never a workspace ({SETTING})")
     if hidden is not None:
-        if _inside(real, sessions) and real != sessions:
+        if within(real, sessions) and real != sessions:
             row = await store.get_session(real.relative_to(sessions).parts[0])
             if row is not None and row.user_id == user_id:
                 return real  # the sender's own session folder
@@ -114,7 +106,7 @@ async def check_cwd(
         )
     if roots is None and role == "admin":
         return real
-    if any(_inside(real, root) for root in roots or ()):
+    if within(real, *(roots or ())):
         return real
     listed = ", ".join(config.workspace_roots.get(role, ())) or "none but your session folders"
     raise ForbiddenError(

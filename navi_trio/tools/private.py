@@ -28,12 +28,14 @@ from navi_trio.settings import Settings
 DB_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
-def _real(path: Path) -> Path:
-    return Path(os.path.realpath(path.expanduser()))
+def real_path(path: Path | str) -> Path:
+    """`path` with ~ expanded and every symlink resolved (blocking)."""
+    return Path(os.path.realpath(Path(path).expanduser()))
 
 
-def _inside(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
+def within(path: Path, *folders: Path) -> bool:
+    """Whether `path` is one of `folders` or lies below one (paths compared as given)."""
+    return any(path == f or f in path.parents for f in folders)
 
 
 @attrs.frozen
@@ -49,23 +51,23 @@ class PrivatePaths:
 
     def blocks(self, path: Path) -> Path | None:
         """The hidden path that covers the real `path`, or None when it may be used."""
-        if any(_inside(path, a) for a in self.allowed):
+        if any(within(path, a) for a in self.allowed):
             return None
         for hidden in self.hidden:
-            if _inside(path, hidden):
+            if within(path, hidden):
                 return hidden
         return None
 
     def inside(self, folder: Path) -> tuple[Path, ...]:
         """The hidden paths that lie inside (or are) the real `folder`."""
-        return tuple(h for h in self.hidden if _inside(h, folder))
+        return tuple(h for h in self.hidden if within(h, folder))
 
 
 def _config_paths(config_file: Path) -> list[Path]:
     """The config folder, or only the file when its folder holds the home folder."""
     folder = config_file.parent
-    home = _real(Path.home())
-    if folder == Path("/") or _inside(home, folder):
+    home = real_path(Path.home())
+    if folder == Path("/") or within(home, folder):
         return [config_file]
     return [folder]
 
@@ -80,21 +82,21 @@ def private_paths(
 
     With `config`, the SSH identity files it names are hidden too.
     """
-    db = _real(settings.db_path)
+    db = real_path(settings.db_path)
     hidden = [
-        _real(settings.data_dir),
+        real_path(settings.data_dir),
         db,
         *(db.with_name(db.name + side) for side in DB_SIDE_FILES),
-        *_config_paths(_real(settings.config_path)),
-        _real(Path(os.environ.get("XDG_CONFIG_HOME") or "~/.config") / "navi"),
+        *_config_paths(real_path(settings.config_path)),
+        real_path(Path(os.environ.get("XDG_CONFIG_HOME") or "~/.config") / "navi"),
     ]
     if config is not None and config.ssh is not None:
-        hidden += [_real(Path(h.identity_file)) for h in config.ssh.hosts.values()]
+        hidden += [real_path(Path(h.identity_file)) for h in config.ssh.hosts.values()]
     unique = tuple(dict.fromkeys(hidden))
     allowed: tuple[Path, ...] = ()
     if own_session_dir is not None:
-        own = _real(own_session_dir)
+        own = real_path(own_session_dir)
         # A session folder turned into a link to the data folder (or above) allows nothing.
-        if not any(_inside(h, own) for h in unique):
+        if not any(within(h, own) for h in unique):
             allowed = (own,)
     return PrivatePaths(hidden=unique, allowed=allowed)

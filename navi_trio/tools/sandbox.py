@@ -53,7 +53,7 @@ import attrs
 import trio
 
 from navi_trio.errors import ToolInputError
-from navi_trio.tools.private import PrivatePaths
+from navi_trio.tools.private import PrivatePaths, real_path, within
 
 PROBE_TIMEOUT_SEC = 10.0
 # Where the host keeps its sockets (docker, dbus, systemd, a database's): masked whole.
@@ -161,14 +161,6 @@ async def check_sandbox(bwrap_path: Path | None = None) -> Path:
     return bwrap
 
 
-def _inside(path: Path, folders: Sequence[Path]) -> bool:
-    return any(path == f or f in path.parents for f in folders)
-
-
-def _real(path: Path | str) -> Path:
-    return Path(os.path.realpath(path))
-
-
 def _bound_sockets() -> list[Path]:
     """The paths of the Unix sockets bound in our network namespace (abstract ones
     have none), as /proc/net/unix lists them."""
@@ -195,7 +187,7 @@ def _refuse_hidden(
     private: PrivatePaths, folders: Sequence[Path], writable: Sequence[Path]
 ) -> None:
     for folder in writable:
-        if folder == Path("/") or _inside(folder, SYSTEM_DIRS):
+        if folder == Path("/") or within(folder, *SYSTEM_DIRS):
             raise ToolInputError(f"{folder} cannot be a writable folder of the sandbox")
     for folder in folders:
         hidden = private.blocks(folder)
@@ -208,15 +200,15 @@ def _refuse_hidden(
 def bwrap_argv(bwrap: Path, spec: SandboxSpec, argv: Sequence[str], cwd: Path) -> list[str]:
     """The bwrap command line that runs `argv` in `cwd` inside `spec`'s sandbox."""
     private = spec.private
-    writable = [_real(p) for p in spec.writable if os.path.isdir(p)]
-    cwd = _real(cwd)
+    writable = [real_path(p) for p in spec.writable if os.path.isdir(p)]
+    cwd = real_path(cwd)
     _refuse_hidden(private, [cwd, *writable], writable)
     # navi's own Python (its venv may live under /tmp, hidden by the private /tmp):
     # code_exec runs it, and a terminal command may find it on PATH.
     seen: list[Path | str] = [*spec.readable, cwd, sys.prefix, sys.exec_prefix, sys.base_prefix]
     readable = [
-        r for r in dict.fromkeys(_real(p) for p in seen if os.path.exists(p))
-        if private.blocks(r) is None and not _inside(r, writable)
+        r for r in dict.fromkeys(real_path(p) for p in seen if os.path.exists(p))
+        if private.blocks(r) is None and not within(r, *writable)
     ]  # fmt: skip
     out = [str(bwrap), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     out += ["--tmpfs", "/tmp", "--unshare-pid", "--die-with-parent"]
@@ -235,29 +227,29 @@ def _masks(private: PrivatePaths, readable: list[Path], writable: list[Path]) ->
     """The mounts that hide the daemon's data and the host's sockets (module docstring)."""
     bound = [*readable, *writable]
     folders: list[Path] = []
-    for path in [*(_real(d) for d in RUN_DIRS), *private.hidden]:
-        if os.path.isdir(path) and not _inside(path, folders) and _reachable(path, bound):
+    for path in [*(real_path(d) for d in RUN_DIRS), *private.hidden]:
+        if os.path.isdir(path) and not within(path, *folders) and _reachable(path, bound):
             folders.append(path)
     out: list[str] = []
     for folder in folders:
         out += ["--tmpfs", str(folder)]
     # Bound again over the masks: what lies inside one (the own session folder).
-    rebound = [p for p in bound if any(p != f and _inside(p, [f]) for f in folders)]
-    keep = [k for k in (_real(f) for f in KEEP_FILES) if os.path.isfile(k)]
+    rebound = [p for p in bound if any(p != f and within(p, f) for f in folders)]
+    keep = [k for k in (real_path(f) for f in KEEP_FILES) if os.path.isfile(k)]
     for path in [*readable, *keep]:
-        if path in rebound or (path in keep and _inside(path, folders)):
+        if path in rebound or (path in keep and within(path, *folders)):
             out += ["--ro-bind", str(path), str(path)]
     for path in writable:
         if path in rebound:
             out += ["--bind", str(path), str(path)]
 
     def shown(path: Path) -> bool:
-        return _reachable(path, bound) and (not _inside(path, folders) or _inside(path, rebound))
+        return _reachable(path, bound) and (not within(path, *folders) or within(path, *rebound))
 
     files = [h for h in private.hidden if os.path.isfile(h) and shown(h)]
     sockets = [
-        s for s in dict.fromkeys(_real(p) for p in _bound_sockets())
-        if not _inside(s, writable) and shown(s) and _is_socket(s)
+        s for s in dict.fromkeys(real_path(p) for p in _bound_sockets())
+        if not within(s, *writable) and shown(s) and _is_socket(s)
     ][:SOCKET_MASKS_MAX]  # fmt: skip
     for path in dict.fromkeys([*files, *sockets]):
         out += ["--ro-bind", "/dev/null", str(path)]
@@ -267,7 +259,7 @@ def _masks(private: PrivatePaths, readable: list[Path], writable: list[Path]) ->
 def _reachable(path: Path, bound: Sequence[Path]) -> bool:
     """Whether `path` is seen at all before the masks: not under the private /tmp,
     unless a bound folder shows it."""
-    return not _inside(path, [Path("/tmp")]) or _inside(path, bound)
+    return not within(path, Path("/tmp")) or within(path, *bound)
 
 
 async def sandboxed_argv(
