@@ -107,7 +107,7 @@ async def test_a_persistent_process_gets_the_same_environment(tmp_path: Path) ->
         async with trio.open_nursery() as nursery:
             await nursery.start(pool.run)
             opened = await TerminalTool().execute({"action": "open", "command": "env"}, ctx)
-            assert opened.ok, opened.content()
+            assert opened.ok and opened.data is not None, opened.content()
             handle = opened.data["handle"]
             assert await pool.wait_exit(ctx.session_id, handle) == 0
             output = (await pool.read(ctx.session_id, handle, 1_000_000)).output
