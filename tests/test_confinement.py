@@ -24,16 +24,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 from agent_tools import call
 from api_ws import Client, Daemon, open_daemon
 
 from navi_trio.api.auth import ensure_local_token
-from navi_trio.errors import ConfigError
+from navi_trio.errors import ConfigError, ToolInputError
 from navi_trio.profiles import ConfigSource, parse_config
-from navi_trio.settings import REPO_ROOT, default_config_path
-from navi_trio.tools.sandbox import sandbox_available
+from navi_trio.settings import REPO_ROOT, Settings, default_config_path
+from navi_trio.tools.private import private_paths
+from navi_trio.tools.sandbox import SandboxSpec, bwrap_argv, sandbox_available
 
 TIMEOUT = 60
 OK, REASON = sandbox_available()
@@ -264,7 +266,7 @@ async def test_the_data_folder_is_hidden_wherever_the_cwd_reaches_it(
 ) -> None:
     """A session folder as cwd (the data folder around it hidden), and an admin's cwd
     that is the parent of everything: the token stays out of sight."""
-    command = f"cat {base}/data/local-token; ls {base}/data/sessions; pwd"
+    command = f"cat {base}/data/local-token; ls {base}/data/sessions; pwd; echo RAN-IN-OWN"
     replies = [call("terminal", action="run", command=command), {"text": "done"}]
     with trio.fail_after(TIMEOUT):
         async with daemon(tmp_path, base, replies) as d:
@@ -276,8 +278,32 @@ async def test_the_data_folder_is_hidden_wherever_the_cwd_reaches_it(
                 await accepted(alice, str(mine), session_id=sid)
                 result = next(f for f in alice.frames if f["type"] == "tool_result")
             assert token.strip() not in frames_text(alice)
-            assert str(mine) in result["output"]  # it ran, in its own folder
+            assert result["ok"] and f"{mine}\nRAN-IN-OWN" in result["output"], (
+                result
+            )  # in its folder
             assert bobs.name not in result["output"]  # other session folders: not listed
+
+
+def test_the_masks_come_after_the_binds_and_the_own_folder_again_on_top(base: Path) -> None:
+    data, db = base / "data", base / "db" / "navi.db"
+    own = data / "sessions" / "s-mine"
+    own.mkdir(parents=True)
+    db.parent.mkdir()
+    db.write_text("")
+    settings = Settings.from_env({}, data_dir=data, db_path=db)
+    spec = SandboxSpec(writable=(own, base), private=private_paths(settings, own))
+    argv = bwrap_argv(Path("/bwrap"), spec, ["true"], base)
+
+    def at(*words: str) -> list[int]:
+        return [i for i in range(len(argv)) if argv[i : i + len(words)] == list(words)]
+
+    (cwd_bind,), (mask,) = at("--bind", str(base), str(base)), at("--tmpfs", str(data))
+    assert cwd_bind < mask < max(at("--bind", str(own), str(own)))  # own folder on top
+    assert at("--ro-bind", "/dev/null", str(db))  # the database outside the data folder
+    # Never a hidden folder as cwd or writable, never a writable / or /proc.
+    for writable, cwd in (((data,), data), ((Path("/"),), base), ((Path("/proc"),), base)):
+        with pytest.raises(ToolInputError):
+            bwrap_argv(Path("/bwrap"), attrs.evolve(spec, writable=writable), ["true"], cwd)
 
 
 # -- session id squatting --------------------------------------------------------------
