@@ -264,8 +264,8 @@ async def test_a_sandboxed_command_never_sees_the_daemons_data(tmp_path: Path, b
 async def test_the_data_folder_is_hidden_wherever_the_cwd_reaches_it(
     tmp_path: Path, base: Path
 ) -> None:
-    """A session folder as cwd (the data folder around it hidden), and an admin's cwd
-    that is the parent of everything: the token stays out of sight."""
+    """Its own session folder as cwd: the command runs there, while the data folder
+    around it shows neither the token nor the other session folders."""
     command = f"cat {base}/data/local-token; ls {base}/data/sessions; pwd; echo RAN-IN-OWN"
     replies = [call("terminal", action="run", command=command), {"text": "done"}]
     with trio.fail_after(TIMEOUT):
