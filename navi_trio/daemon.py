@@ -8,6 +8,9 @@ SIGTERM / SIGINT: stop accepting and close the connections; wait up to
 which stops the active runs (their partial answers are saved as stopped, shielded),
 cancels the jobs left, and drains the store before it closes. SIGHUP reloads the
 config file (ConfigSource). Readiness goes to systemd when ``NOTIFY_SOCKET`` is set.
+
+Before anything else, what a dead daemon of the same data folder left running is
+killed (`procs.kill_orphans`: a ``full``-mode command outlives a SIGKILL).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from navi_trio.api.server import ApiServer
 from navi_trio.profiles import ConfigSource
 from navi_trio.runtime import Runtime, open_runtime
 from navi_trio.settings import Settings
+from navi_trio.tools.procs import kill_orphans
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,7 @@ async def serve_daemon(
     port: int,
     ready: Callable[[int], None] = lambda port: None,
 ) -> None:
+    await kill_orphans(settings.data_dir)
     async with open_runtime(settings, config=config) as rt:
         await ensure_local_token(rt.store, settings.data_dir)
         rt.sessions.adopt = True  # session actors run what a crash left queued

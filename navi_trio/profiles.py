@@ -266,6 +266,9 @@ class AgentProfile:
     policy: PolicyConfig = PolicyConfig()
     # Names of `NaviConfig.mcp_servers` whose tools this profile's runs get.
     mcp_servers: tuple[str, ...] = ()
+    # Environment variables (by name) the daemon passes on to its runs' tool processes,
+    # beyond the allow-list every one gets (tools/procs.py `child_env`).
+    env: tuple[str, ...] = ()
 
     def model_or(self, default: str) -> str:
         """The profile's model, or `default` (Settings.default_model) when it names none."""
@@ -319,6 +322,10 @@ class NaviConfig:
     ssh: SshConfig | None = None  # hosts the ssh_exec tool may reach
     peers: dict[str, PeerConfig] = attrs.Factory(dict)
     mcp_servers: dict[str, McpServerConfig] = attrs.Factory(dict)
+    # role -> the folders (and below) a client of that role may send as a run's cwd,
+    # besides their own session folders (core/workspace.py); a role without an entry:
+    # users none, admins anything but navi's own data.
+    workspace_roots: dict[str, tuple[str, ...]] = attrs.Factory(dict)
     base_dir: Path = Path(".")  # folder of the file: prompt files resolve against it
 
     def profile(self, profile_id: str | None) -> AgentProfile:
@@ -408,6 +415,7 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
         )
     _check_peers(cfg.peers, path)
     _check_mcp(cfg, path)
+    _check_workspace_roots(cfg.workspace_roots, path)
     base = path.parent
     persona = cfg.persona
     if cfg.persona_file:
@@ -430,6 +438,18 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
             if value is not None and value < 1:
                 raise ConfigError(f"{path}: {where}.{field}: expected a number of 1 or more")
         _check_policy(prof.policy, path, f"{where}.policy")
+        bad = [n for n in prof.env if not ENV_NAME.fullmatch(n)]
+        if bad:
+            raise ConfigError(
+                f"{path}: {where}.env: expected environment variable names (letters, digits "
+                f"and _, not starting with a digit), got {', '.join(map(repr, bad))}"
+            )
+        own = [n for n in prof.env if is_secret(n)]
+        if own:
+            raise ConfigError(
+                f"{path}: {where}.env: {', '.join(own)} hold navi's own secrets and never "
+                "reach a tool process"
+            )
         prompt = prof.system_prompt
         if prof.system_prompt_file:
             prompt = _read_text(base / prof.system_prompt_file, path, f"{where}.system_prompt_file")
@@ -490,6 +510,43 @@ def _check_mcp(cfg: NaviConfig, path: Path) -> None:
                 f"{path}: $.profiles[{pid!r}].mcp_servers: unknown MCP server(s) "
                 f"{', '.join(unknown)} (servers: {known})"
             )
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Environment variables navi reads that hold secrets; also any NAVI_* variable with a
+# word in its name that says it holds one (NAVI_WS_TOKEN, NAVI_SIGNING_KEY, ...), but
+# not a setting that merely counts tokens (NAVI_COMPRESSION_MAX_TOKENS). A profile's
+# `env` may not pass them on to tool processes.
+SECRET_VARS = frozenset({"NAVI_LLM_API_KEY", "NAVI_TOKEN", "OPENAI_API_KEY"})
+_SECRET_WORDS = frozenset({"TOKEN", "KEY", "APIKEY", "SECRET", "PASSWORD", "PASSWD"})
+
+
+def is_secret(name: str) -> bool:
+    """True for an environment variable of navi's that holds a secret."""
+    upper = name.upper()
+    if upper in SECRET_VARS:
+        return True
+    return upper.startswith("NAVI_") and not _SECRET_WORDS.isdisjoint(upper.split("_"))
+
+
+def _check_workspace_roots(roots: Mapping[str, tuple[str, ...]], path: Path) -> None:
+    """Known roles; each root an absolute (or ~) folder, never the root folder."""
+    for role, folders in roots.items():
+        where = f"{path}: $.workspace_roots"
+        if role not in ROLES:
+            raise ConfigError(f"{where}: unknown role {role!r} (roles: {', '.join(ROLES)})")
+        for i, folder in enumerate(folders):
+            p = Path(folder).expanduser()
+            if not folder.strip() or not p.is_absolute():
+                raise ConfigError(
+                    f"{where}[{role!r}][{i}]: expected an absolute folder (or ~/...), "
+                    f"got {folder!r}"
+                )
+            if os.path.realpath(p) == "/":
+                raise ConfigError(
+                    f"{where}[{role!r}][{i}]: '/' would let a {role}'s commands write "
+                    "anywhere the daemon can: name the folders instead"
+                )
 
 
 def _check_policy(policy: PolicyConfig, path: Path, where: str) -> None:

@@ -40,9 +40,12 @@ async def test_a_queued_message_shows_only_its_own_run(tmp_path: Path) -> None:
             tmp_path, replies=replies, tools=toolset(gate),
             profiles={"general": with_tools(["gate"])},
         ) as d, d.connect("alice") as alice:  # fmt: skip
-            await alice.request({"type": "message", "session_id": "s-q", "content": "hi"})
+            await alice.request({"type": "message", "session_id": "alice.s-q", "content": "hi"})
             await gate.entered.wait()
-            req = RunRequest("s-q", "thanks", tmp_path, None, False)
+            # A user's cwd: inside the roots of their role; by default their own session folder.
+            own = d.harness.runtime.settings.session_dir("alice.s-q")
+            own.mkdir(parents=True, exist_ok=True)
+            req = RunRequest("alice.s-q", "thanks", own, None, False)
             async with trio.open_nursery() as nursery:
 
                 async def navi_run() -> None:
@@ -50,11 +53,11 @@ async def test_a_queued_message_shows_only_its_own_run(tmp_path: Path) -> None:
                     assert outcome.end is not None and outcome.end.reason == "complete"
 
                 nursery.start_soon(navi_run)
-                await alice.until_type("message_queued", session_id="s-q", text="thanks")
+                await alice.until_type("message_queued", session_id="alice.s-q", text="thanks")
                 gate.gate.set()
     assert out.getvalue() == "second done\n"
     lines = err.getvalue().splitlines()
-    assert lines == ["session: s-q", "navi: the session is busy: message queued (#1)"]
+    assert lines == ["session: alice.s-q", "navi: the session is busy: message queued (#1)"]
 
 
 def _args(**given: object) -> argparse.Namespace:
@@ -99,9 +102,12 @@ async def test_ctrl_c_while_queued_leaves_the_run_ahead_alone(tmp_path: Path) ->
             tmp_path, replies=replies, tools=toolset(gate),
             profiles={"general": with_tools(["gate"])},
         ) as d, d.connect("alice") as alice:  # fmt: skip
-            await alice.request({"type": "message", "session_id": "s-q", "content": "hi"})
+            await alice.request({"type": "message", "session_id": "alice.s-q", "content": "hi"})
             await gate.entered.wait()
-            req = RunRequest("s-q", "thanks", tmp_path, None, False)
+            # A user's cwd: inside the roots of their role; by default their own session folder.
+            own = d.harness.runtime.settings.session_dir("alice.s-q")
+            own.mkdir(parents=True, exist_ok=True)
+            req = RunRequest("alice.s-q", "thanks", own, None, False)
             async with trio.open_nursery() as nursery:
 
                 async def navi_run() -> None:
@@ -109,12 +115,12 @@ async def test_ctrl_c_while_queued_leaves_the_run_ahead_alone(tmp_path: Path) ->
                     assert outcome.signal == signal.SIGINT and outcome.end is None
 
                 nursery.start_soon(navi_run)
-                await alice.until_type("message_queued", session_id="s-q", text="thanks")
+                await alice.until_type("message_queued", session_id="alice.s-q", text="thanks")
                 os.kill(os.getpid(), signal.SIGINT)
             # navi run has quit; the run ahead was not stopped, and ours still runs.
             gate.gate.set()
-            first = await alice.until_end("s-q")
-            second = await alice.until_end("s-q")
+            first = await alice.until_end("alice.s-q")
+            second = await alice.until_end("alice.s-q")
     assert (first["reason"], first["text"]) == ("complete", "first done")
     assert second["text"] == "second done" and out.getvalue() == ""
     assert "navi: the message stays queued in the daemon" in err.getvalue()

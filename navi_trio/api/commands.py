@@ -9,8 +9,8 @@ here. Every refusal is a `RequestError` with its wire code.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -34,6 +34,7 @@ from navi_trio.api.protocol import (
 from navi_trio.core.agent import UserMessage
 from navi_trio.core.session_actor import SessionActor
 from navi_trio.core.task_supervisor import Job
+from navi_trio.core.workspace import check_cwd
 from navi_trio.errors import (
     BusyError,
     ExistsError,
@@ -66,6 +67,10 @@ def new_session_id() -> str:
     import uuid
 
     return "s-" + uuid.uuid4().hex[:12]
+
+
+# What `new_session_id` (and every client's own) makes: free for anyone to choose.
+RANDOM_ID = re.compile(r"s-[0-9a-f]{12}")
 
 
 class Commands:
@@ -110,6 +115,8 @@ class Commands:
             raise ProtocolError(
                 f"unknown profile {profile!r} (known: {', '.join(sorted(cfg.profiles))})"
             )
+        if session_id is not None and not self.user.is_admin:
+            await self._check_chosen_id(session_id)
         limit = self.rt.settings.sessions_per_user
         if await self.rt.store.count_sessions(self.user.id) >= limit:
             raise LimitError(
@@ -124,6 +131,26 @@ class Commands:
         log.info("session %s created by %s", row.id, self.user.name)
         return row
 
+    async def _check_chosen_id(self, session_id: str) -> None:
+        """A user (not an admin) names a new session only in their own namespace.
+
+        Session ids are global: a name anyone could take first is one another user (or
+        an admin's script) may be about to use, and an admin's message to it would run
+        in the squatter's session. So an id a user picks is either random (``s-`` and
+        12 hex digits, as every client makes them) or starts with the user's own name
+        and a dot (``bob.notes``), the longest user name matching deciding whose it is.
+        """
+        if RANDOM_ID.fullmatch(session_id):
+            return
+        names = [str(u["name"]) for u in await self.rt.store.list_users()]
+        owner = max((n for n in names if session_id.startswith(n + ".")), key=len, default=None)
+        if owner != self.user.name:
+            log.warning("user %s refused session id %.80r", self.user.name, session_id)
+            raise ForbiddenError(
+                f"a session id you choose must start with your user name and a dot "
+                f"({self.user.name}.NAME), or be left to the daemon"
+            )
+
     async def _actor(self, session_id: str) -> SessionActor:
         try:
             return await self.rt.sessions.get(session_id)
@@ -136,9 +163,10 @@ class Commands:
         # Everything the frame says is checked before a session is created for it.
         cwd = None
         if cmd.cwd is not None:
-            cwd = Path(cmd.cwd)
-            if not await trio.Path(cwd).is_dir():
-                raise ProtocolError(f"cwd {cmd.cwd!r} is not a directory on the daemon's machine")
+            cwd = await check_cwd(
+                cmd.cwd, user_id=self.user.id, role=self.user.role, settings=self.rt.settings,
+                config=self.rt.config.current, store=self.rt.store,
+            )  # fmt: skip
         row = await self.rt.store.get_session(cmd.session_id) if cmd.session_id else None
         if row is None:
             row = await self._create(cmd.session_id, cmd.profile)

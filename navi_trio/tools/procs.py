@@ -16,7 +16,15 @@ and every process whose environment carries the tag, even after it was reparente
 Only a descendant that leaves the session, empties its environment and loses its
 parent escapes.
 
-Tool processes never see navi's own secrets: `child_env` strips them (`is_secret`).
+A tool process gets an allow-listed environment (`child_env`): the locale, terminal,
+user, shell, PATH and temp-folder variables of the daemon (`PASSED_VARS`, ``LC_*``),
+plus what its caller adds (the tools: the names the profile's ``env`` lists, and HOME).
+Everything else (cloud keys, tokens, database URLs) stays in the daemon.
+
+The tag's value starts with its owner (`tag_owner`: a digest of the data folder, the
+daemon's pid and start time), so that a daemon starting on a data folder finds what a
+dead daemon of that folder left running (`kill_orphans`: a ``full``-mode command that
+outlived a SIGKILL) and leaves a live daemon's processes alone.
 
 A sandboxed command (`sandbox`) is led by bwrap, with the command in its own PID
 namespace: killing the group kills bwrap, and with it everything inside, ``setsid``
@@ -37,7 +45,9 @@ Two ways to run something:
 from __future__ import annotations
 
 import codecs
+import hashlib
 import itertools
+import logging
 import math
 import os
 import secrets
@@ -52,12 +62,15 @@ import attrs
 import trio
 
 from navi_trio.errors import ToolInputError
+from navi_trio.profiles import is_secret as is_secret
 from navi_trio.tools.proctree import (
+    PROC,
     Query,
     Strays,
     find_strays_many,
     process_count,
     start_time,
+    tag_values,
 )
 from navi_trio.tools.progress import OutputProgress
 from navi_trio.tools.result import cap_text
@@ -72,11 +85,13 @@ READ_CHUNK = 65536
 LineCallback = Callable[[str], None]
 LinesCallback = Callable[[list[str]], None]
 TAG_VAR = "NAVI_PROC_TAG"
-# Environment variables navi reads that hold secrets; also any NAVI_* variable with a
-# word in its name that says it holds one (NAVI_WS_TOKEN, NAVI_SIGNING_KEY, ...), but
-# not a setting that merely counts tokens (NAVI_COMPRESSION_MAX_TOKENS).
-SECRET_VARS = frozenset({"NAVI_LLM_API_KEY", "NAVI_TOKEN", "OPENAI_API_KEY"})
-_SECRET_WORDS = frozenset({"TOKEN", "KEY", "APIKEY", "SECRET", "PASSWORD", "PASSWD"})
+# What every tool process gets of the daemon's environment (and every LC_* variable).
+PASSED_VARS = (
+    "PATH", "HOME", "LANG", "LANGUAGE", "TERM", "COLORTERM", "TZ", "USER", "LOGNAME",
+    "SHELL", "TMPDIR",
+)  # fmt: skip
+ORPHAN_WAIT_SEC = 5.0
+log = logging.getLogger(__name__)
 
 
 def shell_argv(command: str | Sequence[str]) -> list[str]:
@@ -92,22 +107,32 @@ def shell_argv(command: str | Sequence[str]) -> list[str]:
     return argv
 
 
-def is_secret(name: str) -> bool:
-    """True for an environment variable of navi's that holds a secret."""
-    upper = name.upper()
-    if upper in SECRET_VARS:
-        return True
-    return upper.startswith("NAVI_") and not _SECRET_WORDS.isdisjoint(upper.split("_"))
+def data_digest(data_dir: Path) -> str:
+    """A short name for a data folder (its real path), as tags carry it."""
+    real = os.path.realpath(data_dir.expanduser())
+    return hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
-def new_tag() -> str:
-    """A value for `TAG_VAR`, unique to one command."""
-    return f"{os.getpid()}-{secrets.token_hex(8)}"
+def tag_owner(data_dir: Path) -> str:
+    """Who starts a command: this process (pid and start time) on `data_dir`."""
+    pid = os.getpid()
+    return f"{data_digest(data_dir)}.{pid}.{start_time(pid) or 0}"
+
+
+def new_tag(owner: str | None = None) -> str:
+    """A value for `TAG_VAR`, unique to one command; `owner` from `tag_owner`."""
+    return f"{owner or os.getpid()}:{secrets.token_hex(8)}"
+
+
+def passed_env(names: Sequence[str]) -> dict[str, str]:
+    """The daemon's values of the variables `names` (a profile's ``env``) that are set;
+    never navi's own secrets."""
+    return {n: os.environ[n] for n in names if n in os.environ and not is_secret(n)}
 
 
 def child_env(extra: Mapping[str, str] | None = None, *, tag: str | None = None) -> dict[str, str]:
-    """The environment of a tool process: ours without navi's secrets, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not is_secret(k)}
+    """The environment of a tool process: the allow-listed part of ours, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if k in PASSED_VARS or k.startswith("LC_")}
     env["PYTHONUNBUFFERED"] = "1"  # so Python children stream their lines
     if tag is not None:
         env[TAG_VAR] = tag
@@ -384,6 +409,7 @@ async def run_command(
     grace: float = KILL_GRACE_SEC,
     sandbox: SandboxSpec | None = None,
     bwrap_path: Path | None = None,
+    owner: str | None = None,
 ) -> CommandResult:
     """Run `command` in its own process group until it exits or `time_limit` passes.
 
@@ -394,12 +420,14 @@ async def run_command(
     propagates. Raises OSError when the process cannot be started (e.g. `cwd` does not
     exist). With a `sandbox` the command runs under bwrap (see `sandbox`); when bwrap
     cannot run here, raises `SandboxUnavailableError` instead of running it unsandboxed.
+    `env` is added to the allow-listed environment (`child_env`); `owner` (`tag_owner`)
+    starts the process tag.
     """
     if time_limit <= 0:
         raise ToolInputError(f"the time limit must be positive (got {time_limit:g})")
     argv = await sandboxed_argv(sandbox, shell_argv(command), cwd, bwrap_path)
     started = trio.current_time()
-    tag = new_tag()
+    tag = new_tag(owner)
     process = await trio.lowlevel.open_process(
         argv,
         cwd=str(cwd),
@@ -524,10 +552,13 @@ class ProcessPool:
         *,
         sandbox: SandboxSpec | None = None,
         bwrap_path: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        owner: str | None = None,
     ) -> str:
         """Start `command` (through the shell) in `cwd`; returns its handle id ("p1" …).
 
-        With a `sandbox` it runs under bwrap, or is refused (`SandboxUnavailableError`).
+        With a `sandbox` it runs under bwrap, or is refused (`SandboxUnavailableError`);
+        `env` and `owner` as for `run_command`.
         """
         # First, before the checks: they must not go stale across an await.
         argv = await sandboxed_argv(sandbox, shell_argv(command), cwd, bwrap_path)
@@ -544,7 +575,7 @@ class ProcessPool:
         counter = self._counters.setdefault(session_id, itertools.count(1))
         handle_id = f"p{next(counter)}"
         handle: _Handle = await nursery.start(
-            self._serve, session_id, handle_id, command, argv, cwd
+            self._serve, session_id, handle_id, command, argv, cwd, child_env(env), owner
         )
         return handle.handle_id
 
@@ -555,13 +586,15 @@ class ProcessPool:
         command: str,
         argv: list[str],
         cwd: Path,
+        env: dict[str, str],
+        owner: str | None,
         task_status: trio.TaskStatus[_Handle] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        tag = new_tag()
+        tag = new_tag(owner)
         process = await trio.lowlevel.open_process(
             argv,
             cwd=str(cwd),
-            env=child_env(tag=tag),
+            env={**env, TAG_VAR: tag},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -661,6 +694,46 @@ class ProcessPool:
 
     def list(self, session_id: str) -> list[ProcessInfo]:
         return [h.info() for h in self._handles.values() if h.session_id == session_id]
+
+
+def _orphans(data_dir: Path) -> set[int]:
+    """Our processes tagged by a daemon of `data_dir` that is no longer alive."""
+    digest = data_digest(data_dir)
+    found = set()
+    for pid, tag in tag_values(TAG_VAR).items():
+        owner = tag.split(":", 1)[0].split(".")
+        if len(owner) != 3 or owner[0] != digest or not all(p.isdigit() for p in owner[1:]):
+            continue
+        daemon, started = int(owner[1]), int(owner[2])
+        if start_time(daemon) != started:  # gone, or its pid now another process's
+            found.add(pid)
+    return found
+
+
+async def kill_orphans(data_dir: Path) -> list[int]:
+    """SIGKILL what dead daemons of `data_dir` left running; their pids (for the log).
+
+    Run at a daemon's start: a ``full``-mode command (no sandbox to take it down) and
+    what it started outlive a SIGKILLed daemon. A live daemon's processes (another
+    ``navi serve`` or ``navi run`` on the same folder) carry a live owner and stay.
+    """
+    if not hasattr(os, "pidfd_open") or not PROC.is_dir():
+        return []
+    pids = await trio.to_thread.run_sync(_orphans, data_dir)
+    strays = Strays(pids)
+    try:
+        strays.signal(signal.SIGKILL)
+        with trio.move_on_after(ORPHAN_WAIT_SEC):
+            await strays.wait()
+        killed = sorted(strays.fds)
+    finally:
+        strays.close()
+    if killed:
+        log.warning(
+            "killed %d process(es) a previous daemon on %s left running: %s",
+            len(killed), data_dir, " ".join(map(str, killed)),
+        )  # fmt: skip
+    return killed
 
 
 def python_argv(script: Path) -> list[str]:
