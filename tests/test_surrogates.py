@@ -65,7 +65,7 @@ def test_clean_text_replaces_lone_surrogates_and_keeps_pairs_and_clean_text() ->
 
 def test_a_frame_with_a_lone_surrogate_is_refused_naming_the_field() -> None:
     for raw, field in [
-        ('{"type":"message","content":"\\ud800","session_id":"S"}', "content"),
+        ('{"type":"message","content":"\\ud800","session_id":"alice.S"}', "content"),
         ('{"type":"message","content":"hi","profile":"a\\uDFFFb"}', "profile"),
         ('{"type":"hello","token":"\\udc00"}', "token"),
         ('{"type":"sessions","action":"list","id":"\\ud800"}', "id"),
@@ -83,17 +83,17 @@ async def test_a_message_with_a_lone_surrogate_stores_nothing_and_the_session_go
     with trio.fail_after(TIMEOUT):
         async with open_daemon(tmp_path, replies=[{"text": "Hello"}], loop=True) as d:
             async with d.connect("alice") as c:
-                await c.send('{"type":"message","content":"\\ud800","session_id":"S","id":1}')
+                await c.send('{"type":"message","content":"\\ud800","session_id":"alice.S","id":1}')
                 err = await c.until(lambda f: f.get("id") == 1)
                 assert (err["type"], err["code"]) == ("error", "bad_frame"), err
                 assert "field 'content'" in err["message"]
-                assert await d.harness.runtime.store.get_session("S") is None
-                ok = await c.request({"type": "message", "content": "hi", "session_id": "S"})
+                assert await d.harness.runtime.store.get_session("alice.S") is None
+                ok = await c.request({"type": "message", "content": "hi", "session_id": "alice.S"})
                 assert ok["type"] == "session", ok
-                assert (await c.until_end("S"))["text"] == "Hello"
-                again = await c.request({"type": "message", "content": "more", "session_id": "S"})
+                assert (await c.until_end("alice.S"))["text"] == "Hello"
+                again = await c.request({"type": "message", "content": "more", "session_id": "alice.S"})
                 assert again["type"] == "ok", again
-                await c.until_end("S")
+                await c.until_end("alice.S")
             assert all(_clean(row) for row in _stored_rows(tmp_path / "navi.db"))
 
 
@@ -204,24 +204,24 @@ async def test_a_session_stored_with_a_lone_surrogate_loads_and_goes_on(
     with trio.fail_after(TIMEOUT * 2):
         async with open_daemon(tmp_path, replies=[{"text": "Hello"}], loop=True) as d:
             store = d.harness.runtime.store
-            await store.create_session("S", profile_id="general", user_id=d.ids["alice"])
+            await store.create_session("alice.S", profile_id="general", user_id=d.ids["alice"])
             first = {"role": "user", "content": "old text"}
             answer = {"role": "assistant", "content": "an answer"}
-            await store.append("S", messages=[first, answer], context=[first, answer])
-            _poison_first_row(db, "S")
-            assert (await store.load_messages("S"))[0]["content"] == f"old{FFFD}text"
-            loaded = await store.load_session("S")
+            await store.append("alice.S", messages=[first, answer], context=[first, answer])
+            _poison_first_row(db, "alice.S")
+            assert (await store.load_messages("alice.S"))[0]["content"] == f"old{FFFD}text"
+            loaded = await store.load_session("alice.S")
             assert loaded is not None and loaded.context[0]["content"] == f"old{FFFD}text"
             async with d.connect("alice") as c:
                 history = await c.request({"type": "sessions", "action": "history",
-                                           "session_id": "S"})  # fmt: skip
+                                           "session_id": "alice.S"})  # fmt: skip
                 assert history["messages"][0]["content"] == f"old{FFFD}text", history
-                ok = await c.request({"type": "message", "content": "next", "session_id": "S"})
+                ok = await c.request({"type": "message", "content": "next", "session_id": "alice.S"})
                 assert ok["type"] == "ok", ok
-                assert (await c.until_end("S"))["text"] == "Hello"
+                assert (await c.until_end("alice.S"))["text"] == "Hello"
                 sent = json.dumps(d.harness.chat_requests[-1], ensure_ascii=False)
                 assert f"old{FFFD}text" in sent
-            done = await navi("sessions", "history", "S", "--url", d.url,
+            done = await navi("sessions", "history", "alice.S", "--url", d.url,
                               "--token", d.tokens["alice"], env=env, cwd=tmp_path)  # fmt: skip
             assert done.code == 0, done
             assert f"user: old{FFFD}text" in done.out and "Traceback" not in done.err, done
