@@ -244,6 +244,9 @@ class RunRequest:
     profile: str | None
     as_json: bool
     mode: str | None = None
+    # --cwd given: always sent. Else the shell's folder is sent for an admin only: an
+    # ordinary user's cwd must lie inside their workspace_roots (README "Safety").
+    cwd_given: bool = True
 
 
 class FrameSink(Protocol):
@@ -518,7 +521,10 @@ async def follow_remote(
                 await ws.send_message(encode({"type": "stop", "session_id": req.session_id}))
 
             message: Frame = {"type": "message", "id": _RUN_ID, "content": req.text,
-                              "session_id": req.session_id, "cwd": str(req.cwd)}  # fmt: skip
+                              "session_id": req.session_id}  # fmt: skip
+            role = (welcome.get("user") or {}).get("role")
+            if req.cwd_given or role == "admin":
+                message["cwd"] = str(req.cwd)
             if req.profile is not None:
                 message["profile"] = req.profile
             if req.mode is not None:
@@ -628,7 +634,9 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not cwd.is_dir():  # before any probing
         raise UsageError(f"--cwd {cwd}: not a directory")
     session_id = args.session if args.session is not None else new_session_id()
-    req = RunRequest(session_id, text, cwd, args.profile, args.events, args.mode)
+    req = RunRequest(
+        session_id, text, cwd, args.profile, args.events, args.mode, cwd_given=args.cwd is not None
+    )
     target = daemon_target(args, settings)
     if target is not None:
         outcome = trio.run(run_remote, *target, req, out, err)

@@ -79,6 +79,7 @@ class ChatApp:
         self.session_id: str | None = None
         self.profile = options.profile
         self.mode: str | None = None  # the `mode` field of our messages (/mode)
+        self._role = "user"  # ours, from the welcome
         # Approval requests of our session still waiting, oldest first (call id -> frame).
         self._approvals: dict[str, Frame] = {}
         self.last_seq: int | None = None
@@ -157,6 +158,7 @@ class ChatApp:
     def _welcome(self, welcome: Frame) -> None:
         self.renderer.status.connected = True
         user = welcome.get("user") or {}
+        self._role = str(user.get("role") or "user")
         self.renderer.notice(
             f"connected to {welcome.get('server', 'navi')} at {self.options.url} as "
             f"{user.get('name', '?')} — /help lists the commands"
@@ -226,7 +228,9 @@ class ChatApp:
             # Lines typed (or piped) before the daemon named the new session go to it,
             # not to a second new session.
             await self._created.wait()
-        cwd = self.options.cwd or os.getcwd()
+        # The shell's folder goes along for an admin; an ordinary user's cwd must lie in
+        # their workspace_roots, so theirs is sent only when asked for (--cwd).
+        cwd = self.options.cwd or (os.getcwd() if self._role == "admin" else None)
         frame = wire.message(text, self.session_id, self.profile, cwd, self.mode)
         if self.session_id is None:
             self._creating, self._created = True, trio.Event()
