@@ -124,3 +124,45 @@ async def test_ctrl_c_while_queued_leaves_the_run_ahead_alone(tmp_path: Path) ->
     assert (first["reason"], first["text"]) == ("complete", "first done")
     assert second["text"] == "second done" and out.getvalue() == ""
     assert "navi: the message stays queued in the daemon" in err.getvalue()
+
+
+async def test_a_users_navi_run_sends_the_shells_folder_only_when_asked(tmp_path: Path) -> None:
+    # An ordinary user's cwd must lie in their workspace_roots; the shell's folder is
+    # anywhere. Without --cwd it is not sent (the run works); with --cwd it is, and the
+    # daemon refuses it. An admin's shell folder goes along.
+    replies = [{"text": "user done"}, {"text": "admin done"}]
+    shell = tmp_path / "shell"
+    shell.mkdir()
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, replies=replies) as d:
+            out, err = io.StringIO(), io.StringIO()
+            req = RunRequest("alice.r", "hi", shell, None, False, cwd_given=False)
+            outcome = await run_remote(d.url, d.tokens["alice"], req, out, err)
+            assert outcome.end is not None and outcome.end.reason == "complete"
+            assert out.getvalue() == "user done\n"
+            history = await d.harness.runtime.store.load_messages("alice.r")
+            assert "cwd" not in history[0]
+
+            asked = RunRequest("alice.r", "again", shell, None, False, cwd_given=True)
+            with pytest.raises(BaseExceptionGroup) as group:
+                await run_remote(d.url, d.tokens["alice"], asked, io.StringIO(), io.StringIO())
+            refused, _ = group.value.split(cli_run.RemoteError)
+            assert refused is not None
+            (leaf,) = _leaves(refused)
+            assert isinstance(leaf, cli_run.RemoteError) and leaf.code == "forbidden"
+            assert "workspace_roots" in str(leaf)
+
+            req = RunRequest("root.r", "hi", shell, None, False, cwd_given=False)
+            out = io.StringIO()
+            outcome = await run_remote(d.url, d.tokens["root"], req, out, io.StringIO())
+            assert out.getvalue() == "admin done\n"
+            history = await d.harness.runtime.store.load_messages("root.r")
+            assert history[0]["cwd"] == str(shell.resolve())
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    return [
+        leaf
+        for e in group.exceptions
+        for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    ]
