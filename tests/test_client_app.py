@@ -246,10 +246,13 @@ async def test_slash_commands_answer_in_one_line_each() -> None:
             assert (await daemon.wait_for("message"))["profile"] == "researcher"
             chat.reader.type("/compact")
             assert (await daemon.wait_for("compact"))["session_id"] == "s-1"
-            # The daemon switches the session to the profile of the next message.
+            # The daemon switches the session to the profile of the next message: until
+            # then the status line shows the session's own.
             chat.reader.type("/profile coder")
             await s.wait_for("profile coder: used from your next message")
-            assert chat.app.renderer.status.profile == "coder"
+            assert chat.app.renderer.status.profile == "researcher"
+            chat.reader.type("/profile")
+            await s.wait_for("profile: researcher (coder from your next message)")
             chat.reader.type("/new")
             await s.wait_for("new session: it starts with your next message")
             assert chat.app.session_id is None
