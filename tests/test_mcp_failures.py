@@ -58,9 +58,11 @@ async def running(
     clock.autojump_threshold = STALL
     async with trio.open_nursery() as nursery:
         await nursery.start(actor.run)
-        yield actor
-        clock.autojump_threshold = 0  # the SDK's shutdown polls on the clock: let it fly
-        nursery.cancel_scope.cancel()
+        try:
+            yield actor
+        finally:
+            clock.autojump_threshold = 0  # the SDK's shutdown polls on the clock: let it fly
+            nursery.cancel_scope.cancel()
 
 
 async def idle() -> None:
