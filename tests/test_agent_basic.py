@@ -89,11 +89,15 @@ async def test_streaming_events_come_in_order(tmp_path: Path) -> None:
             assert stored[-1]["thinking"] == "let me see"
 
 
-async def test_model_info_only_when_the_resolved_model_changes(tmp_path: Path) -> None:
+async def test_model_info_at_each_runs_first_answer_and_when_it_changes(
+    tmp_path: Path,
+) -> None:
+    # Once per run, not once per session: a client that resumes the session (or joins
+    # it from another connection) learns the model from the next answer.
     with trio.fail_after(TIMEOUT):
         replies = [
             {"text": "one", "model": "m-a"},
-            {"text": "two", "model": "m-a"},  # same model: no ModelInfo
+            {"text": "two", "model": "m-a"},  # a new run: told again
             {**call("echo", text="x"), "model": "m-a"},
             {"text": "three", "model": "m-b"},  # changed mid-turn
         ]
@@ -105,8 +109,8 @@ async def test_model_info_only_when_the_resolved_model_changes(tmp_path: Path) -
             second = await h.turn("s1", "hello")
             third = await h.turn("s1", "thanks")
             assert [f["model"] for f in of_type(first, "model_info")] == ["m-a"]
-            assert of_type(second, "model_info") == []
-            assert [f["model"] for f in of_type(third, "model_info")] == ["m-b"]
+            assert [f["model"] for f in of_type(second, "model_info")] == ["m-a"]
+            assert [f["model"] for f in of_type(third, "model_info")] == ["m-a", "m-b"]
 
 
 async def test_system_prompt_is_persona_then_profile_and_never_stored(tmp_path: Path) -> None:

@@ -135,6 +135,19 @@ async def test_a_first_message_creates_a_session_and_the_answer_shows() -> None:
         assert chat.error is None
 
 
+async def test_the_status_line_names_the_daemons_profile_and_the_ask_is_not_shown() -> None:
+    with trio.fail_after(DEADLINE):
+        async with standin() as daemon, chatting(daemon) as chat:
+            await chat.screen.wait_for("connected to stand-in")
+            chat.reader.type("hi there")
+            await chat.screen.wait_for("session s-1 · profile general · model stand-in-model")
+            ask = await daemon.wait_for("sessions", action="list")
+            assert str(ask["id"]).startswith("chat-profile-")
+            assert "/resume ID continues one" not in chat.screen.text  # the reply is not shown
+            chat.reader.type("/quit")
+        assert chat.error is None
+
+
 async def test_a_dropped_connection_reconnects_and_subscribes_from_the_last_seq() -> None:
     with trio.fail_after(DEADLINE):
         async with standin() as daemon, chatting(daemon) as chat:
@@ -246,10 +259,13 @@ async def test_slash_commands_answer_in_one_line_each() -> None:
             assert (await daemon.wait_for("message"))["profile"] == "researcher"
             chat.reader.type("/compact")
             assert (await daemon.wait_for("compact"))["session_id"] == "s-1"
-            # The daemon switches the session to the profile of the next message.
+            # The daemon switches the session to the profile of the next message: until
+            # then the status line shows the session's own.
             chat.reader.type("/profile coder")
             await s.wait_for("profile coder: used from your next message")
-            assert chat.app.renderer.status.profile == "coder"
+            assert chat.app.renderer.status.profile == "researcher"
+            chat.reader.type("/profile")
+            await s.wait_for("profile: researcher (coder from your next message)")
             chat.reader.type("/new")
             await s.wait_for("new session: it starts with your next message")
             assert chat.app.session_id is None

@@ -9,6 +9,7 @@ at an idle prompt.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -57,6 +58,11 @@ ANSWERS = {
 }
 
 
+# The id prefix of our own `sessions list` requests asking for the session's profile:
+# their replies update the status line and are not shown.
+PROFILE_ASK = "chat-profile-"
+
+
 @attrs.define
 class ChatOptions:
     url: str
@@ -95,6 +101,12 @@ class ChatApp:
         # last history showed, plus one per top-level run whose end we saw live since.
         self._synced_users = 0
         self._ended_runs = 0
+        # The session's profile is the daemon's to say (`sessions list`): asked for when
+        # a session is adopted or resumed, and after a run that may have switched it.
+        self._asks = itertools.count(1)
+        self._profile_ask: str | None = None  # id of the list request waiting for its reply
+        self._want_profile = False  # ask as soon as no request waits (and we are connected)
+        self._profile_due = False  # ask when the current run ends
         self._conn: Connection | None = None
         self._quit = trio.CancelScope()
         self._commands: dict[str, Callable[[str], Awaitable[None]]] = {
@@ -169,7 +181,11 @@ class ChatApp:
         try:
             await self._conn.send(frame)
         except NotConnected as exc:
-            self.renderer.error(str(exc))
+            if self._is_profile_ask(frame):
+                self._profile_ask, self._want_profile = None, True  # asked again once back
+                self.renderer.release_status()
+            else:
+                self.renderer.error(str(exc))
             return False
         return True
 
@@ -232,6 +248,8 @@ class ChatApp:
         # their workspace_roots, so theirs is sent only when asked for (--cwd).
         cwd = self.options.cwd or (os.getcwd() if self._role == "admin" else None)
         frame = wire.message(text, self.session_id, self.profile, cwd, self.mode)
+        if self.session_id and self.profile and self.profile != self.renderer.status.profile:
+            self._profile_due = True  # the daemon switches the session to it for this run
         if self.session_id is None:
             self._creating, self._created = True, trio.Event()
         if await self.send(frame):
@@ -264,7 +282,7 @@ class ChatApp:
         if self.session_id:
             await self.send(wire.unsubscribe(self.session_id))
         self._set_session(None)
-        self.renderer.status.profile = self.profile
+        self.renderer.status.profile = self.profile  # a new session starts with it
         self.renderer.notice("new session: it starts with your next message")
 
     async def _cmd_compact(self, arg: str) -> None:
@@ -279,11 +297,20 @@ class ChatApp:
 
     async def _cmd_profile(self, arg: str) -> None:
         if not arg:
-            self.renderer.notice(f"profile: {self.profile or 'default'} (/profile NAME changes it)")
+            if self.session_id is None:
+                shown = self.profile or "the daemon's default"
+            else:
+                current = self.renderer.status.profile
+                shown = current or "?"
+                if self.profile and self.profile != current:
+                    shown += f" ({self.profile} from your next message)"
+            self.renderer.notice(f"profile: {shown} (/profile NAME changes it)")
             return
-        # The daemon switches the session to a message's profile (a new one starts with it).
+        # The daemon switches the session to a message's profile (a new one starts with
+        # it); the status line shows the session's own until the daemon says it changed.
         self.profile = arg
-        self.renderer.status.profile = arg
+        if self.session_id is None:
+            self.renderer.status.profile = arg
         self.renderer.notice(f"profile {arg}: used from your next message")
 
     async def _cmd_sessions(self, arg: str) -> None:
@@ -324,7 +351,11 @@ class ChatApp:
 
     def _running(self) -> bool:
         return (
-            self.renderer.busy or self._creating or self._queued > 0 or self._resuming is not None
+            self.renderer.busy
+            or self._creating
+            or self._queued > 0
+            or self._resuming is not None
+            or self._profile_ask is not None  # a run's status line waits for it
         )
 
     async def _wait_settled(self) -> None:
@@ -339,15 +370,53 @@ class ChatApp:
             self.renderer.reset()
             self._synced_users = self._ended_runs = 0
             self._approvals.clear()
+            self._profile_ask = None  # a reply still on its way is about the old session
+            self._want_profile = self._profile_due = False
         self.session_id = self.renderer.status.session_id = session_id
 
     def on_frame(self, frame: Frame) -> list[Frame]:
         """Handle one frame; returns the frames to send in answer (e.g. subscribe)."""
+        replies = self._on_frame(frame)
+        if (
+            self._want_profile
+            and self._profile_ask is None
+            and self.session_id is not None
+            and self._conn is not None
+            and self._conn.connected
+        ):
+            self._want_profile = False
+            self._profile_ask = f"{PROFILE_ASK}{next(self._asks)}"
+            replies.append({**wire.sessions_list(), "id": self._profile_ask})
+        return replies
+
+    @staticmethod
+    def _is_profile_ask(frame: Frame) -> bool:
+        return str(frame.get("id") or "").startswith(PROFILE_ASK)
+
+    def _on_profile(self, frame: Frame) -> None:
+        """The reply to our own `sessions list` (or its refusal): the session's profile."""
+        if frame.get("id") != self._profile_ask:
+            return  # a reply about a session we left
+        self._profile_ask = None
+        self._profile_from(list(frame.get("sessions") or []))
+        if not self._want_profile:
+            self.renderer.release_status()
+
+    def _profile_from(self, sessions: list[Frame]) -> None:
+        """Our session's profile, from a sessions list (the daemon's word for it)."""
+        for row in sessions:
+            if isinstance(row, dict) and row.get("session_id") == self.session_id:
+                self.renderer.status.profile = str(row.get("profile"))
+
+    def _on_frame(self, frame: Frame) -> list[Frame]:
         kind = frame["type"]
         r = self.renderer
         if kind == "_disconnected":
             if self._creating:
                 self._creation_over()  # its session frame may be lost: stop waiting for it
+            if self._profile_ask is not None:  # its reply is lost: ask again once back
+                self._profile_ask, self._want_profile = None, True
+            r.release_status()
             r.status.connected = False
             r.warning(
                 f"connection lost ({frame.get('reason')}); reconnecting in "
@@ -359,6 +428,8 @@ class ChatApp:
         elif kind == "session":
             if self.session_id is None:
                 self._adopt(str(frame["session_id"]))
+        elif kind == "sessions" and self._is_profile_ask(frame):
+            self._on_profile(frame)
         elif kind == "sessions":
             return self._on_sessions(frame)
         elif kind == "tasks":
@@ -376,6 +447,9 @@ class ChatApp:
             self._on_waiting(frame)
         elif kind == "welcome":
             pass
+        elif kind == "error" and self._is_profile_ask(frame):
+            self._want_profile = False  # refused (rate limit…): the line shows what we know
+            self._on_profile(frame)
         elif kind == "error" and not isinstance(frame.get("seq"), int):
             # A refused request (never a run's error, those have a seq): always shown,
             # also when it names a session we are not on (/resume of a wrong id).
@@ -394,6 +468,7 @@ class ChatApp:
         """The session the server created for our first message."""
         self._creation_over()
         self._set_session(session_id)
+        self._want_profile = True  # the daemon named its profile (ours, or its default)
         self.renderer.busy = True  # our first message is running in it
         self.renderer.notice(f"session {session_id}")
 
@@ -417,6 +492,14 @@ class ChatApp:
             self._approvals.pop(str(frame.get("call_id")), None)
         if frame["type"] == "message_queued" and isinstance(frame.get("position"), int):
             self._queued = frame["position"]  # its place is the queue's length (drops counted)
+        top = not frame.get("is_subagent")
+        if top and frame["type"] == "tool_started" and frame.get("name") == "switch_profile":
+            self._profile_due = True
+        if top and frame["type"] == "stream_end":
+            if self._profile_due:
+                self._profile_due, self._want_profile = False, True
+            # The status line under the answer shows the profile the daemon reports.
+            self.renderer.hold_status = self._want_profile or self._profile_ask is not None
         self.renderer.frame(frame)
         if frame["type"] == "stream_end" and not frame.get("is_subagent"):
             self._ended_runs += 1
@@ -441,12 +524,16 @@ class ChatApp:
     def _on_sessions(self, frame: Frame) -> list[Frame]:
         action = frame.get("action")
         if action == "list":
-            self.renderer.sessions(list(frame.get("sessions") or []))
+            sessions = list(frame.get("sessions") or [])
+            self._profile_from(sessions)
+            self.renderer.sessions(sessions)
         elif action == "history":
             sid = str(frame.get("session_id"))
             if sid == self._resuming:
                 self._resuming = None
                 self._set_session(sid)
+                self.renderer.status.profile = None  # until the daemon says which
+                self._want_profile = True
                 messages = list(frame.get("messages") or [])
                 self.renderer.history(messages)
                 self._synced_users, self._ended_runs = _users(messages), 0

@@ -66,7 +66,9 @@ def chat(
     serve_args: Sequence[str] = (),
     want_backend: str | None = None,
 ) -> int:
-    """Run the chat in this terminal; the exit code (1 with one line on `err` on failure)."""
+    """Run the chat in this terminal; the exit code: 1 with one line on `err` when it
+    cannot go on, and 1 for a piped chat (stdin not a terminal) that showed an error
+    (an answer that failed, a refused message): a script sees that it did not work."""
     err = err or sys.stderr
     renderer = Renderer(Console(highlight=False))  # file=None: follows patch_stdout
     interactive = sys.stdin.isatty()
@@ -95,5 +97,7 @@ def chat(
             )
     except* ChatError as group:
         print(f"navi: error: {group.exceptions[0]}", file=err, flush=True)
+        code = 1
+    if not interactive and renderer.errors:
         code = 1
     return code

@@ -29,6 +29,8 @@ from rich.padding import Padding
 
 from navi_trio.client.frames import Frame
 
+# Codes of refusals that are news, not failures: one dim line with the daemon's words.
+NOTICE_CODES = frozenset({"nothing_to_compact"})
 TOOL_TAIL_LINES = 5  # live output lines shown per tool call before "… N more lines"
 ARGS_MAX = 60
 RESULT_MAX = 100
@@ -43,7 +45,6 @@ HINTS = {
     "not_found": "check the id with /sessions or /tasks",
     "busy": "a run is active: stop it with Ctrl+C or wait, then try again",
     "session_busy": "a run is active: stop it with Ctrl+C or wait, then try again",
-    "nothing_to_compact": "the conversation is already short",
     "rate_limited": "slow down a little and try again",
     "limit": "close another chat or delete old sessions (/sessions)",
     "llm_connection": "is the LLM server running? check OLLAMA_HOST / --llm-url (navi doctor)",
@@ -78,6 +79,8 @@ def split_blocks(buffer: str) -> tuple[str, str]:
 @attrs.define
 class Status:
     session_id: str | None = None
+    # The session's profile as the daemon reports it (`sessions list`); for a session
+    # not created yet, the one asked for with /profile (None: the daemon's default).
     profile: str | None = None
     model: str | None = None
     context_tokens: int | None = None
@@ -90,7 +93,7 @@ class Status:
     def line(self) -> str:
         parts = [
             f"session {self.session_id or '(new)'}",
-            f"profile {self.profile or 'default'}",
+            f"profile {self.profile or ('(default)' if self.session_id is None else '?')}",
             f"model {self.model or '?'}",
         ]
         if self.context_tokens is not None:
@@ -123,6 +126,11 @@ class Renderer:
         self.show_thinking = show_thinking
         self.status = Status()
         self.busy = False  # a top-level run of our session is streaming
+        self.errors = 0  # top-level error lines shown (a piped chat exits 1 when any)
+        # While set, the status line at a run's end waits for `release_status` (the app
+        # is asking the daemon for the session's profile).
+        self.hold_status = False
+        self._status_held = False
         self._streams: dict[str | None, _Stream] = {}
         self._cards: dict[str, _Card] = {}
         self._plan: list[dict[str, Any]] = []
@@ -135,6 +143,7 @@ class Renderer:
         self._cards.clear()
         self.busy = False
         self.status.activity = ""
+        self.hold_status = self._status_held = False
 
     # ------------------------------------------------------------------ output
 
@@ -152,6 +161,11 @@ class Renderer:
         self._print(f"[yellow]⚠ {escape(one_line(text))}[/]", who)
 
     def error(self, text: str, code: str | None = None, who: str = "") -> None:
+        if code in NOTICE_CODES:
+            self.notice(text, who)
+            return
+        if not who:
+            self.errors += 1
         hint = HINTS.get(code or "")
         tail = f" — {hint}" if hint else ""
         tag = f" [{code}]" if code and code not in ("error",) else ""
@@ -250,7 +264,17 @@ class Renderer:
         tokens = frame.get("prompt_tokens")
         if isinstance(tokens, int) and tokens > 0:
             self.status.context_tokens = tokens
-        self.notice(self.status.line())
+        if self.hold_status:
+            self._status_held = True
+        else:
+            self.notice(self.status.line())
+
+    def release_status(self) -> None:
+        """Print the status line a run's end held back (if any), and hold no more."""
+        self.hold_status = False
+        if self._status_held:
+            self._status_held = False
+            self.notice(self.status.line())
 
     def _on_model_info(self, frame: Frame, who: str) -> None:
         if not who:
@@ -326,7 +350,10 @@ class Renderer:
         more = card.lines - TOOL_TAIL_LINES if card else 0
         if more > 0:
             self._print(f"[dim]  │ … {more} more lines[/]", who)
-        if frame.get("ok"):
+        if frame.get("stopped"):
+            # Stopped before it finished (Ctrl+C): how long it had run, not "failed".
+            self._print(f"  ⎿ [yellow]■ {escape(name)} stopped[/] [dim]· {seconds:.1f}s[/]", who)
+        elif frame.get("ok"):
             head = one_line(str(frame.get("output", "")), RESULT_MAX)
             self._print(
                 f"  ⎿ [green]✔ {escape(name)}[/] [dim]· {seconds:.1f}s · {escape(head)}[/]", who

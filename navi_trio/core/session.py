@@ -25,7 +25,6 @@ class SessionState:
     saved_messages: int
     saved_context: int
     baseline: Baseline = attrs.field(factory=Baseline)
-    last_model: str | None = None
     # Set by the truthful-context check: compress before the next LLM call.
     needs_compression: bool = False
     # No lock here: one owner per session. In a runtime that owner is the session's

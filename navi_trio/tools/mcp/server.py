@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import re
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Literal
 
@@ -72,11 +72,16 @@ class McpTool:
 
 
 class _Watched:
-    """The session's read stream; sets `closed` when it ends (the server is gone)."""
+    """The session's read stream; sets `closed` when it ends (the server is gone).
 
-    def __init__(self, inner: Any, closed: trio.Event) -> None:
+    It also takes out of a tools/list result each tool whose input schema is not an
+    object, telling `skipped` (name, why): the SDK refuses the whole listing for one.
+    """
+
+    def __init__(self, inner: Any, closed: trio.Event, skipped: Callable[[str, str], None]) -> None:
         self._inner = inner
         self._closed = closed
+        self._skipped = skipped
 
     @property
     def last_context(self) -> Any:
@@ -84,11 +89,13 @@ class _Watched:
 
     async def receive(self) -> Any:
         try:
-            return await self._inner.receive()
+            item = await self._inner.receive()
         except BaseException as exc:
             if not isinstance(exc, trio.Cancelled):
                 self._closed.set()
             raise
+        _drop_bad_tools(item, self._skipped)
+        return item
 
     def __aiter__(self) -> _Watched:
         return self
@@ -110,6 +117,26 @@ class _Watched:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _drop_bad_tools(item: Any, skipped: Callable[[str, str], None]) -> None:
+    """Remove, in place, the tools of a tools/list result (a result holding a "tools"
+    list: no other method's does) whose input schema is not an object."""
+    result = getattr(getattr(item, "message", None), "result", None)
+    tools = result.get("tools") if isinstance(result, dict) else None
+    if not isinstance(result, dict) or not isinstance(tools, list):
+        return
+    kept = []
+    for tool in tools:
+        schema = tool.get("inputSchema") if isinstance(tool, dict) else None
+        try:
+            check_schema(schema)
+        except SchemaError as exc:
+            name = tool.get("name") if isinstance(tool, dict) else None
+            skipped(str(name), str(exc))
+            continue
+        kept.append(tool)
+    result["tools"] = kept
 
 
 class McpServer:
@@ -179,10 +206,12 @@ class McpServer:
         """One session: connect, list, serve until broken. True when it got ready."""
         ready = False
         timeout = self.config.timeout_sec
+        waiting_for = "initialize"  # the request a silent server leaves unanswered
         try:
             async with self._connect(self._broken) as session:
                 with trio.fail_after(timeout):
                     await session.initialize()
+                    waiting_for = "tools/list"
                     listed = await _list_tools(session)
                 self._install(listed)
                 self._session = session
@@ -196,7 +225,9 @@ class McpServer:
                 self.error = "the connection closed (the server exited or dropped it)"
                 self._set("restarting")
         except* trio.TooSlowError:
-            self.error = f"no answer within {timeout:g} s while starting"
+            self.error = (
+                f"no answer to {waiting_for} within {timeout:g} s (timeout_sec) while starting"
+            )
         except* Exception as group:
             self.error = _describe(group)
         finally:
@@ -225,7 +256,8 @@ class McpServer:
                     streamable_http_client(cfg.url, http_client=client)
                 )
             info = Implementation(name="navi_trio", version=__version__)
-            session = ClientSession(_Watched(read, closed), write, client_info=info)
+            watched = _Watched(read, closed, self._skip)
+            session = ClientSession(watched, write, client_info=info)
             yield await stack.enter_async_context(session)
 
     async def _stdio(self, stack: AsyncExitStack) -> tuple[Any, Any]:
@@ -283,6 +315,11 @@ class McpServer:
             if missing:
                 self._note(f"tools {', '.join(missing)} of the allow-list are not offered")
         self.tools = tools
+
+    def _skip(self, tool: str, why: str) -> None:
+        """A tool of the listing that cannot be offered (the allow-list's, if any)."""
+        if self.config.tools is None or tool in self.config.tools:
+            self._note(f"tool {tool!r} skipped: {why}")
 
     def _note(self, text: str) -> None:
         message = f"MCP server {self.name}: {text}"
