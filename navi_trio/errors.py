@@ -4,7 +4,11 @@ The tree::
 
     NaviError
     ├── ConfigError                 a config file or env var is missing or malformed
-    ├── StoreError                  the SQLite store failed
+    ├── StoreError                  the SQLite store failed (a bad argument, a bad row...)
+    │   └── StorageError            storage: the database cannot be written or read (read-only,
+    │       │                       an I/O error, damaged). Also a RequestError: its code goes
+    │       │                       on the wire, naming what was refused
+    │       └── StorageFullError    storage_full: the disk holding the database is full
     ├── ContextTooLargeError        the built context cannot fit the model's window
     ├── NothingToCompactError       /compact found nothing (new) to summarise
     ├── ToolInputError              a tool got arguments it cannot use
@@ -144,6 +148,23 @@ class ExistsError(RequestError):
     """A session that already exists cannot be created again."""
 
     code = "exists"
+
+
+class StorageError(StoreError, RequestError):
+    """The database cannot be written or read: read-only, an I/O error, or damaged.
+
+    Raised by the store for the operation that failed (the message names it, and the
+    session when there is one); nothing of that operation was stored. A RequestError too,
+    so a client's request that met it gets an error frame with this code."""
+
+    code = "storage"
+
+
+class StorageFullError(StorageError):
+    """The disk holding the database is full (SQLite's SQLITE_FULL): nothing was stored;
+    reads go on, and writes work again once space is freed."""
+
+    code = "storage_full"
 
 
 class UnavailableError(RequestError):

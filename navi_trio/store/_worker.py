@@ -55,6 +55,7 @@ class _Job(Generic[T]):
         self.done = trio.Event()
         self.result: T | None = None
         self.error: BaseException | None = None
+        self.wrote = False  # it changed rows (and was not rolled back by its own error)
 
     def run(self, db: Database | None, connect_error: BaseException | None) -> None:
         try:
@@ -64,11 +65,13 @@ class _Job(Generic[T]):
 
     def execute(self, db: Database | None, connect_error: BaseException | None) -> None:
         """Run the function, keeping its result or error; the caller is not told yet."""
-        self.result, self.error = None, None
+        self.result, self.error, self.wrote = None, None, False
         try:
             if db is None:
                 raise connect_error or StoreError("no database connection")
+            changes = db.conn.total_changes
             self.result = self.fn(db)
+            self.wrote = db.conn.total_changes != changes
         except BaseException as exc:  # noqa: B036 - the thread must answer every job
             self.error = exc
 

@@ -45,7 +45,15 @@ from typing import Any, TypeVar
 import trio
 from sqlite_utils import Database
 
-from navi_trio.errors import StoreError
+from navi_trio.errors import StorageError, StorageFullError, StoreError
+from navi_trio.store._health import (
+    _DAMAGED,
+    QUICK_CHECK_SEC,
+    check_summary,
+    failure,
+    primary_code,
+    quick_check,
+)
 from navi_trio.store._lease import _claim, _release, _renew
 from navi_trio.store._queue import _adopt, _enqueue, _queued_sessions, _unqueue
 from navi_trio.store._schema import (
@@ -115,6 +123,12 @@ class SQLiteStore:
         self._worker: _Worker | None = None
         self._closed = False
         self._last_now = 0.0
+        # Storage failures already logged ("full", "unwritable", "damaged <op>"): one
+        # line when a condition starts, not one per request. A write that succeeds
+        # again clears the first two (space came back, the file is writable again).
+        self._reported: set[str] = set()
+        # What PRAGMA quick_check found at open: [] none, None not finished in time.
+        self.damage: list[str] | None = []
 
     def _now(self) -> float:
         # Strictly increasing, so "newest updated first" never depends on clock resolution.
@@ -144,6 +158,7 @@ class SQLiteStore:
         store._worker = worker
         try:
             await store._run(f"open store {path}", _init_schema)
+            await store._check()
             yield store
         finally:
             with trio.CancelScope(shield=True):
@@ -164,6 +179,19 @@ class SQLiteStore:
                 join_seconds,
             )
 
+    async def _check(self) -> None:
+        """PRAGMA quick_check, bounded in time; a damaged file is one line in the log."""
+        try:
+            self.damage = await self._run(
+                f"check {self.path}", lambda db: quick_check(db.conn, QUICK_CHECK_SEC)
+            )
+        except StoreError as exc:
+            logger.error("store %s: the start-up check failed: %s", self.path, exc)
+            return
+        said = check_summary(self.path, self.damage, QUICK_CHECK_SEC)
+        if said is not None:
+            (logger.warning if self.damage is None else logger.error)("store: %s", said)
+
     async def _run(self, op: str, fn: Callable[[Database], T], durable: bool = True) -> T:
         if self._worker is None:
             raise StoreError(
@@ -179,8 +207,33 @@ class SQLiteStore:
         if job.error is not None:
             if isinstance(job.error, StoreError):
                 raise job.error
-            raise StoreError(f"{op} failed: {job.error}") from job.error
+            error = failure(op, self.path, job.error)
+            if isinstance(error, StorageError):
+                self._report(op, job.error, error)
+            raise error from job.error
+        if job.wrote and self._reported & {"full", "unwritable"}:
+            logger.warning("store %s: writes succeed again", self.path)
+            self._reported -= {"full", "unwritable"}
         return job.result  # type: ignore[return-value]  # set when error is None
+
+    def _report(self, op: str, cause: BaseException, error: StorageError) -> None:
+        """Log a storage failure once per condition (each request still gets its error)."""
+        if isinstance(error, StorageFullError):
+            key = "full"
+        elif primary_code(cause) in _DAMAGED:
+            key = f"damaged {op}"
+        else:
+            key = "unwritable"
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        if key == "full":
+            logger.error(
+                "store %s: the disk is full (%s): every write fails with storage_full until "
+                "space is freed (first: %s); reads go on", self.path, cause, op,
+            )  # fmt: skip
+        else:
+            logger.error("store: %s", error)
 
     # -- sessions -------------------------------------------------------------------
 
@@ -684,16 +737,7 @@ def read_only_stats(path: Path) -> dict[str, int]:
     For `navi doctor`, which must not create or change anything: no WAL switch, no
     schema, no parent folders. StoreError when the file is not a navi database.
     """
-    # Read-only still creates the -wal and -shm files of a WAL database when they are
-    # absent (the last close checkpointed and removed them). Then the main file holds
-    # everything, and "immutable" reads it without creating anything.
-    wal = path.with_name(path.name + "-wal")
-    mode = "mode=ro" if wal.exists() else "mode=ro&immutable=1"
-    uri = f"file:{urllib.parse.quote(str(path))}?{mode}"
-    try:
-        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
-    except sqlite3.Error as exc:
-        raise StoreError(f"cannot open {path} read-only: {exc}") from None
+    conn = _connect_read_only(path)
     try:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
@@ -709,6 +753,32 @@ def read_only_stats(path: Path) -> dict[str, int]:
         raise StoreError(f"cannot read {path}: {exc}") from None
     finally:
         conn.close()
+
+
+def read_only_check(path: Path, seconds: float = QUICK_CHECK_SEC) -> str | None:
+    """`navi doctor`'s PRAGMA quick_check of an existing database (blocking, bounded in
+    time, read-only): None when it passed, else the one line saying what is wrong."""
+    conn = _connect_read_only(path)
+    try:
+        problems = quick_check(conn, seconds)
+    except sqlite3.Error as exc:
+        return f"the database {path} could not be checked: {exc}"
+    finally:
+        conn.close()
+    return check_summary(path, problems, seconds)
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    # Read-only still creates the -wal and -shm files of a WAL database when they are
+    # absent (the last close checkpointed and removed them). Then the main file holds
+    # everything, and "immutable" reads it without creating anything.
+    wal = path.with_name(path.name + "-wal")
+    mode = "mode=ro" if wal.exists() else "mode=ro&immutable=1"
+    uri = f"file:{urllib.parse.quote(str(path))}?{mode}"
+    try:
+        return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open {path} read-only: {exc}") from None
 
 
 def _stats(db: Database) -> dict[str, int]:
