@@ -124,8 +124,7 @@ class SQLiteStore:
         self._closed = False
         self._last_now = 0.0
         # Storage failures already logged ("full", "unwritable", "damaged <op>"): one
-        # line when a condition starts, not one per request. A write that succeeds
-        # again clears the first two (space came back, the file is writable again).
+        # line when a condition starts, not one per request, until it ends (`_run`).
         self._reported: set[str] = set()
         # What PRAGMA quick_check found at open: [] none, None not finished in time.
         self.damage: list[str] | None = []
@@ -211,9 +210,13 @@ class SQLiteStore:
             if isinstance(error, StorageError):
                 self._report(op, job.error, error)
             raise error from job.error
-        if job.wrote and self._reported & {"full", "unwritable"}:
+        # Back to normal: a write went through (unwritable), one that needed new room in
+        # the file did (full; small writes may still fit while big ones do not).
+        back = {"unwritable"} if job.wrote else set()
+        back |= {"full"} if job.grew else set()
+        if back & self._reported:
             logger.warning("store %s: writes succeed again", self.path)
-            self._reported -= {"full", "unwritable"}
+            self._reported -= back
         return job.result  # type: ignore[return-value]  # set when error is None
 
     def _report(self, op: str, cause: BaseException, error: StorageError) -> None:
