@@ -758,17 +758,25 @@ def read_only_stats(path: Path) -> dict[str, int]:
         conn.close()
 
 
-def read_only_check(path: Path, seconds: float = QUICK_CHECK_SEC) -> str | None:
+def read_only_check(path: Path, seconds: float = QUICK_CHECK_SEC) -> dict[str, Any]:
     """`navi doctor`'s PRAGMA quick_check of an existing database (blocking, bounded in
-    time, read-only): None when it passed, else the one line saying what is wrong."""
-    conn = _connect_read_only(path)
+    time, read-only): ``ok`` (no damage found), ``done`` (the check finished),
+    ``problems`` and ``summary`` (the one line saying what is wrong, None when ok)."""
+    try:
+        conn = _connect_read_only(path)
+    except StoreError as exc:
+        return {"ok": False, "done": False, "problems": [], "summary": str(exc)}
     try:
         problems = quick_check(conn, seconds)
     except sqlite3.Error as exc:
-        return f"the database {path} could not be checked: {exc}"
+        said = f"the database {path} could not be checked: {exc}"
+        return {"ok": False, "done": False, "problems": [], "summary": said}
     finally:
         conn.close()
-    return check_summary(path, problems, seconds)
+    return {
+        "ok": not problems, "done": problems is not None, "problems": problems or [],
+        "summary": check_summary(path, problems, seconds),
+    }  # fmt: skip
 
 
 def _connect_read_only(path: Path) -> sqlite3.Connection:
