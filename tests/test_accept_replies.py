@@ -81,7 +81,9 @@ async def test_a_message_to_a_session_leased_elsewhere_gets_one_error_and_the_co
                     listed = await c.until(lambda f: f.get("id") == 8)
                     await other.release_lease("S", owner="another-process")
                 assert (refused["type"], refused["code"], refused["session_id"]) == (
-                    "error", "session_busy", "S"
+                    "error",
+                    "session_busy",
+                    "S",
                 )
                 assert "'S' is busy" in refused["message"]
                 assert listed["type"] == "sessions"
@@ -161,7 +163,9 @@ async def test_a_message_not_stored_in_time_is_refused_and_never_runs(
                 live_clock.jump(accept_sec + 1)
                 refused = await c.until(lambda f: f.get("id") == 1)
                 assert (refused["type"], refused["code"], refused["session_id"]) == (
-                    "error", "storage", "S"
+                    "error",
+                    "storage",
+                    "S",
                 )
                 assert "NAVI_MESSAGE_ACCEPT_TIMEOUT_SEC" in refused["message"]
                 # The store answers after all: the refused message is not saved, not run.

@@ -60,6 +60,9 @@ async def test_a_shutdown_mid_stream_saves_the_partial_answer_and_ends_the_turn(
         for saved in (messages, context):
             last = saved[-1]
             assert (last["role"], last["content"], last["partial"], last["stopped"]) == (
-                "assistant", "half an answer", True, True
+                "assistant",
+                "half an answer",
+                True,
+                True,
             )
         assert [m["content"] for m in messages if m["role"] == "user"] == ["tell me everything"]

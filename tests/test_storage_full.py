@@ -81,7 +81,9 @@ async def test_a_full_disk_refuses_each_message_and_keeps_nothing_of_it(
                 for n in range(3):
                     refused = await _send(c, f"big{n}", f"big {n} " + "x" * BIG)
                     assert (refused["type"], refused["code"], refused["session_id"]) == (
-                        "error", "storage_full", "S"
+                        "error",
+                        "storage_full",
+                        "S",
                     )
                     assert "full" in refused["message"] and "'S'" in refused["message"]
                     event = await c.until(lambda f: f["type"] == "error" and "seq" in f)
@@ -212,8 +214,6 @@ async def test_on_a_real_full_disk_every_ok_is_stored_and_every_refusal_is_gone(
                 filler.unlink()
                 ok = await _send(c, "after", "after the space came back")
                 assert ok["type"] == "ok"
-                await c.until(
-                    lambda f: f["type"] == "stream_end" and f.get("reason") == "complete"
-                )
+                await c.until(lambda f: f["type"] == "stream_end" and f.get("reason") == "complete")
         async with SQLiteStore.open(db) as reopened:
             assert await _users(reopened) == [*kept, "after the space came"]

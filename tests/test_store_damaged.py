@@ -80,7 +80,9 @@ async def test_a_damaged_session_refuses_messages_and_the_others_work(
             async with d.connect("owner") as c:
                 refused = await c.request({"type": "message", "content": "hi", "session_id": "A"})
                 assert (refused["type"], refused["code"], refused["session_id"]) == (
-                    "error", "storage", "A"
+                    "error",
+                    "storage",
+                    "A",
                 )
                 assert "'A'" in refused["message"] and "damaged" in refused["message"]
                 ok = await c.request({"type": "message", "content": "hi", "session_id": "B"})
