@@ -75,7 +75,8 @@ class DurableQueue:
         """`msg` with its queue key; its row is written in the background, in order.
 
         `msg.accepted` is ok once the row is committed; a write that fails (a full disk)
-        or does not land within WRITE_DEADLINE_SEC refuses it, and its run is skipped."""
+        refuses it, and its run is skipped. One still going after WRITE_DEADLINE_SEC
+        leaves it to the run: acknowledged once the run saves it into the history."""
         queued = attrs.evolve(msg, queue_key=secrets.token_hex(8))
         key = queued.queue_key
         assert key is not None
@@ -99,9 +100,10 @@ class DurableQueue:
                 await done.wait()
 
     async def ran(self, msg: UserMessage) -> None:
-        """A run refused before its save (session busy, unknown profile): the message
-        leaves the queue too, so a restart does not run it again. (A run cancelled by
-        a shutdown before its save keeps its row: it runs after the restart.)"""
+        """A message refused, or whose run was refused before its save (session busy,
+        unknown profile): it leaves the queue too, so a restart does not run it. (An
+        acknowledged one whose run a shutdown cancelled before its save keeps its row:
+        it runs after the restart.)"""
         if msg.queue_key is not None:
             with trio.move_on_after(WRITE_DEADLINE_SEC, shield=True):
                 try:
@@ -128,26 +130,30 @@ class DurableQueue:
         self._tail = done
 
         async def write() -> None:
+            started = False
             try:
                 await before.wait()
-                with trio.move_on_after(WRITE_DEADLINE_SEC, shield=True) as deadline:
+                started = True
+                stored = False
+                with trio.move_on_after(WRITE_DEADLINE_SEC, shield=True):
                     try:
                         await fn(*args, **kwargs)
+                        stored = True
                     except NaviError as exc:
                         # A storage failure is logged once by the store; the sender gets it.
                         say = log.info if isinstance(exc, StorageError) else log.warning
                         say("session %s: queue write failed: %s", self.session_id, exc)
                         if acceptance is not None:
                             acceptance.fail(exc)
-                if acceptance is not None:
-                    if deadline.cancelled_caught:
-                        acceptance.fail(StorageError(
-                            f"session {self.session_id!r}: queueing the message took over "
-                            f"{WRITE_DEADLINE_SEC:g} s (the database did not answer): not queued"
-                        ))  # fmt: skip
-                    acceptance.ok()  # acknowledged only now (a no-op once refused)
+                if acceptance is not None and stored:
+                    acceptance.ok()  # acknowledged only now
+                elif acceptance is not None and not acceptance.settled:
+                    # Past the deadline: the row may still land (the store never withdraws
+                    # a write). The message runs, and is acknowledged once its run saves it.
+                    log.warning("session %s: queueing a message took over %g s",
+                                self.session_id, WRITE_DEADLINE_SEC)  # fmt: skip
             finally:
-                if acceptance is not None:
+                if acceptance is not None and not started:
                     acceptance.fail(stopped_before_saving())  # cancelled before its write
                 done.set()
 

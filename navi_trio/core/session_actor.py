@@ -335,13 +335,11 @@ class SessionActor:
         # is taken before the profile switch reads the session (holds nest with the
         # agent's own).
         run_log: RunLog | None = None
+        dropped = False  # an acknowledged message whose run was refused: not to run again
         try:
             await self.queue.written(msg)  # its save moves its row: the row comes first
             if msg.accepted.failed:
-                # Refused (its sender was told): its queue row did not land, or landed
-                # after the deadline; then it goes, so that a restart cannot run it.
-                await self.queue.ran(msg)
-                return
+                return  # refused (its sender was told): it never runs
             run_log = RunLog(self.session_id, msg)
             async with self.agent.leases.hold(self.session_id):
                 await self._switch_profile(msg)
@@ -357,11 +355,10 @@ class SessionActor:
                                 self.publish(event)
         except NaviError as exc:  # busy (another process runs it), unknown profile, store
             msg.accepted.fail(exc)  # refused before its save (no-op for a queued one)
+            # A queued message (acknowledged) that met a storage failure keeps its row:
+            # it runs when the session's actor next starts. Any other refusal ends it.
+            dropped = not isinstance(exc, StorageError)
             code = exc.code if isinstance(exc, RequestError) else "error"
-            if not isinstance(exc, StorageError):
-                # Not to be run again. A queued message (acknowledged) that met a storage
-                # failure keeps its row: it runs when the session's actor next starts.
-                await self.queue.ran(msg)
             run_log = run_log or RunLog(self.session_id, msg)
             for event in (ErrorEvent(message=str(exc), code=code), StreamEnd(reason="error")):
                 run_log.event(event)
@@ -369,6 +366,9 @@ class SessionActor:
         finally:
             # Settled above in every other way; this is a shutdown before the save.
             msg.accepted.fail(stopped_before_saving())
+            if dropped or msg.accepted.failed:
+                # A refused message leaves no queue row behind: a restart cannot run it.
+                await self.queue.ran(msg)
             if run_log is not None:
                 run_log.end()
             self._done()
