@@ -3,8 +3,9 @@ connection goes on (issue 17, item 4).
 
 Refused messages: the session's lease held by another process (`session_busy`), a
 database that refuses writes (`storage`), a store that does not answer within
-NAVI_MESSAGE_ACCEPT_TIMEOUT_SEC (`storage`, and the message never runs). While a message
-waits to be stored, the frames behind it on the same connection are answered.
+NAVI_MESSAGE_ACCEPT_TIMEOUT_SEC (`storage`, and the message never runs, queued or not).
+While a message waits to be stored, the frames behind it on the same connection are
+answered.
 
 Rules: real WebSocket connections on 127.0.0.1 (port 0), the store a real SQLite file
 in tmp_path, the fake LLM over real HTTP; no sleeps; every test under an absolute
@@ -15,14 +16,17 @@ still holds.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import Client, Daemon, open_daemon
 
 from navi_trio.store import LoadedSession, SQLiteStore
@@ -36,6 +40,11 @@ NO_PLAN = {"general": {"planning_first_message": False}}  # one LLM call per mes
 def live_clock() -> trio.testing.MockClock:
     """Real time that a test may also jump (pytest-trio runs the test on it)."""
     return trio.testing.MockClock(rate=1.0)
+
+
+def _queued_keys(tmp_path: Path) -> list[str]:
+    with contextlib.closing(sqlite3.connect(tmp_path / "navi.db")) as conn:
+        return [r[0] for r in conn.execute("SELECT key FROM queued")]
 
 
 def _replies_to(c: Client, rid: Any) -> list[dict[str, Any]]:
@@ -178,3 +187,46 @@ async def test_a_message_not_stored_in_time_is_refused_and_never_runs(
                 await c.until(lambda f: f["type"] == "stream_end" and f["reason"] == "complete")
                 assert len(_replies_to(c, 1)) == 1
             assert await _history(d, "S") == [("user", "again"), ("assistant", "only the second")]
+
+
+async def test_a_queued_message_refused_for_a_late_store_leaves_no_row_and_never_runs(
+    tmp_path: Path, live_clock: trio.testing.MockClock
+) -> None:
+    accept_sec = 60.0
+    gate = GateTool()
+    profiles = {"general": with_tools(["gate"], planning_first_message=False)}
+    with trio.fail_after(TIMEOUT + accept_sec):
+        async with open_daemon(
+            tmp_path, replies=[call("gate"), {"text": "first done"}], tools=toolset(gate),
+            profiles=profiles, message_accept_timeout_sec=accept_sec,
+        ) as d:  # fmt: skip
+            store = d.harness.runtime.store
+            enqueue = store.enqueue
+            entered = trio.Event()
+
+            async def late(*args: Any, **kwargs: Any) -> None:
+                await enqueue(*args, **kwargs)  # the row lands...
+                entered.set()
+                await trio.sleep_forever()  # ...but the store's answer never comes
+
+            async with d.connect("alice") as c:
+                await c.request({"type": "sessions", "action": "create", "session_id": "S"})
+                assert (await c.request({"type": "message", "content": "first",
+                                         "session_id": "S"}))["type"] == "ok"  # fmt: skip
+                await gate.entered.wait()
+                store.enqueue = late  # type: ignore[method-assign]
+                await c.send({"type": "message", "content": "late", "session_id": "S", "id": 2})
+                await entered.wait()
+                assert _queued_keys(tmp_path) != []
+                live_clock.jump(accept_sec + 1)
+                refused = await c.until(lambda f: f.get("id") == 2)
+                assert (refused["type"], refused["code"]) == ("error", "storage")
+                gate.gate.set()
+                await c.until(lambda f: f["type"] == "stream_end" and f["reason"] == "complete")
+                actor = d.harness.runtime.sessions.actor("S")
+                assert actor is not None
+                await actor.idle.wait()
+            # Refused: it did not run, and its row is gone, so a restart cannot run it.
+            users = [u for u, _ in await _history(d, "S") if u == "user"]
+            assert len(users) == 1 and len(d.harness.chat_requests) == 2
+            assert _queued_keys(tmp_path) == []
