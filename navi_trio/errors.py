@@ -6,8 +6,8 @@ The tree::
     ├── ConfigError                 a config file or env var is missing or malformed
     ├── StoreError                  the SQLite store failed (a bad argument, a bad row...)
     │   └── StorageError            storage: the database cannot be written or read (read-only,
-    │       │                       an I/O error, damaged). Also a RequestError: its code goes
-    │       │                       on the wire, naming what was refused
+    │       │                       an I/O error, damaged); also a RequestError (below), so
+    │       │                       a request that meets it gets this code on the wire
     │       └── StorageFullError    storage_full: the disk holding the database is full
     ├── ContextTooLargeError        the built context cannot fit the model's window
     ├── NothingToCompactError       /compact found nothing (new) to summarise
@@ -26,6 +26,8 @@ The tree::
     │   ├── SessionBusyError        session_busy: another process runs it (its lease), or a
     │   │                           delete while a run is active or queued
     │   ├── UnsupportedError        unsupported: a frame type kept for a later version
+    │   ├── ExistsError             exists: a session that already exists is not created again
+    │   ├── StorageError            (see StoreError above)
     │   └── UnavailableError        internal: the daemon is shutting down
     └── LLMError                    anything that went wrong talking to the model
         ├── LLMConnectionError      could not connect / the connection dropped

@@ -10,6 +10,9 @@ sender answers with that error's code. Nothing is stored for a refused message.
 One-shot: the first outcome wins. A run that fails after its message was saved does not
 turn the ok into an error, and a refusal (a wait that timed out) is final: the run checks
 `failed` before its save, so a message its sender was told was refused is never stored.
+(The one gap: a save already on the store's thread when the wait gives up cannot be
+withdrawn. The wait's bound, NAVI_MESSAGE_ACCEPT_TIMEOUT_SEC, is far above any save's,
+so only a store stuck for minutes gets there.)
 """
 
 from __future__ import annotations

@@ -25,6 +25,12 @@ once the next durable commit (that round's results) has flushed the log.
 Jobs already queued when the worker takes the next one share one transaction (group
 commit, see `_worker`): many sessions saving at once pay one fsync, and each caller is
 still answered only after the commit that holds its write.
+
+When the file is unwell (`_health`): a full disk, a read-only or failing file, a damaged
+page raise `StorageFullError` / `StorageError` naming the operation; each condition is
+one line in the log when it starts (and one when writes succeed again), not one per
+request. Opening runs ``PRAGMA quick_check``, bounded in time (`damage` keeps what it
+found): a damaged file starts, says so once, and only what cannot be read is refused.
 """
 
 from __future__ import annotations
