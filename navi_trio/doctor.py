@@ -24,7 +24,7 @@ from navi_trio.errors import ConfigError, NaviError
 from navi_trio.llm.factory import choose_backend
 from navi_trio.profiles import AgentProfile, NaviConfig, check_config, load_config
 from navi_trio.settings import Settings
-from navi_trio.store.sqlite import read_only_stats
+from navi_trio.store.sqlite import read_only_check, read_only_stats
 from navi_trio.tools.sandbox import find_bwrap, sandbox_available
 
 LLM_PING_TIMEOUT = 3.0
@@ -300,6 +300,10 @@ async def collect_doctor(
         except NaviError as exc:
             db.update(ok=False, error=str(exc))
             report["errors"].append(str(exc))
+        # PRAGMA quick_check, bounded in time: damage is an error, a check cut short a warning.
+        db["check"] = check = await trio.to_thread.run_sync(read_only_check, settings.db_path)
+        if check["summary"] is not None:
+            report["warnings" if check["ok"] else "errors"].append(check["summary"])
     report["db"] = db
 
     if settings.llm_backend.strip().lower() == "local":
@@ -415,6 +419,9 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
         line("", "rows: " + ", ".join(f"{k}={v}" for k, v in sorted(d["tables"].items())))
     elif not d["ok"]:
         line("", f"BROKEN: {d['error']}")
+    check = d.get("check")
+    if check is not None:
+        line("", "check: ok (PRAGMA quick_check)" if check["summary"] is None else check["summary"])
     b = r["backend"]
     line("backend", f"{b['name'] or 'NONE'}: {b['why']}")
     lm = r["local"]

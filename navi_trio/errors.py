@@ -4,7 +4,11 @@ The tree::
 
     NaviError
     ├── ConfigError                 a config file or env var is missing or malformed
-    ├── StoreError                  the SQLite store failed
+    ├── StoreError                  the SQLite store failed (a bad argument, a bad row...)
+    │   └── StorageError            storage: the database cannot be written or read (read-only,
+    │       │                       an I/O error, damaged); also a RequestError (below), so
+    │       │                       a request that meets it gets this code on the wire
+    │       └── StorageFullError    storage_full: the disk holding the database is full
     ├── ContextTooLargeError        the built context cannot fit the model's window
     ├── NothingToCompactError       /compact found nothing (new) to summarise
     ├── ToolInputError              a tool got arguments it cannot use
@@ -22,6 +26,8 @@ The tree::
     │   ├── SessionBusyError        session_busy: another process runs it (its lease), or a
     │   │                           delete while a run is active or queued
     │   ├── UnsupportedError        unsupported: a frame type kept for a later version
+    │   ├── ExistsError             exists: a session that already exists is not created again
+    │   ├── StorageError            (see StoreError above)
     │   └── UnavailableError        internal: the daemon is shutting down
     └── LLMError                    anything that went wrong talking to the model
         ├── LLMConnectionError      could not connect / the connection dropped
@@ -144,6 +150,23 @@ class ExistsError(RequestError):
     """A session that already exists cannot be created again."""
 
     code = "exists"
+
+
+class StorageError(StoreError, RequestError):
+    """The database cannot be written or read: read-only, an I/O error, or damaged.
+
+    Raised by the store for the operation that failed (the message names it, and the
+    session when there is one); nothing of that operation was stored. A RequestError too,
+    so a client's request that met it gets an error frame with this code."""
+
+    code = "storage"
+
+
+class StorageFullError(StorageError):
+    """The disk holding the database is full (SQLite's SQLITE_FULL): nothing was stored;
+    reads go on, and writes work again once space is freed."""
+
+    code = "storage_full"
 
 
 class UnavailableError(RequestError):

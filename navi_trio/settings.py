@@ -134,6 +134,12 @@ class Settings:
     )
     # Sessions.
     message_queue_max: int = attrs.field(default=5, metadata=_env("NAVI_MESSAGE_QUEUE_MAX"))
+    # The daemon answers a message once it is stored (or refused): a store that has not
+    # said within this many seconds gets the message refused (error `storage`). Well
+    # above the store's 30 s wait for another process's lock, so only a stuck store.
+    message_accept_timeout_sec: float = attrs.field(
+        default=120.0, metadata=_env("NAVI_MESSAGE_ACCEPT_TIMEOUT_SEC")
+    )
     # A session actor with no run, no queue and nobody subscribed is retired after this.
     session_idle_sec: float = attrs.field(default=600.0, metadata=_env("NAVI_SESSION_IDLE_SEC"))
     spawn_timeout_sec: float = attrs.field(default=300.0, metadata=_env("NAVI_SPAWN_TIMEOUT_SEC"))

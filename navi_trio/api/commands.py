@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -42,7 +43,9 @@ from navi_trio.errors import (
     LimitError,
     NotFoundError,
     ProtocolError,
+    RequestError,
     SessionBusyError,
+    StorageError,
     UnavailableError,
 )
 from navi_trio.events import event_to_dict
@@ -59,6 +62,7 @@ class ClientLink(Protocol):
     def subscribed(self, session_id: str) -> bool: ...
     def subscribe(self, actor: SessionActor, last_seq: int | None, epoch: str | None) -> None: ...
     def unsubscribe(self, session_id: str) -> bool: ...
+    async def defer(self, rid: RequestId, work: Callable[[], Awaitable[None]]) -> None: ...
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +115,7 @@ class Commands:
 
     async def _create(self, session_id: str | None, profile: str | None) -> SessionRow:
         cfg = self.rt.config.current
-        if profile is not None and profile not in cfg.profiles:
-            raise ProtocolError(
-                f"unknown profile {profile!r} (known: {', '.join(sorted(cfg.profiles))})"
-            )
+        self._check_profile(profile)
         if session_id is not None and not self.user.is_admin:
             await self._check_chosen_id(session_id)
         limit = self.rt.settings.sessions_per_user
@@ -151,6 +152,13 @@ class Commands:
                 f"({self.user.name}.NAME), or be left to the daemon"
             )
 
+    def _check_profile(self, profile: str | None) -> None:
+        profiles = self.rt.config.current.profiles
+        if profile is not None and profile not in profiles:
+            raise ProtocolError(
+                f"unknown profile {profile!r} (known: {', '.join(sorted(profiles))})"
+            )
+
     async def _actor(self, session_id: str) -> SessionActor:
         try:
             return await self.rt.sessions.get(session_id)
@@ -185,17 +193,40 @@ class Commands:
             profile_id=cmd.profile,
             mode=cmd.mode,
         )
+        self._check_profile(cmd.profile)  # a new session's was checked by _create
         queued = actor.busy
         try:
             actor.send_message(message)
         except RuntimeError:
             raise UnavailableError("the daemon is shutting down; try again later") from None
-        # Saved (running) or stored in the queue: a crash after the ok cannot lose it.
-        await message.accepted.wait()
+        # One reply, once the message is saved (running) or stored in the queue, so a
+        # crash after the ok cannot lose it; else the error that refused it. The wait
+        # runs beside the connection's reader: the frames behind this one go on.
+        await self.conn.defer(rid, lambda: self._accepted(rid, row.id, message, queued))
+
+    async def _accepted(
+        self, rid: RequestId, session_id: str, message: UserMessage, queued: bool
+    ) -> None:
+        timeout = self.rt.settings.message_accept_timeout_sec
+
+        def too_slow() -> StorageError:
+            return StorageError(
+                f"session {session_id!r}: the message was not stored within {timeout:g} s "
+                "(NAVI_MESSAGE_ACCEPT_TIMEOUT_SEC): the database did not answer; it will "
+                "not run",
+                session_id=session_id,
+            )
+
+        try:
+            await message.accepted.wait(timeout, too_slow)
+        except RequestError as exc:
+            exc.session_id = exc.session_id or session_id
+            raise
         log.info(
-            "session %s: message from %s %s", row.id, self.user.name, "queued" if queued else "runs"
-        )
-        await self.conn.send(reply(rid, "ok", session_id=row.id, queued=queued))
+            "session %s: message from %s %s",
+            session_id, self.user.name, "queued" if queued else "runs",
+        )  # fmt: skip
+        await self.conn.send(reply(rid, "ok", session_id=session_id, queued=queued))
 
     async def _stop(self, rid: RequestId, cmd: Stop) -> None:
         await self._owned(cmd.session_id)

@@ -51,6 +51,16 @@ class SessionState:
         if context:
             self.context.append(stamped)
 
+    def mark(self) -> tuple[int, int]:
+        """Where both lists end now, for `undo`."""
+        return len(self.messages), len(self.context)
+
+    def undo(self, mark: tuple[int, int]) -> None:
+        """Drop what was added after `mark` and is not saved (a save that failed)."""
+        messages, context = mark
+        del self.messages[max(messages, self.saved_messages) :]
+        del self.context[max(context, self.saved_context) :]
+
 
 class SessionCache:
     """Loads sessions from the store once and keeps them in memory."""

@@ -17,7 +17,10 @@ Contract every implementation keeps:
 - `claim_lease` returns the lease's holder after the attempt: the claimer's own row
   when it won; the live holder's when not. A claim takes over an expired lease, and
   a lease whose process (same host) is gone.
-- Failures raise `navi_trio.errors.StoreError` naming the operation.
+- Failures raise `navi_trio.errors.StoreError` naming the operation (and the session);
+  when the file itself is the problem, its subclasses say which: `StorageFullError`
+  (the disk is full) or `StorageError` (read-only, an I/O error, damaged). Nothing of
+  a failed operation is stored.
 """
 
 from __future__ import annotations

@@ -25,6 +25,12 @@ once the next durable commit (that round's results) has flushed the log.
 Jobs already queued when the worker takes the next one share one transaction (group
 commit, see `_worker`): many sessions saving at once pay one fsync, and each caller is
 still answered only after the commit that holds its write.
+
+When the file is unwell (`_health`): a full disk, a read-only or failing file, a damaged
+page raise `StorageFullError` / `StorageError` naming the operation; each condition is
+one line in the log when it starts (and one when writes succeed again), not one per
+request. Opening runs ``PRAGMA quick_check``, bounded in time (`damage` keeps what it
+found): a damaged file starts, says so once, and only what cannot be read is refused.
 """
 
 from __future__ import annotations
@@ -45,7 +51,15 @@ from typing import Any, TypeVar
 import trio
 from sqlite_utils import Database
 
-from navi_trio.errors import StoreError
+from navi_trio.errors import StorageError, StorageFullError, StoreError
+from navi_trio.store._health import (
+    _DAMAGED,
+    QUICK_CHECK_SEC,
+    check_summary,
+    failure,
+    primary_code,
+    quick_check,
+)
 from navi_trio.store._lease import _claim, _release, _renew
 from navi_trio.store._queue import _adopt, _enqueue, _queued_sessions, _unqueue
 from navi_trio.store._schema import (
@@ -116,6 +130,11 @@ class SQLiteStore:
         self._worker: _Worker | None = None
         self._closed = False
         self._last_now = 0.0
+        # Storage failures already logged ("full", "unwritable", "damaged <op>"): one
+        # line when a condition starts, not one per request, until it ends (`_run`).
+        self._reported: set[str] = set()
+        # What PRAGMA quick_check found at open: [] none, None not finished in time.
+        self.damage: list[str] | None = []
 
     def _now(self) -> float:
         # Strictly increasing, so "newest updated first" never depends on clock resolution.
@@ -145,6 +164,7 @@ class SQLiteStore:
         store._worker = worker
         try:
             await store._run(f"open store {path}", _init_schema)
+            await store._check()
             yield store
         finally:
             with trio.CancelScope(shield=True):
@@ -165,6 +185,19 @@ class SQLiteStore:
                 join_seconds,
             )
 
+    async def _check(self) -> None:
+        """PRAGMA quick_check, bounded in time; a damaged file is one line in the log."""
+        try:
+            self.damage = await self._run(
+                f"check {self.path}", lambda db: quick_check(db.conn, QUICK_CHECK_SEC)
+            )
+        except StoreError as exc:
+            logger.error("store %s: the start-up check failed: %s", self.path, exc)
+            return
+        said = check_summary(self.path, self.damage, QUICK_CHECK_SEC)
+        if said is not None:
+            (logger.warning if self.damage is None else logger.error)("store: %s", said)
+
     async def _run(self, op: str, fn: Callable[[Database], T], durable: bool = True) -> T:
         if self._worker is None:
             raise StoreError(
@@ -180,8 +213,37 @@ class SQLiteStore:
         if job.error is not None:
             if isinstance(job.error, StoreError):
                 raise job.error
-            raise StoreError(f"{op} failed: {job.error}") from job.error
+            error = failure(op, self.path, job.error)
+            if isinstance(error, StorageError):
+                self._report(op, job.error, error)
+            raise error from job.error
+        # Back to normal: a write went through (unwritable), one that needed new room in
+        # the file did (full; small writes may still fit while big ones do not).
+        back = {"unwritable"} if job.wrote else set()
+        back |= {"full"} if job.grew else set()
+        if back & self._reported:
+            logger.warning("store %s: writes succeed again", self.path)
+            self._reported -= back
         return job.result  # type: ignore[return-value]  # set when error is None
+
+    def _report(self, op: str, cause: BaseException, error: StorageError) -> None:
+        """Log a storage failure once per condition (each request still gets its error)."""
+        if isinstance(error, StorageFullError):
+            key = "full"
+        elif primary_code(cause) in _DAMAGED:
+            key = f"damaged {op}"
+        else:
+            key = "unwritable"
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        if key == "full":
+            logger.error(
+                "store %s: the disk is full (%s): every write fails with storage_full until "
+                "space is freed (first: %s); reads go on", self.path, cause, op,
+            )  # fmt: skip
+        else:
+            logger.error("store: %s", error)
 
     # -- sessions -------------------------------------------------------------------
 
@@ -685,16 +747,7 @@ def read_only_stats(path: Path) -> dict[str, int]:
     For `navi doctor`, which must not create or change anything: no WAL switch, no
     schema, no parent folders. StoreError when the file is not a navi database.
     """
-    # Read-only still creates the -wal and -shm files of a WAL database when they are
-    # absent (the last close checkpointed and removed them). Then the main file holds
-    # everything, and "immutable" reads it without creating anything.
-    wal = path.with_name(path.name + "-wal")
-    mode = "mode=ro" if wal.exists() else "mode=ro&immutable=1"
-    uri = f"file:{urllib.parse.quote(str(path))}?{mode}"
-    try:
-        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
-    except sqlite3.Error as exc:
-        raise StoreError(f"cannot open {path} read-only: {exc}") from None
+    conn = _connect_read_only(path)
     try:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
@@ -710,6 +763,40 @@ def read_only_stats(path: Path) -> dict[str, int]:
         raise StoreError(f"cannot read {path}: {exc}") from None
     finally:
         conn.close()
+
+
+def read_only_check(path: Path, seconds: float = QUICK_CHECK_SEC) -> dict[str, Any]:
+    """`navi doctor`'s PRAGMA quick_check of an existing database (blocking, bounded in
+    time, read-only): ``ok`` (no damage found), ``done`` (the check finished),
+    ``problems`` and ``summary`` (the one line saying what is wrong, None when ok)."""
+    try:
+        conn = _connect_read_only(path)
+    except StoreError as exc:
+        return {"ok": False, "done": False, "problems": [], "summary": str(exc)}
+    try:
+        problems = quick_check(conn, seconds)
+    except sqlite3.Error as exc:
+        said = f"the database {path} could not be checked: {exc}"
+        return {"ok": False, "done": False, "problems": [], "summary": said}
+    finally:
+        conn.close()
+    return {
+        "ok": not problems, "done": problems is not None, "problems": problems or [],
+        "summary": check_summary(path, problems, seconds),
+    }  # fmt: skip
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    # Read-only still creates the -wal and -shm files of a WAL database when they are
+    # absent (the last close checkpointed and removed them). Then the main file holds
+    # everything, and "immutable" reads it without creating anything.
+    wal = path.with_name(path.name + "-wal")
+    mode = "mode=ro" if wal.exists() else "mode=ro&immutable=1"
+    uri = f"file:{urllib.parse.quote(str(path))}?{mode}"
+    try:
+        return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open {path} read-only: {exc}") from None
 
 
 def _stats(db: Database) -> dict[str, int]:
