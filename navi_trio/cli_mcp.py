@@ -76,7 +76,7 @@ def cmd_mcp_list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     settings = load_settings(args)
     cfg = load_config(settings.config_path)
     if not cfg.mcp_servers:
-        print(f"no MCP servers in {settings.config_path} (see README \"MCP servers\")", file=out)
+        print(f'no MCP servers in {settings.config_path} (see README "MCP servers")', file=out)
         return EXIT_OK
     status = trio.run(probe, cfg)
     for s in status:

@@ -241,9 +241,7 @@ for _cls in EVENT_CLASSES:
         "WarningEvent": "warning",
         "PlanCreated": "plan",
         "ToolResultEvent": "tool_result",
-    }.get(
-        _cls.__name__, _snake(_cls.__name__)
-    )
+    }.get(_cls.__name__, _snake(_cls.__name__))
     _cls.type = _tag
     _TAGS[_tag] = _cls
 

@@ -76,7 +76,7 @@ Decision = Literal["allow", "ask", "deny"]
 
 def _pattern(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
     if not value.strip():
-        raise ValueError(f"{attr.name} must not be empty (use \"*\" for any)")
+        raise ValueError(f'{attr.name} must not be empty (use "*" for any)')
 
 
 @attrs.frozen(kw_only=True)
@@ -382,7 +382,7 @@ _converter.register_structure_hook_func(lambda t: t in (Decision, Mode), _struct
 def _check_policy_lists(data: dict[str, Any], path: Path) -> None:
     """cattrs reads a string as a list of characters: rule lists must be lists of objects."""
     profiles = data.get("profiles")
-    for pid, prof in (profiles.items() if isinstance(profiles, dict) else ()):
+    for pid, prof in profiles.items() if isinstance(profiles, dict) else ():
         policy = prof.get("policy") if isinstance(prof, dict) else None
         for key in ("rules", "headless_allow"):
             value = policy.get(key, []) if isinstance(policy, dict) else []
@@ -392,6 +392,8 @@ def _check_policy_lists(data: dict[str, Any], path: Path) -> None:
             for i, item in enumerate(value):
                 if not isinstance(item, dict):
                     raise ConfigError(f"{path}: {where}[{i}]: expected an object, got {item!r}")
+
+
 _converter.register_structure_hook(ToolsConfig, _structure_tools)
 
 

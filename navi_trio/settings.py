@@ -144,9 +144,7 @@ class Settings:
     session_idle_sec: float = attrs.field(default=600.0, metadata=_env("NAVI_SESSION_IDLE_SEC"))
     spawn_timeout_sec: float = attrs.field(default=300.0, metadata=_env("NAVI_SPAWN_TIMEOUT_SEC"))
     # The WebSocket daemon (`navi serve`): limits per connection and per user.
-    ws_frame_max_bytes: int = attrs.field(
-        default=1 << 20, metadata=_env("NAVI_WS_FRAME_MAX_BYTES")
-    )
+    ws_frame_max_bytes: int = attrs.field(default=1 << 20, metadata=_env("NAVI_WS_FRAME_MAX_BYTES"))
     ws_frames_per_sec: float = attrs.field(default=20.0, metadata=_env("NAVI_WS_FRAMES_PER_SEC"))
     ws_frames_burst: int = attrs.field(default=40, metadata=_env("NAVI_WS_FRAMES_BURST"))
     ws_connections_per_user: int = attrs.field(

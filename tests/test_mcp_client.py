@@ -145,9 +145,9 @@ def call(name: str, **arguments: Any) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def demo_servers(transport: str, events: ServerEvents, **entry: Any) -> AsyncIterator[
-    dict[str, Any]
-]:
+async def demo_servers(
+    transport: str, events: ServerEvents, **entry: Any
+) -> AsyncIterator[dict[str, Any]]:
     """The `mcp_servers` config naming the demo server as "demo" over `transport`."""
     if transport == "stdio":
         yield {"demo": stdio_entry(**entry)}
@@ -220,11 +220,14 @@ async def test_list_and_call_through_a_run(
     tmp_path: Path, transport: str, events: ServerEvents
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        async with demo_servers(transport, events) as servers, open_harness(
-            tmp_path,
-            replies=[call("mcp__demo__echo", text="hi"), {"text": "done"}],
-            config=mcp_config(servers),
-        ) as h:
+        async with (
+            demo_servers(transport, events) as servers,
+            open_harness(
+                tmp_path,
+                replies=[call("mcp__demo__echo", text="hi"), {"text": "done"}],
+                config=mcp_config(servers),
+            ) as h,
+        ):
             frames = await h.turn("s1", "say hi through the server")
             assert results(frames) == [(True, "echo: hi")]
             assert frames[-1]["text"] == "done"
@@ -244,11 +247,14 @@ async def test_a_tool_error_is_a_failed_result(
     tmp_path: Path, transport: str, events: ServerEvents
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        async with demo_servers(transport, events) as servers, open_harness(
-            tmp_path,
-            replies=[call("mcp__demo__fail", reason="bad disk"), {"text": "it failed"}],
-            config=mcp_config(servers),
-        ) as h:
+        async with (
+            demo_servers(transport, events) as servers,
+            open_harness(
+                tmp_path,
+                replies=[call("mcp__demo__fail", reason="bad disk"), {"text": "it failed"}],
+                config=mcp_config(servers),
+            ) as h,
+        ):
             frames = await h.turn("s1", "try it")
             [result] = of_type(frames, "tool_result")
             assert not result["ok"] and result["error"] == "demo fail failed"
@@ -405,11 +411,14 @@ async def test_stop_mid_call_cancels_the_request_on_the_server(
     tmp_path: Path, transport: str, events: ServerEvents
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        async with demo_servers(transport, events) as servers, open_harness(
-            tmp_path,
-            replies=[call("mcp__demo__hang", label="s1"), {"text": "after"}],
-            config=mcp_config(servers),
-        ) as h:
+        async with (
+            demo_servers(transport, events) as servers,
+            open_harness(
+                tmp_path,
+                replies=[call("mcp__demo__hang", label="s1"), {"text": "after"}],
+                config=mcp_config(servers),
+            ) as h,
+        ):
             s = await h.session("s1")
             s.send("wait for it")
             await events.wait_for("hang-started s1")
@@ -512,9 +521,7 @@ async def test_a_server_with_background_true_offers_background_calls(
         async with open_harness(
             tmp_path,
             replies=[call("mcp__demo__echo", text="later", background=True), {"text": "queued"}],
-            config=mcp_config(
-                servers, policy={"rules": [{"tool": "mcp__*", "decision": "allow"}]}
-            ),
+            config=mcp_config(servers, policy={"rules": [{"tool": "mcp__*", "decision": "allow"}]}),
         ) as h:
             frames = await h.turn("s1", "in the background please")
             offered = {t["function"]["name"]: t["function"] for t in h.chat_requests[0]["tools"]}

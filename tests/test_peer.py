@@ -342,8 +342,8 @@ async def test_unknown_peer_missing_token_and_no_peers_are_clear(
         async with daemon_a(tmp_path, a_replies, peers) as a:
             unknown, missing = results(await (await start(a)).until_end())
     assert unknown["error"] == "unknown peer 'nope'; peers: b"
-    assert f"the environment variable {TOKEN_ENV} (peers.b.token_env) is not set" in (
-        missing["error"]
+    assert (
+        f"the environment variable {TOKEN_ENV} (peers.b.token_env) is not set" in (missing["error"])
     )
     with trio.fail_after(TIMEOUT):
         async with open_harness(tmp_path / "c", replies=[ask("hi"), {"text": "ok"}],

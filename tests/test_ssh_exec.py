@@ -281,8 +281,15 @@ def test_the_argv_is_batch_mode_strict_and_has_no_local_shell(tmp_path: Path) ->
     cfg = config_with(
         {
             "known_hosts": "keys/known_hosts",
-            "hosts": {"b": {"user": "ops", "host": "10.0.0.5", "port": 2222,
-                            "identity_file": "/keys/id", "commands": ["*"]}},
+            "hosts": {
+                "b": {
+                    "user": "ops",
+                    "host": "10.0.0.5",
+                    "port": 2222,
+                    "identity_file": "/keys/id",
+                    "commands": ["*"],
+                }
+            },
         }  # fmt: skip
     )
     assert cfg.ssh is not None
@@ -316,8 +323,12 @@ async def test_background_true_runs_through_the_task_supervisor(
         calls(call("ssh_exec", host="box", command="echo remote-done", background=True)),
         {"text": "started"},
         calls(
-            call("ssh_exec", host="box", command=f"echo $$ > {fifo}; exec sleep {token}",
-                 background=True)
+            call(
+                "ssh_exec",
+                host="box",
+                command=f"echo $$ > {fifo}; exec sleep {token}",
+                background=True,
+            )
         ),  # fmt: skip
         {"text": "started again"},
     ]

@@ -91,7 +91,9 @@ async def test_a_message_with_a_lone_surrogate_stores_nothing_and_the_session_go
                 ok = await c.request({"type": "message", "content": "hi", "session_id": "alice.S"})
                 assert ok["type"] == "session", ok
                 assert (await c.until_end("alice.S"))["text"] == "Hello"
-                again = await c.request({"type": "message", "content": "more", "session_id": "alice.S"})
+                again = await c.request(
+                    {"type": "message", "content": "more", "session_id": "alice.S"}
+                )
                 assert again["type"] == "ok", again
                 await c.until_end("alice.S")
             assert all(_clean(row) for row in _stored_rows(tmp_path / "navi.db"))
@@ -216,7 +218,9 @@ async def test_a_session_stored_with_a_lone_surrogate_loads_and_goes_on(
                 history = await c.request({"type": "sessions", "action": "history",
                                            "session_id": "alice.S"})  # fmt: skip
                 assert history["messages"][0]["content"] == f"old{FFFD}text", history
-                ok = await c.request({"type": "message", "content": "next", "session_id": "alice.S"})
+                ok = await c.request(
+                    {"type": "message", "content": "next", "session_id": "alice.S"}
+                )
                 assert ok["type"] == "ok", ok
                 assert (await c.until_end("alice.S"))["text"] == "Hello"
                 sent = json.dumps(d.harness.chat_requests[-1], ensure_ascii=False)

@@ -64,6 +64,7 @@ class ClientLink(Protocol):
     def unsubscribe(self, session_id: str) -> bool: ...
     async def defer(self, rid: RequestId, work: Callable[[], Awaitable[None]]) -> None: ...
 
+
 log = logging.getLogger(__name__)
 
 
@@ -253,8 +254,12 @@ class Commands:
         await broker.answer(cmd.session_id, cmd.call_id, approve=approve, scope=cmd.scope)
         await self.conn.send(
             reply(
-                rid, "ok", session_id=cmd.session_id, call_id=cmd.call_id,
-                approved=approve, scope=cmd.scope,
+                rid,
+                "ok",
+                session_id=cmd.session_id,
+                call_id=cmd.call_id,
+                approved=approve,
+                scope=cmd.scope,
             )  # fmt: skip
         )
 

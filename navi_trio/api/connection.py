@@ -66,6 +66,7 @@ class ConnectionHost(Protocol):
     def connected(self, user: User) -> None: ...
     def disconnected(self, user: User) -> None: ...
 
+
 log = logging.getLogger(__name__)
 
 OUTBOX_SIZE = 256
@@ -321,4 +322,3 @@ class Connection:
         if self._current(sid) is sub:
             # The actor ended the subscription (retired or shutting down).
             del self._subs[sid]
-

@@ -209,9 +209,7 @@ async def _close(ws: WebSocketConnection, run: _Run | None) -> None:
                 log.warning("peer session %s: stop not confirmed: %s", run.session_id, exc)
         await ws.aclose()
     if grace.cancelled_caught and run is not None:
-        log.warning(
-            "peer session %s: no stop confirmation within %g s", run.session_id, STOP_GRACE
-        )
+        log.warning("peer session %s: no stop confirmation within %g s", run.session_id, STOP_GRACE)
 
 
 async def _send(

@@ -21,9 +21,7 @@ from navi_trio.store._lease import pid_alive
 from navi_trio.store._schema import _write_tx
 
 
-def _enqueue(
-    db: Database, sid: str, key: str, data: str, pid: int, host: str, now: float
-) -> None:
+def _enqueue(db: Database, sid: str, key: str, data: str, pid: int, host: str, now: float) -> None:
     with _write_tx(db):
         db.execute(
             "INSERT INTO queued (key, session_id, pid, host, data, created_at)"
