@@ -188,13 +188,21 @@ def test_stop_by_button_then_by_esc_and_the_queue_shown(site: Site) -> None:
 
 
 def test_a_phone_sized_screen_is_usable(site: Site) -> None:
-    site.loop.add_replies({"text": "A narrow answer. " + "x" * 300 + " ```\ncode " * 3})
+    wide = "A narrow answer. " + "x" * 300 + "\n\n```python\nx = '" + "long " * 60 + "'\n```\n\n"
+    wide += "| a | b |\n| --- | --- |\n| " + "cell " * 30 + " | 2 |"
+    site.loop.add_replies({"text": wide})
     page = site.page(phone=True)
     site.login(page)
     send(page, "hi from the phone")
     page.wait_for_selector(".lane.main .answer >> text=narrow")
+    page.wait_for_selector("#stop:disabled")
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= 390, f"the page is {width}px wide on a 390px screen"
+    # Nothing wider than the screen in the transcript either: long words wrap, code
+    # blocks and tables scroll inside their own box.
+    inner = page.evaluate("[...document.querySelectorAll('#transcript, .answer')].map("
+                          "e => e.scrollWidth - e.clientWidth)")  # fmt: skip
+    assert max(inner) <= 1, inner
     assert page.locator("#sidebar").is_hidden() and page.locator("#send").is_visible()
     box = page.locator("#input").bounding_box()
     assert box is not None and box["y"] + box["height"] <= 844

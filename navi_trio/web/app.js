@@ -57,8 +57,8 @@ function request(frame, what) {
   return id;
 }
 
-function showError(text) {
-  const line = el("div", "line error", text);
+function showError(text, cls = "error") {
+  const line = el("div", "line " + cls, text);
   const box = $("errors");
   box.append(line);
   while (box.childElementCount > 3) box.firstElementChild.remove();
@@ -104,7 +104,7 @@ function onWelcome(welcome, again) {
       request(frames.subscribe(state.sid, state.lastSeq, state.epoch), { kind: "subscribe", sid: state.sid });
       request(frames.tasks("list", state.sid), { kind: "tasks" });
     }
-    transcript.notice("reconnected");
+    showError("reconnected", "notice"); // not in the transcript: a streaming answer goes on whole
     return;
   }
   const wanted = location.hash.slice(1);
