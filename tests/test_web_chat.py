@@ -6,7 +6,6 @@ phone-sized screen. Rules and helpers: tests/web_browser.py.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +61,10 @@ def test_login_then_a_streamed_markdown_answer_and_its_session(site: Site) -> No
     page.wait_for_selector(f".session[data-sid='{sid}'].current")
     assert "just now" in page.locator(f".session[data-sid='{sid}'] .session-meta").inner_text()
     shot(page, "answered")
+    # Compact: one exchange is too short to summarise, and the page says so in one line.
+    page.click("#compact")
+    page.wait_for_selector(".line.error >> text=[nothing_to_compact]")
+    assert "already short" in page.locator(".line.error").last.inner_text()
     # A reload keeps the login (sessionStorage) and resumes the session from its history.
     page.reload()
     page.wait_for_selector("#conn-state.up")
@@ -70,8 +73,8 @@ def test_login_then_a_streamed_markdown_answer_and_its_session(site: Site) -> No
     assert page.locator(".answer").count() == 1
     # New session, then delete the first one (two clicks: the second confirms).
     page.click("#new-session")
-    moved = f"location.hash.length > 1 && location.hash.slice(1) !== {json.dumps(sid)}"
-    page.wait_for_function(moved)
+    # (wait_for_function would evaluate a string: the page's CSP refuses that, rightly)
+    page.wait_for_url(lambda url: "#s-" in url and not url.endswith("#" + sid))
     page.click(f".session[data-sid='{sid}'] .session-delete")
     page.click(f".session[data-sid='{sid}'] .session-delete.confirm")
     page.wait_for_selector(f".session[data-sid='{sid}']", state="detached")

@@ -295,7 +295,11 @@ def _readline(proc: subprocess.Popen[bytes], timeout: float) -> str:
 # -- the browser ----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
+# One Chromium per test module: each module that imports this fixture gets its own
+# fixture definition, and Playwright's sync API runs one instance per thread at a time
+# (its event loop stays current between calls), so a session-wide scope would start a
+# second one beside the first.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if MISSING is not None:
         pytest.skip(MISSING)

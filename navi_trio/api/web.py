@@ -18,6 +18,7 @@ every browser).
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from importlib import resources
 
@@ -26,6 +27,9 @@ import h11
 import trio
 
 from navi_trio.api.auth import WebAccess
+from navi_trio.text import clip
+
+log = logging.getLogger(__name__)
 
 HEAD_MAX_BYTES = 16 * 1024  # a browser's request head is ~1 KB; cookies of other apps add some
 HEAD_TIMEOUT_SEC = 10.0  # from the first byte wanted to the end of the head
@@ -260,6 +264,7 @@ class StaticSite:
     ) -> tuple[int, bytes, list[tuple[str, str]]]:
         text = [("Content-Type", "text/plain; charset=utf-8")]
         if not self.access.host_allowed(host, local_address):
+            log.warning("refused a page request for host %r", clip(host or ""))
             return 403, b"this Host does not name the navi daemon\n", text
         if head.method not in ("GET", "HEAD"):
             return 405, b"only GET and HEAD\n", [*text, ("Allow", "GET, HEAD")]

@@ -282,7 +282,9 @@ function onFrame(frame) {
       request(frames.history(state.sid), { kind: "history", sid: state.sid });
       return;
     case "lagged":
-      transcript.notice(`fell behind (seq ${frame.missed_from}–${frame.missed_to}): catching up`);
+      // The daemon resubscribes us from the last frame we got; a line in the transcript
+      // would cut the streaming answer's block in two.
+      showError(`fell behind (seq ${frame.missed_from}–${frame.missed_to}): catching up`, "notice");
       return;
     case "welcome": return;
     case "error":

@@ -22,6 +22,7 @@ export const HINTS = {
   not_found: "check the id in the session list or the tasks panel",
   busy: "a run is active: stop it or wait, then try again",
   session_busy: "a run is active or queued: stop it first",
+  nothing_to_compact: "the conversation is already short",
   rate_limited: "slow down a little and try again",
   limit: "close another tab or delete old sessions",
   llm_connection: "is the LLM server running? (navi doctor)",
