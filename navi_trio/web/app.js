@@ -114,6 +114,13 @@ function onWelcome(welcome, again) {
 
 function onDown({ attempt, retryIn, reason }) {
   setConn("disconnected", "down");
+  if (state.creating !== null) {
+    // The new session's name may be lost with the socket: stop waiting for it.
+    state.creating = null;
+    if (state.held.length) showError(`${state.held.length} message(s) not sent: send them again`);
+    state.held = [];
+    setBusy(false);
+  }
   const seconds = (retryIn / 1000).toFixed(retryIn < 1000 ? 1 : 0);
   $("banner-text").textContent =
     `Cannot reach the navi daemon (${oneLine(reason, 120)}): retrying in ${seconds}s (try ${attempt})…`;
