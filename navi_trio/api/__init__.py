@@ -5,6 +5,7 @@ auth        tokens, users, the local token file, the Origin check
 connection  one actor per connection: hello, reader, writer, subscription pumps
 commands    what each command does for one user, ownership checked once
 server      the listening socket, connections per user
+web         the browser client's files and plain HTTP on the same port
 remote      a one-request client (navi sessions / tasks / doctor)
 """
 
