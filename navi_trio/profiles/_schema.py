@@ -176,7 +176,7 @@ class AgentProfile:
     # Names of `NaviConfig.mcp_servers` whose tools this profile's runs get.
     mcp_servers: tuple[str, ...] = ()
     # Environment variables (by name) the daemon passes on to its runs' tool processes,
-    # beyond the allow-list every one gets (tools/procs.py `child_env`).
+    # beyond the allow-list every one gets (tools/procs `child_env`).
     env: tuple[str, ...] = ()
 
     def model_or(self, default: str) -> str:
