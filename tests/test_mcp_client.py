@@ -609,6 +609,22 @@ async def test_a_changed_entry_gets_a_new_actor_and_a_disabled_one_no_tools(
     assert warnings == []
 
 
+async def test_stopped_servers_refuse_to_start_one_and_keep_nothing_of_it() -> None:
+    cfg = mcp_config({"demo": stdio_entry()}).current
+    mcp = McpServers(lambda: cfg)
+    conf = cfg.mcp_servers["demo"]
+    with pytest.raises(RuntimeError, match="not running"):
+        mcp.start("demo", conf)  # not started yet
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mcp.run)
+            nursery.cancel_scope.cancel()  # the runtime shuts down
+    with pytest.raises(RuntimeError, match="not running"):
+        mcp.start("demo", conf)  # a late run's prepare
+    assert mcp.connection("demo") is None  # no actor that never runs is left behind
+    assert [s["state"] for s in mcp.status()] == ["idle"]
+
+
 async def test_stderr_is_logged_line_by_line_within_bounds(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
