@@ -1,13 +1,14 @@
-"""One configured MCP server: the actor that keeps a session with it, and its tools.
+"""Our connection to one configured MCP server: the actor that keeps a session with it.
 
-`McpServer.run` lives in the McpServers nursery (servers.py). Each attempt opens the
-transport (a child process over stdio, or streamable HTTP), runs the SDK's
-`ClientSession` (initialize, list tools) and then waits until the connection breaks:
-the read stream ends (the child died, the server closed it) or a call saw the
-connection fail. Then it restarts with exponential backoff (`BACKOFF_FIRST` doubling
-to `BACKOFF_MAX`); after `MAX_FAILURES` attempts in a row that never got ready it is
-`failed` and waits for the next run that needs it. Meanwhile its tools answer "MCP
-server X is restarting" at once.
+This is navi as an MCP *client* (navi as an MCP server is mcp_serve.py; the daemon's
+WebSocket server is api/server.py). `McpConnection.run` lives in the McpServers nursery
+(servers.py). Each attempt opens the transport (a child process over stdio, or
+streamable HTTP), runs the SDK's `ClientSession` (initialize, list tools) and then waits
+until the connection breaks: the read stream ends (the child died, the server closed
+it) or a call saw the connection fail. Then it restarts with exponential backoff
+(`BACKOFF_FIRST` doubling to `BACKOFF_MAX`); after `MAX_FAILURES` attempts in a row
+that never got ready it is `failed` and waits for the next run that needs it.
+Meanwhile its tools (`McpTool`) answer "MCP server X is restarting" at once.
 
 A stdio child carries a tag in its environment (`procs.TAG_VAR`): when the session
 ends, the SDK closes stdin and kills the child's process group, and then every process
@@ -58,17 +59,17 @@ def tool_name(server: str, tool: str) -> str:
 class McpTool:
     """A tool of an MCP server, offered to the model as ``mcp__<server>__<tool>``."""
 
-    def __init__(self, server: McpServer, remote: str, description: str,
+    def __init__(self, connection: McpConnection, remote: str, description: str,
                  parameters: dict[str, Any]) -> None:  # fmt: skip
-        self.server = server
+        self.connection = connection
         self.remote = remote
-        self.name = tool_name(server.name, remote)
+        self.name = tool_name(connection.name, remote)
         self.description = description
         self.parameters = parameters
-        self.backgroundable = server.config.background
+        self.backgroundable = connection.config.background
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        return await self.server.call(self.remote, args, ctx)
+        return await self.connection.call(self.remote, args, ctx)
 
 
 class _Watched:
@@ -139,8 +140,9 @@ def _drop_bad_tools(item: Any, skipped: Callable[[str, str], None]) -> None:
     result["tools"] = kept
 
 
-class McpServer:
-    """The actor of one server. State is read by others, changed only by `run`."""
+class McpConnection:
+    """The actor of our connection to one server. State is read by others, changed
+    only by `run`."""
 
     def __init__(self, name: str, config: McpServerConfig) -> None:
         self.name = name
