@@ -48,6 +48,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
@@ -398,22 +399,31 @@ async def open_daemon(
     close_timeout: float = CLOSE_TIMEOUT,
     max_frame: int = MAX_FRAME,
 ) -> AsyncIterator[DaemonConnection]:
-    """Connect to the daemon at `url`, say hello with `token`, yield the connection."""
+    """Connect to the daemon at `url`, say hello with `token`, yield the connection.
+
+    `bounds` holds the connect and the close to their deadlines: trio-websocket's own
+    timeouts leave its reader task waiting on a peer that keeps the socket open without
+    answering, and the whole `async with` with it.
+    """
     from trio_websocket import open_websocket_url
 
     phase = "connecting"
+    bounds = trio.CancelScope(deadline=trio.current_time() + connect_timeout)
     try:
-        async with open_websocket_url(
-            url,
-            connect_timeout=connect_timeout,
-            disconnect_timeout=close_timeout,
-            max_message_size=max_frame,
-        ) as ws:
-            daemon = DaemonConnection(ws, url)
-            await daemon._hello(token, hello_timeout)
-            phase = "open"
-            yield daemon
-            phase = "closing"
+        with bounds:
+            async with open_websocket_url(
+                url,
+                connect_timeout=math.inf,  # `bounds` says when
+                disconnect_timeout=close_timeout,
+                max_message_size=max_frame,
+            ) as ws:
+                bounds.deadline = math.inf
+                daemon = DaemonConnection(ws, url)
+                await daemon._hello(token, hello_timeout)
+                phase = "open"
+                yield daemon
+                phase = "closing"
+                bounds.deadline = trio.current_time() + close_timeout
     except _drops() as exc:
         if phase == "open":
             raise
@@ -424,6 +434,11 @@ async def open_daemon(
         raise DaemonUnreachableError(
             f"no daemon answers at {url}: start one with `navi serve` ({reason})", reason=reason
         ) from None
+    if bounds.cancelled_caught and phase == "connecting":
+        reason = f"no WebSocket handshake within {connect_timeout:g} s"
+        raise DaemonUnreachableError(
+            f"no daemon answers at {url}: start one with `navi serve` ({reason})", reason=reason
+        )
 
 
 async def daemon_answers(url: str, timeout: float = 2.0) -> bool:  # noqa: ASYNC109
