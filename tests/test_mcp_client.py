@@ -165,7 +165,7 @@ def results(frames: list[dict[str, Any]]) -> list[tuple[bool, str]]:
 
 def test_importing_the_runtime_and_cli_does_not_load_the_sdk() -> None:
     code = (
-        "import sys, navi_trio.runtime, navi_trio.cli, navi_trio.cli_mcp, navi_trio.doctor; "
+        "import sys, navi_trio.runtime, navi_trio.cli, navi_trio.cli.mcp, navi_trio.doctor; "
         "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith(('mcp.', 'mcp_'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -17,17 +17,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import attrs
 import trio
 
-from navi_trio.client import frames as wire
-from navi_trio.client.connection import (
-    BACKOFF_FIRST,
-    RETRIES,
-    ChatError,
-    Connection,
-    NotConnected,
-)
-from navi_trio.client.frames import Frame
+from navi_trio import wire
+from navi_trio.client.connection import BACKOFF_FIRST, RETRIES, Connection
 from navi_trio.client.reader import InputEvent, Reader
 from navi_trio.client.render import Renderer
+from navi_trio.errors import DaemonUnreachableError
+from navi_trio.wire import Frame
 
 HELP = """\
 Type a message and press Enter; while a run is active your message is queued.
@@ -127,7 +122,8 @@ class ChatApp:
     # ------------------------------------------------------------------ life
 
     async def run(self) -> None:
-        """Connect and chat until /quit, Ctrl-D or a second Ctrl-C; `ChatError` when it can't."""
+        """Connect and chat until /quit, Ctrl-D or a second Ctrl-C; a `NaviError` (the daemon
+        unreachable, the token refused) when it can't."""
         send, recv = trio.open_memory_channel[Frame](256)
         self._conn = Connection(
             self.options.url,
@@ -180,7 +176,7 @@ class ChatApp:
         assert self._conn is not None
         try:
             await self._conn.send(frame)
-        except NotConnected as exc:
+        except DaemonUnreachableError as exc:
             if self._is_profile_ask(frame):
                 self._profile_ask, self._want_profile = None, True  # asked again once back
                 self.renderer.release_status()
@@ -477,12 +473,10 @@ class ChatApp:
             self._adopt(str(frame["session_id"]))
         if frame.get("session_id") != self.session_id:
             return  # a session we left
-        seq = int(frame["seq"])
+        # A replay overlapping what we saw never gets here: the connection's stream drops
+        # the frames it delivered before (api/daemon_client.py).
+        self.last_seq = int(frame["seq"])
         epoch = frame.get("epoch")
-        same_epoch = epoch is None or self.epoch is None or epoch == self.epoch
-        if self.last_seq is not None and same_epoch and seq <= self.last_seq:
-            return  # already shown (a replay overlapping what we saw)
-        self.last_seq = seq
         self.epoch = epoch if isinstance(epoch, str) else self.epoch
         if frame["type"] == "approval_request":
             if str(frame.get("call_id")) in self._approvals:
@@ -579,4 +573,4 @@ def _after_users(messages: list[Frame], seen: int) -> list[Frame]:
     return messages[starts[-1] :] if starts else messages
 
 
-__all__ = ["ChatApp", "ChatError", "ChatOptions"]
+__all__ = ["ChatApp", "ChatOptions"]

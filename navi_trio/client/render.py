@@ -27,7 +27,7 @@ from rich.markdown import Markdown
 from rich.markup import escape
 from rich.padding import Padding
 
-from navi_trio.client.frames import Frame
+from navi_trio.wire import Frame
 
 # Codes of refusals that are news, not failures: one dim line with the daemon's words.
 NOTICE_CODES = frozenset({"nothing_to_compact"})
