@@ -1,24 +1,22 @@
 """`open_daemon`: the one client of the daemon's WebSocket protocol.
 
     async with open_daemon(url, token) as daemon:
-        accepted = await daemon.send_message("hi", session_id=sid)
-        run = OurRun(accepted, "hi")
+        run = OurRun.of(await daemon.send_message("hi", session_id=sid), "hi")
         while not run.ended:
             frame = await daemon.receive()
             if run.ours(frame):
                 ...
 
 Every navi client speaks to the daemon through it: `navi run` and `navi mcp serve`
-(cli/runner.py), `navi chat` (client/connection.py: one `open_daemon` per connection of
-its reconnect loop), the peer tool (api/peer_link.py), `navi sessions|tasks` and `navi
+(cli/runner.py), `navi chat` (client/connection.py: one per connection of its
+reconnect loop), the peer tool (api/peer_link.py), `navi sessions|tasks` and `navi
 doctor` (api/remote.py), the benchmarks.
 
-Like trio-websocket's `open_websocket`, which it is built on: connecting is bounded
-(trio-websocket's `fail_after`, `connect_timeout`) and so is the hello (ours,
-`hello_timeout`); not getting there is `DaemonUnreachableError`, raised ``from None``
-with the lower layer's words in its message and `reason`; a refused hello is the
-`RemoteError` carrying the daemon's wire code. A close that fails after the caller's
-work is done is not an error of the caller's.
+Like trio-websocket's `open_websocket`, which it is built on: the connect and the hello
+are bounded (`connect_timeout`, `hello_timeout`); not getting there is
+`DaemonUnreachableError`, raised ``from None`` with the lower layer's words in its
+message and `reason`; a refused hello is the `RemoteError` carrying the daemon's wire
+code. A close that fails once the caller's work is done is not the caller's error.
 
 One reader at a time: frames are read by the task awaiting `receive` or a request, not
 by a task of ours (trio-websocket's reader is the only one in the background). A
@@ -39,8 +37,8 @@ What `receive` hands on is a session's stream without gaps or repeats:
   stream goes on from its seq;
 - an ``unauthorized`` error (the daemon is closing the connection) raises `RemoteError`.
 
-`OurRun` follows one message's run among its session's frames: the one place that
-counts the runs queued ahead of our message.
+`OurRun` (api/our_run.py) follows one message's run among its session's frames: the
+one place that counts the runs queued ahead of our message.
 """
 
 from __future__ import annotations
@@ -49,14 +47,15 @@ import collections
 import itertools
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import trio
 
 from navi_trio import wire
+from navi_trio.api.our_run import Accepted as Accepted
+from navi_trio.api.our_run import OurRun as OurRun
 from navi_trio.errors import DaemonUnreachableError, RemoteError
 from navi_trio.wire import Frame
 
@@ -98,69 +97,6 @@ def _drops() -> tuple[type[BaseException], ...]:
 def remote_error(frame: Frame) -> RemoteError:
     """The `RemoteError` an error frame of the daemon says."""
     return RemoteError(str(frame.get("code") or "?"), str(frame.get("message") or ""))
-
-
-@attrs.frozen
-class Accepted:
-    """The daemon's ``ok`` to a message: stored, and running or queued."""
-
-    session_id: str
-    created: bool  # the daemon made the session for this message
-    queued: bool  # it waits behind the session's running turn
-
-
-@attrs.define(eq=False)
-class OurRun:
-    """Which frames of its session belong to the run of one message of ours.
-
-    A message the daemon ran at once owns every frame of its session from the first on
-    (this connection was subscribed when the daemon took the message). A queued one
-    (`Accepted.queued`) waits behind the running turn and the messages queued before
-    it: its ``message_queued`` frame (the first carrying our text) says how many runs
-    end first (`position`); their top-level ``stream_end`` frames are counted down,
-    then the frames are ours until our own top-level ``stream_end`` (`ended`).
-    """
-
-    session_id: str
-    text: str
-    queued: bool
-    on_queued: Callable[[int], object] = lambda position: None
-    ahead: int | None = None  # runs still to end before ours (once our message_queued came)
-    started: bool = False  # the frames are ours now
-    ended: bool = False  # our top-level stream_end was seen
-
-    def __attrs_post_init__(self) -> None:
-        self.started = not self.queued
-
-    @classmethod
-    def of(
-        cls, accepted: Accepted, text: str, on_queued: Callable[[int], object] = lambda n: None
-    ) -> OurRun:
-        return cls(accepted.session_id, text, accepted.queued, on_queued)
-
-    @property
-    def running(self) -> bool:
-        """Our run is the one the session runs now (or about to)."""
-        return self.started and not self.ended
-
-    def ours(self, frame: Frame) -> bool:
-        """Whether `frame` belongs to our run (counting the runs ahead of it on the way)."""
-        if frame.get("session_id") != self.session_id or not isinstance(frame.get("seq"), int):
-            return False  # another session's, a reply, an out-of-band task_update, lagged
-        if not self.started:
-            if self.ahead is None:
-                if frame.get("type") == wire.MESSAGE_QUEUED and frame.get("text") == self.text:
-                    position = frame.get("position")
-                    self.ahead = position if isinstance(position, int) and position > 0 else 1
-                    self.on_queued(self.ahead)
-                return False
-            if self.ahead > 0:
-                if wire.is_top_end(frame):
-                    self.ahead -= 1
-                return False
-            self.started = True
-        self.ended = self.ended or wire.is_top_end(frame)
-        return True
 
 
 class DaemonConnection:

@@ -4,9 +4,9 @@ Three tasks in one nursery: the connection actor (frames in), the frame loop (fr
 the renderer; replies to requests), and the input loop (lines to messages and slash
 commands, client/commands.py). The app keeps the session's state: which session, what
 waits (queued messages, approval requests, a new session's id, the profile asked for:
-client/profile.py), what a resync's history replay may skip. A SIGINT that reaches the process (no prompt in raw mode at that moment)
-is handled like Ctrl-C typed at the prompt: stop the run, or quit on a second press
-at an idle prompt.
+client/profile.py), what a resync's history replay may skip. A SIGINT that reaches the
+process (no prompt in raw mode at that moment) is handled like Ctrl-C typed at the
+prompt: stop the run, or quit on a second press at an idle prompt.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The chat's cards: tool calls, approval requests and the plan's checklist.
 
 `Cards` keeps what they need between frames (the open tool cards, the approval requests
-shown, the plan's steps) and prints them through its `Renderer`, which hands it the
-frames of these types (`on_<type>`):
+shown, the plan's steps) and prints them on its `Board` (the `Renderer`, which hands it
+the frames of these types: `on_<type>`):
 
 - a tool call is a card: ``⏺ name(args)``, a bounded tail of its live output, then
   ``⎿ ✔ ok · 1.2s`` with the first line of the result;
@@ -14,16 +14,25 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 from rich.markup import escape
 
+from navi_trio.client.status import Status
 from navi_trio.client.text import ARGS_MAX, RESULT_MAX, one_line
 from navi_trio.wire import Frame
 
-if TYPE_CHECKING:
-    from navi_trio.client.render import Renderer
+
+class Board(Protocol):
+    """What the cards print on (the `Renderer`)."""
+
+    status: Status
+
+    def put(self, markup: str, who: str = "", style: str | None = None) -> None: ...
+    def markdown(self, text: str, who: str = "") -> None: ...
+    def mark_busy(self, frame: Frame) -> None: ...
+
 
 TOOL_TAIL_LINES = 5  # live output lines shown per tool call before "… N more lines"
 # The planner's "— TOOL: name" / "— SELF" tail of a todo step: the plan shows it without.
@@ -39,8 +48,8 @@ class _Card:
 
 
 class Cards:
-    def __init__(self, renderer: Renderer) -> None:
-        self.r = renderer
+    def __init__(self, board: Board) -> None:
+        self.r = board
         self._cards: dict[str, _Card] = {}
         self._plan: list[dict[str, Any]] = []
         self._asked: dict[str, str] = {}  # call id -> tool of the approval requests shown

@@ -1,19 +1,33 @@
 """The chat's slash commands: ``/help``, ``/new``, ``/compact``, ``/resume ID`` ...
 
-`SlashCommands.run` finds the command by its name; each one changes the `ChatApp`'s
-session state or sends the daemon a frame (the replies come back through the app's
+`SlashCommands.run` finds the command by its name; each one changes the chat's session
+state (`Chat`: the `ChatApp`) or sends the daemon a frame (the replies come back through the app's
 frame loop).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from navi_trio import wire
+from navi_trio.client.render import Renderer
+from navi_trio.wire import Frame
 
-if TYPE_CHECKING:
-    from navi_trio.client.app import ChatApp
+
+class Chat(Protocol):
+    """What the commands change and use of the chat (the `ChatApp`)."""
+
+    renderer: Renderer
+    session_id: str | None
+    profile: str | None
+    mode: str | None
+    resuming: str | None
+
+    async def send(self, frame: Frame) -> bool: ...
+    def quit(self) -> None: ...
+    def set_session(self, session_id: str | None) -> None: ...
+
 
 HELP = """\
 Type a message and press Enter; while a run is active your message is queued.
@@ -47,7 +61,7 @@ ANSWERS = {
 
 
 class SlashCommands:
-    def __init__(self, app: ChatApp) -> None:
+    def __init__(self, app: Chat) -> None:
         self.app = app
         self._by_name: dict[str, Callable[[str], Awaitable[None]]] = {
             "help": self.help,

@@ -27,6 +27,7 @@ from rich.padding import Padding
 
 from navi_trio.client.cards import TOOL_TAIL_LINES as TOOL_TAIL_LINES
 from navi_trio.client.cards import Cards
+from navi_trio.client.status import Status as Status
 from navi_trio.client.text import ARGS_MAX, RESULT_MAX, one_line
 from navi_trio.client.text import split_blocks as split_blocks
 from navi_trio.wire import Frame
@@ -47,33 +48,6 @@ HINTS = {
     "llm_status": "the LLM server refused the request: check the model name (navi doctor)",
     "unsupported": "this daemon does not support that yet",
 }
-
-
-@attrs.define
-class Status:
-    session_id: str | None = None
-    # The session's profile as the daemon reports it (`sessions list`); for a session
-    # not created yet, the one asked for with /profile (None: the daemon's default).
-    profile: str | None = None
-    model: str | None = None
-    context_tokens: int | None = None
-    connected: bool = False
-    activity: str = ""  # what the run is doing now ("answering… 42 words"), toolbar only
-
-    def toolbar(self) -> str:
-        return f"{self.activity} │ {self.line()}" if self.activity else self.line()
-
-    def line(self) -> str:
-        parts = [
-            f"session {self.session_id or '(new)'}",
-            f"profile {self.profile or ('(default)' if self.session_id is None else '?')}",
-            f"model {self.model or '?'}",
-        ]
-        if self.context_tokens is not None:
-            parts.append(f"context {self.context_tokens} tokens")
-        if not self.connected:
-            parts.append("disconnected")
-        return " · ".join(parts)
 
 
 @attrs.define
