@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     # Imported here: the doctor pulls in much that `navi run` / `navi serve` do not need.
-    from navi_trio.doctor import collect_doctor, print_doctor
+    from navi_trio.cli.doctor import collect_doctor, print_doctor
 
     settings = load_settings(args)
     configured = backend_configured(os.environ, given=llm_given(args))
