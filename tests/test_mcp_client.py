@@ -165,7 +165,7 @@ def results(frames: list[dict[str, Any]]) -> list[tuple[bool, str]]:
 
 def test_importing_the_runtime_and_cli_does_not_load_the_sdk() -> None:
     code = (
-        "import sys, navi_trio.runtime, navi_trio.cli, navi_trio.cli_mcp, navi_trio.doctor; "
+        "import sys, navi_trio.runtime, navi_trio.cli, navi_trio.cli.mcp, navi_trio.cli.doctor; "
         "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith(('mcp.', 'mcp_'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -686,7 +686,7 @@ def test_navi_mcp_list_shows_each_server_state_and_tools(
 
 
 async def test_navi_doctor_reports_a_server_that_fails_to_start(tmp_path: Path) -> None:
-    from navi_trio.doctor import collect_doctor
+    from navi_trio.cli.doctor import collect_doctor
 
     path = _config_dir(tmp_path, SERVERS)
     settings = Settings.from_env(

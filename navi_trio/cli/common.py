@@ -1,7 +1,7 @@
 """What every `navi` subcommand shares: exit codes, the usage error, one-line messages,
 and the settings from the environment and the command line (with the LLM chosen when
-none is configured). `cli.py` (the parser and `main`), `cli_run.py` and `cli_daemon.py`
-import it; it imports none of them.
+none is configured), and where a turn goes (`run_target`). Every module of the `navi`
+command imports it; it imports none of them (the runner on use).
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ import threading
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Generic, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TextIO, TypeVar
 
 import attrs
 import trio
 
 from navi_trio.errors import ConfigError
+from navi_trio.errors import UsageError as UsageError
 from navi_trio.llm.factory import (
     BACKENDS,
     LOCAL_PROFILE,
@@ -27,16 +28,15 @@ from navi_trio.llm.factory import (
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
 
+if TYPE_CHECKING:
+    from navi_trio.cli.runner import RunTarget
+
 T = TypeVar("T")
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
 DEBUG_HINT = "(run with NAVI_DEBUG=1 for the traceback)"
-
-
-class UsageError(Exception):
-    """Bad command-line arguments (argparse's own exit is replaced by this)."""
 
 
 class InThread(Generic[T]):
@@ -117,6 +117,25 @@ def llm_settings(
     if choice.note:
         print(f"navi: {choice.note}", file=err, flush=True)
     return choice.settings
+
+
+# Options that configure an embedded runtime: a daemon has its own.
+EMBEDDED_OPTIONS = ("db", "config", "llm_url", "backend", "local", "model_file")
+
+
+def run_target(args: argparse.Namespace, settings: Settings) -> RunTarget:
+    """Where `navi run` and `navi mcp serve` send a turn (`RunTarget`); --url with an
+    embedded-runtime option is refused."""
+    from navi_trio.cli.runner import RunTarget
+
+    explicit = args.url is not None
+    embedded = [o for o in EMBEDDED_OPTIONS if getattr(args, o, None) not in (None, False)]
+    if explicit and embedded:
+        names = ", ".join("--" + o.replace("_", "-") for o in embedded)
+        raise UsageError(
+            f"--url runs the turn in the daemon, which has its own settings: drop {names} or --url"
+        )
+    return RunTarget(args.url, args.token, settings.data_dir, bool(embedded))
 
 
 def config_source(settings: Settings) -> ConfigSource:

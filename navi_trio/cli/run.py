@@ -9,7 +9,7 @@ Two ways to reach the actor, with the same output (the plain answer, or with
   then the session's frames until this run's ``stream_end``). The daemon owns the run
   and its background jobs: they go on after `navi run` exits, and their notes reach the
   session's next turn. `--url` asks for a daemon (none answering is an error); without
-  it the local one (`DEFAULT_URL`) is tried when a token is at hand (`--token`,
+  it the local one (`api.remote.DEFAULT_URL`) is tried when a token is at hand (`--token`,
   ``NAVI_TOKEN`` or the token file a local `navi serve` writes);
 - else **an embedded runtime** in this process: ``rt.sessions.get(id)``, subscribe,
   ``send_message``. It holds the session's lease while it runs and waits for the
@@ -17,6 +17,10 @@ Two ways to reach the actor, with the same output (the plain answer, or with
 
 `--db`, `--config`, `--llm-url` and `--backend` configure an embedded runtime (a daemon
 has its own), so giving one of them means "in this process".
+
+The turn is sent and followed by the runner (cli/runner.py, shared with `navi mcp
+serve`); this module is the command: its arguments, what it prints (`_Printer`), the
+stop signals and the approval prompt, and the exit code.
 
 The first Ctrl-C, SIGTERM or SIGHUP stops the run cleanly (in the daemon: a ``stop``
 frame, then the run's ``stream_end`` is awaited); a second one quits at once.
@@ -37,34 +41,32 @@ import json
 import os
 import signal
 import sys
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import attrs
 import trio
 
-from navi_trio.api.protocol import Frame, encode
-from navi_trio.api.remote import (
-    DEFAULT_URL,
-    DaemonUnreachableError,
-    RemoteError,
-    daemon_answers,
-    receive_frame,
-)
-from navi_trio.cli_common import (
+from navi_trio.cli.common import (
     DEBUG_HINT,
     EXIT_ERROR,
     EXIT_OK,
     InThread,
-    UsageError,
     config_source,
     llm_settings,
     load_settings,
     one_line,
+    run_target,
 )
-from navi_trio.errors import ConfigError, NotFoundError, StoreError
+from navi_trio.cli.runner import (
+    RemoteRun,
+    RunRequest,
+    follow_in_runtime,
+    follow_remote,
+    new_session_id,
+)
+from navi_trio.errors import ConfigError, StoreError, UsageError
 from navi_trio.events import (
     AgentEvent,
     ErrorEvent,
@@ -77,22 +79,10 @@ from navi_trio.llm.factory import make_backend, make_client
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
 from navi_trio.tools.sandbox import sandbox_available
+from navi_trio.wire import Frame
 
 if TYPE_CHECKING:
-    from navi_trio.core.session_actor import SessionActor
     from navi_trio.core.task_supervisor import Job, TaskSupervisor
-    from navi_trio.runtime import Runtime
-
-PROBE_TIMEOUT = 1.0  # is the local daemon there? (a refused connection answers at once)
-CONNECT_TIMEOUT = 5.0
-MAX_FRAME = 64 * 1024 * 1024
-# Options that configure an embedded runtime: a daemon has its own.
-_EMBEDDED_OPTIONS = ("db", "config", "llm_url", "backend", "local", "model_file")
-_RUN_ID = "run"
-
-
-def new_session_id() -> str:
-    return "s-" + uuid.uuid4().hex[:12]
 
 
 @attrs.define
@@ -234,34 +224,6 @@ class _Printer:
                 outcome.error = message
 
 
-@attrs.frozen
-class RunRequest:
-    """One `navi run`, checked: what to send and how to show it."""
-
-    session_id: str
-    text: str
-    cwd: Path
-    profile: str | None
-    as_json: bool
-    mode: str | None = None
-    # --cwd given: always sent. Else the shell's folder is sent for an admin only: an
-    # ordinary user's cwd must lie inside their workspace_roots (README "Safety").
-    cwd_given: bool = True
-
-
-class FrameSink(Protocol):
-    """Where a followed run's session frames go (`navi run` prints them; mcp_serve.py
-    turns them into progress and an answer)."""
-
-    def show(self, frame: Frame) -> bool:
-        """Take one session frame; True at this run's top-level stream_end."""
-        ...
-
-
-# (approve, scope) for an approval_request frame.
-Approver = Callable[[Frame], Awaitable[tuple[bool, str]]]
-
-
 def _ask_line(prompt: str) -> str:
     """Blocking: one answer typed on the terminal (run in a worker thread)."""
     print(prompt, end="", file=sys.stderr, flush=True)
@@ -323,80 +285,6 @@ async def _wait_for_background(
         jobs = running()
 
 
-async def _follow(
-    actor: SessionActor,
-    req: RunRequest,
-    sink: FrameSink,
-    on_sent: Callable[[], object],
-    on_approval: Callable[[Frame], None],
-) -> None:
-    """Send the message to the actor and show its frames until this run ends.
-
-    `on_sent` runs right after the message went in: from then on `actor.stop` stops it.
-    """
-    from navi_trio.core.agent import UserMessage
-
-    last: int | None = None
-    sent = False
-    while True:
-        # Live frames first; after being cut off for lagging, from the last one shown.
-        with actor.subscribe(last, actor.epoch if last is not None else None) as sub:
-            if not sent:
-                # The person at this shell owns the machine: the local admin.
-                actor.send_message(
-                    UserMessage(
-                        req.text, cwd=req.cwd, profile_id=req.profile, user_role="admin",
-                        mode=req.mode,
-                    )
-                )  # fmt: skip
-                sent = True
-                on_sent()
-            async for frame in sub.frames:
-                if isinstance(frame.get("seq"), int):
-                    last = frame["seq"]
-                if frame.get("type") == "approval_request":
-                    on_approval(frame)
-                if sink.show(frame):
-                    return
-        if sub.lagged is None:
-            return  # the actor closed the subscription: the runtime is shutting down
-
-
-async def follow_in_runtime(
-    rt: Runtime,
-    req: RunRequest,
-    sink: FrameSink,
-    decide: Approver,
-    on_sent: Callable[[Callable[[], object]], object] = lambda stop: None,
-    after: Callable[[], Awaitable[None]] | None = None,
-) -> None:
-    """Run `req` in a session actor of the runtime `rt`, showing its frames on `sink`.
-
-    The lease before anything reads the session: another process may run it. The
-    actor's run takes it too (holds nest); this one also covers `after` (navi run's
-    wait for the background jobs, which belong to its process). `on_sent(stop)` gets
-    the actor's stop once the message went in; `decide` answers approval requests.
-    """
-
-    async def answer(frame: Frame) -> None:
-        approve, scope = await decide(frame)
-        with contextlib.suppress(NotFoundError):  # timed out or stopped meanwhile
-            await rt.approvals.answer(
-                req.session_id, str(frame["call_id"]), approve=approve, scope=scope
-            )
-
-    async with trio.open_nursery() as nursery:
-        async with rt.agent.leases.hold(req.session_id):
-            actor = await rt.sessions.get(req.session_id)
-            await _follow(
-                actor, req, sink, lambda: on_sent(actor.stop),
-                lambda f: nursery.start_soon(answer, f),
-            )  # fmt: skip
-            if after is not None:
-                await after()
-        nursery.cancel_scope.cancel()
-
-
 async def run_embedded(
     settings: Settings, source: ConfigSource, req: RunRequest, out: TextIO, err: TextIO
 ) -> RunOutcome:
@@ -439,127 +327,10 @@ async def run_embedded(
 # ------------------------------------------------------------------ through the daemon
 
 
-@attrs.define(eq=False)
-class RemoteRun:
-    """Follows one message of ours through the daemon's frames of the session."""
-
-    req: RunRequest
-    sink: FrameSink
-    err: TextIO  # where the notes on a queued message go
-    stop_wanted: trio.Event = attrs.field(factory=trio.Event)
-    # Set once the first frame after our message says whether it runs or waits.
-    known: trio.Event = attrs.field(factory=trio.Event)
-    started: bool = False  # our run's frames are coming (not a run ahead of ours)
-    on_approval: Callable[[Frame], None] = lambda frame: None
-    ahead: int | None = None  # runs to wait for when our message was queued
-    finished: bool = False
-    abandoned: bool = False  # stopped while queued: the message stays in the daemon
-
-    def stop(self) -> None:
-        self.stop_wanted.set()
-
-    def frame(self, frame: Frame) -> None:
-        kind = frame.get("type")
-        if kind == "error" and "seq" not in frame:  # a refused request, not an event
-            raise RemoteError(str(frame.get("code", "?")), str(frame.get("message", frame)))
-        if frame.get("session_id") != self.req.session_id or "seq" not in frame:
-            return  # replies, task_update (out-of-band), lagged (the daemon resubscribes)
-        if frame["seq"] is None:
-            return
-        if not self.started:
-            if self.ahead is None and kind == "message_queued":
-                # The first frame after our message: it waits behind `position` runs.
-                self.ahead = int(frame.get("position", 1))
-                self.known.set()
-                _say(self.err, f"navi: the session is busy: message queued (#{self.ahead})")
-                return
-            if self.ahead:
-                if kind == "stream_end" and not frame.get("is_subagent"):
-                    self.ahead -= 1
-                return
-            self.started = True
-            self.known.set()
-        if kind == "approval_request":
-            self.on_approval(frame)
-        self.finished = self.sink.show(frame)
-
-
-async def follow_remote(
-    url: str,
-    token: str,
-    run: RemoteRun,
-    decide: Approver,
-    on_welcome: Callable[[], object] = lambda: None,
-) -> None:
-    """Send `run.req` to the daemon at `url` and follow it until its stream_end.
-
-    `run.stop()` sends a ``stop`` (once the run is ours, not one ahead of it; while our
-    message is queued it gives up and leaves the message queued). Failures to reach the
-    daemon are `DaemonUnreachableError`, refusals `RemoteError`.
-    """
-    from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
-
-    req, err = run.req, run.err
-    try:
-        async with open_websocket_url(
-            url, connect_timeout=CONNECT_TIMEOUT, max_message_size=MAX_FRAME
-        ) as ws, trio.open_nursery() as nursery:  # fmt: skip
-            await ws.send_message(encode({"type": "hello", "token": token}))
-            welcome = await receive_frame(ws)
-            if welcome.get("type") != "welcome":
-                run.frame(welcome)  # the error frame: raises
-            on_welcome()
-
-            async def send_stop() -> None:
-                await run.stop_wanted.wait()
-                await run.known.wait()  # a stop must not hit the run ahead of ours
-                if not run.started:  # queued behind another run: not ours to stop
-                    _say(err, "navi: the message stays queued in the daemon")
-                    run.abandoned = True
-                    nursery.cancel_scope.cancel()
-                    return
-                await ws.send_message(encode({"type": "stop", "session_id": req.session_id}))
-
-            message: Frame = {"type": "message", "id": _RUN_ID, "content": req.text,
-                              "session_id": req.session_id}  # fmt: skip
-            role = (welcome.get("user") or {}).get("role")
-            if req.cwd_given or role == "admin":
-                message["cwd"] = str(req.cwd)
-            if req.profile is not None:
-                message["profile"] = req.profile
-            if req.mode is not None:
-                message["mode"] = req.mode
-
-            async def answer(frame: Frame) -> None:
-                approve, scope = await decide(frame)
-                await ws.send_message(encode({
-                    "type": "approve" if approve else "deny", "session_id": req.session_id,
-                    "call_id": frame["call_id"], "scope": scope,
-                }))  # fmt: skip
-
-            run.on_approval = lambda f: nursery.start_soon(answer, f)
-            await ws.send_message(encode(message))
-            nursery.start_soon(send_stop)
-            while not run.finished:
-                run.frame(await receive_frame(ws))
-            nursery.cancel_scope.cancel()
-    except (OSError, HandshakeError) as exc:
-        detail = one_line(str(exc))
-        raise DaemonUnreachableError(
-            f"no daemon answers at {url}: start one with `navi serve`"
-            + (f" ({detail})" if detail else "")
-        ) from None
-    except ConnectionClosed:
-        raise DaemonUnreachableError(
-            f"the daemon at {url} closed the connection before the run ended: "
-            f"`navi sessions history {req.session_id}` shows what it saved"
-        ) from None
-
-
 async def run_remote(url: str, token: str, req: RunRequest, out: TextIO, err: TextIO) -> RunOutcome:
     outcome = RunOutcome()
     printer = _Printer(req.as_json, outcome, out, err)
-    run = RemoteRun(req, printer, err)
+    run = RemoteRun(req, printer, say=lambda line: _say(err, line))
     with trio.CancelScope() as outer, trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         stopper = _StopHandler(outcome, outer, err, run.stop)
         async with trio.open_nursery() as nursery:
@@ -572,44 +343,6 @@ async def run_remote(url: str, token: str, req: RunRequest, out: TextIO, err: Te
     if (outer.cancelled_caught or run.abandoned) and outcome.signal is None:
         outcome.signal = signal.SIGINT
     return outcome
-
-
-@attrs.frozen
-class RunTarget:
-    """Where runs go: the daemon asked for (`url`), else the local one when it answers
-    and a token is at hand, else this process (`daemon()` is None)."""
-
-    url: str | None  # --url: that daemon, none answering is an error
-    token: str | None  # --token
-    data_dir: Path
-    embedded: bool  # an option configures a runtime in this process
-
-    async def daemon(self) -> tuple[str, str] | None:
-        """(url, token) of the daemon to run in, or None for an embedded runtime."""
-        from navi_trio.api.auth import read_local_token, resolve_token
-
-        if self.url is not None:
-            return self.url, resolve_token(self.token, self.data_dir, dict(os.environ))
-        if self.embedded:
-            return None
-        token = self.token or os.environ.get("NAVI_TOKEN") or read_local_token(self.data_dir)
-        if not token:
-            return None  # no local daemon ever wrote its token here: do not even look
-        if not await daemon_answers(DEFAULT_URL, PROBE_TIMEOUT):
-            return None
-        return DEFAULT_URL, token
-
-
-def run_target(args: argparse.Namespace, settings: Settings) -> RunTarget:
-    """The `RunTarget` of the options; --url with an embedded-runtime option is refused."""
-    explicit = args.url is not None
-    embedded = [o for o in _EMBEDDED_OPTIONS if getattr(args, o, None) not in (None, False)]
-    if explicit and embedded:
-        names = ", ".join("--" + o.replace("_", "-") for o in embedded)
-        raise UsageError(
-            f"--url runs the turn in the daemon, which has its own settings: drop {names} or --url"
-        )
-    return RunTarget(args.url, args.token, settings.data_dir, bool(embedded))
 
 
 def daemon_target(args: argparse.Namespace, settings: Settings) -> tuple[str, str] | None:

@@ -6,7 +6,7 @@
 `list` starts every enabled server of the config briefly (initialize + list of tools, at
 most its timeout_sec), prints one line per server and its tools, and stops them; exit 1
 when an enabled server did not start. `serve` is navi_trio as an MCP server on stdio
-(mcp_serve.py): another agent calls its `ask` and `sessions` tools. The MCP SDK is
+(cli/mcp_server.py): another agent calls its `ask` and `sessions` tools. The MCP SDK is
 imported only when a subcommand runs, so `navi run` does not pay for it. Each
 subcommand is one entry of `COMMANDS`.
 """
@@ -68,7 +68,7 @@ def cmd_mcp(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def cmd_mcp_list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     import trio
 
-    from navi_trio.cli_common import EXIT_OK, load_settings
+    from navi_trio.cli.common import EXIT_OK, load_settings
     from navi_trio.errors import NaviError
     from navi_trio.profiles import load_config
     from navi_trio.tools.mcp import probe
@@ -98,10 +98,9 @@ def cmd_mcp_list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def cmd_mcp_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     import trio
 
-    from navi_trio.cli_common import EXIT_OK, llm_given, load_settings
-    from navi_trio.cli_run import run_target
+    from navi_trio.cli.common import EXIT_OK, llm_given, load_settings, run_target
+    from navi_trio.cli.mcp_server import ServeOptions, serve
     from navi_trio.llm.factory import backend_configured
-    from navi_trio.mcp_serve import ServeOptions, serve
 
     settings = load_settings(args)
     options = ServeOptions(

@@ -5,16 +5,26 @@
     navi run [--session ID] [--profile P] [--cwd DIR] [--events] [--local] ... "message"
     navi compact --session ID [--db PATH] [--config PATH] [--llm-url URL] [--backend B]
     navi chat [--url URL] [--session ID] [--profile P] [--token T] [--local [--model-file PATH]]
-    navi serve | users | sessions | tasks        (the daemon: see cli_daemon.py)
-    navi mcp list [--config PATH]                (MCP servers: see cli_mcp.py)
+    navi serve | users | sessions | tasks        (the daemon: see cli/daemon.py)
+    navi mcp list [--config PATH]                (MCP servers: see cli/mcp.py)
     navi mcp serve [--url URL] [--profile P] [--mode M] ...   (navi as an MCP server)
 
 `main` parses the arguments, runs the subcommand under `trio.run` and turns every
 failure into one line ``navi: error: ...`` on stderr and a non-zero exit code (1; 128 +
 the signal when a run was stopped by Ctrl-C, SIGTERM or SIGHUP). A traceback is printed
 only with ``NAVI_DEBUG=1``: the person at the shell needs the reason, not our stack.
-Each subcommand is one entry of `_COMMANDS`; `run` lives in cli_run.py, the daemon's
-commands in cli_daemon.py, and what they all share in cli_common.py.
+Each subcommand is one entry of `_COMMANDS`, and each family of them a module of this
+package, imported when its command runs (`navi --help` stays light):
+
+    common      exit codes, settings from the options, where a turn goes: shared by all
+    run         `navi run`: its output, stop signals, approval prompts, exit code
+    runner      one turn sent and followed, in the daemon or in this process (a library:
+                `navi run` and `navi mcp serve` use it)
+    compact     `navi compact`
+    chat        `navi chat` (the terminal client is navi_trio/client/)
+    daemon      `navi serve | users | sessions | tasks`; serve: the daemon's life
+    mcp         `navi mcp list | serve`; mcp_server, mcp_progress: navi as an MCP server
+    doctor      `navi doctor`'s report (the command itself is `cmd_doctor` below)
 """
 
 from __future__ import annotations
@@ -33,27 +43,25 @@ import trio
 
 from navi_trio import __version__
 from navi_trio.api.remote import DEFAULT_URL
-from navi_trio.cli_common import DEBUG_HINT as _DEBUG_HINT
-from navi_trio.cli_common import EXIT_ERROR as EXIT_ERROR
-from navi_trio.cli_common import EXIT_INTERRUPTED as EXIT_INTERRUPTED
-from navi_trio.cli_common import EXIT_OK as EXIT_OK
-from navi_trio.cli_common import UsageError as UsageError
-from navi_trio.cli_common import config_source as config_source
-from navi_trio.cli_common import llm_given
-from navi_trio.cli_common import llm_settings as llm_settings
-from navi_trio.cli_common import load_settings as load_settings
-from navi_trio.cli_common import one_line as one_line
-from navi_trio.cli_daemon import COMMANDS as DAEMON_COMMANDS
-from navi_trio.cli_daemon import add_parsers as add_daemon_parsers
-from navi_trio.cli_mcp import add_mcp_parser, cmd_mcp
+from navi_trio.cli.chat import serve_args_for_chat as serve_args_for_chat
+from navi_trio.cli.common import DEBUG_HINT as _DEBUG_HINT
+from navi_trio.cli.common import EXIT_ERROR as EXIT_ERROR
+from navi_trio.cli.common import EXIT_INTERRUPTED as EXIT_INTERRUPTED
+from navi_trio.cli.common import EXIT_OK as EXIT_OK
+from navi_trio.cli.common import UsageError as UsageError
+from navi_trio.cli.common import config_source as config_source
+from navi_trio.cli.common import llm_given
+from navi_trio.cli.common import llm_settings as llm_settings
+from navi_trio.cli.common import load_settings as load_settings
+from navi_trio.cli.common import one_line as one_line
+from navi_trio.cli.daemon import COMMANDS as DAEMON_COMMANDS
+from navi_trio.cli.daemon import add_parsers as add_daemon_parsers
+from navi_trio.cli.mcp import add_mcp_parser, cmd_mcp
 from navi_trio.errors import NaviError
-from navi_trio.events import ErrorEvent
 from navi_trio.llm.factory import (
     BACKENDS,
     backend_configured,
 )
-from navi_trio.profiles import ConfigSource
-from navi_trio.settings import Settings
 
 
 class _Parser(argparse.ArgumentParser):
@@ -157,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     # Imported here: the doctor pulls in much that `navi run` / `navi serve` do not need.
-    from navi_trio.doctor import collect_doctor, print_doctor
+    from navi_trio.cli.doctor import collect_doctor, print_doctor
 
     settings = load_settings(args)
     configured = backend_configured(os.environ, given=llm_given(args))
@@ -176,95 +184,27 @@ def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """`navi run`: through the daemon or an embedded runtime (cli_run.py)."""
-    from navi_trio.cli_run import cmd_run as run
+    """`navi run`: through the daemon or an embedded runtime (cli/run.py)."""
+    from navi_trio.cli.run import cmd_run as run
 
     return run(args, out, err)
 
 
-# ------------------------------------------------------------------------- compact
-
-
-async def compact_session(
-    settings: Settings, source: ConfigSource, session_id: str, out: TextIO
-) -> str | None:
-    """Forced compression of one session; prints what it did. Returns an error or None."""
-    from navi_trio.events import CompressionStarted, ContextCompressed
-    from navi_trio.runtime import open_runtime
-
-    async with open_runtime(settings, config=source) as rt:
-        if await rt.store.get_session(session_id) is None:
-            raise UsageError(f"unknown session {session_id[:64]!r} (in {settings.db_path})")
-        error: str | None = None
-        async with rt.agent.compact_stream(session_id) as events:
-            async for event in events:
-                if isinstance(event, CompressionStarted):
-                    print(f"compacting session {session_id} (~{event.tokens_before} tokens)…",
-                          file=out, flush=True)  # fmt: skip
-                elif isinstance(event, ContextCompressed):
-                    print(
-                        f"compacted: {event.messages_summarised} older messages summarised, "
-                        f"~{event.tokens_before} -> ~{event.tokens_after} tokens",
-                        file=out,
-                        flush=True,
-                    )
-                elif isinstance(event, ErrorEvent):
-                    error = one_line(event.message)
-    return error
+# ------------------------------------------------------------------------- compact, chat
 
 
 def cmd_compact(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    if not args.session.strip():
-        raise UsageError("--session is empty")
-    settings = llm_settings(args, err)
-    source = config_source(settings)
-    error = trio.run(compact_session, settings, source, args.session, out)
-    if error is not None:
-        print(f"navi: error: compacting failed, the context was left as it was: {error}",
-              file=err)  # fmt: skip
-        return EXIT_ERROR
-    return EXIT_OK
+    """`navi compact` (cli/compact.py)."""
+    from navi_trio.cli.compact import cmd_compact as compact
 
-
-# ------------------------------------------------------------------------- chat
-
-
-def serve_args_for_chat(args: argparse.Namespace, err: TextIO) -> list[str]:
-    """The backend options of the daemon `navi chat` is about to start.
-
-    `--local` is passed on; with nothing configured the choice is made here, so its one
-    line shows in this terminal (not in the daemon's log), and passed on explicitly.
-    """
-    settings = llm_settings(args, err)
-    if settings.llm_backend == "local":
-        from navi_trio.llm.local import resolve_model_file
-
-        resolve_model_file(settings.model_file)  # a missing extra or file: say so here
-        extra = ["--model-file", str(settings.model_file)] if args.model_file else []
-        return ["--local", *extra]
-    if llm_given(args) or backend_configured(os.environ, given=False):
-        return []  # configured in the environment: the daemon inherits it
-    return ["--backend", "ollama"]
+    return compact(args, out, err)
 
 
 def cmd_chat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.client.daemon import daemon_needed
-    from navi_trio.client.main import chat
+    """`navi chat` (cli/chat.py)."""
+    from navi_trio.cli.chat import cmd_chat as chat
 
-    settings = Settings.from_env(os.environ)
-    serve_args: list[str] = []
-    if trio.run(daemon_needed, args.url):
-        serve_args = serve_args_for_chat(args, err)
-    return chat(
-        url=args.url,
-        data_dir=settings.data_dir,
-        session_id=args.session,
-        profile=args.profile,
-        token=args.token,
-        err=err,
-        serve_args=serve_args,
-        want_backend="local" if args.local else None,
-    )
+    return chat(args, out, err)
 
 
 # ------------------------------------------------------------------------- main

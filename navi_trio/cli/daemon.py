@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 import trio
 
+from navi_trio import wire
 from navi_trio.api.remote import DEFAULT_URL
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -103,8 +104,8 @@ def _is_loopback(host: str) -> bool:
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.cli_common import UsageError, config_source, llm_settings
-    from navi_trio.daemon import serve_daemon
+    from navi_trio.cli.common import UsageError, config_source, llm_settings
+    from navi_trio.cli.serve import serve_daemon
 
     if not _is_loopback(args.host):
         if not args.allow_remote:
@@ -139,7 +140,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_users(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.cli_common import UsageError, load_settings
+    from navi_trio.cli.common import UsageError, load_settings
 
     if args.action != "list" and not args.name:
         raise UsageError(f"users {args.action} needs a NAME")
@@ -194,14 +195,11 @@ def _call(args: argparse.Namespace, frame: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.cli_common import UsageError
+    from navi_trio.cli.common import UsageError
 
     if args.action != "list" and not args.session_id:
         raise UsageError(f"sessions {args.action} needs a session ID")
-    frame: dict[str, Any] = {"type": "sessions", "action": args.action}
-    if args.session_id:
-        frame["session_id"] = args.session_id
-    reply = _call(args, frame)
+    reply = _call(args, wire.sessions(args.action, args.session_id))
     if args.json:
         print(json.dumps(reply), file=out)
     elif args.action == "list":
@@ -221,16 +219,11 @@ def cmd_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_tasks(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.cli_common import UsageError
+    from navi_trio.cli.common import UsageError
 
     if args.action != "list" and not args.task_id:
         raise UsageError(f"tasks {args.action} needs a task ID")
-    frame: dict[str, Any] = {"type": "tasks", "action": args.action}
-    if args.session:
-        frame["session_id"] = args.session
-    if args.task_id:
-        frame["task_id"] = args.task_id
-    reply = _call(args, frame)
+    reply = _call(args, wire.tasks(args.action, args.session, args.task_id))
     if args.json:
         print(json.dumps(reply), file=out)
     elif args.action == "list":

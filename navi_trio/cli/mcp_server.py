@@ -10,11 +10,12 @@ Another agent (Claude Code, Codex …) starts it and calls two tools:
 - ``sessions`` (optional limit): the newest sessions with their title (else the first
   message), profile and last update.
 
-Each call goes where `navi run` would send it (`cli_run.RunTarget`): the daemon asked for
+Each call goes where `navi run` would send it (`cli/runner.py RunTarget`): the daemon asked for
 with --url, else the local daemon when it answers, else a runtime in this process,
 opened at the first such call and kept until the server exits (so a turn's background
 jobs go on between calls; they end with the server). The run itself is followed with
-the same code as `navi run` (`follow_in_runtime`, `follow_remote`).
+the same runner as `navi run` (`follow_in_runtime`, `follow_remote`); what one call
+shows and how it stops is cli/mcp_ask.py.
 
 A cancelled call (the client's ``notifications/cancelled``, or the server shutting down)
 stops the run as Ctrl-C stops `navi run`: the stopped turn is saved, waited for at
@@ -31,7 +32,6 @@ import os
 import signal
 import sys
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -44,11 +44,19 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
-from navi_trio import __version__
-from navi_trio.api.protocol import Frame
+from navi_trio import __version__, wire
 from navi_trio.api.remote import request
-from navi_trio.cli_common import UsageError, config_source, one_line
-from navi_trio.cli_run import (
+from navi_trio.cli.common import config_source
+from navi_trio.cli.mcp_ask import (
+    STOP_GRACE,
+    AskFeed,
+    ProgressPump,
+    Stopper,
+    cut,
+    follow_stopping_on_cancel,
+    one_error,
+)
+from navi_trio.cli.runner import (
     RemoteRun,
     RunRequest,
     RunTarget,
@@ -56,149 +64,20 @@ from navi_trio.cli_run import (
     follow_remote,
     new_session_id,
 )
-from navi_trio.errors import ConfigError, NaviError
-from navi_trio.events import (
-    ErrorEvent,
-    StreamEnd,
-    SubagentStarted,
-    TextDelta,
-    ToolStarted,
-    WarningEvent,
-    event_from_dict,
-)
+from navi_trio.errors import ConfigError, NaviError, UsageError
 from navi_trio.llm.factory import choose_backend
 from navi_trio.settings import Settings
 from navi_trio.store.sqlite import SQLiteStore, check_session_id
+from navi_trio.wire import Frame
 
 if TYPE_CHECKING:
     from navi_trio.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
-PROGRESS_INTERVAL = 0.5  # seconds between two progress notifications of one call
-PROGRESS_LIMIT = 200  # notifications per call; the rest is dropped
-STEPS_WAITING = 20  # steps kept while the client reads slowly (the oldest go first)
-LINE_MAX = 300  # characters of one progress message
-STOP_GRACE = 10.0  # seconds a cancelled call waits for its run to stop and save
 SESSIONS_DEFAULT = 20
 SESSIONS_MAX = 200
 TITLE_MAX = 120
-
-
-def _cut(text: str, limit: int = LINE_MAX) -> str:
-    text = one_line(text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-# ------------------------------------------------------------------ progress
-
-
-@attrs.define(eq=False)
-class ProgressPump:
-    """Sends one call's progress: waiting steps joined, else the newest answer text.
-
-    `step` and `text` are synchronous (called from the frame loop); `run` sends, at
-    most one notification per `interval` and `limit` in all; `finish` makes `run` send
-    what still waits at once and return.
-    """
-
-    report: Callable[[float, str], Awaitable[None]]
-    interval: float = PROGRESS_INTERVAL
-    limit: int = PROGRESS_LIMIT
-    steps: deque[str] = attrs.field(factory=lambda: deque(maxlen=STEPS_WAITING))
-    tail: str = ""  # the end of the answer so far
-    text_new: bool = False
-    sent: int = 0
-    _closing: trio.Event = attrs.field(factory=trio.Event)
-    _wake: trio.Event = attrs.field(factory=trio.Event)
-
-    def step(self, line: str) -> None:
-        self.steps.append(_cut(line))
-        self._wake.set()
-
-    def text(self, delta: str) -> None:
-        self.tail = (self.tail + delta)[-LINE_MAX:]
-        self.text_new = True
-        self._wake.set()
-
-    def finish(self) -> None:
-        self._closing.set()
-        self._wake.set()
-
-    def _next(self) -> str | None:
-        if self.steps:
-            line = " | ".join(self.steps)
-            self.steps.clear()
-            return _cut(line)
-        if self.text_new:
-            self.text_new = False
-            return "answer: " + _cut(self.tail)
-        return None
-
-    async def run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            while self.sent < self.limit and (line := self._next()) is not None:
-                self.sent += 1
-                await self.report(float(self.sent), line)
-                with trio.move_on_after(self.interval):  # the rate limit, cut by `finish`
-                    await self._closing.wait()
-            if self._closing.is_set():
-                return
-
-
-# ------------------------------------------------------------------ one ask
-
-
-@attrs.define(eq=False)
-class AskFeed:
-    """The frame sink of one ask: keeps the answer, turns steps into progress."""
-
-    pump: ProgressPump
-    since_tool: list[str] = attrs.field(factory=list)  # top-level text after the last call
-    end: StreamEnd | None = None
-    error: str | None = None
-    notes: list[str] = attrs.field(factory=list)
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
-        self.pump.step(text)
-
-    def show(self, frame: Frame) -> bool:
-        if frame.get("type") == "resync":
-            return False  # some frames were skipped: the answer comes whole in stream_end
-        event = event_from_dict({k: v for k, v in frame.items() if k != "epoch"})
-        top = not event.is_subagent
-        who = "" if top else f"[{event.agent_id or 'sub-agent'}] "
-        if isinstance(event, TextDelta) and top:
-            self.since_tool.append(event.text)
-            self.pump.text(event.text)
-        elif isinstance(event, ToolStarted):
-            if top:
-                self.since_tool.clear()
-            self.pump.step(f"{who}tool {event.name} {_arguments(event.arguments)}")
-        elif isinstance(event, SubagentStarted):
-            self.pump.step(f"{who}sub-agent ({event.profile_id}): {event.task}")
-        elif isinstance(event, WarningEvent):
-            self.note(f"warning: {who}{one_line(event.message)}")
-        elif isinstance(event, ErrorEvent) and top:
-            self.error = one_line(event.message)
-        elif isinstance(event, StreamEnd) and top:
-            self.end = event
-            return True
-        return False
-
-    @property
-    def answer(self) -> str:
-        if self.end is not None and self.end.text:
-            return self.end.text
-        return "".join(self.since_tool)
-
-
-def _arguments(arguments: dict[str, Any]) -> str:
-    parts = [f"{k}={v!r}" for k, v in arguments.items()]
-    return _cut(", ".join(parts), 200)
 
 
 class AskResult(BaseModel):
@@ -218,67 +97,6 @@ class SessionInfo(BaseModel):
 
 class SessionList(BaseModel):
     sessions: list[SessionInfo] = Field(description="newest first")
-
-
-@attrs.define(eq=False)
-class _Stopper:
-    """Stops the run when the call is cancelled, as soon as there is a run to stop."""
-
-    wanted: bool = False
-    action: Callable[[], object] | None = None
-
-    def switch(self, action: Callable[[], object]) -> None:
-        self.action = action
-        if self.wanted:
-            action()
-
-    def want(self) -> None:
-        self.wanted = True
-        if self.action is not None:
-            self.action()
-
-
-async def follow_stopping_on_cancel(
-    follow: Callable[[_Stopper], Awaitable[None]], grace: float = STOP_GRACE
-) -> None:
-    """Run `follow` shielded from the caller's cancellation; when that comes, stop the
-    run and give it `grace` seconds to end (its stopped turn saved). The cancellation
-    then goes on as usual."""
-    stopper = _Stopper()
-    shield = trio.CancelScope(shield=True)
-    done = False
-    async with trio.open_nursery() as nursery:
-
-        async def watch() -> None:
-            try:
-                await trio.sleep_forever()
-            finally:
-                if not done:  # the caller was cancelled (or `follow` failed)
-                    stopper.want()
-                    shield.deadline = trio.current_time() + grace
-
-        nursery.start_soon(watch)
-        with shield:
-            await follow(stopper)
-        done = True
-        nursery.cancel_scope.cancel()
-
-
-def _one_error(group: BaseExceptionGroup[Any]) -> BaseException | None:
-    """The single expected leaf of a group from a nursery, else None."""
-    leaves: list[BaseException] = []
-
-    def walk(exc: BaseException) -> None:
-        if isinstance(exc, BaseExceptionGroup):
-            for sub in exc.exceptions:
-                walk(sub)
-        else:
-            leaves.append(exc)
-
-    walk(group)
-    if len(leaves) == 1 and isinstance(leaves[0], NaviError | UsageError):
-        return leaves[0]
-    return None
 
 
 # ------------------------------------------------------------------ the bridge
@@ -365,10 +183,10 @@ class NaviBridge:
     ) -> CallToolResult:
         try:
             return await self._ask(message, session_id, profile, cwd, report)
-        except (NaviError, UsageError) as exc:
+        except NaviError as exc:
             raise ToolError(str(exc)) from None
         except BaseExceptionGroup as group:
-            leaf = _one_error(group)
+            leaf = one_error(group)
             if leaf is None:
                 raise
             raise ToolError(str(leaf)) from None
@@ -406,7 +224,7 @@ class NaviBridge:
 
     def _deny(self, feed: AskFeed) -> Callable[[Frame], Awaitable[tuple[bool, str]]]:
         async def deny(frame: Frame) -> tuple[bool, str]:
-            tool, summary = frame.get("tool", "?"), _cut(str(frame.get("summary", "")), 200)
+            tool, summary = frame.get("tool", "?"), cut(str(frame.get("summary", "")), 200)
             feed.note(
                 f"denied {tool} ({summary}): it needs approval ({frame.get('rule', '')}) and "
                 "nobody can approve it over MCP; allow it with a rule in the config, or run "
@@ -427,7 +245,7 @@ class NaviBridge:
             raise UsageError(_unknown_session(req.session_id))
         deny = self._deny(feed)
 
-        async def follow(stopper: _Stopper) -> None:
+        async def follow(stopper: Stopper) -> None:
             await follow_in_runtime(rt, req, feed, deny, on_sent=stopper.switch)
 
         async with self._turn(req.session_id):
@@ -437,13 +255,13 @@ class NaviBridge:
         self, url: str, token: str, req: RunRequest, feed: AskFeed, *, new: bool
     ) -> None:
         if not new:
-            listed = await request(url, token, {"type": "sessions", "action": "list"})
+            listed = await request(url, token, wire.sessions_list())
             if req.session_id not in {s.get("session_id") for s in listed["sessions"]}:
                 raise UsageError(_unknown_session(req.session_id))
-        run = RemoteRun(req, feed, sys.stderr)
+        run = RemoteRun(req, feed, say=lambda line: print(line, file=sys.stderr, flush=True))
         deny = self._deny(feed)
 
-        async def follow(stopper: _Stopper) -> None:
+        async def follow(stopper: Stopper) -> None:
             stopper.switch(run.stop)
             await follow_remote(url, token, run, deny)
 
@@ -458,7 +276,7 @@ class NaviBridge:
                 rows = await self._sessions_here(limit)
             else:
                 rows = await self._sessions_daemon(*daemon, limit)
-        except (NaviError, UsageError) as exc:
+        except NaviError as exc:
             raise ToolError(str(exc)) from None
         return SessionList(sessions=rows)
 
@@ -469,17 +287,13 @@ class NaviBridge:
             return await _listed(store, limit)
 
     async def _sessions_daemon(self, url: str, token: str, limit: int) -> list[SessionInfo]:
-        reply = await request(url, token, {"type": "sessions", "action": "list"})
+        reply = await request(url, token, wire.sessions_list())
         listed = sorted(reply["sessions"], key=lambda s: -float(s["updated_at"]))[:limit]
         found = []
         for s in listed:
             title = str(s.get("title") or "")
             if not title:
-                history = await request(
-                    url,
-                    token,
-                    {"type": "sessions", "action": "history", "session_id": s["session_id"]},
-                )
+                history = await request(url, token, wire.history(str(s["session_id"])))
                 title = _first_message(history.get("messages", []))
             found.append(_info(s["session_id"], title, s["profile"], float(s["updated_at"])))
         return found
@@ -505,7 +319,7 @@ def _info(session_id: str, title: str, profile: str, updated_at: float) -> Sessi
     updated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(updated_at))
     return SessionInfo(
         session_id=session_id,
-        title=_cut(title, TITLE_MAX),
+        title=cut(title, TITLE_MAX),
         profile=profile,
         updated=updated,
         updated_at=updated_at,
