@@ -84,7 +84,9 @@ async def test_a_message_to_a_session_leased_elsewhere_gets_one_error_and_the_co
                     await other.claim_lease(
                         "alice.S", owner="another-process", pid=os.getpid(), host=HOST, ttl=300
                     )
-                    await c.send({"type": "message", "content": "x", "session_id": "alice.S", "id": 7})
+                    await c.send(
+                        {"type": "message", "content": "x", "session_id": "alice.S", "id": 7}
+                    )
                     await c.send({"type": "sessions", "action": "list", "id": 8})
                     refused = await c.until(lambda f: f.get("id") == 7)
                     listed = await c.until(lambda f: f.get("id") == 8)
@@ -119,9 +121,13 @@ async def test_a_database_that_refuses_writes_refuses_the_message_with_storage(
             async with d.connect("alice") as c:
                 await c.request({"type": "sessions", "action": "create", "session_id": "alice.S"})
                 await store._run("read-only", lambda db: db.execute("PRAGMA query_only=1"))
-                refused = await c.request({"type": "message", "content": "x", "session_id": "alice.S"})
+                refused = await c.request(
+                    {"type": "message", "content": "x", "session_id": "alice.S"}
+                )
                 assert (refused["type"], refused["code"]) == ("error", "storage")
-                assert "cannot be written" in refused["message"] and "'alice.S'" in refused["message"]
+                assert (
+                    "cannot be written" in refused["message"] and "'alice.S'" in refused["message"]
+                )
                 # Reads go on.
                 history = await c.request(
                     {"type": "sessions", "action": "history", "session_id": "alice.S"}
@@ -167,7 +173,9 @@ async def test_a_message_not_stored_in_time_is_refused_and_never_runs(
             async with d.connect("alice") as c:
                 await c.request({"type": "sessions", "action": "create", "session_id": "alice.S"})
                 entered, gate = _hold_loading(d, "alice.S")
-                await c.send({"type": "message", "content": "late", "session_id": "alice.S", "id": 1})
+                await c.send(
+                    {"type": "message", "content": "late", "session_id": "alice.S", "id": 1}
+                )
                 await entered.wait()
                 live_clock.jump(accept_sec + 1)
                 refused = await c.until(lambda f: f.get("id") == 1)
@@ -182,11 +190,16 @@ async def test_a_message_not_stored_in_time_is_refused_and_never_runs(
                 end = await c.until(lambda f: f["type"] == "stream_end")
                 assert end["reason"] == "error"
                 assert await _history(d, "alice.S") == [] and d.harness.chat_requests == []
-                ok = await c.request({"type": "message", "content": "again", "session_id": "alice.S"})
+                ok = await c.request(
+                    {"type": "message", "content": "again", "session_id": "alice.S"}
+                )
                 assert ok["type"] == "ok"
                 await c.until(lambda f: f["type"] == "stream_end" and f["reason"] == "complete")
                 assert len(_replies_to(c, 1)) == 1
-            assert await _history(d, "alice.S") == [("user", "again"), ("assistant", "only the second")]
+            assert await _history(d, "alice.S") == [
+                ("user", "again"),
+                ("assistant", "only the second"),
+            ]
 
 
 async def test_a_queued_message_refused_for_a_late_store_leaves_no_row_and_never_runs(
@@ -215,7 +228,9 @@ async def test_a_queued_message_refused_for_a_late_store_leaves_no_row_and_never
                                          "session_id": "alice.S"}))["type"] == "ok"  # fmt: skip
                 await gate.entered.wait()
                 store.enqueue = late  # type: ignore[method-assign]
-                await c.send({"type": "message", "content": "late", "session_id": "alice.S", "id": 2})
+                await c.send(
+                    {"type": "message", "content": "late", "session_id": "alice.S", "id": 2}
+                )
                 await entered.wait()
                 assert _queued_keys(tmp_path) != []
                 live_clock.jump(accept_sec + 1)
