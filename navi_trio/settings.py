@@ -217,8 +217,11 @@ class Settings:
             name = field.metadata.get("env")
             if field.name in overrides or name is None or name not in env:
                 continue
-            if name == "NAVI_DB" and (field.name == "db_url") != is_db_url(env[name]):
-                continue  # a URL sets db_url, a path db_path
+            if name == "NAVI_DB" and (
+                (field.name == "db_url") != is_db_url(env[name])
+                or {"db_path", "db_url"} & overrides.keys()
+            ):
+                continue  # a URL sets db_url, a path db_path; either given (--db) wins
             values[field.name] = _convert(name, env[name], field.type)
         values.update(overrides)
         for field in attrs.fields(cls):

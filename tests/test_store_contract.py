@@ -165,9 +165,11 @@ async def test_append_n_then_m_adds_rows_and_never_rewrites_earlier_ones(backend
             assert len(after) == 8 and after[:5] == before
             assert await store.load_messages(sid) == first + more
             assert await store.load_context(sid) == first[:2] + more
-            cols = await backend.query("SELECT role, content, is_plan FROM messages ORDER BY position")
-            assert [(r, c, bool(p)) for r, c, p in cols][::5] == [("user", "m0", False),
-                                                                  ("assistant", "a0", True)]  # fmt: skip
+            cols = await backend.query(
+                "SELECT role, content, is_plan FROM messages ORDER BY position"
+            )
+            shown = [(r, c, bool(p)) for r, c, p in cols][::5]
+            assert shown == [("user", "m0", False), ("assistant", "a0", True)]
 
 
 async def test_replace_context_swaps_context_and_leaves_messages(backend: Backend) -> None:
@@ -230,8 +232,10 @@ json_values = st.recursive(
 messages_st = st.lists(st.dictionaries(st.text(), json_values, max_size=6), max_size=5)
 
 
-@settings(max_examples=30, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
+SLOW_OK = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=SLOW_OK)
 @given(messages=messages_st, context=messages_st)
 def test_any_json_dicts_round_trip_through_append_and_load(
     backend: Backend, messages: list[dict[str, Any]], context: list[dict[str, Any]]

@@ -126,15 +126,21 @@ async def test_a_live_lease_is_refused_to_another_owner_and_released_by_its_own(
             assert (mine.owner, mine.pid, mine.session_id) == ("a", me, "s-1")
             theirs = await store.claim_lease("s-1", owner="b", pid=me, host=HOST, ttl=60)
             assert (theirs.owner, theirs.pid) == ("a", me)
-            assert (await store.claim_lease("s-2", owner="b", pid=1, host=HOST, ttl=60)).owner == "b"
+            assert (
+                await store.claim_lease("s-2", owner="b", pid=1, host=HOST, ttl=60)
+            ).owner == "b"
             again = await store.claim_lease("s-1", owner="a", pid=me, host=HOST, ttl=120)
             assert again.owner == "a" and again.expires_at > mine.expires_at
             assert await store.renew_lease("s-1", owner="a", ttl=60) is True
             assert await store.renew_lease("s-1", owner="b", ttl=60) is False
             await store.release_lease("s-1", owner="b")  # not b's: nothing happens
-            assert (await store.claim_lease("s-1", owner="b", pid=1, host=HOST, ttl=60)).owner == "a"
+            assert (
+                await store.claim_lease("s-1", owner="b", pid=1, host=HOST, ttl=60)
+            ).owner == "a"
             await store.release_lease("s-1", owner="a")
-            assert (await store.claim_lease("s-1", owner="b", pid=1, host=HOST, ttl=60)).owner == "b"
+            assert (
+                await store.claim_lease("s-1", owner="b", pid=1, host=HOST, ttl=60)
+            ).owner == "b"
             assert await store.renew_lease("s-1", owner="a", ttl=60) is False
 
 

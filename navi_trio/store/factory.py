@@ -13,6 +13,7 @@ answers, its schema version and row counts, read-only (it never migrates).
 
 from __future__ import annotations
 
+import urllib.parse
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -37,6 +38,23 @@ def store_kind(settings: Settings) -> str:
     return "postgresql"
 
 
+def describe(url: str) -> str:
+    """A database URL without its password (in the user part or a ``password=`` parameter),
+    for messages, logs and `navi doctor`."""
+    parts = urllib.parse.urlsplit(url.strip())
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, hosts = netloc.rpartition("@")
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}@{hosts}" if user else hosts
+    query = [
+        (k, v) for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        if k != "password"
+    ]  # fmt: skip
+    kept = urllib.parse.urlencode(query, safe="/")
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{kept}" if kept else "")
+
+
 def open_store(settings: Settings) -> AbstractAsyncContextManager[SessionStore]:
     """Open the store the settings name; it closes when the block is left."""
     if store_kind(settings) == "postgresql":
@@ -48,13 +66,13 @@ def open_store(settings: Settings) -> AbstractAsyncContextManager[SessionStore]:
     return SQLiteStore.open(settings.db_path)
 
 
-async def store_report(settings: Settings) -> dict[str, Any]:
-    """`navi doctor`'s section for a PostgreSQL store (the caller checks `store_kind`).
+async def store_report(settings: Settings, errors: list[str] | None = None) -> dict[str, Any]:
+    """`navi doctor`'s section for a PostgreSQL store (the caller checks `db_url`); what is
+    wrong is also appended to `errors`.
 
-    Keys: ``kind``, ``path`` (the server URL without its password), ``existed`` (it has
-    navi's schema), ``ok``, ``server`` (its version), ``schema`` (migrations applied,
-    and the version this navi knows), ``tables`` (row counts) or ``error``."""
-    from navi_trio.store.postgres import describe
+    Keys: ``path`` (the server URL without its password, and its version), ``existed``
+    (it has navi's schema), ``ok``, ``schema`` (the migrations applied, and the version
+    this navi knows), ``tables`` (row counts, None without a schema) or ``error``."""
     from navi_trio.store.postgres._migrate import SCHEMA_VERSION
 
     where = describe(settings.db_url)
@@ -63,14 +81,17 @@ async def store_report(settings: Settings) -> dict[str, Any]:
         found = await trio.to_thread.run_sync(_look, settings.db_url)
     except NaviError as exc:
         report.update(ok=False, error=f"{where}: {exc}", tables=None)
-        return report
-    applied = found["schema"]
-    report.update(ok=True, server=found["server"], existed=applied is not None,
-                  tables=found["tables"],
-                  schema={"applied": applied, "known": SCHEMA_VERSION})  # fmt: skip
-    if applied and max(applied) > SCHEMA_VERSION:
-        report.update(ok=False, error=f"{where} has schema version {max(applied)}; this navi "
-                      f"knows {SCHEMA_VERSION}: use a newer navi")  # fmt: skip
+    else:
+        applied = found["schema"]
+        report.update(
+            ok=True, path=f"{where} (PostgreSQL {found['server']})", existed=bool(applied),
+            tables=found["tables"], schema={"applied": applied, "known": SCHEMA_VERSION},
+        )  # fmt: skip
+        if applied and max(applied) > SCHEMA_VERSION:
+            report.update(ok=False, error=f"{where} has schema version {max(applied)}; this "
+                          f"navi knows {SCHEMA_VERSION}: use a newer navi")  # fmt: skip
+    if not report["ok"] and errors is not None:
+        errors.append(report["error"])
     return report
 
 

@@ -7,6 +7,5 @@ psycopg_pool pool on worker threads; the schema is the numbered migrations in
 """
 
 from navi_trio.store.postgres.store import PostgresStore as PostgresStore
-from navi_trio.store.postgres.store import describe as describe
 
-__all__ = ["PostgresStore", "describe"]
+__all__ = ["PostgresStore"]

@@ -27,12 +27,12 @@ from navi_trio.errors import StorageError, StorageFullError, StoreError
 
 # Failures after which the same transaction, run again, usually succeeds.
 RETRIED: tuple[type[BaseException], ...] = (pg.SerializationFailure, pg.DeadlockDetected)
-_UNWRITABLE: tuple[type[BaseException], ...] = (
-    pg.ReadOnlySqlTransaction,
-    pg.InsufficientPrivilege,
-    pg.SystemError,  # class 58: I/O errors, missing or duplicate files on the server
-)
-_DAMAGED: tuple[type[BaseException], ...] = (pg.DataCorrupted, pg.IndexCorrupted)
+# By SQLSTATE (psycopg's classes do not group class 58 under one base).
+_FULL = "53100"  # disk_full
+_DAMAGED = ("XX001", "XX002")  # data_corrupted, index_corrupted
+_UNWRITABLE = ("25006", "42501")  # read_only_sql_transaction, insufficient_privilege
+_IO_CLASS = "58"  # system_error: I/O errors, missing or duplicate files on the server
+_TOO_SLOW = "57014"  # query_canceled: statement_timeout
 
 
 def first_line(exc: BaseException) -> str:
@@ -47,22 +47,23 @@ def failure(op: str, where: str, exc: BaseException) -> tuple[StoreError, str | 
     if isinstance(exc, StoreError):
         return exc, None
     said = first_line(exc)
-    if isinstance(exc, pg.DiskFull):
+    state = str(getattr(exc, "sqlstate", None) or "")
+    if state == _FULL:
         return StorageFullError(
             f"{op}: the disk holding the database {where} is full ({said}): nothing was "
             "stored; free some space on the server and try again"
         ), "full"
-    if isinstance(exc, _DAMAGED):
+    if state in _DAMAGED:
         return StorageError(
             f"{op}: the database {where} is damaged ({said}): what it holds there cannot "
             "be read, so nothing is written to it; see the server's log"
         ), "unwritable"
-    if isinstance(exc, _UNWRITABLE):
+    if state in _UNWRITABLE or state.startswith(_IO_CLASS):
         return StorageError(
             f"{op}: the database {where} cannot be written or read ({said}): check the "
             "server (a read-only standby, the role's privileges, its disk)"
         ), "unwritable"
-    if isinstance(exc, pg.QueryCanceled):
+    if state == _TOO_SLOW:
         return StorageError(
             f"{op}: the database {where} did not answer in time ({said}): nothing was "
             "stored; see the server's load and locks"

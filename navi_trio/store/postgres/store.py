@@ -37,6 +37,7 @@ from psycopg.conninfo import conninfo_to_dict
 from navi_trio.errors import StorageError, StoreError
 from navi_trio.store._schema import _dump, _prepare
 from navi_trio.store.base import LeaseRow, LoadedSession, SessionRow
+from navi_trio.store.factory import describe
 from navi_trio.store.postgres import _history as h
 from navi_trio.store.postgres import _tables as t
 from navi_trio.store.postgres._errors import failure
@@ -57,16 +58,13 @@ OPEN_WAIT_S = 10.0  # opening waits this long for the first connection
 CONNECT_TIMEOUT_S = 10  # libpq's connect_timeout, unless the URL sets one
 
 
-def describe(url: str) -> str:
-    """`url` without its password (for messages and logs); StoreError when unusable."""
+def check_url(url: str) -> str:
+    """`url` when libpq can use it; StoreError naming the problem (never the password)."""
     try:
-        parts = conninfo_to_dict(url)
+        conninfo_to_dict(url)
     except psycopg.Error as exc:
-        raise StoreError(f"not a usable PostgreSQL URL ({exc})") from None
-    user = f"{parts['user']}@" if parts.get("user") else ""
-    host = str(parts.get("host") or "")
-    port = f":{parts['port']}" if parts.get("port") else ""
-    return f"postgresql://{user}{host}{port}/{parts.get('dbname') or ''}"
+        raise StoreError(f"{describe(url)} is not a usable PostgreSQL URL ({exc})") from None
+    return url
 
 
 class PostgresStore:
@@ -74,7 +72,7 @@ class PostgresStore:
 
     def __init__(self, url: str, *, pool_size: int = POOL_SIZE) -> None:
         self.where = describe(url)  # never the password
-        self._url = url
+        self._url = check_url(url)
         if pool_size < 1:
             raise StoreError(f"pool_size must be 1 or more, got {pool_size!r}")
         self._pool_size = pool_size
