@@ -251,6 +251,24 @@ async def test_a_session_waiting_for_a_lock_holds_up_no_other_session(pg_url: st
             assert await store.load_messages("busy") == [user("waits")]
 
 
+async def test_a_queued_job_whose_caller_gave_up_still_runs_before_close(pg_url: str) -> None:
+    with trio.fail_after(TIMEOUT), psycopg.connect(pg_url) as other:
+        async with PostgresStore.open(pg_url, pool_size=1) as store:  # one worker: a queue
+            for sid in ("busy", "free"):
+                await store.create_session(sid, profile_id="p")
+            other.execute("SELECT 1 FROM sessions WHERE id = 'busy' FOR UPDATE")
+            async with trio.open_nursery() as nursery:
+                for sid in ("busy", "free"):  # "free" waits in the queue behind "busy"
+                    save = functools.partial(store.append, sid, messages=[user(sid)])
+                    nursery.start_soon(save)
+                    await trio.testing.wait_all_tasks_blocked()
+                nursery.cancel_scope.cancel()  # both callers give up
+            await trio.to_thread.run_sync(other.commit)
+        async with PostgresStore.open(pg_url) as store:
+            assert await store.load_messages("busy") == [user("busy")]
+            assert await store.load_messages("free") == [user("free")]
+
+
 async def test_text_the_server_cannot_hold_is_a_store_error_saying_so(pg_url: str) -> None:
     with trio.fail_after(TIMEOUT):
         async with PostgresStore.open(pg_url) as store:
@@ -415,6 +433,9 @@ async def test_navi_db_with_a_url_selects_postgres_and_a_path_sqlite(
             assert isinstance(store, PostgresStore)
         async with open_store(on_file) as store:
             assert isinstance(store, SQLiteStore) and store.path == tmp_path / "n.db"
+    # Given a file (`--db`), the file wins over a server in the environment.
+    chosen = Settings.from_env({"NAVI_DB": pg_url}, db_path=tmp_path / "n.db")
+    assert (chosen.db_url, store_kind(chosen)) == ("", "sqlite")
     with pytest.raises(ConfigError, match="postgresql://"):
         store_kind(Settings(db_url="mysql://h/db"))
 
