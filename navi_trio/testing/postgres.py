@@ -16,10 +16,15 @@ crashes (the store's crash tests kill a client, not the server) do not need it.
 Benchmarks start it with `fast=False`, so a commit waits for its flush, as in production.
 
 `PgUnavailable` says why no server could be had; tests skip with that reason.
+
+`NAVI_TEST_STORE=postgres` makes `open_harness` (and so every daemon test built on it) run
+on a fresh database of one such server per test process (`shared_database`), to run the
+daemon's suites on PostgreSQL: ``NAVI_TEST_STORE=postgres pytest tests/test_api_daemon.py``.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import pwd
 import shutil
@@ -214,3 +219,23 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=10)
+
+
+TEST_STORE_ENV = "NAVI_TEST_STORE"  # "postgres": open_harness runs on a fresh database
+_shared: list[PgServer] = []
+_databases: dict[str, str] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_database(key: str) -> str:
+    """The database for `key` (a test's folder: a harness opened again on the same folder
+    finds its data, as on the same SQLite file) on this process's one throwaway server,
+    started on first use and stopped at exit; its URL. Blocking."""
+    with _shared_lock:
+        if not _shared:
+            server = PgServer.start()
+            atexit.register(server.stop)
+            _shared.append(server)
+        if key not in _databases:
+            _databases[key] = _shared[0].create_database()
+        return _databases[key]
