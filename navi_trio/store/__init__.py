@@ -1,8 +1,8 @@
 """The session store: sessions, display history, LLM context, kv values and users.
 
 `SessionStore` is the protocol everything above this layer uses; `SQLiteStore` is the
-implementation (one SQLite file, WAL, one worker thread). A PostgreSQL store would be a
-new module implementing the same protocol.
+embedded implementation (one SQLite file, WAL, one worker thread), `store.postgres` the
+one for several daemons (imported only when `NAVI_DB` names a server: `store.factory`).
 """
 
 # First: sqlite-utils without numpy, before the modules below import it (its docstring).

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg.errors as pg
 from psycopg import sql
 
 from navi_trio.errors import StoreError
@@ -86,43 +87,52 @@ def pg_text(text: str | None) -> str | None:
 
 
 def _insert_history(
-    conn: Conn, table: str, sid: str, rows: Sequence[_Row], positions: Sequence[float],
+    conn: Conn, table: str, sid: str, rows: Sequence[_Row], positions: Sequence[float] | None,
     now: float,
 ) -> None:  # fmt: skip
+    """One INSERT for all `rows`; `positions` None: after the session's last row, read by
+    this statement (its snapshot is taken after the session's row lock was granted)."""
     if not rows:
         return
+    top: sql.Composable
+    if positions is None:
+        top = sql.SQL(
+            "(SELECT COALESCE(MAX(position), 0) FROM {} WHERE session_id = %(sid)s) + t.ord"
+        ).format(sql.Identifier(table))
+        given: list[float] = []
+    else:
+        top, given = sql.SQL("(%(pos)s::float8[])[t.ord]"), list(positions)
     query = sql.SQL(
         "INSERT INTO {} (session_id, position, role, content, is_plan, data, created_at)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s)"
-    ).format(sql.Identifier(table))
-    with conn.cursor() as cur:
-        cur.executemany(
-            query,
-            [(sid, pos, pg_text(r.role), pg_text(r.content), r.is_plan, r.data, now)
-             for pos, r in zip(positions, rows, strict=True)],
-        )  # fmt: skip
+        " SELECT %(sid)s, {}, t.role, t.content, t.is_plan, t.data, %(now)s"
+        " FROM unnest(%(role)s::text[], %(content)s::text[], %(is_plan)s::bool[],"
+        " %(data)s::text[]) WITH ORDINALITY AS t(role, content, is_plan, data, ord)"
+    ).format(sql.Identifier(table), top)
+    conn.execute(query, {
+        "sid": sid, "now": now, "pos": given,
+        "role": [pg_text(r.role) for r in rows], "content": [pg_text(r.content) for r in rows],
+        "is_plan": [r.is_plan for r in rows], "data": [r.data for r in rows],
+    })  # fmt: skip
 
 
 def append(
     conn: Conn, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
     dequeue: str | None,
 ) -> None:  # fmt: skip
-    # The UPDATE locks the row; the next statement's snapshot sees the last writer's rows.
-    if conn.execute(
-        "UPDATE sessions SET updated_at = %s WHERE id = %s RETURNING 1", [now, sid]
-    ).fetchone() is None:  # fmt: skip
+    # The UPDATE locks the session's row; each INSERT after it reads the last position
+    # with a snapshot taken once the lock was granted, so it sees the last writer's rows.
+    # Nothing is read until the end: the statements go out in one pipeline.
+    try:
+        with conn.pipeline():  # leaving it waits for the answers (and raises their errors)
+            locked = conn.execute("UPDATE sessions SET updated_at = %s WHERE id = %s", [now, sid])
+            if dequeue is not None:
+                conn.execute("DELETE FROM queued WHERE key = %s", [dequeue])
+            _insert_history(conn, "messages", sid, msg_rows, None, now)
+            _insert_history(conn, "context", sid, ctx_rows, None, now)
+    except pg.ForeignKeyViolation:  # an insert for a session that is not there
+        raise StoreError(f"no session {sid!r} in the store") from None
+    if locked.rowcount == 0:
         raise StoreError(f"no session {sid!r} in the store")
-    if dequeue is not None:
-        conn.execute("DELETE FROM queued WHERE key = %s", [dequeue])
-    tops = conn.execute(
-        "SELECT (SELECT COALESCE(MAX(position), 0) FROM messages WHERE session_id = %s),"
-        " (SELECT COALESCE(MAX(position), 0) FROM context WHERE session_id = %s)",
-        [sid, sid],
-    ).fetchone()
-    assert tops is not None
-    for table, rows, top in (("messages", msg_rows, tops[0]), ("context", ctx_rows, tops[1])):
-        positions = [float(top) + i for i in range(1, len(rows) + 1)]
-        _insert_history(conn, table, sid, rows, positions, now)
 
 
 def load_history(conn: Conn, table: str, sid: str) -> list[dict[str, Any]]:
