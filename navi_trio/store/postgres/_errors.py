@@ -9,8 +9,10 @@ with the classes and wire codes of the SQLite store (store/_health.py):
   insufficient_privilege (42501), class 58 (I/O errors on the server) -> `StorageError`
   (``storage``): the database cannot be written or read;
 - data_corrupted / index_corrupted (XX001, XX002) -> `StorageError` saying so;
+- a statement or a lock wait over its time limit (57014, 55P03) -> `StorageError` saying
+  the database did not answer in time;
 - no connection (refused, dropped, the pool gave none in time), the server shutting
-  down, a statement over its time limit -> `StorageError` naming the server;
+  down -> `StorageError` naming the server;
 - anything else (a constraint, a bad argument) stays a plain StoreError.
 
 Serialization failures and deadlocks are not errors here: the worker runs the job
@@ -32,7 +34,7 @@ _FULL = "53100"  # disk_full
 _DAMAGED = ("XX001", "XX002")  # data_corrupted, index_corrupted
 _UNWRITABLE = ("25006", "42501")  # read_only_sql_transaction, insufficient_privilege
 _IO_CLASS = "58"  # system_error: I/O errors, missing or duplicate files on the server
-_TOO_SLOW = "57014"  # query_canceled: statement_timeout
+_TOO_SLOW = ("57014", "55P03")  # query_canceled (statement_timeout), lock_not_available
 
 
 def first_line(exc: BaseException) -> str:
@@ -63,10 +65,11 @@ def failure(op: str, where: str, exc: BaseException) -> tuple[StoreError, str | 
             f"{op}: the database {where} cannot be written or read ({said}): check the "
             "server (a read-only standby, the role's privileges, its disk)"
         ), "unwritable"
-    if state == _TOO_SLOW:
+    if state in _TOO_SLOW:
         return StorageError(
             f"{op}: the database {where} did not answer in time ({said}): nothing was "
-            "stored; see the server's load and locks"
+            "stored; see the server's load and its locks (another daemon's long write, "
+            "or one applying the schema)"
         ), "unreachable"
     if isinstance(exc, psycopg_pool.PoolTimeout | psycopg.OperationalError):
         return StorageError(
