@@ -24,7 +24,8 @@ from navi_trio.errors import ConfigError, NaviError
 from navi_trio.llm.factory import choose_backend
 from navi_trio.profiles import AgentProfile, NaviConfig, check_config, load_config
 from navi_trio.settings import Settings
-from navi_trio.store.factory import describe, store_report
+from navi_trio.store.db_url import describe
+from navi_trio.store.factory import store_report
 from navi_trio.store.sqlite import read_only_check, read_only_stats
 from navi_trio.tools.sandbox import find_bwrap, sandbox_available
 

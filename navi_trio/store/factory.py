@@ -13,7 +13,6 @@ answers, its schema version and row counts, read-only (it never migrates).
 
 from __future__ import annotations
 
-import urllib.parse
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -22,6 +21,7 @@ import trio
 from navi_trio.errors import ConfigError, NaviError
 from navi_trio.settings import Settings, is_db_url
 from navi_trio.store.base import SessionStore
+from navi_trio.store.db_url import describe
 
 REPORT_TIMEOUT_S = 5  # navi doctor waits this long for the server
 
@@ -36,23 +36,6 @@ def store_kind(settings: Settings) -> str:
             "or postgres://"
         )
     return "postgresql"
-
-
-def describe(url: str) -> str:
-    """A database URL without its password (in the user part or a ``password=`` parameter),
-    for messages, logs and `navi doctor`."""
-    parts = urllib.parse.urlsplit(url.strip())
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, hosts = netloc.rpartition("@")
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}@{hosts}" if user else hosts
-    query = [
-        (k, v) for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-        if k != "password"
-    ]  # fmt: skip
-    kept = urllib.parse.urlencode(query, safe="/")
-    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{kept}" if kept else "")
 
 
 def open_store(settings: Settings) -> AbstractAsyncContextManager[SessionStore]:

@@ -37,7 +37,7 @@ from psycopg.conninfo import conninfo_to_dict
 from navi_trio.errors import StorageError, StoreError
 from navi_trio.store._schema import _dump, _prepare
 from navi_trio.store.base import LeaseRow, LoadedSession, SessionRow
-from navi_trio.store.factory import describe
+from navi_trio.store.db_url import describe
 from navi_trio.store.postgres import _history as h
 from navi_trio.store.postgres import _tables as t
 from navi_trio.store.postgres._errors import failure
