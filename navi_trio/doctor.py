@@ -420,6 +420,7 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
         line("", c["error"])
     d = r["db"]
     state = "exists" if d["existed"] else "no database yet: the first run creates it"
+    state = state if d["existed"] or d["ok"] else "unknown"  # a server that does not answer
     line("db", f"{d['path']}  ({state})")
     if d["ok"] and d["tables"] is not None:
         line("", "rows: " + ", ".join(f"{k}={v}" for k, v in sorted(d["tables"].items())))
