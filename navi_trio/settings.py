@@ -52,6 +52,11 @@ def default_config_path() -> Path:
     return shipped_dir("config") / "config.json"
 
 
+def is_db_url(text: str) -> bool:
+    """Whether NAVI_DB names a PostgreSQL server (``postgresql://…``, ``postgres://…``)."""
+    return text.strip().lower().startswith(("postgresql://", "postgres://"))
+
+
 def _default_data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "navi"
@@ -102,10 +107,12 @@ class Settings:
     # phase, and the answer. A model that never stops must not fill the window.
     plan_max_tokens: int = attrs.field(default=1024, metadata=_env("NAVI_PLAN_MAX_TOKENS"))
     answer_max_tokens: int = attrs.field(default=4096, metadata=_env("NAVI_ANSWER_MAX_TOKENS"))
-    # Where things live.
+    # Where things live. NAVI_DB is a file (SQLite, db_path) or a postgresql:// URL
+    # (db_url; db_path then keeps its default and is not used): store/factory.py.
     db_path: Path = attrs.field(
         factory=lambda: _default_data_dir() / "navi.db", metadata=_env("NAVI_DB")
     )
+    db_url: str = attrs.field(default="", metadata=_env("NAVI_DB"))
     data_dir: Path = attrs.field(factory=_default_data_dir, metadata=_env("NAVI_DATA_DIR"))
     config_path: Path = attrs.field(factory=default_config_path, metadata=_env("NAVI_CONFIG"))
     manuals_dir: Path = attrs.field(
@@ -210,6 +217,11 @@ class Settings:
             name = field.metadata.get("env")
             if field.name in overrides or name is None or name not in env:
                 continue
+            if name == "NAVI_DB" and (
+                (field.name == "db_url") != is_db_url(env[name])
+                or {"db_path", "db_url"} & overrides.keys()
+            ):
+                continue  # a URL sets db_url, a path db_path; either given (--db) wins
             values[field.name] = _convert(name, env[name], field.type)
         values.update(overrides)
         for field in attrs.fields(cls):

@@ -22,7 +22,7 @@ import trio
 from navi_trio.errors import AuthError, ConfigError
 
 if TYPE_CHECKING:  # `navi run` reads the token file before it needs the store
-    from navi_trio.store.sqlite import SQLiteStore
+    from navi_trio.store.base import SessionStore
 
 ROLES = ("admin", "user")
 LOCAL_TOKEN_FILE = "local-token"
@@ -53,7 +53,7 @@ def new_token() -> str:
     return "navi_" + secrets.token_urlsafe(32)
 
 
-async def authenticate(store: SQLiteStore, token: str) -> User:
+async def authenticate(store: SessionStore, token: str) -> User:
     row = await store.get_user_by_token(token)
     if row is None:
         raise AuthError("unknown token: ask an admin for one (`navi users add NAME`)")
@@ -72,7 +72,7 @@ def read_local_token(data_dir: Path) -> str | None:
     return text or None
 
 
-async def ensure_local_token(store: SQLiteStore, data_dir: Path) -> Path:
+async def ensure_local_token(store: SessionStore, data_dir: Path) -> Path:
     """The local admin token file, created (0600) with its user when missing or stale."""
     path = local_token_path(data_dir)
     token = read_local_token(data_dir)

@@ -151,9 +151,9 @@ def cmd_users(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 async def _users(settings: Any, args: argparse.Namespace, out: TextIO) -> int:
     from navi_trio.api.auth import new_token
     from navi_trio.errors import NaviError
-    from navi_trio.store.sqlite import SQLiteStore
+    from navi_trio.store.factory import open_store
 
-    async with SQLiteStore.open(settings.db_path) as store:
+    async with open_store(settings) as store:
         if args.action == "list":
             for u in await store.list_users():
                 when = time.strftime("%Y-%m-%d %H:%M", time.localtime(u["created_at"]))

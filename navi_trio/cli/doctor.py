@@ -24,6 +24,8 @@ from navi_trio.errors import ConfigError, NaviError
 from navi_trio.llm.factory import choose_backend
 from navi_trio.profiles import AgentProfile, NaviConfig, check_config, load_config
 from navi_trio.settings import Settings
+from navi_trio.store.db_url import describe
+from navi_trio.store.factory import store_report
 from navi_trio.store.sqlite import read_only_check, read_only_stats
 from navi_trio.tools.sandbox import find_bwrap, sandbox_available
 
@@ -291,7 +293,9 @@ async def collect_doctor(
 
     # Read-only: the doctor reports, it never creates or changes the database.
     db: dict[str, Any] = {"path": str(settings.db_path), "existed": settings.db_path.exists()}
-    if not db["existed"]:
+    if settings.db_url:  # PostgreSQL: which server, whether it answers (store/factory.py)
+        db = await store_report(settings, report["errors"])
+    elif not db["existed"]:
         db.update(ok=True, tables=None)
     else:
         try:
@@ -387,6 +391,8 @@ def _settings_info(settings: Settings) -> dict[str, Any]:
         value = getattr(settings, field.name)
         if field.name == "llm_api_key":
             value = "(set)" if value else "(not set)"  # never print a secret
+        elif field.name == "db_url" and value:
+            value = describe(value)  # nor the database's password
         elif isinstance(value, Path):
             value = str(value)
         elif isinstance(value, tuple):
@@ -414,6 +420,7 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
         line("", c["error"])
     d = r["db"]
     state = "exists" if d["existed"] else "no database yet: the first run creates it"
+    state = state if d["existed"] or d["ok"] else "unknown"  # a server that does not answer
     line("db", f"{d['path']}  ({state})")
     if d["ok"] and d["tables"] is not None:
         line("", "rows: " + ", ".join(f"{k}={v}" for k, v in sorted(d["tables"].items())))

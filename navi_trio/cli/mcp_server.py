@@ -67,7 +67,9 @@ from navi_trio.cli.runner import (
 from navi_trio.errors import ConfigError, NaviError, UsageError
 from navi_trio.llm.factory import choose_backend
 from navi_trio.settings import Settings
-from navi_trio.store.sqlite import SQLiteStore, check_session_id
+from navi_trio.store.base import SessionStore
+from navi_trio.store.factory import open_store
+from navi_trio.store.sqlite import check_session_id
 from navi_trio.wire import Frame
 
 if TYPE_CHECKING:
@@ -283,7 +285,7 @@ class NaviBridge:
     async def _sessions_here(self, limit: int) -> list[SessionInfo]:
         if self._rt is not None:
             return await _listed(self._rt.store, limit)
-        async with SQLiteStore.open(self.options.settings.db_path) as store:
+        async with open_store(self.options.settings) as store:
             return await _listed(store, limit)
 
     async def _sessions_daemon(self, url: str, token: str, limit: int) -> list[SessionInfo]:
@@ -299,7 +301,7 @@ class NaviBridge:
         return found
 
 
-async def _listed(store: SQLiteStore, limit: int) -> list[SessionInfo]:
+async def _listed(store: SessionStore, limit: int) -> list[SessionInfo]:
     rows = sorted(await store.list_sessions(), key=lambda r: -r.updated_at)[:limit]
     found = []
     for row in rows:

@@ -20,7 +20,7 @@ from navi_trio.store._queue import _unqueue
 from navi_trio.store._schema import _HISTORY, _write_tx
 from navi_trio.store._sessions import _get_session, _require_session
 from navi_trio.store.base import LoadedSession
-from navi_trio.store.repair import repair_dangling_tool_calls
+from navi_trio.store.repair import placeholder_positions, repair_dangling_tool_calls
 from navi_trio.text import loads_clean
 
 
@@ -135,26 +135,6 @@ def _replace_context(db: Database, sid: str, rows: list[_Row], now: float) -> No
         _insert_history(db, "context", sid, rows, [float(i) for i in range(1, len(rows) + 1)], now)
 
 
-def _placeholder_positions(
-    original: Sequence[float], inserted: Sequence[tuple[int, dict[str, Any]]]
-) -> list[float]:
-    """Positions strictly between the original neighbours of each run of placeholders."""
-    indexes = [i for i, _ in inserted]
-    out: list[float] = []
-    start = 0
-    while start < len(indexes):
-        end = start
-        while end + 1 < len(indexes) and indexes[end + 1] == indexes[end] + 1:
-            end += 1
-        before = indexes[start] - start  # originals preceding this run (>= 1: the assistant)
-        low = original[before - 1]
-        high = original[before] if before < len(original) else low + 1.0
-        count = end - start + 1
-        out.extend(low + (high - low) * (k + 1) / (count + 1) for k in range(count))
-        start = end + 1
-    return out
-
-
 def _load_session(db: Database, sid: str, now: float) -> LoadedSession | None:
     row = _get_session(db, sid)
     if row is None:
@@ -171,7 +151,7 @@ def _load_session(db: Database, sid: str, now: float) -> LoadedSession | None:
             items = [loads_clean(r[1]) for r in records]  # lone surrogates: U+FFFD
             fixed, inserted = repair_dangling_tool_calls(items)
             if inserted:
-                positions = _placeholder_positions([r[0] for r in records], inserted)
+                positions = placeholder_positions([r[0] for r in records], inserted)
                 rows = _prepare([ph for _, ph in inserted], f"{table} placeholders")
                 _insert_history(db, table, sid, rows, positions, now)
             loaded[table] = fixed
