@@ -35,7 +35,7 @@ import trio
 from psycopg.conninfo import conninfo_to_dict
 
 from navi_trio.errors import StorageError, StoreError
-from navi_trio.store._input import _check_meta, _check_text, _dump, _prepare
+from navi_trio.store._input import _check_meta, _check_text, _dump, _prepare, check_session_id
 from navi_trio.store._sessions import _new_session_id
 from navi_trio.store._users import _token_digest
 from navi_trio.store.base import LeaseRow, LoadedSession, SessionRow
@@ -45,7 +45,6 @@ from navi_trio.store.postgres import _tables as t
 from navi_trio.store.postgres._errors import failure
 from navi_trio.store.postgres._migrate import migrate
 from navi_trio.store.postgres._workers import POOL_WAIT_S, Conn, Job, Workers, configure
-from navi_trio.store._input import check_session_id
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
