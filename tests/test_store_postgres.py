@@ -158,7 +158,7 @@ async def test_navi_db_with_a_url_selects_postgres_and_a_path_sqlite(
 
 
 def test_psycopg_stays_out_of_a_start_up_on_a_file(tmp_path: Path) -> None:
-    statement = "import navi_trio.cli, navi_trio.cli_run, navi_trio.runtime, navi_trio.doctor"
+    statement = "import navi_trio.cli, navi_trio.cli.run, navi_trio.runtime, navi_trio.cli.doctor"
     assert imported_by(statement, ("psycopg", "psycopg_pool")) == []
     db = str(tmp_path / "n.db")
     opens_a_file = (
