@@ -249,3 +249,21 @@ async def test_navi_users_writes_to_the_server_navi_db_names(pg_url: str, tmp_pa
     assert added.returncode == 0, added.stderr
     assert carol is not None and carol["role"] == "user"
     assert not (tmp_path / "navi" / "navi.db").exists()  # no SQLite file on the side
+
+
+async def test_db_option_takes_a_server_url_as_navi_db_does(pg_url: str, tmp_path: Path) -> None:
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("NAVI_DB", "NAVI_DATA_DIR")}
+    env["XDG_DATA_HOME"] = str(tmp_path)
+    with trio.fail_after(TIMEOUT):
+        added = await trio.run_process(
+            [sys.executable, "-m", "navi_trio", "users", "add", "dave", "--db", pg_url],
+            env=env, capture_stdout=True, capture_stderr=True,
+        )  # fmt: skip
+        async with PostgresStore.open(pg_url) as store:
+            dave = await store.get_user_by_name("dave")
+    assert added.returncode == 0, added.stderr
+    assert dave is not None
+    assert not (tmp_path / "navi" / "navi.db").exists()

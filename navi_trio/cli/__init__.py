@@ -77,7 +77,9 @@ def _debug() -> bool:
 
 
 def _add_endpoint_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", type=Path, metavar="PATH", help="SQLite file (env NAVI_DB)")
+    p.add_argument(
+        "--db", metavar="PATH|URL", help="SQLite file or postgresql:// URL (env NAVI_DB)"
+    )
     p.add_argument("--config", type=Path, metavar="PATH", help="config.json (env NAVI_CONFIG)")
     p.add_argument("--llm-url", metavar="URL", help="LLM endpoint (env OLLAMA_HOST)")
     p.add_argument("--backend", choices=BACKENDS, help="LLM dialect (env NAVI_LLM_BACKEND)")

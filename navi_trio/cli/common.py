@@ -26,7 +26,7 @@ from navi_trio.llm.factory import (
     choose_backend,
 )
 from navi_trio.profiles import ConfigSource
-from navi_trio.settings import Settings
+from navi_trio.settings import Settings, is_db_url
 
 if TYPE_CHECKING:
     from navi_trio.cli.runner import RunTarget
@@ -75,8 +75,13 @@ def one_line(text: str) -> str:
 def load_settings(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
     """Settings from the environment, with the command-line options winning."""
     overrides: dict[str, Any] = {}
+    db = getattr(args, "db", None)
+    if db is not None:  # a file (SQLite) or a postgresql:// URL, as NAVI_DB
+        text = str(db)
+        overrides.update(
+            {"db_url": text.strip()} if is_db_url(text) else {"db_path": Path(text).expanduser()}
+        )
     for option, field in (
-        ("db", "db_path"),
         ("config", "config_path"),
         ("llm_url", "llm_url"),
         ("backend", "llm_backend"),

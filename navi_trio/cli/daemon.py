@@ -51,7 +51,9 @@ def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], 
     users.add_argument("action", choices=("add", "list", "remove", "rotate"))
     users.add_argument("name", nargs="?", help="the user's name (add, remove, rotate)")
     users.add_argument("--role", choices=("admin", "user"), default="user")
-    users.add_argument("--db", type=_path, metavar="PATH", help="SQLite file (env NAVI_DB)")
+    users.add_argument(
+        "--db", metavar="PATH|URL", help="SQLite file or postgresql:// URL (env NAVI_DB)"
+    )
 
     sessions = sub.add_parser("sessions", help="list, show or delete sessions (via the daemon)")
     sessions.add_argument(
@@ -65,12 +67,6 @@ def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], 
     tasks.add_argument("task_id", nargs="?", metavar="ID")
     tasks.add_argument("--session", metavar="ID", help="only this session's tasks")
     _client_options(tasks)
-
-
-def _path(text: str) -> Any:
-    from pathlib import Path
-
-    return Path(text)
 
 
 def _client_options(p: argparse.ArgumentParser) -> None:
