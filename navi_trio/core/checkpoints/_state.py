@@ -1,0 +1,173 @@
+"""What the engine remembers of a root between snapshots, and the values a scan builds.
+
+`RootState` holds every folder's entries (`Item`: kind, permission bits, digest or link
+text, size, and the stat stamp by which a change is noticed), each folder's `.gitignore`
+rules and listing digest (`Folder`), and the root's inotify watches. It is used by one
+thread at a time, under the engine's lock of that root.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import attrs
+
+from navi_trio.core.checkpoints._fsops import join
+from navi_trio.core.checkpoints._ignore import Ignorer, Rules
+from navi_trio.core.checkpoints._watch import Watcher
+
+if TYPE_CHECKING:
+    from navi_trio.core.checkpoints._scan import Scan
+
+RACY_NS = 2_000_000_000
+Stamp = tuple[int, int, int, int, int]  # size, mtime_ns, ctime_ns, inode, device
+
+
+class OverLimit(Exception):
+    """A bound stopped the scan: `code` (Skipped.code) and `reason` (in words)."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+@attrs.frozen
+class Item:
+    """One entry of a folder (`Row` without its name), and how it was last seen.
+
+    Two items are equal when their rows are: the stamp is how a change is noticed,
+    not part of what is stored."""
+
+    kind: str
+    mode: int
+    ref: str
+    size: int
+    stamp: Stamp = attrs.field(eq=False)
+    racy: bool = attrs.field(default=False, eq=False)
+    links: int = attrs.field(default=1, eq=False)
+
+
+@attrs.define
+class Folder:
+    """A folder's entries (`sealed`: some were left out by a rule, so a restore must not
+    remove it), its `.gitignore` (stamp and rules), and its listing's digest."""
+
+    items: dict[str, Item]
+    ignorer: Ignorer  # for its entries: the parents' rules and its own
+    rules: Rules | None
+    gitignore: Stamp | None
+    sealed: bool
+    tree: str | None = None
+    entries: int = 0
+    files: int = 0
+    folders: int = 0
+    bytes: int = 0
+    left_out: int = 0
+
+    def tally(self) -> None:
+        kinds = [i.kind for i in self.items.values()]
+        self.entries = len(kinds)
+        self.files = sum(k in ("f", "l") for k in kinds)
+        self.folders = kinds.count("d")
+        self.left_out = kinds.count("x")
+        self.bytes = sum(i.size for i in self.items.values() if i.kind == "f")
+
+
+@attrs.frozen
+class Limits:
+    max_bytes: int
+    max_file_bytes: int
+    max_files: int
+
+
+class RootState:
+    """What is known of one root between snapshots (used under the engine's lock of
+    that root, by one thread at a time)."""
+
+    def __init__(self, path: Path, excluded: frozenset[str], *, watch: bool) -> None:
+        self.path = path
+        self.excluded = excluded  # relative paths left out (navi's data, nested roots)
+        self.folders: dict[str, Folder] = {}
+        self.ident: tuple[int, int] | None = None
+        self.watch = watch
+        self.watcher: Watcher | None = None
+        self.pending: set[str] = set()
+        self.everything = True
+        self.linked: set[str] = set()  # folders holding a file with several links
+
+    def reset(self) -> None:
+        self.close()
+        self.folders = {}
+        self.pending = set()
+        self.everything = True
+        self.linked = set()
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
+            self.watcher = None
+
+
+def stamp_of(st: os.stat_result) -> Stamp:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
+def mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def add_up(sums: list[int], folder: Folder) -> None:
+    sums[0] += folder.entries
+    sums[1] += folder.files
+    sums[2] += folder.folders
+    sums[3] += folder.bytes
+
+
+class ScanResult:
+    """A finished scan: the root's listing digest, and `commit` to keep what it saw."""
+
+    def __init__(self, scan: Scan, tree: str) -> None:
+        self.scan = scan
+        self.tree = tree
+        self.mode = scan.root_mode
+
+    def commit(self) -> None:
+        scan, state = self.scan, self.scan.state
+        watcher = state.watcher
+        for rel in scan.dropped:
+            state.folders.pop(rel, None)
+            state.linked.discard(rel)
+            if watcher is not None and rel not in scan.overlay:
+                watcher.forget(rel)
+        state.folders.update(scan.overlay)
+        for rel, linked in scan.linked.items():
+            (state.linked.add if linked else state.linked.discard)(rel)
+        state.pending = set()
+        state.everything = False
+
+    def abandon(self) -> None:
+        """Keep nothing of this scan: what it looked at is looked at again next time."""
+        state = self.scan.state
+        state.pending |= self.scan._dirty
+        state.everything = state.everything or self.scan._full
+
+    def flat(self) -> dict[str, Item]:
+        """Every entry of the tree as this scan saw it, by relative path."""
+        out: dict[str, Item] = {}
+        for rel, folder in [*self.scan.state.folders.items(), *self.scan.overlay.items()]:
+            if self.scan._folder(rel) is not folder:
+                continue
+            for name, item in folder.items.items():
+                out[join(rel, name)] = item
+        return out
+
+    def sealed(self) -> set[str]:
+        """Folders holding entries a rule left out."""
+        out = set()
+        for rel, folder in [*self.scan.state.folders.items(), *self.scan.overlay.items()]:
+            if folder.sealed and self.scan._folder(rel) is folder:
+                out.add(rel)
+        return out
