@@ -38,7 +38,6 @@ from navi_trio.core.checkpoints._fsops import (
     DIR,
     Folders,
     chmod_at,
-    copy_fd,
     open_root,
     parent_of,
 )
@@ -212,16 +211,12 @@ def _one(
             if not stat.S_ISDIR(st.st_mode):
                 raise
     elif kind == "put":
-        src = objects.open(op[2])
+        dst = os.open(tmp, _WRITE, 0o600, dir_fd=folder)
         try:
-            dst = os.open(tmp, _WRITE, 0o600, dir_fd=folder)
-            try:
-                copy_fd(src, dst)
-                os.fchmod(dst, op[3])
-            finally:
-                os.close(dst)
+            objects.copy_into(op[2], dst)
+            os.fchmod(dst, op[3])
         finally:
-            os.close(src)
+            os.close(dst)
         _rename_into(folder, tmp, name)
     elif kind == "link":
         try:

@@ -61,7 +61,7 @@ def collect(
                 elif row.kind == "d" and row.ref:
                     stack.append(row.ref)
         marked |= journal.digests()
-        removed = 0
+        removed = objects.packs.collect(marked)
         for digest, path in list(objects.digests()):
             if digest not in marked:
                 path.unlink(missing_ok=True)

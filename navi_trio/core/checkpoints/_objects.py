@@ -20,14 +20,17 @@ import hashlib
 import json
 import os
 import secrets
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import attrs
 
 from navi_trio.core.checkpoints._model import CheckpointDamagedError, FileTooLargeError
+from navi_trio.core.checkpoints._packs import PACKED_MAX, Packs, PackWriter
 
 CHUNK = 1 << 20
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _SMALL = 1 << 20  # files up to this are read whole, hashed, then written only if new
 
 
@@ -59,42 +62,114 @@ def digest_of(data: bytes) -> str:
 
 
 class ObjectStore:
-    """The objects under `folder` (``DATA/checkpoints``)."""
+    """The objects under `folder` (``DATA/checkpoints``).
+
+    Its folders are held open (``tmp/`` and each ``objects/ab/``) and every object is
+    written, renamed and looked up by name relative to them: with 10,000 small files
+    the first snapshot is mostly these calls, and resolving whole paths (and building
+    `Path` objects) for each doubled its time.
+    """
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.objects = folder / "objects"
         self.tmp = folder / "tmp"
+        self._fds: dict[str, int] = {}  # "tmp", "objects" and each two-digit prefix
+        self._opening = threading.Lock()
+        self.packs = Packs(folder / "packs", self.tmp)
+        self._gc_seen: int | None = None
 
     def prepare(self) -> None:
         self.objects.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(parents=True, exist_ok=True)
+        self.packs.prepare()
+
+    def sync(self, gc_number: int) -> None:
+        """Reload the packs' index when garbage was collected since it was read."""
+        if gc_number != self._gc_seen:
+            self.packs.reload()
+            self._gc_seen = gc_number
+
+    def writer(self) -> PackWriter:
+        return PackWriter(self.packs)
+
+    def close(self) -> None:
+        with self._opening:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+    def _dir(self, key: str, *, create: bool = True) -> int | None:
+        fd = self._fds.get(key)
+        if fd is not None:
+            return fd
+        with self._opening:
+            fd = self._fds.get(key)
+            if fd is not None:
+                return fd
+            if key in ("tmp", "objects"):
+                path = self.tmp if key == "tmp" else self.objects
+                fd = os.open(path, _DIR)
+            else:
+                top = self._fds.get("objects")
+                if top is None:
+                    top = os.open(self.objects, _DIR)
+                    self._fds["objects"] = top
+                try:
+                    fd = os.open(key, _DIR, dir_fd=top)
+                except FileNotFoundError:
+                    if not create:
+                        return None
+                    try:
+                        os.mkdir(key, 0o700, dir_fd=top)
+                    except FileExistsError:
+                        pass
+                    fd = os.open(key, _DIR, dir_fd=top)
+            self._fds[key] = fd
+            return fd
 
     def path(self, digest: str) -> Path:
         return self.objects / digest[:2] / digest[2:]
 
     def has(self, digest: str) -> bool:
-        return os.path.exists(self.path(digest))
+        if self.packs.find(digest, refresh=True) is not None:
+            return True
+        return self._loose(digest)
 
-    def _tmp_fd(self) -> tuple[int, Path]:
-        tmp = self.tmp / secrets.token_hex(8)
-        return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), tmp
-
-    def _publish(self, tmp: Path, digest: str) -> None:
-        final = self.path(digest)
+    def _loose(self, digest: str) -> bool:
+        folder = self._dir(digest[:2], create=False)
+        if folder is None:
+            return False
         try:
-            os.rename(tmp, final)
+            os.stat(digest[2:], dir_fd=folder)
         except FileNotFoundError:
-            final.parent.mkdir(exist_ok=True)
-            os.rename(tmp, final)
+            return False
+        return True
 
-    def put_bytes(self, data: bytes) -> tuple[str, int]:
-        """Store `data`; (its digest, bytes newly written: 0 when it was there)."""
+    def _tmp_fd(self) -> tuple[int, str]:
+        name = secrets.token_hex(8)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        return os.open(name, flags, 0o600, dir_fd=self._dir("tmp")), name
+
+    def _publish(self, tmp: str, digest: str) -> None:
+        os.rename(tmp, digest[2:], src_dir_fd=self._dir("tmp"), dst_dir_fd=self._dir(digest[:2]))
+
+    def _drop_tmp(self, tmp: str) -> None:
+        try:
+            os.unlink(tmp, dir_fd=self._dir("tmp"))
+        except FileNotFoundError:
+            pass
+
+    def put_bytes(self, data: bytes, writer: PackWriter | None = None) -> tuple[str, int]:
+        """Store `data` (packed by `writer` when small); (its digest, bytes newly
+        written: 0 when it was there)."""
         digest = digest_of(data)
-        return digest, self._put_known(digest, data)
+        return digest, self._put_known(digest, data, writer)
 
-    def _put_known(self, digest: str, data: bytes) -> int:
-        if self.has(digest):
+    def _put_known(self, digest: str, data: bytes, writer: PackWriter | None) -> int:
+        if writer is not None and len(data) <= PACKED_MAX:
+            return writer.add(digest, data)
+        if self._loose(digest):
             return 0
         fd, tmp = self._tmp_fd()
         try:
@@ -104,12 +179,18 @@ class ObjectStore:
                 os.close(fd)
             self._publish(tmp, digest)
         except BaseException:
-            _unlink_quietly(tmp)
+            self._drop_tmp(tmp)
             raise
         return len(data)
 
     def put_file(
-        self, fd: int, limit: int, check: Callable[[], None], *, store: bool = True
+        self,
+        fd: int,
+        limit: int,
+        check: Callable[[], None],
+        *,
+        store: bool = True,
+        writer: PackWriter | None = None,
     ) -> tuple[str, int, int]:
         """Store the content of the open file `fd`: (digest, bytes newly written, size).
 
@@ -121,7 +202,7 @@ class ObjectStore:
         chunks: list[bytes] = []
         total = 0
         out: int | None = None
-        tmp: Path | None = None
+        tmp: str | None = None
         try:
             while chunk := os.read(fd, CHUNK):
                 total += len(chunk)
@@ -144,12 +225,13 @@ class ObjectStore:
             if not store:
                 return digest, 0, total
             if out is None:
-                return digest, self._put_known(digest, b"".join(chunks)), total
+                return digest, self._put_known(digest, b"".join(chunks), writer), total
             os.close(out)
             out = None
             assert tmp is not None
-            if self.has(digest):
-                _unlink_quietly(tmp)
+            if self._loose(digest):
+                self._drop_tmp(tmp)
+                tmp = None
                 return digest, 0, total
             self._publish(tmp, digest)
             tmp = None
@@ -158,27 +240,51 @@ class ObjectStore:
             if out is not None:
                 os.close(out)
             if tmp is not None:
-                _unlink_quietly(tmp)
+                self._drop_tmp(tmp)
 
-    def put_tree(self, rows: list[Row], *, store: bool = True) -> tuple[str, int]:
+    def put_tree(
+        self, rows: list[Row], *, store: bool = True, writer: PackWriter | None = None
+    ) -> tuple[str, int]:
         data = tree_bytes(rows)
         if not store:
             return digest_of(data), 0
-        return self.put_bytes(data)
+        return self.put_bytes(data, writer)
 
-    def open(self, digest: str) -> int:
-        """An fd reading the object `digest`."""
+    def read(self, digest: str) -> bytes:
+        """The object `digest`, whole (`CheckpointDamagedError` when missing)."""
+        packed = self.packs.read(digest)
+        if packed is not None:
+            return packed
+        fd = self._open_loose(digest)
         try:
-            return os.open(self.path(digest), os.O_RDONLY | os.O_CLOEXEC)
+            return _read_all(fd)
+        finally:
+            os.close(fd)
+
+    def copy_into(self, digest: str, dst: int) -> None:
+        """Write the object `digest` to the open file `dst`."""
+        packed = self.packs.read(digest)
+        if packed is not None:
+            _write_all(dst, packed)
+            return
+        fd = self._open_loose(digest)
+        try:
+            while chunk := os.read(fd, CHUNK):
+                _write_all(dst, chunk)
+        finally:
+            os.close(fd)
+
+    def _open_loose(self, digest: str) -> int:
+        folder = self._dir(digest[:2], create=False) if len(digest) > 2 else None
+        try:
+            if folder is None:
+                raise FileNotFoundError(digest)
+            return os.open(digest[2:], os.O_RDONLY | os.O_CLOEXEC, dir_fd=folder)
         except FileNotFoundError:
             raise CheckpointDamagedError(f"the stored copy {digest[:12]} is missing") from None
 
     def tree(self, digest: str) -> list[Row]:
-        fd = self.open(digest)
-        try:
-            raw = _read_all(fd)
-        finally:
-            os.close(fd)
+        raw = self.read(digest)
         try:
             return [
                 Row(str(n), str(k), int(m), str(r), int(s)) for n, k, m, r, s in json.loads(raw)
@@ -187,7 +293,7 @@ class ObjectStore:
             raise CheckpointDamagedError(f"the folder listing {digest[:12]} is damaged") from exc
 
     def digests(self) -> Iterator[tuple[str, Path]]:
-        """Every stored object: (digest, path)."""
+        """Every loose object: (digest, path)."""
         try:
             folders = list(os.scandir(self.objects))
         except FileNotFoundError:
@@ -198,6 +304,10 @@ class ObjectStore:
             with os.scandir(folder.path) as it:
                 for entry in it:
                     yield folder.name + entry.name, Path(entry.path)
+
+    def count(self) -> int:
+        """How many objects are stored (loose and packed)."""
+        return sum(1 for _ in self.digests()) + self.packs.count()
 
     def clean_tmp(self) -> int:
         """Remove what killed writers left in ``tmp/``; how many files."""

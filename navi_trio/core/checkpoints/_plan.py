@@ -21,7 +21,6 @@ what goes in it).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,11 +64,7 @@ def _target_ignored(objects: ObjectStore, target: dict[str, Entry]) -> Callable[
     texts: dict[str, str] = {}
     for rel, entry in target.items():
         if entry.kind == "f" and (rel == ".gitignore" or rel.endswith("/.gitignore")):
-            fd = objects.open(entry.ref)
-            try:
-                raw = os.read(fd, GITIGNORE_MAX_BYTES)
-            finally:
-                os.close(fd)
+            raw = objects.read(entry.ref)[:GITIGNORE_MAX_BYTES]
             texts[parent_of(rel)[0]] = raw.decode("utf-8", "surrogateescape")
     if not texts:
         return lambda rel, is_dir: False

@@ -37,6 +37,7 @@ from navi_trio.core.checkpoints._fsops import READ, Folders, depth, join, parent
 from navi_trio.core.checkpoints._ignore import GITIGNORE_MAX_BYTES, Ignorer, NameList, Rules
 from navi_trio.core.checkpoints._model import FileTooLargeError, LeftOut
 from navi_trio.core.checkpoints._objects import ObjectStore, Row
+from navi_trio.core.checkpoints._packs import PackWriter
 from navi_trio.core.checkpoints._state import (
     RACY_NS,
     Folder,
@@ -47,7 +48,7 @@ from navi_trio.core.checkpoints._state import (
     ScanResult,
     Stamp,
     add_up,
-    mib,
+    size_text,
     stamp_of,
 )
 from navi_trio.core.checkpoints._watch import Watcher
@@ -67,6 +68,7 @@ class Scan:
         limits: Limits,
         check: Callable[[], None],
         store: bool,
+        writer: PackWriter | None = None,
     ) -> None:
         self.state = state
         self.fds = Folders(root_fd)
@@ -76,6 +78,7 @@ class Scan:
         self.limits = limits
         self.check = check
         self.store = store
+        self.writer = writer  # packs the small objects this scan stores
         self.start_ns = time.time_ns()
         root = os.fstat(root_fd)
         self.root_dev = root.st_dev
@@ -250,7 +253,7 @@ class Scan:
                 if st.st_nlink > 1:
                     linked = True
                 if st.st_size > self.limits.max_file_bytes:
-                    cap = mib(self.limits.max_file_bytes)
+                    cap = size_text(self.limits.max_file_bytes)
                     why = f"larger than {cap} (NAVI_CHECKPOINT_MAX_FILE_BYTES)"
                     items[name] = Item("x", stat.S_IMODE(mode), why, st.st_size, stamp)
                 elif (
@@ -261,7 +264,8 @@ class Scan:
                 else:
                     items[name] = Item("f", stat.S_IMODE(mode), "", st.st_size, stamp, racy)
                     self.read.append((rel, name))
-                    self.read_bytes += st.st_size
+                    if prev is None or prev.stamp != stamp:  # not a racy re-read
+                        self.read_bytes += st.st_size
                     continue
             elif stat.S_ISLNK(mode):
                 if prev is not None and prev.kind == "l" and prev.stamp == stamp and not prev.racy:
@@ -321,11 +325,14 @@ class Scan:
                 f"{self.limits.max_files}",
             )
         if self.store and self.read_bytes > self.limits.max_bytes:
-            raise OverLimit(
-                "too_large",
-                f"{mib(self.read_bytes)} of new or changed files to copy, over "
-                f"NAVI_CHECKPOINT_MAX_BYTES ({mib(self.limits.max_bytes)})",
-            )
+            self._too_large(self.read_bytes)
+
+    def _too_large(self, size: int) -> None:
+        raise OverLimit(
+            "too_large",
+            f"{size_text(size)} of new or changed files to copy, over "
+            f"NAVI_CHECKPOINT_MAX_BYTES ({size_text(self.limits.max_bytes)})",
+        )
 
     def _read_files(self) -> None:
         for rel, name in self.read:
@@ -339,6 +346,8 @@ class Scan:
             before = prev.items.get(name) if prev is not None else None
             if before != folder.items[name]:
                 self.changed += 1
+            if self.store and self.new_bytes > self.limits.max_bytes:
+                self._too_large(self.new_bytes)  # files re-read as racy had changed
         for folder in self.overlay.values():
             folder.tally()
 
@@ -356,10 +365,10 @@ class Scan:
                 return attrs.evolve(item, kind="x", ref="changed while the checkpoint was taken")
             try:
                 digest, new, size = self.objects.put_file(
-                    fd, self.limits.max_file_bytes, self.check, store=self.store
+                    fd, self.limits.max_file_bytes, self.check, store=self.store, writer=self.writer
                 )
             except FileTooLargeError as big:
-                cap = mib(self.limits.max_file_bytes)
+                cap = size_text(self.limits.max_file_bytes)
                 why = f"larger than {cap} (NAVI_CHECKPOINT_MAX_FILE_BYTES)"
                 return attrs.evolve(item, kind="x", ref=why, size=big.size, racy=True)
         finally:
@@ -388,7 +397,7 @@ class Scan:
                     child = self._folder(join(rel, name))
                     ref = child.tree if child is not None and child.tree else ""
                 rows.append(Row(name, item.kind, item.mode, ref, item.size))
-            folder.tree, new = self.objects.put_tree(rows, store=self.store)
+            folder.tree, new = self.objects.put_tree(rows, store=self.store, writer=self.writer)
             self.new_bytes += new
         root = self._folder("")
         assert root is not None and root.tree is not None

@@ -97,10 +97,12 @@ class Snapshots:
                 )
                 latest = self.records.latest(owner)
                 if latest is not None and latest.roots == trees:
+                    finish(results)  # before the cache trusts what it stored
                     self.commit(results, states)
                     return Created(latest, True, self._clock() - started)
                 info = self.info(owner, label, trees, results)
                 check()  # the last moment a cancel or the clock may still abandon it
+                finish(results)
                 self.records.write(info)
             except OverLimit as over:
                 abandon(results)
@@ -127,6 +129,8 @@ class Snapshots:
         limits = Limits(s.checkpoint_max_bytes, s.checkpoint_max_file_bytes, s.checkpoint_max_files)
         hidden = self.hidden(private)
         generation = gc_number(self.folder)
+        self.objects.sync(generation)
+        writer = self.objects.writer() if store else None
         results: list[ScanResult] = []
         try:
             for root, state in zip(roots, states, strict=True):
@@ -143,12 +147,15 @@ class Snapshots:
                         limits=limits,
                         check=check,
                         store=store,
+                        writer=writer,
                     )
                     results.append(scan.run())
                 finally:
                     os.close(fd)
         except BaseException:
             abandon(results)
+            if writer is not None:
+                writer.abort()
             raise
         return results
 
@@ -220,6 +227,11 @@ class Snapshots:
             trio.from_thread.check_cancelled()
 
         return check
+
+
+def finish(results: list[ScanResult]) -> None:
+    for result in results:
+        result.finish()
 
 
 def abandon(results: list[ScanResult]) -> None:

@@ -115,8 +115,14 @@ def stamp_of(st: os.stat_result) -> Stamp:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
 
 
-def mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
+def size_text(n: int) -> str:
+    """A size in words: 512 bytes, 1.5 KiB, 16.0 MiB, 2.1 GiB."""
+    if n < 1024:
+        return f"{n} bytes"
+    for unit, shift in (("KiB", 10), ("MiB", 20), ("GiB", 30)):
+        if n < 1 << (shift + 10) or unit == "GiB":
+            return f"{n / (1 << shift):.1f} {unit}"
+    raise AssertionError("unreachable")
 
 
 def add_up(sums: list[int], folder: Folder) -> None:
@@ -148,8 +154,15 @@ class ScanResult:
         state.pending = set()
         state.everything = False
 
+    def finish(self) -> None:
+        """Make what it stored visible (its pack), before a record names it."""
+        if self.scan.writer is not None:
+            self.scan.writer.finish()
+
     def abandon(self) -> None:
         """Keep nothing of this scan: what it looked at is looked at again next time."""
+        if self.scan.writer is not None:
+            self.scan.writer.abort()
         state = self.scan.state
         state.pending |= self.scan._dirty
         state.everything = state.everything or self.scan._full

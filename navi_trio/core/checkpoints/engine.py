@@ -48,7 +48,7 @@ from navi_trio.core.checkpoints._model import (
 from navi_trio.core.checkpoints._objects import FileLock, ObjectStore
 from navi_trio.core.checkpoints._plan import Op, load_tree, plan_root
 from navi_trio.core.checkpoints._records import Records
-from navi_trio.core.checkpoints._snapshots import Snapshots, abandon
+from navi_trio.core.checkpoints._snapshots import Snapshots, abandon, finish
 from navi_trio.core.checkpoints._state import OverLimit, RootState, ScanResult
 from navi_trio.settings import Settings
 from navi_trio.tools.private import PrivatePaths
@@ -102,6 +102,7 @@ class CheckpointEngine:
 
     def close(self) -> None:
         self._snaps.close()
+        self.objects.close()
 
     # -- snapshots ----------------------------------------------------------------
 
@@ -260,9 +261,11 @@ class CheckpointEngine:
                 )
                 latest = self.records.latest(owner)
                 if latest is not None and latest.roots == trees:
+                    finish(results)
                     undo = latest.id
                 else:
                     before = self._snaps.info(owner, f"before restoring {info.id}", trees, results)
+                    finish(results)
                     self.records.write(before)
                     undo = before.id
             plans: list[tuple[Path, list[Op]]] = []
