@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from navi_trio.core.checkpoints._fsops import join
 from navi_trio.core.checkpoints._ignore import Ignorer, Rules
 from navi_trio.core.checkpoints._watch import Watcher
 
@@ -167,20 +166,6 @@ class ScanResult:
         state.pending |= self.scan._dirty
         state.everything = state.everything or self.scan._full
 
-    def flat(self) -> dict[str, Item]:
-        """Every entry of the tree as this scan saw it, by relative path."""
-        out: dict[str, Item] = {}
-        for rel, folder in [*self.scan.state.folders.items(), *self.scan.overlay.items()]:
-            if self.scan._folder(rel) is not folder:
-                continue
-            for name, item in folder.items.items():
-                out[join(rel, name)] = item
-        return out
-
-    def sealed(self) -> set[str]:
-        """Folders holding entries a rule left out."""
-        out = set()
-        for rel, folder in [*self.scan.state.folders.items(), *self.scan.overlay.items()]:
-            if folder.sealed and self.scan._folder(rel) is folder:
-                out.add(rel)
-        return out
+    def folder(self, rel: str) -> Folder | None:
+        """The folder `rel` as this scan leaves it (None: none there)."""
+        return self.scan._folder(rel)

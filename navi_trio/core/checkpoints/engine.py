@@ -46,7 +46,7 @@ from navi_trio.core.checkpoints._model import (
     Skipped,
 )
 from navi_trio.core.checkpoints._objects import FileLock, ObjectStore
-from navi_trio.core.checkpoints._plan import Op, load_tree, plan_root
+from navi_trio.core.checkpoints._plan import Op, changed_parts, plan_root
 from navi_trio.core.checkpoints._records import Records
 from navi_trio.core.checkpoints._snapshots import Snapshots, abandon, finish
 from navi_trio.core.checkpoints._state import OverLimit, RootState, ScanResult
@@ -297,21 +297,14 @@ class CheckpointEngine:
     def _plan_root(
         self, rt: RootTree, result: ScanResult | None, private: PrivatePaths
     ) -> tuple[list[Op], RootChanges]:
-        target = load_tree(self.objects, rt.tree, rt.mode)
         if result is None:  # the root folder is gone: everything is made again
-            return plan_root(rt.path, {}, -1, set(), target, self.objects, lambda rel: False)
+            return _plan_new(self.objects, rt, rt.path)
+        current, sealed, target = changed_parts(self.objects, rt.tree, rt.mode, result.folder)
         fd = open_root(rt.path, private)
         fds = Folders(fd)
         try:
-            return plan_root(
-                rt.path,
-                result.flat(),
-                result.mode,
-                result.sealed(),
-                target,
-                self.objects,
-                functools.partial(_exists, fds),
-            )
+            unseen = functools.partial(_exists, fds)
+            return plan_root(rt.path, current, result.mode, sealed, target, self.objects, unseen)
         finally:
             fds.close()
             os.close(fd)
@@ -328,8 +321,7 @@ class CheckpointEngine:
 
     def _export_sync(self, tree: RootTree, dest: Path) -> list[Any]:
         with hold_files(self.folder, []):
-            target = load_tree(self.objects, tree.tree, tree.mode)
-            ops, _ = plan_root(dest, {}, -1, set(), target, self.objects, lambda rel: False)
+            ops, _ = _plan_new(self.objects, tree, dest)
             try:
                 return export_root(self.objects, ops, dest)
             except FileExistsError:
@@ -355,6 +347,12 @@ class CheckpointEngine:
                 lock.release()
         with hold_files(self.folder, []):
             return [jid for jid, _ in self.journal.recover(self.objects)]
+
+
+def _plan_new(objects: ObjectStore, tree: RootTree, root: Path) -> tuple[list[Op], RootChanges]:
+    """The plan that makes the whole tree where nothing is."""
+    _, _, target = changed_parts(objects, tree.tree, tree.mode, lambda rel: None)
+    return plan_root(root, {}, -1, set(), target, objects, lambda rel: False)
 
 
 def _exists(fds: Folders, rel: str) -> bool:
