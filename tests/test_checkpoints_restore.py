@@ -296,3 +296,31 @@ async def test_a_missing_root_folder_is_made_again_by_the_restore(tmp_path: Path
             done = await engine.restore("s", first, private=private, confirm=preview.token)
             assert done.failed == ()
             assert tree_of(work) == expected
+
+
+async def test_the_session_folder_inside_the_data_folder_inside_the_cwd(tmp_path: Path) -> None:
+    """The daemon's own layout with the cwd at a home folder: the data folder (hidden)
+    holds the session folder (its own root, allowed) and the checkpoints."""
+    home = real_dir(tmp_path / "home")
+    data = home / ".local" / "share" / "navi"
+    settings = make_settings(tmp_path, data_dir=data, db_path=data / "navi.db")
+    session = real_dir(settings.session_dir("s1"))
+    private = private_for(settings, session)
+    (home / "project.txt").write_text("p1")
+    (session / "notes.md").write_text("n1")
+    (data / "other-session-secret").write_text("not ours")
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            first = await snap(engine, "s1", [session, home], private)
+            info = await engine.get("s1", first)
+            assert info.files == 2  # project.txt and notes.md: nothing else of the data
+            before_home = tree_of(home, skip=[".local"])
+            before_session = tree_of(session)
+            (home / "project.txt").write_text("p2")
+            (session / "notes.md").write_text("n2")
+            (session / "scratch.txt").write_text("s")
+            done = await engine.restore("s1", first, private=private)
+            assert done.failed == ()
+            assert tree_of(home, skip=[".local"]) == before_home
+            assert tree_of(session) == before_session
+            assert (data / "other-session-secret").read_text() == "not ours"

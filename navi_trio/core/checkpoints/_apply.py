@@ -46,7 +46,8 @@ from navi_trio.core.checkpoints._objects import FileLock, ObjectStore, write_ato
 from navi_trio.core.checkpoints._plan import Op
 from navi_trio.tools.private import PrivatePaths
 
-_WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO planted at the temp name fails (ENXIO) instead of hanging.
+_WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _NO_PRIVATE = PrivatePaths(hidden=())
 
 
@@ -90,7 +91,11 @@ class Journal:
         return out
 
     def run(
-        self, objects: ObjectStore, roots: list[tuple[Path, list[Op]]], checkpoint: str
+        self,
+        objects: ObjectStore,
+        roots: list[tuple[Path, list[Op]]],
+        checkpoint: str,
+        private: PrivatePaths,
     ) -> list[Kept]:
         """Journal and apply `roots`' operations; the paths that failed."""
         jid = new_id()
@@ -104,7 +109,7 @@ class Journal:
                 "roots": [{"path": str(r), "ops": ops} for r, ops in roots],
             }
             write_atomic(self.folder / f"{jid}.json", json.dumps(body).encode(), sync=True)
-            failed = _apply_all(objects, jid, roots, recovering=False)
+            failed = _apply_all(objects, jid, roots, private, recovering=False)
             self._finish(jid)
             return failed
         finally:
@@ -122,7 +127,8 @@ class Journal:
                 if data is None:
                     continue
                 roots = [(Path(r["path"]), list(r["ops"])) for r in data["roots"]]
-                failed = _apply_all(objects, jid, roots, recovering=True)
+                # The plan was checked against navi's data when it was made.
+                failed = _apply_all(objects, jid, roots, _NO_PRIVATE, recovering=True)
                 self._finish(jid)
                 done.append((jid, failed))
             finally:
@@ -135,12 +141,17 @@ class Journal:
 
 
 def _apply_all(
-    objects: ObjectStore, jid: str, roots: list[tuple[Path, list[Op]]], *, recovering: bool
+    objects: ObjectStore,
+    jid: str,
+    roots: list[tuple[Path, list[Op]]],
+    private: PrivatePaths,
+    *,
+    recovering: bool,
 ) -> list[Kept]:
     failed: list[Kept] = []
     for root, ops in roots:
         try:
-            root_fd = open_root(root, _NO_PRIVATE, create=True)
+            root_fd = open_root(root, private, create=True)
         except Exception as exc:  # noqa: BLE001 - reported with the root's name
             failed.append(Kept(str(root), str(exc)))
             continue

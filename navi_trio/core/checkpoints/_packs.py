@@ -124,8 +124,12 @@ class Packs:
             by_pack[stem].append((digest, offset, length))
         removed = 0
         for name in os.listdir(self.folder):
-            if name.endswith(".pack") and name[:-5] not in by_pack:
-                (self.folder / name).unlink(missing_ok=True)
+            stem, _, ext = name.rpartition(".")
+            if ext in ("pack", "idx") and stem not in by_pack:
+                # No index, or every object of it found in another pack (a collection
+                # killed between writing a pack's replacement and removing it).
+                (self.folder / f"{stem}.idx").unlink(missing_ok=True)
+                (self.folder / f"{stem}.pack").unlink(missing_ok=True)
         for stem, entries in by_pack.items():
             live = [e for e in entries if e[0] in marked]
             if len(live) == len(entries):

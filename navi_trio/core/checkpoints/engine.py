@@ -227,7 +227,7 @@ class CheckpointEngine:
                 )
             if not any(ops for _, ops in plans):
                 return preview, []
-            return preview, self.journal.run(self.objects, plans, info.id)
+            return preview, self.journal.run(self.objects, plans, info.id, private)
 
     def _plan(
         self, owner: str, info: CheckpointInfo, states: list[RootState], private: PrivatePaths
