@@ -324,3 +324,31 @@ async def test_the_session_folder_inside_the_data_folder_inside_the_cwd(tmp_path
             assert tree_of(home, skip=[".local"]) == before_home
             assert tree_of(session) == before_session
             assert (data / "other-session-secret").read_text() == "not ours"
+
+
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="root ignores permission bits: a read-only folder binds no one"
+)
+async def test_a_restore_writes_into_folders_made_read_only_and_makes_them_so_again(
+    tmp_path: Path,
+) -> None:
+    settings = make_settings(tmp_path)
+    work = real_dir(tmp_path / "work")
+    private = private_for(settings)
+    (work / "ro").mkdir()
+    (work / "ro" / "a.txt").write_text("a1")
+    os.chmod(work / "ro", 0o555)
+    try:
+        with trio.fail_after(DEADLINE):
+            async with engine_for(settings) as engine:
+                first = await snap(engine, "s", [work], private)
+                expected = tree_of(work)
+                os.chmod(work / "ro", 0o755)
+                (work / "ro" / "a.txt").write_text("a2")
+                (work / "ro" / "b.txt").write_text("b")
+                os.chmod(work / "ro", 0o500)
+                done = await engine.restore("s", first, private=private)
+                assert done.failed == ()
+                assert tree_of(work) == expected
+    finally:
+        _unlock(work)

@@ -41,11 +41,8 @@ def collect(
         objects.clean_tmp()
         marked: set[str] = set()
         stack = list(records.all_trees())
-        for state in states:
-            for cached in state.folders.values():
-                if cached.tree:
-                    stack.append(cached.tree)
-                marked |= {i.ref for i in cached.items.values() if i.kind == "f" and i.ref}
+        for state in states:  # a committed folder always has its listing: it names the rest
+            stack += [cached.tree for cached in state.folders.values() if cached.tree]
         while stack:
             digest = stack.pop()
             if digest in marked:
