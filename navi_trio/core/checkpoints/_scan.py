@@ -45,7 +45,6 @@ from navi_trio.core.checkpoints._state import (
     Limits,
     OverLimit,
     RootState,
-    ScanResult,
     Stamp,
     add_up,
     size_text,
@@ -98,13 +97,14 @@ class Scan:
 
     # -- the pass ---------------------------------------------------------------
 
-    def run(self) -> ScanResult:
+    def run(self) -> str:
+        """Scan; the root's listing digest (`_result.ScanResult` keeps or drops it)."""
         try:
             return self._run()
         finally:
             self.fds.close()
 
-    def _run(self) -> ScanResult:
+    def _run(self) -> str:
         state = self.state
         if state.ident != self.root_ident:
             state.reset()
@@ -138,7 +138,7 @@ class Scan:
             state.pending |= self._dirty
             state.everything = state.everything or self._full
             raise
-        return ScanResult(self, root_tree)
+        return root_tree
 
     def _enqueue(self, rel: str, *, deep: bool) -> None:
         if rel in self._queue:

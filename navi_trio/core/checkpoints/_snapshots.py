@@ -29,8 +29,9 @@ from navi_trio.core.checkpoints._model import (
 )
 from navi_trio.core.checkpoints._objects import ObjectStore
 from navi_trio.core.checkpoints._records import Records, new_checkpoint_id
+from navi_trio.core.checkpoints._result import ScanResult
 from navi_trio.core.checkpoints._scan import Scan
-from navi_trio.core.checkpoints._state import Limits, OverLimit, RootState, ScanResult
+from navi_trio.core.checkpoints._state import Limits, OverLimit, RootState
 from navi_trio.settings import Settings
 from navi_trio.tools.private import PrivatePaths, within
 
@@ -149,7 +150,7 @@ class Snapshots:
                         store=store,
                         writer=writer,
                     )
-                    results.append(scan.run())
+                    results.append(ScanResult(scan))
                 finally:
                     os.close(fd)
         except BaseException:

@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import attrs
 
 from navi_trio.core.checkpoints._ignore import Ignorer, Rules
 from navi_trio.core.checkpoints._watch import Watcher
-
-if TYPE_CHECKING:
-    from navi_trio.core.checkpoints._scan import Scan
 
 RACY_NS = 2_000_000_000
 Stamp = tuple[int, int, int, int, int]  # size, mtime_ns, ctime_ns, inode, device
@@ -129,43 +125,3 @@ def add_up(sums: list[int], folder: Folder) -> None:
     sums[1] += folder.files
     sums[2] += folder.folders
     sums[3] += folder.bytes
-
-
-class ScanResult:
-    """A finished scan: the root's listing digest, and `commit` to keep what it saw."""
-
-    def __init__(self, scan: Scan, tree: str) -> None:
-        self.scan = scan
-        self.tree = tree
-        self.mode = scan.root_mode
-
-    def commit(self) -> None:
-        scan, state = self.scan, self.scan.state
-        watcher = state.watcher
-        for rel in scan.dropped:
-            state.folders.pop(rel, None)
-            state.linked.discard(rel)
-            if watcher is not None and rel not in scan.overlay:
-                watcher.forget(rel)
-        state.folders.update(scan.overlay)
-        for rel, linked in scan.linked.items():
-            (state.linked.add if linked else state.linked.discard)(rel)
-        state.pending = set()
-        state.everything = False
-
-    def finish(self) -> None:
-        """Make what it stored visible (its pack), before a record names it."""
-        if self.scan.writer is not None:
-            self.scan.writer.finish()
-
-    def abandon(self) -> None:
-        """Keep nothing of this scan: what it looked at is looked at again next time."""
-        if self.scan.writer is not None:
-            self.scan.writer.abort()
-        state = self.scan.state
-        state.pending |= self.scan._dirty
-        state.everything = state.everything or self.scan._full
-
-    def folder(self, rel: str) -> Folder | None:
-        """The folder `rel` as this scan leaves it (None: none there)."""
-        return self.scan._folder(rel)

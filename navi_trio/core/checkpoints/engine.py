@@ -48,8 +48,9 @@ from navi_trio.core.checkpoints._model import (
 from navi_trio.core.checkpoints._objects import FileLock, ObjectStore
 from navi_trio.core.checkpoints._plan import Op, changed_parts, plan_root
 from navi_trio.core.checkpoints._records import Records
+from navi_trio.core.checkpoints._result import ScanResult
 from navi_trio.core.checkpoints._snapshots import Snapshots, abandon, finish
-from navi_trio.core.checkpoints._state import OverLimit, RootState, ScanResult
+from navi_trio.core.checkpoints._state import OverLimit, RootState
 from navi_trio.settings import Settings
 from navi_trio.tools.private import PrivatePaths
 
