@@ -108,12 +108,3 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-def copy_fd(src: int, dst: int) -> int:
-    """Copy `src` to `dst` from their current offsets; the bytes copied."""
-    total = 0
-    while chunk := os.read(src, 1 << 20):
-        write_all(dst, chunk)
-        total += len(chunk)
-    return total

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import attrs
 
+from navi_trio.core.checkpoints._fsops import write_all
 from navi_trio.core.checkpoints._model import CheckpointDamagedError, FileTooLargeError
 from navi_trio.core.checkpoints._packs import PACKED_MAX, Packs, PackWriter
 
@@ -174,7 +175,7 @@ class ObjectStore:
         fd, tmp = self._tmp_fd()
         try:
             try:
-                _write_all(fd, data)
+                write_all(fd, data)
             finally:
                 os.close(fd)
             self._publish(tmp, digest)
@@ -218,9 +219,9 @@ class ObjectStore:
                 if out is None:  # a large file: stream it to a temp file
                     out, tmp = self._tmp_fd()
                     for held in chunks:
-                        _write_all(out, held)
+                        write_all(out, held)
                     chunks = []
-                _write_all(out, chunk)
+                write_all(out, chunk)
             digest = sha.hexdigest()
             if not store:
                 return digest, 0, total
@@ -265,12 +266,12 @@ class ObjectStore:
         """Write the object `digest` to the open file `dst`."""
         packed = self.packs.read(digest)
         if packed is not None:
-            _write_all(dst, packed)
+            write_all(dst, packed)
             return
         fd = self._open_loose(digest)
         try:
             while chunk := os.read(fd, CHUNK):
-                _write_all(dst, chunk)
+                write_all(dst, chunk)
         finally:
             os.close(fd)
 
@@ -322,12 +323,6 @@ class ObjectStore:
         return removed
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 def _read_all(fd: int) -> bytes:
     chunks = []
     while chunk := os.read(fd, CHUNK):
@@ -348,7 +343,7 @@ def write_atomic(path: Path, data: bytes, *, sync: bool = False) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
             if sync:
                 os.fsync(fd)
         finally:
