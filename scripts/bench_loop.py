@@ -62,7 +62,8 @@ async def bench(turns: int, stops: int) -> None:
     with trio.fail_after(120):
         plain = await _turns(root / "plain", [{"text": "ok"}], turns, 1)
         print(f"turn (one LLM call, text answer): {_fmt(plain)}")
-        todo = {"tool_calls": [{"name": "todo", "arguments": {"action": "list"}}]}
+        call = {"name": "todo", "arguments": {"action": "list"}}
+        todo: dict[str, object] = {"tool_calls": [call]}
         tooled = await _turns(root / "tool", [todo, {"text": "done"}], turns, 2)
         print(f"turn (tool call + answer, two LLM calls): {_fmt(tooled)}")
 
