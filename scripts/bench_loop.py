@@ -52,6 +52,7 @@ async def _turns(
             t0 = time.perf_counter()
             await agent.run(f"s-{i % 10}", "hi")  # "hi" is small talk: no planning
             samples.append(time.perf_counter() - t0)
+        assert h.fake is not None
         made = len(h.fake.chat_requests)
         assert made == calls * turns, f"expected {calls * turns} LLM calls, got {made}"
         return samples
@@ -74,6 +75,7 @@ async def bench(turns: int, stops: int) -> None:
             latency, disconnect = [], []
             for i in range(stops):
                 control = RunControl()
+                assert h.fake is not None
                 seen = len(h.fake.disconnects)
                 async with agent.run_stream(f"stop-{i % 10}", "hi", control=control) as events:
                     await h.fake.wait_requests(len(h.fake.requests) + 1)
