@@ -106,7 +106,7 @@ async def test_runs_of_different_sessions_in_parallel_processes_all_succeed(
 async def test_a_second_process_on_a_running_session_is_told_it_is_busy(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    replies = [{"text": "partial answer", "stall": True}, {"text": ANSWER}]
+    replies: list[dict[str, Any]] = [{"text": "partial answer", "stall": True}, {"text": ANSWER}]
     async with fake_llm(tmp_path, replies) as url:
         first = await start_navi("run", "--session", "s-busy", "--llm-url", url, "hi",
                                  env=env, cwd=tmp_path)  # fmt: skip
@@ -137,7 +137,7 @@ async def test_a_second_process_on_a_running_session_is_told_it_is_busy(
 async def test_a_crashed_owner_does_not_block_its_session(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    replies = [{"text": "partial answer", "stall": True}, {"text": ANSWER}]
+    replies: list[dict[str, Any]] = [{"text": "partial answer", "stall": True}, {"text": ANSWER}]
     async with fake_llm(tmp_path, replies) as url:
         first = await start_navi("run", "--session", "s-crash", "--llm-url", url, "hi",
                                  env=env, cwd=tmp_path)  # fmt: skip
@@ -167,8 +167,10 @@ async def test_a_stop_signal_kills_the_tools_processes_and_saves_the_stopped_tur
     fifo = tmp_path / "pids"
     os.mkfifo(fifo)
     call = {"action": "run", "command": spawner(fifo)}
-    replies = [{"text": "Running it.", "tool_calls": [{"name": "terminal", "arguments": call}]},
-               {"text": "never asked"}]  # fmt: skip
+    replies: list[dict[str, Any]] = [
+        {"text": "Running it.", "tool_calls": [{"name": "terminal", "arguments": call}]},
+        {"text": "never asked"},
+    ]
     async with fake_llm(tmp_path, replies) as url:
         proc = await start_navi("run", "--session", "s-sig", "--llm-url", url, *FULL_ARGS, "go",
                                 env=env, cwd=tmp_path)  # fmt: skip

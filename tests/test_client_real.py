@@ -169,7 +169,7 @@ async def test_a_chat_with_the_real_daemon(env: dict[str, str], tmp_path: Path) 
     """Plan, tool cards, queue + Ctrl+C stop, /sessions, /tasks, a background task,
     /compact, an unknown command, quit; then /resume in a second chat replays it all."""
     with trio.fail_after(DEADLINE):
-        first_turn = [
+        first_turn: list[dict[str, Any]] = [
             {"text": "Two small steps.\nREFLECT: no"},
             {"text": PLAN},
             {
@@ -480,7 +480,11 @@ async def test_a_full_mode_terminal_call_asks_and_y_lets_it_run(
     asks; the card shows, y approves it once, and the command really runs."""
     marker = tmp_path / "approved-marker"
     call = {"name": "terminal", "arguments": {"action": "run", "command": f"touch {marker}"}}
-    replies = [{"text": "DIRECT"}, {"tool_calls": [call]}, {"text": "The marker is there."}]
+    replies: list[dict[str, Any]] = [
+        {"text": "DIRECT"},
+        {"tool_calls": [call]},
+        {"text": "The marker is there."},
+    ]
     with trio.fail_after(DEADLINE):
         async with fake_llm(*replies) as llm, serve(env, llm.url) as daemon:
             async with chat(env, tmp_path, "--url", daemon.url.rstrip("/")) as c:

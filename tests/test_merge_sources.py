@@ -32,13 +32,14 @@ from navi_trio.settings import Settings
 Frame = dict[str, Any]
 BASE: Frame = {"session_id": "s1", "epoch": "e1", "is_subagent": False, "agent_id": None}
 SUB_A1: Frame = {"is_subagent": True, "agent_id": "a1"}
-AGENTS = {
+AGENTS: dict[str, tuple[Frame, Frame]] = {
     "two sub-agents": (SUB_A1, {"is_subagent": True, "agent_id": "a2"}),
     "the main agent and a sub-agent": ({}, SUB_A1),
     "a sub-agent without an id": ({}, {"is_subagent": True}),
     "a sub-agent and the main agent with its id": (SUB_A1, {"agent_id": "a1"}),
 }  # fmt: skip
-SESSIONS = {"two sessions": ({}, {"session_id": "s2"})}
+SESSIONS: dict[str, tuple[Frame, Frame]] = {"two sessions": ({}, {"session_id": "s2"})}
+PAIRS = {**AGENTS, **SESSIONS}
 KINDS = ["text_delta", "thinking_delta"]
 
 
@@ -146,9 +147,9 @@ def _through_queue(sent: list[Frame]) -> list[Frame]:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("pair", {**AGENTS, **SESSIONS}, ids=str)
+@pytest.mark.parametrize("pair", PAIRS, ids=str)
 def test_a_subscriber_queue_keeps_two_sources_deltas_apart(kind: str, pair: str) -> None:
-    a, b = {**AGENTS, **SESSIONS}[pair]
+    a, b = PAIRS[pair]
     sent = _turns(kind, a, b)
     _check(_through_queue(sent), sent)
 
@@ -157,9 +158,9 @@ def test_a_subscriber_queue_keeps_two_sources_deltas_apart(kind: str, pair: str)
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("pair", {**AGENTS, **SESSIONS}, ids=str)
+@pytest.mark.parametrize("pair", PAIRS, ids=str)
 def test_the_replay_buffer_keeps_two_sources_deltas_apart(kind: str, pair: str) -> None:
-    a, b = {**AGENTS, **SESSIONS}[pair]
+    a, b = PAIRS[pair]
     sent = _turns(kind, a, b)
     buf = ReplayBuffer()
     for f in sent:
@@ -197,8 +198,8 @@ async def _through_writer(sent: list[Frame]) -> list[Frame]:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("pair", {**AGENTS, **SESSIONS}, ids=str)
+@pytest.mark.parametrize("pair", PAIRS, ids=str)
 async def test_the_connection_writer_keeps_two_sources_deltas_apart(kind: str, pair: str) -> None:
-    a, b = {**AGENTS, **SESSIONS}[pair]
+    a, b = PAIRS[pair]
     sent = _turns(kind, a, b)
     _check(await _through_writer(sent), sent)

@@ -27,7 +27,7 @@ from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import open_daemon
 
 from navi_trio.errors import StoreError
-from navi_trio.store import SQLiteStore
+from navi_trio.store import SessionStore, SQLiteStore
 from navi_trio.testing import open_harness
 
 TIMEOUT = 30
@@ -113,7 +113,7 @@ def _gated(tmp_path: Path, gate: GateTool, replies: list[dict[str, Any]], **kw: 
     )  # fmt: skip
 
 
-async def _users(store: SQLiteStore, sid: str = "s1") -> list[str]:
+async def _users(store: SessionStore, sid: str = "s1") -> list[str]:
     return [m["content"] for m in await store.load_messages(sid) if m["role"] == "user"]
 
 

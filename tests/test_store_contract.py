@@ -204,7 +204,7 @@ async def test_append_rejects_what_is_not_a_json_dict_and_writes_nothing(backend
 
 async def test_unicode_nul_and_odd_values_round_trip_exactly(backend: Backend) -> None:
     # Exactly, but for a lone surrogate, which comes back as U+FFFD (navi_trio/text.py).
-    odd = {
+    odd: dict[str, Any] = {
         "role": "assistant",
         "content": "héllo 🌍 שלום \x00 end \ud800",
         "thinking": "∑ ≠ 𝔘",
