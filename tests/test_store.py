@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from builders import assistant, call, result, user
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,31 +39,6 @@ async def raw(store: SQLiteStore, sql: str, params: tuple[Any, ...] = ()) -> lis
     return await store.run_raw_for_tests(
         "test query", lambda db: db.execute(sql, params).fetchall()
     )
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"role": "user", "content": text}
-
-
-def call(cid: str | None, name: str = "shell") -> dict[str, Any]:
-    c: dict[str, Any] = {"name": name, "arguments": {}}
-    if cid is not None:
-        c["id"] = cid
-    return c
-
-
-def assistant(*calls: dict[str, Any], text: str = "") -> dict[str, Any]:
-    msg: dict[str, Any] = {"role": "assistant", "content": text}
-    if calls:
-        msg["tool_calls"] = list(calls)
-    return msg
-
-
-def result(cid: str | None, content: str = "ok") -> dict[str, Any]:
-    msg: dict[str, Any] = {"role": "tool", "name": "shell", "content": content}
-    if cid is not None:
-        msg["tool_call_id"] = cid
-    return msg
 
 
 # -- opening, pragmas, the worker thread -----------------------------------------------

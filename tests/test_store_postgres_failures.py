@@ -29,9 +29,8 @@ import psycopg
 import pytest
 import trio
 import trio.testing
+from builders import user
 from pg_server import closed_port, cut_connections, sql
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
 
 from navi_trio.errors import StorageError, StorageFullError, StoreError
 from navi_trio.store.postgres import PostgresStore
@@ -40,10 +39,6 @@ from navi_trio.store.postgres._migrate import migrate
 from navi_trio.testing.postgres import PgServer
 
 TIMEOUT = 30
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"role": "user", "content": text}
 
 
 # -- a server that fails ------------------------------------------------------------------
