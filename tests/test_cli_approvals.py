@@ -10,9 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from test_cli import env, fake_llm, messages, navi
-
-__all__ = ["env"]  # the fixture, imported for pytest
+from test_cli import fake_llm, messages, navi
 
 
 async def test_without_a_terminal_a_call_that_asks_is_denied_and_the_run_goes_on(

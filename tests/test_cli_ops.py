@@ -26,7 +26,6 @@ from test_cli import (
     DEADLINE,
     _one_error_line,
     _read_until,
-    env,
     fake_llm,
     messages,
     navi,
@@ -39,8 +38,6 @@ from navi_trio.core.agent import Agent
 from navi_trio.core.task_notes import NOTES_SCOPE
 from navi_trio.errors import ConfigError
 from navi_trio.store.sqlite import SQLiteStore
-
-__all__ = ["env"]  # the fixture, imported for pytest
 
 
 async def start_navi(*args: str, env: dict[str, str], cwd: Path) -> trio.Process:

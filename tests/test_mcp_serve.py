@@ -30,12 +30,11 @@ from mcp import Client, MCPError
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult
 from test_api_daemon import serve
-from test_cli import env, fake_llm, messages, unused_port
+from test_cli import fake_llm, messages, unused_port
 
 from navi_trio.cli.mcp_ask import LINE_MAX, ProgressPump
 from navi_trio.store.sqlite import SQLiteStore
 
-__all__ = ["env"]  # the fixture, imported for pytest
 pytestmark = pytest.mark.slow
 DEADLINE = 60
 ANSWER = "Hello from the fake model"
