@@ -11,7 +11,7 @@ from pathlib import Path
 
 import trio
 
-from navi_trio.core.session_actor import SUBSCRIBER_BUFFER
+from navi_trio.core.broadcast import SUBSCRIBER_BUFFER
 from navi_trio.events import TextDelta, ThinkingDelta, ToolStarted
 from navi_trio.testing import open_harness
 

@@ -40,10 +40,10 @@ from navi_trio.api.protocol import (
     encode,
     error_frame,
     error_frame_for,
+    lagged_frame,
     parse_frame,
     welcome_frame,
 )
-from navi_trio.core.replay import MERGE_MAX_CHARS, MERGEABLE
 from navi_trio.errors import (
     AuthError,
     LimitError,
@@ -76,13 +76,6 @@ CLOSE_SEND_TIMEOUT = 5.0
 DEFERRED_MAX = 64
 # Commands the frames-per-second limit never drops (control frames: stop, approve, deny).
 RATE_EXEMPT = (Stop, Approval)
-# What two deltas must share to be merged into one frame by the writer.
-_SAME = ("session_id", "is_subagent", "agent_id", "epoch")
-
-
-def _merged(last: Frame, texts: list[str]) -> Frame:
-    """The last delta of a run with the text of all of them (seq is the last one's)."""
-    return last if len(texts) == 1 else {**last, "text": "".join(texts)}
 
 
 class Connection:
@@ -220,49 +213,10 @@ class Connection:
             self._deferred.release()
 
     async def _writer(self) -> None:
-        carry: Frame | None = None
-        while True:
-            if carry is None:
-                try:
-                    frame = await self._outbox.receive()
-                except trio.EndOfChannel:
-                    return
-            else:
-                frame, carry = carry, None
-            if frame.get("type") in MERGEABLE:
-                frame, carry = self._merge_waiting(frame)
+        # No merging here: deltas merge while they wait in the subscription's queue
+        # (core/broadcast.py), where a slow client's pump is blocked on the outbox.
+        async for frame in self._outbox:
             await self.ws.send_message(encode(frame))
-
-    def _merge_waiting(self, frame: Frame) -> tuple[Frame, Frame | None]:
-        """`frame` with the deltas already waiting behind it merged in (one WS message
-        instead of one per token, for a reader that falls behind), and the first waiting
-        frame that could not be merged, if any. Merged: consecutive text (or thinking)
-        deltas of the same session and agent, text concatenated, seq the last one's, at
-        most MERGE_MAX_CHARS of text; never across another frame."""
-        text = frame.get("text")
-        if not isinstance(text, str):
-            return frame, None
-        texts = [text]
-        size = len(text)
-        last = frame
-        while size < MERGE_MAX_CHARS:
-            try:
-                nxt = self._outbox.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
-            more = nxt.get("text")
-            if not (
-                nxt.get("type") == frame["type"]
-                and isinstance(more, str)
-                and isinstance(nxt.get("seq"), int) == isinstance(frame.get("seq"), int)
-                and size + len(more) <= MERGE_MAX_CHARS
-                and all(nxt.get(k) == frame.get(k) for k in _SAME)
-            ):
-                return _merged(last, texts), nxt
-            texts.append(more)
-            size += len(more)
-            last = nxt
-        return _merged(last, texts), None
 
     async def send(self, frame: Frame) -> None:
         await self._outbox_send.send(frame)
@@ -312,10 +266,7 @@ class Connection:
                     break
                 missed_from, missed_to = lagged
                 log.warning("%s lagged on session %s: resubscribing", self._who(), sid)
-                await self.send(
-                    {"type": "lagged", "session_id": sid, "missed_from": missed_from,
-                     "missed_to": missed_to}
-                )  # fmt: skip
+                await self.send(lagged_frame(sid, missed_from, missed_to))
                 # From the last frame it got; none yet: from just before the first missed.
                 sub = actor.subscribe(missed_from - 1 if last is None else last, actor.epoch)
                 self._subs[sid] = (sub, scope)

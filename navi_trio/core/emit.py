@@ -6,8 +6,9 @@ reader plus a chatty tool into gigabytes. `open_event_channel` gives a channel t
 never blocks the sender and never grows without bound:
 
 - A text (thinking) delta sent while the last waiting event is a text (thinking)
-  delta of the same source is merged into it: the texts joined, one event to hand on
-  instead of one per token, at every hop after this one.
+  delta of the same source is merged into it (the one rule, `core/deltas.py`): the
+  texts joined, one event to hand on instead of one per token, at every hop after
+  this one.
 - *Progress* events — `TextDelta`, `ThinkingDelta` and `ToolEvent` — are queued as
   they are while fewer than `max_progress` of them wait. Beyond that, a new one is
   merged into the latest waiting one from the same source (text deltas: texts joined;
@@ -18,22 +19,35 @@ never blocks the sender and never grows without bound:
   queued: never merged, never dropped. A turn has only so many of those.
 
 With a reader that keeps up nothing is ever merged: it sees exactly what was sent.
-`EventReceiver.statistics()` tells how many events were merged and dropped.
+`EventReceiver.statistics()` tells how many events were merged and dropped. The
+channel itself (queue, waiter, the two ends) is `core/channel.py`'s, shared with each
+subscriber's frame queue; this module is the policy only.
 """
 
 from __future__ import annotations
 
-import collections
 from typing import Protocol
 
 import attrs
-import trio
 
+from navi_trio.core.channel import (
+    ChannelStats,
+    MergingQueue,
+    MergingReceiver,
+    MergingSender,
+    open_merging_channel,
+)
+from navi_trio.core.deltas import event_agent, merged_event
 from navi_trio.events import AgentEvent, TextDelta, ThinkingDelta, ToolEvent
 
 PROGRESS_TYPES = (TextDelta, ThinkingDelta, ToolEvent)
 DEFAULT_MAX_PROGRESS = 256
 DEFAULT_MAX_CHARS = 8000  # of merged tool output in one event
+
+
+EventSender = MergingSender[AgentEvent]  # the run's end: `send_nowait` never blocks
+EventReceiver = MergingReceiver[AgentEvent]  # the reader's end
+EventStats = ChannelStats
 
 
 class SendsNowait(Protocol):
@@ -42,19 +56,8 @@ class SendsNowait(Protocol):
     def send_nowait(self, value: AgentEvent) -> None: ...
 
 
-@attrs.frozen
-class EventStats:
-    queued: int  # events waiting for the reader now
-    merged: int  # progress events merged into an earlier one
-    dropped: int  # tool progress events dropped (their newer neighbours went through)
-
-
 def is_progress(event: AgentEvent) -> bool:
     return isinstance(event, PROGRESS_TYPES)
-
-
-def _source(event: AgentEvent) -> tuple[bool, str | None]:
-    return event.is_subagent, event.agent_id
 
 
 def _is_output(event: ToolEvent) -> bool:
@@ -79,29 +82,22 @@ def _merge_output(old: ToolEvent, new: ToolEvent, max_chars: int) -> ToolEvent:
     return attrs.evolve(new, data=data)
 
 
-class _Queue:
+class EventQueue(MergingQueue[AgentEvent]):
+    """A run's events: the policy of the module docstring."""
+
     def __init__(self, max_progress: int, max_chars: int) -> None:
+        super().__init__()
         self.max_progress = max(max_progress, 1)
         self.max_chars = max_chars
-        self.items: collections.deque[AgentEvent] = collections.deque()
         self.progress = 0
-        self.merged = 0
-        self.dropped = 0
-        self.send_closed = False
-        self.recv_closed = False
-        self.waiter = trio.Event()
 
-    def wake(self) -> None:
-        self.waiter.set()
-
-    def put(self, event: AgentEvent) -> None:
-        if isinstance(event, TextDelta | ThinkingDelta) and self.items:
-            tail = self.items[-1]
-            if type(tail) is type(event) and _source(tail) == _source(event):
-                assert isinstance(tail, TextDelta | ThinkingDelta)
-                self.items[-1] = attrs.evolve(tail, text=tail.text + event.text)
+    def put(self, event: AgentEvent) -> bool:
+        if self.items:
+            merged = merged_event(self.items[-1], event)
+            if merged is not None:
+                self.items[-1] = merged
                 self.merged += 1
-                return  # the reader already has one waiting
+                return False  # the reader already has one waiting
         if not is_progress(event):
             self.items.append(event)
         elif self.progress < self.max_progress:
@@ -109,7 +105,7 @@ class _Queue:
             self.progress += 1
         elif self._merge(event):
             self.merged += 1
-            return  # nothing new to wake for: the reader already has one waiting
+            return False  # nothing new to wake for: the reader already has one waiting
         elif isinstance(event, ToolEvent) and self._drop_oldest_tool_event():
             self.dropped += 1
             self.items.append(event)
@@ -119,7 +115,7 @@ class _Queue:
             # reordering. Its text is bounded by the answer's own size cap.
             self.items.append(event)
             self.progress += 1
-        self.wake()
+        return True
 
     def _merge(self, event: AgentEvent) -> bool:
         """Merge into the latest waiting event of the same source, if order allows."""
@@ -127,9 +123,9 @@ class _Queue:
             item = self.items[i]
             if not is_progress(item):
                 return False  # never across another event
-            if _source(item) != _source(event):
+            if event_agent(item) != event_agent(event):
                 continue
-            merged = self._merged(item, event)
+            merged = merged_event(item, event) or self._merged_output(item, event)
             if merged is not None:
                 self.items[i] = merged
                 return True
@@ -139,11 +135,7 @@ class _Queue:
                 return False  # the same call's other kind of progress: keep the order
         return False
 
-    def _merged(self, old: AgentEvent, new: AgentEvent) -> AgentEvent | None:
-        if isinstance(old, TextDelta) and isinstance(new, TextDelta):
-            return attrs.evolve(old, text=old.text + new.text)
-        if isinstance(old, ThinkingDelta) and isinstance(new, ThinkingDelta):
-            return attrs.evolve(old, text=old.text + new.text)
+    def _merged_output(self, old: AgentEvent, new: AgentEvent) -> AgentEvent | None:
         if (
             isinstance(old, ToolEvent)
             and isinstance(new, ToolEvent)
@@ -168,81 +160,13 @@ class _Queue:
             self.progress -= 1
         return event
 
-
-class EventSender(trio.abc.SendChannel[AgentEvent]):
-    """The run's end: `send_nowait` never blocks (see the module docstring)."""
-
-    def __init__(self, queue: _Queue) -> None:
-        self._q = queue
-
-    def send_nowait(self, value: AgentEvent) -> None:
-        if self._q.send_closed:
-            raise trio.ClosedResourceError("the run's event channel is closed")
-        if self._q.recv_closed:
-            raise trio.BrokenResourceError("the reader of the run's events left")
-        self._q.put(value)
-
-    async def send(self, value: AgentEvent) -> None:
-        await trio.lowlevel.checkpoint()
-        self.send_nowait(value)
-
-    def close(self) -> None:
-        self._q.send_closed = True
-        self._q.wake()
-
-    async def aclose(self) -> None:
-        self.close()
-        await trio.lowlevel.checkpoint()
-
-    def __enter__(self) -> EventSender:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class EventReceiver(trio.abc.ReceiveChannel[AgentEvent]):
-    """The reader's end: ``async for event in receiver`` until the run closes it."""
-
-    def __init__(self, queue: _Queue) -> None:
-        self._q = queue
-
-    async def receive(self) -> AgentEvent:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        while not self._q.items:
-            if self._q.recv_closed:
-                raise trio.ClosedResourceError("this event channel was closed")
-            if self._q.send_closed:
-                raise trio.EndOfChannel
-            self._q.waiter = trio.Event()
-            await self._q.waiter.wait()
-        event = self._q.take()
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return event
-
-    def statistics(self) -> EventStats:
-        return EventStats(queued=len(self._q.items), merged=self._q.merged, dropped=self._q.dropped)
-
-    def close(self) -> None:
-        self._q.recv_closed = True
-        self._q.items.clear()
-        self._q.progress = 0
-        self._q.wake()
-
-    async def aclose(self) -> None:
-        self.close()
-        await trio.lowlevel.checkpoint()
-
-    def __enter__(self) -> EventReceiver:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def clear(self) -> None:
+        self.items.clear()
+        self.progress = 0
 
 
 def open_event_channel(
     max_progress: int = DEFAULT_MAX_PROGRESS, max_chars: int = DEFAULT_MAX_CHARS
 ) -> tuple[EventSender, EventReceiver]:
     """A bounded, never-blocking channel for one run's events (module docstring)."""
-    queue = _Queue(max_progress, max_chars)
-    return EventSender(queue), EventReceiver(queue)
+    return open_merging_channel(EventQueue(max_progress, max_chars))

@@ -2,10 +2,10 @@
 
 Bounded twice, by frames and by characters, so neither a long answer streamed one token
 per frame nor one huge tool output can grow it without end. Consecutive text (or
-thinking) deltas of the same agent and session are merged into one frame as they
-arrive: a long answer is a handful of frames, not one per token. A merged frame keeps
-where each of its deltas ends, so a client that saw part of it gets only the rest —
-never a duplicate.
+thinking) deltas of the same source are merged into one frame as they arrive (the one
+rule, `core/deltas.py`): a long answer is a handful of frames, not one per token. A
+merged frame keeps where each of its deltas ends, so a client that saw part of it gets
+only the rest — never a duplicate.
 
 `since(last_seq)` answers what a subscriber missed, or None when part of it has already
 left the buffer: then the client must reload the history (a ``resync``), never see a
@@ -20,14 +20,13 @@ from typing import Any
 
 import attrs
 
+from navi_trio.core.deltas import MERGE_MAX_CHARS as MERGE_MAX_CHARS
+from navi_trio.core.deltas import merged_frame
+
 Frame = dict[str, Any]
 
-MERGEABLE = frozenset({"text_delta", "thinking_delta"})
-# What two deltas must share to merge: their session (and its epoch) and their agent.
-SAME_SOURCE = ("session_id", "epoch", "is_subagent", "agent_id")
 REPLAY_MAX_FRAMES = 2000
 REPLAY_MAX_CHARS = 4_000_000
-MERGE_MAX_CHARS = 64_000
 _FRAME_OVERHEAD = 64
 
 
@@ -62,17 +61,6 @@ class _Entry:
         return {**self.frame, "text": self.frame["text"][start:]}
 
 
-def _mergeable(entry: _Entry, frame: Frame) -> bool:
-    old = entry.frame
-    return (
-        frame["type"] in MERGEABLE
-        and old["type"] == frame["type"]
-        and all(old.get(k) == frame.get(k) for k in SAME_SOURCE)
-        and isinstance(frame.get("text"), str)
-        and len(old["text"]) + len(frame["text"]) <= MERGE_MAX_CHARS
-    )
-
-
 class ReplayBuffer:
     def __init__(
         self,
@@ -101,12 +89,12 @@ class ReplayBuffer:
         """Add the frame with the next seq (seqs arrive strictly increasing by one)."""
         seq = int(frame["seq"])
         last = self._entries[-1] if self._entries else None
-        if last is not None and _mergeable(last, frame):
-            text = last.frame["text"] + frame["text"]
+        merged = merged_frame(last.frame, frame) if last is not None else None
+        if last is not None and merged is not None:
             if last.cuts is None:
                 last.cuts = [(last.seq, len(last.frame["text"]))]
-            last.cuts.append((seq, len(text)))
-            last.frame = {**last.frame, "text": text, "seq": seq}
+            last.cuts.append((seq, len(merged["text"])))
+            last.frame = merged
             self.chars += len(frame["text"])
             last.size += len(frame["text"])
             self.merged += 1
