@@ -29,6 +29,7 @@ from navi_trio.api.protocol import event_frame, resync_frame
 from navi_trio.core.agent import Agent
 from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.session_registry import SessionRegistry
+from navi_trio.core.session_service import SessionService
 from navi_trio.core.task_supervisor import TaskSupervisor
 from navi_trio.events import TaskUpdate
 from navi_trio.llm.base import LLMBackend
@@ -59,6 +60,7 @@ class Runtime:
     approvals: ApprovalBroker
     agent: Agent
     sessions: SessionRegistry
+    session_service: SessionService
     nursery: trio.Nursery
 
 
@@ -165,6 +167,14 @@ async def open_runtime(
                     approvals=approvals,
                     agent=agent,
                     sessions=sessions,
+                    session_service=SessionService(
+                        settings=settings,
+                        config=config,
+                        store=store,
+                        sessions=sessions,
+                        supervisor=supervisor,
+                        approvals=approvals,
+                    ),
                     nursery=nursery,
                 )
             finally:

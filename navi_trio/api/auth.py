@@ -22,6 +22,7 @@ import trio
 from navi_trio.errors import AuthError, ConfigError
 
 if TYPE_CHECKING:  # `navi run` reads the token file before it needs the store
+    from navi_trio.store.base import SessionStore
     from navi_trio.store.sqlite import SQLiteStore
 
 ROLES = ("admin", "user")
@@ -53,7 +54,7 @@ def new_token() -> str:
     return "navi_" + secrets.token_urlsafe(32)
 
 
-async def authenticate(store: SQLiteStore, token: str) -> User:
+async def authenticate(store: SessionStore, token: str) -> User:
     row = await store.get_user_by_token(token)
     if row is None:
         raise AuthError("unknown token: ask an admin for one (`navi users add NAME`)")

@@ -54,14 +54,14 @@ from navi_trio.errors import (
 )
 
 if TYPE_CHECKING:
+    from navi_trio.api.services import DaemonCore
     from navi_trio.core.session_actor import SessionActor, Subscription
-    from navi_trio.runtime import Runtime
 
 
 class ConnectionHost(Protocol):
     """What a connection needs of its server (api/server.py `ApiServer`)."""
 
-    runtime: Runtime
+    runtime: DaemonCore
 
     def connected(self, user: User) -> None: ...
     def disconnected(self, user: User) -> None: ...

@@ -107,7 +107,11 @@ class SessionRegistry(NurseryHolder):
         if self._actors.get(actor.session_id) is actor:
             del self._actors[actor.session_id]
             self._last_seq[actor.session_id] = actor.seq
-            self.parts.forget(actor.session_id)
+            self.forget(actor.session_id)
+
+    def forget(self, session_id: str) -> None:
+        """Drop the session's cached state (it was deleted, or its actor retired)."""
+        self.parts.forget(session_id)
 
     def attached(self, session_id: str) -> bool:
         """Whether a client is subscribed to the session (someone could answer it)."""
