@@ -77,12 +77,8 @@ class FrameQueue(MergingQueue[Frame]):
         self.max_frames = max(max_frames, 1)
 
     def put(self, frame: Frame) -> bool:
-        if self.items:
-            merged = merged_frame(self.items[-1], frame)
-            if merged is not None:
-                self.items[-1] = merged
-                self.merged += 1
-                return False
+        if self.merge_into_tail(frame, merged_frame):
+            return False  # the reader already has one waiting
         if len(self.items) >= self.max_frames:
             raise trio.WouldBlock
         self.items.append(frame)

@@ -17,6 +17,7 @@ what waits, then `trio.EndOfChannel`; after the reader closes, a send raises
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import attrs
@@ -47,6 +48,17 @@ class MergingQueue(Generic[T]):
         """Queue or merge `value`; True when the reader has something new to wake for.
         May raise `trio.WouldBlock` (the queue is full and `value` cannot merge)."""
         raise NotImplementedError
+
+    def merge_into_tail(self, value: T, merged: Callable[[T, T], T | None]) -> bool:
+        """Merge `value` into the item waiting last, when `merged` (the rule) lets it."""
+        if not self.items:
+            return False
+        item = merged(self.items[-1], value)
+        if item is None:
+            return False
+        self.items[-1] = item
+        self.merged += 1
+        return True
 
     def take(self) -> T:
         return self.items.popleft()

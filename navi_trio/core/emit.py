@@ -92,12 +92,8 @@ class EventQueue(MergingQueue[AgentEvent]):
         self.progress = 0
 
     def put(self, event: AgentEvent) -> bool:
-        if self.items:
-            merged = merged_event(self.items[-1], event)
-            if merged is not None:
-                self.items[-1] = merged
-                self.merged += 1
-                return False  # the reader already has one waiting
+        if self.merge_into_tail(event, merged_event):
+            return False  # the reader already has one waiting
         if not is_progress(event):
             self.items.append(event)
         elif self.progress < self.max_progress:
