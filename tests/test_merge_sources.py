@@ -3,9 +3,9 @@
 saw it). Each merge point is fed deltas of two sources in turn, and the same source's
 deltas in a row as the control that it merges at all:
 
-- the run's event channel (core/emit.py): the source is (is_subagent, agent_id);
-- a subscriber's frame queue (core/broadcast.py) and the session's replay buffer
-  (core/replay.py): the source is the session too.
+- the run's event channel (core/channel.py): the source is (is_subagent, agent_id);
+- a subscriber's frame queue (core/channel.py) and the session's replay buffer
+  (core/broadcast.py): the source is the session too.
 
 All of them ask the one rule (core/deltas.py). Rules: unit tests on each merge point's
 own channel or buffer, no clock, no sockets; what is checked is what a client could
@@ -19,9 +19,8 @@ from typing import Any
 import pytest
 import trio
 
-from navi_trio.core.broadcast import open_frame_channel
-from navi_trio.core.emit import open_event_channel
-from navi_trio.core.replay import ReplayBuffer
+from navi_trio.core.broadcast import ReplayBuffer
+from navi_trio.core.channel import open_event_channel, open_frame_channel
 from navi_trio.events import AgentEvent, TextDelta, ThinkingDelta
 
 Frame = dict[str, Any]

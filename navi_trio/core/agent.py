@@ -7,7 +7,7 @@
             ...
 
 The turn runs in a task of the context manager's own nursery and sends its events to
-a bounded channel that never blocks (`core.emit`): a tool's progress callback must
+a bounded channel that never blocks (`core/channel.py`): a tool's progress callback must
 never block, and a slow reader costs merged or dropped progress, never memory.
 Leaving the ``async with`` early stops the run (as Stop does).
 
@@ -41,8 +41,8 @@ import trio
 from navi_trio.core import runvars
 from navi_trio.core.acceptance import Acceptance, stopped_before_saving
 from navi_trio.core.approvals import ApprovalBroker
+from navi_trio.core.channel import EventReceiver, EventSender, emitter, open_event_channel
 from navi_trio.core.context import ContextBuilder
-from navi_trio.core.emit import EventReceiver, EventSender, SendsNowait, open_event_channel
 from navi_trio.core.lease import SessionLeases
 from navi_trio.core.live_config import LiveConfig
 from navi_trio.core.policy import effective_mode
@@ -106,16 +106,6 @@ class RunControl:
     @property
     def stopped(self) -> bool:
         return self.scope.cancel_called
-
-
-def _emitter(send: SendsNowait) -> Any:
-    def emit(event: AgentEvent) -> None:
-        try:
-            send.send_nowait(event)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the reader left; the run is being stopped
-
-    return emit
 
 
 class Agent:
@@ -205,7 +195,7 @@ class Agent:
         control: RunControl,
     ) -> None:
         async with send:
-            emit = _emitter(send)
+            emit = emitter(send)
             try:
                 async with self.leases.hold(session_id):
                     await self._run_turn(session_id, msg, emit, control)
@@ -338,7 +328,7 @@ class Agent:
                 profile=cfg.profile(state.profile_id),
                 config=cfg,
                 user_text="",
-                emit=_emitter(send),
+                emit=emitter(send),
             )
             runner = TurnRunner(self.parts, turn)
             if not self.parts.compressor(runner.complete).would_compress(

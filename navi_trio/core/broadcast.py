@@ -30,27 +30,31 @@ delivered. Nobody ever waits for it. While it is behind, its waiting deltas merg
 (`core/deltas.py`, in a `core/channel.py` merging channel), so a long answer alone
 never cuts it off.
 
+The replay (`ReplayBuffer`) is bounded twice, by frames and by characters, so neither a
+long answer streamed one token per frame nor one huge tool output can grow it without
+end. Consecutive deltas of one source merge into one entry as they arrive (the one rule,
+`core/deltas.py`): a long answer is a handful of frames, not one per token. A merged
+entry keeps where each of its deltas ends, so a client that saw part of it gets only
+the rest — never a duplicate.
+
 The core may not import the wire protocol: the frames are built by the two functions
 the runtime passes in (api/protocol.py `event_frame` and `resync_frame`).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+import attrs
 import trio
 
-from navi_trio.core.channel import (
-    MergingQueue,
-    MergingReceiver,
-    MergingSender,
-    open_merging_channel,
-)
+from navi_trio.core.channel import MergingSender, open_frame_channel
+from navi_trio.core.deltas import MERGE_MAX_CHARS as MERGE_MAX_CHARS
 from navi_trio.core.deltas import merged_frame
-from navi_trio.core.replay import ReplayBuffer
 from navi_trio.events import AgentEvent
 
 log = logging.getLogger(__name__)
@@ -68,26 +72,103 @@ def new_epoch() -> str:
     return secrets.token_hex(4)
 
 
-class FrameQueue(MergingQueue[Frame]):
-    """One subscriber's frames: a delta merges into the one waiting last; at most
-    `max_frames` wait, and one more that cannot merge raises `trio.WouldBlock`."""
+# -- the replay buffer ------------------------------------------------------------------
 
-    def __init__(self, max_frames: int) -> None:
-        super().__init__()
-        self.max_frames = max(max_frames, 1)
-
-    def put(self, frame: Frame) -> bool:
-        if self.merge_into_tail(frame, merged_frame):
-            return False  # the reader already has one waiting
-        if len(self.items) >= self.max_frames:
-            raise trio.WouldBlock
-        self.items.append(frame)
-        return True
+REPLAY_MAX_FRAMES = 2000
+REPLAY_MAX_CHARS = 4_000_000
+_FRAME_OVERHEAD = 64
 
 
-def open_frame_channel(max_frames: int) -> tuple[MergingSender[Frame], MergingReceiver[Frame]]:
-    """One subscriber's queue, at most `max_frames` frames waiting (`FrameQueue`)."""
-    return open_merging_channel(FrameQueue(max_frames))
+def frame_size(value: Any) -> int:
+    """A cheap estimate of a frame's size in characters (strings count, the rest a little)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(frame_size(v) + 8 for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(frame_size(v) + 2 for v in value)
+    return 8
+
+
+@attrs.define
+class _Entry:
+    frame: Frame
+    first_seq: int
+    size: int
+    # For a merged delta: (seq, end offset in "text") of each delta merged into it.
+    cuts: list[tuple[int, int]] | None = None
+
+    @property
+    def seq(self) -> int:
+        return int(self.frame["seq"])
+
+    def after(self, last_seq: int) -> Frame:
+        """The part of this frame a client that saw `last_seq` has not seen."""
+        if self.first_seq > last_seq or self.cuts is None:
+            return self.frame
+        start = next(end for seq, end in self.cuts if seq == last_seq)
+        return {**self.frame, "text": self.frame["text"][start:]}
+
+
+class ReplayBuffer:
+    def __init__(
+        self,
+        *,
+        max_frames: int = REPLAY_MAX_FRAMES,
+        max_chars: int = REPLAY_MAX_CHARS,
+    ) -> None:
+        self.max_frames = max_frames
+        self.max_chars = max_chars
+        self._entries: collections.deque[_Entry] = collections.deque()
+        self.chars = 0
+        self.merged = 0  # deltas folded into an earlier frame (for tests and benchmarks)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Frame]:
+        return (entry.frame for entry in self._entries)
+
+    @property
+    def first_seq(self) -> int | None:
+        """The oldest seq still held (None when empty)."""
+        return self._entries[0].first_seq if self._entries else None
+
+    def append(self, frame: Frame) -> None:
+        """Add the frame with the next seq (seqs arrive strictly increasing by one)."""
+        seq = int(frame["seq"])
+        last = self._entries[-1] if self._entries else None
+        merged = merged_frame(last.frame, frame) if last is not None else None
+        if last is not None and merged is not None:
+            if last.cuts is None:
+                last.cuts = [(last.seq, len(last.frame["text"]))]
+            last.cuts.append((seq, len(merged["text"])))
+            last.frame = merged
+            self.chars += len(frame["text"])
+            last.size += len(frame["text"])
+            self.merged += 1
+        else:
+            size = frame_size(frame) + _FRAME_OVERHEAD
+            self._entries.append(_Entry(frame=frame, first_seq=seq, size=size))
+            self.chars += size
+        while len(self._entries) > self.max_frames or (
+            self.chars > self.max_chars and len(self._entries) > 1
+        ):
+            self.chars -= self._entries.popleft().size
+
+    def since(self, last_seq: int, current_seq: int) -> list[Frame] | None:
+        """Frames after `last_seq`, or None when some of them are gone (resync)."""
+        if last_seq == current_seq:
+            return []
+        if last_seq > current_seq:
+            return None  # a seq we never sent: another daemon's, or a client's mistake
+        first = self.first_seq
+        if first is None or last_seq < first - 1:
+            return None
+        return [entry.after(last_seq) for entry in self._entries if entry.seq > last_seq]
+
+
+# -- subscribers --------------------------------------------------------------------------
 
 
 class Subscription:

@@ -5,14 +5,16 @@ one item to hand on instead of one per token. Two deltas merge when they are of 
 same kind (text with text, thinking with thinking) and from the same source: the same
 agent (``is_subagent``, ``agent_id``) and, for frames, the same session and epoch. A
 merged frame carries the later seq: a frame with seq N still means "everything up to
-N", so replay and ``lagged`` work as before. Nothing else merges, and nothing merges
-across another item: each merge point asks only about the item waiting last.
+N", so replay and ``lagged`` work as before. Nothing else merges, and a delta never
+merges across an item of its own source's that came between (its order is kept).
 
-The merge points (DESIGN.md "the output path"): a run's event channel
-(`core/emit.py`), the session's replay buffer (`core/replay.py`) and each subscriber's
-frame queue (`core/broadcast.py`). A merged frame stops growing at `MERGE_MAX_CHARS`
-of text (one WebSocket message, one replay entry); an event has no such cap, since
-the answer's own size cap (``answer_max_chars``) bounds it.
+The merge points, the only three on the output path: a run's event channel and each
+subscriber's frame queue (`core/channel.py`), and the session's replay buffer
+(`core/broadcast.py`). The connection's writer does not merge: what its pumps hand it
+comes out of a subscriber's queue, where deltas already merged while the pump waited.
+A merged frame stops growing at `MERGE_MAX_CHARS` of text (one WebSocket message, one
+replay entry); an event has no such cap, since the answer's own size cap
+(``answer_max_chars``) bounds it.
 """
 
 from __future__ import annotations

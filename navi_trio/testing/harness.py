@@ -31,8 +31,7 @@ import attrs
 import trio
 
 from navi_trio.core.agent import UserMessage
-from navi_trio.core.broadcast import LocalBroadcast
-from navi_trio.core.replay import ReplayBuffer
+from navi_trio.core.broadcast import LocalBroadcast, ReplayBuffer
 from navi_trio.core.session_actor import Frame, SessionActor, Subscription
 from navi_trio.llm.script import Reply
 from navi_trio.llm.scripted import ScriptedBackend
