@@ -7,10 +7,13 @@
     writer  outbox (ONE bounded channel) -> ws
 
 Every frame the connection sends goes through the outbox, so the writer is the only
-task that writes to the socket. A slow client fills the outbox, the pumps block, the
-session actor finds the subscriber's channel full and drops it with ``lagged`` set;
-the pump then sends a ``lagged`` frame and resubscribes from the last seq it
-delivered. A run never waits for a client.
+task that writes to the socket. A slow client fills the outbox and the pumps block;
+meanwhile the deltas waiting in each subscription merge (core/channel.py), so the
+writer itself never merges. When a subscription's queue is full anyway, the session's
+broadcast (core/broadcast.py) drops it with ``lagged`` set; the pump then sends a
+``lagged`` frame (api/protocol.py, where every frame is built) and resubscribes from
+the last seq it delivered. A run never waits for a client. The connection sees the
+daemon's core through `DaemonCore` (api/services.py), never the concrete Runtime.
 
 A bad frame gets an error frame and the connection goes on; so does any refused
 request (`RequestError`). The reader never waits for a message to be stored: the
