@@ -78,34 +78,36 @@ async def test_a_message_to_a_session_leased_elsewhere_gets_one_error_and_the_co
     with trio.fail_after(TIMEOUT):
         async with open_daemon(tmp_path, profiles=NO_PLAN, replies=[{"text": "ran at last"}]) as d:
             async with d.connect("alice") as c:
-                await c.request({"type": "sessions", "action": "create", "session_id": "S"})
+                await c.request({"type": "sessions", "action": "create", "session_id": "alice.S"})
                 # Another process holds the lease (its own connection to the same file).
                 async with SQLiteStore.open(tmp_path / "navi.db") as other:
                     await other.claim_lease(
-                        "S", owner="another-process", pid=os.getpid(), host=HOST, ttl=300
+                        "alice.S", owner="another-process", pid=os.getpid(), host=HOST, ttl=300
                     )
-                    await c.send({"type": "message", "content": "x", "session_id": "S", "id": 7})
+                    await c.send(
+                        {"type": "message", "content": "x", "session_id": "alice.S", "id": 7}
+                    )
                     await c.send({"type": "sessions", "action": "list", "id": 8})
                     refused = await c.until(lambda f: f.get("id") == 7)
                     listed = await c.until(lambda f: f.get("id") == 8)
-                    await other.release_lease("S", owner="another-process")
+                    await other.release_lease("alice.S", owner="another-process")
                 assert (refused["type"], refused["code"], refused["session_id"]) == (
                     "error",
                     "session_busy",
-                    "S",
+                    "alice.S",
                 )
-                assert "'S' is busy" in refused["message"]
+                assert "'alice.S' is busy" in refused["message"]
                 assert listed["type"] == "sessions"
-                assert [s["session_id"] for s in listed["sessions"]] == ["S"]
+                assert [s["session_id"] for s in listed["sessions"]] == ["alice.S"]
                 # The lease is free again: the same connection goes on.
-                ok = await c.request({"type": "message", "content": "now", "session_id": "S"})
+                ok = await c.request({"type": "message", "content": "now", "session_id": "alice.S"})
                 assert ok["type"] == "ok"
                 end = await c.until(
                     lambda f: f["type"] == "stream_end" and f.get("reason") == "complete"
                 )
                 assert end["text"] == "ran at last"
                 assert len(_replies_to(c, 7)) == 1 and len(_replies_to(c, 8)) == 1
-            assert await _history(d, "S") == [("user", "now"), ("assistant", "ran at last")]
+            assert await _history(d, "alice.S") == [("user", "now"), ("assistant", "ran at last")]
 
 
 async def test_a_database_that_refuses_writes_refuses_the_message_with_storage(
@@ -117,21 +119,25 @@ async def test_a_database_that_refuses_writes_refuses_the_message_with_storage(
         async with open_daemon(tmp_path, profiles=NO_PLAN, replies=[{"text": "stored now"}]) as d:
             store = d.harness.runtime.store
             async with d.connect("alice") as c:
-                await c.request({"type": "sessions", "action": "create", "session_id": "S"})
+                await c.request({"type": "sessions", "action": "create", "session_id": "alice.S"})
                 await store._run("read-only", lambda db: db.execute("PRAGMA query_only=1"))
-                refused = await c.request({"type": "message", "content": "x", "session_id": "S"})
+                refused = await c.request(
+                    {"type": "message", "content": "x", "session_id": "alice.S"}
+                )
                 assert (refused["type"], refused["code"]) == ("error", "storage")
-                assert "cannot be written" in refused["message"] and "'S'" in refused["message"]
+                assert (
+                    "cannot be written" in refused["message"] and "'alice.S'" in refused["message"]
+                )
                 # Reads go on.
                 history = await c.request(
-                    {"type": "sessions", "action": "history", "session_id": "S"}
+                    {"type": "sessions", "action": "history", "session_id": "alice.S"}
                 )
                 assert history["messages"] == []
                 await store._run("writable", lambda db: db.execute("PRAGMA query_only=0"))
-                ok = await c.request({"type": "message", "content": "y", "session_id": "S"})
+                ok = await c.request({"type": "message", "content": "y", "session_id": "alice.S"})
                 assert ok["type"] == "ok"
                 await c.until(lambda f: f["type"] == "stream_end" and f["reason"] == "complete")
-            assert await _history(d, "S") == [("user", "y"), ("assistant", "stored now")]
+            assert await _history(d, "alice.S") == [("user", "y"), ("assistant", "stored now")]
 
 
 async def test_the_frames_behind_a_message_waiting_to_be_stored_are_answered(
@@ -140,9 +146,9 @@ async def test_the_frames_behind_a_message_waiting_to_be_stored_are_answered(
     with trio.fail_after(TIMEOUT):
         async with open_daemon(tmp_path, profiles=NO_PLAN, replies=[{"text": "done"}]) as d:
             async with d.connect("alice") as c:
-                await c.request({"type": "sessions", "action": "create", "session_id": "S"})
-                entered, gate = _hold_loading(d, "S")
-                await c.send({"type": "message", "content": "x", "session_id": "S", "id": 1})
+                await c.request({"type": "sessions", "action": "create", "session_id": "alice.S"})
+                entered, gate = _hold_loading(d, "alice.S")
+                await c.send({"type": "message", "content": "x", "session_id": "alice.S", "id": 1})
                 await entered.wait()
                 # The message is not stored yet: its reply waits, the reader does not.
                 listed = await c.request({"type": "sessions", "action": "list"})
@@ -151,7 +157,7 @@ async def test_the_frames_behind_a_message_waiting_to_be_stored_are_answered(
                 ok = await c.until(lambda f: f.get("id") == 1)
                 assert ok["type"] == "ok"
                 await c.until(lambda f: f["type"] == "stream_end" and f["reason"] == "complete")
-            assert await _history(d, "S") == [("user", "x"), ("assistant", "done")]
+            assert await _history(d, "alice.S") == [("user", "x"), ("assistant", "done")]
 
 
 async def test_a_message_not_stored_in_time_is_refused_and_never_runs(
@@ -165,28 +171,35 @@ async def test_a_message_not_stored_in_time_is_refused_and_never_runs(
             message_accept_timeout_sec=accept_sec,
         ) as d:  # fmt: skip
             async with d.connect("alice") as c:
-                await c.request({"type": "sessions", "action": "create", "session_id": "S"})
-                entered, gate = _hold_loading(d, "S")
-                await c.send({"type": "message", "content": "late", "session_id": "S", "id": 1})
+                await c.request({"type": "sessions", "action": "create", "session_id": "alice.S"})
+                entered, gate = _hold_loading(d, "alice.S")
+                await c.send(
+                    {"type": "message", "content": "late", "session_id": "alice.S", "id": 1}
+                )
                 await entered.wait()
                 live_clock.jump(accept_sec + 1)
                 refused = await c.until(lambda f: f.get("id") == 1)
                 assert (refused["type"], refused["code"], refused["session_id"]) == (
                     "error",
                     "storage",
-                    "S",
+                    "alice.S",
                 )
                 assert "NAVI_MESSAGE_ACCEPT_TIMEOUT_SEC" in refused["message"]
                 # The store answers after all: the refused message is not saved, not run.
                 gate.set()
                 end = await c.until(lambda f: f["type"] == "stream_end")
                 assert end["reason"] == "error"
-                assert await _history(d, "S") == [] and d.harness.chat_requests == []
-                ok = await c.request({"type": "message", "content": "again", "session_id": "S"})
+                assert await _history(d, "alice.S") == [] and d.harness.chat_requests == []
+                ok = await c.request(
+                    {"type": "message", "content": "again", "session_id": "alice.S"}
+                )
                 assert ok["type"] == "ok"
                 await c.until(lambda f: f["type"] == "stream_end" and f["reason"] == "complete")
                 assert len(_replies_to(c, 1)) == 1
-            assert await _history(d, "S") == [("user", "again"), ("assistant", "only the second")]
+            assert await _history(d, "alice.S") == [
+                ("user", "again"),
+                ("assistant", "only the second"),
+            ]
 
 
 async def test_a_queued_message_refused_for_a_late_store_leaves_no_row_and_never_runs(
@@ -210,12 +223,14 @@ async def test_a_queued_message_refused_for_a_late_store_leaves_no_row_and_never
                 await trio.sleep_forever()  # ...but the store's answer never comes
 
             async with d.connect("alice") as c:
-                await c.request({"type": "sessions", "action": "create", "session_id": "S"})
+                await c.request({"type": "sessions", "action": "create", "session_id": "alice.S"})
                 assert (await c.request({"type": "message", "content": "first",
-                                         "session_id": "S"}))["type"] == "ok"  # fmt: skip
+                                         "session_id": "alice.S"}))["type"] == "ok"  # fmt: skip
                 await gate.entered.wait()
                 store.enqueue = late  # type: ignore[method-assign]
-                await c.send({"type": "message", "content": "late", "session_id": "S", "id": 2})
+                await c.send(
+                    {"type": "message", "content": "late", "session_id": "alice.S", "id": 2}
+                )
                 await entered.wait()
                 assert _queued_keys(tmp_path) != []
                 live_clock.jump(accept_sec + 1)
@@ -223,10 +238,10 @@ async def test_a_queued_message_refused_for_a_late_store_leaves_no_row_and_never
                 assert (refused["type"], refused["code"]) == ("error", "storage")
                 gate.gate.set()
                 await c.until(lambda f: f["type"] == "stream_end" and f["reason"] == "complete")
-                actor = d.harness.runtime.sessions.actor("S")
+                actor = d.harness.runtime.sessions.actor("alice.S")
                 assert actor is not None
                 await actor.idle.wait()
             # Refused: it did not run, and its row is gone, so a restart cannot run it.
-            users = [u for u, _ in await _history(d, "S") if u == "user"]
+            users = [u for u, _ in await _history(d, "alice.S") if u == "user"]
             assert len(users) == 1 and len(d.harness.chat_requests) == 2
             assert _queued_keys(tmp_path) == []

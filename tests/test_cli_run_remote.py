@@ -1,4 +1,4 @@
-"""`navi run`'s daemon client in-process (cli_run.run_remote against a real ApiServer on
+"""`navi run`'s daemon client in-process (cli/run.py run_remote against a real ApiServer on
 127.0.0.1, port 0) and its choice between the daemon and an embedded runtime.
 
 A message for a session that is running is queued by the daemon; navi run shows only
@@ -23,9 +23,9 @@ from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import open_daemon
 from test_cli import unused_port
 
-from navi_trio import cli_run
-from navi_trio.cli import UsageError
-from navi_trio.cli_run import RunRequest, daemon_target, run_remote
+from navi_trio.cli import UsageError, runner
+from navi_trio.cli.run import RunRequest, daemon_target, run_remote
+from navi_trio.errors import RemoteError
 from navi_trio.settings import Settings
 
 TIMEOUT = 30
@@ -69,15 +69,15 @@ def test_the_daemon_or_this_process(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv("NAVI_TOKEN", raising=False)
     settings = Settings.from_env({}, data_dir=tmp_path, db_path=tmp_path / "navi.db")
     closed = f"ws://127.0.0.1:{unused_port()}/"
-    monkeypatch.setattr(cli_run, "DEFAULT_URL", closed)
+    monkeypatch.setattr(runner, "DEFAULT_URL", closed)
     probed: list[str] = []
-    real_probe = cli_run.daemon_answers
+    real_probe = runner.daemon_answers
 
     async def probe(url: str, timeout: float) -> bool:  # noqa: ASYNC109
         probed.append(url)
         return await real_probe(url, timeout)
 
-    monkeypatch.setattr(cli_run, "daemon_answers", probe)
+    monkeypatch.setattr(runner, "daemon_answers", probe)
     # No token anywhere: no local daemon ever ran here, so nothing is even probed.
     assert daemon_target(_args(), settings) is None and probed == []
     # A token, nothing answering at the local URL: this process.
@@ -146,10 +146,10 @@ async def test_a_users_navi_run_sends_the_shells_folder_only_when_asked(tmp_path
             asked = RunRequest("alice.r", "again", shell, None, False, cwd_given=True)
             with pytest.raises(BaseExceptionGroup) as group:
                 await run_remote(d.url, d.tokens["alice"], asked, io.StringIO(), io.StringIO())
-            refused, _ = group.value.split(cli_run.RemoteError)
+            refused, _ = group.value.split(RemoteError)
             assert refused is not None
             (leaf,) = _leaves(refused)
-            assert isinstance(leaf, cli_run.RemoteError) and leaf.code == "forbidden"
+            assert isinstance(leaf, RemoteError) and leaf.code == "forbidden"
             assert "workspace_roots" in str(leaf)
 
             req = RunRequest("root.r", "hi", shell, None, False, cwd_given=False)

@@ -21,9 +21,9 @@ from chat_standin import EPOCH, StandIn
 from rich.console import Console
 
 from navi_trio.client.app import ChatApp, ChatOptions
-from navi_trio.client.connection import ChatError, Unauthorized
 from navi_trio.client.reader import InputEvent
 from navi_trio.client.render import Renderer
+from navi_trio.errors import DaemonUnreachableError, RemoteError
 
 DEADLINE = 20
 
@@ -188,7 +188,7 @@ async def test_the_client_gives_up_after_the_bounded_reconnects_with_one_clear_l
                 await chat.done.wait()
         assert isinstance(chat.error, BaseExceptionGroup)
         leaf = chat.error.exceptions[0]
-        assert isinstance(leaf, ChatError)
+        assert isinstance(leaf, DaemonUnreachableError)
         assert "2 reconnects failed" in str(leaf) and "navi serve" in str(leaf)
         assert chat.screen.text.count("connection lost") == 2
 
@@ -200,7 +200,7 @@ async def test_a_bad_token_is_one_line_saying_what_to_do() -> None:
             reader, screen = QueueReader(), Screen()
             opts = ChatOptions(url=daemon.url, token="wrong")
             with pytest.RaisesGroup(
-                pytest.RaisesExc(Unauthorized, match="pass --token, set NAVI_TOKEN")
+                pytest.RaisesExc(RemoteError, match="pass --token, set NAVI_TOKEN")
             ) as caught:
                 await ChatApp(opts, Renderer(screen.console), reader).run()
             assert "missing or wrong token" in str(caught.value.exceptions[0])
@@ -213,7 +213,7 @@ async def test_an_unreachable_daemon_is_one_line_saying_what_to_do() -> None:
             port = sock.getsockname()[1]
         opts = ChatOptions(url=f"ws://127.0.0.1:{port}", token="x")
         with pytest.RaisesGroup(
-            pytest.RaisesExc(ChatError, match="no navi daemon answers.*navi serve")
+            pytest.RaisesExc(DaemonUnreachableError, match="no navi daemon answers.*navi serve")
         ):
             await ChatApp(opts, Renderer(Screen().console), QueueReader()).run()
 

@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from navi_trio import cli
-from navi_trio.doctor import collect_doctor, print_doctor
+from navi_trio.cli.doctor import collect_doctor, print_doctor
 from navi_trio.errors import ConfigError
 from navi_trio.llm import factory, local
 from navi_trio.llm.factory import (

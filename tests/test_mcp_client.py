@@ -165,7 +165,7 @@ def results(frames: list[dict[str, Any]]) -> list[tuple[bool, str]]:
 
 def test_importing_the_runtime_and_cli_does_not_load_the_sdk() -> None:
     code = (
-        "import sys, navi_trio.runtime, navi_trio.cli, navi_trio.cli_mcp, navi_trio.doctor; "
+        "import sys, navi_trio.runtime, navi_trio.cli, navi_trio.cli.mcp, navi_trio.cli.doctor; "
         "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith(('mcp.', 'mcp_'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -349,7 +349,7 @@ async def test_a_crashed_server_restarts_and_its_tools_say_so_meanwhile(
             assert not ok1 and "closed the connection during the call" in crashed
             assert not ok2 and "MCP server demo" in meanwhile and "restarting" in meanwhile
             await events.wait_for("crash")
-            actor = h.runtime.mcp.server("demo")
+            actor = h.runtime.mcp.connection("demo")
             assert actor is not None
             await actor.until("ready", starts=2)
             frames = await h.turn("s1", "again")
@@ -368,7 +368,7 @@ async def test_a_server_killed_between_calls_is_noticed_and_restarted(
         ) as h:  # fmt: skip
             [(ok, out)] = results(await h.turn("s1", "your pid?"))
             server = json.loads(out)["server"]
-            actor = h.runtime.mcp.server("demo")
+            actor = h.runtime.mcp.connection("demo")
             assert actor is not None and actor.starts == 1
             os.kill(server, signal.SIGKILL)  # no call is running: the actor must see it
             await actor.until("ready", starts=2)
@@ -396,7 +396,7 @@ async def test_an_http_server_that_crashed_is_reconnected_once_it_is_back(
                 [(ok1, crashed), (ok2, meanwhile)] = results(frames)
                 assert not ok1 and "closed the connection during the call" in crashed
                 assert not ok2 and "restarting" in meanwhile
-                actor = h.runtime.mcp.server("demo")
+                actor = h.runtime.mcp.connection("demo")
                 assert actor is not None
                 # The same URL answers again: the actor's next attempt connects.
                 async with http_server(events, port=port):
@@ -595,18 +595,34 @@ async def test_a_changed_entry_gets_a_new_actor_and_a_disabled_one_no_tools(
             await nursery.start(mcp.run)
             profile = configs[0].profile(None)
             assert await mcp.prepare(profile, warnings.append) == ["mcp__demo__echo"]
-            first = mcp.server("demo")
+            first = mcp.connection("demo")
             assert await mcp.prepare(profile, warnings.append) == ["mcp__demo__echo"]
-            assert mcp.server("demo") is first  # same entry: the same actor
+            assert mcp.connection("demo") is first  # same entry: the same actor
             current[0] = configs[1]  # a reload changed the entry
             assert await mcp.prepare(profile, warnings.append) == ["mcp__demo__shout"]
-            assert mcp.server("demo") is not first and first is not None
+            assert mcp.connection("demo") is not first and first is not None
             assert first.scope.cancel_called
             current[0] = configs[2]
             assert await mcp.prepare(profile, warnings.append) == []
             assert [s["state"] for s in mcp.status()] == ["disabled"]
             nursery.cancel_scope.cancel()
     assert warnings == []
+
+
+async def test_stopped_servers_refuse_to_start_one_and_keep_nothing_of_it() -> None:
+    cfg = mcp_config({"demo": stdio_entry()}).current
+    mcp = McpServers(lambda: cfg)
+    conf = cfg.mcp_servers["demo"]
+    with pytest.raises(RuntimeError, match="not running"):
+        mcp.start("demo", conf)  # not started yet
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mcp.run)
+            nursery.cancel_scope.cancel()  # the runtime shuts down
+    with pytest.raises(RuntimeError, match="not running"):
+        mcp.start("demo", conf)  # a late run's prepare
+    assert mcp.connection("demo") is None  # no actor that never runs is left behind
+    assert [s["state"] for s in mcp.status()] == ["idle"]
 
 
 async def test_stderr_is_logged_line_by_line_within_bounds(
@@ -670,7 +686,7 @@ def test_navi_mcp_list_shows_each_server_state_and_tools(
 
 
 async def test_navi_doctor_reports_a_server_that_fails_to_start(tmp_path: Path) -> None:
-    from navi_trio.doctor import collect_doctor
+    from navi_trio.cli.doctor import collect_doctor
 
     path = _config_dir(tmp_path, SERVERS)
     settings = Settings.from_env(

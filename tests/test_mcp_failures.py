@@ -31,7 +31,7 @@ from test_mcp_client import STALL, ServerEvents, events, mcp_config
 
 from navi_trio.profiles import McpServerConfig
 from navi_trio.tools.mcp import McpServers
-from navi_trio.tools.mcp.server import BACKOFF_FIRST, McpServer
+from navi_trio.tools.mcp.connection import BACKOFF_FIRST, McpConnection
 
 __all__ = ["events"]  # the fixture, imported for pytest
 SCRIPTED = Path(__file__).parent / "mcp_servers" / "scripted.py"
@@ -47,14 +47,14 @@ def entry(tmp_path: Path, plan: str, **extra: Any) -> dict[str, Any]:
 @asynccontextmanager
 async def running(
     tmp_path: Path, plan: str, clock: trio.testing.MockClock, **extra: Any
-) -> AsyncIterator[McpServer]:
+) -> AsyncIterator[McpConnection]:
     """The actor of one scripted server, in a nursery of its own."""
     data = entry(tmp_path, plan, **extra)
     config = McpServerConfig(
         command=data["command"], args=tuple(data["args"]), env=data["env"],
         timeout_sec=data.get("timeout_sec", 60.0),
     )  # fmt: skip
-    actor = McpServer("scripted", config)
+    actor = McpConnection("scripted", config)
     clock.autojump_threshold = STALL
     async with trio.open_nursery() as nursery:
         await nursery.start(actor.run)

@@ -29,7 +29,7 @@ from agent_tools import call, with_tools
 from api_ws import Daemon, open_daemon
 
 from navi_trio.api.peer_link import WsPeerLink
-from navi_trio.doctor import collect_doctor, print_doctor
+from navi_trio.cli.doctor import collect_doctor, print_doctor
 from navi_trio.errors import ConfigError
 from navi_trio.profiles import AgentProfile, ConfigSource, PeerConfig, parse_config
 from navi_trio.settings import Settings, default_config_path

@@ -139,7 +139,7 @@ async def test_the_api_key_is_absent(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("NAVI_LLM_API_KEY", "sk-very-secret")
     monkeypatch.setenv("NAVI_SBX_HARMLESS", "visible")
     ctx = sandboxed(tmp_path)
-    # Passed on only because the profile names it (an allow-list: tools/procs.py).
+    # Passed on only because the profile names it (an allow-list: tools/procs `child_env`).
     ctx = attrs.evolve(ctx, profile=attrs.evolve(ctx.profile, env=("NAVI_SBX_HARMLESS",)))
     result = await run(ctx, "env")
     assert result.ok

@@ -51,7 +51,7 @@ async def _cap(d: Daemon, *, full: bool) -> None:
     await d.harness.runtime.store._run("cap the file", cap)
 
 
-async def _users(store: SQLiteStore, sid: str = "S") -> list[str]:
+async def _users(store: SQLiteStore, sid: str = "alice.S") -> list[str]:
     return [m["content"][:20] for m in await store.load_messages(sid) if m["role"] == "user"]
 
 
@@ -63,7 +63,7 @@ def _full_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 async def _send(c: Client, rid: str, text: str) -> dict[str, Any]:
-    await c.send({"type": "message", "content": text, "session_id": "S", "id": rid})
+    await c.send({"type": "message", "content": text, "session_id": "alice.S", "id": rid})
     return await c.until(lambda f: f.get("id") == rid)
 
 
@@ -76,16 +76,16 @@ async def test_a_full_disk_refuses_each_message_and_keeps_nothing_of_it(
             tmp_path, profiles=NO_PLAN, replies=[{"text": "noted"}], num_ctx=BIG_WINDOW
         ) as d:
             async with d.connect("alice") as c:
-                await c.request({"type": "sessions", "action": "create", "session_id": "S"})
+                await c.request({"type": "sessions", "action": "create", "session_id": "alice.S"})
                 await _cap(d, full=True)
                 for n in range(3):
                     refused = await _send(c, f"big{n}", f"big {n} " + "x" * BIG)
                     assert (refused["type"], refused["code"], refused["session_id"]) == (
                         "error",
                         "storage_full",
-                        "S",
+                        "alice.S",
                     )
-                    assert "full" in refused["message"] and "'S'" in refused["message"]
+                    assert "full" in refused["message"] and "'alice.S'" in refused["message"]
                     event = await c.until(lambda f: f["type"] == "error" and "seq" in f)
                     assert event["code"] == "storage_full"
                     await c.until(lambda f: f["type"] == "stream_end")
@@ -93,9 +93,9 @@ async def test_a_full_disk_refuses_each_message_and_keeps_nothing_of_it(
                 assert len(_full_lines(caplog)) == 1, _full_lines(caplog)
                 # Reads go on while the disk is full.
                 listed = await c.request({"type": "sessions", "action": "list"})
-                assert [s["session_id"] for s in listed["sessions"]] == ["S"]
+                assert [s["session_id"] for s in listed["sessions"]] == ["alice.S"]
                 history = await c.request(
-                    {"type": "sessions", "action": "history", "session_id": "S"}
+                    {"type": "sessions", "action": "history", "session_id": "alice.S"}
                 )
                 assert history["messages"] == []
                 # Space is back: the next message is stored, and only it.
@@ -124,7 +124,7 @@ async def test_a_message_queued_on_a_full_disk_is_refused_and_never_runs(
             profiles={"general": with_tools(["gate"], planning_first_message=False)},
         ) as d:  # fmt: skip
             async with d.connect("alice") as c:
-                await c.request({"type": "sessions", "action": "create", "session_id": "S"})
+                await c.request({"type": "sessions", "action": "create", "session_id": "alice.S"})
                 ok = await _send(c, "first", "first")
                 assert ok["type"] == "ok"
                 await gate.entered.wait()
@@ -135,7 +135,7 @@ async def test_a_message_queued_on_a_full_disk_is_refused_and_never_runs(
                 gate.gate.set()
                 end = await c.until(lambda f: f["type"] == "stream_end" and "seq" in f)
                 assert end["text"] == "first done"
-                actor = d.harness.runtime.sessions.actor("S")
+                actor = d.harness.runtime.sessions.actor("alice.S")
                 assert actor is not None
                 await actor.idle.wait()
                 # It never ran: one run, one user message.
@@ -192,7 +192,7 @@ async def test_on_a_real_full_disk_every_ok_is_stored_and_every_refusal_is_gone(
             num_ctx=BIG_WINDOW,
         ) as d:  # fmt: skip
             async with d.connect("alice") as c:
-                await c.request({"type": "sessions", "action": "create", "session_id": "S"})
+                await c.request({"type": "sessions", "action": "create", "session_id": "alice.S"})
                 # Room for a few of the messages below, not for all twelve.
                 filler = await trio.to_thread.run_sync(_fill, small_disk, 600_000)
                 for n in range(12):
@@ -206,7 +206,7 @@ async def test_on_a_real_full_disk_every_ok_is_stored_and_every_refusal_is_gone(
                 assert "ok" in outcome.values(), outcome
                 kept = [t for t, o in outcome.items() if o == "ok"]
                 history = await c.request(
-                    {"type": "sessions", "action": "history", "session_id": "S"}
+                    {"type": "sessions", "action": "history", "session_id": "alice.S"}
                 )
                 said = [m["content"][:20] for m in history["messages"] if m["role"] == "user"]
                 assert said == kept

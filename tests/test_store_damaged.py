@@ -25,7 +25,7 @@ import trio
 from api_ws import open_daemon
 
 from navi_trio.api.auth import new_token
-from navi_trio.doctor import collect_doctor, print_doctor
+from navi_trio.cli.doctor import collect_doctor, print_doctor
 from navi_trio.settings import Settings
 from navi_trio.store import SQLiteStore
 from navi_trio.store._health import quick_check

@@ -23,7 +23,6 @@ from navi_trio.errors import AuthError, ConfigError
 
 if TYPE_CHECKING:  # `navi run` reads the token file before it needs the store
     from navi_trio.store.base import SessionStore
-    from navi_trio.store.sqlite import SQLiteStore
 
 ROLES = ("admin", "user")
 LOCAL_TOKEN_FILE = "local-token"
@@ -73,7 +72,7 @@ def read_local_token(data_dir: Path) -> str | None:
     return text or None
 
 
-async def ensure_local_token(store: SQLiteStore, data_dir: Path) -> Path:
+async def ensure_local_token(store: SessionStore, data_dir: Path) -> Path:
     """The local admin token file, created (0600) with its user when missing or stale."""
     path = local_token_path(data_dir)
     token = read_local_token(data_dir)

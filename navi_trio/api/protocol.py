@@ -28,13 +28,13 @@ from typing import Any, Literal
 import attrs
 import cattrs
 
-from navi_trio import __version__
+from navi_trio import __version__, wire
 from navi_trio.errors import FrameTooLargeError, ProtocolError, RequestError, UnknownTypeError
 from navi_trio.events import AgentEvent, event_to_dict
 from navi_trio.text import CLIP_CHARS, clean_json, clean_text, clip, has_lone_surrogate
+from navi_trio.wire import PROTOCOL_VERSION as PROTOCOL_VERSION
+from navi_trio.wire import Frame as Frame
 
-PROTOCOL_VERSION = 1
-Frame = dict[str, Any]
 RequestId = str | int | None
 KEEP_MAX_CHARS = 64_000  # an `EventFrame` keeps its JSON text up to this length
 
@@ -158,16 +158,16 @@ Command = (
 )
 
 COMMANDS: dict[str, type[Any]] = {
-    "hello": Hello,
-    "message": SendMessage,
-    "stop": Stop,
-    "compact": Compact,
-    "subscribe": Subscribe,
-    "unsubscribe": Unsubscribe,
-    "tasks": Tasks,
-    "sessions": Sessions,
-    "approve": Approval,
-    "deny": Approval,
+    wire.HELLO: Hello,
+    wire.MESSAGE: SendMessage,
+    wire.STOP: Stop,
+    wire.COMPACT: Compact,
+    wire.SUBSCRIBE: Subscribe,
+    wire.UNSUBSCRIBE: Unsubscribe,
+    wire.TASKS: Tasks,
+    wire.SESSIONS: Sessions,
+    wire.APPROVE: Approval,
+    wire.DENY: Approval,
 }
 
 

@@ -16,6 +16,10 @@ too big) and stops reading, and a socket closed with the rest of the client's fr
 unread makes the kernel send a TCP reset, which can destroy that close frame before the
 client reads it. So after a 1009 the server reads and drops what the client still sends
 (`_drain`) until the client closes, and only then closes the socket.
+
+The same port serves the browser client (api/web.py): the server reads each request head
+itself; a WebSocket upgrade goes on to trio-websocket with those bytes replayed in front
+of the stream, any other request gets the static page (or 404 / 405 / 403).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import logging
 from functools import partial
 from typing import TYPE_CHECKING
 
+import h11
 import trio
 from trio_websocket import (
     ConnectionClosed,
@@ -32,6 +37,7 @@ from trio_websocket import (
     wrap_server_stream,
 )
 
+from navi_trio.api import web
 from navi_trio.api.auth import User, WebAccess
 from navi_trio.api.connection import Connection
 from navi_trio.errors import LimitError
@@ -66,6 +72,7 @@ class ApiServer:
         self.access = WebAccess.from_settings(
             settings.ws_allowed_origins, settings.ws_allowed_hosts, host
         )
+        self.site = web.StaticSite(self.access)
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -73,11 +80,39 @@ class ApiServer:
                 partial(trio.serve_tcp, self._serve, self.port, host=self.host)
             )
             port = int(listeners[0].socket.getsockname()[1])
-            log.info("listening on ws://%s:%d/", self.host, port)
+            log.info("listening on ws://%s:%d/ (the browser client: http://%s:%d/)",
+                     self.host, port, self.host, port)  # fmt: skip
             task_status.started(port)
 
     async def _serve(self, stream: trio.SocketStream) -> None:
-        """One TCP connection: the WebSocket handshake, the connection, the close."""
+        """One TCP connection: request heads until one is a WebSocket upgrade (or the
+        client goes); plain requests are answered with the page (api/web.py)."""
+        reader = web.HeadReader(stream)
+        local = _endpoint(stream, local=True)
+        for count in range(web.REQUESTS_PER_CONNECTION):
+            timeout = web.HEAD_TIMEOUT_SEC if count == 0 else web.IDLE_TIMEOUT_SEC
+            try:
+                head = await reader.next_head(timeout)
+            except web.HeadTooLarge as exc:
+                await web.answer_error(stream, 431, str(exc))
+                return
+            except web.BadHead as exc:
+                await web.answer_error(stream, 400, str(exc))
+                return
+            if head is None:
+                return
+            if head.is_websocket:
+                await self._serve_websocket(stream, web.ReplayStream(stream, reader.replay()))
+                return
+            last = count == web.REQUESTS_PER_CONNECTION - 1
+            try:
+                if not await self.site.answer(stream, head, local[0], last=last):
+                    return
+            except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+                return  # the client went, or sent what h11 will not answer: this one ends
+
+    async def _serve_websocket(self, stream: trio.SocketStream, replayed: web.ReplayStream) -> None:
+        """The WebSocket handshake (its head replayed), the connection, the close."""
         settings = self.runtime.settings
         ws: WebSocketConnection | None = None
         async with trio.open_nursery() as nursery:  # trio-websocket's reader task
@@ -85,18 +120,18 @@ class ApiServer:
             with trio.move_on_after(HANDSHAKE_TIMEOUT_SEC):
                 request = await wrap_server_stream(
                     nursery,
-                    stream,
+                    replayed,
                     message_queue_size=4,
                     max_message_size=settings.ws_frame_max_bytes * HARD_FRAME_FACTOR,
                 )
             if request is not None:
                 try:
-                    ws = await self._accept(request)
+                    ws = await self._accept(request, _endpoint(stream, local=True))
                 except ConnectionClosed:  # the client left mid-handshake
                     ws = None
             if ws is not None:
                 try:
-                    await self._handle(ws)
+                    await self._handle(ws, _endpoint(stream, local=False))
                 finally:
                     with trio.move_on_after(CLOSE_TIMEOUT_SEC):
                         await ws.aclose()
@@ -105,11 +140,14 @@ class ApiServer:
             await _drain(stream)
         # trio.serve_tcp closes the stream.
 
-    async def _accept(self, request: WebSocketRequest) -> WebSocketConnection | None:
-        """The connection, or None when the handshake was refused (HTTP 403)."""
+    async def _accept(
+        self, request: WebSocketRequest, local: tuple[str, int]
+    ) -> WebSocketConnection | None:
+        """The connection, or None when the handshake was refused (HTTP 403). `local` is
+        the address and port the client connected to (the stream trio-websocket holds is
+        the replaying wrapper, which has no socket to ask)."""
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers}
-        local = request.local
-        address, port = (str(local.address), local.port) if not isinstance(local, str) else ("", 0)
+        address, port = local
         origin, host = headers.get("origin"), _host_header(request)
         if not self.access.host_allowed(host, address):
             log.warning("refused a WebSocket for host %r", clip(host or ""))
@@ -129,9 +167,8 @@ class ApiServer:
             return None
         return await request.accept()
 
-    async def _handle(self, ws: WebSocketConnection) -> None:
-        peer = ws.remote
-        where = str(peer) if isinstance(peer, str) else f"{peer.address}:{peer.port}"
+    async def _handle(self, ws: WebSocketConnection, peer: tuple[str, int]) -> None:
+        where = f"{peer[0]}:{peer[1]}"
         try:
             await Connection(self, ws, where).run()
         except* Exception:  # one connection's failure must not end the server
@@ -158,6 +195,17 @@ class ApiServer:
 
     def connection_count(self, user_id: str) -> int:
         return self._connections.get(user_id, 0)
+
+
+def _endpoint(stream: trio.SocketStream, *, local: bool) -> tuple[str, int]:
+    """(address, port) of this end (`local`) or the client's end of the connection."""
+    try:
+        name = stream.socket.getsockname() if local else stream.socket.getpeername()
+    except OSError:  # the client is already gone
+        return "", 0
+    if isinstance(name, tuple):
+        return str(name[0]), int(name[1])
+    return str(name), 0
 
 
 def _host_header(request: WebSocketRequest) -> str:

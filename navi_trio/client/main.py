@@ -12,10 +12,10 @@ import trio
 from rich.console import Console
 
 from navi_trio.client.app import ChatApp, ChatOptions
-from navi_trio.client.connection import ChatError
 from navi_trio.client.daemon import daemon_backend, ensure_daemon, find_token
 from navi_trio.client.reader import LineReader, PromptReader, Reader
 from navi_trio.client.render import Renderer
+from navi_trio.errors import NaviError
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
@@ -95,7 +95,7 @@ def chat(
                     want_backend=want_backend,
                 )
             )
-    except* ChatError as group:
+    except* NaviError as group:
         print(f"navi: error: {group.exceptions[0]}", file=err, flush=True)
         code = 1
     if not interactive and renderer.errors:

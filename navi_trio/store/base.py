@@ -1,8 +1,10 @@
 """What every session store offers: the rows it returns and the `SessionStore` protocol.
 
-The SQLite store (`navi_trio.store.sqlite`) is the only implementation today. The
-protocol is the seam for a PostgreSQL store later (DESIGN.md, "Beyond one machine"): a
-new module implementing these methods, nothing above the store layer changes.
+Two implementations: the SQLite store (`navi_trio.store.sqlite`, the embedded default)
+and the PostgreSQL store (`navi_trio.store.postgres`, several daemons on one database);
+`store.factory.open_store(settings)` opens the one `NAVI_DB` names. Nothing above the
+store layer knows which (DESIGN.md, "Beyond one process"); tests/test_store_contract*.py
+hold both to this contract.
 
 Contract every implementation keeps:
 - Messages are plain JSON-able dicts (the internal shape of `navi_trio.llm.base` plus

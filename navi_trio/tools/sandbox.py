@@ -52,6 +52,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from navi_trio.errors import SandboxUnavailableError as SandboxUnavailableError
 from navi_trio.errors import ToolInputError
 from navi_trio.tools.private import PrivatePaths, real_path, within
 
@@ -74,10 +75,6 @@ class SandboxSpec:
     network: bool = False
     readable: tuple[Path, ...] = ()  # shown read-only even where the private /tmp hides them
     private: PrivatePaths = PrivatePaths(hidden=())  # masked (see the module docstring)
-
-
-class SandboxUnavailableError(ToolInputError):
-    """A sandboxed run was asked for, but bwrap cannot run here: the call is refused."""
 
 
 def find_bwrap(override: Path | None = None) -> Path | None:
