@@ -42,6 +42,7 @@ from navi_trio.errors import (
     BusyError,
     ExistsError,
     ForbiddenError,
+    NaviError,
     NotFoundError,
     ProtocolError,
     RequestError,
@@ -51,6 +52,7 @@ from navi_trio.errors import (
 )
 from navi_trio.events import event_to_dict
 from navi_trio.store.base import SessionRow
+from navi_trio.text import title_from
 
 
 class ClientLink(Protocol):
@@ -187,10 +189,19 @@ class Commands:
         # One reply, once the message is saved (running) or stored in the queue, so a
         # crash after the ok cannot lose it; else the error that refused it. The wait
         # runs beside the connection's reader: the frames behind this one go on.
-        await self.conn.defer(rid, lambda: self._accepted(rid, row.id, message, queued))
+        untitled = not row.title
+        await self.conn.defer(
+            rid, lambda: self._accepted(rid, row.id, message, queued, untitled=untitled)
+        )
 
     async def _accepted(
-        self, rid: RequestId, session_id: str, message: UserMessage, queued: bool
+        self,
+        rid: RequestId,
+        session_id: str,
+        message: UserMessage,
+        queued: bool,
+        *,
+        untitled: bool = False,
     ) -> None:
         timeout = self.rt.settings.message_accept_timeout_sec
 
@@ -211,7 +222,20 @@ class Commands:
             "session %s: message from %s %s",
             session_id, self.user.name, "queued" if queued else "runs",
         )  # fmt: skip
+        if untitled:  # before the ok: a list after it shows the title
+            await self._title(session_id, message.text)
         await self.conn.send(reply(rid, "ok", session_id=session_id, queued=queued))
+
+    async def _title(self, session_id: str, content: str) -> None:
+        """A session without a title takes its first stored message's first line (the
+        session list shows it); a title that cannot be saved costs only the title."""
+        title = title_from(content)
+        if not title:
+            return
+        try:
+            await self.rt.store.update_session(session_id, title=title)
+        except NaviError as exc:
+            log.warning("session %s: the title was not saved: %s", session_id, exc)
 
     async def _stop(self, rid: RequestId, cmd: Stop) -> None:
         await self._owned(cmd.session_id)

@@ -119,8 +119,13 @@ class Connection:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._writer)
-                backend = self.server.runtime.settings.llm_backend
-                await self.ws.send_message(encode(welcome_frame(user.name, user.role, backend)))
+                rt = self.server.runtime
+                config = rt.config.current
+                welcome = welcome_frame(
+                    user.name, user.role, rt.settings.llm_backend,
+                    profiles=sorted(config.profiles), default_profile=config.default_profile,
+                )  # fmt: skip
+                await self.ws.send_message(encode(welcome))
                 await self._reader(commands)
                 nursery.cancel_scope.cancel()
         except* ConnectionClosed:

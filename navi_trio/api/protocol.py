@@ -411,13 +411,23 @@ def error_frame_for(exc: RequestError) -> Frame:
     return error_frame(exc.code, str(exc), request_id=exc.request_id, session_id=exc.session_id)
 
 
-def welcome_frame(name: str, role: str, llm_backend: str | None = None) -> Frame:
+def welcome_frame(
+    name: str,
+    role: str,
+    llm_backend: str | None = None,
+    *,
+    profiles: list[str] | None = None,
+    default_profile: str | None = None,
+) -> Frame:
     frame: Frame = {
         "type": "welcome",
         "protocol": PROTOCOL_VERSION,
         "server": f"navi_trio {__version__}",
         "user": {"name": name, "role": role},
     }
+    if profiles is not None:  # what a new session or a switch may name
+        frame["profiles"] = profiles
+        frame["default_profile"] = default_profile
     if llm_backend is not None:
         frame["llm_backend"] = llm_backend  # `navi chat --local` tells a mismatch
     return frame
