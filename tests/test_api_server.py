@@ -132,7 +132,7 @@ async def test_no_hello_within_10_s_gets_an_error_and_close(
     runtime = types.SimpleNamespace(settings=Settings.from_env({}), store=None)
     with trio.fail_after(TIMEOUT):
         async with trio.open_nursery() as nursery:
-            port = await nursery.start(ApiServer(runtime, port=0).run)  # type: ignore[arg-type]
+            port = await nursery.start(ApiServer(runtime, port=0).run)
             async with open_websocket_url(f"ws://127.0.0.1:{port}/") as ws:
                 start = trio.current_time()
                 err = json.loads(await ws.get_message())

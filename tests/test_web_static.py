@@ -211,7 +211,7 @@ async def test_a_connection_carries_several_gets_then_the_websocket(tmp_path: An
 
 def _stub_server() -> ApiServer:
     runtime = types.SimpleNamespace(settings=Settings.from_env({}), store=None)
-    return ApiServer(runtime, port=0)  # type: ignore[arg-type]
+    return ApiServer(runtime, port=0)
 
 
 async def test_a_head_over_the_limit_gets_431_and_close() -> None:
