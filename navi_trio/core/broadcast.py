@@ -27,13 +27,13 @@ A subscriber too slow for its bounded queue is cut off: its queue is closed afte
 frames already in it, and `Subscription.lagged` says from which seq it missed frames,
 so its owner can tell the client (``lagged``) and subscribe again from the last seq it
 delivered. Nobody ever waits for it. While it is behind, its waiting deltas merge
-(`core/deltas.py`, in a `core/channel.py` merging channel), so a long answer alone
+(the one rule, in a `core/channel.py` merging channel), so a long answer alone
 never cuts it off.
 
 The replay (`ReplayBuffer`) is bounded twice, by frames and by characters, so neither a
 long answer streamed one token per frame nor one huge tool output can grow it without
 end. Consecutive deltas of one source merge into one entry as they arrive (the one rule,
-`core/deltas.py`): a long answer is a handful of frames, not one per token. A merged
+`core/channel.py`): a long answer is a handful of frames, not one per token. A merged
 entry keeps where each of its deltas ends, so a client that saw part of it gets only
 the rest — never a duplicate.
 
@@ -52,9 +52,8 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from navi_trio.core.channel import MergingSender, open_frame_channel
-from navi_trio.core.deltas import MERGE_MAX_CHARS as MERGE_MAX_CHARS
-from navi_trio.core.deltas import merged_frame
+from navi_trio.core.channel import MERGE_MAX_CHARS as MERGE_MAX_CHARS
+from navi_trio.core.channel import MergingSender, merged_frame, open_frame_channel
 from navi_trio.events import AgentEvent
 
 log = logging.getLogger(__name__)
