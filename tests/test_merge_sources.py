@@ -7,7 +7,7 @@ deltas in a row as the control that it merges at all:
 - a subscriber's frame queue (core/channel.py) and the session's replay buffer
   (core/broadcast.py): the source is the session too.
 
-All of them ask the one rule (core/deltas.py). Rules: unit tests on each merge point's
+All of them ask the one rule (core/channel.py). Rules: unit tests on each merge point's
 own channel or buffer, no clock, no sockets; what is checked is what a client could
 tell apart: which source each character came from, and in which order.
 """

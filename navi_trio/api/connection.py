@@ -3,17 +3,18 @@
     reader  ws -> parse_frame -> Commands.handle -> session actors / store
     waits   a command's wait that may take long (a message until it is stored): beside
             the reader, at most DEFERRED_MAX at a time, each bounded by its command
-    pumps   one per subscribed session: sub.frames -> outbox
+    pumps   one per subscribed session: its Follower (core/broadcast.py) -> outbox
     writer  outbox (ONE bounded channel) -> ws
 
 Every frame the connection sends goes through the outbox, so the writer is the only
 task that writes to the socket. A slow client fills the outbox and the pumps block;
 meanwhile the deltas waiting in each subscription merge (core/channel.py), so the
 writer itself never merges. When a subscription's queue is full anyway, the session's
-broadcast (core/broadcast.py) drops it with ``lagged`` set; the pump then sends a
-``lagged`` frame (api/protocol.py, where every frame is built) and resubscribes from
-the last seq it delivered. A run never waits for a client. The connection sees the
-daemon's core through `DaemonCore` (api/services.py), never the concrete Runtime.
+broadcast (core/broadcast.py) drops it with ``lagged`` set; the pump's `Follower`
+subscribes again from the last seq it delivered, and the pump sends a ``lagged`` frame
+(api/protocol.py, where every frame is built) before the frames that follow. A run
+never waits for a client. The connection sees the daemon's core through `DaemonCore`
+(api/services.py), never the concrete Runtime.
 
 A bad frame gets an error frame and the connection goes on; so does any refused
 request (`RequestError`). The reader never waits for a message to be stored: the
@@ -47,6 +48,7 @@ from navi_trio.api.protocol import (
     parse_frame,
     welcome_frame,
 )
+from navi_trio.core.broadcast import Follower, Lagged
 from navi_trio.errors import (
     AuthError,
     LimitError,
@@ -58,7 +60,7 @@ from navi_trio.errors import (
 
 if TYPE_CHECKING:
     from navi_trio.api.services import DaemonCore
-    from navi_trio.core.session_actor import SessionActor, Subscription
+    from navi_trio.core.session_actor import SessionActor
 
 
 class ConnectionHost(Protocol):
@@ -89,8 +91,8 @@ class Connection:
         self.user: User | None = None
         self._outbox_send, self._outbox = trio.open_memory_channel[Frame](OUTBOX_SIZE)
         self._nursery: trio.Nursery | None = None
-        # session id -> (subscription, the pump's cancel scope)
-        self._subs: dict[str, tuple[Subscription, trio.CancelScope]] = {}
+        # session id -> (its follower, the pump's cancel scope)
+        self._subs: dict[str, tuple[Follower, trio.CancelScope]] = {}
         settings = server.runtime.settings
         self._bucket = TokenBucket(settings.ws_frames_per_sec, settings.ws_frames_burst)
         self._deferred = trio.Semaphore(DEFERRED_MAX)
@@ -132,8 +134,8 @@ class Connection:
             pass  # the client went away: its subscriptions end, its runs go on
         finally:
             self._nursery = None
-            for sub, _ in self._subs.values():
-                sub.close()
+            for follower, _ in self._subs.values():
+                follower.close()
             self._subs.clear()
             self.server.disconnected(user)
             log.info("connection %s: user %s disconnected", self.peer, user.name)
@@ -241,43 +243,31 @@ class Connection:
         """(Re)subscribe to `actor`'s frames; an old subscription to it is replaced."""
         self.unsubscribe(actor.session_id)
         assert self._nursery is not None
-        sub = actor.subscribe(last_seq, epoch)
+        follower = Follower(actor.subscribe, lambda: actor.epoch, last_seq, epoch)
         scope = trio.CancelScope()
-        self._subs[actor.session_id] = (sub, scope)
-        self._nursery.start_soon(self._pump, actor, sub, scope, last_seq)
+        self._subs[actor.session_id] = (follower, scope)
+        self._nursery.start_soon(self._pump, actor.session_id, follower, scope)
 
     def unsubscribe(self, session_id: str) -> bool:
         entry = self._subs.pop(session_id, None)
         if entry is None:
             return False
-        sub, scope = entry
+        follower, scope = entry
         scope.cancel()
-        sub.close()
+        follower.close()
         return True
 
-    def _current(self, session_id: str) -> Subscription | None:
+    def _current(self, session_id: str) -> Follower | None:
         entry = self._subs.get(session_id)
         return entry[0] if entry is not None else None
 
-    async def _pump(
-        self, actor: SessionActor, sub: Subscription, scope: trio.CancelScope, last: int | None
-    ) -> None:
-        sid = actor.session_id
+    async def _pump(self, sid: str, follower: Follower, scope: trio.CancelScope) -> None:
         with scope:
-            while True:
-                async for frame in sub.frames:
-                    await self.send(frame)
-                    if isinstance(frame.get("seq"), int):
-                        last = frame["seq"]
-                lagged = sub.lagged
-                if lagged is None or self._current(sid) is not sub:
-                    break
-                missed_from, missed_to = lagged
-                log.warning("%s lagged on session %s: resubscribing", self._who(), sid)
-                await self.send(lagged_frame(sid, missed_from, missed_to))
-                # From the last frame it got; none yet: from just before the first missed.
-                sub = actor.subscribe(missed_from - 1 if last is None else last, actor.epoch)
-                self._subs[sid] = (sub, scope)
-        if self._current(sid) is sub:
+            async for item in follower:
+                if isinstance(item, Lagged):  # the follower subscribed again already
+                    log.warning("%s lagged on session %s: resubscribed", self._who(), sid)
+                    item = lagged_frame(sid, item.missed_from, item.missed_to)
+                await self.send(item)
+        if self._current(sid) is follower:
             # The actor ended the subscription (retired or shutting down).
             del self._subs[sid]

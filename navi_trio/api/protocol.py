@@ -375,14 +375,14 @@ def event_frame(
 def resync_frame(session_id: str, seq: int, epoch: str) -> Frame:
     """The asked seq is gone (or another daemon life's): reload the history; the live
     frames go on after `seq`."""
-    return {"type": "resync", "session_id": session_id, "seq": seq, "epoch": epoch}
+    return {"type": wire.RESYNC, "session_id": session_id, "seq": seq, "epoch": epoch}
 
 
 def lagged_frame(session_id: str, missed_from: int, missed_to: int) -> Frame:
     """The client fell behind and missed the frames `missed_from`..`missed_to`; the
     frames after its last one follow (the connection subscribed again from there)."""
     return {
-        "type": "lagged",
+        "type": wire.LAGGED,
         "session_id": session_id,
         "missed_from": missed_from,
         "missed_to": missed_to,
@@ -399,7 +399,7 @@ def error_frame(
     """An error frame. The message is cut at `ERROR_MAX_CHARS` and the session id at
     the longest valid one, whatever the caller quoted in them: an error never echoes
     a client's value whole."""
-    frame: Frame = {"type": "error", "code": code, "message": clip(message, ERROR_MAX_CHARS)}
+    frame: Frame = {"type": wire.ERROR, "code": code, "message": clip(message, ERROR_MAX_CHARS)}
     if request_id is not None:
         frame["id"] = request_id
     if session_id is not None:
@@ -420,7 +420,7 @@ def welcome_frame(
     default_profile: str | None = None,
 ) -> Frame:
     frame: Frame = {
-        "type": "welcome",
+        "type": wire.WELCOME,
         "protocol": PROTOCOL_VERSION,
         "server": f"navi_trio {__version__}",
         "user": {"name": name, "role": role},

@@ -26,14 +26,15 @@ any session with the same rules:
 A subscriber too slow for its bounded queue is cut off: its queue is closed after the
 frames already in it, and `Subscription.lagged` says from which seq it missed frames,
 so its owner can tell the client (``lagged``) and subscribe again from the last seq it
-delivered. Nobody ever waits for it. While it is behind, its waiting deltas merge
-(`core/deltas.py`, in a `core/channel.py` merging channel), so a long answer alone
+delivered (`Follower` does that, for every reader that follows a session). Nobody
+ever waits for it. While it is behind, its waiting deltas merge
+(the one rule, in a `core/channel.py` merging channel), so a long answer alone
 never cuts it off.
 
 The replay (`ReplayBuffer`) is bounded twice, by frames and by characters, so neither a
 long answer streamed one token per frame nor one huge tool output can grow it without
 end. Consecutive deltas of one source merge into one entry as they arrive (the one rule,
-`core/deltas.py`): a long answer is a handful of frames, not one per token. A merged
+`core/channel.py`): a long answer is a handful of frames, not one per token. A merged
 entry keeps where each of its deltas ends, so a client that saw part of it gets only
 the rest — never a duplicate.
 
@@ -52,9 +53,8 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from navi_trio.core.channel import MergingSender, open_frame_channel
-from navi_trio.core.deltas import MERGE_MAX_CHARS as MERGE_MAX_CHARS
-from navi_trio.core.deltas import merged_frame
+from navi_trio.core.channel import MERGE_MAX_CHARS as MERGE_MAX_CHARS
+from navi_trio.core.channel import MergingSender, merged_frame, open_frame_channel
 from navi_trio.events import AgentEvent
 
 log = logging.getLogger(__name__)
@@ -189,6 +189,68 @@ class Subscription:
         self.frames.close()
 
     def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@attrs.frozen
+class Lagged:
+    """A `Follower` was cut off and subscribed again: the seqs it missed at that moment."""
+
+    missed_from: int
+    missed_to: int
+
+
+class Follower:
+    """One reader following one session across cut-offs: ``async for item in follower``.
+
+    The items are the session's frames, and a `Lagged` wherever the subscription was cut
+    off for falling behind: the follower has then subscribed again, from the last seq it
+    handed out (none yet: from just before the first one missed), so the frames after
+    it follow with no gap and no repeat (or a ``resync`` when the replay no longer holds
+    them). It ends when the session ends the subscription without a cut-off (the actor
+    retired or the runtime is stopping); after `close()` it raises
+    `trio.ClosedResourceError`, as a closed channel does. The daemon's subscription
+    pumps and `navi run`'s in-process follower both read a session this way.
+    """
+
+    def __init__(
+        self,
+        subscribe: Callable[[int | None, str | None], Subscription],
+        epoch: Callable[[], str],
+        last_seq: int | None = None,
+        last_epoch: str | None = None,
+    ) -> None:
+        self._subscribe = subscribe
+        self._epoch = epoch
+        self.last_seq = last_seq
+        self.subscription = subscribe(last_seq, last_epoch)
+
+    def __aiter__(self) -> Follower:
+        return self
+
+    async def __anext__(self) -> Frame | Lagged:
+        sub = self.subscription
+        try:
+            frame = await sub.frames.receive()
+        except trio.EndOfChannel:
+            if sub.lagged is None:
+                raise StopAsyncIteration from None
+            missed_from, missed_to = sub.lagged
+            last = missed_from - 1 if self.last_seq is None else self.last_seq
+            self.subscription = self._subscribe(last, self._epoch())
+            return Lagged(missed_from, missed_to)
+        seq = frame.get("seq")
+        if isinstance(seq, int):
+            self.last_seq = seq
+        return frame
+
+    def close(self) -> None:
+        self.subscription.close()
+
+    def __enter__(self) -> Follower:
         return self
 
     def __exit__(self, *exc: object) -> None:

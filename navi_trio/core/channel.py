@@ -1,14 +1,30 @@
-"""The bounded merging channels of the output path: never-blocking senders, waiting readers.
+"""The output path's merging: the one rule for what merges, and the bounded channels
+where deltas wait and merge (never-blocking senders, waiting readers).
 
-A delta on its way to a client waits in two kinds of queue: a run's events (sent from
-synchronous callbacks that must never block: `open_event_channel`) and each
+The rule ("may two deltas merge", for events and for frames alike). Text (and thinking)
+deltas that wait for a slow reader are merged: the texts joined, one item to hand on
+instead of one per token. Two deltas merge when they are of the same kind (text with
+text, thinking with thinking) and from the same source: the same agent
+(``is_subagent``, ``agent_id``) and, for frames, the same session and epoch. A merged
+frame carries the later seq: a frame with seq N still means "everything up to N", so
+replay and ``lagged`` work as before. Nothing else merges, and a delta never merges
+across an item of its own source's that came between. A merged frame stops growing at
+`MERGE_MAX_CHARS` of text (one WebSocket message, one replay entry); an event has no
+such cap, since the answer's own size cap (``answer_max_chars``) bounds it.
+
+The merge points, the only three on the output path: a run's event channel and each
+subscriber's frame queue (here), and the session's replay buffer (`core/broadcast.py`).
+The connection's writer does not merge: what its pumps hand it comes out of a
+subscriber's queue, where deltas already merged while the pump waited.
+
+The channels. A delta on its way to a client waits in two kinds of queue: a run's events
+(sent from synchronous callbacks that must never block: `open_event_channel`) and each
 subscriber's frames (sent by the session without waiting for any client:
-`open_frame_channel`, core/broadcast.py). Both need the same thing: ``send_nowait``
-that never waits, a queue that never grows without bound, and waiting deltas merged
-instead of piling up (the one rule, `core/deltas.py`). What differs is only how a value
-goes in — merged, queued, an older one dropped, or refused with `trio.WouldBlock` —
-which is a `MergingQueue` subclass's `put` (`EventQueue`, `FrameQueue`). The queue,
-its waiter and the two ends are written once.
+`open_frame_channel`, core/broadcast.py). Both need ``send_nowait`` that never waits, a
+queue that never grows without bound, and waiting deltas merged instead of piling up.
+What differs is only how a value goes in — merged, queued, an older one dropped, or
+refused with `trio.WouldBlock` — which is a `MergingQueue` subclass's `put`
+(`EventQueue`, `FrameQueue`). The queue, its waiter and the two ends are written once.
 
 The ends behave as trio's memory channels do: closing the sender lets the reader take
 what waits, then `trio.EndOfChannel`; after the reader closes, a send raises
@@ -18,9 +34,8 @@ A run's events (`EventQueue`). The run cannot be pushed back on (a tool's progre
 callback must never block), and an unbounded channel turned a slow reader plus a
 chatty tool into gigabytes:
 
-- A text (thinking) delta sent while the last waiting event is a delta of the same
-  kind and source is merged into it: the texts joined, one event to hand on instead of
-  one per token, at every hop after this one.
+- A text (thinking) delta sent while the last waiting event is a delta it may merge
+  with (the rule) is merged into it: one event to hand on instead of one per token.
 - *Progress* events — `TextDelta`, `ThinkingDelta` and `ToolEvent` — are queued as
   they are while fewer than `max_progress` of them wait. Beyond that, a new one is
   merged into the latest waiting one from the same source (text deltas: texts joined;
@@ -42,15 +57,79 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import attrs
 import trio
 
-from navi_trio.core.deltas import event_agent, merged_event, merged_frame
 from navi_trio.events import AgentEvent, TextDelta, ThinkingDelta, ToolEvent
 
 T = TypeVar("T")
+Frame = dict[str, Any]
+
+# -- the rule ---------------------------------------------------------------------------
+
+KINDS = frozenset({TextDelta.type, ThinkingDelta.type})
+MERGE_MAX_CHARS = 64_000
+_DELTA_EVENTS = (TextDelta, ThinkingDelta)
+_Delta = TextDelta | ThinkingDelta
+
+# Every delta of a long answer passes here at each merge point: the checks are written
+# out (no tuples built, no generator) because this is the output path's hottest code.
+
+
+def event_agent(event: AgentEvent) -> tuple[bool, str | None]:
+    """Which agent an event comes from: the main one, or which sub-agent."""
+    return event.is_subagent, event.agent_id
+
+
+def frames_merge(old: Frame, new: Frame) -> bool:
+    """Whether `new` may merge into `old` (the rule, module docstring), size aside."""
+    kind = new.get("type")
+    return (
+        kind in KINDS
+        and old.get("type") == kind
+        and isinstance(old.get("text"), str)
+        and isinstance(new.get("text"), str)
+        and isinstance(old.get("seq"), int)  # a delta always has a seq
+        and isinstance(new.get("seq"), int)
+        and old.get("session_id") == new.get("session_id")
+        and old.get("epoch") == new.get("epoch")
+        and old.get("is_subagent") == new.get("is_subagent")
+        and old.get("agent_id") == new.get("agent_id")
+    )
+
+
+def events_merge(old: AgentEvent, new: AgentEvent) -> bool:
+    """Whether `new` may merge into `old` (the rule, module docstring)."""
+    kind = type(new)
+    return (
+        type(old) is kind
+        and kind in _DELTA_EVENTS
+        and old.is_subagent == new.is_subagent
+        and old.agent_id == new.agent_id
+    )
+
+
+def merged_frame(old: Frame, new: Frame, max_chars: int = MERGE_MAX_CHARS) -> Frame | None:
+    """`new` with `old`'s text in front, when the rule lets them merge; else None."""
+    if not frames_merge(old, new):
+        return None
+    text = old["text"] + new["text"]
+    if len(text) > max_chars:
+        return None
+    return {**new, "text": text}
+
+
+def merged_event(old: AgentEvent, new: AgentEvent) -> AgentEvent | None:
+    """`old` with `new`'s text after its own, when the rule lets them merge; else None."""
+    if not events_merge(old, new):
+        return None
+    delta, more = cast(_Delta, old), cast(_Delta, new)  # events_merge checked the kind
+    return attrs.evolve(delta, text=delta.text + more.text)
+
+
+# -- the channel ------------------------------------------------------------------------
 
 
 @attrs.frozen
@@ -335,8 +414,6 @@ def emitter(send: SendsNowait) -> Callable[[AgentEvent], None]:
 
 
 # -- a subscriber's frames --------------------------------------------------------------
-
-Frame = dict[str, Any]
 
 
 class FrameQueue(MergingQueue[Frame]):

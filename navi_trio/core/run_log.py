@@ -29,18 +29,23 @@ class RunLog:
         log.info("session %s: run started (user %s)", session_id, self.user)
 
     def event(self, event: AgentEvent) -> None:
-        where = f"session {self.session_id}" + (
-            f" [{event.agent_id or 'sub-agent'}]" if event.is_subagent else ""
-        )
+        # Called for every event of the run, deltas included: only these three are read.
         if isinstance(event, ToolResultEvent):
             log.info(
-                "%s: tool %s %s in %d ms (user %s)", where, event.name,
+                "%s: tool %s %s in %d ms (user %s)", self._where(event), event.name,
                 "ok" if event.ok else "failed", event.duration_ms, self.user,
             )  # fmt: skip
         elif isinstance(event, ErrorEvent):
-            log.info("%s: error [%s] %s (user %s)", where, event.code, event.message, self.user)
+            log.info(
+                "%s: error [%s] %s (user %s)",
+                self._where(event), event.code, event.message, self.user,
+            )  # fmt: skip
         elif isinstance(event, StreamEnd) and not event.is_subagent:
             self.reason = event.reason
+
+    def _where(self, event: AgentEvent) -> str:
+        sub = f" [{event.agent_id or 'sub-agent'}]" if event.is_subagent else ""
+        return f"session {self.session_id}{sub}"
 
     def end(self) -> None:
         took = trio.current_time() - self.started
