@@ -83,8 +83,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u20
 def title_from(text: str, limit: int = TITLE_CHARS) -> str:
     """A one-line title from a message: its first non-blank line, control characters and
     bidi overrides removed, whitespace collapsed, cut to `limit` characters."""
-    for line in clean_text(text).splitlines():
+    for line in text.splitlines():
         line = " ".join(_CONTROL.sub(" ", line).split())
         if line:
-            return clip(line, limit)
+            return clip(line, limit)  # which replaces lone surrogates
     return ""

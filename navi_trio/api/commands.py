@@ -42,7 +42,6 @@ from navi_trio.errors import (
     BusyError,
     ExistsError,
     ForbiddenError,
-    NaviError,
     NotFoundError,
     ProtocolError,
     RequestError,
@@ -52,7 +51,6 @@ from navi_trio.errors import (
 )
 from navi_trio.events import event_to_dict
 from navi_trio.store.base import SessionRow
-from navi_trio.text import title_from
 
 
 class ClientLink(Protocol):
@@ -223,19 +221,8 @@ class Commands:
             session_id, self.user.name, "queued" if queued else "runs",
         )  # fmt: skip
         if untitled:  # before the ok: a list after it shows the title
-            await self._title(session_id, message.text)
+            await self.rt.session_service.title(session_id, message.text)
         await self.conn.send(reply(rid, "ok", session_id=session_id, queued=queued))
-
-    async def _title(self, session_id: str, content: str) -> None:
-        """A session without a title takes its first stored message's first line (the
-        session list shows it); a title that cannot be saved costs only the title."""
-        title = title_from(content)
-        if not title:
-            return
-        try:
-            await self.rt.store.update_session(session_id, title=title)
-        except NaviError as exc:
-            log.warning("session %s: the title was not saved: %s", session_id, exc)
 
     async def _stop(self, rid: RequestId, cmd: Stop) -> None:
         await self._owned(cmd.session_id)

@@ -23,10 +23,11 @@ import trio
 from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.session_registry import SessionRegistry
 from navi_trio.core.task_supervisor import TaskSupervisor
-from navi_trio.errors import LimitError, SessionBusyError
+from navi_trio.errors import LimitError, NaviError, SessionBusyError
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionRow, SessionStore
+from navi_trio.text import title_from
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,17 @@ class SessionService:
             profile_id=profile_id or self.config.current.default_profile,
             user_id=user_id,
         )
+
+    async def title(self, session_id: str, first_message: str) -> None:
+        """Title a session by its first stored message's first line (the session list
+        shows it); a title that cannot be saved costs only the title."""
+        title = title_from(first_message)
+        if not title:
+            return
+        try:
+            await self.store.update_session(session_id, title=title)
+        except NaviError as exc:
+            log.warning("session %s: the title was not saved: %s", session_id, exc)
 
     def _check_deletable(self, session_id: str) -> None:
         """SessionBusyError when the session has a run active or queued."""
