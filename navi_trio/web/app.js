@@ -24,6 +24,7 @@ const state = {
   resync: null, // frames held while a resync's history is on its way
   pending: new Map(), // request id -> what it asked
   sessions: [],
+  profiles: [], // the daemon's, from its welcome
   tasks: new Map(), // task id -> info
   contextTokens: null,
   contextWindow: null,
@@ -208,7 +209,7 @@ function renderSessions(list) {
   state.sessions = list;
   const ul = $("session-list");
   ul.replaceChildren();
-  const profiles = new Set(state.profiles || []);
+  const profiles = new Set(state.profiles);
   for (const s of list) {
     profiles.add(String(s.profile || ""));
     const li = el("li", "session");
