@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -20,7 +20,7 @@ import trio
 from navi_trio import __version__
 from navi_trio.api.peer_link import check_peer
 from navi_trio.api.remote import DEFAULT_URL, daemon_answers
-from navi_trio.errors import ConfigError, NaviError
+from navi_trio.errors import ConfigError, LLMError, NaviError
 from navi_trio.llm.factory import choose_backend
 from navi_trio.profiles import AgentProfile, NaviConfig, check_config, load_config
 from navi_trio.settings import Settings
@@ -28,6 +28,7 @@ from navi_trio.store.sqlite import read_only_stats
 from navi_trio.tools.sandbox import find_bwrap, sandbox_available
 
 LLM_PING_TIMEOUT = 3.0
+LOCAL_CHECK_TIMEOUT = 120.0  # one token, model load included, on a loaded machine
 MCP_START_CAP = 15.0  # seconds a server may take to start before the doctor gives up
 
 # Profile flags worth a glance in `navi doctor` (shown when on).
@@ -220,6 +221,77 @@ def local_model_info(model_file: Path | None) -> dict[str, Any]:
     return info
 
 
+async def _one_token(settings: Settings, extra_buffers: bool) -> dict[str, Any]:
+    """One generated token in a model host process of its own (never in this one)."""
+    from navi_trio.llm.base import ChatRequest
+    from navi_trio.llm.local import open_local_backend
+
+    request = ChatRequest([{"role": "user", "content": "Hi"}], "local", options={"max_tokens": 1})
+    started = trio.current_time()
+    async with open_local_backend(
+        settings.model_file,
+        n_ctx=settings.num_ctx,
+        threads=settings.local_threads,
+        extra_buffers=extra_buffers,
+    ) as backend:
+        try:
+            with trio.fail_after(LOCAL_CHECK_TIMEOUT):
+                async with backend.stream_chat(request) as chunks:
+                    async for _ in chunks:
+                        pass
+        except (LLMError, trio.TooSlowError) as exc:
+            death = backend.host.last_death or {}
+            error = str(exc).removesuffix(" — see navi doctor") or (
+                f"no token within {LOCAL_CHECK_TIMEOUT:g} s"
+            )
+            return {"ok": False, "error": error, "stderr": death.get("stderr", [])}
+        info = backend.host.status()
+    return {"ok": True, "seconds": round(trio.current_time() - started, 2),
+            "system_info": info.get("system_info", "")}  # fmt: skip
+
+
+async def check_local_model(settings: Settings) -> dict[str, Any]:
+    """`navi doctor`'s check of the embedded model: a one-token generation in a child
+    process, with llama.cpp's extra buffer types as the daemon would start it. When that
+    dies with them on, once more without them, to name the setting that fixes it."""
+    from navi_trio.llm import host_state
+    from navi_trio.llm.local import EXTRA_BUFFERS_ENV, extra_buffers_setting
+
+    try:
+        setting = extra_buffers_setting(settings.local_extra_buffers)
+    except ConfigError as exc:
+        return {"ok": False, "error": str(exc), "stderr": [], "extra_buffers": None}
+    state = await trio.to_thread.run_sync(host_state.read_state, settings.data_dir)
+    key = await trio.to_thread.run_sync(host_state.state_key)
+    remembered = host_state.remembered_extra_buffers(state, key)
+    extra = setting if setting is not None else remembered is not False
+    result = {**await _one_token(settings, extra), "extra_buffers": extra, "key": key}
+    result["broken"] = state.get("broken")  # what a daemon marked (llm/host.py)
+    if result["ok"] or not extra:
+        if not result["ok"]:
+            result["fix"] = _rebuild_hint(result["error"])
+        return result
+    without = await _one_token(settings, False)
+    if without["ok"]:
+        result["fix"] = (
+            f"without llama.cpp's extra buffer types (weight repacking, AMX on recent Xeons) "
+            f"it answers: set {EXTRA_BUFFERS_ENV}=0"
+            + ("" if setting is None else f" (it is {settings.local_extra_buffers!r} now)")
+        )
+    else:
+        result["fix"] = _rebuild_hint(without["error"])
+    return result
+
+
+def _rebuild_hint(error: str) -> str:
+    if "SIGILL" in error:
+        return (
+            "this llama-cpp-python uses instructions this CPU lacks: rebuild it portably "
+            "(README, Install: scripts/install_llama_cpp.sh)"
+        )
+    return "see the last lines of its stderr above, and the daemon log"
+
+
 async def _backend_choice(
     settings: Settings, configured: bool, environ: Mapping[str, str]
 ) -> tuple[Settings, dict[str, Any]]:
@@ -302,8 +374,16 @@ async def collect_doctor(
             report["errors"].append(str(exc))
     report["db"] = db
 
+    report["local_check"] = None
     if settings.llm_backend.strip().lower() == "local":
         llm = _local_llm(settings, report["local"])
+        if report["local"]["ok"]:
+            check = report["local_check"] = await check_local_model(settings)
+            if not check["ok"]:
+                report["warnings"].append(
+                    f"the local model failed a one-token generation: {check['error']} "
+                    f"({check.get('fix', '')})"
+                )
     else:
         llm = {"backend": settings.llm_backend, **await ping_llm(settings)}
     report["llm"] = llm
@@ -392,6 +472,27 @@ def _settings_info(settings: Settings) -> dict[str, Any]:
     return out
 
 
+def _print_local_check(check: dict[str, Any] | None, line: Callable[[str, str], None]) -> None:
+    if check is None:
+        return
+    extra = {True: "on", False: "off", None: "?"}[check.get("extra_buffers")]
+    if check["ok"]:
+        line("", f"one token in a child process: OK in {check['seconds']:g} s (extra buffer "
+                 f"types {extra})")  # fmt: skip
+        if check.get("system_info"):
+            line("", f"llama.cpp: {check['system_info'].strip()}")
+    else:
+        line("", f"one token in a child process (extra buffer types {extra}): FAILED: "
+                 f"{check['error']}")  # fmt: skip
+        for text in check.get("stderr") or []:
+            line("", f"  | {text}")
+        if check.get("fix"):
+            line("", f"fix: {check['fix']}")
+    broken = check.get("broken")
+    if isinstance(broken, dict):
+        line("", f"a daemon marked it broken at {broken.get('at', '?')}: {broken.get('message')}")
+
+
 def print_doctor(r: dict[str, Any], out: TextIO) -> None:
     def line(label: str, text: str) -> None:
         print(f"{label:<13}{text}", file=out)
@@ -425,6 +526,7 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
         line("local model", "llama-cpp-python installed, but no model file (NAVI_MODEL_FILE)")
     else:
         line("local model", "not installed (pip install 'navi-trio[local]')")
+    _print_local_check(r.get("local_check"), line)
     m = r["llm"]
     line("llm", f"{m['backend']} {m['url']}")
     if m["ok"]:
