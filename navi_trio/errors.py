@@ -1,13 +1,20 @@
 """Every exception navi_trio raises on purpose.
 
-The tree::
+The tree (every subclass of NaviError in navi_trio is defined here)::
 
     NaviError
     ├── ConfigError                 a config file or env var is missing or malformed
-    ├── StoreError                  the SQLite store failed
+    ├── UsageError                  bad command-line arguments (argparse's own exit is replaced
+    │                               by it); also a bad argument of `navi mcp serve`'s tools
+    ├── StoreError                  the SQLite store failed (a bad argument, a bad row...)
+    │   └── StorageError            storage: the database cannot be written or read (read-only,
+    │       │                       an I/O error, damaged); also a RequestError (below), so
+    │       │                       a request that meets it gets this code on the wire
+    │       └── StorageFullError    storage_full: the disk holding the database is full
     ├── ContextTooLargeError        the built context cannot fit the model's window
     ├── NothingToCompactError       /compact found nothing (new) to summarise
     ├── ToolInputError              a tool got arguments it cannot use
+    │   └── SandboxUnavailableError a sandboxed run was asked for, but bwrap cannot run here
     ├── TaskRejectedError           a background submit was refused (cap, rate limit)
     ├── RequestError                a WebSocket client's request failed; `code` goes on the wire
     │   ├── ProtocolError           bad_frame: not JSON, not an object, binary, a bad field
@@ -22,7 +29,19 @@ The tree::
     │   ├── SessionBusyError        session_busy: another process runs it (its lease), or a
     │   │                           delete while a run is active or queued
     │   ├── UnsupportedError        unsupported: a frame type kept for a later version
+    │   ├── ExistsError             exists: a session that already exists is not created again
+    │   ├── StorageError            (see StoreError above)
     │   └── UnavailableError        internal: the daemon is shutting down
+    ├── DaemonUnreachableError      a client of the daemon (`open_daemon`): nothing answers at the
+    │   │                           URL, no answer in time, or the connection dropped
+    │   └── PeerUnreachableError    (see PeerError below)
+    ├── RemoteError                 a client of the daemon: the daemon answered with an error
+    │   │                           frame (a refused hello or request); `code` is its wire code
+    │   └── PeerRefusedError        (see PeerError below)
+    ├── PeerError                   the peer tool: asking another navi daemon failed
+    │   ├── PeerUnreachableError    nothing answers at the peer's URL, or the connection dropped;
+    │   │                           also a DaemonUnreachableError
+    │   └── PeerRefusedError        the peer answered with an error frame; also a RemoteError
     └── LLMError                    anything that went wrong talking to the model
         ├── LLMConnectionError      could not connect / the connection dropped
         ├── LLMStatusError          HTTP 4xx/5xx; quotes the body
@@ -35,6 +54,10 @@ The tree::
         └── LLMTimeoutError
             ├── LLMFirstChunkTimeout  nothing arrived within first_chunk_timeout
             └── LLMChunkTimeout       a gap between chunks exceeded chunk_timeout
+
+The client's errors (DaemonUnreachableError, RemoteError) are the daemon's refusals seen
+from the other end of the wire: `RequestError` is what the daemon raises and puts in an
+error frame; `RemoteError` is what a client raises when it reads one.
 
 Classes are small and flat: each has one job, and the message says what went wrong
 in words a user can act on.
@@ -49,6 +72,10 @@ class NaviError(Exception):
 
 class ConfigError(NaviError):
     """A configuration file or environment variable is missing or malformed."""
+
+
+class UsageError(NaviError):
+    """Bad command-line arguments (argparse's own exit is replaced by this)."""
 
 
 class StoreError(NaviError):
@@ -72,6 +99,10 @@ class NothingToCompactError(NaviError):
 
 class ToolInputError(NaviError):
     """A tool got arguments it cannot use; the message names the argument."""
+
+
+class SandboxUnavailableError(ToolInputError):
+    """A sandboxed run was asked for, but bwrap cannot run here: the call is refused."""
 
 
 class TaskRejectedError(NaviError):
@@ -148,10 +179,66 @@ class ExistsError(RequestError):
     code = "exists"
 
 
+class StorageError(StoreError, RequestError):
+    """The database cannot be written or read: read-only, an I/O error, or damaged.
+
+    Raised by the store for the operation that failed (the message names it, and the
+    session when there is one); nothing of that operation was stored. A RequestError too,
+    so a client's request that met it gets an error frame with this code."""
+
+    code = "storage"
+
+
+class StorageFullError(StorageError):
+    """The disk holding the database is full (SQLite's SQLITE_FULL): nothing was stored;
+    reads go on, and writes work again once space is freed."""
+
+    code = "storage_full"
+
+
 class UnavailableError(RequestError):
     """The daemon cannot take the request now (it is shutting down)."""
 
     code = "internal"
+
+
+class DaemonUnreachableError(NaviError):
+    """No daemon answers at the URL, it did not answer in time, or the connection dropped.
+
+    `reason` is the lower layer's word for it (empty when there is none), for a caller
+    that words the message its own way (the peer tool)."""
+
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class RemoteError(NaviError):
+    """The daemon answered with an error frame: `code` is its wire code, `detail` its
+    message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{message} ({code})")
+        self.code = code
+        self.detail = message
+
+
+class PeerError(NaviError):
+    """Asking a peer failed; the message says why (never with the token)."""
+
+
+class PeerUnreachableError(PeerError, DaemonUnreachableError):
+    """Nothing answers at the peer's URL, or the connection dropped."""
+
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        DaemonUnreachableError.__init__(self, message, reason=reason)
+
+
+class PeerRefusedError(PeerError, RemoteError):
+    """The peer answered with an error frame (``code``: its wire code)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        RemoteError.__init__(self, code, message)
 
 
 class LLMError(NaviError):

@@ -43,7 +43,8 @@ class ThinkingEnd(AgentEvent):
 
 @attrs.frozen
 class ModelInfo(AgentEvent):
-    """The resolved model changed (first answer of a run, or mid-turn)."""
+    """The model that answers: at a run's first answer, and again when it changes mid-run
+    (so a client that joined the session later still learns it)."""
 
     model: str
 
@@ -99,6 +100,7 @@ class ToolResultEvent(AgentEvent):
     output: str = ""
     error: str | None = None
     duration_ms: int = 0
+    stopped: bool = False  # the run was stopped before the call finished
 
 
 @attrs.frozen
@@ -239,9 +241,7 @@ for _cls in EVENT_CLASSES:
         "WarningEvent": "warning",
         "PlanCreated": "plan",
         "ToolResultEvent": "tool_result",
-    }.get(
-        _cls.__name__, _snake(_cls.__name__)
-    )
+    }.get(_cls.__name__, _snake(_cls.__name__))
     _cls.type = _tag
     _TAGS[_tag] = _cls
 

@@ -36,7 +36,8 @@ from navi_trio.llm.base import LLMBackend, SupervisedBackend
 from navi_trio.llm.factory import make_backend, make_client
 from navi_trio.profiles import BUILTIN_TOOL_NAMES, ConfigSource
 from navi_trio.settings import Settings
-from navi_trio.store.sqlite import SQLiteStore
+from navi_trio.store.base import SessionStore
+from navi_trio.store.factory import open_store
 from navi_trio.tools.base import Tool, ToolRegistry
 from navi_trio.tools.builtin import builtin_tools
 from navi_trio.tools.mcp import McpServers
@@ -51,7 +52,7 @@ from navi_trio.tools.tasks import TasksTool
 class Runtime:
     settings: Settings
     config: ConfigSource
-    store: SQLiteStore
+    store: SessionStore
     backend: LLMBackend
     registry: ToolRegistry
     processes: ProcessPool
@@ -104,7 +105,7 @@ async def open_runtime(
             reason,
         )
     async with AsyncExitStack() as stack:
-        store = await stack.enter_async_context(SQLiteStore.open(settings.db_path))
+        store = await stack.enter_async_context(open_store(settings))
         if backend is None:
             client = await stack.enter_async_context(make_client(settings))
             backend = make_backend(settings, client)

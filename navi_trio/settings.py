@@ -27,6 +27,12 @@ from navi_trio.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BACKGROUNDABLE = ("terminal", "ssh_exec", "peer", "spawn_agent", "code_exec")
+# Left out of every checkpoint wherever they appear (fnmatch patterns on one name; .git
+# always): folders tools rebuild, caches, virtual environments.
+DEFAULT_CHECKPOINT_IGNORE = tuple(
+    ".git .hg .svn node_modules .venv venv __pycache__ .mypy_cache .pytest_cache"
+    " .ruff_cache .tox .nox dist build *.egg-info".split()
+)
 
 
 def _env(name: str, *, fraction: bool = False) -> dict[str, Any]:
@@ -50,6 +56,11 @@ def shipped_dir(top_level: str) -> Path:
 def default_config_path() -> Path:
     """The config.json navi ships."""
     return shipped_dir("config") / "config.json"
+
+
+def is_db_url(text: str) -> bool:
+    """Whether NAVI_DB names a PostgreSQL server (``postgresql://…``, ``postgres://…``)."""
+    return text.strip().lower().startswith(("postgresql://", "postgres://"))
 
 
 def _default_data_dir() -> Path:
@@ -106,10 +117,12 @@ class Settings:
     # phase, and the answer. A model that never stops must not fill the window.
     plan_max_tokens: int = attrs.field(default=1024, metadata=_env("NAVI_PLAN_MAX_TOKENS"))
     answer_max_tokens: int = attrs.field(default=4096, metadata=_env("NAVI_ANSWER_MAX_TOKENS"))
-    # Where things live.
+    # Where things live. NAVI_DB is a file (SQLite, db_path) or a postgresql:// URL
+    # (db_url; db_path then keeps its default and is not used): store/factory.py.
     db_path: Path = attrs.field(
         factory=lambda: _default_data_dir() / "navi.db", metadata=_env("NAVI_DB")
     )
+    db_url: str = attrs.field(default="", metadata=_env("NAVI_DB"))
     data_dir: Path = attrs.field(factory=_default_data_dir, metadata=_env("NAVI_DATA_DIR"))
     config_path: Path = attrs.field(factory=default_config_path, metadata=_env("NAVI_CONFIG"))
     manuals_dir: Path = attrs.field(
@@ -138,13 +151,17 @@ class Settings:
     )
     # Sessions.
     message_queue_max: int = attrs.field(default=5, metadata=_env("NAVI_MESSAGE_QUEUE_MAX"))
+    # The daemon answers a message once it is stored (or refused): a store that has not
+    # said within this many seconds gets the message refused (error `storage`). Well
+    # above the store's 30 s wait for another process's lock, so only a stuck store.
+    message_accept_timeout_sec: float = attrs.field(
+        default=120.0, metadata=_env("NAVI_MESSAGE_ACCEPT_TIMEOUT_SEC")
+    )
     # A session actor with no run, no queue and nobody subscribed is retired after this.
     session_idle_sec: float = attrs.field(default=600.0, metadata=_env("NAVI_SESSION_IDLE_SEC"))
     spawn_timeout_sec: float = attrs.field(default=300.0, metadata=_env("NAVI_SPAWN_TIMEOUT_SEC"))
     # The WebSocket daemon (`navi serve`): limits per connection and per user.
-    ws_frame_max_bytes: int = attrs.field(
-        default=1 << 20, metadata=_env("NAVI_WS_FRAME_MAX_BYTES")
-    )
+    ws_frame_max_bytes: int = attrs.field(default=1 << 20, metadata=_env("NAVI_WS_FRAME_MAX_BYTES"))
     ws_frames_per_sec: float = attrs.field(default=20.0, metadata=_env("NAVI_WS_FRAMES_PER_SEC"))
     ws_frames_burst: int = attrs.field(default=40, metadata=_env("NAVI_WS_FRAMES_BURST"))
     ws_connections_per_user: int = attrs.field(
@@ -152,6 +169,15 @@ class Settings:
     )
     ws_hello_timeout_sec: float = attrs.field(
         default=10.0, metadata=_env("NAVI_WS_HELLO_TIMEOUT_SEC")
+    )
+    # Browser pages admitted besides the daemon's own (exact origins, like
+    # https://navi.example), and names the daemon answers to besides its own address and,
+    # on loopback, localhost (api/auth.py `WebAccess`).
+    ws_allowed_origins: tuple[str, ...] = attrs.field(
+        default=(), metadata=_env("NAVI_WS_ALLOWED_ORIGINS")
+    )
+    ws_allowed_hosts: tuple[str, ...] = attrs.field(
+        default=(), metadata=_env("NAVI_WS_ALLOWED_HOSTS")
     )
     sessions_per_user: int = attrs.field(default=200, metadata=_env("NAVI_SESSIONS_PER_USER"))
     shutdown_wait_tasks_sec: float = attrs.field(
@@ -182,6 +208,27 @@ class Settings:
     # A run's event path: progress events (text deltas, tool output) a slow reader may
     # leave waiting before they are merged or dropped; other events are never dropped.
     event_buffer_max: int = attrs.field(default=256, metadata=_env("NAVI_EVENT_BUFFER_MAX"))
+    # Checkpoints of the writable roots (core/checkpoints/): one snapshot's bounds (new
+    # content to copy, one file, files and folders, seconds), how many are kept per
+    # session and how long, and the names left out besides `.gitignore`.
+    checkpoints: bool = attrs.field(default=True, metadata=_env("NAVI_CHECKPOINTS"))
+    checkpoint_max_bytes: int = attrs.field(
+        default=256 << 20, metadata=_env("NAVI_CHECKPOINT_MAX_BYTES")
+    )
+    checkpoint_max_file_bytes: int = attrs.field(
+        default=16 << 20, metadata=_env("NAVI_CHECKPOINT_MAX_FILE_BYTES")
+    )
+    checkpoint_max_files: int = attrs.field(
+        default=100_000, metadata=_env("NAVI_CHECKPOINT_MAX_FILES")
+    )
+    checkpoint_max_sec: float = attrs.field(default=10.0, metadata=_env("NAVI_CHECKPOINT_MAX_SEC"))
+    checkpoint_keep: int = attrs.field(default=50, metadata=_env("NAVI_CHECKPOINT_KEEP"))
+    checkpoint_max_age_sec: float = attrs.field(
+        default=14 * 86400.0, metadata=_env("NAVI_CHECKPOINT_MAX_AGE_SEC")
+    )
+    checkpoint_ignore: tuple[str, ...] = attrs.field(
+        default=DEFAULT_CHECKPOINT_IGNORE, metadata=_env("NAVI_CHECKPOINT_IGNORE")
+    )
 
     def session_dir(self, session_id: str) -> Path:
         """The session's own folder (file tools are confined to it and the run's cwd)."""
@@ -201,6 +248,11 @@ class Settings:
             name = field.metadata.get("env")
             if field.name in overrides or name is None or name not in env:
                 continue
+            if name == "NAVI_DB" and (
+                (field.name == "db_url") != is_db_url(env[name])
+                or {"db_path", "db_url"} & overrides.keys()
+            ):
+                continue  # a URL sets db_url, a path db_path; either given (--db) wins
             values[field.name] = _convert(name, env[name], field.type)
         values.update(overrides)
         for field in attrs.fields(cls):

@@ -196,8 +196,10 @@ async def bench(sessions: int, calls: int, seconds: float) -> int:
             if end is not None:
                 delivery.append(at - end)
 
-    print(f"background jobs: {sum(statuses.values())} of {jobs} finished {statuses}, "
-          f"{len(rejected)} refused, {sessions} sessions, wall {wall:.2f} s")
+    print(
+        f"background jobs: {sum(statuses.values())} of {jobs} finished {statuses}, "
+        f"{len(rejected)} refused, {sessions} sessions, wall {wall:.2f} s"
+    )
     print(f"submit latency, executor:             {_fmt(spans)}")
     print(f"submit latency, frames at a client:   {_fmt(submit)}")
     print(f"job end -> task_update at a client:   {_fmt(delivery)}")

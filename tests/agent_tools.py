@@ -154,8 +154,9 @@ def assert_paired(messages: Sequence[Mapping[str, Any]]) -> None:
     while i < len(messages):
         m = messages[i]
         if m["role"] == "tool":
-            raise AssertionError(f"message {i}: tool result {m.get('tool_call_id')!r} "
-                                 "does not follow its call")
+            raise AssertionError(
+                f"message {i}: tool result {m.get('tool_call_id')!r} does not follow its call"
+            )
         calls = m.get("tool_calls") or ()
         ids = [c["id"] for c in calls]
         after = messages[i + 1 : i + 1 + len(ids)]
@@ -173,9 +174,9 @@ def assert_wire_paired(messages: Sequence[Mapping[str, Any]]) -> None:
         calls = m.get("tool_calls") or ()
         after = messages[i + 1 : i + 1 + len(calls)]
         names = [c["function"]["name"] for c in calls]
-        assert [(x["role"], x.get("tool_name")) for x in after] == [
-            ("tool", n) for n in names
-        ], f"message {i}: calls {names} are not followed by their results"
+        assert [(x["role"], x.get("tool_name")) for x in after] == [("tool", n) for n in names], (
+            f"message {i}: calls {names} are not followed by their results"
+        )
 
 
 async def seed(h: Any, session_id: str = "s1", profile_id: str = "general") -> None:

@@ -53,9 +53,7 @@ class Rendezvous:
     """Shared start/finish events of the `meet` calls of one test, and their order."""
 
     def __init__(self) -> None:
-        self.started: collections.defaultdict[str, trio.Event] = collections.defaultdict(
-            trio.Event
-        )
+        self.started: collections.defaultdict[str, trio.Event] = collections.defaultdict(trio.Event)
         self.finished: collections.defaultdict[str, trio.Event] = collections.defaultdict(
             trio.Event
         )
@@ -116,9 +114,7 @@ class BlockTool:
         self.calls: list[BlockCall] = []
         self.cancelled: list[str] = []
         self.finished: list[str] = []
-        self._gates: collections.defaultdict[str, trio.Event] = collections.defaultdict(
-            trio.Event
-        )
+        self._gates: collections.defaultdict[str, trio.Event] = collections.defaultdict(trio.Event)
         self._changed = _Changed()
 
     def release(self, label: str = "default") -> None:
@@ -189,14 +185,24 @@ class Kit:
     snapshot: SnapshotTool
 
     def tools(self, settings: Settings | None = None) -> list[Tool]:
-        return [*default_tools(settings or Settings()), self.meet, self.boom, self.block,
-                self.snapshot]
+        return [
+            *default_tools(settings or Settings()),
+            self.meet,
+            self.boom,
+            self.block,
+            self.snapshot,
+        ]
 
 
 def make_kit() -> Kit:
     rv = Rendezvous()
-    return Kit(rendezvous=rv, meet=MeetTool(rv), boom=BoomTool(), block=BlockTool(),
-               snapshot=SnapshotTool())
+    return Kit(
+        rendezvous=rv,
+        meet=MeetTool(rv),
+        boom=BoomTool(),
+        block=BlockTool(),
+        snapshot=SnapshotTool(),
+    )
 
 
 TEST_TOOLS = ("meet", "boom", "block", "snapshot")

@@ -33,6 +33,7 @@ EPOCH = "e1"
 @attrs.define
 class Session:
     session_id: str
+    profile: str = "general"  # the stand-in's default profile, as the daemon's config
     seq: int = 0
     frames: list[Frame] = attrs.field(factory=list)
     busy: bool = False
@@ -131,6 +132,8 @@ class StandIn:
                 self.sessions[sid] = Session(sid)
                 await self._send(ws, {"type": "session", "session_id": sid, "created": True})
             session = self.sessions.setdefault(sid, Session(sid))
+            if frame.get("profile"):  # the daemon switches a session to a message's profile
+                session.profile = str(frame["profile"])
             if session.busy:
                 session.waiting.append(str(frame["content"]))
                 await self._publish(
@@ -188,24 +191,24 @@ class StandIn:
                 if self.on_subscribe == "all" or (last is not None and old["seq"] > last):
                     await self._send(ws, old)
         elif kind == "sessions" and frame["action"] == "list":
-            await self._send(
-                ws,
-                {
-                    "type": "sessions",
-                    "action": "list",
-                    "sessions": [
-                        {
-                            "session_id": "s-old",
-                            "title": "an older chat",
-                            "profile": "general",
-                            "user": "tester",
-                            "created_at": "2026-11-29",
-                            "updated_at": "2026-11-29",
-                            "busy": False,
-                        }
-                    ],
-                },
-            )
+            old = {
+                "session_id": "s-old",
+                "title": "an older chat",
+                "profile": "general",
+                "user": "tester",
+                "created_at": "2026-11-29",
+                "updated_at": "2026-11-29",
+                "busy": False,
+            }
+            ours = [
+                {**old, "session_id": s.session_id, "title": "", "profile": s.profile}
+                for s in self.sessions.values()
+                if s.session_id != "s-old"
+            ]
+            reply = {"type": "sessions", "action": "list", "sessions": [old, *ours]}
+            if "id" in frame:
+                reply["id"] = frame["id"]
+            await self._send(ws, reply)
         elif kind == "sessions" and frame["action"] == "history":
             session = self.sessions.setdefault(frame["session_id"], Session(frame["session_id"]))
             await self._send(

@@ -44,13 +44,18 @@ async def test_direct_answer_skips_planning_and_is_saved(tmp_path: Path) -> None
             assert len(reqs) == 2  # phase 1 + one main call: no phase 2/3
             assert "What is the capital of France?" in reqs[0]["messages"][-1]["content"]
             assert [f["status"] for f in of_type(frames, "plan_phase")] == [
-                "started", "done", "skipped", "skipped"
+                "started",
+                "done",
+                "skipped",
+                "skipped",
             ]
             assert not of_type(frames, "plan")
             end = frames[-1]
             assert end["type"] == "stream_end"
             assert (end["reason"], end["stopped"], end["text"]) == (
-                "complete", False, "Paris is the capital."
+                "complete",
+                False,
+                "Paris is the capital.",
             )
             msgs = await h.runtime.store.load_messages("s1")
             assert [(m["role"], m["content"]) for m in msgs] == [
@@ -78,7 +83,11 @@ async def test_streaming_events_come_in_order(tmp_path: Path) -> None:
             kinds = [f["type"] for f in frames]
             kinds = [k for i, k in enumerate(kinds) if i == 0 or k != kinds[i - 1]]
             assert kinds == [
-                "thinking_delta", "thinking_end", "text_delta", "model_info", "stream_end",
+                "thinking_delta",
+                "thinking_end",
+                "text_delta",
+                "model_info",
+                "stream_end",
             ]
             assert "".join(f["text"] for f in of_type(frames, "thinking_delta")) == "let me see"
             assert "".join(f["text"] for f in of_type(frames, "text_delta")) == "two words"
@@ -89,24 +98,30 @@ async def test_streaming_events_come_in_order(tmp_path: Path) -> None:
             assert stored[-1]["thinking"] == "let me see"
 
 
-async def test_model_info_only_when_the_resolved_model_changes(tmp_path: Path) -> None:
+async def test_model_info_at_each_runs_first_answer_and_when_it_changes(
+    tmp_path: Path,
+) -> None:
+    # Once per run, not once per session: a client that resumes the session (or joins
+    # it from another connection) learns the model from the next answer.
     with trio.fail_after(TIMEOUT):
         replies = [
             {"text": "one", "model": "m-a"},
-            {"text": "two", "model": "m-a"},  # same model: no ModelInfo
+            {"text": "two", "model": "m-a"},  # a new run: told again
             {**call("echo", text="x"), "model": "m-a"},
             {"text": "three", "model": "m-b"},  # changed mid-turn
         ]
         async with open_harness(
-            tmp_path, replies=replies, tools=toolset(EchoTool()),
+            tmp_path,
+            replies=replies,
+            tools=toolset(EchoTool()),
             profiles={"general": with_tools(["echo"])},
         ) as h:
             first = await h.turn("s1", "hi")
             second = await h.turn("s1", "hello")
             third = await h.turn("s1", "thanks")
             assert [f["model"] for f in of_type(first, "model_info")] == ["m-a"]
-            assert of_type(second, "model_info") == []
-            assert [f["model"] for f in of_type(third, "model_info")] == ["m-b"]
+            assert [f["model"] for f in of_type(second, "model_info")] == ["m-a"]
+            assert [f["model"] for f in of_type(third, "model_info")] == ["m-a", "m-b"]
 
 
 async def test_system_prompt_is_persona_then_profile_and_never_stored(tmp_path: Path) -> None:
@@ -146,12 +161,16 @@ async def test_memory_message_and_stale_system_messages(tmp_path: Path) -> None:
             assert "KEPT NOTE" in notes
             assert not any(n.startswith(MEMORY_HEADER) for n in notes)
 
-            await store.kv_set("memory", "local", {"next": 2, "items": [
-                {"id": "m1", "text": "prefers metric units"}]})
+            await store.kv_set(
+                "memory",
+                "local",
+                {"next": 2, "items": [{"id": "m1", "text": "prefers metric units"}]},
+            )
             await h.turn("s1", "hi again")
             msgs = h.chat_requests[1]["messages"]
             assert msgs[1] == {
-                "role": "system", "content": f"{MEMORY_HEADER}\n- prefers metric units"
+                "role": "system",
+                "content": f"{MEMORY_HEADER}\n- prefers metric units",
             }
 
 
@@ -162,7 +181,9 @@ async def test_run_sets_context_vars_and_message_keeps_cwd(tmp_path: Path) -> No
         work.mkdir()
         replies = [call("record"), {"text": "done"}]
         async with open_harness(
-            tmp_path, replies=replies, tools=toolset(rec),
+            tmp_path,
+            replies=replies,
+            tools=toolset(rec),
             profiles={"general": with_tools(["record"], model="model-x")},
         ) as h:
             msg = dict(cwd=work, user_id="u7", user_role="admin", user_info={"name": "Ann"})
@@ -172,7 +193,9 @@ async def test_run_sets_context_vars_and_message_keeps_cwd(tmp_path: Path) -> No
             assert seen["model"] == "model-x"
             assert seen["working_directory"] == work == seen["ctx_cwd"]
             assert (seen["user_id"], seen["user_role"], seen["user_info"]) == (
-                "u7", "admin", {"name": "Ann"}
+                "u7",
+                "admin",
+                {"name": "Ann"},
             )
             user = (await h.runtime.store.load_messages("s1"))[0]
             assert user["cwd"] == str(work)
@@ -194,12 +217,17 @@ async def test_context_vars_reset_on_every_exit_path(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
         rec = RecordTool()
         replies = [
-            call("record"), {"text": "complete"},  # normal end
-            call("record"), {"status": 500, "error_body": "GPU on fire"},  # LLM error
-            call("record"), {"stall": True, "text": "never"},  # stopped
+            call("record"),
+            {"text": "complete"},  # normal end
+            call("record"),
+            {"status": 500, "error_body": "GPU on fire"},  # LLM error
+            call("record"),
+            {"stall": True, "text": "never"},  # stopped
         ]
         async with open_harness(
-            tmp_path, replies=replies, tools=toolset(rec),
+            tmp_path,
+            replies=replies,
+            tools=toolset(rec),
             profiles={"general": with_tools(["record"])},
         ) as h:
             before = runvars.snapshot()
@@ -223,8 +251,9 @@ async def test_context_vars_reset_on_every_exit_path(tmp_path: Path) -> None:
 
             # ... and while each run was on, the tool saw the values.
             assert len(rec.seen) == 3
-            assert all(s["working_directory"] == tmp_path and s["user_id"] == "u1"
-                       for s in rec.seen)
+            assert all(
+                s["working_directory"] == tmp_path and s["user_id"] == "u1" for s in rec.seen
+            )
 
 
 async def _stop_when(h: Any, requests: int, control: RunControl) -> None:
@@ -241,7 +270,10 @@ async def test_tool_results_go_back_to_the_model(tmp_path: Path, dialect: str) -
             {"text": "All done."},
         ]
         async with open_harness(
-            tmp_path, replies=replies, tools=toolset(rec, ExplodeTool()), dialect=dialect,
+            tmp_path,
+            replies=replies,
+            tools=toolset(rec, ExplodeTool()),
+            dialect=dialect,
             profiles={"general": with_tools(["record", "explode"])},
         ) as h:
             frames = await h.turn("s1", "hi")
@@ -249,7 +281,9 @@ async def test_tool_results_go_back_to_the_model(tmp_path: Path, dialect: str) -
             progress = of_type(frames, "tool_event")
             result = of_type(frames, "tool_result")
             assert [f["type"] for f in frames if f["type"].startswith("tool_")] == [
-                "tool_started", "tool_event", "tool_result"
+                "tool_started",
+                "tool_event",
+                "tool_result",
             ]
             assert [(f["name"], f["arguments"]) for f in started] == [("record", {"q": 1})]
             assert progress[0]["data"] == {"progress": "half way"}
@@ -281,7 +315,9 @@ async def test_memories_load_once_per_turn_and_reload_after_the_memory_tool(
             call("echo", text="c"), {"text": "done"},
         ]  # fmt: skip
         async with open_harness(
-            tmp_path, replies=replies, tools=toolset(EchoTool()),
+            tmp_path,
+            replies=replies,
+            tools=toolset(EchoTool()),
             profiles={"general": with_tools(["echo", "memory"])},
         ) as h:
             store = h.runtime.store

@@ -43,8 +43,9 @@ from navi_trio.tools.todo import TodoTool
 TIMEOUT = 30
 
 PROFILES: dict[str, dict[str, Any]] = {
-    "pa": profile(["spawn_agent", "snapshot", "leak", "block"], ["snapshot", "leak"],
-                  model="model-pa"),
+    "pa": profile(
+        ["spawn_agent", "snapshot", "leak", "block"], ["snapshot", "leak"], model="model-pa"
+    ),
     # One iteration: the parent asks the model once, so a background sub-agent's
     # requests are the only ones the fake LLM sees afterwards (its script is global).
     "bg1": profile(["spawn_agent", "block"], ["snapshot"], max_iterations=1),
@@ -73,7 +74,10 @@ class LeakTool:
 def harness(tmp_path: Path, kit: Kit, replies: list[dict[str, Any]], **settings: Any) -> Any:
     settings.setdefault("backgroundable_tools", BACKGROUNDABLE)
     return open_harness(
-        tmp_path, replies=replies, profiles=PROFILES, tools=[*kit.tools(), LeakTool()],
+        tmp_path,
+        replies=replies,
+        profiles=PROFILES,
+        tools=[*kit.tools(), LeakTool()],
         **settings,
     )
 
@@ -325,12 +329,12 @@ async def test_stop_while_the_model_streams_only_thinking_keeps_the_thinking(
             s.stop()
             frames = await s.until_end()
             assert frames[-1]["reason"] == "stopped"
-            for saved in (await h.runtime.store.load_messages("s1"),
-                          await h.runtime.store.load_context("s1")):
+            for saved in (
+                await h.runtime.store.load_messages("s1"),
+                await h.runtime.store.load_context("s1"),
+            ):
                 last = saved[-1]
-                assert (last["role"], last["partial"], last["stopped"]) == (
-                    "assistant", True, True
-                )
+                assert (last["role"], last["partial"], last["stopped"]) == ("assistant", True, True)
                 assert last["thinking"] == "let me weigh this"
 
 

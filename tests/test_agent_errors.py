@@ -34,15 +34,19 @@ TASK = "Find the answer to the question"
 async def test_a_tool_that_raises_becomes_an_error_result(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
         replies = [
-            {"tool_calls": [
-                {"name": "explode", "arguments": {}},
-                {"name": "nosuchtool", "arguments": {}},
-                {"name": "echo", "arguments": {"text": "still here"}},
-            ]},
+            {
+                "tool_calls": [
+                    {"name": "explode", "arguments": {}},
+                    {"name": "nosuchtool", "arguments": {}},
+                    {"name": "echo", "arguments": {"text": "still here"}},
+                ]
+            },
             {"text": "I recovered."},
         ]
         async with open_harness(
-            tmp_path, replies=replies, tools=toolset(ExplodeTool(), EchoTool()),
+            tmp_path,
+            replies=replies,
+            tools=toolset(ExplodeTool(), EchoTool()),
             profiles={"general": with_tools(["explode", "echo"])},
         ) as h:
             await seed(h)
@@ -73,8 +77,10 @@ async def test_llm_drop_mid_stream_keeps_the_history(tmp_path: Path) -> None:
             assert "dropped" in errors[0]["message"]
             end = frames[-1]
             assert (end["reason"], end["stopped"], end["text"]) == ("error", False, "I will now ")
-            for saved in (await h.runtime.store.load_messages("s1"),
-                          await h.runtime.store.load_context("s1")):
+            for saved in (
+                await h.runtime.store.load_messages("s1"),
+                await h.runtime.store.load_context("s1"),
+            ):
                 assert [m["content"] for m in saved] == ["earlier", TASK, "I will now "]
                 assert saved[-1]["partial"] is True and "dropped" in saved[-1]["error"]
             frames = await h.turn("s1", "try again")
@@ -164,12 +170,16 @@ async def test_done_reason_length_is_shown_and_cut_tool_json_is_an_error_result(
     with trio.fail_after(TIMEOUT):
         replies = [
             {"text": "A long answer that got", "done_reason": "length"},
-            {"tool_calls": [{"name": "echo", "arguments": '{"text": "abc'}],
-             "done_reason": "length"},
+            {
+                "tool_calls": [{"name": "echo", "arguments": '{"text": "abc'}],
+                "done_reason": "length",
+            },
             {"text": "Retried."},
         ]
         async with open_harness(
-            tmp_path, replies=replies, tools=toolset(EchoTool()),
+            tmp_path,
+            replies=replies,
+            tools=toolset(EchoTool()),
             profiles={"general": with_tools(["echo"])},
         ) as h:
             await seed(h)
@@ -224,7 +234,11 @@ async def test_garbage_from_the_llm_ends_the_turn_with_an_error_and_loses_nothin
                 assert frames[-1]["text"] == "back to normal"
                 messages = await h.runtime.store.load_messages("s1")
                 assert [m["content"] for m in messages] == [
-                    "earlier", TASK, "half an answer", "again", "back to normal",
+                    "earlier",
+                    TASK,
+                    "half an answer",
+                    "again",
+                    "back to normal",
                 ]
                 assert messages[2]["partial"] is True and "Bad Gateway" in messages[2]["error"]
                 assert all(m.get("role") != "tool" for m in messages)

@@ -48,13 +48,19 @@ class Saved:
     context: list[dict[str, Any]]
 
 
-async def _run(tmp_path: Path, replies: list[dict[str, Any]], flags: dict[str, Any],
-               text: str = GOAL, tools: tuple[str, ...] = ("echo", "todo", "bump")
-               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Saved]:
+async def _run(
+    tmp_path: Path,
+    replies: list[dict[str, Any]],
+    flags: dict[str, Any],
+    text: str = GOAL,
+    tools: tuple[str, ...] = ("echo", "todo", "bump"),
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Saved]:
     """One seeded turn with `flags` on the general profile: frames, request bodies and
     what the store holds afterwards."""
     async with open_harness(
-        tmp_path, replies=replies, tools=toolset(EchoTool(), BumpTool()),
+        tmp_path,
+        replies=replies,
+        tools=toolset(EchoTool(), BumpTool()),
         profiles={"general": with_tools(tools, **flags)},
     ) as h:
         await seed(h)
@@ -93,7 +99,8 @@ async def test_goal_anchor_every_interval(tmp_path: Path) -> None:
         flags = {"goal_anchoring_interval": 2, "anti_stall_enabled": False}
         _, on, _ = await _run(tmp_path / "on", _echoes(4), flags)
         anchored = [
-            i for i, body in enumerate(on)
+            i
+            for i, body in enumerate(on)
             if any(n.startswith("[Goal reminder]") and GOAL in n for n in system_notes(body))
         ]
         assert anchored == [2, 4]
@@ -105,7 +112,8 @@ async def test_goal_anchor_every_interval(tmp_path: Path) -> None:
 
 def _warned(bodies: list[dict[str, Any]]) -> list[int]:
     return [
-        i for i, body in enumerate(bodies)
+        i
+        for i, body in enumerate(bodies)
         if any(n.startswith("[Warning]") for n in system_notes(body))
     ]
 
@@ -140,10 +148,12 @@ async def test_anti_stall_counts_identical_repeated_calls(tmp_path: Path) -> Non
 
 def _todo_add_then(status: str, **extra: Any) -> dict[str, Any]:
     update = {"action": "update", "index": 1, "status": status, **extra}
-    return {"tool_calls": [
-        {"name": "todo", "arguments": {"action": "add", "text": "check the thing"}},
-        {"name": "todo", "arguments": update},
-    ]}
+    return {
+        "tool_calls": [
+            {"name": "todo", "arguments": {"action": "add", "text": "check the thing"}},
+            {"name": "todo", "arguments": update},
+        ]
+    }
 
 
 async def test_step_validation_refuses_done_without_validation(tmp_path: Path) -> None:
@@ -196,10 +206,12 @@ async def test_max_iterations_ends_the_turn(tmp_path: Path) -> None:
 async def test_profile_switch_reloads_profile_and_tools(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
         replies = [
-            {"tool_calls": [
-                {"name": "switch_profile", "arguments": {"profile_id": "researcher"}},
-                {"name": "echo", "arguments": {"text": "still general"}},
-            ]},
+            {
+                "tool_calls": [
+                    {"name": "switch_profile", "arguments": {"profile_id": "researcher"}},
+                    {"name": "echo", "arguments": {"text": "still general"}},
+                ]
+            },
             call("record"),
             {"text": "switched"},
             {"text": "next turn"},
@@ -232,20 +244,24 @@ async def test_profile_switch_reloads_profile_and_tools(tmp_path: Path) -> None:
             assert row is not None and row.profile_id == "researcher"
             await h.turn("s1", "and now?")
             assert {t["function"]["name"] for t in h.chat_requests[3]["tools"]} == {
-                "record", "echo"
+                "record",
+                "echo",
             }
 
 
 async def test_parallel_tool_calls_start_the_batch_up_front(tmp_path: Path) -> None:
-    two = {"tool_calls": [
-        {"name": "echo", "arguments": {"text": "a"}},
-        {"name": "echo", "arguments": {"text": "b"}},
-    ]}
+    two = {
+        "tool_calls": [
+            {"name": "echo", "arguments": {"text": "a"}},
+            {"name": "echo", "arguments": {"text": "b"}},
+        ]
+    }
     with trio.fail_after(TIMEOUT):
         order = {}
         for parallel in (True, False):
             frames, bodies, saved = await _run(
-                tmp_path / str(parallel), [two, {"text": "ok"}],
+                tmp_path / str(parallel),
+                [two, {"text": "ok"}],
                 {"parallel_tool_calls": parallel},
             )
             order[parallel] = [
@@ -268,11 +284,16 @@ async def test_anti_stall_warning_survives_a_mid_turn_compression(tmp_path: Path
             {"text": "final"},
         ]
         flags = {
-            "anti_stall_threshold": 1, "goal_anchoring_enabled": False,
-            "compression_keep_recent": 2, "compression_max_tokens": 200,
+            "anti_stall_threshold": 1,
+            "goal_anchoring_enabled": False,
+            "compression_keep_recent": 2,
+            "compression_max_tokens": 200,
         }
         async with open_harness(
-            tmp_path, replies=replies, num_ctx=2048, tools=toolset(EchoTool()),
+            tmp_path,
+            replies=replies,
+            num_ctx=2048,
+            tools=toolset(EchoTool()),
             profiles={"general": with_tools(["echo"], **flags)},
         ) as h:
             await seed(h)

@@ -53,7 +53,9 @@ async def test_three_step_plan_is_made_and_executed_with_tools(tmp_path: Path) -
             {"text": "Recorded, echoed 42, all done."},
         ]
         async with open_harness(
-            tmp_path, replies=replies, tools=toolset(rec, EchoTool()),
+            tmp_path,
+            replies=replies,
+            tools=toolset(rec, EchoTool()),
             profiles={"general": with_tools(["record", "echo", "todo"])},
         ) as h:
             frames = await h.turn("s1", REQUEST)
@@ -67,7 +69,9 @@ async def test_three_step_plan_is_made_and_executed_with_tools(tmp_path: Path) -
             assert len(plan) == 1
             steps = plan[0]["steps"]
             assert [(s["index"], s["executor"], s["target"]) for s in steps] == [
-                (1, "TOOL", "record"), (2, "TOOL", "echo"), (3, "SELF", None)
+                (1, "TOOL", "record"),
+                (2, "TOOL", "echo"),
+                (3, "SELF", None),
             ]
             assert plan[0]["milestones"] == ["Value recorded and echoed"]
             assert plan[0]["complexity"] == "simple"
@@ -88,8 +92,9 @@ async def test_three_step_plan_is_made_and_executed_with_tools(tmp_path: Path) -
             assert messages[1]["is_plan"] is True and messages[1]["role"] == "assistant"
             main = reqs[2]["messages"]
             assert main[-3]["role"] == "user" and main[-3]["content"] == REQUEST
-            assert main[-2]["role"] == "assistant" and "1. Record the starting state" in (
-                main[-2]["content"]
+            assert (
+                main[-2]["role"] == "assistant"
+                and "1. Record the starting state" in (main[-2]["content"])
             )
 
             names = [f["name"] for f in of_type(frames, "tool_started")]
@@ -104,7 +109,8 @@ async def test_phase2_review_runs_only_when_enabled_and_asked(tmp_path: Path) ->
     with trio.fail_after(TIMEOUT):
         replies = [analysis, {"text": review}, {"text": PLAN}, {"text": "done"}]
         async with open_harness(
-            tmp_path, replies=replies,
+            tmp_path,
+            replies=replies,
             profiles={"general": {"planning_phase2_enabled": True}},
         ) as h:
             frames = await h.turn("s1", REQUEST)
@@ -132,7 +138,8 @@ async def test_planning_enabled_plans_every_non_casual_turn(tmp_path: Path) -> N
         with trio.fail_after(TIMEOUT):
             replies = [{"text": "hi!"}, {"text": "DIRECT"}, {"text": "sure"}]
             async with open_harness(
-                tmp_path / str(enabled), replies=replies[: expected + 1],
+                tmp_path / str(enabled),
+                replies=replies[: expected + 1],
                 profiles={"general": {"planning_enabled": enabled}},
             ) as h:
                 await h.turn("s1", "hello")  # casual: never planned
@@ -145,12 +152,18 @@ async def test_planning_enabled_plans_every_non_casual_turn(tmp_path: Path) -> N
 async def test_planning_mandatory_overrides_direct_on_every_turn(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
         replies = [
-            {"text": "DIRECT"}, {"text": PLAN}, {"text": "first answer"},
-            {"text": "DIRECT"}, {"text": PLAN}, {"text": "second answer"},
+            {"text": "DIRECT"},
+            {"text": PLAN},
+            {"text": "first answer"},
+            {"text": "DIRECT"},
+            {"text": PLAN},
+            {"text": "second answer"},
             {"text": "hey there"},
         ]
         async with open_harness(
-            tmp_path, replies=replies, profiles={"general": {"planning_mandatory": True}},
+            tmp_path,
+            replies=replies,
+            profiles={"general": {"planning_mandatory": True}},
         ) as h:
             frames = await h.turn("s1", REQUEST)
             assert of_type(frames, "plan") and frames[-1]["text"] == "first answer"

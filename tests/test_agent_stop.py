@@ -73,8 +73,10 @@ async def test_stop_during_prefill_closes_the_connection(tmp_path: Path) -> None
 
 async def test_stop_mid_stream_saves_the_partial_answer(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
-        replies = [{"thinking": "hmm", "text": "The answer is", "stall": True},
-                   {"text": "continued"}]
+        replies = [
+            {"thinking": "hmm", "text": "The answer is", "stall": True},
+            {"text": "continued"},
+        ]
         async with open_harness(tmp_path, replies=replies) as h:
             await seed(h)
             s = await h.session("s1")
@@ -85,12 +87,16 @@ async def test_stop_mid_stream_saves_the_partial_answer(tmp_path: Path) -> None:
             _assert_stopped(frames[-1])
             assert frames[-1]["text"] == "The answer is"
             await h.fake.wait_disconnects(1)
-            for saved in (await h.runtime.store.load_messages("s1"),
-                          await h.runtime.store.load_context("s1")):
+            for saved in (
+                await h.runtime.store.load_messages("s1"),
+                await h.runtime.store.load_context("s1"),
+            ):
                 assert saved[-2]["role"] == "user" and saved[-2]["content"] == TASK
                 last = saved[-1]
                 assert (last["role"], last["content"], last["partial"]) == (
-                    "assistant", "The answer is", True
+                    "assistant",
+                    "The answer is",
+                    True,
                 )
                 assert last["thinking"] == "hmm"
             # The next turn sees the partial answer in its history.
@@ -98,20 +104,26 @@ async def test_stop_mid_stream_saves_the_partial_answer(tmp_path: Path) -> None:
             await s.until_end()
             sent = h.chat_requests[1]["messages"]
             assert [m["content"] for m in sent if m["role"] != "system"][-3:] == [
-                TASK, "The answer is", "go on"
+                TASK,
+                "The answer is",
+                "go on",
             ]
 
 
 async def test_stop_during_a_running_tool_pairs_every_call(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
         block = BlockTool()
-        three = {"text": "Working.", "tool_calls": [
-            {"name": "echo", "arguments": {"text": "first"}},
-            {"name": "block", "arguments": {}},
-            {"name": "echo", "arguments": {"text": "never runs"}},
-        ]}
+        three = {
+            "text": "Working.",
+            "tool_calls": [
+                {"name": "echo", "arguments": {"text": "first"}},
+                {"name": "block", "arguments": {}},
+                {"name": "echo", "arguments": {"text": "never runs"}},
+            ],
+        }
         async with open_harness(
-            tmp_path, replies=[three, {"text": "after stop"}],
+            tmp_path,
+            replies=[three, {"text": "after stop"}],
             tools=toolset(block, EchoTool()),
             profiles={"general": with_tools(["echo", "block"])},
         ) as h:
@@ -125,7 +137,9 @@ async def test_stop_during_a_running_tool_pairs_every_call(tmp_path: Path) -> No
             assert block.cancelled
             results = of_type(frames, "tool_result")
             assert [(r["ok"], r["output"] or r["error"]) for r in results] == [
-                (True, "first"), (False, STOPPED_TEXT), (False, STOPPED_TEXT)
+                (True, "first"),
+                (False, STOPPED_TEXT),
+                (False, STOPPED_TEXT),
             ]
             started = [f["call_id"] for f in of_type(frames, "tool_started")]
             assert [r["call_id"] for r in results][: len(started)] == started
@@ -144,12 +158,16 @@ async def test_stop_during_a_running_tool_pairs_every_call(tmp_path: Path) -> No
 async def test_stop_mid_parallel_batch(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
         block = BlockTool()
-        both = {"tool_calls": [
-            {"name": "block", "arguments": {}},
-            {"name": "echo", "arguments": {"text": "quick"}},
-        ]}
+        both = {
+            "tool_calls": [
+                {"name": "block", "arguments": {}},
+                {"name": "echo", "arguments": {"text": "quick"}},
+            ]
+        }
         async with open_harness(
-            tmp_path, replies=[both], tools=toolset(block, EchoTool()),
+            tmp_path,
+            replies=[both],
+            tools=toolset(block, EchoTool()),
             profiles={"general": with_tools(["echo", "block"], parallel_tool_calls=True)},
         ) as h:
             await seed(h)
@@ -163,7 +181,8 @@ async def test_stop_mid_parallel_batch(tmp_path: Path) -> None:
             context = await h.runtime.store.load_context("s1")
             assert_paired(context)
             assert [m["content"] for m in context if m["role"] == "tool"] == [
-                f"Error: {STOPPED_TEXT}", "quick"
+                f"Error: {STOPPED_TEXT}",
+                "quick",
             ]
 
 
@@ -186,7 +205,9 @@ async def test_leaving_run_stream_early_is_a_stop(tmp_path: Path) -> None:
             messages = await h.runtime.store.load_messages("s1")
             last = messages[-1]
             assert (last["content"], last["partial"], last.get("stopped")) == (
-                "one two three", True, True
+                "one two three",
+                True,
+                True,
             )
             assert "error" not in last
             # The next turn runs normally: nothing of the left run is still going.

@@ -18,7 +18,7 @@ from api_ws import open_daemon
 from bg_tools import BACKGROUNDABLE, call, calls, make_kit, profile
 
 from navi_trio.api.connection import Connection
-from navi_trio.daemon import wait_background_jobs
+from navi_trio.cli.serve import wait_background_jobs
 from navi_trio.settings import Settings
 
 TIMEOUT = 30

@@ -54,9 +54,7 @@ def env(tmp_path: Path) -> dict[str, str]:
     return clean
 
 
-async def navi(
-    *args: str, env: dict[str, str], cwd: Path, stdin: bytes = b""
-) -> Done:
+async def navi(*args: str, env: dict[str, str], cwd: Path, stdin: bytes = b"") -> Done:
     with trio.fail_after(DEADLINE):
         proc = await trio.run_process(
             [sys.executable, "-m", "navi_trio", *args],
@@ -86,8 +84,16 @@ async def fake_llm(tmp_path: Path, replies: Sequence[dict[str, Any]]) -> AsyncIt
     script = tmp_path / "script.json"
     script.write_text(json.dumps(list(replies)), encoding="utf-8")
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "navi_trio.testing.fake_llm", "--port", "0",
-         "--script", str(script), "--loop"],
+        [
+            sys.executable,
+            "-m",
+            "navi_trio.testing.fake_llm",
+            "--port",
+            "0",
+            "--script",
+            str(script),
+            "--loop",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )
@@ -209,8 +215,16 @@ async def test_doctor_against_the_fake_llm_lists_its_models(
         assert done.code == 0 and "OK: models fake-model" in done.out
         # The configured model is not on this server: said, not fatal.
         assert "qwen3:8b" in done.out and "not listed" in done.out
-        done = await navi("doctor", "--llm-url", url, "--backend", "openai", "--json",
-                          env={**env, "NAVI_MODEL": "fake-model"}, cwd=tmp_path)
+        done = await navi(
+            "doctor",
+            "--llm-url",
+            url,
+            "--backend",
+            "openai",
+            "--json",
+            env={**env, "NAVI_MODEL": "fake-model"},
+            cwd=tmp_path,
+        )
     report = json.loads(done.out)
     assert done.code == 0 and report["llm"]["ok"] is True
     assert report["llm"]["url"] == f"{url}/v1/models" and report["llm"]["models"] == ["fake-model"]
@@ -254,24 +268,48 @@ async def test_run_events_prints_wire_json_lines(env: dict[str, str], tmp_path: 
 
 async def test_run_with_session_continues_it(env: dict[str, str], tmp_path: Path) -> None:
     async with fake_llm(tmp_path, [{"text": "first answer"}, {"text": "second answer"}]) as url:
-        one = await navi("run", "--session", "s-cli-1", "--profile", "coder", "--llm-url", url,
-                         "hi", env=env, cwd=tmp_path)
-        two = await navi("run", "--session", "s-cli-1", "--llm-url", url, "thanks",
-                         env=env, cwd=tmp_path)
+        one = await navi(
+            "run",
+            "--session",
+            "s-cli-1",
+            "--profile",
+            "coder",
+            "--llm-url",
+            url,
+            "hi",
+            env=env,
+            cwd=tmp_path,
+        )
+        two = await navi(
+            "run", "--session", "s-cli-1", "--llm-url", url, "thanks", env=env, cwd=tmp_path
+        )
         async with SQLiteStore.open(tmp_path / "navi.db") as store:
             row = await store.get_session("s-cli-1")
         assert row is not None and row.profile_id == "coder"
         # --profile on an existing session switches it.
-        three = await navi("run", "--session", "s-cli-1", "--profile", "researcher",
-                           "--llm-url", url, "ok", env=env, cwd=tmp_path)
+        three = await navi(
+            "run",
+            "--session",
+            "s-cli-1",
+            "--profile",
+            "researcher",
+            "--llm-url",
+            url,
+            "ok",
+            env=env,
+            cwd=tmp_path,
+        )
     assert (one.code, two.code, three.code) == (0, 0, 0), (one, two, three)
     assert (one.out, two.out) == ("first answer\n", "second answer\n")
     assert _session_of(one) == _session_of(two) == "s-cli-1"
     saved = await messages(tmp_path / "navi.db", "s-cli-1")
     assert [(m["role"], m["content"]) for m in saved] == [
-        ("user", "hi"), ("assistant", "first answer"),
-        ("user", "thanks"), ("assistant", "second answer"),
-        ("user", "ok"), ("assistant", "first answer"),
+        ("user", "hi"),
+        ("assistant", "first answer"),
+        ("user", "thanks"),
+        ("assistant", "second answer"),
+        ("user", "ok"),
+        ("assistant", "first answer"),
     ]
     async with SQLiteStore.open(tmp_path / "navi.db") as store:
         row = await store.get_session("s-cli-1")
@@ -309,8 +347,9 @@ async def test_run_with_a_broken_config_or_env_exits_1(env: dict[str, str], tmp_
     done = await navi("run", "--session", "bad id!", "hi", env=env, cwd=tmp_path)
     assert done.code == 1 and "bad id!" in _one_error_line(done)
     # NAVI_DEBUG=1 adds the traceback.
-    done = await navi("run", "--config", str(cfg), "hi", env={**env, "NAVI_DEBUG": "1"},
-                      cwd=tmp_path)
+    done = await navi(
+        "run", "--config", str(cfg), "hi", env={**env, "NAVI_DEBUG": "1"}, cwd=tmp_path
+    )
     assert done.code == 1 and "Traceback" in done.err and "ConfigError" in done.err
 
 
@@ -320,9 +359,21 @@ async def test_ctrl_c_stops_the_run_and_saves_the_partial_answer(
     # The fake model sends two words, then holds the stream open: only a stop ends it.
     async with fake_llm(tmp_path, [{"text": "partial answer", "stall": True}]) as url:
         proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "navi_trio", "run", "--session", "s-stop", "--llm-url", url,
-             "hi"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path,
+            [
+                sys.executable,
+                "-m",
+                "navi_trio",
+                "run",
+                "--session",
+                "s-stop",
+                "--llm-url",
+                url,
+                "hi",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=tmp_path,
         )
         assert proc.stdout is not None and proc.stderr is not None
         try:

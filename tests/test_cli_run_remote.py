@@ -1,4 +1,4 @@
-"""`navi run`'s daemon client in-process (cli_run.run_remote against a real ApiServer on
+"""`navi run`'s daemon client in-process (cli/run.py run_remote against a real ApiServer on
 127.0.0.1, port 0) and its choice between the daemon and an embedded runtime.
 
 A message for a session that is running is queued by the daemon; navi run shows only
@@ -23,9 +23,9 @@ from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import open_daemon
 from test_cli import unused_port
 
-from navi_trio import cli_run
-from navi_trio.cli import UsageError
-from navi_trio.cli_run import RunRequest, daemon_target, run_remote
+from navi_trio.cli import UsageError, runner
+from navi_trio.cli.run import RunRequest, daemon_target, run_remote
+from navi_trio.errors import RemoteError
 from navi_trio.settings import Settings
 
 TIMEOUT = 30
@@ -40,9 +40,12 @@ async def test_a_queued_message_shows_only_its_own_run(tmp_path: Path) -> None:
             tmp_path, replies=replies, tools=toolset(gate),
             profiles={"general": with_tools(["gate"])},
         ) as d, d.connect("alice") as alice:  # fmt: skip
-            await alice.request({"type": "message", "session_id": "s-q", "content": "hi"})
+            await alice.request({"type": "message", "session_id": "alice.s-q", "content": "hi"})
             await gate.entered.wait()
-            req = RunRequest("s-q", "thanks", tmp_path, None, False)
+            # A user's cwd: inside the roots of their role; by default their own session folder.
+            own = d.harness.runtime.settings.session_dir("alice.s-q")
+            own.mkdir(parents=True, exist_ok=True)
+            req = RunRequest("alice.s-q", "thanks", own, None, False)
             async with trio.open_nursery() as nursery:
 
                 async def navi_run() -> None:
@@ -50,11 +53,11 @@ async def test_a_queued_message_shows_only_its_own_run(tmp_path: Path) -> None:
                     assert outcome.end is not None and outcome.end.reason == "complete"
 
                 nursery.start_soon(navi_run)
-                await alice.until_type("message_queued", session_id="s-q", text="thanks")
+                await alice.until_type("message_queued", session_id="alice.s-q", text="thanks")
                 gate.gate.set()
     assert out.getvalue() == "second done\n"
     lines = err.getvalue().splitlines()
-    assert lines == ["session: s-q", "navi: the session is busy: message queued (#1)"]
+    assert lines == ["session: alice.s-q", "navi: the session is busy: message queued (#1)"]
 
 
 def _args(**given: object) -> argparse.Namespace:
@@ -66,15 +69,15 @@ def test_the_daemon_or_this_process(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv("NAVI_TOKEN", raising=False)
     settings = Settings.from_env({}, data_dir=tmp_path, db_path=tmp_path / "navi.db")
     closed = f"ws://127.0.0.1:{unused_port()}/"
-    monkeypatch.setattr(cli_run, "DEFAULT_URL", closed)
+    monkeypatch.setattr(runner, "DEFAULT_URL", closed)
     probed: list[str] = []
-    real_probe = cli_run.daemon_answers
+    real_probe = runner.daemon_answers
 
     async def probe(url: str, timeout: float) -> bool:  # noqa: ASYNC109
         probed.append(url)
         return await real_probe(url, timeout)
 
-    monkeypatch.setattr(cli_run, "daemon_answers", probe)
+    monkeypatch.setattr(runner, "daemon_answers", probe)
     # No token anywhere: no local daemon ever ran here, so nothing is even probed.
     assert daemon_target(_args(), settings) is None and probed == []
     # A token, nothing answering at the local URL: this process.
@@ -99,9 +102,12 @@ async def test_ctrl_c_while_queued_leaves_the_run_ahead_alone(tmp_path: Path) ->
             tmp_path, replies=replies, tools=toolset(gate),
             profiles={"general": with_tools(["gate"])},
         ) as d, d.connect("alice") as alice:  # fmt: skip
-            await alice.request({"type": "message", "session_id": "s-q", "content": "hi"})
+            await alice.request({"type": "message", "session_id": "alice.s-q", "content": "hi"})
             await gate.entered.wait()
-            req = RunRequest("s-q", "thanks", tmp_path, None, False)
+            # A user's cwd: inside the roots of their role; by default their own session folder.
+            own = d.harness.runtime.settings.session_dir("alice.s-q")
+            own.mkdir(parents=True, exist_ok=True)
+            req = RunRequest("alice.s-q", "thanks", own, None, False)
             async with trio.open_nursery() as nursery:
 
                 async def navi_run() -> None:
@@ -109,12 +115,54 @@ async def test_ctrl_c_while_queued_leaves_the_run_ahead_alone(tmp_path: Path) ->
                     assert outcome.signal == signal.SIGINT and outcome.end is None
 
                 nursery.start_soon(navi_run)
-                await alice.until_type("message_queued", session_id="s-q", text="thanks")
+                await alice.until_type("message_queued", session_id="alice.s-q", text="thanks")
                 os.kill(os.getpid(), signal.SIGINT)
             # navi run has quit; the run ahead was not stopped, and ours still runs.
             gate.gate.set()
-            first = await alice.until_end("s-q")
-            second = await alice.until_end("s-q")
+            first = await alice.until_end("alice.s-q")
+            second = await alice.until_end("alice.s-q")
     assert (first["reason"], first["text"]) == ("complete", "first done")
     assert second["text"] == "second done" and out.getvalue() == ""
     assert "navi: the message stays queued in the daemon" in err.getvalue()
+
+
+async def test_a_users_navi_run_sends_the_shells_folder_only_when_asked(tmp_path: Path) -> None:
+    # An ordinary user's cwd must lie in their workspace_roots; the shell's folder is
+    # anywhere. Without --cwd it is not sent (the run works); with --cwd it is, and the
+    # daemon refuses it. An admin's shell folder goes along.
+    replies = [{"text": "user done"}, {"text": "admin done"}]
+    shell = tmp_path / "shell"
+    shell.mkdir()
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, replies=replies) as d:
+            out, err = io.StringIO(), io.StringIO()
+            req = RunRequest("alice.r", "hi", shell, None, False, cwd_given=False)
+            outcome = await run_remote(d.url, d.tokens["alice"], req, out, err)
+            assert outcome.end is not None and outcome.end.reason == "complete"
+            assert out.getvalue() == "user done\n"
+            history = await d.harness.runtime.store.load_messages("alice.r")
+            assert "cwd" not in history[0]
+
+            asked = RunRequest("alice.r", "again", shell, None, False, cwd_given=True)
+            with pytest.raises(BaseExceptionGroup) as group:
+                await run_remote(d.url, d.tokens["alice"], asked, io.StringIO(), io.StringIO())
+            refused, _ = group.value.split(RemoteError)
+            assert refused is not None
+            (leaf,) = _leaves(refused)
+            assert isinstance(leaf, RemoteError) and leaf.code == "forbidden"
+            assert "workspace_roots" in str(leaf)
+
+            req = RunRequest("root.r", "hi", shell, None, False, cwd_given=False)
+            out = io.StringIO()
+            outcome = await run_remote(d.url, d.tokens["root"], req, out, io.StringIO())
+            assert out.getvalue() == "admin done\n"
+            history = await d.harness.runtime.store.load_messages("root.r")
+            assert history[0]["cwd"] == str(shell.resolve())
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    return [
+        leaf
+        for e in group.exceptions
+        for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    ]

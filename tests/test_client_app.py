@@ -21,9 +21,9 @@ from chat_standin import EPOCH, StandIn
 from rich.console import Console
 
 from navi_trio.client.app import ChatApp, ChatOptions
-from navi_trio.client.connection import ChatError, Unauthorized
 from navi_trio.client.reader import InputEvent
 from navi_trio.client.render import Renderer
+from navi_trio.errors import DaemonUnreachableError, RemoteError
 
 DEADLINE = 20
 
@@ -135,6 +135,19 @@ async def test_a_first_message_creates_a_session_and_the_answer_shows() -> None:
         assert chat.error is None
 
 
+async def test_the_status_line_names_the_daemons_profile_and_the_ask_is_not_shown() -> None:
+    with trio.fail_after(DEADLINE):
+        async with standin() as daemon, chatting(daemon) as chat:
+            await chat.screen.wait_for("connected to stand-in")
+            chat.reader.type("hi there")
+            await chat.screen.wait_for("session s-1 · profile general · model stand-in-model")
+            ask = await daemon.wait_for("sessions", action="list")
+            assert str(ask["id"]).startswith("chat-profile-")
+            assert "/resume ID continues one" not in chat.screen.text  # the reply is not shown
+            chat.reader.type("/quit")
+        assert chat.error is None
+
+
 async def test_a_dropped_connection_reconnects_and_subscribes_from_the_last_seq() -> None:
     with trio.fail_after(DEADLINE):
         async with standin() as daemon, chatting(daemon) as chat:
@@ -175,7 +188,7 @@ async def test_the_client_gives_up_after_the_bounded_reconnects_with_one_clear_l
                 await chat.done.wait()
         assert isinstance(chat.error, BaseExceptionGroup)
         leaf = chat.error.exceptions[0]
-        assert isinstance(leaf, ChatError)
+        assert isinstance(leaf, DaemonUnreachableError)
         assert "2 reconnects failed" in str(leaf) and "navi serve" in str(leaf)
         assert chat.screen.text.count("connection lost") == 2
 
@@ -187,7 +200,7 @@ async def test_a_bad_token_is_one_line_saying_what_to_do() -> None:
             reader, screen = QueueReader(), Screen()
             opts = ChatOptions(url=daemon.url, token="wrong")
             with pytest.RaisesGroup(
-                pytest.RaisesExc(Unauthorized, match="pass --token, set NAVI_TOKEN")
+                pytest.RaisesExc(RemoteError, match="pass --token, set NAVI_TOKEN")
             ) as caught:
                 await ChatApp(opts, Renderer(screen.console), reader).run()
             assert "missing or wrong token" in str(caught.value.exceptions[0])
@@ -200,7 +213,7 @@ async def test_an_unreachable_daemon_is_one_line_saying_what_to_do() -> None:
             port = sock.getsockname()[1]
         opts = ChatOptions(url=f"ws://127.0.0.1:{port}", token="x")
         with pytest.RaisesGroup(
-            pytest.RaisesExc(ChatError, match="no navi daemon answers.*navi serve")
+            pytest.RaisesExc(DaemonUnreachableError, match="no navi daemon answers.*navi serve")
         ):
             await ChatApp(opts, Renderer(Screen().console), QueueReader()).run()
 
@@ -246,10 +259,13 @@ async def test_slash_commands_answer_in_one_line_each() -> None:
             assert (await daemon.wait_for("message"))["profile"] == "researcher"
             chat.reader.type("/compact")
             assert (await daemon.wait_for("compact"))["session_id"] == "s-1"
-            # The daemon switches the session to the profile of the next message.
+            # The daemon switches the session to the profile of the next message: until
+            # then the status line shows the session's own.
             chat.reader.type("/profile coder")
             await s.wait_for("profile coder: used from your next message")
-            assert chat.app.renderer.status.profile == "coder"
+            assert chat.app.renderer.status.profile == "researcher"
+            chat.reader.type("/profile")
+            await s.wait_for("profile: researcher (coder from your next message)")
             chat.reader.type("/new")
             await s.wait_for("new session: it starts with your next message")
             assert chat.app.session_id is None

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from navi_trio.client.connection import ChatError
 from navi_trio.client.daemon import LOG_FILE, TOKEN_FILE, ensure_daemon, find_token, host_port
+from navi_trio.errors import DaemonUnreachableError, UsageError
 
 DEADLINE = 40
 
@@ -52,9 +52,9 @@ def test_the_token_comes_from_the_option_then_the_env_then_the_local_file(
 
 def test_a_bad_url_is_named() -> None:
     assert host_port("ws://127.0.0.1:8765") == ("127.0.0.1", 8765)
-    with pytest.raises(ChatError, match="expected a ws:// URL"):
+    with pytest.raises(UsageError, match="expected a ws:// URL"):
         host_port("http://127.0.0.1:8765")
-    with pytest.raises(ChatError, match="port is not a number"):
+    with pytest.raises(UsageError, match="port is not a number"):
         host_port("ws://127.0.0.1:eighty")
 
 
@@ -84,7 +84,9 @@ async def test_a_daemon_that_exits_at_once_is_one_line_pointing_at_its_log(
 ) -> None:
     command = [sys.executable, "-c", "import sys; print('boom: no config'); sys.exit(3)"]
     with trio.fail_after(DEADLINE):
-        with pytest.raises(ChatError, match=r"exited with code 3; see .*navi-serve\.log"):
+        with pytest.raises(
+            DaemonUnreachableError, match=r"exited with code 3; see .*navi-serve\.log"
+        ):
             await ensure_daemon(f"ws://127.0.0.1:{_free_port()}", tmp_path, command)
     assert "boom: no config" in (tmp_path / LOG_FILE).read_text()
 

@@ -80,9 +80,7 @@ def test_the_shipped_config_passes_the_checks() -> None:
 
 
 @pytest.mark.parametrize("key", ["agent", "subagent"])
-def test_an_unknown_tool_names_the_file_the_profile_and_the_tool(
-    tmp_path: Path, key: str
-) -> None:
+def test_an_unknown_tool_names_the_file_the_profile_and_the_tool(tmp_path: Path, key: str) -> None:
     path = edit(config_copy(tmp_path), add_tool("coder", key, "teleport"))
     cfg = load_config(path)  # the shape is fine: only the check knows the tool names
     with pytest.raises(ConfigError) as info:
@@ -152,9 +150,7 @@ class WarpTool:
 async def test_a_tool_the_runtime_is_given_may_be_named(tmp_path: Path) -> None:
     source = harness_config({"general": {"tools": {"agent": ["warp", "todo"], "subagent": []}}})
     with trio.fail_after(DEADLINE):
-        async with open_runtime(
-            settings_for(tmp_path), config=source, tools=[WarpTool()]
-        ) as rt:
+        async with open_runtime(settings_for(tmp_path), config=source, tools=[WarpTool()]) as rt:
             assert "warp" in rt.registry.names()
     assert source.known_tools == BUILTIN_TOOL_NAMES | {"warp"}
 

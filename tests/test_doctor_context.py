@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 
-from navi_trio.doctor import _llama_window, collect_doctor, print_doctor, server_context
+from navi_trio.cli.doctor import _llama_window, collect_doctor, print_doctor, server_context
 from navi_trio.settings import Settings
 from navi_trio.testing.fake_llm import open_fake_llm
 
@@ -57,8 +57,12 @@ async def test_no_warning_when_the_window_is_large_enough(tmp_path: Path, backen
     with trio.fail_after(TIMEOUT):
         async with open_fake_llm(n_ctx=32768) as server:
             report = await collect_doctor(
-                settings_for(server.url + ("/v1" if backend == "openai" else ""), backend,
-                             tmp_path, num_ctx=8192)
+                settings_for(
+                    server.url + ("/v1" if backend == "openai" else ""),
+                    backend,
+                    tmp_path,
+                    num_ctx=8192,
+                )
             )
     assert report["llm"]["context"]["n_ctx"] == 32768
     assert not [w for w in report["warnings"] if "context window" in w]
@@ -75,8 +79,12 @@ async def test_a_server_that_does_not_say_is_no_error(tmp_path: Path) -> None:
 
 def test_llama_window_reads_props_first_then_the_model_meta() -> None:
     props = {"default_generation_settings": {"n_ctx": 4096}}
-    models = {"data": [{"id": "other", "meta": {"n_ctx_train": 1}},
-                       {"id": "m", "meta": {"n_ctx_train": 131072}}]}
+    models = {
+        "data": [
+            {"id": "other", "meta": {"n_ctx_train": 1}},
+            {"id": "m", "meta": {"n_ctx_train": 131072}},
+        ]
+    }
     assert _llama_window(props, models, "m") == 4096
     assert _llama_window(None, models, "m") == 131072
     assert _llama_window({"n_ctx": "x"}, {"data": [{"id": "m"}]}, "m") is None

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from navi_trio.doctor import collect_doctor, print_doctor
+from navi_trio.cli.doctor import collect_doctor, print_doctor
 from navi_trio.llm import host_state
 from navi_trio.llm.local import default_model_file, llama_installed
 from navi_trio.settings import Settings

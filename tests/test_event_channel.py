@@ -74,7 +74,9 @@ async def test_a_stalled_reader_costs_merged_progress_not_memory() -> None:
     got = await drain(recv)
     # Every non-progress event, in order.
     assert [type(e) for e in got if not isinstance(e, ToolEvent | TextDelta)] == [
-        ToolStarted, ToolResultEvent, StreamEnd
+        ToolStarted,
+        ToolResultEvent,
+        StreamEnd,
     ]
     # Text is merged, never lost, and each source keeps its order.
     top = "".join(e.text for e in got if isinstance(e, TextDelta) and not e.is_subagent)

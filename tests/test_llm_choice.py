@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from navi_trio import cli
-from navi_trio.doctor import collect_doctor, print_doctor
+from navi_trio.cli.doctor import collect_doctor, print_doctor
 from navi_trio.errors import ConfigError
 from navi_trio.llm import factory, local
 from navi_trio.llm.factory import (
@@ -62,9 +62,7 @@ async def test_no_ollama_and_the_extra_installed_uses_the_local_model(extra: lis
     choice = await choose_backend(Settings(llm_url=url), {}, configured=False)
     assert choice.settings.llm_backend == "local"
     assert choice.settings.num_ctx == LOCAL_NUM_CTX
-    assert choice.note == (
-        f"no Ollama at {url}: using the embedded local model (SmolLM2-135M)"
-    )
+    assert choice.note == (f"no Ollama at {url}: using the embedded local model (SmolLM2-135M)")
     # OLLAMA_NUM_CTX in the environment keeps its window.
     kept = await choose_backend(
         Settings(llm_url=url, num_ctx=16384), {"OLLAMA_NUM_CTX": "16384"}, configured=False
@@ -163,8 +161,7 @@ def test_nothing_configured_and_no_ollama_says_the_local_model_is_used(
     settings = cli.llm_settings(_args(), err)
     assert settings.llm_backend == "local"
     assert err.getvalue() == (
-        "navi: no Ollama at http://127.0.0.1:11434: using the embedded local model "
-        "(SmolLM2-135M)\n"
+        "navi: no Ollama at http://127.0.0.1:11434: using the embedded local model (SmolLM2-135M)\n"
     )
     monkeypatch.setattr(local, "resolve_model_file", lambda path: tmp_path / "m.gguf")
     chat = cli.build_parser().parse_args(["chat"])
@@ -215,7 +212,10 @@ async def test_doctor_reports_the_local_model_and_the_backend_it_would_use(
     report = await collect_doctor(settings, _closed_url().replace("http", "ws"),
                                   configured=False, environ={})  # fmt: skip
     assert report["local"] == {
-        "llama_cpp": True, "file": str(gguf), "size_bytes": 2_500_000, "ok": True
+        "llama_cpp": True,
+        "file": str(gguf),
+        "size_bytes": 2_500_000,
+        "ok": True,
     }
     assert report["backend"]["name"] == "local"
     assert "no Ollama at" in report["backend"]["why"] and "tiny.gguf" in report["backend"]["why"]

@@ -115,16 +115,28 @@ async def test_tool_calls_come_out_whole_in_every_streaming_style(style: str) ->
 def test_the_fragments_llama_cpp_python_sent_give_one_clean_call() -> None:
     # Recorded from llama-cpp-python 0.3.36 (SmolLM2, chatml-function-calling), trimmed.
     cid = "call__0_filesystem_cmpl-df672c47"
-    lines = [sse({"role": "assistant", "content": None, "function_call": None,
-                  "tool_calls": None})]
+    lines = [sse({"role": "assistant", "content": None, "function_call": None, "tool_calls": None})]
     for piece in ['{ "', "action", '" : "', "list", '", "path": "', "/tmp", '" }', ""]:
-        frag = {"index": 0, "id": cid, "type": "function",
-                "function": {"name": "filesystem", "arguments": piece}}
-        lines.append(sse({"role": None, "content": None,
-                          "function_call": {"name": "filesystem", "arguments": piece},
-                          "tool_calls": [frag]}))
-    lines += [sse({"role": None, "content": None, "tool_calls": None}, "tool_calls"),
-              "data: [DONE]"]
+        frag = {
+            "index": 0,
+            "id": cid,
+            "type": "function",
+            "function": {"name": "filesystem", "arguments": piece},
+        }
+        lines.append(
+            sse(
+                {
+                    "role": None,
+                    "content": None,
+                    "function_call": {"name": "filesystem", "arguments": piece},
+                    "tool_calls": [frag],
+                }
+            )
+        )
+    lines += [
+        sse({"role": None, "content": None, "tool_calls": None}, "tool_calls"),
+        "data: [DONE]",
+    ]
     parser = OpenAIParser("m")
     out = [c for line in lines for c in parser.feed(line)]
     calls = next(c for c in out if isinstance(c, ToolCallsChunk)).calls
@@ -272,8 +284,11 @@ async def test_a_history_holding_infinity_is_sent_as_strict_json(dialect: str) -
     # A session saved before the check may hold Infinity: the body must still be JSON.
     history = [
         {"role": "user", "content": "go"},
-        {"role": "assistant", "content": "",
-         "tool_calls": [{"id": "c1", "name": "echo", "arguments": {"x": math.inf}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c1", "name": "echo", "arguments": {"x": math.inf}}],
+        },
         {"role": "tool", "tool_call_id": "c1", "name": "echo", "content": "ok"},
     ]
     with trio.fail_after(TIMEOUT):
@@ -289,8 +304,11 @@ async def test_the_store_refuses_non_finite_numbers_with_a_clear_error(tmp_path:
     with trio.fail_after(TIMEOUT):
         async with SQLiteStore.open(tmp_path / "navi.db") as store:
             await store.create_session("s1", profile_id="general")
-            bad = {"role": "assistant", "content": "", "tool_calls": [
-                {"id": "c", "name": "echo", "arguments": {"x": math.inf}}]}
+            bad = {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"id": "c", "name": "echo", "arguments": {"x": math.inf}}],
+            }
             with pytest.raises(StoreError, match="not finite"):
                 await store.append("s1", messages=[bad], context=[bad])
             assert await store.load_messages("s1") == []
@@ -373,7 +391,10 @@ async def test_a_model_sending_1e400_gets_an_error_result_and_the_session_goes_o
     ]
     with trio.fail_after(TIMEOUT * 3):
         async with open_harness(
-            tmp_path, replies=replies, dialect=dialect, tools=toolset(EchoTool()),
+            tmp_path,
+            replies=replies,
+            dialect=dialect,
+            tools=toolset(EchoTool()),
             profiles={"general": with_tools(["echo"])},
         ) as h:
             await seed(h)
@@ -386,8 +407,10 @@ async def test_a_model_sending_1e400_gets_an_error_result_and_the_session_goes_o
             assert of_type(frames, "error") == [] and frames[-1]["text"] == "Next turn works."
             for body in h.chat_requests:
                 json.dumps(body, allow_nan=False)
-            for saved in (await h.runtime.store.load_messages("s1"),
-                          await h.runtime.store.load_context("s1")):
+            for saved in (
+                await h.runtime.store.load_messages("s1"),
+                await h.runtime.store.load_context("s1"),
+            ):
                 json.dumps(saved, allow_nan=False)
             assert_paired(await h.runtime.store.load_context("s1"))
 
@@ -477,8 +500,11 @@ async def test_hanging_up_twice_is_a_connection_error_not_a_loop(dialect: str) -
 async def test_null_content_beside_tool_calls_is_sent_as_an_empty_string(dialect: str) -> None:
     history = [
         {"role": "user", "content": "go"},
-        {"role": "assistant", "content": None,
-         "tool_calls": [{"id": "c1", "name": "echo", "arguments": {"text": "x"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "name": "echo", "arguments": {"text": "x"}}],
+        },
         {"role": "tool", "tool_call_id": "c1", "name": "echo", "content": "x"},
     ]
     with trio.fail_after(TIMEOUT):

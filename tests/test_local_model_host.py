@@ -35,7 +35,7 @@ from navi_trio.llm.factory import make_client
 from navi_trio.llm.local import LocalBackend, default_model_file, llama_installed
 from navi_trio.llm.ollama import OllamaBackend
 from navi_trio.runtime import Runtime, open_runtime
-from navi_trio.settings import REPO_ROOT, Settings
+from navi_trio.settings import REPO_ROOT, Settings, default_config_path
 from navi_trio.testing.fake_llm import open_fake_llm
 from navi_trio.testing.harness import test_config as make_config
 
@@ -61,15 +61,20 @@ def _settings(tmp_path: Path) -> Settings:
     )  # fmt: skip
 
 
-def _config() -> Any:
+def _config(answer_max_tokens: int = 32) -> Any:
     # The shipped `local` profile without tools (so a reply is one plain generation), and
-    # the same for a session on the fake server.
-    local = with_tools([], answer_max_tokens=32)  # short answers: the tests are about ends
-    return make_config({"local": local, "remote": {**local, "model": FAKE_MODEL}})
+    # the same for a session on the fake server. Short answers: the tests are about ends.
+    local = with_tools([], answer_max_tokens=answer_max_tokens)
+    shipped = json.loads(default_config_path().read_text(encoding="utf-8"))["profiles"]["local"]
+    remote = {**shipped, **local, "model": FAKE_MODEL}  # a copy of it: no planning call either
+    return make_config({"local": local, "remote": remote})
 
 
-def _open(tmp_path: Path, backend: LLMBackend) -> AbstractAsyncContextManager[Runtime]:
-    return open_runtime(_settings(tmp_path), backend=backend, config=_config(), tools=toolset())
+def _open(
+    tmp_path: Path, backend: LLMBackend, answer_max_tokens: int = 32
+) -> AbstractAsyncContextManager[Runtime]:
+    config = _config(answer_max_tokens)
+    return open_runtime(_settings(tmp_path), backend=backend, config=config, tools=toolset())
 
 
 async def _run(rt: Runtime, session: str, text: str) -> list[AgentEvent]:
@@ -165,8 +170,9 @@ class Router:
 
 async def test_another_session_keeps_streaming_while_the_local_model_dies(tmp_path: Path) -> None:
     words = [f"w{i}" for i in range(150)]
-    # Fifteen seconds of streaming: time enough for the model's process to start and
-    # answer, whatever the machine's load.
+    # Fifteen seconds of streaming from the fake server, started once the local model
+    # streams its (long: 400 tokens, seconds) answer: both stream when the child dies,
+    # however long the model took to load.
     reply = {"text": " ".join(words), "delay_chunk": 0.1}
     local = LocalBackend(n_ctx=2048, data_dir=tmp_path / "data", extra_buffers=False)
     seen: dict[str, list[tuple[float, AgentEvent]]] = {"a": [], "b": []}
@@ -174,7 +180,7 @@ async def test_another_session_keeps_streaming_while_the_local_model_dies(tmp_pa
         async with (
             open_fake_llm([reply, {"text": "still here"}]) as fake,
             make_client(_settings(tmp_path)) as client,
-            _open(tmp_path, Router(local, OllamaBackend(client, fake.url))) as rt,
+            _open(tmp_path, Router(local, OllamaBackend(client, fake.url)), 400) as rt,
         ):
             await rt.store.create_session("a", profile_id="local")
             await rt.store.create_session("b", profile_id="remote")
@@ -188,12 +194,12 @@ async def test_another_session_keeps_streaming_while_the_local_model_dies(tmp_pa
                             streaming[session].set()
 
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(run, "b", "Tell me something.")
-                await streaming["b"].wait()
                 nursery.start_soon(run, "a", "Count from 1 to 300, separated by commas.")
                 await streaming["a"].wait()
+                nursery.start_soon(run, "b", "Tell me something.")
+                await streaming["b"].wait()
                 # Both stream; the embedded model's process dies (any signal will do).
-                assert not [e for _, e in seen["b"] if isinstance(e, StreamEnd)]
+                assert not [e for _, e in seen["a"] if isinstance(e, StreamEnd)]
                 killed_at = trio.current_time()
                 os.kill(local.host.status()["pid"], signal.SIGKILL)
             a = [e for _, e in seen["a"]]

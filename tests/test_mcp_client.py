@@ -145,9 +145,9 @@ def call(name: str, **arguments: Any) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def demo_servers(transport: str, events: ServerEvents, **entry: Any) -> AsyncIterator[
-    dict[str, Any]
-]:
+async def demo_servers(
+    transport: str, events: ServerEvents, **entry: Any
+) -> AsyncIterator[dict[str, Any]]:
     """The `mcp_servers` config naming the demo server as "demo" over `transport`."""
     if transport == "stdio":
         yield {"demo": stdio_entry(**entry)}
@@ -165,7 +165,7 @@ def results(frames: list[dict[str, Any]]) -> list[tuple[bool, str]]:
 
 def test_importing_the_runtime_and_cli_does_not_load_the_sdk() -> None:
     code = (
-        "import sys, navi_trio.runtime, navi_trio.cli, navi_trio.cli_mcp, navi_trio.doctor; "
+        "import sys, navi_trio.runtime, navi_trio.cli, navi_trio.cli.mcp, navi_trio.cli.doctor; "
         "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith(('mcp.', 'mcp_'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -220,11 +220,14 @@ async def test_list_and_call_through_a_run(
     tmp_path: Path, transport: str, events: ServerEvents
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        async with demo_servers(transport, events) as servers, open_harness(
-            tmp_path,
-            replies=[call("mcp__demo__echo", text="hi"), {"text": "done"}],
-            config=mcp_config(servers),
-        ) as h:
+        async with (
+            demo_servers(transport, events) as servers,
+            open_harness(
+                tmp_path,
+                replies=[call("mcp__demo__echo", text="hi"), {"text": "done"}],
+                config=mcp_config(servers),
+            ) as h,
+        ):
             frames = await h.turn("s1", "say hi through the server")
             assert results(frames) == [(True, "echo: hi")]
             assert frames[-1]["text"] == "done"
@@ -244,11 +247,14 @@ async def test_a_tool_error_is_a_failed_result(
     tmp_path: Path, transport: str, events: ServerEvents
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        async with demo_servers(transport, events) as servers, open_harness(
-            tmp_path,
-            replies=[call("mcp__demo__fail", reason="bad disk"), {"text": "it failed"}],
-            config=mcp_config(servers),
-        ) as h:
+        async with (
+            demo_servers(transport, events) as servers,
+            open_harness(
+                tmp_path,
+                replies=[call("mcp__demo__fail", reason="bad disk"), {"text": "it failed"}],
+                config=mcp_config(servers),
+            ) as h,
+        ):
             frames = await h.turn("s1", "try it")
             [result] = of_type(frames, "tool_result")
             assert not result["ok"] and result["error"] == "demo fail failed"
@@ -343,7 +349,7 @@ async def test_a_crashed_server_restarts_and_its_tools_say_so_meanwhile(
             assert not ok1 and "closed the connection during the call" in crashed
             assert not ok2 and "MCP server demo" in meanwhile and "restarting" in meanwhile
             await events.wait_for("crash")
-            actor = h.runtime.mcp.server("demo")
+            actor = h.runtime.mcp.connection("demo")
             assert actor is not None
             await actor.until("ready", starts=2)
             frames = await h.turn("s1", "again")
@@ -362,7 +368,7 @@ async def test_a_server_killed_between_calls_is_noticed_and_restarted(
         ) as h:  # fmt: skip
             [(ok, out)] = results(await h.turn("s1", "your pid?"))
             server = json.loads(out)["server"]
-            actor = h.runtime.mcp.server("demo")
+            actor = h.runtime.mcp.connection("demo")
             assert actor is not None and actor.starts == 1
             os.kill(server, signal.SIGKILL)  # no call is running: the actor must see it
             await actor.until("ready", starts=2)
@@ -390,7 +396,7 @@ async def test_an_http_server_that_crashed_is_reconnected_once_it_is_back(
                 [(ok1, crashed), (ok2, meanwhile)] = results(frames)
                 assert not ok1 and "closed the connection during the call" in crashed
                 assert not ok2 and "restarting" in meanwhile
-                actor = h.runtime.mcp.server("demo")
+                actor = h.runtime.mcp.connection("demo")
                 assert actor is not None
                 # The same URL answers again: the actor's next attempt connects.
                 async with http_server(events, port=port):
@@ -405,11 +411,14 @@ async def test_stop_mid_call_cancels_the_request_on_the_server(
     tmp_path: Path, transport: str, events: ServerEvents
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        async with demo_servers(transport, events) as servers, open_harness(
-            tmp_path,
-            replies=[call("mcp__demo__hang", label="s1"), {"text": "after"}],
-            config=mcp_config(servers),
-        ) as h:
+        async with (
+            demo_servers(transport, events) as servers,
+            open_harness(
+                tmp_path,
+                replies=[call("mcp__demo__hang", label="s1"), {"text": "after"}],
+                config=mcp_config(servers),
+            ) as h,
+        ):
             s = await h.session("s1")
             s.send("wait for it")
             await events.wait_for("hang-started s1")
@@ -512,9 +521,7 @@ async def test_a_server_with_background_true_offers_background_calls(
         async with open_harness(
             tmp_path,
             replies=[call("mcp__demo__echo", text="later", background=True), {"text": "queued"}],
-            config=mcp_config(
-                servers, policy={"rules": [{"tool": "mcp__*", "decision": "allow"}]}
-            ),
+            config=mcp_config(servers, policy={"rules": [{"tool": "mcp__*", "decision": "allow"}]}),
         ) as h:
             frames = await h.turn("s1", "in the background please")
             offered = {t["function"]["name"]: t["function"] for t in h.chat_requests[0]["tools"]}
@@ -588,18 +595,34 @@ async def test_a_changed_entry_gets_a_new_actor_and_a_disabled_one_no_tools(
             await nursery.start(mcp.run)
             profile = configs[0].profile(None)
             assert await mcp.prepare(profile, warnings.append) == ["mcp__demo__echo"]
-            first = mcp.server("demo")
+            first = mcp.connection("demo")
             assert await mcp.prepare(profile, warnings.append) == ["mcp__demo__echo"]
-            assert mcp.server("demo") is first  # same entry: the same actor
+            assert mcp.connection("demo") is first  # same entry: the same actor
             current[0] = configs[1]  # a reload changed the entry
             assert await mcp.prepare(profile, warnings.append) == ["mcp__demo__shout"]
-            assert mcp.server("demo") is not first and first is not None
+            assert mcp.connection("demo") is not first and first is not None
             assert first.scope.cancel_called
             current[0] = configs[2]
             assert await mcp.prepare(profile, warnings.append) == []
             assert [s["state"] for s in mcp.status()] == ["disabled"]
             nursery.cancel_scope.cancel()
     assert warnings == []
+
+
+async def test_stopped_servers_refuse_to_start_one_and_keep_nothing_of_it() -> None:
+    cfg = mcp_config({"demo": stdio_entry()}).current
+    mcp = McpServers(lambda: cfg)
+    conf = cfg.mcp_servers["demo"]
+    with pytest.raises(RuntimeError, match="not running"):
+        mcp.start("demo", conf)  # not started yet
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mcp.run)
+            nursery.cancel_scope.cancel()  # the runtime shuts down
+    with pytest.raises(RuntimeError, match="not running"):
+        mcp.start("demo", conf)  # a late run's prepare
+    assert mcp.connection("demo") is None  # no actor that never runs is left behind
+    assert [s["state"] for s in mcp.status()] == ["idle"]
 
 
 async def test_stderr_is_logged_line_by_line_within_bounds(
@@ -663,7 +686,7 @@ def test_navi_mcp_list_shows_each_server_state_and_tools(
 
 
 async def test_navi_doctor_reports_a_server_that_fails_to_start(tmp_path: Path) -> None:
-    from navi_trio.doctor import collect_doctor
+    from navi_trio.cli.doctor import collect_doctor
 
     path = _config_dir(tmp_path, SERVERS)
     settings = Settings.from_env(

@@ -32,7 +32,7 @@ from mcp_types import CallToolResult
 from test_api_daemon import serve
 from test_cli import env, fake_llm, messages, unused_port
 
-from navi_trio.mcp_serve import LINE_MAX, ProgressPump
+from navi_trio.cli.mcp_ask import LINE_MAX, ProgressPump
 from navi_trio.store.sqlite import SQLiteStore
 
 __all__ = ["env"]  # the fixture, imported for pytest
@@ -368,7 +368,7 @@ async def test_bad_arguments_are_tool_errors_naming_the_problem(
 
 async def test_navi_run_does_not_import_the_mcp_sdk(tmp_path: Path) -> None:
     code = (
-        "import sys, navi_trio.cli, navi_trio.cli_run; navi_trio.cli.build_parser(); "
+        "import sys, navi_trio.cli, navi_trio.cli.run; navi_trio.cli.build_parser(); "
         "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith('mcp.')))"
     )
     with trio.fail_after(DEADLINE):

@@ -37,9 +37,7 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 
 def harness(tmp_path: Path, kit: Kit, replies: list[dict[str, Any]], **settings: Any) -> Any:
-    return open_harness(
-        tmp_path, replies=replies, profiles=PROFILES, tools=kit.tools(), **settings
-    )
+    return open_harness(tmp_path, replies=replies, profiles=PROFILES, tools=kit.tools(), **settings)
 
 
 def meet(name: str, **arguments: Any) -> dict[str, Any]:
@@ -130,7 +128,9 @@ async def test_results_are_appended_in_call_order_with_one_save(
             tool_msgs = [m for m in context if m["role"] == "tool"]
             assert [m["tool_call_id"] for m in tool_msgs] == ids
             assert [m["content"] for m in tool_msgs] == [
-                "a met the others", "b met the others", "c met the others"
+                "a met the others",
+                "b met the others",
+                "c met the others",
             ]
             with_results = [roles for roles in saves if "tool" in roles]
             assert with_results == [["tool", "tool", "tool"]]
@@ -190,7 +190,9 @@ async def test_stop_mid_batch_cancels_the_unfinished_calls(tmp_path: Path) -> No
             tool_msgs = [m for m in context if m["role"] == "tool"]
             assert [m["tool_call_id"] for m in tool_msgs] == ids
             assert [m["content"] for m in tool_msgs] == [
-                "quick met the others", f"Error: {STOPPED_TEXT}", f"Error: {STOPPED_TEXT}"
+                "quick met the others",
+                f"Error: {STOPPED_TEXT}",
+                f"Error: {STOPPED_TEXT}",
             ]
 
 

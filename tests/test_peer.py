@@ -29,7 +29,7 @@ from agent_tools import call, with_tools
 from api_ws import Daemon, open_daemon
 
 from navi_trio.api.peer_link import WsPeerLink
-from navi_trio.doctor import collect_doctor, print_doctor
+from navi_trio.cli.doctor import collect_doctor, print_doctor
 from navi_trio.errors import ConfigError
 from navi_trio.profiles import AgentProfile, ConfigSource, PeerConfig, parse_config
 from navi_trio.settings import Settings, default_config_path
@@ -129,8 +129,8 @@ async def test_the_answer_is_the_peers_and_the_peer_session_can_be_continued(
         {"text": "B remembers"},
     ]
     a_replies = [
-        ask("What is 6*7?", session="pq-1"),
-        ask("And again?", session="pq-1"),
+        ask("What is 6*7?", session="alice.pq-1"),
+        ask("And again?", session="alice.pq-1"),
         {"text": "A is done"},
     ]
     with trio.fail_after(TIMEOUT):
@@ -143,17 +143,17 @@ async def test_the_answer_is_the_peers_and_the_peer_session_can_be_continued(
             first, second = results(frames)
             assert first["ok"] and second["ok"], (first, second)
             assert first["output"].startswith("B says forty-two")
-            assert '"session": "pq-1"' in first["output"]  # the model learns the id
+            assert '"session": "alice.pq-1"' in first["output"]  # the model learns the id
             assert second["output"].startswith("B remembers")
             # The model saw B's answer as the tool's result.
             tool_msgs = [m for m in a.chat_requests[1]["messages"] if m["role"] == "tool"]
             assert "B says forty-two" in tool_msgs[-1]["content"]
             # B ran both messages in one session, owned by the token's user.
-            history = await b.harness.runtime.store.load_messages("pq-1")
+            history = await b.harness.runtime.store.load_messages("alice.pq-1")
             said = [(m["role"], m.get("content")) for m in history if m["role"] != "tool"]
             assert ("user", "What is 6*7?") in said and ("user", "And again?") in said
             assert ("assistant", "B remembers") in said
-            row = await b.harness.runtime.store.get_session("pq-1")
+            row = await b.harness.runtime.store.get_session("alice.pq-1")
             assert row is not None and row.user_id == b.ids["alice"]
             # B's text and tool cards streamed as A's tool events, marked with the peer.
             events = tool_events(frames)
@@ -200,15 +200,15 @@ async def test_a_message_queued_behind_another_run_gets_its_own_answer(
     with trio.fail_after(TIMEOUT):
         async with (
             peer_b(tmp_path, b_replies) as b,
-            daemon_a(tmp_path, [ask("me too", session="pq-2"), {"text": "ok"}], to_b(b)) as a,
+            daemon_a(tmp_path, [ask("me too", session="alice.pq-2"), {"text": "ok"}], to_b(b)) as a,
             b.connect("alice") as alice,
         ):
             monkeypatch.setenv(TOKEN_ENV, b.tokens["alice"])
-            await alice.request({"type": "message", "session_id": "pq-2", "content": "first"})
+            await alice.request({"type": "message", "session_id": "alice.pq-2", "content": "first"})
             await b.harness.fake.wait_requests(1)  # B's session is busy with alice's run
             driver = await start(a)
             await alice.until_type("message_queued", text="me too")
-            await alice.request({"type": "stop", "session_id": "pq-2"})
+            await alice.request({"type": "stop", "session_id": "alice.pq-2"})
             (result,) = results(await driver.until_end())
             assert result["ok"], result
             assert result["output"].startswith("B answers the queued one")
@@ -342,8 +342,8 @@ async def test_unknown_peer_missing_token_and_no_peers_are_clear(
         async with daemon_a(tmp_path, a_replies, peers) as a:
             unknown, missing = results(await (await start(a)).until_end())
     assert unknown["error"] == "unknown peer 'nope'; peers: b"
-    assert f"the environment variable {TOKEN_ENV} (peers.b.token_env) is not set" in (
-        missing["error"]
+    assert (
+        f"the environment variable {TOKEN_ENV} (peers.b.token_env) is not set" in (missing["error"])
     )
     with trio.fail_after(TIMEOUT):
         async with open_harness(tmp_path / "c", replies=[ask("hi"), {"text": "ok"}],

@@ -41,7 +41,9 @@ def test_environ_is_read_only_for_processes_started_after_the_leader(
     # session whose parent exits (reparented, found by its environment only).
     leader = subprocess.Popen(
         ["sh", "-c", "sleep 30 & (setsid sleep 30 &); echo ok; wait"],
-        env=env, stdout=subprocess.PIPE, start_new_session=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
     )
     reads: list[int] = []
     real = proctree._has_tag

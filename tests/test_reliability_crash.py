@@ -203,7 +203,9 @@ async def test_sigkill_at_random_points_loses_no_acknowledged_message(tmp_path: 
                             for f in c.frames
                             if f.get("session_id") == sid and f["type"] not in quiet]  # fmt: skip
                     assert last["role"] == "assistant" and "All done" in last["content"], (
-                        sid, seen)
+                        sid,
+                        seen,
+                    )
             await _check_after_kill(db, book.acked, book.order)
             assert all(_queued_rows(db, sid) == [] for sid in book.sids), "left queued"
     total = sum(len(v) for v in book.acked.values())

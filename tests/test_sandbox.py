@@ -138,7 +138,10 @@ async def test_a_loopback_listener_outside_is_out_of_reach(tmp_path: Path) -> No
 async def test_the_api_key_is_absent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NAVI_LLM_API_KEY", "sk-very-secret")
     monkeypatch.setenv("NAVI_SBX_HARMLESS", "visible")
-    result = await run(sandboxed(tmp_path), "env")
+    ctx = sandboxed(tmp_path)
+    # Passed on only because the profile names it (an allow-list: tools/procs `child_env`).
+    ctx = attrs.evolve(ctx, profile=attrs.evolve(ctx.profile, env=("NAVI_SBX_HARMLESS",)))
+    result = await run(ctx, "env")
     assert result.ok
     assert "NAVI_SBX_HARMLESS=visible" in result.output
     assert "sk-very-secret" not in result.output and "NAVI_LLM_API_KEY" not in result.output

@@ -19,7 +19,7 @@ import pytest
 import trio
 from kvfake import make_ctx
 
-from navi_trio.doctor import collect_doctor, print_doctor
+from navi_trio.cli.doctor import collect_doctor, print_doctor
 from navi_trio.testing import open_harness
 from navi_trio.tools.base import ToolContext
 from navi_trio.tools.code_exec import CodeExecTool

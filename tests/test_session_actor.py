@@ -22,8 +22,11 @@ TIMEOUT = 30
 
 def _gated(tmp_path: Path, gate: GateTool, replies: list[dict[str, Any]], **kw: Any) -> Any:
     return open_harness(
-        tmp_path, replies=[call("gate"), *replies], tools=toolset(gate),
-        profiles={"general": with_tools(["gate"])}, **kw,
+        tmp_path,
+        replies=[call("gate"), *replies],
+        tools=toolset(gate),
+        profiles={"general": with_tools(["gate"])},
+        **kw,
     )
 
 
@@ -43,7 +46,9 @@ async def test_messages_queue_while_a_run_is_active(tmp_path: Path) -> None:
                 s.send(text)
             queued = [(await s.until_type("message_queued"))[-1] for _ in range(3)]
             assert [(f["text"], f["position"], f["dropped_total"]) for f in queued] == [
-                ("msg A", 1, 0), ("msg B", 2, 0), ("msg C", 2, 1)
+                ("msg A", 1, 0),
+                ("msg B", 2, 0),
+                ("msg C", 2, 1),
             ]
             assert [m.text for m in s.actor.pending] == ["msg B", "msg C"]
             gate.gate.set()
@@ -97,14 +102,17 @@ async def test_compact_twice_gives_nothing_to_compact(tmp_path: Path) -> None:
             tmp_path, replies=[{"text": "THE SUMMARY"}], profiles={"general": profile}
         ) as h:
             await seed(h)
-            older = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"}
-                     for i in range(4)]
+            older = [
+                {"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"}
+                for i in range(4)
+            ]
             await h.runtime.store.append("s1", messages=older, context=older)
             s = await h.session("s1")
             s.compact()
             frames = await s.until_type("context_compressed")
             assert [(f["type"], f["reason"]) for f in frames] == [
-                ("compression_started", "forced"), ("context_compressed", "forced")
+                ("compression_started", "forced"),
+                ("context_compressed", "forced"),
             ]
             await s.idle()
             context = await h.runtime.store.load_context("s1")

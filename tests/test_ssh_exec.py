@@ -28,8 +28,8 @@ from kvfake import PidWatch, Recorder, jump_after_line, make_ctx, pids_in
 from sshd import SSHD, SshServer, start_sshd
 from sshd import sshd_server as sshd_server  # the fixture
 
+from navi_trio.cli.doctor import collect_doctor, print_doctor
 from navi_trio.core.policy import CallFacts, decide, summary
-from navi_trio.doctor import collect_doctor, print_doctor
 from navi_trio.errors import ConfigError
 from navi_trio.profiles import ConfigSource, NaviConfig, check_config, parse_config
 from navi_trio.settings import Settings, default_config_path
@@ -281,8 +281,15 @@ def test_the_argv_is_batch_mode_strict_and_has_no_local_shell(tmp_path: Path) ->
     cfg = config_with(
         {
             "known_hosts": "keys/known_hosts",
-            "hosts": {"b": {"user": "ops", "host": "10.0.0.5", "port": 2222,
-                            "identity_file": "/keys/id", "commands": ["*"]}},
+            "hosts": {
+                "b": {
+                    "user": "ops",
+                    "host": "10.0.0.5",
+                    "port": 2222,
+                    "identity_file": "/keys/id",
+                    "commands": ["*"],
+                }
+            },
         }  # fmt: skip
     )
     assert cfg.ssh is not None
@@ -316,8 +323,12 @@ async def test_background_true_runs_through_the_task_supervisor(
         calls(call("ssh_exec", host="box", command="echo remote-done", background=True)),
         {"text": "started"},
         calls(
-            call("ssh_exec", host="box", command=f"echo $$ > {fifo}; exec sleep {token}",
-                 background=True)
+            call(
+                "ssh_exec",
+                host="box",
+                command=f"echo $$ > {fifo}; exec sleep {token}",
+                background=True,
+            )
         ),  # fmt: skip
         {"text": "started again"},
     ]

@@ -47,14 +47,14 @@ def test_the_navi_command_imports_no_heavy_module() -> None:
 
 def test_the_embedded_run_path_imports_no_heavy_module() -> None:
     # What `navi run` imports before its first LLM request (cli_run.run_embedded).
-    statement = "import navi_trio.cli, navi_trio.cli_run, navi_trio.runtime"
+    statement = "import navi_trio.cli, navi_trio.cli.run, navi_trio.runtime"
     assert imported_by(statement, (*HEAVY, "trio_websocket")) == []
 
 
 def test_the_store_and_core_are_imported_while_the_http_client_builds() -> None:
     # cmd_run reads the settings and the token file first; the store and the agent
     # come with the runtime, imported while threads build the HTTP client and probe bwrap.
-    statement = "import navi_trio.cli, navi_trio.cli_run, navi_trio.api.auth"
+    statement = "import navi_trio.cli, navi_trio.cli.run, navi_trio.api.auth"
     late = ("sqlite_utils", "navi_trio.store", "navi_trio.core.agent", "navi_trio.runtime")
     assert imported_by(statement, late) == []
 
@@ -72,7 +72,7 @@ def test_httpx_works_without_its_command_line_client() -> None:
 
 
 async def test_the_client_built_in_a_thread_is_handed_over() -> None:
-    from navi_trio.cli_common import InThread
+    from navi_trio.cli.common import InThread
     from navi_trio.llm.factory import make_client
     from navi_trio.settings import Settings
 
@@ -85,7 +85,7 @@ async def test_the_client_built_in_a_thread_is_handed_over() -> None:
 
 
 async def test_a_failure_in_the_thread_is_raised_in_the_caller() -> None:
-    from navi_trio.cli_common import InThread
+    from navi_trio.cli.common import InThread
 
     def broken() -> None:
         raise ValueError("no certificates here")
@@ -97,7 +97,7 @@ async def test_a_failure_in_the_thread_is_raised_in_the_caller() -> None:
 async def test_navi_run_builds_its_http_client_in_a_thread_and_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from navi_trio import cli_run
+    from navi_trio.cli import run as cli_run
     from navi_trio.settings import Settings
     from navi_trio.testing.fake_llm import open_fake_llm
 

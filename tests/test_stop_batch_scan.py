@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from navi_trio.tools import procs, proctree
+from navi_trio.tools.procs import _spawn
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not Path("/proc/self/stat").exists(),
@@ -38,13 +39,13 @@ async def test_a_stopped_batch_of_sleeps_dies_whole_with_one_first_scan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     scans: list[int] = []
-    real = procs.find_strays_many
+    real = _spawn.find_strays_many
 
     def counting(queries: list[proctree.Query], tag_var: str) -> list[proctree.Strays]:
         scans.append(len(queries))
         return real(queries, tag_var)
 
-    monkeypatch.setattr(procs, "find_strays_many", counting)
+    monkeypatch.setattr(_spawn, "find_strays_many", counting)
     pids: list[int] = []
     started = trio.Event()
 
@@ -92,13 +93,13 @@ async def test_a_scan_of_few_processes_runs_without_a_thread_hop(
         hops.append(fn)
         return await real(fn, *args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(procs, "process_count", lambda: processes)
+    monkeypatch.setattr(_spawn, "process_count", lambda: processes)
     monkeypatch.setattr(trio.to_thread, "run_sync", counting)
     with trio.fail_after(TIMEOUT):
         process = await trio.lowlevel.open_process(["sleep", "60"], start_new_session=True)
         try:
-            strays = await procs._find_strays(process, "t", None)
+            strays = await _spawn._find_strays(process, "t", None)
             strays.close()
         finally:
             await procs.kill_group(process, 1.0, "t")
-    assert (procs.find_strays_many in hops) is threaded
+    assert (_spawn.find_strays_many in hops) is threaded

@@ -21,6 +21,7 @@ from agent_tools import BlockTool, seed, toolset, with_tools
 
 from navi_trio.testing import open_harness
 from navi_trio.tools import procs, proctree
+from navi_trio.tools.procs import _spawn
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not Path("/proc/self/stat").exists(),
@@ -66,13 +67,13 @@ async def _stop_command(
     pids and, per look for strays, the state of each pid at that moment."""
     pids: list[int] = []
     looks: list[dict[int, bool | None]] = []
-    real = procs.find_strays_many
+    real = _spawn.find_strays_many
 
     def looking(queries: list[proctree.Query], tag_var: str) -> list[proctree.Strays]:
         looks.append({p: _frozen(p) for p in pids})
         return real(queries, tag_var)
 
-    monkeypatch.setattr(procs, "find_strays_many", looking)
+    monkeypatch.setattr(_spawn, "find_strays_many", looking)
     out = trio.Event()
 
     def on_line(line: str) -> None:

@@ -295,6 +295,7 @@ async def test_append_rejects_what_is_not_a_json_dict_and_writes_nothing(tmp_pat
 
 
 async def test_unicode_and_odd_values_round_trip_exactly(tmp_path: Path) -> None:
+    # Exactly, but for a lone surrogate, which comes back as U+FFFD (navi_trio/text.py).
     odd = {
         "role": "assistant",
         "content": "héllo 🌍 שלום \x00 end \ud800",
@@ -307,8 +308,9 @@ async def test_unicode_and_odd_values_round_trip_exactly(tmp_path: Path) -> None
             sid = (await store.create_session(profile_id="p")).id
             await store.append(sid, messages=[odd, user("next")], context=[odd])
         async with open_store(tmp_path / "n.db") as store:
-            assert await store.load_messages(sid) == [odd, user("next")]
-            assert await store.load_context(sid) == [odd]
+            back = {**odd, "content": odd["content"].replace("\ud800", "\ufffd")}
+            assert await store.load_messages(sid) == [back, user("next")]
+            assert await store.load_context(sid) == [back]
 
 
 json_values = st.recursive(

@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from navi_trio.store import _schema
+from navi_trio.store import _input
 from navi_trio.store.sqlite import SQLiteStore
 
 
@@ -21,13 +21,13 @@ async def test_a_message_in_both_lists_is_serialised_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dumped: list[str] = []
-    real_dump = _schema._dump
+    real_dump = _input._dump
 
     def counting_dump(value: Any, what: str) -> str:
         dumped.append(what)
         return real_dump(value, what)
 
-    monkeypatch.setattr(_schema, "_dump", counting_dump)
+    monkeypatch.setattr(_input, "_dump", counting_dump)
     async with SQLiteStore.open(tmp_path / "navi.db") as store:
         await store.create_session("s1", profile_id="p")
         shared = {"role": "assistant", "content": "hi", "tool_calls": [{"name": "echo"}]}

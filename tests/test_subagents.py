@@ -43,8 +43,9 @@ PROFILES: dict[str, dict[str, Any]] = {
         model="model-pb",
     ),
     # The target of a mid-turn switch_profile.
-    "pc": profile(["spawn_agent"], ["snapshot"], subagent_system_prompt="PC-SUB prompt",
-                  model="model-pc"),
+    "pc": profile(
+        ["spawn_agent"], ["snapshot"], subagent_system_prompt="PC-SUB prompt", model="model-pc"
+    ),
     "planner": profile(
         ["snapshot"], ["snapshot"], subagent_planning_enabled=True, model="model-planner"
     ),
@@ -54,9 +55,7 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 
 def harness(tmp_path: Path, kit: Kit, replies: list[dict[str, Any]], **settings: Any) -> Any:
-    return open_harness(
-        tmp_path, replies=replies, profiles=PROFILES, tools=kit.tools(), **settings
-    )
+    return open_harness(tmp_path, replies=replies, profiles=PROFILES, tools=kit.tools(), **settings)
 
 
 def spawn(**arguments: Any) -> dict[str, Any]:
@@ -250,9 +249,7 @@ async def test_subagent_plans_only_when_its_profile_enables_subagent_planning(
             assert tool_names(reqs[4]) == ["snapshot", "block"]
             planner_id, plain_id = [f["agent_id"] for f in of_type(frames, "subagent_started")]
             phases = of_type(frames, "plan_phase")
-            assert phases and all(
-                f["is_subagent"] and f["agent_id"] == planner_id for f in phases
-            )
+            assert phases and all(f["is_subagent"] and f["agent_id"] == planner_id for f in phases)
             assert not [f for f in phases if f["agent_id"] == plain_id]
             assert tool_contents(reqs[5]) == ["planned answer", "unplanned answer"]
 
@@ -328,7 +325,9 @@ async def test_subagent_events_reach_the_parent_stream_live_and_marked(tmp_path:
 # --- ContextVars -----------------------------------------------------------------------
 
 PARENT_MSG: dict[str, Any] = {
-    "user_id": "alice", "user_role": "admin", "user_info": {"name": "Alice"}
+    "user_id": "alice",
+    "user_role": "admin",
+    "user_info": {"name": "Alice"},
 }
 
 
@@ -382,9 +381,7 @@ async def test_parent_contextvars_survive_a_spawn(tmp_path: Path, outcome: str) 
 
 
 @pytest.mark.parametrize("outcome", ["success", "failure", "timeout", "stop"])
-async def test_run_ephemeral_restores_the_callers_contextvars(
-    tmp_path: Path, outcome: str
-) -> None:
+async def test_run_ephemeral_restores_the_callers_contextvars(tmp_path: Path, outcome: str) -> None:
     kit = make_kit()
     if outcome == "stop":
         replies = [calls(call("snapshot", label="inside")), calls(call("block"))]
@@ -393,8 +390,12 @@ async def test_run_ephemeral_restores_the_callers_contextvars(
     with trio.fail_after(TIMEOUT):
         async with harness(tmp_path, kit, replies) as h:
             with runvars.bound(
-                session_id="caller", model="caller-model", working_directory=tmp_path,
-                user_id="bob", user_role="user", user_info={"k": 1},
+                session_id="caller",
+                model="caller-model",
+                working_directory=tmp_path,
+                user_id="bob",
+                user_role="user",
+                user_info={"k": 1},
             ):
                 before = runvars.snapshot()
                 outcome_seen = await _run_ephemeral_for(h, kit, outcome)

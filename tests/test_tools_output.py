@@ -11,13 +11,14 @@ from __future__ import annotations
 import tracemalloc
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 from kvfake import Recorder, make_ctx
 
 from navi_trio.tools.code_exec import CodeExecTool
 from navi_trio.tools.filesystem import FilesystemTool
-from navi_trio.tools.procs import ProcessPool, child_env, is_secret
+from navi_trio.tools.procs import ProcessPool, child_env, is_secret, passed_env
 from navi_trio.tools.progress import OutputProgress
 from navi_trio.tools.terminal import TerminalTool
 
@@ -158,6 +159,8 @@ def test_secret_names_are_recognised() -> None:
 @pytest.mark.usefixtures("secret_env")
 async def test_terminal_and_code_exec_do_not_see_navis_secrets(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path)
+    # An allow-list: NAVI_MODEL reaches the command only because the profile names it.
+    ctx = attrs.evolve(ctx, profile=attrs.evolve(ctx.profile, env=("NAVI_MODEL",)))
     with trio.fail_after(30):
         shell = await TerminalTool().execute({"action": "run", "command": "env"}, ctx)
         python = await CodeExecTool().execute(
@@ -176,7 +179,7 @@ async def test_persistent_processes_do_not_see_navis_secrets(tmp_path: Path) -> 
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             await nursery.start(pool.run)
-            handle = await pool.open("s1", "env", tmp_path)
+            handle = await pool.open("s1", "env", tmp_path, env=passed_env(["NAVI_MODEL"]))
             assert await pool.wait_exit("s1", handle) == 0
             output = (await pool.read("s1", handle, 1_000_000)).output
             nursery.cancel_scope.cancel()

@@ -269,6 +269,17 @@ async def test_pool_refuses_new_processes_when_not_running(tmp_path: Path) -> No
         await ProcessPool().open("s1", "cat", tmp_path)
 
 
+async def test_a_stopped_pool_refuses_new_processes_in_the_tools_terms(tmp_path: Path) -> None:
+    pool = ProcessPool()
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+            nursery.cancel_scope.cancel()  # the daemon shuts down
+        with pytest.raises(ToolInputError, match="the process pool is not running"):
+            await pool.open("s1", "cat", tmp_path)
+    assert pool.list("s1") == []
+
+
 # -- the terminal tool over the pool ----------------------------------------------------
 
 

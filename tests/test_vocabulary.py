@@ -156,13 +156,25 @@ def _changed(field: attrs.Attribute[Any], tmp_path: Path) -> tuple[str, Any]:
     if typ == "tuple[str, ...]":
         return " alpha, beta ,", ("alpha", "beta")
     assert typ == "str", f"unexpected settings field type {typ!r}: extend the test"
+    if field.name == "db_url":  # NAVI_DB's URL form (its path form sets db_path)
+        return "postgresql://navi@127.0.0.1:5432/navi", "postgresql://navi@127.0.0.1:5432/navi"
     return "changed-value", "changed-value"
 
 
 def test_every_setting_has_its_own_env_var() -> None:
     names = [f.metadata.get("env") for f in attrs.fields(Settings)]
     assert all(names), [f.name for f in attrs.fields(Settings) if not f.metadata.get("env")]
-    assert len(set(names)) == len(names)
+    # One variable, two settings, on purpose: NAVI_DB is a file (db_path) or a URL (db_url).
+    shared = {f.name for f in attrs.fields(Settings) if f.metadata.get("env") == "NAVI_DB"}
+    assert shared == {"db_path", "db_url"}
+    assert len(set(names)) == len(names) - 1
+
+
+def test_navi_db_sets_the_path_or_the_url_by_its_form(tmp_path: Path) -> None:
+    as_file = Settings.from_env({"NAVI_DB": str(tmp_path / "x.db")})
+    assert (as_file.db_path, as_file.db_url) == (tmp_path / "x.db", "")
+    as_url = Settings.from_env({"NAVI_DB": "postgres://u@127.0.0.1/db"})
+    assert as_url.db_url == "postgres://u@127.0.0.1/db" and as_url.db_path == Settings().db_path
 
 
 @pytest.mark.parametrize("field", attrs.fields(Settings), ids=lambda f: f.name)
@@ -189,8 +201,14 @@ def test_spec_defaults() -> None:
     assert Settings.from_env({"OLLAMA_NUM_CTX": "12000"}).message_token_budget == 2000
     assert Settings.from_env({"CONTEXT_MESSAGE_TOKEN_BUDGET": "700"}).message_token_budget == 700
     caps = (
-        s.tasks_max_per_session, s.tasks_max_global, s.tasks_max_spawn, s.tasks_rate_limit,
-        s.tasks_ttl_sec, s.task_notes_per_turn, s.task_notes_max_pending, s.message_queue_max,
+        s.tasks_max_per_session,
+        s.tasks_max_global,
+        s.tasks_max_spawn,
+        s.tasks_rate_limit,
+        s.tasks_ttl_sec,
+        s.task_notes_per_turn,
+        s.task_notes_max_pending,
+        s.message_queue_max,
     )
     assert caps == (5, 20, 2, 10, 3600, 5, 20, 5)
     assert s.tasks_rate_window_sec == 300 and s.tasks_wait_max_sec == 120
@@ -263,29 +281,49 @@ def _write(path: Path, data: Any) -> Path:
     [
         pytest.param(_minimal(bogus=1), ["bogus", "main"], id="unknown-profile-key"),
         pytest.param({**_minimal(), "colour": "red"}, ["colour"], id="unknown-top-key"),
-        pytest.param(_minimal(max_iterations="5"), ["main", "max_iterations", "int"],
-                     id="string-for-int"),
-        pytest.param(_minimal(think_enabled=1), ["main", "think_enabled", "bool"],
-                     id="int-for-bool"),
+        pytest.param(
+            _minimal(max_iterations="5"), ["main", "max_iterations", "int"], id="string-for-int"
+        ),
+        pytest.param(
+            _minimal(think_enabled=1), ["main", "think_enabled", "bool"], id="int-for-bool"
+        ),
         pytest.param(_minimal(model=5), ["main", "model", "str"], id="int-for-str"),
-        pytest.param(_minimal(tools={"agent": [1]}), ["main", "tools", "agent"],
-                     id="int-in-tool-list"),
-        pytest.param(_minimal(anti_stall_threshold=0), ["main", "anti_stall_threshold"],
-                     id="zero-threshold"),
-        pytest.param(_minimal(compression_max_tokens=0), ["main", "compression_max_tokens"],
-                     id="zero-summary-size"),
-        pytest.param(_minimal(compression_keep_recent=-2), ["main", "compression_keep_recent"],
-                     id="negative-keep-recent"),
-        pytest.param({"profiles": _minimal()["profiles"]}, ["default_profile"],
-                     id="missing-default"),
-        pytest.param({**_minimal(), "default_profile": "ghost"},
-                     ["default_profile", "ghost", "main"], id="unknown-default"),
+        pytest.param(
+            _minimal(tools={"agent": [1]}), ["main", "tools", "agent"], id="int-in-tool-list"
+        ),
+        pytest.param(
+            _minimal(anti_stall_threshold=0), ["main", "anti_stall_threshold"], id="zero-threshold"
+        ),
+        pytest.param(
+            _minimal(compression_max_tokens=0),
+            ["main", "compression_max_tokens"],
+            id="zero-summary-size",
+        ),
+        pytest.param(
+            _minimal(compression_keep_recent=-2),
+            ["main", "compression_keep_recent"],
+            id="negative-keep-recent",
+        ),
+        pytest.param(
+            {"profiles": _minimal()["profiles"]}, ["default_profile"], id="missing-default"
+        ),
+        pytest.param(
+            {**_minimal(), "default_profile": "ghost"},
+            ["default_profile", "ghost", "main"],
+            id="unknown-default",
+        ),
         pytest.param({"default_profile": "x", "profiles": {}}, ["profiles"], id="no-profiles"),
         pytest.param(["not", "an", "object"], ["object"], id="not-an-object"),
-        pytest.param(_minimal(system_prompt_file="prompts/missing.md"),
-                     ["main", "system_prompt_file", "missing.md"], id="missing-prompt-file"),
-        pytest.param({**_minimal(), "persona_file": "nope.md"}, ["persona_file", "nope.md"],
-                     id="missing-persona-file"),
+        pytest.param(
+            _minimal(system_prompt_file="prompts/missing.md"),
+            ["main", "system_prompt_file", "missing.md"],
+            id="missing-prompt-file",
+        ),
+        pytest.param(
+            {**_minimal(), "persona_file": "nope.md"},
+            ["persona_file", "nope.md"],
+            id="missing-persona-file",
+        ),
     ],
 )
 def test_a_broken_config_names_the_file_and_the_key(
@@ -460,8 +498,13 @@ def test_every_error_class_is_a_navi_error() -> None:
     assert len(classes) >= 15
     for cls in classes:
         assert issubclass(cls, NaviError), cls.__name__
-    for name in ("LLMConnectionError", "LLMStatusError", "LLMStreamError",
-                 "LLMMalformedStreamError", "LLMTimeoutError"):
+    for name in (
+        "LLMConnectionError",
+        "LLMStatusError",
+        "LLMStreamError",
+        "LLMMalformedStreamError",
+        "LLMTimeoutError",
+    ):
         assert issubclass(getattr(errors, name), LLMError), name
 
 

@@ -5,7 +5,11 @@ auth        tokens, users, the local token file, the Origin check
 connection  one actor per connection: hello, reader, writer, subscription pumps
 commands    what each command does for one user, ownership checked once
 server      the listening socket, connections per user
+web         the browser client's files and plain HTTP on the same port
+daemon_client  `open_daemon`, the one client of the protocol (every navi client uses it)
+our_run     which frames of a session are our message's run (the runs queued ahead counted)
 remote      a one-request client (navi sessions / tasks / doctor)
+peer_link   the peer tool's link to another daemon
 """
 
 from navi_trio.api.protocol import PROTOCOL_VERSION as PROTOCOL_VERSION

@@ -1,4 +1,4 @@
-"""Who is talking: tokens, users, the local admin token file, and the Origin check.
+"""Who is talking: tokens, users, the local admin token file, the Origin and Host checks.
 
 Tokens are random secrets (`new_token`); the store keeps only their SHA-256. The
 local convenience: on first start `navi serve` creates an admin user and writes its
@@ -8,8 +8,10 @@ token to ``data_dir/local-token`` with mode 0600, which local clients read when 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -20,7 +22,7 @@ import trio
 from navi_trio.errors import AuthError, ConfigError
 
 if TYPE_CHECKING:  # `navi run` reads the token file before it needs the store
-    from navi_trio.store.sqlite import SQLiteStore
+    from navi_trio.store.base import SessionStore
 
 ROLES = ("admin", "user")
 LOCAL_TOKEN_FILE = "local-token"
@@ -51,7 +53,7 @@ def new_token() -> str:
     return "navi_" + secrets.token_urlsafe(32)
 
 
-async def authenticate(store: SQLiteStore, token: str) -> User:
+async def authenticate(store: SessionStore, token: str) -> User:
     row = await store.get_user_by_token(token)
     if row is None:
         raise AuthError("unknown token: ask an admin for one (`navi users add NAME`)")
@@ -70,7 +72,7 @@ def read_local_token(data_dir: Path) -> str | None:
     return text or None
 
 
-async def ensure_local_token(store: SQLiteStore, data_dir: Path) -> Path:
+async def ensure_local_token(store: SessionStore, data_dir: Path) -> Path:
     """The local admin token file, created (0600) with its user when missing or stale."""
     path = local_token_path(data_dir)
     token = read_local_token(data_dir)
@@ -106,13 +108,146 @@ def resolve_token(explicit: str | None, data_dir: Path, environ: dict[str, str])
     return token
 
 
-def origin_allowed(origin: str | None) -> bool:
-    """No Origin (not a browser), or a page served from this machine's loopback."""
-    if origin is None:
+# -- who may open a WebSocket: the Origin and Host headers ----------------------------
+
+
+@attrs.frozen
+class WebAccess:
+    """Which names of the daemon (Host) and which browser pages (Origin) are admitted.
+
+    The daemon's own names are the address the connection came in on (the bound one,
+    or the interface a wildcard bind answered on), ``--host`` when it is a name, and, on
+    loopback, ``localhost``, ``127.0.0.1`` and ``[::1]``.
+
+    Host: one of the daemon's names, or a name in ``NAVI_WS_ALLOWED_HOSTS`` (``name``
+    for any port, ``name:port`` for one). A page whose own name was pointed at
+    127.0.0.1 (DNS rebinding) sends its own name, and is refused. The port of one of
+    the daemon's own names is not checked: only a forwarder (``ssh -L``, a container's
+    port map) makes it differ, and no page can use that against the daemon.
+
+    Origin: none (not a browser); an origin listed exactly in
+    ``NAVI_WS_ALLOWED_ORIGINS``; or the daemon's own pages, ``http://`` and either the
+    very host and port the browser reached the daemon at (the Host header), or one of
+    the daemon's names with its port. Anything else, another port of this machine,
+    another scheme, ``null``, is refused.
+    """
+
+    origins: frozenset[str] = frozenset()  # normalised: lower case, no trailing "/"
+    hosts: frozenset[tuple[str, int | None]] = frozenset()  # (name, port or any)
+    bound_host: str = "127.0.0.1"
+
+    @classmethod
+    def from_settings(
+        cls, origins: Iterable[str], hosts: Iterable[str], bound_host: str
+    ) -> WebAccess:
+        """The policy for these settings; `ConfigError` naming the variable on a bad entry."""
+        kept: set[str] = set()
+        for entry in origins:
+            origin = _origin_key(entry)
+            if origin is None:
+                raise ConfigError(
+                    f"NAVI_WS_ALLOWED_ORIGINS: {entry!r} is not an origin "
+                    "(scheme://host[:port], like https://navi.example)"
+                )
+            kept.add(origin)
+        names: set[tuple[str, int | None]] = set()
+        for entry in hosts:
+            parsed = _host_port(entry, default_port=None)
+            if parsed is None:
+                raise ConfigError(
+                    f"NAVI_WS_ALLOWED_HOSTS: {entry!r} is not a host name (name or name:port)"
+                )
+            names.add(parsed)
+        return cls(frozenset(kept), frozenset(names), bound_host)
+
+    def own_names(self, local_address: str) -> set[str]:
+        """The daemon's names for a connection that came in on `local_address`."""
+        names = {_bare(local_address).lower()}
+        if self.bound_host not in _WILDCARDS:
+            names.add(_bare(self.bound_host).lower())
+        if any(_is_loopback(n) for n in names):
+            names.update(_LOOPBACK_HOSTS)
+        return names
+
+    def host_allowed(self, host: str | None, local_address: str) -> bool:
+        """A Host header naming the daemon, or a configured name."""
+        parsed = None if host is None else _host_port(host, default_port=80)
+        if parsed is None:
+            return False  # HTTP/1.1 requires one; a bad one names nothing of ours
+        name, port = parsed
+        if (name, port) in self.hosts or (name, None) in self.hosts:
+            return True
+        return name in self.own_names(local_address)
+
+    def origin_allowed(
+        self, origin: str | None, host: str | None, local_address: str, port: int
+    ) -> bool:
+        """No Origin (not a browser), a configured one, or the daemon's own pages."""
+        if origin is None:
+            return True
+        key = _origin_key(origin)
+        if key is None:
+            return False  # "null" (a file, a sandboxed frame), a malformed header
+        if key in self.origins:
+            return True
+        parts = urlsplit(key)
+        if parts.scheme != "http" or parts.hostname is None:
+            return False
+        page = (_bare(parts.hostname), parts.port or 80)
+        if host is not None and page == _host_port(host, default_port=80):
+            return self.host_allowed(host, local_address)
+        return page[1] == port and page[0] in self.own_names(local_address)
+
+
+_WILDCARDS = ("", "0.0.0.0", "::")
+
+
+def _bare(host: str) -> str:
+    """An address without IPv6 brackets; an IPv4 address mapped into IPv6 as IPv4."""
+    host = host.strip().removeprefix("[").removesuffix("]")
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return str(addr.ipv4_mapped)
+    return str(addr)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
         return True
     try:
-        parts = urlsplit(origin.strip())
-        host = parts.hostname
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-    return parts.scheme in ("http", "https") and host in _LOOPBACK_HOSTS
+
+
+def _origin_key(origin: str) -> str | None:
+    """`origin` as compared (lower case, no trailing "/"), or None when it is not
+    scheme://host[:port] with nothing else."""
+    text = origin.strip().lower().rstrip("/")
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        return None
+    if not parts.scheme or not parts.hostname or parts.username is not None or parts.password:
+        return None
+    if parts.path or parts.query or parts.fragment:
+        return None
+    return text
+
+
+def _host_port(text: str, *, default_port: int | None) -> tuple[str, int | None] | None:
+    """A Host header (or a configured name) as (name, port), or None when malformed."""
+    text = text.strip().lower()
+    try:
+        parts = urlsplit("//" + text)
+        port = parts.port
+    except ValueError:
+        return None
+    name = parts.hostname
+    if not name or parts.netloc != text or parts.username is not None or parts.path:
+        return None
+    return _bare(name), default_port if port is None else port

@@ -9,8 +9,9 @@ here. Every refusal is a `RequestError` with its wire code.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -34,6 +35,7 @@ from navi_trio.api.protocol import (
 from navi_trio.core.agent import UserMessage
 from navi_trio.core.session_actor import SessionActor
 from navi_trio.core.task_supervisor import Job
+from navi_trio.core.workspace import check_cwd
 from navi_trio.errors import (
     BusyError,
     ExistsError,
@@ -41,7 +43,9 @@ from navi_trio.errors import (
     LimitError,
     NotFoundError,
     ProtocolError,
+    RequestError,
     SessionBusyError,
+    StorageError,
     UnavailableError,
 )
 from navi_trio.events import event_to_dict
@@ -58,6 +62,8 @@ class ClientLink(Protocol):
     def subscribed(self, session_id: str) -> bool: ...
     def subscribe(self, actor: SessionActor, last_seq: int | None, epoch: str | None) -> None: ...
     def unsubscribe(self, session_id: str) -> bool: ...
+    async def defer(self, rid: RequestId, work: Callable[[], Awaitable[None]]) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +72,10 @@ def new_session_id() -> str:
     import uuid
 
     return "s-" + uuid.uuid4().hex[:12]
+
+
+# What `new_session_id` (and every client's own) makes: free for anyone to choose.
+RANDOM_ID = re.compile(r"s-[0-9a-f]{12}")
 
 
 class Commands:
@@ -106,10 +116,9 @@ class Commands:
 
     async def _create(self, session_id: str | None, profile: str | None) -> SessionRow:
         cfg = self.rt.config.current
-        if profile is not None and profile not in cfg.profiles:
-            raise ProtocolError(
-                f"unknown profile {profile!r} (known: {', '.join(sorted(cfg.profiles))})"
-            )
+        self._check_profile(profile)
+        if session_id is not None and not self.user.is_admin:
+            await self._check_chosen_id(session_id)
         limit = self.rt.settings.sessions_per_user
         if await self.rt.store.count_sessions(self.user.id) >= limit:
             raise LimitError(
@@ -124,6 +133,33 @@ class Commands:
         log.info("session %s created by %s", row.id, self.user.name)
         return row
 
+    async def _check_chosen_id(self, session_id: str) -> None:
+        """A user (not an admin) names a new session only in their own namespace.
+
+        Session ids are global: a name anyone could take first is one another user (or
+        an admin's script) may be about to use, and an admin's message to it would run
+        in the squatter's session. So an id a user picks is either random (``s-`` and
+        12 hex digits, as every client makes them) or starts with the user's own name
+        and a dot (``bob.notes``), the longest user name matching deciding whose it is.
+        """
+        if RANDOM_ID.fullmatch(session_id):
+            return
+        names = [str(u["name"]) for u in await self.rt.store.list_users()]
+        owner = max((n for n in names if session_id.startswith(n + ".")), key=len, default=None)
+        if owner != self.user.name:
+            log.warning("user %s refused session id %.80r", self.user.name, session_id)
+            raise ForbiddenError(
+                f"a session id you choose must start with your user name and a dot "
+                f"({self.user.name}.NAME), or be left to the daemon"
+            )
+
+    def _check_profile(self, profile: str | None) -> None:
+        profiles = self.rt.config.current.profiles
+        if profile is not None and profile not in profiles:
+            raise ProtocolError(
+                f"unknown profile {profile!r} (known: {', '.join(sorted(profiles))})"
+            )
+
     async def _actor(self, session_id: str) -> SessionActor:
         try:
             return await self.rt.sessions.get(session_id)
@@ -136,9 +172,10 @@ class Commands:
         # Everything the frame says is checked before a session is created for it.
         cwd = None
         if cmd.cwd is not None:
-            cwd = Path(cmd.cwd)
-            if not await trio.Path(cwd).is_dir():
-                raise ProtocolError(f"cwd {cmd.cwd!r} is not a directory on the daemon's machine")
+            cwd = await check_cwd(
+                cmd.cwd, user_id=self.user.id, role=self.user.role, settings=self.rt.settings,
+                config=self.rt.config.current, store=self.rt.store,
+            )  # fmt: skip
         row = await self.rt.store.get_session(cmd.session_id) if cmd.session_id else None
         if row is None:
             row = await self._create(cmd.session_id, cmd.profile)
@@ -157,17 +194,40 @@ class Commands:
             profile_id=cmd.profile,
             mode=cmd.mode,
         )
+        self._check_profile(cmd.profile)  # a new session's was checked by _create
         queued = actor.busy
         try:
             actor.send_message(message)
         except RuntimeError:
             raise UnavailableError("the daemon is shutting down; try again later") from None
-        # Saved (running) or stored in the queue: a crash after the ok cannot lose it.
-        await message.accepted.wait()
+        # One reply, once the message is saved (running) or stored in the queue, so a
+        # crash after the ok cannot lose it; else the error that refused it. The wait
+        # runs beside the connection's reader: the frames behind this one go on.
+        await self.conn.defer(rid, lambda: self._accepted(rid, row.id, message, queued))
+
+    async def _accepted(
+        self, rid: RequestId, session_id: str, message: UserMessage, queued: bool
+    ) -> None:
+        timeout = self.rt.settings.message_accept_timeout_sec
+
+        def too_slow() -> StorageError:
+            return StorageError(
+                f"session {session_id!r}: the message was not stored within {timeout:g} s "
+                "(NAVI_MESSAGE_ACCEPT_TIMEOUT_SEC): the database did not answer; it will "
+                "not run",
+                session_id=session_id,
+            )
+
+        try:
+            await message.accepted.wait(timeout, too_slow)
+        except RequestError as exc:
+            exc.session_id = exc.session_id or session_id
+            raise
         log.info(
-            "session %s: message from %s %s", row.id, self.user.name, "queued" if queued else "runs"
-        )
-        await self.conn.send(reply(rid, "ok", session_id=row.id, queued=queued))
+            "session %s: message from %s %s",
+            session_id, self.user.name, "queued" if queued else "runs",
+        )  # fmt: skip
+        await self.conn.send(reply(rid, "ok", session_id=session_id, queued=queued))
 
     async def _stop(self, rid: RequestId, cmd: Stop) -> None:
         await self._owned(cmd.session_id)
@@ -194,8 +254,12 @@ class Commands:
         await broker.answer(cmd.session_id, cmd.call_id, approve=approve, scope=cmd.scope)
         await self.conn.send(
             reply(
-                rid, "ok", session_id=cmd.session_id, call_id=cmd.call_id,
-                approved=approve, scope=cmd.scope,
+                rid,
+                "ok",
+                session_id=cmd.session_id,
+                call_id=cmd.call_id,
+                approved=approve,
+                scope=cmd.scope,
             )  # fmt: skip
         )
 

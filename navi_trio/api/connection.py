@@ -1,6 +1,8 @@
 """One WebSocket connection as an actor: hello, then a reader and a writer.
 
     reader  ws -> parse_frame -> Commands.handle -> session actors / store
+    waits   a command's wait that may take long (a message until it is stored): beside
+            the reader, at most DEFERRED_MAX at a time, each bounded by its command
     pumps   one per subscribed session: sub.frames -> outbox
     writer  outbox (ONE bounded channel) -> ws
 
@@ -11,13 +13,16 @@ the pump then sends a ``lagged`` frame and resubscribes from the last seq it
 delivered. A run never waits for a client.
 
 A bad frame gets an error frame and the connection goes on; so does any refused
-request (`RequestError`). Only a missing or bad hello, or too many connections for a
-user, closes the connection (after the error frame).
+request (`RequestError`). The reader never waits for a message to be stored: the
+frames behind it (a stop, a sessions list) are answered meanwhile. Only a missing or
+bad hello, or too many connections for a user, closes the connection (after the error
+frame).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 import trio
@@ -30,6 +35,7 @@ from navi_trio.api.protocol import (
     Approval,
     Frame,
     Hello,
+    RequestId,
     Stop,
     encode,
     error_frame,
@@ -60,10 +66,14 @@ class ConnectionHost(Protocol):
     def connected(self, user: User) -> None: ...
     def disconnected(self, user: User) -> None: ...
 
+
 log = logging.getLogger(__name__)
 
 OUTBOX_SIZE = 256
 CLOSE_SEND_TIMEOUT = 5.0
+# Command waits running beside the reader at once; past that the reader waits for one to
+# end (each is bounded: a message's by NAVI_MESSAGE_ACCEPT_TIMEOUT_SEC).
+DEFERRED_MAX = 64
 # Commands the frames-per-second limit never drops (control frames: stop, approve, deny).
 RATE_EXEMPT = (Stop, Approval)
 # What two deltas must share to be merged into one frame by the writer.
@@ -87,6 +97,7 @@ class Connection:
         self._subs: dict[str, tuple[Subscription, trio.CancelScope]] = {}
         settings = server.runtime.settings
         self._bucket = TokenBucket(settings.ws_frames_per_sec, settings.ws_frames_burst)
+        self._deferred = trio.Semaphore(DEFERRED_MAX)
 
     # -- life -------------------------------------------------------------------------
 
@@ -172,21 +183,41 @@ class Connection:
                         "this frame was dropped"
                     )
                 await commands.handle(rid, command)
-            except RequestError as exc:
-                if exc.request_id is None:
-                    exc.request_id = rid
-                log.info(
-                    "refused a request of %s (session %s): %s %s",
-                    self._who(), exc.session_id or "-", exc.code, exc,
-                )  # fmt: skip
-                await self.send(error_frame_for(exc))
-            except NaviError as exc:
-                log.warning("request of %s failed: %s", self._who(), exc)
-                await self.send(error_frame("internal", str(exc), request_id=rid))
-            except Exception as exc:  # our bug: say so, keep the connection and the daemon
-                log.exception("request of %s failed", self._who())
-                message = f"internal error: {type(exc).__name__}: {exc}"
-                await self.send(error_frame("internal", message, request_id=rid))
+            except Exception as exc:  # every failure is answered, the connection goes on
+                await self._failed(rid, exc)
+
+    async def _failed(self, rid: RequestId, exc: Exception) -> None:
+        """Answer a request that failed: its code, or internal (and keep going)."""
+        if isinstance(exc, RequestError):
+            if exc.request_id is None:
+                exc.request_id = rid
+            log.info(
+                "refused a request of %s (session %s): %s %s",
+                self._who(), exc.session_id or "-", exc.code, exc,
+            )  # fmt: skip
+            await self.send(error_frame_for(exc))
+        elif isinstance(exc, NaviError):
+            log.warning("request of %s failed: %s", self._who(), exc)
+            await self.send(error_frame("internal", str(exc), request_id=rid))
+        else:  # our bug: say so, keep the connection and the daemon
+            log.error("request of %s failed", self._who(), exc_info=exc)
+            message = f"internal error: {type(exc).__name__}: {exc}"
+            await self.send(error_frame("internal", message, request_id=rid))
+
+    async def defer(self, rid: RequestId, work: Callable[[], Awaitable[None]]) -> None:
+        """Run the rest of a command beside the reader; its failure is answered as the
+        reader's are. `work` must bound its own waits."""
+        assert self._nursery is not None
+        await self._deferred.acquire()
+        self._nursery.start_soon(self._deferred_work, rid, work)
+
+    async def _deferred_work(self, rid: RequestId, work: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await work()
+        except Exception as exc:  # every failure is answered, as the reader answers it
+            await self._failed(rid, exc)
+        finally:
+            self._deferred.release()
 
     async def _writer(self) -> None:
         carry: Frame | None = None
@@ -291,4 +322,3 @@ class Connection:
         if self._current(sid) is sub:
             # The actor ended the subscription (retired or shutting down).
             del self._subs[sid]
-

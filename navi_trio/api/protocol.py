@@ -3,8 +3,11 @@
 Client frames are JSON objects with a ``type``; each type is an `attrs.frozen` command
 class, structured by one strict cattrs converter (a string field refuses a number, an
 unknown key is refused, a `Literal` names its choices). Anything wrong raises a
-`ProtocolError` subclass whose message names the problem and whose ``request_id``
-echoes the frame's ``id`` when it could be read.
+`ProtocolError` subclass whose message names the field and the problem in JSON's terms
+("field 'last_seq' must be a whole number, not a string"), quotes at most ~64
+characters of what the client sent, and whose ``request_id`` echoes the frame's ``id``
+when it could be read. A lone surrogate (``"\\ud800"``) in any field is refused: stored,
+it would break every later request of the session.
 
 Server frames are plain dicts built here: `event_frame` (an AgentEvent with its
 session id and seq), `error_frame`, `welcome_frame`. The full protocol is in the
@@ -15,40 +18,73 @@ from __future__ import annotations
 
 import json
 import re
+import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import attrs
 import cattrs
 
-from navi_trio import __version__
+from navi_trio import __version__, wire
 from navi_trio.errors import FrameTooLargeError, ProtocolError, RequestError, UnknownTypeError
 from navi_trio.events import AgentEvent, event_to_dict
+from navi_trio.text import CLIP_CHARS, clean_json, clean_text, clip, has_lone_surrogate
+from navi_trio.wire import PROTOCOL_VERSION as PROTOCOL_VERSION
+from navi_trio.wire import Frame as Frame
 
-PROTOCOL_VERSION = 1
-Frame = dict[str, Any]
 RequestId = str | int | None
 KEEP_MAX_CHARS = 64_000  # an `EventFrame` keeps its JSON text up to this length
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@+=-]{0,127}")
+NAME_MAX_CHARS = 128  # profile, task_id, epoch: names of ours
+CALL_ID_MAX_CHARS = 256  # the model's server chooses tool-call ids
+PATH_MAX_CHARS = 4096
+NUMBER_MAX_DIGITS = 18  # a whole number in a frame (last_seq, id)
+ERROR_MAX_CHARS = 1000  # an error frame's message is cut there, whoever wrote it
+
+
+def shown(value: Any) -> str:
+    """A client's value as an error message quotes it: a string as 'text', anything else
+    as JSON, cut at ~64 characters (with the full length said)."""
+    if isinstance(value, _LongNumber):
+        return f"a number of {value.digits} digits"
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    quoted = repr(clip(text)) if isinstance(value, str) else clip(text)
+    if len(text) > CLIP_CHARS:
+        quoted += f" ({len(text)} characters)"
+    return quoted
 
 
 def _session_id(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
     if value is not None and not _SESSION_ID.fullmatch(value):
         raise ValueError(
-            f"{attr.name} {value!r}: use 1-128 letters, digits or . _ @ + = - "
-            "(not starting with . @ + = -)"
+            f"field {attr.name!r} must be 1-128 letters, digits or . _ @ + = - "
+            f"(not starting with . @ + = -), not {shown(value)}"
         )
 
 
 def _not_blank(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
     if not value.strip():
-        raise ValueError(f"{attr.name} must not be empty")
+        raise ValueError(f"field {attr.name!r} must not be empty")
+
+
+def _at_most(limit: int) -> Callable[[Any, attrs.Attribute[Any], str | None], None]:
+    def check(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
+        if value is not None and len(value) > limit:
+            raise ValueError(
+                f"field {attr.name!r} must be at most {limit} characters, not {len(value)}"
+            )
+
+    return check
 
 
 def _absolute(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
     if value is not None and not Path(value).is_absolute():
-        raise ValueError(f"{attr.name} {value!r} must be an absolute path")
+        raise ValueError(f"field {attr.name!r} must be an absolute path, not {shown(value)}")
+
+
+_name = _at_most(NAME_MAX_CHARS)
 
 
 # -- commands (client -> server) ----------------------------------------------------
@@ -56,15 +92,15 @@ def _absolute(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None
 
 @attrs.frozen
 class Hello:
-    token: str = attrs.field(validator=_not_blank)
+    token: str = attrs.field(validator=[_not_blank, _at_most(1024)])
 
 
 @attrs.frozen
 class SendMessage:
     content: str = attrs.field(validator=_not_blank)
     session_id: str | None = attrs.field(default=None, validator=_session_id)
-    cwd: str | None = attrs.field(default=None, validator=_absolute)
-    profile: str | None = None
+    cwd: str | None = attrs.field(default=None, validator=[_at_most(PATH_MAX_CHARS), _absolute])
+    profile: str | None = attrs.field(default=None, validator=_name)
     # The tool policy's mode: clamped to what the sender's role allows.
     mode: Literal["read-only", "workspace", "full"] | None = None
 
@@ -83,7 +119,7 @@ class Compact:
 class Subscribe:
     session_id: str = attrs.field(validator=_session_id)
     last_seq: int | None = None
-    epoch: str | None = None
+    epoch: str | None = attrs.field(default=None, validator=_name)
 
 
 @attrs.frozen
@@ -95,14 +131,14 @@ class Unsubscribe:
 class Tasks:
     action: Literal["list", "check", "cancel"]
     session_id: str | None = attrs.field(default=None, validator=_session_id)
-    task_id: str | None = None
+    task_id: str | None = attrs.field(default=None, validator=_name)
 
 
 @attrs.frozen
 class Sessions:
     action: Literal["list", "create", "delete", "history"]
     session_id: str | None = attrs.field(default=None, validator=_session_id)
-    profile: str | None = None
+    profile: str | None = attrs.field(default=None, validator=_name)
 
 
 @attrs.frozen
@@ -110,7 +146,7 @@ class Approval:
     """approve / deny: the session owner's answer to an `approval_request`."""
 
     session_id: str = attrs.field(validator=_session_id)
-    call_id: str = attrs.field(validator=_not_blank)
+    call_id: str = attrs.field(validator=[_not_blank, _at_most(CALL_ID_MAX_CHARS)])
     scope: Literal["once", "session", "always"] = "once"
     decision: Literal["approve", "deny"] = "approve"  # from the frame's type
 
@@ -120,28 +156,68 @@ Command = (
 )
 
 COMMANDS: dict[str, type[Any]] = {
-    "hello": Hello,
-    "message": SendMessage,
-    "stop": Stop,
-    "compact": Compact,
-    "subscribe": Subscribe,
-    "unsubscribe": Unsubscribe,
-    "tasks": Tasks,
-    "sessions": Sessions,
-    "approve": Approval,
-    "deny": Approval,
+    wire.HELLO: Hello,
+    wire.MESSAGE: SendMessage,
+    wire.STOP: Stop,
+    wire.COMPACT: Compact,
+    wire.SUBSCRIBE: Subscribe,
+    wire.UNSUBSCRIBE: Unsubscribe,
+    wire.TASKS: Tasks,
+    wire.SESSIONS: Sessions,
+    wire.APPROVE: Approval,
+    wire.DENY: Approval,
 }
+
+
+class _LongNumber:
+    """A whole number with more digits than any field takes: `json.loads` would build
+    it (or refuse past Python's 4300-digit limit, in Python's words); we refuse it."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def _parse_int(text: str) -> int | _LongNumber:
+    digits = len(text.lstrip("-"))
+    return _LongNumber(digits) if digits > NUMBER_MAX_DIGITS else int(text)
+
+
+def _kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, int | float | _LongNumber):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+class _FieldProblem(TypeError):
+    """Raised by our structure hooks: the message is what follows "field 'x' "."""
 
 
 def _strict_str(value: Any, _: Any) -> str:
     if not isinstance(value, str):
-        raise TypeError(f"expected a string, got {type(value).__name__}")
+        raise _FieldProblem(f"must be a string, not {_kind(value)}")
     return value
 
 
 def _strict_int(value: Any, _: Any) -> int:
+    if isinstance(value, _LongNumber):
+        raise _FieldProblem(
+            f"must be a whole number of at most {NUMBER_MAX_DIGITS} digits, "
+            f"not one of {value.digits}"
+        )
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected a whole number, got {type(value).__name__}")
+        got = shown(value) if isinstance(value, float) else _kind(value)
+        raise _FieldProblem(f"must be a whole number, not {got}")
     return value
 
 
@@ -150,21 +226,55 @@ converter.register_structure_hook(str, _strict_str)
 converter.register_structure_hook(int, _strict_int)
 
 
-def _why(exc: BaseException, type_: Any) -> str:
+def _choices(type_: Any) -> list[str]:
+    """The strings a `Literal` field (or an optional one) takes."""
+    if typing.get_origin(type_) is Literal:
+        return [str(a) for a in typing.get_args(type_)]
+    return [c for arg in typing.get_args(type_) for c in _choices(arg)]
+
+
+def _field_problem(name: str, exc: BaseException, type_: Any, value: Any) -> str:
     if isinstance(exc, KeyError):
-        return "required field missing"
-    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
-        return f"unknown field(s): {', '.join(sorted(exc.extra_fields))}"
-    text = str(exc)
-    if " not in literal " in text:
-        return "must be one of " + ", ".join(repr(a) for a in getattr(type_, "__args__", ()))
-    return text or type(exc).__name__
+        return f"field {name!r} is required"
+    choices = _choices(type_)
+    if choices:
+        return f"field {name!r} must be one of {', '.join(choices)}, not {shown(value)}"
+    if isinstance(exc, _FieldProblem):
+        return f"field {name!r} {exc}"
+    return f"field {name!r}: {clip(str(exc), ERROR_MAX_CHARS // 4)}"
+
+
+def _problems(exc: BaseException, body: dict[str, Any]) -> list[str]:
+    """Each problem cattrs found, in the client's terms (no Python type names)."""
+    if not isinstance(exc, cattrs.ClassValidationError):
+        return [clip(str(exc), ERROR_MAX_CHARS // 4)]
+    noted, other = exc.group_exceptions()
+    out = [_field_problem(n.name, e, n.type, body.get(n.name)) for e, n in noted]
+    for e in other:
+        if isinstance(e, cattrs.ForbiddenExtraKeysError):
+            names = sorted(e.extra_fields)
+            listed = ", ".join(repr(clip(n)) for n in names[:5])
+            more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+            out.append(f"unknown field{'s' if len(names) > 1 else ''} {listed}{more}")
+        else:  # a validator of ours: it names its field
+            out.append(clip(str(e), ERROR_MAX_CHARS // 4))
+    return out
 
 
 def _request_id(data: dict[str, Any]) -> RequestId:
     rid = data.get("id")
-    if isinstance(rid, str | int) and not isinstance(rid, bool) and len(str(rid)) <= 128:
+    if isinstance(rid, str) and len(rid) <= 128 and not has_lone_surrogate(rid):
         return rid
+    if isinstance(rid, int) and not isinstance(rid, bool):
+        return rid
+    return None
+
+
+def _lone_surrogate_field(data: dict[str, Any]) -> str | None:
+    """The first field whose name or value holds a lone surrogate, or None."""
+    for key, value in data.items():
+        if clean_text(key) is not key or clean_json(value) is not value:
+            return clean_text(key)
     return None
 
 
@@ -176,37 +286,47 @@ def parse_frame(message: str | bytes, max_bytes: int) -> tuple[RequestId, Comman
     if size > max_bytes:
         raise FrameTooLargeError(f"the frame has {size} bytes; the limit is {max_bytes}")
     try:
-        data = json.loads(message)
+        data = json.loads(message, parse_int=_parse_int)
     except ValueError as exc:
         raise ProtocolError(f"the frame is not JSON: {exc}") from None
     except RecursionError:
         raise ProtocolError("the frame is nested too deeply to read") from None
     if not isinstance(data, dict):
-        raise ProtocolError(f"a frame must be a JSON object, not {type(data).__name__}")
+        raise ProtocolError(f"a frame must be a JSON object, not {_kind(data)}")
     rid = _request_id(data)
+    # A text frame is UTF-8, so a surrogate can only come from a \uD800-\uDFFF escape.
+    if "\\ud" in message or "\\uD" in message:
+        field = _lone_surrogate_field(data)
+        if field is not None:
+            kind = data.get("type")
+            where = f"bad {kind!r} frame: " if isinstance(kind, str) and kind in COMMANDS else ""
+            raise ProtocolError(
+                f"{where}field {clip(field)!r} holds a lone surrogate (a \\uD800-\\uDFFF escape "
+                "without its pair), which is not text: send valid Unicode",
+                request_id=rid,
+            )
     if "id" in data and rid is None:
-        raise ProtocolError("id must be a string or a whole number (at most 128 characters)")
+        raise ProtocolError(
+            "field 'id' must be a string of at most 128 characters or a whole number "
+            f"of at most {NUMBER_MAX_DIGITS} digits, not {shown(data['id'])}"
+        )
     kind = data.get("type")
     body = {k: v for k, v in data.items() if k not in ("type", "id")}
     if not isinstance(kind, str):
-        raise ProtocolError('a frame needs a "type" string', request_id=rid)
+        got = f", not {_kind(kind)}" if "type" in data else ""
+        raise ProtocolError(f'a frame needs a "type" string{got}', request_id=rid)
     cls = COMMANDS.get(kind)
     if cls is None:
         known = ", ".join(COMMANDS)
-        raise UnknownTypeError(f"unknown frame type {kind!r} (known: {known})", request_id=rid)
+        raise UnknownTypeError(f"unknown frame type {shown(kind)} (known: {known})", request_id=rid)
     if cls is Approval:
         if "decision" in body:
-            raise ProtocolError(
-                f"bad {kind!r} frame: unknown field(s): decision", request_id=rid
-            )
+            raise ProtocolError(f"bad {kind!r} frame: unknown field 'decision'", request_id=rid)
         body["decision"] = kind
     try:
         command = converter.structure(body, cls)
     except Exception as exc:  # cattrs raises exception groups of field errors
-        if isinstance(exc, cattrs.BaseValidationError):
-            problems = "; ".join(cattrs.transform_error(exc, path=kind, format_exception=_why))
-        else:
-            problems = str(exc)
+        problems = "; ".join(_problems(exc, body))
         raise ProtocolError(f"bad {kind!r} frame: {problems}", request_id=rid) from None
     return rid, command
 
@@ -257,11 +377,14 @@ def error_frame(
     request_id: RequestId = None,
     session_id: str | None = None,
 ) -> Frame:
-    frame: Frame = {"type": "error", "code": code, "message": message}
+    """An error frame. The message is cut at `ERROR_MAX_CHARS` and the session id at
+    the longest valid one, whatever the caller quoted in them: an error never echoes
+    a client's value whole."""
+    frame: Frame = {"type": "error", "code": code, "message": clip(message, ERROR_MAX_CHARS)}
     if request_id is not None:
         frame["id"] = request_id
     if session_id is not None:
-        frame["session_id"] = session_id
+        frame["session_id"] = clip(session_id, 128)
     return frame
 
 
@@ -298,8 +421,8 @@ def encode(frame: Frame) -> str:
 
 def _dumps(frame: Frame) -> str:
     text = json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate: JSON escapes carry it, UTF-8 cannot
-        text = json.dumps(frame, separators=(",", ":"))
+    if has_lone_surrogate(text):
+        # UTF-8 cannot carry it, and a JSON escape would hand it to the client, whose
+        # terminal or store fails the same way: it goes out as U+FFFD.
+        text = json.dumps(clean_json(frame), ensure_ascii=False, separators=(",", ":"))
     return text

@@ -5,7 +5,21 @@
 
 Cancelling the task that runs `server.run` stops accepting and ends every connection
 (their subscriptions close; the runs go on in the runtime until it closes). The
-handshake refuses a browser page from another origin (HTTP 403) before any frame.
+handshake refuses a browser page from another origin, and a Host header that does not
+name the daemon (DNS rebinding), with HTTP 403 before any frame (api/auth.py
+`WebAccess`).
+
+Each TCP connection is served here rather than by trio-websocket's `serve_websocket`
+(`wrap_server_stream` is the same code) so that the server keeps the socket: when
+trio-websocket refuses a frame over its own limit it sends a close frame (1009, message
+too big) and stops reading, and a socket closed with the rest of the client's frame
+unread makes the kernel send a TCP reset, which can destroy that close frame before the
+client reads it. So after a 1009 the server reads and drops what the client still sends
+(`_drain`) until the client closes, and only then closes the socket.
+
+The same port serves the browser client (api/web.py): the server reads each request head
+itself; a WebSocket upgrade goes on to trio-websocket with those bytes replayed in front
+of the stream, any other request gets the static page (or 404 / 405 / 403).
 """
 
 from __future__ import annotations
@@ -14,12 +28,20 @@ import logging
 from functools import partial
 from typing import TYPE_CHECKING
 
+import h11
 import trio
-from trio_websocket import WebSocketRequest, serve_websocket
+from trio_websocket import (
+    ConnectionClosed,
+    WebSocketConnection,
+    WebSocketRequest,
+    wrap_server_stream,
+)
 
-from navi_trio.api.auth import User, origin_allowed
+from navi_trio.api import web
+from navi_trio.api.auth import User, WebAccess
 from navi_trio.api.connection import Connection
 from navi_trio.errors import LimitError
+from navi_trio.text import clip
 
 if TYPE_CHECKING:
     from navi_trio.runtime import Runtime
@@ -29,6 +51,15 @@ log = logging.getLogger(__name__)
 # trio-websocket closes the connection on a frame over its own limit; ours is lower so
 # that an oversized frame up to this factor gets an error frame and the connection goes on.
 HARD_FRAME_FACTOR = 4
+MESSAGE_TOO_BIG = 1009
+# The HTTP handshake must come within this (trio-websocket's own default), and the close
+# handshake at the end within CLOSE_TIMEOUT_SEC.
+HANDSHAKE_TIMEOUT_SEC = 60.0
+CLOSE_TIMEOUT_SEC = 10.0
+# After a 1009: how long and how much of the client's rest the server reads and drops.
+DRAIN_TIMEOUT_SEC = 10.0
+DRAIN_MAX_BYTES = 256 << 20
+_DRAIN_CHUNK = 1 << 16
 
 
 class ApiServer:
@@ -37,35 +68,107 @@ class ApiServer:
         self.host = host
         self.port = port
         self._connections: dict[str, int] = {}
+        settings = runtime.settings
+        self.access = WebAccess.from_settings(
+            settings.ws_allowed_origins, settings.ws_allowed_hosts, host
+        )
+        self.site = web.StaticSite(self.access)
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        settings = self.runtime.settings
         async with trio.open_nursery() as nursery:
-            server = await nursery.start(
-                partial(
-                    serve_websocket,
-                    self._handle,
-                    self.host,
-                    self.port,
-                    None,
-                    max_message_size=settings.ws_frame_max_bytes * HARD_FRAME_FACTOR,
-                    message_queue_size=4,
-                )
+            listeners = await nursery.start(
+                partial(trio.serve_tcp, self._serve, self.port, host=self.host)
             )
-            port = server.port
-            log.info("listening on ws://%s:%d/", self.host, port)
+            port = int(listeners[0].socket.getsockname()[1])
+            log.info("listening on ws://%s:%d/ (the browser client: http://%s:%d/)",
+                     self.host, port, self.host, port)  # fmt: skip
             task_status.started(port)
 
-    async def _handle(self, request: WebSocketRequest) -> None:
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        """One TCP connection: request heads until one is a WebSocket upgrade (or the
+        client goes); plain requests are answered with the page (api/web.py)."""
+        reader = web.HeadReader(stream)
+        local = _endpoint(stream, local=True)
+        for count in range(web.REQUESTS_PER_CONNECTION):
+            timeout = web.HEAD_TIMEOUT_SEC if count == 0 else web.IDLE_TIMEOUT_SEC
+            try:
+                head = await reader.next_head(timeout)
+            except web.HeadTooLarge as exc:
+                await web.answer_error(stream, 431, str(exc))
+                return
+            except web.BadHead as exc:
+                await web.answer_error(stream, 400, str(exc))
+                return
+            if head is None:
+                return
+            if head.is_websocket:
+                await self._serve_websocket(stream, web.ReplayStream(stream, reader.replay()))
+                return
+            last = count == web.REQUESTS_PER_CONNECTION - 1
+            try:
+                if not await self.site.answer(stream, head, local[0], last=last):
+                    return
+            except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+                return  # the client went, or sent what h11 will not answer: this one ends
+
+    async def _serve_websocket(self, stream: trio.SocketStream, replayed: web.ReplayStream) -> None:
+        """The WebSocket handshake (its head replayed), the connection, the close."""
+        settings = self.runtime.settings
+        ws: WebSocketConnection | None = None
+        async with trio.open_nursery() as nursery:  # trio-websocket's reader task
+            request = None
+            with trio.move_on_after(HANDSHAKE_TIMEOUT_SEC):
+                request = await wrap_server_stream(
+                    nursery,
+                    replayed,
+                    message_queue_size=4,
+                    max_message_size=settings.ws_frame_max_bytes * HARD_FRAME_FACTOR,
+                )
+            if request is not None:
+                try:
+                    ws = await self._accept(request, _endpoint(stream, local=True))
+                except ConnectionClosed:  # the client left mid-handshake
+                    ws = None
+            if ws is not None:
+                try:
+                    await self._handle(ws, _endpoint(stream, local=False))
+                finally:
+                    with trio.move_on_after(CLOSE_TIMEOUT_SEC):
+                        await ws.aclose()
+            nursery.cancel_scope.cancel()
+        if ws is not None and ws.closed is not None and ws.closed.code == MESSAGE_TOO_BIG:
+            await _drain(stream)
+        # trio.serve_tcp closes the stream.
+
+    async def _accept(
+        self, request: WebSocketRequest, local: tuple[str, int]
+    ) -> WebSocketConnection | None:
+        """The connection, or None when the handshake was refused (HTTP 403). `local` is
+        the address and port the client connected to (the stream trio-websocket holds is
+        the replaying wrapper, which has no socket to ask)."""
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers}
-        origin = headers.get("origin")
-        if not origin_allowed(origin):
-            log.warning("refused a WebSocket from origin %r", origin)
-            await request.reject(403, body=f"origin {origin!r} is not allowed".encode())
-            return
-        ws = await request.accept()
-        peer = ws.remote
-        where = str(peer) if isinstance(peer, str) else f"{peer.address}:{peer.port}"
+        address, port = local
+        origin, host = headers.get("origin"), _host_header(request)
+        if not self.access.host_allowed(host, address):
+            log.warning("refused a WebSocket for host %r", clip(host or ""))
+            body = (
+                f"host {clip(host or '')!r} is not a name of this daemon: connect to "
+                f"{address}, or list the name in NAVI_WS_ALLOWED_HOSTS"
+            )
+            await request.reject(403, body=body.encode())
+            return None
+        if not self.access.origin_allowed(origin, host, address, port):
+            log.warning("refused a WebSocket from origin %r", clip(origin or ""))
+            body = (
+                f"origin {clip(origin or '')!r} is not allowed: only this daemon's own pages "
+                "and the origins in NAVI_WS_ALLOWED_ORIGINS"
+            )
+            await request.reject(403, body=body.encode())
+            return None
+        return await request.accept()
+
+    async def _handle(self, ws: WebSocketConnection, peer: tuple[str, int]) -> None:
+        where = f"{peer[0]}:{peer[1]}"
         try:
             await Connection(self, ws, where).run()
         except* Exception:  # one connection's failure must not end the server
@@ -92,3 +195,39 @@ class ApiServer:
 
     def connection_count(self, user_id: str) -> int:
         return self._connections.get(user_id, 0)
+
+
+def _endpoint(stream: trio.SocketStream, *, local: bool) -> tuple[str, int]:
+    """(address, port) of this end (`local`) or the client's end of the connection."""
+    try:
+        name = stream.socket.getsockname() if local else stream.socket.getpeername()
+    except OSError:  # the client is already gone
+        return "", 0
+    if isinstance(name, tuple):
+        return str(name[0]), int(name[1])
+    return str(name), 0
+
+
+def _host_header(request: WebSocketRequest) -> str:
+    """The request's Host header. wsproto takes it out of the headers into its Request
+    event (and refuses a request without one); trio-websocket (0.12) keeps that event
+    without a public name for it, so this reads it there. tests/test_api_origin.py
+    fails if a new version moves it."""
+    return request._event.host
+
+
+async def _drain(stream: trio.SocketStream) -> None:
+    """Read and drop what the client still sends until it closes (bounded in time and
+    bytes), so that closing the socket sends a FIN, not a reset that would destroy the
+    close frame the client has not read yet."""
+    received = 0
+    with trio.move_on_after(DRAIN_TIMEOUT_SEC):
+        try:
+            await stream.send_eof()
+            while received < DRAIN_MAX_BYTES:
+                data = await stream.receive_some(_DRAIN_CHUNK)
+                if not data:
+                    return
+                received += len(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return

@@ -2,59 +2,30 @@
 
 Three tasks in one nursery: the connection actor (frames in), the frame loop (frames to
 the renderer; replies to requests), and the input loop (lines to messages and slash
-commands). A SIGINT that reaches the process (no prompt in raw mode at that moment)
-is handled like Ctrl-C typed at the prompt: stop the run, or quit on a second press
-at an idle prompt.
+commands, client/commands.py). The app keeps the session's state: which session, what
+waits (queued messages, approval requests, a new session's id, the profile asked for:
+client/profile.py), what a resync's history replay may skip. A SIGINT that reaches the
+process (no prompt in raw mode at that moment) is handled like Ctrl-C typed at the
+prompt: stop the run, or quit on a second press at an idle prompt.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import attrs
 import trio
 
-from navi_trio.client import frames as wire
-from navi_trio.client.connection import (
-    BACKOFF_FIRST,
-    RETRIES,
-    ChatError,
-    Connection,
-    NotConnected,
-)
-from navi_trio.client.frames import Frame
+from navi_trio import wire
+from navi_trio.client.commands import ANSWERS, SlashCommands
+from navi_trio.client.connection import BACKOFF_FIRST, RETRIES, Connection
+from navi_trio.client.profile import ProfileAsk
 from navi_trio.client.reader import InputEvent, Reader
 from navi_trio.client.render import Renderer
-
-HELP = """\
-Type a message and press Enter; while a run is active your message is queued.
-  /compact        summarise the conversation to free context
-  /tasks          list background tasks
-  /profile NAME   use profile NAME from your next message on (no NAME: show it)
-  /sessions       list your sessions
-  /resume ID      continue session ID (its history is replayed)
-  /new            start a new session with the next message
-  /mode NAME      ask for mode read-only, workspace or full in your messages (no NAME: show it)
-  /thinking       show or hide the model's thinking in full
-  /help           this list
-  /quit           leave (Ctrl+D too); Ctrl+C stops a run, twice on an idle prompt quits
-While an approval request waits, answer it with y (once), s (this session), a (always)
-or n (deny); anything else you type is still a message."""
-
-MODES = ("read-only", "workspace", "full")
-# An answer typed while an approval request waits: (approve, scope).
-ANSWERS = {
-    "y": (True, "once"),
-    "yes": (True, "once"),
-    "s": (True, "session"),
-    "session": (True, "session"),
-    "a": (True, "always"),
-    "always": (True, "always"),
-    "n": (False, "once"),
-    "no": (False, "once"),
-}
+from navi_trio.errors import DaemonUnreachableError
+from navi_trio.wire import Frame
 
 
 @attrs.define
@@ -79,11 +50,12 @@ class ChatApp:
         self.session_id: str | None = None
         self.profile = options.profile
         self.mode: str | None = None  # the `mode` field of our messages (/mode)
+        self._role = "user"  # ours, from the welcome
         # Approval requests of our session still waiting, oldest first (call id -> frame).
         self._approvals: dict[str, Frame] = {}
         self.last_seq: int | None = None
         self.epoch: str | None = None
-        self._resuming: str | None = None  # /resume target awaiting its history
+        self.resuming: str | None = None  # /resume target awaiting its history
         self._creating = False  # a message went out without a session: adopt the new one
         self._created = trio.Event()  # set when that session is known (or its creation failed)
         self._queued = 0  # messages waiting in the daemon's queue of our session
@@ -94,27 +66,18 @@ class ChatApp:
         # last history showed, plus one per top-level run whose end we saw live since.
         self._synced_users = 0
         self._ended_runs = 0
+        # The session's profile is the daemon's to say (client/profile.py).
+        self._profile = ProfileAsk()
         self._conn: Connection | None = None
         self._quit = trio.CancelScope()
-        self._commands: dict[str, Callable[[str], Awaitable[None]]] = {
-            "help": self._cmd_help,
-            "quit": self._cmd_quit,
-            "exit": self._cmd_quit,
-            "new": self._cmd_new,
-            "compact": self._cmd_compact,
-            "tasks": self._cmd_tasks,
-            "profile": self._cmd_profile,
-            "sessions": self._cmd_sessions,
-            "resume": self._cmd_resume,
-            "thinking": self._cmd_thinking,
-            "mode": self._cmd_mode,
-        }
+        self._commands = SlashCommands(self)
         renderer.status.profile = self.profile
 
     # ------------------------------------------------------------------ life
 
     async def run(self) -> None:
-        """Connect and chat until /quit, Ctrl-D or a second Ctrl-C; `ChatError` when it can't."""
+        """Connect and chat until /quit, Ctrl-D or a second Ctrl-C; a `NaviError` (the daemon
+        unreachable, the token refused) when it can't."""
         send, recv = trio.open_memory_channel[Frame](256)
         self._conn = Connection(
             self.options.url,
@@ -133,7 +96,7 @@ class ChatApp:
                     nursery.start_soon(self._input_loop)
                     nursery.start_soon(self._signal_loop, sigint)
                     if self.options.session_id:
-                        await self._cmd_resume(self.options.session_id)
+                        await self._commands.resume(self.options.session_id)
         finally:
             self.reader.abort()  # leave the prompt so the terminal is restored
             with trio.CancelScope(shield=True), trio.move_on_after(2):
@@ -157,6 +120,7 @@ class ChatApp:
     def _welcome(self, welcome: Frame) -> None:
         self.renderer.status.connected = True
         user = welcome.get("user") or {}
+        self._role = str(user.get("role") or "user")
         self.renderer.notice(
             f"connected to {welcome.get('server', 'navi')} at {self.options.url} as "
             f"{user.get('name', '?')} — /help lists the commands"
@@ -166,8 +130,12 @@ class ChatApp:
         assert self._conn is not None
         try:
             await self._conn.send(frame)
-        except NotConnected as exc:
-            self.renderer.error(str(exc))
+        except DaemonUnreachableError as exc:
+            if self._profile.is_ask(frame):
+                self._profile.lost()  # asked again once back
+                self.renderer.release_status()
+            else:
+                self.renderer.error(str(exc))
             return False
         return True
 
@@ -216,18 +184,18 @@ class ChatApp:
             return
         if text.startswith("/"):
             name, _, arg = text[1:].partition(" ")
-            command = self._commands.get(name.lower())
-            if command is None:
-                self.renderer.error(f"unknown command /{name}: type /help for the list")
-                return
-            await command(arg.strip())
+            await self._commands.run(name, arg.strip())
             return
         if self._creating:
             # Lines typed (or piped) before the daemon named the new session go to it,
             # not to a second new session.
             await self._created.wait()
-        cwd = self.options.cwd or os.getcwd()
+        # The shell's folder goes along for an admin; an ordinary user's cwd must lie in
+        # their workspace_roots, so theirs is sent only when asked for (--cwd).
+        cwd = self.options.cwd or (os.getcwd() if self._role == "admin" else None)
         frame = wire.message(text, self.session_id, self.profile, cwd, self.mode)
+        if self.session_id and self.profile and self.profile != self.renderer.status.profile:
+            self._profile.due = True  # the daemon switches the session to it for this run
         if self.session_id is None:
             self._creating, self._created = True, trio.Event()
         if await self.send(frame):
@@ -248,67 +216,6 @@ class ChatApp:
             if self._approvals:
                 self.renderer.notice(f"{len(self._approvals)} more approval request(s) waiting")
 
-    # ------------------------------------------------------------------ commands
-
-    async def _cmd_help(self, arg: str) -> None:
-        self.renderer.console.print(HELP, highlight=False, markup=False)
-
-    async def _cmd_quit(self, arg: str) -> None:
-        self.quit()
-
-    async def _cmd_new(self, arg: str) -> None:
-        if self.session_id:
-            await self.send(wire.unsubscribe(self.session_id))
-        self._set_session(None)
-        self.renderer.status.profile = self.profile
-        self.renderer.notice("new session: it starts with your next message")
-
-    async def _cmd_compact(self, arg: str) -> None:
-        if self.session_id is None:
-            self.renderer.notice("nothing to compact yet: this session has no messages")
-            return
-        if await self.send(wire.compact(self.session_id)):
-            self.renderer.notice("compacting…")
-
-    async def _cmd_tasks(self, arg: str) -> None:
-        await self.send(wire.tasks_list(self.session_id))
-
-    async def _cmd_profile(self, arg: str) -> None:
-        if not arg:
-            self.renderer.notice(f"profile: {self.profile or 'default'} (/profile NAME changes it)")
-            return
-        # The daemon switches the session to a message's profile (a new one starts with it).
-        self.profile = arg
-        self.renderer.status.profile = arg
-        self.renderer.notice(f"profile {arg}: used from your next message")
-
-    async def _cmd_sessions(self, arg: str) -> None:
-        await self.send(wire.sessions_list())
-
-    async def _cmd_resume(self, arg: str) -> None:
-        if not arg:
-            self.renderer.error("/resume needs a session id: /sessions lists them")
-            return
-        self._resuming = arg
-        await self.send(wire.history(arg))
-
-    async def _cmd_mode(self, arg: str) -> None:
-        if not arg:
-            shown = self.mode or "the daemon's default"
-            self.renderer.notice(f"mode: {shown} (/mode {' | '.join(MODES)} changes it)")
-            return
-        if arg not in MODES:
-            self.renderer.error(f"unknown mode {arg!r}: use one of {', '.join(MODES)}")
-            return
-        # The daemon clamps it to what our role allows (README "Safety").
-        self.mode = arg
-        self.renderer.notice(f"mode {arg}: asked for in your next messages")
-
-    async def _cmd_thinking(self, arg: str) -> None:
-        self.renderer.show_thinking = not self.renderer.show_thinking
-        shown = "shown in full" if self.renderer.show_thinking else "summarised"
-        self.renderer.notice(f"thinking is {shown} from now on")
-
     # ------------------------------------------------------------------ frames
 
     async def _frame_loop(self, recv: trio.MemoryReceiveChannel[Frame]) -> None:
@@ -320,7 +227,11 @@ class ChatApp:
 
     def _running(self) -> bool:
         return (
-            self.renderer.busy or self._creating or self._queued > 0 or self._resuming is not None
+            self.renderer.busy
+            or self._creating
+            or self._queued > 0
+            or self.resuming is not None
+            or self._profile.waiting is not None  # a run's status line waits for it
         )
 
     async def _wait_settled(self) -> None:
@@ -328,22 +239,48 @@ class ChatApp:
             self._settled = trio.Event()
             await self._settled.wait()
 
-    def _set_session(self, session_id: str | None) -> None:
+    def set_session(self, session_id: str | None) -> None:
         if session_id != self.session_id:
             self.last_seq = self.epoch = None
             self._queued = 0
             self.renderer.reset()
             self._synced_users = self._ended_runs = 0
             self._approvals.clear()
+            self._profile.forget()
         self.session_id = self.renderer.status.session_id = session_id
 
     def on_frame(self, frame: Frame) -> list[Frame]:
         """Handle one frame; returns the frames to send in answer (e.g. subscribe)."""
+        replies = self._on_frame(frame)
+        if self.session_id is not None and self._conn is not None and self._conn.connected:
+            ask = self._profile.ask()
+            if ask is not None:
+                replies.append(ask)
+        return replies
+
+    def _on_profile(self, frame: Frame) -> None:
+        """The reply to our own `sessions list` (or its refusal): the session's profile."""
+        if not self._profile.answered(frame):
+            return  # a reply about a session we left
+        self._profile_from(list(frame.get("sessions") or []))
+        if not self._profile.wanted:
+            self.renderer.release_status()
+
+    def _profile_from(self, sessions: list[Frame]) -> None:
+        """Our session's profile, from a sessions list (the daemon's word for it)."""
+        for row in sessions:
+            if isinstance(row, dict) and row.get("session_id") == self.session_id:
+                self.renderer.status.profile = str(row.get("profile"))
+
+    def _on_frame(self, frame: Frame) -> list[Frame]:
         kind = frame["type"]
         r = self.renderer
         if kind == "_disconnected":
             if self._creating:
                 self._creation_over()  # its session frame may be lost: stop waiting for it
+            if self._profile.waiting is not None:  # its reply is lost: ask again once back
+                self._profile.lost()
+            r.release_status()
             r.status.connected = False
             r.warning(
                 f"connection lost ({frame.get('reason')}); reconnecting in "
@@ -355,6 +292,8 @@ class ChatApp:
         elif kind == "session":
             if self.session_id is None:
                 self._adopt(str(frame["session_id"]))
+        elif kind == "sessions" and self._profile.is_ask(frame):
+            self._on_profile(frame)
         elif kind == "sessions":
             return self._on_sessions(frame)
         elif kind == "tasks":
@@ -372,11 +311,14 @@ class ChatApp:
             self._on_waiting(frame)
         elif kind == "welcome":
             pass
+        elif kind == "error" and self._profile.is_ask(frame):
+            self._profile.wanted = False  # refused (rate limit…): the line shows what we know
+            self._on_profile(frame)
         elif kind == "error" and not isinstance(frame.get("seq"), int):
             # A refused request (never a run's error, those have a seq): always shown,
             # also when it names a session we are not on (/resume of a wrong id).
-            if self._resuming is not None and frame.get("session_id") in (None, self._resuming):
-                self._resuming = None
+            if self.resuming is not None and frame.get("session_id") in (None, self.resuming):
+                self.resuming = None
             if self._creating and self.session_id is None:
                 self._creation_over()  # the new session's message was refused
             r.frame(frame)
@@ -389,7 +331,8 @@ class ChatApp:
     def _adopt(self, session_id: str) -> None:
         """The session the server created for our first message."""
         self._creation_over()
-        self._set_session(session_id)
+        self.set_session(session_id)
+        self._profile.wanted = True  # the daemon named its profile (ours, or its default)
         self.renderer.busy = True  # our first message is running in it
         self.renderer.notice(f"session {session_id}")
 
@@ -398,12 +341,10 @@ class ChatApp:
             self._adopt(str(frame["session_id"]))
         if frame.get("session_id") != self.session_id:
             return  # a session we left
-        seq = int(frame["seq"])
+        # A replay overlapping what we saw never gets here: the connection's stream drops
+        # the frames it delivered before (api/daemon_client.py).
+        self.last_seq = int(frame["seq"])
         epoch = frame.get("epoch")
-        same_epoch = epoch is None or self.epoch is None or epoch == self.epoch
-        if self.last_seq is not None and same_epoch and seq <= self.last_seq:
-            return  # already shown (a replay overlapping what we saw)
-        self.last_seq = seq
         self.epoch = epoch if isinstance(epoch, str) else self.epoch
         if frame["type"] == "approval_request":
             if str(frame.get("call_id")) in self._approvals:
@@ -413,6 +354,13 @@ class ChatApp:
             self._approvals.pop(str(frame.get("call_id")), None)
         if frame["type"] == "message_queued" and isinstance(frame.get("position"), int):
             self._queued = frame["position"]  # its place is the queue's length (drops counted)
+        top = not frame.get("is_subagent")
+        if top and frame["type"] == "tool_started" and frame.get("name") == "switch_profile":
+            self._profile.due = True
+        if top and frame["type"] == "stream_end":
+            self._profile.run_ended()
+            # The status line under the answer shows the profile the daemon reports.
+            self.renderer.hold_status = self._profile.holding
         self.renderer.frame(frame)
         if frame["type"] == "stream_end" and not frame.get("is_subagent"):
             self._ended_runs += 1
@@ -437,12 +385,16 @@ class ChatApp:
     def _on_sessions(self, frame: Frame) -> list[Frame]:
         action = frame.get("action")
         if action == "list":
-            self.renderer.sessions(list(frame.get("sessions") or []))
+            sessions = list(frame.get("sessions") or [])
+            self._profile_from(sessions)
+            self.renderer.sessions(sessions)
         elif action == "history":
             sid = str(frame.get("session_id"))
-            if sid == self._resuming:
-                self._resuming = None
-                self._set_session(sid)
+            if sid == self.resuming:
+                self.resuming = None
+                self.set_session(sid)
+                self.renderer.status.profile = None  # until the daemon says which
+                self._profile.wanted = True
                 messages = list(frame.get("messages") or [])
                 self.renderer.history(messages)
                 self._synced_users, self._ended_runs = _users(messages), 0
@@ -488,4 +440,4 @@ def _after_users(messages: list[Frame], seen: int) -> list[Frame]:
     return messages[starts[-1] :] if starts else messages
 
 
-__all__ = ["ChatApp", "ChatError", "ChatOptions"]
+__all__ = ["ChatApp", "ChatOptions"]

@@ -9,7 +9,6 @@ a stand-in script.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,10 +17,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
-from navi_trio.client import frames as wire
-from navi_trio.client.connection import ChatError
+from navi_trio.api.daemon_client import open_daemon
+from navi_trio.errors import DaemonUnreachableError, NaviError, UsageError
 
 TOKEN_FILE = "local-token"
 LOG_FILE = "navi-serve.log"
@@ -46,11 +44,11 @@ def find_token(given: str | None, environ: Mapping[str, str], data_dir: Path) ->
 def host_port(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
-        raise ChatError(f"--url {url!r}: expected a ws:// URL such as ws://127.0.0.1:8765")
+        raise UsageError(f"--url {url!r}: expected a ws:// URL such as ws://127.0.0.1:8765")
     try:
         port = parts.port or (443 if parts.scheme == "wss" else 80)
     except ValueError:
-        raise ChatError(f"--url {url!r}: the port is not a number") from None
+        raise UsageError(f"--url {url!r}: the port is not a number") from None
     return parts.hostname, port
 
 
@@ -80,12 +78,10 @@ async def daemon_backend(url: str, token: str) -> str | None:
     """The LLM backend the daemon at `url` says it runs with (its welcome), or None."""
     with trio.move_on_after(PROBE_TIMEOUT * 5):
         try:
-            async with open_websocket_url(url, connect_timeout=PROBE_TIMEOUT) as ws:
-                await ws.send_message(wire.encode(wire.hello(token)))
-                frame = json.loads(await ws.get_message())
-        except (OSError, HandshakeError, ConnectionClosed, ValueError):
+            async with open_daemon(url, token, connect_timeout=PROBE_TIMEOUT) as daemon:
+                backend = daemon.welcome.get("llm_backend")
+        except NaviError:  # unreachable, or the token refused: the chat will say so
             return None
-        backend = frame.get("llm_backend") if isinstance(frame, dict) else None
         return backend if isinstance(backend, str) else None
     return None
 
@@ -121,7 +117,7 @@ async def ensure_daemon(
             # Waiting on another process's socket: there is no event to wait on, so
             # probe with backoff (bounded by START_TIMEOUT).
             if proc.poll() is not None:
-                raise ChatError(
+                raise DaemonUnreachableError(
                     f"the background daemon exited with code {proc.returncode}; see {log_path}"
                 )
             if await answers(host, port):
@@ -131,7 +127,7 @@ async def ensure_daemon(
                 )
             await trio.sleep(delay)
             delay = min(delay * 2, 0.5)
-    raise ChatError(
+    raise DaemonUnreachableError(
         f"started `navi serve` but it did not accept connections within {START_TIMEOUT:.0f}s; "
         f"see {log_path}"
     )

@@ -12,10 +12,10 @@ import trio
 from rich.console import Console
 
 from navi_trio.client.app import ChatApp, ChatOptions
-from navi_trio.client.connection import ChatError
 from navi_trio.client.daemon import daemon_backend, ensure_daemon, find_token
 from navi_trio.client.reader import LineReader, PromptReader, Reader
 from navi_trio.client.render import Renderer
+from navi_trio.errors import NaviError
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
@@ -66,7 +66,9 @@ def chat(
     serve_args: Sequence[str] = (),
     want_backend: str | None = None,
 ) -> int:
-    """Run the chat in this terminal; the exit code (1 with one line on `err` on failure)."""
+    """Run the chat in this terminal; the exit code: 1 with one line on `err` when it
+    cannot go on, and 1 for a piped chat (stdin not a terminal) that showed an error
+    (an answer that failed, a refused message): a script sees that it did not work."""
     err = err or sys.stderr
     renderer = Renderer(Console(highlight=False))  # file=None: follows patch_stdout
     interactive = sys.stdin.isatty()
@@ -93,7 +95,9 @@ def chat(
                     want_backend=want_backend,
                 )
             )
-    except* ChatError as group:
+    except* NaviError as group:
         print(f"navi: error: {group.exceptions[0]}", file=err, flush=True)
+        code = 1
+    if not interactive and renderer.errors:
         code = 1
     return code

@@ -1,15 +1,14 @@
 """`Renderer`: server frames in, lines on a rich Console out.
 
-It owns only display state (what is being streamed, the open tool cards, the plan, the
-status line) and never does I/O other than printing, so tests feed it frame sequences
-and read a ``Console(file=StringIO())``. Habits borrowed from Claude Code and Codex:
+It owns only display state (what is being streamed, the status line; the open tool
+cards and the plan are its `Cards`, client/cards.py) and never does I/O other than
+printing, so tests feed it frame sequences and read a ``Console(file=StringIO())``.
+Habits borrowed from Claude Code and Codex:
 
 - the answer streams block by block, each finished Markdown block (up to a blank line
   outside a code fence) rendered as Markdown, the rest at ``stream_end``;
 - thinking is one dim line ``✻ thinking… (N words)``; `/thinking` shows it in full;
-- the plan is a checklist that ticks as ``todo_updated`` steps finish;
-- a tool call is a card: ``⏺ name(args)``, a bounded tail of its live output, then
-  ``⎿ ✔ ok · 1.2s`` with the first line of the result;
+- tool calls, approval requests and the plan are cards (client/cards.py);
 - sub-agent output is indented and labelled with its agent id;
 - warnings and errors are one line each, with what to do where we know it.
 """
@@ -17,7 +16,6 @@ and read a ``Console(file=StringIO())``. Habits borrowed from Claude Code and Co
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Any
 
@@ -27,15 +25,15 @@ from rich.markdown import Markdown
 from rich.markup import escape
 from rich.padding import Padding
 
-from navi_trio.client.frames import Frame
+from navi_trio.client.cards import TOOL_TAIL_LINES as TOOL_TAIL_LINES
+from navi_trio.client.cards import Cards
+from navi_trio.client.status import Status as Status
+from navi_trio.client.text import ARGS_MAX, RESULT_MAX, one_line
+from navi_trio.client.text import split_blocks as split_blocks
+from navi_trio.wire import Frame
 
-TOOL_TAIL_LINES = 5  # live output lines shown per tool call before "… N more lines"
-ARGS_MAX = 60
-RESULT_MAX = 100
-# The planner's "— TOOL: name" / "— SELF" tail of a todo step: the plan shows it without.
-_STEP_MARK = re.compile(r"\s+—\s+(TOOL:\s*[\w.-]+|SELF)\s*$")
-_TICKS = {"done": "✔", "in_progress": "▸", "failed": "✗", "pending": "☐"}
-
+# Codes of refusals that are news, not failures: one dim line with the daemon's words.
+NOTICE_CODES = frozenset({"nothing_to_compact"})
 # What to do about an error, by its stable code (protocol.md and the agent's codes).
 HINTS = {
     "unauthorized": "pass --token, set NAVI_TOKEN, or use the daemon's local-token file",
@@ -43,7 +41,6 @@ HINTS = {
     "not_found": "check the id with /sessions or /tasks",
     "busy": "a run is active: stop it with Ctrl+C or wait, then try again",
     "session_busy": "a run is active: stop it with Ctrl+C or wait, then try again",
-    "nothing_to_compact": "the conversation is already short",
     "rate_limited": "slow down a little and try again",
     "limit": "close another chat or delete old sessions (/sessions)",
     "llm_connection": "is the LLM server running? check OLLAMA_HOST / --llm-url (navi doctor)",
@@ -51,60 +48,6 @@ HINTS = {
     "llm_status": "the LLM server refused the request: check the model name (navi doctor)",
     "unsupported": "this daemon does not support that yet",
 }
-
-
-def one_line(text: str, limit: int = 0) -> str:
-    flat = " ".join(str(text).split())
-    if limit and len(flat) > limit:
-        return flat[: limit - 1] + "…"
-    return flat
-
-
-def split_blocks(buffer: str) -> tuple[str, str]:
-    """(finished Markdown blocks, the rest): cut at the last blank line outside a fence."""
-    in_fence = False
-    cut = pos = 0
-    lines = buffer.split("\n")
-    for line in lines[:-1]:  # the last piece has no newline yet
-        pos += len(line) + 1
-        stripped = line.strip()
-        if stripped.startswith(("```", "~~~")):
-            in_fence = not in_fence
-        elif not stripped and not in_fence:
-            cut = pos
-    return buffer[:cut], buffer[cut:]
-
-
-@attrs.define
-class Status:
-    session_id: str | None = None
-    profile: str | None = None
-    model: str | None = None
-    context_tokens: int | None = None
-    connected: bool = False
-    activity: str = ""  # what the run is doing now ("answering… 42 words"), toolbar only
-
-    def toolbar(self) -> str:
-        return f"{self.activity} │ {self.line()}" if self.activity else self.line()
-
-    def line(self) -> str:
-        parts = [
-            f"session {self.session_id or '(new)'}",
-            f"profile {self.profile or 'default'}",
-            f"model {self.model or '?'}",
-        ]
-        if self.context_tokens is not None:
-            parts.append(f"context {self.context_tokens} tokens")
-        if not self.connected:
-            parts.append("disconnected")
-        return " · ".join(parts)
-
-
-@attrs.define
-class _Card:
-    name: str
-    who: str
-    lines: int = 0
 
 
 @attrs.define
@@ -123,22 +66,27 @@ class Renderer:
         self.show_thinking = show_thinking
         self.status = Status()
         self.busy = False  # a top-level run of our session is streaming
+        self.errors = 0  # top-level error lines shown (a piped chat exits 1 when any)
+        # While set, the status line at a run's end waits for `release_status` (the app
+        # is asking the daemon for the session's profile).
+        self.hold_status = False
+        self._status_held = False
         self._streams: dict[str | None, _Stream] = {}
-        self._cards: dict[str, _Card] = {}
-        self._plan: list[dict[str, Any]] = []
-        self._asked: dict[str, str] = {}  # call id -> tool of the approval requests shown
+        self.cards = Cards(self)  # tool calls, approval requests, the plan
 
     def reset(self) -> None:
         """Forget a run half-shown (its text not yet printed, its open tool cards): after a
         resync it may be gone (a restarted daemon) and the history shows what was kept."""
         self._streams.clear()
-        self._cards.clear()
+        self.cards.reset()
         self.busy = False
         self.status.activity = ""
+        self.hold_status = self._status_held = False
 
     # ------------------------------------------------------------------ output
 
-    def _print(self, markup: str, who: str = "", style: str | None = None) -> None:
+    def put(self, markup: str, who: str = "", style: str | None = None) -> None:
+        """One line of rich markup (indented and labelled for a sub-agent, `who`)."""
         if who:
             self.console.print(Padding(f"[dim]{escape(who)}[/] {markup}", (0, 0, 0, 4)))
         else:
@@ -146,16 +94,21 @@ class Renderer:
 
     def notice(self, text: str, who: str = "") -> None:
         """A dim one-line notice (status changes, commands' answers)."""
-        self._print(f"[dim]{escape(one_line(text))}[/]", who)
+        self.put(f"[dim]{escape(one_line(text))}[/]", who)
 
     def warning(self, text: str, who: str = "") -> None:
-        self._print(f"[yellow]⚠ {escape(one_line(text))}[/]", who)
+        self.put(f"[yellow]⚠ {escape(one_line(text))}[/]", who)
 
     def error(self, text: str, code: str | None = None, who: str = "") -> None:
+        if code in NOTICE_CODES:
+            self.notice(text, who)
+            return
+        if not who:
+            self.errors += 1
         hint = HINTS.get(code or "")
         tail = f" — {hint}" if hint else ""
         tag = f" [{code}]" if code and code not in ("error",) else ""
-        self._print(f"[bold red]✗ error{escape(tag)}:[/] {escape(one_line(text))}{tail}", who)
+        self.put(f"[bold red]✗ error{escape(tag)}:[/] {escape(one_line(text))}{tail}", who)
 
     def markdown(self, text: str, who: str = "") -> None:
         if not text.strip():
@@ -174,7 +127,7 @@ class Renderer:
     def frame(self, frame: Frame) -> None:
         """Show one server frame (session frames and replies alike)."""
         kind = str(frame.get("type"))
-        handler = getattr(self, "_on_" + kind, None)
+        handler = getattr(self, "_on_" + kind, None) or getattr(self.cards, "on_" + kind, None)
         if handler is None:
             return  # a frame type from a newer server: nothing to show
         handler(frame, self._who(frame))
@@ -189,12 +142,13 @@ class Renderer:
         key = frame.get("agent_id") if frame.get("is_subagent") else None
         return self._streams.setdefault(key, _Stream())
 
-    def _top(self, frame: Frame) -> None:
+    def mark_busy(self, frame: Frame) -> None:
+        """A top-level frame of a run of ours: the run is going."""
         if not frame.get("is_subagent") and frame.get("seq") is not None:
             self.busy = True
 
     def _on_text_delta(self, frame: Frame, who: str) -> None:
-        self._top(frame)
+        self.mark_busy(frame)
         stream = self._stream(frame)
         self._end_thinking(stream, who)
         stream.text += str(frame.get("text", ""))
@@ -207,7 +161,7 @@ class Renderer:
             stream.printed = True
 
     def _on_thinking_delta(self, frame: Frame, who: str) -> None:
-        self._top(frame)
+        self.mark_busy(frame)
         stream = self._stream(frame)
         stream.thinking += str(frame.get("text", ""))
         if not who:
@@ -221,10 +175,10 @@ class Renderer:
         if not text.strip():
             return
         if self.show_thinking:
-            self._print(f"[dim italic]✻ {escape(text.strip())}[/]", who)
+            self.put(f"[dim italic]✻ {escape(text.strip())}[/]", who)
         else:
             words = len(text.split())
-            self._print(f"[dim]✻ thinking… ({words} words) — /thinking shows it[/]", who)
+            self.put(f"[dim]✻ thinking… ({words} words) — /thinking shows it[/]", who)
 
     def _flush_text(self, stream: _Stream, who: str, final: str = "") -> None:
         self._end_thinking(stream, who)
@@ -240,7 +194,7 @@ class Renderer:
         self._flush_text(stream, who, str(frame.get("text") or ""))
         reason = frame.get("reason", "complete")
         if frame.get("stopped") or reason == "stopped":
-            self._print("[yellow]■ stopped[/]", who)
+            self.put("[yellow]■ stopped[/]", who)
         elif reason not in ("complete", "error"):
             self.warning(f"the run ended: {reason}", who)
         if who:
@@ -250,126 +204,26 @@ class Renderer:
         tokens = frame.get("prompt_tokens")
         if isinstance(tokens, int) and tokens > 0:
             self.status.context_tokens = tokens
-        self.notice(self.status.line())
+        if self.hold_status:
+            self._status_held = True
+        else:
+            self.notice(self.status.line())
+
+    def release_status(self) -> None:
+        """Print the status line a run's end held back (if any), and hold no more."""
+        self.hold_status = False
+        if self._status_held:
+            self._status_held = False
+            self.notice(self.status.line())
 
     def _on_model_info(self, frame: Frame, who: str) -> None:
         if not who:
             self.status.model = str(frame.get("model"))
 
     def _on_plan_phase(self, frame: Frame, who: str) -> None:
-        self._top(frame)
+        self.mark_busy(frame)
         if frame.get("status") == "started":
             self.notice(f"· planning: {frame.get('phase')}…", who)
-
-    def _on_plan(self, frame: Frame, who: str) -> None:
-        self._top(frame)
-        steps = frame.get("steps") or []
-        self._plan = [
-            {"index": s.get("index", i + 1), "text": s.get("description", ""), "status": "pending"}
-            for i, s in enumerate(steps)
-            if isinstance(s, dict)
-        ]
-        if self._plan:
-            self._checklist("Plan", who)
-        else:
-            self.markdown(str(frame.get("text", "")), who)
-
-    def _on_todo_updated(self, frame: Frame, who: str) -> None:
-        steps = [s for s in frame.get("steps") or [] if isinstance(s, dict)]
-        if not steps:
-            return
-        fresh = all(s.get("status", "pending") == "pending" for s in [*steps, *self._plan])
-        if fresh and len(steps) == len(self._plan):
-            self._plan = steps  # the plan just shown, filled into the todo list: no reprint
-            return
-        self._plan = steps
-        self._checklist("Plan", who)
-
-    def _checklist(self, title: str, who: str) -> None:
-        done = sum(1 for s in self._plan if s.get("status") == "done")
-        lines = [f"[bold]{title}[/] [dim]{done}/{len(self._plan)}[/]"]
-        for step in self._plan:
-            status = str(step.get("status", "pending"))
-            tick = _TICKS.get(status, "☐")
-            text = escape(one_line(_STEP_MARK.sub("", str(step.get("text", "")))))
-            if status == "done":
-                text = f"[dim strike]{text}[/]"
-            elif status == "in_progress":
-                text = f"[bold]{text}[/]"
-            lines.append(f"  {tick} {step.get('index', '')}. {text}")
-        self._print("\n".join(lines), who)
-
-    def _on_tool_started(self, frame: Frame, who: str) -> None:
-        self._top(frame)
-        name = str(frame.get("name", "?"))
-        self._cards[str(frame.get("call_id"))] = _Card(name, who)
-        self.status.activity = f"running {name}…"
-        args = frame.get("arguments") or {}
-        shown = one_line(json.dumps(args, ensure_ascii=False), ARGS_MAX) if args else ""
-        self._print(f"[bold magenta]⏺ {escape(name)}[/]([dim]{escape(shown)}[/])", who)
-
-    def _on_tool_event(self, frame: Frame, who: str) -> None:
-        card = self._cards.get(str(frame.get("call_id")))
-        if card is None:
-            return
-        card.lines += 1
-        if card.lines > TOOL_TAIL_LINES:
-            return  # the count is reported with the result
-        data = frame.get("data") or {}
-        text = data.get("line") or data.get("text") or data.get("message") or json.dumps(data)
-        self._print(f"[dim]  │ {escape(one_line(str(text), RESULT_MAX))}[/]", who)
-
-    def _on_tool_result(self, frame: Frame, who: str) -> None:
-        card = self._cards.pop(str(frame.get("call_id")), None)
-        name = str(frame.get("name") or (card.name if card else "?"))
-        seconds = int(frame.get("duration_ms") or 0) / 1000
-        more = card.lines - TOOL_TAIL_LINES if card else 0
-        if more > 0:
-            self._print(f"[dim]  │ … {more} more lines[/]", who)
-        if frame.get("ok"):
-            head = one_line(str(frame.get("output", "")), RESULT_MAX)
-            self._print(
-                f"  ⎿ [green]✔ {escape(name)}[/] [dim]· {seconds:.1f}s · {escape(head)}[/]", who
-            )
-        else:
-            reason = one_line(str(frame.get("error") or frame.get("output") or ""), RESULT_MAX)
-            self._print(
-                f"  ⎿ [red]✗ {escape(name)} failed[/] [dim]· {seconds:.1f}s ·[/] {escape(reason)}",
-                who,
-            )
-
-    def _on_approval_request(self, frame: Frame, who: str) -> None:
-        """The card of a call waiting for the owner: what, which rule, how long; the keys."""
-        tool = str(frame.get("tool") or "?")
-        self._asked[str(frame.get("call_id"))] = tool
-        summary = one_line(str(frame.get("summary") or ""), RESULT_MAX)
-        rule = one_line(str(frame.get("rule") or "?"), RESULT_MAX)
-        timeout = frame.get("timeout_sec")
-        wait = f"no answer in {timeout}s is a deny" if timeout else "waits for your answer"
-        self._print(
-            "\n".join(
-                [
-                    f"[bold yellow]? approve {escape(tool)}:[/] {escape(summary)}",
-                    f"[yellow]  │[/] [dim]rule:[/] {escape(rule)}",
-                    f"[yellow]  │[/] [dim]mode {escape(str(frame.get('mode') or '?'))} · "
-                    f"{escape(wait)}[/]",
-                    "[yellow]  └[/] [bold]y[/] yes · [bold]s[/] this session · "
-                    "[bold]a[/] always · [bold]n[/] no",
-                ]
-            ),
-            who,
-        )
-
-    def _on_approval_decided(self, frame: Frame, who: str) -> None:
-        call_id = str(frame.get("call_id"))
-        tool = self._asked.pop(call_id, "the call")
-        by = str(frame.get("by") or "owner")
-        scope = str(frame.get("scope") or "once")
-        tail = f"{scope}, by {by}" if frame.get("approved") else f"by {by}"
-        if frame.get("approved"):
-            self._print(f"[green]✔ approved {escape(tool)}[/] [dim]({escape(tail)})[/]", who)
-        else:
-            self._print(f"[red]✗ denied {escape(tool)}[/] [dim]({escape(tail)})[/]", who)
 
     def _on_compression_started(self, frame: Frame, who: str) -> None:
         self.notice(f"compressing the context ({frame.get('reason')})…", who)
@@ -390,21 +244,21 @@ class Renderer:
         text = one_line(str(frame.get("text", "")), ARGS_MAX)
         dropped = frame.get("dropped_total") or 0
         tail = f" ({dropped} older dropped)" if dropped else ""
-        self._print(f"[cyan]queued #{frame.get('position')}[/] [dim]{escape(text)}{tail}[/]")
+        self.put(f"[cyan]queued #{frame.get('position')}[/] [dim]{escape(text)}{tail}[/]")
 
     def _on_task_update(self, frame: Frame, who: str) -> None:
         status = str(frame.get("status"))
         colour = {"completed": "green", "failed": "red", "cancelled": "yellow"}.get(status, "blue")
         detail = frame.get("error") or frame.get("result_excerpt") or frame.get("args_summary")
         tail = f" — {escape(one_line(str(detail), RESULT_MAX))}" if detail else ""
-        self._print(
+        self.put(
             f"[{colour}]◆ task {escape(str(frame.get('task_id')))}[/] "
             f"{escape(str(frame.get('tool')))}: {escape(status)}{tail}"
         )
 
     def _on_subagent_started(self, frame: Frame, who: str) -> None:
         task = one_line(str(frame.get("task", "")), RESULT_MAX)
-        self._print(f"[blue]↳ sub-agent ({escape(str(frame.get('profile_id')))}):[/] {task}", who)
+        self.put(f"[blue]↳ sub-agent ({escape(str(frame.get('profile_id')))}):[/] {task}", who)
 
     def _on_subagent_finished(self, frame: Frame, who: str) -> None:
         key = frame.get("agent_id")
@@ -412,7 +266,7 @@ class Renderer:
             self._flush_text(self._streams.pop(key), who)
         verdict = "[green]done[/]" if frame.get("completed") else "[red]did not finish[/]"
         tokens = frame.get("tokens", 0)
-        self._print(f"[blue]↳ sub-agent[/] {verdict} [dim]({tokens} tokens)[/]", who)
+        self.put(f"[blue]↳ sub-agent[/] {verdict} [dim]({tokens} tokens)[/]", who)
 
     def _on_resync(self, frame: Frame, who: str) -> None:
         self.notice("missed part of the stream: reloading the history")
@@ -431,7 +285,7 @@ class Renderer:
             title = escape(one_line(str(s.get("title") or ""), ARGS_MAX))
             sid, profile = escape(str(s.get("session_id"))), escape(str(s.get("profile")))
             when = escape(_when(s.get("updated_at")))
-            self._print(f"  [bold]{sid}[/] [dim]{profile} · {when}[/] {title}{busy}")
+            self.put(f"  [bold]{sid}[/] [dim]{profile} · {when}[/] {title}{busy}")
         self.notice("/resume ID continues one")
 
     def tasks(self, tasks: list[dict[str, Any]]) -> None:
@@ -439,7 +293,7 @@ class Renderer:
             self.notice("no background tasks")
             return
         for t in tasks:
-            self._print(
+            self.put(
                 f"  [bold]{escape(str(t.get('task_id')))}[/] {escape(str(t.get('tool')))}: "
                 f"{escape(str(t.get('status')))} [dim]· {_age(t.get('age_sec'))}[/]"
             )
@@ -456,10 +310,10 @@ class Renderer:
             elif role == "assistant":
                 for call in m.get("tool_calls") or []:
                     fn = call.get("function", call) if isinstance(call, dict) else {}
-                    self._print(f"[bold magenta]⏺ {escape(str(fn.get('name', '?')))}[/]")
+                    self.put(f"[bold magenta]⏺ {escape(str(fn.get('name', '?')))}[/]")
                 self.markdown(text)
             elif role == "tool":
-                self._print(f"  ⎿ [dim]{escape(one_line(text, RESULT_MAX))}[/]")
+                self.put(f"  ⎿ [dim]{escape(one_line(text, RESULT_MAX))}[/]")
         if replayed_from and not messages:
             self.notice("— history reloaded: every turn was already shown —")
         elif replayed_from:

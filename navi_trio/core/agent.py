@@ -16,7 +16,9 @@ any phase — planning, prefill, streaming, a running tool. The turn's own runne
 (`TurnRunner.drive` in turn.py) does the clean-up that follows, shielded: the partial
 answer is saved, every tool call without a result gets "stopped by the user", and
 StreamEnd says the run was stopped. The user message is saved (shielded) before
-anything else, so it is never lost.
+anything else, so it is never lost; `UserMessage.accepted` (core/acceptance.py) says
+whether it was: ok once committed, else the error that stopped it (the session busy, a
+full disk, a damaged database), and then nothing of it is stored.
 
 The agent builds the parts a turn runs with once (`LoopParts`: settings, store, cache,
 backend, tools, executor, context builder, token counter, the live config, and the
@@ -37,6 +39,7 @@ import attrs
 import trio
 
 from navi_trio.core import runvars
+from navi_trio.core.acceptance import Acceptance, stopped_before_saving
 from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.context import ContextBuilder
 from navi_trio.core.emit import EventReceiver, EventSender, SendsNowait, open_event_channel
@@ -52,7 +55,7 @@ from navi_trio.core.tokens import TokenCounter
 from navi_trio.core.tool_executor import ToolExecutor
 from navi_trio.core.turn import TurnRunner, error_code, shielded
 from navi_trio.core.turn_state import LoopParts, Turn
-from navi_trio.errors import LLMError, NothingToCompactError, SessionBusyError
+from navi_trio.errors import LLMError, NothingToCompactError, RequestError
 from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd
 from navi_trio.llm.base import LLMBackend
 from navi_trio.profiles import ConfigSource, NaviConfig
@@ -76,10 +79,10 @@ class UserMessage:
     # The store's key while it waits in the session's queue (core/session_actor.py):
     # saving it into the history takes it off the queue in the same transaction.
     queue_key: str | None = None
-    # Set once the message is saved, or stored in the queue (core/queued.py), or its
-    # run ended without saving it: the daemon acknowledges a message only then, so a
-    # crash cannot lose an acknowledged one.
-    accepted: trio.Event = attrs.field(factory=trio.Event, eq=False, repr=False)
+    # Ok once the message is saved, or stored in the queue (core/queued.py); refused
+    # with the error when its run ended without saving it. The daemon answers a
+    # message only then: an ok is never lost by a crash, an error stored nothing.
+    accepted: Acceptance = attrs.field(factory=Acceptance, eq=False, repr=False)
 
 
 class RunControl:
@@ -197,19 +200,24 @@ class Agent:
             try:
                 async with self.leases.hold(session_id):
                     await self._run_turn(session_id, msg, emit, control)
-            except SessionBusyError as exc:
-                emit(ErrorEvent(message=str(exc), code="session_busy"))
-                emit(StreamEnd(reason="error"))
-            except Exception as exc:  # our own bug: say so and keep the daemon alive
-                log.exception("run of session %s failed", session_id)
-                emit(
-                    ErrorEvent(
-                        message=f"internal error: {type(exc).__name__}: {exc}", code="internal"
+            except Exception as exc:
+                # Before the save (lease, load, the save itself) this refuses the message;
+                # after it, the ok stands and only the events say what went wrong.
+                msg.accepted.fail(exc)
+                if isinstance(exc, RequestError):  # session_busy, storage, storage_full
+                    emit(ErrorEvent(message=str(exc), code=exc.code))
+                else:  # our own bug: say so and keep the daemon alive
+                    log.exception("run of session %s failed", session_id)
+                    emit(
+                        ErrorEvent(
+                            message=f"internal error: {type(exc).__name__}: {exc}",
+                            code="internal",
+                        )
                     )
-                )
                 emit(StreamEnd(reason="error"))
             finally:
-                msg.accepted.set()
+                # Cancelled before the save (the runtime is shutting down): not stored.
+                msg.accepted.fail(stopped_before_saving())
 
     async def _run_turn(
         self, session_id: str, msg: UserMessage, emit: Any, control: RunControl
@@ -253,20 +261,38 @@ class Agent:
         finally:
             # Even when reading the notes was cut short (the clean-up deadline): the
             # user message is never dropped; the notes stay stored for the next turn.
-            if notes is not None:
-                # Persisted, invisible in the UI, kept by the context builder.
-                state.add(
-                    {"role": "system", "content": notes.text, "keep": True, "task_notes": True},
-                    display=False,
-                )
-            state.add(user)
-            # Shielded inside: lands even when cancelled.
-            await self.cache.save(state, dequeue=msg.queue_key)
-            msg.accepted.set()
+            # Unless its sender was already told it was refused (its wait timed out).
+            if not msg.accepted.failed:
+                await self._commit(state, msg, user, notes)
+        if msg.accepted.error is not None:
+            raise msg.accepted.error
         if notes is not None:
             # Only once they are in the saved context: a crash in between repeats a
             # note next turn instead of losing it.
             await remove_notes(self.store, notes.keys)
+
+    async def _commit(
+        self, state: SessionState, msg: UserMessage, user: dict[str, Any], notes: Any
+    ) -> None:
+        """Save the user message (and the notes) in one transaction; accepted once in."""
+        mark = state.mark()
+        if notes is not None:
+            # Persisted, invisible in the UI, kept by the context builder.
+            state.add(
+                {"role": "system", "content": notes.text, "keep": True, "task_notes": True},
+                display=False,
+            )
+        state.add(user)
+        try:
+            # Shielded inside: lands even when cancelled.
+            await self.cache.save(state, dequeue=msg.queue_key)
+        except Exception as exc:
+            # Not stored (a full disk, a damaged file): out of memory too, or the next
+            # save would store a message whose sender was told it was refused.
+            state.undo(mark)
+            msg.accepted.fail(exc)
+            raise
+        msg.accepted.ok()
 
     # -- compact_stream -----------------------------------------------------------
 

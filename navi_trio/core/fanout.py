@@ -18,10 +18,9 @@ from typing import Any
 
 import trio
 
-from navi_trio.core.replay import MERGE_MAX_CHARS, MERGEABLE
+from navi_trio.core.replay import MERGE_MAX_CHARS, MERGEABLE, SAME_SOURCE
 
 Frame = dict[str, Any]
-_SAME = ("session_id", "epoch", "is_subagent", "agent_id")
 
 
 def merged_frame(old: Frame, new: Frame) -> Frame | None:
@@ -34,7 +33,7 @@ def merged_frame(old: Frame, new: Frame) -> Frame | None:
         return None
     if not (isinstance(old.get("seq"), int) and isinstance(new.get("seq"), int)):
         return None
-    if any(old.get(k) != new.get(k) for k in _SAME):
+    if any(old.get(k) != new.get(k) for k in SAME_SOURCE):
         return None
     return {**new, "text": a + b}
 

@@ -31,7 +31,7 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from navi_trio.errors import SessionBusyError, StoreError
+from navi_trio.errors import SessionBusyError, StorageError, StoreError
 from navi_trio.store._lease import pid_alive as pid_alive
 from navi_trio.store.base import LeaseRow, SessionStore
 
@@ -104,7 +104,8 @@ class SessionLeases:
             try:
                 ours = await self._store.renew_lease(session_id, owner=self.owner, ttl=self.ttl)
             except StoreError as exc:
-                log.warning("session %s: renewing the lease failed: %s", session_id, exc)
+                say = log.info if isinstance(exc, StorageError) else log.warning
+                say("session %s: renewing the lease failed: %s", session_id, exc)
                 continue
             if not ours and not lost:
                 lost = True  # said once: the run goes on, its saves still append safely
@@ -121,4 +122,6 @@ class SessionLeases:
             try:
                 await self._store.release_lease(session_id, owner=self.owner)
             except StoreError as exc:
-                log.warning("session %s: releasing the lease failed: %s", session_id, exc)
+                # A full or unwritable disk is logged once by the store, not per run.
+                say = log.info if isinstance(exc, StorageError) else log.warning
+                say("session %s: releasing the lease failed: %s", session_id, exc)

@@ -34,6 +34,7 @@ from typing import Any
 import attrs
 
 from navi_trio.profiles import MCP_PREFIX, MODES, AgentProfile, CallPattern, PolicyConfig
+from navi_trio.tools.private import PrivatePaths
 from navi_trio.tools.sandbox import SandboxSpec
 
 DEFAULT_MODE = "workspace"
@@ -57,14 +58,19 @@ def effective_mode(policy: PolicyConfig, role: str, requested: str | None) -> st
     return min(wanted, ceiling, key=MODES.index)
 
 
-def sandbox_for(mode: str, session_dir: Path, cwd: Path | None) -> SandboxSpec | None:
-    """The sandbox terminal and code_exec run in: None (no sandbox) in `full` mode."""
+def sandbox_for(
+    mode: str, session_dir: Path, cwd: Path | None, private: PrivatePaths | None = None
+) -> SandboxSpec | None:
+    """The sandbox terminal and code_exec run in: None (no sandbox) in `full` mode.
+
+    `private`: the daemon's own data, masked inside (tools/private.py)."""
     if mode == "full":
         return None
+    masks = private or PrivatePaths(hidden=())
     if mode == "read-only":
-        return SandboxSpec(writable=(), network=False)
+        return SandboxSpec(writable=(), network=False, private=masks)
     writable = (session_dir,) if cwd is None else (session_dir, cwd)
-    return SandboxSpec(writable=writable, network=False)
+    return SandboxSpec(writable=writable, network=False, private=masks)
 
 
 @attrs.frozen

@@ -1,7 +1,8 @@
 """The durable side of a session's message queue (issue 11: crash consistency).
 
 A message queued behind a run is written to the store before the daemon acknowledges
-it (`UserMessage.accepted` is set once its row is committed), and leaves the store's
+it (`UserMessage.accepted` is ok once its row is committed; a write that fails refuses
+the message with its error, and it does not run), and leaves the store's
 queue in the very transaction that saves it into the history when its run starts
 (`SessionCache.save(dequeue=...)`). A SIGKILL at any point leaves it in exactly one of
 the two places. After a restart, the session actor adopts the rows a dead process left
@@ -21,8 +22,9 @@ from typing import Any
 import attrs
 import trio
 
+from navi_trio.core.acceptance import Acceptance, stopped_before_saving
 from navi_trio.core.agent import UserMessage
-from navi_trio.errors import NaviError
+from navi_trio.errors import NaviError, StorageError
 from navi_trio.store.base import SessionStore
 
 log = logging.getLogger(__name__)
@@ -53,7 +55,7 @@ def from_row(key: str, row: dict[str, Any]) -> UserMessage:
         mode=row.get("mode"),
         queue_key=key,
     )
-    msg.accepted.set()  # it was acknowledged in its first life
+    msg.accepted.ok()  # it was acknowledged in its first life
     return msg
 
 
@@ -72,14 +74,15 @@ class DurableQueue:
     def keep(self, nursery: trio.Nursery, msg: UserMessage) -> UserMessage:
         """`msg` with its queue key; its row is written in the background, in order.
 
-        `msg.accepted` is set once the row is committed (or the write failed: logged,
-        and the message still runs from memory)."""
+        `msg.accepted` is ok once the row is committed; a write that fails (a full disk)
+        refuses it, and its run is skipped. One still going after WRITE_DEADLINE_SEC
+        leaves it to the run: acknowledged once the run saves it into the history."""
         queued = attrs.evolve(msg, queue_key=secrets.token_hex(8))
         key = queued.queue_key
         assert key is not None
         self._written[key] = self._chain(
             nursery, self.store.enqueue, self.session_id, key, to_row(queued),
-            pid=self.pid, host=self.host, then=queued.accepted,
+            pid=self.pid, host=self.host, acceptance=queued.accepted,
         )  # fmt: skip
         return queued
 
@@ -97,9 +100,10 @@ class DurableQueue:
                 await done.wait()
 
     async def ran(self, msg: UserMessage) -> None:
-        """A run refused before its save (session busy, unknown profile): the message
-        leaves the queue too, so a restart does not run it again. (A run cancelled by
-        a shutdown before its save keeps its row: it runs after the restart.)"""
+        """A message refused, or whose run was refused before its save (session busy,
+        unknown profile): it leaves the queue too, so a restart does not run it. (An
+        acknowledged one whose run a shutdown cancelled before its save keeps its row:
+        it runs after the restart.)"""
         if msg.queue_key is not None:
             with trio.move_on_after(WRITE_DEADLINE_SEC, shield=True):
                 try:
@@ -120,24 +124,37 @@ class DurableQueue:
                      self.session_id, len(rows))  # fmt: skip
         return [from_row(key, row) for key, row in rows]
 
-    def _chain(self, nursery: trio.Nursery, fn: Any, *args: Any, then: trio.Event | None = None,
-               **kwargs: Any) -> trio.Event:  # fmt: skip
+    def _chain(self, nursery: trio.Nursery, fn: Any, *args: Any,
+               acceptance: Acceptance | None = None, **kwargs: Any) -> trio.Event:  # fmt: skip
         before, done = self._tail, trio.Event()
         self._tail = done
 
         async def write() -> None:
+            started = False
             try:
                 await before.wait()
+                started = True
+                stored = False
                 with trio.move_on_after(WRITE_DEADLINE_SEC, shield=True):
                     try:
                         await fn(*args, **kwargs)
+                        stored = True
                     except NaviError as exc:
-                        log.warning("session %s: queue write failed: %s", self.session_id, exc)
-                # Acknowledged only now (a write that failed is logged; the message
-                # still runs from memory). Not when cancelled first: nothing to ack.
-                if then is not None:
-                    then.set()
+                        # A storage failure is logged once by the store; the sender gets it.
+                        say = log.info if isinstance(exc, StorageError) else log.warning
+                        say("session %s: queue write failed: %s", self.session_id, exc)
+                        if acceptance is not None:
+                            acceptance.fail(exc)
+                if acceptance is not None and stored:
+                    acceptance.ok()  # acknowledged only now
+                elif acceptance is not None and not acceptance.settled:
+                    # Past the deadline: the row may still land (the store never withdraws
+                    # a write). The message runs, and is acknowledged once its run saves it.
+                    log.warning("session %s: queueing a message took over %g s",
+                                self.session_id, WRITE_DEADLINE_SEC)  # fmt: skip
             finally:
+                if acceptance is not None and not started:
+                    acceptance.fail(stopped_before_saving())  # cancelled before its write
                 done.set()
 
         nursery.start_soon(write)

@@ -2,9 +2,10 @@
 
 Bounded twice, by frames and by characters, so neither a long answer streamed one token
 per frame nor one huge tool output can grow it without end. Consecutive text (or
-thinking) deltas of the same agent are merged into one frame as they arrive: a long
-answer is a handful of frames, not one per token. A merged frame keeps where each of its
-deltas ends, so a client that saw part of it gets only the rest — never a duplicate.
+thinking) deltas of the same agent and session are merged into one frame as they
+arrive: a long answer is a handful of frames, not one per token. A merged frame keeps
+where each of its deltas ends, so a client that saw part of it gets only the rest —
+never a duplicate.
 
 `since(last_seq)` answers what a subscriber missed, or None when part of it has already
 left the buffer: then the client must reload the history (a ``resync``), never see a
@@ -22,6 +23,8 @@ import attrs
 Frame = dict[str, Any]
 
 MERGEABLE = frozenset({"text_delta", "thinking_delta"})
+# What two deltas must share to merge: their session (and its epoch) and their agent.
+SAME_SOURCE = ("session_id", "epoch", "is_subagent", "agent_id")
 REPLAY_MAX_FRAMES = 2000
 REPLAY_MAX_CHARS = 4_000_000
 MERGE_MAX_CHARS = 64_000
@@ -64,8 +67,7 @@ def _mergeable(entry: _Entry, frame: Frame) -> bool:
     return (
         frame["type"] in MERGEABLE
         and old["type"] == frame["type"]
-        and old.get("is_subagent") == frame.get("is_subagent")
-        and old.get("agent_id") == frame.get("agent_id")
+        and all(old.get(k) == frame.get(k) for k in SAME_SOURCE)
         and isinstance(frame.get("text"), str)
         and len(old["text"]) + len(frame["text"]) <= MERGE_MAX_CHARS
     )

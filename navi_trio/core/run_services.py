@@ -20,6 +20,7 @@ from navi_trio.core.subagent import run_ephemeral
 from navi_trio.core.turn_state import LoopParts, Turn
 from navi_trio.errors import ToolInputError
 from navi_trio.tools.base import ToolContext
+from navi_trio.tools.private import private_paths
 from navi_trio.tools.services import (
     ProcessService,
     Publish,
@@ -160,5 +161,10 @@ def make_tool_context(
         can_detach=turn.persist or turn.parent_session_id is not None,
         mode=turn.mode,
         user_role=turn.user_role,
-        sandbox=sandbox_for(turn.mode, session_dir, cwd),
+        sandbox=sandbox_for(
+            turn.mode,
+            session_dir,
+            cwd,
+            private_paths(parts.settings, session_dir, config=turn.config),
+        ),
     )

@@ -21,9 +21,7 @@ current_working_directory: ContextVar[Path | None] = ContextVar(
 )
 current_user_id: ContextVar[str | None] = ContextVar("current_user_id", default=None)
 current_user_role: ContextVar[str | None] = ContextVar("current_user_role", default=None)
-current_user_info: ContextVar[dict[str, Any] | None] = ContextVar(
-    "current_user_info", default=None
-)
+current_user_info: ContextVar[dict[str, Any] | None] = ContextVar("current_user_info", default=None)
 
 ALL: dict[str, ContextVar[Any]] = {
     "session_id": current_session_id,

@@ -25,7 +25,6 @@ class SessionState:
     saved_messages: int
     saved_context: int
     baseline: Baseline = attrs.field(factory=Baseline)
-    last_model: str | None = None
     # Set by the truthful-context check: compress before the next LLM call.
     needs_compression: bool = False
     # No lock here: one owner per session. In a runtime that owner is the session's
@@ -51,6 +50,16 @@ class SessionState:
             self.messages.append(stamped)
         if context:
             self.context.append(stamped)
+
+    def mark(self) -> tuple[int, int]:
+        """Where both lists end now, for `undo`."""
+        return len(self.messages), len(self.context)
+
+    def undo(self, mark: tuple[int, int]) -> None:
+        """Drop what was added after `mark` and is not saved (a save that failed)."""
+        messages, context = mark
+        del self.messages[max(messages, self.saved_messages) :]
+        del self.context[max(context, self.saved_context) :]
 
 
 class SessionCache:

@@ -8,6 +8,11 @@ connected) and the fan-out of its events to subscribers. Queued messages are dur
 (`core/queued.py`): each is stored before it is acknowledged, and a crash's leftovers
 are adopted when the session's actor starts and run before anything new.
 
+Every message's `accepted` (core/acceptance.py) is settled exactly once: ok when it is
+committed (queued, or saved by its run), else the error that kept it out (the session
+busy in another process, a full disk, a damaged database, a shutdown). The sender
+answers with that outcome; a refused message never runs.
+
 Every event of a run or compaction becomes a wire frame ``{"type", "session_id",
 "seq", "epoch", ...}`` kept in a bounded replay buffer (`core/replay.py`: consecutive
 deltas merged), so a subscriber that reconnects with the last seq it saw gets what it
@@ -37,11 +42,17 @@ from typing import Any
 
 import trio
 
+from navi_trio.core.acceptance import stopped_before_saving
 from navi_trio.core.agent import Agent, RunControl, UserMessage
 from navi_trio.core.fanout import FrameReceiver, FrameSender, open_frame_channel
 from navi_trio.core.queued import DurableQueue
 from navi_trio.core.replay import ReplayBuffer
-from navi_trio.errors import NaviError, NothingToCompactError, SessionBusyError
+from navi_trio.errors import (
+    NaviError,
+    NothingToCompactError,
+    RequestError,
+    StorageError,
+)
 from navi_trio.events import (
     AgentEvent,
     ErrorEvent,
@@ -58,6 +69,9 @@ Frame = dict[str, Any]
 # since the core may not import the api layer.
 Encode = Callable[[AgentEvent, str, "int | None", "str | None"], Frame]
 SUBSCRIBER_BUFFER = 1000
+# A run cancelled under it (the runtime shutting down) still ends itself, shielded: its
+# last events (the partial answer's stream_end) are read and published for this long.
+END_DRAIN_SEC = 15.0
 
 
 def new_epoch() -> str:
@@ -140,17 +154,21 @@ class SessionActor:
         # What a crash left queued runs first, in its order, before any new message.
         if self._adopt:
             self.pending.extend(await self.queue.adopt())
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started(self)
-            if self.pending:
-                self._start_run(self.pending.popleft())
-            try:
-                await self._live_until_retired()
-            finally:
-                self._nursery = None
-                for send in list(self._subscribers):
-                    send.close()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started(self)
+                if self.pending:
+                    self._start_run(self.pending.popleft())
+                try:
+                    await self._live_until_retired()
+                finally:
+                    self._nursery = None
+        finally:
+            # Only once the runs are over: a run ended by a shutdown still publishes
+            # its stream_end to whoever is subscribed.
+            for send in list(self._subscribers):
+                send.close()
 
     def _retirable(self) -> bool:
         return not self.busy and not self.pending and not self._subscribers
@@ -190,7 +208,7 @@ class SessionActor:
         if len(self.pending) >= self.queue_max:
             self.queue.drop(self._nursery, self.pending.popleft())
             self.dropped_total += 1
-        # Stored before it is acknowledged: `msg.accepted` is set once its row is in.
+        # Stored before it is acknowledged: `msg.accepted` is ok once its row is in.
         msg = self.queue.keep(self._nursery, msg)
         self.pending.append(msg)
         self.publish(
@@ -316,23 +334,43 @@ class SessionActor:
         # time, the rest queued. Across processes the lease keeps other owners out; it
         # is taken before the profile switch reads the session (holds nest with the
         # agent's own).
-        run_log = RunLog(self.session_id, msg)
+        run_log: RunLog | None = None
+        dropped = False  # an acknowledged message whose run was refused: not to run again
         try:
             await self.queue.written(msg)  # its save moves its row: the row comes first
+            if msg.accepted.failed:
+                return  # refused (its sender was told): it never runs
+            run_log = RunLog(self.session_id, msg)
             async with self.agent.leases.hold(self.session_id):
                 await self._switch_profile(msg)
                 async with self.agent.run_stream(self.session_id, msg, control=control) as ev:
-                    async for event in ev:
-                        run_log.event(event)
-                        self.publish(event)
+                    try:
+                        async for event in ev:
+                            run_log.event(event)
+                            self.publish(event)
+                    finally:
+                        with trio.move_on_after(END_DRAIN_SEC, shield=True):
+                            async for event in ev:  # cancelled: the run's own ending
+                                run_log.event(event)
+                                self.publish(event)
         except NaviError as exc:  # busy (another process runs it), unknown profile, store
-            code = "session_busy" if isinstance(exc, SessionBusyError) else "error"
-            await self.queue.ran(msg)  # refused before its save: not to be run again
+            msg.accepted.fail(exc)  # refused before its save (no-op for a queued one)
+            # A queued message (acknowledged) that met a storage failure keeps its row:
+            # it runs when the session's actor next starts. Any other refusal ends it.
+            dropped = not isinstance(exc, StorageError)
+            code = exc.code if isinstance(exc, RequestError) else "error"
+            run_log = run_log or RunLog(self.session_id, msg)
             for event in (ErrorEvent(message=str(exc), code=code), StreamEnd(reason="error")):
                 run_log.event(event)
                 self.publish(event)
         finally:
-            run_log.end()
+            # Settled above in every other way; this is a shutdown before the save.
+            msg.accepted.fail(stopped_before_saving())
+            if dropped or msg.accepted.failed:
+                # A refused message leaves no queue row behind: a restart cannot run it.
+                await self.queue.ran(msg)
+            if run_log is not None:
+                run_log.end()
             self._done()
 
     async def _switch_profile(self, msg: UserMessage) -> None:

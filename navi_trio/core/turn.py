@@ -29,6 +29,7 @@ from navi_trio.errors import (
     LLMTimeoutError,
 )
 from navi_trio.events import (
+    AgentEvent,
     CompressionStarted,
     ContextCompressed,
     ErrorEvent,
@@ -39,6 +40,7 @@ from navi_trio.events import (
     TodoStep,
     TodoUpdated,
     ToolResultEvent,
+    ToolStarted,
     WarningEvent,
 )
 from navi_trio.llm.base import ToolCall
@@ -260,8 +262,8 @@ class TurnRunner:
         self._count(reply)
         done = reply.done
         if done is not None:
-            if done.model and done.model != t.state.last_model:
-                t.state.last_model = done.model
+            if done.model and done.model != t.model:
+                t.model = done.model
                 t.emit(ModelInfo(done.model))
             estimate = self.parts.builder.estimate(built, t.views)
             if (
@@ -338,13 +340,20 @@ class TurnRunner:
         t.reply = None
         t.pending_calls = list(calls)
         t.results = {}
+        t.call_started = {}
         await self.save(durable=False)
         ctx = self.tool_context()
         parallel = t.profile.parallel_tool_calls
         if parallel is None:
             parallel = self.settings.parallel_tool_calls
+
+        def publish(event: AgentEvent) -> None:
+            if isinstance(event, ToolStarted):
+                t.call_started[event.call_id] = trio.current_time()
+            t.emit(event)
+
         await execute_batch(
-            self.parts.executor, calls, ctx, t.tool_names(), t.emit, t.results, parallel=parallel
+            self.parts.executor, calls, ctx, t.tool_names(), publish, t.results, parallel=parallel
         )
         self.pair_results()
         if any(c.name in MEMORY_WRITERS for c in calls):
@@ -486,8 +495,17 @@ class TurnRunner:
             if i not in turn.results:
                 result = stopped_result()
                 turn.results[i] = result
+                started = turn.call_started.get(call.id)  # None: it never started
+                took = 0 if started is None else int((trio.current_time() - started) * 1000)
                 turn.emit(
-                    ToolResultEvent(call_id=call.id, name=call.name, ok=False, error=result.error)
+                    ToolResultEvent(
+                        call_id=call.id,
+                        name=call.name,
+                        ok=False,
+                        error=result.error,
+                        duration_ms=took,
+                        stopped=True,
+                    )
                 )
         self.pair_results()
         await self.save(durable=durable)

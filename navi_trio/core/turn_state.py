@@ -54,6 +54,9 @@ class Turn:
     reply: StreamedReply | None = None
     pending_calls: list[ToolCall] = attrs.field(factory=list)
     results: dict[int, ToolResult] = attrs.field(factory=dict)
+    # call id -> trio.current_time() at its ToolStarted: a stopped call's real duration.
+    call_started: dict[str, float] = attrs.field(factory=dict)
+    model: str | None = None  # the model this run's answers came from (ModelInfo)
     ended: bool = False
     final_text: str = ""
     iterations: int = 0

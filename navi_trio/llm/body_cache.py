@@ -14,25 +14,16 @@ The bytes are exactly `json_body` of the dict body the dialect builds.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from navi_trio.llm.http import finite_only
+from navi_trio.llm.http import json_text as _text
 
 Convert = Callable[[dict[str, Any]], dict[str, Any]]
 # Enough for a few hundred sessions' histories; past either bound (entries, characters
 # of JSON kept), the oldest entries go first.
 MAX_ENTRIES = 50_000
 MAX_CHARS = 64 << 20
-
-
-def _text(value: Any) -> str:
-    """JSON text as `json_body` writes it: NaN and Infinity go out as null."""
-    try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except ValueError:
-        return json.dumps(finite_only(value), ensure_ascii=False, allow_nan=False)
 
 
 class BodyCache:

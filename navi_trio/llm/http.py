@@ -40,6 +40,7 @@ from navi_trio.errors import (
 )
 from navi_trio.llm.base import DoneChunk, LLMChunk, ToolCall
 from navi_trio.llm.client import LLMClient
+from navi_trio.text import clean_json, clean_text, clip
 
 EXCERPT = 200
 P = ParamSpec("P")
@@ -231,8 +232,7 @@ async def _send(client: httpx.AsyncClient, request: httpx.Request) -> AsyncItera
 
 def excerpt(text: str, limit: int = EXCERPT) -> str:
     """A short quotable piece of `text` (for error messages)."""
-    text = text.strip()
-    return text if len(text) <= limit else text[:limit] + "…"
+    return clip(text.strip(), limit)
 
 
 @contextmanager
@@ -262,7 +262,7 @@ def error_text(body: bytes) -> str:
     """
     text = body.decode("utf-8", errors="replace")
     try:
-        data = json.loads(text)
+        data = clean_json(json.loads(text))
     except ValueError:
         return excerpt(text, 500)
     if isinstance(data, dict) and "error" in data:
@@ -315,17 +315,24 @@ def ended_early(url: str, received: bool) -> LLMError:
     )
 
 
-def json_body(body: dict[str, Any]) -> bytes:
-    """`body` as JSON bytes, never with NaN or Infinity (which no server can parse).
+def json_text(value: Any) -> str:
+    """`value` as the JSON text a chat body carries (`json_body`, `BodyCache`).
 
-    Arguments are checked when they are parsed, but a history saved before that check
-    may still hold such numbers: they go out as null, so the session keeps working.
+    Never NaN or Infinity (which no server can parse): arguments are checked when they
+    are parsed, but a history saved before that check may still hold such numbers, so
+    they go out as null. Never a lone surrogate (which UTF-8 cannot carry): it goes out
+    as U+FFFD. Either way the session keeps working.
     """
     try:
-        text = json.dumps(body, ensure_ascii=False, allow_nan=False)
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
     except ValueError:
-        text = json.dumps(finite_only(body), ensure_ascii=False, allow_nan=False)
-    return text.encode("utf-8")
+        text = json.dumps(finite_only(value), ensure_ascii=False, allow_nan=False)
+    return clean_text(text)
+
+
+def json_body(body: dict[str, Any]) -> bytes:
+    """`body` as JSON bytes (see `json_text`)."""
+    return json_text(body).encode("utf-8")
 
 
 def finite_only(value: Any) -> Any:
@@ -364,9 +371,12 @@ def stream_error_text(err: Any) -> str:
 
 
 def parse_json_object(line: str) -> dict[str, Any]:
-    """One stream line as a JSON object, or `LLMMalformedStreamError` quoting it."""
+    """One stream line as a JSON object, or `LLMMalformedStreamError` quoting it.
+
+    Both dialects read every line (and OpenAI's whole answer) here: a lone surrogate
+    escape (``"\\ud800"``) in a delta becomes U+FFFD, so the answer can be stored."""
     try:
-        data = json.loads(line)
+        data = clean_json(json.loads(line))
     except ValueError:
         raise LLMMalformedStreamError(
             f"the LLM sent a line that is not JSON: {excerpt(line)!r}"
@@ -398,7 +408,7 @@ def make_tool_call(call_id: Any, name: Any, arguments: Any) -> ToolCall:
             cid, name, {}, parse_error=f"arguments are not a JSON object: {arguments!r:.200}"
         )
     try:
-        parsed = json.loads(arguments)
+        parsed = clean_json(json.loads(arguments))  # JSON text inside JSON: escapes again
     except ValueError as exc:
         return ToolCall(
             cid,

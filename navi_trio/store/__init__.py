@@ -1,8 +1,12 @@
 """The session store: sessions, display history, LLM context, kv values and users.
 
 `SessionStore` is the protocol everything above this layer uses; `SQLiteStore` is the
-implementation (one SQLite file, WAL, one worker thread). A PostgreSQL store would be a
-new module implementing the same protocol.
+implementation (one SQLite file, WAL, one worker thread): a body (`_core`) and one
+module per table, each holding that table's methods and its SQL (`_sessions`,
+`_history`, `_queue`, `_kv`, `_users`, `_lease`). `store.postgres` implements the same
+protocol on PostgreSQL for several daemons (imported only when `NAVI_DB` names a server:
+`store.factory`), sharing `base` (the protocol, the rows), `_input` (checks and
+serialisation, no SQL) and `repair`.
 """
 
 # First: sqlite-utils without numpy, before the modules below import it (its docstring).

@@ -1,10 +1,13 @@
-"""Session leases on the worker thread: which process runs a session right now.
+"""The leases table: which process runs a session right now.
 
 A lease row says "owner X (pid, host) runs this session until expires_at". The holder
 renews it while its run lives. A claim wins when there is no row, the row is the
 claimer's own, the row has expired, or the row's process is gone (same host, pid no
 longer alive): a crashed process never blocks a session for longer than one TTL, and
 on its own host not even that.
+
+`_Leases` holds the store's lease methods (mixed into `SQLiteStore`); below it, the
+functions that run on the worker thread.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import os
 
 from sqlite_utils import Database
 
+from navi_trio.store._core import _Core
+from navi_trio.store._input import _check_text, check_session_id
 from navi_trio.store._schema import _write_tx
 from navi_trio.store.base import LeaseRow
 
@@ -39,6 +44,28 @@ def pid_alive(pid: int) -> bool:
     except (OSError, IndexError):
         return True  # no /proc: trust the signal probe
     return state not in ("Z", "X")
+
+
+class _Leases(_Core):
+    async def claim_lease(
+        self, session_id: str, *, owner: str, pid: int, host: str, ttl: float
+    ) -> LeaseRow:
+        """Take the session's lease for `ttl` s unless a live owner holds it (see base)."""
+        sid = check_session_id(session_id)
+        now = self._now()
+        lease = LeaseRow(session_id=sid, owner=_check_text(owner, "lease owner"), pid=pid,
+                         host=_check_text(host, "lease host"), expires_at=now + ttl)  # fmt: skip
+        return await self._run(f"claim lease of {sid!r}", lambda db: _claim(db, lease, now))
+
+    async def renew_lease(self, session_id: str, *, owner: str, ttl: float) -> bool:
+        """Extend our lease by `ttl` s from now; False when it is no longer ours."""
+        sid = check_session_id(session_id)
+        until = self._now() + ttl
+        return await self._run(f"renew lease of {sid!r}", lambda db: _renew(db, sid, owner, until))
+
+    async def release_lease(self, session_id: str, *, owner: str) -> None:
+        sid = check_session_id(session_id)
+        await self._run(f"release lease of {sid!r}", lambda db: _release(db, sid, owner))
 
 
 def _lease_from(row: tuple[str, str, int, str, float]) -> LeaseRow:

@@ -1,7 +1,8 @@
-"""The SQLite schema and the row <-> dict conversions of the session store.
+"""The SQLite schema of the session store: the connection, the tables, the write transaction.
 
-The connection (WAL and pragmas), the tables and their version, and the helpers that
-turn message dicts into history rows and session rows back into `SessionRow`s.
+The connection (WAL and pragmas), the tables and their version, ``BEGIN IMMEDIATE``
+transactions (`_write_tx`), and session rows back into `SessionRow`s. What a message
+becomes before it reaches a table is `_input`'s (nothing SQLite about it).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlite_utils import Database
 
@@ -22,72 +23,6 @@ SCHEMA_VERSION = 1
 _HISTORY = ("messages", "context")
 _TABLES = ("sessions", "messages", "context", "kv", "users")
 _SESSION_COLS = "id, profile_id, title, user_id, created_at, updated_at, meta"
-
-
-class _Row(NamedTuple):
-    """A message ready for a history table: columns for queries, `data` for the dict."""
-
-    role: str | None
-    content: str | None
-    is_plan: bool
-    data: str
-
-
-def _dump(value: Any, what: str) -> str:
-    # ensure_ascii keeps lone surrogates (valid in JSON, invalid in UTF-8) round-tripping.
-    # allow_nan=False: NaN / Infinity are not JSON; stored, they would come back to be
-    # sent to the LLM, which refuses them (a poisoned session).
-    try:
-        return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
-    except ValueError as exc:
-        if "Out of range float" in str(exc):
-            raise StoreError(
-                f"{what} holds a number that is not finite (NaN or Infinity), "
-                "which JSON cannot carry"
-            ) from None
-        raise StoreError(f"{what} is not JSON-serialisable: {exc}") from None
-    except TypeError as exc:
-        raise StoreError(f"{what} is not JSON-serialisable: {exc}") from None
-
-
-def _prepare(
-    items: Sequence[dict[str, Any]], what: str, done: dict[int, _Row] | None = None
-) -> list[_Row]:
-    """Serialise on the caller's side: the thread gets a snapshot the caller cannot mutate.
-
-    `done` maps id(message) to its row for messages of the same call already serialised
-    (a message that goes to both the display history and the context is one dict)."""
-    if isinstance(items, dict | str | bytes):
-        raise StoreError(f"{what} must be a sequence of message dicts, not {type(items).__name__}")
-    rows: list[_Row] = []
-    for i, msg in enumerate(items):
-        if done is not None and id(msg) in done:
-            rows.append(done[id(msg)])
-            continue
-        if not isinstance(msg, dict):
-            raise StoreError(f"{what}[{i}] must be a dict, not {type(msg).__name__}")
-        role = msg.get("role")
-        content = msg.get("content")
-        if not isinstance(content, str):
-            content = None if content is None else _dump(content, f"{what}[{i}].content")
-        rows.append(
-            _Row(
-                role=_column_text(role) if isinstance(role, str) else None,
-                content=_column_text(content) if content is not None else None,
-                is_plan=bool(msg.get("is_plan")),
-                data=_dump(msg, f"{what}[{i}]"),
-            )
-        )
-    return rows
-
-
-def _column_text(text: str) -> str:
-    """Columns are for queries; `data` keeps the exact text, lone surrogates included."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-    return text
 
 
 def _connect(path: Path, synchronous: str, busy_timeout: float) -> Database:

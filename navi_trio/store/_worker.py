@@ -55,6 +55,8 @@ class _Job(Generic[T]):
         self.done = trio.Event()
         self.result: T | None = None
         self.error: BaseException | None = None
+        self.wrote = False  # it changed rows (and was not rolled back by its own error)
+        self.grew = False  # and the database needed more pages for them (found room)
 
     def run(self, db: Database | None, connect_error: BaseException | None) -> None:
         try:
@@ -64,11 +66,14 @@ class _Job(Generic[T]):
 
     def execute(self, db: Database | None, connect_error: BaseException | None) -> None:
         """Run the function, keeping its result or error; the caller is not told yet."""
-        self.result, self.error = None, None
+        self.result, self.error, self.wrote, self.grew = None, None, False, False
         try:
             if db is None:
                 raise connect_error or StoreError("no database connection")
+            changes, pages = db.conn.total_changes, _page_count(db)
             self.result = self.fn(db)
+            self.wrote = db.conn.total_changes != changes
+            self.grew = self.wrote and _page_count(db) > pages
         except BaseException as exc:  # noqa: B036 - the thread must answer every job
             self.error = exc
 
@@ -78,6 +83,11 @@ class _Job(Generic[T]):
             self.token.run_sync_soon(self.done.set)
         except trio.RunFinishedError:
             pass  # the caller's trio run is gone; nobody is waiting
+
+
+def _page_count(db: Database) -> int:
+    # The pager's own count (no I/O): how the store tells a write that needed room.
+    return int(db.conn.execute("PRAGMA page_count").fetchone()[0])
 
 
 class _Worker:

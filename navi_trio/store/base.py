@@ -1,8 +1,10 @@
 """What every session store offers: the rows it returns and the `SessionStore` protocol.
 
-The SQLite store (`navi_trio.store.sqlite`) is the only implementation today. The
-protocol is the seam for a PostgreSQL store later (DESIGN.md, "Beyond one machine"): a
-new module implementing these methods, nothing above the store layer changes.
+Two implementations: the SQLite store (`navi_trio.store.sqlite`, the embedded default)
+and the PostgreSQL store (`navi_trio.store.postgres`, several daemons on one database);
+`store.factory.open_store(settings)` opens the one `NAVI_DB` names. Nothing above the
+store layer knows which (DESIGN.md, "Beyond one process"); tests/test_store_contract*.py
+hold both to this contract.
 
 Contract every implementation keeps:
 - Messages are plain JSON-able dicts (the internal shape of `navi_trio.llm.base` plus
@@ -17,7 +19,10 @@ Contract every implementation keeps:
 - `claim_lease` returns the lease's holder after the attempt: the claimer's own row
   when it won; the live holder's when not. A claim takes over an expired lease, and
   a lease whose process (same host) is gone.
-- Failures raise `navi_trio.errors.StoreError` naming the operation.
+- Failures raise `navi_trio.errors.StoreError` naming the operation (and the session);
+  when the file itself is the problem, its subclasses say which: `StorageFullError`
+  (the disk is full) or `StorageError` (read-only, an I/O error, damaged). Nothing of
+  a failed operation is stored.
 """
 
 from __future__ import annotations

@@ -124,3 +124,23 @@ def _unanswered(
             # an unclaimed result and pairs with this id-less call again.
             missing.append(placeholder_result(f"missing-id-{index}", _call_name(call)))
     return missing
+
+
+def placeholder_positions(
+    original: Sequence[float], inserted: Sequence[tuple[int, dict[str, Any]]]
+) -> list[float]:
+    """Positions strictly between the original neighbours of each run of placeholders."""
+    indexes = [i for i, _ in inserted]
+    out: list[float] = []
+    start = 0
+    while start < len(indexes):
+        end = start
+        while end + 1 < len(indexes) and indexes[end + 1] == indexes[end] + 1:
+            end += 1
+        before = indexes[start] - start  # originals preceding this run (>= 1: the assistant)
+        low = original[before - 1]
+        high = original[before] if before < len(original) else low + 1.0
+        count = end - start + 1
+        out.extend(low + (high - low) * (k + 1) / (count + 1) for k in range(count))
+        start = end + 1
+    return out

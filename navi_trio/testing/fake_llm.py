@@ -15,19 +15,11 @@ key): ``text``, ``thinking``, ``tool_calls`` (``[{"name", "arguments"}]``), ``mo
 ``delay_first``, ``delay_chunk``, ``stall``, ``drop_after``, ``status`` + ``error_body``
 (+ ``error_raw``), ``malformed``, ``error_line``, ``prompt_tokens``,
 ``completion_tokens``, ``done_reason``, ``thinking_field``, ``tool_call_style``,
-``empty_body``, ``endless``, ``hang_up``. How it goes on the wire:
-
-- Text and thinking stream one word per chunk; a chunk is one write, so a client sees
-  them arrive one by one, ``delay_first`` before the first, ``delay_chunk`` before each
-  later one (trio.sleep: a test's MockClock applies).
-- Ollama: tool calls arrive whole in one chunk, without ids (as Ollama sends them).
-  OpenAI: each call's arguments go out in two fragments keyed by ``index``, to exercise
-  assembly; ``tool_calls`` arguments given as a string are sent as-is (cut JSON).
-- OpenAI, ``"stream": false`` in the request: one ``chat.completion`` JSON body after
-  the reply's delays (``stall`` / ``endless``: never), with the text, the tool calls
-  whole, ``finish_reason`` and ``usage``.
-- Every complete stream ends with usage: ``prompt_eval_count`` / ``eval_count`` and
-  ``done_reason`` (Ollama), ``finish_reason`` + a ``usage`` chunk (OpenAI).
+``empty_body``, ``endless``, ``hang_up``. How a reply goes on the wire (a word per
+chunk, the delays, tool calls, usage, ``"stream": false``) is `_play`'s docstring; the
+bytes of each dialect are `_dialects`'; the HTTP/1.1 steps on h11 are `_http`'s. This
+module is the server: it takes the requests, answers the info endpoints, picks the
+next reply, and watches for a client going away while a reply plays.
 
 What it saw, for tests to assert on: `requests` (method, path, headers, body as JSON,
 time), `disconnects` (a client closed the connection before its reply finished: path,
@@ -46,7 +38,6 @@ serves until Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -58,40 +49,16 @@ import h11
 import trio
 
 from navi_trio.errors import ConfigError
-from navi_trio.llm.script import (
-    DEFAULT_MODEL,
-    ContentItem,
-    Reply,
-    load_script,
-    parse_reply,
-    rough_tokens,
-    split_words,
-)
+from navi_trio.llm.script import DEFAULT_MODEL, Reply, load_script, parse_reply
 from navi_trio.testing._dialects import _Dialect, _Ollama, _OpenAI
+from navi_trio.testing._http import MAX_BODY, read_request, send_json, send_whole
+from navi_trio.testing._play import Dropped, stream_reply
 
 CHAT_PATHS = ("/api/chat", "/v1/chat/completions")
-_MAX_BODY = 64 * 1024 * 1024
 
 
 def _dialect_of(path: str) -> str:
     return "ollama" if path == "/api/chat" else "openai"
-
-
-def _usage(reply: Reply, body: Any, chunks: int) -> tuple[int, int]:
-    """(prompt, completion) tokens to report: the script's, else a rough count of the
-    prompt and one token per content chunk."""
-    messages = body.get("messages")
-    prompt = reply.prompt_tokens
-    if prompt is None:
-        prompt = rough_tokens(messages if isinstance(messages, list) else [])
-    completion = reply.completion_tokens
-    if completion is None:
-        completion = chunks
-    return prompt, completion
-
-
-class _Dropped(Exception):
-    """The reply asked to drop the connection."""
 
 
 class FakeLLMServer:
@@ -149,6 +116,11 @@ class FakeLLMServer:
         self._changed.set()
         self._changed = trio.Event()
 
+    def _completed(self) -> None:
+        """A reply was answered whole: count it and wake whoever waits on `completed`."""
+        self.completed += 1
+        self._notify()
+
     async def serve(
         self,
         *,
@@ -176,10 +148,10 @@ class FakeLLMServer:
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         self.connections += 1
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_BODY)
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_BODY)
         try:
             while True:
-                request = await self._read_request(stream, conn)
+                request = await read_request(stream, conn)
                 if request is None:
                     return
                 keep = await self._dispatch(stream, conn, *request)
@@ -190,29 +162,6 @@ class FakeLLMServer:
             return
         finally:
             await trio.aclose_forcefully(stream)
-
-    async def _next_event(self, stream: trio.SocketStream, conn: h11.Connection) -> Any:
-        while True:
-            event = conn.next_event()
-            if event is not h11.NEED_DATA:
-                return event
-            conn.receive_data(await stream.receive_some(65536))
-
-    async def _read_request(
-        self, stream: trio.SocketStream, conn: h11.Connection
-    ) -> tuple[h11.Request, bytes] | None:
-        event = await self._next_event(stream, conn)
-        if not isinstance(event, h11.Request):
-            return None
-        body = bytearray()
-        while True:
-            part = await self._next_event(stream, conn)
-            if isinstance(part, h11.Data):
-                body += part.data
-            elif isinstance(part, h11.EndOfMessage):
-                return event, bytes(body)
-            else:
-                return None
 
     async def _dispatch(
         self, stream: trio.SocketStream, conn: h11.Connection, request: h11.Request, raw: bytes
@@ -238,24 +187,24 @@ class FakeLLMServer:
         self._notify()
         info = self._info(method, path)
         if isinstance(info, bytes):
-            return await self._send_whole(stream, conn, 200, info, "text/plain")
+            return await send_whole(stream, conn, 200, info, "text/plain")
         if info is not None:
-            return await self._send_json(stream, conn, 200, info)
+            return await send_json(stream, conn, 200, info)
         if method != "POST" or path not in CHAT_PATHS or _dialect_of(path) not in self.dialects:
             # "detail" as FastAPI (llama-cpp-python) answers a path it does not serve.
             missing = {"detail": "Not Found", "error": f"no route for {method} {path}"}
-            return await self._send_json(stream, conn, 404, missing)
+            return await send_json(stream, conn, 404, missing)
         dialect_cls = _Ollama if path == "/api/chat" else _OpenAI
         if bad_json or not isinstance(body, dict):
             problem = (
                 f"invalid JSON body: {bad_json}" if bad_json else "the body must be a JSON object"
             )
-            return await self._send_json(
+            return await send_json(
                 stream, conn, 400, dialect_cls(Reply(), "", "").error_body(problem)
             )
         reply = self._take()
         if reply is None:
-            return await self._send_json(
+            return await send_json(
                 stream, conn, 500, dialect_cls(Reply(), "", "").error_body("script exhausted")
             )
         if reply.hang_up:
@@ -291,24 +240,6 @@ class FakeLLMServer:
             # llama.cpp's server: the window it runs with.
             return {"default_generation_settings": {"n_ctx": self.n_ctx}, "total_slots": 1}
         return None
-
-    # --- replies ----------------------------------------------------------------------
-
-    async def _send_whole(
-        self, stream: trio.SocketStream, conn: h11.Connection, status: int, data: bytes, ctype: str
-    ) -> bool:
-        headers = [("Content-Type", ctype), ("Content-Length", str(len(data)))]
-        await stream.send_all(conn.send(h11.Response(status_code=status, headers=headers)))
-        await stream.send_all(conn.send(h11.Data(data=data)))
-        await stream.send_all(conn.send(h11.EndOfMessage()))
-        return True
-
-    async def _send_json(
-        self, stream: trio.SocketStream, conn: h11.Connection, status: int, obj: Any
-    ) -> bool:
-        return await self._send_whole(
-            stream, conn, status, json.dumps(obj).encode(), "application/json"
-        )
 
     async def _watched(
         self,
@@ -347,118 +278,15 @@ class FakeLLMServer:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch, nursery.cancel_scope)
             try:
-                finished = await self._stream_reply(stream, conn, dialect, body, progress)
+                finished = await stream_reply(
+                    stream, conn, dialect, body, progress, self._completed
+                )
             except trio.BrokenResourceError:
                 record()
-            except _Dropped:
+            except Dropped:
                 pass
             nursery.cancel_scope.cancel()
         return finished and not gone
-
-    async def _stream_reply(
-        self,
-        stream: trio.SocketStream,
-        conn: h11.Connection,
-        dialect: _Dialect,
-        body: dict[str, Any],
-        progress: dict[str, int],
-    ) -> bool:
-        reply = dialect.reply
-
-        async def pause() -> None:
-            await trio.sleep(reply.delay_first if progress["chunks"] == 0 else reply.delay_chunk)
-
-        async def send(pieces: Sequence[bytes]) -> None:
-            for piece in pieces:
-                await stream.send_all(conn.send(h11.Data(data=piece)))
-            progress["chunks"] += 1
-
-        if reply.status is not None:
-            await trio.sleep(reply.delay_first)
-            if reply.error_raw or isinstance(reply.error_body, dict):
-                data = (
-                    reply.error_body.encode()
-                    if isinstance(reply.error_body, str)
-                    else json.dumps(reply.error_body).encode()
-                )
-                ctype = "text/plain" if isinstance(reply.error_body, str) else "application/json"
-                await self._send_whole(stream, conn, reply.status, data, ctype)
-            else:
-                await self._send_json(
-                    stream, conn, reply.status, dialect.error_body(reply.error_message())
-                )
-            return True
-
-        headers = [("Content-Type", dialect.content_type), ("Transfer-Encoding", "chunked")]
-        if reply.empty_body:
-            # As llama-cpp-python answers a prompt over its window when streaming: 200,
-            # chunked, and at once the last (empty) chunk.
-            await trio.sleep(reply.delay_first)
-            await stream.send_all(conn.send(h11.Response(status_code=200, headers=headers)))
-            await stream.send_all(conn.send(h11.EndOfMessage()))
-            self.completed += 1
-            self._notify()
-            return True
-        if isinstance(dialect, _OpenAI) and body.get("stream") is False:
-            return await self._whole_reply(stream, conn, dialect, body)
-        await stream.send_all(conn.send(h11.Response(status_code=200, headers=headers)))
-        items = reply.content()
-        for item in items:
-            if reply.drop_after is not None and progress["chunks"] >= reply.drop_after:
-                raise _Dropped
-            await pause()
-            await send(dialect.content(item))
-        if reply.endless:
-            words = split_words(reply.text) or ["more "]
-            for word in itertools.cycle(words):
-                await pause()
-                await send(dialect.content(ContentItem("text", word)))
-        if reply.drop_after is not None:
-            raise _Dropped
-        if reply.stall:
-            await trio.sleep_forever()
-        await pause()
-        line = reply.malformed_line()
-        if line is not None:
-            await send([dialect.malformed(line)])
-        elif reply.error_line is not None:
-            await send([dialect.error_line(reply.error_line)])
-        else:
-            prompt, completion = _usage(reply, body, len(items))
-            await send(dialect.final(prompt, completion))
-        await stream.send_all(conn.send(h11.EndOfMessage()))
-        # Counted here, not after the watcher stops: a client that read the end of the
-        # body must already see it counted.
-        self.completed += 1
-        self._notify()
-        return True
-
-    async def _whole_reply(
-        self, stream: trio.SocketStream, conn: h11.Connection, dialect: _OpenAI, body: Any
-    ) -> bool:
-        """A non-streamed answer (``"stream": false``): one JSON body, once "generated".
-
-        The delays add up before it (the model generates it all first); ``stall`` and
-        ``endless`` never answer; ``drop_after`` closes without an answer.
-        """
-        reply = dialect.reply
-        items = reply.content()
-        await trio.sleep(reply.delay_first + reply.delay_chunk * max(0, len(items) - 1))
-        if reply.stall or reply.endless:
-            await trio.sleep_forever()
-        if reply.drop_after is not None:
-            raise _Dropped
-        line = reply.malformed_line()
-        if line is not None:
-            await self._send_whole(stream, conn, 200, line.encode(), "application/json")
-        elif reply.error_line is not None:
-            await self._send_json(stream, conn, 200, {"error": {"message": reply.error_line}})
-        else:
-            prompt, completion = _usage(reply, body, len(items))
-            await self._send_json(stream, conn, 200, dialect.whole(items, prompt, completion))
-        self.completed += 1
-        self._notify()
-        return True
 
 
 @asynccontextmanager

@@ -22,6 +22,7 @@ the subscription channel.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -38,6 +39,7 @@ from navi_trio.profiles import ConfigSource, parse_config
 from navi_trio.runtime import Runtime, open_runtime
 from navi_trio.settings import Settings, default_config_path
 from navi_trio.testing.fake_llm import FakeLLMServer
+from navi_trio.testing.postgres import TEST_STORE_ENV, shared_database
 from navi_trio.tools.base import Tool
 
 
@@ -179,6 +181,9 @@ async def open_harness(
             "llm_url": fake.url if fake else "http://127.0.0.1:9",
             **settings,
         }
+        on_server = not {"db_path", "db_url"} & settings.keys()  # a test's own db wins
+        if on_server and os.environ.get(TEST_STORE_ENV) == "postgres":
+            values["db_url"] = await trio.to_thread.run_sync(shared_database, str(tmp_path))
         conf = Settings.from_env({}, **values)
         async with open_runtime(conf, backend=backend, config=cfg, tools=tools) as rt:
             yield Harness(runtime=rt, fake=fake, scripted=backend, tmp_path=tmp_path)

@@ -20,8 +20,8 @@ from navi_trio.errors import ToolInputError
 from navi_trio.settings import Settings
 from navi_trio.tools.base import ToolContext, ToolResult, require_str
 from navi_trio.tools.filesystem import base_dir
-from navi_trio.tools.procs import python_argv, run_command
-from navi_trio.tools.terminal import command_result, output_progress, read_timeout
+from navi_trio.tools.procs import python_argv, run_command, tag_owner
+from navi_trio.tools.terminal import command_env, command_result, output_progress, read_timeout
 
 SNIPPET_DIR = ".code_exec"
 
@@ -73,6 +73,8 @@ class CodeExecTool:
                 max_chars=ctx.settings.tool_output_max_chars,
                 sandbox=sandbox,
                 bwrap_path=ctx.settings.bwrap_path,
+                env=command_env(ctx),
+                owner=tag_owner(ctx.settings.data_dir),
             )
         except OSError as exc:
             return ToolResult.fail(f"cannot start Python: {exc.strerror or exc}")

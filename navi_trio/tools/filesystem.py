@@ -3,8 +3,16 @@
 A tool may touch only `ctx.roots()`: the session folder and the run's cwd. Relative
 paths resolve against the cwd when set, else the session folder. A path that climbs
 out with ``..``, an absolute path elsewhere, or a symlink whose target lies outside the
-roots is refused with an error naming the path. ``manual:NAME`` reads the agent's
+roots is refused with an error naming the path. So is navi's own data (the data
+folder, the database, the config folders: tools/private.py), even inside a root; the
+caller's own session folder is the exception. ``manual:NAME`` reads the agent's
 manual ``settings.manuals_dir / NAME.md`` (read-only).
+
+Every action opens what it touches relative to a directory fd of its root, one
+component at a time with ``O_NOFOLLOW`` (tools/_beneath.py), so a rename or symlink
+swap between a check and the open cannot lead it elsewhere. Symlinks inside the roots
+that point inside them keep working: their target is walked again from its root.
+`list` shows a symlink as ``name -> target`` and never descends into one.
 
 File work runs in a worker thread (`trio.to_thread`) so a slow disk never blocks the
 event loop.
@@ -14,12 +22,22 @@ from __future__ import annotations
 
 import os
 import re
+from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import trio
 
 from navi_trio.errors import ToolInputError
+from navi_trio.tools._beneath import (
+    MAX_HOPS,
+    Beneath,
+    NotAFolderError,
+    OutsideError,
+    PrivateError,
+    SpecialFileError,
+    TooManyLinksError,
+)
 from navi_trio.tools.base import (
     ToolContext,
     ToolResult,
@@ -29,6 +47,7 @@ from navi_trio.tools.base import (
     require_choice,
     require_str,
 )
+from navi_trio.tools.private import private_paths
 
 ACTIONS = ("read", "write", "append", "list", "edit", "mkdir", "delete")
 MANUAL_PREFIX = "manual:"
@@ -41,48 +60,89 @@ def _within(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
-def base_dir(ctx: ToolContext) -> Path:
-    """Where relative paths start: the run's cwd, else the (created) session folder."""
+def _start_dir(ctx: ToolContext) -> Path:
     ctx.session_dir.mkdir(parents=True, exist_ok=True)
     return ctx.cwd if ctx.cwd is not None else ctx.session_dir
 
 
-def resolve_path(ctx: ToolContext, raw: str) -> Path:
-    """The real path for `raw`, or ToolInputError when it leaves the allowed folders."""
+def _private_message(shown: str) -> str:
+    return f"'{shown}' is navi's own data; tools may not use it"
+
+
+def base_dir(ctx: ToolContext) -> Path:
+    """Where relative paths start and commands run by default: the run's cwd, else the
+    (created) session folder. ToolInputError when the cwd is navi's own data.
+
+    A Path, not an fd, because a subprocess' cwd cannot be one; see `resolve_dir` for
+    why a race on it matters less than on the filesystem tool's own opens.
+    """
+    start = _start_dir(ctx)
+    if ctx.cwd is not None:
+        hidden = private_paths(ctx.settings, ctx.session_dir)
+        if hidden.blocks(Path(os.path.realpath(start))) is not None:
+            raise ToolInputError(_private_message(str(ctx.cwd)))
+    return start
+
+
+def _lexical(ctx: ToolContext, raw: str) -> Path:
+    """The absolute, normalised path for `raw`, or ToolInputError when it names a place
+    outside the roots (before anything on disk is looked at)."""
     if "\x00" in raw:
         raise ToolInputError(f"path {raw!r} contains a NUL character")
     given = Path(raw).expanduser()
-    candidate = given if given.is_absolute() else base_dir(ctx) / given
+    candidate = given if given.is_absolute() else _start_dir(ctx) / given
     lexical = Path(os.path.normpath(candidate))
     roots = ctx.roots()
     real_roots = [Path(os.path.realpath(r)) for r in roots]
     plain_roots = [Path(os.path.normpath(r.absolute())) for r in roots]
-    allowed = ", ".join(str(r) for r in roots)
     if not any(_within(lexical, r) for r in plain_roots + real_roots):
         if given.is_absolute():
             raise ToolInputError(
-                f"path '{raw}' is outside the folders this tool may use ({allowed})"
+                f"path '{raw}' is outside the folders this tool may use ({_allowed(ctx)})"
             )
-        raise ToolInputError(
-            f"path '{raw}' climbs out of the working folder with '..'; stay inside {allowed}"
+        climbs = f"path '{raw}' climbs out of the working folder with '..'"
+        raise ToolInputError(f"{climbs}; stay inside {_allowed(ctx)}")
+    return lexical
+
+
+def _allowed(ctx: ToolContext) -> str:
+    return ", ".join(str(r) for r in ctx.roots())
+
+
+def _refusal(ctx: ToolContext, raw: str, exc: Exception) -> ToolInputError:
+    """The user's words for a walk's refusal."""
+    if isinstance(exc, OutsideError):
+        return ToolInputError(
+            f"path '{raw}' leads through a symlink to {exc.target}, outside the folders "
+            f"this tool may use ({_allowed(ctx)})"
         )
-    real = Path(os.path.realpath(candidate))
-    if not any(_within(real, r) for r in real_roots):
-        raise ToolInputError(
-            f"path '{raw}' leads through a symlink to {real}, outside the folders this "
-            f"tool may use ({allowed})"
-        )
-    return real
+    if isinstance(exc, PrivateError):
+        return ToolInputError(_private_message(raw))
+    return ToolInputError(f"path '{raw}' goes through more than {MAX_HOPS} symlinks")
 
 
 def resolve_dir(ctx: ToolContext, raw: str | None) -> Path:
-    """A working folder for a command: `raw` inside the roots, else the default base."""
+    """A working folder for a command: `raw` inside the roots, else the default base.
+
+    Checked as the filesystem tool checks a folder (walked by fd, symlinks resolved
+    inside the roots, navi's own data refused); the result is the real path that walk
+    went through. A subprocess gets its cwd by name, so a swap after this check could
+    still point it elsewhere; that matters less than for the filesystem tool because
+    the sandbox binds only the roots (and masks navi's data), so a sandboxed command
+    sees nothing new whatever folder it starts in. In `full` mode (admins only)
+    nothing confines it anyway.
+    """
     if raw is None:
         return base_dir(ctx)
-    path = resolve_path(ctx, raw)
-    if not path.is_dir():
-        raise ToolInputError(f"cwd '{raw}' is not an existing folder")
-    return path
+    path = _lexical(ctx, raw)
+    with ExitStack() as stack:
+        fs = Beneath(ctx.roots(), private_paths(ctx.settings, ctx.session_dir), stack)
+        try:
+            return fs.folder(path).path
+        except (OutsideError, PrivateError, TooManyLinksError) as exc:
+            raise _refusal(ctx, raw, exc) from None
+        except (OSError, SpecialFileError):
+            raise ToolInputError(f"cwd '{raw}' is not an existing folder") from None
 
 
 def _optional_int(args: dict[str, Any], key: str, default: int, minimum: int) -> int:
@@ -137,23 +197,35 @@ class FilesystemTool:
             if action != "read":
                 raise ToolInputError(f"manuals are read-only: '{raw}' can only be read")
             return self._manual(raw[len(MANUAL_PREFIX) :], ctx)
-        path = resolve_path(ctx, raw)
-        try:
-            handler = getattr(self, f"_{action}")
-            result: ToolResult = handler(path, raw, args, ctx)
-            return result
-        except FileNotFoundError:
-            return ToolResult.fail(f"'{raw}' does not exist")
-        except IsADirectoryError:
-            return ToolResult.fail(f"'{raw}' is a folder, not a file")
-        except NotADirectoryError:
-            return ToolResult.fail(f"a part of '{raw}' is a file, not a folder")
-        except UnicodeDecodeError:
-            return ToolResult.fail(f"'{raw}' is not UTF-8 text; {action} works on text files")
-        except PermissionError:
-            return ToolResult.fail(f"permission denied for '{raw}'")
-        except OSError as exc:
-            return ToolResult.fail(f"cannot {action} '{raw}': {exc.strerror or exc}")
+        path = _lexical(ctx, raw)
+        handler = getattr(self, f"_{action}")
+        with ExitStack() as stack:
+            fs = Beneath(ctx.roots(), private_paths(ctx.settings, ctx.session_dir), stack)
+            try:
+                result: ToolResult = handler(fs, path, raw, args, ctx)
+                return result
+            except (OutsideError, PrivateError, TooManyLinksError) as exc:
+                raise _refusal(ctx, raw, exc) from None
+            except SpecialFileError:
+                return ToolResult.fail(
+                    f"'{raw}' is not a regular file (a pipe, socket or device); "
+                    f"{action} works on files"
+                )
+            except FileNotFoundError:
+                return ToolResult.fail(f"'{raw}' does not exist")
+            except IsADirectoryError:
+                return ToolResult.fail(f"'{raw}' is a folder, not a file")
+            except NotAFolderError:
+                return ToolResult.fail(f"'{raw}' is a file, not a folder")
+            except NotADirectoryError:
+                return ToolResult.fail(f"a part of '{raw}' is a file, not a folder")
+            except UnicodeDecodeError:
+                text_only = f"{action} works on text files"
+                return ToolResult.fail(f"'{raw}' is not UTF-8 text; {text_only}")
+            except PermissionError:
+                return ToolResult.fail(f"permission denied for '{raw}'")
+            except OSError as exc:
+                return ToolResult.fail(f"cannot {action} '{raw}': {exc.strerror or exc}")
 
     def _manual(self, name: str, ctx: ToolContext) -> ToolResult:
         folder = ctx.settings.manuals_dir
@@ -165,16 +237,18 @@ class FilesystemTool:
         text = (folder / f"{name}.md").read_text(encoding="utf-8")
         return ToolResult.success(cap_text(text, ctx.settings.tool_output_max_chars))
 
-    def _read(self, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    def _read(
+        self, fs: Beneath, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext
+    ) -> ToolResult:
         offset = _optional_int(args, "offset", 1, 1)
         limit = _optional_int(args, "limit", 0, 0)  # 0: as many as fit
         cap = ctx.settings.tool_output_max_chars
-        with path.open("rb") as fh:
+        opened, st = fs.open_file(path, os.O_RDONLY)
+        with opened as fh:
             sample = fh.read(8192)
             if b"\x00" in sample:
-                size = path.stat().st_size
                 return ToolResult.fail(
-                    f"'{raw}' looks like a binary file ({size} bytes); not shown"
+                    f"'{raw}' looks like a binary file ({st.st_size} bytes); not shown"
                 )
             fh.seek(0)
             lines, last, total = _read_lines(fh, offset, limit, cap)
@@ -188,74 +262,91 @@ class FilesystemTool:
             text += f"\n[lines {offset}-{last} of {total}{more}]"
         return ToolResult.success(text, lines=total)
 
-    def _write(self, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    def _write(
+        self, fs: Beneath, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext
+    ) -> ToolResult:
         content = _require_text(args, "content")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_text(path, content, "w")
+        data = _utf8(content, "content")
+        flags = os.O_WRONLY | os.O_CREAT
+        opened, _ = fs.open_file(path, flags, create_parents=True, truncate=True)
+        with opened as fh:
+            fh.write(data)
         return ToolResult.success(f"wrote {len(content)} characters to '{raw}'")
 
-    def _append(self, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    def _append(
+        self, fs: Beneath, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext
+    ) -> ToolResult:
         content = _require_text(args, "content")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_text(path, content, "a")
+        data = _utf8(content, "content")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        opened, _ = fs.open_file(path, flags, create_parents=True)
+        with opened as fh:
+            fh.write(data)
         return ToolResult.success(f"appended {len(content)} characters to '{raw}'")
 
-    def _edit(self, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    def _edit(
+        self, fs: Beneath, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext
+    ) -> ToolResult:
         old = require_str(args, "old")
         new = _require_text(args, "new")
-        with path.open(encoding="utf-8", newline="") as fh:
-            text = fh.read()
-        count = text.count(old)
-        if count == 0 and "\r\n" in text and "\n" in old and "\r\n" not in old:
-            # A CRLF file: the model saw (and copied) plain newlines.
-            old, new = old.replace("\n", "\r\n"), new.replace("\n", "\r\n")
+        # One open for the read and the write: nothing can be swapped in between.
+        opened, _ = fs.open_file(path, os.O_RDWR)
+        with opened as fh:
+            # Bytes decoded as they are: "\r\n" stays (newline="" semantics).
+            text = fh.read().decode("utf-8")
             count = text.count(old)
-        if count == 0:
-            return ToolResult.fail(
-                f"the 'old' text was not found in '{raw}'; read the file and copy the exact "
-                "text, including whitespace and indentation"
-            )
-        if count > 1:
-            return ToolResult.fail(
-                f"the 'old' text matches {count} times in '{raw}'; include more surrounding "
-                "lines so it matches exactly once"
-            )
-        _write_text(path, text.replace(old, new, 1), "w")
+            if count == 0 and "\r\n" in text and "\n" in old and "\r\n" not in old:
+                # A CRLF file: the model saw (and copied) plain newlines.
+                old, new = old.replace("\n", "\r\n"), new.replace("\n", "\r\n")
+                count = text.count(old)
+            if count == 0:
+                return ToolResult.fail(
+                    f"the 'old' text was not found in '{raw}'; read the file and copy the "
+                    "exact text, including whitespace and indentation"
+                )
+            if count > 1:
+                return ToolResult.fail(
+                    f"the 'old' text matches {count} times in '{raw}'; include more "
+                    "surrounding lines so it matches exactly once"
+                )
+            data = _utf8(text.replace(old, new, 1), "new")
+            fh.seek(0)
+            fh.truncate()
+            fh.write(data)
         line = text[: text.index(old)].count("\n") + 1
         return ToolResult.success(f"edited '{raw}' at line {line}")
 
-    def _mkdir(self, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        path.mkdir(parents=True, exist_ok=True)
+    def _mkdir(
+        self, fs: Beneath, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext
+    ) -> ToolResult:
+        fs.folder(path, create=True)
         return ToolResult.success(f"folder '{raw}' is ready")
 
-    def _delete(self, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        if path.is_dir():
+    def _delete(
+        self, fs: Beneath, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext
+    ) -> ToolResult:
+        try:
+            fs.unlink(path)
+        except IsADirectoryError:
             return ToolResult.fail(f"'{raw}' is a folder; delete removes files only")
-        path.unlink()
         return ToolResult.success(f"deleted '{raw}'")
 
-    def _list(self, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    def _list(
+        self, fs: Beneath, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext
+    ) -> ToolResult:
         recursive = args.get("recursive", False)
         if not isinstance(recursive, bool):
             raise ToolInputError("argument 'recursive' must be true or false")
-        if not path.is_dir():
-            if path.exists():
-                return ToolResult.fail(f"'{raw}' is a file, not a folder")
-            raise FileNotFoundError(raw)
+        top = fs.folder(path)
         entries: list[str] = []
         truncated = False
-        for dirpath, dirnames, filenames in os.walk(path):
-            dirnames.sort()
-            rel = Path(dirpath).relative_to(path)
-            for name in dirnames:
-                entries.append(f"{rel / name}/")
-            for name in sorted(filenames):
-                entries.append(_describe(Path(dirpath) / name, rel / name))
-            if len(entries) > LIST_MAX_ENTRIES:
-                truncated = True
-                break
-            if not recursive:
-                break
+        with closing(fs.walk(top, recursive=recursive)) as walk:
+            for rel, fd, folders, others in walk:
+                entries.extend(f"{rel / e.name}/" for e in folders)
+                entries.extend(_describe(fd, e, rel / e.name) for e in others)
+                if len(entries) > LIST_MAX_ENTRIES:
+                    truncated = True
+                    break
         entries = entries[:LIST_MAX_ENTRIES]
         if not entries:
             return ToolResult.success(f"('{raw}' is empty)")
@@ -314,16 +405,20 @@ def _count_lines(fh: BinaryIO) -> int:
     return count + (tail != b"\n")
 
 
-def _write_text(path: Path, text: str, mode: str) -> None:
-    # newline="": write exactly what was given (no platform newline translation).
-    with path.open(mode, encoding="utf-8", newline="") as fh:
-        fh.write(text)
-
-
-def _describe(full: Path, shown: Path) -> str:
-    if full.is_symlink():
-        return f"{shown} -> {os.readlink(full)}"
+def _utf8(text: str, key: str) -> bytes:
     try:
-        return f"{shown}  ({full.stat().st_size} bytes)"
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ToolInputError(
+            f"argument '{key}' holds characters that cannot be written as UTF-8 "
+            "(an unpaired surrogate)"
+        ) from None
+
+
+def _describe(dir_fd: int, entry: os.DirEntry[str], shown: Path) -> str:
+    try:
+        if entry.is_symlink():
+            return f"{shown} -> {os.readlink(entry.name, dir_fd=dir_fd)}"
+        return f"{shown}  ({entry.stat(follow_symlinks=False).st_size} bytes)"
     except OSError:
         return str(shown)

@@ -23,7 +23,10 @@ from typing import Any, Protocol
 
 import trio
 
-from navi_trio.errors import ConfigError, NaviError, ToolInputError
+from navi_trio.errors import ConfigError, ToolInputError
+from navi_trio.errors import PeerError as PeerError
+from navi_trio.errors import PeerRefusedError as PeerRefusedError
+from navi_trio.errors import PeerUnreachableError as PeerUnreachableError
 from navi_trio.profiles import PeerConfig
 from navi_trio.tools.base import (
     ToolContext,
@@ -37,22 +40,6 @@ from navi_trio.tools.base import (
 
 Frame = dict[str, Any]
 CARD_STATUS_MAX = 120  # characters of a peer tool's error shown on its card
-
-
-class PeerError(NaviError):
-    """Asking a peer failed; the message says why (never with the token)."""
-
-
-class PeerUnreachableError(PeerError):
-    """Nothing answers at the peer's URL, or the connection dropped."""
-
-
-class PeerRefusedError(PeerError):
-    """The peer answered with an error frame (``code``: its wire code)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{message} ({code})")
-        self.code = code
 
 
 class PeerRun(Protocol):

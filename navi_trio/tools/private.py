@@ -2,11 +2,16 @@
 
 One list, used by every confinement: the sandbox masks these paths (tools/sandbox.py),
 the filesystem tool refuses them (tools/filesystem.py), and a client's `cwd` may not lie
-inside them (the daemon's workspace check). Whatever their paths are: the data folder
-(the database, its WAL and journal, the token files, every session folder), the
-database when it lives elsewhere, and navi's config folders. The caller's own session
-folder is the one exception (`allowed`): it lives inside the data folder, and it is
-the run's own workspace.
+inside them (core/workspace.py). Whatever their paths are: the data folder (the
+database, its WAL and journal, the token files, every session folder), the database
+when it lives elsewhere, navi's config folders (config.json may hold tokens and MCP
+servers' keys), and the SSH identity files the config names for ssh_exec. The caller's
+own session folder is the one exception (`allowed`): it lives inside the data folder,
+and it is the run's own workspace.
+
+The config folder is hidden whole unless it is ``/``, the home folder or above it (a
+config.json kept there): then only the file itself is, so that hiding it does not hide
+the machine.
 """
 
 from __future__ import annotations
@@ -16,14 +21,21 @@ from pathlib import Path
 
 import attrs
 
+from navi_trio.profiles import NaviConfig
 from navi_trio.settings import Settings
 
 # Next to the database: SQLite's write-ahead log, its index and a rollback journal.
 DB_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
-def _real(path: Path) -> Path:
-    return Path(os.path.realpath(path.expanduser()))
+def real_path(path: Path | str) -> Path:
+    """`path` with ~ expanded and every symlink resolved (blocking)."""
+    return Path(os.path.realpath(Path(path).expanduser()))
+
+
+def within(path: Path, *folders: Path) -> bool:
+    """Whether `path` is one of `folders` or lies below one (paths compared as given)."""
+    return any(path == f or f in path.parents for f in folders)
 
 
 @attrs.frozen
@@ -39,27 +51,52 @@ class PrivatePaths:
 
     def blocks(self, path: Path) -> Path | None:
         """The hidden path that covers the real `path`, or None when it may be used."""
-        if any(path == a or a in path.parents for a in self.allowed):
+        if any(within(path, a) for a in self.allowed):
             return None
         for hidden in self.hidden:
-            if path == hidden or hidden in path.parents:
+            if within(path, hidden):
                 return hidden
         return None
 
     def inside(self, folder: Path) -> tuple[Path, ...]:
         """The hidden paths that lie inside (or are) the real `folder`."""
-        return tuple(h for h in self.hidden if h == folder or folder in h.parents)
+        return tuple(h for h in self.hidden if within(h, folder))
 
 
-def private_paths(settings: Settings, own_session_dir: Path | None = None) -> PrivatePaths:
-    """The daemon's own data for `settings`; `own_session_dir` stays visible."""
-    db = _real(settings.db_path)
+def _config_paths(config_file: Path) -> list[Path]:
+    """The config folder, or only the file when its folder holds the home folder."""
+    folder = config_file.parent
+    home = real_path(Path.home())
+    if folder == Path("/") or within(home, folder):
+        return [config_file]
+    return [folder]
+
+
+def private_paths(
+    settings: Settings,
+    own_session_dir: Path | None = None,
+    *,
+    config: NaviConfig | None = None,
+) -> PrivatePaths:
+    """The daemon's own data for `settings`; `own_session_dir` stays visible.
+
+    With `config`, the SSH identity files it names are hidden too.
+    """
+    db = real_path(settings.db_path)
     hidden = [
-        _real(settings.data_dir),
+        real_path(settings.data_dir),
         db,
         *(db.with_name(db.name + side) for side in DB_SIDE_FILES),
-        _real(settings.config_path).parent,
-        _real(Path(os.environ.get("XDG_CONFIG_HOME") or "~/.config") / "navi"),
+        *_config_paths(real_path(settings.config_path)),
+        real_path(Path(os.environ.get("XDG_CONFIG_HOME") or "~/.config") / "navi"),
     ]
-    allowed = () if own_session_dir is None else (_real(own_session_dir),)
-    return PrivatePaths(hidden=tuple(dict.fromkeys(hidden)), allowed=allowed)
+    if config is not None and config.ssh is not None:
+        hidden += [real_path(Path(h.identity_file)) for h in config.ssh.hosts.values()]
+    unique = tuple(dict.fromkeys(hidden))
+    allowed: tuple[Path, ...] = ()
+    if own_session_dir is not None:
+        own = real_path(own_session_dir)
+        # A session folder turned into a link to the data folder (or above) allows nothing.
+        if not any(within(h, own) for h in unique):
+            allowed = (own,)
+    return PrivatePaths(hidden=unique, allowed=allowed)

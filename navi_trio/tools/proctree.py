@@ -150,6 +150,39 @@ def _scan(queries: list[Query], tag_var: str) -> tuple[list[set[int]], dict[int,
     return out, groups
 
 
+def tag_values(tag_var: str) -> dict[int, str]:
+    """Every live process of ours whose environment sets `tag_var`: pid -> its value.
+
+    One pass over /proc that reads each environment (at a daemon's start, to find
+    what a dead daemon left: `procs.kill_orphans`); blocking, run in a worker thread.
+    """
+    me, uid = os.getpid(), os.getuid()
+    needle = f"\0{tag_var}=".encode()
+    found: dict[int, str] = {}
+    try:
+        names = os.listdir(PROC)
+    except OSError:
+        return found
+    for name in names:
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        try:
+            if os.stat(f"{PROC}/{pid}").st_uid != uid:
+                continue  # not ours: we could not signal it anyway
+        except OSError:
+            continue
+        info = _stat(pid)
+        env = _read(f"{PROC}/{pid}/environ")
+        if info is None or info[0] in ("Z", "X") or env is None:
+            continue
+        at = (b"\0" + env).find(needle)
+        if at >= 0:
+            value = (b"\0" + env)[at + len(needle) :].split(b"\0", 1)[0]
+            found[pid] = value.decode("utf-8", "replace")
+    return found
+
+
 class Strays:
     """Processes held by pidfds: `signal` them, `wait` for them to die, `close`.
 

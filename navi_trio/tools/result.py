@@ -9,15 +9,29 @@ from typing import Any
 
 import attrs
 
+from navi_trio.text import clean_json, clean_text
+
+
+def _clean_error(error: str | None) -> str | None:
+    return None if error is None else clean_text(error)
+
+
+def _clean_data(data: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if data is None else clean_json(data)
+
 
 @attrs.frozen
 class ToolResult:
-    """What a tool returns. `content()` is what the model sees in the tool message."""
+    """What a tool returns. `content()` is what the model sees in the tool message.
+
+    Every tool's text passes here, whoever made it (a process, an MCP or peer server,
+    a file): a lone surrogate becomes U+FFFD before it can be stored or sent."""
 
     ok: bool
-    output: str = ""
-    error: str | None = None
-    data: dict[str, Any] | None = None  # structured extras (task_id, exit code ...)
+    output: str = attrs.field(default="", converter=clean_text)
+    error: str | None = attrs.field(default=None, converter=_clean_error)
+    # structured extras (task_id, exit code ...)
+    data: dict[str, Any] | None = attrs.field(default=None, converter=_clean_data)
 
     def content(self) -> str:
         if self.ok:

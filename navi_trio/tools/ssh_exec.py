@@ -46,7 +46,7 @@ from navi_trio.errors import ToolInputError
 from navi_trio.profiles import SshConfig, SshHost
 from navi_trio.settings import Settings
 from navi_trio.tools.base import ToolContext, ToolResult, require_str
-from navi_trio.tools.procs import CommandResult, run_command
+from navi_trio.tools.procs import CommandResult, run_command, tag_owner
 from navi_trio.tools.terminal import command_result, output_progress, read_timeout
 
 CONNECT_TIMEOUT_SEC = 10
@@ -183,6 +183,7 @@ class SshExecTool:
                 progress=output_progress(ctx),
                 max_chars=ctx.settings.tool_output_max_chars,
                 env={"TERM": "dumb"},  # the remote pty's TERM: no colours, no cursor codes
+                owner=tag_owner(ctx.settings.data_dir),
             )
         except OSError as exc:
             return ToolResult.fail(f"cannot start ssh: {exc.strerror or exc}")

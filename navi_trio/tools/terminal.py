@@ -27,12 +27,21 @@ from navi_trio.tools.base import (
     require_str,
 )
 from navi_trio.tools.filesystem import resolve_dir
-from navi_trio.tools.procs import CommandResult, ReadResult, run_command
+from navi_trio.tools.procs import CommandResult, ReadResult, passed_env, run_command, tag_owner
 from navi_trio.tools.progress import OutputProgress
 from navi_trio.tools.services import unavailable
 
 ACTIONS = ("run", "open", "read", "write", "kill", "list")
 READ_WAIT_MAX_SEC = 30.0
+
+
+def command_env(ctx: ToolContext) -> dict[str, str]:
+    """What a command's environment adds to the allow-list (`procs.child_env`): the
+    variables the profile's ``env`` names, and HOME = the session folder, the run's
+    own (unless the profile passes the daemon's HOME on)."""
+    env = passed_env(ctx.profile.env)
+    env.setdefault("HOME", str(ctx.session_dir))
+    return env
 
 
 def read_timeout(args: dict[str, Any], settings: Settings) -> tuple[float, str]:
@@ -127,6 +136,8 @@ class TerminalTool:
                 max_chars=ctx.settings.tool_output_max_chars,
                 sandbox=ctx.sandbox,
                 bwrap_path=ctx.settings.bwrap_path,
+                env=command_env(ctx),
+                owner=tag_owner(ctx.settings.data_dir),
             )
         except OSError as exc:
             return ToolResult.fail(f"cannot start the command: {exc.strerror or exc}")
@@ -143,6 +154,8 @@ class TerminalTool:
                 cwd,
                 sandbox=ctx.sandbox,
                 bwrap_path=ctx.settings.bwrap_path,
+                env=command_env(ctx),
+                owner=tag_owner(ctx.settings.data_dir),
             )
         except OSError as exc:
             return ToolResult.fail(f"cannot start the process: {exc.strerror or exc}")

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from trio_websocket import open_websocket_url
 
 from navi_trio.api.auth import new_token
+from navi_trio.api.daemon_client import DaemonConnection, open_daemon
 from navi_trio.api.server import ApiServer
 from navi_trio.runtime import Runtime, open_runtime
 from navi_trio.settings import Settings
@@ -103,27 +103,20 @@ async def bench_runtime(
 
 
 class WsClient:
-    def __init__(self, ws: Any) -> None:
-        self.ws = ws
-        self.n = 0
+    """A bench client of the daemon: `open_daemon`'s connection and a few shortcuts."""
+
+    def __init__(self, daemon: DaemonConnection) -> None:
+        self.daemon = daemon
 
     async def send(self, frame: dict[str, Any]) -> None:
-        await self.ws.send_message(json.dumps(frame))
+        await self.daemon.send(frame)
 
     async def next(self) -> dict[str, Any]:
-        frame: dict[str, Any] = json.loads(await self.ws.get_message())
-        return frame
+        return await self.daemon.receive()
 
     async def start_session(self, text: str) -> str:
-        self.n += 1
-        rid = f"r{self.n}"
-        await self.send({"type": "message", "content": text, "id": rid})
-        while True:
-            f = await self.next()
-            if f.get("type") == "ok" and f.get("id") == rid:
-                return str(f["session_id"])
-            if f.get("type") == "error":
-                raise RuntimeError(f"daemon refused: {f}")
+        """A new session running `text`; its frames so far wait for `next`."""
+        return (await self.daemon.send_message(text)).session_id
 
     async def until_end(self, sid: str, on_frame: Any = None) -> dict[str, Any]:
         while True:
@@ -157,12 +150,8 @@ async def ws_daemon(
 
 @asynccontextmanager
 async def ws_client(url: str, token: str) -> AsyncIterator[WsClient]:
-    async with open_websocket_url(url, max_message_size=64 << 20) as ws:
-        c = WsClient(ws)
-        await c.send({"type": "hello", "token": token})
-        welcome = await c.next()
-        assert welcome["type"] == "welcome", welcome
-        yield c
+    async with open_daemon(url, token) as daemon:
+        yield WsClient(daemon)
 
 
 # --- 1. tool loop --------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 - `servers.McpServers`: one actor per configured server, under the runtime's nursery;
   the tool registry's source of ``mcp__<server>__<tool>`` tools;
-- `server.McpServer` / `server.McpTool`: the actor (session, restarts, process group)
-  and a server's tool as a navi tool;
+- `connection.McpConnection` / `connection.McpTool`: our connection to one server (the
+  actor: session, restarts, process group) and a server's tool as a navi tool;
 - `content`, `schema`, `stderr`: results as text, input schemas checked and capped,
   the child's stderr into the log.
 

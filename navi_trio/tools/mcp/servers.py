@@ -1,8 +1,9 @@
-"""McpServers: the actors of the configured MCP servers, and their tools for a run.
+"""McpServers: our connections to the configured MCP servers, and their tools for a run.
 
-The runtime starts `McpServers.run` in its nursery; a server's actor (server.py) starts
-the first time a run's profile names it (`prepare`), which waits until the server is
-ready or its start failed, at most its `timeout_sec`. A server whose entry changed in a
+The runtime starts `McpServers.run` in its nursery (a `NurseryHolder`); the actor of a
+server's connection (connection.py) starts the first time a run's profile names it
+(`prepare`), which waits until the server is ready or its start failed, at most its
+`timeout_sec`. A server whose entry changed in a
 reloaded config gets a new actor; a disabled one is never started. `McpServers` is the
 registry's `ToolSource` (tools/base.py): `prepare` gives a run the names of its MCP
 tools, `get` finds one by name.
@@ -17,51 +18,45 @@ from typing import Any
 
 import trio
 
+from navi_trio.actor import NurseryHolder
 from navi_trio.events import AgentEvent, WarningEvent
 from navi_trio.profiles import MCP_PREFIX, AgentProfile, McpServerConfig, NaviConfig
 from navi_trio.tools.base import Tool
-from navi_trio.tools.mcp.server import McpServer
+from navi_trio.tools.mcp.connection import McpConnection
 
 Publish = Callable[[AgentEvent], None]
 
 
-class McpServers:
+class McpServers(NurseryHolder):
+    """Owns the connections' actors until cancelled (runtime shutdown stops them all)."""
+
     def __init__(self, config: Callable[[], NaviConfig]) -> None:
         self._config = config  # the config in force (it may be reloaded)
-        self._servers: dict[str, McpServer] = {}
-        self._nursery: trio.Nursery | None = None
+        self._connections: dict[str, McpConnection] = {}
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Own the servers' actors until cancelled (runtime shutdown stops them all)."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
+    def connection(self, name: str) -> McpConnection | None:
+        return self._connections.get(name)
 
-    def server(self, name: str) -> McpServer | None:
-        return self._servers.get(name)
-
-    def start(self, name: str, conf: McpServerConfig) -> McpServer:
+    def start(self, name: str, conf: McpServerConfig) -> McpConnection:
         """The actor of `name`, started now unless it runs with this same entry."""
-        if self._nursery is None:
-            raise RuntimeError("McpServers.run is not running")
-        actor = self._servers.get(name)
+        nursery = self.nursery  # RuntimeError when not running, before anything changes
+        actor = self._connections.get(name)
         if actor is not None and actor.config != conf:
             actor.scope.cancel()  # the entry changed: its successor starts afresh
             actor = None
         if actor is None:
-            actor = McpServer(name, conf)
-            self._servers[name] = actor
-            self._nursery.start_soon(actor.run)
+            actor = McpConnection(name, conf)
+            self._connections[name] = actor
+            nursery.start_soon(actor.run)
         actor.retry()
         return actor
 
-    async def settle(self, actors: Iterable[McpServer]) -> None:
+    async def settle(self, actors: Iterable[McpConnection]) -> None:
         """Wait until each of `actors` is ready or its start failed (its timeout at most)."""
         async with trio.open_nursery() as nursery:
             for actor in actors:
 
-                async def wait(a: McpServer = actor) -> None:
+                async def wait(a: McpConnection = actor) -> None:
                     with trio.move_on_after(a.config.timeout_sec + 5):
                         await a.settled.wait()
 
@@ -93,14 +88,14 @@ class McpServers:
     def get(self, name: str) -> Tool | None:
         if not name.startswith(MCP_PREFIX):
             return None
-        actor = self._servers.get(name.removeprefix(MCP_PREFIX).split("__", 1)[0])
+        actor = self._connections.get(name.removeprefix(MCP_PREFIX).split("__", 1)[0])
         return None if actor is None else actor.tools.get(name)
 
     def status(self) -> list[dict[str, Any]]:
         """Every configured server: name, transport, enabled, state, error, tools."""
         out = []
         for name, conf in sorted(self._config().mcp_servers.items()):
-            actor = self._servers.get(name)
+            actor = self._connections.get(name)
             state = actor.state if actor is not None else "idle"
             out.append(
                 {

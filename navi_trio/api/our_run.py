@@ -1,0 +1,78 @@
+"""A message of ours and its run: the daemon's ``ok`` (`Accepted`), then `OurRun`.
+
+The one place that counts the runs queued ahead of our message, for every client that
+follows its own message's run through the daemon (`navi run`, `navi mcp serve`, the
+peer tool): pure bookkeeping over the frames `open_daemon` hands on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from navi_trio import wire
+from navi_trio.wire import Frame
+
+
+@attrs.frozen
+class Accepted:
+    """The daemon's ``ok`` to a message: stored, and running or queued."""
+
+    session_id: str
+    created: bool  # the daemon made the session for this message
+    queued: bool  # it waits behind the session's running turn
+
+
+@attrs.define(eq=False)
+class OurRun:
+    """Which frames of its session belong to the run of one message of ours.
+
+    A message the daemon ran at once owns every frame of its session from the first on
+    (this connection was subscribed when the daemon took the message). A queued one
+    (`Accepted.queued`) waits behind the running turn and the messages queued before
+    it: its ``message_queued`` frame (the first carrying our text) says how many runs
+    end first (`position`); their top-level ``stream_end`` frames are counted down,
+    then the frames are ours until our own top-level ``stream_end`` (`ended`).
+    """
+
+    session_id: str
+    text: str
+    queued: bool
+    on_queued: Callable[[int], object] = lambda position: None
+    ahead: int | None = None  # runs still to end before ours (once our message_queued came)
+    started: bool = False  # the frames are ours now
+    ended: bool = False  # our top-level stream_end was seen
+
+    def __attrs_post_init__(self) -> None:
+        self.started = not self.queued
+
+    @classmethod
+    def of(
+        cls, accepted: Accepted, text: str, on_queued: Callable[[int], object] = lambda n: None
+    ) -> OurRun:
+        return cls(accepted.session_id, text, accepted.queued, on_queued)
+
+    @property
+    def running(self) -> bool:
+        """Our run is the one the session runs now (or about to)."""
+        return self.started and not self.ended
+
+    def ours(self, frame: Frame) -> bool:
+        """Whether `frame` belongs to our run (counting the runs ahead of it on the way)."""
+        if frame.get("session_id") != self.session_id or not isinstance(frame.get("seq"), int):
+            return False  # another session's, a reply, an out-of-band task_update, lagged
+        if not self.started:
+            if self.ahead is None:
+                if frame.get("type") == wire.MESSAGE_QUEUED and frame.get("text") == self.text:
+                    position = frame.get("position")
+                    self.ahead = position if isinstance(position, int) and position > 0 else 1
+                    self.on_queued(self.ahead)
+                return False
+            if self.ahead > 0:
+                if wire.is_top_end(frame):
+                    self.ahead -= 1
+                return False
+            self.started = True
+        self.ended = self.ended or wire.is_top_end(frame)
+        return True

@@ -1,0 +1,297 @@
+"""The ``navi`` command.
+
+    navi --help | --version
+    navi doctor [--db PATH] [--config PATH] [--llm-url URL] [--backend B] [--json]
+    navi run [--session ID] [--profile P] [--cwd DIR] [--events] [--local] ... "message"
+    navi compact --session ID [--db PATH] [--config PATH] [--llm-url URL] [--backend B]
+    navi chat [--url URL] [--session ID] [--profile P] [--token T] [--local [--model-file PATH]]
+    navi serve | users | sessions | tasks        (the daemon: see cli/daemon.py)
+    navi mcp list [--config PATH]                (MCP servers: see cli/mcp.py)
+    navi mcp serve [--url URL] [--profile P] [--mode M] ...   (navi as an MCP server)
+
+`main` parses the arguments, runs the subcommand under `trio.run` and turns every
+failure into one line ``navi: error: ...`` on stderr and a non-zero exit code (1; 128 +
+the signal when a run was stopped by Ctrl-C, SIGTERM or SIGHUP). A traceback is printed
+only with ``NAVI_DEBUG=1``: the person at the shell needs the reason, not our stack.
+Each subcommand is one entry of `_COMMANDS`, and each family of them a module of this
+package, imported when its command runs (`navi --help` stays light):
+
+    common      exit codes, settings from the options, where a turn goes: shared by all
+    run         `navi run`: its output, stop signals, approval prompts, exit code
+    runner      one turn sent and followed, in the daemon or in this process (a library:
+                `navi run` and `navi mcp serve` use it)
+    compact     `navi compact`
+    chat        `navi chat` (the terminal client is navi_trio/client/)
+    daemon      `navi serve | users | sessions | tasks`; serve: the daemon's life
+    mcp         `navi mcp list | serve`; mcp_server, mcp_progress: navi as an MCP server
+    doctor      `navi doctor`'s report (the command itself is `cmd_doctor` below)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn, TextIO
+
+import trio
+
+from navi_trio import __version__
+from navi_trio.api.remote import DEFAULT_URL
+from navi_trio.cli.chat import serve_args_for_chat as serve_args_for_chat
+from navi_trio.cli.common import DEBUG_HINT as _DEBUG_HINT
+from navi_trio.cli.common import EXIT_ERROR as EXIT_ERROR
+from navi_trio.cli.common import EXIT_INTERRUPTED as EXIT_INTERRUPTED
+from navi_trio.cli.common import EXIT_OK as EXIT_OK
+from navi_trio.cli.common import UsageError as UsageError
+from navi_trio.cli.common import config_source as config_source
+from navi_trio.cli.common import llm_given
+from navi_trio.cli.common import llm_settings as llm_settings
+from navi_trio.cli.common import load_settings as load_settings
+from navi_trio.cli.common import one_line as one_line
+from navi_trio.cli.daemon import COMMANDS as DAEMON_COMMANDS
+from navi_trio.cli.daemon import add_parsers as add_daemon_parsers
+from navi_trio.cli.mcp import add_mcp_parser, cmd_mcp
+from navi_trio.errors import NaviError
+from navi_trio.llm.factory import (
+    BACKENDS,
+    backend_configured,
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _debug() -> bool:
+    return os.environ.get("NAVI_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+
+
+# ------------------------------------------------------------------------- parser
+
+
+def _add_endpoint_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--db", metavar="PATH|URL", help="SQLite file or postgresql:// URL (env NAVI_DB)"
+    )
+    p.add_argument("--config", type=Path, metavar="PATH", help="config.json (env NAVI_CONFIG)")
+    p.add_argument("--llm-url", metavar="URL", help="LLM endpoint (env OLLAMA_HOST)")
+    p.add_argument("--backend", choices=BACKENDS, help="LLM dialect (env NAVI_LLM_BACKEND)")
+    _add_local_options(p)
+
+
+def _add_local_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--local",
+        action="store_true",
+        help="the embedded local model (llama.cpp in a process of its own; the `local` profile "
+        "for new sessions, num_ctx 4096 unless OLLAMA_NUM_CTX)",
+    )
+    p.add_argument(
+        "--model-file", type=Path, metavar="PATH", help="GGUF for --local (env NAVI_MODEL_FILE)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="navi", description="navi_trio: a local LLM agent on trio.")
+    parser.add_argument("--version", action="version", version=f"navi {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="report the config, the DB and whether the LLM answers",
+        description="Report the config, the DB and whether the LLM endpoint answers. "
+        "Exit 1 when the config or the DB is broken (a down LLM is only a warning).",
+    )
+    _add_endpoint_options(doctor)
+    doctor.add_argument("--json", action="store_true", help="print one JSON object")
+    doctor.add_argument("--url", default=DEFAULT_URL, help="the daemon to look for")
+
+    run = sub.add_parser(
+        "run",
+        help="run one turn and print the answer",
+        description="Run one turn of the agent and print the final answer as it streams: "
+        "in the daemon when one answers (--url, default the local one), else in this "
+        "process, which then waits for the turn's background tasks before it exits. "
+        "Ctrl-C, SIGTERM or SIGHUP stops the run cleanly (the partial answer is saved).",
+    )
+    run.add_argument("message", help="the user message ('-' reads it from stdin)")
+    run.add_argument("--session", metavar="ID", help="continue this session (default: new)")
+    run.add_argument("--profile", metavar="P", help="profile for the session")
+    run.add_argument("--cwd", type=Path, metavar="DIR", help="working directory for tools")
+    run.add_argument(
+        "--events", action="store_true", help="print every event as one JSON line instead"
+    )
+    run.add_argument("--url", help=f"run it in this daemon (default: {DEFAULT_URL} if it answers)")
+    run.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
+    run.add_argument(
+        "--mode",
+        choices=("read-only", "workspace", "full"),
+        help="safety mode for this run, within what your role allows (default: the profile's)",
+    )
+    _add_endpoint_options(run)
+
+    compact = sub.add_parser(
+        "compact",
+        help="compress a session's context (the way out of context_too_large)",
+        description="Summarise the older part of a session's context with the LLM and cut "
+        "any kept message too big to fit, so the next turn fits the model's window. "
+        "The display history keeps every message.",
+    )
+    compact.add_argument("--session", metavar="ID", required=True, help="the session")
+    _add_endpoint_options(compact)
+    chat = sub.add_parser(
+        "chat",
+        help="chat with the daemon in this terminal",
+        description="Chat with the navi daemon at --url (one is started in the background "
+        "when none answers). Ctrl-C stops a run; /help lists the commands.",
+    )
+    chat.add_argument("--url", default="ws://127.0.0.1:8765", help="daemon WebSocket URL")
+    chat.add_argument("--session", metavar="ID", help="resume this session (default: new)")
+    chat.add_argument("--profile", metavar="P", help="profile for new messages")
+    chat.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
+    _add_local_options(chat)
+    add_daemon_parsers(sub, _add_endpoint_options)
+    add_mcp_parser(sub, _add_endpoint_options)
+    return parser
+
+
+# ------------------------------------------------------------------------- doctor
+
+
+def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    # Imported here: the doctor pulls in much that `navi run` / `navi serve` do not need.
+    from navi_trio.cli.doctor import collect_doctor, print_doctor
+
+    settings = load_settings(args)
+    configured = backend_configured(os.environ, given=llm_given(args))
+    report = trio.run(lambda: collect_doctor(settings, args.url, configured=configured))
+    if args.json:
+        print(json.dumps(report, indent=None), file=out)
+    else:
+        print_doctor(report, out)
+    if report["errors"]:
+        print(f"navi: error: {one_line(report['errors'][0])}", file=err)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------- run
+
+
+def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """`navi run`: through the daemon or an embedded runtime (cli/run.py)."""
+    from navi_trio.cli.run import cmd_run as run
+
+    return run(args, out, err)
+
+
+# ------------------------------------------------------------------------- compact, chat
+
+
+def cmd_compact(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """`navi compact` (cli/compact.py)."""
+    from navi_trio.cli.compact import cmd_compact as compact
+
+    return compact(args, out, err)
+
+
+def cmd_chat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """`navi chat` (cli/chat.py)."""
+    from navi_trio.cli.chat import cmd_chat as chat
+
+    return chat(args, out, err)
+
+
+# ------------------------------------------------------------------------- main
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
+    "doctor": cmd_doctor,
+    "run": cmd_run,
+    "compact": cmd_compact,
+    "chat": cmd_chat,
+    "mcp": cmd_mcp,
+    **DAEMON_COMMANDS,
+}
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def _describe(exc: BaseException) -> tuple[str, bool]:
+    """The one-line message for `exc`, and whether it was expected (no debug hint)."""
+    leaves = _leaves(exc)
+    expected = all(isinstance(e, NaviError | OSError | UsageError) for e in leaves)
+    parts = []
+    for e in leaves:
+        text = one_line(str(e))
+        if isinstance(e, NaviError | UsageError) and text:
+            parts.append(text)
+        else:
+            parts.append(f"{type(e).__name__}: {text}" if text else type(e).__name__)
+    message = "; ".join(dict.fromkeys(parts))
+    return (message if expected else f"{message} {_DEBUG_HINT}"), expected
+
+
+def _logging_handler(debug: bool) -> logging.Handler:
+    class OneLine(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            if not debug:
+                record.exc_info = record.exc_text = None
+                record.stack_info = None
+            return super().format(record)
+
+    def reported_elsewhere(record: logging.LogRecord) -> bool:
+        # A logged exception reaches the user as the command's own one error line (an
+        # error event, or main's); the log record of it is for NAVI_DEBUG=1 only.
+        return debug or not record.exc_info
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(reported_elsewhere)
+    handler.setFormatter(OneLine("navi: %(levelname)s: %(name)s: %(message)s"))
+    handler.setLevel(logging.DEBUG if debug else logging.WARNING)
+    return handler
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``navi`` console script: returns the exit code."""
+    out, err = sys.stdout, sys.stderr
+    debug = _debug()
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        print(f"navi: error: {exc}", file=err)
+        return EXIT_ERROR
+    except SystemExit as exc:  # --help / --version
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
+
+    root = logging.getLogger()
+    handler = _logging_handler(debug)
+    root.addHandler(handler)
+    old_level = root.level
+    root.setLevel(logging.DEBUG if debug else logging.WARNING)
+    try:
+        return _COMMANDS[args.command](args, out, err)
+    except BaseException as exc:
+        if all(isinstance(e, KeyboardInterrupt) for e in _leaves(exc)):
+            return EXIT_INTERRUPTED
+        if not isinstance(exc, Exception):
+            raise  # SystemExit and friends are not ours to report
+        message, _ = _describe(exc)
+        if debug:
+            traceback.print_exception(exc, file=err)
+        print(f"navi: error: {message}", file=err)
+        return EXIT_ERROR
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+        err.flush()

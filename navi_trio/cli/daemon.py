@@ -1,0 +1,245 @@
+"""The daemon's subcommands of ``navi``: serve, users, sessions, tasks.
+
+    navi serve [--host 127.0.0.1] [--port 8765] [--allow-remote] [--log-level L] [--log-json]
+               [--local [--model-file PATH]]
+    navi users add NAME [--role admin|user] | list | remove NAME | rotate NAME
+    navi sessions [list | history ID | delete ID] [--url URL] [--token T]
+    navi tasks [list | check ID | cancel ID] [--session ID] [--url URL] [--token T]
+
+`serve` runs the daemon in the foreground until SIGTERM / SIGINT. `users` works on the
+store directly (the daemon need not run). `sessions` and `tasks` talk to a running
+daemon; when none answers they say so in one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import trio
+
+from navi_trio import wire
+from navi_trio.api.remote import DEFAULT_URL
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], None]) -> None:
+    serve = sub.add_parser(
+        "serve",
+        help="run the WebSocket daemon in the foreground",
+        description="Run the daemon: session actors, background jobs and the WebSocket "
+        "server. Loopback only unless --allow-remote. SIGTERM/Ctrl-C stop it cleanly; "
+        "SIGHUP reloads the config.",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8765, help="port (0: any free one)")
+    serve.add_argument(
+        "--allow-remote", action="store_true", help="allow a --host that is not loopback"
+    )
+    serve.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    serve.add_argument("--log-json", action="store_true", help="log JSON lines")
+    endpoint_options(serve)
+
+    users = sub.add_parser("users", help="manage users and their tokens")
+    users.add_argument("action", choices=("add", "list", "remove", "rotate"))
+    users.add_argument("name", nargs="?", help="the user's name (add, remove, rotate)")
+    users.add_argument("--role", choices=("admin", "user"), default="user")
+    users.add_argument(
+        "--db", metavar="PATH|URL", help="SQLite file or postgresql:// URL (env NAVI_DB)"
+    )
+
+    sessions = sub.add_parser("sessions", help="list, show or delete sessions (via the daemon)")
+    sessions.add_argument(
+        "action", nargs="?", default="list", choices=("list", "history", "delete")
+    )
+    sessions.add_argument("session_id", nargs="?", metavar="ID")
+    _client_options(sessions)
+
+    tasks = sub.add_parser("tasks", help="list, check or cancel background tasks (via the daemon)")
+    tasks.add_argument("action", nargs="?", default="list", choices=("list", "check", "cancel"))
+    tasks.add_argument("task_id", nargs="?", metavar="ID")
+    tasks.add_argument("--session", metavar="ID", help="only this session's tasks")
+    _client_options(tasks)
+
+
+def _client_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=DEFAULT_URL, help=f"the daemon (default {DEFAULT_URL})")
+    p.add_argument("--token", help="your token (env NAVI_TOKEN; default: the local token file)")
+    p.add_argument("--json", action="store_true", help="print the daemon's reply as JSON")
+
+
+# ------------------------------------------------------------------------- serve
+
+
+class _JsonLines(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(
+            {
+                "ts": round(record.created, 3),
+                "level": record.levelname.lower(),
+                "logger": record.name,
+                "message": record.getMessage(),
+            }
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from navi_trio.cli.common import UsageError, config_source, llm_settings
+    from navi_trio.cli.serve import serve_daemon
+
+    if not _is_loopback(args.host):
+        if not args.allow_remote:
+            raise UsageError(
+                f"--host {args.host} is not a loopback address: anyone who can reach it may "
+                "connect; add --allow-remote if you mean it"
+            )
+        print(
+            f"navi: warning: listening on {args.host}: reachable from other machines; "
+            "every client still needs a token",
+            file=err,
+            flush=True,
+        )
+    settings = llm_settings(args, err)
+    source = config_source(settings)
+    root = logging.getLogger()
+    level = getattr(logging, args.log_level.upper())
+    root.setLevel(level)
+    for handler in root.handlers:
+        handler.setLevel(level)
+        if args.log_json:
+            handler.setFormatter(_JsonLines())
+
+    def ready(port: int) -> None:
+        print(f"navi: listening on ws://{args.host}:{port}/", file=out, flush=True)
+
+    trio.run(lambda: serve_daemon(settings, source, host=args.host, port=args.port, ready=ready))
+    return 0
+
+
+# ------------------------------------------------------------------------- users
+
+
+def cmd_users(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from navi_trio.cli.common import UsageError, load_settings
+
+    if args.action != "list" and not args.name:
+        raise UsageError(f"users {args.action} needs a NAME")
+    settings = load_settings(args)
+    return trio.run(_users, settings, args, out)
+
+
+async def _users(settings: Any, args: argparse.Namespace, out: TextIO) -> int:
+    from navi_trio.api.auth import new_token
+    from navi_trio.errors import NaviError
+    from navi_trio.store.factory import open_store
+
+    async with open_store(settings) as store:
+        if args.action == "list":
+            for u in await store.list_users():
+                when = time.strftime("%Y-%m-%d %H:%M", time.localtime(u["created_at"]))
+                print(f"{u['name']}\t{u['role']}\t{u['id']}\tcreated {when}", file=out)
+            return 0
+        existing = await store.get_user_by_name(args.name)
+        if args.action == "add":
+            if existing is not None:
+                raise NaviError(f"a user named {args.name!r} exists already")
+            token = new_token()
+            await store.create_user(args.name, token, args.role)
+            print(f"user {args.name} ({args.role}) added; the token is shown once:", file=out)
+            print(token, file=out)
+            return 0
+        if existing is None:
+            raise NaviError(f"no user named {args.name!r} (see `navi users list`)")
+        if args.action == "remove":
+            await store.remove_user(args.name)
+            print(f"user {args.name} removed (their sessions stay)", file=out)
+            return 0
+        token = new_token()
+        await store.rotate_user_token(args.name, token)
+        print(f"new token for {args.name} (the old one no longer works):", file=out)
+        print(token, file=out)
+        return 0
+
+
+# ------------------------------------------------------------------------- sessions / tasks
+
+
+def _call(args: argparse.Namespace, frame: dict[str, Any]) -> dict[str, Any]:
+    from navi_trio.api.auth import resolve_token
+    from navi_trio.api.remote import request
+    from navi_trio.settings import Settings
+
+    settings = Settings.from_env()
+    token = resolve_token(args.token, settings.data_dir, dict(os.environ))
+    return trio.run(request, args.url, token, frame)
+
+
+def cmd_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from navi_trio.cli.common import UsageError
+
+    if args.action != "list" and not args.session_id:
+        raise UsageError(f"sessions {args.action} needs a session ID")
+    reply = _call(args, wire.sessions(args.action, args.session_id))
+    if args.json:
+        print(json.dumps(reply), file=out)
+    elif args.action == "list":
+        for s in reply["sessions"]:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s["updated_at"]))
+            busy = "  (running)" if s["busy"] else ""
+            print(f"{s['session_id']}\t{s['user']}\t{s['profile']}\t{when}\t{s['title']}{busy}",
+                  file=out)  # fmt: skip
+    elif args.action == "history":
+        for m in reply["messages"]:
+            content = m.get("content")
+            text = content if isinstance(content, str) else json.dumps(content)
+            print(f"{m.get('role', '?')}: {text}", file=out)
+    else:
+        print(f"session {args.session_id} deleted", file=out)
+    return 0
+
+
+def cmd_tasks(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from navi_trio.cli.common import UsageError
+
+    if args.action != "list" and not args.task_id:
+        raise UsageError(f"tasks {args.action} needs a task ID")
+    reply = _call(args, wire.tasks(args.action, args.session, args.task_id))
+    if args.json:
+        print(json.dumps(reply), file=out)
+    elif args.action == "list":
+        for t in reply["tasks"]:
+            print(f"{t['task_id']}\t{t['status']}\t{t['tool']}\t{t['age_sec']:.0f} s\t"
+                  f"{t['session_id']}", file=out)  # fmt: skip
+    elif args.action == "check":
+        t = reply["task"]
+        print(f"{t['task_id']} {t['status']} ({t['tool']}, {t['age_sec']:.0f} s)", file=out)
+        if "result" in t:
+            print(t["result"], file=out)
+    else:
+        print(f"task {args.task_id} " + ("cancelled" if reply["cancelled"] else
+              "was not running"), file=out)  # fmt: skip
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
+    "serve": cmd_serve,
+    "users": cmd_users,
+    "sessions": cmd_sessions,
+    "tasks": cmd_tasks,
+}

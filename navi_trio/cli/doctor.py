@@ -1,0 +1,602 @@
+"""``navi doctor``: check the config, the DB and the LLM endpoint, and print the report.
+
+`collect_doctor` gathers everything as one JSON-ready dict (`ping_llm` asks the endpoint
+for its model list); `print_doctor` shows it for a person. The command itself
+(`cmd_doctor`, its arguments and exit code) lives in `navi_trio.cli`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+import attrs
+import httpx
+import trio
+
+from navi_trio import __version__
+from navi_trio.api.peer_link import check_peer
+from navi_trio.api.remote import DEFAULT_URL, daemon_answers
+from navi_trio.errors import ConfigError, LLMError, NaviError
+from navi_trio.llm.factory import choose_backend
+from navi_trio.profiles import AgentProfile, NaviConfig, check_config, load_config
+from navi_trio.settings import Settings
+from navi_trio.store.db_url import describe
+from navi_trio.store.factory import store_report
+from navi_trio.store.sqlite import read_only_check, read_only_stats
+from navi_trio.tools.sandbox import find_bwrap, sandbox_available
+
+LLM_PING_TIMEOUT = 3.0
+LOCAL_CHECK_TIMEOUT = 120.0  # one token, model load included, on a loaded machine
+MCP_START_CAP = 15.0  # seconds a server may take to start before the doctor gives up
+
+# Profile flags worth a glance in `navi doctor` (shown when on).
+_FLAGS = (
+    "planning_enabled",
+    "planning_mandatory",
+    "think_enabled",
+    "iteration_budget_enabled",
+    "planning_phase2_enabled",
+    "goal_anchoring_enabled",
+    "anti_stall_enabled",
+    "step_validation_enabled",
+    "adaptive_replan_enabled",
+    "subagent_planning_enabled",
+)
+
+
+def _profile_info(p: AgentProfile, settings: Settings, default: str) -> dict[str, Any]:
+    flags = [f.removesuffix("_enabled") for f in _FLAGS if getattr(p, f)]
+    if p.goal_anchoring_enabled:
+        flags[flags.index("goal_anchoring")] = f"goal_anchoring/{p.goal_anchoring_interval}"
+    if p.anti_stall_enabled:
+        flags[flags.index("anti_stall")] = f"anti_stall/{p.anti_stall_threshold}"
+    parallel = p.parallel_tool_calls
+    if parallel if parallel is not None else settings.parallel_tool_calls:
+        flags.append("parallel_tool_calls")
+    return {
+        "id": p.id,
+        "model": p.model_or(settings.default_model),
+        "description": p.description,
+        "default": p.id == default,
+        "max_iterations": p.max_iterations,
+        "flags": flags,
+        "tools": list(p.get_agent_tools()),
+    }
+
+
+def _models_url(settings: Settings) -> str:
+    base = settings.llm_url.rstrip("/")
+    if settings.llm_backend.strip().lower() == "openai":
+        return f"{base}/models" if base.endswith("/v1") else f"{base}/v1/models"
+    return f"{base}/api/tags"
+
+
+async def ping_llm(settings: Settings) -> dict[str, Any]:
+    """GET the endpoint's model list: ``{"url", "ok", "models"|"error"}``."""
+    timeout = LLM_PING_TIMEOUT
+    url = _models_url(settings)
+    headers = {"Authorization": f"Bearer {settings.llm_api_key}"} if settings.llm_api_key else {}
+    result: dict[str, Any] = {"url": url, "ok": False}
+    # The httpx timeout bounds each phase; the cancel scope bounds the whole exchange.
+    with trio.move_on_after(timeout + 1):
+        try:
+            async with httpx.AsyncClient(timeout=timeout) as client:
+                response = await client.get(url, headers=headers)
+            if response.status_code >= 400:
+                result["error"] = f"HTTP {response.status_code}: {response.text.strip()[:200]}"
+                return result
+            data = response.json()
+            if settings.llm_backend.strip().lower() == "openai":
+                models = [m.get("id", "?") for m in data.get("data", [])]
+            else:
+                models = [m.get("name", "?") for m in data.get("models", [])]
+        except httpx.HTTPError as exc:
+            result["error"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            return result
+        except (ValueError, AttributeError, TypeError):
+            result["error"] = "the answer is not the JSON model list this backend sends"
+            return result
+        result.update(ok=True, models=[str(m) for m in models])
+        return result
+    result["error"] = f"no answer within {timeout:g} s"
+    return result
+
+
+def _root_url(settings: Settings) -> str:
+    base = settings.llm_url.rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and value > 0:
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip()) or None
+    return None
+
+
+def _ollama_window(data: Any) -> dict[str, Any]:
+    """From ``/api/show``: the model's trained window and the Modelfile's num_ctx."""
+    out: dict[str, Any] = {}
+    info = data.get("model_info") if isinstance(data, dict) else None
+    if isinstance(info, dict):
+        for key, value in info.items():
+            if str(key).endswith(".context_length") and _as_int(value):
+                out["n_ctx"] = _as_int(value)
+    params = data.get("parameters") if isinstance(data, dict) else None
+    if isinstance(params, str):
+        for row in params.splitlines():
+            name, _, value = row.strip().partition(" ")
+            if name == "num_ctx" and _as_int(value):
+                out["model_num_ctx"] = _as_int(value)
+    return out
+
+
+def _llama_window(props: Any, models: Any, model: str) -> int | None:
+    """llama.cpp: ``/props`` has the window it runs with; ``/v1/models`` meta the trained one."""
+    if isinstance(props, dict):
+        settings = props.get("default_generation_settings")
+        if isinstance(settings, dict) and _as_int(settings.get("n_ctx")):
+            return _as_int(settings.get("n_ctx"))
+        if _as_int(props.get("n_ctx")):
+            return _as_int(props.get("n_ctx"))
+    entries = models.get("data") if isinstance(models, dict) else None
+    if isinstance(entries, list):
+        entries = [e for e in entries if isinstance(e, dict)]
+        entries.sort(key=lambda e: e.get("id") != model)  # the configured model first
+        for entry in entries:
+            meta = entry.get("meta")
+            if isinstance(meta, dict):
+                for key in ("n_ctx", "n_ctx_train"):
+                    if _as_int(meta.get(key)):
+                        return _as_int(meta.get(key))
+    return None
+
+
+async def server_context(settings: Settings) -> dict[str, Any]:
+    """The server's context window, where its API gives it.
+
+    ``{"n_ctx": int | None, "source": url}`` (+ ``model_num_ctx`` for Ollama). Ollama:
+    ``POST /api/show`` (``model_info.*.context_length``, ``parameters`` num_ctx);
+    llama.cpp: ``GET /props`` (``default_generation_settings.n_ctx``), else the
+    ``meta`` of ``GET /v1/models``. Never raises: a server that does not say is None.
+    """
+    root = _root_url(settings)
+    headers = {"Authorization": f"Bearer {settings.llm_api_key}"} if settings.llm_api_key else {}
+    model = settings.default_model
+    result: dict[str, Any] = {"n_ctx": None, "source": None}
+    ollama = settings.llm_backend.strip().lower() != "openai"
+
+    async def get_json(client: httpx.AsyncClient, method: str, url: str, **kw: Any) -> Any:
+        try:
+            response = await client.request(method, url, headers=headers, **kw)
+            return response.json() if response.status_code < 400 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    with trio.move_on_after(2 * LLM_PING_TIMEOUT + 1):
+        async with httpx.AsyncClient(timeout=LLM_PING_TIMEOUT) as client:
+            if ollama:
+                url = f"{root}/api/show"
+                found = _ollama_window(await get_json(client, "POST", url, json={"model": model}))
+                if found:
+                    result.update(found, source=url)
+            else:
+                props = await get_json(client, "GET", f"{root}/props")
+                models = None if props else await get_json(client, "GET", f"{root}/v1/models")
+                n_ctx = _llama_window(props, models, model)
+                if n_ctx:
+                    where = "/props" if _llama_window(props, None, model) else "/v1/models"
+                    result.update(n_ctx=n_ctx, source=f"{root}{where}")
+    return result
+
+
+def _window_warning(settings: Settings, context: dict[str, Any]) -> str | None:
+    n_ctx = context.get("n_ctx")
+    if not isinstance(n_ctx, int) or n_ctx >= settings.num_ctx:
+        return None
+    return (
+        f"the server's context window is {n_ctx} tokens ({context['source']}), below "
+        f"OLLAMA_NUM_CTX={settings.num_ctx}: a prompt past {n_ctx} tokens will fail (llama.cpp "
+        f"answers with an empty body). Set OLLAMA_NUM_CTX={n_ctx} or give the server a "
+        "larger context"
+    )
+
+
+def local_model_info(model_file: Path | None) -> dict[str, Any]:
+    """The embedded model: is llama-cpp-python installed, which GGUF, how big."""
+    from navi_trio.llm import local  # finds the packages without importing llama_cpp
+
+    path = model_file or local.default_model_file()
+    info: dict[str, Any] = {
+        "llama_cpp": local.llama_installed(),
+        "file": str(path) if path else None,
+        "size_bytes": path.stat().st_size if path and path.is_file() else None,
+    }
+    info["ok"] = bool(info["llama_cpp"] and info["size_bytes"])
+    return info
+
+
+async def _one_token(settings: Settings, extra_buffers: bool) -> dict[str, Any]:
+    """One generated token in a model host process of its own (never in this one)."""
+    from navi_trio.llm.base import ChatRequest
+    from navi_trio.llm.local import open_local_backend
+
+    request = ChatRequest([{"role": "user", "content": "Hi"}], "local", options={"max_tokens": 1})
+    started = trio.current_time()
+    async with open_local_backend(
+        settings.model_file,
+        n_ctx=settings.num_ctx,
+        threads=settings.local_threads,
+        extra_buffers=extra_buffers,
+    ) as backend:
+        try:
+            with trio.fail_after(LOCAL_CHECK_TIMEOUT):
+                async with backend.stream_chat(request) as chunks:
+                    async for _ in chunks:
+                        pass
+        except (LLMError, trio.TooSlowError) as exc:
+            death = backend.host.last_death or {}
+            error = str(exc).removesuffix(" — see navi doctor") or (
+                f"no token within {LOCAL_CHECK_TIMEOUT:g} s"
+            )
+            return {"ok": False, "error": error, "stderr": death.get("stderr", [])}
+        info = backend.host.status()
+    return {"ok": True, "seconds": round(trio.current_time() - started, 2),
+            "system_info": info.get("system_info", "")}  # fmt: skip
+
+
+async def check_local_model(settings: Settings) -> dict[str, Any]:
+    """`navi doctor`'s check of the embedded model: a one-token generation in a child
+    process, with llama.cpp's extra buffer types as the daemon would start it. When that
+    dies with them on, once more without them, to name the setting that fixes it."""
+    from navi_trio.llm import host_state
+    from navi_trio.llm.local import EXTRA_BUFFERS_ENV, extra_buffers_setting
+
+    try:
+        setting = extra_buffers_setting(settings.local_extra_buffers)
+    except ConfigError as exc:
+        return {"ok": False, "error": str(exc), "stderr": [], "extra_buffers": None}
+    state = await trio.to_thread.run_sync(host_state.read_state, settings.data_dir)
+    key = await trio.to_thread.run_sync(host_state.state_key)
+    remembered = host_state.remembered_extra_buffers(state, key)
+    extra = setting if setting is not None else remembered is not False
+    result = {**await _one_token(settings, extra), "extra_buffers": extra, "key": key}
+    result["broken"] = state.get("broken")  # what a daemon marked (llm/host.py)
+    if result["ok"] or not extra:
+        if not result["ok"]:
+            result["fix"] = _rebuild_hint(result["error"])
+        return result
+    without = await _one_token(settings, False)
+    if without["ok"]:
+        result["fix"] = (
+            f"without llama.cpp's extra buffer types (weight repacking, AMX on recent Xeons) "
+            f"it answers: set {EXTRA_BUFFERS_ENV}=0"
+            + ("" if setting is None else f" (it is {settings.local_extra_buffers!r} now)")
+        )
+    else:
+        result["fix"] = _rebuild_hint(without["error"])
+    return result
+
+
+def _rebuild_hint(error: str) -> str:
+    if "SIGILL" in error:
+        return (
+            "this llama-cpp-python uses instructions this CPU lacks: rebuild it portably "
+            "(README, Install: scripts/install_llama_cpp.sh)"
+        )
+    return "see the last lines of its stderr above, and the daemon log"
+
+
+async def _backend_choice(
+    settings: Settings, configured: bool, environ: Mapping[str, str]
+) -> tuple[Settings, dict[str, Any]]:
+    """Which backend `navi run|chat|serve` would use, and why (`choose_backend`)."""
+    try:
+        choice = await choose_backend(settings, environ, configured=configured)
+    except ConfigError as exc:
+        return settings, {"name": None, "why": str(exc)}
+    chosen = choice.settings
+    if configured:
+        why = "configured (NAVI_LLM_BACKEND, OLLAMA_HOST or an option)"
+    else:
+        why = choice.note or f"nothing configured: Ollama answers at {chosen.llm_url}"
+    return chosen, {"name": chosen.llm_backend, "why": why}
+
+
+def _local_llm(settings: Settings, local: dict[str, Any]) -> dict[str, Any]:
+    """The `llm` entry for the embedded backend: no endpoint to ping."""
+    if local["ok"]:
+        return {"backend": "local", "url": local["file"], "ok": True,
+                "models": [Path(local["file"]).stem]}  # fmt: skip
+    from navi_trio.llm.local import EXTRA_HINT
+
+    error = "llama-cpp-python is not installed" if not local["llama_cpp"] else "no model file"
+    return {"backend": "local", "url": local["file"] or "-", "ok": False,
+            "error": f"{error}: {EXTRA_HINT}"}  # fmt: skip
+
+
+async def collect_doctor(
+    settings: Settings,
+    daemon_url: str = DEFAULT_URL,
+    *,
+    configured: bool = True,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Everything `navi doctor` reports, as one JSON-ready dict (``ok``: config and DB fine).
+
+    `configured`: whether the LLM was chosen (env or options); when not, the report says
+    which backend would be chosen (Ollama if it answers, else the local model).
+    """
+    report: dict[str, Any] = {"version": __version__, "warnings": [], "errors": []}
+    report["local"] = local_model_info(settings.model_file)
+    env = os.environ if environ is None else environ
+    settings, report["backend"] = await _backend_choice(settings, configured, env)
+    if report["backend"]["name"] is None:
+        report["warnings"].append(report["backend"]["why"])
+    config: dict[str, Any] = {"path": str(settings.config_path), "ok": False}
+    cfg: NaviConfig | None = None
+    parsed: NaviConfig | None = None  # the ssh hosts are listed even if a file is missing
+    try:
+        loaded = parsed = load_config(settings.config_path)
+        check_config(loaded, settings.config_path)
+    except ConfigError as exc:
+        config["error"] = str(exc)
+        report["errors"].append(str(exc))
+    else:
+        cfg = loaded
+        config.update(
+            ok=True,
+            default_profile=cfg.default_profile,
+            profiles=[
+                _profile_info(p, settings, cfg.default_profile) for p in cfg.profiles.values()
+            ],
+        )
+    report["config"] = config
+    report["ssh"] = _ssh_info(parsed)
+    if report["ssh"]["hosts"] and not report["ssh"]["client"]:
+        report["warnings"].append("ssh hosts are configured but the ssh client is not installed")
+
+    # Read-only: the doctor reports, it never creates or changes the database.
+    db: dict[str, Any] = {"path": str(settings.db_path), "existed": settings.db_path.exists()}
+    if settings.db_url:  # PostgreSQL: which server, whether it answers (store/factory.py)
+        db = await store_report(settings, report["errors"])
+    elif not db["existed"]:
+        db.update(ok=True, tables=None)
+    else:
+        try:
+            db["tables"] = await trio.to_thread.run_sync(read_only_stats, settings.db_path)
+            db["ok"] = True
+        except NaviError as exc:
+            db.update(ok=False, error=str(exc))
+            report["errors"].append(str(exc))
+        # PRAGMA quick_check, bounded in time: damage is an error, a check cut short a warning.
+        db["check"] = check = await trio.to_thread.run_sync(read_only_check, settings.db_path)
+        if check["summary"] is not None:
+            report["warnings" if check["ok"] else "errors"].append(check["summary"])
+    report["db"] = db
+
+    report["local_check"] = None
+    if settings.llm_backend.strip().lower() == "local":
+        llm = _local_llm(settings, report["local"])
+        if report["local"]["ok"]:
+            check = report["local_check"] = await check_local_model(settings)
+            if not check["ok"]:
+                report["warnings"].append(
+                    f"the local model failed a one-token generation: {check['error']} "
+                    f"({check.get('fix', '')})"
+                )
+    else:
+        llm = {"backend": settings.llm_backend, **await ping_llm(settings)}
+    report["llm"] = llm
+    if not llm["ok"]:
+        report["warnings"].append(f"the LLM at {llm['url']} does not answer: {llm['error']}")
+    elif cfg is not None and llm["backend"] != "local":
+        wanted = sorted({p["model"] for p in config["profiles"]})
+        missing = [m for m in wanted if m not in llm["models"]]
+        if missing:
+            report["warnings"].append(
+                f"model(s) {', '.join(missing)} used by the profiles are not listed by the LLM"
+            )
+    if llm["ok"] and llm["backend"] != "local":
+        llm["context"] = await server_context(settings)
+        warning = _window_warning(settings, llm["context"])
+        if warning:
+            report["warnings"].append(warning)
+    for key, folder in (("manuals_dir", settings.manuals_dir), ("data_dir", settings.data_dir)):
+        report[key] = {"path": str(folder), "exists": folder.is_dir()}
+    ok, reason = await trio.to_thread.run_sync(sandbox_available, settings.bwrap_path)
+    bwrap = find_bwrap(settings.bwrap_path)
+    report["sandbox"] = {"ok": ok, "bwrap": str(bwrap) if bwrap else None, "reason": reason}
+    if not ok:
+        report["warnings"].append(
+            f"the sandbox is unavailable ({reason}): terminal and code_exec calls in a "
+            "sandboxed mode will be refused"
+        )
+    report["mcp"] = await _mcp_servers(cfg)
+    for server in report["mcp"]:
+        if not server["ok"]:
+            report["warnings"].append(
+                f"MCP server {server['name']} did not start: {server['error']}"
+            )
+    report["settings"] = _settings_info(settings)
+    report["daemon"] = {"url": daemon_url, "ok": await daemon_answers(daemon_url)}
+    report["peers"] = await _peers(cfg, env) if cfg is not None else []
+    for peer in report["peers"]:
+        if not peer["ok"]:
+            report["warnings"].append(f"peer {peer['name']!r} ({peer['url']}): {peer['error']}")
+    report["ok"] = not report["errors"]
+    return report
+
+
+def _ssh_info(cfg: NaviConfig | None) -> dict[str, Any]:
+    """The hosts ssh_exec may reach (their files are checked by check_config), and ssh."""
+    hosts = cfg.ssh.hosts if cfg is not None and cfg.ssh is not None else {}
+    return {
+        "hosts": {alias: f"{h.user}@{h.host}:{h.port}" for alias, h in hosts.items()},
+        "client": shutil.which("ssh"),
+    }
+
+
+async def _peers(cfg: NaviConfig, env: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Each configured peer: does it answer and accept its token? (never the token)."""
+    out: list[dict[str, Any]] = []
+    for name, peer in sorted(cfg.peers.items()):
+        try:
+            error = await check_peer(peer.url, peer.resolve_token(name, env))
+        except ConfigError as exc:
+            error = str(exc)
+        out.append({"name": name, "url": peer.url, "ok": error is None, "error": error})
+    return out
+
+
+async def _mcp_servers(cfg: NaviConfig | None) -> list[dict[str, Any]]:
+    """Each configured MCP server, started briefly (`MCP_START_CAP` s at most)."""
+    if cfg is None or not cfg.mcp_servers:
+        return []
+    from navi_trio.tools.mcp import probe  # the SDK loads only when servers exist
+
+    return await probe(cfg, MCP_START_CAP)
+
+
+def _settings_info(settings: Settings) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for field in attrs.fields(Settings):
+        value = getattr(settings, field.name)
+        if field.name == "llm_api_key":
+            value = "(set)" if value else "(not set)"  # never print a secret
+        elif field.name == "db_url" and value:
+            value = describe(value)  # nor the database's password
+        elif isinstance(value, Path):
+            value = str(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[field.name] = value
+    out["message_token_budget"] = settings.message_token_budget
+    return out
+
+
+def _print_local_check(check: dict[str, Any] | None, line: Callable[[str, str], None]) -> None:
+    if check is None:
+        return
+    extra = {True: "on", False: "off", None: "?"}[check.get("extra_buffers")]
+    if check["ok"]:
+        line("", f"one token in a child process: OK in {check['seconds']:g} s (extra buffer "
+                 f"types {extra})")  # fmt: skip
+        if check.get("system_info"):
+            line("", f"llama.cpp: {check['system_info'].strip()}")
+    else:
+        line("", f"one token in a child process (extra buffer types {extra}): FAILED: "
+                 f"{check['error']}")  # fmt: skip
+        for text in check.get("stderr") or []:
+            line("", f"  | {text}")
+        if check.get("fix"):
+            line("", f"fix: {check['fix']}")
+    broken = check.get("broken")
+    if isinstance(broken, dict):
+        line("", f"a daemon marked it broken at {broken.get('at', '?')}: {broken.get('message')}")
+
+
+def print_doctor(r: dict[str, Any], out: TextIO) -> None:
+    def line(label: str, text: str) -> None:
+        print(f"{label:<13}{text}", file=out)
+
+    print(f"navi {r['version']}", file=out)
+    c = r["config"]
+    line("config", f"{c['path']}  " + ("OK" if c["ok"] else "BROKEN"))
+    if c["ok"]:
+        line("", f"default profile: {c['default_profile']}")
+        for p in c["profiles"]:
+            mark = " (default)" if p["default"] else ""
+            line("", f"- {p['id']}{mark}: model {p['model']}, max_iterations {p['max_iterations']}")
+            line("", f"    {p['description']}")
+            line("", f"    flags: {', '.join(p['flags']) or '-'}")
+    else:
+        line("", c["error"])
+    d = r["db"]
+    state = "exists" if d["existed"] else "no database yet: the first run creates it"
+    state = state if d["existed"] or d["ok"] else "unknown"  # a server that does not answer
+    line("db", f"{d['path']}  ({state})")
+    if d["ok"] and d["tables"] is not None:
+        line("", "rows: " + ", ".join(f"{k}={v}" for k, v in sorted(d["tables"].items())))
+    elif not d["ok"]:
+        line("", f"BROKEN: {d['error']}")
+    check = d.get("check")
+    if check is not None:
+        line("", "check: ok (PRAGMA quick_check)" if check["summary"] is None else check["summary"])
+    b = r["backend"]
+    line("backend", f"{b['name'] or 'NONE'}: {b['why']}")
+    lm = r["local"]
+    if lm["ok"]:
+        size = f"{lm['size_bytes'] / 1e6:.1f} MB"
+        line("local model", f"installed: {lm['file']} ({size}); `navi chat --local`")
+    elif lm["llama_cpp"]:
+        line("local model", "llama-cpp-python installed, but no model file (NAVI_MODEL_FILE)")
+    else:
+        line("local model", "not installed (pip install 'navi-trio[local]')")
+    _print_local_check(r.get("local_check"), line)
+    m = r["llm"]
+    line("llm", f"{m['backend']} {m['url']}")
+    if m["ok"]:
+        line("", f"OK: models {', '.join(m['models']) or '(none)'}")
+        ctx = m.get("context") or {}
+        if ctx.get("n_ctx"):
+            extra = (
+                f", Modelfile num_ctx {ctx['model_num_ctx']}" if ctx.get("model_num_ctx") else ""
+            )
+            line("", f"context window {ctx['n_ctx']} tokens{extra} ({ctx['source']})")
+        else:
+            line(
+                "",
+                "context window: the server does not say (keep OLLAMA_NUM_CTX at most its window)",
+            )
+    else:
+        line("", f"DOWN: {m['error']}")
+    for key, label in (("manuals_dir", "manuals"), ("data_dir", "data dir")):
+        line(label, r[key]["path"] + ("" if r[key]["exists"] else "  (missing)"))
+    hosts = r["ssh"]["hosts"]
+    listed = ", ".join(f"{alias} ({where})" for alias, where in hosts.items())
+    count = f"{len(hosts)} host{'' if len(hosts) == 1 else 's'}"
+    line("ssh", f"{count}: {listed}" if hosts else "no hosts configured (ssh_exec refuses)")
+    sb = r["sandbox"]
+    line("sandbox", ("OK: " if sb["ok"] else "UNAVAILABLE: ") + sb["reason"])
+    dm = r["daemon"]
+    line("daemon", f"{dm['url']}  " + ("answers" if dm["ok"] else "not running (`navi serve`)"))
+    for peer in r.get("peers", []):
+        line("peer", f"{peer['name']} {peer['url']}  " + ("OK" if peer["ok"] else peer["error"]))
+    s = r["settings"]
+    line(
+        "model",
+        f"default {s['default_model']}, num_ctx {s['num_ctx']}, "
+        f"per-message budget {s['message_token_budget']} tokens",
+    )
+    line(
+        "timeouts",
+        f"connect {s['llm_connect_timeout']:g} s, first chunk "
+        f"{s['first_chunk_timeout']:g} s, chunk {s['chunk_timeout']:g} s, "
+        f"terminal {s['terminal_timeout_sec']:g} s, spawn {s['spawn_timeout_sec']:g} s",
+    )
+    line(
+        "tasks",
+        f"per session {s['tasks_max_per_session']}, global {s['tasks_max_global']}, "
+        f"spawn {s['tasks_max_spawn']}, rate {s['tasks_rate_limit']}/"
+        f"{s['tasks_rate_window_sec']:g} s, ttl {s['tasks_ttl_sec']:g} s, notes/turn "
+        f"{s['task_notes_per_turn']}, pending notes {s['task_notes_max_pending']}",
+    )
+    line(
+        "tools",
+        f"backgroundable {', '.join(s['backgroundable_tools'])}; parallel calls "
+        f"{'on' if s['parallel_tool_calls'] else 'off'}; queue {s['message_queue_max']}",
+    )
+    for s in r.get("mcp", []):
+        tools = f": {', '.join(s['tools'])}" if s["tools"] else ""
+        state = s["state"] if s["ok"] else f"{s['state']} ({s['error']})"
+        line("mcp", f"{s['name']} ({s['transport']}) {state}{tools}")
+    for w in r["warnings"]:
+        print(f"warning: {w}", file=out)

@@ -1,0 +1,433 @@
+"""`navi mcp serve`: navi_trio as a Model Context Protocol server on stdio.
+
+Another agent (Claude Code, Codex …) starts it and calls two tools:
+
+- ``ask`` (message, optional session_id, profile, cwd): runs the message as one turn
+  and returns the final answer; its text ends with the session id (also in the
+  structured output) to continue that session. While it runs, progress notifications
+  say what the agent does: each tool call and sub-agent (as a step) and the answer
+  so far (coalesced), at most one every `PROGRESS_INTERVAL` and `PROGRESS_LIMIT` in all.
+- ``sessions`` (optional limit): the newest sessions with their title (else the first
+  message), profile and last update.
+
+Each call goes where `navi run` would send it (`cli/runner.py RunTarget`): the daemon asked for
+with --url, else the local daemon when it answers, else a runtime in this process,
+opened at the first such call and kept until the server exits (so a turn's background
+jobs go on between calls; they end with the server). The run itself is followed with
+the same runner as `navi run` (`follow_in_runtime`, `follow_remote`); what one call
+shows and how it stops is cli/mcp_ask.py.
+
+A cancelled call (the client's ``notifications/cancelled``, or the server shutting down)
+stops the run as Ctrl-C stops `navi run`: the stopped turn is saved, waited for at
+most `STOP_GRACE` seconds. Nobody can answer an approval over MCP: a tool call that
+needs one is denied, and the answer's notes say so. Bad arguments are a tool error
+naming the problem. The SDK (`mcp`, imported only here) speaks the protocol; stdout
+carries nothing else (it points stdout at stderr while it serves; logs go to stderr).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import attrs
+import trio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, TextContent
+from pydantic import BaseModel, Field
+
+from navi_trio import __version__, wire
+from navi_trio.api.remote import request
+from navi_trio.cli.common import config_source
+from navi_trio.cli.mcp_ask import (
+    STOP_GRACE,
+    AskFeed,
+    ProgressPump,
+    Stopper,
+    cut,
+    follow_stopping_on_cancel,
+    one_error,
+)
+from navi_trio.cli.runner import (
+    RemoteRun,
+    RunRequest,
+    RunTarget,
+    follow_in_runtime,
+    follow_remote,
+    new_session_id,
+)
+from navi_trio.errors import ConfigError, NaviError, UsageError
+from navi_trio.llm.factory import choose_backend
+from navi_trio.settings import Settings
+from navi_trio.store.base import SessionStore
+from navi_trio.store.factory import open_store
+from navi_trio.store.sqlite import check_session_id
+from navi_trio.wire import Frame
+
+if TYPE_CHECKING:
+    from navi_trio.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+SESSIONS_DEFAULT = 20
+SESSIONS_MAX = 200
+TITLE_MAX = 120
+
+
+class AskResult(BaseModel):
+    answer: str = Field(description="the final answer of the turn")
+    session_id: str = Field(description="pass it to `ask` again to continue this session")
+    reason: str = Field(description="complete | max_iterations | error | context_too_large")
+    notes: list[str] = Field(description="warnings and denied tool calls of the turn")
+
+
+class SessionInfo(BaseModel):
+    session_id: str
+    title: str = Field(description="the session's title, else its first message")
+    profile: str
+    updated: str = Field(description="last change, local time YYYY-MM-DD HH:MM:SS")
+    updated_at: float = Field(description="last change, seconds since the epoch")
+
+
+class SessionList(BaseModel):
+    sessions: list[SessionInfo] = Field(description="newest first")
+
+
+# ------------------------------------------------------------------ the bridge
+
+
+@attrs.frozen
+class ServeOptions:
+    target: RunTarget
+    settings: Settings  # for a runtime in this process
+    llm_configured: bool  # else `choose_backend` looks for Ollama / the local model
+    profile: str | None = None  # for new sessions when a call names none
+    mode: str | None = None
+
+
+class NaviBridge:
+    """What the two tools do: runs through the daemon or the runtime of this process."""
+
+    def __init__(self, options: ServeOptions, nursery: trio.Nursery) -> None:
+        self.options = options
+        self._nursery = nursery
+        self._rt: Runtime | None = None
+        self._opening = trio.Lock()
+        # In this process, one ask at a time per session (the next one waits): a run
+        # is followed by its session's frames, which a second run would mix in.
+        self._turns: dict[str, tuple[trio.Lock, int]] = {}
+        self._holding = False
+        self._closed = trio.Event()  # the runtime of this process closed (once opened)
+
+    # -- the runtime in this process ----------------------------------------------------
+
+    async def _runtime(self) -> Runtime:
+        async with self._opening:
+            if self._rt is None:
+                self._rt = await self._nursery.start(self._hold_runtime)
+            return self._rt
+
+    async def _hold_runtime(self, *, task_status: trio.TaskStatus[Runtime]) -> None:
+        from navi_trio.runtime import open_runtime
+
+        opts = self.options
+        self._holding, self._closed = True, trio.Event()
+        try:
+            choice = await choose_backend(opts.settings, os.environ, configured=opts.llm_configured)
+            if choice.note:
+                log.warning("%s", choice.note)
+            source = config_source(choice.settings)
+            async with open_runtime(choice.settings, config=source) as rt:
+                log.info("runtime open in this process (db %s)", choice.settings.db_path)
+                task_status.started(rt)
+                await trio.sleep_forever()
+        finally:
+            self._rt = None
+            self._holding = False
+            self._closed.set()
+
+    async def wait_closed(self) -> None:
+        """Until the runtime of this process (if one is open) has closed."""
+        if self._holding:
+            await self._closed.wait()
+
+    @asynccontextmanager
+    async def _turn(self, session_id: str) -> AsyncIterator[None]:
+        lock, users = self._turns.get(session_id, (trio.Lock(), 0))
+        self._turns[session_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._turns[session_id]
+            if users == 1:
+                del self._turns[session_id]
+            else:
+                self._turns[session_id] = (lock, users - 1)
+
+    # -- ask ----------------------------------------------------------------------------
+
+    async def ask(
+        self,
+        message: str,
+        session_id: str | None,
+        profile: str | None,
+        cwd: str | None,
+        report: Callable[[float, str], Awaitable[None]],
+    ) -> CallToolResult:
+        try:
+            return await self._ask(message, session_id, profile, cwd, report)
+        except NaviError as exc:
+            raise ToolError(str(exc)) from None
+        except BaseExceptionGroup as group:
+            leaf = one_error(group)
+            if leaf is None:
+                raise
+            raise ToolError(str(leaf)) from None
+
+    async def _ask(
+        self,
+        message: str,
+        session_id: str | None,
+        profile: str | None,
+        cwd: str | None,
+        report: Callable[[float, str], Awaitable[None]],
+    ) -> CallToolResult:
+        if not message.strip():
+            raise UsageError("message is empty")
+        if session_id is not None:
+            try:
+                check_session_id(session_id)
+            except NaviError as exc:
+                raise UsageError(f"session_id: {exc}") from None
+        folder = _folder(cwd)
+        profile = profile or self.options.profile
+        req = RunRequest(
+            session_id or new_session_id(), message, folder, profile, False, self.options.mode
+        )
+        feed = AskFeed(ProgressPump(report))
+        daemon = await self.options.target.daemon()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(feed.pump.run)
+            if daemon is None:
+                await self._ask_here(req, feed, new=session_id is None)
+            else:
+                await self._ask_daemon(*daemon, req, feed, new=session_id is None)
+            feed.pump.finish()
+        return _result(req.session_id, feed)
+
+    def _deny(self, feed: AskFeed) -> Callable[[Frame], Awaitable[tuple[bool, str]]]:
+        async def deny(frame: Frame) -> tuple[bool, str]:
+            tool, summary = frame.get("tool", "?"), cut(str(frame.get("summary", "")), 200)
+            feed.note(
+                f"denied {tool} ({summary}): it needs approval ({frame.get('rule', '')}) and "
+                "nobody can approve it over MCP; allow it with a rule in the config, or run "
+                "it with `navi chat`"
+            )
+            return False, "once"
+
+        return deny
+
+    async def _ask_here(self, req: RunRequest, feed: AskFeed, *, new: bool) -> None:
+        rt = await self._runtime()
+        profiles = rt.config.current.profiles
+        if req.profile is not None and req.profile not in profiles:
+            raise ConfigError(
+                f"unknown profile {req.profile!r} (profiles: {', '.join(sorted(profiles))})"
+            )
+        if not new and await rt.store.get_session(req.session_id) is None:
+            raise UsageError(_unknown_session(req.session_id))
+        deny = self._deny(feed)
+
+        async def follow(stopper: Stopper) -> None:
+            await follow_in_runtime(rt, req, feed, deny, on_sent=stopper.switch)
+
+        async with self._turn(req.session_id):
+            await follow_stopping_on_cancel(follow)
+
+    async def _ask_daemon(
+        self, url: str, token: str, req: RunRequest, feed: AskFeed, *, new: bool
+    ) -> None:
+        if not new:
+            listed = await request(url, token, wire.sessions_list())
+            if req.session_id not in {s.get("session_id") for s in listed["sessions"]}:
+                raise UsageError(_unknown_session(req.session_id))
+        run = RemoteRun(req, feed, say=lambda line: print(line, file=sys.stderr, flush=True))
+        deny = self._deny(feed)
+
+        async def follow(stopper: Stopper) -> None:
+            stopper.switch(run.stop)
+            await follow_remote(url, token, run, deny)
+
+        await follow_stopping_on_cancel(follow)
+
+    # -- sessions -----------------------------------------------------------------------
+
+    async def sessions(self, limit: int) -> SessionList:
+        try:
+            daemon = await self.options.target.daemon()
+            if daemon is None:
+                rows = await self._sessions_here(limit)
+            else:
+                rows = await self._sessions_daemon(*daemon, limit)
+        except NaviError as exc:
+            raise ToolError(str(exc)) from None
+        return SessionList(sessions=rows)
+
+    async def _sessions_here(self, limit: int) -> list[SessionInfo]:
+        if self._rt is not None:
+            return await _listed(self._rt.store, limit)
+        async with open_store(self.options.settings) as store:
+            return await _listed(store, limit)
+
+    async def _sessions_daemon(self, url: str, token: str, limit: int) -> list[SessionInfo]:
+        reply = await request(url, token, wire.sessions_list())
+        listed = sorted(reply["sessions"], key=lambda s: -float(s["updated_at"]))[:limit]
+        found = []
+        for s in listed:
+            title = str(s.get("title") or "")
+            if not title:
+                history = await request(url, token, wire.history(str(s["session_id"])))
+                title = _first_message(history.get("messages", []))
+            found.append(_info(s["session_id"], title, s["profile"], float(s["updated_at"])))
+        return found
+
+
+async def _listed(store: SessionStore, limit: int) -> list[SessionInfo]:
+    rows = sorted(await store.list_sessions(), key=lambda r: -r.updated_at)[:limit]
+    found = []
+    for row in rows:
+        title = row.title or _first_message(await store.load_messages(row.id))
+        found.append(_info(row.id, title, row.profile_id, row.updated_at))
+    return found
+
+
+def _first_message(messages: list[dict[str, Any]]) -> str:
+    for m in messages:
+        if m.get("role") == "user" and isinstance(m.get("content"), str):
+            return str(m["content"])
+    return ""
+
+
+def _info(session_id: str, title: str, profile: str, updated_at: float) -> SessionInfo:
+    updated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(updated_at))
+    return SessionInfo(
+        session_id=session_id,
+        title=cut(title, TITLE_MAX),
+        profile=profile,
+        updated=updated,
+        updated_at=updated_at,
+    )
+
+
+def _folder(cwd: str | None) -> Path:
+    """The working directory a call asks for (relative: to the server's), checked."""
+    folder = Path(cwd).expanduser() if cwd else Path.cwd()
+    folder = (folder if folder.is_absolute() else Path.cwd() / folder).resolve()
+    if not folder.is_dir():
+        raise UsageError(f"cwd {str(folder)!r} is not a directory")
+    return folder
+
+
+def _unknown_session(session_id: str) -> str:
+    return (
+        f"no session {session_id!r}: the `sessions` tool lists them; leave session_id out "
+        "to start a new one"
+    )
+
+
+def _result(session_id: str, feed: AskFeed) -> CallToolResult:
+    end = feed.end
+    reason = end.reason if end is not None else "error"
+    answer = feed.answer
+    failed = reason != "complete"
+    lines = [answer] if answer else []
+    if failed:
+        why = feed.error or f"the run ended with reason {reason}"
+        lines.append(f"[navi: the run failed: {why}]")
+    lines += [f"[navi: {n}]" for n in feed.notes]
+    lines.append(f"[navi session: {session_id} (pass it as session_id to continue)]")
+    structured = AskResult(answer=answer, session_id=session_id, reason=reason, notes=feed.notes)
+    return CallToolResult(
+        content=[TextContent(type="text", text="\n\n".join(lines))],
+        structured_content=structured.model_dump(mode="json"),
+        is_error=failed,
+    )
+
+
+# ------------------------------------------------------------------ the server
+
+
+def build_server(bridge: NaviBridge) -> MCPServer:
+    server: MCPServer = MCPServer(
+        "navi",
+        version=__version__,
+        instructions="navi is a local LLM agent with tools (files, terminal, sub-agents). "
+        "`ask` runs a message as a turn of a navi session and returns the answer; pass the "
+        "session_id it returns to continue. `sessions` lists the sessions.",
+    )
+
+    async def ask(
+        message: Annotated[str, Field(description="what navi should do or answer")],
+        ctx: Context,
+        session_id: Annotated[
+            str | None, Field(description="continue this session (default: a new one)")
+        ] = None,
+        profile: Annotated[
+            str | None,
+            Field(description="profile of a new session, e.g. coder (one continued keeps its own)"),
+        ] = None,
+        cwd: Annotated[str | None, Field(description="working directory for navi's tools")] = None,
+    ) -> Annotated[CallToolResult, AskResult]:
+        async def report(progress: float, line: str) -> None:
+            await ctx.report_progress(progress, None, line)
+
+        return await bridge.ask(message, session_id, profile, cwd, report)
+
+    async def sessions(
+        limit: Annotated[
+            int, Field(ge=1, le=SESSIONS_MAX, description="how many, newest first")
+        ] = SESSIONS_DEFAULT,
+    ) -> SessionList:
+        return await bridge.sessions(limit)
+
+    server.add_tool(
+        ask,
+        description="Run a message in a navi session (a local LLM agent with tools) and "
+        "return its final answer and session id; progress notifications show its steps.",
+    )
+    server.add_tool(sessions, description="List navi's sessions, newest first.")
+    return server
+
+
+async def serve(options: ServeOptions) -> None:
+    """Serve MCP on stdin/stdout until stdin closes (the client's way to stop a server).
+
+    SIGTERM or SIGINT stops the runs in flight (their stopped turns saved), closes the
+    runtime of this process, then ends the process by the same signal: the SDK reads
+    stdin in a worker thread that only the end of stdin would let go.
+    """
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            bridge = NaviBridge(options, nursery)
+
+            async def on_signal() -> None:
+                async for signum in signals:
+                    log.info("%s: stopping", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    with trio.CancelScope(shield=True), trio.move_on_after(STOP_GRACE + 5):
+                        await bridge.wait_closed()
+                    signal.signal(signum, signal.SIG_DFL)
+                    os.kill(os.getpid(), signum)
+
+            nursery.start_soon(on_signal)
+            await build_server(bridge).run_stdio_async()
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,405 @@
+"""`navi run "message"`: one turn, always through the session's actor.
+
+    navi run [--url URL] [--token T] [--session ID] [--profile P] [--cwd DIR] [--events]
+
+Two ways to reach the actor, with the same output (the plain answer, or with
+``--events`` the session's frames as JSON lines) and the same exit codes:
+
+- **the daemon** when one answers: over the WebSocket protocol (``hello``, ``message``,
+  then the session's frames until this run's ``stream_end``). The daemon owns the run
+  and its background jobs: they go on after `navi run` exits, and their notes reach the
+  session's next turn. `--url` asks for a daemon (none answering is an error); without
+  it the local one (`api.remote.DEFAULT_URL`) is tried when a token is at hand (`--token`,
+  ``NAVI_TOKEN`` or the token file a local `navi serve` writes);
+- else **an embedded runtime** in this process: ``rt.sessions.get(id)``, subscribe,
+  ``send_message``. It holds the session's lease while it runs and waits for the
+  turn's background jobs before it exits (this process is their only owner).
+
+`--db`, `--config`, `--llm-url` and `--backend` configure an embedded runtime (a daemon
+has its own), so giving one of them means "in this process".
+
+The turn is sent and followed by the runner (cli/runner.py, shared with `navi mcp
+serve`); this module is the command: its arguments, what it prints (`_Printer`), the
+stop signals and the approval prompt, and the exit code.
+
+The first Ctrl-C, SIGTERM or SIGHUP stops the run cleanly (in the daemon: a ``stop``
+frame, then the run's ``stream_end`` is awaited); a second one quits at once.
+
+A tool call that needs approval (README "Safety") is asked on the terminal when there is
+one (y: once, s: for this session, a: always, anything else: no); without a terminal it
+is denied at once, with a line saying so. In this process the person at the shell is
+the local admin; through the daemon the token's role applies. `--mode` asks for a mode
+within what that role allows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+import attrs
+import trio
+
+from navi_trio.cli.common import (
+    DEBUG_HINT,
+    EXIT_ERROR,
+    EXIT_OK,
+    InThread,
+    config_source,
+    llm_settings,
+    load_settings,
+    one_line,
+    run_target,
+)
+from navi_trio.cli.runner import (
+    RemoteRun,
+    RunRequest,
+    follow_in_runtime,
+    follow_remote,
+    new_session_id,
+)
+from navi_trio.errors import ConfigError, StoreError, UsageError
+from navi_trio.events import (
+    AgentEvent,
+    ErrorEvent,
+    StreamEnd,
+    TextDelta,
+    WarningEvent,
+    event_from_dict,
+)
+from navi_trio.llm.factory import make_backend, make_client
+from navi_trio.profiles import ConfigSource
+from navi_trio.settings import Settings
+from navi_trio.tools.sandbox import sandbox_available
+from navi_trio.wire import Frame
+
+if TYPE_CHECKING:
+    from navi_trio.core.task_supervisor import Job, TaskSupervisor
+
+
+@attrs.define
+class RunOutcome:
+    end: StreamEnd | None = None
+    error: str | None = None  # the last top-level error message, already printed
+    signal: int | None = None  # the first stop signal (SIGINT, SIGTERM, SIGHUP)
+    printed_text: bool = False
+
+
+# Stop signals are handled alike: the first stops the run cleanly (partial answer saved,
+# tool processes killed), a second one quits without waiting for that.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def exit_code_for(signum: int) -> int:
+    """The shell's convention: 128 + the signal number (130 Ctrl-C, 143 SIGTERM)."""
+    return 128 + signum
+
+
+def _say(err: TextIO, text: str) -> None:
+    try:
+        print(text, file=err, flush=True)
+    except (OSError, ValueError):
+        pass  # the terminal is gone (SIGHUP): stopping cleanly matters more than saying so
+
+
+def _message_text(args: argparse.Namespace) -> str:
+    text = sys.stdin.read() if args.message == "-" else args.message
+    if not text.strip():
+        raise UsageError("the message is empty")
+    return str(text)
+
+
+def _output_gone(*streams: TextIO) -> tuple[TextIO, TextIO]:
+    """After a hang-up the terminal is gone: send the rest of the output nowhere.
+
+    The descriptors are pointed at /dev/null too, so flushing what is still buffered
+    (now or at exit) cannot fail a run that is stopping cleanly.
+    """
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for stream in streams:
+            try:
+                os.dup2(null, stream.fileno())
+            except (OSError, ValueError, io.UnsupportedOperation):
+                pass  # not a real file (a test's StringIO): nothing to redirect
+    finally:
+        os.close(null)
+    sink = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives until exit
+    return sink, sink
+
+
+@attrs.define(eq=False)
+class _StopHandler:
+    """What the first stop signal does right now: stop the run, later cancel the jobs."""
+
+    outcome: RunOutcome
+    outer: trio.CancelScope
+    err: TextIO
+    action: Callable[[], object] = lambda: None
+    what: str = "the run"
+
+    async def watch(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            if self.outcome.signal is not None:
+                self.outer.cancel()  # the second signal: stop waiting for the clean stop
+                return
+            self.outcome.signal = signum
+            self.action()
+            if signum == signal.SIGINT:
+                name, again = "Ctrl-C", "Ctrl-C again to quit now"
+            else:
+                name, again = signal.Signals(signum).name, "a second signal quits at once"
+            _say(self.err, f"navi: {name}: stopping {self.what} ({again})")
+
+    def switch(self, action: Callable[[], object], what: str) -> None:
+        self.action, self.what = action, what
+        if self.outcome.signal is not None:
+            action()  # a signal already came: do not start waiting at all
+
+
+@attrs.define(eq=False)
+class _Printer:
+    """Shows the session's frames: the answer on stdout, warnings and errors on stderr."""
+
+    as_json: bool
+    outcome: RunOutcome
+    out: TextIO
+    err: TextIO
+
+    def show(self, frame: Frame) -> bool:
+        """Print one session frame; True at this run's top-level stream_end."""
+        if frame.get("type") == "resync":  # cut off and the replay was gone
+            _say(self.err, "navi: warning: some output was skipped (navi fell behind); "
+                 "the session's history has all of it")  # fmt: skip
+            return False
+        # As `navi run` always printed them: the epoch only matters to a client that
+        # subscribes again, which navi run never does.
+        frame = {k: v for k, v in frame.items() if k != "epoch"}
+        event = event_from_dict(frame)
+        try:
+            self._show(frame, event)
+        except OSError:
+            if self.outcome.signal is None:
+                raise
+            self.out, self.err = _output_gone(self.out, self.err)
+        return isinstance(event, StreamEnd) and not event.is_subagent
+
+    def _show(self, frame: Frame, event: AgentEvent) -> None:
+        outcome, out, err = self.outcome, self.out, self.err
+        top = not event.is_subagent
+        if isinstance(event, StreamEnd) and top:
+            outcome.end = event
+        if self.as_json:
+            print(json.dumps(frame), file=out, flush=True)
+            if isinstance(event, ErrorEvent) and top:
+                outcome.error = one_line(event.message)  # stdout only: cmd_run repeats it
+            return
+        who = "" if top else f"[{event.agent_id or 'sub-agent'}] "
+        message = one_line(getattr(event, "message", ""))
+        if isinstance(event, TextDelta) and top:
+            out.write(event.text)
+            out.flush()
+            outcome.printed_text = outcome.printed_text or bool(event.text)
+        elif isinstance(event, StreamEnd) and top:
+            if not outcome.printed_text and event.text:
+                out.write(event.text)
+                outcome.printed_text = True
+            if outcome.printed_text:
+                out.write("\n")
+                out.flush()
+        elif isinstance(event, WarningEvent):
+            print(f"navi: warning: {who}{message}", file=err, flush=True)
+        elif isinstance(event, ErrorEvent):
+            hint = f" {DEBUG_HINT}" if event.code == "internal" else ""
+            print(f"navi: error: {who}{message}{hint}", file=err, flush=True)
+            if top:
+                outcome.error = message
+
+
+def _ask_line(prompt: str) -> str:
+    """Blocking: one answer typed on the terminal (run in a worker thread)."""
+    print(prompt, end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline()
+
+
+async def decide_approval(frame: Frame, err: TextIO, *, interactive: bool) -> tuple[bool, str]:
+    """(approve, scope) for an `approval_request` frame: asked on the terminal, or no."""
+    tool, summary = frame.get("tool", "?"), one_line(str(frame.get("summary", "")))
+    rule = frame.get("rule", "")
+    if not interactive:
+        _say(err, f"navi: denied {tool} ({summary}): it needs approval ({rule}) and there is "
+             "no terminal to ask; run it with a terminal, or allow it with a rule")  # fmt: skip
+        return False, "once"
+    line = await trio.to_thread.run_sync(
+        _ask_line,
+        f"navi: approve {tool}: {summary}  [{rule}]? [y]es / [s]ession / [a]lways / [N]o: ",
+        abandon_on_cancel=True,
+    )
+    choice = line.strip().lower()[:1]
+    scope = {"y": "once", "s": "session", "a": "always"}.get(choice)
+    return (scope is not None), (scope or "once")
+
+
+def _interactive() -> bool:
+    try:
+        return sys.stdin.isatty()
+    except (ValueError, OSError):
+        return False
+
+
+# ------------------------------------------------------------------ embedded runtime
+
+
+async def _wait_for_background(
+    supervisor: TaskSupervisor, session_id: str, stopper: _StopHandler, err: TextIO
+) -> None:
+    """In-process, `navi run` is the only owner of its background jobs: wait.
+
+    Their results become task notes in the store, read by the session's next turn.
+    A stop signal cancels them (each still leaves a "cancelled" note).
+    """
+
+    def running() -> list[Job]:
+        return [job for job in supervisor.list_jobs(session_id) if not job.finished]
+
+    def cancel_all() -> None:
+        for job in running():
+            supervisor.cancel(session_id, job.task_id)
+
+    jobs = running()
+    if not jobs:
+        return
+    _say(err, f"navi: waiting for {len(jobs)} background task(s)… Ctrl-C to cancel them")
+    stopper.switch(cancel_all, "the background task(s)")
+    while jobs:  # a background sub-agent may start further jobs while we wait
+        for job in jobs:
+            await job.done.wait()
+        jobs = running()
+
+
+async def run_embedded(
+    settings: Settings, source: ConfigSource, req: RunRequest, out: TextIO, err: TextIO
+) -> RunOutcome:
+    # The LLM's HTTP client is built and the sandbox probed (open_runtime's probe then
+    # finds the answer cached) in threads while this one imports the runtime (imported
+    # here so `navi --help` and `navi doctor` stay light).
+    local = settings.llm_backend.strip().lower() == "local"
+    building = None if local else InThread(make_client, settings)
+    probing = InThread(sandbox_available, settings.bwrap_path)
+    from navi_trio.runtime import open_runtime
+
+    await probing.result()  # first: it never raises, so both threads are joined
+    client = None if building is None else await building.result()
+    backend = None if client is None else make_backend(settings, client)
+    outcome = RunOutcome()
+    printer = _Printer(req.as_json, outcome, out, err)
+    with trio.CancelScope() as outer, trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        stopper = _StopHandler(outcome, outer, err)
+        async with (
+            client if client is not None else contextlib.nullcontext(),
+            open_runtime(settings, config=source, backend=backend) as rt,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(stopper.watch, signals)
+            print(f"session: {req.session_id}", file=err, flush=True)
+
+            async def wait_for_jobs() -> None:
+                await _wait_for_background(rt.supervisor, req.session_id, stopper, printer.err)
+
+            await follow_in_runtime(
+                rt, req, printer, lambda f: decide_approval(f, err, interactive=_interactive()),
+                on_sent=lambda stop: stopper.switch(stop, "the run"), after=wait_for_jobs,
+            )  # fmt: skip
+            nursery.cancel_scope.cancel()
+    if outer.cancelled_caught and outcome.signal is None:
+        outcome.signal = signal.SIGINT
+    return outcome
+
+
+# ------------------------------------------------------------------ through the daemon
+
+
+async def run_remote(url: str, token: str, req: RunRequest, out: TextIO, err: TextIO) -> RunOutcome:
+    outcome = RunOutcome()
+    printer = _Printer(req.as_json, outcome, out, err)
+    run = RemoteRun(req, printer, say=lambda line: _say(err, line))
+    with trio.CancelScope() as outer, trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        stopper = _StopHandler(outcome, outer, err, run.stop)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stopper.watch, signals)
+            await follow_remote(
+                url, token, run, lambda f: decide_approval(f, err, interactive=_interactive()),
+                on_welcome=lambda: print(f"session: {req.session_id}", file=err, flush=True),
+            )  # fmt: skip
+            nursery.cancel_scope.cancel()
+    if (outer.cancelled_caught or run.abandoned) and outcome.signal is None:
+        outcome.signal = signal.SIGINT
+    return outcome
+
+
+def daemon_target(args: argparse.Namespace, settings: Settings) -> tuple[str, str] | None:
+    """(url, token) of the daemon to run in, or None for an embedded runtime."""
+    return trio.run(run_target(args, settings).daemon)
+
+
+# ------------------------------------------------------------------ the command
+
+
+def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.session is not None:
+        from navi_trio.store.sqlite import check_session_id  # the store: imported on use
+
+        try:
+            check_session_id(args.session)
+        except StoreError as exc:
+            raise UsageError(f"--session: {exc}") from None
+    settings = load_settings(args)
+    text = _message_text(args)
+    cwd = (args.cwd or Path.cwd()).expanduser().resolve()
+    if not cwd.is_dir():  # before any probing
+        raise UsageError(f"--cwd {cwd}: not a directory")
+    session_id = args.session if args.session is not None else new_session_id()
+    req = RunRequest(
+        session_id, text, cwd, args.profile, args.events, args.mode, cwd_given=args.cwd is not None
+    )
+    target = daemon_target(args, settings)
+    if target is not None:
+        outcome = trio.run(run_remote, *target, req, out, err)
+    else:
+        # In this process: the LLM is chosen here (--local, or Ollama / the local model
+        # when nothing is configured), with the `local` profile for --local.
+        settings = llm_settings(args, err)
+        source = config_source(settings)
+        profiles = source.current.profiles
+        if args.profile is not None and args.profile not in profiles:
+            raise ConfigError(
+                f"unknown profile {args.profile!r} (profiles in {settings.config_path}: "
+                f"{', '.join(sorted(profiles))})"
+            )
+        outcome = trio.run(run_embedded, settings, source, req, out, err)
+    return exit_code(outcome, args.events, err)
+
+
+def exit_code(outcome: RunOutcome, as_json: bool, err: TextIO) -> int:
+    end = outcome.end
+    if outcome.signal is not None:
+        return exit_code_for(outcome.signal)
+    if end is None:
+        print("navi: error: the run ended without a result", file=err)
+        return EXIT_ERROR
+    if end.reason == "complete":
+        return EXIT_OK
+    # In plain mode the error event was already printed as the one line; in --events
+    # mode it went to stdout, so say it on stderr too.
+    if outcome.error is None or as_json:
+        reason = outcome.error or f"the run ended with reason {end.reason}"
+        print(f"navi: error: {reason}", file=err)
+    return EXIT_ERROR

@@ -1,0 +1,102 @@
+"""The daemon's life: `navi serve` runs `serve_daemon` under `trio.run`.
+
+    runtime (store, LLM, supervisor, session registry)
+    └── ApiServer (listening socket, one Connection per client)
+
+SIGTERM / SIGINT: stop accepting and close the connections; wait up to
+``shutdown_wait_tasks_sec`` for background jobs to finish; then leave the runtime,
+which stops the active runs (their partial answers are saved as stopped, shielded),
+cancels the jobs left, and drains the store before it closes. SIGHUP reloads the
+config file (ConfigSource). Readiness goes to systemd when ``NOTIFY_SOCKET`` is set.
+
+Before anything else, what a dead daemon of the same data folder left running is
+killed (`procs.kill_orphans`: a ``full``-mode command outlives a SIGKILL).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable
+
+import trio
+
+from navi_trio.api.auth import ensure_local_token
+from navi_trio.api.server import ApiServer
+from navi_trio.profiles import ConfigSource
+from navi_trio.runtime import Runtime, open_runtime
+from navi_trio.settings import Settings
+from navi_trio.tools.procs import kill_orphans
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+async def serve_daemon(
+    settings: Settings,
+    config: ConfigSource,
+    *,
+    host: str,
+    port: int,
+    ready: Callable[[int], None] = lambda port: None,
+) -> None:
+    await kill_orphans(settings.data_dir)
+    async with open_runtime(settings, config=config) as rt:
+        await ensure_local_token(rt.store, settings.data_dir)
+        rt.sessions.adopt = True  # session actors run what a crash left queued
+        async with trio.open_nursery() as nursery:
+            bound = await nursery.start(ApiServer(rt, host=host, port=port).run)
+            # Only while serving: once shutdown starts, a second Ctrl-C or SIGTERM acts
+            # as usual (KeyboardInterrupt / termination) instead of waiting for it.
+            with trio.open_signal_receiver(*STOP_SIGNALS, signal.SIGHUP) as signals:
+                ready(bound)
+                nursery.start_soon(rt.sessions.resume_queued)  # what a crash left queued
+                _notify_systemd("READY=1")
+                async for signum in signals:
+                    if signum == signal.SIGHUP:
+                        changed = rt.config.reload()
+                        log.info("SIGHUP: config %s", "reloaded" if changed else "unchanged")
+                        continue
+                    log.info("%s: shutting down", signal.Signals(signum).name)
+                    break
+            _notify_systemd("STOPPING=1")
+            nursery.cancel_scope.cancel()  # stop accepting, close every connection
+        await wait_background_jobs(rt, settings.shutdown_wait_tasks_sec)
+        log.info("stopping active runs and closing the store")
+    log.info("stopped")
+
+
+async def wait_background_jobs(rt: Runtime, seconds: float) -> None:
+    """Give running background jobs up to `seconds` to finish; the rest are cancelled."""
+    jobs = [
+        job
+        for row in await rt.store.list_sessions()
+        for job in rt.supervisor.list_jobs(row.id)
+        if not job.finished
+    ]
+    if not jobs:
+        return
+    log.info("waiting up to %g s for %d background job(s)", seconds, len(jobs))
+    with trio.move_on_after(seconds):
+        for job in jobs:
+            await job.done.wait()
+    left = sum(1 for job in jobs if not job.finished)
+    if left:
+        log.info("cancelling %d background job(s) still running", left)
+
+
+def _notify_systemd(state: str) -> None:
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(address)
+            sock.sendall(state.encode())
+    except OSError as exc:
+        log.warning("could not notify systemd (%s): %s", state, exc)

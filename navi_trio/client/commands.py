@@ -1,0 +1,154 @@
+"""The chat's slash commands: ``/help``, ``/new``, ``/compact``, ``/resume ID`` ...
+
+`SlashCommands.run` finds the command by its name; each one changes the chat's session
+state (`Chat`: the `ChatApp`) or sends the daemon a frame (the replies come back through the app's
+frame loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from navi_trio import wire
+from navi_trio.client.render import Renderer
+from navi_trio.wire import Frame
+
+
+class Chat(Protocol):
+    """What the commands change and use of the chat (the `ChatApp`)."""
+
+    renderer: Renderer
+    session_id: str | None
+    profile: str | None
+    mode: str | None
+    resuming: str | None
+
+    async def send(self, frame: Frame) -> bool: ...
+    def quit(self) -> None: ...
+    def set_session(self, session_id: str | None) -> None: ...
+
+
+HELP = """\
+Type a message and press Enter; while a run is active your message is queued.
+  /compact        summarise the conversation to free context
+  /tasks          list background tasks
+  /profile NAME   use profile NAME from your next message on (no NAME: show it)
+  /sessions       list your sessions
+  /resume ID      continue session ID (its history is replayed)
+  /new            start a new session with the next message
+  /mode NAME      ask for mode read-only, workspace or full in your messages (no NAME: show it)
+  /thinking       show or hide the model's thinking in full
+  /help           this list
+  /quit           leave (Ctrl+D too); Ctrl+C stops a run, twice on an idle prompt quits
+While an approval request waits, answer it with y (once), s (this session), a (always)
+or n (deny); anything else you type is still a message."""
+
+MODES = ("read-only", "workspace", "full")
+
+
+# An answer typed while an approval request waits: (approve, scope).
+ANSWERS = {
+    "y": (True, "once"),
+    "yes": (True, "once"),
+    "s": (True, "session"),
+    "session": (True, "session"),
+    "a": (True, "always"),
+    "always": (True, "always"),
+    "n": (False, "once"),
+    "no": (False, "once"),
+}
+
+
+class SlashCommands:
+    def __init__(self, app: Chat) -> None:
+        self.app = app
+        self._by_name: dict[str, Callable[[str], Awaitable[None]]] = {
+            "help": self.help,
+            "quit": self.quit,
+            "exit": self.quit,
+            "new": self.new,
+            "compact": self.compact,
+            "tasks": self.tasks,
+            "profile": self.profile,
+            "sessions": self.sessions,
+            "resume": self.resume,
+            "thinking": self.thinking,
+            "mode": self.mode,
+        }
+
+    async def run(self, name: str, arg: str) -> None:
+        """``/name arg``; an unknown name is one error line."""
+        command = self._by_name.get(name.lower())
+        if command is None:
+            self.app.renderer.error(f"unknown command /{name}: type /help for the list")
+            return
+        await command(arg)
+
+    async def help(self, arg: str) -> None:
+        self.app.renderer.console.print(HELP, highlight=False, markup=False)
+
+    async def quit(self, arg: str) -> None:
+        self.app.quit()
+
+    async def new(self, arg: str) -> None:
+        if self.app.session_id:
+            await self.app.send(wire.unsubscribe(self.app.session_id))
+        self.app.set_session(None)
+        self.app.renderer.status.profile = self.app.profile  # a new session starts with it
+        self.app.renderer.notice("new session: it starts with your next message")
+
+    async def compact(self, arg: str) -> None:
+        if self.app.session_id is None:
+            self.app.renderer.notice("nothing to compact yet: this session has no messages")
+            return
+        if await self.app.send(wire.compact(self.app.session_id)):
+            self.app.renderer.notice("compacting…")
+
+    async def tasks(self, arg: str) -> None:
+        await self.app.send(wire.tasks_list(self.app.session_id))
+
+    async def profile(self, arg: str) -> None:
+        if not arg:
+            if self.app.session_id is None:
+                shown = self.app.profile or "the daemon's default"
+            else:
+                current = self.app.renderer.status.profile
+                shown = current or "?"
+                if self.app.profile and self.app.profile != current:
+                    shown += f" ({self.app.profile} from your next message)"
+            self.app.renderer.notice(f"profile: {shown} (/profile NAME changes it)")
+            return
+        # The daemon switches the session to a message's profile (a new one starts with
+        # it); the status line shows the session's own until the daemon says it changed.
+        self.app.profile = arg
+        if self.app.session_id is None:
+            self.app.renderer.status.profile = arg
+        self.app.renderer.notice(f"profile {arg}: used from your next message")
+
+    async def sessions(self, arg: str) -> None:
+        await self.app.send(wire.sessions_list())
+
+    async def resume(self, arg: str) -> None:
+        if not arg:
+            self.app.renderer.error("/resume needs a session id: /sessions lists them")
+            return
+        self.app.resuming = arg
+        await self.app.send(wire.history(arg))
+
+    async def mode(self, arg: str) -> None:
+        if not arg:
+            shown = self.app.mode or "the daemon's default"
+            self.app.renderer.notice(f"mode: {shown} (/mode {' | '.join(MODES)} changes it)")
+            return
+        if arg not in MODES:
+            self.app.renderer.error(f"unknown mode {arg!r}: use one of {', '.join(MODES)}")
+            return
+        # The daemon clamps it to what our role allows (README "Safety").
+        self.app.mode = arg
+        self.app.renderer.notice(f"mode {arg}: asked for in your next messages")
+
+    async def thinking(self, arg: str) -> None:
+        self.app.renderer.show_thinking = not self.app.renderer.show_thinking
+        shown = "shown in full" if self.app.renderer.show_thinking else "summarised"
+        self.app.renderer.notice(f"thinking is {shown} from now on")

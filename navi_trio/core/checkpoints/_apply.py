@@ -1,0 +1,272 @@
+"""Applying a restore so that a crash leaves the roots before or after it, never between.
+
+A root cannot be swapped whole (it is the user's working folder: other programs hold
+it open, it may be a mount point), so a restore is a **journal rolled forward**:
+
+1. the whole plan (`_plan` operations, every digest they need checked present) is
+   written to ``journal/ID.json`` and fsynced, under an flock on ``journal/ID.lock``;
+2. the operations run in order, each by fd and each idempotent: a file is written to a
+   temp name in its folder and renamed over its path (``.navi-restore-ID-N``), a
+   removal of what is already gone is done, a folder that exists is made;
+3. the journal is removed.
+
+Killed anywhere in 2, the journal stays; the next `CheckpointEngine` to open (any
+process on that data folder) runs it again from the start (`recover`), which completes
+it: the operations that were done are done again to the same effect, the temp file of
+an interrupted write is written again and renamed. Killed before the journal exists,
+nothing was changed. Killed during the recovery, the journal is still there. The flock
+keeps a recovery away from a restore that is still running in another process.
+
+An operation that fails for a reason that stays (a folder made read-only by someone
+else, a disk full) is reported with its path and the rest goes on: the result names
+what could not be restored (the undo checkpoint taken by the preview brings back the
+state before). The journal is then removed: running it again would fail the same way.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import secrets
+import shutil
+import stat
+from pathlib import Path
+from typing import Any
+
+from navi_trio.core.checkpoints._fsops import (
+    DIR,
+    Folders,
+    chmod_at,
+    open_root,
+    parent_of,
+)
+from navi_trio.core.checkpoints._model import Kept
+from navi_trio.core.checkpoints._objects import FileLock, ObjectStore, write_atomic
+from navi_trio.core.checkpoints._plan import Op
+from navi_trio.tools.private import PrivatePaths
+
+# O_NONBLOCK: a FIFO planted at the temp name fails (ENXIO) instead of hanging.
+_WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_NO_PRIVATE = PrivatePaths(hidden=())
+
+
+def new_id() -> str:
+    return secrets.token_hex(8)
+
+
+def needed(ops: list[Op]) -> set[str]:
+    return {op[2] for op in ops if op[0] == "put"}
+
+
+class Journal:
+    """The journals of restores under ``DATA/checkpoints/journal``."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def prepare(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def pending(self) -> list[str]:
+        try:
+            return sorted(p.stem for p in self.folder.glob("*.json"))
+        except FileNotFoundError:
+            return []
+
+    def read(self, jid: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads((self.folder / f"{jid}.json").read_bytes())
+        except FileNotFoundError:
+            return None
+        return data if isinstance(data, dict) else None
+
+    def digests(self) -> set[str]:
+        """Every digest a pending journal needs (kept by garbage collection)."""
+        out: set[str] = set()
+        for jid in self.pending():
+            data = self.read(jid) or {}
+            for root in data.get("roots", []):
+                out |= needed(root["ops"])
+        return out
+
+    def run(
+        self,
+        objects: ObjectStore,
+        roots: list[tuple[Path, list[Op]]],
+        checkpoint: str,
+        private: PrivatePaths,
+    ) -> list[Kept]:
+        """Journal and apply `roots`' operations; the paths that failed."""
+        jid = new_id()
+        lock = FileLock(self.folder / f"{jid}.lock")
+        lock.acquire(exclusive=True)
+        try:
+            body = {
+                "v": 1,
+                "id": jid,
+                "checkpoint": checkpoint,
+                "roots": [{"path": str(r), "ops": ops} for r, ops in roots],
+            }
+            write_atomic(self.folder / f"{jid}.json", json.dumps(body).encode(), sync=True)
+            failed = _apply_all(objects, jid, roots, private, recovering=False)
+            self._finish(jid)
+            return failed
+        finally:
+            lock.release()
+
+    def recover(self, objects: ObjectStore) -> list[tuple[str, list[Kept]]]:
+        """Complete every restore a dead process left half done: (journal, failures)."""
+        done = []
+        for jid in self.pending():
+            lock = FileLock(self.folder / f"{jid}.lock")
+            if not lock.acquire(exclusive=True, wait=False):
+                continue  # a live restore, in another process
+            try:
+                data = self.read(jid)
+                if data is None:
+                    continue
+                roots = [(Path(r["path"]), list(r["ops"])) for r in data["roots"]]
+                # The plan was checked against navi's data when it was made.
+                failed = _apply_all(objects, jid, roots, _NO_PRIVATE, recovering=True)
+                self._finish(jid)
+                done.append((jid, failed))
+            finally:
+                lock.release()
+        return done
+
+    def _finish(self, jid: str) -> None:
+        (self.folder / f"{jid}.json").unlink(missing_ok=True)
+        (self.folder / f"{jid}.lock").unlink(missing_ok=True)
+
+
+def _apply_all(
+    objects: ObjectStore,
+    jid: str,
+    roots: list[tuple[Path, list[Op]]],
+    private: PrivatePaths,
+    *,
+    recovering: bool,
+) -> list[Kept]:
+    failed: list[Kept] = []
+    for root, ops in roots:
+        try:
+            root_fd = open_root(root, private, create=True)
+        except Exception as exc:  # noqa: BLE001 - reported with the root's name
+            failed.append(Kept(str(root), str(exc)))
+            continue
+        try:
+            failed += apply_ops(objects, root_fd, ops, jid, recovering=recovering, root=root)
+        finally:
+            os.close(root_fd)
+    return failed
+
+
+def apply_ops(
+    objects: ObjectStore,
+    root_fd: int,
+    ops: list[Op],
+    jid: str,
+    *,
+    recovering: bool,
+    root: Path,
+) -> list[Kept]:
+    """Run `ops` below the open root `root_fd`; the paths that failed, with why."""
+    fds = Folders(root_fd)
+    failed: list[Kept] = []
+    try:
+        for index, op in enumerate(ops):
+            try:
+                _one(objects, fds, root_fd, op, f".navi-restore-{jid}-{index}", recovering)
+            except OSError as exc:
+                failed.append(Kept(str(root / op[1]) if op[1] else str(root), _why(exc)))
+    finally:
+        fds.close()
+    return failed
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _one(
+    objects: ObjectStore, fds: Folders, root_fd: int, op: Op, tmp: str, recovering: bool
+) -> None:
+    kind, rel = op[0], op[1]
+    if kind in ("unlock", "dirmode") and rel == "":
+        os.fchmod(root_fd, op[2])
+        return
+    up, name = parent_of(rel)
+    folder = fds.get(up)
+    if kind in ("unlock", "dirmode", "chmod"):
+        chmod_at(folder, name, op[2])
+    elif kind == "rm":
+        try:
+            os.unlink(name, dir_fd=folder)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            if not recovering:  # a folder now: it changed after the plan
+                raise
+    elif kind == "rmdir":
+        fds.forget(rel)
+        try:
+            os.rmdir(name, dir_fd=folder)
+        except (FileNotFoundError, NotADirectoryError):
+            pass  # gone, or already replaced by what the checkpoint has there
+    elif kind == "mkdir":
+        try:
+            os.mkdir(name, 0o700, dir_fd=folder)
+        except FileExistsError:
+            st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode):
+                raise
+    elif kind == "put":
+        dst = os.open(tmp, _WRITE, 0o600, dir_fd=folder)
+        try:
+            objects.copy_into(op[2], dst)
+            os.fchmod(dst, op[3])
+        finally:
+            os.close(dst)
+        _rename_into(folder, tmp, name)
+    elif kind == "link":
+        try:
+            os.unlink(tmp, dir_fd=folder)
+        except FileNotFoundError:
+            pass
+        os.symlink(op[2], tmp, dir_fd=folder)
+        _rename_into(folder, tmp, name)
+    else:
+        raise OSError(errno.EINVAL, f"unknown restore step {kind!r}")
+
+
+def _rename_into(folder: int, tmp: str, name: str) -> None:
+    try:
+        os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except OSError:
+        try:
+            os.unlink(tmp, dir_fd=folder)
+        except OSError:
+            pass
+        raise
+
+
+def export_root(objects: ObjectStore, ops: list[Op], dest: Path) -> list[Kept]:
+    """Build a tree into the new folder `dest` as a staged swap: `dest` is claimed
+    (made empty, FileExistsError when it exists), everything is made in a temp folder
+    beside it, which is then renamed over it: `dest` is empty or complete."""
+    os.mkdir(dest, 0o700)
+    stage = dest.parent / f".{dest.name}.navi-export-{new_id()}"
+    try:
+        os.mkdir(stage, 0o700)
+        fd = os.open(stage, DIR)
+        try:
+            failed = apply_ops(objects, fd, ops, new_id(), recovering=False, root=dest)
+        finally:
+            os.close(fd)
+        os.rename(stage, dest)  # over the empty folder claimed above, in one step
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        os.rmdir(dest)
+        raise
+    return failed

@@ -1,0 +1,390 @@
+"""The content-addressed objects: file contents and folder listings, by SHA-256.
+
+``objects/ab/cdef…`` holds the bytes whose digest is ``abcdef…``: a file's content as
+it was (not compressed: a restore copies it back as is), or a folder's listing (a
+`Tree`: JSON, one row per entry). Every object is written to ``tmp/`` and renamed into
+place, so a reader sees it whole or not at all, and a second writer of the same object
+only finds it there. What a killed writer leaves in ``tmp/`` is removed by
+`ObjectStore.clean_tmp` (the engine calls it on open, under the store lock).
+
+Nothing here is fsynced: the guarantee is against the daemon dying (SIGKILL, a crash),
+not against the machine losing power (a checkpoint of the last seconds may then lack an
+object; restoring it fails with `CheckpointDamagedError`, naming what is missing).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import attrs
+
+from navi_trio.core.checkpoints._fsops import write_all
+from navi_trio.core.checkpoints._model import CheckpointDamagedError, FileTooLargeError
+from navi_trio.core.checkpoints._packs import PACKED_MAX, Packs, PackWriter
+
+CHUNK = 1 << 20
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_SMALL = 1 << 20  # files up to this are read whole, hashed, then written only if new
+
+
+@attrs.frozen
+class Row:
+    """One entry of a folder listing.
+
+    `kind`: ``f`` file, ``l`` symlink, ``d`` folder, ``x`` left out (too large, a pipe,
+    unreadable: a restore leaves that path as it finds it). `ref`: the content's digest
+    (``f``), the link's text (``l``), the folder's listing digest (``d``), why it was
+    left out (``x``). `mode`: the permission bits (``st_mode & 0o7777``; 0 for a link).
+    """
+
+    name: str
+    kind: str
+    mode: int
+    ref: str
+    size: int
+
+
+def tree_bytes(rows: list[Row]) -> bytes:
+    """A folder listing's canonical bytes (rows sorted by name)."""
+    body = [[r.name, r.kind, r.mode, r.ref, r.size] for r in sorted(rows, key=lambda r: r.name)]
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def digest_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class ObjectStore:
+    """The objects under `folder` (``DATA/checkpoints``).
+
+    Its folders are held open (``tmp/`` and each ``objects/ab/``) and every object is
+    written, renamed and looked up by name relative to them: with 10,000 small files
+    the first snapshot is mostly these calls, and resolving whole paths (and building
+    `Path` objects) for each doubled its time.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.objects = folder / "objects"
+        self.tmp = folder / "tmp"
+        self._fds: dict[str, int] = {}  # "tmp", "objects" and each two-digit prefix
+        self._opening = threading.Lock()
+        self.packs = Packs(folder / "packs", self.tmp)
+        self._gc_seen: int | None = None
+
+    def prepare(self) -> None:
+        self.objects.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.packs.prepare()
+
+    def sync(self, gc_number: int) -> None:
+        """Reload the packs' index when garbage was collected since it was read."""
+        if gc_number != self._gc_seen:
+            self.packs.reload()
+            self._gc_seen = gc_number
+
+    def writer(self) -> PackWriter:
+        return PackWriter(self.packs)
+
+    def close(self) -> None:
+        with self._opening:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+    def _dir(self, key: str, *, create: bool = True) -> int | None:
+        fd = self._fds.get(key)
+        if fd is not None:
+            return fd
+        with self._opening:
+            fd = self._fds.get(key)
+            if fd is not None:
+                return fd
+            if key in ("tmp", "objects"):
+                path = self.tmp if key == "tmp" else self.objects
+                fd = os.open(path, _DIR)
+            else:
+                top = self._fds.get("objects")
+                if top is None:
+                    top = os.open(self.objects, _DIR)
+                    self._fds["objects"] = top
+                try:
+                    fd = os.open(key, _DIR, dir_fd=top)
+                except FileNotFoundError:
+                    if not create:
+                        return None
+                    try:
+                        os.mkdir(key, 0o700, dir_fd=top)
+                    except FileExistsError:
+                        pass
+                    fd = os.open(key, _DIR, dir_fd=top)
+            self._fds[key] = fd
+            return fd
+
+    def path(self, digest: str) -> Path:
+        return self.objects / digest[:2] / digest[2:]
+
+    def has(self, digest: str) -> bool:
+        if self.packs.find(digest, refresh=True) is not None:
+            return True
+        return self._loose(digest)
+
+    def _loose(self, digest: str) -> bool:
+        folder = self._dir(digest[:2], create=False)
+        if folder is None:
+            return False
+        try:
+            os.stat(digest[2:], dir_fd=folder)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _tmp_fd(self) -> tuple[int, str]:
+        name = secrets.token_hex(8)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        return os.open(name, flags, 0o600, dir_fd=self._dir("tmp")), name
+
+    def _publish(self, tmp: str, digest: str) -> None:
+        os.rename(tmp, digest[2:], src_dir_fd=self._dir("tmp"), dst_dir_fd=self._dir(digest[:2]))
+
+    def _drop_tmp(self, tmp: str) -> None:
+        try:
+            os.unlink(tmp, dir_fd=self._dir("tmp"))
+        except FileNotFoundError:
+            pass
+
+    def put_bytes(self, data: bytes, writer: PackWriter | None = None) -> tuple[str, int]:
+        """Store `data` (packed by `writer` when small); (its digest, bytes newly
+        written: 0 when it was there)."""
+        digest = digest_of(data)
+        return digest, self._put_known(digest, data, writer)
+
+    def _put_known(self, digest: str, data: bytes, writer: PackWriter | None) -> int:
+        if writer is not None and len(data) <= PACKED_MAX:
+            return writer.add(digest, data)
+        if self._loose(digest):
+            return 0
+        fd, tmp = self._tmp_fd()
+        try:
+            try:
+                write_all(fd, data)
+            finally:
+                os.close(fd)
+            self._publish(tmp, digest)
+        except BaseException:
+            self._drop_tmp(tmp)
+            raise
+        return len(data)
+
+    def put_file(
+        self,
+        fd: int,
+        limit: int,
+        check: Callable[[], None],
+        *,
+        store: bool = True,
+        writer: PackWriter | None = None,
+    ) -> tuple[str, int, int]:
+        """Store the content of the open file `fd`: (digest, bytes newly written, size).
+
+        More than `limit` bytes: `FileTooLargeError` (the file grew after it was
+        measured). `check()` runs between chunks (deadline, cancel). Without `store`
+        the content is only hashed (a preview of a folder over its bounds).
+        """
+        sha = hashlib.sha256()
+        chunks: list[bytes] = []
+        total = 0
+        out: int | None = None
+        tmp: str | None = None
+        try:
+            while chunk := os.read(fd, CHUNK):
+                total += len(chunk)
+                if total > limit:
+                    raise FileTooLargeError(total)
+                check()
+                sha.update(chunk)
+                if not store:
+                    continue
+                if out is None and total <= _SMALL:
+                    chunks.append(chunk)
+                    continue
+                if out is None:  # a large file: stream it to a temp file
+                    out, tmp = self._tmp_fd()
+                    for held in chunks:
+                        write_all(out, held)
+                    chunks = []
+                write_all(out, chunk)
+            digest = sha.hexdigest()
+            if not store:
+                return digest, 0, total
+            if out is None:
+                return digest, self._put_known(digest, b"".join(chunks), writer), total
+            os.close(out)
+            out = None
+            assert tmp is not None
+            if self._loose(digest):
+                self._drop_tmp(tmp)
+                tmp = None
+                return digest, 0, total
+            self._publish(tmp, digest)
+            tmp = None
+            return digest, total, total
+        finally:
+            if out is not None:
+                os.close(out)
+            if tmp is not None:
+                self._drop_tmp(tmp)
+
+    def put_tree(
+        self, rows: list[Row], *, store: bool = True, writer: PackWriter | None = None
+    ) -> tuple[str, int]:
+        data = tree_bytes(rows)
+        if not store:
+            return digest_of(data), 0
+        return self.put_bytes(data, writer)
+
+    def read(self, digest: str) -> bytes:
+        """The object `digest`, whole (`CheckpointDamagedError` when missing)."""
+        packed = self.packs.read(digest)
+        if packed is not None:
+            return packed
+        fd = self._open_loose(digest)
+        try:
+            return _read_all(fd)
+        finally:
+            os.close(fd)
+
+    def copy_into(self, digest: str, dst: int) -> None:
+        """Write the object `digest` to the open file `dst`."""
+        packed = self.packs.read(digest)
+        if packed is not None:
+            write_all(dst, packed)
+            return
+        fd = self._open_loose(digest)
+        try:
+            while chunk := os.read(fd, CHUNK):
+                write_all(dst, chunk)
+        finally:
+            os.close(fd)
+
+    def _open_loose(self, digest: str) -> int:
+        folder = self._dir(digest[:2], create=False) if len(digest) > 2 else None
+        try:
+            if folder is None:
+                raise FileNotFoundError(digest)
+            return os.open(digest[2:], os.O_RDONLY | os.O_CLOEXEC, dir_fd=folder)
+        except FileNotFoundError:
+            raise CheckpointDamagedError(f"the stored copy {digest[:12]} is missing") from None
+
+    def tree(self, digest: str) -> list[Row]:
+        raw = self.read(digest)
+        try:
+            return [
+                Row(str(n), str(k), int(m), str(r), int(s)) for n, k, m, r, s in json.loads(raw)
+            ]
+        except (ValueError, TypeError) as exc:
+            raise CheckpointDamagedError(f"the folder listing {digest[:12]} is damaged") from exc
+
+    def digests(self) -> Iterator[tuple[str, Path]]:
+        """Every loose object: (digest, path)."""
+        try:
+            folders = list(os.scandir(self.objects))
+        except FileNotFoundError:
+            return
+        for folder in folders:
+            if len(folder.name) != 2 or not folder.is_dir(follow_symlinks=False):
+                continue
+            with os.scandir(folder.path) as it:
+                for entry in it:
+                    yield folder.name + entry.name, Path(entry.path)
+
+    def count(self) -> int:
+        """How many objects are stored (loose and packed)."""
+        return sum(1 for _ in self.digests()) + self.packs.count()
+
+    def clean_tmp(self) -> int:
+        """Remove what killed writers left in ``tmp/``; how many files."""
+        removed = 0
+        try:
+            entries = list(os.scandir(self.tmp))
+        except FileNotFoundError:
+            return 0
+        for entry in entries:
+            _unlink_quietly(Path(entry.path))
+            removed += 1
+        return removed
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, CHUNK):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def write_atomic(path: Path, data: bytes, *, sync: bool = False) -> None:
+    """Write `path` whole or not at all (a temp file next to it, renamed over it)."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            write_all(fd, data)
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    if sync:
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+class FileLock:
+    """An flock on `path` (shared or exclusive), held from `acquire` to `release`.
+
+    flock locks an open file description, so two of these in one process exclude each
+    other as two processes would; the kernel drops the lock of a killed holder.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self, *, exclusive: bool, wait: bool = True) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(fd, flags)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return False
+            raise
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the description drops the lock
+            self._fd = None

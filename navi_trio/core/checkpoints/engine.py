@@ -1,0 +1,384 @@
+"""`CheckpointEngine`: the async face of the checkpoint store (see the package docstring).
+
+Every method runs its blocking work in one `trio.to_thread.run_sync` call
+(``abandon_on_cancel=False``: the thread is never left running behind the caller's
+back). Locks, from the outside in:
+
+- a trio lock per root (this process: two snapshots of one folder take turns; roots in
+  sorted order, so two callers never wait on each other crosswise);
+- ``roots/KEY.lock``, an flock per root (other daemons on the same data folder);
+- ``lock``, the store's flock: shared by snapshots, previews and restores, exclusive
+  for garbage collection (which must not remove what a snapshot is writing).
+
+Garbage collection keeps what any record, any pending journal and this process's
+cached scans refer to, then bumps the number in ``gc``; a cached scan made under an
+older number (another process collected) is dropped before it is trusted again.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import trio
+
+from navi_trio.core.checkpoints._apply import Journal, export_root, needed
+from navi_trio.core.checkpoints._fsops import Folders, RootUnusableError, open_root, parent_of
+from navi_trio.core.checkpoints._gc import collect
+from navi_trio.core.checkpoints._locks import RootLocks, hold_files
+from navi_trio.core.checkpoints._model import (
+    CheckpointChangedError,
+    CheckpointDamagedError,
+    CheckpointError,
+    CheckpointInfo,
+    Outcome,
+    Preview,
+    Restored,
+    RootChanges,
+    RootTree,
+    Skipped,
+)
+from navi_trio.core.checkpoints._objects import FileLock, ObjectStore
+from navi_trio.core.checkpoints._plan import Op, changed_parts, plan_root
+from navi_trio.core.checkpoints._records import Records
+from navi_trio.core.checkpoints._result import ScanResult
+from navi_trio.core.checkpoints._snapshots import Snapshots, abandon, finish
+from navi_trio.core.checkpoints._state import OverLimit, RootState
+from navi_trio.settings import Settings
+from navi_trio.tools.private import PrivatePaths
+
+T = TypeVar("T")
+
+
+def _check_roots(roots: Sequence[Path]) -> list[Path]:
+    out = []
+    for root in roots:
+        path = Path(root)
+        if not path.is_absolute() or Path(os.path.normpath(path)) != path:
+            raise CheckpointError(f"{root}: a checkpoint root must be an absolute real path")
+        out.append(path)
+    if len(set(out)) != len(out) or not out:
+        raise CheckpointError("checkpoint roots must be one or more distinct folders")
+    return out
+
+
+class CheckpointEngine:
+    """Snapshots of folders, their restore, and their keeping. Open it with
+    `open_checkpoints` (which completes what a killed restore left)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        folder: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        watch: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.folder = folder if folder is not None else settings.data_dir / "checkpoints"
+        self.objects = ObjectStore(self.folder)
+        self.records = Records(self.folder)
+        self.journal = Journal(self.folder / "journal")
+        self._clock = clock
+        self._wall = wall
+        self._locks = RootLocks()
+        self._snaps = Snapshots(
+            settings, self.folder, self.objects, self.records, self._locks, clock, wall, watch=watch
+        )
+
+    # -- life ---------------------------------------------------------------------
+
+    async def recover(self) -> list[str]:
+        """Prepare the folders; complete every restore a killed process left; the
+        journals completed."""
+        return await self._thread(self._recover_sync)
+
+    def close(self) -> None:
+        self._snaps.close()
+        self.objects.close()
+
+    # -- snapshots ----------------------------------------------------------------
+
+    async def snapshot(
+        self, owner: str, roots: Sequence[Path], *, private: PrivatePaths, label: str = ""
+    ) -> Outcome:
+        """Snapshot `roots` (absolute real paths: the session folder, the run's cwd) for
+        `owner`. Over a bound, unreadable or switched off: `Skipped`, never an error."""
+        started = self._clock()
+        if not self.settings.checkpoints:
+            return Skipped("off", "checkpoints are switched off (NAVI_CHECKPOINTS=false)", 0.0)
+        paths = _check_roots(roots)
+        async with self._locks.hold(paths):
+            states = [self._snaps.state(p, paths, private) for p in paths]
+            job = functools.partial(self._snaps.take, owner, paths, states, private, label, started)
+            return await self._thread(job)
+
+    # -- listing and keeping ------------------------------------------------------
+
+    async def checkpoints(self, owner: str) -> list[CheckpointInfo]:
+        """The owner's checkpoints, oldest first."""
+        return await self._thread(functools.partial(self.records.of, owner))
+
+    async def get(self, owner: str, checkpoint_id: str) -> CheckpointInfo:
+        """One checkpoint (`UnknownCheckpointError` when the owner has no such one)."""
+        return await self._thread(functools.partial(self.records.get, owner, checkpoint_id))
+
+    async def prune(self, owner: str) -> list[str]:
+        """Drop the owner's checkpoints beyond NAVI_CHECKPOINT_KEEP (newest kept) and
+        older than NAVI_CHECKPOINT_MAX_AGE_SEC, then collect garbage; the ids dropped."""
+        return await self._thread(functools.partial(self._prune_sync, owner))
+
+    def _prune_sync(self, owner: str) -> list[str]:
+        infos = self.records.of(owner)
+        keep = self.settings.checkpoint_keep
+        now = self._wall()
+        old = infos[:-keep] if len(infos) > keep else []
+        old += [
+            i for i in infos[len(old) :] if now - i.created > self.settings.checkpoint_max_age_sec
+        ]
+        ids = [i.id for i in old]
+        if ids:
+            self.records.delete(owner, ids)
+            self._gc_sync()
+        return ids
+
+    async def delete_all(self, owner: str) -> int:
+        """Delete every checkpoint of `owner` (its session is deleted) and the objects
+        no other checkpoint shares; how many checkpoints."""
+        return await self._thread(functools.partial(self._delete_all_sync, owner))
+
+    def _delete_all_sync(self, owner: str) -> int:
+        count = self.records.delete_owner(owner)
+        self._gc_sync()
+        return count
+
+    async def collect_garbage(self) -> int:
+        """Remove every object no checkpoint needs; how many."""
+        return await self._thread(self._gc_sync)
+
+    def _gc_sync(self) -> int:
+        states = self._snaps.states()
+        removed, generation = collect(self.folder, self.objects, self.records, self.journal, states)
+        self._snaps.collected(generation)
+        return removed
+
+    # -- preview and restore ------------------------------------------------------
+
+    async def preview(self, owner: str, checkpoint_id: str, *, private: PrivatePaths) -> Preview:
+        """What restoring the checkpoint would change, before anything is applied. It
+        takes a checkpoint of the folders as they are (`Preview.undo`)."""
+        info = await self.get(owner, checkpoint_id)
+        async with self._locks.hold(info.paths):
+            states = [self._snaps.state(p, list(info.paths), private) for p in info.paths]
+            job = functools.partial(self._preview_sync, owner, info, states, private)
+            return await self._thread(job)
+
+    def _preview_sync(
+        self, owner: str, info: CheckpointInfo, states: list[RootState], private: PrivatePaths
+    ) -> Preview:
+        with hold_files(self.folder, list(info.paths)):
+            return self._plan(owner, info, states, private)[0]
+
+    async def restore(
+        self,
+        owner: str,
+        checkpoint_id: str,
+        *,
+        private: PrivatePaths,
+        confirm: str | None = None,
+    ) -> Restored:
+        """Restore the checkpoint's roots to exactly its tree (see the package docstring
+        for what is left as it is). With `confirm` (a preview's token) a folder that
+        changed since that preview is refused (`CheckpointChangedError`). Once it starts
+        writing it is not cancellable: a cancel waits for it to finish."""
+        started = self._clock()
+        info = await self.get(owner, checkpoint_id)
+        async with self._locks.hold(info.paths):
+            states = [self._snaps.state(p, list(info.paths), private) for p in info.paths]
+            job = functools.partial(self._restore_sync, owner, info, states, private, confirm)
+            preview, failed = await self._thread(job)
+        return Restored(preview, tuple(failed), self._clock() - started)
+
+    def _restore_sync(
+        self,
+        owner: str,
+        info: CheckpointInfo,
+        states: list[RootState],
+        private: PrivatePaths,
+        confirm: str | None,
+    ) -> tuple[Preview, list[Any]]:
+        with hold_files(self.folder, list(info.paths)):
+            preview, plans = self._plan(owner, info, states, private)
+            if confirm is not None and confirm != preview.token:
+                raise CheckpointChangedError(
+                    "the folders changed after the preview: look at a new preview first"
+                )
+            missing = [d for _, ops in plans for d in needed(ops) if not self.objects.has(d)]
+            if missing:
+                raise CheckpointDamagedError(
+                    f"checkpoint {info.id} lacks {len(missing)} stored file(s); nothing was changed"
+                )
+            if not any(ops for _, ops in plans):
+                return preview, []
+            return preview, self.journal.run(self.objects, plans, info.id, private)
+
+    def _plan(
+        self, owner: str, info: CheckpointInfo, states: list[RootState], private: PrivatePaths
+    ) -> tuple[Preview, list[tuple[Path, list[Op]]]]:
+        check = self._snaps.checker(None, 0.0)
+        pairs = list(zip(info.roots, states, strict=True))
+        present = [(rt, state) for rt, state in pairs if os.path.lexists(rt.path)]
+        missing = [rt for rt, _ in pairs if not os.path.lexists(rt.path)]
+        roots = [rt.path for rt, _ in present]
+        undo, skipped = None, ""
+        results: list[ScanResult] = []
+        try:
+            try:
+                results = self._snaps.scan_all(
+                    roots, [s for _, s in present], private, check, store=True
+                )
+            except OverLimit as over:
+                if over.code != "too_large":
+                    raise CheckpointError(
+                        f"the folders cannot be compared: {over.reason}"
+                    ) from None
+                skipped = over.reason
+                results = self._snaps.scan_all(
+                    roots, [s for _, s in present], private, check, store=False
+                )
+            except RootUnusableError as exc:
+                raise CheckpointError(str(exc)) from None
+            if not skipped and results:
+                trees = tuple(
+                    RootTree(r, res.tree, res.mode) for r, res in zip(roots, results, strict=True)
+                )
+                latest = self.records.latest(owner)
+                if latest is not None and latest.roots == trees:
+                    finish(results)
+                    undo = latest.id
+                else:
+                    before = self._snaps.info(owner, f"before restoring {info.id}", trees, results)
+                    finish(results)
+                    self.records.write(before)
+                    undo = before.id
+            plans: list[tuple[Path, list[Op]]] = []
+            changes: list[RootChanges] = []
+            for (rt, _), res in zip(present, results, strict=True):
+                ops, summary = self._plan_root(rt, res, private)
+                plans.append((rt.path, ops))
+                changes.append(summary)
+            for rt in missing:
+                ops, summary = self._plan_root(rt, None, private)
+                plans.append((rt.path, ops))
+                changes.append(summary)
+        except BaseException:
+            abandon(results)
+            raise
+        if skipped:
+            abandon(results)
+        else:
+            self._snaps.commit(results, [s for _, s in present])
+        # The token names the folders as they are (their listings' digests) and what
+        # the restore would do: a file edited after the preview changes it even where
+        # the plan would be the same (a deletion is one whatever the file holds).
+        now = [[res.tree, res.mode] for res in results]
+        token = hashlib.sha256(
+            json.dumps([info.id, now, [[str(r), ops] for r, ops in plans]]).encode()
+        ).hexdigest()
+        return Preview(info.id, tuple(changes), undo, skipped, token), plans
+
+    def _plan_root(
+        self, rt: RootTree, result: ScanResult | None, private: PrivatePaths
+    ) -> tuple[list[Op], RootChanges]:
+        if result is None:  # the root folder is gone: everything is made again
+            return _plan_new(self.objects, rt, rt.path)
+        current, sealed, target = changed_parts(self.objects, rt.tree, rt.mode, result.folder)
+        fd = open_root(rt.path, private)
+        fds = Folders(fd)
+        try:
+            unseen = functools.partial(_exists, fds)
+            return plan_root(rt.path, current, result.mode, sealed, target, self.objects, unseen)
+        finally:
+            fds.close()
+            os.close(fd)
+
+    async def export(self, owner: str, checkpoint_id: str, root: Path, dest: Path) -> list[Any]:
+        """Copy `root` as the checkpoint holds it into the new folder `dest` (a fork's
+        workspace). `dest` is made empty first and complete at the end, in one rename;
+        the paths that could not be written are returned."""
+        info = await self.get(owner, checkpoint_id)
+        tree = next((r for r in info.roots if r.path == root), None)
+        if tree is None:
+            raise CheckpointError(f"checkpoint {checkpoint_id} holds no folder {root}")
+        return await self._thread(functools.partial(self._export_sync, tree, dest))
+
+    def _export_sync(self, tree: RootTree, dest: Path) -> list[Any]:
+        with hold_files(self.folder, []):
+            ops, _ = _plan_new(self.objects, tree, dest)
+            try:
+                return export_root(self.objects, ops, dest)
+            except FileExistsError:
+                raise CheckpointError(f"{dest} already exists") from None
+
+    # -- helpers ------------------------------------------------------------------
+
+    async def _thread(self, job: Callable[[], T]) -> T:
+        return await trio.to_thread.run_sync(job, abandon_on_cancel=False)
+
+    def _recover_sync(self) -> list[str]:
+        for folder in (self.folder, self.folder / "roots"):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.objects.prepare()
+        self.records.prepare()
+        self.journal.prepare()
+        self._snaps.real_folder = Path(os.path.realpath(self.folder))
+        lock = FileLock(self.folder / "lock")
+        if lock.acquire(exclusive=True, wait=False):
+            try:
+                self.objects.clean_tmp()  # no writer anywhere: what is there is dead
+            finally:
+                lock.release()
+        with hold_files(self.folder, []):
+            return [jid for jid, _ in self.journal.recover(self.objects)]
+
+
+def _plan_new(objects: ObjectStore, tree: RootTree, root: Path) -> tuple[list[Op], RootChanges]:
+    """The plan that makes the whole tree where nothing is."""
+    _, _, target = changed_parts(objects, tree.tree, tree.mode, lambda rel: None)
+    return plan_root(root, {}, -1, set(), target, objects, lambda rel: False)
+
+
+def _exists(fds: Folders, rel: str) -> bool:
+    up, name = parent_of(rel)
+    try:
+        os.stat(name, dir_fd=fds.get(up), follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
+@asynccontextmanager
+async def open_checkpoints(
+    settings: Settings,
+    *,
+    folder: Path | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    wall: Callable[[], float] = time.time,
+    watch: bool = True,
+) -> AsyncIterator[CheckpointEngine]:
+    """The engine on ``DATA/checkpoints`` (or `folder`), restores left half done by a
+    killed process completed first; its inotify watches closed on the way out."""
+    engine = CheckpointEngine(settings, folder=folder, clock=clock, wall=wall, watch=watch)
+    await engine.recover()
+    try:
+        yield engine
+    finally:
+        engine.close()

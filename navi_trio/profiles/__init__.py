@@ -1,0 +1,36 @@
+"""Agent profiles and the config file (`config/config.json`) that holds them.
+
+- `_schema`: the file's shape, every class a key becomes (`NaviConfig`, `AgentProfile`,
+  ssh hosts, peers, MCP servers), the shipped tool names and `is_secret`;
+- `_policy`: a profile's tool policy (modes, roles, rules) and its checks;
+- `_load`: `load_config` / `parse_config` (strict cattrs structuring and the checks the
+  shape cannot say) and `check_config` (tools, ssh files, prompt files);
+- `_source`: `ConfigSource`, the config in force with hot reload.
+"""
+
+from navi_trio.profiles._load import check_config as check_config
+from navi_trio.profiles._load import load_config as load_config
+from navi_trio.profiles._load import parse_config as parse_config
+from navi_trio.profiles._load import ssh_problems as ssh_problems
+from navi_trio.profiles._policy import MODES as MODES
+from navi_trio.profiles._policy import ROLES as ROLES
+from navi_trio.profiles._policy import CallPattern as CallPattern
+from navi_trio.profiles._policy import Decision as Decision
+from navi_trio.profiles._policy import Mode as Mode
+from navi_trio.profiles._policy import PolicyConfig as PolicyConfig
+from navi_trio.profiles._policy import PolicyRule as PolicyRule
+from navi_trio.profiles._schema import BUILTIN_TOOL_NAMES as BUILTIN_TOOL_NAMES
+from navi_trio.profiles._schema import ENV_NAME as ENV_NAME
+from navi_trio.profiles._schema import MCP_PREFIX as MCP_PREFIX
+from navi_trio.profiles._schema import MCP_SERVER_NAME as MCP_SERVER_NAME
+from navi_trio.profiles._schema import REQUIRED_PROMPT_FILES as REQUIRED_PROMPT_FILES
+from navi_trio.profiles._schema import SECRET_VARS as SECRET_VARS
+from navi_trio.profiles._schema import AgentProfile as AgentProfile
+from navi_trio.profiles._schema import McpServerConfig as McpServerConfig
+from navi_trio.profiles._schema import NaviConfig as NaviConfig
+from navi_trio.profiles._schema import PeerConfig as PeerConfig
+from navi_trio.profiles._schema import SshConfig as SshConfig
+from navi_trio.profiles._schema import SshHost as SshHost
+from navi_trio.profiles._schema import ToolsConfig as ToolsConfig
+from navi_trio.profiles._schema import is_secret as is_secret
+from navi_trio.profiles._source import ConfigSource as ConfigSource

@@ -1,0 +1,93 @@
+"""The tool policy's part of a profile (README "Safety"): modes, roles and rules.
+
+`PolicyConfig` is what a profile's ``policy`` holds: the mode each role's runs get, the
+rules that allow, ask or deny a call (`PolicyRule`, a `CallPattern` with a decision),
+and the calls allowed when no client is attached to answer an ask. Below the classes,
+the checks their shape cannot say (`_check_policy`: known roles, ``full`` for admins
+only; `_check_policy_lists`: rule lists are lists of objects), run by `_load`. The
+decisions themselves are made in core/policy.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+
+from navi_trio.errors import ConfigError
+
+# Tool policy (README "Safety"): modes from least to most power; the roles a user has.
+MODES = ("read-only", "workspace", "full")
+ROLES = ("admin", "user")
+Mode = Literal["read-only", "workspace", "full"]
+Decision = Literal["allow", "ask", "deny"]
+
+
+def _pattern(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
+    if not value.strip():
+        raise ValueError(f'{attr.name} must not be empty (use "*" for any)')
+
+
+@attrs.frozen(kw_only=True)
+class CallPattern:
+    """Which calls: a tool, its action, and the command or path (fnmatch patterns)."""
+
+    tool: str = attrs.field(validator=_pattern)
+    action: str = attrs.field(default="*", validator=_pattern)
+    # terminal run / open: the command line; code_exec: the code; filesystem: the path.
+    match: str = attrs.field(default="*", validator=_pattern)
+
+
+@attrs.frozen(kw_only=True)
+class PolicyRule(CallPattern):
+    decision: Decision
+    roles: tuple[str, ...] = ()  # empty: every role
+    # true: a matching terminal / code_exec call gets the network in its sandbox (what
+    # the sandbox would otherwise block: make such a rule "ask" unless you trust it).
+    network: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class PolicyConfig:
+    # role -> the mode its runs get (for a user, also the most it may ask for).
+    modes: dict[str, Mode] = attrs.Factory(dict)
+    rules: tuple[PolicyRule, ...] = ()
+    # With no client attached, a call that would ask runs only when it matches one of
+    # these; every other such call is denied.
+    headless_allow: tuple[CallPattern, ...] = ()
+
+
+def _check_policy(policy: PolicyConfig, path: Path, where: str) -> None:
+    """What the policy's shape cannot say: known roles, and `full` for admins only."""
+    for role, mode in policy.modes.items():
+        if role not in ROLES:
+            raise ConfigError(
+                f"{path}: {where}.modes: unknown role {role!r} (roles: {', '.join(ROLES)})"
+            )
+        if mode == "full" and role != "admin":
+            raise ConfigError(
+                f"{path}: {where}.modes[{role!r}]: 'full' (no sandbox) is for admins only"
+            )
+    for i, rule in enumerate(policy.rules):
+        unknown = [r for r in rule.roles if r not in ROLES]
+        if unknown:
+            raise ConfigError(
+                f"{path}: {where}.rules[{i}].roles: unknown role(s) {', '.join(unknown)} "
+                f"(roles: {', '.join(ROLES)})"
+            )
+
+
+def _check_policy_lists(data: dict[str, Any], path: Path) -> None:
+    """cattrs reads a string as a list of characters: rule lists must be lists of objects."""
+    profiles = data.get("profiles")
+    for pid, prof in profiles.items() if isinstance(profiles, dict) else ():
+        policy = prof.get("policy") if isinstance(prof, dict) else None
+        for key in ("rules", "headless_allow"):
+            value = policy.get(key, []) if isinstance(policy, dict) else []
+            where = f"$.profiles[{pid!r}].policy.{key}"
+            if not isinstance(value, list):
+                raise ConfigError(f"{path}: {where}: expected a list of objects, got {value!r}")
+            for i, item in enumerate(value):
+                if not isinstance(item, dict):
+                    raise ConfigError(f"{path}: {where}[{i}]: expected an object, got {item!r}")

@@ -1,0 +1,265 @@
+"""The shape of the config file (`config/config.json`): every class a key becomes.
+
+`NaviConfig` is the whole file: the persona, the profiles (`AgentProfile`, with its
+`ToolsConfig` and `PolicyConfig` from `_policy`), the hosts of the ssh_exec tool
+(`SshConfig`), the peers (`PeerConfig`), the MCP servers (`McpServerConfig`) and the
+workspace roots. Field validators check what one value can say; `_load` checks the
+rest. Also here: the names of the tools navi ships, the prompt files a config folder
+holds, and which environment variables hold navi's own secrets (`is_secret`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from navi_trio.errors import ConfigError
+from navi_trio.profiles._policy import PolicyConfig
+
+# The tools navi ships (tools/builtin.py plus tasks and spawn_agent in runtime.py). The
+# vocabulary cannot import the tools, so the names live here and a test keeps them equal
+# to `runtime.default_tools`. A runtime given more tools accepts their names too.
+BUILTIN_TOOL_NAMES = frozenset(
+    {
+        "filesystem",
+        "terminal",
+        "code_exec",
+        "todo",
+        "scratchpad",
+        "memory",
+        "switch_profile",
+        "spawn_agent",
+        "tasks",
+        "ssh_exec",
+        "peer",
+    }
+)
+
+# Files every config folder holds, relative to the folder of config.json: the three
+# planning phases (core/planning.py) and the default compression prompt
+# (core/compression.py); a test keeps this list equal to the names those modules read.
+REQUIRED_PROMPT_FILES = (
+    "prompts/planning_analysis.md",
+    "prompts/planning_review.md",
+    "prompts/planning_plan.md",
+    "prompts/compression.md",
+)
+
+
+@attrs.frozen(kw_only=True)
+class ToolsConfig:
+    agent: tuple[str, ...] = ()
+    subagent: tuple[str, ...] = ()
+
+
+# SSH hosts for the ssh_exec tool (README "Remote hosts over SSH"). Paths are relative
+# to the config folder (or absolute, or ~/...); parse_config makes them absolute and
+# check_config requires the files to exist.
+_PROGRAM = re.compile(r"[A-Za-z0-9_.+/][A-Za-z0-9_.+/-]*\Z")
+
+
+def _ssh_word(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
+    # user and host end up in one argv word "user@host": no option, no second '@'.
+    if not value or value.startswith("-") or "@" in value or any(c.isspace() for c in value):
+        raise ValueError(
+            f"{attr.name}: expected a name without spaces, '@' or a leading '-', got {value!r}"
+        )
+
+
+def _port(_inst: Any, attr: attrs.Attribute[Any], value: int) -> None:
+    if not 1 <= value <= 65535:
+        raise ValueError(f"{attr.name}: expected a port from 1 to 65535, got {value!r}")
+
+
+def _non_empty(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
+    if not value.strip():
+        raise ValueError(f"{attr.name}: expected a path, got an empty string")
+
+
+def _commands(_inst: Any, attr: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    if value == ("*",):
+        return
+    bad = [c for c in value if not _PROGRAM.match(c)]
+    if not value or bad:
+        raise ValueError(
+            f'{attr.name}: expected ["*"] or a list of program names (like "ls"), '
+            f"got {list(value)!r}"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class SshHost:
+    user: str = attrs.field(validator=_ssh_word)
+    host: str = attrs.field(validator=_ssh_word)
+    port: int = attrs.field(default=22, validator=_port)
+    identity_file: str = attrs.field(validator=_non_empty)
+    # ["*"]: any command line (the remote shell reads it); else the programs allowed.
+    commands: tuple[str, ...] = attrs.field(validator=_commands)
+
+    @property
+    def any_command(self) -> bool:
+        return self.commands == ("*",)
+
+
+@attrs.frozen(kw_only=True)
+class SshConfig:
+    known_hosts: str = attrs.field(validator=_non_empty)
+    hosts: dict[str, SshHost] = attrs.Factory(dict)
+
+
+# An MCP server's name is part of its tools' names (`mcp__<server>__<tool>`), which
+# OpenAI-style function names limit to letters, digits, _ and - (64 at most).
+MCP_SERVER_NAME = re.compile(r"^[A-Za-z0-9-]+(_[A-Za-z0-9-]+)*$")
+MCP_PREFIX = "mcp__"
+
+
+@attrs.frozen(kw_only=True)
+class McpServerConfig:
+    """One MCP server (README "MCP servers"): a command run over stdio, or a URL
+    (streamable HTTP). Exactly one of `command` and `url`."""
+
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = attrs.Factory(dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = attrs.Factory(dict)
+    enabled: bool = True
+    timeout_sec: float = 60.0  # one call, and the start (initialize + list of tools)
+    tools: tuple[str, ...] | None = None  # allow-list of the server's own tool names
+    # true: its tools take ``"background": true`` like the backgroundable built-ins.
+    background: bool = False
+
+    @property
+    def transport(self) -> str:
+        return "stdio" if self.command is not None else "http"
+
+
+@attrs.frozen(kw_only=True)
+class AgentProfile:
+    id: str = ""
+    description: str = ""
+    model: str | None = None  # None -> Settings.default_model
+    system_prompt: str = ""
+    system_prompt_file: str | None = None
+    subagent_system_prompt: str = ""
+    max_iterations: int = 25
+    planning_enabled: bool = False
+    planning_mandatory: bool = False
+    # false: no plan on a session's first message either (small local models: a plan
+    # costs three calls they cannot afford and rarely follow)
+    planning_first_message: bool = True
+    # Thinking mechanics (agent-loop.md), with the spec's defaults.
+    think_enabled: bool = True
+    iteration_budget_enabled: bool = True
+    planning_phase2_enabled: bool = False
+    goal_anchoring_enabled: bool = True
+    goal_anchoring_interval: int = 5
+    anti_stall_enabled: bool = True
+    anti_stall_threshold: int = 8
+    step_validation_enabled: bool = False
+    adaptive_replan_enabled: bool = False
+    subagent_planning_enabled: bool = False
+    tools: ToolsConfig = ToolsConfig()
+    parallel_tool_calls: bool | None = None  # None -> Settings.parallel_tool_calls
+    compression_keep_recent: int | None = None
+    compression_max_tokens: int | None = None
+    # Output caps (None -> Settings.plan_max_tokens / answer_max_tokens).
+    plan_max_tokens: int | None = None
+    answer_max_tokens: int | None = None
+    compression_prompt_file: str | None = None
+    policy: PolicyConfig = PolicyConfig()
+    # Names of `NaviConfig.mcp_servers` whose tools this profile's runs get.
+    mcp_servers: tuple[str, ...] = ()
+    # Environment variables (by name) the daemon passes on to its runs' tool processes,
+    # beyond the allow-list every one gets (tools/procs `child_env`).
+    env: tuple[str, ...] = ()
+
+    def model_or(self, default: str) -> str:
+        """The profile's model, or `default` (Settings.default_model) when it names none."""
+        return self.model or default
+
+    def get_agent_tools(self) -> tuple[str, ...]:
+        return self.tools.agent
+
+    def get_subagent_tools(self) -> tuple[str, ...]:
+        """tools.subagent, falling back to tools.agent when it is empty."""
+        return self.tools.subagent or self.tools.agent
+
+
+def _ws_url(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
+    if not value.startswith(("ws://", "wss://")):
+        raise ValueError(f"{attr.name} {value!r}: expected a ws:// or wss:// URL")
+
+
+@attrs.frozen(kw_only=True)
+class PeerConfig:
+    """Another navi daemon the `peer` tool may ask: its URL and where its token is.
+
+    The token is inline (`token`) or, better, named by an environment variable
+    (`token_env`): exactly one of the two. It is kept out of repr and error texts.
+    """
+
+    url: str = attrs.field(validator=_ws_url)
+    token: str | None = attrs.field(default=None, repr=False)
+    token_env: str | None = None
+    timeout_sec: float = 600.0  # the longest an `ask` may wait for the peer's answer
+
+    def resolve_token(self, name: str, environ: Mapping[str, str]) -> str:
+        """The token; a ConfigError naming the variable (never a value) when unset."""
+        if self.token is not None:
+            return self.token
+        value = environ.get(self.token_env or "", "")
+        if not value:
+            raise ConfigError(
+                f"peer {name!r}: the environment variable {self.token_env} (peers.{name}."
+                "token_env) is not set in the daemon's environment"
+            )
+        return value
+
+
+@attrs.frozen(kw_only=True)
+class NaviConfig:
+    persona: str = ""
+    persona_file: str | None = None
+    default_profile: str
+    profiles: dict[str, AgentProfile]
+    ssh: SshConfig | None = None  # hosts the ssh_exec tool may reach
+    peers: dict[str, PeerConfig] = attrs.Factory(dict)
+    mcp_servers: dict[str, McpServerConfig] = attrs.Factory(dict)
+    # role -> the folders (and below) a client of that role may send as a run's cwd,
+    # besides their own session folders (core/workspace.py); a role without an entry:
+    # users none, admins anything but navi's own data.
+    workspace_roots: dict[str, tuple[str, ...]] = attrs.Factory(dict)
+    base_dir: Path = Path(".")  # folder of the file: prompt files resolve against it
+
+    def profile(self, profile_id: str | None) -> AgentProfile:
+        """The named profile, or the default one when `profile_id` is None or unknown."""
+        if profile_id and profile_id in self.profiles:
+            return self.profiles[profile_id]
+        return self.profiles[self.default_profile]
+
+    def resolve_path(self, name: str) -> Path:
+        p = Path(name)
+        return p if p.is_absolute() else self.base_dir / p
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Environment variables navi reads that hold secrets; also any NAVI_* variable with a
+# word in its name that says it holds one (NAVI_WS_TOKEN, NAVI_SIGNING_KEY, ...), but
+# not a setting that merely counts tokens (NAVI_COMPRESSION_MAX_TOKENS). A profile's
+# `env` may not pass them on to tool processes.
+SECRET_VARS = frozenset({"NAVI_LLM_API_KEY", "NAVI_TOKEN", "OPENAI_API_KEY"})
+_SECRET_WORDS = frozenset({"TOKEN", "KEY", "APIKEY", "SECRET", "PASSWORD", "PASSWD"})
+
+
+def is_secret(name: str) -> bool:
+    """True for an environment variable of navi's that holds a secret."""
+    upper = name.upper()
+    if upper in SECRET_VARS:
+        return True
+    return upper.startswith("NAVI_") and not _SECRET_WORDS.isdisjoint(upper.split("_"))

@@ -1,0 +1,161 @@
+"""The history tables: `messages` (what the user sees) and `context` (what the LLM sees).
+
+`_History` holds the store's history methods (mixed into `SQLiteStore`); below it, the
+functions that run on the worker thread. A save appends what is new, in one
+transaction with the queued row it dequeues (`_queue`); only `replace_context`
+(compression) rewrites. `load_session` repairs dangling tool calls (`repair`) and
+stores the placeholders between their neighbours' positions, in the same job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlite_utils import Database
+
+from navi_trio.store._core import _Core
+from navi_trio.store._input import _prepare, _Row, check_session_id
+from navi_trio.store._queue import _unqueue
+from navi_trio.store._schema import _HISTORY, _write_tx
+from navi_trio.store._sessions import _get_session, _require_session
+from navi_trio.store.base import LoadedSession
+from navi_trio.store.repair import placeholder_positions, repair_dangling_tool_calls
+from navi_trio.text import loads_clean
+
+
+class _History(_Core):
+    async def append(
+        self,
+        session_id: str,
+        *,
+        messages: Sequence[dict[str, Any]] = (),
+        context: Sequence[dict[str, Any]] = (),
+        durable: bool = True,
+        dequeue: str | None = None,
+    ) -> None:
+        """Append new display messages and context entries in one transaction.
+
+        `durable=False`: committed without an fsync (see the module's "Durability").
+        `dequeue`: the key of the queued message being appended; its queued row is
+        deleted in the same transaction (it is never both queued and in history)."""
+        sid = check_session_id(session_id)
+        msg_rows = _prepare(messages, "messages")
+        # Both lists usually hold the same dicts: each is serialised once. (`messages` is
+        # still referenced here, so the ids cannot be reused while this runs.)
+        done = {id(m): row for m, row in zip(messages, msg_rows, strict=True)}
+        ctx_rows = _prepare(context, "context", done)
+        if not msg_rows and not ctx_rows and dequeue is None:
+            return
+        now = self._now()
+        await self._run(
+            f"append to session {sid!r}",
+            lambda db: _append(db, sid, msg_rows, ctx_rows, now, dequeue),
+            durable,
+        )
+
+    async def load_messages(self, session_id: str) -> list[dict[str, Any]]:
+        sid = check_session_id(session_id)
+        return await self._run(
+            f"load messages of {sid!r}", lambda db: _load_history(db, "messages", sid)
+        )
+
+    async def load_context(self, session_id: str) -> list[dict[str, Any]]:
+        sid = check_session_id(session_id)
+        return await self._run(
+            f"load context of {sid!r}", lambda db: _load_history(db, "context", sid)
+        )
+
+    async def replace_context(self, session_id: str, context: Sequence[dict[str, Any]]) -> None:
+        """Compression only: swap the whole LLM context in one transaction."""
+        sid = check_session_id(session_id)
+        rows = _prepare(context, "context")
+        now = self._now()
+        await self._run(
+            f"replace context of {sid!r}", lambda db: _replace_context(db, sid, rows, now)
+        )
+
+    async def load_session(self, session_id: str) -> LoadedSession | None:
+        """Row, messages and context, with dangling tool calls repaired and persisted.
+
+        Call it when no run of this session is live: a run's in-flight tool calls look
+        dangling until their results are appended.
+        """
+        sid = check_session_id(session_id)
+        now = self._now()
+        return await self._run(f"load session {sid!r}", lambda db: _load_session(db, sid, now))
+
+
+def _insert_history(
+    db: Database, table: str, sid: str, rows: Sequence[_Row], positions: Sequence[float],
+    now: float,
+) -> None:  # fmt: skip
+    db.conn.executemany(
+        f"INSERT INTO {table} (session_id, position, role, content, is_plan, data, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [(sid, pos, r.role, r.content, int(r.is_plan), r.data, now)
+         for pos, r in zip(positions, rows, strict=True)],
+    )  # fmt: skip
+
+
+def _next_positions(db: Database, table: str, sid: str, count: int) -> list[float]:
+    top = db.execute(
+        f"SELECT COALESCE(MAX(position), 0) FROM {table} WHERE session_id = ?", [sid]
+    ).fetchone()[0]
+    return [float(top) + i for i in range(1, count + 1)]
+
+
+def _append(
+    db: Database, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
+    dequeue: str | None = None,
+) -> None:  # fmt: skip
+    with _write_tx(db):
+        _require_session(db, sid)
+        if dequeue is not None:
+            _unqueue(db, dequeue)
+        for table, rows in (("messages", msg_rows), ("context", ctx_rows)):
+            if rows:
+                positions = _next_positions(db, table, sid, len(rows))
+                _insert_history(db, table, sid, rows, positions, now)
+        db.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", [now, sid])
+
+
+def _load_history(db: Database, table: str, sid: str) -> list[dict[str, Any]]:
+    _require_session(db, sid)
+    rows = db.execute(
+        f"SELECT data FROM {table} WHERE session_id = ? ORDER BY position", [sid]
+    ).fetchall()
+    return [loads_clean(r[0]) for r in rows]  # an older version stored lone surrogates
+
+
+def _replace_context(db: Database, sid: str, rows: list[_Row], now: float) -> None:
+    with _write_tx(db):
+        _require_session(db, sid)
+        db.execute("DELETE FROM context WHERE session_id = ?", [sid])
+        _insert_history(db, "context", sid, rows, [float(i) for i in range(1, len(rows) + 1)], now)
+
+
+def _load_session(db: Database, sid: str, now: float) -> LoadedSession | None:
+    row = _get_session(db, sid)
+    if row is None:
+        return None
+    loaded: dict[str, list[dict[str, Any]]] = {}
+    repaired = 0
+    # One job on the one thread: no append can slip between reading and repairing.
+    with _write_tx(db):
+        for table in _HISTORY:
+            records = db.execute(
+                f"SELECT position, data FROM {table} WHERE session_id = ? ORDER BY position",
+                [sid],
+            ).fetchall()
+            items = [loads_clean(r[1]) for r in records]  # lone surrogates: U+FFFD
+            fixed, inserted = repair_dangling_tool_calls(items)
+            if inserted:
+                positions = placeholder_positions([r[0] for r in records], inserted)
+                rows = _prepare([ph for _, ph in inserted], f"{table} placeholders")
+                _insert_history(db, table, sid, rows, positions, now)
+            loaded[table] = fixed
+            repaired += len(inserted)
+    return LoadedSession(
+        row=row, messages=loaded["messages"], context=loaded["context"], repaired=repaired
+    )

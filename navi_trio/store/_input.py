@@ -1,0 +1,114 @@
+"""A store's input, checked and serialised on the caller's side, before any SQL.
+
+Nothing here knows SQLite: the session id and text checks, session meta, JSON values
+(`_dump`: never NaN, lone surrogates kept) and the history rows a message becomes
+(`_prepare`). A store checks and serialises on the caller's side so that its worker
+gets a snapshot the caller cannot change, and a bad argument fails before a job is
+queued, with a `StoreError` naming it. A second store (PostgreSQL) uses the same.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from navi_trio.errors import StoreError
+
+_SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@+=-]{0,127}")
+_ID_SHOWN_MAX = 60  # an error message quotes at most this much of a bad session id
+
+
+def check_session_id(session_id: object) -> str:
+    """`session_id` if it is a valid id; StoreError naming it (cut when long) if not."""
+    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
+        if isinstance(session_id, str) and not session_id:
+            raise StoreError("the session id is empty")
+        shown = repr(session_id)
+        if len(shown) > _ID_SHOWN_MAX:
+            size = f"{len(session_id)} characters" if isinstance(session_id, str) else "long"
+            shown = f"{shown[: _ID_SHOWN_MAX - 1]}… ({size})"
+        raise StoreError(
+            f"invalid session id {shown}: use 1-128 letters, digits or . _ @ + = -"
+            " (not starting with . @ + = -)"
+        )
+    return session_id
+
+
+def _check_text(value: object, name: str, *, allow_empty: bool = False) -> str:
+    if not isinstance(value, str) or (not allow_empty and not value):
+        raise StoreError(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _check_meta(meta: object) -> dict[str, Any]:
+    if not isinstance(meta, dict):
+        raise StoreError(f"session meta must be a dict, not {type(meta).__name__}")
+    return meta
+
+
+class _Row(NamedTuple):
+    """A message ready for a history table: columns for queries, `data` for the dict."""
+
+    role: str | None
+    content: str | None
+    is_plan: bool
+    data: str
+
+
+def _dump(value: Any, what: str) -> str:
+    # ensure_ascii keeps lone surrogates (valid in JSON, invalid in UTF-8) round-tripping.
+    # allow_nan=False: NaN / Infinity are not JSON; stored, they would come back to be
+    # sent to the LLM, which refuses them (a poisoned session).
+    try:
+        return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    except ValueError as exc:
+        if "Out of range float" in str(exc):
+            raise StoreError(
+                f"{what} holds a number that is not finite (NaN or Infinity), "
+                "which JSON cannot carry"
+            ) from None
+        raise StoreError(f"{what} is not JSON-serialisable: {exc}") from None
+    except TypeError as exc:
+        raise StoreError(f"{what} is not JSON-serialisable: {exc}") from None
+
+
+def _prepare(
+    items: Sequence[dict[str, Any]], what: str, done: dict[int, _Row] | None = None
+) -> list[_Row]:
+    """Serialise on the caller's side: the thread gets a snapshot the caller cannot mutate.
+
+    `done` maps id(message) to its row for messages of the same call already serialised
+    (a message that goes to both the display history and the context is one dict)."""
+    if isinstance(items, dict | str | bytes):
+        raise StoreError(f"{what} must be a sequence of message dicts, not {type(items).__name__}")
+    rows: list[_Row] = []
+    for i, msg in enumerate(items):
+        if done is not None and id(msg) in done:
+            rows.append(done[id(msg)])
+            continue
+        if not isinstance(msg, dict):
+            raise StoreError(f"{what}[{i}] must be a dict, not {type(msg).__name__}")
+        role = msg.get("role")
+        content = msg.get("content")
+        if not isinstance(content, str):
+            content = None if content is None else _dump(content, f"{what}[{i}].content")
+        rows.append(
+            _Row(
+                role=_column_text(role) if isinstance(role, str) else None,
+                content=_column_text(content) if content is not None else None,
+                is_plan=bool(msg.get("is_plan")),
+                data=_dump(msg, f"{what}[{i}]"),
+            )
+        )
+    return rows
+
+
+def _column_text(text: str) -> str:
+    """Columns are for queries; `data` keeps the exact text, lone surrogates included."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text

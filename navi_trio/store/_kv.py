@@ -1,0 +1,68 @@
+"""The kv table: JSON values under (scope, key) — task notes, memory, todo, scratchpad.
+
+`_Kv` holds the store's kv methods (mixed into `SQLiteStore`); below it, the functions
+that run on the worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlite_utils import Database
+
+from navi_trio.store._core import _Core
+from navi_trio.store._input import _check_text, _dump
+from navi_trio.store._schema import _write_tx
+
+
+class _Kv(_Core):
+    async def kv_get(self, scope: str, key: str) -> Any | None:
+        _check_text(scope, "kv scope")
+        _check_text(key, "kv key", allow_empty=True)
+        return await self._run(f"kv get {scope}/{key}", lambda db: _kv_get(db, scope, key))
+
+    async def kv_set(self, scope: str, key: str, value: Any) -> None:
+        _check_text(scope, "kv scope")
+        _check_text(key, "kv key", allow_empty=True)
+        data = _dump(value, f"kv value for {scope}/{key}")
+        now = self._now()
+        await self._run(f"kv set {scope}/{key}", lambda db: _kv_set(db, scope, key, data, now))
+
+    async def kv_delete(self, scope: str, key: str) -> None:
+        _check_text(scope, "kv scope")
+        _check_text(key, "kv key", allow_empty=True)
+        await self._run(f"kv delete {scope}/{key}", lambda db: _kv_delete(db, scope, key))
+
+    async def kv_list(self, scope: str, prefix: str = "") -> list[tuple[str, Any]]:
+        _check_text(scope, "kv scope")
+        _check_text(prefix, "kv prefix", allow_empty=True)
+        return await self._run(f"kv list {scope}/{prefix}*", lambda db: _kv_list(db, scope, prefix))
+
+
+def _kv_get(db: Database, scope: str, key: str) -> Any | None:
+    row = db.execute("SELECT value FROM kv WHERE scope = ? AND key = ?", [scope, key]).fetchone()
+    return None if row is None else json.loads(row[0])
+
+
+def _kv_set(db: Database, scope: str, key: str, value: str, now: float) -> None:
+    with _write_tx(db):
+        db.execute(
+            "INSERT INTO kv (scope, key, value, updated_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
+            " updated_at = excluded.updated_at",
+            [scope, key, value, now],
+        )
+
+
+def _kv_delete(db: Database, scope: str, key: str) -> None:
+    with _write_tx(db):
+        db.execute("DELETE FROM kv WHERE scope = ? AND key = ?", [scope, key])
+
+
+def _kv_list(db: Database, scope: str, prefix: str) -> list[tuple[str, Any]]:
+    rows = db.execute(
+        "SELECT key, value FROM kv WHERE scope = ? AND substr(key, 1, ?) = ? ORDER BY key",
+        [scope, len(prefix), prefix],
+    ).fetchall()
+    return [(r[0], json.loads(r[1])) for r in rows]

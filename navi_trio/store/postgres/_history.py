@@ -1,0 +1,175 @@
+"""Sessions, their history and context on PostgreSQL: the statements, on a worker thread.
+
+Each function runs inside the job's transaction (`_workers.Job`). Every write to one
+session's history first locks that session's row (``UPDATE … `` or ``SELECT … FOR
+UPDATE``): writers of one session take turns, so the next position is read after the
+previous writer committed, and a load that repairs sees no append slip in between.
+Writers of different sessions never wait for each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg.errors as pg
+from psycopg import sql
+
+from navi_trio.errors import StoreError
+from navi_trio.store._input import _prepare, _Row
+from navi_trio.store._schema import _session_from
+from navi_trio.store.base import LoadedSession, SessionRow
+from navi_trio.store.postgres._workers import Conn
+from navi_trio.store.repair import placeholder_positions, repair_dangling_tool_calls
+from navi_trio.text import loads_clean
+
+HISTORY = ("messages", "context")
+_COLS = "id, profile_id, title, user_id, created_at, updated_at, meta"
+
+
+def get_session(conn: Conn, sid: str) -> SessionRow | None:
+    row = conn.execute(f"SELECT {_COLS} FROM sessions WHERE id = %s", [sid]).fetchone()
+    return None if row is None else _session_from(row)
+
+
+def _lock_session(conn: Conn, sid: str) -> None:
+    """Lock the session's row for this transaction; StoreError when there is none."""
+    if conn.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", [sid]).fetchone() is None:
+        raise StoreError(f"no session {sid!r} in the store")
+
+
+def insert_session(conn: Conn, row: SessionRow, meta_json: str) -> None:
+    inserted = conn.execute(
+        f"INSERT INTO sessions ({_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+        " ON CONFLICT (id) DO NOTHING RETURNING 1",
+        [row.id, row.profile_id, row.title, row.user_id, row.created_at, row.updated_at,
+         meta_json],
+    ).fetchone()  # fmt: skip
+    if inserted is None:
+        raise StoreError(f"session {row.id!r} already exists")
+
+
+def list_sessions(conn: Conn, user_id: str | None) -> list[SessionRow]:
+    where, params = ("WHERE user_id = %s", [user_id]) if user_id is not None else ("", [])
+    rows = conn.execute(
+        f"SELECT {_COLS} FROM sessions {where} ORDER BY updated_at DESC, seq DESC", params
+    ).fetchall()
+    return [_session_from(r) for r in rows]
+
+
+def update_session(conn: Conn, sid: str, changes: dict[str, Any]) -> None:
+    # Column names come from update_session's fixed keyword set, never from callers.
+    sets = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in changes)
+    query = sql.SQL("UPDATE sessions SET {} WHERE id = %s RETURNING 1").format(sets)
+    if conn.execute(query, [*changes.values(), sid]).fetchone() is None:
+        raise StoreError(f"no session {sid!r} in the store")
+
+
+def delete_session(conn: Conn, sid: str) -> bool:
+    """The session, its history, context, queued messages and kv rows `sid` / `sid:…`."""
+    if conn.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", [sid]).fetchone() is None:
+        deleted = False
+    else:
+        deleted = True
+        conn.execute("DELETE FROM messages WHERE session_id = %s", [sid])
+        conn.execute("DELETE FROM context WHERE session_id = %s", [sid])
+        conn.execute("DELETE FROM queued WHERE session_id = %s", [sid])
+        conn.execute("DELETE FROM sessions WHERE id = %s", [sid])
+    # starts_with, not LIKE: ids may contain LIKE's wildcard `_`. Rows of a session that
+    # is gone go too (the SQLite store does the same).
+    conn.execute("DELETE FROM kv WHERE key = %s OR starts_with(key, %s)", [sid, sid + ":"])
+    return deleted
+
+
+def pg_text(text: str | None) -> str | None:
+    """A query column's copy of a text: PostgreSQL text cannot hold NUL (`data` keeps it)."""
+    return None if text is None else text.replace("\x00", "\ufffd")
+
+
+def _insert_history(
+    conn: Conn, table: str, sid: str, rows: Sequence[_Row], positions: Sequence[float] | None,
+    now: float,
+) -> None:  # fmt: skip
+    """One INSERT for all `rows`; `positions` None: after the session's last row, read by
+    this statement (its snapshot is taken after the session's row lock was granted)."""
+    if not rows:
+        return
+    top: sql.Composable
+    if positions is None:
+        top = sql.SQL(
+            "(SELECT COALESCE(MAX(position), 0) FROM {} WHERE session_id = %(sid)s) + t.ord"
+        ).format(sql.Identifier(table))
+        given: list[float] = []
+    else:
+        top, given = sql.SQL("(%(pos)s::float8[])[t.ord]"), list(positions)
+    query = sql.SQL(
+        "INSERT INTO {} (session_id, position, role, content, is_plan, data, created_at)"
+        " SELECT %(sid)s, {}, t.role, t.content, t.is_plan, t.data, %(now)s"
+        " FROM unnest(%(role)s::text[], %(content)s::text[], %(is_plan)s::bool[],"
+        " %(data)s::text[]) WITH ORDINALITY AS t(role, content, is_plan, data, ord)"
+    ).format(sql.Identifier(table), top)
+    conn.execute(query, {
+        "sid": sid, "now": now, "pos": given,
+        "role": [pg_text(r.role) for r in rows], "content": [pg_text(r.content) for r in rows],
+        "is_plan": [r.is_plan for r in rows], "data": [r.data for r in rows],
+    })  # fmt: skip
+
+
+def append(
+    conn: Conn, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
+    dequeue: str | None,
+) -> None:  # fmt: skip
+    # The UPDATE locks the session's row; each INSERT after it reads the last position
+    # with a snapshot taken once the lock was granted, so it sees the last writer's rows.
+    # Nothing is read until the end: the statements go out in one pipeline.
+    try:
+        with conn.pipeline():  # leaving it waits for the answers (and raises their errors)
+            locked = conn.execute("UPDATE sessions SET updated_at = %s WHERE id = %s", [now, sid])
+            if dequeue is not None:
+                conn.execute("DELETE FROM queued WHERE key = %s", [dequeue])
+            _insert_history(conn, "messages", sid, msg_rows, None, now)
+            _insert_history(conn, "context", sid, ctx_rows, None, now)
+    except pg.ForeignKeyViolation:  # an insert for a session that is not there
+        raise StoreError(f"no session {sid!r} in the store") from None
+    if locked.rowcount == 0:
+        raise StoreError(f"no session {sid!r} in the store")
+
+
+def load_history(conn: Conn, table: str, sid: str) -> list[dict[str, Any]]:
+    if conn.execute("SELECT 1 FROM sessions WHERE id = %s", [sid]).fetchone() is None:
+        raise StoreError(f"no session {sid!r} in the store")
+    query = sql.SQL("SELECT data FROM {} WHERE session_id = %s ORDER BY position").format(
+        sql.Identifier(table)
+    )
+    return [loads_clean(r[0]) for r in conn.execute(query, [sid])]
+
+
+def replace_context(conn: Conn, sid: str, rows: list[_Row], now: float) -> None:
+    _lock_session(conn, sid)
+    conn.execute("DELETE FROM context WHERE session_id = %s", [sid])
+    _insert_history(conn, "context", sid, rows, [float(i) for i in range(1, len(rows) + 1)], now)
+
+
+def load_session(conn: Conn, sid: str, now: float) -> LoadedSession | None:
+    row = conn.execute(f"SELECT {_COLS} FROM sessions WHERE id = %s FOR UPDATE", [sid]).fetchone()
+    if row is None:
+        return None
+    loaded: dict[str, list[dict[str, Any]]] = {}
+    repaired = 0
+    for table in HISTORY:
+        query = sql.SQL(
+            "SELECT position, data FROM {} WHERE session_id = %s ORDER BY position"
+        ).format(sql.Identifier(table))
+        records = conn.execute(query, [sid]).fetchall()
+        items = [loads_clean(r[1]) for r in records]  # lone surrogates: U+FFFD
+        fixed, inserted = repair_dangling_tool_calls(items)
+        if inserted:
+            positions = placeholder_positions([r[0] for r in records], inserted)
+            rows = _prepare([ph for _, ph in inserted], f"{table} placeholders")
+            _insert_history(conn, table, sid, rows, positions, now)
+        loaded[table] = fixed
+        repaired += len(inserted)
+    return LoadedSession(
+        row=_session_from(row), messages=loaded["messages"], context=loaded["context"],
+        repaired=repaired,
+    )  # fmt: skip

@@ -1,0 +1,213 @@
+"""kv values, users, leases, queued messages and stats on PostgreSQL, on a worker thread.
+
+Each function runs inside the job's transaction (`_workers.Job`). The rules are those
+of the SQLite store (store/_lease.py, store/_queue.py), made safe for several daemons
+writing at once: a claim inserts or locks the lease row before it decides, an adoption
+locks the queued rows it looks at.
+
+Lease times are the server's clock (``clock_timestamp()``), not the daemon's: daemons on
+several machines then agree on when a lease has run out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from navi_trio.errors import StoreError
+from navi_trio.store._lease import pid_alive
+from navi_trio.store.base import LeaseRow
+from navi_trio.store.postgres._workers import Conn
+
+TABLES = ("sessions", "messages", "context", "kv", "users")
+_NOW = "extract(epoch FROM clock_timestamp())"
+_LEASE_COLS = "session_id, owner, pid, host, expires_at"
+_USER_COLS = "id, name, role, created_at"
+_TOKEN_TAKEN = "a user with this token already exists; tokens must be unique"
+
+# -- kv ---------------------------------------------------------------------------------
+
+
+def kv_get(conn: Conn, scope: str, key: str) -> Any | None:
+    row = conn.execute("SELECT value FROM kv WHERE scope = %s AND key = %s", [scope, key])
+    found = row.fetchone()
+    return None if found is None else json.loads(found[0])
+
+
+def kv_set(conn: Conn, scope: str, key: str, value: str, now: float) -> None:
+    conn.execute(
+        "INSERT INTO kv (scope, key, value, updated_at) VALUES (%s, %s, %s, %s)"
+        " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
+        " updated_at = excluded.updated_at",
+        [scope, key, value, now],
+    )
+
+
+def kv_delete(conn: Conn, scope: str, key: str) -> None:
+    conn.execute("DELETE FROM kv WHERE scope = %s AND key = %s", [scope, key])
+
+
+def kv_list(conn: Conn, scope: str, prefix: str) -> list[tuple[str, Any]]:
+    rows = conn.execute(
+        "SELECT key, value FROM kv WHERE scope = %s AND starts_with(key, %s) ORDER BY key",
+        [scope, prefix],
+    ).fetchall()
+    return [(r[0], json.loads(r[1])) for r in rows]
+
+
+# -- users ------------------------------------------------------------------------------
+
+
+def _user_dict(row: Sequence[Any]) -> dict[str, Any]:
+    return {"id": row[0], "name": row[1], "role": row[2], "created_at": row[3]}
+
+
+def insert_user(conn: Conn, user: dict[str, Any], digest: str) -> None:
+    inserted = conn.execute(
+        "INSERT INTO users (id, name, token_sha256, role, created_at)"
+        " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (token_sha256) DO NOTHING RETURNING 1",
+        [user["id"], user["name"], digest, user["role"], user["created_at"]],
+    ).fetchone()
+    if inserted is None:
+        raise StoreError(_TOKEN_TAKEN)
+
+
+def user_by_digest(conn: Conn, digest: str) -> dict[str, Any] | None:
+    row = conn.execute(
+        f"SELECT {_USER_COLS} FROM users WHERE token_sha256 = %s", [digest]
+    ).fetchone()
+    return None if row is None else _user_dict(row)
+
+
+def list_users(conn: Conn) -> list[dict[str, Any]]:
+    rows = conn.execute(f"SELECT {_USER_COLS} FROM users ORDER BY created_at, seq").fetchall()
+    return [_user_dict(r) for r in rows]
+
+
+def user_by_id(conn: Conn, user_id: str) -> dict[str, Any] | None:
+    row = conn.execute(f"SELECT {_USER_COLS} FROM users WHERE id = %s", [user_id]).fetchone()
+    return None if row is None else _user_dict(row)
+
+
+def user_by_name(conn: Conn, name: str) -> dict[str, Any] | None:
+    row = conn.execute(
+        f"SELECT {_USER_COLS} FROM users WHERE name = %s ORDER BY seq LIMIT 1", [name]
+    ).fetchone()
+    return None if row is None else _user_dict(row)
+
+
+def remove_user(conn: Conn, name: str) -> bool:
+    return conn.execute("DELETE FROM users WHERE name = %s", [name]).rowcount > 0
+
+
+def rotate_token(conn: Conn, name: str, digest: str) -> bool:
+    if conn.execute("SELECT 1 FROM users WHERE token_sha256 = %s", [digest]).fetchone():
+        raise StoreError(_TOKEN_TAKEN)
+    cur = conn.execute("UPDATE users SET token_sha256 = %s WHERE name = %s", [digest, name])
+    return cur.rowcount > 0
+
+
+def count_sessions(conn: Conn, user_id: str) -> int:
+    row = conn.execute("SELECT COUNT(*) FROM sessions WHERE user_id = %s", [user_id]).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+# -- leases -----------------------------------------------------------------------------
+
+
+def _lease_from(row: Sequence[Any]) -> LeaseRow:
+    return LeaseRow(session_id=row[0], owner=row[1], pid=row[2], host=row[3],
+                    expires_at=float(row[4]))  # fmt: skip
+
+
+def claim_lease(conn: Conn, sid: str, owner: str, pid: int, host: str, ttl: float) -> LeaseRow:
+    """Take the lease unless someone alive holds it; returns whoever holds it after."""
+    # A fresh row wins at once; a claimer racing us waits here for our commit.
+    row = conn.execute(
+        f"INSERT INTO leases ({_LEASE_COLS}) VALUES (%s, %s, %s, %s, {_NOW} + %s)"
+        f" ON CONFLICT (session_id) DO NOTHING RETURNING {_LEASE_COLS}",
+        [sid, owner, pid, host, ttl],
+    ).fetchone()
+    if row is not None:
+        return _lease_from(row)
+    found = conn.execute(
+        f"SELECT {_LEASE_COLS}, {_NOW} FROM leases WHERE session_id = %s FOR UPDATE", [sid]
+    ).fetchone()
+    if found is not None:
+        holder = _lease_from(found)
+        dead = holder.host == host and not pid_alive(holder.pid)
+        if holder.owner != owner and holder.expires_at > float(found[5]) and not dead:
+            return holder
+    taken = conn.execute(
+        f"INSERT INTO leases ({_LEASE_COLS}) VALUES (%s, %s, %s, %s, {_NOW} + %s)"
+        " ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, pid = excluded.pid,"
+        f" host = excluded.host, expires_at = excluded.expires_at RETURNING {_LEASE_COLS}",
+        [sid, owner, pid, host, ttl],
+    ).fetchone()
+    assert taken is not None
+    return _lease_from(taken)
+
+
+def renew_lease(conn: Conn, sid: str, owner: str, ttl: float) -> bool:
+    cur = conn.execute(
+        f"UPDATE leases SET expires_at = {_NOW} + %s WHERE session_id = %s AND owner = %s",
+        [ttl, sid, owner],
+    )
+    return cur.rowcount > 0
+
+
+def release_lease(conn: Conn, sid: str, owner: str) -> None:
+    conn.execute("DELETE FROM leases WHERE session_id = %s AND owner = %s", [sid, owner])
+
+
+# -- queued messages --------------------------------------------------------------------
+
+
+def enqueue(conn: Conn, sid: str, key: str, data: str, pid: int, host: str, now: float) -> None:
+    # Locks the session row against a delete (KEY SHARE); a missing session is named.
+    if conn.execute("SELECT 1 FROM sessions WHERE id = %s FOR KEY SHARE", [sid]).fetchone() is None:
+        raise StoreError(f"no session {sid!r} in the store")
+    inserted = conn.execute(
+        "INSERT INTO queued (key, session_id, pid, host, data, created_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (key) DO NOTHING RETURNING 1",
+        [key, sid, pid, host, data, now],
+    ).fetchone()
+    if inserted is None:
+        raise StoreError(f"a queued message with key {key!r} exists already")
+
+
+def unqueue(conn: Conn, key: str) -> bool:
+    return conn.execute("DELETE FROM queued WHERE key = %s", [key]).rowcount > 0
+
+
+def adopt(conn: Conn, sid: str, pid: int, host: str) -> list[tuple[str, dict[str, Any]]]:
+    """The session's rows left by a dead process on this host (or by us), now ours."""
+    rows = conn.execute(
+        "SELECT key, pid, host, data FROM queued WHERE session_id = %s ORDER BY id FOR UPDATE",
+        [sid],
+    ).fetchall()
+    out: list[tuple[str, dict[str, Any]]] = []
+    for key, row_pid, row_host, data in rows:
+        if row_pid != pid and (row_host != host or pid_alive(row_pid)):
+            continue  # a live process (or one we cannot probe) runs it
+        if row_pid != pid or row_host != host:
+            conn.execute("UPDATE queued SET pid = %s, host = %s WHERE key = %s", [pid, host, key])
+        out.append((key, json.loads(data)))
+    return out
+
+
+def queued_sessions(conn: Conn) -> list[str]:
+    rows = conn.execute("SELECT DISTINCT session_id FROM queued ORDER BY session_id").fetchall()
+    return [r[0] for r in rows]
+
+
+# -- health -----------------------------------------------------------------------------
+
+
+def stats(conn: Conn) -> dict[str, int]:
+    """Row count per table, in one statement (one snapshot)."""
+    counts = ", ".join(f"(SELECT COUNT(*) FROM {t})" for t in TABLES)
+    row = conn.execute(f"SELECT {counts}").fetchone()
+    assert row is not None
+    return {t: int(n) for t, n in zip(TABLES, row, strict=True)}

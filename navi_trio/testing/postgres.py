@@ -1,0 +1,241 @@
+"""A throwaway PostgreSQL server on 127.0.0.1, for tests and benchmarks of the PostgreSQL store.
+
+    server = PgServer.start()            # initdb in a temp folder, postgres on a free port
+    url = server.create_database()       # a fresh, empty database: its postgresql:// URL
+    ...
+    server.stop()                        # fast shutdown, the folder removed
+
+Debian's server binaries (``/usr/lib/postgresql/N/bin``, the package ``postgresql``, which
+.ci/run installs) or any ``initdb`` and ``postgres`` on PATH. The cluster trusts local
+connections of the user ``navi`` and listens on 127.0.0.1 only (its unix socket in the
+temp folder). As root, initdb and postgres refuse to run: the server then runs as the
+unprivileged user ``nobody``, which owns the temp folder.
+
+`fast=True` (tests) turns off fsync: a test's server is thrown away, and its clients'
+crashes (the store's crash tests kill a client, not the server) do not need it.
+Benchmarks start it with `fast=False`, so a commit waits for its flush, as in production.
+
+`PgUnavailable` says why no server could be had; tests skip with that reason.
+
+`NAVI_TEST_STORE=postgres` makes `open_harness` (and so every daemon test built on it) run
+on a fresh database of one such server per test process (`shared_database`), to run the
+daemon's suites on PostgreSQL: ``NAVI_TEST_STORE=postgres pytest tests/test_api_daemon.py``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from typing import IO
+
+START_SEC = 60.0  # only a broken start waits this long
+TRIES = 3  # another process may take the free port before postgres binds it
+USER = "navi"  # the cluster's superuser, trusted on 127.0.0.1
+_READY = "database system is ready to accept connections"
+
+
+class PgUnavailable(Exception):
+    """No PostgreSQL server could be started here; the message says why."""
+
+
+def find_binaries() -> Path | None:
+    """The folder holding initdb and postgres: Debian's newest, else PATH's."""
+    debian = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"),
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+    )
+    for folder in reversed(debian):
+        if (folder / "initdb").is_file() and (folder / "postgres").is_file():
+            return folder
+    initdb = shutil.which("initdb")
+    if initdb and shutil.which("postgres"):
+        return Path(initdb).parent
+    return None
+
+
+class _Log:
+    """Drains the server's stderr into a file; `settled` is set once it is ready or ends."""
+
+    def __init__(self, stream: IO[bytes], path: Path) -> None:
+        self.lines: list[str] = []
+        self.ready = False
+        self.settled = threading.Event()
+        self._thread = threading.Thread(target=self._drain, args=(stream, path), daemon=True)
+        self._thread.start()
+
+    def _drain(self, stream: IO[bytes], path: Path) -> None:
+        with path.open("a", encoding="utf-8") as out:
+            for raw in stream:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                self.lines = [*self.lines[-50:], line]
+                out.write(line + "\n")
+                out.flush()
+                if _READY in line:
+                    self.ready = True
+                    self.settled.set()
+        self.settled.set()
+
+    def join(self) -> None:
+        self._thread.join(timeout=5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PgServer:
+    """One running throwaway cluster; create databases on it, stop it at the end."""
+
+    def __init__(
+        self, folder: Path, port: int, process: subprocess.Popen[bytes], log: _Log
+    ) -> None:
+        self.folder = folder
+        self.port = port
+        self.process = process
+        self._log = log
+        self._icu = True
+
+    @classmethod
+    def start(cls, *, fast: bool = True) -> PgServer:
+        """initdb in a new temp folder and start postgres; PgUnavailable when it cannot."""
+        bin_dir = find_binaries()
+        if bin_dir is None:
+            raise PgUnavailable(
+                "no PostgreSQL server binaries (initdb, postgres): install the Debian "
+                "package postgresql (.ci/run does, as root)"
+            )
+        run_as = _unprivileged_user()
+        folder = Path(tempfile.mkdtemp(prefix="navi-pg-"))
+        try:
+            if run_as is not None:
+                os.chown(folder, run_as.pw_uid, run_as.pw_gid)
+            ids = (None, None) if run_as is None else (run_as.pw_uid, run_as.pw_gid)
+            init = subprocess.run(
+                [str(bin_dir / "initdb"), "-D", str(folder / "data"), "-U", USER,
+                 "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"],
+                capture_output=True, text=True, timeout=START_SEC, cwd=folder, user=ids[0],
+                group=ids[1],
+            )  # fmt: skip
+            if init.returncode != 0:
+                said = (init.stderr or init.stdout).strip().splitlines()[-3:]
+                raise PgUnavailable(f"initdb failed (exit {init.returncode}): {' | '.join(said)}")
+            return cls._listen(bin_dir, folder, fast, ids)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+
+    @classmethod
+    def _listen(
+        cls, bin_dir: Path, folder: Path, fast: bool, ids: tuple[int | None, int | None]
+    ) -> PgServer:
+        why = "no attempt"
+        settings = ["-c", "listen_addresses=127.0.0.1", "-k", str(folder),
+                    "-c", "max_connections=200", "-c", "shared_buffers=32MB"]  # fmt: skip
+        if fast:
+            settings += ["-c", "fsync=off", "-c", "full_page_writes=off"]
+        for attempt in range(TRIES):
+            port = _free_port()
+            process = subprocess.Popen(
+                [str(bin_dir / "postgres"), "-D", str(folder / "data"), "-p", str(port),
+                 *settings],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                start_new_session=True, cwd=folder, user=ids[0], group=ids[1],
+            )  # fmt: skip
+            assert process.stderr is not None
+            log = _Log(process.stderr, folder / "postgres.log")
+            log.settled.wait(START_SEC)
+            if log.ready:
+                return cls(folder, port, process, log)
+            _stop(process)
+            log.join()
+            why = f"postgres did not start (try {attempt + 1}): " + " | ".join(log.lines[-4:])
+        raise PgUnavailable(why)
+
+    def url(self, dbname: str = "postgres") -> str:
+        return f"postgresql://{USER}@127.0.0.1:{self.port}/{dbname}"
+
+    def admin(self, sql: str) -> None:
+        """Run one statement as the superuser on the ``postgres`` database (autocommit)."""
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True, connect_timeout=10) as conn:
+            conn.execute(sql.encode())
+
+    def create_database(self, name: str | None = None) -> str:
+        """A new empty database; its URL.
+
+        Its default collation is ICU's English one where the server has ICU, as on most
+        production servers (``en_US.UTF-8``), not the byte order of ``C``: a query that
+        sorts or compares navi's names without saying ``COLLATE "C"`` shows up in tests."""
+        import psycopg
+
+        name = name or "t_" + uuid.uuid4().hex[:12]
+        if self._icu:
+            try:
+                self.admin(f'CREATE DATABASE "{name}" TEMPLATE template0 LOCALE_PROVIDER icu'
+                           " ICU_LOCALE 'en-US' LOCALE 'C'")  # fmt: skip
+                return self.url(name)
+            except psycopg.Error:
+                self._icu = False  # a server built without ICU
+        self.admin(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def drop_database(self, name: str) -> None:
+        self.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def stop(self) -> None:
+        """Fast shutdown (clients are disconnected), then the folder is removed."""
+        _stop(self.process)
+        self._log.join()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _unprivileged_user() -> pwd.struct_passwd | None:
+    """Who runs the server when we are root (initdb refuses root); None otherwise."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return pwd.getpwnam("nobody")
+    except KeyError:
+        raise PgUnavailable("running as root and there is no user nobody to run postgres") from None
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)  # postgres: fast shutdown
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+TEST_STORE_ENV = "NAVI_TEST_STORE"  # "postgres": open_harness runs on a fresh database
+_shared: list[PgServer] = []
+_databases: dict[str, str] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_database(key: str) -> str:
+    """The database for `key` (a test's folder: a harness opened again on the same folder
+    finds its data, as on the same SQLite file) on this process's one throwaway server,
+    started on first use and stopped at exit; its URL. Blocking."""
+    with _shared_lock:
+        if not _shared:
+            server = PgServer.start()
+            atexit.register(server.stop)
+            _shared.append(server)
+        if key not in _databases:
+            _databases[key] = _shared[0].create_database()
+        return _databases[key]

@@ -1,0 +1,75 @@
+"""Text that can always be stored, sent and printed: no lone surrogates, and short echoes.
+
+JSON can carry a lone UTF-16 surrogate (``"\\ud800"``) and `json.loads` turns it into
+a Python string that UTF-8 cannot encode: stored, it breaks every later request of the
+session (the LLM request body, the client's terminal). `clean_text` replaces each lone
+surrogate with U+FFFD (a surrogate pair kept as two code points becomes its character),
+and `clean_json` does it everywhere in a parsed JSON value. Both return the very object
+they were given when it is clean, so the common case costs a scan and no copy.
+
+They are used where text enters navi: client frames (api/protocol.py refuses them),
+LLM stream lines and tool-call arguments (llm/http.py), tool results
+(tools/result.py), rows the store reads back (a session saved by an older version),
+and the frame encoder, which must never fail.
+
+`clip` cuts a value quoted in an error message, so that a client or a model cannot make
+the message big.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+REPLACEMENT = "\ufffd"
+CLIP_CHARS = 64  # characters of a value echoed in an error message
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def has_lone_surrogate(text: str) -> bool:
+    """Whether `text` holds a surrogate code point (which UTF-8 cannot encode)."""
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
+def clean_text(text: str) -> str:
+    """`text` with every lone surrogate replaced by U+FFFD; `text` itself when clean."""
+    if not has_lone_surrogate(text):
+        return text
+    # UTF-16 with surrogatepass keeps each surrogate as its own unit; decoding joins the
+    # units that form a pair and replaces the ones that do not.
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def clean_json(value: Any) -> Any:
+    """A parsed JSON value with `clean_text` applied to every string, keys included;
+    `value` itself (not a copy) when nothing needed it."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, list):
+        items = [clean_json(v) for v in value]
+        if all(a is b for a, b in zip(items, value, strict=True)):
+            return value
+        return items
+    if isinstance(value, dict):
+        pairs = [(clean_json(k), clean_json(v)) for k, v in value.items()]
+        if all(k2 is k and v2 is v for (k2, v2), (k, v) in zip(pairs, value.items(), strict=True)):
+            return value
+        return dict(pairs)
+    return value
+
+
+def loads_clean(text: str) -> Any:
+    """`json.loads(text)`, cleaned (`clean_json`) unless the text cannot hold a surrogate:
+    ASCII JSON (what the store writes) without a ``\\ud``/``\\uD`` escape."""
+    value = json.loads(text)
+    if text.isascii() and "\\ud" not in text and "\\uD" not in text:
+        return value
+    return clean_json(value)
+
+
+def clip(text: str, limit: int = CLIP_CHARS) -> str:
+    """`text` cut to `limit` characters and "…" when it was longer (and clean)."""
+    text = clean_text(text)
+    return text if len(text) <= limit else text[:limit] + "…"

@@ -1,0 +1,229 @@
+"""A command's output: read in large blocks, split into lines, kept as head and tail.
+
+`run_command` runs a command to completion (or timeout) and returns its output, read
+in large blocks and kept only as head and tail within a cap (`HeadTail`); output
+lines (`LineSplitter`: complete lines, split UTF-8 sequences survive) go, a block at a
+time, to an `OutputProgress` (coalesced, rate-limited live events) and/or a per-line
+callback (stdout and stderr merged). `wait_and_drain` is the reading loop it shares
+with the persistent processes of `_pool`: stream the output until the leader exits,
+then kill what is left of its group and drain the pipe. Starting and killing are
+`_spawn`'s.
+"""
+
+from __future__ import annotations
+
+import codecs
+import signal
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+import trio
+
+from navi_trio.errors import ToolInputError
+from navi_trio.tools.procs._spawn import (
+    KILL_GRACE_SEC,
+    child_env,
+    kill_group,
+    new_tag,
+    shell_argv,
+    signal_group,
+)
+from navi_trio.tools.progress import OutputProgress
+from navi_trio.tools.result import cap_text
+from navi_trio.tools.sandbox import SandboxSpec, sandboxed_argv
+
+DRAIN_SEC = 1.0  # reading what is left in the pipe after the group is gone
+MAX_LINE_CHARS = 4000  # a "line" longer than this is streamed in pieces
+READ_CHUNK = 65536
+
+LineCallback = Callable[[str], None]
+LinesCallback = Callable[[list[str]], None]
+
+
+class LineSplitter:
+    """Bytes in, complete text lines out; decoding survives split UTF-8 sequences."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._partial = ""
+
+    def feed(self, data: bytes | bytearray) -> tuple[str, list[str]]:
+        """The decoded text of `data`, and the lines it completed."""
+        text = self._decoder.decode(data)
+        self._partial += text
+        *lines, self._partial = self._partial.split("\n")
+        while len(self._partial) > MAX_LINE_CHARS:
+            lines.append(self._partial[:MAX_LINE_CHARS])
+            self._partial = self._partial[MAX_LINE_CHARS:]
+        return text, [line.rstrip("\r") for line in lines]
+
+    def flush(self) -> tuple[str, list[str]]:
+        text = self._decoder.decode(b"", final=True)
+        rest = self._partial + text
+        self._partial = ""
+        return text, ([rest.rstrip("\r")] if rest else [])
+
+
+class HeadTail:
+    """Keeps the head and the tail of a long text, within a fixed memory bound."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(limit, 1)
+        self.total = 0
+        self._head = ""
+        self._tail = ""
+
+    def add(self, text: str) -> None:
+        self.total += len(text)
+        room = self.limit - len(self._head)
+        if room > 0:
+            self._head += text[:room]
+            text = text[room:]
+        if text:
+            self._tail = (self._tail + text)[-self.limit :]
+
+    def text(self) -> str:
+        whole = self._head + self._tail
+        if len(whole) == self.total:  # nothing was dropped: cap it the usual way
+            return cap_text(whole, self.limit)
+        head = self.limit * 2 // 3
+        tail = self.limit - head
+        cut = self.total - head - tail
+        return f"{self._head[:head]}\n[… {cut} characters cut …]\n{self._tail[-tail:]}"
+
+
+async def _pump(
+    stream: trio.abc.ReceiveStream,
+    on_text: Callable[[str], None],
+    on_lines: LinesCallback | None,
+    eof: trio.Event,
+) -> None:
+    # Large blocks, and lines handed on a block at a time: a line-by-line loop over
+    # millions of short lines is what made big outputs slow.
+    splitter = LineSplitter()
+    try:
+        while data := await stream.receive_some(READ_CHUNK):
+            text, lines = splitter.feed(data)
+            on_text(text)
+            if on_lines is not None and lines:
+                on_lines(lines)
+    except (trio.ClosedResourceError, trio.BrokenResourceError):
+        pass  # closed by kill_group: the process is gone
+    finally:
+        text, lines = splitter.flush()
+        on_text(text)
+        if on_lines is not None and lines:
+            on_lines(lines)
+        eof.set()
+
+
+async def wait_and_drain(
+    process: trio.Process,
+    on_text: Callable[[str], None],
+    on_lines: LinesCallback | None,
+    progress: OutputProgress | None = None,
+) -> None:
+    """Stream output until the leader exits, then kill its leftovers and drain the pipe."""
+    assert process.stdout is not None
+    eof = trio.Event()
+    async with trio.open_nursery() as nursery:
+        if progress is not None:
+            nursery.start_soon(progress.run)
+        nursery.start_soon(_pump, process.stdout, on_text, on_lines, eof)
+        await process.wait()
+        # Anything still in the group is an orphan-to-be that also holds the pipe open.
+        signal_group(process.pid, signal.SIGKILL)
+        with trio.move_on_after(DRAIN_SEC):
+            await eof.wait()
+        nursery.cancel_scope.cancel()
+
+
+def _lines_to(
+    on_line: LineCallback | None, progress: OutputProgress | None
+) -> LinesCallback | None:
+    if on_line is None:
+        return None if progress is None else progress.add
+
+    def both(lines: list[str]) -> None:
+        for line in lines:
+            on_line(line)
+        if progress is not None:
+            progress.add(lines)
+
+    return both
+
+
+@attrs.frozen
+class CommandResult:
+    exit_code: int | None  # None when it timed out (the group was killed)
+    output: str  # merged stdout+stderr, head+tail capped
+    timed_out: bool
+    timeout: float
+    duration: float
+
+    def status_text(self) -> str:
+        if self.timed_out:
+            return f"timed out after {self.timeout:g} s (the process group was killed)"
+        if self.exit_code is not None and self.exit_code < 0:
+            return f"killed by signal {-self.exit_code}"
+        return f"exited with code {self.exit_code}"
+
+
+async def run_command(
+    command: str | Sequence[str],
+    *,
+    cwd: Path,
+    time_limit: float,
+    on_line: LineCallback | None = None,
+    progress: OutputProgress | None = None,
+    max_chars: int = 20000,
+    env: Mapping[str, str] | None = None,
+    grace: float = KILL_GRACE_SEC,
+    sandbox: SandboxSpec | None = None,
+    bwrap_path: Path | None = None,
+    owner: str | None = None,
+) -> CommandResult:
+    """Run `command` in its own process group until it exits or `time_limit` passes.
+
+    stdin is /dev/null. Output lines go to `progress` (coalesced, rate-limited) and/or
+    `on_line` (each line); the result keeps only the head and tail of the output, within
+    `max_chars`, however much is printed. On timeout the group is killed and the output
+    so far returned; if the caller is cancelled the group is killed and `trio.Cancelled`
+    propagates. Raises OSError when the process cannot be started (e.g. `cwd` does not
+    exist). With a `sandbox` the command runs under bwrap (see `sandbox`); when bwrap
+    cannot run here, raises `SandboxUnavailableError` instead of running it unsandboxed.
+    `env` is added to the allow-listed environment (`child_env`); `owner` (`tag_owner`)
+    starts the process tag.
+    """
+    if time_limit <= 0:
+        raise ToolInputError(f"the time limit must be positive (got {time_limit:g})")
+    argv = await sandboxed_argv(sandbox, shell_argv(command), cwd, bwrap_path)
+    started = trio.current_time()
+    tag = new_tag(owner)
+    process = await trio.lowlevel.open_process(
+        argv,
+        cwd=str(cwd),
+        env=child_env(env, tag=tag),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    output = HeadTail(max_chars)
+    on_lines = _lines_to(on_line, progress)
+    try:
+        with trio.move_on_after(time_limit) as scope:
+            await wait_and_drain(process, output.add, on_lines, progress)
+    finally:
+        await kill_group(process, grace, tag)
+        if progress is not None:
+            progress.flush()
+    return CommandResult(
+        exit_code=None if scope.cancelled_caught else process.returncode,
+        output=output.text(),
+        timed_out=scope.cancelled_caught,
+        timeout=time_limit,
+        duration=trio.current_time() - started,
+    )

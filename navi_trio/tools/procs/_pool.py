@@ -1,0 +1,263 @@
+"""The persistent processes of ``terminal open``: an actor owning them per session.
+
+`ProcessPool` is started by the runtime with ``await nursery.start(pool.run)`` (a
+`NurseryHolder`); each process lives in the pool's nursery, its output goes to a
+bounded buffer read with `read` (the oldest characters dropped, and counted, when a
+process prints faster than it is read); a session sees only its own handles.
+Cancelling `run` (daemon shutdown) kills every group it owns: each process task kills
+its own group (`kill_group`) as the cancellation reaches it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+import attrs
+import trio
+
+from navi_trio.actor import NurseryHolder
+from navi_trio.errors import ToolInputError
+from navi_trio.tools.procs._capture import wait_and_drain
+from navi_trio.tools.procs._spawn import (
+    KILL_GRACE_SEC,
+    TAG_VAR,
+    child_env,
+    kill_group,
+    new_tag,
+    shell_argv,
+)
+from navi_trio.tools.sandbox import SandboxSpec, sandboxed_argv
+
+WRITE_TIMEOUT_SEC = 5.0
+
+
+@attrs.frozen
+class ProcessInfo:
+    handle_id: str
+    command: str
+    pid: int
+    running: bool
+    exit_code: int | None
+    cwd: str
+
+
+@attrs.frozen
+class ReadResult:
+    output: str
+    dropped: int  # characters lost because the buffer overflowed before this read
+    pending: int  # characters still buffered (the read hit max_chars)
+    running: bool
+    exit_code: int | None
+
+
+class _Handle:
+    def __init__(
+        self, session_id: str, handle_id: str, command: str, cwd: Path, process: trio.Process
+    ) -> None:
+        self.session_id = session_id
+        self.handle_id = handle_id
+        self.command = command
+        self.cwd = cwd
+        self.process = process
+        self.scope = trio.CancelScope()
+        self.pending = ""
+        self.dropped = 0
+        self.changed = trio.Event()  # set when output arrives or the process ends
+        self.done = trio.Event()
+        self.exit_code: int | None = None
+        self.write_lock = trio.Lock()
+
+    def info(self) -> ProcessInfo:
+        return ProcessInfo(
+            handle_id=self.handle_id,
+            command=self.command,
+            pid=self.process.pid,
+            running=not self.done.is_set(),
+            exit_code=self.exit_code,
+            cwd=str(self.cwd),
+        )
+
+
+class ProcessPool(NurseryHolder):
+    """Persistent processes per session, owned by one actor (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        buffer_chars: int = 64_000,
+        max_per_session: int = 8,
+        grace: float = KILL_GRACE_SEC,
+    ) -> None:
+        self.buffer_chars = buffer_chars
+        self.max_per_session = max_per_session
+        self.grace = grace
+        self._handles: dict[tuple[str, str], _Handle] = {}
+        self._counters: dict[str, itertools.count[int]] = {}
+
+    def _get(self, session_id: str, handle_id: str) -> _Handle:
+        handle = self._handles.get((session_id, handle_id))
+        if handle is None:
+            known = ", ".join(i.handle_id for i in self.list(session_id)) or "none"
+            raise ToolInputError(
+                f"no process '{handle_id}' in this session (open processes: {known})"
+            )
+        return handle
+
+    def _prune_exited(self, session_id: str) -> None:
+        mine = [h for h in self._handles.values() if h.session_id == session_id]
+        exited = [h for h in mine if h.done.is_set()]
+        for handle in exited[: max(0, len(mine) - self.max_per_session + 1)]:
+            del self._handles[(session_id, handle.handle_id)]
+
+    async def open(
+        self,
+        session_id: str,
+        command: str,
+        cwd: Path,
+        *,
+        sandbox: SandboxSpec | None = None,
+        bwrap_path: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        owner: str | None = None,
+    ) -> str:
+        """Start `command` (through the shell) in `cwd`; returns its handle id ("p1" …).
+
+        With a `sandbox` it runs under bwrap, or is refused (`SandboxUnavailableError`);
+        `env` and `owner` as for `run_command`.
+        """
+        # First, before the checks: they must not go stale across an await.
+        argv = await sandboxed_argv(sandbox, shell_argv(command), cwd, bwrap_path)
+        if not self.running:
+            raise ToolInputError("the process pool is not running (the daemon is stopping)")
+        self._prune_exited(session_id)
+        mine = [h for h in self._handles.values() if h.session_id == session_id]
+        if len(mine) >= self.max_per_session:
+            raise ToolInputError(
+                f"this session already has {len(mine)} processes open (the limit is "
+                f"{self.max_per_session}); kill one first"
+            )
+        counter = self._counters.setdefault(session_id, itertools.count(1))
+        handle_id = f"p{next(counter)}"
+        handle: _Handle = await self.nursery.start(
+            self._serve, session_id, handle_id, command, argv, cwd, child_env(env), owner
+        )
+        return handle.handle_id
+
+    async def _serve(
+        self,
+        session_id: str,
+        handle_id: str,
+        command: str,
+        argv: list[str],
+        cwd: Path,
+        env: dict[str, str],
+        owner: str | None,
+        task_status: trio.TaskStatus[_Handle] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        tag = new_tag(owner)
+        process = await trio.lowlevel.open_process(
+            argv,
+            cwd=str(cwd),
+            env={**env, TAG_VAR: tag},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        handle = _Handle(session_id, handle_id, command, cwd, process)
+        self._handles[(session_id, handle_id)] = handle
+        try:
+            with handle.scope:
+                task_status.started(handle)
+                await wait_and_drain(process, lambda text: self._buffer(handle, text), None)
+        finally:
+            await kill_group(process, self.grace, tag)
+            handle.exit_code = process.returncode
+            handle.done.set()
+            handle.changed.set()
+
+    def _buffer(self, handle: _Handle, text: str) -> None:
+        if not text:
+            return
+        handle.pending += text
+        excess = len(handle.pending) - self.buffer_chars
+        if excess > 0:
+            handle.dropped += excess
+            handle.pending = handle.pending[excess:]
+        handle.changed.set()
+
+    async def read(
+        self, session_id: str, handle_id: str, max_chars: int, wait: float = 0.0
+    ) -> ReadResult:
+        """Output since the last read (oldest first, at most `max_chars`).
+
+        With `wait` > 0 and nothing buffered yet, waits up to `wait` seconds for output
+        or for the process to end.
+        """
+        handle = self._get(session_id, handle_id)
+        if max_chars < 1:
+            raise ToolInputError(f"max_chars must be at least 1 (got {max_chars})")
+        if wait > 0 and not handle.pending and not handle.done.is_set():
+            with trio.move_on_after(wait):
+                await handle.changed.wait()
+        text, handle.pending = handle.pending[:max_chars], handle.pending[max_chars:]
+        dropped, handle.dropped = handle.dropped, 0
+        if not handle.pending and not handle.done.is_set():
+            handle.changed = trio.Event()
+        return ReadResult(
+            output=text,
+            dropped=dropped,
+            pending=len(handle.pending),
+            running=not handle.done.is_set(),
+            exit_code=handle.exit_code,
+        )
+
+    async def write(self, session_id: str, handle_id: str, text: str, eof: bool = False) -> None:
+        """Send `text` to the process's stdin; `eof` closes stdin afterwards."""
+        handle = self._get(session_id, handle_id)
+        stdin = handle.process.stdin
+        assert stdin is not None
+        if handle.done.is_set():
+            raise ToolInputError(f"process {handle_id} has exited (code {handle.exit_code})")
+        async with handle.write_lock:
+            try:
+                with trio.fail_after(WRITE_TIMEOUT_SEC):
+                    if text:
+                        await stdin.send_all(text.encode("utf-8"))
+                    if eof:
+                        await stdin.aclose()
+            except trio.TooSlowError:
+                raise ToolInputError(
+                    f"process {handle_id} is not reading its input (waited {WRITE_TIMEOUT_SEC:g} s)"
+                ) from None
+            except trio.ClosedResourceError:
+                raise ToolInputError(f"the input of process {handle_id} was closed") from None
+            except trio.BrokenResourceError:
+                raise ToolInputError(f"process {handle_id} closed its input") from None
+
+    async def kill(self, session_id: str, handle_id: str) -> ReadResult:
+        """Kill the process's whole group, forget the handle; returns its unread output."""
+        handle = self._get(session_id, handle_id)
+        handle.scope.cancel()
+        await handle.done.wait()
+        self._handles.pop((session_id, handle_id), None)
+        dropped = handle.dropped
+        return ReadResult(
+            output=handle.pending,
+            dropped=dropped,
+            pending=0,
+            running=False,
+            exit_code=handle.exit_code,
+        )
+
+    async def wait_exit(self, session_id: str, handle_id: str) -> int | None:
+        """Wait until the process has ended (its group killed); returns its exit code."""
+        handle = self._get(session_id, handle_id)
+        await handle.done.wait()
+        return handle.exit_code
+
+    def list(self, session_id: str) -> list[ProcessInfo]:
+        return [h.info() for h in self._handles.values() if h.session_id == session_id]

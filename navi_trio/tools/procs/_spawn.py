@@ -1,0 +1,290 @@
+"""Starting and killing a tool's processes: process groups, tags, strays, orphans.
+
+Every process a tool starts is the leader of a new session (``start_new_session=True``),
+so it and everything it forks share one process group. When the owner of a process is
+done with it — the command finished, its timeout fired, its call or job was cancelled,
+or the daemon is shutting down — `kill_group` signals the *whole group*, under a
+shielded scope with a deadline, and reaps the leader: SIGTERM, a short grace for the
+leader, then SIGKILL when the command ended or timed out; at once (frozen, looked at,
+SIGKILLed) when its owner was cancelled — a stop, a task cancel, the shutdown: those
+mean now. Background children (``sleep 300 &``) die with their command.
+
+A process that calls ``setsid`` leaves the group. To catch those too, every command's
+environment carries a tag (``NAVI_PROC_TAG``) that its descendants inherit, and
+`kill_group` also kills (see `proctree`) every process below the leader by parent id
+and every process whose environment carries the tag, even after it was reparented.
+Only a descendant that leaves the session, empties its environment and loses its
+parent escapes. The kills that look for strays at one moment (a stopped parallel
+batch) share one pass over /proc (`_find_strays`).
+
+A tool process gets an allow-listed environment (`child_env`): the locale, terminal,
+user, shell, PATH and temp-folder variables of the daemon (`PASSED_VARS`, ``LC_*``),
+plus what its caller adds (the tools: the names the profile's ``env`` lists, and HOME).
+Everything else (cloud keys, tokens, database URLs) stays in the daemon.
+
+The tag's value starts with its owner (`tag_owner`: a digest of the data folder, the
+daemon's pid and start time), so that a daemon starting on a data folder finds what a
+dead daemon of that folder left running (`kill_orphans`: a ``full``-mode command that
+outlived a SIGKILL) and leaves a live daemon's processes alone.
+
+A sandboxed command (`sandbox`) is led by bwrap, with the command in its own PID
+namespace: killing the group kills bwrap, and with it everything inside, ``setsid``
+daemons included (the kernel empties a PID namespace whose init is gone).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import secrets
+import shutil
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import trio
+
+from navi_trio.errors import ToolInputError
+from navi_trio.profiles import is_secret
+from navi_trio.tools.proctree import (
+    PROC,
+    Query,
+    Strays,
+    find_strays_many,
+    process_count,
+    start_time,
+    tag_values,
+)
+
+KILL_GRACE_SEC = 2.0  # between SIGTERM and SIGKILL
+TAG_VAR = "NAVI_PROC_TAG"
+# What every tool process gets of the daemon's environment (and every LC_* variable).
+PASSED_VARS = (
+    "PATH", "HOME", "LANG", "LANGUAGE", "TERM", "COLORTERM", "TZ", "USER", "LOGNAME",
+    "SHELL", "TMPDIR",
+)  # fmt: skip
+ORPHAN_WAIT_SEC = 5.0
+log = logging.getLogger("navi_trio.tools.procs")
+
+
+def shell_argv(command: str | Sequence[str]) -> list[str]:
+    """argv for `command`: a string goes through bash (or sh), a sequence is used as is."""
+    if isinstance(command, str):
+        if not command.strip():
+            raise ToolInputError("the command is empty")
+        shell = shutil.which("bash") or "/bin/sh"
+        return [shell, "-c", command]
+    argv = [str(a) for a in command]
+    if not argv:
+        raise ToolInputError("the command is empty")
+    return argv
+
+
+def data_digest(data_dir: Path) -> str:
+    """A short name for a data folder (its real path), as tags carry it."""
+    real = os.path.realpath(data_dir.expanduser())
+    return hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def tag_owner(data_dir: Path) -> str:
+    """Who starts a command: this process (pid and start time) on `data_dir`."""
+    pid = os.getpid()
+    return f"{data_digest(data_dir)}.{pid}.{start_time(pid) or 0}"
+
+
+def new_tag(owner: str | None = None) -> str:
+    """A value for `TAG_VAR`, unique to one command; `owner` from `tag_owner`."""
+    return f"{owner or os.getpid()}:{secrets.token_hex(8)}"
+
+
+def passed_env(names: Sequence[str]) -> dict[str, str]:
+    """The daemon's values of the variables `names` (a profile's ``env``) that are set;
+    never navi's own secrets."""
+    return {n: os.environ[n] for n in names if n in os.environ and not is_secret(n)}
+
+
+def child_env(extra: Mapping[str, str] | None = None, *, tag: str | None = None) -> dict[str, str]:
+    """The environment of a tool process: the allow-listed part of ours, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if k in PASSED_VARS or k.startswith("LC_")}
+    env["PYTHONUNBUFFERED"] = "1"  # so Python children stream their lines
+    if tag is not None:
+        env[TAG_VAR] = tag
+    if extra:
+        env.update(extra)
+    return env
+
+
+def python_argv(script: Path) -> list[str]:
+    """Isolated (-I), unbuffered (-u) Python running `script`."""
+    return [sys.executable, "-I", "-u", str(script)]
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    """Send `sig` to the process group `pgid`; nothing when nobody is left in it."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # nobody left in the group
+
+
+STRAY_ROUNDS = 3  # a stray may fork while we look: look again, this many times at most
+
+
+INLINE_SCAN_MAX = 300  # processes on the machine: scan in the event loop up to this many
+
+
+class _ScanBatch:
+    """The stray scans asked for at one moment: one pass over /proc answers them all."""
+
+    def __init__(self) -> None:
+        self.queries: list[Query] = []
+        self.results: list[Strays] = []
+        self.done = trio.Event()
+
+
+# Per trio run (not process-wide): the batch still taking queries, if any.
+_OPEN_BATCH: trio.lowlevel.RunVar[_ScanBatch | None] = trio.lowlevel.RunVar(
+    "navi_stray_scan", default=None
+)
+
+
+async def _find_strays(process: trio.Process, tag: str | None, since: int | None) -> Strays:
+    """The strays of `process`, found in a worker thread. Kills that scan at the same
+    moment (a stopped parallel batch) share one pass over /proc."""
+    # Walk the tree only below an unreaped leader: a reaped leader's pid may be reused.
+    leader = process.pid if process.returncode is None else None
+    batch = _OPEN_BATCH.get()
+    if batch is not None:
+        index = len(batch.queries)
+        batch.queries.append((leader, tag, since))
+        await batch.done.wait()
+        return batch.results[index] if index < len(batch.results) else Strays(set())
+    batch = _ScanBatch()
+    batch.queries.append((leader, tag, since))
+    _OPEN_BATCH.set(batch)
+    try:
+        await trio.lowlevel.checkpoint()  # the other kills of this moment join the batch
+    finally:
+        _OPEN_BATCH.set(None)
+    try:
+        if process_count() <= INLINE_SCAN_MAX:
+            # A few hundred processes take well under a millisecond to scan: less
+            # than the hop to a worker thread costs a stop on a busy machine.
+            batch.results = find_strays_many(batch.queries, TAG_VAR)
+        else:
+            batch.results = await trio.to_thread.run_sync(find_strays_many, batch.queries, TAG_VAR)
+    finally:
+        batch.done.set()
+    return batch.results[0]
+
+
+async def kill_group(
+    process: trio.Process,
+    grace: float = KILL_GRACE_SEC,
+    tag: str | None = None,
+    *,
+    at_once: bool | None = None,
+) -> None:
+    """Kill the process group led by `process`, its strays, and reap the leader.
+
+    Strays are the processes that left the group with ``setsid``: below the leader by
+    parent id, or carrying `tag` in their environment (see `proctree`). Safe to call
+    when the leader already exited: whatever it left behind is killed. Runs shielded,
+    so it completes even inside a cancelled scope.
+
+    Two ways, chosen by `at_once` (default: whether the caller's scope is cancelled —
+    a stop, a task cancel, the daemon shutting down):
+
+    - graceful (the command ended, timed out, or ``terminal kill``): SIGTERM, up to
+      `grace` for the leader to exit, SIGKILL, then a second look for strays, as the
+      group ran on during the grace and may have started some.
+    - at once (the user asked to stop *now*): the group is frozen (SIGSTOP) before the
+      look for strays, then SIGKILLed. A frozen group cannot fork or ``setsid``, so
+      when that one look found no strays there is nothing to look for again; only
+      strays found (they ran on during the look) cost a second one.
+    """
+    if at_once is None:
+        at_once = trio.current_effective_deadline() == -math.inf
+    pgid = process.pid  # the leader of a new session: its pid is the group id
+    with trio.CancelScope(shield=True):
+        with trio.move_on_after(grace + 5.0):
+            # Strays start after the leader: older processes are skipped cheaply. Read
+            # only while the leader is unreaped (a reaped leader's pid may be reused).
+            since = start_time(process.pid) if process.returncode is None else None
+            if at_once:
+                signal_group(pgid, signal.SIGSTOP)
+            # Before the leader dies, while its descendants still hang below it.
+            strays = await _find_strays(process, tag, since)
+            try:
+                if at_once:
+                    signal_group(pgid, signal.SIGKILL)
+                    # The frozen members of the group did nothing during the look.
+                    again = bool(strays.outside)
+                else:
+                    if process.returncode is None:
+                        signal_group(pgid, signal.SIGTERM)
+                        strays.signal(signal.SIGTERM)
+                        with trio.move_on_after(grace):
+                            await process.wait()
+                    # Always: grandchildren may ignore SIGTERM or outlive their parent.
+                    signal_group(pgid, signal.SIGKILL)
+                    again = True
+                for _ in range(STRAY_ROUNDS):
+                    strays.signal(signal.SIGKILL)
+                    await strays.wait()
+                    strays.close()
+                    if not again:
+                        break
+                    strays = await _find_strays(process, tag, since)
+                    again = True
+                    if not strays:
+                        break
+                await process.wait()
+            finally:
+                strays.close()
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                await stream.aclose()
+
+
+def _orphans(data_dir: Path) -> set[int]:
+    """Our processes tagged by a daemon of `data_dir` that is no longer alive."""
+    digest = data_digest(data_dir)
+    found = set()
+    for pid, tag in tag_values(TAG_VAR).items():
+        owner = tag.split(":", 1)[0].split(".")
+        if len(owner) != 3 or owner[0] != digest or not all(p.isdigit() for p in owner[1:]):
+            continue
+        daemon, started = int(owner[1]), int(owner[2])
+        if start_time(daemon) != started:  # gone, or its pid now another process's
+            found.add(pid)
+    return found
+
+
+async def kill_orphans(data_dir: Path) -> list[int]:
+    """SIGKILL what dead daemons of `data_dir` left running; their pids (for the log).
+
+    Run at a daemon's start: a ``full``-mode command (no sandbox to take it down) and
+    what it started outlive a SIGKILLed daemon. A live daemon's processes (another
+    ``navi serve`` or ``navi run`` on the same folder) carry a live owner and stay.
+    """
+    if not hasattr(os, "pidfd_open") or not PROC.is_dir():
+        return []
+    pids = await trio.to_thread.run_sync(_orphans, data_dir)
+    strays = Strays(pids)
+    try:
+        strays.signal(signal.SIGKILL)
+        with trio.move_on_after(ORPHAN_WAIT_SEC):
+            await strays.wait()
+        killed = sorted(strays.fds)
+    finally:
+        strays.close()
+    if killed:
+        log.warning(
+            "killed %d process(es) a previous daemon on %s left running: %s",
+            len(killed), data_dir, " ".join(map(str, killed)),
+        )  # fmt: skip
+    return killed

@@ -1,0 +1,164 @@
+"""The wire vocabulary (protocol v1): frame types, the protocol version, client frames.
+
+Both ends import it and nothing else of navi_trio: `api/protocol.py` (the daemon's strict
+reader of client frames and its encoder of server frames) takes the version and the
+type names from here; every client (`api/daemon_client.py`'s `open_daemon`, the chat)
+builds its frames with the builders below and reads the daemon's with `decode`.
+
+Frames are plain dicts of JSON; the full protocol is in the README ("WebSocket
+protocol"). Importing this module costs nothing beyond `json`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+PROTOCOL_VERSION = 1
+Frame = dict[str, Any]
+
+# -- frame types ----------------------------------------------------------------------
+
+# Client -> daemon.
+HELLO = "hello"
+MESSAGE = "message"
+STOP = "stop"
+COMPACT = "compact"
+SUBSCRIBE = "subscribe"
+UNSUBSCRIBE = "unsubscribe"
+TASKS = "tasks"
+SESSIONS = "sessions"
+APPROVE = "approve"
+DENY = "deny"
+CLIENT_TYPES = (HELLO, MESSAGE, STOP, COMPACT, SUBSCRIBE, UNSUBSCRIBE, TASKS, SESSIONS,
+                APPROVE, DENY)  # fmt: skip
+
+# Daemon -> client, besides a session's events (whose types are the AgentEvents').
+WELCOME = "welcome"
+ERROR = "error"
+OK = "ok"
+SESSION = "session"  # a new session's id, before the `ok` of the message that made it
+RESYNC = "resync"  # the frames asked for are gone: reload the history
+LAGGED = "lagged"  # the client fell behind and was cut off: subscribe again
+TASK_UPDATE = "task_update"
+# The run-ending and queueing events a follower of one message's run counts.
+STREAM_END = "stream_end"
+MESSAGE_QUEUED = "message_queued"
+
+# Out-of-band or reply frames: never part of a session's seq stream.
+REPLY_TYPES = frozenset({WELCOME, OK, SESSION, SESSIONS, TASKS, RESYNC, LAGGED, TASK_UPDATE})
+
+
+# -- reading the daemon's frames ------------------------------------------------------
+
+
+class BadFrame(ValueError):
+    """A daemon frame that is not a JSON object with a string "type"."""
+
+
+def decode(text: str | bytes) -> Frame:
+    """The frame in `text`, or `BadFrame` naming what is wrong with it."""
+    if isinstance(text, bytes):
+        raise BadFrame("the server sent a binary frame (expected JSON text)")
+    try:
+        frame = json.loads(text)
+    except ValueError as exc:
+        raise BadFrame(f"the server sent a frame that is not JSON: {exc}") from None
+    except RecursionError:
+        raise BadFrame("the server sent a frame nested too deeply to read") from None
+    if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+        raise BadFrame(f"the server sent a frame without a type: {text[:80]!r}")
+    return frame
+
+
+def is_session_frame(frame: Frame) -> bool:
+    """A frame of a session's stream (it carries an int seq)."""
+    return frame.get("type") not in REPLY_TYPES and isinstance(frame.get("seq"), int)
+
+
+def is_top_end(frame: Frame) -> bool:
+    """The end of a top-level run (a sub-agent's stream_end is not)."""
+    return frame.get("type") == STREAM_END and not frame.get("is_subagent")
+
+
+# -- the client's frames --------------------------------------------------------------
+
+
+def encode(frame: Frame) -> str:
+    return json.dumps(frame, ensure_ascii=False)
+
+
+def hello(token: str) -> Frame:
+    return {"type": HELLO, "token": token}
+
+
+def message(
+    content: str,
+    session_id: str | None,
+    profile: str | None = None,
+    cwd: str | None = None,
+    mode: str | None = None,
+) -> Frame:
+    frame: Frame = {"type": MESSAGE, "content": content}
+    if session_id:
+        frame["session_id"] = session_id
+    if profile:
+        frame["profile"] = profile
+    if cwd:
+        frame["cwd"] = cwd
+    if mode:
+        frame["mode"] = mode
+    return frame
+
+
+def approval(approve: bool, session_id: str, call_id: str, scope: str = "once") -> Frame:
+    """The owner's answer to an `approval_request`: approve or deny, once/session/always."""
+    kind = APPROVE if approve else DENY
+    return {"type": kind, "session_id": session_id, "call_id": call_id, "scope": scope}
+
+
+def stop(session_id: str) -> Frame:
+    return {"type": STOP, "session_id": session_id}
+
+
+def compact(session_id: str) -> Frame:
+    return {"type": COMPACT, "session_id": session_id}
+
+
+def subscribe(session_id: str, last_seq: int | None, epoch: str | None = None) -> Frame:
+    frame: Frame = {"type": SUBSCRIBE, "session_id": session_id, "last_seq": last_seq}
+    if epoch is not None:
+        frame["epoch"] = epoch
+    return frame
+
+
+def unsubscribe(session_id: str) -> Frame:
+    return {"type": UNSUBSCRIBE, "session_id": session_id}
+
+
+def tasks(action: str, session_id: str | None = None, task_id: str | None = None) -> Frame:
+    frame: Frame = {"type": TASKS, "action": action}
+    if session_id:
+        frame["session_id"] = session_id
+    if task_id:
+        frame["task_id"] = task_id
+    return frame
+
+
+def tasks_list(session_id: str | None) -> Frame:
+    return tasks("list", session_id)
+
+
+def sessions(action: str, session_id: str | None = None) -> Frame:
+    frame: Frame = {"type": SESSIONS, "action": action}
+    if session_id:
+        frame["session_id"] = session_id
+    return frame
+
+
+def sessions_list() -> Frame:
+    return sessions("list")
+
+
+def history(session_id: str) -> Frame:
+    return sessions("history", session_id)

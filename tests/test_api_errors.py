@@ -1,0 +1,124 @@
+"""Error text of refused frames: in the client's terms (field names and JSON types, no
+Python type reprs or interpreter hints) and bounded (a value is quoted up to ~64
+characters, an error message up to `ERROR_MAX_CHARS`), whatever the client sent.
+
+Rules: see tests/test_api_server.py (loopback, port 0, absolute timeouts).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from api_ws import open_daemon
+
+from navi_trio.api.protocol import COMMANDS, ERROR_MAX_CHARS, error_frame, parse_frame
+from navi_trio.errors import ProtocolError
+
+TIMEOUT = 30
+MAX_BYTES = 1 << 20
+# What must never reach a client: Python's words for types and its own hints.
+PYTHON_WORDS = ("typing", "<class", "NoneType", "Literal[", "Optional", "Union", "sys.",
+                "set_int_max_str_digits", "ValidationError", "Traceback")  # fmt: skip
+CATTRS_PATH = re.compile(r" @ \$?\w*[.\[]")  # "… @ message.mode"
+HUGE_INT = "9" * 5000
+LONG_ID = "s" * 10_000
+# A bad message quotes at most ~64 characters of a value, plus its own words.
+MESSAGE_BOUND = 400
+
+FIELDS = ["token", "content", "session_id", "cwd", "profile", "mode", "last_seq", "epoch",
+          "action", "task_id", "call_id", "scope"]  # fmt: skip
+VALUES: list[str] = [
+    "null", "true", "1", "1.5", '"x"', '"god"', "[1]", '{"a": 1}', "1e999", HUGE_INT,
+    json.dumps(LONG_ID), json.dumps("/" + "d" * 10_000), json.dumps(" "),
+]  # fmt: skip
+
+
+def _refusal(raw: str) -> str:
+    with pytest.raises(ProtocolError) as info:
+        parse_frame(raw, MAX_BYTES)
+    return str(info.value)
+
+
+def _assert_clean(message: str, what: Any) -> None:
+    for word in PYTHON_WORDS:
+        assert word not in message, (what, message)
+    assert not CATTRS_PATH.search(message), (what, message)
+    assert len(message) <= MESSAGE_BOUND, (what, len(message), message[:200])
+
+
+def test_every_bad_field_value_is_said_in_the_clients_terms_and_bounded() -> None:
+    seen = 0
+    for kind in COMMANDS:
+        for field in FIELDS:
+            for value in VALUES:
+                raw = f'{{"type": "{kind}", "{field}": {value}}}'
+                try:
+                    parse_frame(raw, MAX_BYTES)
+                except ProtocolError as exc:
+                    _assert_clean(str(exc), raw[:120])
+                    seen += 1
+    assert seen > len(COMMANDS) * len(FIELDS) * len(VALUES) // 2
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ('{"type":"message","content":"x","mode":"god"}',
+         "field 'mode' must be one of read-only, workspace, full, not 'god'"),
+        ('{"type":"message","content":"x","mode":5}',
+         "field 'mode' must be one of read-only, workspace, full, not 5"),
+        ('{"type":"subscribe","session_id":"s","last_seq":"3"}',
+         "field 'last_seq' must be a whole number, not a string"),
+        ('{"type":"subscribe","session_id":"s","last_seq":1.5}',
+         "field 'last_seq' must be a whole number, not 1.5"),
+        ('{"type":"subscribe","session_id":"s","last_seq":' + HUGE_INT + "}",
+         "field 'last_seq' must be a whole number of at most 18 digits, not one of 5000"),
+        ('{"type":"sessions","action":"list","id":' + HUGE_INT + "}",
+         "field 'id' must be a string"),
+        ('{"type":"message","content":null}', "field 'content' must be a string, not null"),
+        ('{"type":"stop"}', "field 'session_id' is required"),
+        ('{"type":"tasks","action":"list","x":1}', "unknown field 'x'"),
+        ('{"type":"message","content":"x","session_id":"' + LONG_ID + '"}',
+         "field 'session_id' must be 1-128 letters"),
+        ('{"type":"' + LONG_ID + '"}', "(10000 characters)"),
+        ('{"type":"message","content":"x","profile":"' + LONG_ID + '"}',
+         "field 'profile' must be at most 128 characters, not 10000"),
+    ],
+)  # fmt: skip
+def test_a_bad_field_is_named_with_what_it_must_be(raw: str, words: str) -> None:
+    message = _refusal(raw)
+    assert words in message, message
+    _assert_clean(message, raw[:120])
+
+
+def test_an_error_frame_never_echoes_a_value_whole() -> None:
+    frame = error_frame("not_found", f"no session {LONG_ID!r}", session_id=LONG_ID)
+    assert len(frame["message"]) <= ERROR_MAX_CHARS + 1 and frame["message"].endswith("…")
+    assert len(frame["session_id"]) <= 129 and frame["session_id"].endswith("…")
+
+
+async def test_over_the_wire_huge_numbers_and_ids_get_short_plain_errors(tmp_path: Path) -> None:
+    frames = [
+        '{"type":"subscribe","session_id":"s","last_seq":' + HUGE_INT + ',"id":"r1"}',
+        json.dumps({"type": "message", "content": "x", "session_id": LONG_ID, "id": "r2"}),
+        json.dumps({"type": "stop", "session_id": LONG_ID, "id": "r3"}),
+        json.dumps({"type": "subscribe", "session_id": LONG_ID, "id": "r4"}),
+        json.dumps({"type": "tasks", "action": "check", "task_id": LONG_ID, "id": "r5"}),
+        json.dumps({"type": "message", "content": "x", "mode": None, "cwd": 5, "id": "r6"}),
+    ]
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path) as d, d.connect("alice") as c:
+            for i, raw in enumerate(frames, 1):
+                await c.send(raw)
+                err = await c.until(lambda f, i=i: f.get("id") == f"r{i}")  # type: ignore[misc]
+                assert err["type"] == "error" and err["code"] == "bad_frame", err
+                _assert_clean(err["message"], raw[:120])
+                assert len(json.dumps(err)) < MESSAGE_BOUND + 100, err
+                assert len(err.get("session_id", "")) <= 128
+            listed = await c.request({"type": "sessions", "action": "list"})
+            assert listed["sessions"] == []  # nothing was created; the connection goes on

@@ -1,0 +1,354 @@
+"""Snapshots and restores of real folders, compared whole (content, bits, links, folders).
+
+A scripted sequence changes a folder with Python file operations and with real shell
+commands (``sed -i``, ``rm``, ``mv``, ``mkdir``, ``chmod``, ``ln``), snapshotting after
+each step; then every checkpoint is restored, in a shuffled order, and the whole tree
+must be what it was. Run with inotify (incremental rescans) and without (a full stat
+walk each time), so the two ways of noticing changes are held to the same answer.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import trio
+from test_checkpoints_support import (
+    DEADLINE,
+    diff,
+    engine_for,
+    make_settings,
+    private_for,
+    real_dir,
+    sh,
+    snap,
+    tree_of,
+)
+
+from navi_trio.core.checkpoints import CheckpointChangedError, CheckpointError, Created
+
+
+def _step0(w: Path) -> None:
+    (w / "src").mkdir()
+    (w / "src" / "main.py").write_text("print('alpha')\n" * 20)
+    (w / "src" / "util.py").write_text("def a():\n    return 'a'\n")
+    (w / "run.sh").write_text("#!/bin/sh\necho run\n")
+    os.chmod(w / "run.sh", 0o755)
+    (w / "secret.txt").write_text("mine")
+    os.chmod(w / "secret.txt", 0o600)
+    (w / "empty").mkdir()
+    (w / "deep" / "er" / "est").mkdir(parents=True)
+    (w / "deep" / "er" / "est" / "leaf.txt").write_text("leaf")
+    os.symlink("src/main.py", w / "main-link")
+    os.symlink("/etc/hostname", w / "outside-link")  # a link out: kept as text, never read
+
+
+def _step1(w: Path) -> None:  # Python file operations
+    (w / "src" / "main.py").write_text("print('beta')\n")
+    (w / "notes.md").write_text("new file\n")
+    os.unlink(w / "secret.txt")
+    os.chmod(w / "src" / "util.py", 0o640)
+    (w / "empty2").mkdir()
+    os.rmdir(w / "empty")
+
+
+def _step2(w: Path) -> None:  # real shell commands, as a terminal tool would run them
+    sh(w, "sed", "-i", "s/return 'a'/return 'sed'/", "src/util.py")
+    sh(w, "rm", "notes.md")
+    sh(w, "mv", "src/main.py", "src/app.py")
+    sh(w, "mkdir", "-p", "build2/out/x")
+    sh(w, "chmod", "700", "deep/er")
+    sh(w, "chmod", "644", "run.sh")
+    sh(w, "ln", "-sfn", "src/app.py", "main-link")
+    sh(w, "sh", "-c", "echo generated > build2/out/x/gen.txt")
+
+
+def _step3(w: Path) -> None:  # kinds swap: a file becomes a folder and back; read-only
+    os.unlink(w / "run.sh")
+    (w / "run.sh").mkdir()
+    (w / "run.sh" / "inside.txt").write_text("i")
+    shutil.rmtree(w / "deep")
+    (w / "deep").write_text("now a file")
+    (w / "ro").mkdir()
+    (w / "ro" / "locked.txt").write_text("locked")
+    os.chmod(w / "ro", 0o555)
+    os.chmod(w / "src" / "util.py", 0o4755)  # setuid bit on one's own file: all 12 bits
+
+
+def _step4(w: Path) -> None:  # a link becomes a file, a file a link, the read-only folder changes
+    os.unlink(w / "main-link")
+    (w / "main-link").write_text("was a link")
+    os.unlink(w / "src" / "util.py")
+    os.symlink("app.py", w / "src" / "util.py")
+    os.chmod(w / "ro", 0o755)
+    (w / "ro" / "second.txt").write_text("2")
+    os.chmod(w / "ro", 0o500)
+    sh(w, "sh", "-c", "mkdir -p node_modules && echo node > node_modules/m.js")
+
+
+STEPS: list[Callable[[Path], None]] = [_step0, _step1, _step2, _step3, _step4]
+
+
+def _unlock(root: Path) -> None:
+    """Let pytest remove tmp_path (a read-only folder is left by the steps)."""
+    for folder, dirs, _ in os.walk(root):
+        for d in dirs:
+            p = Path(folder) / d
+            if not p.is_symlink():
+                os.chmod(p, 0o755)
+
+
+@pytest.mark.parametrize("watch", [True, False], ids=["inotify", "full-walk"])
+async def test_every_checkpoint_of_a_scripted_sequence_restores_the_whole_tree(
+    tmp_path: Path, watch: bool
+) -> None:
+    settings = make_settings(tmp_path)
+    work = real_dir(tmp_path / "work")
+    private = private_for(settings)
+    ids: list[str] = []
+    trees = []
+    try:
+        with trio.fail_after(DEADLINE):
+            async with engine_for(settings, watch=watch) as engine:
+                for step in STEPS:
+                    step(work)
+                    ids.append(await snap(engine, "s1", [work], private))
+                    trees.append(tree_of(work, skip=["node_modules"]))
+                assert len(set(ids)) == len(STEPS)
+                node_modules = tree_of(work / "node_modules")
+                order = list(range(len(STEPS))) * 2
+                random.Random(22).shuffle(order)
+                for k in order:
+                    preview = await engine.preview("s1", ids[k], private=private)
+                    done = await engine.restore(
+                        "s1", ids[k], private=private, confirm=preview.token
+                    )
+                    assert done.failed == ()
+                    now = tree_of(work, skip=["node_modules"])
+                    assert diff(trees[k], now) == {}, f"checkpoint {k}"
+                    # ignored: never captured, never touched by a restore
+                    assert tree_of(work / "node_modules") == node_modules
+                    # The next snapshot sees exactly the restored tree (same digests).
+                    again = await engine.snapshot("s1", [work], private=private)
+                    assert isinstance(again, Created)
+                    info = await engine.get("s1", ids[k])
+                    assert again.checkpoint.roots == info.roots
+                    # Nothing left to do: restoring it again changes nothing.
+                    assert (await engine.preview("s1", ids[k], private=private)).empty
+    finally:
+        _unlock(work)
+
+
+async def test_the_preview_counts_what_the_restore_does_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    settings = make_settings(tmp_path)
+    work = real_dir(tmp_path / "work")
+    private = private_for(settings)
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            (work / "keep.txt").write_text("k")
+            (work / "edit.txt").write_text("before")
+            (work / "gone.txt").write_text("gone")
+            (work / "mode.txt").write_text("m")
+            (work / "olddir").mkdir()
+            first = await snap(engine, "s", [work], private)
+            (work / "edit.txt").write_text("after!")
+            os.unlink(work / "gone.txt")
+            os.chmod(work / "mode.txt", 0o600)
+            (work / "added.txt").write_text("added")
+            os.rmdir(work / "olddir")
+            (work / "newdir").mkdir()
+            changed = tree_of(work)
+            preview = await engine.preview("s", first, private=private)
+            assert tree_of(work) == changed  # computed before anything is applied
+            (root,) = preview.roots
+            assert (root.restored, root.created, root.deleted, root.modes) == (1, 1, 1, 1)
+            assert (root.dirs_created, root.dirs_deleted) == (1, 1)
+            assert root.bytes == len("before") + len("gone")
+            assert {(c.path, c.what) for c in root.changes} == {
+                ("edit.txt", "restored"),
+                ("gone.txt", "created"),
+                ("added.txt", "deleted"),
+                ("mode.txt", "mode"),
+                ("olddir", "dir_created"),
+                ("newdir", "dir_deleted"),
+            }
+            assert preview.undo is not None and "full mode" in preview.not_covered
+
+            # A folder changed after the preview: refused, nothing applied.
+            (work / "added.txt").write_text("changed after the preview")
+            after_preview = tree_of(work)
+            with pytest.raises(CheckpointChangedError):
+                await engine.restore("s", first, private=private, confirm=preview.token)
+            assert tree_of(work) == after_preview
+
+            # Restore, then undo the restore with the checkpoint its preview took.
+            again = await engine.preview("s", first, private=private)
+            await engine.restore("s", first, private=private, confirm=again.token)
+            assert again.undo is not None
+            await engine.restore("s", again.undo, private=private)
+            assert tree_of(work) == after_preview
+
+
+async def test_two_roots_one_inside_the_other_are_each_restored_without_the_other(
+    tmp_path: Path,
+) -> None:
+    settings = make_settings(tmp_path)
+    work = real_dir(tmp_path / "work")
+    inner = real_dir(work / "session")  # e.g. a session folder inside the cwd
+    private = private_for(settings, inner)
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            (work / "a.txt").write_text("a1")
+            (inner / "s.txt").write_text("s1")
+            first = await snap(engine, "s", [inner, work], private)
+            info = await engine.get("s", first)
+            assert info.files == 2  # the inner root is not counted twice
+            before = tree_of(work)
+            (work / "a.txt").write_text("a2")
+            (inner / "s.txt").write_text("s2")
+            (inner / "new.txt").write_text("n")
+            await engine.restore("s", first, private=private)
+            assert tree_of(work) == before
+
+
+async def test_links_are_kept_as_links_and_never_followed_out_of_the_root(
+    tmp_path: Path,
+) -> None:
+    settings = make_settings(tmp_path)
+    work = real_dir(tmp_path / "work")
+    outside = real_dir(tmp_path / "outside")
+    (outside / "precious.txt").write_text("do not touch")
+    private = private_for(settings)
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            (work / "sub").mkdir()
+            (work / "sub" / "f.txt").write_text("in the root")
+            os.symlink(str(outside), work / "out")
+            first = await snap(engine, "s", [work], private)
+            info = await engine.get("s", first)
+            assert info.files == 2  # sub/f.txt and the link itself; nothing of outside/
+            before, outside_before = tree_of(work), tree_of(outside)
+            # The folder is swapped for a link to the outside folder, which then changes.
+            shutil.rmtree(work / "sub")
+            os.symlink(str(outside), work / "sub")
+            (outside / "f.txt").write_text("outside")
+            outside_now = tree_of(outside)
+            await engine.restore("s", first, private=private)
+            assert tree_of(work) == before
+            assert tree_of(outside) == outside_now  # the restore wrote nothing through it
+            assert "f.txt" in outside_now and outside_before != outside_now
+
+
+async def test_navi_data_inside_the_folder_is_neither_read_nor_restored(tmp_path: Path) -> None:
+    work = real_dir(tmp_path / "work")
+    settings = make_settings(tmp_path, data_dir=work / ".navi-data", db_path=work / "navi.db")
+    private = private_for(settings)
+    (work / "navi.db").write_text("the database")
+    (work / "code.py").write_text("x = 1")
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            first = await snap(engine, "s", [work], private)
+            info = await engine.get("s", first)
+            assert info.files == 1  # code.py: not the database, not the checkpoints
+            (work / "navi.db").write_text("the database, later")
+            (work / "code.py").write_text("x = 2")
+            await engine.restore("s", first, private=private)
+            assert (work / "navi.db").read_text() == "the database, later"
+            assert (work / "code.py").read_text() == "x = 1"
+
+
+async def test_a_checkpoint_exports_into_a_new_folder_as_it_was(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    work = real_dir(tmp_path / "work")
+    private = private_for(settings)
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            _step0(work)
+            first = await snap(engine, "s", [work], private)
+            expected = tree_of(work)
+            _step1(work)
+            dest = tmp_path / "fork"
+            assert await engine.export("s", first, work, dest) == []
+            assert tree_of(dest) == expected
+            with pytest.raises(CheckpointError, match="already exists"):
+                await engine.export("s", first, work, dest)
+            assert not [n for n in tree_of(tmp_path) if "navi-export" in n]
+
+
+async def test_a_missing_root_folder_is_made_again_by_the_restore(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    work = real_dir(tmp_path / "work")
+    private = private_for(settings)
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            _step0(work)
+            first = await snap(engine, "s", [work], private)
+            expected = tree_of(work)
+            shutil.rmtree(work)
+            preview = await engine.preview("s", first, private=private)
+            assert preview.undo is None and preview.roots[0].created >= 5
+            done = await engine.restore("s", first, private=private, confirm=preview.token)
+            assert done.failed == ()
+            assert tree_of(work) == expected
+
+
+async def test_the_session_folder_inside_the_data_folder_inside_the_cwd(tmp_path: Path) -> None:
+    """The daemon's own layout with the cwd at a home folder: the data folder (hidden)
+    holds the session folder (its own root, allowed) and the checkpoints."""
+    home = real_dir(tmp_path / "home")
+    data = home / ".local" / "share" / "navi"
+    settings = make_settings(tmp_path, data_dir=data, db_path=data / "navi.db")
+    session = real_dir(settings.session_dir("s1"))
+    private = private_for(settings, session)
+    (home / "project.txt").write_text("p1")
+    (session / "notes.md").write_text("n1")
+    (data / "other-session-secret").write_text("not ours")
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            first = await snap(engine, "s1", [session, home], private)
+            info = await engine.get("s1", first)
+            assert info.files == 2  # project.txt and notes.md: nothing else of the data
+            before_home = tree_of(home, skip=[".local"])
+            before_session = tree_of(session)
+            (home / "project.txt").write_text("p2")
+            (session / "notes.md").write_text("n2")
+            (session / "scratch.txt").write_text("s")
+            done = await engine.restore("s1", first, private=private)
+            assert done.failed == ()
+            assert tree_of(home, skip=[".local"]) == before_home
+            assert tree_of(session) == before_session
+            assert (data / "other-session-secret").read_text() == "not ours"
+
+
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="root ignores permission bits: a read-only folder binds no one"
+)
+async def test_a_restore_writes_into_folders_made_read_only_and_makes_them_so_again(
+    tmp_path: Path,
+) -> None:
+    settings = make_settings(tmp_path)
+    work = real_dir(tmp_path / "work")
+    private = private_for(settings)
+    (work / "ro").mkdir()
+    (work / "ro" / "a.txt").write_text("a1")
+    os.chmod(work / "ro", 0o555)
+    try:
+        with trio.fail_after(DEADLINE):
+            async with engine_for(settings) as engine:
+                first = await snap(engine, "s", [work], private)
+                expected = tree_of(work)
+                os.chmod(work / "ro", 0o755)
+                (work / "ro" / "a.txt").write_text("a2")
+                (work / "ro" / "b.txt").write_text("b")
+                os.chmod(work / "ro", 0o500)
+                done = await engine.restore("s", first, private=private)
+                assert done.failed == ()
+                assert tree_of(work) == expected
+    finally:
+        _unlock(work)

@@ -1,0 +1,218 @@
+"""MCP servers that misbehave (issue 17 "Missing tests"): one that never answers
+``initialize`` or ``tools/list`` fails its start within `timeout_sec`, saying which
+request went unanswered; one that was ready and then crashes restarts with its backoff
+reset, and the backoff doubles while it keeps failing to start; a tool whose input
+schema is not an object is skipped with a warning, the others are offered.
+
+Rules: the server is tests/mcp_servers/scripted.py, a real child process over stdio;
+what it got reaches the test as ``EVENT`` lines through navi's log of its stderr (the
+`events` fixture of tests/test_mcp_client.py). The MockClock moves only by hand, so a
+timeout or a backoff is checked to the second: not yet just before it, done just after.
+As a safety net only, STALL idle real seconds let it move, and a real-time limit bounds
+each test.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from realtime import real_time_limit
+from test_mcp_client import STALL, ServerEvents, events, mcp_config
+
+from navi_trio.profiles import McpServerConfig
+from navi_trio.tools.mcp import McpServers
+from navi_trio.tools.mcp.connection import BACKOFF_FIRST, McpConnection
+
+__all__ = ["events"]  # the fixture, imported for pytest
+SCRIPTED = Path(__file__).parent / "mcp_servers" / "scripted.py"
+LIMIT = 60  # real seconds
+
+
+def entry(tmp_path: Path, plan: str, **extra: Any) -> dict[str, Any]:
+    env = {"SCRIPT_PLAN": plan, "SCRIPT_COUNTER": str(tmp_path / "starts")}
+    env.update({k: str(v) for k, v in extra.pop("env", {}).items()})
+    return {"command": sys.executable, "args": [str(SCRIPTED)], "env": env, **extra}
+
+
+@asynccontextmanager
+async def running(
+    tmp_path: Path, plan: str, clock: trio.testing.MockClock, **extra: Any
+) -> AsyncIterator[McpConnection]:
+    """The actor of one scripted server, in a nursery of its own."""
+    data = entry(tmp_path, plan, **extra)
+    config = McpServerConfig(
+        command=data["command"], args=tuple(data["args"]), env=data["env"],
+        timeout_sec=data.get("timeout_sec", 60.0),
+    )  # fmt: skip
+    actor = McpConnection("scripted", config)
+    clock.autojump_threshold = STALL
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.run)
+        try:
+            yield actor
+        finally:
+            clock.autojump_threshold = 0  # the SDK's shutdown polls on the clock: let it fly
+            nursery.cancel_scope.cancel()
+
+
+async def idle() -> None:
+    await trio.testing.wait_all_tasks_blocked(cushion=0.01)
+
+
+@pytest.mark.parametrize(
+    ("plan", "last", "unanswered"),
+    [("silent", "got initialize", "initialize"), ("no-list", "got tools/list", "tools/list")],
+)
+async def test_a_server_that_never_answers_fails_its_start_within_timeout_sec(
+    tmp_path: Path,
+    events: ServerEvents,
+    mock_clock: trio.testing.MockClock,
+    plan: str,
+    last: str,
+    unanswered: str,
+) -> None:
+    with real_time_limit(LIMIT):
+        async with running(tmp_path, plan, mock_clock, timeout_sec=3) as actor:
+            mock_clock.autojump_threshold = math.inf  # only our jumps move it
+            await events.wait_for(last)
+            await idle()
+            mock_clock.jump(2.9)
+            await idle()
+            assert (actor.state, actor.settled.is_set()) == ("starting", False)
+            mock_clock.jump(0.2)
+            # Given up: the SDK closes the server's input (then waits for it to exit).
+            await events.wait_for("end of input")
+            mock_clock.autojump_threshold = 0  # that wait polls on the clock
+            await actor.settled.wait()
+            assert actor.state == "restarting" and not actor.ever_ready
+            assert actor.error == (
+                f"no answer to {unanswered} within 3 s (timeout_sec) while starting"
+            )
+            assert actor.unavailable().startswith("MCP server scripted could not start (no")
+
+
+class Restarts(logging.Handler):
+    """The actor's "restarting in N s" lines, logged just before it sleeps N s: each
+    delay, and the (virtual) time it was logged at."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.delays: list[tuple[float, float]] = []
+        self._changed = trio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if "; restarting in " in text:
+            delay = float(text.rsplit("restarting in ", 1)[1].split()[0])
+            self.delays.append((delay, trio.current_time()))
+            self._changed.set()
+            self._changed = trio.Event()
+
+    async def wait_for(self, count: int) -> tuple[float, float]:
+        while len(self.delays) < count:
+            await self._changed.wait()
+        return self.delays[count - 1]
+
+
+@pytest.fixture
+def restarts() -> Iterator[Restarts]:
+    handler = Restarts()
+    logger = logging.getLogger("navi_trio.mcp")
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+
+
+async def _tick(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """A deadline every TICK: while the child works in real time, the autojump clock
+    creeps by TICK, never all the way to a far deadline (the SDK's shutdown polls)."""
+    task_status.started()
+    while True:  # noqa: ASYNC110 -- the deadlines are the point, not a wait
+        await trio.sleep(TICK)
+
+
+TICK = 0.001
+
+
+async def test_backoff_doubles_while_starts_fail_and_resets_after_a_ready_start(
+    tmp_path: Path,
+    events: ServerEvents,
+    restarts: Restarts,
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    # Three failed starts (0.5, 1, 2 s after them), one that got ready and crashed: the
+    # next try comes 0.5 s after it again, not 4 s; then the failures double anew.
+    # The clock jumps from deadline to deadline, so each try starts exactly its backoff
+    # after the line that announced it.
+    plan = "fail,fail,fail,ready-crash,fail,fail,ready"
+    expected = [1, 2, 4, 1, 1, 2]  # in units of BACKOFF_FIRST
+    with real_time_limit(LIMIT):
+        async with trio.open_nursery() as ticker:
+            await ticker.start(_tick)
+            async with running(tmp_path, plan, mock_clock, timeout_sec=1e6) as actor:
+                mock_clock.autojump_threshold = 0
+                for start, units in enumerate(expected, 1):
+                    delay, logged_at = await restarts.wait_for(start)  # attempt over
+                    assert delay == units * BACKOFF_FIRST, (start, restarts.delays)
+                    await actor.until("restarting", starts=start + 1)
+                    assert trio.current_time() - logged_at == pytest.approx(delay, abs=1e-6)
+                await actor.until("ready", starts=len(expected) + 1)
+            ticker.cancel_scope.cancel()
+    assert events.lines[:2] == ["start 1 fail", "start 2 fail"]
+    assert "start 4 ready-crash" in events.lines and "crash" in events.lines
+
+
+NOT_OBJECTS = [
+    {"name": "scalar", "description": "a string schema", "inputSchema": {"type": "string"}},
+    {"name": "listy", "description": "an array schema", "inputSchema": {"type": "array"}},
+    {"name": "odd", "description": "bad properties",
+     "inputSchema": {"type": "object", "properties": ["a", "b"]}},
+]  # fmt: skip
+
+
+async def test_a_tool_whose_input_schema_is_not_an_object_is_skipped_with_a_warning(
+    tmp_path: Path, events: ServerEvents
+) -> None:
+    echo = {
+        "name": "echo",
+        "description": "Return the text.",
+        "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}},
+    }
+    tools = json.dumps([*NOT_OBJECTS, echo])
+    cfg = mcp_config({"scripted": entry(tmp_path, "ready", env={"SCRIPT_TOOLS": tools})})
+    warnings: list[Any] = []
+    mcp = McpServers(lambda: cfg.current)
+    with trio.fail_after(LIMIT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mcp.run)
+            names = await mcp.prepare(cfg.current.profile(None), warnings.append)
+            nursery.cancel_scope.cancel()
+    assert names == ["mcp__scripted__echo"]
+    texts = [w.message for w in warnings]
+    assert all(w.code == "mcp_tools" for w in warnings), warnings
+    assert len(texts) == 3, texts
+    for tool, why in [("scalar", "type 'string'"), ("listy", "type 'array'"),
+                      ("odd", "properties is not an object")]:  # fmt: skip
+        [text] = [t for t in texts if f"'{tool}'" in t]
+        assert text.startswith("MCP server scripted: tool") and "skipped" in text, text
+        assert why in text, text
+
+
+@pytest.fixture(autouse=True)
+def _quiet_sdk() -> Iterator[None]:
+    """The SDK logs a failed start at length; the test reads the actor's error instead."""
+    logger = logging.getLogger("mcp")
+    old = logger.level
+    logger.setLevel(logging.CRITICAL)
+    yield
+    logger.setLevel(old)

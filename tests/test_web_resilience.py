@@ -1,0 +1,200 @@
+"""The browser client when things go wrong: the socket cut mid-stream, the daemon
+restarted (resync), an unreachable daemon, model and tool text trying to be HTML,
+another user's session, a wrong or rotated token. Rules and helpers:
+tests/web_browser.py (the page reaches the daemon through a cuttable proxy where a
+test cuts the connection).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from web_browser import Site, answer_text, browser, needs_browser, send, shot, site
+
+__all__ = ["browser", "site"]  # fixtures
+pytestmark = needs_browser
+
+
+def _words(n: int, prefix: str = "w") -> list[str]:
+    return [f"{prefix}{i}" for i in range(1, n + 1)]
+
+
+def test_a_cut_socket_reconnects_and_every_frame_shows_once(site: Site) -> None:
+    words = _words(80)
+    echo = {"name": "terminal", "arguments": {"action": "run", "command": "echo card-once"}}
+    site.loop.add_replies({"tool_calls": [echo]}, {"text": " ".join(words), "delay_chunk": 0.05})
+    proxy = site.loop.proxy(site.daemon.port)
+    page = site.page(f"http://127.0.0.1:{proxy.port}/")
+    site.login(page)
+    send(page, "count to eighty")
+    page.wait_for_selector(".lane.main .answer >> text=w10")
+    assert site.loop.call(proxy.cut) >= 1  # the page's WebSocket (and any kept-alive GET)
+    page.wait_for_selector("#conn-state.down")
+    shot(page, "reconnecting")
+    page.wait_for_selector("#conn-state.up")
+    page.wait_for_selector("#errors .line.notice >> text=reconnected")
+    page.wait_for_selector("#stop:disabled")
+    assert answer_text(page).split() == words  # no gap, no duplicate
+    assert page.locator(".tool").count() == 1
+    assert page.locator(".user").count() == 1
+    assert page.locator("#banner").is_hidden()
+    shot(page, "reconnected")
+
+
+def test_a_restarted_daemon_shows_the_retrying_banner_then_resyncs(site: Site) -> None:
+    site.loop.add_replies({"text": " ".join(_words(400)), "delay_chunk": 0.03})
+    page = site.page()
+    site.login(page)
+    send(page, "a long one")
+    page.wait_for_selector(".lane.main .answer >> text=w20")
+    sid = page.evaluate("location.hash.slice(1)")
+    site.daemon.stop()  # SIGTERM: the partial answer is saved, marked stopped
+    page.wait_for_selector("#banner >> text=Cannot reach the navi daemon")
+    page.wait_for_selector("#banner >> text=/retrying in [0-9.]+s \\(try [2-9]/")
+    shot(page, "daemon-unreachable")
+    site.loop.add_replies({"text": "after the restart"})
+    site.daemon.start()  # the same port: the page finds it again
+    page.wait_for_selector("#conn-state.up")
+    page.wait_for_selector(".line.notice >> text=history reloaded")
+    assert page.locator("#banner").is_hidden()
+    assert page.evaluate("location.hash.slice(1)") == sid
+    assert page.locator(".user").all_inner_texts() == ["a long one"]
+    shown = page.locator(".answer").all_inner_texts()
+    assert len(shown) == 1 and shown[0].split()[:20] == _words(20)  # the saved partial, once
+    assert page.locator(".line.stopped").count() == 1
+    send(page, "and now?")
+    page.wait_for_selector(".lane.main .answer >> text=after the restart")
+    assert page.locator(".user").all_inner_texts() == ["a long one", "and now?"]
+    shot(page, "resynced")
+
+
+XSS = [
+    "<img src=x onerror=\"window.__pwned='img';alert(1)\">",
+    "<script>window.__pwned='script';alert(2)</script>",
+    "<svg onload=\"window.__pwned='svg'\"></svg>",
+    "[click me](javascript:window.__pwned='link')",
+    "<a href=\"javascript:window.__pwned='a'\">a link</a>",
+    "<iframe src=\"javascript:window.__pwned='iframe'\"></iframe>",
+]
+
+
+def test_html_in_model_and_tool_text_is_shown_as_text_and_never_runs(site: Site) -> None:
+    """With the page's CSP switched off (bypass_csp), so that only the renderer stands
+    between the text and the DOM: nothing runs, no element is made from it."""
+    payload = "\n\n".join(XSS)
+    command = "printf '%s\\n' " + " ".join(json.dumps(x) for x in XSS[:3])
+    tool = {"name": "terminal", "arguments": {"action": "run", "command": command}}
+    site.loop.add_replies(
+        {"thinking": XSS[0], "tool_calls": [tool]},
+        {"text": payload + "\n\n**bold** `" + XSS[1] + "`\n\n```html\n" + XSS[0] + "\n```"},
+    )
+    page = site.page(bypass_csp=True)
+    page.add_init_script("window.__pwned = undefined;")
+    site.login(page)
+    send(page, XSS[0])
+    page.wait_for_selector(".lane.main .answer >> text=bold")
+    page.wait_for_selector("#stop:disabled")
+    page.click(".thinking summary")
+    page.click(".tool-args summary")
+    transcript = page.locator("#transcript")
+    text = transcript.inner_text()
+    for attack in XSS:
+        assert attack in text, attack
+    assert "<img src=x" in page.locator(".tool-out").inner_text()  # the tool's output, as text
+    assert "<img src=x" in page.locator(".user").inner_text()
+    made = "img, script, svg, iframe, a[href^='javascript'], [onerror], [onload]"
+    assert transcript.locator(made).count() == 0
+    assert page.locator("#session-list").locator(made).count() == 0
+    assert page.evaluate("window.__pwned") is None
+    assert site.dialogs == []
+    shot(page, "xss-inert")
+    # And with the CSP on, even a script element made in the page would not run.
+    strict = site.page()
+    ran = strict.evaluate(
+        """() => { const s = document.createElement("script");
+                   s.textContent = "window.__inline = 1"; document.body.append(s);
+                   return window.__inline; }"""
+    )
+    assert ran is None
+
+
+def test_another_users_session_is_refused_by_url_and_by_frame(site: Site) -> None:
+    site.loop.add_replies({"text": "SECRET-OF-ADMIN"})
+    admin = site.page()
+    site.login(admin)
+    send(admin, "keep this to yourself")
+    admin.wait_for_selector(".answer >> text=SECRET-OF-ADMIN")
+    sid = admin.evaluate("location.hash.slice(1)")
+    bob = site.daemon.add_user("bob")
+    # By URL: bob opens the admin's session by its fragment.
+    page = site.page(site.daemon.url + "#" + sid)
+    site.login(page, bob)
+    page.wait_for_selector(".line.error >> text=forbidden")
+    assert "belongs to another user" in page.locator("#transcript .line.error").inner_text()
+    assert "SECRET" not in page.locator("body").inner_text()
+    assert page.locator(".session").count() == 0
+    assert page.evaluate("location.hash") == ""
+    shot(page, "forbidden")
+    # By frame: a WebSocket of bob's own from the page, every kind of request.
+    replies: list[dict[str, Any]] = page.evaluate(
+        """async ([token, sid]) => {
+            const ws = new WebSocket(`ws://${location.host}/`);
+            const got = [];
+            const wanted = 8;
+            return await new Promise((resolve, reject) => {
+                setTimeout(() => reject(new Error("no answer: " + JSON.stringify(got))), 15000);
+                ws.onopen = () => ws.send(JSON.stringify({type: "hello", token}));
+                ws.onmessage = (e) => {
+                    const f = JSON.parse(e.data);
+                    if (f.type === "welcome") {
+                        const asks = [
+                            {type: "sessions", action: "history", session_id: sid},
+                            {type: "subscribe", session_id: sid, last_seq: 0},
+                            {type: "message", session_id: sid, content: "let me in"},
+                            {type: "stop", session_id: sid},
+                            {type: "compact", session_id: sid},
+                            {type: "tasks", action: "list", session_id: sid},
+                            {type: "approve", session_id: sid, call_id: "c1"},
+                            {type: "sessions", action: "delete", session_id: sid},
+                        ];
+                        asks.forEach((a, i) => ws.send(JSON.stringify({...a, id: i})));
+                        return;
+                    }
+                    got.push(f);
+                    if (got.filter((x) => x.id !== undefined).length >= wanted) {
+                        ws.close();
+                        resolve(got);
+                    }
+                };
+            });
+        }""",
+        [bob, sid],
+    )
+    assert [r.get("code") for r in replies] == ["forbidden"] * 8, replies
+    assert "SECRET" not in json.dumps(replies)
+    # The admin's session is intact.
+    admin.reload()
+    admin.wait_for_selector(".answer >> text=SECRET-OF-ADMIN")
+
+
+def test_a_wrong_token_and_a_rotated_one_go_back_to_the_login(site: Site) -> None:
+    proxy = site.loop.proxy(site.daemon.port)
+    page = site.page(f"http://127.0.0.1:{proxy.port}/")
+    page.fill("#login-token", "navi_not-a-token")
+    page.click("#login-submit")
+    page.wait_for_selector("#login-error >> text=refused the token")
+    assert page.locator("#app").is_hidden()
+    assert page.evaluate("sessionStorage.getItem('navi.token')") is None
+    shot(page, "wrong-token")
+    bob = site.daemon.add_user("bob")
+    site.login(page, bob)
+    assert page.evaluate("sessionStorage.getItem('navi.token')") == bob
+    site.daemon.rotate("bob")  # bob's old token no longer works
+    site.loop.call(proxy.cut)  # the page reconnects with it
+    page.wait_for_selector("#login-error >> text=refused the token")
+    assert page.locator("#login").is_visible()
+    assert page.evaluate("sessionStorage.getItem('navi.token')") is None
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", page.url)
+    shot(page, "rotated-token")

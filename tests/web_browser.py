@@ -1,0 +1,372 @@
+"""Helpers for the browser tests: a real `navi serve` on loopback, the fake LLM server
+and a cuttable TCP proxy in a trio loop on a background thread, and headless Chromium
+driven by Playwright's sync API from the (plain, synchronous) test functions.
+
+Rules: loopback only; Debian's /usr/bin/chromium (Playwright's own browser download
+cannot work here) with the background-networking switches off, so that it reaches for
+no outside host; a fresh profile per context; every wait has its own timeout and every
+test an absolute deadline (`DEADLINE`, enforced by `deadline`); every process is ended
+at the end. Where Chromium or Playwright cannot be had, the tests skip saying why.
+
+Screenshots of each state go to tests/artifacts/ (ignored by git).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+from navi_trio.settings import REPO_ROOT, Settings
+from navi_trio.testing import FakeLLMServer
+
+CHROMIUM = os.environ.get("NAVI_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--metrics-recording-only",
+    "--no-default-browser-check",
+]
+ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
+DEADLINE = 150.0  # seconds per test
+WAIT_MS = 20_000  # one wait for the page
+
+
+def _missing() -> str | None:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (pip install -e '.[test]')"
+    if not Path(CHROMIUM).exists():
+        return f"no Chromium at {CHROMIUM} (apt-get install chromium; .ci/run does it as root)"
+    return None
+
+
+MISSING = _missing()
+needs_browser = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
+
+
+def shot(page: Any, name: str) -> Path:
+    """A screenshot of the page's state, kept as a test artifact."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path))
+    return path
+
+
+# -- the trio side: fake LLM and proxy on a background thread -------------------------
+
+
+class Proxy:
+    """A TCP forwarder 127.0.0.1:port -> 127.0.0.1:target that a test can cut (every
+    connection through it closed at once) or close (new connections refused)."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.port = 0
+        self.accepted = 0
+        self.refusing = False
+        self._scopes: set[trio.CancelScope] = set()
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started(self.port)
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, client: trio.SocketStream) -> None:
+        self.accepted += 1
+        if self.refusing:
+            await client.aclose()
+            return
+        try:
+            server = await trio.open_tcp_stream("127.0.0.1", self.target)
+        except OSError:
+            await client.aclose()
+            return
+        with trio.CancelScope() as scope:
+            self._scopes.add(scope)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._pipe, client, server, nursery.cancel_scope)
+                    nursery.start_soon(self._pipe, server, client, nursery.cancel_scope)
+            finally:
+                self._scopes.discard(scope)
+        await trio.aclose_forcefully(server)
+        await trio.aclose_forcefully(client)
+
+    @staticmethod
+    async def _pipe(src: trio.SocketStream, dst: trio.SocketStream, done: trio.CancelScope) -> None:
+        try:
+            while data := await src.receive_some(65536):
+                await dst.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        done.cancel()
+
+    def cut(self) -> int:
+        """Close every connection through the proxy; how many there were."""
+        scopes = list(self._scopes)
+        for scope in scopes:
+            scope.cancel()
+        return len(scopes)
+
+
+class Loop:
+    """A trio loop on a thread, holding the fake LLM server (and proxies)."""
+
+    def __init__(self) -> None:
+        self.llm = FakeLLMServer()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._ready = threading.Event()
+        self._stop: trio.Event | None = None
+        self._nursery: trio.Nursery | None = None
+        self._thread = threading.Thread(target=lambda: trio.run(self._main), daemon=True)
+        self._error: BaseException | None = None
+
+    async def _main(self) -> None:
+        try:
+            self._token = trio.lowlevel.current_trio_token()
+            self._stop = trio.Event()
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await nursery.start(self.llm.serve)
+                self._ready.set()
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+        except BaseException as exc:  # shown by start() / stop()
+            self._error = exc
+            self._ready.set()
+
+    def start(self) -> Loop:
+        self._thread.start()
+        if not self._ready.wait(30) or self._error is not None:
+            raise RuntimeError(f"the fake LLM loop did not start: {self._error!r}")
+        return self
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return trio.from_thread.run(fn, *args, trio_token=self._token)
+
+    def add_replies(self, *replies: dict[str, Any]) -> None:
+        self.call(self.llm.add_replies, *replies)
+
+    def chat_requests(self) -> int:
+        return int(self.call(lambda: len(self.llm.chat_requests)))
+
+    def proxy(self, target: int) -> Proxy:
+        proxy = Proxy(target)
+
+        async def begin() -> None:
+            assert self._nursery is not None
+            await self._nursery.start(proxy.serve)
+
+        self.run(begin)
+        return proxy
+
+    def stop(self) -> None:
+        if self._stop is not None and self._thread.is_alive():
+            self.call(self._stop.set)
+        self._thread.join(10)
+
+
+# -- the daemon ---------------------------------------------------------------------------
+
+
+def clean_env(tmp_path: Path) -> dict[str, str]:
+    """os.environ without navi settings, with a private DB and data folder."""
+    names = {f.metadata["env"] for f in attrs.fields(Settings)} | {"NAVI_DEBUG", "NAVI_TOKEN"}
+    env = {k: v for k, v in os.environ.items() if k not in names}
+    env.update(
+        NAVI_DB=str(tmp_path / "navi.db"),
+        NAVI_DATA_DIR=str(tmp_path / "data"),
+        PYTHONPATH=str(REPO_ROOT),
+    )
+    return env
+
+
+def test_config(tmp_path: Path) -> Path:
+    """The shipped config folder with: no plan for a first message in `general` (one LLM
+    call per simple turn), and a `planner` profile that plans its first message."""
+    folder = tmp_path / "config"
+    shutil.copytree(REPO_ROOT / "config", folder)
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    planner = dict(cfg["profiles"]["general"])
+    cfg["profiles"]["general"]["planning_first_message"] = False
+    planner["description"] = "general, planning its first message"
+    cfg["profiles"]["planner"] = planner
+    path.write_text(json.dumps(cfg, indent=2))
+    return path
+
+
+class Daemon:
+    """`python -m navi_trio serve` on a loopback port, with the fake LLM server."""
+
+    def __init__(self, tmp_path: Path, llm_url: str, *extra: str) -> None:
+        self.env = clean_env(tmp_path)
+        self.data = Path(self.env["NAVI_DATA_DIR"])
+        self.config = test_config(tmp_path)
+        self.llm_url = llm_url
+        self.extra = extra
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = tmp_path / "serve.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    def start(self) -> Daemon:
+        args = [sys.executable, "-m", "navi_trio", "serve", "--port", str(self.port)]
+        args += ["--llm-url", self.llm_url, "--config", str(self.config), *self.extra]
+        log = open(self.log, "ab")  # noqa: SIM115 - the child holds it
+        self.proc = subprocess.Popen(
+            args, env=self.env, stdout=subprocess.PIPE, stderr=log, start_new_session=True
+        )
+        log.close()
+        assert self.proc.stdout is not None
+        line = _readline(self.proc, 60)
+        found = re.search(r"listening on ws://127\.0\.0\.1:(\d+)/", line)
+        assert found, f"navi serve said {line!r}; log:\n{self.log.read_text()[-3000:]}"
+        self.port = int(found.group(1))
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+    def admin_token(self) -> str:
+        return (self.data / "local-token").read_text().strip()
+
+    def users(self, *args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "navi_trio", "users", *args],
+            env=self.env, capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        return done.stdout
+
+    def add_user(self, name: str) -> str:
+        return self.users("add", name).strip().splitlines()[-1]
+
+    def rotate(self, name: str) -> str:
+        return self.users("rotate", name).strip().splitlines()[-1]
+
+
+def _readline(proc: subprocess.Popen[bytes], timeout: float) -> str:
+    """The child's first stdout line, or '' after `timeout` seconds."""
+    out: list[bytes] = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(timeout)
+    return out[0].decode(errors="replace") if out else ""
+
+
+# -- the browser ----------------------------------------------------------------------------
+
+
+# One Chromium per test module: each module that imports this fixture gets its own
+# fixture definition, and Playwright's sync API runs one instance per thread at a time
+# (its event loop stays current between calls), so a session-wide scope would start a
+# second one beside the first.
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if MISSING is not None:
+        pytest.skip(MISSING)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS, timeout=60_000
+        )
+        yield b
+        b.close()
+
+
+@attrs.define
+class Site:
+    """What a browser test gets: the loop (fake LLM), the daemon, and pages."""
+
+    loop: Loop
+    daemon: Daemon
+    browser: Any
+    contexts: list[Any] = attrs.field(factory=list)
+    dialogs: list[str] = attrs.field(factory=list)
+
+    def page(self, url: str | None = None, *, phone: bool = False, **options: Any) -> Any:
+        size = {"width": 390, "height": 844} if phone else {"width": 1280, "height": 860}
+        context = self.browser.new_context(viewport=size, **options)
+        context.set_default_timeout(WAIT_MS)
+        self.contexts.append(context)
+        page = context.new_page()
+        page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+        page.goto(url or self.daemon.url)
+        return page
+
+    def login(self, page: Any, token: str | None = None) -> None:
+        page.fill("#login-token", token or self.daemon.admin_token())
+        page.click("#login-submit")
+        page.wait_for_selector("#conn-state.up")
+
+    def close(self) -> None:
+        for context in self.contexts:
+            context.close()
+
+
+@pytest.fixture
+def site(tmp_path: Path, browser: Any) -> Iterator[Site]:
+    started = time.monotonic()
+    loop = Loop().start()
+    daemon = Daemon(tmp_path, loop.llm.url)
+    try:
+        daemon.start()
+        s = Site(loop, daemon, browser)
+        try:
+            yield s
+        finally:
+            s.close()
+    finally:
+        daemon.stop()
+        loop.stop()
+    took = time.monotonic() - started
+    assert took < DEADLINE, f"the test took {took:.0f}s (limit {DEADLINE:.0f}s)"
+
+
+def send(page: Any, text: str) -> None:
+    page.fill("#input", text)
+    page.press("#input", "Enter")
+
+
+def answer_text(page: Any) -> str:
+    """The text of the last answer in the transcript."""
+    return str(page.locator(".lane.main > .answer").last.inner_text())
