@@ -51,6 +51,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from navi_trio.actor import NurseryHolder
 from navi_trio.errors import LLMError, LLMStreamError, LocalModelBrokenError, LocalModelDiedError
 from navi_trio.llm import host_state
 from navi_trio.llm.base import ChatRequest, LLMChunk
@@ -252,8 +253,9 @@ class _Stream(trio.abc.ReceiveChannel[LLMChunk]):
         await trio.lowlevel.checkpoint()
 
 
-class ModelHost:
-    """The actor that owns the model host process (see the module docstring)."""
+class ModelHost(NurseryHolder):
+    """The actor that owns the model host process (see the module docstring); its `run`
+    (NurseryHolder's) holds the nursery the child's tasks live in, until cancelled."""
 
     def __init__(
         self,
@@ -267,7 +269,6 @@ class ModelHost:
         self.data_dir = data_dir  # None: nothing remembered (the doctor only reads)
         self.extra_buffers = extra_buffers  # None: probe once, then as remembered
         self._spawn = spawn
-        self._nursery: trio.Nursery | None = None
         self._slot = trio.Semaphore(1)
         self._child: _Child | None = None
         self._starts = 0
@@ -283,22 +284,12 @@ class ModelHost:
         self.last_tokens = 0
         self.last_stopped = False
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Own the child (started on demand) until cancelled; the child is killed then."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            try:
-                await trio.sleep_forever()
-            finally:
-                self._nursery = None
-
     @asynccontextmanager
     async def stream(
         self, request: ChatRequest
     ) -> AsyncIterator[trio.abc.ReceiveChannel[LLMChunk]]:
         """``async with host.stream(request) as chunks`` — one generation."""
-        if self._nursery is None:
+        if not self.running:
             raise RuntimeError("ModelHost.run is not running (open_runtime starts it)")
         self._ids += 1
         stream = _Stream(self, request, self._ids)
@@ -368,12 +359,11 @@ class ModelHost:
         raise self._start_error(child)
 
     async def _start(self, *, extra_buffers: bool, probe: bool) -> _Child:
-        assert self._nursery is not None
         self._starts += 1
         child = _Child(self._starts, extra_buffers=extra_buffers, probe=probe)
         self._child = child
         child.send(self.spec.frame(extra_buffers=extra_buffers, probe=probe, start=child.start))
-        await self._nursery.start(self._life, child)
+        await self.nursery.start(self._life, child)
         await child.settled.wait()
         return child
 
@@ -413,8 +403,8 @@ class ModelHost:
         if child.dead:
             return
         child.send({"type": "stop", "id": stream.id})
-        if self._nursery is not None:
-            self._nursery.start_soon(self._watch_stop, child, stream)
+        if self.running:
+            self.nursery.start_soon(self._watch_stop, child, stream)
         else:
             child.kill("the daemon is shutting down")
 
@@ -586,10 +576,8 @@ class ModelHost:
         self._write_broken({"message": self.broken_message, **self.last_death})
 
     def _write_broken(self, report: dict[str, Any] | None) -> None:
-        if self.data_dir is not None and self._nursery is not None:
-            self._nursery.start_soon(
-                _write_state, host_state.remember_broken, self.data_dir, report
-            )
+        if self.data_dir is not None and self.running:
+            self.nursery.start_soon(_write_state, host_state.remember_broken, self.data_dir, report)
 
 
 async def _write_state(write: Callable[..., None], *args: Any) -> None:
