@@ -1,8 +1,10 @@
 """``navi doctor``: check the config, the DB and the LLM endpoint, and print the report.
 
-`collect_doctor` gathers everything as one JSON-ready dict (`ping_llm` asks the endpoint
-for its model list); `print_doctor` shows it for a person. The command itself
-(`cmd_doctor`, its arguments and exit code) lives in `navi_trio.cli`.
+`collect_doctor` gathers everything as one JSON-ready dict; `print_doctor` shows it for
+a person. The checks with more to them live next to what they check: the LLM
+endpoint's (its model list, its context window) in cli/doctor_llm.py, the embedded
+model's (a one-token generation in a process of its own) in llm/local_check.py. The
+command itself (`cmd_doctor`, its arguments and exit code) lives in `navi_trio.cli`.
 """
 
 from __future__ import annotations
@@ -14,14 +16,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import attrs
-import httpx
 import trio
 
 from navi_trio import __version__
 from navi_trio.api.peer_link import check_peer
 from navi_trio.api.remote import DEFAULT_URL, daemon_answers
-from navi_trio.errors import ConfigError, LLMError, NaviError
+from navi_trio.cli.doctor_llm import ping_llm, server_context, window_warning
+from navi_trio.errors import ConfigError, NaviError
 from navi_trio.llm.factory import choose_backend
+from navi_trio.llm.local_check import check_local_model, local_model_info
 from navi_trio.profiles import AgentProfile, NaviConfig, check_config, load_config
 from navi_trio.settings import Settings
 from navi_trio.store.db_url import describe
@@ -29,8 +32,6 @@ from navi_trio.store.factory import store_report
 from navi_trio.store.sqlite import read_only_check, read_only_stats
 from navi_trio.tools.sandbox import find_bwrap, sandbox_available
 
-LLM_PING_TIMEOUT = 3.0
-LOCAL_CHECK_TIMEOUT = 120.0  # one token, model load included, on a loaded machine
 MCP_START_CAP = 15.0  # seconds a server may take to start before the doctor gives up
 
 # Profile flags worth a glance in `navi doctor` (shown when on).
@@ -66,232 +67,6 @@ def _profile_info(p: AgentProfile, settings: Settings, default: str) -> dict[str
         "flags": flags,
         "tools": list(p.get_agent_tools()),
     }
-
-
-def _models_url(settings: Settings) -> str:
-    base = settings.llm_url.rstrip("/")
-    if settings.llm_backend.strip().lower() == "openai":
-        return f"{base}/models" if base.endswith("/v1") else f"{base}/v1/models"
-    return f"{base}/api/tags"
-
-
-async def ping_llm(settings: Settings) -> dict[str, Any]:
-    """GET the endpoint's model list: ``{"url", "ok", "models"|"error"}``."""
-    timeout = LLM_PING_TIMEOUT
-    url = _models_url(settings)
-    headers = {"Authorization": f"Bearer {settings.llm_api_key}"} if settings.llm_api_key else {}
-    result: dict[str, Any] = {"url": url, "ok": False}
-    # The httpx timeout bounds each phase; the cancel scope bounds the whole exchange.
-    with trio.move_on_after(timeout + 1):
-        try:
-            async with httpx.AsyncClient(timeout=timeout) as client:
-                response = await client.get(url, headers=headers)
-            if response.status_code >= 400:
-                result["error"] = f"HTTP {response.status_code}: {response.text.strip()[:200]}"
-                return result
-            data = response.json()
-            if settings.llm_backend.strip().lower() == "openai":
-                models = [m.get("id", "?") for m in data.get("data", [])]
-            else:
-                models = [m.get("name", "?") for m in data.get("models", [])]
-        except httpx.HTTPError as exc:
-            result["error"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            return result
-        except (ValueError, AttributeError, TypeError):
-            result["error"] = "the answer is not the JSON model list this backend sends"
-            return result
-        result.update(ok=True, models=[str(m) for m in models])
-        return result
-    result["error"] = f"no answer within {timeout:g} s"
-    return result
-
-
-def _root_url(settings: Settings) -> str:
-    base = settings.llm_url.rstrip("/")
-    return base[: -len("/v1")] if base.endswith("/v1") else base
-
-
-def _as_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int) and value > 0:
-        return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip()) or None
-    return None
-
-
-def _ollama_window(data: Any) -> dict[str, Any]:
-    """From ``/api/show``: the model's trained window and the Modelfile's num_ctx."""
-    out: dict[str, Any] = {}
-    info = data.get("model_info") if isinstance(data, dict) else None
-    if isinstance(info, dict):
-        for key, value in info.items():
-            if str(key).endswith(".context_length") and _as_int(value):
-                out["n_ctx"] = _as_int(value)
-    params = data.get("parameters") if isinstance(data, dict) else None
-    if isinstance(params, str):
-        for row in params.splitlines():
-            name, _, value = row.strip().partition(" ")
-            if name == "num_ctx" and _as_int(value):
-                out["model_num_ctx"] = _as_int(value)
-    return out
-
-
-def _llama_window(props: Any, models: Any, model: str) -> int | None:
-    """llama.cpp: ``/props`` has the window it runs with; ``/v1/models`` meta the trained one."""
-    if isinstance(props, dict):
-        settings = props.get("default_generation_settings")
-        if isinstance(settings, dict) and _as_int(settings.get("n_ctx")):
-            return _as_int(settings.get("n_ctx"))
-        if _as_int(props.get("n_ctx")):
-            return _as_int(props.get("n_ctx"))
-    entries = models.get("data") if isinstance(models, dict) else None
-    if isinstance(entries, list):
-        entries = [e for e in entries if isinstance(e, dict)]
-        entries.sort(key=lambda e: e.get("id") != model)  # the configured model first
-        for entry in entries:
-            meta = entry.get("meta")
-            if isinstance(meta, dict):
-                for key in ("n_ctx", "n_ctx_train"):
-                    if _as_int(meta.get(key)):
-                        return _as_int(meta.get(key))
-    return None
-
-
-async def server_context(settings: Settings) -> dict[str, Any]:
-    """The server's context window, where its API gives it.
-
-    ``{"n_ctx": int | None, "source": url}`` (+ ``model_num_ctx`` for Ollama). Ollama:
-    ``POST /api/show`` (``model_info.*.context_length``, ``parameters`` num_ctx);
-    llama.cpp: ``GET /props`` (``default_generation_settings.n_ctx``), else the
-    ``meta`` of ``GET /v1/models``. Never raises: a server that does not say is None.
-    """
-    root = _root_url(settings)
-    headers = {"Authorization": f"Bearer {settings.llm_api_key}"} if settings.llm_api_key else {}
-    model = settings.default_model
-    result: dict[str, Any] = {"n_ctx": None, "source": None}
-    ollama = settings.llm_backend.strip().lower() != "openai"
-
-    async def get_json(client: httpx.AsyncClient, method: str, url: str, **kw: Any) -> Any:
-        try:
-            response = await client.request(method, url, headers=headers, **kw)
-            return response.json() if response.status_code < 400 else None
-        except (httpx.HTTPError, ValueError):
-            return None
-
-    with trio.move_on_after(2 * LLM_PING_TIMEOUT + 1):
-        async with httpx.AsyncClient(timeout=LLM_PING_TIMEOUT) as client:
-            if ollama:
-                url = f"{root}/api/show"
-                found = _ollama_window(await get_json(client, "POST", url, json={"model": model}))
-                if found:
-                    result.update(found, source=url)
-            else:
-                props = await get_json(client, "GET", f"{root}/props")
-                models = None if props else await get_json(client, "GET", f"{root}/v1/models")
-                n_ctx = _llama_window(props, models, model)
-                if n_ctx:
-                    where = "/props" if _llama_window(props, None, model) else "/v1/models"
-                    result.update(n_ctx=n_ctx, source=f"{root}{where}")
-    return result
-
-
-def _window_warning(settings: Settings, context: dict[str, Any]) -> str | None:
-    n_ctx = context.get("n_ctx")
-    if not isinstance(n_ctx, int) or n_ctx >= settings.num_ctx:
-        return None
-    return (
-        f"the server's context window is {n_ctx} tokens ({context['source']}), below "
-        f"OLLAMA_NUM_CTX={settings.num_ctx}: a prompt past {n_ctx} tokens will fail (llama.cpp "
-        f"answers with an empty body). Set OLLAMA_NUM_CTX={n_ctx} or give the server a "
-        "larger context"
-    )
-
-
-def local_model_info(model_file: Path | None) -> dict[str, Any]:
-    """The embedded model: is llama-cpp-python installed, which GGUF, how big."""
-    from navi_trio.llm import local  # finds the packages without importing llama_cpp
-
-    path = model_file or local.default_model_file()
-    info: dict[str, Any] = {
-        "llama_cpp": local.llama_installed(),
-        "file": str(path) if path else None,
-        "size_bytes": path.stat().st_size if path and path.is_file() else None,
-    }
-    info["ok"] = bool(info["llama_cpp"] and info["size_bytes"])
-    return info
-
-
-async def _one_token(settings: Settings, extra_buffers: bool) -> dict[str, Any]:
-    """One generated token in a model host process of its own (never in this one)."""
-    from navi_trio.llm.base import ChatRequest
-    from navi_trio.llm.local import open_local_backend
-
-    request = ChatRequest([{"role": "user", "content": "Hi"}], "local", options={"max_tokens": 1})
-    started = trio.current_time()
-    async with open_local_backend(
-        settings.model_file,
-        n_ctx=settings.num_ctx,
-        threads=settings.local_threads,
-        extra_buffers=extra_buffers,
-    ) as backend:
-        try:
-            with trio.fail_after(LOCAL_CHECK_TIMEOUT):
-                async with backend.stream_chat(request) as chunks:
-                    async for _ in chunks:
-                        pass
-        except (LLMError, trio.TooSlowError) as exc:
-            death = backend.host.last_death or {}
-            error = str(exc).removesuffix(" — see navi doctor") or (
-                f"no token within {LOCAL_CHECK_TIMEOUT:g} s"
-            )
-            return {"ok": False, "error": error, "stderr": death.get("stderr", [])}
-        info = backend.host.status()
-    return {"ok": True, "seconds": round(trio.current_time() - started, 2),
-            "system_info": info.get("system_info", "")}  # fmt: skip
-
-
-async def check_local_model(settings: Settings) -> dict[str, Any]:
-    """`navi doctor`'s check of the embedded model: a one-token generation in a child
-    process, with llama.cpp's extra buffer types as the daemon would start it. When that
-    dies with them on, once more without them, to name the setting that fixes it."""
-    from navi_trio.llm import host_state
-    from navi_trio.llm.local import EXTRA_BUFFERS_ENV, extra_buffers_setting
-
-    try:
-        setting = extra_buffers_setting(settings.local_extra_buffers)
-    except ConfigError as exc:
-        return {"ok": False, "error": str(exc), "stderr": [], "extra_buffers": None}
-    state = await trio.to_thread.run_sync(host_state.read_state, settings.data_dir)
-    key = await trio.to_thread.run_sync(host_state.state_key)
-    remembered = host_state.remembered_extra_buffers(state, key)
-    extra = setting if setting is not None else remembered is not False
-    result = {**await _one_token(settings, extra), "extra_buffers": extra, "key": key}
-    result["broken"] = state.get("broken")  # what a daemon marked (llm/host.py)
-    if result["ok"] or not extra:
-        if not result["ok"]:
-            result["fix"] = _rebuild_hint(result["error"])
-        return result
-    without = await _one_token(settings, False)
-    if without["ok"]:
-        result["fix"] = (
-            f"without llama.cpp's extra buffer types (weight repacking, AMX on recent Xeons) "
-            f"it answers: set {EXTRA_BUFFERS_ENV}=0"
-            + ("" if setting is None else f" (it is {settings.local_extra_buffers!r} now)")
-        )
-    else:
-        result["fix"] = _rebuild_hint(without["error"])
-    return result
-
-
-def _rebuild_hint(error: str) -> str:
-    if "SIGILL" in error:
-        return (
-            "this llama-cpp-python uses instructions this CPU lacks: rebuild it portably "
-            "(README, Install: scripts/install_llama_cpp.sh)"
-        )
-    return "see the last lines of its stderr above, and the daemon log"
 
 
 async def _backend_choice(
@@ -406,7 +181,7 @@ async def collect_doctor(
             )
     if llm["ok"] and llm["backend"] != "local":
         llm["context"] = await server_context(settings)
-        warning = _window_warning(settings, llm["context"])
+        warning = window_warning(settings, llm["context"])
         if warning:
             report["warnings"].append(warning)
     for key, folder in (("manuals_dir", settings.manuals_dir), ("data_dir", settings.data_dir)):
