@@ -65,7 +65,9 @@ async def test_the_local_model_streams_an_answer(backend: LocalBackend) -> None:
     done = got[-1]
     assert isinstance(done, DoneChunk)
     assert done.model == backend.model_name
-    assert done.completion_tokens >= len(texts)
+    # Usage, as llama.cpp counted it: the chat-templated prompt, one token per text chunk.
+    assert done.completion_tokens == len(texts)
+    assert done.prompt_tokens > len("Say hello.".split())
     assert done.done_reason in ("stop", "length")
 
 
@@ -101,7 +103,10 @@ async def test_a_tool_call_is_always_well_formed(backend: LocalBackend) -> None:
     (call,) = calls[0].calls
     assert call.name == "echo" and call.parse_error is None
     assert isinstance(call.arguments.get("text"), str)
-    assert isinstance(got[-1], DoneChunk) and got[-1].done_reason == "tool_calls"
+    done = got[-1]
+    assert isinstance(done, DoneChunk) and done.done_reason == "tool_calls"
+    # Both constrained steps are counted: the choice's tokens and the arguments'.
+    assert done.prompt_tokens > 0 and done.completion_tokens > len("tool:echo") // 4
 
 
 async def test_arguments_cut_short_become_an_answer_not_a_broken_call() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,18 @@ import pytest
 import trio
 import trio.testing
 
-from navi_trio.errors import LocalModelBrokenError, LocalModelDiedError
+from navi_trio.errors import (
+    LLMChunkTimeout,
+    LLMFirstChunkTimeout,
+    LocalModelBrokenError,
+    LocalModelDiedError,
+)
 from navi_trio.llm import host as host_module
-from navi_trio.llm.base import ChatRequest, TextChunk
+from navi_trio.llm.base import ChatRequest, DoneChunk, LLMChunk, TextChunk
+from navi_trio.llm.guard import guarded_stream
 from navi_trio.llm.host import (
     BACKOFF_FIRST,
+    BACKOFF_MAX,
     BROKEN_AFTER,
     BROKEN_RETRY,
     STOP_GRACE,
@@ -123,6 +131,49 @@ async def ignores_stop(child: FakeChild) -> None:
 async def _read_forever(child: FakeChild) -> None:
     while True:
         await child.read()
+
+
+async def dies_mid_generation(child: FakeChild) -> None:
+    await child.read()
+    await child.send({"type": "ready", "model": "fake", "extra_buffers": False})
+    chat = await child.read()
+    for text in ("one", "two", "three"):
+        await child.send({"type": "chunk", "id": chat["id"],
+                          "chunk": {"kind": "text", "text": text}})  # fmt: skip
+    await trio.sleep(1)  # the daemon takes the three chunks
+    await child.say("Fatal Python error: Illegal instruction")
+    child.die(-4)
+
+
+async def loads_slowly(child: FakeChild) -> None:
+    await trio.sleep(100)  # a big model on a loaded machine
+    await answers(child)
+
+
+async def stalls_until_stopped(child: FakeChild) -> None:
+    """Two tokens, then nothing until the stop; it hears it and ends the generation."""
+    await child.read()
+    await child.send({"type": "ready", "model": "fake", "extra_buffers": False})
+    chat = await child.read()
+    for _ in range(2):
+        await child.send({"type": "chunk", "id": chat["id"],
+                          "chunk": {"kind": "text", "text": "x"}})  # fmt: skip
+    while (await child.read())["type"] != "stop":
+        pass
+    await child.send({"type": "end", "id": chat["id"], "tokens": 2, "stopped": True})
+    await answers_chats(child)
+
+
+async def answers_chats(child: FakeChild) -> None:
+    while True:
+        frame = await child.read()
+        if frame["type"] == "chat":
+            await child.send({"type": "chunk", "id": frame["id"],
+                              "chunk": {"kind": "text", "text": "hi"}})  # fmt: skip
+            usage = {"kind": "done", "model": "fake", "prompt_tokens": 7,
+                     "completion_tokens": 1, "done_reason": "stop"}  # fmt: skip
+            await child.send({"type": "chunk", "id": frame["id"], "chunk": usage})
+            await child.send({"type": "end", "id": frame["id"], "tokens": 1, "stopped": False})
 
 
 async def talks_nonsense(child: FakeChild) -> None:
@@ -267,6 +318,106 @@ async def test_a_child_that_breaks_the_wire_is_killed_and_named(
                 await _answer(host)
             assert spawner.children[0].killed
             assert host.failures == 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_death_mid_generation_ends_that_stream_with_the_signal_and_the_next_restarts(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            spawner = Spawner(nursery, dies_mid_generation, answers)
+            host = _host(spawner)
+            await nursery.start(host.run)
+            got: list[LLMChunk] = []
+            with pytest.raises(LocalModelDiedError) as caught:
+                async with host.stream(_request()) as chunks:
+                    async for chunk in chunks:
+                        got.append(chunk)
+            # What came before the death reached the consumer; then one error naming it.
+            assert got == [TextChunk("one"), TextChunk("two"), TextChunk("three")]
+            assert str(caught.value) == (
+                "the local model process died (SIGILL, illegal instruction) — see navi doctor"
+            )
+            assert host.failures == 1 and host.status()["state"] == "idle"
+            assert host.last_death is not None and host.last_death["when"] == "while running"
+            assert host.last_death["stderr"] == ["Fatal Python error: Illegal instruction"]
+            # Nothing restarted it on its own; the next request does, after the backoff.
+            died_at = trio.current_time()
+            await trio.sleep(BACKOFF_MAX)
+            assert len(spawner.children) == 1
+            assert await _answer(host) == [TextChunk("hi")]
+            assert len(spawner.children) == 2 and host.failures == 0
+            assert spawner.times[1] - died_at == BACKOFF_MAX  # its backoff had long passed
+            nursery.cancel_scope.cancel()
+
+
+class _Backend:
+    """The host behind the backend seam, for the stream guard (as LocalBackend is)."""
+
+    def __init__(self, host: ModelHost) -> None:
+        self.host = host
+
+    def stream_chat(
+        self, request: ChatRequest
+    ) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[LLMChunk]]:
+        return self.host.stream(request)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def _guarded(host: ModelHost, first: float, later: float) -> list[LLMChunk]:
+    got: list[LLMChunk] = []
+    guarded = guarded_stream(
+        _Backend(host), _request(), first_chunk_timeout=first, chunk_timeout=later
+    )
+    async with guarded as chunks:
+        async for chunk in chunks:
+            got.append(chunk)
+    return got
+
+
+async def test_a_slow_start_is_the_first_chunk_timeout_and_the_next_request_finds_it_loaded(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            spawner = Spawner(nursery, loads_slowly)
+            host = _host(spawner)
+            await nursery.start(host.run)
+            start = trio.current_time()
+            with pytest.raises(LLMFirstChunkTimeout):
+                await _guarded(host, first=30, later=10)
+            assert trio.current_time() - start == 30  # the wait for the child is bounded
+            # The start goes on (it was no crash); the next request waits for it.
+            assert host.status()["state"] == "starting" and host.failures == 0
+            got = await _guarded(host, first=90, later=10)
+            assert got[0] == TextChunk("hi") and trio.current_time() - start == 100
+            assert len(spawner.children) == 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_stall_mid_generation_is_the_chunk_timeout_and_the_child_hears_the_stop(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            spawner = Spawner(nursery, stalls_until_stopped)
+            host = _host(spawner)
+            await nursery.start(host.run)
+            start = trio.current_time()
+            with pytest.raises(LLMChunkTimeout):
+                await _guarded(host, first=30, later=10)
+            assert trio.current_time() - start == 10
+            child = spawner.children[0]
+            await host.idle()  # it ended the generation when it heard the stop
+            assert child.frames[-1]["type"] == "stop" and not child.killed
+            assert host.last_stopped and host.failures == 0
+            # The same process answers the next request, with its usage.
+            got = await _guarded(host, first=30, later=10)
+            assert got == [TextChunk("hi"), DoneChunk("fake", 7, 1, "stop")]
+            assert len(spawner.children) == 1
             nursery.cancel_scope.cancel()
 
 
