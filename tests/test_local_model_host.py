@@ -29,7 +29,7 @@ from agent_tools import toolset, with_tools
 
 from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, TextDelta
 from navi_trio.llm import host as host_module
-from navi_trio.llm import host_state
+from navi_trio.llm import host_process, host_state
 from navi_trio.llm.base import ChatRequest, LLMBackend, LLMChunk
 from navi_trio.llm.factory import make_client
 from navi_trio.llm.local import LocalBackend, default_model_file, llama_installed
@@ -225,9 +225,9 @@ async def test_five_real_crashes_at_start_up_mark_the_backend_broken(
     caplog.set_level(logging.WARNING, logger=host_module.__name__)
     starts: list[int] = []
 
-    async def counting(argv: list[str], env: dict[str, str]) -> host_module.ChildProcess:
+    async def counting(argv: list[str], env: dict[str, str]) -> host_process.ChildProcess:
         starts.append(1)
-        return await host_module.spawn_process(argv, env)
+        return await host_process.spawn_process(argv, env)
 
     data = tmp_path / "data"
     backend = LocalBackend(n_ctx=2048, data_dir=data, extra_buffers=False, spawn=counting)
@@ -270,9 +270,9 @@ async def test_extra_buffer_types_that_crash_the_probe_are_turned_off_and_rememb
         # The next daemon starts without them at once: one process, no probe.
         starts: list[dict[str, str]] = []
 
-        async def counting(argv: list[str], env: dict[str, str]) -> host_module.ChildProcess:
+        async def counting(argv: list[str], env: dict[str, str]) -> host_process.ChildProcess:
             starts.append(env)
-            return await host_module.spawn_process(argv, env)
+            return await host_process.spawn_process(argv, env)
 
         again = LocalBackend(n_ctx=2048, data_dir=data, spawn=counting)
         async with _open(tmp_path, again) as rt:

