@@ -112,8 +112,8 @@ def alone(
     if not extra_buffers:
         extra_buffers_off()
     spec = backend.host.spec
-    llama = Llama(model_path=str(spec.model_file), n_ctx=spec.n_ctx, n_threads=spec.threads,
-                  seed=spec.seed, verbose=False)  # fmt: skip
+    llama: Any = Llama(model_path=str(spec.model_file), n_ctx=spec.n_ctx,  # untyped use
+                       n_threads=spec.threads, seed=spec.seed, verbose=False)  # fmt: skip
     messages = local_messages(request.messages)
     params = sampling(request.options, spec.seed)
     rates, firsts = [], []

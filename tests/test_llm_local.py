@@ -94,12 +94,14 @@ async def test_the_child_answers_what_llama_cpp_python_answers_in_this_process()
     assert isinstance(done, DoneChunk)
 
     def in_process() -> tuple[str, dict[str, int]]:
-        llama = Llama(model_path=str(backend.model_file), n_ctx=2048, n_threads=2, seed=0,
-                      verbose=False)  # fmt: skip
+        # Any: the messages go in as the plain dicts the child sends, not llama's TypedDicts.
+        llama: Any = Llama(
+            model_path=str(backend.model_file), n_ctx=2048, n_threads=2, seed=0, verbose=False
+        )
         reply = llama.create_chat_completion(
             local_messages(request.messages), **sampling(dict(request.options), 0)
         )
-        return reply["choices"][0]["message"]["content"], dict(reply["usage"])
+        return str(reply["choices"][0]["message"]["content"]), dict(reply["usage"])
 
     text, usage = await trio.to_thread.run_sync(in_process)
     assert "".join(texts) == text and text.strip()

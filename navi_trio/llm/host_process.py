@@ -52,9 +52,14 @@ def _plain(_: Any, __: Any, value: Any) -> Any:
 class ChildProcess(Protocol):
     """What the host needs of a process (trio.Process; a fake in unit tests)."""
 
-    stdin: trio.abc.SendStream | None
-    stdout: trio.abc.ReceiveStream | None
-    stderr: trio.abc.ReceiveStream | None
+    @property
+    def stdin(self) -> trio.abc.SendStream | None: ...
+
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream | None: ...
+
+    @property
+    def stderr(self) -> trio.abc.ReceiveStream | None: ...
 
     @property
     def pid(self) -> int: ...
