@@ -49,6 +49,8 @@ The tree (every subclass of NaviError in navi_trio is defined here)::
         ├── LLMMalformedStreamError a line/event we cannot parse
         ├── LLMEmptyResponseError   HTTP 200 with an empty body (prompt over the server's window?)
         ├── LLMAnswerTooLongError   the answer passed answer_max_chars: the stream was cut
+        ├── LocalModelDiedError     the embedded model's process died (a signal, an exit)
+        │   └── LocalModelBrokenError   it died at start-up again and again: not restarted now
         └── LLMTimeoutError
             ├── LLMFirstChunkTimeout  nothing arrived within first_chunk_timeout
             └── LLMChunkTimeout       a gap between chunks exceeded chunk_timeout
@@ -303,6 +305,22 @@ class LLMAnswerTooLongError(LLMError):
             "ending: the stream was cut and the partial answer kept"
         )
         self.limit = limit
+
+
+class LocalModelDiedError(LLMError):
+    """The embedded model's process (llm/host.py) died or could not load the model.
+
+    The message names how (``SIGILL, illegal instruction``, ``exit status 1``); the
+    daemon goes on and the next request starts the process again, after a backoff."""
+
+    code = "local_model_died"
+
+
+class LocalModelBrokenError(LocalModelDiedError):
+    """The embedded model's process died at start-up too many times in a row: requests
+    fail at once for a while instead of restarting it (the message says for how long)."""
+
+    code = "local_model_broken"
 
 
 class LLMTimeoutError(LLMError):

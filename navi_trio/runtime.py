@@ -4,10 +4,11 @@
         actor = await rt.sessions.get("s-1")
         actor.send_message("hello")
 
-The root nursery holds, in start order: the process pool (persistent processes of
-``terminal open``), the peer tool's link (its connections to other daemons), the MCP
-servers (each started when a run first needs it; their tools reach runs through the
-tool registry), the TaskSupervisor (background jobs), and the session registry
+The root nursery holds, in start order: the embedded model's host (with the local
+backend: its process, started by the first request), the process pool (persistent
+processes of ``terminal open``), the peer tool's link (its connections to other
+daemons), the MCP servers (each started when a run first needs it; their tools reach
+runs through the tool registry), the TaskSupervisor (background jobs), and the session registry
 (session actors and their runs). Leaving the block cancels them all: runs are stopped
 (their clean-up is shielded), background jobs end (their running markers stay, so the
 next start reports them as lost), and every process group is killed. The store closes
@@ -32,7 +33,7 @@ from navi_trio.core.session_registry import SessionRegistry
 from navi_trio.core.session_service import SessionService
 from navi_trio.core.task_supervisor import TaskSupervisor
 from navi_trio.events import TaskUpdate
-from navi_trio.llm.base import LLMBackend
+from navi_trio.llm.base import LLMBackend, SupervisedBackend
 from navi_trio.llm.factory import make_backend, make_client
 from navi_trio.profiles import BUILTIN_TOOL_NAMES, ConfigSource
 from navi_trio.settings import Settings
@@ -111,6 +112,8 @@ async def open_runtime(
             client = await stack.enter_async_context(make_client(settings))
             backend = make_backend(settings, client)
         async with trio.open_nursery() as nursery:
+            if isinstance(backend, SupervisedBackend):  # the embedded model's process
+                await nursery.start(backend.run)
             registry = ToolRegistry(tools)
             processes = ProcessPool()
             await nursery.start(processes.run)

@@ -84,6 +84,10 @@ class Settings:
     model_file: Path | None = attrs.field(default=None, metadata=_env("NAVI_MODEL_FILE"))
     local_threads: int = attrs.field(default=2, metadata=_env("NAVI_LOCAL_THREADS"))
     local_tool_rounds: int = attrs.field(default=1, metadata=_env("NAVI_LOCAL_TOOL_ROUNDS"))
+    # llama.cpp's extra buffer types (weight repacking, AMX): 1 on, 0 off, auto probes once.
+    local_extra_buffers: str = attrs.field(
+        default="auto", metadata=_env("NAVI_LOCAL_EXTRA_BUFFERS")
+    )
     llm_connect_timeout: float = attrs.field(
         default=10.0, metadata=_env("NAVI_LLM_CONNECT_TIMEOUT")
     )

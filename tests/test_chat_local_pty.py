@@ -137,6 +137,33 @@ def test_navi_chat_local_answers_in_a_terminal(tmp_path: Path) -> None:
             _end(pid)
 
 
+def test_a_crash_of_the_local_model_is_an_error_card_and_the_chat_goes_on(
+    tmp_path: Path,
+) -> None:
+    # The model's process kills itself with SIGILL after 3 tokens, in its first start only
+    # (llm/model_host.py's test switch): the daemon, the chat and the session go on.
+    port = _free_port()
+    url = f"ws://127.0.0.1:{port}"
+    child = _spawn_chat(tmp_path, url, NAVI_MODEL_HOST_CRASH="SIGILL:after=3:starts=1")
+    try:
+        child.expect("connected to navi_trio")
+        child.sendline("Say hello.")
+        child.expect(ERROR_CARD, timeout=ANSWER)
+        child.expect(r"session s-\w+ · profile \w+ · model", timeout=ANSWER)  # the run's end
+        assert "SIGILL" in (child.before or ""), child.before
+        child.sendline("Say hello again.")
+        child.expect(STATUS, timeout=ANSWER)
+        assert ERROR_CARD not in (child.before or ""), child.before
+        (argv,) = _daemon_argvs(port).values()  # the same daemon answered both
+        child.sendline("/quit")
+        child.expect(pexpect.EOF, timeout=30)
+    finally:
+        if child.isalive():
+            child.terminate(force=True)
+        for pid in _daemon_argvs(port):
+            _end(pid)
+
+
 def test_navi_run_local_answers_with_the_local_profile(tmp_path: Path) -> None:
     names = {f.metadata["env"] for f in attrs.fields(Settings)}
     env = {k: v for k, v in os.environ.items() if k not in names}

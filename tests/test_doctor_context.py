@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import trio
 
-from navi_trio.cli.doctor import _llama_window, collect_doctor, print_doctor, server_context
+from navi_trio.cli.doctor import collect_doctor, print_doctor
+from navi_trio.cli.doctor_llm import _llama_window, server_context
 from navi_trio.settings import Settings
 from navi_trio.testing.fake_llm import open_fake_llm
 

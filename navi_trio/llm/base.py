@@ -19,7 +19,7 @@ Messages use one internal shape (close to Ollama's), converted by each dialect:
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 import trio
@@ -83,3 +83,11 @@ class LLMBackend(Protocol):
     ) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[LLMChunk]]: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class SupervisedBackend(LLMBackend, Protocol):
+    """A backend with an actor of its own (the embedded model's process, llm/host.py):
+    whoever owns the backend starts ``run`` in its nursery (`open_runtime` does)."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = ...) -> None: ...

@@ -48,13 +48,16 @@ def make_backend(settings: Settings, client: httpx.AsyncClient) -> LLMBackend:
             tool_stream=settings.openai_tool_stream,
         )
     if kind == "local":
-        from navi_trio.llm.local import LocalBackend  # the optional extra: imported on use
+        # Only looks for the packages: llama.cpp itself runs in the model host process.
+        from navi_trio.llm.local import LocalBackend, extra_buffers_setting
 
         return LocalBackend(
             settings.model_file,
             n_ctx=settings.num_ctx,
             threads=settings.local_threads,
             tool_rounds=settings.local_tool_rounds,
+            data_dir=settings.data_dir,
+            extra_buffers=extra_buffers_setting(settings.local_extra_buffers),
         )
     raise ConfigError(
         f"NAVI_LLM_BACKEND={settings.llm_backend!r} is not a known LLM backend "

@@ -1,0 +1,159 @@
+"""`navi doctor`'s look at an LLM endpoint: does it answer, and with what window.
+
+`ping_llm` asks for the endpoint's model list; `server_context` asks for the context
+window where the server's API says it (Ollama's ``/api/show``, llama.cpp's ``/props`` or
+the ``meta`` of ``/v1/models``); `window_warning` compares it with OLLAMA_NUM_CTX. Each
+is bounded in time and never raises: a server that does not answer is a result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import trio
+
+from navi_trio.settings import Settings
+
+LLM_PING_TIMEOUT = 3.0
+
+
+def _models_url(settings: Settings) -> str:
+    base = settings.llm_url.rstrip("/")
+    if settings.llm_backend.strip().lower() == "openai":
+        return f"{base}/models" if base.endswith("/v1") else f"{base}/v1/models"
+    return f"{base}/api/tags"
+
+
+async def ping_llm(settings: Settings) -> dict[str, Any]:
+    """GET the endpoint's model list: ``{"url", "ok", "models"|"error"}``."""
+    timeout = LLM_PING_TIMEOUT
+    url = _models_url(settings)
+    headers = {"Authorization": f"Bearer {settings.llm_api_key}"} if settings.llm_api_key else {}
+    result: dict[str, Any] = {"url": url, "ok": False}
+    # The httpx timeout bounds each phase; the cancel scope bounds the whole exchange.
+    with trio.move_on_after(timeout + 1):
+        try:
+            async with httpx.AsyncClient(timeout=timeout) as client:
+                response = await client.get(url, headers=headers)
+            if response.status_code >= 400:
+                result["error"] = f"HTTP {response.status_code}: {response.text.strip()[:200]}"
+                return result
+            data = response.json()
+            if settings.llm_backend.strip().lower() == "openai":
+                models = [m.get("id", "?") for m in data.get("data", [])]
+            else:
+                models = [m.get("name", "?") for m in data.get("models", [])]
+        except httpx.HTTPError as exc:
+            result["error"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            return result
+        except (ValueError, AttributeError, TypeError):
+            result["error"] = "the answer is not the JSON model list this backend sends"
+            return result
+        result.update(ok=True, models=[str(m) for m in models])
+        return result
+    result["error"] = f"no answer within {timeout:g} s"
+    return result
+
+
+def _root_url(settings: Settings) -> str:
+    base = settings.llm_url.rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and value > 0:
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip()) or None
+    return None
+
+
+def _ollama_window(data: Any) -> dict[str, Any]:
+    """From ``/api/show``: the model's trained window and the Modelfile's num_ctx."""
+    out: dict[str, Any] = {}
+    info = data.get("model_info") if isinstance(data, dict) else None
+    if isinstance(info, dict):
+        for key, value in info.items():
+            if str(key).endswith(".context_length") and _as_int(value):
+                out["n_ctx"] = _as_int(value)
+    params = data.get("parameters") if isinstance(data, dict) else None
+    if isinstance(params, str):
+        for row in params.splitlines():
+            name, _, value = row.strip().partition(" ")
+            if name == "num_ctx" and _as_int(value):
+                out["model_num_ctx"] = _as_int(value)
+    return out
+
+
+def _llama_window(props: Any, models: Any, model: str) -> int | None:
+    """llama.cpp: ``/props`` has the window it runs with; ``/v1/models`` meta the trained one."""
+    if isinstance(props, dict):
+        settings = props.get("default_generation_settings")
+        if isinstance(settings, dict) and _as_int(settings.get("n_ctx")):
+            return _as_int(settings.get("n_ctx"))
+        if _as_int(props.get("n_ctx")):
+            return _as_int(props.get("n_ctx"))
+    entries = models.get("data") if isinstance(models, dict) else None
+    if isinstance(entries, list):
+        entries = [e for e in entries if isinstance(e, dict)]
+        entries.sort(key=lambda e: e.get("id") != model)  # the configured model first
+        for entry in entries:
+            meta = entry.get("meta")
+            if isinstance(meta, dict):
+                for key in ("n_ctx", "n_ctx_train"):
+                    if _as_int(meta.get(key)):
+                        return _as_int(meta.get(key))
+    return None
+
+
+async def server_context(settings: Settings) -> dict[str, Any]:
+    """The server's context window, where its API gives it.
+
+    ``{"n_ctx": int | None, "source": url}`` (+ ``model_num_ctx`` for Ollama). Ollama:
+    ``POST /api/show`` (``model_info.*.context_length``, ``parameters`` num_ctx);
+    llama.cpp: ``GET /props`` (``default_generation_settings.n_ctx``), else the
+    ``meta`` of ``GET /v1/models``. Never raises: a server that does not say is None.
+    """
+    root = _root_url(settings)
+    headers = {"Authorization": f"Bearer {settings.llm_api_key}"} if settings.llm_api_key else {}
+    model = settings.default_model
+    result: dict[str, Any] = {"n_ctx": None, "source": None}
+    ollama = settings.llm_backend.strip().lower() != "openai"
+
+    async def get_json(client: httpx.AsyncClient, method: str, url: str, **kw: Any) -> Any:
+        try:
+            response = await client.request(method, url, headers=headers, **kw)
+            return response.json() if response.status_code < 400 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    with trio.move_on_after(2 * LLM_PING_TIMEOUT + 1):
+        async with httpx.AsyncClient(timeout=LLM_PING_TIMEOUT) as client:
+            if ollama:
+                url = f"{root}/api/show"
+                found = _ollama_window(await get_json(client, "POST", url, json={"model": model}))
+                if found:
+                    result.update(found, source=url)
+            else:
+                props = await get_json(client, "GET", f"{root}/props")
+                models = None if props else await get_json(client, "GET", f"{root}/v1/models")
+                n_ctx = _llama_window(props, models, model)
+                if n_ctx:
+                    where = "/props" if _llama_window(props, None, model) else "/v1/models"
+                    result.update(n_ctx=n_ctx, source=f"{root}{where}")
+    return result
+
+
+def window_warning(settings: Settings, context: dict[str, Any]) -> str | None:
+    n_ctx = context.get("n_ctx")
+    if not isinstance(n_ctx, int) or n_ctx >= settings.num_ctx:
+        return None
+    return (
+        f"the server's context window is {n_ctx} tokens ({context['source']}), below "
+        f"OLLAMA_NUM_CTX={settings.num_ctx}: a prompt past {n_ctx} tokens will fail (llama.cpp "
+        f"answers with an empty body). Set OLLAMA_NUM_CTX={n_ctx} or give the server a "
+        "larger context"
+    )
