@@ -18,7 +18,12 @@ Contract every implementation keeps:
   (`repair_dangling_tool_calls`) and persists the placeholders, so it is idempotent.
 - `claim_lease` returns the lease's holder after the attempt: the claimer's own row
   when it won; the live holder's when not. A claim takes over an expired lease, and
-  a lease whose process (same host) is gone.
+  a lease whose process (same host) is gone. A takeover by another owner bumps the
+  lease's `generation`; a release expires the row but keeps it (generations never go
+  back). `append`, `replace_context`, `update_session` and `load_session`'s repair,
+  made inside `store.fence.fenced(...)`, are refused with `LeaseLostError` (nothing
+  stored) unless the lease row still names that owner and generation: a paused owner
+  that another daemon replaced cannot write to the session any more.
 - Failures raise `navi_trio.errors.StoreError` naming the operation (and the session);
   when the file itself is the problem, its subclasses say which: `StorageFullError`
   (the disk is full) or `StorageError` (read-only, an I/O error, damaged). Nothing of
@@ -63,6 +68,7 @@ class LeaseRow:
     pid: int
     host: str
     expires_at: float  # wall-clock seconds (time.time())
+    generation: int = 0  # the fencing token: +1 at every takeover by another owner
 
 
 class SessionStore(Protocol):
