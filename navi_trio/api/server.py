@@ -58,15 +58,21 @@ HANDSHAKE_TIMEOUT_SEC = 60.0
 CLOSE_TIMEOUT_SEC = 10.0
 # After a 1009: how long and how much of the client's rest the server reads and drops.
 DRAIN_TIMEOUT_SEC = 10.0
+LISTEN_BACKLOG = 4096  # trio.serve_tcp's default (capped by net.core.somaxconn)
 DRAIN_MAX_BYTES = 256 << 20
 _DRAIN_CHUNK = 1 << 16
 
 
 class ApiServer:
-    def __init__(self, runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8765) -> None:
+    def __init__(
+        self, runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8765,
+        reuse_port: bool = False,
+    ) -> None:  # fmt: skip
         self.runtime = runtime
         self.host = host
         self.port = port
+        # One of `navi serve --workers N`: its own socket in the port's SO_REUSEPORT group.
+        self.reuse_port = reuse_port
         self._connections: dict[str, int] = {}
         settings = runtime.settings
         self.access = WebAccess.from_settings(
@@ -76,13 +82,31 @@ class ApiServer:
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(
-                partial(trio.serve_tcp, self._serve, self.port, host=self.host)
-            )
+            if self.reuse_port:
+                listeners = await nursery.start(
+                    trio.serve_listeners, self._serve, [await self._shared_listener()]
+                )
+            else:
+                listeners = await nursery.start(
+                    partial(trio.serve_tcp, self._serve, self.port, host=self.host)
+                )
             port = int(listeners[0].socket.getsockname()[1])
             log.info("listening on ws://%s:%d/ (the browser client: http://%s:%d/)",
                      self.host, port, self.host, port)  # fmt: skip
             task_status.started(port)
+
+    async def _shared_listener(self) -> trio.SocketListener:
+        family = trio.socket.AF_INET6 if ":" in self.host else trio.socket.AF_INET
+        sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)
+            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEPORT, 1)
+            await sock.bind((self.host, self.port))
+            sock.listen(LISTEN_BACKLOG)
+        except BaseException:
+            sock.close()
+            raise
+        return trio.SocketListener(sock)
 
     async def _serve(self, stream: trio.SocketStream) -> None:
         """One TCP connection: request heads until one is a WebSocket upgrade (or the
