@@ -147,6 +147,10 @@ class SessionActor:
         self.busy = False
         self.idle = trio.Event()
         self.idle.set()
+        # Frames of this session relayed from the daemon running it (core/cluster.py).
+        self._relayed = False
+        self.seq_floor = first_seq  # no frame of ours ever reuses a seq at or below it
+        self._running_key: str | None = None
 
     async def run(
         self, *, task_status: trio.TaskStatus[SessionActor] = trio.TASK_STATUS_IGNORED
@@ -268,7 +272,12 @@ class SessionActor:
     # -- fan-out --------------------------------------------------------------------
 
     def publish(self, event: AgentEvent) -> Frame:
+        if self._relayed:  # our own frames again: a name of their own (see `relay`)
+            self._relayed = False
+            self.epoch = new_epoch()
+            self.seq = max(self.seq, self.seq_floor)
         self.seq += 1
+        self.seq_floor = max(self.seq_floor, self.seq)
         frame = self.encode(event, self.session_id, self.seq, self.epoch)
         self.replay.append(frame)
         self._fan_out(frame)
@@ -276,6 +285,41 @@ class SessionActor:
 
     def publish_out_of_band(self, event: AgentEvent) -> None:
         self._fan_out(self.encode(event, self.session_id, None, self.epoch))
+
+    def relay(self, frame: Frame) -> None:
+        """A frame of this session that another daemon published (core/cluster.py): kept
+        for replay and fanned out as it is, seq and epoch unchanged. A frame out of turn
+        (another epoch, a seq that does not follow) first tells the subscribers
+        ``resync``. Ignored while this daemon runs the session itself: only a replaced
+        owner's late frames can arrive then."""
+        seq, epoch = frame.get("seq"), frame.get("epoch")
+        if self.busy:
+            return
+        if not isinstance(seq, int) or not isinstance(epoch, str):
+            self._fan_out(frame)  # out of band (task_update): never kept
+            return
+        if epoch != self.epoch or seq != self.seq + 1:
+            self.seq_floor = max(self.seq_floor, self.seq, seq)
+            self.replay = ReplayBuffer()
+            self.epoch, self.seq = epoch, seq - 1
+            self._fan_out(self.resync_frame())
+        self._relayed = True
+        self.seq = seq
+        self.seq_floor = max(self.seq_floor, seq)
+        self.replay.append(frame)
+        self._fan_out(frame)
+
+    async def adopt_handed(self) -> int:
+        """Take the session's queued rows nobody else runs (handed over by another
+        daemon, left by a dead one) and run them in order; how many (core/cluster.py)."""
+        known = {m.queue_key for m in self.pending} | {self._running_key}
+        adopted = [m for m in await self.queue.adopt() if m.queue_key not in known]
+        for msg in adopted:
+            if not self.busy and not self.pending and self._nursery is not None:
+                self._start_run(msg)
+            else:
+                self.pending.append(msg)
+        return len(adopted)
 
     def _fan_out(self, frame: Frame) -> None:
         for send in list(self._subscribers):
@@ -314,6 +358,7 @@ class SessionActor:
     def _done(self) -> None:
         self.busy = False
         self._control = None
+        self._running_key = None
         self._touch()
         # At shutdown the nursery is gone: queued messages are not started (they stay
         # in the store and run after the restart), and the actor is idle.
@@ -328,6 +373,7 @@ class SessionActor:
         control = RunControl()
         self._start(self._run, msg, control)
         self._control = control
+        self._running_key = msg.queue_key
 
     async def _run(self, msg: UserMessage, control: RunControl) -> None:
         # The one place a session's turns run (daemon and `navi run` alike): one at a
@@ -455,6 +501,7 @@ class SessionRegistry:
         self.adopt = False
         # Seqs restart with the daemon: the epoch tells a client its seq is another life's.
         self.epoch = new_epoch()
+        self.on_retire: Callable[[str], None] | None = None  # the cluster stops following
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -514,7 +561,9 @@ class SessionRegistry:
     def _retire(self, actor: SessionActor) -> None:
         if self._actors.get(actor.session_id) is actor:
             del self._actors[actor.session_id]
-            self._last_seq[actor.session_id] = actor.seq
+            self._last_seq[actor.session_id] = max(actor.seq, actor.seq_floor)
+            if self.on_retire is not None:
+                self.on_retire(actor.session_id)
             self.agent.cache.forget(actor.session_id)
 
     def attached(self, session_id: str) -> bool:

@@ -128,7 +128,7 @@ class TaskSupervisor:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled (daemon shutdown); jobs are cancelled with it."""
         async with trio.open_nursery() as nursery:
-            await self._report_lost_jobs()
+            await self.report_lost_jobs()
             self._nursery = nursery
             try:
                 task_status.started()
@@ -136,17 +136,25 @@ class TaskSupervisor:
             finally:
                 self._nursery = None
 
-    async def _report_lost_jobs(self) -> None:
-        """Turn running markers left by a previous process into completion notes."""
+    async def report_lost_jobs(self, live: set[tuple[int, str]] | None = None) -> int:
+        """Turn running markers left by a dead process into completion notes; how many.
+
+        At start-up, and on a shared store every so often (core/cluster.py), with `live`
+        the (pid, host) of the daemons alive on other machines: their jobs are not lost."""
         try:
             markers = await self._kv.kv_list(RUNNING_SCOPE)
         except Exception:
             log.exception("could not read leftover background task markers")
-            return
+            return 0
+        lost = 0
         for key, marker in markers:
             info = marker if isinstance(marker, dict) else {}
-            if _runs_in_another_process(info):
+            mine = self._jobs.get(str(info.get("session_id")), {}).get(str(info.get("task_id")))
+            if mine is not None:
+                continue  # one of this supervisor's own jobs
+            if _runs_in_another_process(info) or _on_a_live_machine(info, live):
                 continue  # another navi process on this DB runs it: not lost
+            lost += 1
             session_id = str(info.get("session_id") or key.partition(":")[0])
             task_id = str(info.get("task_id") or key.rpartition(":")[2])
             args = str(info.get("args_summary") or "")
@@ -163,6 +171,7 @@ class TaskSupervisor:
                 await self._kv.kv_delete(RUNNING_SCOPE, key)
             except Exception:
                 log.exception("could not report lost background task %s", key)
+        return lost
 
     # --- the API the executor and the tasks tool call ------------------------------
 
@@ -387,6 +396,15 @@ class TaskSupervisor:
             "pid": os.getpid(),
             "host": socket.gethostname(),
         }
+
+
+def _on_a_live_machine(marker: dict[str, Any], live: set[tuple[int, str]] | None) -> bool:
+    """The marker's job belongs to a live daemon of another host (`live`: of the cluster;
+    None: nothing is known of other hosts, and their jobs count as lost, as before)."""
+    host = marker.get("host")
+    if live is None or host == socket.gethostname():
+        return False
+    return (marker.get("pid"), host) in live
 
 
 def _runs_in_another_process(marker: dict[str, Any]) -> bool:

@@ -189,16 +189,33 @@ def unqueue(conn: Conn, key: str) -> bool:
 
 
 def adopt(conn: Conn, sid: str, pid: int, host: str) -> list[tuple[str, dict[str, Any]]]:
-    """The session's rows left by a dead process on this host (or by us), now ours."""
+    """The session's rows nobody else runs, now ours: left by a dead process on this host
+    or a dead daemon elsewhere (its ``daemons`` row expired), handed over by another
+    daemon (pid 0: core/cluster.py), or ours. Nothing while another process holds the
+    session's lease: its owner runs them, and would find them gone."""
+    holder = conn.execute(
+        f"SELECT pid, host FROM leases WHERE session_id = %s AND expires_at > {_NOW}", [sid]
+    ).fetchone()
+    if holder is not None and (holder[0], holder[1]) != (pid, host):
+        return []
     rows = conn.execute(
         "SELECT key, pid, host, data FROM queued WHERE session_id = %s ORDER BY id FOR UPDATE",
         [sid],
     ).fetchall()
+    live = {(int(r[0]), str(r[1])) for r in conn.execute(
+        f"SELECT pid, host FROM daemons WHERE expires_at > {_NOW}"
+    )}  # fmt: skip
     out: list[tuple[str, dict[str, Any]]] = []
     for key, row_pid, row_host, data in rows:
-        if row_pid != pid and (row_host != host or pid_alive(row_pid)):
-            continue  # a live process (or one we cannot probe) runs it
-        if row_pid != pid or row_host != host:
+        mine = (row_pid, row_host) == (pid, host)
+        handed = row_pid == 0
+        if row_host == host:
+            dead = not pid_alive(row_pid)
+        else:  # another machine: dead once its daemon row has expired
+            dead = (row_pid, row_host) not in live
+        if not (mine or handed or dead):
+            continue  # a live process runs it
+        if not mine:
             conn.execute("UPDATE queued SET pid = %s, host = %s WHERE key = %s", [pid, host, key])
         out.append((key, json.loads(data)))
     return out

@@ -43,6 +43,7 @@ from navi_trio.store.db_url import describe
 from navi_trio.store.fence import fence_for
 from navi_trio.store.postgres import _history as h
 from navi_trio.store.postgres import _tables as t
+from navi_trio.store.postgres._bus import PgBus
 from navi_trio.store.postgres._errors import failure
 from navi_trio.store.postgres._migrate import migrate
 from navi_trio.store.postgres._workers import POOL_WAIT_S, Conn, Job, Workers, configure
@@ -444,6 +445,12 @@ class PostgresStore:
     async def release_lease(self, session_id: str, *, owner: str) -> None:
         sid = check_session_id(session_id)
         await self._run(f"release lease of {sid!r}", lambda c: t.release_lease(c, sid, owner))
+
+    # -- several daemons -------------------------------------------------------------
+
+    def bus(self) -> PgBus:
+        """LISTEN / NOTIFY between the daemons of this database (core/cluster.py)."""
+        return PgBus(self, self._url)
 
     # -- health ---------------------------------------------------------------------
 
