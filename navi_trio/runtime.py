@@ -163,6 +163,7 @@ async def open_runtime(
             await nursery.start(sessions.run)
             if joined is not None:
                 joined.attach(sessions, supervisor)
+                supervisor.shared = joined  # the caps count for every daemon
                 sessions.on_retire = joined.unfollow_soon
                 await nursery.start(joined.run)
             freeze_start_up_objects()

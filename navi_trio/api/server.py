@@ -200,7 +200,9 @@ class ApiServer:
 
     # -- connections per user ------------------------------------------------------------
 
-    def connected(self, user: User) -> None:
+    async def connected(self, user: User) -> str | None:
+        """Count the connection (here, and across daemons on a shared store: the key of
+        its slot, for `disconnected`); LimitError when the user has too many."""
         limit = self.runtime.settings.ws_connections_per_user
         count = self._connections.get(user.id, 0)
         if count >= limit:
@@ -208,7 +210,22 @@ class ApiServer:
                 f"user {user.name} already has {count} connections "
                 "(NAVI_WS_CONNECTIONS_PER_USER): close one first"
             )
+        cluster = self.runtime.cluster
+        key = None
+        if cluster is not None:
+            key, full = await cluster.take("conn", [(user.id, limit)])
+            if full is not None:
+                raise LimitError(
+                    f"user {user.name} already has {limit} connections to the daemons of "
+                    "this database (NAVI_WS_CONNECTIONS_PER_USER): close one first"
+                )
         self._connections[user.id] = count + 1
+        return key
+
+    async def released(self, key: str | None) -> None:
+        """The connection's slot across daemons, given back (shielded, bounded)."""
+        if key is not None and self.runtime.cluster is not None:
+            await self.runtime.cluster.free(key)
 
     def disconnected(self, user: User) -> None:
         count = self._connections.get(user.id, 0) - 1

@@ -46,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import secrets
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -205,6 +206,25 @@ class Cluster:
     async def tell(self, owner: str, kind: str, session_id: str) -> None:
         payload = json.dumps({"k": kind, "s": session_id})
         await self.bus.notify([(daemon_channel(owner), payload)])
+
+    # -- limits counted across daemons ---------------------------------------------------
+
+    async def take(
+        self, kind: str, claims: list[tuple[str, int]], rate: tuple[str, int, float] | None = None
+    ) -> tuple[str, str | None]:
+        """A new slot of `kind` in every (scope, cap) of `claims` (and under `rate`):
+        (its key, None) when taken, else (key, the scope that is full, or "rate")."""
+        key = f"{kind}-{secrets.token_hex(8)}"
+        full = await self.bus.take_slot(key, kind, self.owner, claims, rate)
+        return key, full
+
+    async def free(self, key: str, *, keep: bool = False) -> None:
+        """Give a slot back (`keep`: it still counts in rate windows). Never raises."""
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            try:
+                await self.bus.free_slot(key, keep=keep)
+            except StoreError as exc:
+                log.warning("giving back slot %s failed: %s", key, exc)
 
     # -- following ----------------------------------------------------------------------
 

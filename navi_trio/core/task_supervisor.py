@@ -34,7 +34,7 @@ import os
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -77,6 +77,7 @@ class Job:
     started_at: float = 0.0
     finished_at: float | None = None
     tokens: int = 0
+    slot: str | None = None  # its slot in the caps several daemons share (`start`)
 
     @ring.default
     def _ring_default(self) -> collections.deque[AgentEvent]:
@@ -122,6 +123,8 @@ class TaskSupervisor:
         self._jobs: dict[str, dict[str, Job]] = {}
         # session id -> trio times of accepted submissions inside the rate window.
         self._submits: dict[str, collections.deque[float]] = {}
+        # The caps counted for every daemon of a shared store (core/cluster.py), if any.
+        self.shared: SharedSlots | None = None
 
     # --- the actor -------------------------------------------------------------------
 
@@ -202,6 +205,37 @@ class TaskSupervisor:
         self._submits.setdefault(session_id, collections.deque()).append(now)
         self._nursery.start_soon(self._run_job, job, runner, name=f"background {job.task_id}")
         self._notify(job)
+        return job
+
+    async def start(
+        self,
+        session_id: str,
+        tool: str,
+        args: dict[str, Any],
+        runner: JobRunner,
+        *,
+        is_spawn: bool = False,
+    ) -> Job:
+        """`submit`, with the caps also counted across daemons when the store is shared:
+        the global, per-session and sub-agent caps and the per-session rate limit hold
+        for the whole cluster (a slot per job in the store, given back when it ends)."""
+        shared = self.shared
+        if shared is None:
+            return self.submit(session_id, tool, args, runner, is_spawn=is_spawn)
+        s = self._settings
+        claims = [("*", s.tasks_max_global), (f"s:{session_id}", s.tasks_max_per_session)]
+        if is_spawn:
+            claims.append((f"spawn:{session_id}", s.tasks_max_spawn))
+        rate = (f"s:{session_id}", s.tasks_rate_limit, s.tasks_rate_window_sec)
+        key, full = await shared.take("task", claims, rate)
+        if full is not None:
+            raise TaskRejectedError(_shared_refusal(full, s))
+        try:
+            job = self.submit(session_id, tool, args, runner, is_spawn=is_spawn)
+        except BaseException:
+            await shared.free(key)
+            raise
+        job.slot = key
         return job
 
     def list_jobs(self, session_id: str) -> list[Job]:
@@ -350,6 +384,8 @@ class TaskSupervisor:
             )
             self._notify(job)
             await self._kv_quietly(self._kv.kv_delete(RUNNING_SCOPE, marker_key))
+            if job.slot is not None and self.shared is not None:
+                await self.shared.free(job.slot, keep=True)  # still counts for the rate
         job.done.set()
 
     async def _kv_quietly(self, op: Awaitable[None]) -> None:
@@ -396,6 +432,33 @@ class TaskSupervisor:
             "pid": os.getpid(),
             "host": socket.gethostname(),
         }
+
+
+class SharedSlots(Protocol):
+    """Slots counted for every daemon of a shared store (core/cluster.py `Cluster`)."""
+
+    async def take(
+        self, kind: str, claims: list[tuple[str, int]], rate: tuple[str, int, float] | None = None
+    ) -> tuple[str, str | None]: ...
+    async def free(self, key: str, *, keep: bool = False) -> None: ...
+
+
+def _shared_refusal(full: str, s: Settings) -> str:
+    if full == "*":
+        return f"the daemons already run {s.tasks_max_global} background tasks (tasks_max_global)"
+    if full.startswith("spawn:"):
+        return (
+            f"this session already runs {s.tasks_max_spawn} background sub-agents (tasks_max_spawn)"
+        )
+    if full == "rate":
+        return (
+            f"this session started {s.tasks_rate_limit} background tasks in the last "
+            f"{s.tasks_rate_window_sec:g} s (tasks_rate_limit); try again later"
+        )
+    return (
+        f"this session already runs {s.tasks_max_per_session} background tasks "
+        "(tasks_max_per_session)"
+    )
 
 
 def _on_a_live_machine(marker: dict[str, Any], live: set[tuple[int, str]] | None) -> bool:

@@ -192,6 +192,21 @@ class PgBus:
             write=False,
         )  # fmt: skip
 
+    async def take_slot(
+        self, key: str, kind: str, owner: str, claims: Sequence[tuple[str, int]],
+        rate: tuple[str, int, float] | None = None,
+    ) -> str | None:  # fmt: skip
+        """Take slot `key` in every (scope, cap) of `claims` unless one is full (counting
+        the live daemons' slots), and unless `rate` (scope, limit, window s) saw `limit`
+        starts in the window; None when taken, else the scope (or "rate") that refused."""
+        return await self._store._run(
+            f"take a {kind} slot", lambda c: _take_slot(c, key, kind, owner, claims, rate)
+        )
+
+    async def free_slot(self, key: str, *, keep: bool) -> None:
+        """Release it (`keep`: the row stays, released, for rate windows)."""
+        await self._store._run("free a slot", lambda c: _free_slot(c, key, keep))
+
     async def orphaned_queues(self) -> list[str]:
         """Sessions with queued messages whose lease is not live: nobody runs them."""
         return await self._store._run("list orphaned queues", _orphaned_queues, write=False)
@@ -269,6 +284,53 @@ def _live_holder(conn: Conn, sid: str) -> tuple[str, int, str] | None:
         [sid],
     ).fetchone()
     return None if row is None else (str(row[0]), int(row[1]), str(row[2]))
+
+
+SLOT_KEEP_S = 3600.0  # released slots kept for rate windows this long at most
+
+
+def _take_slot(
+    conn: Conn, key: str, kind: str, owner: str, claims: Sequence[tuple[str, int]],
+    rate: tuple[str, int, float] | None,
+) -> str | None:  # fmt: skip
+    # One count at a time per scope, across daemons: a lock per (kind, scope), in order.
+    for scope in sorted({s for s, _ in claims} | ({rate[0]} if rate else set())):
+        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 7))", [f"{kind}/{scope}"])
+    for scope, cap in claims:
+        row = conn.execute(
+            "SELECT count(*) FROM slots s JOIN daemons d ON d.owner = s.owner"
+            f" WHERE s.kind = %s AND s.scope = %s AND NOT s.released AND d.expires_at > {_NOW}",
+            [kind, scope],
+        ).fetchone()
+        if row is not None and int(row[0]) >= cap:
+            return scope
+    if rate is not None:
+        scope, limit, window = rate
+        row = conn.execute(
+            "SELECT count(*) FROM slots WHERE kind = %s AND scope = %s"
+            f" AND started_at > {_NOW} - %s",
+            [kind, scope, window],
+        ).fetchone()
+        if row is not None and int(row[0]) >= limit:
+            return "rate"
+    for scope, _ in claims:
+        conn.execute(
+            "INSERT INTO slots (key, kind, scope, owner, started_at)"
+            f" VALUES (%s, %s, %s, %s, {_NOW})",
+            [key, kind, scope, owner],
+        )
+    conn.execute(
+        f"DELETE FROM slots WHERE kind = %s AND released AND started_at < {_NOW} - %s",
+        [kind, SLOT_KEEP_S],
+    )
+    return None
+
+
+def _free_slot(conn: Conn, key: str, keep: bool) -> None:
+    if keep:
+        conn.execute("UPDATE slots SET released = true WHERE key = %s", [key])
+    else:
+        conn.execute("DELETE FROM slots WHERE key = %s", [key])
 
 
 def _orphaned_queues(conn: Conn) -> list[str]:

@@ -27,15 +27,16 @@ CREATE TABLE frames (
 );
 CREATE INDEX frames_age ON frames (created_at);
 
--- Counted limits shared by every daemon (core/cluster_caps.py): one row per slot taken
+-- Counted limits shared by every daemon (core/cluster.py `take`): one row per slot taken
 -- (a background job, a connection), released by deleting it; a dead daemon's slots
 -- stop counting with its heartbeat. `started_at` also counts starts in a rate window.
 CREATE TABLE slots (
-    key text COLLATE "C" PRIMARY KEY,
+    key text COLLATE "C" NOT NULL,  -- one slot counts in each of its scopes
     kind text COLLATE "C" NOT NULL,
     scope text COLLATE "C" NOT NULL,
     owner text COLLATE "C" NOT NULL,
     started_at double precision NOT NULL,
-    released boolean NOT NULL DEFAULT false
+    released boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (key, scope)
 );
 CREATE INDEX slots_scope ON slots (kind, scope);
