@@ -132,6 +132,10 @@ async def open_runtime(
                     sessions.publish_task_update(session_id, event)
 
             supervisor = TaskSupervisor(settings, store, publish)
+            # A store several daemons share offers a bus (PostgreSQL); SQLite has none.
+            make_bus: Callable[[], ClusterBus] | None = getattr(store, "bus", None)
+            make_bus = make_bus if cluster else None
+            supervisor.lost_at_start = make_bus is None  # else the cluster, knowing who lives
             await nursery.start(supervisor.run)
 
             def attached(session_id: str) -> bool:
@@ -149,10 +153,8 @@ async def open_runtime(
                 approvals=approvals,
             )
             nursery.start_soon(agent.parts.counter.preload_on_demand)  # off the start-up path
-            # A store several daemons share offers a bus (PostgreSQL); SQLite has none.
-            make_bus: Callable[[], ClusterBus] | None = getattr(store, "bus", None)
             joined = None
-            if cluster and make_bus is not None:
+            if make_bus is not None:
                 joined = Cluster(make_bus(), store, agent.leases, settings.lease_ttl_sec)
             sessions = SessionRegistry(
                 agent,

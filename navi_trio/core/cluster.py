@@ -140,6 +140,7 @@ class Cluster:
                         self._followers.setdefault(sid, set()).add(owner)
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
+                    nursery.start_soon(self._take_orphans_quietly)  # what a dead one left
                     nursery.start_soon(self._heartbeat)
                     nursery.start_soon(self._publisher)
                     nursery.start_soon(self._handler)
@@ -164,10 +165,13 @@ class Cluster:
         """Every half TTL: run queues nobody runs; report dead daemons' jobs lost."""
         while True:
             await trio.sleep(self.ttl / 2)
-            try:
-                await self.take_orphans()
-            except NaviError as exc:
-                log.warning("looking for sessions to take over failed: %s", exc)
+            await self._take_orphans_quietly()
+
+    async def _take_orphans_quietly(self) -> None:
+        try:
+            await self.take_orphans()
+        except NaviError as exc:
+            log.warning("looking for sessions to take over failed: %s", exc)
 
     async def take_orphans(self) -> int:
         """Start the sessions with queued messages and no live owner; how many."""

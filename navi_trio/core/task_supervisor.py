@@ -125,13 +125,16 @@ class TaskSupervisor:
         self._submits: dict[str, collections.deque[float]] = {}
         # The caps counted for every daemon of a shared store (core/cluster.py), if any.
         self.shared: SharedSlots | None = None
+        # False on a shared store: the cluster reports lost jobs, knowing who is alive.
+        self.lost_at_start = True
 
     # --- the actor -------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled (daemon shutdown); jobs are cancelled with it."""
         async with trio.open_nursery() as nursery:
-            await self.report_lost_jobs()
+            if self.lost_at_start:
+                await self.report_lost_jobs()
             self._nursery = nursery
             try:
                 task_status.started()
