@@ -11,6 +11,8 @@ test under `trio.fail_after`.
 from __future__ import annotations
 
 import json
+import os
+import socket
 
 import trio
 import trio.testing
@@ -89,3 +91,20 @@ async def test_only_dead_daemons_jobs_are_reported_lost() -> None:
             release.set()
             await job.done.wait()
             nursery.cancel_scope.cancel()
+
+
+async def test_a_dead_daemon_elsewhere_leaves_its_queue_to_the_others(pg_url: str) -> None:
+    """Another machine's pid means nothing here: its ``daemons`` row says whether it lives."""
+    me = os.getpid()
+    host = socket.gethostname() or "localhost"
+    with trio.fail_after(TIMEOUT):
+        async with PostgresStore.open(pg_url) as store:
+            await store.create_session("s1", profile_id="general")
+            bus = store.bus()
+            await bus.heartbeat("far-live", 11, "far", 60)
+            await bus.heartbeat("far-dead", 12, "far", 60)
+            await bus.leave("far-dead")  # stopped (or its heartbeat ran out)
+            for key, pid in (("live", 11), ("dead", 12), ("no-row", 13)):
+                await store.enqueue("s1", key, {"text": key}, pid=pid, host="far")
+            got = await store.adopt_queued("s1", pid=me, host=host)
+            assert [k for k, _ in got] == ["dead"]

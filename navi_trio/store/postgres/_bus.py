@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 NOTIFY_MAX = 7900  # bytes of one payload; more goes through the frames table
 FRAME_KEEP_S = 300.0
 LISTEN_WAIT_S = 10.0
+DAEMON_KEEP_S = 7 * 86400.0  # a dead daemon's row: how long its queued rows stay adoptable
 _NOW = "extract(epoch FROM clock_timestamp())"
 
 
@@ -247,12 +248,14 @@ def _heartbeat(conn: Conn, owner: str, pid: int, host: str, ttl: float) -> None:
         " DO UPDATE SET expires_at = excluded.expires_at",
         [owner, pid, host, ttl],
     )
+    conn.execute(f"DELETE FROM daemons WHERE expires_at < {_NOW} - %s", [DAEMON_KEEP_S])
 
 
 def _leave(conn: Conn, owner: str) -> None:
+    # Expired, not deleted: what it left queued is anyone's now (_tables.adopt).
     conn.execute("DELETE FROM follows WHERE owner = %s", [owner])
     conn.execute("DELETE FROM slots WHERE owner = %s", [owner])
-    conn.execute("DELETE FROM daemons WHERE owner = %s", [owner])
+    conn.execute("UPDATE daemons SET expires_at = 0 WHERE owner = %s", [owner])
 
 
 def _live_daemons(conn: Conn) -> list[tuple[str, int, str]]:

@@ -190,7 +190,7 @@ def unqueue(conn: Conn, key: str) -> bool:
 
 def adopt(conn: Conn, sid: str, pid: int, host: str) -> list[tuple[str, dict[str, Any]]]:
     """The session's rows nobody else runs, now ours: left by a dead process on this host
-    or a dead daemon elsewhere (its ``daemons`` row expired), handed over by another
+    or a dead daemon elsewhere (its ``daemons`` row expired or it left), handed over by another
     daemon (pid 0: core/cluster.py), or ours. Nothing while another process holds the
     session's lease: its owner runs them, and would find them gone."""
     holder = conn.execute(
@@ -202,8 +202,8 @@ def adopt(conn: Conn, sid: str, pid: int, host: str) -> list[tuple[str, dict[str
         "SELECT key, pid, host, data FROM queued WHERE session_id = %s ORDER BY id FOR UPDATE",
         [sid],
     ).fetchall()
-    live = {(int(r[0]), str(r[1])) for r in conn.execute(
-        f"SELECT pid, host FROM daemons WHERE expires_at > {_NOW}"
+    gone = {(int(r[0]), str(r[1])) for r in conn.execute(
+        f"SELECT pid, host FROM daemons WHERE expires_at <= {_NOW}"
     )}  # fmt: skip
     out: list[tuple[str, dict[str, Any]]] = []
     for key, row_pid, row_host, data in rows:
@@ -211,8 +211,8 @@ def adopt(conn: Conn, sid: str, pid: int, host: str) -> list[tuple[str, dict[str
         handed = row_pid == 0
         if row_host == host:
             dead = not pid_alive(row_pid)
-        else:  # another machine: dead once its daemon row has expired
-            dead = (row_pid, row_host) not in live
+        else:  # another machine: dead once its daemon's row has expired (never one of
+            dead = (row_pid, row_host) in gone  # a process that kept no row: navi run)
         if not (mine or handed or dead):
             continue  # a live process runs it
         if not mine:

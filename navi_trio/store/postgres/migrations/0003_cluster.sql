@@ -1,7 +1,8 @@
 -- Several daemons on one database (core/cluster.py, store/postgres/_bus.py).
 
--- The daemons alive now: each renews its row (expires_at) while it runs. A row past its
--- expiry is a dead daemon: its queued messages and background jobs are taken over.
+-- The daemons: each renews its row (expires_at) while it runs, and expires it when it
+-- stops. A row past its expiry is a dead daemon: its queued messages and background jobs
+-- are taken over (a process with no row, such as `navi run`, is never presumed dead).
 CREATE TABLE daemons (
     owner text COLLATE "C" PRIMARY KEY,  -- the runtime's lease owner id
     pid integer NOT NULL,
