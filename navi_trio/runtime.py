@@ -25,11 +25,13 @@ import attrs
 import trio
 
 from navi_trio.api.peer_link import WsPeerLink
-from navi_trio.api.protocol import event_frame
+from navi_trio.api.protocol import event_frame, resync_frame
 from navi_trio.core.agent import Agent
 from navi_trio.core.approvals import ApprovalBroker
+from navi_trio.core.broadcast_relay import RelayBroadcast
 from navi_trio.core.cluster import Cluster
-from navi_trio.core.session_actor import SessionRegistry
+from navi_trio.core.session_registry import SessionRegistry
+from navi_trio.core.session_service import SessionService
 from navi_trio.core.task_supervisor import TaskSupervisor
 from navi_trio.events import TaskUpdate
 from navi_trio.llm.base import LLMBackend
@@ -61,6 +63,7 @@ class Runtime:
     approvals: ApprovalBroker
     agent: Agent
     sessions: SessionRegistry
+    session_service: SessionService
     nursery: trio.Nursery
     cluster: Cluster | None = None  # several daemons on one database (core/cluster.py)
 
@@ -159,6 +162,7 @@ async def open_runtime(
             sessions = SessionRegistry(
                 agent,
                 encode=event_frame if joined is None else joined.tap(event_frame),
+                resync=resync_frame,
                 queue_max=settings.message_queue_max,
                 idle_timeout=settings.session_idle_sec,
             )
@@ -167,6 +171,7 @@ async def open_runtime(
                 joined.attach(sessions, supervisor)
                 supervisor.shared = joined  # the caps count for every daemon
                 sessions.on_retire = joined.unfollow_soon
+                sessions.broadcast_class = RelayBroadcast  # other daemons' frames, relayed
                 await nursery.start(joined.run)
             freeze_start_up_objects()
             try:
@@ -182,6 +187,14 @@ async def open_runtime(
                     approvals=approvals,
                     agent=agent,
                     sessions=sessions,
+                    session_service=SessionService(
+                        settings=settings,
+                        config=config,
+                        store=store,
+                        sessions=sessions,
+                        supervisor=supervisor,
+                        approvals=approvals,
+                    ),
                     nursery=nursery,
                     cluster=joined,
                 )

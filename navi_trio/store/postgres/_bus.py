@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 import psycopg
 import trio
@@ -40,8 +40,17 @@ import trio
 from navi_trio.errors import StoreError
 from navi_trio.store.postgres._workers import Conn
 
-if TYPE_CHECKING:
-    from navi_trio.store.postgres.store import PostgresStore
+T = TypeVar("T")
+
+
+class _Jobs(Protocol):
+    """What the bus needs of its store (`PostgresStore._run`): a job on its workers."""
+
+    async def _run(
+        self, op: str, fn: Callable[[Conn], T], *, durable: bool = True, write: bool = True,
+        transaction: bool = True,
+    ) -> T: ...  # fmt: skip
+
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +64,7 @@ _NOW = "extract(epoch FROM clock_timestamp())"
 class PgBus:
     """LISTEN / NOTIFY for one daemon, over `store`'s database (see the module)."""
 
-    def __init__(self, store: PostgresStore, url: str) -> None:
+    def __init__(self, store: _Jobs, url: str) -> None:
         self._store = store
         self._url = url
         self._wake = "nw_" + secrets.token_hex(10)
