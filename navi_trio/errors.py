@@ -27,7 +27,9 @@ The tree (every subclass of NaviError in navi_trio is defined here)::
     │   ├── LimitError              limit: too many connections or sessions for a user
     │   ├── BusyError               busy: compact while a run is active
     │   ├── SessionBusyError        session_busy: another process runs it (its lease), or a
-    │   │                           delete while a run is active or queued
+    │   │   │                       delete while a run is active or queued
+    │   │   └── LeaseLostError      a write of an owner whose lease was taken over (fencing,
+    │   │                           store/fence.py); also a StoreError
     │   ├── UnsupportedError        unsupported: a frame type kept for a later version
     │   ├── ExistsError             exists: a session that already exists is not created again
     │   ├── StorageError            (see StoreError above)
@@ -167,6 +169,11 @@ class SessionBusyError(RequestError):
     a client asked to delete it while a run is active or queued."""
 
     code = "session_busy"
+
+
+class LeaseLostError(StoreError, SessionBusyError):
+    """A write to a session by a daemon that no longer owns it: another daemon took its
+    lease over (store/fence.py). Nothing of the write was stored."""
 
 
 class UnsupportedError(RequestError):

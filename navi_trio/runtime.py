@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import attrs
@@ -29,6 +29,8 @@ from navi_trio.api.peer_link import WsPeerLink
 from navi_trio.api.protocol import event_frame, resync_frame
 from navi_trio.core.agent import Agent
 from navi_trio.core.approvals import ApprovalBroker
+from navi_trio.core.broadcast_relay import RelayBroadcast
+from navi_trio.core.cluster import Cluster
 from navi_trio.core.session_registry import SessionRegistry
 from navi_trio.core.session_service import SessionService
 from navi_trio.core.task_supervisor import TaskSupervisor
@@ -37,7 +39,7 @@ from navi_trio.llm.base import LLMBackend, SupervisedBackend
 from navi_trio.llm.factory import make_backend, make_client
 from navi_trio.profiles import BUILTIN_TOOL_NAMES, ConfigSource
 from navi_trio.settings import Settings
-from navi_trio.store.base import SessionStore
+from navi_trio.store.base import ClusterBus, SessionStore
 from navi_trio.store.factory import open_store
 from navi_trio.tools.base import Tool, ToolRegistry
 from navi_trio.tools.builtin import builtin_tools
@@ -64,6 +66,7 @@ class Runtime:
     sessions: SessionRegistry
     session_service: SessionService
     nursery: trio.Nursery
+    cluster: Cluster | None = None  # several daemons on one database (core/cluster.py)
 
 
 def freeze_start_up_objects() -> None:
@@ -91,8 +94,11 @@ async def open_runtime(
     backend: LLMBackend | None = None,
     config: ConfigSource | None = None,
     tools: list[Tool] | None = None,
+    cluster: bool = False,
 ) -> AsyncIterator[Runtime]:
-    """Open the store, the LLM backend and every actor; close them all on exit."""
+    """Open the store, the LLM backend and every actor; close them all on exit.
+
+    `cluster`: join the other daemons of a shared store (`navi serve` on PostgreSQL)."""
     config = config or ConfigSource(settings.config_path)
     tools = tools if tools is not None else default_tools(settings)
     # Refuse a config naming a tool nobody provides or lacking a prompt file, before
@@ -132,6 +138,10 @@ async def open_runtime(
                     sessions.publish_task_update(session_id, event)
 
             supervisor = TaskSupervisor(settings, store, publish)
+            # A store several daemons share offers a bus (PostgreSQL); SQLite has none.
+            make_bus: Callable[[], ClusterBus] | None = getattr(store, "bus", None)
+            make_bus = make_bus if cluster else None
+            supervisor.lost_at_start = make_bus is None  # else the cluster, knowing who lives
             await nursery.start(supervisor.run)
 
             def attached(session_id: str) -> bool:
@@ -149,14 +159,23 @@ async def open_runtime(
                 approvals=approvals,
             )
             nursery.start_soon(agent.parts.counter.preload_on_demand)  # off the start-up path
+            joined = None
+            if make_bus is not None:
+                joined = Cluster(make_bus(), store, agent.leases, settings.lease_ttl_sec)
             sessions = SessionRegistry(
                 agent,
-                encode=event_frame,
+                encode=event_frame if joined is None else joined.tap(event_frame),
                 resync=resync_frame,
                 queue_max=settings.message_queue_max,
                 idle_timeout=settings.session_idle_sec,
             )
             await nursery.start(sessions.run)
+            if joined is not None:
+                joined.attach(sessions, supervisor)
+                supervisor.shared = joined  # the caps count for every daemon
+                sessions.on_retire = joined.unfollow_soon
+                sessions.broadcast_class = RelayBroadcast  # other daemons' frames, relayed
+                await nursery.start(joined.run)
             freeze_start_up_objects()
             try:
                 yield Runtime(
@@ -180,6 +199,7 @@ async def open_runtime(
                         approvals=approvals,
                     ),
                     nursery=nursery,
+                    cluster=joined,
                 )
             finally:
                 nursery.cancel_scope.cancel()

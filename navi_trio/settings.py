@@ -159,6 +159,9 @@ class Settings:
     )
     # A session actor with no run, no queue and nobody subscribed is retired after this.
     session_idle_sec: float = attrs.field(default=600.0, metadata=_env("NAVI_SESSION_IDLE_SEC"))
+    # A session's lease (core/lease.py) lasts this long unless renewed (every third of
+    # it): a daemon that dies or hangs loses its sessions to another daemon after this.
+    lease_ttl_sec: float = attrs.field(default=30.0, metadata=_env("NAVI_LEASE_TTL_SEC"))
     spawn_timeout_sec: float = attrs.field(default=300.0, metadata=_env("NAVI_SPAWN_TIMEOUT_SEC"))
     # The WebSocket daemon (`navi serve`): limits per connection and per user.
     ws_frame_max_bytes: int = attrs.field(default=1 << 20, metadata=_env("NAVI_WS_FRAME_MAX_BYTES"))

@@ -43,8 +43,9 @@ async def test_migrations_are_applied_once_and_recorded(pg_url: str) -> None:
         async with PostgresStore.open(pg_url) as store:  # applies nothing the second time
             assert await store.get_session("s1") is not None
     rows = await trio.to_thread.run_sync(sql, pg_url, "SELECT version, name FROM schema_migrations")
-    assert rows == [(m.version, m.name) for m in migrations()] == [(1, "init")]
-    assert SCHEMA_VERSION == 1
+    assert rows == [(m.version, m.name) for m in migrations()]
+    assert rows == [(1, "init"), (2, "lease_generation"), (3, "cluster")]
+    assert SCHEMA_VERSION == 3
 
 
 async def test_daemons_starting_together_apply_each_migration_once(pg_url: str) -> None:
@@ -60,7 +61,7 @@ async def test_daemons_starting_together_apply_each_migration_once(pg_url: str) 
                 nursery.start_soon(daemon)
     assert opened == [0, 0, 0, 0]
     rows = await trio.to_thread.run_sync(sql, pg_url, "SELECT version FROM schema_migrations")
-    assert rows == [(1,)]
+    assert rows == [(m.version,) for m in migrations()]
 
 
 async def test_a_second_daemon_waits_for_the_migration_lock_then_finds_it_applied(
@@ -88,7 +89,7 @@ async def test_a_second_daemon_waits_for_the_migration_lock_then_finds_it_applie
                     other.execute(migrations()[0].sql.encode())
                     other.execute(
                         "CREATE TABLE schema_migrations (version integer PRIMARY KEY,"
-                        " name text NOT NULL, applied_at timestamptz NOT NULL)"
+                        " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
                     )
                     other.execute("INSERT INTO schema_migrations VALUES (1, 'init', '2001-01-01')")
                 other.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])  # fmt: skip
@@ -98,7 +99,8 @@ async def test_a_second_daemon_waits_for_the_migration_lock_then_finds_it_applie
     rows = await trio.to_thread.run_sync(
         sql, pg_url, "SELECT version, extract(year FROM applied_at) FROM schema_migrations"
     )
-    assert rows == [(1, 2001)]  # applied once, by the other daemon
+    assert rows[0] == (1, 2001)  # applied once, by the other daemon; the later ones by us
+    assert [r[0] for r in rows] == [m.version for m in migrations()]
 
 
 async def wait_for_lock_waiter(url: str) -> None:
@@ -116,7 +118,7 @@ async def test_a_database_of_a_newer_navi_is_refused(pg_url: str) -> None:
         await trio.to_thread.run_sync(
             sql, pg_url, "INSERT INTO schema_migrations (version, name) VALUES (7, 'future')"
         )
-        with pytest.raises(StoreError, match="schema version 7; this navi knows 1"):
+        with pytest.raises(StoreError, match=f"schema version 7; this navi knows {SCHEMA_VERSION}"):
             async with PostgresStore.open(pg_url):
                 pass
 
@@ -180,7 +182,7 @@ async def test_the_doctor_report_says_which_server_and_whether_it_answers(
             await store.create_session("s1", profile_id="p")
         used = await store_report(Settings(db_url=pg_url))
         assert (used["ok"], used["existed"], used["schema"]) == (
-            True, True, {"applied": [1], "known": 1}
+            True, True, {"applied": [1, 2, 3], "known": 3}
         )  # fmt: skip
         assert used["tables"]["sessions"] == 1
         errors: list[str] = []

@@ -146,9 +146,18 @@ class Commands:
 
     async def _actor(self, session_id: str) -> SessionActor:
         try:
-            return await self.rt.sessions.get(session_id)
+            actor = await self.rt.sessions.get(session_id)
         except RuntimeError:  # the registry is not running: the daemon is stopping
             raise UnavailableError("the daemon is shutting down; try again later") from None
+        if self.rt.cluster is not None:  # its frames reach us wherever it runs
+            await self.rt.cluster.follow(session_id)
+        return actor
+
+    async def _owner_elsewhere(self, session_id: str, actor: SessionActor | None) -> str | None:
+        """The other daemon running the session now (never when it runs here)."""
+        if self.rt.cluster is None or (actor is not None and actor.busy):
+            return None
+        return await self.rt.cluster.owner_elsewhere(session_id)
 
     # -- session commands ---------------------------------------------------------------
 
@@ -169,6 +178,7 @@ class Commands:
         actor = await self._actor(row.id)
         if not self.conn.subscribed(row.id):
             self.conn.subscribe(actor, None, None)
+        owner = await self._owner_elsewhere(row.id, actor)
         message = UserMessage(
             cmd.content,
             cwd=cwd,
@@ -179,6 +189,12 @@ class Commands:
             mode=cmd.mode,
         )
         self._check_profile(cmd.profile)  # a new session's was checked by _create
+        if owner is not None:  # another daemon runs it: queued there (core/cluster.py)
+            assert self.rt.cluster is not None
+            await self.rt.cluster.hand_over(owner, row.id, message)
+            log.info("session %s: message from %s handed to %s", row.id, self.user.name, owner)
+            await self.conn.send(reply(rid, "ok", session_id=row.id, queued=True))
+            return
         queued = actor.busy
         try:
             actor.send_message(message)
@@ -228,6 +244,11 @@ class Commands:
         await self._owned(cmd.session_id)
         actor = self.rt.sessions.actor(cmd.session_id)
         stopped = actor.stop() if actor is not None else False
+        owner = None if stopped else await self._owner_elsewhere(cmd.session_id, actor)
+        if owner is not None:  # its run is another daemon's: stopped there
+            assert self.rt.cluster is not None
+            await self.rt.cluster.tell(owner, "stop", cmd.session_id)
+            stopped = True
         if stopped:
             log.info("session %s: stopped by %s", cmd.session_id, self.user.name)
         await self.conn.send(reply(rid, "ok", session_id=cmd.session_id, stopped=stopped))
@@ -261,7 +282,7 @@ class Commands:
     async def _compact(self, rid: RequestId, cmd: Compact) -> None:
         await self._owned(cmd.session_id)
         actor = await self._actor(cmd.session_id)
-        if actor.busy:
+        if actor.busy or await self._owner_elsewhere(cmd.session_id, actor) is not None:
             raise BusyError("a run is active: stop it or wait before compacting")
         if not self.conn.subscribed(cmd.session_id):
             self.conn.subscribe(actor, None, None)

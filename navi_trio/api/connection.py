@@ -68,7 +68,8 @@ class ConnectionHost(Protocol):
 
     runtime: DaemonCore
 
-    def connected(self, user: User) -> None: ...
+    async def connected(self, user: User) -> str | None: ...
+    async def released(self, key: str | None) -> None: ...
     def disconnected(self, user: User) -> None: ...
 
 
@@ -110,7 +111,7 @@ class Connection:
             return
         self.user = user
         try:
-            self.server.connected(user)
+            slot = await self.server.connected(user)
         except LimitError as exc:
             log.warning("connection %s of %s refused: %s", self.peer, user.name, exc)
             await self._close_with(error_frame_for(exc))
@@ -138,6 +139,7 @@ class Connection:
                 follower.close()
             self._subs.clear()
             self.server.disconnected(user)
+            await self.server.released(slot)
             log.info("connection %s: user %s disconnected", self.peer, user.name)
 
     async def _hello(self) -> User:

@@ -58,15 +58,21 @@ HANDSHAKE_TIMEOUT_SEC = 60.0
 CLOSE_TIMEOUT_SEC = 10.0
 # After a 1009: how long and how much of the client's rest the server reads and drops.
 DRAIN_TIMEOUT_SEC = 10.0
+LISTEN_BACKLOG = 4096  # trio.serve_tcp's default (capped by net.core.somaxconn)
 DRAIN_MAX_BYTES = 256 << 20
 _DRAIN_CHUNK = 1 << 16
 
 
 class ApiServer:
-    def __init__(self, runtime: DaemonCore, *, host: str = "127.0.0.1", port: int = 8765) -> None:
+    def __init__(
+        self, runtime: DaemonCore, *, host: str = "127.0.0.1", port: int = 8765,
+        reuse_port: bool = False,
+    ) -> None:  # fmt: skip
         self.runtime = runtime
         self.host = host
         self.port = port
+        # One of `navi serve --workers N`: its own socket in the port's SO_REUSEPORT group.
+        self.reuse_port = reuse_port
         self._connections: dict[str, int] = {}
         settings = runtime.settings
         self.access = WebAccess.from_settings(
@@ -76,13 +82,31 @@ class ApiServer:
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(
-                partial(trio.serve_tcp, self._serve, self.port, host=self.host)
-            )
+            if self.reuse_port:
+                listeners = await nursery.start(
+                    trio.serve_listeners, self._serve, [await self._shared_listener()]
+                )
+            else:
+                listeners = await nursery.start(
+                    partial(trio.serve_tcp, self._serve, self.port, host=self.host)
+                )
             port = int(listeners[0].socket.getsockname()[1])
             log.info("listening on ws://%s:%d/ (the browser client: http://%s:%d/)",
                      self.host, port, self.host, port)  # fmt: skip
             task_status.started(port)
+
+    async def _shared_listener(self) -> trio.SocketListener:
+        family = trio.socket.AF_INET6 if ":" in self.host else trio.socket.AF_INET
+        sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)
+            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEPORT, 1)
+            await sock.bind((self.host, self.port))
+            sock.listen(LISTEN_BACKLOG)
+        except BaseException:
+            sock.close()
+            raise
+        return trio.SocketListener(sock)
 
     async def _serve(self, stream: trio.SocketStream) -> None:
         """One TCP connection: request heads until one is a WebSocket upgrade (or the
@@ -176,7 +200,9 @@ class ApiServer:
 
     # -- connections per user ------------------------------------------------------------
 
-    def connected(self, user: User) -> None:
+    async def connected(self, user: User) -> str | None:
+        """Count the connection (here, and across daemons on a shared store: the key of
+        its slot, for `disconnected`); LimitError when the user has too many."""
         limit = self.runtime.settings.ws_connections_per_user
         count = self._connections.get(user.id, 0)
         if count >= limit:
@@ -184,7 +210,22 @@ class ApiServer:
                 f"user {user.name} already has {count} connections "
                 "(NAVI_WS_CONNECTIONS_PER_USER): close one first"
             )
+        cluster = self.runtime.cluster
+        key = None
+        if cluster is not None:
+            key, full = await cluster.take("conn", [(user.id, limit)])
+            if full is not None:
+                raise LimitError(
+                    f"user {user.name} already has {limit} connections to the daemons of "
+                    "this database (NAVI_WS_CONNECTIONS_PER_USER): close one first"
+                )
         self._connections[user.id] = count + 1
+        return key
+
+    async def released(self, key: str | None) -> None:
+        """The connection's slot across daemons, given back (shielded, bounded)."""
+        if key is not None and self.runtime.cluster is not None:
+            await self.runtime.cluster.free(key)
 
     def disconnected(self, user: User) -> None:
         count = self._connections.get(user.id, 0) - 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from navi_trio.core.approvals import ApprovalBroker
+from navi_trio.core.cluster import Cluster
 from navi_trio.core.session_registry import SessionRegistry
 from navi_trio.core.session_service import SessionService
 from navi_trio.core.task_supervisor import TaskSupervisor
@@ -37,3 +38,5 @@ class DaemonCore(Protocol):
     def approvals(self) -> ApprovalBroker: ...
     @property
     def supervisor(self) -> TaskSupervisor: ...
+    @property
+    def cluster(self) -> Cluster | None: ...  # several daemons on one database

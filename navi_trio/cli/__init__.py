@@ -268,6 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = _debug()
     try:
         args = build_parser().parse_args(argv)
+        # As given: `navi serve --workers N` starts its workers with the same arguments.
+        args.raw_argv = list(sys.argv[1:] if argv is None else argv)
     except UsageError as exc:
         print(f"navi: error: {exc}", file=err)
         return EXIT_ERROR

@@ -1,12 +1,13 @@
 """The daemon's subcommands of ``navi``: serve, users, sessions, tasks.
 
     navi serve [--host 127.0.0.1] [--port 8765] [--allow-remote] [--log-level L] [--log-json]
-               [--local [--model-file PATH]]
+               [--local [--model-file PATH]] [--workers N]
     navi users add NAME [--role admin|user] | list | remove NAME | rotate NAME
     navi sessions [list | history ID | delete ID] [--url URL] [--token T]
     navi tasks [list | check ID | cancel ID] [--session ID] [--url URL] [--token T]
 
-`serve` runs the daemon in the foreground until SIGTERM / SIGINT. `users` works on the
+`serve` runs the daemon in the foreground until SIGTERM / SIGINT (`--workers N`: N of
+them on the port, supervised: cli/workers.py). `users` works on the
 store directly (the daemon need not run). `sessions` and `tasks` talk to a running
 daemon; when none answers they say so in one line.
 """
@@ -43,6 +44,11 @@ def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], 
     serve.add_argument(
         "--allow-remote", action="store_true", help="allow a --host that is not loopback"
     )
+    serve.add_argument(
+        "--workers", type=int, default=1, metavar="N",
+        help="run N daemon processes on the port (needs NAVI_DB=postgresql://…)",
+    )  # fmt: skip
+    serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # a worker
     serve.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     serve.add_argument("--log-json", action="store_true", help="log JSON lines")
     endpoint_options(serve)
@@ -116,7 +122,6 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             flush=True,
         )
     settings = llm_settings(args, err)
-    source = config_source(settings)
     root = logging.getLogger()
     level = getattr(logging, args.log_level.upper())
     root.setLevel(level)
@@ -124,11 +129,18 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         handler.setLevel(level)
         if args.log_json:
             handler.setFormatter(_JsonLines())
+    if args.workers != 1:  # N daemons on the port, supervised (cli/workers.py)
+        from navi_trio.cli.workers import check_workers, serve_workers
+
+        check_workers(args.workers, settings)
+        return serve_workers(args.raw_argv, args.workers, args.host, args.port, out)
+    source = config_source(settings)
 
     def ready(port: int) -> None:
         print(f"navi: listening on ws://{args.host}:{port}/", file=out, flush=True)
 
-    trio.run(lambda: serve_daemon(settings, source, host=args.host, port=args.port, ready=ready))
+    where = {"host": args.host, "port": args.port, "reuse_port": args.reuse_port}
+    trio.run(lambda: serve_daemon(settings, source, ready=ready, **where))
     return 0
 
 

@@ -42,13 +42,15 @@ async def serve_daemon(
     host: str,
     port: int,
     ready: Callable[[int], None] = lambda port: None,
+    reuse_port: bool = False,
 ) -> None:
     await kill_orphans(settings.data_dir)
-    async with open_runtime(settings, config=config) as rt:
+    async with open_runtime(settings, config=config, cluster=True) as rt:
         await ensure_local_token(rt.store, settings.data_dir)
         rt.sessions.adopt = True  # session actors run what a crash left queued
         async with trio.open_nursery() as nursery:
-            bound = await nursery.start(ApiServer(rt, host=host, port=port).run)
+            server = ApiServer(rt, host=host, port=port, reuse_port=reuse_port)
+            bound = await nursery.start(server.run)
             # Only while serving: once shutdown starts, a second Ctrl-C or SIGTERM acts
             # as usual (KeyboardInterrupt / termination) instead of waiting for it.
             with trio.open_signal_receiver(*STOP_SIGNALS, signal.SIGHUP) as signals:

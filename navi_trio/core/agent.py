@@ -131,7 +131,10 @@ class Agent:
         builder = ContextBuilder(settings, counter)
         self.live_config = LiveConfig(config, builder)
         self.cache = SessionCache(store, config.current.default_profile)
-        self.leases = SessionLeases(store)  # one process runs a session at a time
+        # One process runs a session at a time; a takeover elsewhere drops our copy.
+        self.leases = SessionLeases(
+            store, ttl=settings.lease_ttl_sec, on_takeover=self.cache.forget
+        )
 
         def tool_context(turn: Turn) -> ToolContext:
             return make_tool_context(parts, turn, processes=processes, tasks=supervisor)

@@ -13,6 +13,13 @@ host (a dead pid is taken over at once).
 Take the lease *before* loading the session: loading repairs tool calls that look
 dangling, and another process's in-flight calls look exactly like that.
 
+While held, every write to the session carries the lease's fence (owner, generation:
+store/fence.py): when another process took the lease over meanwhile (this one was
+paused past its TTL), the store refuses those writes with `LeaseLostError`. A claim
+that comes back with another generation than this runtime last held means another
+process may have written the session since: `on_takeover(session_id)` (the agent's
+session cache forgets its copy) runs before the block, so the run reloads it.
+
 Within one process, holds nest: runs of one session in the same runtime share one
 lease (the session actor runs them one at a time), and it is released when the last ends.
 A second process gets `SessionBusyError` at once rather than waiting: a command-line
@@ -25,7 +32,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import attrs
@@ -34,6 +41,7 @@ import trio
 from navi_trio.errors import SessionBusyError, StorageError, StoreError
 from navi_trio.store._lease import pid_alive as pid_alive
 from navi_trio.store.base import LeaseRow, SessionStore
+from navi_trio.store.fence import Fence, fenced
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +66,18 @@ class _Holds:
 class SessionLeases:
     """This runtime's leases. One per runtime (its owner id), never module-level."""
 
-    def __init__(self, store: SessionStore, *, ttl: float = LEASE_TTL_SEC) -> None:
+    def __init__(
+        self,
+        store: SessionStore,
+        *,
+        ttl: float = LEASE_TTL_SEC,
+        on_takeover: Callable[[str], None] | None = None,
+    ) -> None:
         self._store = store
         self.ttl = ttl
+        self.on_takeover = on_takeover
+        # The generation of each session's lease as this runtime last held it.
+        self._generations: dict[str, int] = {}
         self.pid = os.getpid()
         self.host = socket.gethostname() or "localhost"
         self.owner = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:12]}"
@@ -78,11 +95,17 @@ class SessionLeases:
             if holder.owner != self.owner:
                 raise SessionBusyError(busy_message(session_id, holder))
             entry.claimed = True
+            if self._generations.get(session_id) != holder.generation:
+                self._generations[session_id] = holder.generation
+                if self.on_takeover is not None and entry.count == 1:
+                    self.on_takeover(session_id)
+            fence = Fence(session_id, self.owner, holder.generation)
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._renew, session_id)
                     try:
-                        yield
+                        with fenced(fence):
+                            yield
                     finally:
                         nursery.cancel_scope.cancel()
             except BaseExceptionGroup as group:

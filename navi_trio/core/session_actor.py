@@ -125,6 +125,7 @@ class SessionActor:
         self.dropped_total = 0
         self._nursery: trio.Nursery | None = None
         self._control: RunControl | None = None
+        self._running_key: str | None = None  # the queue key of the message running
         self.busy = False
         self.idle = trio.Event()
         self.idle.set()
@@ -229,6 +230,26 @@ class SessionActor:
     def publish(self, event: AgentEvent) -> Frame:
         return self.broadcast.publish(event)
 
+    def relay(self, frame: Frame) -> None:
+        """A frame of this session another daemon published (core/cluster.py). Ignored
+        while this daemon runs the session: only a replaced owner's late frames can
+        arrive then."""
+        relay = getattr(self.broadcast, "relay", None)
+        if not self.busy and relay is not None:
+            relay(frame)
+
+    async def adopt_handed(self) -> int:
+        """Take the session's queued rows nobody else runs (handed over by another
+        daemon, left by a dead one) and run them in order; how many (core/cluster.py)."""
+        known = {m.queue_key for m in self.pending} | {self._running_key}
+        adopted = [m for m in await self.queue.adopt() if m.queue_key not in known]
+        for msg in adopted:
+            if not self.busy and not self.pending and self._nursery is not None:
+                self._start_run(msg)
+            else:
+                self.pending.append(msg)
+        return len(adopted)
+
     def publish_out_of_band(self, event: AgentEvent) -> None:
         self.broadcast.publish_out_of_band(event)
 
@@ -248,6 +269,7 @@ class SessionActor:
     def _done(self) -> None:
         self.busy = False
         self._control = None
+        self._running_key = None
         self._touch()
         # At shutdown the nursery is gone: queued messages are not started (they stay
         # in the store and run after the restart), and the actor is idle.
@@ -262,6 +284,7 @@ class SessionActor:
         control = RunControl()
         self._start(self._run, msg, control)
         self._control = control
+        self._running_key = msg.queue_key
 
     async def _run(self, msg: UserMessage, control: RunControl) -> None:
         # The one place a session's turns run (daemon and `navi run` alike): one at a

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from functools import partial
 
 import trio
@@ -52,6 +53,10 @@ class SessionRegistry(NurseryHolder):
         # follows its own message's run only.
         self.adopt = False
         self.epoch = new_epoch()
+        # With the cluster (core/cluster.py): broadcasts that relay other daemons' frames,
+        # and a word when an actor retires (its session is no longer followed here).
+        self.broadcast_class: type[LocalBroadcast] = LocalBroadcast
+        self.on_retire: Callable[[str], None] | None = None
 
     async def get(self, session_id: str) -> SessionActor:
         actor = self._actors.get(session_id)
@@ -64,7 +69,7 @@ class SessionRegistry(NurseryHolder):
         started = self._starting[session_id] = trio.Event()
         try:
             broadcast = partial(
-                LocalBroadcast,
+                self.broadcast_class,
                 encode=self.encode,
                 resync=self.resync,
                 first_seq=self._last_seq.pop(session_id, 0),
@@ -106,8 +111,11 @@ class SessionRegistry(NurseryHolder):
     def _retire(self, actor: SessionActor) -> None:
         if self._actors.get(actor.session_id) is actor:
             del self._actors[actor.session_id]
-            self._last_seq[actor.session_id] = actor.seq
+            floor = getattr(actor.broadcast, "seq_floor", actor.seq)
+            self._last_seq[actor.session_id] = max(actor.seq, floor)
             self.forget(actor.session_id)
+            if self.on_retire is not None:
+                self.on_retire(actor.session_id)
 
     def forget(self, session_id: str) -> None:
         """Drop the session's cached state (it was deleted, or its actor retired)."""

@@ -34,7 +34,7 @@ import os
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -78,6 +78,7 @@ class Job:
     started_at: float = 0.0
     finished_at: float | None = None
     tokens: int = 0
+    slot: str | None = None  # its slot in the caps several daemons share (`start`)
 
     @ring.default
     def _ring_default(self) -> collections.deque[AgentEvent]:
@@ -126,23 +127,36 @@ class TaskSupervisor(NurseryHolder):
         self._jobs: dict[str, dict[str, Job]] = {}
         # session id -> trio times of accepted submissions inside the rate window.
         self._submits: dict[str, collections.deque[float]] = {}
+        # The caps counted for every daemon of a shared store (core/cluster.py), if any.
+        self.shared: SharedSlots | None = None
+        # False on a shared store: the cluster reports lost jobs, knowing who is alive.
+        self.lost_at_start = True
 
     # --- the actor -------------------------------------------------------------------
 
     async def on_start(self) -> None:
-        await self._report_lost_jobs()
+        if self.lost_at_start:
+            await self.report_lost_jobs()
 
-    async def _report_lost_jobs(self) -> None:
-        """Turn running markers left by a previous process into completion notes."""
+    async def report_lost_jobs(self, live: set[tuple[int, str]] | None = None) -> int:
+        """Turn running markers left by a dead process into completion notes; how many.
+
+        At start-up, and on a shared store every so often (core/cluster.py), with `live`
+        the (pid, host) of the daemons alive on other machines: their jobs are not lost."""
         try:
             markers = await self._kv.kv_list(RUNNING_SCOPE)
         except Exception:
             log.exception("could not read leftover background task markers")
-            return
+            return 0
+        lost = 0
         for key, marker in markers:
             info = marker if isinstance(marker, dict) else {}
-            if _runs_in_another_process(info):
+            mine = self._jobs.get(str(info.get("session_id")), {}).get(str(info.get("task_id")))
+            if mine is not None:
+                continue  # one of this supervisor's own jobs
+            if _runs_in_another_process(info) or _on_a_live_machine(info, live):
                 continue  # another navi process on this DB runs it: not lost
+            lost += 1
             session_id = str(info.get("session_id") or key.partition(":")[0])
             task_id = str(info.get("task_id") or key.rpartition(":")[2])
             args = str(info.get("args_summary") or "")
@@ -159,6 +173,7 @@ class TaskSupervisor(NurseryHolder):
                 await self._kv.kv_delete(RUNNING_SCOPE, key)
             except Exception:
                 log.exception("could not report lost background task %s", key)
+        return lost
 
     # --- the API the executor and the tasks tool call ------------------------------
 
@@ -189,6 +204,37 @@ class TaskSupervisor(NurseryHolder):
         self._submits.setdefault(session_id, collections.deque()).append(now)
         self.nursery.start_soon(self._run_job, job, runner, name=f"background {job.task_id}")
         self._notify(job)
+        return job
+
+    async def start(
+        self,
+        session_id: str,
+        tool: str,
+        args: dict[str, Any],
+        runner: JobRunner,
+        *,
+        is_spawn: bool = False,
+    ) -> Job:
+        """`submit`, with the caps also counted across daemons when the store is shared:
+        the global, per-session and sub-agent caps and the per-session rate limit hold
+        for the whole cluster (a slot per job in the store, given back when it ends)."""
+        shared = self.shared
+        if shared is None:
+            return self.submit(session_id, tool, args, runner, is_spawn=is_spawn)
+        s = self._settings
+        claims = [("*", s.tasks_max_global), (f"s:{session_id}", s.tasks_max_per_session)]
+        if is_spawn:
+            claims.append((f"spawn:{session_id}", s.tasks_max_spawn))
+        rate = (f"s:{session_id}", s.tasks_rate_limit, s.tasks_rate_window_sec)
+        key, full = await shared.take("task", claims, rate)
+        if full is not None:
+            raise TaskRejectedError(_shared_refusal(full, s))
+        try:
+            job = self.submit(session_id, tool, args, runner, is_spawn=is_spawn)
+        except BaseException:
+            await shared.free(key)
+            raise
+        job.slot = key
         return job
 
     def list_jobs(self, session_id: str) -> list[Job]:
@@ -337,6 +383,8 @@ class TaskSupervisor(NurseryHolder):
             )
             self._notify(job)
             await self._kv_quietly(self._kv.kv_delete(RUNNING_SCOPE, marker_key))
+            if job.slot is not None and self.shared is not None:
+                await self.shared.free(job.slot, keep=True)  # still counts for the rate
         job.done.set()
 
     async def _kv_quietly(self, op: Awaitable[None]) -> None:
@@ -383,6 +431,42 @@ class TaskSupervisor(NurseryHolder):
             "pid": os.getpid(),
             "host": socket.gethostname(),
         }
+
+
+class SharedSlots(Protocol):
+    """Slots counted for every daemon of a shared store (core/cluster.py `Cluster`)."""
+
+    async def take(
+        self, kind: str, claims: list[tuple[str, int]], rate: tuple[str, int, float] | None = None
+    ) -> tuple[str, str | None]: ...
+    async def free(self, key: str, *, keep: bool = False) -> None: ...
+
+
+def _shared_refusal(full: str, s: Settings) -> str:
+    if full == "*":
+        return f"the daemons already run {s.tasks_max_global} background tasks (tasks_max_global)"
+    if full.startswith("spawn:"):
+        return (
+            f"this session already runs {s.tasks_max_spawn} background sub-agents (tasks_max_spawn)"
+        )
+    if full == "rate":
+        return (
+            f"this session started {s.tasks_rate_limit} background tasks in the last "
+            f"{s.tasks_rate_window_sec:g} s (tasks_rate_limit); try again later"
+        )
+    return (
+        f"this session already runs {s.tasks_max_per_session} background tasks "
+        "(tasks_max_per_session)"
+    )
+
+
+def _on_a_live_machine(marker: dict[str, Any], live: set[tuple[int, str]] | None) -> bool:
+    """The marker's job belongs to a live daemon of another host (`live`: of the cluster;
+    None: nothing is known of other hosts, and their jobs count as lost, as before)."""
+    host = marker.get("host")
+    if live is None or host == socket.gethostname():
+        return False
+    return (marker.get("pid"), host) in live
 
 
 def _runs_in_another_process(marker: dict[str, Any]) -> bool:

@@ -168,7 +168,7 @@ class ToolExecutor:
         if verdict.network:
             call_ctx = attrs.evolve(call_ctx, sandbox=with_network(call_ctx.sandbox))
         if self._wants_background(call, tool):
-            return self._detach(tool, args, call_ctx)
+            return await self._detach(tool, args, call_ctx)
         return await run_tool(tool, args, call_ctx)
 
     async def _gate(
@@ -207,7 +207,7 @@ class ToolExecutor:
             "need and why."
         )
 
-    def _detach(self, tool: Tool, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    async def _detach(self, tool: Tool, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         if self.supervisor is None:
             return ToolResult.fail("Cannot run in background: background tasks are not available")
         if not ctx.can_detach:
@@ -237,7 +237,7 @@ class ToolExecutor:
             return result
 
         try:
-            job = self.supervisor.submit(
+            job = await self.supervisor.start(
                 ctx.session_id, tool.name, args, runner, is_spawn=tool.name == "spawn_agent"
             )
         except TaskRejectedError as exc:

@@ -16,10 +16,12 @@ from sqlite_utils import Database
 
 from navi_trio.store._core import _Core
 from navi_trio.store._input import _prepare, _Row, check_session_id
+from navi_trio.store._lease import check_fence
 from navi_trio.store._queue import _unqueue
 from navi_trio.store._schema import _HISTORY, _write_tx
 from navi_trio.store._sessions import _get_session, _require_session
 from navi_trio.store.base import LoadedSession
+from navi_trio.store.fence import Fence, fence_for
 from navi_trio.store.repair import placeholder_positions, repair_dangling_tool_calls
 from navi_trio.text import loads_clean
 
@@ -48,9 +50,10 @@ class _History(_Core):
         if not msg_rows and not ctx_rows and dequeue is None:
             return
         now = self._now()
+        fence = fence_for(sid)
         await self._run(
             f"append to session {sid!r}",
-            lambda db: _append(db, sid, msg_rows, ctx_rows, now, dequeue),
+            lambda db: _append(db, sid, msg_rows, ctx_rows, now, dequeue, fence),
             durable,
         )
 
@@ -71,8 +74,9 @@ class _History(_Core):
         sid = check_session_id(session_id)
         rows = _prepare(context, "context")
         now = self._now()
+        fence = fence_for(sid)
         await self._run(
-            f"replace context of {sid!r}", lambda db: _replace_context(db, sid, rows, now)
+            f"replace context of {sid!r}", lambda db: _replace_context(db, sid, rows, now, fence)
         )
 
     async def load_session(self, session_id: str) -> LoadedSession | None:
@@ -83,7 +87,10 @@ class _History(_Core):
         """
         sid = check_session_id(session_id)
         now = self._now()
-        return await self._run(f"load session {sid!r}", lambda db: _load_session(db, sid, now))
+        fence = fence_for(sid)
+        return await self._run(
+            f"load session {sid!r}", lambda db: _load_session(db, sid, now, fence)
+        )
 
 
 def _insert_history(
@@ -107,9 +114,10 @@ def _next_positions(db: Database, table: str, sid: str, count: int) -> list[floa
 
 def _append(
     db: Database, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
-    dequeue: str | None = None,
+    dequeue: str | None = None, fence: Fence | None = None,
 ) -> None:  # fmt: skip
     with _write_tx(db):
+        check_fence(db, fence)
         _require_session(db, sid)
         if dequeue is not None:
             _unqueue(db, dequeue)
@@ -128,14 +136,17 @@ def _load_history(db: Database, table: str, sid: str) -> list[dict[str, Any]]:
     return [loads_clean(r[0]) for r in rows]  # an older version stored lone surrogates
 
 
-def _replace_context(db: Database, sid: str, rows: list[_Row], now: float) -> None:
+def _replace_context(
+    db: Database, sid: str, rows: list[_Row], now: float, fence: Fence | None
+) -> None:
     with _write_tx(db):
+        check_fence(db, fence)
         _require_session(db, sid)
         db.execute("DELETE FROM context WHERE session_id = ?", [sid])
         _insert_history(db, "context", sid, rows, [float(i) for i in range(1, len(rows) + 1)], now)
 
 
-def _load_session(db: Database, sid: str, now: float) -> LoadedSession | None:
+def _load_session(db: Database, sid: str, now: float, fence: Fence | None) -> LoadedSession | None:
     row = _get_session(db, sid)
     if row is None:
         return None
@@ -143,6 +154,7 @@ def _load_session(db: Database, sid: str, now: float) -> LoadedSession | None:
     repaired = 0
     # One job on the one thread: no append can slip between reading and repairing.
     with _write_tx(db):
+        check_fence(db, fence)  # a replaced owner must not "repair" its successor's calls
         for table in _HISTORY:
             records = db.execute(
                 f"SELECT position, data FROM {table} WHERE session_id = ? ORDER BY position",

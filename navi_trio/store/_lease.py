@@ -1,10 +1,13 @@
 """The leases table: which process runs a session right now.
 
-A lease row says "owner X (pid, host) runs this session until expires_at". The holder
-renews it while its run lives. A claim wins when there is no row, the row is the
-claimer's own, the row has expired, or the row's process is gone (same host, pid no
-longer alive): a crashed process never blocks a session for longer than one TTL, and
-on its own host not even that.
+A lease row says "owner X (pid, host) runs this session until expires_at, as its
+generation G". The holder renews it while its run lives. A claim wins when there is no
+row, the row is the claimer's own, the row has expired, or the row's process is gone
+(same host, pid no longer alive): a crashed process never blocks a session for longer
+than one TTL, and on its own host not even that. A claim by another owner bumps the
+generation (the fencing token, store/fence.py); releasing expires the row but keeps
+it, so generations only go up. `check_fence` is the check every fenced write makes in
+its transaction.
 
 `_Leases` holds the store's lease methods (mixed into `SQLiteStore`); below it, the
 functions that run on the worker thread.
@@ -14,14 +17,16 @@ from __future__ import annotations
 
 import os
 
+import attrs
 from sqlite_utils import Database
 
 from navi_trio.store._core import _Core
 from navi_trio.store._input import _check_text, check_session_id
 from navi_trio.store._schema import _write_tx
 from navi_trio.store.base import LeaseRow
+from navi_trio.store.fence import Fence, lost
 
-_COLS = "session_id, owner, pid, host, expires_at"
+_COLS = "session_id, owner, pid, host, expires_at, generation"
 
 
 def pid_alive(pid: int) -> bool:
@@ -54,7 +59,8 @@ class _Leases(_Core):
         sid = check_session_id(session_id)
         now = self._now()
         lease = LeaseRow(session_id=sid, owner=_check_text(owner, "lease owner"), pid=pid,
-                         host=_check_text(host, "lease host"), expires_at=now + ttl)  # fmt: skip
+                         host=_check_text(host, "lease host"), expires_at=now + ttl,
+                         generation=1)  # fmt: skip
         return await self._run(f"claim lease of {sid!r}", lambda db: _claim(db, lease, now))
 
     async def renew_lease(self, session_id: str, *, owner: str, ttl: float) -> bool:
@@ -68,8 +74,20 @@ class _Leases(_Core):
         await self._run(f"release lease of {sid!r}", lambda db: _release(db, sid, owner))
 
 
-def _lease_from(row: tuple[str, str, int, str, float]) -> LeaseRow:
-    return LeaseRow(session_id=row[0], owner=row[1], pid=row[2], host=row[3], expires_at=row[4])
+def _lease_from(row: tuple[str, str, int, str, float, int]) -> LeaseRow:
+    return LeaseRow(session_id=row[0], owner=row[1], pid=row[2], host=row[3], expires_at=row[4],
+                    generation=row[5])  # fmt: skip
+
+
+def check_fence(db: Database, fence: Fence | None) -> None:
+    """Inside a write transaction: LeaseLostError unless `fence` still holds the lease."""
+    if fence is None:
+        return
+    row = db.execute(
+        "SELECT owner, generation FROM leases WHERE session_id = ?", [fence.session_id]
+    ).fetchone()
+    if row is None or (row[0], row[1]) != (fence.owner, fence.generation):
+        raise lost(fence, None if row is None else (row[0], row[1]))
 
 
 def _claim(db: Database, lease: LeaseRow, now: float) -> LeaseRow:
@@ -83,12 +101,16 @@ def _claim(db: Database, lease: LeaseRow, now: float) -> LeaseRow:
             dead = holder.host == lease.host and not pid_alive(holder.pid)
             if holder.owner != lease.owner and holder.expires_at > now and not dead:
                 return holder
+            # Our own row keeps its generation; a takeover is the next one.
+            same = holder.owner == lease.owner
+            lease = attrs.evolve(lease, generation=holder.generation + (0 if same else 1))
         db.execute(
-            f"INSERT INTO leases ({_COLS}) VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id)"
+            f"INSERT INTO leases ({_COLS}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id)"
             " DO UPDATE SET owner = excluded.owner, pid = excluded.pid, host = excluded.host,"
-            " expires_at = excluded.expires_at",
-            [lease.session_id, lease.owner, lease.pid, lease.host, lease.expires_at],
-        )
+            " expires_at = excluded.expires_at, generation = excluded.generation",
+            [lease.session_id, lease.owner, lease.pid, lease.host, lease.expires_at,
+             lease.generation],
+        )  # fmt: skip
         return lease
 
 
@@ -103,4 +125,7 @@ def _renew(db: Database, sid: str, owner: str, expires_at: float) -> bool:
 
 def _release(db: Database, sid: str, owner: str) -> None:
     with _write_tx(db):
-        db.execute("DELETE FROM leases WHERE session_id = ? AND owner = ?", [sid, owner])
+        # Expired, not deleted: the generation must never go back (store/fence.py).
+        db.execute(
+            "UPDATE leases SET expires_at = 0 WHERE session_id = ? AND owner = ?", [sid, owner]
+        )

@@ -19,7 +19,7 @@ from sqlite_utils import Database
 from navi_trio.errors import StoreError
 from navi_trio.store.base import SessionRow
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: leases.generation (store/fence.py)
 _HISTORY = ("messages", "context")
 _TABLES = ("sessions", "messages", "context", "kv", "users")
 _SESSION_COLS = "id, profile_id, title, user_id, created_at, updated_at, meta"
@@ -114,10 +114,13 @@ def _init_schema(db: Database) -> None:
         # Who runs a session right now (store/_lease.py). No foreign key: a run leases
         # its session before the session row exists. Old databases gain the table here.
         db.table("leases").create(
-            {"session_id": str, "owner": str, "pid": int, "host": str, "expires_at": float},
-            pk="session_id", not_null=["owner", "pid", "host", "expires_at"],
-            if_not_exists=True,
+            {"session_id": str, "owner": str, "pid": int, "host": str, "expires_at": float,
+             "generation": int},
+            pk="session_id", not_null=["owner", "pid", "host", "expires_at", "generation"],
+            defaults={"generation": 0}, if_not_exists=True,
         )  # fmt: skip
+        if "generation" not in db.table("leases").columns_dict:  # a version 1 database
+            db.execute("ALTER TABLE leases ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
         # Queued user messages (store/_queue.py): `id` is the order they were queued in.
         db.execute(
             "CREATE TABLE IF NOT EXISTS queued (id INTEGER PRIMARY KEY AUTOINCREMENT,"

@@ -15,8 +15,10 @@ from sqlite_utils import Database
 from navi_trio.errors import StoreError
 from navi_trio.store._core import _Core
 from navi_trio.store._input import _check_meta, _check_text, _dump, check_session_id
+from navi_trio.store._lease import check_fence
 from navi_trio.store._schema import _HISTORY, _SESSION_COLS, _session_from, _write_tx
 from navi_trio.store.base import SessionRow
+from navi_trio.store.fence import Fence, fence_for
 
 
 class _Sessions(_Core):
@@ -70,7 +72,10 @@ class _Sessions(_Core):
             changes["title"] = _check_text(title, "title", allow_empty=True)
         if meta is not None:
             changes["meta"] = _dump(_check_meta(meta), "session meta")
-        await self._run(f"update session {sid!r}", lambda db: _update_session(db, sid, changes))
+        fence = fence_for(sid)
+        await self._run(
+            f"update session {sid!r}", lambda db: _update_session(db, sid, changes, fence)
+        )
 
     async def delete_session(self, session_id: str) -> bool:
         """Delete the session, its history, context and kv rows keyed `sid` or `sid:…`."""
@@ -116,10 +121,13 @@ def _list_sessions(db: Database, user_id: str | None) -> list[SessionRow]:
     return [_session_from(r) for r in rows]
 
 
-def _update_session(db: Database, sid: str, changes: dict[str, Any]) -> None:
+def _update_session(
+    db: Database, sid: str, changes: dict[str, Any], fence: Fence | None = None
+) -> None:
     # Column names come from update_session's fixed keyword set, never from callers.
     sets = ", ".join(f"{col} = ?" for col in changes)
     with _write_tx(db):
+        check_fence(db, fence)
         _require_session(db, sid)
         db.execute(f"UPDATE sessions SET {sets} WHERE id = ?", [*changes.values(), sid])
 

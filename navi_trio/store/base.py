@@ -18,7 +18,12 @@ Contract every implementation keeps:
   (`repair_dangling_tool_calls`) and persists the placeholders, so it is idempotent.
 - `claim_lease` returns the lease's holder after the attempt: the claimer's own row
   when it won; the live holder's when not. A claim takes over an expired lease, and
-  a lease whose process (same host) is gone.
+  a lease whose process (same host) is gone. A takeover by another owner bumps the
+  lease's `generation`; a release expires the row but keeps it (generations never go
+  back). `append`, `replace_context`, `update_session` and `load_session`'s repair,
+  made inside `store.fence.fenced(...)`, are refused with `LeaseLostError` (nothing
+  stored) unless the lease row still names that owner and generation: a paused owner
+  that another daemon replaced cannot write to the session any more.
 - Failures raise `navi_trio.errors.StoreError` naming the operation (and the session);
   when the file itself is the problem, its subclasses say which: `StorageFullError`
   (the disk is full) or `StorageError` (read-only, an I/O error, damaged). Nothing of
@@ -27,7 +32,8 @@ Contract every implementation keeps:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 import attrs
@@ -63,6 +69,7 @@ class LeaseRow:
     pid: int
     host: str
     expires_at: float  # wall-clock seconds (time.time())
+    generation: int = 0  # the fencing token: +1 at every takeover by another owner
 
 
 class SessionStore(Protocol):
@@ -140,3 +147,29 @@ class SessionStore(Protocol):
 
     # health
     async def stats(self) -> dict[str, int]: ...
+
+
+class ClusterBus(Protocol):
+    """Messages between daemons on one database, and the rows that say who is alive.
+
+    Offered by a store that several daemons share (PostgreSQL: `PostgresStore.bus()`,
+    LISTEN / NOTIFY); core/cluster.py is its one user."""
+
+    def on_message(self, callback: Callable[[str, str], None]) -> None: ...
+    def listening(self) -> AbstractAsyncContextManager[None]: ...
+    async def listen(self, channel: str) -> None: ...
+    async def unlisten(self, channel: str) -> None: ...
+    async def notify(self, items: Sequence[tuple[str, str]]) -> None: ...
+    async def fetch_frame(self, ref: int) -> str | None: ...
+    async def heartbeat(self, owner: str, pid: int, host: str, ttl: float) -> None: ...
+    async def leave(self, owner: str) -> None: ...
+    async def live_daemons(self) -> list[tuple[str, int, str]]: ...
+    async def follow(self, session_id: str, owner: str, follow: bool) -> None: ...
+    async def follows(self) -> list[tuple[str, str]]: ...
+    async def live_holder(self, session_id: str) -> tuple[str, int, str] | None: ...
+    async def orphaned_queues(self) -> list[str]: ...
+    async def take_slot(
+        self, key: str, kind: str, owner: str, claims: Sequence[tuple[str, int]],
+        rate: tuple[str, int, float] | None = None,
+    ) -> str | None: ...  # fmt: skip
+    async def free_slot(self, key: str, *, keep: bool) -> None: ...

@@ -1,6 +1,7 @@
 """Benchmark 4, concurrency: N sessions each running a 10-round tool loop at once.
 
     python scripts/bench/conc.py --sessions 500 [--client-procs 2] [--py-spy OUT.txt]
+    python scripts/bench/conc.py --sessions 500 --daemons 2 [--pg postgresql://…]
 
 Every part in its own process, so that neither the CPU nor the figures of one are
 charged to another: the fake LLM server (``python -m navi_trio.testing.fake_llm``, 5 ms
@@ -172,6 +173,91 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def measure_daemons(a: argparse.Namespace) -> dict[str, Any]:
+    """`--daemons N`: the same load over N daemons sharing one PostgreSQL (issue 20).
+
+    ``--pg URL`` names the database (else a throwaway cluster is started, as the tests
+    do). Each daemon is ``conc.py daemon --db URL`` (the runtime in the cluster), the
+    client processes are spread over the daemons (client process i talks to daemon
+    i mod N, so each session runs where its client is). Reported as `measure`, plus the
+    CPU seconds of each daemon and per round."""
+    procs: list[subprocess.Popen[str]] = []
+    tmp = Path(tempfile.mkdtemp(prefix="navi-conc-"))
+    server = None
+    try:
+        url = a.pg
+        if not url:
+            from navi_trio.testing.postgres import PgServer
+
+            server = PgServer.start()
+            url = server.create_database()
+        script = tmp / "script.json"
+        script.write_text(json.dumps([ECHO]))
+        fake = _spawn(["-m", "navi_trio.testing.fake_llm", "--loop", "--script", str(script)])
+        procs.append(fake)
+        llm_url = _line(fake, 30, "the fake LLM server").split("listening on", 1)[1].strip()
+        tokens = tmp / "tokens.json"
+        daemons, hellos = [], []
+        for i in range(a.daemons):
+            args = ["conc.py", "daemon", "--url", llm_url, "--users", str(a.sessions + 1),
+                    "--db", url, "--data", str(tmp / "data")]  # fmt: skip
+            daemon = _spawn(args + (["--tokens", str(tokens)] if i else []))
+            procs.append(daemon)
+            daemons.append(daemon)
+            hellos.append(json.loads(_line(daemon, 120, f"daemon {i}")))
+            if not i:
+                tokens.write_text(json.dumps(hellos[0]["tokens"]))
+        nprocs = max(a.client_procs, a.daemons)
+        per = -(-a.sessions // nprocs)
+
+        def client(i: int) -> subprocess.Popen[str]:
+            ws = hellos[(i // per) % a.daemons]["ws"]
+            count = str(min(per, a.sessions - i))
+            return _spawn(["conc.py", "clients", "--ws", ws, "--tokens", str(tokens),
+                           "--first", str(i), "--count", count])  # fmt: skip
+
+        clients = [client(i) for i in range(0, a.sessions, per)]
+        procs += clients
+        for c in clients:
+            if _line(c, 120, "a client process").strip() != "ready":
+                raise RuntimeError("a client process did not connect")
+        cpu0 = [_cpu_s(d.pid) for d in daemons]
+        llm0 = _cpu_s(fake.pid)
+        t0 = time.monotonic()
+        for c in clients:
+            _tell(c, "go")
+        results = [json.loads(_line(c, a.timeout, "a client process")) for c in clients]
+        wall = time.monotonic() - t0
+        cpu = [_cpu_s(d.pid) - c0 for d, c0 in zip(daemons, cpu0, strict=True)]
+        gaps = [g for r in results for one in r["gaps_ms"] for g in one]
+        flow = [g for r in results for one in r["gaps_ms"] for g in one[1:]]
+        rounds = sum(r["rounds"] for r in results)
+        return {
+            "daemons": a.daemons, "sessions": a.sessions, "client_procs": len(clients),
+            "rounds": rounds, "seconds": wall, "rounds_per_s": rounds / wall, **_pcts(gaps),
+            "p99_gap_in_flow_ms": _pcts(flow)["p99_gap_ms"],
+            "cpu_s_per_daemon": cpu, "cpu_ms_per_round": 1000 * sum(cpu) / max(rounds, 1),
+            "cpu_s": {"daemons": sum(cpu), "llm": _cpu_s(fake.pid) - llm0,
+                      "clients": sum(r["cpu_s"] for r in results)},
+            "cores": os.cpu_count(), "errors": [e for r in results for e in r["errors"]],
+        }  # fmt: skip
+    finally:
+        for p in reversed(procs):
+            if p.stdin is not None:
+                p.stdin.close()
+        for p in reversed(procs):
+            if p is procs[0]:
+                p.terminate()
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if server is not None:
+            server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("what", nargs="?", default="measure", choices=["measure", "daemon", "clients"])
@@ -187,7 +273,14 @@ def main() -> int:
     p.add_argument("--tokens", default="")
     p.add_argument("--first", type=int, default=0)
     p.add_argument("--count", type=int, default=1)
+    p.add_argument("--daemons", type=int, default=0, help="N daemons on one PostgreSQL")
+    p.add_argument("--pg", default="", help="--daemons: postgresql:// URL (default: a throwaway)")
+    p.add_argument("--db", default="")  # daemon (internal): the PostgreSQL URL
+    p.add_argument("--data", default="")
     a = p.parse_args()
+    if a.what == "measure" and a.daemons:
+        print(json.dumps(measure_daemons(a)))
+        return 0
     if a.what == "measure":
         print(json.dumps(measure(a)))
         return 0

@@ -45,6 +45,37 @@ async def daemon(a: argparse.Namespace) -> None:
             await trio.to_thread.run_sync(sys.stdin.read)
 
 
+async def cluster_daemon(a: argparse.Namespace) -> None:
+    """One of `conc.py --daemons N`: `daemon` on the PostgreSQL at --db, in the cluster;
+    the first (no --tokens) makes the users, the others read their tokens from --tokens."""
+    from navi_trio.api.auth import new_token
+    from navi_trio.api.server import ApiServer
+    from navi_trio.runtime import open_runtime
+    from navi_trio.settings import Settings
+    from navi_trio.testing.harness import test_config
+
+    profile = {**BENCH_PROFILE, "max_iterations": ROUNDS}
+    cfg = test_config({"bench": profile}, default_profile="bench")
+    tmp = Path(a.data)
+    conf = Settings.from_env(
+        {}, db_url=a.db, data_dir=tmp, llm_backend="ollama", llm_url=a.url,
+        num_ctx=1_000_000, default_model="fake-model", session_idle_sec=3600.0,
+    )  # fmt: skip
+    tokens: list[str] = list(a.token_list)
+    async with open_runtime(conf, config=cfg, tools=[EchoTool()], cluster=True) as rt:
+        if not tokens:
+            for i in range(a.users):
+                token = new_token()
+                await rt.store.create_user(f"bench{i}", token, "admin" if i == 0 else "user")
+                tokens.append(token)
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(ApiServer(rt, host="127.0.0.1", port=0).run)
+            url = f"ws://127.0.0.1:{port}/"
+            print(json.dumps({"ws": url, "tokens": tokens}), flush=True)
+            await trio.to_thread.run_sync(sys.stdin.read)
+            nursery.cancel_scope.cancel()
+
+
 async def clients(a: argparse.Namespace) -> None:
     tokens: list[str] = a.token_list[a.first : a.first + a.count]
     gaps: list[list[float]] = []  # per session, in order
@@ -99,7 +130,9 @@ async def clients(a: argparse.Namespace) -> None:
 def main(a: argparse.Namespace) -> int:
     if a.sync:
         _patch_sync(a.sync)
-    if a.what == "clients":
-        a.token_list = json.loads(Path(a.tokens).read_text())
+    a.token_list = json.loads(Path(a.tokens).read_text()) if a.tokens else []
+    if a.what == "daemon" and a.db:
+        trio.run(cluster_daemon, a)
+        return 0
     trio.run(daemon if a.what == "daemon" else clients, a)
     return 0

@@ -9,9 +9,10 @@ Writers of different sessions never wait for each other.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
+import psycopg
 import psycopg.errors as pg
 from psycopg import sql
 
@@ -19,12 +20,38 @@ from navi_trio.errors import StoreError
 from navi_trio.store._input import _prepare, _Row
 from navi_trio.store._schema import _session_from
 from navi_trio.store.base import LoadedSession, SessionRow
+from navi_trio.store.fence import Fence, lost
 from navi_trio.store.postgres._workers import Conn
 from navi_trio.store.repair import placeholder_positions, repair_dangling_tool_calls
 from navi_trio.text import loads_clean
 
+T = TypeVar("T")
 HISTORY = ("messages", "context")
 _COLS = "id, profile_id, title, user_id, created_at, updated_at, meta"
+
+
+FENCE_LOST = "NV001"  # navi_fence's SQLSTATE (migrations/0002)
+
+
+def check_fence(conn: Conn, fence: Fence | None) -> None:
+    """A fenced write's first statement (pipelined with the rest): NV001 when lost."""
+    if fence is not None:
+        conn.execute("SELECT navi_fence(%s, %s, %s)", [fence.session_id, fence.owner,
+                                                        fence.generation])  # fmt: skip
+
+
+def fenced(fence: Fence | None, fn: Callable[[Conn], T]) -> Callable[[Conn], T]:
+    """`fn` with navi_fence's refusal raised as LeaseLostError (store/fence.py)."""
+
+    def job(conn: Conn) -> T:
+        try:
+            return fn(conn)
+        except psycopg.Error as exc:
+            if fence is not None and exc.sqlstate == FENCE_LOST:
+                raise lost(fence, None) from None
+            raise
+
+    return job
 
 
 def get_session(conn: Conn, sid: str) -> SessionRow | None:
@@ -57,7 +84,10 @@ def list_sessions(conn: Conn, user_id: str | None) -> list[SessionRow]:
     return [_session_from(r) for r in rows]
 
 
-def update_session(conn: Conn, sid: str, changes: dict[str, Any]) -> None:
+def update_session(
+    conn: Conn, sid: str, changes: dict[str, Any], fence: Fence | None = None
+) -> None:
+    check_fence(conn, fence)
     # Column names come from update_session's fixed keyword set, never from callers.
     sets = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in changes)
     query = sql.SQL("UPDATE sessions SET {} WHERE id = %s RETURNING 1").format(sets)
@@ -117,13 +147,14 @@ def _insert_history(
 
 def append(
     conn: Conn, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
-    dequeue: str | None,
+    dequeue: str | None, fence: Fence | None = None,
 ) -> None:  # fmt: skip
     # The UPDATE locks the session's row; each INSERT after it reads the last position
     # with a snapshot taken once the lock was granted, so it sees the last writer's rows.
     # Nothing is read until the end: the statements go out in one pipeline.
     try:
         with conn.pipeline():  # leaving it waits for the answers (and raises their errors)
+            check_fence(conn, fence)
             locked = conn.execute("UPDATE sessions SET updated_at = %s WHERE id = %s", [now, sid])
             if dequeue is not None:
                 conn.execute("DELETE FROM queued WHERE key = %s", [dequeue])
@@ -144,13 +175,19 @@ def load_history(conn: Conn, table: str, sid: str) -> list[dict[str, Any]]:
     return [loads_clean(r[0]) for r in conn.execute(query, [sid])]
 
 
-def replace_context(conn: Conn, sid: str, rows: list[_Row], now: float) -> None:
+def replace_context(
+    conn: Conn, sid: str, rows: list[_Row], now: float, fence: Fence | None = None
+) -> None:
+    check_fence(conn, fence)
     _lock_session(conn, sid)
     conn.execute("DELETE FROM context WHERE session_id = %s", [sid])
     _insert_history(conn, "context", sid, rows, [float(i) for i in range(1, len(rows) + 1)], now)
 
 
-def load_session(conn: Conn, sid: str, now: float) -> LoadedSession | None:
+def load_session(
+    conn: Conn, sid: str, now: float, fence: Fence | None = None
+) -> LoadedSession | None:
+    check_fence(conn, fence)  # a replaced owner must not "repair" its successor's calls
     row = conn.execute(f"SELECT {_COLS} FROM sessions WHERE id = %s FOR UPDATE", [sid]).fetchone()
     if row is None:
         return None

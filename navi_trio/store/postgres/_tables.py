@@ -22,7 +22,7 @@ from navi_trio.store.postgres._workers import Conn
 
 TABLES = ("sessions", "messages", "context", "kv", "users")
 _NOW = "extract(epoch FROM clock_timestamp())"
-_LEASE_COLS = "session_id, owner, pid, host, expires_at"
+_LEASE_COLS = "session_id, owner, pid, host, expires_at, generation"
 _USER_COLS = "id, name, role, created_at"
 _TOKEN_TAKEN = "a user with this token already exists; tokens must be unique"
 
@@ -118,14 +118,14 @@ def count_sessions(conn: Conn, user_id: str) -> int:
 
 def _lease_from(row: Sequence[Any]) -> LeaseRow:
     return LeaseRow(session_id=row[0], owner=row[1], pid=row[2], host=row[3],
-                    expires_at=float(row[4]))  # fmt: skip
+                    expires_at=float(row[4]), generation=int(row[5]))  # fmt: skip
 
 
 def claim_lease(conn: Conn, sid: str, owner: str, pid: int, host: str, ttl: float) -> LeaseRow:
     """Take the lease unless someone alive holds it; returns whoever holds it after."""
     # A fresh row wins at once; a claimer racing us waits here for our commit.
     row = conn.execute(
-        f"INSERT INTO leases ({_LEASE_COLS}) VALUES (%s, %s, %s, %s, {_NOW} + %s)"
+        f"INSERT INTO leases ({_LEASE_COLS}) VALUES (%s, %s, %s, %s, {_NOW} + %s, 1)"
         f" ON CONFLICT (session_id) DO NOTHING RETURNING {_LEASE_COLS}",
         [sid, owner, pid, host, ttl],
     ).fetchone()
@@ -134,16 +134,20 @@ def claim_lease(conn: Conn, sid: str, owner: str, pid: int, host: str, ttl: floa
     found = conn.execute(
         f"SELECT {_LEASE_COLS}, {_NOW} FROM leases WHERE session_id = %s FOR UPDATE", [sid]
     ).fetchone()
+    generation = 1
     if found is not None:
         holder = _lease_from(found)
         dead = holder.host == host and not pid_alive(holder.pid)
-        if holder.owner != owner and holder.expires_at > float(found[5]) and not dead:
+        if holder.owner != owner and holder.expires_at > float(found[6]) and not dead:
             return holder
+        # Our own row keeps its generation; a takeover is the next one (store/fence.py).
+        generation = holder.generation + (0 if holder.owner == owner else 1)
     taken = conn.execute(
-        f"INSERT INTO leases ({_LEASE_COLS}) VALUES (%s, %s, %s, %s, {_NOW} + %s)"
+        f"INSERT INTO leases ({_LEASE_COLS}) VALUES (%s, %s, %s, %s, {_NOW} + %s, %s)"
         " ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, pid = excluded.pid,"
-        f" host = excluded.host, expires_at = excluded.expires_at RETURNING {_LEASE_COLS}",
-        [sid, owner, pid, host, ttl],
+        " host = excluded.host, expires_at = excluded.expires_at,"
+        f" generation = excluded.generation RETURNING {_LEASE_COLS}",
+        [sid, owner, pid, host, ttl, generation],
     ).fetchone()
     assert taken is not None
     return _lease_from(taken)
@@ -158,7 +162,10 @@ def renew_lease(conn: Conn, sid: str, owner: str, ttl: float) -> bool:
 
 
 def release_lease(conn: Conn, sid: str, owner: str) -> None:
-    conn.execute("DELETE FROM leases WHERE session_id = %s AND owner = %s", [sid, owner])
+    # Expired, not deleted: the generation must never go back (store/fence.py).
+    conn.execute(
+        "UPDATE leases SET expires_at = 0 WHERE session_id = %s AND owner = %s", [sid, owner]
+    )
 
 
 # -- queued messages --------------------------------------------------------------------
@@ -182,16 +189,33 @@ def unqueue(conn: Conn, key: str) -> bool:
 
 
 def adopt(conn: Conn, sid: str, pid: int, host: str) -> list[tuple[str, dict[str, Any]]]:
-    """The session's rows left by a dead process on this host (or by us), now ours."""
+    """The session's rows nobody else runs, now ours: left by a dead process on this host
+    or a dead daemon elsewhere (its ``daemons`` row expired or it left), handed over by another
+    daemon (pid 0: core/cluster.py), or ours. Nothing while another process holds the
+    session's lease: its owner runs them, and would find them gone."""
+    holder = conn.execute(
+        f"SELECT pid, host FROM leases WHERE session_id = %s AND expires_at > {_NOW}", [sid]
+    ).fetchone()
+    if holder is not None and (holder[0], holder[1]) != (pid, host):
+        return []
     rows = conn.execute(
         "SELECT key, pid, host, data FROM queued WHERE session_id = %s ORDER BY id FOR UPDATE",
         [sid],
     ).fetchall()
+    gone = {(int(r[0]), str(r[1])) for r in conn.execute(
+        f"SELECT pid, host FROM daemons WHERE expires_at <= {_NOW}"
+    )}  # fmt: skip
     out: list[tuple[str, dict[str, Any]]] = []
     for key, row_pid, row_host, data in rows:
-        if row_pid != pid and (row_host != host or pid_alive(row_pid)):
-            continue  # a live process (or one we cannot probe) runs it
-        if row_pid != pid or row_host != host:
+        mine = (row_pid, row_host) == (pid, host)
+        handed = row_pid == 0
+        if row_host == host:
+            dead = not pid_alive(row_pid)
+        else:  # another machine: dead once its daemon's row has expired (never one of
+            dead = (row_pid, row_host) in gone  # a process that kept no row: navi run)
+        if not (mine or handed or dead):
+            continue  # a live process runs it
+        if not mine:
             conn.execute("UPDATE queued SET pid = %s, host = %s WHERE key = %s", [pid, host, key])
         out.append((key, json.loads(data)))
     return out

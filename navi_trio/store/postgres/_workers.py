@@ -42,6 +42,10 @@ logger = logging.getLogger(__name__)
 POOL_WAIT_S = 10.0  # a job waits this long for a connection before "cannot reach"
 STATEMENT_TIMEOUT_S = 30.0  # one statement, on the server
 LOCK_TIMEOUT_S = 30.0  # one lock (a row another daemon holds, the migration lock)
+# Our transactions never wait between statements: one idle this long belongs to a daemon
+# that was paused (SIGSTOP, a VM freeze) mid-write, and its row locks would block the
+# daemon taking its sessions over; the server ends it (the paused write then fails).
+IDLE_IN_TRANSACTION_S = 5.0
 ATTEMPTS = 4  # runs of a transaction aborted as a serialization failure or deadlock
 
 
@@ -50,7 +54,7 @@ def configure(conn: Conn) -> None:
     conn.execute(
         f"SET statement_timeout = {int(STATEMENT_TIMEOUT_S * 1000)};"
         f" SET lock_timeout = {int(LOCK_TIMEOUT_S * 1000)};"
-        f" SET idle_in_transaction_session_timeout = {int(STATEMENT_TIMEOUT_S * 2000)}"
+        f" SET idle_in_transaction_session_timeout = {int(IDLE_IN_TRANSACTION_S * 1000)}"
     )
 
 

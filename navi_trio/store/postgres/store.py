@@ -40,8 +40,10 @@ from navi_trio.store._sessions import _new_session_id
 from navi_trio.store._users import _token_digest
 from navi_trio.store.base import LeaseRow, LoadedSession, SessionRow
 from navi_trio.store.db_url import describe
+from navi_trio.store.fence import fence_for
 from navi_trio.store.postgres import _history as h
 from navi_trio.store.postgres import _tables as t
+from navi_trio.store.postgres._bus import PgBus
 from navi_trio.store.postgres._errors import failure
 from navi_trio.store.postgres._migrate import migrate
 from navi_trio.store.postgres._workers import POOL_WAIT_S, Conn, Job, Workers, configure
@@ -248,7 +250,11 @@ class PostgresStore:
             changes["title"] = _check_text(title, "title", allow_empty=True)
         if meta is not None:
             changes["meta"] = _dump(_check_meta(meta), "session meta")
-        await self._run(f"update session {sid!r}", lambda c: h.update_session(c, sid, changes))
+        fence = fence_for(sid)
+        await self._run(
+            f"update session {sid!r}",
+            h.fenced(fence, lambda c: h.update_session(c, sid, changes, fence)),
+        )
 
     async def delete_session(self, session_id: str) -> bool:
         """Delete the session, its history, context, queue and kv rows `sid` or `sid:…`."""
@@ -274,9 +280,10 @@ class PostgresStore:
         if not msg_rows and not ctx_rows and dequeue is None:
             return
         now = self._now()
+        fence = fence_for(sid)
         await self._run(
             f"append to session {sid!r}",
-            lambda c: h.append(c, sid, msg_rows, ctx_rows, now, dequeue),
+            h.fenced(fence, lambda c: h.append(c, sid, msg_rows, ctx_rows, now, dequeue, fence)),
             durable=durable,
         )
 
@@ -297,16 +304,21 @@ class PostgresStore:
         sid = check_session_id(session_id)
         rows = _prepare(context, "context")
         now = self._now()
+        fence = fence_for(sid)
         await self._run(
-            f"replace context of {sid!r}", lambda c: h.replace_context(c, sid, rows, now)
+            f"replace context of {sid!r}",
+            h.fenced(fence, lambda c: h.replace_context(c, sid, rows, now, fence)),
         )
 
     async def load_session(self, session_id: str) -> LoadedSession | None:
         """Row, messages and context, dangling tool calls repaired and persisted (base)."""
         sid = check_session_id(session_id)
         now = self._now()
+        fence = fence_for(sid)
         return await self._run(
-            f"load session {sid!r}", lambda c: h.load_session(c, sid, now), write=False
+            f"load session {sid!r}",
+            h.fenced(fence, lambda c: h.load_session(c, sid, now, fence)),
+            write=False,
         )
 
     # -- queued messages ---------------------------------------------------------------
@@ -444,6 +456,12 @@ class PostgresStore:
     async def release_lease(self, session_id: str, *, owner: str) -> None:
         sid = check_session_id(session_id)
         await self._run(f"release lease of {sid!r}", lambda c: t.release_lease(c, sid, owner))
+
+    # -- several daemons -------------------------------------------------------------
+
+    def bus(self) -> PgBus:
+        """LISTEN / NOTIFY between the daemons of this database (core/cluster.py)."""
+        return PgBus(self, self._url)
 
     # -- health ---------------------------------------------------------------------
 

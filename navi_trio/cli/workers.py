@@ -1,0 +1,223 @@
+"""`navi serve --workers N`: N daemon processes on one port, supervised.
+
+    supervisor (this process: no runtime, no store, no sessions)
+    ├── worker 1   `navi serve --worker-of PID`: a whole daemon on the shared port
+    ├── worker 2
+    └── …
+
+Why processes: one daemon is one CPU-bound process (the agent loop and its JSON, the
+LLM's HTTP path, the WebSocket frames). N workers on one PostgreSQL use N cores; each
+session is run by the one worker holding its lease (core/lease.py), and any worker
+takes any command (README "Scaling out").
+
+Why SO_REUSEPORT rather than one accept loop handing sockets over: each worker listens
+on its own socket bound to the same port, and the kernel spreads new connections over
+them (by a hash of the client's address and port). No hand-over process sits on the
+path of every connection, and a dead worker's socket simply leaves the group. The
+supervisor holds one more socket bound to the port (never listening, so it is given no
+connection): the port stays ours while a worker restarts, and ``--port 0`` picks it once.
+
+Supervision: a worker that exits while the supervisor is not stopping is started again
+(after 0.5 s, doubling to 30 s while it keeps dying within a minute of its start); its
+sessions fail over meanwhile (their leases name a dead pid on this host, taken over at
+the next command; queued messages are adopted by the next worker that starts). The
+supervisor prints ``navi: listening on ws://HOST:PORT/ (N workers)`` once every worker
+listens, and one line per restart. SIGTERM / SIGINT: every worker gets SIGTERM (each
+shuts down as `navi serve` does) and the supervisor waits for them all.
+
+Refused without a shared store: with SQLite, workers would each run sessions on one
+file with no way to reach each other's clients, so `--workers` above 1 needs
+``NAVI_DB=postgresql://…`` (`check_workers`).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+import attrs
+import trio
+
+from navi_trio.errors import UsageError
+from navi_trio.settings import Settings
+
+log = logging.getLogger(__name__)
+
+START_LIMIT_SEC = 120.0  # a worker must print its listening line within this
+RESTART_FIRST_SEC = 0.5
+RESTART_MAX_SEC = 30.0
+STABLE_SEC = 60.0  # a worker that lived this long starts again with the first delay
+STOP_WAIT_SEC = 60.0  # after SIGTERM, then SIGKILL
+
+
+def check_workers(workers: int, settings: Settings) -> None:
+    """UsageError unless `workers` is 1, or more on a PostgreSQL store."""
+    from navi_trio.store.factory import store_kind
+
+    if workers < 1:
+        raise UsageError(f"--workers must be 1 or more, got {workers}")
+    if workers > 1 and store_kind(settings) != "postgresql":
+        raise UsageError(
+            f"--workers {workers} needs a database the workers share: set "
+            "NAVI_DB=postgresql://… (with SQLite, NAVI_DB a file, run one daemon)"
+        )
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port with SO_REUSEPORT, never listening: the port's holder."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+@attrs.define(eq=False)
+class _Worker:
+    number: int
+    proc: trio.Process | None = None
+    restarts: int = 0
+
+
+class Supervisor:
+    """Starts `count` workers of `argv` (the `navi serve` command line) and keeps them up."""
+
+    def __init__(self, argv: Sequence[str], count: int, out: TextIO) -> None:
+        self.argv = list(argv)
+        self.count = count
+        self.out = out
+        self.workers = [_Worker(n + 1) for n in range(count)]
+        self.stopping = False
+
+    async def run(self, host: str, port: int) -> None:
+        holder = reserve_port(host, port)
+        try:
+            bound = int(holder.getsockname()[1])
+            async with trio.open_nursery() as nursery:
+                ready = []
+                for worker in self.workers:
+                    started = trio.Event()
+                    ready.append(started)
+                    nursery.start_soon(self._keep, worker, bound, started)
+                with trio.fail_after(START_LIMIT_SEC):
+                    for started in ready:
+                        await started.wait()
+                self._say(f"navi: listening on ws://{host}:{bound}/ ({self.count} workers)")
+                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for signum in signals:
+                        log.info("%s: stopping the workers", signal.Signals(signum).name)
+                        break
+                self.stopping = True
+                await self._stop_all()
+                nursery.cancel_scope.cancel()
+        finally:
+            holder.close()
+
+    def _say(self, line: str) -> None:
+        print(line, file=self.out, flush=True)
+
+    async def _keep(self, worker: _Worker, port: int, first_ready: trio.Event) -> None:
+        delay = RESTART_FIRST_SEC
+        while not self.stopping:
+            began = trio.current_time()
+            await self._start(worker, port)
+            first_ready.set()
+            proc = worker.proc
+            assert proc is not None
+            code = await proc.wait()
+            if self.stopping:
+                return
+            lived = trio.current_time() - began
+            delay = RESTART_FIRST_SEC if lived >= STABLE_SEC else min(delay * 2, RESTART_MAX_SEC)
+            log.warning(
+                "worker %d (pid %d) exited with %s; starting it again in %.1f s",
+                worker.number, proc.pid, _exit_text(code), delay,
+            )  # fmt: skip
+            await trio.sleep(delay)
+            worker.restarts += 1
+
+    async def _start(self, worker: _Worker, port: int) -> None:
+        argv = [*self.argv, "--port", str(port), "--reuse-port"]
+        proc = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE)
+        worker.proc = proc
+        assert proc.stdout is not None
+        try:
+            with trio.fail_after(START_LIMIT_SEC):
+                line = await _first_line(proc.stdout)
+        except (trio.TooSlowError, EOFError):
+            log.warning("worker %d (pid %d) did not start listening", worker.number, proc.pid)
+            proc.kill()
+            return
+        finally:
+            await proc.stdout.aclose()  # the worker prints nothing more on stdout
+        if worker.restarts:
+            self._say(f"navi: worker {worker.number} started again (pid {proc.pid})")
+        log.info("worker %d (pid %d): %s", worker.number, proc.pid, line)
+
+    async def _stop_all(self) -> None:
+        procs = [w.proc for w in self.workers if w.proc is not None and w.proc.returncode is None]
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(STOP_WAIT_SEC):
+                for proc in procs:
+                    await proc.wait()
+            for proc in procs:
+                if proc.returncode is None:
+                    log.warning("worker pid %d ignored SIGTERM for %g s: killed", proc.pid,
+                                STOP_WAIT_SEC)  # fmt: skip
+                    proc.kill()
+                    await proc.wait()
+
+
+async def _first_line(stream: trio.abc.ReceiveStream) -> str:
+    data = b""
+    while b"\n" not in data:
+        chunk = await stream.receive_some(4096)
+        if not chunk:
+            raise EOFError("the worker closed its output before listening")
+        data += chunk
+    return data.decode(errors="replace").splitlines()[0]
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
+
+
+def worker_argv(args_argv: Sequence[str]) -> list[str]:
+    """This `navi serve` command line for one worker: without --workers and --port."""
+    kept: list[str] = []
+    skip = False
+    for arg in args_argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--workers", "--port"):
+            skip = True
+            continue
+        if arg.startswith(("--workers=", "--port=")):
+            continue
+        kept.append(arg)
+    return [sys.executable, "-m", "navi_trio", *kept]
+
+
+def serve_workers(argv: Sequence[str], count: int, host: str, port: int, out: TextIO) -> int:
+    """Run the supervisor until SIGTERM / SIGINT; the exit code."""
+    supervisor = Supervisor(worker_argv(argv), count, out)
+    trio.run(supervisor.run, host, port)
+    return 0

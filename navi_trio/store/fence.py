@@ -1,0 +1,68 @@
+"""The fencing token that every write of a session's owner carries.
+
+A lease (store/base.py `LeaseRow`) has a `generation`: it goes up by one each time
+another owner takes the session over. The owner's runtime holds its lease inside
+``with fenced(Fence(session_id, owner, generation)):`` (core/lease.py does it), and
+every write to that session made inside the block, in that task or any task it starts,
+carries the fence: the store checks, in the write's own transaction, that the lease row
+still names this owner with this generation, and refuses the write with
+`LeaseLostError` when it does not. So a daemon that was paused (SIGSTOP, a long GC, a
+partition) past its lease, and whose session another daemon has taken over since, can
+never append to the history it no longer owns, even though it has not noticed yet.
+
+The fence travels in a ContextVar rather than as an argument: the writes come from deep
+inside a run (the turn's saves, compression, a profile switch) and the store protocol
+stays the same for every caller. Writes made outside any `fenced` block (creating a
+session, `navi sessions delete`, tests) carry none and are not checked.
+
+A released lease keeps its row (expired, same owner and generation): a fence of the
+last owner still matches, since nobody wrote in between; a takeover bumps the generation.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import attrs
+
+from navi_trio.errors import LeaseLostError
+
+
+@attrs.frozen
+class Fence:
+    session_id: str
+    owner: str
+    generation: int
+
+
+_current: contextvars.ContextVar[Fence | None] = contextvars.ContextVar(
+    "navi_lease_fence", default=None
+)
+
+
+@contextmanager
+def fenced(fence: Fence) -> Iterator[None]:
+    """Writes to `fence.session_id` inside the block carry `fence` (see the module)."""
+    token = _current.set(fence)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def fence_for(session_id: str) -> Fence | None:
+    """The fence a write to `session_id` carries here, if any."""
+    fence = _current.get()
+    return fence if fence is not None and fence.session_id == session_id else None
+
+
+def lost(fence: Fence, holder: tuple[str, int] | None) -> LeaseLostError:
+    """The refusal of a write whose fence no longer matches the lease row."""
+    now = "nobody" if holder is None else f"{holder[0]} (generation {holder[1]})"
+    return LeaseLostError(
+        f"session {fence.session_id!r} was taken over by another daemon while this one "
+        f"was not answering: its lease is now held by {now}, not by {fence.owner} "
+        f"(generation {fence.generation}); this write was refused and nothing of it stored"
+    )

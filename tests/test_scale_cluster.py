@@ -1,0 +1,165 @@
+"""Three `navi serve` processes on one PostgreSQL, clients spread over them (issue 20
+"Tests and proof"):
+
+- a client on daemon A drives and follows a session that daemon B runs: its message is
+  handed to B, and it gets every frame of B's runs, in order, once;
+- a daemon SIGKILLed mid-run: its session is taken over, and no acknowledged message is
+  lost (each is in the history exactly once, in the order sent);
+- no session is ever run by two daemons at once, checked from the store's own records
+  (a trigger logs every lease change over the whole test).
+
+Real processes on 127.0.0.1, real PostgreSQL, a fake LLM over real HTTP. The waits are
+for frames, lines and processes, except the failover, which waits for a lease to run
+out (NAVI_LEASE_TTL_SEC). Every test under `trio.fail_after`; every process is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import trio
+from api_ws import Client
+from daemons import history, pg_daemons
+from pg_server import pg_server as pg_server
+from pg_server import pg_url as pg_url
+from pg_server import sql
+
+from navi_trio.testing import open_fake_llm
+
+TIMEOUT = 150
+TTL = "2"
+
+LEASE_LOG = """
+CREATE TABLE lease_log (
+    id bigint GENERATED ALWAYS AS IDENTITY, session_id text, owner text, generation bigint,
+    expires_at double precision, at double precision
+);
+CREATE FUNCTION log_lease() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO lease_log (session_id, owner, generation, expires_at, at)
+    VALUES (NEW.session_id, NEW.owner, NEW.generation, NEW.expires_at,
+            extract(epoch FROM clock_timestamp()));
+    RETURN NEW;
+END $$;
+CREATE TRIGGER lease_log AFTER INSERT OR UPDATE ON leases
+    FOR EACH ROW EXECUTE FUNCTION log_lease();
+"""
+
+
+def never_two_owners(url: str) -> int:
+    """Checks the lease log: a new owner's claim comes after the last owner's lease
+    ended (expired or released); the number of changes checked."""
+    rows = sql(url, "SELECT session_id, owner, generation, expires_at, at FROM lease_log"
+                    " ORDER BY session_id, id")  # fmt: skip
+    last: dict[str, tuple[str, int, float]] = {}
+    for sid, owner, generation, expires_at, at in rows:
+        before = last.get(sid)
+        if before is not None and before[0] != owner:
+            assert at >= before[2], (sid, before, owner, at)  # the old lease had ended
+            assert generation == before[1] + 1, (sid, before, owner, generation)
+        if before is not None and before[0] == owner:
+            assert generation == before[1], (sid, before, generation)
+        last[sid] = (owner, generation, expires_at)
+    return len(rows)
+
+
+def seqs_in_order(frames: list[dict[str, Any]], sid: str) -> None:
+    """Within each epoch, this session's seqs only go up (by one, or more where a slow
+    subscriber's waiting deltas were merged into one frame); an epoch
+    may change (a resync, or the daemon's own frames after relayed ones), never repeat."""
+    epoch, seq = None, None
+    left: set[str] = set()
+    for f in frames:
+        if f.get("session_id") != sid or not isinstance(f.get("seq"), int) or "epoch" not in f:
+            continue
+        if f["epoch"] != epoch:
+            assert f["epoch"] not in left, (left, f)
+            if epoch is not None:
+                left.add(epoch)
+        elif f["type"] != "resync" and seq is not None:
+            assert f["seq"] > seq, (seq, f)
+        epoch, seq = f["epoch"], f["seq"]
+
+
+async def message(c: Client, sid: str, text: str) -> dict[str, Any]:
+    return await c.request({"type": "message", "session_id": sid, "content": text})
+
+
+async def test_a_client_on_one_daemon_drives_and_follows_a_session_run_by_another(
+    tmp_path: Path, pg_url: str
+) -> None:
+    replies = [
+        {"text": "first answer in many words", "delay_chunk": 0.05},
+        {"text": "second answer"},
+    ]
+    with trio.fail_after(TIMEOUT):
+        async with (
+            open_fake_llm(replies) as llm,
+            pg_daemons(tmp_path, pg_url, llm.url, 3, NAVI_LEASE_TTL_SEC=TTL) as (a, b, c),
+        ):
+            sql(pg_url, LEASE_LOG)
+            sid = "admin.shared"
+            async with b.connect() as on_b, a.connect() as on_a, c.connect() as on_c:
+                assert (await message(on_b, sid, "one"))["type"] == "session"
+                await llm.wait_requests(1)  # B runs it now
+                # A follows it and sends the next message while B runs: handed to B.
+                sub = await on_a.request({"type": "subscribe", "session_id": sid})
+                assert sub["type"] == "ok", sub
+                ok = await message(on_a, sid, "two")
+                assert (ok["type"], ok["queued"]) == ("ok", True), ok
+                # C only follows.
+                await on_c.request({"type": "subscribe", "session_id": sid})
+                for client in (on_a, on_c, on_b):
+                    first = await client.until_end(sid)
+                    second = await client.until_end(sid)
+                    assert (first["reason"], second["reason"]) == ("complete", "complete")
+                # A saw B's second run whole, once: its text deltas make the answer.
+                texts = [f["text"] for f in on_a.frames if f["type"] == "text_delta"]
+                assert "".join(texts).endswith("second answer"), texts
+                for client in (on_a, on_b, on_c):
+                    seqs_in_order(client.frames, sid)
+                owners = sql(pg_url, "SELECT DISTINCT pid FROM lease_log l JOIN daemons d"
+                                     " ON d.owner = l.owner")  # fmt: skip
+                assert owners == [(b.pid,)], owners
+            assert history(pg_url, sid) == [
+                ("user", "one"), ("assistant", "first answer in many words"),
+                ("user", "two"), ("assistant", "second answer"),
+            ]  # fmt: skip
+            assert never_two_owners(pg_url) >= 2
+
+
+async def test_a_daemon_killed_mid_run_loses_no_acknowledged_message(
+    tmp_path: Path, pg_url: str
+) -> None:
+    replies = [
+        {"text": "never finished", "delay_first": 60},  # B's run, killed under it
+        {"text": "answer two"},
+        {"text": "answer three"},
+    ]
+    with trio.fail_after(TIMEOUT):
+        async with (
+            open_fake_llm(replies) as llm,
+            pg_daemons(tmp_path, pg_url, llm.url, 3, NAVI_LEASE_TTL_SEC=TTL) as (a, b, c),
+        ):
+            sql(pg_url, LEASE_LOG)
+            sid = "admin.failover"
+            async with b.connect() as on_b, a.connect() as on_a:
+                assert (await message(on_b, sid, "one"))["type"] == "session"
+                await llm.wait_requests(1)
+                # Two more, acknowledged while B runs: queued for B, durably.
+                for text in ("two", "three"):
+                    ok = await message(on_a, sid, text)
+                    assert (ok["type"], ok["queued"]) == ("ok", True), ok
+                os.kill(b.pid, signal.SIGKILL)
+                # A (or C) takes the session over within the TTL and runs the queue.
+                ends = [await on_a.until_end(sid), await on_a.until_end(sid)]
+                assert [e["reason"] for e in ends] == ["complete", "complete"], ends
+            rows = history(pg_url, sid)
+            users = [content for role, content in rows if role == "user"]
+            assert users == ["one", "two", "three"], rows
+            assert ("assistant", "answer two") in rows and ("assistant", "answer three") in rows
+            assert sql(pg_url, "SELECT count(*) FROM queued") == [(0,)]
+            assert never_two_owners(pg_url) >= 2

@@ -1,0 +1,110 @@
+"""Pieces of the cluster on their own (issue 20): the bus carries a frame too large for
+one NOTIFY through the frames table, in order with the small ones; a dead daemon's
+background jobs are reported lost while a live daemon's on another machine are not,
+and this supervisor's own running jobs never are.
+
+Real PostgreSQL for the bus (two stores on one database: two daemons); the kv store of
+the supervisor is the in-memory one of the other supervisor tests. No sleeps; every
+test under `trio.fail_after`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import trio
+import trio.testing
+from kvfake_tasks import MemoryKV
+from pg_server import pg_server as pg_server
+from pg_server import pg_url as pg_url
+from pg_server import sql
+
+from navi_trio.core.task_notes import NOTES_SCOPE
+from navi_trio.core.task_supervisor import RUNNING_SCOPE, Job, TaskSupervisor
+from navi_trio.settings import Settings
+from navi_trio.store.postgres import PostgresStore
+from navi_trio.store.postgres._bus import NOTIFY_MAX
+from navi_trio.tools.base import ToolResult
+
+TIMEOUT = 30
+
+
+async def test_frames_over_the_notify_limit_arrive_whole_and_in_order(pg_url: str) -> None:
+    got: list[tuple[str, str]] = []
+    three = trio.Event()
+
+    def received(channel: str, payload: str) -> None:
+        got.append((channel, payload))
+        if len(got) == 3:
+            three.set()
+
+    big = json.dumps({"f": {"type": "tool_result", "output": "x" * (3 * NOTIFY_MAX)}})
+    with trio.fail_after(TIMEOUT):
+        async with PostgresStore.open(pg_url) as one, PostgresStore.open(pg_url) as two:
+            follower, owner = one.bus(), two.bus()
+            follower.on_message(received)
+            async with follower.listening():
+                await follower.listen("ns_test")
+                await owner.notify(
+                    [("ns_test", '{"n": 1}'), ("ns_test", big), ("ns_test", '{"n": 3}')]
+                )
+                await three.wait()
+            assert [p for _, p in got][0::2] == ['{"n": 1}', '{"n": 3}']
+            ref = json.loads(got[1][1])["ref"]
+            assert await follower.fetch_frame(ref) == big
+    assert sql(pg_url, "SELECT count(*) FROM frames") == [(1,)]
+
+
+def _marker(sid: str, tid: str, pid: int, host: str) -> dict[str, object]:
+    return {"session_id": sid, "task_id": tid, "tool": "terminal", "args_summary": "",
+            "is_spawn": False, "pid": pid, "host": host}  # fmt: skip
+
+
+async def test_only_dead_daemons_jobs_are_reported_lost() -> None:
+    kv = MemoryKV()
+    await kv.kv_set(RUNNING_SCOPE, "s1:bt-live", _marker("s1", "bt-live", 42, "other-host"))
+    await kv.kv_set(RUNNING_SCOPE, "s2:bt-dead", _marker("s2", "bt-dead", 43, "other-host"))
+    release = trio.Event()
+
+    async def runner(job: Job) -> ToolResult:
+        await release.wait()
+        return ToolResult.success("done")
+
+    with trio.fail_after(TIMEOUT):
+        sup = TaskSupervisor(Settings(), kv, lambda sid, ev: None)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sup.run)  # at start-up nothing is known of other hosts
+            assert [k for k, _ in await kv.kv_list(RUNNING_SCOPE)] == []
+            await kv.kv_set(RUNNING_SCOPE, "s1:bt-live", _marker("s1", "bt-live", 42, "other-host"))
+            await kv.kv_set(RUNNING_SCOPE, "s2:bt-dead", _marker("s2", "bt-dead", 43, "other-host"))
+            job = sup.submit("s3", "terminal", {}, runner)
+            await trio.testing.wait_all_tasks_blocked()
+            # The cluster knows: pid 42 on other-host is a live daemon, 43 is not.
+            lost = await sup.report_lost_jobs({(42, "other-host")})
+            assert lost == 1
+            running = sorted(k for k, _ in await kv.kv_list(RUNNING_SCOPE))
+            assert running == ["s1:bt-live", f"s3:{job.task_id}"]
+            notes = await kv.kv_list(NOTES_SCOPE)
+            assert any("bt-dead" in json.dumps(v) and "lost" in json.dumps(v) for _, v in notes)
+            release.set()
+            await job.done.wait()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_dead_daemon_elsewhere_leaves_its_queue_to_the_others(pg_url: str) -> None:
+    """Another machine's pid means nothing here: its ``daemons`` row says whether it lives."""
+    me = os.getpid()
+    host = socket.gethostname() or "localhost"
+    with trio.fail_after(TIMEOUT):
+        async with PostgresStore.open(pg_url) as store:
+            await store.create_session("s1", profile_id="general")
+            bus = store.bus()
+            await bus.heartbeat("far-live", 11, "far", 60)
+            await bus.heartbeat("far-dead", 12, "far", 60)
+            await bus.leave("far-dead")  # stopped (or its heartbeat ran out)
+            for key, pid in (("live", 11), ("dead", 12), ("no-row", 13)):
+                await store.enqueue("s1", key, {"text": key}, pid=pid, host="far")
+            got = await store.adopt_queued("s1", pid=me, host=host)
+            assert [k for k, _ in got] == ["dead"]

@@ -1,0 +1,105 @@
+"""The SessionStore contract on both stores: lease generations and fenced writes.
+
+Two "daemons" are two stores opened on one SQLite file or one PostgreSQL database
+(the `backend` fixture, tests/store_backends.py). Daemon A holds a session's lease and
+is then replaced (its lease expired and B took it over): every write A makes inside
+its fence is refused with LeaseLostError and nothing of it is stored, while B's writes
+and A's unfenced reads go on. No sleeps; every test under an absolute `trio.fail_after`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Awaitable, Callable
+
+import pytest
+import trio
+from pg_server import pg_server as pg_server
+from pg_server import pg_url as pg_url
+from store_backends import Backend
+from store_backends import backend as backend
+
+from navi_trio.errors import LeaseLostError, SessionBusyError, StoreError
+from navi_trio.store.fence import Fence, fenced
+
+TIMEOUT = 30
+HOST = socket.gethostname() or "localhost"
+ME = os.getpid()
+
+
+def user(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+async def test_generations_go_up_at_each_takeover_and_never_back(backend: Backend) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as store:
+            first = await store.claim_lease("s-1", owner="a", pid=ME, host=HOST, ttl=60)
+            assert first.generation == 1
+            # The same owner again: the same generation (nested holds, renewals).
+            again = await store.claim_lease("s-1", owner="a", pid=ME, host=HOST, ttl=60)
+            assert again.generation == 1
+            await store.release_lease("s-1", owner="a")
+            taken = await store.claim_lease("s-1", owner="b", pid=ME, host=HOST, ttl=-1)
+            assert (taken.owner, taken.generation) == ("b", 2)
+            # b's lease ran out: a takes it back, one generation on (not 1 again).
+            back = await store.claim_lease("s-1", owner="a", pid=ME, host=HOST, ttl=60)
+            assert (back.owner, back.generation) == ("a", 3)
+            # A refused claim reports the holder's generation and changes nothing.
+            refused = await store.claim_lease("s-1", owner="b", pid=ME, host=HOST, ttl=60)
+            assert (refused.owner, refused.generation) == ("a", 3)
+
+
+async def test_a_replaced_owners_fenced_writes_are_refused_and_store_nothing(
+    backend: Backend,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as a, backend.open() as b:
+            await a.create_session("s-1", profile_id="general")
+            held = await a.claim_lease("s-1", owner="a", pid=ME, host=HOST, ttl=-1)
+            fence_a = Fence("s-1", "a", held.generation)
+            with fenced(fence_a):
+                await a.append("s-1", messages=[user("one")], context=[user("one")])
+            # a's lease ran out (it was paused) and b took the session over.
+            took = await b.claim_lease("s-1", owner="b", pid=ME, host=HOST, ttl=60)
+            assert (took.owner, took.generation) == ("b", held.generation + 1)
+            with fenced(Fence("s-1", "b", took.generation)):
+                await b.append("s-1", messages=[user("two")], context=[user("two")])
+            with fenced(fence_a):
+                writes: list[Callable[[], Awaitable[object]]] = [
+                    lambda: a.append("s-1", messages=[user("late")], context=[user("late")]),
+                    lambda: a.replace_context("s-1", [user("squashed")]),
+                    lambda: a.update_session("s-1", title="stale"),
+                    lambda: a.load_session("s-1"),
+                ]
+                for write in writes:
+                    with pytest.raises(LeaseLostError, match="taken over") as caught:
+                        await write()
+                    # A client sees session_busy; the store's callers see a StoreError.
+                    assert isinstance(caught.value, SessionBusyError)
+                    assert isinstance(caught.value, StoreError)
+                # A fence names one session: writes to another are not checked.
+                await a.create_session("s-2", profile_id="general")
+                await a.append("s-2", messages=[user("elsewhere")])
+            assert await b.load_messages("s-1") == [user("one"), user("two")]
+            assert await b.load_context("s-1") == [user("one"), user("two")]
+            row = await b.get_session("s-1")
+            assert row is not None and row.title == ""
+            assert await b.load_messages("s-2") == [user("elsewhere")]
+            # Released leases keep their generation: a's fence still fails after b lets go.
+            await b.release_lease("s-1", owner="b")
+            with fenced(fence_a), pytest.raises(LeaseLostError):
+                await a.append("s-1", messages=[user("later still")])
+            assert await b.load_messages("s-1") == [user("one"), user("two")]
+
+
+async def test_a_fence_whose_lease_expired_untaken_still_writes(backend: Backend) -> None:
+    """Expiry alone takes nothing away: no other owner wrote, so nothing can collide."""
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as store:
+            await store.create_session("s-1", profile_id="general")
+            held = await store.claim_lease("s-1", owner="a", pid=ME, host=HOST, ttl=-1)
+            with fenced(Fence("s-1", "a", held.generation)):
+                await store.append("s-1", messages=[user("still mine")])
+            assert await store.load_messages("s-1") == [user("still mine")]
