@@ -10,7 +10,9 @@ time matters; every test has an absolute timeout.
 from __future__ import annotations
 
 import shutil
+import socket
 import ssl
+import struct
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -150,35 +152,35 @@ async def test_closing_the_transport_closes_every_connection() -> None:
                 await transport.handle_async_request(httpx.Request("GET", server.url))
 
 
+RESET = b"(reset)"  # not bytes to send: close with an RST (SO_LINGER 0)
+
+
 @pytest.mark.parametrize(
-    ("sent", "error"),
+    ("sent", "match"),
     [
-        (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", httpx.RemoteProtocolError),  # not HTTP at all
-        (
-            b"HTTP/1.1 200 OK\r\nX: " + b"a" * (4 * MAX_HEAD_BYTES) + b"\r\n\r\n",
-            httpx.RemoteProtocolError,
-        ),
-        (
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
-            httpx.RemoteProtocolError,  # the body cut short
-        ),
-        (b"", httpx.RemoteProtocolError),  # closed without a byte of answer
+        (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "illegal status line"),  # not HTTP at all
+        (b"HTTP/1.1 200 OK\r\nX: " + b"a" * (4 * MAX_HEAD_BYTES) + b"\r\n\r\n", "too long"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab", "incomplete"),
+        # Closed or reset without a byte of answer: what llm/http.py sends once more.
+        (b"", "Server disconnected without sending a response"),
+        (RESET, "Server disconnected without sending a response"),
     ],
-    ids=["not-http", "head-too-big", "body-cut", "no-answer"],
+    ids=["not-http", "head-too-big", "body-cut", "no-answer", "reset"],
 )
-async def test_a_server_breaking_http_is_an_httpx_error(
-    sent: bytes, error: type[Exception]
-) -> None:
+async def test_a_server_breaking_http_is_a_remote_protocol_error(sent: bytes, match: str) -> None:
     async def bad(stream: trio.abc.Stream) -> None:
         await read_head(stream, h11.Connection(h11.SERVER))
-        if sent:
+        if sent == RESET:
+            assert isinstance(stream, trio.SocketStream)
+            stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        elif sent:
             await stream.send_all(sent)
 
     with trio.fail_after(TIMEOUT):
         async with raw_server(bad) as (url, _):
             transport = H11Transport()
             async with LLMClient(transport=transport) as client:
-                with pytest.raises(error):
+                with pytest.raises(httpx.RemoteProtocolError, match=match):
                     await post(client, url)
             assert transport.idle_connections == 0
 
