@@ -44,7 +44,7 @@ import trio
 
 MAX_CONNECTIONS = 1024  # in use at once per origin (ShardedClient had no cap at all)
 MAX_IDLE = 512  # idle keep-alive connections kept per origin
-KEEPALIVE_EXPIRY = 5.0  # seconds an idle connection is kept (httpx's default)
+KEEPALIVE_EXPIRY = 4.0  # idle seconds kept: under the 5 s after which uvicorn and llama.cpp close
 MAX_HEAD_BYTES = 64 * 1024  # a response's status line and headers
 READ_SIZE = 64 * 1024
 DISCONNECTED = "Server disconnected without sending a response."
