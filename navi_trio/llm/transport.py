@@ -8,8 +8,10 @@ what an LLM backend uses and nothing else:
 - one `h11.Connection` per socket (``trio.open_tcp_stream``; ``trio.SSLStream`` for
   https, with the client's SSL context, made once, in a thread, on first use);
 - a pool per origin (scheme, host, port): idle connections kept newest first (at most
-  `max_idle`, each for `keepalive_expiry` seconds), at most `max_connections` in use at
-  once (a request past that waits, bounded by the ``pool`` timeout); taking one is O(1);
+  `max_idle`, each for `keepalive_expiry` seconds; one the server has closed meanwhile
+  reads as readable and is replaced before a byte is sent on it), at most
+  `max_connections` in use at once (a request past that waits, bounded by the ``pool``
+  timeout, which the backend leaves to the stream guard); taking one is O(1);
 - a connection goes back to the pool only when both sides finished the exchange and
   the server did not say ``Connection: close``. Anything else (an error, a cancel, a
   body left half read) closes it at once;
@@ -18,10 +20,10 @@ what an LLM backend uses and nothing else:
   `Timeout` are honoured; the stream guard's cancel scopes work around each receive;
 - errors are httpx's own (`httpx.ConnectError`, `ConnectTimeout`, `ReadError`,
   `WriteError`, `RemoteProtocolError` …), so callers map them as before. A server
-  that drops a connection before the first byte of its answer (a keep-alive connection
-  closed as it was reused) gives ``RemoteProtocolError("Server disconnected without
+  that closes or resets a connection before the first byte of its answer (a keep-alive
+  connection closed as it was reused) gives ``RemoteProtocolError("Server disconnected without
   sending a response.")``, httpcore's words, which `llm/http.py` retries once;
-- a response head is bounded (`max_head_bytes`, h11 refuses more).
+- a response head is bounded: h11 refuses one still incomplete past `MAX_HEAD_BYTES`.
 
 Proxies are not spoken here (and httpx ignores the environment's proxy variables once a
 client is given a transport): with a proxy set in the environment (`env_proxies`) the
