@@ -25,10 +25,11 @@ import attrs
 import trio
 
 from navi_trio.api.peer_link import WsPeerLink
-from navi_trio.api.protocol import event_frame
+from navi_trio.api.protocol import event_frame, resync_frame
 from navi_trio.core.agent import Agent
 from navi_trio.core.approvals import ApprovalBroker
-from navi_trio.core.session_actor import SessionRegistry
+from navi_trio.core.session_registry import SessionRegistry
+from navi_trio.core.session_service import SessionService
 from navi_trio.core.task_supervisor import TaskSupervisor
 from navi_trio.events import TaskUpdate
 from navi_trio.llm.base import LLMBackend
@@ -60,6 +61,7 @@ class Runtime:
     approvals: ApprovalBroker
     agent: Agent
     sessions: SessionRegistry
+    session_service: SessionService
     nursery: trio.Nursery
 
 
@@ -147,6 +149,7 @@ async def open_runtime(
             sessions = SessionRegistry(
                 agent,
                 encode=event_frame,
+                resync=resync_frame,
                 queue_max=settings.message_queue_max,
                 idle_timeout=settings.session_idle_sec,
             )
@@ -165,6 +168,14 @@ async def open_runtime(
                     approvals=approvals,
                     agent=agent,
                     sessions=sessions,
+                    session_service=SessionService(
+                        settings=settings,
+                        config=config,
+                        store=store,
+                        sessions=sessions,
+                        supervisor=supervisor,
+                        approvals=approvals,
+                    ),
                     nursery=nursery,
                 )
             finally:

@@ -160,13 +160,25 @@ def _changed(field: attrs.Attribute[Any], tmp_path: Path) -> tuple[str, Any]:
     if choices:  # one word of a few: another one
         other = next(c for c in choices if c != default)
         return other, other
+    if field.name == "db_url":  # NAVI_DB's URL form (its path form sets db_path)
+        return "postgresql://navi@127.0.0.1:5432/navi", "postgresql://navi@127.0.0.1:5432/navi"
     return "changed-value", "changed-value"
 
 
 def test_every_setting_has_its_own_env_var() -> None:
     names = [f.metadata.get("env") for f in attrs.fields(Settings)]
     assert all(names), [f.name for f in attrs.fields(Settings) if not f.metadata.get("env")]
-    assert len(set(names)) == len(names)
+    # One variable, two settings, on purpose: NAVI_DB is a file (db_path) or a URL (db_url).
+    shared = {f.name for f in attrs.fields(Settings) if f.metadata.get("env") == "NAVI_DB"}
+    assert shared == {"db_path", "db_url"}
+    assert len(set(names)) == len(names) - 1
+
+
+def test_navi_db_sets_the_path_or_the_url_by_its_form(tmp_path: Path) -> None:
+    as_file = Settings.from_env({"NAVI_DB": str(tmp_path / "x.db")})
+    assert (as_file.db_path, as_file.db_url) == (tmp_path / "x.db", "")
+    as_url = Settings.from_env({"NAVI_DB": "postgres://u@127.0.0.1/db"})
+    assert as_url.db_url == "postgres://u@127.0.0.1/db" and as_url.db_path == Settings().db_path
 
 
 @pytest.mark.parametrize("field", attrs.fields(Settings), ids=lambda f: f.name)
