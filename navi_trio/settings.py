@@ -33,11 +33,28 @@ DEFAULT_CHECKPOINT_IGNORE = tuple(
     ".git .hg .svn node_modules .venv venv __pycache__ .mypy_cache .pytest_cache"
     " .ruff_cache .tox .nox dist build *.egg-info".split()
 )
+# The LLM client's HTTP transports (NAVI_LLM_TRANSPORT): our own on h11, or httpx's.
+LLM_TRANSPORTS = ("h11", "httpx")
 
 
-def _env(name: str, *, fraction: bool = False) -> dict[str, Any]:
-    """Field metadata: the env var that sets it; a `fraction` must lie in (0, 1]."""
-    return {"env": name, "fraction": fraction}
+def _env(name: str, *, fraction: bool = False, choices: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Field metadata: the env var that sets it; a `fraction` must lie in (0, 1]; a
+    word of `choices` must be one of them (see `_word` and `_one_of`)."""
+    return {"env": name, "fraction": fraction, "choices": choices}
+
+
+def _word(value: Any) -> str:
+    """A setting that is one word of a few (``H11 `` is ``h11``)."""
+    return str(value).strip().lower()
+
+
+def _one_of(_inst: Any, field: attrs.Attribute[Any], value: str) -> None:
+    """A word setting must be one of its field's choices (env, override or code alike)."""
+    choices = field.metadata["choices"]
+    if value not in choices:
+        raise ConfigError(
+            f"{field.metadata['env']}={value!r}: expected one of: {', '.join(choices)}"
+        )
 
 
 def shipped_dir(top_level: str) -> Path:
@@ -87,6 +104,13 @@ class Settings:
     # llama.cpp's extra buffer types (weight repacking, AMX): 1 on, 0 off, auto probes once.
     local_extra_buffers: str = attrs.field(
         default="auto", metadata=_env("NAVI_LOCAL_EXTRA_BUFFERS")
+    )
+    # The LLM client's HTTP transport: "h11" (our own, llm/transport.py) or "httpx".
+    llm_transport: str = attrs.field(
+        default="h11",
+        converter=_word,
+        validator=_one_of,
+        metadata=_env("NAVI_LLM_TRANSPORT", choices=LLM_TRANSPORTS),
     )
     llm_connect_timeout: float = attrs.field(
         default=10.0, metadata=_env("NAVI_LLM_CONNECT_TIMEOUT")

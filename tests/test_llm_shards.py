@@ -22,7 +22,7 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
 async def test_concurrent_streams_fill_one_small_pool_after_another() -> None:
-    assert isinstance(make_client(Settings.from_env({})), ShardedClient)
+    assert isinstance(make_client(Settings(llm_transport="httpx")), ShardedClient)
     stall = {"text": "never", "stall": True}
     with trio.fail_after(30):
         async with open_fake_llm([stall] * 5 + [{"text": "a"}] * 3) as server:

@@ -156,6 +156,10 @@ def _changed(field: attrs.Attribute[Any], tmp_path: Path) -> tuple[str, Any]:
     if typ == "tuple[str, ...]":
         return " alpha, beta ,", ("alpha", "beta")
     assert typ == "str", f"unexpected settings field type {typ!r}: extend the test"
+    choices = field.metadata.get("choices")
+    if choices:  # one word of a few: another one
+        other = next(c for c in choices if c != default)
+        return other, other
     if field.name == "db_url":  # NAVI_DB's URL form (its path form sets db_path)
         return "postgresql://navi@127.0.0.1:5432/navi", "postgresql://navi@127.0.0.1:5432/navi"
     return "changed-value", "changed-value"

@@ -6,8 +6,8 @@ headers, a `Timeout` turned into a dict, and the cookie jar (a urllib request an
 response built around every answer to look for ``Set-Cookie``). An LLM API keeps no
 state in cookies, so this client keeps none (`cookies` is always empty, nothing is
 stored), and builds a chat POST from a template made once per URL and header set.
-Anything else (`send`, connection pooling, proxies from the environment, errors) is
-httpx's own.
+Anything else (`send`, proxies from the environment, errors) is httpx's own; the
+connections are its transport's (ours on h11 by default: llm/transport.py).
 """
 
 from __future__ import annotations

@@ -16,9 +16,11 @@ import trio
 
 from navi_trio.errors import ConfigError
 from navi_trio.llm.base import LLMBackend
+from navi_trio.llm.client import LLMClient
 from navi_trio.llm.ollama import OllamaBackend
 from navi_trio.llm.openai import OpenAIBackend
 from navi_trio.llm.shards import ShardedClient
+from navi_trio.llm.transport import H11Transport, env_proxies
 from navi_trio.settings import Settings
 
 BACKENDS = ("ollama", "openai", "local")
@@ -29,10 +31,15 @@ def make_client(settings: Settings) -> httpx.AsyncClient:
 
     Only connecting has an httpx timeout: reads wait as long as the stream guard allows
     (first_chunk_timeout / chunk_timeout), which is the layer that knows about prefill.
-    No cookies, and a cheap chat POST (llm/client.py).
+    No cookies, and a cheap chat POST (llm/client.py). It sends through our own HTTP/1.1
+    transport (NAVI_LLM_TRANSPORT=h11, llm/transport.py: one pool, O(1) per request),
+    or httpx's (``httpx``, spread over small pools: llm/shards.py), which is also the
+    one used when the environment sets a proxy (ours speaks to none).
     """
     timeout = httpx.Timeout(None, connect=settings.llm_connect_timeout)
-    return ShardedClient(timeout=timeout)  # many sessions at once: see llm/shards.py
+    if settings.llm_transport == "h11" and not env_proxies():
+        return LLMClient(transport=H11Transport(), timeout=timeout)
+    return ShardedClient(timeout=timeout)
 
 
 def make_backend(settings: Settings, client: httpx.AsyncClient) -> LLMBackend:

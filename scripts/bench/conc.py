@@ -2,6 +2,7 @@
 
     python scripts/bench/conc.py --sessions 500 [--client-procs 2] [--py-spy OUT.txt]
     python scripts/bench/conc.py --sessions 500 --daemons 2 [--pg postgresql://…]
+    python scripts/bench/conc.py --sessions 50 --pace realistic [--transport h11|httpx]
 
 Every part in its own process, so that neither the CPU nor the figures of one are
 charged to another: the fake LLM server (``python -m navi_trio.testing.fake_llm``, 5 ms
@@ -18,6 +19,13 @@ and utilisation (CPU s / wall s; 1.0 = one core busy throughout) of the daemon, 
 clients and the fake server, the daemon's RSS before the run (everyone connected) and
 its peak. ``--py-spy OUT`` samples the daemon alone (``py-spy record --threads``,
 collapsed stacks) while the sessions run. Prints one JSON object.
+
+``--pace realistic`` (issue 20): the LLM streams as a served model does, 50 tokens/s (20
+ms before every chunk, the first included): `--words` words of text, then the one
+``echo`` call. Beside rounds/s and the gaps it reports ``cpu_ms_per_round`` (the
+daemon's CPU over the rounds: the cost of a round once waiting is no part of it).
+``--transport`` picks the daemon's LLM transport (NAVI_LLM_TRANSPORT; default: the
+setting's default).
 """
 
 from __future__ import annotations
@@ -40,6 +48,38 @@ HERE = Path(__file__).resolve().parent
 SLOW = {"delay_first": 0.005, "delay_chunk": 0.005}
 ECHO = {"tool_calls": [{"name": "echo", "arguments": {"text": "ping"}}], **SLOW}
 TICK = os.sysconf("SC_CLK_TCK")
+REALISTIC_S = 0.020  # 50 tokens/s: one chunk (a word) each 20 ms
+REALISTIC_WORDS = 10  # text words before each round's tool call
+
+
+def _script(a: argparse.Namespace) -> list[dict[str, Any]]:
+    """The LLM's one looping reply: `ECHO` at the bench's fast pace, or (``--pace
+    realistic``) `--words` words of text then the call, a chunk every 20 ms."""
+    if a.pace == "fast":
+        return [ECHO]
+    text = " ".join(f"word{i}" for i in range(a.words))
+    pace = {"delay_first": REALISTIC_S, "delay_chunk": REALISTIC_S}
+    return [{"text": text, "tool_calls": ECHO["tool_calls"], **pace}]
+
+
+def _pace_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pace", default="fast", choices=["fast", "realistic"])
+    p.add_argument("--words", type=int, default=REALISTIC_WORDS, help="realistic: words/round")
+    p.add_argument("--transport", default="", help="the daemon's NAVI_LLM_TRANSPORT")
+
+
+def _daemon_pace(a: argparse.Namespace) -> list[str]:
+    """The daemon's arguments that the pace mode adds."""
+    return [f"--transport={a.transport}"] if a.transport else []
+
+
+def _pace_figures(a: argparse.Namespace, rounds: int, cpu: dict[str, float]) -> dict[str, Any]:
+    """The pace mode's own figures: what ran, and the daemon's CPU per round."""
+    return {
+        "pace": a.pace, "words": a.words if a.pace == "realistic" else 0,
+        "transport": a.transport or "default",
+        "cpu_ms_per_round": 1000 * cpu["daemon"] / rounds if rounds else None,
+    }  # fmt: skip
 
 
 def _cpu_s(pid: int) -> float:
@@ -91,11 +131,12 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="navi-conc-"))
     try:
         script = tmp / "script.json"
-        script.write_text(json.dumps([ECHO]))
+        script.write_text(json.dumps(_script(a)))
         fake = _spawn(["-m", "navi_trio.testing.fake_llm", "--loop", "--script", str(script)])
         procs.append(fake)
         llm_url = _line(fake, 30, "the fake LLM server").split("listening on", 1)[1].strip()
         daemon_args = ["conc.py", "daemon", "--url", llm_url, "--users", str(a.sessions + 1)]
+        daemon_args += _daemon_pace(a)
         daemon = _spawn(daemon_args + ([f"--sync={a.sync}"] if a.sync else []))
         procs.append(daemon)
         hello = json.loads(_line(daemon, 60, "the daemon"))
@@ -157,6 +198,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             "cpu_s": cpu, "cpu_util": {k: v / wall for k, v in cpu.items()},
             "rss_start_kb": rss0, "rss_peak_kb": peak, "loadavg_start": load0,
             "loadavg_end": os.getloadavg()[0], "errors": [e for r in results for e in r["errors"]],
+            **_pace_figures(a, rounds, cpu),
         }  # fmt: skip
     finally:
         for p in reversed(procs):
@@ -266,6 +308,7 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--py-spy", default="", metavar="OUT")
     p.add_argument("--sync", default="", help="what-if: the store's synchronous= (OFF, NORMAL)")
+    _pace_args(p)
     # daemon / clients (internal)
     p.add_argument("--url", default="")
     p.add_argument("--users", type=int, default=1)

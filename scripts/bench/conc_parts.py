@@ -38,7 +38,10 @@ def _patch_sync(sync: str) -> None:
 
 async def daemon(a: argparse.Namespace) -> None:
     profile = {**BENCH_PROFILE, "max_iterations": ROUNDS}
-    async with bench_runtime(a.url, [EchoTool()], profile=profile, session_idle_sec=3600.0) as rt:
+    more = {"llm_transport": a.transport} if a.transport else {}  # conc.py --transport
+    async with bench_runtime(
+        a.url, [EchoTool()], profile=profile, session_idle_sec=3600.0, **more
+    ) as rt:
         tokens: list[str] = []
         async with ws_daemon(rt, a.users, tokens) as (url, _):
             print(json.dumps({"ws": url, "tokens": tokens}), flush=True)

@@ -1,0 +1,287 @@
+"""`H11Transport` on its own: its pool (an idle connection the server closed is not
+reused, idle ones expire, the cap and the pool timeout), what it makes of servers that
+break HTTP (garbage, a head too big, a body cut short), a body framed by the close, and
+TLS (a throwaway self-signed certificate made with the openssl command).
+
+Rules: loopback only, port 0, servers in the same trio run; the autojump clock where
+time matters; every test has an absolute timeout.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import ssl
+import struct
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+
+import h11
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from navi_trio.llm.client import LLMClient
+from navi_trio.llm.transport import MAX_HEAD_BYTES, H11Transport
+from navi_trio.testing.fake_llm import FakeLLMServer, open_fake_llm
+
+TIMEOUT = 20
+LIMIT = 600  # virtual seconds, under the autojump clock
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+Handler = Callable[[trio.abc.Stream], Awaitable[None]]
+
+
+@asynccontextmanager
+async def raw_server(handler: Handler) -> AsyncIterator[tuple[str, list[int]]]:
+    """A TCP server on 127.0.0.1 running `handler` per connection: (its URL, a list
+    holding the count of connections accepted)."""
+    accepted = [0]
+
+    async def counted(stream: trio.SocketStream) -> None:
+        accepted[0] += 1
+        try:
+            await handler(stream)
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, counted, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        yield f"http://127.0.0.1:{port}", accepted
+        nursery.cancel_scope.cancel()
+
+
+async def read_head(stream: trio.abc.Stream, conn: h11.Connection) -> None:
+    """Read one whole request (head and body) from `stream`."""
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(bytes(await stream.receive_some(65536)))
+        elif type(event) is h11.EndOfMessage:
+            return
+
+
+async def answer(stream: trio.abc.Stream, conn: h11.Connection, body: bytes) -> None:
+    head = h11.Response(status_code=200, headers=[("Content-Length", str(len(body)))])
+    await stream.send_all(conn.send(head) + conn.send(h11.Data(data=body)))
+    await stream.send_all(conn.send(h11.EndOfMessage()))
+
+
+async def post(client: httpx.AsyncClient, url: str) -> bytes:
+    response = await client.post(f"{url}/api/chat", json=BODY)
+    return response.content
+
+
+async def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
+    """A server closing its side after an answer (a keep-alive timeout): the next request
+    takes a fresh connection at once, never sending on the dead one first."""
+    requests = [0]
+
+    async def one_answer_then_close(stream: trio.abc.Stream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        await read_head(stream, conn)
+        requests[0] += 1
+        await answer(stream, conn, b"{}")  # no "Connection: close": h11 keeps it alive
+
+    with trio.fail_after(TIMEOUT):
+        async with raw_server(one_answer_then_close) as (url, accepted):
+            transport = H11Transport()
+            async with LLMClient(transport=transport) as client:
+                assert await post(client, url) == b"{}"
+                await trio.testing.wait_all_tasks_blocked()  # the server has closed
+                assert await post(client, url) == b"{}"
+            assert (accepted[0], requests[0], transport.connections_made) == (2, 2, 2)
+
+
+async def test_idle_connections_expire(autojump_clock: trio.testing.MockClock) -> None:
+    with trio.fail_after(LIMIT):
+        async with open_fake_llm([{"text": "a"}] * 3) as server:
+            transport = H11Transport(keepalive_expiry=5)
+            async with LLMClient(transport=transport) as client:
+                await post(client, server.url)
+                await trio.sleep(4)
+                await post(client, server.url)
+                assert server.connections == 1
+                await trio.sleep(6)
+                await post(client, server.url)
+                assert server.connections == 2
+                assert transport.idle_connections == 1  # the expired one was closed
+
+
+async def test_the_connection_cap_makes_a_request_wait_within_the_pool_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    stall = {"text": "never", "stall": True}
+    with trio.fail_after(LIMIT):
+        async with open_fake_llm([stall, {"text": "b"}]) as server:
+            transport = H11Transport(max_connections=1)
+            async with LLMClient(transport=transport, timeout=httpx.Timeout(None)) as client:
+                first = await client.send(
+                    client.build_request("POST", f"{server.url}/api/chat", json=BODY), stream=True
+                )
+                with pytest.raises(httpx.PoolTimeout):
+                    await client.post(
+                        f"{server.url}/api/chat", json=BODY, timeout=httpx.Timeout(None, pool=3)
+                    )
+                await first.aclose()  # its slot (and its cut connection) freed
+                second = await client.post(f"{server.url}/api/chat", json=BODY)
+                assert second.status_code == 200
+                assert server.connections == 2
+
+
+async def test_closing_the_transport_closes_every_connection() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_fake_llm([{"text": "a"}, {"text": "b", "stall": True}]) as server:
+            transport = H11Transport()
+            client = LLMClient(transport=transport)
+            await post(client, server.url)  # one idle connection
+            streaming = await client.send(
+                client.build_request("POST", f"{server.url}/api/chat", json=BODY), stream=True
+            )
+            await client.aclose()
+            await server.wait_disconnects(1)  # the one in use: its reply was cut
+            assert transport.idle_connections == 0
+            with pytest.raises(httpx.ReadError):
+                await streaming.aread()
+            with pytest.raises(RuntimeError, match="closed"):
+                await transport.handle_async_request(httpx.Request("GET", server.url))
+
+
+RESET = b"(reset)"  # not bytes to send: close with an RST (SO_LINGER 0)
+
+
+@pytest.mark.parametrize(
+    ("sent", "match"),
+    [
+        (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "illegal status line"),  # not HTTP at all
+        (b"HTTP/1.1 200 OK\r\nX: " + b"a" * (4 * MAX_HEAD_BYTES) + b"\r\n\r\n", "too long"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab", "incomplete"),
+        # Closed or reset without a byte of answer: what llm/http.py sends once more.
+        (b"", "Server disconnected without sending a response"),
+        (RESET, "Server disconnected without sending a response"),
+    ],
+    ids=["not-http", "head-too-big", "body-cut", "no-answer", "reset"],
+)
+async def test_a_server_breaking_http_is_a_remote_protocol_error(sent: bytes, match: str) -> None:
+    async def bad(stream: trio.abc.Stream) -> None:
+        await read_head(stream, h11.Connection(h11.SERVER))
+        if sent == RESET:
+            assert isinstance(stream, trio.SocketStream)
+            stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        elif sent:
+            await stream.send_all(sent)
+
+    with trio.fail_after(TIMEOUT):
+        async with raw_server(bad) as (url, _):
+            transport = H11Transport()
+            async with LLMClient(transport=transport) as client:
+                with pytest.raises(httpx.RemoteProtocolError, match=match):
+                    await post(client, url)
+            assert transport.idle_connections == 0
+
+
+async def test_a_body_ended_by_the_close_is_read_whole() -> None:
+    """HTTP/1.0 style: no Content-Length, no chunks; the body is what comes before EOF."""
+
+    async def unframed(stream: trio.abc.Stream) -> None:
+        await read_head(stream, h11.Connection(h11.SERVER))
+        await stream.send_all(b'HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{"a": ')
+        await trio.testing.wait_all_tasks_blocked()
+        await stream.send_all(b"1}")
+
+    with trio.fail_after(TIMEOUT):
+        async with raw_server(unframed) as (url, accepted):
+            transport = H11Transport()
+            async with LLMClient(transport=transport) as client:
+                assert await post(client, url) == b'{"a": 1}'
+                assert await post(client, url) == b'{"a": 1}'
+            assert accepted[0] == 2  # never kept: the server said close
+
+
+# --- TLS ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and localhost (cert, key)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("the openssl command is not installed: no certificate for the TLS tests")
+    where = tmp_path_factory.mktemp("tls")
+    cert, key = where / "cert.pem", where / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "1", "-subj", "/CN=localhost", "-keyout", str(key), "-out",
+         str(cert), "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+    return cert, key
+
+
+@asynccontextmanager
+async def tls_fake_llm(
+    certificate: tuple[Path, Path], replies: list[dict[str, object]]
+) -> AsyncIterator[tuple[FakeLLMServer, str]]:
+    """The fake LLM server behind TLS: (the server, its https URL)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*certificate)
+    server = FakeLLMServer(replies)
+    async with trio.open_nursery() as nursery:
+        tcp = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        # https_compatible: the server closes without TLS close_notify, as many do.
+        tls = [trio.SSLListener(t, context, https_compatible=True) for t in tcp]
+        nursery.start_soon(trio.serve_listeners, server._handle, tls)
+        yield server, f"https://127.0.0.1:{tcp[0].socket.getsockname()[1]}"
+        nursery.cancel_scope.cancel()
+
+
+async def test_https_streams_and_reuses_its_connection(certificate: tuple[Path, Path]) -> None:
+    trusted = ssl.create_default_context(cafile=str(certificate[0]))
+    with trio.fail_after(TIMEOUT):
+        async with tls_fake_llm(certificate, [{"text": "one two"}, {"text": "three"}]) as (
+            server,
+            url,
+        ):
+            transport = H11Transport(verify=trusted)
+            async with LLMClient(transport=transport) as client:
+                for _ in range(2):
+                    async with client.stream("POST", f"{url}/api/chat", json=BODY) as response:
+                        assert response.http_version == "HTTP/1.1"
+                        lines = [line async for line in response.aiter_lines() if line]
+                    assert '"done": true' in lines[-1].replace('":true', '": true')
+            assert server.connections == 1 and transport.connections_made == 1
+
+
+async def test_https_refuses_a_certificate_it_does_not_trust(
+    certificate: tuple[Path, Path],
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with tls_fake_llm(certificate, [{"text": "x"}]) as (server, url):
+            async with LLMClient(transport=H11Transport()) as client:  # the system's CAs
+                with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                    await post(client, url)
+            assert server.requests == []
+
+
+async def test_https_reads_a_body_ended_by_a_close_without_close_notify(
+    certificate: tuple[Path, Path],
+) -> None:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*certificate)
+
+    async def unframed(stream: trio.abc.Stream) -> None:
+        tls = trio.SSLStream(stream, context, server_side=True, https_compatible=True)
+        await read_head(tls, h11.Connection(h11.SERVER))
+        await tls.send_all(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{}")
+        await tls.aclose()  # https_compatible: the TCP close alone, no close_notify
+
+    trusted = ssl.create_default_context(cafile=str(certificate[0]))
+    with trio.fail_after(TIMEOUT):
+        async with raw_server(unframed) as (url, _):
+            async with LLMClient(transport=H11Transport(verify=trusted)) as client:
+                assert await post(client, url.replace("http:", "https:")) == b"{}"
