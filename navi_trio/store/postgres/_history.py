@@ -154,19 +154,18 @@ def replace_context(conn: Conn, sid: str, rows: list[_Row], now: float) -> None:
 def rewrite(conn: Conn, sid: str, job: _Rewrite, now: float) -> None:
     """A rewind or a branch brought back (SessionStore.rewrite_history), under the lock."""
     _lock_session(conn, sid)
-    count = conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = %s", [sid]).fetchone()
-    if job.keep > count[0]:
-        raise StoreError(f"session {sid!r} has {count[0]} messages, not {job.keep} to keep")
-    top = 0.0
-    if job.keep:
-        top = conn.execute(
-            "SELECT position FROM messages WHERE session_id = %s ORDER BY position"
-            " LIMIT 1 OFFSET %s",
-            [sid, job.keep - 1],
-        ).fetchone()[0]
+    positions = [
+        r[0]
+        for r in conn.execute(
+            "SELECT position FROM messages WHERE session_id = %s ORDER BY position", [sid]
+        )
+    ]
+    if job.keep > len(positions):
+        raise StoreError(f"session {sid!r} has {len(positions)} messages, not {job.keep} to keep")
+    top = float(positions[job.keep - 1]) if job.keep else 0.0
     conn.execute("DELETE FROM messages WHERE session_id = %s AND position > %s", [sid, top])
-    positions = [top + i for i in range(1, len(job.messages) + 1)]
-    _insert_history(conn, "messages", sid, job.messages, positions, now)
+    after = [top + i for i in range(1, len(job.messages) + 1)]
+    _insert_history(conn, "messages", sid, job.messages, after, now)
     replace_context(conn, sid, job.context, now)
     for scope, key, value in job.kv_set:
         t.kv_set(conn, scope, key, value, now)
