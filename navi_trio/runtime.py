@@ -7,7 +7,9 @@
 The root nursery holds, in start order: the process pool (persistent processes of
 ``terminal open``), the peer tool's link (its connections to other daemons), the MCP
 servers (each started when a run first needs it; their tools reach runs through the
-tool registry), the TaskSupervisor (background jobs), and the session registry
+tool registry), the TaskSupervisor (background jobs), the checkpoints (the engine on
+DATA/checkpoints, opened first: it completes a restore a killed daemon left; its pruning
+actor), and the session registry
 (session actors and their runs). Leaving the block cancels them all: runs are stopped
 (their clean-up is shielded), background jobs end (their running markers stay, so the
 next start reports them as lost), and every process group is killed. The store closes
@@ -28,6 +30,8 @@ from navi_trio.api.peer_link import WsPeerLink
 from navi_trio.api.protocol import event_frame
 from navi_trio.core.agent import Agent
 from navi_trio.core.approvals import ApprovalBroker
+from navi_trio.core.checkpointing import RoundCheckpoints
+from navi_trio.core.checkpoints import open_checkpoints
 from navi_trio.core.session_actor import SessionRegistry
 from navi_trio.core.task_supervisor import TaskSupervisor
 from navi_trio.events import TaskUpdate
@@ -58,6 +62,7 @@ class Runtime:
     mcp: McpServers
     supervisor: TaskSupervisor
     approvals: ApprovalBroker
+    checkpoints: RoundCheckpoints
     agent: Agent
     sessions: SessionRegistry
     nursery: trio.Nursery
@@ -105,6 +110,8 @@ async def open_runtime(
         )
     async with AsyncExitStack() as stack:
         store = await stack.enter_async_context(open_store(settings))
+        # Before any run: a restore a killed process left half done is completed first.
+        engine = await stack.enter_async_context(open_checkpoints(settings))
         if backend is None:
             client = await stack.enter_async_context(make_client(settings))
             backend = make_backend(settings, client)
@@ -133,6 +140,8 @@ async def open_runtime(
                 return sessions is not None and sessions.attached(session_id)
 
             approvals = ApprovalBroker(store, settings.approval_timeout_sec, attached)
+            checkpoints = RoundCheckpoints(engine, store)
+            await nursery.start(checkpoints.run)
             agent = Agent(
                 settings=settings,
                 config=config,
@@ -142,6 +151,7 @@ async def open_runtime(
                 supervisor=supervisor,
                 processes=processes,
                 approvals=approvals,
+                checkpoints=checkpoints,
             )
             nursery.start_soon(agent.parts.counter.preload_on_demand)  # off the start-up path
             sessions = SessionRegistry(
@@ -163,6 +173,7 @@ async def open_runtime(
                     mcp=mcp,
                     supervisor=supervisor,
                     approvals=approvals,
+                    checkpoints=checkpoints,
                     agent=agent,
                     sessions=sessions,
                     nursery=nursery,
