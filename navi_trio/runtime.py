@@ -32,6 +32,8 @@ from navi_trio.core.agent import Agent
 from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.checkpointing import RoundCheckpoints
 from navi_trio.core.checkpoints import open_checkpoints
+from navi_trio.core.rewind import Rewinder
+from navi_trio.core.rewind_service import SessionRewinds
 from navi_trio.core.session_actor import SessionRegistry
 from navi_trio.core.task_supervisor import TaskSupervisor
 from navi_trio.events import TaskUpdate
@@ -65,6 +67,7 @@ class Runtime:
     checkpoints: RoundCheckpoints
     agent: Agent
     sessions: SessionRegistry
+    rewinds: SessionRewinds
     nursery: trio.Nursery
 
 
@@ -161,6 +164,16 @@ async def open_runtime(
                 idle_timeout=settings.session_idle_sec,
             )
             await nursery.start(sessions.run)
+            rewinder = Rewinder(
+                settings=settings,
+                store=store,
+                engine=engine,
+                leases=agent.leases,
+                config=agent.config,
+                forget=agent.cache.forget,
+                jobs=supervisor.running_count,
+            )
+            rewinds = SessionRewinds(rewinder, sessions)
             freeze_start_up_objects()
             try:
                 yield Runtime(
@@ -176,6 +189,7 @@ async def open_runtime(
                     checkpoints=checkpoints,
                     agent=agent,
                     sessions=sessions,
+                    rewinds=rewinds,
                     nursery=nursery,
                 )
             finally:

@@ -23,7 +23,9 @@ sent to the subscribers of the moment, with no seq and not kept for replay (a cl
 re-syncs through the tasks list).
 
 Commands are synchronous methods (atomic under trio): `send_message`, `stop`, `compact`,
-`subscribe`. A subscriber too slow to keep up with its bounded channel is cut off: its
+`subscribe`; `exclusive` runs a rewind or a fork with nothing else of the session
+running, and `resync` tells every subscriber to reload the history it rewrote.
+A subscriber too slow to keep up with its bounded channel is cut off: its
 channel is closed after the frames already in it, and `Subscription.lagged` says from
 which seq it missed frames, so its owner can tell the client why and subscribe again
 from the last seq it delivered. The run and the other subscribers never wait for it.
@@ -37,8 +39,8 @@ import collections
 import logging
 import math
 import secrets
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import trio
 
@@ -51,6 +53,7 @@ from navi_trio.errors import (
     NaviError,
     NothingToCompactError,
     RequestError,
+    SessionBusyError,
     StorageError,
 )
 from navi_trio.events import (
@@ -62,6 +65,7 @@ from navi_trio.events import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Frame = dict[str, Any]
 # Turns an event into a wire frame: (event, session_id, seq or None, epoch) -> frame.
@@ -233,6 +237,30 @@ class SessionActor:
             )
             return
         self._start(self._compact)
+
+    async def exclusive(self, work: Callable[[], Awaitable[T]]) -> T:
+        """Run `work` while nothing else of the session runs (a rewind, a fork): refused
+        while a run or a compaction is active or messages wait; the messages sent
+        meanwhile are queued and run after it, on what it left."""
+        if self.busy or self._nursery is None:
+            raise SessionBusyError(
+                f"session {self.session_id!r} has a run active or queued: stop it or wait",
+                session_id=self.session_id,
+            )
+        self.busy = True
+        self._touch()
+        if self.idle.is_set():
+            self.idle = trio.Event()
+        try:
+            return await work()
+        finally:
+            self._done()
+
+    def resync(self) -> None:
+        """The history changed under the replay (a rewind): the replay is forgotten (a
+        subscriber back from an older seq reloads) and every subscriber reloads now."""
+        self.replay = ReplayBuffer()
+        self._fan_out(self.resync_frame())
 
     def subscribe(self, last_seq: int | None = None, epoch: str | None = None) -> Subscription:
         """Frames after `last_seq` from the replay buffer, then live ones.
