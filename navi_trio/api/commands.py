@@ -17,13 +17,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from navi_trio.api.auth import User
+from navi_trio.api.checkpoint_frames import CheckpointCommands
 from navi_trio.api.protocol import (
     Approval,
+    Checkpoints,
     Command,
     Compact,
+    Fork,
     Frame,
     Hello,
     RequestId,
+    Rewind,
     SendMessage,
     Sessions,
     Stop,
@@ -83,6 +87,7 @@ class Commands:
         self.rt = runtime
         self.conn = conn
         self.user = user
+        self.checkpoints = CheckpointCommands(self)
 
     async def handle(self, rid: RequestId, command: Command) -> None:
         if isinstance(command, Hello):
@@ -96,6 +101,9 @@ class Commands:
             Tasks: self._tasks,
             Sessions: self._sessions,
             Approval: self._approval,
+            Checkpoints: self.checkpoints.overview,
+            Rewind: self.checkpoints.rewind,
+            Fork: self.checkpoints.fork,
         }[type(command)]
         try:
             await handler(rid, command)
@@ -355,6 +363,7 @@ class Commands:
         for job in self.rt.supervisor.list_jobs(session_id):
             self.rt.supervisor.cancel(session_id, job.task_id)
         deleted = await self.rt.store.delete_session(session_id)
+        await self.rt.rewinds.forget(session_id)
         self.rt.agent.cache.forget(session_id)
         self.rt.approvals.forget(session_id)
         folder = self.rt.settings.session_dir(session_id)

@@ -77,7 +77,7 @@ class Forker:
             await self.store.append(new_id, messages=history, context=new_context)
         except BaseException:
             with trio.CancelScope(shield=True):
-                await self._discard(new_id, made)
+                await self.discard(new_id, made)
             raise
         return Forked(
             new_session_id=new_id,
@@ -154,7 +154,8 @@ class Forker:
                 break
         return roots
 
-    async def _discard(self, new_id: str, made: list[Path]) -> None:
+    async def discard(self, new_id: str, made: list[Path]) -> None:
+        """Remove a fork that failed: its session and the folders made for it."""
         try:
             await self.store.delete_session(new_id)
         finally:

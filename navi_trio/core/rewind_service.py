@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import trio
 
 from navi_trio.core.fork import Forker
 from navi_trio.core.rewind import Rewinder, RewindPreview, Target
@@ -107,10 +108,17 @@ class SessionRewinds:
         files: bool = False,
         folder: Path | None = None,
     ) -> Forked:
-        actor = await self.sessions.get(session_id)
-        event = await actor.exclusive(
-            lambda: self.forker.fork(session_id, new_id, at=at, files=files, folder=folder)
-        )
+        """Fill the new session `new_id` (made by the caller) from `session_id`; a fork
+        that cannot be made (the source busy, a bad `at`) removes it again."""
+        try:
+            actor = await self.sessions.get(session_id)
+            event = await actor.exclusive(
+                lambda: self.forker.fork(session_id, new_id, at=at, files=files, folder=folder)
+            )
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self.forker.discard(new_id, [])
+            raise
         actor.publish(event)
         return event
 
