@@ -34,6 +34,7 @@ from navi_trio.core.rewind import RewindPreview, Target
 from navi_trio.core.rewind_service import Overview
 from navi_trio.core.workspace import check_cwd
 from navi_trio.errors import ExistsError, ProtocolError
+from navi_trio.events import Rewound
 
 if TYPE_CHECKING:
     from navi_trio.api.commands import Commands
@@ -91,6 +92,20 @@ def preview_fields(preview: RewindPreview) -> dict[str, Any]:
         "files_note": preview.files_note,
         "not_covered": NOT_COVERED if t.files else "",
         "token": preview.token,
+    }
+
+
+def done_fields(event: Rewound) -> dict[str, Any]:
+    """A rewind that was applied, as its reply carries it."""
+    return {
+        "to": event.to,
+        "branch": event.branch,
+        "restore": event.restore,
+        "undo": event.undo,
+        "messages_removed": event.messages_removed,
+        "messages_restored": event.messages_restored,
+        "files": event.files,
+        "failed": list(event.failed),
     }
 
 
