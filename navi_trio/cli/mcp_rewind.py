@@ -21,8 +21,8 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
-from navi_trio.cli.rewind import print_done, print_overview, print_preview
 from navi_trio.cli.rewinds import Rewinds, resolve_point
+from navi_trio.client.rewind_text import print_done, print_overview, print_preview
 from navi_trio.errors import NaviError
 
 
