@@ -173,7 +173,7 @@ async def open_runtime(
                 forget=agent.cache.forget,
                 jobs=supervisor.running_count,
             )
-            rewinds = SessionRewinds(rewinder, sessions)
+            rewinds = SessionRewinds(rewinder, sessions, checkpoints)
             freeze_start_up_objects()
             try:
                 yield Runtime(

@@ -76,6 +76,9 @@ async def test_a_rewind_is_listed_previewed_and_applied_and_a_follower_reloads(
                     second["message_id"],
                 }
                 ask = {"type": "rewind", "session_id": sid, "to": second["message_id"]}
+                seen = await alice.request(
+                    {"type": "sessions", "action": "history", "session_id": sid}
+                )
                 preview = await alice.request(ask)
                 assert preview["action"] == "preview", preview
                 assert preview["messages_removed"] == 5 and preview["text"] == "second"
@@ -101,6 +104,23 @@ async def test_a_rewind_is_listed_previewed_and_applied_and_a_follower_reloads(
                 assert again["type"] == "error" and again["code"] == "not_found", again
                 listed = await alice.request({"type": "checkpoints", "session_id": sid})
                 assert [b["branch_id"] for b in listed["branches"]] == [done["undo"]]
+            # A client back from a seq before the rewind reloads: the replay is gone.
+            async with d.connect("alice") as late:
+                await late.request(
+                    {"type": "subscribe", "session_id": sid, "last_seq": seen["seq"],
+                     "epoch": seen["epoch"]}
+                )  # fmt: skip
+                first_frame = await late.until(lambda f: f.get("session_id") == sid
+                                               and f["type"] != "ok")  # fmt: skip
+                assert first_frame["type"] == "resync", first_frame
+                # Deleting the session deletes its checkpoints and branches too.
+                gone = await late.request(
+                    {"type": "sessions", "action": "delete", "session_id": sid}
+                )
+                assert gone["deleted"] is True, gone
+                engine = d.harness.runtime.checkpoints.engine
+                assert await engine.checkpoints(sid) == []
+                assert await d.harness.runtime.store.kv_list("branches", f"{sid}:") == []
 
 
 async def test_only_the_owner_lists_rewinds_or_forks_and_hostile_ids_are_refused(

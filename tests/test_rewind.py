@@ -224,3 +224,51 @@ async def test_a_files_rewind_to_a_message_after_which_nothing_was_written_chang
             preview, event = await rewind(h, Target(to=talk, restore="files"))
             assert preview.files is None and "no file was changed" in preview.files_note
             assert event.undo == "" and tree_of(work) == before
+
+
+async def test_a_subagents_writes_are_checkpointed_through_the_same_executor_and_rewound(
+    tmp_path: Path,
+) -> None:
+    work = workspace(tmp_path)
+    before = tree_of(work)
+    replies = [
+        calls(call("spawn_agent", task="write the file")),
+        calls(write("by_the_subagent.txt", "s\n")),  # the sub-agent's round
+        say("written"),  # the sub-agent's answer
+        say("it is done"),
+    ]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=replies, profiles=PROFILES) as h:
+            frames = await turn(h, SID, "delegate", cwd=work, **FULL)
+            created = frames_of(frames, "checkpoint_created")
+            assert [f["is_subagent"] for f in created] == [False, True]
+            assert created[1]["reused"]  # nothing changed between the two snapshots
+            assert (work / "by_the_subagent.txt").exists()
+            (delegate,) = await user_ids(h)
+            await rewind(h, Target(to=delegate, restore="files"))
+            assert tree_of(work) == before
+
+
+async def test_checkpoints_are_pruned_by_count_and_a_files_rewind_past_them_is_refused(
+    tmp_path: Path,
+) -> None:
+    work = workspace(tmp_path)
+    replies = [r for n in range(4) for r in (calls(write(f"n{n}.txt", f"{n}\n")), say(f"{n}"))]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=replies, profiles=PROFILES, checkpoint_keep=2
+        ) as h:  # fmt: skip
+            for n in range(4):
+                await turn(h, SID, f"message {n}", cwd=work, **FULL)
+            engine = h.runtime.checkpoints.engine
+            await h.runtime.checkpoints.wait_pruned()  # pruned in the background
+            assert len(await engine.checkpoints(SID)) == 2
+            first, *_, last = await user_ids(h)
+            with pytest.raises(NotFoundError, match="pruned"):
+                await h.runtime.rewinds.preview(SID, Target(to=first, restore="files"))
+            await rewind(h, Target(to=last, restore="files"))  # still kept
+            assert not (work / "n3.txt").exists() and (work / "n2.txt").exists()
+            await rewind(h, Target(to=first, restore="chat"))  # the chat needs none
+            assert await user_ids(h) == []
+            listed = await h.runtime.rewinds.overview(SID)
+            assert listed.points == []

@@ -115,6 +115,9 @@ class RoundCheckpoints(NurseryHolder):
         self.engine = engine
         self.kv = kv
         self._pruning: set[str] = set()
+        self._again: set[str] = set()  # a checkpoint came while its session was pruned
+        self._pruned = trio.Event()  # set when no pruning is under way
+        self._pruned.set()
 
     async def before_round(
         self,
@@ -190,24 +193,40 @@ class RoundCheckpoints(NurseryHolder):
     # -- keeping ------------------------------------------------------------------------
 
     def prune_soon(self, session_id: str) -> None:
-        """Prune the session's checkpoints in the background (once at a time)."""
-        if not self.running or session_id in self._pruning:
+        """Prune the session's checkpoints in the background (once at a time: one asked
+        for meanwhile runs again after it)."""
+        if not self.running:
+            return
+        if session_id in self._pruning:
+            self._again.add(session_id)
             return
         self._pruning.add(session_id)
+        if self._pruned.is_set():
+            self._pruned = trio.Event()
         self.nursery.start_soon(self._prune, session_id)
+
+    async def wait_pruned(self) -> None:
+        """Until the pruning under way (if any) has ended."""
+        await self._pruned.wait()
 
     async def _prune(self, session_id: str) -> None:
         try:
-            dropped = await self.engine.prune(session_id)
-            if dropped:
-                newest = max(created_at(i) for i in dropped)
-                kept = await self.kv.kv_get(PRUNED_SCOPE, session_id) or {}
-                until = max(newest, float(kept.get("pruned_until", 0.0)))
-                await self.kv.kv_set(PRUNED_SCOPE, session_id, {"pruned_until": until})
+            while True:
+                dropped = await self.engine.prune(session_id)
+                if dropped:
+                    newest = max(created_at(i) for i in dropped)
+                    kept = await self.kv.kv_get(PRUNED_SCOPE, session_id) or {}
+                    until = max(newest, float(kept.get("pruned_until", 0.0)))
+                    await self.kv.kv_set(PRUNED_SCOPE, session_id, {"pruned_until": until})
+                if session_id not in self._again:
+                    break
+                self._again.discard(session_id)
         except Exception as exc:  # noqa: BLE001 - keeping is best effort: the next one retries
             log.warning("pruning the checkpoints of session %s failed: %s", session_id, exc)
         finally:
             self._pruning.discard(session_id)
+            if not self._pruning:
+                self._pruned.set()
 
 
 def _roots(ctx: ToolContext) -> list[Path]:

@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 import trio
 
+from navi_trio.core.checkpointing import RoundCheckpoints
 from navi_trio.core.fork import Forker
 from navi_trio.core.rewind import Rewinder, RewindPreview, Target
 from navi_trio.core.rewind_points import (
@@ -49,10 +50,13 @@ class Overview:
 
 
 class SessionRewinds:
-    def __init__(self, rewinder: Rewinder, sessions: SessionRegistry) -> None:
+    def __init__(
+        self, rewinder: Rewinder, sessions: SessionRegistry, checkpoints: RoundCheckpoints
+    ) -> None:
         self.rewinder = rewinder
         self.forker = Forker(rewinder)
         self.sessions = sessions
+        self.checkpoints = checkpoints
 
     async def overview(self, session_id: str) -> Overview:
         messages, _ = await self.rewinder.history(session_id)
@@ -89,11 +93,22 @@ class SessionRewinds:
 
     async def preview(self, session_id: str, target: Target) -> RewindPreview:
         actor = await self.sessions.get(session_id)
-        return await actor.exclusive(lambda: self.rewinder.preview(session_id, target))
+
+        async def work() -> RewindPreview:
+            # A pruning under way settles first: which checkpoints are kept decides.
+            await self.checkpoints.wait_pruned()
+            return await self.rewinder.preview(session_id, target)
+
+        return await actor.exclusive(work)
 
     async def apply(self, session_id: str, target: Target, confirm: str) -> Rewound:
         actor = await self.sessions.get(session_id)
-        event = await actor.exclusive(lambda: self.rewinder.apply(session_id, target, confirm))
+
+        async def work() -> Rewound:
+            await self.checkpoints.wait_pruned()
+            return await self.rewinder.apply(session_id, target, confirm)
+
+        event = await actor.exclusive(work)
         actor.publish(event)
         if event.messages_removed or event.messages_restored or target.chat:
             actor.resync()
