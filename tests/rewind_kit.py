@@ -87,7 +87,7 @@ def with_block(tools: list[Tool], block: Tool) -> list[Tool]:
 async def turn(h: Harness, sid: str, text: str, **kwargs: Any) -> list[dict[str, Any]]:
     """One message's frames up to its stream_end, then until its actor is idle (a
     rewind is refused while the run is still ending)."""
-    frames = await h.turn(sid, text, **kwargs)
+    frames: list[dict[str, Any]] = await h.turn(sid, text, **kwargs)
     actor = h.runtime.sessions.actor(sid)
     if actor is not None:
         await actor.idle.wait()

@@ -272,3 +272,19 @@ async def test_checkpoints_are_pruned_by_count_and_a_files_rewind_past_them_is_r
             assert await user_ids(h) == []
             listed = await h.runtime.rewinds.overview(SID)
             assert listed.points == []
+
+
+async def test_a_chat_preview_is_refused_once_a_message_came_after_it(tmp_path: Path) -> None:
+    work = workspace(tmp_path)
+    replies = [*TURN_1, say("a second answer")]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=replies, profiles=PROFILES) as h:
+            await turn(h, SID, "first", cwd=work, **FULL)
+            (first,) = await user_ids(h)
+            target = Target(to=first, restore="chat")
+            preview = await h.runtime.rewinds.preview(SID, target)
+            await turn(h, SID, "more", cwd=work, **FULL)
+            history = await h.runtime.store.load_messages(SID)
+            with pytest.raises(ChangedError, match="changed after the preview"):
+                await h.runtime.rewinds.apply(SID, target, preview.token)
+            assert await h.runtime.store.load_messages(SID) == history

@@ -24,20 +24,60 @@ the README's ("WebSocket protocol", "Checkpoints").
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from navi_trio.api.protocol import Checkpoints, Fork, RequestId, Rewind, reply
+from navi_trio.api.auth import User
+from navi_trio.api.protocol import Checkpoints, Fork, Frame, RequestId, Rewind, reply
 from navi_trio.core.checkpoints import NOT_COVERED, Preview
 from navi_trio.core.rewind import RewindPreview, Target
-from navi_trio.core.rewind_service import Overview
+from navi_trio.core.rewind_service import Overview, SessionRewinds
 from navi_trio.core.workspace import check_cwd
 from navi_trio.errors import ExistsError, ProtocolError
 from navi_trio.events import Rewound
 
 if TYPE_CHECKING:
-    from navi_trio.api.commands import Commands
+    from collections.abc import Awaitable, Callable
+
+    from navi_trio.profiles import ConfigSource
+    from navi_trio.settings import Settings
+    from navi_trio.store.base import SessionRow, SessionStore
+
+
+class Core(Protocol):
+    """The parts of the daemon's core the frames use (`runtime.Runtime` is one)."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def config(self) -> ConfigSource: ...
+    @property
+    def store(self) -> SessionStore: ...
+    @property
+    def rewinds(self) -> SessionRewinds: ...
+
+
+class Link(Protocol):
+    """What the frames need of their connection."""
+
+    async def send(self, frame: Frame) -> None: ...
+    async def defer(self, rid: RequestId, work: Callable[[], Awaitable[None]]) -> None: ...
+
+
+class CommandHost(Protocol):
+    """What the frames need of their connection's `Commands` (api/commands.py): its
+    runtime, connection and user, and its ownership check and session maker."""
+
+    @property
+    def rt(self) -> Core: ...
+    @property
+    def conn(self) -> Link: ...
+    @property
+    def user(self) -> User: ...
+
+    async def _owned(self, session_id: str) -> SessionRow: ...
+    async def _create(self, session_id: str | None, profile: str | None) -> SessionRow: ...
 
 CHANGES_LISTED = 50
 KEPT_LISTED = 20
@@ -112,7 +152,7 @@ def done_fields(event: Rewound) -> dict[str, Any]:
 class CheckpointCommands:
     """The three frames, for one connection's `Commands` (its user, its runtime)."""
 
-    def __init__(self, commands: Commands) -> None:
+    def __init__(self, commands: CommandHost) -> None:
         self.c = commands
 
     async def overview(self, rid: RequestId, cmd: Checkpoints) -> None:
