@@ -34,7 +34,7 @@ from rewind_kit import (
 )
 
 from navi_trio.core.rewind import Target
-from navi_trio.errors import ChangedError, NotFoundError
+from navi_trio.errors import ChangedError, NotFoundError, RestoreError
 from navi_trio.testing import Harness, open_harness
 
 SID = "s-rewind"
@@ -288,3 +288,25 @@ async def test_a_chat_preview_is_refused_once_a_message_came_after_it(tmp_path: 
             with pytest.raises(ChangedError, match="changed after the preview"):
                 await h.runtime.rewinds.apply(SID, target, preview.token)
             assert await h.runtime.store.load_messages(SID) == history
+
+
+async def test_a_fork_copies_the_working_folder_into_the_new_folder_it_is_given(
+    tmp_path: Path,
+) -> None:
+    work = workspace(tmp_path)
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=TURN_1 + TURN_2, profiles=PROFILES) as h:
+            after_1, after_2 = await two_turns(h, work)
+            _, second = await user_ids(h)
+            copy = tmp_path / "elsewhere" / "copy"
+            copy.parent.mkdir()
+            await h.runtime.store.create_session("s-f2", profile_id="general")
+            event = await h.runtime.rewinds.fork(SID, "s-f2", at=second, files=True, folder=copy)
+            assert event.folder == str(copy)
+            assert diff(tree_of(copy), after_1) == {}
+            # A fork that cannot be made leaves no session behind (the folder exists now).
+            await h.runtime.store.create_session("s-f3", profile_id="general")
+            with pytest.raises(RestoreError, match="exists"):
+                await h.runtime.rewinds.fork(SID, "s-f3", at=second, files=True, folder=copy)
+            assert await h.runtime.store.get_session("s-f3") is None
+            assert diff(tree_of(copy), after_1) == {} and tree_of(work) == after_2
