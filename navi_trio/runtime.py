@@ -27,14 +27,15 @@ import attrs
 import trio
 
 from navi_trio.api.peer_link import WsPeerLink
-from navi_trio.api.protocol import event_frame
+from navi_trio.api.protocol import event_frame, resync_frame
 from navi_trio.core.agent import Agent
 from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.checkpointing import RoundCheckpoints
 from navi_trio.core.checkpoints import open_checkpoints
 from navi_trio.core.rewind import Rewinder
 from navi_trio.core.rewind_service import SessionRewinds
-from navi_trio.core.session_actor import SessionRegistry
+from navi_trio.core.session_registry import SessionRegistry
+from navi_trio.core.session_service import SessionService
 from navi_trio.core.task_supervisor import TaskSupervisor
 from navi_trio.events import TaskUpdate
 from navi_trio.llm.base import LLMBackend
@@ -67,6 +68,7 @@ class Runtime:
     checkpoints: RoundCheckpoints
     agent: Agent
     sessions: SessionRegistry
+    session_service: SessionService
     rewinds: SessionRewinds
     nursery: trio.Nursery
 
@@ -160,6 +162,7 @@ async def open_runtime(
             sessions = SessionRegistry(
                 agent,
                 encode=event_frame,
+                resync=resync_frame,
                 queue_max=settings.message_queue_max,
                 idle_timeout=settings.session_idle_sec,
             )
@@ -189,6 +192,15 @@ async def open_runtime(
                     checkpoints=checkpoints,
                     agent=agent,
                     sessions=sessions,
+                    session_service=SessionService(
+                        settings=settings,
+                        config=config,
+                        store=store,
+                        sessions=sessions,
+                        supervisor=supervisor,
+                        approvals=approvals,
+                        checkpoints=engine,
+                    ),
                     rewinds=rewinds,
                     nursery=nursery,
                 )

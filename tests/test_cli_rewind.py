@@ -18,11 +18,9 @@ import trio
 from api_ws import Daemon, open_daemon
 from rewind_kit import PROFILES, TIMEOUT, calls, say, tree_of, turn, write
 from test_api_rewind import REPLIES, idle, message
-from test_cli import env, navi
+from test_cli import navi
 
 from navi_trio.testing import open_harness
-
-__all__ = ["env"]  # the fixture, imported for pytest
 
 
 async def cli(d: Daemon, user: str, *args: str, environ: dict[str, str], cwd: Path) -> tuple[

@@ -17,13 +17,11 @@ from typing import Any
 import pytest
 import trio
 from rewind_kit import PROFILES, TIMEOUT, calls, say, turn, write
-from test_cli import env
 from test_mcp_serve import mcp_serve
 
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing import open_harness
 
-__all__ = ["env"]  # the fixture, imported for pytest
 pytestmark = pytest.mark.slow
 
 

@@ -28,11 +28,9 @@ import trio
 from rewind_kit import PROFILES, calls, say, tree_of, turn, write
 from test_api_daemon import client, serve
 from test_checkpoints_crash import _state_a, _state_b
-from test_cli import env
 
 from navi_trio.testing import FakeLLMServer, open_harness
 
-__all__ = ["env"]  # the fixture, imported for pytest
 pytestmark = pytest.mark.slow
 ROUNDS = 4
 DEADLINE = 240

@@ -13,18 +13,12 @@ from typing import Any
 
 import pytest
 import trio
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from builders import user
 from store_backends import Backend
-from store_backends import backend as backend
 
 from navi_trio.errors import StoreError
 
 TIMEOUT = 20
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"role": "user", "content": text}
 
 
 def answer(text: str) -> dict[str, Any]:

@@ -30,9 +30,10 @@ import trio
 
 from navi_trio.api.auth import User
 from navi_trio.api.protocol import Checkpoints, Fork, Frame, RequestId, Rewind, reply
+from navi_trio.api.services import DaemonCore
 from navi_trio.core.checkpoints import NOT_COVERED, Preview
 from navi_trio.core.rewind import RewindPreview, Target
-from navi_trio.core.rewind_service import Overview, SessionRewinds
+from navi_trio.core.rewind_service import Overview
 from navi_trio.core.workspace import check_cwd
 from navi_trio.errors import ExistsError, ProtocolError
 from navi_trio.events import Rewound
@@ -40,22 +41,7 @@ from navi_trio.events import Rewound
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from navi_trio.profiles import ConfigSource
-    from navi_trio.settings import Settings
-    from navi_trio.store.base import SessionRow, SessionStore
-
-
-class Core(Protocol):
-    """The parts of the daemon's core the frames use (`runtime.Runtime` is one)."""
-
-    @property
-    def settings(self) -> Settings: ...
-    @property
-    def config(self) -> ConfigSource: ...
-    @property
-    def store(self) -> SessionStore: ...
-    @property
-    def rewinds(self) -> SessionRewinds: ...
+    from navi_trio.store.base import SessionRow
 
 
 class Link(Protocol):
@@ -70,7 +56,7 @@ class CommandHost(Protocol):
     runtime, connection and user, and its ownership check and session maker."""
 
     @property
-    def rt(self) -> Core: ...
+    def rt(self) -> DaemonCore: ...
     @property
     def conn(self) -> Link: ...
     @property
@@ -78,6 +64,7 @@ class CommandHost(Protocol):
 
     async def _owned(self, session_id: str) -> SessionRow: ...
     async def _create(self, session_id: str | None, profile: str | None) -> SessionRow: ...
+
 
 CHANGES_LISTED = 50
 KEPT_LISTED = 20

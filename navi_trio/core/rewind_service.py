@@ -32,7 +32,7 @@ from navi_trio.core.rewind_points import (
     message_at,
     points,
 )
-from navi_trio.core.session_actor import SessionRegistry
+from navi_trio.core.session_registry import SessionRegistry
 from navi_trio.errors import NotFoundError
 from navi_trio.events import Forked, Rewound
 
@@ -136,11 +136,6 @@ class SessionRewinds:
             raise
         actor.publish(event)
         return event
-
-    async def forget(self, session_id: str) -> int:
-        """The session is deleted: its checkpoints go too (and the objects no other
-        checkpoint shares); how many."""
-        return await self.rewinder.engine.delete_all(session_id)
 
 
 def _point(point: Point, checkpoint: str | None) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from typing import Any
 import attrs
 import trio
 
+from navi_trio.actor import NurseryHolder
 from navi_trio.core.lease import pid_alive
 from navi_trio.core.task_notes import record_note
 from navi_trio.errors import TaskRejectedError
@@ -105,8 +106,12 @@ def summarize_args(args: dict[str, Any]) -> str:
     return text
 
 
-class TaskSupervisor:
-    """Owns the nursery of background jobs; enforces caps; delivers results."""
+class TaskSupervisor(NurseryHolder):
+    """Owns the nursery of background jobs; enforces caps; delivers results.
+
+    `run` (NurseryHolder) holds the jobs' nursery until the daemon shuts down; the jobs
+    are cancelled with it. Its start-up work (`on_start`) reports the jobs a previous
+    process left running as lost."""
 
     def __init__(
         self,
@@ -117,7 +122,6 @@ class TaskSupervisor:
         self._settings = settings
         self._kv = kv
         self._publish = publish
-        self._nursery: trio.Nursery | None = None
         # session id -> task id -> job, in submit order.
         self._jobs: dict[str, dict[str, Job]] = {}
         # session id -> trio times of accepted submissions inside the rate window.
@@ -125,16 +129,8 @@ class TaskSupervisor:
 
     # --- the actor -------------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run until cancelled (daemon shutdown); jobs are cancelled with it."""
-        async with trio.open_nursery() as nursery:
-            await self._report_lost_jobs()
-            self._nursery = nursery
-            try:
-                task_status.started()
-                await trio.sleep_forever()
-            finally:
-                self._nursery = None
+    async def on_start(self) -> None:
+        await self._report_lost_jobs()
 
     async def _report_lost_jobs(self) -> None:
         """Turn running markers left by a previous process into completion notes."""
@@ -176,7 +172,7 @@ class TaskSupervisor:
         is_spawn: bool = False,
     ) -> Job:
         """Start `runner` as a background job, or raise TaskRejectedError with the reason."""
-        if self._nursery is None:
+        if not self.running:
             raise TaskRejectedError("the task supervisor is not running")
         self._sweep()
         self._check_caps(session_id, is_spawn)
@@ -191,7 +187,7 @@ class TaskSupervisor:
         )
         self._jobs.setdefault(session_id, {})[job.task_id] = job
         self._submits.setdefault(session_id, collections.deque()).append(now)
-        self._nursery.start_soon(self._run_job, job, runner, name=f"background {job.task_id}")
+        self.nursery.start_soon(self._run_job, job, runner, name=f"background {job.task_id}")
         self._notify(job)
         return job
 
