@@ -209,6 +209,18 @@ class UnavailableError(RequestError):
     code = "internal"
 
 
+class ChangedError(RequestError):
+    """What a rewind's preview showed changed before it was confirmed: preview again."""
+
+    code = "changed"
+
+
+class RestoreError(RequestError):
+    """A rewind or a fork could not use a checkpoint (damaged, a folder unusable)."""
+
+    code = "restore_failed"
+
+
 class DaemonUnreachableError(NaviError):
     """No daemon answers at the URL, it did not answer in time, or the connection dropped.
 

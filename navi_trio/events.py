@@ -206,6 +206,49 @@ class ApprovalDecided(AgentEvent):
     by: str = "owner"  # owner | timeout | headless | grant
 
 
+@attrs.frozen
+class CheckpointCreated(AgentEvent):
+    """The writable folders were snapshotted before a round's writing calls (quiet: a
+    client may hide it). `reused`: the last checkpoint already held this state."""
+
+    checkpoint_id: str
+    label: str = ""
+    files: int = 0
+    changed: int = 0  # files that differed from the previous snapshot
+    bytes: int = 0  # what the checkpoint holds
+    new_bytes: int = 0  # what taking it stored
+    duration_ms: int = 0
+    reused: bool = False
+
+
+@attrs.frozen
+class Rewound(AgentEvent):
+    """The session was rewound (or a rewind undone): clients reload the history.
+
+    `to`: the user message rewound to (before it); `branch`: the branch brought back
+    instead; `undo`: the branch that undoes this one; `files`: what the restore changed
+    (restored, created, deleted, modes, dirs_created, dirs_deleted, bytes)."""
+
+    restore: str  # chat | files | both
+    to: str = ""
+    branch: str = ""
+    undo: str = ""
+    messages_removed: int = 0
+    messages_restored: int = 0
+    files: dict[str, Any] = attrs.field(factory=dict)
+    failed: tuple[str, ...] = ()  # paths the restore could not write
+
+
+@attrs.frozen
+class Forked(AgentEvent):
+    """A new session was made from this one (its history up to `at`)."""
+
+    new_session_id: str
+    at: str = ""
+    messages: int = 0
+    folder: str | None = None  # the copy of the working folder, when one was made
+
+
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
@@ -232,6 +275,9 @@ EVENT_CLASSES: tuple[type[AgentEvent], ...] = (
     SubagentFinished,
     ApprovalRequest,
     ApprovalDecided,
+    CheckpointCreated,
+    Rewound,
+    Forked,
 )
 
 _TAGS: dict[str, type[AgentEvent]] = {}

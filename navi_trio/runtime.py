@@ -8,8 +8,10 @@ The root nursery holds, in start order: the embedded model's host (with the loca
 backend: its process, started by the first request), the process pool (persistent
 processes of ``terminal open``), the peer tool's link (its connections to other
 daemons), the MCP servers (each started when a run first needs it; their tools reach
-runs through the tool registry), the TaskSupervisor (background jobs), and the session registry
-(session actors and their runs). Leaving the block cancels them all: runs are stopped
+runs through the tool registry), the TaskSupervisor (background jobs), the checkpoints
+(the engine on DATA/checkpoints, opened first: it completes a restore a killed daemon
+left; its pruning actor), the session registry (session actors and their runs), and,
+with several daemons on one database, the cluster link (core/cluster.py). Leaving the block cancels them all: runs are stopped
 (their clean-up is shielded), background jobs end (their running markers stay, so the
 next start reports them as lost), and every process group is killed. The store closes
 last, after every queued write has landed.
@@ -31,6 +33,10 @@ from navi_trio.core.agent import Agent
 from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.broadcast_relay import RelayBroadcast
 from navi_trio.core.cluster import Cluster
+from navi_trio.core.checkpointing import RoundCheckpoints
+from navi_trio.core.checkpoints import open_checkpoints
+from navi_trio.core.rewind import Rewinder
+from navi_trio.core.rewind_service import SessionRewinds
 from navi_trio.core.session_registry import SessionRegistry
 from navi_trio.core.session_service import SessionService
 from navi_trio.core.task_supervisor import TaskSupervisor
@@ -62,9 +68,11 @@ class Runtime:
     mcp: McpServers
     supervisor: TaskSupervisor
     approvals: ApprovalBroker
+    checkpoints: RoundCheckpoints
     agent: Agent
     sessions: SessionRegistry
     session_service: SessionService
+    rewinds: SessionRewinds
     nursery: trio.Nursery
     cluster: Cluster | None = None  # several daemons on one database (core/cluster.py)
 
@@ -114,6 +122,8 @@ async def open_runtime(
         )
     async with AsyncExitStack() as stack:
         store = await stack.enter_async_context(open_store(settings))
+        # Before any run: a restore a killed process left half done is completed first.
+        engine = await stack.enter_async_context(open_checkpoints(settings))
         if backend is None:
             client = await stack.enter_async_context(make_client(settings))
             backend = make_backend(settings, client)
@@ -148,6 +158,8 @@ async def open_runtime(
                 return sessions is not None and sessions.attached(session_id)
 
             approvals = ApprovalBroker(store, settings.approval_timeout_sec, attached)
+            checkpoints = RoundCheckpoints(engine, store)
+            await nursery.start(checkpoints.run)
             agent = Agent(
                 settings=settings,
                 config=config,
@@ -157,6 +169,7 @@ async def open_runtime(
                 supervisor=supervisor,
                 processes=processes,
                 approvals=approvals,
+                checkpoints=checkpoints,
             )
             nursery.start_soon(agent.parts.counter.preload_on_demand)  # off the start-up path
             joined = None
@@ -176,6 +189,16 @@ async def open_runtime(
                 sessions.on_retire = joined.unfollow_soon
                 sessions.broadcast_class = RelayBroadcast  # other daemons' frames, relayed
                 await nursery.start(joined.run)
+            rewinder = Rewinder(
+                settings=settings,
+                store=store,
+                engine=engine,
+                leases=agent.leases,
+                config=agent.config,
+                forget=agent.cache.forget,
+                jobs=supervisor.running_count,
+            )
+            rewinds = SessionRewinds(rewinder, sessions, checkpoints)
             freeze_start_up_objects()
             try:
                 yield Runtime(
@@ -188,6 +211,7 @@ async def open_runtime(
                     mcp=mcp,
                     supervisor=supervisor,
                     approvals=approvals,
+                    checkpoints=checkpoints,
                     agent=agent,
                     sessions=sessions,
                     session_service=SessionService(
@@ -197,7 +221,9 @@ async def open_runtime(
                         sessions=sessions,
                         supervisor=supervisor,
                         approvals=approvals,
+                        checkpoints=engine,
                     ),
+                    rewinds=rewinds,
                     nursery=nursery,
                     cluster=joined,
                 )

@@ -30,8 +30,11 @@ TASKS = "tasks"
 SESSIONS = "sessions"
 APPROVE = "approve"
 DENY = "deny"
+CHECKPOINTS = "checkpoints"  # a session's rewind points, checkpoints and branches
+REWIND = "rewind"  # preview a rewind, or confirm one
+FORK = "fork"
 CLIENT_TYPES = (HELLO, MESSAGE, STOP, COMPACT, SUBSCRIBE, UNSUBSCRIBE, TASKS, SESSIONS,
-                APPROVE, DENY)  # fmt: skip
+                APPROVE, DENY, CHECKPOINTS, REWIND, FORK)  # fmt: skip
 
 # Daemon -> client, besides a session's events (whose types are the AgentEvents').
 WELCOME = "welcome"
@@ -46,7 +49,9 @@ STREAM_END = "stream_end"
 MESSAGE_QUEUED = "message_queued"
 
 # Out-of-band or reply frames: never part of a session's seq stream.
-REPLY_TYPES = frozenset({WELCOME, OK, SESSION, SESSIONS, TASKS, RESYNC, LAGGED, TASK_UPDATE})
+REPLY_TYPES = frozenset(
+    {WELCOME, OK, SESSION, SESSIONS, TASKS, RESYNC, LAGGED, TASK_UPDATE, CHECKPOINTS, REWIND, FORK}
+)
 
 
 # -- reading the daemon's frames ------------------------------------------------------
@@ -162,3 +167,38 @@ def sessions_list() -> Frame:
 
 def history(session_id: str) -> Frame:
     return sessions("history", session_id)
+
+
+def checkpoints(session_id: str) -> Frame:
+    return {"type": CHECKPOINTS, "session_id": session_id}
+
+
+def rewind(
+    session_id: str,
+    *,
+    to: str | None = None,
+    branch: str | None = None,
+    restore: str = "both",
+    confirm: str | None = None,
+) -> Frame:
+    """Without `confirm`: the preview; with the preview's token: the rewind itself."""
+    frame: Frame = {"type": REWIND, "session_id": session_id, "restore": restore}
+    for key, value in (("to", to), ("branch", branch), ("confirm", confirm)):
+        if value is not None:
+            frame[key] = value
+    return frame
+
+
+def fork(
+    session_id: str,
+    *,
+    at: str | None = None,
+    files: bool = False,
+    folder: str | None = None,
+    new_session_id: str | None = None,
+) -> Frame:
+    frame: Frame = {"type": FORK, "session_id": session_id, "files": files}
+    for key, value in (("at", at), ("folder", folder), ("new_session_id", new_session_id)):
+        if value is not None:
+            frame[key] = value
+    return frame

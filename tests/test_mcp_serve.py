@@ -103,7 +103,7 @@ async def test_the_tools_are_ask_and_sessions_with_their_schemas(
     with trio.fail_after(DEADLINE):
         async with mcp_serve(env, tmp_path) as client:
             tools = {t.name: t for t in (await client.list_tools()).tools}
-    assert set(tools) == {"ask", "sessions"}
+    assert set(tools) == {"ask", "sessions", "rewind", "fork"}
     ask_in = tools["ask"].input_schema
     assert ask_in["required"] == ["message"]
     assert set(ask_in["properties"]) == {"message", "session_id", "profile", "cwd"}

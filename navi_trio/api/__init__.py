@@ -6,6 +6,7 @@ services    DaemonCore: what this layer needs of the core (never the concrete Ru
 auth        tokens, users, the local token file, the Origin check
 connection  one actor per connection: hello, reader, writer, subscription pumps
 commands    what each command does for one user, ownership checked once
+checkpoint_frames  the checkpoints / rewind / fork frames (the core's rewinds, owner-checked)
 server      the listening socket, connections per user
 web         the browser client's files and plain HTTP on the same port
 daemon_client  `open_daemon`, the one client of the protocol (every navi client uses it)

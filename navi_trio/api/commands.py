@@ -18,13 +18,17 @@ from typing import Any, Protocol
 import trio
 
 from navi_trio.api.auth import User
+from navi_trio.api.checkpoint_frames import CheckpointCommands
 from navi_trio.api.protocol import (
     Approval,
+    Checkpoints,
     Command,
     Compact,
+    Fork,
     Frame,
     Hello,
     RequestId,
+    Rewind,
     SendMessage,
     Sessions,
     Stop,
@@ -76,6 +80,7 @@ class Commands:
         self.rt = runtime
         self.conn = conn
         self.user = user
+        self.checkpoints = CheckpointCommands(self)
 
     async def handle(self, rid: RequestId, command: Command) -> None:
         if isinstance(command, Hello):
@@ -89,6 +94,9 @@ class Commands:
             Tasks: self._tasks,
             Sessions: self._sessions,
             Approval: self._approval,
+            Checkpoints: self.checkpoints.overview,
+            Rewind: self.checkpoints.rewind,
+            Fork: self.checkpoints.fork,
         }[type(command)]
         try:
             await handler(rid, command)

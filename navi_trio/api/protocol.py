@@ -153,8 +153,66 @@ class Approval:
     decision: Literal["approve", "deny"] = "approve"  # from the frame's type
 
 
+_POINT = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a message or branch id of ours
+_TOKEN = re.compile(r"[0-9a-f]{0,64}\.[0-9a-f]{0,64}")
+
+
+def _point(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and not _POINT.fullmatch(value):
+        raise ValueError(
+            f"field {attr.name!r} must be a message or branch id (1-64 letters, digits, _ or -),"
+            f" not {shown(value)}"
+        )
+
+
+def _token(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and not _TOKEN.fullmatch(value):
+        raise ValueError(f"field {attr.name!r} must be the token of a rewind's preview")
+
+
+@attrs.frozen
+class Checkpoints:
+    """A session's rewind points, checkpoints and branches."""
+
+    session_id: str = attrs.field(validator=_session_id)
+
+
+@attrs.frozen
+class Rewind:
+    """Preview a rewind (no `confirm`), or do what the preview with that token showed."""
+
+    session_id: str = attrs.field(validator=_session_id)
+    to: str | None = attrs.field(default=None, validator=_point)
+    branch: str | None = attrs.field(default=None, validator=_point)
+    restore: Literal["chat", "files", "both"] = "both"
+    confirm: str | None = attrs.field(default=None, validator=_token)
+
+
+@attrs.frozen
+class Fork:
+    """A new session from this one's history up to `at` (all of it without), with a copy
+    of its files (`files`) in `folder` (default: inside the new session's folder)."""
+
+    session_id: str = attrs.field(validator=_session_id)
+    at: str | None = attrs.field(default=None, validator=_point)
+    files: bool = False
+    folder: str | None = attrs.field(default=None, validator=[_at_most(PATH_MAX_CHARS), _absolute])
+    new_session_id: str | None = attrs.field(default=None, validator=_session_id)
+
+
 Command = (
-    Hello | SendMessage | Stop | Compact | Subscribe | Unsubscribe | Tasks | Sessions | Approval
+    Hello
+    | SendMessage
+    | Stop
+    | Compact
+    | Subscribe
+    | Unsubscribe
+    | Tasks
+    | Sessions
+    | Approval
+    | Checkpoints
+    | Rewind
+    | Fork
 )
 
 COMMANDS: dict[str, type[Any]] = {
@@ -168,6 +226,9 @@ COMMANDS: dict[str, type[Any]] = {
     wire.SESSIONS: Sessions,
     wire.APPROVE: Approval,
     wire.DENY: Approval,
+    wire.CHECKPOINTS: Checkpoints,
+    wire.REWIND: Rewind,
+    wire.FORK: Fork,
 }
 
 
@@ -223,9 +284,16 @@ def _strict_int(value: Any, _: Any) -> int:
     return value
 
 
+def _strict_bool(value: Any, _: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _FieldProblem(f"must be true or false, not {_kind(value)}")
+    return value
+
+
 converter = cattrs.Converter(forbid_extra_keys=True)
 converter.register_structure_hook(str, _strict_str)
 converter.register_structure_hook(int, _strict_int)
+converter.register_structure_hook(bool, _strict_bool)
 
 
 def _choices(type_: Any) -> list[str]:

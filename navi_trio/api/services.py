@@ -3,7 +3,8 @@
 api/ depends on this, never on the concrete `runtime.Runtime` (which satisfies it): the
 layers' arrows point down only (DESIGN.md). It names the parts a connection and its
 commands use — settings, the live config, the store, the session registry (actors),
-the session service (create, delete), the approval broker and the task supervisor —
+the session service (create, delete), the approval broker, the task supervisor and the
+rewinds (rewind, fork) —
 and nothing of how they are wired.
 """
 
@@ -13,6 +14,7 @@ from typing import Protocol
 
 from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.cluster import Cluster
+from navi_trio.core.rewind_service import SessionRewinds
 from navi_trio.core.session_registry import SessionRegistry
 from navi_trio.core.session_service import SessionService
 from navi_trio.core.task_supervisor import TaskSupervisor
@@ -40,3 +42,4 @@ class DaemonCore(Protocol):
     def supervisor(self) -> TaskSupervisor: ...
     @property
     def cluster(self) -> Cluster | None: ...  # several daemons on one database
+    def rewinds(self) -> SessionRewinds: ...

@@ -4,6 +4,8 @@
     navi doctor [--db PATH] [--config PATH] [--llm-url URL] [--backend B] [--json]
     navi run [--session ID] [--profile P] [--cwd DIR] [--events] [--local] ... "message"
     navi compact --session ID [--db PATH] [--config PATH] [--llm-url URL] [--backend B]
+    navi rewind --session ID [--list | --to MSG | --branch B] [--restore R] [--yes]
+    navi fork --session ID [--at MSG] [--files [--folder DIR]] [--new ID]
     navi chat [--url URL] [--session ID] [--profile P] [--token T] [--local [--model-file PATH]]
     navi serve | users | sessions | tasks        (the daemon: see cli/daemon.py)
     navi mcp list [--config PATH]                (MCP servers: see cli/mcp.py)
@@ -21,6 +23,7 @@ package, imported when its command runs (`navi --help` stays light):
     runner      one turn sent and followed, in the daemon or in this process (a library:
                 `navi run` and `navi mcp serve` use it)
     compact     `navi compact`
+    rewind      `navi rewind`, `navi fork` (rewinds: the library they and the MCP server use)
     chat        `navi chat` (the terminal client is navi_trio/client/)
     daemon      `navi serve | users | sessions | tasks`; serve: the daemon's life
     mcp         `navi mcp list | serve`; mcp_server, mcp_progress: navi as an MCP server
@@ -57,6 +60,7 @@ from navi_trio.cli.common import one_line as one_line
 from navi_trio.cli.daemon import COMMANDS as DAEMON_COMMANDS
 from navi_trio.cli.daemon import add_parsers as add_daemon_parsers
 from navi_trio.cli.mcp import add_mcp_parser, cmd_mcp
+from navi_trio.cli.rewind import add_parsers as add_rewind_parsers
 from navi_trio.errors import NaviError
 from navi_trio.llm.factory import (
     BACKENDS,
@@ -157,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--profile", metavar="P", help="profile for new messages")
     chat.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
     _add_local_options(chat)
+    add_rewind_parsers(sub, _add_endpoint_options)
     add_daemon_parsers(sub, _add_endpoint_options)
     add_mcp_parser(sub, _add_endpoint_options)
     return parser
@@ -202,6 +207,20 @@ def cmd_compact(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return compact(args, out, err)
 
 
+def cmd_rewind(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """`navi rewind` (cli/rewind.py)."""
+    from navi_trio.cli.rewind import cmd_rewind as rewind
+
+    return rewind(args, out, err)
+
+
+def cmd_fork(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """`navi fork` (cli/rewind.py)."""
+    from navi_trio.cli.rewind import cmd_fork as fork
+
+    return fork(args, out, err)
+
+
 def cmd_chat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """`navi chat` (cli/chat.py)."""
     from navi_trio.cli.chat import cmd_chat as chat
@@ -215,6 +234,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
     "doctor": cmd_doctor,
     "run": cmd_run,
     "compact": cmd_compact,
+    "rewind": cmd_rewind,
+    "fork": cmd_fork,
     "chat": cmd_chat,
     "mcp": cmd_mcp,
     **DAEMON_COMMANDS,

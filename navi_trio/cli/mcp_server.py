@@ -1,6 +1,6 @@
 """`navi mcp serve`: navi_trio as a Model Context Protocol server on stdio.
 
-Another agent (Claude Code, Codex …) starts it and calls two tools:
+Another agent (Claude Code, Codex …) starts it and calls four tools:
 
 - ``ask`` (message, optional session_id, profile, cwd): runs the message as one turn
   and returns the final answer; its text ends with the session id (also in the
@@ -9,6 +9,8 @@ Another agent (Claude Code, Codex …) starts it and calls two tools:
   so far (coalesced), at most one every `PROGRESS_INTERVAL` and `PROGRESS_LIMIT` in all.
 - ``sessions`` (optional limit): the newest sessions with their title (else the first
   message), profile and last update.
+- ``rewind`` and ``fork`` (cli/mcp_rewind.py): undo what a session did (list, preview,
+  then apply with the preview's token), or start a new session from its history.
 
 Each call goes where `navi run` would send it (`cli/runner.py RunTarget`): the daemon asked for
 with --url, else the local daemon when it answers, else a runtime in this process,
@@ -56,6 +58,8 @@ from navi_trio.cli.mcp_ask import (
     follow_stopping_on_cancel,
     one_error,
 )
+from navi_trio.cli.mcp_rewind import add_rewind_tools
+from navi_trio.cli.rewinds import LocalRewinds, RemoteRewinds, Rewinds
 from navi_trio.cli.runner import (
     RemoteRun,
     RunRequest,
@@ -269,6 +273,13 @@ class NaviBridge:
 
         await follow_stopping_on_cancel(follow)
 
+    # -- rewind, fork -------------------------------------------------------------------
+
+    async def rewinds(self) -> Rewinds:
+        """Where a rewind or a fork goes: the daemon, else the runtime of this process."""
+        daemon = await self.options.target.daemon()
+        return LocalRewinds(await self._runtime()) if daemon is None else RemoteRewinds(*daemon)
+
     # -- sessions -----------------------------------------------------------------------
 
     async def sessions(self, limit: int) -> SessionList:
@@ -405,6 +416,7 @@ def build_server(bridge: NaviBridge) -> MCPServer:
         "return its final answer and session id; progress notifications show its steps.",
     )
     server.add_tool(sessions, description="List navi's sessions, newest first.")
+    add_rewind_tools(server, bridge.rewinds)
     return server
 
 

@@ -24,6 +24,7 @@ from navi_trio.client.connection import BACKOFF_FIRST, RETRIES, Connection
 from navi_trio.client.profile import ProfileAsk
 from navi_trio.client.reader import InputEvent, Reader
 from navi_trio.client.render import Renderer
+from navi_trio.client.rewind import RewindFlow
 from navi_trio.errors import DaemonUnreachableError
 from navi_trio.wire import Frame
 
@@ -66,10 +67,12 @@ class ChatApp:
         # last history showed, plus one per top-level run whose end we saw live since.
         self._synced_users = 0
         self._ended_runs = 0
+        self._rewritten = False  # our rewind's resync: reload without replaying
         # The session's profile is the daemon's to say (client/profile.py).
         self._profile = ProfileAsk()
         self._conn: Connection | None = None
         self._quit = trio.CancelScope()
+        self.rewinds = RewindFlow(self)  # /rewind, /fork (client/rewind.py)
         self._commands = SlashCommands(self)
         renderer.status.profile = self.profile
 
@@ -154,6 +157,9 @@ class ChatApp:
             if event.kind == "interrupt":
                 await self.interrupt()
                 continue
+            if event.kind == "rewind":  # a double Esc
+                await self.double_escape()
+                continue
             self._interrupted = False
             await self.line(event.text)
 
@@ -174,9 +180,33 @@ class ChatApp:
         self._interrupted = True
         self.renderer.notice("press Ctrl+C again or Ctrl+D to quit")
 
+    async def double_escape(self) -> None:
+        """A double Esc on the prompt opens /rewind when no run is active."""
+        if self.renderer.busy:
+            self.renderer.notice("a run is active: Ctrl+C stops it, then Esc Esc rewinds")
+            return
+        await self._commands.run("rewind", "")
+
+    def set_cwd(self, folder: str) -> None:
+        """Where the next messages' tools work (a fork's copy of the files)."""
+        self.options.cwd = folder
+
+    def history_rewritten(self) -> None:
+        """Our rewind rewrote the history: the resync's reload shows nothing again (the
+        rewind's result said what changed), it only counts what is there now."""
+        self._rewritten = True
+
+    def prefill(self, text: str) -> None:
+        """Put `text` on the next prompt (a message a rewind removed), when the reader can."""
+        prefill = getattr(self.reader, "prefill", None)
+        if prefill is not None:
+            prefill(text)
+
     async def line(self, text: str) -> None:
         text = text.strip()
         if not text:
+            return
+        if self.rewinds.confirming is not None and await self.rewinds.answer(text):
             return
         answer = ANSWERS.get(text.lower())
         if answer is not None and self._approvals:
@@ -247,6 +277,7 @@ class ChatApp:
             self._synced_users = self._ended_runs = 0
             self._approvals.clear()
             self._profile.forget()
+            self.rewinds.reset()
         self.session_id = self.renderer.status.session_id = session_id
 
     def on_frame(self, frame: Frame) -> list[Frame]:
@@ -298,6 +329,8 @@ class ChatApp:
             return self._on_sessions(frame)
         elif kind == "tasks":
             self._on_tasks(frame)
+        elif kind in (wire.CHECKPOINTS, wire.REWIND, wire.FORK):
+            return self.rewinds.on_reply(frame)
         elif kind == "resync":
             if frame.get("session_id") == self.session_id:
                 self.epoch = frame.get("epoch")
@@ -321,6 +354,8 @@ class ChatApp:
                 self.resuming = None
             if self._creating and self.session_id is None:
                 self._creation_over()  # the new session's message was refused
+            if self.rewinds.waiting:
+                self.rewinds.failed()
             r.frame(frame)
         elif wire.is_session_frame(frame):
             self._on_session_frame(frame)
@@ -404,6 +439,10 @@ class ChatApp:
                 return [wire.subscribe(sid, self.last_seq, self.epoch)]
             if sid == self.session_id:  # after a resync: live frames continue on their own
                 messages = list(frame.get("messages") or [])
+                if self._rewritten:
+                    self._rewritten = False
+                    self._synced_users, self._ended_runs = _users(messages), 0
+                    return []
                 seen = self._synced_users + self._ended_runs
                 self.renderer.history(_after_users(messages, seen), replayed_from=seen)
                 self._synced_users, self._ended_runs = _users(messages), 0

@@ -1,4 +1,5 @@
-"""The chat's slash commands: ``/help``, ``/new``, ``/compact``, ``/resume ID`` ...
+"""The chat's slash commands: ``/help``, ``/new``, ``/compact``, ``/resume ID``, ``/rewind``
+(client/rewind.py) ...
 
 `SlashCommands.run` finds the command by its name; each one changes the chat's session
 state (`Chat`: the `ChatApp`) or sends the daemon a frame (the replies come back through the app's
@@ -12,6 +13,7 @@ from typing import Protocol
 
 from navi_trio import wire
 from navi_trio.client.render import Renderer
+from navi_trio.client.rewind import RewindFlow
 from navi_trio.wire import Frame
 
 
@@ -23,6 +25,7 @@ class Chat(Protocol):
     profile: str | None
     mode: str | None
     resuming: str | None
+    rewinds: RewindFlow
 
     async def send(self, frame: Frame) -> bool: ...
     def quit(self) -> None: ...
@@ -32,6 +35,9 @@ class Chat(Protocol):
 HELP = """\
 Type a message and press Enter; while a run is active your message is queued.
   /compact        summarise the conversation to free context
+  /rewind [N]     list messages, or rewind chat and files to before message N (Esc Esc too;
+                  /rewind N chat|files|both, /rewind undo); a preview comes first: y applies
+  /fork [N] [files]  a new session from the history before N, with its files: move to it
   /tasks          list background tasks
   /profile NAME   use profile NAME from your next message on (no NAME: show it)
   /sessions       list your sessions
@@ -75,6 +81,8 @@ class SlashCommands:
             "resume": self.resume,
             "thinking": self.thinking,
             "mode": self.mode,
+            "rewind": self.app.rewinds.rewind,
+            "fork": self.app.rewinds.fork,
         }
 
     async def run(self, name: str, arg: str) -> None:

@@ -6,7 +6,9 @@ meanwhile goes through `patch_stdout`, which draws it above the prompt. Without 
 terminal (stdin is a pipe) a plain line reader does the same job.
 
 `read` never raises for the keys a person presses: it returns an `InputEvent`
-(a line, Ctrl-C as ``interrupt``, Ctrl-D or end of input as ``eof``).
+(a line, Ctrl-C as ``interrupt``, Ctrl-D or end of input as ``eof``, a double Esc on an
+empty prompt as ``rewind``: the chat opens /rewind). `prefill` puts a text on the next
+prompt (the message a rewind removed, to send again or edit).
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ from typing import Literal, Protocol, TextIO
 import attrs
 
 PROMPT = "› "
+# What the prompt returns for a double Esc on an empty line (never a typed text: the
+# identity is compared, a copy of the same characters is still a line).
+REWIND_KEY = "\x1b\x1b"
 
 
 @attrs.frozen
 class InputEvent:
-    kind: Literal["line", "interrupt", "eof"]
+    kind: Literal["line", "interrupt", "eof", "rewind"]
     text: str = ""
 
 
@@ -51,23 +56,44 @@ class PromptReader:
 
     def __init__(self, toolbar: Callable[[], str]) -> None:
         from prompt_toolkit import PromptSession
+        from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
+
+        keys = KeyBindings()
+
+        @keys.add("escape", "escape")
+        def _double_escape(event: KeyPressEvent) -> None:
+            # On an empty prompt: /rewind (as in Claude Code); else clear what is typed.
+            if event.current_buffer.text:
+                event.current_buffer.reset()
+            else:
+                event.app.exit(result=REWIND_KEY)
 
         self._session: PromptSession[str] = PromptSession(
-            bottom_toolbar=lambda: " " + toolbar(), refresh_interval=0.5
+            bottom_toolbar=lambda: " " + toolbar(), refresh_interval=0.5, key_bindings=keys
         )
         self._idle = threading.Event()
         self._idle.set()
+        self._default = ""
+
+    def prefill(self, text: str) -> None:
+        """The next prompt starts with `text` (thread-safe enough: read at its start)."""
+        self._default = text
 
     def read(self) -> InputEvent:
         self._idle.clear()
+        default, self._default = self._default, ""
         try:
-            text = self._session.prompt(PROMPT, handle_sigint=False, set_exception_handler=False)
+            text = self._session.prompt(
+                PROMPT, handle_sigint=False, set_exception_handler=False, default=default
+            )
         except KeyboardInterrupt:
             return InputEvent("interrupt")
         except EOFError:
             return InputEvent("eof")
         finally:
             self._idle.set()
+        if text is REWIND_KEY:
+            return InputEvent("rewind")
         return InputEvent("line", text)
 
     def abort(self) -> None:

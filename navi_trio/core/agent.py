@@ -42,12 +42,13 @@ from navi_trio.core import runvars
 from navi_trio.core.acceptance import Acceptance, stopped_before_saving
 from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.channel import EventReceiver, EventSender, emitter, open_event_channel
+from navi_trio.core.checkpointing import RoundCheckpoints
 from navi_trio.core.context import ContextBuilder
 from navi_trio.core.lease import SessionLeases
 from navi_trio.core.live_config import LiveConfig
 from navi_trio.core.policy import effective_mode
 from navi_trio.core.run_services import make_tool_context
-from navi_trio.core.session import SessionCache, SessionState
+from navi_trio.core.session import SessionCache, SessionState, new_message_id
 from navi_trio.core.subagent import run_ephemeral
 from navi_trio.core.task_notes import collect_notes, remove_notes
 from navi_trio.core.task_supervisor import TaskSupervisor
@@ -121,6 +122,7 @@ class Agent:
         processes: ProcessPool | None = None,
         counter: TokenCounter | None = None,
         approvals: ApprovalBroker | None = None,
+        checkpoints: RoundCheckpoints | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -146,7 +148,7 @@ class Agent:
             cache=self.cache,
             backend=backend,
             registry=registry,
-            executor=ToolExecutor(registry, settings, supervisor, approvals),
+            executor=ToolExecutor(registry, settings, supervisor, approvals, checkpoints),
             builder=builder,
             counter=counter,
             config=self.live_config,
@@ -243,7 +245,10 @@ class Agent:
             user_text=msg.text,
             emit=emit,
             user_id=msg.user_id,
-            mode=effective_mode(profile.policy, msg.user_role, msg.mode),
+            # A fork keeps its source's mode (session meta) for messages that ask none.
+            mode=effective_mode(
+                profile.policy, msg.user_role, msg.mode or state.row.meta.get("mode")
+            ),
             user_role=msg.user_role,
             first_message=state.is_first_message,
         )
@@ -260,9 +265,12 @@ class Agent:
 
     async def _accept(self, state: SessionState, msg: UserMessage, control: RunControl) -> None:
         """Save the user message first (and this turn's background task notes)."""
-        user: dict[str, Any] = {"role": "user", "content": msg.text}
+        # The id names it for a rewind or a fork; cwd and mode are what a fork keeps.
+        user: dict[str, Any] = {"role": "user", "content": msg.text, "id": new_message_id()}
         if msg.cwd is not None:
             user["cwd"] = str(msg.cwd)
+        if msg.mode is not None:
+            user["mode"] = msg.mode
         notes = None
         try:
             notes = await collect_notes(self.store, self.settings, state.id)

@@ -17,6 +17,10 @@ any session with the same rules:
     frames only. When the frames after `last_seq` are no longer all kept, or `epoch` is
     another life's (the daemon restarted: seqs start again), the first frame is
     ``resync`` (reload the history; live frames go on from its seq). Never a silent gap.
+``resync()``
+    The history changed under the replay (a rewind rewrote it): the replay is dropped
+    (a subscriber back from an older seq gets ``resync``) and every subscriber of the
+    moment gets ``resync`` now.
 ``replay(last_seq) -> frames | None``
     What a subscriber that saw `last_seq` missed, or None when part of it is gone.
 ``seq``, ``epoch``, ``subscribed``, ``close()``
@@ -271,6 +275,7 @@ class SessionBroadcast(Protocol):
     def publish_out_of_band(self, event: AgentEvent) -> None: ...
     def subscribe(self, last_seq: int | None = None, epoch: str | None = None) -> Subscription: ...
     def replay(self, last_seq: int) -> list[Frame] | None: ...
+    def resync(self) -> None: ...
     def close(self) -> None: ...
 
 
@@ -323,6 +328,10 @@ class LocalBroadcast:
 
     def replay(self, last_seq: int) -> list[Frame] | None:
         return self.buffer.since(last_seq, self._seq)
+
+    def resync(self) -> None:
+        self.buffer = ReplayBuffer()
+        self._fan_out(self._resync(self.session_id, self._seq, self._epoch))
 
     def subscribe(self, last_seq: int | None = None, epoch: str | None = None) -> Subscription:
         backlog: list[Frame] = []

@@ -2,11 +2,15 @@
 
 `SessionState` holds the display history (`messages`) and the LLM context (`context`)
 plus how much of each is already in the store; `save()` appends only what is new.
-Compression replaces the context (the one rewrite the store allows).
+Compression replaces the context; a rewind cuts both (core/rewind.py). Each user
+message carries an ``id`` (`new_message_id`), the handle a rewind or a fork names it by;
+one saved before ids existed is named by its place in the display history instead
+(`message_id`).
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Any
 
@@ -15,6 +19,16 @@ import trio
 
 from navi_trio.core.tokens import Baseline
 from navi_trio.store.base import SessionRow, SessionStore
+
+
+def new_message_id() -> str:
+    return "m-" + secrets.token_hex(6)
+
+
+def message_id(message: dict[str, Any], index: int) -> str:
+    """The id of the display history's message at `index` (``i<index>`` when it has none)."""
+    mid = message.get("id")
+    return mid if isinstance(mid, str) and mid else f"i{index}"
 
 
 @attrs.define(eq=False)

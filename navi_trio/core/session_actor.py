@@ -22,7 +22,9 @@ run itself takes the session's lease (`Agent.run_stream`), in one place for the
 daemon, ``navi run`` and direct callers alike.
 
 Commands are synchronous methods (atomic under trio): `send_message`, `stop`, `compact`,
-`subscribe`. The registry that starts and retires actors is core/session_registry.py;
+`subscribe`; `exclusive` runs a rewind or a fork with nothing else of the session
+running, and `resync` tells every subscriber to reload the history a rewind rewrote.
+The registry that starts and retires actors is core/session_registry.py;
 the log lines of a run are core/run_log.py's.
 """
 
@@ -30,9 +32,9 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import attrs
 import trio
@@ -48,6 +50,7 @@ from navi_trio.errors import (
     NaviError,
     NothingToCompactError,
     RequestError,
+    SessionBusyError,
     StorageError,
 )
 from navi_trio.events import AgentEvent, ErrorEvent, MessageQueued, StreamEnd
@@ -56,6 +59,7 @@ from navi_trio.store.base import SessionStore
 
 # A run cancelled under it (the runtime shutting down) still ends itself, shielded: its
 # last events (the partial answer's stream_end) are read and published for this long.
+T = TypeVar("T")
 END_DRAIN_SEC = 15.0
 
 
@@ -222,6 +226,28 @@ class SessionActor:
             )
             return
         self._start(self._compact)
+
+    async def exclusive(self, work: Callable[[], Awaitable[T]]) -> T:
+        """Run `work` while nothing else of the session runs (a rewind, a fork): refused
+        while a run or a compaction is active or messages wait; the messages sent
+        meanwhile are queued and run after it, on what it left."""
+        if self.busy or self._nursery is None:
+            raise SessionBusyError(
+                f"session {self.session_id!r} has a run active or queued: stop it or wait",
+                session_id=self.session_id,
+            )
+        self.busy = True
+        self._touch()
+        if self.idle.is_set():
+            self.idle = trio.Event()
+        try:
+            return await work()
+        finally:
+            self._done()
+
+    def resync(self) -> None:
+        """The history changed under the replay (a rewind): every subscriber reloads."""
+        self.broadcast.resync()
 
     def subscribe(self, last_seq: int | None = None, epoch: str | None = None) -> Subscription:
         """Frames after `last_seq` from the replay, then live ones (or ``resync``)."""

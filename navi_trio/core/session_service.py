@@ -3,8 +3,9 @@
 `SessionService.create` makes a session's row (an id of the daemon's when none is
 given, the config's default profile when none is named), within the per-user limit.
 `delete` removes a session and everything the daemon keeps for it: its background jobs
-(cancelled), its row and history, its cached state, its waiting approvals and its
-folder. A session with a run active or queued is not deleted (`SessionBusyError`).
+(cancelled), its row and history, its cached state, its waiting approvals, its
+checkpoints (and the stored files no other checkpoint shares) and its folder. A
+session with a run active or queued is not deleted (`SessionBusyError`).
 
 Who may create or delete what (ownership, roles, the session-id namespace) is the
 caller's check (api/commands.py): nothing here knows about connections or users'
@@ -21,6 +22,7 @@ from collections.abc import Callable
 import trio
 
 from navi_trio.core.approvals import ApprovalBroker
+from navi_trio.core.checkpoints import CheckpointEngine
 from navi_trio.core.session_registry import SessionRegistry
 from navi_trio.core.task_supervisor import TaskSupervisor
 from navi_trio.errors import LimitError, NaviError, SessionBusyError
@@ -46,6 +48,7 @@ class SessionService:
         sessions: SessionRegistry,
         supervisor: TaskSupervisor,
         approvals: ApprovalBroker,
+        checkpoints: CheckpointEngine | None = None,
     ) -> None:
         self.settings = settings
         self.config = config
@@ -53,6 +56,7 @@ class SessionService:
         self.sessions = sessions
         self.supervisor = supervisor
         self.approvals = approvals
+        self.checkpoints = checkpoints
 
     async def create(
         self, session_id: str | None, *, user_id: str, user_name: str, profile_id: str | None
@@ -102,6 +106,8 @@ class SessionService:
         deleted = await self.store.delete_session(session_id)
         self.sessions.forget(session_id)
         self.approvals.forget(session_id)
+        if self.checkpoints is not None:
+            await self.checkpoints.delete_all(session_id)
         folder = self.settings.session_dir(session_id)
         await trio.to_thread.run_sync(lambda: shutil.rmtree(folder, ignore_errors=True))
         return deleted

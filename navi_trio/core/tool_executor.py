@@ -11,6 +11,9 @@ Before a call runs (and before a background call detaches) the tool policy decid
 (core/policy.py): allow, deny (a failed result saying so), or ask — then the call waits
 for its session owner's answer through the `ApprovalBroker` (core/approvals.py), inside
 the run's cancel scope.
+
+Before a round's calls run, one checkpoint of the run's writable folders is taken when
+any of them may write (core/checkpointing.py), so a rewind can undo what they did.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import attrs
 import trio
 
 from navi_trio.core.approvals import ApprovalBroker
+from navi_trio.core.checkpointing import RoundCheckpoints
 from navi_trio.core.policy import CallFacts, Verdict, decide, summary, with_network
 from navi_trio.core.task_supervisor import Job, TaskSupervisor
 from navi_trio.errors import TaskRejectedError
@@ -76,11 +80,13 @@ class ToolExecutor:
         settings: Settings,
         supervisor: TaskSupervisor | None,
         approvals: ApprovalBroker | None = None,
+        checkpoints: RoundCheckpoints | None = None,
     ) -> None:
         self.registry = registry
         self.settings = settings
         self.supervisor = supervisor
         self.approvals = approvals
+        self.checkpoints = checkpoints
 
     def schemas(self, tools: Sequence[Tool]) -> list[dict[str, Any]]:
         """Function schemas for the model; backgroundable tools offer ``background``."""
@@ -283,8 +289,11 @@ async def execute_batch(
     The caller owns `results`, so when the run is stopped mid-batch it knows which calls
     finished and pairs the others with "stopped by the user". With `parallel`, the
     ToolStarted frames of the whole batch go out first, in call order, and the calls run
-    concurrently in one nursery; one call's failure is its own result only.
+    concurrently in one nursery; one call's failure is its own result only. First, when
+    a call may write, the writable folders are snapshotted once (core/checkpointing.py).
     """
+    if executor.checkpoints is not None:
+        await executor.checkpoints.before_round(calls, ctx, executor.registry, allowed, publish)
     if parallel and len(calls) > 1:
         for call in calls:
             publish(ToolStarted(call_id=call.id, name=call.name, arguments=dict(call.arguments)))

@@ -133,6 +133,8 @@ class McpServerConfig:
     tools: tuple[str, ...] | None = None  # allow-list of the server's own tool names
     # true: its tools take ``"background": true`` like the backgroundable built-ins.
     background: bool = False
+    # true: its tools change no local files, so no checkpoint is taken before them.
+    read_only: bool = False
 
     @property
     def transport(self) -> str:

@@ -5,6 +5,9 @@ functions that run on the worker thread. A save appends what is new, in one
 transaction with the queued row it dequeues (`_queue`); only `replace_context`
 (compression) rewrites. `load_session` repairs dangling tool calls (`repair`) and
 stores the placeholders between their neighbours' positions, in the same job.
+`rewrite_history` (a rewind, a branch brought back) cuts the display history after a
+number of messages, appends others, swaps the context and writes the kv rows that keep
+what was cut, all in one transaction.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from typing import Any
 
 from sqlite_utils import Database
 
+from navi_trio.errors import StoreError
 from navi_trio.store._core import _Core
-from navi_trio.store._input import _prepare, _Row, check_session_id
+from navi_trio.store._input import _prepare, _prepare_rewrite, _Rewrite, _Row, check_session_id
+from navi_trio.store._kv import _kv_delete, _kv_set
 from navi_trio.store._lease import check_fence
 from navi_trio.store._queue import _unqueue
 from navi_trio.store._schema import _HISTORY, _write_tx
@@ -77,6 +82,26 @@ class _History(_Core):
         fence = fence_for(sid)
         await self._run(
             f"replace context of {sid!r}", lambda db: _replace_context(db, sid, rows, now, fence)
+        )
+
+    async def rewrite_history(
+        self,
+        session_id: str,
+        *,
+        keep: int,
+        messages: Sequence[dict[str, Any]] = (),
+        context: Sequence[dict[str, Any]],
+        kv_set: Sequence[tuple[str, str, Any]] = (),
+        kv_delete: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """Keep the first `keep` display messages, append `messages`, replace the context
+        and set / delete kv rows, in one transaction (SessionStore.rewrite_history)."""
+        sid = check_session_id(session_id)
+        job = _prepare_rewrite(keep, messages, context, kv_set, kv_delete)
+        now = self._now()
+        fence = fence_for(sid)
+        await self._run(
+            f"rewrite history of {sid!r}", lambda db: _rewrite(db, sid, job, now, fence)
         )
 
     async def load_session(self, session_id: str) -> LoadedSession | None:
@@ -144,6 +169,31 @@ def _replace_context(
         _require_session(db, sid)
         db.execute("DELETE FROM context WHERE session_id = ?", [sid])
         _insert_history(db, "context", sid, rows, [float(i) for i in range(1, len(rows) + 1)], now)
+
+
+def _rewrite(db: Database, sid: str, job: _Rewrite, now: float, fence: Fence | None) -> None:
+    with _write_tx(db):
+        check_fence(db, fence)  # a replaced owner must not rewind its successor's session
+        _require_session(db, sid)
+        count = db.execute("SELECT COUNT(*) FROM messages WHERE session_id = ?", [sid]).fetchone()
+        if job.keep > count[0]:
+            raise StoreError(f"session {sid!r} has {count[0]} messages, not {job.keep} to keep")
+        top = 0.0
+        if job.keep:
+            top = db.execute(
+                "SELECT position FROM messages WHERE session_id = ? ORDER BY position"
+                " LIMIT 1 OFFSET ?",
+                [sid, job.keep - 1],
+            ).fetchone()[0]
+        db.execute("DELETE FROM messages WHERE session_id = ? AND position > ?", [sid, top])
+        positions = [top + i for i in range(1, len(job.messages) + 1)]
+        _insert_history(db, "messages", sid, job.messages, positions, now)
+        _replace_context(db, sid, job.context, now, None)  # the fence is checked above
+        for scope, key, value in job.kv_set:
+            _kv_set(db, scope, key, value, now)
+        for scope, key in job.kv_delete:
+            _kv_delete(db, scope, key)
+        db.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", [now, sid])
 
 
 def _load_session(db: Database, sid: str, now: float, fence: Fence | None) -> LoadedSession | None:

@@ -112,3 +112,37 @@ def _column_text(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-8", "replace").decode("utf-8")
     return text
+
+
+class _Rewrite(NamedTuple):
+    """`rewrite_history`'s input, checked and serialised (both stores use it)."""
+
+    keep: int
+    messages: list[_Row]
+    context: list[_Row]
+    kv_set: list[tuple[str, str, str]]
+    kv_delete: list[tuple[str, str]]
+
+
+def _prepare_rewrite(
+    keep: object,
+    messages: Sequence[dict[str, Any]],
+    context: Sequence[dict[str, Any]],
+    kv_set: Sequence[tuple[str, str, Any]],
+    kv_delete: Sequence[tuple[str, str]],
+) -> _Rewrite:
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise StoreError(f"keep must be a whole number of messages, 0 or more, not {keep!r}")
+    msg_rows = _prepare(messages, "messages")
+    done = {id(m): row for m, row in zip(messages, msg_rows, strict=True)}
+    sets = []
+    for scope, key, value in kv_set:
+        _check_text(scope, "kv scope")
+        _check_text(key, "kv key", allow_empty=True)
+        sets.append((scope, key, _dump(value, f"kv value for {scope}/{key}")))
+    deletes = []
+    for scope, key in kv_delete:
+        deletes.append(
+            (_check_text(scope, "kv scope"), _check_text(key, "kv key", allow_empty=True))
+        )
+    return _Rewrite(keep, msg_rows, _prepare(context, "context", done), sets, deletes)

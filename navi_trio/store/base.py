@@ -9,7 +9,9 @@ hold both to this contract.
 Contract every implementation keeps:
 - Messages are plain JSON-able dicts (the internal shape of `navi_trio.llm.base` plus
   display keys such as ``is_plan``); ``load_*`` returns exactly what was appended.
-- A save appends what is new. Only `replace_context` (compression) rewrites anything.
+- A save appends what is new. Only `replace_context` (compression) and
+  `rewrite_history` (a rewind, a branch brought back) rewrite anything; a rewrite is one
+  transaction: a crash leaves the history, the context and its kv rows before or after.
 - `append(dequeue=key)` deletes that queued message in the same transaction: a queued
   message is in the queue or in the history at every commit, never both, never neither.
 - `append(durable=False)` may skip the flush to stable storage, never the commit: it
@@ -110,6 +112,21 @@ class SessionStore(Protocol):
     async def load_messages(self, session_id: str) -> list[dict[str, Any]]: ...
     async def load_context(self, session_id: str) -> list[dict[str, Any]]: ...
     async def replace_context(self, session_id: str, context: Sequence[dict[str, Any]]) -> None: ...
+    async def rewrite_history(
+        self,
+        session_id: str,
+        *,
+        keep: int,
+        messages: Sequence[dict[str, Any]] = (),
+        context: Sequence[dict[str, Any]],
+        kv_set: Sequence[tuple[str, str, Any]] = (),
+        kv_delete: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """Keep the first `keep` display messages (StoreError when there are fewer),
+        append `messages` after them, replace the whole context with `context`, and set
+        ``(scope, key, value)`` / delete ``(scope, key)`` kv rows: one transaction."""
+        ...
+
     async def load_session(self, session_id: str) -> LoadedSession | None: ...
 
     # queued user messages: kept until `append(dequeue=key)` moves one into history

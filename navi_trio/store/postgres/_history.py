@@ -17,10 +17,11 @@ import psycopg.errors as pg
 from psycopg import sql
 
 from navi_trio.errors import StoreError
-from navi_trio.store._input import _prepare, _Row
+from navi_trio.store._input import _prepare, _Rewrite, _Row
 from navi_trio.store._schema import _session_from
 from navi_trio.store.base import LoadedSession, SessionRow
 from navi_trio.store.fence import Fence, lost
+from navi_trio.store.postgres import _tables as t
 from navi_trio.store.postgres._workers import Conn
 from navi_trio.store.repair import placeholder_positions, repair_dangling_tool_calls
 from navi_trio.text import loads_clean
@@ -182,6 +183,30 @@ def replace_context(
     _lock_session(conn, sid)
     conn.execute("DELETE FROM context WHERE session_id = %s", [sid])
     _insert_history(conn, "context", sid, rows, [float(i) for i in range(1, len(rows) + 1)], now)
+
+
+def rewrite(conn: Conn, sid: str, job: _Rewrite, now: float, fence: Fence | None = None) -> None:
+    """A rewind or a branch brought back (SessionStore.rewrite_history), under the lock."""
+    check_fence(conn, fence)  # a replaced owner must not rewind its successor's session
+    _lock_session(conn, sid)
+    positions = [
+        r[0]
+        for r in conn.execute(
+            "SELECT position FROM messages WHERE session_id = %s ORDER BY position", [sid]
+        )
+    ]
+    if job.keep > len(positions):
+        raise StoreError(f"session {sid!r} has {len(positions)} messages, not {job.keep} to keep")
+    top = float(positions[job.keep - 1]) if job.keep else 0.0
+    conn.execute("DELETE FROM messages WHERE session_id = %s AND position > %s", [sid, top])
+    after = [top + i for i in range(1, len(job.messages) + 1)]
+    _insert_history(conn, "messages", sid, job.messages, after, now)
+    replace_context(conn, sid, job.context, now)
+    for scope, key, value in job.kv_set:
+        t.kv_set(conn, scope, key, value, now)
+    for scope, key in job.kv_delete:
+        t.kv_delete(conn, scope, key)
+    conn.execute("UPDATE sessions SET updated_at = %s WHERE id = %s", [now, sid])
 
 
 def load_session(

@@ -35,7 +35,14 @@ import trio
 from psycopg.conninfo import conninfo_to_dict
 
 from navi_trio.errors import StorageError, StoreError
-from navi_trio.store._input import _check_meta, _check_text, _dump, _prepare, check_session_id
+from navi_trio.store._input import (
+    _check_meta,
+    _check_text,
+    _dump,
+    _prepare,
+    _prepare_rewrite,
+    check_session_id,
+)
 from navi_trio.store._sessions import _new_session_id
 from navi_trio.store._users import _token_digest
 from navi_trio.store.base import LeaseRow, LoadedSession, SessionRow
@@ -308,6 +315,26 @@ class PostgresStore:
         await self._run(
             f"replace context of {sid!r}",
             h.fenced(fence, lambda c: h.replace_context(c, sid, rows, now, fence)),
+        )
+
+    async def rewrite_history(
+        self,
+        session_id: str,
+        *,
+        keep: int,
+        messages: Sequence[dict[str, Any]] = (),
+        context: Sequence[dict[str, Any]],
+        kv_set: Sequence[tuple[str, str, Any]] = (),
+        kv_delete: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """A rewind or a branch brought back, in one transaction (base)."""
+        sid = check_session_id(session_id)
+        job = _prepare_rewrite(keep, messages, context, kv_set, kv_delete)
+        now = self._now()
+        fence = fence_for(sid)
+        await self._run(
+            f"rewrite history of {sid!r}",
+            h.fenced(fence, lambda c: h.rewrite(c, sid, job, now, fence)),
         )
 
     async def load_session(self, session_id: str) -> LoadedSession | None:

@@ -67,6 +67,7 @@ class McpTool:
         self.description = description
         self.parameters = parameters
         self.backgroundable = connection.config.background
+        self.read_only = connection.config.read_only  # no checkpoint before its calls
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         return await self.connection.call(self.remote, args, ctx)

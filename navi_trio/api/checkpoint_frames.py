@@ -1,0 +1,228 @@
+"""The ``checkpoints``, ``rewind`` and ``fork`` frames: owner checks, then the core's rewinds.
+
+    {"type": "checkpoints", "session_id": S}
+        -> {"type": "checkpoints", "session_id": S, "messages": [...], "more_messages": n,
+            "checkpoints": [...], "branches": [...]}
+    {"type": "rewind", "session_id": S, "to": M | "branch": B, "restore": "both"}
+        -> {"type": "rewind", "action": "preview", ..., "token": T}
+    {"type": "rewind", ..., "confirm": T}
+        -> {"type": "rewind", "action": "done", ...}; the session's subscribers get
+           ``rewound`` and then ``resync``
+    {"type": "fork", "session_id": S, "at": M, "files": true, "folder": "/abs/new"}
+        -> {"type": "fork", "session_id": S, "new_session_id": N, "folder": ..., ...};
+           the source's subscribers get ``forked``
+
+A user rewinds, forks and lists only their own sessions (an admin any): every frame is
+checked against the sender first (`Commands._owned`); message and branch ids are looked
+up in that session's own history, never trusted. A fork is a new session of the sender
+(the per-user limit applies; an id they choose follows the usual rule), and a `folder`
+for its copy must not exist and lie in a folder the sender may use as a cwd. The work
+runs beside the connection's reader (a restore can take seconds). The full protocol is
+the README's ("WebSocket protocol", "Checkpoints").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from navi_trio.api.auth import User
+from navi_trio.api.protocol import Checkpoints, Fork, Frame, RequestId, Rewind, reply
+from navi_trio.api.services import DaemonCore
+from navi_trio.core.checkpoints import NOT_COVERED, Preview
+from navi_trio.core.rewind import RewindPreview, Target
+from navi_trio.core.rewind_service import Overview
+from navi_trio.core.workspace import check_cwd
+from navi_trio.errors import ExistsError, ProtocolError
+from navi_trio.events import Rewound
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from navi_trio.store.base import SessionRow
+
+
+class Link(Protocol):
+    """What the frames need of their connection."""
+
+    async def send(self, frame: Frame) -> None: ...
+    async def defer(self, rid: RequestId, work: Callable[[], Awaitable[None]]) -> None: ...
+
+
+class CommandHost(Protocol):
+    """What the frames need of their connection's `Commands` (api/commands.py): its
+    runtime, connection and user, and its ownership check and session maker."""
+
+    @property
+    def rt(self) -> DaemonCore: ...
+    @property
+    def conn(self) -> Link: ...
+    @property
+    def user(self) -> User: ...
+
+    async def _owned(self, session_id: str) -> SessionRow: ...
+    async def _create(self, session_id: str | None, profile: str | None) -> SessionRow: ...
+
+
+CHANGES_LISTED = 50
+KEPT_LISTED = 20
+
+
+def overview_fields(overview: Overview) -> dict[str, Any]:
+    return {
+        "messages": overview.points,
+        "more_messages": overview.more_points,
+        "checkpoints": overview.checkpoints,
+        "branches": overview.branches,
+    }
+
+
+def files_fields(files: Preview) -> dict[str, Any]:
+    """An engine preview as a frame carries it (the first paths of each root)."""
+    return {
+        "checkpoint": files.checkpoint,
+        "undo": files.undo,
+        "undo_skipped": files.undo_skipped,
+        "not_covered": files.not_covered,
+        "roots": [
+            {
+                "root": str(r.root),
+                "restored": r.restored,
+                "created": r.created,
+                "deleted": r.deleted,
+                "modes": r.modes,
+                "dirs_created": r.dirs_created,
+                "dirs_deleted": r.dirs_deleted,
+                "bytes": r.bytes,
+                "changes": [{"path": c.path, "what": c.what} for c in r.changes[:CHANGES_LISTED]],
+                "more_changes": max(0, len(r.changes) - CHANGES_LISTED),
+                "kept": [{"path": k.path, "why": k.why} for k in r.kept[:KEPT_LISTED]],
+                "kept_count": r.kept_count,
+            }
+            for r in files.roots
+        ],
+    }
+
+
+def preview_fields(preview: RewindPreview) -> dict[str, Any]:
+    t = preview.target
+    return {
+        "to": t.to,
+        "branch": t.branch,
+        "restore": t.restore,
+        "messages_removed": preview.messages_removed,
+        "messages_restored": preview.messages_restored,
+        "text": preview.text,
+        "files": None if preview.files is None else files_fields(preview.files),
+        "files_note": preview.files_note,
+        "not_covered": NOT_COVERED if t.files else "",
+        "token": preview.token,
+    }
+
+
+def done_fields(event: Rewound) -> dict[str, Any]:
+    """A rewind that was applied, as its reply carries it."""
+    return {
+        "to": event.to,
+        "branch": event.branch,
+        "restore": event.restore,
+        "undo": event.undo,
+        "messages_removed": event.messages_removed,
+        "messages_restored": event.messages_restored,
+        "files": event.files,
+        "failed": list(event.failed),
+    }
+
+
+class CheckpointCommands:
+    """The three frames, for one connection's `Commands` (its user, its runtime)."""
+
+    def __init__(self, commands: CommandHost) -> None:
+        self.c = commands
+
+    async def overview(self, rid: RequestId, cmd: Checkpoints) -> None:
+        await self.c._owned(cmd.session_id)
+
+        async def work() -> None:
+            found = await self.c.rt.rewinds.overview(cmd.session_id)
+            await self.c.conn.send(
+                reply(rid, "checkpoints", session_id=cmd.session_id, **overview_fields(found))
+            )
+
+        await self.c.conn.defer(rid, work)
+
+    async def rewind(self, rid: RequestId, cmd: Rewind) -> None:
+        await self.c._owned(cmd.session_id)
+        target = Target(restore=cmd.restore, to=cmd.to, branch=cmd.branch)
+        rewinds = self.c.rt.rewinds
+
+        async def work() -> None:
+            if cmd.confirm is None:
+                preview = await rewinds.preview(cmd.session_id, target)
+                fields = preview_fields(preview)
+                await self.c.conn.send(
+                    reply(rid, "rewind", action="preview", session_id=cmd.session_id, **fields)
+                )
+                return
+            event = await rewinds.apply(cmd.session_id, target, cmd.confirm)
+            await self.c.conn.send(
+                reply(
+                    rid,
+                    "rewind",
+                    action="done",
+                    session_id=cmd.session_id,
+                    to=event.to,
+                    branch=event.branch,
+                    restore=event.restore,
+                    undo=event.undo,
+                    messages_removed=event.messages_removed,
+                    messages_restored=event.messages_restored,
+                    files=event.files,
+                    failed=list(event.failed),
+                )  # fmt: skip
+            )
+
+        await self.c.conn.defer(rid, work)
+
+    async def fork(self, rid: RequestId, cmd: Fork) -> None:
+        await self.c._owned(cmd.session_id)
+        folder = await self._folder(cmd.folder) if cmd.folder is not None else None
+        if cmd.folder is not None and not cmd.files:
+            raise ProtocolError("a fork's folder is for its copy of the files: add files: true")
+        row = await self.c._create(cmd.new_session_id, None)
+
+        async def work() -> None:
+            event = await self.c.rt.rewinds.fork(
+                cmd.session_id, row.id, at=cmd.at, files=cmd.files, folder=folder
+            )
+            await self.c.conn.send(
+                reply(
+                    rid,
+                    "fork",
+                    session_id=cmd.session_id,
+                    new_session_id=row.id,
+                    at=event.at,
+                    messages=event.messages,
+                    folder=event.folder,
+                )  # fmt: skip
+            )
+
+        await self.c.conn.defer(rid, work)
+
+    async def _folder(self, raw: str) -> Path:
+        """The new folder a fork's copy goes to: not there yet, in a folder the sender
+        may use as a cwd (the same check as a message's cwd)."""
+        path = Path(raw)
+        if path.name in ("", ".", "..") or ".." in path.parts:
+            raise ProtocolError("field 'folder' must name a new folder (no . or ..)")
+        rt, user = self.c.rt, self.c.user
+        parent = await check_cwd(
+            str(path.parent), user_id=user.id, role=user.role, settings=rt.settings,
+            config=rt.config.current, store=rt.store,
+        )  # fmt: skip
+        dest = parent / path.name
+        if await trio.to_thread.run_sync(dest.exists):
+            raise ExistsError(f"folder {str(dest)!r} exists already: name a new one")
+        return dest

@@ -1,0 +1,188 @@
+"""Fork a session: a new session with the history and context up to a user message, the
+same profile and mode, and (optionally) a copy of its files as of that message (issue 22).
+
+    event = await forker.fork(source_id, new_row.id, at=message_id, files=True)
+
+`at` names a user message: the new session holds what a rewind to it would leave (the
+conversation just before it), so the first message of the fork takes the conversation
+another way; without `at`, the whole session as it is. The new session's row is made by
+the caller (who checks the user's session limit and owns it); the fork fills it: its
+profile, ``meta`` (``forked_from``, ``forked_at``, ``mode``: a message of the fork that
+asks for no mode gets the source's), its display history and context (one append).
+
+With `files`, the writable folders are copied as the checkpoint of `at` holds them (the
+one a files rewind would restore; the folders as they are now, snapshotted first, when
+none came after it or `at` is left out): the session folder into the new session's
+folder, the working folder into `folder` (a new folder; default ``workspace`` inside the
+new session's folder, which every user may use as a cwd). Each copy appears whole or not
+at all (the engine's export). The folder of the copy is in the `forked` event: the fork's
+runs use it as their cwd when the client sends it.
+
+A fork that fails part way leaves nothing: the new session and the folders it made are
+removed again.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from navi_trio.core.checkpoints import CheckpointError, CheckpointInfo, Created
+from navi_trio.core.rewind import Rewinder, engine_errors
+from navi_trio.core.rewind_points import Message, context_before, files_checkpoint, find_point
+from navi_trio.errors import RestoreError
+from navi_trio.events import Forked
+from navi_trio.tools.private import real_path, within
+
+WORKSPACE = "workspace"
+
+
+class Forker:
+    def __init__(self, rewinder: Rewinder) -> None:
+        self.rewinder = rewinder
+        self.store = rewinder.store
+        self.settings = rewinder.settings
+
+    async def fork(
+        self,
+        source: str,
+        new_id: str,
+        *,
+        at: str | None = None,
+        files: bool = False,
+        folder: Path | None = None,
+    ) -> Forked:
+        messages, context = await self.rewinder.history(source)
+        row = await self.store.get_session(source)
+        assert row is not None  # `history` found it
+        history, new_context, since = messages, context, None
+        if at is not None:
+            index = find_point(messages, at, source)
+            history = messages[:index]
+            new_context = context_before(messages, context, index)
+            since = float(messages[index].get("created_at") or 0.0)
+        made: list[Path] = []
+        try:
+            copy = None
+            if files:
+                copy = await self._files(source, new_id, since, folder, made, messages)
+            meta: dict[str, Any] = {"forked_from": source, "forked_at": at}
+            mode = _mode(history) or row.meta.get("mode")
+            if mode:
+                meta["mode"] = mode
+            await self.store.update_session(new_id, profile_id=row.profile_id, meta=meta)
+            await self.store.append(new_id, messages=history, context=new_context)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self.discard(new_id, made)
+            raise
+        return Forked(
+            new_session_id=new_id,
+            at=at or "",
+            messages=len(history),
+            folder=None if copy is None else str(copy),
+        )
+
+    async def _files(
+        self,
+        source: str,
+        new_id: str,
+        since: float | None,
+        folder: Path | None,
+        made: list[Path],
+        messages: list[Message],
+    ) -> Path | None:
+        """Copy the checkpoint's folders into the fork's; the copy of the working folder."""
+        info = await self._checkpoint(source, since, messages)
+        src = await trio.to_thread.run_sync(real_path, self.settings.session_dir(source))
+        new_dir = self.settings.session_dir(new_id)
+        await trio.to_thread.run_sync(lambda: new_dir.parent.mkdir(parents=True, exist_ok=True))
+        copy: Path | None = None
+        # The session folder first: a folder of the run inside it goes to its place in it.
+        for root in sorted(info.paths, key=lambda p: p != src):
+            dest: Path
+            if root == src:
+                dest = new_dir
+            elif within(root, src):
+                dest = new_dir / root.relative_to(src)
+            else:
+                dest = (
+                    folder
+                    if folder is not None
+                    else await trio.to_thread.run_sync(_free, new_dir / WORKSPACE)
+                )
+                copy = dest
+            with engine_errors():
+                await self.rewinder.engine.export(source, info.id, root, dest)
+            made.append(dest)
+        return copy
+
+    async def _checkpoint(
+        self, source: str, since: float | None, messages: list[Message]
+    ) -> CheckpointInfo:
+        engine = self.rewinder.engine
+        if since is not None:
+            infos = await engine.checkpoints(source)
+            info = await files_checkpoint(self.store, infos, source, since)
+            if info is not None:
+                return info
+        roots = await trio.to_thread.run_sync(self._roots_now, source, messages)
+        try:
+            outcome = await engine.snapshot(
+                source, roots, private=self.rewinder.private(source), label="for a fork"
+            )
+        except CheckpointError as exc:
+            raise RestoreError(f"the folders could not be copied: {exc}") from None
+        if not isinstance(outcome, Created):
+            raise RestoreError(f"the folders could not be copied: {outcome.reason}")
+        return outcome.checkpoint
+
+    def _roots_now(self, source: str, messages: list[Message]) -> list[Path]:
+        """The session folder and the working folder of its newest message that had one."""
+        folder = self.settings.session_dir(source)
+        folder.mkdir(parents=True, exist_ok=True)
+        roots = [real_path(folder)]
+        for message in reversed(_user_messages(messages)):
+            cwd = message.get("cwd")
+            if isinstance(cwd, str) and Path(cwd).is_dir():
+                real = real_path(cwd)
+                if real not in roots:
+                    roots.append(real)
+                break
+        return roots
+
+    async def discard(self, new_id: str, made: list[Path]) -> None:
+        """Remove a fork that failed: its session and the folders made for it."""
+        try:
+            await self.store.delete_session(new_id)
+        finally:
+            for path in [*made, self.settings.session_dir(new_id)]:
+                await trio.to_thread.run_sync(_remove, path)
+
+
+def _remove(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _user_messages(messages: list[Message]) -> list[Message]:
+    return [m for m in messages if m.get("role") == "user"]
+
+
+def _mode(history: list[Message]) -> str | None:
+    for message in reversed(_user_messages(history)):
+        mode = message.get("mode")
+        if isinstance(mode, str):
+            return mode
+    return None
+
+
+def _free(path: Path) -> Path:
+    """`path`, or `path-2`, `path-3` … when it exists."""
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate

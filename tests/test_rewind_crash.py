@@ -1,0 +1,153 @@
+"""A SIGKILL of the daemon in the middle of a rewind or of a run's checkpoint leaves the
+workspace before or after, never half-restored (issue 22, "Tests").
+
+Each round builds its own session with real runs (the fake LLM over HTTP, a real SQLite
+file, a workspace of 1,000 files that the second message's time changed in bulk: 600
+files changed, 250 deleted, 300 new in new folders, 100 modes), then starts a real
+`navi serve` on it, asks for a rewind of chat and files to the first message (its
+restore is the whole change back), and kills the daemon with SIGKILL at a random moment
+after the confirm went out; half the kills are timed from the moment the restore's
+journal appears, so the apply phase is always hit. A second `navi serve` then starts
+(the checkpoint engine completes what the journal holds before anything runs): the
+workspace is exactly the tree before or the tree after, and exactly after when the
+journal was written; the history is the one before or the one after. A kill during a
+run's checkpoint leaves the workspace as it was and only checkpoints that restore.
+
+Real processes and real time (the daemon is a real process): the waits for the journal
+poll its folder every half millisecond, bounded; the number of rounds is fixed.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from rewind_kit import PROFILES, calls, say, tree_of, turn, write
+from test_api_daemon import client, serve
+from test_checkpoints_crash import _state_a, _state_b
+
+from navi_trio.testing import FakeLLMServer, open_harness
+
+pytestmark = pytest.mark.slow
+ROUNDS = 4
+DEADLINE = 240
+SID = "s-crash"
+
+
+def _paths(base: Path, env: dict[str, str]) -> tuple[Path, Path, dict[str, str]]:
+    base.mkdir()
+    data = base / "data"
+    environ = {**env, "NAVI_DB": str(base / "navi.db"), "NAVI_DATA_DIR": str(data)}
+    return base / "work", data, environ
+
+
+def _first_tree(work: Path) -> dict[str, Any]:
+    work.mkdir()
+    _state_a(work)
+    return tree_of(work)
+
+
+async def _session(base: Path, work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two messages: the first writes a marker (its checkpoint: state A), then the
+    workspace changes in bulk, the second writes another marker. The trees before the
+    rewind (now) and after it (state A)."""
+    after = _first_tree(work)
+    replies = [calls(write("m1.txt", "1\n")), say("one"), calls(write("m2.txt", "2\n")), say("2")]
+    async with open_harness(base, replies=replies, profiles=PROFILES) as h:
+        await turn(h, SID, "one", cwd=work, user_role="admin")
+        _state_b(work)
+        await turn(h, SID, "two", cwd=work, user_role="admin")
+    return tree_of(work), after
+
+
+async def _journal(data: Path, proc: trio.Process) -> bool:
+    folder = data / "checkpoints" / "journal"
+    while not list(folder.glob("*.json")):
+        if proc.poll() is not None:
+            return False
+        await trio.sleep(0.0005)
+    return True
+
+
+async def _users(url: str, data: Path) -> list[str]:
+    async with client(url, data) as c:
+        history = await c.request({"type": "sessions", "action": "history", "session_id": SID})
+    return [m["content"] for m in history["messages"] if m["role"] == "user"]
+
+
+async def test_a_daemon_killed_mid_rewind_leaves_the_workspace_before_or_after(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    rng = random.Random(22)
+    seen: list[str] = []
+    with trio.fail_after(DEADLINE):
+        for n in range(ROUNDS):
+            work, data, environ = _paths(tmp_path / f"round{n}", env)
+            before, after = await _session(tmp_path / f"round{n}", work)
+            assert before != after
+            journaled = False
+            async with serve(environ, "http://127.0.0.1:9") as proc:
+                async with client(proc.url, data) as c:
+                    listed = await c.request({"type": "checkpoints", "session_id": SID})
+                    ask = {
+                        "type": "rewind",
+                        "session_id": SID,
+                        "to": listed["messages"][0]["message_id"],
+                    }
+                    preview = await c.request(ask)
+                    assert preview["action"] == "preview", preview
+                    await c.send({**ask, "confirm": preview["token"], "id": "go"})
+                    if n % 2:
+                        journaled = await _journal(data, proc)
+                        await trio.sleep(rng.uniform(0, 0.02))
+                    else:
+                        await trio.sleep(rng.uniform(0, 0.4))
+                    proc.kill()
+                    await proc.wait()
+            async with serve(environ, "http://127.0.0.1:9") as proc:
+                now = tree_of(work)
+                assert now in (before, after), f"round {n}: half restored"
+                if journaled:
+                    assert now == after, f"round {n}: a written journal was not completed"
+                assert not [k for k in now if "navi-restore" in k]
+                users = await _users(proc.url, data)
+                assert users in (["one", "two"], []), users
+                seen.append("after" if now == after else "before")
+    assert len(seen) == ROUNDS
+
+
+async def test_a_daemon_killed_mid_checkpoint_leaves_the_workspace_and_whole_checkpoints(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    rng = random.Random(23)
+    with trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery:
+            fake = FakeLLMServer([calls(write("x.txt", "x\n")), say("done")], loop=True)
+            await nursery.start(fake.serve)
+            for n in range(2):
+                work, data, environ = _paths(tmp_path / f"round{n}", env)
+                before = _first_tree(work)
+                async with serve(environ, fake.url) as proc:
+                    async with client(proc.url, data) as c:
+                        await c.request(
+                            {"type": "message", "content": "go", "session_id": SID,
+                             "cwd": str(work.resolve())}
+                        )  # fmt: skip
+                        await trio.sleep(rng.uniform(0, 0.3))
+                        proc.kill()
+                        await proc.wait()
+                (work / "x.txt").unlink(missing_ok=True)  # the call may have run
+                assert tree_of(work) == before
+                async with serve(environ, fake.url) as proc, client(proc.url, data) as c:
+                    listed = await c.request({"type": "checkpoints", "session_id": SID})
+                    for point in listed.get("messages") or []:
+                        if point["checkpoint"]:
+                            preview = await c.request(
+                                {"type": "rewind", "session_id": SID, "to": point["message_id"],
+                                 "restore": "files"}
+                            )  # fmt: skip
+                            assert preview["action"] == "preview", preview
+            nursery.cancel_scope.cancel()
