@@ -162,9 +162,11 @@ class BusyError(RequestError):
 
 class SessionBusyError(RequestError):
     """The session is in use: another process holds its lease (the message names it), or
-    a client asked to delete it while a run is active or queued."""
+    a client asked to delete it while a run is active or queued, or a message sent with
+    ``on_busy: reject`` met a running turn (`run_id` names it; the error frame too)."""
 
     code = "session_busy"
+    run_id: str | None = None
 
 
 class UnsupportedError(RequestError):

@@ -148,6 +148,13 @@ class MessageQueued(AgentEvent):
 
 
 @attrs.frozen
+class Steered(AgentEvent):
+    """A message sent with ``on_busy: steer`` joined the running turn here (core/steering.py)."""
+
+    text: str
+
+
+@attrs.frozen
 class TaskUpdate(AgentEvent):
     task_id: str
     tool: str
@@ -226,6 +233,7 @@ EVENT_CLASSES: tuple[type[AgentEvent], ...] = (
     ErrorEvent,
     WarningEvent,
     MessageQueued,
+    Steered,
     TaskUpdate,
     TodoUpdated,
     SubagentStarted,

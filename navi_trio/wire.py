@@ -44,6 +44,8 @@ TASK_UPDATE = "task_update"
 # The run-ending and queueing events a follower of one message's run counts.
 STREAM_END = "stream_end"
 MESSAGE_QUEUED = "message_queued"
+STEERED = "steered"  # a message sent with on_busy steer joined the running turn
+ON_BUSY = ("enqueue", "reject", "interrupt", "steer")
 
 # Out-of-band or reply frames: never part of a session's seq stream.
 REPLY_TYPES = frozenset({WELCOME, OK, SESSION, SESSIONS, TASKS, RESYNC, LAGGED, TASK_UPDATE})
@@ -98,8 +100,11 @@ def message(
     profile: str | None = None,
     cwd: str | None = None,
     mode: str | None = None,
+    on_busy: str | None = None,
 ) -> Frame:
     frame: Frame = {"type": MESSAGE, "content": content}
+    if on_busy:
+        frame["on_busy"] = on_busy
     if session_id:
         frame["session_id"] = session_id
     if profile:

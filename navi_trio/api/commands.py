@@ -193,20 +193,20 @@ class Commands:
             user_info=self.user.info,
             profile_id=cmd.profile,
             mode=cmd.mode,
+            on_busy=cmd.on_busy,
         )
         self._check_profile(cmd.profile)  # a new session's was checked by _create
-        queued = actor.busy
         try:
-            actor.send_message(message)
+            strategy = actor.send_message(message)
         except RuntimeError:
             raise UnavailableError("the daemon is shutting down; try again later") from None
         # One reply, once the message is saved (running) or stored in the queue, so a
         # crash after the ok cannot lose it; else the error that refused it. The wait
         # runs beside the connection's reader: the frames behind this one go on.
-        await self.conn.defer(rid, lambda: self._accepted(rid, row.id, message, queued))
+        await self.conn.defer(rid, lambda: self._accepted(rid, row.id, message, strategy))
 
     async def _accepted(
-        self, rid: RequestId, session_id: str, message: UserMessage, queued: bool
+        self, rid: RequestId, session_id: str, message: UserMessage, strategy: str | None
     ) -> None:
         timeout = self.rt.settings.message_accept_timeout_sec
 
@@ -223,11 +223,17 @@ class Commands:
         except RequestError as exc:
             exc.session_id = exc.session_id or session_id
             raise
+        # queued: it waits for a run of its own (behind the queue, or next for interrupt);
+        # on_busy: the strategy applied, when the session was busy (steer: in that run).
+        queued = strategy in ("enqueue", "interrupt")
         log.info(
             "session %s: message from %s %s",
-            session_id, self.user.name, "queued" if queued else "runs",
+            session_id, self.user.name, strategy or "runs",
         )  # fmt: skip
-        await self.conn.send(reply(rid, "ok", session_id=session_id, queued=queued))
+        fields: dict[str, Any] = {"session_id": session_id, "queued": queued}
+        if strategy is not None:
+            fields["on_busy"] = strategy
+        await self.conn.send(reply(rid, "ok", **fields))
 
     async def _stop(self, rid: RequestId, cmd: Stop) -> None:
         await self._owned(cmd.session_id)

@@ -103,6 +103,8 @@ class SendMessage:
     profile: str | None = attrs.field(default=None, validator=_name)
     # The tool policy's mode: clamped to what the sender's role allows.
     mode: Literal["read-only", "workspace", "full"] | None = None
+    # What to do when the session is busy (core/steering.py); None: the profile's.
+    on_busy: Literal["enqueue", "reject", "interrupt", "steer"] | None = None
 
 
 @attrs.frozen
@@ -389,7 +391,11 @@ def error_frame(
 
 
 def error_frame_for(exc: RequestError) -> Frame:
-    return error_frame(exc.code, str(exc), request_id=exc.request_id, session_id=exc.session_id)
+    frame = error_frame(exc.code, str(exc), request_id=exc.request_id, session_id=exc.session_id)
+    run_id = getattr(exc, "run_id", None)
+    if run_id is not None:
+        frame["run_id"] = run_id  # session_busy of a rejected message: the running run
+    return frame
 
 
 def welcome_frame(name: str, role: str, llm_backend: str | None = None) -> Frame:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -48,6 +49,7 @@ from navi_trio.core.live_config import LiveConfig
 from navi_trio.core.policy import effective_mode
 from navi_trio.core.run_services import make_tool_context
 from navi_trio.core.session import SessionCache, SessionState
+from navi_trio.core.steering import DEFAULT_ON_BUSY, Injections
 from navi_trio.core.subagent import run_ephemeral
 from navi_trio.core.task_notes import collect_notes, remove_notes
 from navi_trio.core.task_supervisor import TaskSupervisor
@@ -58,7 +60,7 @@ from navi_trio.core.turn_state import LoopParts, Turn
 from navi_trio.errors import LLMError, NothingToCompactError, RequestError
 from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd
 from navi_trio.llm.base import LLMBackend
-from navi_trio.profiles import ConfigSource, NaviConfig
+from navi_trio.profiles import ConfigSource, NaviConfig, OnBusy
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionStore
 from navi_trio.tools.base import ToolContext, ToolRegistry
@@ -76,6 +78,8 @@ class UserMessage:
     user_info: dict[str, Any] | None = None
     profile_id: str | None = None  # for a session that does not exist yet
     mode: str | None = None  # asked for; clamped to the role's (core/policy.py)
+    # What to do when the session is busy (core/steering.py); None: the profile's default.
+    on_busy: str | None = None
     # The store's key while it waits in the session's queue (core/session_actor.py):
     # saving it into the history takes it off the queue in the same transaction.
     queue_key: str | None = None
@@ -86,10 +90,17 @@ class UserMessage:
 
 
 class RunControl:
-    """Stop handle of one run: `stop()` cancels the run's cancel scope."""
+    """Stop handle of one run: `stop()` cancels the run's cancel scope.
+
+    `run_id` names the run (a `reject`ed message is told it); `injections` is its
+    mailbox for steered messages and background notes (core/steering.py);
+    `on_busy_default` the profile's strategy for messages that arrive meanwhile."""
 
     def __init__(self) -> None:
         self.scope = trio.CancelScope()
+        self.run_id = "r-" + secrets.token_hex(6)
+        self.injections = Injections()
+        self.on_busy_default: OnBusy = DEFAULT_ON_BUSY
 
     def stop(self) -> None:
         self.scope.cancel()
@@ -228,6 +239,7 @@ class Agent:
         # out. A direct caller of run_stream (tests, harnesses) owns its session.
         cfg = self.config()
         profile = cfg.profile(state.profile_id)
+        control.on_busy_default = profile.on_busy
         turn = Turn(
             state=state,
             profile=profile,
@@ -238,6 +250,7 @@ class Agent:
             mode=effective_mode(profile.policy, msg.user_role, msg.mode),
             user_role=msg.user_role,
             first_message=state.is_first_message,
+            injections=control.injections,
         )
         with runvars.bound(
             session_id=session_id,

@@ -47,6 +47,7 @@ from navi_trio.core.agent import Agent, RunControl, UserMessage
 from navi_trio.core.fanout import FrameReceiver, FrameSender, open_frame_channel
 from navi_trio.core.queued import DurableQueue
 from navi_trio.core.replay import ReplayBuffer
+from navi_trio.core.steering import SteerItem, busy_strategy, refusal, steer_item
 from navi_trio.errors import (
     NaviError,
     NothingToCompactError,
@@ -60,6 +61,7 @@ from navi_trio.events import (
     StreamEnd,
     ToolResultEvent,
 )
+from navi_trio.profiles import OnBusy
 
 log = logging.getLogger(__name__)
 
@@ -198,24 +200,39 @@ class SessionActor:
 
     # -- commands -------------------------------------------------------------------
 
-    def send_message(self, message: str | UserMessage) -> None:
+    def send_message(self, message: str | UserMessage) -> OnBusy | None:
+        """Run the message, or (the session busy) apply its `on_busy` strategy
+        (core/steering.py); returns that strategy, None when it runs now. `reject`
+        raises SessionBusyError."""
         msg = UserMessage(message) if isinstance(message, str) else message
         if not self.busy:
             self._start_run(msg)
-            return
+            return None
         if self._nursery is None:
             raise RuntimeError(f"session actor {self.session_id} is not running")
+        control = self._control
+        strategy = busy_strategy(msg.on_busy, control)
+        if strategy == "reject":
+            raise refusal(self.session_id, control)
+        # Stored before it is acknowledged: `msg.accepted` is ok once its row is in.
+        if strategy == "steer" and control is not None:
+            msg = self.queue.keep(self._nursery, msg)
+            control.injections.steer(steer_item(msg, self.queue.written))
+            return strategy
         if len(self.pending) >= self.queue_max:
             self.queue.drop(self._nursery, self.pending.popleft())
             self.dropped_total += 1
-        # Stored before it is acknowledged: `msg.accepted` is ok once its row is in.
         msg = self.queue.keep(self._nursery, msg)
-        self.pending.append(msg)
+        if strategy == "interrupt" and control is not None:
+            self.pending.appendleft(msg)  # next, ahead of the queue
+            control.stop()
+        else:
+            self.pending.append(msg)
+        position = 1 if strategy == "interrupt" else len(self.pending)
         self.publish(
-            MessageQueued(
-                text=msg.text, position=len(self.pending), dropped_total=self.dropped_total
-            )
+            MessageQueued(text=msg.text, position=position, dropped_total=self.dropped_total)
         )
+        return strategy
 
     def stop(self) -> bool:
         """Stop the running turn (queued messages stay queued). False when idle."""
@@ -312,6 +329,8 @@ class SessionActor:
         self._nursery.start_soon(fn, *args)
 
     def _done(self) -> None:
+        if self._control is not None:
+            self._requeue(self._control.injections.leftover())
         self.busy = False
         self._control = None
         self._touch()
@@ -321,6 +340,15 @@ class SessionActor:
             self._start_run(self.pending.popleft())
         else:
             self.idle.set()
+
+    def _requeue(self, steers: list[SteerItem]) -> None:
+        """Steered messages the turn never took in run next, ahead of the queue."""
+        kept = [item.origin for item in steers if not item.accepted.failed]
+        self.pending.extendleft(reversed(kept))
+        for position, msg in enumerate(kept, 1):
+            self.publish(
+                MessageQueued(text=msg.text, position=position, dropped_total=self.dropped_total)
+            )
 
     def _start_run(self, msg: UserMessage) -> None:
         # The control exists before the task starts: a stop sent right after the

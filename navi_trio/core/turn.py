@@ -19,6 +19,7 @@ import trio
 
 from navi_trio.core import planning
 from navi_trio.core.llm_call import StreamedReply, chat_request, output_cap, stream_reply
+from navi_trio.core.steering import take_injections
 from navi_trio.core.tool_executor import execute_batch, stopped_result, tool_message
 from navi_trio.core.turn_state import LoopParts, Turn
 from navi_trio.errors import (
@@ -171,11 +172,7 @@ class TurnRunner:
 
         for iteration in range(t.limit):
             t.iterations = iteration + 1
-            built = await self.build(iteration)
-            self.parts.builder.check_context_size(
-                built, num_ctx=self.settings.num_ctx, views=t.views
-            )
-            reply = await self.call_llm(built)
+            reply = await self.ask(iteration)
             calls = reply.tool_calls
             if not calls:
                 await self.finish(reply)
@@ -183,6 +180,26 @@ class TurnRunner:
             await self.run_tools(reply)
             await self.after_tools(calls)
         await self.finish_max_iterations()
+
+    async def ask(self, iteration: int) -> StreamedReply:
+        """Steps 1-7 of one iteration: what was steered in, the context, the size check,
+        the answer. A steer that comes before the model's first chunk drops that request
+        and asks again with it (core/steering.py)."""
+        t = self.turn
+        while True:
+            await take_injections(t, self.parts)
+            replan, stall = t.replan, t.stall  # `build` spends them; a restart needs them
+            built = await self.build(iteration)
+            self.parts.builder.check_context_size(
+                built, num_ctx=self.settings.num_ctx, views=t.views
+            )
+            if t.injections is None:
+                return await self.call_llm(built)
+            with t.injections.prefill() as wait:
+                reply = await self.call_llm(built)
+            if not wait.cancelled_caught:
+                return reply
+            t.replan, t.stall = replan, stall
 
     async def build(self, iteration: int) -> list[dict[str, Any]]:
         """Steps 1-4: mid-turn compression, context with budget/anchor/warnings."""
@@ -258,7 +275,10 @@ class TurnRunner:
             self.settings, built, self.model(), tools=tools, think=think, max_tokens=cap
         )
         t.reply = StreamedReply()
-        reply = await stream_reply(self.parts.backend, self.settings, request, t.reply, t.emit)
+        first = t.injections.first_chunk if t.injections is not None else None
+        reply = await stream_reply(
+            self.parts.backend, self.settings, request, t.reply, t.emit, first_chunk=first
+        )
         self._count(reply)
         done = reply.done
         if done is not None:

@@ -17,6 +17,7 @@ from navi_trio.core.context import ContextBuilder, ContextViews
 from navi_trio.core.live_config import LiveConfig
 from navi_trio.core.llm_call import StreamedReply
 from navi_trio.core.session import SessionCache, SessionState
+from navi_trio.core.steering import Injections
 from navi_trio.core.tokens import TokenCounter
 from navi_trio.core.tool_executor import ToolExecutor
 from navi_trio.events import AgentEvent, StreamEnd
@@ -72,6 +73,9 @@ class Turn:
     views: ContextViews = attrs.field(factory=ContextViews)
     # A synchronous sub-agent's usage also counts in its parent turn's totals.
     usage_to: Callable[[int, int], None] | None = None
+    # Steered messages and background notes for the next LLM call (core/steering.py);
+    # None for a sub-agent or a compaction.
+    injections: Injections | None = None
 
     @property
     def limit(self) -> int:
