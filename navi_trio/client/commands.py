@@ -25,12 +25,17 @@ class Chat(Protocol):
     resuming: str | None
 
     async def send(self, frame: Frame) -> bool: ...
+    async def line(self, text: str, on_busy: str | None = None) -> None: ...
     def quit(self) -> None: ...
     def set_session(self, session_id: str | None) -> None: ...
 
 
 HELP = """\
 Type a message and press Enter; while a run is active your message is queued.
+Ctrl+Enter (Alt+Enter where the terminal does not report Ctrl+Enter) steers the
+running turn with it instead: the agent reads it before its next step.
+  /steer TEXT     steer the running turn with TEXT (no run: it runs as a message)
+  /interrupt TEXT stop the running turn and run TEXT next, ahead of the queue
   /compact        summarise the conversation to free context
   /tasks          list background tasks
   /profile NAME   use profile NAME from your next message on (no NAME: show it)
@@ -75,6 +80,8 @@ class SlashCommands:
             "resume": self.resume,
             "thinking": self.thinking,
             "mode": self.mode,
+            "steer": self.steer,
+            "interrupt": self.interrupt,
         }
 
     async def run(self, name: str, arg: str) -> None:
@@ -135,6 +142,18 @@ class SlashCommands:
             return
         self.app.resuming = arg
         await self.app.send(wire.history(arg))
+
+    async def steer(self, arg: str) -> None:
+        await self._busy_message(arg, "steer")
+
+    async def interrupt(self, arg: str) -> None:
+        await self._busy_message(arg, "interrupt")
+
+    async def _busy_message(self, arg: str, on_busy: str) -> None:
+        if not arg:
+            self.app.renderer.error(f"/{on_busy} needs the text of the message: /{on_busy} TEXT")
+            return
+        await self.app.line(arg, on_busy)
 
     async def mode(self, arg: str) -> None:
         if not arg:

@@ -246,6 +246,10 @@ class Renderer:
         tail = f" ({dropped} older dropped)" if dropped else ""
         self.put(f"[cyan]queued #{frame.get('position')}[/] [dim]{escape(text)}{tail}[/]")
 
+    def _on_steered(self, frame: Frame, who: str) -> None:
+        text = one_line(str(frame.get("text", "")), ARGS_MAX)
+        self.put(f"[cyan]↪ steered:[/] {escape(text)}", who)
+
     def _on_task_update(self, frame: Frame, who: str) -> None:
         status = str(frame.get("status"))
         colour = {"completed": "green", "failed": "red", "cancelled": "yellow"}.get(status, "blue")
@@ -305,7 +309,9 @@ class Renderer:
             role = m.get("role")
             content = m.get("content")
             text = content if isinstance(content, str) else json.dumps(content)
-            if role == "user":
+            if role == "user" and m.get("steered"):
+                self.put(f"[cyan]↪ steered:[/] {escape(text)}")
+            elif role == "user":
                 self.user(text)
             elif role == "assistant":
                 for call in m.get("tool_calls") or []:
