@@ -88,7 +88,8 @@ async def test_sqlite_store_satisfies_the_session_store_protocol(tmp_path: Path)
         async with open_store(tmp_path / "n.db") as store:
             as_protocol: SessionStore = store  # mypy checks the signatures match
             names = [n for n in dir(SessionStore) if not n.startswith("_")]
-            assert len(names) == 30  # 17 + users/ownership (daemon) + leases + queued
+            # 17 + users/ownership (daemon) + leases + queued + wake-ups, usage, schedules
+            assert len(names) == 40
             assert all(inspect.iscoroutinefunction(getattr(as_protocol, n)) for n in names)
 
 
