@@ -30,6 +30,7 @@ from navi_trio.core.agent import Agent
 from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.session_actor import SessionRegistry
 from navi_trio.core.task_supervisor import TaskSupervisor
+from navi_trio.core.wake import Waker
 from navi_trio.events import TaskUpdate
 from navi_trio.llm.base import LLMBackend
 from navi_trio.llm.factory import make_backend, make_client
@@ -126,7 +127,10 @@ async def open_runtime(
                 if sessions is not None:
                     sessions.publish_task_update(session_id, event)
 
-            supervisor = TaskSupervisor(settings, store, publish)
+            # Finished jobs' notes, and the turns they start (wake_on_task_done).
+            waker = Waker(store, settings, lambda: config.current, lambda: sessions)
+            await nursery.start(waker.run)
+            supervisor = TaskSupervisor(settings, store, publish, notes=waker)
             await nursery.start(supervisor.run)
 
             def attached(session_id: str) -> bool:

@@ -139,6 +139,9 @@ class Settings:
     task_notes_max_pending: int = attrs.field(
         default=20, metadata=_env("NAVI_TASK_NOTES_MAX_PENDING")
     )
+    # wake_on_task_done (core/wake.py): at most this many turns a session's background
+    # results start in an hour; past it their notes wait for the next message.
+    wake_max_per_hour: int = attrs.field(default=6, metadata=_env("NAVI_WAKE_MAX_PER_HOUR"))
     backgroundable_tools: tuple[str, ...] = attrs.field(
         default=DEFAULT_BACKGROUNDABLE, metadata=_env("NAVI_BACKGROUNDABLE_TOOLS")
     )

@@ -42,6 +42,7 @@ import trio
 from navi_trio.core import runvars
 from navi_trio.core.acceptance import Acceptance, stopped_before_saving
 from navi_trio.core.approvals import ApprovalBroker
+from navi_trio.core.budgets import Budget, effective
 from navi_trio.core.context import ContextBuilder
 from navi_trio.core.emit import EventReceiver, EventSender, SendsNowait, open_event_channel
 from navi_trio.core.lease import SessionLeases
@@ -58,9 +59,9 @@ from navi_trio.core.tool_executor import ToolExecutor
 from navi_trio.core.turn import TurnRunner, error_code, shielded
 from navi_trio.core.turn_state import LoopParts, Turn
 from navi_trio.errors import LLMError, NothingToCompactError, RequestError
-from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd
+from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, Woken
 from navi_trio.llm.base import LLMBackend
-from navi_trio.profiles import ConfigSource, NaviConfig, OnBusy
+from navi_trio.profiles import BudgetConfig, ConfigSource, NaviConfig, OnBusy
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionStore
 from navi_trio.tools.base import ToolContext, ToolRegistry
@@ -80,6 +81,14 @@ class UserMessage:
     mode: str | None = None  # asked for; clamped to the role's (core/policy.py)
     # What to do when the session is busy (core/steering.py); None: the profile's default.
     on_busy: str | None = None
+    # "user"; "wake": a turn a background job's note starts (core/wake.py), its text
+    # empty, saved as that note; "schedule": a scheduled run (core/schedules.py).
+    kind: str = "user"
+    # Approvals by the profile's headless rule even with a client attached (a scheduled
+    # run: nobody asked for it to wait on them).
+    headless: bool = False
+    # The sender's budgets for this run: they only lower the configured ones.
+    budget: BudgetConfig | None = None
     # The store's key while it waits in the session's queue (core/session_actor.py):
     # saving it into the history takes it off the queue in the same transaction.
     queue_key: str | None = None
@@ -101,6 +110,9 @@ class RunControl:
         self.run_id = "r-" + secrets.token_hex(6)
         self.injections = Injections()
         self.on_busy_default: OnBusy = DEFAULT_ON_BUSY
+        self.finished = trio.Event()  # the run's task is over (its events all sent)
+        self.skipped = False  # a wake-up that found no note left: no turn ran
+        self.woken: str | None = None  # a wake-up's note: the turn's start
 
     def stop(self) -> None:
         self.scope.cancel()
@@ -229,6 +241,7 @@ class Agent:
             finally:
                 # Cancelled before the save (the runtime is shutting down): not stored.
                 msg.accepted.fail(stopped_before_saving())
+                control.finished.set()
 
     async def _run_turn(
         self, session_id: str, msg: UserMessage, emit: Any, control: RunControl
@@ -251,6 +264,12 @@ class Agent:
             user_role=msg.user_role,
             first_message=state.is_first_message,
             injections=control.injections,
+            budget=Budget.for_turn(
+                self.store,
+                effective(cfg, profile.id, msg.user_role, msg.budget),
+                session_id=session_id,
+                user_id=msg.user_id,
+            ),
         )
         with runvars.bound(
             session_id=session_id,
@@ -260,14 +279,29 @@ class Agent:
             user_role=msg.user_role,
             user_info=msg.user_info,
         ):
-            await shielded(lambda: self._accept(state, msg))
-            await TurnRunner(self.parts, turn).drive(control.scope)
+            await shielded(lambda: self._accept(state, msg, control))
+            if control.skipped:
+                return  # a wake-up whose note a turn already took in: nothing to do
+            if control.woken is not None:
+                turn.user_text = control.woken
+                emit(Woken(text=control.woken))
+            try:
+                await TurnRunner(self.parts, turn).drive(control.scope)
+            finally:
+                if turn.budget is not None and turn.budget.active:
+                    await shielded(turn.budget.flush)  # the last call's spending, stored
 
-    async def _accept(self, state: SessionState, msg: UserMessage) -> None:
-        """Save the user message first (and this turn's background task notes)."""
-        user: dict[str, Any] = {"role": "user", "content": msg.text}
-        if msg.cwd is not None:
+    async def _accept(self, state: SessionState, msg: UserMessage, control: RunControl) -> None:
+        """Save the user message first (and this turn's background task notes).
+
+        A wake-up (core/wake.py) has no user message: its notes are the turn's start,
+        shown in the display history too; with none left it is only taken off the queue
+        (`control.skipped`); else its note text is `control.woken`."""
+        user: dict[str, Any] | None = {"role": "user", "content": msg.text}
+        if msg.cwd is not None and user is not None:
             user["cwd"] = str(msg.cwd)
+        if msg.kind == "wake":
+            user = None
         notes = None
         try:
             notes = await collect_notes(self.store, self.settings, state.id)
@@ -276,26 +310,36 @@ class Agent:
             # user message is never dropped; the notes stay stored for the next turn.
             # Unless its sender was already told it was refused (its wait timed out).
             if not msg.accepted.failed:
-                await self._commit(state, msg, user, notes)
+                if user is None and notes is None:
+                    if msg.queue_key is not None:  # nothing to wake for: off the queue
+                        await self.store.unqueue(msg.queue_key)
+                    control.skipped = True
+                    msg.accepted.ok()
+                else:
+                    await self._commit(state, msg, user, notes)
         if msg.accepted.error is not None:
             raise msg.accepted.error
         if notes is not None:
             # Only once they are in the saved context: a crash in between repeats a
             # note next turn instead of losing it.
             await remove_notes(self.store, notes.keys)
+        if user is None and notes is not None:
+            control.woken = notes.text
 
     async def _commit(
-        self, state: SessionState, msg: UserMessage, user: dict[str, Any], notes: Any
+        self, state: SessionState, msg: UserMessage, user: dict[str, Any] | None, notes: Any
     ) -> None:
         """Save the user message (and the notes) in one transaction; accepted once in."""
         mark = state.mark()
         if notes is not None:
-            # Persisted, invisible in the UI, kept by the context builder.
-            state.add(
-                {"role": "system", "content": notes.text, "keep": True, "task_notes": True},
-                display=False,
-            )
-        state.add(user)
+            # Persisted, invisible in the UI (a wake-up's shows: it is the turn's start),
+            # kept by the context builder.
+            note = {"role": "system", "content": notes.text, "keep": True, "task_notes": True}
+            if user is None:
+                note["wake"] = True
+            state.add(note, display=user is None)
+        if user is not None:
+            state.add(user)
         try:
             # Shielded inside: lands even when cancelled.
             await self.cache.save(state, dequeue=msg.queue_key)

@@ -25,6 +25,8 @@ import trio
 from navi_trio.core.acceptance import Acceptance, stopped_before_saving
 from navi_trio.core.agent import UserMessage
 from navi_trio.errors import NaviError, StorageError
+from navi_trio.profiles import BudgetConfig
+from navi_trio.profiles._control import budgets_dict, parse_budgets
 from navi_trio.store.base import SessionStore
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,9 @@ def to_row(msg: UserMessage) -> dict[str, Any]:
         "user_info": msg.user_info,
         "profile_id": msg.profile_id,
         "mode": msg.mode,
+        "kind": msg.kind,
+        "headless": msg.headless,
+        "budget": None if msg.budget is None else budgets_dict(msg.budget),
     }
 
 
@@ -54,9 +59,25 @@ def from_row(key: str, row: dict[str, Any]) -> UserMessage:
         profile_id=row.get("profile_id"),
         mode=row.get("mode"),
         queue_key=key,
+        kind=str(row.get("kind") or "user"),
+        headless=bool(row.get("headless")),
+        on_busy="enqueue",  # queued already: it waits for its turn
+        budget=_budget(row.get("budget")),
     )
     msg.accepted.ok()  # it was acknowledged in its first life
     return msg
+
+
+def _budget(data: Any) -> BudgetConfig | None:
+    """A stored row's budget (checked again: a row is the store's, not ours alone)."""
+    if data is None:
+        return None
+    try:
+        return parse_budgets(data)
+    except ValueError as exc:
+        log.warning("a queued message's budget is unreadable (%s): the configured ones apply",
+                    exc)  # fmt: skip
+        return None
 
 
 class DurableQueue:
@@ -76,7 +97,11 @@ class DurableQueue:
 
         `msg.accepted` is ok once the row is committed; a write that fails (a full disk)
         refuses it, and its run is skipped. One still going after WRITE_DEADLINE_SEC
-        leaves it to the run: acknowledged once the run saves it into the history."""
+        leaves it to the run: acknowledged once the run saves it into the history.
+        A message that has a key is stored already (a wake-up, a scheduled run: queued
+        in the store's own transaction) and is kept as it is."""
+        if msg.queue_key is not None:
+            return msg
         queued = attrs.evolve(msg, queue_key=secrets.token_hex(8))
         key = queued.queue_key
         assert key is not None

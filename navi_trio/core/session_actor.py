@@ -234,6 +234,11 @@ class SessionActor:
         )
         return strategy
 
+    @property
+    def running(self) -> RunControl | None:
+        """The control of the turn running now (None: idle, or compacting)."""
+        return self._control
+
     def stop(self) -> bool:
         """Stop the running turn (queued messages stay queued). False when idle."""
         if self._control is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
@@ -23,6 +24,7 @@ from navi_trio.core.steering import take_injections
 from navi_trio.core.tool_executor import execute_batch, stopped_result, tool_message
 from navi_trio.core.turn_state import LoopParts, Turn
 from navi_trio.errors import (
+    BudgetExhaustedError,
     ContextTooLargeError,
     LLMConnectionError,
     LLMError,
@@ -31,6 +33,7 @@ from navi_trio.errors import (
 )
 from navi_trio.events import (
     AgentEvent,
+    BudgetExhausted,
     CompressionStarted,
     ContextCompressed,
     ErrorEvent,
@@ -84,10 +87,14 @@ class TurnRunner:
 
     async def complete(self, messages: list[dict[str, Any]], purpose: str) -> StreamedReply:
         cap = output_cap(self.settings, self.turn.profile, purpose)
+        budget = self.turn.budget if not self.turn.ended else None  # the worker: free
+        if budget is not None:
+            cap = await budget.before_llm(self.parts.counter.estimate_messages(messages), cap)
         request = chat_request(self.settings, messages, self.model(), max_tokens=cap)
-        reply = await stream_reply(
-            self.parts.backend, self.settings, request, StreamedReply(), None
-        )
+        with budget.wall() if budget is not None else nullcontext():
+            reply = await stream_reply(
+                self.parts.backend, self.settings, request, StreamedReply(), None
+            )
         self._count(reply)
         return reply
 
@@ -271,15 +278,21 @@ class TurnRunner:
         t = self.turn
         tools = self.parts.executor.schemas(self.parts.registry.select(t.tool_names()))
         think, cap = t.profile.think_enabled, output_cap(self.settings, t.profile, "answer")
+        if t.budget is not None:
+            cap = await t.budget.before_llm(self.parts.builder.estimate(built, t.views), cap)
         request = chat_request(
             self.settings, built, self.model(), tools=tools, think=think, max_tokens=cap
         )
         t.reply = StreamedReply()
         first = t.injections.first_chunk if t.injections is not None else None
-        reply = await stream_reply(
-            self.parts.backend, self.settings, request, t.reply, t.emit, first_chunk=first
-        )
+        with t.budget.wall() if t.budget is not None else nullcontext():
+            reply = await stream_reply(
+                self.parts.backend, self.settings, request, t.reply, t.emit, first_chunk=first
+            )
         self._count(reply)
+        report = t.budget.report() if t.budget is not None else None
+        if report is not None:
+            t.emit(report)  # once a round: what each budget has spent
         done = reply.done
         if done is not None:
             if done.model and done.model != t.model:
@@ -372,9 +385,12 @@ class TurnRunner:
                 t.call_started[event.call_id] = trio.current_time()
             t.emit(event)
 
-        await execute_batch(
-            self.parts.executor, calls, ctx, t.tool_names(), publish, t.results, parallel=parallel
-        )
+        budget = t.budget if t.budget is not None and t.budget.active else None
+        with budget.wall() if budget is not None else nullcontext():
+            await execute_batch(
+                self.parts.executor, calls, ctx, t.tool_names(), publish, t.results,
+                parallel=parallel, before=budget.before_tool if budget is not None else None,
+            )  # fmt: skip
         self.pair_results()
         if any(c.name in MEMORY_WRITERS for c in calls):
             self._memories = None
@@ -464,6 +480,8 @@ class TurnRunner:
                     await self.run()
                 except ContextTooLargeError as exc:
                     await self._too_large(exc)
+                except BudgetExhaustedError as exc:
+                    await shielded(partial(self._exhausted, exc))
                 except LLMError as exc:
                     await shielded(partial(self._failed, exc))
                 if turn.completed_normally and turn.persist:
@@ -541,6 +559,18 @@ class TurnRunner:
         # last durable save left it, and a dangling call is paired on load).
         text = await self._save_partial(durable=False, stopped=True)
         self.turn.end(self.stream_end(text, reason="stopped"))
+
+    async def _exhausted(self, exc: BudgetExhaustedError) -> None:
+        """A budget is spent: the turn ends as a stop does, saying which budget."""
+        turn = self.turn
+        turn.emit(
+            BudgetExhausted(
+                scope=exc.scope, kind=exc.kind, spent=exc.spent, limit=exc.limit,
+                message=str(exc),
+            )
+        )  # fmt: skip
+        text = await self._save_partial(durable=False, stopped=True, budget=str(exc))
+        turn.end(self.stream_end(text, reason="budget_exhausted"))
 
     async def _failed(self, exc: LLMError) -> None:
         self.turn.emit(ErrorEvent(message=str(exc), code=error_code(exc)))

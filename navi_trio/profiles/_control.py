@@ -43,7 +43,7 @@ def _limit(inst: Any, attr: attrs.Attribute[Any], value: float | None) -> None:
         raise ValueError(f"{attr.name} must be a number, not {value!r}")
     if attr.name == "wall_sec":
         if not math.isfinite(value) or not 0 < value <= top:
-            raise ValueError(f"{attr.name} must be above 0 and at most {top:g}, not {value!r}")
+            raise ValueError(f"{attr.name} must be above 0 and at most {int(top)}, not {value!r}")
         return
     if not isinstance(value, int) or not 0 <= value <= top:
         raise ValueError(f"{attr.name} must be a whole number from 0 to {int(top)}, not {value!r}")
@@ -106,3 +106,41 @@ class BudgetConfig:
 
 
 NO_BUDGETS = BudgetConfig()
+
+
+def parse_budgets(data: Any, where: str = "budget") -> BudgetConfig:
+    """A client's (or a schedule's) budget object as a BudgetConfig; ValueError naming the
+    field and the problem (``budget.turn.tokens must be a whole number from 0 to ...``).
+
+    The shape is config.json's: ``{"turn": {"tokens": 5000, "wall_sec": 60}, ...}``."""
+    if not isinstance(data, dict):
+        raise ValueError(f'{where} must be an object like {{"turn": {{"tokens": 5000}}}}')
+    unknown = sorted(str(k) for k in data if k not in SCOPES)
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown scope {unknown[0][:32]!r} (scopes: {', '.join(SCOPES)})"
+        )
+    scopes: dict[str, BudgetLimits] = {}
+    for scope, limits in data.items():
+        if not isinstance(limits, dict):
+            raise ValueError(f'{where}.{scope} must be an object like {{"tokens": 5000}}')
+        bad = sorted(str(k) for k in limits if k not in KINDS)
+        if bad:
+            raise ValueError(
+                f"{where}.{scope}: unknown limit {bad[0][:32]!r} (limits: {', '.join(KINDS)})"
+            )
+        try:
+            scopes[scope] = BudgetLimits(**limits)
+        except ValueError as exc:
+            raise ValueError(f"{where}.{scope}.{exc}") from None
+    return BudgetConfig(**scopes)
+
+
+def budgets_dict(config: BudgetConfig) -> dict[str, dict[str, float]]:
+    """The limits set, in `parse_budgets`' shape (empty scopes left out)."""
+    out: dict[str, dict[str, float]] = {}
+    for scope in SCOPES:
+        items = config.scope(scope).items()
+        if items:
+            out[scope] = dict(items)
+    return out
