@@ -194,6 +194,7 @@ class Commands:
             profile_id=cmd.profile,
             mode=cmd.mode,
             on_busy=cmd.on_busy,
+            budget=cmd.budget,
         )
         self._check_profile(cmd.profile)  # a new session's was checked by _create
         try:

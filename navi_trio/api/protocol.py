@@ -29,6 +29,7 @@ import cattrs
 from navi_trio import __version__, wire
 from navi_trio.errors import FrameTooLargeError, ProtocolError, RequestError, UnknownTypeError
 from navi_trio.events import AgentEvent, event_to_dict
+from navi_trio.profiles import BudgetConfig, parse_budgets
 from navi_trio.text import CLIP_CHARS, clean_json, clean_text, clip, has_lone_surrogate
 from navi_trio.wire import PROTOCOL_VERSION as PROTOCOL_VERSION
 from navi_trio.wire import Frame as Frame
@@ -105,6 +106,8 @@ class SendMessage:
     mode: Literal["read-only", "workspace", "full"] | None = None
     # What to do when the session is busy (core/steering.py); None: the profile's.
     on_busy: Literal["enqueue", "reject", "interrupt", "steer"] | None = None
+    # Budgets for this run, config.json's shape: they only lower the configured ones.
+    budget: BudgetConfig | None = None
 
 
 @attrs.frozen
@@ -223,9 +226,16 @@ def _strict_int(value: Any, _: Any) -> int:
     return value
 
 
+def _budget(value: Any, _: Any) -> BudgetConfig:
+    # Every scope and limit checked and bounded (profiles/_control.py); a ValueError
+    # names the field inside ("budget.turn.tokens must be a whole number ...").
+    return parse_budgets(value)
+
+
 converter = cattrs.Converter(forbid_extra_keys=True)
 converter.register_structure_hook(str, _strict_str)
 converter.register_structure_hook(int, _strict_int)
+converter.register_structure_hook(BudgetConfig, _budget)
 
 
 def _choices(type_: Any) -> list[str]:

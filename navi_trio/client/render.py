@@ -246,6 +246,17 @@ class Renderer:
         tail = f" ({dropped} older dropped)" if dropped else ""
         self.put(f"[cyan]queued #{frame.get('position')}[/] [dim]{escape(text)}{tail}[/]")
 
+    def _on_budget(self, frame: Frame, who: str) -> None:
+        if who:
+            return  # a sub-agent's: its parent's line says what the run has left
+        self.status.budget = _nearest(frame.get("budgets"))
+
+    def _on_budget_exhausted(self, frame: Frame, who: str) -> None:
+        self.put(f"[bold red]✗ budget spent:[/] {escape(one_line(str(frame.get('message'))))}", who)
+
+    def _on_woken(self, frame: Frame, who: str) -> None:
+        self.notice("background results arrived: the agent goes on with them")
+
     def _on_steered(self, frame: Frame, who: str) -> None:
         text = one_line(str(frame.get("text", "")), ARGS_MAX)
         self.put(f"[cyan]↪ steered:[/] {escape(text)}", who)
@@ -326,6 +337,29 @@ class Renderer:
             self.notice(f"— {len(messages)} messages replayed (turns {replayed_from + 1}+) —")
         else:
             self.notice(f"— {len(messages)} messages replayed —")
+
+
+_SCOPE_SHOWN = {"user_day": "day", "subagent": "sub-agent"}
+_KIND_SHOWN = {"wall_sec": "s", "tool_calls": "tool calls"}
+
+
+def _nearest(lines: Any) -> str | None:
+    """The budget nearest its limit, as "turn tokens 1200/5000" (None: none given)."""
+    best: tuple[float, str] | None = None
+    for line in lines if isinstance(lines, list) else []:
+        if not isinstance(line, dict):
+            continue
+        spent, limit = line.get("spent"), line.get("limit")
+        if not isinstance(spent, int | float) or not isinstance(limit, int | float):
+            continue
+        share = spent / limit if limit else 1.0
+        scope, kind = str(line.get("scope")), str(line.get("kind"))
+        scope = _SCOPE_SHOWN.get(scope, scope)
+        kind = _KIND_SHOWN.get(kind, kind)
+        shown = f"{scope} {kind} {spent:g}/{limit:g}"
+        if best is None or share > best[0]:
+            best = (share, shown)
+    return None if best is None else best[1]
 
 
 def _age(seconds: Any) -> str:

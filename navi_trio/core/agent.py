@@ -289,7 +289,7 @@ class Agent:
                 await TurnRunner(self.parts, turn).drive(control.scope)
             finally:
                 if turn.budget is not None and turn.budget.active:
-                    await shielded(turn.budget.flush)  # the last call's spending, stored
+                    await shielded(turn.budget.close)  # the last call's spending, stored
 
     async def _accept(self, state: SessionState, msg: UserMessage, control: RunControl) -> None:
         """Save the user message first (and this turn's background task notes).

@@ -70,11 +70,15 @@ class Meter:
     started: float = attrs.field(factory=trio.current_time)
     base: dict[str, float] = attrs.field(factory=lambda: dict.fromkeys(KINDS, 0.0))
     pending: dict[str, float] = attrs.field(factory=lambda: dict.fromkeys(KINDS, 0.0))
+    # Tokens the LLM calls under way may still spend (their prompt and output cap):
+    # counted as spent until each call reports what it really used.
+    reserved: float = 0.0
 
     def spent(self, kind: str) -> float:
         if kind == "wall_sec" and self.key is None:
             return trio.current_time() - self.started
-        return self.base[kind] + self.pending[kind]
+        held = self.reserved if kind == "tokens" else 0.0
+        return self.base[kind] + self.pending[kind] + held
 
     def add(self, kind: str, amount: float) -> None:
         self.pending[kind] += amount
@@ -112,6 +116,7 @@ class Budget:
         self._own = own  # how many of `meters` are this run's own (not its parent's)
         self._wall_owner = wall_owner  # it charges the persistent scopes' wall time
         self._wall_mark = trio.current_time()
+        self._held = 0.0  # tokens this run's LLM call under way reserved
 
     @classmethod
     def for_turn(
@@ -151,8 +156,22 @@ class Budget:
     # -- counting ------------------------------------------------------------------
 
     def charge_tokens(self, tokens: int) -> None:
+        """An LLM call's real usage: its reservation gives way to it."""
+        self.release()
         for meter in self.meters:
             meter.add("tokens", tokens)
+
+    def release(self) -> None:
+        """Drop the reservation of this run's last LLM call (it ended, or failed)."""
+        for meter in self.meters:
+            meter.reserved -= self._held
+        self._held = 0.0
+
+    def _hold(self, tokens: float) -> None:
+        self.release()
+        for meter in self.meters:
+            meter.reserved += tokens
+        self._held = tokens
 
     def _charge(self, kind: str, amount: float = 1.0) -> None:
         for meter in self.meters:
@@ -180,6 +199,11 @@ class Budget:
         for meter in persistent:
             meter.base = dict(totals[meter.key or ""])
 
+    async def close(self) -> None:
+        """The run is over: nothing is reserved any more, what it spent is stored."""
+        self.release()
+        await self.flush()
+
     # -- checks --------------------------------------------------------------------
 
     def _exhausted(self, meter: Meter, kind: str) -> BudgetExhaustedError:
@@ -203,13 +227,18 @@ class Budget:
         (`cap`) cut to the tokens every meter has left after that prompt."""
         if not self.active:
             return cap
+        self.release()  # a call that reported nothing (failed, stopped) holds no more
         await self.flush()
         self._check(("tokens", "wall_sec"))
         left = min(meter.left("tokens") for meter in self.meters) - prompt_tokens
         if left < 1:
             meter = min(self.meters, key=lambda m: m.left("tokens"))
             raise self._exhausted(meter, "tokens")
-        return int(min(cap, left))
+        cap = int(min(cap, left))
+        # Reserved until the call reports its usage: calls of sub-agents running beside
+        # this one see it as spent, so together they never pass a shared limit.
+        self._hold(prompt_tokens + cap)
+        return cap
 
     async def before_tool(self, name: str) -> None:
         """Check before a tool call, then count it (and a spawn_agent as a sub-agent)."""

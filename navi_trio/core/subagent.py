@@ -187,7 +187,7 @@ async def _run_child(
     finally:
         if turn.budget is not None:  # what it spent, into the store's counters
             with trio.move_on_after(10, shield=True):
-                await turn.budget.flush()
+                await turn.budget.close()
         # Also when the parent's Stop cancels it: a client's sub-agent card closes.
         completed = failure is None
         if not completed and not text:

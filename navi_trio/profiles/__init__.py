@@ -14,6 +14,8 @@ from navi_trio.profiles._control import ON_BUSY as ON_BUSY
 from navi_trio.profiles._control import BudgetConfig as BudgetConfig
 from navi_trio.profiles._control import BudgetLimits as BudgetLimits
 from navi_trio.profiles._control import OnBusy as OnBusy
+from navi_trio.profiles._control import budgets_dict as budgets_dict
+from navi_trio.profiles._control import parse_budgets as parse_budgets
 from navi_trio.profiles._load import check_config as check_config
 from navi_trio.profiles._load import load_config as load_config
 from navi_trio.profiles._load import parse_config as parse_config
