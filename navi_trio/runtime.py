@@ -7,18 +7,20 @@
 The root nursery holds, in start order: the process pool (persistent processes of
 ``terminal open``), the peer tool's link (its connections to other daemons), the MCP
 servers (each started when a run first needs it; their tools reach runs through the
-tool registry), the TaskSupervisor (background jobs), and the session registry
-(session actors and their runs). Leaving the block cancels them all: runs are stopped
-(their clean-up is shielded), background jobs end (their running markers stay, so the
-next start reports them as lost), and every process group is killed. The store closes
-last, after every queued write has landed.
+tool registry), the waker (finished jobs' notes, core/wake.py), the TaskSupervisor
+(background jobs), the session registry (session actors and their runs) and, in the
+daemon, the scheduler (scheduled runs, core/schedules.py). Leaving the block cancels
+them all: runs are stopped (their clean-up is shielded), background jobs end (their
+running markers stay, so the next start reports them as lost), and every process group
+is killed. The store closes last, after every queued write has landed.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import attrs
@@ -28,6 +30,8 @@ from navi_trio.api.peer_link import WsPeerLink
 from navi_trio.api.protocol import event_frame
 from navi_trio.core.agent import Agent
 from navi_trio.core.approvals import ApprovalBroker
+from navi_trio.core.notices import UserNotices
+from navi_trio.core.schedules import Scheduler, notify_schedule_run
 from navi_trio.core.session_actor import SessionRegistry
 from navi_trio.core.task_supervisor import TaskSupervisor
 from navi_trio.core.wake import Waker
@@ -62,6 +66,8 @@ class Runtime:
     agent: Agent
     sessions: SessionRegistry
     nursery: trio.Nursery
+    scheduler: Scheduler
+    notices: UserNotices
 
 
 def freeze_start_up_objects() -> None:
@@ -89,8 +95,13 @@ async def open_runtime(
     backend: LLMBackend | None = None,
     config: ConfigSource | None = None,
     tools: list[Tool] | None = None,
+    schedules: bool = False,
+    wall_clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[Runtime]:
-    """Open the store, the LLM backend and every actor; close them all on exit."""
+    """Open the store, the LLM backend and every actor; close them all on exit.
+
+    `schedules`: run due schedules (the daemon does; an embedded `navi run` does not);
+    `wall_clock` is their clock (a test passes one on trio's virtual time)."""
     config = config or ConfigSource(settings.config_path)
     tools = tools if tools is not None else default_tools(settings)
     # Refuse a config naming a tool nobody provides or lacking a prompt file, before
@@ -148,13 +159,20 @@ async def open_runtime(
                 approvals=approvals,
             )
             nursery.start_soon(agent.parts.counter.preload_on_demand)  # off the start-up path
+            notices = UserNotices()
             sessions = SessionRegistry(
                 agent,
                 encode=event_frame,
                 queue_max=settings.message_queue_max,
                 idle_timeout=settings.session_idle_sec,
+                on_run_end=lambda sid, msg, end: notify_schedule_run(notices, sid, msg, end),
             )
             await nursery.start(sessions.run)
+            scheduler = Scheduler(
+                store, settings, lambda: config.current, lambda: sessions, clock=wall_clock
+            )
+            if schedules:
+                await nursery.start(scheduler.run)
             freeze_start_up_objects()
             try:
                 yield Runtime(
@@ -170,6 +188,8 @@ async def open_runtime(
                     agent=agent,
                     sessions=sessions,
                     nursery=nursery,
+                    scheduler=scheduler,
+                    notices=notices,
                 )
             finally:
                 nursery.cancel_scope.cancel()

@@ -30,8 +30,9 @@ TASKS = "tasks"
 SESSIONS = "sessions"
 APPROVE = "approve"
 DENY = "deny"
+SCHEDULE = "schedule"  # add / list / remove / pause / resume
 CLIENT_TYPES = (HELLO, MESSAGE, STOP, COMPACT, SUBSCRIBE, UNSUBSCRIBE, TASKS, SESSIONS,
-                APPROVE, DENY)  # fmt: skip
+                APPROVE, DENY, SCHEDULE)  # fmt: skip
 
 # Daemon -> client, besides a session's events (whose types are the AgentEvents').
 WELCOME = "welcome"
@@ -45,10 +46,14 @@ TASK_UPDATE = "task_update"
 STREAM_END = "stream_end"
 MESSAGE_QUEUED = "message_queued"
 STEERED = "steered"  # a message sent with on_busy steer joined the running turn
+SCHEDULES = "schedules"  # its replies
+SCHEDULE_RUN = "schedule_run"  # a scheduled run ended (to its owner's clients, no seq)
 ON_BUSY = ("enqueue", "reject", "interrupt", "steer")
 
 # Out-of-band or reply frames: never part of a session's seq stream.
-REPLY_TYPES = frozenset({WELCOME, OK, SESSION, SESSIONS, TASKS, RESYNC, LAGGED, TASK_UPDATE})
+REPLY_TYPES = frozenset(
+    {WELCOME, OK, SESSION, SESSIONS, TASKS, RESYNC, LAGGED, TASK_UPDATE, SCHEDULES, SCHEDULE_RUN}
+)
 
 
 # -- reading the daemon's frames ------------------------------------------------------
@@ -167,3 +172,12 @@ def sessions_list() -> Frame:
 
 def history(session_id: str) -> Frame:
     return sessions("history", session_id)
+
+
+def schedule(action: str, **fields: object) -> Frame:
+    """A ``schedule`` frame: add (with `session_id` or `new`, `profile`, one of `cron`,
+    `every`, `at`, `message`, `catch_up`, `budget`), list, remove / pause / resume
+    (`schedule_id`). Fields left None are not sent."""
+    frame: Frame = {"type": SCHEDULE, "action": action}
+    frame.update({k: v for k, v in fields.items() if v is not None})
+    return frame

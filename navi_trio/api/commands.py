@@ -24,6 +24,7 @@ from navi_trio.api.protocol import (
     Frame,
     Hello,
     RequestId,
+    Schedule,
     SendMessage,
     Sessions,
     Stop,
@@ -32,6 +33,7 @@ from navi_trio.api.protocol import (
     Unsubscribe,
     reply,
 )
+from navi_trio.api.schedule_commands import handle_schedule
 from navi_trio.core.agent import UserMessage
 from navi_trio.core.session_actor import SessionActor
 from navi_trio.core.task_supervisor import Job
@@ -96,6 +98,7 @@ class Commands:
             Tasks: self._tasks,
             Sessions: self._sessions,
             Approval: self._approval,
+            Schedule: self._schedule,
         }[type(command)]
         try:
             await handler(rid, command)
@@ -370,6 +373,11 @@ class Commands:
         await self.conn.send(
             reply(rid, "sessions", action="delete", session_id=session_id, deleted=deleted)
         )
+
+    # -- schedules ----------------------------------------------------------------------
+
+    async def _schedule(self, rid: RequestId, cmd: Schedule) -> None:
+        await handle_schedule(self.rt.scheduler, self.user, self._owned, self.conn, rid, cmd)
 
     # -- tasks --------------------------------------------------------------------------
 

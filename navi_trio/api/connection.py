@@ -123,6 +123,7 @@ class Connection:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._writer)
+                nursery.start_soon(self._notices, user.id)
                 backend = self.server.runtime.settings.llm_backend
                 await self.ws.send_message(encode(welcome_frame(user.name, user.role, backend)))
                 await self._reader(commands)
@@ -266,6 +267,12 @@ class Connection:
 
     async def send(self, frame: Frame) -> None:
         await self._outbox_send.send(frame)
+
+    async def _notices(self, user_id: str) -> None:
+        """The user's notices (a scheduled run ended: core/notices.py) to this client."""
+        with self.server.runtime.notices.subscribe(user_id) as notices:
+            async for frame in notices:
+                await self.send(frame)
 
     def _who(self) -> str:
         return self.user.name if self.user is not None else self.peer

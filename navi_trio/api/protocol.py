@@ -43,6 +43,8 @@ CALL_ID_MAX_CHARS = 256  # the model's server chooses tool-call ids
 PATH_MAX_CHARS = 4096
 NUMBER_MAX_DIGITS = 18  # a whole number in a frame (last_seq, id)
 ERROR_MAX_CHARS = 1000  # an error frame's message is cut there, whoever wrote it
+SPEC_MAX_CHARS = 128  # a schedule's cron, every or at
+SCHEDULE_MESSAGE_MAX = 16_000  # a schedule's message (core/schedules.py MESSAGE_MAX_CHARS)
 
 
 def shown(value: Any) -> str:
@@ -156,8 +158,34 @@ class Approval:
     decision: Literal["approve", "deny"] = "approve"  # from the frame's type
 
 
+@attrs.frozen
+class Schedule:
+    """schedule add / list / remove / pause / resume (core/schedules.py)."""
+
+    action: Literal["add", "list", "remove", "pause", "resume"]
+    schedule_id: str | None = attrs.field(default=None, validator=_name)
+    session_id: str | None = attrs.field(default=None, validator=_session_id)
+    new: bool = False  # each run in a new session (of `profile`)
+    profile: str | None = attrs.field(default=None, validator=_name)
+    cron: str | None = attrs.field(default=None, validator=_at_most(SPEC_MAX_CHARS))
+    every: str | None = attrs.field(default=None, validator=_at_most(SPEC_MAX_CHARS))
+    at: str | None = attrs.field(default=None, validator=_at_most(SPEC_MAX_CHARS))
+    message: str | None = attrs.field(default=None, validator=_at_most(SCHEDULE_MESSAGE_MAX))
+    catch_up: bool = True  # a due time missed while no daemon ran: run once at start-up
+    budget: BudgetConfig | None = None
+
+
 Command = (
-    Hello | SendMessage | Stop | Compact | Subscribe | Unsubscribe | Tasks | Sessions | Approval
+    Hello
+    | SendMessage
+    | Stop
+    | Compact
+    | Subscribe
+    | Unsubscribe
+    | Tasks
+    | Sessions
+    | Approval
+    | Schedule
 )
 
 COMMANDS: dict[str, type[Any]] = {
@@ -171,6 +199,7 @@ COMMANDS: dict[str, type[Any]] = {
     wire.SESSIONS: Sessions,
     wire.APPROVE: Approval,
     wire.DENY: Approval,
+    wire.SCHEDULE: Schedule,
 }
 
 
@@ -226,6 +255,12 @@ def _strict_int(value: Any, _: Any) -> int:
     return value
 
 
+def _strict_bool(value: Any, _: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _FieldProblem(f"must be true or false, not {_kind(value)}")
+    return value
+
+
 def _budget(value: Any, _: Any) -> BudgetConfig:
     # Every scope and limit checked and bounded (profiles/_control.py); a ValueError
     # names the field inside ("budget.turn.tokens must be a whole number ...").
@@ -235,6 +270,7 @@ def _budget(value: Any, _: Any) -> BudgetConfig:
 converter = cattrs.Converter(forbid_extra_keys=True)
 converter.register_structure_hook(str, _strict_str)
 converter.register_structure_hook(int, _strict_int)
+converter.register_structure_hook(bool, _strict_bool)
 converter.register_structure_hook(BudgetConfig, _budget)
 
 

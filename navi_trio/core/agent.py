@@ -89,6 +89,8 @@ class UserMessage:
     headless: bool = False
     # The sender's budgets for this run: they only lower the configured ones.
     budget: BudgetConfig | None = None
+    # The schedule a scheduled run belongs to (core/schedules.py).
+    schedule_id: str | None = None
     # The store's key while it waits in the session's queue (core/session_actor.py):
     # saving it into the history takes it off the queue in the same transaction.
     queue_key: str | None = None
@@ -110,6 +112,7 @@ class RunControl:
         self.run_id = "r-" + secrets.token_hex(6)
         self.injections = Injections()
         self.on_busy_default: OnBusy = DEFAULT_ON_BUSY
+        self.steer_max_chars = 8000  # the setting's, once the run has started
         self.finished = trio.Event()  # the run's task is over (its events all sent)
         self.skipped = False  # a wake-up that found no note left: no turn ran
         self.woken: str | None = None  # a wake-up's note: the turn's start
@@ -253,6 +256,7 @@ class Agent:
         cfg = self.config()
         profile = cfg.profile(state.profile_id)
         control.on_busy_default = profile.on_busy
+        control.steer_max_chars = self.settings.steer_max_chars
         turn = Turn(
             state=state,
             profile=profile,
@@ -264,6 +268,7 @@ class Agent:
             user_role=msg.user_role,
             first_message=state.is_first_message,
             injections=control.injections,
+            headless=msg.headless,
             budget=Budget.for_turn(
                 self.store,
                 effective(cfg, profile.id, msg.user_role, msg.budget),

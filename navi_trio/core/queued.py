@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -28,6 +28,9 @@ from navi_trio.errors import NaviError, StorageError
 from navi_trio.profiles import BudgetConfig
 from navi_trio.profiles._control import budgets_dict, parse_budgets
 from navi_trio.store.base import SessionStore
+
+if TYPE_CHECKING:
+    from navi_trio.core.session_actor import SessionRegistry
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,7 @@ def to_row(msg: UserMessage) -> dict[str, Any]:
         "kind": msg.kind,
         "headless": msg.headless,
         "budget": None if msg.budget is None else budgets_dict(msg.budget),
+        "schedule_id": msg.schedule_id,
     }
 
 
@@ -63,6 +67,7 @@ def from_row(key: str, row: dict[str, Any]) -> UserMessage:
         headless=bool(row.get("headless")),
         on_busy="enqueue",  # queued already: it waits for its turn
         budget=_budget(row.get("budget")),
+        schedule_id=row.get("schedule_id"),
     )
     msg.accepted.ok()  # it was acknowledged in its first life
     return msg
@@ -78,6 +83,25 @@ def _budget(data: Any) -> BudgetConfig | None:
         log.warning("a queued message's budget is unreadable (%s): the configured ones apply",
                     exc)  # fmt: skip
         return None
+
+
+async def deliver(
+    registry: SessionRegistry, session_id: str, key: str, row: dict[str, Any]
+) -> None:
+    """Hand a message the store already queued (a wake-up, a scheduled run: queued in
+    the transaction that made it) to its session's actor, which runs it in its turn.
+
+    A session with no actor yet gets one; when it adopts what is queued (the daemon's
+    registry does), that takes this message in too. Shutting down, it stays queued and
+    runs after the restart."""
+    if registry.actor(session_id) is None and registry.adopt:
+        await registry.get(session_id)
+        return
+    actor = await registry.get(session_id)
+    try:
+        actor.send_message(from_row(key, row))
+    except RuntimeError:
+        pass
 
 
 class DurableQueue:

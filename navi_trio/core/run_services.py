@@ -172,6 +172,7 @@ def make_tool_context(
         can_detach=turn.persist or turn.parent_session_id is not None,
         mode=turn.mode,
         user_role=turn.user_role,
+        headless=turn.headless,
         sandbox=sandbox_for(
             turn.mode,
             session_dir,

@@ -47,7 +47,13 @@ from navi_trio.core.agent import Agent, RunControl, UserMessage
 from navi_trio.core.fanout import FrameReceiver, FrameSender, open_frame_channel
 from navi_trio.core.queued import DurableQueue
 from navi_trio.core.replay import ReplayBuffer
-from navi_trio.core.steering import SteerItem, busy_strategy, refusal, steer_item
+from navi_trio.core.steering import (
+    SteerItem,
+    busy_strategy,
+    check_steer,
+    refusal,
+    steer_item,
+)
 from navi_trio.errors import (
     NaviError,
     NothingToCompactError,
@@ -70,6 +76,8 @@ Frame = dict[str, Any]
 # The one encoder lives in api/protocol.py (`event_frame`); the runtime passes it in,
 # since the core may not import the api layer.
 Encode = Callable[[AgentEvent, str, "int | None", "str | None"], Frame]
+# Told when a run ends: (session_id, its message, its stream_end).
+RunEnded = Callable[[str, UserMessage, StreamEnd], None]
 SUBSCRIBER_BUFFER = 1000
 # A run cancelled under it (the runtime shutting down) still ends itself, shielded: its
 # last events (the partial answer's stream_end) are read and published for this long.
@@ -125,8 +133,10 @@ class SessionActor:
         epoch: str | None = None,
         on_retire: Callable[[SessionActor], None] | None = None,
         adopt: bool = False,
+        on_run_end: RunEnded | None = None,
     ) -> None:
         self.session_id = session_id
+        self._on_run_end = on_run_end
         self._adopt = adopt
         self.agent = agent
         self.encode = encode
@@ -216,6 +226,7 @@ class SessionActor:
             raise refusal(self.session_id, control)
         # Stored before it is acknowledged: `msg.accepted` is ok once its row is in.
         if strategy == "steer" and control is not None:
+            check_steer(msg.text, control)
             msg = self.queue.keep(self._nursery, msg)
             control.injections.steer(steer_item(msg, self.queue.written))
             return strategy
@@ -404,6 +415,8 @@ class SessionActor:
                 await self.queue.ran(msg)
             if run_log is not None:
                 run_log.end()
+                if self._on_run_end is not None and run_log.last is not None:
+                    self._on_run_end(self.session_id, msg, run_log.last)
             self._done()
 
     async def _switch_profile(self, msg: UserMessage) -> None:
@@ -441,6 +454,7 @@ class RunLog:
         self.session_id = session_id
         self.user = str(info.get("name") or msg.user_id)
         self.reason = "cancelled"  # no StreamEnd: the runtime was shut down under it
+        self.last: StreamEnd | None = None  # the run's own stream_end
         self.started = trio.current_time()
         log.info("session %s: run started (user %s)", session_id, self.user)
 
@@ -457,6 +471,7 @@ class RunLog:
             log.info("%s: error [%s] %s (user %s)", where, event.code, event.message, self.user)
         elif isinstance(event, StreamEnd) and not event.is_subagent:
             self.reason = event.reason
+            self.last = event
 
     def end(self) -> None:
         took = trio.current_time() - self.started
@@ -470,9 +485,16 @@ class SessionRegistry:
     """Starts a SessionActor per session on demand, in the registry's nursery."""
 
     def __init__(
-        self, agent: Agent, *, encode: Encode, queue_max: int, idle_timeout: float = math.inf
+        self,
+        agent: Agent,
+        *,
+        encode: Encode,
+        queue_max: int,
+        idle_timeout: float = math.inf,
+        on_run_end: RunEnded | None = None,
     ) -> None:
         self.agent = agent
+        self.on_run_end = on_run_end  # every run's end (a scheduled run's notice)
         self.encode = encode
         self.queue_max = queue_max
         self.idle_timeout = idle_timeout
@@ -519,6 +541,7 @@ class SessionRegistry:
                 epoch=self.epoch,
                 on_retire=self._retire,
                 adopt=self.adopt,
+                on_run_end=self.on_run_end,
             )
             await self._nursery.start(actor.run)
             self._actors[session_id] = actor

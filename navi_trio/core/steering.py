@@ -38,7 +38,7 @@ import trio
 
 from navi_trio.core.acceptance import Acceptance
 from navi_trio.core.task_notes import collect_notes, remove_notes
-from navi_trio.errors import SessionBusyError
+from navi_trio.errors import LimitError, SessionBusyError
 from navi_trio.events import Steered
 from navi_trio.profiles import ON_BUSY, OnBusy
 
@@ -173,6 +173,16 @@ class _Control(Protocol):
     run_id: str
     injections: Injections
     on_busy_default: OnBusy
+    steer_max_chars: int
+
+
+def check_steer(text: str, control: _Control) -> None:
+    """A steered message joins a turn under way: bounded (NAVI_STEER_MAX_CHARS)."""
+    if len(text) > control.steer_max_chars:
+        raise LimitError(
+            f"a steered message is at most {control.steer_max_chars} characters "
+            f"(NAVI_STEER_MAX_CHARS), not {len(text)}: send it with on_busy enqueue"
+        )
 
 
 def busy_strategy(asked: str | None, control: _Control | None) -> OnBusy:

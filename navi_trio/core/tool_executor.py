@@ -198,6 +198,7 @@ class ToolExecutor:
                 verdict=verdict,
                 summary=summary(call.name, args),
                 publish=publish,
+                headless=ctx.headless,
             )
             if outcome.approved:
                 return None

@@ -79,6 +79,8 @@ class Turn:
     injections: Injections | None = None
     # What this run may spend (core/budgets.py); None: no budget applies.
     budget: Budget | None = None
+    # Approvals by the headless rule whoever is attached (a scheduled run).
+    headless: bool = False
 
     @property
     def limit(self) -> int:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from navi_trio.actor import NurseryHolder
 from navi_trio.core.agent import RunControl, UserMessage
-from navi_trio.core.queued import from_row, to_row
+from navi_trio.core.queued import deliver, to_row
 from navi_trio.core.task_notes import NOTES_SCOPE, note_entry, record_note, trim_notes
 from navi_trio.errors import NaviError
 from navi_trio.profiles import NaviConfig
@@ -129,13 +129,5 @@ class Waker(NurseryHolder):
             return
         log.info("session %s: woken by background results", row.id)
         registry = self._registry()
-        if registry is None:
-            return  # queued: the next start runs it
-        if registry.actor(row.id) is None and registry.adopt:
-            await registry.get(row.id)  # a new actor adopts what is queued: ours too
-            return
-        actor = await registry.get(row.id)
-        try:
-            actor.send_message(from_row(key, message))
-        except RuntimeError:
-            pass  # shutting down: it stays queued and runs after the restart
+        if registry is not None:  # (none: queued, the next start runs it)
+            await deliver(registry, row.id, key, message)
