@@ -300,6 +300,8 @@ class ChatApp:
             return self._on_sessions(frame)
         elif kind == "tasks":
             self._on_tasks(frame)
+        elif kind in ("schedules", "schedule_run"):
+            r.frame(frame)
         elif kind == "resync":
             if frame.get("session_id") == self.session_id:
                 self.epoch = frame.get("epoch")

@@ -283,6 +283,27 @@ class Renderer:
         tokens = frame.get("tokens", 0)
         self.put(f"[blue]↳ sub-agent[/] {verdict} [dim]({tokens} tokens)[/]", who)
 
+    def _on_schedules(self, frame: Frame, who: str) -> None:
+        """A reply to /schedule or /schedules."""
+        action = frame.get("action")
+        if action == "list":
+            rows = list(frame.get("schedules") or [])
+            for row in rows:
+                self.put(f"  {_schedule(row)}")
+            self.notice(f"{len(rows)} schedule(s)" if rows else "no schedules")
+        elif action == "remove":
+            self.notice(f"schedule {frame.get('schedule_id')} removed")
+        elif isinstance(frame.get("schedule"), dict):
+            self.notice(f"schedule {action}: {_schedule(frame['schedule'])}")
+
+    def _on_schedule_run(self, frame: Frame, who: str) -> None:
+        text = one_line(str(frame.get("text") or ""), RESULT_MAX)
+        self.put(
+            f"[magenta]⏰ schedule {escape(str(frame.get('schedule_id')))}[/] ran in "
+            f"{escape(str(frame.get('session_id')))} ({escape(str(frame.get('reason')))})"
+            + (f": {escape(text)}" if text else "")
+        )
+
     def _on_resync(self, frame: Frame, who: str) -> None:
         self.notice("missed part of the stream: reloading the history")
 
@@ -337,6 +358,17 @@ class Renderer:
             self.notice(f"— {len(messages)} messages replayed (turns {replayed_from + 1}+) —")
         else:
             self.notice(f"— {len(messages)} messages replayed —")
+
+
+def _schedule(row: dict[str, Any]) -> str:
+    due = row.get("next_due")
+    state = "paused" if row.get("paused") else f"next {_when(due)}" if due else "done"
+    where = row.get("session_id") or "new sessions"
+    text = one_line(str(row.get("message", "")), ARGS_MAX)
+    return escape(
+        f"{row.get('schedule_id')} {row.get('kind')} {row.get('spec')} · {state} · "
+        f"{row.get('runs', 0)} runs · {where}: {text}"
+    )
 
 
 _SCOPE_SHOWN = {"user_day": "day", "subagent": "sub-agent"}

@@ -1,4 +1,6 @@
-"""on_busy from `navi chat` (issue 23): Ctrl+Enter and /steer steer, /interrupt interrupts.
+"""Control of a running agent from `navi chat` (issue 23): Ctrl+Enter and /steer steer,
+/interrupt interrupts, the status line shows the budget, /schedule and /schedules manage
+schedules and a scheduled run's notice shows wherever the chat is.
 
 The chat (`ChatApp`, fed by a `QueueReader`, printing to a recording console:
 tests/test_client_app.py) talks to a real daemon on 127.0.0.1 (tests/api_ws.py) whose
@@ -16,6 +18,7 @@ from typing import Any
 import trio
 from agent_tools import BlockTool, GateTool, call, toolset, with_tools
 from api_ws import Daemon, open_daemon
+from test_budgets import Echo
 from test_client_app import Chat, QueueReader, Screen
 from test_on_busy_clients import steer_arrives
 
@@ -40,10 +43,11 @@ async def chatting(d: Daemon) -> AsyncIterator[Chat]:
         nursery.cancel_scope.cancel()
 
 
-def daemon(tmp_path: Path, tool: Any, *replies: dict[str, Any]) -> Any:
+def daemon(tmp_path: Path, tool: Any, *replies: dict[str, Any], **flags: Any) -> Any:
     return open_daemon(
         tmp_path, replies=[call(tool.name), *replies], tools=toolset(tool),
-        profiles={"general": with_tools([tool.name], planning_first_message=False)},
+        profiles={"general": with_tools([tool.name], planning_first_message=False, **flags)},
+        loop=bool(flags),
     )  # fmt: skip
 
 
@@ -101,3 +105,45 @@ async def test_the_prompt_reads_ctrl_enter_and_alt_enter_as_a_steer() -> None:
         keys.send_text("plain\r")
         got.append(await trio.to_thread.run_sync(reader.read))
     assert got == [InputEvent("steer", "in French")] * 3 + [InputEvent("line", "plain")]
+
+
+async def test_the_status_line_shows_the_budget_and_its_end_is_said(tmp_path: Path) -> None:
+    echo = Echo()
+    budgets = {"turn": {"tool_calls": 2}}
+    with trio.fail_after(DEADLINE):
+        async with daemon(tmp_path, echo, budgets=budgets) as d, chatting(d) as chat:
+            chat.reader.type("loop")
+            await chat.screen.wait_for("budget spent")
+            await chat.screen.wait_for("budget turn tool calls 2/2")
+            assert "turn budget of 2 tool calls is spent" in chat.screen.text
+            assert chat.app.renderer.status.budget == "turn tool calls 2/2"
+            assert echo.calls == 2
+
+
+async def test_schedules_from_the_chat_and_a_scheduled_runs_notice(tmp_path: Path) -> None:
+    with trio.fail_after(DEADLINE):
+        async with open_daemon(tmp_path, schedules=True) as d, chatting(d) as chat:
+            chat.reader.type('/schedule cron "*/30 * * * *" tidy the inbox')
+            await chat.screen.wait_for("schedule add: sch-")
+            (row,) = await d.harness.runtime.store.list_schedules()
+            assert (row.kind, row.spec, row.message, row.session_id) == (
+                "cron", "*/30 * * * *", "tidy the inbox", None
+            )  # fmt: skip
+            chat.reader.type(f"/schedule pause {row.id}")
+            await chat.screen.wait_for("schedule pause:")
+            chat.reader.type("/schedules")
+            await chat.screen.wait_for("1 schedule(s)")
+            assert "paused" in chat.screen.text
+            chat.reader.type("/schedule every soon x")
+            await chat.screen.wait_for("a duration like")
+            # A scheduled run ends: the owner's chat says so, whatever session it is in.
+            d.harness.runtime.notices.publish(
+                d.ids["alice"],
+                {"type": "schedule_run", "schedule_id": row.id, "session_id": "s-elsewhere",
+                 "reason": "complete", "text": "inbox tidied", "at": 0},
+            )  # fmt: skip
+            await chat.screen.wait_for("⏰ schedule")
+            await chat.screen.wait_for("inbox tidied")
+            chat.reader.type(f"/schedule remove {row.id}")
+            await chat.screen.wait_for(f"schedule {row.id} removed")
+            assert await d.harness.runtime.store.list_schedules() == []
