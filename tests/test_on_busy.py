@@ -276,3 +276,24 @@ async def test_a_steer_the_turn_never_took_runs_next_as_its_own_turn(tmp_path: P
             hist = await history(c, sid)
             assert [m["content"] for m in hist if m["role"] == "user"] == ["talk", "shorter"]
             assert "steered" not in hist[-2]
+
+
+async def test_a_steered_message_is_bounded_and_a_longer_one_is_refused(tmp_path: Path) -> None:
+    gate = GateTool()
+    replies = [call("gate"), {"text": "done"}]
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(
+            tmp_path, replies=replies, tools=toolset(gate), profiles=profiles("gate"),
+            steer_max_chars=100,
+        ) as d, d.connect("alice") as c:  # fmt: skip
+            sid = await start_gated(c, gate)
+            err = await send(c, "x" * 101, session_id=sid, on_busy="steer")
+            assert err["type"] == "error" and err["code"] == "limit", err
+            assert "NAVI_STEER_MAX_CHARS" in err["message"]
+            ok = await send(c, "y" * 100, session_id=sid, on_busy="steer")
+            assert ok["on_busy"] == "steer"
+            gate.gate.set()
+            await c.until_end(sid)
+            users = [m["content"] for m in await history(c, sid) if m["role"] == "user"]
+            assert users == ["work", "y" * 100]
+            assert await d.harness.runtime.store.queued_sessions() == []
