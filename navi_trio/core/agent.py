@@ -45,12 +45,13 @@ from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.budgets import Budget, effective
 from navi_trio.core.context import ContextBuilder
 from navi_trio.core.emit import EventReceiver, EventSender, SendsNowait, open_event_channel
+from navi_trio.core.injections import Injections
 from navi_trio.core.lease import SessionLeases
 from navi_trio.core.live_config import LiveConfig
 from navi_trio.core.policy import effective_mode
 from navi_trio.core.run_services import make_tool_context
 from navi_trio.core.session import SessionCache, SessionState
-from navi_trio.core.steering import DEFAULT_ON_BUSY, Injections
+from navi_trio.core.steering import DEFAULT_ON_BUSY
 from navi_trio.core.subagent import run_ephemeral
 from navi_trio.core.task_notes import collect_notes, remove_notes
 from navi_trio.core.task_supervisor import TaskSupervisor

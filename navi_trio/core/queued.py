@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import secrets
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -28,9 +28,6 @@ from navi_trio.errors import NaviError, StorageError
 from navi_trio.profiles import BudgetConfig
 from navi_trio.profiles._control import budgets_dict, parse_budgets
 from navi_trio.store.base import SessionStore
-
-if TYPE_CHECKING:
-    from navi_trio.core.session_actor import SessionRegistry
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +82,20 @@ def _budget(data: Any) -> BudgetConfig | None:
         return None
 
 
-async def deliver(
-    registry: SessionRegistry, session_id: str, key: str, row: dict[str, Any]
-) -> None:
+class _TakesMessages(Protocol):
+    def send_message(self, message: UserMessage) -> object: ...
+
+
+class _Registry(Protocol):
+    """What `deliver` needs of the session registry (core/session_actor.py)."""
+
+    adopt: bool
+
+    def actor(self, session_id: str) -> _TakesMessages | None: ...
+    async def get(self, session_id: str) -> _TakesMessages: ...
+
+
+async def deliver(registry: _Registry, session_id: str, key: str, row: dict[str, Any]) -> None:
     """Hand a message the store already queued (a wake-up, a scheduled run: queued in
     the transaction that made it) to its session's actor, which runs it in its turn.
 

@@ -15,10 +15,10 @@ import attrs
 from navi_trio.core.budgets import Budget
 from navi_trio.core.compression import Complete, Compressor
 from navi_trio.core.context import ContextBuilder, ContextViews
+from navi_trio.core.injections import Injections
 from navi_trio.core.live_config import LiveConfig
 from navi_trio.core.llm_call import StreamedReply
 from navi_trio.core.session import SessionCache, SessionState
-from navi_trio.core.steering import Injections
 from navi_trio.core.tokens import TokenCounter
 from navi_trio.core.tool_executor import ToolExecutor
 from navi_trio.events import AgentEvent, StreamEnd
