@@ -160,14 +160,17 @@ async def test_a_looping_model_is_cut_at_the_turns_wall_time(
                 tmp_path, replies=[call("nap")], loop=True, tools=toolset(nap),
                 profiles=profile(["nap"], budgets=budgets), **slow,
             ) as d, d.connect("alice") as c:  # fmt: skip
-                started = trio.current_time()
-                sid, end = await run_to_the_end(c, "loop")
+                ok = await send(c, "loop")
+                started = trio.current_time()  # the turn (and its clock) began before
+                sid = str(ok["session_id"])
+                end = await c.until_end(sid)
                 assert end["reason"] == "budget_exhausted"
                 event = exhausted(c, sid)
                 assert (event["scope"], event["kind"], event["limit"]) == ("turn", "wall_sec", 25)
                 # The virtual clock also runs while the store and the fake LLM answer on
                 # their threads and sockets (an autojump per tick), so the exact moment
-                # varies: never before the limit, and nothing starts after it.
+                # varies: never before the limit, and nothing starts after it (the turn's
+                # clock began before its message's ok, `started`).
                 assert event["spent"] >= 25
                 assert len(nap.started) <= 3
                 assert all(at < started + 25 for at in nap.started)

@@ -147,3 +147,20 @@ async def test_schedules_from_the_chat_and_a_scheduled_runs_notice(tmp_path: Pat
             chat.reader.type(f"/schedule remove {row.id}")
             await chat.screen.wait_for(f"schedule {row.id} removed")
             assert await d.harness.runtime.store.list_schedules() == []
+
+
+async def test_the_chat_shows_a_turn_that_background_results_started(tmp_path: Path) -> None:
+    gate = GateTool()
+    replies = [call("gate", background=True), {"text": "started it"}, {"text": "it is done"}]
+    with trio.fail_after(DEADLINE):
+        async with open_daemon(
+            tmp_path, replies=replies, tools=toolset(gate), backgroundable_tools=("gate",),
+            profiles={"general": with_tools(["gate"], planning_first_message=False,
+                                            wake_on_task_done=True)},
+        ) as d, chatting(d) as chat:  # fmt: skip
+            chat.reader.type("start the job")
+            await chat.screen.wait_for("started it")
+            gate.gate.set()
+            await chat.screen.wait_for("background results arrived")
+            await chat.screen.wait_for("it is done")
+            assert d.harness.fake is not None and len(d.harness.fake.chat_requests) == 3
