@@ -265,16 +265,20 @@ class PeerRefusedError(PeerError, RemoteError):
 class LLMError(NaviError):
     """Anything that went wrong talking to the model."""
 
-    # The stable error code a client sees (the agent maps the older classes itself).
+    # The stable error code a client sees in the error event; subclasses name their own.
     code = "llm_error"
 
 
 class LLMConnectionError(LLMError):
     """Could not connect to the LLM endpoint, or the connection dropped mid-stream."""
 
+    code = "llm_connection"
+
 
 class LLMStatusError(LLMError):
     """The endpoint answered an HTTP error status. `body` is an excerpt of its body."""
+
+    code = "llm_status"
 
     def __init__(self, status: int, body: str, url: str = "") -> None:
         excerpt = body.strip()[:500]
@@ -326,6 +330,8 @@ class LLMAnswerTooLongError(LLMError):
 
 class LLMTimeoutError(LLMError):
     """The stream took too long."""
+
+    code = "llm_timeout"
 
     def __init__(self, message: str, seconds: float) -> None:
         super().__init__(message)

@@ -27,12 +27,13 @@ import attrs
 import trio
 
 from navi_trio.api.peer_link import WsPeerLink
-from navi_trio.api.protocol import event_frame
+from navi_trio.api.protocol import event_frame, resync_frame
 from navi_trio.core.agent import Agent
 from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.notices import UserNotices
 from navi_trio.core.schedules import Scheduler, notify_schedule_run
-from navi_trio.core.session_actor import SessionRegistry
+from navi_trio.core.session_registry import SessionRegistry
+from navi_trio.core.session_service import SessionService
 from navi_trio.core.task_supervisor import TaskSupervisor
 from navi_trio.core.wake import Waker
 from navi_trio.events import TaskUpdate
@@ -65,6 +66,7 @@ class Runtime:
     approvals: ApprovalBroker
     agent: Agent
     sessions: SessionRegistry
+    session_service: SessionService
     nursery: trio.Nursery
     scheduler: Scheduler
     notices: UserNotices
@@ -163,6 +165,7 @@ async def open_runtime(
             sessions = SessionRegistry(
                 agent,
                 encode=event_frame,
+                resync=resync_frame,
                 queue_max=settings.message_queue_max,
                 idle_timeout=settings.session_idle_sec,
                 on_run_end=lambda sid, msg, end: notify_schedule_run(notices, sid, msg, end),
@@ -187,6 +190,14 @@ async def open_runtime(
                     approvals=approvals,
                     agent=agent,
                     sessions=sessions,
+                    session_service=SessionService(
+                        settings=settings,
+                        config=config,
+                        store=store,
+                        sessions=sessions,
+                        supervisor=supervisor,
+                        approvals=approvals,
+                    ),
                     nursery=nursery,
                     scheduler=scheduler,
                     notices=notices,

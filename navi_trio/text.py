@@ -73,3 +73,18 @@ def clip(text: str, limit: int = CLIP_CHARS) -> str:
     """`text` cut to `limit` characters and "…" when it was longer (and clean)."""
     text = clean_text(text)
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+TITLE_CHARS = 80  # a session's title: the first words of its first message
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]+")
+
+
+def title_from(text: str, limit: int = TITLE_CHARS) -> str:
+    """A one-line title from a message: its first non-blank line, control characters and
+    bidi overrides removed, whitespace collapsed, cut to `limit` characters."""
+    for line in clean_text(text).splitlines():
+        line = " ".join(_CONTROL.sub(" ", line).split())
+        if line:
+            return clip(line, limit)
+    return ""

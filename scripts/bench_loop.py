@@ -52,6 +52,7 @@ async def _turns(
             t0 = time.perf_counter()
             await agent.run(f"s-{i % 10}", "hi")  # "hi" is small talk: no planning
             samples.append(time.perf_counter() - t0)
+        assert h.fake is not None
         made = len(h.fake.chat_requests)
         assert made == calls * turns, f"expected {calls * turns} LLM calls, got {made}"
         return samples
@@ -62,7 +63,8 @@ async def bench(turns: int, stops: int) -> None:
     with trio.fail_after(120):
         plain = await _turns(root / "plain", [{"text": "ok"}], turns, 1)
         print(f"turn (one LLM call, text answer): {_fmt(plain)}")
-        todo = {"tool_calls": [{"name": "todo", "arguments": {"action": "list"}}]}
+        call = {"name": "todo", "arguments": {"action": "list"}}
+        todo: dict[str, object] = {"tool_calls": [call]}
         tooled = await _turns(root / "tool", [todo, {"text": "done"}], turns, 2)
         print(f"turn (tool call + answer, two LLM calls): {_fmt(tooled)}")
 
@@ -73,6 +75,7 @@ async def bench(turns: int, stops: int) -> None:
             latency, disconnect = [], []
             for i in range(stops):
                 control = RunControl()
+                assert h.fake is not None
                 seen = len(h.fake.disconnects)
                 async with agent.run_stream(f"stop-{i % 10}", "hi", control=control) as events:
                     await h.fake.wait_requests(len(h.fake.requests) + 1)

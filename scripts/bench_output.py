@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -38,7 +39,10 @@ from navi_trio.tools.filesystem import FilesystemTool
 
 async def one(size: int) -> dict[str, float | int]:
     args = {"action": "run", "command": f"yes | head -c {size}"}
-    replies = [{"tool_calls": [{"name": "terminal", "arguments": args}]}, {"text": "done"}]
+    replies: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": "terminal", "arguments": args}]},
+        {"text": "done"},
+    ]
     events = progress = result_chars = 0
     with tempfile.TemporaryDirectory() as tmp:
         async with open_harness(Path(tmp), replies=replies) as h:

@@ -78,7 +78,7 @@ async def bench(
 async def concurrent(store: SessionStore, args: Any) -> float:
     """Appends per second with `args.sessions` sessions saving in parallel."""
     sids = [(await store.create_session(profile_id="bench")).id for _ in range(args.sessions)]
-    per = max(1, args.rounds // 4)
+    per = max(1, int(args.rounds) // 4)
 
     async def writer(sid: str) -> None:
         for n in range(per):

@@ -161,7 +161,7 @@ def assert_paired(messages: Sequence[Mapping[str, Any]]) -> None:
         ids = [c["id"] for c in calls]
         after = messages[i + 1 : i + 1 + len(ids)]
         got = [x.get("tool_call_id") for x in after if x["role"] == "tool"]
-        assert sorted(got) == sorted(ids) and len(got) == len(after), (
+        assert sorted(got, key=str) == sorted(ids, key=str) and len(got) == len(after), (
             f"message {i}: calls {ids} are not followed directly by their results "
             f"(got {[(x['role'], x.get('tool_call_id')) for x in after]})"
         )

@@ -1,8 +1,9 @@
 """A throwaway PostgreSQL server for the PostgreSQL store's tests (issue 20).
 
-`pg_server` is a session-scoped fixture: it starts one cluster
-(`navi_trio.testing.postgres.PgServer`: initdb in a temp folder, postgres on a free
-127.0.0.1 port, as ``nobody`` when we are root) and stops it at the end of the session.
+`pg_server` is a session-scoped fixture (registered in tests/conftest.py, so the whole
+session shares it): it starts one cluster (`navi_trio.testing.postgres.PgServer`: initdb
+in a temp folder, postgres on a free 127.0.0.1 port, as ``nobody`` when we are root) and
+stops it at the end of the session.
 `pg_url` gives each test a fresh, empty database on it (dropped afterwards). `sql` runs
 one statement on a connection of its own, `cut_connections` ends every other connection
 to a database (a server restart, for its clients), `closed_port` is a port nobody

@@ -9,10 +9,10 @@ from outside the store, on a connection of its own, the way another process woul
 for "nothing of a failed operation is stored"), `holding` (a write lock held by that
 other connection, so the store's next write to the session waits for it).
 
-A test module uses it with::
+The fixtures are registered once for every module in tests/conftest.py; a test module
+asks for `backend` by name and imports only the class for its annotation::
 
-    from pg_server import pg_server as pg_server, pg_url as pg_url
-    from store_backends import Backend, backend as backend
+    from store_backends import Backend
 """
 
 from __future__ import annotations

@@ -118,9 +118,12 @@ async def test_a_database_that_refuses_writes_refuses_the_message_with_storage(
     with trio.fail_after(TIMEOUT):
         async with open_daemon(tmp_path, profiles=NO_PLAN, replies=[{"text": "stored now"}]) as d:
             store = d.harness.runtime.store
+            assert isinstance(store, SQLiteStore)
             async with d.connect("alice") as c:
                 await c.request({"type": "sessions", "action": "create", "session_id": "alice.S"})
-                await store._run("read-only", lambda db: db.execute("PRAGMA query_only=1"))
+                await store.run_raw_for_tests(
+                    "read-only", lambda db: db.execute("PRAGMA query_only=1")
+                )
                 refused = await c.request(
                     {"type": "message", "content": "x", "session_id": "alice.S"}
                 )
@@ -133,7 +136,9 @@ async def test_a_database_that_refuses_writes_refuses_the_message_with_storage(
                     {"type": "sessions", "action": "history", "session_id": "alice.S"}
                 )
                 assert history["messages"] == []
-                await store._run("writable", lambda db: db.execute("PRAGMA query_only=0"))
+                await store.run_raw_for_tests(
+                    "writable", lambda db: db.execute("PRAGMA query_only=0")
+                )
                 ok = await c.request({"type": "message", "content": "y", "session_id": "alice.S"})
                 assert ok["type"] == "ok"
                 await c.until(lambda f: f["type"] == "stream_end" and f["reason"] == "complete")

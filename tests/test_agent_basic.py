@@ -93,7 +93,9 @@ async def test_streaming_events_come_in_order(tmp_path: Path) -> None:
             assert "".join(f["text"] for f in of_type(frames, "text_delta")) == "two words"
             assert of_type(frames, "model_info")[0]["model"] == "m-1"
             seqs = [f["seq"] for f in frames]  # a merged delta carries its last seq
-            assert seqs == sorted(set(seqs)) and seqs[-1] == h.runtime.sessions.actor("s1").seq
+            actor = h.runtime.sessions.actor("s1")
+            assert actor is not None
+            assert seqs == sorted(set(seqs)) and seqs[-1] == actor.seq
             stored = await h.runtime.store.load_messages("s1")
             assert stored[-1]["thinking"] == "let me see"
 
@@ -304,7 +306,7 @@ async def test_tool_results_go_back_to_the_model(tmp_path: Path, dialect: str) -
 
 
 async def test_memories_load_once_per_turn_and_reload_after_the_memory_tool(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A store round trip per round was measured on the tool-loop path: once per turn,
     # and again only after the memory tool ran.
@@ -329,7 +331,7 @@ async def test_memories_load_once_per_turn_and_reload_after_the_memory_tool(
                     reads.append(key)
                 return await kv_get(scope, key)
 
-            store.kv_get = counting_kv_get  # type: ignore[method-assign]
+            monkeypatch.setattr(store, "kv_get", counting_kv_get)
             frames = await h.turn("s1", "hi")
             assert frames[-1]["reason"] == "complete"
             main = h.chat_requests[-5:]

@@ -124,7 +124,7 @@ async def test_worker_compresses_after_stream_end_with_profile_overrides(
 ) -> None:
     with trio.fail_after(TIMEOUT):
         replies = [{"text": "long " * 300}, {"text": "SUMMARY-W"}]
-        profile = {
+        profile: dict[str, Any] = {
             "compression_keep_recent": 2,
             "compression_max_tokens": 77,
             "compression_prompt_file": "prompts/compression_research.md",
@@ -163,7 +163,10 @@ async def test_worker_compression_failure_does_not_end_the_stream_twice(
     tmp_path: Path,
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        replies = [{"text": "long " * 300}, {"status": 500, "error_body": "no summary today"}]
+        replies: list[dict[str, Any]] = [
+            {"text": "long " * 300},
+            {"status": 500, "error_body": "no summary today"},
+        ]
         async with open_harness(
             tmp_path,
             replies=replies,
@@ -243,7 +246,7 @@ async def test_truncated_final_answer_compresses_before_the_next_turns_first_cal
     tmp_path: Path,
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        replies = [
+        replies: list[dict[str, Any]] = [
             {"text": "an answer", "prompt_tokens": 40},
             {"text": "SUMMARY-N"},
             {"text": "next answer"},
@@ -282,6 +285,7 @@ async def test_stop_during_a_compression_leaves_the_context_as_it_was(tmp_path: 
             s = await h.session("s1")
             s.send(TASK)
             await s.until_type("compression_started")
+            assert h.fake is not None
             await h.fake.wait_requests(1)
             s.stop()
             frames = await s.until_end()

@@ -370,7 +370,7 @@ async def test_a_status_only_todo_change_counts_as_progress(tmp_path: Path) -> N
 
 
 async def test_shutdown_while_the_user_message_is_being_saved_still_saves_it(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     entered, gate = trio.Event(), trio.Event()
     with trio.fail_after(TIMEOUT):
@@ -384,7 +384,7 @@ async def test_shutdown_while_the_user_message_is_being_saved_still_saves_it(
                     await gate.wait()
                 return await kv_list(scope, prefix)
 
-            store.kv_list = slow_kv_list  # type: ignore[method-assign]
+            monkeypatch.setattr(store, "kv_list", slow_kv_list)
             s = await h.session("s1")
             s.send("remember this message")
             await entered.wait()

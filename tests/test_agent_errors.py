@@ -9,6 +9,7 @@ real-time limit (tests/realtime.py says why a trio deadline would not do).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import trio
 import trio.testing
@@ -33,7 +34,7 @@ TASK = "Find the answer to the question"
 
 async def test_a_tool_that_raises_becomes_an_error_result(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
-        replies = [
+        replies: list[dict[str, Any]] = [
             {
                 "tool_calls": [
                     {"name": "explode", "arguments": {}},
@@ -65,7 +66,7 @@ async def test_a_tool_that_raises_becomes_an_error_result(tmp_path: Path) -> Non
 
 async def test_llm_drop_mid_stream_keeps_the_history(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
-        replies = [
+        replies: list[dict[str, Any]] = [
             {"text": "I will now explain everything", "drop_after": 3},
             {"text": "Second try works."},
         ]
@@ -91,7 +92,7 @@ async def test_llm_drop_mid_stream_keeps_the_history(tmp_path: Path) -> None:
 
 async def test_http_error_status_and_stream_error_line(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
-        replies = [
+        replies: list[dict[str, Any]] = [
             {"status": 503, "error_body": "model is loading"},
             {"text": "partial", "error_line": "out of memory"},
         ]
@@ -134,6 +135,7 @@ async def test_first_chunk_and_chunk_timeouts(
             err = of_type(frames, "error")[0]
             assert err["code"] == "llm_timeout"
             assert err["message"] == "the model sent nothing within 10 s (first chunk)"
+            assert h.fake is not None
             await h.fake.wait_disconnects(1)
             frames = await h.turn("s1", "again")
             err = of_type(frames, "error")[0]
@@ -168,7 +170,7 @@ async def test_done_reason_length_is_shown_and_cut_tool_json_is_an_error_result(
     tmp_path: Path,
 ) -> None:
     with trio.fail_after(TIMEOUT):
-        replies = [
+        replies: list[dict[str, Any]] = [
             {"text": "A long answer that got", "done_reason": "length"},
             {
                 "tool_calls": [{"name": "echo", "arguments": '{"text": "abc'}],

@@ -26,7 +26,7 @@ from navi_trio.testing import open_harness
 
 SAFE_TOOLS = ["todo", "scratchpad", "memory", "filesystem", "switch_profile"]
 
-words = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
+words = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=30)
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 5) | words,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(words, inner, max_size=3),

@@ -9,9 +9,11 @@ an absolute timeout on each test, no sleeps.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import trio
 
+from navi_trio.store.base import LeaseRow
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing import open_harness
 
@@ -44,3 +46,22 @@ async def test_a_second_runtime_gets_session_busy_while_the_first_runs(tmp_path:
         ("user", "hi"), ("assistant", "first answer"),
         ("user", "now"), ("assistant", "second answer"),
     ]  # fmt: skip
+
+
+async def test_a_run_through_the_session_actor_claims_the_lease_once(tmp_path: Path) -> None:
+    # The lease is taken in one place (the agent's run), not again by the actor around it.
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=[{"text": "one"}, {"text": "two"}]) as h:
+            store = h.runtime.store
+            claim_lease = store.claim_lease
+            claims: list[str] = []
+
+            async def counted(session_id: str, **kw: Any) -> LeaseRow:
+                claims.append(session_id)
+                return await claim_lease(session_id, **kw)
+
+            store.claim_lease = counted  # type: ignore[method-assign]
+            assert (await h.turn("s1", "hi"))[-1]["reason"] == "complete"
+            assert claims == ["s1"]
+            assert (await h.turn("s1", "again"))[-1]["reason"] == "complete"
+            assert claims == ["s1", "s1"]

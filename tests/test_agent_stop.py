@@ -44,6 +44,7 @@ async def test_stop_during_planning(tmp_path: Path) -> None:
             s = await h.session("s1")
             s.send(TASK)
             await s.until(lambda f: f["type"] == "plan_phase" and f["status"] == "started")
+            assert h.fake is not None
             await h.fake.wait_requests(1)
             assert s.stop() is True
             frames = await s.until_end()
@@ -60,6 +61,7 @@ async def test_stop_during_prefill_closes_the_connection(tmp_path: Path) -> None
             await seed(h)
             s = await h.session("s1")
             s.send(TASK)
+            assert h.fake is not None
             await h.fake.wait_requests(1)
             s.stop()
             frames = await s.until_end()
@@ -73,7 +75,7 @@ async def test_stop_during_prefill_closes_the_connection(tmp_path: Path) -> None
 
 async def test_stop_mid_stream_saves_the_partial_answer(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
-        replies = [
+        replies: list[dict[str, Any]] = [
             {"thinking": "hmm", "text": "The answer is", "stall": True},
             {"text": "continued"},
         ]
@@ -86,6 +88,7 @@ async def test_stop_mid_stream_saves_the_partial_answer(tmp_path: Path) -> None:
             frames = await s.until_end()
             _assert_stopped(frames[-1])
             assert frames[-1]["text"] == "The answer is"
+            assert h.fake is not None
             await h.fake.wait_disconnects(1)
             for saved in (
                 await h.runtime.store.load_messages("s1"),
@@ -201,6 +204,7 @@ async def test_leaving_run_stream_early_is_a_stop(tmp_path: Path) -> None:
             # Leaving returned: the run is over (its task ended with the nursery) and
             # it ended as a Stop does — not by the stream's 60 s chunk timeout, which
             # would save the partial answer with an error instead.
+            assert h.fake is not None
             await h.fake.wait_disconnects(1)
             messages = await h.runtime.store.load_messages("s1")
             last = messages[-1]

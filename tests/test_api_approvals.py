@@ -181,7 +181,7 @@ async def test_no_answer_within_the_timeout_is_a_deny(
             async with _daemon(
                 tmp_path, term, approval_timeout_sec=45, first_chunk_timeout=1e5,
                 chunk_timeout=1e5, session_idle_sec=1e5, llm_connect_timeout=1e5,
-                ws_hello_timeout_sec=1e5,
+                ws_hello_timeout_sec=1e5, message_accept_timeout_sec=1e5,
             ) as d, d.connect("alice") as c:  # fmt: skip
                 sid, req = await _ask(c)
                 asked_at = trio.current_time()

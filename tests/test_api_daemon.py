@@ -9,7 +9,6 @@ under tmp_path; every test has an absolute deadline; processes are killed at the
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -19,7 +18,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 import trio
 from api_ws import Client
@@ -27,20 +25,10 @@ from test_cli import _read_until, fake_llm, messages, navi, unused_port
 from trio_websocket import open_websocket_url
 
 from navi_trio.api.auth import read_local_token
-from navi_trio.settings import Settings
 
 pytestmark = pytest.mark.slow
 DEADLINE = 60
 SLOW = {"text": " ".join(f"word{i}" for i in range(400)), "delay_chunk": 0.05}
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    """os.environ without any navi setting, plus a private DB and data dir."""
-    names = {f.metadata["env"] for f in attrs.fields(Settings)} | {"NAVI_DEBUG", "NAVI_TOKEN"}
-    clean = {k: v for k, v in os.environ.items() if k not in names}
-    clean.update(NAVI_DB=str(tmp_path / "navi.db"), NAVI_DATA_DIR=str(tmp_path / "data"))
-    return clean
 
 
 @asynccontextmanager

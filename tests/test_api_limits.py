@@ -66,7 +66,7 @@ async def test_a_10_mb_frame_gets_a_close_1009_not_a_reset(tmp_path: Path) -> No
             assert hard < 10_000_000
             close = await _send_big_frame(d.port, d.tokens["alice"], 10_000_000)
             assert close.code == 1009, close
-            assert str(hard) in close.reason, close
+            assert close.reason is not None and str(hard) in close.reason, close
             async with d.connect("alice") as c:  # the daemon goes on
                 assert (await c.request({"type": "sessions", "action": "list"}))["sessions"] == []
 

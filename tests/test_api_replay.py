@@ -12,6 +12,8 @@ from pathlib import Path
 import trio
 from api_ws import open_daemon
 
+from navi_trio.testing.harness import replay_buffer
+
 TIMEOUT = 30
 
 
@@ -27,7 +29,7 @@ async def test_a_seq_older_than_the_buffer_gets_resync_then_history_then_live(
                 first_end = await c.until_end(sid)
             actor = d.harness.runtime.sessions.actor(sid)
             assert actor is not None
-            actor.replay.max_frames = 2  # what the first run sent leaves the buffer
+            replay_buffer(actor).max_frames = 2  # what the first run sent leaves the buffer
             async with d.connect("alice") as c:
                 await c.request({"type": "message", "session_id": sid, "content": "hello"})
                 await c.until_end(sid)

@@ -62,7 +62,10 @@ async def test_hello_message_streams_frames_and_session_is_owned(tmp_path: Path)
                 assert welcome == {
                     "type": "welcome", "protocol": 1, "server": "navi_trio 0.1.0",
                     "user": {"name": "alice", "role": "user"}, "llm_backend": "ollama",
+                    "profiles": sorted(d.harness.runtime.config.current.profiles),
+                    "default_profile": d.harness.runtime.config.current.default_profile,
                 }  # fmt: skip
+                assert "general" in welcome["profiles"]
                 sid = await _start_session(c)
                 end = await c.until_end(sid)
                 assert end["text"] == "Hello there" and end["reason"] == "complete"
@@ -72,14 +75,36 @@ async def test_hello_message_streams_frames_and_session_is_owned(tmp_path: Path)
                 row = await d.harness.runtime.store.get_session(sid)
                 assert row is not None and row.user_id == d.ids["alice"]
                 listed = await c.request({"type": "sessions", "action": "list"})
-                assert [(s["session_id"], s["user"]) for s in listed["sessions"]] == [
-                    (sid, "alice")
+                assert [(s["session_id"], s["user"], s["title"]) for s in listed["sessions"]] == [
+                    (sid, "alice", "hi")  # the first message names the session
                 ]
                 history = await c.request(
                     {"type": "sessions", "action": "history", "session_id": sid}
                 )
                 assert [m["content"] for m in history["messages"]] == ["hi", "Hello there"]
                 assert history["seq"] == end["seq"]
+
+
+async def test_the_first_message_titles_the_session_once_in_one_plain_line(
+    tmp_path: Path,
+) -> None:
+    first = "\n  \u202eFix   the\tbuild\x07 " + "x" * 200 + "\nsecond line"
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, replies=[HELLO], loop=True) as d:
+            async with d.connect("alice") as c:
+                sid = await _start_session(c, first)
+                await c.until_end(sid)
+                await c.request({"type": "message", "content": "later", "session_id": sid})
+                await c.until_end(sid)
+                (row,) = (await c.request({"type": "sessions", "action": "list"}))["sessions"]
+                assert row["title"] == "Fix the build " + "x" * 66 + "…"
+                created = await c.request({"type": "sessions", "action": "create"})
+                (empty,) = [
+                    s
+                    for s in (await c.request({"type": "sessions", "action": "list"}))["sessions"]
+                    if s["session_id"] == created["session_id"]
+                ]
+                assert empty["title"] == ""  # no message yet, no title
 
 
 # -- auth --------------------------------------------------------------------------------
@@ -107,7 +132,7 @@ async def test_no_hello_within_10_s_gets_an_error_and_close(
     runtime = types.SimpleNamespace(settings=Settings.from_env({}), store=None)
     with trio.fail_after(TIMEOUT):
         async with trio.open_nursery() as nursery:
-            port = await nursery.start(ApiServer(runtime, port=0).run)  # type: ignore[arg-type]
+            port = await nursery.start(ApiServer(runtime, port=0).run)
             async with open_websocket_url(f"ws://127.0.0.1:{port}/") as ws:
                 start = trio.current_time()
                 err = json.loads(await ws.get_message())

@@ -25,6 +25,8 @@ from navi_trio.core.tool_executor import BACKGROUND_HINT
 from navi_trio.events import SubagentStarted, ToolEvent, ToolStarted, WarningEvent
 from navi_trio.settings import DEFAULT_BACKGROUNDABLE
 from navi_trio.testing import Harness, open_harness
+from navi_trio.testing.harness import replay_buffer
+from navi_trio.tools.services import SpawnRequest
 
 TIMEOUT = 30
 
@@ -124,7 +126,7 @@ async def test_job_has_its_own_context_and_sink_and_never_writes_history(
             assert WarningEvent(message="j says goodbye", code="block") in ring
             actor = h.runtime.sessions.actor("s1")
             assert actor is not None
-            replayed = list(actor.replay)
+            replayed = list(replay_buffer(actor))
             assert not of_type(replayed, "warning") and not of_type(replayed, "tool_event")
             # Nothing of the job reached the session's history or context.
             assert await store.load_messages("s1") == messages
@@ -220,7 +222,7 @@ async def test_a_subagent_without_a_session_cannot_detach(tmp_path: Path) -> Non
     replies = [calls(call("block", background=True)), {"text": "did it inline"}]
     with trio.fail_after(TIMEOUT):
         async with harness(tmp_path, kit, replies) as h:
-            text, ok = await h.runtime.agent.run_ephemeral("go", "bg")
+            text, ok = await h.runtime.agent.run_ephemeral(SpawnRequest(task="go", profile_id="bg"))
             assert (text, ok) == ("did it inline", True)
             assert h.runtime.supervisor.running_count() == 0
             request = h.chat_requests[1]["messages"]
@@ -279,7 +281,7 @@ async def test_background_spawn_agent_streams_into_its_ring_not_the_parent(
             # The sub-agent's live events stay out of the parent's stream.
             actor = h.runtime.sessions.actor("s1")
             assert actor is not None
-            assert not [f for f in actor.replay if f["is_subagent"]]
+            assert not [f for f in replay_buffer(actor) if f["is_subagent"]]
             assert not [f for f in frames if f["is_subagent"]]
             # tasks check shows the live progress while it still runs.
             h.add_replies(calls(call("tasks", action="check", task_id=job.task_id)))

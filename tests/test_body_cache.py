@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -15,7 +16,7 @@ from navi_trio.llm.http import json_body
 from navi_trio.llm.ollama import ollama_body, to_ollama_message
 from navi_trio.llm.openai import openai_body, to_openai_message
 
-_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=20)
+_text = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=20)
 _value = st.one_of(_text, st.integers(), st.floats(allow_nan=True, allow_infinity=True))
 _call = st.fixed_dictionaries(
     {"name": _text, "arguments": st.one_of(_text, st.dictionaries(_text, _value, max_size=2))},
@@ -43,7 +44,9 @@ OLLAMA = BodyCache(to_ollama_message)  # warm across examples, like a backend's
 OPENAI = BodyCache(to_openai_message)
 
 
-def _cached(cache: BodyCache, body: Any, request: ChatRequest) -> bytes:
+def _cached(
+    cache: BodyCache, body: Callable[[ChatRequest], dict[str, Any]], request: ChatRequest
+) -> bytes:
     return cache.body(body(attrs.evolve(request, messages=[])), request.messages)
 
 
@@ -52,7 +55,7 @@ def _cached(cache: BodyCache, body: Any, request: ChatRequest) -> bytes:
 def test_a_joined_body_is_the_plain_body(
     request: ChatRequest, added: list[dict[str, Any]], stream: bool
 ) -> None:
-    dialects = [
+    dialects: list[tuple[BodyCache, Callable[[ChatRequest], dict[str, Any]]]] = [
         (OLLAMA, lambda r: ollama_body(r, "30m")),
         (OPENAI, lambda r: openai_body(r, stream=stream)),
     ]

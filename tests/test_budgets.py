@@ -246,7 +246,7 @@ async def test_a_users_daily_budget_holds_across_sessions_and_a_restart(tmp_path
             assert third["reason"] == "budget_exhausted"
             event = exhausted(c, sid)
             assert (event["scope"], event["kind"], event["spent"]) == ("user_day", "tokens", 10020)
-            assert len(d.harness.fake.chat_requests) == 2  # type: ignore[union-attr]
+            assert len(d.harness.fake.chat_requests) == 2
         async with daemon() as d:
             d.tokens["alice"] = alice  # the same user as before the restart
             async with d.connect("alice") as c, d.connect("bob") as b:
@@ -255,7 +255,7 @@ async def test_a_users_daily_budget_holds_across_sessions_and_a_restart(tmp_path
                 assert exhausted(c, sid)["spent"] == 10020
                 _, other = await run_to_the_end(b, "bob has his own day")
                 assert other["reason"] == "complete"
-                assert len(d.harness.fake.chat_requests) == 1  # type: ignore[union-attr]
+                assert len(d.harness.fake.chat_requests) == 1
 
 
 def config(profiles: dict[str, Any], **top: Any) -> ConfigSource:

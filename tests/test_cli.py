@@ -9,7 +9,6 @@ the Ctrl-C test waits for the partial answer on the CLI's stdout before signalli
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -26,7 +25,7 @@ import trio
 from navi_trio.cli import _describe, main
 from navi_trio.errors import ConfigError, LLMConnectionError
 from navi_trio.events import StreamEnd, TextDelta, event_from_dict
-from navi_trio.settings import REPO_ROOT, Settings
+from navi_trio.settings import REPO_ROOT
 from navi_trio.store.sqlite import SQLiteStore
 
 DEADLINE = 60
@@ -43,15 +42,6 @@ class Done:
     @property
     def err_lines(self) -> list[str]:
         return self.err.strip().splitlines()
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    """os.environ without any navi setting, plus a private DB and data dir."""
-    names = {f.metadata["env"] for f in attrs.fields(Settings)} | {"NAVI_DEBUG", "NAVI_TOKEN"}
-    clean = {k: v for k, v in os.environ.items() if k not in names}
-    clean.update(NAVI_DB=str(tmp_path / "navi.db"), NAVI_DATA_DIR=str(tmp_path / "data"))
-    return clean
 
 
 async def navi(*args: str, env: dict[str, str], cwd: Path, stdin: bytes = b"") -> Done:

@@ -8,10 +8,9 @@ Rules: see tests/test_cli.py (real processes, the fake LLM in its own process).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from test_cli import env, fake_llm, messages, navi
-
-__all__ = ["env"]  # the fixture, imported for pytest
+from test_cli import fake_llm, messages, navi
 
 
 async def test_without_a_terminal_a_call_that_asks_is_denied_and_the_run_goes_on(
@@ -19,7 +18,10 @@ async def test_without_a_terminal_a_call_that_asks_is_denied_and_the_run_goes_on
 ) -> None:
     marker = tmp_path / "ran"
     call = {"name": "terminal", "arguments": {"action": "run", "command": f"touch {marker}"}}
-    replies = [{"text": "", "tool_calls": [call]}, {"text": "It was denied, so I stop."}]
+    replies: list[dict[str, Any]] = [
+        {"text": "", "tool_calls": [call]},
+        {"text": "It was denied, so I stop."},
+    ]
     async with fake_llm(tmp_path, replies) as url:
         done = await navi("run", "--session", "s-ask", "--llm-url", url, "--mode", "full",
                           "hi", env=env, cwd=tmp_path)  # fmt: skip

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_cli import ANSWER, _one_error_line, env, fake_llm, messages, navi
+from test_cli import ANSWER, _one_error_line, fake_llm, messages, navi
 
 from navi_trio.store.sqlite import SQLiteStore
-
-__all__ = ["env"]  # the fixture, shared with test_cli.py
 
 
 async def _seed(db: Path, session_id: str) -> None:

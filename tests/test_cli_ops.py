@@ -26,7 +26,6 @@ from test_cli import (
     DEADLINE,
     _one_error_line,
     _read_until,
-    env,
     fake_llm,
     messages,
     navi,
@@ -39,8 +38,6 @@ from navi_trio.core.agent import Agent
 from navi_trio.core.task_notes import NOTES_SCOPE
 from navi_trio.errors import ConfigError
 from navi_trio.store.sqlite import SQLiteStore
-
-__all__ = ["env"]  # the fixture, imported for pytest
 
 
 async def start_navi(*args: str, env: dict[str, str], cwd: Path) -> trio.Process:
@@ -106,7 +103,7 @@ async def test_runs_of_different_sessions_in_parallel_processes_all_succeed(
 async def test_a_second_process_on_a_running_session_is_told_it_is_busy(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    replies = [{"text": "partial answer", "stall": True}, {"text": ANSWER}]
+    replies: list[dict[str, Any]] = [{"text": "partial answer", "stall": True}, {"text": ANSWER}]
     async with fake_llm(tmp_path, replies) as url:
         first = await start_navi("run", "--session", "s-busy", "--llm-url", url, "hi",
                                  env=env, cwd=tmp_path)  # fmt: skip
@@ -137,7 +134,7 @@ async def test_a_second_process_on_a_running_session_is_told_it_is_busy(
 async def test_a_crashed_owner_does_not_block_its_session(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    replies = [{"text": "partial answer", "stall": True}, {"text": ANSWER}]
+    replies: list[dict[str, Any]] = [{"text": "partial answer", "stall": True}, {"text": ANSWER}]
     async with fake_llm(tmp_path, replies) as url:
         first = await start_navi("run", "--session", "s-crash", "--llm-url", url, "hi",
                                  env=env, cwd=tmp_path)  # fmt: skip
@@ -167,8 +164,10 @@ async def test_a_stop_signal_kills_the_tools_processes_and_saves_the_stopped_tur
     fifo = tmp_path / "pids"
     os.mkfifo(fifo)
     call = {"action": "run", "command": spawner(fifo)}
-    replies = [{"text": "Running it.", "tool_calls": [{"name": "terminal", "arguments": call}]},
-               {"text": "never asked"}]  # fmt: skip
+    replies: list[dict[str, Any]] = [
+        {"text": "Running it.", "tool_calls": [{"name": "terminal", "arguments": call}]},
+        {"text": "never asked"},
+    ]
     async with fake_llm(tmp_path, replies) as url:
         proc = await start_navi("run", "--session", "s-sig", "--llm-url", url, *FULL_ARGS, "go",
                                 env=env, cwd=tmp_path)  # fmt: skip

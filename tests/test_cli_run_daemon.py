@@ -21,13 +21,12 @@ from typing import Any
 
 import pytest
 import trio
-from test_api_daemon import SLOW, client, env, serve
+from test_api_daemon import SLOW, client, serve
 from test_cli import _read_until, fake_llm, messages, navi, unused_port
 from test_cli_ops import background_call, finish, reap
 
 from navi_trio.store.sqlite import SQLiteStore
 
-__all__ = ["env"]  # the fixture, imported for pytest
 pytestmark = pytest.mark.slow
 DEADLINE = 90
 ANSWER = "Hello from the fake model"

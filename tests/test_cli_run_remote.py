@@ -23,8 +23,10 @@ from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import open_daemon
 from test_cli import unused_port
 
+from navi_trio.api.daemon_client import daemon_answers
 from navi_trio.cli import UsageError, runner
-from navi_trio.cli.run import RunRequest, daemon_target, run_remote
+from navi_trio.cli.run import daemon_target, run_remote
+from navi_trio.cli.runner import RunRequest
 from navi_trio.errors import RemoteError
 from navi_trio.settings import Settings
 
@@ -71,11 +73,10 @@ def test_the_daemon_or_this_process(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     closed = f"ws://127.0.0.1:{unused_port()}/"
     monkeypatch.setattr(runner, "DEFAULT_URL", closed)
     probed: list[str] = []
-    real_probe = runner.daemon_answers
 
     async def probe(url: str, timeout: float) -> bool:  # noqa: ASYNC109
         probed.append(url)
-        return await real_probe(url, timeout)
+        return await daemon_answers(url, timeout)
 
     monkeypatch.setattr(runner, "daemon_answers", probe)
     # No token anywhere: no local daemon ever ran here, so nothing is even probed.

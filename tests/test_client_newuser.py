@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -95,7 +96,7 @@ async def test_a_tool_call_stopped_with_ctrl_c_says_stopped_not_failed(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     call = {"name": "terminal", "arguments": {"action": "run", "command": "echo up; sleep 60"}}
-    replies = [{"text": "DIRECT"}, {"tool_calls": [call]}]
+    replies: list[dict[str, Any]] = [{"text": "DIRECT"}, {"tool_calls": [call]}]
     with trio.fail_after(DEADLINE):
         async with fake_llm(*replies) as llm, serve(env, llm.url) as daemon:
             async with chat(env, tmp_path, "--url", daemon.url.rstrip("/")) as c:

@@ -28,7 +28,7 @@ from test_api_daemon import serve
 from test_cli import messages, unused_port
 
 from navi_trio.client.daemon import LOG_FILE, PID_FILE
-from navi_trio.settings import REPO_ROOT, Settings
+from navi_trio.settings import REPO_ROOT
 from navi_trio.testing import FakeLLMServer
 
 pytestmark = pytest.mark.slow
@@ -68,18 +68,14 @@ def _todo(i: int) -> dict[str, Any]:
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    """os.environ without any navi setting, plus a private DB and data dir."""
-    names = {f.metadata["env"] for f in attrs.fields(Settings)} | {"NAVI_DEBUG", "NAVI_TOKEN"}
-    clean = {k: v for k, v in os.environ.items() if k not in names}
-    clean.update(
-        NAVI_DB=str(tmp_path / "navi.db"),
-        NAVI_DATA_DIR=str(tmp_path / "data"),
-        PYTHONPATH=str(REPO_ROOT),
-        TERM="xterm",
-        PROMPT_TOOLKIT_NO_CPR="1",  # pexpect never answers cursor-position requests
-    )
-    return clean
+def env(env: dict[str, str]) -> dict[str, str]:
+    """The shared `env` (tests/conftest.py), plus what the terminal client needs."""
+    return {
+        **env,
+        "PYTHONPATH": str(REPO_ROOT),
+        "TERM": "xterm",
+        "PROMPT_TOOLKIT_NO_CPR": "1",  # pexpect never answers cursor-position requests
+    }
 
 
 @asynccontextmanager
@@ -169,7 +165,7 @@ async def test_a_chat_with_the_real_daemon(env: dict[str, str], tmp_path: Path) 
     """Plan, tool cards, queue + Ctrl+C stop, /sessions, /tasks, a background task,
     /compact, an unknown command, quit; then /resume in a second chat replays it all."""
     with trio.fail_after(DEADLINE):
-        first_turn = [
+        first_turn: list[dict[str, Any]] = [
             {"text": "Two small steps.\nREFLECT: no"},
             {"text": PLAN},
             {
@@ -480,7 +476,11 @@ async def test_a_full_mode_terminal_call_asks_and_y_lets_it_run(
     asks; the card shows, y approves it once, and the command really runs."""
     marker = tmp_path / "approved-marker"
     call = {"name": "terminal", "arguments": {"action": "run", "command": f"touch {marker}"}}
-    replies = [{"text": "DIRECT"}, {"tool_calls": [call]}, {"text": "The marker is there."}]
+    replies: list[dict[str, Any]] = [
+        {"text": "DIRECT"},
+        {"tool_calls": [call]},
+        {"text": "The marker is there."},
+    ]
     with trio.fail_after(DEADLINE):
         async with fake_llm(*replies) as llm, serve(env, llm.url) as daemon:
             async with chat(env, tmp_path, "--url", daemon.url.rstrip("/")) as c:

@@ -364,7 +364,7 @@ def test_shrink_keeps_a_small_call_whole_and_cuts_its_big_result() -> None:
 
 
 def test_shrink_cuts_the_long_string_arguments_of_a_kept_call() -> None:
-    call = {
+    call: dict[str, Any] = {
         "role": "assistant",
         "content": "",
         "tool_calls": [

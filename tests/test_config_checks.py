@@ -137,7 +137,7 @@ async def test_open_runtime_refuses_a_config_folder_without_a_planning_prompt(
             pytest.fail("the runtime opened")
 
 
-@attrs.frozen
+@attrs.define
 class WarpTool:
     name: str = "warp"
     description: str = "a tool a harness adds"

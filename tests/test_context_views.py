@@ -22,7 +22,7 @@ from navi_trio.core.tokens import Baseline, TokenCounter
 from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings
 
-_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
+_text = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=40)
 _call = st.fixed_dictionaries({"id": _text, "name": st.sampled_from(["echo", "terminal"]),
                                "arguments": st.dictionaries(st.just("text"), _text)})  # fmt: skip
 _message = st.one_of(

@@ -29,7 +29,7 @@ from trio_websocket import WebSocketConnection, WebSocketRequest, serve_websocke
 from navi_trio import wire
 from navi_trio.api.daemon_client import OurRun, open_daemon
 from navi_trio.api.protocol import COMMANDS
-from navi_trio.core.session_actor import SUBSCRIBER_BUFFER
+from navi_trio.core.broadcast import SUBSCRIBER_BUFFER
 from navi_trio.errors import DaemonUnreachableError, RemoteError
 from navi_trio.events import TextDelta, ThinkingDelta
 

@@ -1,4 +1,4 @@
-"""The bounded event path of a run (`core.emit`): a reader that keeps up sees exactly
+"""The bounded event path of a run (`core/channel.py`): a reader that keeps up sees exactly
 what was sent; a slow one costs merged or dropped progress, never memory, and never
 loses any other event.
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import trio
 
-from navi_trio.core.emit import open_event_channel
+from navi_trio.core.channel import open_event_channel
 from navi_trio.events import (
     AgentEvent,
     StreamEnd,
@@ -126,12 +126,16 @@ async def test_a_slow_reader_of_a_chatty_run_gets_bounded_progress(tmp_path: Pat
     # ~1,000,000 lines, a progress event per block read, and a reader that reads
     # nothing until the turn is done with the tool.
     args = {"action": "run", "command": "yes | head -c 2000000"}
-    replies = [{"tool_calls": [{"name": "terminal", "arguments": args}]}, {"text": "done"}]
+    replies: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": "terminal", "arguments": args}]},
+        {"text": "done"},
+    ]
     with trio.fail_after(TIMEOUT):
         async with open_harness(
             tmp_path, replies=replies, event_buffer_max=8, tool_progress_interval_sec=1e-6
         ) as h:
             async with h.runtime.agent.run_stream("s1", "hi") as events:
+                assert h.fake is not None
                 await h.fake.wait_requests(2)  # the tool is done: its result went back
                 stats = events.statistics()
                 got = await drain(events)

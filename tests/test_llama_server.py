@@ -22,6 +22,7 @@ import pytest
 import trio
 from agent_tools import toolset, with_tools
 
+from navi_trio.events import StreamEnd
 from navi_trio.llm.base import ChatRequest, DoneChunk, TextChunk
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the `local` extra)")
@@ -135,7 +136,7 @@ async def test_a_tool_round_trip_through_the_agent_loop(subject: Subject, tmp_pa
     assert "error" not in types, events
     assert tool.seen and isinstance(tool.seen[0].get("text"), str)
     end = events[-1]
-    assert type(end).type == "stream_end" and end.reason in ("complete", "max_iterations")
+    assert isinstance(end, StreamEnd) and end.reason in ("complete", "max_iterations")
     # The second LLM call carried the result back, and the model (server: with its
     # history quirks handled) answered it without an error.
     assert end.iterations == 2 and end.text.strip()

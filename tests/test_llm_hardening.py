@@ -384,7 +384,7 @@ async def test_a_model_sending_1e400_gets_an_error_result_and_the_session_goes_o
     # OpenAI sends arguments as text ("1e400" as written); Ollama as an object, where the
     # number is already inf (the fake writes it as Infinity, as Python's json would).
     args: Any = '{"text": 1e400}' if dialect == "openai" else {"text": math.inf}
-    replies = [
+    replies: list[dict[str, Any]] = [
         {"tool_calls": [{"name": "echo", "arguments": args}]},
         {"text": "Sorry, a finite number then."},
         {"text": "Next turn works."},
@@ -417,7 +417,7 @@ async def test_a_model_sending_1e400_gets_an_error_result_and_the_session_goes_o
 
 async def test_an_empty_body_ends_the_turn_with_its_own_code(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT * 3):
-        replies = [{"empty_body": True}, {"text": "Shorter prompt, fine."}]
+        replies: list[dict[str, Any]] = [{"empty_body": True}, {"text": "Shorter prompt, fine."}]
         async with open_harness(tmp_path, replies=replies, dialect="openai") as h:
             await seed(h)
             frames = await h.turn("s1", "Find the answer to the question")
@@ -432,7 +432,10 @@ async def test_an_endless_answer_ends_the_turn_and_keeps_the_partial_answer(
     tmp_path: Path,
 ) -> None:
     with trio.fail_after(TIMEOUT * 3):
-        replies = [{"text": "la ", "endless": True}, {"text": "Back to normal."}]
+        replies: list[dict[str, Any]] = [
+            {"text": "la ", "endless": True},
+            {"text": "Back to normal."},
+        ]
         async with open_harness(tmp_path, replies=replies, answer_max_chars=3000) as h:
             await seed(h)
             frames = await h.turn("s1", "Find the answer to the question")
@@ -440,6 +443,7 @@ async def test_an_endless_answer_ends_the_turn_and_keeps_the_partial_answer(
             assert err["code"] == "answer_too_long" and "3000" in err["message"]
             end = frames[-1]
             assert end["reason"] == "error" and end["text"] == "la " * 1000
+            assert h.fake is not None
             await h.fake.wait_disconnects(1)
             messages = await h.runtime.store.load_messages("s1")
             assert messages[-1]["partial"] is True and messages[-1]["content"] == "la " * 1000
@@ -476,7 +480,7 @@ async def test_the_stream_timeouts_come_from_their_environment_variables(
 
 @pytest.mark.parametrize("dialect", ["openai", "ollama"])
 async def test_a_server_hanging_up_on_a_reused_connection_is_retried_once(dialect: str) -> None:
-    replies = [{"text": "one"}, {"hang_up": True}, {"text": "two"}]
+    replies: list[dict[str, Any]] = [{"text": "one"}, {"hang_up": True}, {"text": "two"}]
     with trio.fail_after(TIMEOUT):
         async with served(replies, dialect) as (server, backend):
             first = await collect(backend)
@@ -488,7 +492,7 @@ async def test_a_server_hanging_up_on_a_reused_connection_is_retried_once(dialec
 
 @pytest.mark.parametrize("dialect", ["openai", "ollama"])
 async def test_hanging_up_twice_is_a_connection_error_not_a_loop(dialect: str) -> None:
-    replies = [{"hang_up": True}, {"hang_up": True}, {"text": "never"}]
+    replies: list[dict[str, Any]] = [{"hang_up": True}, {"hang_up": True}, {"text": "never"}]
     with trio.fail_after(TIMEOUT):
         async with served(replies, dialect) as (server, backend):
             with pytest.raises(LLMConnectionError, match="dropped"):

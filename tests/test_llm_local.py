@@ -14,6 +14,7 @@ import pytest
 import trio
 from agent_tools import EchoTool, toolset, with_tools
 
+from navi_trio.events import StreamEnd
 from navi_trio.llm.base import ChatRequest, DoneChunk, TextChunk, ToolCallsChunk
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the `local` extra)")
@@ -125,7 +126,7 @@ def test_the_choice_grammar_admits_only_the_offered_tools() -> None:
 
 
 def test_history_is_sent_in_plain_roles() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "persona"},
         {"role": "user", "content": "echo x"},
         {"role": "assistant", "content": "", "tool_calls": [
@@ -178,7 +179,7 @@ async def test_a_tool_round_trip_through_the_agent_loop(tmp_path: Path) -> None:
     types = [type(e).type for e in events]
     assert "tool_started" in types and "tool_result" in types
     end = events[-1]
-    assert type(end).type == "stream_end" and end.reason == "complete"
+    assert isinstance(end, StreamEnd) and end.reason == "complete"
     assert end.text.strip()  # the model answered in words after the tool result
     roles = [m["role"] for m in history]
     assert roles[-3:] == ["assistant", "tool", "assistant"]

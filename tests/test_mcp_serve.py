@@ -30,12 +30,11 @@ from mcp import Client, MCPError
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult
 from test_api_daemon import serve
-from test_cli import env, fake_llm, messages, unused_port
+from test_cli import fake_llm, messages, unused_port
 
 from navi_trio.cli.mcp_ask import LINE_MAX, ProgressPump
 from navi_trio.store.sqlite import SQLiteStore
 
-__all__ = ["env"]  # the fixture, imported for pytest
 pytestmark = pytest.mark.slow
 DEADLINE = 60
 ANSWER = "Hello from the fake model"
@@ -125,7 +124,7 @@ async def test_ask_answers_with_progress_and_the_session_id_continues_it(
             async with mcp_serve(env, tmp_path) as client:
                 progress = Progress()
                 first = await ask(client, progress, message="hi")
-                sid = first.structured_content["session_id"]  # type: ignore[index]
+                sid = first.structured_content["session_id"]
                 second = await ask(client, message="and then?", session_id=sid)
                 listed = await client.call_tool("sessions", {})
     assert not first.is_error and first.structured_content == {
@@ -133,12 +132,12 @@ async def test_ask_answers_with_progress_and_the_session_id_continues_it(
     }  # fmt: skip
     assert text(first).startswith(ANSWER) and sid in text(first)  # the id in the text too
     assert f"answer: {ANSWER}" in progress.lines  # (the client may run callbacks out of order)
-    assert second.structured_content["answer"] == "Second answer"  # type: ignore[index]
+    assert second.structured_content["answer"] == "Second answer"
     assert roles(await messages(tmp_path / "navi.db", sid)) == [
         ("user", "hi"), ("assistant", ANSWER), ("user", "and then?"),
         ("assistant", "Second answer"),
     ]  # fmt: skip
-    (row,) = listed.structured_content["sessions"]  # type: ignore[index]
+    (row,) = listed.structured_content["sessions"]
     assert row["session_id"] == sid and row["title"] == "hi" and row["profile"] == "general"
     assert row["updated_at"] > 0 and row["updated"]
 
@@ -156,7 +155,7 @@ async def test_a_tool_call_shows_in_progress_and_stdout_carries_only_json_rpc(
             async with mcp_serve(env, tmp_path, command=["sh", "-c", serve_cmd]) as client:
                 progress = Progress()
                 result = await ask(client, progress, message="run it")
-    assert result.structured_content["answer"] == ANSWER  # type: ignore[index]
+    assert result.structured_content["answer"] == ANSWER
     assert any("tool terminal" in line and "echo hi" in line for line in progress.lines)
     lines = wire.read_text(encoding="utf-8").splitlines()
     assert lines and all(json.loads(line)["jsonrpc"] == "2.0" for line in lines), lines
@@ -169,7 +168,10 @@ async def test_a_call_that_needs_approval_is_denied_with_a_note(
 ) -> None:
     marker = tmp_path / "ran"
     call = {"name": "terminal", "arguments": {"action": "run", "command": f"touch {marker}"}}
-    replies = [{"text": "", "tool_calls": [call]}, {"text": "It was denied, so I stop."}]
+    replies: list[dict[str, Any]] = [
+        {"text": "", "tool_calls": [call]},
+        {"text": "It was denied, so I stop."},
+    ]
     async with fake_llm(tmp_path, replies) as llm:
         env = {**env, "OLLAMA_HOST": llm}
         with trio.fail_after(DEADLINE):
@@ -186,18 +188,21 @@ async def test_a_call_that_needs_approval_is_denied_with_a_note(
 async def test_two_asks_at_once_in_one_session_each_get_their_own_answer(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    replies = [{"text": "Answer one", "delay_chunk": 0.2}, {"text": "Answer two"}]
+    replies: list[dict[str, Any]] = [
+        {"text": "Answer one", "delay_chunk": 0.2},
+        {"text": "Answer two"},
+    ]
     async with fake_llm(tmp_path, replies) as llm:
         env = {**env, "OLLAMA_HOST": llm}
         with trio.fail_after(DEADLINE):
             async with mcp_serve(env, tmp_path) as client:
                 first = await ask(client, message="start")
-                sid = first.structured_content["session_id"]  # type: ignore[index]
+                sid = first.structured_content["session_id"]
                 answers: list[str] = []
 
                 async def one(message: str) -> None:
                     result = await ask(client, message=message, session_id=sid)
-                    answers.append(result.structured_content["answer"])  # type: ignore[index]
+                    answers.append(result.structured_content["answer"])
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(one, "a")
@@ -230,7 +235,10 @@ async def cancel_when_seen(client: Client, progress: Progress, text: str, **argu
 async def test_cancelling_an_ask_stops_the_run_and_saves_the_stopped_turn(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    replies = [{"text": "partial answer", "stall": True}, {"text": "continued"}]
+    replies: list[dict[str, Any]] = [
+        {"text": "partial answer", "stall": True},
+        {"text": "continued"},
+    ]
     async with fake_llm(tmp_path, replies) as llm:
         env = {**env, "OLLAMA_HOST": llm}
         with trio.fail_after(DEADLINE):
@@ -238,10 +246,10 @@ async def test_cancelling_an_ask_stops_the_run_and_saves_the_stopped_turn(
                 progress = Progress()
                 await cancel_when_seen(client, progress, "partial answer", message="hi")
                 listed = await client.call_tool("sessions", {})
-                sid = listed.structured_content["sessions"][0]["session_id"]  # type: ignore[index]
+                sid = listed.structured_content["sessions"][0]["session_id"]
                 # The stopped turn is saved; the session goes on.
                 after = await ask(client, message="go on", session_id=sid)
-    assert after.structured_content["answer"] == "continued"  # type: ignore[index]
+    assert after.structured_content["answer"] == "continued"
     saved = await messages(tmp_path / "navi.db", sid)
     assert roles(saved) == [("user", "hi"), ("assistant", "partial answer"),
                             ("user", "go on"), ("assistant", "continued")]  # fmt: skip
@@ -282,7 +290,7 @@ async def test_through_a_running_daemon_ask_deny_sessions_and_cancel(
 ) -> None:
     marker = tmp_path / "ran"
     touch = {"name": "terminal", "arguments": {"action": "run", "command": f"touch {marker}"}}
-    replies = [{"text": "", "tool_calls": [touch]}, {"text": ANSWER},
+    replies: list[dict[str, Any]] = [{"text": "", "tool_calls": [touch]}, {"text": ANSWER},
                {"text": "partial answer", "stall": True}, {"text": "continued"}]  # fmt: skip
     async with fake_llm(tmp_path, replies) as llm:
         with trio.fail_after(DEADLINE):
@@ -293,20 +301,20 @@ async def test_through_a_running_daemon_ask_deny_sessions_and_cancel(
                 async with mcp_serve(env, tmp_path, *args) as client:
                     progress = Progress()
                     first = await ask(client, progress, message="hi")
-                    sid = first.structured_content["session_id"]  # type: ignore[index]
+                    sid = first.structured_content["session_id"]
                     await cancel_when_seen(
                         client, Progress(), "partial answer", message="more", session_id=sid
                     )
                     after = await ask(client, message="go on", session_id=sid)
                     listed = await client.call_tool("sessions", {})
                 daemon_log = await daemon.stderr.receive_some(1 << 20)
-    assert first.structured_content["answer"] == ANSWER  # type: ignore[index]
+    assert first.structured_content["answer"] == ANSWER
     assert any("tool terminal" in line for line in progress.lines)
-    (note,) = first.structured_content["notes"]  # type: ignore[index]
+    (note,) = first.structured_content["notes"]
     assert note.startswith("denied terminal") and any(note in line for line in progress.lines)
     assert not marker.exists()
-    assert after.structured_content["answer"] == "continued"  # type: ignore[index]
-    (row,) = listed.structured_content["sessions"]  # type: ignore[index]
+    assert after.structured_content["answer"] == "continued"
+    (row,) = listed.structured_content["sessions"]
     assert row["session_id"] == sid and row["title"] == "hi"
     saved = await messages(tmp_path / "navi.db", sid)
     assert [r for r in roles(saved) if r[0] == "user"] == [

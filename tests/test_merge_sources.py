@@ -3,42 +3,37 @@
 saw it). Each merge point is fed deltas of two sources in turn, and the same source's
 deltas in a row as the control that it merges at all:
 
-- the run's event channel (core/emit.py): the source is (is_subagent, agent_id);
-- a subscriber's frame queue (core/fanout.py), the session's replay buffer
-  (core/replay.py) and the connection's writer (api/connection.py): the source is
-  the session too.
+- the run's event channel (core/channel.py): the source is (is_subagent, agent_id);
+- a subscriber's frame queue (core/channel.py) and the session's replay buffer
+  (core/broadcast.py): the source is the session too.
 
-Rules: unit tests on each merge point's own channel or buffer, no clock, no sockets (the
-connection's WebSocket is a recorder); what is checked is what a client could tell
-apart: which source each character came from, and in which order.
+All of them ask the one rule (core/channel.py). Rules: unit tests on each merge point's
+own channel or buffer, no clock, no sockets; what is checked is what a client could
+tell apart: which source each character came from, and in which order.
 """
 
 from __future__ import annotations
 
-import json
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import trio
 
-from navi_trio.api.connection import Connection
-from navi_trio.core.emit import open_event_channel
-from navi_trio.core.fanout import open_frame_channel
-from navi_trio.core.replay import ReplayBuffer
+from navi_trio.core.broadcast import ReplayBuffer
+from navi_trio.core.channel import open_event_channel, open_frame_channel
 from navi_trio.events import AgentEvent, TextDelta, ThinkingDelta
-from navi_trio.settings import Settings
 
 Frame = dict[str, Any]
 BASE: Frame = {"session_id": "s1", "epoch": "e1", "is_subagent": False, "agent_id": None}
 SUB_A1: Frame = {"is_subagent": True, "agent_id": "a1"}
-AGENTS = {
+AGENTS: dict[str, tuple[Frame, Frame]] = {
     "two sub-agents": (SUB_A1, {"is_subagent": True, "agent_id": "a2"}),
     "the main agent and a sub-agent": ({}, SUB_A1),
     "a sub-agent without an id": ({}, {"is_subagent": True}),
     "a sub-agent and the main agent with its id": (SUB_A1, {"agent_id": "a1"}),
 }  # fmt: skip
-SESSIONS = {"two sessions": ({}, {"session_id": "s2"})}
+SESSIONS: dict[str, tuple[Frame, Frame]] = {"two sessions": ({}, {"session_id": "s2"})}
+PAIRS = {**AGENTS, **SESSIONS}
 KINDS = ["text_delta", "thinking_delta"]
 
 
@@ -146,9 +141,9 @@ def _through_queue(sent: list[Frame]) -> list[Frame]:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("pair", {**AGENTS, **SESSIONS}, ids=str)
+@pytest.mark.parametrize("pair", PAIRS, ids=str)
 def test_a_subscriber_queue_keeps_two_sources_deltas_apart(kind: str, pair: str) -> None:
-    a, b = {**AGENTS, **SESSIONS}[pair]
+    a, b = PAIRS[pair]
     sent = _turns(kind, a, b)
     _check(_through_queue(sent), sent)
 
@@ -157,9 +152,9 @@ def test_a_subscriber_queue_keeps_two_sources_deltas_apart(kind: str, pair: str)
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("pair", {**AGENTS, **SESSIONS}, ids=str)
+@pytest.mark.parametrize("pair", PAIRS, ids=str)
 def test_the_replay_buffer_keeps_two_sources_deltas_apart(kind: str, pair: str) -> None:
-    a, b = {**AGENTS, **SESSIONS}[pair]
+    a, b = PAIRS[pair]
     sent = _turns(kind, a, b)
     buf = ReplayBuffer()
     for f in sent:
@@ -169,36 +164,3 @@ def test_the_replay_buffer_keeps_two_sources_deltas_apart(kind: str, pair: str) 
     since = buf.since(1, sent[-1]["seq"])
     assert since is not None
     _check([sent[0], *since], sent)
-
-
-# -- the connection's writer -------------------------------------------------------------
-
-
-class _Recorder:
-    """The connection's WebSocket: keeps what the writer sends."""
-
-    def __init__(self) -> None:
-        self.sent: list[Frame] = []
-
-    async def send_message(self, text: str) -> None:
-        self.sent.append(json.loads(text))
-
-
-async def _through_writer(sent: list[Frame]) -> list[Frame]:
-    ws = _Recorder()
-    host = SimpleNamespace(runtime=SimpleNamespace(settings=Settings.from_env({})))
-    conn = Connection(host, ws, "test")  # type: ignore[arg-type]
-    for f in sent:  # all waiting before the writer runs: a reader far behind
-        await conn.send(f)
-    conn._outbox_send.close()
-    with trio.fail_after(10):
-        await conn._writer()
-    return ws.sent
-
-
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("pair", {**AGENTS, **SESSIONS}, ids=str)
-async def test_the_connection_writer_keeps_two_sources_deltas_apart(kind: str, pair: str) -> None:
-    a, b = {**AGENTS, **SESSIONS}[pair]
-    sent = _turns(kind, a, b)
-    _check(await _through_writer(sent), sent)

@@ -19,7 +19,7 @@ import pytest
 import trio
 from agent_tools import call
 from kvfake import PidWatch, is_gone
-from test_api_daemon import client, env, serve  # noqa: F401  (env is a fixture)
+from test_api_daemon import client, serve
 from test_cli import fake_llm
 from test_sandbox import SLEEPER, tagged_pids, tags  # noqa: F401  (tags is a fixture)
 

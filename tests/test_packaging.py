@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from navi_trio import settings as settings_module
 from navi_trio.settings import REPO_ROOT, Settings, default_config_path, shipped_dir
 
 SETUPTOOLS: dict[str, Any] = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"][
@@ -71,7 +70,7 @@ def test_an_installed_wheel_uses_its_package_data(
     installed = tmp_path / "site-packages" / "navi_trio"
     (installed / "_config").mkdir(parents=True)
     (installed / "_manuals").mkdir()
-    monkeypatch.setattr(settings_module.resources, "files", lambda package: installed)
+    monkeypatch.setattr("navi_trio.settings.resources.files", lambda package: installed)
     assert Settings().config_path == installed / "_config" / "config.json"
     assert Settings().manuals_dir == installed / "_manuals"
     (installed / "_manuals").rmdir()  # a folder that is not there: the checkout's

@@ -188,6 +188,7 @@ async def test_stop_on_our_side_stops_the_peers_run(
             sid = await b_session(b)
             end = await ended(b, sid)
             assert end["reason"] == "stopped", end
+            assert b.harness.fake is not None
             await b.harness.fake.wait_disconnects(1)  # B's model request was cut too
             assert "sending stop" in caplog.text
             assert b.tokens["alice"] not in json.dumps(driver.frames) + caplog.text
@@ -196,7 +197,10 @@ async def test_stop_on_our_side_stops_the_peers_run(
 async def test_a_message_queued_behind_another_run_gets_its_own_answer(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
-    b_replies = [{"text": "the earlier run", "stall": True}, {"text": "B answers the queued one"}]
+    b_replies: list[dict[str, Any]] = [
+        {"text": "the earlier run", "stall": True},
+        {"text": "B answers the queued one"},
+    ]
     with trio.fail_after(TIMEOUT):
         async with (
             peer_b(tmp_path, b_replies) as b,
@@ -205,6 +209,7 @@ async def test_a_message_queued_behind_another_run_gets_its_own_answer(
         ):
             monkeypatch.setenv(TOKEN_ENV, b.tokens["alice"])
             await alice.request({"type": "message", "session_id": "alice.pq-2", "content": "first"})
+            assert b.harness.fake is not None
             await b.harness.fake.wait_requests(1)  # B's session is busy with alice's run
             driver = await start(a)
             await alice.until_type("message_queued", text="me too")
@@ -245,6 +250,7 @@ async def test_cancelling_a_background_ask_stops_the_peers_run(
             monkeypatch.setenv(TOKEN_ENV, b.tokens["alice"])
             driver = await start(a)
             await driver.until_end()
+            assert b.harness.fake is not None
             await b.harness.fake.wait_requests(1)
             (job,) = a.runtime.supervisor.list_jobs("s1")
             sid = await b_session(b)

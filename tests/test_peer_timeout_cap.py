@@ -26,7 +26,7 @@ def _arrived(driver: SessionDriver) -> list[dict[str, Any]]:
     """The frames that have arrived so far, without waiting."""
     while True:
         try:
-            driver.frames.append(driver.subscription.frames.receive_nowait())  # type: ignore[attr-defined]
+            driver.frames.append(driver.subscription.frames.receive_nowait())
         except trio.WouldBlock:
             return list(driver.frames)
 

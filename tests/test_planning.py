@@ -32,7 +32,7 @@ from navi_trio.core.planning import (
     should_plan,
 )
 from navi_trio.errors import ConfigError, LLMStreamError
-from navi_trio.events import PlanPhase, PlanStep
+from navi_trio.events import PlanPhase, PlanStep, WarningEvent
 from navi_trio.profiles import AgentProfile
 from navi_trio.settings import REPO_ROOT
 
@@ -90,8 +90,8 @@ async def plan_with(
     prompts: PlanningPrompts,
     profile: AgentProfile | None = None,
     message: str = "fix the failing test in foo.py",
-) -> tuple[PlanResult, list[PlanPhase]]:
-    seen: list[PlanPhase] = []
+) -> tuple[PlanResult, list[PlanPhase | WarningEvent]]:
+    seen: list[PlanPhase | WarningEvent] = []
     with trio.fail_after(5):
         result = await run_planning(
             message,
@@ -106,8 +106,11 @@ async def plan_with(
     return result, seen
 
 
-def phase_log(events: list[PlanPhase]) -> list[tuple[str, str]]:
-    return [(e.phase, e.status) for e in events]
+def phase_log(events: list[PlanPhase | WarningEvent]) -> list[tuple[str, str]]:
+    """(phase, status) per event; a warning shows as ("warning", its code)."""
+    return [
+        (e.phase, e.status) if isinstance(e, PlanPhase) else ("warning", e.code) for e in events
+    ]
 
 
 # ---------------------------------------------------------------- prompts
@@ -504,7 +507,7 @@ async def test_a_plan_the_parser_cannot_read_gives_no_plan(prompts: PlanningProm
 async def test_cancellation_during_a_phase_propagates(
     prompts: PlanningPrompts, autojump_clock: trio.testing.MockClock
 ) -> None:
-    seen: list[PlanPhase] = []
+    seen: list[PlanPhase | WarningEvent] = []
     reached_end = False
 
     async def stalls_in_review(messages: list[dict[str, Any]], phase: str) -> str:
@@ -648,7 +651,6 @@ async def test_a_review_cut_at_its_cap_ends_planning_with_one_warning(
     prompts: PlanningPrompts,
 ) -> None:
     from navi_trio.core.llm_call import StreamedReply as Reply
-    from navi_trio.events import WarningEvent
     from navi_trio.llm.base import DoneChunk
 
     answers = {"analysis": ("Goal\nREFLECT: yes", "stop"), "review": ("Critic: and so", "length")}

@@ -27,8 +27,9 @@ from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import open_daemon
 
 from navi_trio.errors import StoreError
-from navi_trio.store import SQLiteStore
+from navi_trio.store import SessionStore, SQLiteStore
 from navi_trio.testing import open_harness
+from navi_trio.testing.harness import replay_buffer
 
 TIMEOUT = 30
 HOST = socket.gethostname() or "localhost"
@@ -113,7 +114,7 @@ def _gated(tmp_path: Path, gate: GateTool, replies: list[dict[str, Any]], **kw: 
     )  # fmt: skip
 
 
-async def _users(store: SQLiteStore, sid: str = "s1") -> list[str]:
+async def _users(store: SessionStore, sid: str = "s1") -> list[str]:
     return [m["content"] for m in await store.load_messages(sid) if m["role"] == "user"]
 
 
@@ -237,3 +238,30 @@ async def test_the_ok_of_a_queued_message_comes_after_it_is_stored(
                 ok = await c.request({"type": "message", "session_id": sid, "content": "B"})
                 assert ok["type"] == "ok" and ok["queued"] is True, ok
                 assert len(_queued(tmp_path / "navi.db")) == 1  # read at once, in this thread
+
+
+async def test_an_adopted_message_refused_by_another_owners_lease_leaves_no_row(
+    tmp_path: Path,
+) -> None:
+    # A crash left B queued; another live process holds the session's lease when the
+    # daemon adopts it: B's run is refused (session_busy) before its save, and its row
+    # goes (a refusal other than a storage failure is final), so no restart runs it.
+    db = tmp_path / "navi.db"
+    with trio.fail_after(TIMEOUT):
+        async with SQLiteStore.open(db) as store:
+            await store.create_session("s1", profile_id="general")
+            await store.enqueue("s1", "kb", _row("B"), pid=_dead_pid(), host=HOST)
+            await store.claim_lease("s1", owner="another-process", pid=os.getpid(), host=HOST,
+                                    ttl=300)  # fmt: skip
+        async with open_harness(tmp_path, replies=[{"text": "never"}]) as h:
+            h.runtime.sessions.adopt = True
+            assert await h.runtime.sessions.resume_queued() == 1
+            actor = h.runtime.sessions.actor("s1")
+            assert actor is not None
+            await actor.idle.wait()
+            frames = list(replay_buffer(actor))
+            assert [f["code"] for f in frames if f["type"] == "error"] == ["session_busy"]
+            assert frames[-1]["type"] == "stream_end" and frames[-1]["reason"] == "error"
+            assert h.chat_requests == []
+            assert await _users(h.runtime.store) == []
+        assert _queued(db) == []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,7 @@ async def test_another_users_running_session_is_untouchable(tmp_path: Path) -> N
             assert saved == ["start"]
 
 
-def _hypothesis_in_thread(fn: Any, strategy: Any, n: int) -> None:
+def _hypothesis_in_thread(fn: Any, strategy: Any, n: int) -> Callable[[], None]:
     token = trio.lowlevel.current_trio_token()
 
     def run() -> None:
@@ -93,7 +94,7 @@ def _hypothesis_in_thread(fn: Any, strategy: Any, n: int) -> None:
 
         check()
 
-    return run  # type: ignore[return-value]
+    return run
 
 
 async def test_bad_tokens_and_foreign_origins_are_refused(tmp_path: Path) -> None:
@@ -156,7 +157,7 @@ async def test_filesystem_escapes_fail_naming_the_path_and_write_nothing(
         "ok\x00../../outside/nul.txt",
         "/etc/navi-should-not-exist.txt",
     ]
-    replies = [
+    replies: list[dict[str, Any]] = [
         {
             "tool_calls": [
                 {"name": "filesystem", "arguments": {"action": "write", "path": p, "content": "x"}}

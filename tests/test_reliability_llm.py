@@ -185,7 +185,7 @@ async def test_a_fault_after_a_tool_round_keeps_the_paired_round(
     # Round 1 calls echo (completes); round 2 drops mid-text: the tool call and its result
     # stay paired in the history, followed by the partial answer.
     with trio.fail_after(LIMIT):
-        replies = [
+        replies: list[dict[str, Any]] = [
             {
                 "tool_calls": [
                     {"name": "echo", "arguments": {"text": "one"}},

@@ -9,32 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from builders import assistant, call, result, user
+
 from navi_trio.store.repair import PLACEHOLDER_CONTENT, repair_dangling_tool_calls
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"role": "user", "content": text}
-
-
-def call(cid: str | None, name: str = "shell") -> dict[str, Any]:
-    c: dict[str, Any] = {"name": name, "arguments": {}}
-    if cid is not None:
-        c["id"] = cid
-    return c
-
-
-def assistant(*calls: dict[str, Any], text: str = "") -> dict[str, Any]:
-    msg: dict[str, Any] = {"role": "assistant", "content": text}
-    if calls:
-        msg["tool_calls"] = list(calls)
-    return msg
-
-
-def result(cid: str | None, content: str = "ok") -> dict[str, Any]:
-    msg: dict[str, Any] = {"role": "tool", "name": "shell", "content": content}
-    if cid is not None:
-        msg["tool_call_id"] = cid
-    return msg
 
 
 def shape(messages: list[dict[str, Any]]) -> list[str]:

@@ -16,10 +16,11 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from navi_trio.core.replay import MERGE_MAX_CHARS, ReplayBuffer
-from navi_trio.core.session_actor import SUBSCRIBER_BUFFER
+from navi_trio.core.broadcast import SUBSCRIBER_BUFFER, ReplayBuffer
+from navi_trio.core.channel import MERGE_MAX_CHARS
 from navi_trio.events import TextDelta, ThinkingDelta
 from navi_trio.testing import open_harness
+from navi_trio.testing.harness import replay_buffer
 
 TIMEOUT = 30
 
@@ -145,7 +146,7 @@ async def test_a_long_answer_is_replayed_whole_from_a_few_frames(tmp_path: Path)
             assert actor is not None
             deltas = [f for f in live if f["type"] == "text_delta"]
             assert "".join(f["text"] for f in deltas) == words
-            assert len(actor.replay) < 20  # the buffer merged them
+            assert len(replay_buffer(actor)) < 20  # the buffer merged them
             # From the middle of the answer (a live frame's seq: what a client saw last).
             cut = len(deltas) // 2
             start = deltas[cut]["seq"]
@@ -170,7 +171,7 @@ async def test_a_subscriber_from_too_long_ago_or_another_epoch_gets_resync(
             await h.turn("s1", "hi")
             actor = h.runtime.sessions.actor("s1")
             assert actor is not None
-            actor.replay.max_frames = 2
+            replay_buffer(actor).max_frames = 2
             second = await h.turn("s1", "again")
             with actor.subscribe(last_seq=1) as sub:
                 first = sub.frames.receive_nowait()

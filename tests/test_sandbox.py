@@ -80,6 +80,7 @@ async def test_a_write_outside_the_workspace_fails(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     ctx = sandboxed(tmp_path)
+    assert ctx.sandbox is not None
     ctx = attrs.evolve(ctx, sandbox=attrs.evolve(ctx.sandbox, readable=(outside,)))
     target = Path("/usr") / f"{new_tag()}.txt"
     try:

@@ -13,6 +13,7 @@ import logging
 import socket
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import attrs
 import pytest
@@ -42,7 +43,7 @@ def broken_bwrap(tmp_path: Path) -> Path:
     return path
 
 
-def refusing(tmp_path: Path, bwrap: Path, **kw: object) -> ToolContext:
+def refusing(tmp_path: Path, bwrap: Path, **kw: Any) -> ToolContext:
     ctx = make_ctx(tmp_path, bwrap_path=bwrap, **kw)
     return attrs.evolve(ctx, sandbox=SandboxSpec(writable=(ctx.session_dir,)))
 

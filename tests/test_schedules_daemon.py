@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 import trio
-from test_api_daemon import client, env, serve
+from test_api_daemon import client, serve
 from test_cli import fake_llm, messages, navi
 
-__all__ = ["env"]  # the fixture, imported for pytest
 pytestmark = pytest.mark.slow
 DEADLINE = 90
 

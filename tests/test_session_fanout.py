@@ -8,10 +8,11 @@ Rules: see tests/test_agent_basic.py (real runtime on a tmp SQLite file, no cloc
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import trio
 
-from navi_trio.core.session_actor import SUBSCRIBER_BUFFER
+from navi_trio.core.broadcast import SUBSCRIBER_BUFFER
 from navi_trio.events import TextDelta, ThinkingDelta, ToolStarted
 from navi_trio.testing import open_harness
 
@@ -19,8 +20,9 @@ TIMEOUT = 30
 N = SUBSCRIBER_BUFFER * 3  # more deltas than a subscriber's queue holds
 
 
-def _drain(frames: trio.abc.ReceiveChannel[dict[str, object]]) -> list[dict[str, object]]:
-    out = []
+def _drain(frames: trio.abc.ReceiveChannel[dict[str, object]]) -> list[dict[str, Any]]:
+    """What is waiting: frames as JSON-able dicts (their fields are whatever the wire says)."""
+    out: list[dict[str, Any]] = []
     while True:
         try:
             out.append(frames.receive_nowait())  # type: ignore[attr-defined]

@@ -43,7 +43,7 @@ ALLOW_SSH = {"rules": [{"tool": "ssh_exec", "decision": "allow"}]}
 
 
 def config_data(ssh: dict[str, Any] | None, **profiles: dict[str, Any]) -> dict[str, Any]:
-    data = json.loads(default_config_path().read_text(encoding="utf-8"))
+    data: dict[str, Any] = json.loads(default_config_path().read_text(encoding="utf-8"))
     if ssh is not None:
         data["ssh"] = ssh
     for pid, changes in profiles.items():
@@ -398,7 +398,7 @@ def test_policy_read_only_denies_workspace_and_full_ask_rules_allow() -> None:
         prof = config_with(None, general={"policy": policy or {}}).profiles["general"]
         return decide(prof, "admin", mode, CallFacts.of("ssh_exec", args)).decision
 
-    args = {"host": "web1", "command": "uptime"}
+    args: dict[str, Any] = {"host": "web1", "command": "uptime"}
     assert decision("workspace", **args) == "ask"
     assert decision("full", **args) == "ask"
     assert decision("read-only", **args) == "deny"

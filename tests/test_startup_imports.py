@@ -98,11 +98,13 @@ async def test_navi_run_builds_its_http_client_in_a_thread_and_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from navi_trio.cli import run as cli_run
+    from navi_trio.cli.common import config_source
+    from navi_trio.cli.runner import RunRequest
+    from navi_trio.llm.factory import make_client as real
     from navi_trio.settings import Settings
     from navi_trio.testing.fake_llm import open_fake_llm
 
     on_main_thread: list[bool] = []
-    real = cli_run.make_client
 
     def recording(settings: Settings) -> httpx.AsyncClient:
         on_main_thread.append(threading.current_thread() is threading.main_thread())
@@ -116,8 +118,8 @@ async def test_navi_run_builds_its_http_client_in_a_thread_and_answers(
                 {}, db_path=tmp_path / "navi.db", data_dir=tmp_path, llm_url=llm.url,
                 llm_backend="ollama",
             )  # fmt: skip
-            req = cli_run.RunRequest("s-start", "hi", tmp_path, None, False)
-            source = cli_run.config_source(settings)
+            req = RunRequest("s-start", "hi", tmp_path, None, False)
+            source = config_source(settings)
             outcome = await cli_run.run_embedded(settings, source, req, out, err)
     assert on_main_thread == [False], "the client was not built by run_embedded's thread"
     assert outcome.end is not None and outcome.end.reason == "complete", err.getvalue()

@@ -39,7 +39,7 @@ async def test_a_stopped_batch_of_sleeps_dies_whole_with_one_first_scan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     scans: list[int] = []
-    real = _spawn.find_strays_many
+    real = proctree.find_strays_many
 
     def counting(queries: list[proctree.Query], tag_var: str) -> list[proctree.Strays]:
         scans.append(len(queries))
@@ -102,4 +102,4 @@ async def test_a_scan_of_few_processes_runs_without_a_thread_hop(
             strays.close()
         finally:
             await procs.kill_group(process, 1.0, "t")
-    assert (_spawn.find_strays_many in hops) is threaded
+    assert (proctree.find_strays_many in hops) is threaded

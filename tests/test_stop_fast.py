@@ -67,7 +67,7 @@ async def _stop_command(
     pids and, per look for strays, the state of each pid at that moment."""
     pids: list[int] = []
     looks: list[dict[int, bool | None]] = []
-    real = _spawn.find_strays_many
+    real = proctree.find_strays_many
 
     def looking(queries: list[proctree.Query], tag_var: str) -> list[proctree.Strays]:
         looks.append({p: _frozen(p) for p in pids})
@@ -127,7 +127,7 @@ async def test_a_stray_that_left_the_group_costs_a_second_look(
 
 
 async def test_a_stopped_turn_is_committed_without_waiting_for_an_fsync(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with trio.fail_after(TIMEOUT):
         block = BlockTool()
@@ -145,7 +145,7 @@ async def test_a_stopped_turn_is_committed_without_waiting_for_an_fsync(
                 durable.append(kw.get("durable", True))
                 await append(session_id, **kw)
 
-            store.append = recording_append  # type: ignore[method-assign]
+            monkeypatch.setattr(store, "append", recording_append)
             s = await h.session("s1")
             s.send("go")
             await block.started.wait()

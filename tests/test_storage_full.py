@@ -32,7 +32,7 @@ import trio
 from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import Client, Daemon, open_daemon
 
-from navi_trio.store import SQLiteStore
+from navi_trio.store import SessionStore, SQLiteStore
 
 TIMEOUT = 60
 BIG = 90_000  # characters: a message that needs new pages of its own
@@ -48,10 +48,12 @@ async def _cap(d: Daemon, *, full: bool) -> None:
         pages = db.execute("PRAGMA page_count").fetchone()[0]
         db.execute(f"PRAGMA max_page_count={pages if full else UNCAPPED}")
 
-    await d.harness.runtime.store._run("cap the file", cap)
+    store = d.harness.runtime.store
+    assert isinstance(store, SQLiteStore)
+    await store.run_raw_for_tests("cap the file", cap)
 
 
-async def _users(store: SQLiteStore, sid: str = "alice.S") -> list[str]:
+async def _users(store: SessionStore, sid: str = "alice.S") -> list[str]:
     return [m["content"][:20] for m in await store.load_messages(sid) if m["role"] == "user"]
 
 

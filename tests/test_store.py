@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from builders import assistant, call, result, user
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,32 +36,9 @@ TIMEOUT = 10
 
 async def raw(store: SQLiteStore, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """A query on the store's own connection (its worker thread)."""
-    return await store._run("test query", lambda db: db.execute(sql, params).fetchall())
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"role": "user", "content": text}
-
-
-def call(cid: str | None, name: str = "shell") -> dict[str, Any]:
-    c: dict[str, Any] = {"name": name, "arguments": {}}
-    if cid is not None:
-        c["id"] = cid
-    return c
-
-
-def assistant(*calls: dict[str, Any], text: str = "") -> dict[str, Any]:
-    msg: dict[str, Any] = {"role": "assistant", "content": text}
-    if calls:
-        msg["tool_calls"] = list(calls)
-    return msg
-
-
-def result(cid: str | None, content: str = "ok") -> dict[str, Any]:
-    msg: dict[str, Any] = {"role": "tool", "name": "shell", "content": content}
-    if cid is not None:
-        msg["tool_call_id"] = cid
-    return msg
+    return await store.run_raw_for_tests(
+        "test query", lambda db: db.execute(sql, params).fetchall()
+    )
 
 
 # -- opening, pragmas, the worker thread -----------------------------------------------
@@ -116,7 +94,7 @@ async def test_every_call_runs_on_one_worker_thread_not_trios(tmp_path: Path) ->
     idents: list[int] = []
 
     async def whoami(store: SQLiteStore) -> None:
-        idents.append(await store._run("ident", lambda db: threading.get_ident()))
+        idents.append(await store.run_raw_for_tests("ident", lambda db: threading.get_ident()))
 
     with trio.fail_after(TIMEOUT):
         async with open_store(tmp_path / "n.db") as store, trio.open_nursery() as nursery:
@@ -132,7 +110,7 @@ async def test_trio_keeps_running_while_the_worker_is_busy(tmp_path: Path) -> No
     outcome: list[bool] = []
 
     async def busy(store: SQLiteStore) -> None:
-        outcome.append(await store._run("wait for trio", lambda db: gate.wait(5)))
+        outcome.append(await store.run_raw_for_tests("wait for trio", lambda db: gate.wait(5)))
 
     with trio.fail_after(TIMEOUT):
         async with open_store(tmp_path / "n.db") as store, trio.open_nursery() as nursery:
@@ -149,7 +127,7 @@ async def test_a_cancelled_write_still_lands_and_close_drains_it(tmp_path: Path)
         async with open_store(path) as store:
             row = await store.create_session(profile_id="p")
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(store._run, "hold", lambda db: gate.wait(5))
+                nursery.start_soon(store.run_raw_for_tests, "hold", lambda db: gate.wait(5))
                 await trio.testing.wait_all_tasks_blocked()
                 nursery.start_soon(_append_expecting_cancel, store, row.id)
                 await trio.testing.wait_all_tasks_blocked()
@@ -297,7 +275,7 @@ async def test_append_rejects_what_is_not_a_json_dict_and_writes_nothing(tmp_pat
 
 async def test_unicode_and_odd_values_round_trip_exactly(tmp_path: Path) -> None:
     # Exactly, but for a lone surrogate, which comes back as U+FFFD (navi_trio/text.py).
-    odd = {
+    odd: dict[str, Any] = {
         "role": "assistant",
         "content": "héllo 🌍 שלום \x00 end \ud800",
         "thinking": "∑ ≠ 𝔘",

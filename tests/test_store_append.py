@@ -50,15 +50,17 @@ async def test_an_append_that_need_not_be_durable_commits_without_the_fsync(
     async with SQLiteStore.open(tmp_path / "navi.db") as store:
         await store.create_session("s1", profile_id="p")
         # What a job sees of the connection's level: relaxed only for a non-durable job.
-        assert await store._run("level", _level, durable=False) == normal
-        assert await store._run("level", _level) == full
+        assert await store.run_raw_for_tests("level", _level, durable=False) == normal
+        assert await store.run_raw_for_tests("level", _level) == full
         msg = {"role": "assistant", "content": "calling", "tool_calls": [{"name": "echo"}]}
         await store.append("s1", messages=[msg], context=[msg], durable=False)
         assert await store.load_messages("s1") == [msg]  # committed all the same
-        assert await store._run("level", _level) == full
+        assert await store.run_raw_for_tests("level", _level) == full
     async with SQLiteStore.open(tmp_path / "n.db", synchronous="NORMAL") as store:
-        assert await store._run("level", _level, durable=False) == normal
-        assert await store._run("level", _level) == normal  # never raised above the setting
+        assert await store.run_raw_for_tests("level", _level, durable=False) == normal
+        assert (
+            await store.run_raw_for_tests("level", _level) == normal
+        )  # never raised above the setting
 
 
 async def _batch_statements(tmp_path: Path, durables: list[bool]) -> list[str]:
@@ -81,9 +83,9 @@ async def _batch_statements(tmp_path: Path, durables: list[bool]) -> list[str]:
     with trio.fail_after(10):
         async with SQLiteStore.open(tmp_path / "navi.db") as store:
             await store.create_session("s1", profile_id="p")
-            await store._run("trace", trace)
+            await store.run_raw_for_tests("trace", trace)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(store._run, "hold", hold)
+                nursery.start_soon(store.run_raw_for_tests, "hold", hold)
                 await trio.to_thread.run_sync(started.wait, 5)
                 for i, durable in enumerate(durables):
                     msg = {"role": "user", "content": str(i)}

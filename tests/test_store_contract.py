@@ -19,37 +19,16 @@ from typing import Any
 
 import pytest
 import trio
+from builders import assistant, call, result, user
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
 from store_backends import Backend
-from store_backends import backend as backend
 
 from navi_trio.errors import StoreError
 from navi_trio.store import LoadedSession, SessionStore
 from navi_trio.store.repair import PLACEHOLDER_CONTENT
 
 TIMEOUT = 20
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"role": "user", "content": text}
-
-
-def call(cid: str, name: str = "shell") -> dict[str, Any]:
-    return {"id": cid, "name": name, "arguments": {}}
-
-
-def assistant(*calls: dict[str, Any], text: str = "") -> dict[str, Any]:
-    msg: dict[str, Any] = {"role": "assistant", "content": text}
-    if calls:
-        msg["tool_calls"] = list(calls)
-    return msg
-
-
-def result(cid: str, content: str = "ok") -> dict[str, Any]:
-    return {"role": "tool", "name": "shell", "content": content, "tool_call_id": cid}
 
 
 async def test_the_store_satisfies_the_session_store_protocol(backend: Backend) -> None:
@@ -204,7 +183,7 @@ async def test_append_rejects_what_is_not_a_json_dict_and_writes_nothing(backend
 
 async def test_unicode_nul_and_odd_values_round_trip_exactly(backend: Backend) -> None:
     # Exactly, but for a lone surrogate, which comes back as U+FFFD (navi_trio/text.py).
-    odd = {
+    odd: dict[str, Any] = {
         "role": "assistant",
         "content": "héllo 🌍 שלום \x00 end \ud800",
         "thinking": "∑ ≠ 𝔘",

@@ -14,10 +14,7 @@ from typing import Any
 
 import pytest
 import trio
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
 from store_backends import Backend
-from store_backends import backend as backend
 
 from navi_trio.errors import StoreError
 from navi_trio.store.base import NewSession, QueuedRow, ScheduleRow

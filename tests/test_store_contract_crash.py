@@ -14,10 +14,7 @@ import signal
 
 import pytest
 import trio
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
 from store_backends import Backend
-from store_backends import backend as backend
 from store_contract_child import QUEUED, queued_message
 from store_writer_child import DANGLING, numbered
 

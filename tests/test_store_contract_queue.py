@@ -16,10 +16,8 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from builders import user
 from store_backends import Backend
-from store_backends import backend as backend
 
 from navi_trio.errors import StoreError
 
@@ -36,10 +34,6 @@ def _dead_pid() -> int:
 
 def _row(text: str) -> dict[str, Any]:
     return {"text": text, "user_id": "local", "user_role": "user"}
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"role": "user", "content": text}
 
 
 # -- the durable queue ------------------------------------------------------------------

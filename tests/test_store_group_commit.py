@@ -28,7 +28,7 @@ def _count_commits(store: SQLiteStore, commits: list[str]) -> Any:
             lambda sql: commits.append(sql) if sql.strip().upper() == "COMMIT" else None
         )
 
-    return store._run("trace commits", install)
+    return store.run_raw_for_tests("trace commits", install)
 
 
 def _durable_count(path: Path, sid: str, text: str) -> int:
@@ -70,7 +70,7 @@ async def test_queued_appends_share_one_commit_and_each_is_durable_when_it_retur
             sids = [(await store.create_session(profile_id="p")).id for _ in range(3)]
             await _count_commits(store, commits)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(store._run, "hold", hold)
+                nursery.start_soon(store.run_raw_for_tests, "hold", hold)
                 await trio.to_thread.run_sync(started.wait, 5)
                 for i in range(4):
                     for sid in sids:

@@ -14,15 +14,12 @@ Rules: real server, real connections, no sleeps; every test under an absolute ti
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 import trio
 import trio.testing
 from pg_server import closed_port, sql
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
 from test_startup_imports import imported_by
 
 from navi_trio.errors import ConfigError, StoreError
@@ -34,10 +31,6 @@ from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing.postgres import PgServer
 
 TIMEOUT = 30
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"role": "user", "content": text}
 
 
 # -- migrations -------------------------------------------------------------------------

@@ -29,9 +29,8 @@ import psycopg
 import pytest
 import trio
 import trio.testing
+from builders import user
 from pg_server import closed_port, cut_connections, sql
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
 
 from navi_trio.errors import StorageError, StorageFullError, StoreError
 from navi_trio.store.postgres import PostgresStore
@@ -40,10 +39,6 @@ from navi_trio.store.postgres._migrate import migrate
 from navi_trio.testing.postgres import PgServer
 
 TIMEOUT = 30
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"role": "user", "content": text}
 
 
 # -- a server that fails ------------------------------------------------------------------
@@ -103,7 +98,7 @@ async def test_a_pool_of_two_runs_many_calls_on_two_connections(pg_url: str) -> 
     seen: list[int] = []
 
     async def call(store: PostgresStore) -> None:
-        seen.append(await store._run("backend pid", lambda c: c.info.backend_pid))
+        seen.append(await store.run_raw_for_tests("backend pid", lambda c: c.info.backend_pid))
 
     with trio.fail_after(TIMEOUT):
         async with PostgresStore.open(pg_url, pool_size=2) as store:
@@ -278,7 +273,7 @@ async def test_a_real_deadlock_is_run_again_not_reported(pg_url: str) -> None:
     results: list[str] = []
 
     async def run(store: PostgresStore, first: int, second: int, name: str) -> None:
-        results.append(await store._run(f"lock {name}", locker(first, second, name)))
+        results.append(await store.run_raw_for_tests(f"lock {name}", locker(first, second, name)))
 
     with trio.fail_after(TIMEOUT):
         async with PostgresStore.open(pg_url) as store:

@@ -168,7 +168,7 @@ async def test_holds_nest_in_one_runtime_renew_while_held_and_refuse_another_run
     # A MockClock that only moves when told: the store's thread makes autojump race.
     async with SQLiteStore.open(tmp_path / "navi.db") as store:
         spy = RenewSpy(store)
-        ours, theirs = SessionLeases(spy, ttl=30), SessionLeases(store, ttl=30)  # type: ignore[arg-type]
+        ours, theirs = SessionLeases(spy, ttl=30), SessionLeases(store, ttl=30)
         async with ours.hold("s-1"):
             async with ours.hold("s-1"):  # a second run of this runtime: shares it
                 pass
@@ -197,7 +197,7 @@ async def lease_of(store: SQLiteStore, sid: str) -> tuple[str, float] | None:
                          [sid]).fetchone()  # fmt: skip
         return None if row is None else (row[0], row[1])
 
-    return await store._run("read lease", read)
+    return await store.run_raw_for_tests("read lease", read)
 
 
 # -- background task markers of another process --------------------------------------

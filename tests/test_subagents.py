@@ -22,6 +22,7 @@ from navi_trio.core import runvars
 from navi_trio.core.subagent import CONTEXT_TRANSFER_ACK
 from navi_trio.core.tool_executor import STOPPED_TEXT
 from navi_trio.testing import Harness, open_harness
+from navi_trio.tools.services import SpawnRequest
 
 TIMEOUT = 30
 
@@ -80,7 +81,9 @@ async def test_run_ephemeral_returns_text_and_true_when_the_subagent_answers(
     kit = make_kit()
     with trio.fail_after(TIMEOUT):
         async with harness(tmp_path, kit, [{"text": "the sub-agent's report"}]) as h:
-            text, completed = await h.runtime.agent.run_ephemeral("Summarise X", "pa")
+            text, completed = await h.runtime.agent.run_ephemeral(
+                SpawnRequest(task="Summarise X", profile_id="pa")
+            )
             assert (text, completed) == ("the sub-agent's report", True)
             body = h.chat_requests[0]
             assert body["model"] == "model-pa"
@@ -96,7 +99,7 @@ async def test_run_ephemeral_returns_false_at_the_iteration_limit(tmp_path: Path
     with trio.fail_after(TIMEOUT):
         async with harness(tmp_path, kit, replies) as h:
             text, completed = await h.runtime.agent.run_ephemeral(
-                "Loop forever", "pa", max_iterations=2
+                SpawnRequest(task="Loop forever", profile_id="pa", max_iterations=2)
             )
             assert completed is False
             assert "2 iterations" in text
@@ -116,7 +119,7 @@ async def test_run_ephemeral_timeout_is_a_cancel_scope_that_closes_the_stream(
             assert h.fake is not None
             started = trio.current_time()
             text, completed = await h.runtime.agent.run_ephemeral(
-                "Think hard", "pa", timeout_seconds=0.5
+                SpawnRequest(task="Think hard", profile_id="pa", timeout_seconds=0.5)
             )
             took = trio.current_time() - started
             assert completed is False
@@ -414,7 +417,9 @@ async def test_run_ephemeral_restores_the_callers_contextvars(tmp_path: Path, ou
 async def _run_ephemeral_for(h: Harness, kit: Kit, outcome: str) -> tuple[str, bool] | None:
     agent = h.runtime.agent
     if outcome != "stop":
-        done: tuple[str, bool] = await agent.run_ephemeral("Look", "sub", timeout_seconds=0.5)
+        done: tuple[str, bool] = await agent.run_ephemeral(
+            SpawnRequest(task="Look", profile_id="sub", timeout_seconds=0.5)
+        )
         return done
     result: tuple[str, bool] | None = None
     async with trio.open_nursery() as nursery:
@@ -426,7 +431,7 @@ async def _run_ephemeral_for(h: Harness, kit: Kit, outcome: str) -> tuple[str, b
                 parent_run.cancel()
 
             nursery.start_soon(stop_when_blocked)
-            result = await agent.run_ephemeral("Look", "sub")
+            result = await agent.run_ephemeral(SpawnRequest(task="Look", profile_id="sub"))
     return result
 
 

@@ -21,15 +21,13 @@ import pytest
 import trio
 from agent_tools import EchoTool, call, of_type, toolset, with_tools
 from api_ws import open_daemon
-from test_cli import env, navi
+from test_cli import navi
 
 from navi_trio.api.protocol import parse_frame
 from navi_trio.errors import ProtocolError
 from navi_trio.testing import open_harness
 from navi_trio.text import clean_json, clean_text, has_lone_surrogate
 from navi_trio.tools.base import ToolContext, ToolResult
-
-__all__ = ["env"]  # the fixture, imported for pytest
 
 TIMEOUT = 30
 LONE = "\ud800"

@@ -280,13 +280,13 @@ async def test_notes_stay_pending_until_the_turn_that_carries_them_is_saved(
             async def failing_save(state: Any) -> None:
                 raise OSError("disk full")
 
-            rt.agent.cache.save = failing_save  # type: ignore[method-assign]
+            rt.agent.cache.save = failing_save
             frames = await h.turn("s1", "hi")
             assert of_type(frames, "error")[0]["code"] == "internal"
             # The save failed: the note is still pending, not lost.
             assert [n["task_id"] for n in await pending_notes(rt.store, "s1")] == ["bt-00000001"]
 
-            rt.agent.cache.save = real_save  # type: ignore[method-assign]
+            rt.agent.cache.save = real_save
             rt.agent.cache.forget("s1")  # what the failed turn left in memory is gone
             frames = await h.turn("s1", "hi")
             assert frames[-1]["text"] == "seen"

@@ -19,7 +19,8 @@ from navi_trio.events import TextDelta, ToolEvent, ToolStarted
 from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings
 from navi_trio.tools.base import ToolContext, ToolResult, tool_schema
-from navi_trio.tools.tasks import TaskService, TasksTool
+from navi_trio.tools.services import TaskService
+from navi_trio.tools.tasks import TasksTool
 
 TOOL = TasksTool()
 

@@ -15,7 +15,7 @@ from navi_trio.core.tokens import Baseline, TokenCounter, message_key
 from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings
 
-_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)
+_text = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=30)
 _args = st.one_of(
     _text, st.dictionaries(st.sampled_from(["cmd", "path", "n"]), st.one_of(_text, st.integers()))
 )
@@ -93,7 +93,12 @@ def _round_work(history_rounds: int, monkeypatch: pytest.MonkeyPatch) -> tuple[i
     counter = TokenCounter()
     encoded: list[str] = []
     real_encode = counter.encode
-    monkeypatch.setattr(counter, "encode", lambda t: encoded.append(t) or real_encode(t))
+
+    def encode(text: str) -> list[int]:
+        encoded.append(text)
+        return real_encode(text)
+
+    monkeypatch.setattr(counter, "encode", encode)
     builder = ContextBuilder(Settings(), counter)
     profile = AgentProfile(id="p", system_prompt="Help.")
     config = NaviConfig(persona="Navi.", default_profile="p", profiles={"p": profile})

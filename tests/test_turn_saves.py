@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from agent_tools import EchoTool, call, seed, system_notes, toolset, with_tools
 
@@ -42,7 +43,7 @@ class PeekTool:
 
 
 async def test_the_call_message_is_saved_before_its_calls_run_without_an_fsync(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with trio.fail_after(TIMEOUT):
         tool = PeekTool()
@@ -60,7 +61,7 @@ async def test_the_call_message_is_saved_before_its_calls_run_without_an_fsync(
                 durable.append(kw.get("durable", True))
                 await append(session_id, **kw)
 
-            store.append = recording_append  # type: ignore[method-assign]
+            monkeypatch.setattr(store, "append", recording_append)
             frames = await h.turn("s1", "hi")
             assert frames[-1]["reason"] == "complete"
             roles = [m["role"] for m in await store.load_messages("s1")]
@@ -91,8 +92,9 @@ async def _todo_reads(tmp_path: Path, **flags: bool) -> int:
                 reads.append(key)
             return await kv_get(scope, key)
 
-        store.kv_get = counting_kv_get  # type: ignore[method-assign]
-        frames = await h.turn("s1", "hi")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(store, "kv_get", counting_kv_get)
+            frames = await h.turn("s1", "hi")
         assert frames[-1]["reason"] == "complete"
         return len(reads)
 

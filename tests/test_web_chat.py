@@ -42,6 +42,9 @@ def test_login_then_a_streamed_markdown_answer_and_its_session(site: Site) -> No
     site.login(page)
     assert page.evaluate("sessionStorage.getItem('navi.token')") == site.daemon.admin_token()
     assert site.daemon.admin_token() not in page.url
+    # Before any session exists, the profile box offers the daemon's profiles (welcome).
+    page.wait_for_selector("#conn-state.up")
+    page.wait_for_selector("#profiles option[value='general']", state="attached")
     send(page, "show me some markdown")
     page.wait_for_selector(".lane.main .answer >> text=w5")
     streaming = answer_text(page)
@@ -60,6 +63,10 @@ def test_login_then_a_streamed_markdown_answer_and_its_session(site: Site) -> No
     assert sid.startswith("s-")
     page.wait_for_selector(f".session[data-sid='{sid}'].current")
     assert "just now" in page.locator(f".session[data-sid='{sid}'] .session-meta").inner_text()
+    # The first message titles the session, in the list and above the transcript.
+    name = page.locator(f".session[data-sid='{sid}'] .session-name")
+    assert name.inner_text() == "show me some markdown"
+    assert page.locator("#session-title").inner_text().startswith("show me some markdown · ")
     shot(page, "answered")
     # Compact: one exchange is too short to summarise, and the page says so in one line.
     page.click("#compact")

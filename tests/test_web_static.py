@@ -50,7 +50,8 @@ class Http:
         await self.stream.send_all(data)
 
     async def response(self, head_only: bool = False) -> Response:
-        status, headers, body = 0, {}, b""
+        status, body = 0, b""
+        headers: dict[str, str] = {}
         while True:
             event = self.conn.next_event()
             if event is h11.NEED_DATA:
@@ -184,7 +185,7 @@ async def test_a_connection_carries_several_gets_then_the_websocket(tmp_path: An
                 status, headers, _ = await c.request(path, host)
                 assert status == 200 and headers.get("connection") != "close"
             ws = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
-            origin = [("Origin", f"http://{host}")]
+            origin = [(b"Origin", f"http://{host}".encode())]
             await c.send(ws.send(wsproto.events.Request(host=host, target="/",
                                                         extra_headers=origin)))  # fmt: skip
 
@@ -210,7 +211,7 @@ async def test_a_connection_carries_several_gets_then_the_websocket(tmp_path: An
 
 def _stub_server() -> ApiServer:
     runtime = types.SimpleNamespace(settings=Settings.from_env({}), store=None)
-    return ApiServer(runtime, port=0)  # type: ignore[arg-type]
+    return ApiServer(runtime, port=0)
 
 
 async def test_a_head_over_the_limit_gets_431_and_close() -> None:

@@ -329,7 +329,12 @@ class Site:
         context.set_default_timeout(WAIT_MS)
         self.contexts.append(context)
         page = context.new_page()
-        page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+
+        def on_dialog(dialog: Any) -> None:  # a playwright Dialog
+            self.dialogs.append(dialog.message)
+            dialog.dismiss()
+
+        page.on("dialog", on_dialog)
         page.goto(url or self.daemon.url)
         return page
 

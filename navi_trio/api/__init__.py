@@ -1,6 +1,8 @@
 """The WebSocket daemon's layer: above core, below the wiring (DESIGN.md).
 
-protocol    client frame -> command, event -> frame (the one encoder)
+protocol    client frame -> command; every server frame built here (events, resync,
+            lagged, error, replies)
+services    DaemonCore: what this layer needs of the core (never the concrete Runtime)
 auth        tokens, users, the local token file, the Origin check
 connection  one actor per connection: hello, reader, writer, subscription pumps
 commands    what each command does for one user, ownership checked once

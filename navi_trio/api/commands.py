@@ -2,17 +2,18 @@
 
 Ownership is checked here, once per command: a user sees, drives, subscribes to and
 deletes only their own sessions and tasks; an admin may touch all. The work itself is
-the session actors' (runtime.sessions) and the store's; nothing of the agent loop is
-here. Every refusal is a `RequestError` with its wire code.
+the core's, reached through the `DaemonCore` protocol (api/services.py): the session
+actors (`sessions`), creating and deleting sessions (`session_service`), the store for
+reads. Nothing of the agent loop is here. Every refusal is a `RequestError` with its
+wire code.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import shutil
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -34,6 +35,7 @@ from navi_trio.api.protocol import (
     reply,
 )
 from navi_trio.api.schedule_commands import handle_schedule
+from navi_trio.api.services import DaemonCore
 from navi_trio.core.agent import UserMessage
 from navi_trio.core.session_actor import SessionActor
 from navi_trio.core.task_supervisor import Job
@@ -42,7 +44,7 @@ from navi_trio.errors import (
     BusyError,
     ExistsError,
     ForbiddenError,
-    LimitError,
+    NaviError,
     NotFoundError,
     ProtocolError,
     RequestError,
@@ -52,9 +54,7 @@ from navi_trio.errors import (
 )
 from navi_trio.events import event_to_dict
 from navi_trio.store.base import SessionRow
-
-if TYPE_CHECKING:
-    from navi_trio.runtime import Runtime
+from navi_trio.text import title_from
 
 
 class ClientLink(Protocol):
@@ -70,18 +70,13 @@ class ClientLink(Protocol):
 log = logging.getLogger(__name__)
 
 
-def new_session_id() -> str:
-    import uuid
-
-    return "s-" + uuid.uuid4().hex[:12]
-
-
-# What `new_session_id` (and every client's own) makes: free for anyone to choose.
+# What `new_session_id` (core/session_service.py) and every client make: free for
+# anyone to choose.
 RANDOM_ID = re.compile(r"s-[0-9a-f]{12}")
 
 
 class Commands:
-    def __init__(self, runtime: Runtime, conn: ClientLink, user: User) -> None:
+    def __init__(self, runtime: DaemonCore, conn: ClientLink, user: User) -> None:
         self.rt = runtime
         self.conn = conn
         self.user = user
@@ -118,20 +113,11 @@ class Commands:
         return row
 
     async def _create(self, session_id: str | None, profile: str | None) -> SessionRow:
-        cfg = self.rt.config.current
         self._check_profile(profile)
         if session_id is not None and not self.user.is_admin:
             await self._check_chosen_id(session_id)
-        limit = self.rt.settings.sessions_per_user
-        if await self.rt.store.count_sessions(self.user.id) >= limit:
-            raise LimitError(
-                f"user {self.user.name} already has {limit} sessions (NAVI_SESSIONS_PER_USER):"
-                " delete one first"
-            )
-        row = await self.rt.store.create_session(
-            session_id or new_session_id(),
-            profile_id=profile or cfg.default_profile,
-            user_id=self.user.id,
+        row = await self.rt.session_service.create(
+            session_id, user_id=self.user.id, user_name=self.user.name, profile_id=profile
         )
         log.info("session %s created by %s", row.id, self.user.name)
         return row
@@ -207,10 +193,19 @@ class Commands:
         # One reply, once the message is saved (running) or stored in the queue, so a
         # crash after the ok cannot lose it; else the error that refused it. The wait
         # runs beside the connection's reader: the frames behind this one go on.
-        await self.conn.defer(rid, lambda: self._accepted(rid, row.id, message, strategy))
+        untitled = not row.title
+        await self.conn.defer(
+            rid, lambda: self._accepted(rid, row.id, message, strategy, untitled=untitled)
+        )
 
     async def _accepted(
-        self, rid: RequestId, session_id: str, message: UserMessage, strategy: str | None
+        self,
+        rid: RequestId,
+        session_id: str,
+        message: UserMessage,
+        strategy: str | None,
+        *,
+        untitled: bool = False,
     ) -> None:
         timeout = self.rt.settings.message_accept_timeout_sec
 
@@ -234,10 +229,23 @@ class Commands:
             "session %s: message from %s %s",
             session_id, self.user.name, strategy or "runs",
         )  # fmt: skip
+        if untitled:  # before the ok: a list after it shows the title
+            await self._title(session_id, message.text)
         fields: dict[str, Any] = {"session_id": session_id, "queued": queued}
         if strategy is not None:
             fields["on_busy"] = strategy
         await self.conn.send(reply(rid, "ok", **fields))
+
+    async def _title(self, session_id: str, content: str) -> None:
+        """A session without a title takes its first stored message's first line (the
+        session list shows it); a title that cannot be saved costs only the title."""
+        title = title_from(content)
+        if not title:
+            return
+        try:
+            await self.rt.store.update_session(session_id, title=title)
+        except NaviError as exc:
+            log.warning("session %s: the title was not saved: %s", session_id, exc)
 
     async def _stop(self, rid: RequestId, cmd: Stop) -> None:
         await self._owned(cmd.session_id)
@@ -356,19 +364,9 @@ class Commands:
 
     async def _delete(self, rid: RequestId, session_id: str) -> None:
         await self._owned(session_id)
-        actor = self.rt.sessions.actor(session_id)
-        if actor is not None and (actor.busy or actor.pending):
-            raise SessionBusyError(
-                f"session {session_id!r} has a run active or queued: stop it first"
-            )
-        self.conn.unsubscribe(session_id)
-        for job in self.rt.supervisor.list_jobs(session_id):
-            self.rt.supervisor.cancel(session_id, job.task_id)
-        deleted = await self.rt.store.delete_session(session_id)
-        self.rt.agent.cache.forget(session_id)
-        self.rt.approvals.forget(session_id)
-        folder = self.rt.settings.session_dir(session_id)
-        await trio.to_thread.run_sync(lambda: shutil.rmtree(folder, ignore_errors=True))
+        deleted = await self.rt.session_service.delete(
+            session_id, before=lambda: self.conn.unsubscribe(session_id)
+        )
         log.info("session %s deleted by %s", session_id, self.user.name)
         await self.conn.send(
             reply(rid, "sessions", action="delete", session_id=session_id, deleted=deleted)

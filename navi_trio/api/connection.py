@@ -3,14 +3,18 @@
     reader  ws -> parse_frame -> Commands.handle -> session actors / store
     waits   a command's wait that may take long (a message until it is stored): beside
             the reader, at most DEFERRED_MAX at a time, each bounded by its command
-    pumps   one per subscribed session: sub.frames -> outbox
+    pumps   one per subscribed session: its Follower (core/broadcast.py) -> outbox
     writer  outbox (ONE bounded channel) -> ws
 
 Every frame the connection sends goes through the outbox, so the writer is the only
-task that writes to the socket. A slow client fills the outbox, the pumps block, the
-session actor finds the subscriber's channel full and drops it with ``lagged`` set;
-the pump then sends a ``lagged`` frame and resubscribes from the last seq it
-delivered. A run never waits for a client.
+task that writes to the socket. A slow client fills the outbox and the pumps block;
+meanwhile the deltas waiting in each subscription merge (core/channel.py), so the
+writer itself never merges. When a subscription's queue is full anyway, the session's
+broadcast (core/broadcast.py) drops it with ``lagged`` set; the pump's `Follower`
+subscribes again from the last seq it delivered, and the pump sends a ``lagged`` frame
+(api/protocol.py, where every frame is built) before the frames that follow. A run
+never waits for a client. The connection sees the daemon's core through `DaemonCore`
+(api/services.py), never the concrete Runtime.
 
 A bad frame gets an error frame and the connection goes on; so does any refused
 request (`RequestError`). The reader never waits for a message to be stored: the
@@ -40,10 +44,11 @@ from navi_trio.api.protocol import (
     encode,
     error_frame,
     error_frame_for,
+    lagged_frame,
     parse_frame,
     welcome_frame,
 )
-from navi_trio.core.replay import MERGE_MAX_CHARS, MERGEABLE
+from navi_trio.core.broadcast import Follower, Lagged
 from navi_trio.errors import (
     AuthError,
     LimitError,
@@ -54,14 +59,14 @@ from navi_trio.errors import (
 )
 
 if TYPE_CHECKING:
-    from navi_trio.core.session_actor import SessionActor, Subscription
-    from navi_trio.runtime import Runtime
+    from navi_trio.api.services import DaemonCore
+    from navi_trio.core.session_actor import SessionActor
 
 
 class ConnectionHost(Protocol):
     """What a connection needs of its server (api/server.py `ApiServer`)."""
 
-    runtime: Runtime
+    runtime: DaemonCore
 
     def connected(self, user: User) -> None: ...
     def disconnected(self, user: User) -> None: ...
@@ -76,13 +81,6 @@ CLOSE_SEND_TIMEOUT = 5.0
 DEFERRED_MAX = 64
 # Commands the frames-per-second limit never drops (control frames: stop, approve, deny).
 RATE_EXEMPT = (Stop, Approval)
-# What two deltas must share to be merged into one frame by the writer.
-_SAME = ("session_id", "is_subagent", "agent_id", "epoch")
-
-
-def _merged(last: Frame, texts: list[str]) -> Frame:
-    """The last delta of a run with the text of all of them (seq is the last one's)."""
-    return last if len(texts) == 1 else {**last, "text": "".join(texts)}
 
 
 class Connection:
@@ -93,8 +91,8 @@ class Connection:
         self.user: User | None = None
         self._outbox_send, self._outbox = trio.open_memory_channel[Frame](OUTBOX_SIZE)
         self._nursery: trio.Nursery | None = None
-        # session id -> (subscription, the pump's cancel scope)
-        self._subs: dict[str, tuple[Subscription, trio.CancelScope]] = {}
+        # session id -> (its follower, the pump's cancel scope)
+        self._subs: dict[str, tuple[Follower, trio.CancelScope]] = {}
         settings = server.runtime.settings
         self._bucket = TokenBucket(settings.ws_frames_per_sec, settings.ws_frames_burst)
         self._deferred = trio.Semaphore(DEFERRED_MAX)
@@ -124,16 +122,21 @@ class Connection:
                 self._nursery = nursery
                 nursery.start_soon(self._writer)
                 nursery.start_soon(self._notices, user.id)
-                backend = self.server.runtime.settings.llm_backend
-                await self.ws.send_message(encode(welcome_frame(user.name, user.role, backend)))
+                rt = self.server.runtime
+                config = rt.config.current
+                welcome = welcome_frame(
+                    user.name, user.role, rt.settings.llm_backend,
+                    profiles=sorted(config.profiles), default_profile=config.default_profile,
+                )  # fmt: skip
+                await self.ws.send_message(encode(welcome))
                 await self._reader(commands)
                 nursery.cancel_scope.cancel()
         except* ConnectionClosed:
             pass  # the client went away: its subscriptions end, its runs go on
         finally:
             self._nursery = None
-            for sub, _ in self._subs.values():
-                sub.close()
+            for follower, _ in self._subs.values():
+                follower.close()
             self._subs.clear()
             self.server.disconnected(user)
             log.info("connection %s: user %s disconnected", self.peer, user.name)
@@ -221,49 +224,10 @@ class Connection:
             self._deferred.release()
 
     async def _writer(self) -> None:
-        carry: Frame | None = None
-        while True:
-            if carry is None:
-                try:
-                    frame = await self._outbox.receive()
-                except trio.EndOfChannel:
-                    return
-            else:
-                frame, carry = carry, None
-            if frame.get("type") in MERGEABLE:
-                frame, carry = self._merge_waiting(frame)
+        # No merging here: deltas merge while they wait in the subscription's queue
+        # (core/broadcast.py), where a slow client's pump is blocked on the outbox.
+        async for frame in self._outbox:
             await self.ws.send_message(encode(frame))
-
-    def _merge_waiting(self, frame: Frame) -> tuple[Frame, Frame | None]:
-        """`frame` with the deltas already waiting behind it merged in (one WS message
-        instead of one per token, for a reader that falls behind), and the first waiting
-        frame that could not be merged, if any. Merged: consecutive text (or thinking)
-        deltas of the same session and agent, text concatenated, seq the last one's, at
-        most MERGE_MAX_CHARS of text; never across another frame."""
-        text = frame.get("text")
-        if not isinstance(text, str):
-            return frame, None
-        texts = [text]
-        size = len(text)
-        last = frame
-        while size < MERGE_MAX_CHARS:
-            try:
-                nxt = self._outbox.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
-            more = nxt.get("text")
-            if not (
-                nxt.get("type") == frame["type"]
-                and isinstance(more, str)
-                and isinstance(nxt.get("seq"), int) == isinstance(frame.get("seq"), int)
-                and size + len(more) <= MERGE_MAX_CHARS
-                and all(nxt.get(k) == frame.get(k) for k in _SAME)
-            ):
-                return _merged(last, texts), nxt
-            texts.append(more)
-            size += len(more)
-            last = nxt
-        return _merged(last, texts), None
 
     async def send(self, frame: Frame) -> None:
         await self._outbox_send.send(frame)
@@ -286,46 +250,31 @@ class Connection:
         """(Re)subscribe to `actor`'s frames; an old subscription to it is replaced."""
         self.unsubscribe(actor.session_id)
         assert self._nursery is not None
-        sub = actor.subscribe(last_seq, epoch)
+        follower = Follower(actor.subscribe, lambda: actor.epoch, last_seq, epoch)
         scope = trio.CancelScope()
-        self._subs[actor.session_id] = (sub, scope)
-        self._nursery.start_soon(self._pump, actor, sub, scope, last_seq)
+        self._subs[actor.session_id] = (follower, scope)
+        self._nursery.start_soon(self._pump, actor.session_id, follower, scope)
 
     def unsubscribe(self, session_id: str) -> bool:
         entry = self._subs.pop(session_id, None)
         if entry is None:
             return False
-        sub, scope = entry
+        follower, scope = entry
         scope.cancel()
-        sub.close()
+        follower.close()
         return True
 
-    def _current(self, session_id: str) -> Subscription | None:
+    def _current(self, session_id: str) -> Follower | None:
         entry = self._subs.get(session_id)
         return entry[0] if entry is not None else None
 
-    async def _pump(
-        self, actor: SessionActor, sub: Subscription, scope: trio.CancelScope, last: int | None
-    ) -> None:
-        sid = actor.session_id
+    async def _pump(self, sid: str, follower: Follower, scope: trio.CancelScope) -> None:
         with scope:
-            while True:
-                async for frame in sub.frames:
-                    await self.send(frame)
-                    if isinstance(frame.get("seq"), int):
-                        last = frame["seq"]
-                lagged = sub.lagged
-                if lagged is None or self._current(sid) is not sub:
-                    break
-                missed_from, missed_to = lagged
-                log.warning("%s lagged on session %s: resubscribing", self._who(), sid)
-                await self.send(
-                    {"type": "lagged", "session_id": sid, "missed_from": missed_from,
-                     "missed_to": missed_to}
-                )  # fmt: skip
-                # From the last frame it got; none yet: from just before the first missed.
-                sub = actor.subscribe(missed_from - 1 if last is None else last, actor.epoch)
-                self._subs[sid] = (sub, scope)
-        if self._current(sid) is sub:
+            async for item in follower:
+                if isinstance(item, Lagged):  # the follower subscribed again already
+                    log.warning("%s lagged on session %s: resubscribed", self._who(), sid)
+                    item = lagged_frame(sid, item.missed_from, item.missed_to)
+                await self.send(item)
+        if self._current(sid) is follower:
             # The actor ended the subscription (retired or shutting down).
             del self._subs[sid]

@@ -9,8 +9,10 @@ characters of what the client sent, and whose ``request_id`` echoes the frame's 
 when it could be read. A lone surrogate (``"\\ud800"``) in any field is refused: stored,
 it would break every later request of the session.
 
-Server frames are plain dicts built here: `event_frame` (an AgentEvent with its
-session id and seq), `error_frame`, `welcome_frame`. The full protocol is in the
+Server frames are plain dicts, all built here: `event_frame` (an AgentEvent with its
+session id and seq), `resync_frame` and `lagged_frame` (the session's output path:
+the runtime hands `event_frame` and `resync_frame` to the core, which may not import
+this module), `error_frame`, `welcome_frame` and `reply`. The full protocol is in the
 README ("WebSocket protocol").
 """
 
@@ -418,6 +420,23 @@ def event_frame(
     return frame
 
 
+def resync_frame(session_id: str, seq: int, epoch: str) -> Frame:
+    """The asked seq is gone (or another daemon life's): reload the history; the live
+    frames go on after `seq`."""
+    return {"type": wire.RESYNC, "session_id": session_id, "seq": seq, "epoch": epoch}
+
+
+def lagged_frame(session_id: str, missed_from: int, missed_to: int) -> Frame:
+    """The client fell behind and missed the frames `missed_from`..`missed_to`; the
+    frames after its last one follow (the connection subscribed again from there)."""
+    return {
+        "type": wire.LAGGED,
+        "session_id": session_id,
+        "missed_from": missed_from,
+        "missed_to": missed_to,
+    }
+
+
 def error_frame(
     code: str,
     message: str,
@@ -428,7 +447,7 @@ def error_frame(
     """An error frame. The message is cut at `ERROR_MAX_CHARS` and the session id at
     the longest valid one, whatever the caller quoted in them: an error never echoes
     a client's value whole."""
-    frame: Frame = {"type": "error", "code": code, "message": clip(message, ERROR_MAX_CHARS)}
+    frame: Frame = {"type": wire.ERROR, "code": code, "message": clip(message, ERROR_MAX_CHARS)}
     if request_id is not None:
         frame["id"] = request_id
     if session_id is not None:
@@ -444,13 +463,23 @@ def error_frame_for(exc: RequestError) -> Frame:
     return frame
 
 
-def welcome_frame(name: str, role: str, llm_backend: str | None = None) -> Frame:
+def welcome_frame(
+    name: str,
+    role: str,
+    llm_backend: str | None = None,
+    *,
+    profiles: list[str] | None = None,
+    default_profile: str | None = None,
+) -> Frame:
     frame: Frame = {
-        "type": "welcome",
+        "type": wire.WELCOME,
         "protocol": PROTOCOL_VERSION,
         "server": f"navi_trio {__version__}",
         "user": {"name": name, "role": role},
     }
+    if profiles is not None:  # what a new session or a switch may name
+        frame["profiles"] = profiles
+        frame["default_profile"] = default_profile
     if llm_backend is not None:
         frame["llm_backend"] = llm_backend  # `navi chat --local` tells a mismatch
     return frame

@@ -44,7 +44,7 @@ from navi_trio.errors import LimitError
 from navi_trio.text import clip
 
 if TYPE_CHECKING:
-    from navi_trio.runtime import Runtime
+    from navi_trio.api.services import DaemonCore
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ _DRAIN_CHUNK = 1 << 16
 
 
 class ApiServer:
-    def __init__(self, runtime: Runtime, *, host: str = "127.0.0.1", port: int = 8765) -> None:
+    def __init__(self, runtime: DaemonCore, *, host: str = "127.0.0.1", port: int = 8765) -> None:
         self.runtime = runtime
         self.host = host
         self.port = port

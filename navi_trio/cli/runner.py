@@ -122,34 +122,29 @@ async def _follow(
     """Send the message to the actor and show its frames until this run ends.
 
     `on_sent` runs right after the message went in: from then on `actor.stop` stops it.
-    This is the in-process twin of the daemon's subscription pump: cut off for lagging,
-    it subscribes again from the last frame it showed.
+    It follows the session as the daemon's subscription pumps do (`Follower`): cut off
+    for lagging, it subscribes again from the last frame it showed.
     """
     from navi_trio.core.agent import UserMessage
+    from navi_trio.core.broadcast import Follower, Lagged
 
-    last: int | None = None
-    sent = False
-    while True:
-        with actor.subscribe(last, actor.epoch if last is not None else None) as sub:
-            if not sent:
-                # The person at this shell owns the machine: the local admin.
-                actor.send_message(
-                    UserMessage(
-                        req.text, cwd=req.cwd, profile_id=req.profile, user_role="admin",
-                        mode=req.mode, on_busy=req.on_busy,
-                    )
-                )  # fmt: skip
-                sent = True
-                on_sent()
-            async for frame in sub.frames:
-                if isinstance(frame.get("seq"), int):
-                    last = frame["seq"]
-                if frame.get("type") == "approval_request":
-                    on_approval(frame)
-                if sink.show(frame):
-                    return
-        if sub.lagged is None:
-            return  # the actor closed the subscription: the runtime is shutting down
+    with Follower(actor.subscribe, lambda: actor.epoch) as follower:
+        # The person at this shell owns the machine: the local admin.
+        actor.send_message(
+            UserMessage(
+                req.text, cwd=req.cwd, profile_id=req.profile, user_role="admin",
+                mode=req.mode, on_busy=req.on_busy,
+            )
+        )  # fmt: skip
+        on_sent()
+        async for frame in follower:
+            if isinstance(frame, Lagged):
+                continue  # subscribed again: the frames it missed follow
+            if frame.get("type") == "approval_request":
+                on_approval(frame)
+            if sink.show(frame):
+                return
+    # The actor closed the subscription: the runtime is shutting down.
 
 
 async def follow_in_runtime(

@@ -7,7 +7,7 @@
             ...
 
 The turn runs in a task of the context manager's own nursery and sends its events to
-a bounded channel that never blocks (`core.emit`): a tool's progress callback must
+a bounded channel that never blocks (`core/channel.py`): a tool's progress callback must
 never block, and a slow reader costs merged or dropped progress, never memory.
 Leaving the ``async with`` early stops the run (as Stop does).
 
@@ -43,8 +43,8 @@ from navi_trio.core import runvars
 from navi_trio.core.acceptance import Acceptance, stopped_before_saving
 from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.budgets import Budget, effective
+from navi_trio.core.channel import EventReceiver, EventSender, emitter, open_event_channel
 from navi_trio.core.context import ContextBuilder
-from navi_trio.core.emit import EventReceiver, EventSender, SendsNowait, open_event_channel
 from navi_trio.core.injections import Injections
 from navi_trio.core.lease import SessionLeases
 from navi_trio.core.live_config import LiveConfig
@@ -57,7 +57,8 @@ from navi_trio.core.task_notes import collect_notes, remove_notes
 from navi_trio.core.task_supervisor import TaskSupervisor
 from navi_trio.core.tokens import TokenCounter
 from navi_trio.core.tool_executor import ToolExecutor
-from navi_trio.core.turn import TurnRunner, error_code, shielded
+from navi_trio.core.turn import TurnRunner
+from navi_trio.core.turn_end import shielded
 from navi_trio.core.turn_state import LoopParts, Turn
 from navi_trio.errors import LLMError, NothingToCompactError, RequestError
 from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, Woken
@@ -67,6 +68,7 @@ from navi_trio.settings import Settings
 from navi_trio.store.base import SessionStore
 from navi_trio.tools.base import ToolContext, ToolRegistry
 from navi_trio.tools.procs import ProcessPool
+from navi_trio.tools.services import SpawnRequest
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +80,9 @@ class UserMessage:
     user_id: str = "local"
     user_role: str = "user"
     user_info: dict[str, Any] | None = None
-    profile_id: str | None = None  # for a session that does not exist yet
+    # The profile of a session that does not exist yet; for one that does, the run
+    # switches it (the session actor refuses one the config does not have).
+    profile_id: str | None = None
     mode: str | None = None  # asked for; clamped to the role's (core/policy.py)
     # What to do when the session is busy (core/steering.py); None: the profile's default.
     on_busy: str | None = None
@@ -104,12 +108,16 @@ class UserMessage:
 class RunControl:
     """Stop handle of one run: `stop()` cancels the run's cancel scope.
 
+    `refused` is set when the run ended before its message was saved (the session busy
+    in another process, the store failing): the error that kept the message out.
     `run_id` names the run (a `reject`ed message is told it); `injections` is its
     mailbox for steered messages and background notes (core/steering.py);
     `on_busy_default` the profile's strategy for messages that arrive meanwhile."""
 
     def __init__(self) -> None:
         self.scope = trio.CancelScope()
+        self.saved = False  # the user message is in the history
+        self.refused: Exception | None = None
         self.run_id = "r-" + secrets.token_hex(6)
         self.injections = Injections()
         self.on_busy_default: OnBusy = DEFAULT_ON_BUSY
@@ -124,16 +132,6 @@ class RunControl:
     @property
     def stopped(self) -> bool:
         return self.scope.cancel_called
-
-
-def _emitter(send: SendsNowait) -> Any:
-    def emit(event: AgentEvent) -> None:
-        try:
-            send.send_nowait(event)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the reader left; the run is being stopped
-
-    return emit
 
 
 class Agent:
@@ -223,7 +221,7 @@ class Agent:
         control: RunControl,
     ) -> None:
         async with send:
-            emit = _emitter(send)
+            emit = emitter(send)
             try:
                 async with self.leases.hold(session_id):
                     await self._run_turn(session_id, msg, emit, control)
@@ -231,6 +229,8 @@ class Agent:
                 # Before the save (lease, load, the save itself) this refuses the message;
                 # after it, the ok stands and only the events say what went wrong.
                 msg.accepted.fail(exc)
+                if not control.saved:
+                    control.refused = exc
                 if isinstance(exc, RequestError):  # session_busy, storage, storage_full
                     emit(ErrorEvent(message=str(exc), code=exc.code))
                 else:  # our own bug: say so and keep the daemon alive
@@ -252,9 +252,13 @@ class Agent:
     ) -> None:
         state = await self.cache.get(session_id, profile_id=msg.profile_id)
         # No per-session lock: the session actor runs one turn (or compaction) of its
-        # session at a time, and the lease taken in _run_task keeps other processes
-        # out. A direct caller of run_stream (tests, harnesses) owns its session.
+        # session at a time, and the lease taken in _run_task (the one place a run
+        # takes it) keeps other processes out. A direct caller of run_stream (tests,
+        # harnesses) owns its session.
         cfg = self.config()
+        wanted = msg.profile_id
+        if wanted is not None and wanted in cfg.profiles and state.profile_id != wanted:
+            await self.cache.set_profile(state, wanted)  # the message switches the session
         profile = cfg.profile(state.profile_id)
         control.on_busy_default = profile.on_busy
         control.steer_max_chars = self.settings.steer_max_chars
@@ -322,7 +326,7 @@ class Agent:
                     control.skipped = True
                     msg.accepted.ok()
                 else:
-                    await self._commit(state, msg, user, notes)
+                    await self._commit(state, msg, user, notes, control)
         if msg.accepted.error is not None:
             raise msg.accepted.error
         if notes is not None:
@@ -333,7 +337,12 @@ class Agent:
             control.woken = notes.text
 
     async def _commit(
-        self, state: SessionState, msg: UserMessage, user: dict[str, Any] | None, notes: Any
+        self,
+        state: SessionState,
+        msg: UserMessage,
+        user: dict[str, Any] | None,
+        notes: Any,
+        control: RunControl,
     ) -> None:
         """Save the user message (and the notes) in one transaction; accepted once in."""
         mark = state.mark()
@@ -355,6 +364,7 @@ class Agent:
             state.undo(mark)
             msg.accepted.fail(exc)
             raise
+        control.saved = True
         msg.accepted.ok()
 
     # -- compact_stream -----------------------------------------------------------
@@ -380,7 +390,7 @@ class Agent:
                 profile=cfg.profile(state.profile_id),
                 config=cfg,
                 user_text="",
-                emit=_emitter(send),
+                emit=emitter(send),
             )
             runner = TurnRunner(self.parts, turn)
             if not self.parts.compressor(runner.complete).would_compress(
@@ -396,7 +406,7 @@ class Agent:
                     try:
                         await runner.compress("forced", tokens, force=True)
                     except LLMError as exc:
-                        turn.emit(ErrorEvent(message=str(exc), code=error_code(exc)))
+                        turn.emit(ErrorEvent(message=str(exc), code=exc.code))
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(compact)
@@ -406,31 +416,8 @@ class Agent:
     # -- sub-agents ------------------------------------------------------------------
 
     async def run_ephemeral(
-        self,
-        user_message: str,
-        profile_id: str | None = None,
-        *,
-        max_iterations: int = 40,
-        exclude_tools: tuple[str, ...] = (),
-        briefing: str | None = None,
-        custom_system_prompt: str | None = None,
-        inherit_system_prompt: bool = False,
-        context_transfer: str | None = None,
-        parent_session_id: str | None = None,
-        timeout_seconds: float = 300.0,
+        self, request: SpawnRequest, *, parent_session_id: str | None = None
     ) -> tuple[str, bool]:
         """A non-persistent sub-agent: (result_text, completed_normally)."""
-        outcome = await run_ephemeral(
-            self.parts,
-            user_message,
-            profile_id,
-            max_iterations=max_iterations,
-            exclude_tools=exclude_tools,
-            briefing=briefing,
-            custom_system_prompt=custom_system_prompt,
-            inherit_system_prompt=inherit_system_prompt,
-            context_transfer=context_transfer,
-            parent_session_id=parent_session_id,
-            timeout_seconds=timeout_seconds,
-        )
+        outcome = await run_ephemeral(self.parts, request, parent_session_id=parent_session_id)
         return outcome.text, outcome.completed

@@ -60,16 +60,8 @@ class Spawner:
             budget = self.budget.child(profile.budgets.subagent, background=background)
         return await run_ephemeral(
             self.parts,
-            request.task,
-            request.profile_id or self.profile_id,
-            max_iterations=request.max_iterations,
-            exclude_tools=request.exclude_tools,
-            briefing=request.briefing,
-            custom_system_prompt=request.custom_system_prompt,
-            inherit_system_prompt=request.inherit_system_prompt,
-            context_transfer=request.context_transfer,
+            attrs.evolve(request, profile_id=request.profile_id or self.profile_id),
             parent_session_id=self.session_id,
-            timeout_seconds=request.timeout_seconds,
             publish=publish,
             user_id=self.user_id,
             mode=self.mode,

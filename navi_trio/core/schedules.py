@@ -53,7 +53,7 @@ from navi_trio.store.base import NewSession, QueuedRow, ScheduleRow, SessionStor
 from navi_trio.text import clip
 
 if TYPE_CHECKING:
-    from navi_trio.core.session_actor import SessionRegistry
+    from navi_trio.core.session_registry import SessionRegistry
 
 log = logging.getLogger(__name__)
 

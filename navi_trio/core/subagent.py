@@ -30,7 +30,7 @@ from navi_trio.core.turn_state import LoopParts, Turn
 from navi_trio.errors import BudgetExhaustedError, ContextTooLargeError, LLMError
 from navi_trio.events import AgentEvent, ErrorEvent, SubagentFinished, SubagentStarted
 from navi_trio.store.base import SessionRow
-from navi_trio.tools.services import SubagentOutcome
+from navi_trio.tools.services import SpawnRequest, SubagentOutcome
 
 Publish = Callable[[AgentEvent], None]
 
@@ -43,17 +43,9 @@ def _no_publish(_: AgentEvent) -> None:
 
 async def run_ephemeral(
     parts: LoopParts,
-    user_message: str,
-    profile_id: str | None,
+    request: SpawnRequest,
     *,
-    max_iterations: int = 40,
-    exclude_tools: tuple[str, ...] | list[str] = (),
-    briefing: str | None = None,
-    custom_system_prompt: str | None = None,
-    inherit_system_prompt: bool = False,
-    context_transfer: str | None = None,
     parent_session_id: str | None = None,
-    timeout_seconds: float = 300.0,
     publish: Publish = _no_publish,
     user_id: str = "local",
     mode: str = "workspace",
@@ -61,7 +53,9 @@ async def run_ephemeral(
     usage_to: Callable[[int, int], None] | None = None,
     budget: Budget | None = None,
 ) -> SubagentOutcome:
+    """Run `request` as a sub-agent of `parent_session_id` (None: of no session)."""
     agent_id = f"subagent_{secrets.token_hex(4)}"
+    user_message = request.task
     cfg = parts.config.current()
     parent_profile_id: str | None = None
     if parent_session_id is not None:
@@ -69,17 +63,17 @@ async def run_ephemeral(
         row = await parts.store.get_session(parent_session_id)
         if row is not None:
             parent_profile_id = row.profile_id
-    profile = cfg.profile(profile_id or parent_profile_id)
+    profile = cfg.profile(request.profile_id or parent_profile_id)
 
     system: str | None = None
-    if custom_system_prompt:
-        system = custom_system_prompt
-    elif inherit_system_prompt:
+    if request.custom_system_prompt:
+        system = request.custom_system_prompt
+    elif request.inherit_system_prompt:
         parent = cfg.profile(parent_profile_id)
         system = parts.builder.system_prompt(cfg, parent)
-    if briefing:
+    if request.briefing:
         base = system or parts.builder.system_prompt(cfg, profile, subagent=True)
-        system = f"{base}\n\n## Briefing\n{briefing}"
+        system = f"{base}\n\n## Briefing\n{request.briefing}"
 
     def forward(event: AgentEvent) -> None:
         if event.is_subagent:
@@ -103,11 +97,11 @@ async def run_ephemeral(
         saved_messages=0,
         saved_context=0,
     )
-    if context_transfer:
+    if request.context_transfer:
         state.add(
             {
                 "role": "user",
-                "content": f"Context from the parent conversation:\n{context_transfer}",
+                "content": f"Context from the parent conversation:\n{request.context_transfer}",
             }
         )
         state.add({"role": "assistant", "content": CONTEXT_TRANSFER_ACK})
@@ -124,8 +118,8 @@ async def run_ephemeral(
         persist=False,
         subagent=True,
         system_override=system,
-        exclude_tools=tuple(exclude_tools),
-        max_iterations=max_iterations,
+        exclude_tools=tuple(request.exclude_tools),
+        max_iterations=request.max_iterations,
         agent_id=agent_id,
         parent_session_id=parent_session_id,
         first_message=True,
@@ -140,7 +134,7 @@ async def run_ephemeral(
     )
     ended: list[SubagentOutcome] = []
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_run_child, runner, timeout_seconds, publish, ended.append)
+        nursery.start_soon(_run_child, runner, request.timeout_seconds, publish, ended.append)
     return ended[0]
 
 

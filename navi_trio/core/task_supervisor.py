@@ -40,6 +40,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from navi_trio.actor import NurseryHolder
 from navi_trio.core.lease import pid_alive
 from navi_trio.core.task_notes import record_note
 from navi_trio.errors import TaskRejectedError
@@ -115,8 +116,12 @@ def summarize_args(args: dict[str, Any]) -> str:
     return text
 
 
-class TaskSupervisor:
-    """Owns the nursery of background jobs; enforces caps; delivers results."""
+class TaskSupervisor(NurseryHolder):
+    """Owns the nursery of background jobs; enforces caps; delivers results.
+
+    `run` (NurseryHolder) holds the jobs' nursery until the daemon shuts down; the jobs
+    are cancelled with it. Its start-up work (`on_start`) reports the jobs a previous
+    process left running as lost."""
 
     def __init__(
         self,
@@ -131,7 +136,6 @@ class TaskSupervisor:
         # Where a finished job's note goes: the store (record_note), or the waker that
         # also wakes the session (core/wake.py).
         self._notes = notes
-        self._nursery: trio.Nursery | None = None
         # session id -> task id -> job, in submit order.
         self._jobs: dict[str, dict[str, Job]] = {}
         # session id -> trio times of accepted submissions inside the rate window.
@@ -139,16 +143,8 @@ class TaskSupervisor:
 
     # --- the actor -------------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run until cancelled (daemon shutdown); jobs are cancelled with it."""
-        async with trio.open_nursery() as nursery:
-            await self._report_lost_jobs()
-            self._nursery = nursery
-            try:
-                task_status.started()
-                await trio.sleep_forever()
-            finally:
-                self._nursery = None
+    async def on_start(self) -> None:
+        await self._report_lost_jobs()
 
     async def _report_lost_jobs(self) -> None:
         """Turn running markers left by a previous process into completion notes."""
@@ -190,7 +186,7 @@ class TaskSupervisor:
         is_spawn: bool = False,
     ) -> Job:
         """Start `runner` as a background job, or raise TaskRejectedError with the reason."""
-        if self._nursery is None:
+        if not self.running:
             raise TaskRejectedError("the task supervisor is not running")
         self._sweep()
         self._check_caps(session_id, is_spawn)
@@ -205,7 +201,7 @@ class TaskSupervisor:
         )
         self._jobs.setdefault(session_id, {})[job.task_id] = job
         self._submits.setdefault(session_id, collections.deque()).append(now)
-        self._nursery.start_soon(self._run_job, job, runner, name=f"background {job.task_id}")
+        self.nursery.start_soon(self._run_job, job, runner, name=f"background {job.task_id}")
         self._notify(job)
         return job
 

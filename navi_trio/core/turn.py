@@ -1,17 +1,16 @@
-"""One turn of the agent loop (agent-loop.md "Tool-calling loop", steps 1-10), and how it ends.
+"""One turn of the agent loop (agent-loop.md "Tool-calling loop", steps 1-10).
 
 `TurnRunner` drives a `Turn` with the parts it is given as one frozen `LoopParts` (both
-in turn_state.py; the agent builds the parts once, the runner never sees the agent). A
-turn's clean-up lives here too: `TurnRunner.drive` runs the loop inside the run's cancel
-scope and ends the turn whatever happens — complete, stopped, failed (LLM error),
-crashed (our bug), context too large — saving the partial answer and pairing every
-tool call, shielded.
+in turn_state.py; the agent builds the parts once, the runner never sees the agent).
+How a turn ends — complete, stopped, failed (LLM error), crashed (our bug), context too
+large — is its base `TurnEnding` (turn_end.py): `TurnRunner.drive` runs the loop inside
+the run's cancel scope and ends the turn whatever happens, shielded. An error event's
+`code` is the error class's own (errors.py).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
 from functools import partial
 from typing import Any
@@ -21,29 +20,17 @@ import trio
 from navi_trio.core import planning
 from navi_trio.core.llm_call import StreamedReply, chat_request, output_cap, stream_reply
 from navi_trio.core.steering import take_injections
-from navi_trio.core.tool_executor import execute_batch, stopped_result, tool_message
+from navi_trio.core.tool_executor import execute_batch
+from navi_trio.core.turn_end import TurnEnding
 from navi_trio.core.turn_state import LoopParts, Turn
-from navi_trio.errors import (
-    BudgetExhaustedError,
-    ContextTooLargeError,
-    LLMConnectionError,
-    LLMError,
-    LLMStatusError,
-    LLMTimeoutError,
-)
 from navi_trio.events import (
     AgentEvent,
-    BudgetExhausted,
     CompressionStarted,
     ContextCompressed,
-    ErrorEvent,
     ModelInfo,
     PlanCreated,
-    StreamEnd,
-    TextDelta,
     TodoStep,
     TodoUpdated,
-    ToolResultEvent,
     ToolStarted,
     WarningEvent,
 )
@@ -63,8 +50,8 @@ TRUNCATION_WINDOW_SHARE = 0.5
 MEMORY_WRITERS = frozenset({MemoryTool.name, SpawnAgentTool.name})
 
 
-class TurnRunner:
-    """Runs the loop of one turn, and ends it whatever happens (`drive`)."""
+class TurnRunner(TurnEnding):
+    """Runs the loop of one turn, and ends it whatever happens (`drive`, turn_end.py)."""
 
     def __init__(self, parts: LoopParts, turn: Turn) -> None:
         self.parts = parts
@@ -346,20 +333,6 @@ class TurnRunner:
         t.emit(WarningEvent(message=f"reached max_iterations={t.limit}", code="max_iterations"))
         t.end(self.stream_end(text, reason="max_iterations"))
 
-    def stream_end(
-        self, text: str, *, reason: str, reply: StreamedReply | None = None
-    ) -> StreamEnd:
-        t = self.turn
-        return StreamEnd(
-            text=text,
-            stopped=reason == "stopped",
-            reason=reason,
-            iterations=t.iterations,
-            prompt_tokens=t.prompt_tokens,
-            completion_tokens=t.completion_tokens,
-            done_reason=reply.done.done_reason if reply and reply.done else None,
-        )
-
     async def run_tools(self, reply: StreamedReply) -> None:
         """Step 8b: append the assistant call message, run the calls, append results.
 
@@ -395,13 +368,6 @@ class TurnRunner:
         if any(c.name in MEMORY_WRITERS for c in calls):
             self._memories = None
         await self.save()
-
-    def pair_results(self) -> None:
-        """Append one tool message per pending call, in call order (stopped if missing)."""
-        t = self.turn
-        for i, call in enumerate(t.pending_calls):
-            t.state.add(tool_message(call, t.results.get(i) or stopped_result()))
-        t.pending_calls = []
 
     def tool_context(self) -> ToolContext:
         """The context of this turn's tool calls: made once, again after a profile switch."""
@@ -464,149 +430,6 @@ class TurnRunner:
         if t.persist and not t.subagent:
             await self.parts.cache.set_profile(t.state, profile_id)
 
-    # -- how a turn ends ------------------------------------------------------------
-
-    async def drive(self, scope: trio.CancelScope) -> None:
-        """Run the turn inside the run's cancel `scope` and end it whatever happens.
-
-        Stop cancels `scope`; a cancel from outside (the runtime shutting down) or our
-        own bug ends the turn the same way, then goes on. Every ending is shielded: the
-        history is left consistent (partial answer saved, every call paired).
-        """
-        turn = self.turn
-        try:
-            with scope:
-                try:
-                    await self.run()
-                except ContextTooLargeError as exc:
-                    await self._too_large(exc)
-                except BudgetExhaustedError as exc:
-                    await shielded(partial(self._exhausted, exc))
-                except LLMError as exc:
-                    await shielded(partial(self._failed, exc))
-                if turn.completed_normally and turn.persist:
-                    await self._run_workers()
-        except BaseException as exc:
-            if not turn.ended:
-                if _only_cancelled(exc):
-                    await shielded(self._stopped)
-                else:
-                    await shielded(self._crashed)
-            raise
-        if not turn.ended:
-            await shielded(self._stopped)
-
-    async def _run_workers(self) -> None:
-        """Workers run after StreamEnd: the compression worker.
-
-        The turn has already ended, so a failure here is a warning, never a second
-        StreamEnd; the context stays as it was and the next turn tries again.
-        """
-        turn = self.turn
-        try:
-            await self.compress("worker", self.parts.counter.estimate_messages(turn.state.context))
-        except LLMError as exc:
-            turn.emit(
-                WarningEvent(
-                    message=f"compressing the context after the answer failed: {exc}",
-                    code="compression_failed",
-                )
-            )
-
-    async def _save_partial(self, *, durable: bool = True, **marks: Any) -> str:
-        """Keep what the call being streamed produced; pair every call without a result."""
-        turn = self.turn
-        reply = turn.reply
-        text = reply.content if reply else ""
-        if reply is not None and (reply.text or reply.thinking):
-            message: dict[str, Any] = {
-                "role": "assistant",
-                "content": text,
-                "partial": True,
-                **marks,
-            }
-            if reply.thinking:
-                message["thinking"] = reply.thinking_text
-            turn.state.add(message)
-        turn.reply = None
-        for i, call in enumerate(turn.pending_calls):
-            if i not in turn.results:
-                result = stopped_result()
-                turn.results[i] = result
-                started = turn.call_started.get(call.id)  # None: it never started
-                took = 0 if started is None else int((trio.current_time() - started) * 1000)
-                turn.emit(
-                    ToolResultEvent(
-                        call_id=call.id,
-                        name=call.name,
-                        ok=False,
-                        error=result.error,
-                        duration_ms=took,
-                        stopped=True,
-                    )
-                )
-        self.pair_results()
-        await self.save(durable=durable)
-        return text
-
-    async def _crashed(self) -> None:
-        await self._save_partial(error="internal error")
-
-    async def _stopped(self) -> None:
-        # Committed without an fsync, so StreamEnd does not wait for the disk: the
-        # stopped turn survives a killed daemon at once, and power loss from the next
-        # durable commit on (before that, at worst the history ends where this turn's
-        # last durable save left it, and a dangling call is paired on load).
-        text = await self._save_partial(durable=False, stopped=True)
-        self.turn.end(self.stream_end(text, reason="stopped"))
-
-    async def _exhausted(self, exc: BudgetExhaustedError) -> None:
-        """A budget is spent: the turn ends as a stop does, saying which budget."""
-        turn = self.turn
-        turn.emit(
-            BudgetExhausted(
-                scope=exc.scope, kind=exc.kind, spent=exc.spent, limit=exc.limit,
-                message=str(exc),
-            )
-        )  # fmt: skip
-        text = await self._save_partial(durable=False, stopped=True, budget=str(exc))
-        turn.end(self.stream_end(text, reason="budget_exhausted"))
-
-    async def _failed(self, exc: LLMError) -> None:
-        self.turn.emit(ErrorEvent(message=str(exc), code=error_code(exc)))
-        text = await self._save_partial(error=str(exc))
-        self.turn.end(self.stream_end(text, reason="error"))
-
-    async def _too_large(self, exc: ContextTooLargeError) -> None:
-        turn = self.turn
-        text = (
-            f"I can't go on with this conversation: it needs ~{exc.tokens} tokens but the "
-            f"model's window allows {exc.limit}. Compact it with `navi compact --session "
-            f"{turn.state.id}` (or /compact in a chat), or start a new session."
-        )
-        turn.emit(TextDelta(text))
-        # Display only: adding it to the context would make the context larger still.
-        turn.state.add({"role": "assistant", "content": text, "synthetic": True}, context=False)
-        await shielded(self.save)
-        turn.end(self.stream_end(text, reason="context_too_large"))
-
-
-def error_code(exc: BaseException) -> str:
-    """The stable `code` of the error event for an LLM error."""
-    if isinstance(exc, LLMTimeoutError):
-        return "llm_timeout"
-    if isinstance(exc, LLMConnectionError):
-        return "llm_connection"
-    if isinstance(exc, LLMStatusError):
-        return "llm_status"
-    return exc.code if isinstance(exc, LLMError) else "llm_error"
-
-
-def _only_cancelled(exc: BaseException) -> bool:
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.split(trio.Cancelled)[1] is None
-    return isinstance(exc, trio.Cancelled)
-
 
 def _assistant(reply: StreamedReply, **extra: Any) -> dict[str, Any]:
     """The stored assistant message of a reply; one cut by the output limit says so."""
@@ -620,9 +443,3 @@ def _assistant(reply: StreamedReply, **extra: Any) -> dict[str, Any]:
 
 def _note(text: str) -> dict[str, Any]:
     return {"role": "system", "content": text}
-
-
-async def shielded(fn: Callable[[], Awaitable[None]], seconds: float = 10.0) -> None:
-    """Clean-up that must finish: shielded from the stop, bounded by its own deadline."""
-    with trio.move_on_after(seconds, shield=True):
-        await fn()

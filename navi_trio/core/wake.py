@@ -38,7 +38,7 @@ from navi_trio.settings import Settings
 from navi_trio.store.base import QueuedRow, SessionRow, SessionStore
 
 if TYPE_CHECKING:
-    from navi_trio.core.session_actor import SessionRegistry
+    from navi_trio.core.session_registry import SessionRegistry
 
 log = logging.getLogger(__name__)
 

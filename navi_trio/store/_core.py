@@ -5,7 +5,8 @@ runs the start-up check; `_run(op, fn)` queues one job and waits for its answer,
 mapping what SQLite raised to the caller's `StoreError` (`_health.failure`) and logging
 each storage condition once (`_report`); `_now` is the store's clock. The tables'
 methods (`_sessions`, `_history`, `_queue`, `_kv`, `_users`, `_lease`) are mixins on
-it; `SQLiteStore` (sqlite.py) is all of them at once.
+it; `SQLiteStore` (sqlite.py) is all of them at once. `run_raw_for_tests` is the one
+public way to `_run`, for tests and diagnostics.
 """
 
 from __future__ import annotations
@@ -142,6 +143,18 @@ class _Core:
             logger.warning("store %s: writes succeed again", self.path)
             self._reported -= back
         return job.result  # type: ignore[return-value]  # set when error is None
+
+    async def run_raw_for_tests(
+        self, op: str, fn: Callable[[Database], T], *, durable: bool = True
+    ) -> T:
+        """For tests and diagnostics only: `fn(db)` on the store's own connection.
+
+        One job on the worker thread, as every method's (in order with them, the same
+        error mapping, `durable=False` as an append's): for reading a pragma, holding
+        the worker, or arranging a failure. Nothing in navi_trio calls it; the
+        PostgreSQL store has the same hook, with a psycopg connection.
+        """
+        return await self._run(op, fn, durable=durable)
 
     def _report(self, op: str, cause: BaseException, error: StorageError) -> None:
         """Log a storage failure once per condition (each request still gets its error)."""

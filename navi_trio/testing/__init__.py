@@ -13,7 +13,15 @@ import the module twice.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the same names, typed, for mypy (tests and scripts use them)
+    from navi_trio.testing.fake_llm import FakeLLMServer as FakeLLMServer
+    from navi_trio.testing.fake_llm import open_fake_llm as open_fake_llm
+    from navi_trio.testing.harness import Harness as Harness
+    from navi_trio.testing.harness import SessionDriver as SessionDriver
+    from navi_trio.testing.harness import open_harness as open_harness
+    from navi_trio.testing.harness import test_config as test_config
 
 _EXPORTS = {
     "FakeLLMServer": "navi_trio.testing.fake_llm",

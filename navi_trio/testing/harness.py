@@ -32,6 +32,7 @@ import attrs
 import trio
 
 from navi_trio.core.agent import UserMessage
+from navi_trio.core.broadcast import LocalBroadcast, ReplayBuffer
 from navi_trio.core.session_actor import Frame, SessionActor, Subscription
 from navi_trio.llm.script import Reply
 from navi_trio.llm.scripted import ScriptedBackend
@@ -41,6 +42,12 @@ from navi_trio.settings import Settings, default_config_path
 from navi_trio.testing.fake_llm import FakeLLMServer
 from navi_trio.testing.postgres import TEST_STORE_ENV, shared_database
 from navi_trio.tools.base import Tool
+
+
+def replay_buffer(actor: SessionActor) -> ReplayBuffer:
+    """The replay buffer of an in-process session's broadcast (for tests)."""
+    assert isinstance(actor.broadcast, LocalBroadcast), actor.broadcast
+    return actor.broadcast.buffer
 
 
 class SessionDriver:

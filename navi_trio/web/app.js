@@ -95,6 +95,8 @@ function onUnauthorized(message) {
 function onWelcome(welcome, again) {
   $("banner").hidden = true;
   state.user = welcome.user || {};
+  // The daemon's profiles (a user with no session yet can still pick one).
+  state.profiles = Array.isArray(welcome.profiles) ? welcome.profiles.map(String) : [];
   $("user-name").textContent = `${state.user.name || "?"} (${state.user.role || "?"})`;
   setConn("connected", "up");
   request(frames.sessionsList(), { kind: "list" });
@@ -206,7 +208,7 @@ function renderSessions(list) {
   state.sessions = list;
   const ul = $("session-list");
   ul.replaceChildren();
-  const profiles = new Set();
+  const profiles = new Set(state.profiles || []);
   for (const s of list) {
     profiles.add(String(s.profile || ""));
     const li = el("li", "session");

@@ -30,7 +30,7 @@ def _patch_sync(sync: str) -> None:
 
     real_open = SQLiteStore.open.__func__  # type: ignore[attr-defined]
 
-    def open_with(cls: Any, path: Any, **kw: Any) -> Any:
+    def open_with(cls: Any, /, path: Any, **kw: Any) -> Any:
         return real_open(cls, path, **{**kw, "synchronous": sync})
 
     SQLiteStore.open = classmethod(open_with)  # type: ignore[method-assign,assignment]

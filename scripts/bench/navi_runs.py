@@ -193,7 +193,8 @@ async def loop_bench(a: argparse.Namespace) -> dict[str, Any]:
 
 
 async def stream_bench(a: argparse.Namespace) -> dict[str, Any]:
-    big = {"answer_max_chars": 10**9, "answer_max_tokens": 10**9}  # no answer cap here
+    # No answer cap here.
+    big: dict[str, Any] = {"answer_max_chars": 10**9, "answer_max_tokens": 10**9}
     async with bench_runtime(a.url, [EchoTool()], **big) as rt, ws_daemon(rt) as (url, token):
         async with ws_client(url, token) as c:
             t0 = time.perf_counter()
@@ -261,7 +262,7 @@ def main() -> int:
 
         real_open = SQLiteStore.open.__func__  # type: ignore[attr-defined]
 
-        def open_with(cls: Any, path: Any, **kw: Any) -> Any:
+        def open_with(cls: Any, /, path: Any, **kw: Any) -> Any:
             return real_open(cls, path, **{**kw, "synchronous": a.sync})
 
         SQLiteStore.open = classmethod(open_with)  # type: ignore[method-assign,assignment]

@@ -78,7 +78,8 @@ def plain_httpx(url: str, rounds: int, reps: int) -> list[list[float]]:
             messages: list[dict[str, Any]] = [{"role": "user", "content": PROMPT}]
             while True:
                 body = {"model": MODEL, "messages": messages, "tools": [ECHO_SCHEMA]}
-                text, calls = "", []
+                text = ""
+                calls: list[dict[str, Any]] = []
                 with client.stream("POST", "/api/chat", json=body) as resp:
                     for line in resp.iter_lines():
                         if not line:
@@ -106,7 +107,8 @@ def ollama_client(url: str, rounds: int, reps: int) -> list[list[float]]:
         st.start()
         messages: list[Any] = [{"role": "user", "content": PROMPT}]
         while True:
-            text, calls = "", []
+            text = ""
+            calls: list[Any] = []  # ollama's Message.ToolCall
             for part in client.chat(MODEL, messages=messages, tools=[ECHO_SCHEMA], stream=True):
                 text += part.message.content or ""
                 calls += part.message.tool_calls or []
@@ -130,7 +132,7 @@ def _langgraph(url: str, rounds: int, reps: int, saver: str) -> list[list[float]
 
     st = Stamps()
 
-    @tool
+    @tool  # type: ignore[untyped-decorator]  # not installed where mypy runs (bench venv only)
     def echo(text: str) -> str:
         """echo the text back"""
         return st.echo(text)
@@ -172,13 +174,13 @@ def pydantic_ai(url: str, rounds: int, reps: int) -> list[list[float]]:
     try:
         from pydantic_ai.models.openai import OpenAIChatModel as Model
     except ImportError:  # older releases
-        from pydantic_ai.models.openai import OpenAIModel as Model  # type: ignore
+        from pydantic_ai.models.openai import OpenAIModel as Model
 
     st = Stamps()
     model = Model(MODEL, provider=OpenAIProvider(base_url=url + "/v1", api_key="x"))
     agent = Agent(model)
 
-    @agent.tool_plain
+    @agent.tool_plain  # type: ignore[untyped-decorator]  # not installed where mypy runs (bench venv only)
     def echo(text: str) -> str:
         """echo the text back"""
         return st.echo(text)
@@ -216,7 +218,7 @@ def openai_agents(url: str, rounds: int, reps: int) -> list[list[float]]:
     set_tracing_disabled(True)
     st = Stamps()
 
-    @function_tool
+    @function_tool  # type: ignore[untyped-decorator]  # not installed where mypy runs (bench venv only)
     def echo(text: str) -> str:
         """echo the text back"""
         return st.echo(text)

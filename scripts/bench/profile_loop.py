@@ -19,13 +19,17 @@ import cProfile
 import io
 import pstats
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import trio
 from navi_runs import PROMPT, EchoTool, bench_runtime, ws_client, ws_daemon
+from sqlite_utils import Database
 
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing.harness import SessionDriver
+
+T = TypeVar("T")
 
 
 async def main(a: argparse.Namespace) -> None:
@@ -33,11 +37,11 @@ async def main(a: argparse.Namespace) -> None:
     waits: collections.Counter[str] = collections.Counter()
     real_run = SQLiteStore._run
 
-    async def counted(self: SQLiteStore, op: str, fn: Any, *args: Any, **kw: Any) -> Any:
+    async def counted(self: Any, op: str, fn: Callable[[Database], T], durable: bool = True) -> T:
         kind = op.split(" ")[0] + " " + (op.split(" ")[1] if " " in op else "")
         t0 = time.perf_counter()
         try:
-            return await real_run(self, op, fn, *args, **kw)
+            return await real_run(self, op, fn, durable)
         finally:
             ops[kind] += 1
             waits[kind] += int((time.perf_counter() - t0) * 1e6)

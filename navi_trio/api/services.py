@@ -1,0 +1,45 @@
+"""What the WebSocket side needs of the daemon's core: the `DaemonCore` protocol.
+
+api/ depends on this, never on the concrete `runtime.Runtime` (which satisfies it): the
+layers' arrows point down only (DESIGN.md). It names the parts a connection and its
+commands use — settings, the live config, the store, the session registry (actors),
+the session service (create, delete), the approval broker, the task supervisor, the
+scheduler (scheduled runs) and the users' notices — and nothing of how they are wired.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from navi_trio.core.approvals import ApprovalBroker
+from navi_trio.core.notices import UserNotices
+from navi_trio.core.schedules import Scheduler
+from navi_trio.core.session_registry import SessionRegistry
+from navi_trio.core.session_service import SessionService
+from navi_trio.core.task_supervisor import TaskSupervisor
+from navi_trio.profiles import ConfigSource
+from navi_trio.settings import Settings
+from navi_trio.store.base import SessionStore
+
+
+class DaemonCore(Protocol):
+    """The daemon's core as the api layer sees it (`runtime.Runtime` is one)."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def config(self) -> ConfigSource: ...
+    @property
+    def store(self) -> SessionStore: ...
+    @property
+    def sessions(self) -> SessionRegistry: ...
+    @property
+    def session_service(self) -> SessionService: ...
+    @property
+    def approvals(self) -> ApprovalBroker: ...
+    @property
+    def supervisor(self) -> TaskSupervisor: ...
+    @property
+    def scheduler(self) -> Scheduler: ...
+    @property
+    def notices(self) -> UserNotices: ...

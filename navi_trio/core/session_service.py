@@ -1,0 +1,95 @@
+"""Creating and deleting sessions: the bookkeeping the core owns.
+
+`SessionService.create` makes a session's row (an id of the daemon's when none is
+given, the config's default profile when none is named), within the per-user limit.
+`delete` removes a session and everything the daemon keeps for it: its background jobs
+(cancelled), its row and history, its cached state, its waiting approvals and its
+folder. A session with a run active or queued is not deleted (`SessionBusyError`).
+
+Who may create or delete what (ownership, roles, the session-id namespace) is the
+caller's check (api/commands.py): nothing here knows about connections or users'
+rights.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import uuid
+from collections.abc import Callable
+
+import trio
+
+from navi_trio.core.approvals import ApprovalBroker
+from navi_trio.core.session_registry import SessionRegistry
+from navi_trio.core.task_supervisor import TaskSupervisor
+from navi_trio.errors import LimitError, SessionBusyError
+from navi_trio.profiles import ConfigSource
+from navi_trio.settings import Settings
+from navi_trio.store.base import SessionRow, SessionStore
+
+log = logging.getLogger(__name__)
+
+
+def new_session_id() -> str:
+    return "s-" + uuid.uuid4().hex[:12]
+
+
+class SessionService:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        config: ConfigSource,
+        store: SessionStore,
+        sessions: SessionRegistry,
+        supervisor: TaskSupervisor,
+        approvals: ApprovalBroker,
+    ) -> None:
+        self.settings = settings
+        self.config = config
+        self.store = store
+        self.sessions = sessions
+        self.supervisor = supervisor
+        self.approvals = approvals
+
+    async def create(
+        self, session_id: str | None, *, user_id: str, user_name: str, profile_id: str | None
+    ) -> SessionRow:
+        """A new session of `user_id`, unless they already have as many as allowed."""
+        limit = self.settings.sessions_per_user
+        if await self.store.count_sessions(user_id) >= limit:
+            raise LimitError(
+                f"user {user_name} already has {limit} sessions (NAVI_SESSIONS_PER_USER):"
+                " delete one first"
+            )
+        return await self.store.create_session(
+            session_id or new_session_id(),
+            profile_id=profile_id or self.config.current.default_profile,
+            user_id=user_id,
+        )
+
+    def _check_deletable(self, session_id: str) -> None:
+        """SessionBusyError when the session has a run active or queued."""
+        actor = self.sessions.actor(session_id)
+        if actor is not None and (actor.busy or actor.pending):
+            raise SessionBusyError(
+                f"session {session_id!r} has a run active or queued: stop it first"
+            )
+
+    async def delete(self, session_id: str, *, before: Callable[[], object] | None = None) -> bool:
+        """Delete the session and all the daemon keeps for it; False when it was gone.
+
+        `before` runs once the session is known to be deletable, before anything is
+        removed (the caller's own clean-up: a connection leaves its subscription)."""
+        self._check_deletable(session_id)
+        if before is not None:
+            before()
+        for job in self.supervisor.list_jobs(session_id):
+            self.supervisor.cancel(session_id, job.task_id)
+        deleted = await self.store.delete_session(session_id)
+        self.sessions.forget(session_id)
+        self.approvals.forget(session_id)
+        folder = self.settings.session_dir(session_id)
+        await trio.to_thread.run_sync(lambda: shutil.rmtree(folder, ignore_errors=True))
+        return deleted

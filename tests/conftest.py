@@ -1,0 +1,38 @@
+"""Fixtures every test module may ask for by name, without importing them.
+
+- `env`: os.environ without any navi setting, plus a private NAVI_DB and NAVI_DATA_DIR
+  under tmp_path: the environment of a real `navi` subprocess (tests/test_cli.py ...).
+  tests/test_client_real.py widens it for a terminal client.
+- `pg_server`, `pg_url`: the session's throwaway PostgreSQL server and a fresh database
+  on it (defined in tests/pg_server.py); `backend`: both session stores behind one face,
+  for the contract suite (defined in tests/store_backends.py). Registered here, once, so
+  the whole session shares one server (a session fixture imported into several modules
+  is a separate fixture in each, and would start a server per module).
+
+Helpers that are plain functions are modules beside this one, imported by name as the
+test modules import each other (tests/ is on sys.path; mypy finds them the same way):
+tests/builders.py (history messages), tests/api_ws.py (a daemon and its WebSocket
+clients), tests/agent_tools.py (tools and fake-LLM replies for the agent), ...
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import attrs
+import pytest
+from pg_server import pg_server as pg_server
+from pg_server import pg_url as pg_url
+from store_backends import backend as backend
+
+from navi_trio.settings import Settings
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """os.environ without any navi setting, plus a private DB and data dir."""
+    names = {f.metadata["env"] for f in attrs.fields(Settings)} | {"NAVI_DEBUG", "NAVI_TOKEN"}
+    clean = {k: v for k, v in os.environ.items() if k not in names}
+    clean.update(NAVI_DB=str(tmp_path / "navi.db"), NAVI_DATA_DIR=str(tmp_path / "data"))
+    return clean
