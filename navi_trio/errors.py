@@ -107,6 +107,27 @@ class SandboxUnavailableError(ToolInputError):
     """A sandboxed run was asked for, but bwrap cannot run here: the call is refused."""
 
 
+class BudgetExhaustedError(NaviError):
+    """A run's budget is spent (core/budgets.py): `scope` (turn, session, user_day,
+    subagent), `kind` (tokens, wall_sec, tool_calls, subagents), what was `spent`, the
+    `limit`. The run ends with ``budget_exhausted``, saved as a stop is."""
+
+    code = "budget_exhausted"
+    _UNITS = {"tokens": "tokens", "wall_sec": "seconds", "tool_calls": "tool calls",
+              "subagents": "sub-agents"}  # fmt: skip
+    _SCOPES = {"turn": "turn", "session": "session", "user_day": "daily",
+               "subagent": "sub-agent"}  # fmt: skip
+
+    def __init__(self, scope: str, kind: str, *, spent: float, limit: float) -> None:
+        self.scope, self.kind, self.spent, self.limit = scope, kind, spent, limit
+        unit = self._UNITS.get(kind, kind)
+        shown = f"{spent:.1f}" if kind == "wall_sec" else f"{int(spent)}"
+        super().__init__(
+            f"the {self._SCOPES.get(scope, scope)} budget of {limit:g} {unit} is spent "
+            f"({shown} used)"
+        )
+
+
 class TaskRejectedError(NaviError):
     """A background submit was refused; the message is the reason."""
 
@@ -166,9 +187,11 @@ class BusyError(RequestError):
 
 class SessionBusyError(RequestError):
     """The session is in use: another process holds its lease (the message names it), or
-    a client asked to delete it while a run is active or queued."""
+    a client asked to delete it while a run is active or queued, or a message sent with
+    ``on_busy: reject`` met a running turn (`run_id` names it; the error frame too)."""
 
     code = "session_busy"
+    run_id: str | None = None
 
 
 class LeaseLostError(StoreError, SessionBusyError):

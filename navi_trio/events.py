@@ -121,7 +121,8 @@ class ContextCompressed(AgentEvent):
 class StreamEnd(AgentEvent):
     text: str = ""
     stopped: bool = False
-    reason: str = "complete"  # complete | stopped | max_iterations | error | context_too_large
+    # complete | stopped | max_iterations | error | context_too_large | budget_exhausted
+    reason: str = "complete"
     iterations: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -145,6 +146,49 @@ class MessageQueued(AgentEvent):
     text: str
     position: int
     dropped_total: int = 0
+
+
+@attrs.frozen
+class Steered(AgentEvent):
+    """A message sent with ``on_busy: steer`` joined the running turn here (core/steering.py)."""
+
+    text: str
+
+
+@attrs.frozen
+class BudgetLine:
+    """One active budget: its scope (turn, session, user_day, subagent), kind (tokens,
+    wall_sec, tool_calls, subagents), what was spent and the limit."""
+
+    scope: str
+    kind: str
+    spent: float
+    limit: float
+
+
+@attrs.frozen
+class BudgetReport(AgentEvent):
+    """Every round of a run that has budgets: each one's spent and limit (core/budgets.py)."""
+
+    budgets: tuple[BudgetLine, ...] = ()
+
+
+@attrs.frozen
+class BudgetExhausted(AgentEvent):
+    """The run ends: this budget is spent (its stream_end has reason budget_exhausted)."""
+
+    scope: str
+    kind: str
+    spent: float
+    limit: float
+    message: str = ""
+
+
+@attrs.frozen
+class Woken(AgentEvent):
+    """A turn started by background results (wake_on_task_done): `text` is their note."""
+
+    text: str
 
 
 @attrs.frozen
@@ -269,6 +313,10 @@ EVENT_CLASSES: tuple[type[AgentEvent], ...] = (
     ErrorEvent,
     WarningEvent,
     MessageQueued,
+    Steered,
+    Woken,
+    BudgetReport,
+    BudgetExhausted,
     TaskUpdate,
     TodoUpdated,
     SubagentStarted,
@@ -287,6 +335,7 @@ for _cls in EVENT_CLASSES:
         "WarningEvent": "warning",
         "PlanCreated": "plan",
         "ToolResultEvent": "tool_result",
+        "BudgetReport": "budget",
     }.get(_cls.__name__, _snake(_cls.__name__))
     _cls.type = _tag
     _TAGS[_tag] = _cls

@@ -8,19 +8,22 @@ The root nursery holds, in start order: the embedded model's host (with the loca
 backend: its process, started by the first request), the process pool (persistent
 processes of ``terminal open``), the peer tool's link (its connections to other
 daemons), the MCP servers (each started when a run first needs it; their tools reach
-runs through the tool registry), the TaskSupervisor (background jobs), the checkpoints
-(the engine on DATA/checkpoints, opened first: it completes a restore a killed daemon
-left; its pruning actor), the session registry (session actors and their runs), and,
-with several daemons on one database, the cluster link (core/cluster.py). Leaving the block cancels them all: runs are stopped
-(their clean-up is shielded), background jobs end (their running markers stay, so the
-next start reports them as lost), and every process group is killed. The store closes
-last, after every queued write has landed.
+runs through the tool registry), the waker (finished jobs' notes, core/wake.py), the
+TaskSupervisor (background jobs), the checkpoints (the engine on DATA/checkpoints,
+opened first: it completes a restore a killed daemon left; its pruning actor), the
+session registry (session actors and their runs), with several daemons on one
+database the cluster link (core/cluster.py) and, in the daemon, the scheduler
+(scheduled runs, core/schedules.py). Leaving the block cancels them all: runs are
+stopped (their clean-up is shielded), background jobs end (their running markers stay,
+so the next start reports them as lost), and every process group is killed. The store
+closes last, after every queued write has landed.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -32,14 +35,17 @@ from navi_trio.api.protocol import event_frame, resync_frame
 from navi_trio.core.agent import Agent
 from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.broadcast_relay import RelayBroadcast
-from navi_trio.core.cluster import Cluster
 from navi_trio.core.checkpointing import RoundCheckpoints
 from navi_trio.core.checkpoints import open_checkpoints
+from navi_trio.core.cluster import Cluster
+from navi_trio.core.notices import UserNotices
 from navi_trio.core.rewind import Rewinder
 from navi_trio.core.rewind_service import SessionRewinds
+from navi_trio.core.schedules import Scheduler, notify_schedule_run
 from navi_trio.core.session_registry import SessionRegistry
 from navi_trio.core.session_service import SessionService
 from navi_trio.core.task_supervisor import TaskSupervisor
+from navi_trio.core.wake import Waker
 from navi_trio.events import TaskUpdate
 from navi_trio.llm.base import LLMBackend, SupervisedBackend
 from navi_trio.llm.factory import make_backend, make_client
@@ -74,6 +80,8 @@ class Runtime:
     session_service: SessionService
     rewinds: SessionRewinds
     nursery: trio.Nursery
+    scheduler: Scheduler
+    notices: UserNotices
     cluster: Cluster | None = None  # several daemons on one database (core/cluster.py)
 
 
@@ -103,10 +111,15 @@ async def open_runtime(
     config: ConfigSource | None = None,
     tools: list[Tool] | None = None,
     cluster: bool = False,
+    schedules: bool = False,
+    wall_clock: Callable[[], float] | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the store, the LLM backend and every actor; close them all on exit.
 
-    `cluster`: join the other daemons of a shared store (`navi serve` on PostgreSQL)."""
+    `cluster`: join the other daemons of a shared store (`navi serve` on PostgreSQL).
+    `schedules`: run due schedules (the daemon does; an embedded `navi run` does not);
+    `wall_clock` is their clock (default: time.time; a test passes one on trio's
+    virtual time)."""
     config = config or ConfigSource(settings.config_path)
     tools = tools if tools is not None else default_tools(settings)
     # Refuse a config naming a tool nobody provides or lacking a prompt file, before
@@ -147,7 +160,10 @@ async def open_runtime(
                 if sessions is not None:
                     sessions.publish_task_update(session_id, event)
 
-            supervisor = TaskSupervisor(settings, store, publish)
+            # Finished jobs' notes, and the turns they start (wake_on_task_done).
+            waker = Waker(store, settings, lambda: config.current, lambda: sessions)
+            await nursery.start(waker.run)
+            supervisor = TaskSupervisor(settings, store, publish, notes=waker)
             # A store several daemons share offers a bus (PostgreSQL); SQLite has none.
             make_bus: Callable[[], ClusterBus] | None = getattr(store, "bus", None)
             make_bus = make_bus if cluster else None
@@ -175,12 +191,14 @@ async def open_runtime(
             joined = None
             if make_bus is not None:
                 joined = Cluster(make_bus(), store, agent.leases, settings.lease_ttl_sec)
+            notices = UserNotices()
             sessions = SessionRegistry(
                 agent,
                 encode=event_frame if joined is None else joined.tap(event_frame),
                 resync=resync_frame,
                 queue_max=settings.message_queue_max,
                 idle_timeout=settings.session_idle_sec,
+                on_run_end=lambda sid, msg, end: notify_schedule_run(notices, sid, msg, end),
             )
             await nursery.start(sessions.run)
             if joined is not None:
@@ -199,6 +217,15 @@ async def open_runtime(
                 jobs=supervisor.running_count,
             )
             rewinds = SessionRewinds(rewinder, sessions, checkpoints)
+            scheduler = Scheduler(
+                store,
+                settings,
+                lambda: config.current,
+                lambda: sessions,
+                clock=wall_clock or time.time,
+            )
+            if schedules:
+                await nursery.start(scheduler.run)
             freeze_start_up_objects()
             try:
                 yield Runtime(
@@ -226,6 +253,8 @@ async def open_runtime(
                     rewinds=rewinds,
                     nursery=nursery,
                     cluster=joined,
+                    scheduler=scheduler,
+                    notices=notices,
                 )
             finally:
                 nursery.cancel_scope.cancel()

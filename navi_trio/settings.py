@@ -167,6 +167,16 @@ class Settings:
     task_notes_max_pending: int = attrs.field(
         default=20, metadata=_env("NAVI_TASK_NOTES_MAX_PENDING")
     )
+    # wake_on_task_done (core/wake.py): at most this many turns a session's background
+    # results start in an hour; past it their notes wait for the next message.
+    wake_max_per_hour: int = attrs.field(default=6, metadata=_env("NAVI_WAKE_MAX_PER_HOUR"))
+    # A message sent with on_busy steer joins a running turn: at most this long.
+    steer_max_chars: int = attrs.field(default=8000, metadata=_env("NAVI_STEER_MAX_CHARS"))
+    # Scheduled runs (core/schedules.py): schedules one user may have; the longest the
+    # scheduler waits before it reads the schedules again (another daemon's, a clock
+    # that jumped).
+    schedules_per_user: int = attrs.field(default=20, metadata=_env("NAVI_SCHEDULES_PER_USER"))
+    schedule_poll_sec: float = attrs.field(default=60.0, metadata=_env("NAVI_SCHEDULE_POLL_SEC"))
     backgroundable_tools: tuple[str, ...] = attrs.field(
         default=DEFAULT_BACKGROUNDABLE, metadata=_env("NAVI_BACKGROUNDABLE_TOOLS")
     )

@@ -33,8 +33,9 @@ DENY = "deny"
 CHECKPOINTS = "checkpoints"  # a session's rewind points, checkpoints and branches
 REWIND = "rewind"  # preview a rewind, or confirm one
 FORK = "fork"
+SCHEDULE = "schedule"  # add / list / remove / pause / resume
 CLIENT_TYPES = (HELLO, MESSAGE, STOP, COMPACT, SUBSCRIBE, UNSUBSCRIBE, TASKS, SESSIONS,
-                APPROVE, DENY, CHECKPOINTS, REWIND, FORK)  # fmt: skip
+                APPROVE, DENY, CHECKPOINTS, REWIND, FORK, SCHEDULE)  # fmt: skip
 
 # Daemon -> client, besides a session's events (whose types are the AgentEvents').
 WELCOME = "welcome"
@@ -47,10 +48,28 @@ TASK_UPDATE = "task_update"
 # The run-ending and queueing events a follower of one message's run counts.
 STREAM_END = "stream_end"
 MESSAGE_QUEUED = "message_queued"
+STEERED = "steered"  # a message sent with on_busy steer joined the running turn
+SCHEDULES = "schedules"  # its replies
+SCHEDULE_RUN = "schedule_run"  # a scheduled run ended (to its owner's clients, no seq)
+ON_BUSY = ("enqueue", "reject", "interrupt", "steer")
 
 # Out-of-band or reply frames: never part of a session's seq stream.
 REPLY_TYPES = frozenset(
-    {WELCOME, OK, SESSION, SESSIONS, TASKS, RESYNC, LAGGED, TASK_UPDATE, CHECKPOINTS, REWIND, FORK}
+    {
+        WELCOME,
+        OK,
+        SESSION,
+        SESSIONS,
+        TASKS,
+        RESYNC,
+        LAGGED,
+        TASK_UPDATE,
+        CHECKPOINTS,
+        REWIND,
+        FORK,
+        SCHEDULES,
+        SCHEDULE_RUN,
+    }
 )
 
 
@@ -103,8 +122,11 @@ def message(
     profile: str | None = None,
     cwd: str | None = None,
     mode: str | None = None,
+    on_busy: str | None = None,
 ) -> Frame:
     frame: Frame = {"type": MESSAGE, "content": content}
+    if on_busy:
+        frame["on_busy"] = on_busy
     if session_id:
         frame["session_id"] = session_id
     if profile:
@@ -201,4 +223,13 @@ def fork(
     for key, value in (("at", at), ("folder", folder), ("new_session_id", new_session_id)):
         if value is not None:
             frame[key] = value
+    return frame
+
+
+def schedule(action: str, **fields: object) -> Frame:
+    """A ``schedule`` frame: add (with `session_id` or `new`, `profile`, one of `cron`,
+    `every`, `at`, `message`, `catch_up`, `budget`), list, remove / pause / resume
+    (`schedule_id`). Fields left None are not sent."""
+    frame: Frame = {"type": SCHEDULE, "action": action}
+    frame.update({k: v for k, v in fields.items() if v is not None})
     return frame

@@ -106,7 +106,7 @@ async def test_the_tools_are_ask_and_sessions_with_their_schemas(
     assert set(tools) == {"ask", "sessions", "rewind", "fork"}
     ask_in = tools["ask"].input_schema
     assert ask_in["required"] == ["message"]
-    assert set(ask_in["properties"]) == {"message", "session_id", "profile", "cwd"}
+    assert set(ask_in["properties"]) == {"message", "session_id", "profile", "cwd", "on_busy"}
     assert all(p.get("description") for p in ask_in["properties"].values())
     assert tools["ask"].output_schema is not None
     assert set(tools["ask"].output_schema["required"]) >= {"answer", "session_id"}

@@ -91,7 +91,7 @@ async def message(c: Client, sid: str, text: str) -> dict[str, Any]:
 async def test_a_client_on_one_daemon_drives_and_follows_a_session_run_by_another(
     tmp_path: Path, pg_url: str
 ) -> None:
-    replies = [
+    replies: list[dict[str, Any]] = [
         {"text": "first answer in many words", "delay_chunk": 0.05},
         {"text": "second answer"},
     ]
@@ -134,7 +134,7 @@ async def test_a_client_on_one_daemon_drives_and_follows_a_session_run_by_anothe
 async def test_a_daemon_killed_mid_run_loses_no_acknowledged_message(
     tmp_path: Path, pg_url: str
 ) -> None:
-    replies = [
+    replies: list[dict[str, Any]] = [
         {"text": "never finished", "delay_first": 60},  # B's run, killed under it
         {"text": "answer two"},
         {"text": "answer three"},

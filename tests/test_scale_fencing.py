@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import trio
 from daemons import history, lease, pg_daemons
@@ -36,7 +37,7 @@ async def wait_lease_expired(url: str, sid: str) -> None:
 async def test_a_paused_daemons_late_writes_are_refused_after_a_takeover(
     tmp_path: Path, pg_url: str
 ) -> None:
-    replies = [
+    replies: list[dict[str, Any]] = [
         {"text": "late answer from A", "delay_first": 0.5},  # A's run: stopped mid-wait
         {"text": "answer from B"},
     ]

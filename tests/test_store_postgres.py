@@ -44,8 +44,8 @@ async def test_migrations_are_applied_once_and_recorded(pg_url: str) -> None:
             assert await store.get_session("s1") is not None
     rows = await trio.to_thread.run_sync(sql, pg_url, "SELECT version, name FROM schema_migrations")
     assert rows == [(m.version, m.name) for m in migrations()]
-    assert rows == [(1, "init"), (2, "lease_generation"), (3, "cluster")]
-    assert SCHEMA_VERSION == 3
+    assert rows == [(1, "init"), (2, "lease_generation"), (3, "cluster"), (4, "control")]
+    assert SCHEMA_VERSION == 4
 
 
 async def test_daemons_starting_together_apply_each_migration_once(pg_url: str) -> None:
@@ -60,7 +60,9 @@ async def test_daemons_starting_together_apply_each_migration_once(pg_url: str) 
             for _ in range(4):
                 nursery.start_soon(daemon)
     assert opened == [0, 0, 0, 0]
-    rows = await trio.to_thread.run_sync(sql, pg_url, "SELECT version FROM schema_migrations")
+    rows = await trio.to_thread.run_sync(
+        sql, pg_url, "SELECT version FROM schema_migrations ORDER BY version"
+    )
     assert rows == [(m.version,) for m in migrations()]
 
 
@@ -97,10 +99,11 @@ async def test_a_second_daemon_waits_for_the_migration_lock_then_finds_it_applie
             await trio.to_thread.run_sync(migrate_there)
         assert opened.is_set()
     rows = await trio.to_thread.run_sync(
-        sql, pg_url, "SELECT version, extract(year FROM applied_at) FROM schema_migrations"
-    )
-    assert rows[0] == (1, 2001)  # applied once, by the other daemon; the later ones by us
-    assert [r[0] for r in rows] == [m.version for m in migrations()]
+        sql, pg_url,
+        "SELECT version, extract(year FROM applied_at) FROM schema_migrations ORDER BY version",
+    )  # fmt: skip
+    # The first applied once, by the other daemon; the later ones (which it lacked) by us.
+    assert rows[0] == (1, 2001) and [r[0] for r in rows] == [m.version for m in migrations()]
 
 
 async def wait_for_lock_waiter(url: str) -> None:
@@ -182,7 +185,7 @@ async def test_the_doctor_report_says_which_server_and_whether_it_answers(
             await store.create_session("s1", profile_id="p")
         used = await store_report(Settings(db_url=pg_url))
         assert (used["ok"], used["existed"], used["schema"]) == (
-            True, True, {"applied": [1, 2, 3], "known": 3}
+            True, True, {"applied": [1, 2, 3, 4], "known": 4}
         )  # fmt: skip
         assert used["tables"]["sessions"] == 1
         errors: list[str] = []

@@ -50,6 +50,8 @@ def _strategy_for(typ: Any) -> st.SearchStrategy[Any]:
         return st.booleans()
     if typ is int:
         return st.integers()
+    if typ is float:
+        return st.floats(allow_nan=False, allow_infinity=False)
     if typ is Any:
         return _json
     if origin is dict:
@@ -101,7 +103,7 @@ def test_subagent_marks_survive_the_round_trip() -> None:
 
 
 def _example(typ: Any) -> Any:
-    return {str: "x", bool: True, int: 3}[typ]
+    return {str: "x", bool: True, int: 3, float: 1.5}[typ]
 
 
 def test_every_event_class_has_its_own_type_tag() -> None:

@@ -29,6 +29,7 @@ from navi_trio.api.protocol import (
     Hello,
     RequestId,
     Rewind,
+    Schedule,
     SendMessage,
     Sessions,
     Stop,
@@ -37,6 +38,7 @@ from navi_trio.api.protocol import (
     Unsubscribe,
     reply,
 )
+from navi_trio.api.schedule_commands import handle_schedule
 from navi_trio.api.services import DaemonCore
 from navi_trio.core.agent import UserMessage
 from navi_trio.core.session_actor import SessionActor
@@ -97,6 +99,7 @@ class Commands:
             Checkpoints: self.checkpoints.overview,
             Rewind: self.checkpoints.rewind,
             Fork: self.checkpoints.fork,
+            Schedule: self._schedule,
         }[type(command)]
         try:
             await handler(rid, command)
@@ -195,17 +198,15 @@ class Commands:
             user_info=self.user.info,
             profile_id=cmd.profile,
             mode=cmd.mode,
+            on_busy=cmd.on_busy,
+            budget=cmd.budget,
         )
         self._check_profile(cmd.profile)  # a new session's was checked by _create
         if owner is not None:  # another daemon runs it: queued there (core/cluster.py)
-            assert self.rt.cluster is not None
-            await self.rt.cluster.hand_over(owner, row.id, message)
-            log.info("session %s: message from %s handed to %s", row.id, self.user.name, owner)
-            await self.conn.send(reply(rid, "ok", session_id=row.id, queued=True))
+            await self._hand_over(rid, owner, row.id, message)
             return
-        queued = actor.busy
         try:
-            actor.send_message(message)
+            strategy = actor.send_message(message)
         except RuntimeError:
             raise UnavailableError("the daemon is shutting down; try again later") from None
         # One reply, once the message is saved (running) or stored in the queue, so a
@@ -213,7 +214,7 @@ class Commands:
         # runs beside the connection's reader: the frames behind this one go on.
         untitled = not row.title
         await self.conn.defer(
-            rid, lambda: self._accepted(rid, row.id, message, queued, untitled=untitled)
+            rid, lambda: self._accepted(rid, row.id, message, strategy, untitled=untitled)
         )
 
     async def _accepted(
@@ -221,7 +222,7 @@ class Commands:
         rid: RequestId,
         session_id: str,
         message: UserMessage,
-        queued: bool,
+        strategy: str | None,
         *,
         untitled: bool = False,
     ) -> None:
@@ -240,13 +241,39 @@ class Commands:
         except RequestError as exc:
             exc.session_id = exc.session_id or session_id
             raise
+        # queued: it waits for a run of its own (behind the queue, or next for interrupt);
+        # on_busy: the strategy applied, when the session was busy (steer: in that run).
+        queued = strategy in ("enqueue", "interrupt")
         log.info(
             "session %s: message from %s %s",
-            session_id, self.user.name, "queued" if queued else "runs",
+            session_id, self.user.name, strategy or "runs",
         )  # fmt: skip
         if untitled:  # before the ok: a list after it shows the title
             await self.rt.session_service.title(session_id, message.text)
-        await self.conn.send(reply(rid, "ok", session_id=session_id, queued=queued))
+        fields: dict[str, Any] = {"session_id": session_id, "queued": queued}
+        if strategy is not None:
+            fields["on_busy"] = strategy
+        await self.conn.send(reply(rid, "ok", **fields))
+
+    async def _hand_over(
+        self, rid: RequestId, owner: str, session_id: str, message: UserMessage
+    ) -> None:
+        """The session's turn runs on daemon `owner`: the message waits in the queue there.
+        `reject` refuses it; a steer or an interrupt is not carried across daemons: it
+        queues, and the ok says so (``on_busy: enqueue``)."""
+        assert self.rt.cluster is not None
+        if message.on_busy == "reject":
+            raise SessionBusyError(
+                f"session {session_id!r} is running a turn on another daemon (on_busy:"
+                " reject): send again later, or with on_busy enqueue",
+                session_id=session_id,
+            )
+        await self.rt.cluster.hand_over(owner, session_id, message)
+        log.info("session %s: message from %s handed to %s", session_id, self.user.name, owner)
+        fields: dict[str, Any] = {"session_id": session_id, "queued": True}
+        if message.on_busy is not None:
+            fields["on_busy"] = "enqueue"
+        await self.conn.send(reply(rid, "ok", **fields))
 
     async def _stop(self, rid: RequestId, cmd: Stop) -> None:
         await self._owned(cmd.session_id)
@@ -377,6 +404,11 @@ class Commands:
         await self.conn.send(
             reply(rid, "sessions", action="delete", session_id=session_id, deleted=deleted)
         )
+
+    # -- schedules ----------------------------------------------------------------------
+
+    async def _schedule(self, rid: RequestId, cmd: Schedule) -> None:
+        await handle_schedule(self.rt.scheduler, self.user, self._owned, self.conn, rid, cmd)
 
     # -- tasks --------------------------------------------------------------------------
 

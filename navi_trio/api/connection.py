@@ -122,6 +122,7 @@ class Connection:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._writer)
+                nursery.start_soon(self._notices, user.id)
                 rt = self.server.runtime
                 config = rt.config.current
                 welcome = welcome_frame(
@@ -232,6 +233,12 @@ class Connection:
 
     async def send(self, frame: Frame) -> None:
         await self._outbox_send.send(frame)
+
+    async def _notices(self, user_id: str) -> None:
+        """The user's notices (a scheduled run ended: core/notices.py) to this client."""
+        with self.server.runtime.notices.subscribe(user_id) as notices:
+            async for frame in notices:
+                await self.send(frame)
 
     def _who(self) -> str:
         return self.user.name if self.user is not None else self.peer

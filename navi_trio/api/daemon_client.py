@@ -256,16 +256,19 @@ class DaemonConnection:
         profile: str | None = None,
         cwd: str | None = None,
         mode: str | None = None,
+        on_busy: str | None = None,
         timeout: float = REPLY_TIMEOUT,  # noqa: ASYNC109
     ) -> Accepted:
         """Send a user message and wait until the daemon stored it (its ``ok``)."""
-        frame = wire.message(content, session_id, profile, cwd, mode)
+        frame = wire.message(content, session_id, profile, cwd, mode, on_busy)
         replies = await self._exchange(frame, timeout)
         ok = replies[-1]
         if ok["type"] != wire.OK or not isinstance(ok.get("session_id"), str):
             raise RemoteError("bad_frame", f"expected an ok to the message, got {ok}"[:300])
         created = any(r["type"] == wire.SESSION and r.get("created") for r in replies)
-        return Accepted(ok["session_id"], created, bool(ok.get("queued")))
+        applied = ok.get("on_busy")
+        strategy = applied if isinstance(applied, str) else None
+        return Accepted(ok["session_id"], created, bool(ok.get("queued")), strategy)
 
     async def stop(self, session_id: str, *, timeout: float = REPLY_TIMEOUT) -> bool:  # noqa: ASYNC109
         """Stop the session's running turn; False when none was running."""

@@ -22,6 +22,9 @@ class Accepted:
     session_id: str
     created: bool  # the daemon made the session for this message
     queued: bool  # it waits behind the session's running turn
+    # The strategy the daemon applied because the session was busy (core/steering.py):
+    # enqueue / interrupt (queued), steer (it joins the running turn); None: it runs now.
+    on_busy: str | None = None
 
 
 @attrs.define(eq=False)
@@ -34,6 +37,10 @@ class OurRun:
     it: its ``message_queued`` frame (the first carrying our text) says how many runs
     end first (`position`); their top-level ``stream_end`` frames are counted down,
     then the frames are ours until our own top-level ``stream_end`` (`ended`).
+
+    A steered one (`Accepted.on_busy` ``steer``) joins the running turn: its ``steered``
+    frame (our text) makes the rest of that run ours. When that run ends without taking
+    it in, it runs next, announced by a ``message_queued`` frame as a queued one is.
     """
 
     session_id: str
@@ -43,15 +50,17 @@ class OurRun:
     ahead: int | None = None  # runs still to end before ours (once our message_queued came)
     started: bool = False  # the frames are ours now
     ended: bool = False  # our top-level stream_end was seen
+    steered: bool = False  # sent with on_busy steer: waiting for its `steered` frame
 
     def __attrs_post_init__(self) -> None:
-        self.started = not self.queued
+        self.started = not self.queued and not self.steered
 
     @classmethod
     def of(
         cls, accepted: Accepted, text: str, on_queued: Callable[[int], object] = lambda n: None
     ) -> OurRun:
-        return cls(accepted.session_id, text, accepted.queued, on_queued)
+        steered = accepted.on_busy == "steer"
+        return cls(accepted.session_id, text, accepted.queued, on_queued, steered=steered)
 
     @property
     def running(self) -> bool:
@@ -63,6 +72,10 @@ class OurRun:
         if frame.get("session_id") != self.session_id or not isinstance(frame.get("seq"), int):
             return False  # another session's, a reply, an out-of-band task_update, lagged
         if not self.started:
+            if self.steered and self.ahead is None:
+                if frame.get("type") == wire.STEERED and frame.get("text") == self.text:
+                    self.started = True  # it joined the running turn: the rest is ours
+                    return True
             if self.ahead is None:
                 if frame.get("type") == wire.MESSAGE_QUEUED and frame.get("text") == self.text:
                     position = frame.get("position")

@@ -31,6 +31,7 @@ import cattrs
 from navi_trio import __version__, wire
 from navi_trio.errors import FrameTooLargeError, ProtocolError, RequestError, UnknownTypeError
 from navi_trio.events import AgentEvent, event_to_dict
+from navi_trio.profiles import BudgetConfig, parse_budgets
 from navi_trio.text import CLIP_CHARS, clean_json, clean_text, clip, has_lone_surrogate
 from navi_trio.wire import PROTOCOL_VERSION as PROTOCOL_VERSION
 from navi_trio.wire import Frame as Frame
@@ -44,6 +45,8 @@ CALL_ID_MAX_CHARS = 256  # the model's server chooses tool-call ids
 PATH_MAX_CHARS = 4096
 NUMBER_MAX_DIGITS = 18  # a whole number in a frame (last_seq, id)
 ERROR_MAX_CHARS = 1000  # an error frame's message is cut there, whoever wrote it
+SPEC_MAX_CHARS = 128  # a schedule's cron, every or at
+SCHEDULE_MESSAGE_MAX = 16_000  # a schedule's message (core/schedules.py MESSAGE_MAX_CHARS)
 
 
 def shown(value: Any) -> str:
@@ -105,6 +108,10 @@ class SendMessage:
     profile: str | None = attrs.field(default=None, validator=_name)
     # The tool policy's mode: clamped to what the sender's role allows.
     mode: Literal["read-only", "workspace", "full"] | None = None
+    # What to do when the session is busy (core/steering.py); None: the profile's.
+    on_busy: Literal["enqueue", "reject", "interrupt", "steer"] | None = None
+    # Budgets for this run, config.json's shape: they only lower the configured ones.
+    budget: BudgetConfig | None = None
 
 
 @attrs.frozen
@@ -200,6 +207,23 @@ class Fork:
     new_session_id: str | None = attrs.field(default=None, validator=_session_id)
 
 
+@attrs.frozen
+class Schedule:
+    """schedule add / list / remove / pause / resume (core/schedules.py)."""
+
+    action: Literal["add", "list", "remove", "pause", "resume"]
+    schedule_id: str | None = attrs.field(default=None, validator=_name)
+    session_id: str | None = attrs.field(default=None, validator=_session_id)
+    new: bool = False  # each run in a new session (of `profile`)
+    profile: str | None = attrs.field(default=None, validator=_name)
+    cron: str | None = attrs.field(default=None, validator=_at_most(SPEC_MAX_CHARS))
+    every: str | None = attrs.field(default=None, validator=_at_most(SPEC_MAX_CHARS))
+    at: str | None = attrs.field(default=None, validator=_at_most(SPEC_MAX_CHARS))
+    message: str | None = attrs.field(default=None, validator=_at_most(SCHEDULE_MESSAGE_MAX))
+    catch_up: bool = True  # a due time missed while no daemon ran: run once at start-up
+    budget: BudgetConfig | None = None
+
+
 Command = (
     Hello
     | SendMessage
@@ -213,6 +237,7 @@ Command = (
     | Checkpoints
     | Rewind
     | Fork
+    | Schedule
 )
 
 COMMANDS: dict[str, type[Any]] = {
@@ -229,6 +254,7 @@ COMMANDS: dict[str, type[Any]] = {
     wire.CHECKPOINTS: Checkpoints,
     wire.REWIND: Rewind,
     wire.FORK: Fork,
+    wire.SCHEDULE: Schedule,
 }
 
 
@@ -290,10 +316,17 @@ def _strict_bool(value: Any, _: Any) -> bool:
     return value
 
 
+def _budget(value: Any, _: Any) -> BudgetConfig:
+    # Every scope and limit checked and bounded (profiles/_control.py); a ValueError
+    # names the field inside ("budget.turn.tokens must be a whole number ...").
+    return parse_budgets(value)
+
+
 converter = cattrs.Converter(forbid_extra_keys=True)
 converter.register_structure_hook(str, _strict_str)
 converter.register_structure_hook(int, _strict_int)
 converter.register_structure_hook(bool, _strict_bool)
+converter.register_structure_hook(BudgetConfig, _budget)
 
 
 def _choices(type_: Any) -> list[str]:
@@ -476,7 +509,11 @@ def error_frame(
 
 
 def error_frame_for(exc: RequestError) -> Frame:
-    return error_frame(exc.code, str(exc), request_id=exc.request_id, session_id=exc.session_id)
+    frame = error_frame(exc.code, str(exc), request_id=exc.request_id, session_id=exc.session_id)
+    run_id = getattr(exc, "run_id", None)
+    if run_id is not None:
+        frame["run_id"] = run_id  # session_busy of a rejected message: the running run
+    return frame
 
 
 def welcome_frame(

@@ -3,9 +3,9 @@
 api/ depends on this, never on the concrete `runtime.Runtime` (which satisfies it): the
 layers' arrows point down only (DESIGN.md). It names the parts a connection and its
 commands use — settings, the live config, the store, the session registry (actors),
-the session service (create, delete), the approval broker, the task supervisor and the
-rewinds (rewind, fork) —
-and nothing of how they are wired.
+the session service (create, delete), the approval broker, the task supervisor, the
+rewinds (rewind, fork), the scheduler (scheduled runs), the users' notices and, with
+several daemons on one database, the cluster — and nothing of how they are wired.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from typing import Protocol
 
 from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.cluster import Cluster
+from navi_trio.core.notices import UserNotices
 from navi_trio.core.rewind_service import SessionRewinds
+from navi_trio.core.schedules import Scheduler
 from navi_trio.core.session_registry import SessionRegistry
 from navi_trio.core.session_service import SessionService
 from navi_trio.core.task_supervisor import TaskSupervisor
@@ -42,4 +44,9 @@ class DaemonCore(Protocol):
     def supervisor(self) -> TaskSupervisor: ...
     @property
     def cluster(self) -> Cluster | None: ...  # several daemons on one database
+    @property
     def rewinds(self) -> SessionRewinds: ...
+    @property
+    def scheduler(self) -> Scheduler: ...
+    @property
+    def notices(self) -> UserNotices: ...

@@ -66,6 +66,7 @@ from navi_trio.llm.factory import (
     BACKENDS,
     backend_configured,
 )
+from navi_trio.wire import ON_BUSY
 
 
 class _Parser(argparse.ArgumentParser):
@@ -138,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--mode",
         choices=("read-only", "workspace", "full"),
         help="safety mode for this run, within what your role allows (default: the profile's)",
+    )
+    run.add_argument(
+        "--on-busy",
+        choices=ON_BUSY,
+        help="when the session is running a turn: enqueue (wait), reject, interrupt (stop it "
+        "and run this next) or steer (join the running turn); default: the profile's",
     )
     _add_endpoint_options(run)
 

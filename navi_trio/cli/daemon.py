@@ -5,11 +5,14 @@
     navi users add NAME [--role admin|user] | list | remove NAME | rotate NAME
     navi sessions [list | history ID | delete ID] [--url URL] [--token T]
     navi tasks [list | check ID | cancel ID] [--session ID] [--url URL] [--token T]
+    navi schedule add (--session ID | --new [--profile P]) (--cron EXPR | --every 10m |
+                  --at ISO) [--no-catch-up] [--budget JSON] "message"
+    navi schedule list | remove ID | pause ID | resume ID   [--url URL] [--token T]
 
 `serve` runs the daemon in the foreground until SIGTERM / SIGINT (`--workers N`: N of
-them on the port, supervised: cli/workers.py). `users` works on the
-store directly (the daemon need not run). `sessions` and `tasks` talk to a running
-daemon; when none answers they say so in one line.
+them on the port, supervised: cli/workers.py). `users` works on the store directly (the
+daemon need not run). `sessions`, `tasks` and `schedule` talk to a running daemon; when
+none answers they say so in one line.
 """
 
 from __future__ import annotations
@@ -73,6 +76,39 @@ def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], 
     tasks.add_argument("task_id", nargs="?", metavar="ID")
     tasks.add_argument("--session", metavar="ID", help="only this session's tasks")
     _client_options(tasks)
+
+    sched = sub.add_parser(
+        "schedule",
+        help="run a message on a schedule (via the daemon)",
+        description="Scheduled runs, in the daemon: a message that runs by itself on a cron "
+        "expression (the daemon's local time), every N minutes or once at a time; headless "
+        "(approvals by the profile's headless_allow) and within its budget. A due time "
+        "missed while no daemon ran runs once at start-up (--no-catch-up: skipped).",
+    )
+    actions = sched.add_subparsers(dest="action", metavar="ACTION")
+    add = actions.add_parser("add", help="add a schedule")
+    add.add_argument("rest", metavar="MESSAGE", help="what each run is asked")
+    where = add.add_mutually_exclusive_group(required=True)
+    where.add_argument("--session", metavar="ID", help="run in this session of yours")
+    where.add_argument("--new", action="store_true", help="run in a new session each time")
+    add.add_argument("--profile", metavar="P", help="profile of the new sessions")
+    when = add.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", metavar="EXPR", help='five fields, like "*/30 * * * *"')
+    when.add_argument("--every", metavar="DURATION", help="like 10m, 2h, 1d (at least 1m)")
+    when.add_argument("--at", metavar="ISO", help="once, like 2030-01-31T09:00")
+    add.add_argument(
+        "--no-catch-up", action="store_true", help="skip a due time missed while no daemon ran"
+    )
+    add.add_argument(
+        "--budget", metavar="JSON", help='lower the run\'s budgets: {"turn": {"tokens": 20000}}'
+    )
+    _client_options(add)
+    _client_options(actions.add_parser("list", help="list your schedules"))
+    for name, what in (("remove", "remove"), ("pause", "pause"), ("resume", "resume")):
+        one = actions.add_parser(name, help=f"{what} a schedule")
+        one.add_argument("rest", metavar="ID", help="the schedule's id")
+        _client_options(one)
+    _client_options(sched)  # `navi schedule` alone lists
 
 
 def _client_options(p: argparse.ArgumentParser) -> None:
@@ -249,9 +285,58 @@ def cmd_tasks(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def schedule_frame(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``schedule`` frame of `navi schedule`'s arguments (the daemon checks the rest)."""
+    from navi_trio.cli.common import UsageError
+
+    if args.action in (None, "list"):
+        args.action = "list"
+        return wire.schedule("list")
+    if args.action != "add":
+        return wire.schedule(args.action, schedule_id=args.rest)
+    budget = None
+    if args.budget is not None:
+        try:
+            budget = json.loads(args.budget)
+        except ValueError as exc:
+            raise UsageError(f"--budget is not JSON: {exc}") from None
+    return wire.schedule(
+        "add", message=args.rest, session_id=args.session, new=True if args.new else None,
+        profile=args.profile, cron=args.cron, every=args.every, at=args.at,
+        catch_up=False if args.no_catch_up else None, budget=budget,
+    )  # fmt: skip
+
+
+def cmd_schedule(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    reply = _call(args, schedule_frame(args))
+    if args.json:
+        print(json.dumps(reply), file=out)
+    elif args.action == "list":
+        for s in reply["schedules"]:
+            print(_schedule_line(s), file=out)
+    elif args.action == "remove":
+        print(f"schedule {args.rest} " + ("removed" if reply["removed"] else "was not there"),
+              file=out)  # fmt: skip
+    else:
+        print(_schedule_line(reply["schedule"]), file=out)
+    return 0
+
+
+def _schedule_line(s: dict[str, Any]) -> str:
+    due = s.get("next_due")
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(due)) if due else "-"
+    state = "paused" if s.get("paused") else f"next {when}"
+    where = s.get("session_id") or f"new {s.get('profile') or 'session'}"
+    text = str(s.get("message", "")).replace("\n", " ")
+    text = text if len(text) <= 60 else text[:59] + "…"
+    return (f"{s['schedule_id']}\t{s['kind']} {s['spec']}\t{state}\t{s.get('runs', 0)} runs\t"
+            f"{where}\t{text}")  # fmt: skip
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
     "serve": cmd_serve,
     "users": cmd_users,
     "sessions": cmd_sessions,
     "tasks": cmd_tasks,
+    "schedule": cmd_schedule,
 }

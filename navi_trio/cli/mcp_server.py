@@ -2,7 +2,7 @@
 
 Another agent (Claude Code, Codex …) starts it and calls four tools:
 
-- ``ask`` (message, optional session_id, profile, cwd): runs the message as one turn
+- ``ask`` (message, optional session_id, profile, cwd, on_busy): runs the message as one turn
   and returns the final answer; its text ends with the session id (also in the
   structured output) to continue that session. While it runs, progress notifications
   say what the agent does: each tool call and sub-agent (as a step) and the answer
@@ -37,7 +37,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import attrs
 import trio
@@ -186,9 +186,10 @@ class NaviBridge:
         profile: str | None,
         cwd: str | None,
         report: Callable[[float, str], Awaitable[None]],
+        on_busy: str | None = None,
     ) -> CallToolResult:
         try:
-            return await self._ask(message, session_id, profile, cwd, report)
+            return await self._ask(message, session_id, profile, cwd, report, on_busy)
         except NaviError as exc:
             raise ToolError(str(exc)) from None
         except BaseExceptionGroup as group:
@@ -204,9 +205,12 @@ class NaviBridge:
         profile: str | None,
         cwd: str | None,
         report: Callable[[float, str], Awaitable[None]],
+        on_busy: str | None = None,
     ) -> CallToolResult:
         if not message.strip():
             raise UsageError("message is empty")
+        if on_busy is not None and on_busy not in wire.ON_BUSY:
+            raise UsageError(f"on_busy must be one of {', '.join(wire.ON_BUSY)}, not {on_busy!r}")
         if session_id is not None:
             try:
                 check_session_id(session_id)
@@ -215,8 +219,9 @@ class NaviBridge:
         folder = _folder(cwd)
         profile = profile or self.options.profile
         req = RunRequest(
-            session_id or new_session_id(), message, folder, profile, False, self.options.mode
-        )
+            session_id or new_session_id(), message, folder, profile, False, self.options.mode,
+            on_busy=on_busy,
+        )  # fmt: skip
         feed = AskFeed(ProgressPump(report))
         daemon = await self.options.target.daemon()
         async with trio.open_nursery() as nursery:
@@ -397,11 +402,18 @@ def build_server(bridge: NaviBridge) -> MCPServer:
             Field(description="profile of a new session, e.g. coder (one continued keeps its own)"),
         ] = None,
         cwd: Annotated[str | None, Field(description="working directory for navi's tools")] = None,
+        on_busy: Annotated[
+            Literal["enqueue", "reject", "interrupt", "steer"] | None,
+            Field(
+                description="when the session is running a turn: enqueue (wait, the default), "
+                "reject, interrupt (stop it, run this next) or steer (join the running turn)"
+            ),
+        ] = None,
     ) -> Annotated[CallToolResult, AskResult]:
         async def report(progress: float, line: str) -> None:
             await ctx.report_progress(progress, None, line)
 
-        return await bridge.ask(message, session_id, profile, cwd, report)
+        return await bridge.ask(message, session_id, profile, cwd, report, on_busy)
 
     async def sessions(
         limit: Annotated[

@@ -368,8 +368,9 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise UsageError(f"--cwd {cwd}: not a directory")
     session_id = args.session if args.session is not None else new_session_id()
     req = RunRequest(
-        session_id, text, cwd, args.profile, args.events, args.mode, cwd_given=args.cwd is not None
-    )
+        session_id, text, cwd, args.profile, args.events, args.mode,
+        on_busy=args.on_busy, cwd_given=args.cwd is not None,
+    )  # fmt: skip
     target = daemon_target(args, settings)
     if target is not None:
         outcome = trio.run(run_remote, *target, req, out, err)

@@ -38,6 +38,11 @@ if TYPE_CHECKING:
     from navi_trio.core.session_actor import SessionActor
     from navi_trio.runtime import Runtime
 
+# What `navi run` says when its message met a busy session with these strategies.
+_BUSY_SAID = {
+    "steer": "message steered into the running turn",
+    "interrupt": "the running turn is stopped; this message runs next",
+}
 PROBE_TIMEOUT = 1.0  # is the local daemon there? (a refused connection answers at once)
 CONNECT_TIMEOUT = 5.0
 MAX_FRAME = 64 * 1024 * 1024
@@ -57,6 +62,9 @@ class RunRequest:
     profile: str | None
     as_json: bool
     mode: str | None = None
+    # What the message does when the session is busy (core/steering.py); None: the
+    # profile's default (enqueue unless the profile says otherwise).
+    on_busy: str | None = None
     # --cwd given: always sent. Else the shell's folder is sent for an admin only: an
     # ordinary user's cwd must lie inside their workspace_roots (README "Safety").
     cwd_given: bool = True
@@ -125,7 +133,7 @@ async def _follow(
         actor.send_message(
             UserMessage(
                 req.text, cwd=req.cwd, profile_id=req.profile, user_role="admin",
-                mode=req.mode,
+                mode=req.mode, on_busy=req.on_busy,
             )
         )  # fmt: skip
         on_sent()
@@ -233,10 +241,13 @@ async def follow_remote(
         nursery.start_soon(send_stop)
         cwd = str(req.cwd) if req.cwd_given or daemon.role == "admin" else None
         accepted = await daemon.send_message(
-            req.text, session_id=sid, profile=req.profile, cwd=cwd, mode=req.mode
-        )
+            req.text, session_id=sid, profile=req.profile, cwd=cwd, mode=req.mode,
+            on_busy=req.on_busy,
+        )  # fmt: skip
         queued = "navi: the session is busy: message queued (#{})"
         ours = run.ours = OurRun.of(accepted, req.text, lambda n: run.say(queued.format(n)))
+        if accepted.on_busy in ("steer", "interrupt"):
+            run.say(f"navi: the session is busy: {_BUSY_SAID[accepted.on_busy]}")
         run.accepted.set()
         try:
             while not run.finished:

@@ -45,7 +45,7 @@ async def serve_daemon(
     reuse_port: bool = False,
 ) -> None:
     await kill_orphans(settings.data_dir)
-    async with open_runtime(settings, config=config, cluster=True) as rt:
+    async with open_runtime(settings, config=config, cluster=True, schedules=True) as rt:
         await ensure_local_token(rt.store, settings.data_dir)
         rt.sessions.adopt = True  # session actors run what a crash left queued
         async with trio.open_nursery() as nursery:

@@ -161,7 +161,7 @@ class ChatApp:
                 await self.double_escape()
                 continue
             self._interrupted = False
-            await self.line(event.text)
+            await self.line(event.text, "steer" if event.kind == "steer" else None)
 
     async def _signal_loop(self, sigint: AsyncIterator[int]) -> None:
         async for _ in sigint:
@@ -202,17 +202,19 @@ class ChatApp:
         if prefill is not None:
             prefill(text)
 
-    async def line(self, text: str) -> None:
+    async def line(self, text: str, on_busy: str | None = None) -> None:
+        """One line typed: an approval's answer, a slash command, or a message (sent with
+        `on_busy`: what it does when the session is running a turn; None: queued)."""
         text = text.strip()
         if not text:
             return
         if self.rewinds.confirming is not None and await self.rewinds.answer(text):
             return
         answer = ANSWERS.get(text.lower())
-        if answer is not None and self._approvals:
+        if answer is not None and self._approvals and on_busy is None:
             await self._answer(*answer)
             return
-        if text.startswith("/"):
+        if text.startswith("/") and on_busy is None:
             name, _, arg = text[1:].partition(" ")
             await self._commands.run(name, arg.strip())
             return
@@ -223,7 +225,7 @@ class ChatApp:
         # The shell's folder goes along for an admin; an ordinary user's cwd must lie in
         # their workspace_roots, so theirs is sent only when asked for (--cwd).
         cwd = self.options.cwd or (os.getcwd() if self._role == "admin" else None)
-        frame = wire.message(text, self.session_id, self.profile, cwd, self.mode)
+        frame = wire.message(text, self.session_id, self.profile, cwd, self.mode, on_busy)
         if self.session_id and self.profile and self.profile != self.renderer.status.profile:
             self._profile.due = True  # the daemon switches the session to it for this run
         if self.session_id is None:
@@ -331,6 +333,8 @@ class ChatApp:
             self._on_tasks(frame)
         elif kind in (wire.CHECKPOINTS, wire.REWIND, wire.FORK):
             return self.rewinds.on_reply(frame)
+        elif kind in ("schedules", "schedule_run"):
+            r.frame(frame)
         elif kind == "resync":
             if frame.get("session_id") == self.session_id:
                 self.epoch = frame.get("epoch")

@@ -8,6 +8,7 @@ frame loop).
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -28,12 +29,20 @@ class Chat(Protocol):
     rewinds: RewindFlow
 
     async def send(self, frame: Frame) -> bool: ...
+    async def line(self, text: str, on_busy: str | None = None) -> None: ...
     def quit(self) -> None: ...
     def set_session(self, session_id: str | None) -> None: ...
 
 
 HELP = """\
 Type a message and press Enter; while a run is active your message is queued.
+Ctrl+Enter (Alt+Enter where the terminal does not report Ctrl+Enter) steers the
+running turn with it instead: the agent reads it before its next step.
+  /steer TEXT     steer the running turn with TEXT (no run: it runs as a message)
+  /interrupt TEXT stop the running turn and run TEXT next, ahead of the queue
+  /schedule every 10m TEXT | cron "*/30 * * * *" TEXT | at 2030-01-31T09:00 TEXT
+                  run TEXT on a schedule, in this session (none yet: a new one each time)
+  /schedule pause ID | resume ID | remove ID       /schedules lists yours
   /compact        summarise the conversation to free context
   /rewind [N]     list messages, or rewind chat and files to before message N (Esc Esc too;
                   /rewind N chat|files|both, /rewind undo); a preview comes first: y applies
@@ -83,6 +92,10 @@ class SlashCommands:
             "mode": self.mode,
             "rewind": self.app.rewinds.rewind,
             "fork": self.app.rewinds.fork,
+            "steer": self.steer,
+            "interrupt": self.interrupt,
+            "schedule": self.schedule,
+            "schedules": self.schedules,
         }
 
     async def run(self, name: str, arg: str) -> None:
@@ -143,6 +156,43 @@ class SlashCommands:
             return
         self.app.resuming = arg
         await self.app.send(wire.history(arg))
+
+    async def steer(self, arg: str) -> None:
+        await self._busy_message(arg, "steer")
+
+    async def interrupt(self, arg: str) -> None:
+        await self._busy_message(arg, "interrupt")
+
+    async def _busy_message(self, arg: str, on_busy: str) -> None:
+        if not arg:
+            self.app.renderer.error(f"/{on_busy} needs the text of the message: /{on_busy} TEXT")
+            return
+        await self.app.line(arg, on_busy)
+
+    async def schedules(self, arg: str) -> None:
+        await self.app.send(wire.schedule("list"))
+
+    async def schedule(self, arg: str) -> None:
+        try:
+            words = shlex.split(arg)
+        except ValueError as exc:
+            self.app.renderer.error(f"/schedule: {exc}")
+            return
+        if len(words) == 2 and words[0] in ("pause", "resume", "remove"):
+            await self.app.send(wire.schedule(words[0], schedule_id=words[1]))
+            return
+        if len(words) < 3 or words[0] not in ("every", "cron", "at"):
+            self.app.renderer.error(
+                '/schedule every 10m TEXT, cron "*/30 * * * *" TEXT, at ISO TEXT, '
+                "or pause / resume / remove ID"
+            )
+            return
+        kind, when, text = words[0], words[1], " ".join(words[2:])
+        where: dict[str, object] = (
+            {"session_id": self.app.session_id} if self.app.session_id else
+            {"new": True, "profile": self.app.profile}
+        )  # fmt: skip
+        await self.app.send(wire.schedule("add", message=text, **{kind: when}, **where))
 
     async def mode(self, arg: str) -> None:
         if not arg:

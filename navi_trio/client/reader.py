@@ -7,8 +7,10 @@ terminal (stdin is a pipe) a plain line reader does the same job.
 
 `read` never raises for the keys a person presses: it returns an `InputEvent`
 (a line, Ctrl-C as ``interrupt``, Ctrl-D or end of input as ``eof``, a double Esc on an
-empty prompt as ``rewind``: the chat opens /rewind). `prefill` puts a text on the next
-prompt (the message a rewind removed, to send again or edit).
+empty prompt as ``rewind``: the chat opens /rewind). A line ended with Ctrl+Enter (or
+Alt+Enter: many terminals send Ctrl+Enter as a plain Enter) is a ``steer``: sent to
+steer the running turn (core/steering.py) instead of queueing. `prefill` puts a text on
+the next prompt (the message a rewind removed, to send again or edit).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import contextlib
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Literal, Protocol, TextIO
+from typing import Any, Literal, Protocol, TextIO
 
 import attrs
 
@@ -29,7 +31,7 @@ REWIND_KEY = "\x1b\x1b"
 
 @attrs.frozen
 class InputEvent:
-    kind: Literal["line", "interrupt", "eof", "rewind"]
+    kind: Literal["line", "steer", "interrupt", "eof", "rewind"]
     text: str = ""
 
 
@@ -51,12 +53,47 @@ class Reader(Protocol):
         ...
 
 
+# What terminals send for Ctrl+Enter when they tell it from Enter: the "CSI u" form
+# (kitty, foot, WezTerm, iTerm2) and xterm's modifyOtherKeys form (which prompt_toolkit
+# reads as a plain Enter). Both are read as a key of their own that steers.
+CTRL_ENTER = ("\x1b[13;5u", "\x1b[27;5;13~")
+_STEER = "\x00steer\x00"  # marks a line ended by the steer keys (never typed)
+
+
+def _steer_keys() -> Any:
+    """Key bindings: Ctrl+Enter and Alt+Enter end the line as a steer."""
+    from prompt_toolkit.input.ansi_escape_sequences import ANSI_SEQUENCES
+    from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
+    from prompt_toolkit.keys import Keys
+
+    for sequence in CTRL_ENTER:
+        ANSI_SEQUENCES[sequence] = Keys.F24
+    bindings = KeyBindings()
+
+    def steer(event: KeyPressEvent) -> None:
+        buffer = event.current_buffer
+        buffer.append_to_history()
+        event.app.exit(result=_STEER + buffer.text)
+
+    bindings.add(Keys.F24)(steer)
+    bindings.add("escape", "enter")(steer)
+    return bindings
+
+
+def line_event(text: str) -> InputEvent:
+    """The event of what the prompt returned: a line, or a steer (Ctrl+Enter)."""
+    if text.startswith(_STEER):
+        return InputEvent("steer", text.removeprefix(_STEER))
+    return InputEvent("line", text)
+
+
 class PromptReader:
     """prompt_toolkit prompt with history and a bottom status line (`toolbar`)."""
 
-    def __init__(self, toolbar: Callable[[], str]) -> None:
+    def __init__(self, toolbar: Callable[[], str], *, terminal: Any = None) -> None:
+        """`terminal`: (input, output) of prompt_toolkit instead of the real ones."""
         from prompt_toolkit import PromptSession
-        from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
+        from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent, merge_key_bindings
 
         keys = KeyBindings()
 
@@ -68,8 +105,12 @@ class PromptReader:
             else:
                 event.app.exit(result=REWIND_KEY)
 
+        given = {} if terminal is None else {"input": terminal[0], "output": terminal[1]}
         self._session: PromptSession[str] = PromptSession(
-            bottom_toolbar=lambda: " " + toolbar(), refresh_interval=0.5, key_bindings=keys
+            bottom_toolbar=lambda: " " + toolbar(),
+            refresh_interval=0.5,
+            key_bindings=merge_key_bindings([keys, _steer_keys()]),
+            **given,
         )
         self._idle = threading.Event()
         self._idle.set()
@@ -94,7 +135,7 @@ class PromptReader:
             self._idle.set()
         if text is REWIND_KEY:
             return InputEvent("rewind")
-        return InputEvent("line", text)
+        return line_event(text)
 
     def abort(self) -> None:
         app = self._session.app

@@ -246,6 +246,21 @@ class Renderer:
         tail = f" ({dropped} older dropped)" if dropped else ""
         self.put(f"[cyan]queued #{frame.get('position')}[/] [dim]{escape(text)}{tail}[/]")
 
+    def _on_budget(self, frame: Frame, who: str) -> None:
+        if who:
+            return  # a sub-agent's: its parent's line says what the run has left
+        self.status.budget = _nearest(frame.get("budgets"))
+
+    def _on_budget_exhausted(self, frame: Frame, who: str) -> None:
+        self.put(f"[bold red]✗ budget spent:[/] {escape(one_line(str(frame.get('message'))))}", who)
+
+    def _on_woken(self, frame: Frame, who: str) -> None:
+        self.notice("background results arrived: the agent goes on with them")
+
+    def _on_steered(self, frame: Frame, who: str) -> None:
+        text = one_line(str(frame.get("text", "")), ARGS_MAX)
+        self.put(f"[cyan]↪ steered:[/] {escape(text)}", who)
+
     def _on_task_update(self, frame: Frame, who: str) -> None:
         status = str(frame.get("status"))
         colour = {"completed": "green", "failed": "red", "cancelled": "yellow"}.get(status, "blue")
@@ -267,6 +282,27 @@ class Renderer:
         verdict = "[green]done[/]" if frame.get("completed") else "[red]did not finish[/]"
         tokens = frame.get("tokens", 0)
         self.put(f"[blue]↳ sub-agent[/] {verdict} [dim]({tokens} tokens)[/]", who)
+
+    def _on_schedules(self, frame: Frame, who: str) -> None:
+        """A reply to /schedule or /schedules."""
+        action = frame.get("action")
+        if action == "list":
+            rows = list(frame.get("schedules") or [])
+            for row in rows:
+                self.put(f"  {_schedule(row)}")
+            self.notice(f"{len(rows)} schedule(s)" if rows else "no schedules")
+        elif action == "remove":
+            self.notice(f"schedule {frame.get('schedule_id')} removed")
+        elif isinstance(frame.get("schedule"), dict):
+            self.notice(f"schedule {action}: {_schedule(frame['schedule'])}")
+
+    def _on_schedule_run(self, frame: Frame, who: str) -> None:
+        text = one_line(str(frame.get("text") or ""), RESULT_MAX)
+        self.put(
+            f"[magenta]⏰ schedule {escape(str(frame.get('schedule_id')))}[/] ran in "
+            f"{escape(str(frame.get('session_id')))} ({escape(str(frame.get('reason')))})"
+            + (f": {escape(text)}" if text else "")
+        )
 
     def _on_resync(self, frame: Frame, who: str) -> None:
         self.notice("missed part of the stream: reloading the history")
@@ -305,7 +341,9 @@ class Renderer:
             role = m.get("role")
             content = m.get("content")
             text = content if isinstance(content, str) else json.dumps(content)
-            if role == "user":
+            if role == "user" and m.get("steered"):
+                self.put(f"[cyan]↪ steered:[/] {escape(text)}")
+            elif role == "user":
                 self.user(text)
             elif role == "assistant":
                 for call in m.get("tool_calls") or []:
@@ -320,6 +358,40 @@ class Renderer:
             self.notice(f"— {len(messages)} messages replayed (turns {replayed_from + 1}+) —")
         else:
             self.notice(f"— {len(messages)} messages replayed —")
+
+
+def _schedule(row: dict[str, Any]) -> str:
+    due = row.get("next_due")
+    state = "paused" if row.get("paused") else f"next {_when(due)}" if due else "done"
+    where = row.get("session_id") or "new sessions"
+    text = one_line(str(row.get("message", "")), ARGS_MAX)
+    return escape(
+        f"{row.get('schedule_id')} {row.get('kind')} {row.get('spec')} · {state} · "
+        f"{row.get('runs', 0)} runs · {where}: {text}"
+    )
+
+
+_SCOPE_SHOWN = {"user_day": "day", "subagent": "sub-agent"}
+_KIND_SHOWN = {"wall_sec": "s", "tool_calls": "tool calls"}
+
+
+def _nearest(lines: Any) -> str | None:
+    """The budget nearest its limit, as "turn tokens 1200/5000" (None: none given)."""
+    best: tuple[float, str] | None = None
+    for line in lines if isinstance(lines, list) else []:
+        if not isinstance(line, dict):
+            continue
+        spent, limit = line.get("spent"), line.get("limit")
+        if not isinstance(spent, int | float) or not isinstance(limit, int | float):
+            continue
+        share = spent / limit if limit else 1.0
+        scope, kind = str(line.get("scope")), str(line.get("kind"))
+        scope = _SCOPE_SHOWN.get(scope, scope)
+        kind = _KIND_SHOWN.get(kind, kind)
+        shown = f"{scope} {kind} {spent:g}/{limit:g}"
+        if best is None or share > best[0]:
+            best = (share, shown)
+    return None if best is None else best[1]
 
 
 def _age(seconds: Any) -> str:

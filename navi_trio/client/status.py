@@ -16,6 +16,9 @@ class Status:
     profile: str | None = None
     model: str | None = None
     context_tokens: int | None = None
+    # The budget nearest its limit, from the run's last `budget` event ("turn tokens
+    # 1200/5000"); None: no budget applies.
+    budget: str | None = None
     connected: bool = False
     activity: str = ""  # what the run is doing now ("answering… 42 words"), toolbar only
 
@@ -30,6 +33,8 @@ class Status:
         ]
         if self.context_tokens is not None:
             parts.append(f"context {self.context_tokens} tokens")
+        if self.budget is not None:
+            parts.append(f"budget {self.budget}")
         if not self.connected:
             parts.append("disconnected")
         return " · ".join(parts)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -41,14 +42,17 @@ import trio
 from navi_trio.core import runvars
 from navi_trio.core.acceptance import Acceptance, stopped_before_saving
 from navi_trio.core.approvals import ApprovalBroker
+from navi_trio.core.budgets import Budget, effective
 from navi_trio.core.channel import EventReceiver, EventSender, emitter, open_event_channel
 from navi_trio.core.checkpointing import RoundCheckpoints
 from navi_trio.core.context import ContextBuilder
+from navi_trio.core.injections import Injections
 from navi_trio.core.lease import SessionLeases
 from navi_trio.core.live_config import LiveConfig
 from navi_trio.core.policy import effective_mode
 from navi_trio.core.run_services import make_tool_context
 from navi_trio.core.session import SessionCache, SessionState, new_message_id
+from navi_trio.core.steering import DEFAULT_ON_BUSY
 from navi_trio.core.subagent import run_ephemeral
 from navi_trio.core.task_notes import collect_notes, remove_notes
 from navi_trio.core.task_supervisor import TaskSupervisor
@@ -58,9 +62,9 @@ from navi_trio.core.turn import TurnRunner
 from navi_trio.core.turn_end import shielded
 from navi_trio.core.turn_state import LoopParts, Turn
 from navi_trio.errors import LLMError, NothingToCompactError, RequestError
-from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd
+from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, Woken
 from navi_trio.llm.base import LLMBackend
-from navi_trio.profiles import ConfigSource, NaviConfig
+from navi_trio.profiles import BudgetConfig, ConfigSource, NaviConfig, OnBusy
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionStore
 from navi_trio.tools.base import ToolContext, ToolRegistry
@@ -81,6 +85,18 @@ class UserMessage:
     # switches it (the session actor refuses one the config does not have).
     profile_id: str | None = None
     mode: str | None = None  # asked for; clamped to the role's (core/policy.py)
+    # What to do when the session is busy (core/steering.py); None: the profile's default.
+    on_busy: str | None = None
+    # "user"; "wake": a turn a background job's note starts (core/wake.py), its text
+    # empty, saved as that note; "schedule": a scheduled run (core/schedules.py).
+    kind: str = "user"
+    # Approvals by the profile's headless rule even with a client attached (a scheduled
+    # run: nobody asked for it to wait on them).
+    headless: bool = False
+    # The sender's budgets for this run: they only lower the configured ones.
+    budget: BudgetConfig | None = None
+    # The schedule a scheduled run belongs to (core/schedules.py).
+    schedule_id: str | None = None
     # The store's key while it waits in the session's queue (core/session_actor.py):
     # saving it into the history takes it off the queue in the same transaction.
     queue_key: str | None = None
@@ -94,12 +110,22 @@ class RunControl:
     """Stop handle of one run: `stop()` cancels the run's cancel scope.
 
     `refused` is set when the run ended before its message was saved (the session busy
-    in another process, the store failing): the error that kept the message out."""
+    in another process, the store failing): the error that kept the message out.
+    `run_id` names the run (a `reject`ed message is told it); `injections` is its
+    mailbox for steered messages and background notes (core/steering.py);
+    `on_busy_default` the profile's strategy for messages that arrive meanwhile."""
 
     def __init__(self) -> None:
         self.scope = trio.CancelScope()
         self.saved = False  # the user message is in the history
         self.refused: Exception | None = None
+        self.run_id = "r-" + secrets.token_hex(6)
+        self.injections = Injections()
+        self.on_busy_default: OnBusy = DEFAULT_ON_BUSY
+        self.steer_max_chars = 8000  # the setting's, once the run has started
+        self.finished = trio.Event()  # the run's task is over (its events all sent)
+        self.skipped = False  # a wake-up that found no note left: no turn ran
+        self.woken: str | None = None  # a wake-up's note: the turn's start
 
     def stop(self) -> None:
         self.scope.cancel()
@@ -224,6 +250,7 @@ class Agent:
             finally:
                 # Cancelled before the save (the runtime is shutting down): not stored.
                 msg.accepted.fail(stopped_before_saving())
+                control.finished.set()
 
     async def _run_turn(
         self, session_id: str, msg: UserMessage, emit: Any, control: RunControl
@@ -238,6 +265,8 @@ class Agent:
         if wanted is not None and wanted in cfg.profiles and state.profile_id != wanted:
             await self.cache.set_profile(state, wanted)  # the message switches the session
         profile = cfg.profile(state.profile_id)
+        control.on_busy_default = profile.on_busy
+        control.steer_max_chars = self.settings.steer_max_chars
         turn = Turn(
             state=state,
             profile=profile,
@@ -251,6 +280,14 @@ class Agent:
             ),
             user_role=msg.user_role,
             first_message=state.is_first_message,
+            injections=control.injections,
+            headless=msg.headless,
+            budget=Budget.for_turn(
+                self.store,
+                effective(cfg, profile.id, msg.user_role, msg.budget),
+                session_id=session_id,
+                user_id=msg.user_id,
+            ),
         )
         with runvars.bound(
             session_id=session_id,
@@ -261,16 +298,31 @@ class Agent:
             user_info=msg.user_info,
         ):
             await shielded(lambda: self._accept(state, msg, control))
-            await TurnRunner(self.parts, turn).drive(control.scope)
+            if control.skipped:
+                return  # a wake-up whose note a turn already took in: nothing to do
+            if control.woken is not None:
+                turn.user_text = control.woken
+                emit(Woken(text=control.woken))
+            try:
+                await TurnRunner(self.parts, turn).drive(control.scope)
+            finally:
+                if turn.budget is not None and turn.budget.active:
+                    await shielded(turn.budget.close)  # the last call's spending, stored
 
     async def _accept(self, state: SessionState, msg: UserMessage, control: RunControl) -> None:
-        """Save the user message first (and this turn's background task notes)."""
+        """Save the user message first (and this turn's background task notes).
+
+        A wake-up (core/wake.py) has no user message: its notes are the turn's start,
+        shown in the display history too; with none left it is only taken off the queue
+        (`control.skipped`); else its note text is `control.woken`."""
         # The id names it for a rewind or a fork; cwd and mode are what a fork keeps.
-        user: dict[str, Any] = {"role": "user", "content": msg.text, "id": new_message_id()}
-        if msg.cwd is not None:
-            user["cwd"] = str(msg.cwd)
-        if msg.mode is not None:
-            user["mode"] = msg.mode
+        user: dict[str, Any] | None = None
+        if msg.kind != "wake":
+            user = {"role": "user", "content": msg.text, "id": new_message_id()}
+            if msg.cwd is not None:
+                user["cwd"] = str(msg.cwd)
+            if msg.mode is not None:
+                user["mode"] = msg.mode
         notes = None
         try:
             notes = await collect_notes(self.store, self.settings, state.id)
@@ -279,31 +331,41 @@ class Agent:
             # user message is never dropped; the notes stay stored for the next turn.
             # Unless its sender was already told it was refused (its wait timed out).
             if not msg.accepted.failed:
-                await self._commit(state, msg, user, notes, control)
+                if user is None and notes is None:
+                    if msg.queue_key is not None:  # nothing to wake for: off the queue
+                        await self.store.unqueue(msg.queue_key)
+                    control.skipped = True
+                    msg.accepted.ok()
+                else:
+                    await self._commit(state, msg, user, notes, control)
         if msg.accepted.error is not None:
             raise msg.accepted.error
         if notes is not None:
             # Only once they are in the saved context: a crash in between repeats a
             # note next turn instead of losing it.
             await remove_notes(self.store, notes.keys)
+        if user is None and notes is not None:
+            control.woken = notes.text
 
     async def _commit(
         self,
         state: SessionState,
         msg: UserMessage,
-        user: dict[str, Any],
+        user: dict[str, Any] | None,
         notes: Any,
         control: RunControl,
     ) -> None:
         """Save the user message (and the notes) in one transaction; accepted once in."""
         mark = state.mark()
         if notes is not None:
-            # Persisted, invisible in the UI, kept by the context builder.
-            state.add(
-                {"role": "system", "content": notes.text, "keep": True, "task_notes": True},
-                display=False,
-            )
-        state.add(user)
+            # Persisted, invisible in the UI (a wake-up's shows: it is the turn's start),
+            # kept by the context builder.
+            note = {"role": "system", "content": notes.text, "keep": True, "task_notes": True}
+            if user is None:
+                note["wake"] = True
+            state.add(note, display=user is None)
+        if user is not None:
+            state.add(user)
         try:
             # Shielded inside: lands even when cancelled.
             await self.cache.save(state, dequeue=msg.queue_key)

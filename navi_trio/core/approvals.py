@@ -5,8 +5,9 @@ Stop ends the wait at once. In order, a call is approved by
 
 1. an earlier answer with scope ``session`` (kept here, per session, for this rule) or
    ``always`` (kept in the store's kv, per owner, for this rule: a restart keeps it);
-2. with no client attached to the session, the profile's headless allow-list (anything
-   else is denied: nobody could answer);
+2. with no client attached to the session, or for a headless run (a scheduled one:
+   nobody asked it to wait on them), the profile's headless allow-list (anything else
+   is denied: nobody could answer);
 3. the owner's `approve` / `deny` (`answer`, from the api layer) after an
    `ApprovalRequest` event; no answer within `Settings.approval_timeout_sec` is a deny.
 
@@ -95,6 +96,7 @@ class ApprovalBroker:
         verdict: Verdict,
         summary: str,
         publish: Callable[[AgentEvent], None],
+        headless: bool = False,
     ) -> Outcome:
         owner = await self.owner_of(session_id, user_id)
         if verdict.key in self._session_grants.get(session_id, ()):
@@ -103,11 +105,14 @@ class ApprovalBroker:
         if await self.store.kv_get(ALWAYS_SCOPE, _always_key(owner, verdict.key)):
             publish(ApprovalDecided(call_id=call_id, approved=True, scope="always", by="grant"))
             return Outcome(True, "approved always")
-        if not self.attached(session_id):
+        if headless or not self.attached(session_id):
             ok = headless_allows(profile.policy, facts)
             publish(ApprovalDecided(call_id=call_id, approved=ok, by="headless"))
             why = "allowed" if ok else "denied"
-            nobody = "no client is attached to approve it"
+            nobody = (
+                "a scheduled run waits on nobody" if headless
+                else "no client is attached to approve it"
+            )  # fmt: skip
             return Outcome(ok, f"{why} by the headless rule: {nobody} ({verdict.rule})")
         request = ApprovalRequest(
             call_id=call_id,

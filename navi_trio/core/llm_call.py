@@ -48,8 +48,11 @@ async def stream_reply(
     request: ChatRequest,
     reply: StreamedReply,
     emit: Callable[[AgentEvent], None] | None,
+    *,
+    first_chunk: Callable[[], None] | None = None,
 ) -> StreamedReply:
-    """Stream `request` into `reply`, emitting thinking/text deltas through `emit`.
+    """Stream `request` into `reply`, emitting thinking/text deltas through `emit`;
+    `first_chunk` is called when the first chunk of any kind arrives.
 
     An answer longer than ``settings.answer_max_chars`` (text + thinking) raises
     `LLMAnswerTooLongError`: leaving the ``async with`` closes the connection, so the
@@ -64,6 +67,9 @@ async def stream_reply(
         chunk_timeout=settings.chunk_timeout,
     ) as chunks:
         async for chunk in chunks:
+            if first_chunk is not None:
+                first_chunk()
+                first_chunk = None
             if isinstance(chunk, ThinkingChunk | TextChunk):
                 size += len(chunk.text)
                 if size > settings.answer_max_chars:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -25,6 +25,8 @@ import trio
 from navi_trio.core.acceptance import Acceptance, stopped_before_saving
 from navi_trio.core.agent import UserMessage
 from navi_trio.errors import NaviError, StorageError
+from navi_trio.profiles import BudgetConfig
+from navi_trio.profiles._control import budgets_dict, parse_budgets
 from navi_trio.store.base import SessionStore
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,10 @@ def to_row(msg: UserMessage) -> dict[str, Any]:
         "user_info": msg.user_info,
         "profile_id": msg.profile_id,
         "mode": msg.mode,
+        "kind": msg.kind,
+        "headless": msg.headless,
+        "budget": None if msg.budget is None else budgets_dict(msg.budget),
+        "schedule_id": msg.schedule_id,
     }
 
 
@@ -54,9 +60,56 @@ def from_row(key: str, row: dict[str, Any]) -> UserMessage:
         profile_id=row.get("profile_id"),
         mode=row.get("mode"),
         queue_key=key,
+        kind=str(row.get("kind") or "user"),
+        headless=bool(row.get("headless")),
+        on_busy="enqueue",  # queued already: it waits for its turn
+        budget=_budget(row.get("budget")),
+        schedule_id=row.get("schedule_id"),
     )
     msg.accepted.ok()  # it was acknowledged in its first life
     return msg
+
+
+def _budget(data: Any) -> BudgetConfig | None:
+    """A stored row's budget (checked again: a row is the store's, not ours alone)."""
+    if data is None:
+        return None
+    try:
+        return parse_budgets(data)
+    except ValueError as exc:
+        log.warning("a queued message's budget is unreadable (%s): the configured ones apply",
+                    exc)  # fmt: skip
+        return None
+
+
+class _TakesMessages(Protocol):
+    def send_message(self, message: UserMessage) -> object: ...
+
+
+class _Registry(Protocol):
+    """What `deliver` needs of the session registry (core/session_actor.py)."""
+
+    adopt: bool
+
+    def actor(self, session_id: str) -> _TakesMessages | None: ...
+    async def get(self, session_id: str) -> _TakesMessages: ...
+
+
+async def deliver(registry: _Registry, session_id: str, key: str, row: dict[str, Any]) -> None:
+    """Hand a message the store already queued (a wake-up, a scheduled run: queued in
+    the transaction that made it) to its session's actor, which runs it in its turn.
+
+    A session with no actor yet gets one; when it adopts what is queued (the daemon's
+    registry does), that takes this message in too. Shutting down, it stays queued and
+    runs after the restart."""
+    if registry.actor(session_id) is None and registry.adopt:
+        await registry.get(session_id)
+        return
+    actor = await registry.get(session_id)
+    try:
+        actor.send_message(from_row(key, row))
+    except RuntimeError:
+        pass
 
 
 class DurableQueue:
@@ -76,7 +129,11 @@ class DurableQueue:
 
         `msg.accepted` is ok once the row is committed; a write that fails (a full disk)
         refuses it, and its run is skipped. One still going after WRITE_DEADLINE_SEC
-        leaves it to the run: acknowledged once the run saves it into the history."""
+        leaves it to the run: acknowledged once the run saves it into the history.
+        A message that has a key is stored already (a wake-up, a scheduled run: queued
+        in the store's own transaction) and is kept as it is."""
+        if msg.queue_key is not None:
+            return msg
         queued = attrs.evolve(msg, queue_key=secrets.token_hex(8))
         key = queued.queue_key
         assert key is not None

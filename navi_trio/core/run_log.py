@@ -25,6 +25,7 @@ class RunLog:
         self.session_id = session_id
         self.user = str(info.get("name") or msg.user_id)
         self.reason = "cancelled"  # no StreamEnd: the runtime was shut down under it
+        self.last: StreamEnd | None = None  # the run's own stream_end
         self.started = trio.current_time()
         log.info("session %s: run started (user %s)", session_id, self.user)
 
@@ -42,6 +43,7 @@ class RunLog:
             )  # fmt: skip
         elif isinstance(event, StreamEnd) and not event.is_subagent:
             self.reason = event.reason
+            self.last = event
 
     def _where(self, event: AgentEvent) -> str:
         sub = f" [{event.agent_id or 'sub-agent'}]" if event.is_subagent else ""

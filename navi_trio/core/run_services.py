@@ -15,6 +15,7 @@ from collections.abc import Callable
 import attrs
 
 from navi_trio.core import runvars
+from navi_trio.core.budgets import Budget
 from navi_trio.core.policy import sandbox_for
 from navi_trio.core.subagent import run_ephemeral
 from navi_trio.core.turn_state import LoopParts, Turn
@@ -42,13 +43,21 @@ class Spawner:
     # A sub-agent runs in its parent's mode, never a more powerful one.
     mode: str = "workspace"
     user_role: str = "user"
+    # The spawning run's budget: a sub-agent's spending counts against it too.
+    budget: Budget | None = None
 
     async def spawn(
         self,
         request: SpawnRequest,
         publish: Publish,
         usage_to: Callable[[int, int], None] | None = None,
+        *,
+        background: bool = False,
     ) -> SubagentOutcome:
+        budget = None
+        if self.budget is not None:
+            profile = self.parts.config.current().profile(request.profile_id or self.profile_id)
+            budget = self.budget.child(profile.budgets.subagent, background=background)
         return await run_ephemeral(
             self.parts,
             attrs.evolve(request, profile_id=request.profile_id or self.profile_id),
@@ -58,6 +67,7 @@ class Spawner:
             mode=self.mode,
             user_role=self.user_role,
             usage_to=usage_to,
+            budget=budget,
         )
 
 
@@ -79,7 +89,7 @@ class JobServices:
         raise ToolInputError("switching profiles is not available in a background task")
 
     async def spawn(self, request: SpawnRequest, publish: Publish) -> SubagentOutcome:
-        return await self.spawner.spawn(request, publish)
+        return await self.spawner.spawn(request, publish, background=True)
 
     def detached(self) -> ToolServices:
         return self
@@ -110,7 +120,7 @@ class RunServices:
 
     async def spawn(self, request: SpawnRequest, publish: Publish) -> SubagentOutcome:
         """A synchronous sub-agent: its tokens count in this turn's totals."""
-        return await self._spawner().spawn(request, publish, usage_to=self._turn.count)
+        return await self._spawner().spawn(request, publish, usage_to=self._turn.count_child)
 
     def detached(self) -> ToolServices:
         return JobServices(self._spawner())
@@ -124,6 +134,7 @@ class RunServices:
             user_id=t.user_id,
             mode=t.mode,
             user_role=t.user_role,
+            budget=t.budget,
         )
 
 
@@ -153,6 +164,7 @@ def make_tool_context(
         can_detach=turn.persist or turn.parent_session_id is not None,
         mode=turn.mode,
         user_role=turn.user_role,
+        headless=turn.headless,
         sandbox=sandbox_for(
             turn.mode,
             session_dir,

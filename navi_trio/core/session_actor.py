@@ -46,6 +46,13 @@ from navi_trio.core.broadcast import SessionBroadcast
 from navi_trio.core.broadcast import Subscription as Subscription
 from navi_trio.core.queued import DurableQueue
 from navi_trio.core.run_log import RunLog
+from navi_trio.core.steering import (
+    SteerItem,
+    busy_strategy,
+    check_steer,
+    refusal,
+    steer_item,
+)
 from navi_trio.errors import (
     NaviError,
     NothingToCompactError,
@@ -54,7 +61,7 @@ from navi_trio.errors import (
     StorageError,
 )
 from navi_trio.events import AgentEvent, ErrorEvent, MessageQueued, StreamEnd
-from navi_trio.profiles import NaviConfig
+from navi_trio.profiles import NaviConfig, OnBusy
 from navi_trio.store.base import SessionStore
 
 # A run cancelled under it (the runtime shutting down) still ends itself, shielded: its
@@ -76,6 +83,8 @@ CompactStream = Callable[[str], AbstractAsyncContextManager[trio.abc.ReceiveChan
 # Makes a session's broadcast: (session_id, on_change) -> broadcast. `on_change` is
 # called when a subscriber comes or goes.
 BroadcastFactory = Callable[[str, Callable[[], None]], SessionBroadcast]
+# Told when a run ends: (session_id, its message, its stream_end).
+RunEnded = Callable[[str, UserMessage, StreamEnd], None]
 
 
 @attrs.frozen(kw_only=True)
@@ -114,8 +123,10 @@ class SessionActor:
         idle_timeout: float = math.inf,
         on_retire: Callable[[SessionActor], None] | None = None,
         adopt: bool = False,
+        on_run_end: RunEnded | None = None,
     ) -> None:
         self.session_id = session_id
+        self._on_run_end = on_run_end
         self._adopt = adopt
         self.parts = parts
         self.queue_max = queue_max
@@ -191,24 +202,45 @@ class SessionActor:
 
     # -- commands -------------------------------------------------------------------
 
-    def send_message(self, message: str | UserMessage) -> None:
+    def send_message(self, message: str | UserMessage) -> OnBusy | None:
+        """Run the message, or (the session busy) apply its `on_busy` strategy
+        (core/steering.py); returns that strategy, None when it runs now. `reject`
+        raises SessionBusyError."""
         msg = UserMessage(message) if isinstance(message, str) else message
         if not self.busy:
             self._start_run(msg)
-            return
+            return None
         if self._nursery is None:
             raise RuntimeError(f"session actor {self.session_id} is not running")
+        control = self._control
+        strategy = busy_strategy(msg.on_busy, control)
+        if strategy == "reject":
+            raise refusal(self.session_id, control)
+        # Stored before it is acknowledged: `msg.accepted` is ok once its row is in.
+        if strategy == "steer" and control is not None:
+            check_steer(msg.text, control)
+            msg = self.queue.keep(self._nursery, msg)
+            control.injections.steer(steer_item(msg, self.queue.written))
+            return strategy
         if len(self.pending) >= self.queue_max:
             self.queue.drop(self._nursery, self.pending.popleft())
             self.dropped_total += 1
-        # Stored before it is acknowledged: `msg.accepted` is ok once its row is in.
         msg = self.queue.keep(self._nursery, msg)
-        self.pending.append(msg)
+        if strategy == "interrupt" and control is not None:
+            self.pending.appendleft(msg)  # next, ahead of the queue
+            control.stop()
+        else:
+            self.pending.append(msg)
+        position = 1 if strategy == "interrupt" else len(self.pending)
         self.publish(
-            MessageQueued(
-                text=msg.text, position=len(self.pending), dropped_total=self.dropped_total
-            )
+            MessageQueued(text=msg.text, position=position, dropped_total=self.dropped_total)
         )
+        return strategy
+
+    @property
+    def running(self) -> RunControl | None:
+        """The control of the turn running now (None: idle, or compacting)."""
+        return self._control
 
     def stop(self) -> bool:
         """Stop the running turn (queued messages stay queued). False when idle."""
@@ -293,6 +325,8 @@ class SessionActor:
         self._nursery.start_soon(fn, *args)
 
     def _done(self) -> None:
+        if self._control is not None:
+            self._requeue(self._control.injections.leftover())
         self.busy = False
         self._control = None
         self._running_key = None
@@ -303,6 +337,15 @@ class SessionActor:
             self._start_run(self.pending.popleft())
         else:
             self.idle.set()
+
+    def _requeue(self, steers: list[SteerItem]) -> None:
+        """Steered messages the turn never took in run next, ahead of the queue."""
+        kept = [item.origin for item in steers if not item.accepted.failed]
+        self.pending.extendleft(reversed(kept))
+        for position, msg in enumerate(kept, 1):
+            self.publish(
+                MessageQueued(text=msg.text, position=position, dropped_total=self.dropped_total)
+            )
 
     def _start_run(self, msg: UserMessage) -> None:
         # The control exists before the task starts: a stop sent right after the
@@ -354,6 +397,8 @@ class SessionActor:
                 await self.queue.ran(msg)
             if run_log is not None:
                 run_log.end()
+                if self._on_run_end is not None and run_log.last is not None:
+                    self._on_run_end(self.session_id, msg, run_log.last)
             self._done()
 
     def _check_profile(self, msg: UserMessage) -> None:

@@ -20,7 +20,7 @@ import trio
 from navi_trio.actor import NurseryHolder
 from navi_trio.core.agent import Agent
 from navi_trio.core.broadcast import Encode, LocalBroadcast, Resync, new_epoch
-from navi_trio.core.session_actor import SessionActor, SessionParts
+from navi_trio.core.session_actor import RunEnded, SessionActor, SessionParts
 from navi_trio.errors import NaviError
 from navi_trio.events import AgentEvent
 
@@ -38,8 +38,10 @@ class SessionRegistry(NurseryHolder):
         resync: Resync,
         queue_max: int,
         idle_timeout: float = math.inf,
+        on_run_end: RunEnded | None = None,
     ) -> None:
         self.parts = SessionParts.of(agent)
+        self.on_run_end = on_run_end  # every run's end (a scheduled run's notice)
         self.encode = encode
         self.resync = resync
         self.queue_max = queue_max
@@ -83,6 +85,7 @@ class SessionRegistry(NurseryHolder):
                 idle_timeout=self.idle_timeout,
                 on_retire=self._retire,
                 adopt=self.adopt,
+                on_run_end=self.on_run_end,
             )
             await nursery.start(actor.run)
             self._actors[session_id] = actor

@@ -23,10 +23,11 @@ import attrs
 import trio
 
 from navi_trio.core import runvars
+from navi_trio.core.budgets import Budget
 from navi_trio.core.session import SessionState
 from navi_trio.core.turn import TurnRunner
 from navi_trio.core.turn_state import LoopParts, Turn
-from navi_trio.errors import ContextTooLargeError, LLMError
+from navi_trio.errors import BudgetExhaustedError, ContextTooLargeError, LLMError
 from navi_trio.events import AgentEvent, ErrorEvent, SubagentFinished, SubagentStarted
 from navi_trio.store.base import SessionRow
 from navi_trio.tools.services import SpawnRequest, SubagentOutcome
@@ -50,6 +51,7 @@ async def run_ephemeral(
     mode: str = "workspace",
     user_role: str = "user",
     usage_to: Callable[[int, int], None] | None = None,
+    budget: Budget | None = None,
 ) -> SubagentOutcome:
     """Run `request` as a sub-agent of `parent_session_id` (None: of no session)."""
     agent_id = f"subagent_{secrets.token_hex(4)}"
@@ -122,6 +124,7 @@ async def run_ephemeral(
         parent_session_id=parent_session_id,
         first_message=True,
         usage_to=usage_to,
+        budget=budget,
     )
     runner = TurnRunner(parts, turn)
     publish(
@@ -164,6 +167,8 @@ async def _run_child(
                     )
                 except ContextTooLargeError as exc:
                     failure = f"its context outgrew the model's window: {exc}"
+                except BudgetExhaustedError as exc:
+                    failure = f"its budget ran out: {exc}"
                 except LLMError as exc:
                     failure = f"its LLM call failed: {exc}"
                 if failure is not None and not turn.ended:
@@ -174,6 +179,9 @@ async def _run_child(
                 failure = f"it timed out after {timeout_seconds:g} s"
                 text = (partial + "\n" if partial else "") + f"[the sub-agent {failure}]"
     finally:
+        if turn.budget is not None:  # what it spent, into the store's counters
+            with trio.move_on_after(10, shield=True):
+                await turn.budget.close()
         # Also when the parent's Stop cancels it: a client's sub-agent card closes.
         completed = failure is None
         if not completed and not text:

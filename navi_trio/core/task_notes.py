@@ -59,6 +59,17 @@ async def record_note(
     tokens: int = 0,
 ) -> None:
     """Store a completion note; keep at most `task_notes_max_pending` (oldest dropped)."""
+    key, value = note_entry(
+        session_id, task_id=task_id, tool=tool, status=status, summary=summary, tokens=tokens
+    )
+    await kv.kv_set(NOTES_SCOPE, key, value)
+    await trim_notes(kv, settings, session_id)
+
+
+def note_entry(
+    session_id: str, *, task_id: str, tool: str, status: str, summary: str, tokens: int = 0
+) -> tuple[str, dict[str, Any]]:
+    """The kv key and value of a completion note (scope `NOTES_SCOPE`)."""
     key = f"{session_id}:{time.time_ns():020d}:{task_id}"
     value = {
         "session_id": session_id,
@@ -69,7 +80,11 @@ async def record_note(
         "tokens": int(tokens),
         "finished_at": time.time(),
     }
-    await kv.kv_set(NOTES_SCOPE, key, value)
+    return key, value
+
+
+async def trim_notes(kv: KVStore, settings: Settings, session_id: str) -> None:
+    """Drop the oldest pending notes beyond `task_notes_max_pending`."""
     pending = await _session_notes(kv, session_id)
     excess = len(pending) - max(settings.task_notes_max_pending, 0)
     for old_key, _ in pending[: max(excess, 0)]:

@@ -34,6 +34,7 @@ import os
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Protocol
 
 import attrs
@@ -98,6 +99,15 @@ class Job:
 JobRunner = Callable[[Job], Awaitable[ToolResult]]
 
 
+class NoteSink(Protocol):
+    """Takes a finished job's note (core/wake.py `Waker`; else the store's kv)."""
+
+    async def record(
+        self, session_id: str, *, task_id: str, tool: str, status: str, summary: str,
+        tokens: int = 0,
+    ) -> None: ...  # fmt: skip
+
+
 def summarize_args(args: dict[str, Any]) -> str:
     """json.dumps of the arguments (minus the background flag), capped for display."""
     shown = {k: v for k, v in args.items() if k != "background"}
@@ -119,10 +129,14 @@ class TaskSupervisor(NurseryHolder):
         settings: Settings,
         kv: KVStore,
         publish: Callable[[str, TaskUpdate], None],
+        notes: NoteSink | None = None,
     ) -> None:
         self._settings = settings
         self._kv = kv
         self._publish = publish
+        # Where a finished job's note goes: the store (record_note), or the waker that
+        # also wakes the session (core/wake.py).
+        self._notes = notes
         # session id -> task id -> job, in submit order.
         self._jobs: dict[str, dict[str, Job]] = {}
         # session id -> trio times of accepted submissions inside the rate window.
@@ -369,10 +383,13 @@ class TaskSupervisor(NurseryHolder):
     async def _finish(self, job: Job, marker_key: str) -> None:
         job.finished_at = trio.current_time()
         with trio.move_on_after(KV_DEADLINE_SEC, shield=True):
+            note = (
+                self._notes.record
+                if self._notes is not None
+                else partial(record_note, self._kv, self._settings)
+            )
             await self._kv_quietly(
-                record_note(
-                    self._kv,
-                    self._settings,
+                note(
                     job.session_id,
                     task_id=job.task_id,
                     tool=job.tool,

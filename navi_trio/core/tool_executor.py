@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
@@ -30,7 +30,7 @@ from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.checkpointing import RoundCheckpoints
 from navi_trio.core.policy import CallFacts, Verdict, decide, summary, with_network
 from navi_trio.core.task_supervisor import Job, TaskSupervisor
-from navi_trio.errors import TaskRejectedError
+from navi_trio.errors import BudgetExhaustedError, TaskRejectedError
 from navi_trio.events import AgentEvent, ToolEvent, ToolResultEvent, ToolStarted
 from navi_trio.llm.base import ToolCall
 from navi_trio.settings import Settings
@@ -204,6 +204,7 @@ class ToolExecutor:
                 verdict=verdict,
                 summary=summary(call.name, args),
                 publish=publish,
+                headless=ctx.headless,
             )
             if outcome.approved:
                 return None
@@ -283,8 +284,12 @@ async def execute_batch(
     results: dict[int, ToolResult],
     *,
     parallel: bool,
+    before: Callable[[str], Awaitable[None]] | None = None,
 ) -> None:
     """Run `calls`, filling `results` by index as each finishes.
+
+    `before(tool name)` runs before each call starts (the run's budget check: it raises
+    to end the run, and the calls not finished are then paired as stopped).
 
     The caller owns `results`, so when the run is stopped mid-batch it knows which calls
     finished and pairs the others with "stopped by the user". With `parallel`, the
@@ -299,12 +304,22 @@ async def execute_batch(
             publish(ToolStarted(call_id=call.id, name=call.name, arguments=dict(call.arguments)))
 
         async def one(i: int, call: ToolCall) -> None:
+            if before is not None:
+                await before(call.name)
             results[i] = await executor.execute_one(call, ctx, allowed, publish)
 
-        async with trio.open_nursery() as nursery:
-            for i, call in enumerate(calls):
-                nursery.start_soon(one, i, call)
+        try:
+            async with trio.open_nursery() as nursery:
+                for i, call in enumerate(calls):
+                    nursery.start_soon(one, i, call)
+        except* BudgetExhaustedError as group:
+            first: BaseException = group
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            raise first from None  # one budget ends the run, as one error
         return
     for i, call in enumerate(calls):
         publish(ToolStarted(call_id=call.id, name=call.name, arguments=dict(call.arguments)))
+        if before is not None:
+            await before(call.name)
         results[i] = await executor.execute_one(call, ctx, allowed, publish)

@@ -11,6 +11,7 @@ the run's cancel scope and ends the turn whatever happens, shielded. An error ev
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
@@ -18,6 +19,7 @@ import trio
 
 from navi_trio.core import planning
 from navi_trio.core.llm_call import StreamedReply, chat_request, output_cap, stream_reply
+from navi_trio.core.steering import take_injections
 from navi_trio.core.tool_executor import execute_batch
 from navi_trio.core.turn_end import TurnEnding
 from navi_trio.core.turn_state import LoopParts, Turn
@@ -72,10 +74,14 @@ class TurnRunner(TurnEnding):
 
     async def complete(self, messages: list[dict[str, Any]], purpose: str) -> StreamedReply:
         cap = output_cap(self.settings, self.turn.profile, purpose)
+        budget = self.turn.budget if not self.turn.ended else None  # the worker: free
+        if budget is not None:
+            cap = await budget.before_llm(self.parts.counter.estimate_messages(messages), cap)
         request = chat_request(self.settings, messages, self.model(), max_tokens=cap)
-        reply = await stream_reply(
-            self.parts.backend, self.settings, request, StreamedReply(), None
-        )
+        with budget.wall() if budget is not None else nullcontext():
+            reply = await stream_reply(
+                self.parts.backend, self.settings, request, StreamedReply(), None
+            )
         self._count(reply)
         return reply
 
@@ -160,11 +166,7 @@ class TurnRunner(TurnEnding):
 
         for iteration in range(t.limit):
             t.iterations = iteration + 1
-            built = await self.build(iteration)
-            self.parts.builder.check_context_size(
-                built, num_ctx=self.settings.num_ctx, views=t.views
-            )
-            reply = await self.call_llm(built)
+            reply = await self.ask(iteration)
             calls = reply.tool_calls
             if not calls:
                 await self.finish(reply)
@@ -172,6 +174,26 @@ class TurnRunner(TurnEnding):
             await self.run_tools(reply)
             await self.after_tools(calls)
         await self.finish_max_iterations()
+
+    async def ask(self, iteration: int) -> StreamedReply:
+        """Steps 1-7 of one iteration: what was steered in, the context, the size check,
+        the answer. A steer that comes before the model's first chunk drops that request
+        and asks again with it (core/steering.py)."""
+        t = self.turn
+        while True:
+            await take_injections(t, self.parts)
+            replan, stall = t.replan, t.stall  # `build` spends them; a restart needs them
+            built = await self.build(iteration)
+            self.parts.builder.check_context_size(
+                built, num_ctx=self.settings.num_ctx, views=t.views
+            )
+            if t.injections is None:
+                return await self.call_llm(built)
+            with t.injections.prefill() as wait:
+                reply = await self.call_llm(built)
+            if not wait.cancelled_caught:
+                return reply
+            t.replan, t.stall = replan, stall
 
     async def build(self, iteration: int) -> list[dict[str, Any]]:
         """Steps 1-4: mid-turn compression, context with budget/anchor/warnings."""
@@ -243,12 +265,21 @@ class TurnRunner(TurnEnding):
         t = self.turn
         tools = self.parts.executor.schemas(self.parts.registry.select(t.tool_names()))
         think, cap = t.profile.think_enabled, output_cap(self.settings, t.profile, "answer")
+        if t.budget is not None:
+            cap = await t.budget.before_llm(self.parts.builder.estimate(built, t.views), cap)
         request = chat_request(
             self.settings, built, self.model(), tools=tools, think=think, max_tokens=cap
         )
         t.reply = StreamedReply()
-        reply = await stream_reply(self.parts.backend, self.settings, request, t.reply, t.emit)
+        first = t.injections.first_chunk if t.injections is not None else None
+        with t.budget.wall() if t.budget is not None else nullcontext():
+            reply = await stream_reply(
+                self.parts.backend, self.settings, request, t.reply, t.emit, first_chunk=first
+            )
         self._count(reply)
+        report = t.budget.report() if t.budget is not None else None
+        if report is not None:
+            t.emit(report)  # once a round: what each budget has spent
         done = reply.done
         if done is not None:
             if done.model and done.model != t.model:
@@ -327,9 +358,12 @@ class TurnRunner(TurnEnding):
                 t.call_started[event.call_id] = trio.current_time()
             t.emit(event)
 
-        await execute_batch(
-            self.parts.executor, calls, ctx, t.tool_names(), publish, t.results, parallel=parallel
-        )
+        budget = t.budget if t.budget is not None and t.budget.active else None
+        with budget.wall() if budget is not None else nullcontext():
+            await execute_batch(
+                self.parts.executor, calls, ctx, t.tool_names(), publish, t.results,
+                parallel=parallel, before=budget.before_tool if budget is not None else None,
+            )  # fmt: skip
         self.pair_results()
         if any(c.name in MEMORY_WRITERS for c in calls):
             self._memories = None

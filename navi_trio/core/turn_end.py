@@ -17,8 +17,15 @@ import trio
 from navi_trio.core.llm_call import StreamedReply
 from navi_trio.core.tool_executor import stopped_result, tool_message
 from navi_trio.core.turn_state import LoopParts, Turn
-from navi_trio.errors import ContextTooLargeError, LLMError
-from navi_trio.events import ErrorEvent, StreamEnd, TextDelta, ToolResultEvent, WarningEvent
+from navi_trio.errors import BudgetExhaustedError, ContextTooLargeError, LLMError
+from navi_trio.events import (
+    BudgetExhausted,
+    ErrorEvent,
+    StreamEnd,
+    TextDelta,
+    ToolResultEvent,
+    WarningEvent,
+)
 
 
 class TurnEnding:
@@ -71,6 +78,8 @@ class TurnEnding:
                     await self.run()
                 except ContextTooLargeError as exc:
                     await self._too_large(exc)
+                except BudgetExhaustedError as exc:
+                    await shielded(partial(self._exhausted, exc))
                 except LLMError as exc:
                     await shielded(partial(self._failed, exc))
                 if turn.completed_normally and turn.persist:
@@ -148,6 +157,18 @@ class TurnEnding:
         # last durable save left it, and a dangling call is paired on load).
         text = await self._save_partial(durable=False, stopped=True)
         self.turn.end(self.stream_end(text, reason="stopped"))
+
+    async def _exhausted(self, exc: BudgetExhaustedError) -> None:
+        """A budget is spent (core/budgets.py): the turn ends as a stop does, saying which."""
+        turn = self.turn
+        turn.emit(
+            BudgetExhausted(
+                scope=exc.scope, kind=exc.kind, spent=exc.spent, limit=exc.limit,
+                message=str(exc),
+            )
+        )  # fmt: skip
+        text = await self._save_partial(durable=False, stopped=True, budget=str(exc))
+        turn.end(self.stream_end(text, reason="budget_exhausted"))
 
     async def _failed(self, exc: LLMError) -> None:
         self.turn.emit(ErrorEvent(message=str(exc), code=exc.code))

@@ -12,8 +12,10 @@ from collections.abc import Callable
 
 import attrs
 
+from navi_trio.core.budgets import Budget
 from navi_trio.core.compression import Complete, Compressor
 from navi_trio.core.context import ContextBuilder, ContextViews
+from navi_trio.core.injections import Injections
 from navi_trio.core.live_config import LiveConfig
 from navi_trio.core.llm_call import StreamedReply
 from navi_trio.core.session import SessionCache, SessionState
@@ -72,6 +74,13 @@ class Turn:
     views: ContextViews = attrs.field(factory=ContextViews)
     # A synchronous sub-agent's usage also counts in its parent turn's totals.
     usage_to: Callable[[int, int], None] | None = None
+    # Steered messages and background notes for the next LLM call (core/steering.py);
+    # None for a sub-agent or a compaction.
+    injections: Injections | None = None
+    # What this run may spend (core/budgets.py); None: no budget applies.
+    budget: Budget | None = None
+    # Approvals by the headless rule whoever is attached (a scheduled run).
+    headless: bool = False
 
     @property
     def limit(self) -> int:
@@ -87,6 +96,14 @@ class Turn:
         return self.parent_session_id or self.state.id
 
     def count(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """One LLM call's usage: this run's totals (and its parent's), and its budget."""
+        if self.budget is not None:
+            self.budget.charge_tokens(prompt_tokens + completion_tokens)
+        self.count_child(prompt_tokens, completion_tokens)
+
+    def count_child(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """Usage in the totals only: a sub-agent's, whose budget already counted it
+        against this run's meters (its budget's chain holds them)."""
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += completion_tokens
         if self.usage_to is not None:

@@ -2,12 +2,20 @@
 
 - `_schema`: the file's shape, every class a key becomes (`NaviConfig`, `AgentProfile`,
   ssh hosts, peers, MCP servers), the shipped tool names and `is_secret`;
+- `_control`: what a message does while its session is busy, and the budgets of a run;
 - `_policy`: a profile's tool policy (modes, roles, rules) and its checks;
 - `_load`: `load_config` / `parse_config` (strict cattrs structuring and the checks the
   shape cannot say) and `check_config` (tools, ssh files, prompt files);
 - `_source`: `ConfigSource`, the config in force with hot reload.
 """
 
+from navi_trio.profiles._control import NO_BUDGETS as NO_BUDGETS
+from navi_trio.profiles._control import ON_BUSY as ON_BUSY
+from navi_trio.profiles._control import BudgetConfig as BudgetConfig
+from navi_trio.profiles._control import BudgetLimits as BudgetLimits
+from navi_trio.profiles._control import OnBusy as OnBusy
+from navi_trio.profiles._control import budgets_dict as budgets_dict
+from navi_trio.profiles._control import parse_budgets as parse_budgets
 from navi_trio.profiles._load import check_config as check_config
 from navi_trio.profiles._load import load_config as load_config
 from navi_trio.profiles._load import parse_config as parse_config

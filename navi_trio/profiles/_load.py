@@ -25,6 +25,7 @@ import attrs
 import cattrs
 
 from navi_trio.errors import ConfigError
+from navi_trio.profiles._control import OnBusy
 from navi_trio.profiles._policy import (
     ROLES,
     CallPattern,
@@ -125,7 +126,7 @@ def _structure_choice(value: Any, typ: Any) -> Any:
     return value
 
 
-_converter.register_structure_hook_func(lambda t: t in (Decision, Mode), _structure_choice)
+_converter.register_structure_hook_func(lambda t: t in (Decision, Mode, OnBusy), _structure_choice)
 
 
 _converter.register_structure_hook(ToolsConfig, _structure_tools)
@@ -152,6 +153,12 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
     _check_peers(cfg.peers, path)
     _check_mcp(cfg, path)
     _check_workspace_roots(cfg.workspace_roots, path)
+    unknown_roles = sorted(set(cfg.role_budgets) - set(ROLES))
+    if unknown_roles:
+        raise ConfigError(
+            f"{path}: $.role_budgets: unknown role(s) {', '.join(map(repr, unknown_roles))} "
+            f"(roles: {', '.join(ROLES)})"
+        )
     base = path.parent
     persona = cfg.persona
     if cfg.persona_file:

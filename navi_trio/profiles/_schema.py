@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from navi_trio.errors import ConfigError
+from navi_trio.profiles._control import BudgetConfig, OnBusy
 from navi_trio.profiles._policy import PolicyConfig
 
 # The tools navi ships (tools/builtin.py plus tasks and spawn_agent in runtime.py). The
@@ -180,6 +181,12 @@ class AgentProfile:
     # Environment variables (by name) the daemon passes on to its runs' tool processes,
     # beyond the allow-list every one gets (tools/procs `child_env`).
     env: tuple[str, ...] = ()
+    # Control of a running agent (issue 23, profiles/_control.py): what a message does
+    # while the session is busy; what a run may spend; whether a background job that
+    # ends while the session is idle starts a turn with its note.
+    on_busy: OnBusy = "enqueue"
+    budgets: BudgetConfig = BudgetConfig()
+    wake_on_task_done: bool = False
 
     def model_or(self, default: str) -> str:
         """The profile's model, or `default` (Settings.default_model) when it names none."""
@@ -237,6 +244,9 @@ class NaviConfig:
     # besides their own session folders (core/workspace.py); a role without an entry:
     # users none, admins anything but navi's own data.
     workspace_roots: dict[str, tuple[str, ...]] = attrs.Factory(dict)
+    # role -> the budgets of every run of a user with that role (the profile's apply
+    # too: the lower limit wins).
+    role_budgets: dict[str, BudgetConfig] = attrs.Factory(dict)
     base_dir: Path = Path(".")  # folder of the file: prompt files resolve against it
 
     def profile(self, profile_id: str | None) -> AgentProfile:

@@ -129,6 +129,23 @@ def _init_schema(db: Database) -> None:
             " created_at FLOAT NOT NULL)"
         )
         db.execute("CREATE INDEX IF NOT EXISTS queued_session ON queued (session_id, id)")
+        # Control of running agents (store/_control.py): wake-ups a background job's
+        # note started, the budgets' usage counters, scheduled runs.
+        db.execute("CREATE TABLE IF NOT EXISTS wakes (session_id TEXT NOT NULL, at FLOAT NOT NULL)")
+        db.execute("CREATE INDEX IF NOT EXISTS wakes_session ON wakes (session_id, at)")
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS usage (key TEXT PRIMARY KEY, tokens FLOAT NOT NULL,"
+            " tool_calls FLOAT NOT NULL, subagents FLOAT NOT NULL, wall_sec FLOAT NOT NULL,"
+            " updated_at FLOAT NOT NULL)"
+        )
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS schedules (id TEXT PRIMARY KEY, user_id TEXT NOT NULL,"
+            " session_id TEXT, profile_id TEXT, kind TEXT NOT NULL, spec TEXT NOT NULL,"
+            " message TEXT NOT NULL, catch_up INTEGER NOT NULL, paused INTEGER NOT NULL,"
+            " next_due FLOAT, created_at FLOAT NOT NULL, runs INTEGER NOT NULL,"
+            " last_run_at FLOAT, last_session_id TEXT, budget TEXT NOT NULL)"
+        )
+        db.execute("CREATE INDEX IF NOT EXISTS schedules_user ON schedules (user_id)")
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 

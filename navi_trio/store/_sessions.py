@@ -137,6 +137,9 @@ def _delete_session(db: Database, sid: str) -> bool:
         for table in _HISTORY:
             db.execute(f"DELETE FROM {table} WHERE session_id = ?", [sid])
         db.execute("DELETE FROM queued WHERE session_id = ?", [sid])
+        db.execute("DELETE FROM wakes WHERE session_id = ?", [sid])
+        db.execute("DELETE FROM usage WHERE key = ?", [f"session:{sid}"])
+        db.execute("DELETE FROM schedules WHERE session_id = ?", [sid])
         # substr, not LIKE: ids may contain LIKE's wildcard `_`.
         db.execute(
             "DELETE FROM kv WHERE key = ? OR substr(key, 1, ?) = ?", [sid, len(sid) + 1, sid + ":"]

@@ -26,6 +26,15 @@ Contract every implementation keeps:
   made inside `store.fence.fenced(...)`, are refused with `LeaseLostError` (nothing
   stored) unless the lease row still names that owner and generation: a paused owner
   that another daemon replaced cannot write to the session any more.
+- `enqueue_wake` stores a background job's note and, unless the session was woken
+  `limit` times in the last `per` seconds, a queued wake-up and its count, in one
+  transaction: the note and its wake-up land together or not at all.
+- `add_usage` adds to counters under keys (a session's, a user's day's) in one
+  transaction; several daemons adding at once never lose an increment.
+- `claim_schedule` moves a schedule from the due time it was read at to the next one
+  only if nobody moved it meanwhile (compare and set), and in the same transaction
+  creates the run's session when asked and queues its message: a due time is claimed
+  once, by one daemon, and its run survives a crash as a queued message.
 - Failures raise `navi_trio.errors.StoreError` naming the operation (and the session);
   when the file itself is the problem, its subclasses say which: `StorageFullError`
   (the disk is full) or `StorageError` (read-only, an I/O error, damaged). Nothing of
@@ -72,6 +81,59 @@ class LeaseRow:
     host: str
     expires_at: float  # wall-clock seconds (time.time())
     generation: int = 0  # the fencing token: +1 at every takeover by another owner
+
+
+@attrs.frozen
+class ScheduleRow:
+    """A scheduled run (core/schedules.py): whose, where, when, what.
+
+    `session_id` None: each run starts a new session of `profile_id`. `kind` is
+    ``cron`` (a cron expression), ``every`` (seconds) or ``at`` (one time, ISO 8601);
+    `spec` is its text. `next_due` is the wall-clock time of the next run (None: none
+    left, an ``at`` that ran). `catch_up`: a due time missed while no daemon ran is run
+    once at start-up (else skipped). `budget` lowers the run's budgets (the shape of a
+    message's ``budget``)."""
+
+    id: str
+    user_id: str
+    session_id: str | None
+    profile_id: str | None
+    kind: str
+    spec: str
+    message: str
+    catch_up: bool
+    paused: bool
+    next_due: float | None
+    created_at: float
+    runs: int = 0
+    last_run_at: float | None = None
+    last_session_id: str | None = None
+    budget: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class QueuedRow:
+    """A message to queue in the same transaction as a claim or a note: it runs when
+    its session's actor takes it (core/queued.py)."""
+
+    session_id: str
+    key: str
+    message: dict[str, Any]
+    pid: int
+    host: str
+
+
+@attrs.frozen
+class NewSession:
+    """A session to create in the same transaction as a schedule's claim."""
+
+    session_id: str
+    profile_id: str
+    user_id: str
+    title: str = ""
+
+
+USAGE_KINDS = ("tokens", "tool_calls", "subagents", "wall_sec")
 
 
 class SessionStore(Protocol):
@@ -161,6 +223,39 @@ class SessionStore(Protocol):
     ) -> LeaseRow: ...
     async def renew_lease(self, session_id: str, *, owner: str, ttl: float) -> bool: ...
     async def release_lease(self, session_id: str, *, owner: str) -> None: ...
+
+    # wake-ups: a background job's note, and a queued turn that reads it (core/wake.py)
+    async def enqueue_wake(
+        self,
+        wake: QueuedRow,
+        *,
+        note: tuple[str, str, Any] | None,
+        limit: int,
+        per: float,
+    ) -> bool: ...
+
+    # usage counters of the budgets (core/budgets.py): key -> {kind: amount}
+    async def add_usage(self, keys: Sequence[str], amounts: dict[str, float]) -> None: ...
+    async def get_usage(self, keys: Sequence[str]) -> dict[str, dict[str, float]]: ...
+
+    # schedules (core/schedules.py)
+    async def create_schedule(self, row: ScheduleRow) -> ScheduleRow: ...
+    async def get_schedule(self, schedule_id: str) -> ScheduleRow | None: ...
+    async def list_schedules(self, user_id: str | None = None) -> list[ScheduleRow]: ...
+    async def count_schedules(self, user_id: str) -> int: ...
+    async def set_schedule(
+        self, schedule_id: str, *, paused: bool, next_due: float | None
+    ) -> bool: ...
+    async def delete_schedule(self, schedule_id: str) -> bool: ...
+    async def claim_schedule(
+        self,
+        schedule_id: str,
+        *,
+        due: float,
+        next_due: float | None,
+        run: QueuedRow | None,
+        session: NewSession | None = None,
+    ) -> bool: ...
 
     # health
     async def stats(self) -> dict[str, int]: ...

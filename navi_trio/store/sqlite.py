@@ -33,9 +33,10 @@ request. Opening runs ``PRAGMA quick_check``, bounded in time (`damage` keeps wh
 found): a damaged file starts, says so once, and only what cannot be read is refused.
 
 Where it lives: `_core` (the worker, open and close, `_run`), one module per table with
-its methods and its SQL (`_sessions`, `_history`, `_queue`, `_kv`, `_users`, `_lease`),
-`_schema` (connection, tables, write transaction), `_input` (checks and serialisation
-on the caller's side, no SQL), `_health` (SQLite's failures, the start-up check) and
+its methods and its SQL (`_sessions`, `_history`, `_queue`, `_kv`, `_users`, `_lease`;
+`_control` for the wake-ups, usage and schedules tables), `_schema` (connection,
+tables, write transaction), `_input` (checks and serialisation on the caller's side, no
+SQL), `_health` (SQLite's failures, the start-up check) and
 `_readonly` (`navi doctor`'s look at a file). `SQLiteStore` is the tables' mixins on
 one `_Core`: every method is a check, an operation's name and one job on the one
 worker, so they share the worker, `_run` and the clock rather than hand calls on.
@@ -43,6 +44,7 @@ worker, so they share the worker, `_run` and the clock rather than hand calls on
 
 from __future__ import annotations
 
+from navi_trio.store._control import _Control
 from navi_trio.store._history import _History
 from navi_trio.store._input import check_session_id as check_session_id
 from navi_trio.store._kv import _Kv
@@ -56,5 +58,5 @@ from navi_trio.store._users import _Users
 from navi_trio.store._worker import BUSY_TIMEOUT_S as BUSY_TIMEOUT_S
 
 
-class SQLiteStore(_Sessions, _History, _Queue, _Kv, _Users, _Leases):
+class SQLiteStore(_Sessions, _History, _Queue, _Kv, _Users, _Leases, _Control):
     """The session store on one SQLite file. Create it with `SQLiteStore.open(path)`."""

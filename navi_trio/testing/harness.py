@@ -165,12 +165,15 @@ async def open_harness(
     config: ConfigSource | None = None,
     dialect: str = "ollama",
     tools: list[Tool] | None = None,
+    schedules: bool = False,
+    wall_clock: Callable[[], float] | None = None,
     **settings: Any,
 ) -> AsyncIterator[Harness]:
     """A runtime on `tmp_path/navi.db` with the fake LLM (or the scripted backend).
 
     `tools` replaces the default tool set (passed to `open_runtime`); a profile still
-    offers only the tools its ``tools.agent`` names.
+    offers only the tools its ``tools.agent`` names. `schedules` runs the scheduler (as
+    the daemon does), on `wall_clock` when given (e.g. on trio's virtual time).
     """
     cfg = config or test_config(profiles)
     async with trio.open_nursery() as nursery:
@@ -192,6 +195,13 @@ async def open_harness(
         if on_server and os.environ.get(TEST_STORE_ENV) == "postgres":
             values["db_url"] = await trio.to_thread.run_sync(shared_database, str(tmp_path))
         conf = Settings.from_env({}, **values)
-        async with open_runtime(conf, backend=backend, config=cfg, tools=tools) as rt:
+        async with open_runtime(
+            conf,
+            backend=backend,
+            config=cfg,
+            tools=tools,
+            schedules=schedules,
+            wall_clock=wall_clock,
+        ) as rt:
             yield Harness(runtime=rt, fake=fake, scripted=backend, tmp_path=tmp_path)
         nursery.cancel_scope.cancel()

@@ -68,6 +68,9 @@ class ToolContext:
     mode: str = "workspace"
     user_role: str = "user"
     sandbox: SandboxSpec | None = None
+    # A run nobody waits on (a scheduled one): a call that would ask goes by the
+    # profile's headless rule even with a client attached.
+    headless: bool = False
 
     def roots(self) -> tuple[Path, ...]:
         """Folders file tools may touch: the session folder, then the run's cwd."""

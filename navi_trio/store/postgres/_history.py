@@ -105,6 +105,9 @@ def delete_session(conn: Conn, sid: str) -> bool:
         conn.execute("DELETE FROM messages WHERE session_id = %s", [sid])
         conn.execute("DELETE FROM context WHERE session_id = %s", [sid])
         conn.execute("DELETE FROM queued WHERE session_id = %s", [sid])
+        conn.execute("DELETE FROM wakes WHERE session_id = %s", [sid])
+        conn.execute("DELETE FROM usage WHERE key = %s", [f"session:{sid}"])
+        conn.execute("DELETE FROM schedules WHERE session_id = %s", [sid])
         conn.execute("DELETE FROM sessions WHERE id = %s", [sid])
     # starts_with, not LIKE: ids may contain LIKE's wildcard `_`. Rows of a session that
     # is gone go too (the SQLite store does the same).

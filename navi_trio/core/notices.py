@@ -1,0 +1,55 @@
+"""Notices to a user's connected clients: what concerns them but no session they follow.
+
+A scheduled run ends (core/schedules.py): its owner's clients get a ``schedule_run``
+frame, whatever session they are in or none. `UserNotices` is the hub: every connection
+of a user subscribes (`subscribe`, a bounded channel), the core publishes (`publish`,
+never blocks: a client too slow to take its notices loses the oldest it has not read,
+and the daemon logs it once). Frames only, out of band: no seq, no replay; a client
+that was away learns the results from the history and ``schedule list``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import trio
+
+log = logging.getLogger(__name__)
+
+Frame = dict[str, Any]
+NOTICES_MAX = 64  # a connection's notices not yet sent
+
+
+class UserNotices:
+    def __init__(self) -> None:
+        self._subs: dict[str, set[trio.MemorySendChannel[Frame]]] = {}
+
+    @contextmanager
+    def subscribe(self, user_id: str) -> Iterator[trio.MemoryReceiveChannel[Frame]]:
+        send, recv = trio.open_memory_channel[Frame](NOTICES_MAX)
+        self._subs.setdefault(user_id, set()).add(send)
+        try:
+            with recv:
+                yield recv
+        finally:
+            subs = self._subs.get(user_id, set())
+            subs.discard(send)
+            if not subs:
+                self._subs.pop(user_id, None)
+            send.close()
+
+    def publish(self, user_id: str, frame: Frame) -> int:
+        """Send `frame` to every connection of the user; how many got it."""
+        sent = 0
+        for send in list(self._subs.get(user_id, ())):
+            try:
+                send.send_nowait(frame)
+                sent += 1
+            except trio.WouldBlock:
+                log.warning("a client of user %s takes no notices: one dropped", user_id)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._subs.get(user_id, set()).discard(send)
+        return sent

@@ -1,0 +1,314 @@
+"""Scheduled runs over WebSocket (issue 23): the ``schedule`` frames and their owner
+checks, runs on the clock (exactly once per due time, a notice to the owner's clients),
+headless approvals and budgets, catch-up across a restart, two daemons on one database.
+
+The timed tests run on the autojump clock under a real-time limit (tests/realtime.py):
+the scheduler's wall clock is trio's virtual time plus a base (`wall_clock`), and a
+1-second tick bounds each jump while the store's thread or a socket is waited on (the
+virtual clock also moves then, so times are asserted as "after" and "at most once").
+Real parts: the daemon on 127.0.0.1, WebSocket clients, SQLite in tmp_path, the fake LLM.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from agent_tools import call, toolset, with_tools
+from api_ws import Client, Daemon, open_daemon
+from realtime import real_time_limit
+from test_api_approvals import ASK_PUSH, FakeTerminal, _tick
+
+from navi_trio.testing import open_harness
+
+TIMEOUT = 60
+BASE = time.time()  # the virtual wall clock starts now
+SLOW = {"first_chunk_timeout": 1e6, "chunk_timeout": 1e6, "session_idle_sec": 1e6,
+        "llm_connect_timeout": 1e6, "ws_hello_timeout_sec": 1e6,
+        "message_accept_timeout_sec": 1e6}  # fmt: skip
+NO_PLAN = {"planning_first_message": False}
+
+
+def clock() -> float:
+    return BASE + trio.current_time()
+
+
+async def schedule(c: Client, action: str, **fields: Any) -> dict[str, Any]:
+    return await c.request({"type": "schedule", "action": action, **fields})
+
+
+async def add_every(c: Client, every: str = "10m", **fields: Any) -> dict[str, Any]:
+    reply = await schedule(c, "add", every=every, message="check the mail", **fields)
+    assert reply["type"] == "schedules", reply
+    return dict(reply["schedule"])
+
+
+@asynccontextmanager
+async def on_the_clock(tmp_path: Path, **kw: Any) -> AsyncIterator[Daemon]:
+    """A daemon whose scheduler runs on the virtual clock (and a tick bounding jumps)."""
+    async with trio.open_nursery() as ticker:
+        await ticker.start(_tick)
+        async with open_daemon(
+            tmp_path, schedules=True, wall_clock=clock, **{**SLOW, **kw}
+        ) as d:  # fmt: skip
+            yield d
+        ticker.cancel_scope.cancel()
+
+
+# -- the frames and who may use them -------------------------------------------------
+
+
+async def test_schedules_are_added_listed_paused_resumed_and_removed(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, schedules=True) as d, d.connect("alice") as c:
+            before = time.time()
+            row = await add_every(c, new=True, profile="coder")
+            assert (row["kind"], row["spec"], row["profile"], row["session_id"]) == (
+                "every", "10m", "coder", None
+            )  # fmt: skip
+            assert before + 600 <= row["next_due"] <= time.time() + 600 and row["catch_up"]
+            listed = await schedule(c, "list")
+            assert [s["schedule_id"] for s in listed["schedules"]] == [row["schedule_id"]]
+            paused = await schedule(c, "pause", schedule_id=row["schedule_id"])
+            assert paused["schedule"]["paused"] is True
+            resumed = await schedule(c, "resume", schedule_id=row["schedule_id"])
+            assert resumed["schedule"]["paused"] is False
+            cron = await schedule(c, "add", cron="*/30 * * * *", message="tidy", new=True,
+                                  catch_up=False)  # fmt: skip
+            assert cron["schedule"]["kind"] == "cron" and cron["schedule"]["catch_up"] is False
+            gone = await schedule(c, "remove", schedule_id=row["schedule_id"])
+            assert gone["removed"] is True
+            listed = await schedule(c, "list")
+            assert [s["kind"] for s in listed["schedules"]] == ["cron"]
+            stored = await d.harness.runtime.store.list_schedules()
+            assert [(r.kind, r.user_id) for r in stored] == [("cron", d.ids["alice"])]
+
+
+async def test_a_user_touches_only_their_own_schedules_and_sessions(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(
+            tmp_path, schedules=True
+        ) as d, d.connect("alice") as alice, d.connect("bob") as bob:  # fmt: skip
+            row = await add_every(alice, new=True)
+            sid = row["schedule_id"]
+            for action in ("pause", "resume", "remove"):
+                err = await schedule(bob, action, schedule_id=sid)
+                assert err["type"] == "error" and err["code"] == "forbidden", err
+            assert (await schedule(bob, "list"))["schedules"] == []
+            # A schedule of bob's may not run in alice's session.
+            await d.harness.runtime.store.create_session(
+                "s-0123456789ab", profile_id="general", user_id=d.ids["alice"]
+            )
+            err = await schedule(bob, "add", every="10m", message="x", session_id="s-0123456789ab")
+            assert err["code"] == "forbidden", err
+            # An admin sees everyone's.
+            async with d.connect("root") as root:
+                listed = await schedule(root, "list")
+                assert [s["schedule_id"] for s in listed["schedules"]] == [sid]
+            assert (await schedule(alice, "pause", schedule_id="sch-nope"))["code"] == "not_found"
+
+
+BAD_ADDS: list[tuple[dict[str, Any], str]] = [
+    ({"message": "x", "new": True}, "exactly one of cron, every and at"),
+    ({"every": "10m", "cron": "* * * * *", "message": "x", "new": True}, "exactly one"),
+    ({"every": "10m", "new": True}, "needs a message"),
+    ({"every": "10m", "message": "x"}, "needs a session_id"),
+    ({"every": "10m", "message": "x", "new": True, "session_id": "s-1"}, "needs a session_id"),
+    ({"every": "30s", "message": "x", "new": True}, "at least 1 minute"),
+    ({"every": "soon", "message": "x", "new": True}, "a duration like"),
+    ({"cron": "*/30 * * *", "message": "x", "new": True}, "five fields"),
+    ({"cron": "61 * * * *", "message": "x", "new": True}, "Bad minute"),
+    ({"cron": "* * * * * *", "message": "x", "new": True}, "five fields"),
+    ({"at": "2001-01-01T00:00", "message": "x", "new": True}, "that time has passed"),
+    ({"at": "tomorrow", "message": "x", "new": True}, "ISO 8601"),
+    ({"every": "10m", "message": "x", "new": True, "profile": "nope"}, "unknown profile"),
+    ({"every": "10m", "message": "x" * 16_001, "new": True}, "at most 16000"),
+    ({"every": "10m", "message": "x", "new": True, "catch_up": "yes"}, "true or false"),
+    ({"every": "10m", "message": "x", "new": True, "budget": {"turn": {"tokens": -1}}},
+     "budget.turn.tokens"),
+    ({"every": "x" * 200, "message": "x", "new": True}, "at most 128"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fields", "problem"), BAD_ADDS)
+async def test_a_bad_schedule_is_refused_naming_the_problem(
+    tmp_path: Path, fields: dict[str, Any], problem: str
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, schedules=True) as d, d.connect("alice") as c:
+            err = await schedule(c, "add", **fields)
+            assert err["type"] == "error" and problem in err["message"], err
+            assert err["code"] == "bad_frame"
+            assert await d.harness.runtime.store.list_schedules() == []
+
+
+async def test_the_schedules_of_a_user_are_bounded(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(
+            tmp_path, schedules=True, schedules_per_user=2
+        ) as d, d.connect("alice") as c:  # fmt: skip
+            await add_every(c, new=True)
+            await add_every(c, new=True)
+            err = await schedule(c, "add", every="10m", message="x", new=True)
+            assert err["code"] == "limit" and "NAVI_SCHEDULES_PER_USER" in err["message"]
+            async with d.connect("bob") as bob:  # another user has their own count
+                assert (await schedule(bob, "add", every="1h", message="x", new=True))[
+                    "type"
+                ] == "schedules"
+
+
+# -- runs on the clock -------------------------------------------------------------------
+
+
+async def test_an_every_schedule_runs_once_per_due_time_and_tells_its_owner(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    with real_time_limit(TIMEOUT):
+        async with on_the_clock(
+            tmp_path, replies=[{"text": "no new mail"}], loop=True,
+            profiles={"general": NO_PLAN},
+        ) as d, d.connect("alice") as c, d.connect("bob") as bob:  # fmt: skip
+            row = await add_every(c, "1h", new=True)
+            first_due = row["next_due"]
+            first = await c.until_type("schedule_run", schedule_id=row["schedule_id"])
+            assert clock() >= first_due
+            assert (first["reason"], first["text"]) == ("complete", "no new mail")
+            second = await c.until_type("schedule_run", schedule_id=row["schedule_id"])
+            assert clock() >= first_due + 3600
+            assert second["session_id"] != first["session_id"]  # new: true, a new session
+            store = d.harness.runtime.store
+            for run in (first, second):
+                saved = await store.load_messages(run["session_id"])
+                assert [(m["role"], m["content"]) for m in saved] == [
+                    ("user", "check the mail"), ("assistant", "no new mail")
+                ]  # fmt: skip
+                session = await store.get_session(run["session_id"])
+                assert session is not None and session.user_id == d.ids["alice"]
+            # Paused, it does not run; resumed, it runs again.
+            await schedule(c, "pause", schedule_id=row["schedule_id"])
+            paused = await store.get_schedule(row["schedule_id"])
+            assert paused is not None
+            await trio.sleep(5 * 3600)
+            still = await store.get_schedule(row["schedule_id"])
+            assert still is not None and still.runs == paused.runs
+            await schedule(c, "resume", schedule_id=row["schedule_id"])
+            third = await c.until_type("schedule_run", schedule_id=row["schedule_id"])
+            assert third["reason"] == "complete"
+            # Once per due time: as many runs as notices and sessions, and never more
+            # than the due times that have passed (the virtual clock runs on while the
+            # store and the model answer, so it may have been more than three).
+            got = await store.get_schedule(row["schedule_id"])
+            assert got is not None
+            notices = [f for f in c.frames if f["type"] == "schedule_run"]
+            sessions = [s for s in await store.list_sessions(d.ids["alice"])]
+            assert got.runs == len(notices) == len(sessions) >= 3
+            assert len({f["session_id"] for f in notices}) == len(notices)
+            assert got.runs <= (clock() - first_due) / 3600 + 1 - 5  # (5 hours paused)
+            assert not [f for f in bob.frames if f["type"] == "schedule_run"]
+
+
+async def test_a_scheduled_run_in_a_session_is_headless_and_keeps_its_budget(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    term = FakeTerminal()
+    replies = [call("terminal", action="run", command="git push"),
+               call("terminal", action="run", command="ls"), {"text": "never"}]  # fmt: skip
+    policy = {"rules": [ASK_PUSH]}
+    with real_time_limit(TIMEOUT):
+        async with on_the_clock(
+            tmp_path, replies=replies, tools=toolset(term),
+            profiles={"general": with_tools(["terminal"], policy=policy, **NO_PLAN)},
+        ) as d, d.connect("alice") as c:  # fmt: skip
+            sid = "s-00000000000a"
+            await d.harness.runtime.store.create_session(
+                sid, profile_id="general", user_id=d.ids["alice"]
+            )
+            ok = await c.request({"type": "subscribe", "session_id": sid, "last_seq": None})
+            assert ok["type"] == "ok"  # alice watches the session: still, nobody is asked
+            budget = {"turn": {"tool_calls": 1}}
+            row = await add_every(c, session_id=sid, budget=budget)
+            assert row["budget"] == budget
+            done = await c.until_type("schedule_run", schedule_id=row["schedule_id"])
+            assert done["session_id"] == sid and done["reason"] == "budget_exhausted"
+            assert term.ran == []  # denied by the headless rule (none allows it)
+            decided = await c.until_type("approval_decided", session_id=sid)
+            assert (decided["by"], decided["approved"]) == ("headless", False)
+            assert not [f for f in c.frames if f["type"] == "approval_request"]
+            saved = await d.harness.runtime.store.load_messages(sid)
+            assert saved[0] == {**saved[0], "role": "user", "content": "check the mail"}
+
+
+async def test_a_due_time_missed_while_down_runs_once_at_start_up_or_is_skipped(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    kw: dict[str, Any] = {"replies": [{"text": "caught up"}], "loop": True,
+                          "profiles": {"general": NO_PLAN}}  # fmt: skip
+    with real_time_limit(TIMEOUT):
+        async with on_the_clock(tmp_path, **kw) as d, d.connect("alice") as c:
+            run = await add_every(c, "1h", new=True)
+            skip = await add_every(c, "1h", new=True, catch_up=False)
+            alice = d.tokens["alice"]
+        await trio.sleep(3 * 3600)  # the daemon is down for three due times
+        async with on_the_clock(tmp_path, **kw) as d:
+            d.tokens["alice"] = alice
+            async with d.connect("alice") as c:
+                done = await c.until_type("schedule_run", schedule_id=run["schedule_id"])
+                assert done["reason"] == "complete"
+                store = d.harness.runtime.store
+                caught = await store.get_schedule(run["schedule_id"])
+                skipped = await store.get_schedule(skip["schedule_id"])
+                assert caught is not None and skipped is not None
+                assert caught.runs == 1  # three missed due times: one run
+                assert skipped.runs == 0 and skipped.next_due is not None
+                assert skipped.next_due > BASE + 3 * 3600  # moved past now, not run
+                assert d.harness.fake is not None and len(d.harness.fake.chat_requests) == 1
+
+
+async def test_two_daemons_on_one_database_run_a_due_time_once(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    from navi_trio.core.schedules import ScheduleSpec
+
+    kw: dict[str, Any] = {"replies": [{"text": "once"}], "loop": True,
+                          "profiles": {"general": NO_PLAN}, "schedules": True,
+                          "wall_clock": clock, **SLOW}  # fmt: skip
+    with real_time_limit(TIMEOUT):
+        async with trio.open_nursery() as ticker:
+            await ticker.start(_tick)
+            async with open_harness(tmp_path, **kw) as one, open_harness(tmp_path, **kw) as two:
+                user = await one.runtime.store.create_user("carol", "t-carol-123")
+                heard = trio.Event()
+
+                async def listen(notices: Any) -> None:
+                    with notices.subscribe(user["id"]) as frames:
+                        async for _ in frames:
+                            heard.set()
+
+                async with trio.open_nursery() as listeners:
+                    listeners.start_soon(listen, one.runtime.notices)
+                    listeners.start_soon(listen, two.runtime.notices)
+                    await trio.testing.wait_all_tasks_blocked()
+                    row = await one.runtime.scheduler.add(
+                        user["id"],
+                        ScheduleSpec(
+                            session_id=None,
+                            profile_id=None,
+                            kind="every",
+                            spec="1h",
+                            message="ping",
+                        ),  # fmt: skip
+                    )
+                    await heard.wait()
+                    await trio.sleep(600)  # both daemons look again, before the next due time
+                    listeners.cancel_scope.cancel()
+                got = await one.runtime.store.get_schedule(row.id)
+                assert got is not None and got.runs == 1
+                assert one.fake is not None and two.fake is not None
+                assert len(one.fake.chat_requests) + len(two.fake.chat_requests) == 1
+            ticker.cancel_scope.cancel()

@@ -1,0 +1,95 @@
+"""Scheduled runs through real `navi serve` processes and `navi schedule` (issue 23).
+
+A schedule due while its daemon was down (killed with SIGKILL) runs once when the next
+daemon starts, and never again after another restart; `navi schedule` adds, lists,
+pauses and removes through the daemon, one line each. Real processes (the fake LLM in
+its own), loopback only, port 0, absolute deadlines. The one wait on the wall clock is
+the point of the test: a due time passes while no daemon runs (about two seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from test_api_daemon import client, serve
+from test_cli import fake_llm, messages, navi
+
+pytestmark = pytest.mark.slow
+DEADLINE = 90
+
+
+async def test_a_due_time_missed_while_the_daemon_was_down_runs_once_after_the_restart(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    data = Path(env["NAVI_DATA_DIR"])
+    # The model takes a moment (so the restarted daemon's client is there to hear the
+    # notice); every answer is the same.
+    replies = [{"text": "good morning to you", "delay_first": 1.5}]
+    with trio.fail_after(DEADLINE):
+        async with fake_llm(tmp_path, replies) as llm:
+            async with serve(env, llm) as proc:
+                async with client(proc.url, data) as c:
+                    due = time.time() + 2
+                    at = datetime.fromtimestamp(due).astimezone().isoformat()
+                    added = await c.request(
+                        {"type": "schedule", "action": "add", "at": at, "new": True,
+                         "message": "good morning"}
+                    )  # fmt: skip
+                    assert added["type"] == "schedules", added
+                    sid = added["schedule"]["schedule_id"]
+                proc.send_signal(signal.SIGKILL)  # a crash, before the due time
+                await proc.wait()
+            await trio.sleep(max(0.0, due - time.time()) + 0.5)  # it falls due: nobody runs
+            async with serve(env, llm) as proc, client(proc.url, data) as c:
+                done = await c.until_type("schedule_run", schedule_id=sid)
+                assert (done["reason"], done["text"]) == ("complete", "good morning to you")
+                listed = await navi("schedule", "list", "--json", "--url", proc.url, env=env,
+                                    cwd=tmp_path)  # fmt: skip
+            async with serve(env, llm) as proc:  # and again: nothing runs twice
+                again = await navi("schedule", "list", "--json", "--url", proc.url, env=env,
+                                   cwd=tmp_path)  # fmt: skip
+    (row,) = json.loads(listed.out)["schedules"]
+    assert (row["runs"], row["next_due"], row["last_session_id"]) == (
+        1, None, done["session_id"]
+    )  # fmt: skip
+    assert json.loads(again.out)["schedules"] == [row]
+    saved = await messages(tmp_path / "navi.db", done["session_id"])
+    assert [(m["role"], m["content"]) for m in saved] == [
+        ("user", "good morning"), ("assistant", "good morning to you")
+    ]  # fmt: skip
+
+
+async def test_navi_schedule_adds_lists_pauses_and_removes_in_one_line_each(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with fake_llm(tmp_path, [{"text": "x"}]) as llm, serve(env, llm) as proc:
+            url = ("--url", proc.url)
+
+            async def run(*args: str) -> Any:
+                return await navi("schedule", *args, *url, env=env, cwd=tmp_path)
+
+            added = await run("add", "--new", "--every", "2h", "--no-catch-up",
+                              "--budget", '{"turn": {"tokens": 20000}}', "tidy up")  # fmt: skip
+            sid = added.out.split("\t")[0]
+            listed = await run("list")
+            paused = await run("pause", sid)
+            removed = await run("remove", sid)
+            bad = await run("add", "--new", "--every", "5s", "too often")
+            no_when = await run("add", "--new", "what")
+            empty = await run("list")
+    assert added.code == 0, added
+    assert sid.startswith("sch-") and "every 2h" in added.out and "tidy up" in added.out
+    assert listed.out.strip().splitlines() == [added.out.strip()]
+    assert paused.code == 0 and "\tpaused\t" in paused.out
+    assert removed.out.strip() == f"schedule {sid} removed"
+    assert bad.code == 1 and "at least 1 minute" in bad.err and len(bad.err_lines) == 1
+    assert no_when.code == 1 and "one of the arguments --cron --every --at" in no_when.err
+    assert empty.code == 0 and empty.out == ""
