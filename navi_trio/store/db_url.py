@@ -1,7 +1,7 @@
 """A database URL as navi shows it: without its password.
 
 Its own module, free of psycopg, because `navi doctor`, the factory and the PostgreSQL
-store all show URLs (store/factory.py, store/postgres/store.py).
+store all show URLs (store/factory.py, store/postgres/_core.py).
 """
 
 from __future__ import annotations
