@@ -5,7 +5,9 @@ deletes only their own sessions and tasks; an admin may touch all. The work itse
 the core's, reached through the `DaemonCore` protocol (api/services.py): the session
 actors (`sessions`), creating and deleting sessions (`session_service`), the store for
 reads. Nothing of the agent loop is here. Every refusal is a `RequestError` with its
-wire code.
+wire code. The ``message`` frame is api/message_command.py's, the ``checkpoints``,
+``rewind`` and ``fork`` frames api/checkpoint_frames.py's and ``schedule``
+api/schedule_commands.py's: each checks ownership through this class.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import trio
 
 from navi_trio.api.auth import User
 from navi_trio.api.checkpoint_frames import CheckpointCommands
+from navi_trio.api.message_command import SessionMessages
 from navi_trio.api.protocol import (
     Approval,
     Checkpoints,
@@ -40,19 +43,15 @@ from navi_trio.api.protocol import (
 )
 from navi_trio.api.schedule_commands import handle_schedule
 from navi_trio.api.services import DaemonCore
-from navi_trio.core.agent import UserMessage
 from navi_trio.core.session_actor import SessionActor
 from navi_trio.core.task_supervisor import Job
-from navi_trio.core.workspace import check_cwd
 from navi_trio.errors import (
     BusyError,
     ExistsError,
     ForbiddenError,
     NotFoundError,
     ProtocolError,
-    RequestError,
     SessionBusyError,
-    StorageError,
     UnavailableError,
 )
 from navi_trio.events import event_to_dict
@@ -83,12 +82,13 @@ class Commands:
         self.conn = conn
         self.user = user
         self.checkpoints = CheckpointCommands(self)
+        self.messages = SessionMessages(self)
 
     async def handle(self, rid: RequestId, command: Command) -> None:
         if isinstance(command, Hello):
             raise ProtocolError("already authenticated: hello is the first frame only")
         handler: Any = {
-            SendMessage: self._message,
+            SendMessage: self.messages.send,
             Stop: self._stop,
             Compact: self._compact,
             Subscribe: self._subscribe,
@@ -171,109 +171,6 @@ class Commands:
         return await self.rt.cluster.owner_elsewhere(session_id)
 
     # -- session commands ---------------------------------------------------------------
-
-    async def _message(self, rid: RequestId, cmd: SendMessage) -> None:
-        # Everything the frame says is checked before a session is created for it.
-        cwd = None
-        if cmd.cwd is not None:
-            cwd = await check_cwd(
-                cmd.cwd, user_id=self.user.id, role=self.user.role, settings=self.rt.settings,
-                config=self.rt.config.current, store=self.rt.store,
-            )  # fmt: skip
-        row = await self.rt.store.get_session(cmd.session_id) if cmd.session_id else None
-        if row is None:
-            row = await self._create(cmd.session_id, cmd.profile)
-            await self.conn.send(reply(rid, "session", session_id=row.id, created=True))
-        else:
-            row = await self._owned(row.id)
-        actor = await self._actor(row.id)
-        if not self.conn.subscribed(row.id):
-            self.conn.subscribe(actor, None, None)
-        owner = await self._owner_elsewhere(row.id, actor)
-        message = UserMessage(
-            cmd.content,
-            cwd=cwd,
-            user_id=self.user.id,
-            user_role=self.user.role,
-            user_info=self.user.info,
-            profile_id=cmd.profile,
-            mode=cmd.mode,
-            on_busy=cmd.on_busy,
-            budget=cmd.budget,
-        )
-        self._check_profile(cmd.profile)  # a new session's was checked by _create
-        if owner is not None:  # another daemon runs it: queued there (core/cluster.py)
-            await self._hand_over(rid, owner, row.id, message)
-            return
-        try:
-            strategy = actor.send_message(message)
-        except RuntimeError:
-            raise UnavailableError("the daemon is shutting down; try again later") from None
-        # One reply, once the message is saved (running) or stored in the queue, so a
-        # crash after the ok cannot lose it; else the error that refused it. The wait
-        # runs beside the connection's reader: the frames behind this one go on.
-        untitled = not row.title
-        await self.conn.defer(
-            rid, lambda: self._accepted(rid, row.id, message, strategy, untitled=untitled)
-        )
-
-    async def _accepted(
-        self,
-        rid: RequestId,
-        session_id: str,
-        message: UserMessage,
-        strategy: str | None,
-        *,
-        untitled: bool = False,
-    ) -> None:
-        timeout = self.rt.settings.message_accept_timeout_sec
-
-        def too_slow() -> StorageError:
-            return StorageError(
-                f"session {session_id!r}: the message was not stored within {timeout:g} s "
-                "(NAVI_MESSAGE_ACCEPT_TIMEOUT_SEC): the database did not answer; it will "
-                "not run",
-                session_id=session_id,
-            )
-
-        try:
-            await message.accepted.wait(timeout, too_slow)
-        except RequestError as exc:
-            exc.session_id = exc.session_id or session_id
-            raise
-        # queued: it waits for a run of its own (behind the queue, or next for interrupt);
-        # on_busy: the strategy applied, when the session was busy (steer: in that run).
-        queued = strategy in ("enqueue", "interrupt")
-        log.info(
-            "session %s: message from %s %s",
-            session_id, self.user.name, strategy or "runs",
-        )  # fmt: skip
-        if untitled:  # before the ok: a list after it shows the title
-            await self.rt.session_service.title(session_id, message.text)
-        fields: dict[str, Any] = {"session_id": session_id, "queued": queued}
-        if strategy is not None:
-            fields["on_busy"] = strategy
-        await self.conn.send(reply(rid, "ok", **fields))
-
-    async def _hand_over(
-        self, rid: RequestId, owner: str, session_id: str, message: UserMessage
-    ) -> None:
-        """The session's turn runs on daemon `owner`: the message waits in the queue there.
-        `reject` refuses it; a steer or an interrupt is not carried across daemons: it
-        queues, and the ok says so (``on_busy: enqueue``)."""
-        assert self.rt.cluster is not None
-        if message.on_busy == "reject":
-            raise SessionBusyError(
-                f"session {session_id!r} is running a turn on another daemon (on_busy:"
-                " reject): send again later, or with on_busy enqueue",
-                session_id=session_id,
-            )
-        await self.rt.cluster.hand_over(owner, session_id, message)
-        log.info("session %s: message from %s handed to %s", session_id, self.user.name, owner)
-        fields: dict[str, Any] = {"session_id": session_id, "queued": True}
-        if message.on_busy is not None:
-            fields["on_busy"] = "enqueue"
-        await self.conn.send(reply(rid, "ok", **fields))
 
     async def _stop(self, rid: RequestId, cmd: Stop) -> None:
         await self._owned(cmd.session_id)

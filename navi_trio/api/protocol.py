@@ -1,13 +1,14 @@
 """Wire protocol v1: the one place a client frame becomes a command and an event a frame.
 
 Client frames are JSON objects with a ``type``; each type is an `attrs.frozen` command
-class, structured by one strict cattrs converter (a string field refuses a number, an
-unknown key is refused, a `Literal` names its choices). Anything wrong raises a
-`ProtocolError` subclass whose message names the field and the problem in JSON's terms
-("field 'last_seq' must be a whole number, not a string"), quotes at most ~64
-characters of what the client sent, and whose ``request_id`` echoes the frame's ``id``
-when it could be read. A lone surrogate (``"\\ud800"``) in any field is refused: stored,
-it would break every later request of the session.
+class (api/command_frames.py, its fields' checks in api/frame_fields.py; `COMMANDS`
+says which type is which), structured here by one strict cattrs converter (a string
+field refuses a number, an unknown key is refused, a `Literal` names its choices).
+Anything wrong raises a `ProtocolError` subclass whose message names the field and the
+problem in JSON's terms ("field 'last_seq' must be a whole number, not a string"),
+quotes at most ~64 characters of what the client sent, and whose ``request_id`` echoes
+the frame's ``id`` when it could be read. A lone surrogate (``"\\ud800"``) in any field
+is refused: stored, it would break every later request of the session.
 
 Server frames are plain dicts, all built here: `event_frame` (an AgentEvent with its
 session id and seq), `resync_frame` and `lagged_frame` (the session's output path:
@@ -19,226 +20,40 @@ README ("WebSocket protocol").
 from __future__ import annotations
 
 import json
-import re
 import typing
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
 
-import attrs
 import cattrs
 
 from navi_trio import __version__, wire
+
+# The command classes are re-exported: every importer takes them from here.
+from navi_trio.api.command_frames import Approval as Approval
+from navi_trio.api.command_frames import Checkpoints as Checkpoints
+from navi_trio.api.command_frames import Command as Command
+from navi_trio.api.command_frames import Compact as Compact
+from navi_trio.api.command_frames import Fork as Fork
+from navi_trio.api.command_frames import Hello as Hello
+from navi_trio.api.command_frames import Rewind as Rewind
+from navi_trio.api.command_frames import Schedule as Schedule
+from navi_trio.api.command_frames import SendMessage as SendMessage
+from navi_trio.api.command_frames import Sessions as Sessions
+from navi_trio.api.command_frames import Stop as Stop
+from navi_trio.api.command_frames import Subscribe as Subscribe
+from navi_trio.api.command_frames import Tasks as Tasks
+from navi_trio.api.command_frames import Unsubscribe as Unsubscribe
+from navi_trio.api.frame_fields import LongNumber, shown
 from navi_trio.errors import FrameTooLargeError, ProtocolError, RequestError, UnknownTypeError
 from navi_trio.events import AgentEvent, event_to_dict
 from navi_trio.profiles import BudgetConfig, parse_budgets
-from navi_trio.text import CLIP_CHARS, clean_json, clean_text, clip, has_lone_surrogate
+from navi_trio.text import clean_json, clean_text, clip, has_lone_surrogate
 from navi_trio.wire import PROTOCOL_VERSION as PROTOCOL_VERSION
 from navi_trio.wire import Frame as Frame
 
 RequestId = str | int | None
 KEEP_MAX_CHARS = 64_000  # an `EventFrame` keeps its JSON text up to this length
-
-_SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@+=-]{0,127}")
-NAME_MAX_CHARS = 128  # profile, task_id, epoch: names of ours
-CALL_ID_MAX_CHARS = 256  # the model's server chooses tool-call ids
-PATH_MAX_CHARS = 4096
 NUMBER_MAX_DIGITS = 18  # a whole number in a frame (last_seq, id)
 ERROR_MAX_CHARS = 1000  # an error frame's message is cut there, whoever wrote it
-SPEC_MAX_CHARS = 128  # a schedule's cron, every or at
-SCHEDULE_MESSAGE_MAX = 16_000  # a schedule's message (core/schedules.py MESSAGE_MAX_CHARS)
-
-
-def shown(value: Any) -> str:
-    """A client's value as an error message quotes it: a string as 'text', anything else
-    as JSON, cut at ~64 characters (with the full length said)."""
-    if isinstance(value, _LongNumber):
-        return f"a number of {value.digits} digits"
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    quoted = repr(clip(text)) if isinstance(value, str) else clip(text)
-    if len(text) > CLIP_CHARS:
-        quoted += f" ({len(text)} characters)"
-    return quoted
-
-
-def _session_id(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
-    if value is not None and not _SESSION_ID.fullmatch(value):
-        raise ValueError(
-            f"field {attr.name!r} must be 1-128 letters, digits or . _ @ + = - "
-            f"(not starting with . @ + = -), not {shown(value)}"
-        )
-
-
-def _not_blank(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
-    if not value.strip():
-        raise ValueError(f"field {attr.name!r} must not be empty")
-
-
-def _at_most(limit: int) -> Callable[[Any, attrs.Attribute[Any], str | None], None]:
-    def check(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
-        if value is not None and len(value) > limit:
-            raise ValueError(
-                f"field {attr.name!r} must be at most {limit} characters, not {len(value)}"
-            )
-
-    return check
-
-
-def _absolute(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
-    if value is not None and not Path(value).is_absolute():
-        raise ValueError(f"field {attr.name!r} must be an absolute path, not {shown(value)}")
-
-
-_name = _at_most(NAME_MAX_CHARS)
-
-
-# -- commands (client -> server) ----------------------------------------------------
-
-
-@attrs.frozen
-class Hello:
-    token: str = attrs.field(validator=[_not_blank, _at_most(1024)])
-
-
-@attrs.frozen
-class SendMessage:
-    content: str = attrs.field(validator=_not_blank)
-    session_id: str | None = attrs.field(default=None, validator=_session_id)
-    cwd: str | None = attrs.field(default=None, validator=[_at_most(PATH_MAX_CHARS), _absolute])
-    profile: str | None = attrs.field(default=None, validator=_name)
-    # The tool policy's mode: clamped to what the sender's role allows.
-    mode: Literal["read-only", "workspace", "full"] | None = None
-    # What to do when the session is busy (core/steering.py); None: the profile's.
-    on_busy: Literal["enqueue", "reject", "interrupt", "steer"] | None = None
-    # Budgets for this run, config.json's shape: they only lower the configured ones.
-    budget: BudgetConfig | None = None
-
-
-@attrs.frozen
-class Stop:
-    session_id: str = attrs.field(validator=_session_id)
-
-
-@attrs.frozen
-class Compact:
-    session_id: str = attrs.field(validator=_session_id)
-
-
-@attrs.frozen
-class Subscribe:
-    session_id: str = attrs.field(validator=_session_id)
-    last_seq: int | None = None
-    epoch: str | None = attrs.field(default=None, validator=_name)
-
-
-@attrs.frozen
-class Unsubscribe:
-    session_id: str = attrs.field(validator=_session_id)
-
-
-@attrs.frozen
-class Tasks:
-    action: Literal["list", "check", "cancel"]
-    session_id: str | None = attrs.field(default=None, validator=_session_id)
-    task_id: str | None = attrs.field(default=None, validator=_name)
-
-
-@attrs.frozen
-class Sessions:
-    action: Literal["list", "create", "delete", "history"]
-    session_id: str | None = attrs.field(default=None, validator=_session_id)
-    profile: str | None = attrs.field(default=None, validator=_name)
-
-
-@attrs.frozen
-class Approval:
-    """approve / deny: the session owner's answer to an `approval_request`."""
-
-    session_id: str = attrs.field(validator=_session_id)
-    call_id: str = attrs.field(validator=[_not_blank, _at_most(CALL_ID_MAX_CHARS)])
-    scope: Literal["once", "session", "always"] = "once"
-    decision: Literal["approve", "deny"] = "approve"  # from the frame's type
-
-
-_POINT = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a message or branch id of ours
-_TOKEN = re.compile(r"[0-9a-f]{0,64}\.[0-9a-f]{0,64}")
-
-
-def _point(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
-    if value is not None and not _POINT.fullmatch(value):
-        raise ValueError(
-            f"field {attr.name!r} must be a message or branch id (1-64 letters, digits, _ or -),"
-            f" not {shown(value)}"
-        )
-
-
-def _token(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
-    if value is not None and not _TOKEN.fullmatch(value):
-        raise ValueError(f"field {attr.name!r} must be the token of a rewind's preview")
-
-
-@attrs.frozen
-class Checkpoints:
-    """A session's rewind points, checkpoints and branches."""
-
-    session_id: str = attrs.field(validator=_session_id)
-
-
-@attrs.frozen
-class Rewind:
-    """Preview a rewind (no `confirm`), or do what the preview with that token showed."""
-
-    session_id: str = attrs.field(validator=_session_id)
-    to: str | None = attrs.field(default=None, validator=_point)
-    branch: str | None = attrs.field(default=None, validator=_point)
-    restore: Literal["chat", "files", "both"] = "both"
-    confirm: str | None = attrs.field(default=None, validator=_token)
-
-
-@attrs.frozen
-class Fork:
-    """A new session from this one's history up to `at` (all of it without), with a copy
-    of its files (`files`) in `folder` (default: inside the new session's folder)."""
-
-    session_id: str = attrs.field(validator=_session_id)
-    at: str | None = attrs.field(default=None, validator=_point)
-    files: bool = False
-    folder: str | None = attrs.field(default=None, validator=[_at_most(PATH_MAX_CHARS), _absolute])
-    new_session_id: str | None = attrs.field(default=None, validator=_session_id)
-
-
-@attrs.frozen
-class Schedule:
-    """schedule add / list / remove / pause / resume (core/schedules.py)."""
-
-    action: Literal["add", "list", "remove", "pause", "resume"]
-    schedule_id: str | None = attrs.field(default=None, validator=_name)
-    session_id: str | None = attrs.field(default=None, validator=_session_id)
-    new: bool = False  # each run in a new session (of `profile`)
-    profile: str | None = attrs.field(default=None, validator=_name)
-    cron: str | None = attrs.field(default=None, validator=_at_most(SPEC_MAX_CHARS))
-    every: str | None = attrs.field(default=None, validator=_at_most(SPEC_MAX_CHARS))
-    at: str | None = attrs.field(default=None, validator=_at_most(SPEC_MAX_CHARS))
-    message: str | None = attrs.field(default=None, validator=_at_most(SCHEDULE_MESSAGE_MAX))
-    catch_up: bool = True  # a due time missed while no daemon ran: run once at start-up
-    budget: BudgetConfig | None = None
-
-
-Command = (
-    Hello
-    | SendMessage
-    | Stop
-    | Compact
-    | Subscribe
-    | Unsubscribe
-    | Tasks
-    | Sessions
-    | Approval
-    | Checkpoints
-    | Rewind
-    | Fork
-    | Schedule
-)
 
 COMMANDS: dict[str, type[Any]] = {
     wire.HELLO: Hello,
@@ -258,17 +73,9 @@ COMMANDS: dict[str, type[Any]] = {
 }
 
 
-class _LongNumber:
-    """A whole number with more digits than any field takes: `json.loads` would build
-    it (or refuse past Python's 4300-digit limit, in Python's words); we refuse it."""
-
-    def __init__(self, digits: int) -> None:
-        self.digits = digits
-
-
-def _parse_int(text: str) -> int | _LongNumber:
+def _parse_int(text: str) -> int | LongNumber:
     digits = len(text.lstrip("-"))
-    return _LongNumber(digits) if digits > NUMBER_MAX_DIGITS else int(text)
+    return LongNumber(digits) if digits > NUMBER_MAX_DIGITS else int(text)
 
 
 def _kind(value: Any) -> str:
@@ -277,7 +84,7 @@ def _kind(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "true or false"
-    if isinstance(value, int | float | _LongNumber):
+    if isinstance(value, int | float | LongNumber):
         return "a number"
     if isinstance(value, str):
         return "a string"
@@ -299,7 +106,7 @@ def _strict_str(value: Any, _: Any) -> str:
 
 
 def _strict_int(value: Any, _: Any) -> int:
-    if isinstance(value, _LongNumber):
+    if isinstance(value, LongNumber):
         raise _FieldProblem(
             f"must be a whole number of at most {NUMBER_MAX_DIGITS} digits, "
             f"not one of {value.digits}"

@@ -1,0 +1,152 @@
+"""The client commands: one `attrs.frozen` class per frame type, and their union `Command`.
+
+Each field says its type (a string refuses a number, a `Literal` names its choices, as
+the strict converter of api/protocol.py structures them) and its checks (the validators
+of api/frame_fields.py: ids, names, lengths, absolute paths). Which ``type`` is which
+class, and the parsing of a frame, are api/protocol.py's (`COMMANDS`, `parse_frame`);
+what each command does is api/commands.py's.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+from navi_trio.api import frame_fields as check
+from navi_trio.profiles import BudgetConfig
+
+
+@attrs.frozen
+class Hello:
+    token: str = attrs.field(validator=[check.not_blank, check.at_most(1024)])
+
+
+@attrs.frozen
+class SendMessage:
+    content: str = attrs.field(validator=check.not_blank)
+    session_id: str | None = attrs.field(default=None, validator=check.session_id)
+    cwd: str | None = attrs.field(
+        default=None, validator=[check.at_most(check.PATH_MAX_CHARS), check.absolute]
+    )
+    profile: str | None = attrs.field(default=None, validator=check.name)
+    # The tool policy's mode: clamped to what the sender's role allows.
+    mode: Literal["read-only", "workspace", "full"] | None = None
+    # What to do when the session is busy (core/steering.py); None: the profile's.
+    on_busy: Literal["enqueue", "reject", "interrupt", "steer"] | None = None
+    # Budgets for this run, config.json's shape: they only lower the configured ones.
+    budget: BudgetConfig | None = None
+
+
+@attrs.frozen
+class Stop:
+    session_id: str = attrs.field(validator=check.session_id)
+
+
+@attrs.frozen
+class Compact:
+    session_id: str = attrs.field(validator=check.session_id)
+
+
+@attrs.frozen
+class Subscribe:
+    session_id: str = attrs.field(validator=check.session_id)
+    last_seq: int | None = None
+    epoch: str | None = attrs.field(default=None, validator=check.name)
+
+
+@attrs.frozen
+class Unsubscribe:
+    session_id: str = attrs.field(validator=check.session_id)
+
+
+@attrs.frozen
+class Tasks:
+    action: Literal["list", "check", "cancel"]
+    session_id: str | None = attrs.field(default=None, validator=check.session_id)
+    task_id: str | None = attrs.field(default=None, validator=check.name)
+
+
+@attrs.frozen
+class Sessions:
+    action: Literal["list", "create", "delete", "history"]
+    session_id: str | None = attrs.field(default=None, validator=check.session_id)
+    profile: str | None = attrs.field(default=None, validator=check.name)
+
+
+@attrs.frozen
+class Approval:
+    """approve / deny: the session owner's answer to an `approval_request`."""
+
+    session_id: str = attrs.field(validator=check.session_id)
+    call_id: str = attrs.field(validator=[check.not_blank, check.at_most(check.CALL_ID_MAX_CHARS)])
+    scope: Literal["once", "session", "always"] = "once"
+    decision: Literal["approve", "deny"] = "approve"  # from the frame's type
+
+
+@attrs.frozen
+class Checkpoints:
+    """A session's rewind points, checkpoints and branches."""
+
+    session_id: str = attrs.field(validator=check.session_id)
+
+
+@attrs.frozen
+class Rewind:
+    """Preview a rewind (no `confirm`), or do what the preview with that token showed."""
+
+    session_id: str = attrs.field(validator=check.session_id)
+    to: str | None = attrs.field(default=None, validator=check.point)
+    branch: str | None = attrs.field(default=None, validator=check.point)
+    restore: Literal["chat", "files", "both"] = "both"
+    confirm: str | None = attrs.field(default=None, validator=check.token)
+
+
+@attrs.frozen
+class Fork:
+    """A new session from this one's history up to `at` (all of it without), with a copy
+    of its files (`files`) in `folder` (default: inside the new session's folder)."""
+
+    session_id: str = attrs.field(validator=check.session_id)
+    at: str | None = attrs.field(default=None, validator=check.point)
+    files: bool = False
+    folder: str | None = attrs.field(
+        default=None, validator=[check.at_most(check.PATH_MAX_CHARS), check.absolute]
+    )
+    new_session_id: str | None = attrs.field(default=None, validator=check.session_id)
+
+
+@attrs.frozen
+class Schedule:
+    """schedule add / list / remove / pause / resume (core/schedules.py)."""
+
+    action: Literal["add", "list", "remove", "pause", "resume"]
+    schedule_id: str | None = attrs.field(default=None, validator=check.name)
+    session_id: str | None = attrs.field(default=None, validator=check.session_id)
+    new: bool = False  # each run in a new session (of `profile`)
+    profile: str | None = attrs.field(default=None, validator=check.name)
+    cron: str | None = attrs.field(default=None, validator=check.at_most(check.SPEC_MAX_CHARS))
+    every: str | None = attrs.field(default=None, validator=check.at_most(check.SPEC_MAX_CHARS))
+    at: str | None = attrs.field(default=None, validator=check.at_most(check.SPEC_MAX_CHARS))
+    message: str | None = attrs.field(
+        default=None, validator=check.at_most(check.SCHEDULE_MESSAGE_MAX)
+    )
+    catch_up: bool = True  # a due time missed while no daemon ran: run once at start-up
+    budget: BudgetConfig | None = None
+
+
+Command = (
+    Hello
+    | SendMessage
+    | Stop
+    | Compact
+    | Subscribe
+    | Unsubscribe
+    | Tasks
+    | Sessions
+    | Approval
+    | Checkpoints
+    | Rewind
+    | Fork
+    | Schedule
+)

@@ -1,0 +1,95 @@
+"""The checks on a client frame's fields: their limits and the `attrs` validators.
+
+Each validator raises a `ValueError` naming its field and the problem in the client's
+terms; `shown` quotes a client's value the way every error message does (at most ~64
+characters, with the full length said). The command classes (api/command_frames.py)
+use them; the parsing of a frame (api/protocol.py `parse_frame`) turns the errors into
+one `ProtocolError`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from navi_trio.text import CLIP_CHARS, clip
+
+_SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@+=-]{0,127}")
+NAME_MAX_CHARS = 128  # profile, task_id, epoch: names of ours
+CALL_ID_MAX_CHARS = 256  # the model's server chooses tool-call ids
+PATH_MAX_CHARS = 4096
+SPEC_MAX_CHARS = 128  # a schedule's cron, every or at
+SCHEDULE_MESSAGE_MAX = 16_000  # a schedule's message (core/schedules.py MESSAGE_MAX_CHARS)
+
+
+class LongNumber:
+    """A whole number with more digits than any field takes: `json.loads` would build
+    it (or refuse past Python's 4300-digit limit, in Python's words); we refuse it."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def shown(value: Any) -> str:
+    """A client's value as an error message quotes it: a string as 'text', anything else
+    as JSON, cut at ~64 characters (with the full length said)."""
+    if isinstance(value, LongNumber):
+        return f"a number of {value.digits} digits"
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    quoted = repr(clip(text)) if isinstance(value, str) else clip(text)
+    if len(text) > CLIP_CHARS:
+        quoted += f" ({len(text)} characters)"
+    return quoted
+
+
+def session_id(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and not _SESSION_ID.fullmatch(value):
+        raise ValueError(
+            f"field {attr.name!r} must be 1-128 letters, digits or . _ @ + = - "
+            f"(not starting with . @ + = -), not {shown(value)}"
+        )
+
+
+def not_blank(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
+    if not value.strip():
+        raise ValueError(f"field {attr.name!r} must not be empty")
+
+
+def at_most(limit: int) -> Callable[[Any, attrs.Attribute[Any], str | None], None]:
+    def check(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
+        if value is not None and len(value) > limit:
+            raise ValueError(
+                f"field {attr.name!r} must be at most {limit} characters, not {len(value)}"
+            )
+
+    return check
+
+
+def absolute(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and not Path(value).is_absolute():
+        raise ValueError(f"field {attr.name!r} must be an absolute path, not {shown(value)}")
+
+
+name = at_most(NAME_MAX_CHARS)
+
+
+_POINT = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a message or branch id of ours
+_TOKEN = re.compile(r"[0-9a-f]{0,64}\.[0-9a-f]{0,64}")
+
+
+def point(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and not _POINT.fullmatch(value):
+        raise ValueError(
+            f"field {attr.name!r} must be a message or branch id (1-64 letters, digits, _ or -),"
+            f" not {shown(value)}"
+        )
+
+
+def token(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and not _TOKEN.fullmatch(value):
+        raise ValueError(f"field {attr.name!r} must be the token of a rewind's preview")

@@ -1,0 +1,168 @@
+"""The ``message`` command: a user's message to a session, from its checks to its ok.
+
+Everything the frame says is checked before a session is created for it: its cwd
+(against what the sender's role may use) and its profile. A new session is the
+sender's (`Commands._create`, api/commands.py); an existing one must be theirs
+(`Commands._owned`). The message then goes to the session's actor here, or into the
+queue of the daemon that runs the session's turn now (core/cluster.py). One reply, once
+the message is saved (running) or stored in the queue, so that a crash after the ok
+cannot lose it; else the error that refused it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
+
+from navi_trio.api.auth import User
+from navi_trio.api.protocol import Frame, RequestId, SendMessage, reply
+from navi_trio.api.services import DaemonCore
+from navi_trio.core.agent import UserMessage
+from navi_trio.core.workspace import check_cwd
+from navi_trio.errors import RequestError, SessionBusyError, StorageError, UnavailableError
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from navi_trio.core.session_actor import SessionActor
+    from navi_trio.store.base import SessionRow
+
+log = logging.getLogger(__name__)
+
+
+class Link(Protocol):
+    """What a message needs of its connection (api/connection.py `Connection`)."""
+
+    async def send(self, frame: Frame) -> None: ...
+    def subscribed(self, session_id: str) -> bool: ...
+    def subscribe(self, actor: SessionActor, last_seq: int | None, epoch: str | None) -> None: ...
+    async def defer(self, rid: RequestId, work: Callable[[], Awaitable[None]]) -> None: ...
+
+
+class MessageHost(Protocol):
+    """What a message needs of its connection's `Commands` (api/commands.py): its
+    runtime, connection and user, its ownership checks and session maker."""
+
+    @property
+    def rt(self) -> DaemonCore: ...
+    @property
+    def conn(self) -> Link: ...
+    @property
+    def user(self) -> User: ...
+
+    async def _owned(self, session_id: str) -> SessionRow: ...
+    async def _create(self, session_id: str | None, profile: str | None) -> SessionRow: ...
+    def _check_profile(self, profile: str | None) -> None: ...
+    async def _actor(self, session_id: str) -> SessionActor: ...
+    async def _owner_elsewhere(self, session_id: str, actor: SessionActor | None) -> str | None: ...
+
+
+class SessionMessages:
+    """The ``message`` frames of one connection's `Commands` (its user, its runtime)."""
+
+    def __init__(self, commands: MessageHost) -> None:
+        self.c = commands
+
+    async def send(self, rid: RequestId, cmd: SendMessage) -> None:
+        # Everything the frame says is checked before a session is created for it.
+        cwd = None
+        if cmd.cwd is not None:
+            cwd = await check_cwd(
+                cmd.cwd, user_id=self.c.user.id, role=self.c.user.role,
+                settings=self.c.rt.settings, config=self.c.rt.config.current,
+                store=self.c.rt.store,
+            )  # fmt: skip
+        row = await self.c.rt.store.get_session(cmd.session_id) if cmd.session_id else None
+        if row is None:
+            row = await self.c._create(cmd.session_id, cmd.profile)
+            await self.c.conn.send(reply(rid, "session", session_id=row.id, created=True))
+        else:
+            row = await self.c._owned(row.id)
+        actor = await self.c._actor(row.id)
+        if not self.c.conn.subscribed(row.id):
+            self.c.conn.subscribe(actor, None, None)
+        owner = await self.c._owner_elsewhere(row.id, actor)
+        message = UserMessage(
+            cmd.content,
+            cwd=cwd,
+            user_id=self.c.user.id,
+            user_role=self.c.user.role,
+            user_info=self.c.user.info,
+            profile_id=cmd.profile,
+            mode=cmd.mode,
+            on_busy=cmd.on_busy,
+            budget=cmd.budget,
+        )
+        self.c._check_profile(cmd.profile)  # a new session's was checked by _create
+        if owner is not None:  # another daemon runs it: queued there (core/cluster.py)
+            await self._hand_over(rid, owner, row.id, message)
+            return
+        try:
+            strategy = actor.send_message(message)
+        except RuntimeError:
+            raise UnavailableError("the daemon is shutting down; try again later") from None
+        # One reply, once the message is saved (running) or stored in the queue, so a
+        # crash after the ok cannot lose it; else the error that refused it. The wait
+        # runs beside the connection's reader: the frames behind this one go on.
+        untitled = not row.title
+        await self.c.conn.defer(
+            rid, lambda: self._accepted(rid, row.id, message, strategy, untitled=untitled)
+        )
+
+    async def _accepted(
+        self,
+        rid: RequestId,
+        session_id: str,
+        message: UserMessage,
+        strategy: str | None,
+        *,
+        untitled: bool = False,
+    ) -> None:
+        timeout = self.c.rt.settings.message_accept_timeout_sec
+
+        def too_slow() -> StorageError:
+            return StorageError(
+                f"session {session_id!r}: the message was not stored within {timeout:g} s "
+                "(NAVI_MESSAGE_ACCEPT_TIMEOUT_SEC): the database did not answer; it will "
+                "not run",
+                session_id=session_id,
+            )
+
+        try:
+            await message.accepted.wait(timeout, too_slow)
+        except RequestError as exc:
+            exc.session_id = exc.session_id or session_id
+            raise
+        # queued: it waits for a run of its own (behind the queue, or next for interrupt);
+        # on_busy: the strategy applied, when the session was busy (steer: in that run).
+        queued = strategy in ("enqueue", "interrupt")
+        log.info(
+            "session %s: message from %s %s",
+            session_id, self.c.user.name, strategy or "runs",
+        )  # fmt: skip
+        if untitled:  # before the ok: a list after it shows the title
+            await self.c.rt.session_service.title(session_id, message.text)
+        fields: dict[str, Any] = {"session_id": session_id, "queued": queued}
+        if strategy is not None:
+            fields["on_busy"] = strategy
+        await self.c.conn.send(reply(rid, "ok", **fields))
+
+    async def _hand_over(
+        self, rid: RequestId, owner: str, session_id: str, message: UserMessage
+    ) -> None:
+        """The session's turn runs on daemon `owner`: the message waits in the queue there.
+        `reject` refuses it; a steer or an interrupt is not carried across daemons: it
+        queues, and the ok says so (``on_busy: enqueue``)."""
+        assert self.c.rt.cluster is not None
+        if message.on_busy == "reject":
+            raise SessionBusyError(
+                f"session {session_id!r} is running a turn on another daemon (on_busy:"
+                " reject): send again later, or with on_busy enqueue",
+                session_id=session_id,
+            )
+        await self.c.rt.cluster.hand_over(owner, session_id, message)
+        log.info("session %s: message from %s handed to %s", session_id, self.c.user.name, owner)
+        fields: dict[str, Any] = {"session_id": session_id, "queued": True}
+        if message.on_busy is not None:
+            fields["on_busy"] = "enqueue"
+        await self.c.conn.send(reply(rid, "ok", **fields))
