@@ -7,8 +7,8 @@ Another agent (Claude Code, Codex …) starts it and calls four tools:
   structured output) to continue that session. While it runs, progress notifications
   say what the agent does: each tool call and sub-agent (as a step) and the answer
   so far (coalesced), at most one every `PROGRESS_INTERVAL` and `PROGRESS_LIMIT` in all.
-- ``sessions`` (optional limit): the newest sessions with their title (else the first
-  message), profile and last update.
+- ``sessions`` (optional limit, cli/mcp_sessions.py): the newest sessions with their title
+  (else the first message), profile and last update.
 - ``rewind`` and ``fork`` (cli/mcp_rewind.py): undo what a session did (list, preview,
   then apply with the preview's token), or start a new session from its history.
 
@@ -33,11 +33,10 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import attrs
 import trio
@@ -59,6 +58,13 @@ from navi_trio.cli.mcp_ask import (
     one_error,
 )
 from navi_trio.cli.mcp_rewind import add_rewind_tools
+from navi_trio.cli.mcp_sessions import (
+    SessionInfo,
+    SessionList,
+    add_sessions_tool,
+    sessions_from_daemon,
+    sessions_in_store,
+)
 from navi_trio.cli.rewinds import LocalRewinds, RemoteRewinds, Rewinds
 from navi_trio.cli.runner import (
     RemoteRun,
@@ -71,7 +77,6 @@ from navi_trio.cli.runner import (
 from navi_trio.errors import ConfigError, NaviError, UsageError
 from navi_trio.llm.factory import choose_backend
 from navi_trio.settings import Settings
-from navi_trio.store.base import SessionStore
 from navi_trio.store.factory import open_store
 from navi_trio.store.sqlite import check_session_id
 from navi_trio.wire import Frame
@@ -81,28 +86,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SESSIONS_DEFAULT = 20
-SESSIONS_MAX = 200
-TITLE_MAX = 120
-
 
 class AskResult(BaseModel):
     answer: str = Field(description="the final answer of the turn")
     session_id: str = Field(description="pass it to `ask` again to continue this session")
     reason: str = Field(description="complete | max_iterations | error | context_too_large")
     notes: list[str] = Field(description="warnings and denied tool calls of the turn")
-
-
-class SessionInfo(BaseModel):
-    session_id: str
-    title: str = Field(description="the session's title, else its first message")
-    profile: str
-    updated: str = Field(description="last change, local time YYYY-MM-DD HH:MM:SS")
-    updated_at: float = Field(description="last change, seconds since the epoch")
-
-
-class SessionList(BaseModel):
-    sessions: list[SessionInfo] = Field(description="newest first")
 
 
 # ------------------------------------------------------------------ the bridge
@@ -293,55 +282,16 @@ class NaviBridge:
             if daemon is None:
                 rows = await self._sessions_here(limit)
             else:
-                rows = await self._sessions_daemon(*daemon, limit)
+                rows = await sessions_from_daemon(*daemon, limit)
         except NaviError as exc:
             raise ToolError(str(exc)) from None
         return SessionList(sessions=rows)
 
     async def _sessions_here(self, limit: int) -> list[SessionInfo]:
         if self._rt is not None:
-            return await _listed(self._rt.store, limit)
+            return await sessions_in_store(self._rt.store, limit)
         async with open_store(self.options.settings) as store:
-            return await _listed(store, limit)
-
-    async def _sessions_daemon(self, url: str, token: str, limit: int) -> list[SessionInfo]:
-        reply = await request(url, token, wire.sessions_list())
-        listed = sorted(reply["sessions"], key=lambda s: -float(s["updated_at"]))[:limit]
-        found = []
-        for s in listed:
-            title = str(s.get("title") or "")
-            if not title:
-                history = await request(url, token, wire.history(str(s["session_id"])))
-                title = _first_message(history.get("messages", []))
-            found.append(_info(s["session_id"], title, s["profile"], float(s["updated_at"])))
-        return found
-
-
-async def _listed(store: SessionStore, limit: int) -> list[SessionInfo]:
-    rows = sorted(await store.list_sessions(), key=lambda r: -r.updated_at)[:limit]
-    found = []
-    for row in rows:
-        title = row.title or _first_message(await store.load_messages(row.id))
-        found.append(_info(row.id, title, row.profile_id, row.updated_at))
-    return found
-
-
-def _first_message(messages: list[dict[str, Any]]) -> str:
-    for m in messages:
-        if m.get("role") == "user" and isinstance(m.get("content"), str):
-            return str(m["content"])
-    return ""
-
-
-def _info(session_id: str, title: str, profile: str, updated_at: float) -> SessionInfo:
-    updated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(updated_at))
-    return SessionInfo(
-        session_id=session_id,
-        title=cut(title, TITLE_MAX),
-        profile=profile,
-        updated=updated,
-        updated_at=updated_at,
-    )
+            return await sessions_in_store(store, limit)
 
 
 def _folder(cwd: str | None) -> Path:
@@ -415,19 +365,12 @@ def build_server(bridge: NaviBridge) -> MCPServer:
 
         return await bridge.ask(message, session_id, profile, cwd, report, on_busy)
 
-    async def sessions(
-        limit: Annotated[
-            int, Field(ge=1, le=SESSIONS_MAX, description="how many, newest first")
-        ] = SESSIONS_DEFAULT,
-    ) -> SessionList:
-        return await bridge.sessions(limit)
-
     server.add_tool(
         ask,
         description="Run a message in a navi session (a local LLM agent with tools) and "
         "return its final answer and session id; progress notifications show its steps.",
     )
-    server.add_tool(sessions, description="List navi's sessions, newest first.")
+    add_sessions_tool(server, bridge.sessions)
     add_rewind_tools(server, bridge.rewinds)
     return server
 

@@ -23,80 +23,44 @@ Jobs die with the process. Their running markers do not: on the next start, `run
 turns every leftover marker into a "lost" completion note before it takes submissions,
 so the agent learns the job is gone instead of waiting for it forever. A marker of
 another live process on this host (a `navi run` sharing the database) is left alone.
+The job record and its running marker are core/task_jobs.py.
 """
 
 from __future__ import annotations
 
 import collections
-import json
 import logging
-import os
 import secrets
-import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, Protocol
 
-import attrs
 import trio
 
 from navi_trio.actor import NurseryHolder
-from navi_trio.core.lease import pid_alive
+from navi_trio.core.task_jobs import LOST_SUMMARY as LOST_SUMMARY
+from navi_trio.core.task_jobs import RUNNING_SCOPE as RUNNING_SCOPE
+from navi_trio.core.task_jobs import SPAWN_RING_SIZE as SPAWN_RING_SIZE
+from navi_trio.core.task_jobs import Job as Job
+from navi_trio.core.task_jobs import JobRunner as JobRunner
+from navi_trio.core.task_jobs import (
+    job_summary,
+    on_a_live_machine,
+    running_marker,
+    runs_in_another_process,
+    summarize_args,
+)
 from navi_trio.core.task_notes import record_note
 from navi_trio.errors import TaskRejectedError
-from navi_trio.events import AgentEvent, TaskUpdate
+from navi_trio.events import TaskUpdate
 from navi_trio.settings import Settings
 from navi_trio.tools.base import KVStore, ToolResult
 
-RUNNING_SCOPE = "task_running"
-RING_SIZE = 50
-SPAWN_RING_SIZE = 200
-ARGS_SUMMARY_MAX = 200
 EXCERPT_MAX = 200
-LOST_SUMMARY = "lost: the daemon stopped while it was running"
 # Bookkeeping writes (marker, note) run shielded but must not hang a shutdown forever.
 KV_DEADLINE_SEC = 10.0
 
 log = logging.getLogger(__name__)
-
-
-@attrs.define(eq=False)
-class Job:
-    """One background job. Touched only from trio tasks of the same run (no locks)."""
-
-    task_id: str
-    session_id: str
-    tool: str
-    args_summary: str
-    is_spawn: bool
-    status: str = "running"  # running | completed | failed | cancelled
-    result: ToolResult | None = None
-    error: str | None = None
-    ring: collections.deque[AgentEvent] = attrs.field()
-    dropped: int = 0
-    done: trio.Event = attrs.field(factory=trio.Event)
-    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    started_at: float = 0.0
-    finished_at: float | None = None
-    tokens: int = 0
-    slot: str | None = None  # its slot in the caps several daemons share (`start`)
-
-    @ring.default
-    def _ring_default(self) -> collections.deque[AgentEvent]:
-        return collections.deque(maxlen=SPAWN_RING_SIZE if self.is_spawn else RING_SIZE)
-
-    def emit(self, event: AgentEvent) -> None:
-        """Record a live event; never blocks. A full ring drops its oldest event."""
-        if self.ring.maxlen is not None and len(self.ring) >= self.ring.maxlen:
-            self.dropped += 1
-        self.ring.append(event)
-
-    @property
-    def finished(self) -> bool:
-        return self.status != "running"
-
-
-JobRunner = Callable[[Job], Awaitable[ToolResult]]
 
 
 class NoteSink(Protocol):
@@ -106,15 +70,6 @@ class NoteSink(Protocol):
         self, session_id: str, *, task_id: str, tool: str, status: str, summary: str,
         tokens: int = 0,
     ) -> None: ...  # fmt: skip
-
-
-def summarize_args(args: dict[str, Any]) -> str:
-    """json.dumps of the arguments (minus the background flag), capped for display."""
-    shown = {k: v for k, v in args.items() if k != "background"}
-    text = json.dumps(shown, ensure_ascii=False, default=str)
-    if len(text) > ARGS_SUMMARY_MAX:
-        text = text[: ARGS_SUMMARY_MAX - 1] + "…"
-    return text
 
 
 class TaskSupervisor(NurseryHolder):
@@ -168,7 +123,7 @@ class TaskSupervisor(NurseryHolder):
             mine = self._jobs.get(str(info.get("session_id")), {}).get(str(info.get("task_id")))
             if mine is not None:
                 continue  # one of this supervisor's own jobs
-            if _runs_in_another_process(info) or _on_a_live_machine(info, live):
+            if runs_in_another_process(info) or on_a_live_machine(info, live):
                 continue  # another navi process on this DB runs it: not lost
             lost += 1
             session_id = str(info.get("session_id") or key.partition(":")[0])
@@ -355,7 +310,7 @@ class TaskSupervisor(NurseryHolder):
     async def _run_job(self, job: Job, runner: JobRunner) -> None:
         marker_key = f"{job.session_id}:{job.task_id}"
         with trio.move_on_after(KV_DEADLINE_SEC, shield=True):
-            await self._kv_quietly(self._kv.kv_set(RUNNING_SCOPE, marker_key, self._marker(job)))
+            await self._kv_quietly(self._kv.kv_set(RUNNING_SCOPE, marker_key, running_marker(job)))
         try:
             with job.cancel_scope:
                 result = await runner(job)
@@ -394,7 +349,7 @@ class TaskSupervisor(NurseryHolder):
                     task_id=job.task_id,
                     tool=job.tool,
                     status=job.status,
-                    summary=self._summary(job),
+                    summary=job_summary(job),
                     tokens=job.tokens,
                 )
             )
@@ -431,24 +386,6 @@ class TaskSupervisor(NurseryHolder):
         except Exception:
             log.exception("publishing task_update for %s failed", job.task_id)
 
-    @staticmethod
-    def _summary(job: Job) -> str:
-        if job.result is not None:
-            return job.result.content()
-        return job.error or ""
-
-    @staticmethod
-    def _marker(job: Job) -> dict[str, Any]:
-        return {
-            "session_id": job.session_id,
-            "task_id": job.task_id,
-            "tool": job.tool,
-            "args_summary": job.args_summary,
-            "is_spawn": job.is_spawn,
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-        }
-
 
 class SharedSlots(Protocol):
     """Slots counted for every daemon of a shared store (core/cluster.py `Cluster`)."""
@@ -474,24 +411,4 @@ def _shared_refusal(full: str, s: Settings) -> str:
     return (
         f"this session already runs {s.tasks_max_per_session} background tasks "
         "(tasks_max_per_session)"
-    )
-
-
-def _on_a_live_machine(marker: dict[str, Any], live: set[tuple[int, str]] | None) -> bool:
-    """The marker's job belongs to a live daemon of another host (`live`: of the cluster;
-    None: nothing is known of other hosts, and their jobs count as lost, as before)."""
-    host = marker.get("host")
-    if live is None or host == socket.gethostname():
-        return False
-    return (marker.get("pid"), host) in live
-
-
-def _runs_in_another_process(marker: dict[str, Any]) -> bool:
-    """The marker's job belongs to another live process on this host (same database)."""
-    pid = marker.get("pid")
-    return (
-        isinstance(pid, int)
-        and pid != os.getpid()
-        and marker.get("host") == socket.gethostname()
-        and pid_alive(pid)
     )
