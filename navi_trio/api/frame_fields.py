@@ -35,12 +35,21 @@ class LongNumber:
         self.digits = digits
 
 
+def _long_number(value: Any) -> str:
+    """A LongNumber inside a list or an object, as the error message quotes it (a fuzzed
+    frame found that `json.dumps` refused it: an internal error instead of bad_frame)."""
+    if isinstance(value, LongNumber):
+        return f"<a number of {value.digits} digits>"
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
 def shown(value: Any) -> str:
     """A client's value as an error message quotes it: a string as 'text', anything else
     as JSON, cut at ~64 characters (with the full length said)."""
     if isinstance(value, LongNumber):
         return f"a number of {value.digits} digits"
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
+                                                           default=_long_number)  # fmt: skip
     quoted = repr(clip(text)) if isinstance(value, str) else clip(text)
     if len(text) > CLIP_CHARS:
         quoted += f" ({len(text)} characters)"
