@@ -1,5 +1,5 @@
 // The transcript: a session's frames in, DOM out. It owns display state only (lanes of
-// streaming text, open tool cards, the plan, approval cards) and never talks to the
+// streaming text, open tool and approval cards (cards.js), the plan) and never talks to the
 // daemon itself: answering an approval goes through `hooks.answer`.
 //
 // Every string from the model, a tool or the daemon goes in as a text node (markdown.js
@@ -7,58 +7,17 @@
 // per animation frame: a finished Markdown block (up to a blank line outside a fence) is
 // rendered once and kept; only the unfinished tail is redrawn.
 
+import { ApprovalCard, ToolCard } from "./cards.js";
+import { el, errorText, oneLine } from "./dom.js";
 import { render, splitBlocks } from "./markdown.js";
 
-const TAIL_LINES = 20; // lines of a tool's output shown on its card
-const TAIL_CHARS = 4000;
-const ARGS_CHARS = 4000;
 const SUMMARY_CHARS = 100;
 const STEP_MARK = /\s+—\s+(TOOL:\s*[\w.-]+|AGENT:\s*[\w.-]+|SELF)\s*$/;
 const TICKS = { done: "✔", in_progress: "▸", failed: "✗", pending: "☐" };
 
-export const HINTS = {
-  unauthorized: "sign in again with a valid token",
-  forbidden: "that session or task belongs to another user",
-  not_found: "check the id in the session list or the tasks panel",
-  busy: "a run is active: stop it or wait, then try again",
-  session_busy: "a run is active or queued: stop it first",
-  nothing_to_compact: "the conversation is already short",
-  rate_limited: "slow down a little and try again",
-  limit: "close another tab or delete old sessions",
-  llm_connection: "is the LLM server running? (navi doctor)",
-  llm_timeout: "the model did not answer in time (navi doctor)",
-  llm_status: "the LLM server refused the request: check the model name (navi doctor)",
-  unsupported: "this daemon does not support that yet",
-};
-
-export function el(tag, cls, text) {
-  const node = document.createElement(tag);
-  if (cls) node.className = cls;
-  if (text !== undefined && text !== null) node.textContent = String(text);
-  return node;
-}
-
-export function oneLine(text, limit = 0) {
-  const flat = String(text ?? "").split(/\s+/).filter(Boolean).join(" ");
-  return limit && flat.length > limit ? flat.slice(0, limit - 1) + "…" : flat;
-}
-
-function tail(text, lines = TAIL_LINES, chars = TAIL_CHARS) {
-  const all = String(text ?? "").split("\n");
-  let kept = all.slice(-lines).join("\n");
-  if (kept.length > chars) kept = "…" + kept.slice(-chars);
-  return { text: kept, more: Math.max(0, all.length - lines) };
-}
-
 function words(text) {
   const m = String(text).match(/\S+/g);
   return m ? m.length : 0;
-}
-
-export function errorText(frame) {
-  const code = frame.code && frame.code !== "error" ? ` [${frame.code}]` : "";
-  const hint = HINTS[frame.code] ? ` — ${HINTS[frame.code]}` : "";
-  return `✗ error${code}: ${oneLine(frame.message, 1000)}${hint}`;
 }
 
 class Lane {
@@ -431,134 +390,5 @@ export class Transcript {
 
   _tick() {
     for (const card of this.approvals.values()) card.tick();
-  }
-}
-
-class ToolCard {
-  constructor(parent, frame) {
-    this.el = el("div", "tool running");
-    this.started = performance.now();
-    const head = el("div", "tool-head");
-    this.status = el("span", "tool-status", "⏳");
-    this.dur = el("span", "tool-dur muted");
-    head.append(this.status, " ", el("b", "tool-name", frame.name || "?"), " ", this.dur);
-    this.el.append(head);
-    const args = frame.arguments;
-    if (args && (typeof args !== "object" || Object.keys(args).length)) {
-      const json = typeof args === "string" ? args : JSON.stringify(args, null, 2);
-      const d = el("details", "tool-args");
-      d.append(el("summary", "", oneLine(typeof args === "string" ? args : JSON.stringify(args), 80)),
-        el("pre", "", json.length > ARGS_CHARS ? json.slice(0, ARGS_CHARS) + "…" : json));
-      this.el.append(d);
-    }
-    this.more = el("div", "tool-more muted");
-    this.out = el("pre", "tool-out");
-    this.el.append(this.more, this.out);
-    this.buffer = "";
-    this.dropped = 0;
-    this.done = false;
-    parent.append(this.el);
-  }
-
-  output(data) {
-    if (this.done) return;
-    const text = data.text ?? data.line ?? data.message ?? JSON.stringify(data);
-    this.buffer += String(text);
-    if (!this.buffer.endsWith("\n")) this.buffer += "\n";
-    this.dropped += Number(data.dropped_lines) || 0;
-    const t = tail(this.buffer.replace(/\n$/, ""));
-    if (t.more) this.buffer = t.text + "\n";
-    this.skipped = (this.skipped || 0) + t.more;
-    this.show(t.text, this.skipped + this.dropped);
-  }
-
-  show(text, more) {
-    this.out.textContent = text;
-    this.more.textContent = more ? `… ${more} earlier lines` : "";
-  }
-
-  // The result (null: the run ended without one, e.g. stopped).
-  finish(frame) {
-    if (this.done) return;
-    this.done = true;
-    this.el.classList.remove("running");
-    if (!frame) {
-      this.el.classList.add("failed");
-      this.status.textContent = "■";
-      return;
-    }
-    const ok = Boolean(frame.ok);
-    this.el.classList.add(ok ? "ok" : "failed");
-    this.status.textContent = ok ? "✔" : "✗";
-    const ms = Number.isFinite(frame.duration_ms) ? frame.duration_ms : null;
-    if (ms !== null) this.dur.textContent = `${(ms / 1000).toFixed(1)}s`;
-    const text = ok ? frame.output : (frame.error || frame.output);
-    if (text) {
-      const t = tail(text);
-      this.show(t.text, t.more);
-    }
-  }
-}
-
-const SCOPES = [["once", "Approve once"], ["session", "For this session"], ["always", "Always"]];
-
-class ApprovalCard {
-  constructor(parent, frame, answer) {
-    this.el = el("div", "approval waiting");
-    this.el.dataset.callId = String(frame.call_id);
-    const timeout = Number(frame.timeout_sec) || 0;
-    this.deadline = timeout ? Date.now() + timeout * 1000 : null;
-    this.el.append(
-      el("div", "approval-head", `? approve ${frame.tool || "?"}: ${oneLine(frame.summary, 300)}`),
-      el("div", "approval-rule", `rule: ${oneLine(frame.rule || "?", 300)}`),
-    );
-    this.left = el("div", "approval-left muted");
-    this.el.append(this.left);
-    this.mode = String(frame.mode || "?");
-    this.buttons = el("div", "approval-buttons");
-    for (const [scope, label] of SCOPES) {
-      const b = el("button", "approve", label);
-      b.type = "button";
-      b.dataset.scope = scope;
-      b.addEventListener("click", () => this._click(answer, true, scope));
-      this.buttons.append(b);
-    }
-    const deny = el("button", "deny", "Deny");
-    deny.type = "button";
-    deny.addEventListener("click", () => this._click(answer, false, "once"));
-    this.buttons.append(deny);
-    this.el.append(this.buttons);
-    this.result = el("div", "approval-result");
-    this.el.append(this.result);
-    this.tick();
-    parent.append(this.el);
-  }
-
-  _click(answer, approve, scope) {
-    if (answer(approve, scope)) {
-      for (const b of this.buttons.querySelectorAll("button")) b.disabled = true;
-      this.result.textContent = approve ? `approving (${scope})…` : "denying…";
-    }
-  }
-
-  tick() {
-    if (!this.el.classList.contains("waiting")) return;
-    if (!this.deadline) {
-      this.left.textContent = `mode ${this.mode} · waits for your answer`;
-      return;
-    }
-    const s = Math.max(0, Math.round((this.deadline - Date.now()) / 1000));
-    const shown = s >= 60 ? `${Math.floor(s / 60)}:${String(s % 60).padStart(2, "0")}` : `${s}s`;
-    this.left.textContent = `mode ${this.mode} · ${shown} left, then it is denied`;
-  }
-
-  decided(frame) {
-    this.el.classList.remove("waiting");
-    this.el.classList.add(frame.approved ? "approved" : "denied");
-    this.buttons.remove();
-    this.left.textContent = "";
-    const how = frame.approved ? `✔ approved (${frame.scope || "once"}, by ${frame.by || "owner"})`
-      : `✗ denied (by ${frame.by || "owner"})`;
-    this.result.textContent = how;
   }
 }
