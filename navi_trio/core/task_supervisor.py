@@ -33,6 +33,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, Protocol
@@ -445,6 +446,7 @@ class TaskSupervisor(NurseryHolder):
             "tool": job.tool,
             "args_summary": job.args_summary,
             "is_spawn": job.is_spawn,
+            "started": time.time(),  # wall time: `tasks list` on another daemon shows its age
             "pid": os.getpid(),
             "host": socket.gethostname(),
         }
