@@ -202,7 +202,7 @@ async def open_runtime(
             )
             await nursery.start(sessions.run)
             if joined is not None:
-                joined.attach(sessions, supervisor)
+                joined.attach(sessions, supervisor, approvals)
                 supervisor.shared = joined  # the caps count for every daemon
                 sessions.on_retire = joined.unfollow_soon
                 sessions.broadcast_class = RelayBroadcast  # other daemons' frames, relayed

@@ -189,7 +189,10 @@ class Commands:
         # Only the session's owner answers, an admin included: it is their call.
         row = await self._owned(cmd.session_id)
         broker = self.rt.approvals
-        broker.owner_of_pending(cmd.session_id, cmd.call_id)  # NotFoundError when none
+        here = cmd.call_id in broker.pending(cmd.session_id)
+        owner = None if here else await self._owner_elsewhere(cmd.session_id, None)
+        if owner is None:
+            broker.owner_of_pending(cmd.session_id, cmd.call_id)  # NotFoundError when none
         if self.user.id != row.user_id:
             log.warning(
                 "user %s refused: approval %s in session %s of another user",
@@ -199,7 +202,13 @@ class Commands:
                 f"only the owner of session {cmd.session_id!r} answers its approval requests"
             )
         approve = cmd.decision == "approve"
-        await broker.answer(cmd.session_id, cmd.call_id, approve=approve, scope=cmd.scope)
+        if owner is not None:  # it waits on the daemon running the session: answered there
+            assert self.rt.cluster is not None
+            await self.rt.cluster.calls.approve(
+                owner, cmd.session_id, cmd.call_id, approve=approve, scope=cmd.scope
+            )
+        else:
+            await broker.answer(cmd.session_id, cmd.call_id, approve=approve, scope=cmd.scope)
         await self.conn.send(
             reply(
                 rid,
@@ -319,11 +328,18 @@ class Commands:
             session_ids = [r.id for r in rows]
         if cmd.action == "list":
             tasks = [_job_info(job) for sid in session_ids for job in sup.list_jobs(sid)]
+            if self.rt.cluster is not None:  # and those other daemons run
+                tasks += await self.rt.cluster.calls.jobs_elsewhere(session_ids)
             await self.conn.send(reply(rid, "tasks", action="list", tasks=tasks))
             return
         if not cmd.task_id:
             raise ProtocolError(f"tasks {cmd.action} needs a task_id")
         job = next((j for sid in session_ids if (j := sup.get(sid, cmd.task_id))), None)
+        if job is None and self.rt.cluster is not None:  # another daemon's (core/owner_calls.py)
+            answer = await self.rt.cluster.calls.task(cmd.action, session_ids, cmd.task_id)
+            if answer is not None:
+                await self.conn.send(reply(rid, "tasks", action=cmd.action, **answer))
+                return
         if job is None:
             raise NotFoundError(f"no task {cmd.task_id!r} in your sessions")
         if cmd.action == "check":

@@ -16,7 +16,8 @@ handed over through the store: it is written to the session's durable queue as
 nobody's row (pid 0), and the owner is told on its own channel (``nd_…``) to adopt it.
 The client gets its ``ok`` (queued) once the row is committed, so an acknowledged
 message survives the owner dying too: the next owner adopts it. Stop and compact go to
-the owner the same way (a notification; nothing to store). Why through the database and
+the owner the same way (a notification; nothing to store); an approval and a task
+cancel ask the owner and wait for its answer (core/owner_calls.py). Why through the database and
 not a WebSocket to the owner (the peer link): every daemon already reaches PostgreSQL,
 the hand-over is the durable queue that failover needs anyway, no daemon needs another's
 address or a token to act for a user, and frames do not travel twice.
@@ -54,6 +55,7 @@ import trio
 
 from navi_trio.core.agent import UserMessage
 from navi_trio.core.lease import SessionLeases
+from navi_trio.core.owner_calls import Answers, OwnerCalls
 from navi_trio.core.queued import to_row
 from navi_trio.errors import NaviError, StoreError
 from navi_trio.events import AgentEvent
@@ -96,6 +98,7 @@ class ClusterRegistry(Protocol):
 
 class LostJobs(Protocol):
     async def report_lost_jobs(self, live: set[tuple[int, str]] | None = None) -> int: ...
+    def cancel(self, session_id: str, task_id: str) -> bool: ...
 
 
 class Cluster:
@@ -111,6 +114,8 @@ class Cluster:
         self.ttl = ttl
         self.registry: ClusterRegistry | None = None
         self.jobs: LostJobs | None = None
+        # Approvals and task cancels answered by the daemon that holds them.
+        self.calls = OwnerCalls(bus, store, self.owner, daemon_channel)
         # Sessions some other daemon follows: their frames are published.
         self._followers: dict[str, set[str]] = {}
         self._following: set[str] = set()  # sessions this daemon listens to
@@ -122,9 +127,12 @@ class Cluster:
         self.published = 0
         self.relayed = 0
 
-    def attach(self, registry: ClusterRegistry, jobs: LostJobs | None) -> None:
+    def attach(
+        self, registry: ClusterRegistry, jobs: LostJobs | None, approvals: Answers | None = None
+    ) -> None:
         self.registry = registry
         self.jobs = jobs
+        self.calls.attach(approvals, jobs)
 
     # -- the actor --------------------------------------------------------------------
 
@@ -333,6 +341,8 @@ class Cluster:
                     self._followers.pop(sid, None)
             return
         if channel == daemon_channel(self.owner):
+            if await self.calls.received(data):  # approvals, tasks (core/owner_calls.py)
+                return
             await self._command(str(data.get("k")), str(data.get("s")))
             return
         ref = data.get("ref")

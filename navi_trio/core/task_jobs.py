@@ -13,6 +13,7 @@ import collections
 import json
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -93,6 +94,7 @@ def running_marker(job: Job) -> dict[str, Any]:
         "tool": job.tool,
         "args_summary": job.args_summary,
         "is_spawn": job.is_spawn,
+        "started": time.time(),  # wall time: `tasks list` on another daemon shows its age
         "pid": os.getpid(),
         "host": socket.gethostname(),
     }
