@@ -38,7 +38,8 @@ def no_plan_config(tmp_path: Path, **general: Any) -> Path:
 async def pg_daemons(
     tmp_path: Path, pg_url: str, llm_url: str, n: int, **env: str
 ) -> AsyncIterator[list[Daemon]]:
-    env.setdefault("NAVI_CONFIG", str(no_plan_config(tmp_path)))
+    if "NAVI_CONFIG" not in env:  # (setdefault would write tmp_path/config even when given)
+        env["NAVI_CONFIG"] = str(no_plan_config(tmp_path))
     base = {**clean_env(tmp_path, **env), "NAVI_DB": pg_url}
     async with AsyncExitStack() as stack:
         daemons = []
