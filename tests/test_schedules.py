@@ -281,7 +281,7 @@ async def test_two_daemons_on_one_database_run_a_due_time_once(
 
     kw: dict[str, Any] = {"replies": [{"text": "once"}], "loop": True,
                           "profiles": {"general": NO_PLAN}, "schedules": True,
-                          "wall_clock": clock, **SLOW}  # fmt: skip
+                          "wall_clock": clock, "schedule_poll_sec": 5, **SLOW}  # fmt: skip
     with real_time_limit(TIMEOUT):
         async with trio.open_nursery() as ticker:
             await ticker.start(_tick)
@@ -309,7 +309,11 @@ async def test_two_daemons_on_one_database_run_a_due_time_once(
                         ),  # fmt: skip
                     )
                     await heard.wait()
-                    await trio.sleep(600)  # both daemons look again, before the next due time
+                    # From now on the clock jumps only after 50 ms of real idleness: a
+                    # loaded machine's waits add up to seconds, never to the next due
+                    # time an hour on (it ran three due times with a threshold of 0).
+                    autojump_clock.autojump_threshold = 0.05
+                    await trio.sleep(15)  # both daemons look again, before the next due time
                     listeners.cancel_scope.cancel()
                 got = await one.runtime.store.get_schedule(row.id)
                 assert got is not None and got.runs == 1
