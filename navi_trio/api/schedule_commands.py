@@ -3,7 +3,7 @@
 Ownership, as for sessions (api/commands.py): a user sees and changes only their own
 schedules (another's is forbidden), and a schedule of theirs may name only a session of
 theirs; an admin may touch all. A schedule runs as its owner. Every field was checked
-by the protocol (api/protocol.py `Schedule`); what a schedule can be (one of cron,
+by the protocol (api/command_frames.py `Schedule`); what a schedule can be (one of cron,
 every and at; a message; a known profile; at most NAVI_SCHEDULES_PER_USER of them) is
 checked here and by the scheduler, each refusal an error frame naming the problem.
 """
