@@ -234,7 +234,7 @@ def measure_daemons(a: argparse.Namespace) -> dict[str, Any]:
             server = PgServer.start()
             url = server.create_database()
         script = tmp / "script.json"
-        script.write_text(json.dumps([ECHO]))
+        script.write_text(json.dumps(_script(a)))  # --pace: fast or realistic, as with one
         fake = _spawn(["-m", "navi_trio.testing.fake_llm", "--loop", "--script", str(script)])
         procs.append(fake)
         llm_url = _line(fake, 30, "the fake LLM server").split("listening on", 1)[1].strip()
