@@ -44,6 +44,7 @@ from navi_trio.api.protocol import (
 from navi_trio.api.schedule_commands import handle_schedule
 from navi_trio.api.services import DaemonCore
 from navi_trio.core.session_actor import SessionActor
+from navi_trio.core.task_jobs import task_info
 from navi_trio.core.task_supervisor import Job
 from navi_trio.errors import (
     BusyError,
@@ -359,11 +360,6 @@ class Commands:
 
 def _job_info(job: Job) -> dict[str, Any]:
     end = job.finished_at if job.finished_at is not None else trio.current_time()
-    return {
-        "task_id": job.task_id,
-        "tool": job.tool,
-        "status": job.status,
-        "age_sec": round(max(0.0, end - job.started_at), 3),
-        "session_id": job.session_id,
-        "args": job.args_summary,
-    }
+    return task_info(
+        job.task_id, job.tool, job.status, end - job.started_at, job.session_id, job.args_summary
+    )

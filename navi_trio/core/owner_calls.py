@@ -37,6 +37,7 @@ import attrs
 import trio
 
 from navi_trio.core.approvals import SCOPES
+from navi_trio.core.task_jobs import task_info
 from navi_trio.core.task_supervisor import RUNNING_SCOPE
 from navi_trio.errors import NaviError, NotFoundError, UnavailableError
 from navi_trio.store.base import ClusterBus, SessionStore
@@ -205,12 +206,8 @@ def _job(marker: Any, daemons: dict[tuple[Any, Any], str]) -> dict[str, Any] | N
         return None
     started = marker.get("started")
     age = time.time() - started if isinstance(started, (int, float)) else 0.0
-    return {
-        "task_id": tid,
-        "tool": str(marker.get("tool") or "?"),
-        "status": "running",
-        "age_sec": round(max(0.0, age), 3),
-        "session_id": sid,
-        "args": str(marker.get("args_summary") or ""),
-        "daemon": owner,
-    }
+    info = task_info(
+        tid, str(marker.get("tool") or "?"), "running", age, sid,
+        str(marker.get("args_summary") or ""),
+    )  # fmt: skip
+    return {**info, "daemon": owner}

@@ -118,3 +118,18 @@ def runs_in_another_process(marker: dict[str, Any]) -> bool:
         and marker.get("host") == socket.gethostname()
         and pid_alive(pid)
     )
+
+
+def task_info(
+    task_id: str, tool: str, status: str, age_sec: float, session_id: str, args: str
+) -> dict[str, Any]:
+    """A job as the ``tasks`` reply lists it: one shape for this daemon's jobs
+    (api/commands.py) and those other daemons run (core/owner_calls.py)."""
+    return {
+        "task_id": task_id,
+        "tool": tool,
+        "status": status,
+        "age_sec": round(max(0.0, age_sec), 3),
+        "session_id": session_id,
+        "args": args,
+    }
