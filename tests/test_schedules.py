@@ -2,10 +2,10 @@
 checks, runs on the clock (exactly once per due time, a notice to the owner's clients),
 headless approvals and budgets, catch-up across a restart, two daemons on one database.
 
-The timed tests run on the autojump clock under a real-time limit (tests/realtime.py):
-the scheduler's wall clock is trio's virtual time plus a base (`wall_clock`), and a
-1-second tick bounds each jump while the store's thread or a socket is waited on (the
-virtual clock also moves then, so times are asserted as "after" and "at most once").
+The timed tests give the scheduler a wall clock of their own (`Wall`) and move it by
+hand: after a move, `Scheduler.look_now` returns once a look that began after it has
+ended, so what fell due has been claimed and nothing else has (no virtual clock that
+runs on while a thread or a socket is waited for, no real sleep).
 Real parts: the daemon on 127.0.0.1, WebSocket clients, SQLite in tmp_path, the fake LLM.
 """
 
@@ -17,26 +17,28 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
-import trio.testing
 from agent_tools import call, toolset, with_tools
 from api_ws import Client, Daemon, open_daemon
-from realtime import real_time_limit
-from test_api_approvals import ASK_PUSH, FakeTerminal, _tick
+from test_api_approvals import ASK_PUSH, FakeTerminal
 
 from navi_trio.testing import open_harness
 
 TIMEOUT = 60
-BASE = time.time()  # the virtual wall clock starts now
-SLOW = {"first_chunk_timeout": 1e6, "chunk_timeout": 1e6, "session_idle_sec": 1e6,
-        "llm_connect_timeout": 1e6, "ws_hello_timeout_sec": 1e6,
-        "message_accept_timeout_sec": 1e6}  # fmt: skip
+HOUR = 3600.0
 NO_PLAN = {"planning_first_message": False}
 
 
-def clock() -> float:
-    return BASE + trio.current_time()
+@attrs.define
+class Wall:
+    """The scheduler's wall clock: it moves only when the test moves it."""
+
+    now: float = attrs.field(factory=time.time)
+
+    def __call__(self) -> float:
+        return self.now
 
 
 async def schedule(c: Client, action: str, **fields: Any) -> dict[str, Any]:
@@ -50,15 +52,16 @@ async def add_every(c: Client, every: str = "10m", **fields: Any) -> dict[str, A
 
 
 @asynccontextmanager
-async def on_the_clock(tmp_path: Path, **kw: Any) -> AsyncIterator[Daemon]:
-    """A daemon whose scheduler runs on the virtual clock (and a tick bounding jumps)."""
-    async with trio.open_nursery() as ticker:
-        await ticker.start(_tick)
-        async with open_daemon(
-            tmp_path, schedules=True, wall_clock=clock, **{**SLOW, **kw}
-        ) as d:  # fmt: skip
-            yield d
-        ticker.cancel_scope.cancel()
+async def on_the_clock(tmp_path: Path, wall: Wall, **kw: Any) -> AsyncIterator[Daemon]:
+    """A daemon whose scheduler runs on `wall`."""
+    async with open_daemon(tmp_path, schedules=True, wall_clock=wall, **kw) as d:
+        yield d
+
+
+async def at(d: Daemon, wall: Wall, when: float) -> None:
+    """The wall clock moves to `when` and the daemon's scheduler has looked."""
+    wall.now = when
+    await d.harness.runtime.scheduler.look_now()
 
 
 # -- the frames and who may use them -------------------------------------------------
@@ -167,22 +170,28 @@ async def test_the_schedules_of_a_user_are_bounded(tmp_path: Path) -> None:
 
 
 async def test_an_every_schedule_runs_once_per_due_time_and_tells_its_owner(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path,
 ) -> None:
-    with real_time_limit(TIMEOUT):
+    wall = Wall()
+    with trio.fail_after(TIMEOUT):
         async with on_the_clock(
-            tmp_path, replies=[{"text": "no new mail"}], loop=True,
+            tmp_path, wall, replies=[{"text": "no new mail"}], loop=True,
             profiles={"general": NO_PLAN},
         ) as d, d.connect("alice") as c, d.connect("bob") as bob:  # fmt: skip
-            row = await add_every(c, "1h", new=True)
-            first_due = row["next_due"]
-            first = await c.until_type("schedule_run", schedule_id=row["schedule_id"])
-            assert clock() >= first_due
-            assert (first["reason"], first["text"]) == ("complete", "no new mail")
-            second = await c.until_type("schedule_run", schedule_id=row["schedule_id"])
-            assert clock() >= first_due + 3600
-            assert second["session_id"] != first["session_id"]  # new: true, a new session
             store = d.harness.runtime.store
+            sid = (row := await add_every(c, "1h", new=True))["schedule_id"]
+            first_due = row["next_due"]
+            assert first_due == pytest.approx(wall.now + HOUR)
+            await at(d, wall, first_due - 1)  # not yet
+            assert (await d.harness.runtime.scheduler.get(sid)).runs == 0
+            await at(d, wall, first_due)
+            first = await c.until_type("schedule_run", schedule_id=sid)
+            assert (first["reason"], first["text"]) == ("complete", "no new mail")
+            await at(d, wall, first_due + HOUR / 2)  # between due times: nothing runs
+            assert (await d.harness.runtime.scheduler.get(sid)).runs == 1
+            await at(d, wall, first_due + HOUR)
+            second = await c.until_type("schedule_run", schedule_id=sid)
+            assert second["session_id"] != first["session_id"]  # new: true, a new session
             for run in (first, second):
                 saved = await store.load_messages(run["session_id"])
                 assert [(m["role"], m["content"]) for m in saved] == [
@@ -190,39 +199,44 @@ async def test_an_every_schedule_runs_once_per_due_time_and_tells_its_owner(
                 ]  # fmt: skip
                 session = await store.get_session(run["session_id"])
                 assert session is not None and session.user_id == d.ids["alice"]
-            # Paused, it does not run; resumed, it runs again.
-            await schedule(c, "pause", schedule_id=row["schedule_id"])
-            paused = await store.get_schedule(row["schedule_id"])
-            assert paused is not None
-            await trio.sleep(5 * 3600)
-            still = await store.get_schedule(row["schedule_id"])
-            assert still is not None and still.runs == paused.runs
-            await schedule(c, "resume", schedule_id=row["schedule_id"])
-            third = await c.until_type("schedule_run", schedule_id=row["schedule_id"])
+            # Three due times missed in a row (the loop was busy): one run, and the next
+            # due time is the first one after now.
+            await at(d, wall, first_due + 4 * HOUR + 60)
+            late = await c.until_type("schedule_run", schedule_id=sid)
+            got = await d.harness.runtime.scheduler.get(sid)
+            assert got.runs == 3 and got.next_due == pytest.approx(wall.now + HOUR)
+            # Paused, it does not run; resumed, it runs from now on.
+            await schedule(c, "pause", schedule_id=sid)
+            await at(d, wall, wall.now + 5 * HOUR)
+            assert (await d.harness.runtime.scheduler.get(sid)).runs == 3
+            resumed = await schedule(c, "resume", schedule_id=sid)
+            assert resumed["schedule"]["next_due"] == pytest.approx(wall.now + HOUR)
+            await at(d, wall, wall.now + HOUR)
+            third = await c.until_type("schedule_run", schedule_id=sid)
             assert third["reason"] == "complete"
-            # Once per due time: as many runs as notices and sessions, and never more
-            # than the due times that have passed (the virtual clock runs on while the
-            # store and the model answer, so it may have been more than three).
-            got = await store.get_schedule(row["schedule_id"])
-            assert got is not None
+            # Once per due time: as many runs as notices and sessions.
+            got = await d.harness.runtime.scheduler.get(sid)
             notices = [f for f in c.frames if f["type"] == "schedule_run"]
-            sessions = [s for s in await store.list_sessions(d.ids["alice"])]
-            assert got.runs == len(notices) == len(sessions) >= 3
-            assert len({f["session_id"] for f in notices}) == len(notices)
-            assert got.runs <= (clock() - first_due) / 3600 + 1 - 5  # (5 hours paused)
+            sessions = await store.list_sessions(d.ids["alice"])
+            assert got.runs == len(notices) == len(sessions) == 4
+            assert [f["session_id"] for f in notices] == [
+                run["session_id"] for run in (first, second, late, third)
+            ]
+            assert len({f["session_id"] for f in notices}) == 4
             assert not [f for f in bob.frames if f["type"] == "schedule_run"]
 
 
 async def test_a_scheduled_run_in_a_session_is_headless_and_keeps_its_budget(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path,
 ) -> None:
+    wall = Wall()
     term = FakeTerminal()
     replies = [call("terminal", action="run", command="git push"),
                call("terminal", action="run", command="ls"), {"text": "never"}]  # fmt: skip
     policy = {"rules": [ASK_PUSH]}
-    with real_time_limit(TIMEOUT):
+    with trio.fail_after(TIMEOUT):
         async with on_the_clock(
-            tmp_path, replies=replies, tools=toolset(term),
+            tmp_path, wall, replies=replies, tools=toolset(term),
             profiles={"general": with_tools(["terminal"], policy=policy, **NO_PLAN)},
         ) as d, d.connect("alice") as c:  # fmt: skip
             sid = "s-00000000000a"
@@ -234,6 +248,7 @@ async def test_a_scheduled_run_in_a_session_is_headless_and_keeps_its_budget(
             budget = {"turn": {"tool_calls": 1}}
             row = await add_every(c, session_id=sid, budget=budget)
             assert row["budget"] == budget
+            await at(d, wall, row["next_due"])
             done = await c.until_type("schedule_run", schedule_id=row["schedule_id"])
             assert done["session_id"] == sid and done["reason"] == "budget_exhausted"
             assert term.ran == []  # denied by the headless rule (none allows it)
@@ -245,78 +260,70 @@ async def test_a_scheduled_run_in_a_session_is_headless_and_keeps_its_budget(
 
 
 async def test_a_due_time_missed_while_down_runs_once_at_start_up_or_is_skipped(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path,
 ) -> None:
+    wall = Wall()
     kw: dict[str, Any] = {"replies": [{"text": "caught up"}], "loop": True,
                           "profiles": {"general": NO_PLAN}}  # fmt: skip
-    # The clock jumps only after 50 ms of real idleness: the ticker's one-second jumps
-    # while a thread or a socket is waited for then add up to seconds, never to the hour
-    # of the next due time (a loaded machine ran it twice with a threshold of 0).
-    autojump_clock.autojump_threshold = 0.05
-    with real_time_limit(TIMEOUT):
-        async with on_the_clock(tmp_path, **kw) as d, d.connect("alice") as c:
+    with trio.fail_after(TIMEOUT):
+        async with on_the_clock(tmp_path, wall, **kw) as d, d.connect("alice") as c:
             run = await add_every(c, "1h", new=True)
             skip = await add_every(c, "1h", new=True, catch_up=False)
             alice = d.tokens["alice"]
-        await trio.sleep(3 * 3600)  # the daemon is down for three due times
-        async with on_the_clock(tmp_path, **kw) as d:
+        wall.now += 3 * HOUR + 60  # the daemon is down for three due times
+        async with on_the_clock(tmp_path, wall, **kw) as d:
             d.tokens["alice"] = alice
             async with d.connect("alice") as c:
                 done = await c.until_type("schedule_run", schedule_id=run["schedule_id"])
                 assert done["reason"] == "complete"
+                await d.harness.runtime.scheduler.look_now()
                 store = d.harness.runtime.store
                 caught = await store.get_schedule(run["schedule_id"])
                 skipped = await store.get_schedule(skip["schedule_id"])
                 assert caught is not None and skipped is not None
                 assert caught.runs == 1  # three missed due times: one run
-                assert skipped.runs == 0 and skipped.next_due is not None
-                assert skipped.next_due > BASE + 3 * 3600  # moved past now, not run
+                assert caught.next_due == pytest.approx(wall.now + HOUR)
+                assert skipped.runs == 0  # moved past now, not run
+                assert skipped.next_due == pytest.approx(wall.now + HOUR)
                 assert d.harness.fake is not None and len(d.harness.fake.chat_requests) == 1
 
 
-async def test_two_daemons_on_one_database_run_a_due_time_once(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
-) -> None:
+async def test_two_daemons_on_one_database_run_a_due_time_once(tmp_path: Path) -> None:
     from navi_trio.core.schedules import ScheduleSpec
 
+    wall = Wall()
     kw: dict[str, Any] = {"replies": [{"text": "once"}], "loop": True,
                           "profiles": {"general": NO_PLAN}, "schedules": True,
-                          "wall_clock": clock, "schedule_poll_sec": 5, **SLOW}  # fmt: skip
-    with real_time_limit(TIMEOUT):
-        async with trio.open_nursery() as ticker:
-            await ticker.start(_tick)
-            async with open_harness(tmp_path, **kw) as one, open_harness(tmp_path, **kw) as two:
-                user = await one.runtime.store.create_user("carol", "t-carol-123")
-                heard = trio.Event()
+                          "wall_clock": wall}  # fmt: skip
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, **kw) as one, open_harness(tmp_path, **kw) as two:
+            user = await one.runtime.store.create_user("carol", "t-carol-123")
+            heard = trio.Event()
 
-                async def listen(notices: Any) -> None:
-                    with notices.subscribe(user["id"]) as frames:
-                        async for _ in frames:
-                            heard.set()
+            async def listen(notices: Any) -> None:
+                with notices.subscribe(user["id"]) as frames:
+                    async for _ in frames:
+                        heard.set()
 
-                async with trio.open_nursery() as listeners:
-                    listeners.start_soon(listen, one.runtime.notices)
-                    listeners.start_soon(listen, two.runtime.notices)
-                    await trio.testing.wait_all_tasks_blocked()
-                    row = await one.runtime.scheduler.add(
-                        user["id"],
-                        ScheduleSpec(
-                            session_id=None,
-                            profile_id=None,
-                            kind="every",
-                            spec="1h",
-                            message="ping",
-                        ),  # fmt: skip
-                    )
-                    await heard.wait()
-                    # From now on the clock jumps only after 50 ms of real idleness: a
-                    # loaded machine's waits add up to seconds, never to the next due
-                    # time an hour on (it ran three due times with a threshold of 0).
-                    autojump_clock.autojump_threshold = 0.05
-                    await trio.sleep(15)  # both daemons look again, before the next due time
-                    listeners.cancel_scope.cancel()
-                got = await one.runtime.store.get_schedule(row.id)
-                assert got is not None and got.runs == 1
-                assert one.fake is not None and two.fake is not None
-                assert len(one.fake.chat_requests) + len(two.fake.chat_requests) == 1
-            ticker.cancel_scope.cancel()
+            async def both_look() -> None:  # at once: the two claims race
+                async with trio.open_nursery() as looks:
+                    looks.start_soon(one.runtime.scheduler.look_now)
+                    looks.start_soon(two.runtime.scheduler.look_now)
+
+            async with trio.open_nursery() as listeners:
+                listeners.start_soon(listen, one.runtime.notices)
+                listeners.start_soon(listen, two.runtime.notices)
+                spec = ScheduleSpec(
+                    session_id=None, profile_id=None, kind="every", spec="1h", message="ping"
+                )  # fmt: skip
+                row = await one.runtime.scheduler.add(user["id"], spec)
+                assert row.next_due is not None
+                wall.now = row.next_due
+                await both_look()
+                await heard.wait()
+                await both_look()  # both look again, before the next due time
+                listeners.cancel_scope.cancel()
+            got = await one.runtime.store.get_schedule(row.id)
+            assert got is not None and got.runs == 1
+            assert one.fake is not None and two.fake is not None
+            assert len(one.fake.chat_requests) + len(two.fake.chat_requests) == 1

@@ -214,6 +214,8 @@ class Scheduler(NurseryHolder):
         self.host = socket.gethostname()
         self._changed = trio.Event()
         self.started_at = math.inf  # due times before it were missed by a dead daemon
+        self._begun = self._ended = 0  # looks at the schedules begun and ended so far
+        self._looked = trio.Event()
 
     async def on_start(self) -> None:
         self.started_at = self.clock()
@@ -222,6 +224,14 @@ class Scheduler(NurseryHolder):
     def poke(self) -> None:
         """A schedule changed here: look again now."""
         self._changed.set()
+
+    async def look_now(self) -> None:
+        """Returns once a look at the schedules begun after this call has ended (e.g. a
+        test that moved the wall clock: what was due then has been claimed)."""
+        target = self._begun + 1
+        self.poke()
+        while self._ended < target:
+            await self._looked.wait()
 
     # -- the API of the wire (ownership is the caller's, api/commands.py) ------------
 
@@ -288,6 +298,7 @@ class Scheduler(NurseryHolder):
     async def _loop(self) -> None:
         while True:
             self._changed = trio.Event()
+            self._begun += 1
             try:
                 rows = await self._store.list_schedules()
             except NaviError as exc:
@@ -296,6 +307,9 @@ class Scheduler(NurseryHolder):
             for row in rows:
                 if not row.paused and row.next_due is not None and row.next_due <= self.clock():
                     await self._due(row)
+            self._ended += 1
+            self._looked.set()
+            self._looked = trio.Event()
             dues = [r.next_due for r in rows if not r.paused and r.next_due is not None]
             wait = self._settings.schedule_poll_sec
             if dues:
