@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 from api_ws import Client
-from daemons import history, pg_daemons
+from daemons import history, no_plan_config, pg_daemons
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from pg_server import sql
@@ -129,6 +129,53 @@ async def test_a_client_on_one_daemon_drives_and_follows_a_session_run_by_anothe
                 ("user", "two"), ("assistant", "second answer"),
             ]  # fmt: skip
             assert never_two_owners(pg_url) >= 2
+
+
+async def test_a_profile_that_rejects_refuses_a_message_for_a_turn_on_another_daemon(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """The profile's on_busy default holds on every daemon: B runs the turn; a message
+    sent on A with no on_busy of its own is refused as it is on B; one that asks to be
+    queued, or to steer (which does not cross daemons), waits in B's queue."""
+    replies: list[dict[str, Any]] = [
+        {"text": "a long answer in many words", "delay_chunk": 0.5},
+        {"text": "queued answer"},
+        {"text": "steered answer"},
+    ]
+    rejecting = str(no_plan_config(tmp_path, on_busy="reject"))
+    with trio.fail_after(TIMEOUT):
+        async with (
+            open_fake_llm(replies) as llm,
+            pg_daemons(tmp_path, pg_url, llm.url, 2, NAVI_CONFIG=rejecting) as (a, b),
+        ):
+            sid = "admin.rejecting"
+            async with b.connect() as on_b, a.connect() as on_a:
+                assert (await message(on_b, sid, "one"))["type"] == "session"
+                await llm.wait_requests(1)  # B runs it now
+                for client in (on_b, on_a):  # here and there alike
+                    refused = await message(client, sid, "not now")
+                    assert (refused["type"], refused["code"]) == ("error", "session_busy")
+                queued = await on_a.request(
+                    {"type": "message", "session_id": sid, "content": "two",
+                     "on_busy": "enqueue"}
+                )  # fmt: skip
+                assert (queued["type"], queued["queued"], queued["on_busy"]) == (
+                    "ok", True, "enqueue"
+                )  # fmt: skip
+                steered = await on_a.request(
+                    {"type": "message", "session_id": sid, "content": "three",
+                     "on_busy": "steer"}
+                )  # fmt: skip
+                assert (steered["type"], steered["queued"], steered["on_busy"]) == (
+                    "ok", True, "enqueue"
+                )  # fmt: skip
+                for _ in range(3):
+                    assert (await on_b.until_end(sid))["reason"] == "complete"
+            assert history(pg_url, sid) == [
+                ("user", "one"), ("assistant", "a long answer in many words"),
+                ("user", "two"), ("assistant", "queued answer"),
+                ("user", "three"), ("assistant", "steered answer"),
+            ]  # fmt: skip
 
 
 async def test_a_daemon_killed_mid_run_loses_no_acknowledged_message(

@@ -18,6 +18,7 @@ from navi_trio.api.auth import User
 from navi_trio.api.protocol import Frame, RequestId, SendMessage, reply
 from navi_trio.api.services import DaemonCore
 from navi_trio.core.agent import UserMessage
+from navi_trio.core.steering import busy_strategy
 from navi_trio.core.workspace import check_cwd
 from navi_trio.errors import RequestError, SessionBusyError, StorageError, UnavailableError
 
@@ -95,7 +96,7 @@ class SessionMessages:
         )
         self.c._check_profile(cmd.profile)  # a new session's was checked by _create
         if owner is not None:  # another daemon runs it: queued there (core/cluster.py)
-            await self._hand_over(rid, owner, row.id, message)
+            await self._hand_over(rid, owner, row, message)
             return
         try:
             strategy = actor.send_message(message)
@@ -148,21 +149,21 @@ class SessionMessages:
         await self.c.conn.send(reply(rid, "ok", **fields))
 
     async def _hand_over(
-        self, rid: RequestId, owner: str, session_id: str, message: UserMessage
+        self, rid: RequestId, owner: str, row: SessionRow, message: UserMessage
     ) -> None:
         """The session's turn runs on daemon `owner`: the message waits in the queue there.
-        `reject` refuses it; a steer or an interrupt is not carried across daemons: it
-        queues, and the ok says so (``on_busy: enqueue``)."""
+        Its `on_busy`, else its session profile's, decides: `reject` refuses it; a steer or
+        an interrupt is not carried across daemons: it queues, and the ok says so
+        (``on_busy: enqueue``)."""
         assert self.c.rt.cluster is not None
-        if message.on_busy == "reject":
+        default = self.c.rt.config.current.profile(row.profile_id)  # the running turn's
+        strategy = busy_strategy(message.on_busy, None, default.on_busy)
+        if strategy == "reject":
             raise SessionBusyError(
-                f"session {session_id!r} is running a turn on another daemon (on_busy:"
+                f"session {row.id!r} is running a turn on another daemon (on_busy:"
                 " reject): send again later, or with on_busy enqueue",
-                session_id=session_id,
+                session_id=row.id,
             )
-        await self.c.rt.cluster.hand_over(owner, session_id, message)
-        log.info("session %s: message from %s handed to %s", session_id, self.c.user.name, owner)
-        fields: dict[str, Any] = {"session_id": session_id, "queued": True}
-        if message.on_busy is not None:
-            fields["on_busy"] = "enqueue"
-        await self.c.conn.send(reply(rid, "ok", **fields))
+        await self.c.rt.cluster.hand_over(owner, row.id, message)
+        log.info("session %s: message from %s handed to %s", row.id, self.c.user.name, owner)
+        await self.c.conn.send(reply(rid, "ok", session_id=row.id, queued=True, on_busy=strategy))

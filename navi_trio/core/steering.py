@@ -114,13 +114,14 @@ def check_steer(text: str, control: _Control) -> None:
         )
 
 
-def busy_strategy(asked: str | None, control: _Control | None) -> OnBusy:
+def busy_strategy(
+    asked: str | None, control: _Control | None, default: OnBusy = DEFAULT_ON_BUSY
+) -> OnBusy:
     """The strategy for a message meeting a busy session: the one it asked for, else the
-    running turn's profile default. With no turn running (a compaction), steer and
-    interrupt have nothing to act on: the message is queued."""
-    strategy = check_on_busy(asked) or (
-        control.on_busy_default if control is not None else DEFAULT_ON_BUSY
-    )
+    running turn's profile default (with no turn here, `default`: the session profile's,
+    for a turn another daemon runs). With no turn running here (a compaction, a turn on
+    another daemon), steer and interrupt have nothing to act on: the message is queued."""
+    strategy = check_on_busy(asked) or (control.on_busy_default if control is not None else default)
     if control is None and strategy in ("steer", "interrupt"):
         return "enqueue"
     return strategy
