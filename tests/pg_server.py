@@ -56,8 +56,9 @@ def sql(url: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[An
 
 
 def cut_connections(url: str) -> None:
-    """Terminate every other connection to `url`'s database (a server restart, for them)."""
-    sql(url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+    """Terminate every other connection to `url`'s database (a server restart, for them),
+    and wait until each is gone (10 s at most): their clients have been told by then."""
+    sql(url, "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
              " WHERE datname = current_database() AND pid <> pg_backend_pid()")  # fmt: skip
 
 

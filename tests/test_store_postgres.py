@@ -13,7 +13,10 @@ Rules: real server, real connections, no sleeps; every test under an absolute ti
 
 from __future__ import annotations
 
+import secrets
+import select
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -265,3 +268,59 @@ async def test_db_option_takes_a_server_url_as_navi_db_does(pg_url: str, tmp_pat
     assert added.returncode == 0, added.stderr
     assert dave is not None
     assert not (tmp_path / "navi" / "navi.db").exists()
+
+
+# -- one round trip per save ------------------------------------------------------------
+
+
+def test_a_one_trip_write_is_one_transaction_all_or_nothing(pg_url: str) -> None:
+    """`one_trip` (an append's pipeline): the statements are one transaction, with
+    synchronous_commit off when not durable, and a failing one takes the others with it."""
+    from navi_trio.store.postgres._workers import one_trip
+
+    table = "trip_" + secrets.token_hex(4)
+    sql(pg_url, f"CREATE TABLE {table} (k int PRIMARY KEY, xid bigint, sync text)")
+    row = f"INSERT INTO {table} VALUES (%s, txid_current(), current_setting('synchronous_commit'))"
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # as the pool's connections
+        with one_trip(conn, durable=False):
+            conn.execute(row, [1])
+            conn.execute(row, [2])
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            with one_trip(conn, durable=True):
+                conn.execute(row, [3])
+                conn.execute(row, [1])  # fails: 3 goes too
+                conn.execute(row, [4])
+        with one_trip(conn, durable=True):
+            conn.execute(row, [5])
+    got = sql(pg_url, f"SELECT k, xid, sync FROM {table} ORDER BY k")
+    assert [k for k, _, _ in got] == [1, 2, 5]
+    assert got[0][1] == got[1][1] != got[2][1]  # 1 and 2 in one transaction
+    assert [s for _, _, s in got] == ["off", "off", "on"]  # SET LOCAL: that trip only
+
+
+def test_the_pools_check_costs_no_round_trip_and_finds_a_cut_connection(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psycopg_pool
+
+    from navi_trio.store.postgres._workers import check_cheaply
+
+    checked: list[object] = []
+    real = psycopg_pool.ConnectionPool.check_connection
+
+    def check(conn: psycopg.Connection[Any]) -> None:
+        checked.append(conn)
+        real(conn)
+
+    monkeypatch.setattr(psycopg_pool.ConnectionPool, "check_connection", staticmethod(check))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("SELECT 1")
+        check_cheaply(conn)  # healthy and idle: nothing to read, not asked
+        assert checked == []
+        sql(pg_url, f"SELECT pg_terminate_backend({conn.info.backend_pid})")
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        assert poller.poll(10_000)  # the server's goodbye arrives
+        with pytest.raises(psycopg.OperationalError):
+            check_cheaply(conn)
+        assert checked == [conn]

@@ -30,7 +30,14 @@ from navi_trio.store.postgres import _tables as t
 from navi_trio.store.postgres._bus import PgBus
 from navi_trio.store.postgres._errors import failure
 from navi_trio.store.postgres._migrate import migrate
-from navi_trio.store.postgres._workers import POOL_WAIT_S, Conn, Job, Workers, configure
+from navi_trio.store.postgres._workers import (
+    POOL_WAIT_S,
+    Conn,
+    Job,
+    Workers,
+    check_cheaply,
+    configure,
+)
 
 logger = logging.getLogger("navi_trio.store.postgres.store")
 T = TypeVar("T")
@@ -116,7 +123,7 @@ class _Core:
             kwargs["application_name"] = "navi"
         return psycopg_pool.ConnectionPool(
             self._url, min_size=1, max_size=self._pool_size, open=False, kwargs=kwargs,
-            configure=configure, check=psycopg_pool.ConnectionPool.check_connection,
+            configure=configure, check=check_cheaply,
             timeout=POOL_WAIT_S, name=f"navi {self.where}",
         )  # fmt: skip
 
@@ -134,7 +141,7 @@ class _Core:
 
     async def _run(
         self, op: str, fn: Callable[[Conn], T], *, durable: bool = True, write: bool = True,
-        transaction: bool = True,
+        transaction: bool = True, one_trip: bool = False,
     ) -> T:  # fmt: skip
         if self._workers is None:
             raise StoreError(
@@ -143,7 +150,7 @@ class _Core:
             )
         if self._closed:
             raise StoreError(f"{op}: the store at {self.where} is closed")
-        job: Job[T] = Job(op, fn, durable=durable, transaction=transaction)
+        job: Job[T] = Job(op, fn, durable=durable, transaction=transaction, one_trip=one_trip)
         self._workers.submit(job)
         # Cancelled here? The job stays queued and still runs; only its answer is dropped.
         await job.done.wait()

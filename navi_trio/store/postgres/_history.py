@@ -1,10 +1,11 @@
 """Sessions, their history and context on PostgreSQL: the statements, on a worker thread.
 
-Each function runs inside the job's transaction (`_workers.Job`). Every write to one
-session's history first locks that session's row (``UPDATE … `` or ``SELECT … FOR
-UPDATE``): writers of one session take turns, so the next position is read after the
-previous writer committed, and a load that repairs sees no append slip in between.
-Writers of different sessions never wait for each other.
+Each function runs inside the job's transaction (`_workers.Job`); `append`, the write of
+every round, is a `one_trip` job instead: one pipeline, one round trip, one implicit
+transaction. Every write to one session's history first locks that session's row
+(``UPDATE … `` or ``SELECT … FOR UPDATE``): writers of one session take turns, so the
+next position is read after the previous writer committed, and a load that repairs
+sees no append slip in between. Writers of different sessions never wait for each other.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from navi_trio.store._schema import _session_from
 from navi_trio.store.base import LoadedSession, SessionRow
 from navi_trio.store.fence import Fence, lost
 from navi_trio.store.postgres import _tables as t
-from navi_trio.store.postgres._workers import Conn
+from navi_trio.store.postgres._workers import Conn, one_trip
 from navi_trio.store.repair import placeholder_positions, repair_dangling_tool_calls
 from navi_trio.text import loads_clean
 
@@ -151,13 +152,14 @@ def _insert_history(
 
 def append(
     conn: Conn, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
-    dequeue: str | None, fence: Fence | None = None,
+    dequeue: str | None, fence: Fence | None = None, *, durable: bool = True,
 ) -> None:  # fmt: skip
     # The UPDATE locks the session's row; each INSERT after it reads the last position
     # with a snapshot taken once the lock was granted, so it sees the last writer's rows.
-    # Nothing is read until the end: the statements go out in one pipeline.
+    # Nothing is read until the end: the statements go out in one pipeline, one round
+    # trip and one transaction (a `one_trip` job).
     try:
-        with conn.pipeline():  # leaving it waits for the answers (and raises their errors)
+        with one_trip(conn, durable):  # leaving it waits for the answers (and their errors)
             check_fence(conn, fence)
             locked = conn.execute("UPDATE sessions SET updated_at = %s WHERE id = %s", [now, sid])
             if dequeue is not None:

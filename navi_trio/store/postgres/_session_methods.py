@@ -112,9 +112,10 @@ class _Sessions(_Core):
         fence = fence_for(sid)
         await self._run(
             f"append to session {sid!r}",
-            h.fenced(fence, lambda c: h.append(c, sid, msg_rows, ctx_rows, now, dequeue, fence)),
-            durable=durable,
-        )
+            h.fenced(fence, lambda c: h.append(c, sid, msg_rows, ctx_rows, now, dequeue, fence,
+                                              durable=durable)),  # fmt: skip
+            durable=durable, one_trip=True,
+        )  # fmt: skip
 
     async def load_messages(self, session_id: str) -> list[dict[str, Any]]:
         sid = check_session_id(session_id)

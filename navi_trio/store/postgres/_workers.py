@@ -22,9 +22,11 @@ from __future__ import annotations
 import logging
 import queue
 import random
+import select
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 import psycopg
@@ -58,11 +60,38 @@ def configure(conn: Conn) -> None:
     )
 
 
+def check_cheaply(conn: Conn) -> None:
+    """The pool's check of a connection it hands out, without a round trip: the server
+    sends an idle connection nothing unless it is ending it (an error, then the end of
+    the stream: a terminated backend, a server shut down, the idle timeout), so one
+    with something to read is checked for real (`check_connection`, which raises when it
+    is broken: the pool then drops it and hands out another). One that breaks after
+    this is the same risk as one that breaks just after a real check."""
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    if poller.poll(0):
+        psycopg_pool.ConnectionPool.check_connection(conn)
+
+
+@contextmanager
+def one_trip(conn: Conn, durable: bool) -> Iterator[None]:
+    """A write sent as one pipeline, in one round trip: the server runs its statements as
+    one implicit transaction (the pool's connections are in autocommit mode), committed
+    at the pipeline's end, or rolled back whole when one fails; the error is raised when
+    the block is left. Nothing may be read inside (a read syncs: a second transaction)."""
+    with conn.pipeline():
+        if not durable:
+            conn.execute("SET LOCAL synchronous_commit TO OFF")  # (see Job._once)
+        yield
+
+
 class Job(Generic[T]):
     """One unit of work for a worker thread, and the way its answer gets back.
 
     `transaction=False` runs `fn` on the connection as it comes (autocommit): for the
-    migrations, which manage their own transactions under a session-level lock."""
+    migrations, which manage their own transactions under a session-level lock.
+    `one_trip=True`: `fn` sends its whole write in `one_trip` (no BEGIN, SET and COMMIT
+    of their own: one round trip where a transaction takes three more)."""
 
     def __init__(
         self,
@@ -71,12 +100,14 @@ class Job(Generic[T]):
         *,
         durable: bool = True,
         transaction: bool = True,
+        one_trip: bool = False,
         stop: bool = False,
     ) -> None:
         self.op = op
         self.fn = fn
         self.durable = durable
         self.transaction = transaction
+        self.one_trip = one_trip
         self.stop = stop
         self.token = trio.lowlevel.current_trio_token()
         self.done = trio.Event()
@@ -104,8 +135,8 @@ class Job(Generic[T]):
 
     def _once(self, pool: Pool) -> T:
         with pool.connection(timeout=POOL_WAIT_S) as conn:
-            if not self.transaction:
-                return self.fn(conn)
+            if not self.transaction or self.one_trip:
+                return self.fn(conn)  # one_trip: `fn` opens `one_trip` itself
             with conn.transaction():
                 if not self.durable:
                     # Committed without waiting for the WAL flush: it survives a killed
