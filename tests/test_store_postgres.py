@@ -13,7 +13,6 @@ Rules: real server, real connections, no sleeps; every test under an absolute ti
 
 from __future__ import annotations
 
-import secrets
 import select
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import psycopg
 import pytest
 import trio
 import trio.testing
+from builders import user
 from pg_server import closed_port, sql
 from test_startup_imports import imported_by
 
@@ -47,8 +47,10 @@ async def test_migrations_are_applied_once_and_recorded(pg_url: str) -> None:
             assert await store.get_session("s1") is not None
     rows = await trio.to_thread.run_sync(sql, pg_url, "SELECT version, name FROM schema_migrations")
     assert rows == [(m.version, m.name) for m in migrations()]
-    assert rows == [(1, "init"), (2, "lease_generation"), (3, "cluster"), (4, "control")]
-    assert SCHEMA_VERSION == 4
+    assert rows == [
+        (1, "init"), (2, "lease_generation"), (3, "cluster"), (4, "control"), (5, "append")
+    ]  # fmt: skip
+    assert SCHEMA_VERSION == 5
 
 
 async def test_daemons_starting_together_apply_each_migration_once(pg_url: str) -> None:
@@ -188,7 +190,7 @@ async def test_the_doctor_report_says_which_server_and_whether_it_answers(
             await store.create_session("s1", profile_id="p")
         used = await store_report(Settings(db_url=pg_url))
         assert (used["ok"], used["existed"], used["schema"]) == (
-            True, True, {"applied": [1, 2, 3, 4], "known": 4}
+            True, True, {"applied": [1, 2, 3, 4, 5], "known": 5}
         )  # fmt: skip
         assert used["tables"]["sessions"] == 1
         errors: list[str] = []
@@ -273,29 +275,41 @@ async def test_db_option_takes_a_server_url_as_navi_db_does(pg_url: str, tmp_pat
 # -- one round trip per save ------------------------------------------------------------
 
 
-def test_a_one_trip_write_is_one_transaction_all_or_nothing(pg_url: str) -> None:
-    """`one_trip` (an append's pipeline): the statements are one transaction, with
-    synchronous_commit off when not durable, and a failing one takes the others with it."""
-    from navi_trio.store.postgres._workers import one_trip
-
-    table = "trip_" + secrets.token_hex(4)
-    sql(pg_url, f"CREATE TABLE {table} (k int PRIMARY KEY, xid bigint, sync text)")
-    row = f"INSERT INTO {table} VALUES (%s, txid_current(), current_setting('synchronous_commit'))"
-    with psycopg.connect(pg_url, autocommit=True) as conn:  # as the pool's connections
-        with one_trip(conn, durable=False):
-            conn.execute(row, [1])
-            conn.execute(row, [2])
-        with pytest.raises(psycopg.errors.UniqueViolation):
-            with one_trip(conn, durable=True):
-                conn.execute(row, [3])
-                conn.execute(row, [1])  # fails: 3 goes too
-                conn.execute(row, [4])
-        with one_trip(conn, durable=True):
-            conn.execute(row, [5])
-    got = sql(pg_url, f"SELECT k, xid, sync FROM {table} ORDER BY k")
-    assert [k for k, _, _ in got] == [1, 2, 5]
-    assert got[0][1] == got[1][1] != got[2][1]  # 1 and 2 in one transaction
-    assert [s for _, _, s in got] == ["off", "off", "on"]  # SET LOCAL: that trip only
+async def test_an_append_is_one_transaction_all_or_nothing_durable_or_not(
+    pg_url: str,
+) -> None:
+    """An append is one statement (navi_append, migrations/0005) and its own transaction:
+    a failing insert takes the session's update, the dequeue and the other rows with it;
+    not durable, its commit (that one only) does not wait for the WAL flush. A trigger
+    records synchronous_commit as each row goes in, and fails on the word "poison"."""
+    sql(pg_url, "CREATE TABLE seen (sync text)")
+    sql(pg_url, """CREATE FUNCTION spy() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO seen VALUES (current_setting('synchronous_commit'));
+            IF NEW.content = 'poison' THEN RAISE EXCEPTION 'poisoned'; END IF;
+            RETURN NEW;
+        END $$""")  # fmt: skip
+    with trio.fail_after(TIMEOUT):
+        async with PostgresStore.open(pg_url) as store:
+            for table in ("messages", "context"):
+                sql(pg_url, f"CREATE TRIGGER spy BEFORE INSERT ON {table}"
+                            " FOR EACH ROW EXECUTE FUNCTION spy()")  # fmt: skip
+            await store.create_session("s1", profile_id="p")
+            await store.append("s1", messages=[user("one")], durable=False)
+            await store.append("s1", messages=[user("two")])
+            assert sql(pg_url, "SELECT sync FROM seen") == [("off",), ("on",)]
+            await store.enqueue("s1", "k1", user("queued"), pid=1, host="h")
+            (before,) = sql(pg_url, "SELECT updated_at FROM sessions WHERE id = 's1'")
+            with pytest.raises(StoreError, match="poisoned"):
+                await store.append(
+                    "s1", messages=[user("three")], context=[user("poison")], dequeue="k1"
+                )  # fmt: skip
+            assert sql(pg_url, "SELECT updated_at FROM sessions WHERE id = 's1'") == [before]
+            assert sql(pg_url, "SELECT key FROM queued") == [("k1",)]
+            assert await store.load_messages("s1") == [user("one"), user("two")]
+            assert await store.load_context("s1") == []
+            with pytest.raises(StoreError, match="no session 'nope' in the store"):
+                await store.append("nope", messages=[user("x")])
 
 
 def test_the_pools_check_costs_no_round_trip_and_finds_a_cut_connection(

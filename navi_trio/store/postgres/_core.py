@@ -141,7 +141,7 @@ class _Core:
 
     async def _run(
         self, op: str, fn: Callable[[Conn], T], *, durable: bool = True, write: bool = True,
-        transaction: bool = True, one_trip: bool = False,
+        transaction: bool = True,
     ) -> T:  # fmt: skip
         if self._workers is None:
             raise StoreError(
@@ -150,7 +150,7 @@ class _Core:
             )
         if self._closed:
             raise StoreError(f"{op}: the store at {self.where} is closed")
-        job: Job[T] = Job(op, fn, durable=durable, transaction=transaction, one_trip=one_trip)
+        job: Job[T] = Job(op, fn, durable=durable, transaction=transaction)
         self._workers.submit(job)
         # Cancelled here? The job stays queued and still runs; only its answer is dropped.
         await job.done.wait()

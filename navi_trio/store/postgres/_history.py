@@ -1,8 +1,8 @@
 """Sessions, their history and context on PostgreSQL: the statements, on a worker thread.
 
 Each function runs inside the job's transaction (`_workers.Job`); `append`, the write of
-every round, is a `one_trip` job instead: one pipeline, one round trip, one implicit
-transaction. Every write to one session's history first locks that session's row
+every round, is one statement instead (navi_append, migrations/0005): one round trip,
+its own transaction. Every write to one session's history first locks that session's row
 (``UPDATE … `` or ``SELECT … FOR UPDATE``): writers of one session take turns, so the
 next position is read after the previous writer committed, and a load that repairs
 sees no append slip in between. Writers of different sessions never wait for each other.
@@ -23,7 +23,7 @@ from navi_trio.store._schema import _session_from
 from navi_trio.store.base import LoadedSession, SessionRow
 from navi_trio.store.fence import Fence, lost
 from navi_trio.store.postgres import _tables as t
-from navi_trio.store.postgres._workers import Conn, one_trip
+from navi_trio.store.postgres._workers import Conn
 from navi_trio.store.repair import placeholder_positions, repair_dangling_tool_calls
 from navi_trio.text import loads_clean
 
@@ -33,6 +33,7 @@ _COLS = "id, profile_id, title, user_id, created_at, updated_at, meta"
 
 
 FENCE_LOST = "NV001"  # navi_fence's SQLSTATE (migrations/0002)
+NO_SESSION = "NV002"  # navi_append's, for a session that is not there (migrations/0005)
 
 
 def check_fence(conn: Conn, fence: Fence | None) -> None:
@@ -150,26 +151,29 @@ def _insert_history(
     })  # fmt: skip
 
 
+def _columns(rows: Sequence[_Row]) -> list[list[Any]]:
+    """`rows` as navi_append's four arrays: role, content, is_plan, data."""
+    return [[pg_text(r.role) for r in rows], [pg_text(r.content) for r in rows],
+            [r.is_plan for r in rows], [r.data for r in rows]]  # fmt: skip
+
+
 def append(
     conn: Conn, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
     dequeue: str | None, fence: Fence | None = None, *, durable: bool = True,
 ) -> None:  # fmt: skip
-    # The UPDATE locks the session's row; each INSERT after it reads the last position
-    # with a snapshot taken once the lock was granted, so it sees the last writer's rows.
-    # Nothing is read until the end: the statements go out in one pipeline, one round
-    # trip and one transaction (a `one_trip` job).
+    """One statement, its own transaction (an autocommit job): navi_append (migrations/
+    0005) fences, locks the session's row, dequeues and inserts after the last rows."""
+    owner, generation = (fence.owner, fence.generation) if fence is not None else (None, None)
     try:
-        with one_trip(conn, durable):  # leaving it waits for the answers (and their errors)
-            check_fence(conn, fence)
-            locked = conn.execute("UPDATE sessions SET updated_at = %s WHERE id = %s", [now, sid])
-            if dequeue is not None:
-                conn.execute("DELETE FROM queued WHERE key = %s", [dequeue])
-            _insert_history(conn, "messages", sid, msg_rows, None, now)
-            _insert_history(conn, "context", sid, ctx_rows, None, now)
-    except pg.ForeignKeyViolation:  # an insert for a session that is not there
-        raise StoreError(f"no session {sid!r} in the store") from None
-    if locked.rowcount == 0:
-        raise StoreError(f"no session {sid!r} in the store")
+        conn.execute(
+            "SELECT navi_append(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            [sid, owner, generation, now, dequeue, durable, *_columns(msg_rows),
+             *_columns(ctx_rows)],
+        )  # fmt: skip
+    except psycopg.Error as exc:
+        if exc.sqlstate == NO_SESSION or isinstance(exc, pg.ForeignKeyViolation):
+            raise StoreError(f"no session {sid!r} in the store") from None
+        raise
 
 
 def load_history(conn: Conn, table: str, sid: str) -> list[dict[str, Any]]:

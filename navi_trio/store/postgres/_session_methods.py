@@ -113,8 +113,8 @@ class _Sessions(_Core):
         await self._run(
             f"append to session {sid!r}",
             h.fenced(fence, lambda c: h.append(c, sid, msg_rows, ctx_rows, now, dequeue, fence,
-                                              durable=durable)),  # fmt: skip
-            durable=durable, one_trip=True,
+                                              durable=durable)),
+            transaction=False,  # one statement, its own transaction (migrations/0005)
         )  # fmt: skip
 
     async def load_messages(self, session_id: str) -> list[dict[str, Any]]:

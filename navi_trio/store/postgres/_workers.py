@@ -25,8 +25,7 @@ import random
 import select
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import psycopg
@@ -73,25 +72,13 @@ def check_cheaply(conn: Conn) -> None:
         psycopg_pool.ConnectionPool.check_connection(conn)
 
 
-@contextmanager
-def one_trip(conn: Conn, durable: bool) -> Iterator[None]:
-    """A write sent as one pipeline, in one round trip: the server runs its statements as
-    one implicit transaction (the pool's connections are in autocommit mode), committed
-    at the pipeline's end, or rolled back whole when one fails; the error is raised when
-    the block is left. Nothing may be read inside (a read syncs: a second transaction)."""
-    with conn.pipeline():
-        if not durable:
-            conn.execute("SET LOCAL synchronous_commit TO OFF")  # (see Job._once)
-        yield
-
-
 class Job(Generic[T]):
     """One unit of work for a worker thread, and the way its answer gets back.
 
     `transaction=False` runs `fn` on the connection as it comes (autocommit): for the
     migrations, which manage their own transactions under a session-level lock.
-    `one_trip=True`: `fn` sends its whole write in `one_trip` (no BEGIN, SET and COMMIT
-    of their own: one round trip where a transaction takes three more)."""
+    An append is one too (its one statement is its transaction: no BEGIN, SET and COMMIT
+    round trips, see migrations/0005_append.sql)."""
 
     def __init__(
         self,
@@ -100,14 +87,12 @@ class Job(Generic[T]):
         *,
         durable: bool = True,
         transaction: bool = True,
-        one_trip: bool = False,
         stop: bool = False,
     ) -> None:
         self.op = op
         self.fn = fn
         self.durable = durable
         self.transaction = transaction
-        self.one_trip = one_trip
         self.stop = stop
         self.token = trio.lowlevel.current_trio_token()
         self.done = trio.Event()
@@ -135,8 +120,8 @@ class Job(Generic[T]):
 
     def _once(self, pool: Pool) -> T:
         with pool.connection(timeout=POOL_WAIT_S) as conn:
-            if not self.transaction or self.one_trip:
-                return self.fn(conn)  # one_trip: `fn` opens `one_trip` itself
+            if not self.transaction:
+                return self.fn(conn)
             with conn.transaction():
                 if not self.durable:
                     # Committed without waiting for the WAL flush: it survives a killed
