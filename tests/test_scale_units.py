@@ -13,6 +13,9 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import cast
 
 import trio
 import trio.testing
@@ -21,9 +24,12 @@ from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from pg_server import sql
 
+from navi_trio.core.cluster import Cluster, session_channel
+from navi_trio.core.lease import SessionLeases
 from navi_trio.core.task_notes import NOTES_SCOPE
 from navi_trio.core.task_supervisor import RUNNING_SCOPE, Job, TaskSupervisor
 from navi_trio.settings import Settings
+from navi_trio.store.base import ClusterBus, SessionStore
 from navi_trio.store.postgres import PostgresStore
 from navi_trio.store.postgres._bus import NOTIFY_MAX
 from navi_trio.tools.base import ToolResult
@@ -108,3 +114,48 @@ async def test_a_dead_daemon_elsewhere_leaves_its_queue_to_the_others(pg_url: st
                 await store.enqueue("s1", key, {"text": key}, pid=pid, host="far")
             got = await store.adopt_queued("s1", pid=me, host=host)
             assert [k for k, _ in got] == ["dead"]
+
+
+class _SlowListenBus:
+    """What Cluster.follow/unfollow use of the bus; a listen waits for its channel's gate."""
+
+    def __init__(self) -> None:
+        self.gates: dict[str, trio.Event] = {}
+        self.said: list[tuple[str, str]] = []
+
+    async def listen(self, channel: str) -> None:
+        self.said.append(("listen", channel))
+        await self.gates.setdefault(channel, trio.Event()).wait()
+
+    async def unlisten(self, channel: str) -> None:
+        self.said.append(("unlisten", channel))
+
+    async def follow(self, session_id: str, owner: str, on: bool) -> None:
+        self.said.append(("follow" if on else "unfollow", session_id))
+
+    async def notify(self, items: Sequence[tuple[str, str]]) -> None:
+        self.said.append(("notify", json.loads(items[0][1])["s"]))
+
+
+async def test_sessions_are_followed_side_by_side_and_one_sessions_steps_in_order() -> None:
+    """Many sessions starting at once: one waiting on the database holds up no other's
+    follow (one lock for all made 500 of them take turns for 30 s); the same session's
+    follow and unfollow still go one after the other, and no lock is kept after."""
+    bus = _SlowListenBus()
+    leases = cast(SessionLeases, SimpleNamespace(owner="d-1"))
+    cluster = Cluster(cast(ClusterBus, bus), cast(SessionStore, None), leases, 60.0)
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cluster.follow, "s1")
+            await trio.testing.wait_all_tasks_blocked()
+            bus.gates[session_channel("s2")] = trio.Event()
+            bus.gates[session_channel("s2")].set()
+            await cluster.follow("s2")  # s1 still waits for its listen
+            assert ("notify", "s2") in bus.said and ("notify", "s1") not in bus.said
+            nursery.start_soon(cluster.unfollow, "s1")  # waits for s1's follow to end
+            await trio.testing.wait_all_tasks_blocked()
+            assert ("unlisten", session_channel("s1")) not in bus.said
+            bus.gates[session_channel("s1")].set()
+        s1 = [what for what, about in bus.said if about in ("s1", session_channel("s1"))]
+        assert s1 == ["listen", "follow", "notify", "unlisten", "unfollow", "notify"]
+        assert cluster._follow_locks == {}

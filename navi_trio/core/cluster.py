@@ -48,7 +48,8 @@ import hashlib
 import json
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 import trio
@@ -119,7 +120,10 @@ class Cluster:
         # Sessions some other daemon follows: their frames are published.
         self._followers: dict[str, set[str]] = {}
         self._following: set[str] = set()  # sessions this daemon listens to
-        self._follow_lock = trio.Lock()
+        # One lock per session being followed or unfollowed: its listen, row and note
+        # go in order; other sessions' do not wait (one lock for all made 500 sessions
+        # started at once take their turns, one round trip after another, for 30 s).
+        self._follow_locks: dict[str, trio.Lock] = {}
         self._out_send, self._out_recv = trio.open_memory_channel[tuple[str, str]](INBOX_MAX)
         self._in_send, self._in_recv = trio.open_memory_channel[tuple[str, str]](INBOX_MAX)
         self._nursery: trio.Nursery | None = None
@@ -244,7 +248,7 @@ class Cluster:
         """Listen to the session's frames, wherever it runs (idempotent)."""
         if session_id in self._following:
             return
-        async with self._follow_lock:
+        async with self._follow_lock(session_id):
             if session_id in self._following:
                 return
             await self.bus.listen(session_channel(session_id))
@@ -252,6 +256,17 @@ class Cluster:
             note = json.dumps({"s": session_id, "o": self.owner, "on": True})
             await self.bus.notify([(FOLLOW_CHANNEL, note)])
             self._following.add(session_id)
+
+    @asynccontextmanager
+    async def _follow_lock(self, session_id: str) -> AsyncIterator[None]:
+        """The session's follow lock, forgotten once nobody holds or waits for it."""
+        lock = self._follow_locks.setdefault(session_id, trio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self._follow_locks.pop(session_id, None)
 
     def unfollow_soon(self, session_id: str) -> None:
         """The session's actor retired here: stop following it (in the background)."""
@@ -265,7 +280,7 @@ class Cluster:
             log.warning("unfollowing session %s failed: %s", session_id, exc)
 
     async def unfollow(self, session_id: str) -> None:
-        async with self._follow_lock:
+        async with self._follow_lock(session_id):
             if session_id not in self._following:
                 return
             self._following.discard(session_id)
