@@ -37,7 +37,7 @@ NO_SESSION = "NV002"  # navi_append's, for a session that is not there (migratio
 
 
 def check_fence(conn: Conn, fence: Fence | None) -> None:
-    """A fenced write's first statement (pipelined with the rest): NV001 when lost."""
+    """A fenced write's first statement: NV001 when lost (navi_append calls it itself)."""
     if fence is not None:
         conn.execute("SELECT navi_fence(%s, %s, %s)", [fence.session_id, fence.owner,
                                                         fence.generation])  # fmt: skip
@@ -122,39 +122,28 @@ def pg_text(text: str | None) -> str | None:
     return None if text is None else text.replace("\x00", "\ufffd")
 
 
-def _insert_history(
-    conn: Conn, table: str, sid: str, rows: Sequence[_Row], positions: Sequence[float] | None,
-    now: float,
-) -> None:  # fmt: skip
-    """One INSERT for all `rows`; `positions` None: after the session's last row, read by
-    this statement (its snapshot is taken after the session's row lock was granted)."""
-    if not rows:
-        return
-    top: sql.Composable
-    if positions is None:
-        top = sql.SQL(
-            "(SELECT COALESCE(MAX(position), 0) FROM {} WHERE session_id = %(sid)s) + t.ord"
-        ).format(sql.Identifier(table))
-        given: list[float] = []
-    else:
-        top, given = sql.SQL("(%(pos)s::float8[])[t.ord]"), list(positions)
-    query = sql.SQL(
-        "INSERT INTO {} (session_id, position, role, content, is_plan, data, created_at)"
-        " SELECT %(sid)s, {}, t.role, t.content, t.is_plan, t.data, %(now)s"
-        " FROM unnest(%(role)s::text[], %(content)s::text[], %(is_plan)s::bool[],"
-        " %(data)s::text[]) WITH ORDINALITY AS t(role, content, is_plan, data, ord)"
-    ).format(sql.Identifier(table), top)
-    conn.execute(query, {
-        "sid": sid, "now": now, "pos": given,
-        "role": [pg_text(r.role) for r in rows], "content": [pg_text(r.content) for r in rows],
-        "is_plan": [r.is_plan for r in rows], "data": [r.data for r in rows],
-    })  # fmt: skip
-
-
 def _columns(rows: Sequence[_Row]) -> list[list[Any]]:
-    """`rows` as navi_append's four arrays: role, content, is_plan, data."""
+    """`rows` as four arrays, role, content, is_plan and data: the parameters of an
+    INSERT of many rows (`_insert_history`, navi_append)."""
     return [[pg_text(r.role) for r in rows], [pg_text(r.content) for r in rows],
             [r.is_plan for r in rows], [r.data for r in rows]]  # fmt: skip
+
+
+def _insert_history(
+    conn: Conn, table: str, sid: str, rows: Sequence[_Row], positions: Sequence[float],
+    now: float,
+) -> None:  # fmt: skip
+    """One INSERT for all `rows`, at `positions` (an append's go after the last rows, in
+    navi_append)."""
+    if not rows:
+        return
+    query = sql.SQL(
+        "INSERT INTO {} (session_id, position, role, content, is_plan, data, created_at)"
+        " SELECT %s, (%s::float8[])[t.ord], t.role, t.content, t.is_plan, t.data, %s"
+        " FROM unnest(%s::text[], %s::text[], %s::bool[], %s::text[])"
+        " WITH ORDINALITY AS t(role, content, is_plan, data, ord)"
+    ).format(sql.Identifier(table))
+    conn.execute(query, [sid, list(positions), now, *_columns(rows)])
 
 
 def append(
