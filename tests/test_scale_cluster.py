@@ -155,20 +155,11 @@ async def test_a_profile_that_rejects_refuses_a_message_for_a_turn_on_another_da
                 for client in (on_b, on_a):  # here and there alike
                     refused = await message(client, sid, "not now")
                     assert (refused["type"], refused["code"]) == ("error", "session_busy")
-                queued = await on_a.request(
-                    {"type": "message", "session_id": sid, "content": "two",
-                     "on_busy": "enqueue"}
-                )  # fmt: skip
-                assert (queued["type"], queued["queued"], queued["on_busy"]) == (
-                    "ok", True, "enqueue"
-                )  # fmt: skip
-                steered = await on_a.request(
-                    {"type": "message", "session_id": sid, "content": "three",
-                     "on_busy": "steer"}
-                )  # fmt: skip
-                assert (steered["type"], steered["queued"], steered["on_busy"]) == (
-                    "ok", True, "enqueue"
-                )  # fmt: skip
+                for text, asked in (("two", "enqueue"), ("three", "steer")):  # both queued
+                    ok = await on_a.request(
+                        {"type": "message", "session_id": sid, "content": text, "on_busy": asked}
+                    )  # fmt: skip
+                    assert (ok["type"], ok["queued"], ok["on_busy"]) == ("ok", True, "enqueue")
                 for _ in range(3):
                     assert (await on_b.until_end(sid))["reason"] == "complete"
             assert history(pg_url, sid) == [
