@@ -84,7 +84,16 @@ def _pace_figures(a: argparse.Namespace, rounds: int, cpu: dict[str, float]) -> 
 
 def _cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process (its threads included)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return _cpu_s_of(Path(f"/proc/{pid}/stat"))
+
+
+def _main_thread_s(pid: int) -> float:
+    """CPU seconds of a process's main thread alone (trio's: the rest is worker threads)."""
+    return _cpu_s_of(Path(f"/proc/{pid}/task/{pid}/stat"))
+
+
+def _cpu_s_of(stat: Path) -> float:
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
@@ -126,6 +135,29 @@ def _pcts(gaps: list[float]) -> dict[str, float]:
     }  # fmt: skip
 
 
+def _py_spy(a: argparse.Namespace, pid: int) -> subprocess.Popen[bytes] | None:
+    """`--py-spy OUT`: sample process `pid` (collapsed stacks, every thread) from now."""
+    if not a.py_spy:
+        return None
+    beside = Path(sys.executable).parent / "py-spy"  # the bench venv's
+    exe = str(beside) if beside.exists() else shutil.which("py-spy")
+    if exe is None:
+        raise RuntimeError("--py-spy: py-spy is not on PATH (pip install py-spy)")
+    spy = subprocess.Popen(
+        [exe, "record", "--threads", "--nonblocking", "--format", "raw", "--rate",
+         "200", "--pid", str(pid), "-o", a.py_spy],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(1.0)  # let it attach before the load starts
+    return spy
+
+
+def _py_spy_end(spy: subprocess.Popen[bytes] | None) -> None:
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(30)
+
+
 def measure(a: argparse.Namespace) -> dict[str, Any]:
     procs: list[subprocess.Popen[str]] = []
     tmp = Path(tempfile.mkdtemp(prefix="navi-conc-"))
@@ -160,20 +192,10 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         for c in clients:
             if _line(c, 120, "a client process").strip() != "ready":
                 raise RuntimeError("a client process did not connect")
-        spy = None
-        if a.py_spy:
-            beside = Path(sys.executable).parent / "py-spy"  # the bench venv's
-            exe = str(beside) if beside.exists() else shutil.which("py-spy")
-            if exe is None:
-                raise RuntimeError("--py-spy: py-spy is not on PATH (pip install py-spy)")
-            spy = subprocess.Popen(
-                [exe, "record", "--threads", "--nonblocking", "--format", "raw", "--rate",
-                 "200", "--pid", str(daemon.pid), "-o", a.py_spy],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
-            time.sleep(1.0)  # let it attach before the load starts
+        spy = _py_spy(a, daemon.pid)
         rss0 = _status_kb(daemon.pid, "VmRSS")
         cpu0 = {"daemon": _cpu_s(daemon.pid), "llm": _cpu_s(fake.pid)}
+        main0 = _main_thread_s(daemon.pid)
         load0 = os.getloadavg()[0]
         t0 = time.monotonic()
         for c in clients:
@@ -181,11 +203,10 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         results = [json.loads(_line(c, a.timeout, "a client process")) for c in clients]
         wall = time.monotonic() - t0
         cpu = {k: _cpu_s(p.pid) - cpu0[k] for k, p in (("daemon", daemon), ("llm", fake))}
+        cpu["daemon_main_thread"] = _main_thread_s(daemon.pid) - main0
         cpu["clients"] = sum(r["cpu_s"] for r in results)
         peak = _status_kb(daemon.pid, "VmHWM")
-        if spy is not None:
-            spy.send_signal(signal.SIGINT)
-            spy.wait(30)
+        _py_spy_end(spy)
         gaps = [g for r in results for one in r["gaps_ms"] for g in one]
         # Without each session's first gap (its message to its first frame: the start,
         # when every session asks at once): what a session in full flow sees.
@@ -263,7 +284,9 @@ def measure_daemons(a: argparse.Namespace) -> dict[str, Any]:
         for c in clients:
             if _line(c, 120, "a client process").strip() != "ready":
                 raise RuntimeError("a client process did not connect")
+        spy = _py_spy(a, daemons[0].pid)  # the first daemon
         cpu0 = [_cpu_s(d.pid) for d in daemons]
+        main0 = [_main_thread_s(d.pid) for d in daemons]
         llm0 = _cpu_s(fake.pid)
         t0 = time.monotonic()
         for c in clients:
@@ -271,6 +294,8 @@ def measure_daemons(a: argparse.Namespace) -> dict[str, Any]:
         results = [json.loads(_line(c, a.timeout, "a client process")) for c in clients]
         wall = time.monotonic() - t0
         cpu = [_cpu_s(d.pid) - c0 for d, c0 in zip(daemons, cpu0, strict=True)]
+        main = [_main_thread_s(d.pid) - m0 for d, m0 in zip(daemons, main0, strict=True)]
+        _py_spy_end(spy)
         gaps = [g for r in results for one in r["gaps_ms"] for g in one]
         flow = [g for r in results for one in r["gaps_ms"] for g in one[1:]]
         rounds = sum(r["rounds"] for r in results)
@@ -278,7 +303,8 @@ def measure_daemons(a: argparse.Namespace) -> dict[str, Any]:
             "daemons": a.daemons, "sessions": a.sessions, "client_procs": len(clients),
             "rounds": rounds, "seconds": wall, "rounds_per_s": rounds / wall, **_pcts(gaps),
             "p99_gap_in_flow_ms": _pcts(flow)["p99_gap_ms"],
-            "cpu_s_per_daemon": cpu, "cpu_ms_per_round": 1000 * sum(cpu) / max(rounds, 1),
+            "cpu_s_per_daemon": cpu, "cpu_s_main_thread_per_daemon": main,
+            "cpu_ms_per_round": 1000 * sum(cpu) / max(rounds, 1),
             "cpu_s": {"daemons": sum(cpu), "llm": _cpu_s(fake.pid) - llm0,
                       "clients": sum(r["cpu_s"] for r in results)},
             "cores": os.cpu_count(), "errors": [e for r in results for e in r["errors"]],

@@ -1,6 +1,7 @@
 """The two trio processes of conc.py: the daemon and a group of WebSocket clients.
 
-daemon   the full runtime (bench profile, max_iterations 10) and an ApiServer on
+daemon   the full runtime (bench profile, max_iterations 10; the token encoding loaded
+         first, so the figures are the steady state) and an ApiServer on
          127.0.0.1:0 with one user per client; prints {"ws", "tokens"} and serves until
          its stdin closes.
 clients  connects --count clients (tokens --first ...), says hello, prints ``ready``;
@@ -43,6 +44,7 @@ async def daemon(a: argparse.Namespace) -> None:
         a.url, [EchoTool()], profile=profile, session_idle_sec=3600.0, **more
     ) as rt:
         tokens: list[str] = []
+        await rt.agent.parts.counter.preload()  # steady state: not its one-off load
         async with ws_daemon(rt, a.users, tokens) as (url, _):
             print(json.dumps({"ws": url, "tokens": tokens}), flush=True)
             await trio.to_thread.run_sync(sys.stdin.read)
@@ -66,6 +68,7 @@ async def cluster_daemon(a: argparse.Namespace) -> None:
     )  # fmt: skip
     tokens: list[str] = list(a.token_list)
     async with open_runtime(conf, config=cfg, tools=[EchoTool()], cluster=True) as rt:
+        await rt.agent.parts.counter.preload()  # as `daemon`
         if not tokens:
             for i in range(a.users):
                 token = new_token()
