@@ -42,7 +42,7 @@ from psycopg.errors import error_from_result
 from navi_trio.store.postgres._errors import RETRIED
 from navi_trio.store.postgres._workers import ATTEMPTS, SETUP, STATEMENT_TIMEOUT_S
 
-LANE_SIZE = 4  # connections of the lane, per store
+LANE_SIZE = 12  # connections of the lane, per store
 ANSWER_GRACE_S = 5.0  # past the server's statement_timeout: the server is gone
 
 
