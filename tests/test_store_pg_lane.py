@@ -3,10 +3,12 @@
 On the session's throwaway server (tests/pg_server.py; skipped, saying why, where none
 can start):
 
-- an append goes through while every worker thread is busy: it needs none;
+- an append, a kv read or write goes through while every worker thread is busy: none
+  needs one;
 - a caller that gives up is free at once, and its append still lands; closing the store
   waits for an append begun;
-- text with the array syntax's own characters reaches the query columns as it was;
+- text with the array syntax's own characters reaches the query columns as it was; text
+  with a NUL (libpq would cut it there) or a lone surrogate is refused;
 - the lane opens no more than its connections, however many appends come at once;
 - a caller in another trio run than the store's still appends (on a worker thread).
 
@@ -19,11 +21,13 @@ import functools
 import threading
 
 import psycopg
+import pytest
 import trio
 import trio.testing
 from builders import user
 from pg_server import sql
 
+from navi_trio.errors import StoreError
 from navi_trio.store.postgres import PostgresStore
 from navi_trio.store.postgres._lane import LANE_SIZE
 
@@ -49,8 +53,15 @@ async def test_an_append_goes_through_while_every_worker_thread_is_busy(pg_url: 
                 await trio.testing.wait_all_tasks_blocked()
                 await store.append("s1", messages=[user("through")])
                 rows = await trio.to_thread.run_sync(stored, pg_url, "s1")
+                await store.kv_set("todo", "s1", {"items": ["a"]})  # kv: one statement each
+                await store.kv_set("todo", "s1:x", [1])
+                got = await store.kv_get("todo", "s1"), await store.kv_list("todo", "s1")
+                await store.kv_delete("todo", "s1")
+                gone = await store.kv_get("todo", "s1")
                 release.set()
             assert rows == [("user", "through", False)]
+            assert got == ({"items": ["a"]}, [("s1", {"items": ["a"]}), ("s1:x", [1])])
+            assert gone is None
 
 
 async def waiting_for_a_row_lock(url: str) -> None:
@@ -105,6 +116,17 @@ async def test_text_with_the_array_syntax_in_it_reaches_the_query_columns_as_it_
             assert await store.load_messages("s1") == messages
     expected = [(t, t, i % 2 == 0) for i, t in enumerate(texts)] + [(None, "no role", False)]
     assert stored(pg_url, "s1") == expected
+
+
+async def test_text_with_a_nul_is_refused_not_cut_short(pg_url: str) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with PostgresStore.open(pg_url) as store:
+            with pytest.raises(StoreError, match="kv set t/a.*NUL"):
+                await store.kv_set("t", "a\x00b", 1)  # libpq would end the text at the NUL
+            assert await store.kv_get("t", "a") is None
+            with pytest.raises(StoreError, match="UTF-8"):
+                await store.kv_set("t", "a\ud800", 1)
+            assert await store.kv_list("t") == []
 
 
 async def test_the_lane_opens_no_more_than_its_connections(pg_url: str) -> None:

@@ -174,32 +174,38 @@ class _Core:
         return job.result  # type: ignore[return-value]  # set when error is None
 
     async def _statement(
-        self, op: str, query: str, params: list[Any],
-        refused: Callable[[psycopg.Error], BaseException],
-    ) -> None:  # fmt: skip
-        """One write that is a transaction of its own and answers nothing (an append):
-        on the lane, with no thread (_lane.py); `refused(exc)` is what the caller sees
-        for the server's refusal `exc` (`exc` itself when it is no refusal of ours). A
-        caller in another trio run than the store's gets the same on a worker thread."""
+        self, op: str, query: str, params: list[Any], *, write: bool = True,
+        refused: Callable[[psycopg.Error], BaseException] = lambda exc: exc,
+    ) -> list[tuple[str | None, ...]]:  # fmt: skip
+        """One statement that is a transaction of its own (an append, a kv read): its
+        rows, every column as text (cast in `query`), on the lane with no thread
+        (_lane.py). `refused(exc)` is what the caller sees for the server's refusal `exc`
+        (`exc` itself when it is no refusal of ours). A caller in another trio run than
+        the store's gets the same on a worker thread."""
         lane = self._lane
         if lane is None or not lane.here():
 
-            def job(conn: Conn) -> None:
+            def job(conn: Conn) -> list[tuple[str | None, ...]]:
                 try:
-                    conn.execute(query, params)
+                    cur = conn.execute(query, params)
                 except psycopg.Error as exc:
                     said = refused(exc)
                     if said is exc:
                         raise
                     raise said from None
+                return [tuple(row) for row in cur.fetchall()] if cur.description else []
 
-            return await self._run(op, job, transaction=False)
+            return await self._run(op, job, write=write, transaction=False)
         error: BaseException | None = None
+        rows: list[tuple[str | None, ...]] = []
         try:
-            await lane.execute(op, query, params)
+            answer = await lane.execute(op, query, params)
         except psycopg.Error as exc:  # Cancelled is not caught: the statement still lands
             error = refused(exc)
-        self._settle(op, error, True)
+        else:
+            rows = [tuple(None if v is None else v.decode() for v in row) for row in answer]
+        self._settle(op, error, write)
+        return rows
 
     def _settle(self, op: str, raised: BaseException | None, write: bool) -> None:
         """Raise what a caller of `op` sees for what its job `raised` (`_errors.failure`),

@@ -211,9 +211,9 @@ def rewrite(conn: Conn, sid: str, job: _Rewrite, now: float, fence: Fence | None
     _insert_history(conn, "messages", sid, job.messages, after, now)
     replace_context(conn, sid, job.context, now)
     for scope, key, value in job.kv_set:
-        t.kv_set(conn, scope, key, value, now)
+        conn.execute(t.KV_SET, [scope, key, value, now])
     for scope, key in job.kv_delete:
-        t.kv_delete(conn, scope, key)
+        conn.execute(t.KV_DELETE, [scope, key])
     conn.execute("UPDATE sessions SET updated_at = %s WHERE id = %s", [now, sid])
 
 

@@ -9,8 +9,10 @@ of its statement (the queue, Python's GIL given up and taken back by two threads
 wake-up of trio), most of what an append costs, and a round makes two or three appends.
 The lane sends one statement with libpq in non-blocking mode (`psycopg.pq`, the
 documented wrapper psycopg itself is built on) and waits for the socket with trio: no
-thread at all. Only statements that are a transaction of their own (autocommit) and
-answer nothing the caller reads go here: navi_append (migrations/0005).
+thread at all. Only statements that are a transaction of their own (autocommit) go
+here: navi_append (migrations/0005), and the store's other one-statement reads and
+writes (kv, a lease's release, who holds a lease), each called once a turn or more.
+Rows come back with each column in its text form (the caller casts in the query).
 
 The rules are the workers': a statement handed over is never withdrawn (it runs in the
 lane's own task; a caller cancelled stops waiting, the statement still lands, and
@@ -42,6 +44,7 @@ from psycopg.errors import error_from_result
 from navi_trio.store.postgres._errors import RETRIED
 from navi_trio.store.postgres._workers import ATTEMPTS, SETUP, STATEMENT_TIMEOUT_S
 
+Row = tuple[bytes | None, ...]
 LANE_SIZE = 12  # connections of the lane, per store
 ANSWER_GRACE_S = 5.0  # past the server's statement_timeout: the server is gone
 
@@ -65,10 +68,21 @@ def text_param(value: Any) -> bytes | None:
     if isinstance(value, int | float):
         return repr(value).encode()
     if isinstance(value, str):
-        return value.encode()
+        return _utf8(value)
     if isinstance(value, list):
-        return ("{" + ",".join(_element(v) for v in value) + "}").encode()
+        return _utf8("{" + ",".join(_element(v) for v in value) + "}")
     raise TypeError(f"no text form for a parameter of type {type(value).__name__}")
+
+
+def _utf8(text: str) -> bytes:
+    """`text` for libpq, refused as psycopg refuses it: a text parameter ends at a NUL
+    (libpq passes it as a C string), so one with a NUL would arrive cut short."""
+    if "\x00" in text:
+        raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        raise psycopg.DataError(f"text that UTF-8 cannot carry: {exc.reason}") from None
 
 
 def _element(value: Any) -> str:
@@ -120,31 +134,32 @@ class Lane:
                 conn.finish()
             self._idle.clear()
 
-    async def execute(self, op: str, query: str, params: Sequence[Any]) -> None:
-        """Run `query` (``%s`` placeholders) with `params`; raise what psycopg would."""
+    async def execute(self, op: str, query: str, params: Sequence[Any]) -> list[Row]:
+        """Run `query` (``%s`` placeholders) with `params`: its rows, each column in its
+        text form (bytes, or None for NULL); raise what psycopg would."""
         nursery = self._nursery
         if nursery is None:
             raise psycopg.OperationalError(f"{op}: the store's lane is closed")
         values = [text_param(v) for v in params]
         done = trio.Event()
-        outcome: list[BaseException | None] = []
+        outcome: list[BaseException | list[Row]] = []
         # Not in the caller's task: a caller cancelled stops waiting, the statement runs on.
         nursery.start_soon(self._job, dollar_params(query), values, done, outcome)
         await done.wait()
-        if outcome[0] is not None:
+        if isinstance(outcome[0], BaseException):
             raise outcome[0]
+        return outcome[0]
 
     async def _job(
         self, sql: bytes, values: list[bytes | None], done: trio.Event,
-        outcome: list[BaseException | None],
+        outcome: list[BaseException | list[Row]],
     ) -> None:  # fmt: skip
         limit = STATEMENT_TIMEOUT_S + ANSWER_GRACE_S  # the whole job, connecting included
         deadline = min(trio.current_time() + limit, self._closing)
         with trio.CancelScope(shield=True, deadline=deadline) as scope:
             self._jobs.add(scope)
             try:
-                await self._attempts(sql, values)
-                outcome.append(None)
+                outcome.append(await self._attempts(sql, values))
             except Exception as exc:  # handed to the caller, who raises it
                 outcome.append(exc)
             finally:
@@ -156,21 +171,22 @@ class Lane:
             ))  # fmt: skip
         done.set()
 
-    async def _attempts(self, sql: bytes, values: list[bytes | None]) -> None:
+    async def _attempts(self, sql: bytes, values: list[bytes | None]) -> list[Row]:
         for attempt in range(1, ATTEMPTS + 1):
             conn = await self._take()
             try:
-                error = await self._exchange(conn, sql, values)
+                answer = await self._exchange(conn, sql, values)
             except BaseException:
                 self._drop(conn)  # broken, or left mid-statement: never reused
                 raise
             self._idle.append(conn)
             self._free.unpark()
-            if error is None:
-                return
-            if not isinstance(error, RETRIED) or attempt == ATTEMPTS:
-                raise error
+            if not isinstance(answer, psycopg.Error):
+                return answer
+            if not isinstance(answer, RETRIED) or attempt == ATTEMPTS:
+                raise answer
             await trio.sleep(random.uniform(0.002, 0.01) * 2**attempt)
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     async def _take(self) -> pq.abc.PGconn:
         """An idle connection that is still open, a new one, or the next one given back."""
@@ -202,20 +218,21 @@ class Lane:
             raise psycopg.OperationalError(f"connection to {self._where} failed: {said}")
         conn.nonblocking = 1
         try:
-            error = await self._exchange(conn, SETUP.encode(), None)
+            answer = await self._exchange(conn, SETUP.encode(), None)
         except BaseException:
             conn.finish()
             raise
-        if error is not None:
+        if isinstance(answer, psycopg.Error):
             conn.finish()
-            raise error
+            raise answer
         return conn
 
     async def _exchange(
         self, conn: pq.abc.PGconn, sql: bytes, values: list[bytes | None] | None
-    ) -> psycopg.Error | None:
-        """Send one query and read every result: the server's error if it refused it.
-        OperationalError when the connection fails midway (it is broken then)."""
+    ) -> psycopg.Error | list[Row]:
+        """Send one query and read every result: the server's error if it refused it,
+        else the rows of the last. OperationalError when the connection fails midway
+        (it is broken then)."""
         try:
             if values is None:
                 conn.send_query(sql)
@@ -224,16 +241,22 @@ class Lane:
             fd = conn.socket
             while conn.flush():
                 await trio.lowlevel.wait_writable(fd)
-            error: psycopg.Error | None = None
+            answer: psycopg.Error | list[Row] = []
             while True:
                 while conn.is_busy():
                     await trio.lowlevel.wait_readable(fd)
                     conn.consume_input()
                 result = conn.get_result()
                 if result is None:
-                    return error
-                if result.status == pq.ExecStatus.FATAL_ERROR and error is None:
-                    error = error_from_result(result)
+                    return answer
+                if isinstance(answer, psycopg.Error):
+                    continue  # the first error is the answer; read the rest
+                if result.status == pq.ExecStatus.FATAL_ERROR:
+                    answer = error_from_result(result)
+                elif result.status == pq.ExecStatus.TUPLES_OK:
+                    columns = range(result.nfields)
+                    answer = [tuple(result.get_value(r, c) for c in columns)
+                              for r in range(result.ntuples)]  # fmt: skip
         except psycopg.OperationalError:
             raise
         except psycopg.Error as exc:  # libpq's: the connection failed (closed, reset)

@@ -113,7 +113,7 @@ class _Sessions(_Core):
         await self._statement(
             f"append to session {sid!r}", h.APPEND,
             h.append_params(sid, msg_rows, ctx_rows, now, dequeue, fence, durable=durable),
-            lambda exc: h.refusal(exc, fence, sid),
+            refused=lambda exc: h.refusal(exc, fence, sid),
         )  # fmt: skip
 
     async def load_messages(self, session_id: str) -> list[dict[str, Any]]:
