@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import psycopg
 import trio
@@ -50,10 +50,6 @@ class _Jobs(Protocol):
         self, op: str, fn: Callable[[Conn], T], *, durable: bool = True, write: bool = True,
         transaction: bool = True,
     ) -> T: ...  # fmt: skip
-
-    async def _statement(
-        self, op: str, query: str, params: list[Any], *, write: bool = True,
-    ) -> list[tuple[str | None, ...]]: ...  # fmt: skip
 
 
 log = logging.getLogger(__name__)
@@ -201,10 +197,10 @@ class PgBus:
 
     async def live_holder(self, session_id: str) -> tuple[str, int, str] | None:
         """(owner, pid, host) of the session's lease while it has not expired, else None."""
-        rows = await self._store._statement(
-            f"read the lease of {session_id!r}", LIVE_HOLDER, [session_id], write=False
-        )
-        return None if not rows else (str(rows[0][0]), int(str(rows[0][1])), str(rows[0][2]))
+        return await self._store._run(
+            f"read the lease of {session_id!r}", lambda c: _live_holder(c, session_id),
+            write=False,
+        )  # fmt: skip
 
     async def take_slot(
         self, key: str, kind: str, owner: str, claims: Sequence[tuple[str, int]],
@@ -294,10 +290,12 @@ def _follows(conn: Conn) -> list[tuple[str, str]]:
     return [(str(r[0]), str(r[1])) for r in rows]
 
 
-# One statement, on the store's lane; every column as text.
-LIVE_HOLDER = (
-    f"SELECT owner, pid::text, host FROM leases WHERE session_id = %s AND expires_at > {_NOW}"
-)
+def _live_holder(conn: Conn, sid: str) -> tuple[str, int, str] | None:
+    row = conn.execute(
+        f"SELECT owner, pid, host FROM leases WHERE session_id = %s AND expires_at > {_NOW}",
+        [sid],
+    ).fetchone()
+    return None if row is None else (str(row[0]), int(row[1]), str(row[2]))
 
 
 SLOT_KEEP_S = 3600.0  # released slots kept for rate windows this long at most

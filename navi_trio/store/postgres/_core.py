@@ -4,9 +4,7 @@
 (within `OPEN_WAIT_S`) and applies the migrations (`_migrate`); `_run(op, fn)` queues
 one job and waits for its answer, mapping what psycopg raised to the caller's
 `StoreError` (`_errors.failure`) and logging each storage condition once (`_report`);
-`_statement` sends a write that is one statement (an append) on the lane (`_lane`),
-without a thread; `_now` is the store's clock; `bus` is the LISTEN / NOTIFY of this
-database (`_bus`).
+`_now` is the store's clock; `bus` is the LISTEN / NOTIFY of this database (`_bus`).
 The methods (`_session_methods`, `_table_methods`, `_control_methods`) are mixins on it;
 `PostgresStore` (store.py) is all of them at once, as `SQLiteStore` is on store/_core.py.
 `run_raw_for_tests` is the one public way to `_run`, for tests and diagnostics.
@@ -24,14 +22,13 @@ from typing import Any, Self, TypeVar
 import psycopg
 import psycopg_pool
 import trio
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from navi_trio.errors import StorageError, StoreError
 from navi_trio.store.db_url import describe
 from navi_trio.store.postgres import _tables as t
 from navi_trio.store.postgres._bus import PgBus
 from navi_trio.store.postgres._errors import failure
-from navi_trio.store.postgres._lane import Lane
 from navi_trio.store.postgres._migrate import migrate
 from navi_trio.store.postgres._workers import (
     POOL_WAIT_S,
@@ -68,7 +65,6 @@ class _Core:
             raise StoreError(f"pool_size must be 1 or more, got {pool_size!r}")
         self._pool_size = pool_size
         self._workers: Workers | None = None
-        self._lane: Lane | None = None
         self._closed = False
         self._last_now = 0.0
         # Conditions already logged ("full", "unwritable", "unreachable"): one line when
@@ -110,14 +106,7 @@ class _Core:
                 )
                 if migrated:
                     logger.info("store %s: applied migration(s) %s", store.where, migrated)
-                lane = Lane(make_conninfo(store._url, **store._connect_kwargs()),
-                            where=store.where)  # fmt: skip
-                async with lane.running(close_timeout):
-                    store._lane = lane
-                    try:
-                        yield store
-                    finally:
-                        store._lane = None
+                yield store
             finally:
                 with trio.CancelScope(shield=True):
                     await store._stop(close_timeout)
@@ -125,18 +114,13 @@ class _Core:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(pool.close, close_timeout)
 
-    def _connect_kwargs(self) -> dict[str, Any]:
-        """What every connection adds to the URL: a connect timeout and a name."""
+    def _make_pool(self) -> psycopg_pool.ConnectionPool[Conn]:
         given = conninfo_to_dict(self._url)
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {"autocommit": True}
         if "connect_timeout" not in given:
             kwargs["connect_timeout"] = CONNECT_TIMEOUT_S
         if "application_name" not in given:
             kwargs["application_name"] = "navi"
-        return kwargs
-
-    def _make_pool(self) -> psycopg_pool.ConnectionPool[Conn]:
-        kwargs: dict[str, Any] = {"autocommit": True, **self._connect_kwargs()}
         return psycopg_pool.ConnectionPool(
             self._url, min_size=1, max_size=self._pool_size, open=False, kwargs=kwargs,
             configure=configure, check=check_cheaply,
@@ -170,59 +154,20 @@ class _Core:
         self._workers.submit(job)
         # Cancelled here? The job stays queued and still runs; only its answer is dropped.
         await job.done.wait()
-        self._settle(op, job.error, write)
-        return job.result  # type: ignore[return-value]  # set when error is None
-
-    async def _statement(
-        self, op: str, query: str, params: list[Any], *, write: bool = True,
-        refused: Callable[[psycopg.Error], BaseException] = lambda exc: exc,
-    ) -> list[tuple[str | None, ...]]:  # fmt: skip
-        """One statement that is a transaction of its own (an append, a kv read): its
-        rows, every column as text (cast in `query`), on the lane with no thread
-        (_lane.py). `refused(exc)` is what the caller sees for the server's refusal `exc`
-        (`exc` itself when it is no refusal of ours). A caller in another trio run than
-        the store's gets the same on a worker thread."""
-        lane = self._lane
-        if lane is None or not lane.here():
-
-            def job(conn: Conn) -> list[tuple[str | None, ...]]:
-                try:
-                    cur = conn.execute(query, params)
-                except psycopg.Error as exc:
-                    said = refused(exc)
-                    if said is exc:
-                        raise
-                    raise said from None
-                return [tuple(row) for row in cur.fetchall()] if cur.description else []
-
-            return await self._run(op, job, write=write, transaction=False)
-        error: BaseException | None = None
-        rows: list[tuple[str | None, ...]] = []
-        try:
-            answer = await lane.execute(op, query, params)
-        except psycopg.Error as exc:  # Cancelled is not caught: the statement still lands
-            error = refused(exc)
-        else:
-            rows = [tuple(None if v is None else v.decode() for v in row) for row in answer]
-        self._settle(op, error, write)
-        return rows
-
-    def _settle(self, op: str, raised: BaseException | None, write: bool) -> None:
-        """Raise what a caller of `op` sees for what its job `raised` (`_errors.failure`),
-        logging a storage condition once; after a success, log that it is over."""
-        if raised is not None:
-            error, said = failure(op, self.where, raised)
+        if job.error is not None:
+            error, said = failure(op, self.where, job.error)
             if said is not None:
                 self._report(said, error)
-            if error is raised:
+            if error is job.error:
                 raise error
-            raise error from raised
+            raise error from job.error
         # Back to normal: any answer ends "unreachable"; a write ends "full" / "unwritable".
         back = self._reported if write else self._reported & {"unreachable"}
         if back:
             logger.warning("store %s: %s again", self.where, "writes succeed" if write else
                            "the database answers")  # fmt: skip
             self._reported -= back
+        return job.result  # type: ignore[return-value]  # set when error is None
 
     async def run_raw_for_tests(
         self, op: str, fn: Callable[[Conn], T], *, durable: bool = True

@@ -1,9 +1,8 @@
 """Sessions, their history and context on PostgreSQL: the statements, on a worker thread.
 
-Each function runs inside the job's transaction (`_workers.Job`); an append, the write
-of every round, is one statement instead (`APPEND`, navi_append, migrations/0005): one
-round trip, its own transaction, sent on the store's lane (_lane.py) with no thread.
-Every write to one session's history first locks that session's row
+Each function runs inside the job's transaction (`_workers.Job`); `append`, the write of
+every round, is one statement instead (navi_append, migrations/0005): one round trip,
+its own transaction. Every write to one session's history first locks that session's row
 (``UPDATE … `` or ``SELECT … FOR UPDATE``): writers of one session take turns, so the
 next position is read after the previous writer committed, and a load that repairs
 sees no append slip in between. Writers of different sessions never wait for each other.
@@ -51,23 +50,11 @@ def fenced(fence: Fence | None, fn: Callable[[Conn], T]) -> Callable[[Conn], T]:
         try:
             return fn(conn)
         except psycopg.Error as exc:
-            said = refusal(exc, fence)
-            if said is exc:
-                raise
-            raise said from None
+            if fence is not None and exc.sqlstate == FENCE_LOST:
+                raise lost(fence, None) from None
+            raise
 
     return job
-
-
-def refusal(exc: psycopg.Error, fence: Fence | None, sid: str | None = None) -> BaseException:
-    """What the store raises for `exc`: LeaseLostError for navi_fence's refusal, a
-    StoreError naming the session for navi_append's "no such session" (`sid` given),
-    else `exc` itself."""
-    if fence is not None and exc.sqlstate == FENCE_LOST:
-        return lost(fence, None)
-    if sid is not None and (exc.sqlstate == NO_SESSION or isinstance(exc, pg.ForeignKeyViolation)):
-        return StoreError(f"no session {sid!r} in the store")
-    return exc
 
 
 def get_session(conn: Conn, sid: str) -> SessionRow | None:
@@ -159,20 +146,23 @@ def _insert_history(
     conn.execute(query, [sid, list(positions), now, *_columns(rows)])
 
 
-# An append: one statement, its own transaction (autocommit, on the store's lane:
-# _lane.py). navi_append (migrations/0005) fences, locks the session's row, dequeues and
-# inserts after the last rows.
-APPEND = "SELECT navi_append(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-
-
-def append_params(
-    sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float, dequeue: str | None,
-    fence: Fence | None, *, durable: bool,
-) -> list[Any]:  # fmt: skip
-    """APPEND's parameters; its refusals are `refusal(exc, fence, sid)`."""
+def append(
+    conn: Conn, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
+    dequeue: str | None, fence: Fence | None = None, *, durable: bool = True,
+) -> None:  # fmt: skip
+    """One statement, its own transaction (an autocommit job): navi_append (migrations/
+    0005) fences, locks the session's row, dequeues and inserts after the last rows."""
     owner, generation = (fence.owner, fence.generation) if fence is not None else (None, None)
-    return [sid, owner, generation, now, dequeue, durable, *_columns(msg_rows),
-            *_columns(ctx_rows)]  # fmt: skip
+    try:
+        conn.execute(
+            "SELECT navi_append(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            [sid, owner, generation, now, dequeue, durable, *_columns(msg_rows),
+             *_columns(ctx_rows)],
+        )  # fmt: skip
+    except psycopg.Error as exc:
+        if exc.sqlstate == NO_SESSION or isinstance(exc, pg.ForeignKeyViolation):
+            raise StoreError(f"no session {sid!r} in the store") from None
+        raise
 
 
 def load_history(conn: Conn, table: str, sid: str) -> list[dict[str, Any]]:
@@ -211,9 +201,9 @@ def rewrite(conn: Conn, sid: str, job: _Rewrite, now: float, fence: Fence | None
     _insert_history(conn, "messages", sid, job.messages, after, now)
     replace_context(conn, sid, job.context, now)
     for scope, key, value in job.kv_set:
-        conn.execute(t.KV_SET, [scope, key, value, now])
+        t.kv_set(conn, scope, key, value, now)
     for scope, key in job.kv_delete:
-        conn.execute(t.KV_DELETE, [scope, key])
+        t.kv_delete(conn, scope, key)
     conn.execute("UPDATE sessions SET updated_at = %s WHERE id = %s", [now, sid])
 
 

@@ -110,10 +110,11 @@ class _Sessions(_Core):
             return
         now = self._now()
         fence = fence_for(sid)
-        await self._statement(
-            f"append to session {sid!r}", h.APPEND,
-            h.append_params(sid, msg_rows, ctx_rows, now, dequeue, fence, durable=durable),
-            refused=lambda exc: h.refusal(exc, fence, sid),
+        await self._run(
+            f"append to session {sid!r}",
+            h.fenced(fence, lambda c: h.append(c, sid, msg_rows, ctx_rows, now, dequeue, fence,
+                                              durable=durable)),
+            transaction=False,  # one statement, its own transaction (migrations/0005)
         )  # fmt: skip
 
     async def load_messages(self, session_id: str) -> list[dict[str, Any]]:

@@ -7,7 +7,6 @@ statements are `_tables`'.
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
@@ -57,28 +56,28 @@ class _Tables(_Core):
     async def kv_get(self, scope: str, key: str) -> Any | None:
         _check_text(scope, "kv scope")
         _check_text(key, "kv key", allow_empty=True)
-        rows = await self._statement(f"kv get {scope}/{key}", t.KV_GET, [scope, key], write=False)
-        return None if not rows or rows[0][0] is None else json.loads(rows[0][0])
+        return await self._run(
+            f"kv get {scope}/{key}", lambda c: t.kv_get(c, scope, key), write=False
+        )
 
     async def kv_set(self, scope: str, key: str, value: Any) -> None:
         _check_text(scope, "kv scope")
         _check_text(key, "kv key", allow_empty=True)
         data = _dump(value, f"kv value for {scope}/{key}")
         now = self._now()
-        await self._statement(f"kv set {scope}/{key}", t.KV_SET, [scope, key, data, now])
+        await self._run(f"kv set {scope}/{key}", lambda c: t.kv_set(c, scope, key, data, now))
 
     async def kv_delete(self, scope: str, key: str) -> None:
         _check_text(scope, "kv scope")
         _check_text(key, "kv key", allow_empty=True)
-        await self._statement(f"kv delete {scope}/{key}", t.KV_DELETE, [scope, key])
+        await self._run(f"kv delete {scope}/{key}", lambda c: t.kv_delete(c, scope, key))
 
     async def kv_list(self, scope: str, prefix: str = "") -> list[tuple[str, Any]]:
         _check_text(scope, "kv scope")
         _check_text(prefix, "kv prefix", allow_empty=True)
-        rows = await self._statement(
-            f"kv list {scope}/{prefix}*", t.KV_LIST, [scope, prefix], write=False
+        return await self._run(
+            f"kv list {scope}/{prefix}*", lambda c: t.kv_list(c, scope, prefix), write=False
         )
-        return [(str(key), json.loads(str(value))) for key, value in rows]
 
     # -- users ----------------------------------------------------------------------
 
@@ -153,4 +152,4 @@ class _Tables(_Core):
 
     async def release_lease(self, session_id: str, *, owner: str) -> None:
         sid = check_session_id(session_id)
-        await self._statement(f"release lease of {sid!r}", t.RELEASE_LEASE, [sid, owner])
+        await self._run(f"release lease of {sid!r}", lambda c: t.release_lease(c, sid, owner))

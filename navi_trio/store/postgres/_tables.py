@@ -29,16 +29,31 @@ _TOKEN_TAKEN = "a user with this token already exists; tokens must be unique"
 # -- kv ---------------------------------------------------------------------------------
 
 
-# The kv statements are one each: the store sends them on its lane (_lane.py), not in a
-# worker's transaction. KV_SET and KV_DELETE are also steps of a rewrite's transaction.
-KV_GET = "SELECT value FROM kv WHERE scope = %s AND key = %s"
-KV_SET = (
-    "INSERT INTO kv (scope, key, value, updated_at) VALUES (%s, %s, %s, %s)"
-    " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
-    " updated_at = excluded.updated_at"
-)
-KV_DELETE = "DELETE FROM kv WHERE scope = %s AND key = %s"
-KV_LIST = "SELECT key, value FROM kv WHERE scope = %s AND starts_with(key, %s) ORDER BY key"
+def kv_get(conn: Conn, scope: str, key: str) -> Any | None:
+    row = conn.execute("SELECT value FROM kv WHERE scope = %s AND key = %s", [scope, key])
+    found = row.fetchone()
+    return None if found is None else json.loads(found[0])
+
+
+def kv_set(conn: Conn, scope: str, key: str, value: str, now: float) -> None:
+    conn.execute(
+        "INSERT INTO kv (scope, key, value, updated_at) VALUES (%s, %s, %s, %s)"
+        " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
+        " updated_at = excluded.updated_at",
+        [scope, key, value, now],
+    )
+
+
+def kv_delete(conn: Conn, scope: str, key: str) -> None:
+    conn.execute("DELETE FROM kv WHERE scope = %s AND key = %s", [scope, key])
+
+
+def kv_list(conn: Conn, scope: str, prefix: str) -> list[tuple[str, Any]]:
+    rows = conn.execute(
+        "SELECT key, value FROM kv WHERE scope = %s AND starts_with(key, %s) ORDER BY key",
+        [scope, prefix],
+    ).fetchall()
+    return [(r[0], json.loads(r[1])) for r in rows]
 
 
 # -- users ------------------------------------------------------------------------------
@@ -146,9 +161,11 @@ def renew_lease(conn: Conn, sid: str, owner: str, ttl: float) -> bool:
     return cur.rowcount > 0
 
 
-# Expired, not deleted: the generation must never go back (store/fence.py). One
-# statement: sent on the store's lane.
-RELEASE_LEASE = "UPDATE leases SET expires_at = 0 WHERE session_id = %s AND owner = %s"
+def release_lease(conn: Conn, sid: str, owner: str) -> None:
+    # Expired, not deleted: the generation must never go back (store/fence.py).
+    conn.execute(
+        "UPDATE leases SET expires_at = 0 WHERE session_id = %s AND owner = %s", [sid, owner]
+    )
 
 
 # -- queued messages --------------------------------------------------------------------

@@ -50,17 +50,13 @@ IDLE_IN_TRANSACTION_S = 5.0
 ATTEMPTS = 4  # runs of a transaction aborted as a serialization failure or deadlock
 
 
-# The store's time limits, on the server: every new connection's first statement.
-SETUP = (
-    f"SET statement_timeout = {int(STATEMENT_TIMEOUT_S * 1000)};"
-    f" SET lock_timeout = {int(LOCK_TIMEOUT_S * 1000)};"
-    f" SET idle_in_transaction_session_timeout = {int(IDLE_IN_TRANSACTION_S * 1000)}"
-)
-
-
 def configure(conn: Conn) -> None:
-    """Every new connection of the pool (and of the lane: `SETUP`)."""
-    conn.execute(SETUP)
+    """Every new connection of the pool: the store's time limits, on the server."""
+    conn.execute(
+        f"SET statement_timeout = {int(STATEMENT_TIMEOUT_S * 1000)};"
+        f" SET lock_timeout = {int(LOCK_TIMEOUT_S * 1000)};"
+        f" SET idle_in_transaction_session_timeout = {int(IDLE_IN_TRANSACTION_S * 1000)}"
+    )
 
 
 def check_cheaply(conn: Conn) -> None:
