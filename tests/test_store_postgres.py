@@ -312,6 +312,34 @@ async def test_an_append_is_one_transaction_all_or_nothing_durable_or_not(
                 await store.append("nope", messages=[user("x")])
 
 
+async def test_text_with_the_array_syntax_in_it_reaches_the_query_columns_as_it_was(
+    pg_url: str,
+) -> None:
+    """The history's rows go to the server as array literals the store writes itself
+    (`_history._columns`): quotes, backslashes, braces, commas and the word NULL in a
+    role or a content stay what they were, in the query columns as in `data`, through
+    an append and through a context replaced (compression) alike."""
+    texts = ['say "hi"', "a\\b", "{}", "a,b", "NULL", "null", "", " x ", "line\nnext",
+             "é ☃ 𝄞", '\\"{,}\\', "nul\x00here"]  # fmt: skip
+    messages = [{"role": t, "content": t, "is_plan": i % 2 == 0} for i, t in enumerate(texts)]
+    messages.append({"content": "no role"})
+    columns: list[tuple[str | None, str, bool]] = [
+        (t.replace("\x00", "\ufffd"), t.replace("\x00", "\ufffd"), i % 2 == 0)
+        for i, t in enumerate(texts)
+    ]
+    columns.append((None, "no role", False))
+    query = "SELECT role, content, is_plan FROM {} WHERE session_id = 's1' ORDER BY position"
+    with trio.fail_after(TIMEOUT):
+        async with PostgresStore.open(pg_url) as store:
+            await store.create_session("s1", profile_id="p")
+            await store.append("s1", messages=messages, context=messages)
+            assert await store.load_messages("s1") == messages
+            assert sql(pg_url, query.format("messages")) == columns
+            await store.replace_context("s1", messages[::-1])
+            assert await store.load_context("s1") == messages[::-1]
+            assert sql(pg_url, query.format("context")) == columns[::-1]
+
+
 def test_the_pools_check_costs_no_round_trip_and_finds_a_cut_connection(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

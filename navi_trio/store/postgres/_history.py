@@ -10,7 +10,7 @@ sees no append slip in between. Writers of different sessions never wait for eac
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -122,11 +122,24 @@ def pg_text(text: str | None) -> str | None:
     return None if text is None else text.replace("\x00", "\ufffd")
 
 
-def _columns(rows: Sequence[_Row]) -> list[list[Any]]:
-    """`rows` as four arrays, role, content, is_plan and data: the parameters of an
-    INSERT of many rows (`_insert_history`, navi_append)."""
-    return [[pg_text(r.role) for r in rows], [pg_text(r.content) for r in rows],
-            [r.is_plan for r in rows], [r.data for r in rows]]  # fmt: skip
+def _columns(rows: Sequence[_Row]) -> list[str]:
+    """`rows` as four array literals, role, content, is_plan and data: the parameters of
+    an INSERT of many rows (`_insert_history`, navi_append), each cast to its array type
+    in the query. Written here, not left to psycopg's list adapter: its escaping of each
+    element (a regular expression per element) was most of an append's Python work."""
+    return [_texts(pg_text(r.role) for r in rows), _texts(pg_text(r.content) for r in rows),
+            "{" + ",".join("t" if r.is_plan else "f" for r in rows) + "}",
+            _texts(r.data for r in rows)]  # fmt: skip
+
+
+def _texts(values: Iterable[str | None]) -> str:
+    """A text[] literal: each element quoted (so ``NULL`` or ``{}`` stay text), with its
+    backslashes and double quotes escaped; None is NULL."""
+    quoted = (
+        "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        for v in values
+    )
+    return "{" + ",".join(quoted) + "}"
 
 
 def _insert_history(
@@ -155,7 +168,8 @@ def append(
     owner, generation = (fence.owner, fence.generation) if fence is not None else (None, None)
     try:
         conn.execute(
-            "SELECT navi_append(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            "SELECT navi_append(%s, %s, %s, %s, %s, %s, %s::text[], %s::text[], %s::bool[],"
+            " %s::text[], %s::text[], %s::text[], %s::bool[], %s::text[])",
             [sid, owner, generation, now, dequeue, durable, *_columns(msg_rows),
              *_columns(ctx_rows)],
         )  # fmt: skip
