@@ -63,6 +63,31 @@ async def test_frames_over_the_notify_limit_arrive_whole_and_in_order(pg_url: st
     assert sql(pg_url, "SELECT count(*) FROM frames") == [(1,)]
 
 
+async def test_frames_with_quotes_backslashes_and_braces_arrive_as_sent(pg_url: str) -> None:
+    """A batch of small frames goes out as one statement, its payloads a text[] literal
+    the store writes (`_tables.text_array`): each arrives as it was sent, in order."""
+    texts = ['say "hi"', "a\\b", "{}", "a,b", "NULL", "", "é ☃ 𝄞", '\\"{,}\\', "line\nnext"]
+    payloads = [json.dumps({"f": {"type": "text_delta", "text": t}}, ensure_ascii=False)
+                for t in texts] + ["NULL", '"quoted"', "\\"]  # fmt: skip
+    got: list[str] = []
+    done = trio.Event()
+
+    def received(channel: str, payload: str) -> None:
+        got.append(payload)
+        if len(got) == len(payloads):
+            done.set()
+
+    with trio.fail_after(TIMEOUT):
+        async with PostgresStore.open(pg_url) as one, PostgresStore.open(pg_url) as two:
+            follower, owner = one.bus(), two.bus()
+            follower.on_message(received)
+            async with follower.listening():
+                await follower.listen("ns_test")
+                await owner.notify([("ns_test", p) for p in payloads])
+                await done.wait()
+    assert got == payloads
+
+
 def _marker(sid: str, tid: str, pid: int, host: str) -> dict[str, object]:
     return {"session_id": sid, "task_id": tid, "tool": "terminal", "args_summary": "",
             "is_spawn": False, "pid": pid, "host": host}  # fmt: skip

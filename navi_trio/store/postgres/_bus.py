@@ -38,6 +38,7 @@ import psycopg
 import trio
 
 from navi_trio.errors import StoreError
+from navi_trio.store.postgres._tables import text_array
 from navi_trio.store.postgres._workers import Conn
 
 T = TypeVar("T")
@@ -226,7 +227,7 @@ def _notify(conn: Conn, channels: list[str], payloads: list[str]) -> None:
     conn.execute(
         "SELECT pg_notify(c, p) FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY"
         " AS t(c, p, n) ORDER BY n",
-        [channels, payloads],
+        [text_array(channels), text_array(payloads)],
     )
 
 

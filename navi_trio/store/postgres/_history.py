@@ -10,7 +10,7 @@ sees no append slip in between. Writers of different sessions never wait for eac
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -127,19 +127,10 @@ def _columns(rows: Sequence[_Row]) -> list[str]:
     an INSERT of many rows (`_insert_history`, navi_append), each cast to its array type
     in the query. Written here, not left to psycopg's list adapter: its escaping of each
     element (a regular expression per element) was most of an append's Python work."""
-    return [_texts(pg_text(r.role) for r in rows), _texts(pg_text(r.content) for r in rows),
+    return [t.text_array(pg_text(r.role) for r in rows),
+            t.text_array(pg_text(r.content) for r in rows),
             "{" + ",".join("t" if r.is_plan else "f" for r in rows) + "}",
-            _texts(r.data for r in rows)]  # fmt: skip
-
-
-def _texts(values: Iterable[str | None]) -> str:
-    """A text[] literal: each element quoted (so ``NULL`` or ``{}`` stay text), with its
-    backslashes and double quotes escaped; None is NULL."""
-    quoted = (
-        "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        for v in values
-    )
-    return "{" + ",".join(quoted) + "}"
+            t.text_array(r.data for r in rows)]  # fmt: skip
 
 
 def _insert_history(

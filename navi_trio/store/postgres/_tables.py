@@ -12,7 +12,7 @@ several machines then agree on when a lease has run out.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from navi_trio.errors import StoreError
@@ -27,6 +27,19 @@ _USER_COLS = "id, name, role, created_at"
 _TOKEN_TAKEN = "a user with this token already exists; tokens must be unique"
 
 # -- kv ---------------------------------------------------------------------------------
+
+
+def text_array(values: Iterable[str | None]) -> str:
+    """A text[] literal, for a parameter cast ``%s::text[]``: each element quoted (so
+    ``NULL`` or ``{}`` stay text), its backslashes and double quotes escaped; None is
+    NULL. Written here, not left to psycopg's list adapter, which escapes each element
+    with a regular expression: most of an append's Python work (the history's rows,
+    `_history._columns`) and of a batch of frames published (`_bus`)."""
+    quoted = (
+        "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        for v in values
+    )
+    return "{" + ",".join(quoted) + "}"
 
 
 def kv_get(conn: Conn, scope: str, key: str) -> Any | None:
