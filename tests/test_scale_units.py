@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from types import SimpleNamespace
 from typing import cast
 
@@ -31,34 +32,42 @@ from navi_trio.core.task_supervisor import RUNNING_SCOPE, Job, TaskSupervisor
 from navi_trio.settings import Settings
 from navi_trio.store.base import ClusterBus, SessionStore
 from navi_trio.store.postgres import PostgresStore
-from navi_trio.store.postgres._bus import NOTIFY_MAX
+from navi_trio.store.postgres._bus import NOTIFY_MAX, PgBus
 from navi_trio.tools.base import ToolResult
 
 TIMEOUT = 30
 
 
-async def test_frames_over_the_notify_limit_arrive_whole_and_in_order(pg_url: str) -> None:
-    got: list[tuple[str, str]] = []
-    three = trio.Event()
+@asynccontextmanager
+async def sent_over_the_bus(pg_url: str, payloads: list[str]) -> AsyncIterator[
+    tuple[list[str], PgBus]
+]:  # fmt: skip
+    """`payloads` notified on one channel by one store's bus and heard by another's:
+    what arrived, in order, and the hearing bus, while both stores are open."""
+    got: list[str] = []
+    done = trio.Event()
 
     def received(channel: str, payload: str) -> None:
-        got.append((channel, payload))
-        if len(got) == 3:
-            three.set()
+        got.append(payload)
+        if len(got) == len(payloads):
+            done.set()
 
+    async with PostgresStore.open(pg_url) as one, PostgresStore.open(pg_url) as two:
+        follower, owner = one.bus(), two.bus()
+        follower.on_message(received)
+        async with follower.listening():
+            await follower.listen("ns_test")
+            await owner.notify([("ns_test", p) for p in payloads])
+            await done.wait()
+        yield got, follower
+
+
+async def test_frames_over_the_notify_limit_arrive_whole_and_in_order(pg_url: str) -> None:
     big = json.dumps({"f": {"type": "tool_result", "output": "x" * (3 * NOTIFY_MAX)}})
     with trio.fail_after(TIMEOUT):
-        async with PostgresStore.open(pg_url) as one, PostgresStore.open(pg_url) as two:
-            follower, owner = one.bus(), two.bus()
-            follower.on_message(received)
-            async with follower.listening():
-                await follower.listen("ns_test")
-                await owner.notify(
-                    [("ns_test", '{"n": 1}'), ("ns_test", big), ("ns_test", '{"n": 3}')]
-                )
-                await three.wait()
-            assert [p for _, p in got][0::2] == ['{"n": 1}', '{"n": 3}']
-            ref = json.loads(got[1][1])["ref"]
+        async with sent_over_the_bus(pg_url, ['{"n": 1}', big, '{"n": 3}']) as (got, follower):
+            assert got[0::2] == ['{"n": 1}', '{"n": 3}']
+            ref = json.loads(got[1])["ref"]
             assert await follower.fetch_frame(ref) == big
     assert sql(pg_url, "SELECT count(*) FROM frames") == [(1,)]
 
@@ -69,23 +78,9 @@ async def test_frames_with_quotes_backslashes_and_braces_arrive_as_sent(pg_url: 
     texts = ['say "hi"', "a\\b", "{}", "a,b", "NULL", "", "é ☃ 𝄞", '\\"{,}\\', "line\nnext"]
     payloads = [json.dumps({"f": {"type": "text_delta", "text": t}}, ensure_ascii=False)
                 for t in texts] + ["NULL", '"quoted"', "\\"]  # fmt: skip
-    got: list[str] = []
-    done = trio.Event()
-
-    def received(channel: str, payload: str) -> None:
-        got.append(payload)
-        if len(got) == len(payloads):
-            done.set()
-
     with trio.fail_after(TIMEOUT):
-        async with PostgresStore.open(pg_url) as one, PostgresStore.open(pg_url) as two:
-            follower, owner = one.bus(), two.bus()
-            follower.on_message(received)
-            async with follower.listening():
-                await follower.listen("ns_test")
-                await owner.notify([("ns_test", p) for p in payloads])
-                await done.wait()
-    assert got == payloads
+        async with sent_over_the_bus(pg_url, payloads) as (got, _):
+            assert got == payloads
 
 
 def _marker(sid: str, tid: str, pid: int, host: str) -> dict[str, object]:
