@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import sqlite3
 import subprocess
@@ -62,6 +63,16 @@ def _full_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
         r.getMessage() for r in caplog.records
         if r.levelno >= logging.WARNING and "full" in r.getMessage()
     ]  # fmt: skip
+
+
+async def _queued(store: SessionStore, sid: str = "alice.S") -> list[str]:
+    """The session's queued messages (oldest first), as `_users` gives the history's."""
+    assert isinstance(store, SQLiteStore)
+    return await store.run_raw_for_tests("queued messages", lambda db: [
+        json.loads(row[0])["text"][:20] for row in db.execute(
+            "SELECT data FROM queued WHERE session_id = ? ORDER BY id", [sid]
+        ).fetchall()
+    ])  # fmt: skip
 
 
 async def _send(c: Client, rid: str, text: str) -> dict[str, Any]:
@@ -211,11 +222,16 @@ async def test_on_a_real_full_disk_every_ok_is_stored_and_every_refusal_is_gone(
                     {"type": "sessions", "action": "history", "session_id": "alice.S"}
                 )
                 said = [m["content"][:20] for m in history["messages"] if m["role"] == "user"]
-                assert said == kept
+                # An ok'd message whose run then found no room for its save keeps its
+                # row in the session's durable queue (committed before the ok; it runs
+                # when the session's actor next starts): stored, in the queue.
+                queued = await _queued(d.harness.runtime.store)
+                assert said + queued == kept
                 # Space returns: the daemon takes messages again.
                 filler.unlink()
                 ok = await _send(c, "after", "after the space came back")
                 assert ok["type"] == "ok"
                 await c.until(lambda f: f["type"] == "stream_end" and f.get("reason") == "complete")
         async with SQLiteStore.open(db) as reopened:
-            assert await _users(reopened) == [*kept, "after the space came"]
+            stored = await _users(reopened) + await _queued(reopened)
+            assert sorted(stored) == sorted([*kept, "after the space came"])
