@@ -26,7 +26,7 @@ _LEASE_COLS = "session_id, owner, pid, host, expires_at, generation"
 _USER_COLS = "id, name, role, created_at"
 _TOKEN_TAKEN = "a user with this token already exists; tokens must be unique"
 
-# -- kv ---------------------------------------------------------------------------------
+# -- parameters -------------------------------------------------------------------------
 
 
 def text_array(values: Iterable[str | None]) -> str:
@@ -40,6 +40,9 @@ def text_array(values: Iterable[str | None]) -> str:
         for v in values
     )
     return "{" + ",".join(quoted) + "}"
+
+
+# -- kv ---------------------------------------------------------------------------------
 
 
 def kv_get(conn: Conn, scope: str, key: str) -> Any | None:
