@@ -9,6 +9,8 @@ in their order.
 
 from __future__ import annotations
 
+import faulthandler
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,8 +22,15 @@ import trio
 def real_time_limit(seconds: float) -> Iterator[None]:
     """Cancel the block after `seconds` of real time and fail the test."""
     token = trio.lowlevel.current_trio_token()
+
+    def expired() -> None:
+        # Every thread's stack first, on the test's captured stderr: a worker thread
+        # stuck in a call shows here, and the trio tasks' in the cancel's traceback.
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        token.run_sync_soon(scope.cancel)
+
     with trio.CancelScope() as scope:
-        timer = threading.Timer(seconds, lambda: token.run_sync_soon(scope.cancel))
+        timer = threading.Timer(seconds, expired)
         timer.start()
         try:
             yield

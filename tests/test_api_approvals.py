@@ -163,9 +163,19 @@ async def test_always_is_persisted_and_a_restart_still_allows(tmp_path: Path) ->
             assert [(f["by"], f["scope"]) for f in decided] == [("grant", "always")]
 
 
+IDLE_SEC = 0.01  # real seconds every task must wait before the clock jumps
+
+
 async def _tick(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """A deadline every virtual second: while the store's thread works, the autojump
-    clock moves by one second, never all the way to a far deadline (the hello's)."""
+    clock moves by one second, never all the way to a far deadline (the hello's).
+
+    On a threshold of 0 the clock jumped at every pass of the run loop while a thread
+    worked: about 20,000 virtual seconds had gone by when the approval was asked, and on
+    a slow machine the far deadlines (1e5 s) came, and the test hung. With the clock
+    jumping only after IDLE_SEC of real time with every task waiting, a second passes
+    per IDLE_SEC of work on threads, and the 45 s wait takes under a real second.
+    """
     task_status.started()
     while True:  # noqa: ASYNC110 -- the deadlines are the point, not a wait
         await trio.sleep(1)
@@ -175,6 +185,7 @@ async def test_no_answer_within_the_timeout_is_a_deny(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     term = FakeTerminal()
+    autojump_clock.autojump_threshold = IDLE_SEC
     with real_time_limit(TIMEOUT):
         async with trio.open_nursery() as ticker:
             await ticker.start(_tick)
@@ -185,6 +196,7 @@ async def test_no_answer_within_the_timeout_is_a_deny(
             ) as d, d.connect("alice") as c:  # fmt: skip
                 sid, req = await _ask(c)
                 asked_at = trio.current_time()
+                assert asked_at < 1000, asked_at  # far from the far deadlines (1e5 s)
                 assert req["timeout_sec"] == 45
                 decided = await c.until_type("approval_decided", session_id=sid)
                 assert 43 <= trio.current_time() - asked_at <= 46
