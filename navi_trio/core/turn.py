@@ -75,7 +75,8 @@ class TurnRunner(TurnEnding):
     async def complete(self, messages: list[dict[str, Any]], purpose: str) -> StreamedReply:
         cap = output_cap(self.settings, self.turn.profile, purpose)
         budget = self.turn.budget if not self.turn.ended else None  # the worker: free
-        if budget is not None:
+        if budget is not None and budget.active:
+            await self.parts.counter.preload()
             cap = await budget.before_llm(self.parts.counter.estimate_messages(messages), cap)
         request = chat_request(self.settings, messages, self.model(), max_tokens=cap)
         with budget.wall() if budget is not None else nullcontext():
@@ -97,6 +98,7 @@ class TurnRunner(TurnEnding):
         compressor = self.parts.compressor(self.complete)
         if not force and not compressor.over_threshold(tokens):
             return False
+        await self.parts.counter.preload()  # compressing counts every message
         if not compressor.would_compress(t.state.context, profile=t.profile, shrink=force):
             return False
         t.emit(CompressionStarted(reason=reason, tokens_before=tokens))
@@ -149,18 +151,21 @@ class TurnRunner(TurnEnding):
 
     async def run(self) -> None:
         t = self.turn
+        counter, context = self.parts.counter, t.state.context
+        counter.wanted()  # the encoding loads (once) on a thread while the turn starts
         t.runtime_tools = await self.parts.registry.prepare(t.profile, t.emit)
         # Pre-turn compression, from the real context (not a stored count). While the
         # encoding still loads, a bound under the threshold settles it without waiting.
-        counter, context = self.parts.counter, t.state.context
         if counter.loaded or self.parts.compressor(self.complete).over_threshold(
             counter.bound_messages(context)
         ):
+            await counter.preload()
             await self.compress("pre_turn", counter.estimate_messages(context))
         wants_plan = planning.should_plan(
             is_first_message=t.first_message, profile=t.profile, message=t.user_text
         )
         if wants_plan and (not t.subagent or t.profile.subagent_planning_enabled):
+            await counter.preload()  # the phases' prompts are counted
             await self.plan()
         self._todo = await load_todo(self.parts.store, self.turn.todo_session())
 
@@ -203,13 +208,13 @@ class TurnRunner(TurnEnding):
         memories = self._memories
         built = self._build(iteration, memories)
         if iteration > 0 or t.state.needs_compression:
+            await self.parts.counter.preload()
             estimate = t.state.baseline.real_baseline_estimate(
                 built, self.parts.counter, partial(self.parts.builder.estimate, built, t.views)
             )
             reason = "truncated_prompt" if t.state.needs_compression else "mid_turn"
             if await self.compress(reason, estimate, force=t.state.needs_compression):
                 built = self._build(iteration, memories)
-        self.parts.counter.wanted()  # load the encoding while the LLM call waits
         # Once per call, after the last rebuild: a compression rebuilds the context,
         # and the warning and re-plan note must be in the one that is sent.
         if t.profile.anti_stall_enabled and t.stall >= t.profile.anti_stall_threshold:
@@ -265,7 +270,8 @@ class TurnRunner(TurnEnding):
         t = self.turn
         tools = self.parts.executor.schemas(self.parts.registry.select(t.tool_names()))
         think, cap = t.profile.think_enabled, output_cap(self.settings, t.profile, "answer")
-        if t.budget is not None:
+        if t.budget is not None and t.budget.active:
+            await self.parts.counter.preload()
             cap = await t.budget.before_llm(self.parts.builder.estimate(built, t.views), cap)
         request = chat_request(
             self.settings, built, self.model(), tools=tools, think=think, max_tokens=cap
@@ -277,6 +283,9 @@ class TurnRunner(TurnEnding):
                 self.parts.backend, self.settings, request, t.reply, t.emit, first_chunk=first
             )
         self._count(reply)
+        # The rest of the turn counts (the real baseline, tool results, compression):
+        # from here on the encoding is loaded, waited for on a thread if it was not.
+        await self.parts.counter.preload()
         report = t.budget.report() if t.budget is not None else None
         if report is not None:
             t.emit(report)  # once a round: what each budget has spent
