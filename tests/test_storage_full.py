@@ -3,7 +3,10 @@
 `ok` goes out only once a message is committed; a message the disk has no room for gets
 an error `storage_full` and nothing of it is kept (not in the history, not after a
 restart, not by the next save once space is back). The daemon says so in one log line,
-goes on serving reads, and takes messages again when space returns.
+goes on serving reads, and takes messages again when space returns. A queued message,
+acknowledged before its run found no room for its save, keeps its place: it runs again
+(after a backoff, or when another message arrives) before the messages after it, and a
+stop drops it.
 
 Two ways to fill the disk, both on a real SQLite file and real WebSocket connections:
 - deterministic: ``PRAGMA max_page_count`` on the store's own connection caps the file
@@ -24,16 +27,21 @@ import json
 import logging
 import sqlite3
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import Client, Daemon, open_daemon
+from realtime import real_time_limit
 
+from navi_trio.core.session_actor import KEPT_RETRY_FIRST_SEC
 from navi_trio.store import SessionStore, SQLiteStore
+from navi_trio.testing import open_harness
+from navi_trio.testing.harness import Harness
 
 TIMEOUT = 60
 BIG = 90_000  # characters: a message that needs new pages of its own
@@ -42,14 +50,14 @@ UNCAPPED = 1_073_741_823
 BIG_WINDOW = 131_072  # tokens: a 90 KB message fits the model's window
 
 
-async def _cap(d: Daemon, *, full: bool) -> None:
+async def _cap(d: Daemon | Harness, *, full: bool) -> None:
     """Cap the database at its size now (full) or lift the cap, on the store's thread."""
 
     def cap(db: Any) -> None:
         pages = db.execute("PRAGMA page_count").fetchone()[0]
         db.execute(f"PRAGMA max_page_count={pages if full else UNCAPPED}")
 
-    store = d.harness.runtime.store
+    store = (d.harness if isinstance(d, Daemon) else d).runtime.store
     assert isinstance(store, SQLiteStore)
     await store.run_raw_for_tests("cap the file", cap)
 
@@ -73,6 +81,44 @@ async def _queued(store: SessionStore, sid: str = "alice.S") -> list[str]:
             "SELECT data FROM queued WHERE session_id = ? ORDER BY id", [sid]
         ).fetchall()
     ])  # fmt: skip
+
+
+async def _stored(store: SessionStore, sid: str = "alice.S") -> tuple[list[str], list[str]]:
+    """The session's user messages in the history and in its queue (oldest first), read
+    in one job on the store's thread: nothing moves from one to the other in between."""
+    assert isinstance(store, SQLiteStore)
+
+    def read(db: Any) -> tuple[list[str], list[str]]:
+        rows = db.execute(
+            "SELECT data FROM messages WHERE session_id = ? ORDER BY position", [sid]
+        ).fetchall()
+        said = [m["content"][:20] for m in map(json.loads, (r[0] for r in rows))
+                if m["role"] == "user"]  # fmt: skip
+        queued = db.execute("SELECT data FROM queued WHERE session_id = ? ORDER BY id", [sid])
+        return said, [json.loads(row[0])["text"][:20] for row in queued.fetchall()]
+
+    return await store.run_raw_for_tests("history and queue", read)
+
+
+GATED = {"general": with_tools(["gate"], planning_first_message=False)}
+
+
+async def _ends(c: Client, after: int, count: int) -> list[str]:
+    """The texts of the session's next `count` stream_end frames after seq `after`."""
+    texts: list[str] = []
+    for _ in range(count):
+        end = await c.until(_end_after(after))
+        after = end["seq"]
+        texts.append(end["text"])
+    return texts
+
+
+def _end_after(seq: int) -> Callable[[dict[str, Any]], bool]:
+    return lambda f: f["type"] == "stream_end" and f.get("seq", 0) > seq
+
+
+def _warning(code: str, after: int = 0) -> Any:
+    return lambda f: f["type"] == "warning" and f.get("code") == code and f["seq"] > after
 
 
 async def _send(c: Client, rid: str, text: str) -> dict[str, Any]:
@@ -158,6 +204,136 @@ async def test_a_message_queued_on_a_full_disk_is_refused_and_never_runs(
             assert conn.execute("SELECT COUNT(*) FROM queued").fetchone()[0] == 0
 
 
+@contextlib.asynccontextmanager
+async def _kept_on_a_full_disk(
+    tmp_path: Path, *answers: str
+) -> AsyncIterator[tuple[Daemon, Client, dict[str, Any]]]:
+    """A daemon and alice's connection: a run held at the gate; "kept" (big) and "third"
+    queued behind it, both ok'd (their rows are in); then the disk is full when the gate
+    opens, and the kept message's run finds no room for its save. Yields its
+    message_kept warning too. `answers`: the model's texts, "first done" first."""
+    gate = GateTool()
+    replies = [call("gate"), *({"text": text} for text in answers)]
+    async with open_daemon(
+        tmp_path, replies=replies, tools=toolset(gate), profiles=GATED, num_ctx=BIG_WINDOW
+    ) as d, d.connect("alice") as c:  # fmt: skip
+        await c.request({"type": "sessions", "action": "create", "session_id": "alice.S"})
+        assert (await _send(c, "first", "first"))["type"] == "ok"
+        await gate.entered.wait()
+        for rid, text in (("kept", "kept " + "k" * BIG), ("third", "third")):
+            got = await _send(c, rid, text)
+            assert got["type"] == "ok", got  # queued: its row is committed
+        await _cap(d, full=True)
+        gate.gate.set()
+        first = await c.until(lambda f: f["type"] == "stream_end" and "seq" in f)
+        assert first["text"] == "first done"
+        refused = await c.until(lambda f: f["type"] == "error" and f.get("seq", 0) > first["seq"])
+        assert refused["code"] == "storage_full", refused
+        kept = await c.until(_warning("message_kept"))
+        assert "runs again in 1 s or when another message comes" in kept["message"], kept
+        assert "full" in kept["message"]
+        yield d, c, kept
+
+
+async def test_a_queued_message_whose_save_meets_a_full_disk_keeps_its_place(
+    tmp_path: Path,
+) -> None:
+    # Acknowledged, so never dropped by the disk: it runs again, first, once there is
+    # room, and the messages after it wait behind it.
+    answers = ("first done", "kept done", "third done", "4th done")
+    with trio.fail_after(TIMEOUT):
+        async with _kept_on_a_full_disk(tmp_path, *answers) as (d, c, kept):
+            store = d.harness.runtime.store
+            assert await _stored(store) == (["first"], ["kept " + "k" * 15, "third"])
+            await _cap(d, full=False)
+            # Another message: the kept one tries again at once, and now has room.
+            assert (await _send(c, "4th", "4th"))["type"] == "ok"
+            assert await _ends(c, kept["seq"], 3) == ["kept done", "third done", "4th done"]
+            assert await _stored(store) == (["first", "kept " + "k" * 15, "third", "4th"], [])
+            assert not [f for f in c.frames if f["type"] == "warning"
+                        and f.get("code") == "message_dropped"]  # fmt: skip
+
+
+async def test_a_kept_message_tries_again_when_another_comes_while_the_disk_is_full(
+    tmp_path: Path,
+) -> None:
+    answers = ("first done", "kept done", "third done", "4th done", "5th done")
+    with trio.fail_after(TIMEOUT):
+        async with _kept_on_a_full_disk(tmp_path, *answers) as (d, c, kept):
+            # Still full: the arrival makes it try again, it fails again, and it waits
+            # longer; the new message (small: its row fits) queues behind it.
+            assert (await _send(c, "4th", "4th"))["type"] == "ok"
+            again = await c.until(_warning("message_kept", kept["seq"]))
+            delay = float(again["message"].split("runs again in ")[1].split()[0])
+            assert delay >= 2, again
+            store = d.harness.runtime.store
+            assert await _stored(store) == (["first"], ["kept " + "k" * 15, "third", "4th"])
+            await _cap(d, full=False)
+            actor = d.harness.runtime.sessions.actor("alice.S")
+            assert actor is not None
+            actor.send_message("5th")  # any arrival: the kept one goes first
+            await actor.idle.wait()
+            said, queued = await _stored(store)
+            assert said == ["first", "kept " + "k" * 15, "third", "4th", "5th"] and queued == []
+
+
+async def test_a_stop_drops_the_kept_message_and_the_next_one_runs(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with _kept_on_a_full_disk(tmp_path, "first done", "third done") as (d, c, kept):
+            await _cap(d, full=False)
+            ok = await c.request({"type": "stop", "session_id": "alice.S"})
+            assert ok["stopped"] is True
+            dropped = await c.until(_warning("message_dropped", kept["seq"]))
+            assert "dropped (stopped)" in dropped["message"]
+            end = await c.until(lambda f: f["type"] == "stream_end" and f["seq"] > dropped["seq"])
+            assert end["text"] == "third done"
+            actor = d.harness.runtime.sessions.actor("alice.S")
+            assert actor is not None
+            await actor.idle.wait()
+            assert await _stored(d.harness.runtime.store) == (["first", "third"], [])
+
+
+async def test_a_kept_message_tries_again_by_itself_after_a_backoff_that_doubles(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # No other message comes: the kept one tries again after 1 s, then 2 s (virtual
+    # time; the clock jumps only once every task has waited 10 ms of real time, so the
+    # store's thread never lets it run ahead), and runs once there is room.
+    autojump_clock.autojump_threshold = 0.01
+    gate = GateTool()
+    replies = [call("gate"), {"text": "first done"}, {"text": "kept done"}]
+    far = 1e5  # every other deadline: out of the way
+    with real_time_limit(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=replies, tools=toolset(gate), profiles=GATED,
+            num_ctx=BIG_WINDOW, first_chunk_timeout=far, chunk_timeout=far,
+            session_idle_sec=far, llm_connect_timeout=far,
+        ) as h:  # fmt: skip
+            s = await h.session("alice.S")
+            s.send("first")
+            await gate.entered.wait()
+            s.actor.send_message("kept " + "k" * BIG)
+            (kept,) = s.actor.pending
+            await kept.accepted.wait()  # its row is in: acknowledged
+            await _cap(h, full=True)
+            gate.gate.set()
+            waits = []
+            for _ in range(2):
+                (warning,) = (await s.until_type("warning"))[-1:]
+                assert warning["code"] == "message_kept", warning
+                waits.append((trio.current_time(), warning["message"]))
+            (t1, said1), (t2, said2) = waits
+            assert f"runs again in {KEPT_RETRY_FIRST_SEC:g} s" in said1
+            assert f"runs again in {2 * KEPT_RETRY_FIRST_SEC:g} s" in said2
+            assert KEPT_RETRY_FIRST_SEC <= t2 - t1 < 2 * KEPT_RETRY_FIRST_SEC, (t1, t2)
+            await _cap(h, full=False)
+            end = (await s.until_end())[-1]
+            assert end["text"] == "kept done"
+            assert trio.current_time() - t2 >= 2 * KEPT_RETRY_FIRST_SEC
+            await s.idle()
+            assert await _stored(h.runtime.store) == (["first", "kept " + "k" * 15], [])
+
+
 # --- a real full disk: the database on a 2 MB tmpfs ------------------------------------
 
 
@@ -218,20 +394,17 @@ async def test_on_a_real_full_disk_every_ok_is_stored_and_every_refusal_is_gone(
                 assert "storage_full" in outcome.values(), outcome
                 assert "ok" in outcome.values(), outcome
                 kept = [t for t, o in outcome.items() if o == "ok"]
-                history = await c.request(
-                    {"type": "sessions", "action": "history", "session_id": "alice.S"}
-                )
-                said = [m["content"][:20] for m in history["messages"] if m["role"] == "user"]
                 # An ok'd message whose run then found no room for its save keeps its
-                # row in the session's durable queue (committed before the ok; it runs
-                # when the session's actor next starts): stored, in the queue.
-                queued = await _queued(d.harness.runtime.store)
+                # row in the session's durable queue (committed before the ok), and its
+                # place: it waits to run again, with the ok'd ones after it.
+                said, queued = await _stored(d.harness.runtime.store)
                 assert said + queued == kept
-                # Space returns: the daemon takes messages again.
+                # Space returns: the daemon takes messages again, the kept ones first.
                 filler.unlink()
                 ok = await _send(c, "after", "after the space came back")
                 assert ok["type"] == "ok"
-                await c.until(lambda f: f["type"] == "stream_end" and f.get("reason") == "complete")
+                actor = d.harness.runtime.sessions.actor("alice.S")
+                assert actor is not None
+                await actor.idle.wait()
         async with SQLiteStore.open(db) as reopened:
-            assert await _users(reopened) == [*said, "after the space came"]
-            assert await _queued(reopened) == queued  # still there, to run at the next start
+            assert await _stored(reopened) == ([*kept, "after the space came"], [])

@@ -6,7 +6,8 @@ queued, ``message_queue_max`` deep, oldest dropped and counted in ``dropped_tota
 queued messages run in submit order when the run ends, whether or not anybody is
 connected). Queued messages are durable (`core/queued.py`): each is stored before it
 is acknowledged, and a crash's leftovers are adopted when the session's actor starts
-and run before anything new.
+and run before anything new. One whose run meets a storage failure before its save
+(a full disk) keeps its place and runs again (`_wait_to_retry`), first.
 
 Every message's `accepted` (core/acceptance.py) is settled exactly once: ok when it is
 committed (queued, or saved by its run), else the error that kept it out (the session
@@ -60,7 +61,7 @@ from navi_trio.errors import (
     SessionBusyError,
     StorageError,
 )
-from navi_trio.events import AgentEvent, ErrorEvent, MessageQueued, StreamEnd
+from navi_trio.events import AgentEvent, ErrorEvent, MessageQueued, StreamEnd, WarningEvent
 from navi_trio.profiles import NaviConfig, OnBusy
 from navi_trio.store.base import SessionStore
 
@@ -68,6 +69,11 @@ from navi_trio.store.base import SessionStore
 # last events (the partial answer's stream_end) are read and published for this long.
 T = TypeVar("T")
 END_DRAIN_SEC = 15.0
+# An acknowledged (queued) message whose run could not save it (a full disk) keeps its
+# place: it runs again after KEPT_RETRY_FIRST_SEC, doubling up to KEPT_RETRY_MAX_SEC,
+# or at once when another message arrives; the messages after it wait behind it.
+KEPT_RETRY_FIRST_SEC = 1.0
+KEPT_RETRY_MAX_SEC = 60.0
 
 
 class RunStream(Protocol):
@@ -141,6 +147,7 @@ class SessionActor:
         self._nursery: trio.Nursery | None = None
         self._control: RunControl | None = None
         self._running_key: str | None = None  # the queue key of the message running
+        self._kept_wait: trio.CancelScope | None = None  # a kept message's wait to retry
         self.busy = False
         self.idle = trio.Event()
         self.idle.set()
@@ -231,6 +238,8 @@ class SessionActor:
             control.stop()
         else:
             self.pending.append(msg)
+            if self._kept_wait is not None:
+                self._kept_wait.cancel()  # the kept message tries again now, still first
         position = 1 if strategy == "interrupt" else len(self.pending)
         self.publish(
             MessageQueued(text=msg.text, position=position, dropped_total=self.dropped_total)
@@ -367,20 +376,37 @@ class SessionActor:
                 return  # refused (its sender was told): it never runs
             run_log = RunLog(self.session_id, msg)
             self._check_profile(msg)
-            async with self.parts.run_stream(self.session_id, msg, control=control) as ev:
-                try:
-                    async for event in ev:
-                        run_log.event(event)
-                        self.publish(event)
-                finally:
-                    with trio.move_on_after(END_DRAIN_SEC, shield=True):
-                        async for event in ev:  # cancelled: the run's own ending
+            delay = KEPT_RETRY_FIRST_SEC
+            while True:
+                async with self.parts.run_stream(self.session_id, msg, control=control) as ev:
+                    try:
+                        async for event in ev:
                             run_log.event(event)
                             self.publish(event)
-            # Refused before its save (busy in another process, the store): a queued
-            # message that met a storage failure keeps its row and runs when the
-            # session's actor next starts. Any other refusal ends it.
-            dropped = control.refused is not None and not isinstance(control.refused, StorageError)
+                    finally:
+                        with trio.move_on_after(END_DRAIN_SEC, shield=True):
+                            async for event in ev:  # cancelled: the run's own ending
+                                run_log.event(event)
+                                self.publish(event)
+                # Refused before its save. An acknowledged (queued) message that met a
+                # storage failure keeps its row and its place: it runs again, before
+                # the messages after it. Any other refusal ends it.
+                refused = control.refused
+                if not isinstance(refused, StorageError) or msg.accepted.failed:
+                    dropped = refused is not None
+                    break
+                if not await self._wait_to_retry(refused, delay):
+                    dropped = True  # stopped: the user let it go
+                    self.publish(
+                        WarningEvent(
+                            message="the message that waited to be saved was dropped (stopped)",
+                            code="message_dropped",
+                        )
+                    )
+                    break
+                delay = min(delay * 2, KEPT_RETRY_MAX_SEC)
+                control = RunControl()
+                self._control = control
         except NaviError as exc:  # an unknown profile, the queue's store
             msg.accepted.fail(exc)  # refused before its save (no-op for a queued one)
             dropped = not isinstance(exc, StorageError)
@@ -400,6 +426,29 @@ class SessionActor:
                 if self._on_run_end is not None and run_log.last is not None:
                     self._on_run_end(self.session_id, msg, run_log.last)
             self._done()
+
+    async def _wait_to_retry(self, error: StorageError, delay: float) -> bool:
+        """Until the kept message's next try: `delay`, or less when another message
+        arrives. False when a stop (or a message that interrupts) came meanwhile."""
+        waiting = RunControl()  # what `stop` cancels meanwhile
+        self._control = waiting
+        self.publish(
+            WarningEvent(
+                message=(
+                    f"the message is kept but could not be saved ({error}); it runs again in "
+                    f"{delay:g} s or when another message comes, before the messages after "
+                    "it (stop drops it)"
+                ),
+                code="message_kept",
+            )
+        )
+        try:
+            with waiting.scope, trio.CancelScope() as self._kept_wait:
+                await trio.sleep(delay)
+        finally:
+            self._kept_wait = None
+        self._requeue(waiting.injections.leftover())  # steered meanwhile: next in line
+        return not waiting.stopped
 
     def _check_profile(self, msg: UserMessage) -> None:
         """`profile_id` names the profile of a new session, or switches an existing one
