@@ -100,7 +100,8 @@ class _Round:
                 return  # the daemon is quiet and every last message has its answer
 
     async def _answered(self, sids: set[str]) -> bool:
-        """Each session's history ends with the answer to its last message. (A quiet
+        """Each session's history ends with the final answer to its last message (an
+        assistant message without tool calls: one with them is the turn going on). (A quiet
         daemon whose stream_ends did not add up to the count `_ended` expects: seen once
         in CI, every run finished and nothing queued; the frames that would say why were
         not kept. The history is what a lost message would show.)"""
@@ -111,7 +112,10 @@ class _Round:
             users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
             if not users or messages[users[-1]].get("content") != text:
                 return False
-            if messages[-1].get("role") != "assistant" or len(messages) == users[-1] + 1:
+            last = messages[-1]
+            if last.get("role") != "assistant" or len(messages) == users[-1] + 1:
+                return False
+            if last.get("tool_calls"):  # mid-turn (a quiet spell on a busy machine)
                 return False
         return True
 
