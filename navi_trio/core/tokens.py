@@ -124,7 +124,7 @@ class TokenCounter:
         encoding may not be loaded yet. Free once loaded. A cancel (a stop) returns at
         once and leaves the load to finish on its thread, for the next count."""
         if self._loaded is None:
-            self._wanted.set()
+            self.wanted()
             await trio.to_thread.run_sync(self._load, abandon_on_cancel=True)
 
     def wanted(self) -> None:

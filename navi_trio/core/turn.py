@@ -98,7 +98,6 @@ class TurnRunner(TurnEnding):
         compressor = self.parts.compressor(self.complete)
         if not force and not compressor.over_threshold(tokens):
             return False
-        await self.parts.counter.preload()  # compressing counts every message
         if not compressor.would_compress(t.state.context, profile=t.profile, shrink=force):
             return False
         t.emit(CompressionStarted(reason=reason, tokens_before=tokens))

@@ -102,6 +102,7 @@ class TurnEnding:
         """
         turn = self.turn
         try:
+            await self.parts.counter.preload()  # a turn that ended before any answer
             await self.compress("worker", self.parts.counter.estimate_messages(turn.state.context))
         except LLMError as exc:
             turn.emit(
