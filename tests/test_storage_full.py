@@ -12,7 +12,7 @@ Two ways to fill the disk, both on a real SQLite file and real WebSocket connect
 - deterministic: ``PRAGMA max_page_count`` on the store's own connection caps the file
   at its current size, so SQLite itself answers SQLITE_FULL ("database or disk is
   full") to any write that needs a new page (a 90 KB message does);
-- real: the database on a 2 MB tmpfs filled up by another file (skipped, saying why,
+- real: the database on a 4 MB tmpfs filled up by another file (skipped, saying why,
   where mounting is refused).
 
 Rules: loopback only, port 0; the fake LLM over real HTTP; no sleeps; every test under
@@ -71,16 +71,6 @@ def _full_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
         r.getMessage() for r in caplog.records
         if r.levelno >= logging.WARNING and "full" in r.getMessage()
     ]  # fmt: skip
-
-
-async def _queued(store: SessionStore, sid: str = "alice.S") -> list[str]:
-    """The session's queued messages (oldest first), as `_users` gives the history's."""
-    assert isinstance(store, SQLiteStore)
-    return await store.run_raw_for_tests("queued messages", lambda db: [
-        json.loads(row[0])["text"][:20] for row in db.execute(
-            "SELECT data FROM queued WHERE session_id = ? ORDER BY id", [sid]
-        ).fetchall()
-    ])  # fmt: skip
 
 
 async def _stored(store: SessionStore, sid: str = "alice.S") -> tuple[list[str], list[str]]:
@@ -334,7 +324,7 @@ async def test_a_kept_message_tries_again_by_itself_after_a_backoff_that_doubles
             assert await _stored(h.runtime.store) == (["first", "kept " + "k" * 15], [])
 
 
-# --- a real full disk: the database on a 2 MB tmpfs ------------------------------------
+# --- a real full disk: the database on a 4 MB tmpfs ------------------------------------
 
 
 @pytest.fixture
@@ -342,11 +332,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     where = tmp_path / "small"
     where.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)],
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a 2 MB tmpfs here: {mounted.stderr.strip() or 'refused'}")
+        pytest.skip(f"cannot mount a 4 MB tmpfs here: {mounted.stderr.strip() or 'refused'}")
     try:
         yield where
     finally:
@@ -356,11 +346,12 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 def _fill(where: Path, leave: int) -> Path:
     """A file that takes the free blocks of the small disk but `leave` bytes (it writes
-    4 MB at most)."""
+    8 MB at most). The disk is 4 MB: once the file goes, the kept messages (each in the
+    history and the context, with their WAL frames) and the store's reopening have room."""
     filler = where / "filler"
     chunk = b"\0" * 16384
     with filler.open("wb", buffering=0) as f:
-        for _ in range(256):
+        for _ in range(512):
             try:
                 f.write(chunk)
             except OSError as exc:
