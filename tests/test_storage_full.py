@@ -38,10 +38,11 @@ from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import Client, Daemon, open_daemon
 from realtime import real_time_limit
 
+from navi_trio.core.agent import UserMessage
 from navi_trio.core.session_actor import KEPT_RETRY_FIRST_SEC
 from navi_trio.store import SessionStore, SQLiteStore
 from navi_trio.testing import open_harness
-from navi_trio.testing.harness import Harness
+from navi_trio.testing.harness import Harness, SessionDriver
 
 TIMEOUT = 60
 BIG = 90_000  # characters: a message that needs new pages of its own
@@ -283,37 +284,55 @@ async def test_a_stop_drops_the_kept_message_and_the_next_one_runs(tmp_path: Pat
             assert await _stored(d.harness.runtime.store) == (["first", "third"], [])
 
 
+@contextlib.asynccontextmanager
+async def _kept_in_harness(
+    tmp_path: Path, clock: trio.testing.MockClock, *answers: str
+) -> AsyncIterator[tuple[Harness, SessionDriver, float]]:
+    """As `_kept_on_a_full_disk`, in a harness on the autojump clock (it jumps only once
+    every task has waited 10 ms of real time, so the store's thread never lets it run
+    ahead): the kept message's first message_kept warning has come; yields the virtual
+    time it came at. `answers`: the model's texts, "first done" first."""
+    clock.autojump_threshold = 0.01
+    gate = GateTool()
+    replies = [call("gate"), *({"text": text} for text in answers)]
+    far = 1e5  # every other deadline: out of the way
+    async with open_harness(
+        tmp_path, replies=replies, tools=toolset(gate), profiles=GATED,
+        num_ctx=BIG_WINDOW, first_chunk_timeout=far, chunk_timeout=far,
+        session_idle_sec=far, llm_connect_timeout=far,
+    ) as h:  # fmt: skip
+        s = await h.session("alice.S")
+        s.send("first")
+        await gate.entered.wait()
+        s.actor.send_message("kept " + "k" * BIG)
+        (kept,) = s.actor.pending
+        await kept.accepted.wait()  # its row is in: acknowledged
+        await _cap(h, full=True)
+        gate.gate.set()
+        warning = await _next_warning(s)
+        assert f"runs again in {KEPT_RETRY_FIRST_SEC:g} s" in warning["message"], warning
+        yield h, s, trio.current_time()
+
+
+async def _next_warning(s: SessionDriver) -> dict[str, Any]:
+    (warning,) = (await s.until_type("warning"))[-1:]
+    assert warning["code"] == "message_kept", warning
+    return warning
+
+
 async def test_a_kept_message_tries_again_by_itself_after_a_backoff_that_doubles(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     # No other message comes: the kept one tries again after 1 s, then 2 s (virtual
-    # time; the clock jumps only once every task has waited 10 ms of real time, so the
-    # store's thread never lets it run ahead), and runs once there is room.
-    autojump_clock.autojump_threshold = 0.01
-    gate = GateTool()
-    replies = [call("gate"), {"text": "first done"}, {"text": "kept done"}]
-    far = 1e5  # every other deadline: out of the way
+    # time), and runs once there is room.
     with real_time_limit(TIMEOUT):
-        async with open_harness(
-            tmp_path, replies=replies, tools=toolset(gate), profiles=GATED,
-            num_ctx=BIG_WINDOW, first_chunk_timeout=far, chunk_timeout=far,
-            session_idle_sec=far, llm_connect_timeout=far,
-        ) as h:  # fmt: skip
-            s = await h.session("alice.S")
-            s.send("first")
-            await gate.entered.wait()
-            s.actor.send_message("kept " + "k" * BIG)
-            (kept,) = s.actor.pending
-            await kept.accepted.wait()  # its row is in: acknowledged
-            await _cap(h, full=True)
-            gate.gate.set()
-            waits = []
-            for _ in range(2):
-                (warning,) = (await s.until_type("warning"))[-1:]
-                assert warning["code"] == "message_kept", warning
-                waits.append((trio.current_time(), warning["message"]))
-            (t1, said1), (t2, said2) = waits
-            assert f"runs again in {KEPT_RETRY_FIRST_SEC:g} s" in said1
+        async with _kept_in_harness(tmp_path, autojump_clock, "first done", "kept done") as (
+            h,
+            s,
+            t1,
+        ):
+            said2 = (await _next_warning(s))["message"]
+            t2 = trio.current_time()
             assert f"runs again in {2 * KEPT_RETRY_FIRST_SEC:g} s" in said2
             assert KEPT_RETRY_FIRST_SEC <= t2 - t1 < 2 * KEPT_RETRY_FIRST_SEC, (t1, t2)
             await _cap(h, full=False)
@@ -322,6 +341,26 @@ async def test_a_kept_message_tries_again_by_itself_after_a_backoff_that_doubles
             assert trio.current_time() - t2 >= 2 * KEPT_RETRY_FIRST_SEC
             await s.idle()
             assert await _stored(h.runtime.store) == (["first", "kept " + "k" * 15], [])
+
+
+async def test_a_steered_message_makes_the_kept_one_try_again_at_once(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # A message sent to steer is a message arriving too: the kept one tries again then,
+    # not at the end of its backoff; the steered one runs next, after it.
+    answers = ("first done", "kept done", "steered done")
+    with real_time_limit(TIMEOUT):
+        async with _kept_in_harness(tmp_path, autojump_clock, *answers) as (h, s, t1):
+            s.actor.send_message(UserMessage("steered", on_busy="steer"))
+            said2 = (await _next_warning(s))["message"]
+            assert trio.current_time() - t1 < KEPT_RETRY_FIRST_SEC  # not the backoff's
+            assert f"runs again in {2 * KEPT_RETRY_FIRST_SEC:g} s" in said2
+            await _cap(h, full=False)
+            await s.idle()
+            assert await _stored(h.runtime.store) == (
+                ["first", "kept " + "k" * 15, "steered"],
+                [],
+            )
 
 
 # --- a real full disk: the database on a 4 MB tmpfs ------------------------------------

@@ -228,6 +228,7 @@ class SessionActor:
             check_steer(msg.text, control)
             msg = self.queue.keep(self._nursery, msg)
             control.injections.steer(steer_item(msg, self.queue.written))
+            self._nudge_kept()
             return strategy
         if len(self.pending) >= self.queue_max:
             self.queue.drop(self._nursery, self.pending.popleft())
@@ -238,8 +239,7 @@ class SessionActor:
             control.stop()
         else:
             self.pending.append(msg)
-            if self._kept_wait is not None:
-                self._kept_wait.cancel()  # the kept message tries again now, still first
+            self._nudge_kept()
         position = 1 if strategy == "interrupt" else len(self.pending)
         self.publish(
             MessageQueued(text=msg.text, position=position, dropped_total=self.dropped_total)
@@ -426,6 +426,11 @@ class SessionActor:
                 if self._on_run_end is not None and run_log.last is not None:
                     self._on_run_end(self.session_id, msg, run_log.last)
             self._done()
+
+    def _nudge_kept(self) -> None:
+        """A message arrived: a kept message waiting to retry tries again now, first."""
+        if self._kept_wait is not None:
+            self._kept_wait.cancel()
 
     async def _wait_to_retry(self, error: StorageError, delay: float) -> bool:
         """Until the kept message's next try: `delay`, or less when another message
