@@ -19,7 +19,7 @@ import trio.testing
 from agent_tools import call, toolset
 from api_ws import Client, open_daemon
 from realtime import real_time_limit
-from test_api_approvals import _tick
+from test_api_approvals import IDLE_SEC, _tick
 from test_on_busy import messages_of, send
 
 from navi_trio.profiles import ConfigSource, parse_config
@@ -149,6 +149,9 @@ async def test_a_looping_model_is_cut_at_the_turns_wall_time(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     budgets = {"turn": {"wall_sec": 25}}
+    # A virtual second per IDLE_SEC of real work on threads, not one per pass of the run
+    # loop: on a threshold of 0 the far deadlines (1e5 s) came first on a busy machine.
+    autojump_clock.autojump_threshold = IDLE_SEC
     slow = {"first_chunk_timeout": 1e5, "chunk_timeout": 1e5, "session_idle_sec": 1e5,
             "llm_connect_timeout": 1e5, "ws_hello_timeout_sec": 1e5,
             "message_accept_timeout_sec": 1e5}  # fmt: skip
@@ -172,6 +175,8 @@ async def test_a_looping_model_is_cut_at_the_turns_wall_time(
                 # varies: never before the limit, and nothing starts after it (the turn's
                 # clock began before its message's ok, `started`).
                 assert event["spent"] >= 25
+                # Far from the daemon's 1e5 s deadlines (on a threshold of 0: thousands).
+                assert trio.current_time() < 1000
                 assert len(nap.started) <= 3
                 assert all(at < started + 25 for at in nap.started)
                 hist = await d.harness.runtime.store.load_messages(sid)
