@@ -1,7 +1,7 @@
 """The browser client when things go wrong: the socket cut mid-stream, the daemon
 restarted (resync), an unreachable daemon, model and tool text trying to be HTML,
 another user's session, a wrong or rotated token, a history too long for one frame
-(it comes in pages). Rules and helpers:
+(it comes in pages), links of the model to other sites. Rules and helpers:
 tests/web_browser.py (the page reaches the daemon through a cuttable proxy where a
 test cuts the connection).
 """
@@ -252,3 +252,33 @@ def test_a_long_history_comes_in_pages_and_the_page_shows_all_of_it(site: Site) 
     subscribe = next(f for f in sent if f["type"] == "subscribe")
     assert subscribe["session_id"] == "root.paged" and isinstance(subscribe["last_seq"], int)
     shot(page, "history-pages")
+
+
+def test_model_links_show_their_address_on_hover_and_mark_other_sites(site: Site) -> None:
+    site.loop.add_replies(
+        {"text": "See [the guide](https://docs.example.org/guide?x=1#top), "
+                 "[your bank](https://b\u0430nk.example/login) and [mail](mailto:a@b.example)."}
+    )  # fmt: skip
+    page = site.page()
+    site.login(page)
+    send(page, "links please")
+    page.wait_for_selector(".answer a >> text=mail")
+    links = page.locator(".answer a")
+    got = [
+        links.nth(i).evaluate(
+            "a => [a.textContent, a.title, a.className, a.dataset.host || null, a.rel, a.target]"
+        )
+        for i in range(links.count())
+    ]
+    keep = "noopener noreferrer nofollow"
+    bank = "b\u0430nk.example".encode("idna").decode()  # the look-alike as it really is
+    assert got == [
+        ["the guide", "https://docs.example.org/guide?x=1#top", "external", "docs.example.org",
+         keep, "_blank"],
+        ["your bank", f"https://{bank}/login", "external", bank, keep, "_blank"],
+        ["mail", "mailto:a@b.example", "", None, keep, "_blank"],
+    ]  # fmt: skip
+    # The mark is shown after the text (CSS), not part of it.
+    after = links.first.evaluate("a => getComputedStyle(a, '::after').content")
+    assert "docs.example.org" in after and "\u2197" in after
+    shot(page, "links")
