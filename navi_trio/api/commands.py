@@ -40,6 +40,7 @@ from navi_trio.api.protocol import (
     Subscribe,
     Tasks,
     Unsubscribe,
+    history_for_ordinary_user,
     reply,
 )
 from navi_trio.api.schedule_commands import handle_schedule
@@ -314,9 +315,12 @@ class Commands:
             limit=limit or HISTORY_LIMIT_MAX,
             max_bytes=HISTORY_PAGE_MAX_BYTES,
         )
+        messages = page.messages
+        if not self.user.is_admin:
+            messages = history_for_ordinary_user(messages)
         after = page.next_after
         frame = reply(
-            rid, "sessions", action="history", session_id=session_id, messages=page.messages,
+            rid, "sessions", action="history", session_id=session_id, messages=messages,
             seq=seq, epoch=epoch, next_cursor=None if after is None else history_cursor(after),
         )  # fmt: skip
         await self.conn.send(frame)

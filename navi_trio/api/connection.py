@@ -45,6 +45,7 @@ from navi_trio.api.protocol import (
     encode,
     error_frame,
     error_frame_for,
+    for_ordinary_user,
     lagged_frame,
     parse_frame,
     welcome_frame,
@@ -237,7 +238,10 @@ class Connection:
             await self.ws.send_message(await self._outbox.get())
 
     async def send(self, frame: Frame) -> None:
-        """Queue `frame` for the writer; waits while the outbox is full (api/outbox.py)."""
+        """Queue `frame` for the writer; waits while the outbox is full (api/outbox.py).
+        A user who is not an admin gets no address in an error (`for_ordinary_user`)."""
+        if self.user is not None and not self.user.is_admin:
+            frame = for_ordinary_user(frame)
         await self._outbox.put(encode(frame))
 
     async def _notices(self, user_id: str) -> None:

@@ -13,13 +13,16 @@ is refused: stored, it would break every later request of the session.
 Server frames are plain dicts, all built here: `event_frame` (an AgentEvent with its
 session id and seq), `resync_frame` and `lagged_frame` (the session's output path:
 the runtime hands `event_frame` and `resync_frame` to the core, which may not import
-this module), `error_frame`, `welcome_frame` and `reply`. The full protocol is in the
-README ("WebSocket protocol").
+this module), `error_frame`, `welcome_frame` and `reply`. `for_ordinary_user` is what a
+user who is not an admin gets of a frame: an error or warning (an LLM error names the
+endpoint, ``cannot connect to the LLM at http://…``) with every address hidden. The
+full protocol is in the README ("WebSocket protocol").
 """
 
 from __future__ import annotations
 
 import json
+import re
 import typing
 from typing import Any, Literal
 
@@ -44,7 +47,7 @@ from navi_trio.api.command_frames import Tasks as Tasks
 from navi_trio.api.command_frames import Unsubscribe as Unsubscribe
 from navi_trio.api.frame_fields import LongNumber, shown
 from navi_trio.errors import FrameTooLargeError, ProtocolError, RequestError, UnknownTypeError
-from navi_trio.events import AgentEvent, event_to_dict
+from navi_trio.events import AgentEvent, ErrorEvent, WarningEvent, event_to_dict
 from navi_trio.profiles import BudgetConfig, parse_budgets
 from navi_trio.text import clean_json, clean_text, clip, has_lone_surrogate
 from navi_trio.wire import PROTOCOL_VERSION as PROTOCOL_VERSION
@@ -343,6 +346,41 @@ def welcome_frame(
     if llm_backend is not None:
         frame["llm_backend"] = llm_backend  # `navi chat --local` tells a mismatch
     return frame
+
+
+# An address in a text: a scheme and what follows up to a space or a quote, without the
+# sentence's punctuation after it.
+_ADDRESS = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>.,:;)\]]")
+ADDRESS_HIDDEN = "[address hidden]"
+_NAMING_ENDPOINTS = frozenset({ErrorEvent.type, WarningEvent.type, wire.ERROR})
+
+
+def hide_addresses(text: str) -> str:
+    """`text` with every address (``http://host:port/…``) replaced by `ADDRESS_HIDDEN`."""
+    return _ADDRESS.sub(ADDRESS_HIDDEN, text) if "://" in text else text
+
+
+def for_ordinary_user(frame: Frame) -> Frame:
+    """`frame` as a user who is not an admin gets it: the message of an error or warning
+    with its addresses hidden (the LLM endpoint's is the admins' to know); any other
+    frame, or one with nothing to hide, is `frame` itself."""
+    message = frame.get("message")
+    if frame.get("type") not in _NAMING_ENDPOINTS or not isinstance(message, str):
+        return frame
+    hidden = hide_addresses(message)
+    return frame if hidden is message else {**frame, "message": hidden}
+
+
+def history_for_ordinary_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Display messages as `for_ordinary_user` shows frames: the error a turn ended with
+    (kept on its last message) with its addresses hidden."""
+    out = []
+    for message in messages:
+        error = message.get("error")
+        if isinstance(error, str) and "://" in error:
+            message = {**message, "error": hide_addresses(error)}
+        out.append(message)
+    return out
 
 
 def reply(request_id: RequestId, type_: str, **fields: Any) -> Frame:
