@@ -139,3 +139,17 @@ async def test_open_daemon_and_navi_sessions_history_follow_the_pages(
             f"{m['role']}: {m['content'][: 12 - len(m['role']) - 2]}" for m in history
         ]
         assert len(done.out) > sum(len(m["content"]) for m in history)
+
+
+async def test_open_daemon_asks_again_for_a_page_refused_for_the_frame_rate(
+    tmp_path: Path,
+) -> None:
+    """Five pages against a burst of two frames: the third page and on are refused as
+    rate_limited at first, and asked for again (every 0.2 s; 2 frames a second here)."""
+    history = [{"role": "user", "content": f"{i}" + "p" * 900_000} for i in range(5)]
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, ws_frames_per_sec=2, ws_frames_burst=2) as d:
+            await _session(d, "alice.rated", history)
+            async with open_client(d.url, d.tokens["alice"]) as daemon:
+                reply = await daemon.request(wire.history("alice.rated"))
+    assert reply["messages"] == history and reply["next_cursor"] is None

@@ -13,8 +13,8 @@ Before the history came in pages and the outbox was bounded in bytes, the same l
 the daemon from ~175 MB to ~3.8 GB, and ~3.5 GB stayed after the clients left.
 
 Rules: the waits are on the daemon's log lines and on frames, under one absolute
-`trio.fail_after`; the thresholds leave room for any machine (measured: +45 MB at the
-peak, +4 MB after).
+`trio.fail_after`; the thresholds leave room for any machine (measured: +31 MB at the
+peak, +3 MB after).
 """
 
 from __future__ import annotations
