@@ -157,4 +157,26 @@ async def test_an_llm_error_names_the_endpoint_to_admins_only(tmp_path: Path) ->
         assert endpoint in refused_error and "https://llm.example/x" in refused_error
         for text in seen["alice"]:
             assert "[address hidden]" in text and "://" not in text and endpoint not in text
+            assert "127.0.0.1" not in text, text
         assert "HTTP 400" in seen["alice"][1] and "dropped" in seen["alice"][2]
+
+
+async def test_credentials_in_the_llm_address_are_shown_to_nobody(tmp_path: Path) -> None:
+    url = "http://navi:s3cret@127.0.0.1:9"  # nothing listens on port 9
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, llm_url=url) as d:
+            async with d.connect("alice") as alice, d.connect("root") as root:
+                ok = await alice.request({"type": "message", "content": "hi"})
+                sid = str(ok["session_id"])
+                await root.request({"type": "subscribe", "session_id": sid, "last_seq": 0})
+                await alice.until_end(sid)
+                await root.until_end(sid)
+                seen = {
+                    name: [f["message"] for f in c.frames if f["type"] == "error" and "seq" in f]
+                    for name, c in (("alice", alice), ("root", root))
+                }
+    assert seen["root"] and seen["alice"], seen
+    assert all("http://***@127.0.0.1:9" in m and "s3cret" not in m for m in seen["root"]), seen
+    for message in seen["alice"]:  # the HTTP library's words name the host and port too
+        assert "[address hidden]" in message and "127.0.0.1" not in message, message
+        assert "s3cret" not in message and ":9" not in message, message

@@ -40,7 +40,7 @@ from navi_trio.api.protocol import (
     Subscribe,
     Tasks,
     Unsubscribe,
-    history_for_ordinary_user,
+    history_for_user,
     reply,
 )
 from navi_trio.api.schedule_commands import handle_schedule
@@ -315,9 +315,7 @@ class Commands:
             limit=limit or HISTORY_LIMIT_MAX,
             max_bytes=HISTORY_PAGE_MAX_BYTES,
         )
-        messages = page.messages
-        if not self.user.is_admin:
-            messages = history_for_ordinary_user(messages)
+        messages = history_for_user(page.messages, admin=self.user.is_admin)
         after = page.next_after
         frame = reply(
             rid, "sessions", action="history", session_id=session_id, messages=messages,

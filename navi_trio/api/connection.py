@@ -45,7 +45,7 @@ from navi_trio.api.protocol import (
     encode,
     error_frame,
     error_frame_for,
-    for_ordinary_user,
+    for_user,
     lagged_frame,
     parse_frame,
     welcome_frame,
@@ -239,9 +239,9 @@ class Connection:
 
     async def send(self, frame: Frame) -> None:
         """Queue `frame` for the writer; waits while the outbox is full (api/outbox.py).
-        A user who is not an admin gets no address in an error (`for_ordinary_user`)."""
-        if self.user is not None and not self.user.is_admin:
-            frame = for_ordinary_user(frame)
+        An error shows its addresses to admins only, and credentials to nobody (`for_user`)."""
+        if self.user is not None:
+            frame = for_user(frame, admin=self.user.is_admin)
         await self._outbox.put(encode(frame))
 
     async def _notices(self, user_id: str) -> None:

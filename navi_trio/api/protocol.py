@@ -13,10 +13,11 @@ is refused: stored, it would break every later request of the session.
 Server frames are plain dicts, all built here: `event_frame` (an AgentEvent with its
 session id and seq), `resync_frame` and `lagged_frame` (the session's output path:
 the runtime hands `event_frame` and `resync_frame` to the core, which may not import
-this module), `error_frame`, `welcome_frame` and `reply`. `for_ordinary_user` is what a
-user who is not an admin gets of a frame: an error or warning (an LLM error names the
-endpoint, ``cannot connect to the LLM at http://…``) with every address hidden. The
-full protocol is in the README ("WebSocket protocol").
+this module), `error_frame`, `welcome_frame` and `reply`. `for_user` is what a user gets
+of a frame: in an error or warning (an LLM error names the endpoint, ``cannot connect to
+the LLM at http://…``) every address hidden from all but admins, and the credentials an
+address carries from everyone. The full protocol is in the README ("WebSocket
+protocol").
 """
 
 from __future__ import annotations
@@ -348,37 +349,50 @@ def welcome_frame(
     return frame
 
 
-# An address in a text: a scheme and what follows up to a space or a quote, without the
-# sentence's punctuation after it.
-_ADDRESS = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>.,:;)\]]")
+# An address in a text: a URL (a scheme and what follows up to a space or a quote, without
+# the sentence's punctuation after it), an IP address (with its port), or a name with a
+# port (``all attempts to connect to gpu-box:11434 failed``, in the HTTP library's words);
+# and the credentials a URL may carry (``user:pass@``).
+_ADDRESS = re.compile(
+    r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>.,:;)\]]"
+    r"|\[[0-9A-Fa-f:.]+\](?::[0-9]{1,5})?"
+    r"|\b[0-9]{1,3}(?:\.[0-9]{1,3}){3}(?::[0-9]{1,5})?\b"
+    r"|\b[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*:[0-9]{1,5}\b"
+)
+_CREDENTIALS = re.compile(r"(?<=://)[^/\s'\"<>@]+@")
 ADDRESS_HIDDEN = "[address hidden]"
 _NAMING_ENDPOINTS = frozenset({ErrorEvent.type, WarningEvent.type, wire.ERROR})
 
 
-def hide_addresses(text: str) -> str:
-    """`text` with every address (``http://host:port/…``) replaced by `ADDRESS_HIDDEN`."""
-    return _ADDRESS.sub(ADDRESS_HIDDEN, text) if "://" in text else text
+def hide_addresses(text: str, *, admin: bool = False) -> str:
+    """`text` with every address (``http://host:port/…``, ``10.0.0.5:11434``) replaced by
+    `ADDRESS_HIDDEN`; for an admin, only the credentials in a URL (``http://***@host…``)."""
+    if admin:
+        return _CREDENTIALS.sub("***@", text) if "@" in text else text
+    return _ADDRESS.sub(ADDRESS_HIDDEN, text)
 
 
-def for_ordinary_user(frame: Frame) -> Frame:
-    """`frame` as a user who is not an admin gets it: the message of an error or warning
-    with its addresses hidden (the LLM endpoint's is the admins' to know); any other
-    frame, or one with nothing to hide, is `frame` itself."""
+def for_user(frame: Frame, *, admin: bool) -> Frame:
+    """`frame` as a user gets it: in the message of an error or warning, every address is
+    hidden from a user who is not an admin (the LLM endpoint's is the admins' to know),
+    and the credentials an address carries from everyone. Any other frame, or one with
+    nothing to hide, is `frame` itself."""
     message = frame.get("message")
     if frame.get("type") not in _NAMING_ENDPOINTS or not isinstance(message, str):
         return frame
-    hidden = hide_addresses(message)
-    return frame if hidden is message else {**frame, "message": hidden}
+    hidden = hide_addresses(message, admin=admin)
+    return frame if hidden == message else {**frame, "message": hidden}
 
 
-def history_for_ordinary_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Display messages as `for_ordinary_user` shows frames: the error a turn ended with
-    (kept on its last message) with its addresses hidden."""
+def history_for_user(messages: list[dict[str, Any]], *, admin: bool) -> list[dict[str, Any]]:
+    """Display messages as `for_user` shows frames: the error a turn ended with (kept on
+    its last message) with its addresses hidden."""
     out = []
     for message in messages:
         error = message.get("error")
-        if isinstance(error, str) and "://" in error:
-            message = {**message, "error": hide_addresses(error)}
+        if isinstance(error, str):
+            hidden = hide_addresses(error, admin=admin)
+            message = message if hidden == error else {**message, "error": hidden}
         out.append(message)
     return out
 
