@@ -187,8 +187,15 @@ def sessions_list() -> Frame:
     return sessions("list")
 
 
-def history(session_id: str) -> Frame:
-    return sessions("history", session_id)
+def history(session_id: str, cursor: str | None = None, limit: int | None = None) -> Frame:
+    """A page of the session's history: from the first message, or after `cursor` (the
+    `next_cursor` of the page before); at most `limit` messages (none: the daemon's)."""
+    frame = sessions("history", session_id)
+    if cursor is not None:
+        frame["cursor"] = cursor
+    if limit is not None:
+        frame["limit"] = limit
+    return frame
 
 
 def checkpoints(session_id: str) -> Frame:

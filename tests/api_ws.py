@@ -86,9 +86,16 @@ class Daemon:
 
     @asynccontextmanager
     async def connect(
-        self, user: str | None = None, *, hello: bool = True, headers: Any = None
+        self,
+        user: str | None = None,
+        *,
+        hello: bool = True,
+        headers: Any = None,
+        max_message_size: int = 2**20,  # trio-websocket's default
     ) -> AsyncIterator[Client]:
-        async with open_websocket_url(self.url, extra_headers=headers) as ws:
+        async with open_websocket_url(
+            self.url, extra_headers=headers, max_message_size=max_message_size
+        ) as ws:
             client = Client(ws)
             if user is not None and hello:
                 await client.send({"type": "hello", "token": self.tokens[user]})

@@ -55,6 +55,9 @@ class StandIn:
     # frame again: the client must drop what it saw), "resync" (a new epoch), "lagged".
     on_subscribe: str = "replay"
     history_extra: list[Frame] = attrs.field(factory=list)  # appended to every history
+    # Messages per history page (0: the whole history in one reply, with no cursor). Each
+    # page after the first reports a seq one higher: the session runs on meanwhile.
+    history_page: int = 0
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -211,21 +214,30 @@ class StandIn:
             await self._send(ws, reply)
         elif kind == "sessions" and frame["action"] == "history":
             session = self.sessions.setdefault(frame["session_id"], Session(frame["session_id"]))
-            await self._send(
-                ws,
-                {
-                    "type": "sessions",
-                    "action": "history",
-                    "session_id": session.session_id,
-                    "seq": session.seq,
-                    "epoch": EPOCH,
-                    "messages": [
-                        {"role": "user", "content": "what is 2+2?"},
-                        {"role": "assistant", "content": "It is **4**."},
-                        *self.history_extra,
-                    ],
-                },
-            )
+            messages = [
+                {"role": "user", "content": "what is 2+2?"},
+                {"role": "assistant", "content": "It is **4**."},
+                *self.history_extra,
+            ]
+            page: Frame = {
+                "type": "sessions",
+                "action": "history",
+                "session_id": session.session_id,
+                "seq": session.seq,
+                "epoch": EPOCH,
+                "messages": messages,
+            }
+            if self.history_page:
+                start = int(frame.get("cursor") or 0)
+                end = start + self.history_page
+                more = end < len(messages)
+                session.seq += 1 if start else 0
+                page["seq"] = session.seq
+                page["messages"] = messages[start:end]
+                page["next_cursor"] = str(end) if more else None
+            if "id" in frame:
+                page["id"] = frame["id"]
+            await self._send(ws, page)
         elif kind == "tasks":
             await self._send(
                 ws,

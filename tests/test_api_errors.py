@@ -126,3 +126,57 @@ async def test_over_the_wire_huge_numbers_and_ids_get_short_plain_errors(tmp_pat
                 assert len(err.get("session_id", "")) <= 128
             listed = await c.request({"type": "sessions", "action": "list"})
             assert listed["sessions"] == []  # nothing was created; the connection goes on
+
+
+async def test_an_llm_error_names_the_endpoint_to_admins_only(tmp_path: Path) -> None:
+    dropped = {"text": "I will now explain everything", "drop_after": 3}
+    refused = {"status": 400, "error_body": '{"error": "bad request, see https://llm.example/x"}'}
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, replies=[dropped, refused]) as d:
+            endpoint = d.harness.runtime.settings.llm_url.split("//")[1]  # host:port
+            async with d.connect("alice") as alice, d.connect("root") as root:
+                ok = await alice.request({"type": "message", "content": "hi"})
+                sid = str(ok["session_id"])
+                await root.request({"type": "subscribe", "session_id": sid, "last_seq": 0})
+                await alice.until_end(sid)
+                await alice.request({"type": "message", "content": "again", "session_id": sid})
+                await alice.until_end(sid)
+                while len([f for f in root.frames if f["type"] == "stream_end"]) < 2:
+                    await root.until_end(sid)
+                seen: dict[str, list[str]] = {}
+                for name, c in (("alice", alice), ("root", root)):
+                    errors = [f["message"] for f in c.frames if f["type"] == "error" and "seq" in f]
+                    history = await c.request(
+                        {"type": "sessions", "action": "history", "session_id": sid}
+                    )
+                    marks = [m["error"] for m in history["messages"] if "error" in m]
+                    seen[name] = errors + marks
+        assert len(seen["root"]) == len(seen["alice"]) == 3, seen
+        dropped_error, refused_error, mark = seen["root"]
+        assert endpoint in dropped_error and endpoint in mark and "dropped" in mark
+        assert endpoint in refused_error and "https://llm.example/x" in refused_error
+        for text in seen["alice"]:
+            assert "[address hidden]" in text and "://" not in text and endpoint not in text
+            assert "127.0.0.1" not in text, text
+        assert "HTTP 400" in seen["alice"][1] and "dropped" in seen["alice"][2]
+
+
+async def test_credentials_in_the_llm_address_are_shown_to_nobody(tmp_path: Path) -> None:
+    url = "http://navi:s3cret@127.0.0.1:9"  # nothing listens on port 9
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, llm_url=url) as d:
+            async with d.connect("alice") as alice, d.connect("root") as root:
+                ok = await alice.request({"type": "message", "content": "hi"})
+                sid = str(ok["session_id"])
+                await root.request({"type": "subscribe", "session_id": sid, "last_seq": 0})
+                await alice.until_end(sid)
+                await root.until_end(sid)
+                seen = {
+                    name: [f["message"] for f in c.frames if f["type"] == "error" and "seq" in f]
+                    for name, c in (("alice", alice), ("root", root))
+                }
+    assert seen["root"] and seen["alice"], seen
+    assert all("http://***@127.0.0.1:9" in m and "s3cret" not in m for m in seen["root"]), seen
+    for message in seen["alice"]:  # the HTTP library's words name the host and port too
+        assert "[address hidden]" in message and "127.0.0.1" not in message, message
+        assert "s3cret" not in message and ":9" not in message, message

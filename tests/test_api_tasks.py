@@ -8,6 +8,7 @@ Rules: as tests/test_api_server.py.
 
 from __future__ import annotations
 
+import json
 import types
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,7 @@ async def test_a_lagged_subscription_is_reported_and_resumed_from_the_last_seq()
                 first.send.send_nowait({"type": "text_delta", "seq": seq})
             first.lagged = (3, 9)
             first.send.close()  # what the actor does to a subscriber that fell behind
-            got = [await conn._outbox.receive() for _ in range(3)]
+            got = [json.loads(await conn._outbox.get()) for _ in range(3)]
             assert [f.get("seq") for f in got[:2]] == [1, 2]
             assert got[2] == {"type": "lagged", "session_id": "s1", "missed_from": 3,
                               "missed_to": 9}  # fmt: skip
@@ -121,7 +122,7 @@ async def test_a_lagged_subscription_is_reported_and_resumed_from_the_last_seq()
             second = actor.subs[1]
             second.send.send_nowait({"type": "resync", "seq": 9})
             second.send.send_nowait({"type": "text_delta", "seq": 10})
-            assert [(await conn._outbox.receive())["seq"] for _ in range(2)] == [9, 10]
+            assert [json.loads(await conn._outbox.get())["seq"] for _ in range(2)] == [9, 10]
             # Ended without lagged (the actor retired): the pump stops, nothing resubscribes.
             second.send.close()
             await trio.testing.wait_all_tasks_blocked()

@@ -346,6 +346,23 @@ async def test_a_history_larger_than_the_websocket_default_limit_is_replayed() -
             assert chat.error is None
 
 
+async def test_a_history_in_pages_is_replayed_whole_and_subscribed_from_its_last_page() -> None:
+    with trio.fail_after(DEADLINE):
+        async with standin() as daemon:
+            daemon.history_page = 2  # 7 messages: 4 pages, the seq one higher on each
+            daemon.history_extra = [{"role": "user", "content": f"later {i}"} for i in range(5)]
+            async with chatting(daemon, session_id="s-paged") as chat:
+                await chat.screen.wait_for("resumed session s-paged")
+                assert "7 messages replayed" in chat.screen.text
+                assert all(f"later {i}" in chat.screen.text for i in range(5))
+                sub = await daemon.wait_for("subscribe")
+                assert (sub["last_seq"], sub["epoch"]) == (3, EPOCH)
+                asks = [f for f in daemon.received if f["type"] == "sessions"]
+                assert [f.get("cursor") for f in asks] == [None, "2", "4", "6"]
+                chat.reader.type("/quit")
+            assert chat.error is None
+
+
 async def cards(screen: Screen, count: int) -> None:
     """Wait until `count` approval cards are on the screen."""
     while screen.text.count("? approve terminal") < count:

@@ -17,8 +17,15 @@ from typing import Any
 import trio
 
 from navi_trio.api.protocol import event_frame, resync_frame
-from navi_trio.core.broadcast import SUBSCRIBER_BUFFER, Follower, Lagged, LocalBroadcast
-from navi_trio.events import TaskUpdate, TextDelta, ThinkingDelta
+from navi_trio.core.broadcast import (
+    SUBSCRIBER_BUFFER,
+    SUBSCRIBER_MAX_CHARS,
+    Follower,
+    Lagged,
+    LocalBroadcast,
+    frame_size,
+)
+from navi_trio.events import TaskUpdate, TextDelta, ThinkingDelta, ToolResultEvent
 
 TIMEOUT = 10
 
@@ -92,3 +99,37 @@ async def test_a_follower_ends_when_the_session_ends_its_subscription_without_a_
         assert [f["seq"] for f in got if not isinstance(f, Lagged)] == [1]
         assert calls == [(None, None)]
         assert not b.subscribed  # leaving the `with` closed the subscription
+
+
+def _big_results(n: int, chars: int = 100_000) -> list[ToolResultEvent]:
+    return [ToolResultEvent(call_id=f"c{i}", name="x", ok=True, output="o" * chars)
+            for i in range(n)]  # fmt: skip
+
+
+async def test_a_subscriber_that_does_not_read_is_cut_off_by_size_long_before_its_frame_count() -> (
+    None
+):
+    b, _ = _broadcast()
+    sub = b.subscribe()  # (nothing here awaits)
+    for event in _big_results(30):  # 3 M characters, 30 of 1000 frames
+        b.publish(event)
+    assert sub.lagged is not None
+    kept = sub.frames.statistics().queued
+    size = frame_size(event_frame(_big_results(1)[0], "s1", 1, b.epoch))
+    assert kept * size <= SUBSCRIBER_MAX_CHARS < (kept + 1) * size
+    assert sub.lagged == (kept + 1, kept + 1)  # cut off at the first that did not fit
+    sub.close()
+
+
+async def test_a_replay_bigger_than_the_size_bound_still_reaches_its_subscriber_whole() -> None:
+    b, _ = _broadcast()
+    with trio.fail_after(TIMEOUT):
+        for event in _big_results(30):  # kept for replay (4 M characters)
+            b.publish(event)
+        follower = Follower(b.subscribe, lambda: b.epoch, last_seq=0, last_epoch=b.epoch)
+        got = await _read(follower, 30)
+        assert [f["seq"] for f in got if not isinstance(f, Lagged)] == list(range(1, 31))
+        b.publish(TextDelta("after"))
+        last = await follower.__anext__()
+        assert not isinstance(last, Lagged) and last["seq"] == 31
+        follower.close()

@@ -128,7 +128,7 @@ async def test_the_event_channel_over_its_bound_merges_only_into_the_same_agent(
 
 
 def _through_queue(sent: list[Frame]) -> list[Frame]:
-    send, recv = open_frame_channel(len(sent))
+    send, recv = open_frame_channel(len(sent), 10**9)
     for f in sent:
         send.send_nowait(f)
     send.close()

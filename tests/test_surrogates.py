@@ -21,6 +21,7 @@ import pytest
 import trio
 from agent_tools import EchoTool, call, of_type, toolset, with_tools
 from api_ws import open_daemon
+from store_backends import Backend
 from test_cli import navi
 
 from navi_trio.api.protocol import parse_frame
@@ -227,3 +228,30 @@ async def test_a_session_stored_with_a_lone_surrogate_loads_and_goes_on(
                               "--token", d.tokens["alice"], env=env, cwd=tmp_path)  # fmt: skip
             assert done.code == 0, done
             assert f"user: old{FFFD}text" in done.out and "Traceback" not in done.err, done
+
+
+async def test_a_stored_row_with_an_upper_case_surrogate_escape_loads_as_ufffd(
+    backend: Backend,
+) -> None:
+    """JSON may write the escape in upper case (``\\uD800``), as other writers of the
+    database do: every way a row is read back still cleans it."""
+    bad = '{"role":"user","content":"old\\uD800text"}'
+    assert json.loads(bad)["content"] == f"old{LONE}text"  # valid JSON, not text
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as store:
+            sid = (await store.create_session(profile_id="p")).id
+            first = {"role": "user", "content": "old text"}
+            await store.append(sid, messages=[first], context=[first])
+        for table in ("messages", "context"):
+            await backend.execute(f"UPDATE {table} SET data = '{bad}'")
+        async with backend.open() as store:
+            loaded = await store.load_session(sid)
+            page = await store.load_messages_page(sid, limit=10, max_bytes=1 << 20)
+            read = [
+                (await store.load_messages(sid))[0],
+                (await store.load_context(sid))[0],
+                page.messages[0],
+                *(loaded.messages if loaded else []),
+                *(loaded.context if loaded else []),
+            ]
+    assert [m["content"] for m in read] == [f"old{FFFD}text"] * 5

@@ -1,6 +1,7 @@
 """The browser client when things go wrong: the socket cut mid-stream, the daemon
 restarted (resync), an unreachable daemon, model and tool text trying to be HTML,
-another user's session, a wrong or rotated token. Rules and helpers:
+another user's session, a wrong or rotated token, a history too long for one frame
+(it comes in pages), links of the model to other sites. Rules and helpers:
 tests/web_browser.py (the page reaches the daemon through a cuttable proxy where a
 test cuts the connection).
 """
@@ -9,9 +10,13 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
+import trio
 from web_browser import Site, answer_text, browser, needs_browser, send, shot, site
+
+from navi_trio.store.sqlite import SQLiteStore
 
 __all__ = ["browser", "site"]  # fixtures
 pytestmark = needs_browser
@@ -198,3 +203,88 @@ def test_a_wrong_token_and_a_rotated_one_go_back_to_the_login(site: Site) -> Non
     assert page.evaluate("sessionStorage.getItem('navi.token')") is None
     assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", page.url)
     shot(page, "rotated-token")
+
+
+def _write_session(db: Path, token: str, sid: str, messages: list[dict[str, Any]]) -> None:
+    """A session of the token's user, written into the running daemon's SQLite file."""
+
+    async def write() -> None:
+        async with SQLiteStore.open(db) as store:
+            user = await store.get_user_by_token(token)
+            assert user is not None
+            await store.create_session(sid, profile_id="general", user_id=user["id"])
+            await store.append(sid, messages=messages)
+
+    trio.run(write)
+
+
+# Every frame the page sends, kept for the test (before the page's own scripts run).
+RECORD_SENT = """
+window.__sent = [];
+const send = WebSocket.prototype.send;
+WebSocket.prototype.send = function (data) {
+  window.__sent.push(data);
+  return send.call(this, data);
+};
+"""
+
+
+def test_a_long_history_comes_in_pages_and_the_page_shows_all_of_it(site: Site) -> None:
+    # A burst of two frames and one more a second: the page's sessions list and first page
+    # take the burst, the next pages are refused (rate_limited) and asked for again.
+    site.daemon.stop()
+    site.daemon.env.update(NAVI_WS_FRAMES_BURST="2", NAVI_WS_FRAMES_PER_SEC="1")
+    site.daemon.start()
+    messages: list[dict[str, Any]] = []
+    for i in range(3):  # 600 kB each: one to a page of about 1 MB
+        messages.append({"role": "user", "content": f"asked {i} " + "q" * 600_000 + f" end{i}"})
+        messages.append({"role": "assistant", "content": f"answer number {i}"})
+    _write_session(site.daemon.db, site.daemon.admin_token(), "root.paged", messages)
+    page = site.page(site.daemon.url + "#root.paged")
+    page.add_init_script(RECORD_SENT)
+    page.reload()
+    site.login(page)
+    page.wait_for_selector(".answer >> text=answer number 2")
+    assert page.locator(".user").count() == 3
+    assert page.locator(".answer").all_inner_texts() == [f"answer number {i}" for i in range(3)]
+    for i in range(3):
+        assert page.locator(".user").nth(i).inner_text().endswith(f" end{i}")
+    sent = [json.loads(d) for d in page.evaluate("window.__sent")]
+    asks = [f for f in sent if f.get("action") == "history"]
+    assert asks[0] == {"type": "sessions", "action": "history", "session_id": "root.paged",
+                       "id": asks[0]["id"]}  # fmt: skip
+    cursors = [f["cursor"] for f in asks[1:]]
+    assert len(set(cursors)) == 2 and len(cursors) > 2  # two pages more, some asked again
+    subscribe = next(f for f in sent if f["type"] == "subscribe")
+    assert subscribe["session_id"] == "root.paged" and isinstance(subscribe["last_seq"], int)
+    shot(page, "history-pages")
+
+
+def test_model_links_show_their_address_on_hover_and_mark_other_sites(site: Site) -> None:
+    site.loop.add_replies(
+        {"text": "See [the guide](https://docs.example.org/guide?x=1#top), "
+                 "[your bank](https://b\u0430nk.example/login) and [mail](mailto:a@b.example)."}
+    )  # fmt: skip
+    page = site.page()
+    site.login(page)
+    send(page, "links please")
+    page.wait_for_selector(".answer a >> text=mail")
+    links = page.locator(".answer a")
+    got = [
+        links.nth(i).evaluate(
+            "a => [a.textContent, a.title, a.className, a.dataset.host || null, a.rel, a.target]"
+        )
+        for i in range(links.count())
+    ]
+    keep = "noopener noreferrer nofollow"
+    bank = "b\u0430nk.example".encode("idna").decode()  # the look-alike as it really is
+    assert got == [
+        ["the guide", "https://docs.example.org/guide?x=1#top", "external", "docs.example.org",
+         keep, "_blank"],
+        ["your bank", f"https://{bank}/login", "external", bank, keep, "_blank"],
+        ["mail", "mailto:a@b.example", "", None, keep, "_blank"],
+    ]  # fmt: skip
+    # The mark is shown after the text (CSS), not part of it.
+    after = links.first.evaluate("a => getComputedStyle(a, '::after').content")
+    assert "docs.example.org" in after and "\u2197" in after
+    shot(page, "links")

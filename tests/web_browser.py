@@ -229,6 +229,7 @@ class Daemon:
     def __init__(self, tmp_path: Path, llm_url: str, *extra: str) -> None:
         self.env = clean_env(tmp_path)
         self.data = Path(self.env["NAVI_DATA_DIR"])
+        self.db = Path(self.env["NAVI_DB"])
         self.config = test_config(tmp_path)
         self.llm_url = llm_url
         self.extra = extra

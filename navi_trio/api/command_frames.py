@@ -72,6 +72,12 @@ class Sessions:
     action: Literal["list", "create", "delete", "history"]
     session_id: str | None = attrs.field(default=None, validator=check.session_id)
     profile: str | None = attrs.field(default=None, validator=check.name)
+    # history: at most `limit` messages in the reply, from after `cursor` (a reply's
+    # next_cursor; none: from the first message).
+    limit: int | None = attrs.field(
+        default=None, validator=[check.history_limit, check.history_only]
+    )
+    cursor: str | None = attrs.field(default=None, validator=[check.cursor, check.history_only])
 
 
 @attrs.frozen

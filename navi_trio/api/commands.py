@@ -21,6 +21,7 @@ import trio
 
 from navi_trio.api.auth import User
 from navi_trio.api.checkpoint_frames import CheckpointCommands
+from navi_trio.api.frame_fields import HISTORY_LIMIT_MAX, cursor_position, history_cursor
 from navi_trio.api.message_command import SessionMessages
 from navi_trio.api.protocol import (
     Approval,
@@ -39,6 +40,7 @@ from navi_trio.api.protocol import (
     Subscribe,
     Tasks,
     Unsubscribe,
+    history_for_user,
     reply,
 )
 from navi_trio.api.schedule_commands import handle_schedule
@@ -71,6 +73,12 @@ class ClientLink(Protocol):
 
 log = logging.getLogger(__name__)
 
+
+# The stored JSON one history reply carries at most (it holds one message at least,
+# however big): a long session comes in pages, never as one frame of its whole size.
+# With its envelope a page stays under 1 MiB: the largest frame a client may send
+# (NAVI_WS_FRAME_MAX_BYTES' default), and the default limit of WebSocket libraries.
+HISTORY_PAGE_MAX_BYTES = 1_000_000
 
 # What `new_session_id` (core/session_service.py) and every client make: free for
 # anyone to choose.
@@ -267,7 +275,7 @@ class Commands:
         if cmd.session_id is None:
             raise ProtocolError(f"sessions {cmd.action} needs a session_id")
         if cmd.action == "history":
-            await self._history(rid, cmd.session_id)
+            await self._history(rid, cmd.session_id, cmd.limit, cmd.cursor)
         else:
             await self._delete(rid, cmd.session_id)
 
@@ -291,14 +299,27 @@ class Commands:
             )
         await self.conn.send(reply(rid, "sessions", action="list", sessions=sessions))
 
-    async def _history(self, rid: RequestId, session_id: str) -> None:
+    async def _history(
+        self, rid: RequestId, session_id: str, limit: int | None, cursor: str | None
+    ) -> None:
+        """One page of the display history: the messages after `cursor`, at most `limit`
+        and `HISTORY_PAGE_MAX_BYTES` (one message at least), and the cursor of the next
+        page (None: this page is the last). The seq and epoch are the session's before
+        the page was read: a client that read every page subscribes from the last's."""
         await self._owned(session_id)
         actor = await self._actor(session_id)
         seq, epoch = actor.seq, actor.epoch
-        messages = await self.rt.store.load_messages(session_id)
+        page = await self.rt.store.load_messages_page(
+            session_id,
+            after=None if cursor is None else cursor_position(cursor),
+            limit=limit or HISTORY_LIMIT_MAX,
+            max_bytes=HISTORY_PAGE_MAX_BYTES,
+        )
+        messages = history_for_user(page.messages, admin=self.user.is_admin)
+        after = page.next_after
         frame = reply(
             rid, "sessions", action="history", session_id=session_id, messages=messages,
-            seq=seq, epoch=epoch,
+            seq=seq, epoch=epoch, next_cursor=None if after is None else history_cursor(after),
         )  # fmt: skip
         await self.conn.send(frame)
 

@@ -4,7 +4,7 @@
     waits   a command's wait that may take long (a message until it is stored): beside
             the reader, at most DEFERRED_MAX at a time, each bounded by its command
     pumps   one per subscribed session: its Follower (core/broadcast.py) -> outbox
-    writer  outbox (ONE bounded channel) -> ws
+    writer  outbox (ONE, bounded in frames and bytes: api/outbox.py) -> ws
 
 Every frame the connection sends goes through the outbox, so the writer is the only
 task that writes to the socket. A slow client fills the outbox and the pumps block;
@@ -35,6 +35,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 from navi_trio.api.auth import User, authenticate
 from navi_trio.api.commands import Commands
 from navi_trio.api.limits import TokenBucket
+from navi_trio.api.outbox import Outbox
 from navi_trio.api.protocol import (
     Approval,
     Frame,
@@ -44,6 +45,7 @@ from navi_trio.api.protocol import (
     encode,
     error_frame,
     error_frame_for,
+    for_user,
     lagged_frame,
     parse_frame,
     welcome_frame,
@@ -76,6 +78,9 @@ class ConnectionHost(Protocol):
 log = logging.getLogger(__name__)
 
 OUTBOX_SIZE = 256
+# What waits for a client that does not read, in memory (api/outbox.py): past it, the
+# reader stops taking its requests and its subscriptions fall behind (lagged).
+OUTBOX_MAX_BYTES = 4 * 1024 * 1024
 CLOSE_SEND_TIMEOUT = 5.0
 # Command waits running beside the reader at once; past that the reader waits for one to
 # end (each is bounded: a message's by NAVI_MESSAGE_ACCEPT_TIMEOUT_SEC).
@@ -90,7 +95,7 @@ class Connection:
         self.ws = ws
         self.peer = peer
         self.user: User | None = None
-        self._outbox_send, self._outbox = trio.open_memory_channel[Frame](OUTBOX_SIZE)
+        self._outbox = Outbox(OUTBOX_SIZE, OUTBOX_MAX_BYTES, f"connection {peer}")
         self._nursery: trio.Nursery | None = None
         # session id -> (its follower, the pump's cancel scope)
         self._subs: dict[str, tuple[Follower, trio.CancelScope]] = {}
@@ -136,6 +141,7 @@ class Connection:
             pass  # the client went away: its subscriptions end, its runs go on
         finally:
             self._nursery = None
+            self._outbox.close()  # what waited for this client goes now, not at a gc
             for follower, _ in self._subs.values():
                 follower.close()
             self._subs.clear()
@@ -228,11 +234,15 @@ class Connection:
     async def _writer(self) -> None:
         # No merging here: deltas merge while they wait in the subscription's queue
         # (core/broadcast.py), where a slow client's pump is blocked on the outbox.
-        async for frame in self._outbox:
-            await self.ws.send_message(encode(frame))
+        while True:
+            await self.ws.send_message(await self._outbox.get())
 
     async def send(self, frame: Frame) -> None:
-        await self._outbox_send.send(frame)
+        """Queue `frame` for the writer; waits while the outbox is full (api/outbox.py).
+        An error shows its addresses to admins only, and credentials to nobody (`for_user`)."""
+        if self.user is not None:
+            frame = for_user(frame, admin=self.user.is_admin)
+        await self._outbox.put(encode(frame))
 
     async def _notices(self, user_id: str) -> None:
         """The user's notices (a scheduled run ended: core/notices.py) to this client."""

@@ -35,7 +35,12 @@ What `receive` hands on is a session's stream without gaps or repeats:
   itself is handed on (the chat says so);
 - ``resync`` is handed on (the frames asked for are gone: reload the history); the
   stream goes on from its seq;
-- an ``unauthorized`` error (the daemon is closing the connection) raises `RemoteError`.
+- an ``unauthorized`` error (the daemon is closing the connection) raises `RemoteError`;
+- a ``sessions`` ``history`` reply is one page of the history: while it names a
+  ``next_cursor``, the next page is asked for (`wire.history` with that cursor), and
+  once the last came the whole history is handed on as one reply: every page's
+  messages, the last page's seq and epoch (subscribe from there), the first request's
+  id. A page refused for the frame rate is asked for again shortly.
 
 `OurRun` (api/our_run.py) follows one message's run among its session's frames: the
 one place that counts the runs queued ahead of our message.
@@ -51,6 +56,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 
 from navi_trio import wire
@@ -68,10 +74,12 @@ CONNECT_TIMEOUT = 5.0
 HELLO_TIMEOUT = 10.0  # the daemon's own wait for a hello (NAVI_WS_HELLO_TIMEOUT_SEC)
 REPLY_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 2.0
-# A long session's history, or a long final answer, comes as one frame.
+# A long final answer comes as one frame (a long history comes in pages).
 MAX_FRAME = 64 * 1024 * 1024
 PENDING_MAX = 10_000  # frames kept for `receive` while a request waits for its reply
 RESUBSCRIBING_MAX = 64  # our own subscribes after `lagged` waiting for their reply
+PAGE_RETRIES = 10  # a history page refused for the frame rate: asked for again …
+PAGE_RETRY_SEC = 0.2  # … after this long, this many times at most
 
 
 def _reason(exc: BaseException) -> str:
@@ -99,6 +107,17 @@ def remote_error(frame: Frame) -> RemoteError:
     return RemoteError(str(frame.get("code") or "?"), str(frame.get("message") or ""))
 
 
+@attrs.define
+class _Pages:
+    """A history being read page by page: what came so far, for the first request's id."""
+
+    first_id: Any
+    session_id: str
+    messages: list[Any]
+    cursor: str
+    retries: int = 0
+
+
 class DaemonConnection:
     """One open connection to the daemon, after its welcome (see the module docstring)."""
 
@@ -110,6 +129,7 @@ class DaemonConnection:
         # session id -> (last seq delivered, its epoch)
         self._seen: dict[str, tuple[int, str | None]] = {}
         self._resubscribing: set[str] = set()  # ids of our subscribes after `lagged`
+        self._pages: dict[str, _Pages] = {}  # our request id of a history's next page -> it
         self._ids = itertools.count(1)
         self._reading = False
 
@@ -195,6 +215,13 @@ class DaemonConnection:
                 continue
             if kind == wire.ERROR and frame.get("code") == "unauthorized":
                 raise remote_error(frame)
+            if (kind == wire.SESSIONS and frame.get("action") == "history") or (
+                kind == wire.ERROR and isinstance(rid, str) and rid in self._pages
+            ):
+                whole = await self._history_page(frame)
+                if whole is None:
+                    continue
+                frame = whole
             if kind == wire.LAGGED:
                 await self._lagged(frame)
             elif self._repeated(frame):
@@ -240,6 +267,42 @@ class DaemonConnection:
         rid = f"navi-resubscribe-{next(self._ids)}"
         self._resubscribing.add(rid)
         await self.send({**wire.subscribe(sid, last, epoch), "id": rid})
+
+    async def _history_page(self, frame: Frame) -> Frame | None:
+        """A page of a history (or the refusal of one we asked for): None while pages
+        are still coming, else what to hand on (the module docstring)."""
+        rid = frame.get("id")
+        pages = self._pages.pop(rid, None) if isinstance(rid, str) else None
+        if frame["type"] == wire.ERROR:
+            assert pages is not None
+            if frame.get("code") == "rate_limited" and pages.retries < PAGE_RETRIES:
+                pages.retries += 1
+                await trio.sleep(PAGE_RETRY_SEC)
+                await self._ask_page(pages)
+                return None
+            return _with_id(frame, pages.first_id)
+        messages = frame.get("messages")
+        messages = messages if isinstance(messages, list) else []
+        cursor = frame.get("next_cursor")
+        if pages is not None:
+            pages.messages += messages
+        if not isinstance(cursor, str):  # the last page
+            if pages is None:
+                return frame
+            return _with_id({**frame, "messages": pages.messages}, pages.first_id)
+        if pages is None:
+            sid = str(frame.get("session_id"))
+            pages = _Pages(first_id=rid, session_id=sid, messages=list(messages), cursor=cursor)
+        elif cursor == pages.cursor:
+            raise RemoteError("bad_frame", f"the daemon sent the history cursor {cursor!r} twice")
+        pages.cursor, pages.retries = cursor, 0
+        await self._ask_page(pages)
+        return None
+
+    async def _ask_page(self, pages: _Pages) -> None:
+        rid = f"navi-history-{next(self._ids)}"
+        self._pages[rid] = pages
+        await self.send({**wire.history(pages.session_id, pages.cursor), "id": rid})
 
     # -- requests -------------------------------------------------------------------------
 
@@ -378,6 +441,14 @@ async def open_daemon(
         raise DaemonUnreachableError(
             f"no daemon answers at {url}: start one with `navi serve` ({reason})", reason=reason
         )
+
+
+def _with_id(frame: Frame, rid: Any) -> Frame:
+    """`frame` answering the request `rid` (None: a request sent without an id)."""
+    frame = {k: v for k, v in frame.items() if k != "id"}
+    if rid is not None:
+        frame["id"] = rid
+    return frame
 
 
 async def daemon_answers(url: str, timeout: float = 2.0) -> bool:  # noqa: ASYNC109

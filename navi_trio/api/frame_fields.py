@@ -25,6 +25,7 @@ CALL_ID_MAX_CHARS = 256  # the model's server chooses tool-call ids
 PATH_MAX_CHARS = 4096
 SPEC_MAX_CHARS = 128  # a schedule's cron, every or at
 SCHEDULE_MESSAGE_MAX = 16_000  # a schedule's message (core/schedules.py MESSAGE_MAX_CHARS)
+HISTORY_LIMIT_MAX = 1000  # messages in one history reply (also the default)
 
 
 class LongNumber:
@@ -102,3 +103,33 @@ def point(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
 def token(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
     if value is not None and not _TOKEN.fullmatch(value):
         raise ValueError(f"field {attr.name!r} must be the token of a rewind's preview")
+
+
+# A history cursor is the position of a page's last message: opaque to clients, who send
+# back the `next_cursor` of a reply as it came.
+_CURSOR = re.compile(r"-?[0-9]{1,20}(?:\.[0-9]{1,20})?(?:e[+-]?[0-9]{1,3})?")
+
+
+def history_cursor(position: float) -> str:
+    return repr(float(position))
+
+
+def cursor_position(cursor: str) -> float:
+    return float(cursor)
+
+
+def cursor(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and not _CURSOR.fullmatch(value):
+        raise ValueError(
+            f"field {attr.name!r} must be the next_cursor of a history reply, not {shown(value)}"
+        )
+
+
+def history_limit(_inst: Any, attr: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None and not 1 <= value <= HISTORY_LIMIT_MAX:
+        raise ValueError(f"field {attr.name!r} must be 1 to {HISTORY_LIMIT_MAX}, not {value}")
+
+
+def history_only(inst: Any, attr: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and inst.action != "history":
+        raise ValueError(f"field {attr.name!r} is for action 'history' only")

@@ -13,13 +13,17 @@ is refused: stored, it would break every later request of the session.
 Server frames are plain dicts, all built here: `event_frame` (an AgentEvent with its
 session id and seq), `resync_frame` and `lagged_frame` (the session's output path:
 the runtime hands `event_frame` and `resync_frame` to the core, which may not import
-this module), `error_frame`, `welcome_frame` and `reply`. The full protocol is in the
-README ("WebSocket protocol").
+this module), `error_frame`, `welcome_frame` and `reply`. `for_user` is what a user gets
+of a frame: in an error or warning (an LLM error names the endpoint, ``cannot connect to
+the LLM at http://…``) every address hidden from all but admins, and the credentials an
+address carries from everyone. The full protocol is in the README ("WebSocket
+protocol").
 """
 
 from __future__ import annotations
 
 import json
+import re
 import typing
 from typing import Any, Literal
 
@@ -44,7 +48,7 @@ from navi_trio.api.command_frames import Tasks as Tasks
 from navi_trio.api.command_frames import Unsubscribe as Unsubscribe
 from navi_trio.api.frame_fields import LongNumber, shown
 from navi_trio.errors import FrameTooLargeError, ProtocolError, RequestError, UnknownTypeError
-from navi_trio.events import AgentEvent, event_to_dict
+from navi_trio.events import AgentEvent, ErrorEvent, WarningEvent, event_to_dict
 from navi_trio.profiles import BudgetConfig, parse_budgets
 from navi_trio.text import clean_json, clean_text, clip, has_lone_surrogate
 from navi_trio.wire import PROTOCOL_VERSION as PROTOCOL_VERSION
@@ -343,6 +347,54 @@ def welcome_frame(
     if llm_backend is not None:
         frame["llm_backend"] = llm_backend  # `navi chat --local` tells a mismatch
     return frame
+
+
+# An address in a text: a URL (a scheme and what follows up to a space or a quote, without
+# the sentence's punctuation after it), an IP address (with its port), or a name with a
+# port (``all attempts to connect to gpu-box:11434 failed``, in the HTTP library's words);
+# and the credentials a URL may carry (``user:pass@``).
+_ADDRESS = re.compile(
+    r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>.,:;)\]]"
+    r"|\[[0-9A-Fa-f:.]+\](?::[0-9]{1,5})?"
+    r"|\b[0-9]{1,3}(?:\.[0-9]{1,3}){3}(?::[0-9]{1,5})?\b"
+    r"|\b[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*:[0-9]{1,5}\b"
+)
+_CREDENTIALS = re.compile(r"(?<=://)[^/\s'\"<>@]+@")
+ADDRESS_HIDDEN = "[address hidden]"
+_NAMING_ENDPOINTS = frozenset({ErrorEvent.type, WarningEvent.type, wire.ERROR})
+
+
+def hide_addresses(text: str, *, admin: bool = False) -> str:
+    """`text` with every address (``http://host:port/…``, ``10.0.0.5:11434``) replaced by
+    `ADDRESS_HIDDEN`; for an admin, only the credentials in a URL (``http://***@host…``)."""
+    if admin:
+        return _CREDENTIALS.sub("***@", text) if "@" in text else text
+    return _ADDRESS.sub(ADDRESS_HIDDEN, text)
+
+
+def for_user(frame: Frame, *, admin: bool) -> Frame:
+    """`frame` as a user gets it: in the message of an error or warning, every address is
+    hidden from a user who is not an admin (the LLM endpoint's is the admins' to know),
+    and the credentials an address carries from everyone. Any other frame, or one with
+    nothing to hide, is `frame` itself."""
+    message = frame.get("message")
+    if frame.get("type") not in _NAMING_ENDPOINTS or not isinstance(message, str):
+        return frame
+    hidden = hide_addresses(message, admin=admin)
+    return frame if hidden == message else {**frame, "message": hidden}
+
+
+def history_for_user(messages: list[dict[str, Any]], *, admin: bool) -> list[dict[str, Any]]:
+    """Display messages as `for_user` shows frames: the error a turn ended with (kept on
+    its last message) with its addresses hidden."""
+    out = []
+    for message in messages:
+        error = message.get("error")
+        if isinstance(error, str):
+            hidden = hide_addresses(error, admin=admin)
+            message = message if hidden == error else {**message, "error": hidden}
+        out.append(message)
+    return out
 
 
 def reply(request_id: RequestId, type_: str, **fields: Any) -> Frame:

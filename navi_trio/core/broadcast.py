@@ -27,8 +27,9 @@ any session with the same rules:
     The last seq published, this life's name, whether anybody listens, and the end
     (every subscription closes after the frames already in it).
 
-A subscriber too slow for its bounded queue is cut off: its queue is closed after the
-frames already in it, and `Subscription.lagged` says from which seq it missed frames,
+A subscriber too slow for its queue (bounded in frames and in characters) is cut off:
+its queue is closed after the frames already in it, and `Subscription.lagged` says from
+which seq it missed frames,
 so its owner can tell the client (``lagged``) and subscribe again from the last seq it
 delivered (`Follower` does that, for every reader that follows a session). Nobody
 ever waits for it. While it is behind, its waiting deltas merge
@@ -59,6 +60,7 @@ import trio
 
 from navi_trio.core.channel import MERGE_MAX_CHARS as MERGE_MAX_CHARS
 from navi_trio.core.channel import MergingSender, merged_frame, open_frame_channel
+from navi_trio.core.channel import frame_size as frame_size
 from navi_trio.events import AgentEvent
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,9 @@ Encode = Callable[[AgentEvent, str, "int | None", "str | None"], Frame]
 # The frame that says "reload the history": (session_id, seq, epoch) -> frame.
 Resync = Callable[[str, int, str], Frame]
 SUBSCRIBER_BUFFER = 1000
+# What one subscriber may have waiting, in characters (`frame_size`), besides its replay:
+# a client that does not read is cut off (lagged) before it holds more.
+SUBSCRIBER_MAX_CHARS = 2_000_000
 
 
 def new_epoch() -> str:
@@ -81,17 +86,6 @@ def new_epoch() -> str:
 REPLAY_MAX_FRAMES = 2000
 REPLAY_MAX_CHARS = 4_000_000
 _FRAME_OVERHEAD = 64
-
-
-def frame_size(value: Any) -> int:
-    """A cheap estimate of a frame's size in characters (strings count, the rest a little)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(frame_size(v) + 8 for v in value.values())
-    if isinstance(value, list | tuple):
-        return sum(frame_size(v) + 2 for v in value)
-    return 8
 
 
 @attrs.define
@@ -182,9 +176,11 @@ class Subscription:
     missed_to)``, the seqs of the first and last frame it did not get at that moment.
     """
 
-    def __init__(self, leave: Callable[[Subscription], None], max_frames: int) -> None:
+    def __init__(
+        self, leave: Callable[[Subscription], None], max_frames: int, max_chars: int
+    ) -> None:
         self._leave = leave
-        self.send, self.frames = open_frame_channel(max_frames)
+        self.send, self.frames = open_frame_channel(max_frames, max_chars)
         self.lagged: tuple[int, int] | None = None
 
     def close(self) -> None:
@@ -343,7 +339,8 @@ class LocalBroadcast:
                 backlog = missed
         # Room for the whole backlog on top of the usual margin: a replay must never
         # cut off the subscriber it is for.
-        sub = Subscription(self._leave, SUBSCRIBER_BUFFER + len(backlog))
+        chars = SUBSCRIBER_MAX_CHARS + sum(frame_size(f) for f in backlog)
+        sub = Subscription(self._leave, SUBSCRIBER_BUFFER + len(backlog), chars)
         self._subscribers[sub.send] = sub
         for frame in backlog:
             self._offer(sub.send, frame)

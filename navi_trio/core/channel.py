@@ -49,8 +49,9 @@ With a reader that keeps up nothing is ever merged: it sees exactly what was sen
 `statistics()` tells how many events were merged and dropped.
 
 A subscriber's frames (`FrameQueue`): a delta frame merges into the one waiting last;
-at most `max_frames` wait, and one more that cannot merge raises `trio.WouldBlock`
-(the session cuts that subscriber off: ``lagged``).
+at most `max_frames` wait, and `max_chars` of them (`frame_size`), and one more that
+cannot merge raises `trio.WouldBlock` (the session cuts that subscriber off: ``lagged``).
+A frame bigger than `max_chars` alone still goes into an empty queue.
 """
 
 from __future__ import annotations
@@ -416,23 +417,62 @@ def emitter(send: SendsNowait) -> Callable[[AgentEvent], None]:
 # -- a subscriber's frames --------------------------------------------------------------
 
 
+def frame_size(value: Any) -> int:
+    """A cheap estimate of a frame's size in characters (strings count, the rest a little)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(frame_size(v) + 8 for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(frame_size(v) + 2 for v in value)
+    return 8
+
+
 class FrameQueue(MergingQueue[Frame]):
     """One subscriber's frames: a delta merges into the one waiting last; at most
-    `max_frames` wait, and one more that cannot merge raises `trio.WouldBlock`."""
+    `max_frames` wait, and `max_chars` of them; one more that cannot merge raises
+    `trio.WouldBlock`."""
 
-    def __init__(self, max_frames: int) -> None:
+    def __init__(self, max_frames: int, max_chars: int) -> None:
         super().__init__()
         self.max_frames = max(max_frames, 1)
+        self.max_chars = max_chars
+        self.sizes: collections.deque[int] = collections.deque()  # each item's frame_size
+        self.chars = 0
 
     def put(self, frame: Frame) -> bool:
-        if self.merge_into_tail(frame, merged_frame):
-            return False  # the reader already has one waiting
-        if len(self.items) >= self.max_frames:
+        if self.items:
+            merged = merged_frame(self.items[-1], frame)
+            if merged is not None:
+                self.items[-1] = merged
+                self.merged += 1
+                grow = len(frame["text"])
+                self.sizes[-1] += grow
+                self.chars += grow
+                return False  # the reader already has one waiting
+        size = frame_size(frame)
+        if self.items and (
+            len(self.items) >= self.max_frames or self.chars + size > self.max_chars
+        ):
             raise trio.WouldBlock
         self.items.append(frame)
+        self.sizes.append(size)
+        self.chars += size
         return True
 
+    def take(self) -> Frame:
+        self.chars -= self.sizes.popleft()
+        return self.items.popleft()
 
-def open_frame_channel(max_frames: int) -> tuple[MergingSender[Frame], MergingReceiver[Frame]]:
-    """One subscriber's queue, at most `max_frames` frames waiting (`FrameQueue`)."""
-    return open_merging_channel(FrameQueue(max_frames))
+    def clear(self) -> None:
+        self.items.clear()
+        self.sizes.clear()
+        self.chars = 0
+
+
+def open_frame_channel(
+    max_frames: int, max_chars: int
+) -> tuple[MergingSender[Frame], MergingReceiver[Frame]]:
+    """One subscriber's queue, at most `max_frames` frames and `max_chars` waiting
+    (`FrameQueue`)."""
+    return open_merging_channel(FrameQueue(max_frames, max_chars))

@@ -19,13 +19,21 @@ from sqlite_utils import Database
 
 from navi_trio.errors import StoreError
 from navi_trio.store._core import _Core
-from navi_trio.store._input import _prepare, _prepare_rewrite, _Rewrite, _Row, check_session_id
+from navi_trio.store._input import (
+    _prepare,
+    _prepare_rewrite,
+    _Rewrite,
+    _Row,
+    check_page,
+    check_session_id,
+    page_end,
+)
 from navi_trio.store._kv import _kv_delete, _kv_set
 from navi_trio.store._lease import check_fence
 from navi_trio.store._queue import _unqueue
 from navi_trio.store._schema import _HISTORY, _write_tx
 from navi_trio.store._sessions import _get_session, _require_session
-from navi_trio.store.base import LoadedSession
+from navi_trio.store.base import HistoryPage, LoadedSession
 from navi_trio.store.fence import Fence, fence_for
 from navi_trio.store.repair import placeholder_positions, repair_dangling_tool_calls
 from navi_trio.text import loads_clean
@@ -66,6 +74,17 @@ class _History(_Core):
         sid = check_session_id(session_id)
         return await self._run(
             f"load messages of {sid!r}", lambda db: _load_history(db, "messages", sid)
+        )
+
+    async def load_messages_page(
+        self, session_id: str, *, after: float | None = None, limit: int, max_bytes: int
+    ) -> HistoryPage:
+        """One page of the display history (SessionStore.load_messages_page)."""
+        sid = check_session_id(session_id)
+        check_page(limit, max_bytes)
+        return await self._run(
+            f"load a page of messages of {sid!r}",
+            lambda db: _load_page(db, sid, after, limit, max_bytes),
         )
 
     async def load_context(self, session_id: str) -> list[dict[str, Any]]:
@@ -159,6 +178,34 @@ def _load_history(db: Database, table: str, sid: str) -> list[dict[str, Any]]:
         f"SELECT data FROM {table} WHERE session_id = ? ORDER BY position", [sid]
     ).fetchall()
     return [loads_clean(r[0]) for r in rows]  # an older version stored lone surrogates
+
+
+def _load_page(
+    db: Database, sid: str, after: float | None, limit: int, max_bytes: int
+) -> HistoryPage:
+    _require_session(db, sid)
+    where, params = ("AND position > ?", [after]) if after is not None else ("", [])
+    # The sizes first, stepped lazily: the rows past the page are never read. The data is
+    # ASCII JSON (store/_input.py `_dump`): its length is its size in bytes.
+    sizes = db.execute(
+        f"SELECT position, length(data) FROM messages WHERE session_id = ? {where}"
+        " ORDER BY position LIMIT ?",
+        [sid, *params, limit + 1],
+    )
+    try:
+        end = page_end(sizes, limit, max_bytes)
+    finally:
+        sizes.close()
+    if end is None:
+        return HistoryPage(messages=[], next_after=None)
+    last, more = end
+    rows = db.execute(
+        f"SELECT data FROM messages WHERE session_id = ? {where} AND position <= ?"
+        " ORDER BY position",
+        [sid, *params, last],
+    ).fetchall()
+    messages = [loads_clean(r[0]) for r in rows]  # an older version stored lone surrogates
+    return HistoryPage(messages=messages, next_after=last if more else None)
 
 
 def _replace_context(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from navi_trio.errors import StoreError
@@ -146,3 +146,28 @@ def _prepare_rewrite(
             (_check_text(scope, "kv scope"), _check_text(key, "kv key", allow_empty=True))
         )
     return _Rewrite(keep, msg_rows, _prepare(context, "context", done), sets, deletes)
+
+
+def check_page(limit: int, max_bytes: int) -> None:
+    """`load_messages_page`'s bounds: each a whole number of 1 or more."""
+    for name, value in (("limit", limit), ("max_bytes", max_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise StoreError(
+                f"a history page's {name} must be a whole number of 1 or more, not {value!r}"
+            )
+
+
+def page_end(
+    sizes: Iterable[tuple[float, int]], limit: int, max_bytes: int
+) -> tuple[float, bool] | None:
+    """Where a history page ends, from its candidates' (position, stored size) in order:
+    the position of its last message and whether more follow (None: no candidates). A
+    page takes messages while they number at most `limit` and add up to at most
+    `max_bytes`, and always the first, however big. `sizes` is read only one past the
+    page's end, so a lazy cursor reads no further."""
+    last, total, count = 0.0, 0, 0
+    for position, size in sizes:
+        if count and (count == limit or total + size > max_bytes):
+            return last, True
+        last, total, count = float(position), total + size, count + 1
+    return (last, False) if count else None

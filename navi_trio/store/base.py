@@ -72,6 +72,17 @@ class LoadedSession:
 
 
 @attrs.frozen
+class HistoryPage:
+    """One page of a session's display history, oldest first (`load_messages_page`).
+
+    `next_after` is the position of its last message when more messages follow (pass it
+    back as `after` for the next page), None when this page ends the history."""
+
+    messages: list[dict[str, Any]]
+    next_after: float | None
+
+
+@attrs.frozen
 class LeaseRow:
     """Who runs a session: `owner` (one per runtime), its `pid` and `host`, until when."""
 
@@ -172,6 +183,14 @@ class SessionStore(Protocol):
         dequeue: str | None = None,
     ) -> None: ...
     async def load_messages(self, session_id: str) -> list[dict[str, Any]]: ...
+    async def load_messages_page(
+        self, session_id: str, *, after: float | None = None, limit: int, max_bytes: int
+    ) -> HistoryPage:
+        """The display messages after position `after` (from the first without): at most
+        `limit`, and no more than `max_bytes` of stored JSON in all, except that a page
+        holds one message at least, however big. Only that page is read into memory."""
+        ...
+
     async def load_context(self, session_id: str) -> list[dict[str, Any]]: ...
     async def replace_context(self, session_id: str, context: Sequence[dict[str, Any]]) -> None: ...
     async def rewrite_history(

@@ -9,7 +9,7 @@
 import { Wire, frames, isSessionFrame } from "./wire.js";
 import { errorText, oneLine } from "./dom.js";
 import { $, request, showError, state, transcript } from "./page.js";
-import { adopt, closeSidebarOnPhone, onHistory, onSessionFrame, openSession, renderSessions, resetSession, showEmpty } from "./sessions.js";
+import { adopt, closeSidebarOnPhone, onHistoryPage, onSessionFrame, openSession, pageRefused, renderSessions, resetSession, showEmpty } from "./sessions.js";
 import { onTaskUpdate, onTasks } from "./tasks.js";
 import { sendMessage, setBusy, stopRun, updateStatus } from "./composer.js";
 
@@ -97,7 +97,7 @@ function onFrame(frame) {
       return;
     case "sessions":
       if (frame.action === "list") renderSessions(Array.isArray(frame.sessions) ? frame.sessions : []);
-      else if (frame.action === "history") onHistory(frame);
+      else if (frame.action === "history") onHistoryPage(frame, what);
       else if (frame.action === "delete") {
         if (frame.session_id === state.sid) showEmpty();
         request(frames.sessionsList(), { kind: "list" });
@@ -137,6 +137,7 @@ function onRequestError(frame, what) {
     onUnauthorized(frame.message || "unauthorized");
     return;
   }
+  if (pageRefused(frame, what)) return; // asked for again shortly
   if (what && what.kind === "history" && state.opening === what.sid) {
     state.opening = null;
     showEmpty();

@@ -1,6 +1,7 @@
 // A small Markdown renderer that builds DOM nodes: text only ever goes in through
 // createTextNode / textContent, never innerHTML, so a model's "<img onerror=...>" or
-// "<script>" stays text. Links keep only http(s) and mailto targets.
+// "<script>" stays text. Links keep only http(s) and mailto targets; each shows its full
+// address on hover, and one to another site is marked with that site's host.
 //
 // Blocks: fenced code (with highlighting), ATX headings, rules, block quotes, lists
 // (- * + and 1.), tables (| a | b | with a --- row), paragraphs. Inline: `code`,
@@ -183,7 +184,18 @@ function link(parent, text, url) {
   a.href = url;
   a.rel = "noopener noreferrer nofollow";
   a.target = "_blank";
+  // The model chooses both the text and the address: the full address shows on hover,
+  // and a link off this site is marked with its host (as the browser spells it: an
+  // internationalised name in punycode, so a look-alike shows as what it is).
+  a.title = a.href;
   inline(a, text);
+  if (/^https?:/i.test(a.href)) {
+    const target = new URL(a.href);
+    if (target.origin !== location.origin) {
+      a.classList.add("external");
+      a.dataset.host = target.host;
+    }
+  }
   parent.append(a);
 }
 

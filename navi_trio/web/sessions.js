@@ -44,7 +44,38 @@ export function openSession(sid) {
   request(frames.history(sid), { kind: "history", sid });
 }
 
-export function onHistory(frame) {
+// A long history comes in pages, each naming the next one's cursor: the pages are put
+// together and shown once the last came (the seq to subscribe from is the last's). A
+// page refused for the frame rate is asked for again shortly.
+const PAGE_RETRIES = 10;
+const PAGE_RETRY_MS = 200;
+
+function wanted(sid) {
+  return sid === state.opening || (state.resync !== null && sid === state.sid);
+}
+
+export function onHistoryPage(frame, what) {
+  const sid = String(frame.session_id);
+  const messages = Array.isArray(frame.messages) ? frame.messages : [];
+  const sofar = what && Array.isArray(what.pages) ? what.pages.concat(messages) : messages;
+  if (typeof frame.next_cursor !== "string") {
+    onHistory({ ...frame, messages: sofar });
+  } else if (wanted(sid)) {
+    request(frames.history(sid, frame.next_cursor), { kind: "history", sid, pages: sofar, cursor: frame.next_cursor });
+  }
+}
+
+export function pageRefused(frame, what) {
+  if (frame.code !== "rate_limited" || !what || what.kind !== "history" || !what.cursor) return false;
+  const retries = (what.retries || 0) + 1;
+  if (retries > PAGE_RETRIES) return false;
+  setTimeout(() => {
+    if (wanted(what.sid)) request(frames.history(what.sid, what.cursor), { ...what, retries });
+  }, PAGE_RETRY_MS);
+  return true;
+}
+
+function onHistory(frame) {
   const sid = String(frame.session_id);
   const messages = Array.isArray(frame.messages) ? frame.messages : [];
   if (state.resync && sid === state.sid) {

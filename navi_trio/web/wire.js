@@ -156,7 +156,11 @@ export const frames = {
     return f;
   },
   sessionsDelete: (sid) => ({ type: "sessions", action: "delete", session_id: sid }),
-  history: (sid) => ({ type: "sessions", action: "history", session_id: sid }),
+  history(sid, cursor) {
+    const f = { type: "sessions", action: "history", session_id: sid };
+    if (cursor) f.cursor = cursor; // the next_cursor of the page before
+    return f;
+  },
   tasks(action, sid, taskId) {
     const f = { type: "tasks", action };
     if (sid) f.session_id = sid;

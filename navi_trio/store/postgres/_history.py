@@ -18,9 +18,9 @@ import psycopg.errors as pg
 from psycopg import sql
 
 from navi_trio.errors import StoreError
-from navi_trio.store._input import _prepare, _Rewrite, _Row
+from navi_trio.store._input import _prepare, _Rewrite, _Row, page_end
 from navi_trio.store._schema import _session_from
-from navi_trio.store.base import LoadedSession, SessionRow
+from navi_trio.store.base import HistoryPage, LoadedSession, SessionRow
 from navi_trio.store.fence import Fence, lost
 from navi_trio.store.postgres import _tables as t
 from navi_trio.store.postgres._workers import Conn
@@ -177,6 +177,30 @@ def load_history(conn: Conn, table: str, sid: str) -> list[dict[str, Any]]:
         sql.Identifier(table)
     )
     return [loads_clean(r[0]) for r in conn.execute(query, [sid])]
+
+
+def load_page(conn: Conn, sid: str, after: float | None, limit: int, max_bytes: int) -> HistoryPage:
+    """One page of the display history: the sizes first (octet_length reads a stored
+    value's length without its data), then the data of that page alone."""
+    if conn.execute("SELECT 1 FROM sessions WHERE id = %s", [sid]).fetchone() is None:
+        raise StoreError(f"no session {sid!r} in the store")
+    where, params = ("AND position > %s", [after]) if after is not None else ("", [])
+    sizes = conn.execute(
+        f"SELECT position, octet_length(data) FROM messages WHERE session_id = %s {where}"
+        " ORDER BY position LIMIT %s",
+        [sid, *params, limit + 1],
+    ).fetchall()
+    end = page_end(sizes, limit, max_bytes)
+    if end is None:
+        return HistoryPage(messages=[], next_after=None)
+    last, more = end
+    rows = conn.execute(
+        f"SELECT data FROM messages WHERE session_id = %s {where} AND position <= %s"
+        " ORDER BY position",
+        [sid, *params, last],
+    )
+    messages = [loads_clean(r[0]) for r in rows]
+    return HistoryPage(messages=messages, next_after=last if more else None)
 
 
 def replace_context(

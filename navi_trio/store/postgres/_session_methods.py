@@ -17,10 +17,11 @@ from navi_trio.store._input import (
     _dump,
     _prepare,
     _prepare_rewrite,
+    check_page,
     check_session_id,
 )
 from navi_trio.store._sessions import _new_session_id
-from navi_trio.store.base import LoadedSession, SessionRow
+from navi_trio.store.base import HistoryPage, LoadedSession, SessionRow
 from navi_trio.store.fence import fence_for
 from navi_trio.store.postgres import _history as h
 from navi_trio.store.postgres._core import _Core
@@ -121,6 +122,18 @@ class _Sessions(_Core):
         sid = check_session_id(session_id)
         return await self._run(
             f"load messages of {sid!r}", lambda c: h.load_history(c, "messages", sid), write=False
+        )
+
+    async def load_messages_page(
+        self, session_id: str, *, after: float | None = None, limit: int, max_bytes: int
+    ) -> HistoryPage:
+        """One page of the display history (SessionStore.load_messages_page)."""
+        sid = check_session_id(session_id)
+        check_page(limit, max_bytes)
+        return await self._run(
+            f"load a page of messages of {sid!r}",
+            lambda c: h.load_page(c, sid, after, limit, max_bytes),
+            write=False,
         )
 
     async def load_context(self, session_id: str) -> list[dict[str, Any]]:

@@ -1,0 +1,92 @@
+"""A connection's outbox: the frames' texts waiting for its writer, bounded in bytes.
+
+Every frame a connection sends waits here, encoded, until the writer hands it to the
+socket. A client that does not read leaves the writer blocked on the socket; the outbox
+then fills and whoever sends next waits for room: the reader (so the client's next
+requests stay unread in its socket, where they cost the daemon nothing), a subscription's
+pump (its session then cuts that subscription off: ``lagged``). Two bounds: `max_frames`
+texts, and `max_bytes` of them in memory (`sys.getsizeof`, what the text really holds).
+A text bigger than `max_bytes` alone still goes, when nothing else waits: it was built
+already, and the daemon bounds each frame where it is made (a history reply is a page).
+
+Senders take turns in arrival order (a `trio.Lock` is fair): a big reply is not starved
+by small frames slipping past it. `close()` drops what waits, at once, whoever still
+holds the outbox. The first wait of a stall is logged (at info, naming `who`): the
+client stopped reading, or reads slower than the daemon answers.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import sys
+
+import trio
+
+log = logging.getLogger(__name__)
+
+
+class Outbox:
+    def __init__(self, max_frames: int, max_bytes: int, who: str = "a connection") -> None:
+        self.max_frames = max(max_frames, 1)
+        self.max_bytes = max_bytes
+        self.who = who
+        self._stalled = False  # a sender waited since the outbox was last empty
+        self._texts: collections.deque[str] = collections.deque()
+        self.bytes = 0
+        self._turn = trio.Lock()  # the sender whose turn it is waits for room, alone
+        self._room = trio.lowlevel.ParkingLot()  # that sender, parked
+        self._ready = trio.lowlevel.ParkingLot()  # the writer, waiting for a text
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def _fits(self, size: int) -> bool:
+        if not self._texts:
+            return True
+        return len(self._texts) < self.max_frames and self.bytes + size <= self.max_bytes
+
+    async def put(self, text: str) -> None:
+        """Queue `text` for the writer, once there is room for it."""
+        size = sys.getsizeof(text)
+        async with self._turn:
+            while not self._fits(size):
+                if self._closed:
+                    raise trio.ClosedResourceError("the connection's outbox is closed")
+                if not self._stalled:
+                    self._stalled = True
+                    log.info(
+                        "%s: the client is not reading: %d frames (%d bytes) wait to be "
+                        "sent; its requests wait", self.who, len(self._texts), self.bytes,
+                    )  # fmt: skip
+                await self._room.park()
+            if self._closed:
+                raise trio.ClosedResourceError("the connection's outbox is closed")
+            self._texts.append(text)
+            self.bytes += size
+            self._ready.unpark_all()
+
+    async def get(self) -> str:
+        """The oldest text waiting (the writer's end)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while not self._texts:
+            if self._closed:
+                raise trio.EndOfChannel
+            await self._ready.park()
+        text = self._texts.popleft()
+        self.bytes -= sys.getsizeof(text)
+        if not self._texts:
+            self._stalled = False
+        self._room.unpark_all()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return text
+
+    def close(self) -> None:
+        """Drop what waits; a sender waiting for room, and any later one, gets
+        `trio.ClosedResourceError`, the writer `trio.EndOfChannel`."""
+        self._closed = True
+        self._texts.clear()
+        self.bytes = 0
+        self._room.unpark_all()
+        self._ready.unpark_all()
