@@ -177,6 +177,10 @@ class Settings:
     # that jumped).
     schedules_per_user: int = attrs.field(default=20, metadata=_env("NAVI_SCHEDULES_PER_USER"))
     schedule_poll_sec: float = attrs.field(default=60.0, metadata=_env("NAVI_SCHEDULE_POLL_SEC"))
+    # Budgets (core/budgets.py): a model call's token reservation in the session's and
+    # the user's day's counters lasts this long at most, so one a dead daemon left
+    # (elsewhere: on its own host it goes at once) stops counting.
+    budget_hold_sec: float = attrs.field(default=900.0, metadata=_env("NAVI_BUDGET_HOLD_SEC"))
     backgroundable_tools: tuple[str, ...] = attrs.field(
         default=DEFAULT_BACKGROUNDABLE, metadata=_env("NAVI_BACKGROUNDABLE_TOOLS")
     )
