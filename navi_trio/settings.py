@@ -263,6 +263,14 @@ class Settings:
         default=100_000, metadata=_env("NAVI_CHECKPOINT_MAX_FILES")
     )
     checkpoint_max_sec: float = attrs.field(default=10.0, metadata=_env("NAVI_CHECKPOINT_MAX_SEC"))
+    # The new content all kept checkpoints of one user's sessions, and of everyone's,
+    # may hold: a snapshot that would pass one is skipped as one over the bound above.
+    checkpoint_user_max_bytes: int = attrs.field(
+        default=1 << 30, metadata=_env("NAVI_CHECKPOINT_USER_MAX_BYTES")
+    )
+    checkpoint_total_max_bytes: int = attrs.field(
+        default=8 << 30, metadata=_env("NAVI_CHECKPOINT_TOTAL_MAX_BYTES")
+    )
     checkpoint_keep: int = attrs.field(default=50, metadata=_env("NAVI_CHECKPOINT_KEEP"))
     checkpoint_max_age_sec: float = attrs.field(
         default=14 * 86400.0, metadata=_env("NAVI_CHECKPOINT_MAX_AGE_SEC")
