@@ -250,7 +250,7 @@ async def test_a_bad_reservation_is_refused_naming_the_problem(
         async with backend.open() as store:
             with pytest.raises(StoreError, match=problem):
                 await store.reserve_usage(asks, request_)
-            with pytest.raises(StoreError, match="list of ids"):
+            with pytest.raises(StoreError, match="list of strings"):
                 await store.settle_usage({}, release="h-1")
             assert await backend.query("SELECT count(*) FROM usage_holds") == [(0,)]
 

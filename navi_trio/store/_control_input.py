@@ -54,17 +54,23 @@ def check_limit(limit: int, per: float) -> None:
         raise StoreError(f"a wake-up window must be a number of seconds above 0, got {per!r}")
 
 
-def check_keys(keys: Sequence[str]) -> list[str]:
-    if isinstance(keys, str):
-        raise StoreError("usage keys must be a list of strings, not one string")
-    names = list(dict.fromkeys(keys))
-    if len(names) > KEYS_MAX:
-        raise StoreError(f"at most {KEYS_MAX} usage keys at once, got {len(names)}")
-    for key in names:
-        _check_text(key, "usage key")
-        if len(key) > KEY_MAX_CHARS:
-            raise StoreError(f"a usage key is at most {KEY_MAX_CHARS} characters")
+def _names(values: Sequence[str], what: str, most: int, chars: int) -> list[str]:
+    """`values` (a list of `what`s), without repeats: at most `most`, each a text of at
+    most `chars` characters."""
+    if isinstance(values, str):
+        raise StoreError(f"{what}s must be a list of strings, not one string")
+    names = list(dict.fromkeys(values))
+    if len(names) > most:
+        raise StoreError(f"at most {most} {what}s at once, got {len(names)}")
+    for name in names:
+        _check_text(name, what)
+        if len(name) > chars:
+            raise StoreError(f"a {what} is at most {chars} characters")
     return names
+
+
+def check_keys(keys: Sequence[str]) -> list[str]:
+    return _names(keys, "usage key", KEYS_MAX, KEY_MAX_CHARS)
 
 
 def check_amounts(amounts: dict[str, float]) -> dict[str, float]:
@@ -92,19 +98,11 @@ def _kinds(values: dict[str, Any], what: str) -> dict[str, float]:
 
 
 def check_hold(hold: str) -> str:
-    _check_text(hold, "usage hold")
-    if len(hold) > HOLD_MAX_CHARS:
-        raise StoreError(f"a usage hold id is at most {HOLD_MAX_CHARS} characters")
-    return hold
+    return _names([hold], "usage hold", 1, HOLD_MAX_CHARS)[0]
 
 
 def check_release(release: Sequence[str]) -> list[str]:
-    if isinstance(release, str):
-        raise StoreError("usage holds to release must be a list of ids, not one string")
-    holds = list(dict.fromkeys(release))
-    if len(holds) > HOLDS_MAX:
-        raise StoreError(f"at most {HOLDS_MAX} usage holds at once, got {len(holds)}")
-    return [check_hold(h) for h in holds]
+    return _names(release, "usage hold", HOLDS_MAX, HOLD_MAX_CHARS)
 
 
 def check_adds(adds: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
