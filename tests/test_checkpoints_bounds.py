@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import trio
+from rewind_kit import FULL, PROFILES, TIMEOUT, calls, say, turn, write
 from test_checkpoints_support import (
     DEADLINE,
     engine_for,
@@ -246,8 +247,6 @@ FILE = 60_000  # bytes of new content each session's folder brings
 
 
 async def test_a_users_checkpoints_and_all_checkpoints_have_a_total(tmp_path: Path) -> None:
-    from rewind_kit import FULL, PROFILES, TIMEOUT, calls, say, turn, write
-
     folders = {}
     for sid in ("a1", "a2", "b1", "b2"):
         folders[sid] = real_dir(tmp_path / f"work-{sid}")
