@@ -110,7 +110,8 @@ class SandboxUnavailableError(ToolInputError):
 class BudgetExhaustedError(NaviError):
     """A run's budget is spent (core/budgets.py): `scope` (turn, session, user_day,
     subagent), `kind` (tokens, wall_sec, tool_calls, subagents), what was `spent`, the
-    `limit`. The run ends with ``budget_exhausted``, saved as a stop is."""
+    `limit`; `held`, what calls under way have reserved of it. The run ends with
+    ``budget_exhausted``, saved as a stop is."""
 
     code = "budget_exhausted"
     _UNITS = {"tokens": "tokens", "wall_sec": "seconds", "tool_calls": "tool calls",
@@ -118,14 +119,20 @@ class BudgetExhaustedError(NaviError):
     _SCOPES = {"turn": "turn", "session": "session", "user_day": "daily",
                "subagent": "sub-agent"}  # fmt: skip
 
-    def __init__(self, scope: str, kind: str, *, spent: float, limit: float) -> None:
+    def __init__(
+        self, scope: str, kind: str, *, spent: float, limit: float, held: float = 0.0
+    ) -> None:
         self.scope, self.kind, self.spent, self.limit = scope, kind, spent, limit
+        self.held = held  # reserved by calls under way (other runs' included)
         unit = self._UNITS.get(kind, kind)
         shown = f"{spent:.1f}" if kind == "wall_sec" else f"{int(spent)}"
-        super().__init__(
-            f"the {self._SCOPES.get(scope, scope)} budget of {limit:g} {unit} is spent "
-            f"({shown} used)"
-        )
+        budget = f"the {self._SCOPES.get(scope, scope)} budget of {limit:g} {unit}"
+        if held > 0:
+            super().__init__(
+                f"{budget} has no room left ({shown} used, {int(held)} held by calls under way)"
+            )
+        else:
+            super().__init__(f"{budget} is spent ({shown} used)")
 
 
 class TaskRejectedError(NaviError):

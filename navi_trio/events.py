@@ -182,6 +182,7 @@ class BudgetExhausted(AgentEvent):
     spent: float
     limit: float
     message: str = ""
+    held: float = 0.0  # reserved by calls under way, besides what was spent
 
 
 @attrs.frozen

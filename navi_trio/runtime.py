@@ -223,6 +223,7 @@ async def open_runtime(
                 lambda: config.current,
                 lambda: sessions,
                 clock=wall_clock or time.time,
+                notices=notices,
             )
             if schedules:
                 await nursery.start(scheduler.run)

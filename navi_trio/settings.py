@@ -177,6 +177,10 @@ class Settings:
     # that jumped).
     schedules_per_user: int = attrs.field(default=20, metadata=_env("NAVI_SCHEDULES_PER_USER"))
     schedule_poll_sec: float = attrs.field(default=60.0, metadata=_env("NAVI_SCHEDULE_POLL_SEC"))
+    # Budgets (core/budgets.py): a model call's token reservation in the session's and
+    # the user's day's counters lasts this long at most, so one a dead daemon left
+    # (elsewhere: on its own host it goes at once) stops counting.
+    budget_hold_sec: float = attrs.field(default=900.0, metadata=_env("NAVI_BUDGET_HOLD_SEC"))
     backgroundable_tools: tuple[str, ...] = attrs.field(
         default=DEFAULT_BACKGROUNDABLE, metadata=_env("NAVI_BACKGROUNDABLE_TOOLS")
     )
@@ -259,6 +263,14 @@ class Settings:
         default=100_000, metadata=_env("NAVI_CHECKPOINT_MAX_FILES")
     )
     checkpoint_max_sec: float = attrs.field(default=10.0, metadata=_env("NAVI_CHECKPOINT_MAX_SEC"))
+    # The new content all kept checkpoints of one user's sessions, and of everyone's,
+    # may hold: a snapshot that would pass one is skipped as one over the bound above.
+    checkpoint_user_max_bytes: int = attrs.field(
+        default=1 << 30, metadata=_env("NAVI_CHECKPOINT_USER_MAX_BYTES")
+    )
+    checkpoint_total_max_bytes: int = attrs.field(
+        default=8 << 30, metadata=_env("NAVI_CHECKPOINT_TOTAL_MAX_BYTES")
+    )
     checkpoint_keep: int = attrs.field(default=50, metadata=_env("NAVI_CHECKPOINT_KEEP"))
     checkpoint_max_age_sec: float = attrs.field(
         default=14 * 86400.0, metadata=_env("NAVI_CHECKPOINT_MAX_AGE_SEC")

@@ -3,9 +3,10 @@
 `pg_daemons(tmp_path, pg_url, llm_url, n)` starts `n` daemons one after the other
 (each on 127.0.0.1 port 0, the same data folder, so one local token opens all of them,
 and the shipped config without first-message plans) and kills every one on the way out
-(tests/reliability.py `navi_serve`). `history(url, sid)` reads a session's display
-history straight from the database, and `lease(url, sid)` its lease row, the way a
-third process would.
+(tests/reliability.py `navi_serve`); with `own_folders`, each daemon has a data folder
+of its own (``data0``, ``data1`` …), as daemons on separate machines do.
+`history(url, sid)` reads a session's display history straight from the database, and
+`lease(url, sid)` its lease row, the way a third process would.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def no_plan_config(tmp_path: Path, **general: Any) -> Path:
 
 @asynccontextmanager
 async def pg_daemons(
-    tmp_path: Path, pg_url: str, llm_url: str, n: int, **env: str
+    tmp_path: Path, pg_url: str, llm_url: str, n: int, *, own_folders: bool = False, **env: str
 ) -> AsyncIterator[list[Daemon]]:
     if "NAVI_CONFIG" not in env:  # (setdefault would write tmp_path/config even when given)
         env["NAVI_CONFIG"] = str(no_plan_config(tmp_path))
@@ -45,7 +46,8 @@ async def pg_daemons(
         daemons = []
         for i in range(n):
             log = tmp_path / f"daemon{i}.log"
-            daemons.append(await stack.enter_async_context(navi_serve(base, llm_url, log)))
+            mine = {**base, "NAVI_DATA_DIR": str(tmp_path / f"data{i}")} if own_folders else base
+            daemons.append(await stack.enter_async_context(navi_serve(mine, llm_url, log)))
         yield daemons
 
 

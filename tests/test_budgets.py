@@ -3,25 +3,31 @@
 A looping scripted model (every reply a tool call) is cut at each kind of budget:
 tokens, wall time, tool calls, sub-agents; a tree of sub-agents (parallel ones and a
 background one) spends no more than its parent turn may; a user's daily budget holds
-across sessions and a daemon restart. Real parts: the daemon on 127.0.0.1, WebSocket
-clients, SQLite in tmp_path, the fake LLM over HTTP. The wall-time test runs on the
-autojump clock under a real-time limit (tests/realtime.py); the others wait on events.
+across sessions and a daemon restart, and for twenty sessions started at once (their
+calls held until all have asked: tests/budget_race.py). Real parts: the daemon on
+127.0.0.1, WebSocket clients, SQLite in tmp_path, the fake LLM over HTTP. The
+wall-time test runs on the autojump clock under a real-time limit (tests/realtime.py);
+the others wait on events.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from agent_tools import call, toolset
 from api_ws import Client, open_daemon
+from budget_race import HeldEcho, race
 from realtime import real_time_limit
 from test_api_approvals import IDLE_SEC, _tick
 from test_on_busy import messages_of, send
 
+from navi_trio.errors import StoreError
 from navi_trio.profiles import ConfigSource, parse_config
 from navi_trio.settings import default_config_path
 from navi_trio.tools.base import ToolContext, ToolResult
@@ -131,7 +137,9 @@ async def test_tool_calls_are_cut_at_the_budget_and_a_message_only_lowers_it(
             assert echo.calls == 3
             hist = await d.harness.runtime.store.load_messages(sid)
             results = [m["content"] for m in hist if m["role"] == "tool"]
-            assert results == ["echo"] * 3 + ["Error: stopped by the user"]  # all paired
+            # All paired; the one the budget refused says which budget and how much.
+            spent = "Error: not run: the turn budget of 3 tool calls is spent (3 used)"
+            assert results == ["echo"] * 3 + [spent]
             # A message may lower the budget, never raise it.
             echo.calls = 0
             _, end = await run_to_the_end(
@@ -180,8 +188,10 @@ async def test_a_looping_model_is_cut_at_the_turns_wall_time(
                 assert len(nap.started) <= 3
                 assert all(at < started + 25 for at in nap.started)
                 hist = await d.harness.runtime.store.load_messages(sid)
+                refused = "Error: not run: the turn budget of 25 seconds is spent"
                 assert all(
                     m["content"] in ("rested", "Error: stopped by the user")
+                    or m["content"].startswith(refused)
                     for m in hist if m["role"] == "tool"
                 )  # fmt: skip
             ticker.cancel_scope.cancel()
@@ -271,3 +281,170 @@ def config(profiles: dict[str, Any], **top: Any) -> ConfigSource:
         data["profiles"][pid] = {**data["profiles"].get(pid, {}), **changes}
     data.update(top)
     return ConfigSource(path, initial=parse_config(data, path))
+
+
+RACE_SESSIONS = 20
+
+
+@pytest.mark.parametrize(
+    "day", [{"tokens": 3000, "tool_calls": 4}, {"tool_calls": 4}], ids=["tokens", "tool_calls"]
+)
+async def test_a_users_daily_budget_holds_for_twenty_sessions_started_at_once(
+    tmp_path: Path, day: dict[str, int]
+) -> None:
+    """Each model call reserves its prompt and output cap in the store before it runs,
+    each tool call takes its count there: however many sessions ask at once, no more
+    than the day's budget is spent, and the runs refused say which budget and what is
+    used and held."""
+    echo = HeldEcho()
+    answer = counted(call("echo"), prompt=400, completion=20)
+    with trio.fail_after(TIMEOUT * 2):
+        source = config(profile(["echo"], answer_max_tokens=500), role_budgets={"user": {
+            "user_day": day}})  # fmt: skip
+        async with open_daemon(
+            tmp_path, replies=[answer], loop=True, tools=toolset(echo), config=source
+        ) as d, d.connect("alice") as c:  # fmt: skip
+            fake = d.harness.fake
+            assert fake is not None
+            ends = await race([c], fake, RACE_SESSIONS, echo)
+            store = d.harness.runtime.store
+            key = f"user:{d.ids['alice']}:{time.strftime('%Y-%m-%d', time.gmtime())}"
+            usage = (await store.get_usage([key]))[key]
+    assert len(ends) == RACE_SESSIONS
+    assert {e["reason"] for e in ends.values()} == {"budget_exhausted"}
+    assert 1 <= echo.calls <= 4 and usage["tool_calls"] == echo.calls
+    answered = fake.completed * 420
+    assert usage["tokens"] == answered
+    if "tokens" in day:
+        assert answered <= 3000
+        refused = [
+            f for f in c.frames
+            if f["type"] == "budget_exhausted" and f["kind"] == "tokens" and f["held"] > 0
+        ]  # fmt: skip
+        assert refused, "no run was refused for what the others held"
+        assert all(f["scope"] == "user_day" and f["limit"] == 3000 for f in refused)
+        assert "held by calls under way" in refused[0]["message"]
+    else:
+        assert fake.completed >= RACE_SESSIONS  # all asked at once: only the tools were cut
+
+
+async def test_spending_the_store_failed_to_record_is_written_at_the_next_flush(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first model call's spending is refused by the store (and its hold stays):
+    the run goes on, and the next write (before the tool call) records both, so the
+    session's and the day's counters miss nothing."""
+    echo = Echo()
+    replies = [counted(call("echo")), counted({"text": "done"})]
+    source = config(
+        profile(["echo"], budgets={"session": {"tokens": 100_000}}),
+        role_budgets={"user": {"user_day": {"tokens": 100_000}}},
+    )
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(
+            tmp_path, replies=replies, tools=toolset(echo), config=source
+        ) as d, d.connect("alice") as c:  # fmt: skip
+            store = d.harness.runtime.store
+            real = store.settle_usage
+            refused: list[dict[str, Any]] = []
+
+            async def fails_once(adds: Any, *, release: Any = ()) -> Any:
+                if not refused and any(a.get("tokens") for a in adds.values()):
+                    refused.append(adds)
+                    raise StoreError("settle usage: the disk is on fire")
+                return await real(adds, release=release)
+
+            monkeypatch.setattr(store, "settle_usage", fails_once)
+            sid, end = await run_to_the_end(c, "loop")
+            assert end["reason"] == "complete" and echo.calls == 1
+            assert refused and refused[0][f"session:{sid}"]["tokens"] == 110
+            day = f"user:{d.ids['alice']}:{time.strftime('%Y-%m-%d', time.gmtime())}"
+            usage = await store.get_usage([f"session:{sid}", day])
+            holds = await store.run_raw_for_tests(  # type: ignore[attr-defined]
+                "holds", lambda db: db.execute("SELECT count(*) FROM usage_holds").fetchone()
+            )
+    for key in (f"session:{sid}", day):
+        assert (usage[key]["tokens"], usage[key]["tool_calls"]) == (220, 1)
+    assert holds[0] == 0  # the first call's hold went with the late write
+
+
+async def test_parallel_sub_agents_never_pass_a_shared_token_budget() -> None:
+    """Three sub-agents of one turn (their budgets are the turn's `child`ren) ask for a
+    model call at once, each with a 400-token prompt and a 50-token cap, under the
+    turn's 1000 tokens: each reservation holds its prompt and cap, so only two get a
+    call, and together they spend no more than the turn may."""
+    from navi_trio.core.budgets import Budget, Meter
+    from navi_trio.errors import BudgetExhaustedError
+    from navi_trio.profiles import BudgetConfig, BudgetLimits
+
+    turn = BudgetLimits(tokens=1000)
+    parent = Budget(None, [Meter("turn", turn)], budgets=BudgetConfig(turn=turn),
+                    wall_owner=True, own=1)  # fmt: skip
+    children = [parent.child(BudgetLimits(), background=False) for _ in range(3)]
+    caps: list[int] = []
+    refused: list[BudgetExhaustedError] = []
+    asked = trio.Event()
+
+    async def call_model(budget: Budget) -> None:
+        cap = None
+        try:
+            cap = await budget.before_llm(400, 50)
+            caps.append(cap)
+        except BudgetExhaustedError as exc:
+            refused.append(exc)
+        if len(caps) + len(refused) == len(children):
+            asked.set()
+        await asked.wait()  # every call is under way before any reports its use
+        if cap is not None:
+            budget.charge_tokens(400 + cap)
+
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            for child in children:
+                nursery.start_soon(call_model, child)
+    assert (caps, len(refused)) == ([50, 50], 1)
+    assert parent.meters[0].spent("tokens") == 900 <= 1000
+    assert "turn budget of 1000 tokens" in str(refused[0])
+
+
+class Together:
+    """Each call waits until `n` calls have started: they ran side by side."""
+
+    name = "together"
+    description = "waits for the others"
+    parameters = OBJECT
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.started = 0
+        self.all_in = trio.Event()
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        self.started += 1
+        if self.started >= self.n:
+            self.all_in.set()
+        await self.all_in.wait()
+        return ToolResult.success("together")
+
+
+async def test_a_parallel_batch_over_the_budget_runs_what_fits_and_says_why_not_the_rest(
+    tmp_path: Path,
+) -> None:
+    tool = Together(3)
+    batch = {"tool_calls": [{"name": "together", "arguments": {}}] * 5}
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(
+            tmp_path, replies=[batch, {"text": "never"}], tools=toolset(tool),
+            profiles=profile(["together"], budgets={"turn": {"tool_calls": 3}},
+                             parallel_tool_calls=True),
+        ) as d, d.connect("alice") as c:  # fmt: skip
+            sid, end = await run_to_the_end(c, "all at once")
+            assert end["reason"] == "budget_exhausted"
+            hist = await d.harness.runtime.store.load_messages(sid)
+    spent = "the turn budget of 3 tool calls is spent (3 used)"
+    results = [m["content"] for m in hist if m["role"] == "tool"]
+    assert results == ["together"] * 3 + [f"Error: not run: {spent}"] * 2
+    frames = [f for f in messages_of(c, sid, "tool_result") if not f["ok"]]
+    assert [f["error"] for f in frames] == [f"not run: {spent}"] * 2
+    assert not any(f.get("stopped") for f in messages_of(c, sid, "tool_result"))
+    assert tool.started == 3

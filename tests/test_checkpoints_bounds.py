@@ -7,7 +7,11 @@
   the engine: the bound is the worker thread's clock, not trio's) skip the whole
   snapshot;
 - a cancel (Stop) during a snapshot abandons it: no record, nothing in ``tmp/``;
-- 10,000 small files snapshot within the default time bound.
+- 10,000 small files snapshot within the default time bound;
+- the totals, through real runs (the harness, the fake LLM, the filesystem tool): a
+  user's kept checkpoints (NAVI_CHECKPOINT_USER_MAX_BYTES) and everyone's
+  (NAVI_CHECKPOINT_TOTAL_MAX_BYTES) hold at most their bound of new content; a round
+  over one is skipped with a ``checkpoint_skipped`` warning naming it, and the call runs.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
+from rewind_kit import FULL, PROFILES, TIMEOUT, calls, say, turn, write
 from test_checkpoints_support import (
     DEADLINE,
     engine_for,
@@ -29,6 +35,7 @@ from test_checkpoints_support import (
 )
 
 from navi_trio.core.checkpoints import Created, Skipped
+from navi_trio.testing import open_harness
 
 
 def _poke(path: Path, data: bytes) -> None:
@@ -234,3 +241,50 @@ async def test_a_root_that_is_not_an_absolute_real_path_is_refused(
     async with engine_for(settings) as engine:
         with pytest.raises(CheckpointError, match="absolute real path"):
             await engine.snapshot("s", [bad], private=private_for(settings))
+
+
+FILE = 60_000  # bytes of new content each session's folder brings
+
+
+async def test_a_users_checkpoints_and_all_checkpoints_have_a_total(tmp_path: Path) -> None:
+    folders = {}
+    for sid in ("a1", "a2", "b1", "b2"):
+        folders[sid] = real_dir(tmp_path / f"work-{sid}")
+        (folders[sid] / "data.bin").write_bytes(os.urandom(FILE))  # no two alike
+    replies = [r for i in range(5) for r in (calls(write(f"w{i}.txt", "w\n")), say("ok"))]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=replies, profiles=PROFILES,
+            checkpoint_user_max_bytes=100_000, checkpoint_total_max_bytes=150_000,
+        ) as h:  # fmt: skip
+            store = h.runtime.store
+            for sid in folders:
+                user = "u-alice" if sid.startswith("a") else "u-bob"
+                await store.create_session(f"s-{sid}", profile_id="general", user_id=user)
+
+            async def write_in(sid: str) -> list[dict[str, Any]]:
+                user = "u-alice" if sid.startswith("a") else "u-bob"
+                frames = await turn(h, f"s-{sid}", "write", cwd=folders[sid], user_id=user,
+                                    **FULL)  # fmt: skip
+                assert frames[-1]["reason"] == "complete"
+                return [f for f in frames if f["type"] in ("checkpoint_created", "warning")]
+
+            def skipped(said: list[dict[str, Any]]) -> str:
+                (warning,) = [f for f in said if f.get("code") == "checkpoint_skipped"]
+                assert not [f for f in said if f["type"] == "checkpoint_created"]
+                return str(warning["message"])
+
+            assert [f["type"] for f in await write_in("a1")] == ["checkpoint_created"]
+            # Alice's second session: her checkpoints would pass her total.
+            said = skipped(await write_in("a2"))
+            assert "NAVI_CHECKPOINT_USER_MAX_BYTES" in said and "cannot be rewound" in said
+            assert (folders["a2"] / "w1.txt").exists()  # the call ran anyway
+            # Bob has his own total; the second of his would pass everyone's first.
+            assert [f["type"] for f in await write_in("b1")] == ["checkpoint_created"]
+            said = skipped(await write_in("b2"))
+            assert "NAVI_CHECKPOINT_TOTAL_MAX_BYTES" in said
+            engine = h.runtime.checkpoints.engine
+            assert FILE * 2 <= await engine.stored_bytes() <= 150_000
+            # Alice's first session goes, and with it its checkpoints: room again.
+            await h.runtime.session_service.delete("s-a1")
+            assert [f["type"] for f in await write_in("a2")] == ["checkpoint_created"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -224,6 +225,63 @@ async def test_an_every_schedule_runs_once_per_due_time_and_tells_its_owner(
             ]
             assert len({f["session_id"] for f in notices}) == 4
             assert not [f for f in bob.frames if f["type"] == "schedule_run"]
+
+
+async def test_scheduled_runs_in_new_sessions_count_against_the_session_limit(
+    tmp_path: Path,
+) -> None:
+    """Five one-shot schedules and a cron one, each in a new session, for a user who may
+    have three sessions: the first three due runs run, the others are skipped (each
+    claimed once, its schedule saying why, a schedule_run notice with reason
+    ``skipped``); the cron one runs again once a session is deleted."""
+    wall = Wall()
+    soon = datetime.fromtimestamp(wall.now + 5).astimezone().isoformat(timespec="seconds")
+    with trio.fail_after(TIMEOUT):
+        async with on_the_clock(
+            tmp_path, wall, replies=[{"text": "done"}], loop=True,
+            profiles={"general": NO_PLAN}, sessions_per_user=3,
+        ) as d, d.connect("alice") as c:  # fmt: skip
+            store = d.harness.runtime.store
+            at_ids = []
+            for i in range(5):
+                reply = await schedule(c, "add", at=soon, message=f"once {i}", new=True)
+                at_ids.append(reply["schedule"]["schedule_id"])
+            cron = (await schedule(c, "add", cron="* * * * *", message="each minute",
+                                   new=True))["schedule"]  # fmt: skip
+            await at(d, wall, max(wall.now + 5, cron["next_due"]))
+            notices = []
+            for _ in range(6):
+                notices.append(await c.until_type("schedule_run"))
+            ran = [n for n in notices if n["reason"] == "complete"]
+            skipped = [n for n in notices if n["reason"] == "skipped"]
+            assert (len(ran), len(skipped)) == (3, 3)
+            assert all("NAVI_SESSIONS_PER_USER=3" in n["text"] for n in skipped)
+            assert all(n["session_id"] is None for n in skipped)
+            assert len(await store.list_sessions(d.ids["alice"])) == 3
+            listed = {s["schedule_id"]: s for s in (await schedule(c, "list"))["schedules"]}
+            for n in skipped:
+                row = listed[n["schedule_id"]]
+                assert row["runs"] == 0 and "NAVI_SESSIONS_PER_USER=3" in row["last_skip"]
+            for n in ran:
+                assert listed[n["schedule_id"]]["last_skip"] is None
+            assert all(listed[sid]["next_due"] is None for sid in at_ids)  # each claimed once
+            # Each minute the cron one is skipped while the sessions are full ...
+            cron_id = cron["schedule_id"]
+            await at(d, wall, listed[cron_id]["next_due"])
+            again = await c.until_type("schedule_run", schedule_id=cron_id)
+            assert again["reason"] == "skipped"
+            # ... and runs once one is deleted.
+            gone = ran[0]["session_id"]
+            assert (await c.request({"type": "sessions", "action": "delete",
+                                     "session_id": gone}))["type"] != "error"  # fmt: skip
+            row = await store.get_schedule(cron_id)
+            assert row is not None and row.next_due is not None
+            await at(d, wall, row.next_due)
+            back = await c.until_type("schedule_run", schedule_id=cron_id)
+            assert back["reason"] == "complete"
+            got = await store.get_schedule(cron_id)
+            assert got is not None and got.last_skip is None
+            assert len(await store.list_sessions(d.ids["alice"])) == 3
 
 
 async def test_a_scheduled_run_in_a_session_is_headless_and_keeps_its_budget(

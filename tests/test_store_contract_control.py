@@ -9,15 +9,23 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import time
 from typing import Any
 
+import attrs
 import pytest
 import trio
 from store_backends import Backend
 
-from navi_trio.errors import StoreError
-from navi_trio.store.base import NewSession, QueuedRow, ScheduleRow
+from navi_trio.errors import LimitError, StoreError
+from navi_trio.store.base import (
+    NewSession,
+    QueuedRow,
+    ScheduleRow,
+    UsageAsk,
+    UsageRequest,
+)
 
 TIMEOUT = 30
 HOST = socket.gethostname() or "localhost"
@@ -127,6 +135,155 @@ async def test_bad_usage_is_refused_naming_the_problem(
                 ["tokens", "tool_calls", "subagents", "wall_sec"], 0.0)}  # fmt: skip
 
 
+DAY = "user:u-1:2030-01-01"
+SESSION = "session:s1"
+
+
+def tokens(want: float, least: float, hold: str, **kw: Any) -> UsageRequest:
+    return UsageRequest(
+        want={"tokens": want}, least={"tokens": least}, full=("wall_sec",), hold=hold,
+        pid=os.getpid(), host=HOST, **kw,
+    )  # fmt: skip
+
+
+async def test_a_reservation_takes_what_is_left_counting_the_holds_and_is_settled(
+    backend: Backend,
+) -> None:
+    asks = [UsageAsk(SESSION, {"tokens": 5000}), UsageAsk(DAY, {"tokens": 3000, "wall_sec": 60})]
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as one, backend.open() as two:
+            await one.add_usage([DAY], {"tokens": 1000})
+            first = await one.reserve_usage(asks, tokens(1500, 101, "h-1"))
+            assert (first.granted, first.refused) == ({"tokens": 1500}, None)
+            assert first.spent[DAY]["tokens"] == 1000 and first.held[DAY]["tokens"] == 1500
+            # Another daemon: only what the day has left after the hold (cut), then none.
+            second = await two.reserve_usage(asks, tokens(1500, 101, "h-2"))
+            assert second.granted == {"tokens": 500} and second.held[DAY]["tokens"] == 2000
+            third = await two.reserve_usage(asks, tokens(1500, 101, "h-3"))
+            assert (third.granted, third.refused) == ({}, (DAY, "tokens"))
+            assert (third.spent[DAY]["tokens"], third.held[DAY]["tokens"]) == (1000, 2000)
+            # Settled: the real use added and the hold dropped at once; the rest is free.
+            totals = await one.settle_usage({SESSION: {"tokens": 420}, DAY: {"tokens": 420}},
+                                            release=["h-1"])  # fmt: skip
+            assert totals[DAY]["tokens"] == 1420 and totals[SESSION]["tokens"] == 420
+            fourth = await two.reserve_usage(asks, tokens(2000, 101, "h-4"))
+            assert fourth.granted == {"tokens": 3000 - 1420 - 500}
+            await two.settle_usage({}, release=["h-2", "h-4"])
+            assert await backend.query("SELECT count(*) FROM usage_holds") == [(0,)]
+            # Wall time asks nothing but refuses at its limit.
+            await one.add_usage([DAY], {"wall_sec": 60})
+            late = await one.reserve_usage(asks, tokens(10, 10, "h-5"))
+            assert late.refused == (DAY, "wall_sec")
+
+
+async def test_a_count_is_taken_at_once_and_two_daemons_never_pass_the_limit(
+    backend: Backend,
+) -> None:
+    asks = [UsageAsk(DAY, {"tool_calls": 4})]
+    call = UsageRequest(want={"tool_calls": 1}, pid=os.getpid(), host=HOST)
+    granted: list[bool] = []
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as one, backend.open() as two:
+
+            async def take(store: Any) -> None:
+                grant = await store.reserve_usage(asks, call)
+                granted.append(grant.refused is None)
+
+            async with trio.open_nursery() as nursery:
+                for i in range(10):
+                    nursery.start_soon(take, (one, two)[i % 2])
+            assert sorted(granted) == [False] * 6 + [True] * 4
+            assert (await one.get_usage([DAY]))[DAY]["tool_calls"] == 4
+            assert await backend.query("SELECT count(*) FROM usage_holds") == [(0,)]
+
+
+async def test_a_hold_left_by_a_dead_process_or_expired_counts_no_more(
+    backend: Backend,
+) -> None:
+    gone = _ended_pid()
+    asks = [UsageAsk(DAY, {"tokens": 1000})]
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as store:
+            # A hold taken on another host: its pid means nothing here, it counts.
+            far = attrs.evolve(tokens(1000, 1000, "h-far"), host="another-host", pid=gone)
+            assert (await store.reserve_usage(asks, far)).refused is None
+            refused = await store.reserve_usage(asks, tokens(1000, 1000, "h-x"))
+            assert refused.refused == (DAY, "tokens") and refused.held[DAY]["tokens"] == 1000
+            await _past(backend, "h-far")  # until its time runs out
+            # A hold of a process of this host that has ended: dropped at the next one.
+            crashed = attrs.evolve(tokens(1000, 1000, "h-dead"), pid=gone)
+            assert (await store.reserve_usage(asks, crashed)).refused is None
+            mine = await store.reserve_usage(asks, tokens(1000, 1000, "h-mine"))
+            assert mine.refused is None and mine.held[DAY]["tokens"] == 1000
+            holds = await backend.query("SELECT hold FROM usage_holds ORDER BY hold")
+            assert holds == [("h-mine",)]
+
+
+def _ended_pid() -> int:
+    proc = subprocess.Popen(["true"])  # noqa: ASYNC220 - waited for at once
+    proc.wait()
+    return proc.pid
+
+
+async def _past(backend: Backend, hold: str) -> None:
+    """The hold's expiry moved into the past (by the database's own clock)."""
+    await backend.execute(f"UPDATE usage_holds SET expires_at = 0 WHERE hold = '{hold}'")
+
+
+@pytest.mark.parametrize(
+    ("asks", "request_", "problem"),
+    [
+        ([UsageAsk("k", {"gold": 1})], UsageRequest(want={"tokens": 1}), "unknown usage kind"),
+        ([UsageAsk("k", {"tokens": -1})], UsageRequest(want={"tokens": 1}), "0 or more"),
+        ([UsageAsk("k", {})], UsageRequest(want={"tokens": float("inf")}), "finite"),
+        ([UsageAsk("k", {}), UsageAsk("k", {})], UsageRequest(want={}), "at most once"),
+        ([UsageAsk("k", {})], UsageRequest(want={}, least={"tokens": 1}), "does not want"),
+        ([UsageAsk("k", {})], UsageRequest(want={}, hold="h" * 65), "at most 64"),
+        ([UsageAsk("k", {})], UsageRequest(want={}, ttl=0), "above 0"),
+        ([UsageAsk("x" * 300, {})], UsageRequest(want={}), "at most 256"),
+    ],
+)
+async def test_a_bad_reservation_is_refused_naming_the_problem(
+    backend: Backend, asks: Any, request_: UsageRequest, problem: str
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as store:
+            with pytest.raises(StoreError, match=problem):
+                await store.reserve_usage(asks, request_)
+            with pytest.raises(StoreError, match="list of strings"):
+                await store.settle_usage({}, release="h-1")
+            assert await backend.query("SELECT count(*) FROM usage_holds") == [(0,)]
+
+
+# -- the session limit --------------------------------------------------------------------
+
+
+async def test_sessions_created_at_once_by_two_daemons_stay_within_the_limit(
+    backend: Backend,
+) -> None:
+    made: list[str] = []
+    refused: list[str] = []
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as one, backend.open() as two:
+
+            async def create(store: Any, i: int) -> None:
+                try:
+                    await store.create_session(f"s-{i}", profile_id="general",
+                                               user_id="u-alice", sessions_max=3)  # fmt: skip
+                    made.append(f"s-{i}")
+                except LimitError as exc:
+                    refused.append(str(exc))
+
+            async with trio.open_nursery() as nursery:
+                for i in range(10):
+                    nursery.start_soon(create, (one, two)[i % 2], i)
+            assert len(made) == 3 and len(refused) == 7
+            assert "NAVI_SESSIONS_PER_USER=3" in refused[0]
+            assert await one.count_sessions("u-alice") == 3
+            await one.create_session("s-bob", profile_id="general", user_id="u-bob",
+                                     sessions_max=3)  # fmt: skip
+
+
 # -- schedules --------------------------------------------------------------------------
 
 
@@ -166,11 +323,11 @@ async def test_a_due_time_is_claimed_once_with_its_session_and_queued_run(
             results: list[bool] = []
 
             async def claim(store: Any) -> None:
-                results.append(
-                    await store.claim_schedule(
-                        "sch-1", due=1000.0, next_due=1600.0, run=run, session=new
-                    )  # fmt: skip
+                claimed = await store.claim_schedule(
+                    "sch-1", due=1000.0, next_due=1600.0, run=run, session=new
                 )
+                assert claimed.skipped is None
+                results.append(claimed.claimed)
 
             async with trio.open_nursery() as nursery:  # two daemons at once
                 nursery.start_soon(claim, one)
@@ -193,6 +350,38 @@ async def test_a_due_time_is_claimed_once_with_its_session_and_queued_run(
             # Paused: nothing is claimed.
             await one.set_schedule("sch-1", paused=True, next_due=2200.0)
             assert not await one.claim_schedule("sch-1", due=2200.0, next_due=2800.0, run=None)
+
+
+async def test_a_claim_over_the_owners_session_limit_skips_its_run_and_says_why(
+    backend: Backend,
+) -> None:
+    run = QueuedRow("s-new", "run-1", {"kind": "schedule", "text": "check"}, os.getpid(), HOST)
+    new = NewSession("s-new", "general", "u-alice")
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as store:
+            await store.create_schedule(schedule(next_due=1000.0))
+            await store.create_session("s-old", profile_id="general", user_id="u-alice")
+            skipped = await store.claim_schedule(
+                "sch-1", due=1000.0, next_due=1600.0, run=run, session=new, sessions_max=1
+            )
+            assert skipped.claimed and skipped.skipped is not None
+            assert "NAVI_SESSIONS_PER_USER=1" in skipped.skipped
+            got = await store.get_schedule("sch-1")
+            assert got is not None
+            assert (got.next_due, got.runs, got.last_skip, got.last_skip_at) == (
+                1600.0, 0, skipped.skipped, 1000.0
+            )  # fmt: skip
+            assert await store.get_session("s-new") is None
+            assert await store.queued_sessions() == []
+            # Room again: the next due time runs, and the reason is cleared.
+            await store.delete_session("s-old")
+            ran = await store.claim_schedule(
+                "sch-1", due=1600.0, next_due=2200.0, run=run, session=new, sessions_max=1
+            )
+            assert ran.claimed and ran.skipped is None
+            got = await store.get_schedule("sch-1")
+            assert got is not None and (got.runs, got.last_skip) == (1, None)
+            assert await store.get_session("s-new") is not None
 
 
 async def test_a_failed_claim_leaves_everything_as_it_was(backend: Backend) -> None:

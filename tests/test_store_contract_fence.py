@@ -3,7 +3,8 @@
 Two "daemons" are two stores opened on one SQLite file or one PostgreSQL database
 (the `backend` fixture, tests/store_backends.py). Daemon A holds a session's lease and
 is then replaced (its lease expired and B took it over): every write A makes inside
-its fence is refused with LeaseLostError and nothing of it is stored, while B's writes
+its fence (an append, a compression, a rewind's rewrite, a title, a load's repair) is
+refused with LeaseLostError and nothing of it is stored, while B's writes
 and A's unfenced reads go on. No sleeps; every test under an absolute `trio.fail_after`.
 """
 
@@ -70,6 +71,14 @@ async def test_a_replaced_owners_fenced_writes_are_refused_and_store_nothing(
                 writes: list[Callable[[], Awaitable[object]]] = [
                     lambda: a.append("s-1", messages=[user("late")], context=[user("late")]),
                     lambda: a.replace_context("s-1", [user("squashed")]),
+                    # A rewind (keep one message, the context swapped, a kv row set).
+                    lambda: a.rewrite_history(
+                        "s-1",
+                        keep=1,
+                        messages=[user("rewound")],
+                        context=[user("rewound")],
+                        kv_set=[("checkpoints", "s-1", {"pruned_until": 1.0})],
+                    ),  # fmt: skip
                     lambda: a.update_session("s-1", title="stale"),
                     lambda: a.load_session("s-1"),
                 ]
@@ -84,6 +93,7 @@ async def test_a_replaced_owners_fenced_writes_are_refused_and_store_nothing(
                 await a.append("s-2", messages=[user("elsewhere")])
             assert await b.load_messages("s-1") == [user("one"), user("two")]
             assert await b.load_context("s-1") == [user("one"), user("two")]
+            assert await b.kv_get("checkpoints", "s-1") is None
             row = await b.get_session("s-1")
             assert row is not None and row.title == ""
             assert await b.load_messages("s-2") == [user("elsewhere")]

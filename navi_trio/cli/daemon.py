@@ -329,8 +329,9 @@ def _schedule_line(s: dict[str, Any]) -> str:
     where = s.get("session_id") or f"new {s.get('profile') or 'session'}"
     text = str(s.get("message", "")).replace("\n", " ")
     text = text if len(text) <= 60 else text[:59] + "…"
+    skipped = f"\tlast run skipped: {s['last_skip']}" if s.get("last_skip") else ""
     return (f"{s['schedule_id']}\t{s['kind']} {s['spec']}\t{state}\t{s.get('runs', 0)} runs\t"
-            f"{where}\t{text}")  # fmt: skip
+            f"{where}\t{text}{skipped}")  # fmt: skip
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {

@@ -298,6 +298,10 @@ class Renderer:
 
     def _on_schedule_run(self, frame: Frame, who: str) -> None:
         text = one_line(str(frame.get("text") or ""), RESULT_MAX)
+        if frame.get("reason") == "skipped":
+            sid = escape(str(frame.get("schedule_id")))
+            self.put(f"[magenta]⏰ schedule {sid}[/] [yellow]skipped[/]: {escape(text)}")
+            return
         self.put(
             f"[magenta]⏰ schedule {escape(str(frame.get('schedule_id')))}[/] ran in "
             f"{escape(str(frame.get('session_id')))} ({escape(str(frame.get('reason')))})"
@@ -365,9 +369,10 @@ def _schedule(row: dict[str, Any]) -> str:
     state = "paused" if row.get("paused") else f"next {_when(due)}" if due else "done"
     where = row.get("session_id") or "new sessions"
     text = one_line(str(row.get("message", "")), ARGS_MAX)
+    skipped = f" · last run skipped: {row['last_skip']}" if row.get("last_skip") else ""
     return escape(
         f"{row.get('schedule_id')} {row.get('kind')} {row.get('spec')} · {state} · "
-        f"{row.get('runs', 0)} runs · {where}: {text}"
+        f"{row.get('runs', 0)} runs · {where}: {text}{skipped}"
     )
 
 

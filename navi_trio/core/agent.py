@@ -287,6 +287,7 @@ class Agent:
                 effective(cfg, profile.id, msg.user_role, msg.budget),
                 session_id=session_id,
                 user_id=msg.user_id,
+                hold_sec=self.settings.budget_hold_sec,
             ),
         )
         with runvars.bound(

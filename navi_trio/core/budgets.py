@@ -1,4 +1,4 @@
-"""Budgets that fail closed (issue 23): what a run may spend, counted and checked.
+"""Budgets that fail closed: what a run may spend, reserved before, counted after.
 
 The limits (profiles/_control.py: tokens, wall time, tool calls, sub-agents) apply to
 four scopes. A `Budget` is what one run spends against: a chain of `Meter`s, one per
@@ -11,24 +11,38 @@ scope that has a limit, its own first, then its parent's:
   included) can never spend more than its parent turn, session and user may; a child
   whose parent has less left than its own budget gets only what is left.
 
-Before each LLM call and each tool call the run checks every meter (`before_llm`,
-`before_tool`): one spent to its limit raises `BudgetExhaustedError` (which budget,
-what was spent, the limit), and the turn ends with ``budget_exhausted``, saved as a
-stop is. A call is also sized to what is left: an LLM call's output cap is cut to the
-tokens left after its prompt, and the wall-time deadline bounds each call
-(`deadline`). After each round the turn emits a `budget` event (`report`).
+Before each LLM call and each tool call the run takes what the call may spend from
+every meter (`before_llm`, `before_tool`), or it is refused: `BudgetExhaustedError`
+(which budget, how much is used, the limit) ends the turn with ``budget_exhausted``,
+saved as a stop is. An LLM call reserves its prompt (counted) plus its output cap, the
+cap cut to what every meter has left after the prompt; when it reports its real use,
+that is charged and the rest of the reservation given back. A tool call (and a
+spawn_agent's sub-agent) is spent when it starts. The wall-time deadline bounds each
+call (`deadline`). After each round the turn emits a `budget` event (`report`).
 
-The ``session`` and ``user_day`` meters are counted in the store (``usage`` table, keys
-``session:<id>`` and ``user:<id>:<UTC day>``): spending is added there (`flush`) and
-read back (`refresh`) before each check, so the counters survive a restart and several
-daemons sharing a store count together. Wall time of those scopes is the time runs
-were going: charged by top-level turns and background sub-agents (a synchronous
-sub-agent's time is already its parent's). A scope without a limit is not counted.
+The ``turn`` and ``subagent`` meters live in this process: a run and its sub-agents
+share them, and a reservation (`Meter.reserved`) is seen by every sibling at once. The
+``session`` and ``user_day`` meters are shared with other runs (other sessions, other
+daemons on one database): they are counted in the store (``usage``, keys
+``session:<id>`` and ``user:<id>:<UTC day>``), and what a call takes from them is taken
+there, atomically (`SessionStore.reserve_usage`: the counters and the live holds are
+read and the hold written in one transaction), so parallel runs never take the same
+room twice. A token reservation is a hold row, settled (`flush`: the real use added,
+the hold dropped, one transaction) after the call; a process that dies holding one
+leaves it to expire (`NAVI_BUDGET_HOLD_SEC`) or, on its own host, to be dropped at the
+next reservation. Spending not yet written (`Meter.pending`: a failed write included)
+is written by the next `flush`. Wall time of those scopes is the time runs were going:
+charged by top-level turns and background sub-agents (a synchronous sub-agent's time
+is already its parent's). A scope without a limit is not counted.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import secrets
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,14 +51,17 @@ from typing import Any
 import attrs
 import trio
 
-from navi_trio.errors import BudgetExhaustedError
+from navi_trio.errors import BudgetExhaustedError, StoreError
 from navi_trio.events import BudgetLine, BudgetReport
 from navi_trio.profiles import NO_BUDGETS, BudgetConfig, BudgetLimits, NaviConfig
 from navi_trio.profiles._control import KINDS
-from navi_trio.store.base import SessionStore
+from navi_trio.store.base import SessionStore, UsageAsk, UsageGrant, UsageRequest
+
+log = logging.getLogger(__name__)
 
 PERSISTENT = ("session", "user_day")
 SPAWN_TOOL = "spawn_agent"
+HOLD_SEC = 900.0  # how long a token hold lasts at most (NAVI_BUDGET_HOLD_SEC)
 
 
 def usage_key(scope: str, *, session_id: str, user_id: str, now: float | None = None) -> str:
@@ -59,7 +76,7 @@ def usage_key(scope: str, *, session_id: str, user_id: str, now: float | None = 
 class Meter:
     """One scope's limits and what was spent against them.
 
-    A persistent meter (`key` set) knows the store's totals as of its last `refresh`
+    A persistent meter (`key` set) knows the store's totals as of its last read
     (`base`) plus what this process spent since and has not written yet (`pending`);
     an in-memory one (turn, sub-agent) counts everything in `pending` and measures wall
     time from `started` (trio time)."""
@@ -71,7 +88,8 @@ class Meter:
     base: dict[str, float] = attrs.field(factory=lambda: dict.fromkeys(KINDS, 0.0))
     pending: dict[str, float] = attrs.field(factory=lambda: dict.fromkeys(KINDS, 0.0))
     # Tokens the LLM calls under way may still spend (their prompt and output cap):
-    # counted as spent until each call reports what it really used.
+    # counted as spent until each call reports what it really used. In-memory meters
+    # only: a persistent meter's reservations are holds in the store.
     reserved: float = 0.0
 
     def spent(self, kind: str) -> float:
@@ -86,6 +104,11 @@ class Meter:
     def left(self, kind: str) -> float:
         limit = getattr(self.limits, kind)
         return math.inf if limit is None else limit - self.spent(kind)
+
+    def ask(self) -> UsageAsk:
+        """This meter's limits, for a reservation in the store."""
+        limits = {kind: float(limit) for kind, limit in self.limits.items()}
+        return UsageAsk(self.key or "", limits)
 
 
 def effective(
@@ -107,16 +130,22 @@ class Budget:
         budgets: BudgetConfig = NO_BUDGETS,
         wall_owner: bool,
         own: int,
+        hold_sec: float = HOLD_SEC,
     ) -> None:
         self._store = store
         self.meters = meters
+        # Counted in the store (reserved there), or in this process.
+        self._shared = [m for m in meters if m.key is not None and store is not None]
+        self._local = [m for m in meters if m not in self._shared]
         # The top-level run's budgets (profile, role, message): its sub-agents' come
         # from their `subagent` scope.
         self.budgets = budgets
         self._own = own  # how many of `meters` are this run's own (not its parent's)
         self._wall_owner = wall_owner  # it charges the persistent scopes' wall time
         self._wall_mark = trio.current_time()
-        self._held = 0.0  # tokens this run's LLM call under way reserved
+        self._held = 0.0  # tokens this run's LLM call under way reserved (local meters)
+        self._holds: list[str] = []  # its holds in the store not settled yet
+        self._hold_sec = hold_sec
 
     @classmethod
     def for_turn(
@@ -126,6 +155,7 @@ class Budget:
         *,
         session_id: str,
         user_id: str,
+        hold_sec: float = HOLD_SEC,
     ) -> Budget:
         meters = []
         for scope in ("turn", *PERSISTENT):
@@ -136,7 +166,9 @@ class Budget:
             if scope in PERSISTENT:
                 key = usage_key(scope, session_id=session_id, user_id=user_id)
             meters.append(Meter(scope, limits, key))
-        return cls(store, meters, budgets=budgets, wall_owner=True, own=len(meters))
+        return cls(
+            store, meters, budgets=budgets, wall_owner=True, own=len(meters), hold_sec=hold_sec
+        )
 
     def child(self, limits: BudgetLimits, *, background: bool) -> Budget:
         """The budget of a sub-agent this run spawns (`limits`: its profile's subagent
@@ -146,7 +178,7 @@ class Budget:
         own = [] if mine.empty else [Meter("subagent", mine)]
         return Budget(
             self._store, [*own, *self.meters], budgets=self.budgets, wall_owner=background,
-            own=len(own),
+            own=len(own), hold_sec=self._hold_sec,
         )  # fmt: skip
 
     @property
@@ -156,29 +188,29 @@ class Budget:
     # -- counting ------------------------------------------------------------------
 
     def charge_tokens(self, tokens: int) -> None:
-        """An LLM call's real usage: its reservation gives way to it."""
+        """An LLM call's real usage: its reservation gives way to it (the store's hold
+        is settled with it at the next `flush`)."""
         self.release()
         for meter in self.meters:
             meter.add("tokens", tokens)
 
     def release(self) -> None:
-        """Drop the reservation of this run's last LLM call (it ended, or failed)."""
-        for meter in self.meters:
+        """Drop the in-memory reservation of this run's last LLM call (it ended, or
+        failed); its hold in the store goes at the next `flush`."""
+        for meter in self._local:
             meter.reserved -= self._held
         self._held = 0.0
 
     def _hold(self, tokens: float) -> None:
         self.release()
-        for meter in self.meters:
+        for meter in self._local:
             meter.reserved += tokens
         self._held = tokens
 
-    def _charge(self, kind: str, amount: float = 1.0) -> None:
-        for meter in self.meters:
-            meter.add(kind, amount)
-
     async def flush(self) -> None:
-        """Write what the persistent meters spent since, and read their totals back."""
+        """Write what the persistent meters spent since and settle this run's holds (one
+        transaction), and read their totals back. What could not be written stays
+        pending for the next flush."""
         persistent = [m for m in self.meters if m.key is not None]
         if not persistent or self._store is None:
             return
@@ -187,17 +219,31 @@ class Budget:
             for meter in persistent:
                 meter.add("wall_sec", now - self._wall_mark)
             self._wall_mark = now
+        adds: dict[str, dict[str, float]] = {}
         for meter in persistent:
-            amounts, meter.pending = meter.pending, dict.fromkeys(KINDS, 0.0)
-            try:
-                await self._store.add_usage([meter.key or ""], amounts)
-            except BaseException:
-                for kind, amount in amounts.items():  # not written: still to write
+            adds[meter.key or ""], meter.pending = meter.pending, dict.fromkeys(KINDS, 0.0)
+        holds, self._holds = self._holds, []
+        try:
+            totals = await self._store.settle_usage(adds, release=holds)
+        except BaseException:
+            for meter in persistent:  # not written: still to write
+                for kind, amount in adds[meter.key or ""].items():
                     meter.pending[kind] += amount
-                raise
-        totals = await self._store.get_usage([m.key or "" for m in persistent])
+            self._holds = holds + self._holds
+            raise
         for meter in persistent:
             meter.base = dict(totals[meter.key or ""])
+
+    async def settle(self) -> None:
+        """After an LLM call: its use written and its hold dropped now, so what it did
+        not use is free for other runs at once. A store that fails here costs nothing:
+        both wait for the next `flush` (before the next call, which fails closed)."""
+        if not self._shared:
+            return
+        try:
+            await self.flush()
+        except StoreError as exc:
+            log.warning("writing a budget's spending failed (kept for the next try): %s", exc)
 
     async def close(self) -> None:
         """The run is over: nothing is reserved any more, what it spent is stored."""
@@ -211,8 +257,9 @@ class Budget:
         return BudgetExhaustedError(meter.scope, kind, spent=meter.spent(kind), limit=limit)
 
     def _check(self, kinds: tuple[str, ...], need: dict[str, float] | None = None) -> None:
+        """The in-memory meters: each kind within its limit with `need` added."""
         need = need or {}
-        for meter in self.meters:
+        for meter in self._local:
             for kind in kinds:
                 limit = getattr(meter.limits, kind)
                 if limit is None:
@@ -222,19 +269,50 @@ class Budget:
                 ):
                     raise self._exhausted(meter, kind)
 
+    async def _take(self, request: UsageRequest) -> UsageGrant | None:
+        """Take `request` from every shared meter in the store, or be refused: the error
+        names the budget and what is used of it (spent, and held by calls under way)."""
+        if not self._shared or self._store is None:
+            return None
+        request = attrs.evolve(request, pid=os.getpid(), host=socket.gethostname())
+        grant = await self._store.reserve_usage([m.ask() for m in self._shared], request)
+        for meter in self._shared:
+            meter.base = dict(grant.spent[meter.key or ""])
+        if grant.refused is not None:
+            key, kind = grant.refused
+            meter = next(m for m in self._shared if m.key == key)
+            used = grant.spent[key][kind] + meter.pending[kind]
+            limit = getattr(meter.limits, kind)
+            raise BudgetExhaustedError(
+                meter.scope, kind, spent=used, limit=limit, held=grant.held[key][kind]
+            )
+        if request.hold is not None:
+            self._holds.append(request.hold)
+        return grant
+
     async def before_llm(self, prompt_tokens: int, cap: int) -> int:
-        """Check before an LLM call of `prompt_tokens` (an estimate); the output cap
-        (`cap`) cut to the tokens every meter has left after that prompt."""
+        """Reserve an LLM call of `prompt_tokens` (an estimate): the output cap (`cap`)
+        cut to the tokens every meter has left after that prompt; refused below 1."""
         if not self.active:
             return cap
         self.release()  # a call that reported nothing (failed, stopped) holds no more
         await self.flush()
         self._check(("tokens", "wall_sec"))
-        left = min(meter.left("tokens") for meter in self.meters) - prompt_tokens
-        if left < 1:
-            meter = min(self.meters, key=lambda m: m.left("tokens"))
-            raise self._exhausted(meter, "tokens")
-        cap = int(min(cap, left))
+        if self._local:
+            left = min(meter.left("tokens") for meter in self._local) - prompt_tokens
+            if left < 1:
+                meter = min(self._local, key=lambda m: m.left("tokens"))
+                raise self._exhausted(meter, "tokens")
+            cap = int(min(cap, left))
+        grant = await self._take(
+            UsageRequest(
+                want={"tokens": float(prompt_tokens + cap)},
+                least={"tokens": float(prompt_tokens + 1)},
+                full=("wall_sec",), hold="h-" + secrets.token_hex(8), ttl=self._hold_sec,
+            )
+        )  # fmt: skip
+        if grant is not None:
+            cap = int(min(cap, grant.granted["tokens"] - prompt_tokens))
         # Reserved until the call reports its usage: calls of sub-agents running beside
         # this one see it as spent, so together they never pass a shared limit.
         self._hold(prompt_tokens + cap)
@@ -247,9 +325,11 @@ class Budget:
         await self.flush()
         need = {"tool_calls": 1.0, "subagents": 1.0 if name == SPAWN_TOOL else 0.0}
         self._check(("wall_sec", "tool_calls", "subagents"), need)
-        self._charge("tool_calls")
-        if name == SPAWN_TOOL:
-            self._charge("subagents")
+        wanted = {kind: amount for kind, amount in need.items() if amount}
+        await self._take(UsageRequest(want=wanted, full=("wall_sec",)))  # spent at once
+        for meter in self._local:
+            for kind, amount in wanted.items():
+                meter.add(kind, amount)
 
     def deadline(self) -> float:
         """When the first wall-time limit of the chain is reached (trio time; inf: none)."""

@@ -24,6 +24,12 @@ Events: ``checkpoint_created`` (quiet), a ``checkpoint_skipped`` warning naming 
 NAVI_CHECKPOINT_MAX_FILE_BYTES). A Stop during a snapshot abandons it (nothing of it
 is kept) and the calls do not run.
 
+Totals: besides one snapshot's bounds, the new content every kept checkpoint of the
+run's user (all their sessions) and of everyone added is bounded
+(NAVI_CHECKPOINT_USER_MAX_BYTES, NAVI_CHECKPOINT_TOTAL_MAX_BYTES): a snapshot may add
+only what the nearer of the two leaves (`Room`), else it is skipped as one over its own
+bound is, the warning naming the total.
+
 Keeping: after each new checkpoint its session's are pruned (NAVI_CHECKPOINT_KEEP,
 NAVI_CHECKPOINT_MAX_AGE_SEC) in this actor's own nursery, off the call's path. The
 creation time of the newest checkpoint pruned is kept in the store (kv ``checkpoints``
@@ -47,12 +53,15 @@ from navi_trio.core.checkpoints import (
     CheckpointError,
     Created,
     Outcome,
+    Room,
     Skipped,
+    size_text,
 )
 from navi_trio.core.policy import FILE_WRITES, CallFacts, decide
 from navi_trio.events import AgentEvent, CheckpointCreated, WarningEvent
 from navi_trio.llm.base import ToolCall
 from navi_trio.profiles import MCP_PREFIX
+from navi_trio.store.base import SessionRow
 from navi_trio.tools.base import ToolContext, ToolRegistry
 from navi_trio.tools.private import private_paths, real_path
 
@@ -70,6 +79,7 @@ PRUNED_SCOPE = "checkpoints"  # kv (scope, session id) -> {"pruned_until": secon
 class KV(Protocol):
     async def kv_get(self, scope: str, key: str) -> Any | None: ...
     async def kv_set(self, scope: str, key: str, value: Any) -> None: ...
+    async def list_sessions(self, user_id: str | None = None) -> list[SessionRow]: ...
 
 
 def created_at(checkpoint_id: str) -> float:
@@ -143,14 +153,34 @@ class RoundCheckpoints(NurseryHolder):
         try:
             roots = await trio.to_thread.run_sync(_roots, ctx)
             private = private_paths(ctx.settings, ctx.session_dir, config=ctx.config)
+            room = await self._room(ctx)
             outcome = await self.engine.snapshot(
-                ctx.session_id, roots, private=private, label=label
+                ctx.session_id, roots, private=private, label=label, room=room
             )
         except (CheckpointError, OSError) as exc:
             outcome = Skipped("unreadable", str(exc), 0.0)
         self._say(outcome, label, publish)
         if isinstance(outcome, Created) and not outcome.reused:
             self.prune_soon(ctx.session_id)
+
+    async def _room(self, ctx: ToolContext) -> Room:
+        """What the nearer total leaves for this snapshot: the user's (their sessions'
+        kept checkpoints) or everyone's."""
+        s = ctx.settings
+        mine = [row.id for row in await self.kv.list_sessions(ctx.user_id)]
+        used = await self.engine.stored_bytes([ctx.session_id, *mine])
+        user = Room(
+            s.checkpoint_user_max_bytes - used, "user_total",
+            f"what NAVI_CHECKPOINT_USER_MAX_BYTES={size_text(s.checkpoint_user_max_bytes)}"
+            " leaves for this user's checkpoints",
+        )  # fmt: skip
+        used = await self.engine.stored_bytes(None)
+        total = Room(
+            s.checkpoint_total_max_bytes - used, "total",
+            f"what NAVI_CHECKPOINT_TOTAL_MAX_BYTES={size_text(s.checkpoint_total_max_bytes)}"
+            " leaves for all checkpoints",
+        )  # fmt: skip
+        return min(user, total, key=lambda r: r.bytes)
 
     def _say(self, outcome: Outcome, label: str, publish: Publish) -> None:
         if isinstance(outcome, Skipped):

@@ -20,6 +20,12 @@ any message's; it is `kind` ``schedule`` and `headless`: approvals go by the pro
 connected clients get a ``schedule_run`` notice (core/notices.py); the result stays in
 the session's history.
 
+A run that needs a new session counts against its owner's session limit
+(``NAVI_SESSIONS_PER_USER``) in the claim's transaction, as any session's creation
+does: over it, the due time is claimed and its run skipped; the schedule keeps why
+(``last_skip``, shown by ``schedule list``) and the owner's clients get a
+``schedule_run`` notice with reason ``skipped``.
+
 A due time found late (the loop was busy) runs once; several missed in a row are one
 run, and the next due time is the first one after now.
 """
@@ -184,7 +190,8 @@ def schedule_view(row: ScheduleRow) -> dict[str, Any]:
         "catch_up": row.catch_up, "paused": row.paused, "next_due": row.next_due,
         "runs": row.runs, "last_run_at": row.last_run_at,
         "last_session_id": row.last_session_id, "budget": row.budget,
-        "created_at": row.created_at,
+        "created_at": row.created_at, "last_skip": row.last_skip,
+        "last_skip_at": row.last_skip_at,
     }  # fmt: skip
 
 
@@ -192,9 +199,10 @@ class Scheduler(NurseryHolder):
     """Runs every due schedule once per due time (see the module docstring).
 
     `registry()` gives the session registry; `clock` the wall clock (time.time; a test
-    passes one on trio's virtual time). `run` holds the nursery of its loop; only the
-    daemon starts it (`loop=True` in open_runtime): an embedded `navi run` keeps its
-    hands off other people's schedules."""
+    passes one on trio's virtual time); `notices` the owners' clients (a skipped run is
+    told there). `run` holds the nursery of its loop; only the daemon starts it
+    (`loop=True` in open_runtime): an embedded `navi run` keeps its hands off other
+    people's schedules."""
 
     def __init__(
         self,
@@ -204,8 +212,10 @@ class Scheduler(NurseryHolder):
         registry: Callable[[], SessionRegistry | None],
         *,
         clock: Callable[[], float] = time.time,
+        notices: UserNotices | None = None,
     ) -> None:
         self._store = store
+        self._notices = notices
         self._settings = settings
         self._config = config
         self._registry = registry
@@ -354,9 +364,21 @@ class Scheduler(NurseryHolder):
         claimed = await self._store.claim_schedule(
             row.id, due=row.next_due, next_due=following,
             run=QueuedRow(session_id, key, message, self.pid, self.host), session=new,
+            sessions_max=None if new is None else self._settings.sessions_per_user,
         )  # fmt: skip
         if not claimed:
             return  # another daemon ran it, or it changed meanwhile
+        if claimed.skipped is not None:
+            log.warning("schedule %s: its run was skipped: %s", row.id, claimed.skipped)
+            if self._notices is not None:
+                self._notices.publish(
+                    row.user_id,
+                    {
+                        "type": wire.SCHEDULE_RUN, "schedule_id": row.id, "session_id": None,
+                        "reason": "skipped", "text": claimed.skipped, "at": time.time(),
+                    },
+                )  # fmt: skip
+            return
         log.info("schedule %s: runs in session %s", row.id, session_id)
         registry = self._registry()
         if registry is not None:

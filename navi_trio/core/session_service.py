@@ -63,16 +63,20 @@ class SessionService:
     ) -> SessionRow:
         """A new session of `user_id`, unless they already have as many as allowed."""
         limit = self.settings.sessions_per_user
-        if await self.store.count_sessions(user_id) >= limit:
+        try:
+            # Counted in the transaction that creates it: parallel creations (other
+            # connections, other daemons, a schedule's run) never pass the limit.
+            return await self.store.create_session(
+                session_id or new_session_id(),
+                profile_id=profile_id or self.config.current.default_profile,
+                user_id=user_id,
+                sessions_max=limit,
+            )
+        except LimitError:
             raise LimitError(
                 f"user {user_name} already has {limit} sessions (NAVI_SESSIONS_PER_USER):"
                 " delete one first"
-            )
-        return await self.store.create_session(
-            session_id or new_session_id(),
-            profile_id=profile_id or self.config.current.default_profile,
-            user_id=user_id,
-        )
+            ) from None
 
     async def title(self, session_id: str, first_message: str) -> None:
         """Title a session by its first stored message's first line (the session list

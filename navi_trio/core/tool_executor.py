@@ -61,6 +61,11 @@ def stopped_result() -> ToolResult:
     return ToolResult.fail(STOPPED_TEXT)
 
 
+def refused_result(exc: BudgetExhaustedError) -> ToolResult:
+    """A call a budget did not let start: which budget, and how much of it is used."""
+    return ToolResult.fail(f"not run: {exc}")
+
+
 def tool_message(call: ToolCall, result: ToolResult) -> dict[str, Any]:
     """The role=tool message that pairs an assistant tool call with its result."""
     msg: dict[str, Any] = {
@@ -288,38 +293,69 @@ async def execute_batch(
 ) -> None:
     """Run `calls`, filling `results` by index as each finishes.
 
-    `before(tool name)` runs before each call starts (the run's budget check: it raises
-    to end the run, and the calls not finished are then paired as stopped).
+    `before(tool name)` takes each call from the run's budget before it starts; when it
+    refuses (`BudgetExhaustedError`), that call and the ones after it are not run: their
+    results say which budget is spent, and the error is raised once the calls that did
+    start have finished (it ends the run).
 
     The caller owns `results`, so when the run is stopped mid-batch it knows which calls
     finished and pairs the others with "stopped by the user". With `parallel`, the
-    ToolStarted frames of the whole batch go out first, in call order, and the calls run
-    concurrently in one nursery; one call's failure is its own result only. First, when
-    a call may write, the writable folders are snapshotted once (core/checkpointing.py).
+    ToolStarted frames of the whole batch go out first, in call order, the budget takes
+    the calls in that order, and those it let start run concurrently in one nursery;
+    one call's failure is its own result only. First, when a call may write, the
+    writable folders are snapshotted once (core/checkpointing.py).
     """
     if executor.checkpoints is not None:
         await executor.checkpoints.before_round(calls, ctx, executor.registry, allowed, publish)
     if parallel and len(calls) > 1:
         for call in calls:
             publish(ToolStarted(call_id=call.id, name=call.name, arguments=dict(call.arguments)))
+        taken = len(calls)
+        refused: BudgetExhaustedError | None = None
+        if before is not None:
+            for i, call in enumerate(calls):
+                try:
+                    await before(call.name)
+                except BudgetExhaustedError as exc:
+                    taken, refused = i, exc
+                    break
+        if refused is not None:
+            _refuse(calls, taken, refused, results, publish)
 
         async def one(i: int, call: ToolCall) -> None:
-            if before is not None:
-                await before(call.name)
             results[i] = await executor.execute_one(call, ctx, allowed, publish)
 
-        try:
-            async with trio.open_nursery() as nursery:
-                for i, call in enumerate(calls):
-                    nursery.start_soon(one, i, call)
-        except* BudgetExhaustedError as group:
-            first: BaseException = group
-            while isinstance(first, BaseExceptionGroup):
-                first = first.exceptions[0]
-            raise first from None  # one budget ends the run, as one error
+        async with trio.open_nursery() as nursery:
+            for i, call in enumerate(calls[:taken]):
+                nursery.start_soon(one, i, call)
+        if refused is not None:
+            raise refused
         return
     for i, call in enumerate(calls):
         publish(ToolStarted(call_id=call.id, name=call.name, arguments=dict(call.arguments)))
         if before is not None:
-            await before(call.name)
+            try:
+                await before(call.name)
+            except BudgetExhaustedError as exc:
+                _refuse(calls, i, exc, results, publish)
+                raise
         results[i] = await executor.execute_one(call, ctx, allowed, publish)
+
+
+def _refuse(
+    calls: Sequence[ToolCall],
+    start: int,
+    exc: BudgetExhaustedError,
+    results: dict[int, ToolResult],
+    publish: Publish,
+) -> None:
+    """Calls `start` on were not run: each gets a result naming the budget spent."""
+    for i in range(start, len(calls)):
+        result = refused_result(exc)
+        results[i] = result
+        publish(
+            ToolResultEvent(
+                call_id=calls[i].id, name=calls[i].name, ok=False, error=result.error,
+                duration_ms=0,
+            )
+        )  # fmt: skip

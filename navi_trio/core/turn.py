@@ -62,6 +62,15 @@ class TurnRunner(TurnEnding):
         # after a round that may have changed them (the memory tool, a sub-agent).
         self._memories: list[str] | None = None
         self._tool_context: ToolContext | None = None
+        # The tool schemas sent with each call, and their tokens (they change only when
+        # the profile does): part of the prompt a budget reserves for.
+        self._schemas: tuple[str, int] = ("", 0)
+
+    def _schema_tokens(self, tools: list[dict[str, Any]]) -> int:
+        text = json.dumps(tools, ensure_ascii=False, sort_keys=True)
+        if text != self._schemas[0]:
+            self._schemas = (text, self.parts.counter.count_text(text))
+        return self._schemas[1]
 
     async def save(self, *, durable: bool = True) -> None:
         if self.turn.persist:
@@ -84,6 +93,8 @@ class TurnRunner(TurnEnding):
                 self.parts.backend, self.settings, request, StreamedReply(), None
             )
         self._count(reply)
+        if budget is not None and budget.active:
+            await budget.settle()
         return reply
 
     def _count(self, reply: StreamedReply) -> None:
@@ -271,7 +282,8 @@ class TurnRunner(TurnEnding):
         think, cap = t.profile.think_enabled, output_cap(self.settings, t.profile, "answer")
         if t.budget is not None and t.budget.active:
             await self.parts.counter.preload()
-            cap = await t.budget.before_llm(self.parts.builder.estimate(built, t.views), cap)
+            prompt = self.parts.builder.estimate(built, t.views) + self._schema_tokens(tools)
+            cap = await t.budget.before_llm(prompt, cap)
         request = chat_request(
             self.settings, built, self.model(), tools=tools, think=think, max_tokens=cap
         )
@@ -282,6 +294,8 @@ class TurnRunner(TurnEnding):
                 self.parts.backend, self.settings, request, t.reply, t.emit, first_chunk=first
             )
         self._count(reply)
+        if t.budget is not None and t.budget.active:
+            await t.budget.settle()  # what it did not use is free for other runs now
         # The rest of the turn counts (the real baseline, tool results, compression):
         # from here on the encoding is loaded, waited for on a thread if it was not.
         await self.parts.counter.preload()

@@ -165,7 +165,7 @@ class TurnEnding:
         turn.emit(
             BudgetExhausted(
                 scope=exc.scope, kind=exc.kind, spent=exc.spent, limit=exc.limit,
-                message=str(exc),
+                message=str(exc), held=exc.held,
             )
         )  # fmt: skip
         text = await self._save_partial(durable=False, stopped=True, budget=str(exc))

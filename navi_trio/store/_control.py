@@ -5,8 +5,14 @@
 - ``usage`` (key, tokens, tool_calls, subagents, wall_sec): the budgets' counters
   (core/budgets.py), one row per key (``session:<id>``, ``user:<id>:<day>``); `add_usage`
   adds in place, so concurrent runs never lose an increment.
+- ``usage_holds`` (hold, key, amounts, pid, host, expires_at): what calls under way
+  reserved. `reserve_usage` reads a key's counters and live holds and takes (a hold,
+  or spending at once) in one write transaction (``BEGIN IMMEDIATE``: one writer at a
+  time across processes), so two runs never both take the last of a limit;
+  `settle_usage` adds what a call used and drops its hold in one.
 - ``schedules``: scheduled runs (core/schedules.py); `claim_schedule` moves one from the
-  due time it was read at (compare and set) and queues its run in that transaction.
+  due time it was read at (compare and set) and queues its run in that transaction,
+  counting the owner's sessions first when it creates one.
 
 `_Control` holds the store's methods (mixed into `SQLiteStore`); below it, the functions
 that run on the worker thread. The checks and serialisation are `_control_input`'s,
@@ -23,18 +29,36 @@ from sqlite_utils import Database
 
 from navi_trio.store._control_input import (
     SCHEDULE_COLS,
+    by_key,
+    check_adds,
     check_amounts,
     check_keys,
     check_limit,
+    check_release,
+    check_reserve,
+    check_sessions_max,
+    decide,
     new_session_row,
     queued_values,
     schedule_from,
     schedule_values,
+    sessions_full,
+    taken,
 )
 from navi_trio.store._core import _Core
 from navi_trio.store._input import _check_text, _dump
+from navi_trio.store._lease import pid_alive
 from navi_trio.store._schema import _write_tx
-from navi_trio.store.base import USAGE_KINDS, NewSession, QueuedRow, ScheduleRow
+from navi_trio.store.base import (
+    USAGE_KINDS,
+    Claimed,
+    NewSession,
+    QueuedRow,
+    ScheduleRow,
+    UsageAsk,
+    UsageGrant,
+    UsageRequest,
+)
 
 
 class _Control(_Core):
@@ -82,6 +106,22 @@ class _Control(_Core):
             return {}
         return await self._run("read usage", lambda db: _get_usage(db, names))
 
+    async def reserve_usage(self, asks: Sequence[UsageAsk], request: UsageRequest) -> UsageGrant:
+        """Take `request` from every key of `asks` within its limits, counting the live
+        holds, in one transaction (see store/base.py)."""
+        checked, req = check_reserve(asks, request)
+        now = self._now()
+        return await self._run("reserve usage", lambda db: _reserve(db, checked, req, now))
+
+    async def settle_usage(
+        self, adds: dict[str, dict[str, float]], *, release: Sequence[str] = ()
+    ) -> dict[str, dict[str, float]]:
+        """Add each key's amounts and drop the holds named, in one transaction."""
+        amounts = check_adds(adds)
+        holds = check_release(release)
+        now = self._now()
+        return await self._run("settle usage", lambda db: _settle(db, amounts, holds, now))
+
     # -- schedules ----------------------------------------------------------------------
 
     async def create_schedule(self, row: ScheduleRow) -> ScheduleRow:
@@ -125,17 +165,20 @@ class _Control(_Core):
         next_due: float | None,
         run: QueuedRow | None,
         session: NewSession | None = None,
-    ) -> bool:
+        sessions_max: int | None = None,
+    ) -> Claimed:
         """Move the schedule from `due` to `next_due` if nobody did meanwhile (and it is
-        not paused); with `run`, queue it (and create `session` first) and count the run.
-        All or nothing; True when this call claimed it."""
+        not paused); with `run`, queue it (and create `session` first, unless its user
+        has `sessions_max` sessions: then the run is skipped and the schedule says why)
+        and count the run. All or nothing."""
         sid = _check_text(schedule_id, "schedule id")
         values = None if run is None else queued_values(run, "scheduled run")
         new = None if session is None else new_session_row(session)
+        most = check_sessions_max(sessions_max)
         now = self._now()
         return await self._run(
             f"claim schedule {sid!r}",
-            lambda db: _claim(db, sid, float(due), next_due, values, new, now),
+            lambda db: _claim(db, sid, float(due), next_due, values, new, most, now),
         )
 
 
@@ -189,14 +232,67 @@ def _add_usage(db: Database, keys: list[str], adds: dict[str, float], now: float
 
 
 def _get_usage(db: Database, keys: list[str]) -> dict[str, dict[str, float]]:
-    out = {key: dict.fromkeys(USAGE_KINDS, 0.0) for key in keys}
     marks = ", ".join("?" for _ in keys)
     rows = db.execute(
         f"SELECT key, {', '.join(USAGE_KINDS)} FROM usage WHERE key IN ({marks})", keys
     ).fetchall()
-    for row in rows:
-        out[row[0]] = {k: float(v) for k, v in zip(USAGE_KINDS, row[1:], strict=True)}
-    return out
+    return by_key(keys, rows)
+
+
+def _live_holds(
+    db: Database, keys: list[str], host: str, now: float
+) -> dict[str, dict[str, float]]:
+    """Each key's live holds, summed; expired ones and those of a dead process on this
+    host are deleted first (a crashed run's holds count no more)."""
+    marks = ", ".join("?" for _ in keys)
+    db.execute(f"DELETE FROM usage_holds WHERE key IN ({marks}) AND expires_at <= ?", [*keys, now])
+    pids = db.execute(
+        f"SELECT DISTINCT pid FROM usage_holds WHERE key IN ({marks}) AND host = ?", [*keys, host]
+    ).fetchall()
+    for (pid,) in pids:
+        if not pid_alive(int(pid)):
+            db.execute("DELETE FROM usage_holds WHERE pid = ? AND host = ?", [pid, host])
+    sums = ", ".join(f"SUM({k})" for k in USAGE_KINDS)
+    rows = db.execute(
+        f"SELECT key, {sums} FROM usage_holds WHERE key IN ({marks}) GROUP BY key", keys
+    ).fetchall()
+    return by_key(keys, rows)
+
+
+def _reserve(db: Database, asks: list[UsageAsk], req: UsageRequest, now: float) -> UsageGrant:
+    keys = [a.key for a in asks]
+    with _write_tx(db):
+        held = _live_holds(db, keys, req.host, now)
+        spent = _get_usage(db, keys)
+        granted, refused = decide(asks, req, spent, held)
+        if refused is not None:
+            return UsageGrant({}, refused, spent, held)
+        amounts = taken(keys, granted, req, spent, held)
+        if req.hold is None:
+            _add_usage(db, keys, amounts, now)
+            return UsageGrant(granted, None, spent, held)
+        for key in keys:
+            db.execute(
+                f"INSERT INTO usage_holds (hold, key, {', '.join(USAGE_KINDS)}, pid, host,"
+                " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [req.hold, key, *amounts.values(), req.pid, req.host, now + req.ttl],
+            )
+        return UsageGrant(granted, None, spent, held)
+
+
+def _settle(
+    db: Database, adds: dict[str, dict[str, float]], holds: list[str], now: float
+) -> dict[str, dict[str, float]]:
+    if not holds and not any(any(a.values()) for a in adds.values()):
+        return _get_usage(db, list(adds)) if adds else {}  # nothing to write
+    with _write_tx(db):
+        for key, amounts in adds.items():
+            if any(amounts.values()):
+                _add_usage(db, [key], amounts, now)
+        if holds:
+            marks = ", ".join("?" for _ in holds)
+            db.execute(f"DELETE FROM usage_holds WHERE hold IN ({marks})", holds)
+        return _get_usage(db, list(adds)) if adds else {}
 
 
 def _create_schedule(db: Database, values: tuple[Any, ...], row: ScheduleRow) -> ScheduleRow:
@@ -254,22 +350,36 @@ def _claim(
     next_due: float | None,
     run: tuple[Any, ...] | None,
     new: tuple[Any, ...] | None,
+    most: int | None,
     now: float,
-) -> bool:
+) -> Claimed:
     with _write_tx(db):
-        if run is None:
-            cursor = db.execute(
-                "UPDATE schedules SET next_due = ? WHERE id = ? AND next_due = ? AND paused = 0",
-                [next_due, sid, due],
-            )
-            return bool(cursor.rowcount)
         cursor = db.execute(
-            "UPDATE schedules SET next_due = ?, runs = runs + 1, last_run_at = ?,"
-            " last_session_id = ? WHERE id = ? AND next_due = ? AND paused = 0",
-            [next_due, due, run[1], sid, due],
+            "UPDATE schedules SET next_due = ? WHERE id = ? AND next_due = ? AND paused = 0",
+            [next_due, sid, due],
         )
         if not cursor.rowcount:
-            return False
+            return Claimed(False)
+        if run is None:
+            return Claimed(True)
+        if new is not None and most is not None:
+            count = int(
+                db.execute("SELECT COUNT(*) FROM sessions WHERE user_id = ?", [new[3]]).fetchone()[
+                    0
+                ]
+            )
+            if count >= most:
+                why = sessions_full(count, most)
+                db.execute(
+                    "UPDATE schedules SET last_skip = ?, last_skip_at = ? WHERE id = ?",
+                    [why, due, sid],
+                )
+                return Claimed(True, why)
+        db.execute(
+            "UPDATE schedules SET runs = runs + 1, last_run_at = ?, last_session_id = ?,"
+            " last_skip = NULL, last_skip_at = NULL WHERE id = ?",
+            [due, run[1], sid],
+        )
         if new is not None:
             db.execute(
                 "INSERT INTO sessions (id, profile_id, title, user_id, created_at, updated_at,"
@@ -277,4 +387,4 @@ def _claim(
                 [*new, now, now],
             )
         _insert_queued(db, run, now)
-        return True
+        return Claimed(True)

@@ -146,6 +146,21 @@ def _init_schema(db: Database) -> None:
             " last_run_at FLOAT, last_session_id TEXT, budget TEXT NOT NULL)"
         )
         db.execute("CREATE INDEX IF NOT EXISTS schedules_user ON schedules (user_id)")
+        # Why a schedule's last due time ran nothing (older databases gain the columns).
+        # Added columns only: a navi that does not know them still reads and writes.
+        have = db.table("schedules").columns_dict
+        for column, kind in (("last_skip", "TEXT"), ("last_skip_at", "FLOAT")):
+            if column not in have:
+                db.execute(f"ALTER TABLE schedules ADD COLUMN {column} {kind}")
+        # What the budgets' calls under way hold (store/_control.py `reserve_usage`): one
+        # row per hold and key, until settled or expired.
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS usage_holds (hold TEXT NOT NULL, key TEXT NOT NULL,"
+            " tokens FLOAT NOT NULL, tool_calls FLOAT NOT NULL, subagents FLOAT NOT NULL,"
+            " wall_sec FLOAT NOT NULL, pid INTEGER NOT NULL, host TEXT NOT NULL,"
+            " expires_at FLOAT NOT NULL, PRIMARY KEY (hold, key))"
+        )
+        db.execute("CREATE INDEX IF NOT EXISTS usage_holds_key ON usage_holds (key)")
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 

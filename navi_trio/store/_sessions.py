@@ -12,7 +12,8 @@ from typing import Any
 
 from sqlite_utils import Database
 
-from navi_trio.errors import StoreError
+from navi_trio.errors import LimitError, StoreError
+from navi_trio.store._control_input import check_sessions_max, sessions_full
 from navi_trio.store._core import _Core
 from navi_trio.store._input import _check_meta, _check_text, _dump, check_session_id
 from navi_trio.store._lease import check_fence
@@ -30,8 +31,10 @@ class _Sessions(_Core):
         title: str = "",
         user_id: str = "local",
         meta: dict[str, Any] | None = None,
+        sessions_max: int | None = None,
     ) -> SessionRow:
         sid = check_session_id(session_id) if session_id is not None else _new_session_id()
+        most = check_sessions_max(sessions_max)
         now = self._now()
         row = SessionRow(
             id=sid,
@@ -43,7 +46,11 @@ class _Sessions(_Core):
             meta=dict(_check_meta(meta if meta is not None else {})),
         )
         meta_json = _dump(row.meta, "session meta")
-        await self._run(f"create session {sid!r}", lambda db: _insert_session(db, row, meta_json))
+        full = await self._run(
+            f"create session {sid!r}", lambda db: _insert_session(db, row, meta_json, most)
+        )
+        if full is not None and most is not None:
+            raise LimitError(sessions_full(full, most))
         return row
 
     async def get_session(self, session_id: str) -> SessionRow | None:
@@ -101,15 +108,22 @@ def _require_session(db: Database, sid: str) -> None:
         raise StoreError(f"no session {sid!r} in the store")
 
 
-def _insert_session(db: Database, row: SessionRow, meta_json: str) -> None:
+def _insert_session(
+    db: Database, row: SessionRow, meta_json: str, most: int | None = None
+) -> int | None:
+    """Insert the row; with `most`, not when the user has that many sessions already:
+    then how many they have (else None)."""
     with _write_tx(db):
         if db.execute("SELECT 1 FROM sessions WHERE id = ?", [row.id]).fetchone() is not None:
             raise StoreError(f"session {row.id!r} already exists")
+        if most is not None and (count := _count(db, row.user_id)) >= most:
+            return count
         db.execute(
             f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
             [row.id, row.profile_id, row.title, row.user_id, row.created_at, row.updated_at,
              meta_json],
         )  # fmt: skip
+    return None
 
 
 def _list_sessions(db: Database, user_id: str | None) -> list[SessionRow]:
@@ -139,6 +153,7 @@ def _delete_session(db: Database, sid: str) -> bool:
         db.execute("DELETE FROM queued WHERE session_id = ?", [sid])
         db.execute("DELETE FROM wakes WHERE session_id = ?", [sid])
         db.execute("DELETE FROM usage WHERE key = ?", [f"session:{sid}"])
+        db.execute("DELETE FROM usage_holds WHERE key = ?", [f"session:{sid}"])
         db.execute("DELETE FROM schedules WHERE session_id = ?", [sid])
         # substr, not LIKE: ids may contain LIKE's wildcard `_`.
         db.execute(

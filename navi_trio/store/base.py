@@ -31,6 +31,14 @@ Contract every implementation keeps:
   transaction: the note and its wake-up land together or not at all.
 - `add_usage` adds to counters under keys (a session's, a user's day's) in one
   transaction; several daemons adding at once never lose an increment.
+- `reserve_usage` checks and takes in one transaction, counting what other runs hold:
+  for each key, its counters plus its live holds (not expired; on this host, not of a
+  dead process) stay within its limits, or nothing is taken and the reply names the
+  key and kind that refused. What it grants is spent at once (no `hold`) or held under
+  the hold's id until `settle_usage` adds what was really used and drops the hold,
+  in one transaction; a hold nobody settles stops counting when it expires.
+- `create_session(sessions_max=n)` and `claim_schedule(sessions_max=n)` count the
+  user's sessions in the transaction that creates one: at most `n`, across daemons.
 - `claim_schedule` moves a schedule from the due time it was read at to the next one
   only if nobody moved it meanwhile (compare and set), and in the same transaction
   creates the run's session when asked and queues its message: a due time is claimed
@@ -120,6 +128,21 @@ class ScheduleRow:
     last_run_at: float | None = None
     last_session_id: str | None = None
     budget: dict[str, Any] = attrs.field(factory=dict)
+    last_skip: str | None = None  # why the last due time ran nothing (None: it ran)
+    last_skip_at: float | None = None
+
+
+@attrs.frozen
+class Claimed:
+    """What `claim_schedule` did: `claimed` the due time (False: another daemon did, or
+    the schedule changed meanwhile); `skipped`, why its run was not queued (the owner
+    has as many sessions as allowed), None when it was. True when claimed."""
+
+    claimed: bool
+    skipped: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.claimed
 
 
 @attrs.frozen
@@ -147,6 +170,47 @@ class NewSession:
 USAGE_KINDS = ("tokens", "tool_calls", "subagents", "wall_sec")
 
 
+@attrs.frozen
+class UsageAsk:
+    """One counter key `reserve_usage` takes from, with its limits (kind -> limit; a
+    kind with no limit is absent)."""
+
+    key: str
+    limits: dict[str, float]
+
+
+@attrs.frozen
+class UsageRequest:
+    """What `reserve_usage` is asked for.
+
+    `want`: kind -> amount; each kind is granted the least room any key has left, and
+    refused below `least` (kind -> the least that will do; absent: all it wants).
+    `full`: kinds that ask nothing but refuse once a key is at its limit (wall time).
+    `hold`: an id to hold the grant under until `settle_usage`; None: spent at once.
+    The holder is `pid` on `host` (a hold of a dead pid on the caller's host holds
+    nothing); a hold lasts `ttl` seconds at most."""
+
+    want: dict[str, float]
+    least: dict[str, float] = attrs.field(factory=dict)
+    full: tuple[str, ...] = ()
+    hold: str | None = None
+    pid: int = 0
+    host: str = ""
+    ttl: float = 600.0
+
+
+@attrs.frozen
+class UsageGrant:
+    """`reserve_usage`'s answer: `granted` (kind -> amount taken; empty when refused),
+    `refused` (the key and kind whose limit refused, or None), and each key's counters
+    (`spent`) and live holds (`held`, this one's included) as the decision saw them."""
+
+    granted: dict[str, float]
+    refused: tuple[str, str] | None
+    spent: dict[str, dict[str, float]]
+    held: dict[str, dict[str, float]]
+
+
 class SessionStore(Protocol):
     """Sessions, their display history and LLM context, kv values and users."""
 
@@ -159,7 +223,12 @@ class SessionStore(Protocol):
         title: str = "",
         user_id: str = "local",
         meta: dict[str, Any] | None = None,
-    ) -> SessionRow: ...
+        sessions_max: int | None = None,
+    ) -> SessionRow:
+        """A new session row; with `sessions_max`, `LimitError` when `user_id` has that
+        many already (counted in the same transaction)."""
+        ...
+
     async def get_session(self, session_id: str) -> SessionRow | None: ...
     async def list_sessions(self, user_id: str | None = None) -> list[SessionRow]: ...
     async def update_session(
@@ -256,6 +325,15 @@ class SessionStore(Protocol):
     # usage counters of the budgets (core/budgets.py): key -> {kind: amount}
     async def add_usage(self, keys: Sequence[str], amounts: dict[str, float]) -> None: ...
     async def get_usage(self, keys: Sequence[str]) -> dict[str, dict[str, float]]: ...
+    async def reserve_usage(
+        self, asks: Sequence[UsageAsk], request: UsageRequest
+    ) -> UsageGrant: ...
+    async def settle_usage(
+        self, adds: dict[str, dict[str, float]], *, release: Sequence[str] = ()
+    ) -> dict[str, dict[str, float]]:
+        """Add each key's amounts and drop the holds `release` names, in one transaction;
+        the counters of the keys of `adds` after it."""
+        ...
 
     # schedules (core/schedules.py)
     async def create_schedule(self, row: ScheduleRow) -> ScheduleRow: ...
@@ -274,7 +352,8 @@ class SessionStore(Protocol):
         next_due: float | None,
         run: QueuedRow | None,
         session: NewSession | None = None,
-    ) -> bool: ...
+        sessions_max: int | None = None,
+    ) -> Claimed: ...
 
     # health
     async def stats(self) -> dict[str, int]: ...

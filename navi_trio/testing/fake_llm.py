@@ -26,6 +26,8 @@ time), `disconnects` (a client closed the connection before its reply finished: 
 time, chunks sent), `completed` (replies streamed to the end), `connections` (TCP
 connections accepted: shows keep-alive reuse). `wait_requests(n)`,
 `wait_disconnects(n)` and `wait_completed(n)` wait on a trio.Event, no polling.
+`gate`: while it is an unset trio.Event, each chat request is recorded and its reply
+waits for the gate (`waiting` counts them): a test holds calls under way at once.
 
 From the shell::
 
@@ -81,6 +83,8 @@ class FakeLLMServer:
         self.completed = 0
         self.connections = 0  # TCP connections accepted (keep-alive reuse shows here)
         self.hang_ups = 0  # requests answered by closing the connection (``hang_up``)
+        self.gate: trio.Event | None = None  # unset: chat replies wait for it
+        self.waiting = 0  # chat replies waiting for the gate
         self.host = "127.0.0.1"
         self.port = 0
         self._next = 0
@@ -202,6 +206,13 @@ class FakeLLMServer:
             return await send_json(
                 stream, conn, 400, dialect_cls(Reply(), "", "").error_body(problem)
             )
+        if self.gate is not None and not self.gate.is_set():
+            self.waiting += 1
+            self._notify()
+            try:
+                await self.gate.wait()
+            finally:
+                self.waiting -= 1
         reply = self._take()
         if reply is None:
             return await send_json(

@@ -58,9 +58,11 @@ Ownership and timestamps are not restored (restored files get new mtimes, as aft
 ``git checkout``); hard links come back as separate files.
 
 Bounds (a snapshot over one is `Skipped`, nothing stored): new or changed content over
-NAVI_CHECKPOINT_MAX_BYTES, more than NAVI_CHECKPOINT_MAX_FILES entries, longer than
-NAVI_CHECKPOINT_MAX_SEC. A preview is not bounded in time or bytes (a user asked for it):
-over the bytes bound it compares without storing, and says the restore cannot be undone.
+NAVI_CHECKPOINT_MAX_BYTES (or over the `Room` a total leaves, the caller's: a user's
+checkpoints, everyone's; `stored_bytes` sums the kept ones' new content), more than
+NAVI_CHECKPOINT_MAX_FILES entries, longer than NAVI_CHECKPOINT_MAX_SEC. A preview is
+not bounded in time or bytes (a user asked for it): over the bytes bound it compares
+without storing, and says the restore cannot be undone.
 
 Layout under ``DATA/checkpoints/``: ``packs/`` (contents and folder listings up to
 64 KiB by SHA-256, one pack per snapshot) and ``objects/`` (larger ones, one file
@@ -101,5 +103,7 @@ from navi_trio.core.checkpoints._model import RootChanges as RootChanges
 from navi_trio.core.checkpoints._model import RootTree as RootTree
 from navi_trio.core.checkpoints._model import Skipped as Skipped
 from navi_trio.core.checkpoints._model import UnknownCheckpointError as UnknownCheckpointError
+from navi_trio.core.checkpoints._state import Room as Room
+from navi_trio.core.checkpoints._state import size_text as size_text
 from navi_trio.core.checkpoints.engine import CheckpointEngine as CheckpointEngine
 from navi_trio.core.checkpoints.engine import open_checkpoints as open_checkpoints

@@ -101,8 +101,10 @@ class Skipped:
     """No snapshot: `reason` says why, in words (the caller's `checkpoint_skipped`).
 
     `code`: ``off`` (NAVI_CHECKPOINTS=false), ``too_large`` (new content over
-    NAVI_CHECKPOINT_MAX_BYTES), ``too_many_files`` (NAVI_CHECKPOINT_MAX_FILES),
-    ``too_slow`` (NAVI_CHECKPOINT_MAX_SEC), ``unreadable`` (a root cannot be opened).
+    NAVI_CHECKPOINT_MAX_BYTES), ``user_total`` / ``total`` (over what
+    NAVI_CHECKPOINT_USER_MAX_BYTES / NAVI_CHECKPOINT_TOTAL_MAX_BYTES leave),
+    ``too_many_files`` (NAVI_CHECKPOINT_MAX_FILES), ``too_slow``
+    (NAVI_CHECKPOINT_MAX_SEC), ``unreadable`` (a root cannot be opened).
     """
 
     code: str

@@ -17,6 +17,7 @@ import re
 import secrets
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,9 @@ def _from_json(data: dict[str, Any]) -> CheckpointInfo:
 class Records:
     def __init__(self, folder: Path) -> None:
         self.owners = folder / "owners"
+        # An owner folder's new content summed, as of its change time (a record added
+        # or removed changes it): a total is a stat per owner, not a read of each record.
+        self._sums: dict[str, tuple[int, int]] = {}
 
     def prepare(self) -> None:
         self.owners.mkdir(parents=True, exist_ok=True)
@@ -132,6 +136,35 @@ class Records:
         count = len(self.ids(owner))
         shutil.rmtree(self._folder(owner), ignore_errors=True)
         return count
+
+    def stored_bytes(self, owners: Sequence[str] | None = None) -> int:
+        """The `new_bytes` of every kept checkpoint of `owners` (None: every owner's)."""
+        if owners is None:
+            try:
+                folders = [Path(e.path) for e in os.scandir(self.owners) if e.is_dir()]
+            except FileNotFoundError:
+                return 0
+        else:
+            folders = [self._folder(o) for o in dict.fromkeys(owners)]
+        return sum(self._sum(folder) for folder in folders)
+
+    def _sum(self, folder: Path) -> int:
+        try:
+            st = os.stat(folder)
+        except FileNotFoundError:
+            self._sums.pop(folder.name, None)
+            return 0
+        stamp = st.st_mtime_ns ^ st.st_ino
+        cached = self._sums.get(folder.name)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        total = 0
+        for name in os.listdir(folder):
+            if name.endswith(".json") and _ID.fullmatch(name[:-5]):
+                info = self._read(folder / name)
+                total += info.new_bytes if info is not None else 0
+        self._sums[folder.name] = (stamp, total)
+        return total
 
     def all_trees(self) -> set[str]:
         """The root listing of every checkpoint of every owner."""

@@ -329,9 +329,9 @@ class Scan:
 
     def _too_large(self, size: int) -> None:
         raise OverLimit(
-            "too_large",
+            self.limits.bytes_code,
             f"{size_text(size)} of new or changed files to copy, over "
-            f"NAVI_CHECKPOINT_MAX_BYTES ({size_text(self.limits.max_bytes)})",
+            f"{self.limits.bytes_name} ({size_text(self.limits.max_bytes)})",
         )
 
     def _read_files(self) -> None:

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import attrs
 import trio
 
 from navi_trio.core.checkpoints._fsops import RootUnusableError, open_root
@@ -31,7 +32,7 @@ from navi_trio.core.checkpoints._objects import ObjectStore
 from navi_trio.core.checkpoints._records import Records, new_checkpoint_id
 from navi_trio.core.checkpoints._result import ScanResult
 from navi_trio.core.checkpoints._scan import Scan
-from navi_trio.core.checkpoints._state import Limits, OverLimit, RootState
+from navi_trio.core.checkpoints._state import Limits, OverLimit, Room, RootState
 from navi_trio.settings import Settings
 from navi_trio.tools.private import PrivatePaths, within
 
@@ -86,13 +87,14 @@ class Snapshots:
         private: PrivatePaths,
         label: str,
         started: float,
+        room: Room | None = None,
     ) -> Outcome:
         max_sec = self.settings.checkpoint_max_sec
         check = self.checker(started + max_sec, max_sec)
         with hold_files(self.folder, roots):
             results: list[ScanResult] = []
             try:
-                results = self.scan_all(roots, states, private, check, store=True)
+                results = self.scan_all(roots, states, private, check, store=True, room=room)
                 trees = tuple(
                     RootTree(r, res.tree, res.mode) for r, res in zip(roots, results, strict=True)
                 )
@@ -125,9 +127,14 @@ class Snapshots:
         check: Callable[[], None],
         *,
         store: bool,
+        room: Room | None = None,
     ) -> list[ScanResult]:
         s = self.settings
         limits = Limits(s.checkpoint_max_bytes, s.checkpoint_max_file_bytes, s.checkpoint_max_files)
+        if room is not None and room.bytes < limits.max_bytes:  # a total leaves less
+            limits = attrs.evolve(
+                limits, max_bytes=max(room.bytes, 0), bytes_code=room.code, bytes_name=room.name
+            )
         hidden = self.hidden(private)
         generation = gc_number(self.folder)
         self.objects.sync(generation)

@@ -76,6 +76,20 @@ class Limits:
     max_bytes: int
     max_file_bytes: int
     max_files: int
+    # Which bound `max_bytes` is (Skipped.code) and how it is named in its reason.
+    bytes_code: str = "too_large"
+    bytes_name: str = "NAVI_CHECKPOINT_MAX_BYTES"
+
+
+@attrs.frozen
+class Room:
+    """What a snapshot may add to the store under a total (a user's checkpoints, all
+    of them), when that is less than NAVI_CHECKPOINT_MAX_BYTES: `bytes` of new content,
+    `code` for `Skipped`, and `name`, the bound in words."""
+
+    bytes: int
+    code: str
+    name: str
 
 
 class RootState:

@@ -50,7 +50,7 @@ from navi_trio.core.checkpoints._plan import Op, changed_parts, plan_root
 from navi_trio.core.checkpoints._records import Records
 from navi_trio.core.checkpoints._result import ScanResult
 from navi_trio.core.checkpoints._snapshots import Snapshots, abandon, finish
-from navi_trio.core.checkpoints._state import OverLimit, RootState
+from navi_trio.core.checkpoints._state import OverLimit, Room, RootState
 from navi_trio.settings import Settings
 from navi_trio.tools.private import PrivatePaths
 
@@ -108,18 +108,32 @@ class CheckpointEngine:
     # -- snapshots ----------------------------------------------------------------
 
     async def snapshot(
-        self, owner: str, roots: Sequence[Path], *, private: PrivatePaths, label: str = ""
+        self,
+        owner: str,
+        roots: Sequence[Path],
+        *,
+        private: PrivatePaths,
+        label: str = "",
+        room: Room | None = None,
     ) -> Outcome:
         """Snapshot `roots` (absolute real paths: the session folder, the run's cwd) for
-        `owner`. Over a bound, unreadable or switched off: `Skipped`, never an error."""
+        `owner`, adding at most `room` (a total's bound) of new content. Over a bound,
+        unreadable or switched off: `Skipped`, never an error."""
         started = self._clock()
         if not self.settings.checkpoints:
             return Skipped("off", "checkpoints are switched off (NAVI_CHECKPOINTS=false)", 0.0)
         paths = _check_roots(roots)
         async with self._locks.hold(paths):
             states = [self._snaps.state(p, paths, private) for p in paths]
-            job = functools.partial(self._snaps.take, owner, paths, states, private, label, started)
+            job = functools.partial(
+                self._snaps.take, owner, paths, states, private, label, started, room
+            )
             return await self._thread(job)
+
+    async def stored_bytes(self, owners: Sequence[str] | None = None) -> int:
+        """The new content the kept checkpoints of `owners` (None: of everyone) added
+        to the store: what the totals bound."""
+        return await self._thread(functools.partial(self.records.stored_bytes, owners))
 
     # -- listing and keeping ------------------------------------------------------
 

@@ -5,6 +5,14 @@ once: a wake-up locks its session's row before it counts (two daemons never both
 the bound), usage is added in place (``ON CONFLICT ... DO UPDATE SET n = usage.n + ...``),
 and a claim is one ``UPDATE ... WHERE next_due = <the value read>``: a second claimer
 waits for the first one's row lock, then finds next_due moved and claims nothing.
+
+A reservation locks its keys' ``usage`` rows (``SELECT ... FOR UPDATE``, in key order,
+the rows made first when missing) before it reads their counters and holds: a second
+reserver of the same key on any daemon waits for the first one's commit, then counts
+its hold. A settle updates the row (so it waits for a reserver too) and drops its hold
+in the same transaction. Hold times are the server's clock. Creating a session under
+the user's limit takes a transaction-scoped advisory lock on the user first, so two
+creators (a message, a schedule's claim, on any daemon) count one after the other.
 """
 
 from __future__ import annotations
@@ -13,9 +21,34 @@ import json
 from typing import Any
 
 from navi_trio.errors import StoreError
-from navi_trio.store._control_input import SCHEDULE_COLS, schedule_from
-from navi_trio.store.base import USAGE_KINDS, ScheduleRow
+from navi_trio.store._control_input import (
+    SCHEDULE_COLS,
+    by_key,
+    decide,
+    schedule_from,
+    sessions_full,
+    taken,
+)
+from navi_trio.store._lease import pid_alive
+from navi_trio.store.base import (
+    USAGE_KINDS,
+    Claimed,
+    ScheduleRow,
+    UsageAsk,
+    UsageGrant,
+    UsageRequest,
+)
 from navi_trio.store.postgres._workers import Conn
+
+_NOW = "extract(epoch FROM clock_timestamp())"
+
+
+def count_sessions_locked(conn: Conn, user_id: str) -> int:
+    """The user's sessions, counted under a lock on the user held to the commit: two
+    transactions that may create one of theirs count one after the other."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 11))", [f"sessions/{user_id}"])
+    row = conn.execute("SELECT COUNT(*) FROM sessions WHERE user_id = %s", [user_id]).fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def _insert_queued(conn: Conn, values: tuple[Any, ...], now: float) -> None:
@@ -65,13 +98,65 @@ def add_usage(conn: Conn, keys: list[str], adds: dict[str, float], now: float) -
 
 
 def get_usage(conn: Conn, keys: list[str]) -> dict[str, dict[str, float]]:
-    out = {key: dict.fromkeys(USAGE_KINDS, 0.0) for key in keys}
     rows = conn.execute(
         f"SELECT key, {', '.join(USAGE_KINDS)} FROM usage WHERE key = ANY(%s)", [keys]
     ).fetchall()
-    for row in rows:
-        out[row[0]] = {k: float(v) for k, v in zip(USAGE_KINDS, row[1:], strict=True)}
-    return out
+    return by_key(keys, rows)
+
+
+def _live_holds(conn: Conn, keys: list[str], host: str) -> dict[str, dict[str, float]]:
+    """Each key's live holds, summed (expired ones and a dead local process's deleted)."""
+    conn.execute(f"DELETE FROM usage_holds WHERE key = ANY(%s) AND expires_at <= {_NOW}", [keys])
+    pids = conn.execute(
+        "SELECT DISTINCT pid FROM usage_holds WHERE key = ANY(%s) AND host = %s", [keys, host]
+    ).fetchall()
+    for (pid,) in pids:
+        if not pid_alive(int(pid)):
+            conn.execute("DELETE FROM usage_holds WHERE pid = %s AND host = %s", [pid, host])
+    sums = ", ".join(f"SUM({k})" for k in USAGE_KINDS)
+    rows = conn.execute(
+        f"SELECT key, {sums} FROM usage_holds WHERE key = ANY(%s) GROUP BY key", [keys]
+    ).fetchall()
+    return by_key(keys, rows)
+
+
+def reserve(conn: Conn, asks: list[UsageAsk], req: UsageRequest, now: float) -> UsageGrant:
+    keys = sorted(a.key for a in asks)  # one lock order for every reserver
+    zeros = ", ".join("0" for _ in USAGE_KINDS)
+    for key in keys:
+        conn.execute(
+            f"INSERT INTO usage (key, {', '.join(USAGE_KINDS)}, updated_at)"
+            f" VALUES (%s, {zeros}, %s) ON CONFLICT (key) DO NOTHING",
+            [key, now],
+        )
+    conn.execute("SELECT key FROM usage WHERE key = ANY(%s) ORDER BY key FOR UPDATE", [keys])
+    held = _live_holds(conn, keys, req.host)
+    spent = get_usage(conn, keys)
+    granted, refused = decide(asks, req, spent, held)
+    if refused is not None:
+        return UsageGrant({}, refused, spent, held)
+    amounts = taken(keys, granted, req, spent, held)
+    if req.hold is None:
+        add_usage(conn, keys, amounts, now)
+        return UsageGrant(granted, None, spent, held)
+    for key in keys:
+        conn.execute(
+            f"INSERT INTO usage_holds (hold, key, {', '.join(USAGE_KINDS)}, pid, host,"
+            f" expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, {_NOW} + %s)",
+            [req.hold, key, *amounts.values(), req.pid, req.host, req.ttl],
+        )
+    return UsageGrant(granted, None, spent, held)
+
+
+def settle(
+    conn: Conn, adds: dict[str, dict[str, float]], holds: list[str], now: float
+) -> dict[str, dict[str, float]]:
+    for key in sorted(adds):
+        if any(adds[key].values()):
+            add_usage(conn, [key], adds[key], now)
+    if holds:
+        conn.execute("DELETE FROM usage_holds WHERE hold = ANY(%s)", [holds])
+    return get_usage(conn, list(adds)) if adds else {}
 
 
 def create_schedule(conn: Conn, values: tuple[Any, ...], row: ScheduleRow) -> ScheduleRow:
@@ -127,21 +212,31 @@ def claim(
     next_due: float | None,
     run: tuple[Any, ...] | None,
     new: tuple[Any, ...] | None,
+    most: int | None,
     now: float,
-) -> bool:
-    if run is None:
-        cursor = conn.execute(
-            "UPDATE schedules SET next_due = %s WHERE id = %s AND next_due = %s AND NOT paused",
-            [next_due, sid, due],
-        )
-        return bool(cursor.rowcount)
+) -> Claimed:
     cursor = conn.execute(
-        "UPDATE schedules SET next_due = %s, runs = runs + 1, last_run_at = %s,"
-        " last_session_id = %s WHERE id = %s AND next_due = %s AND NOT paused",
-        [next_due, due, run[1], sid, due],
+        "UPDATE schedules SET next_due = %s WHERE id = %s AND next_due = %s AND NOT paused",
+        [next_due, sid, due],
     )
     if not cursor.rowcount:
-        return False
+        return Claimed(False)
+    if run is None:
+        return Claimed(True)
+    if new is not None and most is not None:
+        count = count_sessions_locked(conn, new[3])
+        if count >= most:
+            why = sessions_full(count, most)
+            conn.execute(
+                "UPDATE schedules SET last_skip = %s, last_skip_at = %s WHERE id = %s",
+                [why, due, sid],
+            )
+            return Claimed(True, why)
+    conn.execute(
+        "UPDATE schedules SET runs = runs + 1, last_run_at = %s, last_session_id = %s,"
+        " last_skip = NULL, last_skip_at = NULL WHERE id = %s",
+        [due, run[1], sid],
+    )
     if new is not None:
         conn.execute(
             "INSERT INTO sessions (id, profile_id, title, user_id, created_at, updated_at, meta)"
@@ -149,4 +244,4 @@ def claim(
             [*new, now, now],
         )
     _insert_queued(conn, run, now)
-    return True
+    return Claimed(True)

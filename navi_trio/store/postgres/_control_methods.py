@@ -11,15 +11,27 @@ from collections.abc import Sequence
 from typing import Any
 
 from navi_trio.store._control_input import (
+    check_adds,
     check_amounts,
     check_keys,
     check_limit,
+    check_release,
+    check_reserve,
+    check_sessions_max,
     new_session_row,
     queued_values,
     schedule_values,
 )
 from navi_trio.store._input import _check_text, _dump
-from navi_trio.store.base import NewSession, QueuedRow, ScheduleRow
+from navi_trio.store.base import (
+    Claimed,
+    NewSession,
+    QueuedRow,
+    ScheduleRow,
+    UsageAsk,
+    UsageGrant,
+    UsageRequest,
+)
 from navi_trio.store.postgres import _control as ctl
 from navi_trio.store.postgres._core import _Core
 
@@ -59,6 +71,19 @@ class _Control(_Core):
         if not names:
             return {}
         return await self._run("read usage", lambda c: ctl.get_usage(c, names), write=False)
+
+    async def reserve_usage(self, asks: Sequence[UsageAsk], request: UsageRequest) -> UsageGrant:
+        checked, req = check_reserve(asks, request)
+        now = self._now()
+        return await self._run("reserve usage", lambda c: ctl.reserve(c, checked, req, now))
+
+    async def settle_usage(
+        self, adds: dict[str, dict[str, float]], *, release: Sequence[str] = ()
+    ) -> dict[str, dict[str, float]]:
+        amounts = check_adds(adds)
+        holds = check_release(release)
+        now = self._now()
+        return await self._run("settle usage", lambda c: ctl.settle(c, amounts, holds, now))
 
     async def create_schedule(self, row: ScheduleRow) -> ScheduleRow:
         values = schedule_values(row)
@@ -104,12 +129,14 @@ class _Control(_Core):
         next_due: float | None,
         run: QueuedRow | None,
         session: NewSession | None = None,
-    ) -> bool:
+        sessions_max: int | None = None,
+    ) -> Claimed:
         sid = _check_text(schedule_id, "schedule id")
         values = None if run is None else queued_values(run, "scheduled run")
         new = None if session is None else new_session_row(session)
+        most = check_sessions_max(sessions_max)
         now = self._now()
         return await self._run(
             f"claim schedule {sid!r}",
-            lambda c: ctl.claim(c, sid, float(due), next_due, values, new, now),
+            lambda c: ctl.claim(c, sid, float(due), next_due, values, new, most, now),
         )

@@ -23,6 +23,7 @@ from navi_trio.store._schema import _session_from
 from navi_trio.store.base import HistoryPage, LoadedSession, SessionRow
 from navi_trio.store.fence import Fence, lost
 from navi_trio.store.postgres import _tables as t
+from navi_trio.store.postgres._control import count_sessions_locked
 from navi_trio.store.postgres._workers import Conn
 from navi_trio.store.repair import placeholder_positions, repair_dangling_tool_calls
 from navi_trio.text import loads_clean
@@ -68,7 +69,13 @@ def _lock_session(conn: Conn, sid: str) -> None:
         raise StoreError(f"no session {sid!r} in the store")
 
 
-def insert_session(conn: Conn, row: SessionRow, meta_json: str) -> None:
+def insert_session(
+    conn: Conn, row: SessionRow, meta_json: str, most: int | None = None
+) -> int | None:
+    """Insert the row; with `most`, not when the user has that many sessions already:
+    then how many they have (else None)."""
+    if most is not None and (count := count_sessions_locked(conn, row.user_id)) >= most:
+        return count
     inserted = conn.execute(
         f"INSERT INTO sessions ({_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s)"
         " ON CONFLICT (id) DO NOTHING RETURNING 1",
@@ -77,6 +84,7 @@ def insert_session(conn: Conn, row: SessionRow, meta_json: str) -> None:
     ).fetchone()  # fmt: skip
     if inserted is None:
         raise StoreError(f"session {row.id!r} already exists")
+    return None
 
 
 def list_sessions(conn: Conn, user_id: str | None) -> list[SessionRow]:
@@ -109,6 +117,7 @@ def delete_session(conn: Conn, sid: str) -> bool:
         conn.execute("DELETE FROM queued WHERE session_id = %s", [sid])
         conn.execute("DELETE FROM wakes WHERE session_id = %s", [sid])
         conn.execute("DELETE FROM usage WHERE key = %s", [f"session:{sid}"])
+        conn.execute("DELETE FROM usage_holds WHERE key = %s", [f"session:{sid}"])
         conn.execute("DELETE FROM schedules WHERE session_id = %s", [sid])
         conn.execute("DELETE FROM sessions WHERE id = %s", [sid])
     # starts_with, not LIKE: ids may contain LIKE's wildcard `_`. Rows of a session that

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from navi_trio.errors import LimitError
+from navi_trio.store._control_input import check_sessions_max, sessions_full
 from navi_trio.store._input import (
     _check_meta,
     _check_text,
@@ -38,8 +40,10 @@ class _Sessions(_Core):
         title: str = "",
         user_id: str = "local",
         meta: dict[str, Any] | None = None,
+        sessions_max: int | None = None,
     ) -> SessionRow:
         sid = check_session_id(session_id) if session_id is not None else _new_session_id()
+        most = check_sessions_max(sessions_max)
         now = self._now()
         row = SessionRow(
             id=sid,
@@ -51,7 +55,11 @@ class _Sessions(_Core):
             meta=dict(_check_meta(meta if meta is not None else {})),
         )
         meta_json = _dump(row.meta, "session meta")
-        await self._run(f"create session {sid!r}", lambda c: h.insert_session(c, row, meta_json))
+        full = await self._run(
+            f"create session {sid!r}", lambda c: h.insert_session(c, row, meta_json, most)
+        )
+        if full is not None and most is not None:
+            raise LimitError(sessions_full(full, most))
         return row
 
     async def get_session(self, session_id: str) -> SessionRow | None:
