@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlite_utils import Database
 
-from navi_trio.errors import StoreError
+from navi_trio.errors import SessionExistsError, StoreError
 from navi_trio.store._core import _Core
 from navi_trio.store._input import _check_meta, _check_text, _dump, check_session_id
 from navi_trio.store._lease import check_fence
@@ -104,7 +104,7 @@ def _require_session(db: Database, sid: str) -> None:
 def _insert_session(db: Database, row: SessionRow, meta_json: str) -> None:
     with _write_tx(db):
         if db.execute("SELECT 1 FROM sessions WHERE id = ?", [row.id]).fetchone() is not None:
-            raise StoreError(f"session {row.id!r} already exists")
+            raise SessionExistsError(f"session {row.id!r} already exists")
         db.execute(
             f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
             [row.id, row.profile_id, row.title, row.user_id, row.created_at, row.updated_at,

@@ -17,7 +17,7 @@ import psycopg
 import psycopg.errors as pg
 from psycopg import sql
 
-from navi_trio.errors import StoreError
+from navi_trio.errors import SessionExistsError, StoreError
 from navi_trio.store._input import _prepare, _Rewrite, _Row
 from navi_trio.store._schema import _session_from
 from navi_trio.store.base import LoadedSession, SessionRow
@@ -76,7 +76,7 @@ def insert_session(conn: Conn, row: SessionRow, meta_json: str) -> None:
          meta_json],
     ).fetchone()  # fmt: skip
     if inserted is None:
-        raise StoreError(f"session {row.id!r} already exists")
+        raise SessionExistsError(f"session {row.id!r} already exists")
 
 
 def list_sessions(conn: Conn, user_id: str | None) -> list[SessionRow]:
