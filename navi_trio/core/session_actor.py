@@ -51,6 +51,7 @@ from navi_trio.core.steering import (
     SteerItem,
     busy_strategy,
     check_steer,
+    not_the_starter,
     refusal,
     steer_item,
 )
@@ -147,6 +148,9 @@ class SessionActor:
         self._nursery: trio.Nursery | None = None
         self._control: RunControl | None = None
         self._running_key: str | None = None  # the queue key of the message running
+        # Who started the turn running (or waiting to retry): only they steer it or
+        # interrupt it, as only they answer its approvals (core/approvals.py).
+        self._running_user: str | None = None
         self._kept_wait: trio.CancelScope | None = None  # a kept message's wait to retry
         self.busy = False
         self.idle = trio.Event()
@@ -221,6 +225,10 @@ class SessionActor:
             raise RuntimeError(f"session actor {self.session_id} is not running")
         control = self._control
         strategy = busy_strategy(msg.on_busy, control)
+        if strategy in ("steer", "interrupt") and msg.user_id != self._running_user:
+            if msg.on_busy is not None:  # asked for: refused, saying why
+                raise not_the_starter(self.session_id, strategy)
+            strategy = "enqueue"  # the profile's default: it waits its turn instead
         if strategy == "reject":
             raise refusal(self.session_id, control)
         # Stored before it is acknowledged: `msg.accepted` is ok once its row is in.
@@ -339,6 +347,7 @@ class SessionActor:
         self.busy = False
         self._control = None
         self._running_key = None
+        self._running_user = None
         self._touch()
         # At shutdown the nursery is gone: queued messages are not started (they stay
         # in the store and run after the restart), and the actor is idle.
@@ -363,6 +372,7 @@ class SessionActor:
         self._start(self._run, msg, control)
         self._control = control
         self._running_key = msg.queue_key
+        self._running_user = msg.user_id
 
     async def _run(self, msg: UserMessage, control: RunControl) -> None:
         # The one place a session's turns run (daemon and `navi run` alike): one at a
