@@ -56,6 +56,7 @@ from navi_trio.core.steering import (
     steer_item,
 )
 from navi_trio.errors import (
+    AuthError,
     NaviError,
     NothingToCompactError,
     RequestError,
@@ -131,8 +132,10 @@ class SessionActor:
         on_retire: Callable[[SessionActor], None] | None = None,
         adopt: bool = False,
         on_run_end: RunEnded | None = None,
+        revoked: Callable[[str], bool] = lambda user_id: False,
     ) -> None:
         self.session_id = session_id
+        self._revoked = revoked  # a removed user's id (core/user_watch.py)
         self._on_run_end = on_run_end
         self._adopt = adopt
         self.parts = parts
@@ -258,6 +261,12 @@ class SessionActor:
     def running(self) -> RunControl | None:
         """The control of the turn running now (None: idle, or compacting)."""
         return self._control
+
+    def revoke(self, user_ids: set[str]) -> None:
+        """These users were removed: a turn one of them started stops now; their queued
+        and steered messages are refused when their turn would come (`_run`)."""
+        if self._control is not None and self._running_user in user_ids:
+            self._control.stop()
 
     def stop(self) -> bool:
         """Stop the running turn (queued messages stay queued). False when idle."""
@@ -385,6 +394,8 @@ class SessionActor:
             if msg.accepted.failed:
                 return  # refused (its sender was told): it never runs
             run_log = RunLog(self.session_id, msg)
+            if self._revoked(msg.user_id):
+                raise AuthError("the user who sent this message was removed: it does not run")
             self._check_profile(msg)
             delay = KEPT_RETRY_FIRST_SEC
             while True:
