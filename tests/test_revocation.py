@@ -51,8 +51,9 @@ async def one_daemon(
 
 
 async def refused_for(c: Client, why: str) -> dict[str, Any]:
-    """The error frame that ends a revoked connection, and then its close (1008)."""
-    err = await c.until_type("error")
+    """The error frame that ends a revoked connection (the connection's own: no seq; a
+    session's events may come before it), and then its close (1008)."""
+    err = await c.until(lambda f: f["type"] == "error" and "seq" not in f)
     assert err["code"] == "unauthorized" and why in err["message"], err
     with pytest.raises(ConnectionClosed):
         while True:
