@@ -7,10 +7,11 @@ The tree (every subclass of NaviError in navi_trio is defined here)::
     ├── UsageError                  bad command-line arguments (argparse's own exit is replaced
     │                               by it); also a bad argument of `navi mcp serve`'s tools
     ├── StoreError                  the SQLite store failed (a bad argument, a bad row...)
-    │   └── StorageError            storage: the database cannot be written or read (read-only,
-    │       │                       an I/O error, damaged); also a RequestError (below), so
-    │       │                       a request that meets it gets this code on the wire
-    │       └── StorageFullError    storage_full: the disk holding the database is full
+    │   ├── StorageError            storage: the database cannot be written or read (read-only,
+    │   │   │                       an I/O error, damaged); also a RequestError (below), so
+    │   │   │                       a request that meets it gets this code on the wire
+    │   │   └── StorageFullError    storage_full: the disk holding the database is full
+    │   └── SessionExistsError      a session id that is taken, on create; also an ExistsError
     ├── ContextTooLargeError        the built context cannot fit the model's window
     ├── NothingToCompactError       /compact found nothing (new) to summarise
     ├── ToolInputError              a tool got arguments it cannot use
@@ -32,6 +33,7 @@ The tree (every subclass of NaviError in navi_trio is defined here)::
     │   │                           store/fence.py); also a StoreError
     │   ├── UnsupportedError        unsupported: a frame type kept for a later version
     │   ├── ExistsError             exists: a session that already exists is not created again
+    │   │   └── SessionExistsError  (see StoreError above)
     │   ├── StorageError            (see StoreError above)
     │   └── UnavailableError        internal: the daemon is shutting down
     ├── DaemonUnreachableError      a client of the daemon (`open_daemon`): nothing answers at the
@@ -214,6 +216,11 @@ class ExistsError(RequestError):
     """A session that already exists cannot be created again."""
 
     code = "exists"
+
+
+class SessionExistsError(StoreError, ExistsError):
+    """A session is created with an id that is taken. The message names the id only:
+    never whose session it is, or anything of it."""
 
 
 class StorageError(StoreError, RequestError):

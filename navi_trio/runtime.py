@@ -12,7 +12,8 @@ runs through the tool registry), the waker (finished jobs' notes, core/wake.py),
 TaskSupervisor (background jobs), the checkpoints (the engine on DATA/checkpoints,
 opened first: it completes a restore a killed daemon left; its pruning actor), the
 session registry (session actors and their runs), with several daemons on one
-database the cluster link (core/cluster.py) and, in the daemon, the scheduler
+database the cluster link (core/cluster.py), the users' watch (revocations reach open
+connections and runs: core/user_watch.py) and, in the daemon, the scheduler
 (scheduled runs, core/schedules.py). Leaving the block cancels them all: runs are
 stopped (their clean-up is shielded), background jobs end (their running markers stay,
 so the next start reports them as lost), and every process group is killed. The store
@@ -45,6 +46,7 @@ from navi_trio.core.schedules import Scheduler, notify_schedule_run
 from navi_trio.core.session_registry import SessionRegistry
 from navi_trio.core.session_service import SessionService
 from navi_trio.core.task_supervisor import TaskSupervisor
+from navi_trio.core.user_watch import UserWatch
 from navi_trio.core.wake import Waker
 from navi_trio.events import TaskUpdate
 from navi_trio.llm.base import LLMBackend, SupervisedBackend
@@ -82,6 +84,7 @@ class Runtime:
     nursery: trio.Nursery
     scheduler: Scheduler
     notices: UserNotices
+    users: UserWatch
     cluster: Cluster | None = None  # several daemons on one database (core/cluster.py)
 
 
@@ -201,6 +204,15 @@ async def open_runtime(
                 on_run_end=lambda sid, msg, end: notify_schedule_run(notices, sid, msg, end),
             )
             await nursery.start(sessions.run)
+            # Revocations reach what is open (core/user_watch.py): the store signals each
+            # change of the users table, through the cluster's bus or the SQLite marker.
+            users = UserWatch(store, on_removed=sessions.revoke_users)
+            await nursery.start(users.run)
+            watch_users = getattr(store, "watch_users", None)
+            if joined is not None:
+                joined.users_changed = users.signal
+            elif watch_users is not None:
+                await nursery.start(watch_users, users.signal)
             if joined is not None:
                 joined.attach(sessions, supervisor, approvals)
                 supervisor.shared = joined  # the caps count for every daemon
@@ -256,6 +268,7 @@ async def open_runtime(
                     cluster=joined,
                     scheduler=scheduler,
                     notices=notices,
+                    users=users,
                 )
             finally:
                 nursery.cancel_scope.cancel()

@@ -147,7 +147,9 @@ async def test_always_is_persisted_and_a_restart_still_allows(tmp_path: Path) ->
             await _answer(c, "approve", sid, req["call_id"], scope="always")
             await c.until_end(sid)
             stored = await d.harness.runtime.store.kv_list(ALWAYS_SCOPE)
-            assert [k for k, _ in stored] == [f"{alice}|rule|general|terminal|run|git push*|ask"]
+            assert [k for k, _ in stored] == [
+                f"{alice}|workspace|rule|general|terminal|run|git push*|ask"
+            ]
         # A new daemon on the same database: the owner's next such call just runs.
         term2 = FakeTerminal()
         replies = [call("terminal", action="run", command="git push --tags"), {"text": "ok"}]
@@ -328,6 +330,42 @@ async def test_a_user_role_token_cannot_reach_full(tmp_path: Path) -> None:
             ctx, asked = await _mode_of_run(d, "root", term)
             assert ctx.mode == "workspace" and not asked  # the admin's default too
             ctx, asked = await _mode_of_run(d, "root", term, mode="full")
+            assert ctx.mode == "full" and ctx.sandbox is None and asked
+
+
+async def test_an_admins_run_in_another_users_session_never_runs_in_full(
+    tmp_path: Path,
+) -> None:
+    # The config gives admins full by default; a fork keeps its source's mode: neither
+    # takes an admin's run in a user's session out of the sandbox (the user wrote that
+    # session's context), and asking for full there is refused.
+    term = FakeTerminal()
+    replies = [call("terminal", action="run", command="make"), {"text": "done"}]
+    policy = {"modes": {"admin": "full"}}
+    with trio.fail_after(TIMEOUT):
+        async with _daemon(tmp_path, term, policy=policy, replies=replies) as d:
+            ctx, _ = await _mode_of_run(d, "alice", term)
+            sid = ctx.session_id
+            store = d.harness.runtime.store
+            await store.update_session(sid, meta={"mode": "full"})  # as a fork keeps it
+            async with d.connect("root") as root:
+                refused = await root.request(
+                    {"type": "message", "content": "go", "session_id": sid, "mode": "full"}
+                )
+                assert (refused["type"], refused["code"]) == ("error", "forbidden"), refused
+                assert "a session of your own" in refused["message"]
+                ok = await root.request({"type": "message", "content": "go", "session_id": sid})
+                assert ok["type"] == "ok", ok
+                got = await root.until(
+                    lambda f: (
+                        f.get("session_id") == sid
+                        and f["type"] in ("approval_request", "stream_end")
+                    )
+                )
+                assert got["type"] == "stream_end", got  # sandboxed: make did not ask
+            assert (term.ctxs[-1].mode, term.ctxs[-1].session_id) == ("workspace", sid)
+            assert term.ctxs[-1].sandbox is not None
+            ctx, asked = await _mode_of_run(d, "root", term)  # in a session of root's own
             assert ctx.mode == "full" and ctx.sandbox is None and asked
 
 

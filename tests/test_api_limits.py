@@ -19,6 +19,7 @@ import wsproto.events
 from api_ws import open_daemon
 
 from navi_trio.api.limits import TokenBucket
+from navi_trio.api.protocol import ID_SCAN_CHARS
 from navi_trio.api.server import HARD_FRAME_FACTOR
 
 TIMEOUT = 30
@@ -85,6 +86,27 @@ async def test_a_frame_under_the_limit_in_characters_but_over_it_in_bytes_is_too
             assert f"{len(frame.encode())} bytes; the limit is {limit}" in err["message"]
             listed = await c.request({"type": "sessions", "action": "list"})
             assert listed["sessions"] == []  # nothing was created; the connection goes on
+
+
+async def test_too_large_echoes_the_frames_id_when_it_comes_first(tmp_path: Path) -> None:
+    limit = 2048
+    big = "x" * (ID_SCAN_CHARS + 1000)  # past the part of the frame that is read
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, ws_frame_max_bytes=limit) as d, d.connect("alice") as c:
+            content = json.dumps(big)
+            for frame, rid in (
+                ('{"type": "message", "id": "r-7", "content": ' + content + "}", "r-7"),
+                ('{ "id" : 42, "type": "message", "content": ' + content + "}", 42),
+                # Nested, or after the content, or not an id: nothing to echo.
+                ('{"budget": {"id": "in"}, "type": "message", "content": ' + content + "}", None),
+                ('{"type": "message", "content": ' + content + ', "id": "late"}', None),
+                ('{"id": 1234567890123456789, "content": ' + content + "}", None),
+                ('{"id": ' + content + "}", None),
+            ):
+                await c.send(frame)
+                err = await c.next()
+                assert err["code"] == "too_large", err
+                assert err.get("id") == rid, (frame[:60], err)
 
 
 async def test_a_token_bucket_idle_for_an_hour_holds_only_its_burst(

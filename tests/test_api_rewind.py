@@ -162,6 +162,32 @@ async def test_only_the_owner_lists_rewinds_or_forks_and_hostile_ids_are_refused
                 assert [s["session_id"] for s in sessions["sessions"]] == [sid]  # no fork left
 
 
+async def test_a_fork_to_a_taken_id_answers_exists_the_same_whoever_holds_it(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, replies=[say("noted")], loop=True) as d:
+            async with d.connect("alice") as alice, d.connect("bob") as bob:
+                sid = await message(alice, "first")
+                mine = await message(alice, "another of mine")
+                theirs = await message(bob, "bob's own")
+                said = {}
+                for taken in (theirs, mine):
+                    err = await alice.request(
+                        {"type": "fork", "session_id": sid, "new_session_id": taken}
+                    )
+                    assert (err["type"], err["code"]) == ("error", "exists"), err
+                    said[taken] = err["message"].replace(taken, "ID")
+                # One answer: nothing says whose it is, or anything of it.
+                assert said[theirs] == said[mine] == "session 'ID' already exists", said
+                listed = await alice.request({"type": "sessions", "action": "list"})
+                assert sorted(s["session_id"] for s in listed["sessions"]) == sorted([sid, mine])
+                history = await bob.request(
+                    {"type": "sessions", "action": "history", "session_id": theirs}
+                )
+                assert [m["content"] for m in history["messages"]] == ["bob's own", "noted"]
+
+
 async def test_a_rewind_is_refused_during_a_run_and_while_a_background_job_runs(
     tmp_path: Path,
 ) -> None:

@@ -501,7 +501,7 @@ async def test_an_mcp_call_asks_by_default_then_runs_or_is_denied(
                 assert request["tool"] == "mcp__demo__echo"
                 assert "MCP server" in request["rule"]
                 await h.runtime.approvals.answer(
-                    "s1", request["call_id"], approve=approve, scope="once"
+                    "s1", request["call_id"], approve=approve, scope="once", user_id="local"
                 )
                 frames = await s.until_end()
                 [(ok, out)] = results(frames)

@@ -78,7 +78,7 @@ async def test_a_users_daily_budget_holds_across_two_daemons(tmp_path: Path, pg_
         token = await add_user(tmp_path, pg_url, "alice")
         async with (
             open_fake_llm([ANSWER], loop=True) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 2, own_folders=True, NAVI_CONFIG=str(config)) as (
+            pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True, NAVI_CONFIG=str(config)) as (
                 a,
                 b,
             ),

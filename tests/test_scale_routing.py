@@ -12,22 +12,20 @@ it is asked (core/owner_calls.py) are also tested on their own, with a recording
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import trio
 from agent_tools import call
 from api_ws import Client
-from daemons import no_plan_config, pg_daemons
+from daemons import connect_as, no_plan_config, pg_daemons
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from pg_server import sql
-from trio_websocket import open_websocket_url
 
 from navi_trio.core.owner_calls import OwnerCalls
-from navi_trio.errors import NotFoundError
+from navi_trio.errors import ForbiddenError, NotFoundError
 from navi_trio.store.base import ClusterBus, SessionStore
 from navi_trio.store.postgres import PostgresStore
 from navi_trio.testing import open_fake_llm
@@ -37,16 +35,6 @@ RULES = [
     {"tool": "scratchpad", "action": "write", "decision": "ask"},
     {"tool": "terminal", "action": "run", "match": "sleep *", "decision": "allow"},
 ]
-
-
-@asynccontextmanager
-async def connect(url: str, token: str) -> AsyncIterator[Client]:
-    async with open_websocket_url(url) as ws:
-        c = Client(ws)
-        await c.send({"type": "hello", "token": token})
-        welcome = await c.next()
-        assert welcome["type"] == "welcome", welcome
-        yield c
 
 
 async def add_users(url: str, *names: str) -> dict[str, str]:
@@ -86,9 +74,9 @@ async def test_a_client_on_another_daemon_answers_approvals_only_its_own(
         ):
             tokens = await add_users(pg_url, "bob", "carol")
             async with (
-                connect(b.url, tokens["bob"]) as bob_b,
-                connect(a.url, tokens["bob"]) as bob_a,
-                connect(a.url, tokens["carol"]) as carol_a,
+                connect_as(b.url, tokens["bob"]) as bob_b,
+                connect_as(a.url, tokens["bob"]) as bob_a,
+                connect_as(a.url, tokens["carol"]) as carol_a,
                 a.connect() as admin_a,
             ):
                 made = await bob_b.request({"type": "message", "content": "note it"})
@@ -146,7 +134,7 @@ async def test_tasks_on_another_daemon_are_listed_and_cancelled_there(
             async with (
                 b.connect() as on_b,
                 a.connect() as on_a,
-                connect(a.url, tokens["bob"]) as bob_a,
+                connect_as(a.url, tokens["bob"]) as bob_a,
             ):
                 sid = "admin.jobs"
                 made = await on_b.request(
@@ -194,12 +182,16 @@ class RecordingBus:
 
 class Broker:
     def __init__(self) -> None:
-        self.answered: list[tuple[str, str, bool, str]] = []
+        self.answered: list[tuple[str, str, bool, str, str]] = []
 
-    async def answer(self, session_id: str, call_id: str, *, approve: bool, scope: str) -> None:
+    async def answer(
+        self, session_id: str, call_id: str, *, approve: bool, scope: str, user_id: str
+    ) -> None:
         if call_id == "gone":
             raise NotFoundError(f"no approval request {call_id!r} is waiting")
-        self.answered.append((session_id, call_id, approve, scope))
+        if user_id != "u-starter":
+            raise ForbiddenError("only the owner of this run answers")
+        self.answered.append((session_id, call_id, approve, scope, user_id))
 
 
 async def test_the_owner_checks_every_field_of_what_it_is_asked() -> None:
@@ -215,10 +207,11 @@ async def test_the_owner_checks_every_field_of_what_it_is_asked() -> None:
         "o": "you",
         "c": "call-1",
         "a": True,
+        "u": "u-starter",
     }
     with trio.fail_after(10):
         assert await calls.received({**good, "sc": "once"})
-        assert broker.answered == [("s-1", "call-1", True, "once")]
+        assert broker.answered == [("s-1", "call-1", True, "once", "u-starter")]
         assert bus.sent == [("nd_you", {"k": "answer", "r": "r1", "v": True})]
         # Every malformed field: an error answered, nothing done.
         for bad in ({"sc": "forever"}, {"sc": "once", "a": "yes"}, {"sc": "once", "c": 7},
@@ -234,6 +227,12 @@ async def test_the_owner_checks_every_field_of_what_it_is_asked() -> None:
         # Not waiting there: the asker learns it (not_found on its side).
         assert await calls.received({**good, "sc": "once", "c": "gone"})
         assert bus.sent[-1][1]["nf"] is True
+        # The answering user is part of the request: without one, nothing is answered;
+        # another user than the run's starter is refused (forbidden on the asker's side).
+        assert await calls.received({**good, "sc": "once", "u": None})
+        assert "without its user" in bus.sent[-1][1]["e"]
+        assert await calls.received({**good, "sc": "once", "u": "u-other"})
+        assert bus.sent[-1][1]["fb"] is True and "only the owner" in bus.sent[-1][1]["e"]
         # A cancel without a task id; and a kind that is not ours (stop, compact).
         assert await calls.received({"k": "cancel_task", "s": "s-1", "r": "r2", "o": "you"})
         assert "task id" in bus.sent[-1][1]["e"]

@@ -30,6 +30,11 @@ from navi_trio.testing import open_harness
 TIMEOUT = 60
 HOUR = 3600.0
 NO_PLAN = {"planning_first_message": False}
+MAIL: dict[str, Any] = {  # a daemon whose every run answers the same
+    "replies": [{"text": "no new mail"}],
+    "loop": True,
+    "profiles": {"general": NO_PLAN},
+}
 
 
 @attrs.define
@@ -175,10 +180,11 @@ async def test_an_every_schedule_runs_once_per_due_time_and_tells_its_owner(
 ) -> None:
     wall = Wall()
     with trio.fail_after(TIMEOUT):
-        async with on_the_clock(
-            tmp_path, wall, replies=[{"text": "no new mail"}], loop=True,
-            profiles={"general": NO_PLAN},
-        ) as d, d.connect("alice") as c, d.connect("bob") as bob:  # fmt: skip
+        async with (
+            on_the_clock(tmp_path, wall, **MAIL) as d,
+            d.connect("alice") as c,
+            d.connect("bob") as bob,
+        ):
             store = d.harness.runtime.store
             sid = (row := await add_every(c, "1h", new=True))["schedule_id"]
             first_due = row["next_due"]
@@ -282,6 +288,34 @@ async def test_scheduled_runs_in_new_sessions_count_against_the_session_limit(
             got = await store.get_schedule(cron_id)
             assert got is not None and got.last_skip is None
             assert len(await store.list_sessions(d.ids["alice"])) == 3
+
+
+async def test_a_schedule_whose_owner_is_gone_never_runs_and_is_deleted(
+    tmp_path: Path,
+) -> None:
+    # Removing a user removes their schedules with them (the store's transaction); one
+    # added as they went (on a connection not closed yet) belongs to nobody when it
+    # falls due: it is deleted, never run, while the others run as ever.
+    wall = Wall()
+    with trio.fail_after(TIMEOUT):
+        async with on_the_clock(tmp_path, wall, **MAIL) as d, d.connect("alice") as c:
+            store = d.harness.runtime.store
+            kept = await add_every(c, "1h", new=True)
+            carol = await store.create_user("carol", "carol's token")
+            await store.create_session("carol.s", profile_id="general", user_id=carol["id"])
+            await store.remove_user("carol")
+            late = attrs.evolve(
+                await d.harness.runtime.scheduler.get(kept["schedule_id"]),
+                id="sch-late", user_id=carol["id"], session_id="carol.s",
+            )  # fmt: skip
+            await store.create_schedule(late)  # as if added while carol was removed
+            await at(d, wall, kept["next_due"])
+            ran = await c.until_type("schedule_run", schedule_id=kept["schedule_id"])
+            assert ran["reason"] == "complete"
+            assert [r.id for r in await store.list_schedules()] == [kept["schedule_id"]]
+            assert await store.load_messages("carol.s") == []
+            assert await store.queued_sessions() == []
+            assert len(d.harness.chat_requests) == 1  # alice's run only
 
 
 async def test_a_scheduled_run_in_a_session_is_headless_and_keeps_its_budget(

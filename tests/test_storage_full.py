@@ -163,36 +163,67 @@ async def test_a_full_disk_refuses_each_message_and_keeps_nothing_of_it(
             assert await _users(reopened) == ["after the space came"]
 
 
+@contextlib.asynccontextmanager
+async def _run_at_the_gate_on_a_full_disk(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[Daemon, Client, GateTool]]:
+    """A daemon and alice's connection: "first" runs and waits at the gate (its answer
+    "first done" comes once the gate opens); then the disk is full."""
+    gate = GateTool()
+    replies = [call("gate"), {"text": "first done"}]
+    async with open_daemon(
+        tmp_path, replies=replies, tools=toolset(gate), profiles=GATED, num_ctx=BIG_WINDOW,
+        steer_max_chars=2 * BIG,
+    ) as d, d.connect("alice") as c:  # fmt: skip
+        await c.request({"type": "sessions", "action": "create", "session_id": "alice.S"})
+        assert (await _send(c, "first", "first"))["type"] == "ok"
+        await gate.entered.wait()
+        await _cap(d, full=True)
+        yield d, c, gate
+
+
+async def _first_ends_alone(d: Daemon, c: Client, gate: GateTool) -> None:
+    """Room again, the gate opens: the run ends with "first done", and nothing else of
+    the session was stored or asked of the model."""
+    await _cap(d, full=False)
+    gate.gate.set()
+    end = await c.until(lambda f: f["type"] == "stream_end" and "seq" in f)
+    assert end["text"] == "first done"
+    actor = d.harness.runtime.sessions.actor("alice.S")
+    assert actor is not None
+    await actor.idle.wait()
+    last = d.harness.chat_requests[-1]["messages"]
+    assert [m["content"][:5] for m in last if m["role"] == "user"] == ["first"]
+    assert await _stored(d.harness.runtime.store) == (["first"], [])
+    assert len(d.harness.chat_requests) == 2  # the gate call and the answer
+
+
 async def test_a_message_queued_on_a_full_disk_is_refused_and_never_runs(
     tmp_path: Path,
 ) -> None:
-    gate = GateTool()
-    replies = [call("gate"), {"text": "first done"}]
     with trio.fail_after(TIMEOUT):
-        async with open_daemon(
-            tmp_path, replies=replies, tools=toolset(gate),
-            profiles={"general": with_tools(["gate"], planning_first_message=False)},
-        ) as d:  # fmt: skip
-            async with d.connect("alice") as c:
-                await c.request({"type": "sessions", "action": "create", "session_id": "alice.S"})
-                ok = await _send(c, "first", "first")
-                assert ok["type"] == "ok"
-                await gate.entered.wait()
-                await _cap(d, full=True)
-                refused = await _send(c, "queued", "queued " + "y" * BIG)
-                assert (refused["type"], refused["code"]) == ("error", "storage_full")
-                await _cap(d, full=False)
-                gate.gate.set()
-                end = await c.until(lambda f: f["type"] == "stream_end" and "seq" in f)
-                assert end["text"] == "first done"
-                actor = d.harness.runtime.sessions.actor("alice.S")
-                assert actor is not None
-                await actor.idle.wait()
-                # It never ran: one run, one user message.
-                assert await _users(d.harness.runtime.store) == ["first"]
-                assert len(d.harness.chat_requests) == 2  # the gate call and the answer
+        async with _run_at_the_gate_on_a_full_disk(tmp_path) as (d, c, gate):
+            refused = await _send(c, "queued", "queued " + "y" * BIG)
+            assert (refused["type"], refused["code"]) == ("error", "storage_full")
+            await _first_ends_alone(d, c, gate)
         with contextlib.closing(sqlite3.connect(tmp_path / "navi.db")) as conn:
             assert conn.execute("SELECT COUNT(*) FROM queued").fetchone()[0] == 0
+
+
+async def test_a_steered_message_whose_queue_write_failed_never_joins_the_running_turn(
+    tmp_path: Path,
+) -> None:
+    # Its sender was told storage_full: the turn must not take it in afterwards, even
+    # once the disk has room again (it would be saved then, as if it had been accepted).
+    with trio.fail_after(TIMEOUT):
+        async with _run_at_the_gate_on_a_full_disk(tmp_path) as (d, c, gate):
+            steer = {"type": "message", "content": "steer " + "s" * BIG, "session_id": "alice.S",
+                     "on_busy": "steer", "id": "steer"}  # fmt: skip
+            await c.send(steer)
+            refused = await c.until(lambda f: f.get("id") == "steer")
+            assert (refused["type"], refused["code"]) == ("error", "storage_full"), refused
+            await _first_ends_alone(d, c, gate)
+            assert not [f for f in c.frames if f["type"] in ("steered", "message_queued")]
 
 
 @contextlib.asynccontextmanager

@@ -1,4 +1,5 @@
-"""The SessionStore contract on both stores: wake-ups, usage counters, schedules (issue 23).
+"""The SessionStore contract on both stores: wake-ups, usage counters, schedules (issue 23),
+and what removing a user takes with it; every change of the users table is signalled.
 
 Every test runs on a real SQLite file and on a fresh PostgreSQL database (the `backend`
 fixture, tests/store_backends.py). "Two daemons" are two stores opened on the same file
@@ -11,7 +12,9 @@ import os
 import socket
 import subprocess
 import time
-from typing import Any
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, cast
 
 import attrs
 import pytest
@@ -19,7 +22,9 @@ import trio
 from store_backends import Backend
 
 from navi_trio.errors import LimitError, StoreError
+from navi_trio.store import SessionStore, SQLiteStore
 from navi_trio.store.base import (
+    USERS_CHANNEL,
     NewSession,
     QueuedRow,
     ScheduleRow,
@@ -418,3 +423,68 @@ async def test_deleting_a_session_deletes_its_wakes_usage_and_schedules(
             await store.create_session("s1", profile_id="general")
             # A new session of that name starts with no wake-ups counted.
             assert await store.enqueue_wake(wake("s1", "w2"), note=None, limit=1, per=3600)
+
+
+# -- a removed user -----------------------------------------------------------------------
+
+
+async def test_removing_a_user_takes_their_schedules_and_queued_messages_not_their_sessions(
+    backend: Backend,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as store:
+            alice = await store.create_user("alice", "token-a")
+            bob = await store.create_user("bob", "token-b")
+            await store.create_session("s-bob", profile_id="general", user_id=bob["id"])
+            for who, sid in ((alice, "sch-a"), (bob, "sch-b1"), (bob, "sch-b2")):
+                await store.create_schedule(schedule(sid, user_id=who["id"]))
+            for key, who in (("k1", bob), ("k2", alice), ("k3", bob)):
+                message = {"text": key, "user_id": who["id"], "kind": "user"}
+                await store.enqueue("s-bob", key, message, pid=os.getpid(), host=HOST)
+            # A row that is not a message of ours is nobody's: it stays.
+            await backend.execute(
+                "INSERT INTO queued (key, session_id, pid, host, data, created_at)"
+                " VALUES ('k4', 's-bob', 1, 'h', 'not json', 0)"
+            )
+            assert await store.remove_user("bob") is True
+            assert [r.id for r in await store.list_schedules()] == ["sch-a"]
+            keys = await backend.query("SELECT key FROM queued ORDER BY key")
+            assert keys == [("k2",), ("k4",)]
+            assert await store.get_session("s-bob") is not None
+            assert await store.list_users() == [alice]
+
+
+@asynccontextmanager
+async def users_signals(store: SessionStore) -> AsyncIterator[trio.MemoryReceiveChannel[str]]:
+    """What a daemon on this database hears of changes of the users table: SQLite's
+    marker watch, or PostgreSQL's notifications on the users channel."""
+    send, signals = trio.open_memory_channel[str](64)
+    async with trio.open_nursery() as nursery:
+        if isinstance(store, SQLiteStore):
+            await nursery.start(store.watch_users, lambda: send.send_nowait("changed"))
+            yield signals
+        else:
+            bus = cast(Any, store).bus()
+            bus.on_message(lambda channel, _: send.send_nowait(channel))
+            async with bus.listening():
+                await bus.listen(USERS_CHANNEL)
+                yield signals
+        nursery.cancel_scope.cancel()
+
+
+async def test_every_change_of_the_users_is_signalled_to_another_connection(
+    backend: Backend,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as daemon, backend.open() as cli:
+            async with users_signals(daemon) as signals:
+                # Each change by another connection (`navi users`), once committed.
+                await cli.create_user("bob", "token-1")
+                await signals.receive()
+                assert await daemon.get_user_by_token("token-1") is not None
+                await cli.rotate_user_token("bob", "token-2")
+                await signals.receive()
+                assert await daemon.get_user_by_token("token-1") is None
+                await cli.remove_user("bob")
+                await signals.receive()
+                assert await daemon.get_user_by_name("bob") is None

@@ -195,29 +195,24 @@ class Commands:
         await self.conn.send(reply(rid, "ok", session_id=cmd.session_id, stopped=stopped))
 
     async def _approval(self, rid: RequestId, cmd: Approval) -> None:
-        # Only the session's owner answers, an admin included: it is their call.
-        row = await self._owned(cmd.session_id)
+        # Only a user who may address the session; and of them, only the one who started
+        # the run answers (the broker checks, here or on the daemon running it).
+        await self._owned(cmd.session_id)
         broker = self.rt.approvals
         here = cmd.call_id in broker.pending(cmd.session_id)
         owner = None if here else await self._owner_elsewhere(cmd.session_id, None)
-        if owner is None:
-            broker.owner_of_pending(cmd.session_id, cmd.call_id)  # NotFoundError when none
-        if self.user.id != row.user_id:
-            log.warning(
-                "user %s refused: approval %s in session %s of another user",
-                self.user.name, cmd.call_id, cmd.session_id,
-            )  # fmt: skip
-            raise ForbiddenError(
-                f"only the owner of session {cmd.session_id!r} answers its approval requests"
-            )
         approve = cmd.decision == "approve"
         if owner is not None:  # it waits on the daemon running the session: answered there
             assert self.rt.cluster is not None
             await self.rt.cluster.calls.approve(
-                owner, cmd.session_id, cmd.call_id, approve=approve, scope=cmd.scope
-            )
+                owner, cmd.session_id, cmd.call_id, approve=approve, scope=cmd.scope,
+                user_id=self.user.id,
+            )  # fmt: skip
         else:
-            await broker.answer(cmd.session_id, cmd.call_id, approve=approve, scope=cmd.scope)
+            await broker.answer(
+                cmd.session_id, cmd.call_id, approve=approve, scope=cmd.scope,
+                user_id=self.user.id,
+            )  # fmt: skip
         await self.conn.send(
             reply(
                 rid,

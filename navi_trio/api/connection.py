@@ -19,8 +19,13 @@ never waits for a client. The connection sees the daemon's core through `DaemonC
 A bad frame gets an error frame and the connection goes on; so does any refused
 request (`RequestError`). The reader never waits for a message to be stored: the
 frames behind it (a stop, a sessions list) are answered meanwhile. Only a missing or
-bad hello, or too many connections for a user, closes the connection (after the error
-frame).
+bad hello, too many connections for a user, or a token revoked while it is open closes
+the connection (after the error frame).
+
+Revocation: the token is checked again after every change of the users table
+(core/user_watch.py, whichever process or daemon made it): rotated away, or its user
+removed, the connection ends at once, with an ``unauthorized`` error frame saying which,
+and closes with code 1008. Nothing it sent after that is read.
 """
 
 from __future__ import annotations
@@ -107,7 +112,7 @@ class Connection:
 
     async def run(self) -> None:
         try:
-            user = await self._hello()
+            user, token, seen = await self._hello()
         except RequestError as exc:
             log.info("connection %s refused: %s", self.peer, exc)
             await self._close_with(error_frame_for(exc))
@@ -123,11 +128,13 @@ class Connection:
             return
         log.info("connection %s: user %s (%s) connected", self.peer, user.name, user.role)
         commands = Commands(self.server.runtime, self, user)
+        revoked: list[AuthError] = []
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._writer)
                 nursery.start_soon(self._notices, user.id)
+                nursery.start_soon(self._watch_token, user, token, seen, revoked)
                 rt = self.server.runtime
                 config = rt.config.current
                 welcome = welcome_frame(
@@ -137,6 +144,8 @@ class Connection:
                 await self.ws.send_message(encode(welcome))
                 await self._reader(commands)
                 nursery.cancel_scope.cancel()
+            if revoked:
+                await self._close_with(error_frame_for(revoked[0]))
         except* ConnectionClosed:
             pass  # the client went away: its subscriptions end, its runs go on
         finally:
@@ -149,7 +158,10 @@ class Connection:
             await self.server.released(slot)
             log.info("connection %s: user %s disconnected", self.peer, user.name)
 
-    async def _hello(self) -> User:
+    async def _hello(self) -> tuple[User, str, int]:
+        """The user of the hello's token, the token, and the generation of the users'
+        watch read before the token was checked: a change committed after the check is
+        a later generation for `_watch_token`, never one it missed."""
         settings = self.server.runtime.settings
         with trio.move_on_after(settings.ws_hello_timeout_sec):
             message = await self.ws.get_message()
@@ -159,12 +171,43 @@ class Connection:
                 raise AuthError(f"the first frame must be a hello with a token ({exc})") from None
             if not isinstance(command, Hello):
                 raise AuthError("the first frame must be a hello with a token", request_id=rid)
+            seen = self.server.runtime.users.generation
             try:
-                return await authenticate(self.server.runtime.store, command.token)
+                user = await authenticate(self.server.runtime.store, command.token)
             except AuthError as exc:
                 exc.request_id = rid
                 raise
+            return user, command.token, seen
         raise AuthError(f"no hello within {settings.ws_hello_timeout_sec:g} s")
+
+    async def _watch_token(
+        self, user: User, token: str, seen: int, revoked: list[AuthError]
+    ) -> None:
+        """After each change of the users table, the token again: rotated away or its
+        user removed, the connection ends (the error goes in `revoked`, for `run`)."""
+        rt = self.server.runtime
+        while True:
+            seen = await rt.users.wait(seen)
+            try:
+                found = await rt.store.get_user_by_token(token)
+                if found is not None and str(found["id"]) == user.id:
+                    continue
+                gone = await rt.store.get_user(user.id) is None
+            except NaviError as exc:  # the next change looks again
+                log.warning("connection %s: checking the token of %s failed: %s",
+                            self.peer, user.name, exc)  # fmt: skip
+                continue
+            why = (
+                f"user {user.name} was removed" if gone
+                else f"the token of user {user.name} was replaced (navi users rotate)"
+            )  # fmt: skip
+            log.warning("connection %s closed: %s", self.peer, why)
+            revoked.append(
+                AuthError(f"{why}: this connection is closed; connect again with a valid token")
+            )
+            assert self._nursery is not None
+            self._nursery.cancel_scope.cancel()
+            return
 
     async def _close_with(self, frame: Frame) -> None:
         with trio.move_on_after(CLOSE_SEND_TIMEOUT):

@@ -3,8 +3,9 @@
 Everything the frame says is checked before a session is created for it: its cwd
 (against what the sender's role may use) and its profile. A new session is the
 sender's (`Commands._create`, api/commands.py); an existing one must be theirs
-(`Commands._owned`). The message then goes to the session's actor here, or into the
-queue of the daemon that runs the session's turn now (core/cluster.py). One reply, once
+(`Commands._owned`: an admin may use any), and ``mode: full`` only one of their own.
+The message then goes to the session's actor here, or into the queue of the daemon
+that runs the session's turn now (core/cluster.py). One reply, once
 the message is saved (running) or stored in the queue, so that a crash after the ok
 cannot lose it; else the error that refused it.
 """
@@ -20,7 +21,13 @@ from navi_trio.api.services import DaemonCore
 from navi_trio.core.agent import UserMessage
 from navi_trio.core.steering import busy_strategy
 from navi_trio.core.workspace import check_cwd
-from navi_trio.errors import RequestError, SessionBusyError, StorageError, UnavailableError
+from navi_trio.errors import (
+    ForbiddenError,
+    RequestError,
+    SessionBusyError,
+    StorageError,
+    UnavailableError,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -79,6 +86,16 @@ class SessionMessages:
             await self.c.conn.send(reply(rid, "session", session_id=row.id, created=True))
         else:
             row = await self.c._owned(row.id)
+            if cmd.mode == "full" and row.user_id != self.c.user.id:
+                log.warning("%s refused: mode full in session %s of another user",
+                            self.c.user.name, row.id)  # fmt: skip
+                raise ForbiddenError(
+                    f"mode full (no sandbox) runs only in a session of your own, and "
+                    f"session {row.id!r} is another user's: what its owner wrote would be "
+                    "the context of an unsandboxed run; use a session of yours, or mode "
+                    "workspace",
+                    session_id=row.id,
+                )
         actor = await self.c._actor(row.id)
         if not self.c.conn.subscribed(row.id):
             self.c.conn.subscribe(actor, None, None)

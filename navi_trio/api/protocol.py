@@ -57,6 +57,7 @@ from navi_trio.wire import Frame as Frame
 RequestId = str | int | None
 KEEP_MAX_CHARS = 64_000  # an `EventFrame` keeps its JSON text up to this length
 NUMBER_MAX_DIGITS = 18  # a whole number in a frame (last_seq, id)
+ID_SCAN_CHARS = 4096  # of a frame too large to parse: where its id is looked for
 ERROR_MAX_CHARS = 1000  # an error frame's message is cut there, whoever wrote it
 
 COMMANDS: dict[str, type[Any]] = {
@@ -184,6 +185,44 @@ def _request_id(data: dict[str, Any]) -> RequestId:
     return None
 
 
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _skip_space(text: str, pos: int) -> int:
+    found = _SPACE.match(text, pos)
+    return pos if found is None else found.end()
+
+
+def leading_id(message: str) -> RequestId:
+    """The top-level ``id`` of a frame too large to parse whole, when it comes within
+    its first `ID_SCAN_CHARS` characters (clients send it before the content); else None.
+
+    Only that prefix is read, key by key at the top level (a nested ``id`` is not the
+    frame's): a value that runs past it ends the search. So the work and the memory are
+    bounded whatever the frame holds, and the id is checked as any frame's."""
+    text = message[:ID_SCAN_CHARS]
+    decoder = json.JSONDecoder(parse_int=_parse_int)
+    pos = _skip_space(text, 0)
+    if not text.startswith("{", pos):
+        return None
+    pos += 1
+    while True:
+        try:
+            key, pos = decoder.raw_decode(text, _skip_space(text, pos))
+            pos = _skip_space(text, pos)
+            if not isinstance(key, str) or not text.startswith(":", pos):
+                return None
+            value, pos = decoder.raw_decode(text, _skip_space(text, pos + 1))
+        except (ValueError, RecursionError):
+            return None  # past the prefix, or not JSON: no id to echo
+        if key == "id":
+            return _request_id({"id": value})
+        pos = _skip_space(text, pos)
+        if not text.startswith(",", pos):
+            return None
+        pos += 1
+
+
 def _lone_surrogate_field(data: dict[str, Any]) -> str | None:
     """The first field whose name or value holds a lone surrogate, or None."""
     for key, value in data.items():
@@ -198,7 +237,10 @@ def parse_frame(message: str | bytes, max_bytes: int) -> tuple[RequestId, Comman
         raise ProtocolError("binary frames are not accepted: send JSON text frames")
     size = len(message.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
-        raise FrameTooLargeError(f"the frame has {size} bytes; the limit is {max_bytes}")
+        raise FrameTooLargeError(
+            f"the frame has {size} bytes; the limit is {max_bytes}",
+            request_id=leading_id(message),
+        )
     try:
         data = json.loads(message, parse_int=_parse_int)
     except ValueError as exc:

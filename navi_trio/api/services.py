@@ -4,7 +4,8 @@ api/ depends on this, never on the concrete `runtime.Runtime` (which satisfies i
 layers' arrows point down only (DESIGN.md). It names the parts a connection and its
 commands use — settings, the live config, the store, the session registry (actors),
 the session service (create, delete), the approval broker, the task supervisor, the
-rewinds (rewind, fork), the scheduler (scheduled runs), the users' notices and, with
+rewinds (rewind, fork), the scheduler (scheduled runs), the users' notices, the
+users' watch (a revoked token closes its connections) and, with
 several daemons on one database, the cluster — and nothing of how they are wired.
 """
 
@@ -20,6 +21,7 @@ from navi_trio.core.schedules import Scheduler
 from navi_trio.core.session_registry import SessionRegistry
 from navi_trio.core.session_service import SessionService
 from navi_trio.core.task_supervisor import TaskSupervisor
+from navi_trio.core.user_watch import UserWatch
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionStore
@@ -50,3 +52,5 @@ class DaemonCore(Protocol):
     def scheduler(self) -> Scheduler: ...
     @property
     def notices(self) -> UserNotices: ...
+    @property
+    def users(self) -> UserWatch: ...  # each change of the users table

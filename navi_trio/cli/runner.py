@@ -43,6 +43,9 @@ _BUSY_SAID = {
     "steer": "message steered into the running turn",
     "interrupt": "the running turn is stopped; this message runs next",
 }
+# Who sends an in-process run's message, and so answers its approvals: the person at
+# this shell (role admin); the sessions such a run creates are theirs too.
+EMBEDDED_USER = "local"
 PROBE_TIMEOUT = 1.0  # is the local daemon there? (a refused connection answers at once)
 CONNECT_TIMEOUT = 5.0
 MAX_FRAME = 64 * 1024 * 1024
@@ -132,8 +135,8 @@ async def _follow(
         # The person at this shell owns the machine: the local admin.
         actor.send_message(
             UserMessage(
-                req.text, cwd=req.cwd, profile_id=req.profile, user_role="admin",
-                mode=req.mode, on_busy=req.on_busy,
+                req.text, cwd=req.cwd, profile_id=req.profile, user_id=EMBEDDED_USER,
+                user_role="admin", mode=req.mode, on_busy=req.on_busy,
             )
         )  # fmt: skip
         on_sent()
@@ -167,8 +170,9 @@ async def follow_in_runtime(
         approve, scope = await decide(frame)
         with contextlib.suppress(NotFoundError):  # timed out or stopped meanwhile
             await rt.approvals.answer(
-                req.session_id, str(frame["call_id"]), approve=approve, scope=scope
-            )
+                req.session_id, str(frame["call_id"]), approve=approve, scope=scope,
+                user_id=EMBEDDED_USER,
+            )  # fmt: skip
 
     async with trio.open_nursery() as nursery:
         async with rt.agent.leases.hold(req.session_id):

@@ -276,7 +276,10 @@ class Agent:
             user_id=msg.user_id,
             # A fork keeps its source's mode (session meta) for messages that ask none.
             mode=effective_mode(
-                profile.policy, msg.user_role, msg.mode or state.row.meta.get("mode")
+                profile.policy,
+                msg.user_role,
+                msg.mode or state.row.meta.get("mode"),
+                own_session=state.row.user_id == msg.user_id,
             ),
             user_role=msg.user_role,
             first_message=state.is_first_message,

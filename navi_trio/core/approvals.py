@@ -1,14 +1,19 @@
-"""Approvals: a tool call the policy says `ask` about waits for its session owner.
+"""Approvals: a tool call the policy says `ask` about waits for the run's starter.
 
 `ApprovalBroker.resolve` is called by the tool executor, inside the run's cancel scope:
-Stop ends the wait at once. In order, a call is approved by
+Stop ends the wait at once. A run's approvals belong to the user who started it (its
+message's sender), not to the session's owner: an admin's run in a user's session is
+answered by the admin, never by the user, whose text could otherwise approve what the
+admin's run does. In order, a call is approved by
 
-1. an earlier answer with scope ``session`` (kept here, per session, for this rule) or
-   ``always`` (kept in the store's kv, per owner, for this rule: a restart keeps it);
+1. an earlier grant of that user in that mode: an answer with scope ``session`` (kept
+   here, per session) or ``always`` (kept in the store's kv: a restart keeps it), each
+   for the rule that asked, the grantor and the mode the run had (`grant_key`). A grant
+   given in ``workspace`` covers nothing in ``full``, and another user's grant nothing;
 2. with no client attached to the session, or for a headless run (a scheduled one:
    nobody asked it to wait on them), the profile's headless allow-list (anything else
    is denied: nobody could answer);
-3. the owner's `approve` / `deny` (`answer`, from the api layer) after an
+3. the starter's `approve` / `deny` (`answer`; anyone else is refused) after an
    `ApprovalRequest` event; no answer within `Settings.approval_timeout_sec` is a deny.
 
 Every outcome is published as `ApprovalDecided`, so a client sees why a call ran or not.
@@ -24,7 +29,7 @@ import attrs
 import trio
 
 from navi_trio.core.policy import CallFacts, Verdict, headless_allows
-from navi_trio.errors import NotFoundError
+from navi_trio.errors import ForbiddenError, NotFoundError
 from navi_trio.events import AgentEvent, ApprovalDecided, ApprovalRequest
 from navi_trio.profiles import AgentProfile
 from navi_trio.store.base import SessionStore
@@ -43,8 +48,8 @@ class Outcome:
 
 @attrs.define(eq=False)
 class _Pending:
-    owner_id: str
-    key: str
+    starter: str  # the user who started the run: the only one who answers
+    grant: str  # what a `session` or `always` answer grants (`grant_key`)
     rule: str
     request: ApprovalRequest
     answered: trio.Event = attrs.Factory(trio.Event)
@@ -52,15 +57,16 @@ class _Pending:
     scope: str = "once"
 
 
-def _always_key(owner_id: str, key: str) -> str:
-    return f"{owner_id}|{key}"
+def grant_key(user_id: str, mode: str, key: str) -> str:
+    """What a grant covers: the rule's `key`, for the grantor `user_id`, in `mode`."""
+    return f"{user_id}|{mode}|{key}"
 
 
 class ApprovalBroker:
     """One per runtime: the pending requests, and the grants of `session` answers.
 
-    `store` gives the session's owner (`get_session`) and keeps `always` grants (kv);
-    `attached(session_id)` says whether a client is subscribed to the session.
+    `store` keeps `always` grants (kv); `attached(session_id)` says whether a client is
+    subscribed to the session.
     """
 
     def __init__(
@@ -80,10 +86,6 @@ class ApprovalBroker:
         """The requests still waiting in `session_id` (a client that subscribes gets them)."""
         return [p.request for (sid, _), p in self._pending.items() if sid == session_id]
 
-    async def owner_of(self, session_id: str, fallback: str) -> str:
-        row = await self.store.get_session(session_id)
-        return str(row.user_id) if row is not None else fallback
-
     async def resolve(
         self,
         *,
@@ -98,11 +100,11 @@ class ApprovalBroker:
         publish: Callable[[AgentEvent], None],
         headless: bool = False,
     ) -> Outcome:
-        owner = await self.owner_of(session_id, user_id)
-        if verdict.key in self._session_grants.get(session_id, ()):
+        grant = grant_key(user_id, mode, verdict.key)
+        if grant in self._session_grants.get(session_id, ()):
             publish(ApprovalDecided(call_id=call_id, approved=True, scope="session", by="grant"))
             return Outcome(True, "approved for this session")
-        if await self.store.kv_get(ALWAYS_SCOPE, _always_key(owner, verdict.key)):
+        if await self.store.kv_get(ALWAYS_SCOPE, grant):
             publish(ApprovalDecided(call_id=call_id, approved=True, scope="always", by="grant"))
             return Outcome(True, "approved always")
         if headless or not self.attached(session_id):
@@ -122,7 +124,7 @@ class ApprovalBroker:
             mode=mode,
             timeout_sec=math.ceil(self.timeout),
         )
-        pending = _Pending(owner, verdict.key, verdict.rule, request)
+        pending = _Pending(user_id, grant, verdict.rule, request)
         key = (session_id, call_id)
         self._pending[key] = pending
         try:
@@ -144,15 +146,6 @@ class ApprovalBroker:
             return Outcome(True, "approved by the owner")
         return Outcome(False, f"the user denied it ({verdict.rule})")
 
-    def owner_of_pending(self, session_id: str, call_id: str) -> str:
-        """The owner who may answer the pending call, or NotFoundError."""
-        pending = self._pending.get((session_id, call_id))
-        if pending is None:
-            raise NotFoundError(
-                f"no approval request {call_id!r} is waiting in session {session_id!r}"
-            )
-        return pending.owner_id
-
     async def answer(
         self,
         session_id: str,
@@ -160,20 +153,31 @@ class ApprovalBroker:
         *,
         approve: bool,
         scope: str,
+        user_id: str,
     ) -> None:
-        """The owner's answer (the api layer checked who sends it). An `always` grant is
-        stored before the call is released, so the grant is durable once the call runs."""
+        """`user_id`'s answer: only the run's starter answers (ForbiddenError for anyone
+        else; the api layer checked that they may address the session at all). An
+        `always` grant is stored before the call is released, so the grant is durable
+        once the call runs."""
         pending = self._pending.get((session_id, call_id))
         if pending is None or pending.answered.is_set():
             raise NotFoundError(
                 f"no approval request {call_id!r} is waiting in session {session_id!r}"
             )
-        if approve and scope == "session":
-            self._session_grants.setdefault(session_id, set()).add(pending.key)
-        if approve and scope == "always":
-            await self.store.kv_set(
-                ALWAYS_SCOPE, _always_key(pending.owner_id, pending.key), {"rule": pending.rule}
+        if user_id != pending.starter:
+            log.warning(
+                "session %s: call %s: an answer of %s refused (the run is %s's)",
+                session_id, call_id, user_id, pending.starter,
+            )  # fmt: skip
+            raise ForbiddenError(
+                f"only the owner of this run (the user who started it) answers its approval "
+                f"requests: call {call_id!r} in session {session_id!r} is not yours to answer",
+                session_id=session_id,
             )
+        if approve and scope == "session":
+            self._session_grants.setdefault(session_id, set()).add(pending.grant)
+        if approve and scope == "always":
+            await self.store.kv_set(ALWAYS_SCOPE, pending.grant, {"rule": pending.rule})
         if pending.answered.is_set():  # answered twice while the grant was stored
             return
         pending.approved = approve

@@ -32,6 +32,10 @@ unchanged: its clients get the same frames, replay and lagged rules as the owner
 break in the seqs, or another epoch (another daemon, or a restart), is a ``resync`` to
 its subscribers first: reload the history, never a silent gap.
 
+**Users.** The store notifies ``navi_users`` with every committed change of the users
+table (a token rotated, a user removed, by `navi users` or any process): each daemon
+hears it and looks at its connections and runs again (core/user_watch.py).
+
 **Failover.** Each daemon renews its ``daemons`` row every third of the lease TTL. Every
 half TTL it looks for sessions with queued messages and no live lease (their owner
 died, or was handed a message as it went): it starts their actor, which adopts the rows
@@ -60,7 +64,7 @@ from navi_trio.core.owner_calls import Answers, OwnerCalls
 from navi_trio.core.queued import to_row
 from navi_trio.errors import NaviError, StoreError
 from navi_trio.events import AgentEvent
-from navi_trio.store.base import ClusterBus, SessionStore
+from navi_trio.store.base import USERS_CHANNEL, ClusterBus, SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +131,8 @@ class Cluster:
         self._out_send, self._out_recv = trio.open_memory_channel[tuple[str, str]](INBOX_MAX)
         self._in_send, self._in_recv = trio.open_memory_channel[tuple[str, str]](INBOX_MAX)
         self._nursery: trio.Nursery | None = None
+        # Told of each committed change of the users table (core/user_watch.py).
+        self.users_changed: Callable[[], None] = lambda: None
         self.dropped = 0  # notifications dropped (inbox or outbox full)
         self.published = 0
         self.relayed = 0
@@ -147,6 +153,7 @@ class Cluster:
                 await self.bus.heartbeat(self.owner, self.leases.pid, self.leases.host, self.ttl)
                 await self.bus.listen(daemon_channel(self.owner))
                 await self.bus.listen(FOLLOW_CHANNEL)
+                await self.bus.listen(USERS_CHANNEL)
                 for sid, owner in await self.bus.follows():
                     if owner != self.owner:
                         self._followers.setdefault(sid, set()).add(owner)
@@ -327,6 +334,9 @@ class Cluster:
 
     def _received(self, channel: str, payload: str) -> None:
         """From the bus's thread (through the trio token): queue it for the handler."""
+        if channel == USERS_CHANNEL:  # never dropped behind a full inbox of frames
+            self.users_changed()
+            return
         try:
             self._in_send.send_nowait((channel, payload))
         except trio.WouldBlock:

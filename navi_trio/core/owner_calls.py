@@ -1,17 +1,19 @@
 """What one daemon asks of another and waits for: approvals and background tasks.
 
     calls = cluster.calls                               # one per Cluster (core/cluster.py)
-    await calls.approve(owner, session_id, call_id, approve=True, scope="once")
+    await calls.approve(owner, session_id, call_id, approve=True, scope="once", user_id=u)
     jobs = await calls.jobs_elsewhere(session_ids)      # other daemons' running jobs
     reply = await calls.task("cancel", session_ids, task_id)   # {"task_id", "cancelled"}
 
 A client's ``approve`` / ``deny`` or ``tasks cancel`` may reach a daemon that does not
 run the call or the job. The api layer checks who asks, against the store every daemon
 shares; then the daemon that holds the call or job is asked: a notification on its
-channel (``nd_…``) with a request id and the asker's own owner id; the owner answers its
-ApprovalBroker or cancels in its TaskSupervisor, and notifies the outcome back on the
-asker's channel. The client's reply waits for it (at most `ASK_TIMEOUT_SEC`): it says
-what happened, as on one daemon, e.g. ``not_found`` when the call no longer waits there.
+channel (``nd_…``) with a request id and the asker's own owner id (and, for an approval,
+the answering user: only the run's starter answers, checked by the owner's broker); the
+owner answers its ApprovalBroker or cancels in its TaskSupervisor, and notifies the
+outcome back on the asker's channel. The client's reply waits for it (at most
+`ASK_TIMEOUT_SEC`): it says what happened, as on one daemon, e.g. ``not_found`` when the
+call no longer waits there, ``forbidden`` when the run is another user's.
 Stop and compact, by contrast, are a bare `Cluster.tell`: nothing comes back.
 
 Jobs other daemons run are read from their running markers (kv ``task_running``, written
@@ -39,7 +41,7 @@ import trio
 from navi_trio.core.approvals import SCOPES
 from navi_trio.core.task_jobs import task_info
 from navi_trio.core.task_supervisor import RUNNING_SCOPE
-from navi_trio.errors import NaviError, NotFoundError, UnavailableError
+from navi_trio.errors import ForbiddenError, NaviError, NotFoundError, UnavailableError
 from navi_trio.store.base import ClusterBus, SessionStore
 
 log = logging.getLogger(__name__)
@@ -53,7 +55,9 @@ APPROVE, CANCEL, ANSWER = "approve", "cancel_task", "answer"
 class Answers(Protocol):
     """core/approvals.py `ApprovalBroker`."""
 
-    async def answer(self, session_id: str, call_id: str, *, approve: bool, scope: str) -> None: ...
+    async def answer(
+        self, session_id: str, call_id: str, *, approve: bool, scope: str, user_id: str
+    ) -> None: ...
 
 
 class Cancels(Protocol):
@@ -89,11 +93,12 @@ class OwnerCalls:
     # -- asking -------------------------------------------------------------------------
 
     async def approve(
-        self, owner: str, session_id: str, call_id: str, *, approve: bool, scope: str
-    ) -> None:
-        """The answer to a call waiting on daemon `owner`; NotFoundError when it waits
-        there no longer."""
-        await self._ask(owner, APPROVE, session_id, c=call_id, a=approve, sc=scope)
+        self, owner: str, session_id: str, call_id: str, *, approve: bool, scope: str,
+        user_id: str,
+    ) -> None:  # fmt: skip
+        """`user_id`'s answer to a call waiting on daemon `owner`; NotFoundError when it
+        waits there no longer, ForbiddenError when its run is another user's."""
+        await self._ask(owner, APPROVE, session_id, c=call_id, a=approve, sc=scope, u=user_id)
 
     async def task(
         self, action: str, session_ids: list[str], task_id: str
@@ -129,6 +134,8 @@ class OwnerCalls:
         error = asked.answer.get("e")
         if asked.answer.get("nf"):
             raise NotFoundError(str(error))
+        if asked.answer.get("fb"):
+            raise ForbiddenError(str(error), session_id=session_id)
         if error is not None:
             raise UnavailableError(f"the daemon running session {session_id!r}: {error}")
         return asked.answer
@@ -169,6 +176,8 @@ class OwnerCalls:
             answer["v"] = await self._do(kind, sid, data)
         except NotFoundError as exc:
             answer.update(e=str(exc)[:ERROR_MAX], nf=True)
+        except ForbiddenError as exc:
+            answer.update(e=str(exc)[:ERROR_MAX], fb=True)
         except (NaviError, ValueError) as exc:
             answer["e"] = str(exc)[:ERROR_MAX]
         await self.bus.notify([(self.channel(asker), json.dumps(answer))])
@@ -177,11 +186,16 @@ class OwnerCalls:
     async def _do(self, kind: str, sid: str, data: dict[str, Any]) -> bool:
         if kind == APPROVE:
             call_id, approve, scope = _text(data, "c"), data.get("a"), data.get("sc")
+            user_id = _text(data, "u")
             if call_id is None or not isinstance(approve, bool) or scope not in SCOPES:
                 raise ValueError(f"a malformed approval for session {sid!r}")
+            if user_id is None:
+                raise ValueError(f"an approval for session {sid!r} without its user")
             if self.approvals is None:
                 raise NotFoundError(f"no approval request {call_id!r} waits here")
-            await self.approvals.answer(sid, call_id, approve=approve, scope=str(scope))
+            await self.approvals.answer(
+                sid, call_id, approve=approve, scope=str(scope), user_id=user_id
+            )
             return True
         task_id = _text(data, "t")
         if task_id is None:

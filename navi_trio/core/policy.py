@@ -8,7 +8,8 @@ Three modes, from least to most power (README "Safety"):
   run's cwd only (the filesystem tool's confinement), terminal and code_exec run in a
   sandbox where those two folders are writable and the network is off. What the
   sandbox contains runs without asking.
-- ``full`` (admins only): no sandbox; a terminal or code_exec call asks.
+- ``full`` (admins only, and only in a session of their own): no sandbox; a terminal
+  or code_exec call asks.
 
 ``ssh_exec`` runs a command on another machine, where no sandbox of ours reaches: it is
 denied in ``read-only`` (whatever the rules say: nothing could keep the promise that
@@ -48,12 +49,20 @@ REMOTE_TOOL = "ssh_exec"  # runs on another machine: no sandbox applies
 SUMMARY_MAX = 300
 
 
-def effective_mode(policy: PolicyConfig, role: str, requested: str | None) -> str:
+def effective_mode(
+    policy: PolicyConfig, role: str, requested: str | None, *, own_session: bool = True
+) -> str:
     """The mode a run gets: the role's configured mode, or the requested one when it is
     not more than the role allows (an admin may ask for anything; a user never above
-    the mode configured for users)."""
+    the mode configured for users).
+
+    `own_session`: the run's sender owns its session. In another user's session
+    (an admin's run there) it is never ``full``: that session's history, which its owner
+    wrote, is the unsandboxed run's context (the api layer refuses an explicit ask)."""
     configured = policy.modes.get(role, DEFAULT_MODE)
     ceiling = "full" if role == "admin" else configured
+    if not own_session:
+        ceiling = min(ceiling, DEFAULT_MODE, key=MODES.index)
     wanted = requested if requested in MODES else configured
     return min(wanted, ceiling, key=MODES.index)
 

@@ -26,6 +26,11 @@ does: over it, the due time is claimed and its run skipped; the schedule keeps w
 (``last_skip``, shown by ``schedule list``) and the owner's clients get a
 ``schedule_run`` notice with reason ``skipped``.
 
+A schedule runs as its owner, with the role they have when it falls due. A removed
+user's schedules go with them (the store deletes them in the same transaction); one
+whose owner is gone all the same (added as they were removed) is deleted when it falls
+due, never run. A rotated token changes nothing here: the user is still a user.
+
 A due time found late (the loop was busy) runs once; several missed in a row are one
 run, and the next due time is the first one after now.
 """
@@ -346,7 +351,14 @@ class Scheduler(NurseryHolder):
     async def _fire(self, row: ScheduleRow, following: float | None) -> None:
         assert row.next_due is not None
         owner = await self._store.get_user(row.user_id)
-        role = str(owner["role"]) if owner is not None else "user"
+        if owner is None:
+            # Its owner was removed (the store removes their schedules with them; this
+            # one was added as they went): it belongs to nobody, and never runs.
+            await self._store.delete_schedule(row.id)
+            log.warning("schedule %s: its owner %s was removed: deleted, not run",
+                        row.id, row.user_id)  # fmt: skip
+            return
+        role = str(owner["role"])
         budget = parse_budgets(row.budget) if row.budget else None
         new: NewSession | None = None
         session_id = row.session_id

@@ -51,10 +51,12 @@ from navi_trio.core.steering import (
     SteerItem,
     busy_strategy,
     check_steer,
+    not_the_starter,
     refusal,
     steer_item,
 )
 from navi_trio.errors import (
+    AuthError,
     NaviError,
     NothingToCompactError,
     RequestError,
@@ -130,8 +132,10 @@ class SessionActor:
         on_retire: Callable[[SessionActor], None] | None = None,
         adopt: bool = False,
         on_run_end: RunEnded | None = None,
+        revoked: Callable[[str], bool] = lambda user_id: False,
     ) -> None:
         self.session_id = session_id
+        self._revoked = revoked  # a removed user's id (core/user_watch.py)
         self._on_run_end = on_run_end
         self._adopt = adopt
         self.parts = parts
@@ -147,6 +151,9 @@ class SessionActor:
         self._nursery: trio.Nursery | None = None
         self._control: RunControl | None = None
         self._running_key: str | None = None  # the queue key of the message running
+        # Who started the turn running (or waiting to retry): only they steer it or
+        # interrupt it, as only they answer its approvals (core/approvals.py).
+        self._running_user: str | None = None
         self._kept_wait: trio.CancelScope | None = None  # a kept message's wait to retry
         self.busy = False
         self.idle = trio.Event()
@@ -221,6 +228,10 @@ class SessionActor:
             raise RuntimeError(f"session actor {self.session_id} is not running")
         control = self._control
         strategy = busy_strategy(msg.on_busy, control)
+        if strategy in ("steer", "interrupt") and msg.user_id != self._running_user:
+            if msg.on_busy is not None:  # asked for: refused, saying why
+                raise not_the_starter(self.session_id, strategy)
+            strategy = "enqueue"  # the profile's default: it waits its turn instead
         if strategy == "reject":
             raise refusal(self.session_id, control)
         # Stored before it is acknowledged: `msg.accepted` is ok once its row is in.
@@ -250,6 +261,12 @@ class SessionActor:
     def running(self) -> RunControl | None:
         """The control of the turn running now (None: idle, or compacting)."""
         return self._control
+
+    def revoke(self, user_ids: set[str]) -> None:
+        """These users were removed: a turn one of them started stops now; their queued
+        and steered messages are refused when their turn would come (`_run`)."""
+        if self._control is not None and self._running_user in user_ids:
+            self._control.stop()
 
     def stop(self) -> bool:
         """Stop the running turn (queued messages stay queued). False when idle."""
@@ -339,6 +356,7 @@ class SessionActor:
         self.busy = False
         self._control = None
         self._running_key = None
+        self._running_user = None
         self._touch()
         # At shutdown the nursery is gone: queued messages are not started (they stay
         # in the store and run after the restart), and the actor is idle.
@@ -363,6 +381,7 @@ class SessionActor:
         self._start(self._run, msg, control)
         self._control = control
         self._running_key = msg.queue_key
+        self._running_user = msg.user_id
 
     async def _run(self, msg: UserMessage, control: RunControl) -> None:
         # The one place a session's turns run (daemon and `navi run` alike): one at a
@@ -375,6 +394,8 @@ class SessionActor:
             if msg.accepted.failed:
                 return  # refused (its sender was told): it never runs
             run_log = RunLog(self.session_id, msg)
+            if self._revoked(msg.user_id):
+                raise AuthError("the user who sent this message was removed: it does not run")
             self._check_profile(msg)
             delay = KEPT_RETRY_FIRST_SEC
             while True:

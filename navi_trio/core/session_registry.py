@@ -59,6 +59,9 @@ class SessionRegistry(NurseryHolder):
         # and a word when an actor retires (its session is no longer followed here).
         self.broadcast_class: type[LocalBroadcast] = LocalBroadcast
         self.on_retire: Callable[[str], None] | None = None
+        # Users removed while this registry ran (core/user_watch.py): nothing of theirs
+        # runs here any more.
+        self.revoked: set[str] = set()
 
     async def get(self, session_id: str) -> SessionActor:
         actor = self._actors.get(session_id)
@@ -86,6 +89,7 @@ class SessionRegistry(NurseryHolder):
                 on_retire=self._retire,
                 adopt=self.adopt,
                 on_run_end=self.on_run_end,
+                revoked=self.revoked.__contains__,
             )
             await nursery.start(actor.run)
             self._actors[session_id] = actor
@@ -96,6 +100,13 @@ class SessionRegistry(NurseryHolder):
 
     def actor(self, session_id: str) -> SessionActor | None:
         return self._actors.get(session_id)
+
+    def revoke_users(self, user_ids: set[str]) -> None:
+        """These users were removed: the turns they started here stop, and no message of
+        theirs runs here any more (queued, steered, or arriving)."""
+        self.revoked |= user_ids
+        for actor in list(self._actors.values()):
+            actor.revoke(user_ids)
 
     async def resume_queued(self) -> int:
         """Start the actor of every session with messages queued in the store (a crash

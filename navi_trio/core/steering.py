@@ -15,6 +15,11 @@ the profile's default, else ``enqueue``):
   again with it). A ``steered`` event says when, and the display history keeps it in
   that place.
 
+A turn belongs to the user who started it: only they steer it or interrupt it (as only
+they answer its approvals). Anyone else's message that asks to is refused with
+``forbidden``; one that asks nothing, meeting a profile whose default is steer or
+interrupt, is queued instead.
+
 A steered message is stored in the durable queue before it is acknowledged, exactly as
 a queued one (core/queued.py), and leaves the queue in the very transaction that saves
 it into the turn's history: a crash in between leaves it queued, and it runs after the
@@ -37,7 +42,7 @@ from navi_trio.core.acceptance import Acceptance
 from navi_trio.core.injections import Injections as Injections
 from navi_trio.core.injections import SteerItem as SteerItem
 from navi_trio.core.task_notes import collect_notes, remove_notes
-from navi_trio.errors import LimitError, SessionBusyError
+from navi_trio.errors import ForbiddenError, LimitError, SessionBusyError
 from navi_trio.events import Steered
 from navi_trio.profiles import ON_BUSY, OnBusy
 
@@ -125,6 +130,18 @@ def busy_strategy(
     if control is None and strategy in ("steer", "interrupt"):
         return "enqueue"
     return strategy
+
+
+def not_the_starter(session_id: str, strategy: str) -> ForbiddenError:
+    """A steer or an interrupt asked by someone who did not start the running turn: the
+    turn is its starter's (its approvals too), so the message is refused."""
+    verb = "steered" if strategy == "steer" else "interrupted"
+    return ForbiddenError(
+        f"the turn running in session {session_id!r} was started by another user: only "
+        f"they may {strategy} it, so your message was not {verb} into it (on_busy: "
+        f"{strategy}); send it with on_busy enqueue to run after it",
+        session_id=session_id,
+    )
 
 
 def refusal(session_id: str, control: _Control | None) -> SessionBusyError:

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlite_utils import Database
 
-from navi_trio.errors import LimitError, StoreError
+from navi_trio.errors import LimitError, SessionExistsError, StoreError
 from navi_trio.store._control_input import check_sessions_max, sessions_full
 from navi_trio.store._core import _Core
 from navi_trio.store._input import _check_meta, _check_text, _dump, check_session_id
@@ -115,7 +115,7 @@ def _insert_session(
     then how many they have (else None)."""
     with _write_tx(db):
         if db.execute("SELECT 1 FROM sessions WHERE id = ?", [row.id]).fetchone() is not None:
-            raise StoreError(f"session {row.id!r} already exists")
+            raise SessionExistsError(f"session {row.id!r} already exists")
         if most is not None and (count := _count(db, row.user_id)) >= most:
             return count
         db.execute(

@@ -43,6 +43,11 @@ Contract every implementation keeps:
   only if nobody moved it meanwhile (compare and set), and in the same transaction
   creates the run's session when asked and queues its message: a due time is claimed
   once, by one daemon, and its run survives a crash as a queued message.
+- `remove_user` removes the user's schedules and queued messages in the same
+  transaction (their sessions stay). Every committed change of the users table (add,
+  remove, rotate) is signalled to the daemons on the database: PostgreSQL notifies
+  ``navi_users`` with the commit; SQLite rewrites its users marker after it
+  (store/_users_signal.py, watched by `SQLiteStore.watch_users`).
 - Failures raise `navi_trio.errors.StoreError` naming the operation (and the session);
   when the file itself is the problem, its subclasses say which: `StorageFullError`
   (the disk is full) or `StorageError` (read-only, an I/O error, damaged). Nothing of
@@ -56,6 +61,10 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 import attrs
+
+# Notified (PostgreSQL) with every committed change of the users table: the daemons on
+# the database look at their connections and runs again (core/user_watch.py).
+USERS_CHANNEL = "navi_users"
 
 
 @attrs.frozen

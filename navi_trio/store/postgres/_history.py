@@ -17,7 +17,7 @@ import psycopg
 import psycopg.errors as pg
 from psycopg import sql
 
-from navi_trio.errors import StoreError
+from navi_trio.errors import SessionExistsError, StoreError
 from navi_trio.store._input import _prepare, _Rewrite, _Row, page_end
 from navi_trio.store._schema import _session_from
 from navi_trio.store.base import HistoryPage, LoadedSession, SessionRow
@@ -83,7 +83,7 @@ def insert_session(
          meta_json],
     ).fetchone()  # fmt: skip
     if inserted is None:
-        raise StoreError(f"session {row.id!r} already exists")
+        raise SessionExistsError(f"session {row.id!r} already exists")
     return None
 
 

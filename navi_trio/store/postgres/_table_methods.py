@@ -112,7 +112,8 @@ class _Tables(_Core):
         return await self._run(f"get user {name!r}", lambda c: t.user_by_name(c, name), write=False)
 
     async def remove_user(self, name: str) -> bool:
-        """Remove the user called `name` (their sessions stay); False when unknown."""
+        """Remove the user called `name`, with their schedules and queued messages (their
+        sessions stay); False when unknown."""
         _check_text(name, "user name")
         return await self._run(f"remove user {name!r}", lambda c: t.remove_user(c, name))
 

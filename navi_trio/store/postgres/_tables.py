@@ -17,7 +17,8 @@ from typing import Any
 
 from navi_trio.errors import StoreError
 from navi_trio.store._lease import pid_alive
-from navi_trio.store.base import LeaseRow
+from navi_trio.store._users import queued_of
+from navi_trio.store.base import USERS_CHANNEL, LeaseRow
 from navi_trio.store.postgres._workers import Conn
 
 TABLES = ("sessions", "messages", "context", "kv", "users")
@@ -79,6 +80,12 @@ def _user_dict(row: Sequence[Any]) -> dict[str, Any]:
     return {"id": row[0], "name": row[1], "role": row[2], "created_at": row[3]}
 
 
+def _users_changed(conn: Conn) -> None:
+    """Tell the daemons on this database (core/cluster.py listens): the notification goes
+    out with the commit, never before it."""
+    conn.execute("SELECT pg_notify(%s, '')", [USERS_CHANNEL])
+
+
 def insert_user(conn: Conn, user: dict[str, Any], digest: str) -> None:
     inserted = conn.execute(
         "INSERT INTO users (id, name, token_sha256, role, created_at)"
@@ -87,6 +94,7 @@ def insert_user(conn: Conn, user: dict[str, Any], digest: str) -> None:
     ).fetchone()
     if inserted is None:
         raise StoreError(_TOKEN_TAKEN)
+    _users_changed(conn)
 
 
 def user_by_digest(conn: Conn, digest: str) -> dict[str, Any] | None:
@@ -114,14 +122,28 @@ def user_by_name(conn: Conn, name: str) -> dict[str, Any] | None:
 
 
 def remove_user(conn: Conn, name: str) -> bool:
-    return conn.execute("DELETE FROM users WHERE name = %s", [name]).rowcount > 0
+    """The user, their schedules and their queued messages; their sessions stay."""
+    ids = [str(r[0]) for r in conn.execute("SELECT id FROM users WHERE name = %s", [name])]
+    if not ids:
+        return False
+    conn.execute("DELETE FROM schedules WHERE user_id = ANY(%s::text[])", [text_array(ids)])
+    rows = conn.execute("SELECT key, data FROM queued").fetchall()
+    keys = queued_of(rows, set(ids))
+    if keys:
+        conn.execute("DELETE FROM queued WHERE key = ANY(%s::text[])", [text_array(keys)])
+    conn.execute("DELETE FROM users WHERE name = %s", [name])
+    _users_changed(conn)
+    return True
 
 
 def rotate_token(conn: Conn, name: str, digest: str) -> bool:
     if conn.execute("SELECT 1 FROM users WHERE token_sha256 = %s", [digest]).fetchone():
         raise StoreError(_TOKEN_TAKEN)
     cur = conn.execute("UPDATE users SET token_sha256 = %s WHERE name = %s", [digest, name])
-    return cur.rowcount > 0
+    if cur.rowcount == 0:
+        return False
+    _users_changed(conn)
+    return True
 
 
 def count_sessions(conn: Conn, user_id: str) -> int:
