@@ -43,7 +43,7 @@ from typing import TextIO
 import attrs
 import trio
 
-from navi_trio.errors import UsageError
+from navi_trio.errors import NaviError, UsageError
 from navi_trio.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,7 @@ class Supervisor:
 
     async def run(self, host: str, port: int) -> None:
         holder = reserve_port(host, port)
+        listening = False
         try:
             bound = int(holder.getsockname()[1])
             async with trio.open_nursery() as nursery:
@@ -109,19 +110,26 @@ class Supervisor:
                     started = trio.Event()
                     ready.append(started)
                     nursery.start_soon(self._keep, worker, bound, started)
-                with trio.fail_after(START_LIMIT_SEC):
+                with trio.move_on_after(START_LIMIT_SEC):
                     for started in ready:
                         await started.wait()
-                self._say(f"navi: listening on ws://{host}:{bound}/ ({self.count} workers)")
-                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    async for signum in signals:
-                        log.info("%s: stopping the workers", signal.Signals(signum).name)
-                        break
+                listening = all(started.is_set() for started in ready)
+                if listening:
+                    self._say(f"navi: listening on ws://{host}:{bound}/ ({self.count} workers)")
+                    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for signum in signals:
+                            log.info("%s: stopping the workers", signal.Signals(signum).name)
+                            break
                 self.stopping = True
                 await self._stop_all()
                 nursery.cancel_scope.cancel()
         finally:
             holder.close()
+        if not listening:
+            raise NaviError(
+                f"not every worker listened on {host}:{bound} within {START_LIMIT_SEC:g} s "
+                "(the warnings above say why)"
+            )
 
     def _say(self, line: str) -> None:
         print(line, file=self.out, flush=True)
@@ -130,8 +138,8 @@ class Supervisor:
         delay = RESTART_FIRST_SEC
         while not self.stopping:
             began = trio.current_time()
-            await self._start(worker, port)
-            first_ready.set()
+            if await self._start(worker, port):
+                first_ready.set()  # the supervisor says "listening" once every worker does
             proc = worker.proc
             assert proc is not None
             code = await proc.wait()
@@ -146,7 +154,8 @@ class Supervisor:
             await trio.sleep(delay)
             worker.restarts += 1
 
-    async def _start(self, worker: _Worker, port: int) -> None:
+    async def _start(self, worker: _Worker, port: int) -> bool:
+        """Start `worker`; True once it listens (its first line), False when it did not."""
         argv = [*self.argv, "--port", str(port), "--reuse-port"]
         proc = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE)
         worker.proc = proc
@@ -157,12 +166,13 @@ class Supervisor:
         except (trio.TooSlowError, EOFError):
             log.warning("worker %d (pid %d) did not start listening", worker.number, proc.pid)
             proc.kill()
-            return
+            return False
         finally:
             await proc.stdout.aclose()  # the worker prints nothing more on stdout
         if worker.restarts:
             self._say(f"navi: worker {worker.number} started again (pid {proc.pid})")
         log.info("worker %d (pid %d): %s", worker.number, proc.pid, line)
+        return True
 
     async def _stop_all(self) -> None:
         procs = [w.proc for w in self.workers if w.proc is not None and w.proc.returncode is None]
