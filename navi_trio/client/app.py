@@ -70,6 +70,7 @@ class ChatApp(FrameHandling):
         self._synced_users = 0
         self._ended_runs = 0
         self._rewritten = False  # our rewind's resync: reload without replaying
+        self._rewound = False  # a rewind was published: its resync is not news
         # The session's profile is the daemon's to say (client/profile.py).
         self._profile = ProfileAsk()
         self._conn: Connection | None = None

@@ -37,6 +37,7 @@ class FrameHandling:
     _synced_users: int
     _ended_runs: int
     _rewritten: bool
+    _rewound: bool
     _profile: ProfileAsk
     _conn: Connection | None
 
@@ -50,6 +51,7 @@ class FrameHandling:
             self._queued = 0
             self.renderer.reset()
             self._synced_users = self._ended_runs = 0
+            self._rewound = False
             self._approvals.clear()
             self._profile.forget()
             self.rewinds.reset()
@@ -113,7 +115,9 @@ class FrameHandling:
                 self.epoch = frame.get("epoch")
                 self.last_seq = frame.get("seq")
                 r.reset()  # a run half-shown may be gone (a restarted daemon): drop its text
-                r.frame(frame)
+                if not self._rewound:
+                    r.frame(frame)  # a rewind's own reload is no fault: nothing to say
+                self._rewound = False
                 return [wire.history(str(self.session_id))]
         elif kind == "lagged":
             r.frame(frame)
@@ -164,6 +168,8 @@ class FrameHandling:
             self._approvals[str(frame.get("call_id"))] = frame
         elif frame["type"] == "approval_decided":
             self._approvals.pop(str(frame.get("call_id")), None)
+        if frame["type"] == "rewound":
+            self._rewound = True  # the resync that follows is the rewind's reload
         if frame["type"] == "message_queued" and isinstance(frame.get("position"), int):
             self._queued = frame["position"]  # its place is the queue's length (drops counted)
         top = not frame.get("is_subagent")

@@ -10,11 +10,13 @@ terminal (stdin is a pipe) a plain line reader does the same job.
 empty prompt as ``rewind``: the chat opens /rewind). A line ended with Ctrl+Enter (or
 Alt+Enter: many terminals send Ctrl+Enter as a plain Enter) is a ``steer``: sent to
 steer the running turn (core/steering.py) instead of queueing. `prefill` puts a text on
-the next prompt (the message a rewind removed, to send again or edit).
+the prompt (the message a rewind removed, or one the daemon refused, to send again or
+edit): on the prompt drawn now when nothing is typed on it, else on the next.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 import threading
@@ -114,24 +116,62 @@ class PromptReader:
         )
         self._idle = threading.Event()
         self._idle.set()
-        self._default = ""
+        # A text for the prompt (`prefill`): the one drawn now when nothing is typed on
+        # it, else the next one. Shared with the trio thread, under the lock.
+        self._lock = threading.Lock()
+        self._pending = ""
+        self._loop: asyncio.AbstractEventLoop | None = None  # the drawn prompt's loop
 
     def prefill(self, text: str) -> None:
-        """The next prompt starts with `text` (thread-safe enough: read at its start)."""
-        self._default = text
+        """Put `text` on the prompt: the one drawn now if nothing is typed on it (it
+        arrives after the prompt was drawn: a rewind's answer, a refused message), else
+        the next one. Thread-safe."""
+        with self._lock:
+            self._pending = text
+            loop = self._loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._fill)
+            except RuntimeError:
+                pass  # that prompt just ended: the next one takes the text
+
+    def _fill(self) -> None:
+        """In the prompt's loop: the pending text onto the prompt, if it is empty."""
+        from prompt_toolkit.document import Document
+
+        buffer = self._session.default_buffer
+        with self._lock:
+            if not self._pending or self._session.app.is_done or buffer.text:
+                return  # nothing to put, or the person is typing: the next prompt has it
+            text, self._pending = self._pending, ""
+        buffer.set_document(Document(text), bypass_readonly=True)
+        self._session.app.invalidate()
+
+    def _started(self) -> None:
+        """The prompt runs (in its loop): from now on a prefill goes onto it."""
+        with self._lock:
+            self._loop = asyncio.get_running_loop()
+        self._fill()  # a text that came while the prompt was starting
 
     def read(self) -> InputEvent:
         self._idle.clear()
-        default, self._default = self._default, ""
+        with self._lock:
+            default, self._pending = self._pending, ""
         try:
             text = self._session.prompt(
-                PROMPT, handle_sigint=False, set_exception_handler=False, default=default
+                PROMPT,
+                handle_sigint=False,
+                set_exception_handler=False,
+                default=default,
+                pre_run=self._started,
             )
         except KeyboardInterrupt:
             return InputEvent("interrupt")
         except EOFError:
             return InputEvent("eof")
         finally:
+            with self._lock:
+                self._loop = None
             self._idle.set()
         if text is REWIND_KEY:
             return InputEvent("rewind")

@@ -1,0 +1,62 @@
+"""`navi chat` in a pseudo-terminal against a real `navi serve`: where the real prompt
+matters (what lands on it, and when), and what the chat says while it waits.
+
+Rules: those of tests/test_client_real.py, whose helpers this uses (loopback only, the
+fake LLM in this test's loop, pexpect in worker threads, an expect timeout on every
+step and an absolute deadline on every test, every process killed at the end). Nothing
+sleeps: each step waits for what the screen, the fake LLM or the daemon shows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+from daemons import no_plan_config
+from test_api_daemon import serve
+from test_cli import messages
+from test_client_real import DEADLINE, chat, fake_llm
+from test_client_real import env as env
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def plain(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """`env` with the shipped config minus the first message's plan (plain replies)."""
+    return {**env, "NAVI_CONFIG": str(no_plan_config(tmp_path))}
+
+
+def users(saved: list[dict[str, object]]) -> list[object]:
+    return [m.get("content") for m in saved if m.get("role") == "user"]
+
+
+async def test_a_chat_rewind_puts_the_removed_message_on_the_very_next_prompt(
+    plain: dict[str, str], tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with fake_llm({"text": "Sure, done."}, {"text": "Again."}) as llm:
+            async with (
+                serve(plain, llm.url) as daemon,
+                chat(plain, tmp_path, "--url", daemon.url.rstrip("/")) as c,
+            ):
+                await c.expect("connected to")
+                await c.line("Create hello.txt containing hi")
+                sid = (await c.expect(r"session (s-[0-9a-f]+)")).group(1)
+                await c.expect(r"Sure, done\.")
+                await c.expect(r"context \d+ tokens")
+                await c.line("/rewind -1 chat")
+                await c.expect(r"apply it\? \(y/n\)")
+                await c.line("y")
+                await c.expect(r"rewound: 2 message\(s\) removed")
+                # The prompt drawn after `y` holds the removed message (nothing else shows
+                # it again: the rewind's reload is silent); typed on, it is sent with what
+                # was added (on the prompt after, it would not be).
+                await c.expect(r"Create hello\.txt containing hi")
+                await c.line(" again")
+                await c.expect(r"Again\.")
+                assert "missed part of the stream" not in c.screen  # the rewind's own reload
+                assert await c.quit() == 0
+            saved = await messages(Path(plain["NAVI_DB"]), sid)
+            assert users(saved) == ["Create hello.txt containing hi again"]
