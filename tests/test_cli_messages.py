@@ -1,0 +1,44 @@
+"""What the `navi` command says when something is wrong: one line naming the problem and
+the next step, never an internal code or a traceback.
+
+Rules as in tests/test_cli.py: real ``python -m navi_trio`` subprocesses where the output
+of the command is the point, the fake LLM on 127.0.0.1 (port 0), the DB and the data
+folder under tmp_path, an absolute deadline on every test, nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import trio
+
+from navi_trio.cli.doctor import collect_doctor, print_doctor
+from navi_trio.errors import ConfigError
+from navi_trio.llm import local
+from navi_trio.settings import Settings
+
+DEADLINE = 60
+DOWN = "ws://127.0.0.1:9"  # no daemon there
+
+
+async def test_the_doctor_says_a_model_file_is_missing_as_navi_run_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local, "llama_installed", lambda: True)  # the extra is there
+    missing = tmp_path / "nope.gguf"
+    settings = Settings.from_env(
+        {}, db_path=tmp_path / "navi.db", data_dir=tmp_path / "data", llm_backend="local",
+        model_file=missing,
+    )  # fmt: skip
+    with trio.fail_after(DEADLINE):
+        report = await collect_doctor(settings, DOWN, environ={})
+    with pytest.raises(ConfigError) as said:  # what `navi run --local` says
+        local.resolve_model_file(missing)
+    assert report["llm"]["error"] == str(said.value)
+    assert f"model file '{missing}'" in str(said.value) and "not found" in str(said.value)
+    out = io.StringIO()
+    print_doctor(report, out)
+    assert f"llama-cpp-python installed, but model file '{missing}'" in out.getvalue()
+    assert "pip install" not in out.getvalue()  # the extra is installed: not the fix
