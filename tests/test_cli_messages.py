@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import trio
+from daemons import no_plan_config
+from test_cli import _one_error_line, fake_llm, navi
 
 from navi_trio.cli.doctor import collect_doctor, print_doctor
 from navi_trio.errors import ConfigError
@@ -42,3 +44,20 @@ async def test_the_doctor_says_a_model_file_is_missing_as_navi_run_does(
     print_doctor(report, out)
     assert f"llama-cpp-python installed, but model file '{missing}'" in out.getvalue()
     assert "pip install" not in out.getvalue()  # the extra is installed: not the fix
+
+
+async def test_a_run_ended_by_its_budget_says_which_budget(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    config = no_plan_config(tmp_path, budgets={"turn": {"tool_calls": 1}})
+    (tmp_path / "a.txt").write_text("hi\n")
+    read = {"name": "filesystem", "arguments": {"action": "read", "path": "a.txt"}}
+    async with fake_llm(tmp_path, [{"tool_calls": [read]}]) as url:  # again and again
+        done = await navi(
+            "run", "--llm-url", url, "--backend", "ollama", "--config", str(config),
+            "read a.txt", env=env, cwd=tmp_path,
+        )  # fmt: skip
+    assert done.code == 1
+    assert _one_error_line(done) == (
+        "navi: error: the turn budget of 1 tool calls is spent (1 used)"
+    )
