@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import trio
 from daemons import no_plan_config
-from test_cli import _one_error_line, fake_llm, navi
+from test_api_daemon import serve
+from test_cli import ANSWER, PROFILES, _one_error_line, fake_llm, navi
 
 from navi_trio.cli.doctor import collect_doctor, print_doctor
 from navi_trio.errors import ConfigError
@@ -61,3 +62,37 @@ async def test_a_run_ended_by_its_budget_says_which_budget(
     assert _one_error_line(done) == (
         "navi: error: the turn budget of 1 tool calls is spent (1 used)"
     )
+
+
+async def test_the_daemons_refusals_are_its_words_and_what_to_do(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    data = Path(env["NAVI_DATA_DIR"])
+    async with fake_llm(tmp_path, [{"text": ANSWER}]) as llm, serve(env, llm) as daemon:
+        url = daemon.url
+
+        async def said(*args: str) -> str:
+            done = await navi(*args, "--url", url, env=env, cwd=tmp_path)
+            assert done.code == 1 and done.out == "", done
+            line = _one_error_line(done)
+            assert done.err_lines == [line], done.err  # no `session: s-…` of a refused run
+            return line
+
+        # Empty lists say so.
+        for args, text in ((("tasks",), "no tasks"), (("schedule", "list"), "no schedules"),
+                           (("sessions",), "no sessions")):  # fmt: skip
+            done = await navi(*args, "--url", url, env=env, cwd=tmp_path)
+            assert (done.code, done.out, done.err) == (0, text + "\n", ""), done
+        # The daemon's words, without its wire code.
+        assert await said("schedule", "add", "--new", "--every", "10", "hi") == (
+            "navi: error: every '10': add a unit: 10m (or s, h, d)"
+        )
+        assert await said("run", "--profile", "nosuch", "hi") == (
+            f"navi: error: unknown profile 'nosuch' (known: {', '.join(PROFILES)})"
+        )
+        # A wrong token: where the local admin's is.
+        assert await said("sessions", "--token", "wrong") == (
+            "navi: error: the daemon refused the token (unknown token: ask an admin for one "
+            "(`navi users add NAME`)); on a machine of your own the local admin's token is in "
+            f"{data / 'local-token'}: leave out --token and NAVI_TOKEN to use it"
+        )

@@ -61,7 +61,7 @@ from navi_trio.cli.daemon import COMMANDS as DAEMON_COMMANDS
 from navi_trio.cli.daemon import add_parsers as add_daemon_parsers
 from navi_trio.cli.mcp import add_mcp_parser, cmd_mcp
 from navi_trio.cli.rewind import add_parsers as add_rewind_parsers
-from navi_trio.errors import NaviError
+from navi_trio.errors import NaviError, RemoteError
 from navi_trio.llm.factory import (
     BACKENDS,
     backend_configured,
@@ -255,14 +255,33 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def _describe(exc: BaseException) -> tuple[str, bool]:
-    """The one-line message for `exc`, and whether it was expected (no debug hint)."""
+def _refusal(exc: RemoteError, token_given: bool) -> str:
+    """A refusal of the daemon in words: its message (the wire code is for --events),
+    and for a refused token where the right one is."""
+    if exc.code != "unauthorized":
+        return one_line(exc.detail)
+    from navi_trio.client.daemon import token_hint
+    from navi_trio.settings import Settings
+
+    refused = f"the daemon refused the token ({one_line(exc.detail)})"
+    try:
+        data_dir = Settings.from_env(os.environ).data_dir
+    except NaviError:
+        return refused
+    return f"{refused}; {token_hint(data_dir, token_given)}"
+
+
+def _describe(exc: BaseException, *, token_given: bool = False) -> tuple[str, bool]:
+    """The one-line message for `exc`, and whether it was expected (no debug hint).
+    `token_given`: the command had --token or NAVI_TOKEN (said when one is refused)."""
     leaves = _leaves(exc)
     expected = all(isinstance(e, NaviError | OSError | UsageError) for e in leaves)
     parts = []
     for e in leaves:
         text = one_line(str(e))
-        if isinstance(e, NaviError | UsageError) and text:
+        if isinstance(e, RemoteError):
+            parts.append(_refusal(e, token_given))
+        elif isinstance(e, NaviError | UsageError) and text:
             parts.append(text)
         else:
             parts.append(f"{type(e).__name__}: {text}" if text else type(e).__name__)
@@ -316,7 +335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_INTERRUPTED
         if not isinstance(exc, Exception):
             raise  # SystemExit and friends are not ours to report
-        message, _ = _describe(exc)
+        given = bool(getattr(args, "token", None) or os.environ.get("NAVI_TOKEN"))
+        message, _ = _describe(exc, token_given=given)
         if debug:
             traceback.print_exception(exc, file=err)
         print(f"navi: error: {message}", file=err)

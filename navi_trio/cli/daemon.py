@@ -252,6 +252,8 @@ def cmd_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             busy = "  (running)" if s["busy"] else ""
             print(f"{s['session_id']}\t{s['user']}\t{s['profile']}\t{when}\t{s['title']}{busy}",
                   file=out)  # fmt: skip
+        if not reply["sessions"]:
+            print("no sessions", file=out)
     elif args.action == "history":
         for m in reply["messages"]:
             content = m.get("content")
@@ -274,6 +276,8 @@ def cmd_tasks(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         for t in reply["tasks"]:
             print(f"{t['task_id']}\t{t['status']}\t{t['tool']}\t{t['age_sec']:.0f} s\t"
                   f"{t['session_id']}", file=out)  # fmt: skip
+        if not reply["tasks"]:
+            print("no tasks" + (f" in session {args.session}" if args.session else ""), file=out)
     elif args.action == "check":
         t = reply["task"]
         print(f"{t['task_id']} {t['status']} ({t['tool']}, {t['age_sec']:.0f} s)", file=out)
@@ -314,6 +318,8 @@ def cmd_schedule(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     elif args.action == "list":
         for s in reply["schedules"]:
             print(_schedule_line(s), file=out)
+        if not reply["schedules"]:
+            print("no schedules", file=out)
     elif args.action == "remove":
         print(f"schedule {args.rest} " + ("removed" if reply["removed"] else "was not there"),
               file=out)  # fmt: skip

@@ -341,7 +341,7 @@ async def run_remote(url: str, token: str, req: RunRequest, out: TextIO, err: Te
             nursery.start_soon(stopper.watch, signals)
             await follow_remote(
                 url, token, run, lambda f: decide_approval(f, err, interactive=_interactive()),
-                on_welcome=lambda: print(f"session: {req.session_id}", file=err, flush=True),
+                on_accepted=lambda: print(f"session: {req.session_id}", file=err, flush=True),
             )  # fmt: skip
             nursery.cancel_scope.cancel()
     if (outer.cancelled_caught or run.abandoned) and outcome.signal is None:

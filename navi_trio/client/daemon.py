@@ -41,6 +41,28 @@ def find_token(given: str | None, environ: Mapping[str, str], data_dir: Path) ->
         return ""
 
 
+def token_hint(data_dir: Path, given: bool) -> str:
+    """What to do about a token the daemon refused: where the local admin's token is.
+
+    `given`: the token came from --token or NAVI_TOKEN (else from the local-token file).
+    """
+    path = data_dir / TOKEN_FILE
+    if given:
+        return (
+            f"on a machine of your own the local admin's token is in {path}: leave out "
+            "--token and NAVI_TOKEN to use it"
+        )
+    if path.is_file():
+        return (
+            f"the token in {path} is not this daemon's (a daemon keeps its own in its data "
+            "folder, NAVI_DATA_DIR): pass its token with --token or NAVI_TOKEN"
+        )
+    return (
+        f"there is no local token in {data_dir} (a daemon writes one there when it starts "
+        "with this data folder): pass a token with --token or NAVI_TOKEN"
+    )
+
+
 def host_port(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
