@@ -21,7 +21,7 @@ import trio
 
 from navi_trio import wire
 from navi_trio.client.commands import ANSWERS, SlashCommands
-from navi_trio.client.connection import BACKOFF_FIRST, RETRIES, Connection
+from navi_trio.client.connection import BACKOFF_FIRST, RETRIES, TOKEN_HINT, Connection
 from navi_trio.client.frames import FrameHandling
 from navi_trio.client.profile import ProfileAsk
 from navi_trio.client.reader import InputEvent, Reader
@@ -38,6 +38,7 @@ class ChatOptions:
     session_id: str | None = None
     profile: str | None = None
     cwd: str | None = None
+    token_hint: str = TOKEN_HINT  # what to do when the daemon refuses the token
     retries: int = RETRIES  # reconnects before giving up
     backoff: float = BACKOFF_FIRST  # first reconnect delay, doubled each time (capped)
     # End of input (a script piped in) waits for the run to finish before quitting;
@@ -92,6 +93,7 @@ class ChatApp(FrameHandling):
             resume=self.resume,
             retries=self.options.retries,
             backoff=self.options.backoff,
+            token_hint=self.options.token_hint,
         )
         try:
             with self._quit, trio.open_signal_receiver(signal.SIGINT) as sigint:

@@ -12,10 +12,10 @@ import trio
 from rich.console import Console
 
 from navi_trio.client.app import ChatApp, ChatOptions
-from navi_trio.client.daemon import daemon_backend, ensure_daemon, find_token
+from navi_trio.client.daemon import daemon_backend, ensure_daemon, find_token, token_hint
 from navi_trio.client.reader import LineReader, PromptReader, Reader
 from navi_trio.client.render import Renderer
-from navi_trio.errors import NaviError
+from navi_trio.errors import NaviError, RemoteError
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
@@ -43,6 +43,7 @@ async def run_chat(
             renderer.notice(started)
     # Read after a daemon was started: its first start writes the local-token file.
     options.token = find_token(token, os.environ, data_dir)
+    options.token_hint = token_hint(data_dir, bool(token or os.environ.get("NAVI_TOKEN")))
     if want_backend and not started:
         backend = await daemon_backend(options.url, options.token)
         if backend and backend != want_backend:
@@ -96,7 +97,10 @@ def chat(
                 )
             )
     except* NaviError as group:
-        print(f"navi: error: {group.exceptions[0]}", file=err, flush=True)
+        exc = group.exceptions[0]
+        # A refusal in the daemon's words: its wire code is no news to the person here.
+        text = exc.detail if isinstance(exc, RemoteError) else str(exc)
+        print(f"navi: error: {text}", file=err, flush=True)
         code = 1
     if not interactive and renderer.errors:
         code = 1
