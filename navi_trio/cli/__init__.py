@@ -8,6 +8,7 @@
     navi fork --session ID [--at MSG] [--files [--folder DIR]] [--new ID]
     navi chat [--url URL] [--session ID] [--profile P] [--token T] [--local [--model-file PATH]]
     navi serve | users | sessions | tasks        (the daemon: see cli/daemon.py)
+    navi status | stop [--port P]                (the daemons running: see cli/daemons.py)
     navi mcp list [--config PATH]                (MCP servers: see cli/mcp.py)
     navi mcp serve [--url URL] [--profile P] [--mode M] ...   (navi as an MCP server)
 
@@ -26,6 +27,7 @@ package, imported when its command runs (`navi --help` stays light):
     rewind      `navi rewind`, `navi fork` (rewinds: the library they and the MCP server use)
     chat        `navi chat` (the terminal client is navi_trio/client/)
     daemon      `navi serve | users | sessions | tasks`; serve: the daemon's life
+    daemons     `navi status | stop`: the daemons of a data folder, their pid files
     mcp         `navi mcp list | serve`; mcp_server, mcp_progress: navi as an MCP server
     doctor      `navi doctor`'s report (the command itself is `cmd_doctor` below)
 """

@@ -37,7 +37,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
 import attrs
@@ -92,10 +92,17 @@ class _Worker:
 class Supervisor:
     """Starts `count` workers of `argv` (the `navi serve` command line) and keeps them up."""
 
-    def __init__(self, argv: Sequence[str], count: int, out: TextIO) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        count: int,
+        out: TextIO,
+        ready: Callable[[int], None] = lambda port: None,
+    ) -> None:
         self.argv = list(argv)
         self.count = count
         self.out = out
+        self.ready = ready  # called with the port once every worker listens
         self.workers = [_Worker(n + 1) for n in range(count)]
         self.stopping = False
 
@@ -115,6 +122,7 @@ class Supervisor:
                         await started.wait()
                 listening = all(started.is_set() for started in ready)
                 if listening:
+                    self.ready(bound)
                     self._say(f"navi: listening on ws://{host}:{bound}/ ({self.count} workers)")
                     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                         async for signum in signals:
@@ -226,8 +234,16 @@ def worker_argv(args_argv: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "navi_trio", *kept]
 
 
-def serve_workers(argv: Sequence[str], count: int, host: str, port: int, out: TextIO) -> int:
-    """Run the supervisor until SIGTERM / SIGINT; the exit code."""
-    supervisor = Supervisor(worker_argv(argv), count, out)
+def serve_workers(
+    argv: Sequence[str],
+    count: int,
+    host: str,
+    port: int,
+    out: TextIO,
+    ready: Callable[[int], None] = lambda port: None,
+) -> int:
+    """Run the supervisor until SIGTERM / SIGINT; the exit code. `ready(port)` once
+    every worker listens."""
+    supervisor = Supervisor(worker_argv(argv), count, out, ready)
     trio.run(supervisor.run, host, port)
     return 0
