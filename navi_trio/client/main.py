@@ -12,7 +12,13 @@ import trio
 from rich.console import Console
 
 from navi_trio.client.app import ChatApp, ChatOptions
-from navi_trio.client.daemon import daemon_backend, ensure_daemon, find_token, token_hint
+from navi_trio.client.daemon import (
+    daemon_backend,
+    ensure_daemon,
+    find_token,
+    host_port,
+    token_hint,
+)
 from navi_trio.client.reader import LineReader, PromptReader, Reader
 from navi_trio.client.render import Renderer
 from navi_trio.errors import NaviError, RemoteError
@@ -29,12 +35,14 @@ async def run_chat(
     token: str | None,
     autostart: bool,
     serve_args: Sequence[str] = (),
-    want_backend: str | None = None,
+    want_backend: tuple[str, str] | None = None,
 ) -> None:
     """Start a daemon if needed and none answers, find the token, chat until quit.
 
-    A daemon started here gets `serve_args` (``--local`` …). When one was running
-    already and says it uses another backend than `want_backend`, one line says so.
+    A daemon started here gets `serve_args` (``--local`` …). `want_backend`: the backend
+    asked for here and the setting that asked (``("local", "--local")``,
+    ``("ollama", "OLLAMA_HOST=…")``); when a daemon was running already with another
+    backend, one line says that the setting does not apply to it.
     """
     started = None
     if autostart:
@@ -46,11 +54,13 @@ async def run_chat(
     options.token_hint = token_hint(data_dir, bool(token or os.environ.get("NAVI_TOKEN")))
     if want_backend and not started:
         backend = await daemon_backend(options.url, options.token)
-        if backend and backend != want_backend:
-            renderer.notice(
-                f"the daemon at {options.url} already runs with the {backend} backend, not "
-                f"{want_backend}: stop it (or use another --url) to chat with the {want_backend} "
-                "model"
+        wanted, setting = want_backend
+        if backend and backend != wanted:
+            _, port = host_port(options.url)
+            renderer.warning(
+                f"{setting} does not apply to the daemon already running at {options.url}: it "
+                f"runs the {backend} backend. To chat with {wanted}, stop it (`navi stop --port "
+                f"{port}`) and start the chat again, or use another --url"
             )
     await ChatApp(options, renderer, reader).run()
 
@@ -65,7 +75,7 @@ def chat(
     autostart: bool = True,
     err: TextIO | None = None,
     serve_args: Sequence[str] = (),
-    want_backend: str | None = None,
+    want_backend: tuple[str, str] | None = None,
 ) -> int:
     """Run the chat in this terminal; the exit code: 1 with one line on `err` when it
     cannot go on, and 1 for a piped chat (stdin not a terminal) that showed an error
