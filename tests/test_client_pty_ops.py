@@ -9,6 +9,7 @@ sleeps: each step waits for what the screen, the fake LLM or the daemon shows.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import trio
 from daemons import no_plan_config
 from test_api_daemon import serve
 from test_cli import messages
-from test_client_real import DEADLINE, chat, fake_llm
+from test_client_real import DEADLINE, _cat, _release, chat, fake_llm
 from test_client_real import env as env
 
 pytestmark = pytest.mark.slow
@@ -60,3 +61,42 @@ async def test_a_chat_rewind_puts_the_removed_message_on_the_very_next_prompt(
                 assert await c.quit() == 0
             saved = await messages(Path(plain["NAVI_DB"]), sid)
             assert users(saved) == ["Create hello.txt containing hi again"]
+
+
+async def test_a_refused_message_comes_back_on_the_prompt_and_a_bad_profile_is_refused_at_once(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    busy = {**env, "NAVI_CONFIG": str(no_plan_config(tmp_path, on_busy="reject"))}
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    replies = [_cat(fifo, "Let me look."), {"text": "done looking"}, {"text": "Got it."}]
+    try:
+        with trio.fail_after(DEADLINE):
+            async with (
+                fake_llm(*replies) as llm,
+                serve(busy, llm.url) as daemon,
+                chat(busy, tmp_path, "--url", daemon.url.rstrip("/")) as c,
+            ):
+                await c.expect("connected to")
+                await c.line("/profile nosuch")
+                await c.expect(
+                    r"✗ error: unknown profile 'nosuch': the daemon has coder, general, local, "
+                    r"researcher \(the profile is unchanged\)"
+                )
+                await c.line("look at the fifo")
+                sid = (await c.expect(r"session (s-[0-9a-f]+)")).group(1)
+                await c.expect(r"⏺ terminal\(")  # the run waits in its tool
+                await c.line("and then summarise it")  # refused: the session is busy
+                await c.expect(r"✗ error \[session_busy\]: [^\n]*on_busy: reject")
+                await c.expect(r"your message is back on the prompt")
+                await c.expect(r"and then summarise it")
+                await trio.to_thread.run_sync(fifo.write_text, "released\n")
+                await c.expect(r"done looking")
+                await c.expect(r"context \d+ tokens")
+                await c.key("\r")  # the prompt still holds it: Enter sends it
+                await c.expect(r"Got it\.")
+                assert await c.quit() == 0
+            saved = await messages(Path(busy["NAVI_DB"]), sid)
+            assert users(saved) == ["look at the fifo", "and then summarise it"]
+    finally:
+        _release(fifo)

@@ -12,6 +12,7 @@ from the daemon does to that state is client/frames.py (`FrameHandling`, a base 
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -46,6 +47,10 @@ class ChatOptions:
     finish_runs_on_eof: bool = False
 
 
+MESSAGE_ID = "chat-message-"  # the ids of our messages (their replies echo them)
+UNANSWERED_MAX = 64
+
+
 class ChatApp(FrameHandling):
     def __init__(self, options: ChatOptions, renderer: Renderer, reader: Reader) -> None:
         self.options = options
@@ -75,6 +80,11 @@ class ChatApp(FrameHandling):
         # The session's profile is the daemon's to say (client/profile.py).
         self._profile = ProfileAsk()
         self._conn: Connection | None = None
+        self.profiles: list[str] | None = None  # the daemon's, from its welcome
+        # Our messages the daemon has not answered yet (request id -> text): a refused
+        # one goes back on the prompt, never lost.
+        self._unanswered: dict[str, str] = {}
+        self._message_ids = itertools.count(1)
         self._quit = trio.CancelScope()
         self.rewinds = RewindFlow(self)  # /rewind, /fork (client/rewind.py)
         self._commands = SlashCommands(self)
@@ -127,6 +137,7 @@ class ChatApp(FrameHandling):
 
     def _welcome(self, welcome: Frame) -> None:
         self.renderer.status.connected = True
+        self.welcomed(welcome)
         user = welcome.get("user") or {}
         self._role = str(user.get("role") or "user")
         self.renderer.notice(
@@ -231,13 +242,20 @@ class ChatApp(FrameHandling):
         # their workspace_roots, so theirs is sent only when asked for (--cwd).
         cwd = self.options.cwd or (os.getcwd() if self._role == "admin" else None)
         frame = wire.message(text, self.session_id, self.profile, cwd, self.mode, on_busy)
+        frame["id"] = f"{MESSAGE_ID}{next(self._message_ids)}"
+        self._unanswered[frame["id"]] = text
+        while len(self._unanswered) > UNANSWERED_MAX:  # answers lost to a dropped connection
+            del self._unanswered[next(iter(self._unanswered))]
         if self.session_id and self.profile and self.profile != self.renderer.status.profile:
             self._profile.due = True  # the daemon switches the session to it for this run
         if self.session_id is None:
             self._creating, self._created = True, trio.Event()
         if await self.send(frame):
             self.renderer.busy = self.session_id is not None or self.renderer.busy
-        elif self.session_id is None:
+            return
+        self._unanswered.pop(frame["id"], None)
+        self.prefill(text)  # not sent: back on the prompt
+        if self.session_id is None:
             self._creation_over()
 
     async def _answer(self, approve: bool, scope: str) -> None:

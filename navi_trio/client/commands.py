@@ -27,6 +27,7 @@ class Chat(Protocol):
     mode: str | None
     resuming: str | None
     rewinds: RewindFlow
+    profiles: list[str] | None  # the daemon's (its welcome); None: not said
 
     async def send(self, frame: Frame) -> bool: ...
     async def line(self, text: str, on_busy: str | None = None) -> None: ...
@@ -139,6 +140,13 @@ class SlashCommands:
                 if self.app.profile and self.app.profile != current:
                     shown += f" ({self.app.profile} from your next message)"
             self.app.renderer.notice(f"profile: {shown} (/profile NAME changes it)")
+            return
+        known = self.app.profiles
+        if known is not None and arg not in known:
+            self.app.renderer.error(
+                f"unknown profile {arg!r}: the daemon has {', '.join(known)} (the profile is "
+                "unchanged)"
+            )
             return
         # The daemon switches the session to a message's profile (a new one starts with
         # it); the status line shows the session's own until the daemon says it changed.

@@ -41,6 +41,25 @@ class FrameHandling:
     _profile: ProfileAsk
     _conn: Connection | None
 
+    profiles: list[str] | None
+    _unanswered: dict[str, str]
+
+    def prefill(self, text: str) -> None: ...
+
+    def welcomed(self, welcome: Frame) -> None:
+        """What a welcome tells: the profiles a message may name."""
+        profiles = welcome.get("profiles")
+        if isinstance(profiles, list):
+            self.profiles = [str(p) for p in profiles]
+
+    def _answered(self, frame: Frame) -> None:
+        """A reply to a message of ours: taken (ok, session), or refused (back on the
+        prompt, to send again as it is or edited)."""
+        text = self._unanswered.pop(str(frame.get("id")), None)
+        if text is not None and frame.get("type") == "error":
+            self.prefill(text)
+            self.renderer.notice("your message is back on the prompt")
+
     def _creation_over(self) -> None:
         self._creating = False
         self._created.set()
@@ -83,6 +102,14 @@ class FrameHandling:
     def _on_frame(self, frame: Frame) -> list[Frame]:
         kind = frame["type"]
         r = self.renderer
+        if str(frame.get("id")) in self._unanswered and kind in ("ok", "session", "error"):
+            if kind == "error":
+                r.frame(frame)  # the refusal first, then the message back on the prompt
+            self._answered(frame)
+            if kind == "error":
+                if self._creating and self.session_id is None:
+                    self._creation_over()  # the new session's message was refused
+                return []
         if kind == "_disconnected":
             if self._creating:
                 self._creation_over()  # its session frame may be lost: stop waiting for it
@@ -96,6 +123,7 @@ class FrameHandling:
             )
         elif kind == "_reconnected":
             r.status.connected = True
+            self.welcomed(frame.get("welcome") or {})
             r.notice("reconnected")
         elif kind == "session":
             if self.session_id is None:
