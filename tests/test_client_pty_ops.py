@@ -100,3 +100,29 @@ async def test_a_refused_message_comes_back_on_the_prompt_and_a_bad_profile_is_r
             assert users(saved) == ["look at the fifo", "and then summarise it"]
     finally:
         _release(fifo)
+
+
+async def test_ctrl_x_c_compacts_the_session_and_keeps_what_was_typed(
+    plain: dict[str, str], tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with fake_llm({"text": "Hello."}, {"text": "Noted."}) as llm:
+            async with (
+                serve(plain, llm.url) as daemon,
+                chat(plain, tmp_path, "--url", daemon.url.rstrip("/")) as c,
+            ):
+                await c.expect("connected to")
+                await c.line("hello one")
+                sid = (await c.expect(r"session (s-[0-9a-f]+)")).group(1)
+                await c.expect(r"context \d+ tokens")
+                await c.key("partly typed")
+                await c.key("\x18")  # Ctrl+X
+                await c.key("c")
+                await c.expect(r"compacting…")
+                # One short turn: the daemon's answer to the compact frame.
+                await c.expect(r"nothing to compact: the context is already short")
+                await c.key("\r")  # what was typed is on the prompt again: Enter sends it
+                await c.expect(r"Noted\.")
+                assert await c.quit() == 0
+            saved = await messages(Path(plain["NAVI_DB"]), sid)
+            assert users(saved) == ["hello one", "partly typed"]

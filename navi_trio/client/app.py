@@ -176,6 +176,11 @@ class ChatApp(FrameHandling):
             if event.kind == "rewind":  # a double Esc
                 await self.double_escape()
                 continue
+            if event.kind == "compact":  # Ctrl+X C
+                if event.text:
+                    self.prefill(event.text)  # what was typed waits on the next prompt
+                await self._commands.run("compact", "")
+                continue
             self._interrupted = False
             await self.line(event.text, "steer" if event.kind == "steer" else None)
 

@@ -44,7 +44,7 @@ running turn with it instead: the agent reads it before its next step.
   /schedule every 10m TEXT | cron "*/30 * * * *" TEXT | at 2030-01-31T09:00 TEXT
                   run TEXT on a schedule, in this session (none yet: a new one each time)
   /schedule pause ID | resume ID | remove ID       /schedules lists yours
-  /compact        summarise the conversation to free context
+  /compact        summarise the conversation to free context (Ctrl+X C too)
   /rewind [N]     list messages, or rewind chat and files to before message N (Esc Esc too;
                   /rewind N chat|files|both, /rewind undo); a preview comes first: y applies
   /fork [N] [files]  a new session from the history before N, with its files: move to it

@@ -7,11 +7,13 @@ terminal (stdin is a pipe) a plain line reader does the same job.
 
 `read` never raises for the keys a person presses: it returns an `InputEvent`
 (a line, Ctrl-C as ``interrupt``, Ctrl-D or end of input as ``eof``, a double Esc on an
-empty prompt as ``rewind``: the chat opens /rewind). A line ended with Ctrl+Enter (or
-Alt+Enter: many terminals send Ctrl+Enter as a plain Enter) is a ``steer``: sent to
-steer the running turn (core/steering.py) instead of queueing. `prefill` puts a text on
-the prompt (the message a rewind removed, or one the daemon refused, to send again or
-edit): on the prompt drawn now when nothing is typed on it, else on the next.
+empty prompt as ``rewind``: the chat opens /rewind; Ctrl+X C as ``compact``: the chat
+compacts the session, and what was typed comes back on the next prompt). A line
+ended with Ctrl+Enter (or Alt+Enter: many terminals send Ctrl+Enter as a plain Enter) is
+a ``steer``: sent to steer the running turn (core/steering.py) instead of queueing.
+`prefill` puts a text on the prompt (the message a rewind removed, or one the daemon
+refused, to send again or edit): on the prompt drawn now when nothing is typed on it,
+else on the next.
 """
 
 from __future__ import annotations
@@ -31,9 +33,13 @@ PROMPT = "› "
 REWIND_KEY = "\x1b\x1b"
 
 
+# What the prompt returns for Ctrl+X C (compact), followed by what was typed (kept).
+COMPACT_KEY = "\x00compact\x00"
+
+
 @attrs.frozen
 class InputEvent:
-    kind: Literal["line", "steer", "interrupt", "eof", "rewind"]
+    kind: Literal["line", "steer", "interrupt", "eof", "rewind", "compact"]
     text: str = ""
 
 
@@ -83,9 +89,12 @@ def _steer_keys() -> Any:
 
 
 def line_event(text: str) -> InputEvent:
-    """The event of what the prompt returned: a line, or a steer (Ctrl+Enter)."""
+    """The event of what the prompt returned: a line, a steer (Ctrl+Enter), or Ctrl+X C
+    (compact; its text is what was typed, for the next prompt)."""
     if text.startswith(_STEER):
         return InputEvent("steer", text.removeprefix(_STEER))
+    if text.startswith(COMPACT_KEY):
+        return InputEvent("compact", text.removeprefix(COMPACT_KEY))
     return InputEvent("line", text)
 
 
@@ -106,6 +115,11 @@ class PromptReader:
                 event.current_buffer.reset()
             else:
                 event.app.exit(result=REWIND_KEY)
+
+        @keys.add("c-x", "c")
+        def _compact(event: KeyPressEvent) -> None:
+            # Ctrl+X C: /compact (as in the spec's TUI); what is typed stays for later.
+            event.app.exit(result=COMPACT_KEY + event.current_buffer.text)
 
         given = {} if terminal is None else {"input": terminal[0], "output": terminal[1]}
         self._session: PromptSession[str] = PromptSession(
