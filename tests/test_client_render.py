@@ -322,3 +322,15 @@ def test_an_approval_request_is_a_card_and_its_decision_one_line() -> None:
     _feed(r, [request, {"type": "approval_decided", "call_id": "c9", "approved": False,
                         "by": "timeout"}])  # fmt: skip
     assert out.getvalue().splitlines()[-1] == "✗ denied terminal (by timeout)"
+
+
+def test_the_models_silent_work_shows_in_the_toolbar_not_in_the_answer() -> None:
+    r, out = _renderer()
+    _feed(r, [{"type": "model_working", "step": "choosing a tool", "tokens": 0}])
+    assert r.busy and r.status.activity == "the model is working: choosing a tool"
+    assert r.status.toolbar().startswith("the model is working: choosing a tool │ ")
+    _feed(r, [{"type": "model_working", "step": "writing the arguments of echo", "tokens": 12}])
+    assert r.status.activity == "the model is working: writing the arguments of echo (12 tokens)"
+    _feed(r, [{"type": "text_delta", "text": "Hi"}])
+    assert r.status.activity == "answering… 1 words"
+    assert "working" not in out.getvalue()  # the scrollback keeps only the answer

@@ -23,10 +23,10 @@ import trio
 from navi_trio import wire
 from navi_trio.client.commands import ANSWERS, SlashCommands
 from navi_trio.client.connection import BACKOFF_FIRST, RETRIES, TOKEN_HINT, Connection
-from navi_trio.client.frames import FrameHandling
+from navi_trio.client.frames import FrameHandling, Unanswered
 from navi_trio.client.profile import ProfileAsk
 from navi_trio.client.reader import InputEvent, Reader
-from navi_trio.client.render import Renderer
+from navi_trio.client.render import WAITING, Renderer
 from navi_trio.client.rewind import RewindFlow
 from navi_trio.errors import DaemonUnreachableError
 from navi_trio.wire import Frame
@@ -83,7 +83,7 @@ class ChatApp(FrameHandling):
         self.profiles: list[str] | None = None  # the daemon's, from its welcome
         # Our messages the daemon has not answered yet (request id -> text): a refused
         # one goes back on the prompt, never lost.
-        self._unanswered: dict[str, str] = {}
+        self._unanswered: dict[str, Unanswered] = {}
         self._message_ids = itertools.count(1)
         self._quit = trio.CancelScope()
         self.rewinds = RewindFlow(self)  # /rewind, /fork (client/rewind.py)
@@ -248,7 +248,7 @@ class ChatApp(FrameHandling):
         cwd = self.options.cwd or (os.getcwd() if self._role == "admin" else None)
         frame = wire.message(text, self.session_id, self.profile, cwd, self.mode, on_busy)
         frame["id"] = f"{MESSAGE_ID}{next(self._message_ids)}"
-        self._unanswered[frame["id"]] = text
+        self._unanswered[frame["id"]] = Unanswered(text, self.renderer.busy)
         while len(self._unanswered) > UNANSWERED_MAX:  # answers lost to a dropped connection
             del self._unanswered[next(iter(self._unanswered))]
         if self.session_id and self.profile and self.profile != self.renderer.status.profile:
@@ -257,6 +257,8 @@ class ChatApp(FrameHandling):
             self._creating, self._created = True, trio.Event()
         if await self.send(frame):
             self.renderer.busy = self.session_id is not None or self.renderer.busy
+            if not self.renderer.status.activity:
+                self.renderer.status.activity = WAITING  # until the run shows something
             return
         self._unanswered.pop(frame["id"], None)
         self.prefill(text)  # not sent: back on the prompt

@@ -10,14 +10,24 @@ The state itself is set up by `ChatApp` (client/app.py), which this class is a b
 
 from __future__ import annotations
 
+import attrs
 import trio
 
 from navi_trio import wire
 from navi_trio.client.connection import Connection
 from navi_trio.client.profile import ProfileAsk
-from navi_trio.client.render import Renderer
+from navi_trio.client.render import WAITING, Renderer
 from navi_trio.client.rewind import RewindFlow
 from navi_trio.wire import Frame
+
+
+@attrs.frozen
+class Unanswered:
+    """A message of ours the daemon has not answered: its text, and whether a run of
+    ours was going when it was sent (a refusal leaves things as they were)."""
+
+    text: str
+    busy: bool
 
 
 class FrameHandling:
@@ -42,7 +52,7 @@ class FrameHandling:
     _conn: Connection | None
 
     profiles: list[str] | None
-    _unanswered: dict[str, str]
+    _unanswered: dict[str, Unanswered]
 
     def prefill(self, text: str) -> None: ...
 
@@ -55,9 +65,12 @@ class FrameHandling:
     def _answered(self, frame: Frame) -> None:
         """A reply to a message of ours: taken (ok, session), or refused (back on the
         prompt, to send again as it is or edited)."""
-        text = self._unanswered.pop(str(frame.get("id")), None)
-        if text is not None and frame.get("type") == "error":
-            self.prefill(text)
+        sent = self._unanswered.pop(str(frame.get("id")), None)
+        if sent is not None and frame.get("type") == "error":
+            if not sent.busy:  # no run of ours goes on after all
+                self.renderer.busy = False
+                self.renderer.status.activity = ""
+            self.prefill(sent.text)
             self.renderer.notice("your message is back on the prompt")
 
     def _creation_over(self) -> None:
@@ -178,6 +191,7 @@ class FrameHandling:
         self.set_session(session_id)
         self._profile.wanted = True  # the daemon named its profile (ours, or its default)
         self.renderer.busy = True  # our first message is running in it
+        self.renderer.status.activity = self.renderer.status.activity or WAITING
         self.renderer.notice(f"session {session_id}")
 
     def _on_session_frame(self, frame: Frame) -> None:
