@@ -28,6 +28,7 @@ from navi_trio.errors import (
 )
 from navi_trio.events import AgentEvent, ModelWorking, TextDelta
 from navi_trio.llm import host as host_module
+from navi_trio.llm import host_state
 from navi_trio.llm.base import ChatRequest, DoneChunk, LLMChunk, TextChunk, WorkingChunk
 from navi_trio.llm.guard import guarded_stream
 from navi_trio.llm.host import (
@@ -63,6 +64,7 @@ class FakeChild:
         self._exited = trio.Event()
         self._scope = trio.CancelScope()
         self.killed = False
+        self.reaped = False
 
     @property
     def returncode(self) -> int | None:
@@ -71,6 +73,7 @@ class FakeChild:
     async def wait(self) -> int:
         await self._exited.wait()
         assert self._code is not None
+        self.reaped = True  # a real process's status is collected here: no zombie
         return self._code
 
     def kill(self) -> None:
@@ -612,3 +615,150 @@ def test_the_child_says_it_works_through_a_step_that_streams_nothing() -> None:
     assert all(f["step"] == "choosing a tool" for f in frames)
     # At its start, then at most every WORKING_EVERY (0.5 s: every third token here).
     assert [f["tokens"] for f in frames] == [0, 3, 6, 9]
+
+
+# ------------------------------------------------------------------ shutdown and what is kept
+
+
+async def streams_until_stopped(child: FakeChild) -> None:
+    """Mid-generation: one word, then it keeps computing (silent) until killed."""
+    await _loaded(child)
+    chat = await child.read()
+    await child.send({"type": "chunk", "id": chat["id"],
+                      "chunk": {"kind": "text", "text": "once"}})  # fmt: skip
+    await _read_forever(child)
+
+
+async def test_a_shutdown_mid_generation_reaps_the_child_and_ends_the_waiting_stream(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as outer:  # the consumer outlives the host
+            spawner = Spawner(outer, streams_until_stopped)
+            host = _host(spawner)
+            ended = trio.Event()
+            got: list[LLMChunk] = []
+            failed: list[BaseException] = []
+
+            async def consume() -> None:
+                try:
+                    async with host.stream(_request()) as chunks:
+                        async for chunk in chunks:
+                            got.append(chunk)
+                except LocalModelDiedError as exc:
+                    failed.append(exc)
+                ended.set()
+
+            async with trio.open_nursery() as daemon:  # the runtime's nursery
+                await daemon.start(host.run)
+                outer.start_soon(consume)
+                await trio.testing.wait_all_tasks_blocked()
+                assert got == [TextChunk("once")]  # mid-generation now
+                left = trio.current_time()
+                daemon.cancel_scope.cancel()  # the daemon shuts down
+            await ended.wait()
+            (child,) = spawner.children
+            assert child.killed and child.reaped  # killed, and its exit collected
+            assert trio.current_time() == left  # no grace spent on a child that is gone
+            (error,) = failed  # the waiting stream ended with an error, not a hang
+            assert "SIGKILL" in str(error)
+
+
+async def dies_in_the_probe(child: FakeChild) -> None:
+    """Loaded with the extra buffer types: the probe's one token dies (an AMX fault)."""
+    load = await child.read()
+    assert load["extra_buffers"] is True and load["probe"] is True
+    await child.send({"type": "probing"})
+    await child.say("Fatal Python error: Illegal instruction")
+    child.die(-4)
+
+
+# The tests below write the data folder's state file (in a worker thread, as the daemon
+# does): trio's real clock, not the MockClock (it would jump while a thread works); the
+# backoffs are made zero instead, so nothing waits.
+REAL_LIMIT = 30
+
+
+@pytest.fixture
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(host_module, "BACKOFF_FIRST", 0.0)
+
+
+async def test_a_probe_that_dies_is_remembered_as_extra_buffers_off(tmp_path: Path) -> None:
+    spec = LoadSpec(model_file=Path("fake.gguf"))
+    with trio.fail_after(REAL_LIMIT):
+        async with trio.open_nursery() as nursery:
+            spawner = Spawner(nursery, dies_in_the_probe, answers)
+            host = ModelHost(spec, data_dir=tmp_path, spawn=spawner)  # auto: probe once
+            await nursery.start(host.run)
+            assert await _answer(host) == [TextChunk("hi")]
+            again = spawner.children[1].frames[0]
+            assert (again["extra_buffers"], again["probe"]) == (False, False)
+            assert host.failures == 0 and host.last_death is None  # a probe's death: no crash
+            nursery.cancel_scope.cancel()
+        state = await trio.to_thread.run_sync(host_state.read_state, tmp_path)
+        key = await trio.to_thread.run_sync(host_state.state_key)
+        entry = state["extra_buffers"][key]
+        assert entry["on"] is False and "SIGILL" in entry["why"]
+        # The next daemon starts without them at once: one process, no probe.
+        async with trio.open_nursery() as nursery:
+            spawner = Spawner(nursery, answers)
+            host = ModelHost(spec, data_dir=tmp_path, spawn=spawner)
+            await nursery.start(host.run)
+            assert await _answer(host) == [TextChunk("hi")]
+            (child,) = spawner.children
+            assert (child.frames[0]["extra_buffers"], child.frames[0]["probe"]) == (False, False)
+            nursery.cancel_scope.cancel()
+
+
+async def _broken(
+    spec: LoadSpec, tmp_path: Path, nursery: trio.Nursery
+) -> tuple[ModelHost, Spawner]:
+    """A host of the data folder `tmp_path` whose child died at start-up until broken."""
+    spawner = Spawner(nursery, dies_at_load)
+    host = ModelHost(spec, data_dir=tmp_path, extra_buffers=False, spawn=spawner)
+    await nursery.start(host.run)
+    for _ in range(BROKEN_AFTER):
+        with pytest.raises(LocalModelDiedError):
+            await _answer(host)
+    assert host.status()["state"] == "broken"
+    return host, spawner
+
+
+async def _state(tmp_path: Path) -> dict[str, Any]:
+    return await trio.to_thread.run_sync(host_state.read_state, tmp_path)
+
+
+async def test_a_broken_model_that_starts_again_after_a_restart_is_no_longer_reported_broken(
+    tmp_path: Path, no_backoff: None
+) -> None:
+    spec = LoadSpec(model_file=Path("fake.gguf"))
+    with trio.fail_after(REAL_LIMIT):
+        async with trio.open_nursery() as nursery:
+            await _broken(spec, tmp_path, nursery)
+            nursery.cancel_scope.cancel()  # (its state writes end first: thread jobs)
+        assert "SIGILL" in (await _state(tmp_path))["broken"]["message"]  # for `navi doctor`
+        # The daemon restarts, and the model starts (a rebuilt llama.cpp, say).
+        async with trio.open_nursery() as nursery:
+            spawner = Spawner(nursery, answers)
+            host = ModelHost(spec, data_dir=tmp_path, extra_buffers=False, spawn=spawner)
+            await nursery.start(host.run)
+            assert await _answer(host) == [TextChunk("hi")]
+            nursery.cancel_scope.cancel()
+        assert "broken" not in await _state(tmp_path)  # `navi doctor` no longer says so
+
+
+async def test_a_broken_model_that_starts_again_when_retried_is_no_longer_reported_broken(
+    tmp_path: Path, no_backoff: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(host_module, "BROKEN_RETRY", 0.0)  # retried at the next request
+    spec = LoadSpec(model_file=Path("fake.gguf"))
+    with trio.fail_after(REAL_LIMIT):
+        async with trio.open_nursery() as nursery:
+            host, spawner = await _broken(spec, tmp_path, nursery)
+            spawner.behaviours = [answers]
+            assert await _answer(host) == [TextChunk("hi")]
+            assert host.status()["state"] == "ready" and host.broken_message is None
+            nursery.cancel_scope.cancel()
+        # The mark was written, then removed: in that order, whatever the threads did.
+        assert "broken" not in await _state(tmp_path)

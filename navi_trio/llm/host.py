@@ -166,6 +166,8 @@ class ModelHost(NurseryHolder):
         self.last_death: dict[str, Any] | None = None
         self._remembered: bool | None = None
         self._remembered_read = False
+        self._state_writes = trio.Lock()  # fair: the writes happen in the order asked
+        self._started_once = False  # a child of this host was ready once
         # Of the last generation: tokens the child generated, and whether a stop ended it.
         self.last_tokens = 0
         self.last_stopped = False
@@ -282,7 +284,7 @@ class ModelHost(NurseryHolder):
             return
         key = await trio.to_thread.run_sync(host_state.state_key)
         log.info("local model: extra buffer types %s for %s (%s)", "on" if on else "off", key, why)
-        await _write_state(host_state.remember_extra_buffers, self.data_dir, key, on, why)
+        await self._write_state(host_state.remember_extra_buffers, self.data_dir, key, on, why)
 
     def _abandon(self, child: HostChild, stream: _Stream) -> None:
         """The consumer left before the end: stop the generation, or kill the child."""
@@ -417,7 +419,12 @@ class ModelHost(NurseryHolder):
         self._slot.release()
 
     def _recovered(self) -> None:
+        """A child is ready: the model is not broken (any more), here and in the data
+        folder, where an earlier daemon may have left its mark."""
+        first, self._started_once = not self._started_once, True
         if self._broken_until is None:
+            if first:
+                self._write_broken(None)  # a no-op unless a mark is there
             return
         self._broken_until = None
         self.broken_message = None
@@ -469,12 +476,17 @@ class ModelHost(NurseryHolder):
 
     def _write_broken(self, report: dict[str, Any] | None) -> None:
         if self.data_dir is not None and self.running:
-            self.nursery.start_soon(_write_state, host_state.remember_broken, self.data_dir, report)
+            write = host_state.remember_broken
+            self.nursery.start_soon(self._write_state, write, self.data_dir, report)
 
-
-async def _write_state(write: Callable[..., None], *args: Any) -> None:
-    """A write of the data folder's state file; failing, it is only logged (it is a note)."""
-    try:
-        await trio.to_thread.run_sync(write, *args)
-    except OSError as exc:
-        log.warning("could not write %s: %s", host_state.STATE_FILE, exc)
+    async def _write_state(self, write: Callable[..., None], *args: Any) -> None:
+        """A write of the data folder's state file, one at a time in the order asked (each
+        reads the file and replaces it: two at once could undo each other), finished even
+        when the daemon stops meanwhile (what `navi doctor` reads); failing, it is only
+        logged (it is a note)."""
+        with trio.CancelScope(shield=True):
+            async with self._state_writes:
+                try:
+                    await trio.to_thread.run_sync(write, *args)
+                except OSError as exc:
+                    log.warning("could not write %s: %s", host_state.STATE_FILE, exc)
