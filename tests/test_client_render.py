@@ -175,13 +175,14 @@ def test_errors_and_warnings_are_one_line_with_what_to_do() -> None:
         ],
     )
     lines = [ln for ln in out.getvalue().splitlines() if ln.strip()]
-    assert lines[0] == (
-        "✗ error [unauthorized]: bad token — pass --token, set NAVI_TOKEN, or use the daemon's "
-        "local-token file"
+    assert lines[0] == (  # a code of the protocol itself is no news: not shown
+        "✗ error: bad token — pass --token, set NAVI_TOKEN, or use the daemon's local-token file"
     )
     assert lines[1].startswith("✗ error [llm_connection]: cannot connect to http://127.0.0.1:11434")
     assert "is the LLM server running?" in lines[1]
     assert lines[2] == "⚠ no progress for 3 iterations"
+    r.frame({"type": "error", "code": "bad_frame", "message": "every '10': add a unit: 10m"})
+    assert out.getvalue().splitlines()[-1] == "✗ error: every '10': add a unit: 10m"
 
 
 def test_the_answer_is_rendered_as_markdown_block_by_block() -> None:

@@ -33,6 +33,9 @@ from navi_trio.client.text import split_blocks as split_blocks
 from navi_trio.wire import Frame
 
 WAITING = "waiting for the model…"  # the toolbar, from a message sent to its first frame
+# The protocol's own codes say nothing to a person (a refused frame, a refused token):
+# the message and the hint do; the others are shown, as a name to look up.
+UNTAGGED_CODES = frozenset({"error", "bad_frame", "unauthorized"})
 # Codes of refusals that are news, not failures: one dim line with the daemon's words.
 NOTICE_CODES = frozenset({"nothing_to_compact"})
 # What to do about an error, by its stable code (protocol.md and the agent's codes).
@@ -108,7 +111,7 @@ class Renderer:
             self.errors += 1
         hint = HINTS.get(code or "")
         tail = f" — {hint}" if hint else ""
-        tag = f" [{code}]" if code and code not in ("error",) else ""
+        tag = f" [{code}]" if code and code not in UNTAGGED_CODES else ""
         self.put(f"[bold red]✗ error{escape(tag)}:[/] {escape(one_line(text))}{tail}", who)
 
     def markdown(self, text: str, who: str = "") -> None:
