@@ -613,8 +613,8 @@ def test_the_child_says_it_works_through_a_step_that_streams_nothing() -> None:
     frames = list(iter(lambda: read_frame_sync(stream), None))
     assert all(f["type"] == "working" and f["id"] == 7 for f in frames)
     assert all(f["step"] == "choosing a tool" for f in frames)
-    # At its start, then at most every WORKING_EVERY (0.5 s: every third token here).
-    assert [f["tokens"] for f in frames] == [0, 3, 6, 9]
+    # At its start, then at most every WORKING_EVERY (1 s: every fifth token here).
+    assert [f["tokens"] for f in frames] == [0, 5, 10]
 
 
 # ------------------------------------------------------------------ shutdown and what is kept

@@ -52,7 +52,7 @@ from navi_trio.llm.host_wire import (
 CRASH_ENV = "NAVI_MODEL_HOST_CRASH"
 CRASH_SIGNALS = ("SIGILL", "SIGSEGV", "SIGKILL", "SIGABRT", "SIGBUS")
 PROBE_PROMPT = "Hello"
-WORKING_EVERY = 0.5  # seconds between two `working` frames of a step
+WORKING_EVERY = 1.0  # seconds between two `working` frames of a step
 CHOOSING_STEP = "choosing a tool"
 ANSWER_STEP = "writing the answer"
 
