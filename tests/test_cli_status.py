@@ -10,6 +10,7 @@ and the test reaps it. Every daemon is killed at the end.
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,21 @@ from navi_trio.client.daemon import pid_file
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture
+def quiet_port() -> Iterator[str]:
+    """A port that nothing answers on (held, never listening): `navi status --port` of it
+    leaves out whatever answers on 8765 on this machine."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield str(sock.getsockname()[1])
+
+
 def port_of(daemon: Any) -> int:
     return int(daemon.url.rstrip("/").rsplit(":", 1)[1])
 
 
 async def test_status_names_each_daemon_and_stop_waits_for_the_one_asked(
-    env: dict[str, str], tmp_path: Path
+    env: dict[str, str], tmp_path: Path, quiet_port: str
 ) -> None:
     data = Path(env["NAVI_DATA_DIR"])
     async with fake_llm(tmp_path, [{"text": ANSWER}]) as llm:
@@ -36,7 +46,7 @@ async def test_status_names_each_daemon_and_stop_waits_for_the_one_asked(
             ports = {port_of(a): a.pid, port_of(b): b.pid}
             for port, pid in ports.items():  # each its own pid file, written once listening
                 assert pid_file(data, port).read_text() == f"{pid}\n"
-            status = await navi("status", env=env, cwd=tmp_path)
+            status = await navi("status", "--port", quiet_port, env=env, cwd=tmp_path)
             assert status.code == 0 and status.err == "", status
             lines = status.out.splitlines()
             assert len(lines) == 2, status.out
@@ -55,7 +65,7 @@ async def test_status_names_each_daemon_and_stop_waits_for_the_one_asked(
             with trio.fail_after(DEADLINE):
                 assert await a.wait() == 0  # it had exited: its clean shutdown
             assert not pid_file(data, port_of(a)).exists()  # removed on its way out
-            status = await navi("status", env=env, cwd=tmp_path)
+            status = await navi("status", "--port", quiet_port, env=env, cwd=tmp_path)
             assert [ln.split("  ")[:2] for ln in status.out.splitlines()] == [
                 [b.url, f"pid {b.pid}"]
             ]
@@ -64,7 +74,7 @@ async def test_status_names_each_daemon_and_stop_waits_for_the_one_asked(
             b.kill()
             with trio.fail_after(DEADLINE):
                 await b.wait()
-            status = await navi("status", env=env, cwd=tmp_path)
+            status = await navi("status", "--port", quiet_port, env=env, cwd=tmp_path)
             assert status.code == 1
             assert status.out.splitlines()[0] == (
                 f"port {port_of(b)}: the daemon of pid {b.pid} is gone (a stale pid file)"
@@ -101,8 +111,8 @@ async def test_a_port_in_use_names_who_answers_there_before_anything_else(
         done = await navi("serve", "--port", str(port), env=elsewhere, cwd=tmp_path)
         assert _one_error_line(done) == (
             f"navi: error: port {port} (127.0.0.1) is in use: a navi daemon of another data "
-            f"folder answers there (it refused the token in {tmp_path / 'elsewhere'}): choose "
-            "another port with --port"
+            f"folder (no pid file of it in {tmp_path / 'elsewhere'}), or another WebSocket "
+            "server, answers there: choose another port with --port"
         )
     with socket.socket() as sock:  # a program that is not navi
         sock.bind(("127.0.0.1", 0))
@@ -132,3 +142,36 @@ async def test_stop_never_signals_a_process_that_is_no_navi_daemon(
         other.kill()
         with trio.CancelScope(shield=True):
             await other.wait()
+
+
+async def test_a_program_on_the_port_never_gets_the_local_token(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Asking who answers at a port sends this data folder's token only to the daemon its
+    pid file names: a WebSocket server that took the port gets a handshake, no hello."""
+    from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
+
+    data = Path(env["NAVI_DATA_DIR"])
+    data.mkdir(parents=True)  # noqa: ASYNC240
+    (data / "local-token").write_text("the-local-admin-token\n")  # noqa: ASYNC240
+    heard: list[str] = []
+
+    async def handler(request: WebSocketRequest) -> None:
+        ws = await request.accept()
+        try:
+            heard.append(str(await ws.get_message()))
+        except ConnectionClosed:
+            pass  # a handshake only
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
+        port = str(server.port)
+        done = await navi("serve", "--port", port, env=env, cwd=tmp_path)
+        assert "or another WebSocket server, answers there" in _one_error_line(done)
+        status = await navi("status", "--port", port, env=env, cwd=tmp_path)
+        assert status.out.splitlines()[0] == (
+            f"ws://127.0.0.1:{port}/  a navi daemon of another data folder, or another "
+            "WebSocket server"
+        )
+        nursery.cancel_scope.cancel()
+    assert not any("the-local-admin-token" in text for text in heard), heard

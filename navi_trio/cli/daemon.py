@@ -57,12 +57,15 @@ def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], 
     serve.add_argument("--log-json", action="store_true", help="log JSON lines")
     endpoint_options(serve)
 
-    sub.add_parser(
+    status = sub.add_parser(
         "status",
         help="which navi daemons run: where, since when, pid, backend, log",
         description="List the navi daemons of this data folder (NAVI_DATA_DIR) and what "
-        "answers on port 8765: address, pid, since when, LLM backend and log. Exit 1 when "
+        "answers on --port: address, pid, since when, LLM backend and log. Exit 1 when "
         "none runs.",
+    )
+    status.add_argument(
+        "--port", type=int, default=8765, help="also say what answers on this port (8765)"
     )
     stop = sub.add_parser(
         "stop",

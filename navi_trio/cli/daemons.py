@@ -1,7 +1,7 @@
 """The daemons of a data folder: their pid files, `navi status`, `navi stop`, and what
 answers at a port that is in use.
 
-    navi status                 which daemons answer, where, since when, pid, backend, log
+    navi status [--port P]      which daemons answer, where, since when, pid, backend, log
     navi stop [--port P]        SIGTERM, then wait for its shutdown (README "The daemon")
 
 A daemon writes ``navi-serve-PORT.pid`` in its data folder once it listens and removes it
@@ -101,8 +101,9 @@ def _ports(data_dir: Path) -> list[int]:
 
 @attrs.frozen
 class Answer:
-    """What answers at a port: nothing, something that is not navi, or a navi daemon
-    (`ours`: it took this data folder's local token; `backend`: from its welcome)."""
+    """What answers at a port: nothing, something that is no WebSocket server, a navi
+    daemon of this data folder (`ours`, with its `backend`), or another WebSocket server
+    (`navi`: another data folder's daemon, most likely)."""
 
     navi: bool = False
     listening: bool = False
@@ -111,7 +112,9 @@ class Answer:
 
 
 async def probe(port: int, data_dir: Path, host: str = "127.0.0.1") -> Answer:
-    """Who answers at host:port: a hello with this data folder's local token."""
+    """Who answers at host:port. The local admin's token goes only to the daemon this data
+    folder's pid file names (a live navi process): a program that took the port never
+    gets it; of any other, a WebSocket handshake (no hello) tells whether it may be navi."""
     from navi_trio.api.daemon_client import open_daemon
     from navi_trio.api.remote import daemon_answers
     from navi_trio.client.daemon import answers, find_token
@@ -120,16 +123,18 @@ async def probe(port: int, data_dir: Path, host: str = "127.0.0.1") -> Answer:
     if not await answers(host, port):
         return Answer()
     url = f"ws://{_url_host(host)}:{port}/"
-    token = find_token(None, {}, data_dir)
-    try:
-        with trio.fail_after(PROBE_TIMEOUT * 2):
-            async with open_daemon(url, token, connect_timeout=PROBE_TIMEOUT) as daemon:
-                backend = daemon.welcome.get("llm_backend")
-                return Answer(True, True, True, backend if isinstance(backend, str) else None)
-    except RemoteError:
-        return Answer(navi=True, listening=True)  # a daemon, but not this data folder's
-    except (NaviError, trio.TooSlowError):
-        pass
+    if _running(pid_file(data_dir, port)):
+        try:
+            with trio.fail_after(PROBE_TIMEOUT * 2):
+                token = find_token(None, {}, data_dir)
+                async with open_daemon(url, token, connect_timeout=PROBE_TIMEOUT) as daemon:
+                    backend = daemon.welcome.get("llm_backend")
+                    backend = backend if isinstance(backend, str) else None
+                    return Answer(navi=True, listening=True, ours=True, backend=backend)
+        except RemoteError:
+            return Answer(navi=True, listening=True)  # it refused this folder's token
+        except (NaviError, trio.TooSlowError):
+            pass
     return Answer(navi=await daemon_answers(url, PROBE_TIMEOUT), listening=True)
 
 
@@ -151,8 +156,8 @@ def port_in_use(host: str, port: int, data_dir: Path) -> str:
         )
     if answer.navi:
         return (
-            f"{where}: a navi daemon of another data folder answers there (it refused the "
-            f"token in {data_dir}): choose another port with --port"
+            f"{where}: a navi daemon of another data folder (no pid file of it in {data_dir}), "
+            "or another WebSocket server, answers there: choose another port with --port"
         )
     return f"{where} by a program that is not a navi daemon: choose another port with --port"
 
@@ -216,16 +221,9 @@ def status_line(state: DaemonState, now: float) -> str:
     a = state.answer
     if state.pid is not None and not state.running:
         return f"port {state.port}: the daemon of pid {state.pid} is gone (a stale pid file)"
-    if state.pid is None:
-        if a.ours:
-            backend = a.backend or "?"
-            return (
-                f"{state.url}  a navi daemon of this data folder (no pid file), backend {backend}"
-            )
+    if state.pid is None:  # what answers on the default port, with no pid file here
         if a.navi:
-            return (
-                f"{state.url}  a navi daemon of another data folder (it refused this one's token)"
-            )
+            return f"{state.url}  a navi daemon of another data folder, or another WebSocket server"
         return f"{state.url}  in use by a program that is not a navi daemon"
     since = ""
     if state.since is not None:
@@ -252,7 +250,7 @@ def _age(seconds: float) -> str:
 
 def cmd_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     settings = Settings.from_env()
-    states = trio.run(daemon_states, settings.data_dir)
+    states = trio.run(daemon_states, settings.data_dir, args.port)
     now = time.time()
     for state in states:
         print(status_line(state, now), file=out)
