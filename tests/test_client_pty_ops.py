@@ -10,14 +10,17 @@ sleeps: each step waits for what the screen, the fake LLM or the daemon shows.
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 from daemons import no_plan_config
 from test_api_daemon import serve
 from test_cli import messages
-from test_client_real import DEADLINE, _cat, _release, chat, fake_llm
+from test_client_real import DEADLINE, Chat, _cat, _release, chat, fake_llm
 from test_client_real import env as env
 
 pytestmark = pytest.mark.slow
@@ -33,34 +36,45 @@ def users(saved: list[dict[str, object]]) -> list[object]:
     return [m.get("content") for m in saved if m.get("role") == "user"]
 
 
+@asynccontextmanager
+async def first_turn(
+    env: dict[str, str], tmp_path: Path, text: str, *replies: dict[str, Any]
+) -> AsyncIterator[tuple[Chat, str]]:
+    """A chat in a terminal with a real daemon, after its first message `text` was
+    answered (the first of `replies`): the chat and its session id."""
+    async with (
+        fake_llm(*replies) as llm,
+        serve(env, llm.url) as daemon,
+        chat(env, tmp_path, "--url", daemon.url.rstrip("/")) as c,
+    ):
+        await c.expect("connected to")
+        await c.line(text)
+        sid = (await c.expect(r"session (s-[0-9a-f]+)")).group(1)
+        await c.expect(r"context \d+ tokens")
+        yield c, sid
+
+
 async def test_a_chat_rewind_puts_the_removed_message_on_the_very_next_prompt(
     plain: dict[str, str], tmp_path: Path
 ) -> None:
+    replies = ({"text": "Sure, done."}, {"text": "Again."})
     with trio.fail_after(DEADLINE):
-        async with fake_llm({"text": "Sure, done."}, {"text": "Again."}) as llm:
-            async with (
-                serve(plain, llm.url) as daemon,
-                chat(plain, tmp_path, "--url", daemon.url.rstrip("/")) as c,
-            ):
-                await c.expect("connected to")
-                await c.line("Create hello.txt containing hi")
-                sid = (await c.expect(r"session (s-[0-9a-f]+)")).group(1)
-                await c.expect(r"Sure, done\.")
-                await c.expect(r"context \d+ tokens")
-                await c.line("/rewind -1 chat")
-                await c.expect(r"apply it\? \(y/n\)")
-                await c.line("y")
-                await c.expect(r"rewound: 2 message\(s\) removed")
-                # The prompt drawn after `y` holds the removed message (nothing else shows
-                # it again: the rewind's reload is silent); typed on, it is sent with what
-                # was added (on the prompt after, it would not be).
-                await c.expect(r"Create hello\.txt containing hi")
-                await c.line(" again")
-                await c.expect(r"Again\.")
-                assert "missed part of the stream" not in c.screen  # the rewind's own reload
-                assert await c.quit() == 0
-            saved = await messages(Path(plain["NAVI_DB"]), sid)
-            assert users(saved) == ["Create hello.txt containing hi again"]
+        text = "Create hello.txt containing hi"
+        async with first_turn(plain, tmp_path, text, *replies) as (c, sid):
+            await c.line("/rewind -1 chat")
+            await c.expect(r"apply it\? \(y/n\)")
+            await c.line("y")
+            await c.expect(r"rewound: 2 message\(s\) removed")
+            # The prompt drawn after `y` holds the removed message (nothing else shows
+            # it again: the rewind's reload is silent); typed on, it is sent with what
+            # was added (on the prompt after, it would not be).
+            await c.expect(r"Create hello\.txt containing hi")
+            await c.line(" again")
+            await c.expect(r"Again\.")
+            assert "missed part of the stream" not in c.screen  # the rewind's own reload
+            assert await c.quit() == 0
+        saved = await messages(Path(plain["NAVI_DB"]), sid)
+        assert users(saved) == ["Create hello.txt containing hi again"]
 
 
 async def test_a_refused_message_comes_back_on_the_prompt_and_a_bad_profile_is_refused_at_once(
@@ -105,24 +119,17 @@ async def test_a_refused_message_comes_back_on_the_prompt_and_a_bad_profile_is_r
 async def test_ctrl_x_c_compacts_the_session_and_keeps_what_was_typed(
     plain: dict[str, str], tmp_path: Path
 ) -> None:
+    replies = ({"text": "Hello."}, {"text": "Noted."})
     with trio.fail_after(DEADLINE):
-        async with fake_llm({"text": "Hello."}, {"text": "Noted."}) as llm:
-            async with (
-                serve(plain, llm.url) as daemon,
-                chat(plain, tmp_path, "--url", daemon.url.rstrip("/")) as c,
-            ):
-                await c.expect("connected to")
-                await c.line("hello one")
-                sid = (await c.expect(r"session (s-[0-9a-f]+)")).group(1)
-                await c.expect(r"context \d+ tokens")
-                await c.key("partly typed")
-                await c.key("\x18")  # Ctrl+X
-                await c.key("c")
-                await c.expect(r"compacting…")
-                # One short turn: the daemon's answer to the compact frame.
-                await c.expect(r"nothing to compact: the context is already short")
-                await c.key("\r")  # what was typed is on the prompt again: Enter sends it
-                await c.expect(r"Noted\.")
-                assert await c.quit() == 0
-            saved = await messages(Path(plain["NAVI_DB"]), sid)
-            assert users(saved) == ["hello one", "partly typed"]
+        async with first_turn(plain, tmp_path, "hello one", *replies) as (c, sid):
+            await c.key("partly typed")
+            await c.key("\x18")  # Ctrl+X
+            await c.key("c")
+            await c.expect(r"compacting…")
+            # One short turn: the daemon's answer to the compact frame.
+            await c.expect(r"nothing to compact: the context is already short")
+            await c.key("\r")  # what was typed is on the prompt again: Enter sends it
+            await c.expect(r"Noted\.")
+            assert await c.quit() == 0
+        saved = await messages(Path(plain["NAVI_DB"]), sid)
+        assert users(saved) == ["hello one", "partly typed"]

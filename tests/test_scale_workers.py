@@ -21,8 +21,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TextIO, cast
 
@@ -146,11 +146,14 @@ async def exited(pid: int) -> None:
         os.close(fd)
 
 
-@contextmanager
-def paused(proc: trio.Process) -> Iterator[None]:
-    """The supervisor stopped (SIGSTOP): it starts no worker until it goes on (SIGCONT)."""
+@asynccontextmanager
+async def alone(proc: trio.Process, victim: int) -> AsyncIterator[None]:
+    """The supervisor paused (SIGSTOP: it starts no worker until SIGCONT) and the worker
+    `victim` killed: the one worker left is the only listener on the port."""
     proc.send_signal(signal.SIGSTOP)
     try:
+        os.kill(victim, signal.SIGKILL)
+        await exited(victim)
         yield
     finally:
         proc.send_signal(signal.SIGCONT)
@@ -188,9 +191,7 @@ async def test_workers_share_the_port_and_a_killed_one_is_replaced(
             assert victim in first
             (other,) = first - {victim}
 
-            with paused(proc):
-                os.kill(victim, signal.SIGKILL)
-                await exited(victim)
+            async with alone(proc, victim):
                 # Only the other worker listens: it serves the port, and the dead
                 # worker's session goes on in it at the next message.
                 assert await served_by(pg_url, url, token, "admin.w1", "hi") == other
@@ -202,9 +203,7 @@ async def test_workers_share_the_port_and_a_killed_one_is_replaced(
             replacement = int(line.rsplit("(pid ", 1)[1].rstrip(")"))
             assert children(proc.pid) == {other, replacement}
 
-            with paused(proc):
-                os.kill(other, signal.SIGKILL)
-                await exited(other)
+            async with alone(proc, other):
                 # The replacement serves the port (the only listener left).
                 assert await served_by(pg_url, url, token, "admin.w2", "hi") == replacement
                 assert await served_by(pg_url, url, token, "admin.w0", "and") == replacement
