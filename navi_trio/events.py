@@ -50,6 +50,15 @@ class ModelInfo(AgentEvent):
 
 
 @attrs.frozen
+class ModelWorking(AgentEvent):
+    """The model works on a step that streams nothing (the embedded model choosing a tool
+    or writing its arguments, or waiting for the model): a client shows it is working."""
+
+    step: str
+    tokens: int = 0
+
+
+@attrs.frozen
 class PlanStep:
     index: int
     description: str
@@ -303,6 +312,7 @@ EVENT_CLASSES: tuple[type[AgentEvent], ...] = (
     ThinkingDelta,
     ThinkingEnd,
     ModelInfo,
+    ModelWorking,
     PlanPhase,
     PlanCreated,
     ToolStarted,

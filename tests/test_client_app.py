@@ -418,3 +418,48 @@ async def test_a_request_still_waiting_is_shown_again_on_reconnect_and_answered(
             assert daemon.sessions["s-1"].asking == {}
             chat.reader.type("/quit")
         assert chat.error is None
+
+
+class _Sent:
+    """A connection that takes every frame (the daemon answers through `on_frame`)."""
+
+    connected = True
+
+    def __init__(self) -> None:
+        self.frames: list[dict[str, Any]] = []
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        self.frames.append(frame)
+
+
+class PrefillReader(QueueReader):
+    """A `QueueReader` that keeps what the chat puts on the prompt."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prefilled: list[str] = []
+
+    def prefill(self, text: str) -> None:
+        self.prefilled.append(text)
+
+
+async def test_a_sent_message_waits_for_the_model_and_a_refused_one_changes_nothing() -> None:
+    reader, screen = PrefillReader(), Screen()
+    app = ChatApp(ChatOptions(url="ws://127.0.0.1:9", token=""), Renderer(screen.console), reader)
+    conn = _Sent()
+    app._conn = conn  # type: ignore[assignment]
+    app.set_session("s-1")
+    await app.line("hello")
+    assert app.renderer.busy and app.renderer.status.activity == "waiting for the model…"
+    (sent,) = conn.frames
+    refusal = {"type": "error", "code": "bad_frame", "message": "no", "id": sent["id"]}
+    assert app.on_frame(refusal) == []
+    assert not app.renderer.busy and app.renderer.status.activity == ""  # idle, as before
+    assert reader.prefilled == ["hello"]
+    assert "your message is back on the prompt" in screen.text
+    # Taken (ok): nothing comes back, and the run's frames say what goes on.
+    await app.line("again")
+    app.on_frame({"type": "ok", "id": conn.frames[-1]["id"], "session_id": "s-1"})
+    assert (
+        reader.prefilled == ["hello"] and app.renderer.status.activity == "waiting for the model…"
+    )

@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from navi_trio.client.daemon import LOG_FILE, TOKEN_FILE, ensure_daemon, find_token, host_port
+from navi_trio.client.daemon import (
+    TOKEN_FILE,
+    ensure_daemon,
+    find_token,
+    host_port,
+    log_file,
+    pid_file,
+)
 from navi_trio.errors import DaemonUnreachableError, UsageError
 
 DEADLINE = 40
@@ -59,38 +66,60 @@ def test_a_bad_url_is_named() -> None:
 
 
 async def test_no_daemon_answering_starts_one_in_the_background(tmp_path: Path) -> None:
-    port, pid_file = _free_port(), tmp_path / "pid"
+    port, standin_pid = _free_port(), tmp_path / "pid"
     script = tmp_path / "standin.py"
     script.write_text(LISTENER)
-    command = [sys.executable, str(script), str(port), str(pid_file)]
+    command = [sys.executable, str(script), str(port), str(standin_pid)]
     url = f"ws://127.0.0.1:{port}"
     try:
         with trio.fail_after(DEADLINE):
             line = await ensure_daemon(url, tmp_path / "data", command)
             assert line is not None
             assert line.startswith(f"started a navi daemon in the background on 127.0.0.1:{port}")
-            assert str(tmp_path / "data" / LOG_FILE) in line
+            assert str(log_file(tmp_path / "data", port)) in line
             # Now one answers: nothing more is started.
             assert await ensure_daemon(url, tmp_path / "data", ["false"]) is None
-        log = (tmp_path / "data" / LOG_FILE).read_text()
+        log = log_file(tmp_path / "data", port).read_text()
         assert "stand-in daemon listening" in log
+        # The pid file is the daemon's own to write, once it listens (a stand-in writes none).
+        assert not pid_file(tmp_path / "data", port).exists()
     finally:
-        if pid_file.exists():
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        if standin_pid.exists():
+            os.kill(int(standin_pid.read_text()), signal.SIGKILL)
 
 
-async def test_a_daemon_that_exits_at_once_is_one_line_pointing_at_its_log(
+async def test_a_daemon_that_exits_at_once_is_one_line_with_its_error_and_its_log(
     tmp_path: Path,
 ) -> None:
-    command = [sys.executable, "-c", "import sys; print('boom: no config'); sys.exit(3)"]
+    port = _free_port()
+    log = log_file(tmp_path, port)
+    log.write_text("navi: error: an older start's error\n")  # not this start's
+    running = pid_file(tmp_path, 8765)  # another daemon's, on another port
+    running.write_text("4242\n")
+    command = [
+        sys.executable, "-c",
+        "import sys; print('navi: warning: something'); print('navi: error: boom: no config');"
+        " print('after it'); sys.exit(3)",
+    ]  # fmt: skip
     with trio.fail_after(DEADLINE):
-        with pytest.raises(
-            DaemonUnreachableError, match=r"exited with code 3; see .*navi-serve\.log"
-        ):
-            await ensure_daemon(f"ws://127.0.0.1:{_free_port()}", tmp_path, command)
-    assert "boom: no config" in (tmp_path / LOG_FILE).read_text()
+        with pytest.raises(DaemonUnreachableError) as said:
+            await ensure_daemon(f"ws://127.0.0.1:{port}", tmp_path, command)
+    assert str(said.value) == f"the background daemon did not start: boom: no config (log: {log})"
+    # A start that failed wrote no pid file, and left the other daemon's as it was.
+    assert [p.name for p in tmp_path.glob("*.pid")] == [running.name]  # noqa: ASYNC240
+    assert running.read_text() == "4242\n"
+    # A start that says no error line: its last line, else its exit code.
+    silent = [sys.executable, "-c", "import sys; sys.exit(4)"]
+    with trio.fail_after(DEADLINE):
+        with pytest.raises(DaemonUnreachableError, match="it exited with code 4 \\(log: "):
+            await ensure_daemon(f"ws://127.0.0.1:{port}", tmp_path, silent)
+
+
+def test_two_ports_have_a_pid_file_and_a_log_each(tmp_path: Path) -> None:
+    assert pid_file(tmp_path, 8765) == tmp_path / "navi-serve-8765.pid"
+    assert log_file(tmp_path, 9000) == tmp_path / "navi-serve-9000.log"
 
 
 async def test_a_remote_url_is_never_started_here(tmp_path: Path) -> None:
     assert await ensure_daemon("ws://example.invalid:8765", tmp_path, ["false"]) is None
-    assert not (tmp_path / LOG_FILE).exists()
+    assert not list(tmp_path.iterdir())  # noqa: ASYNC240

@@ -102,8 +102,12 @@ async def test_a_bad_token_in_a_terminal_is_one_line_and_exit_1(tmp_path: Path) 
             child = await _in_thread(_spawn, daemon.url, tmp_path, "--token", "nope")
             try:
                 await _in_thread(child.expect, r"navi: error: the daemon refused the token")
-                await _in_thread(child.expect, r"pass --token, set NAVI_TOKEN")
+                # Where the local admin's token is (a token was given: leave it out).
+                local_token = str(tmp_path / "data" / "local-token")
+                await _in_thread(child.expect_exact, f"admin's token is in {local_token}")
+                await _in_thread(child.expect, r"leave out --token and NAVI_TOKEN")
                 await _in_thread(child.expect, pexpect.EOF)
+                assert "(unauthorized)" not in child.before  # the wire code is not news here
                 child.close()
                 assert child.exitstatus == 1
             finally:

@@ -27,7 +27,7 @@ import trio
 from test_api_daemon import serve
 from test_cli import messages, unused_port
 
-from navi_trio.client.daemon import LOG_FILE, PID_FILE
+from navi_trio.client.daemon import log_file, pid_file
 from navi_trio.settings import REPO_ROOT
 from navi_trio.testing import FakeLLMServer
 
@@ -291,16 +291,17 @@ async def test_no_daemon_answering_starts_a_real_one_in_the_background(
                     await c.line("hi")
                     await c.expect(r"hello from the started daemon")
                     assert await c.quit() == 0
-            log = (data / LOG_FILE).read_text()
+            log = log_file(data, port).read_text()
             assert f"listening on ws://127.0.0.1:{port}/" in log
-            # It outlives the chat, and its pid is where the line said.
-            pid = int((data / PID_FILE).read_text())
+            # It outlives the chat, and its pid file (its own, for its port) says the pid
+            # the line said.
+            pid = int(pid_file(data, port).read_text())
             os.kill(pid, 0)
             assert f"pid {pid}" in c.screen
     finally:
-        pid_file = data / PID_FILE
-        if pid_file.exists():
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        written = pid_file(data, port)
+        if written.exists():
+            os.kill(int(written.read_text()), signal.SIGKILL)
 
 
 def _cat(fifo: Path, text: str = "") -> dict[str, Any]:

@@ -175,13 +175,14 @@ def test_errors_and_warnings_are_one_line_with_what_to_do() -> None:
         ],
     )
     lines = [ln for ln in out.getvalue().splitlines() if ln.strip()]
-    assert lines[0] == (
-        "✗ error [unauthorized]: bad token — pass --token, set NAVI_TOKEN, or use the daemon's "
-        "local-token file"
+    assert lines[0] == (  # a code of the protocol itself is no news: not shown
+        "✗ error: bad token — pass --token, set NAVI_TOKEN, or use the daemon's local-token file"
     )
     assert lines[1].startswith("✗ error [llm_connection]: cannot connect to http://127.0.0.1:11434")
     assert "is the LLM server running?" in lines[1]
     assert lines[2] == "⚠ no progress for 3 iterations"
+    r.frame({"type": "error", "code": "bad_frame", "message": "every '10': add a unit: 10m"})
+    assert out.getvalue().splitlines()[-1] == "✗ error: every '10': add a unit: 10m"
 
 
 def test_the_answer_is_rendered_as_markdown_block_by_block() -> None:
@@ -322,3 +323,15 @@ def test_an_approval_request_is_a_card_and_its_decision_one_line() -> None:
     _feed(r, [request, {"type": "approval_decided", "call_id": "c9", "approved": False,
                         "by": "timeout"}])  # fmt: skip
     assert out.getvalue().splitlines()[-1] == "✗ denied terminal (by timeout)"
+
+
+def test_the_models_silent_work_shows_in_the_toolbar_not_in_the_answer() -> None:
+    r, out = _renderer()
+    _feed(r, [{"type": "model_working", "step": "choosing a tool", "tokens": 0}])
+    assert r.busy and r.status.activity == "the model is working: choosing a tool"
+    assert r.status.toolbar().startswith("the model is working: choosing a tool │ ")
+    _feed(r, [{"type": "model_working", "step": "writing the arguments of echo", "tokens": 12}])
+    assert r.status.activity == "the model is working: writing the arguments of echo (12 tokens)"
+    _feed(r, [{"type": "text_delta", "text": "Hi"}])
+    assert r.status.activity == "answering… 1 words"
+    assert "working" not in out.getvalue()  # the scrollback keeps only the answer

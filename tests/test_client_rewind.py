@@ -20,7 +20,7 @@ import trio
 from api_ws import open_daemon
 from rewind_kit import PROFILES, TIMEOUT, say, tree_of
 from test_api_rewind import REPLIES
-from test_client_app import Chat, QueueReader, Screen
+from test_client_app import Chat, PrefillReader, Screen
 
 from navi_trio.client.app import ChatApp, ChatOptions
 from navi_trio.client.render import Renderer
@@ -31,15 +31,6 @@ async def wait_count(screen: Screen, needle: str, n: int) -> None:
     while screen.text.count(needle) < n:
         screen.changed = trio.Event()
         await screen.changed.wait()
-
-
-class PrefillReader(QueueReader):
-    def __init__(self) -> None:
-        super().__init__()
-        self.prefilled: list[str] = []
-
-    def prefill(self, text: str) -> None:
-        self.prefilled.append(text)
 
 
 async def test_rewind_from_the_chat_previews_applies_undoes_and_forks(tmp_path: Path) -> None:

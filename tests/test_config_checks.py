@@ -107,6 +107,31 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
     assert "warp" in str(info.value) and "compression.md" in str(info.value)
 
 
+@pytest.mark.parametrize("closing", ["}", "]"])
+def test_a_trailing_comma_is_named_by_its_own_line(tmp_path: Path, closing: str) -> None:
+    # The parser points at the closing bracket on the next line; the comma is the fault.
+    text = '{\n  "default_profile": "general",\n  "x": [\n    1,\n    2,\n  ]\n}\n'
+    if closing == "}":
+        text = '{\n  "default_profile": "general",\n  "x": 1,\n}\n'
+    path = tmp_path / "config.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    line, column = (3, 9) if closing == "}" else (5, 6)
+    name = "brace" if closing == "}" else "bracket"
+    assert str(info.value) == (
+        f"{path}: a trailing comma at line {line} column {column} (before the closing "
+        f"{name} on line {line + 1}): JSON allows none there, remove it"
+    )
+
+
+def test_other_json_faults_say_where_the_parser_stopped(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text('{\n  "a": 1\n  "b": 2\n}\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"not valid JSON at line 3 column 3: Expecting ','"):
+        load_config(path)
+
+
 # ------------------------------------------------------------------- start-up
 
 

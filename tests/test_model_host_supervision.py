@@ -8,9 +8,10 @@ behaviour with real processes and the real model: tests/test_local_model_host.py
 
 from __future__ import annotations
 
+import io
 import logging
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +19,17 @@ import pytest
 import trio
 import trio.testing
 
+from navi_trio.core.llm_call import StreamedReply, stream_reply
 from navi_trio.errors import (
     LLMChunkTimeout,
     LLMFirstChunkTimeout,
     LocalModelBrokenError,
     LocalModelDiedError,
 )
+from navi_trio.events import AgentEvent, ModelWorking, TextDelta
 from navi_trio.llm import host as host_module
-from navi_trio.llm.base import ChatRequest, DoneChunk, LLMChunk, TextChunk
+from navi_trio.llm import host_state
+from navi_trio.llm.base import ChatRequest, DoneChunk, LLMChunk, TextChunk, WorkingChunk
 from navi_trio.llm.guard import guarded_stream
 from navi_trio.llm.host import (
     BACKOFF_FIRST,
@@ -36,8 +40,9 @@ from navi_trio.llm.host import (
     ModelHost,
 )
 from navi_trio.llm.host_process import LoadSpec, exit_description
-from navi_trio.llm.host_wire import FrameReader, encode
+from navi_trio.llm.host_wire import FrameReader, encode, read_frame_sync
 from navi_trio.llm.model_host import CrashSwitch
+from navi_trio.settings import Settings
 
 TIMEOUT = 10_000  # MockClock seconds: every wait here is bounded, none is real
 
@@ -59,6 +64,7 @@ class FakeChild:
         self._exited = trio.Event()
         self._scope = trio.CancelScope()
         self.killed = False
+        self.reaped = False
 
     @property
     def returncode(self) -> int | None:
@@ -67,6 +73,7 @@ class FakeChild:
     async def wait(self) -> int:
         await self._exited.wait()
         assert self._code is not None
+        self.reaped = True  # a real process's status is collected here: no zombie
         return self._code
 
     def kill(self) -> None:
@@ -437,3 +444,321 @@ def test_the_crash_switch_reads_its_spec() -> None:
     for bad in ("SIGTERM:load", "SIGILL", "SIGILL:load:after=2", "SIGILL:later"):
         with pytest.raises(ValueError, match="NAVI_MODEL_HOST_CRASH"):
             CrashSwitch.parse(bad, start=1)
+
+
+# ------------------------------------------------------------------ work is not silence
+
+
+async def _loaded(child: FakeChild) -> None:
+    """The child's start: it reads its load frame and says it is ready."""
+    await child.read()
+    await child.send({"type": "ready", "model": "fake", "extra_buffers": False})
+
+
+@asynccontextmanager
+async def hosted(*behaviours: Behaviour) -> AsyncIterator[tuple[ModelHost, Spawner]]:
+    """A running host whose children behave as given (each start the next one)."""
+    async with trio.open_nursery() as nursery:
+        spawner = Spawner(nursery, *behaviours)
+        host = _host(spawner)
+        await nursery.start(host.run)
+        yield host, spawner
+        nursery.cancel_scope.cancel()
+
+
+async def works_silently_then_answers(child: FakeChild) -> None:
+    """A constrained step (choosing a tool): 180 s that stream nothing but `working`
+    frames, 30 s apart (more than the later chunks' timeout), then the answer."""
+    await _loaded(child)
+    chat = await child.read()
+    for n in range(7):
+        await child.send({"type": "working", "id": chat["id"], "step": "choosing a tool",
+                          "tokens": n})  # fmt: skip
+        await trio.sleep(30)
+    await child.send({"type": "chunk", "id": chat["id"],
+                      "chunk": {"kind": "text", "text": "done"}})  # fmt: skip
+    await child.send({"type": "end", "id": chat["id"], "tokens": 8, "stopped": False})
+    await answers_chats(child)
+
+
+async def works_then_goes_silent(child: FakeChild) -> None:
+    await _loaded(child)
+    chat = await child.read()
+    await child.send({"type": "working", "id": chat["id"], "step": "choosing a tool",
+                      "tokens": 0})  # fmt: skip
+    await _read_forever(child)
+
+
+async def answers_slowly(child: FakeChild) -> None:
+    """Every chat: 200 words, one a second (a busy machine), then the end."""
+    await _loaded(child)
+    while True:
+        frame = await child.read()
+        if frame["type"] != "chat":
+            continue
+        for _ in range(200):
+            await child.send({"type": "chunk", "id": frame["id"],
+                              "chunk": {"kind": "text", "text": "w "}})  # fmt: skip
+            await trio.sleep(1)
+        await child.send({"type": "end", "id": frame["id"], "tokens": 200, "stopped": False})
+
+
+async def test_the_models_own_silent_steps_are_progress_not_a_first_chunk_timeout(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with hosted(works_silently_then_answers) as (host, _):
+            start = trio.current_time()
+            got = await _guarded(host, first=90, later=10)
+            # 210 s, never 90 s of silence: each `working` frame restarted the wait, and
+            # the wait for the first output stayed the first chunk's (30 s gaps > 10 s).
+            assert trio.current_time() - start == 210
+            assert got == [*(WorkingChunk("choosing a tool", n) for n in range(7)),
+                           TextChunk("done")]  # fmt: skip
+            assert host.failures == 0
+
+
+async def test_silence_after_the_last_sign_of_work_is_still_the_first_chunk_timeout(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with hosted(works_then_goes_silent) as (host, _):
+            start = trio.current_time()
+            with pytest.raises(LLMFirstChunkTimeout):
+                await _guarded(host, first=90, later=10)
+            assert trio.current_time() - start == 90
+
+
+async def test_a_request_waiting_for_the_model_another_answer_holds_does_not_time_out(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with hosted(answers_slowly) as (host, spawner), trio.open_nursery() as nursery:
+            first: list[LLMChunk] = []
+
+            async def answer_first() -> None:
+                first.extend(await _guarded(host, first=90, later=10))
+
+            nursery.start_soon(answer_first)
+            await trio.testing.wait_all_tasks_blocked()
+            start = trio.current_time()
+            second = await _guarded(host, first=90, later=10)  # waits 200 s for the model
+            assert trio.current_time() - start == 400
+            waiting = [c for c in second if isinstance(c, WorkingChunk)]
+            assert waiting and {c.step for c in waiting} == {host_module.WAITING_STEP}
+            assert len(waiting) == 200 // host_module.SLOT_REPORT_SEC  # one every 5 s
+            assert [c for c in second if not isinstance(c, WorkingChunk)] == [TextChunk("w ")] * 200
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(first) == 200 and len(spawner.children) == 1
+
+
+async def test_the_models_work_is_an_event_and_not_the_start_of_its_answer(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with hosted(works_silently_then_answers) as (host, _):
+            settings = Settings.from_env({}, first_chunk_timeout=90.0, chunk_timeout=10.0)
+            emitted: list[AgentEvent] = []
+            began: list[float] = []
+            reply = await stream_reply(
+                _Backend(host), settings, _request(), StreamedReply(), emitted.append,
+                first_chunk=lambda: began.append(trio.current_time()),
+            )  # fmt: skip
+            assert reply.content == "done"
+            working = [e for e in emitted if isinstance(e, ModelWorking)]
+            assert [(e.step, e.tokens) for e in working] == [
+                ("choosing a tool", n) for n in range(7)
+            ]
+            assert began == [210]  # the answer began with its text, not with the work
+            assert [e for e in emitted if not isinstance(e, ModelWorking)] == [TextDelta("done")]
+
+
+class FakeLlama:
+    """What the child's `Host` uses of llama_cpp.Llama: a stream of `n` one-word tokens."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.n_tokens = 0
+
+    def create_chat_completion(self, messages: Any, **params: Any) -> Any:
+        def stream() -> Any:
+            for i in range(self.n):
+                self.n_tokens += 1
+                yield {"choices": [{"delta": {"content": f"t{i}"}, "finish_reason": None}]}
+
+        class Closing:  # llama's stream is closed by the host (`tokens`)
+            def __init__(self) -> None:
+                self.it = stream()
+
+            def __iter__(self) -> Any:
+                return self.it
+
+            def close(self) -> None:
+                self.it.close()
+
+        return Closing()
+
+
+def test_the_child_says_it_works_through_a_step_that_streams_nothing() -> None:
+    from navi_trio.llm import model_host
+
+    ticks = iter(range(1000))  # each token takes 0.2 s of the child's clock
+    out = io.BytesIO()
+    host = model_host.Host({"model_file": "fake.gguf"}, out, None, lambda: next(ticks) * 0.2)
+    host.llama = FakeLlama(10)
+    gen = model_host.Generation(7, {})
+    text, _ = host.complete(gen, "choosing a tool", [], None, 24, {})
+    assert text == "".join(f"t{i}" for i in range(10))
+    stream = io.BytesIO(out.getvalue())
+    frames = list(iter(lambda: read_frame_sync(stream), None))
+    assert all(f["type"] == "working" and f["id"] == 7 for f in frames)
+    assert all(f["step"] == "choosing a tool" for f in frames)
+    # At its start, then at most every WORKING_EVERY (1 s: every fifth token here).
+    assert [f["tokens"] for f in frames] == [0, 5, 10]
+
+
+# ------------------------------------------------------------------ shutdown and what is kept
+
+
+async def streams_until_stopped(child: FakeChild) -> None:
+    """Mid-generation: one word, then it keeps computing (silent) until killed."""
+    await _loaded(child)
+    chat = await child.read()
+    await child.send({"type": "chunk", "id": chat["id"],
+                      "chunk": {"kind": "text", "text": "once"}})  # fmt: skip
+    await _read_forever(child)
+
+
+async def test_a_shutdown_mid_generation_reaps_the_child_and_ends_the_waiting_stream(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as outer:  # the consumer outlives the host
+            spawner = Spawner(outer, streams_until_stopped)
+            host = _host(spawner)
+            ended = trio.Event()
+            got: list[LLMChunk] = []
+            failed: list[BaseException] = []
+
+            async def consume() -> None:
+                try:
+                    async with host.stream(_request()) as chunks:
+                        async for chunk in chunks:
+                            got.append(chunk)
+                except LocalModelDiedError as exc:
+                    failed.append(exc)
+                ended.set()
+
+            async with trio.open_nursery() as daemon:  # the runtime's nursery
+                await daemon.start(host.run)
+                outer.start_soon(consume)
+                await trio.testing.wait_all_tasks_blocked()
+                assert got == [TextChunk("once")]  # mid-generation now
+                left = trio.current_time()
+                daemon.cancel_scope.cancel()  # the daemon shuts down
+            await ended.wait()
+            (child,) = spawner.children
+            assert child.killed and child.reaped  # killed, and its exit collected
+            assert trio.current_time() == left  # no grace spent on a child that is gone
+            (error,) = failed  # the waiting stream ended with an error, not a hang
+            assert "SIGKILL" in str(error)
+
+
+async def dies_in_the_probe(child: FakeChild) -> None:
+    """Loaded with the extra buffer types: the probe's one token dies (an AMX fault)."""
+    load = await child.read()
+    assert load["extra_buffers"] is True and load["probe"] is True
+    await child.send({"type": "probing"})
+    await child.say("Fatal Python error: Illegal instruction")
+    child.die(-4)
+
+
+# The tests below write the data folder's state file (in a worker thread, as the daemon
+# does): trio's real clock, not the MockClock (it would jump while a thread works); the
+# backoffs are made zero instead, so nothing waits.
+REAL_LIMIT = 30
+
+
+@pytest.fixture
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(host_module, "BACKOFF_FIRST", 0.0)
+
+
+async def test_a_probe_that_dies_is_remembered_as_extra_buffers_off(tmp_path: Path) -> None:
+    spec = LoadSpec(model_file=Path("fake.gguf"))
+    with trio.fail_after(REAL_LIMIT):
+        async with trio.open_nursery() as nursery:
+            spawner = Spawner(nursery, dies_in_the_probe, answers)
+            host = ModelHost(spec, data_dir=tmp_path, spawn=spawner)  # auto: probe once
+            await nursery.start(host.run)
+            assert await _answer(host) == [TextChunk("hi")]
+            again = spawner.children[1].frames[0]
+            assert (again["extra_buffers"], again["probe"]) == (False, False)
+            assert host.failures == 0 and host.last_death is None  # a probe's death: no crash
+            nursery.cancel_scope.cancel()
+        state = await trio.to_thread.run_sync(host_state.read_state, tmp_path)
+        key = await trio.to_thread.run_sync(host_state.state_key)
+        entry = state["extra_buffers"][key]
+        assert entry["on"] is False and "SIGILL" in entry["why"]
+        # The next daemon starts without them at once: one process, no probe.
+        async with trio.open_nursery() as nursery:
+            spawner = Spawner(nursery, answers)
+            host = ModelHost(spec, data_dir=tmp_path, spawn=spawner)
+            await nursery.start(host.run)
+            assert await _answer(host) == [TextChunk("hi")]
+            (child,) = spawner.children
+            assert (child.frames[0]["extra_buffers"], child.frames[0]["probe"]) == (False, False)
+            nursery.cancel_scope.cancel()
+
+
+async def _broken(
+    spec: LoadSpec, tmp_path: Path, nursery: trio.Nursery
+) -> tuple[ModelHost, Spawner]:
+    """A host of the data folder `tmp_path` whose child died at start-up until broken."""
+    spawner = Spawner(nursery, dies_at_load)
+    host = ModelHost(spec, data_dir=tmp_path, extra_buffers=False, spawn=spawner)
+    await nursery.start(host.run)
+    for _ in range(BROKEN_AFTER):
+        with pytest.raises(LocalModelDiedError):
+            await _answer(host)
+    assert host.status()["state"] == "broken"
+    return host, spawner
+
+
+async def _state(tmp_path: Path) -> dict[str, Any]:
+    return await trio.to_thread.run_sync(host_state.read_state, tmp_path)
+
+
+async def test_a_broken_model_that_starts_again_after_a_restart_is_no_longer_reported_broken(
+    tmp_path: Path, no_backoff: None
+) -> None:
+    spec = LoadSpec(model_file=Path("fake.gguf"))
+    with trio.fail_after(REAL_LIMIT):
+        async with trio.open_nursery() as nursery:
+            await _broken(spec, tmp_path, nursery)
+            nursery.cancel_scope.cancel()  # (its state writes end first: thread jobs)
+        assert "SIGILL" in (await _state(tmp_path))["broken"]["message"]  # for `navi doctor`
+        # The daemon restarts, and the model starts (a rebuilt llama.cpp, say).
+        async with trio.open_nursery() as nursery:
+            spawner = Spawner(nursery, answers)
+            host = ModelHost(spec, data_dir=tmp_path, extra_buffers=False, spawn=spawner)
+            await nursery.start(host.run)
+            assert await _answer(host) == [TextChunk("hi")]
+            nursery.cancel_scope.cancel()
+        assert "broken" not in await _state(tmp_path)  # `navi doctor` no longer says so
+
+
+async def test_a_broken_model_that_starts_again_when_retried_is_no_longer_reported_broken(
+    tmp_path: Path, no_backoff: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(host_module, "BROKEN_RETRY", 0.0)  # retried at the next request
+    spec = LoadSpec(model_file=Path("fake.gguf"))
+    with trio.fail_after(REAL_LIMIT):
+        async with trio.open_nursery() as nursery:
+            host, spawner = await _broken(spec, tmp_path, nursery)
+            spawner.behaviours = [answers]
+            assert await _answer(host) == [TextChunk("hi")]
+            assert host.status()["state"] == "ready" and host.broken_message is None
+            nursery.cancel_scope.cancel()
+        # The mark was written, then removed: in that order, whatever the threads did.
+        assert "broken" not in await _state(tmp_path)

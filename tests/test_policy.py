@@ -9,11 +9,20 @@ from typing import Any
 
 import attrs
 import pytest
+import trio
 
-from navi_trio.core.policy import CallFacts, decide, effective_mode, sandbox_for, summary
+from navi_trio.core.policy import (
+    CallFacts,
+    decide,
+    denied_outright,
+    effective_mode,
+    sandbox_for,
+    summary,
+)
 from navi_trio.errors import ConfigError
 from navi_trio.profiles import AgentProfile, PolicyConfig, check_config, parse_config
 from navi_trio.settings import default_config_path
+from navi_trio.testing import open_harness
 
 
 def _profile(**policy: Any) -> AgentProfile:
@@ -125,3 +134,50 @@ def test_a_bad_policy_names_the_file_and_key(policy: dict[str, Any], words: str)
 def test_the_shipped_config_policy_parses() -> None:
     p = _profile()
     assert attrs.evolve(p.policy) == PolicyConfig()
+
+
+def test_an_action_is_denied_outright_only_when_no_rule_before_lets_any_target_through() -> None:
+    deny = {"tool": "filesystem", "action": "delete", "decision": "deny"}
+    p = _profile(rules=[deny])
+    assert denied_outright(p, "user", "filesystem", "delete")
+    assert not denied_outright(p, "user", "filesystem", "write")
+    # A rule before it that allows (or asks for) some paths: not outright.
+    some = {"tool": "filesystem", "action": "delete", "match": "*.tmp", "decision": "allow"}
+    assert not denied_outright(_profile(rules=[some, deny]), "user", "filesystem", "delete")
+    # A deny of some paths first changes nothing; an allow of all first wins.
+    part = {**some, "decision": "deny"}
+    assert denied_outright(_profile(rules=[part, deny]), "user", "filesystem", "delete")
+    allow = {"tool": "filesystem", "action": "*", "decision": "allow"}
+    assert not denied_outright(_profile(rules=[allow, deny]), "user", "filesystem", "delete")
+    # A rule for other roles does not count.
+    admins = {**deny, "roles": ["admin"]}
+    assert not denied_outright(_profile(rules=[admins]), "user", "filesystem", "delete")
+    assert denied_outright(_profile(rules=[admins]), "admin", "filesystem", "delete")
+
+
+def _offered_actions(request: dict[str, Any], tool: str) -> list[str]:
+    (schema,) = [t for t in request["tools"] if t["function"]["name"] == tool]
+    return list(schema["function"]["parameters"]["properties"]["action"]["enum"])
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+async def test_the_local_profile_is_not_offered_filesystem_delete_unless_a_rule_allows_it(
+    tmp_path: Path, allowed: bool
+) -> None:
+    shipped = json.loads(default_config_path().read_text(encoding="utf-8"))["profiles"]["local"]
+    rules = list(shipped["policy"]["rules"])
+    if allowed:  # the user's own rule, before the shipped one
+        rules.insert(0, {"tool": "filesystem", "action": "delete", "decision": "allow"})
+    profiles: dict[str, dict[str, Any]] = {
+        "local": {"policy": {"rules": rules}},
+        "general": {"planning_first_message": False},
+    }
+    with trio.fail_after(30):
+        async with open_harness(tmp_path, replies=[{"text": "ok"}] * 2, profiles=profiles) as h:
+            await h.runtime.store.create_session("s-local", profile_id="local")
+            await h.turn("s-local", "tell me a story")
+            await h.turn("s-general", "tell me a story")
+            local, general = h.chat_requests
+    assert ("delete" in _offered_actions(local, "filesystem")) is allowed
+    assert "delete" in _offered_actions(general, "filesystem")  # only the local profile's rule
+    assert _offered_actions(local, "filesystem")[:2] == ["read", "write"]

@@ -131,6 +131,7 @@ BAD_ADDS: list[tuple[dict[str, Any], str]] = [
     ({"every": "10m", "message": "x", "new": True, "session_id": "s-1"}, "needs a session_id"),
     ({"every": "30s", "message": "x", "new": True}, "at least 1 minute"),
     ({"every": "soon", "message": "x", "new": True}, "a duration like"),
+    ({"every": "10", "message": "x", "new": True}, "every '10': add a unit: 10m (or s, h, d)"),
     ({"cron": "*/30 * * *", "message": "x", "new": True}, "five fields"),
     ({"cron": "61 * * * *", "message": "x", "new": True}, "Bad minute"),
     ({"cron": "* * * * * *", "message": "x", "new": True}, "five fields"),

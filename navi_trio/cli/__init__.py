@@ -8,6 +8,7 @@
     navi fork --session ID [--at MSG] [--files [--folder DIR]] [--new ID]
     navi chat [--url URL] [--session ID] [--profile P] [--token T] [--local [--model-file PATH]]
     navi serve | users | sessions | tasks        (the daemon: see cli/daemon.py)
+    navi status | stop [--port P]                (the daemons running: see cli/daemons.py)
     navi mcp list [--config PATH]                (MCP servers: see cli/mcp.py)
     navi mcp serve [--url URL] [--profile P] [--mode M] ...   (navi as an MCP server)
 
@@ -26,6 +27,7 @@ package, imported when its command runs (`navi --help` stays light):
     rewind      `navi rewind`, `navi fork` (rewinds: the library they and the MCP server use)
     chat        `navi chat` (the terminal client is navi_trio/client/)
     daemon      `navi serve | users | sessions | tasks`; serve: the daemon's life
+    daemons     `navi status | stop`: the daemons of a data folder, their pid files
     mcp         `navi mcp list | serve`; mcp_server, mcp_progress: navi as an MCP server
     doctor      `navi doctor`'s report (the command itself is `cmd_doctor` below)
 """
@@ -61,7 +63,7 @@ from navi_trio.cli.daemon import COMMANDS as DAEMON_COMMANDS
 from navi_trio.cli.daemon import add_parsers as add_daemon_parsers
 from navi_trio.cli.mcp import add_mcp_parser, cmd_mcp
 from navi_trio.cli.rewind import add_parsers as add_rewind_parsers
-from navi_trio.errors import NaviError
+from navi_trio.errors import NaviError, RemoteError
 from navi_trio.llm.factory import (
     BACKENDS,
     backend_configured,
@@ -255,14 +257,33 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def _describe(exc: BaseException) -> tuple[str, bool]:
-    """The one-line message for `exc`, and whether it was expected (no debug hint)."""
+def _refusal(exc: RemoteError, token_given: bool) -> str:
+    """A refusal of the daemon in words: its message (the wire code is for --events),
+    and for a refused token where the right one is."""
+    if exc.code != "unauthorized":
+        return one_line(exc.detail)
+    from navi_trio.client.daemon import token_hint
+    from navi_trio.settings import Settings
+
+    refused = f"the daemon refused the token ({one_line(exc.detail)})"
+    try:
+        data_dir = Settings.from_env(os.environ).data_dir
+    except NaviError:
+        return refused
+    return f"{refused}; {token_hint(data_dir, token_given)}"
+
+
+def _describe(exc: BaseException, *, token_given: bool = False) -> tuple[str, bool]:
+    """The one-line message for `exc`, and whether it was expected (no debug hint).
+    `token_given`: the command had --token or NAVI_TOKEN (said when one is refused)."""
     leaves = _leaves(exc)
     expected = all(isinstance(e, NaviError | OSError | UsageError) for e in leaves)
     parts = []
     for e in leaves:
         text = one_line(str(e))
-        if isinstance(e, NaviError | UsageError) and text:
+        if isinstance(e, RemoteError):
+            parts.append(_refusal(e, token_given))
+        elif isinstance(e, NaviError | UsageError) and text:
             parts.append(text)
         else:
             parts.append(f"{type(e).__name__}: {text}" if text else type(e).__name__)
@@ -316,7 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_INTERRUPTED
         if not isinstance(exc, Exception):
             raise  # SystemExit and friends are not ours to report
-        message, _ = _describe(exc)
+        given = bool(getattr(args, "token", None) or os.environ.get("NAVI_TOKEN"))
+        message, _ = _describe(exc, token_given=given)
         if debug:
             traceback.print_exception(exc, file=err)
         print(f"navi: error: {message}", file=err)

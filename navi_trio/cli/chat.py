@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 from typing import TextIO
 
 import trio
 
-from navi_trio.cli.common import llm_given, llm_settings
-from navi_trio.llm.factory import backend_configured
+from navi_trio.cli.common import llm_given, llm_settings, load_settings
+from navi_trio.llm.factory import CONFIGURING_ENV, backend_configured
 from navi_trio.settings import Settings
 
 
@@ -36,6 +37,18 @@ def serve_args_for_chat(args: argparse.Namespace, err: TextIO) -> list[str]:
     return ["--backend", "ollama"]
 
 
+def wanted_backend(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """The backend asked for here and the setting that asked, or None (nothing asked):
+    ``("local", "--local")``, ``("ollama", "OLLAMA_HOST=http://…")``."""
+    if args.local:
+        return "local", "--local"
+    named = [f"{name}={environ[name]}" for name in CONFIGURING_ENV if environ.get(name, "").strip()]
+    if not named:
+        return None
+    backend = load_settings(args, dict(environ)).llm_backend.strip().lower()
+    return backend, " and ".join(named)
+
+
 def cmd_chat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from navi_trio.client.daemon import daemon_needed
     from navi_trio.client.main import chat
@@ -52,5 +65,5 @@ def cmd_chat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         token=args.token,
         err=err,
         serve_args=serve_args,
-        want_backend="local" if args.local else None,
+        want_backend=wanted_backend(args, os.environ),
     )

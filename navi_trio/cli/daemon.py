@@ -1,7 +1,8 @@
-"""The daemon's subcommands of ``navi``: serve, users, sessions, tasks.
+"""The daemon's subcommands of ``navi``: serve, status, stop, users, sessions, tasks.
 
     navi serve [--host 127.0.0.1] [--port 8765] [--allow-remote] [--log-level L] [--log-json]
                [--local [--model-file PATH]] [--workers N]
+    navi status | stop [--port P]
     navi users add NAME [--role admin|user] | list | remove NAME | rotate NAME
     navi sessions [list | history ID | delete ID] [--url URL] [--token T]
     navi tasks [list | check ID | cancel ID] [--session ID] [--url URL] [--token T]
@@ -55,6 +56,25 @@ def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], 
     serve.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     serve.add_argument("--log-json", action="store_true", help="log JSON lines")
     endpoint_options(serve)
+
+    status = sub.add_parser(
+        "status",
+        help="which navi daemons run: where, since when, pid, backend, log",
+        description="List the navi daemons of this data folder (NAVI_DATA_DIR) and what "
+        "answers on --port: address, pid, since when, LLM backend and log. Exit 1 when "
+        "none runs.",
+    )
+    status.add_argument(
+        "--port", type=int, default=8765, help="also say what answers on this port (8765)"
+    )
+    stop = sub.add_parser(
+        "stop",
+        help="stop a navi daemon (SIGTERM) and wait for its shutdown",
+        description="Send SIGTERM to the navi daemon of this data folder on --port (the one "
+        "running when there is one) and wait for its clean shutdown: background tasks get "
+        "NAVI_SHUTDOWN_WAIT_TASKS_SEC to finish, running turns are saved as stopped.",
+    )
+    stop.add_argument("--port", type=int, help="the daemon's port (default: the one running)")
 
     users = sub.add_parser("users", help="manage users and their tokens")
     users.add_argument("action", choices=("add", "list", "remove", "rotate"))
@@ -142,7 +162,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.cli.common import UsageError, config_source, llm_settings
+    from navi_trio.cli.common import UsageError, config_source, llm_settings, load_settings
     from navi_trio.cli.serve import serve_daemon
 
     if not _is_loopback(args.host):
@@ -157,6 +177,11 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             file=err,
             flush=True,
         )
+    from navi_trio.cli.daemons import PidFile, address_in_use, check_port, port_in_use
+
+    data_dir = load_settings(args).data_dir
+    if not args.reuse_port:  # a worker shares the port with its siblings on purpose
+        check_port(args.host, args.port, data_dir)  # before the backend is chosen and said
     settings = llm_settings(args, err)
     root = logging.getLogger()
     level = getattr(logging, args.log_level.upper())
@@ -165,19 +190,39 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         handler.setLevel(level)
         if args.log_json:
             handler.setFormatter(_JsonLines())
-    if args.workers != 1:  # N daemons on the port, supervised (cli/workers.py)
-        from navi_trio.cli.workers import check_workers, serve_workers
+    pid_files: list[PidFile] = []
 
-        check_workers(args.workers, settings)
-        return serve_workers(args.raw_argv, args.workers, args.host, args.port, out)
-    source = config_source(settings)
+    def serving(port: int) -> None:
+        """Listening on `port`: the pid file says so (`navi status`, `navi stop`)."""
+        if not args.reuse_port:
+            pid_files.append(PidFile(settings.data_dir, port))
+            pid_files[-1].write()
 
-    def ready(port: int) -> None:
-        print(f"navi: listening on ws://{args.host}:{port}/", file=out, flush=True)
+    try:
+        if args.workers != 1:  # N daemons on the port, supervised (cli/workers.py)
+            from navi_trio.cli.workers import check_workers, serve_workers
 
-    where = {"host": args.host, "port": args.port, "reuse_port": args.reuse_port}
-    trio.run(lambda: serve_daemon(settings, source, ready=ready, **where))
-    return 0
+            check_workers(args.workers, settings)
+            return serve_workers(
+                args.raw_argv, args.workers, args.host, args.port, out, ready=serving
+            )
+        source = config_source(settings)
+
+        def ready(port: int) -> None:
+            serving(port)
+            print(f"navi: listening on ws://{args.host}:{port}/", file=out, flush=True)
+
+        where = {"host": args.host, "port": args.port, "reuse_port": args.reuse_port}
+        try:
+            trio.run(lambda: serve_daemon(settings, source, ready=ready, **where))
+        except BaseException as exc:
+            if address_in_use(exc):  # taken since check_port looked
+                raise UsageError(port_in_use(args.host, args.port, settings.data_dir)) from None
+            raise
+        return 0
+    finally:
+        for pid_file in pid_files:
+            pid_file.remove()
 
 
 # ------------------------------------------------------------------------- users
@@ -252,6 +297,8 @@ def cmd_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             busy = "  (running)" if s["busy"] else ""
             print(f"{s['session_id']}\t{s['user']}\t{s['profile']}\t{when}\t{s['title']}{busy}",
                   file=out)  # fmt: skip
+        if not reply["sessions"]:
+            print("no sessions", file=out)
     elif args.action == "history":
         for m in reply["messages"]:
             content = m.get("content")
@@ -274,6 +321,8 @@ def cmd_tasks(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         for t in reply["tasks"]:
             print(f"{t['task_id']}\t{t['status']}\t{t['tool']}\t{t['age_sec']:.0f} s\t"
                   f"{t['session_id']}", file=out)  # fmt: skip
+        if not reply["tasks"]:
+            print("no tasks" + (f" in session {args.session}" if args.session else ""), file=out)
     elif args.action == "check":
         t = reply["task"]
         print(f"{t['task_id']} {t['status']} ({t['tool']}, {t['age_sec']:.0f} s)", file=out)
@@ -314,6 +363,8 @@ def cmd_schedule(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     elif args.action == "list":
         for s in reply["schedules"]:
             print(_schedule_line(s), file=out)
+        if not reply["schedules"]:
+            print("no schedules", file=out)
     elif args.action == "remove":
         print(f"schedule {args.rest} " + ("removed" if reply["removed"] else "was not there"),
               file=out)  # fmt: skip
@@ -334,8 +385,22 @@ def _schedule_line(s: dict[str, Any]) -> str:
             f"{where}\t{text}{skipped}")  # fmt: skip
 
 
+def cmd_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from navi_trio.cli.daemons import cmd_status as status
+
+    return status(args, out, err)
+
+
+def cmd_stop(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from navi_trio.cli.daemons import cmd_stop as stop
+
+    return stop(args, out, err)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
     "serve": cmd_serve,
+    "status": cmd_status,
+    "stop": cmd_stop,
     "users": cmd_users,
     "sessions": cmd_sessions,
     "tasks": cmd_tasks,

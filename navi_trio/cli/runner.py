@@ -211,9 +211,10 @@ async def follow_remote(
     token: str,
     run: RemoteRun,
     decide: Approver,
-    on_welcome: Callable[[], object] = lambda: None,
+    on_accepted: Callable[[], object] = lambda: None,
 ) -> None:
-    """Send `run.req` to the daemon at `url` and follow it until its stream_end.
+    """Send `run.req` to the daemon at `url` and follow it until its stream_end;
+    `on_accepted` runs once the daemon took the message (its session exists then).
 
     `run.stop()` sends a ``stop`` (once the run is ours, not one ahead of it; while our
     message is queued it gives up and leaves the message queued). Failures to reach the
@@ -226,7 +227,6 @@ async def follow_remote(
     async with open_daemon(
         url, token, connect_timeout=CONNECT_TIMEOUT, max_frame=MAX_FRAME
     ) as daemon, trio.open_nursery() as nursery:  # fmt: skip
-        on_welcome()
 
         async def send_stop() -> None:
             await run.stop_wanted.wait()
@@ -248,6 +248,7 @@ async def follow_remote(
             req.text, session_id=sid, profile=req.profile, cwd=cwd, mode=req.mode,
             on_busy=req.on_busy,
         )  # fmt: skip
+        on_accepted()
         queued = "navi: the session is busy: message queued (#{})"
         ours = run.ours = OurRun.of(accepted, req.text, lambda n: run.say(queued.format(n)))
         if accepted.on_busy in ("steer", "interrupt"):

@@ -37,13 +37,13 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
 import attrs
 import trio
 
-from navi_trio.errors import UsageError
+from navi_trio.errors import NaviError, UsageError
 from navi_trio.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -92,15 +92,23 @@ class _Worker:
 class Supervisor:
     """Starts `count` workers of `argv` (the `navi serve` command line) and keeps them up."""
 
-    def __init__(self, argv: Sequence[str], count: int, out: TextIO) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        count: int,
+        out: TextIO,
+        ready: Callable[[int], None] = lambda port: None,
+    ) -> None:
         self.argv = list(argv)
         self.count = count
         self.out = out
+        self.ready = ready  # called with the port once every worker listens
         self.workers = [_Worker(n + 1) for n in range(count)]
         self.stopping = False
 
     async def run(self, host: str, port: int) -> None:
         holder = reserve_port(host, port)
+        listening = False
         try:
             bound = int(holder.getsockname()[1])
             async with trio.open_nursery() as nursery:
@@ -109,19 +117,27 @@ class Supervisor:
                     started = trio.Event()
                     ready.append(started)
                     nursery.start_soon(self._keep, worker, bound, started)
-                with trio.fail_after(START_LIMIT_SEC):
+                with trio.move_on_after(START_LIMIT_SEC):
                     for started in ready:
                         await started.wait()
-                self._say(f"navi: listening on ws://{host}:{bound}/ ({self.count} workers)")
-                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    async for signum in signals:
-                        log.info("%s: stopping the workers", signal.Signals(signum).name)
-                        break
+                listening = all(started.is_set() for started in ready)
+                if listening:
+                    self.ready(bound)
+                    self._say(f"navi: listening on ws://{host}:{bound}/ ({self.count} workers)")
+                    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for signum in signals:
+                            log.info("%s: stopping the workers", signal.Signals(signum).name)
+                            break
                 self.stopping = True
                 await self._stop_all()
                 nursery.cancel_scope.cancel()
         finally:
             holder.close()
+        if not listening:
+            raise NaviError(
+                f"not every worker listened on {host}:{bound} within {START_LIMIT_SEC:g} s "
+                "(the warnings above say why)"
+            )
 
     def _say(self, line: str) -> None:
         print(line, file=self.out, flush=True)
@@ -130,8 +146,8 @@ class Supervisor:
         delay = RESTART_FIRST_SEC
         while not self.stopping:
             began = trio.current_time()
-            await self._start(worker, port)
-            first_ready.set()
+            if await self._start(worker, port):
+                first_ready.set()  # the supervisor says "listening" once every worker does
             proc = worker.proc
             assert proc is not None
             code = await proc.wait()
@@ -146,7 +162,8 @@ class Supervisor:
             await trio.sleep(delay)
             worker.restarts += 1
 
-    async def _start(self, worker: _Worker, port: int) -> None:
+    async def _start(self, worker: _Worker, port: int) -> bool:
+        """Start `worker`; True once it listens (its first line), False when it did not."""
         argv = [*self.argv, "--port", str(port), "--reuse-port"]
         proc = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE)
         worker.proc = proc
@@ -157,12 +174,13 @@ class Supervisor:
         except (trio.TooSlowError, EOFError):
             log.warning("worker %d (pid %d) did not start listening", worker.number, proc.pid)
             proc.kill()
-            return
+            return False
         finally:
             await proc.stdout.aclose()  # the worker prints nothing more on stdout
         if worker.restarts:
             self._say(f"navi: worker {worker.number} started again (pid {proc.pid})")
         log.info("worker %d (pid %d): %s", worker.number, proc.pid, line)
+        return True
 
     async def _stop_all(self) -> None:
         procs = [w.proc for w in self.workers if w.proc is not None and w.proc.returncode is None]
@@ -216,8 +234,16 @@ def worker_argv(args_argv: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "navi_trio", *kept]
 
 
-def serve_workers(argv: Sequence[str], count: int, host: str, port: int, out: TextIO) -> int:
-    """Run the supervisor until SIGTERM / SIGINT; the exit code."""
-    supervisor = Supervisor(worker_argv(argv), count, out)
+def serve_workers(
+    argv: Sequence[str],
+    count: int,
+    host: str,
+    port: int,
+    out: TextIO,
+    ready: Callable[[int], None] = lambda port: None,
+) -> int:
+    """Run the supervisor until SIGTERM / SIGINT; the exit code. `ready(port)` once
+    every worker listens."""
+    supervisor = Supervisor(worker_argv(argv), count, out, ready)
     trio.run(supervisor.run, host, port)
     return 0

@@ -12,6 +12,7 @@ from the daemon does to that state is client/frames.py (`FrameHandling`, a base 
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -21,11 +22,11 @@ import trio
 
 from navi_trio import wire
 from navi_trio.client.commands import ANSWERS, SlashCommands
-from navi_trio.client.connection import BACKOFF_FIRST, RETRIES, Connection
-from navi_trio.client.frames import FrameHandling
+from navi_trio.client.connection import BACKOFF_FIRST, RETRIES, TOKEN_HINT, Connection
+from navi_trio.client.frames import FrameHandling, Unanswered
 from navi_trio.client.profile import ProfileAsk
 from navi_trio.client.reader import InputEvent, Reader
-from navi_trio.client.render import Renderer
+from navi_trio.client.render import WAITING, Renderer
 from navi_trio.client.rewind import RewindFlow
 from navi_trio.errors import DaemonUnreachableError
 from navi_trio.wire import Frame
@@ -38,11 +39,16 @@ class ChatOptions:
     session_id: str | None = None
     profile: str | None = None
     cwd: str | None = None
+    token_hint: str = TOKEN_HINT  # what to do when the daemon refuses the token
     retries: int = RETRIES  # reconnects before giving up
     backoff: float = BACKOFF_FIRST  # first reconnect delay, doubled each time (capped)
     # End of input (a script piped in) waits for the run to finish before quitting;
     # Ctrl-D at a terminal quits at once.
     finish_runs_on_eof: bool = False
+
+
+MESSAGE_ID = "chat-message-"  # the ids of our messages (their replies echo them)
+UNANSWERED_MAX = 64
 
 
 class ChatApp(FrameHandling):
@@ -70,9 +76,15 @@ class ChatApp(FrameHandling):
         self._synced_users = 0
         self._ended_runs = 0
         self._rewritten = False  # our rewind's resync: reload without replaying
+        self._rewound = False  # a rewind was published: its resync is not news
         # The session's profile is the daemon's to say (client/profile.py).
         self._profile = ProfileAsk()
         self._conn: Connection | None = None
+        self.profiles: list[str] | None = None  # the daemon's, from its welcome
+        # Our messages the daemon has not answered yet (request id -> text): a refused
+        # one goes back on the prompt, never lost.
+        self._unanswered: dict[str, Unanswered] = {}
+        self._message_ids = itertools.count(1)
         self._quit = trio.CancelScope()
         self.rewinds = RewindFlow(self)  # /rewind, /fork (client/rewind.py)
         self._commands = SlashCommands(self)
@@ -91,6 +103,7 @@ class ChatApp(FrameHandling):
             resume=self.resume,
             retries=self.options.retries,
             backoff=self.options.backoff,
+            token_hint=self.options.token_hint,
         )
         try:
             with self._quit, trio.open_signal_receiver(signal.SIGINT) as sigint:
@@ -124,6 +137,7 @@ class ChatApp(FrameHandling):
 
     def _welcome(self, welcome: Frame) -> None:
         self.renderer.status.connected = True
+        self.welcomed(welcome)
         user = welcome.get("user") or {}
         self._role = str(user.get("role") or "user")
         self.renderer.notice(
@@ -161,6 +175,11 @@ class ChatApp(FrameHandling):
                 continue
             if event.kind == "rewind":  # a double Esc
                 await self.double_escape()
+                continue
+            if event.kind == "compact":  # Ctrl+X C
+                if event.text:
+                    self.prefill(event.text)  # what was typed waits on the next prompt
+                await self._commands.run("compact", "")
                 continue
             self._interrupted = False
             await self.line(event.text, "steer" if event.kind == "steer" else None)
@@ -228,13 +247,22 @@ class ChatApp(FrameHandling):
         # their workspace_roots, so theirs is sent only when asked for (--cwd).
         cwd = self.options.cwd or (os.getcwd() if self._role == "admin" else None)
         frame = wire.message(text, self.session_id, self.profile, cwd, self.mode, on_busy)
+        frame["id"] = f"{MESSAGE_ID}{next(self._message_ids)}"
+        self._unanswered[frame["id"]] = Unanswered(text, self.renderer.busy)
+        while len(self._unanswered) > UNANSWERED_MAX:  # answers lost to a dropped connection
+            del self._unanswered[next(iter(self._unanswered))]
         if self.session_id and self.profile and self.profile != self.renderer.status.profile:
             self._profile.due = True  # the daemon switches the session to it for this run
         if self.session_id is None:
             self._creating, self._created = True, trio.Event()
         if await self.send(frame):
             self.renderer.busy = self.session_id is not None or self.renderer.busy
-        elif self.session_id is None:
+            if not self.renderer.status.activity:
+                self.renderer.status.activity = WAITING  # until the run shows something
+            return
+        self._unanswered.pop(frame["id"], None)
+        self.prefill(text)  # not sent: back on the prompt
+        if self.session_id is None:
             self._creation_over()
 
     async def _answer(self, approve: bool, scope: str) -> None:

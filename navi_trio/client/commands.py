@@ -27,6 +27,7 @@ class Chat(Protocol):
     mode: str | None
     resuming: str | None
     rewinds: RewindFlow
+    profiles: list[str] | None  # the daemon's (its welcome); None: not said
 
     async def send(self, frame: Frame) -> bool: ...
     async def line(self, text: str, on_busy: str | None = None) -> None: ...
@@ -43,7 +44,7 @@ running turn with it instead: the agent reads it before its next step.
   /schedule every 10m TEXT | cron "*/30 * * * *" TEXT | at 2030-01-31T09:00 TEXT
                   run TEXT on a schedule, in this session (none yet: a new one each time)
   /schedule pause ID | resume ID | remove ID       /schedules lists yours
-  /compact        summarise the conversation to free context
+  /compact        summarise the conversation to free context (Ctrl+X C too)
   /rewind [N]     list messages, or rewind chat and files to before message N (Esc Esc too;
                   /rewind N chat|files|both, /rewind undo); a preview comes first: y applies
   /fork [N] [files]  a new session from the history before N, with its files: move to it
@@ -139,6 +140,13 @@ class SlashCommands:
                 if self.app.profile and self.app.profile != current:
                     shown += f" ({self.app.profile} from your next message)"
             self.app.renderer.notice(f"profile: {shown} (/profile NAME changes it)")
+            return
+        known = self.app.profiles
+        if known is not None and arg not in known:
+            self.app.renderer.error(
+                f"unknown profile {arg!r}: the daemon has {', '.join(known)} (the profile is "
+                "unchanged)"
+            )
             return
         # The daemon switches the session to a message's profile (a new one starts with
         # it); the status line shows the session's own until the daemon says it changed.

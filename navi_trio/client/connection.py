@@ -31,10 +31,10 @@ BACKOFF_MAX = 8.0
 TOKEN_HINT = "pass --token, set NAVI_TOKEN, or use the local-token file `navi serve` writes"
 
 
-def _refused(exc: RemoteError) -> RemoteError:
+def _refused(exc: RemoteError, hint: str = TOKEN_HINT) -> RemoteError:
     """A refusal as the person at the chat reads it: what to do about a bad token."""
     if exc.code == "unauthorized":
-        return RemoteError(exc.code, f"the daemon refused the token ({exc.detail}): {TOKEN_HINT}")
+        return RemoteError(exc.code, f"the daemon refused the token ({exc.detail}): {hint}")
     return RemoteError(exc.code, f"the daemon refused the connection: {exc.detail}")
 
 
@@ -48,8 +48,10 @@ class Connection:
         resume: Callable[[], list[Frame]] = list,
         retries: int = RETRIES,
         backoff: float = BACKOFF_FIRST,
+        token_hint: str = TOKEN_HINT,
     ) -> None:
         self.url = url
+        self._token_hint = token_hint  # what to do when the token is refused
         self._token = token
         self._out = out
         self._resume = resume
@@ -101,7 +103,7 @@ class Connection:
                     finally:
                         self._daemon = None
             except RemoteError as exc:
-                raise _refused(exc) from None
+                raise _refused(exc, self._token_hint) from None
             except DaemonUnreachableError as exc:
                 if not started:
                     raise DaemonUnreachableError(

@@ -2,9 +2,11 @@
 
 `ensure_daemon` is the one place `navi chat` starts a process: when nothing accepts TCP
 connections at the URL's loopback address it runs ``python -m navi_trio serve --port P``
-detached (own session, log in ``data_dir/navi-serve.log``, pid in ``navi-serve.pid``)
-and waits, bounded, until the port accepts. The command is a parameter so tests can use
-a stand-in script.
+detached (own session, its output in ``data_dir/navi-serve-P.log``) and waits, bounded,
+until the port accepts. A daemon writes its own pid file (``navi-serve-P.pid``) once it
+listens, so a start that fails leaves none (`navi status`, `navi stop`: cli/daemons.py).
+One of each per port: two daemons of one data folder never share them. The command is a
+parameter so tests can use a stand-in script.
 """
 
 from __future__ import annotations
@@ -22,11 +24,22 @@ from navi_trio.api.daemon_client import open_daemon
 from navi_trio.errors import DaemonUnreachableError, NaviError, UsageError
 
 TOKEN_FILE = "local-token"
-LOG_FILE = "navi-serve.log"
-PID_FILE = "navi-serve.pid"  # the background daemon's pid, to stop it: kill $(cat …)
+DAEMON_FILES = "navi-serve-"  # navi-serve-PORT.pid, navi-serve-PORT.log in the data folder
+ERROR_PREFIX = "navi: error: "  # how a `navi` command says why it failed (cli/__init__.py)
+ERROR_TAIL = 64 * 1024  # bytes of a failed start's log read for its error line
 START_TIMEOUT = 20.0
 PROBE_TIMEOUT = 1.0
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def pid_file(data_dir: Path, port: int) -> Path:
+    """The pid file of the daemon on `port` (written by the daemon once it listens)."""
+    return data_dir / f"{DAEMON_FILES}{port}.pid"
+
+
+def log_file(data_dir: Path, port: int) -> Path:
+    """The log of a daemon `navi chat` started in the background on `port`."""
+    return data_dir / f"{DAEMON_FILES}{port}.log"
 
 
 def find_token(given: str | None, environ: Mapping[str, str], data_dir: Path) -> str:
@@ -39,6 +52,28 @@ def find_token(given: str | None, environ: Mapping[str, str], data_dir: Path) ->
         return (data_dir / TOKEN_FILE).read_text(encoding="utf-8").strip()
     except OSError:
         return ""
+
+
+def token_hint(data_dir: Path, given: bool) -> str:
+    """What to do about a token the daemon refused: where the local admin's token is.
+
+    `given`: the token came from --token or NAVI_TOKEN (else from the local-token file).
+    """
+    path = data_dir / TOKEN_FILE
+    if given:
+        return (
+            f"on a machine of your own the local admin's token is in {path}: leave out "
+            "--token and NAVI_TOKEN to use it"
+        )
+    if path.is_file():
+        return (
+            f"the token in {path} is not this daemon's (a daemon keeps its own in its data "
+            "folder, NAVI_DATA_DIR): pass its token with --token or NAVI_TOKEN"
+        )
+    return (
+        f"there is no local token in {data_dir} (a daemon writes one there when it starts "
+        "with this data folder): pass a token with --token or NAVI_TOKEN"
+    )
 
 
 def host_port(url: str) -> tuple[str, int]:
@@ -108,17 +143,18 @@ async def ensure_daemon(
     host, port = host_port(url)
     if host not in _LOOPBACK or await answers(host, port):
         return None  # another machine's daemon is not ours to start: connecting will tell
-    log_path = data_dir / LOG_FILE
+    log_path = log_file(data_dir, port)
+    start = log_path.stat().st_size if log_path.exists() else 0  # where this start writes
     proc = _spawn(list(command or serve_command(port, serve_args)), log_path)
-    (data_dir / PID_FILE).write_text(f"{proc.pid}\n", encoding="utf-8")
     delay = 0.05
     with trio.move_on_after(START_TIMEOUT):
         while True:
             # Waiting on another process's socket: there is no event to wait on, so
             # probe with backoff (bounded by START_TIMEOUT).
             if proc.poll() is not None:
+                why = error_line(log_path, start) or f"it exited with code {proc.returncode}"
                 raise DaemonUnreachableError(
-                    f"the background daemon exited with code {proc.returncode}; see {log_path}"
+                    f"the background daemon did not start: {why} (log: {log_path})"
                 )
             if await answers(host, port):
                 return (
@@ -131,3 +167,20 @@ async def ensure_daemon(
         f"started `navi serve` but it did not accept connections within {START_TIMEOUT:.0f}s; "
         f"see {log_path}"
     )
+
+
+def error_line(log_path: Path, start: int) -> str | None:
+    """Why a start failed, from what it wrote to its log after byte `start`: its last
+    ``navi: error:`` line (without the prefix), else its last line; None when it wrote
+    nothing."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(start, f.seek(0, os.SEEK_END) - ERROR_TAIL))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    lines = [line.strip() for line in lines if line.strip()]
+    errors = [line for line in lines if line.startswith(ERROR_PREFIX)]
+    if errors:
+        return errors[-1].removeprefix(ERROR_PREFIX)
+    return lines[-1] if lines else None

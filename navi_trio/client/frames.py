@@ -10,14 +10,24 @@ The state itself is set up by `ChatApp` (client/app.py), which this class is a b
 
 from __future__ import annotations
 
+import attrs
 import trio
 
 from navi_trio import wire
 from navi_trio.client.connection import Connection
 from navi_trio.client.profile import ProfileAsk
-from navi_trio.client.render import Renderer
+from navi_trio.client.render import WAITING, Renderer
 from navi_trio.client.rewind import RewindFlow
 from navi_trio.wire import Frame
+
+
+@attrs.frozen
+class Unanswered:
+    """A message of ours the daemon has not answered: its text, and whether a run of
+    ours was going when it was sent (a refusal leaves things as they were)."""
+
+    text: str
+    busy: bool
 
 
 class FrameHandling:
@@ -37,8 +47,31 @@ class FrameHandling:
     _synced_users: int
     _ended_runs: int
     _rewritten: bool
+    _rewound: bool
     _profile: ProfileAsk
     _conn: Connection | None
+
+    profiles: list[str] | None
+    _unanswered: dict[str, Unanswered]
+
+    def prefill(self, text: str) -> None: ...
+
+    def welcomed(self, welcome: Frame) -> None:
+        """What a welcome tells: the profiles a message may name."""
+        profiles = welcome.get("profiles")
+        if isinstance(profiles, list):
+            self.profiles = [str(p) for p in profiles]
+
+    def _answered(self, frame: Frame) -> None:
+        """A reply to a message of ours: taken (ok, session), or refused (back on the
+        prompt, to send again as it is or edited)."""
+        sent = self._unanswered.pop(str(frame.get("id")), None)
+        if sent is not None and frame.get("type") == "error":
+            if not sent.busy:  # no run of ours goes on after all
+                self.renderer.busy = False
+                self.renderer.status.activity = ""
+            self.prefill(sent.text)
+            self.renderer.notice("your message is back on the prompt")
 
     def _creation_over(self) -> None:
         self._creating = False
@@ -50,6 +83,7 @@ class FrameHandling:
             self._queued = 0
             self.renderer.reset()
             self._synced_users = self._ended_runs = 0
+            self._rewound = False
             self._approvals.clear()
             self._profile.forget()
             self.rewinds.reset()
@@ -81,6 +115,14 @@ class FrameHandling:
     def _on_frame(self, frame: Frame) -> list[Frame]:
         kind = frame["type"]
         r = self.renderer
+        if str(frame.get("id")) in self._unanswered and kind in ("ok", "session", "error"):
+            if kind == "error":
+                r.frame(frame)  # the refusal first, then the message back on the prompt
+            self._answered(frame)
+            if kind == "error":
+                if self._creating and self.session_id is None:
+                    self._creation_over()  # the new session's message was refused
+                return []
         if kind == "_disconnected":
             if self._creating:
                 self._creation_over()  # its session frame may be lost: stop waiting for it
@@ -94,6 +136,7 @@ class FrameHandling:
             )
         elif kind == "_reconnected":
             r.status.connected = True
+            self.welcomed(frame.get("welcome") or {})
             r.notice("reconnected")
         elif kind == "session":
             if self.session_id is None:
@@ -113,7 +156,9 @@ class FrameHandling:
                 self.epoch = frame.get("epoch")
                 self.last_seq = frame.get("seq")
                 r.reset()  # a run half-shown may be gone (a restarted daemon): drop its text
-                r.frame(frame)
+                if not self._rewound:
+                    r.frame(frame)  # a rewind's own reload is no fault: nothing to say
+                self._rewound = False
                 return [wire.history(str(self.session_id))]
         elif kind == "lagged":
             r.frame(frame)
@@ -146,6 +191,7 @@ class FrameHandling:
         self.set_session(session_id)
         self._profile.wanted = True  # the daemon named its profile (ours, or its default)
         self.renderer.busy = True  # our first message is running in it
+        self.renderer.status.activity = self.renderer.status.activity or WAITING
         self.renderer.notice(f"session {session_id}")
 
     def _on_session_frame(self, frame: Frame) -> None:
@@ -164,6 +210,8 @@ class FrameHandling:
             self._approvals[str(frame.get("call_id"))] = frame
         elif frame["type"] == "approval_decided":
             self._approvals.pop(str(frame.get("call_id")), None)
+        if frame["type"] == "rewound":
+            self._rewound = True  # the resync that follows is the rewind's reload
         if frame["type"] == "message_queued" and isinstance(frame.get("position"), int):
             self._queued = frame["position"]  # its place is the queue's length (drops counted)
         top = not frame.get("is_subagent")

@@ -12,10 +12,16 @@ import trio
 from rich.console import Console
 
 from navi_trio.client.app import ChatApp, ChatOptions
-from navi_trio.client.daemon import daemon_backend, ensure_daemon, find_token
+from navi_trio.client.daemon import (
+    daemon_backend,
+    ensure_daemon,
+    find_token,
+    host_port,
+    token_hint,
+)
 from navi_trio.client.reader import LineReader, PromptReader, Reader
 from navi_trio.client.render import Renderer
-from navi_trio.errors import NaviError
+from navi_trio.errors import NaviError, RemoteError
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
@@ -29,12 +35,14 @@ async def run_chat(
     token: str | None,
     autostart: bool,
     serve_args: Sequence[str] = (),
-    want_backend: str | None = None,
+    want_backend: tuple[str, str] | None = None,
 ) -> None:
     """Start a daemon if needed and none answers, find the token, chat until quit.
 
-    A daemon started here gets `serve_args` (``--local`` …). When one was running
-    already and says it uses another backend than `want_backend`, one line says so.
+    A daemon started here gets `serve_args` (``--local`` …). `want_backend`: the backend
+    asked for here and the setting that asked (``("local", "--local")``,
+    ``("ollama", "OLLAMA_HOST=…")``); when a daemon was running already with another
+    backend, one line says that the setting does not apply to it.
     """
     started = None
     if autostart:
@@ -43,13 +51,16 @@ async def run_chat(
             renderer.notice(started)
     # Read after a daemon was started: its first start writes the local-token file.
     options.token = find_token(token, os.environ, data_dir)
+    options.token_hint = token_hint(data_dir, bool(token or os.environ.get("NAVI_TOKEN")))
     if want_backend and not started:
         backend = await daemon_backend(options.url, options.token)
-        if backend and backend != want_backend:
-            renderer.notice(
-                f"the daemon at {options.url} already runs with the {backend} backend, not "
-                f"{want_backend}: stop it (or use another --url) to chat with the {want_backend} "
-                "model"
+        wanted, setting = want_backend
+        if backend and backend != wanted:
+            _, port = host_port(options.url)
+            renderer.warning(
+                f"{setting} does not apply to the daemon already running at {options.url}: it "
+                f"runs the {backend} backend. To chat with {wanted}, stop it (`navi stop --port "
+                f"{port}`) and start the chat again, or use another --url"
             )
     await ChatApp(options, renderer, reader).run()
 
@@ -64,7 +75,7 @@ def chat(
     autostart: bool = True,
     err: TextIO | None = None,
     serve_args: Sequence[str] = (),
-    want_backend: str | None = None,
+    want_backend: tuple[str, str] | None = None,
 ) -> int:
     """Run the chat in this terminal; the exit code: 1 with one line on `err` when it
     cannot go on, and 1 for a piped chat (stdin not a terminal) that showed an error
@@ -96,7 +107,10 @@ def chat(
                 )
             )
     except* NaviError as group:
-        print(f"navi: error: {group.exceptions[0]}", file=err, flush=True)
+        exc = group.exceptions[0]
+        # A refusal in the daemon's words: its wire code is no news to the person here.
+        text = exc.detail if isinstance(exc, RemoteError) else str(exc)
+        print(f"navi: error: {text}", file=err, flush=True)
         code = 1
     if not interactive and renderer.errors:
         code = 1

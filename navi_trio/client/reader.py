@@ -7,14 +7,18 @@ terminal (stdin is a pipe) a plain line reader does the same job.
 
 `read` never raises for the keys a person presses: it returns an `InputEvent`
 (a line, Ctrl-C as ``interrupt``, Ctrl-D or end of input as ``eof``, a double Esc on an
-empty prompt as ``rewind``: the chat opens /rewind). A line ended with Ctrl+Enter (or
-Alt+Enter: many terminals send Ctrl+Enter as a plain Enter) is a ``steer``: sent to
-steer the running turn (core/steering.py) instead of queueing. `prefill` puts a text on
-the next prompt (the message a rewind removed, to send again or edit).
+empty prompt as ``rewind``: the chat opens /rewind; Ctrl+X C as ``compact``: the chat
+compacts the session, and what was typed comes back on the next prompt). A line
+ended with Ctrl+Enter (or Alt+Enter: many terminals send Ctrl+Enter as a plain Enter) is
+a ``steer``: sent to steer the running turn (core/steering.py) instead of queueing.
+`prefill` puts a text on the prompt (the message a rewind removed, or one the daemon
+refused, to send again or edit): on the prompt drawn now when nothing is typed on it,
+else on the next.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 import threading
@@ -29,9 +33,13 @@ PROMPT = "› "
 REWIND_KEY = "\x1b\x1b"
 
 
+# What the prompt returns for Ctrl+X C (compact), followed by what was typed (kept).
+COMPACT_KEY = "\x00compact\x00"
+
+
 @attrs.frozen
 class InputEvent:
-    kind: Literal["line", "steer", "interrupt", "eof", "rewind"]
+    kind: Literal["line", "steer", "interrupt", "eof", "rewind", "compact"]
     text: str = ""
 
 
@@ -81,9 +89,12 @@ def _steer_keys() -> Any:
 
 
 def line_event(text: str) -> InputEvent:
-    """The event of what the prompt returned: a line, or a steer (Ctrl+Enter)."""
+    """The event of what the prompt returned: a line, a steer (Ctrl+Enter), or Ctrl+X C
+    (compact; its text is what was typed, for the next prompt)."""
     if text.startswith(_STEER):
         return InputEvent("steer", text.removeprefix(_STEER))
+    if text.startswith(COMPACT_KEY):
+        return InputEvent("compact", text.removeprefix(COMPACT_KEY))
     return InputEvent("line", text)
 
 
@@ -105,6 +116,11 @@ class PromptReader:
             else:
                 event.app.exit(result=REWIND_KEY)
 
+        @keys.add("c-x", "c")
+        def _compact(event: KeyPressEvent) -> None:
+            # Ctrl+X C: /compact (as in the spec's TUI); what is typed stays for later.
+            event.app.exit(result=COMPACT_KEY + event.current_buffer.text)
+
         given = {} if terminal is None else {"input": terminal[0], "output": terminal[1]}
         self._session: PromptSession[str] = PromptSession(
             bottom_toolbar=lambda: " " + toolbar(),
@@ -114,24 +130,62 @@ class PromptReader:
         )
         self._idle = threading.Event()
         self._idle.set()
-        self._default = ""
+        # A text for the prompt (`prefill`): the one drawn now when nothing is typed on
+        # it, else the next one. Shared with the trio thread, under the lock.
+        self._lock = threading.Lock()
+        self._pending = ""
+        self._loop: asyncio.AbstractEventLoop | None = None  # the drawn prompt's loop
 
     def prefill(self, text: str) -> None:
-        """The next prompt starts with `text` (thread-safe enough: read at its start)."""
-        self._default = text
+        """Put `text` on the prompt: the one drawn now if nothing is typed on it (it
+        arrives after the prompt was drawn: a rewind's answer, a refused message), else
+        the next one. Thread-safe."""
+        with self._lock:
+            self._pending = text
+            loop = self._loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._fill)
+            except RuntimeError:
+                pass  # that prompt just ended: the next one takes the text
+
+    def _fill(self) -> None:
+        """In the prompt's loop: the pending text onto the prompt, if it is empty."""
+        from prompt_toolkit.document import Document
+
+        buffer = self._session.default_buffer
+        with self._lock:
+            if not self._pending or self._session.app.is_done or buffer.text:
+                return  # nothing to put, or the person is typing: the next prompt has it
+            text, self._pending = self._pending, ""
+        buffer.set_document(Document(text), bypass_readonly=True)
+        self._session.app.invalidate()
+
+    def _started(self) -> None:
+        """The prompt runs (in its loop): from now on a prefill goes onto it."""
+        with self._lock:
+            self._loop = asyncio.get_running_loop()
+        self._fill()  # a text that came while the prompt was starting
 
     def read(self) -> InputEvent:
         self._idle.clear()
-        default, self._default = self._default, ""
+        with self._lock:
+            default, self._pending = self._pending, ""
         try:
             text = self._session.prompt(
-                PROMPT, handle_sigint=False, set_exception_handler=False, default=default
+                PROMPT,
+                handle_sigint=False,
+                set_exception_handler=False,
+                default=default,
+                pre_run=self._started,
             )
         except KeyboardInterrupt:
             return InputEvent("interrupt")
         except EOFError:
             return InputEvent("eof")
         finally:
+            with self._lock:
+                self._loop = None
             self._idle.set()
         if text is REWIND_KEY:
             return InputEvent("rewind")

@@ -32,6 +32,10 @@ from navi_trio.client.text import ARGS_MAX, RESULT_MAX, one_line
 from navi_trio.client.text import split_blocks as split_blocks
 from navi_trio.wire import Frame
 
+WAITING = "waiting for the model…"  # the toolbar, from a message sent to its first frame
+# The protocol's own codes say nothing to a person (a refused frame, a refused token):
+# the message and the hint do; the others are shown, as a name to look up.
+UNTAGGED_CODES = frozenset({"error", "bad_frame", "unauthorized"})
 # Codes of refusals that are news, not failures: one dim line with the daemon's words.
 NOTICE_CODES = frozenset({"nothing_to_compact"})
 # What to do about an error, by its stable code (protocol.md and the agent's codes).
@@ -107,7 +111,7 @@ class Renderer:
             self.errors += 1
         hint = HINTS.get(code or "")
         tail = f" — {hint}" if hint else ""
-        tag = f" [{code}]" if code and code not in ("error",) else ""
+        tag = f" [{code}]" if code and code not in UNTAGGED_CODES else ""
         self.put(f"[bold red]✗ error{escape(tag)}:[/] {escape(one_line(text))}{tail}", who)
 
     def markdown(self, text: str, who: str = "") -> None:
@@ -215,6 +219,16 @@ class Renderer:
         if self._status_held:
             self._status_held = False
             self.notice(self.status.line())
+
+    def _on_model_working(self, frame: Frame, who: str) -> None:
+        """The model works on a step that streams nothing (the local model choosing a
+        tool): the toolbar says so, so a slow model is not taken for a stuck one."""
+        self.mark_busy(frame)
+        if who:
+            return
+        tokens = frame.get("tokens")
+        count = f" ({tokens} tokens)" if isinstance(tokens, int) and tokens > 0 else ""
+        self.status.activity = f"the model is working: {one_line(str(frame.get('step')))}{count}"
 
     def _on_model_info(self, frame: Frame, who: str) -> None:
         if not who:

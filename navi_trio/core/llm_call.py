@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 
 from navi_trio.errors import LLMAnswerTooLongError
-from navi_trio.events import AgentEvent, TextDelta, ThinkingDelta, ThinkingEnd
+from navi_trio.events import AgentEvent, ModelWorking, TextDelta, ThinkingDelta, ThinkingEnd
 from navi_trio.llm.base import (
     ChatRequest,
     DoneChunk,
@@ -17,6 +17,7 @@ from navi_trio.llm.base import (
     ThinkingChunk,
     ToolCall,
     ToolCallsChunk,
+    WorkingChunk,
 )
 from navi_trio.llm.guard import guarded_stream
 from navi_trio.profiles import AgentProfile
@@ -51,8 +52,9 @@ async def stream_reply(
     *,
     first_chunk: Callable[[], None] | None = None,
 ) -> StreamedReply:
-    """Stream `request` into `reply`, emitting thinking/text deltas through `emit`;
-    `first_chunk` is called when the first chunk of any kind arrives.
+    """Stream `request` into `reply`, emitting thinking/text deltas through `emit` (and
+    `ModelWorking` for the model's silent steps); `first_chunk` is called when the first
+    chunk of output of any kind arrives.
 
     An answer longer than ``settings.answer_max_chars`` (text + thinking) raises
     `LLMAnswerTooLongError`: leaving the ``async with`` closes the connection, so the
@@ -67,6 +69,10 @@ async def stream_reply(
         chunk_timeout=settings.chunk_timeout,
     ) as chunks:
         async for chunk in chunks:
+            if isinstance(chunk, WorkingChunk):  # progress, no output yet
+                if emit:
+                    emit(ModelWorking(chunk.step, chunk.tokens))
+                continue
             if first_chunk is not None:
                 first_chunk()
                 first_chunk = None

@@ -162,6 +162,22 @@ def decide(profile: AgentProfile, role: str, mode: str, facts: CallFacts) -> Ver
     return Verdict("allow", f"mode {mode}", key)
 
 
+def denied_outright(profile: AgentProfile, role: str, tool: str, action: str) -> bool:
+    """Whether the profile's rules deny every call of `tool` `action`, whatever its
+    target: such an action is left out of the tools the model is offered (a small model
+    picks what it is shown), and `decide` denies it if asked anyway."""
+    for rule in profile.policy.rules:
+        if rule.roles and role not in rule.roles:
+            continue
+        if not (fnmatch.fnmatchcase(tool, rule.tool) and fnmatch.fnmatchcase(action, rule.action)):
+            continue
+        if rule.match == "*":
+            return rule.decision == "deny"  # this rule decides every target
+        if rule.decision != "deny":
+            return False  # some targets are allowed or asked
+    return False
+
+
 def with_network(sandbox: SandboxSpec | None) -> SandboxSpec | None:
     """The call's sandbox with the network on (None, no sandbox, stays None)."""
     return None if sandbox is None else attrs.evolve(sandbox, network=True)

@@ -87,11 +87,14 @@ def _local(ts: float) -> datetime:
 
 
 def every_seconds(spec: str) -> float:
-    """``10m``, ``90s``, ``2h``, ``1d`` (or plain seconds) as seconds, checked."""
+    """``10m``, ``90s``, ``2h``, ``1d`` as seconds, checked. A bare number is refused:
+    ``10`` meant as minutes would run every ten seconds."""
     match = _EVERY.fullmatch(spec.strip())
     if match is None:
         raise ScheduleError(f"every {spec[:32]!r}: expected a duration like 30s, 10m, 2h or 1d")
-    seconds = int(match[1]) * _UNITS[match[2] or "s"]
+    if not match[2]:
+        raise ScheduleError(f"every {spec!r}: add a unit: {match[1]}m (or s, h, d)")
+    seconds = int(match[1]) * _UNITS[match[2]]
     if not EVERY_MIN_SEC <= seconds <= EVERY_MAX_SEC:
         raise ScheduleError(f"every {spec!r}: expected at least 1 minute and at most 366 days")
     return float(seconds)

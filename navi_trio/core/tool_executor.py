@@ -93,11 +93,25 @@ class ToolExecutor:
         self.approvals = approvals
         self.checkpoints = checkpoints
 
-    def schemas(self, tools: Sequence[Tool]) -> list[dict[str, Any]]:
-        """Function schemas for the model; backgroundable tools offer ``background``."""
+    def schemas(
+        self, tools: Sequence[Tool], hidden: Callable[[str, str], bool] = lambda t, a: False
+    ) -> list[dict[str, Any]]:
+        """Function schemas for the model; backgroundable tools offer ``background``; an
+        action `hidden(tool, action)` says is denied outright is not offered (nor a tool
+        left with no action)."""
         out = []
         for tool in tools:
             schema = tool_schema(tool)
+            params = schema["function"]["parameters"]
+            action = params.get("properties", {}).get("action")
+            offered = action.get("enum") if isinstance(action, dict) else None
+            if isinstance(offered, list):
+                kept = [a for a in offered if not hidden(tool.name, str(a))]
+                if not kept:
+                    continue
+                if kept != offered:
+                    properties = {**params["properties"], "action": {**action, "enum": kept}}
+                    schema["function"]["parameters"] = {**params, "properties": properties}
             if self._backgroundable(tool):
                 params = schema["function"]["parameters"]
                 schema["function"]["parameters"] = {

@@ -19,6 +19,7 @@ import trio
 
 from navi_trio.core import planning
 from navi_trio.core.llm_call import StreamedReply, chat_request, output_cap, stream_reply
+from navi_trio.core.policy import denied_outright
 from navi_trio.core.steering import take_injections
 from navi_trio.core.tool_executor import execute_batch
 from navi_trio.core.turn_end import TurnEnding
@@ -278,7 +279,10 @@ class TurnRunner(TurnEnding):
     async def call_llm(self, built: list[dict[str, Any]]) -> StreamedReply:
         """Steps 6-7: stream one answer; record the real baseline; check truthfulness."""
         t = self.turn
-        tools = self.parts.executor.schemas(self.parts.registry.select(t.tool_names()))
+        tools = self.parts.executor.schemas(
+            self.parts.registry.select(t.tool_names()),
+            hidden=lambda tool, action: denied_outright(t.profile, t.user_role, tool, action),
+        )
         think, cap = t.profile.think_enabled, output_cap(self.settings, t.profile, "answer")
         if t.budget is not None and t.budget.active:
             await self.parts.counter.preload()

@@ -72,7 +72,17 @@ class DoneChunk:
     done_reason: str | None = None  # "stop", "length", "tool_calls" ...
 
 
-LLMChunk: TypeAlias = ThinkingChunk | TextChunk | ToolCallsChunk | DoneChunk
+@attrs.frozen
+class WorkingChunk:
+    """Progress, not output: the model works on a step it streams nothing of (the
+    embedded model choosing a tool or writing its arguments, or waiting for the model
+    another answer holds). It restarts the stream's silence timeout (llm/guard.py)."""
+
+    step: str
+    tokens: int = 0  # generated in this step so far
+
+
+LLMChunk: TypeAlias = ThinkingChunk | TextChunk | ToolCallsChunk | DoneChunk | WorkingChunk
 
 
 class LLMBackend(Protocol):

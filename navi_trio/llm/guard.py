@@ -3,11 +3,13 @@
 Ollama sends nothing while it prefills a long prompt, and a stuck GPU can go silent
 mid-answer. The guard bounds the wait for the first chunk by ``first_chunk_timeout``
 and every later gap by ``chunk_timeout`` (``LLM_STREAM_FIRST_CHUNK_TIMEOUT`` /
-``LLM_STREAM_CHUNK_TIMEOUT``). On a timeout it raises `LLMFirstChunkTimeout` /
-`LLMChunkTimeout`; on that or any cancellation (the user's Stop cancels the run's
-scope) the backend's ``async with`` exits, which closes the HTTP response: the server
-sees the connection go and the GPU goes idle. No polling: Stop during prefill is just
-a cancel scope, effective at once.
+``LLM_STREAM_CHUNK_TIMEOUT``). A timeout is for silence, not work: a `WorkingChunk`
+(the embedded model's own steps) restarts the wait it came in, and the first chunk of
+output is still awaited under the first-chunk timeout. On a timeout it raises
+`LLMFirstChunkTimeout` / `LLMChunkTimeout`; on that or any cancellation (the user's Stop
+cancels the run's scope) the backend's ``async with`` exits, which closes the HTTP
+response: the server sees the connection go and the GPU goes idle. No polling: Stop
+during prefill is just a cancel scope, effective at once.
 
 The guard is a wrapper around the backend's channel, not a channel of its own: each
 ``receive`` runs in the consumer's task under its own deadline, so a chunk costs no
@@ -23,7 +25,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from navi_trio.errors import LLMChunkTimeout, LLMFirstChunkTimeout
-from navi_trio.llm.base import ChatRequest, LLMBackend, LLMChunk
+from navi_trio.llm.base import ChatRequest, LLMBackend, LLMChunk, WorkingChunk
 
 
 class _Guarded(trio.abc.ReceiveChannel[LLMChunk]):
@@ -40,8 +42,9 @@ class _Guarded(trio.abc.ReceiveChannel[LLMChunk]):
     async def receive(self) -> LLMChunk:
         with trio.move_on_after(self._limit):
             chunk = await self._chunks.receive()
-            self._limit = self._later
-            self._first = False
+            if not isinstance(chunk, WorkingChunk):  # work restarts the same wait
+                self._limit = self._later
+                self._first = False
             return chunk
         raise LLMFirstChunkTimeout(self._limit) if self._first else LLMChunkTimeout(self._limit)
 

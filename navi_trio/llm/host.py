@@ -19,7 +19,10 @@ for the child to be ready (started if need be, after the backoff), sends the cha
 then takes chunks. Leaving early sends a stop and returns at once; the slot is free when
 the child says the generation ended, or when it is killed `STOP_GRACE` seconds later.
 All of that wait happens inside the consumer's receive, so the stream guard's
-first-chunk timeout bounds it.
+first-chunk timeout bounds it, with two kinds of progress that restart it (they are
+work, not silence): while another answer holds the model, a `WorkingChunk` every
+`SLOT_REPORT_SEC`; and the child's ``working`` frames, sent during the steps that stream
+nothing (choosing a tool, writing its arguments: llm/model_host.py).
 
 When the child dies:
 - during a generation, that stream raises `LocalModelDiedError` naming the signal;
@@ -49,7 +52,7 @@ import trio
 from navi_trio.actor import NurseryHolder
 from navi_trio.errors import LLMError, LLMStreamError, LocalModelBrokenError, LocalModelDiedError
 from navi_trio.llm import host_state
-from navi_trio.llm.base import ChatRequest, LLMChunk
+from navi_trio.llm.base import ChatRequest, LLMChunk, WorkingChunk
 from navi_trio.llm.host_process import (
     HostChild,
     LoadSpec,
@@ -73,6 +76,9 @@ BACKOFF_MAX = 30.0
 BROKEN_AFTER = 5
 BROKEN_RETRY = 600.0
 STOP_GRACE = 5.0  # a stopped generation that has not ended by then: the child is killed
+SLOT_REPORT_SEC = 5.0  # a request waiting for the model says so this often
+WAITING_STEP = "waiting for the model (another answer is being written)"
+STEP_MAX = 200  # characters of a step's name the child may send
 EXIT_GRACE = 2.0
 SEE_DOCTOR = "see navi doctor"
 
@@ -85,14 +91,23 @@ class _Stream(trio.abc.ReceiveChannel[LLMChunk]):
         self.request = request
         self.id = gen_id
         self.child: HostChild | None = None
-        self.send_end, self.recv_end = trio.open_memory_channel[LLMChunk](WINDOW)
+        # WINDOW chunks of output (the child's credit), and as many of progress at most.
+        self.send_end, self.recv_end = trio.open_memory_channel[LLMChunk](2 * WINDOW)
         self.error: LLMError | None = None
         self.ended = trio.Event()
         self.taken = 0
+        self._slotted = False  # holds the model (the host's slot)
         self._began = False
 
     async def receive(self) -> LLMChunk:
         if not self._began:
+            if not self._slotted:
+                # Another answer holds the model: that is work, said while we wait.
+                with trio.move_on_after(SLOT_REPORT_SEC):
+                    await self.host._slot.acquire()
+                    self._slotted = True
+                if not self._slotted:
+                    return WorkingChunk(WAITING_STEP)
             await self.host._begin(self)
             self._began = True
         try:
@@ -101,10 +116,22 @@ class _Stream(trio.abc.ReceiveChannel[LLMChunk]):
             if self.error is not None:
                 raise self.error from None
             raise
+        if isinstance(chunk, WorkingChunk):
+            return chunk  # progress is no output: it takes none of the child's credit
         self.taken += 1
         if self.taken % ACK_EVERY == 0 and self.child is not None and not self.ended.is_set():
             self.child.send({"type": "ack", "id": self.id, "taken": self.taken})
         return chunk
+
+    def working(self, step: str, tokens: int) -> None:
+        """The child reports a step that streams nothing: pass it on, unless the consumer
+        is behind anyway (then it is dropped: output is waiting to be read)."""
+        if self.send_end.statistics().current_buffer_used >= WINDOW:
+            return
+        try:
+            self.send_end.send_nowait(WorkingChunk(step, tokens))
+        except (trio.WouldBlock, trio.BrokenResourceError):
+            pass  # the consumer left
 
     async def aclose(self) -> None:
         self.recv_end.close()
@@ -139,6 +166,8 @@ class ModelHost(NurseryHolder):
         self.last_death: dict[str, Any] | None = None
         self._remembered: bool | None = None
         self._remembered_read = False
+        self._state_writes = trio.Lock()  # fair: the writes happen in the order asked
+        self._started_once = False  # a child of this host was ready once
         # Of the last generation: tokens the child generated, and whether a stop ended it.
         self.last_tokens = 0
         self.last_stopped = False
@@ -178,7 +207,7 @@ class ModelHost(NurseryHolder):
     # -- a request's way in --------------------------------------------------------------
 
     async def _begin(self, stream: _Stream) -> None:
-        await self._slot.acquire()
+        """With the slot held (`stream` took it): the child ready, the chat sent."""
         try:
             child = await self._ready_child()
         except BaseException:
@@ -255,7 +284,7 @@ class ModelHost(NurseryHolder):
             return
         key = await trio.to_thread.run_sync(host_state.state_key)
         log.info("local model: extra buffer types %s for %s (%s)", "on" if on else "off", key, why)
-        await _write_state(host_state.remember_extra_buffers, self.data_dir, key, on, why)
+        await self._write_state(host_state.remember_extra_buffers, self.data_dir, key, on, why)
 
     def _abandon(self, child: HostChild, stream: _Stream) -> None:
         """The consumer left before the end: stop the generation, or kill the child."""
@@ -357,6 +386,12 @@ class ModelHost(NurseryHolder):
             child.fatal = str(frame.get("message", ""))[:2000]
             return
         stream = self._running.get(child)
+        if kind == "working":  # a step that streams nothing: progress for the guard
+            tokens = frame.get("tokens")
+            count = tokens if isinstance(tokens, int) else 0
+            if stream is not None and frame.get("id") == stream.id:
+                stream.working(str(frame.get("step", ""))[:STEP_MAX], count)
+            return
         if kind not in ("chunk", "error", "end"):
             raise WireError(f"a frame of unknown type {kind!r}")
         if stream is None or frame.get("id") != stream.id:
@@ -384,7 +419,12 @@ class ModelHost(NurseryHolder):
         self._slot.release()
 
     def _recovered(self) -> None:
+        """A child is ready: the model is not broken (any more), here and in the data
+        folder, where an earlier daemon may have left its mark."""
+        first, self._started_once = not self._started_once, True
         if self._broken_until is None:
+            if first:
+                self._write_broken(None)  # a no-op unless a mark is there
             return
         self._broken_until = None
         self.broken_message = None
@@ -436,12 +476,17 @@ class ModelHost(NurseryHolder):
 
     def _write_broken(self, report: dict[str, Any] | None) -> None:
         if self.data_dir is not None and self.running:
-            self.nursery.start_soon(_write_state, host_state.remember_broken, self.data_dir, report)
+            write = host_state.remember_broken
+            self.nursery.start_soon(self._write_state, write, self.data_dir, report)
 
-
-async def _write_state(write: Callable[..., None], *args: Any) -> None:
-    """A write of the data folder's state file; failing, it is only logged (it is a note)."""
-    try:
-        await trio.to_thread.run_sync(write, *args)
-    except OSError as exc:
-        log.warning("could not write %s: %s", host_state.STATE_FILE, exc)
+    async def _write_state(self, write: Callable[..., None], *args: Any) -> None:
+        """A write of the data folder's state file, one at a time in the order asked (each
+        reads the file and replaces it: two at once could undo each other), finished even
+        when the daemon stops meanwhile (what `navi doctor` reads); failing, it is only
+        logged (it is a note)."""
+        with trio.CancelScope(shield=True):
+            async with self._state_writes:
+                try:
+                    await trio.to_thread.run_sync(write, *args)
+                except OSError as exc:
+                    log.warning("could not write %s: %s", host_state.STATE_FILE, exc)

@@ -13,6 +13,8 @@ and reads from its stdout::
     probing {}             loaded with extra buffer types; a one-token probe runs now
     ready   {model, extra_buffers, llama_cpp, system_info, load_s}
     fatal   {message}      the model cannot load (then the child exits 1)
+    working {id, step, tokens}   a step that streams nothing goes on (choosing a tool,
+                           writing its arguments): progress, outside the window
     chunk   {id, chunk}    text, a tool call or the usage (`chunk_from_wire`)
     error   {id, message}  the generation failed (the prompt is too large …)
     end     {id, tokens, stopped}   the generation is over: the next chat may come

@@ -25,13 +25,18 @@ LOCAL_CHECK_TIMEOUT = 120.0  # one token, model load included, on a loaded machi
 
 
 def local_model_info(model_file: Path | None) -> dict[str, Any]:
-    """The embedded model: is llama-cpp-python installed, which GGUF, how big."""
+    """The embedded model: is llama-cpp-python installed, which GGUF, how big; when it
+    cannot run, ``error`` says why as `navi run --local` does (the extra, or the file)."""
     path = model_file or local.default_model_file()
     info: dict[str, Any] = {
         "llama_cpp": local.llama_installed(),
         "file": str(path) if path else None,
         "size_bytes": path.stat().st_size if path and path.is_file() else None,
     }
+    try:
+        local.resolve_model_file(model_file)  # what `navi run --local` would say
+    except ConfigError as exc:
+        info["error"] = str(exc)
     info["ok"] = bool(info["llama_cpp"] and info["size_bytes"])
     return info
 

@@ -34,7 +34,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -52,6 +52,9 @@ from navi_trio.llm.host_wire import (
 CRASH_ENV = "NAVI_MODEL_HOST_CRASH"
 CRASH_SIGNALS = ("SIGILL", "SIGSEGV", "SIGKILL", "SIGABRT", "SIGBUS")
 PROBE_PROMPT = "Hello"
+WORKING_EVERY = 1.0  # seconds between two `working` frames of a step
+CHOOSING_STEP = "choosing a tool"
+ANSWER_STEP = "writing the answer"
 
 
 class CrashSwitch:
@@ -143,15 +146,23 @@ class Generation:
         self.taken = 0  # chunks the consumer has taken (its acks)
         self.sent = 0
         self.tokens = 0
+        self.said_working = -float("inf")  # when the last `working` frame went
 
 
 class Host:
     """The loaded model and the frames it writes."""
 
-    def __init__(self, load: dict[str, Any], out: IO[bytes], crash: CrashSwitch | None) -> None:
+    def __init__(
+        self,
+        load: dict[str, Any],
+        out: IO[bytes],
+        crash: CrashSwitch | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.spec = load
         self.out = out
         self.crash = crash
+        self.clock = clock  # paces the `working` frames
         self.llama: Any = None
         self.model_name = Path(str(load["model_file"])).stem
         self.credit = threading.Condition()
@@ -252,6 +263,14 @@ class Host:
         self.gens.pop(gen.id, None)
         self.send({"type": "end", "id": gen.id, "tokens": gen.tokens, "stopped": stopped})
 
+    def working(self, gen: Generation, step: str, tokens: int, *, now: bool = False) -> None:
+        """Say that `step` goes on (at its start, `now`; then every WORKING_EVERY s):
+        a step that streams nothing is work, not silence, to the daemon's timeout."""
+        at = self.clock()
+        if now or at - gen.said_working >= WORKING_EVERY:
+            gen.said_working = at
+            self.send({"type": "working", "id": gen.id, "step": step, "tokens": tokens})
+
     def put(self, gen: Generation, chunk: dict[str, Any]) -> None:
         """Send one chunk once the consumer is less than WINDOW chunks behind."""
         with self.credit:
@@ -277,8 +296,9 @@ class Host:
 
             note = {"role": "system", "content": lp.choice_note(functions, after_tool)}
             grammar = LlamaGrammar.from_string(lp.choice_grammar_text(functions), verbose=False)
+            asked = lp.with_system(messages, note)
             choice, (prompt, completion) = self.complete(
-                gen, lp.with_system(messages, note), grammar, lp.CHOICE_MAX_TOKENS, params
+                gen, CHOOSING_STEP, asked, grammar, lp.CHOICE_MAX_TOKENS, params
             )
             if choice.startswith("tool:") and choice[5:] in functions:
                 name = choice[5:]
@@ -287,8 +307,9 @@ class Host:
                 grammar = LlamaGrammar.from_json_schema(schema, verbose=False)
                 note = {"role": "system", "content": lp.args_note(name, fn)}
                 limit = int(self.spec.get("args_max_tokens", lp.ARGS_MAX_TOKENS))
+                step = f"writing the arguments of {name}"
                 args, used = self.complete(
-                    gen, lp.with_system(messages, note), grammar, limit, params
+                    gen, step, lp.with_system(messages, note), grammar, limit, params
                 )
                 completion += used[1]
                 if lp.json_object(args):
@@ -300,6 +321,7 @@ class Host:
             messages = lp.with_system(messages, {"role": "system", "content": lp.ANSWER_NOTE})
         finish: str | None = None
         text_tokens = 0
+        self.working(gen, ANSWER_STEP, 0, now=True)  # its prompt is read first: silence
         stream = self.llama.create_chat_completion(messages, stream=True, **params)
         for content, reason in self.tokens(gen, stream):
             if content:
@@ -314,19 +336,26 @@ class Host:
     def complete(
         self,
         gen: Generation,
+        step: str,
         messages: list[dict[str, str]],
         grammar: Any,
         max_tokens: int,
         params: dict[str, Any],
     ) -> tuple[str, tuple[int, int]]:
-        """A constrained, collected generation that still stops within one token."""
+        """A constrained, collected generation that still stops within one token; it
+        streams nothing, so it says it works (`working`) as `step`."""
+        self.working(gen, step, 0, now=True)
         stream = self.llama.create_chat_completion(
             messages,
             stream=True,
             grammar=grammar,
             **{**params, "max_tokens": max_tokens, "temperature": 0.0, "repeat_penalty": 1.0},
         )
-        parts = [content for content, _ in self.tokens(gen, stream) if content]
+        parts = []
+        for content, _ in self.tokens(gen, stream):
+            if content:
+                parts.append(content)
+            self.working(gen, step, len(parts))
         tokens = len(parts)
         return "".join(parts).strip(), (max(0, int(self.llama.n_tokens) - tokens), tokens)
 

@@ -337,7 +337,23 @@ def load_config(path: Path) -> NaviConfig:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{path}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from None
+        raise ConfigError(f"{path}: {json_problem(exc)}") from None
     return parse_config(data, path)
+
+
+def json_problem(exc: json.JSONDecodeError) -> str:
+    """What is wrong with a JSON text, where: a trailing comma by its own line (the
+    parser points at the closing bracket after it, often on the next line)."""
+    text, at = exc.doc, exc.pos
+    if at < len(text) and text[at] in "}]":
+        before = text[:at].rstrip()
+        if before.endswith(","):
+            comma = len(before) - 1
+            line = text.count("\n", 0, comma) + 1
+            column = comma - (text.rfind("\n", 0, comma) + 1) + 1
+            closing = "brace" if text[at] == "}" else "bracket"
+            return (
+                f"a trailing comma at line {line} column {column} (before the closing "
+                f"{closing} on line {exc.lineno}): JSON allows none there, remove it"
+            )
+    return f"not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
