@@ -92,4 +92,4 @@ async def test_navi_schedule_adds_lists_pauses_and_removes_in_one_line_each(
     assert removed.out.strip() == f"schedule {sid} removed"
     assert bad.code == 1 and "at least 1 minute" in bad.err and len(bad.err_lines) == 1
     assert no_when.code == 1 and "one of the arguments --cron --every --at" in no_when.err
-    assert empty.code == 0 and empty.out == ""
+    assert empty.code == 0 and empty.out == "no schedules\n"
