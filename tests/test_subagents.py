@@ -21,6 +21,7 @@ from bg_tools import Kit, call, calls, make_kit, of_type, profile, system_texts,
 from navi_trio.core import runvars
 from navi_trio.core.subagent import CONTEXT_TRANSFER_ACK
 from navi_trio.core.tool_executor import STOPPED_TEXT
+from navi_trio.errors import LLMStatusError
 from navi_trio.testing import Harness, open_harness
 from navi_trio.tools.services import SpawnRequest
 
@@ -105,6 +106,18 @@ async def test_run_ephemeral_returns_false_at_the_iteration_limit(tmp_path: Path
             assert "2 iterations" in text
             assert len(h.chat_requests) == 2  # the limit, not the script, ended it
             assert [r["label"] for r in kit.snapshot.records] == ["1", "2"]
+
+
+async def test_run_ephemeral_raises_a_backend_level_llm_error(tmp_path: Path) -> None:
+    """A direct run_ephemeral meets its backend failing: the caller gets that error,
+    as a synchronous spawn_agent call's turn ends with it."""
+    kit = make_kit()
+    replies = [{"status": 502, "error_body": "bad gateway"}]
+    with trio.fail_after(TIMEOUT):
+        async with harness(tmp_path, kit, replies) as h:
+            with pytest.raises(LLMStatusError, match="bad gateway") as caught:
+                await h.runtime.agent.run_ephemeral(SpawnRequest(task="Dig", profile_id="pa"))
+            assert caught.value.status == 502
 
 
 async def test_run_ephemeral_timeout_is_a_cancel_scope_that_closes_the_stream(
@@ -338,7 +351,9 @@ def _sub_replies(outcome: str) -> list[dict[str, Any]]:
     inside = calls(call("snapshot", label="inside"))
     if outcome == "success":
         return [inside, {"text": "seen"}]
-    if outcome == "failure":
+    if outcome == "failure":  # its own request refused: the call's failed result
+        return [inside, {"status": 404, "error_body": "the sub model is not here"}]
+    if outcome == "backend":  # the backend failed: raised
         return [inside, {"status": 500, "error_body": "the sub model crashed"}]
     return [inside, {"text": "thinking", "stall": True}]  # timeout
 
@@ -361,7 +376,7 @@ async def test_parent_contextvars_survive_a_spawn(tmp_path: Path, outcome: str) 
             (result,) = of_type(frames, "tool_result", name="spawn_agent")
             assert result["ok"] is (outcome == "success")
             if outcome == "failure":
-                assert "the sub model crashed" in result["output"]
+                assert "the sub model is not here" in result["output"]
             if outcome == "timeout":
                 assert "timed out after 1 s" in result["output"]
             (before,) = kit.snapshot.by_label("before")
@@ -383,7 +398,7 @@ async def test_parent_contextvars_survive_a_spawn(tmp_path: Path, outcome: str) 
             assert after["is_subagent"] is False
 
 
-@pytest.mark.parametrize("outcome", ["success", "failure", "timeout", "stop"])
+@pytest.mark.parametrize("outcome", ["success", "failure", "backend", "timeout", "stop"])
 async def test_run_ephemeral_restores_the_callers_contextvars(tmp_path: Path, outcome: str) -> None:
     kit = make_kit()
     if outcome == "stop":
@@ -407,8 +422,9 @@ async def test_run_ephemeral_restores_the_callers_contextvars(tmp_path: Path, ou
             (inside,) = kit.snapshot.by_label("inside")
             assert inside["vars"]["session_id"].startswith("subagent_")
             assert inside["vars"]["model"] == "sub-model"
-            if outcome == "stop":
-                assert outcome_seen is None and kit.block.cancelled == ["default"]
+            if outcome in ("stop", "backend"):
+                assert outcome_seen is None
+                assert kit.block.cancelled == (["default"] if outcome == "stop" else [])
             else:
                 assert outcome_seen is not None
                 assert outcome_seen[1] is (outcome == "success")
@@ -416,6 +432,10 @@ async def test_run_ephemeral_restores_the_callers_contextvars(tmp_path: Path, ou
 
 async def _run_ephemeral_for(h: Harness, kit: Kit, outcome: str) -> tuple[str, bool] | None:
     agent = h.runtime.agent
+    if outcome == "backend":
+        with pytest.raises(LLMStatusError):
+            await agent.run_ephemeral(SpawnRequest(task="Look", profile_id="sub"))
+        return None
     if outcome != "stop":
         done: tuple[str, bool] = await agent.run_ephemeral(
             SpawnRequest(task="Look", profile_id="sub", timeout_seconds=0.5)

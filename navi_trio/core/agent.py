@@ -434,6 +434,14 @@ class Agent:
     async def run_ephemeral(
         self, request: SpawnRequest, *, parent_session_id: str | None = None
     ) -> tuple[str, bool]:
-        """A non-persistent sub-agent: (result_text, completed_normally)."""
+        """A non-persistent sub-agent: (result_text, completed_normally).
+
+        With `parent_session_id`, the sub-agent takes that session's current profile
+        (unless `request` names one) and its session-aware tools work on that session's
+        data. A backend-level LLM error (errors.py) is raised, as a synchronous
+        spawn_agent call's ends its turn; any other failure is ``completed_normally``
+        False, with the text saying why."""
         outcome = await run_ephemeral(self.parts, request, parent_session_id=parent_session_id)
+        if outcome.backend_error is not None:
+            raise outcome.backend_error
         return outcome.text, outcome.completed
