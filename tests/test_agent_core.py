@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextvars
 import gc
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -367,6 +368,47 @@ async def test_an_edited_persona_or_prompt_file_reaches_the_next_model_call(
             await h.turn("s1", "hi")
             system = _system(h.chat_requests[2])
             assert "PERSONA-V2" in system and system.endswith("GENERAL-V2 prompt")
+
+
+async def test_a_switch_takes_the_profiles_current_prompt_not_a_cached_older_one(
+    tmp_path: Path,
+) -> None:
+    """agent-loop spec: the system prompt cache "is invalidated when the profile is
+    reloaded (e.g. after switch_profile or hot-reload)". A turn started before a prompt
+    file was edited runs on its own config until it switches, and so puts the old
+    prompt back in the cache; switching back to that profile takes the current one."""
+    folder = tmp_path / "config"
+    shutil.copytree(REPO_ROOT / "config", folder)
+    data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    for pid in ("pa", "pb"):
+        (folder / "prompts" / f"{pid}.md").write_text(f"{pid.upper()}-V1 prompt\n", "utf-8")
+        data["profiles"][pid] = {
+            "system_prompt_file": f"prompts/{pid}.md",
+            "tools": {"agent": ["switch_profile", "block"], "subagent": []},
+        }
+    (folder / "config.json").write_text(json.dumps(data), encoding="utf-8")
+    kit = make_kit()
+    replies = [
+        calls(call("block", label="one")),
+        calls(call("switch_profile", profile_id="pb")),
+        calls(call("switch_profile", profile_id="pa")),
+        {"text": "done"},
+    ]
+    source = ConfigSource(folder / "config.json")
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=replies, config=source, tools=kit.tools()) as h:
+            s = await h.session("s1")
+            s.send("hi", profile_id="pa")
+            await kit.block.wait_started()
+            (folder / "prompts" / "pa.md").write_text("PA-V2 prompt, edited\n", "utf-8")
+            h.runtime.agent.config()  # what the next turn to start does: reload, cache cleared
+            kit.block.release("one")
+            frames = await s.until_end()
+            assert frames[-1]["text"] == "done"
+            first, older, in_pb, back = (_system(r) for r in h.chat_requests)
+            assert first.endswith("PA-V1 prompt") and older.endswith("PA-V1 prompt")
+            assert in_pb.endswith("PB-V1 prompt")
+            assert back.endswith("PA-V2 prompt, edited")
 
 
 def _system(body: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ from bg_tools import Kit, call, calls, make_kit, of_type, profile
 
 from navi_trio.core.tool_executor import STOPPED_TEXT
 from navi_trio.testing import open_harness
+from navi_trio.tools.base import ToolContext, ToolResult
 
 TIMEOUT = 30
 TOOLS = ["meet", "boom", "block", "snapshot"]
@@ -39,6 +40,21 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 def harness(tmp_path: Path, kit: Kit, replies: list[dict[str, Any]], **settings: Any) -> Any:
     return open_harness(tmp_path, replies=replies, profiles=PROFILES, tools=kit.tools(), **settings)
+
+
+class WhereTool:
+    """Records the trio task each call runs in, by its label."""
+
+    name = "where"
+    description = "notes the task it runs in"
+    parameters: dict[str, Any] = {"type": "object", "properties": {}}
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, trio.lowlevel.Task] = {}
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        self.tasks[str(args["label"])] = trio.lowlevel.current_task()
+        return ToolResult.success("noted")
 
 
 def meet(name: str, **arguments: Any) -> dict[str, Any]:
@@ -164,6 +180,30 @@ async def test_the_profile_override_else_settings_decides(
                 assert kinds == ["tool_started", "tool_result"] * 2
                 assert a_result["error"] == "a gave up waiting for the others"
                 assert kit.rendezvous.log == ["start:a", "end:a", "start:b", "end:b"]
+
+
+async def test_a_lone_call_runs_inline_even_with_parallel_calls_on(tmp_path: Path) -> None:
+    """background-tasks spec: "the batch is used only for 2+ calls". With parallel
+    calls on, an answer with one call runs it in the turn's own task, as a sequential
+    round does; only an answer with two or more starts a batch (a task per call)."""
+    where = WhereTool()
+    replies = [
+        calls(call("where", label="alone-1")),
+        calls(call("where", label="alone-2")),
+        calls(call("where", label="pair-a"), call("where", label="pair-b")),
+        {"text": "done"},
+    ]
+    profiles = {"par-where": profile(["where"], parallel_tool_calls=True)}
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=replies, profiles=profiles, tools=[*make_kit().tools(), where]
+        ) as h:
+            frames = await h.turn("s1", "hi", profile_id="par-where")
+            assert frames[-1]["text"] == "done"
+            seen = where.tasks
+            assert seen["alone-1"] is seen["alone-2"]  # the turn's task, both rounds
+            assert seen["pair-a"] is not seen["pair-b"]
+            assert {seen["pair-a"], seen["pair-b"]}.isdisjoint({seen["alone-1"]})
 
 
 async def test_stop_mid_batch_cancels_the_unfinished_calls(tmp_path: Path) -> None:

@@ -53,6 +53,10 @@ PROFILES: dict[str, dict[str, Any]] = {
     ),
     "writer": profile(["spawn_agent"], ["filesystem", "scratchpad", "todo"]),
     "sub": profile(["snapshot"], ["snapshot", "block"], model="sub-model"),
+    # A short limit of its own, which a sub-agent's default does not follow.
+    "short": profile(["spawn_agent"], ["snapshot"], max_iterations=3),
+    # The profile a parent session is in: its model and its sub-agents' session tools.
+    "keeper": profile(["snapshot"], ["filesystem", "scratchpad", "todo"], model="model-keeper"),
 }
 
 
@@ -106,6 +110,62 @@ async def test_run_ephemeral_returns_false_at_the_iteration_limit(tmp_path: Path
             assert "2 iterations" in text
             assert len(h.chat_requests) == 2  # the limit, not the script, ended it
             assert [r["label"] for r in kit.snapshot.records] == ["1", "2"]
+
+
+def iteration_notes(body: dict[str, Any]) -> list[str]:
+    return [t for t in system_texts(body) if t.startswith("[Iteration ")]
+
+
+async def test_a_subagent_given_no_max_iterations_gets_40(tmp_path: Path) -> None:
+    """agent-loop spec: `run_ephemeral(user_message, profile_id, *, max_iterations=40,
+    ...)`. A sub-agent not told its limit gets 40, not its profile's own (3 here), from
+    spawn_agent and from a direct run_ephemeral alike."""
+    kit = make_kit()
+    replies = [spawn(task="Dig"), {"text": "sub done"}, {"text": "done"}, {"text": "direct"}]
+    with trio.fail_after(TIMEOUT):
+        async with harness(tmp_path, kit, replies) as h:
+            await h.turn("s1", "hi", profile_id="short")
+            done = await h.runtime.agent.run_ephemeral(SpawnRequest(task="Dig", profile_id="short"))
+            assert done == ("direct", True)
+            parent, by_tool, _, direct = h.chat_requests
+            assert iteration_notes(parent)[0].startswith("[Iteration 1 of 3;")
+            for sub in (by_tool, direct):
+                assert convo(sub) == [("user", "Dig")]
+                assert iteration_notes(sub)[0].startswith("[Iteration 1 of 40;"), sub
+
+
+async def test_run_ephemeral_with_a_parent_session_takes_its_profile_and_data(
+    tmp_path: Path,
+) -> None:
+    """agent-loop spec: "run_ephemeral reads the parent session from the DB when
+    parent_session_id is provided, so session-aware tools (filesystem, todo, scratchpad)
+    operate on the parent's data". Called directly, with no profile named, the sub-agent
+    takes the parent session's current profile (its model, its sub-agent tools) and
+    writes into that session's folder, scratchpad and todo list."""
+    kit = make_kit()
+    writes = calls(
+        call("filesystem", action="write", path="notes.txt", content="from the sub-agent"),
+        call("scratchpad", action="write", content="pad from the sub-agent"),
+        call("todo", action="add", text="step added by the sub-agent"),
+    )
+    replies = [{"text": "hello"}, writes, {"text": "wrote them"}]
+    with trio.fail_after(TIMEOUT):
+        async with harness(tmp_path, kit, replies) as h:
+            await h.turn("s-parent", "hi", profile_id="keeper")
+            text, completed = await h.runtime.agent.run_ephemeral(
+                SpawnRequest(task="Write the notes"), parent_session_id="s-parent"
+            )
+            assert (text, completed) == ("wrote them", True)
+            sub = h.chat_requests[1]
+            assert sub["model"] == "model-keeper"
+            assert tool_names(sub) == ["filesystem", "scratchpad", "todo"]
+            sessions = tmp_path / "data" / "sessions"
+            assert (sessions / "s-parent" / "notes.txt").read_text() == "from the sub-agent"
+            assert [p.name for p in sessions.iterdir()] == ["s-parent"]
+            kv = h.runtime.store
+            assert await kv.kv_get("scratchpad", "s-parent") == "pad from the sub-agent"
+            todo = await kv.kv_get("todo", "s-parent")
+            assert [step["text"] for step in todo] == ["step added by the sub-agent"]
 
 
 async def test_run_ephemeral_raises_a_backend_level_llm_error(tmp_path: Path) -> None:

@@ -31,6 +31,8 @@ from navi_trio.tools.result import ToolResult
 
 Publish = Callable[[AgentEvent], None]
 
+SUBAGENT_MAX_ITERATIONS = 40
+
 
 class ProcessService(Protocol):
     async def open(self, session_id: str, command: str, cwd: Path) -> str: ...
@@ -92,7 +94,8 @@ class SpawnRequest:
 
     task: str
     profile_id: str | None = None
-    max_iterations: int = 40
+    # The spec's default, whatever the profile's own limit; also the most a model may ask.
+    max_iterations: int = SUBAGENT_MAX_ITERATIONS
     exclude_tools: tuple[str, ...] = ()
     briefing: str | None = None
     custom_system_prompt: str | None = None
