@@ -370,13 +370,14 @@ async def test_an_edited_persona_or_prompt_file_reaches_the_next_model_call(
             assert "PERSONA-V2" in system and system.endswith("GENERAL-V2 prompt")
 
 
-async def test_a_switch_takes_the_profiles_current_prompt_not_a_cached_older_one(
+async def test_an_edited_prompt_reaches_later_turns_and_switches_past_a_running_turn(
     tmp_path: Path,
 ) -> None:
     """agent-loop spec: the system prompt cache "is invalidated when the profile is
     reloaded (e.g. after switch_profile or hot-reload)". A turn started before a prompt
-    file was edited runs on its own config until it switches, and so puts the old
-    prompt back in the cache; switching back to that profile takes the current one."""
+    file was edited runs on its own config until it switches, so it still builds the
+    old prompt after the reload; that must reach neither a turn started after the edit
+    nor its own switch back to that profile: both take the current prompt."""
     folder = tmp_path / "config"
     shutil.copytree(REPO_ROOT / "config", folder)
     data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -390,6 +391,8 @@ async def test_a_switch_takes_the_profiles_current_prompt_not_a_cached_older_one
     kit = make_kit()
     replies = [
         calls(call("block", label="one")),
+        calls(call("block", label="two")),  # asked with the old prompt, after the reload
+        {"text": "a later turn"},  # another session's, meanwhile
         calls(call("switch_profile", profile_id="pb")),
         calls(call("switch_profile", profile_id="pa")),
         {"text": "done"},
@@ -403,10 +406,15 @@ async def test_a_switch_takes_the_profiles_current_prompt_not_a_cached_older_one
             (folder / "prompts" / "pa.md").write_text("PA-V2 prompt, edited\n", "utf-8")
             h.runtime.agent.config()  # what the next turn to start does: reload, cache cleared
             kit.block.release("one")
+            await kit.block.wait_started(2)
+            await h.turn("s2", "hi", profile_id="pa")
+            kit.block.release("two")
             frames = await s.until_end()
             assert frames[-1]["text"] == "done"
-            first, older, in_pb, back = (_system(r) for r in h.chat_requests)
-            assert first.endswith("PA-V1 prompt") and older.endswith("PA-V1 prompt")
+            first, older, later, still, in_pb, back = (_system(r) for r in h.chat_requests)
+            for own in (first, older, still):  # the turn's own config, until it switches
+                assert own.endswith("PA-V1 prompt")
+            assert later.endswith("PA-V2 prompt, edited")
             assert in_pb.endswith("PB-V1 prompt")
             assert back.endswith("PA-V2 prompt, edited")
 
