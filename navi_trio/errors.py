@@ -47,17 +47,25 @@ The tree (every subclass of NaviError in navi_trio is defined here)::
     │   │                           also a DaemonUnreachableError
     │   └── PeerRefusedError        the peer answered with an error frame; also a RemoteError
     └── LLMError                    anything that went wrong talking to the model
-        ├── LLMConnectionError      could not connect / the connection dropped
-        ├── LLMStatusError          HTTP 4xx/5xx; quotes the body
-        ├── LLMStreamError          the server reported an error inside a 200 stream
-        ├── LLMMalformedStreamError a line/event we cannot parse
+        ├── LLMConnectionError    B could not connect / the connection dropped
+        ├── LLMStatusError      (B) HTTP 4xx/5xx; quotes the body (B: 5xx, 408, 429)
+        ├── LLMStreamError        B the server reported an error inside a 200 stream
+        ├── LLMMalformedStreamError B a line/event we cannot parse
         ├── LLMEmptyResponseError   HTTP 200 with an empty body (prompt over the server's window?)
         ├── LLMAnswerTooLongError   the answer passed answer_max_chars: the stream was cut
-        ├── LocalModelDiedError     the embedded model's process died (a signal, an exit)
+        ├── LocalModelDiedError   B the embedded model's process died (a signal, an exit)
         │   └── LocalModelBrokenError   it died at start-up again and again: not restarted now
-        └── LLMTimeoutError
+        └── LLMTimeoutError       B
             ├── LLMFirstChunkTimeout  nothing arrived within first_chunk_timeout
             └── LLMChunkTimeout       a gap between chunks exceeded chunk_timeout
+
+B marks the backend-level LLM errors (`LLMError.backend_level`): the backend itself
+failed — unreachable, dropped, silent past the timeouts, a server error, its process
+dead, a stream it could not keep whole — so any agent's next call on it would likely
+fail the same way. A sub-agent's backend-level error ends its parent's turn with it, as
+the parent's own would (agent-loop.md); any other failure of a sub-agent (a request the
+server refused, an answer too long, a prompt over the window, its iteration, time or
+budget limit) is its spawn_agent call's failed result, and the turn goes on.
 
 The client's errors (DaemonUnreachableError, RemoteError) are the daemon's refusals seen
 from the other end of the wire: `RequestError` is what the daemon raises and puts in an
@@ -302,12 +310,15 @@ class LLMError(NaviError):
 
     # The stable error code a client sees in the error event; subclasses name their own.
     code = "llm_error"
+    # The backend itself failed, not this one request or answer (the tree above).
+    backend_level = False
 
 
 class LLMConnectionError(LLMError):
     """Could not connect to the LLM endpoint, or the connection dropped mid-stream."""
 
     code = "llm_connection"
+    backend_level = True
 
 
 class LLMStatusError(LLMError):
@@ -321,14 +332,21 @@ class LLMStatusError(LLMError):
         super().__init__(f"LLM endpoint answered HTTP {status}{where}: {excerpt}")
         self.status = status
         self.body = excerpt
+        # A server error, a timeout or an overload is the server's state; any other 4xx
+        # refuses this request (a model the server lacks, a body it will not take).
+        self.backend_level = status >= 500 or status in (408, 429)
 
 
 class LLMStreamError(LLMError):
     """The server sent an error object inside an otherwise successful stream."""
 
+    backend_level = True
+
 
 class LLMMalformedStreamError(LLMError):
     """The stream carried a line or event that cannot be parsed."""
+
+    backend_level = True
 
 
 class LLMEmptyResponseError(LLMError):
@@ -370,6 +388,7 @@ class LocalModelDiedError(LLMError):
     daemon goes on and the next request starts the process again, after a backoff."""
 
     code = "local_model_died"
+    backend_level = True
 
 
 class LocalModelBrokenError(LocalModelDiedError):
@@ -383,6 +402,7 @@ class LLMTimeoutError(LLMError):
     """The stream took too long."""
 
     code = "llm_timeout"
+    backend_level = True
 
     def __init__(self, message: str, seconds: float) -> None:
         super().__init__(message)

@@ -81,11 +81,20 @@ def test_system_prompt_is_cached_per_profile_until_invalidated(
     assert builder.system_prompt(config, edited).endswith("Help the user.")
     builder.invalidate("general")
     assert builder.system_prompt(config, edited).endswith("Help the user, briefly.")
-    new_persona = attrs.evolve(config, persona="You are Navi 2.")
-    assert builder.system_prompt(new_persona, edited).startswith(PERSONA)
     builder.invalidate()
-    assert builder.system_prompt(new_persona, edited).startswith("You are Navi 2.")
-    assert builder.system_prompt(new_persona, PLAIN).startswith("You are Navi 2.")
+    assert builder.system_prompt(config, PLAIN).endswith("Plain prompt.")
+
+
+def test_a_cached_system_prompt_serves_only_the_config_it_was_built_from(
+    builder: ContextBuilder, config: NaviConfig
+) -> None:
+    """A reloaded config is a new object: a prompt cached for the older one (by a turn
+    still running on it) is not handed to the newer one, and the other way round."""
+    new = attrs.evolve(config, persona="You are Navi 2.")
+    assert builder.system_prompt(config, GENERAL).startswith(PERSONA)
+    assert builder.system_prompt(new, GENERAL).startswith("You are Navi 2.")
+    assert builder.system_prompt(config, GENERAL).startswith(PERSONA)
+    assert builder.system_prompt(new, GENERAL, subagent=True).startswith("You are Navi 2.")
 
 
 def test_override_is_used_verbatim_and_not_cached(

@@ -4,7 +4,7 @@ With `parallel_tool_calls` on (the profile's override, else Settings), 2+ calls 
 response run concurrently: the batch's tool_started frames first, in call order; live
 events merged and tagged with their call; results appended in call order with one
 save; Stop mid-batch pairs the unfinished calls with "stopped by the user"; one tool's
-exception is its own failed result.
+exception is its own failed result, but a sub-agent's backend failure ends the turn.
 
 The "meet" test tool proves the overlap: each call waits for the others to start, so
 the batch deadlocks when run one call after another (the absolute timeout would fail
@@ -25,6 +25,7 @@ from bg_tools import Kit, call, calls, make_kit, of_type, profile
 
 from navi_trio.core.tool_executor import STOPPED_TEXT
 from navi_trio.testing import open_harness
+from navi_trio.tools.base import ToolContext, ToolResult
 
 TIMEOUT = 30
 TOOLS = ["meet", "boom", "block", "snapshot"]
@@ -33,11 +34,27 @@ PROFILES: dict[str, dict[str, Any]] = {
     "par": profile(TOOLS, parallel_tool_calls=True),
     "seq": profile(TOOLS, parallel_tool_calls=False),
     "inherit": profile(TOOLS),  # parallel_tool_calls unset: Settings decides
+    "par-spawn": profile([*TOOLS, "spawn_agent"], ["snapshot"], parallel_tool_calls=True),
 }
 
 
 def harness(tmp_path: Path, kit: Kit, replies: list[dict[str, Any]], **settings: Any) -> Any:
     return open_harness(tmp_path, replies=replies, profiles=PROFILES, tools=kit.tools(), **settings)
+
+
+class WhereTool:
+    """Records the trio task each call runs in, by its label."""
+
+    name = "where"
+    description = "notes the task it runs in"
+    parameters: dict[str, Any] = {"type": "object", "properties": {}}
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, trio.lowlevel.Task] = {}
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        self.tasks[str(args["label"])] = trio.lowlevel.current_task()
+        return ToolResult.success("noted")
 
 
 def meet(name: str, **arguments: Any) -> dict[str, Any]:
@@ -165,6 +182,30 @@ async def test_the_profile_override_else_settings_decides(
                 assert kit.rendezvous.log == ["start:a", "end:a", "start:b", "end:b"]
 
 
+async def test_a_lone_call_runs_inline_even_with_parallel_calls_on(tmp_path: Path) -> None:
+    """background-tasks spec: "the batch is used only for 2+ calls". With parallel
+    calls on, an answer with one call runs it in the turn's own task, as a sequential
+    round does; only an answer with two or more starts a batch (a task per call)."""
+    where = WhereTool()
+    replies = [
+        calls(call("where", label="alone-1")),
+        calls(call("where", label="alone-2")),
+        calls(call("where", label="pair-a"), call("where", label="pair-b")),
+        {"text": "done"},
+    ]
+    profiles = {"par-where": profile(["where"], parallel_tool_calls=True)}
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=replies, profiles=profiles, tools=[*make_kit().tools(), where]
+        ) as h:
+            frames = await h.turn("s1", "hi", profile_id="par-where")
+            assert frames[-1]["text"] == "done"
+            seen = where.tasks
+            assert seen["alone-1"] is seen["alone-2"]  # the turn's task, both rounds
+            assert seen["pair-a"] is not seen["pair-b"]
+            assert {seen["pair-a"], seen["pair-b"]}.isdisjoint({seen["alone-1"]})
+
+
 async def test_stop_mid_batch_cancels_the_unfinished_calls(tmp_path: Path) -> None:
     kit = make_kit()
     replies = [
@@ -217,3 +258,37 @@ async def test_one_tools_exception_is_its_own_failed_result(tmp_path: Path) -> N
                 "Error: the tool boom raised RuntimeError: boom: a deliberate tool bug",
                 "a met the others",
             ]
+
+
+async def test_a_subagents_backend_failure_stops_the_batch_and_ends_the_turn(
+    tmp_path: Path,
+) -> None:
+    """background-tasks spec, parallel batch: "one tool's exception is recorded as its
+    own failed result and does not kill its neighbours (backend-level LLM errors still
+    abort the turn)". The sub-agent's backend fails: its neighbour, which would wait
+    forever, is stopped, every call is paired, and the turn ends with the error."""
+    kit = make_kit()
+    replies = [
+        calls(call("block", label="x"), call("spawn_agent", task="Dig")),
+        {"status": 503, "error_body": "the server is overloaded"},
+        {"text": "never asked for"},
+    ]
+    with trio.fail_after(TIMEOUT):  # the block call would hold the batch forever
+        async with harness(tmp_path, kit, replies) as h:
+            frames = await h.turn("s1", "hi", profile_id="par-spawn")
+            assert frames[-1]["reason"] == "error"
+            (error,) = [f for f in of_type(frames, "error") if not f["is_subagent"]]
+            assert error["code"] == "llm_status" and "the server is overloaded" in error["message"]
+            assert len(h.chat_requests) == 2
+            assert kit.block.finished == []
+            kinds = [f["type"] for f in tool_frames(frames) if f["type"] != "tool_event"]
+            assert kinds[:2] == ["tool_started"] * 2
+            results = of_type(frames, "tool_result")
+            assert sorted(r["name"] for r in results) == ["block", "spawn_agent"]
+            for r in results:
+                assert r["ok"] is False and r["stopped"] is True
+                assert r["error"].startswith("not finished: the turn ended on an LLM error")
+            context = await h.runtime.store.load_context("s1")
+            assistant = next(m for m in context if m.get("tool_calls"))
+            ids = [c["id"] for c in assistant["tool_calls"]]
+            assert [m["tool_call_id"] for m in context if m["role"] == "tool"] == ids

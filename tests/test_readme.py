@@ -8,20 +8,17 @@ port is the one thing replaced); the DB lives under tmp_path. Nothing sleeps.
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import re
 import shlex
-import sys
 from pathlib import Path
 from subprocess import CompletedProcess
 
-import attrs
 import trio
+from doc_examples import example_block, run_python
 
 from navi_trio.llm.script import load_script
-from navi_trio.settings import REPO_ROOT, Settings
+from navi_trio.settings import REPO_ROOT
 from navi_trio.testing.fake_llm import FakeLLMServer
 
 DEADLINE = 60
@@ -30,11 +27,7 @@ README = REPO_ROOT / "README.md"
 
 def block(name: str, lang: str) -> str:
     """The fenced block right after the ``<!-- example: NAME ... -->`` marker."""
-    text = README.read_text(encoding="utf-8")
-    pattern = rf"<!-- example: {name}\b[^>]*-->\n```{lang}\n(.*?)```"
-    found = re.search(pattern, text, re.S)
-    assert found, f"README.md has no {lang} block marked 'example: {name}'"
-    return found.group(1)
+    return example_block(README, name, lang)
 
 
 def commands(section: str) -> list[list[str]]:
@@ -45,23 +38,9 @@ def commands(section: str) -> list[list[str]]:
     return [shlex.split(line) for b in blocks for line in b.splitlines() if line.strip()]
 
 
-def clean_env(tmp_path: Path) -> dict[str, str]:
-    names = {f.metadata["env"] for f in attrs.fields(Settings)} | {"NAVI_DEBUG"}
-    env = {k: v for k, v in os.environ.items() if k not in names}
-    env["XDG_DATA_HOME"] = str(tmp_path / "xdg")
-    return env
-
-
 async def navi_run(url: str, message: str, tmp_path: Path) -> CompletedProcess[bytes]:
-    with trio.fail_after(DEADLINE):
-        return await trio.run_process(
-            [sys.executable, "-m", "navi_trio", "run", "--llm-url", url, message],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            env=clean_env(tmp_path),
-            cwd=tmp_path,
-        )
+    args = ("-m", "navi_trio", "run", "--llm-url", url, message)
+    return await run_python(tmp_path, *args, deadline=DEADLINE)
 
 
 async def test_the_fake_server_example_prints_its_answer_as_written(tmp_path: Path) -> None:
@@ -100,16 +79,6 @@ async def test_a_greeting_uses_one_reply_as_the_readme_says(tmp_path: Path) -> N
 async def test_the_harness_example_runs_as_written(tmp_path: Path) -> None:
     script = tmp_path / "harness_demo.py"
     script.write_text(block("harness", "python"), encoding="utf-8")
-    run = functools.partial(
-        trio.run_process,
-        [sys.executable, str(script)],
-        capture_stdout=True,
-        capture_stderr=True,
-        check=False,
-        env=clean_env(tmp_path),
-        cwd=tmp_path,
-    )
-    with trio.fail_after(DEADLINE):
-        done = await run()
+    done = await run_python(tmp_path, str(script), deadline=DEADLINE)
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout.decode() == "Hello!\n"

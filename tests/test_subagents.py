@@ -21,6 +21,7 @@ from bg_tools import Kit, call, calls, make_kit, of_type, profile, system_texts,
 from navi_trio.core import runvars
 from navi_trio.core.subagent import CONTEXT_TRANSFER_ACK
 from navi_trio.core.tool_executor import STOPPED_TEXT
+from navi_trio.errors import LLMStatusError
 from navi_trio.testing import Harness, open_harness
 from navi_trio.tools.services import SpawnRequest
 
@@ -52,6 +53,10 @@ PROFILES: dict[str, dict[str, Any]] = {
     ),
     "writer": profile(["spawn_agent"], ["filesystem", "scratchpad", "todo"]),
     "sub": profile(["snapshot"], ["snapshot", "block"], model="sub-model"),
+    # A short limit of its own, which a sub-agent's default does not follow.
+    "short": profile(["spawn_agent"], ["snapshot"], max_iterations=3),
+    # The profile a parent session is in: its model and its sub-agents' session tools.
+    "keeper": profile(["snapshot"], ["filesystem", "scratchpad", "todo"], model="model-keeper"),
 }
 
 
@@ -105,6 +110,74 @@ async def test_run_ephemeral_returns_false_at_the_iteration_limit(tmp_path: Path
             assert "2 iterations" in text
             assert len(h.chat_requests) == 2  # the limit, not the script, ended it
             assert [r["label"] for r in kit.snapshot.records] == ["1", "2"]
+
+
+def iteration_notes(body: dict[str, Any]) -> list[str]:
+    return [t for t in system_texts(body) if t.startswith("[Iteration ")]
+
+
+async def test_a_subagent_given_no_max_iterations_gets_40(tmp_path: Path) -> None:
+    """agent-loop spec: `run_ephemeral(user_message, profile_id, *, max_iterations=40,
+    ...)`. A sub-agent not told its limit gets 40, not its profile's own (3 here), from
+    spawn_agent and from a direct run_ephemeral alike."""
+    kit = make_kit()
+    replies = [spawn(task="Dig"), {"text": "sub done"}, {"text": "done"}, {"text": "direct"}]
+    with trio.fail_after(TIMEOUT):
+        async with harness(tmp_path, kit, replies) as h:
+            await h.turn("s1", "hi", profile_id="short")
+            done = await h.runtime.agent.run_ephemeral(SpawnRequest(task="Dig", profile_id="short"))
+            assert done == ("direct", True)
+            parent, by_tool, _, direct = h.chat_requests
+            assert iteration_notes(parent)[0].startswith("[Iteration 1 of 3;")
+            for sub in (by_tool, direct):
+                assert convo(sub) == [("user", "Dig")]
+                assert iteration_notes(sub)[0].startswith("[Iteration 1 of 40;"), sub
+
+
+async def test_run_ephemeral_with_a_parent_session_takes_its_profile_and_data(
+    tmp_path: Path,
+) -> None:
+    """agent-loop spec: "run_ephemeral reads the parent session from the DB when
+    parent_session_id is provided, so session-aware tools (filesystem, todo, scratchpad)
+    operate on the parent's data". Called directly, with no profile named, the sub-agent
+    takes the parent session's current profile (its model, its sub-agent tools) and
+    writes into that session's folder, scratchpad and todo list."""
+    kit = make_kit()
+    writes = calls(
+        call("filesystem", action="write", path="notes.txt", content="from the sub-agent"),
+        call("scratchpad", action="write", content="pad from the sub-agent"),
+        call("todo", action="add", text="step added by the sub-agent"),
+    )
+    replies = [{"text": "hello"}, writes, {"text": "wrote them"}]
+    with trio.fail_after(TIMEOUT):
+        async with harness(tmp_path, kit, replies) as h:
+            await h.turn("s-parent", "hi", profile_id="keeper")
+            text, completed = await h.runtime.agent.run_ephemeral(
+                SpawnRequest(task="Write the notes"), parent_session_id="s-parent"
+            )
+            assert (text, completed) == ("wrote them", True)
+            sub = h.chat_requests[1]
+            assert sub["model"] == "model-keeper"
+            assert tool_names(sub) == ["filesystem", "scratchpad", "todo"]
+            sessions = tmp_path / "data" / "sessions"
+            assert (sessions / "s-parent" / "notes.txt").read_text() == "from the sub-agent"
+            assert [p.name for p in sessions.iterdir()] == ["s-parent"]
+            kv = h.runtime.store
+            assert await kv.kv_get("scratchpad", "s-parent") == "pad from the sub-agent"
+            todo = await kv.kv_get("todo", "s-parent")
+            assert [step["text"] for step in todo] == ["step added by the sub-agent"]
+
+
+async def test_run_ephemeral_raises_a_backend_level_llm_error(tmp_path: Path) -> None:
+    """A direct run_ephemeral meets its backend failing: the caller gets that error,
+    as a synchronous spawn_agent call's turn ends with it."""
+    kit = make_kit()
+    replies = [{"status": 502, "error_body": "bad gateway"}]
+    with trio.fail_after(TIMEOUT):
+        async with harness(tmp_path, kit, replies) as h:
+            with pytest.raises(LLMStatusError, match="bad gateway") as caught:
+                await h.runtime.agent.run_ephemeral(SpawnRequest(task="Dig", profile_id="pa"))
+            assert caught.value.status == 502
 
 
 async def test_run_ephemeral_timeout_is_a_cancel_scope_that_closes_the_stream(
@@ -338,7 +411,9 @@ def _sub_replies(outcome: str) -> list[dict[str, Any]]:
     inside = calls(call("snapshot", label="inside"))
     if outcome == "success":
         return [inside, {"text": "seen"}]
-    if outcome == "failure":
+    if outcome == "failure":  # its own request refused: the call's failed result
+        return [inside, {"status": 404, "error_body": "the sub model is not here"}]
+    if outcome == "backend":  # the backend failed: raised
         return [inside, {"status": 500, "error_body": "the sub model crashed"}]
     return [inside, {"text": "thinking", "stall": True}]  # timeout
 
@@ -361,7 +436,7 @@ async def test_parent_contextvars_survive_a_spawn(tmp_path: Path, outcome: str) 
             (result,) = of_type(frames, "tool_result", name="spawn_agent")
             assert result["ok"] is (outcome == "success")
             if outcome == "failure":
-                assert "the sub model crashed" in result["output"]
+                assert "the sub model is not here" in result["output"]
             if outcome == "timeout":
                 assert "timed out after 1 s" in result["output"]
             (before,) = kit.snapshot.by_label("before")
@@ -383,7 +458,7 @@ async def test_parent_contextvars_survive_a_spawn(tmp_path: Path, outcome: str) 
             assert after["is_subagent"] is False
 
 
-@pytest.mark.parametrize("outcome", ["success", "failure", "timeout", "stop"])
+@pytest.mark.parametrize("outcome", ["success", "failure", "backend", "timeout", "stop"])
 async def test_run_ephemeral_restores_the_callers_contextvars(tmp_path: Path, outcome: str) -> None:
     kit = make_kit()
     if outcome == "stop":
@@ -407,8 +482,9 @@ async def test_run_ephemeral_restores_the_callers_contextvars(tmp_path: Path, ou
             (inside,) = kit.snapshot.by_label("inside")
             assert inside["vars"]["session_id"].startswith("subagent_")
             assert inside["vars"]["model"] == "sub-model"
-            if outcome == "stop":
-                assert outcome_seen is None and kit.block.cancelled == ["default"]
+            if outcome in ("stop", "backend"):
+                assert outcome_seen is None
+                assert kit.block.cancelled == (["default"] if outcome == "stop" else [])
             else:
                 assert outcome_seen is not None
                 assert outcome_seen[1] is (outcome == "success")
@@ -416,6 +492,10 @@ async def test_run_ephemeral_restores_the_callers_contextvars(tmp_path: Path, ou
 
 async def _run_ephemeral_for(h: Harness, kit: Kit, outcome: str) -> tuple[str, bool] | None:
     agent = h.runtime.agent
+    if outcome == "backend":
+        with pytest.raises(LLMStatusError):
+            await agent.run_ephemeral(SpawnRequest(task="Look", profile_id="sub"))
+        return None
     if outcome != "stop":
         done: tuple[str, bool] = await agent.run_ephemeral(
             SpawnRequest(task="Look", profile_id="sub", timeout_seconds=0.5)

@@ -530,6 +530,34 @@ def test_both_stream_timeouts_are_llm_timeouts_with_their_seconds() -> None:
     assert "first chunk" in str(first)
 
 
+def test_backend_level_llm_errors_are_the_backends_own_failures() -> None:
+    """A backend-level LLM error ends the turn even when a sub-agent meets it: the
+    backend unreachable, dropped, silent, erring or dead; not a request it refused, an
+    answer too long, a prompt over its window, or an empty summary."""
+    backend = [
+        errors.LLMConnectionError("cannot connect"),
+        errors.LLMStatusError(500, "boom"),
+        errors.LLMStatusError(503, "loading"),
+        errors.LLMStatusError(408, "request timeout"),
+        errors.LLMStatusError(429, "too many requests"),
+        errors.LLMStreamError("the runner stopped"),
+        errors.LLMMalformedStreamError("{not json"),
+        errors.LocalModelDiedError("SIGILL"),
+        errors.LocalModelBrokenError("again and again"),
+        errors.LLMFirstChunkTimeout(90),
+        errors.LLMChunkTimeout(60),
+    ]
+    not_backend = [
+        errors.LLMStatusError(400, "bad request"),
+        errors.LLMStatusError(404, "model 'x' not found"),
+        errors.LLMEmptyResponseError("http://h/v1/chat/completions"),
+        errors.LLMAnswerTooLongError(100),
+        errors.LLMError("the model returned an empty summary"),
+    ]
+    assert [type(e).__name__ for e in backend if not e.backend_level] == []
+    assert [type(e).__name__ for e in not_backend if e.backend_level] == []
+
+
 def test_context_too_large_names_both_numbers() -> None:
     exc = errors.ContextTooLargeError(tokens=9000, limit=8192)
     assert "9000" in str(exc) and "8192" in str(exc) and (exc.tokens, exc.limit) == (9000, 8192)

@@ -9,13 +9,17 @@ test cuts the connection).
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
-from web_browser import Site, answer_text, browser, needs_browser, send, shot, site
+from web_browser import Daemon, Site, answer_text, browser, needs_browser, send, shot, site
 
+from navi_trio import wire
+from navi_trio.api.daemon_client import open_daemon
 from navi_trio.store.sqlite import SQLiteStore
 
 __all__ = ["browser", "site"]  # fixtures
@@ -46,6 +50,59 @@ def test_a_cut_socket_reconnects_and_every_frame_shows_once(site: Site) -> None:
     assert page.locator(".user").count() == 1
     assert page.locator("#banner").is_hidden()
     shot(page, "reconnected")
+
+
+@pytest.mark.slow
+def test_a_task_that_ends_while_the_page_is_away_shows_ended_after_the_reconnect(
+    site: Site,
+) -> None:
+    """background-tasks spec: a task_update is "out-of-band: not part of the run's replay
+    buffer; on reconnect the client re-syncs via tasks list instead". The task ends while
+    the page is cut off (its update goes to nobody): back, the page shows it ended."""
+    site.loop.add_replies({"text": "hello"})
+    proxy = site.loop.proxy(site.daemon.port)
+    page = site.page(f"http://127.0.0.1:{proxy.port}/")
+    site.login(page)
+    send(page, "hi")
+    page.wait_for_selector(".lane.main .answer >> text=hello")
+    sid = page.evaluate("decodeURIComponent(location.hash.slice(1))")
+    # The task waits on a FIFO in the session's folder until the test writes to it.
+    folder = site.daemon.data / "sessions" / sid
+    folder.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(folder / "gate")
+    waits = {"action": "run", "command": "cat gate; echo bg-finished", "background": True}
+    site.loop.add_replies(
+        {"tool_calls": [{"name": "terminal", "arguments": waits}]},
+        {"text": "It runs in the background."},
+    )
+    send(page, "run it in the background")
+    page.wait_for_selector(".task.running")
+    page.wait_for_selector(".lane.main .answer >> text=runs in the background")
+    site.loop.call(setattr, proxy, "refusing", True)  # no way back until the task ended
+    assert site.loop.call(proxy.cut) >= 1
+    page.wait_for_selector("#conn-state.down")
+    ended = site.loop.run(_end_the_task, site.daemon, sid, folder / "gate")
+    assert ended["status"] == "completed"
+    assert page.locator(".task.running").count() == 1  # the page missed it
+    site.loop.call(setattr, proxy, "refusing", False)
+    page.wait_for_selector("#conn-state.up")
+    page.wait_for_selector(".task.completed")
+    assert page.locator(".task").count() == 1
+    page.click(".task.completed .task-check")
+    page.wait_for_selector(".task.completed .task-result >> text=bg-finished")
+    shot(page, "task-resynced")
+
+
+async def _end_the_task(daemon: Daemon, sid: str, gate: Path) -> dict[str, Any]:
+    """Open the task's gate and wait, on a connection of our own, for its final update."""
+    with trio.fail_after(30):
+        async with open_daemon(f"ws://127.0.0.1:{daemon.port}/", daemon.admin_token()) as d:
+            await d.request(wire.subscribe(sid, None))
+            await trio.to_thread.run_sync(gate.write_text, "go\n", abandon_on_cancel=True)
+            async for frame in d:
+                if frame["type"] == "task_update" and frame["status"] != "running":
+                    return frame
+    raise AssertionError("the connection ended before the task did")
 
 
 def test_a_restarted_daemon_shows_the_retrying_banner_then_resyncs(site: Site) -> None:

@@ -29,7 +29,6 @@ runner; nothing below reaches back into the agent.
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -62,7 +61,7 @@ from navi_trio.core.turn import TurnRunner
 from navi_trio.core.turn_end import shielded
 from navi_trio.core.turn_state import LoopParts, Turn
 from navi_trio.errors import LLMError, NothingToCompactError, RequestError
-from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, Woken
+from navi_trio.events import ErrorEvent, StreamEnd, Woken
 from navi_trio.llm.base import LLMBackend
 from navi_trio.profiles import BudgetConfig, ConfigSource, NaviConfig, OnBusy
 from navi_trio.settings import Settings
@@ -385,10 +384,9 @@ class Agent:
     # -- compact_stream -----------------------------------------------------------
 
     @asynccontextmanager
-    async def compact_stream(
-        self, session_id: str
-    ) -> AsyncIterator[trio.MemoryReceiveChannel[AgentEvent]]:
-        """Forced compression: CompressionStarted + ContextCompressed.
+    async def compact_stream(self, session_id: str) -> AsyncIterator[EventReceiver]:
+        """Forced compression: CompressionStarted + ContextCompressed, on the same kind of
+        bounded channel as a run's events.
 
         Raises NothingToCompactError on entry when there is nothing (new) to compress.
         """
@@ -399,7 +397,7 @@ class Agent:
             # refuses while a run is active and runs nothing else meanwhile; `navi
             # compact` runs in its own runtime under the lease, with no actor running.
             cfg = self.config()
-            send, recv = trio.open_memory_channel[AgentEvent](math.inf)
+            send, recv = open_event_channel(self.settings.event_buffer_max)
             turn = Turn(
                 state=state,
                 profile=cfg.profile(state.profile_id),
@@ -434,6 +432,14 @@ class Agent:
     async def run_ephemeral(
         self, request: SpawnRequest, *, parent_session_id: str | None = None
     ) -> tuple[str, bool]:
-        """A non-persistent sub-agent: (result_text, completed_normally)."""
+        """A non-persistent sub-agent: (result_text, completed_normally).
+
+        With `parent_session_id`, the sub-agent takes that session's current profile
+        (unless `request` names one) and its session-aware tools work on that session's
+        data. A backend-level LLM error (errors.py) is raised, as a synchronous
+        spawn_agent call's ends its turn; any other failure is ``completed_normally``
+        False, with the text saying why."""
         outcome = await run_ephemeral(self.parts, request, parent_session_id=parent_session_id)
+        if outcome.backend_error is not None:
+            raise outcome.backend_error
         return outcome.text, outcome.completed

@@ -3,8 +3,9 @@
 Every LLM call receives, in order:
 
 1. the system message — persona + ``---`` + the profile's system prompt — built fresh,
-   never stored, cached per (profile id, sub-agent or not); when the profile runs tool
-   calls in parallel, `PARALLEL_CALLS_NOTE` follows it (batch only independent calls);
+   never stored, cached per (profile id, sub-agent or not) for the config it was built
+   from; when the profile runs tool calls in parallel, `PARALLEL_CALLS_NOTE` follows it
+   (batch only independent calls);
 2. the memory message ``## What I remember about the user`` when there are memories;
 3. the session context, with stored ``system`` messages stripped (the system prompt
    is injected fresh, so an old one would duplicate it) — except messages marked
@@ -112,14 +113,18 @@ class ContextViews:
 class ContextBuilder:
     """Builds the message list for one LLM call. Holds only the system prompt cache.
 
-    Call `invalidate()` when the config is reloaded or a profile changes: the cache is
-    keyed by profile id, so a new prompt under the same id is not seen until then.
+    The cache is keyed by profile id, and an entry serves only the config it was built
+    from: a turn still running on the config from before a reload (or a profile
+    switch, which takes the config in force) never hands its older prompt to a turn on
+    the newer one, nor gets theirs. `invalidate()` drops entries (the live config does
+    at each reload); a new prompt under the same id in the same config object is not
+    seen until then.
     """
 
     def __init__(self, settings: Settings, counter: TokenCounter) -> None:
         self._settings = settings
         self._counter = counter
-        self._system_cache: dict[tuple[str, bool], str] = {}
+        self._system_cache: dict[tuple[str, bool], tuple[NaviConfig, str]] = {}
 
     def system_prompt(
         self,
@@ -140,14 +145,14 @@ class ContextBuilder:
             return override
         key = (profile.id, subagent)
         cached = self._system_cache.get(key)
-        if cached is not None:
-            return cached
+        if cached is not None and cached[0] is config:
+            return cached[1]
         body = profile.system_prompt
         if subagent and profile.subagent_system_prompt:
             body = profile.subagent_system_prompt
         parts = [p.strip() for p in (config.persona, body) if p and p.strip()]
         text = SEPARATOR.join(parts)
-        self._system_cache[key] = text
+        self._system_cache[key] = (config, text)
         return text
 
     def parallel_calls(self, profile: AgentProfile) -> bool:

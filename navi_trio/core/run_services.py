@@ -119,8 +119,12 @@ class RunServices:
         self._turn.switch_to = profile_id
 
     async def spawn(self, request: SpawnRequest, publish: Publish) -> SubagentOutcome:
-        """A synchronous sub-agent: its tokens count in this turn's totals."""
-        return await self._spawner().spawn(request, publish, usage_to=self._turn.count_child)
+        """A synchronous sub-agent: its tokens count in this turn's totals, and its
+        backend-level LLM error is raised: it ends this turn as the turn's own would."""
+        outcome = await self._spawner().spawn(request, publish, usage_to=self._turn.count_child)
+        if outcome.backend_error is not None:
+            raise outcome.backend_error
+        return outcome
 
     def detached(self) -> ToolServices:
         return JobServices(self._spawner())

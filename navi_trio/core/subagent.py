@@ -11,6 +11,9 @@ timeout is a `move_on_after` scope.
 Its events go to `publish`, marked ``is_subagent=True`` and ``agent_id`` — the parent's
 stream for a synchronous spawn_agent call, the job's ring for a background one. A
 synchronous caller passes `usage_to` so the sub-agent's tokens count in its own turn.
+
+However it ends, the outcome says how; a backend-level LLM error (errors.py) is also
+kept in it as `backend_error`, for a synchronous caller to end its own turn with.
 """
 
 from __future__ import annotations
@@ -149,6 +152,7 @@ async def _run_child(
     agent_id = turn.agent_id or ""
     text = ""
     failure: str | None = "it was stopped"
+    backend_error: LLMError | None = None
     try:
         with runvars.bound(
             session_id=turn.parent_session_id or agent_id,
@@ -171,6 +175,8 @@ async def _run_child(
                     failure = f"its budget ran out: {exc}"
                 except LLMError as exc:
                     failure = f"its LLM call failed: {exc}"
+                    if exc.backend_level:
+                        backend_error = exc
                 if failure is not None and not turn.ended:
                     turn.emit(ErrorEvent(message=failure, code="subagent_error"))
                     text = f"[the sub-agent failed: {failure}]"
@@ -203,5 +209,6 @@ async def _run_child(
             prompt_tokens=turn.prompt_tokens,
             completion_tokens=turn.completion_tokens,
             failure=failure,
+            backend_error=backend_error,
         )
     )

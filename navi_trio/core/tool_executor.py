@@ -2,7 +2,10 @@
 
 `ToolExecutor.execute_one` is the one place a tool call turns into a `ToolResult`:
 bad JSON arguments, an unknown tool, a tool that raises — each becomes a failed result
-the model can read; none of them ends the run. A call whose arguments carry
+the model can read; none of them ends the run. The one exception is a backend-level LLM
+error (errors.py; a synchronous sub-agent's): it passes, and ends the turn as the turn's
+own LLM call would, in a parallel batch too (its other calls are stopped). A call whose
+arguments carry
 ``"background": true`` for a tool in `settings.backgroundable_tools` is detached to the
 TaskSupervisor (background-tasks.md), here, so it works the same for the top-level loop
 and for sub-agents.
@@ -30,7 +33,7 @@ from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.checkpointing import RoundCheckpoints
 from navi_trio.core.policy import CallFacts, Verdict, decide, summary, with_network
 from navi_trio.core.task_supervisor import Job, TaskSupervisor
-from navi_trio.errors import BudgetExhaustedError, TaskRejectedError
+from navi_trio.errors import BudgetExhaustedError, LLMError, TaskRejectedError
 from navi_trio.events import AgentEvent, ToolEvent, ToolResultEvent, ToolStarted
 from navi_trio.llm.base import ToolCall
 from navi_trio.settings import Settings
@@ -282,10 +285,13 @@ class ToolExecutor:
 
 
 async def run_tool(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-    """Run a tool; an exception becomes the call's own failed result (Cancelled passes)."""
+    """Run a tool; an exception becomes the call's own failed result (Cancelled passes,
+    and so does a backend-level LLM error: the backend failed, not the tool)."""
     try:
         result = await tool.execute(args, ctx)
     except Exception as exc:  # a tool's bug must not end the run
+        if isinstance(exc, LLMError) and exc.backend_level:
+            raise
         return ToolResult.fail(f"the tool {tool.name} raised {type(exc).__name__}: {exc}")
     if not isinstance(result, ToolResult):
         return ToolResult.fail(
@@ -316,8 +322,10 @@ async def execute_batch(
     finished and pairs the others with "stopped by the user". With `parallel`, the
     ToolStarted frames of the whole batch go out first, in call order, the budget takes
     the calls in that order, and those it let start run concurrently in one nursery;
-    one call's failure is its own result only. First, when a call may write, the
-    writable folders are snapshotted once (core/checkpointing.py).
+    one call's failure is its own result only, but a backend-level LLM error stops the
+    others and is raised (the first in call order, when several calls meet one). First,
+    when a call may write, the writable folders are snapshotted once
+    (core/checkpointing.py).
     """
     if executor.checkpoints is not None:
         await executor.checkpoints.before_round(calls, ctx, executor.registry, allowed, publish)
@@ -336,12 +344,20 @@ async def execute_batch(
         if refused is not None:
             _refuse(calls, taken, refused, results, publish)
 
+        failed: dict[int, LLMError] = {}
+
         async def one(i: int, call: ToolCall) -> None:
-            results[i] = await executor.execute_one(call, ctx, allowed, publish)
+            try:
+                results[i] = await executor.execute_one(call, ctx, allowed, publish)
+            except LLMError as exc:  # backend-level (run_tool): the turn ends with it
+                failed[i] = exc
+                nursery.cancel_scope.cancel()
 
         async with trio.open_nursery() as nursery:
             for i, call in enumerate(calls[:taken]):
                 nursery.start_soon(one, i, call)
+        if failed:
+            raise failed[min(failed)]
         if refused is not None:
             raise refused
         return

@@ -442,12 +442,13 @@ class TurnRunner(TurnEnding):
                 )
 
     async def switch_profile(self, profile_id: str) -> None:
-        """Step 10: the profile changed; reload it (and with it the tools)."""
+        """Step 10: the profile changed; reload it (and with it the tools). The config in
+        force is taken again, so its system prompt is the current one: the builder's
+        cache serves a prompt only to the config it was built from (context.py)."""
         t = self.turn
         t.config = self.parts.config.current()
         t.profile = t.config.profile(profile_id)
         t.runtime_tools = await self.parts.registry.prepare(t.profile, t.emit)
-        self.parts.builder.invalidate(profile_id)
         t.views.invalidate()
         self._tool_context = None
         if t.profile.anti_stall_enabled or t.profile.adaptive_replan_enabled:

@@ -26,6 +26,7 @@ from navi_trio.events import (
     ToolResultEvent,
     WarningEvent,
 )
+from navi_trio.tools.base import ToolResult
 
 
 class TurnEnding:
@@ -112,8 +113,11 @@ class TurnEnding:
                 )
             )
 
-    async def _save_partial(self, *, durable: bool = True, **marks: Any) -> str:
-        """Keep what the call being streamed produced; pair every call without a result."""
+    async def _save_partial(
+        self, *, durable: bool = True, unfinished: ToolResult | None = None, **marks: Any
+    ) -> str:
+        """Keep what the call being streamed produced; pair every call without a result
+        (with `unfinished`, else "stopped by the user")."""
         turn = self.turn
         reply = turn.reply
         text = reply.content if reply else ""
@@ -130,7 +134,7 @@ class TurnEnding:
         turn.reply = None
         for i, call in enumerate(turn.pending_calls):
             if i not in turn.results:
-                result = stopped_result()
+                result = unfinished or stopped_result()
                 turn.results[i] = result
                 started = turn.call_started.get(call.id)  # None: it never started
                 took = 0 if started is None else int((trio.current_time() - started) * 1000)
@@ -173,7 +177,10 @@ class TurnEnding:
 
     async def _failed(self, exc: LLMError) -> None:
         self.turn.emit(ErrorEvent(message=str(exc), code=exc.code))
-        text = await self._save_partial(error=str(exc))
+        # Calls under way only when a sub-agent's backend failed (tool_executor.py): the
+        # call that met the error and its neighbours in a batch, all stopped by it.
+        unfinished = ToolResult.fail(f"not finished: the turn ended on an LLM error: {exc}")
+        text = await self._save_partial(error=str(exc), unfinished=unfinished)
         self.turn.end(self.stream_end(text, reason="error"))
 
     async def _too_large(self, exc: ContextTooLargeError) -> None:

@@ -9,7 +9,9 @@ no core, e.g. a tool tested alone). Tools never import the core; they see only t
   background jobs, for the ``tasks`` tool; None where there is no supervisor.
 - ``switch_profile(profile_id)`` — switch the session's profile from the next iteration
   on; raises `ToolInputError` for an unknown id or where switching is not possible.
-- ``spawn(request, publish)`` — run a sub-agent for spawn_agent and return its outcome.
+- ``spawn(request, publish)`` — run a sub-agent for spawn_agent and return its outcome;
+  a running turn's raises the sub-agent's backend-level LLM error instead (errors.py),
+  which ends that turn, while a background job's returns it as a failed outcome.
 - ``detached()`` — the services a background job keeps: only what outlives the run
   that started it (never the run itself, its history or its event channel).
 """
@@ -22,11 +24,14 @@ from typing import Protocol
 
 import attrs
 
+from navi_trio.errors import LLMError
 from navi_trio.events import AgentEvent
 from navi_trio.tools.procs import ProcessInfo, ReadResult
 from navi_trio.tools.result import ToolResult
 
 Publish = Callable[[AgentEvent], None]
+
+SUBAGENT_MAX_ITERATIONS = 40
 
 
 class ProcessService(Protocol):
@@ -89,7 +94,8 @@ class SpawnRequest:
 
     task: str
     profile_id: str | None = None
-    max_iterations: int = 40
+    # The spec's default, whatever the profile's own limit; also the most a model may ask.
+    max_iterations: int = SUBAGENT_MAX_ITERATIONS
     exclude_tools: tuple[str, ...] = ()
     briefing: str | None = None
     custom_system_prompt: str | None = None
@@ -100,7 +106,8 @@ class SpawnRequest:
 
 @attrs.frozen(kw_only=True)
 class SubagentOutcome:
-    """How a sub-agent ended. `failure` says why it did not complete, in words."""
+    """How a sub-agent ended. `failure` says why it did not complete, in words;
+    `backend_error` is the backend-level LLM error that ended it, if one did."""
 
     text: str
     completed: bool
@@ -108,6 +115,7 @@ class SubagentOutcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     failure: str | None = None
+    backend_error: LLMError | None = None
 
     @property
     def tokens(self) -> int:

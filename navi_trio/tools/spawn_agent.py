@@ -15,7 +15,7 @@ from typing import Any
 
 from navi_trio.errors import ToolInputError
 from navi_trio.tools.base import ToolContext, ToolResult, optional_number, optional_str, require_str
-from navi_trio.tools.services import SpawnRequest, unavailable
+from navi_trio.tools.services import SUBAGENT_MAX_ITERATIONS, SpawnRequest, unavailable
 
 
 class SpawnAgentTool:
@@ -44,7 +44,11 @@ class SpawnAgentTool:
             "custom_system_prompt": {"type": "string"},
             "inherit_system_prompt": {"type": "boolean"},
             "exclude_tools": {"type": "array", "items": {"type": "string"}},
-            "max_iterations": {"type": "integer", "minimum": 1, "maximum": 40},
+            "max_iterations": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": SUBAGENT_MAX_ITERATIONS,
+            },
             "timeout_seconds": {"type": "number", "minimum": 1},
             "background": {"type": "boolean"},
         },
@@ -85,9 +89,10 @@ def _request(args: dict[str, Any], ctx: ToolContext) -> SpawnRequest:
     inherit = args.get("inherit_system_prompt", False)
     if not isinstance(inherit, bool):
         raise ToolInputError("argument 'inherit_system_prompt' must be true or false")
-    max_iterations = int(optional_number(args, "max_iterations", 40))
-    if not 1 <= max_iterations <= 40:
-        raise ToolInputError("argument 'max_iterations' must be between 1 and 40")
+    most = SUBAGENT_MAX_ITERATIONS
+    max_iterations = int(optional_number(args, "max_iterations", most))
+    if not 1 <= max_iterations <= most:
+        raise ToolInputError(f"argument 'max_iterations' must be between 1 and {most}")
     # The model may ask for less time than NAVI_SPAWN_TIMEOUT_SEC, never for more.
     limit = ctx.settings.spawn_timeout_sec
     timeout = min(max(optional_number(args, "timeout_seconds", limit), 1.0), limit)
