@@ -3,24 +3,35 @@
 `pg_daemons(tmp_path, pg_url, llm_url, n)` starts `n` daemons one after the other
 (each on 127.0.0.1 port 0, the same data folder, so one local token opens all of them,
 and the shipped config without first-message plans) and kills every one on the way out
-(tests/reliability.py `navi_serve`). `history(url, sid)` reads a session's display
+(tests/reliability.py `navi_serve`); with `separate=True` each has a data folder of its
+own, as daemons on several machines do. `history(url, sid)` reads a session's display
 history straight from the database, and `lease(url, sid)` its lease row, the way a
 third process would.
+
+Users made as an operator makes them: `navi_users(env, "add", "bob")` runs `navi users`
+in a process of its own (on the database `env` names) and `add_user` returns the token it
+printed; `connect_as(url, token)` is a WebSocket client past its hello.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import trio
+from api_ws import Client
 from pg_server import sql
 from reliability import Daemon, clean_env, navi_serve
+from trio_websocket import open_websocket_url
 
 from navi_trio.settings import default_config_path
+
+CLI_LIMIT = 60  # real seconds for one `navi users` (a Python start on 2 busy cores)
 
 
 def no_plan_config(tmp_path: Path, **general: Any) -> Path:
@@ -36,7 +47,7 @@ def no_plan_config(tmp_path: Path, **general: Any) -> Path:
 
 @asynccontextmanager
 async def pg_daemons(
-    tmp_path: Path, pg_url: str, llm_url: str, n: int, **env: str
+    tmp_path: Path, pg_url: str, llm_url: str, n: int, *, separate: bool = False, **env: str
 ) -> AsyncIterator[list[Daemon]]:
     if "NAVI_CONFIG" not in env:  # (setdefault would write tmp_path/config even when given)
         env["NAVI_CONFIG"] = str(no_plan_config(tmp_path))
@@ -45,8 +56,43 @@ async def pg_daemons(
         daemons = []
         for i in range(n):
             log = tmp_path / f"daemon{i}.log"
-            daemons.append(await stack.enter_async_context(navi_serve(base, llm_url, log)))
+            own = {"NAVI_DATA_DIR": str(tmp_path / f"data{i}")} if separate else {}
+            serve = navi_serve({**base, **own}, llm_url, log)
+            daemons.append(await stack.enter_async_context(serve))
         yield daemons
+
+
+async def navi_users(env: dict[str, str], *args: str) -> str:
+    """``navi users ARGS`` in a process of its own; its output (it must succeed)."""
+    with trio.fail_after(CLI_LIMIT):
+        done = await trio.run_process(
+            [sys.executable, "-m", "navi_trio", "users", *args],
+            capture_stdout=True, capture_stderr=True, check=False, env=env,
+        )  # fmt: skip
+    assert done.returncode == 0, (args, done.stdout, done.stderr)
+    return done.stdout.decode()
+
+
+async def add_user(env: dict[str, str], name: str, role: str = "user") -> str:
+    """A new user made with `navi users add`; the token it printed (once)."""
+    out = await navi_users(env, "add", name, "--role", role)
+    return out.strip().splitlines()[-1]
+
+
+async def rotate_user(env: dict[str, str], name: str) -> str:
+    """`navi users rotate NAME`; the new token it printed."""
+    return (await navi_users(env, "rotate", name)).strip().splitlines()[-1]
+
+
+@asynccontextmanager
+async def connect_as(url: str, token: str) -> AsyncIterator[Client]:
+    """A WebSocket client of `url` whose hello with `token` was welcomed."""
+    async with open_websocket_url(url) as ws:
+        c = Client(ws)
+        await c.send({"type": "hello", "token": token})
+        welcome = await c.next()
+        assert welcome["type"] == "welcome", welcome
+        yield c
 
 
 def history(url: str, sid: str) -> list[tuple[Any, ...]]:

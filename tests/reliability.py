@@ -1,10 +1,10 @@
 """Helpers for the reliability suites (tests/test_reliability_*.py): a real `navi serve`
 subprocess on 127.0.0.1 port 0 with its own DB and data dir, a WebSocket client with
-the daemon's local token, and process measurements read from /proc (peak RSS, open file
-descriptors, child processes).
+the daemon's local token, its log as it comes (`LogLines`, when asked for), and process
+measurements read from /proc (RSS and peak RSS, open file descriptors, child processes).
 
-Nothing here sleeps: the daemon's port comes from the line it prints, frames are read
-as they arrive. Every process started here is killed on the way out.
+Nothing here sleeps: the daemon's port comes from the line it prints, frames and log
+lines are read as they arrive. Every process started here is killed on the way out.
 """
 
 from __future__ import annotations
@@ -36,11 +36,40 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+class LogLines:
+    """A daemon's log (its stderr) as it comes: every line kept in `lines` and copied to
+    its file; `until` waits for the lines holding a text, without polling."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._more = trio.Event()
+
+    async def pump(self, stream: trio.abc.ReceiveStream, path: Path) -> None:
+        rest = b""
+        with path.open("ab") as out:
+            while chunk := await stream.receive_some():
+                out.write(chunk)
+                out.flush()
+                *done, rest = (rest + chunk).split(b"\n")
+                self.lines += [line.decode(errors="replace") for line in done]
+                self._more.set()
+                self._more = trio.Event()
+
+    async def until(self, text: str, count: int = 1) -> list[str]:
+        """The first `count` lines holding `text`, once the daemon has written them."""
+        while True:
+            found = [line for line in self.lines if text in line]
+            if len(found) >= count:
+                return found[:count]
+            await self._more.wait()
+
+
 @attrs.define(eq=False)
 class Daemon:
     proc: trio.Process
     url: str
     data_dir: Path
+    log: LogLines | None = None  # with navi_serve(watch_log=True)
 
     @property
     def pid(self) -> int:
@@ -69,26 +98,43 @@ async def _first_line(stream: trio.abc.ReceiveStream) -> str:
 
 
 @asynccontextmanager
-async def navi_serve(env: dict[str, str], llm_url: str, log: Path) -> AsyncIterator[Daemon]:
-    """``python -m navi_trio serve --port 0``; its log (warnings and up) goes to `log`."""
+async def navi_serve(
+    env: dict[str, str],
+    llm_url: str,
+    log: Path,
+    *,
+    log_level: str = "warning",
+    watch_log: bool = False,
+) -> AsyncIterator[Daemon]:
+    """``python -m navi_trio serve --port 0``; its log (`log_level` and up) goes to `log`,
+    and with `watch_log` to the daemon's `log` (`LogLines`) as well."""
     with log.open("ab") as err:
         proc = await trio.lowlevel.open_process(
             [sys.executable, "-m", "navi_trio", "serve", "--port", "0", "--llm-url", llm_url,
-             "--log-level", "warning"],
-            stdout=subprocess.PIPE, stderr=err, env=env,
+             "--log-level", log_level],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE if watch_log else err, env=env,
         )  # fmt: skip
     assert proc.stdout is not None
     try:
-        with trio.fail_after(START_LIMIT):
-            line = await _first_line(proc.stdout)
-        assert line.startswith("navi: listening on ws://127.0.0.1:"), line
-        yield Daemon(proc, line.split()[-1], Path(env["NAVI_DATA_DIR"]))
+        async with trio.open_nursery() as nursery:
+            lines = None
+            if watch_log:
+                assert proc.stderr is not None
+                lines = LogLines()
+                nursery.start_soon(lines.pump, proc.stderr, log)
+            with trio.fail_after(START_LIMIT):
+                line = await _first_line(proc.stdout)
+            assert line.startswith("navi: listening on ws://127.0.0.1:"), line
+            yield Daemon(proc, line.split()[-1], Path(env["NAVI_DATA_DIR"]), lines)
+            nursery.cancel_scope.cancel()
     finally:
         if proc.returncode is None:
             proc.kill()
         with trio.CancelScope(shield=True), trio.move_on_after(10):
             await proc.wait()
             await proc.stdout.aclose()
+            if proc.stderr is not None:
+                await proc.stderr.aclose()
 
 
 # -- /proc measurements ------------------------------------------------------------------
@@ -104,6 +150,11 @@ def _status_kb(pid: int, field: str) -> int:
 def peak_rss_mb(pid: int) -> float:
     """The process's peak resident set (VmHWM) in MB, kept by the kernel: no sampling."""
     return _status_kb(pid, "VmHWM") / 1024
+
+
+def rss_mb(pid: int) -> float:
+    """The process's resident set now (VmRSS) in MB."""
+    return _status_kb(pid, "VmRSS") / 1024
 
 
 def open_fds(pid: int | None = None) -> int:
