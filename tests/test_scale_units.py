@@ -179,3 +179,42 @@ async def test_sessions_are_followed_side_by_side_and_one_sessions_steps_in_orde
         s1 = [what for what, about in bus.said if about in ("s1", session_channel("s1"))]
         assert s1 == ["listen", "follow", "notify", "unlisten", "unfollow", "notify"]
         assert cluster._follow_locks == {}
+
+
+async def test_the_scan_finds_what_dead_owners_left_and_leaves_live_ones_alone(
+    pg_url: str,
+) -> None:
+    """`orphans`: a queue nobody runs; a lease its owner never released, when the owner is
+    known dead or its lease and daemon row both ran out (a live daemon late to renew
+    one lease keeps it); messages handed to this daemon under its own lease."""
+    with trio.fail_after(TIMEOUT):
+        async with PostgresStore.open(pg_url) as store:
+            bus = store.bus()
+            for sid in ("queued", "dead", "expired", "late", "released", "mine", "handed"):
+                await store.create_session(sid, profile_id="general")
+            for owner in ("live", "late-daemon", "me"):
+                await bus.heartbeat(owner, 1, "far", 60)
+
+            async def lease(sid: str, owner: str, ttl: float) -> None:
+                await store.claim_lease(sid, owner=owner, pid=1, host="far", ttl=ttl)
+
+            await store.enqueue("queued", "k1", {"text": "x"}, pid=1, host="far")
+            await lease("dead", "dead-here", 60)  # its pid gone: `dead` says so
+            await lease("expired", "gone", -1)  # no daemons row: a navi run, or long gone
+            await lease("late", "late-daemon", -1)  # its daemon renews its row still
+            await lease("released", "live", 60)
+            await store.release_lease("released", owner="live")
+            await lease("mine", "me", -1)
+            await lease("handed", "me", 60)
+            await store.enqueue("handed", "k2", {"text": "y"}, pid=0, host="*")
+            found = await bus.orphans("me", ["dead-here"])
+            assert found == ["dead", "expired", "handed", "queued"], found
+            # Taking one over: only while it is still that lease, once.
+            got = await bus.lease("expired")
+            assert got is not None
+            first = await bus.take_abandoned(got[0], "me", 2, "far", 60, dead=False)
+            again = await bus.take_abandoned(got[0], "other", 3, "far", 60, dead=False)
+            assert (first, again) == (got[0].generation + 1, None)
+            late = await bus.lease("late")
+            assert late is not None
+            assert await bus.take_abandoned(late[0], "me", 2, "far", 60, dead=False) is not None
