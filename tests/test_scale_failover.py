@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -121,8 +122,9 @@ async def test_a_turn_killed_with_its_daemon_is_ended_and_every_follower_resyncs
 async def test_a_daemon_killed_on_the_same_machine_is_taken_over_before_its_lease_ends(
     tmp_path: Path, pg_url: str
 ) -> None:
-    """Its pid is gone: a message handed to it, and one sent after it died, run at once
-    on the other daemon, in the order sent, long before its lease would run out."""
+    """Its pid is gone: the other daemon, which watches it (B started after A), takes its
+    session over at once, with no command to it: B's turn is ended, the message handed
+    to B runs, long before B's lease would run out."""
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm(killed_then_two(600)) as llm,
@@ -139,11 +141,10 @@ async def test_a_daemon_killed_on_the_same_machine_is_taken_over_before_its_leas
                 ok = await on_a.request({"type": "message", "session_id": sid, "content": "two"})
                 assert (ok["type"], ok["queued"]) == ("ok", True), ok  # handed to B
                 os.kill(b.pid, signal.SIGKILL)
-                await b.proc.wait()
+                reasons = [(await on_a.until_end(sid))["reason"] for _ in range(2)]
+                assert reasons == ["error", "complete"], reasons
                 ok = await on_a.request({"type": "message", "session_id": sid, "content": "three"})
-                assert ok["type"] == "ok", ok  # not handed to the dead B
-                reasons = [(await on_a.until_end(sid))["reason"] for _ in range(3)]
-                assert reasons == ["error", "complete", "complete"], reasons
+                assert (await on_a.until_end(sid))["reason"] == "complete"
             rows = history(pg_url, sid)
             assert [r for r in rows if r[0] == "user"] == [
                 ("user", "one"), ("user", "two"), ("user", "three")
@@ -160,3 +161,33 @@ async def test_a_daemon_killed_on_the_same_machine_is_taken_over_before_its_leas
             )
             assert taken[1] - taken[0] > float(TTL) / 2, taken
             assert never_two_owners(pg_url, frozenset({b.pid})) >= 2
+
+
+async def test_a_message_for_a_session_whose_holder_died_here_runs_here_at_once(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A process of this machine that kept no daemon row (an embedded `navi run`) died
+    holding the session's lease: a message to it is not handed to that dead pid, it runs
+    here at once, after the dead turn's end."""
+    replies: list[dict[str, Any]] = [{"text": "answer one"}, {"text": "answer two"}]
+    with trio.fail_after(TIMEOUT):
+        async with (
+            open_fake_llm(replies) as llm,
+            pg_daemons(tmp_path, pg_url, llm.url, 1, separate=True, NAVI_LEASE_TTL_SEC=TTL) as (a,),
+        ):
+            token = await add_user(cli_env(tmp_path, pg_url, a), "alice")
+            async with connect_as(a.url, token) as on_a:
+                sid = (await on_a.request({"type": "message", "content": "one"}))["session_id"]
+                assert (await on_a.until_end(sid))["reason"] == "complete"
+                gone = await trio.lowlevel.open_process(["true"])  # a process that ended:
+                await gone.wait()  # its pid, reaped, is dead
+                sql(pg_url, "UPDATE leases SET owner = %s, pid = %s, host = %s, expires_at ="
+                            " extract(epoch FROM clock_timestamp()) + 600, generation ="
+                            " generation + 1 WHERE session_id = %s",
+                    (f"{socket.gethostname()}:{gone.pid}:run", gone.pid, socket.gethostname(),
+                     sid))  # fmt: skip
+                ok = await on_a.request({"type": "message", "session_id": sid, "content": "two"})
+                assert (ok["type"], ok["queued"]) == ("ok", False), ok
+                reasons = [(await on_a.until_end(sid))["reason"] for _ in range(2)]
+                assert reasons == ["error", "complete"], reasons
+            assert history(pg_url, sid)[-1] == ("assistant", "answer two")

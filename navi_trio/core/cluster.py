@@ -45,7 +45,8 @@ failover scan runs at once (messages handed to this daemon meanwhile).
 lease is live while it has not expired and, on this machine, its pid lives: the
 hand-over and the scan look at both, so a SIGKILLed daemon is passed over at once on
 its own machine, and after its TTL elsewhere. Every half TTL, at once when a daemon of
-this machine dies (each is watched through a pidfd) and when the listener comes back,
+this machine dies (each is watched through a pidfd: those up when this one starts, and
+each that starts later, which says so on ``navi_daemons``) and when the listener is back,
 the scan looks for sessions with queued messages and no live lease, leases a dead owner
 never released, and messages handed to this daemon: it starts their actor, which ends
 the turn the dead owner left (the history says "the daemon running this turn died",
@@ -82,6 +83,7 @@ log = logging.getLogger(__name__)
 Frame = dict[str, Any]
 Encode = Callable[[AgentEvent, str, "int | None", "str | None"], Frame]
 FOLLOW_CHANNEL = "navi_follow"
+DAEMONS_CHANNEL = "navi_daemons"  # a daemon started: (owner, pid, host), to be watched
 INBOX_MAX = 20_000  # notifications waiting for the handler; past it, dropped (a resync)
 BATCH_MAX = 500  # frames per NOTIFY transaction
 HANDED_PID = 0  # a queued row handed to the owner: anyone's who holds the lease
@@ -170,11 +172,16 @@ class Cluster:
                 await self.bus.heartbeat(self.owner, self.leases.pid, self.leases.host, self.ttl)
                 await self.bus.listen(daemon_channel(self.owner))
                 await self.bus.listen(FOLLOW_CHANNEL)
+                await self.bus.listen(DAEMONS_CHANNEL)
                 for sid, owner in await self.bus.follows():
                     if owner != self.owner:
                         self._followers.setdefault(sid, set()).add(owner)
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
+                    # The daemons up now are watched by the first scan, those that start
+                    # later from their word here: no window where one dies unwatched.
+                    here = {"o": self.owner, "p": self.leases.pid, "h": self.leases.host}
+                    await self.bus.notify([(DAEMONS_CHANNEL, json.dumps(here))])
                     nursery.start_soon(self._take_orphans_quietly)  # what a dead one left
                     nursery.start_soon(self._heartbeat)
                     nursery.start_soon(self._publisher)
@@ -482,6 +489,11 @@ class Cluster:
                 owners.discard(owner)
                 if not owners:
                     self._followers.pop(sid, None)
+            return
+        if channel == DAEMONS_CHANNEL:
+            who, pid, host = data.get("o"), data.get("p"), data.get("h")
+            if isinstance(who, str) and isinstance(pid, int) and isinstance(host, str):
+                self._watch([(who, pid, host)])
             return
         if channel == daemon_channel(self.owner):
             if await self.calls.received(data):  # approvals, tasks (core/owner_calls.py)
