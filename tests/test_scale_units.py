@@ -296,3 +296,32 @@ async def test_the_asking_daemon_keeps_nothing_of_an_ask_once_it_is_answered(
             with pytest.raises(StorageError, match="listener is not connected"):
                 await asker.stop("owner", "s-1")
             assert asker._asked == {}
+
+
+class _SlowFollowsBus:
+    """What the cluster's resume reads of the bus: `follows` waits for `gate`, then
+    gives the rows it had when asked (older than what was said meanwhile)."""
+
+    def __init__(self) -> None:
+        self.gate = trio.Event()
+
+    async def follows(self) -> list[tuple[str, str]]:
+        rows = [("s-old", "d-2")]
+        await self.gate.wait()
+        return rows
+
+
+async def test_follow_notes_heard_while_the_listener_resumes_are_not_lost() -> None:
+    """Back after a failure, the cluster reads who follows what again; a follow said
+    on the channel meanwhile is newer than the rows it read, and kept."""
+    bus = _SlowFollowsBus()
+    leases = cast(SessionLeases, SimpleNamespace(owner="d-1"))
+    cluster = Cluster(cast(ClusterBus, bus), cast(SessionStore, None), leases, 60.0)
+    cluster._followers = {"s-gone": {"d-3"}}  # unfollowed while the listener was down
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cluster._resume)
+            await trio.testing.wait_all_tasks_blocked()
+            await cluster._handle("navi_follow", json.dumps({"s": "s-new", "o": "d-4", "on": True}))
+            bus.gate.set()
+        assert cluster._followers == {"s-old": {"d-2"}, "s-new": {"d-4"}}

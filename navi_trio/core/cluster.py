@@ -143,6 +143,7 @@ class Cluster:
         self._watched: set[str] = set()  # daemons of this machine watched (pidfds)
         # Sessions some other daemon follows: their frames are published.
         self._followers: dict[str, set[str]] = {}
+        self._notes_meanwhile: list[tuple[str, str, bool]] | None = None
         self._following: set[str] = set()  # sessions this daemon listens to
         # One lock per session being followed or unfollowed: its listen, row and note
         # go in order; other sessions' do not wait (one lock for all made 500 sessions
@@ -287,14 +288,19 @@ class Cluster:
                 actor = self.registry.actor(sid)
                 if actor is not None and not actor.busy:
                     actor.resync()
+        self._notes_meanwhile = []  # follow notes heard while the rows are read
         try:
             followers: dict[str, set[str]] = {}
             for sid, owner in await self.bus.follows():
                 if owner != self.owner:
                     followers.setdefault(sid, set()).add(owner)
+            for note in self._notes_meanwhile:  # newer than the rows, or as new
+                self._follow_note(followers, *note)
             self._followers = followers
         except NaviError as exc:
             log.warning("reading the other daemons' follows failed: %s", exc)
+        finally:
+            self._notes_meanwhile = None
         self._scan_soon.set()
 
     # -- routing ------------------------------------------------------------------------
@@ -480,15 +486,10 @@ class Cluster:
             return
         if channel == FOLLOW_CHANNEL:
             sid, owner = str(data.get("s")), str(data.get("o"))
-            if owner == self.owner:
-                return
-            if data.get("on"):
-                self._followers.setdefault(sid, set()).add(owner)
-            else:
-                owners = self._followers.get(sid, set())
-                owners.discard(owner)
-                if not owners:
-                    self._followers.pop(sid, None)
+            if owner != self.owner:
+                self._follow_note(self._followers, sid, owner, bool(data.get("on")))
+                if self._notes_meanwhile is not None:
+                    self._notes_meanwhile.append((sid, owner, bool(data.get("on"))))
             return
         if channel == DAEMONS_CHANNEL:
             who, pid, host = data.get("o"), data.get("p"), data.get("h")
@@ -513,6 +514,16 @@ class Cluster:
         if actor is not None:
             actor.relay(frame)
             self.relayed += 1
+
+    @staticmethod
+    def _follow_note(followers: dict[str, set[str]], sid: str, owner: str, on: bool) -> None:
+        if on:
+            followers.setdefault(sid, set()).add(owner)
+            return
+        owners = followers.get(sid, set())
+        owners.discard(owner)
+        if not owners:
+            followers.pop(sid, None)
 
     async def _command(self, kind: str, session_id: str) -> None:
         if self.registry is None:
