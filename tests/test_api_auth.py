@@ -75,6 +75,15 @@ async def test_data_folders_on_one_database_each_keep_a_token_of_their_own(
             with pytest.raises(AuthError, match="unknown token"):
                 await authenticate(store, second)
             assert len(await store.list_users()) == 2
+            # A local-user file naming a user who is not an admin is never acted on: that
+            # user's token stays theirs, and the folder's own admin gets the new one.
+            await store.create_user("bob", "bob-token")
+            (two / "local-user").write_text("bob\n")
+            (two / "local-token").unlink()
+            await ensure_local_token(store, two)
+            assert (await authenticate(store, "bob-token")).name == "bob"
+            again = await authenticate(store, read_local_token(two) or "")
+            assert (again.name, again.role) == (folder_admin_name(two), "admin")
 
 
 def test_a_client_token_comes_from_the_flag_then_the_env_then_the_file(tmp_path: Path) -> None:
