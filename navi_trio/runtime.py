@@ -218,6 +218,7 @@ async def open_runtime(
                 supervisor.shared = joined  # the caps count for every daemon
                 sessions.on_retire = joined.unfollow_soon
                 sessions.broadcast_class = RelayBroadcast  # other daemons' frames, relayed
+                sessions.dead_turn = joined.dead_turn  # a turn a dead daemon left: ended
                 await nursery.start(joined.run)
             rewinder = Rewinder(
                 settings=settings,

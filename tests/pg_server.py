@@ -4,7 +4,9 @@
 session shares it): it starts one cluster (`navi_trio.testing.postgres.PgServer`: initdb
 in a temp folder, postgres on a free 127.0.0.1 port, as ``nobody`` when we are root) and
 stops it at the end of the session.
-`pg_url` gives each test a fresh, empty database on it (dropped afterwards). `sql` runs
+`pg_url` gives each test a fresh, empty database on it (dropped afterwards).
+`own_pg` is a server of the test's own, with a database: (server, url), for a test that
+halts and resumes the server (a restart, an outage) under its clients. `sql` runs
 one statement on a connection of its own, `cut_connections` ends every other connection
 to a database (a server restart, for its clients), `closed_port` is a port nobody
 listens on. When no
@@ -44,6 +46,19 @@ def pg_url(pg_server: PgServer) -> Iterator[str]:
         yield url
     finally:
         pg_server.drop_database(url.rsplit("/", 1)[1])
+
+
+@pytest.fixture
+def own_pg() -> Iterator[tuple[PgServer, str]]:
+    """A server of this test's own (to halt and resume it) and a database on it."""
+    try:
+        server = PgServer.start()
+    except PgUnavailable as exc:
+        pytest.skip(f"no PostgreSQL server for the PostgreSQL store's tests: {exc}")
+    try:
+        yield server, server.create_database()
+    finally:
+        server.stop()
 
 
 def sql(url: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

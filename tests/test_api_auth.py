@@ -1,5 +1,6 @@
-"""Tokens: the local admin token file (0600, kept across restarts, replaced when stale)
-and which token a client uses (--token, then NAVI_TOKEN, then the file)."""
+"""Tokens: the local admin token file (0600, kept across restarts, replaced when stale;
+each data folder's its own user) and which token a client uses (--token, then
+NAVI_TOKEN, then the file)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from navi_trio.api.auth import (
     LOCAL_ADMIN,
     authenticate,
     ensure_local_token,
+    folder_admin_name,
     read_local_token,
     resolve_token,
 )
@@ -46,6 +48,42 @@ async def test_the_local_token_file_is_private_kept_and_replaced_when_stale(
             assert [u["name"] for u in await store.list_users()] == [LOCAL_ADMIN]
             with pytest.raises(AuthError, match="unknown token"):
                 await authenticate(store, token)
+
+
+async def test_data_folders_on_one_database_each_keep_a_token_of_their_own(
+    tmp_path: Path,
+) -> None:
+    """Two machines (two data folders) on one database: starting one never breaks the
+    other's token file; a folder whose token is lost gets a new one for its own user."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    with trio.fail_after(TIMEOUT):
+        async with SQLiteStore.open(tmp_path / "navi.db") as store:
+            for _ in range(2):  # each start of each, in turn
+                await ensure_local_token(store, one)
+                await ensure_local_token(store, two)
+            first, second = read_local_token(one), read_local_token(two)
+            assert first is not None and second is not None and first != second
+            users = {(await authenticate(store, t)).name for t in (first, second)}
+            assert users == {LOCAL_ADMIN, folder_admin_name(two)}
+            # Two's token lost: a new one for its own user; one's still works.
+            (two / "local-token").unlink()
+            await ensure_local_token(store, two)
+            fresh = read_local_token(two)
+            assert fresh not in (None, second)
+            assert (await authenticate(store, fresh or "")).name == folder_admin_name(two)
+            assert (await authenticate(store, first)).name == LOCAL_ADMIN
+            with pytest.raises(AuthError, match="unknown token"):
+                await authenticate(store, second)
+            assert len(await store.list_users()) == 2
+            # A local-user file naming a user who is not an admin is never acted on: that
+            # user's token stays theirs, and the folder's own admin gets the new one.
+            await store.create_user("bob", "bob-token")
+            (two / "local-user").write_text("bob\n")
+            (two / "local-token").unlink()
+            await ensure_local_token(store, two)
+            assert (await authenticate(store, "bob-token")).name == "bob"
+            again = await authenticate(store, read_local_token(two) or "")
+            assert (again.name, again.role) == (folder_admin_name(two), "admin")
 
 
 def test_a_client_token_comes_from_the_flag_then_the_env_then_the_file(tmp_path: Path) -> None:

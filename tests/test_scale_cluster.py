@@ -3,8 +3,8 @@
 
 - a client on daemon A drives and follows a session that daemon B runs: its message is
   handed to B, and it gets every frame of B's runs, in order, once;
-- a daemon SIGKILLed mid-run: its session is taken over, and no acknowledged message is
-  lost (each is in the history exactly once, in the order sent);
+- a daemon SIGKILLed mid-run: its session is taken over, its turn ended, and no
+  acknowledged message is lost (each is in the history exactly once, in the order sent);
 - no session is ever run by two daemons at once, checked from the store's own records
   (a trigger logs every lease change over the whole test).
 
@@ -49,16 +49,19 @@ CREATE TRIGGER lease_log AFTER INSERT OR UPDATE ON leases
 """
 
 
-def never_two_owners(url: str) -> int:
+def never_two_owners(url: str, killed: frozenset[int] = frozenset()) -> int:
     """Checks the lease log: a new owner's claim comes after the last owner's lease
-    ended (expired or released); the number of changes checked."""
+    ended (expired or released), or its process was killed (`killed`: pids, all on this
+    machine, where a dead pid's lease is taken over at once); the number of changes
+    checked."""
     rows = sql(url, "SELECT session_id, owner, generation, expires_at, at FROM lease_log"
                     " ORDER BY session_id, id")  # fmt: skip
     last: dict[str, tuple[str, int, float]] = {}
     for sid, owner, generation, expires_at, at in rows:
         before = last.get(sid)
         if before is not None and before[0] != owner:
-            assert at >= before[2], (sid, before, owner, at)  # the old lease had ended
+            dead = int(before[0].split(":")[1]) in killed
+            assert dead or at >= before[2], (sid, before, owner, at)  # the old lease ended
             assert generation == before[1] + 1, (sid, before, owner, generation)
         if before is not None and before[0] == owner:
             assert generation == before[1], (sid, before, generation)
@@ -82,6 +85,16 @@ def seqs_in_order(frames: list[dict[str, Any]], sid: str) -> None:
         elif f["type"] != "resync" and seq is not None:
             assert f["seq"] > seq, (seq, f)
         epoch, seq = f["epoch"], f["seq"]
+
+
+def killed_then_two(wait: float) -> list[dict[str, Any]]:
+    """A reply the model waits `wait` s to start (its daemon is killed meanwhile), then
+    the answers to two more messages."""
+    return [
+        {"text": "never finished", "delay_first": wait},
+        {"text": "answer two"},
+        {"text": "answer three"},
+    ]
 
 
 async def message(c: Client, sid: str, text: str) -> dict[str, Any]:
@@ -172,14 +185,9 @@ async def test_a_profile_that_rejects_refuses_a_message_for_a_turn_on_another_da
 async def test_a_daemon_killed_mid_run_loses_no_acknowledged_message(
     tmp_path: Path, pg_url: str
 ) -> None:
-    replies: list[dict[str, Any]] = [
-        {"text": "never finished", "delay_first": 60},  # B's run, killed under it
-        {"text": "answer two"},
-        {"text": "answer three"},
-    ]
     with trio.fail_after(TIMEOUT):
         async with (
-            open_fake_llm(replies) as llm,
+            open_fake_llm(killed_then_two(60)) as llm,
             pg_daemons(tmp_path, pg_url, llm.url, 3, NAVI_LEASE_TTL_SEC=TTL) as (a, b, c),
         ):
             sql(pg_url, LEASE_LOG)
@@ -192,12 +200,13 @@ async def test_a_daemon_killed_mid_run_loses_no_acknowledged_message(
                     ok = await message(on_a, sid, text)
                     assert (ok["type"], ok["queued"]) == ("ok", True), ok
                 os.kill(b.pid, signal.SIGKILL)
-                # A (or C) takes the session over within the TTL and runs the queue.
-                ends = [await on_a.until_end(sid), await on_a.until_end(sid)]
-                assert [e["reason"] for e in ends] == ["complete", "complete"], ends
+                # A (or C) takes the session over, ends B's turn, and runs the queue.
+                ends = [await on_a.until_end(sid) for _ in range(3)]
+                assert [e["reason"] for e in ends] == ["error", "complete", "complete"], ends
             rows = history(pg_url, sid)
             users = [content for role, content in rows if role == "user"]
             assert users == ["one", "two", "three"], rows
+            assert rows[1] == ("assistant", ""), rows  # B's turn, ended (its error: DEAD_TURN)
             assert ("assistant", "answer two") in rows and ("assistant", "answer three") in rows
             assert sql(pg_url, "SELECT count(*) FROM queued") == [(0,)]
-            assert never_two_owners(pg_url) >= 2
+            assert never_two_owners(pg_url, frozenset({b.pid})) >= 2

@@ -72,6 +72,7 @@ async def test_a_paused_daemons_late_writes_are_refused_after_a_takeover(
                 assert end["reason"] == "error", end
             assert history(pg_url, sid) == [
                 ("user", "one"),
+                ("assistant", ""),  # A's turn, ended by B when it took over (DEAD_TURN)
                 ("user", "two"),
                 ("assistant", "answer from B"),
             ]

@@ -16,8 +16,9 @@ import socket
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from types import SimpleNamespace
-from typing import cast
+from typing import Any, cast
 
+import pytest
 import trio
 import trio.testing
 from kvfake_tasks import MemoryKV
@@ -27,8 +28,10 @@ from pg_server import sql
 
 from navi_trio.core.cluster import Cluster, session_channel
 from navi_trio.core.lease import SessionLeases
+from navi_trio.core.owner_calls import ASK_TIMEOUT_SEC, OwnerCalls
 from navi_trio.core.task_notes import NOTES_SCOPE
 from navi_trio.core.task_supervisor import RUNNING_SCOPE, Job, TaskSupervisor
+from navi_trio.errors import NotFoundError, StorageError, UnavailableError
 from navi_trio.settings import Settings
 from navi_trio.store.base import ClusterBus, SessionStore
 from navi_trio.store.postgres import PostgresStore
@@ -179,3 +182,152 @@ async def test_sessions_are_followed_side_by_side_and_one_sessions_steps_in_orde
         s1 = [what for what, about in bus.said if about in ("s1", session_channel("s1"))]
         assert s1 == ["listen", "follow", "notify", "unlisten", "unfollow", "notify"]
         assert cluster._follow_locks == {}
+
+
+async def test_the_scan_finds_what_dead_owners_left_and_leaves_live_ones_alone(
+    pg_url: str,
+) -> None:
+    """`orphans`: a queue nobody runs; a lease its owner never released, when the owner is
+    known dead or its lease and daemon row both ran out (a live daemon late to renew
+    one lease keeps it); messages handed to this daemon under its own lease."""
+    with trio.fail_after(TIMEOUT):
+        async with PostgresStore.open(pg_url) as store:
+            bus = store.bus()
+            for sid in ("queued", "dead", "expired", "late", "released", "mine", "handed"):
+                await store.create_session(sid, profile_id="general")
+            for owner in ("live", "late-daemon", "me"):
+                await bus.heartbeat(owner, 1, "far", 60)
+
+            async def lease(sid: str, owner: str, ttl: float) -> None:
+                await store.claim_lease(sid, owner=owner, pid=1, host="far", ttl=ttl)
+
+            await store.enqueue("queued", "k1", {"text": "x"}, pid=1, host="far")
+            await lease("dead", "dead-here", 60)  # its pid gone: `dead` says so
+            await lease("expired", "gone", -1)  # no daemons row: a navi run, or long gone
+            await lease("late", "late-daemon", -1)  # its daemon renews its row still
+            await lease("released", "live", 60)
+            await store.release_lease("released", owner="live")
+            await lease("mine", "me", -1)
+            await lease("handed", "me", 60)
+            await store.enqueue("handed", "k2", {"text": "y"}, pid=0, host="*")
+            found = await bus.orphans("me", ["dead-here"])
+            assert found == ["dead", "expired", "handed", "queued"], found
+            # Taking one over: only while it is still that lease, once.
+            got = await bus.lease("expired")
+            assert got is not None
+            first = await bus.take_abandoned(got[0], "me", 2, "far", 60, dead=False)
+            again = await bus.take_abandoned(got[0], "other", 3, "far", 60, dead=False)
+            assert (first, again) == (got[0].generation + 1, None)
+            late = await bus.lease("late")
+            assert late is not None
+            assert await bus.take_abandoned(late[0], "me", 2, "far", 60, dead=False) is not None
+
+
+class LoopBus:
+    """Two daemons' channels in memory: a notification on a daemon's channel is handed
+    to its `OwnerCalls`, in a task of its own, unless `deaf` (nobody answers)."""
+
+    up = True
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
+        self.calls: dict[str, OwnerCalls] = {}
+        self.deaf = False
+
+    async def notify(self, items: Sequence[tuple[str, str]]) -> None:
+        for channel, payload in items:
+            target = self.calls.get(channel)
+            if target is not None and not self.deaf:
+                self.nursery.start_soon(target.received, json.loads(payload))
+
+    async def live_daemons(self) -> list[tuple[str, int, str]]:
+        return [("owner", 42, "far")]
+
+
+class Answers:
+    async def answer(
+        self, session_id: str, call_id: str, *, approve: bool, scope: str, user_id: str
+    ) -> None:
+        if call_id == "gone":
+            raise NotFoundError(f"no approval request {call_id!r} is waiting")
+
+
+class Cancels:
+    def cancel(self, session_id: str, task_id: str) -> bool:
+        return task_id == "bt-1"
+
+
+async def test_the_asking_daemon_keeps_nothing_of_an_ask_once_it_is_answered(
+    autojump_clock: Any,
+) -> None:
+    """Approvals, task cancels and stops asked of another daemon: answered, refused,
+    unanswered (the ask times out) or not asked at all (the listener down), the asker
+    keeps no pending entry for them."""
+    kv = MemoryKV()
+    marker = {"session_id": "s-1", "task_id": "bt-1", "tool": "terminal", "pid": 42,
+              "host": "far", "started": 0.0}  # fmt: skip
+    await kv.kv_set(RUNNING_SCOPE, "s-1:bt-1", marker)
+    with trio.fail_after(TIMEOUT * 10):
+        async with trio.open_nursery() as nursery:
+            bus = LoopBus(nursery)
+            store = cast(SessionStore, kv)
+            asker = OwnerCalls(cast(ClusterBus, bus), store, "asker", lambda o: f"nd_{o}")
+            owner = OwnerCalls(cast(ClusterBus, bus), store, "owner", lambda o: f"nd_{o}")
+            owner.attach(Answers(), Cancels(), lambda sid: sid == "s-1")
+            bus.calls = {"nd_asker": asker, "nd_owner": owner}
+
+            await asker.approve("owner", "s-1", "call-1", approve=True, scope="once", user_id="u-1")
+            assert asker._asked == {}
+            with pytest.raises(NotFoundError):
+                await asker.approve(
+                    "owner", "s-1", "gone", approve=False, scope="once", user_id="u-1"
+                )
+            assert asker._asked == {}
+            answer = await asker.task("cancel", ["s-1"], "bt-1")
+            assert answer == {"task_id": "bt-1", "cancelled": True}
+            assert asker._asked == {}
+            assert await asker.stop("owner", "s-1") is True
+            assert await asker.stop("owner", "s-2") is False
+            assert asker._asked == {}
+
+            bus.deaf = True
+            before = trio.current_time()
+            with pytest.raises(UnavailableError, match="did not answer"):
+                await asker.approve(
+                    "owner", "s-1", "call-2", approve=True, scope="once", user_id="u-1"
+                )
+            assert trio.current_time() - before == pytest.approx(ASK_TIMEOUT_SEC)
+            assert asker._asked == {}
+            bus.up = False
+            with pytest.raises(StorageError, match="listener is not connected"):
+                await asker.stop("owner", "s-1")
+            assert asker._asked == {}
+
+
+class _SlowFollowsBus:
+    """What the cluster's resume reads of the bus: `follows` waits for `gate`, then
+    gives the rows it had when asked (older than what was said meanwhile)."""
+
+    def __init__(self) -> None:
+        self.gate = trio.Event()
+
+    async def follows(self) -> list[tuple[str, str]]:
+        rows = [("s-old", "d-2")]
+        await self.gate.wait()
+        return rows
+
+
+async def test_follow_notes_heard_while_the_listener_resumes_are_not_lost() -> None:
+    """Back after a failure, the cluster reads who follows what again; a follow said
+    on the channel meanwhile is newer than the rows it read, and kept."""
+    bus = _SlowFollowsBus()
+    leases = cast(SessionLeases, SimpleNamespace(owner="d-1"))
+    cluster = Cluster(cast(ClusterBus, bus), cast(SessionStore, None), leases, 60.0)
+    cluster._followers = {"s-gone": {"d-3"}}  # unfollowed while the listener was down
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cluster._resume)
+            await trio.testing.wait_all_tasks_blocked()
+            await cluster._handle("navi_follow", json.dumps({"s": "s-new", "o": "d-4", "on": True}))
+            bus.gate.set()
+        assert cluster._followers == {"s-old": {"d-2"}, "s-new": {"d-4"}}

@@ -4,13 +4,22 @@ Tokens are random secrets (`new_token`); the store keeps only their SHA-256. The
 local convenience: on first start `navi serve` creates an admin user and writes its
 token to ``data_dir/local-token`` with mode 0600, which local clients read when no
 ``--token`` / ``NAVI_TOKEN`` is given.
+
+Each data folder's local admin is its own user, named in ``data_dir/local-user``: the
+first one of a database is ``local-admin``, another folder's (another machine, or a
+second daemon of one machine, on a shared PostgreSQL) ``local-admin@HOST:KEY`` (KEY
+from the folder's path). A folder whose token is missing or stale gets a new token for
+its own user only: starting one daemon never breaks another folder's token file.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import ipaddress
 import os
 import secrets
+import socket
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +35,7 @@ if TYPE_CHECKING:  # `navi run` reads the token file before it needs the store
 
 ROLES = ("admin", "user")
 LOCAL_TOKEN_FILE = "local-token"
+LOCAL_USER_FILE = "local-user"  # the name of this folder's local admin
 LOCAL_ADMIN = "local-admin"
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -72,18 +82,58 @@ def read_local_token(data_dir: Path) -> str | None:
     return text or None
 
 
+def folder_admin_name(data_dir: Path) -> str:
+    """The local admin's name for a data folder that is not the database's first."""
+    key = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:8]
+    return f"{LOCAL_ADMIN}@{socket.gethostname() or 'localhost'}:{key}"
+
+
 async def ensure_local_token(store: SessionStore, data_dir: Path) -> Path:
-    """The local admin token file, created (0600) with its user when missing or stale."""
+    """This folder's local admin token file, created (0600) with its user when missing
+    or stale (see the module: another folder's user is never touched)."""
     path = local_token_path(data_dir)
-    token = read_local_token(data_dir)
-    if token is None or await store.get_user_by_token(token) is None:
-        token = new_token()
-        if await store.get_user_by_name(LOCAL_ADMIN) is None:
-            await store.create_user(LOCAL_ADMIN, token, role="admin")
-        else:
-            await store.rotate_user_token(LOCAL_ADMIN, token)
-    await trio.to_thread.run_sync(_write_private, path, token)
+    lock = await trio.to_thread.run_sync(_lock_folder, data_dir)  # workers of one folder
+    try:
+        token = read_local_token(data_dir)
+        if token is None or await store.get_user_by_token(token) is None:
+            token = new_token()
+            name = await _own_admin(store, data_dir)
+            if name is not None:
+                await store.rotate_user_token(name, token)
+            else:
+                first = await store.get_user_by_name(LOCAL_ADMIN) is None
+                name = LOCAL_ADMIN if first else folder_admin_name(data_dir)
+                if first or await store.get_user_by_name(name) is None:
+                    await store.create_user(name, token, role="admin")
+                else:
+                    await store.rotate_user_token(name, token)
+            await trio.to_thread.run_sync(_write_private, data_dir / LOCAL_USER_FILE, name)
+        await trio.to_thread.run_sync(_write_private, path, token)
+    finally:
+        os.close(lock)
     return path
+
+
+async def _own_admin(store: SessionStore, data_dir: Path) -> str | None:
+    """The admin user this folder's ``local-user`` names, if it still exists."""
+    try:
+        name = (data_dir / LOCAL_USER_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    row = await store.get_user_by_name(name) if name else None
+    return name if row is not None and row.get("role") == "admin" else None
+
+
+def _lock_folder(data_dir: Path) -> int:
+    """An exclusive lock on the folder's token (blocking): one daemon writes it at a time."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data_dir / (LOCAL_TOKEN_FILE + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _write_private(path: Path, token: str) -> None:

@@ -186,10 +186,9 @@ class Commands:
         actor = self.rt.sessions.actor(cmd.session_id)
         stopped = actor.stop() if actor is not None else False
         owner = None if stopped else await self._owner_elsewhere(cmd.session_id, actor)
-        if owner is not None:  # its run is another daemon's: stopped there
+        if owner is not None:  # its run is another daemon's: stopped there, if it runs
             assert self.rt.cluster is not None
-            await self.rt.cluster.tell(owner, "stop", cmd.session_id)
-            stopped = True
+            stopped = await self.rt.cluster.calls.stop(owner, cmd.session_id)
         if stopped:
             log.info("session %s: stopped by %s", cmd.session_id, self.user.name)
         await self.conn.send(reply(rid, "ok", session_id=cmd.session_id, stopped=stopped))

@@ -97,9 +97,11 @@ class SessionMessages:
                     session_id=row.id,
                 )
         actor = await self.c._actor(row.id)
+        # Before subscribing: a turn a dead daemon left is ended first, and its frames
+        # are not this message's (core/cluster.py).
+        owner = await self.c._owner_elsewhere(row.id, actor)
         if not self.c.conn.subscribed(row.id):
             self.c.conn.subscribe(actor, None, None)
-        owner = await self.c._owner_elsewhere(row.id, actor)
         message = UserMessage(
             cmd.content,
             cwd=cwd,

@@ -53,6 +53,7 @@ def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], 
         help="run N daemon processes on the port (needs NAVI_DB=postgresql://…)",
     )  # fmt: skip
     serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # a worker
+    serve.add_argument("--supervisor-fd", type=int, help=argparse.SUPPRESS)  # its lifeline
     serve.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     serve.add_argument("--log-json", action="store_true", help="log JSON lines")
     endpoint_options(serve)
@@ -212,7 +213,8 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             serving(port)
             print(f"navi: listening on ws://{args.host}:{port}/", file=out, flush=True)
 
-        where = {"host": args.host, "port": args.port, "reuse_port": args.reuse_port}
+        where = {"host": args.host, "port": args.port, "reuse_port": args.reuse_port,
+                 "supervisor_fd": args.supervisor_fd}  # fmt: skip
         try:
             trio.run(lambda: serve_daemon(settings, source, ready=ready, **where))
         except BaseException as exc:

@@ -3,10 +3,11 @@
     runtime (store, LLM, supervisor, session registry)
     └── ApiServer (listening socket, one Connection per client)
 
-SIGTERM / SIGINT: stop accepting and close the connections; wait up to
-``shutdown_wait_tasks_sec`` for background jobs to finish; then leave the runtime,
-which stops the active runs (their partial answers are saved as stopped, shielded),
-cancels the jobs left, and drains the store before it closes. SIGHUP reloads the
+SIGTERM / SIGINT (or, for a worker of `navi serve --workers`, its supervisor gone):
+stop accepting and close the connections; wait up to ``shutdown_wait_tasks_sec`` for
+background jobs to finish; then leave the runtime, which stops the active runs (their
+partial answers are saved as stopped, shielded), cancels the jobs left, and drains the
+store before it closes. SIGHUP reloads the
 config file (ConfigSource). Readiness goes to systemd when ``NOTIFY_SOCKET`` is set.
 
 Before anything else, what a dead daemon of the same data folder left running is
@@ -43,7 +44,10 @@ async def serve_daemon(
     port: int,
     ready: Callable[[int], None] = lambda port: None,
     reuse_port: bool = False,
+    supervisor_fd: int | None = None,
 ) -> None:
+    """`supervisor_fd`: a worker's end of its supervisor's lifeline (cli/workers.py): at
+    its end the supervisor is gone, and the worker shuts down as on SIGTERM."""
     await kill_orphans(settings.data_dir)
     async with open_runtime(settings, config=config, cluster=True, schedules=True) as rt:
         await ensure_local_token(rt.store, settings.data_dir)
@@ -53,9 +57,14 @@ async def serve_daemon(
             bound = await nursery.start(server.run)
             # Only while serving: once shutdown starts, a second Ctrl-C or SIGTERM acts
             # as usual (KeyboardInterrupt / termination) instead of waiting for it.
-            with trio.open_signal_receiver(*STOP_SIGNALS, signal.SIGHUP) as signals:
+            with (
+                trio.open_signal_receiver(*STOP_SIGNALS, signal.SIGHUP) as signals,
+                trio.CancelScope() as serving,
+            ):
                 ready(bound)
                 nursery.start_soon(rt.sessions.resume_queued)  # what a crash left queued
+                if supervisor_fd is not None:
+                    nursery.start_soon(_outlive_not, supervisor_fd, serving)
                 _notify_systemd("READY=1")
                 # Serving: the token encoding loads now, on a thread, not when the first
                 # turn needs it (its last ~90 ms hold the GIL, so the loop, whatever runs).
@@ -72,6 +81,17 @@ async def serve_daemon(
         await wait_background_jobs(rt, settings.shutdown_wait_tasks_sec)
         log.info("stopping active runs and closing the store")
     log.info("stopped")
+
+
+async def _outlive_not(fd: int, serving: trio.CancelScope) -> None:
+    """Until the supervisor's lifeline ends (nothing is ever written to it): then stop
+    serving, as on SIGTERM."""
+    try:
+        await trio.lowlevel.wait_readable(fd)
+    finally:
+        os.close(fd)
+    log.warning("the supervisor of this worker is gone: shutting down")
+    serving.cancel()
 
 
 async def wait_background_jobs(rt: Runtime, seconds: float) -> None:

@@ -23,7 +23,12 @@ sessions fail over meanwhile (their leases name a dead pid on this host, taken o
 the next command; queued messages are adopted by the next worker that starts). The
 supervisor prints ``navi: listening on ws://HOST:PORT/ (N workers)`` once every worker
 listens, and one line per restart. SIGTERM / SIGINT: every worker gets SIGTERM (each
-shuts down as `navi serve` does) and the supervisor waits for them all.
+shuts down as `navi serve` does) and the supervisor waits for them all. Workers die
+with their supervisor, however it ends (SIGKILL too): each watches the read end of a
+pipe whose write end only the supervisor holds (``--supervisor-fd``), and shuts down as
+on SIGTERM when it reads the end of it; so no worker serves unsupervised beside the
+workers of the next supervisor. (Not ``PR_SET_PDEATHSIG``: it fires when the thread
+that started the child ends, and trio starts processes from worker threads.)
 
 Refused without a shared store: with SQLite, workers would each run sessions on one
 file with no way to reach each other's clients, so `--workers` above 1 needs
@@ -33,6 +38,7 @@ file with no way to reach each other's clients, so `--workers` above 1 needs
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -105,6 +111,9 @@ class Supervisor:
         self.ready = ready  # called with the port once every worker listens
         self.workers = [_Worker(n + 1) for n in range(count)]
         self.stopping = False
+        # The workers' lifeline (made with the first worker): they hold its read end, only
+        # this process its write end.
+        self._lifeline: tuple[int, int] | None = None
 
     async def run(self, host: str, port: int) -> None:
         holder = reserve_port(host, port)
@@ -133,6 +142,9 @@ class Supervisor:
                 nursery.cancel_scope.cancel()
         finally:
             holder.close()
+            if self._lifeline is not None:
+                for fd in self._lifeline:
+                    os.close(fd)
         if not listening:
             raise NaviError(
                 f"not every worker listened on {host}:{bound} within {START_LIMIT_SEC:g} s "
@@ -153,19 +165,23 @@ class Supervisor:
             code = await proc.wait()
             if self.stopping:
                 return
-            lived = trio.current_time() - began
-            delay = RESTART_FIRST_SEC if lived >= STABLE_SEC else min(delay * 2, RESTART_MAX_SEC)
+            if trio.current_time() - began >= STABLE_SEC:
+                delay = RESTART_FIRST_SEC
             log.warning(
                 "worker %d (pid %d) exited with %s; starting it again in %.1f s",
                 worker.number, proc.pid, _exit_text(code), delay,
             )  # fmt: skip
             await trio.sleep(delay)
+            delay = min(delay * 2, RESTART_MAX_SEC)
             worker.restarts += 1
 
     async def _start(self, worker: _Worker, port: int) -> bool:
         """Start `worker`; True once it listens (its first line), False when it did not."""
-        argv = [*self.argv, "--port", str(port), "--reuse-port"]
-        proc = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE)
+        if self._lifeline is None:
+            self._lifeline = os.pipe()
+        lifeline = self._lifeline[0]
+        argv = [*self.argv, "--port", str(port), "--reuse-port", "--supervisor-fd", str(lifeline)]
+        proc = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE, pass_fds=(lifeline,))
         worker.proc = proc
         assert proc.stdout is not None
         try:

@@ -60,8 +60,8 @@ from navi_trio.core.tool_executor import ToolExecutor
 from navi_trio.core.turn import TurnRunner
 from navi_trio.core.turn_end import shielded
 from navi_trio.core.turn_state import LoopParts, Turn
-from navi_trio.errors import LLMError, NothingToCompactError, RequestError
-from navi_trio.events import ErrorEvent, StreamEnd, Woken
+from navi_trio.errors import LLMError, NothingToCompactError, RequestError, SessionBusyError
+from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, Woken
 from navi_trio.llm.base import LLMBackend
 from navi_trio.profiles import BudgetConfig, ConfigSource, NaviConfig, OnBusy
 from navi_trio.settings import Settings
@@ -71,6 +71,8 @@ from navi_trio.tools.procs import ProcessPool
 from navi_trio.tools.services import SpawnRequest
 
 log = logging.getLogger(__name__)
+
+DEAD_TURN = "the daemon running this turn died (or stopped answering past its lease)"
 
 
 @attrs.frozen
@@ -380,6 +382,33 @@ class Agent:
             raise
         control.saved = True
         msg.accepted.ok()
+
+    # -- a turn that died with its daemon ---------------------------------------------
+
+    async def end_dead_turn(self, session_id: str, generation: int) -> list[AgentEvent]:
+        """End the turn of an owner that died holding the session's lease, which this
+        runtime took over (now at `generation`): the history says so, and the events to
+        publish say it too. Under that lease: if another runtime holds it now, or took
+        it over since, nothing is ended. Loading the session pairs the dangling tool
+        calls; the lease is released at the end, as after a run."""
+        try:
+            async with self.leases.hold(session_id):
+                if self.leases.generation(session_id) != generation:
+                    return []
+                if await self.store.get_session(session_id) is None:
+                    return []  # deleted meanwhile: nothing to end
+                state = await self.cache.get(session_id)
+                # Display only, as a context-too-large notice: the model sees the
+                # question without an answer, the person sees why.
+                state.add(
+                    {"role": "assistant", "content": "", "error": DEAD_TURN, "synthetic": True},
+                    context=False,
+                )
+                await self.cache.save(state)
+        except SessionBusyError:
+            return []  # a live owner holds it: its turn is not dead
+        log.warning("session %s: the turn of a dead daemon ended here", session_id)
+        return [ErrorEvent(message=DEAD_TURN, code="daemon_died"), StreamEnd(reason="error")]
 
     # -- compact_stream -----------------------------------------------------------
 

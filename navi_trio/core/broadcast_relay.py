@@ -7,10 +7,12 @@ as it is, seq and epoch unchanged, so a client gets the same frames on any daemo
 may reconnect to another with the seq it saw. A frame out of turn (another epoch, or a
 seq that does not follow) first tells the subscribers ``resync``: never a silent gap.
 
-When this daemon publishes again after relaying (it runs the session now), its frames
-get a new epoch and seqs above every seq this broadcast has held (`seq_floor`): no
-(epoch, seq) ever names two frames. Publishing to the other daemons is not here: the
-cluster taps the encoder (`Cluster.tap`), so both broadcasts publish the same way.
+When this daemon publishes again after relaying (it runs the session now, or ends a
+turn a dead daemon left), its frames get a new epoch and seqs above every seq this
+broadcast has held (`seq_floor`), after a ``resync`` to its subscribers: no (epoch,
+seq) ever names two frames, and no subscriber sees another epoch begin unannounced.
+Publishing to the other daemons is not here: the cluster taps the encoder
+(`Cluster.tap`), so both broadcasts publish the same way.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ class RelayBroadcast(LocalBroadcast):
         return max(self._seq, getattr(self, "_floor", 0))
 
     def publish(self, event: AgentEvent) -> Frame:
-        if self.relayed:  # our own frames again: a name of their own
+        if self.relayed:  # our own frames again: a name of their own, announced
             self.relayed = False
             self._epoch = new_epoch()
             self._seq = self.seq_floor
+            self.resync()
         return super().publish(event)
 
     def relay(self, frame: Frame) -> None:

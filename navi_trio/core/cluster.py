@@ -13,14 +13,16 @@ now. Between runs nobody does, and the next command is run by whichever daemon g
 
 **Any daemon takes any command.** A message for a session another live daemon runs is
 handed over through the store: it is written to the session's durable queue as
-nobody's row (pid 0), and the owner is told on its own channel (``nd_…``) to adopt it.
-The client gets its ``ok`` (queued) once the row is committed, so an acknowledged
-message survives the owner dying too: the next owner adopts it. Stop and compact go to
-the owner the same way (a notification; nothing to store); an approval and a task
-cancel ask the owner and wait for its answer (core/owner_calls.py). Why through the database and
-not a WebSocket to the owner (the peer link): every daemon already reaches PostgreSQL,
-the hand-over is the durable queue that failover needs anyway, no daemon needs another's
-address or a token to act for a user, and frames do not travel twice.
+nobody's row (pid 0), and the owner is told on its own channel (``nd_…``) to adopt it
+(missed, its next scan finds it). The client gets its ``ok`` (queued) once the row is
+committed, so an acknowledged message survives the owner dying too: the next owner
+adopts it. Compact goes to the owner the same way (a notification; nothing to store);
+a stop, an approval and a task cancel ask the owner and wait for its answer
+(core/owner_calls.py), so a stop is ``stopped: true`` only when the owner stopped it.
+Why through the database and not a WebSocket to the owner (the peer link): every daemon
+already reaches PostgreSQL, the hand-over is the durable queue that failover needs
+anyway, no daemon needs another's address or a token to act for a user, and frames do
+not travel twice.
 
 **Events reach every daemon.** A daemon with clients on a session it does not run
 *follows* it: a ``follows`` row (and a note on ``navi_follow`` so owners know at once)
@@ -36,14 +38,27 @@ its subscribers first: reload the history, never a silent gap.
 table (a token rotated, a user removed, by `navi users` or any process): each daemon
 hears it and looks at its connections and runs again (core/user_watch.py).
 
-**Failover.** Each daemon renews its ``daemons`` row every third of the lease TTL. Every
-half TTL it looks for sessions with queued messages and no live lease (their owner
-died, or was handed a message as it went): it starts their actor, which adopts the rows
-and runs them in order (a dead daemon's rows are adopted once its row has expired; on
-its own host, at once). A dead owner's lease expires within the TTL
-(``NAVI_LEASE_TTL_SEC``); the next command takes the session over, repairing dangling
-tool calls as any load does. Background jobs of dead daemons are reported lost
-(`TaskSupervisor.report_lost_jobs`).
+**The listener.** The bus's listening connection reconnects with a backoff when it fails
+(store/postgres/_bus.py). While it is down, what needs it (following a session not yet
+followed, asking an owner) is refused as the server being out of reach (``storage``);
+once it is back, what arrived meanwhile is lost, so every session followed here and
+run elsewhere tells its subscribers ``resync``, the follows are read again, and the
+failover scan runs at once (messages handed to this daemon meanwhile).
+
+**Failover.** Each daemon renews its ``daemons`` row every third of the lease TTL. A
+lease is live while it has not expired and, on this machine, its pid lives: the
+hand-over and the scan look at both, so a SIGKILLed daemon is passed over at once on
+its own machine, and after its TTL elsewhere. Every half TTL, at once when a daemon of
+this machine dies (each is watched through a pidfd: those up when this one starts, and
+each that starts later, which says so on ``navi_daemons``) and when the listener is back,
+the scan looks for sessions with queued messages and no live lease, leases a dead owner
+never released, and messages handed to this daemon: it starts their actor, which ends
+the turn the dead owner left (the history says "the daemon running this turn died",
+and its ``stream_end`` is published after a ``resync``: core/session_actor.py
+`take_over`), then adopts the queued rows and runs them in order. A command routed to
+such a session ends that turn first too. Dead daemons of this machine are marked gone
+at once (their rows expired: their queued rows, slots and follows are nobody's);
+background jobs of dead daemons are reported lost (`TaskSupervisor.report_lost_jobs`).
 """
 
 from __future__ import annotations
@@ -51,6 +66,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -59,22 +75,24 @@ from typing import Any, Protocol
 import trio
 
 from navi_trio.core.agent import UserMessage
-from navi_trio.core.lease import SessionLeases
+from navi_trio.core.lease import SessionLeases, pid_alive
 from navi_trio.core.owner_calls import Answers, OwnerCalls
 from navi_trio.core.queued import to_row
 from navi_trio.errors import NaviError, StoreError
 from navi_trio.events import AgentEvent
-from navi_trio.store.base import USERS_CHANNEL, ClusterBus, SessionStore
+from navi_trio.store.base import USERS_CHANNEL, ClusterBus, LeaseRow, SessionStore
 
 log = logging.getLogger(__name__)
 
 Frame = dict[str, Any]
 Encode = Callable[[AgentEvent, str, "int | None", "str | None"], Frame]
 FOLLOW_CHANNEL = "navi_follow"
+DAEMONS_CHANNEL = "navi_daemons"  # a daemon started: (owner, pid, host), to be watched
 INBOX_MAX = 20_000  # notifications waiting for the handler; past it, dropped (a resync)
 BATCH_MAX = 500  # frames per NOTIFY transaction
 HANDED_PID = 0  # a queued row handed to the owner: anyone's who holds the lease
 HANDED_HOST = "*"
+WATCH_MAX = 256  # daemons of this machine watched through pidfds
 
 
 def session_channel(session_id: str) -> str:
@@ -89,8 +107,11 @@ class ClusterActor(Protocol):
     """What the cluster needs of a session actor (core/session_actor.py)."""
 
     busy: bool
+    dead_turn_checked: bool
 
     def relay(self, frame: Frame) -> None: ...
+    def resync(self) -> None: ...
+    async def take_over(self) -> None: ...
     async def adopt_handed(self) -> int: ...
     def stop(self) -> bool: ...
     def compact(self) -> None: ...
@@ -121,8 +142,12 @@ class Cluster:
         self.jobs: LostJobs | None = None
         # Approvals and task cancels answered by the daemon that holds them.
         self.calls = OwnerCalls(bus, store, self.owner, daemon_channel)
+        self._tag = secrets.token_hex(4)  # marks the frames this daemon publishes
+        self._scan_soon = trio.Event()  # a daemon here died, the listener is back
+        self._watched: set[str] = set()  # daemons of this machine watched (pidfds)
         # Sessions some other daemon follows: their frames are published.
         self._followers: dict[str, set[str]] = {}
+        self._notes_meanwhile: list[tuple[str, str, bool]] | None = None
         self._following: set[str] = set()  # sessions this daemon listens to
         # One lock per session being followed or unfollowed: its listen, row and note
         # go in order; other sessions' do not wait (one lock for all made 500 sessions
@@ -142,23 +167,29 @@ class Cluster:
     ) -> None:
         self.registry = registry
         self.jobs = jobs
-        self.calls.attach(approvals, jobs)
+        self.calls.attach(approvals, jobs, self._stop_here)
 
     # -- the actor --------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.bus.on_message(self._received)
+        self.bus.on_reconnect(self._reconnected)
         try:
             async with self.bus.listening():
                 await self.bus.heartbeat(self.owner, self.leases.pid, self.leases.host, self.ttl)
                 await self.bus.listen(daemon_channel(self.owner))
                 await self.bus.listen(FOLLOW_CHANNEL)
                 await self.bus.listen(USERS_CHANNEL)
+                await self.bus.listen(DAEMONS_CHANNEL)
                 for sid, owner in await self.bus.follows():
                     if owner != self.owner:
                         self._followers.setdefault(sid, set()).add(owner)
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
+                    # The daemons up now are watched by the first scan, those that start
+                    # later from their word here: no window where one dies unwatched.
+                    here = {"o": self.owner, "p": self.leases.pid, "h": self.leases.host}
+                    await self.bus.notify([(DAEMONS_CHANNEL, json.dumps(here))])
                     nursery.start_soon(self._take_orphans_quietly)  # what a dead one left
                     nursery.start_soon(self._heartbeat)
                     nursery.start_soon(self._publisher)
@@ -181,9 +212,11 @@ class Cluster:
                 log.warning("renewing this daemon's row failed: %s", exc)
 
     async def _failover(self) -> None:
-        """Every half TTL: run queues nobody runs; report dead daemons' jobs lost."""
+        """Every half TTL, or at once when asked: run what dead daemons left."""
         while True:
-            await trio.sleep(self.ttl / 2)
+            with trio.move_on_after(self.ttl / 2):
+                await self._scan_soon.wait()
+            self._scan_soon = trio.Event()
             await self._take_orphans_quietly()
 
     async def _take_orphans_quietly(self) -> None:
@@ -193,28 +226,138 @@ class Cluster:
             log.warning("looking for sessions to take over failed: %s", exc)
 
     async def take_orphans(self) -> int:
-        """Start the sessions with queued messages and no live owner; how many."""
-        orphans = await self.bus.orphaned_queues()
+        """End the turns dead daemons left, start the sessions with queued messages and
+        no live owner, and those with messages handed here; how many messages taken."""
+        daemons = await self.bus.live_daemons()
+        dead = [o for o, pid, host in daemons if self._here(o, host) and not pid_alive(pid)]
+        for owner in dead:  # gone now, not at its row's expiry: what it held is nobody's
+            await self.bus.leave(owner)
+            log.warning("daemon %s of this machine is dead: taking its sessions over", owner)
+            for sid, followers in list(self._followers.items()):
+                followers.discard(owner)
+                if not followers:
+                    del self._followers[sid]
+        self._watch(daemons)
+        orphans = await self.bus.orphans(self.owner, dead)
         taken = 0
         if self.registry is not None:
             for sid in orphans:
                 actor = await self.registry.get(sid)
+                await actor.take_over()  # a turn a dead owner left: ended first
                 taken += await actor.adopt_handed()
         if taken:
             log.info("took over %d queued message(s) of %d session(s)", taken, len(orphans))
         if self.jobs is not None:
-            live = {(pid, host) for _, pid, host in await self.bus.live_daemons()}
+            live = {(pid, host) for o, pid, host in daemons if o not in dead}
             await self.jobs.report_lost_jobs(live)
         return taken
 
+    def _here(self, owner: str, host: str) -> bool:
+        """Another daemon of this machine (its pid means something here)."""
+        return host == self.leases.host and owner != self.owner
+
+    def _watch(self, daemons: list[tuple[str, int, str]]) -> None:
+        """Watch each other daemon of this machine: its death starts a scan at once."""
+        if self._nursery is None:
+            return
+        for owner, pid, host in daemons:
+            if not self._here(owner, host) or owner in self._watched:
+                continue
+            if len(self._watched) >= WATCH_MAX:
+                break
+            try:
+                fd = os.pidfd_open(pid)
+            except (OSError, AttributeError):
+                continue  # gone already (the scan sees it), or no pidfds here
+            self._watched.add(owner)
+            self._nursery.start_soon(self._watch_one, owner, fd)
+
+    async def _watch_one(self, owner: str, fd: int) -> None:
+        try:
+            await trio.lowlevel.wait_readable(fd)  # readable once the process ended
+        finally:
+            os.close(fd)
+            self._watched.discard(owner)
+        self._scan_soon.set()
+
+    # -- the listener back ----------------------------------------------------------------
+
+    def _reconnected(self) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(self._resume)
+
+    async def _resume(self) -> None:
+        """What arrived while the listener was down is lost: every session followed here
+        and run elsewhere resyncs its subscribers, the follows are read again, and the
+        scan looks for messages handed here meanwhile. A change of the users announced
+        meanwhile is lost too: the users are looked at again."""
+        self.users_changed()
+        if self.registry is not None:
+            for sid in list(self._following):
+                actor = self.registry.actor(sid)
+                if actor is not None and not actor.busy:
+                    actor.resync()
+        self._notes_meanwhile = []  # follow notes heard while the rows are read
+        try:
+            followers: dict[str, set[str]] = {}
+            for sid, owner in await self.bus.follows():
+                if owner != self.owner:
+                    followers.setdefault(sid, set()).add(owner)
+            for note in self._notes_meanwhile:  # newer than the rows, or as new
+                self._follow_note(followers, *note)
+            self._followers = followers
+        except NaviError as exc:
+            log.warning("reading the other daemons' follows failed: %s", exc)
+        finally:
+            self._notes_meanwhile = None
+        self._scan_soon.set()
+
     # -- routing ------------------------------------------------------------------------
 
-    async def owner_elsewhere(self, session_id: str) -> str | None:
-        """The other daemon running the session now, if one does."""
-        holder = await self.bus.live_holder(session_id)
-        if holder is None or holder[0] == self.owner:
+    async def lease_state(self, session_id: str) -> tuple[str | None, LeaseRow | None]:
+        """(the other daemon running the session now, or None; a lease a dead owner never
+        released, or None). Live: not released, not expired, and on this machine its pid
+        alive."""
+        found = await self.bus.lease(session_id)
+        if found is None:
+            return None, None
+        lease, now = found
+        if lease.owner == self.owner or lease.expires_at == 0:
+            return None, None
+        if lease.expires_at <= now or self._dead_here(lease):
+            return None, lease
+        return lease.owner, None
+
+    def _dead_here(self, lease: LeaseRow) -> bool:
+        return lease.host == self.leases.host and not pid_alive(lease.pid)
+
+    async def dead_turn(self, session_id: str) -> int | None:
+        """Take over the lease a dead owner left on the session, if one did and no other
+        daemon took it first: its new generation (the session actor then ends the dead
+        turn under it: `Agent.end_dead_turn`), else None."""
+        _, abandoned = await self.lease_state(session_id)
+        if abandoned is None:
             return None
-        return holder[0]
+        leases = self.leases
+        return await self.bus.take_abandoned(
+            abandoned, self.owner, leases.pid, leases.host, self.ttl,
+            dead=self._dead_here(abandoned),
+        )  # fmt: skip
+
+    async def owner_elsewhere(self, session_id: str) -> str | None:
+        """The other daemon running the session now, if one does. A turn a dead owner
+        left is ended first, and the messages handed to it are taken here, before the
+        command goes on (behind them)."""
+        owner, abandoned = await self.lease_state(session_id)
+        if self.registry is None:
+            return owner
+        if abandoned is not None:  # its turn ended, then what was handed to it, in order
+            actor = await self.registry.get(session_id)
+            await actor.take_over()
+            await actor.adopt_handed()
+        elif owner is None and (actor := self.registry.actor(session_id)) is not None:
+            actor.dead_turn_checked = True  # just looked: nothing to end
+        return owner
 
     async def hand_over(self, owner: str, session_id: str, msg: UserMessage) -> None:
         """Queue `msg` for the daemon `owner` that runs the session, and tell it.
@@ -306,7 +449,7 @@ class Cluster:
         ) -> Frame:
             frame = encode(event, session_id, seq, epoch)
             if session_id in self._followers:
-                payload = json.dumps({"f": frame}, ensure_ascii=False)
+                payload = json.dumps({"f": frame, "d": self._tag}, ensure_ascii=False)
                 try:
                     self._out_send.send_nowait((session_channel(session_id), payload))
                 except trio.WouldBlock:
@@ -355,15 +498,15 @@ class Cluster:
             return
         if channel == FOLLOW_CHANNEL:
             sid, owner = str(data.get("s")), str(data.get("o"))
-            if owner == self.owner:
-                return
-            if data.get("on"):
-                self._followers.setdefault(sid, set()).add(owner)
-            else:
-                owners = self._followers.get(sid, set())
-                owners.discard(owner)
-                if not owners:
-                    self._followers.pop(sid, None)
+            if owner != self.owner:
+                self._follow_note(self._followers, sid, owner, bool(data.get("on")))
+                if self._notes_meanwhile is not None:
+                    self._notes_meanwhile.append((sid, owner, bool(data.get("on"))))
+            return
+        if channel == DAEMONS_CHANNEL:
+            who, pid, host = data.get("o"), data.get("p"), data.get("h")
+            if isinstance(who, str) and isinstance(pid, int) and isinstance(host, str):
+                self._watch([(who, pid, host)])
             return
         if channel == daemon_channel(self.owner):
             if await self.calls.received(data):  # approvals, tasks (core/owner_calls.py)
@@ -377,12 +520,22 @@ class Cluster:
             if data is None:
                 return
         frame = data.get("f")
-        if not isinstance(frame, dict) or self.registry is None:
-            return
+        if not isinstance(frame, dict) or self.registry is None or data.get("d") == self._tag:
+            return  # not a frame, or our own (we follow what we run too)
         actor = self.registry.actor(str(frame.get("session_id")))
         if actor is not None:
             actor.relay(frame)
             self.relayed += 1
+
+    @staticmethod
+    def _follow_note(followers: dict[str, set[str]], sid: str, owner: str, on: bool) -> None:
+        if on:
+            followers.setdefault(sid, set()).add(owner)
+            return
+        owners = followers.get(sid, set())
+        owners.discard(owner)
+        if not owners:
+            followers.pop(sid, None)
 
     async def _command(self, kind: str, session_id: str) -> None:
         if self.registry is None:
@@ -390,14 +543,17 @@ class Cluster:
         if kind == "queued":
             actor = await self.registry.get(session_id)
             await actor.adopt_handed()
-        elif kind == "stop":
-            actor = self.registry.actor(session_id)
-            if actor is not None:
-                actor.stop()
+        elif kind == "stop":  # from a daemon that does not wait for the answer
+            self._stop_here(session_id)
         elif kind == "compact":
             actor = await self.registry.get(session_id)
             if not actor.busy:
                 actor.compact()
+
+    def _stop_here(self, session_id: str) -> bool:
+        """Stop the session's turn if it runs here (asked by another daemon)."""
+        actor = None if self.registry is None else self.registry.actor(session_id)
+        return actor is not None and actor.stop()
 
 
 def _load(payload: str) -> dict[str, Any] | None:

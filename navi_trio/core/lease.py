@@ -120,6 +120,10 @@ class SessionLeases:
                 if entry.claimed:  # not after a refused or failed claim: no row of ours
                     await self._release(session_id)
 
+    def generation(self, session_id: str) -> int | None:
+        """The generation of the session's lease as this runtime last held it."""
+        return self._generations.get(session_id)
+
     async def _renew(self, session_id: str) -> None:
         lost = False
         while True:

@@ -1,20 +1,23 @@
-"""What one daemon asks of another and waits for: approvals and background tasks.
+"""What one daemon asks of another and waits for: a stop, approvals, background tasks.
 
     calls = cluster.calls                               # one per Cluster (core/cluster.py)
     await calls.approve(owner, session_id, call_id, approve=True, scope="once", user_id=u)
+    stopped = await calls.stop(owner, session_id)       # True only if it stopped a turn
     jobs = await calls.jobs_elsewhere(session_ids)      # other daemons' running jobs
     reply = await calls.task("cancel", session_ids, task_id)   # {"task_id", "cancelled"}
 
-A client's ``approve`` / ``deny`` or ``tasks cancel`` may reach a daemon that does not
-run the call or the job. The api layer checks who asks, against the store every daemon
-shares; then the daemon that holds the call or job is asked: a notification on its
+A client's ``stop``, ``approve`` / ``deny`` or ``tasks cancel`` may reach a daemon that
+does not run the turn, the call or the job. The api layer checks who asks, against the
+store every daemon shares; then the daemon that holds it is asked: a notification on its
 channel (``nd_…``) with a request id and the asker's own owner id (and, for an approval,
 the answering user: only the run's starter answers, checked by the owner's broker); the
-owner answers its ApprovalBroker or cancels in its TaskSupervisor, and notifies the
-outcome back on the asker's channel. The client's reply waits for it (at most
-`ASK_TIMEOUT_SEC`): it says what happened, as on one daemon, e.g. ``not_found`` when the
-call no longer waits there, ``forbidden`` when the run is another user's.
-Stop and compact, by contrast, are a bare `Cluster.tell`: nothing comes back.
+owner answers its ApprovalBroker, cancels in its TaskSupervisor or stops the session's
+turn, and notifies the outcome back on the asker's channel. The client's reply waits for
+it (at most `ASK_TIMEOUT_SEC`): it says what happened, as on one daemon, e.g.
+``not_found`` when the call no longer waits there, ``forbidden`` when the run is another
+user's, ``stopped: false`` when no turn ran. Asked while this daemon's listener is down
+(the answer could not be heard), it is refused at once as the server being out of reach
+(``storage``). Compact, by contrast, is a bare `Cluster.tell`: nothing comes back.
 
 Jobs other daemons run are read from their running markers (kv ``task_running``, written
 by core/task_supervisor.py while a job runs: session, task id, tool, arguments, start
@@ -41,7 +44,13 @@ import trio
 from navi_trio.core.approvals import SCOPES
 from navi_trio.core.task_jobs import task_info
 from navi_trio.core.task_supervisor import RUNNING_SCOPE
-from navi_trio.errors import ForbiddenError, NaviError, NotFoundError, UnavailableError
+from navi_trio.errors import (
+    ForbiddenError,
+    NaviError,
+    NotFoundError,
+    StorageError,
+    UnavailableError,
+)
 from navi_trio.store.base import ClusterBus, SessionStore
 
 log = logging.getLogger(__name__)
@@ -49,7 +58,7 @@ log = logging.getLogger(__name__)
 ASK_TIMEOUT_SEC = 10.0
 FIELD_MAX = 300  # any id or name in a payload
 ERROR_MAX = 500
-APPROVE, CANCEL, ANSWER = "approve", "cancel_task", "answer"
+APPROVE, CANCEL, STOP, ANSWER = "approve", "cancel_task", "stop_turn", "answer"
 
 
 class Answers(Protocol):
@@ -84,11 +93,18 @@ class OwnerCalls:
         self.channel = channel  # owner id -> its channel (core/cluster.py daemon_channel)
         self.approvals: Answers | None = None
         self.jobs: Cancels | None = None
+        self.stops: Callable[[str], bool] | None = None  # stop the session's turn here
         self._asked: dict[str, _Asked] = {}
 
-    def attach(self, approvals: Answers | None, jobs: Cancels | None) -> None:
+    def attach(
+        self,
+        approvals: Answers | None,
+        jobs: Cancels | None,
+        stops: Callable[[str], bool] | None = None,
+    ) -> None:
         self.approvals = approvals
         self.jobs = jobs
+        self.stops = stops
 
     # -- asking -------------------------------------------------------------------------
 
@@ -99,6 +115,11 @@ class OwnerCalls:
         """`user_id`'s answer to a call waiting on daemon `owner`; NotFoundError when it
         waits there no longer, ForbiddenError when its run is another user's."""
         await self._ask(owner, APPROVE, session_id, c=call_id, a=approve, sc=scope, u=user_id)
+
+    async def stop(self, owner: str, session_id: str) -> bool:
+        """Stop the turn daemon `owner` runs in the session: whether one was stopped."""
+        answer = await self._ask(owner, STOP, session_id)
+        return answer.get("v") is True
 
     async def task(
         self, action: str, session_ids: list[str], task_id: str
@@ -117,6 +138,12 @@ class OwnerCalls:
         return {"task_id": task_id, "cancelled": cancelled}
 
     async def _ask(self, owner: str, kind: str, session_id: str, **fields: Any) -> dict[str, Any]:
+        if not self.bus.up:
+            raise StorageError(
+                "the cluster's listener is not connected to the database (it is connecting"
+                f" again): the daemon running session {session_id!r} cannot be asked now;"
+                " try again shortly"
+            )
         rid = secrets.token_hex(8)
         asked = self._asked[rid] = _Asked()
         payload = {"k": kind, "s": session_id, "r": rid, "o": self.owner, **fields}
@@ -165,7 +192,7 @@ class OwnerCalls:
                 asked.answer = data
                 asked.done.set()
             return True
-        if kind not in (APPROVE, CANCEL):
+        if kind not in (APPROVE, CANCEL, STOP):
             return False
         sid, rid, asker = _text(data, "s"), _text(data, "r"), _text(data, "o")
         if sid is None or rid is None or asker is None:
@@ -197,6 +224,8 @@ class OwnerCalls:
                 sid, call_id, approve=approve, scope=str(scope), user_id=user_id
             )
             return True
+        if kind == STOP:
+            return self.stops is not None and self.stops(sid)
         task_id = _text(data, "t")
         if task_id is None:
             raise ValueError(f"a cancel without a task id in session {sid!r}")

@@ -32,6 +32,7 @@ the log lines of a run are core/run_log.py's.
 from __future__ import annotations
 
 import collections
+import logging
 import math
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -67,6 +68,8 @@ from navi_trio.events import AgentEvent, ErrorEvent, MessageQueued, StreamEnd, W
 from navi_trio.profiles import NaviConfig, OnBusy
 from navi_trio.store.base import SessionStore
 
+log = logging.getLogger(__name__)
+
 # A run cancelled under it (the runtime shutting down) still ends itself, shielded: its
 # last events (the partial answer's stream_end) are read and published for this long.
 T = TypeVar("T")
@@ -86,6 +89,12 @@ class RunStream(Protocol):
     ) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[AgentEvent]]: ...
 
 
+# `Agent.end_dead_turn`: (session_id, the generation of the lease taken over) -> the events
+# that end its turn (none when another runtime ended it, or it was not dead).
+EndDeadTurn = Callable[[str, int], Awaitable[list[AgentEvent]]]
+# The cluster's take-over of a lease a dead owner never released (core/cluster.py):
+# its new generation, held now by this runtime, else None.
+DeadTurn = Callable[[str], Awaitable["int | None"]]
 # `Agent.compact_stream`: a forced compaction's events.
 CompactStream = Callable[[str], AbstractAsyncContextManager[trio.abc.ReceiveChannel[AgentEvent]]]
 # Makes a session's broadcast: (session_id, on_change) -> broadcast. `on_change` is
@@ -105,6 +114,7 @@ class SessionParts:
     config: Callable[[], NaviConfig]
     run_stream: RunStream
     compact_stream: CompactStream
+    end_dead_turn: EndDeadTurn
     forget: Callable[[str], None]  # drop a retired session's cached state
 
     @classmethod
@@ -116,6 +126,7 @@ class SessionParts:
             config=agent.config,
             run_stream=agent.run_stream,
             compact_stream=agent.compact_stream,
+            end_dead_turn=agent.end_dead_turn,
             forget=agent.cache.forget,
         )
 
@@ -133,9 +144,14 @@ class SessionActor:
         adopt: bool = False,
         on_run_end: RunEnded | None = None,
         revoked: Callable[[str], bool] = lambda user_id: False,
+        dead_turn: DeadTurn | None = None,
     ) -> None:
         self.session_id = session_id
         self._revoked = revoked  # a removed user's id (core/user_watch.py)
+        # With the cluster: a run first ends the turn a dead daemon left here, unless
+        # that was looked at since another daemon last ran the session (`relay`).
+        self._dead_turn = dead_turn
+        self.dead_turn_checked = dead_turn is None
         self._on_run_end = on_run_end
         self._adopt = adopt
         self.parts = parts
@@ -321,6 +337,32 @@ class SessionActor:
         relay = getattr(self.broadcast, "relay", None)
         if not self.busy and relay is not None:
             relay(frame)
+            self.dead_turn_checked = self._dead_turn is None  # another daemon runs it
+
+    async def take_over(self) -> None:
+        """End the turn a dead daemon left running here, if it left one, unless
+        something of the session runs here now: the ending's events go out before
+        anything else of the session (core/cluster.py)."""
+        if self.busy or self._nursery is None or self._dead_turn is None:
+            return
+        await self.exclusive(self._end_dead_turn)
+
+    async def _end_dead_turn(self) -> None:
+        """Take over a lease a dead daemon left (the cluster: once, whichever daemon is
+        first) and end its turn; not again until another daemon runs the session."""
+        assert self._dead_turn is not None
+        try:
+            generation = await self._dead_turn(self.session_id)
+            events = []
+            if generation is not None:
+                events = await self.parts.end_dead_turn(self.session_id, generation)
+        except NaviError as exc:
+            log.warning("session %s: ending a dead daemon's turn failed: %s", self.session_id,
+                        exc)  # fmt: skip
+            return
+        self.dead_turn_checked = True
+        for event in events:
+            self.publish(event)
 
     async def adopt_handed(self) -> int:
         """Take the session's queued rows nobody else runs (handed over by another
@@ -393,6 +435,8 @@ class SessionActor:
             await self.queue.written(msg)  # its save moves its row: the row comes first
             if msg.accepted.failed:
                 return  # refused (its sender was told): it never runs
+            if not self.dead_turn_checked:
+                await self._end_dead_turn()
             run_log = RunLog(self.session_id, msg)
             if self._revoked(msg.user_id):
                 raise AuthError("the user who sent this message was removed: it does not run")

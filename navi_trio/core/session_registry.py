@@ -20,7 +20,7 @@ import trio
 from navi_trio.actor import NurseryHolder
 from navi_trio.core.agent import Agent
 from navi_trio.core.broadcast import Encode, LocalBroadcast, Resync, new_epoch
-from navi_trio.core.session_actor import RunEnded, SessionActor, SessionParts
+from navi_trio.core.session_actor import DeadTurn, RunEnded, SessionActor, SessionParts
 from navi_trio.errors import NaviError
 from navi_trio.events import AgentEvent
 
@@ -56,12 +56,14 @@ class SessionRegistry(NurseryHolder):
         self.adopt = False
         self.epoch = new_epoch()
         # With the cluster (core/cluster.py): broadcasts that relay other daemons' frames,
-        # and a word when an actor retires (its session is no longer followed here).
+        # a word when an actor retires (its session is no longer followed here), and
+        # the look at a session's lease that tells a turn a dead daemon left.
         self.broadcast_class: type[LocalBroadcast] = LocalBroadcast
         self.on_retire: Callable[[str], None] | None = None
         # Users removed while this registry ran (core/user_watch.py): nothing of theirs
         # runs here any more.
         self.revoked: set[str] = set()
+        self.dead_turn: DeadTurn | None = None  # a turn a dead daemon left (the cluster)
 
     async def get(self, session_id: str) -> SessionActor:
         actor = self._actors.get(session_id)
@@ -90,6 +92,7 @@ class SessionRegistry(NurseryHolder):
                 adopt=self.adopt,
                 on_run_end=self.on_run_end,
                 revoked=self.revoked.__contains__,
+                dead_turn=self.dead_turn,
             )
             await nursery.start(actor.run)
             self._actors[session_id] = actor

@@ -3,6 +3,7 @@
     server = PgServer.start()            # initdb in a temp folder, postgres on a free port
     url = server.create_database()       # a fresh, empty database: its postgresql:// URL
     ...
+    server.halt(); server.resume()       # a restart: clients cut off, the data kept
     server.stop()                        # fast shutdown, the folder removed
 
 Debian's server binaries (``/usr/lib/postgresql/N/bin``, the package ``postgresql``, which
@@ -98,12 +99,15 @@ class PgServer:
     """One running throwaway cluster; create databases on it, stop it at the end."""
 
     def __init__(
-        self, folder: Path, port: int, process: subprocess.Popen[bytes], log: _Log
-    ) -> None:
+        self, folder: Path, port: int, process: subprocess.Popen[bytes], log: _Log,
+        argv: list[str], ids: tuple[int | None, int | None],
+    ) -> None:  # fmt: skip
         self.folder = folder
         self.port = port
         self.process = process
         self._log = log
+        self._argv = argv  # how it was started (port included): `resume` starts it so again
+        self._ids = ids
         self._icu = True
 
     @classmethod
@@ -146,21 +150,30 @@ class PgServer:
             settings += ["-c", "fsync=off", "-c", "full_page_writes=off"]
         for attempt in range(TRIES):
             port = _free_port()
-            process = subprocess.Popen(
-                [str(bin_dir / "postgres"), "-D", str(folder / "data"), "-p", str(port),
-                 *settings],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                start_new_session=True, cwd=folder, user=ids[0], group=ids[1],
-            )  # fmt: skip
-            assert process.stderr is not None
-            log = _Log(process.stderr, folder / "postgres.log")
-            log.settled.wait(START_SEC)
+            argv = [str(bin_dir / "postgres"), "-D", str(folder / "data"), "-p", str(port),
+                    *settings]  # fmt: skip
+            process, log = _spawn(argv, folder, ids)
             if log.ready:
-                return cls(folder, port, process, log)
+                return cls(folder, port, process, log, argv, ids)
             _stop(process)
             log.join()
             why = f"postgres did not start (try {attempt + 1}): " + " | ".join(log.lines[-4:])
         raise PgUnavailable(why)
+
+    def halt(self) -> None:
+        """Stop the server as a restart does (fast shutdown: every client is cut off),
+        keeping its data; `resume` starts it again."""
+        _stop(self.process)
+        self._log.join()
+
+    def resume(self) -> None:
+        """Start the halted server again, on the same port and data."""
+        process, log = _spawn(self._argv, self.folder, self._ids)
+        if not log.ready:
+            _stop(process)
+            log.join()
+            raise PgUnavailable("postgres did not start again: " + " | ".join(log.lines[-4:]))
+        self.process, self._log = process, log
 
     def url(self, dbname: str = "postgres") -> str:
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{dbname}"
@@ -199,6 +212,20 @@ class PgServer:
         _stop(self.process)
         self._log.join()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _spawn(
+    argv: list[str], folder: Path, ids: tuple[int | None, int | None]
+) -> tuple[subprocess.Popen[bytes], _Log]:
+    """Start postgres; it is ready, or has given up, when this returns (`log.ready`)."""
+    process = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True, cwd=folder, user=ids[0], group=ids[1],
+    )  # fmt: skip
+    assert process.stderr is not None
+    log = _Log(process.stderr, folder / "postgres.log")
+    log.settled.wait(START_SEC)
+    return process, log
 
 
 def _unprivileged_user() -> pwd.struct_passwd | None:

@@ -2,16 +2,27 @@
 
     bus = store.bus()                         # a PgBus (the SQLite store has none)
     bus.on_message(callback)                  # callback(channel, payload), in trio
-    async with bus.listening():               # the listener connection, until the block ends
+    bus.on_reconnect(resume)                  # the listener is back after a failure
+    async with bus.listening():               # the listener, until the block ends
         await bus.listen("ns_…")              # returns once the server has it
         await bus.notify([("nd_…", "{…}")])   # in one transaction, in order
 
-One connection of its own (not the pool's: a pooled connection goes back, and its
-``LISTEN`` with it) listens, on a thread of its own that blocks in psycopg's
-`notifies()`. To change what it listens to, `listen` / `unlisten` queue the command and
-wake the thread with a notification on the listener's own wake channel (sent from the
-pool); the thread runs the command and sets the caller's event. Each notification
-reaches trio through `TrioToken.run_sync_soon`: the thread never waits for trio.
+The listener is an actor (`listening` runs it in a nursery of its own): one connection
+of its own (not the pool's: a pooled connection goes back, and its ``LISTEN`` with it)
+and a thread that blocks on it in psycopg's `notifies()`. Each notification reaches
+trio through `TrioToken.run_sync_soon`: the thread never waits for trio. To change what
+it listens to, `listen` / `unlisten` queue the command and wake the thread with a
+notification on the listener's own wake channel (sent from the pool); the thread runs
+the command and sets the caller's event.
+
+When the connection fails (the server restarted, the backend terminated, a network
+cut that TCP keepalives reveal), the thread ends, the commands it had not run fail,
+and the actor connects again after a backoff (`RECONNECT_FIRST_S`, doubling up to
+`RECONNECT_MAX_S`; back to the first after a connection that lasted `STABLE_S`),
+``LISTEN``s again to every channel listened to, and calls `on_reconnect`: what
+arrived meanwhile is lost, so the cluster makes every follower resync and looks again
+for what it may have been told (core/cluster.py). While it is down, `listen` raises
+`StorageError` (the wire's ``storage``: the server cannot be reached) and `up` is false.
 
 A payload longer than `NOTIFY_MAX` bytes (NOTIFY's limit is 8000) is stored in the
 ``frames`` table and the notification carries ``{"ref": id}``; `fetch_frame` reads it
@@ -26,18 +37,24 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import secrets
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
+import attrs
 import psycopg
 import trio
+from psycopg.conninfo import conninfo_to_dict
 
-from navi_trio.errors import StoreError
+from navi_trio.errors import StorageError, StoreError
+from navi_trio.store.base import LeaseRow
+from navi_trio.store.postgres._errors import failure
 from navi_trio.store.postgres._tables import text_array
 from navi_trio.store.postgres._workers import Conn
 
@@ -46,6 +63,8 @@ T = TypeVar("T")
 
 class _Jobs(Protocol):
     """What the bus needs of its store (`PostgresStore._run`): a job on its workers."""
+
+    where: str
 
     async def _run(
         self, op: str, fn: Callable[[Conn], T], *, durable: bool = True, write: bool = True,
@@ -58,8 +77,110 @@ log = logging.getLogger(__name__)
 NOTIFY_MAX = 7900  # bytes of one payload; more goes through the frames table
 FRAME_KEEP_S = 300.0
 LISTEN_WAIT_S = 10.0
+RECONNECT_FIRST_S = 0.2
+RECONNECT_MAX_S = 10.0
+STABLE_S = 30.0  # a listener connection that lasted this long: the next backoff starts over
+# TCP keepalives of the listener's connection (unless the URL sets them): a silent cut
+# (no FIN, no RST) is a failure after ~30 s instead of a listener deaf for ever.
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 15, "keepalives_interval": 5,
+              "keepalives_count": 3}  # fmt: skip
+CONNECT_TIMEOUT_S = 10  # libpq's connect_timeout for the listener, unless the URL sets one
 DAEMON_KEEP_S = 7 * 86400.0  # a dead daemon's row: how long its queued rows stay adoptable
 _NOW = "extract(epoch FROM clock_timestamp())"
+
+
+@attrs.define(eq=False)
+class _Command:
+    """A LISTEN or UNLISTEN for the listener's thread; `done` once run or failed."""
+
+    verb: str
+    channel: str
+    done: trio.Event = attrs.Factory(trio.Event)
+    error: StoreError | None = None
+
+
+class _Link:
+    """One listener connection and the thread that blocks on it; `lost` once it ended."""
+
+    def __init__(
+        self, conn: Conn, wake: str, deliver: Callable[[str, str], None], where: str
+    ) -> None:
+        self.conn = conn
+        self.wake = wake
+        self.deliver = deliver
+        self.where = where
+        self.token = trio.lowlevel.current_trio_token()
+        self.commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self.lost = trio.Event()
+        self.error: BaseException | None = None
+        self.closing = False  # ended on purpose: no warning
+        self.began = trio.current_time()
+        self._closed = False
+        self._close_lock = threading.Lock()  # the fd is ours to shut down until closed
+        self.thread = threading.Thread(target=self._main, name="navi-bus", daemon=True)
+
+    def _main(self) -> None:
+        running: _Command | None = None
+        try:
+            while True:
+                woke = False
+                # One batch at a time: every notification of a batch is handed on,
+                # those after a wake-up in the same packet too.
+                for note in self.conn.notifies(stop_after=1):
+                    if note.channel == self.wake:
+                        woke = True
+                    else:
+                        self.token.run_sync_soon(self.deliver, note.channel, note.payload)
+                while woke:
+                    try:
+                        running = self.commands.get_nowait()
+                    except queue.Empty:
+                        break
+                    # Channel names are ours: ns_ / nd_ / nw_ + hex, navi_follow.
+                    self.conn.execute(f"{running.verb} {running.channel}")
+                    self.token.run_sync_soon(running.done.set)
+                    running = None
+        except psycopg.Error as exc:
+            self.error = exc
+        except trio.RunFinishedError:
+            pass
+        finally:
+            with self._close_lock:
+                self._closed = True
+                try:
+                    self.conn.close()
+                except psycopg.Error:
+                    pass
+            try:
+                self.token.run_sync_soon(self._ended, running)
+            except trio.RunFinishedError:
+                pass
+
+    def _ended(self, running: _Command | None) -> None:
+        """In trio, once the thread is over: every command it did not run fails."""
+        error = StorageError(f"the cluster's listener connection to {self.where} failed")
+        left = [running] if running is not None else []
+        while True:
+            try:
+                left.append(self.commands.get_nowait())
+            except queue.Empty:
+                break
+        for command in left:
+            command.error = error
+            command.done.set()
+        self.lost.set()
+
+    def cut(self) -> None:
+        """End the thread's wait at once (a blocking call: run it on a thread)."""
+        with self._close_lock:
+            if self._closed:
+                return
+            fd = os.dup(self.conn.fileno())
+        try:
+            with socket.socket(fileno=fd) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 class PgBus:
@@ -69,84 +190,128 @@ class PgBus:
         self._store = store
         self._url = url
         self._wake = "nw_" + secrets.token_hex(10)
-        self._commands: queue.SimpleQueue[tuple[str, str, Callable[[], None]] | None] = (
-            queue.SimpleQueue()
-        )
         self._callback: Callable[[str, str], None] = lambda channel, payload: None
-        self._thread: threading.Thread | None = None
-        self._failed: BaseException | None = None
+        self._on_reconnect: Callable[[], None] = lambda: None
+        self._channels: set[str] = set()  # listened to: listened again on a new connection
+        self._link: _Link | None = None
+        self.reconnects = 0
 
     def on_message(self, callback: Callable[[str, str], None]) -> None:
         self._callback = callback
 
+    def on_reconnect(self, callback: Callable[[], None]) -> None:
+        """`callback()` each time the listener is back after a failure (in trio)."""
+        self._on_reconnect = callback
+
+    @property
+    def up(self) -> bool:
+        """Whether the listener hears notifications now."""
+        return self._link is not None and not self._link.lost.is_set()
+
     @asynccontextmanager
     async def listening(self) -> AsyncIterator[None]:
-        token = trio.lowlevel.current_trio_token()
-        conn = await trio.to_thread.run_sync(self._connect)
-        ready = trio.Event()
-        self._thread = threading.Thread(
-            target=self._main, args=(conn, token, ready.set), name="navi-bus", daemon=True
-        )
-        self._thread.start()
-        try:
-            with trio.fail_after(LISTEN_WAIT_S):
-                await ready.wait()
-            yield
-        finally:
-            self._commands.put(None)
-            with trio.CancelScope(shield=True):
-                try:
-                    await self._store._run("wake the listener", self._wake_job, write=False)
-                except StoreError:
-                    pass
-                thread = self._thread
-                await trio.to_thread.run_sync(thread.join, LISTEN_WAIT_S)
-                if thread.is_alive():  # stuck on a dead server: its socket goes with it
-                    await trio.to_thread.run_sync(conn.close)
+        """The listener, kept up until the block ends; the first connection must work."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._keep)
+            try:
+                yield
+            finally:
+                nursery.cancel_scope.cancel()
 
-    def _connect(self) -> Conn:
-        conn: Conn = psycopg.connect(self._url, autocommit=True, application_name="navi bus")
-        conn.execute(f"LISTEN {self._wake}")
-        return conn
-
-    def _main(self, conn: Conn, token: trio.lowlevel.TrioToken, ready: Callable[[], None]) -> None:
-        token.run_sync_soon(ready)
+    async def _keep(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The actor: connect, hand on notifications until the connection fails, again."""
+        link = await self._open()
+        task_status.started()
+        delay = RECONNECT_FIRST_S
         try:
             while True:
-                for note in conn.notifies():
-                    if note.channel == self._wake:
-                        break
-                    token.run_sync_soon(self._callback, note.channel, note.payload)
-                while True:  # the commands queued before the wake
+                await link.lost.wait()
+                self._link = None
+                log.warning(
+                    "the cluster's listener connection failed (%s); connecting again",
+                    link.error or "ended",
+                )
+                if trio.current_time() - link.began >= STABLE_S:
+                    delay = RECONNECT_FIRST_S
+                while self._link is None:
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, RECONNECT_MAX_S)
                     try:
-                        command = self._commands.get_nowait()
-                    except queue.Empty:
-                        break
-                    if command is None:
-                        return
-                    verb, channel, done = command
-                    conn.execute(f"{verb} {channel}")  # channel names are ours: ns_/nd_ + hex
-                    token.run_sync_soon(done)
-        except (psycopg.Error, trio.RunFinishedError) as exc:
-            self._failed = exc
-            log.warning("the cluster's listener connection failed: %s", exc)
+                        link = await self._open()
+                    except StoreError as exc:
+                        log.info("the cluster's listener: %s; next try in %g s", exc, delay)
+                self.reconnects += 1
+                log.warning("the cluster's listener is connected again")
+                self._on_reconnect()
         finally:
-            try:
-                conn.close()
-            except psycopg.Error:
-                pass
+            with trio.CancelScope(shield=True):
+                await self._close(link)
+
+    async def _open(self) -> _Link:
+        channels = sorted(self._channels | {self._wake})
+        try:
+            conn = await trio.to_thread.run_sync(self._connect, channels, abandon_on_cancel=True)
+        except psycopg.Error as exc:
+            raise failure("connect the cluster's listener", self._store.where, exc)[0] from exc
+        link = _Link(conn, self._wake, self._deliver, self._store.where)
+        link.thread.start()
+        self._link = link
+        return link
+
+    def _connect(self, channels: list[str]) -> Conn:
+        given = conninfo_to_dict(self._url)
+        extra: dict[str, Any] = {k: v for k, v in KEEPALIVES.items() if k not in given}
+        if "connect_timeout" not in given:
+            extra["connect_timeout"] = CONNECT_TIMEOUT_S
+        if "application_name" not in given:
+            extra["application_name"] = f"navi bus {os.getpid()}"
+        conn: Conn = psycopg.connect(self._url, autocommit=True, **extra)
+        try:
+            for channel in channels:
+                conn.execute(f"LISTEN {channel}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _deliver(self, channel: str, payload: str) -> None:
+        self._callback(channel, payload)
+
+    async def _close(self, link: _Link) -> None:
+        link.closing = True
+        if not link.lost.is_set():
+            await trio.to_thread.run_sync(link.cut)
+            with trio.move_on_after(LISTEN_WAIT_S):
+                await link.lost.wait()
 
     def _wake_job(self, conn: Conn) -> None:
         conn.execute("SELECT pg_notify(%s, '')", [self._wake])
 
     async def _command(self, verb: str, channel: str) -> None:
-        if self._failed is not None:
-            raise StoreError(f"the cluster's listener is down: {self._failed}")
-        done = trio.Event()
-        self._commands.put((verb, channel, done.set))
+        link = self._link
+        if link is None or link.lost.is_set():
+            if verb == "UNLISTEN":  # not listening to anything now: nothing to undo
+                self._channels.discard(channel)
+                return
+            raise StorageError(
+                f"the cluster's listener is not connected to {self._store.where} (it is "
+                "connecting again): try again shortly"
+            )
+        command = _Command(verb, channel)
+        link.commands.put(command)
         await self._store._run(f"{verb.lower()} {channel}", self._wake_job, write=False)
-        with trio.fail_after(LISTEN_WAIT_S):
-            await done.wait()
+        with trio.move_on_after(LISTEN_WAIT_S):
+            await command.done.wait()
+        if not command.done.is_set():
+            raise StorageError(
+                f"the cluster's listener did not answer {verb} within {LISTEN_WAIT_S:g} s"
+            )
+        if command.error is not None:
+            raise command.error
+        if verb == "LISTEN":
+            self._channels.add(channel)
+        else:
+            self._channels.discard(channel)
 
     async def listen(self, channel: str) -> None:
         await self._command("LISTEN", channel)
@@ -196,12 +361,12 @@ class PgBus:
         """(session_id, owner) of every follow of a live daemon."""
         return await self._store._run("list follows", _follows, write=False)
 
-    async def live_holder(self, session_id: str) -> tuple[str, int, str] | None:
-        """(owner, pid, host) of the session's lease while it has not expired, else None."""
+    async def lease(self, session_id: str) -> tuple[LeaseRow, float] | None:
+        """The session's lease row (`expires_at` 0: released) and the server's clock now,
+        or None when it never had one."""
         return await self._store._run(
-            f"read the lease of {session_id!r}", lambda c: _live_holder(c, session_id),
-            write=False,
-        )  # fmt: skip
+            f"read the lease of {session_id!r}", lambda c: _lease(c, session_id), write=False
+        )
 
     async def take_slot(
         self, key: str, kind: str, owner: str, claims: Sequence[tuple[str, int]],
@@ -218,9 +383,27 @@ class PgBus:
         """Release it (`keep`: the row stays, released, for rate windows)."""
         await self._store._run("free a slot", lambda c: _free_slot(c, key, keep))
 
-    async def orphaned_queues(self) -> list[str]:
-        """Sessions with queued messages whose lease is not live: nobody runs them."""
-        return await self._store._run("list orphaned queues", _orphaned_queues, write=False)
+    async def take_abandoned(
+        self, lease: LeaseRow, owner: str, pid: int, host: str, ttl: float, *, dead: bool
+    ) -> int | None:
+        """Take over `lease` as `owner` if it is still that lease, unreleased, and dead
+        (expired, or `dead`: its pid is gone); the new generation, else None. Never
+        takes a lease another owner claimed, renewed or released meanwhile."""
+        return await self._store._run(
+            f"take over the lease of {lease.session_id!r}",
+            lambda c: _take_abandoned(c, lease, owner, pid, host, ttl, dead),
+        )
+
+    async def orphans(self, owner: str, dead: Sequence[str]) -> list[str]:
+        """Sessions for daemon `owner` to look at, `dead` naming owners known dead though
+        their rows have not expired (their pid is gone): those with queued messages and
+        no live lease (nobody runs them), those whose lease a dead owner never released
+        (its turn died with it: `dead`, or expired with no live ``daemons`` row, so a
+        daemon late to renew one lease is left alone), and those with messages handed to
+        `owner` under its own lease (their notification may have been missed)."""
+        return await self._store._run(
+            "list orphaned sessions", lambda c: _orphans(c, owner, list(dead)), write=False
+        )
 
 
 def _notify(conn: Conn, channels: list[str], payloads: list[str]) -> None:
@@ -291,12 +474,17 @@ def _follows(conn: Conn) -> list[tuple[str, str]]:
     return [(str(r[0]), str(r[1])) for r in rows]
 
 
-def _live_holder(conn: Conn, sid: str) -> tuple[str, int, str] | None:
+def _lease(conn: Conn, sid: str) -> tuple[LeaseRow, float] | None:
     row = conn.execute(
-        f"SELECT owner, pid, host FROM leases WHERE session_id = %s AND expires_at > {_NOW}",
+        f"SELECT owner, pid, host, expires_at, generation, {_NOW} FROM leases"
+        " WHERE session_id = %s",
         [sid],
     ).fetchone()
-    return None if row is None else (str(row[0]), int(row[1]), str(row[2]))
+    if row is None:
+        return None
+    lease = LeaseRow(session_id=sid, owner=str(row[0]), pid=int(row[1]), host=str(row[2]),
+                     expires_at=float(row[3]), generation=int(row[4]))  # fmt: skip
+    return lease, float(row[5])
 
 
 SLOT_KEEP_S = 3600.0  # released slots kept for rate windows this long at most
@@ -346,10 +534,31 @@ def _free_slot(conn: Conn, key: str, keep: bool) -> None:
         conn.execute("DELETE FROM slots WHERE key = %s", [key])
 
 
-def _orphaned_queues(conn: Conn) -> list[str]:
+def _take_abandoned(
+    conn: Conn, lease: LeaseRow, owner: str, pid: int, host: str, ttl: float, dead: bool
+) -> int | None:
+    row = conn.execute(
+        f"UPDATE leases SET owner = %s, pid = %s, host = %s, expires_at = {_NOW} + %s,"
+        " generation = generation + 1 WHERE session_id = %s AND owner = %s"
+        " AND generation = %s AND expires_at = %s AND expires_at <> 0"
+        f" AND (expires_at <= {_NOW} OR %s) RETURNING generation",
+        [owner, pid, host, ttl, lease.session_id, lease.owner, lease.generation,
+         lease.expires_at, dead],
+    ).fetchone()  # fmt: skip
+    return None if row is None else int(row[0])
+
+
+def _orphans(conn: Conn, owner: str, dead: list[str]) -> list[str]:
+    # A live lease: not released (0), not expired, its owner not known dead.
+    live = f"l.expires_at > {_NOW} AND NOT l.owner = ANY(%s::text[])"
     rows = conn.execute(
-        "SELECT DISTINCT q.session_id FROM queued q LEFT JOIN leases l"
-        f" ON l.session_id = q.session_id AND l.expires_at > {_NOW}"
-        " WHERE l.session_id IS NULL ORDER BY 1"
+        "SELECT q.session_id FROM queued q LEFT JOIN leases l"
+        f" ON l.session_id = q.session_id AND {live} WHERE l.session_id IS NULL"
+        " UNION SELECT l.session_id FROM leases l WHERE l.expires_at <> 0 AND l.owner <> %s"
+        f" AND (l.owner = ANY(%s::text[]) OR l.expires_at <= {_NOW} AND NOT EXISTS"
+        f" (SELECT 1 FROM daemons d WHERE d.owner = l.owner AND d.expires_at > {_NOW}))"
+        " UNION SELECT q.session_id FROM queued q JOIN leases l ON l.session_id = q.session_id"
+        f" WHERE q.pid = 0 AND l.owner = %s AND {live} ORDER BY 1",
+        [text_array(dead), owner, text_array(dead), owner, text_array(dead)],
     )
     return [str(r[0]) for r in rows]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -120,7 +121,7 @@ class _Core:
         if "connect_timeout" not in given:
             kwargs["connect_timeout"] = CONNECT_TIMEOUT_S
         if "application_name" not in given:
-            kwargs["application_name"] = "navi"
+            kwargs["application_name"] = f"navi {os.getpid()}"  # which daemon, for its ops
         return psycopg_pool.ConnectionPool(
             self._url, min_size=1, max_size=self._pool_size, open=False, kwargs=kwargs,
             configure=configure, check=check_cheaply,
