@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import logging
 import socket
+from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,6 +20,7 @@ import attrs
 import pytest
 import trio
 from kvfake import make_ctx
+from sandbox_args import by_path
 
 from navi_trio.cli.doctor import collect_doctor, print_doctor
 from navi_trio.testing import open_harness
@@ -106,12 +108,14 @@ def test_a_writable_folder_inside_a_readable_one_stays_writable(tmp_path: Path) 
     inner = tmp_path / "inner"
     inner.mkdir()
     spec = SandboxSpec(writable=(inner,), readable=(tmp_path,))
-    argv = bwrap_argv(Path("/bwrap"), spec, ["true"], inner)
+    with ExitStack() as stack:
+        argv = by_path(bwrap_argv(Path("/bwrap"), spec, ["true"], inner, stack=stack).argv)
+        open_spec = SandboxSpec(network=True)
+        assert "--unshare-net" not in bwrap_argv(Path("/b"), open_spec, [], inner, stack=stack).argv
     binds = [(argv[i], argv[i + 1]) for i in range(len(argv)) if argv[i].endswith("bind")]
     assert binds.index(("--ro-bind", str(tmp_path))) < binds.index(("--bind", str(inner)))
     assert ("--ro-bind", str(inner)) not in binds  # the cwd, inside a writable folder
     assert "--unshare-net" in argv and "--unshare-pid" in argv
-    assert "--unshare-net" not in bwrap_argv(Path("/b"), SandboxSpec(network=True), [], inner)
 
 
 def unused_port() -> int:

@@ -47,6 +47,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 
 import attrs
@@ -55,6 +56,7 @@ import trio
 from navi_trio.errors import SandboxUnavailableError as SandboxUnavailableError
 from navi_trio.errors import ToolInputError
 from navi_trio.tools.private import PrivatePaths, real_path, within
+from navi_trio.tools.roots import Root
 
 PROBE_TIMEOUT_SEC = 10.0
 # Where the host keeps its sockets (docker, dbus, systemd, a database's): masked whole.
@@ -194,35 +196,100 @@ def _refuse_hidden(
             )
 
 
-def bwrap_argv(bwrap: Path, spec: SandboxSpec, argv: Sequence[str], cwd: Path) -> list[str]:
-    """The bwrap command line that runs `argv` in `cwd` inside `spec`'s sandbox."""
+@attrs.frozen
+class SandboxedCommand:
+    """A command line and the fds it needs passed on (`pass_fds`): those of bwrap's
+    ``--bind-fd`` and ``--ro-bind-fd``; closed by the caller's stack once it started."""
+
+    argv: list[str]
+    fds: tuple[int, ...] = ()
+
+
+class _Binds:
+    """The folders a sandbox binds, each by an fd (bwrap's ``--bind-fd``): a root the
+    caller holds (verified first), else the folder opened now by its real path, walked
+    as a root is (tools/roots.py). Each bind gets its own copy of the fd, since bwrap
+    closes an fd once it has mounted it."""
+
+    def __init__(self, roots: Sequence[Root], stack: ExitStack) -> None:
+        self.roots = roots
+        self.stack = stack
+        self.fds: list[int] = []
+        self._opened: dict[Path, Root] = {}
+
+    def root(self, path: Path) -> Root:
+        for held in self.roots:
+            if path in (held.path, held.given):
+                return held.verify()
+        real = real_path(path)
+        if real not in self._opened:
+            opened = Root.open(real, "the folder", given=path)
+            self.stack.callback(opened.close)
+            self._opened[real] = opened
+        return self._opened[real]
+
+    def bind(self, root: Root, *, writable: bool) -> list[str]:
+        fd = os.dup(root.fd)
+        self.stack.callback(os.close, fd)
+        self.fds.append(fd)
+        return ["--bind-fd" if writable else "--ro-bind-fd", str(fd), str(root.path)]
+
+
+def bwrap_argv(
+    bwrap: Path,
+    spec: SandboxSpec,
+    argv: Sequence[str],
+    cwd: Path | Root,
+    *,
+    roots: Sequence[Root] = (),
+    stack: ExitStack,
+) -> SandboxedCommand:
+    """The bwrap command line that runs `argv` in `cwd` inside `spec`'s sandbox.
+
+    Every folder is bound by an fd: the held `roots` where they cover a folder, else
+    the folder opened now; those fds stay open until `stack` closes (after the spawn).
+    """
+    binds = _Binds(roots, stack)
     private = spec.private
-    writable = [real_path(p) for p in spec.writable if os.path.isdir(p)]
-    cwd = real_path(cwd)
-    _refuse_hidden(private, [cwd, *writable], writable)
+    writable = list(
+        {r.path: r for r in (binds.root(p) for p in spec.writable if _is_folder(p, roots))}.values()
+    )
+    here = cwd.verify() if isinstance(cwd, Root) else binds.root(cwd)
+    written = [w.path for w in writable]
+    _refuse_hidden(private, [here.path, *written], written)
     # navi's own Python (its venv may live under /tmp, hidden by the private /tmp):
     # code_exec runs it, and a terminal command may find it on PATH.
-    seen: list[Path | str] = [*spec.readable, cwd, sys.prefix, sys.exec_prefix, sys.base_prefix]
-    readable = [
-        r for r in dict.fromkeys(real_path(p) for p in seen if os.path.exists(p))
-        if private.blocks(r) is None and not within(r, *writable)
-    ]  # fmt: skip
+    prefixes = [Path(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix)]
+    extra = [binds.root(p) for p in spec.readable if os.path.isdir(p)]
+    seen = [*extra, here, *(binds.root(p) for p in prefixes if os.path.isdir(p))]
+    readable = list(
+        {
+            r.path: r for r in seen
+            if private.blocks(r.path) is None and not within(r.path, *written)
+        }.values()
+    )  # fmt: skip
     out = [str(bwrap), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     out += ["--tmpfs", "/tmp", "--unshare-pid", "--die-with-parent"]
     if not spec.network:
         out.append("--unshare-net")
-    for path in readable:
-        out += ["--ro-bind", str(path), str(path)]
-    for path in dict.fromkeys(writable):
-        out += ["--bind", str(path), str(path)]
-    out += _masks(private, readable, list(dict.fromkeys(writable)))
-    out += ["--chdir", str(cwd), "--", *argv]
-    return out
+    for root in readable:
+        out += binds.bind(root, writable=False)
+    for root in writable:
+        out += binds.bind(root, writable=True)
+    out += _masks(private, readable, writable, binds)
+    out += ["--chdir", str(here.path), "--", *argv]
+    return SandboxedCommand(out, tuple(binds.fds))
 
 
-def _masks(private: PrivatePaths, readable: list[Path], writable: list[Path]) -> list[str]:
+def _is_folder(path: Path, roots: Sequence[Root]) -> bool:
+    return any(path in (r.path, r.given) for r in roots) or os.path.isdir(path)
+
+
+def _masks(
+    private: PrivatePaths, readable: list[Root], writable: list[Root], binds: _Binds
+) -> list[str]:
     """The mounts that hide the daemon's data and the host's sockets (module docstring)."""
-    bound = [*readable, *writable]
+    bound = [r.path for r in (*readable, *writable)]
     folders: list[Path] = []
     for path in [*(real_path(d) for d in RUN_DIRS), *private.hidden]:
         if os.path.isdir(path) and not within(path, *folders) and _reachable(path, bound):
@@ -230,15 +297,19 @@ def _masks(private: PrivatePaths, readable: list[Path], writable: list[Path]) ->
     out: list[str] = []
     for folder in folders:
         out += ["--tmpfs", str(folder)]
-    # Bound again over the masks: what lies inside one (the own session folder).
+    # Bound again over the masks: what lies inside one (the own session folder), by its
+    # fd again: never by a name that could lead elsewhere by now.
     rebound = [p for p in bound if any(p != f and within(p, f) for f in folders)]
     keep = [k for k in (real_path(f) for f in KEEP_FILES) if os.path.isfile(k)]
-    for path in [*readable, *keep]:
-        if path in rebound or (path in keep and within(path, *folders)):
+    for root in readable:
+        if root.path in rebound:
+            out += binds.bind(root, writable=False)
+    for path in keep:
+        if within(path, *folders):
             out += ["--ro-bind", str(path), str(path)]
-    for path in writable:
-        if path in rebound:
-            out += ["--bind", str(path), str(path)]
+    for root in writable:
+        if root.path in rebound:
+            out += binds.bind(root, writable=True)
 
     def shown(path: Path) -> bool:
         return _reachable(path, bound) and (not within(path, *folders) or within(path, *rebound))
@@ -246,7 +317,7 @@ def _masks(private: PrivatePaths, readable: list[Path], writable: list[Path]) ->
     files = [h for h in private.hidden if os.path.isfile(h) and shown(h)]
     sockets = [
         s for s in dict.fromkeys(real_path(p) for p in _bound_sockets())
-        if not within(s, *writable) and shown(s) and _is_socket(s)
+        if not within(s, *(r.path for r in writable)) and shown(s) and _is_socket(s)
     ][:SOCKET_MASKS_MAX]  # fmt: skip
     for path in dict.fromkeys([*files, *sockets]):
         out += ["--ro-bind", "/dev/null", str(path)]
@@ -260,10 +331,26 @@ def _reachable(path: Path, bound: Sequence[Path]) -> bool:
 
 
 async def sandboxed_argv(
-    spec: SandboxSpec | None, argv: Sequence[str], cwd: Path, bwrap_path: Path | None = None
-) -> list[str]:
+    spec: SandboxSpec | None,
+    argv: Sequence[str],
+    cwd: Path | Root,
+    bwrap_path: Path | None = None,
+    *,
+    roots: Sequence[Root] = (),
+    stack: ExitStack,
+) -> SandboxedCommand:
     """`argv` itself without a spec, else wrapped in bwrap (refused if unavailable)."""
     if spec is None:
-        return list(argv)
+        return SandboxedCommand(list(argv))
     bwrap = await check_sandbox(bwrap_path)
-    return bwrap_argv(bwrap, spec, argv, cwd)
+    return bwrap_argv(bwrap, spec, argv, cwd, roots=roots, stack=stack)
+
+
+def process_cwd(spec: SandboxSpec | None, cwd: Path | Root) -> str:
+    """The folder to start the process in: ``/`` for bwrap (it changes into the
+    command's folder inside the sandbox), else the folder itself, through its fd when
+    it is held (``/proc/self/fd/N``: the child changes into what the fd is, whatever
+    the path names by then)."""
+    if spec is not None:
+        return "/"
+    return f"/proc/self/fd/{cwd.fd}" if isinstance(cwd, Root) else str(cwd)

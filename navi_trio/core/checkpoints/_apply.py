@@ -31,6 +31,7 @@ import os
 import secrets
 import shutil
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from navi_trio.core.checkpoints._fsops import (
     DIR,
     Folders,
     chmod_at,
+    hold_root,
     open_root,
     parent_of,
 )
@@ -45,6 +47,7 @@ from navi_trio.core.checkpoints._model import Kept
 from navi_trio.core.checkpoints._objects import FileLock, ObjectStore, write_atomic
 from navi_trio.core.checkpoints._plan import Op
 from navi_trio.tools.private import PrivatePaths
+from navi_trio.tools.roots import Root
 
 # O_NONBLOCK: a FIFO planted at the temp name fails (ENXIO) instead of hanging.
 _WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -96,8 +99,10 @@ class Journal:
         roots: list[tuple[Path, list[Op]]],
         checkpoint: str,
         private: PrivatePaths,
+        held: Mapping[Path, Root],
     ) -> list[Kept]:
-        """Journal and apply `roots`' operations; the paths that failed."""
+        """Journal and apply `roots`' operations (through the `held` roots where there
+        are: the folders the plan was made on); the paths that failed."""
         jid = new_id()
         lock = FileLock(self.folder / f"{jid}.lock")
         lock.acquire(exclusive=True)
@@ -109,7 +114,7 @@ class Journal:
                 "roots": [{"path": str(r), "ops": ops} for r, ops in roots],
             }
             write_atomic(self.folder / f"{jid}.json", json.dumps(body).encode(), sync=True)
-            failed = _apply_all(objects, jid, roots, private, recovering=False)
+            failed = _apply_all(objects, jid, roots, private, held, recovering=False)
             self._finish(jid)
             return failed
         finally:
@@ -128,7 +133,7 @@ class Journal:
                     continue
                 roots = [(Path(r["path"]), list(r["ops"])) for r in data["roots"]]
                 # The plan was checked against navi's data when it was made.
-                failed = _apply_all(objects, jid, roots, _NO_PRIVATE, recovering=True)
+                failed = _apply_all(objects, jid, roots, _NO_PRIVATE, {}, recovering=True)
                 self._finish(jid)
                 done.append((jid, failed))
             finally:
@@ -145,13 +150,15 @@ def _apply_all(
     jid: str,
     roots: list[tuple[Path, list[Op]]],
     private: PrivatePaths,
+    held: Mapping[Path, Root],
     *,
     recovering: bool,
 ) -> list[Kept]:
     failed: list[Kept] = []
     for root, ops in roots:
         try:
-            root_fd = open_root(root, private, create=True)
+            # A root that was gone is made again, walked like any other (no symlink).
+            root_fd = open_root(held.get(root, root), private, create=True)
         except Exception as exc:  # noqa: BLE001 - reported with the root's name
             failed.append(Kept(str(root), str(exc)))
             continue
@@ -254,19 +261,23 @@ def _rename_into(folder: int, tmp: str, name: str) -> None:
 def export_root(objects: ObjectStore, ops: list[Op], dest: Path) -> list[Kept]:
     """Build a tree into the new folder `dest` as a staged swap: `dest` is claimed
     (made empty, FileExistsError when it exists), everything is made in a temp folder
-    beside it, which is then renamed over it: `dest` is empty or complete."""
-    os.mkdir(dest, 0o700)
-    stage = dest.parent / f".{dest.name}.navi-export-{new_id()}"
-    try:
-        os.mkdir(stage, 0o700)
-        fd = os.open(stage, DIR)
+    beside it, which is then renamed over it: `dest` is empty or complete. All of it
+    happens in `dest`'s parent held open (walked without following a symlink), so a
+    parent swapped for a link meanwhile leads nowhere."""
+    with hold_root(dest.parent) as parent:
+        os.mkdir(dest.name, 0o700, dir_fd=parent.fd)
+        stage = f".{dest.name}.navi-export-{new_id()}"
         try:
-            failed = apply_ops(objects, fd, ops, new_id(), recovering=False, root=dest)
-        finally:
-            os.close(fd)
-        os.rename(stage, dest)  # over the empty folder claimed above, in one step
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        os.rmdir(dest)
-        raise
+            os.mkdir(stage, 0o700, dir_fd=parent.fd)
+            fd = os.open(stage, DIR, dir_fd=parent.fd)
+            try:
+                failed = apply_ops(objects, fd, ops, new_id(), recovering=False, root=dest)
+            finally:
+                os.close(fd)
+            # Over the empty folder claimed above, in one step.
+            os.rename(stage, dest.name, src_dir_fd=parent.fd, dst_dir_fd=parent.fd)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True, dir_fd=parent.fd)
+            os.rmdir(dest.name, dir_fd=parent.fd)
+            raise
     return failed
