@@ -163,10 +163,6 @@ class Root:
     ) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        # A backstop only: every owner closes its roots.
-        self.close()
-
     def __repr__(self) -> str:
         return f"Root({self.path}, fd={self._fd})"
 
