@@ -306,7 +306,8 @@ async def test_a_session_folder_turned_into_a_link_to_the_data_folder_shows_noth
             async with s.connect("alice") as alice:
                 sid = await turn(s, alice, [say("one")], "first")
                 folder = s.session_dir(sid)
-                shutil.rmtree(folder)
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.parent.mkdir(parents=True, exist_ok=True)
                 folder.symlink_to(s.data_dir)
                 token = (s.data_dir / "local-token").read_text().strip()
                 s.fake.add_replies(
