@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -31,14 +31,21 @@ from navi_trio.testing import FakeLLMServer
 CLI_LIMIT = 60  # real seconds for `navi users add` (a Python start on 2 busy cores)
 
 
-def config_file(folder: Path, roots: Mapping[str, Sequence[str]] | None) -> Path:
-    """The shipped config folder without first-message plans, with `workspace_roots`."""
+def config_file(
+    folder: Path,
+    roots: Mapping[str, Sequence[str]] | None,
+    edit: Callable[[dict[str, Any]], None] | None = None,
+) -> Path:
+    """The shipped config folder without first-message plans, with `workspace_roots`,
+    and whatever `edit` changes in it."""
     shutil.copytree(default_config_path().parent, folder, dirs_exist_ok=True)
     path = folder / default_config_path().name
     data = json.loads(path.read_text(encoding="utf-8"))
     data["profiles"]["general"].update(planning_first_message=False)
     if roots is not None:
         data["workspace_roots"] = {k: list(v) for k, v in roots.items()}
+    if edit is not None:
+        edit(data)
     path.write_text(json.dumps(data), encoding="utf-8")
     return path
 
@@ -81,12 +88,15 @@ async def served(
     users: Sequence[str] = ("alice", "bob"),
     roots: Mapping[str, Sequence[str]] | None = None,
     env: Mapping[str, str] | None = None,
+    edit: Callable[[dict[str, Any]], None] | None = None,
+    admins: Sequence[str] = (),
 ) -> AsyncIterator[Served]:
     data = base / "data"
-    extra = {"NAVI_CONFIG": str(config_file(base / "config", roots)), **(env or {})}
+    extra = {"NAVI_CONFIG": str(config_file(base / "config", roots, edit)), **(env or {})}
     environ = {**clean_env(base, **extra), "NAVI_DB": str(base / "db" / "navi.db")}
     (base / "db").mkdir(exist_ok=True)
     tokens = {name: await add_user(environ, name) for name in users}
+    tokens |= {name: await add_user(environ, name, "admin") for name in admins}
     async with trio.open_nursery() as nursery:
         fake: FakeLLMServer = await nursery.start(FakeLLMServer().serve)
         async with navi_serve(environ, fake.url, base / "daemon.log") as daemon:

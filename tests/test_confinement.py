@@ -46,9 +46,12 @@ needs_sandbox = pytest.mark.skipif(not OK, reason=f"the sandbox is unavailable: 
 
 @pytest.fixture
 def base() -> Iterator[Path]:
-    """A folder outside /tmp (the sandbox hides /tmp anyway), removed afterwards."""
+    """A folder outside /tmp (the sandbox hides /tmp anyway), removed afterwards; open
+    to others (mkdtemp makes it 0700): a root daemon's commands run as nobody, and a
+    workspace is open to them."""
     parent = Path("/var/tmp") if os.access("/var/tmp", os.W_OK) else REPO_ROOT
     folder = Path(tempfile.mkdtemp(prefix="navi-confine-", dir=parent)).resolve()
+    folder.chmod(0o755)
     try:
         yield folder
     finally:

@@ -9,6 +9,7 @@ absolute time limit.
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from navi_trio.errors import RootChangedError
 from navi_trio.testing import open_harness
 from navi_trio.tools.procs import run_command
 from navi_trio.tools.roots import CWD, Root, RunRoots
+from navi_trio.tools.runas import run_as
 from navi_trio.tools.sandbox import SandboxSpec, bwrap_argv, find_bwrap, sandbox_available
 
 TIMEOUT = 60
@@ -153,3 +155,35 @@ async def test_a_runs_folders_are_closed_when_its_turn_ends(tmp_path: Path) -> N
     assert sorted(p.name for p in work.iterdir()) == [
         "f0.txt", "f1.txt", "f2.txt", "t0.txt", "t1.txt", "t2.txt",
     ]  # fmt: skip
+
+
+@needs_sandbox
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a daemon running as root drops")
+async def test_a_folder_under_one_the_tool_user_cannot_pass_is_still_reached(
+    tmp_path: Path,
+) -> None:
+    """/root/proj under a /root of mode 0700: the command, as nobody, gets its folder
+    (and navi's Python) through an empty folder over the closed one, which hides only
+    what it could not reach anyway."""
+    closed = tmp_path / "closed"
+    work = closed / "work"
+    work.mkdir(parents=True)
+    closed.chmod(0o700)
+    work.chmod(0o777)
+    (closed / "private.txt").write_text("root's")
+    with Root.open(work, CWD) as root, ExitStack() as stack, trio.fail_after(TIMEOUT):
+        found = find_bwrap()
+        assert found is not None
+        user = run_as("")
+        assert user is not None
+        cmd = bwrap_argv(
+            found, SandboxSpec(writable=(work,)),
+            ["sh", "-c", f"id -u; echo in > f.txt; ls -A {closed}; {sys.executable} -c 'print(7)'"],
+            root, roots=(root,), stack=stack, user=user,
+        )  # fmt: skip
+        done = await trio.run_process(
+            cmd.argv, cwd="/", pass_fds=cmd.fds, capture_stdout=True, check=False
+        )
+    assert done.returncode == 0, done
+    assert done.stdout.decode().split() == ["65534", "work", "7"]
+    assert (work / "f.txt").stat().st_uid == 65534

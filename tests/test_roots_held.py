@@ -44,8 +44,10 @@ TIMEOUT = 180  # real seconds: two Python processes start on 2 busy cores
 
 @pytest.fixture
 def base() -> Iterator[Path]:
-    """A folder outside /tmp, removed afterwards."""
+    """A folder outside /tmp, removed afterwards; open to others (a root daemon's
+    commands run as nobody, and a workspace is open to them)."""
     folder = Path(tempfile.mkdtemp(prefix="navi-roots-", dir="/var/tmp")).resolve()
+    folder.chmod(0o755)
     try:
         yield folder
     finally:

@@ -34,12 +34,19 @@ from typing import Protocol
 import attrs
 import trio
 
-from navi_trio.errors import ForbiddenError, ProtocolError, RequestError, RootChangedError
+from navi_trio.errors import (
+    ConfigError,
+    ForbiddenError,
+    ProtocolError,
+    RequestError,
+    RootChangedError,
+)
 from navi_trio.profiles import NaviConfig
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionRow
 from navi_trio.tools.private import private_paths, real_path, within
-from navi_trio.tools.roots import CWD, SESSION, Root, RunRoots
+from navi_trio.tools.roots import CWD, Root, RunRoots, session_folder
+from navi_trio.tools.runas import session_owner
 
 SETTING = "workspace_roots"
 ROOT = Path("/")
@@ -204,12 +211,12 @@ async def hold_roots(
     given = settings.session_dir(session_id)
 
     def session_root() -> Root:
-        return Root.open(real_path(settings.data_dir) / "sessions" / session_id, SESSION,
-                         create=True, given=given)  # fmt: skip
+        real = real_path(settings.data_dir) / "sessions" / session_id
+        return session_folder(real, session_owner(settings.tool_user), given=given)
 
     try:
         session = await trio.to_thread.run_sync(session_root)
-    except RootChangedError as exc:
+    except (RootChangedError, ConfigError) as exc:
         return RunRoots(None, None, str(exc))
     if cwd is None:
         return RunRoots(session)

@@ -44,6 +44,7 @@ import attrs
 
 from navi_trio.tools.private import PrivatePaths
 from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import inherit
 
 MAX_HOPS = 40  # symlinks followed in one call (Linux's own limit is 40)
 
@@ -106,6 +107,17 @@ def _is_folder(dir_fd: int, name: str) -> bool:
         return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
     except OSError:
         return False
+
+
+def _open_entry(dir_fd: int, name: str, flags: int) -> tuple[int, bool]:
+    """The file `name` in `dir_fd` opened with `flags`, and whether this call made it
+    (``O_CREAT`` tries ``O_EXCL`` first: what existed keeps its owner)."""
+    if flags & os.O_CREAT:
+        try:
+            return os.open(name, flags | os.O_EXCL | _FILE, _NEW_FILE_MODE, dir_fd=dir_fd), True
+        except FileExistsError:
+            pass  # a file, or a symlink (O_EXCL never follows one): opened as it is
+    return os.open(name, (flags & ~os.O_CREAT) | _FILE, dir_fd=dir_fd), False
 
 
 def _readlink(dir_fd: int, name: str) -> str | None:
@@ -232,7 +244,12 @@ class Beneath:
             if self._marks.private(spot, name, None, real):  # before anything is made
                 raise PrivateError()
             try:
-                fd = os.open(name, flags | _FILE, _NEW_FILE_MODE, dir_fd=spot.fd)
+                fd, made = _open_entry(spot.fd, name, flags)
+            except FileNotFoundError:
+                swapped += 1
+                if flags & os.O_CREAT and swapped < _RETRIES:
+                    continue  # there a moment ago, gone now: make it
+                raise
             except OSError as exc:
                 if exc.errno == errno.ENXIO:  # O_NONBLOCK write to a pipe nobody reads
                     raise SpecialFileError() from None
@@ -255,6 +272,8 @@ class Beneath:
                 if not stat.S_ISREG(st.st_mode):
                     raise SpecialFileError()
                 os.set_blocking(fd, True)
+                if made:
+                    inherit(fd, spot.fd)
                 if truncate:
                     os.ftruncate(fd, 0)
                 mode = "r+b" if flags & os.O_ACCMODE == os.O_RDWR else "rb"
@@ -342,11 +361,14 @@ class Beneath:
                 raise
             if self._marks.private(spot, name, None, spot.path / name):
                 raise PrivateError() from None
+            made = True
             try:
                 os.mkdir(name, _NEW_FOLDER_MODE, dir_fd=spot.fd)
             except FileExistsError:
-                pass  # made meanwhile: open what is there now
+                made = False  # made meanwhile: open what is there now
             opened = self._open_folder(spot, name)
+            if made and isinstance(opened, int):
+                inherit(opened, spot.fd)
         if isinstance(opened, str):
             return opened
         self._stack.callback(os.close, opened)

@@ -21,6 +21,7 @@ from navi_trio.settings import Settings
 from navi_trio.tools.result import ToolResult as ToolResult
 from navi_trio.tools.result import cap_text as cap_text
 from navi_trio.tools.roots import RunRoots
+from navi_trio.tools.runas import session_owner
 from navi_trio.tools.sandbox import SandboxSpec
 from navi_trio.tools.services import ToolServices
 
@@ -85,7 +86,7 @@ class ToolContext:
         ones, or opened now when there are none. Blocking: run it in a worker thread."""
         if self.held is not None:
             return self.held.dup()
-        return RunRoots.open(self.session_dir, self.cwd)
+        return RunRoots.open(self.session_dir, self.cwd, session_owner(self.settings.tool_user))
 
 
 class Tool(Protocol):

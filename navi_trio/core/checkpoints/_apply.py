@@ -17,6 +17,10 @@ an interrupted write is written again and renamed. Killed before the journal exi
 nothing was changed. Killed during the recovery, the journal is still there. The flock
 keeps a recovery away from a restore that is still running in another process.
 
+What a restore makes takes the owner of the folder it is made in when the daemon runs
+as root (tools/runas.py `inherit`: the commands, which never run as root, can change
+it), and a file's set-user-ID and set-group-ID bits are never restored.
+
 An operation that fails for a reason that stays (a folder made read-only by someone
 else, a disk full) is reported with its path and the rest goes on: the result names
 what could not be restored (the undo checkpoint taken by the preview brings back the
@@ -48,10 +52,16 @@ from navi_trio.core.checkpoints._objects import FileLock, ObjectStore, write_ato
 from navi_trio.core.checkpoints._plan import Op
 from navi_trio.tools.private import PrivatePaths
 from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import inherit
 
 # O_NONBLOCK: a FIFO planted at the temp name fails (ENXIO) instead of hanging.
 _WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _NO_PRIVATE = PrivatePaths(hidden=())
+_MADE = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# A file comes back with its bits but never set-user-ID or set-group-ID: a restore
+# writes as the daemon, and a program of the user's made setuid to the daemon's
+# account (root's, in a container) would hand that account to whoever runs it.
+FILE_BITS = 0o7777 & ~(stat.S_ISUID | stat.S_ISGID)
 
 
 def new_id() -> str:
@@ -205,8 +215,10 @@ def _one(
         return
     up, name = parent_of(rel)
     folder = fds.get(up)
-    if kind in ("unlock", "dirmode", "chmod"):
+    if kind in ("unlock", "dirmode"):
         chmod_at(folder, name, op[2])
+    elif kind == "chmod":
+        chmod_at(folder, name, op[2] & FILE_BITS)
     elif kind == "rm":
         try:
             os.unlink(name, dir_fd=folder)
@@ -228,11 +240,18 @@ def _one(
             st = os.stat(name, dir_fd=folder, follow_symlinks=False)
             if not stat.S_ISDIR(st.st_mode):
                 raise
+            return
+        made = os.open(name, _MADE, dir_fd=folder)
+        try:
+            inherit(made, folder)
+        finally:
+            os.close(made)
     elif kind == "put":
         dst = os.open(tmp, _WRITE, 0o600, dir_fd=folder)
         try:
             objects.copy_into(op[2], dst)
-            os.fchmod(dst, op[3])
+            os.fchmod(dst, op[3] & FILE_BITS)
+            inherit(dst, folder)
         finally:
             os.close(dst)
         _rename_into(folder, tmp, name)
@@ -242,6 +261,9 @@ def _one(
         except FileNotFoundError:
             pass
         os.symlink(op[2], tmp, dir_fd=folder)
+        if os.geteuid() == 0:  # the link itself, never what it points to
+            owner = os.fstat(folder)
+            os.chown(tmp, owner.st_uid, owner.st_gid, dir_fd=folder, follow_symlinks=False)
         _rename_into(folder, tmp, name)
     else:
         raise OSError(errno.EINVAL, f"unknown restore step {kind!r}")

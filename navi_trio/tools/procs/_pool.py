@@ -31,6 +31,7 @@ from navi_trio.tools.procs._spawn import (
     shell_argv,
 )
 from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import RunAs
 from navi_trio.tools.sandbox import SandboxedCommand, SandboxSpec, process_cwd, sandboxed_argv
 
 WRITE_TIMEOUT_SEC = 5.0
@@ -83,6 +84,17 @@ class _Handle:
         )
 
 
+@attrs.frozen
+class _Start:
+    """How to start one process: its command line and fds, the folder to start in, its
+    environment, whom it runs as."""
+
+    cmd: SandboxedCommand
+    cwd: str
+    env: dict[str, str]
+    user: RunAs | None
+
+
 class ProcessPool(NurseryHolder):
     """Persistent processes per session, owned by one actor (see the module docstring)."""
 
@@ -125,6 +137,7 @@ class ProcessPool(NurseryHolder):
         env: Mapping[str, str] | None = None,
         owner: str | None = None,
         roots: Sequence[Root] = (),
+        user: RunAs | None = None,
     ) -> str:
         """Start `command` (through the shell) in `cwd`; returns its handle id ("p1" …).
 
@@ -134,19 +147,19 @@ class ProcessPool(NurseryHolder):
         with ExitStack() as stack:
             # First, before the checks: they must not go stale across an await.
             cmd = await sandboxed_argv(
-                sandbox, shell_argv(command), cwd, bwrap_path, roots=roots, stack=stack
-            )
-            return await self._start(session_id, command, cmd, cwd, process_cwd(sandbox, cwd),
-                                     child_env(env), owner)  # fmt: skip
+                sandbox, shell_argv(command), cwd, bwrap_path, roots=roots, stack=stack,
+                user=user,
+            )  # fmt: skip
+            environ = child_env({**(env or {}), **(user.env() if user else {})})
+            start = _Start(cmd, process_cwd(cmd, cwd), environ, user)
+            return await self._start(session_id, command, start, cwd, owner)
 
     async def _start(
         self,
         session_id: str,
         command: str,
-        cmd: SandboxedCommand,
+        start: _Start,
         cwd: Path | Root,
-        start_in: str,
-        env: dict[str, str],
         owner: str | None,
     ) -> str:
         if not self.running:
@@ -162,7 +175,7 @@ class ProcessPool(NurseryHolder):
         handle_id = f"p{next(counter)}"
         shown = cwd.path if isinstance(cwd, Root) else cwd
         handle: _Handle = await self.nursery.start(
-            self._serve, session_id, handle_id, command, cmd, shown, start_in, env, owner
+            self._serve, session_id, handle_id, command, start, shown, owner
         )
         return handle.handle_id
 
@@ -171,19 +184,18 @@ class ProcessPool(NurseryHolder):
         session_id: str,
         handle_id: str,
         command: str,
-        cmd: SandboxedCommand,
+        start: _Start,
         cwd: Path,
-        start_in: str,
-        env: dict[str, str],
         owner: str | None,
         task_status: trio.TaskStatus[_Handle] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         tag = new_tag(owner)
         process = await trio.lowlevel.open_process(
-            cmd.argv,
-            cwd=start_in,
-            pass_fds=cmd.fds,
-            env={**env, TAG_VAR: tag},
+            start.cmd.argv,
+            cwd=start.cwd,
+            pass_fds=start.cmd.fds,
+            **(start.user.popen() if start.user and not start.cmd.switches_user else {}),
+            env={**start.env, TAG_VAR: tag},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
