@@ -129,9 +129,9 @@ async def open_runtime(
     # Tool processes never run as root: a NAVI_TOOL_USER naming no one stops the start.
     user = run_as(settings.tool_user)
     if user is not None:
-        logging.getLogger(__name__).warning(
+        logging.getLogger(__name__).info(
             "navi runs as root: its tool processes run as %s (uid %d, NAVI_TOOL_USER), "
-            "never as root", user.name, user.uid,
+            "never as root (navi doctor says more)", user.name, user.uid,
         )  # fmt: skip
     # Sandboxed modes (the default) need bwrap: say so now, not at the first command.
     ok, reason = await trio.to_thread.run_sync(sandbox_available, settings.bwrap_path, user)

