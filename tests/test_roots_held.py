@@ -272,6 +272,30 @@ async def test_a_workspace_root_turned_into_a_link_to_slash_opens_nothing(base: 
                 await turn(s, alice, [say("fine")], "in proj", cwd=str(ws / "proj"))
 
 
+async def test_a_nested_workspace_root_swapped_from_its_parent_root_opens_nothing(
+    base: Path,
+) -> None:
+    """A root inside another one: a run in the outer root swaps the inner one for a link
+    to a folder of someone else's, which must not become a root with it."""
+    target = victim(base)
+    ws = base / "ws"
+    (ws / "inner").mkdir(parents=True)
+    for folder in (ws, ws / "inner"):
+        folder.chmod(0o777)
+    async with served(base, roots={"user": [str(ws), str(ws / "inner")]}) as s:
+        with trio.fail_after(TIMEOUT):
+            async with s.connect("alice") as alice:
+                swap = f"mv inner inner.old && ln -s {target} inner"
+                await turn(s, alice, [calls(run(swap)), say("swapped")], "swap", cwd=str(ws))
+                assert (ws / "inner").is_symlink()
+                for cwd in (target, ws / "inner"):
+                    refused = await alice.request(
+                        {"type": "message", "content": "x", "cwd": str(cwd)}
+                    )
+                    assert refused["code"] == "forbidden", (cwd, refused)
+    assert sorted(p.name for p in target.iterdir()) == ["keep.txt"]
+
+
 async def test_the_user_config_folder_stays_hidden_when_the_config_lives_elsewhere(
     base: Path,
 ) -> None:

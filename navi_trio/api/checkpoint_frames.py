@@ -223,7 +223,7 @@ class CheckpointCommands:
         rt, user = self.c.rt, self.c.user
         parent = await CwdCheck(
             user_id=user.id, role=user.role, session_id=session_id, settings=rt.settings,
-            config=rt.config.current, store=rt.store,
+            config=rt.config, store=rt.store,
         ).check(str(path.parent))  # fmt: skip
         dest = parent / path.name
         if await trio.to_thread.run_sync(dest.exists):

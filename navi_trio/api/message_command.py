@@ -70,8 +70,7 @@ class SessionMessages:
         if cmd.cwd is not None:
             cwd = await CwdCheck(
                 user_id=self.c.user.id, role=self.c.user.role, session_id=cmd.session_id,
-                settings=self.c.rt.settings, config=self.c.rt.config.current,
-                store=self.c.rt.store,
+                settings=self.c.rt.settings, config=self.c.rt.config, store=self.c.rt.store,
             ).check(cmd.cwd)  # fmt: skip
         row = await self.c.rt.store.get_session(cmd.session_id) if cmd.session_id else None
         if row is None:

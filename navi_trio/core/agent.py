@@ -273,7 +273,7 @@ class Agent:
         # waited in the queue (across a restart too) since its cwd was checked.
         roots = await hold_roots(
             session_id, msg.cwd, user_id=msg.user_id, role=msg.user_role,
-            settings=self.settings, config=cfg, store=self.store,
+            settings=self.settings, config=self.live_config.source, store=self.store,
         )  # fmt: skip
         try:
             await self._hold_turn(session_id, msg, emit, control, state, cfg, roots)

@@ -13,7 +13,9 @@ what a client sends is checked against the sender's role before anything runs
   the message goes to;
 - a role with `workspace_roots` in config.json (``{"user": ["~/projects"]}``) may only
   use those folders (and below), plus its session's own folder; without an entry,
-  users get their session folders only, and admins anything but the above.
+  users get their session folders only, and admins anything but the above. Those
+  folders are the ones found when the config took effect (`ConfigSource.pins`),
+  reached again without following a symlink: a root swapped since opens nothing.
 
 A refusal is a `ForbiddenError` (``forbidden``) that names the setting.
 
@@ -28,6 +30,7 @@ goes on.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -41,7 +44,7 @@ from navi_trio.errors import (
     RequestError,
     RootChangedError,
 )
-from navi_trio.profiles import NaviConfig
+from navi_trio.profiles import ConfigSource, Pin
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionRow
 from navi_trio.tools.private import private_paths, real_path, within
@@ -75,7 +78,7 @@ class _Facts:
 
 
 def _open(
-    raw: str, settings: Settings, config: NaviConfig, role: str, resolve: bool
+    raw: str, settings: Settings, source: ConfigSource, role: str, resolve: bool
 ) -> tuple[Root | None, _Facts | None]:
     """The folder held open, and what the check looks at (None: not a folder).
     Blocking: run in a worker thread."""
@@ -89,6 +92,7 @@ def _open(
     except (OSError, ValueError):  # a NUL byte, a name too long
         return None, None
     try:
+        config = source.current
         private = private_paths(settings, config=config)
         hidden = private.blocks(root.path)
         if hidden is None:  # the same folder under another name (a bind mount)
@@ -97,16 +101,29 @@ def _open(
         facts = _Facts(
             root.path,
             hidden,
-            # A root that became a link to / would open everything: it opens nothing.
-            None
-            if roots is None
-            else tuple(r for r in map(real_path, map(Path, roots)) if r != ROOT),
+            None if roots is None else tuple(_pinned(roots, source.pins)),
             real_path(settings.data_dir) / "sessions",
         )
     except BaseException:
         root.close()
         raise
     return root, facts
+
+
+def _pinned(roots: Sequence[str], pins: Mapping[str, Pin | None]) -> Iterator[Path]:
+    """The real paths of `roots` that are still the folders pinned when the config took
+    effect, reached without following a symlink. One that did not exist then, was
+    swapped for a link or another folder since, or became / opens nothing."""
+    for configured in roots:
+        pin = pins.get(configured)
+        if pin is None or pin[0] == ROOT:
+            continue
+        try:
+            with Root.open(pin[0], "the workspace root") as held:
+                if held.ident == (pin[1], pin[2]):
+                    yield held.path
+        except RootChangedError:
+            continue
 
 
 def _ident(path: Path) -> tuple[int, int] | None:
@@ -120,13 +137,14 @@ def _ident(path: Path) -> tuple[int, int] | None:
 @attrs.frozen(kw_only=True)
 class CwdCheck:
     """Who asks for a cwd (`user_id`, `role`) for which session (`session_id`; None: a
-    session not made yet), and what the check reads (settings, config, store)."""
+    session not made yet), and what the check reads (settings, the config in force
+    with its pinned workspace roots, store)."""
 
     user_id: str
     role: str
     session_id: str | None
     settings: Settings
-    config: NaviConfig
+    config: ConfigSource
     store: SessionLookup
 
     async def open(self, raw: str, *, resolve: bool = True) -> Root:
@@ -161,7 +179,7 @@ class CwdCheck:
 
 async def _check(raw: str, facts: _Facts, who: CwdCheck) -> None:
     real, hidden, roots, sessions = facts.real, facts.hidden, facts.roots, facts.sessions
-    user_id, role, session_id, config = who.user_id, who.role, who.session_id, who.config
+    user_id, role, session_id, config = who.user_id, who.role, who.session_id, who.config.current
     shown = _show(raw, real)
     if real == ROOT:
         raise ForbiddenError(f"cwd {shown}: the root folder is never a workspace ({SETTING})")
@@ -202,7 +220,7 @@ async def hold_roots(
     user_id: str,
     role: str,
     settings: Settings,
-    config: NaviConfig,
+    config: ConfigSource,
     store: SessionLookup,
 ) -> RunRoots:
     """A run's roots, opened at its start: its session folder (made if need be) and its
