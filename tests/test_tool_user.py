@@ -88,13 +88,18 @@ async def test_a_root_daemons_tool_processes_never_run_as_root(base: Path) -> No
                 )
                 sid = str((await send(alice, "who am I"))["session_id"])
                 await alice.until_end(sid)
-                s.fake.add_replies(calls(run(probe)), say("done"))
+                listing = f"ls {s.data_dir / 'sessions'}; ls -d $HOME"
+                s.fake.add_replies(calls(run(probe)), calls(run(listing)), say("done"))
                 full = str((await send(admin, "and in full mode", mode="full",
                                        cwd=str(base)))["session_id"])  # fmt: skip
                 await admin.until_end(full)
     folder = s.session_dir(sid)
     command, code, _, opened, mcp, *_ = results(alice, sid)
-    (unconfined,) = results(admin, full)
+    unconfined, listed = results(admin, full)
+    # The session folders: all nobody's, and closed to nobody but through its own.
+    assert (s.data_dir / "sessions").stat().st_mode & 0o777 == 0o700
+    own = str(s.session_dir(full))
+    assert listed["output"].split()[:2] == [full, own] and sid not in listed["output"], listed
     nobody = f"ids {NOBODY} {NOBODY}"
     for result in (command, opened, unconfined):
         assert ids_of(result["output"]) == [nobody], result

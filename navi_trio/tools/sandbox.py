@@ -380,7 +380,7 @@ def unconfined_argv(
     here = cwd.verify() if isinstance(cwd, Root) else binds.root(cwd)
     work = [here, *(binds.root(r.path) for r in roots)]
     python = _prefixes(binds)
-    closed = _closed_above([r.path for r in (*work, *python)], user)
+    closed = _closed_above([r.path for r in (*work, *python)], user, bound=False)
     out = [str(bwrap), "--dev-bind", "/", "/"]
     for folder in closed:
         out += binds.tmpfs(folder)
@@ -412,7 +412,7 @@ def _dropped(user: RunAs, command: str, args: Sequence[str], bwrap_path: Path | 
     with ExitStack() as stack:  # nothing is opened: these binds are by path
         binds = _Binds((), stack, user)
         out = [str(bwrap), "--dev-bind", "/", "/"]
-        for folder in _closed_above(prefixes, user):
+        for folder in _closed_above(prefixes, user, bound=False):
             out += binds.tmpfs(folder)
         for path in prefixes:
             if within(path, *binds.empty[1:]):
@@ -436,17 +436,21 @@ def _drop(user: RunAs) -> list[str]:
     return [*DROP_CAPS, "--", sys.executable, *drop_argv(user)]
 
 
-def _closed_above(paths: Sequence[Path], user: RunAs | None) -> list[Path]:
+def _closed_above(paths: Sequence[Path], user: RunAs | None, *, bound: bool = True) -> list[Path]:
     """The top-most folders above `paths` that `user` may not pass through (no search
-    bit for it, ACLs aside): the sandbox puts an empty folder over each, so that bwrap,
-    running as `user`, can make its way to the binds below (``/root/proj`` under a
-    ``/root`` of mode 0700). It hides nothing `user` could have reached."""
+    bit for it, ACLs aside): the sandbox puts an empty folder over each, so that the
+    command, running as `user`, can make its way to the binds below (``/root/proj``
+    under a ``/root`` of mode 0700). It hides nothing `user` could have reached.
+    `bound`: `paths` are all bound (none is looked into); else only what lies under an
+    empty folder will be."""
     if user is None:
         return []
     found: list[Path] = []
     for path in paths:
         for folder in reversed(path.parents[:-1]):  # from the top, "/" left out
-            if within(folder, PRIVATE_TMP, *found) or any(within(folder, p) for p in paths):
+            if within(folder, PRIVATE_TMP, *found) or (
+                bound and any(within(folder, p) for p in paths)
+            ):
                 break
             if not _searchable(folder, user):
                 found.append(folder)
