@@ -15,7 +15,9 @@ The tree (every subclass of NaviError in navi_trio is defined here)::
     ├── ContextTooLargeError        the built context cannot fit the model's window
     ├── NothingToCompactError       /compact found nothing (new) to summarise
     ├── ToolInputError              a tool got arguments it cannot use
-    │   └── SandboxUnavailableError a sandboxed run was asked for, but bwrap cannot run here
+    │   ├── SandboxUnavailableError a sandboxed run was asked for, but bwrap cannot run here
+    │   └── RootChangedError        a folder a run holds (its cwd, its session folder) is no
+    │                               longer the one that was checked: moved, swapped, deleted
     ├── TaskRejectedError           a background submit was refused (cap, rate limit)
     ├── RequestError                a WebSocket client's request failed; `code` goes on the wire
     │   ├── ProtocolError           bad_frame: not JSON, not an object, binary, a bad field
@@ -115,6 +117,11 @@ class ToolInputError(NaviError):
 
 class SandboxUnavailableError(ToolInputError):
     """A sandboxed run was asked for, but bwrap cannot run here: the call is refused."""
+
+
+class RootChangedError(ToolInputError):
+    """A folder a run holds (its cwd, its session folder) is no longer the folder that
+    was checked: moved, replaced by a symlink, or deleted. The message names it."""
 
 
 class BudgetExhaustedError(NaviError):

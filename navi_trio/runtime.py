@@ -60,6 +60,7 @@ from navi_trio.tools.builtin import builtin_tools
 from navi_trio.tools.mcp import McpServers
 from navi_trio.tools.peer import PeerTool
 from navi_trio.tools.procs import ProcessPool
+from navi_trio.tools.runas import run_as
 from navi_trio.tools.sandbox import sandbox_available
 from navi_trio.tools.spawn_agent import SpawnAgentTool
 from navi_trio.tools.tasks import TasksTool
@@ -128,8 +129,15 @@ async def open_runtime(
     # Refuse a config naming a tool nobody provides or lacking a prompt file, before
     # anything opens (and before a user message could be saved).
     config.require(BUILTIN_TOOL_NAMES | {t.name for t in tools})
+    # Tool processes never run as root: a NAVI_TOOL_USER naming no one stops the start.
+    user = run_as(settings.tool_user)
+    if user is not None:
+        logging.getLogger(__name__).info(
+            "navi runs as root: its tool processes run as %s (uid %d, NAVI_TOOL_USER), "
+            "never as root (navi doctor says more)", user.name, user.uid,
+        )  # fmt: skip
     # Sandboxed modes (the default) need bwrap: say so now, not at the first command.
-    ok, reason = await trio.to_thread.run_sync(sandbox_available, settings.bwrap_path)
+    ok, reason = await trio.to_thread.run_sync(sandbox_available, settings.bwrap_path, user)
     if not ok:
         logging.getLogger(__name__).warning(
             "the sandbox is unavailable, so sandboxed terminal and code_exec calls will be "
@@ -152,7 +160,7 @@ async def open_runtime(
             for tool in tools:  # the peer tool's connections live in the runtime's nursery
                 if isinstance(tool, PeerTool):
                     await nursery.start(tool.link.run)
-            mcp = McpServers(lambda: config.current)
+            mcp = McpServers(lambda: config.current, settings.tool_user, settings.bwrap_path)
             await nursery.start(mcp.run)
             registry.add_source(mcp)
             # The supervisor starts first (the agent needs it), the session registry

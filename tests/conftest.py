@@ -18,6 +18,8 @@ clients), tests/agent_tools.py (tools and fake-LLM replies for the agent), ...
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -27,6 +29,30 @@ from pg_server import pg_url as pg_url
 from store_backends import backend as backend
 
 from navi_trio.settings import Settings
+
+
+@pytest.fixture
+def tmp_path(tmp_path: Path) -> Iterator[Path]:
+    """pytest's own, opened to the tool user when the suite runs as root.
+
+    A root daemon runs its tool processes as NAVI_TOOL_USER, else nobody
+    (tools/runas.py), and the folders they work in must be open to that user, as an
+    admin opens a workspace. So here, as root: the test's folder is writable by anyone,
+    pytest's folders above it passable, and what the test makes (umask 0) open too.
+    """
+    if os.geteuid() != 0:
+        yield tmp_path
+        return
+    tmp_path.chmod(0o777)
+    for folder in tmp_path.parents:
+        if folder == Path(tempfile.gettempdir()):
+            break
+        folder.chmod(folder.stat().st_mode | 0o111)
+    mask = os.umask(0)
+    try:
+        yield tmp_path
+    finally:
+        os.umask(mask)
 
 
 @pytest.fixture

@@ -194,7 +194,7 @@ async def test_delete_removes_messages_kv_and_folder(tmp_path: Path) -> None:
                 await store.kv_set("todo", sid, [{"text": "x"}])
                 await store.kv_set("task_notes", f"{sid}:t-1", {"note": 1})
                 folder = d.harness.runtime.settings.session_dir(sid)
-                folder.mkdir(parents=True)
+                assert folder.is_dir()  # made when its run started
                 (folder / "f.txt").write_text("x")
                 done = await c.request({"type": "sessions", "action": "delete", "session_id": sid})
                 assert done == {"type": "sessions", "action": "delete", "session_id": sid,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -164,11 +165,13 @@ async def test_a_write_inside_the_sandbox_is_seen_by_the_next_incremental_snapsh
     assert bwrap is not None
     spec = SandboxSpec(writable=(work,), private=private)
     command = "sed -i s/1/2/ src/m.py && mkdir -p out && echo built > out/b.txt && rm -f x"
-    argv = bwrap_argv(bwrap, spec, ["sh", "-c", command], work)
-    with trio.fail_after(DEADLINE):
+    with trio.fail_after(DEADLINE), ExitStack() as stack:
+        cmd = bwrap_argv(bwrap, spec, ["sh", "-c", command], work, stack=stack)
         async with engine_for(settings) as engine:
             first = await _digest(engine, work, private, "s")
-            done = await trio.run_process(argv, cwd=work, capture_stderr=True, check=False)
+            done = await trio.run_process(
+                cmd.argv, cwd="/", pass_fds=cmd.fds, capture_stderr=True, check=False
+            )
             assert done.returncode == 0, done.stderr
             assert (work / "src" / "m.py").read_text() == "x = 2\n"
             second = await _digest(engine, work, private, "s")

@@ -76,7 +76,7 @@ def _step3(w: Path) -> None:  # kinds swap: a file becomes a folder and back; re
     (w / "ro").mkdir()
     (w / "ro" / "locked.txt").write_text("locked")
     os.chmod(w / "ro", 0o555)
-    os.chmod(w / "src" / "util.py", 0o4755)  # setuid bit on one's own file: all 12 bits
+    os.chmod(w / "src" / "util.py", 0o1755)  # the sticky bit on a file: kept too
 
 
 def _step4(w: Path) -> None:  # a link becomes a file, a file a link, the read-only folder changes
@@ -352,3 +352,71 @@ async def test_a_restore_writes_into_folders_made_read_only_and_makes_them_so_ag
                 assert tree_of(work) == expected
     finally:
         _unlock(work)
+
+
+async def test_a_restore_never_makes_a_file_setuid_or_setgid(tmp_path: Path) -> None:
+    """A restore writes as the daemon: a program of the user's made setuid to its
+    account would hand that account to whoever runs it."""
+    settings = make_settings(tmp_path)
+    work = real_dir(tmp_path / "work")
+    private = private_for(settings)
+    tool = work / "tool"
+    tool.write_text("#!/bin/sh\nid\n")
+    os.chmod(tool, 0o6755)
+    (work / "shared").mkdir()
+    os.chmod(work / "shared", 0o2775)  # a folder's setgid bit (group inheritance) stays
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            first = await snap(engine, "s", [work], private)
+            tool.unlink()
+            os.chmod(work / "shared", 0o755)
+            await engine.restore("s", first, private=private)
+            assert tool.stat().st_mode & 0o7777 == 0o755
+            assert (work / "shared").stat().st_mode & 0o7777 == 0o2775
+            os.chmod(tool, 0o6755)  # only its bits changed since: a chmod, not a put
+            second = await snap(engine, "s", [work], private)
+            os.chmod(tool, 0o700)
+            await engine.restore("s", second, private=private)
+            assert tool.stat().st_mode & 0o7777 == 0o755
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a daemon running as root gives owners")
+async def test_what_a_restore_makes_as_root_belongs_to_the_owner_of_its_folder(
+    tmp_path: Path,
+) -> None:
+    settings = make_settings(tmp_path)
+    work = real_dir(tmp_path / "work")
+    private = private_for(settings)
+    (work / "d").mkdir()
+    (work / "d" / "f.txt").write_text("f")
+    os.symlink("f.txt", work / "d" / "link")
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            first = await snap(engine, "s", [work], private)
+            shutil.rmtree(work / "d")
+            os.chown(work, 4242, 4343)  # the folder's owner, whom commands run as
+            await engine.restore("s", first, private=private)
+    for path in (work / "d", work / "d" / "f.txt", work / "d" / "link"):
+        st = path.lstat()
+        assert (st.st_uid, st.st_gid) == (4242, 4343), path
+
+
+async def test_a_restore_refuses_a_folder_that_became_a_link_and_names_it(
+    tmp_path: Path,
+) -> None:
+    settings = make_settings(tmp_path)
+    work = real_dir(tmp_path / "work")
+    victim = real_dir(tmp_path / "victim")
+    (victim / "theirs.txt").write_text("theirs")
+    private = private_for(settings)
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            (work / "mine.txt").write_text("mine")
+            first = await snap(engine, "s", [work], private)
+            work.rename(tmp_path / "work.old")
+            os.symlink(victim, work)
+            with pytest.raises(CheckpointError, match=f"{work} is a symlink now"):
+                await engine.preview("s", first, private=private)
+            with pytest.raises(CheckpointError, match=f"{work} is a symlink now"):
+                await engine.restore("s", first, private=private)
+    assert sorted(p.name for p in victim.iterdir()) == ["theirs.txt"]

@@ -218,7 +218,8 @@ async def test_doctor_against_the_fake_llm_lists_its_models(
     report = json.loads(done.out)
     assert done.code == 0 and report["llm"]["ok"] is True
     assert report["llm"]["url"] == f"{url}/v1/models" and report["llm"]["models"] == ["fake-model"]
-    assert report["warnings"] == []
+    # As root (this suite's machine), the doctor says so: tests/test_tool_user.py.
+    assert [w for w in report["warnings"] if not w.startswith("navi runs as root")] == []
 
 
 # ------------------------------------------------------------------------- run

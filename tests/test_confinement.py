@@ -21,6 +21,7 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ import pytest
 import trio
 from agent_tools import call
 from api_ws import Client, Daemon, open_daemon
+from sandbox_args import by_path
 
 from navi_trio.api.auth import ensure_local_token
 from navi_trio.errors import ConfigError, ToolInputError
@@ -44,9 +46,12 @@ needs_sandbox = pytest.mark.skipif(not OK, reason=f"the sandbox is unavailable: 
 
 @pytest.fixture
 def base() -> Iterator[Path]:
-    """A folder outside /tmp (the sandbox hides /tmp anyway), removed afterwards."""
+    """A folder outside /tmp (the sandbox hides /tmp anyway), removed afterwards; open
+    to others (mkdtemp makes it 0700): a root daemon's commands run as nobody, and a
+    workspace is open to them."""
     parent = Path("/var/tmp") if os.access("/var/tmp", os.W_OK) else REPO_ROOT
     folder = Path(tempfile.mkdtemp(prefix="navi-confine-", dir=parent)).resolve()
+    folder.chmod(0o755)
     try:
         yield folder
     finally:
@@ -292,7 +297,8 @@ def test_the_masks_come_after_the_binds_and_the_own_folder_again_on_top(base: Pa
     db.write_text("")
     settings = Settings.from_env({}, data_dir=data, db_path=db)
     spec = SandboxSpec(writable=(own, base), private=private_paths(settings, own))
-    argv = bwrap_argv(Path("/bwrap"), spec, ["true"], base)
+    with ExitStack() as stack:
+        argv = by_path(bwrap_argv(Path("/bwrap"), spec, ["true"], base, stack=stack).argv)
 
     def at(*words: str) -> list[int]:
         return [i for i in range(len(argv)) if argv[i : i + len(words)] == list(words)]
@@ -302,8 +308,9 @@ def test_the_masks_come_after_the_binds_and_the_own_folder_again_on_top(base: Pa
     assert at("--ro-bind", "/dev/null", str(db))  # the database outside the data folder
     # Never a hidden folder as cwd or writable, never a writable / or /proc.
     for writable, cwd in (((data,), data), ((Path("/"),), base), ((Path("/proc"),), base)):
-        with pytest.raises(ToolInputError):
-            bwrap_argv(Path("/bwrap"), attrs.evolve(spec, writable=writable), ["true"], cwd)
+        with pytest.raises(ToolInputError), ExitStack() as stack:
+            wrong = attrs.evolve(spec, writable=writable)
+            bwrap_argv(Path("/bwrap"), wrong, ["true"], cwd, stack=stack)
 
 
 # -- session id squatting --------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import logging
 import socket
+from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,6 +20,7 @@ import attrs
 import pytest
 import trio
 from kvfake import make_ctx
+from sandbox_args import by_path
 
 from navi_trio.cli.doctor import collect_doctor, print_doctor
 from navi_trio.testing import open_harness
@@ -35,12 +37,22 @@ NO_USERNS = (
 )
 
 
-def broken_bwrap(tmp_path: Path) -> Path:
-    """A stand-in for a bwrap that cannot build a sandbox here (exit 1, bwrap's words)."""
+def broken_bwrap(tmp_path: Path, *, binds_fds: bool = True) -> Path:
+    """A stand-in for a bwrap that cannot build a sandbox here (exit 1, bwrap's words);
+    its --help lists --bind-fd unless `binds_fds` is false (bubblewrap before 0.8)."""
     path = tmp_path / "bwrap"
-    path.write_text(f"#!/bin/sh\necho '{NO_USERNS}' >&2\nexit 1\n")
+    options = "--bind-fd FD DEST" if binds_fds else "--bind SRC DEST"
+    path.write_text(
+        f'#!/bin/sh\nif [ "$1" = --help ]; then echo "{options}"; exit 0; fi\n'
+        f"echo '{NO_USERNS}' >&2\nexit 1\n"
+    )
     path.chmod(0o755)
     return path
+
+
+def test_a_bwrap_that_cannot_bind_by_fd_is_refused_saying_so(tmp_path: Path) -> None:
+    ok, reason = sandbox_available(broken_bwrap(tmp_path, binds_fds=False))
+    assert not ok and "--bind-fd" in reason and "bubblewrap 0.8" in reason
 
 
 def refusing(tmp_path: Path, bwrap: Path, **kw: Any) -> ToolContext:
@@ -106,12 +118,14 @@ def test_a_writable_folder_inside_a_readable_one_stays_writable(tmp_path: Path) 
     inner = tmp_path / "inner"
     inner.mkdir()
     spec = SandboxSpec(writable=(inner,), readable=(tmp_path,))
-    argv = bwrap_argv(Path("/bwrap"), spec, ["true"], inner)
+    with ExitStack() as stack:
+        argv = by_path(bwrap_argv(Path("/bwrap"), spec, ["true"], inner, stack=stack).argv)
+        open_spec = SandboxSpec(network=True)
+        assert "--unshare-net" not in bwrap_argv(Path("/b"), open_spec, [], inner, stack=stack).argv
     binds = [(argv[i], argv[i + 1]) for i in range(len(argv)) if argv[i].endswith("bind")]
     assert binds.index(("--ro-bind", str(tmp_path))) < binds.index(("--bind", str(inner)))
     assert ("--ro-bind", str(inner)) not in binds  # the cwd, inside a writable folder
     assert "--unshare-net" in argv and "--unshare-pid" in argv
-    assert "--unshare-net" not in bwrap_argv(Path("/b"), SandboxSpec(network=True), [], inner)
 
 
 def unused_port() -> int:

@@ -175,7 +175,8 @@ async def test_a_sandboxed_command_reaches_no_host_socket_by_its_path(
 ) -> None:
     """A socket in the data folder, one in a visible folder (the whole root is readable),
     one in /run when we may make one there: none connects from inside; one in the
-    command's own writable folder still does, and outside the sandbox all of them do."""
+    command's own writable folder still does, and outside the sandbox (run by this
+    process) all of them do."""
     outside = base
     data = outside / "data"
     ctx = make_ctx(tmp_path)
@@ -199,12 +200,14 @@ async def test_a_sandboxed_command_reaches_no_host_socket_by_its_path(
             inside = await TerminalTool().execute(
                 {"action": "run", "command": command}, attrs.evolve(ctx, sandbox=sandbox)
             )
-            host = await TerminalTool().execute({"action": "run", "command": command}, ctx)
+            # The probe itself, run as this process: it reaches every socket.
+            host = await trio.run_process(argv, capture_stdout=True, check=False)
     finally:
         for s in socks:
             s.close()
         shutil.rmtree(run_dir, ignore_errors=True)
-    assert host.output.count("connected") == len(hidden) + 1, host.output  # the probe works
+    probed = host.stdout.decode()
+    assert probed.count("connected") == len(hidden) + 1, probed  # the probe works
     for path in hidden:
         assert f"refused {path}" in inside.output, inside.output
     assert f"connected {own}" in inside.output, inside.output

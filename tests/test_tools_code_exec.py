@@ -12,7 +12,7 @@ import trio
 import trio.testing
 from kvfake import PidWatch, Recorder, is_gone, jump_after_line, make_ctx, pids_in
 
-from navi_trio.tools.code_exec import SNIPPET_DIR, CodeExecTool
+from navi_trio.tools.code_exec import CodeExecTool
 
 
 async def test_runs_python_and_streams_printed_lines(tmp_path: Path) -> None:
@@ -26,14 +26,17 @@ async def test_runs_python_and_streams_printed_lines(tmp_path: Path) -> None:
     assert result.data is not None and result.data["exit_code"] == 0
 
 
-async def test_the_temp_file_lives_in_the_session_folder_and_is_removed(tmp_path: Path) -> None:
+async def test_the_snippet_is_an_fd_of_its_own_and_nothing_is_written_to_disk(
+    tmp_path: Path,
+) -> None:
     ctx = make_ctx(tmp_path)
-    code = "print(__file__)"
+    code = "import os\nprint(__file__)\nprint(os.readlink(__file__))"
     with trio.fail_after(20):
         result = await CodeExecTool().execute({"code": code}, ctx)
-    script = Path(result.output.splitlines()[0])
-    assert script.parent == (ctx.session_dir / SNIPPET_DIR)
-    assert not await trio.Path(script).exists()
+    assert result.ok, result.content()
+    script, target = result.output.splitlines()[:2]
+    assert script.startswith("/proc/self/fd/") and target.startswith("/memfd:navi-snippet")
+    assert sorted(p.name for p in ctx.session_dir.iterdir()) == []
 
 
 async def test_runs_in_the_cwd_when_the_run_has_one(tmp_path: Path) -> None:

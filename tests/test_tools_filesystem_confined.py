@@ -20,7 +20,7 @@ from kvfake import make_ctx
 
 from navi_trio.errors import ToolInputError
 from navi_trio.tools.base import ToolContext, ToolResult
-from navi_trio.tools.filesystem import FilesystemTool, base_dir, resolve_dir
+from navi_trio.tools.filesystem import FilesystemTool, resolve_dir
 
 # (action, extra arguments) for every action; "list" twice: flat and recursive.
 ACTIONS: list[tuple[str, dict[str, Any]]] = [
@@ -269,20 +269,31 @@ async def test_pipes_are_refused_without_hanging_and_new_files_get_the_umask(
     assert again.ok and (ctx.session_dir / "d" / "new.txt").read_text() == "y"
 
 
+def command_dir(ctx: ToolContext, raw: str | None) -> Path:
+    """Where `resolve_dir` starts a command, its held folder closed again."""
+    roots = ctx.call_roots()
+    try:
+        with resolve_dir(ctx, raw, roots) as folder:
+            assert os.readlink(f"/proc/self/fd/{folder.fd}") == str(folder.path)
+            return folder.path
+    finally:
+        roots.close()
+
+
 def test_a_commands_cwd_is_checked_as_the_filesystem_tool_checks_a_folder(
     tmp_path: Path,
 ) -> None:
     ctx = data_ctx(tmp_path)  # the cwd is tmp_path itself
     os.symlink("/etc", tmp_path / "linkdir")
     os.symlink(ctx.session_dir, tmp_path / "own")
-    assert resolve_dir(ctx, None) == tmp_path
-    assert resolve_dir(ctx, "own") == ctx.session_dir
+    assert command_dir(ctx, None) == tmp_path
+    assert command_dir(ctx, "own") == ctx.session_dir
     bad = [("data", "navi's own data"), ("data/sessions/other", "navi's own data"),
            ("linkdir", "symlink"), ("..", "'..'"), ("missing", "not an existing")]  # fmt: skip
     for raw, words in bad:
         with pytest.raises(ToolInputError) as info:
-            resolve_dir(ctx, raw)
+            command_dir(ctx, raw)
         assert f"'{raw}'" in str(info.value) and words in str(info.value)
     hidden_cwd = make_ctx(tmp_path, cwd=tmp_path / "data")
     with pytest.raises(ToolInputError, match="navi's own data"):
-        base_dir(hidden_cwd)
+        command_dir(hidden_cwd, None)

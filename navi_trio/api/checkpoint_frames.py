@@ -34,7 +34,7 @@ from navi_trio.api.services import DaemonCore
 from navi_trio.core.checkpoints import NOT_COVERED, Preview
 from navi_trio.core.rewind import RewindPreview, Target
 from navi_trio.core.rewind_service import Overview
-from navi_trio.core.workspace import check_cwd
+from navi_trio.core.workspace import CwdCheck
 from navi_trio.errors import ExistsError, ProtocolError
 from navi_trio.events import Rewound
 
@@ -188,7 +188,9 @@ class CheckpointCommands:
 
     async def fork(self, rid: RequestId, cmd: Fork) -> None:
         await self.c._owned(cmd.session_id)
-        folder = await self._folder(cmd.folder) if cmd.folder is not None else None
+        folder = None
+        if cmd.folder is not None:
+            folder = await self._folder(cmd.folder, cmd.new_session_id)
         if cmd.folder is not None and not cmd.files:
             raise ProtocolError("a fork's folder is for its copy of the files: add files: true")
         row = await self.c._create(cmd.new_session_id, None)
@@ -211,17 +213,18 @@ class CheckpointCommands:
 
         await self.c.conn.defer(rid, work)
 
-    async def _folder(self, raw: str) -> Path:
+    async def _folder(self, raw: str, session_id: str | None) -> Path:
         """The new folder a fork's copy goes to: not there yet, in a folder the sender
-        may use as a cwd (the same check as a message's cwd)."""
+        may use as a cwd of the new session `session_id` (the same check as a message's
+        cwd)."""
         path = Path(raw)
         if path.name in ("", ".", "..") or ".." in path.parts:
             raise ProtocolError("field 'folder' must name a new folder (no . or ..)")
         rt, user = self.c.rt, self.c.user
-        parent = await check_cwd(
-            str(path.parent), user_id=user.id, role=user.role, settings=rt.settings,
-            config=rt.config.current, store=rt.store,
-        )  # fmt: skip
+        parent = await CwdCheck(
+            user_id=user.id, role=user.role, session_id=session_id, settings=rt.settings,
+            config=rt.config, store=rt.store,
+        ).check(str(path.parent))  # fmt: skip
         dest = parent / path.name
         if await trio.to_thread.run_sync(dest.exists):
             raise ExistsError(f"folder {str(dest)!r} exists already: name a new one")

@@ -20,7 +20,7 @@ from navi_trio.api.protocol import Frame, RequestId, SendMessage, reply
 from navi_trio.api.services import DaemonCore
 from navi_trio.core.agent import UserMessage
 from navi_trio.core.steering import busy_strategy
-from navi_trio.core.workspace import check_cwd
+from navi_trio.core.workspace import CwdCheck
 from navi_trio.errors import (
     ForbiddenError,
     RequestError,
@@ -75,11 +75,10 @@ class SessionMessages:
         # Everything the frame says is checked before a session is created for it.
         cwd = None
         if cmd.cwd is not None:
-            cwd = await check_cwd(
-                cmd.cwd, user_id=self.c.user.id, role=self.c.user.role,
-                settings=self.c.rt.settings, config=self.c.rt.config.current,
-                store=self.c.rt.store,
-            )  # fmt: skip
+            cwd = await CwdCheck(
+                user_id=self.c.user.id, role=self.c.user.role, session_id=cmd.session_id,
+                settings=self.c.rt.settings, config=self.c.rt.config, store=self.c.rt.store,
+            ).check(cmd.cwd)  # fmt: skip
         row = await self.c.rt.store.get_session(cmd.session_id) if cmd.session_id else None
         if row is None:
             row = await self.c._create(cmd.session_id, cmd.profile)

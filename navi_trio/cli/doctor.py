@@ -30,6 +30,7 @@ from navi_trio.settings import Settings
 from navi_trio.store.db_url import describe
 from navi_trio.store.factory import store_report
 from navi_trio.store.sqlite import read_only_check, read_only_stats
+from navi_trio.tools.runas import run_as
 from navi_trio.tools.sandbox import find_bwrap, sandbox_available
 
 MCP_START_CAP = 15.0  # seconds a server may take to start before the doctor gives up
@@ -183,7 +184,17 @@ async def collect_doctor(
             report["warnings"].append(warning)
     for key, folder in (("manuals_dir", settings.manuals_dir), ("data_dir", settings.data_dir)):
         report[key] = {"path": str(folder), "exists": folder.is_dir()}
-    ok, reason = await trio.to_thread.run_sync(sandbox_available, settings.bwrap_path)
+    report["tool_user"] = who = _tool_user(settings)
+    if who["error"]:
+        report["errors"].append(who["error"])
+    elif who["root"]:
+        report["warnings"].append(
+            "navi runs as root: run it as an unprivileged account if you can. Its tool "
+            f"processes never run as root: they run as {who['user']} (NAVI_TOOL_USER), "
+            "and the folders they work in must be open to that user"
+        )
+    user = None if who["error"] else run_as(settings.tool_user)
+    ok, reason = await trio.to_thread.run_sync(sandbox_available, settings.bwrap_path, user)
     bwrap = find_bwrap(settings.bwrap_path)
     report["sandbox"] = {"ok": ok, "bwrap": str(bwrap) if bwrap else None, "reason": reason}
     if not ok:
@@ -191,7 +202,7 @@ async def collect_doctor(
             f"the sandbox is unavailable ({reason}): terminal and code_exec calls in a "
             "sandboxed mode will be refused"
         )
-    report["mcp"] = await _mcp_servers(cfg)
+    report["mcp"] = await _mcp_servers(cfg, settings)
     for server in report["mcp"]:
         if not server["ok"]:
             report["warnings"].append(
@@ -228,13 +239,29 @@ async def _peers(cfg: NaviConfig, env: Mapping[str, str]) -> list[dict[str, Any]
     return out
 
 
-async def _mcp_servers(cfg: NaviConfig | None) -> list[dict[str, Any]]:
-    """Each configured MCP server, started briefly (`MCP_START_CAP` s at most)."""
+async def _mcp_servers(cfg: NaviConfig | None, settings: Settings) -> list[dict[str, Any]]:
+    """Each configured MCP server, started briefly (`MCP_START_CAP` s at most) as the
+    daemon would start it."""
     if cfg is None or not cfg.mcp_servers:
         return []
     from navi_trio.tools.mcp import probe  # the SDK loads only when servers exist
 
-    return await probe(cfg, MCP_START_CAP)
+    return await probe(cfg, MCP_START_CAP, settings.tool_user, settings.bwrap_path)
+
+
+def _tool_user(settings: Settings) -> dict[str, Any]:
+    """Whom tool processes run as (tools/runas.py): ``root`` (the daemon runs as root),
+    ``user`` (that account; None: as the daemon), ``error`` (NAVI_TOOL_USER names no one
+    here)."""
+    out: dict[str, Any] = {"root": os.geteuid() == 0, "user": None, "error": None}
+    try:
+        who = run_as(settings.tool_user)
+    except ConfigError as exc:
+        out["error"] = str(exc)
+        return out
+    if who is not None:
+        out["user"] = f"{who.name} (uid {who.uid}, gid {who.gid})"
+    return out
 
 
 def _settings_info(settings: Settings) -> dict[str, Any]:
@@ -338,6 +365,8 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
     line("ssh", f"{count}: {listed}" if hosts else "no hosts configured (ssh_exec refuses)")
     sb = r["sandbox"]
     line("sandbox", ("OK: " if sb["ok"] else "UNAVAILABLE: ") + sb["reason"])
+    who = r["tool_user"]
+    line("tools as", who["error"] or who["user"] or "the daemon's own account (not root)")
     dm = r["daemon"]
     line("daemon", f"{dm['url']}  " + ("answers" if dm["ok"] else "not running (`navi serve`)"))
     for peer in r.get("peers", []):

@@ -78,7 +78,7 @@ def cmd_mcp_list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not cfg.mcp_servers:
         print(f'no MCP servers in {settings.config_path} (see README "MCP servers")', file=out)
         return EXIT_OK
-    status = trio.run(probe, cfg)
+    status = trio.run(probe, cfg, None, settings.tool_user, settings.bwrap_path)
     for s in status:
         users = [p.id for p in cfg.profiles.values() if s["name"] in p.mcp_servers]
         print(f"{s['name']:<16} {s['transport']:<6} {s['state']:<10} "

@@ -60,14 +60,16 @@ from navi_trio.core.tool_executor import ToolExecutor
 from navi_trio.core.turn import TurnRunner
 from navi_trio.core.turn_end import shielded
 from navi_trio.core.turn_state import LoopParts, Turn
+from navi_trio.core.workspace import hold_roots
 from navi_trio.errors import LLMError, NothingToCompactError, RequestError, SessionBusyError
-from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, Woken
+from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, WarningEvent, Woken
 from navi_trio.llm.base import LLMBackend
 from navi_trio.profiles import BudgetConfig, ConfigSource, NaviConfig, OnBusy
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionStore
 from navi_trio.tools.base import ToolContext, ToolRegistry
 from navi_trio.tools.procs import ProcessPool
+from navi_trio.tools.roots import RunRoots
 from navi_trio.tools.services import SpawnRequest
 
 log = logging.getLogger(__name__)
@@ -268,6 +270,28 @@ class Agent:
         profile = cfg.profile(state.profile_id)
         control.on_busy_default = profile.on_busy
         control.steer_max_chars = self.settings.steer_max_chars
+        # Held from here to the end of the run, checked again: the message may have
+        # waited in the queue (across a restart too) since its cwd was checked.
+        roots = await hold_roots(
+            session_id, msg.cwd, user_id=msg.user_id, role=msg.user_role,
+            settings=self.settings, config=self.live_config.source, store=self.store,
+        )  # fmt: skip
+        try:
+            await self._hold_turn(session_id, msg, emit, control, state, cfg, roots)
+        finally:
+            roots.close()
+
+    async def _hold_turn(
+        self,
+        session_id: str,
+        msg: UserMessage,
+        emit: Any,
+        control: RunControl,
+        state: SessionState,
+        cfg: NaviConfig,
+        roots: RunRoots,
+    ) -> None:
+        profile = cfg.profile(state.profile_id)
         turn = Turn(
             state=state,
             profile=profile,
@@ -286,6 +310,7 @@ class Agent:
             first_message=state.is_first_message,
             injections=control.injections,
             headless=msg.headless,
+            roots=roots,
             budget=Budget.for_turn(
                 self.store,
                 effective(cfg, profile.id, msg.user_role, msg.budget),
@@ -308,6 +333,14 @@ class Agent:
             if control.woken is not None:
                 turn.user_text = control.woken
                 emit(Woken(text=control.woken))
+            if roots.error is not None:
+                emit(
+                    WarningEvent(
+                        message=f"{roots.error}; the tool calls of this run that work in "
+                        "its folders fail",
+                        code="root_unusable",
+                    )
+                )
             try:
                 await TurnRunner(self.parts, turn).drive(control.scope)
             finally:

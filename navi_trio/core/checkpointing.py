@@ -3,7 +3,8 @@
 `RoundCheckpoints.before_round` is called by the tool executor with a round's calls
 (`execute_batch`: the batch the model asked for at once). When one of them may change
 files, the run's writable folders (the session folder and the run's cwd: what the
-sandbox makes writable) are snapshotted once, before any of them runs; the calls run
+sandbox makes writable, through the fds the run holds) are snapshotted once, before any
+of them runs; the calls run
 whatever the snapshot's outcome. Which calls may write:
 
 - ``filesystem`` write / append / edit / mkdir / delete;
@@ -40,9 +41,7 @@ is refused instead of restoring a later state (core/rewind.py).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 import trio
@@ -58,12 +57,13 @@ from navi_trio.core.checkpoints import (
     size_text,
 )
 from navi_trio.core.policy import FILE_WRITES, CallFacts, decide
+from navi_trio.errors import RootChangedError
 from navi_trio.events import AgentEvent, CheckpointCreated, WarningEvent
 from navi_trio.llm.base import ToolCall
 from navi_trio.profiles import MCP_PREFIX
 from navi_trio.store.base import SessionRow
 from navi_trio.tools.base import ToolContext, ToolRegistry
-from navi_trio.tools.private import private_paths, real_path
+from navi_trio.tools.private import private_paths
 
 log = logging.getLogger(__name__)
 
@@ -150,15 +150,19 @@ class RoundCheckpoints(NurseryHolder):
         if not writing:
             return
         label = round_label(writing)
+        roots = await trio.to_thread.run_sync(ctx.call_roots)
         try:
-            roots = await trio.to_thread.run_sync(_roots, ctx)
+            # The folders the run holds, as the sandbox binds them: never by path again.
+            held = list({r.path: r for r in roots.all()}.values())
             private = private_paths(ctx.settings, ctx.session_dir, config=ctx.config)
             room = await self._room(ctx)
             outcome = await self.engine.snapshot(
-                ctx.session_id, roots, private=private, label=label, room=room
+                ctx.session_id, held, private=private, label=label, room=room
             )
-        except (CheckpointError, OSError) as exc:
+        except (CheckpointError, OSError, RootChangedError) as exc:
             outcome = Skipped("unreadable", str(exc), 0.0)
+        finally:
+            roots.close()
         self._say(outcome, label, publish)
         if isinstance(outcome, Created) and not outcome.reused:
             self.prune_soon(ctx.session_id)
@@ -257,14 +261,3 @@ class RoundCheckpoints(NurseryHolder):
             self._pruning.discard(session_id)
             if not self._pruning:
                 self._pruned.set()
-
-
-def _roots(ctx: ToolContext) -> list[Path]:
-    """The run's writable folders as real paths (the session folder made if need be)."""
-    ctx.session_dir.mkdir(parents=True, exist_ok=True)
-    roots: list[Path] = []
-    for folder in ctx.roots():
-        real = real_path(folder)
-        if real not in roots and os.path.isdir(real):
-            roots.append(real)
-    return roots

@@ -24,6 +24,7 @@ removed again.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -141,16 +142,19 @@ class Forker:
         return outcome.checkpoint
 
     def _roots_now(self, source: str, messages: list[Message]) -> list[Path]:
-        """The session folder and the working folder of its newest message that had one."""
-        folder = self.settings.session_dir(source)
-        folder.mkdir(parents=True, exist_ok=True)
-        roots = [real_path(folder)]
+        """The session folder and the working folder of its newest message that had one.
+
+        Not resolved again: a message's cwd is the real path it was checked at, and the
+        snapshot walks each without following a symlink (one swapped in since is refused,
+        never copied from)."""
+        sessions = real_path(self.settings.data_dir) / "sessions"
+        (sessions / source).mkdir(parents=True, exist_ok=True)
+        roots = [sessions / source]
         for message in reversed(_user_messages(messages)):
             cwd = message.get("cwd")
-            if isinstance(cwd, str) and Path(cwd).is_dir():
-                real = real_path(cwd)
-                if real not in roots:
-                    roots.append(real)
+            if isinstance(cwd, str) and os.path.lexists(cwd):
+                if Path(cwd) not in roots:
+                    roots.append(Path(cwd))
                 break
         return roots
 

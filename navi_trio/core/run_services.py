@@ -22,6 +22,7 @@ from navi_trio.core.turn_state import LoopParts, Turn
 from navi_trio.errors import ToolInputError
 from navi_trio.tools.base import ToolContext
 from navi_trio.tools.private import private_paths
+from navi_trio.tools.roots import RunRoots
 from navi_trio.tools.services import (
     ProcessService,
     Publish,
@@ -45,6 +46,9 @@ class Spawner:
     user_role: str = "user"
     # The spawning run's budget: a sub-agent's spending counts against it too.
     budget: Budget | None = None
+    # The folders the sub-agent's tools work in: its spawner's, held by whoever owns
+    # them (the run, or a background job's own copies).
+    roots: RunRoots | None = None
 
     async def spawn(
         self,
@@ -68,6 +72,7 @@ class Spawner:
             user_role=self.user_role,
             usage_to=usage_to,
             budget=budget,
+            roots=self.roots,
         )
 
 
@@ -91,8 +96,8 @@ class JobServices:
     async def spawn(self, request: SpawnRequest, publish: Publish) -> SubagentOutcome:
         return await self.spawner.spawn(request, publish, background=True)
 
-    def detached(self) -> ToolServices:
-        return self
+    def detached(self, roots: RunRoots | None) -> ToolServices:
+        return JobServices(attrs.evolve(self.spawner, roots=roots))
 
 
 class RunServices:
@@ -126,8 +131,8 @@ class RunServices:
             raise outcome.backend_error
         return outcome
 
-    def detached(self) -> ToolServices:
-        return JobServices(self._spawner())
+    def detached(self, roots: RunRoots | None) -> ToolServices:
+        return JobServices(attrs.evolve(self._spawner(), roots=roots))
 
     def _spawner(self) -> Spawner:
         t = self._turn
@@ -139,6 +144,7 @@ class RunServices:
             mode=t.mode,
             user_role=t.user_role,
             budget=t.budget,
+            roots=t.roots,
         )
 
 
@@ -153,6 +159,9 @@ def make_tool_context(
     session_id = turn.todo_session()
     session_dir = parts.settings.session_dir(session_id)
     cwd = runvars.current_working_directory.get()
+    held = turn.roots
+    if held is not None and held.cwd is not None:
+        cwd = held.cwd.path  # the folder the run holds: what the sandbox binds
     return ToolContext(
         session_id=session_id,
         session_dir=session_dir,
@@ -169,6 +178,7 @@ def make_tool_context(
         mode=turn.mode,
         user_role=turn.user_role,
         headless=turn.headless,
+        held=held,
         sandbox=sandbox_for(
             turn.mode,
             session_dir,

@@ -33,6 +33,7 @@ from navi_trio.core.turn_state import LoopParts, Turn
 from navi_trio.errors import BudgetExhaustedError, ContextTooLargeError, LLMError
 from navi_trio.events import AgentEvent, ErrorEvent, SubagentFinished, SubagentStarted
 from navi_trio.store.base import SessionRow
+from navi_trio.tools.roots import RunRoots
 from navi_trio.tools.services import SpawnRequest, SubagentOutcome
 
 Publish = Callable[[AgentEvent], None]
@@ -55,6 +56,7 @@ async def run_ephemeral(
     user_role: str = "user",
     usage_to: Callable[[int, int], None] | None = None,
     budget: Budget | None = None,
+    roots: RunRoots | None = None,
 ) -> SubagentOutcome:
     """Run `request` as a sub-agent of `parent_session_id` (None: of no session)."""
     agent_id = f"subagent_{secrets.token_hex(4)}"
@@ -128,6 +130,7 @@ async def run_ephemeral(
         first_message=True,
         usage_to=usage_to,
         budget=budget,
+        roots=roots,
     )
     runner = TurnRunner(parts, turn)
     publish(

@@ -247,12 +247,15 @@ class ToolExecutor:
 
         # What the job keeps: never the foreground run's channel (it may be long gone
         # when the job speaks) nor the run itself (its history, its token totals) —
-        # only the services that outlive the run.
+        # only the services that outlive the run, and its own copies of the run's held
+        # folders (the run closes its own when it ends), closed when the job ends.
+        held = await trio.to_thread.run_sync(ctx.held.dup) if ctx.held is not None else None
         kept = attrs.evolve(
             ctx,
             emit=_nothing,
             publish=_nothing,
-            services=ctx.services.detached() if ctx.services is not None else None,
+            services=ctx.services.detached(held) if ctx.services is not None else None,
+            held=held,
         )
         call_id = ctx.call_id
 
@@ -260,7 +263,11 @@ class ToolExecutor:
             def emit(data: dict[str, Any]) -> None:
                 job.emit(ToolEvent(call_id=call_id, name=tool.name, data=data))
 
-            result = await run_tool(tool, args, attrs.evolve(kept, emit=emit, publish=job.emit))
+            try:
+                result = await run_tool(tool, args, attrs.evolve(kept, emit=emit, publish=job.emit))
+            finally:
+                if held is not None:
+                    held.close()
             if result.data and isinstance(result.data.get("tokens"), int):
                 job.tokens = result.data["tokens"]
             return result
@@ -269,7 +276,11 @@ class ToolExecutor:
             job = await self.supervisor.start(
                 ctx.session_id, tool.name, args, runner, is_spawn=tool.name == "spawn_agent"
             )
-        except TaskRejectedError as exc:
+        except BaseException as exc:
+            if held is not None:
+                held.close()  # no job took them
+            if not isinstance(exc, TaskRejectedError):
+                raise
             return ToolResult.fail(
                 f"Cannot run in background: {exc}. Run the call again without "
                 "background to do it inline."

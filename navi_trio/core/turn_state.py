@@ -27,6 +27,7 @@ from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionStore
 from navi_trio.tools.base import ToolContext, ToolRegistry, ToolResult
+from navi_trio.tools.roots import RunRoots
 
 Emit = Callable[[AgentEvent], None]
 
@@ -81,6 +82,10 @@ class Turn:
     budget: Budget | None = None
     # Approvals by the headless rule whoever is attached (a scheduled run).
     headless: bool = False
+    # The folders its tools work in, held open (tools/roots.py): the run's own (opened
+    # at its start, closed at its end), or its parent's for a sub-agent. None: each tool
+    # call opens its own (a run of no session).
+    roots: RunRoots | None = None
 
     @property
     def limit(self) -> int:

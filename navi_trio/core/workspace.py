@@ -1,35 +1,55 @@
-"""Where a client may point a run: the check of a `message`'s ``cwd``.
+"""Where a client may point a run: the check of a `message`'s ``cwd``, and a run's roots.
 
 A run's cwd is a root of the filesystem tool and a writable folder of the sandbox, so
 what a client sends is checked against the sender's role before anything runs
 (README "Safety"):
 
-- the path is resolved first (symlinks included), and the real path is what the run
-  gets: a link swapped afterwards changes nothing;
+- the path is resolved first (symlinks included), then the folder is opened as a held
+  root (tools/roots.py: walked from ``/`` without following any symlink) and every check
+  is made on what the fd really is (its real path, its identity), so what was checked is
+  what is used;
 - never ``/``, never the daemon's own data (tools/private.py: the data folder, the
-  database, the config folders) — inside the data folder only the sender's own
-  session folders;
+  database, the config folders) — inside the data folder only the folder of the session
+  the message goes to;
 - a role with `workspace_roots` in config.json (``{"user": ["~/projects"]}``) may only
-  use those folders (and below), plus its own session folders; without an entry,
-  users get their own session folders only, and admins anything but the above.
+  use those folders (and below), plus its session's own folder; without an entry,
+  users get their session folders only, and admins anything but the above. Those
+  folders are the ones found when the config took effect (`ConfigSource.pins`),
+  reached again without following a symlink: a root swapped since opens nothing.
 
 A refusal is a `ForbiddenError` (``forbidden``) that names the setting.
+
+A message may wait in the queue (across a restart, too), so a run checks its cwd again
+when it starts (`hold_roots`), this time without resolving anything: the path is the real
+one the message was checked at, and a symlink anywhere in it now means a swap. The run
+holds its roots (its session folder and its cwd) from then on, and closes them when it
+ends; a root it cannot hold is an error for each tool call that needs it, and the run
+goes on.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 import attrs
 import trio
 
-from navi_trio.errors import ForbiddenError, ProtocolError
-from navi_trio.profiles import NaviConfig
+from navi_trio.errors import (
+    ConfigError,
+    ForbiddenError,
+    ProtocolError,
+    RequestError,
+    RootChangedError,
+)
+from navi_trio.profiles import ConfigSource, Pin
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionRow
 from navi_trio.tools.private import private_paths, real_path, within
+from navi_trio.tools.roots import CWD, Root, RunRoots, session_folder
+from navi_trio.tools.runas import session_owner
 
 SETTING = "workspace_roots"
 ROOT = Path("/")
@@ -51,65 +71,181 @@ def _show(raw: str, real: Path | None) -> str:
 
 @attrs.frozen
 class _Facts:
-    real: Path | None  # the real folder; None when `raw` is not one
+    real: Path  # the real folder: the path its fd has
     hidden: Path | None = None  # the hidden path that covers it
     roots: tuple[Path, ...] | None = None  # the role's real roots; None: not configured
     sessions: Path = Path("/")  # the real folder of the session folders
 
 
-def _facts(raw: str, settings: Settings, config: NaviConfig, role: str) -> _Facts:
-    """What the check looks at; blocking (realpath, stat): run in a worker thread."""
+def _open(
+    raw: str, settings: Settings, source: ConfigSource, role: str, resolve: bool
+) -> tuple[Root | None, _Facts | None]:
+    """The folder held open, and what the check looks at (None: not a folder).
+    Blocking: run in a worker thread."""
     try:
-        real = Path(os.path.realpath(raw))
-        if not real.is_dir():
-            return _Facts(None)
+        path = Path(os.path.realpath(raw)) if resolve else Path(raw)
+        root = Root.open(path, CWD)
+    except RootChangedError:
+        if not resolve:
+            raise  # a path checked before that is not a folder any more: it changed
+        return None, None
     except (OSError, ValueError):  # a NUL byte, a name too long
-        return _Facts(None)
-    roots = config.workspace_roots.get(role)
-    return _Facts(
-        real,
-        private_paths(settings, config=config).blocks(real),
-        # A root that became a link to / would open everything: it opens nothing.
-        None if roots is None else tuple(r for r in map(real_path, map(Path, roots)) if r != ROOT),
-        real_path(settings.data_dir) / "sessions",
-    )
+        return None, None
+    try:
+        config = source.current
+        private = private_paths(settings, config=config)
+        hidden = private.blocks(root.path)
+        if hidden is None:  # the same folder under another name (a bind mount)
+            hidden = next((h for h in private.hidden if _ident(h) == root.ident), None)
+        roots = config.workspace_roots.get(role)
+        facts = _Facts(
+            root.path,
+            hidden,
+            None if roots is None else tuple(_pinned(roots, source.pins)),
+            real_path(settings.data_dir) / "sessions",
+        )
+    except BaseException:
+        root.close()
+        raise
+    return root, facts
 
 
-async def check_cwd(
-    raw: str,
-    *,
-    user_id: str,
-    role: str,
-    settings: Settings,
-    config: NaviConfig,
-    store: SessionLookup,
-) -> Path:
-    """The real folder a run of `user_id` (`role`) may use as its cwd, or a refusal."""
-    facts = await trio.to_thread.run_sync(_facts, raw, settings, config, role)
+def _pinned(roots: Sequence[str], pins: Mapping[str, Pin | None]) -> Iterator[Path]:
+    """The real paths of `roots` that are still the folders pinned when the config took
+    effect, reached without following a symlink. One that did not exist then, was
+    swapped for a link or another folder since, or became / opens nothing."""
+    for configured in roots:
+        pin = pins.get(configured)
+        if pin is None or pin[0] == ROOT:
+            continue
+        try:
+            with Root.open(pin[0], "the workspace root") as held:
+                if held.ident == (pin[1], pin[2]):
+                    yield held.path
+        except RootChangedError:
+            continue
+
+
+def _ident(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+@attrs.frozen(kw_only=True)
+class CwdCheck:
+    """Who asks for a cwd (`user_id`, `role`) for which session (`session_id`; None: a
+    session not made yet), and what the check reads (settings, the config in force
+    with its pinned workspace roots, store)."""
+
+    user_id: str
+    role: str
+    session_id: str | None
+    settings: Settings
+    config: ConfigSource
+    store: SessionLookup
+
+    async def open(self, raw: str, *, resolve: bool = True) -> Root:
+        """The folder `raw` held open, when it may be this run's cwd (the caller closes
+        it); else a refusal.
+
+        `resolve`: `raw` comes from a client, its symlinks are resolved first; else it is
+        the real path a message was checked at, and a symlink in it is
+        `RootChangedError`.
+        """
+        root, facts = await trio.to_thread.run_sync(
+            _open, raw, self.settings, self.config, self.role, resolve
+        )
+        if root is None or facts is None:
+            raise ProtocolError(
+                f"cwd {_show(raw, None)} is not a directory on the daemon's machine"
+            )
+        try:
+            await _check(raw, facts, self)
+        except BaseException:
+            root.close()
+            raise
+        return root
+
+    async def check(self, raw: str) -> Path:
+        """The real folder `raw` is, when it may be this run's cwd; else a refusal (the
+        run holds it again when it starts: `hold_roots`)."""
+        root = await self.open(raw)
+        root.close()
+        return root.path
+
+
+async def _check(raw: str, facts: _Facts, who: CwdCheck) -> None:
     real, hidden, roots, sessions = facts.real, facts.hidden, facts.roots, facts.sessions
-    if real is None:
-        raise ProtocolError(f"cwd {_show(raw, None)} is not a directory on the daemon's machine")
+    user_id, role, session_id, config = who.user_id, who.role, who.session_id, who.config.current
     shown = _show(raw, real)
     if real == ROOT:
         raise ForbiddenError(f"cwd {shown}: the root folder is never a workspace ({SETTING})")
     if hidden is not None:
         if within(real, sessions) and real != sessions:
-            row = await store.get_session(real.relative_to(sessions).parts[0])
-            if row is not None and row.user_id == user_id:
-                return real  # the sender's own session folder
-            raise ForbiddenError(
-                f"cwd {shown}: that session folder is not yours; in navi's data folder "
-                f"only your own session folders may be a cwd ({SETTING})"
-            )
+            owner = real.relative_to(sessions).parts[0]
+            row = await who.store.get_session(owner)
+            if row is None or row.user_id != user_id:
+                raise ForbiddenError(
+                    f"cwd {shown}: that session folder is not yours; in navi's data folder "
+                    f"only the folder of the session itself may be a cwd ({SETTING})"
+                )
+            if owner != session_id:
+                raise ForbiddenError(
+                    f"cwd {shown} is the folder of your session {owner!r}, not of this one; "
+                    f"in navi's data folder only the folder of the session itself may be a "
+                    f"cwd ({SETTING})"
+                )
+            return  # the session's own folder
         raise ForbiddenError(
             f"cwd {shown} lies in navi's own data ({hidden}): never a workspace ({SETTING})"
         )
     if roots is None and role == "admin":
-        return real
+        return
     if within(real, *(roots or ())):
-        return real
+        return
     listed = ", ".join(config.workspace_roots.get(role, ())) or "none but your session folders"
     raise ForbiddenError(
         f"cwd {shown} is outside the folders a {role} may work in "
         f"({SETTING}.{role} in config.json: {listed})"
     )
+
+
+async def hold_roots(
+    session_id: str,
+    cwd: Path | None,
+    *,
+    user_id: str,
+    role: str,
+    settings: Settings,
+    config: ConfigSource,
+    store: SessionLookup,
+) -> RunRoots:
+    """A run's roots, opened at its start: its session folder (made if need be) and its
+    cwd, checked again on what the fd is. A root that cannot be held is the returned
+    roots' `error` (each use fails with it), never an exception."""
+    given = settings.session_dir(session_id)
+
+    def session_root() -> Root:
+        real = real_path(settings.data_dir) / "sessions" / session_id
+        return session_folder(real, session_owner(settings.tool_user), given=given)
+
+    try:
+        session = await trio.to_thread.run_sync(session_root)
+    except (RootChangedError, ConfigError) as exc:
+        return RunRoots(None, None, str(exc))
+    if cwd is None:
+        return RunRoots(session)
+    check = CwdCheck(user_id=user_id, role=role, session_id=session_id, settings=settings,
+                     config=config, store=store)  # fmt: skip
+    try:
+        held = await check.open(str(cwd), resolve=False)
+    except (RootChangedError, RequestError) as exc:
+        session.close()
+        return RunRoots(None, None, f"the run's cwd cannot be used: {exc}")
+    except BaseException:
+        session.close()
+        raise
+    return RunRoots(session, held)

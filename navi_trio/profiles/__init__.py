@@ -42,3 +42,5 @@ from navi_trio.profiles._schema import SshHost as SshHost
 from navi_trio.profiles._schema import ToolsConfig as ToolsConfig
 from navi_trio.profiles._schema import is_secret as is_secret
 from navi_trio.profiles._source import ConfigSource as ConfigSource
+from navi_trio.profiles._source import Pin as Pin
+from navi_trio.profiles._source import pin_roots as pin_roots

@@ -4,6 +4,11 @@
 logged and the last good config keeps running. A daemon started with ``--local`` keeps
 its default profile across reloads, and a config that passed `require` must pass
 `check_config` again at every reload.
+
+It also pins the folders of `workspace_roots` each time a config takes effect
+(`pins`): each one's real path and identity then. A cwd is checked against the folder
+found then, reached again without following a symlink, never against whatever the path
+names later (core/workspace.py): a root swapped for a link opens nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +25,25 @@ from navi_trio.profiles._load import check_config, load_config
 from navi_trio.profiles._schema import NaviConfig
 
 log = logging.getLogger("navi_trio.profiles")
+
+# A folder of workspace_roots as it was when its config took effect: (real path, device,
+# inode); None when it did not exist then.
+Pin = tuple[Path, int, int]
+
+
+def pin_roots(cfg: NaviConfig) -> dict[str, Pin | None]:
+    """Every folder `cfg.workspace_roots` names, pinned now (blocking: a stat each)."""
+    pins: dict[str, Pin | None] = {}
+    for folders in cfg.workspace_roots.values():
+        for folder in folders:
+            real = Path(os.path.realpath(Path(folder).expanduser()))
+            try:
+                st = os.stat(real)
+            except OSError:
+                pins[folder] = None
+                continue
+            pins[folder] = (real, st.st_dev, st.st_ino)
+    return pins
 
 
 class ConfigSource:
@@ -38,6 +62,7 @@ class ConfigSource:
         self.default_profile = default_profile
         cfg = initial if initial is not None else load_config(path)
         self.current: NaviConfig = self._with_default(cfg)
+        self.pins = pin_roots(cfg)
         self.last_error: ConfigError | None = None
         self.generation = 0
         # Set by `require`: a reload must pass `check_config` with these tool names too.
@@ -75,6 +100,7 @@ class ConfigSource:
             log.error("config reload failed, keeping the last good config: %s", exc)
             return False
         self.current = self._with_default(cfg)
+        self.pins = pin_roots(cfg)
         self.last_error = None
         self.generation += 1
         return True

@@ -1,12 +1,13 @@
 """Files beneath the roots, opened by directory fd one component at a time.
 
 Why: checking a path's realpath and then opening it by name again races with anyone who
-can rename inside the roots. Issue 17: a folder swapped with a symlink to /outside by
+can rename inside the roots: a folder swapped with a symlink to /outside by
 ``renameat2(RENAME_EXCHANGE)`` between the check and the open let reads and writes
 through, to /outside and to the daemon's own data. Here nothing is opened by a whole
-name: each root is opened from ``/`` and each component relative to its parent's fd
-with ``O_NOFOLLOW``, and every check is made on what was opened, so what was checked is
-what is used.
+name: the roots are folders held open since they were checked (tools/roots.py: each is
+verified before the walk starts from its fd), each component is opened relative to its
+parent's fd with ``O_NOFOLLOW``, and every check is made on what was opened, so what
+was checked is what is used.
 
 - **Symlinks** are never followed by the kernel. A symlink component's target is read
   (``readlinkat``), joined to the real path of the folder holding it (so ``..`` in it
@@ -25,7 +26,8 @@ what is used.
   code path for kernels without it) would buy nothing the component walk lacks.
 
 Every fd is closed: the walk's own fds by the caller's `ExitStack`, a listing's by the
-listing, a file's by the file object `open_file` returns.
+listing, a file's by the file object `open_file` returns. The roots' fds are their
+owner's.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from typing import BinaryIO, cast
 import attrs
 
 from navi_trio.tools.private import PrivatePaths
+from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import inherit
 
 MAX_HOPS = 40  # symlinks followed in one call (Linux's own limit is 40)
 
@@ -105,6 +109,17 @@ def _is_folder(dir_fd: int, name: str) -> bool:
         return False
 
 
+def _open_entry(dir_fd: int, name: str, flags: int) -> tuple[int, bool]:
+    """The file `name` in `dir_fd` opened with `flags`, and whether this call made it
+    (``O_CREAT`` tries ``O_EXCL`` first: what existed keeps its owner)."""
+    if flags & os.O_CREAT:
+        try:
+            return os.open(name, flags | os.O_EXCL | _FILE, _NEW_FILE_MODE, dir_fd=dir_fd), True
+        except FileExistsError:
+            pass  # a file, or a symlink (O_EXCL never follows one): opened as it is
+    return os.open(name, (flags & ~os.O_CREAT) | _FILE, dir_fd=dir_fd), False
+
+
 def _readlink(dir_fd: int, name: str) -> str | None:
     """The text of the symlink `name` in `dir_fd`, or None when it is not one."""
     try:
@@ -162,17 +177,18 @@ class _Marks:
 
 
 class Beneath:
-    """One call's view of the roots. Fds it opens for walking live until `stack` closes.
+    """One call's view of the held roots. Fds it opens for walking live until `stack`
+    closes.
 
     Paths given to it are absolute and normalised (no ``..``); `locate` says which root
-    holds one. The caller checks the path it was given; this class checks every
-    symlink's target and everything it opens.
+    holds one (by the path the caller knows it by, or its real path). The caller checks
+    the path it was given; this class checks every symlink's target and everything it
+    opens.
     """
 
-    def __init__(self, roots: Sequence[Path], private: PrivatePaths, stack: ExitStack) -> None:
-        self._roots = [
-            (Path(os.path.normpath(r.absolute())), Path(os.path.realpath(r))) for r in roots
-        ]
+    def __init__(self, roots: Sequence[Root], private: PrivatePaths, stack: ExitStack) -> None:
+        self._held = list(roots)
+        self._roots = [(Path(os.path.normpath(r.given.absolute())), r.path) for r in roots]
         self._marks = _Marks.of(private)
         self._stack = stack
         self._opened: dict[int, Spot] = {}
@@ -228,7 +244,12 @@ class Beneath:
             if self._marks.private(spot, name, None, real):  # before anything is made
                 raise PrivateError()
             try:
-                fd = os.open(name, flags | _FILE, _NEW_FILE_MODE, dir_fd=spot.fd)
+                fd, made = _open_entry(spot.fd, name, flags)
+            except FileNotFoundError:
+                swapped += 1
+                if flags & os.O_CREAT and swapped < _RETRIES:
+                    continue  # there a moment ago, gone now: make it
+                raise
             except OSError as exc:
                 if exc.errno == errno.ENXIO:  # O_NONBLOCK write to a pipe nobody reads
                     raise SpecialFileError() from None
@@ -251,6 +272,8 @@ class Beneath:
                 if not stat.S_ISREG(st.st_mode):
                     raise SpecialFileError()
                 os.set_blocking(fd, True)
+                if made:
+                    inherit(fd, spot.fd)
                 if truncate:
                     os.ftruncate(fd, 0)
                 mode = "r+b" if flags & os.O_ACCMODE == os.O_RDWR else "rb"
@@ -317,21 +340,14 @@ class Beneath:
                 return spot, (parts[-1] if parts else None)
 
     def _root(self, index: int) -> Spot:
-        """Root `index`, opened from ``/`` one component at a time (its real path has no
-        symlink: one appearing now means a swap, refused as ELOOP)."""
+        """Root `index`: its held fd, verified once per call (`RootChangedError` when
+        it is no longer the folder that was checked)."""
         if index in self._opened:
             return self._opened[index]
-        fd = os.open("/", _DIR)
-        self._stack.callback(os.close, fd)
-        top = Path("/")
-        ident = _ident(os.fstat(fd))
-        spot = Spot(fd, top, ident, self._marks.private(None, "", ident, top))
-        real = self._roots[index][1]
-        for name in real.parts[1:]:
-            step = self._step(spot, name, create=False)
-            if isinstance(step, str):
-                raise OSError(errno.ELOOP, f"the folder {real} changed while in use")
-            spot = step
+        root = self._held[index].verify()
+        spot = Spot(
+            root.fd, root.path, root.ident, self._marks.private(None, "", root.ident, root.path)
+        )
         self._opened[index] = spot
         return spot
 
@@ -345,11 +361,14 @@ class Beneath:
                 raise
             if self._marks.private(spot, name, None, spot.path / name):
                 raise PrivateError() from None
+            made = True
             try:
                 os.mkdir(name, _NEW_FOLDER_MODE, dir_fd=spot.fd)
             except FileExistsError:
-                pass  # made meanwhile: open what is there now
+                made = False  # made meanwhile: open what is there now
             opened = self._open_folder(spot, name)
+            if made and isinstance(opened, int):
+                inherit(opened, spot.fd)
         if isinstance(opened, str):
             return opened
         self._stack.callback(os.close, opened)

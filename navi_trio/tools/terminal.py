@@ -12,11 +12,14 @@ when it cannot run here.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
 import trio
 
-from navi_trio.errors import ToolInputError
+from navi_trio.errors import ConfigError, ToolInputError
 from navi_trio.settings import Settings
 from navi_trio.tools.base import (
     ToolContext,
@@ -29,6 +32,8 @@ from navi_trio.tools.base import (
 from navi_trio.tools.filesystem import resolve_dir
 from navi_trio.tools.procs import CommandResult, ReadResult, passed_env, run_command, tag_owner
 from navi_trio.tools.progress import OutputProgress
+from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import RunAs, run_as
 from navi_trio.tools.services import unavailable
 
 ACTIONS = ("run", "open", "read", "write", "kill", "list")
@@ -64,6 +69,62 @@ def command_result(result: CommandResult, note: str = "") -> ToolResult:
     if result.exit_code != 0:
         return ToolResult.fail(f"the command {result.status_text()}", output=output, **data)
     return ToolResult.success(f"{output}\n[exit code 0]", **data)
+
+
+@asynccontextmanager
+async def command_folder(ctx: ToolContext, raw: str | None) -> AsyncIterator[Place]:
+    """Where a command runs (`resolve_dir`) and the roots its sandbox binds, held open
+    until the block ends (once the process started)."""
+    roots = await trio.to_thread.run_sync(ctx.call_roots)
+    try:
+        cwd = await trio.to_thread.run_sync(resolve_dir, ctx, raw, roots)
+        try:
+            yield Place(cwd, roots.all())
+        finally:
+            cwd.close()
+    finally:
+        roots.close()
+
+
+@attrs.frozen
+class Place:
+    """A command's folder and the run's roots, held (see `command_folder`)."""
+
+    cwd: Root
+    roots: tuple[Root, ...]
+
+
+async def run_in(
+    ctx: ToolContext,
+    place: Place,
+    command: str | Sequence[str],
+    time_limit: float,
+    pass_fds: Sequence[int] = (),
+) -> CommandResult:
+    """`run_command` for a call of `ctx`, in `place`: its sandbox, environment, live
+    output and caps, as the user tools run as (never root)."""
+    return await run_command(
+        command,
+        cwd=place.cwd,
+        time_limit=time_limit,
+        progress=output_progress(ctx),
+        max_chars=ctx.settings.tool_output_max_chars,
+        sandbox=ctx.sandbox,
+        bwrap_path=ctx.settings.bwrap_path,
+        env=command_env(ctx),
+        owner=tag_owner(ctx.settings.data_dir),
+        roots=place.roots,
+        pass_fds=pass_fds,
+        user=command_user(ctx),
+    )
+
+
+def command_user(ctx: ToolContext) -> RunAs | None:
+    """Whom a command of `ctx` runs as (tools/runas.py: never root)."""
+    try:
+        return run_as(ctx.settings.tool_user)
+    except ConfigError as exc:
+        raise ToolInputError(str(exc)) from None
 
 
 def output_progress(ctx: ToolContext) -> OutputProgress:
@@ -126,19 +187,9 @@ class TerminalTool:
     async def _run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         command = require_str(args, "command")
         timeout, note = read_timeout(args, ctx.settings)
-        cwd = await trio.to_thread.run_sync(resolve_dir, ctx, optional_str(args, "cwd"))
         try:
-            result = await run_command(
-                command,
-                cwd=cwd,
-                time_limit=timeout,
-                progress=output_progress(ctx),
-                max_chars=ctx.settings.tool_output_max_chars,
-                sandbox=ctx.sandbox,
-                bwrap_path=ctx.settings.bwrap_path,
-                env=command_env(ctx),
-                owner=tag_owner(ctx.settings.data_dir),
-            )
+            async with command_folder(ctx, optional_str(args, "cwd")) as place:
+                result = await run_in(ctx, place, command, timeout)
         except OSError as exc:
             return ToolResult.fail(f"cannot start the command: {exc.strerror or exc}")
         return command_result(result, note)
@@ -146,17 +197,19 @@ class TerminalTool:
     async def _open(self, pool: Any, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         # A "background" flag is accepted and ignored: an opened process is persistent.
         command = require_str(args, "command")
-        cwd = await trio.to_thread.run_sync(resolve_dir, ctx, optional_str(args, "cwd"))
         try:
-            handle = await pool.open(
-                ctx.session_id,
-                command,
-                cwd,
-                sandbox=ctx.sandbox,
-                bwrap_path=ctx.settings.bwrap_path,
-                env=command_env(ctx),
-                owner=tag_owner(ctx.settings.data_dir),
-            )
+            async with command_folder(ctx, optional_str(args, "cwd")) as place:
+                handle = await pool.open(
+                    ctx.session_id,
+                    command,
+                    place.cwd,
+                    sandbox=ctx.sandbox,
+                    bwrap_path=ctx.settings.bwrap_path,
+                    env=command_env(ctx),
+                    owner=tag_owner(ctx.settings.data_dir),
+                    roots=place.roots,
+                    user=command_user(ctx),
+                )
         except OSError as exc:
             return ToolResult.fail(f"cannot start the process: {exc.strerror or exc}")
         return ToolResult.success(

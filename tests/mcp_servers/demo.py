@@ -103,6 +103,17 @@ def spawn() -> str:
 
 
 @server.tool()
+def whoami(path: str = "") -> str:
+    """The server's uid and gid, and whether it can read `path`, as JSON."""
+    try:
+        with open(path, "rb") as f:
+            read = f"read {len(f.read())} bytes"
+    except OSError as exc:
+        read = exc.strerror or str(exc)
+    return json.dumps({"uid": os.getuid(), "gid": os.getgid(), "read": read})
+
+
+@server.tool()
 def shout(text: str) -> str:
     """Upper-case the text (a second tool for allow-lists)."""
     return text.upper()

@@ -55,7 +55,10 @@ user's repository is never read or written), navi's own data, other file systems
 pipes and devices, and files over NAVI_CHECKPOINT_MAX_FILE_BYTES (listed in
 `left_out`: the checkpoint is still made). A restore leaves all of those as they are.
 Ownership and timestamps are not restored (restored files get new mtimes, as after a
-``git checkout``); hard links come back as separate files.
+``git checkout``; when the daemon runs as root, what a restore makes takes the owner of
+the folder it is made in), nor a file's set-user-ID and set-group-ID bits (a restore
+writes as the daemon: a setuid program of the user's would run as the daemon's account);
+hard links come back as separate files.
 
 Bounds (a snapshot over one is `Skipped`, nothing stored): new or changed content over
 NAVI_CHECKPOINT_MAX_BYTES (or over the `Room` a total leaves, the caller's: a user's

@@ -17,6 +17,10 @@ an interrupted write is written again and renamed. Killed before the journal exi
 nothing was changed. Killed during the recovery, the journal is still there. The flock
 keeps a recovery away from a restore that is still running in another process.
 
+What a restore makes takes the owner of the folder it is made in when the daemon runs
+as root (tools/runas.py `inherit`: the commands, which never run as root, can change
+it), and a file's set-user-ID and set-group-ID bits are never restored.
+
 An operation that fails for a reason that stays (a folder made read-only by someone
 else, a disk full) is reported with its path and the rest goes on: the result names
 what could not be restored (the undo checkpoint taken by the preview brings back the
@@ -31,6 +35,7 @@ import os
 import secrets
 import shutil
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +43,7 @@ from navi_trio.core.checkpoints._fsops import (
     DIR,
     Folders,
     chmod_at,
+    hold_root,
     open_root,
     parent_of,
 )
@@ -45,10 +51,17 @@ from navi_trio.core.checkpoints._model import Kept
 from navi_trio.core.checkpoints._objects import FileLock, ObjectStore, write_atomic
 from navi_trio.core.checkpoints._plan import Op
 from navi_trio.tools.private import PrivatePaths
+from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import inherit
 
 # O_NONBLOCK: a FIFO planted at the temp name fails (ENXIO) instead of hanging.
 _WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _NO_PRIVATE = PrivatePaths(hidden=())
+_MADE = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# A file comes back with its bits but never set-user-ID or set-group-ID: a restore
+# writes as the daemon, and a program of the user's made setuid to the daemon's
+# account (root's, in a container) would hand that account to whoever runs it.
+FILE_BITS = 0o7777 & ~(stat.S_ISUID | stat.S_ISGID)
 
 
 def new_id() -> str:
@@ -96,8 +109,10 @@ class Journal:
         roots: list[tuple[Path, list[Op]]],
         checkpoint: str,
         private: PrivatePaths,
+        held: Mapping[Path, Root],
     ) -> list[Kept]:
-        """Journal and apply `roots`' operations; the paths that failed."""
+        """Journal and apply `roots`' operations (through the `held` roots where there
+        are: the folders the plan was made on); the paths that failed."""
         jid = new_id()
         lock = FileLock(self.folder / f"{jid}.lock")
         lock.acquire(exclusive=True)
@@ -109,7 +124,7 @@ class Journal:
                 "roots": [{"path": str(r), "ops": ops} for r, ops in roots],
             }
             write_atomic(self.folder / f"{jid}.json", json.dumps(body).encode(), sync=True)
-            failed = _apply_all(objects, jid, roots, private, recovering=False)
+            failed = _apply_all(objects, jid, roots, private, held, recovering=False)
             self._finish(jid)
             return failed
         finally:
@@ -128,7 +143,7 @@ class Journal:
                     continue
                 roots = [(Path(r["path"]), list(r["ops"])) for r in data["roots"]]
                 # The plan was checked against navi's data when it was made.
-                failed = _apply_all(objects, jid, roots, _NO_PRIVATE, recovering=True)
+                failed = _apply_all(objects, jid, roots, _NO_PRIVATE, {}, recovering=True)
                 self._finish(jid)
                 done.append((jid, failed))
             finally:
@@ -145,13 +160,15 @@ def _apply_all(
     jid: str,
     roots: list[tuple[Path, list[Op]]],
     private: PrivatePaths,
+    held: Mapping[Path, Root],
     *,
     recovering: bool,
 ) -> list[Kept]:
     failed: list[Kept] = []
     for root, ops in roots:
         try:
-            root_fd = open_root(root, private, create=True)
+            # A root that was gone is made again, walked like any other (no symlink).
+            root_fd = open_root(held.get(root, root), private, create=True)
         except Exception as exc:  # noqa: BLE001 - reported with the root's name
             failed.append(Kept(str(root), str(exc)))
             continue
@@ -198,8 +215,10 @@ def _one(
         return
     up, name = parent_of(rel)
     folder = fds.get(up)
-    if kind in ("unlock", "dirmode", "chmod"):
+    if kind in ("unlock", "dirmode"):
         chmod_at(folder, name, op[2])
+    elif kind == "chmod":
+        chmod_at(folder, name, op[2] & FILE_BITS)
     elif kind == "rm":
         try:
             os.unlink(name, dir_fd=folder)
@@ -221,11 +240,18 @@ def _one(
             st = os.stat(name, dir_fd=folder, follow_symlinks=False)
             if not stat.S_ISDIR(st.st_mode):
                 raise
+            return
+        made = os.open(name, _MADE, dir_fd=folder)
+        try:
+            inherit(made, folder)
+        finally:
+            os.close(made)
     elif kind == "put":
         dst = os.open(tmp, _WRITE, 0o600, dir_fd=folder)
         try:
             objects.copy_into(op[2], dst)
-            os.fchmod(dst, op[3])
+            os.fchmod(dst, op[3] & FILE_BITS)
+            inherit(dst, folder)
         finally:
             os.close(dst)
         _rename_into(folder, tmp, name)
@@ -235,6 +261,9 @@ def _one(
         except FileNotFoundError:
             pass
         os.symlink(op[2], tmp, dir_fd=folder)
+        if os.geteuid() == 0:  # the link itself, never what it points to
+            owner = os.fstat(folder)
+            os.chown(tmp, owner.st_uid, owner.st_gid, dir_fd=folder, follow_symlinks=False)
         _rename_into(folder, tmp, name)
     else:
         raise OSError(errno.EINVAL, f"unknown restore step {kind!r}")
@@ -254,19 +283,23 @@ def _rename_into(folder: int, tmp: str, name: str) -> None:
 def export_root(objects: ObjectStore, ops: list[Op], dest: Path) -> list[Kept]:
     """Build a tree into the new folder `dest` as a staged swap: `dest` is claimed
     (made empty, FileExistsError when it exists), everything is made in a temp folder
-    beside it, which is then renamed over it: `dest` is empty or complete."""
-    os.mkdir(dest, 0o700)
-    stage = dest.parent / f".{dest.name}.navi-export-{new_id()}"
-    try:
-        os.mkdir(stage, 0o700)
-        fd = os.open(stage, DIR)
+    beside it, which is then renamed over it: `dest` is empty or complete. All of it
+    happens in `dest`'s parent held open (walked without following a symlink), so a
+    parent swapped for a link meanwhile leads nowhere."""
+    with hold_root(dest.parent) as parent:
+        os.mkdir(dest.name, 0o700, dir_fd=parent.fd)
+        stage = f".{dest.name}.navi-export-{new_id()}"
         try:
-            failed = apply_ops(objects, fd, ops, new_id(), recovering=False, root=dest)
-        finally:
-            os.close(fd)
-        os.rename(stage, dest)  # over the empty folder claimed above, in one step
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        os.rmdir(dest)
-        raise
+            os.mkdir(stage, 0o700, dir_fd=parent.fd)
+            fd = os.open(stage, DIR, dir_fd=parent.fd)
+            try:
+                failed = apply_ops(objects, fd, ops, new_id(), recovering=False, root=dest)
+            finally:
+                os.close(fd)
+            # Over the empty folder claimed above, in one step.
+            os.rename(stage, dest.name, src_dir_fd=parent.fd, dst_dir_fd=parent.fd)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True, dir_fd=parent.fd)
+            os.rmdir(dest.name, dir_fd=parent.fd)
+            raise
     return failed

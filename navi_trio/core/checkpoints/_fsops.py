@@ -1,47 +1,71 @@
 """Folders opened by fd, one component at a time, never through a symlink.
 
 A snapshot may run while a background job writes in the roots, and a tool could swap a
-folder for a symlink to ``/`` between two system calls (issue 17). So nothing here is
-reached by a whole path: a root is opened as `tools._beneath.Beneath` opens it (from
-``/``, each component with ``O_NOFOLLOW``), and everything below from its parent's fd
-with ``O_NOFOLLOW``. A symlink where a folder was is an error for that path, never a
-way out of the root.
+folder for a symlink to ``/`` between two system calls. So nothing here is reached by a
+whole path: a root is a folder held open (tools/roots.py: the run's own, held since its
+start, or one opened here from ``/``, each component with ``O_NOFOLLOW``), and
+everything below it is opened from its parent's fd with ``O_NOFOLLOW``. A symlink where
+a folder was is an error for that path, never a way out of the root.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from contextlib import ExitStack
 from pathlib import Path
 
-from navi_trio.tools._beneath import Beneath, OutsideError, PrivateError
+from navi_trio.errors import RootChangedError
 from navi_trio.tools.private import PrivatePaths
+from navi_trio.tools.roots import Root
 
 DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: a FIFO swapped in for a file must not hang the worker thread.
 READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 _O_PATH: int | None = getattr(os, "O_PATH", None)
+LABEL = "the folder"
 
 
 class RootUnusableError(Exception):
     """A root cannot be opened: missing, a symlink now, navi's own data, unreadable."""
 
 
-def open_root(root: Path, private: PrivatePaths, *, create: bool = False) -> int:
-    """A listable fd of the folder `root` (a real path), opened without following any
-    symlink; `create` makes it (and its parents) when missing."""
-    base = root
-    while create and base.parent != base and not os.path.lexists(base):
-        base = base.parent  # Beneath makes folders below a root, not the root itself
+def hold_root(root: Path, *, create: bool = False) -> Root:
+    """The folder at the real path `root`, held open (walked without following any
+    symlink; `create` makes it and its parents when missing)."""
     try:
-        with ExitStack() as stack:
-            spot = Beneath([base], private, stack).folder(root, create=create)
-            return os.open(".", DIR, dir_fd=spot.fd)
-    except (OutsideError, PrivateError) as exc:
-        raise RootUnusableError(f"{root} is not a folder a checkpoint may use") from exc
+        return Root.open(root, LABEL, create=create)
+    except RootChangedError as exc:
+        raise RootUnusableError(str(exc)) from None
+
+
+def open_root(root: Path | Root, private: PrivatePaths, *, create: bool = False) -> int:
+    """A listable fd of the folder `root`: a held root (verified first), else the folder
+    at the real path `root` (`hold_root`). Never navi's own data."""
+    held = root if isinstance(root, Root) else hold_root(root, create=create)
+    try:
+        held.verify()
+        if private.blocks(held.path) is not None or held.ident in _identities(private):
+            raise RootUnusableError(f"{held.path} is not a folder a checkpoint may use")
+        return os.open(".", DIR, dir_fd=held.fd)
+    except RootChangedError as exc:
+        raise RootUnusableError(str(exc)) from None
     except OSError as exc:
-        raise RootUnusableError(f"{root} cannot be opened: {exc.strerror}") from exc
+        raise RootUnusableError(f"{held.path} cannot be opened: {exc.strerror}") from exc
+    finally:
+        if held is not root:
+            held.close()
+
+
+def _identities(private: PrivatePaths) -> set[tuple[int, int]]:
+    """(device, inode) of navi's own data (a bind mount or a rename cannot hide it)."""
+    out = set()
+    for path in private.hidden:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        out.add((st.st_dev, st.st_ino))
+    return out
 
 
 def join(rel: str, name: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -35,6 +35,7 @@ from navi_trio.core.checkpoints._scan import Scan
 from navi_trio.core.checkpoints._state import Limits, OverLimit, Room, RootState
 from navi_trio.settings import Settings
 from navi_trio.tools.private import PrivatePaths, within
+from navi_trio.tools.roots import Root
 
 MAX_STATES = 16  # roots whose scan (and inotify watches) stay cached
 LEFT_OUT_LISTED = 50
@@ -87,6 +88,7 @@ class Snapshots:
         private: PrivatePaths,
         label: str,
         started: float,
+        held: Mapping[Path, Root],
         room: Room | None = None,
     ) -> Outcome:
         max_sec = self.settings.checkpoint_max_sec
@@ -94,7 +96,9 @@ class Snapshots:
         with hold_files(self.folder, roots):
             results: list[ScanResult] = []
             try:
-                results = self.scan_all(roots, states, private, check, store=True, room=room)
+                results = self.scan_all(
+                    roots, states, private, check, store=True, held=held, room=room
+                )
                 trees = tuple(
                     RootTree(r, res.tree, res.mode) for r, res in zip(roots, results, strict=True)
                 )
@@ -127,8 +131,11 @@ class Snapshots:
         check: Callable[[], None],
         *,
         store: bool,
+        held: Mapping[Path, Root],
         room: Room | None = None,
     ) -> list[ScanResult]:
+        """Scan each of `roots`: through its `held` root when there is one (the run's
+        own, or the preview's), else the folder at its path opened now."""
         s = self.settings
         limits = Limits(s.checkpoint_max_bytes, s.checkpoint_max_file_bytes, s.checkpoint_max_files)
         if room is not None and room.bytes < limits.max_bytes:  # a total leaves less
@@ -144,7 +151,7 @@ class Snapshots:
             for root, state in zip(roots, states, strict=True):
                 if self._generation.get(id(state)) != generation:
                     state.reset()  # objects it trusts may have been collected meanwhile
-                fd = open_root(root, private)
+                fd = open_root(held.get(root, root), private)
                 try:
                     scan = Scan(
                         state,

@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,7 +30,13 @@ from typing import Any, TypeVar
 import trio
 
 from navi_trio.core.checkpoints._apply import Journal, export_root, needed
-from navi_trio.core.checkpoints._fsops import Folders, RootUnusableError, open_root, parent_of
+from navi_trio.core.checkpoints._fsops import (
+    Folders,
+    RootUnusableError,
+    hold_root,
+    open_root,
+    parent_of,
+)
 from navi_trio.core.checkpoints._gc import collect
 from navi_trio.core.checkpoints._locks import RootLocks, hold_files
 from navi_trio.core.checkpoints._model import (
@@ -53,14 +59,15 @@ from navi_trio.core.checkpoints._snapshots import Snapshots, abandon, finish
 from navi_trio.core.checkpoints._state import OverLimit, Room, RootState
 from navi_trio.settings import Settings
 from navi_trio.tools.private import PrivatePaths
+from navi_trio.tools.roots import Root
 
 T = TypeVar("T")
 
 
-def _check_roots(roots: Sequence[Path]) -> list[Path]:
+def _check_roots(roots: Sequence[Path | Root]) -> list[Path]:
     out = []
     for root in roots:
-        path = Path(root)
+        path = root.path if isinstance(root, Root) else Path(root)
         if not path.is_absolute() or Path(os.path.normpath(path)) != path:
             raise CheckpointError(f"{root}: a checkpoint root must be an absolute real path")
         out.append(path)
@@ -110,23 +117,25 @@ class CheckpointEngine:
     async def snapshot(
         self,
         owner: str,
-        roots: Sequence[Path],
+        roots: Sequence[Path | Root],
         *,
         private: PrivatePaths,
         label: str = "",
         room: Room | None = None,
     ) -> Outcome:
-        """Snapshot `roots` (absolute real paths: the session folder, the run's cwd) for
-        `owner`, adding at most `room` (a total's bound) of new content. Over a bound,
-        unreadable or switched off: `Skipped`, never an error."""
+        """Snapshot `roots` (the session folder, the run's cwd: folders the caller holds,
+        or absolute real paths, opened without following a symlink) for `owner`, adding at
+        most `room` (a total's bound) of new content. Over a bound, unreadable or switched
+        off: `Skipped`, never an error."""
         started = self._clock()
         if not self.settings.checkpoints:
             return Skipped("off", "checkpoints are switched off (NAVI_CHECKPOINTS=false)", 0.0)
         paths = _check_roots(roots)
+        held = {r.path: r for r in roots if isinstance(r, Root)}
         async with self._locks.hold(paths):
             states = [self._snaps.state(p, paths, private) for p in paths]
             job = functools.partial(
-                self._snaps.take, owner, paths, states, private, label, started, room
+                self._snaps.take, owner, paths, states, private, label, started, held, room
             )
             return await self._thread(job)
 
@@ -198,8 +207,8 @@ class CheckpointEngine:
     def _preview_sync(
         self, owner: str, info: CheckpointInfo, states: list[RootState], private: PrivatePaths
     ) -> Preview:
-        with hold_files(self.folder, list(info.paths)):
-            return self._plan(owner, info, states, private)[0]
+        with hold_files(self.folder, list(info.paths)), _Held(info.paths) as held:
+            return self._plan(owner, info, states, private, held)[0]
 
     async def restore(
         self,
@@ -229,8 +238,8 @@ class CheckpointEngine:
         private: PrivatePaths,
         confirm: str | None,
     ) -> tuple[Preview, list[Any]]:
-        with hold_files(self.folder, list(info.paths)):
-            preview, plans = self._plan(owner, info, states, private)
+        with hold_files(self.folder, list(info.paths)), _Held(info.paths) as held:
+            preview, plans = self._plan(owner, info, states, private, held)
             if confirm is not None and confirm != preview.token:
                 raise CheckpointChangedError(
                     "the folders changed after the preview: look at a new preview first"
@@ -242,22 +251,29 @@ class CheckpointEngine:
                 )
             if not any(ops for _, ops in plans):
                 return preview, []
-            return preview, self.journal.run(self.objects, plans, info.id, private)
+            return preview, self.journal.run(self.objects, plans, info.id, private, held)
 
     def _plan(
-        self, owner: str, info: CheckpointInfo, states: list[RootState], private: PrivatePaths
+        self,
+        owner: str,
+        info: CheckpointInfo,
+        states: list[RootState],
+        private: PrivatePaths,
+        held: Mapping[Path, Root],
     ) -> tuple[Preview, list[tuple[Path, list[Op]]]]:
+        """What restoring `info` changes in each of its folders, as `held` (the ones
+        that exist) are now: scanned, planned and later restored through those fds."""
         check = self._snaps.checker(None, 0.0)
         pairs = list(zip(info.roots, states, strict=True))
-        present = [(rt, state) for rt, state in pairs if os.path.lexists(rt.path)]
-        missing = [rt for rt, _ in pairs if not os.path.lexists(rt.path)]
+        present = [(rt, state) for rt, state in pairs if rt.path in held]
+        missing = [rt for rt, _ in pairs if rt.path not in held]
         roots = [rt.path for rt, _ in present]
         undo, skipped = None, ""
         results: list[ScanResult] = []
         try:
             try:
                 results = self._snaps.scan_all(
-                    roots, [s for _, s in present], private, check, store=True
+                    roots, [s for _, s in present], private, check, store=True, held=held
                 )
             except OverLimit as over:
                 if over.code != "too_large":
@@ -266,7 +282,7 @@ class CheckpointEngine:
                     ) from None
                 skipped = over.reason
                 results = self._snaps.scan_all(
-                    roots, [s for _, s in present], private, check, store=False
+                    roots, [s for _, s in present], private, check, store=False, held=held
                 )
             except RootUnusableError as exc:
                 raise CheckpointError(str(exc)) from None
@@ -286,11 +302,11 @@ class CheckpointEngine:
             plans: list[tuple[Path, list[Op]]] = []
             changes: list[RootChanges] = []
             for (rt, _), res in zip(present, results, strict=True):
-                ops, summary = self._plan_root(rt, res, private)
+                ops, summary = self._plan_root(rt, res, private, held[rt.path])
                 plans.append((rt.path, ops))
                 changes.append(summary)
             for rt in missing:
-                ops, summary = self._plan_root(rt, None, private)
+                ops, summary = self._plan_root(rt, None, private, None)
                 plans.append((rt.path, ops))
                 changes.append(summary)
         except BaseException:
@@ -310,12 +326,12 @@ class CheckpointEngine:
         return Preview(info.id, tuple(changes), undo, skipped, token), plans
 
     def _plan_root(
-        self, rt: RootTree, result: ScanResult | None, private: PrivatePaths
+        self, rt: RootTree, result: ScanResult | None, private: PrivatePaths, root: Root | None
     ) -> tuple[list[Op], RootChanges]:
-        if result is None:  # the root folder is gone: everything is made again
+        if result is None or root is None:  # the root folder is gone: everything is made again
             return _plan_new(self.objects, rt, rt.path)
         current, sealed, target = changed_parts(self.objects, rt.tree, rt.mode, result.folder)
-        fd = open_root(rt.path, private)
+        fd = open_root(root, private)
         fds = Folders(fd)
         try:
             unseen = functools.partial(_exists, fds)
@@ -341,6 +357,8 @@ class CheckpointEngine:
                 return export_root(self.objects, ops, dest)
             except FileExistsError:
                 raise CheckpointError(f"{dest} already exists") from None
+            except RootUnusableError as exc:
+                raise CheckpointError(str(exc)) from None
 
     # -- helpers ------------------------------------------------------------------
 
@@ -362,6 +380,37 @@ class CheckpointEngine:
                 lock.release()
         with hold_files(self.folder, []):
             return [jid for jid, _ in self.journal.recover(self.objects)]
+
+
+class _Held:
+    """The folders of a checkpoint that exist now, held open for one preview or restore
+    (by path -> root): the scan, the plan and the writes all go through these fds. A
+    path that leads through a symlink now (a folder swapped after the checkpoint) is a
+    `CheckpointError` naming it: nothing is read or changed through it."""
+
+    def __init__(self, paths: Sequence[Path]) -> None:
+        self.paths = paths
+        self.roots: dict[Path, Root] = {}
+
+    def __enter__(self) -> dict[Path, Root]:
+        try:
+            for path in self.paths:
+                if os.path.lexists(path):  # a missing one is made again (`_plan_new`)
+                    self.roots[path] = hold_root(path)
+        except RootUnusableError as exc:
+            self.close()
+            raise CheckpointError(f"the files cannot be restored: {exc}") from None
+        except BaseException:
+            self.close()
+            raise
+        return self.roots
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for root in self.roots.values():
+            root.close()
 
 
 def _plan_new(objects: ObjectStore, tree: RootTree, root: Path) -> tuple[list[Op], RootChanges]:

@@ -22,11 +22,15 @@ the request and the SDK sends the server its cancellation notice; the per-server
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import re
+import shutil
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any, Literal
 
 import trio
@@ -39,6 +43,8 @@ from navi_trio.tools.mcp.schema import SchemaError, check_schema
 from navi_trio.tools.mcp.stderr import log_lines, open_stderr_pipe
 from navi_trio.tools.procs import TAG_VAR, new_tag
 from navi_trio.tools.proctree import find_strays
+from navi_trio.tools.runas import run_as
+from navi_trio.tools.sandbox import dropped_argv
 
 log = logging.getLogger("navi_trio.mcp")
 stderr_log = logging.getLogger("navi_trio.mcp.stderr")
@@ -145,9 +151,17 @@ class McpConnection:
     """The actor of our connection to one server. State is read by others, changed
     only by `run`."""
 
-    def __init__(self, name: str, config: McpServerConfig) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: McpServerConfig,
+        tool_user: str = "",
+        bwrap_path: Path | None = None,
+    ) -> None:
         self.name = name
         self.config = config
+        self.tool_user = tool_user  # NAVI_TOOL_USER: whom a root daemon starts it as
+        self.bwrap_path = bwrap_path  # NAVI_BWRAP: what it starts through then
         self.state: State = "idle"
         self.error: str | None = None
         self.tools: dict[str, McpTool] = {}  # by navi name, kept while restarting
@@ -282,9 +296,16 @@ class McpConnection:
         nursery.start_soon(read_stderr)
         # Runs after the SDK's shutdown (the stack unwinds in reverse).
         stack.push_async_callback(_end_strays, tag, errread, drained)
-        params = StdioServerParameters(
-            command=cfg.command, args=list(cfg.args), env={**cfg.env, TAG_VAR: tag}, cwd=cfg.cwd
-        )
+        command, args, env = cfg.command, list(cfg.args), {**cfg.env, TAG_VAR: tag}
+        user = run_as(self.tool_user)  # never root (tools/runas.py)
+        if user is not None:
+            # Started through the drop, a missing program would only be a closed pipe.
+            path = env.get("PATH") or os.environ.get("PATH")
+            if shutil.which(command, path=path) is None:
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
+            command, *args = await dropped_argv(user, command, args, self.bwrap_path)
+            env = {**user.env(), "HOME": user.home, **env}  # what the entry sets wins
+        params = StdioServerParameters(command=command, args=args, env=env, cwd=cfg.cwd)
         try:
             streams: tuple[Any, Any] = await stack.enter_async_context(
                 stdio_client(params, errlog=errlog)

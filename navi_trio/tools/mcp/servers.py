@@ -14,6 +14,7 @@ tools, `get` finds one by name.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -30,8 +31,15 @@ Publish = Callable[[AgentEvent], None]
 class McpServers(NurseryHolder):
     """Owns the connections' actors until cancelled (runtime shutdown stops them all)."""
 
-    def __init__(self, config: Callable[[], NaviConfig]) -> None:
+    def __init__(
+        self,
+        config: Callable[[], NaviConfig],
+        tool_user: str = "",
+        bwrap_path: Path | None = None,
+    ) -> None:
         self._config = config  # the config in force (it may be reloaded)
+        self._tool_user = tool_user  # NAVI_TOOL_USER, NAVI_BWRAP (tools/runas.py)
+        self._bwrap_path = bwrap_path
         self._connections: dict[str, McpConnection] = {}
 
     def connection(self, name: str) -> McpConnection | None:
@@ -45,7 +53,7 @@ class McpServers(NurseryHolder):
             actor.scope.cancel()  # the entry changed: its successor starts afresh
             actor = None
         if actor is None:
-            actor = McpConnection(name, conf)
+            actor = McpConnection(name, conf, self._tool_user, self._bwrap_path)
             self._connections[name] = actor
             nursery.start_soon(actor.run)
         actor.retry()
@@ -111,12 +119,18 @@ class McpServers(NurseryHolder):
         return out
 
 
-async def probe(cfg: NaviConfig, start_cap: float | None = None) -> list[dict[str, Any]]:
-    """Start every enabled server of `cfg` briefly; `McpServers.status` of each.
+async def probe(
+    cfg: NaviConfig,
+    start_cap: float | None = None,
+    tool_user: str = "",
+    bwrap_path: Path | None = None,
+) -> list[dict[str, Any]]:
+    """Start every enabled server of `cfg` briefly, as the daemon would (`tool_user`:
+    NAVI_TOOL_USER, `bwrap_path`: NAVI_BWRAP); `McpServers.status` of each.
 
     `start_cap` caps each server's start (its timeout_sec otherwise).
     """
-    servers = McpServers(lambda: cfg)
+    servers = McpServers(lambda: cfg, tool_user, bwrap_path)
     async with trio.open_nursery() as nursery:
         await nursery.start(servers.run)
         actors = []

@@ -4,6 +4,8 @@
   whole group and its strays, shielded), `kill_orphans` (what a dead daemon left);
 - `_capture`: `run_command` (to completion or timeout, output kept as head and tail);
 - `_pool`: `ProcessPool`, the actor owning the persistent processes of ``terminal open``.
+
+Whom they run as (never root): tools/runas.py.
 """
 
 from navi_trio.profiles import is_secret as is_secret

@@ -16,6 +16,7 @@ import codecs
 import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 
 import attrs
@@ -32,7 +33,9 @@ from navi_trio.tools.procs._spawn import (
 )
 from navi_trio.tools.progress import OutputProgress
 from navi_trio.tools.result import cap_text
-from navi_trio.tools.sandbox import SandboxSpec, sandboxed_argv
+from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import RunAs
+from navi_trio.tools.sandbox import SandboxSpec, process_cwd, sandboxed_argv
 
 DRAIN_SEC = 1.0  # reading what is left in the pipe after the group is gone
 MAX_LINE_CHARS = 4000  # a "line" longer than this is streamed in pieces
@@ -174,7 +177,7 @@ class CommandResult:
 async def run_command(
     command: str | Sequence[str],
     *,
-    cwd: Path,
+    cwd: Path | Root,
     time_limit: float,
     on_line: LineCallback | None = None,
     progress: OutputProgress | None = None,
@@ -184,6 +187,9 @@ async def run_command(
     sandbox: SandboxSpec | None = None,
     bwrap_path: Path | None = None,
     owner: str | None = None,
+    roots: Sequence[Root] = (),
+    pass_fds: Sequence[int] = (),
+    user: RunAs | None = None,
 ) -> CommandResult:
     """Run `command` in its own process group until it exits or `time_limit` passes.
 
@@ -195,22 +201,29 @@ async def run_command(
     exist). With a `sandbox` the command runs under bwrap (see `sandbox`); when bwrap
     cannot run here, raises `SandboxUnavailableError` instead of running it unsandboxed.
     `env` is added to the allow-listed environment (`child_env`); `owner` (`tag_owner`)
-    starts the process tag.
+    starts the process tag. A held `cwd` (and the held `roots`, which the sandbox binds)
+    is used through its fd, never by its path; `pass_fds` go to the process as they are.
+    With a `user` (`_user.run_as`) the process runs as that user, never as root.
     """
     if time_limit <= 0:
         raise ToolInputError(f"the time limit must be positive (got {time_limit:g})")
-    argv = await sandboxed_argv(sandbox, shell_argv(command), cwd, bwrap_path)
-    started = trio.current_time()
     tag = new_tag(owner)
-    process = await trio.lowlevel.open_process(
-        argv,
-        cwd=str(cwd),
-        env=child_env(env, tag=tag),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with ExitStack() as stack:
+        cmd = await sandboxed_argv(
+            sandbox, shell_argv(command), cwd, bwrap_path, roots=roots, stack=stack, user=user
+        )
+        started = trio.current_time()
+        process = await trio.lowlevel.open_process(
+            cmd.argv,
+            cwd=process_cwd(cmd, cwd),
+            env=child_env({**(env or {}), **(user.env() if user else {})}, tag=tag),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=(*cmd.fds, *pass_fds),
+            **(user.popen() if user and not cmd.switches_user else {}),
+        )
     output = HeadTail(max_chars)
     on_lines = _lines_to(on_line, progress)
     try:

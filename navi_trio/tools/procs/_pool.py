@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import itertools
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 
 import attrs
@@ -29,7 +30,9 @@ from navi_trio.tools.procs._spawn import (
     new_tag,
     shell_argv,
 )
-from navi_trio.tools.sandbox import SandboxSpec, sandboxed_argv
+from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import RunAs
+from navi_trio.tools.sandbox import SandboxedCommand, SandboxSpec, process_cwd, sandboxed_argv
 
 WRITE_TIMEOUT_SEC = 5.0
 
@@ -81,6 +84,17 @@ class _Handle:
         )
 
 
+@attrs.frozen
+class _Start:
+    """How to start one process: its command line and fds, the folder to start in, its
+    environment, whom it runs as."""
+
+    cmd: SandboxedCommand
+    cwd: str
+    env: dict[str, str]
+    user: RunAs | None
+
+
 class ProcessPool(NurseryHolder):
     """Persistent processes per session, owned by one actor (see the module docstring)."""
 
@@ -116,20 +130,38 @@ class ProcessPool(NurseryHolder):
         self,
         session_id: str,
         command: str,
-        cwd: Path,
+        cwd: Path | Root,
         *,
         sandbox: SandboxSpec | None = None,
         bwrap_path: Path | None = None,
         env: Mapping[str, str] | None = None,
         owner: str | None = None,
+        roots: Sequence[Root] = (),
+        user: RunAs | None = None,
     ) -> str:
         """Start `command` (through the shell) in `cwd`; returns its handle id ("p1" …).
 
         With a `sandbox` it runs under bwrap, or is refused (`SandboxUnavailableError`);
-        `env` and `owner` as for `run_command`.
+        `env`, `owner` and the held `roots` (and `cwd`) as for `run_command`.
         """
-        # First, before the checks: they must not go stale across an await.
-        argv = await sandboxed_argv(sandbox, shell_argv(command), cwd, bwrap_path)
+        with ExitStack() as stack:
+            # First, before the checks: they must not go stale across an await.
+            cmd = await sandboxed_argv(
+                sandbox, shell_argv(command), cwd, bwrap_path, roots=roots, stack=stack,
+                user=user,
+            )  # fmt: skip
+            environ = child_env({**(env or {}), **(user.env() if user else {})})
+            start = _Start(cmd, process_cwd(cmd, cwd), environ, user)
+            return await self._start(session_id, command, start, cwd, owner)
+
+    async def _start(
+        self,
+        session_id: str,
+        command: str,
+        start: _Start,
+        cwd: Path | Root,
+        owner: str | None,
+    ) -> str:
         if not self.running:
             raise ToolInputError("the process pool is not running (the daemon is stopping)")
         self._prune_exited(session_id)
@@ -141,8 +173,9 @@ class ProcessPool(NurseryHolder):
             )
         counter = self._counters.setdefault(session_id, itertools.count(1))
         handle_id = f"p{next(counter)}"
+        shown = cwd.path if isinstance(cwd, Root) else cwd
         handle: _Handle = await self.nursery.start(
-            self._serve, session_id, handle_id, command, argv, cwd, child_env(env), owner
+            self._serve, session_id, handle_id, command, start, shown, owner
         )
         return handle.handle_id
 
@@ -151,17 +184,18 @@ class ProcessPool(NurseryHolder):
         session_id: str,
         handle_id: str,
         command: str,
-        argv: list[str],
+        start: _Start,
         cwd: Path,
-        env: dict[str, str],
         owner: str | None,
         task_status: trio.TaskStatus[_Handle] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         tag = new_tag(owner)
         process = await trio.lowlevel.open_process(
-            argv,
-            cwd=str(cwd),
-            env={**env, TAG_VAR: tag},
+            start.cmd.argv,
+            cwd=start.cwd,
+            pass_fds=start.cmd.fds,
+            **(start.user.popen() if start.user and not start.cmd.switches_user else {}),
+            env={**start.env, TAG_VAR: tag},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

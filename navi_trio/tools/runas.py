@@ -1,0 +1,134 @@
+"""Who a tool's processes run as: never root.
+
+A daemon running as root (as it does in containers and CI) would give every command it
+starts root's rights over the host, whatever the sandbox hides. So when our uid is 0,
+every tool process (terminal, code_exec, an MCP server, sandboxed or not) gets an
+unprivileged one before it starts (``setgroups``, ``setgid``, ``setuid`` in the child:
+Popen's `user`, `group`, `extra_groups`): ``NAVI_TOOL_USER`` (a user name, or
+uid[:gid]), else ``nobody`` (65534:65534). Root is refused as a setting.
+
+A user namespace mapping alone (bwrap's ``--unshare-user --uid``) is not enough: the id
+outside the namespace, the one the kernel checks the host's files against, stays 0, so a
+"nobody" inside still reads root's 0600 files and writes as root.
+
+A run's session folder belongs to that user (`session_owner`), so its commands can
+write there; any other folder a run works in must be open to it (README "Safety").
+Whatever the daemon itself makes in a root (the filesystem tool, a restore) takes the
+owner of the folder it is made in (`inherit`), so the commands can change it too.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from typing import Any
+
+import attrs
+
+from navi_trio.errors import ConfigError
+
+NOBODY = 65534
+SETTING = "NAVI_TOOL_USER"
+
+
+@attrs.frozen
+class RunAs:
+    """An unprivileged account: its ids, its name (for USER and LOGNAME) and home."""
+
+    uid: int
+    gid: int
+    name: str
+    home: str = "/"
+
+    def popen(self) -> dict[str, Any]:
+        """What `subprocess.Popen` (and `trio.lowlevel.open_process`) take to start a
+        process as this user, with no supplementary groups."""
+        return {"user": self.uid, "group": self.gid, "extra_groups": []}
+
+    def env(self) -> dict[str, str]:
+        return {"USER": self.name, "LOGNAME": self.name}
+
+
+# Run as `python -I -c DROP UID GID -- COMMAND ARGS...`: what is not started through
+# Popen's `user` (inside bwrap, an MCP server the MCP SDK starts) drops through this.
+# Python ignores SIGPIPE and SIGXFSZ; an ignored signal stays ignored across exec, so
+# they are given back their defaults (``yes | head`` must end quietly).
+DROP = (
+    "import os, signal, sys; signal.signal(signal.SIGPIPE, signal.SIG_DFL); "
+    "signal.signal(signal.SIGXFSZ, signal.SIG_DFL); os.setgroups([]); "
+    "os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[1])); "
+    "os.execvp(sys.argv[4], sys.argv[4:])"
+)
+
+
+def drop_argv(user: RunAs) -> list[str]:
+    """The arguments of ``sys.executable`` that start the command after them as `user`."""
+    return ["-I", "-c", DROP, str(user.uid), str(user.gid), "--"]
+
+
+def parse(setting: str) -> RunAs:
+    """The account `setting` names (``name``, ``uid`` or ``uid:gid``); `ConfigError`
+    when it names nobody on this machine, or root."""
+    text = setting.strip()
+    uid_text, _, gid_text = text.partition(":")
+    try:
+        entry: pwd.struct_passwd | None
+        if uid_text.isdigit():
+            uid = int(uid_text)
+            try:
+                entry = pwd.getpwuid(uid)
+            except KeyError:
+                entry = None
+            gid = int(gid_text) if gid_text else (entry.pw_gid if entry else uid)
+        else:
+            entry = pwd.getpwnam(uid_text)
+            uid = entry.pw_uid
+            gid = int(gid_text) if gid_text else entry.pw_gid
+    except (KeyError, ValueError):
+        raise ConfigError(
+            f"{SETTING}={setting!r}: no such user here (a user name, or uid[:gid])"
+        ) from None
+    if uid == 0 or gid == 0:
+        raise ConfigError(f"{SETTING}={setting!r}: tool processes never run as root")
+    return _account(uid, gid, entry)
+
+
+def _account(uid: int, gid: int, entry: pwd.struct_passwd | None) -> RunAs:
+    if entry is None:
+        return RunAs(uid, gid, str(uid))
+    return RunAs(uid, gid, entry.pw_name, entry.pw_dir or "/")
+
+
+def _nobody() -> RunAs:
+    try:
+        entry: pwd.struct_passwd | None = pwd.getpwuid(NOBODY)
+    except KeyError:
+        entry = None
+    return _account(NOBODY, NOBODY, entry) if entry else RunAs(NOBODY, NOBODY, "nobody")
+
+
+def run_as(setting: str) -> RunAs | None:
+    """Whom a tool process runs as: None (as the daemon) unless the daemon is root;
+    then the account `setting` (NAVI_TOOL_USER) names, else nobody. `ConfigError` for a
+    setting that names no one here, or root."""
+    if os.geteuid() != 0:
+        return None
+    return parse(setting) if setting.strip() else _nobody()
+
+
+def session_owner(setting: str) -> tuple[int, int] | None:
+    """(uid, gid) of whom a run's session folder belongs to: whom its commands run as
+    (None: the daemon is not root, the folders stay its own)."""
+    who = run_as(setting)
+    return None if who is None else (who.uid, who.gid)
+
+
+def inherit(fd: int, folder_fd: int) -> None:
+    """When the daemon is root: the new file or folder open at `fd` takes the owner of
+    the folder it was made in (`folder_fd`), so that the commands working there (which
+    never run as root) may change it."""
+    if os.geteuid() != 0:
+        return
+    up, st = os.fstat(folder_fd), os.fstat(fd)
+    if (st.st_uid, st.st_gid) != (up.st_uid, up.st_gid):
+        os.chown(f"/proc/self/fd/{fd}", up.st_uid, up.st_gid, follow_symlinks=True)
