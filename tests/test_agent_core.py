@@ -2,7 +2,9 @@
 background jobs own, and the loop behaviours no other test pinned down.
 
 - a synchronous sub-agent's tokens count in the parent turn; a background one's do not;
-- a sub-agent that fails on an LLM error says so (not "iteration or time limit");
+- a sub-agent whose backend fails ends its parent's turn with that error; one that
+  fails on its own request or answer says so in its failed result (not "iteration or
+  time limit"); a background one's failure is its job's;
 - a sub-agent runs in a child task: a ContextVar its tools set stays there;
 - a background job keeps no finished run alive (no Turn, no history, no channel);
 - `Agent.run()`; hot reload of persona and prompt files end to end; the clamp of
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import contextvars
 import gc
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ import trio
 import trio.testing
 from agent_tools import assert_paired, seed
 from bg_tools import BACKGROUNDABLE, Kit, call, calls, make_kit, of_type, profile
+from realtime import real_time_limit
 
 from navi_trio.core.turn_state import Turn
 from navi_trio.profiles import ConfigSource
@@ -93,6 +97,23 @@ def usage(prompt: int, completion: int, **reply: Any) -> dict[str, Any]:
 # --- item 17: whose tokens --------------------------------------------------------------
 
 
+# The parent detaches a sub-agent, then blocks in a foreground call until released.
+DETACH_THEN_BLOCK = calls(
+    call("spawn_agent", task="Dig in the background", background=True),
+    call("block", label="parent"),
+)
+
+
+async def _background_subagent(h: Any, kit: Kit) -> tuple[Any, Any]:
+    """Start DETACH_THEN_BLOCK's turn in bg1; (its session driver, its job, finished)."""
+    s = await h.session("s1")
+    s.send("hi", profile_id="bg1")
+    await kit.block.wait_started()
+    (job,) = h.runtime.supervisor.list_jobs("s1")
+    await job.done.wait()
+    return s, job
+
+
 async def test_a_synchronous_subagents_tokens_count_in_the_parent_turn(tmp_path: Path) -> None:
     kit = make_kit()
     replies = [
@@ -115,20 +136,12 @@ async def test_a_background_subagents_tokens_stay_out_of_the_parent_turn(
     tmp_path: Path,
 ) -> None:
     kit = make_kit()
-    # The parent detaches the sub-agent, then blocks in a foreground call: its turn is
-    # still open while the sub-agent spends its tokens, so a leak would show.
-    detach_then_block = calls(
-        call("spawn_agent", task="Dig in the background", background=True),
-        call("block", label="parent"),
-    )
-    replies = [usage(100, 50, **detach_then_block), usage(5000, 2, text="the report")]
+    # The parent's turn is still open while the sub-agent spends its tokens, so a leak
+    # would show.
+    replies = [usage(100, 50, **DETACH_THEN_BLOCK), usage(5000, 2, text="the report")]
     with trio.fail_after(TIMEOUT):
         async with harness(tmp_path, kit, replies) as h:
-            s = await h.session("s1")
-            s.send("hi", profile_id="bg1")
-            await kit.block.wait_started()
-            (job,) = h.runtime.supervisor.list_jobs("s1")
-            await job.done.wait()
+            s, job = await _background_subagent(h, kit)
             assert job.status == "completed" and job.tokens == 5002
             kit.block.release("parent")
             end = (await s.until_end())[-1]
@@ -138,23 +151,122 @@ async def test_a_background_subagents_tokens_stay_out_of_the_parent_turn(
 # --- item 18: what really happened -------------------------------------------------------
 
 
-async def test_a_subagent_llm_error_is_reported_as_what_it_was(tmp_path: Path) -> None:
+# A sub-agent's LLM call that fails: (its reply, the error code, words of the message).
+BACKEND_FAILURES = [
+    pytest.param({"status": 500, "error_body": "the sub model crashed"}, "llm_status",
+                 "the sub model crashed", id="5xx"),
+    pytest.param({"text": "two words", "drop_after": 1}, "llm_connection", "dropped",
+                 id="dropped"),
+    pytest.param({"text": "half", "error_line": "the runner stopped"}, "llm_error",
+                 "the runner stopped", id="error-in-stream"),
+]  # fmt: skip
+NOT_FINISHED = "not finished: the turn ended on an LLM error"
+
+
+async def _ends_on_the_subagents_error(
+    h: Any, kit: Kit, code: str, words: str
+) -> list[dict[str, Any]]:
+    """The turn of `spawn_agent` + `snapshot` whose sub-agent met a backend failure."""
+    frames: list[dict[str, Any]] = await h.turn("s1", "hi", profile_id="pa")
+    assert frames[-1]["reason"] == "error"
+    (error,) = [f for f in of_type(frames, "error") if not f["is_subagent"]]
+    assert error["code"] == code and words in error["message"], error
+    assert len(h.chat_requests) == 2  # the parent never asked the model again
+    assert kit.snapshot.records == []  # the call after the spawn never ran
+    results = {r["name"]: r for r in of_type(frames, "tool_result")}
+    for name in ("spawn_agent", "snapshot"):
+        assert results[name]["ok"] is False and results[name]["stopped"] is True
+        assert results[name]["error"].startswith(NOT_FINISHED)
+    (finished,) = of_type(frames, "subagent_finished")
+    assert finished["completed"] is False
+    assert_paired(await h.runtime.store.load_context("s1"))
+    return frames
+
+
+@pytest.mark.parametrize(("reply", "code", "words"), BACKEND_FAILURES)
+async def test_a_subagents_backend_failure_ends_the_turn_with_its_error(
+    tmp_path: Path, reply: dict[str, Any], code: str, words: str
+) -> None:
+    """agent-loop spec: "backend-level LLM errors still abort the turn". A sub-agent's
+    backend failing (a 5xx, a dropped connection, an error in the stream) ends its
+    parent's turn with that error, as the parent's own call would; the calls not
+    finished are paired, and the model is not asked again."""
     kit = make_kit()
     replies = [
-        spawn(task="Dig"),
-        {"status": 500, "error_body": "the sub model crashed"},
-        {"text": "noted"},
+        calls(call("spawn_agent", task="Dig"), call("snapshot", label="after")),
+        reply,
+        {"text": "never asked for"},
     ]
     with trio.fail_after(TIMEOUT):
         async with harness(tmp_path, kit, replies) as h:
+            await _ends_on_the_subagents_error(h, kit, code, words)
+
+
+async def test_a_subagents_silent_backend_ends_the_turn_too(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """agent-loop spec: "backend-level LLM errors still abort the turn": a backend
+    silent past the first-chunk timeout is one."""
+    kit = make_kit()
+    replies = [
+        calls(call("spawn_agent", task="Dig"), call("snapshot", label="after")),
+        {"text": "never arrives", "delay_first": 3600},
+        {"text": "never asked for"},
+    ]
+    with real_time_limit(TIMEOUT):
+        async with harness(tmp_path, kit, replies, first_chunk_timeout=10) as h:
+            await _ends_on_the_subagents_error(h, kit, "llm_timeout", "first chunk")
+
+
+REQUEST_FAILURES = [
+    pytest.param({"status": 404, "error_body": "model 'model-pa' not found"},
+                 "model 'model-pa' not found", id="4xx"),
+    pytest.param({"text": "word " * 40}, "NAVI_ANSWER_MAX_CHARS", id="answer-too-long"),
+    pytest.param({"empty_body": True}, "empty body", id="prompt-over-the-window"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("reply", "words"), REQUEST_FAILURES)
+async def test_a_subagents_other_llm_failure_is_its_calls_failed_result(
+    tmp_path: Path, reply: dict[str, Any], words: str
+) -> None:
+    """A sub-agent whose own request or answer failed (the server refused it, the
+    answer ran too long, its prompt outgrew the server's window) is a failed
+    spawn_agent result that says so, and the turn goes on."""
+    kit = make_kit()
+    replies = [spawn(task="Dig"), reply, {"text": "noted"}]
+    with trio.fail_after(TIMEOUT):
+        async with harness(tmp_path, kit, replies, answer_max_chars=100) as h:
             frames = await h.turn("s1", "hi", profile_id="pa")
+            assert (frames[-1]["reason"], frames[-1]["text"]) == ("complete", "noted")
+            assert [f for f in of_type(frames, "error") if not f["is_subagent"]] == []
             (result,) = of_type(frames, "tool_result", name="spawn_agent")
             assert result["ok"] is False
             error = result["error"]
-            assert "LLM call failed" in error and "the sub model crashed" in error
+            assert "LLM call failed" in error and words in error, error
             assert "iteration limit" not in error and "time limit" not in error
             (finished,) = of_type(frames, "subagent_finished")
             assert finished["completed"] is False
+
+
+async def test_a_background_subagents_backend_failure_is_its_jobs_failure(
+    tmp_path: Path,
+) -> None:
+    """A background sub-agent has no turn to end: its backend's failure fails its job
+    (the job says why), and the turn that started it goes on."""
+    kit = make_kit()
+    replies = [DETACH_THEN_BLOCK, {"status": 500, "error_body": "the sub model crashed"}]
+    with trio.fail_after(TIMEOUT):
+        async with harness(tmp_path, kit, replies) as h:
+            s, job = await _background_subagent(h, kit)
+            assert job.status == "failed"
+            assert job.error is not None
+            assert job.error.startswith("the sub-agent did not finish: its LLM call failed")
+            assert "the sub model crashed" in job.error
+            kit.block.release("parent")
+            frames = await s.until_end()
+            assert frames[-1]["reason"] == "max_iterations"  # bg1's one iteration, not an error
+            assert [f for f in of_type(frames, "error") if not f["is_subagent"]] == []
 
 
 async def test_a_subagent_at_its_iteration_limit_says_that(tmp_path: Path) -> None:
@@ -256,6 +368,55 @@ async def test_an_edited_persona_or_prompt_file_reaches_the_next_model_call(
             await h.turn("s1", "hi")
             system = _system(h.chat_requests[2])
             assert "PERSONA-V2" in system and system.endswith("GENERAL-V2 prompt")
+
+
+async def test_an_edited_prompt_reaches_later_turns_and_switches_past_a_running_turn(
+    tmp_path: Path,
+) -> None:
+    """agent-loop spec: the system prompt cache "is invalidated when the profile is
+    reloaded (e.g. after switch_profile or hot-reload)". A turn started before a prompt
+    file was edited runs on its own config until it switches, so it still builds the
+    old prompt after the reload; that must reach neither a turn started after the edit
+    nor its own switch back to that profile: both take the current prompt."""
+    folder = tmp_path / "config"
+    shutil.copytree(REPO_ROOT / "config", folder)
+    data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    for pid in ("pa", "pb"):
+        (folder / "prompts" / f"{pid}.md").write_text(f"{pid.upper()}-V1 prompt\n", "utf-8")
+        data["profiles"][pid] = {
+            "system_prompt_file": f"prompts/{pid}.md",
+            "tools": {"agent": ["switch_profile", "block"], "subagent": []},
+        }
+    (folder / "config.json").write_text(json.dumps(data), encoding="utf-8")
+    kit = make_kit()
+    replies = [
+        calls(call("block", label="one")),
+        calls(call("block", label="two")),  # asked with the old prompt, after the reload
+        {"text": "a later turn"},  # another session's, meanwhile
+        calls(call("switch_profile", profile_id="pb")),
+        calls(call("switch_profile", profile_id="pa")),
+        {"text": "done"},
+    ]
+    source = ConfigSource(folder / "config.json")
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=replies, config=source, tools=kit.tools()) as h:
+            s = await h.session("s1")
+            s.send("hi", profile_id="pa")
+            await kit.block.wait_started()
+            (folder / "prompts" / "pa.md").write_text("PA-V2 prompt, edited\n", "utf-8")
+            h.runtime.agent.config()  # what the next turn to start does: reload, cache cleared
+            kit.block.release("one")
+            await kit.block.wait_started(2)
+            await h.turn("s2", "hi", profile_id="pa")
+            kit.block.release("two")
+            frames = await s.until_end()
+            assert frames[-1]["text"] == "done"
+            first, older, later, still, in_pb, back = (_system(r) for r in h.chat_requests)
+            for own in (first, older, still):  # the turn's own config, until it switches
+                assert own.endswith("PA-V1 prompt")
+            assert later.endswith("PA-V2 prompt, edited")
+            assert in_pb.endswith("PB-V1 prompt")
+            assert back.endswith("PA-V2 prompt, edited")
 
 
 def _system(body: dict[str, Any]) -> str:
