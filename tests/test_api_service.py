@@ -37,6 +37,7 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
         pytest.skip(f"{navi} does not exist (install the package with pip -e .)")
     unit = tmp_path / "navi.service"
     unit.write_text(UNIT.read_text(encoding="utf-8").replace("%h/.local/bin/navi", str(navi)))
+    unit.chmod(0o644)  # systemd complains of a world-writable unit (a root suite's umask is 0)
     done = subprocess.run(
         [tool, "verify", str(unit)], capture_output=True, text=True, timeout=60, check=False
     )

@@ -172,7 +172,9 @@ async def test_filesystem_escapes_fail_naming_the_path_and_write_nothing(
             replies=replies,
             profiles={"general": with_tools(["filesystem"], planning_first_message=False)},
         ) as h:
-            frames = await h.turn("s1", "escape please", cwd=work)
+            # An admin may name any folder as the cwd (a user only their session folders):
+            # what is checked here is the filesystem tool's own confinement to it.
+            frames = await h.turn("s1", "escape please", cwd=work, user_role="admin")
             results = of_type(frames, "tool_result")
             assert len(results) == len(escapes)
             for path, result in zip(escapes, results, strict=True):
