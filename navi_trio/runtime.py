@@ -55,6 +55,7 @@ from navi_trio.profiles import BUILTIN_TOOL_NAMES, ConfigSource
 from navi_trio.settings import Settings
 from navi_trio.store.base import ClusterBus, SessionStore
 from navi_trio.store.factory import open_store
+from navi_trio.store.modes import private_data
 from navi_trio.tools.base import Tool, ToolRegistry
 from navi_trio.tools.builtin import builtin_tools
 from navi_trio.tools.mcp import McpServers
@@ -136,6 +137,8 @@ async def open_runtime(
             "refused: %s",
             reason,
         )
+    # Before anything is written there: the data folder is the daemon account's alone.
+    await trio.to_thread.run_sync(private_data, settings.data_dir)
     async with AsyncExitStack() as stack:
         store = await stack.enter_async_context(open_store(settings))
         # Before any run: a restore a killed process left half done is completed first.

@@ -261,7 +261,7 @@ class RoundCheckpoints(NurseryHolder):
 
 def _roots(ctx: ToolContext) -> list[Path]:
     """The run's writable folders as real paths (the session folder made if need be)."""
-    ctx.session_dir.mkdir(parents=True, exist_ok=True)
+    ctx.session_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     roots: list[Path] = []
     for folder in ctx.roots():
         real = real_path(folder)

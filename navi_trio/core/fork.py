@@ -143,7 +143,7 @@ class Forker:
     def _roots_now(self, source: str, messages: list[Message]) -> list[Path]:
         """The session folder and the working folder of its newest message that had one."""
         folder = self.settings.session_dir(source)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         roots = [real_path(folder)]
         for message in reversed(_user_messages(messages)):
             cwd = message.get("cwd")

@@ -61,7 +61,7 @@ def _within(path: Path, root: Path) -> bool:
 
 
 def _start_dir(ctx: ToolContext) -> Path:
-    ctx.session_dir.mkdir(parents=True, exist_ok=True)
+    ctx.session_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     return ctx.cwd if ctx.cwd is not None else ctx.session_dir
 
 
