@@ -45,6 +45,7 @@ from navi_trio.profiles._schema import (
     PeerConfig,
     SshConfig,
     ToolsConfig,
+    config_secrets,
     is_secret,
 )
 from navi_trio.strict import ExpectedError, describe, strict_converter
@@ -164,6 +165,7 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
     if cfg.persona_file:
         persona = _read_text(base / cfg.persona_file, path, "$.persona_file")
     profiles = {}
+    secrets = config_secrets(cfg)
     for pid, prof in cfg.profiles.items():
         where = f"$.profiles[{pid!r}]"
         for field in (
@@ -193,6 +195,10 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
                 f"{path}: {where}.env: {', '.join(own)} hold navi's own secrets and never "
                 "reach a tool process"
             )
+        named = [(n, secrets[n.upper()]) for n in prof.env if n.upper() in secrets]
+        if named:
+            held = "; ".join(f"{n} holds {what}" for n, what in named)
+            raise ConfigError(f"{path}: {where}.env: {held}: it never reaches a tool process")
         prompt = prof.system_prompt
         if prof.system_prompt_file:
             prompt = _read_text(base / prof.system_prompt_file, path, f"{where}.system_prompt_file")

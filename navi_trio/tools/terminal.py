@@ -39,7 +39,7 @@ def command_env(ctx: ToolContext) -> dict[str, str]:
     """What a command's environment adds to the allow-list (`procs.child_env`): the
     variables the profile's ``env`` names, and HOME = the session folder, the run's
     own (unless the profile passes the daemon's HOME on)."""
-    env = passed_env(ctx.profile.env)
+    env = passed_env(ctx.profile.env, ctx.config)
     env.setdefault("HOME", str(ctx.session_dir))
     return env
 
