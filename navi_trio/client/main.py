@@ -16,6 +16,7 @@ from navi_trio.client.daemon import daemon_backend, ensure_daemon, find_token
 from navi_trio.client.reader import LineReader, PromptReader, Reader
 from navi_trio.client.render import Renderer
 from navi_trio.errors import NaviError
+from navi_trio.text import terminal_safe
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
@@ -96,7 +97,7 @@ def chat(
                 )
             )
     except* NaviError as group:
-        print(f"navi: error: {group.exceptions[0]}", file=err, flush=True)
+        print(terminal_safe(f"navi: error: {group.exceptions[0]}"), file=err, flush=True)
         code = 1
     if not interactive and renderer.errors:
         code = 1
