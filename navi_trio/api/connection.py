@@ -139,7 +139,8 @@ class Connection:
                 config = rt.config.current
                 welcome = welcome_frame(
                     user.name, user.role, rt.settings.llm_backend,
-                    profiles=sorted(config.profiles), default_profile=config.default_profile,
+                    profiles=config.profiles_for(user.role),
+                    default_profile=config.default_for(user.role),
                 )  # fmt: skip
                 await self.ws.send_message(encode(welcome))
                 await self._reader(commands)

@@ -62,7 +62,7 @@ from navi_trio.core.turn import TurnRunner
 from navi_trio.core.turn_end import shielded
 from navi_trio.core.turn_state import LoopParts, Turn
 from navi_trio.errors import LLMError, NothingToCompactError, RequestError
-from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, Woken
+from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, WarningEvent, Woken
 from navi_trio.llm.base import LLMBackend
 from navi_trio.profiles import BudgetConfig, ConfigSource, NaviConfig, OnBusy
 from navi_trio.settings import Settings
@@ -263,7 +263,22 @@ class Agent:
         cfg = self.config()
         wanted = msg.profile_id
         if wanted is not None and wanted in cfg.profiles and state.profile_id != wanted:
-            await self.cache.set_profile(state, wanted)  # the message switches the session
+            refused = cfg.refuse_profile(msg.user_role, wanted)
+            if refused is None:
+                await self.cache.set_profile(state, wanted)  # the message switches the session
+            else:  # a queued or scheduled message, checked before the config changed
+                emit(WarningEvent(message=f"{refused}; not switched", code="profile_refused"))
+        current = cfg.profile(state.profile_id).id
+        if not cfg.may_use(msg.user_role, current):
+            # The session's profile is not one the sender's role may use (an admin's run
+            # switched it, the config changed): the role's own default, from now on.
+            fallback = cfg.default_for(msg.user_role)
+            emit(WarningEvent(
+                message=f"{cfg.refuse_profile(msg.user_role, current)}; this session goes "
+                f"on with {fallback!r}",
+                code="profile_refused",
+            ))  # fmt: skip
+            await self.cache.set_profile(state, fallback)
         profile = cfg.profile(state.profile_id)
         control.on_busy_default = profile.on_busy
         control.steer_max_chars = self.settings.steer_max_chars

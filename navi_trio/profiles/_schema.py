@@ -247,6 +247,9 @@ class NaviConfig:
     # role -> the budgets of every run of a user with that role (the profile's apply
     # too: the lower limit wins).
     role_budgets: dict[str, BudgetConfig] = attrs.Factory(dict)
+    # role -> the profiles a run of that role may use (a message's, a session's, a
+    # schedule's, switch_profile's, spawn_agent's); a role without an entry: any.
+    role_profiles: dict[str, tuple[str, ...]] = attrs.Factory(dict)
     base_dir: Path = Path(".")  # folder of the file: prompt files resolve against it
 
     def profile(self, profile_id: str | None) -> AgentProfile:
@@ -254,6 +257,31 @@ class NaviConfig:
         if profile_id and profile_id in self.profiles:
             return self.profiles[profile_id]
         return self.profiles[self.default_profile]
+
+    def may_use(self, role: str, profile_id: str) -> bool:
+        """Whether a run of `role` may use the profile (`role_profiles`)."""
+        allowed = self.role_profiles.get(role)
+        return allowed is None or profile_id in allowed
+
+    def profiles_for(self, role: str) -> list[str]:
+        """The profiles a run of `role` may use, sorted."""
+        return sorted(p for p in self.profiles if self.may_use(role, p))
+
+    def default_for(self, role: str) -> str:
+        """The profile a run of `role` gets when it names none: the default profile, or
+        the role's first one when the default is not among its `role_profiles`."""
+        if self.may_use(role, self.default_profile):
+            return self.default_profile
+        return self.role_profiles[role][0]
+
+    def refuse_profile(self, role: str, profile_id: str) -> str | None:
+        """Why a run of `role` may not use the profile, or None when it may."""
+        if self.may_use(role, profile_id):
+            return None
+        return (
+            f"profile {profile_id!r} is not one a {role} may use (role_profiles): "
+            f"{', '.join(self.profiles_for(role))}"
+        )
 
     def resolve_path(self, name: str) -> Path:
         p = Path(name)
