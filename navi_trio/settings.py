@@ -211,6 +211,14 @@ class Settings:
     ws_hello_timeout_sec: float = attrs.field(
         default=10.0, metadata=_env("NAVI_WS_HELLO_TIMEOUT_SEC")
     )
+    # Connections without a hello yet (page requests included): at most this many, and
+    # this many from one address; a new one past either closes the oldest. The first
+    # frame (the hello: a token, tiny) is at most this many bytes.
+    ws_pending_max: int = attrs.field(default=128, metadata=_env("NAVI_WS_PENDING_MAX"))
+    ws_pending_per_address: int = attrs.field(
+        default=32, metadata=_env("NAVI_WS_PENDING_PER_ADDRESS")
+    )
+    ws_hello_max_bytes: int = attrs.field(default=16384, metadata=_env("NAVI_WS_HELLO_MAX_BYTES"))
     # Browser pages admitted besides the daemon's own (exact origins, like
     # https://navi.example), and names the daemon answers to besides its own address and,
     # on loopback, localhost (api/auth.py `WebAccess`).
