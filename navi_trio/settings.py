@@ -85,6 +85,12 @@ def _default_data_dir() -> Path:
     return Path(base) / "navi"
 
 
+def data_dir_of(environ: Mapping[str, str]) -> Path:
+    """The data folder `environ` names (NAVI_DATA_DIR), else the default one."""
+    given = environ.get("NAVI_DATA_DIR")
+    return Path(given) if given else _default_data_dir()
+
+
 @attrs.frozen(kw_only=True)
 class Settings:
     # The LLM endpoint.
