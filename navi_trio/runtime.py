@@ -150,7 +150,7 @@ async def open_runtime(
             if isinstance(backend, SupervisedBackend):  # the embedded model's process
                 await nursery.start(backend.run)
             registry = ToolRegistry(tools)
-            processes = ProcessPool()
+            processes = ProcessPool(idle_sec=settings.terminal_idle_sec)
             await nursery.start(processes.run)
             for tool in tools:  # the peer tool's connections live in the runtime's nursery
                 if isinstance(tool, PeerTool):
@@ -207,9 +207,14 @@ async def open_runtime(
                 on_run_end=lambda sid, msg, end: notify_schedule_run(notices, sid, msg, end),
             )
             await nursery.start(sessions.run)
+
             # Revocations reach what is open (core/user_watch.py): the store signals each
             # change of the users table, through the cluster's bus or the SQLite marker.
-            users = UserWatch(store, on_removed=sessions.revoke_users)
+            def removed(user_ids: set[str]) -> None:
+                sessions.revoke_users(user_ids)
+                processes.close_users(user_ids)
+
+            users = UserWatch(store, on_removed=removed)
             await nursery.start(users.run)
             watch_users = getattr(store, "watch_users", None)
             if joined is not None:
@@ -265,6 +270,7 @@ async def open_runtime(
                         supervisor=supervisor,
                         approvals=approvals,
                         checkpoints=engine,
+                        processes=processes,
                     ),
                     rewinds=rewinds,
                     nursery=nursery,

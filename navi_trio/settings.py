@@ -161,6 +161,8 @@ class Settings:
     # Background tasks (background-tasks.md).
     tasks_max_per_session: int = attrs.field(default=5, metadata=_env("NAVI_TASKS_MAX_PER_SESSION"))
     tasks_max_global: int = attrs.field(default=20, metadata=_env("NAVI_TASKS_MAX_GLOBAL"))
+    # One user's share of the global slots (all their sessions together).
+    tasks_max_per_user: int = attrs.field(default=10, metadata=_env("NAVI_TASKS_MAX_PER_USER"))
     tasks_max_spawn: int = attrs.field(default=2, metadata=_env("NAVI_TASKS_MAX_SPAWN"))
     tasks_rate_limit: int = attrs.field(default=10, metadata=_env("NAVI_TASKS_RATE_LIMIT"))
     tasks_rate_window_sec: float = attrs.field(
@@ -239,6 +241,8 @@ class Settings:
         default=2.0, metadata=_env("NAVI_SHUTDOWN_WAIT_TASKS_SEC")
     )
     # Tools.
+    # A `terminal open` process nobody opened, read or wrote for this long is ended.
+    terminal_idle_sec: float = attrs.field(default=3600.0, metadata=_env("NAVI_TERMINAL_IDLE_SEC"))
     tool_output_max_chars: int = attrs.field(
         default=20000, metadata=_env("NAVI_TOOL_OUTPUT_MAX_CHARS")
     )

@@ -250,8 +250,9 @@ class ToolExecutor:
 
         try:
             job = await self.supervisor.start(
-                ctx.session_id, tool.name, args, runner, is_spawn=tool.name == "spawn_agent"
-            )
+                ctx.session_id, tool.name, args, runner, is_spawn=tool.name == "spawn_agent",
+                user_id=ctx.user_id,
+            )  # fmt: skip
         except TaskRejectedError as exc:
             return ToolResult.fail(
                 f"Cannot run in background: {exc}. Run the call again without "

@@ -156,6 +156,7 @@ class TerminalTool:
                 bwrap_path=ctx.settings.bwrap_path,
                 env=command_env(ctx),
                 owner=tag_owner(ctx.settings.data_dir),
+                user_id=ctx.user_id,
             )
         except OSError as exc:
             return ToolResult.fail(f"cannot start the process: {exc.strerror or exc}")
@@ -172,6 +173,7 @@ class TerminalTool:
         lines = []
         for info in infos:
             state = "running" if info.running else f"exited (code {info.exit_code})"
+            state += f": {info.ended}" if info.ended else ""
             lines.append(f"{info.handle_id}  pid {info.pid}  {state}  {info.command}")
         return ToolResult.success("\n".join(lines))
 
@@ -215,6 +217,8 @@ def _format_read(handle: str, result: ReadResult, killed: bool = False) -> ToolR
         parts.append(f"[{result.pending} more characters waiting: read again]")
     if killed:
         parts.append(f"[{handle} killed]")
+    elif result.ended:
+        parts.append(f"[{handle} ended by navi: {result.ended}]")
     elif not result.running:
         parts.append(f"[{handle} exited with code {result.exit_code}]")
     return ToolResult.success("\n".join(parts), running=result.running, exit_code=result.exit_code)
