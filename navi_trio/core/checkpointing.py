@@ -155,8 +155,9 @@ class RoundCheckpoints(NurseryHolder):
             private = private_paths(ctx.settings, ctx.session_dir, config=ctx.config)
             room = await self._room(ctx)
             outcome = await self.engine.snapshot(
-                ctx.session_id, roots, private=private, label=label, room=room
-            )
+                ctx.session_id, roots, private=private, label=label, room=room,
+                namespace=ctx.user_id,
+            )  # fmt: skip
         except (CheckpointError, OSError) as exc:
             outcome = Skipped("unreadable", str(exc), 0.0)
         self._say(outcome, label, publish)

@@ -68,7 +68,9 @@ class Forker:
         try:
             copy = None
             if files:
-                copy = await self._files(source, new_id, since, folder, made, messages)
+                copy = await self._files(
+                    source, new_id, since, folder, made, messages, owner=row.user_id
+                )
             meta: dict[str, Any] = {"forked_from": source, "forked_at": at}
             mode = _mode(history) or row.meta.get("mode")
             if mode:
@@ -94,9 +96,11 @@ class Forker:
         folder: Path | None,
         made: list[Path],
         messages: list[Message],
+        *,
+        owner: str,
     ) -> Path | None:
         """Copy the checkpoint's folders into the fork's; the copy of the working folder."""
-        info = await self._checkpoint(source, since, messages)
+        info = await self._checkpoint(source, since, messages, owner)
         src = await trio.to_thread.run_sync(real_path, self.settings.session_dir(source))
         new_dir = self.settings.session_dir(new_id)
         await trio.to_thread.run_sync(lambda: new_dir.parent.mkdir(parents=True, exist_ok=True))
@@ -121,8 +125,9 @@ class Forker:
         return copy
 
     async def _checkpoint(
-        self, source: str, since: float | None, messages: list[Message]
+        self, source: str, since: float | None, messages: list[Message], owner: str
     ) -> CheckpointInfo:
+        """The source's checkpoint at `since`, or one taken now in its `owner`'s namespace."""
         engine = self.rewinder.engine
         if since is not None:
             infos = await engine.checkpoints(source)
@@ -132,8 +137,9 @@ class Forker:
         roots = await trio.to_thread.run_sync(self._roots_now, source, messages)
         try:
             outcome = await engine.snapshot(
-                source, roots, private=self.rewinder.private(source), label="for a fork"
-            )
+                source, roots, private=self.rewinder.private(source), label="for a fork",
+                namespace=owner,
+            )  # fmt: skip
         except CheckpointError as exc:
             raise RestoreError(f"the folders could not be copied: {exc}") from None
         if not isinstance(outcome, Created):
