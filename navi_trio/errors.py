@@ -40,6 +40,8 @@ The tree (every subclass of NaviError in navi_trio is defined here)::
     │   └── UnavailableError        internal: the daemon is shutting down
     ├── DaemonUnreachableError      a client of the daemon (`open_daemon`): nothing answers at the
     │   │                           URL, no answer in time, or the connection dropped
+    │   ├── UntrustedDaemonError    what answers on this machine is another account's socket:
+    │   │                           no token was sent to it
     │   └── PeerUnreachableError    (see PeerError below)
     ├── RemoteError                 a client of the daemon: the daemon answered with an error
     │   │                           frame (a refused hello or request); `code` is its wire code
@@ -282,6 +284,11 @@ class DaemonUnreachableError(NaviError):
     def __init__(self, message: str, *, reason: str = "") -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class UntrustedDaemonError(DaemonUnreachableError):
+    """What answers at the URL on this machine is a socket of an account the client does
+    not trust with its token (api/listener.py): nothing of the token was sent."""
 
 
 class RemoteError(NaviError):

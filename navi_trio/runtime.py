@@ -55,6 +55,7 @@ from navi_trio.profiles import BUILTIN_TOOL_NAMES, ConfigSource
 from navi_trio.settings import Settings
 from navi_trio.store.base import ClusterBus, SessionStore
 from navi_trio.store.factory import open_store
+from navi_trio.store.modes import private_data
 from navi_trio.tools.base import Tool, ToolRegistry
 from navi_trio.tools.builtin import builtin_tools
 from navi_trio.tools.mcp import McpServers
@@ -144,6 +145,8 @@ async def open_runtime(
             "refused: %s",
             reason,
         )
+    # Before anything is written there: the data folder is the daemon account's alone.
+    await trio.to_thread.run_sync(private_data, settings.data_dir)
     async with AsyncExitStack() as stack:
         store = await stack.enter_async_context(open_store(settings))
         # Before any run: a restore a killed process left half done is completed first.
@@ -155,7 +158,7 @@ async def open_runtime(
             if isinstance(backend, SupervisedBackend):  # the embedded model's process
                 await nursery.start(backend.run)
             registry = ToolRegistry(tools)
-            processes = ProcessPool()
+            processes = ProcessPool(idle_sec=settings.terminal_idle_sec)
             await nursery.start(processes.run)
             for tool in tools:  # the peer tool's connections live in the runtime's nursery
                 if isinstance(tool, PeerTool):
@@ -212,9 +215,14 @@ async def open_runtime(
                 on_run_end=lambda sid, msg, end: notify_schedule_run(notices, sid, msg, end),
             )
             await nursery.start(sessions.run)
+
             # Revocations reach what is open (core/user_watch.py): the store signals each
             # change of the users table, through the cluster's bus or the SQLite marker.
-            users = UserWatch(store, on_removed=sessions.revoke_users)
+            def removed(user_ids: set[str]) -> None:
+                sessions.revoke_users(user_ids)
+                processes.close_users(user_ids)
+
+            users = UserWatch(store, on_removed=removed)
             await nursery.start(users.run)
             watch_users = getattr(store, "watch_users", None)
             if joined is not None:
@@ -271,6 +279,7 @@ async def open_runtime(
                         supervisor=supervisor,
                         approvals=approvals,
                         checkpoints=engine,
+                        processes=processes,
                     ),
                     rewinds=rewinds,
                     nursery=nursery,

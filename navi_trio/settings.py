@@ -95,6 +95,12 @@ def _default_data_dir() -> Path:
     return Path(base) / "navi"
 
 
+def data_dir_of(environ: Mapping[str, str]) -> Path:
+    """The data folder `environ` names (NAVI_DATA_DIR), else the default one."""
+    given = environ.get("NAVI_DATA_DIR")
+    return Path(given) if given else _default_data_dir()
+
+
 @attrs.frozen(kw_only=True)
 class Settings:
     # The LLM endpoint.
@@ -165,6 +171,8 @@ class Settings:
     # Background tasks (background-tasks.md).
     tasks_max_per_session: int = attrs.field(default=5, metadata=_env("NAVI_TASKS_MAX_PER_SESSION"))
     tasks_max_global: int = attrs.field(default=20, metadata=_env("NAVI_TASKS_MAX_GLOBAL"))
+    # One user's share of the global slots (all their sessions together).
+    tasks_max_per_user: int = attrs.field(default=10, metadata=_env("NAVI_TASKS_MAX_PER_USER"))
     tasks_max_spawn: int = attrs.field(default=2, metadata=_env("NAVI_TASKS_MAX_SPAWN"))
     tasks_rate_limit: int = attrs.field(default=10, metadata=_env("NAVI_TASKS_RATE_LIMIT"))
     tasks_rate_window_sec: float = attrs.field(
@@ -221,6 +229,14 @@ class Settings:
     ws_hello_timeout_sec: float = attrs.field(
         default=10.0, metadata=_env("NAVI_WS_HELLO_TIMEOUT_SEC")
     )
+    # Connections without a hello yet (page requests included): at most this many, and
+    # this many from one address; a new one past either closes the oldest. The first
+    # frame (the hello: a token, tiny) is at most this many bytes.
+    ws_pending_max: int = attrs.field(default=128, metadata=_env("NAVI_WS_PENDING_MAX"))
+    ws_pending_per_address: int = attrs.field(
+        default=32, metadata=_env("NAVI_WS_PENDING_PER_ADDRESS")
+    )
+    ws_hello_max_bytes: int = attrs.field(default=16384, metadata=_env("NAVI_WS_HELLO_MAX_BYTES"))
     # Browser pages admitted besides the daemon's own (exact origins, like
     # https://navi.example), and names the daemon answers to besides its own address and,
     # on loopback, localhost (api/auth.py `WebAccess`).
@@ -235,6 +251,8 @@ class Settings:
         default=2.0, metadata=_env("NAVI_SHUTDOWN_WAIT_TASKS_SEC")
     )
     # Tools.
+    # A `terminal open` process nobody opened, read or wrote for this long is ended.
+    terminal_idle_sec: float = attrs.field(default=3600.0, metadata=_env("NAVI_TERMINAL_IDLE_SEC"))
     tool_output_max_chars: int = attrs.field(
         default=20000, metadata=_env("NAVI_TOOL_OUTPUT_MAX_CHARS")
     )

@@ -14,6 +14,10 @@ and the frame encoder, which must never fail.
 
 `clip` cuts a value quoted in an error message, so that a client or a model cannot make
 the message big.
+
+`terminal_safe` is the one gate between text a model, a tool or another user controls
+and a terminal: every terminal client (navi run, navi chat, navi sessions|tasks|schedule,
+the rewind and fork texts) passes what it prints through it.
 """
 
 from __future__ import annotations
@@ -88,3 +92,29 @@ def title_from(text: str, limit: int = TITLE_CHARS) -> str:
         if line:
             return clip(line, limit)  # which replaces lone surrogates
     return ""
+
+
+# What a terminal would act on instead of showing: the C0 controls but newline and tab
+# (ESC starts every CSI and OSC sequence; CR and BS overwrite what was shown), DEL, the
+# C1 controls (0x9b is a CSI on its own, 0x9d an OSC), the bidirectional marks,
+# embeddings, overrides and isolates (text shown in another order than it is), and the
+# line and paragraph separators.
+_ACTS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def _shown(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def terminal_safe(text: str) -> str:
+    """`text` as a terminal shows it and never acts on it: each control character (see
+    `_ACTS`) written as a visible escape (ESC as ``\\x1b``, U+202E as ``\\u202e``);
+    newlines and tabs kept, a CRLF made a newline, a CR at the very end dropped (half of
+    a CRLF a stream split). `text` itself when there is nothing to change."""
+    if _ACTS.search(text) is None:
+        return text
+    text = text.replace("\r\n", "\n")
+    if text.endswith("\r"):
+        text = text[:-1]
+    return _ACTS.sub(_shown, text)

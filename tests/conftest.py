@@ -58,7 +58,8 @@ def tmp_path(tmp_path: Path) -> Iterator[Path]:
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     """os.environ without any navi setting, plus a private DB and data dir."""
-    names = {f.metadata["env"] for f in attrs.fields(Settings)} | {"NAVI_DEBUG", "NAVI_TOKEN"}
+    others = {"NAVI_DEBUG", "NAVI_TOKEN", "NAVI_DAEMON_USERS"}  # read outside Settings
+    names = {f.metadata["env"] for f in attrs.fields(Settings)} | others
     clean = {k: v for k, v in os.environ.items() if k not in names}
     clean.update(NAVI_DB=str(tmp_path / "navi.db"), NAVI_DATA_DIR=str(tmp_path / "data"))
     return clean

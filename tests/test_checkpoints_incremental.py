@@ -42,7 +42,7 @@ async def _fresh_digest(tmp_path: Path, work: Path, tag: str) -> str:
     """The digest a new engine (no cache, no watches) gives the folder."""
     settings = make_settings(tmp_path / f"fresh-{tag}")
     async with engine_for(settings, watch=False) as fresh:
-        return await _digest(fresh, work, private_for(settings), "fresh")
+        return await _digest(fresh, work, private_for(settings), "s")  # one namespace
 
 
 def _random_op(rng: random.Random, work: Path) -> None:

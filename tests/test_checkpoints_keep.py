@@ -99,11 +99,12 @@ async def test_delete_all_removes_an_owner_and_only_objects_nobody_else_needs(
     with trio.fail_after(DEADLINE):
         async with engine_for(settings) as engine:
             (work / "shared.txt").write_text("both sessions have this")
-            kept = await snap(engine, "keep", [work], private)
+            # Two sessions of one user: one namespace, so they share objects.
+            kept = await snap(engine, "keep", [work], private, "alice")
             baseline = objects_in(engine)
             for k in range(3):
                 (work / f"only-doomed-{k}.txt").write_text(f"doomed {k}")
-                await snap(engine, "doomed", [work], private)
+                await snap(engine, "doomed", [work], private, "alice")
             assert objects_in(engine) > baseline
             assert await engine.delete_all("doomed") == 3
             assert await engine.checkpoints("doomed") == []
@@ -112,7 +113,7 @@ async def test_delete_all_removes_an_owner_and_only_objects_nobody_else_needs(
             # and its root listing): the next snapshot names them without storing.
             assert objects_in(engine) == baseline + 4
             expected = tree_of(work)
-            again = await snap(engine, "keep", [work], private)
+            again = await snap(engine, "keep", [work], private, "alice")
             await engine.restore("keep", kept, private=private)
             assert set(tree_of(work)) == {".", "shared.txt"}
             done = await engine.restore("keep", again, private=private)

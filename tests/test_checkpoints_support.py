@@ -77,9 +77,13 @@ async def engine_for(settings: Settings, **kwargs: Any) -> AsyncIterator[Checkpo
 
 
 async def snap(
-    engine: CheckpointEngine, owner: str, roots: list[Path], private: PrivatePaths
+    engine: CheckpointEngine,
+    owner: str,
+    roots: list[Path],
+    private: PrivatePaths,
+    namespace: str | None = None,
 ) -> str:
-    outcome = await engine.snapshot(owner, roots, private=private)
+    outcome = await engine.snapshot(owner, roots, private=private, namespace=namespace)
     assert isinstance(outcome, Created), outcome
     return outcome.checkpoint.id
 

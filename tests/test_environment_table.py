@@ -23,6 +23,7 @@ NOT_SETTINGS = {
     "XDG_DATA_HOME": "the base of the data folder's default (settings.py)",
     "NAVI_TOKEN": "the token `navi` commands present to the daemon (api/auth.py)",
     "NAVI_DEBUG": "a failing command's traceback (cli/__init__.py)",
+    "NAVI_DAEMON_USERS": "the accounts a client trusts with its token (api/listener.py)",
 }
 
 

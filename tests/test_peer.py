@@ -30,6 +30,7 @@ from api_ws import Daemon, open_daemon
 
 from navi_trio.api.peer_link import WsPeerLink
 from navi_trio.cli.doctor import collect_doctor, print_doctor
+from navi_trio.core.policy import CallFacts, decide, summary
 from navi_trio.errors import ConfigError
 from navi_trio.profiles import AgentProfile, ConfigSource, PeerConfig, parse_config
 from navi_trio.settings import Settings, default_config_path
@@ -42,14 +43,17 @@ from navi_trio.tools.peer import PeerTool, _Feed
 TIMEOUT = 30
 TOKEN_ENV = "NAVI_TEST_PEER_TOKEN"
 PLAIN = with_tools([], planning_first_message=False)
-ASKER = with_tools(["peer", "tasks"], planning_first_message=False)
+# peer asks (core/policy.py): these tests are about the link, so a rule allows it.
+ALLOW_PEER = {"rules": [{"tool": "peer", "decision": "allow"}]}
+ASKER = with_tools(["peer", "tasks"], planning_first_message=False, policy=ALLOW_PEER)
+ASKS = with_tools(["peer"], planning_first_message=False)  # the policy's own default
 
 
 def config(peers: dict[str, Any] | None = None, default: str = "general") -> ConfigSource:
     """The shipped config with the test profiles and `peers`."""
     path = default_config_path()
     data = json.loads(path.read_text(encoding="utf-8"))
-    data["profiles"].update(plain=PLAIN, asker=ASKER)
+    data["profiles"].update(plain=PLAIN, asker=ASKER, asks=ASKS)
     data["default_profile"] = default
     if peers is not None:
         data["peers"] = peers
@@ -299,6 +303,51 @@ async def one_result(tmp_path: Path, b_replies: list[dict[str, Any]], peers: Any
             frames = await driver.until_end()
             (result,) = results(frames)
             return result
+
+
+def test_peer_asks_in_workspace_and_full_is_denied_in_read_only_and_rules_decide() -> None:
+    def decision(mode: str, rules: list[dict[str, Any]] | None = None, **args: Any) -> str:
+        prof = config().current.profiles["asks"]
+        prof = attrs.evolve(prof, policy=attrs.evolve(prof.policy, rules=()))
+        if rules:
+            data = json.loads(default_config_path().read_text(encoding="utf-8"))
+            data["profiles"]["asks"] = {**ASKS, "policy": {"rules": rules}}
+            prof = parse_config(data, default_config_path()).profiles["asks"]
+        return decide(prof, "user", mode, CallFacts.of("peer", args)).decision
+
+    args: dict[str, Any] = {"action": "ask", "peer": "lab", "message": "rm the logs"}
+    assert decision("workspace", **args) == "ask"
+    assert decision("full", **args) == "ask"
+    assert decision("read-only", **args) == "deny"
+    # A rule decides per peer (the call's "action") and message, in read-only too.
+    lab = [{"tool": "peer", "action": "lab", "match": "what *", "decision": "allow"}]
+    assert decision("read-only", lab, **{**args, "message": "what time is it"}) == "allow"
+    assert decision("workspace", lab, **args) == "ask"
+    assert decision("workspace", lab, **{**args, "peer": "prod", "message": "what"}) == "ask"
+    assert summary("peer", {**args, "session": "s-0123456789ab"}) == (
+        "peer lab (session s-0123456789ab): rm the logs"
+    )
+
+
+async def test_a_peer_call_asks_and_a_denied_one_never_reaches_the_peer(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with peer_b(tmp_path, [{"text": "never"}]) as b:
+            monkeypatch.setenv(TOKEN_ENV, b.tokens["alice"])
+            async with daemon_a(tmp_path, [ask("drop the table"), {"text": "ok"}], to_b(b)) as a:
+                driver = await a.session("s1")
+                driver.send("ask b", profile_id="asks")
+                [*_, request] = await driver.until_type("approval_request")
+                assert request["summary"] == "peer b: drop the table", request
+                assert "peer runs a turn on the daemon 'b'" in request["rule"], request
+                await a.runtime.approvals.answer(
+                    "s1", request["call_id"], approve=False, scope="once", user_id="local"
+                )
+                frames = await driver.until_end()
+            assert await b.harness.runtime.store.list_sessions() == []
+    (result,) = results(frames)
+    assert result["ok"] is False and "denied" in result["error"], result
 
 
 async def test_an_unreachable_peer_is_a_clear_failure(tmp_path: Path, monkeypatch: Any) -> None:

@@ -145,6 +145,48 @@ def test_a_profile_env_is_checked_strictly() -> None:
         assert "$.profiles['coder'].env" in str(info.value) and expected in str(info.value)
 
 
+def config_naming_secrets(**coder_env: list[str]) -> tuple[dict[str, object], Path]:
+    """The shipped config with a peer's token in LAB_TOKEN, an MCP server holding a
+    GITHUB_TOKEN, and `coder_env` as the coder profile's env."""
+    path = default_config_path()
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["peers"] = {"lab": {"url": "ws://127.0.0.1:9/", "token_env": "LAB_TOKEN"}}
+    data["mcp_servers"] = {"gh": {"command": "gh-mcp", "env": {"GITHUB_TOKEN": "x", "LANG": "C"}}}
+    data["profiles"]["coder"]["env"] = coder_env.get("env", [])
+    return data, path
+
+
+def test_a_variable_the_config_names_as_a_secret_is_refused_in_a_profile_env() -> None:
+    for env, expected in (
+        (["LAB_TOKEN"], "LAB_TOKEN holds the token of peers.lab"),
+        (["lab_token"], "lab_token holds the token of peers.lab"),
+        (["GITHUB_TOKEN"], "GITHUB_TOKEN holds a secret of mcp_servers.gh"),
+        (["NAVI_DB"], "NAVI_DB hold navi's own secrets"),
+    ):
+        data, path = config_naming_secrets(env=env)
+        with pytest.raises(ConfigError) as info:
+            parse_config(data, path)
+        assert "$.profiles['coder'].env" in str(info.value) and expected in str(info.value)
+    data, path = config_naming_secrets(env=["LANG", PASSED])  # not a secret: passed on
+    assert parse_config(data, path).profiles["coder"].env == ("LANG", PASSED)
+
+
+@pytest.mark.usefixtures("daemon_env")
+async def test_a_peers_token_never_reaches_a_command_even_if_a_profile_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LAB_TOKEN", "lab-peer-token-value")
+    data, path = config_naming_secrets()
+    ctx = passing(make_ctx(tmp_path), PASSED, "LAB_TOKEN")  # as a config made by hand
+    ctx = attrs.evolve(ctx, config=parse_config(data, path))
+    with trio.fail_after(TIMEOUT):
+        result = await TerminalTool().execute({"action": "run", "command": "env"}, ctx)
+    assert result.ok, result.content()
+    env = parse_env(result.output)
+    assert env.get(PASSED) == "passed-value" and "LAB_TOKEN" not in env, env
+    assert "lab-peer-token-value" not in result.output
+
+
 # -- Unix sockets ----------------------------------------------------------------------
 
 

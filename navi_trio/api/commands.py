@@ -129,6 +129,9 @@ class Commands:
 
     async def _create(self, session_id: str | None, profile: str | None) -> SessionRow:
         self._check_profile(profile)
+        cfg = self.rt.config.current
+        if profile is None and not cfg.may_use(self.user.role, cfg.default_profile):
+            profile = cfg.default_for(self.user.role)
         if session_id is not None and not self.user.is_admin:
             await self._check_chosen_id(session_id)
         row = await self.rt.session_service.create(
@@ -158,11 +161,15 @@ class Commands:
             )
 
     def _check_profile(self, profile: str | None) -> None:
-        profiles = self.rt.config.current.profiles
-        if profile is not None and profile not in profiles:
+        cfg = self.rt.config.current
+        if profile is not None and profile not in cfg.profiles:
             raise ProtocolError(
-                f"unknown profile {profile!r} (known: {', '.join(sorted(profiles))})"
+                f"unknown profile {profile!r} (known: {', '.join(sorted(cfg.profiles))})"
             )
+        refused = None if profile is None else cfg.refuse_profile(self.user.role, profile)
+        if refused is not None:
+            log.warning("%s refused: %s", self.user.name, refused)
+            raise ForbiddenError(refused)
 
     async def _actor(self, session_id: str) -> SessionActor:
         try:

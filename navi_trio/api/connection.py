@@ -83,6 +83,7 @@ class ConnectionHost(Protocol):
 log = logging.getLogger(__name__)
 
 OUTBOX_SIZE = 256
+MESSAGE_TOO_BIG = 1009  # trio-websocket's close of a message over its limit
 # What waits for a client that does not read, in memory (api/outbox.py): past it, the
 # reader stops taking its requests and its subscriptions fall behind (lagged).
 OUTBOX_MAX_BYTES = 4 * 1024 * 1024
@@ -95,10 +96,18 @@ RATE_EXEMPT = (Stop, Approval)
 
 
 class Connection:
-    def __init__(self, server: ConnectionHost, ws: WebSocketConnection, peer: str) -> None:
+    def __init__(
+        self,
+        server: ConnectionHost,
+        ws: WebSocketConnection,
+        peer: str,
+        *,
+        on_hello: Callable[[], object] = lambda: None,
+    ) -> None:
         self.server = server
         self.ws = ws
         self.peer = peer
+        self._on_hello = on_hello  # the server's: no longer a connection without a hello
         self.user: User | None = None
         self._outbox = Outbox(OUTBOX_SIZE, OUTBOX_MAX_BYTES, f"connection {peer}")
         self._nursery: trio.Nursery | None = None
@@ -118,7 +127,12 @@ class Connection:
             await self._close_with(error_frame_for(exc))
             return
         except ConnectionClosed:
+            closed = self.ws.closed
+            if closed is not None and closed.code == MESSAGE_TOO_BIG:
+                log.info("connection %s refused: %s (NAVI_WS_HELLO_MAX_BYTES)",
+                         self.peer, closed.reason)  # fmt: skip
             return
+        self._on_hello()
         self.user = user
         try:
             slot = await self.server.connected(user)
@@ -139,7 +153,8 @@ class Connection:
                 config = rt.config.current
                 welcome = welcome_frame(
                     user.name, user.role, rt.settings.llm_backend,
-                    profiles=sorted(config.profiles), default_profile=config.default_profile,
+                    profiles=config.profiles_for(user.role),
+                    default_profile=config.default_for(user.role),
                 )  # fmt: skip
                 await self.ws.send_message(encode(welcome))
                 await self._reader(commands)

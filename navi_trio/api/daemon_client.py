@@ -12,6 +12,10 @@ Every navi client speaks to the daemon through it: `navi run` and `navi mcp serv
 reconnect loop), the peer tool (api/peer_link.py), `navi sessions|tasks` and `navi
 doctor` (api/remote.py), the benchmarks.
 
+Before the hello, the socket at the other end of the connection is looked up when it is
+on this machine: it must be an account's the client trusts with its token, or nothing of
+the token is sent (api/listener.py, `UntrustedDaemonError`).
+
 Like trio-websocket's `open_websocket`, which it is built on: the connect and the hello
 are bounded (`connect_timeout`, `hello_timeout`); not getting there is
 `DaemonUnreachableError`, raised ``from None`` with the lower layer's words in its
@@ -52,7 +56,8 @@ import collections
 import itertools
 import logging
 import math
-from collections.abc import AsyncIterator, Iterator
+import os
+from collections.abc import AsyncIterator, Collection, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -400,8 +405,12 @@ async def open_daemon(
     hello_timeout: float = HELLO_TIMEOUT,
     close_timeout: float = CLOSE_TIMEOUT,
     max_frame: int = MAX_FRAME,
+    accounts: Collection[int] | None = None,
 ) -> AsyncIterator[DaemonConnection]:
     """Connect to the daemon at `url`, say hello with `token`, yield the connection.
+
+    `accounts`: the uids whose socket on this machine may get the token (default:
+    api/listener.py `trusted_accounts` of the environment).
 
     `bounds` holds the connect and the close to their deadlines: trio-websocket's own
     timeouts leave its reader task waiting on a peer that keeps the socket open without
@@ -421,6 +430,7 @@ async def open_daemon(
             ) as ws:
                 bounds.deadline = math.inf
                 daemon = DaemonConnection(ws, url)
+                await _check_other_end(ws, url, accounts)
                 await daemon._hello(token, hello_timeout)
                 phase = "open"
                 yield daemon
@@ -441,6 +451,22 @@ async def open_daemon(
         raise DaemonUnreachableError(
             f"no daemon answers at {url}: start one with `navi serve` ({reason})", reason=reason
         )
+
+
+async def _check_other_end(
+    ws: WebSocketConnection, url: str, accounts: Collection[int] | None
+) -> None:
+    """`UntrustedDaemonError` unless the other end of `ws` may get a token."""
+    from navi_trio.api.listener import check_other_end, trusted_accounts
+
+    local, remote = ws.local, ws.remote
+    if isinstance(local, str) or isinstance(remote, str):  # not a socket: nothing to look up
+        return
+    trusted = trusted_accounts(os.environ) if accounts is None else accounts
+    # Read in this thread: /proc/net/tcp is the kernel's table, made in memory, not disk
+    # I/O; and the connection must not move (a virtual clock jumping) while it is looked up.
+    check_other_end(url, (local.address, local.port), (remote.address, remote.port), trusted)
+    await trio.lowlevel.checkpoint()
 
 
 def _with_id(frame: Frame, rid: Any) -> Frame:

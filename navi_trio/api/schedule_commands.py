@@ -41,7 +41,7 @@ async def handle_schedule(
         await conn.send(reply(rid, "schedules", action="list", schedules=views))
         return
     if cmd.action == "add":
-        row = await scheduler.add(user.id, await _spec(cmd, owned))
+        row = await scheduler.add(user.id, await _spec(cmd, owned), role=user.role)
         await conn.send(reply(rid, "schedules", action="add", schedule=schedule_view(row)))
         return
     if not cmd.schedule_id:

@@ -20,13 +20,19 @@ client reads it. So after a 1009 the server reads and drops what the client stil
 The same port serves the browser client (api/web.py): the server reads each request head
 itself; a WebSocket upgrade goes on to trio-websocket with those bytes replayed in front
 of the stream, any other request gets the static page (or 404 / 405 / 403).
+
+Before its hello a connection is nobody's: such connections are bounded in count, in
+all and per address (`Pending`, api/limits.py: a new one past a bound closes the
+oldest), and in bytes: until the hello is taken, trio-websocket may hold a message of at
+most NAVI_WS_HELLO_MAX_BYTES (more is its close 1009 naming the size), and only then gets
+the frame limit of an authenticated connection.
 """
 
 from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import h11
 import trio
@@ -39,7 +45,8 @@ from trio_websocket import (
 
 from navi_trio.api import web
 from navi_trio.api.auth import User, WebAccess
-from navi_trio.api.connection import Connection
+from navi_trio.api.connection import MESSAGE_TOO_BIG, Connection
+from navi_trio.api.limits import Pending
 from navi_trio.errors import LimitError
 from navi_trio.text import clip
 
@@ -51,7 +58,6 @@ log = logging.getLogger(__name__)
 # trio-websocket closes the connection on a frame over its own limit; ours is lower so
 # that an oversized frame up to this factor gets an error frame and the connection goes on.
 HARD_FRAME_FACTOR = 4
-MESSAGE_TOO_BIG = 1009
 # The HTTP handshake must come within this (trio-websocket's own default), and the close
 # handshake at the end within CLOSE_TIMEOUT_SEC.
 HANDSHAKE_TIMEOUT_SEC = 60.0
@@ -79,6 +85,7 @@ class ApiServer:
             settings.ws_allowed_origins, settings.ws_allowed_hosts, host
         )
         self.site = web.StaticSite(self.access)
+        self.pending = Pending(settings.ws_pending_max, settings.ws_pending_per_address)
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -109,8 +116,18 @@ class ApiServer:
         return trio.SocketListener(sock)
 
     async def _serve(self, stream: trio.SocketStream) -> None:
-        """One TCP connection: request heads until one is a WebSocket upgrade (or the
-        client goes); plain requests are answered with the page (api/web.py)."""
+        """One TCP connection, counted among those without a hello until it says one
+        (`Pending`: past a bound the oldest is closed, by its scope)."""
+        with trio.CancelScope() as scope:
+            key = self.pending.enter(_endpoint(stream, local=False)[0], scope)
+            try:
+                await self._requests(stream, key)
+            finally:
+                self.pending.leave(key)
+
+    async def _requests(self, stream: trio.SocketStream, key: int) -> None:
+        """Request heads until one is a WebSocket upgrade (or the client goes); plain
+        requests are answered with the page (api/web.py)."""
         reader = web.HeadReader(stream)
         local = _endpoint(stream, local=True)
         for count in range(web.REQUESTS_PER_CONNECTION):
@@ -126,7 +143,8 @@ class ApiServer:
             if head is None:
                 return
             if head.is_websocket:
-                await self._serve_websocket(stream, web.ReplayStream(stream, reader.replay()))
+                replayed = web.ReplayStream(stream, reader.replay())
+                await self._serve_websocket(stream, replayed, key)
                 return
             last = count == web.REQUESTS_PER_CONNECTION - 1
             try:
@@ -135,8 +153,11 @@ class ApiServer:
             except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
                 return  # the client went, or sent what h11 will not answer: this one ends
 
-    async def _serve_websocket(self, stream: trio.SocketStream, replayed: web.ReplayStream) -> None:
-        """The WebSocket handshake (its head replayed), the connection, the close."""
+    async def _serve_websocket(
+        self, stream: trio.SocketStream, replayed: web.ReplayStream, key: int
+    ) -> None:
+        """The WebSocket handshake (its head replayed), the connection, the close. Until
+        the hello a message may be NAVI_WS_HELLO_MAX_BYTES long (`_said_hello`)."""
         settings = self.runtime.settings
         ws: WebSocketConnection | None = None
         async with trio.open_nursery() as nursery:  # trio-websocket's reader task
@@ -146,7 +167,7 @@ class ApiServer:
                     nursery,
                     replayed,
                     message_queue_size=4,
-                    max_message_size=settings.ws_frame_max_bytes * HARD_FRAME_FACTOR,
+                    max_message_size=settings.ws_hello_max_bytes,
                 )
             if request is not None:
                 try:
@@ -155,7 +176,7 @@ class ApiServer:
                     ws = None
             if ws is not None:
                 try:
-                    await self._handle(ws, _endpoint(stream, local=False))
+                    await self._handle(ws, _endpoint(stream, local=False), key)
                 finally:
                     with trio.move_on_after(CLOSE_TIMEOUT_SEC):
                         await ws.aclose()
@@ -191,12 +212,17 @@ class ApiServer:
             return None
         return await request.accept()
 
-    async def _handle(self, ws: WebSocketConnection, peer: tuple[str, int]) -> None:
+    async def _handle(self, ws: WebSocketConnection, peer: tuple[str, int], key: int) -> None:
         where = f"{peer[0]}:{peer[1]}"
         try:
-            await Connection(self, ws, where).run()
+            await Connection(self, ws, where, on_hello=partial(self._said_hello, ws, key)).run()
         except* Exception:  # one connection's failure must not end the server
             log.exception("connection %s failed", where)
+
+    def _said_hello(self, ws: WebSocketConnection, key: int) -> None:
+        """A valid hello: no longer among the pending, and frames up to the daemon's limit."""
+        self.pending.leave(key)
+        _allow_messages(ws, self.runtime.settings.ws_frame_max_bytes * HARD_FRAME_FACTOR)
 
     # -- connections per user ------------------------------------------------------------
 
@@ -247,6 +273,15 @@ def _endpoint(stream: trio.SocketStream, *, local: bool) -> tuple[str, int]:
     if isinstance(name, tuple):
         return str(name[0]), int(name[1])
     return str(name), 0
+
+
+def _allow_messages(ws: WebSocketConnection, size: int) -> None:
+    """Let `ws` take messages of up to `size` bytes from now on. trio-websocket (0.12)
+    fixes the limit when the connection is made and keeps it without a public setter, so
+    this sets it there; tests/test_api_pending.py fails if a new version moves it."""
+    limit: Any = ws
+    assert isinstance(limit._max_message_size, int), "trio-websocket moved its message limit"
+    limit._max_message_size = size
 
 
 def _host_header(request: WebSocketRequest) -> str:

@@ -27,6 +27,7 @@ from navi_trio.llm.factory import (
 )
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings, is_db_url
+from navi_trio.text import terminal_safe
 
 if TYPE_CHECKING:
     from navi_trio.cli.runner import RunTarget
@@ -68,8 +69,9 @@ class InThread(Generic[T]):
 
 
 def one_line(text: str) -> str:
-    """`text` with every run of whitespace (newlines too) made one space."""
-    return " ".join(text.split())
+    """`text` with every run of whitespace (newlines too) made one space, safe to print
+    (`terminal_safe`)."""
+    return terminal_safe(" ".join(text.split()))
 
 
 def load_settings(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:

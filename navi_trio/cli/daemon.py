@@ -31,6 +31,7 @@ import trio
 
 from navi_trio import wire
 from navi_trio.api.remote import DEFAULT_URL
+from navi_trio.text import terminal_safe
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -297,15 +298,15 @@ def cmd_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         for s in reply["sessions"]:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s["updated_at"]))
             busy = "  (running)" if s["busy"] else ""
-            print(f"{s['session_id']}\t{s['user']}\t{s['profile']}\t{when}\t{s['title']}{busy}",
-                  file=out)  # fmt: skip
+            line = f"{s['session_id']}\t{s['user']}\t{s['profile']}\t{when}\t{s['title']}{busy}"
+            print(terminal_safe(line), file=out)
         if not reply["sessions"]:
             print("no sessions", file=out)
     elif args.action == "history":
         for m in reply["messages"]:
             content = m.get("content")
             text = content if isinstance(content, str) else json.dumps(content)
-            print(f"{m.get('role', '?')}: {text}", file=out)
+            print(terminal_safe(f"{m.get('role', '?')}: {text}"), file=out)
     else:
         print(f"session {args.session_id} deleted", file=out)
     return 0
@@ -321,15 +322,16 @@ def cmd_tasks(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(json.dumps(reply), file=out)
     elif args.action == "list":
         for t in reply["tasks"]:
-            print(f"{t['task_id']}\t{t['status']}\t{t['tool']}\t{t['age_sec']:.0f} s\t"
-                  f"{t['session_id']}", file=out)  # fmt: skip
+            print(terminal_safe(f"{t['task_id']}\t{t['status']}\t{t['tool']}\t"
+                  f"{t['age_sec']:.0f} s\t{t['session_id']}"), file=out)  # fmt: skip
         if not reply["tasks"]:
             print("no tasks" + (f" in session {args.session}" if args.session else ""), file=out)
     elif args.action == "check":
         t = reply["task"]
-        print(f"{t['task_id']} {t['status']} ({t['tool']}, {t['age_sec']:.0f} s)", file=out)
+        print(terminal_safe(f"{t['task_id']} {t['status']} ({t['tool']}, {t['age_sec']:.0f} s)"),
+              file=out)  # fmt: skip
         if "result" in t:
-            print(t["result"], file=out)
+            print(terminal_safe(str(t["result"])), file=out)
     else:
         print(f"task {args.task_id} " + ("cancelled" if reply["cancelled"] else
               "was not running"), file=out)  # fmt: skip
@@ -364,14 +366,14 @@ def cmd_schedule(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(json.dumps(reply), file=out)
     elif args.action == "list":
         for s in reply["schedules"]:
-            print(_schedule_line(s), file=out)
+            print(terminal_safe(_schedule_line(s)), file=out)
         if not reply["schedules"]:
             print("no schedules", file=out)
     elif args.action == "remove":
         print(f"schedule {args.rest} " + ("removed" if reply["removed"] else "was not there"),
               file=out)  # fmt: skip
     else:
-        print(_schedule_line(reply["schedule"]), file=out)
+        print(terminal_safe(_schedule_line(reply["schedule"])), file=out)
     return 0
 
 

@@ -25,9 +25,11 @@ from typing import TextIO
 import attrs
 import trio
 
+from navi_trio.api.listener import USERS_VAR
 from navi_trio.client.daemon import DAEMON_FILES, log_file, pid_file
 from navi_trio.errors import NaviError, UsageError
 from navi_trio.settings import Settings
+from navi_trio.text import terminal_safe
 
 PROBE_TIMEOUT = 2.0  # a daemon on this machine answers a hello at once
 STOP_MARGIN_SEC = 30.0  # beyond shutdown_wait_tasks_sec: stopping runs, closing the store
@@ -102,35 +104,47 @@ def _ports(data_dir: Path) -> list[int]:
 @attrs.frozen
 class Answer:
     """What answers at a port: nothing, something that is no WebSocket server, a navi
-    daemon of this data folder (`ours`, with its `backend`), or another WebSocket server
-    (`navi`: another data folder's daemon, most likely)."""
+    daemon of this data folder (`ours`, with its `backend`), another WebSocket server
+    (`navi`: another data folder's daemon, most likely), or, where the pid file names
+    this folder's daemon, a socket of an account the folder does not trust with its
+    token (`untrusted`: whose, as api/listener.py found it)."""
 
     navi: bool = False
     listening: bool = False
     ours: bool = False
     backend: str | None = None
+    untrusted: str | None = None
 
 
 async def probe(port: int, data_dir: Path, host: str = "127.0.0.1") -> Answer:
     """Who answers at host:port. The local admin's token goes only to the daemon this data
-    folder's pid file names (a live navi process): a program that took the port never
-    gets it; of any other, a WebSocket handshake (no hello) tells whether it may be navi."""
+    folder's pid file names (a live navi process), and, as for every client, only
+    through a connection whose other end is a socket of an account the folder trusts
+    (`open_daemon`, api/listener.py `trusted_accounts` of `data_dir`): a program that
+    took the port never gets it; of any other, a WebSocket handshake (no hello) tells
+    whether it may be navi."""
     from navi_trio.api.daemon_client import open_daemon
+    from navi_trio.api.listener import trusted_accounts
     from navi_trio.api.remote import daemon_answers
     from navi_trio.client.daemon import answers, find_token
-    from navi_trio.errors import RemoteError
+    from navi_trio.errors import RemoteError, UntrustedDaemonError
 
     if not await answers(host, port):
         return Answer()
     url = f"ws://{_url_host(host)}:{port}/"
     if _running(pid_file(data_dir, port)):
+        accounts = trusted_accounts(os.environ, data_dir)
         try:
             with trio.fail_after(PROBE_TIMEOUT * 2):
                 token = find_token(None, {}, data_dir)
-                async with open_daemon(url, token, connect_timeout=PROBE_TIMEOUT) as daemon:
+                async with open_daemon(
+                    url, token, connect_timeout=PROBE_TIMEOUT, accounts=accounts
+                ) as daemon:
                     backend = daemon.welcome.get("llm_backend")
                     backend = backend if isinstance(backend, str) else None
                     return Answer(navi=True, listening=True, ours=True, backend=backend)
+        except UntrustedDaemonError as exc:
+            return Answer(listening=True, untrusted=exc.reason or str(exc))
         except RemoteError:
             return Answer(navi=True, listening=True)  # it refused this folder's token
         except (NaviError, trio.TooSlowError):
@@ -146,6 +160,14 @@ def port_in_use(host: str, port: int, data_dir: Path) -> str:
     """The one line for a port `navi serve` cannot take: who answers there, what to do."""
     answer = trio.run(probe, port, data_dir, "127.0.0.1" if host in ("0.0.0.0", "") else host)
     where = f"port {port} ({host}) is in use"
+    if answer.untrusted:
+        pid = read_pid(pid_file(data_dir, port))
+        return (
+            f"{where}: the pid file of this data folder names pid {pid} there, but what "
+            f"answers is not trusted with its token ({answer.untrusted}; nothing was sent): "
+            f"choose another port with --port, or name that account in {USERS_VAR} if it "
+            "runs your daemon"
+        )
     if answer.ours:
         pid = read_pid(pid_file(data_dir, port))
         whose = f" (pid {pid})" if pid is not None else ""
@@ -229,7 +251,9 @@ def status_line(state: DaemonState, now: float) -> str:
     if state.since is not None:
         stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(state.since))
         since = f"  since {stamp} ({_age(now - state.since)})"
-    if a.ours:
+    if a.untrusted:
+        answers = f"not trusted with the token ({a.untrusted}; nothing sent, see {USERS_VAR})"
+    elif a.ours:
         answers = f"backend {a.backend or '?'}"
     else:
         answers = "refuses this data folder's token" if a.navi else "not answering"
@@ -253,7 +277,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     states = trio.run(daemon_states, settings.data_dir, args.port)
     now = time.time()
     for state in states:
-        print(status_line(state, now), file=out)
+        print(terminal_safe(status_line(state, now)), file=out)
     if not any(s.running or s.answer.navi for s in states):
         print(f"no navi daemon runs from {settings.data_dir} (`navi serve` or `navi chat` "
               "starts one)", file=out)  # fmt: skip

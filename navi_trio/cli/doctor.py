@@ -30,6 +30,7 @@ from navi_trio.settings import Settings
 from navi_trio.store.db_url import describe
 from navi_trio.store.factory import store_report
 from navi_trio.store.sqlite import read_only_check, read_only_stats
+from navi_trio.text import terminal_safe
 from navi_trio.tools.runas import run_as
 from navi_trio.tools.sandbox import find_bwrap, sandbox_available
 
@@ -304,7 +305,7 @@ def _print_local_check(check: dict[str, Any] | None, line: Callable[[str, str], 
 
 def print_doctor(r: dict[str, Any], out: TextIO) -> None:
     def line(label: str, text: str) -> None:
-        print(f"{label:<13}{text}", file=out)
+        print(terminal_safe(f"{label:<13}{text}"), file=out)
 
     print(f"navi {r['version']}", file=out)
     c = r["config"]
@@ -400,4 +401,4 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
         state = s["state"] if s["ok"] else f"{s['state']} ({s['error']})"
         line("mcp", f"{s['name']} ({s['transport']}) {state}{tools}")
     for w in r["warnings"]:
-        print(f"warning: {w}", file=out)
+        print(terminal_safe(f"warning: {w}"), file=out)

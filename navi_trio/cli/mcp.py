@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from navi_trio.api.remote import DEFAULT_URL
+from navi_trio.text import terminal_safe
 
 
 def add_mcp_parser(
@@ -84,11 +85,11 @@ def cmd_mcp_list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(f"{s['name']:<16} {s['transport']:<6} {s['state']:<10} "
               f"profiles: {', '.join(users) or '-'}", file=out)  # fmt: skip
         if s["error"] and not s["ok"]:
-            print(f"    error: {s['error']}", file=out)
+            print(terminal_safe(f"    error: {s['error']}"), file=out)
         for tool in s["tools"]:
-            print(f"    mcp__{s['name']}__{tool}", file=out)
+            print(terminal_safe(f"    mcp__{s['name']}__{tool}"), file=out)
         for note in s["notes"]:
-            print(f"    warning: {note}", file=out)
+            print(terminal_safe(f"    warning: {note}"), file=out)
     failed = [s["name"] for s in status if not s["ok"]]
     if failed:
         raise NaviError(f"MCP server(s) {', '.join(failed)} did not start")

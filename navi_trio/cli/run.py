@@ -79,6 +79,7 @@ from navi_trio.events import (
 from navi_trio.llm.factory import make_backend, make_client
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
+from navi_trio.text import terminal_safe
 from navi_trio.tools.sandbox import sandbox_available
 from navi_trio.wire import Frame
 
@@ -209,12 +210,12 @@ class _Printer:
         who = "" if top else f"[{event.agent_id or 'sub-agent'}] "
         message = one_line(getattr(event, "message", ""))
         if isinstance(event, TextDelta) and top:
-            out.write(event.text)
+            out.write(terminal_safe(event.text))
             out.flush()
             outcome.printed_text = outcome.printed_text or bool(event.text)
         elif isinstance(event, StreamEnd) and top:
             if not outcome.printed_text and event.text:
-                out.write(event.text)
+                out.write(terminal_safe(event.text))
                 outcome.printed_text = True
             if outcome.printed_text:
                 out.write("\n")
@@ -239,14 +240,13 @@ async def decide_approval(frame: Frame, err: TextIO, *, interactive: bool) -> tu
     tool, summary = frame.get("tool", "?"), one_line(str(frame.get("summary", "")))
     rule = frame.get("rule", "")
     if not interactive:
-        _say(err, f"navi: denied {tool} ({summary}): it needs approval ({rule}) and there is "
-             "no terminal to ask; run it with a terminal, or allow it with a rule")  # fmt: skip
+        _say(err, terminal_safe(
+            f"navi: denied {tool} ({summary}): it needs approval ({rule}) and there is no "
+            "terminal to ask; run it with a terminal, or allow it with a rule"
+        ))  # fmt: skip
         return False, "once"
-    line = await trio.to_thread.run_sync(
-        _ask_line,
-        f"navi: approve {tool}: {summary}  [{rule}]? [y]es / [s]ession / [a]lways / [N]o: ",
-        abandon_on_cancel=True,
-    )
+    asked = f"navi: approve {tool}: {summary}  [{rule}]? [y]es / [s]ession / [a]lways / [N]o: "
+    line = await trio.to_thread.run_sync(_ask_line, terminal_safe(asked), abandon_on_cancel=True)
     choice = line.strip().lower()[:1]
     scope = {"y": "once", "s": "session", "a": "always"}.get(choice)
     return (scope is not None), (scope or "once")

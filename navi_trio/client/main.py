@@ -22,6 +22,7 @@ from navi_trio.client.daemon import (
 from navi_trio.client.reader import LineReader, PromptReader, Reader
 from navi_trio.client.render import Renderer
 from navi_trio.errors import NaviError, RemoteError
+from navi_trio.text import terminal_safe
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
@@ -110,7 +111,7 @@ def chat(
         exc = group.exceptions[0]
         # A refusal in the daemon's words: its wire code is no news to the person here.
         text = exc.detail if isinstance(exc, RemoteError) else str(exc)
-        print(f"navi: error: {text}", file=err, flush=True)
+        print(terminal_safe(f"navi: error: {text}"), file=err, flush=True)
         code = 1
     if not interactive and renderer.errors:
         code = 1

@@ -30,6 +30,7 @@ from navi_trio.client.cards import Cards
 from navi_trio.client.status import Status as Status
 from navi_trio.client.text import ARGS_MAX, RESULT_MAX, one_line
 from navi_trio.client.text import split_blocks as split_blocks
+from navi_trio.text import terminal_safe
 from navi_trio.wire import Frame
 
 WAITING = "waiting for the model…"  # the toolbar, from a message sent to its first frame
@@ -91,6 +92,7 @@ class Renderer:
 
     def put(self, markup: str, who: str = "", style: str | None = None) -> None:
         """One line of rich markup (indented and labelled for a sub-agent, `who`)."""
+        markup = terminal_safe(markup)
         if who:
             self.console.print(Padding(f"[dim]{escape(who)}[/] {markup}", (0, 0, 0, 4)))
         else:
@@ -115,6 +117,7 @@ class Renderer:
         self.put(f"[bold red]✗ error{escape(tag)}:[/] {escape(one_line(text))}{tail}", who)
 
     def markdown(self, text: str, who: str = "") -> None:
+        text = terminal_safe(text)
         if not text.strip():
             return
         if who:
@@ -124,7 +127,7 @@ class Renderer:
             self.console.print(Markdown(text))
 
     def user(self, text: str) -> None:
-        self.console.print(f"[bold cyan]›[/] {escape(text)}", highlight=False)
+        self.console.print(f"[bold cyan]›[/] {escape(terminal_safe(text))}", highlight=False)
 
     # ------------------------------------------------------------------ frames
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from typing import Any, TextIO
 
+from navi_trio.text import terminal_safe
+
 Fields = dict[str, Any]
 SHOWN_CHANGES = 10
 
@@ -24,18 +26,18 @@ def print_overview(listed: Fields, out: TextIO, *, branch_hint: str = CLI_BRANCH
     messages = list(listed.get("messages") or [])
     more = int(listed.get("more_messages") or 0)
     if not messages:
-        print("no user messages yet: nothing to rewind to", file=out)
+        _print("no user messages yet: nothing to rewind to", file=out)
     for n, m in enumerate(messages, start=more + 1):
         files = "files" if m.get("checkpoint") not in (None, "pruned") else (
             "files pruned" if m.get("checkpoint") == "pruned" else "no file change since"
         )  # fmt: skip
-        print(f"{n:>4}  {m['message_id']}  {_when(m.get('created_at'))}  [{files}]  "
+        _print(f"{n:>4}  {m['message_id']}  {_when(m.get('created_at'))}  [{files}]  "
               f"{_one_line(m.get('text'))}", file=out)  # fmt: skip
     branches = list(listed.get("branches") or [])
     if branches:
-        print(f"branches ({branch_hint}):", file=out)
+        _print(f"branches ({branch_hint}):", file=out)
     for b in branches:
-        print(f"      {b['branch_id']}  {_when(b.get('created_at'))}  {b.get('restore')}  "
+        _print(f"      {b['branch_id']}  {_when(b.get('created_at'))}  {b.get('restore')}  "
               f"{b.get('messages')} message(s)  {_one_line(b.get('text'))}", file=out)  # fmt: skip
 
 
@@ -43,15 +45,15 @@ def print_preview(preview: Fields, out: TextIO) -> None:
     where = f"before {_quote(preview.get('text'))}" if preview.get("to") else (
         f"branch {preview.get('branch')}"
     )  # fmt: skip
-    print(f"rewind {preview.get('restore')} to {where}:", file=out)
+    _print(f"rewind {preview.get('restore')} to {where}:", file=out)
     if preview.get("restore") in ("chat", "both"):
         removed, restored = preview.get("messages_removed"), preview.get("messages_restored")
         line = f"  chat: {removed} message(s) removed"
-        print(line + (f", {restored} brought back" if restored else ""), file=out)
+        _print(line + (f", {restored} brought back" if restored else ""), file=out)
     files = preview.get("files")
     if files is None:
         if preview.get("files_note"):
-            print(f"  files: {preview['files_note']}", file=out)
+            _print(f"  files: {preview['files_note']}", file=out)
         return
     for root in files.get("roots") or []:
         counts = ", ".join(
@@ -59,16 +61,16 @@ def print_preview(preview: Fields, out: TextIO) -> None:
             for k in ("restored", "created", "deleted", "modes", "dirs_created", "dirs_deleted")
             if root.get(k)
         )
-        print(f"  files in {root['root']}: {counts or 'no change'} "
+        _print(f"  files in {root['root']}: {counts or 'no change'} "
               f"({root.get('bytes', 0)} bytes written)", file=out)  # fmt: skip
         for change in (root.get("changes") or [])[:SHOWN_CHANGES]:
-            print(f"      {change['what']:<11} {change['path']}", file=out)
+            _print(f"      {change['what']:<11} {change['path']}", file=out)
         hidden = len(root.get("changes") or []) - SHOWN_CHANGES + int(root.get("more_changes", 0))
         if hidden > 0:
-            print(f"      … and {hidden} more", file=out)
+            _print(f"      … and {hidden} more", file=out)
     if files.get("undo_skipped"):
-        print(f"  this cannot be undone: {files['undo_skipped']}", file=out)
-    print(f"  {files.get('not_covered')}", file=out)
+        _print(f"  this cannot be undone: {files['undo_skipped']}", file=out)
+    _print(f"  {files.get('not_covered')}", file=out)
 
 
 def print_done(done: Fields, session_id: str, out: TextIO, *, undo_hint: str = CLI_UNDO) -> None:
@@ -80,24 +82,29 @@ def print_done(done: Fields, session_id: str, out: TextIO, *, undo_hint: str = C
     if files:
         parts.append(", ".join(f"{v} {k.replace('_', ' ')}" for k, v in files.items() if v)
                      or "no file changed")  # fmt: skip
-    print("rewound: " + ("; ".join(parts) or "nothing to change"), file=out)
+    _print("rewound: " + ("; ".join(parts) or "nothing to change"), file=out)
     for failed in done.get("failed") or []:
-        print(f"  not restored: {failed}", file=out)
+        _print(f"  not restored: {failed}", file=out)
     if done.get("undo"):
-        print(undo_hint.format(session=session_id, branch=done["undo"]), file=out)
+        _print(undo_hint.format(session=session_id, branch=done["undo"]), file=out)
 
 
 def print_forked(made: Fields, out: TextIO) -> None:
     new = made.get("new_session_id")
-    print(f"forked {made.get('session_id')} into {new} ({made.get('messages')} message(s))",
+    _print(f"forked {made.get('session_id')} into {new} ({made.get('messages')} message(s))",
           file=out)  # fmt: skip
     folder = made.get("folder")
     if folder:
-        print(f"its files: {folder}", file=out)
-        print(f"go on with: navi chat --session {new}  (in {folder}: navi run --cwd {folder} "
+        _print(f"its files: {folder}", file=out)
+        _print(f"go on with: navi chat --session {new}  (in {folder}: navi run --cwd {folder} "
               f"--session {new} ...)", file=out)  # fmt: skip
     else:
-        print(f"go on with: navi chat --session {new}", file=out)
+        _print(f"go on with: navi chat --session {new}", file=out)
+
+
+def _print(line: str, *, file: TextIO) -> None:
+    """One line of the text: paths and message texts are a tool's and a model's words."""
+    print(terminal_safe(line), file=file)
 
 
 def _one_line(text: Any) -> str:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from navi_trio.text import terminal_safe
+
 ARGS_MAX = 60
 RESULT_MAX = 100
 
 
 def one_line(text: str, limit: int = 0) -> str:
-    flat = " ".join(str(text).split())
+    flat = terminal_safe(" ".join(str(text).split()))
     if limit and len(flat) > limit:
         return flat[: limit - 1] + "…"
     return flat

@@ -266,7 +266,22 @@ class Agent:
         cfg = self.config()
         wanted = msg.profile_id
         if wanted is not None and wanted in cfg.profiles and state.profile_id != wanted:
-            await self.cache.set_profile(state, wanted)  # the message switches the session
+            refused = cfg.refuse_profile(msg.user_role, wanted)
+            if refused is None:
+                await self.cache.set_profile(state, wanted)  # the message switches the session
+            else:  # a queued or scheduled message, checked before the config changed
+                emit(WarningEvent(message=f"{refused}; not switched", code="profile_refused"))
+        current = cfg.profile(state.profile_id).id
+        if not cfg.may_use(msg.user_role, current):
+            # The session's profile is not one the sender's role may use (an admin's run
+            # switched it, the config changed): the role's own default, from now on.
+            fallback = cfg.default_for(msg.user_role)
+            emit(WarningEvent(
+                message=f"{cfg.refuse_profile(msg.user_role, current)}; this session goes "
+                f"on with {fallback!r}",
+                code="profile_refused",
+            ))  # fmt: skip
+            await self.cache.set_profile(state, fallback)
         profile = cfg.profile(state.profile_id)
         control.on_busy_default = profile.on_busy
         control.steer_max_chars = self.settings.steer_max_chars

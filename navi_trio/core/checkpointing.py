@@ -157,8 +157,9 @@ class RoundCheckpoints(NurseryHolder):
             private = private_paths(ctx.settings, ctx.session_dir, config=ctx.config)
             room = await self._room(ctx)
             outcome = await self.engine.snapshot(
-                ctx.session_id, held, private=private, label=label, room=room
-            )
+                ctx.session_id, held, private=private, label=label, room=room,
+                namespace=ctx.user_id,
+            )  # fmt: skip
         except (CheckpointError, OSError, RootChangedError) as exc:
             outcome = Skipped("unreadable", str(exc), 0.0)
         finally:

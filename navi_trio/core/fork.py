@@ -37,6 +37,8 @@ from navi_trio.core.rewind_points import Message, context_before, files_checkpoi
 from navi_trio.errors import RestoreError
 from navi_trio.events import Forked
 from navi_trio.tools.private import real_path, within
+from navi_trio.tools.roots import session_folder
+from navi_trio.tools.runas import session_owner
 
 WORKSPACE = "workspace"
 
@@ -69,7 +71,9 @@ class Forker:
         try:
             copy = None
             if files:
-                copy = await self._files(source, new_id, since, folder, made, messages)
+                copy = await self._files(
+                    source, new_id, since, folder, made, messages, owner=row.user_id
+                )
             meta: dict[str, Any] = {"forked_from": source, "forked_at": at}
             mode = _mode(history) or row.meta.get("mode")
             if mode:
@@ -95,9 +99,11 @@ class Forker:
         folder: Path | None,
         made: list[Path],
         messages: list[Message],
+        *,
+        owner: str,
     ) -> Path | None:
         """Copy the checkpoint's folders into the fork's; the copy of the working folder."""
-        info = await self._checkpoint(source, since, messages)
+        info = await self._checkpoint(source, since, messages, owner)
         src = await trio.to_thread.run_sync(real_path, self.settings.session_dir(source))
         new_dir = self.settings.session_dir(new_id)
         await trio.to_thread.run_sync(lambda: new_dir.parent.mkdir(parents=True, exist_ok=True))
@@ -122,8 +128,9 @@ class Forker:
         return copy
 
     async def _checkpoint(
-        self, source: str, since: float | None, messages: list[Message]
+        self, source: str, since: float | None, messages: list[Message], owner: str
     ) -> CheckpointInfo:
+        """The source's checkpoint at `since`, or one taken now in its `owner`'s namespace."""
         engine = self.rewinder.engine
         if since is not None:
             infos = await engine.checkpoints(source)
@@ -133,8 +140,9 @@ class Forker:
         roots = await trio.to_thread.run_sync(self._roots_now, source, messages)
         try:
             outcome = await engine.snapshot(
-                source, roots, private=self.rewinder.private(source), label="for a fork"
-            )
+                source, roots, private=self.rewinder.private(source), label="for a fork",
+                namespace=owner,
+            )  # fmt: skip
         except CheckpointError as exc:
             raise RestoreError(f"the folders could not be copied: {exc}") from None
         if not isinstance(outcome, Created):
@@ -146,9 +154,11 @@ class Forker:
 
         Not resolved again: a message's cwd is the real path it was checked at, and the
         snapshot walks each without following a symlink (one swapped in since is refused,
-        never copied from)."""
+        never copied from). A session folder not made yet is made as a run makes it
+        (0700, its tool user's)."""
         sessions = real_path(self.settings.data_dir) / "sessions"
-        (sessions / source).mkdir(parents=True, exist_ok=True)
+        with session_folder(sessions / source, session_owner(self.settings.tool_user)):
+            pass
         roots = [sessions / source]
         for message in reversed(_user_messages(messages)):
             cwd = message.get("cwd")

@@ -17,6 +17,13 @@ nothing changes) and asks in ``workspace`` and ``full`` unless a rule allows it.
 "action", for rules and approvals, is the host alias: ``{"tool": "ssh_exec", "action":
 "web1", "match": "uptime*", "decision": "allow"}``; a "session" approval covers one host.
 
+``peer`` runs a turn, with that daemon's tools, on another navi daemon, as the one
+identity the config gives it for every user of this daemon: it asks in ``workspace`` and
+``full`` and is denied in ``read-only``, unless a rule decides (a rule may allow it even
+in ``read-only``: a peer whose own policy is read-only keeps the promise). Its "action"
+is the peer's name and its "match" the message: ``{"tool": "peer", "action": "lab",
+"decision": "allow"}``; a "session" approval covers one peer.
+
 A profile's rules (``policy.rules`` in config.json) come first: the first rule that
 matches the call's tool, action and command or path (fnmatch) decides allow, ask or
 deny. A call of an MCP server's tool (``mcp__<server>__<tool>``) asks in every mode unless
@@ -46,6 +53,7 @@ EXEC_TOOLS = ("terminal", "code_exec")
 EXEC_ACTIONS = ("run", "open", "")
 FILE_WRITES = ("write", "append", "edit", "mkdir", "delete")
 REMOTE_TOOL = "ssh_exec"  # runs on another machine: no sandbox applies
+PEER_TOOL = "peer"  # runs a turn on another navi daemon, as the config's one identity
 SUMMARY_MAX = 300
 
 
@@ -99,8 +107,11 @@ class CallFacts:
         if tool == REMOTE_TOOL:
             host = args.get("host")
             action = host if isinstance(host, str) else ""
+        if tool == PEER_TOOL:
+            peer = args.get("peer")
+            action = peer if isinstance(peer, str) else ""
         key = {"terminal": "command", "code_exec": "code", "filesystem": "path"}.get(tool)
-        key = "command" if tool == REMOTE_TOOL else key
+        key = {REMOTE_TOOL: "command", PEER_TOOL: "message"}.get(tool, key)
         target = args.get(key) if key else None
         return cls(tool, action, target if isinstance(target, str) else "")
 
@@ -157,6 +168,10 @@ def decide(profile: AgentProfile, role: str, mode: str, facts: CallFacts) -> Ver
         return Verdict("ask", f"mode full: {facts.tool} runs without a sandbox", key)
     if facts.tool == REMOTE_TOOL:
         return Verdict("ask", f"mode {mode}: ssh_exec runs on {facts.action!r}, unsandboxed", key)
+    if facts.tool == PEER_TOOL:
+        if mode == "read-only":
+            return Verdict("deny", "mode read-only: peer runs a turn on another daemon", key)
+        return Verdict("ask", f"mode {mode}: peer runs a turn on the daemon {facts.action!r}", key)
     if mode == "read-only" and facts.writes_files:
         return Verdict("ask", f"mode read-only: filesystem {facts.action} writes", key)
     return Verdict("allow", f"mode {mode}", key)
@@ -193,6 +208,8 @@ def summary(tool: str, args: dict[str, Any]) -> str:
     facts = CallFacts.of(tool, args)
     if facts.target:
         head = f"{tool} {facts.action}".strip()
+        session = args.get("session") if tool == PEER_TOOL else None
+        head += f" (session {session})" if isinstance(session, str) else ""
         text = f"{head}: {facts.target}"
     else:
         text = f"{tool} {json.dumps(args, ensure_ascii=False, sort_keys=True)}"

@@ -58,6 +58,11 @@ class Spawner:
         *,
         background: bool = False,
     ) -> SubagentOutcome:
+        refused = self.parts.config.current().refuse_profile(
+            self.user_role, request.profile_id or self.profile_id
+        )
+        if refused is not None:
+            raise ToolInputError(refused)
         budget = None
         if self.budget is not None:
             profile = self.parts.config.current().profile(request.profile_id or self.profile_id)
@@ -121,6 +126,9 @@ class RunServices:
         if profile_id not in profiles:
             known = ", ".join(sorted(profiles))
             raise ToolInputError(f"unknown profile {profile_id!r}; profiles: {known}")
+        refused = self._turn.config.refuse_profile(self._turn.user_role, profile_id)
+        if refused is not None:
+            raise ToolInputError(refused)
         self._turn.switch_to = profile_id
 
     async def spawn(self, request: SpawnRequest, publish: Publish) -> SubagentOutcome:

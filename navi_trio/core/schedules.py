@@ -56,7 +56,7 @@ from navi_trio.actor import NurseryHolder
 from navi_trio.core.agent import UserMessage
 from navi_trio.core.notices import UserNotices
 from navi_trio.core.queued import deliver, to_row
-from navi_trio.errors import LimitError, NaviError, NotFoundError, ProtocolError
+from navi_trio.errors import ForbiddenError, LimitError, NaviError, NotFoundError, ProtocolError
 from navi_trio.events import StreamEnd
 from navi_trio.profiles import BudgetConfig, NaviConfig, budgets_dict, parse_budgets
 from navi_trio.settings import Settings
@@ -253,7 +253,9 @@ class Scheduler(NurseryHolder):
 
     # -- the API of the wire (ownership is the caller's, api/commands.py) ------------
 
-    async def add(self, user_id: str, want: ScheduleSpec) -> ScheduleRow:
+    async def add(self, user_id: str, want: ScheduleSpec, *, role: str = "user") -> ScheduleRow:
+        """Store the schedule of `user_id` (of `role`: its profile must be one the role
+        may use), or refuse it naming why."""
         limit = self._settings.schedules_per_user
         if await self._store.count_schedules(user_id) >= limit:
             raise LimitError(
@@ -266,11 +268,14 @@ class Scheduler(NurseryHolder):
                 f"the message of a schedule is at most {MESSAGE_MAX_CHARS} characters, "
                 f"not {len(want.message)}"
             )
-        profiles = self._config().profiles
-        if want.profile_id is not None and want.profile_id not in profiles:
+        cfg = self._config()
+        if want.profile_id is not None and want.profile_id not in cfg.profiles:
             raise ScheduleError(
-                f"unknown profile {want.profile_id!r} (profiles: {', '.join(sorted(profiles))})"
+                f"unknown profile {want.profile_id!r} (profiles: {', '.join(sorted(cfg.profiles))})"
             )
+        refused = None if want.profile_id is None else cfg.refuse_profile(role, want.profile_id)
+        if refused is not None:
+            raise ForbiddenError(refused)
         due = check_when(want.kind, want.spec, self.clock())
         row = ScheduleRow(
             id="sch-" + secrets.token_hex(6), user_id=user_id, session_id=want.session_id,

@@ -3,9 +3,10 @@
 `SessionService.create` makes a session's row (an id of the daemon's when none is
 given, the config's default profile when none is named), within the per-user limit.
 `delete` removes a session and everything the daemon keeps for it: its background jobs
-(cancelled), its row and history, its cached state, its waiting approvals, its
-checkpoints (and the stored files no other checkpoint shares) and its folder. A
-session with a run active or queued is not deleted (`SessionBusyError`).
+(cancelled), its `terminal open` processes (ended), its row and history, its cached
+state, its waiting approvals, its checkpoints (and the stored files no other checkpoint
+shares) and its folder. A session with a run active or queued is not deleted
+(`SessionBusyError`).
 
 Who may create or delete what (ownership, roles, the session-id namespace) is the
 caller's check (api/commands.py): nothing here knows about connections or users'
@@ -30,6 +31,7 @@ from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionRow, SessionStore
 from navi_trio.text import title_from
+from navi_trio.tools.procs import ProcessPool
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ class SessionService:
         supervisor: TaskSupervisor,
         approvals: ApprovalBroker,
         checkpoints: CheckpointEngine | None = None,
+        processes: ProcessPool | None = None,
     ) -> None:
         self.settings = settings
         self.config = config
@@ -57,6 +60,7 @@ class SessionService:
         self.supervisor = supervisor
         self.approvals = approvals
         self.checkpoints = checkpoints
+        self.processes = processes
 
     async def create(
         self, session_id: str | None, *, user_id: str, user_name: str, profile_id: str | None
@@ -107,6 +111,8 @@ class SessionService:
             before()
         for job in self.supervisor.list_jobs(session_id):
             self.supervisor.cancel(session_id, job.task_id)
+        if self.processes is not None:  # before its folder goes: they work in it
+            await self.processes.close_session(session_id)
         deleted = await self.store.delete_session(session_id)
         self.sessions.forget(session_id)
         self.approvals.forget(session_id)

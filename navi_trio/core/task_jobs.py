@@ -51,6 +51,7 @@ class Job:
     finished_at: float | None = None
     tokens: int = 0
     slot: str | None = None  # its slot in the caps several daemons share (`start`)
+    user_id: str | None = None  # who started it (the per-user cap)
 
     @ring.default
     def _ring_default(self) -> collections.deque[AgentEvent]:

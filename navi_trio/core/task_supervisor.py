@@ -14,8 +14,9 @@ Lifecycle of a job::
        │          └─ running marker in kv "task_running" while it runs
        └─ task_update(running) to the session's clients; refused → TaskRejectedError
 
-Caps (settings): running jobs per session and globally, background sub-agents per
-session, and accepted submissions per session in a sliding window. Finished jobs are
+Caps (settings): running jobs per session, per user (all their sessions: one user must
+not hold every global slot) and globally, background sub-agents per session, and
+accepted submissions per session in a sliding window. Finished jobs are
 swept lazily (on submit / list / get) after `tasks_ttl_sec`, and at most
 `tasks_keep_finished` finished jobs are kept per session.
 
@@ -154,12 +155,14 @@ class TaskSupervisor(NurseryHolder):
         runner: JobRunner,
         *,
         is_spawn: bool = False,
+        user_id: str | None = None,
     ) -> Job:
-        """Start `runner` as a background job, or raise TaskRejectedError with the reason."""
+        """Start `runner` as a background job of `user_id`, or raise TaskRejectedError
+        with the reason."""
         if not self.running:
             raise TaskRejectedError("the task supervisor is not running")
         self._sweep()
-        self._check_caps(session_id, is_spawn)
+        self._check_caps(session_id, is_spawn, user_id)
         now = trio.current_time()
         job = Job(
             task_id=self._new_task_id(),
@@ -168,6 +171,7 @@ class TaskSupervisor(NurseryHolder):
             args_summary=summarize_args(args),
             is_spawn=is_spawn,
             started_at=now,
+            user_id=user_id,
         )
         self._jobs.setdefault(session_id, {})[job.task_id] = job
         self._submits.setdefault(session_id, collections.deque()).append(now)
@@ -183,15 +187,19 @@ class TaskSupervisor(NurseryHolder):
         runner: JobRunner,
         *,
         is_spawn: bool = False,
+        user_id: str | None = None,
     ) -> Job:
         """`submit`, with the caps also counted across daemons when the store is shared:
-        the global, per-session and sub-agent caps and the per-session rate limit hold
-        for the whole cluster (a slot per job in the store, given back when it ends)."""
+        the global, per-user, per-session and sub-agent caps and the per-session rate
+        limit hold for the whole cluster (a slot per job in the store, given back when it
+        ends)."""
         shared = self.shared
         if shared is None:
-            return self.submit(session_id, tool, args, runner, is_spawn=is_spawn)
+            return self.submit(session_id, tool, args, runner, is_spawn=is_spawn, user_id=user_id)
         s = self._settings
         claims = [("*", s.tasks_max_global), (f"s:{session_id}", s.tasks_max_per_session)]
+        if user_id is not None:
+            claims.append((f"u:{user_id}", s.tasks_max_per_user))
         if is_spawn:
             claims.append((f"spawn:{session_id}", s.tasks_max_spawn))
         rate = (f"s:{session_id}", s.tasks_rate_limit, s.tasks_rate_window_sec)
@@ -199,7 +207,7 @@ class TaskSupervisor(NurseryHolder):
         if full is not None:
             raise TaskRejectedError(_shared_refusal(full, s))
         try:
-            job = self.submit(session_id, tool, args, runner, is_spawn=is_spawn)
+            job = self.submit(session_id, tool, args, runner, is_spawn=is_spawn, user_id=user_id)
         except BaseException:
             await shared.free(key)
             raise
@@ -244,13 +252,24 @@ class TaskSupervisor(NurseryHolder):
 
     # --- internals -------------------------------------------------------------------
 
-    def _check_caps(self, session_id: str, is_spawn: bool) -> None:
+    def _check_caps(self, session_id: str, is_spawn: bool, user_id: str | None) -> None:
         s = self._settings
         total = self.running_count()
         if total >= s.tasks_max_global:
             raise TaskRejectedError(
                 f"the daemon already runs {total} background tasks (tasks_max_global)"
             )
+        if user_id is not None:
+            theirs = sum(
+                1
+                for jobs in self._jobs.values()
+                for job in jobs.values()
+                if job.user_id == user_id and not job.finished
+            )
+            if theirs >= s.tasks_max_per_user:
+                raise TaskRejectedError(
+                    f"your sessions already run {theirs} background tasks (tasks_max_per_user)"
+                )
         mine = self.running_count(session_id)
         if mine >= s.tasks_max_per_session:
             raise TaskRejectedError(
@@ -399,6 +418,11 @@ class SharedSlots(Protocol):
 def _shared_refusal(full: str, s: Settings) -> str:
     if full == "*":
         return f"the daemons already run {s.tasks_max_global} background tasks (tasks_max_global)"
+    if full.startswith("u:"):
+        return (
+            f"your sessions already run {s.tasks_max_per_user} background tasks "
+            "(tasks_max_per_user)"
+        )
     if full.startswith("spawn:"):
         return (
             f"this session already runs {s.tasks_max_spawn} background sub-agents (tasks_max_spawn)"

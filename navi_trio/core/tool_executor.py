@@ -274,8 +274,9 @@ class ToolExecutor:
 
         try:
             job = await self.supervisor.start(
-                ctx.session_id, tool.name, args, runner, is_spawn=tool.name == "spawn_agent"
-            )
+                ctx.session_id, tool.name, args, runner, is_spawn=tool.name == "spawn_agent",
+                user_id=ctx.user_id,
+            )  # fmt: skip
         except BaseException as exc:
             if held is not None:
                 held.close()  # no job took them

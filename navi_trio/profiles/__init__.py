@@ -40,6 +40,7 @@ from navi_trio.profiles._schema import PeerConfig as PeerConfig
 from navi_trio.profiles._schema import SshConfig as SshConfig
 from navi_trio.profiles._schema import SshHost as SshHost
 from navi_trio.profiles._schema import ToolsConfig as ToolsConfig
+from navi_trio.profiles._schema import config_secrets as config_secrets
 from navi_trio.profiles._schema import is_secret as is_secret
 from navi_trio.profiles._source import ConfigSource as ConfigSource
 from navi_trio.profiles._source import Pin as Pin

@@ -45,6 +45,7 @@ from navi_trio.profiles._schema import (
     PeerConfig,
     SshConfig,
     ToolsConfig,
+    config_secrets,
     is_secret,
 )
 from navi_trio.strict import ExpectedError, describe, strict_converter
@@ -153,17 +154,20 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
     _check_peers(cfg.peers, path)
     _check_mcp(cfg, path)
     _check_workspace_roots(cfg.workspace_roots, path)
-    unknown_roles = sorted(set(cfg.role_budgets) - set(ROLES))
-    if unknown_roles:
-        raise ConfigError(
-            f"{path}: $.role_budgets: unknown role(s) {', '.join(map(repr, unknown_roles))} "
-            f"(roles: {', '.join(ROLES)})"
-        )
+    for key in ("role_budgets", "role_profiles"):
+        unknown_roles = sorted(set(getattr(cfg, key)) - set(ROLES))
+        if unknown_roles:
+            raise ConfigError(
+                f"{path}: $.{key}: unknown role(s) {', '.join(map(repr, unknown_roles))} "
+                f"(roles: {', '.join(ROLES)})"
+            )
+    _check_role_profiles(cfg, path)
     base = path.parent
     persona = cfg.persona
     if cfg.persona_file:
         persona = _read_text(base / cfg.persona_file, path, "$.persona_file")
     profiles = {}
+    secrets = config_secrets(cfg)
     for pid, prof in cfg.profiles.items():
         where = f"$.profiles[{pid!r}]"
         for field in (
@@ -193,6 +197,10 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
                 f"{path}: {where}.env: {', '.join(own)} hold navi's own secrets and never "
                 "reach a tool process"
             )
+        named = [(n, secrets[n.upper()]) for n in prof.env if n.upper() in secrets]
+        if named:
+            held = "; ".join(f"{n} holds {what}" for n, what in named)
+            raise ConfigError(f"{path}: {where}.env: {held}: it never reaches a tool process")
         prompt = prof.system_prompt
         if prof.system_prompt_file:
             prompt = _read_text(base / prof.system_prompt_file, path, f"{where}.system_prompt_file")
@@ -203,6 +211,20 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
         profiles[pid] = attrs.evolve(prof, id=pid, system_prompt=prompt)
     ssh = None if cfg.ssh is None else _resolve_ssh(cfg.ssh, base, path)
     return attrs.evolve(cfg, persona=persona, profiles=profiles, ssh=ssh, base_dir=base)
+
+
+def _check_role_profiles(cfg: NaviConfig, path: Path) -> None:
+    """Each role's list names at least one profile, and only profiles of the file."""
+    for role, names in cfg.role_profiles.items():
+        where = f"{path}: $.role_profiles[{role!r}]"
+        if not names:
+            raise ConfigError(f"{where}: name at least one profile (leave the role out: any)")
+        unknown = [n for n in names if n not in cfg.profiles]
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown profile(s) {', '.join(map(repr, unknown))} "
+                f"(profiles: {', '.join(sorted(cfg.profiles))})"
+            )
 
 
 def _check_peers(peers: Mapping[str, PeerConfig], path: Path) -> None:

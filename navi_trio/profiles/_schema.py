@@ -247,6 +247,9 @@ class NaviConfig:
     # role -> the budgets of every run of a user with that role (the profile's apply
     # too: the lower limit wins).
     role_budgets: dict[str, BudgetConfig] = attrs.Factory(dict)
+    # role -> the profiles a run of that role may use (a message's, a session's, a
+    # schedule's, switch_profile's, spawn_agent's); a role without an entry: any.
+    role_profiles: dict[str, tuple[str, ...]] = attrs.Factory(dict)
     base_dir: Path = Path(".")  # folder of the file: prompt files resolve against it
 
     def profile(self, profile_id: str | None) -> AgentProfile:
@@ -254,6 +257,31 @@ class NaviConfig:
         if profile_id and profile_id in self.profiles:
             return self.profiles[profile_id]
         return self.profiles[self.default_profile]
+
+    def may_use(self, role: str, profile_id: str) -> bool:
+        """Whether a run of `role` may use the profile (`role_profiles`)."""
+        allowed = self.role_profiles.get(role)
+        return allowed is None or profile_id in allowed
+
+    def profiles_for(self, role: str) -> list[str]:
+        """The profiles a run of `role` may use, sorted."""
+        return sorted(p for p in self.profiles if self.may_use(role, p))
+
+    def default_for(self, role: str) -> str:
+        """The profile a run of `role` gets when it names none: the default profile, or
+        the role's first one when the default is not among its `role_profiles`."""
+        if self.may_use(role, self.default_profile):
+            return self.default_profile
+        return self.role_profiles[role][0]
+
+    def refuse_profile(self, role: str, profile_id: str) -> str | None:
+        """Why a run of `role` may not use the profile, or None when it may."""
+        if self.may_use(role, profile_id):
+            return None
+        return (
+            f"profile {profile_id!r} is not one a {role} may use (role_profiles): "
+            f"{', '.join(self.profiles_for(role))}"
+        )
 
     def resolve_path(self, name: str) -> Path:
         p = Path(name)
@@ -263,15 +291,39 @@ class NaviConfig:
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Environment variables navi reads that hold secrets; also any NAVI_* variable with a
 # word in its name that says it holds one (NAVI_WS_TOKEN, NAVI_SIGNING_KEY, ...), but
-# not a setting that merely counts tokens (NAVI_COMPRESSION_MAX_TOKENS). A profile's
-# `env` may not pass them on to tool processes.
-SECRET_VARS = frozenset({"NAVI_LLM_API_KEY", "NAVI_TOKEN", "OPENAI_API_KEY"})
+# not a setting that merely counts tokens (NAVI_COMPRESSION_MAX_TOKENS). NAVI_DB may
+# hold the PostgreSQL password (an admin of every daemon on it). A profile's `env` may
+# not pass them on to tool processes; nor the variables the config names as holding a
+# secret (`config_secrets`).
+SECRET_VARS = frozenset({"NAVI_LLM_API_KEY", "NAVI_TOKEN", "OPENAI_API_KEY", "NAVI_DB"})
 _SECRET_WORDS = frozenset({"TOKEN", "KEY", "APIKEY", "SECRET", "PASSWORD", "PASSWD"})
 
 
-def is_secret(name: str) -> bool:
-    """True for an environment variable of navi's that holds a secret."""
+def _says_secret(upper: str) -> bool:
+    return not _SECRET_WORDS.isdisjoint(upper.split("_"))
+
+
+def config_secrets(config: NaviConfig) -> dict[str, str]:
+    """The variables `config` names as holding a secret (upper case) -> what they hold: a
+    peer's ``token_env``, and an MCP server's ``env`` keys whose name says secret (the
+    daemon's own value of such a name is the server's credential as well)."""
+    found: dict[str, str] = {}
+    for name, peer in config.peers.items():
+        if peer.token_env:
+            found[peer.token_env.upper()] = f"the token of peers.{name}"
+    for name, server in config.mcp_servers.items():
+        for key in server.env:
+            if _says_secret(key.upper()):
+                found.setdefault(key.upper(), f"a secret of mcp_servers.{name}")
+    return found
+
+
+def is_secret(name: str, config: NaviConfig | None = None) -> bool:
+    """True for an environment variable of navi's that holds a secret, or (with
+    `config`) one the config names as holding one."""
     upper = name.upper()
     if upper in SECRET_VARS:
         return True
-    return upper.startswith("NAVI_") and not _SECRET_WORDS.isdisjoint(upper.split("_"))
+    if upper.startswith("NAVI_") and _says_secret(upper):
+        return True
+    return config is not None and upper in config_secrets(config)

@@ -18,6 +18,7 @@ from sqlite_utils import Database
 
 from navi_trio.errors import StoreError
 from navi_trio.store.base import SessionRow
+from navi_trio.store.modes import PRIVATE_DIR, private_database
 
 SCHEMA_VERSION = 2  # 2: leases.generation (store/fence.py)
 _HISTORY = ("messages", "context")
@@ -26,7 +27,8 @@ _SESSION_COLS = "id, profile_id, title, user_id, created_at, updated_at, meta"
 
 
 def _connect(path: Path, synchronous: str, busy_timeout: float) -> Database:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+    private_database(path)  # before SQLite makes its -wal and -shm: they take its mode
     conn = sqlite3.connect(str(path), timeout=busy_timeout)
     try:
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]

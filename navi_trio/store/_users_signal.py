@@ -48,7 +48,7 @@ def users_marker(db_path: Path) -> Path:
 def signal_users_changed(marker: Path) -> None:
     """Rewrite the marker (a committed change of the users table); never raises."""
     try:
-        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, f"{time.time_ns()}\n".encode())
         finally:

@@ -33,7 +33,7 @@ from navi_trio.errors import RootChangedError
 
 # O_PATH: enough to walk from, to bind and to fstat; it reads nothing of the folder.
 _WALK = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FOLDER_MODE = 0o777  # a folder made on the way (the session folder): the umask applies
+_FOLDER_MODE = 0o777  # a folder made on the way: the umask applies (`session_folder` closes)
 CLOSED = 0o700
 
 SESSION = "the session folder"
@@ -242,23 +242,30 @@ class RunRoots:
 def session_folder(path: Path, owner: tuple[int, int] | None, *, given: Path | None = None) -> Root:
     """A run's session folder at the real `path`, made if need be and held; given to
     `owner` (uid, gid): whom the run's commands run as when the daemon is root, so they
-    can write in it (tools/runas.py). The folder of all session folders is then closed
-    (0700): every session folder belongs to that one user, and no process of it may
+    can write in it (tools/runas.py). It and the folder of all session folders are
+    closed (0700): navi's data is its account's only, whatever the umask; and with an
+    `owner`, every session folder belongs to that one user, so no process of it may
     reach another's by its path (a run reaches its own through the fd the daemon holds).
     `RootChangedError` when it cannot be held."""
-    if owner is not None:
-        with Root.open(path.parent, "the folder of the session folders", create=True) as top:
-            if stat.S_IMODE(os.fstat(top.fd).st_mode) != CLOSED:
-                os.chmod(f"/proc/self/fd/{top.fd}", CLOSED)
+    with Root.open(path.parent, "the folder of the session folders", create=True) as top:
+        _close(top)
     root = Root.open(path, SESSION, create=True, given=given)
     try:
+        _close(root)
         return root.give(owner)
     except OSError as exc:
         root.close()
-        raise _refusal(SESSION, path, f"it cannot be given to its user: {exc.strerror}") from None
+        why = f"it cannot be made its user's alone: {exc.strerror}"
+        raise _refusal(SESSION, path, why) from None
     except BaseException:
         root.close()
         raise
+
+
+def _close(root: Root) -> None:
+    """`root` made 0700 when it is not (its owner's alone)."""
+    if stat.S_IMODE(os.fstat(root.fd).st_mode) != CLOSED:
+        os.chmod(f"/proc/self/fd/{root.fd}", CLOSED)
 
 
 def _real(path: Path) -> Path:

@@ -44,7 +44,7 @@ def command_env(ctx: ToolContext) -> dict[str, str]:
     """What a command's environment adds to the allow-list (`procs.child_env`): the
     variables the profile's ``env`` names, and HOME = the session folder, the run's
     own (unless the profile passes the daemon's HOME on)."""
-    env = passed_env(ctx.profile.env)
+    env = passed_env(ctx.profile.env, ctx.config)
     env.setdefault("HOME", str(ctx.session_dir))
     return env
 
@@ -209,6 +209,7 @@ class TerminalTool:
                     owner=tag_owner(ctx.settings.data_dir),
                     roots=place.roots,
                     user=command_user(ctx),
+                    user_id=ctx.user_id,
                 )
         except OSError as exc:
             return ToolResult.fail(f"cannot start the process: {exc.strerror or exc}")
@@ -225,6 +226,7 @@ class TerminalTool:
         lines = []
         for info in infos:
             state = "running" if info.running else f"exited (code {info.exit_code})"
+            state += f": {info.ended}" if info.ended else ""
             lines.append(f"{info.handle_id}  pid {info.pid}  {state}  {info.command}")
         return ToolResult.success("\n".join(lines))
 
@@ -268,6 +270,8 @@ def _format_read(handle: str, result: ReadResult, killed: bool = False) -> ToolR
         parts.append(f"[{result.pending} more characters waiting: read again]")
     if killed:
         parts.append(f"[{handle} killed]")
+    elif result.ended:
+        parts.append(f"[{handle} ended by navi: {result.ended}]")
     elif not result.running:
         parts.append(f"[{handle} exited with code {result.exit_code}]")
     return ToolResult.success("\n".join(parts), running=result.running, exit_code=result.exit_code)

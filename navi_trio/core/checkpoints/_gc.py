@@ -15,7 +15,7 @@ from pathlib import Path
 
 from navi_trio.core.checkpoints._apply import Journal
 from navi_trio.core.checkpoints._model import CheckpointDamagedError
-from navi_trio.core.checkpoints._objects import FileLock, ObjectStore, write_atomic
+from navi_trio.core.checkpoints._objects import FileLock, ObjectStore, key_of, write_atomic
 from navi_trio.core.checkpoints._records import Records
 from navi_trio.core.checkpoints._state import RootState
 
@@ -58,6 +58,7 @@ def collect(
                 elif row.kind == "d" and row.ref:
                     stack.append(row.ref)
         marked |= journal.digests()
+        marked = {key_of(ref) for ref in marked}  # a ref's namespace aside: the stored name
         removed = objects.packs.collect(marked)
         for digest, path in list(objects.digests()):
             if digest not in marked:

@@ -10,10 +10,21 @@ only finds it there. What a killed writer leaves in ``tmp/`` is removed by
 Nothing here is fsynced: the guarantee is against the daemon dying (SIGKILL, a crash),
 not against the machine losing power (a checkpoint of the last seconds may then lack an
 object; restoring it fails with `CheckpointDamagedError`, naming what is missing).
+
+Namespaces: the store is shared by every user, and an object is stored once, so what a
+snapshot newly stored (``new_bytes``, what the user totals charge) would say whether
+somebody's file of that content was already there: a way to confirm a guess of another
+user's secret. So each user's objects have their own addresses: the store seen
+`within(tag)` (`namespace_tag` of the user) addresses ``sha256(prefix(tag) + content)``
+and names it ``tag:digest`` (a ref: what listings, records and plans hold); the file or
+pack entry is the digest alone, the content as it is. Nothing is shared across users, and
+a ref says which namespace its digest is in, so reading needs no more than the ref. A ref
+without a tag is a plain SHA-256 (checkpoints taken before namespaces).
 """
 
 from __future__ import annotations
 
+import copy
 import errno
 import fcntl
 import hashlib
@@ -62,6 +73,31 @@ def digest_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def namespace_tag(name: str) -> str:
+    """The tag of a namespace (a user id): 16 hex digits, no ":"."""
+    raw = b"navi checkpoint namespace\0" + name.encode("utf-8", "surrogatepass")
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def prefix_of(tag: str | None) -> bytes:
+    """What is hashed before an object's content in the namespace `tag`."""
+    return b"" if tag is None else f"navi-ns {tag}\n".encode()
+
+
+def split_ref(ref: str) -> tuple[str | None, str]:
+    """(the namespace tag or None, the digest: the object's name in the store)."""
+    tag, sep, digest = ref.rpartition(":")
+    return (tag if sep else None), digest
+
+
+def ref_tag(ref: str) -> str | None:
+    return split_ref(ref)[0]
+
+
+def key_of(ref: str) -> str:
+    return split_ref(ref)[1]
+
+
 class ObjectStore:
     """The objects under `folder` (``DATA/checkpoints``).
 
@@ -79,6 +115,20 @@ class ObjectStore:
         self._opening = threading.Lock()
         self.packs = Packs(folder / "packs", self.tmp)
         self._gc_seen: int | None = None
+        self.tag: str | None = None  # the namespace new objects are addressed in
+
+    def within(self, tag: str | None) -> ObjectStore:
+        """This store, addressing what it stores and hashes in the namespace `tag` (its
+        folders, packs and locks shared)."""
+        view = copy.copy(self)
+        view.tag = tag
+        return view
+
+    def _hasher(self) -> hashlib._Hash:
+        return hashlib.sha256(prefix_of(self.tag))
+
+    def _ref(self, digest: str) -> str:
+        return digest if self.tag is None else f"{self.tag}:{digest}"
 
     def prepare(self) -> None:
         self.objects.mkdir(parents=True, exist_ok=True)
@@ -129,10 +179,12 @@ class ObjectStore:
             self._fds[key] = fd
             return fd
 
-    def path(self, digest: str) -> Path:
+    def path(self, ref: str) -> Path:
+        digest = key_of(ref)
         return self.objects / digest[:2] / digest[2:]
 
-    def has(self, digest: str) -> bool:
+    def has(self, ref: str) -> bool:
+        digest = key_of(ref)
         if self.packs.find(digest, refresh=True) is not None:
             return True
         return self._loose(digest)
@@ -162,10 +214,15 @@ class ObjectStore:
             pass
 
     def put_bytes(self, data: bytes, writer: PackWriter | None = None) -> tuple[str, int]:
-        """Store `data` (packed by `writer` when small); (its digest, bytes newly
-        written: 0 when it was there)."""
-        digest = digest_of(data)
-        return digest, self._put_known(digest, data, writer)
+        """Store `data` (packed by `writer` when small); (its ref, bytes newly written: 0
+        when it was there)."""
+        digest = self._digest(data)
+        return self._ref(digest), self._put_known(digest, data, writer)
+
+    def _digest(self, data: bytes) -> str:
+        sha = self._hasher()
+        sha.update(data)
+        return str(sha.hexdigest())
 
     def _put_known(self, digest: str, data: bytes, writer: PackWriter | None) -> int:
         if writer is not None and len(data) <= PACKED_MAX:
@@ -193,13 +250,13 @@ class ObjectStore:
         store: bool = True,
         writer: PackWriter | None = None,
     ) -> tuple[str, int, int]:
-        """Store the content of the open file `fd`: (digest, bytes newly written, size).
+        """Store the content of the open file `fd`: (ref, bytes newly written, size).
 
         More than `limit` bytes: `FileTooLargeError` (the file grew after it was
         measured). `check()` runs between chunks (deadline, cancel). Without `store`
         the content is only hashed (a preview of a folder over its bounds).
         """
-        sha = hashlib.sha256()
+        sha = self._hasher()
         chunks: list[bytes] = []
         total = 0
         out: int | None = None
@@ -222,21 +279,22 @@ class ObjectStore:
                         write_all(out, held)
                     chunks = []
                 write_all(out, chunk)
-            digest = sha.hexdigest()
+            digest = str(sha.hexdigest())
+            ref = self._ref(digest)
             if not store:
-                return digest, 0, total
+                return ref, 0, total
             if out is None:
-                return digest, self._put_known(digest, b"".join(chunks), writer), total
+                return ref, self._put_known(digest, b"".join(chunks), writer), total
             os.close(out)
             out = None
             assert tmp is not None
             if self._loose(digest):
                 self._drop_tmp(tmp)
                 tmp = None
-                return digest, 0, total
+                return ref, 0, total
             self._publish(tmp, digest)
             tmp = None
-            return digest, total, total
+            return ref, total, total
         finally:
             if out is not None:
                 os.close(out)
@@ -248,12 +306,13 @@ class ObjectStore:
     ) -> tuple[str, int]:
         data = tree_bytes(rows)
         if not store:
-            return digest_of(data), 0
+            return self._ref(self._digest(data)), 0
         return self.put_bytes(data, writer)
 
-    def read(self, digest: str) -> bytes:
-        """The object `digest`, whole (`CheckpointDamagedError` when missing)."""
-        packed = self.packs.read(digest)
+    def read(self, ref: str) -> bytes:
+        """The object `ref`, whole (`CheckpointDamagedError` when missing)."""
+        tag, digest = split_ref(ref)
+        packed = self.packs.read(digest, prefix_of(tag))
         if packed is not None:
             return packed
         fd = self._open_loose(digest)
@@ -262,9 +321,10 @@ class ObjectStore:
         finally:
             os.close(fd)
 
-    def copy_into(self, digest: str, dst: int) -> None:
-        """Write the object `digest` to the open file `dst`."""
-        packed = self.packs.read(digest)
+    def copy_into(self, ref: str, dst: int) -> None:
+        """Write the object `ref` to the open file `dst`."""
+        tag, digest = split_ref(ref)
+        packed = self.packs.read(digest, prefix_of(tag))
         if packed is not None:
             write_all(dst, packed)
             return
@@ -284,14 +344,15 @@ class ObjectStore:
         except FileNotFoundError:
             raise CheckpointDamagedError(f"the stored copy {digest[:12]} is missing") from None
 
-    def tree(self, digest: str) -> list[Row]:
-        raw = self.read(digest)
+    def tree(self, ref: str) -> list[Row]:
+        raw = self.read(ref)
         try:
             return [
                 Row(str(n), str(k), int(m), str(r), int(s)) for n, k, m, r, s in json.loads(raw)
             ]
         except (ValueError, TypeError) as exc:
-            raise CheckpointDamagedError(f"the folder listing {digest[:12]} is damaged") from exc
+            name = key_of(ref)[:12]
+            raise CheckpointDamagedError(f"the folder listing {name} is damaged") from exc
 
     def digests(self) -> Iterator[tuple[str, Path]]:
         """Every loose object: (digest, path)."""

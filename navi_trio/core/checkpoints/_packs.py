@@ -85,8 +85,9 @@ class Packs:
             found = self._index.get(digest)
         return found
 
-    def read(self, digest: str) -> bytes | None:
-        """The packed object `digest`, or None when no pack holds it."""
+    def read(self, digest: str, prefix: bytes = b"") -> bytes | None:
+        """The packed object `digest`, or None when no pack holds it; `prefix` is what its
+        namespace hashes before the content (`_objects.prefix_of`)."""
         for attempt in range(2):
             found = self.find(digest, refresh=True)
             if found is None:
@@ -103,7 +104,7 @@ class Packs:
                 data = os.pread(fd, length, offset)
             finally:
                 os.close(fd)
-            if hashlib.sha256(data).hexdigest() != digest:
+            if hashlib.sha256(prefix + data).hexdigest() != digest:
                 raise CheckpointDamagedError(f"the stored copy {digest[:12]} is damaged")
             return data
         return None

@@ -64,7 +64,7 @@ class Snapshots:
         self._wall = wall
         self._watch = watch
         self._names = NameList(settings.checkpoint_ignore)
-        self._cache: OrderedDict[tuple[Path, frozenset[str]], RootState] = OrderedDict()
+        self._cache: OrderedDict[tuple[Path, frozenset[str], str | None], RootState] = OrderedDict()
         self._generation: dict[int, int] = {}  # id(state) -> gc number it was made under
 
     def states(self) -> list[RootState]:
@@ -90,6 +90,7 @@ class Snapshots:
         started: float,
         held: Mapping[Path, Root],
         room: Room | None = None,
+        tag: str | None = None,
     ) -> Outcome:
         max_sec = self.settings.checkpoint_max_sec
         check = self.checker(started + max_sec, max_sec)
@@ -97,7 +98,7 @@ class Snapshots:
             results: list[ScanResult] = []
             try:
                 results = self.scan_all(
-                    roots, states, private, check, store=True, held=held, room=room
+                    roots, states, private, check, store=True, held=held, room=room, tag=tag
                 )
                 trees = tuple(
                     RootTree(r, res.tree, res.mode) for r, res in zip(roots, results, strict=True)
@@ -133,9 +134,11 @@ class Snapshots:
         store: bool,
         held: Mapping[Path, Root],
         room: Room | None = None,
+        tag: str | None = None,
     ) -> list[ScanResult]:
-        """Scan each of `roots`: through its `held` root when there is one (the run's
-        own, or the preview's), else the folder at its path opened now."""
+        """Scan each of `roots`, hashing (and with `store` storing) in the namespace
+        `tag`: through its `held` root when there is one (the run's own, or the
+        preview's), else the folder at its path opened now."""
         s = self.settings
         limits = Limits(s.checkpoint_max_bytes, s.checkpoint_max_file_bytes, s.checkpoint_max_files)
         if room is not None and room.bytes < limits.max_bytes:  # a total leaves less
@@ -146,6 +149,7 @@ class Snapshots:
         generation = gc_number(self.folder)
         self.objects.sync(generation)
         writer = self.objects.writer() if store else None
+        objects = self.objects.within(tag)
         results: list[ScanResult] = []
         try:
             for root, state in zip(roots, states, strict=True):
@@ -156,7 +160,7 @@ class Snapshots:
                     scan = Scan(
                         state,
                         fd,
-                        self.objects,
+                        objects,
                         names=self._names,
                         hidden=hidden,
                         limits=limits,
@@ -203,12 +207,15 @@ class Snapshots:
             left_out=tuple(left_out),
         )
 
-    def state(self, root: Path, roots: Sequence[Path], private: PrivatePaths) -> RootState:
+    def state(
+        self, root: Path, roots: Sequence[Path], private: PrivatePaths, tag: str | None = None
+    ) -> RootState:
+        """The cached scan of `root` in the namespace `tag` (each namespace's refs its own)."""
         excluded = {str(h.relative_to(root)) for h in private.inside(root) if h != root}
         excluded |= {str(o.relative_to(root)) for o in roots if o != root and within(o, root)}
         if within(self.real_folder, root) and self.real_folder != root:
             excluded.add(str(self.real_folder.relative_to(root)))
-        key = (root, frozenset(excluded))
+        key = (root, frozenset(excluded), tag)
         state = self._cache.get(key)
         if state is None:
             state = RootState(root, key[1], watch=self._watch)

@@ -51,7 +51,7 @@ from navi_trio.core.checkpoints._model import (
     RootTree,
     Skipped,
 )
-from navi_trio.core.checkpoints._objects import FileLock, ObjectStore
+from navi_trio.core.checkpoints._objects import FileLock, ObjectStore, namespace_tag, ref_tag
 from navi_trio.core.checkpoints._plan import Op, changed_parts, plan_root
 from navi_trio.core.checkpoints._records import Records
 from navi_trio.core.checkpoints._result import ScanResult
@@ -122,20 +122,24 @@ class CheckpointEngine:
         private: PrivatePaths,
         label: str = "",
         room: Room | None = None,
+        namespace: str | None = None,
     ) -> Outcome:
         """Snapshot `roots` (the session folder, the run's cwd: folders the caller holds,
         or absolute real paths, opened without following a symlink) for `owner`, adding at
-        most `room` (a total's bound) of new content. Over a bound, unreadable or switched
-        off: `Skipped`, never an error."""
+        most `room` (a total's bound) of new content. Its objects are stored in
+        `namespace` (the user it is charged to; default: the owner), shared with no other
+        (see `_objects`). Over a bound, unreadable or switched off: `Skipped`, never an
+        error."""
         started = self._clock()
         if not self.settings.checkpoints:
             return Skipped("off", "checkpoints are switched off (NAVI_CHECKPOINTS=false)", 0.0)
         paths = _check_roots(roots)
         held = {r.path: r for r in roots if isinstance(r, Root)}
+        tag = namespace_tag(owner if namespace is None else namespace)
         async with self._locks.hold(paths):
-            states = [self._snaps.state(p, paths, private) for p in paths]
+            states = [self._snaps.state(p, paths, private, tag) for p in paths]
             job = functools.partial(
-                self._snaps.take, owner, paths, states, private, label, started, held, room
+                self._snaps.take, owner, paths, states, private, label, started, held, room, tag
             )
             return await self._thread(job)
 
@@ -200,7 +204,8 @@ class CheckpointEngine:
         takes a checkpoint of the folders as they are (`Preview.undo`)."""
         info = await self.get(owner, checkpoint_id)
         async with self._locks.hold(info.paths):
-            states = [self._snaps.state(p, list(info.paths), private) for p in info.paths]
+            tag = _tag(info)
+            states = [self._snaps.state(p, list(info.paths), private, tag) for p in info.paths]
             job = functools.partial(self._preview_sync, owner, info, states, private)
             return await self._thread(job)
 
@@ -225,7 +230,8 @@ class CheckpointEngine:
         started = self._clock()
         info = await self.get(owner, checkpoint_id)
         async with self._locks.hold(info.paths):
-            states = [self._snaps.state(p, list(info.paths), private) for p in info.paths]
+            tag = _tag(info)
+            states = [self._snaps.state(p, list(info.paths), private, tag) for p in info.paths]
             job = functools.partial(self._restore_sync, owner, info, states, private, confirm)
             preview, failed = await self._thread(job)
         return Restored(preview, tuple(failed), self._clock() - started)
@@ -270,11 +276,13 @@ class CheckpointEngine:
         roots = [rt.path for rt, _ in present]
         undo, skipped = None, ""
         results: list[ScanResult] = []
+        tag = _tag(info)  # the folders as they are, in the checkpoint's namespace
         try:
             try:
                 results = self._snaps.scan_all(
-                    roots, [s for _, s in present], private, check, store=True, held=held
-                )
+                    roots, [s for _, s in present], private, check, store=True, held=held,
+                    tag=tag,
+                )  # fmt: skip
             except OverLimit as over:
                 if over.code != "too_large":
                     raise CheckpointError(
@@ -282,8 +290,9 @@ class CheckpointEngine:
                     ) from None
                 skipped = over.reason
                 results = self._snaps.scan_all(
-                    roots, [s for _, s in present], private, check, store=False, held=held
-                )
+                    roots, [s for _, s in present], private, check, store=False, held=held,
+                    tag=tag,
+                )  # fmt: skip
             except RootUnusableError as exc:
                 raise CheckpointError(str(exc)) from None
             if not skipped and results:
@@ -411,6 +420,11 @@ class _Held:
     def close(self) -> None:
         for root in self.roots.values():
             root.close()
+
+
+def _tag(info: CheckpointInfo) -> str | None:
+    """The namespace a checkpoint's objects are in (None: taken before namespaces)."""
+    return ref_tag(info.roots[0].tree) if info.roots else None
 
 
 def _plan_new(objects: ObjectStore, tree: RootTree, root: Path) -> tuple[list[Op], RootChanges]:

@@ -6,13 +6,19 @@ bounded buffer read with `read` (the oldest characters dropped, and counted, whe
 process prints faster than it is read); a session sees only its own handles.
 Cancelling `run` (daemon shutdown) kills every group it owns: each process task kills
 its own group (`kill_group`) as the cancellation reaches it.
+
+A process also ends, its group killed, with what it belongs to: its session deleted
+(`close_session`), its user removed (`close_users`), or nobody using it (no open, read
+or write of it) for `idle_sec`: each handle's scope has that deadline, pushed on at
+every use. A read afterwards says which (`ReadResult.ended`).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -45,6 +51,7 @@ class ProcessInfo:
     running: bool
     exit_code: int | None
     cwd: str
+    ended: str = ""  # why navi ended it, when it did
 
 
 @attrs.frozen
@@ -54,24 +61,45 @@ class ReadResult:
     pending: int  # characters still buffered (the read hit max_chars)
     running: bool
     exit_code: int | None
+    ended: str = ""  # why navi ended it (idle, its session deleted, its user removed)
 
 
 class _Handle:
     def __init__(
-        self, session_id: str, handle_id: str, command: str, cwd: Path, process: trio.Process
+        self,
+        session_id: str,
+        handle_id: str,
+        command: str,
+        cwd: Path,
+        process: trio.Process,
+        user_id: str | None,
+        idle_sec: float,
     ) -> None:
         self.session_id = session_id
         self.handle_id = handle_id
         self.command = command
         self.cwd = cwd
         self.process = process
+        self.user_id = user_id
+        self.idle_sec = idle_sec
         self.scope = trio.CancelScope()
+        self.ended = ""  # why navi ended it
+        self.used()
         self.pending = ""
         self.dropped = 0
         self.changed = trio.Event()  # set when output arrives or the process ends
         self.done = trio.Event()
         self.exit_code: int | None = None
         self.write_lock = trio.Lock()
+
+    def used(self) -> None:
+        """Opened, read or written: the idle limit counts from now."""
+        self.scope.deadline = trio.current_time() + self.idle_sec
+
+    def end(self, why: str) -> None:
+        if not self.done.is_set() and not self.ended:
+            self.ended = why
+        self.scope.cancel()
 
     def info(self) -> ProcessInfo:
         return ProcessInfo(
@@ -81,6 +109,7 @@ class _Handle:
             running=not self.done.is_set(),
             exit_code=self.exit_code,
             cwd=str(self.cwd),
+            ended=self.ended,
         )
 
 
@@ -104,10 +133,12 @@ class ProcessPool(NurseryHolder):
         buffer_chars: int = 64_000,
         max_per_session: int = 8,
         grace: float = KILL_GRACE_SEC,
+        idle_sec: float = math.inf,
     ) -> None:
         self.buffer_chars = buffer_chars
         self.max_per_session = max_per_session
         self.grace = grace
+        self.idle_sec = idle_sec  # NAVI_TERMINAL_IDLE_SEC
         self._handles: dict[tuple[str, str], _Handle] = {}
         self._counters: dict[str, itertools.count[int]] = {}
 
@@ -138,11 +169,13 @@ class ProcessPool(NurseryHolder):
         owner: str | None = None,
         roots: Sequence[Root] = (),
         user: RunAs | None = None,
+        user_id: str | None = None,
     ) -> str:
         """Start `command` (through the shell) in `cwd`; returns its handle id ("p1" …).
 
         With a `sandbox` it runs under bwrap, or is refused (`SandboxUnavailableError`);
-        `env`, `owner` and the held `roots` (and `cwd`) as for `run_command`.
+        `env`, `owner` and the held `roots` (and `cwd`) as for `run_command`; `user_id`:
+        whose it is (`close_users`).
         """
         with ExitStack() as stack:
             # First, before the checks: they must not go stale across an await.
@@ -152,7 +185,7 @@ class ProcessPool(NurseryHolder):
             )  # fmt: skip
             environ = child_env({**(env or {}), **(user.env() if user else {})})
             start = _Start(cmd, process_cwd(cmd, cwd), environ, user)
-            return await self._start(session_id, command, start, cwd, owner)
+            return await self._start(session_id, command, start, cwd, owner, user_id)
 
     async def _start(
         self,
@@ -161,6 +194,7 @@ class ProcessPool(NurseryHolder):
         start: _Start,
         cwd: Path | Root,
         owner: str | None,
+        user_id: str | None,
     ) -> str:
         if not self.running:
             raise ToolInputError("the process pool is not running (the daemon is stopping)")
@@ -175,7 +209,7 @@ class ProcessPool(NurseryHolder):
         handle_id = f"p{next(counter)}"
         shown = cwd.path if isinstance(cwd, Root) else cwd
         handle: _Handle = await self.nursery.start(
-            self._serve, session_id, handle_id, command, start, shown, owner
+            self._serve, session_id, handle_id, command, start, shown, owner, user_id
         )
         return handle.handle_id
 
@@ -187,6 +221,7 @@ class ProcessPool(NurseryHolder):
         start: _Start,
         cwd: Path,
         owner: str | None,
+        user_id: str | None,
         task_status: trio.TaskStatus[_Handle] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         tag = new_tag(owner)
@@ -201,12 +236,14 @@ class ProcessPool(NurseryHolder):
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        handle = _Handle(session_id, handle_id, command, cwd, process)
+        handle = _Handle(session_id, handle_id, command, cwd, process, user_id, self.idle_sec)
         self._handles[(session_id, handle_id)] = handle
         try:
             with handle.scope:
                 task_status.started(handle)
                 await wait_and_drain(process, lambda text: self._buffer(handle, text), None)
+            if handle.scope.cancelled_caught and not handle.ended:
+                handle.ended = f"nobody used it for {self.idle_sec:g} s (NAVI_TERMINAL_IDLE_SEC)"
         finally:
             await kill_group(process, self.grace, tag)
             handle.exit_code = process.returncode
@@ -234,6 +271,8 @@ class ProcessPool(NurseryHolder):
         handle = self._get(session_id, handle_id)
         if max_chars < 1:
             raise ToolInputError(f"max_chars must be at least 1 (got {max_chars})")
+        if not handle.done.is_set():
+            handle.used()
         if wait > 0 and not handle.pending and not handle.done.is_set():
             with trio.move_on_after(wait):
                 await handle.changed.wait()
@@ -247,6 +286,7 @@ class ProcessPool(NurseryHolder):
             pending=len(handle.pending),
             running=not handle.done.is_set(),
             exit_code=handle.exit_code,
+            ended=handle.ended,
         )
 
     async def write(self, session_id: str, handle_id: str, text: str, eof: bool = False) -> None:
@@ -255,7 +295,9 @@ class ProcessPool(NurseryHolder):
         stdin = handle.process.stdin
         assert stdin is not None
         if handle.done.is_set():
-            raise ToolInputError(f"process {handle_id} has exited (code {handle.exit_code})")
+            why = f": {handle.ended}" if handle.ended else ""
+            raise ToolInputError(f"process {handle_id} has exited (code {handle.exit_code}){why}")
+        handle.used()
         async with handle.write_lock:
             try:
                 with trio.fail_after(WRITE_TIMEOUT_SEC):
@@ -275,7 +317,7 @@ class ProcessPool(NurseryHolder):
     async def kill(self, session_id: str, handle_id: str) -> ReadResult:
         """Kill the process's whole group, forget the handle; returns its unread output."""
         handle = self._get(session_id, handle_id)
-        handle.scope.cancel()
+        handle.end("killed")
         await handle.done.wait()
         self._handles.pop((session_id, handle_id), None)
         dropped = handle.dropped
@@ -295,3 +337,25 @@ class ProcessPool(NurseryHolder):
 
     def list(self, session_id: str) -> list[ProcessInfo]:
         return [h.info() for h in self._handles.values() if h.session_id == session_id]
+
+    async def close_session(self, session_id: str) -> int:
+        """The session was deleted: end its processes (their groups killed), forget
+        them; how many were running."""
+        mine = [h for h in self._handles.values() if h.session_id == session_id]
+        running = sum(1 for h in mine if not h.done.is_set())
+        for handle in mine:
+            handle.end("its session was deleted")
+        for handle in mine:
+            await handle.done.wait()
+            self._handles.pop((session_id, handle.handle_id), None)
+        self._counters.pop(session_id, None)
+        return running
+
+    def close_users(self, user_ids: Collection[str]) -> int:
+        """These users were removed: end their processes (each group is killed as its
+        task unwinds) and forget them; how many."""
+        theirs = [h for h in self._handles.values() if h.user_id in user_ids]
+        for handle in theirs:
+            handle.end("its user was removed")
+            self._handles.pop((handle.session_id, handle.handle_id), None)
+        return len(theirs)

@@ -48,7 +48,7 @@ from pathlib import Path
 import trio
 
 from navi_trio.errors import ToolInputError
-from navi_trio.profiles import is_secret
+from navi_trio.profiles import NaviConfig, is_secret
 from navi_trio.tools.proctree import (
     PROC,
     Query,
@@ -100,10 +100,10 @@ def new_tag(owner: str | None = None) -> str:
     return f"{owner or os.getpid()}:{secrets.token_hex(8)}"
 
 
-def passed_env(names: Sequence[str]) -> dict[str, str]:
+def passed_env(names: Sequence[str], config: NaviConfig | None = None) -> dict[str, str]:
     """The daemon's values of the variables `names` (a profile's ``env``) that are set;
-    never navi's own secrets."""
-    return {n: os.environ[n] for n in names if n in os.environ and not is_secret(n)}
+    never navi's own secrets, nor those `config` names (a peer's token, an MCP server's)."""
+    return {n: os.environ[n] for n in names if n in os.environ and not is_secret(n, config)}
 
 
 def child_env(extra: Mapping[str, str] | None = None, *, tag: str | None = None) -> dict[str, str]:
