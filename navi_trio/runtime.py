@@ -236,6 +236,7 @@ async def open_runtime(
                 config=agent.config,
                 forget=agent.cache.forget,
                 jobs=supervisor.running_count,
+                source=config,
             )
             rewinds = SessionRewinds(rewinder, sessions, checkpoints)
             scheduler = Scheduler(
