@@ -30,7 +30,13 @@ owner's records, deleted with them), one line per drain and owner::
 
 `after` is the owner's newest checkpoint when the line was written: the lines after a
 checkpoint are those whose `after` is it or a later one. The file is merged when it
-grows past `FILE_MAX` and when checkpoints are pruned (lines of pruned ones go).
+grows past `FILE_MAX` (still too big: whole roots stand for their paths, every change
+there a conflict) and when checkpoints are pruned (lines of pruned ones go).
+
+A folder marks for the `OWNERS_MAX` owners that snapshotted it last (many sessions in
+one project): an older one is marked again from its next snapshot on. What changed
+meanwhile is unmarked, so left as it is, and a file navi had changed is caught by its
+stamp.
 """
 
 from __future__ import annotations
@@ -60,7 +66,8 @@ NAVI = 1
 OTHER = 2
 PATHS_MAX = 10_000  # paths one drain marks; past it, every path (`Batch.everything`)
 WALK_MAX = 10_000  # entries of new folders walked by one drain to watch and mark them
-FILE_MAX = 4 << 20  # a marks file past this is merged
+FILE_MAX = 4 << 20  # a marks file past this is merged (to half of it, at most)
+OWNERS_MAX = 32  # owners marked per folder: the ones that snapshotted it last
 MARKS = "marks.jsonl"
 
 
@@ -242,7 +249,7 @@ class Ledger:
         self._folder_of = folder_of  # owner -> its records' folder
         self._latest_of = latest_of  # owner -> its newest checkpoint id ("": none)
         self._lock = threading.Lock()
-        self._owners: dict[Path, set[str]] = {}
+        self._owners: dict[Path, dict[str, None]] = {}  # oldest registered first
         self._active: dict[Path, dict[str, int]] = {}
         self._latest: dict[str, str] = {}
 
@@ -252,7 +259,13 @@ class Ledger:
             if owner not in self._latest:
                 self._latest[owner] = self._latest_of(owner)
             for root in roots:
-                self._owners.setdefault(root, set()).add(owner)
+                owners = self._owners.setdefault(root, {})
+                owners.pop(owner, None)
+                owners[owner] = None
+                active = self._active.get(root, {})
+                idle = [o for o in owners if o not in active and o != owner]  # oldest first
+                while len(owners) > OWNERS_MAX and idle:
+                    del owners[idle.pop(0)]
 
     def recorded(self, owner: str, checkpoint_id: str) -> None:
         """A checkpoint of `owner` was written: later marks come after it."""
@@ -265,7 +278,7 @@ class Ledger:
         with self._lock:
             self._latest.pop(owner, None)
             for owners in self._owners.values():
-                owners.discard(owner)
+                owners.pop(owner, None)
             for active in self._active.values():
                 active.pop(owner, None)
 
@@ -296,7 +309,7 @@ class Ledger:
         """A drain of `root` read `batch`: mark it for every owner watching the root."""
         with self._lock:
             active = self._active.get(root, {})
-            for owner in sorted(self._owners.get(root, ())):
+            for owner in list(self._owners.get(root, ())):
                 flag = NAVI if owner == forced or active.get(owner) else OTHER
                 after = self._latest.get(owner, "")
                 self._append(owner, [batch_line(batch, flag, after, root)])
@@ -382,7 +395,7 @@ class Ledger:
             groups.setdefault((after, line["root"]), Marks()).add(line)
         lines = [m.line(after, Path(root)) for (after, root), m in groups.items()]
         size = sum(len(json.dumps(line)) for line in lines)
-        if size > FILE_MAX:  # still too big: whole roots stand for their paths
+        if size > FILE_MAX // 2:  # still big: whole roots stand for their paths
             for m in groups.values():
                 if m.paths:
                     for flags in m.paths.values():
