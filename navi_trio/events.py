@@ -301,6 +301,7 @@ class Forked(AgentEvent):
     at: str = ""
     messages: int = 0
     folder: str | None = None  # the copy of the working folder, when one was made
+    left_out: tuple[str, ...] = ()  # folders not copied: the asker may not use them now
 
 
 def _snake(name: str) -> str:

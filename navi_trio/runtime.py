@@ -118,13 +118,15 @@ async def open_runtime(
     cluster: bool = False,
     schedules: bool = False,
     wall_clock: Callable[[], float] | None = None,
+    checkpoint_wall: Callable[[], float] | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the store, the LLM backend and every actor; close them all on exit.
 
     `cluster`: join the other daemons of a shared store (`navi serve` on PostgreSQL).
     `schedules`: run due schedules (the daemon does; an embedded `navi run` does not);
     `wall_clock` is their clock (default: time.time; a test passes one on trio's
-    virtual time)."""
+    virtual time). `checkpoint_wall`: the checkpoints' (default: time.time; a test of
+    their age limit moves it on)."""
     config = config or ConfigSource(settings.config_path)
     tools = tools if tools is not None else default_tools(settings)
     # Refuse a config naming a tool nobody provides or lacking a prompt file, before
@@ -150,7 +152,9 @@ async def open_runtime(
     async with AsyncExitStack() as stack:
         store = await stack.enter_async_context(open_store(settings))
         # Before any run: a restore a killed process left half done is completed first.
-        engine = await stack.enter_async_context(open_checkpoints(settings))
+        engine = await stack.enter_async_context(
+            open_checkpoints(settings, wall=checkpoint_wall or time.time)
+        )
         if backend is None:
             client = await stack.enter_async_context(make_client(settings))
             backend = make_backend(settings, client)
@@ -244,6 +248,7 @@ async def open_runtime(
                 config=agent.config,
                 forget=agent.cache.forget,
                 jobs=supervisor.running_count,
+                source=config,
             )
             rewinds = SessionRewinds(rewinder, sessions, checkpoints)
             scheduler = Scheduler(

@@ -256,6 +256,10 @@ class Settings:
     tool_output_max_chars: int = attrs.field(
         default=20000, metadata=_env("NAVI_TOOL_OUTPUT_MAX_CHARS")
     )
+    # `filesystem edit` reads the whole file to replace in it: never more than this.
+    file_edit_max_bytes: int = attrs.field(
+        default=16 << 20, metadata=_env("NAVI_FILE_EDIT_MAX_BYTES")
+    )
     terminal_timeout_sec: float = attrs.field(
         default=120.0, metadata=_env("NAVI_TERMINAL_TIMEOUT_SEC")
     )

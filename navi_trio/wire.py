@@ -209,10 +209,13 @@ def rewind(
     branch: str | None = None,
     restore: str = "both",
     confirm: str | None = None,
+    conflicts: str | None = None,
 ) -> Frame:
-    """Without `confirm`: the preview; with the preview's token: the rewind itself."""
+    """Without `confirm`: the preview; with the preview's token: the rewind itself.
+    `conflicts`: "restore" puts back files someone else changed too (default: kept)."""
     frame: Frame = {"type": REWIND, "session_id": session_id, "restore": restore}
-    for key, value in (("to", to), ("branch", branch), ("confirm", confirm)):
+    fields = (("to", to), ("branch", branch), ("confirm", confirm), ("conflicts", conflicts))
+    for key, value in fields:
         if value is not None:
             frame[key] = value
     return frame

@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,18 @@ from navi_trio.settings import default_config_path
 from navi_trio.testing import FakeLLMServer
 
 CLI_LIMIT = 60  # real seconds for `navi users add` (a Python start on 2 busy cores)
+
+
+@contextmanager
+def outside_tmp(prefix: str) -> Iterator[Path]:
+    """A folder under /var/tmp (the sandbox's /tmp is private), open to others (a root
+    daemon's commands run as another user), removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp")).resolve()
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def config_file(

@@ -9,11 +9,14 @@ walk each time), so the two ways of noticing changes are held to the same answer
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -29,7 +32,7 @@ from test_checkpoints_support import (
     tree_of,
 )
 
-from navi_trio.core.checkpoints import CheckpointChangedError, CheckpointError, Created
+from navi_trio.core.checkpoints import CheckpointChangedError, CheckpointError, Created, _apply
 
 
 def _step0(w: Path) -> None:
@@ -420,3 +423,51 @@ async def test_a_restore_refuses_a_folder_that_became_a_link_and_names_it(
             with pytest.raises(CheckpointError, match=f"{work} is a symlink now"):
                 await engine.restore("s", first, private=private)
     assert sorted(p.name for p in victim.iterdir()) == ["theirs.txt"]
+
+
+async def test_an_engine_opened_while_another_restores_does_not_replay_its_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second engine on the same data folder (another process, or a second daemon)
+    completes a journal only when no live restore holds it: the restore under way is
+    paused after its first step while the second engine opens, and the journal is left
+    to it. (flock works per open file description: two engines in one process exclude
+    each other as two processes do.)"""
+    settings = make_settings(tmp_path)
+    work = real_dir(tmp_path / "w")
+    for n in range(5):
+        (work / f"f{n}.txt").write_text(f"before {n}\n")
+    private = private_for(settings)
+    journal = settings.data_dir / "checkpoints" / "journal"
+    paused, resume = threading.Event(), threading.Event()
+    one = _apply._one
+
+    def first_then_wait(*args: Any) -> None:
+        one(*args)
+        if not paused.is_set():
+            paused.set()
+            resume.wait(DEADLINE)
+
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            before = await snap(engine, "s", [work], private)
+            tree_before = tree_of(work)
+            for n in range(5):
+                (work / f"f{n}.txt").write_text(f"after {n}\n")
+            after = tree_of(work)
+            monkeypatch.setattr(_apply, "_one", first_then_wait)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(engine.restore, "s", before, private=private))
+                try:
+                    await trio.to_thread.run_sync(paused.wait, DEADLINE)
+                    assert len(list(journal.glob("*.json"))) == 1
+                    halfway = tree_of(work)
+                    async with engine_for(settings) as second:
+                        assert await second.recover() == []
+                    # Nothing was replayed: the journal is still the first engine's.
+                    assert len(list(journal.glob("*.json"))) == 1
+                    assert tree_of(work) == halfway and halfway not in (tree_before, after)
+                finally:
+                    resume.set()
+            assert tree_of(work) == tree_before
+            assert not list(journal.glob("*.json"))

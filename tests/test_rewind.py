@@ -11,6 +11,8 @@ real folders under tmp_path, real shell commands; every test under an absolute
 
 from __future__ import annotations
 
+import functools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -310,3 +312,136 @@ async def test_a_fork_copies_the_working_folder_into_the_new_folder_it_is_given(
                 await h.runtime.rewinds.fork(SID, "s-f3", at=second, files=True, folder=copy)
             assert await h.runtime.store.get_session("s-f3") is None
             assert diff(tree_of(copy), after_1) == {} and tree_of(work) == after_2
+
+
+async def test_a_round_whose_only_writing_call_the_policy_denies_takes_no_checkpoint(
+    tmp_path: Path,
+) -> None:
+    work = workspace(tmp_path)
+    denied = {"tool": "filesystem", "action": "write", "decision": "deny"}
+    profiles = {"general": {**PROFILES["general"], "policy": {"rules": [denied]}}}
+    replies = [calls(write("no.txt", "never\n")), say("denied")]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=replies, profiles=profiles) as h:
+            frames = await turn(h, SID, "try", cwd=work, **FULL)
+            (result,) = frames_of(frames, "tool_result")
+            assert not result["ok"] and "denies" in result["error"], result
+            assert not frames_of(frames, "checkpoint_created"), [f["type"] for f in frames]
+            assert await h.runtime.checkpoints.engine.checkpoints(SID) == []
+            assert not (work / "no.txt").exists()
+
+
+class Wall:
+    """The checkpoints' clock: now, moved on by `ahead` seconds."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.ahead
+
+
+async def test_a_prune_that_drops_several_checkpoints_refuses_a_files_rewind_to_any_of_them(
+    tmp_path: Path,
+) -> None:
+    work = workspace(tmp_path)
+    wall = Wall()
+    replies = [r for n in range(3) for r in (calls(write(f"n{n}.txt", f"{n}\n")), say(f"{n}"))]
+    hour = 3600.0
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=replies, profiles=PROFILES, checkpoint_wall=wall,
+            checkpoint_max_age_sec=hour,
+        ) as h:  # fmt: skip
+            engine = h.runtime.checkpoints.engine
+            for n in range(3):
+                if n == 2:
+                    # The third checkpoint comes ten hours later: the prune after it
+                    # drops the first two at once.
+                    assert len(await engine.checkpoints(SID)) == 2
+                    wall.ahead = 10 * hour
+                await turn(h, SID, f"message {n}", cwd=work, **FULL)
+            await h.runtime.checkpoints.wait_pruned()
+            assert len(await engine.checkpoints(SID)) == 1
+            first, second, third = await user_ids(h)
+            for covered in (first, second):
+                with pytest.raises(NotFoundError, match="pruned"):
+                    await h.runtime.rewinds.preview(SID, Target(to=covered, restore="files"))
+            await rewind(h, Target(to=third, restore="files"))
+            assert not (work / "n2.txt").exists() and (work / "n1.txt").exists()
+
+
+async def test_after_21_rewinds_exactly_the_newest_20_branches_remain(tmp_path: Path) -> None:
+    replies = [say(f"answer {n}") for n in range(21)]
+    undos = []
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=replies, profiles=PROFILES) as h:
+            for n in range(21):
+                await turn(h, SID, f"message {n}")
+                (only,) = await user_ids(h)
+                _, event = await rewind(h, Target(to=only, restore="chat"))
+                undos.append(event.undo)
+            overview = await h.runtime.rewinds.overview(SID)
+            assert [b["branch_id"] for b in overview.branches] == undos[1:]
+
+
+async def test_a_rewind_previewed_before_a_compaction_is_refused_when_applied(
+    tmp_path: Path,
+) -> None:
+    profiles = {"general": {**PROFILES["general"], "compression_keep_recent": 2}}
+    replies = [say("one"), say("two"), say("three"), say("the summary")]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=replies, profiles=profiles) as h:
+            for text in ("first", "second", "third"):
+                await turn(h, SID, text)
+            _, second, _ = await user_ids(h)
+            target = Target(to=second, restore="chat")
+            preview = await h.runtime.rewinds.preview(SID, target)
+            messages = await h.runtime.store.load_messages(SID)
+            context = await h.runtime.store.load_context(SID)
+            actor = await h.runtime.sessions.get(SID)
+            actor.compact()
+            await actor.idle.wait()
+            # The display history is the same; what the model is sent is not.
+            assert await h.runtime.store.load_messages(SID) == messages
+            compacted = await h.runtime.store.load_context(SID)
+            assert compacted != context and "the summary" in str(compacted)
+            with pytest.raises(ChangedError, match="changed after the preview"):
+                await h.runtime.rewinds.apply(SID, target, preview.token)
+            assert await h.runtime.store.load_context(SID) == compacted
+
+
+async def test_a_fork_cancelled_part_way_leaves_no_session_and_no_copied_folder(
+    tmp_path: Path,
+) -> None:
+    work = workspace(tmp_path)
+    copy = tmp_path / "elsewhere" / "copy"
+    copy.parent.mkdir()
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=TURN_1 + TURN_2, profiles=PROFILES) as h:
+            await two_turns(h, work)
+            _, second = await user_ids(h)
+            store = h.runtime.store
+            update = store.update_session
+            copied = trio.Event()
+
+            async def copied_then_hang(session_id: str, **fields: Any) -> Any:
+                if session_id == "s-cut":  # the copies are made: the fork is cut here
+                    copied.set()
+                    await trio.sleep_forever()
+                return await update(session_id, **fields)
+
+            store.update_session = copied_then_hang  # type: ignore[method-assign]
+            await store.create_session("s-cut", profile_id="general")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    functools.partial(
+                        h.runtime.rewinds.fork, SID, "s-cut", at=second, files=True, folder=copy
+                    )
+                )
+                await copied.wait()
+                assert copy.is_dir()
+                nursery.cancel_scope.cancel()
+            assert await store.get_session("s-cut") is None
+            assert not copy.exists()
+            assert not h.runtime.settings.session_dir("s-cut").exists()

@@ -2,8 +2,9 @@
 workspace before or after, never half-restored (issue 22, "Tests").
 
 Each round builds its own session with real runs (the fake LLM over HTTP, a real SQLite
-file, a workspace of 1,000 files that the second message's time changed in bulk: 600
-files changed, 250 deleted, 300 new in new folders, 100 modes), then starts a real
+file, a workspace of 1,000 files that the second message's run changed in bulk with a
+terminal command: 600 files changed, 250 deleted, 300 new in new folders, 100 modes: a
+rewind puts back only what navi's own calls changed), then starts a real
 `navi serve` on it, asks for a rewind of chat and files to the first message (its
 restore is the whole change back), and kills the daemon with SIGKILL at a random moment
 after the confirm went out; half the kills are timed from the moment the restore's
@@ -20,14 +21,16 @@ poll its folder every half millisecond, bounded; the number of rounds is fixed.
 from __future__ import annotations
 
 import random
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from rewind_kit import PROFILES, calls, say, tree_of, turn, write
+from rewind_kit import FULL, PROFILES, calls, run, say, tree_of, turn, write
 from test_api_daemon import client, serve
-from test_checkpoints_crash import _state_a, _state_b
+from test_checkpoints_crash import _state_a
 
 from navi_trio.testing import FakeLLMServer, open_harness
 
@@ -50,17 +53,29 @@ def _first_tree(work: Path) -> dict[str, Any]:
     return tree_of(work)
 
 
+# The bulk change, as a command of the second message's run (the test's own code).
+BULK = (
+    f"{shlex.quote(sys.executable)} -c 'import sys; sys.path.insert(0, sys.argv[1]); "
+    "from pathlib import Path; from test_checkpoints_crash import _state_b; "
+    f'_state_b(Path("."))\' {shlex.quote(str(Path(__file__).parent))}'
+)
+
+
 async def _session(base: Path, work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Two messages: the first writes a marker (its checkpoint: state A), then the
-    workspace changes in bulk, the second writes another marker. The trees before the
+    """Two messages: the first writes a marker (its checkpoint: state A), the second
+    changes the workspace in bulk and writes another marker. The trees before the
     rewind (now) and after it (state A)."""
     after = _first_tree(work)
-    replies = [calls(write("m1.txt", "1\n")), say("one"), calls(write("m2.txt", "2\n")), say("2")]
+    replies = [
+        calls(write("m1.txt", "1\n")), say("one"),
+        calls(run(BULK)), calls(write("m2.txt", "2\n")), say("2"),
+    ]  # fmt: skip
     async with open_harness(base, replies=replies, profiles=PROFILES) as h:
-        await turn(h, SID, "one", cwd=work, user_role="admin")
-        _state_b(work)
-        await turn(h, SID, "two", cwd=work, user_role="admin")
-    return tree_of(work), after
+        await turn(h, SID, "one", cwd=work, **FULL)
+        await turn(h, SID, "two", cwd=work, **FULL)
+    now = tree_of(work)
+    assert now["d00/f00.txt"] != after["d00/f00.txt"] and "new/n0/g0.txt" in now, "not run"
+    return now, after
 
 
 async def _journal(data: Path, proc: trio.Process) -> bool:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ import pytest
 import trio
 from api_ws import Client
 from rewind_kit import call, calls, run, say, write
-from served import Served, results, send, served
+from served import Served, outside_tmp, results, send, served
 
 from navi_trio.tools.sandbox import sandbox_available
 
@@ -46,12 +45,8 @@ TIMEOUT = 180  # real seconds: two Python processes start on 2 busy cores
 def base() -> Iterator[Path]:
     """A folder outside /tmp, removed afterwards; open to others (a root daemon's
     commands run as nobody, and a workspace is open to them)."""
-    folder = Path(tempfile.mkdtemp(prefix="navi-roots-", dir="/var/tmp")).resolve()
-    folder.chmod(0o755)
-    try:
+    with outside_tmp("navi-roots-") as folder:
         yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def victim(base: Path) -> Path:

@@ -7,6 +7,7 @@ bounded by `trio.fail_after`.
 from __future__ import annotations
 
 import os
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +150,39 @@ async def test_read_of_a_big_file_stops_at_the_cap_and_says_where_to_go_on(
     assert result.ok
     assert result.output.startswith("000000000\n")
     assert "[lines 1-10 of 50; continue with offset=11]" in result.output
+
+
+async def test_edit_of_a_file_over_its_cap_is_refused_without_reading_it(
+    tmp_path: Path,
+) -> None:
+    """A big sparse file (no disk, a model's `truncate -s`) costs edit no memory: it is
+    refused by its size, naming it and the cap; a file at the cap is edited."""
+    cap = 1 << 20
+    ctx = make_ctx(tmp_path, file_edit_max_bytes=cap)
+    ctx.session_dir.mkdir(parents=True)
+    big = ctx.session_dir / "big.txt"
+    with big.open("wb") as fh:
+        fh.write(b"needle\n")
+        fh.truncate(64 << 20)  # 64 MiB, sparse
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        result = await fs(ctx, action="edit", path="big.txt", old="needle", new="thread")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert not result.ok
+    assert result.error == (
+        f"'big.txt' is {64 << 20} bytes, over the {cap} bytes that edit reads "
+        "(NAVI_FILE_EDIT_MAX_BYTES); change it with terminal (sed -i, a script) or write it "
+        "whole"
+    )
+    assert peak < cap, peak  # not even the cap was read
+    assert big.stat().st_size == 64 << 20 and big.read_bytes()[:6] == b"needle"
+    exact = ctx.session_dir / "exact.txt"
+    exact.write_bytes(b"needle" + b"." * (cap - 6))
+    assert (await fs(ctx, action="edit", path="exact.txt", old="needle", new="thread")).ok
+    assert exact.read_bytes()[:6] == b"thread"
 
 
 async def test_binary_files_are_not_dumped(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
     {"type": "checkpoints", "session_id": S}
         -> {"type": "checkpoints", "session_id": S, "messages": [...], "more_messages": n,
             "checkpoints": [...], "branches": [...]}
-    {"type": "rewind", "session_id": S, "to": M | "branch": B, "restore": "both"}
+    {"type": "rewind", "session_id": S, "to": M | "branch": B, "restore": "both",
+     "conflicts": "keep" | "restore"}
         -> {"type": "rewind", "action": "preview", ..., "token": T}
     {"type": "rewind", ..., "confirm": T}
         -> {"type": "rewind", "action": "done", ...}; the session's subscribers get
@@ -14,7 +15,9 @@
 
 A user rewinds, forks and lists only their own sessions (an admin any): every frame is
 checked against the sender first (`Commands._owned`); message and branch ids are looked
-up in that session's own history, never trusted. A fork is a new session of the sender
+up in that session's own history, never trusted. What a rewind or fork touches is
+checked against the sender too (`Asker`): a folder they may not use now is left out and
+named (``roots_left_out`` / ``left_out``). A fork is a new session of the sender
 (the per-user limit applies; an id they choose follows the usual rule), and a `folder`
 for its copy must not exist and lie in a folder the sender may use as a cwd. The work
 runs beside the connection's reader (a restore can take seconds). The full protocol is
@@ -32,7 +35,7 @@ from navi_trio.api.auth import User
 from navi_trio.api.protocol import Checkpoints, Fork, Frame, RequestId, Rewind, reply
 from navi_trio.api.services import DaemonCore
 from navi_trio.core.checkpoints import NOT_COVERED, Preview
-from navi_trio.core.rewind import RewindPreview, Target
+from navi_trio.core.rewind import Asker, RewindPreview, Target
 from navi_trio.core.rewind_service import Overview
 from navi_trio.core.workspace import CwdCheck
 from navi_trio.errors import ExistsError, ProtocolError
@@ -68,6 +71,7 @@ class CommandHost(Protocol):
 
 CHANGES_LISTED = 50
 KEPT_LISTED = 20
+CONFLICTS_LISTED = 50
 
 
 def overview_fields(overview: Overview) -> dict[str, Any]:
@@ -100,6 +104,10 @@ def files_fields(files: Preview) -> dict[str, Any]:
                 "more_changes": max(0, len(r.changes) - CHANGES_LISTED),
                 "kept": [{"path": k.path, "why": k.why} for k in r.kept[:KEPT_LISTED]],
                 "kept_count": r.kept_count,
+                "conflicts": list(r.conflicts[:CONFLICTS_LISTED]),
+                "conflicts_count": r.conflicts_count,
+                "others": list(r.others[:CONFLICTS_LISTED]),
+                "others_count": r.others_count,
             }
             for r in files.roots
         ],
@@ -112,12 +120,14 @@ def preview_fields(preview: RewindPreview) -> dict[str, Any]:
         "to": t.to,
         "branch": t.branch,
         "restore": t.restore,
+        "conflicts": t.conflicts,
         "messages_removed": preview.messages_removed,
         "messages_restored": preview.messages_restored,
         "text": preview.text,
         "files": None if preview.files is None else files_fields(preview.files),
         "files_note": preview.files_note,
         "not_covered": NOT_COVERED if t.files else "",
+        "roots_left_out": [{"root": root, "why": why} for root, why in preview.left_out],
         "token": preview.token,
     }
 
@@ -153,36 +163,28 @@ class CheckpointCommands:
 
         await self.c.conn.defer(rid, work)
 
+    def _asker(self) -> Asker:
+        return Asker(self.c.user.id, self.c.user.role)
+
     async def rewind(self, rid: RequestId, cmd: Rewind) -> None:
         await self.c._owned(cmd.session_id)
-        target = Target(restore=cmd.restore, to=cmd.to, branch=cmd.branch)
+        target = Target(restore=cmd.restore, to=cmd.to, branch=cmd.branch, conflicts=cmd.conflicts)
         rewinds = self.c.rt.rewinds
+        asker = self._asker()
 
         async def work() -> None:
             if cmd.confirm is None:
-                preview = await rewinds.preview(cmd.session_id, target)
+                preview = await rewinds.preview(cmd.session_id, target, asker)
                 fields = preview_fields(preview)
                 await self.c.conn.send(
                     reply(rid, "rewind", action="preview", session_id=cmd.session_id, **fields)
                 )
                 return
-            event = await rewinds.apply(cmd.session_id, target, cmd.confirm)
+            event = await rewinds.apply(cmd.session_id, target, cmd.confirm, asker)
             await self.c.conn.send(
-                reply(
-                    rid,
-                    "rewind",
-                    action="done",
-                    session_id=cmd.session_id,
-                    to=event.to,
-                    branch=event.branch,
-                    restore=event.restore,
-                    undo=event.undo,
-                    messages_removed=event.messages_removed,
-                    messages_restored=event.messages_restored,
-                    files=event.files,
-                    failed=list(event.failed),
-                )  # fmt: skip
-            )
+                reply(rid, "rewind", action="done", session_id=cmd.session_id,
+                      **done_fields(event))
+            )  # fmt: skip
 
         await self.c.conn.defer(rid, work)
 
@@ -194,10 +196,11 @@ class CheckpointCommands:
         if cmd.folder is not None and not cmd.files:
             raise ProtocolError("a fork's folder is for its copy of the files: add files: true")
         row = await self.c._create(cmd.new_session_id, None)
+        asker = self._asker()
 
         async def work() -> None:
             event = await self.c.rt.rewinds.fork(
-                cmd.session_id, row.id, at=cmd.at, files=cmd.files, folder=folder
+                cmd.session_id, row.id, at=cmd.at, files=cmd.files, folder=folder, asker=asker
             )
             await self.c.conn.send(
                 reply(
@@ -208,6 +211,7 @@ class CheckpointCommands:
                     at=event.at,
                     messages=event.messages,
                     folder=event.folder,
+                    left_out=list(event.left_out),
                 )  # fmt: skip
             )
 

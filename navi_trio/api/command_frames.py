@@ -106,6 +106,9 @@ class Rewind:
     branch: str | None = attrs.field(default=None, validator=check.point)
     restore: Literal["chat", "files", "both"] = "both"
     confirm: str | None = attrs.field(default=None, validator=check.token)
+    # A file both the session's calls and someone else changed since: kept as it is
+    # (keep), or put back as the checkpoint has it too (restore).
+    conflicts: Literal["keep", "restore"] = "keep"
 
 
 @attrs.frozen

@@ -68,8 +68,8 @@ async def rewind_call(
     point = resolve_point(listed, to) if to is not None else None
     target: dict[str, Any] = {"to": point, "branch": branch, "restore": restore}
     if confirm is None:
-        return _result("preview", print_preview, await rewinds.preview(session_id, **target))
-    done = await rewinds.apply(session_id, **target, token=confirm)
+        return _result("preview", print_preview, await rewinds.preview(session_id, target))
+    done = await rewinds.apply(session_id, target, confirm)
     return _result("done", lambda f, out: print_done(f, session_id, out), done)
 
 

@@ -1,13 +1,15 @@
 """`navi rewind` and `navi fork`: undo what a session did, or branch it off, from the shell.
 
     navi rewind --session ID --list
-    navi rewind --session ID --to MSG [--restore chat|files|both] [--yes] [--json]
+    navi rewind --session ID --to MSG [--restore chat|files|both] [--force] [--yes] [--json]
     navi rewind --session ID --branch B [--restore ...] [--yes]       (undo a rewind)
     navi fork --session ID [--at MSG] [--files [--folder DIR]] [--new ID] [--json]
 
 MSG is a message id or its number in the list (1 = the first user message, -1 = the
 last: ``--to -1`` undoes the last message's turn). A rewind always shows its preview
-first (messages removed, files restored / created / deleted, what it does not cover);
+first (messages removed, files restored / created / deleted, the conflicts: files both
+navi and someone else changed since, kept as they are unless ``--force``, and what it
+does not cover);
 it applies it when the person at the terminal says yes, or at once with ``--yes``
 (without a terminal and without ``--yes`` it only shows the preview: nothing is changed
 headless by accident). The result names the branch that undoes it.
@@ -30,7 +32,13 @@ import trio
 
 from navi_trio.cli.common import EXIT_OK, load_settings, run_target
 from navi_trio.cli.rewinds import LocalRewinds, RemoteRewinds, Rewinds, resolve_point
-from navi_trio.client.rewind_text import print_done, print_forked, print_overview, print_preview
+from navi_trio.client.rewind_text import (
+    CLI_FORCE,
+    print_done,
+    print_forked,
+    print_overview,
+    print_preview,
+)
 from navi_trio.errors import UsageError
 from navi_trio.settings import Settings
 
@@ -49,6 +57,12 @@ def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], 
     rewind.add_argument("--to", metavar="MSG", help="a message id or number (1 first, -1 the last)")
     rewind.add_argument("--branch", metavar="B", help="bring back this branch (an undo)")
     rewind.add_argument("--restore", choices=("chat", "files", "both"), default="both")
+    rewind.add_argument(
+        "--force",
+        action="store_true",
+        help="also restore the conflicts: files navi and someone else both changed since "
+        "(without it they are kept as they are)",
+    )
     rewind.add_argument("--yes", action="store_true", help="apply the preview without asking")
     _client_options(rewind, endpoint_options)
 
@@ -106,17 +120,22 @@ async def _rewind(args: argparse.Namespace, settings: Settings, out: TextIO, err
             _print(args, out, listed, lambda: print_overview(listed, out))
             return EXIT_OK
         to = resolve_point(listed, args.to) if args.to is not None else None
-        target: dict[str, Any] = {"to": to, "branch": args.branch, "restore": args.restore}
-        preview = await rewinds.preview(sid, **target)
+        target: dict[str, Any] = {
+            "to": to,
+            "branch": args.branch,
+            "restore": args.restore,
+            "conflicts": "restore" if args.force else "keep",
+        }
+        preview = await rewinds.preview(sid, target)
         if not args.json:
-            print_preview(preview, out)
+            print_preview(preview, out, force_hint=CLI_FORCE)
         if not args.yes and not await _confirmed(err):
             if args.json:
                 print(json.dumps(preview), file=out)
             else:
                 print("nothing was changed (add --yes to apply it)", file=out)
             return EXIT_OK
-        done = await rewinds.apply(sid, **target, token=str(preview["token"]))
+        done = await rewinds.apply(sid, target, str(preview["token"]))
         _print(args, out, {"preview": preview, "done": done}, lambda: print_done(done, sid, out))
     return EXIT_OK
 

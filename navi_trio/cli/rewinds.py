@@ -6,6 +6,8 @@ process (`Runtime.rewinds`, the same core the daemon's frames reach). Both answe
 the daemon's reply fields (api/checkpoint_frames.py builds them for both), so whoever
 prints them (cli/rewind.py, cli/mcp_server.py) does not know which it had.
 
+A rewind's target is the frame's fields: ``to`` or ``branch``, ``restore``, ``conflicts``.
+
 `resolve_point` turns what a person types for a message into its id: the id itself, or
 its number as `navi rewind --list` shows it (1 = the first user message, -1 = the last).
 """
@@ -26,12 +28,8 @@ Fields = dict[str, Any]
 
 class Rewinds(Protocol):
     async def overview(self, session_id: str) -> Fields: ...
-    async def preview(
-        self, session_id: str, *, to: str | None, branch: str | None, restore: str
-    ) -> Fields: ...
-    async def apply(
-        self, session_id: str, *, to: str | None, branch: str | None, restore: str, token: str
-    ) -> Fields: ...
+    async def preview(self, session_id: str, target: Fields) -> Fields: ...
+    async def apply(self, session_id: str, target: Fields, token: str) -> Fields: ...
     async def fork(
         self,
         session_id: str,
@@ -58,16 +56,11 @@ class RemoteRewinds:
     async def overview(self, session_id: str) -> Fields:
         return await self._ask(wire.checkpoints(session_id))
 
-    async def preview(
-        self, session_id: str, *, to: str | None, branch: str | None, restore: str
-    ) -> Fields:
-        return await self._ask(wire.rewind(session_id, to=to, branch=branch, restore=restore))
+    async def preview(self, session_id: str, target: Fields) -> Fields:
+        return await self._ask(wire.rewind(session_id, **target))
 
-    async def apply(
-        self, session_id: str, *, to: str | None, branch: str | None, restore: str, token: str
-    ) -> Fields:
-        frame = wire.rewind(session_id, to=to, branch=branch, restore=restore, confirm=token)
-        return await self._ask(frame)
+    async def apply(self, session_id: str, target: Fields, token: str) -> Fields:
+        return await self._ask(wire.rewind(session_id, **target, confirm=token))
 
     async def fork(
         self,
@@ -101,26 +94,20 @@ class LocalRewinds:
         found = await self.rt.rewinds.overview(session_id)
         return {"session_id": session_id, **overview_fields(found)}
 
-    async def preview(
-        self, session_id: str, *, to: str | None, branch: str | None, restore: str
-    ) -> Fields:
+    async def preview(self, session_id: str, target: Fields) -> Fields:
         from navi_trio.api.checkpoint_frames import preview_fields
         from navi_trio.core.rewind import Target
 
         await self._known(session_id)
-        target = Target(restore=restore, to=to, branch=branch)
-        preview = await self.rt.rewinds.preview(session_id, target)
+        preview = await self.rt.rewinds.preview(session_id, Target(**target))
         return {"session_id": session_id, "action": "preview", **preview_fields(preview)}
 
-    async def apply(
-        self, session_id: str, *, to: str | None, branch: str | None, restore: str, token: str
-    ) -> Fields:
+    async def apply(self, session_id: str, target: Fields, token: str) -> Fields:
         from navi_trio.api.checkpoint_frames import done_fields
         from navi_trio.core.rewind import Target
 
         await self._known(session_id)
-        target = Target(restore=restore, to=to, branch=branch)
-        event = await self.rt.rewinds.apply(session_id, target, token)
+        event = await self.rt.rewinds.apply(session_id, Target(**target), token)
         return {"session_id": session_id, "action": "done", **done_fields(event)}
 
     async def fork(
@@ -148,6 +135,7 @@ class LocalRewinds:
             "at": event.at,
             "messages": event.messages,
             "folder": event.folder,
+            "left_out": list(event.left_out),
         }
 
 

@@ -46,7 +46,8 @@ running turn with it instead: the agent reads it before its next step.
   /schedule pause ID | resume ID | remove ID       /schedules lists yours
   /compact        summarise the conversation to free context (Ctrl+X C too)
   /rewind [N]     list messages, or rewind chat and files to before message N (Esc Esc too;
-                  /rewind N chat|files|both, /rewind undo); a preview comes first: y applies
+                  /rewind N chat|files|both [force], /rewind undo); a preview comes first:
+                  y applies; force also restores the conflicts (files you changed too)
   /fork [N] [files]  a new session from the history before N, with its files: move to it
   /tasks          list background tasks
   /profile NAME   use profile NAME from your next message on (no NAME: show it)

@@ -1,7 +1,10 @@
 """The chat's ``/rewind`` and ``/fork`` (and the double Esc that opens ``/rewind``).
 
     /rewind                      list the session's messages (numbered) and branches
-    /rewind N [chat|files|both]  preview a rewind to just before message N (-1: the last)
+    /rewind N [chat|files|both] [force]
+                                 preview a rewind to just before message N (-1: the last);
+                                 force: also restore the conflicts (files navi and
+                                 someone else both changed since; kept without it)
     /rewind undo                 preview bringing back the newest branch (undo a rewind)
     /fork [N] [files]            a new session from the history before N (all without),
                                  with a copy of the files when asked; the chat moves to it
@@ -38,6 +41,8 @@ YES = ("y", "yes")
 NO = ("n", "no")
 BRANCH_HINT = "/rewind undo brings the newest back"
 UNDO_HINT = "/rewind undo brings it back"
+FORCE_HINT = "add force (/rewind N files force) to restore them too"
+FORCE = "force"
 
 
 class Chat(Protocol):
@@ -128,17 +133,19 @@ class RewindFlow:
                 return []
             return [wire.fork(sid, at=at, files=files)]
         restore = next((w for w in words[1:] if w in RESTORES), "both")
+        conflicts = "restore" if FORCE in words[1:] else None
         if words[0] == "undo":
             branches = list(listed.get("branches") or [])
             if not branches:
                 self.app.renderer.notice("no rewind to undo in this session")
                 return []
-            frame = wire.rewind(sid, branch=str(branches[-1]["branch_id"]), restore=restore)
+            branch = str(branches[-1]["branch_id"])
+            frame = wire.rewind(sid, branch=branch, restore=restore, conflicts=conflicts)
         else:
             to = self._resolve(words[0])
             if to is None:
                 return []
-            frame = wire.rewind(sid, to=to, restore=restore)
+            frame = wire.rewind(sid, to=to, restore=restore, conflicts=conflicts)
         self._asked = frame
         return [frame]
 
@@ -156,7 +163,7 @@ class RewindFlow:
             return self._forked(frame)
         if frame.get("action") == "preview":
             self.confirming = frame
-            self._show(_text(lambda out: print_preview(frame, out)))
+            self._show(_text(lambda out: print_preview(frame, out, force_hint=FORCE_HINT)))
             self.app.renderer.notice("apply it? (y/n)")
         elif frame.get("action") == "done":
             self._asked = None

@@ -20,6 +20,8 @@ def _when(seconds: Any) -> str:
 
 CLI_BRANCH = "bring one back with --branch ID: it undoes that rewind"
 CLI_UNDO = "undo it with: navi rewind --session {session} --branch {branch}"
+CLI_FORCE = "--force restores them too"
+SHOWN_PATHS = 10
 
 
 def print_overview(listed: Fields, out: TextIO, *, branch_hint: str = CLI_BRANCH) -> None:
@@ -41,7 +43,7 @@ def print_overview(listed: Fields, out: TextIO, *, branch_hint: str = CLI_BRANCH
               f"{b.get('messages')} message(s)  {_one_line(b.get('text'))}", file=out)  # fmt: skip
 
 
-def print_preview(preview: Fields, out: TextIO) -> None:
+def print_preview(preview: Fields, out: TextIO, *, force_hint: str = CLI_FORCE) -> None:
     where = f"before {_quote(preview.get('text'))}" if preview.get("to") else (
         f"branch {preview.get('branch')}"
     )  # fmt: skip
@@ -68,9 +70,33 @@ def print_preview(preview: Fields, out: TextIO) -> None:
         hidden = len(root.get("changes") or []) - SHOWN_CHANGES + int(root.get("more_changes", 0))
         if hidden > 0:
             _print(f"      … and {hidden} more", file=out)
+        _conflicts(root, preview.get("conflicts") == "restore", force_hint, out)
+    for left in preview.get("roots_left_out") or []:
+        _print(f"  left out: {left.get('root')}: {left.get('why')}", file=out)
     if files.get("undo_skipped"):
         _print(f"  this cannot be undone: {files['undo_skipped']}", file=out)
     _print(f"  {files.get('not_covered')}", file=out)
+
+
+def _conflicts(root: Fields, restored: bool, force_hint: str, out: TextIO) -> None:
+    """The files both navi and someone else changed, and those only someone else did."""
+    conflicts = list(root.get("conflicts") or [])
+    if conflicts:
+        count = int(root.get("conflicts_count") or len(conflicts))
+        what = "restored too, as asked" if restored else f"kept as they are now; {force_hint}"
+        _print(f"    {count} conflict(s), changed by navi and by someone else since ({what}):",
+              file=out)  # fmt: skip
+        _print(f"      {_paths(conflicts, count)}", file=out)
+    others = list(root.get("others") or [])
+    if others:
+        count = int(root.get("others_count") or len(others))
+        _print(f"    left as they are ({count}: changed since, not by navi): "
+              f"{_paths(others, count)}", file=out)  # fmt: skip
+
+
+def _paths(paths: list[Any], count: int) -> str:
+    shown = ", ".join(str(p) for p in paths[:SHOWN_PATHS])
+    return shown + (f" … and {count - SHOWN_PATHS} more" if count > SHOWN_PATHS else "")
 
 
 def print_done(done: Fields, session_id: str, out: TextIO, *, undo_hint: str = CLI_UNDO) -> None:
@@ -94,6 +120,8 @@ def print_forked(made: Fields, out: TextIO) -> None:
     _print(f"forked {made.get('session_id')} into {new} ({made.get('messages')} message(s))",
           file=out)  # fmt: skip
     folder = made.get("folder")
+    for left in made.get("left_out") or []:
+        _print(f"not copied: {left}", file=out)
     if folder:
         _print(f"its files: {folder}", file=out)
         _print(f"go on with: navi chat --session {new}  (in {folder}: navi run --cwd {folder} "

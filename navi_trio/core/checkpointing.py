@@ -19,6 +19,11 @@ is snapshotted before it detaches, as part of its round; a background sub-agent'
 rounds go through the same executor. Only a run that belongs to a session snapshots (a
 sub-agent with no session has no history to rewind).
 
+Each such call also runs inside `RoundCheckpoints.calling` (inline, or in its background
+job): what changes in the run's folders while it runs is the session's own doing, and
+what changes while none runs is someone else's (core/checkpoints/_marks.py); a rewind
+puts back only the first.
+
 Events: ``checkpoint_created`` (quiet), a ``checkpoint_skipped`` warning naming why
 (over a bound, a folder unreadable; nothing when NAVI_CHECKPOINTS=false), and a
 ``checkpoint_left_out`` warning naming the files a checkpoint could not copy (over
@@ -41,7 +46,8 @@ is refused instead of restoring a later state (core/rewind.py).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 import trio
@@ -129,6 +135,47 @@ class RoundCheckpoints(NurseryHolder):
         self._pruned = trio.Event()  # set when no pruning is under way
         self._pruned.set()
 
+    @staticmethod
+    def writing(
+        calls: Sequence[ToolCall], ctx: ToolContext, registry: ToolRegistry, allowed: Sequence[str]
+    ) -> list[ToolCall]:
+        """The calls of `calls` that may change the run's folders and that the policy does
+        not deny (a denied call never runs); none for a run of no session."""
+        if not ctx.can_detach:  # a sub-agent of no session: nothing to rewind
+            return []
+        return [
+            c
+            for c in calls
+            if may_write(c, registry, allowed, ctx.mode)
+            and decide(ctx.profile, ctx.user_role, ctx.mode, CallFacts.of(c.name, c.arguments))
+            .decision != "deny"
+        ]  # fmt: skip
+
+    @asynccontextmanager
+    async def calling(
+        self, call: ToolCall, ctx: ToolContext, registry: ToolRegistry, allowed: Sequence[str]
+    ) -> AsyncIterator[None]:
+        """Around one call that runs: when it may write, what changes in the run's folders
+        meanwhile is marked as the session's own (a rewind puts it back)."""
+        if not self.writing([call], ctx, registry, allowed):
+            yield
+            return
+        try:
+            roots = await trio.to_thread.run_sync(ctx.call_roots)
+        except (OSError, RootChangedError):
+            yield
+            return
+        try:
+            try:
+                held = list({r.path: r for r in roots.all()}.values())
+            except RootChangedError:
+                held = []  # the call fails with it; nothing of it is in the folders
+            private = private_paths(ctx.settings, ctx.session_dir, config=ctx.config)
+            async with self.engine.calling(ctx.session_id, held, private=private):
+                yield
+        finally:
+            roots.close()
+
     async def before_round(
         self,
         calls: Sequence[ToolCall],
@@ -138,15 +185,7 @@ class RoundCheckpoints(NurseryHolder):
         publish: Publish,
     ) -> None:
         """Snapshot the writable folders once when a call of the round may write."""
-        if not ctx.can_detach:  # a sub-agent of no session: nothing to rewind
-            return
-        writing = [
-            c
-            for c in calls
-            if may_write(c, registry, allowed, ctx.mode)
-            and decide(ctx.profile, ctx.user_role, ctx.mode, CallFacts.of(c.name, c.arguments))
-            .decision != "deny"
-        ]  # fmt: skip
+        writing = self.writing(calls, ctx, registry, allowed)
         if not writing:
             return
         label = round_label(writing)

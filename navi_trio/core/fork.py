@@ -18,8 +18,12 @@ new session's folder, which every user may use as a cwd). Each copy appears whol
 at all (the engine's export). The folder of the copy is in the `forked` event: the fork's
 runs use it as their cwd when the client sends it.
 
-A fork that fails part way leaves nothing: the new session and the folders it made are
-removed again.
+Only folders the asker may use now are copied (core/rewind.py `Rewinder.usable`): the
+source's own session folder always, its working folder when the asker may still work
+there; one left out is named in the `forked` event (`left_out`) and is never read.
+
+A fork that fails part way (or is cancelled) leaves nothing: the new session and the
+folders it made are removed again.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Any
 import trio
 
 from navi_trio.core.checkpoints import CheckpointError, CheckpointInfo, Created
-from navi_trio.core.rewind import Rewinder, engine_errors
+from navi_trio.core.rewind import Asker, Rewinder, engine_errors
 from navi_trio.core.rewind_points import Message, context_before, files_checkpoint, find_point
 from navi_trio.errors import RestoreError
 from navi_trio.events import Forked
@@ -57,6 +61,7 @@ class Forker:
         at: str | None = None,
         files: bool = False,
         folder: Path | None = None,
+        asker: Asker | None = None,
     ) -> Forked:
         messages, context = await self.rewinder.history(source)
         row = await self.store.get_session(source)
@@ -68,11 +73,12 @@ class Forker:
             new_context = context_before(messages, context, index)
             since = float(messages[index].get("created_at") or 0.0)
         made: list[Path] = []
+        left_out: tuple[tuple[str, str], ...] = ()
         try:
             copy = None
             if files:
-                copy = await self._files(
-                    source, new_id, since, folder, made, messages, owner=row.user_id
+                copy, left_out = await self._files(
+                    source, new_id, since, folder, made, messages, asker, owner=row.user_id
                 )
             meta: dict[str, Any] = {"forked_from": source, "forked_at": at}
             mode = _mode(history) or row.meta.get("mode")
@@ -89,6 +95,7 @@ class Forker:
             at=at or "",
             messages=len(history),
             folder=None if copy is None else str(copy),
+            left_out=tuple(f"{folder}: {why}" for folder, why in left_out),
         )
 
     async def _files(
@@ -99,17 +106,21 @@ class Forker:
         folder: Path | None,
         made: list[Path],
         messages: list[Message],
+        asker: Asker | None,
         *,
         owner: str,
-    ) -> Path | None:
-        """Copy the checkpoint's folders into the fork's; the copy of the working folder."""
-        info = await self._checkpoint(source, since, messages, owner)
+    ) -> tuple[Path | None, tuple[tuple[str, str], ...]]:
+        """Copy the checkpoint's folders the asker may use into the fork's; the copy of
+        the working folder, and the folders left out."""
+        info, left_out = await self._checkpoint(source, since, messages, asker, owner)
+        usable, more = await self.rewinder.usable(source, info.paths, asker)
+        left_out += more
         src = await trio.to_thread.run_sync(real_path, self.settings.session_dir(source))
         new_dir = self.settings.session_dir(new_id)
         await trio.to_thread.run_sync(lambda: new_dir.parent.mkdir(parents=True, exist_ok=True))
         copy: Path | None = None
         # The session folder first: a folder of the run inside it goes to its place in it.
-        for root in sorted(info.paths, key=lambda p: p != src):
+        for root in sorted(usable, key=lambda p: p != src):
             dest: Path
             if root == src:
                 dest = new_dir
@@ -125,19 +136,27 @@ class Forker:
             with engine_errors():
                 await self.rewinder.engine.export(source, info.id, root, dest)
             made.append(dest)
-        return copy
+        return copy, left_out
 
     async def _checkpoint(
-        self, source: str, since: float | None, messages: list[Message], owner: str
-    ) -> CheckpointInfo:
-        """The source's checkpoint at `since`, or one taken now in its `owner`'s namespace."""
+        self,
+        source: str,
+        since: float | None,
+        messages: list[Message],
+        asker: Asker | None,
+        owner: str,
+    ) -> tuple[CheckpointInfo, tuple[tuple[str, str], ...]]:
+        """The source's checkpoint at `since`, or one taken now in its `owner`'s namespace
+        of the folders the asker may use (and those left out)."""
         engine = self.rewinder.engine
         if since is not None:
             infos = await engine.checkpoints(source)
             info = await files_checkpoint(self.store, infos, source, since)
             if info is not None:
-                return info
-        roots = await trio.to_thread.run_sync(self._roots_now, source, messages)
+                return info, ()
+        found = await trio.to_thread.run_sync(self._roots_now, source, messages)
+        # A folder the asker may not use is never read, not even into a checkpoint.
+        roots, left_out = await self.rewinder.usable(source, found, asker)
         try:
             outcome = await engine.snapshot(
                 source, roots, private=self.rewinder.private(source), label="for a fork",
@@ -147,7 +166,7 @@ class Forker:
             raise RestoreError(f"the folders could not be copied: {exc}") from None
         if not isinstance(outcome, Created):
             raise RestoreError(f"the folders could not be copied: {outcome.reason}")
-        return outcome.checkpoint
+        return outcome.checkpoint, left_out
 
     def _roots_now(self, source: str, messages: list[Message]) -> list[Path]:
         """The session folder and the working folder of its newest message that had one.

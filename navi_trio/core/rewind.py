@@ -9,9 +9,16 @@ files restored / created / deleted and their bytes, what a file rewind does not 
 and changes nothing; `apply` with the preview's token does it, or refuses
 (`ChangedError`) when the history or the folders moved since. A **chat** rewind makes
 the display history and the LLM context what they were just before the message; a
-**files** rewind restores the writable folders to that message's checkpoint
-(core/rewind_points.py says which) through the engine's journalled restore (a crash
-leaves them before or after, never between).
+**files** rewind puts back, in the writable folders, what the session's own calls
+changed since that message's checkpoint (core/rewind_points.py says which), through the
+engine's journalled restore (a crash leaves them before or after, never between). What
+someone else changed meanwhile (core/checkpoints/_marks.py) stays; a path both changed
+is a conflict, kept as it is unless the target says ``conflicts="restore"``.
+
+A rewind acts only in folders the asker may use now (`Asker`: the same check as a
+message's cwd, core/workspace.py): a folder of the checkpoint they may not (an admin's
+cwd in their session, a folder `workspace_roots` no longer grants) is left out, and
+the preview names it.
 
 Nothing is lost: every rewind leaves a branch (what it cut off, the context as it was,
 and the checkpoint of the files as they were), and bringing a branch back
@@ -28,19 +35,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import attrs
+import trio
 
 from navi_trio.core.checkpoints import (
+    CONFLICTS,
     CheckpointChangedError,
     CheckpointEngine,
     CheckpointError,
     Preview,
     Restored,
+    Scope,
     UnknownCheckpointError,
 )
 from navi_trio.core.lease import SessionLeases
@@ -57,18 +69,21 @@ from navi_trio.core.rewind_points import (
     new_branch_id,
 )
 from navi_trio.core.session import message_id
+from navi_trio.core.workspace import CwdCheck
 from navi_trio.errors import (
     ChangedError,
     NotFoundError,
     ProtocolError,
+    RequestError,
     RestoreError,
+    RootChangedError,
     SessionBusyError,
 )
 from navi_trio.events import Rewound
-from navi_trio.profiles import NaviConfig
+from navi_trio.profiles import ConfigSource, NaviConfig
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionStore
-from navi_trio.tools.private import PrivatePaths, private_paths
+from navi_trio.tools.private import PrivatePaths, private_paths, real_path, within
 
 FAILED_LISTED = 20
 NO_FILES = "no file was changed by navi since that message: the files stay as they are"
@@ -76,17 +91,22 @@ NO_FILES = "no file was changed by navi since that message: the files stay as th
 
 @attrs.frozen
 class Target:
-    """Rewind to just before user message `to`, or bring back branch `branch`."""
+    """Rewind to just before user message `to`, or bring back branch `branch`; a file
+    both the session's calls and someone else changed since is kept as it is
+    (`conflicts` "keep") or restored too ("restore")."""
 
     restore: str = "both"  # chat | files | both
     to: str | None = None
     branch: str | None = None
+    conflicts: str = "keep"
 
     def __attrs_post_init__(self) -> None:
         if self.restore not in RESTORES:
             raise ProtocolError(f"restore must be one of {', '.join(RESTORES)}")
         if (self.to is None) == (self.branch is None):
             raise ProtocolError("a rewind names either a message (to) or a branch, not both")
+        if self.conflicts not in CONFLICTS:
+            raise ProtocolError(f"conflicts must be one of {', '.join(CONFLICTS)}")
 
     @property
     def chat(self) -> bool:
@@ -95,6 +115,15 @@ class Target:
     @property
     def files(self) -> bool:
         return self.restore in ("files", "both")
+
+
+@attrs.frozen
+class Asker:
+    """Who asks for a rewind or a fork: the folders it acts on are checked against their
+    rights now, as a message's cwd is."""
+
+    user_id: str
+    role: str
 
 
 @attrs.frozen
@@ -110,6 +139,7 @@ class RewindPreview:
     files: Preview | None
     files_note: str
     token: str
+    left_out: tuple[tuple[str, str], ...] = ()  # (folder, why) not acted on
 
 
 @attrs.frozen
@@ -139,6 +169,7 @@ class Rewinder:
         config: Callable[[], NaviConfig],
         forget: Callable[[str], None],
         jobs: Callable[[str], int],
+        source: ConfigSource | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -147,11 +178,42 @@ class Rewinder:
         self.config = config
         self.forget = forget
         self.jobs = jobs
+        self.source = source  # the config with its pinned workspace roots (the asker's check)
 
     def private(self, session_id: str) -> PrivatePaths:
         """What no checkpoint reads or restores: navi's own data (as the sandbox masks)."""
         folder = self.settings.session_dir(session_id)
         return private_paths(self.settings, folder, config=self.config())
+
+    async def usable(
+        self, session_id: str, folders: Sequence[Path], asker: Asker | None
+    ) -> tuple[tuple[Path, ...], tuple[tuple[str, str], ...]]:
+        """The folders of `folders` the asker may use now, and (folder, why) for each
+        left out. The session's own folder (and what is in it) is always theirs to use;
+        any other is checked as a message's cwd would be (a missing one: its parent).
+        No asker (the person at the shell, who owns the data folder): all of them."""
+        if asker is None or self.source is None:
+            return tuple(folders), ()
+        own = await trio.to_thread.run_sync(real_path, self.settings.session_dir(session_id))
+        check = CwdCheck(
+            user_id=asker.user_id, role=asker.role, session_id=session_id,
+            settings=self.settings, config=self.source, store=self.store,
+        )  # fmt: skip
+        ok: list[Path] = []
+        left: list[tuple[str, str]] = []
+        for folder in folders:
+            if within(folder, own):
+                ok.append(folder)
+                continue
+            there = await trio.to_thread.run_sync(os.path.lexists, folder)
+            try:
+                root = await check.open(str(folder if there else folder.parent), resolve=False)
+            except (RequestError, RootChangedError) as exc:
+                left.append((str(folder), f"you may not use this folder now: {exc}"))
+                continue
+            root.close()
+            ok.append(folder)
+        return tuple(ok), tuple(left)
 
     async def history(self, session_id: str) -> tuple[list[Message], list[Message]]:
         if await self.store.get_session(session_id) is None:
@@ -161,15 +223,21 @@ class Rewinder:
 
     # -- preview ------------------------------------------------------------------------
 
-    async def preview(self, session_id: str, target: Target) -> RewindPreview:
+    async def preview(
+        self, session_id: str, target: Target, asker: Asker | None = None
+    ) -> RewindPreview:
         """What the rewind would change; nothing is changed (a checkpoint of the folders
         as they are is taken: the restore's undo)."""
         plan = await self._plan(session_id, target)
         files: Preview | None = None
-        if plan.checkpoint is not None:
+        scope, left_out = await self._scope(session_id, plan, target, asker)
+        note = plan.files_note
+        if plan.checkpoint is not None and scope is None:
+            note = _all_left_out(left_out)
+        elif plan.checkpoint is not None:
             with engine_errors():
                 files = await self.engine.preview(
-                    session_id, plan.checkpoint, private=self.private(session_id)
+                    session_id, plan.checkpoint, private=self.private(session_id), scope=scope
                 )
         removed = 0 if plan.keep is None else len(plan.messages) - plan.keep
         text = ""
@@ -184,13 +252,30 @@ class Rewinder:
             messages_restored=len(plan.tail),
             text=text,
             files=files,
-            files_note=plan.files_note,
+            files_note=note,
             token=f"{plan.digest}.{files.token if files is not None else ''}",
+            left_out=left_out,
         )
+
+    async def _scope(
+        self, session_id: str, plan: _Plan, target: Target, asker: Asker | None
+    ) -> tuple[Scope | None, tuple[tuple[str, str], ...]]:
+        """What a files rewind may restore: the folders of its checkpoint the asker may
+        use now (None: none of them), and the ones left out."""
+        if plan.checkpoint is None:
+            return None, ()
+        with engine_errors():
+            info = await self.engine.get(session_id, plan.checkpoint)
+        roots, left_out = await self.usable(session_id, info.paths, asker)
+        if not roots:
+            return None, left_out
+        return Scope(conflicts=target.conflicts, roots=roots), left_out
 
     # -- apply --------------------------------------------------------------------------
 
-    async def apply(self, session_id: str, target: Target, confirm: str) -> Rewound:
+    async def apply(
+        self, session_id: str, target: Target, confirm: str, asker: Asker | None = None
+    ) -> Rewound:
         """Do what the preview with token `confirm` showed; the `rewound` event."""
         digest, _, files_token = confirm.partition(".")
         running = self.jobs(session_id)
@@ -202,19 +287,21 @@ class Rewinder:
             )
         async with self.leases.hold(session_id):
             plan = await self._plan(session_id, target)
-            if digest != plan.digest or (plan.checkpoint is not None and not files_token):
+            scope, _ = await self._scope(session_id, plan, target, asker)
+            if digest != plan.digest or (scope is not None) != bool(files_token):
                 raise ChangedError(
                     "the session changed after the preview: look at a new preview first",
                     session_id=session_id,
                 )
             restored: Restored | None = None
-            if plan.checkpoint is not None:
+            if plan.checkpoint is not None and scope is not None:
                 with engine_errors():
                     restored = await self.engine.restore(
                         session_id,
                         plan.checkpoint,
                         private=self.private(session_id),
                         confirm=files_token,
+                        scope=scope,
                     )
             undo = await self._save(session_id, target, plan, restored)
             self.forget(session_id)
@@ -322,6 +409,11 @@ class Rewinder:
             messages, context, keep, tail, new_context, checkpoint, note,
             str(branch.get("at") or ""), branch, _digest(target, messages, context, branch),
         )  # fmt: skip
+
+
+def _all_left_out(left_out: Sequence[tuple[str, str]]) -> str:
+    shown = "; ".join(f"{folder} ({why})" for folder, why in left_out)
+    return f"no folder of that checkpoint may be restored by you now: {shown}"
 
 
 def _parent(messages: Sequence[Message], position: int | None) -> str | None:

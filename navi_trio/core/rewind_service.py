@@ -9,7 +9,8 @@ history they show is gone: reload it; the replay of what came before is forgotte
 client coming back from an older seq reloads too), or a ``forked`` event.
 
 Who may do it (the session's owner, an admin) is the caller's check; every id here has
-been checked against the session's own history.
+been checked against the session's own history. Which folders it may touch is checked
+here, against the asker (`Asker`) as they are now (core/rewind.py `Rewinder.usable`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import trio
 
 from navi_trio.core.checkpointing import RoundCheckpoints
 from navi_trio.core.fork import Forker
-from navi_trio.core.rewind import Rewinder, RewindPreview, Target
+from navi_trio.core.rewind import Asker, Rewinder, RewindPreview, Target
 from navi_trio.core.rewind_points import (
     POINTS_MAX,
     Point,
@@ -91,22 +92,26 @@ class SessionRewinds:
         kept = [branch_summary(b) for b in await branches(store, session_id)]
         return Overview(shown, max(0, len(listed) - POINTS_MAX), checkpoints, kept)
 
-    async def preview(self, session_id: str, target: Target) -> RewindPreview:
+    async def preview(
+        self, session_id: str, target: Target, asker: Asker | None = None
+    ) -> RewindPreview:
         actor = await self.sessions.get(session_id)
 
         async def work() -> RewindPreview:
             # A pruning under way settles first: which checkpoints are kept decides.
             await self.checkpoints.wait_pruned()
-            return await self.rewinder.preview(session_id, target)
+            return await self.rewinder.preview(session_id, target, asker)
 
         return await actor.exclusive(work)
 
-    async def apply(self, session_id: str, target: Target, confirm: str) -> Rewound:
+    async def apply(
+        self, session_id: str, target: Target, confirm: str, asker: Asker | None = None
+    ) -> Rewound:
         actor = await self.sessions.get(session_id)
 
         async def work() -> Rewound:
             await self.checkpoints.wait_pruned()
-            return await self.rewinder.apply(session_id, target, confirm)
+            return await self.rewinder.apply(session_id, target, confirm, asker)
 
         event = await actor.exclusive(work)
         actor.publish(event)
@@ -122,13 +127,16 @@ class SessionRewinds:
         at: str | None = None,
         files: bool = False,
         folder: Path | None = None,
+        asker: Asker | None = None,
     ) -> Forked:
         """Fill the new session `new_id` (made by the caller) from `session_id`; a fork
         that cannot be made (the source busy, a bad `at`) removes it again."""
         try:
             actor = await self.sessions.get(session_id)
             event = await actor.exclusive(
-                lambda: self.forker.fork(session_id, new_id, at=at, files=files, folder=folder)
+                lambda: self.forker.fork(
+                    session_id, new_id, at=at, files=files, folder=folder, asker=asker
+                )
             )
         except BaseException:
             with trio.CancelScope(shield=True):

@@ -16,7 +16,9 @@ for its session owner's answer through the `ApprovalBroker` (core/approvals.py),
 the run's cancel scope.
 
 Before a round's calls run, one checkpoint of the run's writable folders is taken when
-any of them may write (core/checkpointing.py), so a rewind can undo what they did.
+any of them may write (core/checkpointing.py), so a rewind can undo what they did; each
+such call runs inside `RoundCheckpoints.calling`, so what changes meanwhile is known to
+be the session's own.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 
 import attrs
@@ -196,8 +199,16 @@ class ToolExecutor:
         if verdict.network:
             call_ctx = attrs.evolve(call_ctx, sandbox=with_network(call_ctx.sandbox))
         if self._wants_background(call, tool):
-            return await self._detach(tool, args, call_ctx)
-        return await run_tool(tool, args, call_ctx)
+            return await self._detach(call, tool, args, call_ctx, allowed)
+        async with self._calling(call, ctx, allowed):
+            return await run_tool(tool, args, call_ctx)
+
+    def _calling(
+        self, call: ToolCall, ctx: ToolContext, allowed: Sequence[str]
+    ) -> AbstractAsyncContextManager[None]:
+        if self.checkpoints is None:
+            return nullcontext()
+        return self.checkpoints.calling(call, ctx, self.registry, allowed)
 
     async def _gate(
         self,
@@ -236,7 +247,14 @@ class ToolExecutor:
             "need and why."
         )
 
-    async def _detach(self, tool: Tool, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    async def _detach(
+        self,
+        call: ToolCall,
+        tool: Tool,
+        args: dict[str, Any],
+        ctx: ToolContext,
+        allowed: Sequence[str],
+    ) -> ToolResult:
         if self.supervisor is None:
             return ToolResult.fail("Cannot run in background: background tasks are not available")
         if not ctx.can_detach:
@@ -264,7 +282,10 @@ class ToolExecutor:
                 job.emit(ToolEvent(call_id=call_id, name=tool.name, data=data))
 
             try:
-                result = await run_tool(tool, args, attrs.evolve(kept, emit=emit, publish=job.emit))
+                async with self._calling(call, kept, allowed):
+                    result = await run_tool(
+                        tool, args, attrs.evolve(kept, emit=emit, publish=job.emit)
+                    )
             finally:
                 if held is not None:
                     held.close()

@@ -167,13 +167,15 @@ async def open_harness(
     tools: list[Tool] | None = None,
     schedules: bool = False,
     wall_clock: Callable[[], float] | None = None,
+    checkpoint_wall: Callable[[], float] | None = None,
     **settings: Any,
 ) -> AsyncIterator[Harness]:
     """A runtime on `tmp_path/navi.db` with the fake LLM (or the scripted backend).
 
     `tools` replaces the default tool set (passed to `open_runtime`); a profile still
     offers only the tools its ``tools.agent`` names. `schedules` runs the scheduler (as
-    the daemon does), on `wall_clock` when given (e.g. on trio's virtual time).
+    the daemon does), on `wall_clock` when given (e.g. on trio's virtual time);
+    `checkpoint_wall` is the checkpoints' clock (their age).
     """
     cfg = config or test_config(profiles)
     async with trio.open_nursery() as nursery:
@@ -202,6 +204,7 @@ async def open_harness(
             tools=tools,
             schedules=schedules,
             wall_clock=wall_clock,
+            checkpoint_wall=checkpoint_wall,
         ) as rt:
             yield Harness(runtime=rt, fake=fake, scripted=backend, tmp_path=tmp_path)
         nursery.cancel_scope.cancel()

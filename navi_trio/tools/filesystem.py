@@ -280,11 +280,22 @@ class FilesystemTool:
     ) -> ToolResult:
         old = require_str(args, "old")
         new = _require_text(args, "new")
+        cap = ctx.settings.file_edit_max_bytes
         # One open for the read and the write: nothing can be swapped in between.
-        opened, _ = fs.open_file(path, os.O_RDWR)
+        opened, st = fs.open_file(path, os.O_RDWR)
         with opened as fh:
+            # Never more than the cap in memory: a file that grew past it after the
+            # stat is caught by the one byte read beyond it.
+            data = fh.read(cap + 1) if st.st_size <= cap else b""
+            if st.st_size > cap or len(data) > cap:
+                size = max(st.st_size, len(data))
+                return ToolResult.fail(
+                    f"'{raw}' is {size} bytes, over the {cap} bytes that edit reads "
+                    "(NAVI_FILE_EDIT_MAX_BYTES); change it with terminal (sed -i, a "
+                    "script) or write it whole"
+                )
             # Bytes decoded as they are: "\r\n" stays (newline="" semantics).
-            text = fh.read().decode("utf-8")
+            text = data.decode("utf-8")
             count = text.count(old)
             if count == 0 and "\r\n" in text and "\n" in old and "\r\n" not in old:
                 # A CRLF file: the model saw (and copied) plain newlines.

@@ -18,6 +18,11 @@ The API (everything async, on trio)::
         done = await engine.restore(session_id, checkpoint_id, private=private,
                                     confirm=preview.token)   # CheckpointChangedError if
                                                              # the folders moved since
+        async with engine.calling(session_id, held_roots, private=private):
+            ...                                          # a writing call: its changes are
+                                                         # the owner's (`_marks`)
+        # preview / restore with scope=Scope(conflicts="keep"): only the owner's own
+        # changes since the checkpoint (a rewind); what others changed stays
         await engine.export(session_id, checkpoint_id, root, new_folder)   # fork's copy
         dropped_ids = await engine.prune(session_id)      # NAVI_CHECKPOINT_KEEP / _MAX_AGE_SEC
         await engine.delete_all(session_id)              # with the session; objects shared
@@ -82,7 +87,8 @@ daemon restart: the scan cache (the first snapshot after a start reads every fil
 again, ~1 s for 10,000, storing nothing new).
 
 Modules: `engine` (this API), `_snapshots` (taking one), `_scan`/`_state`/`_result`
-(walking a root, what is remembered of it), `_watch` (inotify), `_ignore` (rules),
+(walking a root, what is remembered of it), `_watch` (inotify), `_marks` (who changed
+what: the session's calls or someone else), `_ignore` (rules),
 `_objects`/`_packs` (the store), `_records` (per-owner records), `_plan` (what a
 restore changes), `_apply` (the journal), `_gc`, `_locks`, `_fsops` (fd-relative
 file-system calls), `_model` (results and errors).
@@ -90,6 +96,7 @@ file-system calls), `_model` (results and errors).
 
 from __future__ import annotations
 
+from navi_trio.core.checkpoints._model import CONFLICTS as CONFLICTS
 from navi_trio.core.checkpoints._model import NOT_COVERED as NOT_COVERED
 from navi_trio.core.checkpoints._model import Change as Change
 from navi_trio.core.checkpoints._model import CheckpointChangedError as CheckpointChangedError
@@ -104,6 +111,7 @@ from navi_trio.core.checkpoints._model import Preview as Preview
 from navi_trio.core.checkpoints._model import Restored as Restored
 from navi_trio.core.checkpoints._model import RootChanges as RootChanges
 from navi_trio.core.checkpoints._model import RootTree as RootTree
+from navi_trio.core.checkpoints._model import Scope as Scope
 from navi_trio.core.checkpoints._model import Skipped as Skipped
 from navi_trio.core.checkpoints._model import UnknownCheckpointError as UnknownCheckpointError
 from navi_trio.core.checkpoints._state import Room as Room

@@ -4,7 +4,8 @@ A root cannot be swapped whole (it is the user's working folder: other programs 
 it open, it may be a mount point), so a restore is a **journal rolled forward**:
 
 1. the whole plan (`_plan` operations, every digest they need checked present) is
-   written to ``journal/ID.json`` and fsynced, under an flock on ``journal/ID.lock``;
+   written to ``journal/ID.json`` and fsynced, under an flock on ``journal/ID.lock``,
+   with the owner it restores for (a recovery marks what it wrote as theirs: `_marks`);
 2. the operations run in order, each by fd and each idempotent: a file is written to a
    temp name in its folder and renamed over its path (``.navi-restore-ID-N``), a
    removal of what is already gone is done, a folder that exists is made;
@@ -35,7 +36,7 @@ import os
 import secrets
 import shutil
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -110,9 +111,13 @@ class Journal:
         checkpoint: str,
         private: PrivatePaths,
         held: Mapping[Path, Root],
+        *,
+        owner: str = "",
+        after: str = "",
     ) -> list[Kept]:
         """Journal and apply `roots`' operations (through the `held` roots where there
-        are: the folders the plan was made on); the paths that failed."""
+        are: the folders the plan was made on) for `owner` (`after`: its checkpoint
+        the changes come after); the paths that failed."""
         jid = new_id()
         lock = FileLock(self.folder / f"{jid}.lock")
         lock.acquire(exclusive=True)
@@ -121,6 +126,8 @@ class Journal:
                 "v": 1,
                 "id": jid,
                 "checkpoint": checkpoint,
+                "owner": owner,
+                "after": after,
                 "roots": [{"path": str(r), "ops": ops} for r, ops in roots],
             }
             write_atomic(self.folder / f"{jid}.json", json.dumps(body).encode(), sync=True)
@@ -130,8 +137,11 @@ class Journal:
         finally:
             lock.release()
 
-    def recover(self, objects: ObjectStore) -> list[tuple[str, list[Kept]]]:
-        """Complete every restore a dead process left half done: (journal, failures)."""
+    def recover(
+        self, objects: ObjectStore, completed: Callable[[dict[str, Any]], None] | None = None
+    ) -> list[tuple[str, list[Kept]]]:
+        """Complete every restore a dead process left half done: (journal, failures);
+        `completed(journal)` hears each one."""
         done = []
         for jid in self.pending():
             lock = FileLock(self.folder / f"{jid}.lock")
@@ -144,6 +154,8 @@ class Journal:
                 roots = [(Path(r["path"]), list(r["ops"])) for r in data["roots"]]
                 # The plan was checked against navi's data when it was made.
                 failed = _apply_all(objects, jid, roots, _NO_PRIVATE, {}, recovering=True)
+                if completed is not None:
+                    completed(data)
                 self._finish(jid)
                 done.append((jid, failed))
             finally:

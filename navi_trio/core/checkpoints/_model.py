@@ -147,6 +147,13 @@ class RootChanges:
     changes: tuple[Change, ...] = ()  # at most `PATHS_LISTED`
     kept: tuple[Kept, ...] = ()  # at most `PATHS_LISTED`
     kept_count: int = 0
+    # A selective restore (a rewind): paths both the session's calls and someone else
+    # changed since (kept as they are unless conflicts are restored), and paths only
+    # someone else changed (left as they are); at most `PATHS_LISTED` of each.
+    conflicts: tuple[str, ...] = ()
+    conflicts_count: int = 0
+    others: tuple[str, ...] = ()
+    others_count: int = 0
 
     @property
     def empty(self) -> bool:
@@ -177,6 +184,24 @@ class Preview:
     @property
     def empty(self) -> bool:
         return all(r.empty for r in self.roots)
+
+
+CONFLICTS = ("keep", "restore")
+
+
+@attrs.frozen
+class Scope:
+    """A selective restore (a rewind's): only what the owner's own calls changed since
+    the checkpoint is put back (core/checkpoints/_marks.py); a path someone else changed
+    too is a conflict, kept as it is (`conflicts` "keep") or restored ("restore");
+    `roots`: which of the checkpoint's folders (None: all of them)."""
+
+    conflicts: str = "keep"
+    roots: tuple[Path, ...] | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.conflicts not in CONFLICTS:
+            raise CheckpointError(f"conflicts must be one of {', '.join(CONFLICTS)}")
 
 
 @attrs.frozen

@@ -9,7 +9,13 @@ them, with the summary a preview shows. Paths the restore must leave as they are
   (it was not copied then, so it is not deleted now);
 - a path no checkpoint holds a copy of (`x` now: too large, a pipe, unreadable) is
   kept, and a path the checkpoint did not copy (`x` then) is left as it is now;
-- a folder is removed only when nothing is left in it (no kept or ignored entry).
+- a folder is removed only when nothing is left in it (no kept or ignored entry);
+- in a selective restore (`Only`: a rewind), a path the owner's own calls did not change
+  since the checkpoint (`_marks`) is left as it is (someone else's work), and one both
+  they and someone else changed is a conflict: left as it is too, unless the restore
+  was asked to restore conflicts. A folder kept this way stays, and what is in it is
+  judged path by path; a folder, file or link that is not put back keeps everything
+  below it as it is.
 
 Operations (JSON lists, written to the journal as they are):
 ``["unlock", rel, mode]`` (a folder the restore writes in made ``u+rwx``),
@@ -29,11 +35,21 @@ import attrs
 
 from navi_trio.core.checkpoints._fsops import depth, join, parent_of
 from navi_trio.core.checkpoints._ignore import GITIGNORE_MAX_BYTES, Ignorer, Rules
+from navi_trio.core.checkpoints._marks import NAVI, Marks
 from navi_trio.core.checkpoints._model import PATHS_LISTED, Change, Kept, RootChanges
 from navi_trio.core.checkpoints._objects import ObjectStore
 from navi_trio.core.checkpoints._state import Folder, Item
 
 Op = list[Any]
+
+
+@attrs.frozen
+class Only:
+    """A selective restore of one root: who changed what since the checkpoint, and
+    whether a conflict is restored (else kept as it is)."""
+
+    marks: Marks
+    restore_conflicts: bool = False
 
 
 @attrs.frozen
@@ -125,6 +141,10 @@ class _Summary:
         self.changes: list[Change] = []
         self.kept: list[Kept] = []
         self.kept_count = 0
+        self.conflicts: list[str] = []
+        self.conflicts_count = 0
+        self.others: list[str] = []
+        self.others_count = 0
 
     def add(self, what: str, rel: str) -> None:
         key = {"mode": "modes", "dir_created": "dirs_created", "dir_deleted": "dirs_deleted"}
@@ -137,6 +157,16 @@ class _Summary:
         if len(self.kept) < PATHS_LISTED:
             self.kept.append(Kept(rel, why))
 
+    def conflict(self, rel: str) -> None:
+        self.conflicts_count += 1
+        if len(self.conflicts) < PATHS_LISTED:
+            self.conflicts.append(rel or ".")
+
+    def other(self, rel: str) -> None:
+        self.others_count += 1
+        if len(self.others) < PATHS_LISTED:
+            self.others.append(rel or ".")
+
     def done(self) -> RootChanges:
         return RootChanges(
             self.root,
@@ -144,6 +174,10 @@ class _Summary:
             changes=tuple(self.changes),
             kept=tuple(self.kept),
             kept_count=self.kept_count,
+            conflicts=tuple(self.conflicts),
+            conflicts_count=self.conflicts_count,
+            others=tuple(self.others),
+            others_count=self.others_count,
         )
 
 
@@ -155,11 +189,13 @@ def plan_root(
     target: dict[str, Entry],
     objects: ObjectStore,
     unseen: Callable[[str], bool],
+    only: Only | None = None,
 ) -> tuple[list[Op], RootChanges]:
     """The operations restoring `target` over `current` (see the module docstring).
 
     `unseen(rel)`: whether something the scan did not list (left out by a rule now)
-    exists at `rel`; asked only in folders where the scan left something out.
+    exists at `rel`; asked only in folders where the scan left something out. `only`:
+    a selective restore (None: the whole tree).
     """
     ignored = _target_ignored(objects, target)
     summary = _Summary(root)
@@ -183,6 +219,19 @@ def plan_root(
         blocked.add(rel)
         pinned.add(parent_of(rel)[0])
 
+    def leave(rel: str, now: Item | None) -> bool:
+        """Whether the change at `rel` stays (selective: not only navi's)."""
+        if only is None:
+            return False
+        flags = only.marks.flags(rel, now)
+        if flags == NAVI:
+            return False
+        if flags & NAVI:
+            summary.conflict(rel)
+            return not only.restore_conflicts
+        summary.other(rel)
+        return True
+
     def create(rel: str, t: Entry, what: str) -> None:
         if t.kind == "f":
             put.append(["put", rel, t.ref, t.mode])
@@ -196,7 +245,7 @@ def plan_root(
             dirmode[rel] = t.mode
             summary.add("dir_created", rel)
 
-    if current_mode != target[""].mode:
+    if current_mode != target[""].mode and not leave("", None):
         dirmode[""] = target[""].mode
         summary.add("mode", ".")
     for rel in sorted(set(current) | set(target) - {""}, key=lambda r: (depth(r), r)):
@@ -211,6 +260,9 @@ def plan_root(
                 summary.keep(rel, "left out by an ignore rule now, so it has no copy to undo")
                 block(rel)
                 continue
+            if leave(rel, None):
+                block(rel)
+                continue
             create(rel, t, "created")
         elif t is None:
             if c.kind == "x":
@@ -218,6 +270,11 @@ def plan_root(
                 block(rel)
             elif ignored(rel, c.kind == "d"):
                 block(rel)  # the checkpoint ignored it: it knows nothing of it
+            elif leave(rel, c):
+                if c.kind == "d":
+                    pinned.add(rel)  # it stays; what is in it is judged on its own
+                else:
+                    block(rel)
             elif c.kind == "d":
                 candidates[rel] = None
             else:
@@ -229,19 +286,21 @@ def plan_root(
             summary.keep(rel, f"no checkpoint holds a copy of it ({c.ref})")
             block(rel)
         elif c.kind == "d" and t.kind == "d":
-            if c.mode != t.mode:
+            if c.mode != t.mode and not leave(rel, c):
                 dirmode[rel] = t.mode
                 summary.add("mode", rel)
+        elif c.kind == t.kind and c.ref == t.ref:
+            if c.mode != t.mode and t.kind == "f" and not leave(rel, c):
+                chmod.append(["chmod", rel, t.mode])
+                summary.add("mode", rel)
+        elif leave(rel, c):
+            block(rel)
         elif c.kind == "d":
             candidates[rel] = t  # a folder where the checkpoint has a file or link
         elif t.kind == "d":
             rm.append(["rm", rel])
             summary.add("deleted", rel)
             create(rel, t, "restored")
-        elif c.kind == t.kind and c.ref == t.ref:
-            if c.mode != t.mode and t.kind == "f":
-                chmod.append(["chmod", rel, t.mode])
-                summary.add("mode", rel)
         else:
             create(rel, t, "restored")
     for rel in list(pinned | sealed):

@@ -1,7 +1,8 @@
 """Checkpoint records: ``owners/KEY/ID.json``, one small file per checkpoint.
 
 KEY is the SHA-256 of the owner (the caller's session id), so any owner string is a
-safe folder name; the record repeats the owner in full. A record is written whole
+safe folder name; the record repeats the owner in full. The owner's marks (who changed
+what, `_marks`) live beside its records, in ``marks.jsonl``. A record is written whole
 (temp file and rename): a checkpoint is visible complete or not at all, and its objects
 were all stored before it. IDs are 24 hex digits, the creation time in nanoseconds then
 4 random bytes, so they sort in creation order; one given by a caller is checked
@@ -83,6 +84,15 @@ class Records:
 
     def _folder(self, owner: str) -> Path:
         return self.owners / hashlib.sha256(owner.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+    def folder_of(self, owner: str) -> Path:
+        """The owner's folder (its records, and its marks: `_marks`)."""
+        return self._folder(owner)
+
+    def latest_id(self, owner: str) -> str:
+        """The id of the owner's newest checkpoint ("" when none)."""
+        ids = self.ids(owner)
+        return ids[-1] if ids else ""
 
     def write(self, info: CheckpointInfo) -> None:
         folder = self._folder(info.owner)

@@ -35,11 +35,13 @@ import attrs
 
 from navi_trio.core.checkpoints._fsops import READ, Folders, depth, join, parent_of
 from navi_trio.core.checkpoints._ignore import GITIGNORE_MAX_BYTES, Ignorer, NameList, Rules
+from navi_trio.core.checkpoints._marks import drain
 from navi_trio.core.checkpoints._model import FileTooLargeError, LeftOut
 from navi_trio.core.checkpoints._objects import ObjectStore, Row
 from navi_trio.core.checkpoints._packs import PackWriter
 from navi_trio.core.checkpoints._state import (
     RACY_NS,
+    Batch,
     Folder,
     Item,
     Limits,
@@ -107,6 +109,9 @@ class Scan:
     def _run(self) -> str:
         state = self.state
         if state.ident != self.root_ident:
+            if state.ident is not None and state.notes is not None:
+                # Another folder at the root's path: who changed what cannot be told.
+                state.notes.note(state.path, Batch(everything=True))
             state.reset()
             state.ident = self.root_ident
         if state.watch and state.watcher is None:
@@ -114,10 +119,10 @@ class Scan:
                 state.watcher = Watcher()
             except OSError:
                 state.watch = False  # no inotify here: a full walk every time
-        drained = state.watcher.drain() if state.watcher is not None else None
-        self._full = state.everything or not state.folders or drained is None or drained.everything
-        if drained is not None:
-            self._dirty = set(drained.folders) | state.pending | state.linked
+        drain(state, self.fds.get(""), self.names)  # marks who changed what, too
+        self._full = state.everything or not state.folders or state.watcher is None
+        if state.watcher is not None:
+            self._dirty = set(state.pending) | state.linked
         try:
             if self._full:
                 self._enqueue("", deep=True)

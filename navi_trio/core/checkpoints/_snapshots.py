@@ -20,6 +20,7 @@ from navi_trio.core.checkpoints._fsops import RootUnusableError, open_root
 from navi_trio.core.checkpoints._gc import gc_number
 from navi_trio.core.checkpoints._ignore import NameList
 from navi_trio.core.checkpoints._locks import RootLocks, hold_files
+from navi_trio.core.checkpoints._marks import Ledger
 from navi_trio.core.checkpoints._model import (
     CheckpointInfo,
     Created,
@@ -49,6 +50,7 @@ class Snapshots:
         objects: ObjectStore,
         records: Records,
         locks: RootLocks,
+        ledger: Ledger,
         clock: Callable[[], float],
         wall: Callable[[], float],
         *,
@@ -60,15 +62,20 @@ class Snapshots:
         self.objects = objects
         self.records = records
         self._locks = locks
+        self.ledger = ledger
         self._clock = clock
         self._wall = wall
         self._watch = watch
-        self._names = NameList(settings.checkpoint_ignore)
+        self.names = NameList(settings.checkpoint_ignore)
         self._cache: OrderedDict[tuple[Path, frozenset[str], str | None], RootState] = OrderedDict()
         self._generation: dict[int, int] = {}  # id(state) -> gc number it was made under
 
     def states(self) -> list[RootState]:
         return list(self._cache.values())
+
+    def states_of(self, root: Path) -> list[RootState]:
+        """The cached scans of the folder `root` (one per set of folders left out)."""
+        return [state for key, state in self._cache.items() if key[0] == root]
 
     def collected(self, generation: int) -> None:
         """Garbage was collected keeping what the cached scans trust."""
@@ -95,6 +102,7 @@ class Snapshots:
         max_sec = self.settings.checkpoint_max_sec
         check = self.checker(started + max_sec, max_sec)
         with hold_files(self.folder, roots):
+            self.ledger.register(owner, roots)
             results: list[ScanResult] = []
             try:
                 results = self.scan_all(
@@ -112,6 +120,7 @@ class Snapshots:
                 check()  # the last moment a cancel or the clock may still abandon it
                 finish(results)
                 self.records.write(info)
+                self.ledger.recorded(owner, info.id)
             except OverLimit as over:
                 abandon(results)
                 return Skipped(over.code, over.reason, self._clock() - started)
@@ -154,14 +163,16 @@ class Snapshots:
         try:
             for root, state in zip(roots, states, strict=True):
                 if self._generation.get(id(state)) != generation:
-                    state.reset()  # objects it trusts may have been collected meanwhile
+                    # Objects it trusts may have been collected meanwhile; the folder
+                    # is the same, so its watch (and what it queued) stays.
+                    state.reset(keep_watch=True)
                 fd = open_root(held.get(root, root), private)
                 try:
                     scan = Scan(
                         state,
                         fd,
                         objects,
-                        names=self._names,
+                        names=self.names,
                         hidden=hidden,
                         limits=limits,
                         check=check,
@@ -218,7 +229,7 @@ class Snapshots:
         key = (root, frozenset(excluded), tag)
         state = self._cache.get(key)
         if state is None:
-            state = RootState(root, key[1], watch=self._watch)
+            state = RootState(root, key[1], watch=self._watch, notes=self.ledger)
             self._cache[key] = state
         self._cache.move_to_end(key)
         for old_key in list(self._cache)[: max(0, len(self._cache) - MAX_STATES)]:

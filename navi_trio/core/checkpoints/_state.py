@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Protocol
 
 import attrs
 
@@ -92,12 +93,37 @@ class Room:
     name: str
 
 
+@attrs.frozen
+class Batch:
+    """What one drain of a root's watch says changed: relative paths, with their stamps
+    after the change when they were asked for (None: gone; folders have none), or
+    `everything` (the watch cannot tell which)."""
+
+    paths: frozenset[str] = frozenset()
+    stamps: dict[str, Stamp | None] = attrs.field(factory=dict)
+    everything: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return not self.paths and not self.everything
+
+
+class Notes(Protocol):
+    """Where a root's drains go (`_marks.Ledger`): who changed what."""
+
+    def navi(self, root: Path, forced: str | None) -> bool: ...
+    def note(self, root: Path, batch: Batch, forced: str | None = None) -> None: ...
+
+
 class RootState:
     """What is known of one root between snapshots (used under the engine's lock of
-    that root, by one thread at a time)."""
+    that root, by one thread at a time). `notes` hears every drain of its watch."""
 
-    def __init__(self, path: Path, excluded: frozenset[str], *, watch: bool) -> None:
+    def __init__(
+        self, path: Path, excluded: frozenset[str], *, watch: bool, notes: Notes | None = None
+    ) -> None:
         self.path = path
+        self.notes = notes
         self.excluded = excluded  # relative paths left out (navi's data, nested roots)
         self.folders: dict[str, Folder] = {}
         self.ident: tuple[int, int] | None = None
@@ -107,8 +133,11 @@ class RootState:
         self.everything = True
         self.linked: set[str] = set()  # folders holding a file with several links
 
-    def reset(self) -> None:
-        self.close()
+    def reset(self, *, keep_watch: bool = False) -> None:
+        """Forget what was seen (the next scan walks everything); `keep_watch`: the
+        watches stay (the same folder: what they queue is still its changes)."""
+        if not keep_watch:
+            self.close()
         self.folders = {}
         self.pending = set()
         self.everything = True

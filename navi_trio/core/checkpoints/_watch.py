@@ -9,7 +9,8 @@ snapshot reads them without blocking, so nothing runs between snapshots.
 
 A watch is a hint, never a path to anything: it is added on ``/proc/self/fd/N`` of the
 folder fd the walk opened (so it names that folder, whatever its path is now), and
-events only mark folders to rescan through fds. A watch that cannot be added (the
+events only mark folders to rescan through fds, and name the entries that changed (the
+marks of who changed what: `_marks`). A watch that cannot be added (the
 user's watch limit, no inotify), an overflowed queue, or a root's own watch gone all
 mean "rescan everything" (`Drained.everything`). What inotify does not see (a write
 through a hard link kept outside the root; mmap writes) is covered for hard links by
@@ -38,6 +39,7 @@ IN_Q_OVERFLOW = 0x4000
 IN_IGNORED = 0x8000
 IN_ONLYDIR = 0x1000000
 IN_EXCL_UNLINK = 0x4000000
+IN_ISDIR = 0x40000000  # (in an event) the entry is a folder
 MASK = (
     IN_MODIFY
     | IN_ATTRIB
@@ -52,6 +54,7 @@ MASK = (
     | IN_EXCL_UNLINK
 )
 _EVENT = struct.Struct("iIII")
+EVENTS_MAX = 20_000  # named events kept from one drain; past it, `Drained.unnamed`
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -70,10 +73,14 @@ _LIBC = _libc()
 
 @attrs.frozen
 class Drained:
-    """What changed: the folders (relative paths) to rescan, or `everything`."""
+    """What changed: the folders (relative paths) to rescan, or `everything`; and the
+    events as (folder, name, mask), name "" for one of the folder itself (`unnamed`: more
+    came than are kept)."""
 
     folders: frozenset[str]
     everything: bool
+    events: tuple[tuple[str, str, int], ...] = ()
+    unnamed: bool = False
 
 
 class Watcher:
@@ -121,6 +128,8 @@ class Watcher:
     def drain(self) -> Drained:
         """Read every queued event without blocking."""
         folders: set[str] = set()
+        events: list[tuple[str, str, int]] = []
+        unnamed = False
         everything = self._lost
         self._lost = False
         while self.fd is not None:
@@ -131,6 +140,7 @@ class Watcher:
             offset = 0
             while offset + _EVENT.size <= len(buf):
                 wd, mask, _cookie, length = _EVENT.unpack_from(buf, offset)
+                raw = buf[offset + _EVENT.size : offset + _EVENT.size + length]
                 offset += _EVENT.size + length
                 if mask & IN_Q_OVERFLOW:
                     everything = True
@@ -148,7 +158,11 @@ class Watcher:
                     # Otherwise its parent heard of it (IN_DELETE / IN_MOVED_FROM).
                     continue
                 folders.add(rel)
-        return Drained(frozenset(folders), everything)
+                if len(events) < EVENTS_MAX:
+                    events.append((rel, os.fsdecode(raw.split(b"\0", 1)[0]), mask))
+                else:
+                    unnamed = True
+        return Drained(frozenset(folders), everything, tuple(events), unnamed)
 
     def close(self) -> None:
         if self.fd is not None:

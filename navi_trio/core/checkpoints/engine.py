@@ -13,6 +13,11 @@ back). Locks, from the outside in:
 Garbage collection keeps what any record, any pending journal and this process's
 cached scans refer to, then bumps the number in ``gc``; a cached scan made under an
 older number (another process collected) is dropped before it is trusted again.
+
+Who changed what (`_marks`): `calling` brackets an owner's writing call, so what the
+folders' watches see meanwhile is the owner's (navi's); a restore marks what it wrote
+as the owner's too. A preview or restore given a `Scope` (a rewind) then changes only
+the owner's own changes since the checkpoint.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import attrs
 import trio
 
 from navi_trio.core.checkpoints._apply import Journal, export_root, needed
@@ -39,6 +45,7 @@ from navi_trio.core.checkpoints._fsops import (
 )
 from navi_trio.core.checkpoints._gc import collect
 from navi_trio.core.checkpoints._locks import RootLocks, hold_files
+from navi_trio.core.checkpoints._marks import Ledger, Marks, drain, stamps_of
 from navi_trio.core.checkpoints._model import (
     CheckpointChangedError,
     CheckpointDamagedError,
@@ -49,10 +56,11 @@ from navi_trio.core.checkpoints._model import (
     Restored,
     RootChanges,
     RootTree,
+    Scope,
     Skipped,
 )
 from navi_trio.core.checkpoints._objects import FileLock, ObjectStore, namespace_tag, ref_tag
-from navi_trio.core.checkpoints._plan import Op, changed_parts, plan_root
+from navi_trio.core.checkpoints._plan import Only, Op, changed_parts, plan_root
 from navi_trio.core.checkpoints._records import Records
 from navi_trio.core.checkpoints._result import ScanResult
 from navi_trio.core.checkpoints._snapshots import Snapshots, abandon, finish
@@ -94,12 +102,14 @@ class CheckpointEngine:
         self.objects = ObjectStore(self.folder)
         self.records = Records(self.folder)
         self.journal = Journal(self.folder / "journal")
+        self.ledger = Ledger(self.records.folder_of, self.records.latest_id)
         self._clock = clock
         self._wall = wall
         self._locks = RootLocks()
         self._snaps = Snapshots(
-            settings, self.folder, self.objects, self.records, self._locks, clock, wall, watch=watch
-        )
+            settings, self.folder, self.objects, self.records, self._locks, self.ledger,
+            clock, wall, watch=watch,
+        )  # fmt: skip
 
     # -- life ---------------------------------------------------------------------
 
@@ -143,6 +153,56 @@ class CheckpointEngine:
             )
             return await self._thread(job)
 
+    @asynccontextmanager
+    async def calling(
+        self, owner: str, roots: Sequence[Root], *, private: PrivatePaths
+    ) -> AsyncIterator[None]:
+        """While one of `owner`'s writing calls runs on `roots` (the run's held
+        folders): what changes there meanwhile counts as the owner's (`_marks`). What
+        the folders' watches queued before is read first, as it was (someone else's
+        when no call of the owner ran)."""
+        if not self.settings.checkpoints or not roots:
+            yield
+            return
+        await self._boundary(owner, roots, private, begin=True)
+        try:
+            yield
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._boundary(owner, roots, private, begin=False)
+
+    async def _boundary(
+        self, owner: str, roots: Sequence[Root], private: PrivatePaths, *, begin: bool
+    ) -> None:
+        paths = [r.path for r in roots]
+        async with self._locks.hold(paths):
+            job = functools.partial(self._boundary_sync, owner, roots, private, begin)
+            await self._thread(job)
+
+    def _boundary_sync(
+        self, owner: str, roots: Sequence[Root], private: PrivatePaths, begin: bool
+    ) -> None:
+        for root in roots:
+            self._drain(self._snaps.states_of(root.path), root, private, None)
+        (self.ledger.begin if begin else self.ledger.end)(owner, [r.path for r in roots])
+
+    def _drain(
+        self, states: list[RootState], root: Root | Path, private: PrivatePaths, forced: str | None
+    ) -> None:
+        """Drain the watches of one folder's cached scans (`forced`: as that owner's)."""
+        if not states:
+            return
+        try:
+            fd: int | None = open_root(root, private)
+        except RootUnusableError:
+            fd = None  # new folders are not walked: the marks say everything
+        try:
+            for state in states:
+                drain(state, fd, self._snaps.names, forced)
+        finally:
+            if fd is not None:
+                os.close(fd)
+
     async def stored_bytes(self, owners: Sequence[str] | None = None) -> int:
         """The new content the kept checkpoints of `owners` (None: of everyone) added
         to the store: what the totals bound."""
@@ -174,6 +234,8 @@ class CheckpointEngine:
         ids = [i.id for i in old]
         if ids:
             self.records.delete(owner, ids)
+            kept = self.records.ids(owner)
+            self.ledger.compact(owner, kept[0] if kept else "~")  # "~": after every id
             self._gc_sync()
         return ids
 
@@ -183,6 +245,7 @@ class CheckpointEngine:
         return await self._thread(functools.partial(self._delete_all_sync, owner))
 
     def _delete_all_sync(self, owner: str) -> int:
+        self.ledger.forget(owner)
         count = self.records.delete_owner(owner)
         self._gc_sync()
         return count
@@ -199,21 +262,34 @@ class CheckpointEngine:
 
     # -- preview and restore ------------------------------------------------------
 
-    async def preview(self, owner: str, checkpoint_id: str, *, private: PrivatePaths) -> Preview:
+    async def preview(
+        self,
+        owner: str,
+        checkpoint_id: str,
+        *,
+        private: PrivatePaths,
+        scope: Scope | None = None,
+    ) -> Preview:
         """What restoring the checkpoint would change, before anything is applied. It
-        takes a checkpoint of the folders as they are (`Preview.undo`)."""
-        info = await self.get(owner, checkpoint_id)
+        takes a checkpoint of the folders as they are (`Preview.undo`). With `scope`,
+        only the owner's own changes since, in the folders it names (a rewind)."""
+        info = _scoped(await self.get(owner, checkpoint_id), scope)
         async with self._locks.hold(info.paths):
             tag = _tag(info)
             states = [self._snaps.state(p, list(info.paths), private, tag) for p in info.paths]
-            job = functools.partial(self._preview_sync, owner, info, states, private)
+            job = functools.partial(self._preview_sync, owner, info, states, private, scope)
             return await self._thread(job)
 
     def _preview_sync(
-        self, owner: str, info: CheckpointInfo, states: list[RootState], private: PrivatePaths
+        self,
+        owner: str,
+        info: CheckpointInfo,
+        states: list[RootState],
+        private: PrivatePaths,
+        scope: Scope | None,
     ) -> Preview:
         with hold_files(self.folder, list(info.paths)), _Held(info.paths) as held:
-            return self._plan(owner, info, states, private, held)[0]
+            return self._plan(owner, info, states, private, held, scope)[0]
 
     async def restore(
         self,
@@ -222,17 +298,22 @@ class CheckpointEngine:
         *,
         private: PrivatePaths,
         confirm: str | None = None,
+        scope: Scope | None = None,
     ) -> Restored:
         """Restore the checkpoint's roots to exactly its tree (see the package docstring
-        for what is left as it is). With `confirm` (a preview's token) a folder that
-        changed since that preview is refused (`CheckpointChangedError`). Once it starts
-        writing it is not cancellable: a cancel waits for it to finish."""
+        for what is left as it is), or with `scope` only the owner's own changes since
+        (a rewind). With `confirm` (a preview's token) a folder that changed since that
+        preview is refused (`CheckpointChangedError`). Once it starts writing it is not
+        cancellable: a cancel waits for it to finish. What it writes is marked as the
+        owner's (a later restore of its undo puts it back)."""
         started = self._clock()
-        info = await self.get(owner, checkpoint_id)
+        info = _scoped(await self.get(owner, checkpoint_id), scope)
         async with self._locks.hold(info.paths):
             tag = _tag(info)
             states = [self._snaps.state(p, list(info.paths), private, tag) for p in info.paths]
-            job = functools.partial(self._restore_sync, owner, info, states, private, confirm)
+            job = functools.partial(
+                self._restore_sync, owner, info, states, private, confirm, scope
+            )
             preview, failed = await self._thread(job)
         return Restored(preview, tuple(failed), self._clock() - started)
 
@@ -243,9 +324,10 @@ class CheckpointEngine:
         states: list[RootState],
         private: PrivatePaths,
         confirm: str | None,
+        scope: Scope | None,
     ) -> tuple[Preview, list[Any]]:
         with hold_files(self.folder, list(info.paths)), _Held(info.paths) as held:
-            preview, plans = self._plan(owner, info, states, private, held)
+            preview, plans = self._plan(owner, info, states, private, held, scope)
             if confirm is not None and confirm != preview.token:
                 raise CheckpointChangedError(
                     "the folders changed after the preview: look at a new preview first"
@@ -257,7 +339,41 @@ class CheckpointEngine:
                 )
             if not any(ops for _, ops in plans):
                 return preview, []
-            return preview, self.journal.run(self.objects, plans, info.id, private, held)
+            after = preview.undo or ""
+            failed = self.journal.run(
+                self.objects, plans, info.id, private, held, owner=owner, after=after
+            )
+            self._restored(owner, plans, states, info, private, held)
+            return preview, failed
+
+    def _restored(
+        self,
+        owner: str,
+        plans: list[tuple[Path, list[Op]]],
+        states: list[RootState],
+        info: CheckpointInfo,
+        private: PrivatePaths,
+        held: Mapping[Path, Root],
+    ) -> None:
+        """Mark what the restore wrote as the owner's: its watches' events (the
+        folders' other owners see someone else's change) and every path it wrote."""
+        by_path = dict(zip(info.paths, states, strict=True))
+        for path, ops in plans:
+            if not ops:
+                continue
+            root: Root | Path = held.get(path, path)
+            self._drain([by_path[path]], root, private, owner)
+            rels = sorted({op[1] for op in ops if op[0] != "unlock"})
+            try:
+                fd = open_root(root, private)
+            except RootUnusableError:
+                stamps = {}
+            else:
+                try:
+                    stamps = stamps_of(fd, rels)
+                finally:
+                    os.close(fd)
+            self.ledger.mark(owner, path, rels, stamps)
 
     def _plan(
         self,
@@ -266,10 +382,13 @@ class CheckpointEngine:
         states: list[RootState],
         private: PrivatePaths,
         held: Mapping[Path, Root],
+        scope: Scope | None = None,
     ) -> tuple[Preview, list[tuple[Path, list[Op]]]]:
         """What restoring `info` changes in each of its folders, as `held` (the ones
-        that exist) are now: scanned, planned and later restored through those fds."""
+        that exist) are now: scanned, planned and later restored through those fds.
+        With `scope`, only what the owner's calls changed since (`_marks`)."""
         check = self._snaps.checker(None, 0.0)
+        self.ledger.register(owner, list(info.paths))
         pairs = list(zip(info.roots, states, strict=True))
         present = [(rt, state) for rt, state in pairs if rt.path in held]
         missing = [rt for rt, _ in pairs if rt.path not in held]
@@ -300,22 +419,32 @@ class CheckpointEngine:
                     RootTree(r, res.tree, res.mode) for r, res in zip(roots, results, strict=True)
                 )
                 latest = self.records.latest(owner)
-                if latest is not None and latest.roots == trees:
+                # Reused only when nothing was marked since: the undo's own marks must
+                # be what came after it.
+                if (
+                    latest is not None
+                    and latest.roots == trees
+                    and not self.ledger.any_since(owner, latest.id)
+                ):
                     finish(results)
                     undo = latest.id
                 else:
                     before = self._snaps.info(owner, f"before restoring {info.id}", trees, results)
                     finish(results)
                     self.records.write(before)
+                    self.ledger.recorded(owner, before.id)
                     undo = before.id
+            marks = self.ledger.since(owner, info.id) if scope is not None else {}
             plans: list[tuple[Path, list[Op]]] = []
             changes: list[RootChanges] = []
             for (rt, _), res in zip(present, results, strict=True):
-                ops, summary = self._plan_root(rt, res, private, held[rt.path])
+                only = _only(scope, marks, rt.path)
+                ops, summary = self._plan_root(rt, res, private, held[rt.path], only)
                 plans.append((rt.path, ops))
                 changes.append(summary)
             for rt in missing:
-                ops, summary = self._plan_root(rt, None, private, None)
+                only = _only(scope, marks, rt.path)
+                ops, summary = self._plan_root(rt, None, private, None, only)
                 plans.append((rt.path, ops))
                 changes.append(summary)
         except BaseException:
@@ -335,16 +464,23 @@ class CheckpointEngine:
         return Preview(info.id, tuple(changes), undo, skipped, token), plans
 
     def _plan_root(
-        self, rt: RootTree, result: ScanResult | None, private: PrivatePaths, root: Root | None
+        self,
+        rt: RootTree,
+        result: ScanResult | None,
+        private: PrivatePaths,
+        root: Root | None,
+        only: Only | None = None,
     ) -> tuple[list[Op], RootChanges]:
         if result is None or root is None:  # the root folder is gone: everything is made again
-            return _plan_new(self.objects, rt, rt.path)
+            return _plan_new(self.objects, rt, rt.path, only)
         current, sealed, target = changed_parts(self.objects, rt.tree, rt.mode, result.folder)
         fd = open_root(root, private)
         fds = Folders(fd)
         try:
             unseen = functools.partial(_exists, fds)
-            return plan_root(rt.path, current, result.mode, sealed, target, self.objects, unseen)
+            return plan_root(
+                rt.path, current, result.mode, sealed, target, self.objects, unseen, only
+            )
         finally:
             fds.close()
             os.close(fd)
@@ -388,7 +524,18 @@ class CheckpointEngine:
             finally:
                 lock.release()
         with hold_files(self.folder, []):
-            return [jid for jid, _ in self.journal.recover(self.objects)]
+            return [jid for jid, _ in self.journal.recover(self.objects, self._recovered)]
+
+    def _recovered(self, journal: dict[str, Any]) -> None:
+        """A restore completed from its journal: what it wrote is its owner's."""
+        owner = journal.get("owner")
+        if not isinstance(owner, str) or not owner:
+            return
+        after = str(journal.get("after", ""))
+        for root in journal.get("roots", []):
+            rels = sorted({op[1] for op in root["ops"] if op[0] != "unlock"})
+            if rels:
+                self.ledger.mark(owner, Path(root["path"]), rels, {}, after=after)
 
 
 class _Held:
@@ -427,10 +574,25 @@ def _tag(info: CheckpointInfo) -> str | None:
     return ref_tag(info.roots[0].tree) if info.roots else None
 
 
-def _plan_new(objects: ObjectStore, tree: RootTree, root: Path) -> tuple[list[Op], RootChanges]:
+def _plan_new(
+    objects: ObjectStore, tree: RootTree, root: Path, only: Only | None = None
+) -> tuple[list[Op], RootChanges]:
     """The plan that makes the whole tree where nothing is."""
     _, _, target = changed_parts(objects, tree.tree, tree.mode, lambda rel: None)
-    return plan_root(root, {}, -1, set(), target, objects, lambda rel: False)
+    return plan_root(root, {}, -1, set(), target, objects, lambda rel: False, only)
+
+
+def _scoped(info: CheckpointInfo, scope: Scope | None) -> CheckpointInfo:
+    """`info` with only the folders `scope` names (all without one)."""
+    if scope is None or scope.roots is None:
+        return info
+    return attrs.evolve(info, roots=tuple(r for r in info.roots if r.path in scope.roots))
+
+
+def _only(scope: Scope | None, marks: Mapping[Path, Marks], root: Path) -> Only | None:
+    if scope is None:
+        return None
+    return Only(marks.get(root, Marks()), scope.conflicts == "restore")
 
 
 def _exists(fds: Folders, rel: str) -> bool:
