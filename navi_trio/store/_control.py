@@ -266,7 +266,7 @@ def _claim(
         cursor = db.execute(
             "UPDATE schedules SET next_due = ?, runs = runs + 1, last_run_at = ?,"
             " last_session_id = ? WHERE id = ? AND next_due = ? AND paused = 0",
-            [next_due, due, run[1], sid, due],
+            [next_due, now, run[1], sid, due],
         )
         if not cursor.rowcount:
             return False

@@ -138,7 +138,7 @@ def claim(
     cursor = conn.execute(
         "UPDATE schedules SET next_due = %s, runs = runs + 1, last_run_at = %s,"
         " last_session_id = %s WHERE id = %s AND next_due = %s AND NOT paused",
-        [next_due, due, run[1], sid, due],
+        [next_due, now, run[1], sid, due],
     )
     if not cursor.rowcount:
         return False
