@@ -12,19 +12,17 @@ it is asked (core/owner_calls.py) are also tested on their own, with a recording
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import trio
 from agent_tools import call
 from api_ws import Client
-from daemons import no_plan_config, pg_daemons
+from daemons import connect, no_plan_config, pg_daemons
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from pg_server import sql
-from trio_websocket import open_websocket_url
 
 from navi_trio.core.owner_calls import OwnerCalls
 from navi_trio.errors import NotFoundError
@@ -37,16 +35,6 @@ RULES = [
     {"tool": "scratchpad", "action": "write", "decision": "ask"},
     {"tool": "terminal", "action": "run", "match": "sleep *", "decision": "allow"},
 ]
-
-
-@asynccontextmanager
-async def connect(url: str, token: str) -> AsyncIterator[Client]:
-    async with open_websocket_url(url) as ws:
-        c = Client(ws)
-        await c.send({"type": "hello", "token": token})
-        welcome = await c.next()
-        assert welcome["type"] == "welcome", welcome
-        yield c
 
 
 async def add_users(url: str, *names: str) -> dict[str, str]:

@@ -20,7 +20,7 @@ import trio
 from navi_trio.actor import NurseryHolder
 from navi_trio.core.agent import Agent
 from navi_trio.core.broadcast import Encode, LocalBroadcast, Resync, new_epoch
-from navi_trio.core.session_actor import RunEnded, SessionActor, SessionParts
+from navi_trio.core.session_actor import HandOver, RunEnded, SessionActor, SessionParts
 from navi_trio.errors import NaviError
 from navi_trio.events import AgentEvent
 
@@ -59,6 +59,8 @@ class SessionRegistry(NurseryHolder):
         # and a word when an actor retires (its session is no longer followed here).
         self.broadcast_class: type[LocalBroadcast] = LocalBroadcast
         self.on_retire: Callable[[str], None] | None = None
+        # Leaves a queue to the daemon that runs its session now (core/cluster.py).
+        self.hand_over: HandOver | None = None
 
     async def get(self, session_id: str) -> SessionActor:
         actor = self._actors.get(session_id)
@@ -86,6 +88,7 @@ class SessionRegistry(NurseryHolder):
                 on_retire=self._retire,
                 adopt=self.adopt,
                 on_run_end=self.on_run_end,
+                hand_over=self.hand_over,
             )
             await nursery.start(actor.run)
             self._actors[session_id] = actor
