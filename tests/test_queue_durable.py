@@ -26,7 +26,8 @@ import trio.testing
 from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import open_daemon
 
-from navi_trio.errors import StoreError
+from navi_trio.core.agent import UserMessage
+from navi_trio.errors import NaviError, StoreError
 from navi_trio.store import SessionStore, SQLiteStore
 from navi_trio.testing import open_harness
 
@@ -271,3 +272,42 @@ async def test_an_adopted_message_refused_by_another_owners_lease_keeps_its_plac
             await s.idle()
             assert await _users(h.runtime.store) == ["B", "C"]
         assert _queued(db) == []
+
+
+async def test_a_new_message_meeting_a_session_another_daemon_took_is_queued_for_it(
+    tmp_path: Path,
+) -> None:
+    """With daemons to hand messages to (a cluster), a new message whose claim finds
+    the session run elsewhere (taken between the daemon's look and its claim) is stored
+    and handed to that daemon, acknowledged as queued, not refused with session_busy;
+    when nobody runs it by the time it is handed, it runs here, next."""
+    handed: list[list[str]] = []
+
+    async def hand_over(session_id: str, keys: list[str]) -> None:
+        handed.append(keys)
+        if len(handed) == 2:  # the other daemon is done by now: nobody to hand it to
+            await h.runtime.store.release_lease(session_id, owner="another-daemon")
+            raise NaviError("no other daemon runs it now")
+
+    no_plan = {"general": {"planning_first_message": False}}
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=[{"text": "ran here"}], profiles=no_plan) as h:
+            h.runtime.sessions.hand_over = hand_over
+            await h.runtime.store.create_session("s1", profile_id="general")
+            await h.runtime.store.claim_lease("s1", owner="another-daemon", pid=os.getpid(),
+                                              host=HOST, ttl=300)  # fmt: skip
+            s = await h.session("s1")
+            first = UserMessage("for the other daemon")
+            s.actor.send_message(first)
+            await first.accepted.wait()  # stored: acknowledged (as queued)
+            await s.actor.idle.wait()  # and handed over: nothing more runs here
+            assert first.accepted.queued and handed and len(handed[0]) == 1
+            assert [k for _, k in _queued(tmp_path / "navi.db")] == handed[0]
+            second = UserMessage("runs here")
+            s.actor.send_message(second)
+            await second.accepted.wait()
+            frames = await s.until_end()
+            assert frames[-1]["text"] == "ran here", frames[-1]
+            assert [f for f in frames if f["type"] in ("error", "warning")] == []
+            assert await _users(h.runtime.store) == ["runs here"]
+            assert len(handed) == 2 and len(h.chat_requests) == 1

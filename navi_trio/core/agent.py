@@ -67,6 +67,7 @@ from navi_trio.errors import (
     NothingToCompactError,
     NotQueuedError,
     RequestError,
+    SessionBusyError,
     StorageError,
 )
 from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, Woken
@@ -140,6 +141,9 @@ class RunControl:
         # Asked once the lease is held, before a new message is saved: True when
         # messages queued before it must run first (it went behind them: no turn).
         self.ahead: Callable[[], Awaitable[bool]] | None = None
+        # Asked when another process holds the lease (the claim was refused): True when
+        # the message went to the queue of the daemon that runs the session (no turn).
+        self.elsewhere: Callable[[], Awaitable[bool]] | None = None
         self.run_id = "r-" + secrets.token_hex(6)
         self.injections = Injections()
         self.on_busy_default: OnBusy = DEFAULT_ON_BUSY
@@ -263,6 +267,9 @@ class Agent:
                     else:
                         await self._run_turn(session_id, msg, emit, control)
             except Exception as exc:
+                if await _sent_elsewhere(exc, control):
+                    control.skipped = True
+                    return
                 # Before the save (lease, load, the save itself) this refuses the message;
                 # after it, the ok stands and only the events say what went wrong.
                 msg.accepted.fail(exc)
@@ -489,3 +496,14 @@ class Agent:
         """A non-persistent sub-agent: (result_text, completed_normally)."""
         outcome = await run_ephemeral(self.parts, request, parent_session_id=parent_session_id)
         return outcome.text, outcome.completed
+
+
+async def _sent_elsewhere(exc: Exception, control: RunControl) -> bool:
+    """The claim of the lease was refused (another daemon runs the session) and the
+    message went to that daemon's queue instead (`RunControl.elsewhere`)."""
+    refused_claim = (
+        isinstance(exc, SessionBusyError)
+        and not isinstance(exc, LeaseLostError)
+        and control.lease is None
+    )
+    return refused_claim and control.elsewhere is not None and await control.elsewhere()

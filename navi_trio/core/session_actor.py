@@ -444,6 +444,8 @@ class SessionActor:
         control = RunControl()
         if self._adopt and msg.kind != "resume":  # (a resumed one is in the history)
             control.ahead = partial(self._queue_ahead, msg)
+        if self._hand_over is not None and msg.queue_key is None:
+            control.elsewhere = partial(self._send_elsewhere, msg)
         self._start(self._run, msg, control)
         self._control = control
         self._running_key = msg.queue_key
@@ -552,6 +554,26 @@ class SessionActor:
         for other in (*before, queued, *after):
             self._say_queued(other, running=False)
         await self.queue.written(queued)  # settled before this run ends
+        return True
+
+    async def _send_elsewhere(self, msg: UserMessage) -> bool:
+        """A new message found the session run by another daemon (it took the lease
+        between this daemon's look and its claim): queued as if it had been handed over
+        (acknowledged once stored) and left to that daemon, or, when none runs it now,
+        next here. False only without daemons to hand it to (it is refused then)."""
+        if self._hand_over is None or self._nursery is None:
+            return False
+        msg.accepted.queued = True
+        queued = self.queue.keep(self._nursery, msg, self._stored)
+        await self.queue.written(queued)
+        if queued.accepted.failed or queued.queue_key is None:
+            return True  # refused: its sender has the write's error
+        try:
+            await self._hand_over(self.session_id, [queued.queue_key])
+        except NaviError:  # nobody else runs it now, or the store did not answer
+            self.pending.appendleft(queued)
+            self._say_queued(queued, 0)  # runs next, here (this run says nothing)
+            return True
         return True
 
     async def _may_publish(self, msg: UserMessage, control: RunControl) -> bool:
