@@ -4,6 +4,8 @@ Another process took the session over under a live run (in these tests: the leas
 rewritten to another owner and the next generation, as a takeover by another daemon
 leaves it): the run
 - runs no tool call more: its lease is confirmed in the store before each one;
+- ends, as a run taken over, when a tool's own write meets the fence, in a parallel
+  batch too (the batch's other calls are stopped);
 - stops at its next renewal, even while it waits inside a tool;
 - publishes nothing once its lease could have run out without a renewal answering:
   each frame waits for the lease to be known its own, and a run found taken over says
@@ -27,6 +29,7 @@ from realtime import real_time_limit
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing import open_harness
 from navi_trio.testing.harness import Harness
+from navi_trio.tools.base import ToolContext, ToolResult
 
 TIMEOUT = 30
 FAR = 1e5  # every deadline these tests do not look at: out of the way
@@ -34,6 +37,18 @@ FAR = 1e5  # every deadline these tests do not look at: out of the way
 
 class Gate2(GateTool):
     name = "gate2"
+
+
+class NoteTool(GateTool):
+    """Waits for the test, then writes to the kv table, as a scratchpad or todo does."""
+
+    name = "note"
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        self.entered.set()
+        await self.gate.wait()
+        await ctx.kv.kv_set("scratch", "note", "written")
+        return ToolResult.success("noted")
 
 
 def calls(*names: str) -> dict[str, Any]:
@@ -86,6 +101,31 @@ async def test_a_run_taken_over_under_it_runs_no_further_tool_call(tmp_path: Any
             assert len(h.chat_requests) == 1
             saved = await h.runtime.store.load_messages("s1")
             assert [m["role"] for m in saved] == ["user", "assistant"]  # the calls only
+
+
+async def test_a_fenced_write_in_a_parallel_batch_ends_the_run_as_taken_over(
+    tmp_path: Any,
+) -> None:
+    note, gate2 = NoteTool(), Gate2()
+    profiles = {"general": with_tools(["note", "gate2"], planning_first_message=False,
+                                      parallel_tool_calls=True)}  # fmt: skip
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=[calls("note", "gate2"), {"text": "never"}],
+            tools=[note, gate2], profiles=profiles,
+        ) as h:  # fmt: skip
+            s = await h.session("s1")
+            s.send("go")
+            await note.entered.wait()
+            await gate2.entered.wait()
+            await take_over(h, "s1")
+            note.gate.set()  # its write meets the fence; gate2 never opens
+            frames = await s.until_end()
+            assert said(frames)[-2:] == [("error", "session_busy"), ("stream_end", None)]
+            errors = [f for f in frames if f["type"] == "error"]
+            assert len(errors) == 1 and "taken over" in errors[0]["message"], errors
+            assert len(h.chat_requests) == 1
+            assert await h.runtime.store.kv_get("scratch", "note") is None
 
 
 async def test_a_run_taken_over_stops_at_its_next_renewal_even_inside_a_tool(

@@ -17,6 +17,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,11 @@ import trio.testing
 from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import open_daemon
 
-from navi_trio.core.agent import UserMessage
+from navi_trio.core.agent import DEAD_TURN, UserMessage
 from navi_trio.errors import NaviError, StoreError
 from navi_trio.store import SessionStore, SQLiteStore
 from navi_trio.testing import open_harness
+from navi_trio.testing.harness import Harness
 
 TIMEOUT = 30
 HOST = socket.gethostname() or "localhost"
@@ -311,3 +313,115 @@ async def test_a_new_message_meeting_a_session_another_daemon_took_is_queued_for
             assert [f for f in frames if f["type"] in ("error", "warning")] == []
             assert await _users(h.runtime.store) == ["runs here"]
             assert len(handed) == 2 and len(h.chat_requests) == 1
+
+
+class DyingOwner:
+    """The daemon that took the session: it dies (SIGKILL: its lease row stays, its pid
+    gone) when asked to take a message over (nobody to hand it to), and the cluster's
+    look at the session (`Cluster.dead_turn`) then takes its lease over."""
+
+    def __init__(self, store: SQLiteStore, owner: str, host: str) -> None:
+        self.store, self.owner, self.host = store, owner, host
+        self.dead = _dead_pid()
+        self.taken: list[int] = []  # the generations the looks took over
+
+    async def hand_over(self, session_id: str, keys: list[str]) -> None:
+        def die(conn: Any) -> None:
+            conn.execute("UPDATE leases SET pid = ? WHERE session_id = ?", [self.dead, session_id])
+
+        await self.store.run_raw_for_tests("the owner dies", die)
+        raise NaviError(f"session {session_id!r}: no other daemon runs it now")
+
+    async def dead_turn(self, session_id: str) -> int | None:
+        def take(conn: Any) -> int | None:
+            row = conn.execute(
+                "SELECT pid, generation FROM leases WHERE session_id = ? AND owner != ?",
+                [session_id, self.owner],
+            ).fetchone()
+            if row is None or row[0] != self.dead:
+                return None
+            conn.execute(
+                "UPDATE leases SET owner = ?, pid = ?, host = ?, generation = ?"
+                " WHERE session_id = ?",
+                [self.owner, os.getpid(), self.host, row[1] + 1, session_id],
+            )
+            return int(row[1]) + 1
+
+        generation = await self.store.run_raw_for_tests("take the dead lease", take)
+        if generation is not None:
+            self.taken.append(generation)
+        return generation
+
+
+@contextlib.asynccontextmanager
+async def owner_dies_when_handed(
+    tmp_path: Path, replies: list[dict[str, Any]]
+) -> AsyncIterator[tuple[Harness, DyingOwner]]:
+    """Session s1, its lease held by another live daemon; a harness whose cluster hooks
+    are a `DyingOwner`'s."""
+    async with SQLiteStore.open(tmp_path / "navi.db") as seed:
+        await seed.create_session("s1", profile_id="general")
+        await seed.claim_lease("s1", owner="another-daemon", pid=os.getpid(), host=HOST,
+                               ttl=300)  # fmt: skip
+    no_plan = {"general": {"planning_first_message": False}}
+    async with open_harness(tmp_path, replies=replies, profiles=no_plan) as h:
+        store = h.runtime.store
+        assert isinstance(store, SQLiteStore)
+        leases = h.runtime.agent.leases
+        owner = DyingOwner(store, leases.owner, leases.host)
+        h.runtime.sessions.hand_over = owner.hand_over
+        h.runtime.sessions.dead_turn = owner.dead_turn
+        yield h, owner
+
+
+def ended_dead(frames: list[dict[str, Any]]) -> bool:
+    """The frames end as the turn of a dead daemon does."""
+    ends = [(f["type"], f.get("code")) for f in frames[-2:]]
+    return ends == [("error", "daemon_died"), ("stream_end", None)]
+
+
+async def test_a_kept_message_whose_new_owner_died_ends_the_dead_turn_before_it_runs(
+    tmp_path: Path,
+) -> None:
+    """In a cluster: B's run finds the session taken by another daemon, which dies
+    before B can be handed to it (B is kept here). The turn that daemon left is ended
+    (the history and the frames say it died) before B runs again."""
+    replies = [{"text": "B done"}, {"text": "C done"}]
+    with trio.fail_after(TIMEOUT):
+        async with owner_dies_when_handed(tmp_path, replies) as (h, owner):
+            await h.runtime.store.enqueue("s1", "kb", _row("B"), pid=_dead_pid(), host=HOST)
+            h.runtime.sessions.adopt = True
+            s = await h.session("s1")
+            await s.actor.adopt_handed()
+            kept = (await s.until_type("warning"))[-1]
+            assert kept["code"] == "message_kept", kept
+            s.actor.send_message("C")  # the kept one tries again at once
+            assert ended_dead(await s.until_end())
+            assert (await s.until_end())[-1]["text"] == "B done"
+            assert len(owner.taken) == 1
+            saved = await h.runtime.store.load_messages("s1")
+            assert [(m["role"], m.get("error"), m["content"]) for m in saved[:3]] == [
+                ("assistant", DEAD_TURN, ""), ("user", None, "B"), ("assistant", None, "B done")
+            ]  # fmt: skip
+
+
+async def test_a_new_message_whose_owner_died_before_the_hand_over_ends_the_dead_turn_first(
+    tmp_path: Path,
+) -> None:
+    """A new message's claim finds the session taken; the daemon that took it dies
+    before the message can be handed to it, so it runs here, next: after the turn the
+    dead daemon left is ended."""
+    with trio.fail_after(TIMEOUT):
+        async with owner_dies_when_handed(tmp_path, [{"text": "ran here"}]) as (h, owner):
+            s = await h.session("s1")
+            msg = UserMessage("runs here")
+            s.actor.send_message(msg)
+            await msg.accepted.wait()
+            assert msg.accepted.error is None and msg.accepted.queued
+            assert ended_dead(await s.until_end())
+            assert (await s.until_end())[-1]["text"] == "ran here"
+            assert len(owner.taken) == 1
+            saved = await h.runtime.store.load_messages("s1")
+            assert [(m["role"], m.get("error")) for m in saved] == [
+                ("assistant", DEAD_TURN), ("user", None), ("assistant", None)
+            ]  # fmt: skip

@@ -18,8 +18,9 @@ failure before its save (a full disk), or after it (the turn cut short: it runs 
 as a ``resume``), keeps its place and runs again (`_wait_to_retry`), first. One whose
 run finds the session taken by another daemon is left in the store's queue for that
 daemon (`hand_over`, core/cluster.py), with every message queued behind it; without
-daemons to hand it to (SQLite: a ``navi run`` holds the session) it waits and tries
-again. A queued message's save takes its row off the queue (compare and set): one that
+daemons to hand it to (SQLite: a ``navi run`` holds the session), or when that daemon
+died before it could be handed (its turn is ended first, as `take_over` does), it waits
+and tries again. A queued message's save takes its row off the queue (compare and set): one that
 another daemon took first is skipped, saying nothing.
 
 A run whose lease another daemon took over under it (this one was paused past its
@@ -551,8 +552,11 @@ class SessionActor:
                 if error is None:
                     dropped = control.refused is not None
                     break
-                if isinstance(error, SessionBusyError) and await self._hand_back(msg):
-                    break  # its row, and those queued behind it, wait for the owner
+                if isinstance(error, SessionBusyError):
+                    if await self._hand_back(msg):
+                        break  # its row, and those queued behind it, wait for the owner
+                    # Nobody runs it now: the daemon that took it may have died mid-turn.
+                    self.dead_turn_checked = self._dead_turn is None
                 saved = control.saved or msg.kind == "resume"
                 if not await self._wait_to_retry(error, delay, saved=saved):
                     dropped = True  # stopped: the user let it go
@@ -570,6 +574,8 @@ class SessionActor:
                     self.parts.forget(self.session_id)
                 control = RunControl()
                 self._control = control
+                if not self.dead_turn_checked:
+                    await self._end_dead_turn()  # its turn ended before this one starts
         except NaviError as exc:  # an unknown profile, the queue's store
             msg.accepted.fail(exc)  # refused before its save (no-op for a queued one)
             dropped = not isinstance(exc, StorageError)
@@ -635,6 +641,8 @@ class SessionActor:
         try:
             await self._hand_over(self.session_id, [queued.queue_key])
         except NaviError:  # nobody else runs it now, or the store did not answer
+            # The daemon that took it may have died mid-turn: its turn ends first.
+            self.dead_turn_checked = self._dead_turn is None
             self.pending.appendleft(queued)
             self._say_queued(queued, 0)  # runs next, here (this run says nothing)
             return True
