@@ -7,6 +7,8 @@ The tree (every subclass of NaviError in navi_trio is defined here)::
     ├── UsageError                  bad command-line arguments (argparse's own exit is replaced
     │                               by it); also a bad argument of `navi mcp serve`'s tools
     ├── StoreError                  the SQLite store failed (a bad argument, a bad row...)
+    │   ├── NotQueuedError          a queued message was gone when its run went to take it
+    │   │                           (another daemon ran it, or the queue's cap dropped it)
     │   ├── StorageError            storage: the database cannot be written or read (read-only,
     │   │   │                       an I/O error, damaged); also a RequestError (below), so
     │   │   │                       a request that meets it gets this code on the wire
@@ -96,6 +98,12 @@ class UsageError(NaviError):
 
 class StoreError(NaviError):
     """The session store failed."""
+
+
+class NotQueuedError(StoreError):
+    """A run went to take its queued message off the queue (`append(dequeue=key)`) and
+    it was no longer there: another daemon took it first, or the queue's cap dropped it.
+    Nothing of the append was stored; the message runs (or ran) once, elsewhere."""
 
 
 class ContextTooLargeError(NaviError):

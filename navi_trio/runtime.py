@@ -208,7 +208,10 @@ async def open_runtime(
             nursery.start_soon(agent.parts.counter.preload_on_demand)  # off the start-up path
             joined = None
             if make_bus is not None:
-                joined = Cluster(make_bus(), store, agent.leases, settings.lease_ttl_sec)
+                joined = Cluster(
+                    make_bus(), store, agent.leases, settings.lease_ttl_sec,
+                    queue_max=settings.message_queue_max,
+                )  # fmt: skip
             notices = UserNotices()
             sessions = SessionRegistry(
                 agent,
@@ -237,6 +240,7 @@ async def open_runtime(
                 joined.attach(sessions, supervisor, approvals)
                 supervisor.shared = joined  # the caps count for every daemon
                 sessions.on_retire = joined.unfollow_soon
+                sessions.hand_over = joined.hand_back  # a session taken: its queue goes there
                 sessions.broadcast_class = RelayBroadcast  # other daemons' frames, relayed
                 sessions.dead_turn = joined.dead_turn  # a turn a dead daemon left: ended
                 await nursery.start(joined.run)

@@ -49,6 +49,10 @@ TASK_UPDATE = "task_update"
 STREAM_END = "stream_end"
 MESSAGE_QUEUED = "message_queued"
 STEERED = "steered"  # a message sent with on_busy steer joined the running turn
+# A `warning`'s code: a queued message the queue's cap dropped (or a stop let go of).
+MESSAGE_DROPPED = "message_dropped"
+QUEUE_FULL = "the queue was full"  # how a drop by the cap begins
+EXCERPT_CHARS = 120  # what such a warning quotes of the message it names
 SCHEDULES = "schedules"  # its replies
 SCHEDULE_RUN = "schedule_run"  # a scheduled run ended (to its owner's clients, no seq)
 ON_BUSY = ("enqueue", "reject", "interrupt", "steer")
@@ -103,6 +107,23 @@ def is_session_frame(frame: Frame) -> bool:
 def is_top_end(frame: Frame) -> bool:
     """The end of a top-level run (a sub-agent's stream_end is not)."""
     return frame.get("type") == STREAM_END and not frame.get("is_subagent")
+
+
+def dropped_excerpt(text: str) -> str:
+    """How a warning names a dropped message: its text on one line, cut short."""
+    text = " ".join(text.split())
+    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 1] + "…"
+
+
+def dropped_by_the_cap(frame: Frame, text: str | None = None) -> bool:
+    """Whether `frame` is the warning of a message the queue's cap dropped (with
+    `text`: that message)."""
+    said = str(frame.get("message", ""))
+    if frame.get("type") != "warning" or frame.get("code") != MESSAGE_DROPPED:
+        return False
+    if not said.startswith(QUEUE_FULL):
+        return False
+    return text is None or f"the message {dropped_excerpt(text)!r}," in said
 
 
 # -- the client's frames --------------------------------------------------------------

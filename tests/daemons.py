@@ -1,4 +1,4 @@
-"""Several real `navi serve` processes on one PostgreSQL database (issue 20's tests).
+"""Several real `navi serve` processes on one PostgreSQL database.
 
 `pg_daemons(tmp_path, pg_url, llm_url, n)` starts `n` daemons one after the other
 (each on 127.0.0.1 port 0, the same data folder, so one local token opens all of them,
@@ -9,8 +9,9 @@ history straight from the database, and `lease(url, sid)` its lease row, the way
 third process would.
 
 Users made as an operator makes them: `navi_users(env, "add", "bob")` runs `navi users`
-in a process of its own (on the database `env` names) and `add_user` returns the token it
-printed; `connect_as(url, token)` is a WebSocket client past its hello.
+in a process of its own (on the database `env` names: `cli_env`, on a daemon's machine or
+on one of the operator's own) and `add_user` returns the token it printed;
+`connect_as(url, token)` is a WebSocket client past its hello.
 """
 
 from __future__ import annotations
@@ -60,6 +61,14 @@ async def pg_daemons(
             serve = navi_serve({**base, **own}, llm_url, log)
             daemons.append(await stack.enter_async_context(serve))
         yield daemons
+
+
+def cli_env(tmp_path: Path, pg_url: str, daemon: Daemon | None = None) -> dict[str, str]:
+    """The environment of `navi` commands an operator types on the shared database: on
+    `daemon`'s machine (its data folder) when given, else on a machine of their own."""
+    home = tmp_path / "operator"
+    data = {"NAVI_DATA_DIR": str(daemon.data_dir)} if daemon is not None else {}
+    return {**clean_env(home), "NAVI_DB": pg_url, **data}
 
 
 async def navi_users(env: dict[str, str], *args: str) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -23,13 +22,11 @@ from typing import Any
 import attrs
 import trio
 from api_ws import Client
+from daemons import add_user, connect_as
 from reliability import Daemon, clean_env, navi_serve
-from trio_websocket import open_websocket_url
 
 from navi_trio.settings import default_config_path
 from navi_trio.testing import FakeLLMServer
-
-CLI_LIMIT = 60  # real seconds for `navi users add` (a Python start on 2 busy cores)
 
 
 @contextmanager
@@ -75,23 +72,8 @@ class Served:
 
     @asynccontextmanager
     async def connect(self, user: str) -> AsyncIterator[Client]:
-        async with open_websocket_url(self.daemon.url) as ws:
-            client = Client(ws)
-            await client.send({"type": "hello", "token": self.tokens[user]})
-            welcome = await client.next()
-            assert welcome["type"] == "welcome", welcome
+        async with connect_as(self.daemon.url, self.tokens[user]) as client:
             yield client
-
-
-async def add_user(env: dict[str, str], name: str, role: str = "user") -> str:
-    """`navi users add NAME`: the token it prints."""
-    with trio.fail_after(CLI_LIMIT):
-        done = await trio.run_process(
-            [sys.executable, "-m", "navi_trio", "users", "add", name, "--role", role],
-            env=env, capture_stdout=True, capture_stderr=True, check=False,
-        )  # fmt: skip
-    assert done.returncode == 0, done.stderr.decode()
-    return done.stdout.decode().strip().splitlines()[-1]
 
 
 @asynccontextmanager

@@ -222,7 +222,7 @@ async def test_a_queued_message_refused_for_a_late_store_leaves_no_row_and_never
             enqueue = store.enqueue
             entered = trio.Event()
 
-            async def late(*args: Any, **kwargs: Any) -> None:
+            async def late(*args: Any, **kwargs: Any) -> list[tuple[str, dict[str, Any]]]:
                 await enqueue(*args, **kwargs)  # the row lands...
                 entered.set()
                 await trio.sleep_forever()  # ...but the store's answer never comes

@@ -339,8 +339,10 @@ async def test_queue_overflow_compact_refusal_and_stop_over_the_wire(tmp_path: P
             assert [(f["text"], f["position"], f["dropped_total"]) for f in queued] == [
                 ("A", 1, 0),
                 ("B", 2, 0),
-                ("C", 2, 1),
+                ("C", 3, 0),
             ]
+            dropped = await c.until_type("warning")
+            assert dropped["code"] == "message_dropped" and "'A'" in dropped["message"]
             err = await c.request({"type": "compact", "session_id": sid})
             assert err["code"] == "busy" and "run is active" in err["message"]
             err = await c.request({"type": "sessions", "action": "delete", "session_id": sid})

@@ -28,6 +28,7 @@ from trio_websocket import WebSocketConnection, WebSocketRequest, serve_websocke
 
 from navi_trio import wire
 from navi_trio.api.daemon_client import OurRun, open_daemon
+from navi_trio.api.our_run import Accepted
 from navi_trio.api.protocol import COMMANDS
 from navi_trio.core.broadcast import SUBSCRIBER_BUFFER
 from navi_trio.errors import DaemonUnreachableError, RemoteError
@@ -279,3 +280,36 @@ async def test_our_run_is_followed_behind_the_runs_queued_ahead_of_it(tmp_path: 
     texts = "".join(f.get("text", "") for f in ours if f["type"] == "text_delta")
     assert "first" not in texts and "second" not in texts
     assert not run.running and run.ended
+
+
+def test_a_follower_counts_a_message_dropped_ahead_and_ends_when_its_own_is_dropped() -> None:
+    """The queue's cap drops the oldest waiting message: one run fewer ends before
+    ours; when the warning names ours, our message never runs and the follow ends."""
+    seq = iter(range(1, 100))
+
+    def frame(type_: str, **fields: Any) -> Frame:
+        return {"type": type_, "session_id": "s", "seq": next(seq), **fields}
+
+    def dropped(text: str) -> Frame:
+        return frame("warning", code="message_dropped", message=(
+            f"the queue was full (2 waiting, NAVI_MESSAGE_QUEUE_MAX): the oldest waiting, "
+            f"the message {text!r}, was dropped and will not run (1 dropped so far)"
+        ))  # fmt: skip
+
+    accepted = Accepted("s", created=False, queued=True, on_busy="enqueue")
+    run = OurRun.of(accepted, "mine")
+    assert not run.ours(frame("message_queued", text="mine", position=3))
+    assert not run.ours(dropped("an older one"))  # 2 runs ahead now, not 3
+    assert not run.ours(dropped("mine, but not quite"))  # another one, not ours: 1 ahead
+    assert not run.ours(frame("stream_end", is_subagent=False))  # the running turn's
+    assert run.ours(frame("text_delta", text="ours"))
+    assert run.running and not run.dropped
+    gone = OurRun.of(accepted, "mine too")
+    assert not gone.ours(frame("message_queued", text="mine too", position=2))
+    assert gone.ours(dropped("mine too"))
+    assert gone.dropped and gone.ended and not gone.running
+    # A stop's drop of a kept message is another warning: not the cap's.
+    kept = OurRun.of(accepted, "kept")
+    assert not kept.ours(frame("message_queued", text="kept", position=1))
+    assert not kept.ours(frame("warning", code="message_dropped", message="dropped (stopped)"))
+    assert not kept.dropped

@@ -17,6 +17,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,11 @@ import trio.testing
 from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import open_daemon
 
-from navi_trio.errors import StoreError
+from navi_trio.core.agent import DEAD_TURN, UserMessage
+from navi_trio.errors import NaviError, StoreError
 from navi_trio.store import SessionStore, SQLiteStore
 from navi_trio.testing import open_harness
-from navi_trio.testing.harness import replay_buffer
+from navi_trio.testing.harness import Harness
 
 TIMEOUT = 30
 HOST = socket.gethostname() or "localhost"
@@ -131,10 +133,11 @@ async def test_a_message_is_stored_before_it_is_acknowledged_and_leaves_when_it_
             await gate.entered.wait()
             actor.send_message("dropped")
             actor.send_message("kept")
-            pending = list(actor.pending)
-            assert [m.text for m in pending] == ["kept"]
-            await pending[0].accepted.wait()  # what the daemon's ok waits for
-            assert [k for _, k in _queued(db)] == [pending[0].queue_key]
+            *_, kept = actor.pending
+            await kept.accepted.wait()  # what the daemon's ok waits for
+            # The store's cap (1) dropped the older one when the newer was queued.
+            assert [m.text for m in actor.pending] == ["kept"]
+            assert [k for _, k in _queued(db)] == [kept.queue_key]
             gate.gate.set()
             await actor.idle.wait()
             assert await _users(h.runtime.store) == ["hi", "kept"]
@@ -240,12 +243,12 @@ async def test_the_ok_of_a_queued_message_comes_after_it_is_stored(
                 assert len(_queued(tmp_path / "navi.db")) == 1  # read at once, in this thread
 
 
-async def test_an_adopted_message_refused_by_another_owners_lease_leaves_no_row(
+async def test_an_adopted_message_refused_by_another_owners_lease_keeps_its_place(
     tmp_path: Path,
 ) -> None:
     # A crash left B queued; another live process holds the session's lease when the
-    # daemon adopts it: B's run is refused (session_busy) before its save, and its row
-    # goes (a refusal other than a storage failure is final), so no restart runs it.
+    # daemon adopts it: B was acknowledged, so its run's refusal (session_busy) does not
+    # drop it: it is kept, says so, and runs once the session is free again, first.
     db = tmp_path / "navi.db"
     with trio.fail_after(TIMEOUT):
         async with SQLiteStore.open(db) as store:
@@ -253,15 +256,172 @@ async def test_an_adopted_message_refused_by_another_owners_lease_leaves_no_row(
             await store.enqueue("s1", "kb", _row("B"), pid=_dead_pid(), host=HOST)
             await store.claim_lease("s1", owner="another-process", pid=os.getpid(), host=HOST,
                                     ttl=300)  # fmt: skip
-        async with open_harness(tmp_path, replies=[{"text": "never"}]) as h:
+        replies = [{"text": "B done"}, {"text": "C done"}]
+        no_plan = {"general": {"planning_first_message": False}}
+        async with open_harness(tmp_path, replies=replies, profiles=no_plan) as h:
+            s = await h.session("s1")
             h.runtime.sessions.adopt = True
-            assert await h.runtime.sessions.resume_queued() == 1
-            actor = h.runtime.sessions.actor("s1")
-            assert actor is not None
-            await actor.idle.wait()
-            frames = list(replay_buffer(actor))
-            assert [f["code"] for f in frames if f["type"] == "error"] == ["session_busy"]
-            assert frames[-1]["type"] == "stream_end" and frames[-1]["reason"] == "error"
-            assert h.chat_requests == []
-            assert await _users(h.runtime.store) == []
+            await s.actor.adopt_handed()  # what the start-up does (resume_queued)
+            kept = (await s.until_type("warning"))[-1]
+            assert kept["code"] == "message_kept", kept
+            assert "another process runs the session now" in kept["message"], kept
+            assert h.chat_requests == [] and _queued(db) == [("s1", "kb")]
+            # The other process is done; a new message makes the kept one try at once.
+            await h.runtime.store.release_lease("s1", owner="another-process")
+            s.actor.send_message("C")
+            ends = [(await s.until_end())[-1]["text"] for _ in range(2)]
+            assert ends == ["B done", "C done"]
+            await s.idle()
+            assert await _users(h.runtime.store) == ["B", "C"]
         assert _queued(db) == []
+
+
+async def test_a_new_message_meeting_a_session_another_daemon_took_is_queued_for_it(
+    tmp_path: Path,
+) -> None:
+    """With daemons to hand messages to (a cluster), a new message whose claim finds
+    the session run elsewhere (taken between the daemon's look and its claim) is stored
+    and handed to that daemon, acknowledged as queued, not refused with session_busy;
+    when nobody runs it by the time it is handed, it runs here, next."""
+    handed: list[list[str]] = []
+
+    async def hand_over(session_id: str, keys: list[str]) -> None:
+        handed.append(keys)
+        if len(handed) == 2:  # the other daemon is done by now: nobody to hand it to
+            await h.runtime.store.release_lease(session_id, owner="another-daemon")
+            raise NaviError("no other daemon runs it now")
+
+    no_plan = {"general": {"planning_first_message": False}}
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=[{"text": "ran here"}], profiles=no_plan) as h:
+            h.runtime.sessions.hand_over = hand_over
+            await h.runtime.store.create_session("s1", profile_id="general")
+            await h.runtime.store.claim_lease("s1", owner="another-daemon", pid=os.getpid(),
+                                              host=HOST, ttl=300)  # fmt: skip
+            s = await h.session("s1")
+            first = UserMessage("for the other daemon")
+            s.actor.send_message(first)
+            await first.accepted.wait()  # stored: acknowledged (as queued)
+            await s.actor.idle.wait()  # and handed over: nothing more runs here
+            assert first.accepted.queued and handed and len(handed[0]) == 1
+            assert [k for _, k in _queued(tmp_path / "navi.db")] == handed[0]
+            second = UserMessage("runs here")
+            s.actor.send_message(second)
+            await second.accepted.wait()
+            frames = await s.until_end()
+            assert frames[-1]["text"] == "ran here", frames[-1]
+            assert [f for f in frames if f["type"] in ("error", "warning")] == []
+            assert await _users(h.runtime.store) == ["runs here"]
+            assert len(handed) == 2 and len(h.chat_requests) == 1
+
+
+class DyingOwner:
+    """The daemon that took the session: it dies (SIGKILL: its lease row stays, its pid
+    gone) when asked to take a message over (nobody to hand it to), and the cluster's
+    look at the session (`Cluster.dead_turn`) then takes its lease over."""
+
+    def __init__(self, store: SQLiteStore, owner: str, host: str) -> None:
+        self.store, self.owner, self.host = store, owner, host
+        self.dead = _dead_pid()
+        self.taken: list[int] = []  # the generations the looks took over
+
+    async def hand_over(self, session_id: str, keys: list[str]) -> None:
+        def die(conn: Any) -> None:
+            conn.execute("UPDATE leases SET pid = ? WHERE session_id = ?", [self.dead, session_id])
+
+        await self.store.run_raw_for_tests("the owner dies", die)
+        raise NaviError(f"session {session_id!r}: no other daemon runs it now")
+
+    async def dead_turn(self, session_id: str) -> int | None:
+        def take(conn: Any) -> int | None:
+            row = conn.execute(
+                "SELECT pid, generation FROM leases WHERE session_id = ? AND owner != ?",
+                [session_id, self.owner],
+            ).fetchone()
+            if row is None or row[0] != self.dead:
+                return None
+            conn.execute(
+                "UPDATE leases SET owner = ?, pid = ?, host = ?, generation = ?"
+                " WHERE session_id = ?",
+                [self.owner, os.getpid(), self.host, row[1] + 1, session_id],
+            )
+            return int(row[1]) + 1
+
+        generation = await self.store.run_raw_for_tests("take the dead lease", take)
+        if generation is not None:
+            self.taken.append(generation)
+        return generation
+
+
+@contextlib.asynccontextmanager
+async def owner_dies_when_handed(
+    tmp_path: Path, replies: list[dict[str, Any]]
+) -> AsyncIterator[tuple[Harness, DyingOwner]]:
+    """Session s1, its lease held by another live daemon; a harness whose cluster hooks
+    are a `DyingOwner`'s."""
+    async with SQLiteStore.open(tmp_path / "navi.db") as seed:
+        await seed.create_session("s1", profile_id="general")
+        await seed.claim_lease("s1", owner="another-daemon", pid=os.getpid(), host=HOST,
+                               ttl=300)  # fmt: skip
+    no_plan = {"general": {"planning_first_message": False}}
+    async with open_harness(tmp_path, replies=replies, profiles=no_plan) as h:
+        store = h.runtime.store
+        assert isinstance(store, SQLiteStore)
+        leases = h.runtime.agent.leases
+        owner = DyingOwner(store, leases.owner, leases.host)
+        h.runtime.sessions.hand_over = owner.hand_over
+        h.runtime.sessions.dead_turn = owner.dead_turn
+        yield h, owner
+
+
+def ended_dead(frames: list[dict[str, Any]]) -> bool:
+    """The frames end as the turn of a dead daemon does."""
+    ends = [(f["type"], f.get("code")) for f in frames[-2:]]
+    return ends == [("error", "daemon_died"), ("stream_end", None)]
+
+
+async def test_a_kept_message_whose_new_owner_died_ends_the_dead_turn_before_it_runs(
+    tmp_path: Path,
+) -> None:
+    """In a cluster: B's run finds the session taken by another daemon, which dies
+    before B can be handed to it (B is kept here). The turn that daemon left is ended
+    (the history and the frames say it died) before B runs again."""
+    replies = [{"text": "B done"}, {"text": "C done"}]
+    with trio.fail_after(TIMEOUT):
+        async with owner_dies_when_handed(tmp_path, replies) as (h, owner):
+            await h.runtime.store.enqueue("s1", "kb", _row("B"), pid=_dead_pid(), host=HOST)
+            h.runtime.sessions.adopt = True
+            s = await h.session("s1")
+            await s.actor.adopt_handed()
+            kept = (await s.until_type("warning"))[-1]
+            assert kept["code"] == "message_kept", kept
+            s.actor.send_message("C")  # the kept one tries again at once
+            assert ended_dead(await s.until_end())
+            assert (await s.until_end())[-1]["text"] == "B done"
+            assert len(owner.taken) == 1
+            saved = await h.runtime.store.load_messages("s1")
+            assert [(m["role"], m.get("error"), m["content"]) for m in saved[:3]] == [
+                ("assistant", DEAD_TURN, ""), ("user", None, "B"), ("assistant", None, "B done")
+            ]  # fmt: skip
+
+
+async def test_a_new_message_whose_owner_died_before_the_hand_over_ends_the_dead_turn_first(
+    tmp_path: Path,
+) -> None:
+    """A new message's claim finds the session taken; the daemon that took it dies
+    before the message can be handed to it, so it runs here, next: after the turn the
+    dead daemon left is ended."""
+    with trio.fail_after(TIMEOUT):
+        async with owner_dies_when_handed(tmp_path, [{"text": "ran here"}]) as (h, owner):
+            s = await h.session("s1")
+            msg = UserMessage("runs here")
+            s.actor.send_message(msg)
+            await msg.accepted.wait()
+            assert msg.accepted.error is None and msg.accepted.queued
+            assert ended_dead(await s.until_end())
+            assert (await s.until_end())[-1]["text"] == "ran here"
+            assert len(owner.taken) == 1
+            saved = await h.runtime.store.load_messages("s1")
+            assert [(m["role"], m.get("error")) for m in saved] == [
+                ("assistant", DEAD_TURN), ("user", None), ("assistant", None)
+            ]  # fmt: skip

@@ -20,12 +20,12 @@ peak, +3 MB after).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import trio
 import wsproto
+from daemons import add_user
 from reliability import clean_env, navi_serve, peak_rss_mb, rss_mb
 from wsproto.events import AcceptConnection, Request, TextMessage
 
@@ -45,14 +45,6 @@ AFTER_OVER_MB = 100  # once the clients are gone (was ~3400)
 def _history() -> list[dict[str, str]]:
     return [{"role": ("user", "assistant")[i % 2], "content": chr(97 + i % 26) * MESSAGE_CHARS}
             for i in range(MESSAGES)]  # fmt: skip
-
-
-async def _add_user(env: dict[str, str], name: str) -> str:
-    done = await trio.run_process(
-        [sys.executable, "-m", "navi_trio", "users", "add", name],
-        env=env, capture_stdout=True, capture_stderr=True,
-    )  # fmt: skip
-    return done.stdout.decode().strip().splitlines()[-1]
 
 
 async def _write_session(db: Path, user: str) -> None:
@@ -94,7 +86,7 @@ async def test_clients_pipelining_history_without_reading_cost_bounded_memory_gi
 ) -> None:
     env = clean_env(tmp_path)
     with trio.fail_after(120):
-        token = await _add_user(env, "mallory")
+        token = await add_user(env, "mallory")
         await _write_session(Path(env["NAVI_DB"]), "mallory")
         async with (
             open_fake_llm([]) as llm,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,10 @@ import pytest
 import trio
 from api_ws import Client
 from budget_race import race
-from daemons import pg_daemons
+from daemons import add_user, cli_env, pg_daemons
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from pg_server import sql
-from reliability import clean_env
 from trio_websocket import open_websocket_url
 
 from navi_trio.settings import default_config_path
@@ -61,21 +59,10 @@ def budget_config(tmp_path: Path) -> Path:
     return path
 
 
-async def add_user(tmp_path: Path, pg_url: str, name: str) -> str:
-    """`navi users add NAME` on the database; the token it prints."""
-    env = {**clean_env(tmp_path), "NAVI_DB": pg_url}
-    done = await trio.run_process(
-        [sys.executable, "-m", "navi_trio", "users", "add", name], env=env,
-        capture_stdout=True, capture_stderr=True,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return done.stdout.decode().split()[-1]
-
-
 async def test_a_users_daily_budget_holds_across_two_daemons(tmp_path: Path, pg_url: str) -> None:
     config = budget_config(tmp_path)
     with trio.fail_after(TIMEOUT):
-        token = await add_user(tmp_path, pg_url, "alice")
+        token = await add_user(cli_env(tmp_path, pg_url), "alice")
         async with (
             open_fake_llm([ANSWER], loop=True) as llm,
             pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True, NAVI_CONFIG=str(config)) as (

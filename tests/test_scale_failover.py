@@ -22,11 +22,10 @@ from typing import Any
 import pytest
 import trio
 from api_ws import Client
-from daemons import add_user, connect_as, history, pg_daemons
+from daemons import add_user, cli_env, connect_as, history, pg_daemons
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from pg_server import sql
-from reliability import Daemon, clean_env
 from test_scale_cluster import LEASE_LOG, killed_then_two, never_two_owners
 
 from navi_trio.core.agent import DEAD_TURN
@@ -37,12 +36,6 @@ pytestmark = pytest.mark.slow
 TIMEOUT = 120
 TTL = "600"  # far above TIMEOUT: nothing here may wait for a lease to run out
 FOLLOWERS = 4  # clients following on each other daemon
-
-
-def cli_env(tmp_path: Path, pg_url: str, daemon: Daemon) -> dict[str, str]:
-    """The environment of `navi` commands on `daemon`'s machine: the shared database,
-    its own data folder."""
-    return {**clean_env(tmp_path), "NAVI_DB": pg_url, "NAVI_DATA_DIR": str(daemon.data_dir)}
 
 
 def announced_epochs(c: Client, sid: str) -> None:

@@ -1,7 +1,9 @@
-"""Fencing across real daemons (issue 20 "One owner per session"): a `navi serve` paused
-with SIGSTOP past its lease, whose session another daemon took over meanwhile, has every
-late write refused when it resumes (SIGCONT): the history holds each message once, the
-paused daemon's late answer not at all, and its client is told why.
+"""Fencing across real daemons: a `navi serve` paused with SIGSTOP past its lease, whose
+session another daemon took over meanwhile, has every late write refused when it resumes
+(SIGCONT): the history holds each message once, the paused daemon's late answer not at
+all, and its client is told why. Nor does it run a tool call, write its scratchpad, or
+publish a frame to another daemon's clients after it comes back: every effect of a run
+is fenced, not only the history.
 
 Real processes, real PostgreSQL, real time: the only wait is for the lease to run out,
 read from the lease row itself (the server's clock). Every test under `trio.fail_after`.
@@ -15,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from daemons import history, lease, pg_daemons
+from daemons import add_user, cli_env, connect_as, history, lease, pg_daemons
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
+from pg_server import sql
 
+from navi_trio.store.repair import PLACEHOLDER_CONTENT
 from navi_trio.testing import open_fake_llm
 
 TIMEOUT = 120
@@ -79,3 +83,87 @@ async def test_a_paused_daemons_late_writes_are_refused_after_a_takeover(
             # A's lease release at the end of its run took nothing from B.
             after = lease(pg_url, sid)
             assert after is not None and after[3] == took[3] and after[0] == took[0]
+
+
+async def test_a_paused_daemon_runs_no_call_writes_nothing_and_publishes_nothing_after_a_takeover(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A's turn holds a batch of calls (a terminal call, a scratchpad write, a second
+    terminal call); A is paused during the first until its lease runs out, and a
+    message through B takes the session over. When A comes back, it runs no call more
+    (the second terminal call's file line never appears), writes nothing (the
+    scratchpad), publishes nothing more (a client following on C never gets A's late
+    frames) and asks its model nothing more; its own client is told once why."""
+    gate = "while [ ! -e go ]; do sleep 0.05; done; echo one >> marks"
+    replies: list[dict[str, Any]] = [
+        {
+            "tool_calls": [
+                {"name": "terminal", "arguments": {"action": "run", "command": gate}},
+                {"name": "scratchpad", "arguments": {"action": "write", "content": "A was here"}},
+                {
+                    "name": "terminal",
+                    "arguments": {"action": "run", "command": "echo two >> marks"},
+                },
+            ]
+        },  # fmt: skip
+        {"text": "answer from B"},
+        {"text": "A again, now the owner"},
+        {"text": "never asked"},
+    ]
+    with trio.fail_after(TIMEOUT):
+        async with (
+            open_fake_llm(replies) as llm,
+            pg_daemons(
+                tmp_path, pg_url, llm.url, 3, separate=True, NAVI_LEASE_TTL_SEC=str(TTL)
+            ) as (a, b, c),  # fmt: skip
+        ):
+            token = await add_user(cli_env(tmp_path, pg_url), "alice")
+            sid = "alice.fenced"
+            folder = a.data_dir / "sessions" / sid  # A's machine
+            async with connect_as(a.url, token) as on_a, connect_as(b.url, token) as on_b:
+                made = await on_a.request({"type": "message", "session_id": sid, "content": "do"})
+                assert made["type"] == "session", made
+                async with connect_as(c.url, token) as on_c:
+                    sub = await on_c.request({"type": "subscribe", "session_id": sid})
+                    assert sub["type"] == "ok", sub
+                    started = await on_a.until_type("tool_started", session_id=sid)
+                    assert started["name"] == "terminal", started
+                    os.kill(a.pid, signal.SIGSTOP)
+                    try:
+                        await wait_lease_expired(pg_url, sid)
+                        ok = await on_b.request(
+                            {"type": "message", "session_id": sid, "content": "take over"}
+                        )
+                        assert ok["type"] == "ok", ok
+                        end = await on_b.until_end(sid)
+                        assert (end["reason"], end["text"]) == ("complete", "answer from B")
+                        (folder / "go").touch()  # A's first call may end now
+                    finally:
+                        os.kill(a.pid, signal.SIGCONT)
+                    end = await on_a.until_end(sid)
+                    assert end["reason"] == "error", end
+                    # A, the owner again: its frames reach C after any late ones it sent.
+                    await on_a.request({"type": "message", "session_id": sid, "content": "again"})
+                    end = await on_c.until(
+                        lambda f: (
+                            f["type"] == "stream_end" and f.get("text") == "A again, now the owner"
+                        )
+                    )
+                    assert end["reason"] == "complete", end
+                for client in (on_a, on_c):
+                    names = [f["name"] for f in client.frames if f["type"] == "tool_started"]
+                    assert "scratchpad" not in names and names.count("terminal") <= 1, names
+                    done = [f for f in client.frames if f["type"] == "tool_result" and f["ok"]]
+                    assert done == [], done
+                late = [f for f in on_a.frames if f["type"] == "error"]
+                assert [e["code"] for e in late] == ["session_busy"], late
+                assert "taken over" in late[0]["message"], late
+            marks = (folder / "marks").read_text() if (folder / "marks").exists() else ""
+            assert "two" not in marks, marks
+            pad = sql(pg_url, "SELECT value FROM kv WHERE scope = 'scratchpad'")
+            assert not any("A was here" in str(row[0]) for row in pad), pad
+            assert len(llm.chat_requests) == 3  # A asked nothing after its batch
+            contents = [content for role, content in history(pg_url, sid)]
+            assert "answer from B" in contents and "A again, now the owner" in contents
+            results = [content for role, content in history(pg_url, sid) if role == "tool"]
+            assert results == [PLACEHOLDER_CONTENT] * 3, results

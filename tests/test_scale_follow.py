@@ -14,10 +14,9 @@ from typing import Any
 import pytest
 import trio
 from api_ws import Client
-from daemons import add_user, connect_as, pg_daemons
+from daemons import add_user, cli_env, connect_as, pg_daemons
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
-from test_scale_failover import cli_env
 
 from navi_trio.testing import open_fake_llm
 

@@ -22,13 +22,12 @@ from typing import Any
 import pytest
 import trio
 from api_ws import Client
-from daemons import add_user, connect_as, history, pg_daemons
+from daemons import add_user, cli_env, connect_as, history, pg_daemons
 from pg_server import own_pg as own_pg
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from pg_server import sql
 from reliability import Daemon
-from test_scale_failover import cli_env
 
 from navi_trio.errors import StorageError
 from navi_trio.store.postgres import PostgresStore

@@ -34,6 +34,7 @@ from navi_trio.core.task_supervisor import RUNNING_SCOPE, Job, TaskSupervisor
 from navi_trio.errors import NotFoundError, StorageError, UnavailableError
 from navi_trio.settings import Settings
 from navi_trio.store.base import ClusterBus, SessionStore
+from navi_trio.store.fence import Fence
 from navi_trio.store.postgres import PostgresStore
 from navi_trio.store.postgres._bus import NOTIFY_MAX, PgBus
 from navi_trio.tools.base import ToolResult
@@ -84,6 +85,41 @@ async def test_frames_with_quotes_backslashes_and_braces_arrive_as_sent(pg_url: 
     with trio.fail_after(TIMEOUT):
         async with sent_over_the_bus(pg_url, payloads) as (got, _):
             assert got == payloads
+
+
+async def test_frames_of_a_run_taken_over_are_not_sent_checked_in_the_notify(
+    pg_url: str,
+) -> None:
+    """A frame carries its run's lease fence: sent only while the lease row still names
+    that owner and generation, checked in the statement that notifies (small frames) or
+    its transaction (large ones). Unfenced frames (a task update) always go."""
+    big = "x" * (3 * NOTIFY_MAX)
+    host = socket.gethostname() or "localhost"
+    got: list[str] = []
+    done = trio.Event()
+
+    def received(channel: str, payload: str) -> None:
+        got.append(payload)
+        if len(got) == 3:
+            done.set()
+
+    with trio.fail_after(TIMEOUT):
+        async with PostgresStore.open(pg_url) as one, PostgresStore.open(pg_url) as two:
+            await two.claim_lease("s1", owner="a", pid=os.getpid(), host=host, ttl=-1)
+            taken = await two.claim_lease("s1", owner="b", pid=os.getpid(), host=host, ttl=60)
+            stale, live = Fence("s1", "a", taken.generation - 1), Fence("s1", "b", taken.generation)
+            follower, owner = one.bus(), two.bus()
+            follower.on_message(received)
+            async with follower.listening():
+                await follower.listen("ns_test")
+                small = [("late a", stale), ("task update", None), ("b says", live)]
+                await owner.notify([("ns_test", p) for p, _ in small], [f for _, f in small])
+                large = [(big + "late", stale), (big, live)]
+                await owner.notify([("ns_test", p) for p, _ in large], [f for _, f in large])
+                await done.wait()
+            # In order, one transaction each: a stale frame sent would come first.
+            assert got[:2] == ["task update", "b says"], got
+            assert await follower.fetch_frame(json.loads(got[2])["ref"]) == big
 
 
 def _marker(sid: str, tid: str, pid: int, host: str) -> dict[str, object]:

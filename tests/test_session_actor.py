@@ -48,8 +48,12 @@ async def test_messages_queue_while_a_run_is_active(tmp_path: Path) -> None:
             assert [(f["text"], f["position"], f["dropped_total"]) for f in queued] == [
                 ("msg A", 1, 0),
                 ("msg B", 2, 0),
-                ("msg C", 2, 1),
+                ("msg C", 3, 0),
             ]
+            # The store kept the newest two when C's row went in: A is dropped, by name.
+            (dropped,) = (await s.until_type("warning"))[-1:]
+            assert dropped["code"] == "message_dropped", dropped
+            assert "'msg A'" in dropped["message"] and "1 dropped so far" in dropped["message"]
             assert [m.text for m in s.actor.pending] == ["msg B", "msg C"]
             gate.gate.set()
             ends = [(await s.until_end())[-1]["text"] for _ in range(3)]

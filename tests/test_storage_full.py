@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from agent_tools import GateTool, call, toolset, with_tools
+from agent_tools import EchoTool, GateTool, call, toolset, with_tools
 from api_ws import Client, Daemon, open_daemon
 from realtime import real_time_limit
 
@@ -469,3 +469,41 @@ async def test_on_a_real_full_disk_every_ok_is_stored_and_every_refusal_is_gone(
                 await actor.idle.wait()
         async with SQLiteStore.open(db) as reopened:
             assert await _stored(reopened) == ([*kept, "after the space came"], [])
+
+
+async def test_a_turn_cut_short_by_a_full_disk_after_its_save_runs_again(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The message was saved (acknowledged), then a save of its turn found the disk
+    full: the message is kept, as one refused before its save is. It says so, and once
+    there is room its turn runs again from what the store holds (the unsaved call
+    paired on load), without a second copy of the message: it gets its answer."""
+    autojump_clock.autojump_threshold = 0.01
+    gate = GateTool()
+    replies = [call("gate"), call("echo", size=20_000), {"text": "done after all"}]
+    far = 1e5
+    with real_time_limit(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=replies, tools=toolset(gate, EchoTool()),
+            profiles={"general": with_tools(["gate", "echo"], planning_first_message=False)},
+            num_ctx=BIG_WINDOW, first_chunk_timeout=far, chunk_timeout=far,
+            session_idle_sec=far, llm_connect_timeout=far,
+        ) as h:  # fmt: skip
+            s = await h.session("alice.S")
+            s.send("go")
+            await gate.entered.wait()  # the message is saved: acknowledged
+            await _cap(h, full=True)
+            gate.gate.set()  # the next round's results (100 KB) find no room
+            kept = await _next_warning(s)
+            assert "its turn was cut short" in kept["message"], kept
+            assert "runs again in 1 s" in kept["message"], kept
+            await _cap(h, full=False)
+            end = (await s.until_end())[-1]
+            assert (end["reason"], end["text"]) == ("complete", "done after all"), end
+            await s.idle()
+            saved = await h.runtime.store.load_messages("alice.S")
+            assert [m["content"] for m in saved if m["role"] == "user"] == ["go"]
+            assert saved[-1]["content"] == "done after all"
+            assert h.chat_requests and len(h.chat_requests) == 3
+            asked = [m["role"] for m in h.chat_requests[-1]["messages"]]
+            assert asked.count("user") == 1 and asked.count("tool") == 2, asked

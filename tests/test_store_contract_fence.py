@@ -22,7 +22,7 @@ from store_backends import Backend
 from store_backends import backend as backend
 
 from navi_trio.errors import LeaseLostError, SessionBusyError, StoreError
-from navi_trio.store.fence import Fence, fenced
+from navi_trio.store.fence import Fence, fenced, unfenced
 
 TIMEOUT = 30
 HOST = socket.gethostname() or "localhost"
@@ -113,3 +113,38 @@ async def test_a_fence_whose_lease_expired_untaken_still_writes(backend: Backend
             with fenced(Fence("s-1", "a", held.generation)):
                 await store.append("s-1", messages=[user("still mine")])
             assert await store.load_messages("s-1") == [user("still mine")]
+
+
+async def test_a_replaced_owners_kv_writes_are_refused_whatever_their_key(
+    backend: Backend,
+) -> None:
+    """The run's side effects in the kv table (todo, scratchpad, memory, notes) carry its
+    fence as its history does; a job of the daemon's own (`unfenced`) carries none."""
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as a, backend.open() as b:
+            await a.create_session("s-1", profile_id="general")
+            held = await a.claim_lease("s-1", owner="a", pid=ME, host=HOST, ttl=-1)
+            fence_a = Fence("s-1", "a", held.generation)
+            with fenced(fence_a):
+                await a.kv_set("scratchpad", "s-1", {"text": "while it was mine"})
+            took = await b.claim_lease("s-1", owner="b", pid=ME, host=HOST, ttl=60)
+            with fenced(Fence("s-1", "b", took.generation)):
+                await b.kv_set("todo", "s-1", ["b's step"])
+            with fenced(fence_a):
+                writes: list[Callable[[], Awaitable[object]]] = [
+                    lambda: a.kv_set("scratchpad", "s-1", {"text": "late"}),
+                    lambda: a.kv_set("memory", "u-someone", {"items": ["late"]}),
+                    lambda: a.kv_delete("todo", "s-1"),
+                ]
+                for write in writes:
+                    with pytest.raises(LeaseLostError, match="taken over"):
+                        await write()
+                with unfenced():  # a background job of a's: its note still lands
+                    await a.kv_set("task_notes", "s-1:1:bt-1", {"status": "completed"})
+            assert await b.kv_get("scratchpad", "s-1") == {"text": "while it was mine"}
+            assert await b.kv_get("memory", "u-someone") is None
+            assert await b.kv_get("todo", "s-1") == ["b's step"]
+            assert await b.kv_get("task_notes", "s-1:1:bt-1") == {"status": "completed"}
+            # Outside any run, nothing is checked.
+            await a.kv_delete("scratchpad", "s-1")
+            assert await b.kv_get("scratchpad", "s-1") is None

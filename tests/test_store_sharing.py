@@ -156,8 +156,10 @@ class RenewSpy:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
 
-    async def renew_lease(self, session_id: str, *, owner: str, ttl: float) -> bool:
-        ours = await self.store.renew_lease(session_id, owner=owner, ttl=ttl)
+    async def renew_lease(
+        self, session_id: str, *, owner: str, ttl: float, generation: int | None = None
+    ) -> bool:
+        ours = await self.store.renew_lease(session_id, owner=owner, ttl=ttl, generation=generation)
         self.renewed.set()
         return ours
 

@@ -10,6 +10,7 @@ has an absolute deadline.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,11 @@ import trio
 from agent_tools import GateTool, call, system_notes, toolset, with_tools
 from api_ws import open_daemon
 from test_on_busy import messages_of, send
+from test_store_sharing import dead_pid
 
 from navi_trio.core.task_notes import HEADER, pending_notes
+from navi_trio.core.task_supervisor import RUNNING_SCOPE
+from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing import open_harness
 
 TIMEOUT = 20
@@ -199,3 +203,31 @@ async def test_a_restart_between_the_job_ending_and_the_turn_wakes_exactly_once(
             assert h.fake is not None and h.fake.chat_requests == []
             texts = [m.get("content") for m in await h.runtime.store.load_messages("s1")]
             assert texts.count("woken after the restart") == 1
+
+
+async def test_a_job_lost_with_its_daemon_wakes_its_session_too(tmp_path: Path) -> None:
+    """A daemon died with a background job running in a session that wakes on finished
+    jobs: the next start reports the job lost, as a note, and that note wakes the
+    session as a finished job's would (once, with the note)."""
+    async with SQLiteStore.open(tmp_path / "navi.db") as store:
+        await store.create_session("s1", profile_id="general")
+        marker = {"session_id": "s1", "task_id": "bt-gone", "tool": "terminal",
+                  "args_summary": "make test", "is_spawn": False, "pid": dead_pid(),
+                  "host": socket.gethostname()}  # fmt: skip
+        await store.kv_set(RUNNING_SCOPE, "s1:bt-gone", marker)
+    replies = [{"text": "the build job was lost; starting it again"}]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=replies, profiles=profile()) as h:
+            h.runtime.sessions.adopt = True  # as the daemon does at start-up
+            driver = await h.session("s1")
+            assert await h.runtime.sessions.resume_queued() == 1
+            frames = await driver.until_end()
+            (woken,) = [f for f in frames if f["type"] == "woken"]
+            assert "bt-gone" in woken["text"] and "make test" in woken["text"], woken
+            assert frames[-1]["text"] == "the build job was lost; starting it again"
+            assert h.fake is not None
+            (note,) = notes_in(h.fake.chat_requests[0]["body"])
+            assert "bt-gone" in note
+            await driver.idle()
+            assert await h.runtime.store.kv_list(RUNNING_SCOPE) == []
+            assert await h.runtime.store.queued_sessions() == []

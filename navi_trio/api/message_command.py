@@ -154,7 +154,7 @@ class SessionMessages:
             raise
         # queued: it waits for a run of its own (behind the queue, or next for interrupt);
         # on_busy: the strategy applied, when the session was busy (steer: in that run).
-        queued = strategy in ("enqueue", "interrupt")
+        queued = strategy in ("enqueue", "interrupt") or message.accepted.queued
         log.info(
             "session %s: message from %s %s",
             session_id, self.c.user.name, strategy or "runs",

@@ -36,7 +36,9 @@ class OurRun:
     (`Accepted.queued`) waits behind the running turn and the messages queued before
     it: its ``message_queued`` frame (the first carrying our text) says how many runs
     end first (`position`); their top-level ``stream_end`` frames are counted down,
-    then the frames are ours until our own top-level ``stream_end`` (`ended`).
+    then the frames are ours until our own top-level ``stream_end`` (`ended`). A
+    ``message_dropped`` warning meanwhile (the queue's cap dropped the oldest waiting
+    message) is one run fewer ahead of ours, or, when it names ours, its end (`dropped`).
 
     A steered one (`Accepted.on_busy` ``steer``) joins the running turn: its ``steered``
     frame (our text) makes the rest of that run ours. When that run ends without taking
@@ -49,7 +51,8 @@ class OurRun:
     on_queued: Callable[[int], object] = lambda position: None
     ahead: int | None = None  # runs still to end before ours (once our message_queued came)
     started: bool = False  # the frames are ours now
-    ended: bool = False  # our top-level stream_end was seen
+    ended: bool = False  # our top-level stream_end was seen (or our message was dropped)
+    dropped: bool = False  # the queue's cap dropped our message: it never runs
     steered: bool = False  # sent with on_busy steer: waiting for its `steered` frame
 
     def __attrs_post_init__(self) -> None:
@@ -79,8 +82,14 @@ class OurRun:
             if self.ahead is None:
                 if frame.get("type") == wire.MESSAGE_QUEUED and frame.get("text") == self.text:
                     position = frame.get("position")
-                    self.ahead = position if isinstance(position, int) and position > 0 else 1
+                    self.ahead = position if isinstance(position, int) and position >= 0 else 1
                     self.on_queued(self.ahead)
+                return False
+            if wire.dropped_by_the_cap(frame):
+                if wire.dropped_by_the_cap(frame, self.text):  # ours: it will not run
+                    self.dropped = self.ended = True
+                    return True
+                self.ahead = max(self.ahead - 1, 0)  # the oldest waiting: one ahead of ours
                 return False
             if self.ahead > 0:
                 if wire.is_top_end(frame):

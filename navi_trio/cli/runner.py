@@ -262,7 +262,7 @@ async def follow_remote(
                 if ours.ours(frame):
                     if frame["type"] == "approval_request":
                         nursery.start_soon(answer, frame)
-                    run.finished = run.sink.show(frame)
+                    run.finished = run.sink.show(frame) or ours.dropped
         except DaemonUnreachableError as exc:
             raise DaemonUnreachableError(
                 f"the daemon at {url} closed the connection before the run ended: "

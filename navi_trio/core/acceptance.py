@@ -31,6 +31,9 @@ class Acceptance:
     def __init__(self) -> None:
         self._settled = trio.Event()
         self.error: BaseException | None = None
+        # Accepted into the session's queue (it waits for a turn of its own), though it
+        # came to run at once: messages queued before it run first.
+        self.queued = False
 
     @property
     def settled(self) -> bool:

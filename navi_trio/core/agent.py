@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ from navi_trio.core.channel import EventReceiver, EventSender, emitter, open_eve
 from navi_trio.core.checkpointing import RoundCheckpoints
 from navi_trio.core.context import ContextBuilder
 from navi_trio.core.injections import Injections
-from navi_trio.core.lease import SessionLeases
+from navi_trio.core.lease import HeldLease, SessionLeases
 from navi_trio.core.live_config import LiveConfig
 from navi_trio.core.policy import effective_mode
 from navi_trio.core.run_services import make_tool_context
@@ -61,7 +61,15 @@ from navi_trio.core.turn import TurnRunner
 from navi_trio.core.turn_end import shielded
 from navi_trio.core.turn_state import LoopParts, Turn
 from navi_trio.core.workspace import hold_roots
-from navi_trio.errors import LLMError, NothingToCompactError, RequestError, SessionBusyError
+from navi_trio.errors import (
+    LeaseLostError,
+    LLMError,
+    NothingToCompactError,
+    NotQueuedError,
+    RequestError,
+    SessionBusyError,
+    StorageError,
+)
 from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, WarningEvent, Woken
 from navi_trio.llm.base import LLMBackend
 from navi_trio.profiles import BudgetConfig, ConfigSource, NaviConfig, OnBusy
@@ -91,7 +99,9 @@ class UserMessage:
     # What to do when the session is busy (core/steering.py); None: the profile's default.
     on_busy: str | None = None
     # "user"; "wake": a turn a background job's note starts (core/wake.py), its text
-    # empty, saved as that note; "schedule": a scheduled run (core/schedules.py).
+    # empty, saved as that note; "schedule": a scheduled run (core/schedules.py);
+    # "resume": the turn of a message saved already, whose first run the store cut
+    # short (core/session_actor.py): nothing new is saved, the model is asked again.
     kind: str = "user"
     # Approvals by the profile's headless rule even with a client attached (a scheduled
     # run: nobody asked for it to wait on them).
@@ -116,18 +126,33 @@ class RunControl:
     in another process, the store failing): the error that kept the message out.
     `run_id` names the run (a `reject`ed message is told it); `injections` is its
     mailbox for steered messages and background notes (core/steering.py);
-    `on_busy_default` the profile's strategy for messages that arrive meanwhile."""
+    `on_busy_default` the profile's strategy for messages that arrive meanwhile;
+    `skipped`: no turn ran (a wake-up with no note left, or a queued message that
+    another daemon took first, or the queue's cap dropped)."""
 
     def __init__(self) -> None:
         self.scope = trio.CancelScope()
         self.saved = False  # the user message is in the history
         self.refused: Exception | None = None
+        # The error that ended the run after its message was saved (a storage failure
+        # mid-turn: the message waits for an answer).
+        self.failed: Exception | None = None
+        # The run's lease (core/lease.py), once claimed; `fenced`: another daemon took
+        # the session over under it: nothing of it is published any more.
+        self.lease: HeldLease | None = None
+        self.fenced = False
+        # Asked once the lease is held, before a new message is saved: True when
+        # messages queued before it must run first (it went behind them: no turn).
+        self.ahead: Callable[[], Awaitable[bool]] | None = None
+        # Asked when another process holds the lease (the claim was refused): True when
+        # the message went to the queue of the daemon that runs the session (no turn).
+        self.elsewhere: Callable[[], Awaitable[bool]] | None = None
         self.run_id = "r-" + secrets.token_hex(6)
         self.injections = Injections()
         self.on_busy_default: OnBusy = DEFAULT_ON_BUSY
         self.steer_max_chars = 8000  # the setting's, once the run has started
         self.finished = trio.Event()  # the run's task is over (its events all sent)
-        self.skipped = False  # a wake-up that found no note left: no turn ran
+        self.skipped = False  # no turn ran: nothing to do (see the class)
         self.woken: str | None = None  # a wake-up's note: the turn's start
 
     def stop(self) -> None:
@@ -177,7 +202,14 @@ class Agent:
             cache=self.cache,
             backend=backend,
             registry=registry,
-            executor=ToolExecutor(registry, settings, supervisor, approvals, checkpoints),
+            executor=ToolExecutor(
+                registry,
+                settings,
+                supervisor,
+                approvals,
+                checkpoints,
+                confirm=self.leases.confirm_current,
+            ),  # fmt: skip
             builder=builder,
             counter=counter,
             config=self.live_config,
@@ -231,14 +263,25 @@ class Agent:
         async with send:
             emit = emitter(send)
             try:
-                async with self.leases.hold(session_id):
-                    await self._run_turn(session_id, msg, emit, control)
+                async with self.leases.hold(session_id) as lease:
+                    control.lease = lease
+                    if control.ahead is not None and await control.ahead():
+                        control.skipped = True  # queued behind what came first
+                    else:
+                        await self._run_turn(session_id, msg, emit, control)
             except Exception as exc:
+                if await _sent_elsewhere(exc, control):
+                    control.skipped = True
+                    return
                 # Before the save (lease, load, the save itself) this refuses the message;
                 # after it, the ok stands and only the events say what went wrong.
                 msg.accepted.fail(exc)
+                if isinstance(exc, LeaseLostError):
+                    control.fenced = True  # taken over under it: it says nothing more
                 if not control.saved:
                     control.refused = exc
+                else:
+                    control.failed = exc
                 if isinstance(exc, RequestError):  # session_busy, storage, storage_full
                     emit(ErrorEvent(message=str(exc), code=exc.code))
                 else:  # our own bug: say so and keep the daemon alive
@@ -367,10 +410,13 @@ class Agent:
 
         A wake-up (core/wake.py) has no user message: its notes are the turn's start,
         shown in the display history too; with none left it is only taken off the queue
-        (`control.skipped`); else its note text is `control.woken`."""
+        (`control.skipped`); else its note text is `control.woken`. A resumed message
+        (kind ``resume``) is saved already: only new notes are. A queued message that
+        is no longer in the queue (another daemon took it, the cap dropped it) is
+        skipped: nothing is saved, no turn runs, nothing is said."""
         # The id names it for a rewind or a fork; cwd and mode are what a fork keeps.
         user: dict[str, Any] | None = None
-        if msg.kind != "wake":
+        if msg.kind not in ("wake", "resume"):
             user = {"role": "user", "content": msg.text, "id": new_message_id()}
             if msg.cwd is not None:
                 user["cwd"] = str(msg.cwd)
@@ -384,20 +430,22 @@ class Agent:
             # user message is never dropped; the notes stay stored for the next turn.
             # Unless its sender was already told it was refused (its wait timed out).
             if not msg.accepted.failed:
-                if user is None and notes is None:
+                if msg.kind == "resume" and notes is None:
+                    control.saved = True  # its message is in the history already
+                elif user is None and notes is None:
                     if msg.queue_key is not None:  # nothing to wake for: off the queue
                         await self.store.unqueue(msg.queue_key)
                     control.skipped = True
                     msg.accepted.ok()
                 else:
                     await self._commit(state, msg, user, notes, control)
-        if msg.accepted.error is not None:
+        if msg.accepted.error is not None and not control.skipped:
             raise msg.accepted.error
-        if notes is not None:
+        if notes is not None and control.saved:
             # Only once they are in the saved context: a crash in between repeats a
             # note next turn instead of losing it.
             await remove_notes(self.store, notes.keys)
-        if user is None and notes is not None:
+        if msg.kind == "wake" and notes is not None and control.saved:
             control.woken = notes.text
 
     async def _commit(
@@ -408,20 +456,35 @@ class Agent:
         notes: Any,
         control: RunControl,
     ) -> None:
-        """Save the user message (and the notes) in one transaction; accepted once in."""
+        """Save the user message (and the notes) in one transaction; accepted once in.
+        The save takes a queued message off the queue (compare and set)."""
         mark = state.mark()
         if notes is not None:
             # Persisted, invisible in the UI (a wake-up's shows: it is the turn's start),
             # kept by the context builder.
             note = {"role": "system", "content": notes.text, "keep": True, "task_notes": True}
-            if user is None:
+            wake = msg.kind == "wake"
+            if wake:
                 note["wake"] = True
-            state.add(note, display=user is None)
+            state.add(note, display=wake)
         if user is not None:
             state.add(user)
         try:
             # Shielded inside: lands even when cancelled.
-            await self.cache.save(state, dequeue=msg.queue_key)
+            await self.cache.save(state, dequeue=None if msg.kind == "resume" else msg.queue_key)
+        except NotQueuedError:
+            # Taken by another daemon first, or dropped by the cap (announced there):
+            # this run has nothing to do. Acknowledged already, unless its queue write
+            # had not answered within its deadline: then it is refused now.
+            state.undo(mark)
+            msg.accepted.fail(
+                StorageError(
+                    f"session {state.id!r}: the message was not stored in time; it will not run",
+                    session_id=state.id,
+                )
+            )
+            control.skipped = True
+            return
         except Exception as exc:
             # Not stored (a full disk, a damaged file): out of memory too, or the next
             # save would store a message whose sender was told it was refused.
@@ -520,3 +583,14 @@ class Agent:
         if outcome.backend_error is not None:
             raise outcome.backend_error
         return outcome.text, outcome.completed
+
+
+async def _sent_elsewhere(exc: Exception, control: RunControl) -> bool:
+    """The claim of the lease was refused (another daemon runs the session) and the
+    message went to that daemon's queue instead (`RunControl.elsewhere`)."""
+    refused_claim = (
+        isinstance(exc, SessionBusyError)
+        and not isinstance(exc, LeaseLostError)
+        and control.lease is None
+    )
+    return refused_claim and control.elsewhere is not None and await control.elsewhere()

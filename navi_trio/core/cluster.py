@@ -13,22 +13,28 @@ now. Between runs nobody does, and the next command is run by whichever daemon g
 
 **Any daemon takes any command.** A message for a session another live daemon runs is
 handed over through the store: it is written to the session's durable queue as
-nobody's row (pid 0), and the owner is told on its own channel (``nd_…``) to adopt it
-(missed, its next scan finds it). The client gets its ``ok`` (queued) once the row is
-committed, so an acknowledged message survives the owner dying too: the next owner
-adopts it. Compact goes to the owner the same way (a notification; nothing to store);
-a stop, an approval and a task cancel ask the owner and wait for its answer
-(core/owner_calls.py), so a stop is ``stopped: true`` only when the owner stopped it.
-Why through the database and not a WebSocket to the owner (the peer link): every daemon
-already reaches PostgreSQL, the hand-over is the durable queue that failover needs
-anyway, no daemon needs another's address or a token to act for a user, and frames do
-not travel twice.
+nobody's row (pid 0), under the queue's cap (the rows it dropped go with the note),
+and the owner is told on its own channel (``nd_…``) to adopt it (missed, its next scan
+finds it). The client gets its ``ok`` (queued) once the row is committed, so an
+acknowledged message survives the owner dying too: the next owner adopts it. A daemon
+whose run finds its session taken by another one leaves its queued messages the same
+way (`hand_back`): they run there, in their order, never here too (taking a row off
+the queue is a compare and set). Compact goes to the owner the same way (a
+notification; nothing to store); a stop, an approval and a task cancel ask the owner
+and wait for its answer (core/owner_calls.py), so a stop is ``stopped: true`` only when
+the owner stopped it. Why through the database and not a WebSocket to the owner (the
+peer link): every daemon already reaches PostgreSQL, the hand-over is the durable queue
+that failover needs anyway, no daemon needs another's address or a token to act for a
+user, and frames do not travel twice.
 
 **Events reach every daemon.** A daemon with clients on a session it does not run
 *follows* it: a ``follows`` row (and a note on ``navi_follow`` so owners know at once)
 and a ``LISTEN`` on the session's channel (``ns_…``). An owner publishes the frames of
 a session that another daemon follows (`tap`), in batches, one transaction per batch,
-in order; a frame over NOTIFY's limit goes as a pointer to a ``frames`` row. The
+in order; a frame over NOTIFY's limit goes as a pointer to a ``frames`` row. A frame
+of a run carries the run's lease fence, checked in the statement that notifies: a run
+that another daemon took over under it (this one was paused past its lease) reaches no
+other daemon's clients, even before it knows. The
 follower's session actor `relay`s each frame into its own broadcast, seq and epoch
 unchanged: its clients get the same frames, replay and lagged rules as the owner's. A
 break in the seqs, or another epoch (another daemon, or a restart), is a ``resync`` to
@@ -77,22 +83,31 @@ import trio
 from navi_trio.core.agent import UserMessage
 from navi_trio.core.lease import SessionLeases, pid_alive
 from navi_trio.core.owner_calls import Answers, OwnerCalls
-from navi_trio.core.queued import to_row
+from navi_trio.core.queued import Dropped, to_row
 from navi_trio.errors import NaviError, StoreError
 from navi_trio.events import AgentEvent
-from navi_trio.store.base import USERS_CHANNEL, ClusterBus, LeaseRow, SessionStore
+from navi_trio.store.base import (
+    HANDED_HOST,
+    HANDED_PID,
+    USERS_CHANNEL,
+    ClusterBus,
+    LeaseRow,
+    SessionStore,
+)
+from navi_trio.store.fence import Fence
 
 log = logging.getLogger(__name__)
 
 Frame = dict[str, Any]
+Outgoing = tuple[str, str, Fence | None]  # channel, payload, the fence it must pass
 Encode = Callable[[AgentEvent, str, "int | None", "str | None"], Frame]
 FOLLOW_CHANNEL = "navi_follow"
 DAEMONS_CHANNEL = "navi_daemons"  # a daemon started: (owner, pid, host), to be watched
 INBOX_MAX = 20_000  # notifications waiting for the handler; past it, dropped (a resync)
 BATCH_MAX = 500  # frames per NOTIFY transaction
-HANDED_PID = 0  # a queued row handed to the owner: anyone's who holds the lease
-HANDED_HOST = "*"
 WATCH_MAX = 256  # daemons of this machine watched through pidfds
+DROPPED_SAID = 20  # dropped rows named in one hand-over note (NOTIFY's 8000 bytes)
+DROPPED_CHARS = 200  # what a note carries of each one's text
 
 
 def session_channel(session_id: str) -> str:
@@ -112,6 +127,8 @@ class ClusterActor(Protocol):
     def relay(self, frame: Frame) -> None: ...
     def resync(self) -> None: ...
     async def take_over(self) -> None: ...
+    def frame_fence(self) -> Fence | None: ...
+    def dropped(self, rows: Dropped) -> None: ...
     async def adopt_handed(self) -> int: ...
     def stop(self) -> bool: ...
     def compact(self) -> None: ...
@@ -131,13 +148,15 @@ class Cluster:
     """This daemon's part in a cluster of daemons on one database (see the module)."""
 
     def __init__(
-        self, bus: ClusterBus, store: SessionStore, leases: SessionLeases, ttl: float
-    ) -> None:
+        self, bus: ClusterBus, store: SessionStore, leases: SessionLeases, ttl: float,
+        *, queue_max: int | None = None,
+    ) -> None:  # fmt: skip
         self.bus = bus
         self.store = store
         self.leases = leases
         self.owner = leases.owner
         self.ttl = ttl
+        self.queue_max = None if queue_max is None else max(queue_max, 1)
         self.registry: ClusterRegistry | None = None
         self.jobs: LostJobs | None = None
         # Approvals and task cancels answered by the daemon that holds them.
@@ -153,7 +172,7 @@ class Cluster:
         # go in order; other sessions' do not wait (one lock for all made 500 sessions
         # started at once take their turns, one round trip after another, for 30 s).
         self._follow_locks: dict[str, trio.Lock] = {}
-        self._out_send, self._out_recv = trio.open_memory_channel[tuple[str, str]](INBOX_MAX)
+        self._out_send, self._out_recv = trio.open_memory_channel[Outgoing](INBOX_MAX)
         self._in_send, self._in_recv = trio.open_memory_channel[tuple[str, str]](INBOX_MAX)
         self._nursery: trio.Nursery | None = None
         # Told of each committed change of the users table (core/user_watch.py).
@@ -362,16 +381,43 @@ class Cluster:
     async def hand_over(self, owner: str, session_id: str, msg: UserMessage) -> None:
         """Queue `msg` for the daemon `owner` that runs the session, and tell it.
 
-        Stored before this returns (the client's ok): if the owner dies first, whoever
-        takes the session over runs it."""
+        Stored before this returns (the client's ok), under the queue's cap: if the
+        owner dies first, whoever takes the session over runs it. A write that fails
+        raises (the client's error: nothing stored); a note that fails after it does
+        not (the failover finds the row within half a TTL)."""
         key = f"h-{self.owner.rsplit(':', 1)[-1]}-{trio.current_time():.6f}-{id(msg):x}"
-        await self.store.enqueue(session_id, key, to_row(msg), pid=HANDED_PID, host=HANDED_HOST)
+        dropped = await self.store.enqueue(
+            session_id, key, to_row(msg), pid=HANDED_PID, host=HANDED_HOST, keep=self.queue_max
+        )
         msg.accepted.ok()
-        await self.tell(owner, "queued", session_id)
+        said = [[k, _said(row)] for k, row in dropped[-DROPPED_SAID:]]
+        await self._tell_quietly(owner, "queued", session_id, {"d": said} if said else {})
 
-    async def tell(self, owner: str, kind: str, session_id: str) -> None:
-        payload = json.dumps({"k": kind, "s": session_id})
+    async def hand_back(self, session_id: str, keys: list[str]) -> None:
+        """This daemon's run found the session taken: leave its queued rows (`keys`) to
+        the daemon that runs it now, and tell it. NaviError when nobody else runs it
+        now (a lease a dead owner left is nobody's: the caller ends its turn and runs
+        them), or the store did not answer: the caller keeps them."""
+        owner, _ = await self.lease_state(session_id)
+        if owner is None:
+            raise NaviError(f"session {session_id!r}: no other daemon runs it now")
+        await self.store.release_queued(
+            session_id, keys, pid=self.leases.pid, host=self.leases.host
+        )
+        await self._tell_quietly(owner, "queued", session_id)
+
+    async def tell(self, owner: str, kind: str, session_id: str, **extra: Any) -> None:
+        payload = json.dumps({"k": kind, "s": session_id, **extra})
         await self.bus.notify([(daemon_channel(owner), payload)])
+
+    async def _tell_quietly(
+        self, owner: str, kind: str, session_id: str, extra: dict[str, Any] | None = None
+    ) -> None:
+        try:
+            await self.tell(owner, kind, session_id, **(extra or {}))
+        except StoreError as exc:
+            log.warning("telling %s of session %s failed (the failover finds it): %s",
+                        owner, session_id, exc)  # fmt: skip
 
     # -- limits counted across daemons ---------------------------------------------------
 
@@ -450,8 +496,10 @@ class Cluster:
             frame = encode(event, session_id, seq, epoch)
             if session_id in self._followers:
                 payload = json.dumps({"f": frame, "d": self._tag}, ensure_ascii=False)
+                actor = self.registry.actor(session_id) if self.registry is not None else None
+                fence = actor.frame_fence() if actor is not None else None
                 try:
-                    self._out_send.send_nowait((session_channel(session_id), payload))
+                    self._out_send.send_nowait((session_channel(session_id), payload, fence))
                 except trio.WouldBlock:
                     self.dropped += 1  # the followers see a gap: a resync
             return frame
@@ -467,7 +515,7 @@ class Cluster:
                 except trio.WouldBlock:
                     break
             try:
-                await self.bus.notify(batch)
+                await self.bus.notify([(c, p) for c, p, _ in batch], [f for _, _, f in batch])
                 self.published += len(batch)
             except StoreError as exc:
                 self.dropped += len(batch)
@@ -511,7 +559,7 @@ class Cluster:
         if channel == daemon_channel(self.owner):
             if await self.calls.received(data):  # approvals, tasks (core/owner_calls.py)
                 return
-            await self._command(str(data.get("k")), str(data.get("s")))
+            await self._command(str(data.get("k")), str(data.get("s")), data)
             return
         ref = data.get("ref")
         if isinstance(ref, int):
@@ -537,11 +585,12 @@ class Cluster:
         if not owners:
             followers.pop(sid, None)
 
-    async def _command(self, kind: str, session_id: str) -> None:
+    async def _command(self, kind: str, session_id: str, data: dict[str, Any]) -> None:
         if self.registry is None:
             return
         if kind == "queued":
             actor = await self.registry.get(session_id)
+            actor.dropped(_dropped(data.get("d")))  # what the cap dropped for it, said here
             await actor.adopt_handed()
         elif kind == "stop":  # from a daemon that does not wait for the answer
             self._stop_here(session_id)
@@ -554,6 +603,23 @@ class Cluster:
         """Stop the session's turn if it runs here (asked by another daemon)."""
         actor = None if self.registry is None else self.registry.actor(session_id)
         return actor is not None and actor.stop()
+
+
+def _said(row: dict[str, Any]) -> dict[str, Any]:
+    """What a hand-over note carries of a row the cap dropped: enough to name it."""
+    return {"text": str(row.get("text", ""))[:DROPPED_CHARS], "kind": str(row.get("kind", ""))}
+
+
+def _dropped(value: Any) -> Dropped:
+    """The dropped rows a note names (another daemon's JSON: each one checked)."""
+    if not isinstance(value, list):
+        return []
+    rows: Dropped = []
+    for item in value[:DROPPED_SAID]:
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str):
+            row = item[1] if isinstance(item[1], dict) else {}
+            rows.append((item[0][:100], _said(row)))
+    return rows
 
 
 def _load(payload: str) -> dict[str, Any] | None:

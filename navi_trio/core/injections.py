@@ -61,6 +61,14 @@ class Injections:
         taken, self._messages = self._messages, []
         return taken
 
+    def keys(self) -> set[str | None]:
+        """The queue keys of the steered messages waiting here."""
+        return {item.queue_key for item in self._messages}
+
+    def discard(self, keys: set[str]) -> None:
+        """Steered messages the queue's cap dropped before the turn took them in."""
+        self._messages = [item for item in self._messages if item.queue_key not in keys]
+
     def leftover(self) -> list[SteerItem]:
         """The steered messages the turn never took in (it ended first)."""
         return self.take()

@@ -20,6 +20,14 @@ that comes back with another generation than this runtime last held means anothe
 process may have written the session since: `on_takeover(session_id)` (the agent's
 session cache forgets its copy) runs before the block, so the run reloads it.
 
+The block gets the `HeldLease`: what the run's other effects check before they happen.
+`confirm()` renews the lease in the store, naming its generation, and raises
+`LeaseLostError` when another process has it now (before each tool call); `held()`
+answers at once while the lease is surely ours (less than a TTL, less a margin, since
+the last renewal was sent: the database cannot have expired it yet) and asks for a
+renewal only after that (before each published frame). A renewal that finds the lease
+taken over cancels the block at once: the run stops, runs nothing more.
+
 Within one process, holds nest: runs of one session in the same runtime share one
 lease (the session actor runs them one at a time), and it is released when the last ends.
 A second process gets `SessionBusyError` at once rather than waiting: a command-line
@@ -38,10 +46,10 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from navi_trio.errors import SessionBusyError, StorageError, StoreError
+from navi_trio.errors import LeaseLostError, SessionBusyError, StorageError, StoreError
 from navi_trio.store._lease import pid_alive as pid_alive
 from navi_trio.store.base import LeaseRow, SessionStore
-from navi_trio.store.fence import Fence, fenced
+from navi_trio.store.fence import Fence, current_fence, fenced
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +65,63 @@ def busy_message(session_id: str, holder: LeaseRow) -> str:
     )
 
 
+class HeldLease:
+    """A hold of a session's lease as the run sees it (see the module): its fence,
+    until when it is surely still ours, and whether another process took it over."""
+
+    def __init__(self, fence: Fence, valid_until: float) -> None:
+        self.fence = fence
+        self.valid_until = valid_until  # trio time
+        self.lost = False
+        self.released = False  # the hold ended, the lease still ours: nothing to check
+        self._ask = trio.Event()  # someone wants a renewal now
+        self._news = trio.Event()  # set after each renewal attempt
+        self.started = 0  # renewal attempts started, and finished
+        self.finished = 0
+
+    async def held(self) -> bool:
+        """Whether the lease is ours: at once while surely so; else after a renewal."""
+        while not self.lost:
+            if self.released or trio.current_time() < self.valid_until:
+                return True
+            await self._renewal()
+        return False
+
+    async def confirm(self) -> None:
+        """A renewal in the store now, naming the generation; LeaseLostError when
+        another process has the lease. A store that does not answer leaves it to
+        `held` (the lease is ours until it could have expired)."""
+        if self.released:
+            return
+        target = self.started + 1
+        while self.finished < target and not self.lost:
+            await self._renewal()
+        if not await self.held():
+            raise taken_over(self.fence)
+
+    async def _renewal(self) -> None:
+        news = self._news
+        self._ask.set()
+        await news.wait()
+
+    def _told(self) -> None:
+        news, self._news = self._news, trio.Event()
+        news.set()
+
+
+def taken_over(fence: Fence) -> LeaseLostError:
+    return LeaseLostError(
+        f"session {fence.session_id!r} was taken over by another daemon while this one was "
+        f"not answering (its generation {fence.generation} is gone): this run stops here and "
+        "does nothing more; the session goes on there"
+    )
+
+
 @attrs.define
 class _Holds:
     count: int = 0  # holds of one session open in this runtime
     claimed: bool = False  # one of them won the claim: the row is ours to release
+    lease: HeldLease | None = None  # the one all holds of this generation share
 
 
 class SessionLeases:
@@ -84,11 +145,13 @@ class SessionLeases:
         self._holds: dict[str, _Holds] = {}  # session id -> its holds in this runtime
 
     @asynccontextmanager
-    async def hold(self, session_id: str) -> AsyncIterator[None]:
-        """Hold the session's lease for the block; raise SessionBusyError if taken."""
+    async def hold(self, session_id: str) -> AsyncIterator[HeldLease]:
+        """Hold the session's lease for the block; raise SessionBusyError if taken,
+        LeaseLostError when another process took it over during the block."""
         entry = self._holds.setdefault(session_id, _Holds())
         entry.count += 1
         try:
+            sent = trio.current_time()
             holder = await self._store.claim_lease(
                 session_id, owner=self.owner, pid=self.pid, host=self.host, ttl=self.ttl
             )
@@ -100,12 +163,16 @@ class SessionLeases:
                 if self.on_takeover is not None and entry.count == 1:
                     self.on_takeover(session_id)
             fence = Fence(session_id, self.owner, holder.generation)
+            lease = entry.lease
+            if lease is None or lease.fence != fence or lease.lost:
+                lease = entry.lease = HeldLease(fence, sent + self._sure_for())
+            stopped = trio.CancelScope()
             try:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._renew, session_id)
+                    nursery.start_soon(self._renew, lease, stopped)
                     try:
-                        with fenced(fence):
-                            yield
+                        with fenced(fence), stopped:
+                            yield lease
                     finally:
                         nursery.cancel_scope.cancel()
             except BaseExceptionGroup as group:
@@ -113,10 +180,15 @@ class SessionLeases:
                 if len(group.exceptions) == 1:
                     raise group.exceptions[0] from None
                 raise
+            if lease.lost:  # the block was cancelled for it: say why
+                raise taken_over(fence)
         finally:
             entry.count -= 1
             if not entry.count:
                 del self._holds[session_id]
+                if entry.lease is not None:
+                    entry.lease.released = not entry.lease.lost
+                    entry.lease._told()  # whoever waits for news: the hold is over
                 if entry.claimed:  # not after a refused or failed claim: no row of ours
                     await self._release(session_id)
 
@@ -124,24 +196,59 @@ class SessionLeases:
         """The generation of the session's lease as this runtime last held it."""
         return self._generations.get(session_id)
 
-    async def _renew(self, session_id: str) -> None:
-        lost = False
+    async def confirm_current(self) -> None:
+        """Before a side effect of the run this task belongs to (a tool call): its lease
+        confirmed in the store (`HeldLease.confirm`). Nothing outside a run's hold."""
+        fence = current_fence()
+        if fence is None:
+            return
+        entry = self._holds.get(fence.session_id)
+        lease = entry.lease if entry is not None else None
+        if lease is None or lease.fence != fence:
+            raise taken_over(fence)  # a newer hold of this runtime replaced this one
+        await lease.confirm()
+
+    def _sure_for(self) -> float:
+        """How long after a renewal is sent the lease is surely still ours: its TTL, less
+        a margin for the two clocks' rates."""
+        return self.ttl - min(1.0, self.ttl / 10)
+
+    async def _renew(self, lease: HeldLease, stopped: trio.CancelScope) -> None:
+        """Every third of the TTL, or at once when asked: extend the lease, naming its
+        generation. Lost: cancel the block (`stopped`) and end."""
+        session_id = lease.fence.session_id
         while True:
-            await trio.sleep(self.ttl / 3)
+            with trio.move_on_after(self.ttl / 3):
+                await lease._ask.wait()
+            lease._ask = trio.Event()
+            lease.started += 1
+            sent = trio.current_time()
             try:
-                ours = await self._store.renew_lease(session_id, owner=self.owner, ttl=self.ttl)
+                ours = await self._store.renew_lease(
+                    session_id, owner=self.owner, ttl=self.ttl, generation=lease.fence.generation
+                )
             except StoreError as exc:
                 say = log.info if isinstance(exc, StorageError) else log.warning
                 say("session %s: renewing the lease failed: %s", session_id, exc)
+                lease.finished += 1
+                lease._told()
+                await trio.sleep(min(1.0, self.ttl / 10))  # not a storm while the store is down
                 continue
-            if not ours and not lost:
-                lost = True  # said once: the run goes on, its saves still append safely
-                log.warning(
-                    "session %s: the lease was taken over while this run was live "
-                    "(the process was suspended past %g s?)",
-                    session_id,
-                    self.ttl,
-                )
+            lease.finished += 1
+            if ours:
+                lease.valid_until = max(lease.valid_until, sent + self._sure_for())
+                lease._told()
+                continue
+            lease.lost = True
+            lease._told()
+            log.warning(
+                "session %s: the lease was taken over while this run was live (the process "
+                "was suspended past %g s?): the run stops",
+                session_id,
+                self.ttl,
+            )
+            stopped.cancel()
+            return
 
     async def _release(self, session_id: str) -> None:
         with trio.CancelScope(shield=True) as scope:

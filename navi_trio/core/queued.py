@@ -10,21 +10,30 @@ the two places. After a restart, the session actor adopts the rows a dead proces
 
 Writes go to the store one after the other in the order the actor asked for them: a
 chain of events, since tasks started in the same tick run in no fixed order.
+
+The queue's cap (``message_queue_max``) is the store's: each write keeps the session's
+newest rows (`SessionStore.enqueue(keep=N)`), whichever daemon queued them, and returns
+the ones it dropped; the actor says so (`dropped_warning`). Running a queued message
+takes its row in the transaction that saves it (a compare and set): a row another
+daemon took first, or that the cap dropped, is never run twice or after its drop.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import attrs
 import trio
 
+from navi_trio import wire
 from navi_trio.core.acceptance import Acceptance, stopped_before_saving
 from navi_trio.core.agent import UserMessage
 from navi_trio.errors import NaviError, StorageError
+from navi_trio.events import WarningEvent
 from navi_trio.profiles import BudgetConfig
 from navi_trio.profiles._control import budgets_dict, parse_budgets
 from navi_trio.store.base import SessionStore
@@ -32,6 +41,8 @@ from navi_trio.store.base import SessionStore
 log = logging.getLogger(__name__)
 
 WRITE_DEADLINE_SEC = 10.0  # a queue write that must land, shielded, at most this long
+# Rows a store dropped from a full queue: (key, the row as queued).
+Dropped = list[tuple[str, dict[str, Any]]]
 
 
 def to_row(msg: UserMessage) -> dict[str, Any]:
@@ -82,6 +93,25 @@ def _budget(data: Any) -> BudgetConfig | None:
         return None
 
 
+def dropped_warning(row: dict[str, Any], cap: int, total: int) -> WarningEvent:
+    """What the session's subscribers are told of a message the queue's cap dropped:
+    which one, and that it will not run."""
+    if row.get("kind") == "wake":
+        what = "a wake-up for background results (their notes wait for the next turn)"
+    else:
+        text = wire.dropped_excerpt(str(row.get("text", "")))
+        what = f"the message {text!r}"
+        if row.get("kind") == "schedule":
+            what = f"the scheduled run {text!r}"
+    return WarningEvent(
+        message=(
+            f"{wire.QUEUE_FULL} ({cap} waiting, NAVI_MESSAGE_QUEUE_MAX): the oldest "
+            f"waiting, {what}, was dropped and will not run ({total} dropped so far)"
+        ),
+        code=wire.MESSAGE_DROPPED,
+    )
+
+
 class _TakesMessages(Protocol):
     def send_message(self, message: UserMessage) -> object: ...
 
@@ -115,19 +145,28 @@ async def deliver(registry: _Registry, session_id: str, key: str, row: dict[str,
 class DurableQueue:
     """The store rows of one session's queued messages; the actor owns it."""
 
-    def __init__(self, session_id: str, store: SessionStore, *, pid: int, host: str) -> None:
+    def __init__(
+        self, session_id: str, store: SessionStore, *, pid: int, host: str, cap: int | None = None
+    ) -> None:
         self.session_id = session_id
         self.store = store
         self.pid = pid
         self.host = host
+        self.cap = cap  # the session's queue keeps at most this many rows
         self._tail = trio.Event()  # the last write asked for has landed
         self._tail.set()
         self._written: dict[str, trio.Event] = {}
 
-    def keep(self, nursery: trio.Nursery, msg: UserMessage) -> UserMessage:
+    def keep(
+        self,
+        nursery: trio.Nursery,
+        msg: UserMessage,
+        stored: Callable[[UserMessage, Dropped], None] | None = None,
+    ) -> UserMessage:
         """`msg` with its queue key; its row is written in the background, in order.
 
-        `msg.accepted` is ok once the row is committed; a write that fails (a full disk)
+        `msg.accepted` is ok once the row is committed, and then `stored(msg, dropped)`
+        is told which rows the cap dropped for it; a write that fails (a full disk)
         refuses it, and its run is skipped. One still going after WRITE_DEADLINE_SEC
         leaves it to the run: acknowledged once the run saves it into the history.
         A message that has a key is stored already (a wake-up, a scheduled run: queued
@@ -139,15 +178,10 @@ class DurableQueue:
         assert key is not None
         self._written[key] = self._chain(
             nursery, self.store.enqueue, self.session_id, key, to_row(queued),
-            pid=self.pid, host=self.host, acceptance=queued.accepted,
+            pid=self.pid, host=self.host, keep=self.cap, acceptance=queued.accepted,
+            after=None if stored is None else (lambda dropped: stored(queued, dropped)),
         )  # fmt: skip
         return queued
-
-    def drop(self, nursery: trio.Nursery, msg: UserMessage) -> None:
-        """Forget a message dropped from a full queue (after its own write)."""
-        if msg.queue_key is not None:
-            self._written.pop(msg.queue_key, None)
-            self._chain(nursery, self.store.unqueue, msg.queue_key)
 
     async def written(self, msg: UserMessage) -> None:
         """Until the message's row is in the store: its run's save must come after."""
@@ -169,7 +203,8 @@ class DurableQueue:
                     log.warning("session %s: unqueue failed: %s", self.session_id, exc)
 
     async def adopt(self) -> list[UserMessage]:
-        """The messages a dead process left queued in this session, oldest first."""
+        """The messages nobody else runs (a dead process's, handed over, ours), oldest
+        first."""
         try:
             rows = await self.store.adopt_queued(self.session_id, pid=self.pid, host=self.host)
         except NaviError as exc:
@@ -182,7 +217,8 @@ class DurableQueue:
         return [from_row(key, row) for key, row in rows]
 
     def _chain(self, nursery: trio.Nursery, fn: Any, *args: Any,
-               acceptance: Acceptance | None = None, **kwargs: Any) -> trio.Event:  # fmt: skip
+               acceptance: Acceptance | None = None, after: Callable[[Any], None] | None = None,
+               **kwargs: Any) -> trio.Event:  # fmt: skip
         before, done = self._tail, trio.Event()
         self._tail = done
 
@@ -194,7 +230,7 @@ class DurableQueue:
                 stored = False
                 with trio.move_on_after(WRITE_DEADLINE_SEC, shield=True):
                     try:
-                        await fn(*args, **kwargs)
+                        result = await fn(*args, **kwargs)
                         stored = True
                     except NaviError as exc:
                         # A storage failure is logged once by the store; the sender gets it.
@@ -204,6 +240,8 @@ class DurableQueue:
                             acceptance.fail(exc)
                 if acceptance is not None and stored:
                     acceptance.ok()  # acknowledged only now
+                if after is not None and stored:
+                    after(result)
                 elif acceptance is not None and not acceptance.settled:
                     # Past the deadline: the row may still land (the store never withdraws
                     # a write). The message runs, and is acknowledged once its run saves it.

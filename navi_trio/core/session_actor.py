@@ -6,8 +6,27 @@ queued, ``message_queue_max`` deep, oldest dropped and counted in ``dropped_tota
 queued messages run in submit order when the run ends, whether or not anybody is
 connected). Queued messages are durable (`core/queued.py`): each is stored before it
 is acknowledged, and a crash's leftovers are adopted when the session's actor starts
-and run before anything new. One whose run meets a storage failure before its save
-(a full disk) keeps its place and runs again (`_wait_to_retry`), first.
+and run before anything new. The cap is the store's (the same rows counted on every
+daemon); a message it drops is named to the subscribers (a ``message_dropped``
+warning), never dropped silently. A message whose run finds messages queued before it
+in the store that this actor does not hold (handed over, left by a daemon that lost
+the session) goes behind them (`_queue_ahead`): the daemon holding the lease runs the
+queue in its order.
+
+An acknowledged message is never dropped for a failure. One whose run meets a storage
+failure before its save (a full disk), or after it (the turn cut short: it runs again
+as a ``resume``), keeps its place and runs again (`_wait_to_retry`), first. One whose
+run finds the session taken by another daemon is left in the store's queue for that
+daemon (`hand_over`, core/cluster.py), with every message queued behind it; without
+daemons to hand it to (SQLite: a ``navi run`` holds the session), or when that daemon
+died before it could be handed (its turn is ended first, as `take_over` does), it waits
+and tries again. A queued message's save takes its row off the queue (compare and set): one that
+another daemon took first is skipped, saying nothing.
+
+A run whose lease another daemon took over under it (this one was paused past its
+TTL) publishes nothing more: each frame waits for the lease to be known ours
+(`HeldLease.held`), and once it is not, the run is stopped and its subscribers here
+get one ``session_busy`` error and its ``stream_end``.
 
 Every message's `accepted` (core/acceptance.py) is settled exactly once: ok when it is
 committed (queued, or saved by its run), else the error that kept it out (the session
@@ -36,6 +55,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import attrs
@@ -46,7 +66,7 @@ from navi_trio.core.agent import Agent, RunControl, UserMessage
 from navi_trio.core.broadcast import Frame as Frame
 from navi_trio.core.broadcast import SessionBroadcast
 from navi_trio.core.broadcast import Subscription as Subscription
-from navi_trio.core.queued import DurableQueue
+from navi_trio.core.queued import Dropped, DurableQueue, dropped_warning
 from navi_trio.core.run_log import RunLog
 from navi_trio.core.steering import (
     SteerItem,
@@ -67,6 +87,9 @@ from navi_trio.errors import (
 from navi_trio.events import AgentEvent, ErrorEvent, MessageQueued, StreamEnd, WarningEvent
 from navi_trio.profiles import NaviConfig, OnBusy
 from navi_trio.store.base import SessionStore
+from navi_trio.store.fence import Fence
+
+log = logging.getLogger(__name__)
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +125,9 @@ CompactStream = Callable[[str], AbstractAsyncContextManager[trio.abc.ReceiveChan
 BroadcastFactory = Callable[[str, Callable[[], None]], SessionBroadcast]
 # Told when a run ends: (session_id, its message, its stream_end).
 RunEnded = Callable[[str, UserMessage, StreamEnd], None]
+# Leaves queued messages (their keys) to the daemon that runs the session now
+# (core/cluster.py `Cluster.hand_back`); raises a NaviError when it could not.
+HandOver = Callable[[str, list[str]], Awaitable[None]]
 
 
 @attrs.frozen(kw_only=True)
@@ -145,6 +171,7 @@ class SessionActor:
         on_run_end: RunEnded | None = None,
         revoked: Callable[[str], bool] = lambda user_id: False,
         dead_turn: DeadTurn | None = None,
+        hand_over: HandOver | None = None,
     ) -> None:
         self.session_id = session_id
         self._revoked = revoked  # a removed user's id (core/user_watch.py)
@@ -153,6 +180,7 @@ class SessionActor:
         self._dead_turn = dead_turn
         self.dead_turn_checked = dead_turn is None
         self._on_run_end = on_run_end
+        self._hand_over = hand_over
         self._adopt = adopt
         self.parts = parts
         self.queue_max = queue_max
@@ -162,8 +190,11 @@ class SessionActor:
         self.retired = trio.Event()
         self.broadcast = broadcast(session_id, self._touch)
         self.pending: collections.deque[UserMessage] = collections.deque()
-        self.queue = DurableQueue(session_id, parts.store, pid=parts.pid, host=parts.host)
+        self.queue = DurableQueue(
+            session_id, parts.store, pid=parts.pid, host=parts.host, cap=max(queue_max, 1)
+        )
         self.dropped_total = 0
+        self._adopting = trio.Lock()  # one read of the store's queue at a time
         self._nursery: trio.Nursery | None = None
         self._control: RunControl | None = None
         self._running_key: str | None = None  # the queue key of the message running
@@ -253,25 +284,51 @@ class SessionActor:
         # Stored before it is acknowledged: `msg.accepted` is ok once its row is in.
         if strategy == "steer" and control is not None:
             check_steer(msg.text, control)
-            msg = self.queue.keep(self._nursery, msg)
+            msg = self.queue.keep(self._nursery, msg, self._stored)
             control.injections.steer(steer_item(msg, self.queue.written))
             self._nudge_kept()
             return strategy
-        if len(self.pending) >= self.queue_max:
-            self.queue.drop(self._nursery, self.pending.popleft())
-            self.dropped_total += 1
-        msg = self.queue.keep(self._nursery, msg)
+        msg = self.queue.keep(self._nursery, msg, self._stored)
         if strategy == "interrupt" and control is not None:
             self.pending.appendleft(msg)  # next, ahead of the queue
             control.stop()
         else:
             self.pending.append(msg)
             self._nudge_kept()
-        position = 1 if strategy == "interrupt" else len(self.pending)
+        # At once, in its place among the run's frames: a client following its own
+        # message counts the runs that end before it from here (api/our_run.py).
+        self._say_queued(msg, 1 if strategy == "interrupt" else None)
+        return strategy
+
+    def _stored(self, _msg: UserMessage, dropped: Dropped) -> None:
+        """A queued message's row is in: what the cap dropped for it is said now."""
+        self.dropped(dropped)
+
+    def _say_queued(
+        self, msg: UserMessage, position: int | None = None, *, running: bool = True
+    ) -> None:
+        """`message_queued`: `position` is how many runs end before it (by default, those
+        queued ahead of it here, and the running one when `running`)."""
+        if position is None:
+            keys = [m.queue_key for m in self.pending]
+            ahead = keys.index(msg.queue_key) if msg.queue_key in keys else 0
+            position = ahead + (1 if running else 0)
         self.publish(
             MessageQueued(text=msg.text, position=position, dropped_total=self.dropped_total)
         )
-        return strategy
+
+    def dropped(self, rows: Dropped) -> None:
+        """The queue's cap dropped these rows (here, or on another daemon that handed a
+        message over): they leave this actor's queue, and each is named in a warning."""
+        if not rows:
+            return
+        gone = {key for key, _ in rows}
+        self.pending = collections.deque(m for m in self.pending if m.queue_key not in gone)
+        if self._control is not None:
+            self._control.injections.discard(gone)
+        for _, row in rows:
+            self.dropped_total += 1
+            self.publish(dropped_warning(row, max(self.queue_max, 1), self.dropped_total))
 
     @property
     def running(self) -> RunControl | None:
@@ -367,14 +424,39 @@ class SessionActor:
     async def adopt_handed(self) -> int:
         """Take the session's queued rows nobody else runs (handed over by another
         daemon, left by a dead one) and run them in order; how many (core/cluster.py)."""
-        known = {m.queue_key for m in self.pending} | {self._running_key}
-        adopted = [m for m in await self.queue.adopt() if m.queue_key not in known]
+        adopted = await self._adopt_rows()
         for msg in adopted:
             if not self.busy and not self.pending and self._nursery is not None:
+                self._say_queued(msg, 0)  # it runs now: its sender follows from here
                 self._start_run(msg)
             else:
                 self.pending.append(msg)
+                self._say_queued(msg)
         return len(adopted)
+
+    async def _adopt_rows(self) -> list[UserMessage]:
+        """The store's queued rows this actor may run and does not hold yet, in order.
+
+        One read at a time, and what this actor holds already (queued here, running,
+        steered into the turn) is told apart only once the read is back: a message
+        queued here during the read is the store's row too, and must not run twice."""
+        async with self._adopting:
+            rows = await self.queue.adopt()
+            known = self._held_keys()
+            return [m for m in rows if m.queue_key not in known]
+
+    def _held_keys(self) -> set[str | None]:
+        """The queue keys of the messages this actor holds: waiting, running, steered."""
+        keys: set[str | None] = {m.queue_key for m in self.pending} | {self._running_key}
+        if self._control is not None:
+            keys |= self._control.injections.keys()
+        return keys
+
+    def frame_fence(self) -> Fence | None:
+        """The lease fence the frames published now must pass on their way to other
+        daemons (core/cluster.py): the running run's, until its hold ended cleanly."""
+        lease = self._control.lease if self._control is not None else None
+        return None if lease is None or lease.released else lease.fence
 
     def publish_out_of_band(self, event: AgentEvent) -> None:
         self.broadcast.publish_out_of_band(event)
@@ -420,6 +502,10 @@ class SessionActor:
         # The control exists before the task starts: a stop sent right after the
         # message (same tick) must land.
         control = RunControl()
+        if self._adopt and msg.kind != "resume":  # (a resumed one is in the history)
+            control.ahead = partial(self._queue_ahead, msg)
+        if self._hand_over is not None and msg.queue_key is None:
+            control.elsewhere = partial(self._send_elsewhere, msg)
         self._start(self._run, msg, control)
         self._control = control
         self._running_key = msg.queue_key
@@ -447,20 +533,32 @@ class SessionActor:
                     try:
                         async for event in ev:
                             run_log.event(event)
-                            self.publish(event)
+                            if await self._may_publish(msg, control):
+                                self.publish(event)
                     finally:
                         with trio.move_on_after(END_DRAIN_SEC, shield=True):
                             async for event in ev:  # cancelled: the run's own ending
                                 run_log.event(event)
-                                self.publish(event)
-                # Refused before its save. An acknowledged (queued) message that met a
-                # storage failure keeps its row and its place: it runs again, before
-                # the messages after it. Any other refusal ends it.
-                refused = control.refused
-                if not isinstance(refused, StorageError) or msg.accepted.failed:
-                    dropped = refused is not None
+                                if await self._may_publish(msg, control):
+                                    self.publish(event)
+                if control.fenced:
+                    self._say_taken_over()
+                # An acknowledged message that met a storage failure (before its save,
+                # or after it: a turn cut short), or the session taken by another
+                # process before its save, keeps its place: it runs again, before the
+                # messages after it; in a cluster, a taken one goes to the new owner.
+                # Any other refusal ends it.
+                error = _kept_for(msg, control)
+                if error is None:
+                    dropped = control.refused is not None
                     break
-                if not await self._wait_to_retry(refused, delay):
+                if isinstance(error, SessionBusyError):
+                    if await self._hand_back(msg):
+                        break  # its row, and those queued behind it, wait for the owner
+                    # Nobody runs it now: the daemon that took it may have died mid-turn.
+                    self.dead_turn_checked = self._dead_turn is None
+                saved = control.saved or msg.kind == "resume"
+                if not await self._wait_to_retry(error, delay, saved=saved):
                     dropped = True  # stopped: the user let it go
                     self.publish(
                         WarningEvent(
@@ -470,8 +568,14 @@ class SessionActor:
                     )
                     break
                 delay = min(delay * 2, KEPT_RETRY_MAX_SEC)
+                if saved:
+                    # Saved already: its turn runs again from what the store holds.
+                    msg = attrs.evolve(msg, kind="resume")
+                    self.parts.forget(self.session_id)
                 control = RunControl()
                 self._control = control
+                if not self.dead_turn_checked:
+                    await self._end_dead_turn()  # its turn ended before this one starts
         except NaviError as exc:  # an unknown profile, the queue's store
             msg.accepted.fail(exc)  # refused before its save (no-op for a queued one)
             dropped = not isinstance(exc, StorageError)
@@ -492,22 +596,129 @@ class SessionActor:
                     self._on_run_end(self.session_id, msg, run_log.last)
             self._done()
 
+    async def _queue_ahead(self, msg: UserMessage) -> bool:
+        """The run of `msg` holds the lease: messages queued in the store before it
+        that this actor does not hold (handed over, left by a daemon that lost the
+        session) run first, in the store's order, and it goes behind them (a new
+        message stored and acknowledged as any queued one); the ones queued after it
+        wait behind it. True when it went behind others: no turn now."""
+        async with self._adopting:
+            rows = await self.queue.adopt()  # every row: this run holds the lease
+            known = self._held_keys()
+        order = [m.queue_key for m in rows]
+        cut = order.index(msg.queue_key) if msg.queue_key in order else len(order)
+        before = [m for i, m in enumerate(rows) if i < cut and m.queue_key not in known]
+        after = [m for i, m in enumerate(rows) if i > cut and m.queue_key not in known]
+        if not before:
+            self.pending.extend(after)
+            for later in after:
+                self._say_queued(later)
+            return False
+        assert self._nursery is not None
+        queued = msg
+        if msg.queue_key is None:
+            msg.accepted.queued = True
+            queued = self.queue.keep(self._nursery, msg, self._stored)
+        self.pending = collections.deque([*before, queued, *self.pending, *after])
+        # This run ends saying nothing: it is not one of the runs that end before them.
+        for other in (*before, queued, *after):
+            self._say_queued(other, running=False)
+        await self.queue.written(queued)  # settled before this run ends
+        return True
+
+    async def _send_elsewhere(self, msg: UserMessage) -> bool:
+        """A new message found the session run by another daemon (it took the lease
+        between this daemon's look and its claim): queued as if it had been handed over
+        (acknowledged once stored) and left to that daemon, or, when none runs it now,
+        next here. False only without daemons to hand it to (it is refused then)."""
+        if self._hand_over is None or self._nursery is None:
+            return False
+        msg.accepted.queued = True
+        queued = self.queue.keep(self._nursery, msg, self._stored)
+        await self.queue.written(queued)
+        if queued.accepted.failed or queued.queue_key is None:
+            return True  # refused: its sender has the write's error
+        try:
+            await self._hand_over(self.session_id, [queued.queue_key])
+        except NaviError:  # nobody else runs it now, or the store did not answer
+            # The daemon that took it may have died mid-turn: its turn ends first.
+            self.dead_turn_checked = self._dead_turn is None
+            self.pending.appendleft(queued)
+            self._say_queued(queued, 0)  # runs next, here (this run says nothing)
+            return True
+        return True
+
+    async def _may_publish(self, msg: UserMessage, control: RunControl) -> bool:
+        """Whether this event of the run goes out: not once another daemon took the
+        session over under the run (it is stopped then), nor the refusal of a message
+        handed to the daemon that runs the session now (its run there speaks for it)."""
+        if control.fenced or (self._hand_over is not None and _taken(msg, control)):
+            return False
+        lease = control.lease
+        if lease is None or await lease.held():
+            return True
+        control.fenced = True
+        control.stop()
+        return False
+
+    def _say_taken_over(self) -> None:
+        """The one thing a run taken over under it says, to this daemon's subscribers
+        (its frames to other daemons are fenced in the store: core/cluster.py)."""
+        self.publish(
+            ErrorEvent(
+                message=(
+                    f"session {self.session_id!r} was taken over by another daemon while this "
+                    "one was not answering (paused past its lease): this run stopped, and "
+                    "nothing it did after that is kept or shown; the session goes on there"
+                ),
+                code="session_busy",
+            )
+        )
+        self.publish(StreamEnd(reason="error"))
+
+    async def _hand_back(self, msg: UserMessage) -> bool:
+        """The session is another daemon's now: leave `msg` and every message queued
+        behind it in the store's queue, for that daemon. False when there is no daemon
+        to hand them to, or the store did not take it (they stay here, kept)."""
+        if self._hand_over is None:
+            return False
+        handed = [msg, *self.pending]
+        for queued in handed:
+            await self.queue.written(queued)  # each row is in before it is handed on
+        keys = [m.queue_key for m in handed if m.queue_key is not None and not m.accepted.failed]
+        try:
+            await self._hand_over(self.session_id, keys)
+        except NaviError as exc:
+            log.warning("session %s: leaving its queue to its new owner failed: %s",
+                        self.session_id, exc)  # fmt: skip
+            return False
+        gone = {id(m) for m in handed}
+        self.pending = collections.deque(m for m in self.pending if id(m) not in gone)
+        log.info("session %s: %d queued message(s) left to the daemon that runs it now",
+                 self.session_id, len(keys))  # fmt: skip
+        return True
+
     def _nudge_kept(self) -> None:
         """A message arrived: a kept message waiting to retry tries again now, first."""
         if self._kept_wait is not None:
             self._kept_wait.cancel()
 
-    async def _wait_to_retry(self, error: StorageError, delay: float) -> bool:
+    async def _wait_to_retry(self, error: Exception, delay: float, *, saved: bool) -> bool:
         """Until the kept message's next try: `delay`, or less when another message
         arrives. False when a stop (or a message that interrupts) came meanwhile."""
         waiting = RunControl()  # what `stop` cancels meanwhile
         self._control = waiting
+        if saved:
+            why = f"its turn was cut short ({error})"
+        elif isinstance(error, SessionBusyError):
+            why = f"another process runs the session now ({error})"
+        else:
+            why = f"could not be saved ({error})"
         self.publish(
             WarningEvent(
                 message=(
-                    f"the message is kept but could not be saved ({error}); it runs again in "
-                    f"{delay:g} s or when another message comes, before the messages after "
-                    "it (stop drops it)"
+                    f"the message is kept but {why}; it runs again in {delay:g} s or when "
+                    "another message comes, before the messages after it (stop drops it)"
                 ),
                 code="message_kept",
             )
@@ -537,3 +748,31 @@ class SessionActor:
             self.publish(ErrorEvent(message=str(exc), code="nothing_to_compact"))
         finally:
             self._done()
+
+
+def _taken(msg: UserMessage, control: RunControl) -> bool:
+    """An acknowledged queued message whose run found the session run by another
+    process (its lease), before its save."""
+    return (
+        isinstance(control.refused, SessionBusyError)
+        and msg.queue_key is not None
+        and msg.accepted.settled
+        and not msg.accepted.failed
+    )
+
+
+def _kept_for(msg: UserMessage, control: RunControl) -> Exception | None:
+    """Why an acknowledged message keeps its place and runs again, if it does: a
+    storage failure before its save or after it (not a lease lost under the run: the
+    session is another daemon's then), or the session taken before its save."""
+    if msg.accepted.failed or control.skipped:
+        return None
+    refused = control.refused
+    if isinstance(refused, StorageError):
+        return refused
+    if _taken(msg, control):
+        return refused
+    failed = control.failed
+    if isinstance(failed, StorageError) and not control.fenced:
+        return failed
+    return None

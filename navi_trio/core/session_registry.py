@@ -20,7 +20,13 @@ import trio
 from navi_trio.actor import NurseryHolder
 from navi_trio.core.agent import Agent
 from navi_trio.core.broadcast import Encode, LocalBroadcast, Resync, new_epoch
-from navi_trio.core.session_actor import DeadTurn, RunEnded, SessionActor, SessionParts
+from navi_trio.core.session_actor import (
+    DeadTurn,
+    HandOver,
+    RunEnded,
+    SessionActor,
+    SessionParts,
+)
 from navi_trio.errors import NaviError
 from navi_trio.events import AgentEvent
 
@@ -64,6 +70,8 @@ class SessionRegistry(NurseryHolder):
         # runs here any more.
         self.revoked: set[str] = set()
         self.dead_turn: DeadTurn | None = None  # a turn a dead daemon left (the cluster)
+        # Leaves a queue to the daemon that runs its session now (core/cluster.py).
+        self.hand_over: HandOver | None = None
 
     async def get(self, session_id: str) -> SessionActor:
         actor = self._actors.get(session_id)
@@ -93,6 +101,7 @@ class SessionRegistry(NurseryHolder):
                 on_run_end=self.on_run_end,
                 revoked=self.revoked.__contains__,
                 dead_turn=self.dead_turn,
+                hand_over=self.hand_over,
             )
             await nursery.start(actor.run)
             self._actors[session_id] = actor

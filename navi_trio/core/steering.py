@@ -42,7 +42,7 @@ from navi_trio.core.acceptance import Acceptance
 from navi_trio.core.injections import Injections as Injections
 from navi_trio.core.injections import SteerItem as SteerItem
 from navi_trio.core.task_notes import collect_notes, remove_notes
-from navi_trio.errors import ForbiddenError, LimitError, SessionBusyError
+from navi_trio.errors import ForbiddenError, LimitError, NotQueuedError, SessionBusyError
 from navi_trio.events import Steered
 from navi_trio.profiles import ON_BUSY, OnBusy
 
@@ -80,9 +80,14 @@ async def take_injections(turn: Turn, parts: LoopParts) -> None:
         message: dict[str, Any] = {"role": "user", "content": item.text, "steered": True}
         if item.cwd is not None:
             message["cwd"] = str(item.cwd)
+        mark = turn.state.mark()
         turn.state.add(message)
         if turn.persist:
-            await parts.cache.save(turn.state, dequeue=item.queue_key)
+            try:
+                await parts.cache.save(turn.state, dequeue=item.queue_key)
+            except NotQueuedError:
+                turn.state.undo(mark)  # the queue's cap dropped it meanwhile (announced)
+                continue
         item.accepted.ok()  # (already ok once queued; a late write is acknowledged now)
         turn.emit(Steered(text=item.text))
     if injections.notes_due:

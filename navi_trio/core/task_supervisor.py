@@ -55,6 +55,7 @@ from navi_trio.core.task_notes import record_note
 from navi_trio.errors import TaskRejectedError
 from navi_trio.events import TaskUpdate
 from navi_trio.settings import Settings
+from navi_trio.store.fence import unfenced
 from navi_trio.tools.base import KVStore, ToolResult
 
 EXCERPT_MAX = 200
@@ -131,9 +132,9 @@ class TaskSupervisor(NurseryHolder):
             task_id = str(info.get("task_id") or key.rpartition(":")[2])
             args = str(info.get("args_summary") or "")
             try:
-                await record_note(
-                    self._kv,
-                    self._settings,
+                # Through the note sink, as a job that ends here: a session whose profile
+                # wakes on a finished job is woken by a lost one too.
+                await self._note_sink()(
                     session_id,
                     task_id=task_id,
                     tool=str(info.get("tool") or "?"),
@@ -327,6 +328,12 @@ class TaskSupervisor(NurseryHolder):
                 return task_id
 
     async def _run_job(self, job: Job, runner: JobRunner) -> None:
+        # The job is the daemon's, not the run's that started it: its writes (its note,
+        # its marker, a background sub-agent's) carry no lease fence (store/fence.py).
+        with unfenced():
+            await self._run_job_unfenced(job, runner)
+
+    async def _run_job_unfenced(self, job: Job, runner: JobRunner) -> None:
         marker_key = f"{job.session_id}:{job.task_id}"
         with trio.move_on_after(KV_DEADLINE_SEC, shield=True):
             await self._kv_quietly(self._kv.kv_set(RUNNING_SCOPE, marker_key, running_marker(job)))
@@ -354,14 +361,16 @@ class TaskSupervisor(NurseryHolder):
                 job.error = None if result.ok else (result.error or "failed")
         await self._finish(job, marker_key)
 
+    def _note_sink(self) -> Callable[..., Awaitable[None]]:
+        """Where a job's note goes: the waker (it may wake the session), else the store."""
+        if self._notes is not None:
+            return self._notes.record
+        return partial(record_note, self._kv, self._settings)
+
     async def _finish(self, job: Job, marker_key: str) -> None:
         job.finished_at = trio.current_time()
         with trio.move_on_after(KV_DEADLINE_SEC, shield=True):
-            note = (
-                self._notes.record
-                if self._notes is not None
-                else partial(record_note, self._kv, self._settings)
-            )
+            note = self._note_sink()
             await self._kv_quietly(
                 note(
                     job.session_id,

@@ -19,6 +19,13 @@ Before a round's calls run, one checkpoint of the run's writable folders is take
 any of them may write (core/checkpointing.py), so a rewind can undo what they did; each
 such call runs inside `RoundCheckpoints.calling`, so what changes meanwhile is known to
 be the session's own.
+
+Before each call starts (before a parallel batch, once; again after an approval
+waited) the run's lease is confirmed in the store (`confirm`, core/lease.py): a daemon
+that another one replaced while it was paused runs no call more, nor says it starts
+one. The `LeaseLostError` ends the run, as does one that a tool's own fenced write
+meets (a scratchpad, a todo list): never a failed result the model reads and goes on
+from.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.checkpointing import RoundCheckpoints
 from navi_trio.core.policy import CallFacts, Verdict, decide, summary, with_network
 from navi_trio.core.task_supervisor import Job, TaskSupervisor
-from navi_trio.errors import BudgetExhaustedError, LLMError, TaskRejectedError
+from navi_trio.errors import BudgetExhaustedError, LeaseLostError, LLMError, TaskRejectedError
 from navi_trio.events import AgentEvent, ToolEvent, ToolResultEvent, ToolStarted
 from navi_trio.llm.base import ToolCall
 from navi_trio.settings import Settings
@@ -92,12 +99,15 @@ class ToolExecutor:
         supervisor: TaskSupervisor | None,
         approvals: ApprovalBroker | None = None,
         checkpoints: RoundCheckpoints | None = None,
+        confirm: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.registry = registry
         self.settings = settings
         self.supervisor = supervisor
         self.approvals = approvals
         self.checkpoints = checkpoints
+        # The run's lease, confirmed before each call (core/lease.py `confirm_current`).
+        self.confirm = confirm
 
     def schemas(
         self, tools: Sequence[Tool], hidden: Callable[[str, str], bool] = lambda t, a: False
@@ -198,6 +208,8 @@ class ToolExecutor:
             return refused
         if verdict.network:
             call_ctx = attrs.evolve(call_ctx, sandbox=with_network(call_ctx.sandbox))
+        if self.confirm is not None and verdict.decision == "ask":
+            await self.confirm()  # again: the approval may have waited long
         if self._wants_background(call, tool):
             return await self._detach(call, tool, args, call_ctx, allowed)
         async with self._calling(call, ctx, allowed):
@@ -322,6 +334,8 @@ async def run_tool(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> ToolRe
     and so does a backend-level LLM error: the backend failed, not the tool)."""
     try:
         result = await tool.execute(args, ctx)
+    except LeaseLostError:
+        raise  # the run was taken over: it ends, nothing more runs
     except Exception as exc:  # a tool's bug must not end the run
         if isinstance(exc, LLMError) and exc.backend_level:
             raise
@@ -362,7 +376,10 @@ async def execute_batch(
     """
     if executor.checkpoints is not None:
         await executor.checkpoints.before_round(calls, ctx, executor.registry, allowed, publish)
+    confirm = executor.confirm
     if parallel and len(calls) > 1:
+        if confirm is not None:
+            await confirm()  # once for the batch: its calls start together
         for call in calls:
             publish(ToolStarted(call_id=call.id, name=call.name, arguments=dict(call.arguments)))
         taken = len(calls)
@@ -395,6 +412,8 @@ async def execute_batch(
             raise refused
         return
     for i, call in enumerate(calls):
+        if confirm is not None:
+            await confirm()
         publish(ToolStarted(call_id=call.id, name=call.name, arguments=dict(call.arguments)))
         if before is not None:
             try:

@@ -48,9 +48,11 @@ WAKE_WINDOW_SEC = 3600.0  # the bound counts the wake-ups of the last hour
 class Waker(NurseryHolder):
     """Records a finished job's note and wakes its session when its profile says so.
 
-    `record` is the TaskSupervisor's note sink. `registry()` gives the session registry
-    (built after the supervisor; None until then: notes are recorded, nothing wakes).
-    Its nursery holds the waits for busy runs to end."""
+    `record` is the TaskSupervisor's note sink, for jobs that end and for jobs a dead
+    process lost alike. `registry()` gives the session registry (built after the
+    supervisor; None until then: a wake-up is queued in the store, and runs when the
+    daemon starts the actors of sessions with queued messages). Its nursery holds the
+    waits for busy runs to end."""
 
     def __init__(
         self,
@@ -81,7 +83,9 @@ class Waker(NurseryHolder):
         registry = self._registry()
         actor = registry.actor(session_id) if registry is not None else None
         control = actor.running if actor is not None else None
-        if row is None or registry is None or not self._wakes(row) or control is not None:
+        # No registry yet (a job lost by a previous process, reported at start-up): the
+        # wake-up is queued all the same, and runs when the daemon starts its actors.
+        if row is None or not self._wakes(row) or control is not None:
             await record_note(
                 self._store, self._settings, session_id, task_id=task_id, tool=tool,
                 status=status, summary=summary, tokens=tokens,

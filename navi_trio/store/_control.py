@@ -378,7 +378,7 @@ def _claim(
         db.execute(
             "UPDATE schedules SET runs = runs + 1, last_run_at = ?, last_session_id = ?,"
             " last_skip = NULL, last_skip_at = NULL WHERE id = ?",
-            [due, run[1], sid],
+            [now, run[1], sid],
         )
         if new is not None:
             db.execute(

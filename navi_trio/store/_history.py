@@ -26,11 +26,12 @@ from navi_trio.store._input import (
     _Row,
     check_page,
     check_session_id,
+    not_queued,
     page_end,
 )
 from navi_trio.store._kv import _kv_delete, _kv_set
 from navi_trio.store._lease import check_fence
-from navi_trio.store._queue import _unqueue
+from navi_trio.store._queue import _claim
 from navi_trio.store._schema import _HISTORY, _write_tx
 from navi_trio.store._sessions import _get_session, _require_session
 from navi_trio.store.base import HistoryPage, LoadedSession
@@ -163,8 +164,8 @@ def _append(
     with _write_tx(db):
         check_fence(db, fence)
         _require_session(db, sid)
-        if dequeue is not None:
-            _unqueue(db, dequeue)
+        if dequeue is not None and not _claim(db, sid, dequeue):
+            raise not_queued(sid, dequeue)
         for table, rows in (("messages", msg_rows), ("context", ctx_rows)):
             if rows:
                 positions = _next_positions(db, table, sid, len(rows))

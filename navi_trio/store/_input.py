@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from navi_trio.errors import StoreError
+from navi_trio.errors import NotQueuedError, StoreError
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@+=-]{0,127}")
 _ID_SHOWN_MAX = 60  # an error message quotes at most this much of a bad session id
@@ -171,3 +171,18 @@ def page_end(
             return last, True
         last, total, count = float(position), total + size, count + 1
     return (last, False) if count else None
+
+
+def check_keep(keep: int | None) -> int | None:
+    """A queue cap: None (no cap) or at least 1 (the row just queued always stays)."""
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise StoreError(f"a queue's cap must be a whole number of at least 1, not {keep!r}")
+    return keep
+
+
+def not_queued(sid: str, key: str) -> NotQueuedError:
+    """The refusal of an append whose queued message is no longer in the queue."""
+    return NotQueuedError(
+        f"session {sid!r}: queued message {key!r} is no longer in the queue (another "
+        "daemon took it first, or the queue's cap dropped it): nothing was stored"
+    )

@@ -1,5 +1,9 @@
 """The kv table: JSON values under (scope, key) — task notes, memory, todo, scratchpad.
 
+A write made inside a run carries the run's lease fence (store/fence.py
+`current_fence`) and is refused with `LeaseLostError`, nothing stored, once another
+process took the session over: the check is in the write's own transaction.
+
 `_Kv` holds the store's kv methods (mixed into `SQLiteStore`); below it, the functions
 that run on the worker thread.
 """
@@ -13,7 +17,9 @@ from sqlite_utils import Database
 
 from navi_trio.store._core import _Core
 from navi_trio.store._input import _check_text, _dump
+from navi_trio.store._lease import check_fence
 from navi_trio.store._schema import _write_tx
+from navi_trio.store.fence import Fence, current_fence
 
 
 class _Kv(_Core):
@@ -27,12 +33,16 @@ class _Kv(_Core):
         _check_text(key, "kv key", allow_empty=True)
         data = _dump(value, f"kv value for {scope}/{key}")
         now = self._now()
-        await self._run(f"kv set {scope}/{key}", lambda db: _kv_set(db, scope, key, data, now))
+        fence = current_fence()
+        await self._run(
+            f"kv set {scope}/{key}", lambda db: _kv_set(db, scope, key, data, now, fence)
+        )
 
     async def kv_delete(self, scope: str, key: str) -> None:
         _check_text(scope, "kv scope")
         _check_text(key, "kv key", allow_empty=True)
-        await self._run(f"kv delete {scope}/{key}", lambda db: _kv_delete(db, scope, key))
+        fence = current_fence()
+        await self._run(f"kv delete {scope}/{key}", lambda db: _kv_delete(db, scope, key, fence))
 
     async def kv_list(self, scope: str, prefix: str = "") -> list[tuple[str, Any]]:
         _check_text(scope, "kv scope")
@@ -45,8 +55,11 @@ def _kv_get(db: Database, scope: str, key: str) -> Any | None:
     return None if row is None else json.loads(row[0])
 
 
-def _kv_set(db: Database, scope: str, key: str, value: str, now: float) -> None:
+def _kv_set(
+    db: Database, scope: str, key: str, value: str, now: float, fence: Fence | None = None
+) -> None:
     with _write_tx(db):
+        check_fence(db, fence)
         db.execute(
             "INSERT INTO kv (scope, key, value, updated_at) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
@@ -55,8 +68,9 @@ def _kv_set(db: Database, scope: str, key: str, value: str, now: float) -> None:
         )
 
 
-def _kv_delete(db: Database, scope: str, key: str) -> None:
+def _kv_delete(db: Database, scope: str, key: str, fence: Fence | None = None) -> None:
     with _write_tx(db):
+        check_fence(db, fence)
         db.execute("DELETE FROM kv WHERE scope = ? AND key = ?", [scope, key])
 
 

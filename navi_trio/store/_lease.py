@@ -63,11 +63,19 @@ class _Leases(_Core):
                          generation=1)  # fmt: skip
         return await self._run(f"claim lease of {sid!r}", lambda db: _claim(db, lease, now))
 
-    async def renew_lease(self, session_id: str, *, owner: str, ttl: float) -> bool:
-        """Extend our lease by `ttl` s from now; False when it is no longer ours."""
+    async def renew_lease(
+        self, session_id: str, *, owner: str, ttl: float, generation: int | None = None
+    ) -> bool:
+        """Extend our lease by `ttl` s from now; False when it is no longer ours (with
+        `generation`: no longer ours as that generation)."""
         sid = check_session_id(session_id)
         until = self._now() + ttl
-        return await self._run(f"renew lease of {sid!r}", lambda db: _renew(db, sid, owner, until))
+        # Not flushed: a renewal lost to a power cut only makes the lease end sooner.
+        return await self._run(
+            f"renew lease of {sid!r}",
+            lambda db: _renew(db, sid, owner, until, generation),
+            False,
+        )
 
     async def release_lease(self, session_id: str, *, owner: str) -> None:
         sid = check_session_id(session_id)
@@ -114,11 +122,12 @@ def _claim(db: Database, lease: LeaseRow, now: float) -> LeaseRow:
         return lease
 
 
-def _renew(db: Database, sid: str, owner: str, expires_at: float) -> bool:
+def _renew(db: Database, sid: str, owner: str, expires_at: float, generation: int | None) -> bool:
     with _write_tx(db):
         cursor = db.execute(
-            "UPDATE leases SET expires_at = ? WHERE session_id = ? AND owner = ?",
-            [expires_at, sid, owner],
+            "UPDATE leases SET expires_at = ? WHERE session_id = ? AND owner = ?"
+            " AND (? IS NULL OR generation = ?)",
+            [expires_at, sid, owner, generation, generation],
         )
         return bool(cursor.rowcount)
 

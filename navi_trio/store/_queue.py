@@ -8,7 +8,13 @@ message is in exactly one of the two places at every commit: never lost, never t
 
 Each row names the process that queued it (pid, host), as a lease does: after a crash
 another process adopts the rows of a dead one (`_adopt`), never those of a live one,
-which runs them itself.
+which runs them itself. A row of pid `HANDED_PID` is anyone's: handed to whoever runs
+the session (by another daemon, or by a process that found its session taken over and
+left its queue to the new owner: `release_queued`).
+
+The queue's cap (`enqueue(keep=N)`) is the store's, in the insert's transaction: past
+N rows the oldest go, and are returned, so that every process that queues counts the
+same rows the same way.
 
 `_Queue` holds the store's queue methods (mixed into `SQLiteStore`); below it, the
 functions that run on the worker thread.
@@ -17,27 +23,46 @@ functions that run on the worker thread.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from sqlite_utils import Database
 
 from navi_trio.store._core import _Core
-from navi_trio.store._input import _check_text, _dump, check_session_id
+from navi_trio.store._input import _check_text, _dump, check_keep, check_session_id
 from navi_trio.store._lease import pid_alive
 from navi_trio.store._schema import _write_tx
+from navi_trio.store.base import HANDED_HOST, HANDED_PID
 
 
 class _Queue(_Core):
     async def enqueue(
-        self, session_id: str, key: str, message: dict[str, Any], *, pid: int, host: str
-    ) -> None:
-        """Keep a queued user message until its run appends it (`append(dequeue=key)`)."""
+        self, session_id: str, key: str, message: dict[str, Any], *, pid: int, host: str,
+        keep: int | None = None,
+    ) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
+        """Keep a queued user message until its run appends it (`append(dequeue=key)`);
+        with `keep`, the session's oldest rows beyond the newest `keep` go: (key, message)
+        of each, oldest first."""
         sid = check_session_id(session_id)
         _check_text(key, "queued message key")
         data = _dump(message, f"queued message of {sid!r}")
+        cap = check_keep(keep)
         now = self._now()
-        await self._run(
-            f"queue a message in {sid!r}", lambda db: _enqueue(db, sid, key, data, pid, host, now)
+        return await self._run(
+            f"queue a message in {sid!r}",
+            lambda db: _enqueue(db, sid, key, data, pid, host, now, cap),
+        )
+
+    async def release_queued(
+        self, session_id: str, keys: Sequence[str], *, pid: int, host: str
+    ) -> int:
+        """Hand these queued rows of (pid, host) to whoever runs the session: they become
+        anyone's (`HANDED_PID`). How many were (the others are no longer theirs)."""
+        sid = check_session_id(session_id)
+        wanted = [_check_text(k, "queued message key") for k in keys]
+        return await self._run(
+            f"release queued messages of {sid!r}",
+            lambda db: _release(db, sid, wanted, pid, host),
         )
 
     async def unqueue(self, key: str) -> bool:
@@ -51,8 +76,9 @@ class _Queue(_Core):
         """(key, message) of the session's queued messages that no live process owns
         (theirs: same host, pid gone; or ours), in queued order, now owned by `pid`."""
         sid = check_session_id(session_id)
+        now = self._now()
         return await self._run(
-            f"adopt queued messages of {sid!r}", lambda db: _adopt(db, sid, pid, host)
+            f"adopt queued messages of {sid!r}", lambda db: _adopt(db, sid, pid, host, now)
         )
 
     async def queued_sessions(self) -> list[str]:
@@ -60,13 +86,45 @@ class _Queue(_Core):
         return await self._run("list sessions with queued messages", _queued_sessions)
 
 
-def _enqueue(db: Database, sid: str, key: str, data: str, pid: int, host: str, now: float) -> None:
+def _enqueue(
+    db: Database, sid: str, key: str, data: str, pid: int, host: str, now: float,
+    keep: int | None,
+) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
     with _write_tx(db):
         db.execute(
             "INSERT INTO queued (key, session_id, pid, host, data, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?)",
             [key, sid, pid, host, data, now],
         )
+        if keep is None:
+            return []
+        over = db.execute(
+            "SELECT id, key, data FROM queued WHERE session_id = ? ORDER BY id DESC"
+            " LIMIT -1 OFFSET ?",
+            [sid, keep],
+        ).fetchall()
+        for row_id, _, _ in over:
+            db.execute("DELETE FROM queued WHERE id = ?", [row_id])
+        return [(k, json.loads(d)) for _, k, d in reversed(over)]
+
+
+def _claim(db: Database, sid: str, key: str) -> bool:
+    """Inside an append's transaction: take the row off the queue; False when gone."""
+    return bool(
+        db.execute("DELETE FROM queued WHERE key = ? AND session_id = ?", [key, sid]).rowcount
+    )
+
+
+def _release(db: Database, sid: str, keys: list[str], pid: int, host: str) -> int:
+    with _write_tx(db):
+        released = 0
+        for key in keys:
+            released += db.execute(
+                "UPDATE queued SET pid = ?, host = ? WHERE key = ? AND session_id = ?"
+                " AND pid = ? AND host = ?",
+                [HANDED_PID, HANDED_HOST, key, sid, pid, host],
+            ).rowcount
+        return released
 
 
 def _unqueue(db: Database, key: str) -> bool:
@@ -74,18 +132,27 @@ def _unqueue(db: Database, key: str) -> bool:
         return bool(db.execute("DELETE FROM queued WHERE key = ?", [key]).rowcount)
 
 
-def _adopt(db: Database, sid: str, pid: int, host: str) -> list[tuple[str, dict[str, Any]]]:
-    """The session's rows left by a dead process on this host (or by us), now ours."""
+def _adopt(
+    db: Database, sid: str, pid: int, host: str, now: float
+) -> list[tuple[str, dict[str, Any]]]:
+    """The session's rows left by a dead process on this host, handed to anyone, or
+    ours, or every row while we hold the session's lease (the holder runs the queue):
+    now ours."""
     # Every actor start asks: without rows (nearly always) no write lock is taken.
     if db.execute("SELECT 1 FROM queued WHERE session_id = ? LIMIT 1", [sid]).fetchone() is None:
         return []
     with _write_tx(db):
+        lease = db.execute(
+            "SELECT pid, host, expires_at FROM leases WHERE session_id = ?", [sid]
+        ).fetchone()
+        holding = lease is not None and (lease[0], lease[1]) == (pid, host) and lease[2] > now
         rows = db.execute(
             "SELECT key, pid, host, data FROM queued WHERE session_id = ? ORDER BY id", [sid]
         ).fetchall()
         out: list[tuple[str, dict[str, Any]]] = []
         for key, row_pid, row_host, data in rows:
-            if row_pid != pid and (row_host != host or pid_alive(row_pid)):
+            other = row_pid not in (HANDED_PID, pid)
+            if other and (row_host != host or pid_alive(row_pid)) and not holding:
                 continue  # a live process (or one we cannot probe) runs it
             db.execute("UPDATE queued SET pid = ?, host = ? WHERE key = ?", [pid, host, key])
             out.append((key, json.loads(data)))

@@ -12,8 +12,15 @@ Contract every implementation keeps:
 - A save appends what is new. Only `replace_context` (compression) and
   `rewrite_history` (a rewind, a branch brought back) rewrite anything; a rewrite is one
   transaction: a crash leaves the history, the context and its kv rows before or after.
-- `append(dequeue=key)` deletes that queued message in the same transaction: a queued
-  message is in the queue or in the history at every commit, never both, never neither.
+- `append(dequeue=key)` takes that queued message off the queue in the same
+  transaction, compare and set: when its row is no longer there (another daemon took
+  it first, the cap dropped it) the append raises `NotQueuedError` and stores nothing.
+  A queued message is in the queue or in the history at every commit, never both,
+  never neither, and is appended at most once.
+- `enqueue(keep=N)` holds the session's queue to its newest N rows in the insert's
+  transaction and returns the rows it dropped, oldest first; `release_queued` hands a
+  process's rows to whoever runs the session (pid `HANDED_PID`: anyone's), and
+  `adopt_queued` takes those, a dead process's and the caller's own.
 - `append(durable=False)` may skip the flush to stable storage, never the commit: it
   survives a killed process; the next durable write makes it survive power loss too.
 - `load_session` pairs every dangling assistant tool call with a placeholder result
@@ -25,7 +32,9 @@ Contract every implementation keeps:
   back). `append`, `replace_context`, `update_session` and `load_session`'s repair,
   made inside `store.fence.fenced(...)`, are refused with `LeaseLostError` (nothing
   stored) unless the lease row still names that owner and generation: a paused owner
-  that another daemon replaced cannot write to the session any more.
+  that another daemon replaced cannot write to the session any more. `kv_set` and
+  `kv_delete` made inside any `fenced` block carry its fence the same way, whatever
+  their key. `renew_lease(generation=G)` renews only while the row still holds G.
 - `enqueue_wake` stores a background job's note and, unless the session was woken
   `limit` times in the last `per` seconds, a queued wake-up and its count, in one
   transaction: the note and its wake-up land together or not at all.
@@ -61,6 +70,8 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 import attrs
+
+from navi_trio.store.fence import Fence
 
 # Notified (PostgreSQL) with every committed change of the users table: the daemons on
 # the database look at their connections and runs again (core/user_watch.py).
@@ -177,6 +188,9 @@ class NewSession:
 
 
 USAGE_KINDS = ("tokens", "tool_calls", "subagents", "wall_sec")
+# A queued row of this pid (and host) is anyone's: handed to whoever runs the session.
+HANDED_PID = 0
+HANDED_HOST = "*"
 
 
 @attrs.frozen
@@ -290,9 +304,13 @@ class SessionStore(Protocol):
 
     # queued user messages: kept until `append(dequeue=key)` moves one into history
     async def enqueue(
-        self, session_id: str, key: str, message: dict[str, Any], *, pid: int, host: str
-    ) -> None: ...
+        self, session_id: str, key: str, message: dict[str, Any], *, pid: int, host: str,
+        keep: int | None = None,
+    ) -> list[tuple[str, dict[str, Any]]]: ...  # fmt: skip
     async def unqueue(self, key: str) -> bool: ...
+    async def release_queued(
+        self, session_id: str, keys: Sequence[str], *, pid: int, host: str
+    ) -> int: ...
     async def adopt_queued(
         self, session_id: str, *, pid: int, host: str
     ) -> list[tuple[str, dict[str, Any]]]: ...
@@ -318,7 +336,9 @@ class SessionStore(Protocol):
     async def claim_lease(
         self, session_id: str, *, owner: str, pid: int, host: str, ttl: float
     ) -> LeaseRow: ...
-    async def renew_lease(self, session_id: str, *, owner: str, ttl: float) -> bool: ...
+    async def renew_lease(
+        self, session_id: str, *, owner: str, ttl: float, generation: int | None = None
+    ) -> bool: ...
     async def release_lease(self, session_id: str, *, owner: str) -> None: ...
 
     # wake-ups: a background job's note, and a queued turn that reads it (core/wake.py)
@@ -381,7 +401,9 @@ class ClusterBus(Protocol):
     def listening(self) -> AbstractAsyncContextManager[None]: ...
     async def listen(self, channel: str) -> None: ...
     async def unlisten(self, channel: str) -> None: ...
-    async def notify(self, items: Sequence[tuple[str, str]]) -> None: ...
+    async def notify(
+        self, items: Sequence[tuple[str, str]], fences: Sequence[Fence | None] | None = None
+    ) -> None: ...
     async def fetch_frame(self, ref: int) -> str | None: ...
     async def heartbeat(self, owner: str, pid: int, host: str, ttl: float) -> None: ...
     async def leave(self, owner: str) -> None: ...

@@ -10,6 +10,11 @@ still names this owner with this generation, and refuses the write with
 partition) past its lease, and whose session another daemon has taken over since, can
 never append to the history it no longer owns, even though it has not noticed yet.
 
+The same fence guards the run's other writes: a kv write (todo, scratchpad, memory,
+task notes) made inside any `fenced` block carries it too (`current_fence`), whatever
+its scope and key, and is refused the same way. Work that outlives the run and belongs
+to the daemon (a background job, its note) runs `unfenced`.
+
 The fence travels in a ContextVar rather than as an argument: the writes come from deep
 inside a run (the turn's saves, compression, a profile switch) and the store protocol
 stays the same for every caller. Writes made outside any `fenced` block (creating a
@@ -50,6 +55,22 @@ def fenced(fence: Fence) -> Iterator[None]:
         yield
     finally:
         _current.reset(token)
+
+
+@contextmanager
+def unfenced() -> Iterator[None]:
+    """Writes inside the block carry no fence: work of the daemon's own (a background
+    job) that a task of a fenced run started, and that outlives the run."""
+    token = _current.set(None)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def current_fence() -> Fence | None:
+    """The fence of the run this task belongs to, if any (a kv write carries it)."""
+    return _current.get()
 
 
 def fence_for(session_id: str) -> Fence | None:

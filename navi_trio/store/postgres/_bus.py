@@ -26,7 +26,10 @@ for what it may have been told (core/cluster.py). While it is down, `listen` rai
 
 A payload longer than `NOTIFY_MAX` bytes (NOTIFY's limit is 8000) is stored in the
 ``frames`` table and the notification carries ``{"ref": id}``; `fetch_frame` reads it
-back. Rows older than `FRAME_KEEP_S` are deleted by the next large notify.
+back. Rows older than `FRAME_KEEP_S` are deleted by the next large notify. A payload
+sent with a fence (a frame of a run: core/cluster.py) goes out only if the session's
+lease row still names that owner and generation, checked in the statement that sends
+it: a run taken over under it reaches nobody, even before it knows.
 
 The cluster's bookkeeping (the ``daemons``, ``follows`` and ``leases`` rows the cluster
 reads: core/cluster.py) is here too, one function per statement, run on the store's
@@ -54,6 +57,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from navi_trio.errors import StorageError, StoreError
 from navi_trio.store.base import LeaseRow
+from navi_trio.store.fence import Fence
 from navi_trio.store.postgres._errors import failure
 from navi_trio.store.postgres._tables import text_array
 from navi_trio.store.postgres._workers import Conn
@@ -319,17 +323,25 @@ class PgBus:
     async def unlisten(self, channel: str) -> None:
         await self._command("UNLISTEN", channel)
 
-    async def notify(self, items: Sequence[tuple[str, str]]) -> None:
-        """Send every (channel, payload) in one transaction, in order (see the module)."""
+    async def notify(
+        self, items: Sequence[tuple[str, str]], fences: Sequence[Fence | None] | None = None
+    ) -> None:
+        """Send every (channel, payload) in one transaction, in order, each with a fence
+        only while its lease holds (see the module)."""
+        held: list[Fence | None] = list(fences) if fences is not None else [None] * len(items)
         small = all(len(p) <= NOTIFY_MAX // 4 or len(p.encode()) <= NOTIFY_MAX for _, p in items)
         if small:
             channels, payloads = [c for c, _ in items], [p for _, p in items]
             await self._store._run(
-                "notify the cluster", lambda c: _notify(c, channels, payloads), durable=False
+                "notify the cluster",
+                lambda c: _notify(c, channels, payloads, held),
+                durable=False,
             )
             return
         await self._store._run(
-            "notify the cluster (large frames)", lambda c: _notify_large(c, items), durable=False
+            "notify the cluster (large frames)",
+            lambda c: _notify_large(c, items, held),
+            durable=False,
         )
 
     async def fetch_frame(self, ref: int) -> str | None:
@@ -406,17 +418,36 @@ class PgBus:
         )
 
 
-def _notify(conn: Conn, channels: list[str], payloads: list[str]) -> None:
+# A fenced payload's condition: the lease row still names its owner and generation.
+_HOLDS = (
+    "EXISTS (SELECT 1 FROM leases l WHERE l.session_id = {s} AND l.owner = {o}"
+    " AND l.generation = {g})"
+)
+
+
+def _notify(
+    conn: Conn, channels: list[str], payloads: list[str], fences: list[Fence | None]
+) -> None:
+    holds = _HOLDS.format(s="t.s", o="t.o", g="t.g")
     conn.execute(
-        "SELECT pg_notify(c, p) FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY"
-        " AS t(c, p, n) ORDER BY n",
-        [text_array(channels), text_array(payloads)],
-    )
+        "SELECT pg_notify(t.c, t.p) FROM unnest(%s::text[], %s::text[], %s::text[],"
+        " %s::text[], %s::bigint[]) WITH ORDINALITY AS t(c, p, s, o, g, n)"
+        f" WHERE t.o IS NULL OR {holds} ORDER BY t.n",
+        [text_array(channels), text_array(payloads),
+         text_array(f.session_id if f else None for f in fences),
+         text_array(f.owner if f else None for f in fences),
+         text_array(str(f.generation) if f else None for f in fences)],
+    )  # fmt: skip
 
 
-def _notify_large(conn: Conn, items: Sequence[tuple[str, str]]) -> None:
+def _notify_large(conn: Conn, items: Sequence[tuple[str, str]], fences: list[Fence | None]) -> None:
     now = time.time()
-    for channel, payload in items:
+    holds = "SELECT " + _HOLDS.format(s="%s", o="%s", g="%s")
+    for (channel, payload), fence in zip(items, fences, strict=True):
+        if fence is not None:
+            found = conn.execute(holds, [fence.session_id, fence.owner, fence.generation])
+            if not (found.fetchone() or (False,))[0]:
+                continue
         if len(payload.encode()) > NOTIFY_MAX:
             row = conn.execute(
                 "INSERT INTO frames (session_id, data, created_at) VALUES (%s, %s, %s)"

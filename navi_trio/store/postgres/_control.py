@@ -235,7 +235,7 @@ def claim(
     conn.execute(
         "UPDATE schedules SET runs = runs + 1, last_run_at = %s, last_session_id = %s,"
         " last_skip = NULL, last_skip_at = NULL WHERE id = %s",
-        [due, run[1], sid],
+        [now, run[1], sid],
     )
     if new is not None:
         conn.execute(

@@ -18,7 +18,7 @@ import psycopg.errors as pg
 from psycopg import sql
 
 from navi_trio.errors import SessionExistsError, StoreError
-from navi_trio.store._input import _prepare, _Rewrite, _Row, page_end
+from navi_trio.store._input import _prepare, _Rewrite, _Row, not_queued, page_end
 from navi_trio.store._schema import _session_from
 from navi_trio.store.base import HistoryPage, LoadedSession, SessionRow
 from navi_trio.store.fence import Fence, lost
@@ -163,14 +163,26 @@ def append(
     conn: Conn, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
     dequeue: str | None, fence: Fence | None = None, *, durable: bool = True,
 ) -> None:  # fmt: skip
-    """One statement, its own transaction (an autocommit job): navi_append (migrations/
-    0005) fences, locks the session's row, dequeues and inserts after the last rows."""
+    """navi_append (migrations/0005): it fences, locks the session's row and inserts
+    after the last rows; one statement, its own transaction (an autocommit job). With
+    `dequeue`, a transaction of three: the fence and the session's row first (in that
+    order, as navi_append), then the queued row taken off the queue, compare and set
+    (NotQueuedError, nothing stored, when another daemon took it first or the cap
+    dropped it), then navi_append."""
     owner, generation = (fence.owner, fence.generation) if fence is not None else (None, None)
     try:
+        if dequeue is not None:
+            check_fence(conn, fence)
+            _lock_session(conn, sid)
+            taken = conn.execute(
+                "DELETE FROM queued WHERE key = %s AND session_id = %s RETURNING 1", [dequeue, sid]
+            ).fetchone()
+            if taken is None:
+                raise not_queued(sid, dequeue)
         conn.execute(
             "SELECT navi_append(%s, %s, %s, %s, %s, %s, %s::text[], %s::text[], %s::bool[],"
             " %s::text[], %s::text[], %s::text[], %s::bool[], %s::text[])",
-            [sid, owner, generation, now, dequeue, durable, *_columns(msg_rows),
+            [sid, owner, generation, now, None, durable, *_columns(msg_rows),
              *_columns(ctx_rows)],
         )  # fmt: skip
     except psycopg.Error as exc:

@@ -123,7 +123,8 @@ class _Sessions(_Core):
             f"append to session {sid!r}",
             h.fenced(fence, lambda c: h.append(c, sid, msg_rows, ctx_rows, now, dequeue, fence,
                                               durable=durable)),
-            transaction=False,  # one statement, its own transaction (migrations/0005)
+            # One statement, its own transaction (migrations/0005); a dequeue is three.
+            transaction=dequeue is not None,
         )  # fmt: skip
 
     async def load_messages(self, session_id: str) -> list[dict[str, Any]]:

@@ -8,28 +8,49 @@ statements are `_tables`'.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
-from navi_trio.store._input import _check_text, _dump, check_session_id
+from navi_trio.store._input import _check_text, _dump, check_keep, check_session_id
 from navi_trio.store._users import _token_digest
 from navi_trio.store.base import LeaseRow
+from navi_trio.store.fence import current_fence
+from navi_trio.store.postgres import _history as h
 from navi_trio.store.postgres import _tables as t
 from navi_trio.store.postgres._core import _Core
+from navi_trio.store.postgres._workers import Conn
 
 
 class _Tables(_Core):
     # -- queued messages ---------------------------------------------------------------
 
     async def enqueue(
-        self, session_id: str, key: str, message: dict[str, Any], *, pid: int, host: str
-    ) -> None:
-        """Keep a queued user message until its run appends it (`append(dequeue=key)`)."""
+        self, session_id: str, key: str, message: dict[str, Any], *, pid: int, host: str,
+        keep: int | None = None,
+    ) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
+        """Keep a queued user message until its run appends it (`append(dequeue=key)`);
+        with `keep`, the session's oldest rows beyond the newest `keep` go: (key, message)
+        of each, oldest first."""
         sid = check_session_id(session_id)
         _check_text(key, "queued message key")
         data = _dump(message, f"queued message of {sid!r}")
+        cap = check_keep(keep)
         now = self._now()
-        await self._run(
-            f"queue a message in {sid!r}", lambda c: t.enqueue(c, sid, key, data, pid, host, now)
+        return await self._run(
+            f"queue a message in {sid!r}",
+            lambda c: t.enqueue(c, sid, key, data, pid, host, now, cap),
+        )
+
+    async def release_queued(
+        self, session_id: str, keys: Sequence[str], *, pid: int, host: str
+    ) -> int:
+        """Hand these queued rows of (pid, host) to whoever runs the session: they become
+        anyone's (`HANDED_PID`). How many were (the others are no longer theirs)."""
+        sid = check_session_id(session_id)
+        wanted = [_check_text(k, "queued message key") for k in keys]
+        return await self._run(
+            f"release queued messages of {sid!r}",
+            lambda c: t.release_queued(c, sid, wanted, pid, host),
         )
 
     async def unqueue(self, key: str) -> bool:
@@ -61,16 +82,30 @@ class _Tables(_Core):
         )
 
     async def kv_set(self, scope: str, key: str, value: Any) -> None:
+        """Set the value; inside a run, fenced by its lease (`store.fence`)."""
         _check_text(scope, "kv scope")
         _check_text(key, "kv key", allow_empty=True)
         data = _dump(value, f"kv value for {scope}/{key}")
         now = self._now()
-        await self._run(f"kv set {scope}/{key}", lambda c: t.kv_set(c, scope, key, data, now))
+        fence = current_fence()
+
+        def job(c: Conn) -> None:
+            h.check_fence(c, fence)
+            t.kv_set(c, scope, key, data, now)
+
+        await self._run(f"kv set {scope}/{key}", h.fenced(fence, job))
 
     async def kv_delete(self, scope: str, key: str) -> None:
+        """Delete the value; inside a run, fenced by its lease (`store.fence`)."""
         _check_text(scope, "kv scope")
         _check_text(key, "kv key", allow_empty=True)
-        await self._run(f"kv delete {scope}/{key}", lambda c: t.kv_delete(c, scope, key))
+        fence = current_fence()
+
+        def job(c: Conn) -> None:
+            h.check_fence(c, fence)
+            t.kv_delete(c, scope, key)
+
+        await self._run(f"kv delete {scope}/{key}", h.fenced(fence, job))
 
     async def kv_list(self, scope: str, prefix: str = "") -> list[tuple[str, Any]]:
         _check_text(scope, "kv scope")
@@ -144,11 +179,16 @@ class _Tables(_Core):
             f"claim lease of {sid!r}", lambda c: t.claim_lease(c, sid, owner, pid, host, ttl)
         )
 
-    async def renew_lease(self, session_id: str, *, owner: str, ttl: float) -> bool:
-        """Extend our lease by `ttl` s from now; False when it is no longer ours."""
+    async def renew_lease(
+        self, session_id: str, *, owner: str, ttl: float, generation: int | None = None
+    ) -> bool:
+        """Extend our lease by `ttl` s from now; False when it is no longer ours (with
+        `generation`: no longer ours as that generation)."""
         sid = check_session_id(session_id)
         return await self._run(
-            f"renew lease of {sid!r}", lambda c: t.renew_lease(c, sid, owner, ttl)
+            f"renew lease of {sid!r}",
+            lambda c: t.renew_lease(c, sid, owner, ttl, generation),
+            durable=False,  # a renewal lost to a crash only makes the lease end sooner
         )
 
     async def release_lease(self, session_id: str, *, owner: str) -> None:

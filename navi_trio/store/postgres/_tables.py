@@ -18,7 +18,7 @@ from typing import Any
 from navi_trio.errors import StoreError
 from navi_trio.store._lease import pid_alive
 from navi_trio.store._users import queued_of
-from navi_trio.store.base import USERS_CHANNEL, LeaseRow
+from navi_trio.store.base import HANDED_HOST, HANDED_PID, USERS_CHANNEL, LeaseRow
 from navi_trio.store.postgres._workers import Conn
 
 TABLES = ("sessions", "messages", "context", "kv", "users")
@@ -191,10 +191,11 @@ def claim_lease(conn: Conn, sid: str, owner: str, pid: int, host: str, ttl: floa
     return _lease_from(taken)
 
 
-def renew_lease(conn: Conn, sid: str, owner: str, ttl: float) -> bool:
+def renew_lease(conn: Conn, sid: str, owner: str, ttl: float, generation: int | None) -> bool:
     cur = conn.execute(
-        f"UPDATE leases SET expires_at = {_NOW} + %s WHERE session_id = %s AND owner = %s",
-        [ttl, sid, owner],
+        f"UPDATE leases SET expires_at = {_NOW} + %s WHERE session_id = %s AND owner = %s"
+        " AND (%s::bigint IS NULL OR generation = %s::bigint)",
+        [ttl, sid, owner, generation, generation],
     )
     return cur.rowcount > 0
 
@@ -209,10 +210,17 @@ def release_lease(conn: Conn, sid: str, owner: str) -> None:
 # -- queued messages --------------------------------------------------------------------
 
 
-def enqueue(conn: Conn, sid: str, key: str, data: str, pid: int, host: str, now: float) -> None:
+def enqueue(
+    conn: Conn, sid: str, key: str, data: str, pid: int, host: str, now: float,
+    keep: int | None,
+) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
+    """Insert the row; with `keep`, drop the session's oldest rows beyond the newest
+    `keep` and return them. One enqueuer of a session at a time (an advisory lock for
+    the transaction): two daemons queueing at once never both stay under the cap."""
     # Locks the session row against a delete (KEY SHARE); a missing session is named.
     if conn.execute("SELECT 1 FROM sessions WHERE id = %s FOR KEY SHARE", [sid]).fetchone() is None:
         raise StoreError(f"no session {sid!r} in the store")
+    conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 11))", [sid])
     inserted = conn.execute(
         "INSERT INTO queued (key, session_id, pid, host, data, created_at)"
         " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (key) DO NOTHING RETURNING 1",
@@ -220,6 +228,23 @@ def enqueue(conn: Conn, sid: str, key: str, data: str, pid: int, host: str, now:
     ).fetchone()
     if inserted is None:
         raise StoreError(f"a queued message with key {key!r} exists already")
+    if keep is None:
+        return []
+    rows = conn.execute(
+        "DELETE FROM queued WHERE id IN (SELECT id FROM queued WHERE session_id = %s"
+        " ORDER BY id DESC OFFSET %s) RETURNING id, key, data",
+        [sid, keep],
+    ).fetchall()
+    return [(str(r[1]), json.loads(r[2])) for r in sorted(rows)]
+
+
+def release_queued(conn: Conn, sid: str, keys: list[str], pid: int, host: str) -> int:
+    cur = conn.execute(
+        "UPDATE queued SET pid = %s, host = %s WHERE session_id = %s AND key = ANY(%s::text[])"
+        " AND pid = %s AND host = %s",
+        [HANDED_PID, HANDED_HOST, sid, text_array(keys), pid, host],
+    )
+    return cur.rowcount
 
 
 def unqueue(conn: Conn, key: str) -> bool:
@@ -230,12 +255,17 @@ def adopt(conn: Conn, sid: str, pid: int, host: str) -> list[tuple[str, dict[str
     """The session's rows nobody else runs, now ours: left by a dead process on this host
     or a dead daemon elsewhere (its ``daemons`` row expired or it left), handed over by another
     daemon (pid 0: core/cluster.py), or ours. Nothing while another process holds the
-    session's lease: its owner runs them, and would find them gone."""
+    session's lease: its owner runs them, and would find them gone. Every row while we
+    hold it: the holder runs the queue, in its order (a copy another daemon still has
+    in memory is never run twice: taking a row off the queue is a compare and set)."""
+    if conn.execute("SELECT 1 FROM queued WHERE session_id = %s LIMIT 1", [sid]).fetchone() is None:
+        return []  # nearly always: one statement
     holder = conn.execute(
         f"SELECT pid, host FROM leases WHERE session_id = %s AND expires_at > {_NOW}", [sid]
     ).fetchone()
     if holder is not None and (holder[0], holder[1]) != (pid, host):
         return []
+    holding = holder is not None
     rows = conn.execute(
         "SELECT key, pid, host, data FROM queued WHERE session_id = %s ORDER BY id FOR UPDATE",
         [sid],
@@ -246,12 +276,12 @@ def adopt(conn: Conn, sid: str, pid: int, host: str) -> list[tuple[str, dict[str
     out: list[tuple[str, dict[str, Any]]] = []
     for key, row_pid, row_host, data in rows:
         mine = (row_pid, row_host) == (pid, host)
-        handed = row_pid == 0
+        handed = row_pid == HANDED_PID
         if row_host == host:
             dead = not pid_alive(row_pid)
         else:  # another machine: dead once its daemon's row has expired (never one of
             dead = (row_pid, row_host) in gone  # a process that kept no row: navi run)
-        if not (mine or handed or dead):
+        if not (mine or handed or dead or holding):
             continue  # a live process runs it
         if not mine:
             conn.execute("UPDATE queued SET pid = %s, host = %s WHERE key = %s", [pid, host, key])

@@ -1,0 +1,191 @@
+"""Every effect of a run is fenced by its lease, not only its history (core/lease.py).
+
+Another process took the session over under a live run (in these tests: the lease row
+rewritten to another owner and the next generation, as a takeover by another daemon
+leaves it): the run
+- runs no tool call more: its lease is confirmed in the store before each one;
+- ends, as a run taken over, when a tool's own write meets the fence, in a parallel
+  batch too (the batch's other calls are stopped);
+- stops at its next renewal, even while it waits inside a tool;
+- publishes nothing once its lease could have run out without a renewal answering:
+  each frame waits for the lease to be known its own, and a run found taken over says
+  only that (one ``session_busy`` error and its ``stream_end``).
+
+Real parts: the fake LLM over HTTP on 127.0.0.1, a real SQLite file. Tests on the
+autojump clock jump only once every task has waited 10 ms of real time (the store's
+thread never lets virtual time run ahead of it); each has an absolute real-time limit.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import trio
+import trio.testing
+from agent_tools import GateTool, with_tools
+from realtime import real_time_limit
+
+from navi_trio.store.sqlite import SQLiteStore
+from navi_trio.testing import open_harness
+from navi_trio.testing.harness import Harness
+from navi_trio.tools.base import ToolContext, ToolResult
+
+TIMEOUT = 30
+FAR = 1e5  # every deadline these tests do not look at: out of the way
+
+
+class Gate2(GateTool):
+    name = "gate2"
+
+
+class NoteTool(GateTool):
+    """Waits for the test, then writes to the kv table, as a scratchpad or todo does."""
+
+    name = "note"
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        self.entered.set()
+        await self.gate.wait()
+        await ctx.kv.kv_set("scratch", "note", "written")
+        return ToolResult.success("noted")
+
+
+def calls(*names: str) -> dict[str, Any]:
+    return {"tool_calls": [{"name": n, "arguments": {}} for n in names]}
+
+
+def profile(*tools: str) -> dict[str, Any]:
+    return {"general": with_tools(tools, planning_first_message=False)}
+
+
+async def take_over(h: Harness, sid: str) -> None:
+    """What another daemon's takeover leaves in the lease row: its owner, the next
+    generation, a live expiry."""
+
+    def write(db: Any) -> None:
+        db.execute(
+            "UPDATE leases SET owner = 'another-daemon', pid = 1, generation = generation + 1,"
+            " expires_at = ? WHERE session_id = ?",
+            [time.time() + 300, sid],
+        )
+
+    store = h.runtime.store
+    assert isinstance(store, SQLiteStore)
+    await store.run_raw_for_tests("take the lease over", write)
+
+
+def said(frames: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    return [(f["type"], f.get("code")) for f in frames if f["type"] in ("error", "stream_end")]
+
+
+async def test_a_run_taken_over_under_it_runs_no_further_tool_call(tmp_path: Any) -> None:
+    gate, gate2 = GateTool(), Gate2()
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=[calls("gate", "gate2"), {"text": "never"}],
+            tools=[gate, gate2], profiles=profile("gate", "gate2"),
+        ) as h:  # fmt: skip
+            s = await h.session("s1")
+            s.send("go")
+            await gate.entered.wait()
+            await take_over(h, "s1")
+            gate.gate.set()  # the first call ends: the second would start now
+            frames = await s.until_end()
+            assert not gate2.entered.is_set()
+            assert said(frames)[-2:] == [("error", "session_busy"), ("stream_end", None)]
+            errors = [f for f in frames if f["type"] == "error"]
+            assert len(errors) == 1 and "taken over" in errors[0]["message"], errors
+            started = [f["name"] for f in frames if f["type"] == "tool_started"]
+            assert started == ["gate"], started
+            assert len(h.chat_requests) == 1
+            saved = await h.runtime.store.load_messages("s1")
+            assert [m["role"] for m in saved] == ["user", "assistant"]  # the calls only
+
+
+async def test_a_fenced_write_in_a_parallel_batch_ends_the_run_as_taken_over(
+    tmp_path: Any,
+) -> None:
+    note, gate2 = NoteTool(), Gate2()
+    profiles = {"general": with_tools(["note", "gate2"], planning_first_message=False,
+                                      parallel_tool_calls=True)}  # fmt: skip
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=[calls("note", "gate2"), {"text": "never"}],
+            tools=[note, gate2], profiles=profiles,
+        ) as h:  # fmt: skip
+            s = await h.session("s1")
+            s.send("go")
+            await note.entered.wait()
+            await gate2.entered.wait()
+            await take_over(h, "s1")
+            note.gate.set()  # its write meets the fence; gate2 never opens
+            frames = await s.until_end()
+            assert said(frames)[-2:] == [("error", "session_busy"), ("stream_end", None)]
+            errors = [f for f in frames if f["type"] == "error"]
+            assert len(errors) == 1 and "taken over" in errors[0]["message"], errors
+            assert len(h.chat_requests) == 1
+            assert await h.runtime.store.kv_get("scratch", "note") is None
+
+
+async def test_a_run_taken_over_stops_at_its_next_renewal_even_inside_a_tool(
+    tmp_path: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    autojump_clock.autojump_threshold = 0.01
+    gate = GateTool()
+    with real_time_limit(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=[calls("gate"), {"text": "never"}], tools=[gate],
+            profiles=profile("gate"), lease_ttl_sec=3.0, first_chunk_timeout=FAR,
+            chunk_timeout=FAR, session_idle_sec=FAR, llm_connect_timeout=FAR,
+        ) as h:  # fmt: skip
+            s = await h.session("s1")
+            s.send("go")
+            await gate.entered.wait()
+            started = trio.current_time()
+            await take_over(h, "s1")
+            frames = await s.until_end()  # the gate never opens: the renewal stops it
+            assert trio.current_time() - started < 3.0  # at a renewal (every TTL/3)
+            assert said(frames)[-2:] == [("error", "session_busy"), ("stream_end", None)]
+            assert len(h.chat_requests) == 1
+
+
+async def test_frames_wait_for_the_lease_and_a_run_taken_over_meanwhile_publishes_none(
+    tmp_path: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The store does not answer the renewals (a paused daemon, a cut-off network): once
+    the lease could have run out, the run's frames wait; another daemon takes it over
+    meanwhile, and when the store answers, none of what the run said since goes out."""
+    autojump_clock.autojump_threshold = 0.01
+    words = " ".join(f"w{n}" for n in range(30))
+    reply = {"text": words, "delay_chunk": 0.5}  # 15 s of virtual time, one word each 0.5 s
+    with real_time_limit(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=[reply, {"text": "never"}], profiles=profile(),
+            lease_ttl_sec=3.0, first_chunk_timeout=FAR, chunk_timeout=FAR,
+            session_idle_sec=FAR, llm_connect_timeout=FAR,
+        ) as h:  # fmt: skip
+            store = h.runtime.store
+            renew = store.renew_lease
+            answers = trio.Event()
+
+            async def unanswered(*args: Any, **kwargs: Any) -> bool:
+                await answers.wait()
+                return await renew(*args, **kwargs)
+
+            store.renew_lease = unanswered  # type: ignore[method-assign]
+            s = await h.session("s1")
+            s.send("go")
+            await s.until_type("text_delta")
+            await take_over(h, "s1")
+            assert h.fake is not None
+            await h.fake.wait_completed(1)  # the model said all of it meanwhile
+            answers.set()
+            frames = await s.until_end()
+            text = "".join(f["text"] for f in frames if f["type"] == "text_delta")
+            # Only what was said while the lease was surely the run's (less than its TTL).
+            assert 0 < len(text.split()) <= 6, text
+            assert said(frames)[-2:] == [("error", "session_busy"), ("stream_end", None)]
+            assert await store.load_messages("s1") == [
+                m for m in await store.load_messages("s1") if m["role"] == "user"
+            ]  # the answer was not saved either
