@@ -1,9 +1,10 @@
-"""Reading the examples of a Markdown page (README.md, docs/*.md) so a test can run them.
+"""Reading the examples and sections of the docs (README.md, docs/pages/*.md) so a test
+can run or check them.
 
 A runnable example is the fenced block right after an ``<!-- example: NAME ... -->``
-marker; what it prints, when the page shows it, is the ``text`` block after the words
-"It prints:". `clean_env` is the environment to run one in: no navi setting of the
-machine's leaks in.
+marker, on whichever page holds it (`doc_example`); what it prints, when the page shows
+it, is the ``text`` block after the words "It prints:". `clean_env` is the environment
+to run one in: no navi setting of the machine's leaks in.
 """
 
 from __future__ import annotations
@@ -17,10 +18,52 @@ from subprocess import CompletedProcess
 import attrs
 import trio
 
-from navi_trio.settings import Settings
+from navi_trio.settings import REPO_ROOT, Settings
 
 MARKER = r"<!-- example: ([\w-]+)\b[^>]*-->\n```(\w+)\n(.*?)```"
 OUTPUT = r"\s*It prints:\n\n```text\n(.*?)```"
+README = REPO_ROOT / "README.md"
+PAGES = REPO_ROOT / "docs" / "pages"
+
+
+def doc_pages() -> list[Path]:
+    """The README and every page of the docs site (docs/pages, the mkdocs docs_dir)."""
+    return [README, *sorted(PAGES.glob("*.md"))]
+
+
+def page_of(name: str) -> Path:
+    """The one page of the docs that holds example `name`."""
+    pages = [page for page in doc_pages() if name in example_names(page)]
+    assert len(pages) == 1, f"example {name} is on {len(pages)} pages of the docs: {pages}"
+    return pages[0]
+
+
+def doc_example(name: str, lang: str) -> str:
+    """The `lang` block of example `name`, on whichever page of the docs holds it."""
+    return example_block(page_of(name), name, lang)
+
+
+def section(page: Path, heading: str) -> str:
+    """The text under the Markdown heading `heading` (``## Title``, ``### Title``), up
+    to the next heading of its level or above outside a code fence; not the heading."""
+    level = len(heading) - len(heading.lstrip("#"))
+    assert level and heading[level] == " ", f"not a Markdown heading: {heading!r}"
+    lines = page.read_text(encoding="utf-8").splitlines(keepends=True)
+    body: list[str] | None = None
+    fence = False
+    for line in lines:
+        if line.startswith("```"):
+            fence = not fence
+        depth = len(line) - len(line.lstrip("#"))
+        is_heading = not fence and 0 < depth <= level and line[depth : depth + 1] == " "
+        if body is not None and is_heading:
+            break
+        if body is not None:
+            body.append(line)
+        elif line.rstrip("\n") == heading:
+            body = []
+    assert body is not None, f"{page.name} has no heading {heading!r}"
+    return "".join(body)
 
 
 def example_names(page: Path) -> list[str]:

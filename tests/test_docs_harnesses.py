@@ -1,4 +1,4 @@
-"""docs/harnesses.md runs as written: each of its scripts prints what the page shows.
+"""docs/pages/harnesses.md runs as written: each of its scripts prints what the page shows.
 
 The page sets the spec's calls (asyncio) next to navi_trio's (trio); the trio side of
 each is a whole script on `open_harness` (the fake LLM server inside it, on 127.0.0.1,
@@ -17,7 +17,7 @@ from navi_trio.settings import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
-PAGE = REPO_ROOT / "docs" / "harnesses.md"
+PAGE = REPO_ROOT / "docs" / "pages" / "harnesses.md"
 DEADLINE = 60
 # One per entry point of the spec, and the sub-agent events of a parent's stream.
 EXAMPLES = ["run-stream", "run", "stop", "compact-stream", "run-ephemeral", "subagent-events"]

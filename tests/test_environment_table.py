@@ -1,4 +1,5 @@
-"""The README's environment table and `Settings` say the same, both ways.
+"""The environment table (docs/pages/configuration.md) and `Settings` say the same,
+both ways.
 
 Every environment variable a `Settings` field reads (its ``metadata["env"]``) has a row,
 named in full (no ``NAVI_WS_*``); every variable in the table is one of them or one of
@@ -14,10 +15,11 @@ import re
 from typing import Any
 
 import attrs
+from doc_examples import PAGES, section
 
-from navi_trio.settings import REPO_ROOT, Settings
+from navi_trio.settings import Settings
 
-README = REPO_ROOT / "README.md"
+PAGE = PAGES / "configuration.md"
 # Read by navi, but not through Settings: what reads each.
 NOT_SETTINGS = {
     "XDG_DATA_HOME": "the base of the data folder's default (settings.py)",
@@ -34,16 +36,14 @@ class Row:
 
 
 def table() -> list[Row]:
-    text = README.read_text(encoding="utf-8")
-    section = text.split("\n### Environment\n", 1)[1].split("\n#", 1)[0]
     rows = []
-    for line in section.splitlines():
+    for line in section(PAGE, "### Environment").splitlines():
         if not line.startswith("| `"):
             continue
         cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
         assert len(cells) == 3, f"a row of the environment table is not 3 cells: {line!r}"
         rows.append(Row(tuple(re.findall(r"`([^`]+)`", cells[0])), cells[1]))
-    assert len(rows) > 40, "the README's environment table was not found"
+    assert len(rows) > 40, "the environment table was not found"
     return rows
 
 
@@ -73,13 +73,13 @@ def as_env(value: Any) -> str:
 def test_every_setting_has_a_row_of_its_own() -> None:
     named = {name for row in table() for name in row.names}
     missing = sorted(set(fields_by_env()) - named)
-    assert missing == [], f"variables of Settings the README's table lacks: {missing}"
+    assert missing == [], f"variables of Settings the environment table lacks: {missing}"
 
 
 def test_every_variable_in_the_table_is_read_by_navi() -> None:
     named = {n for row in table() for n in row.names}
     extra = sorted(named - set(fields_by_env()) - set(NOT_SETTINGS))
-    assert extra == [], f"variables in the README's table that navi does not read: {extra}"
+    assert extra == [], f"variables in the environment table that navi does not read: {extra}"
     assert sorted(set(NOT_SETTINGS) - named) == []  # and the others navi reads are there
 
 

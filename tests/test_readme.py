@@ -1,8 +1,9 @@
-"""The README's examples run as written, so the README cannot rot (issue 7, item 16).
+"""The examples of the README and the docs run as written, so the docs cannot rot.
 
-The blocks are read from README.md itself (each follows an ``<!-- example: NAME -->``
-marker). The ``navi`` command and the harness script run as real subprocesses with an
-absolute deadline; the fake LLM server listens on 127.0.0.1, port 0 (the README's fixed
+The blocks are read from the page that holds them (each follows an ``<!-- example: NAME
+-->`` marker: the fake server's on README.md, the harness on docs/pages/development.md).
+The ``navi`` command and the harness script run as real subprocesses with an absolute
+deadline; the fake LLM server listens on 127.0.0.1, port 0 (the README's fixed
 port is the one thing replaced); the DB lives under tmp_path. Nothing sleeps.
 """
 
@@ -15,26 +16,22 @@ from pathlib import Path
 from subprocess import CompletedProcess
 
 import trio
-from doc_examples import example_block, run_python
+from doc_examples import README, doc_example, run_python, section
 
 from navi_trio.llm.script import load_script
-from navi_trio.settings import REPO_ROOT
 from navi_trio.testing.fake_llm import FakeLLMServer
 
 DEADLINE = 60
-README = REPO_ROOT / "README.md"
 
 
 def block(name: str, lang: str) -> str:
     """The fenced block right after the ``<!-- example: NAME ... -->`` marker."""
-    return example_block(README, name, lang)
+    return doc_example(name, lang)
 
 
-def commands(section: str) -> list[list[str]]:
+def commands(heading: str) -> list[list[str]]:
     """The ``sh`` commands of a README section, split as the shell would."""
-    text = README.read_text(encoding="utf-8")
-    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```sh\n(.*?)```", body, re.S)
+    blocks = re.findall(r"```sh\n(.*?)```", section(README, heading), re.S)
     return [shlex.split(line) for b in blocks for line in b.splitlines() if line.strip()]
 
 
@@ -46,7 +43,7 @@ async def navi_run(url: str, message: str, tmp_path: Path) -> CompletedProcess[b
 async def test_the_fake_server_example_prints_its_answer_as_written(tmp_path: Path) -> None:
     script = tmp_path / "replies.json"
     script.write_text(block("fake-server", "json"), encoding="utf-8")
-    server_cmd, run_cmd = commands("Try it without a model")
+    server_cmd, run_cmd = commands("## Try it without a model")
     assert server_cmd[:3] == ["python", "-m", "navi_trio.testing.fake_llm"]
     assert server_cmd[server_cmd.index("--script") + 1] == script.name
     assert "--loop" not in server_cmd  # every reply must be used exactly once
