@@ -240,7 +240,7 @@ class SubagentFinished(AgentEvent):
 
 @attrs.frozen
 class ApprovalRequest(AgentEvent):
-    """A tool call waits for its session owner's `approve` / `deny` (README "Safety")."""
+    """A tool call waits for its session owner's `approve` / `deny` (docs/pages/tools.md)."""
 
     call_id: str
     tool: str

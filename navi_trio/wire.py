@@ -5,8 +5,8 @@ reader of client frames and its encoder of server frames) takes the version and 
 type names from here; every client (`api/daemon_client.py`'s `open_daemon`, the chat)
 builds its frames with the builders below and reads the daemon's with `decode`.
 
-Frames are plain dicts of JSON; the full protocol is in the README ("WebSocket
-protocol"). Importing this module costs nothing beyond `json`.
+Frames are plain dicts of JSON; the full protocol is in docs/pages/protocol.md
+("WebSocket protocol"). Importing this module costs nothing beyond `json`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Prints, each a median of several runs, in a temp folder:
 - the disk the store uses after the first checkpoint, and per incremental checkpoint;
 - for scale, a one-call turn against the fake LLM server (real HTTP on 127.0.0.1, a
   SQLite file): what an agent round costs when the model costs nothing. A real model's
-  round is seconds (prefill and generation; see README "Benchmarks").
+  round is seconds (prefill and generation; see docs/pages/performance.md).
 
 The tree is made, then the script waits out the engine's 2 s "racy" window (a file
 changed in the same second as a snapshot is read again by the next one) so the figures

@@ -1,4 +1,4 @@
-"""Approvals over real WebSocket connections (README "Safety").
+"""Approvals over real WebSocket connections (docs/pages/tools.md, "Safety").
 
 Rules: loopback only, port 0 (tests/api_ws.py); every test has an absolute time limit;
 the timeout test runs on the autojump clock under a real-time limit (tests/realtime.py

@@ -1,5 +1,5 @@
-"""`navi run` and approvals: in `full` mode a terminal call asks (README "Safety"); with
-no terminal to ask on, `navi run` denies it at once with a line saying so, the model
+"""`navi run` and approvals: in `full` mode a terminal call asks (docs/pages/tools.md,
+"Safety"); with no terminal to ask on, `navi run` denies it at once with a line saying so, the model
 reads the denial and goes on; `--mode` is refused when unknown.
 
 Rules: see tests/test_cli.py (real processes, the fake LLM in its own process).

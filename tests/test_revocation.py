@@ -1,4 +1,4 @@
-"""A revoked token reaches what it opened (README "The daemon: `navi serve`", Safety).
+"""A revoked token reaches what it opened (docs/pages/daemon.md, tools.md "Safety").
 
 `navi users rotate` and `navi users remove`, run as an operator runs them (a process of
 their own writing the database), close that user's open connections on every daemon,

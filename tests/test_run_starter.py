@@ -1,4 +1,4 @@
-"""A run belongs to whoever started it (README "Safety"): its approvals, steering and
+"""A run belongs to whoever started it (docs/pages/tools.md, "Safety"): its approvals, steering and
 interrupts are theirs, and a grant covers the grantor in the mode it was given in.
 
 An admin's run in a user's session: the user sees its approval request but cannot answer

@@ -1,4 +1,4 @@
-"""A daemon killed mid-turn (README "Scaling out", "Failover"): the daemon that takes its
+"""A daemon killed mid-turn (docs/pages/scaling.md, "Failover"): the daemon that takes its
 session over ends the dead turn in the history and publishes its ``stream_end``, every
 follower gets ``resync`` before frames of another epoch, and on the same machine this
 happens at once, not when the lease runs out.

@@ -1,4 +1,5 @@
-"""Following a session across daemons (README "Scaling out", "Events reach every daemon").
+"""Following a session across daemons (docs/pages/scaling.md, "Events reach every
+daemon").
 
 Two or three real `navi serve` processes on one PostgreSQL, each with a data folder of
 its own (as machines have), users added through one daemon's CLI and their tokens used

@@ -1,4 +1,4 @@
-"""The cluster's listener comes back (README "Scaling out"): the PostgreSQL bus's
+"""The cluster's listener comes back (docs/pages/scaling.md): the PostgreSQL bus's
 listening connection, when the server restarts or its backend is terminated, connects
 again with a backoff and listens again to every channel; while it is down, a listen is
 refused with `StorageError` (the wire's ``storage``) at once. Through real daemons: a

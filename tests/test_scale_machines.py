@@ -1,5 +1,5 @@
-"""Daemons with data folders of their own on one database, as machines are (README
-"Scaling out"): each folder's local admin token opens every daemon, and starting or
+"""Daemons with data folders of their own on one database, as machines are (docs/pages/
+scaling.md): each folder's local admin token opens every daemon, and starting or
 restarting one daemon never breaks another's token file.
 
 Real `navi serve` processes on one PostgreSQL; waits are for lines and frames; every

@@ -129,7 +129,7 @@ def test_plan_ticks_tool_card_sub_agent_lane_and_a_background_task(site: Site) -
     task.wait_for()
     page.wait_for_selector(".plan-head >> text=2/2")
     page.wait_for_selector(".lane.main .answer >> text=w10")
-    shot(page, "main-mid-run")  # the README's picture: plan, cards, lane, answer streaming
+    shot(page, "main-mid-run")  # docs/pages/img/web-client.png: plan, cards, lane, answer
     page.wait_for_selector(".task.completed")
     shot(page, "background-task-done")
     page.click(".task.completed .task-check")

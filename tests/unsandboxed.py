@@ -2,7 +2,7 @@
 
 Those tests read the host pids of what a tool starts, and inside bubblewrap's PID
 namespace a command sees other pids. So they run in `full` mode as the local admin, with
-a profile rule that lets terminal and code_exec run without asking (README "Safety").
+a profile rule that lets terminal and code_exec run without asking (docs/pages/tools.md, "Safety").
 """
 
 from __future__ import annotations

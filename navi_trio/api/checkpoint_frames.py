@@ -20,8 +20,8 @@ checked against the sender too (`Asker`): a folder they may not use now is left 
 named (``roots_left_out`` / ``left_out``). A fork is a new session of the sender
 (the per-user limit applies; an id they choose follows the usual rule), and a `folder`
 for its copy must not exist and lie in a folder the sender may use as a cwd. The work
-runs beside the connection's reader (a restore can take seconds). The full protocol is
-the README's ("WebSocket protocol", "Checkpoints").
+runs beside the connection's reader (a restore can take seconds). The full protocol is in
+docs/pages/protocol.md ("WebSocket protocol", "Checkpoints").
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ the runtime hands `event_frame` and `resync_frame` to the core, which may not im
 this module), `error_frame`, `welcome_frame` and `reply`. `for_user` is what a user gets
 of a frame: in an error or warning (an LLM error names the endpoint, ``cannot connect to
 the LLM at http://…``) every address hidden from all but admins, and the credentials an
-address carries from everyone. The full protocol is in the README ("WebSocket
-protocol").
+address carries from everyone. The full protocol is in docs/pages/protocol.md
+("WebSocket protocol").
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 answers at a port that is in use.
 
     navi status [--port P]      which daemons answer, where, since when, pid, backend, log
-    navi stop [--port P]        SIGTERM, then wait for its shutdown (README "The daemon")
+    navi stop [--port P]        SIGTERM, then wait for its shutdown (docs/pages/daemon.md)
 
 A daemon writes ``navi-serve-PORT.pid`` in its data folder once it listens and removes it
 when it stops (`PidFile`); a daemon `navi chat` starts in the background writes its

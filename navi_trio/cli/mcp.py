@@ -31,7 +31,7 @@ def add_mcp_parser(
         "mcp",
         help="Model Context Protocol: list the MCP servers, or serve navi over MCP",
         description="MCP (Model Context Protocol) servers give the agent their tools as "
-        'mcp__<server>__<tool> (README "MCP servers"); `navi mcp serve` lets another agent '
+        "mcp__<server>__<tool> (docs/pages/mcp.md); `navi mcp serve` lets another agent "
         "use navi.",
     )
     group = mcp.add_subparsers(dest="mcp_command", metavar="SUBCOMMAND", required=True)
@@ -77,7 +77,7 @@ def cmd_mcp_list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     settings = load_settings(args)
     cfg = load_config(settings.config_path)
     if not cfg.mcp_servers:
-        print(f'no MCP servers in {settings.config_path} (see README "MCP servers")', file=out)
+        print(f"no MCP servers in {settings.config_path} (see docs/pages/mcp.md)", file=out)
         return EXIT_OK
     status = trio.run(probe, cfg, None, settings.tool_user, settings.bwrap_path)
     for s in status:

@@ -1,7 +1,7 @@
 """Rewind and fork for the command line and the MCP server: one face, two ways there.
 
-`RemoteRewinds` speaks the daemon's frames (``checkpoints``, ``rewind``, ``fork``: README
-"WebSocket protocol"), one request per call; `LocalRewinds` calls a runtime of this
+`RemoteRewinds` speaks the daemon's frames (``checkpoints``, ``rewind``, ``fork``: docs/pages/
+protocol.md), one request per call; `LocalRewinds` calls a runtime of this
 process (`Runtime.rewinds`, the same core the daemon's frames reach). Both answer with
 the daemon's reply fields (api/checkpoint_frames.py builds them for both), so whoever
 prints them (cli/rewind.py, cli/mcp_server.py) does not know which it had.

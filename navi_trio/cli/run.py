@@ -25,9 +25,9 @@ stop signals and the approval prompt, and the exit code.
 The first Ctrl-C, SIGTERM or SIGHUP stops the run cleanly (in the daemon: a ``stop``
 frame, then the run's ``stream_end`` is awaited); a second one quits at once.
 
-A tool call that needs approval (README "Safety") is asked on the terminal when there is
-one (y: once, s: for this session, a: always, anything else: no); without a terminal it
-is denied at once, with a line saying so. In this process the person at the shell is
+A tool call that needs approval (docs/pages/tools.md, "Safety") is asked on the terminal
+when there is one (y: once, s: for this session, a: always, anything else: no); without
+a terminal it is denied at once, with a line saying so. In this process the person at the shell is
 the local admin; through the daemon the token's role applies. `--mode` asks for a mode
 within what that role allows.
 """

@@ -69,7 +69,7 @@ class RunRequest:
     # profile's default (enqueue unless the profile says otherwise).
     on_busy: str | None = None
     # --cwd given: always sent. Else the shell's folder is sent for an admin only: an
-    # ordinary user's cwd must lie inside their workspace_roots (README "Safety").
+    # ordinary user's cwd must lie inside their workspace_roots (docs/pages/tools.md, "Safety").
     cwd_given: bool = True
 
 

@@ -8,7 +8,7 @@
 Why processes: one daemon is one CPU-bound process (the agent loop and its JSON, the
 LLM's HTTP path, the WebSocket frames). N workers on one PostgreSQL use N cores; each
 session is run by the one worker holding its lease (core/lease.py), and any worker
-takes any command (README "Scaling out").
+takes any command (docs/pages/scaling.md).
 
 Why SO_REUSEPORT rather than one accept loop handing sockets over: each worker listens
 on its own socket bound to the same port, and the kernel spreads new connections over

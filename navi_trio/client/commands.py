@@ -211,7 +211,7 @@ class SlashCommands:
         if arg not in MODES:
             self.app.renderer.error(f"unknown mode {arg!r}: use one of {', '.join(MODES)}")
             return
-        # The daemon clamps it to what our role allows (README "Safety").
+        # The daemon clamps it to what our role allows (docs/pages/tools.md, "Safety").
         self.app.mode = arg
         self.app.renderer.notice(f"mode {arg}: asked for in your next messages")
 

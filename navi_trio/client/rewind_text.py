@@ -1,6 +1,6 @@
 """What a rewind's list, preview and result say, as text (`navi rewind`, `navi fork`, the
 chat's /rewind and /fork, the MCP server's tools): pure functions of the daemon's reply
-fields (README "WebSocket protocol"), written to any text stream.
+fields (docs/pages/protocol.md), written to any text stream.
 """
 
 from __future__ import annotations

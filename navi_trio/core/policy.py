@@ -1,6 +1,6 @@
 """Tool policy: which mode a run gets, and whether one tool call runs, asks or is denied.
 
-Three modes, from least to most power (README "Safety"):
+Three modes, from least to most power (docs/pages/tools.md, "Safety"):
 
 - ``read-only``: reads run; terminal and code_exec run in a sandbox with nothing
   writable; a filesystem write asks.

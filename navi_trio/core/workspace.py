@@ -2,7 +2,7 @@
 
 A run's cwd is a root of the filesystem tool and a writable folder of the sandbox, so
 what a client sends is checked against the sender's role before anything runs
-(README "Safety"):
+(docs/pages/tools.md, "Safety"):
 
 - the path is resolved first (symlinks included), then the folder is opened as a held
   root (tools/roots.py: walked from ``/`` without following any symlink) and every check

@@ -102,6 +102,6 @@ def rebuild_hint(error: str) -> str:
     if "SIGILL" in error:
         return (
             "this llama-cpp-python uses instructions this CPU lacks: rebuild it portably "
-            "(README, Install: scripts/install_llama_cpp.sh)"
+            "(docs/pages/getting-started.md, Install: scripts/install_llama_cpp.sh)"
         )
     return "see the last lines of its stderr above, and the daemon log"

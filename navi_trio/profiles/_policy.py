@@ -1,4 +1,5 @@
-"""The tool policy's part of a profile (README "Safety"): modes, roles and rules.
+"""The tool policy's part of a profile (docs/pages/tools.md, "Safety"): modes,
+roles and rules.
 
 `PolicyConfig` is what a profile's ``policy`` holds: the mode each role's runs get, the
 rules that allow, ask or deny a call (`PolicyRule`, a `CallPattern` with a decision),
@@ -17,7 +18,7 @@ import attrs
 
 from navi_trio.errors import ConfigError
 
-# Tool policy (README "Safety"): modes from least to most power; the roles a user has.
+# Tool policy (docs/pages/tools.md, "Safety"): modes from least to most power; the roles a user has.
 MODES = ("read-only", "workspace", "full")
 ROLES = ("admin", "user")
 Mode = Literal["read-only", "workspace", "full"]

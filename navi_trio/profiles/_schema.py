@@ -57,7 +57,7 @@ class ToolsConfig:
     subagent: tuple[str, ...] = ()
 
 
-# SSH hosts for the ssh_exec tool (README "Remote hosts over SSH"). Paths are relative
+# SSH hosts for the ssh_exec tool (docs/pages/tools.md, "Remote hosts over SSH"). Paths are relative
 # to the config folder (or absolute, or ~/...); parse_config makes them absolute and
 # check_config requires the files to exist.
 _PROGRAM = re.compile(r"[A-Za-z0-9_.+/][A-Za-z0-9_.+/-]*\Z")
@@ -120,7 +120,7 @@ MCP_PREFIX = "mcp__"
 
 @attrs.frozen(kw_only=True)
 class McpServerConfig:
-    """One MCP server (README "MCP servers"): a command run over stdio, or a URL
+    """One MCP server (docs/pages/mcp.md, "MCP servers"): a command run over stdio, or a URL
     (streamable HTTP). Exactly one of `command` and `url`."""
 
     command: str | None = None

@@ -12,7 +12,7 @@ outside the namespace, the one the kernel checks the host's files against, stays
 "nobody" inside still reads root's 0600 files and writes as root.
 
 A run's session folder belongs to that user (`session_owner`), so its commands can
-write there; any other folder a run works in must be open to it (README "Safety").
+write there; any other folder a run works in must be open to it (docs/pages/tools.md, "Safety").
 Whatever the daemon itself makes in a root (the filesystem tool, a restore) takes the
 owner of the folder it is made in (`inherit`), so the commands can change it too.
 """

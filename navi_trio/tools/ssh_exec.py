@@ -53,7 +53,8 @@ CONNECT_TIMEOUT_SEC = 10
 SSH_FAILED = 255  # ssh's own exit code for a connection, host key or login failure
 NO_HOSTS = (
     "no ssh hosts are configured: ssh_exec reaches only hosts named in config.json "
-    '("ssh": {"known_hosts": ..., "hosts": {...}}, see README "Remote hosts over SSH")'
+    '("ssh": {"known_hosts": ..., "hosts": {...}}, '
+    'see docs/pages/tools.md, "Remote hosts over SSH")'
 )
 
 

@@ -1,5 +1,5 @@
-// The page's WebSocket to the daemon that served it (protocol v1, README "WebSocket
-// protocol"): hello with the token, then frames in and out. A dropped socket is
+// The page's WebSocket to the daemon that served it (protocol v1, docs/pages/protocol.md):
+// hello with the token, then frames in and out. A dropped socket is
 // reconnected by itself with backoff (0.5 s doubling to 8 s, for ever: the page never
 // gives up, the banner says so); an `unauthorized` error ends it for good (the token
 // is wrong or was rotated), and the owner sends the person back to the login.

@@ -1,4 +1,4 @@
-"""Tools from MCP servers (README "MCP servers").
+"""Tools from MCP servers (docs/pages/mcp.md, "MCP servers").
 
 - `servers.McpServers`: one actor per configured server, under the runtime's nursery;
   the tool registry's source of ``mcp__<server>__<tool>`` tools;
