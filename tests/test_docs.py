@@ -63,7 +63,7 @@ def test_the_readmes_test_command_is_the_one_ci_runs() -> None:
     readme_cmd = line.group(1).split(" && ")[-1]
     ci = (REPO_ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     ci_cmds = [c.strip() for c in ci if c.strip() and not c.lstrip().startswith("#")]
-    assert readme_cmd == "python -m pytest" and ci_cmds[-1] == readme_cmd, ci_cmds[-1]
+    assert ci_cmds[-1] == readme_cmd, f"README: {readme_cmd!r}, .ci/run: {ci_cmds[-1]!r}"
 
 
 def test_the_readmes_links_reach_a_file_and_its_heading() -> None:
