@@ -19,7 +19,10 @@ partial answer on the first process's stdout).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ from test_cli import ANSWER, _one_error_line, _read_until, fake_llm, navi
 from test_cli_ops import finish, reap, start_navi
 from test_mcp_serve import mcp_serve
 
+from navi_trio import wire
 from navi_trio.api.daemon_client import open_daemon
 from navi_trio.cli.common import config_source
 from navi_trio.cli.serve import serve_privately
@@ -60,6 +64,34 @@ async def test_a_private_server_knows_only_its_own_token_and_acts_as_the_local_a
                         pass
                 assert refused.value.code == "unauthorized", token
     assert "root-token" not in repr(private)
+
+
+def _files(folder: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+async def test_a_private_servers_token_is_kept_in_its_memory_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Nothing another account (or a tool of this one) could read holds it: no file of the
+    # data folder or the database (nor its hash, as a user's token would be kept), no
+    # environment variable a child would inherit, no log line.
+    caplog.set_level(logging.DEBUG)
+    settings = Settings.from_env({}, db_path=tmp_path / "navi.db", data_dir=tmp_path / "data")
+    with trio.fail_after(DEADLINE):
+        async with serve_privately(settings, config_source(settings)) as private:
+            async with open_daemon(private.url, private.token) as daemon:
+                await daemon.request(wire.sessions_list())
+            written = await trio.to_thread.run_sync(_files, tmp_path)
+    secret = private.token.encode()
+    hashed = hashlib.sha256(secret)
+    assert tmp_path / "navi.db" in written
+    for path, data in written.items():
+        assert secret not in data, path
+        assert hashed.hexdigest().encode() not in data and hashed.digest() not in data, path
+    assert not any(private.token in value for value in os.environ.values())
+    assert "user local (admin) connected" in caplog.text and private.token not in caplog.text
+    assert private.token not in repr(private)
 
 
 # Each verb with no daemon, then what it printed: its connection to the private server is
