@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TextIO
 
 import trio
@@ -33,8 +34,11 @@ from navi_trio.errors import RemoteError, UsageError
 from navi_trio.settings import Settings
 
 
-async def compact_session(endpoint: Endpoint, session_id: str, out: TextIO) -> str | None:
-    """Forced compression of one session; prints what it did. Returns an error or None."""
+async def compact_session(
+    endpoint: Endpoint, session_id: str, out: TextIO, *, db: Path | None = None
+) -> str | None:
+    """Forced compression of one session; prints what it did. Returns an error or None.
+    `db`: the database of a private daemon, named when the session is not in it."""
     from navi_trio.events import (
         CompressionStarted,
         ContextCompressed,
@@ -47,9 +51,8 @@ async def compact_session(endpoint: Endpoint, session_id: str, out: TextIO) -> s
             await daemon.request(wire.compact(session_id))
         except RemoteError as exc:
             if exc.code == "not_found":
-                raise UsageError(
-                    f"unknown session {session_id[:64]!r} (`navi sessions` lists them)"
-                ) from None
+                where = "`navi sessions` lists them" if db is None else f"in {db}"
+                raise UsageError(f"unknown session {session_id[:64]!r} ({where})") from None
             raise
         async for frame in daemon:
             if frame.get("session_id") != session_id or not wire.is_session_frame(frame):
@@ -90,7 +93,8 @@ async def _compact(
 ) -> str | None:
     target = run_target(args, settings)
     async with open_endpoint(target, lambda: _private(args, err)) as endpoint:
-        return await compact_session(endpoint, args.session, out)
+        db = settings.db_path if endpoint.private else None
+        return await compact_session(endpoint, args.session, out, db=db)
 
 
 @asynccontextmanager

@@ -40,7 +40,7 @@ from navi_trio.client.rewind_text import (
     print_overview,
     print_preview,
 )
-from navi_trio.errors import UsageError
+from navi_trio.errors import NotFoundError, RemoteError, UsageError
 from navi_trio.settings import Settings
 
 
@@ -99,7 +99,13 @@ async def open_rewinds(args: argparse.Namespace, settings: Settings) -> AsyncIte
     async with open_endpoint(
         target, lambda: private_endpoint(settings, config_source(settings))
     ) as endpoint:
-        yield Rewinds(endpoint.url, endpoint.token)
+        try:
+            yield Rewinds(endpoint.url, endpoint.token)
+        except RemoteError as exc:
+            if not (endpoint.private and exc.code == "not_found"):
+                raise
+            # A database of the command's own: which one (a mistyped --db, most likely).
+            raise NotFoundError(f"{exc.detail} (in {settings.db_path})") from None
 
 
 def cmd_rewind(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
