@@ -89,6 +89,12 @@ class Runtime:
     users: UserWatch
     cluster: Cluster | None = None  # several daemons on one database (core/cluster.py)
 
+    def warm_up(self) -> None:
+        """Load what turns need ahead of the first one: the token encoding, on a thread
+        (its last ~90 ms hold the GIL, so the loop, whatever runs then). A daemon that
+        serves calls it; a command's first request would only wait behind it."""
+        self.agent.parts.counter.wanted()
+
 
 def freeze_start_up_objects() -> None:
     """Leave what start-up made (modules, classes, functions, config: tens of thousands

@@ -53,7 +53,7 @@ async def test_compact_names_an_unknown_session_and_nothing_to_compact(
         opts = ("--llm-url", url)
         done = await navi("compact", *opts, "--session", "s-nope", env=env, cwd=tmp_path)
         assert done.code == 1
-        assert "unknown session 's-nope'" in _one_error_line(done)
+        assert f"unknown session 's-nope' (in {db})" in _one_error_line(done)
 
         done = await navi("compact", *opts, "--session", "s-short", env=env, cwd=tmp_path)
         assert done.code == 1

@@ -112,4 +112,4 @@ async def test_navi_rewind_and_fork_work_on_the_local_database_without_a_daemon(
         assert "forked s-local into s-copy (4 message(s))" in done.out
         done = await navi("rewind", "--session", "s-nope", "--db", str(tmp_path / "navi.db"),
                           "--list", env=env, cwd=tmp_path)  # fmt: skip
-        assert done.code == 1 and "no session 's-nope'" in done.err
+        assert done.code == 1 and f"no session 's-nope' (in {tmp_path / 'navi.db'})" in done.err

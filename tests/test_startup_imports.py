@@ -9,7 +9,8 @@ lists which of the heavy modules an import pulled in:
 - rich, pygments: httpx's command-line client pulls them (the chat client uses rich);
 - tiktoken: the cl100k encoding loads in a worker thread after the first request;
 - mcp: the MCP client library, only when an MCP server is configured;
-- trio_websocket (the `navi run` path only): the embedded run never talks WebSocket.
+- trio_websocket: `navi run` loads it (and the server) when it runs, beside the threads
+  building its HTTP client, not when its module is imported.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def test_the_navi_command_imports_no_heavy_module() -> None:
 
 
 def test_the_embedded_run_path_imports_no_heavy_module() -> None:
-    # What `navi run` imports before its first LLM request (cli_run.run_embedded).
+    # What `navi run` imports before it starts its threads (cli_run.serve_run).
     statement = "import navi_trio.cli, navi_trio.cli.run, navi_trio.runtime"
     assert imported_by(statement, (*HEAVY, "trio_websocket")) == []
 
@@ -114,9 +115,11 @@ async def test_navi_run_builds_its_http_client_in_a_thread_and_answers(
     out, err = io.StringIO(), io.StringIO()
     with trio.fail_after(TIMEOUT):
         async with open_fake_llm([{"text": "hello"}]) as llm:
+            # The data folder apart from the working one: a daemon, private or not,
+            # never takes its own data for a workspace.
             settings = Settings.from_env(
-                {}, db_path=tmp_path / "navi.db", data_dir=tmp_path, llm_url=llm.url,
-                llm_backend="ollama",
+                {}, db_path=tmp_path / "navi.db", data_dir=tmp_path / "data",
+                llm_url=llm.url, llm_backend="ollama",
             )  # fmt: skip
             req = RunRequest("s-start", "hi", tmp_path, None, False)
             source = config_source(settings)

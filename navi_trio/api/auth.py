@@ -1,9 +1,11 @@
 """Who is talking: tokens, users, the local admin token file, the Origin and Host checks.
 
-Tokens are random secrets (`new_token`); the store keeps only their SHA-256. The
-local convenience: on first start `navi serve` creates an admin user and writes its
-token to ``data_dir/local-token`` with mode 0600, which local clients read when no
-``--token`` / ``NAVI_TOKEN`` is given.
+Tokens are random secrets (`new_token`); the store keeps only their SHA-256. Whose a
+hello's token is, a server asks its `Tokens`: the store's users (`StoreTokens`, every
+daemon), or the one user of a private server a command starts in its own process
+(`OneToken`). The local convenience: on first start `navi serve` creates an admin user
+and writes its token to ``data_dir/local-token`` with mode 0600, which local clients
+read when no ``--token`` / ``NAVI_TOKEN`` is given.
 
 Each data folder's local admin is its own user, named in ``data_dir/local-user``: the
 first one of a database is ``local-admin``, another folder's (another machine, or a
@@ -16,13 +18,14 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import hmac
 import ipaddress
 import os
 import secrets
 import socket
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 import attrs
@@ -68,6 +71,54 @@ async def authenticate(store: SessionStore, token: str) -> User:
     if row is None:
         raise AuthError("unknown token: ask an admin for one (`navi users add NAME`)")
     return User.from_row(row)
+
+
+class Tokens(Protocol):
+    """Whose a token is, for a server: at the hello (`user`), and again after each change
+    of the users table (`revoked`: why it no longer stands, or None)."""
+
+    async def user(self, token: str) -> User: ...
+    async def revoked(self, user: User, token: str) -> str | None: ...
+
+
+@attrs.frozen
+class StoreTokens:
+    """The users of the store (`navi users`): the daemon's."""
+
+    store: SessionStore
+
+    async def user(self, token: str) -> User:
+        return await authenticate(self.store, token)
+
+    async def revoked(self, user: User, token: str) -> str | None:
+        found = await self.store.get_user_by_token(token)
+        if found is not None and str(found["id"]) == user.id:
+            return None
+        if await self.store.get_user(user.id) is None:
+            return f"user {user.name} was removed"
+        return f"the token of user {user.name} was replaced (navi users rotate)"
+
+
+# The person at this shell, as a command that serves itself sees them: the admin of the
+# data folder they own (docs/security.md, D4), the owner of what such a command creates.
+LOCAL_USER = User(id="local", name="local", role="admin")
+
+
+@attrs.frozen
+class OneToken:
+    """A private server's only user (`LOCAL_USER`), known by a token made for one command
+    (`new_token`) that lives in that process's memory only: no store user, nobody else."""
+
+    token: str = attrs.field(factory=new_token, repr=False)
+    who: User = LOCAL_USER
+
+    async def user(self, token: str) -> User:
+        if not hmac.compare_digest(token.encode(), self.token.encode()):
+            raise AuthError("unknown token: this is a private server of one navi command")
+        return self.who
+
+    async def revoked(self, user: User, token: str) -> str | None:
+        return None  # nobody can change it: it is in no table
 
 
 def local_token_path(data_dir: Path) -> Path:

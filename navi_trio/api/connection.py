@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
-from navi_trio.api.auth import User, authenticate
+from navi_trio.api.auth import Tokens, User
 from navi_trio.api.commands import Commands
 from navi_trio.api.limits import TokenBucket
 from navi_trio.api.outbox import Outbox
@@ -74,6 +74,7 @@ class ConnectionHost(Protocol):
     """What a connection needs of its server (api/server.py `ApiServer`)."""
 
     runtime: DaemonCore
+    tokens: Tokens  # whose a hello's token is
 
     async def connected(self, user: User) -> str | None: ...
     async def released(self, key: str | None) -> None: ...
@@ -188,7 +189,7 @@ class Connection:
                 raise AuthError("the first frame must be a hello with a token", request_id=rid)
             seen = self.server.runtime.users.generation
             try:
-                user = await authenticate(self.server.runtime.store, command.token)
+                user = await self.server.tokens.user(command.token)
             except AuthError as exc:
                 exc.request_id = rid
                 raise
@@ -204,18 +205,13 @@ class Connection:
         while True:
             seen = await rt.users.wait(seen)
             try:
-                found = await rt.store.get_user_by_token(token)
-                if found is not None and str(found["id"]) == user.id:
-                    continue
-                gone = await rt.store.get_user(user.id) is None
+                why = await self.server.tokens.revoked(user, token)
             except NaviError as exc:  # the next change looks again
                 log.warning("connection %s: checking the token of %s failed: %s",
                             self.peer, user.name, exc)  # fmt: skip
                 continue
-            why = (
-                f"user {user.name} was removed" if gone
-                else f"the token of user {user.name} was replaced (navi users rotate)"
-            )  # fmt: skip
+            if why is None:
+                continue
             log.warning("connection %s closed: %s", self.peer, why)
             revoked.append(
                 AuthError(f"{why}: this connection is closed; connect again with a valid token")

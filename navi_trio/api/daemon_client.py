@@ -406,11 +406,15 @@ async def open_daemon(
     close_timeout: float = CLOSE_TIMEOUT,
     max_frame: int = MAX_FRAME,
     accounts: Collection[int] | None = None,
+    own_listener: bool = False,
 ) -> AsyncIterator[DaemonConnection]:
     """Connect to the daemon at `url`, say hello with `token`, yield the connection.
 
     `accounts`: the uids whose socket on this machine may get the token (default:
-    api/listener.py `trusted_accounts` of the environment).
+    api/listener.py `trusted_accounts` of the environment). `own_listener`: `url` is a
+    private server of this very process (cli/serve.py `serve_privately`), whose
+    listening socket it holds, so no other account can answer there: the socket table
+    is not read (a few ms per connect on a busy machine).
 
     `bounds` holds the connect and the close to their deadlines: trio-websocket's own
     timeouts leave its reader task waiting on a peer that keeps the socket open without
@@ -430,7 +434,8 @@ async def open_daemon(
             ) as ws:
                 bounds.deadline = math.inf
                 daemon = DaemonConnection(ws, url)
-                await _check_other_end(ws, url, accounts)
+                if not own_listener:
+                    await _check_other_end(ws, url, accounts)
                 await daemon._hello(token, hello_timeout)
                 phase = "open"
                 yield daemon

@@ -82,12 +82,17 @@ def other_end(
     other end of our connection `local` -> `remote`), or None when there is none here.
     OSError when a table cannot be read."""
     want = ((_plain(remote[0]), remote[1]), (_plain(local[0]), local[1]))
+    # The ports first, as the table writes them: a busy machine lists thousands of
+    # sockets, and decoding each one's addresses cost milliseconds per connect.
+    ports = (f":{remote[1]:04X}", f":{local[1]:04X}")
     for table in tables:
         with open(table, encoding="ascii") as rows:
             next(rows, None)  # the header
             for row in rows:
                 fields = row.split()
                 if len(fields) < 8:
+                    continue
+                if not (fields[1].endswith(ports[0]) and fields[2].endswith(ports[1])):
                     continue
                 if (_endpoint(fields[1]), _endpoint(fields[2])) == want:
                     return Other(uid=int(fields[7]), established=fields[3] == ESTABLISHED)

@@ -44,7 +44,7 @@ from trio_websocket import (
 )
 
 from navi_trio.api import web
-from navi_trio.api.auth import User, WebAccess
+from navi_trio.api.auth import StoreTokens, Tokens, User, WebAccess
 from navi_trio.api.connection import MESSAGE_TOO_BIG, Connection
 from navi_trio.api.limits import Pending
 from navi_trio.errors import LimitError
@@ -72,9 +72,11 @@ _DRAIN_CHUNK = 1 << 16
 class ApiServer:
     def __init__(
         self, runtime: DaemonCore, *, host: str = "127.0.0.1", port: int = 8765,
-        reuse_port: bool = False,
+        reuse_port: bool = False, tokens: Tokens | None = None,
     ) -> None:  # fmt: skip
         self.runtime = runtime
+        # Whose a hello's token is: the store's users, unless told (a private server).
+        self.tokens: Tokens = tokens if tokens is not None else StoreTokens(runtime.store)
         self.host = host
         self.port = port
         # One of `navi serve --workers N`: its own socket in the port's SO_REUSEPORT group.

@@ -3,7 +3,7 @@
     navi --help | --version
     navi doctor [--db PATH] [--config PATH] [--llm-url URL] [--backend B] [--json]
     navi run [--session ID] [--profile P] [--cwd DIR] [--events] [--local] ... "message"
-    navi compact --session ID [--db PATH] [--config PATH] [--llm-url URL] [--backend B]
+    navi compact --session ID [--url URL] [--db PATH] [--config PATH] [--llm-url URL] ...
     navi rewind --session ID [--list | --to MSG | --branch B] [--restore R] [--yes]
     navi fork --session ID [--at MSG] [--files [--folder DIR]] [--new ID]
     navi chat [--url URL] [--session ID] [--profile P] [--token T] [--local [--model-file PATH]]
@@ -21,12 +21,14 @@ package, imported when its command runs (`navi --help` stays light):
 
     common      exit codes, settings from the options, where a turn goes: shared by all
     run         `navi run`: its output, stop signals, approval prompts, exit code
-    runner      one turn sent and followed, in the daemon or in this process (a library:
-                `navi run` and `navi mcp serve` use it)
+    runner      which daemon a command speaks to (the daemon, else a private one of
+                this process: serve.py), and one turn sent and followed there (a
+                library: `navi run` and `navi mcp serve` use it)
     compact     `navi compact`
     rewind      `navi rewind`, `navi fork` (rewinds: the library they and the MCP server use)
     chat        `navi chat` (the terminal client is navi_trio/client/)
-    daemon      `navi serve | users | sessions | tasks`; serve: the daemon's life
+    daemon      `navi serve | users | sessions | tasks`; serve: the daemon's life, and
+                the private daemon of a command
     daemons     `navi status | stop`: the daemons of a data folder, their pid files
     mcp         `navi mcp list | serve`; mcp_server, mcp_progress: navi as an MCP server
     doctor      `navi doctor`'s report (the command itself is `cmd_doctor` below)
@@ -124,8 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run one turn and print the answer",
         description="Run one turn of the agent and print the final answer as it streams: "
-        "in the daemon when one answers (--url, default the local one), else in this "
-        "process, which then waits for the turn's background tasks before it exits. "
+        "in the daemon when one answers (--url, default the local one), else in a private "
+        "daemon of this process, which then waits for the turn's background tasks before "
+        "it exits. "
         "Ctrl-C, SIGTERM or SIGHUP stops the run cleanly (the partial answer is saved).",
     )
     run.add_argument("message", help="the user message ('-' reads it from stdin)")
@@ -158,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
         "The display history keeps every message.",
     )
     compact.add_argument("--session", metavar="ID", required=True, help="the session")
+    compact.add_argument(
+        "--url", help=f"compact it in this daemon (default: {DEFAULT_URL} if it answers)"
+    )
+    compact.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
     _add_endpoint_options(compact)
     chat = sub.add_parser(
         "chat",
@@ -277,7 +284,13 @@ def _describe(exc: BaseException, *, token_given: bool = False) -> tuple[str, bo
     """The one-line message for `exc`, and whether it was expected (no debug hint).
     `token_given`: the command had --token or NAVI_TOKEN (said when one is refused)."""
     leaves = _leaves(exc)
-    expected = all(isinstance(e, NaviError | OSError | UsageError) for e in leaves)
+    # A daemon's "internal" refusal is a bug of ours there: its traceback is in its log
+    # (a private daemon's shows with NAVI_DEBUG=1, as any of this process).
+    expected = all(
+        isinstance(e, NaviError | OSError | UsageError)
+        and not (isinstance(e, RemoteError) and e.code == "internal")
+        for e in leaves
+    )
     parts = []
     for e in leaves:
         text = one_line(str(e))

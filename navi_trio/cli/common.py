@@ -1,7 +1,7 @@
 """What every `navi` subcommand shares: exit codes, the usage error, one-line messages,
 and the settings from the environment and the command line (with the LLM chosen when
-none is configured), and where a turn goes (`run_target`). Every module of the `navi`
-command imports it; it imports none of them (the runner on use).
+none is configured), and where a command's requests go (`run_target`). Every module of
+the `navi` command imports it; it imports none of them (the runner on use).
 """
 
 from __future__ import annotations
@@ -117,32 +117,42 @@ def llm_settings(
     Ollama if it answers at the default URL, else the embedded local model (said in one
     line on `err`), else ConfigError saying how to get either.
     """
+    return trio.run(chosen_llm_settings, args, err, environ)
+
+
+async def chosen_llm_settings(
+    args: argparse.Namespace, err: TextIO, environ: dict[str, str] | None = None
+) -> Settings:
+    """`llm_settings` in a trio run of the caller's."""
     env = dict(os.environ) if environ is None else environ
     settings = load_settings(args, env)
     configured = backend_configured(env, given=llm_given(args))
-    choice = trio.run(lambda: choose_backend(settings, env, configured=configured))
+    choice = await choose_backend(settings, env, configured=configured)
     if choice.note:
         print(f"navi: {choice.note}", file=err, flush=True)
     return choice.settings
 
 
-# Options that configure an embedded runtime: a daemon has its own.
+# Options that configure a private daemon's runtime: a daemon has its own.
 EMBEDDED_OPTIONS = ("db", "config", "llm_url", "backend", "local", "model_file")
 
 
 def run_target(args: argparse.Namespace, settings: Settings) -> RunTarget:
-    """Where `navi run` and `navi mcp serve` send a turn (`RunTarget`); --url with an
-    embedded-runtime option is refused."""
+    """Where a command's requests go (`RunTarget`: its --url and --token, and whether an
+    option configures a private daemon); --url with such an option is refused."""
     from navi_trio.cli.runner import RunTarget
 
-    explicit = args.url is not None
+    explicit = getattr(args, "url", None) is not None
     embedded = [o for o in EMBEDDED_OPTIONS if getattr(args, o, None) not in (None, False)]
     if explicit and embedded:
         names = ", ".join("--" + o.replace("_", "-") for o in embedded)
         raise UsageError(
             f"--url runs the turn in the daemon, which has its own settings: drop {names} or --url"
         )
-    return RunTarget(args.url, args.token, settings.data_dir, bool(embedded))
+    return RunTarget(
+        getattr(args, "url", None), getattr(args, "token", None), settings.data_dir,
+        bool(embedded),
+    )  # fmt: skip
 
 
 def config_source(settings: Settings) -> ConfigSource:

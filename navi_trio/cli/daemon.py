@@ -12,8 +12,10 @@
 
 `serve` runs the daemon in the foreground until SIGTERM / SIGINT (`--workers N`: N of
 them on the port, supervised: cli/workers.py). `users` works on the store directly (the
-daemon need not run). `sessions`, `tasks` and `schedule` talk to a running daemon; when
-none answers they say so in one line.
+daemon need not run). `sessions`, `tasks` and `schedule` speak to the daemon as `navi
+run` does (cli/runner.py `open_endpoint`): the one --url names (none answering there is
+said in one line), else the local one when it answers, else a private daemon of the
+command on the local database (it runs no background tasks and no schedules).
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import argparse
 import ipaddress
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, TextIO
 
 import trio
@@ -134,7 +136,7 @@ def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], 
 
 
 def _client_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=DEFAULT_URL, help=f"the daemon (default {DEFAULT_URL})")
+    p.add_argument("--url", help=f"the daemon (default: {DEFAULT_URL} if it answers)")
     p.add_argument("--token", help="your token (env NAVI_TOKEN; default: the local token file)")
     p.add_argument("--json", action="store_true", help="print the daemon's reply as JSON")
 
@@ -277,13 +279,22 @@ async def _users(settings: Any, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _call(args: argparse.Namespace, frame: dict[str, Any]) -> dict[str, Any]:
-    from navi_trio.api.auth import resolve_token
+    """The daemon's reply to `frame` (cli/runner.py `open_endpoint`: a private one when
+    none answers and no --url names one)."""
     from navi_trio.api.remote import request
-    from navi_trio.settings import Settings
+    from navi_trio.cli.common import config_source, load_settings, run_target
+    from navi_trio.cli.runner import Endpoint, open_endpoint, private_endpoint
 
-    settings = Settings.from_env()
-    token = resolve_token(args.token, settings.data_dir, dict(os.environ))
-    return trio.run(request, args.url, token, frame)
+    settings = load_settings(args)
+
+    def private() -> AbstractAsyncContextManager[Endpoint]:
+        return private_endpoint(settings, config_source(settings))
+
+    async def call() -> dict[str, Any]:
+        async with open_endpoint(run_target(args, settings), private) as endpoint:
+            return await request(endpoint.url, endpoint.token, frame)
+
+    return trio.run(call)
 
 
 def cmd_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

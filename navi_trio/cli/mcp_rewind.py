@@ -7,8 +7,8 @@ and a token and changes nothing; called again with ``confirm`` set to that token
 rewinds, and names the branch that undoes it. ``fork`` makes a new session from the
 history before `at` (all of it without), with a copy of the files when asked.
 
-Both go where `ask` goes (the daemon, else the runtime of this process: `Rewinds`); the
-summaries are the ones `navi rewind` prints. A refusal is a tool error naming it.
+Both go where `ask` goes (the daemon, else the private one: `Rewinds`); the summaries
+are the ones `navi rewind` prints. A refusal is a tool error naming it.
 """
 
 from __future__ import annotations

@@ -12,12 +12,12 @@ Another agent (Claude Code, Codex …) starts it and calls four tools:
 - ``rewind`` and ``fork`` (cli/mcp_rewind.py): undo what a session did (list, preview,
   then apply with the preview's token), or start a new session from its history.
 
-Each call goes where `navi run` would send it (`cli/runner.py RunTarget`): the daemon asked for
-with --url, else the local daemon when it answers, else a runtime in this process,
-opened at the first such call and kept until the server exits (so a turn's background
-jobs go on between calls; they end with the server). The run itself is followed with
-the same runner as `navi run` (`follow_in_runtime`, `follow_remote`); what one call
-shows and how it stops is cli/mcp_ask.py.
+Each call goes where `navi run` would send it (cli/runner.py `RunTarget`), through the
+protocol: the daemon asked for with --url, else the local daemon when it answers, else
+a private daemon of this process (cli/serve.py `serve_privately`), opened at the first
+such call and kept until the server exits (so a turn's background jobs go on between
+calls; they end with the server). The run itself is followed with the same runner as
+`navi run` (`follow`); what one call shows and how it stops is cli/mcp_ask.py.
 
 A cancelled call (the client's ``notifications/cancelled``, or the server shutting down)
 stops the run as Ctrl-C stops `navi run`: the stopped turn is saved, waited for at
@@ -33,8 +33,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -46,7 +45,6 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
 from navi_trio import __version__, wire
-from navi_trio.api.remote import request
 from navi_trio.cli.common import config_source
 from navi_trio.cli.mcp_ask import (
     STOP_GRACE,
@@ -58,31 +56,25 @@ from navi_trio.cli.mcp_ask import (
     one_error,
 )
 from navi_trio.cli.mcp_rewind import add_rewind_tools
-from navi_trio.cli.mcp_sessions import (
-    SessionInfo,
-    SessionList,
-    add_sessions_tool,
-    sessions_from_daemon,
-    sessions_in_store,
-)
-from navi_trio.cli.rewinds import LocalRewinds, RemoteRewinds, Rewinds
+from navi_trio.cli.mcp_sessions import SessionList, add_sessions_tool, sessions_from_daemon
+from navi_trio.cli.rewinds import Rewinds
 from navi_trio.cli.runner import (
+    Endpoint,
     RemoteRun,
     RunRequest,
     RunTarget,
-    follow_in_runtime,
-    follow_remote,
+    follow,
     new_session_id,
+    private_endpoint,
 )
 from navi_trio.errors import ConfigError, NaviError, UsageError
 from navi_trio.llm.factory import choose_backend
 from navi_trio.settings import Settings
-from navi_trio.store.factory import open_store
 from navi_trio.store.sqlite import check_session_id
 from navi_trio.wire import Frame
 
 if TYPE_CHECKING:
-    from navi_trio.runtime import Runtime
+    from navi_trio.api.daemon_client import DaemonConnection
 
 log = logging.getLogger(__name__)
 
@@ -100,37 +92,38 @@ class AskResult(BaseModel):
 @attrs.frozen
 class ServeOptions:
     target: RunTarget
-    settings: Settings  # for a runtime in this process
+    settings: Settings  # for a private daemon
     llm_configured: bool  # else `choose_backend` looks for Ollama / the local model
     profile: str | None = None  # for new sessions when a call names none
     mode: str | None = None
 
 
 class NaviBridge:
-    """What the two tools do: runs through the daemon or the runtime of this process."""
+    """What the tools do, through the daemon or a private one of this process."""
 
     def __init__(self, options: ServeOptions, nursery: trio.Nursery) -> None:
         self.options = options
         self._nursery = nursery
-        self._rt: Runtime | None = None
+        self._private: Endpoint | None = None
         self._opening = trio.Lock()
-        # In this process, one ask at a time per session (the next one waits): a run
-        # is followed by its session's frames, which a second run would mix in.
-        self._turns: dict[str, tuple[trio.Lock, int]] = {}
         self._holding = False
-        self._closed = trio.Event()  # the runtime of this process closed (once opened)
+        self._closed = trio.Event()  # the private daemon closed (once opened)
 
-    # -- the runtime in this process ----------------------------------------------------
+    # -- where the calls go ---------------------------------------------------------------
 
-    async def _runtime(self) -> Runtime:
+    async def endpoint(self) -> Endpoint:
+        """The daemon asked for or answering, else the private one: opened at the first
+        call that needs it and kept until the server exits (so a turn's background jobs
+        go on between calls; they end with the server)."""
+        found = await self.options.target.daemon()
+        if found is not None:
+            return Endpoint(*found)
         async with self._opening:
-            if self._rt is None:
-                self._rt = await self._nursery.start(self._hold_runtime)
-            return self._rt
+            if self._private is None:
+                self._private = await self._nursery.start(self._hold_private)
+            return self._private
 
-    async def _hold_runtime(self, *, task_status: trio.TaskStatus[Runtime]) -> None:
-        from navi_trio.runtime import open_runtime
-
+    async def _hold_private(self, *, task_status: trio.TaskStatus[Endpoint]) -> None:
         opts = self.options
         self._holding, self._closed = True, trio.Event()
         try:
@@ -138,33 +131,19 @@ class NaviBridge:
             if choice.note:
                 log.warning("%s", choice.note)
             source = config_source(choice.settings)
-            async with open_runtime(choice.settings, config=source) as rt:
+            async with private_endpoint(choice.settings, source) as endpoint:
                 log.info("runtime open in this process (db %s)", choice.settings.db_path)
-                task_status.started(rt)
+                task_status.started(endpoint)
                 await trio.sleep_forever()
         finally:
-            self._rt = None
+            self._private = None
             self._holding = False
             self._closed.set()
 
     async def wait_closed(self) -> None:
-        """Until the runtime of this process (if one is open) has closed."""
+        """Until the private daemon (if one is open) has closed."""
         if self._holding:
             await self._closed.wait()
-
-    @asynccontextmanager
-    async def _turn(self, session_id: str) -> AsyncIterator[None]:
-        lock, users = self._turns.get(session_id, (trio.Lock(), 0))
-        self._turns[session_id] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._turns[session_id]
-            if users == 1:
-                del self._turns[session_id]
-            else:
-                self._turns[session_id] = (lock, users - 1)
 
     # -- ask ----------------------------------------------------------------------------
 
@@ -212,13 +191,27 @@ class NaviBridge:
             on_busy=on_busy,
         )  # fmt: skip
         feed = AskFeed(ProgressPump(report))
-        daemon = await self.options.target.daemon()
+        endpoint = await self.endpoint()
+        run = RemoteRun(req, feed, say=lambda line: print(line, file=sys.stderr, flush=True))
+        deny = self._deny(feed)
+
+        async def check(daemon: DaemonConnection) -> None:
+            """What the call names exists, before its message goes."""
+            known = daemon.welcome.get("profiles")
+            if req.profile is not None and isinstance(known, list) and req.profile not in known:
+                raise ConfigError(f"unknown profile {req.profile!r} (profiles: {', '.join(known)})")
+            if session_id is not None:
+                listed = await daemon.request(wire.sessions_list())
+                if session_id not in {s.get("session_id") for s in listed["sessions"]}:
+                    raise UsageError(_unknown_session(session_id))
+
+        async def follow_it(stopper: Stopper) -> None:
+            stopper.switch(run.stop)
+            await follow(endpoint, run, deny, before=check)
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(feed.pump.run)
-            if daemon is None:
-                await self._ask_here(req, feed, new=session_id is None)
-            else:
-                await self._ask_daemon(*daemon, req, feed, new=session_id is None)
+            await follow_stopping_on_cancel(follow_it)
             feed.pump.finish()
         return _result(req.session_id, feed)
 
@@ -234,64 +227,20 @@ class NaviBridge:
 
         return deny
 
-    async def _ask_here(self, req: RunRequest, feed: AskFeed, *, new: bool) -> None:
-        rt = await self._runtime()
-        profiles = rt.config.current.profiles
-        if req.profile is not None and req.profile not in profiles:
-            raise ConfigError(
-                f"unknown profile {req.profile!r} (profiles: {', '.join(sorted(profiles))})"
-            )
-        if not new and await rt.store.get_session(req.session_id) is None:
-            raise UsageError(_unknown_session(req.session_id))
-        deny = self._deny(feed)
-
-        async def follow(stopper: Stopper) -> None:
-            await follow_in_runtime(rt, req, feed, deny, on_sent=stopper.switch)
-
-        async with self._turn(req.session_id):
-            await follow_stopping_on_cancel(follow)
-
-    async def _ask_daemon(
-        self, url: str, token: str, req: RunRequest, feed: AskFeed, *, new: bool
-    ) -> None:
-        if not new:
-            listed = await request(url, token, wire.sessions_list())
-            if req.session_id not in {s.get("session_id") for s in listed["sessions"]}:
-                raise UsageError(_unknown_session(req.session_id))
-        run = RemoteRun(req, feed, say=lambda line: print(line, file=sys.stderr, flush=True))
-        deny = self._deny(feed)
-
-        async def follow(stopper: Stopper) -> None:
-            stopper.switch(run.stop)
-            await follow_remote(url, token, run, deny)
-
-        await follow_stopping_on_cancel(follow)
-
-    # -- rewind, fork -------------------------------------------------------------------
+    # -- rewind, fork, sessions -----------------------------------------------------------
 
     async def rewinds(self) -> Rewinds:
-        """Where a rewind or a fork goes: the daemon, else the runtime of this process."""
-        daemon = await self.options.target.daemon()
-        return LocalRewinds(await self._runtime()) if daemon is None else RemoteRewinds(*daemon)
-
-    # -- sessions -----------------------------------------------------------------------
+        """Where a rewind or a fork goes: the daemon, else the private one."""
+        endpoint = await self.endpoint()
+        return Rewinds(endpoint.url, endpoint.token)
 
     async def sessions(self, limit: int) -> SessionList:
         try:
-            daemon = await self.options.target.daemon()
-            if daemon is None:
-                rows = await self._sessions_here(limit)
-            else:
-                rows = await sessions_from_daemon(*daemon, limit)
+            endpoint = await self.endpoint()
+            rows = await sessions_from_daemon(endpoint.url, endpoint.token, limit)
         except NaviError as exc:
             raise ToolError(str(exc)) from None
         return SessionList(sessions=rows)
-
-    async def _sessions_here(self, limit: int) -> list[SessionInfo]:
-        if self._rt is not None:
-            return await sessions_in_store(self._rt.store, limit)
-        async with open_store(self.options.settings) as store:
-            return await sessions_in_store(store, limit)
 
 
 def _folder(cwd: str | None) -> Path:
@@ -379,7 +328,7 @@ async def serve(options: ServeOptions) -> None:
     """Serve MCP on stdin/stdout until stdin closes (the client's way to stop a server).
 
     SIGTERM or SIGINT stops the runs in flight (their stopped turns saved), closes the
-    runtime of this process, then ends the process by the same signal: the SDK reads
+    private daemon of this process, then ends the process by the same signal: the SDK reads
     stdin in a worker thread that only the end of stdin would let go.
     """
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -2,7 +2,7 @@
 
 It lists the newest sessions, at most `SESSIONS_MAX`: each with its title (else its first
 user message, cut to `TITLE_MAX`), its profile and its last update, read from the daemon
-(`sessions_from_daemon`) or from the store of this process (`sessions_in_store`).
+(`sessions_from_daemon`: the one the calls go to, or the private one).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from pydantic import BaseModel, Field
 from navi_trio import wire
 from navi_trio.api.remote import request
 from navi_trio.cli.mcp_ask import cut
-from navi_trio.store.base import SessionStore
 
 SESSIONS_DEFAULT = 20
 SESSIONS_MAX = 200
@@ -61,15 +60,6 @@ async def sessions_from_daemon(url: str, token: str, limit: int) -> list[Session
             history = await request(url, token, wire.history(str(s["session_id"])))
             title = _first_message(history.get("messages", []))
         found.append(_info(s["session_id"], title, s["profile"], float(s["updated_at"])))
-    return found
-
-
-async def sessions_in_store(store: SessionStore, limit: int) -> list[SessionInfo]:
-    rows = sorted(await store.list_sessions(), key=lambda r: -r.updated_at)[:limit]
-    found = []
-    for row in rows:
-        title = row.title or _first_message(await store.load_messages(row.id))
-        found.append(_info(row.id, title, row.profile_id, row.updated_at))
     return found
 
 

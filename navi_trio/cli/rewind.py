@@ -15,8 +15,8 @@ it applies it when the person at the terminal says yes, or at once with ``--yes`
 headless by accident). The result names the branch that undoes it.
 
 Both go where `navi run` goes: the daemon (``--url``, or the local one when it answers),
-else a runtime in this process on the local database (``--db``, ``--config``); a daemon
-checks that the session is the token's user's.
+else a private daemon of this process on the local database (``--db``, ``--config``); a
+daemon checks that the session is the token's user's.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from typing import Any, TextIO
 
 import trio
 
-from navi_trio.cli.common import EXIT_OK, load_settings, run_target
-from navi_trio.cli.rewinds import LocalRewinds, RemoteRewinds, Rewinds, resolve_point
+from navi_trio.cli.common import EXIT_OK, config_source, load_settings, run_target
+from navi_trio.cli.rewinds import Rewinds, resolve_point
+from navi_trio.cli.runner import open_endpoint, private_endpoint
 from navi_trio.client.rewind_text import (
     CLI_FORCE,
     print_done,
@@ -39,7 +40,7 @@ from navi_trio.client.rewind_text import (
     print_overview,
     print_preview,
 )
-from navi_trio.errors import UsageError
+from navi_trio.errors import NotFoundError, RemoteError, UsageError
 from navi_trio.settings import Settings
 
 
@@ -93,16 +94,18 @@ def _client_options(
 
 @asynccontextmanager
 async def open_rewinds(args: argparse.Namespace, settings: Settings) -> AsyncIterator[Rewinds]:
-    """The daemon's rewinds when it answers (or --url), else a runtime's in this process."""
-    daemon = await run_target(args, settings).daemon()
-    if daemon is not None:
-        yield RemoteRewinds(*daemon)
-        return
-    from navi_trio.cli.common import config_source
-    from navi_trio.runtime import open_runtime
-
-    async with open_runtime(settings, config=config_source(settings)) as rt:
-        yield LocalRewinds(rt)
+    """The daemon's rewinds when it answers (or --url), else a private daemon's."""
+    target = run_target(args, settings)
+    async with open_endpoint(
+        target, lambda: private_endpoint(settings, config_source(settings))
+    ) as endpoint:
+        try:
+            yield Rewinds(endpoint.url, endpoint.token)
+        except RemoteError as exc:
+            if not (endpoint.private and exc.code == "not_found"):
+                raise
+            # A database of the command's own: which one (a mistyped --db, most likely).
+            raise NotFoundError(f"{exc.detail} (in {settings.db_path})") from None
 
 
 def cmd_rewind(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

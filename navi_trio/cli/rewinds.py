@@ -1,10 +1,9 @@
-"""Rewind and fork for the command line and the MCP server: one face, two ways there.
+"""Rewind and fork for the command line and the MCP server, through a daemon's frames.
 
-`RemoteRewinds` speaks the daemon's frames (``checkpoints``, ``rewind``, ``fork``: docs/pages/
-protocol.md), one request per call; `LocalRewinds` calls a runtime of this
-process (`Runtime.rewinds`, the same core the daemon's frames reach). Both answer with
-the daemon's reply fields (api/checkpoint_frames.py builds them for both), so whoever
-prints them (cli/rewind.py, cli/mcp_server.py) does not know which it had.
+`Rewinds` speaks the daemon's frames (``checkpoints``, ``rewind``, ``fork``: docs/pages/
+protocol.md), one request per call, to the daemon or a private one of the
+command (cli/runner.py `open_endpoint`); whoever prints the replies (cli/rewind.py,
+cli/mcp_server.py) reads the daemon's fields.
 
 A rewind's target is the frame's fields: ``to`` or ``branch``, ``restore``, ``conflicts``.
 
@@ -14,34 +13,15 @@ its number as `navi rewind --list` shows it (1 = the first user message, -1 = th
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from navi_trio import wire
-from navi_trio.errors import NotFoundError, UsageError
-
-if TYPE_CHECKING:
-    from navi_trio.runtime import Runtime
+from navi_trio.errors import UsageError
 
 Fields = dict[str, Any]
 
 
-class Rewinds(Protocol):
-    async def overview(self, session_id: str) -> Fields: ...
-    async def preview(self, session_id: str, target: Fields) -> Fields: ...
-    async def apply(self, session_id: str, target: Fields, token: str) -> Fields: ...
-    async def fork(
-        self,
-        session_id: str,
-        *,
-        at: str | None,
-        files: bool,
-        folder: str | None,
-        new_session_id: str | None,
-    ) -> Fields: ...
-
-
-class RemoteRewinds:
+class Rewinds:
     """Through the daemon at `url`."""
 
     def __init__(self, url: str, token: str) -> None:
@@ -75,68 +55,6 @@ class RemoteRewinds:
             session_id, at=at, files=files, folder=folder, new_session_id=new_session_id
         )
         return await self._ask(frame)
-
-
-class LocalRewinds:
-    """In a runtime of this process (the person at the shell owns its database)."""
-
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
-
-    async def _known(self, session_id: str) -> None:
-        if await self.rt.store.get_session(session_id) is None:
-            raise NotFoundError(f"no session {session_id!r} (in {self.rt.settings.db_path})")
-
-    async def overview(self, session_id: str) -> Fields:
-        from navi_trio.api.checkpoint_frames import overview_fields
-
-        await self._known(session_id)
-        found = await self.rt.rewinds.overview(session_id)
-        return {"session_id": session_id, **overview_fields(found)}
-
-    async def preview(self, session_id: str, target: Fields) -> Fields:
-        from navi_trio.api.checkpoint_frames import preview_fields
-        from navi_trio.core.rewind import Target
-
-        await self._known(session_id)
-        preview = await self.rt.rewinds.preview(session_id, Target(**target))
-        return {"session_id": session_id, "action": "preview", **preview_fields(preview)}
-
-    async def apply(self, session_id: str, target: Fields, token: str) -> Fields:
-        from navi_trio.api.checkpoint_frames import done_fields
-        from navi_trio.core.rewind import Target
-
-        await self._known(session_id)
-        event = await self.rt.rewinds.apply(session_id, Target(**target), token)
-        return {"session_id": session_id, "action": "done", **done_fields(event)}
-
-    async def fork(
-        self,
-        session_id: str,
-        *,
-        at: str | None,
-        files: bool,
-        folder: str | None,
-        new_session_id: str | None,
-    ) -> Fields:
-        from navi_trio.cli.runner import new_session_id as new_id
-
-        await self._known(session_id)
-        source = await self.rt.store.get_session(session_id)
-        assert source is not None
-        row = await self.rt.store.create_session(
-            new_session_id or new_id(), profile_id=source.profile_id, user_id=source.user_id
-        )
-        dest = Path(folder) if folder is not None else None
-        event = await self.rt.rewinds.fork(session_id, row.id, at=at, files=files, folder=dest)
-        return {
-            "session_id": session_id,
-            "new_session_id": row.id,
-            "at": event.at,
-            "messages": event.messages,
-            "folder": event.folder,
-            "left_out": list(event.left_out),
-        }
 
 
 def resolve_point(overview: Fields, given: str) -> str:

@@ -1,35 +1,37 @@
-"""`navi run "message"`: one turn, always through the session's actor.
+"""`navi run "message"`: one turn, always through a daemon's protocol.
 
     navi run [--url URL] [--token T] [--session ID] [--profile P] [--cwd DIR] [--events]
 
-Two ways to reach the actor, with the same output (the plain answer, or with
-``--events`` the session's frames as JSON lines) and the same exit codes:
+``hello``, ``message``, then the session's frames until this run's ``stream_end``,
+printed as the plain answer (or with ``--events`` as JSON lines), to one of two daemons
+(cli/runner.py `open_endpoint`), with the same output and the same exit codes:
 
-- **the daemon** when one answers: over the WebSocket protocol (``hello``, ``message``,
-  then the session's frames until this run's ``stream_end``). The daemon owns the run
-  and its background jobs: they go on after `navi run` exits, and their notes reach the
-  session's next turn. `--url` asks for a daemon (none answering is an error); without
-  it the local one (`api.remote.DEFAULT_URL`) is tried when a token is at hand (`--token`,
-  ``NAVI_TOKEN`` or the token file a local `navi serve` writes);
-- else **an embedded runtime** in this process: ``rt.sessions.get(id)``, subscribe,
-  ``send_message``. It holds the session's lease while it runs and waits for the
-  turn's background jobs before it exits (this process is their only owner).
+- **the daemon** when one answers. It owns the run and its background jobs: they go on
+  after `navi run` exits, and their notes reach the session's next turn. `--url` asks
+  for a daemon (none answering is an error); without it the local one
+  (`api.remote.DEFAULT_URL`) is tried when a token is at hand (`--token`, ``NAVI_TOKEN``
+  or the token file a local `navi serve` writes);
+- else **a private daemon** of this process (`serve_run`: the runtime and the server on
+  loopback, a token only this process knows). Its background jobs end with it, so
+  `navi run` waits for the turn's ones before it exits (`_BackgroundWait`: ``tasks``,
+  then their ``task_update`` frames).
 
-`--db`, `--config`, `--llm-url` and `--backend` configure an embedded runtime (a daemon
-has its own), so giving one of them means "in this process".
+`--db`, `--config`, `--llm-url` and `--backend` configure a private daemon (a daemon has
+its own), so giving one of them means "in this process".
 
 The turn is sent and followed by the runner (cli/runner.py, shared with `navi mcp
 serve`); this module is the command: its arguments, what it prints (`_Printer`), the
 stop signals and the approval prompt, and the exit code.
 
-The first Ctrl-C, SIGTERM or SIGHUP stops the run cleanly (in the daemon: a ``stop``
-frame, then the run's ``stream_end`` is awaited); a second one quits at once.
+The first Ctrl-C, SIGTERM or SIGHUP stops the run cleanly (a ``stop`` frame, then the
+run's ``stream_end`` is awaited; while a private daemon's background jobs are waited
+for, ``tasks cancel`` for each); a second one quits at once.
 
 A tool call that needs approval (docs/pages/tools.md, "Safety") is asked on the terminal
 when there is one (y: once, s: for this session, a: always, anything else: no); without
-a terminal it is denied at once, with a line saying so. In this process the person at the shell is
-the local admin; through the daemon the token's role applies. `--mode` asks for a mode
-within what that role allows.
+a terminal it is denied at once, with a line saying so. To a private daemon the person at the shell
+is the local admin (api/auth.py `LOCAL_USER`); to a daemon the token's role applies.
+`--mode` asks for a mode within what that role allows.
 """
 
 from __future__ import annotations
@@ -42,29 +44,33 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 import attrs
 import trio
 
+from navi_trio import wire
 from navi_trio.cli.common import (
     DEBUG_HINT,
     EXIT_ERROR,
     EXIT_OK,
     InThread,
+    chosen_llm_settings,
     config_source,
-    llm_settings,
     load_settings,
     one_line,
     run_target,
 )
 from navi_trio.cli.runner import (
+    Endpoint,
     RemoteRun,
     RunRequest,
-    follow_in_runtime,
-    follow_remote,
+    follow,
     new_session_id,
+    open_endpoint,
+    private_endpoint,
 )
 from navi_trio.errors import ConfigError, StoreError, UsageError
 from navi_trio.events import (
@@ -84,7 +90,7 @@ from navi_trio.tools.sandbox import sandbox_available
 from navi_trio.wire import Frame
 
 if TYPE_CHECKING:
-    from navi_trio.core.task_supervisor import Job, TaskSupervisor
+    from navi_trio.api.daemon_client import DaemonConnection
 
 
 @attrs.define
@@ -259,89 +265,27 @@ def _interactive() -> bool:
         return False
 
 
-# ------------------------------------------------------------------ embedded runtime
+# ------------------------------------------------------------------ the run
 
 
-async def _wait_for_background(
-    supervisor: TaskSupervisor, session_id: str, stopper: _StopHandler, err: TextIO
-) -> None:
-    """In-process, `navi run` is the only owner of its background jobs: wait.
-
-    Their results become task notes in the store, read by the session's next turn.
-    A stop signal cancels them (each still leaves a "cancelled" note).
-    """
-
-    def running() -> list[Job]:
-        return [job for job in supervisor.list_jobs(session_id) if not job.finished]
-
-    def cancel_all() -> None:
-        for job in running():
-            supervisor.cancel(session_id, job.task_id)
-
-    jobs = running()
-    if not jobs:
-        return
-    _say(err, f"navi: waiting for {len(jobs)} background task(s)… Ctrl-C to cancel them")
-    stopper.switch(cancel_all, "the background task(s)")
-    while jobs:  # a background sub-agent may start further jobs while we wait
-        for job in jobs:
-            await job.done.wait()
-        jobs = running()
-
-
-async def run_embedded(
-    settings: Settings, source: ConfigSource, req: RunRequest, out: TextIO, err: TextIO
+async def run_remote(
+    url: str, token: str, req: RunRequest, out: TextIO, err: TextIO, *, private: bool = False
 ) -> RunOutcome:
-    # The LLM's HTTP client is built and the sandbox probed (open_runtime's probe then
-    # finds the answer cached) in threads while this one imports the runtime (imported
-    # here so `navi --help` and `navi doctor` stay light).
-    local = settings.llm_backend.strip().lower() == "local"
-    building = None if local else InThread(make_client, settings)
-    probing = InThread(sandbox_available, settings.bwrap_path)
-    from navi_trio.runtime import open_runtime
-
-    await probing.result()  # first: it never raises, so both threads are joined
-    client = None if building is None else await building.result()
-    backend = None if client is None else make_backend(settings, client)
-    outcome = RunOutcome()
-    printer = _Printer(req.as_json, outcome, out, err)
-    with trio.CancelScope() as outer, trio.open_signal_receiver(*STOP_SIGNALS) as signals:
-        stopper = _StopHandler(outcome, outer, err)
-        async with (
-            client if client is not None else contextlib.nullcontext(),
-            open_runtime(settings, config=source, backend=backend) as rt,
-            trio.open_nursery() as nursery,
-        ):
-            nursery.start_soon(stopper.watch, signals)
-            print(f"session: {req.session_id}", file=err, flush=True)
-
-            async def wait_for_jobs() -> None:
-                await _wait_for_background(rt.supervisor, req.session_id, stopper, printer.err)
-
-            await follow_in_runtime(
-                rt, req, printer, lambda f: decide_approval(f, err, interactive=_interactive()),
-                on_sent=lambda stop: stopper.switch(stop, "the run"), after=wait_for_jobs,
-            )  # fmt: skip
-            nursery.cancel_scope.cancel()
-    if outer.cancelled_caught and outcome.signal is None:
-        outcome.signal = signal.SIGINT
-    return outcome
-
-
-# ------------------------------------------------------------------ through the daemon
-
-
-async def run_remote(url: str, token: str, req: RunRequest, out: TextIO, err: TextIO) -> RunOutcome:
+    """Run `req` in the daemon at `url` and print it; `private`: this process's own
+    daemon, so the turn's background jobs are waited for before it ends (`_BackgroundWait`)."""
     outcome = RunOutcome()
     printer = _Printer(req.as_json, outcome, out, err)
     run = RemoteRun(req, printer, say=lambda line: _say(err, line))
     with trio.CancelScope() as outer, trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         stopper = _StopHandler(outcome, outer, err, run.stop)
+        after = _BackgroundWait(req.session_id, stopper, err).run if private else None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stopper.watch, signals)
-            await follow_remote(
-                url, token, run, lambda f: decide_approval(f, err, interactive=_interactive()),
+            await follow(
+                Endpoint(url, token, private), run,
+                lambda f: decide_approval(f, err, interactive=_interactive()),
                 on_accepted=lambda: print(f"session: {req.session_id}", file=err, flush=True),
+                after=after,
             )  # fmt: skip
             nursery.cancel_scope.cancel()
     if (outer.cancelled_caught or run.abandoned) and outcome.signal is None:
@@ -349,9 +293,123 @@ async def run_remote(url: str, token: str, req: RunRequest, out: TextIO, err: Te
     return outcome
 
 
+@attrs.define(eq=False)
+class _BackgroundWait:
+    """A private daemon ends with `navi run`: its session's background jobs are waited
+    for, through the protocol (``tasks list``, then their ``task_update`` frames), so
+    that their results become task notes the session's next turn reads. A stop signal
+    meanwhile cancels them (each still leaves a "cancelled" note)."""
+
+    session_id: str
+    stopper: _StopHandler
+    err: TextIO
+    cancel_wanted: trio.Event = attrs.field(factory=trio.Event)
+    cancelling: bool = False
+
+    async def run(self, daemon: DaemonConnection) -> None:
+        running = await self._running(daemon)
+        if not running:
+            return
+        _say(self.err, f"navi: waiting for {len(running)} background task(s)… Ctrl-C to "
+             "cancel them")  # fmt: skip
+        self.stopper.switch(self.cancel_wanted.set, "the background task(s)")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._cancel, daemon, running)
+            while running:  # a background sub-agent may start further jobs while we wait
+                while running:
+                    frame = await daemon.receive()
+                    if frame.get("type") != wire.TASK_UPDATE:
+                        continue
+                    if frame.get("session_id") != self.session_id:
+                        continue
+                    task_id = str(frame.get("task_id"))
+                    if frame.get("status") == "running":
+                        running.add(task_id)
+                        if self.cancelling:
+                            await daemon.send(wire.tasks("cancel", self.session_id, task_id))
+                    else:
+                        running.discard(task_id)
+                running |= await self._running(daemon)
+            nursery.cancel_scope.cancel()
+
+    async def _running(self, daemon: DaemonConnection) -> set[str]:
+        listed = await daemon.request(wire.tasks("list", self.session_id))
+        return {str(t["task_id"]) for t in listed["tasks"] if t.get("status") == "running"}
+
+    async def _cancel(self, daemon: DaemonConnection, running: set[str]) -> None:
+        await self.cancel_wanted.wait()
+        self.cancelling = True
+        for task_id in sorted(running):
+            await daemon.send(wire.tasks("cancel", self.session_id, task_id))
+
+
+@asynccontextmanager
+async def serve_run(
+    settings: Settings, source: Callable[[], ConfigSource]
+) -> AsyncIterator[Endpoint]:
+    """A private daemon for one `navi run` (cli/serve.py `serve_privately`) with the
+    config `source()` reads. Its LLM client is built and the sandbox probed in threads
+    (open_runtime's probe then finds the answer cached) while this thread reads the
+    config and imports the runtime and the server (imported here so `navi --help` and
+    `navi doctor` stay light)."""
+    local = settings.llm_backend.strip().lower() == "local"
+    building = None if local else InThread(make_client, settings)
+    probing = InThread(sandbox_available, settings.bwrap_path)
+    config = source()
+    from navi_trio.api import daemon_client  # noqa: F401 - loaded here, beside the threads
+    from navi_trio.cli import serve  # noqa: F401
+
+    await probing.result()  # first: it never raises, so both threads are joined
+    client = None if building is None else await building.result()
+    backend = None if client is None else make_backend(settings, client)
+    async with (
+        client if client is not None else contextlib.nullcontext(),
+        private_endpoint(settings, config, backend=backend) as endpoint,
+    ):
+        yield endpoint
+
+
+async def run_embedded(
+    settings: Settings, source: ConfigSource, req: RunRequest, out: TextIO, err: TextIO
+) -> RunOutcome:
+    """`req` in a private daemon of this process (`serve_run`)."""
+    async with serve_run(settings, lambda: source) as endpoint:
+        return await run_remote(endpoint.url, endpoint.token, req, out, err, private=True)
+
+
 def daemon_target(args: argparse.Namespace, settings: Settings) -> tuple[str, str] | None:
-    """(url, token) of the daemon to run in, or None for an embedded runtime."""
+    """(url, token) of the daemon to run in, or None for a private one."""
     return trio.run(run_target(args, settings).daemon)
+
+
+@asynccontextmanager
+async def _private(args: argparse.Namespace, err: TextIO) -> AsyncIterator[Endpoint]:
+    """The private daemon of `navi run`: the LLM chosen here (--local, or Ollama / the
+    local model when nothing is configured), with the `local` profile for --local."""
+    settings = await chosen_llm_settings(args, err)
+
+    def source() -> ConfigSource:
+        config = config_source(settings)
+        profiles = config.current.profiles
+        if args.profile is not None and args.profile not in profiles:
+            raise ConfigError(
+                f"unknown profile {args.profile!r} (profiles in {settings.config_path}: "
+                f"{', '.join(sorted(profiles))})"
+            )
+        return config
+
+    async with serve_run(settings, source) as endpoint:
+        yield endpoint
+
+
+async def _run(
+    args: argparse.Namespace, settings: Settings, req: RunRequest, out: TextIO, err: TextIO
+) -> RunOutcome:
+    target = run_target(args, settings)
+    async with open_endpoint(target, lambda: _private(args, err)) as endpoint:
+        return await run_remote(
+            endpoint.url, endpoint.token, req, out, err, private=endpoint.private
+        )
 
 
 # ------------------------------------------------------------------ the command
@@ -375,21 +433,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         session_id, text, cwd, args.profile, args.events, args.mode,
         on_busy=args.on_busy, cwd_given=args.cwd is not None,
     )  # fmt: skip
-    target = daemon_target(args, settings)
-    if target is not None:
-        outcome = trio.run(run_remote, *target, req, out, err)
-    else:
-        # In this process: the LLM is chosen here (--local, or Ollama / the local model
-        # when nothing is configured), with the `local` profile for --local.
-        settings = llm_settings(args, err)
-        source = config_source(settings)
-        profiles = source.current.profiles
-        if args.profile is not None and args.profile not in profiles:
-            raise ConfigError(
-                f"unknown profile {args.profile!r} (profiles in {settings.config_path}: "
-                f"{', '.join(sorted(profiles))})"
-            )
-        outcome = trio.run(run_embedded, settings, source, req, out, err)
+    outcome = trio.run(_run, args, settings, req, out, err)
     return exit_code(outcome, args.events, err)
 
 

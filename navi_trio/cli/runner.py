@@ -1,27 +1,33 @@
-"""One turn, followed to its end: in the daemon or in a runtime of this process.
+"""Where a command speaks the protocol, and one turn followed there to its end.
+
+Every `navi` verb that asks something of navi (run, rewind, fork, compact, sessions,
+tasks, schedule, mcp serve) speaks the WebSocket protocol through `open_daemon`, to one
+of two daemons (`open_endpoint`):
+
+- **the daemon** asked for (``--url``, with ``--token``, ``NAVI_TOKEN`` or the local
+  token file), else the local one when it answers and a token is at hand (`RunTarget`);
+- else **a private one**: the runtime and the server in this process, on loopback with
+  a token only this process knows (cli/serve.py `serve_privately`), living as long as
+  the command. An option that configures a runtime (``--db``, ``--config``,
+  ``--llm-url`` …) asks for it.
+
+Either way the frames are the same; the command only learns whether the daemon is
+private (`Endpoint.private`: its background jobs end with the command).
 
 `navi run` (cli/run.py) and `navi mcp serve` (cli/mcp_server.py) both send one user
-message and follow its run: the session frames go to a `FrameSink` until the run's
-top-level ``stream_end``, approval requests to an `Approver`, and a stop asked for
-stops the run cleanly. Two ways to reach the session's actor, with the same frames:
-
-- **the daemon** (`RemoteRun`, `follow_remote`), through `open_daemon`: ``message``,
-  its ``ok``, then the session's frames of our run (`OurRun` skips the runs queued
-  ahead of ours). The daemon owns the run and its background jobs;
-- **a runtime of this process** (`follow_in_runtime`): ``rt.sessions.get(id)``,
-  subscribe, ``send_message``, holding the session's lease meanwhile.
-
-`RunTarget` says which: the daemon asked for, else the local one when it answers and a
-token is at hand, else this process. Nothing here prints; trio_websocket, the store and
-the core are imported on use, so an embedded `navi run` starts light.
+message and follow its run (`follow`): ``message``, its ``ok``, then the session frames
+of our run (`OurRun` skips the runs queued ahead of ours) to a `FrameSink` until the
+run's top-level ``stream_end``, approval requests to an `Approver`, and a stop asked
+for stops the run cleanly. Nothing here prints; trio_websocket, the store and the core
+are imported on use.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -30,22 +36,20 @@ import trio
 
 from navi_trio import wire
 from navi_trio.api.remote import DEFAULT_URL, daemon_answers
-from navi_trio.errors import DaemonUnreachableError, NotFoundError
+from navi_trio.errors import DaemonUnreachableError
 from navi_trio.wire import Frame
 
 if TYPE_CHECKING:
-    from navi_trio.api.daemon_client import OurRun
-    from navi_trio.core.session_actor import SessionActor
-    from navi_trio.runtime import Runtime
+    from navi_trio.api.daemon_client import DaemonConnection, OurRun
+    from navi_trio.llm.base import LLMBackend
+    from navi_trio.profiles import ConfigSource
+    from navi_trio.settings import Settings
 
 # What `navi run` says when its message met a busy session with these strategies.
 _BUSY_SAID = {
     "steer": "message steered into the running turn",
     "interrupt": "the running turn is stopped; this message runs next",
 }
-# Who sends an in-process run's message, and so answers its approvals: the person at
-# this shell (role admin); the sessions such a run creates are theirs too.
-EMBEDDED_USER = "local"
 PROBE_TIMEOUT = 1.0  # is the local daemon there? (a refused connection answers at once)
 CONNECT_TIMEOUT = 5.0
 MAX_FRAME = 64 * 1024 * 1024
@@ -86,10 +90,28 @@ class FrameSink(Protocol):
 Approver = Callable[[Frame], Awaitable[tuple[bool, str]]]
 
 
+# ------------------------------------------------------------------ which daemon
+
+
+@attrs.frozen
+class Endpoint:
+    """A daemon to speak to: its URL, the token for the hello, and whether it is this
+    process's own (`serve_privately`), which ends with the command."""
+
+    url: str
+    token: str = attrs.field(repr=False)
+    private: bool = False
+
+
+# Opens a private daemon for the length of its block (cli/serve.py `serve_privately`,
+# with the settings of the command that needs one).
+PrivateOpener = Callable[[], AbstractAsyncContextManager[Endpoint]]
+
+
 @attrs.frozen
 class RunTarget:
-    """Where runs go: the daemon asked for (`url`), else the local one when it answers
-    and a token is at hand, else this process (`daemon()` is None)."""
+    """Where a command's requests go: the daemon asked for (`url`), else the local one
+    when it answers and a token is at hand, else a private one (`daemon()` is None)."""
 
     url: str | None  # --url: that daemon, none answering is an error
     token: str | None  # --token
@@ -97,7 +119,7 @@ class RunTarget:
     embedded: bool  # an option configures a runtime in this process
 
     async def daemon(self) -> tuple[str, str] | None:
-        """(url, token) of the daemon to run in, or None for an embedded runtime."""
+        """(url, token) of the daemon to speak to, or None for a private one."""
         from navi_trio.api.auth import read_local_token, resolve_token
 
         if self.url is not None:
@@ -112,86 +134,52 @@ class RunTarget:
         return DEFAULT_URL, token
 
 
-# ------------------------------------------------------------------ in this process
+@asynccontextmanager
+async def open_endpoint(target: RunTarget, private: PrivateOpener) -> AsyncIterator[Endpoint]:
+    """The daemon `target` names or finds, else a private one `private` opens (and closes
+    at the end of the block). The caller speaks to either through `open_daemon`."""
+    found = await target.daemon()
+    if found is not None:
+        yield Endpoint(*found)
+        return
+    async with private() as endpoint:
+        yield endpoint
 
 
-async def _follow(
-    actor: SessionActor,
-    req: RunRequest,
-    sink: FrameSink,
-    on_sent: Callable[[], object],
-    on_approval: Callable[[Frame], None],
-) -> None:
-    """Send the message to the actor and show its frames until this run ends.
-
-    `on_sent` runs right after the message went in: from then on `actor.stop` stops it.
-    It follows the session as the daemon's subscription pumps do (`Follower`): cut off
-    for lagging, it subscribes again from the last frame it showed.
-    """
-    from navi_trio.core.agent import UserMessage
-    from navi_trio.core.broadcast import Follower, Lagged
-
-    with Follower(actor.subscribe, lambda: actor.epoch) as follower:
-        # The person at this shell owns the machine: the local admin.
-        actor.send_message(
-            UserMessage(
-                req.text, cwd=req.cwd, profile_id=req.profile, user_id=EMBEDDED_USER,
-                user_role="admin", mode=req.mode, on_busy=req.on_busy,
-            )
-        )  # fmt: skip
-        on_sent()
-        async for frame in follower:
-            if isinstance(frame, Lagged):
-                continue  # subscribed again: the frames it missed follow
-            if frame.get("type") == "approval_request":
-                on_approval(frame)
-            if sink.show(frame):
-                return
-    # The actor closed the subscription: the runtime is shutting down.
+def private_endpoint(
+    settings: Settings, config: ConfigSource, *, backend: LLMBackend | None = None
+) -> AbstractAsyncContextManager[Endpoint]:
+    """`serve_privately` with these settings, as an `Endpoint` (the server imported on use:
+    a command that finds a daemon never loads it)."""
+    return _private(settings, config, backend)
 
 
-async def follow_in_runtime(
-    rt: Runtime,
-    req: RunRequest,
-    sink: FrameSink,
-    decide: Approver,
-    on_sent: Callable[[Callable[[], object]], object] = lambda stop: None,
-    after: Callable[[], Awaitable[None]] | None = None,
-) -> None:
-    """Run `req` in a session actor of the runtime `rt`, showing its frames on `sink`.
+@asynccontextmanager
+async def _private(
+    settings: Settings, config: ConfigSource, backend: LLMBackend | None
+) -> AsyncIterator[Endpoint]:
+    from navi_trio.cli.serve import serve_privately
 
-    The lease before anything reads the session: another process may run it. The
-    actor's run takes it too (holds nest); this one also covers `after` (navi run's
-    wait for the background jobs, which belong to its process). `on_sent(stop)` gets
-    the actor's stop once the message went in; `decide` answers approval requests.
-    """
-
-    async def answer(frame: Frame) -> None:
-        approve, scope = await decide(frame)
-        with contextlib.suppress(NotFoundError):  # timed out or stopped meanwhile
-            await rt.approvals.answer(
-                req.session_id, str(frame["call_id"]), approve=approve, scope=scope,
-                user_id=EMBEDDED_USER,
-            )  # fmt: skip
-
-    async with trio.open_nursery() as nursery:
-        async with rt.agent.leases.hold(req.session_id):
-            actor = await rt.sessions.get(req.session_id)
-            await _follow(
-                actor, req, sink, lambda: on_sent(actor.stop),
-                lambda f: nursery.start_soon(answer, f),
-            )  # fmt: skip
-            if after is not None:
-                await after()
-        nursery.cancel_scope.cancel()
+    async with serve_privately(settings, config, backend=backend) as where:
+        yield Endpoint(where.url, where.token, private=True)
 
 
-# ------------------------------------------------------------------ through the daemon
+def connect(endpoint: Endpoint) -> AbstractAsyncContextManager[DaemonConnection]:
+    """`open_daemon` to `endpoint`, with the bounds every command uses."""
+    from navi_trio.api.daemon_client import open_daemon
+
+    return open_daemon(
+        endpoint.url, endpoint.token, connect_timeout=CONNECT_TIMEOUT, max_frame=MAX_FRAME,
+        own_listener=endpoint.private,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------ one turn
 
 
 @attrs.define(eq=False)
 class RemoteRun:
-    """One message of ours followed through the daemon (`follow_remote`)."""
+    """One message of ours followed through a daemon (`follow`)."""
 
     req: RunRequest
     sink: FrameSink
@@ -206,27 +194,34 @@ class RemoteRun:
         self.stop_wanted.set()
 
 
-async def follow_remote(
-    url: str,
-    token: str,
+# What a caller does on the open connection before the message goes (a check) or after
+# the run ended (navi run: wait for its background jobs in a private daemon).
+OnConnection = Callable[["DaemonConnection"], Awaitable[None]]
+
+
+async def follow(
+    endpoint: Endpoint,
     run: RemoteRun,
     decide: Approver,
     on_accepted: Callable[[], object] = lambda: None,
+    *,
+    before: OnConnection | None = None,
+    after: OnConnection | None = None,
 ) -> None:
-    """Send `run.req` to the daemon at `url` and follow it until its stream_end;
+    """Send `run.req` to the daemon at `endpoint` and follow it until its stream_end;
     `on_accepted` runs once the daemon took the message (its session exists then).
 
     `run.stop()` sends a ``stop`` (once the run is ours, not one ahead of it; while our
     message is queued it gives up and leaves the message queued). Failures to reach the
     daemon are `DaemonUnreachableError`, refusals `RemoteError`.
     """
-    from navi_trio.api.daemon_client import OurRun, open_daemon, remote_error
+    from navi_trio.api.daemon_client import OurRun, remote_error
 
     req = run.req
     sid = req.session_id
-    async with open_daemon(
-        url, token, connect_timeout=CONNECT_TIMEOUT, max_frame=MAX_FRAME
-    ) as daemon, trio.open_nursery() as nursery:  # fmt: skip
+    async with connect(endpoint) as daemon, trio.open_nursery() as nursery:
+        if before is not None:
+            await before(daemon)
 
         async def send_stop() -> None:
             await run.stop_wanted.wait()
@@ -263,9 +258,11 @@ async def follow_remote(
                     if frame["type"] == "approval_request":
                         nursery.start_soon(answer, frame)
                     run.finished = run.sink.show(frame) or ours.dropped
+            if after is not None and not ours.dropped:
+                await after(daemon)
         except DaemonUnreachableError as exc:
             raise DaemonUnreachableError(
-                f"the daemon at {url} closed the connection before the run ended: "
+                f"the daemon at {endpoint.url} closed the connection before the run ended: "
                 f"`navi sessions history {sid}` shows what it saved",
                 reason=exc.reason,
             ) from None

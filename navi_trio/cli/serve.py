@@ -1,4 +1,5 @@
-"""The daemon's life: `navi serve` runs `serve_daemon` under `trio.run`.
+"""The daemon's life: `navi serve` runs `serve_daemon` under `trio.run`; a command with no
+daemon to speak to serves itself privately (`serve_privately`).
 
     runtime (store, LLM, supervisor, session registry)
     └── ApiServer (listening socket, one Connection per client)
@@ -12,6 +13,13 @@ config file (ConfigSource). Readiness goes to systemd when ``NOTIFY_SOCKET`` is 
 
 Before anything else, what a dead daemon of the same data folder left running is
 killed (`procs.kill_orphans`: a ``full``-mode command outlives a SIGKILL).
+
+`serve_privately` is the same pair for one command (`navi run`, `navi rewind`, `navi mcp
+serve` … when no daemon answers): the runtime and an ApiServer on 127.0.0.1, port 0, that
+knows one user, the person at this shell (`auth.OneToken`: a token made for this process,
+held in its memory only). The command speaks the protocol to it as to any daemon; it
+lives as long as the command's block, and what runs in it (a turn, its background jobs)
+ends with it.
 """
 
 from __future__ import annotations
@@ -20,12 +28,15 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
+import attrs
 import trio
 
-from navi_trio.api.auth import ensure_local_token
+from navi_trio.api.auth import OneToken, ensure_local_token
 from navi_trio.api.server import ApiServer
+from navi_trio.llm.base import LLMBackend
 from navi_trio.profiles import ConfigSource
 from navi_trio.runtime import Runtime, open_runtime
 from navi_trio.settings import Settings
@@ -66,9 +77,7 @@ async def serve_daemon(
                 if supervisor_fd is not None:
                     nursery.start_soon(_outlive_not, supervisor_fd, serving)
                 _notify_systemd("READY=1")
-                # Serving: the token encoding loads now, on a thread, not when the first
-                # turn needs it (its last ~90 ms hold the GIL, so the loop, whatever runs).
-                rt.agent.parts.counter.wanted()
+                rt.warm_up()  # serving: what the first turn needs loads now
                 async for signum in signals:
                     if signum == signal.SIGHUP:
                         changed = rt.config.reload()
@@ -81,6 +90,34 @@ async def serve_daemon(
         await wait_background_jobs(rt, settings.shutdown_wait_tasks_sec)
         log.info("stopping active runs and closing the store")
     log.info("stopped")
+
+
+@attrs.frozen
+class Private:
+    """Where a private server listens, and the token it takes (`serve_privately`)."""
+
+    url: str
+    token: str = attrs.field(repr=False)
+
+
+@asynccontextmanager
+async def serve_privately(
+    settings: Settings, config: ConfigSource, *, backend: LLMBackend | None = None
+) -> AsyncIterator[Private]:
+    """The runtime and a server only this process can use, for as long as the block.
+
+    Loopback, port 0: nothing of the machine's ports is taken for good. Anyone on the
+    machine may connect, but only this process holds the token (`OneToken`), and a
+    browser page is refused by the Origin check as at any daemon. Leaving the block
+    closes the server, then the runtime (runs stopped and saved, jobs cancelled).
+    """
+    tokens = OneToken()
+    async with open_runtime(settings, config=config, backend=backend) as rt:
+        async with trio.open_nursery() as nursery:
+            server = ApiServer(rt, host="127.0.0.1", port=0, tokens=tokens)
+            port = await nursery.start(server.run)
+            yield Private(f"ws://127.0.0.1:{port}/", tokens.token)
+            nursery.cancel_scope.cancel()
 
 
 async def _outlive_not(fd: int, serving: trio.CancelScope) -> None:

@@ -277,6 +277,14 @@ class Scheduler(NurseryHolder):
         if refused is not None:
             raise ForbiddenError(refused)
         due = check_when(want.kind, want.spec, self.clock())
+        if await self._store.get_user(user_id) is None:
+            # A schedule runs as its owner, and one no user of the store owns would be
+            # deleted unrun when due (`_fire`): the person at a shell that serves itself
+            # (`navi schedule add` with no daemon) is none.
+            raise ForbiddenError(
+                "a schedule runs in a daemon, as one of its users: start one with `navi "
+                "serve` (or name it with --url) and add the schedule there"
+            )
         row = ScheduleRow(
             id="sch-" + secrets.token_hex(6), user_id=user_id, session_id=want.session_id,
             profile_id=want.profile_id, kind=want.kind, spec=want.spec.strip(),

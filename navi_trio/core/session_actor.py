@@ -746,6 +746,9 @@ class SessionActor:
                     self.publish(event)
         except NothingToCompactError as exc:
             self.publish(ErrorEvent(message=str(exc), code="nothing_to_compact"))
+        except NaviError as exc:  # its lease held elsewhere, the store: said, not raised
+            code = exc.code if isinstance(exc, RequestError) else "error"
+            self.publish(ErrorEvent(message=str(exc), code=code))
         finally:
             self._done()
 

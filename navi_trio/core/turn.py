@@ -163,7 +163,6 @@ class TurnRunner(TurnEnding):
     async def run(self) -> None:
         t = self.turn
         counter, context = self.parts.counter, t.state.context
-        counter.wanted()  # the encoding loads (once) on a thread while the turn starts
         t.runtime_tools = await self.parts.registry.prepare(t.profile, t.emit)
         # Pre-turn compression, from the real context (not a stored count). While the
         # encoding still loads, a bound under the threshold settles it without waiting.
@@ -293,6 +292,9 @@ class TurnRunner(TurnEnding):
         )
         t.reply = StreamedReply()
         first = t.injections.first_chunk if t.injections is not None else None
+        # The encoding loads (once) on a thread while the model reads the prompt: not
+        # before, where its load (holding the GIL at its end) would hold the request up.
+        self.parts.counter.wanted()
         with t.budget.wall() if t.budget is not None else nullcontext():
             reply = await stream_reply(
                 self.parts.backend, self.settings, request, t.reply, t.emit, first_chunk=first
