@@ -258,12 +258,12 @@ async def test_a_users_checkpoints_and_all_checkpoints_have_a_total(tmp_path: Pa
             checkpoint_user_max_bytes=100_000, checkpoint_total_max_bytes=150_000,
         ) as h:  # fmt: skip
             store = h.runtime.store
+            ids = {"a": await h.user("alice"), "b": await h.user("bob")}
             for sid in folders:
-                user = "u-alice" if sid.startswith("a") else "u-bob"
-                await store.create_session(f"s-{sid}", profile_id="general", user_id=user)
+                await store.create_session(f"s-{sid}", profile_id="general", user_id=ids[sid[0]])
 
             async def write_in(sid: str) -> list[dict[str, Any]]:
-                user = "u-alice" if sid.startswith("a") else "u-bob"
+                user = ids[sid[0]]
                 frames = await turn(h, f"s-{sid}", "write", cwd=folders[sid], user_id=user,
                                     **FULL)  # fmt: skip
                 assert frames[-1]["reason"] == "complete"
