@@ -189,6 +189,19 @@ async def test_a_message_from_a_user_the_store_does_not_know_never_runs(tmp_path
             assert h.chat_requests == []
 
 
+async def test_a_runs_sandbox_gets_the_tmp_size_of_the_settings(tmp_path: Path) -> None:
+    rec = RecordTool()
+    replies = [call("record"), {"text": "done"}]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=replies, tools=toolset(rec), sandbox_tmp_max_bytes=123_456,
+            profiles={"general": with_tools(["record"], planning_first_message=False)},
+        ) as h:  # fmt: skip
+            await h.turn("s1", "hi", cwd=tmp_path)
+    (seen,) = rec.seen
+    assert seen["ctx_sandbox"].tmp_max_bytes == 123_456, seen
+
+
 async def test_run_sets_context_vars_and_message_keeps_cwd(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
         rec = RecordTool()

@@ -117,6 +117,21 @@ async def test_reading_etc_works_and_tmp_is_private(tmp_path: Path) -> None:
     assert "No such file" in result.output  # /tmp is the sandbox's own
 
 
+async def test_the_private_tmp_holds_its_size_and_no_more(tmp_path: Path) -> None:
+    # /tmp is a tmpfs, in RAM: a command that fills it gets "no space left" at the size
+    # it was given, and the host's memory is spared.
+    ctx = sandboxed(tmp_path)
+    ctx = attrs.evolve(ctx, sandbox=SandboxSpec(writable=(ctx.session_dir,), tmp_max_bytes=1 << 20))
+    fits = await run(ctx, "head -c 600000 /dev/zero > /tmp/a && echo fits")
+    assert fits.ok and "fits" in fits.output, fits.content()
+    over = await run(
+        ctx, 'head -c 2000000 /dev/zero > /tmp/b; echo "kib=$(du -k /tmp/b | cut -f1)"'
+    )
+    assert "No space left on device" in over.output, over.output
+    kept_kib = int(over.output.split("kib=")[1].split()[0])
+    assert 0 < kept_kib <= 1024, over.output
+
+
 async def test_a_loopback_listener_outside_is_out_of_reach(tmp_path: Path) -> None:
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
