@@ -53,12 +53,13 @@ import attrs
 from navi_trio.tools.private import PrivatePaths
 from navi_trio.tools.roots import Root
 from navi_trio.tools.runas import RunAs, inherit
+from navi_trio.tools.runas import denied as _denied
+from navi_trio.tools.runas import may as _may
 
 MAX_HOPS = 40  # symlinks followed in one call (Linux's own limit is 40)
 
 _O_PATH: int | None = getattr(os, "O_PATH", None)  # Linux: enough to walk through, stat
-# Permission bits, as access(2) names them.
-_R, _W, _X = os.R_OK, os.W_OK, os.X_OK
+_R, _W, _X = os.R_OK, os.W_OK, os.X_OK  # permission bits, as access(2) names them
 # One component, whatever it is (a folder, a symlink itself, a file), where O_PATH exists.
 _ENTRY = None if _O_PATH is None else _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR = (_O_PATH or os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -128,21 +129,6 @@ def _open_entry(dir_fd: int, name: str, flags: int) -> tuple[int, bool]:
         except FileExistsError:
             pass  # a file, or a symlink (O_EXCL never follows one): opened as it is
     return os.open(name, (flags & ~os.O_CREAT) | _FILE, dir_fd=dir_fd), False
-
-
-def _may(st: os.stat_result, want: int, who: RunAs) -> bool:
-    """Whether `who` has the `want` bits on what `st` describes (owner, group, others)."""
-    if st.st_uid == who.uid:
-        bits = st.st_mode >> 6
-    elif st.st_gid == who.gid:
-        bits = st.st_mode >> 3
-    else:
-        bits = st.st_mode
-    return bits & want == want
-
-
-def _denied() -> PermissionError:
-    return PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
 
 def _readlink(dir_fd: int, name: str) -> str | None:
