@@ -282,3 +282,41 @@ async def test_a_removed_users_session_is_never_woken_after_a_restart(tmp_path: 
             assert len(llm.chat_requests) == 2
             notes = system_notes(llm.chat_requests[1]["body"])
             assert any("bt-gone" in n and "make test" in n for n in notes), notes
+
+
+async def test_on_postgresql_the_daemon_running_a_removed_users_job_cancels_it(
+    tmp_path: Path, pg_url: str
+) -> None:
+    # bob, on daemon B, starts a background sub-agent whose LLM call never answers (nor
+    # does his turn's next one: whichever asks first, both wait). The admin follows his
+    # session from daemon A. `navi users remove bob` on the shared database: B stops his
+    # turn and cancels his job (no process of his to kill: only the cancel ends it), and
+    # A relays both ends to the admin.
+    spawn = {"tool_calls": [{"name": "spawn_agent", "arguments": {
+        "task": "think for ever", "background": True}}]}  # fmt: skip
+    replies: list[dict[str, Any]] = [spawn, STALL, STALL]
+    env = {**clean_env(tmp_path), "NAVI_DB": pg_url}
+    with trio.fail_after(LIMIT):
+        async with (
+            open_fake_llm(replies) as llm,
+            pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True) as (a, b),
+        ):
+            admin = await add_user(env, "alice", "admin")
+            bob_token = await add_user(env, "bob")
+            async with connect_as(b.url, bob_token) as bob, connect_as(a.url, admin) as alice:
+                sid = await started(bob, "start the helper")
+                await bob.until_type("task_update", session_id=sid, status="running")
+                ok = await alice.request({"type": "subscribe", "session_id": sid})
+                assert ok["type"] == "ok", ok
+                listed = await alice.request({"type": "tasks", "action": "list"})
+                (task,) = listed["tasks"]
+                assert (task["tool"], task["status"]) == ("spawn_agent", "running"), task
+                await navi_users(env, "remove", "bob")
+                with trio.fail_after(30):  # the job would run for hours without the cancel
+                    ended = await alice.until_type("task_update", session_id=sid,
+                                                   status="cancelled")  # fmt: skip
+                assert ended["task_id"] == task["task_id"], ended
+                end = await alice.until_end(sid)
+                assert end["reason"] == "stopped", end
+            # The turn's, the helper's and (if it came first) the turn's next: no more.
+            assert len(llm.chat_requests) <= 3
