@@ -81,6 +81,7 @@ SYSTEM_DIRS = (Path("/proc"), Path("/dev"), Path("/sys"))
 # Host files kept visible inside a mask: the resolver's file often lives in /run.
 KEEP_FILES = (Path("/etc/resolv.conf"),)
 PRIVATE_TMP = Path("/tmp")  # an empty tmpfs of the sandbox's own
+MASK_MAX_BYTES = 64 << 10  # each mask's (`_Binds.tmpfs`): mount points only, no data
 TMP_MAX_BYTES = 256 << 20  # its size when the caller gives none (NAVI_SANDBOX_TMP_MAX_BYTES)
 # navi's own Python: code_exec runs it, a command may find it on PATH.
 _PYTHON = tuple(Path(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix))
@@ -283,8 +284,11 @@ class _Binds:
         return self._opened[real]
 
     def tmpfs(self, folder: Path) -> list[str]:
+        """An empty folder over `folder`: a mask, holding only what is bound there. Its
+        tmpfs is the command's to write (a daemon that is not root: bwrap makes it
+        theirs), so it gets a size too, a small one: it holds mount points, no data."""
         self.empty.append(folder)
-        return ["--tmpfs", str(folder)]
+        return ["--size", str(MASK_MAX_BYTES), "--tmpfs", str(folder)]
 
     def bind_path(self, path: Path) -> list[str]:
         """A read-only bind by path: only for what no one but the admin can change."""
