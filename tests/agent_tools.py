@@ -33,7 +33,9 @@ class RecordTool:
         self.seen: list[dict[str, Any]] = []
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        self.seen.append({**runvars.snapshot(), "ctx_cwd": ctx.cwd, "args": args})
+        self.seen.append(
+            {**runvars.snapshot(), "ctx_cwd": ctx.cwd, "ctx_sandbox": ctx.sandbox, "args": args}
+        )
         ctx.emit({"progress": "half way"})
         return ToolResult.success("recorded")
 

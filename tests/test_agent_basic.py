@@ -176,6 +176,32 @@ async def test_memory_message_and_stale_system_messages(tmp_path: Path) -> None:
             }
 
 
+async def test_a_message_from_a_user_the_store_does_not_know_never_runs(tmp_path: Path) -> None:
+    # What may run is the store's word at the start of each run: a user removed (here:
+    # never added) gets an error and the LLM hears nothing, on any daemon, after any start.
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=[{"text": "DIRECT"}, {"text": "hi"}]) as h:
+            frames = await h.turn("s1", "hi", user_id="u-0123456789ab", user_role="admin")
+            end = frames[-1]
+            assert (end["type"], end["reason"]) == ("stream_end", "error"), frames
+            (error,) = of_type(frames, "error")
+            assert "removed" in error["message"], error
+            assert h.chat_requests == []
+
+
+async def test_a_runs_sandbox_gets_the_tmp_size_of_the_settings(tmp_path: Path) -> None:
+    rec = RecordTool()
+    replies = [call("record"), {"text": "done"}]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=replies, tools=toolset(rec), sandbox_tmp_max_bytes=123_456,
+            profiles={"general": with_tools(["record"], planning_first_message=False)},
+        ) as h:  # fmt: skip
+            await h.turn("s1", "hi", cwd=tmp_path)
+    (seen,) = rec.seen
+    assert seen["ctx_sandbox"].tmp_max_bytes == 123_456, seen
+
+
 async def test_run_sets_context_vars_and_message_keeps_cwd(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
         rec = RecordTool()
@@ -188,14 +214,15 @@ async def test_run_sets_context_vars_and_message_keeps_cwd(tmp_path: Path) -> No
             tools=toolset(rec),
             profiles={"general": with_tools(["record"], model="model-x")},
         ) as h:
-            msg = dict(cwd=work, user_id="u7", user_role="admin", user_info={"name": "Ann"})
+            ann = await h.user("ann", "admin")
+            msg = dict(cwd=work, user_id=ann, user_role="admin", user_info={"name": "Ann"})
             await h.turn("s1", "hi", **msg)
             seen = rec.seen[0]
             assert seen["session_id"] == "s1"
             assert seen["model"] == "model-x"
             assert seen["working_directory"] == work == seen["ctx_cwd"]
             assert (seen["user_id"], seen["user_role"], seen["user_info"]) == (
-                "u7",
+                ann,
                 "admin",
                 {"name": "Ann"},
             )

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import trio
-from api_ws import open_daemon
+from api_ws import Client, open_daemon
 
 from navi_trio.api.protocol import COMMANDS, ERROR_MAX_CHARS, error_frame, parse_frame
 from navi_trio.errors import ProtocolError
@@ -128,6 +128,17 @@ async def test_over_the_wire_huge_numbers_and_ids_get_short_plain_errors(tmp_pat
             assert listed["sessions"] == []  # nothing was created; the connection goes on
 
 
+async def two_turns_watched(alice: Client, root: Client) -> str:
+    """alice's two turns in a new session the admin `root` follows; its id."""
+    ok = await alice.request({"type": "message", "content": "hi"})
+    sid = str(ok["session_id"])
+    await root.request({"type": "subscribe", "session_id": sid, "last_seq": 0})
+    await alice.until_end(sid)
+    await alice.request({"type": "message", "content": "again", "session_id": sid})
+    await alice.until_end(sid)
+    return sid
+
+
 async def test_an_llm_error_names_the_endpoint_to_admins_only(tmp_path: Path) -> None:
     dropped = {"text": "I will now explain everything", "drop_after": 3}
     refused = {"status": 400, "error_body": '{"error": "bad request, see https://llm.example/x"}'}
@@ -135,12 +146,7 @@ async def test_an_llm_error_names_the_endpoint_to_admins_only(tmp_path: Path) ->
         async with open_daemon(tmp_path, replies=[dropped, refused]) as d:
             endpoint = d.harness.runtime.settings.llm_url.split("//")[1]  # host:port
             async with d.connect("alice") as alice, d.connect("root") as root:
-                ok = await alice.request({"type": "message", "content": "hi"})
-                sid = str(ok["session_id"])
-                await root.request({"type": "subscribe", "session_id": sid, "last_seq": 0})
-                await alice.until_end(sid)
-                await alice.request({"type": "message", "content": "again", "session_id": sid})
-                await alice.until_end(sid)
+                sid = await two_turns_watched(alice, root)
                 while len([f for f in root.frames if f["type"] == "stream_end"]) < 2:
                     await root.until_end(sid)
                 seen: dict[str, list[str]] = {}
@@ -180,3 +186,48 @@ async def test_credentials_in_the_llm_address_are_shown_to_nobody(tmp_path: Path
     for message in seen["alice"]:  # the HTTP library's words name the host and port too
         assert "[address hidden]" in message and "127.0.0.1" not in message, message
         assert "s3cret" not in message and ":9" not in message, message
+
+
+def spawn(**arguments: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "spawn_agent", "arguments": {"task": "look", **arguments}}]}
+
+
+async def test_a_sub_agents_error_names_the_endpoint_to_admins_only(tmp_path: Path) -> None:
+    # A sub-agent's failed LLM call reaches the user as its spawn's tool result, and a
+    # background one's as the job's `task_update` and `tasks check`: each hides the
+    # address from a user who is not an admin, as a turn's own error does.
+    refused = {"status": 400, "error_body": '{"error": "bad request, see https://llm.example/x"}'}
+    replies: list[dict[str, Any]] = [
+        spawn(),
+        refused,
+        {"text": "the helper failed"},
+        spawn(background=True),
+        {"text": "started it"},
+        refused,
+    ]
+    profiles = {"general": {"planning_first_message": False, "tools": {"agent": ["spawn_agent"]}}}
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, replies=replies, profiles=profiles) as d:
+            endpoint = d.harness.runtime.settings.llm_url.split("//")[1]  # host:port
+            async with d.connect("alice") as alice, d.connect("root") as root:
+                sid = await two_turns_watched(alice, root)
+                seen: dict[str, list[str]] = {}
+                for name, c in (("alice", alice), ("root", root)):
+                    update = await c.until_type("task_update", session_id=sid, status="failed")
+                    check = await c.request(
+                        {"type": "tasks", "action": "check", "session_id": sid,
+                         "task_id": update["task_id"]}
+                    )  # fmt: skip
+                    told = [f for f in c.frames if f["type"] in ("tool_result", "task_update")]
+                    results = [f["error"] for f in told if f.get("error")]
+                    seen[name] = [*results, update["error"], check["task"]["error"]]
+                    seen[name + " whole"] = [json.dumps([*told, check])]
+                history = await alice.request(
+                    {"type": "sessions", "action": "history", "session_id": sid}
+                )
+    assert endpoint not in json.dumps(history), history
+    assert len(seen["root"]) == len(seen["alice"]) == 4, seen
+    assert all(endpoint in text for text in seen["root"]), seen
+    for text in seen["alice"] + seen["alice whole"]:
+        assert "[address hidden]" in text and endpoint not in text, text
+        assert "127.0.0.1" not in text and "://" not in text, text

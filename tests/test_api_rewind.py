@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from api_ws import Client, Daemon, open_daemon
 from bg_tools import BACKGROUNDABLE, make_kit
@@ -265,3 +266,52 @@ async def test_a_fork_is_a_new_session_of_the_sender_that_goes_on_on_its_own(
                     {"type": "sessions", "action": "history", "session_id": sid}
                 )
                 assert sum(m["role"] == "user" for m in source["messages"]) == 2
+
+
+@pytest.mark.parametrize("swap", ["link", "folder"])
+async def test_a_forks_folder_swapped_after_its_check_gets_no_copy_nor_does_what_replaced_it(
+    tmp_path: Path, swap: str
+) -> None:
+    # The fork's folder is checked when the frame arrives; before the copy is made, its
+    # parent is renamed away and a link to another folder (or another folder itself)
+    # takes its place. The copy goes nowhere: refused, naming the folder; no session.
+    base = (tmp_path / "base").resolve()
+    parent = base / "p"
+    parent.mkdir(parents=True)
+    other = base / "other"
+    other.mkdir()
+    work = base / "work"
+    work.mkdir()
+    replies = [calls(write("a.txt", "in the work folder\n")), say("one")]
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, replies=replies, profiles=PROFILES) as d:
+            async with d.connect("root") as admin:
+                ok = await admin.request({"type": "message", "content": "one", "cwd": str(work)})
+                assert ok["type"] in ("ok", "session"), ok
+                sid = str(ok["session_id"])
+                await admin.until_end(sid)
+                await idle(d, sid)
+                engine = d.harness.runtime.rewinds.forker.rewinder.engine
+                export = engine.export
+
+                async def swapped_first(*args: Any) -> Any:
+                    if not (base / "p-moved").exists():
+                        parent.rename(base / "p-moved")
+                        if swap == "link":
+                            parent.symlink_to(other)
+                        else:
+                            other.rename(parent)
+                    return await export(*args)
+
+                engine.export = swapped_first  # type: ignore[method-assign,assignment]
+                err = await admin.request(
+                    {"type": "fork", "session_id": sid, "files": True,
+                     "folder": str(parent / "copy")}
+                )  # fmt: skip
+                assert (err["type"], err["code"]) == ("error", "restore_failed"), err
+                assert str(parent) in err["message"], err
+                for place in (base / "p-moved", parent):
+                    assert not (place / "copy").exists(), place
+                assert not list((base / "p-moved").iterdir())
+                listed = await admin.request({"type": "sessions", "action": "list"})
+                assert [s["session_id"] for s in listed["sessions"]] == [sid]  # no fork left

@@ -337,13 +337,14 @@ async def test_a_job_runs_with_the_run_variables_of_the_call_that_started_it(
         async with harness(
             tmp_path, kit, replies, backgroundable_tools=(*BACKGROUNDABLE, "snapshot")
         ) as h:
-            await h.turn("s1", "hi", profile_id="bg", cwd=cwd, user_id="alice")
+            alice = await h.user("alice")
+            await h.turn("s1", "hi", profile_id="bg", cwd=cwd, user_id=alice)
             job = only_job(h, "s1")
             await job.done.wait()
             (inline,) = kit.snapshot.by_label("inline")
             (in_job,) = kit.snapshot.by_label("job")
             assert inline["vars"]["working_directory"] == cwd
-            assert inline["vars"]["user_id"] == "alice"
+            assert inline["vars"]["user_id"] == alice
             assert in_job["vars"] == inline["vars"]
             assert in_job["cwd"] == cwd
 
@@ -359,7 +360,8 @@ async def test_a_background_subagent_works_in_the_parents_cwd(tmp_path: Path) ->
     cwd.mkdir()
     with trio.fail_after(TIMEOUT):
         async with harness(tmp_path, kit, replies) as h:
-            await h.turn("s1", "hi", profile_id="bg1", cwd=cwd, user_id="alice")
+            alice = await h.user("alice")
+            await h.turn("s1", "hi", profile_id="bg1", cwd=cwd, user_id=alice)
             job = only_job(h, "s1")
             await job.done.wait()
             assert job.status == "completed", job.error
@@ -367,4 +369,4 @@ async def test_a_background_subagent_works_in_the_parents_cwd(tmp_path: Path) ->
             assert sub["is_subagent"] is True and sub["session_id"] == "s1"
             assert sub["cwd"] == cwd
             assert sub["vars"]["working_directory"] == cwd
-            assert sub["vars"]["user_id"] == "alice"
+            assert sub["vars"]["user_id"] == alice

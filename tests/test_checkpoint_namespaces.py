@@ -54,8 +54,9 @@ async def test_a_right_guess_of_another_users_file_costs_what_a_wrong_one_does(
         async with open_harness(
             tmp_path, replies=replies, profiles={"general": {"planning_first_message": False}}
         ) as h:
+            ids = {name: await h.user(name) for name in ("alice", "bob")}
             for sid, user, _ in turns:
-                frames = await h.turn(sid, "write", user_id=user)
+                frames = await h.turn(sid, "write", user_id=ids[user])
                 made = [f for f in frames if f["type"] == "checkpoint_created"]
                 assert len(made) == 2, made
                 stored[sid] = made[1]["new_bytes"]  # the .env, its listing

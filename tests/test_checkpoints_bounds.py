@@ -258,12 +258,12 @@ async def test_a_users_checkpoints_and_all_checkpoints_have_a_total(tmp_path: Pa
             checkpoint_user_max_bytes=100_000, checkpoint_total_max_bytes=150_000,
         ) as h:  # fmt: skip
             store = h.runtime.store
+            ids = {"a": await h.user("alice"), "b": await h.user("bob")}
             for sid in folders:
-                user = "u-alice" if sid.startswith("a") else "u-bob"
-                await store.create_session(f"s-{sid}", profile_id="general", user_id=user)
+                await store.create_session(f"s-{sid}", profile_id="general", user_id=ids[sid[0]])
 
             async def write_in(sid: str) -> list[dict[str, Any]]:
-                user = "u-alice" if sid.startswith("a") else "u-bob"
+                user = ids[sid[0]]
                 frames = await turn(h, f"s-{sid}", "write", cwd=folders[sid], user_id=user,
                                     **FULL)  # fmt: skip
                 assert frames[-1]["reason"] == "complete"
@@ -288,3 +288,55 @@ async def test_a_users_checkpoints_and_all_checkpoints_have_a_total(tmp_path: Pa
             # Alice's first session goes, and with it its checkpoints: room again.
             await h.runtime.session_service.delete("s-a1")
             assert [f["type"] for f in await write_in("a2")] == ["checkpoint_created"]
+
+
+@pytest.mark.parametrize("bound", ["user", "total"])
+async def test_snapshots_running_at_once_cannot_pass_a_total_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bound: str
+) -> None:
+    # Two sessions (alice's both, or alice's and bob's), in two folders, each bringing
+    # 60,000 new bytes against a total of 100,000 (alice's, or everyone's); their
+    # snapshots are held until both have started, so each reads the store before the
+    # other stored anything. The room the first reserved is
+    # spent for the second: one checkpoint, one skipped (before: both, 120,000 bytes).
+    folders = {sid: real_dir(tmp_path / f"work-{sid}") for sid in ("a1", "a2")}
+    for folder in folders.values():
+        (folder / "data.bin").write_bytes(os.urandom(FILE))
+    replies = [calls(write("w0.txt", "w\n")), calls(write("w1.txt", "w\n")), say("ok"), say("ok")]
+    bounds: dict[str, Any] = {f"checkpoint_{bound}_max_bytes": 100_000}
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=replies, profiles=PROFILES,
+            **bounds,
+        ) as h:  # fmt: skip
+            alice = await h.user("alice")
+            owners = {"a1": alice, "a2": alice if bound == "user" else await h.user("bob")}
+            engine = h.runtime.checkpoints.engine
+            snapshot = engine.snapshot
+            started: list[str] = []
+            both = trio.Event()
+
+            async def held_until_both(session_id: str, *args: Any, **kwargs: Any) -> Any:
+                started.append(session_id)
+                if len(started) == 2:
+                    both.set()
+                await both.wait()
+                return await snapshot(session_id, *args, **kwargs)
+
+            monkeypatch.setattr(engine, "snapshot", held_until_both)
+            said: dict[str, list[str]] = {}
+
+            async def write_in(sid: str) -> None:
+                user = owners[sid]
+                await h.runtime.store.create_session(sid, profile_id="general", user_id=user)
+                frames = await turn(h, sid, "write", cwd=folders[sid], user_id=user, **FULL)
+                assert frames[-1]["reason"] == "complete", frames[-1]
+                said[sid] = [str(f.get("code", f["type"])) for f in frames
+                             if f["type"] in ("checkpoint_created", "warning")]  # fmt: skip
+
+            async with trio.open_nursery() as nursery:
+                for sid in folders:
+                    nursery.start_soon(write_in, sid)
+            assert sorted(started) == sorted(folders)
+            assert sorted(said.values()) == [["checkpoint_created"], ["checkpoint_skipped"]], said
+            assert FILE <= await engine.stored_bytes() <= 100_000

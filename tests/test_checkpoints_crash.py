@@ -26,6 +26,7 @@ from test_checkpoints_support import (
     DEADLINE,
     diff,
     engine_for,
+    export,
     make_settings,
     private_for,
     real_dir,
@@ -189,7 +190,7 @@ async def test_a_snapshot_killed_at_random_points_leaves_only_whole_checkpoints(
                 # Every checkpoint there is whole: it restores one of those trees.
                 for k, info in enumerate(await engine.checkpoints("s")):
                     copy = tmp_path / f"copy-{run}-{k}"
-                    assert await engine.export("s", info.id, work, copy) == []
+                    assert await export(engine, "s", info.id, work, copy) == []
                     assert tree_of(copy) in seen
 
 

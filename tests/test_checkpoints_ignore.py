@@ -20,6 +20,7 @@ from test_checkpoints_git import git, git_env
 from test_checkpoints_support import (
     DEADLINE,
     engine_for,
+    export,
     make_settings,
     private_for,
     real_dir,
@@ -96,7 +97,7 @@ async def test_the_files_a_checkpoint_holds_are_those_git_does_not_ignore(
     with trio.fail_after(DEADLINE):
         async with engine_for(settings) as engine:
             first = await snap(engine, "s", [work], private)
-            await engine.export("s", first, work, tmp_path / "copy")
+            await export(engine, "s", first, work, tmp_path / "copy")
     held = {k for k, v in tree_of(tmp_path / "copy").items() if v[0] == "file"}
     assert held == expected
 
@@ -130,7 +131,7 @@ async def test_the_ignore_list_leaves_names_out_everywhere_and_git_always(
     with trio.fail_after(DEADLINE):
         async with engine_for(settings) as engine:
             first = await snap(engine, "s", [work], private)
-            await engine.export("s", first, work, tmp_path / "copy")
+            await export(engine, "s", first, work, tmp_path / "copy")
     held = {k for k, v in tree_of(tmp_path / "copy").items() if v[0] == "file"}
     # node_modules is only in the default list, which this setting replaced; .git stays out.
     assert held == {"ok", "node_modules/m"}

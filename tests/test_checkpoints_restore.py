@@ -33,6 +33,7 @@ from test_checkpoints_support import (
 )
 
 from navi_trio.core.checkpoints import CheckpointChangedError, CheckpointError, Created, _apply
+from navi_trio.tools.roots import Root
 
 
 def _step0(w: Path) -> None:
@@ -276,11 +277,15 @@ async def test_a_checkpoint_exports_into_a_new_folder_as_it_was(tmp_path: Path) 
             first = await snap(engine, "s", [work], private)
             expected = tree_of(work)
             _step1(work)
-            dest = tmp_path / "fork"
-            assert await engine.export("s", first, work, dest) == []
-            assert tree_of(dest) == expected
-            with pytest.raises(CheckpointError, match="already exists"):
-                await engine.export("s", first, work, dest)
+            dest = real_dir(tmp_path) / "fork"
+            with Root.open(dest.parent, "the fork's folder") as parent:
+                made = await engine.export("s", first, work, parent, dest.name)
+                assert made.failed == []
+                st = os.stat(dest)
+                assert made.ident == (st.st_dev, st.st_ino)
+                assert tree_of(dest) == expected
+                with pytest.raises(CheckpointError, match="already exists"):
+                    await engine.export("s", first, work, parent, dest.name)
             assert not [n for n in tree_of(tmp_path) if "navi-export" in n]
 
 

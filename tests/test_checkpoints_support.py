@@ -18,9 +18,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import trio
+
 from navi_trio.core.checkpoints import CheckpointEngine, Created, open_checkpoints
 from navi_trio.settings import Settings
 from navi_trio.tools.private import PrivatePaths, private_paths
+from navi_trio.tools.roots import Root
 
 DEADLINE = 60
 Tree = dict[str, tuple[Any, ...]]
@@ -86,6 +89,17 @@ async def snap(
     outcome = await engine.snapshot(owner, roots, private=private, namespace=namespace)
     assert isinstance(outcome, Created), outcome
     return outcome.checkpoint.id
+
+
+async def export(
+    engine: CheckpointEngine, owner: str, checkpoint_id: str, root: Path, dest: Path
+) -> list[Any]:
+    """Export `root` of a checkpoint into the new folder `dest` (its parent held for
+    the export, as a fork holds it); the paths that could not be written."""
+    parent = await trio.to_thread.run_sync(os.path.realpath, dest.parent)
+    with Root.open(Path(parent), "the copy's folder") as held:
+        made = await engine.export(owner, checkpoint_id, root, held, dest.name)
+    return made.failed
 
 
 def sh(cwd: Path, *args: str) -> None:

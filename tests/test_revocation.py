@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,14 +25,18 @@ from typing import Any
 
 import pytest
 import trio
+from agent_tools import system_notes
 from api_ws import Client
 from daemons import add_user, connect_as, navi_users, no_plan_config, pg_daemons, rotate_user
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from pg_server import sql
 from reliability import Daemon, clean_env, navi_serve
+from test_store_sharing import dead_pid
 from trio_websocket import ConnectionClosed, open_websocket_url
 
+from navi_trio.core.task_supervisor import RUNNING_SCOPE
+from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing import open_fake_llm
 
 pytestmark = pytest.mark.slow
@@ -207,3 +212,111 @@ async def test_on_postgresql_every_daemon_closes_the_revoked_tokens_connections(
                 assert sql(pg_url, "SELECT id FROM sessions") == [(sid,)]
             await hello_refused(b.url, token)
             assert len(llm.chat_requests) == 2
+
+
+async def test_a_removed_users_background_job_is_cancelled_at_the_removal(
+    tmp_path: Path,
+) -> None:
+    # bob's job would run for ten minutes; his removal ends it at once, and the admin
+    # following his session sees it end as cancelled.
+    job = {"tool_calls": [{"name": "terminal", "arguments": {
+        "action": "run", "command": "sleep 600", "background": True}}]}  # fmt: skip
+    replies: list[dict[str, Any]] = [job, {"text": "started it"}]
+    with trio.fail_after(LIMIT):
+        async with one_daemon(tmp_path, replies) as (daemon, env, llm):
+            admin = await add_user(env, "alice", "admin")
+            bob_token = await add_user(env, "bob")
+            async with (
+                connect_as(daemon.url, bob_token) as bob,
+                connect_as(daemon.url, admin) as alice,
+            ):
+                sid = await started(bob, "start the long job")
+                await bob.until_end(sid)
+                listed = await alice.request({"type": "tasks", "action": "list", "session_id": sid})
+                (task,) = listed["tasks"]
+                assert task["status"] == "running", task
+                ok = await alice.request({"type": "subscribe", "session_id": sid})
+                assert ok["type"] == "ok", ok
+                await navi_users(env, "remove", "bob")
+                ended = await alice.until_type("task_update", session_id=sid)
+                assert ended["task_id"] == task["task_id"], json.dumps(ended)
+                assert ended["status"] == "cancelled", json.dumps(ended)
+            assert len(llm.chat_requests) == 2  # no turn woke for it
+
+
+async def test_a_removed_users_session_is_never_woken_after_a_restart(tmp_path: Path) -> None:
+    # bob's session wakes when a background job ends. The daemon dies with his job
+    # running (its marker left, naming a dead process); bob is removed while it is down.
+    # The next start finds the job lost: its note is kept for whoever writes there next,
+    # and no turn runs for bob (before: one ran, woken as role `user`).
+    config = no_plan_config(tmp_path, wake_on_task_done=True)
+    env = clean_env(tmp_path, NAVI_CONFIG=str(config))
+    replies = [{"text": "hi bob"}, {"text": "the admin is answered"}]
+    with trio.fail_after(LIMIT):
+        async with open_fake_llm(replies) as llm:
+            admin = await add_user(env, "alice", "admin")
+            bob_token = await add_user(env, "bob")
+            async with (
+                navi_serve(env, llm.url, tmp_path / "daemon.log") as daemon,
+                connect_as(daemon.url, bob_token) as bob,
+            ):
+                sid = await started(bob, "hello")
+                await bob.until_end(sid)
+            async with SQLiteStore.open(tmp_path / "navi.db") as store:
+                marker = {"session_id": sid, "task_id": "bt-gone", "tool": "terminal",
+                          "args_summary": "make test", "is_spawn": False, "pid": dead_pid(),
+                          "host": socket.gethostname()}  # fmt: skip
+                await store.kv_set(RUNNING_SCOPE, f"{sid}:bt-gone", marker)
+            await navi_users(env, "remove", "bob")
+            async with (
+                navi_serve(env, llm.url, tmp_path / "daemon.log") as daemon,
+                connect_as(daemon.url, admin) as alice,
+            ):
+                ok = await alice.request({"type": "subscribe", "session_id": sid})
+                assert ok["type"] == "ok", ok
+                again = await started(alice, "what happened here?", session_id=sid)
+                end = await alice.until_end(again)
+                assert end["text"] == "the admin is answered", end
+                assert not [f for f in alice.frames if f["type"] == "woken"], alice.frames
+            # Two turns in all: bob's and the admin's, which got the lost job's note.
+            assert len(llm.chat_requests) == 2
+            notes = system_notes(llm.chat_requests[1]["body"])
+            assert any("bt-gone" in n and "make test" in n for n in notes), notes
+
+
+async def test_on_postgresql_the_daemon_running_a_removed_users_job_cancels_it(
+    tmp_path: Path, pg_url: str
+) -> None:
+    # bob, on daemon B, starts a background sub-agent whose LLM call never answers (nor
+    # does his turn's next one: whichever asks first, both wait). The admin follows his
+    # session from daemon A. `navi users remove bob` on the shared database: B stops his
+    # turn and cancels his job (no process of his to kill: only the cancel ends it), and
+    # A relays both ends to the admin.
+    spawn = {"tool_calls": [{"name": "spawn_agent", "arguments": {
+        "task": "think for ever", "background": True}}]}  # fmt: skip
+    replies: list[dict[str, Any]] = [spawn, STALL, STALL]
+    env = {**clean_env(tmp_path), "NAVI_DB": pg_url}
+    with trio.fail_after(LIMIT):
+        async with (
+            open_fake_llm(replies) as llm,
+            pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True) as (a, b),
+        ):
+            admin = await add_user(env, "alice", "admin")
+            bob_token = await add_user(env, "bob")
+            async with connect_as(b.url, bob_token) as bob, connect_as(a.url, admin) as alice:
+                sid = await started(bob, "start the helper")
+                await bob.until_type("task_update", session_id=sid, status="running")
+                ok = await alice.request({"type": "subscribe", "session_id": sid})
+                assert ok["type"] == "ok", ok
+                listed = await alice.request({"type": "tasks", "action": "list"})
+                (task,) = listed["tasks"]
+                assert (task["tool"], task["status"]) == ("spawn_agent", "running"), task
+                await navi_users(env, "remove", "bob")
+                with trio.fail_after(30):  # the job would run for hours without the cancel
+                    ended = await alice.until_type("task_update", session_id=sid,
+                                                   status="cancelled")  # fmt: skip
+                assert ended["task_id"] == task["task_id"], ended
+                end = await alice.until_end(sid)
+                assert end["reason"] == "stopped", end
+            # The turn's, the helper's and (if it came first) the turn's next: no more.
+            assert len(llm.chat_requests) <= 3

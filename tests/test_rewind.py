@@ -12,7 +12,9 @@ real folders under tmp_path, real shell commands; every test under an absolute
 from __future__ import annotations
 
 import functools
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -411,37 +413,73 @@ async def test_a_rewind_previewed_before_a_compaction_is_refused_when_applied(
             assert await h.runtime.store.load_context(SID) == compacted
 
 
+async def cut_fork(h: Harness, copy: Path, at_cut: Callable[[], None]) -> None:
+    """A fork of SID at its second message with its files, copied to `copy`, cut short
+    once the copies are made (its session row not yet filled), `at_cut` run first."""
+    _, second = await user_ids(h)
+    store = h.runtime.store
+    update = store.update_session
+    cut = trio.Event()
+
+    async def copied_then_hang(session_id: str, **fields: Any) -> Any:
+        if session_id == "s-cut":  # the copies are made: the fork is cut here
+            at_cut()
+            cut.set()
+            await trio.sleep_forever()
+        return await update(session_id, **fields)
+
+    store.update_session = copied_then_hang  # type: ignore[method-assign]
+    await store.create_session("s-cut", profile_id="general")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(
+            functools.partial(
+                h.runtime.rewinds.fork, SID, "s-cut", at=second, files=True, folder=copy
+            )
+        )
+        await cut.wait()
+        nursery.cancel_scope.cancel()
+    assert await store.get_session("s-cut") is None
+    assert not h.runtime.settings.session_dir("s-cut").exists()
+
+
 async def test_a_fork_cancelled_part_way_leaves_no_session_and_no_copied_folder(
     tmp_path: Path,
 ) -> None:
     work = workspace(tmp_path)
     copy = tmp_path / "elsewhere" / "copy"
     copy.parent.mkdir()
+    made = []
     with trio.fail_after(TIMEOUT):
         async with open_harness(tmp_path, replies=TURN_1 + TURN_2, profiles=PROFILES) as h:
             await two_turns(h, work)
-            _, second = await user_ids(h)
-            store = h.runtime.store
-            update = store.update_session
-            copied = trio.Event()
-
-            async def copied_then_hang(session_id: str, **fields: Any) -> Any:
-                if session_id == "s-cut":  # the copies are made: the fork is cut here
-                    copied.set()
-                    await trio.sleep_forever()
-                return await update(session_id, **fields)
-
-            store.update_session = copied_then_hang  # type: ignore[method-assign]
-            await store.create_session("s-cut", profile_id="general")
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(
-                    functools.partial(
-                        h.runtime.rewinds.fork, SID, "s-cut", at=second, files=True, folder=copy
-                    )
-                )
-                await copied.wait()
-                assert copy.is_dir()
-                nursery.cancel_scope.cancel()
-            assert await store.get_session("s-cut") is None
+            await cut_fork(h, copy, lambda: made.append(copy.is_dir()))
+            assert made == [True]
             assert not copy.exists()
-            assert not h.runtime.settings.session_dir("s-cut").exists()
+
+
+async def test_a_fork_cut_short_removes_its_copy_beneath_its_parent_never_through_a_link(
+    tmp_path: Path,
+) -> None:
+    # The copy is made in `elsewhere`; before the fork ends, `elsewhere` is renamed away
+    # and a link to a folder of someone else's holding a `copy` of theirs takes its
+    # place. Cut short, the fork removes its own copy (where it went with its parent),
+    # and nothing behind the link.
+    work = workspace(tmp_path)
+    elsewhere = (tmp_path / "elsewhere").resolve()
+    elsewhere.mkdir()
+    theirs = tmp_path / "theirs"
+    (theirs / "copy").mkdir(parents=True)
+    (theirs / "copy" / "keep.txt").write_text("someone else's\n")
+    moved = tmp_path / "elsewhere-moved"
+
+    def swap() -> None:
+        elsewhere.rename(moved)
+        elsewhere.symlink_to(theirs)
+        assert (moved / "copy" / "a.txt").is_file()  # the copy, moved with its parent
+
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=TURN_1 + TURN_2, profiles=PROFILES) as h:
+            await two_turns(h, work)
+            await cut_fork(h, elsewhere / "copy", swap)
+            assert (theirs / "copy" / "keep.txt").read_text() == "someone else's\n"
+            assert os.listdir(moved) == []  # the fork's own copy is gone

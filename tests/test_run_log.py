@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -21,11 +22,16 @@ from agent_tools import EchoTool, call, seed, toolset, with_tools
 
 from navi_trio.core.lease import SessionLeases
 from navi_trio.core.session import SessionState
-from navi_trio.testing import open_harness
+from navi_trio.testing import Harness, open_harness
 
 TIMEOUT = 30
 LOGGER = "navi_trio.core.session_actor"
-ALICE = {"user_id": "u-1", "user_info": {"id": "u-1", "name": "alice", "role": "user"}}
+
+
+async def alice(h: Harness) -> dict[str, Any]:
+    """A message's sender fields for the stored user alice."""
+    uid = await h.user("alice")
+    return {"user_id": uid, "user_info": {"id": uid, "name": "alice", "role": "user"}}
 
 
 def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -47,10 +53,11 @@ async def test_a_run_logs_its_start_tool_calls_errors_and_end(
     with trio.fail_after(TIMEOUT):
         async with _harness(tmp_path, replies) as h:  # type: ignore[attr-defined]
             await seed(h)
-            frames = await h.turn("s1", "go", **ALICE)
+            sender = await alice(h)
+            frames = await h.turn("s1", "go", **sender)
             assert frames[-1]["reason"] == "complete"
             # An unknown profile is refused by the actor: an error line and the end.
-            frames = await h.turn("s1", "again", profile_id="no-such", **ALICE)
+            frames = await h.turn("s1", "again", profile_id="no-such", **sender)
             assert frames[-1]["reason"] == "error"
     lines = _lines(caplog)
     assert lines[0] == "session s1: run started (user alice)"

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,8 +29,9 @@ from kvfake import PidWatch, Recorder, is_gone, jump_after_line, make_ctx
 
 from navi_trio.tools.base import ToolContext
 from navi_trio.tools.code_exec import CodeExecTool
+from navi_trio.tools.private import PrivatePaths
 from navi_trio.tools.procs import ProcessPool
-from navi_trio.tools.sandbox import SandboxSpec, sandbox_available
+from navi_trio.tools.sandbox import SandboxSpec, bwrap_argv, find_bwrap, sandbox_available
 from navi_trio.tools.terminal import TerminalTool
 
 OK, REASON = sandbox_available()
@@ -115,6 +119,55 @@ async def test_reading_etc_works_and_tmp_is_private(tmp_path: Path) -> None:
     result = await run(ctx, f"head -1 /etc/passwd; ls {tmp_path}/host-secret.txt; echo > /tmp/x")
     assert result.output.startswith("root:"), result.output
     assert "No such file" in result.output  # /tmp is the sandbox's own
+
+
+async def test_the_private_tmp_holds_its_size_and_no_more(tmp_path: Path) -> None:
+    # /tmp is a tmpfs, in RAM: a command that fills it gets "no space left" at the size
+    # it was given, and the host's memory is spared.
+    ctx = sandboxed(tmp_path)
+    ctx = attrs.evolve(ctx, sandbox=SandboxSpec(writable=(ctx.session_dir,), tmp_max_bytes=1 << 20))
+    fits = await run(ctx, "head -c 600000 /dev/zero > /tmp/a && echo fits")
+    assert fits.ok and "fits" in fits.output, fits.content()
+    over = await run(
+        ctx, 'head -c 2000000 /dev/zero > /tmp/b; echo "kib=$(du -k /tmp/b | cut -f1)"'
+    )
+    assert "No space left on device" in over.output, over.output
+    kept_kib = int(over.output.split("kib=")[1].split()[0])
+    assert 0 < kept_kib <= 1024, over.output
+
+
+@pytest.fixture
+def var_tmp() -> Iterator[Path]:
+    """A folder outside /tmp (which the sandbox replaces whole), removed after."""
+    base = Path(tempfile.mkdtemp(prefix="navi-mask-", dir="/var/tmp")).resolve()
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_a_masked_folder_holds_no_data_even_for_its_owner(var_tmp: Path) -> None:
+    # A folder hidden from commands is an empty tmpfs. Where the daemon is not root,
+    # bwrap makes that tmpfs the command's own: it gets a small size, mount points
+    # only, so it is no way around the size of /tmp. Run here as this process (no tool
+    # user), which owns the masks as such a daemon's command does.
+    base = var_tmp
+    hidden = base / "hidden"
+    hidden.mkdir()
+    work = base / "work"
+    work.mkdir()
+    spec = SandboxSpec(writable=(work,), private=PrivatePaths(hidden=(hidden,)))
+    fill = f'head -c 1000000 /dev/zero > {hidden}/fill; echo "kib=$(du -k {hidden}/fill | cut -f1)"'
+    bwrap = find_bwrap()
+    assert bwrap is not None
+    with ExitStack() as stack, trio.fail_after(TIMEOUT):
+        cmd = bwrap_argv(bwrap, spec, ["sh", "-c", fill], work, stack=stack)
+        done = await trio.run_process(
+            cmd.argv, pass_fds=cmd.fds, capture_stdout=True, capture_stderr=True, check=False
+        )
+    said = (done.stdout + done.stderr).decode()
+    assert "No space left on device" in said, said
+    assert int(said.split("kib=")[1].split()[0]) <= 64, said
 
 
 async def test_a_loopback_listener_outside_is_out_of_reach(tmp_path: Path) -> None:

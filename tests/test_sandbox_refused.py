@@ -39,9 +39,9 @@ NO_USERNS = (
 
 def broken_bwrap(tmp_path: Path, *, binds_fds: bool = True) -> Path:
     """A stand-in for a bwrap that cannot build a sandbox here (exit 1, bwrap's words);
-    its --help lists --bind-fd unless `binds_fds` is false (bubblewrap before 0.8)."""
+    its --help lists --bind-fd and --size unless `binds_fds` is false (before 0.10)."""
     path = tmp_path / "bwrap"
-    options = "--bind-fd FD DEST" if binds_fds else "--bind SRC DEST"
+    options = "--bind-fd FD DEST --size BYTES" if binds_fds else "--bind SRC DEST"
     path.write_text(
         f'#!/bin/sh\nif [ "$1" = --help ]; then echo "{options}"; exit 0; fi\n'
         f"echo '{NO_USERNS}' >&2\nexit 1\n"
@@ -52,7 +52,7 @@ def broken_bwrap(tmp_path: Path, *, binds_fds: bool = True) -> Path:
 
 def test_a_bwrap_that_cannot_bind_by_fd_is_refused_saying_so(tmp_path: Path) -> None:
     ok, reason = sandbox_available(broken_bwrap(tmp_path, binds_fds=False))
-    assert not ok and "--bind-fd" in reason and "bubblewrap 0.8" in reason
+    assert not ok and "--bind-fd" in reason and "bubblewrap 0.10" in reason
 
 
 def refusing(tmp_path: Path, bwrap: Path, **kw: Any) -> ToolContext:

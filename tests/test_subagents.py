@@ -432,7 +432,9 @@ async def test_parent_contextvars_survive_a_spawn(tmp_path: Path, outcome: str) 
     cwd.mkdir()
     with trio.fail_after(TIMEOUT):
         async with harness(tmp_path, kit, replies) as h:
-            frames = await h.turn("s1", "hi", profile_id="pa", cwd=cwd, **PARENT_MSG)
+            alice = await h.user("alice", "admin")
+            msg = {**PARENT_MSG, "user_id": alice}
+            frames = await h.turn("s1", "hi", profile_id="pa", cwd=cwd, **msg)
             (result,) = of_type(frames, "tool_result", name="spawn_agent")
             assert result["ok"] is (outcome == "success")
             if outcome == "failure":
@@ -446,7 +448,7 @@ async def test_parent_contextvars_survive_a_spawn(tmp_path: Path, outcome: str) 
                 "session_id": "s1",
                 "model": "model-pa",
                 "working_directory": cwd,
-                "user_id": "alice",
+                "user_id": alice,
                 "user_role": "admin",
                 "user_info": {"name": "Alice"},
             }

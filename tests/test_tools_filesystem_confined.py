@@ -297,3 +297,40 @@ def test_a_commands_cwd_is_checked_as_the_filesystem_tool_checks_a_folder(
     hidden_cwd = make_ctx(tmp_path, cwd=tmp_path / "data")
     with pytest.raises(ToolInputError, match="navi's own data"):
         command_dir(hidden_cwd, None)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root daemon acts as the tool user")
+@pytest.mark.parametrize(("action", "extra"), ACTIONS, ids=IDS)
+async def test_a_root_daemons_tool_acts_with_the_tool_users_rights(
+    tmp_path: Path, action: str, extra: dict[str, Any]
+) -> None:
+    # A root-only folder and file in a run's cwd, which the tool user (nobody here) may
+    # not read or change, as a command of the same run may not: every action is
+    # refused as the kernel would refuse it, and nothing in them is read or changed.
+    work = tmp_path / "work"
+    work.mkdir(mode=0o777)
+    ctx = make_ctx(tmp_path, cwd=work)
+    closed = work / "closed"
+    closed.mkdir(mode=0o755)
+    (closed / "inside.txt").write_text("secret inside\n")
+    (closed / "inside.txt").chmod(0o644)
+    locked = work / "locked.txt"
+    locked.write_text("secret root only\n")
+    locked.chmod(0o600)
+    shut = work / "shut"
+    shut.mkdir(mode=0o700)
+    (shut / "deep.txt").write_text("secret deep\n")
+    before = snapshot(work)
+    files = {"read": "locked.txt", "write": "locked.txt", "append": "locked.txt",
+             "edit": "locked.txt", "list": "shut", "mkdir": "closed/new",
+             "delete": "closed/inside.txt"}  # fmt: skip
+    where = [files[action], "shut/deep.txt"]
+    if action in ("write", "append"):
+        where.append("closed/made.txt")  # a new file in a folder it may not write
+    for path in where:
+        result = await fs(ctx, action=action, path=path, **extra)
+        assert refused(result, path, "permission denied"), (path, result)
+        assert "secret" not in result.content(), result
+    assert snapshot(work) == before
+    # What the tool user may use stays usable: a file open to all, in the open folder.
+    assert (await fs(ctx, action="read", path="closed/inside.txt")).ok

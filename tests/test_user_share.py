@@ -113,8 +113,9 @@ async def test_a_background_call_counts_for_the_user_who_started_it(tmp_path: Pa
             tmp_path, replies=replies, profiles=profiles, tools=kit.tools(),
             backgroundable_tools=BACKGROUNDABLE, tasks_max_per_user=1,
         ) as h:  # fmt: skip
-            await h.turn("s1", "one", profile_id="bg", user_id="alice")
-            frames = await h.turn("s2", "two", profile_id="bg", user_id="alice")
+            alice = await h.user("alice")
+            await h.turn("s1", "one", profile_id="bg", user_id=alice)
+            frames = await h.turn("s2", "two", profile_id="bg", user_id=alice)
             (result,) = of_type(frames, "tool_result", name="block")
             assert result["ok"] is False, result
             assert "tasks_max_per_user" in result["error"], result

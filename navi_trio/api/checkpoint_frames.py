@@ -26,6 +26,7 @@ docs/pages/protocol.md ("WebSocket protocol", "Checkpoints").
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -35,6 +36,7 @@ from navi_trio.api.auth import User
 from navi_trio.api.protocol import Checkpoints, Fork, Frame, RequestId, Rewind, reply
 from navi_trio.api.services import DaemonCore
 from navi_trio.core.checkpoints import NOT_COVERED, Preview
+from navi_trio.core.fork import NewFolder
 from navi_trio.core.rewind import Asker, RewindPreview, Target
 from navi_trio.core.rewind_service import Overview
 from navi_trio.core.workspace import CwdCheck
@@ -190,18 +192,28 @@ class CheckpointCommands:
 
     async def fork(self, rid: RequestId, cmd: Fork) -> None:
         await self.c._owned(cmd.session_id)
+        if cmd.folder is not None and not cmd.files:
+            raise ProtocolError("a fork's folder is for its copy of the files: add files: true")
         folder = None
         if cmd.folder is not None:
             folder = await self._folder(cmd.folder, cmd.new_session_id)
-        if cmd.folder is not None and not cmd.files:
-            raise ProtocolError("a fork's folder is for its copy of the files: add files: true")
-        row = await self.c._create(cmd.new_session_id, None)
+        try:
+            row = await self.c._create(cmd.new_session_id, None)
+        except BaseException:
+            if folder is not None:
+                folder.parent.close()
+            raise
         asker = self._asker()
 
         async def work() -> None:
-            event = await self.c.rt.rewinds.fork(
-                cmd.session_id, row.id, at=cmd.at, files=cmd.files, folder=folder, asker=asker
-            )
+            try:
+                event = await self.c.rt.rewinds.fork(
+                    cmd.session_id, row.id, at=cmd.at, files=cmd.files, folder=folder,
+                    asker=asker,
+                )  # fmt: skip
+            finally:
+                if folder is not None:
+                    folder.parent.close()
             await self.c.conn.send(
                 reply(
                     rid,
@@ -215,12 +227,17 @@ class CheckpointCommands:
                 )  # fmt: skip
             )
 
-        await self.c.conn.defer(rid, work)
+        try:
+            await self.c.conn.defer(rid, work)
+        except BaseException:
+            if folder is not None:
+                folder.parent.close()  # (never started: its work closes it otherwise)
+            raise
 
-    async def _folder(self, raw: str, session_id: str | None) -> Path:
+    async def _folder(self, raw: str, session_id: str | None) -> NewFolder:
         """The new folder a fork's copy goes to: not there yet, in a folder the sender
         may use as a cwd of the new session `session_id` (the same check as a message's
-        cwd)."""
+        cwd), held open from this check on (the caller closes it)."""
         path = Path(raw)
         if path.name in ("", ".", "..") or ".." in path.parts:
             raise ProtocolError("field 'folder' must name a new folder (no . or ..)")
@@ -228,8 +245,21 @@ class CheckpointCommands:
         parent = await CwdCheck(
             user_id=user.id, role=user.role, session_id=session_id, settings=rt.settings,
             config=rt.config, store=rt.store,
-        ).check(str(path.parent))  # fmt: skip
-        dest = parent / path.name
-        if await trio.to_thread.run_sync(dest.exists):
-            raise ExistsError(f"folder {str(dest)!r} exists already: name a new one")
-        return dest
+        ).open(str(path.parent))  # fmt: skip
+        folder = NewFolder(parent, path.name)
+        try:
+            if await trio.to_thread.run_sync(_exists, folder):
+                raise ExistsError(f"folder {str(folder.path)!r} exists already: name a new one")
+        except BaseException:
+            parent.close()
+            raise
+        return folder
+
+
+def _exists(folder: NewFolder) -> bool:
+    """Whether anything (a link too) is at `folder` already, looked up beneath its parent."""
+    try:
+        os.stat(folder.name, dir_fd=folder.parent.fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True

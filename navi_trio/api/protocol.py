@@ -48,7 +48,14 @@ from navi_trio.api.command_frames import Tasks as Tasks
 from navi_trio.api.command_frames import Unsubscribe as Unsubscribe
 from navi_trio.api.frame_fields import LongNumber, shown
 from navi_trio.errors import FrameTooLargeError, ProtocolError, RequestError, UnknownTypeError
-from navi_trio.events import AgentEvent, ErrorEvent, WarningEvent, event_to_dict
+from navi_trio.events import (
+    AgentEvent,
+    ErrorEvent,
+    TaskUpdate,
+    ToolResultEvent,
+    WarningEvent,
+    event_to_dict,
+)
 from navi_trio.profiles import BudgetConfig, parse_budgets
 from navi_trio.text import clean_json, clean_text, clip, has_lone_surrogate
 from navi_trio.wire import PROTOCOL_VERSION as PROTOCOL_VERSION
@@ -404,6 +411,7 @@ _ADDRESS = re.compile(
 _CREDENTIALS = re.compile(r"(?<=://)[^/\s'\"<>@]+@")
 ADDRESS_HIDDEN = "[address hidden]"
 _NAMING_ENDPOINTS = frozenset({ErrorEvent.type, WarningEvent.type, wire.ERROR})
+_TASKS = "tasks"
 
 
 def hide_addresses(text: str, *, admin: bool = False) -> str:
@@ -415,28 +423,43 @@ def hide_addresses(text: str, *, admin: bool = False) -> str:
 
 
 def for_user(frame: Frame, *, admin: bool) -> Frame:
-    """`frame` as a user gets it: in the message of an error or warning, every address is
-    hidden from a user who is not an admin (the LLM endpoint's is the admins' to know),
-    and the credentials an address carries from everyone. Any other frame, or one with
-    nothing to hide, is `frame` itself."""
-    message = frame.get("message")
-    if frame.get("type") not in _NAMING_ENDPOINTS or not isinstance(message, str):
-        return frame
-    hidden = hide_addresses(message, admin=admin)
-    return frame if hidden == message else {**frame, "message": hidden}
+    """`frame` as a user gets it: in the message of an error or warning, and in what a
+    failed tool call or background job says (a sub-agent's failed LLM call is told
+    there), every address is hidden from a user who is not an admin (the LLM endpoint's
+    is the admins' to know), and the credentials an address carries from everyone. Any
+    other frame, or one with nothing to hide, is `frame` itself."""
+    kind = frame.get("type")
+    if kind in _NAMING_ENDPOINTS:
+        return _hidden_in(frame, ("message",), admin)
+    if kind == ToolResultEvent.type and frame.get("ok") is False:
+        return _hidden_in(frame, ("error", "output"), admin)
+    if kind == TaskUpdate.type:
+        return _hidden_in(frame, ("error", "result_excerpt"), admin)
+    task = frame.get("task")
+    if kind == _TASKS and isinstance(task, dict) and "error" in task:  # `tasks check`
+        shown = _hidden_in(task, ("error", "result"), admin)
+        return frame if shown is task else {**frame, "task": shown}
+    return frame
+
+
+def _hidden_in(frame: dict[str, Any], fields: tuple[str, ...], admin: bool) -> dict[str, Any]:
+    """`frame` with the addresses in its text `fields` hidden (`hide_addresses`)."""
+    changed = {}
+    for field in fields:
+        text = frame.get(field)
+        if isinstance(text, str) and (hidden := hide_addresses(text, admin=admin)) != text:
+            changed[field] = hidden
+    return {**frame, **changed} if changed else frame
 
 
 def history_for_user(messages: list[dict[str, Any]], *, admin: bool) -> list[dict[str, Any]]:
     """Display messages as `for_user` shows frames: the error a turn ended with (kept on
-    its last message) with its addresses hidden."""
-    out = []
-    for message in messages:
-        error = message.get("error")
-        if isinstance(error, str):
-            hidden = hide_addresses(error, admin=admin)
-            message = message if hidden == error else {**message, "error": hidden}
-        out.append(message)
-    return out
+    its last message) and a failed tool call's result, with their addresses hidden."""
+    fields = ("error",)
+    return [
+        _hidden_in(m, ("error", "content") if m.get("ok") is False else fields, admin)
+        for m in messages
+    ]
 
 
 def reply(request_id: RequestId, type_: str, **fields: Any) -> Frame:

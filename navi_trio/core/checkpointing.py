@@ -34,7 +34,9 @@ Totals: besides one snapshot's bounds, the new content every kept checkpoint of 
 run's user (all their sessions) and of everyone added is bounded
 (NAVI_CHECKPOINT_USER_MAX_BYTES, NAVI_CHECKPOINT_TOTAL_MAX_BYTES): a snapshot may add
 only what the nearer of the two leaves (`Room`), else it is skipped as one over its own
-bound is, the warning naming the total.
+bound is, the warning naming the total. The room is reserved while the snapshot runs
+(`_reserved`): snapshots of one user's sessions in different folders run at once, and
+each sees what the others may still store as spent.
 
 Keeping: after each new checkpoint its session's are pruned (NAVI_CHECKPOINT_KEEP,
 NAVI_CHECKPOINT_MAX_AGE_SEC) in this actor's own nursery, off the call's path. The
@@ -134,6 +136,12 @@ class RoundCheckpoints(NurseryHolder):
         self._again: set[str] = set()  # a checkpoint came while its session was pruned
         self._pruned = trio.Event()  # set when no pruning is under way
         self._pruned.set()
+        # What the snapshots running now may still store, per user: spent, for the
+        # others' room, until each ends (and what it stored is counted instead). The
+        # lock makes reading the store's count and reserving one step, and a release
+        # waits for it, so no snapshot counts what another stored neither way nor both.
+        self._reserved: dict[str, int] = {}
+        self._room_lock = trio.Lock()
 
     @staticmethod
     def writing(
@@ -194,11 +202,11 @@ class RoundCheckpoints(NurseryHolder):
             # The folders the run holds, as the sandbox binds them: never by path again.
             held = list({r.path: r for r in roots.all()}.values())
             private = private_paths(ctx.settings, ctx.session_dir, config=ctx.config)
-            room = await self._room(ctx)
-            outcome = await self.engine.snapshot(
-                ctx.session_id, held, private=private, label=label, room=room,
-                namespace=ctx.user_id,
-            )  # fmt: skip
+            async with self._reserving(ctx) as room:
+                outcome = await self.engine.snapshot(
+                    ctx.session_id, held, private=private, label=label, room=room,
+                    namespace=ctx.user_id,
+                )  # fmt: skip
         except (CheckpointError, OSError, RootChangedError) as exc:
             outcome = Skipped("unreadable", str(exc), 0.0)
         finally:
@@ -207,18 +215,38 @@ class RoundCheckpoints(NurseryHolder):
         if isinstance(outcome, Created) and not outcome.reused:
             self.prune_soon(ctx.session_id)
 
+    @asynccontextmanager
+    async def _reserving(self, ctx: ToolContext) -> AsyncIterator[Room]:
+        """The room of one snapshot (`_room`), reserved for as long as it runs: as much
+        as it may store (the room, at most NAVI_CHECKPOINT_MAX_BYTES)."""
+        async with self._room_lock:
+            room = await self._room(ctx)
+            amount = max(0, min(room.bytes, ctx.settings.checkpoint_max_bytes))
+            self._reserved[ctx.user_id] = self._reserved.get(ctx.user_id, 0) + amount
+        try:
+            yield room
+        finally:
+            with trio.CancelScope(shield=True):  # a stopped snapshot still gives it back
+                async with self._room_lock:
+                    left = self._reserved.get(ctx.user_id, 0) - amount
+                    if left > 0:
+                        self._reserved[ctx.user_id] = left
+                    else:
+                        self._reserved.pop(ctx.user_id, None)
+
     async def _room(self, ctx: ToolContext) -> Room:
         """What the nearer total leaves for this snapshot: the user's (their sessions'
-        kept checkpoints) or everyone's."""
+        kept checkpoints, and what their running snapshots reserved) or everyone's."""
         s = ctx.settings
         mine = [row.id for row in await self.kv.list_sessions(ctx.user_id)]
         used = await self.engine.stored_bytes([ctx.session_id, *mine])
+        used += self._reserved.get(ctx.user_id, 0)
         user = Room(
             s.checkpoint_user_max_bytes - used, "user_total",
             f"what NAVI_CHECKPOINT_USER_MAX_BYTES={size_text(s.checkpoint_user_max_bytes)}"
             " leaves for this user's checkpoints",
         )  # fmt: skip
-        used = await self.engine.stored_bytes(None)
+        used = await self.engine.stored_bytes(None) + sum(self._reserved.values())
         total = Room(
             s.checkpoint_total_max_bytes - used, "total",
             f"what NAVI_CHECKPOINT_TOTAL_MAX_BYTES={size_text(s.checkpoint_total_max_bytes)}"

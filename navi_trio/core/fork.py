@@ -23,28 +23,66 @@ source's own session folder always, its working folder when the asker may still 
 there; one left out is named in the `forked` event (`left_out`) and is never read.
 
 A fork that fails part way (or is cancelled) leaves nothing: the new session and the
-folders it made are removed again.
+folders it made are removed again. Each copy is made beneath its parent folder held open
+(`NewFolder`: the chosen folder's since the client's check), and removed beneath that
+same fd, never by its path: a parent swapped for a link meanwhile leads nowhere.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
-from navi_trio.core.checkpoints import CheckpointError, CheckpointInfo, Created
+from navi_trio.core.checkpoints import (
+    CheckpointError,
+    CheckpointInfo,
+    Created,
+    remove_beneath,
+)
 from navi_trio.core.rewind import Asker, Rewinder, engine_errors
 from navi_trio.core.rewind_points import Message, context_before, files_checkpoint, find_point
-from navi_trio.errors import RestoreError
+from navi_trio.errors import RestoreError, RootChangedError
 from navi_trio.events import Forked
 from navi_trio.tools.private import real_path, within
-from navi_trio.tools.roots import session_folder
+from navi_trio.tools.roots import Root, session_folder
 from navi_trio.tools.runas import session_owner
 
+log = logging.getLogger(__name__)
+
 WORKSPACE = "workspace"
+PARENT = "the folder of a fork's copy"
+
+
+@attrs.frozen
+class NewFolder:
+    """A folder to make: `name` in the folder `parent`, held open since it was checked
+    (its holder closes it)."""
+
+    parent: Root
+    name: str
+
+    @property
+    def path(self) -> Path:
+        return self.parent.path / self.name
+
+    @classmethod
+    def hold(cls, path: Path) -> NewFolder:
+        """The new folder at the real path `path`, its parent walked from ``/`` without
+        following a symlink (blocking; `RootChangedError` when it cannot be held)."""
+        return cls(Root.open(path.parent, PARENT), path.name)
+
+
+@attrs.frozen
+class _Made:
+    """A copy a fork made: where (its parent held), and what it is (its identity)."""
+
+    into: NewFolder
+    ident: tuple[int, int]
 
 
 class Forker:
@@ -60,7 +98,7 @@ class Forker:
         *,
         at: str | None = None,
         files: bool = False,
-        folder: Path | None = None,
+        folder: Path | NewFolder | None = None,
         asker: Asker | None = None,
     ) -> Forked:
         messages, context = await self.rewinder.history(source)
@@ -72,7 +110,7 @@ class Forker:
             history = messages[:index]
             new_context = context_before(messages, context, index)
             since = float(messages[index].get("created_at") or 0.0)
-        made: list[Path] = []
+        made: list[_Made] = []
         left_out: tuple[tuple[str, str], ...] = ()
         try:
             copy = None
@@ -90,6 +128,9 @@ class Forker:
             with trio.CancelScope(shield=True):
                 await self.discard(new_id, made)
             raise
+        finally:
+            for one in made:
+                one.into.parent.close()
         return Forked(
             new_session_id=new_id,
             at=at or "",
@@ -103,40 +144,59 @@ class Forker:
         source: str,
         new_id: str,
         since: float | None,
-        folder: Path | None,
-        made: list[Path],
+        folder: Path | NewFolder | None,
+        made: list[_Made],
         messages: list[Message],
         asker: Asker | None,
         *,
         owner: str,
     ) -> tuple[Path | None, tuple[tuple[str, str], ...]]:
-        """Copy the checkpoint's folders the asker may use into the fork's; the copy of
-        the working folder, and the folders left out."""
+        """Copy the checkpoint's folders the asker may use into the fork's (each one
+        made goes into `made`, its parent held); the copy of the working folder, and
+        the folders left out."""
         info, left_out = await self._checkpoint(source, since, messages, asker, owner)
         usable, more = await self.rewinder.usable(source, info.paths, asker)
         left_out += more
         src = await trio.to_thread.run_sync(real_path, self.settings.session_dir(source))
-        new_dir = self.settings.session_dir(new_id)
-        await trio.to_thread.run_sync(lambda: new_dir.parent.mkdir(parents=True, exist_ok=True))
+        new_dir = await trio.to_thread.run_sync(self._sessions_folder, new_id)
         copy: Path | None = None
         # The session folder first: a folder of the run inside it goes to its place in it.
         for root in sorted(usable, key=lambda p: p != src):
-            dest: Path
             if root == src:
-                dest = new_dir
+                into = await self._hold(new_dir)
             elif within(root, src):
-                dest = new_dir / root.relative_to(src)
+                into = await self._hold(new_dir / root.relative_to(src))
+            elif isinstance(folder, NewFolder):
+                into = NewFolder(await trio.to_thread.run_sync(folder.parent.dup), folder.name)
+                copy = into.path
             else:
-                dest = (
-                    folder
-                    if folder is not None
-                    else await trio.to_thread.run_sync(_free, new_dir / WORKSPACE)
-                )
-                copy = dest
-            with engine_errors():
-                await self.rewinder.engine.export(source, info.id, root, dest)
-            made.append(dest)
+                dest = folder
+                if dest is None:
+                    dest = await trio.to_thread.run_sync(_free, new_dir / WORKSPACE)
+                into = await self._hold(dest)
+                copy = into.path
+            try:
+                with engine_errors():
+                    exported = await self.rewinder.engine.export(
+                        source, info.id, root, into.parent, into.name
+                    )
+            except BaseException:
+                into.parent.close()
+                raise
+            made.append(_Made(into, exported.ident))
         return copy, left_out
+
+    def _sessions_folder(self, new_id: str) -> Path:
+        """The real path of the new session's folder; the sessions folder made."""
+        new_dir = self.settings.session_dir(new_id)
+        new_dir.parent.mkdir(parents=True, exist_ok=True)
+        return real_path(new_dir.parent) / new_dir.name
+
+    async def _hold(self, dest: Path) -> NewFolder:
+        try:
+            return await trio.to_thread.run_sync(NewFolder.hold, dest)
+        except RootChangedError as exc:
+            raise RestoreError(str(exc)) from None
 
     async def _checkpoint(
         self,
@@ -187,17 +247,35 @@ class Forker:
                 break
         return roots
 
-    async def discard(self, new_id: str, made: list[Path]) -> None:
-        """Remove a fork that failed: its session and the folders made for it."""
+    async def discard(self, new_id: str, made: list[_Made]) -> None:
+        """Remove a fork that failed: its session and the folders made for it, each
+        beneath the parent it was made in (held since), never by its path."""
         try:
             await self.store.delete_session(new_id)
         finally:
-            for path in [*made, self.settings.session_dir(new_id)]:
-                await trio.to_thread.run_sync(_remove, path)
+            for one in reversed(made):
+                await trio.to_thread.run_sync(_remove, one.into, one.ident)
+            await trio.to_thread.run_sync(self._remove_session_folder, new_id)
+
+    def _remove_session_folder(self, new_id: str) -> None:
+        """The new session's folder, when a run made it meanwhile (its parent walked
+        without following a symlink)."""
+        new_dir = self.settings.session_dir(new_id)
+        try:
+            into = NewFolder.hold(real_path(new_dir.parent) / new_dir.name)
+        except (RootChangedError, OSError):
+            return  # no sessions folder: nothing was made
+        with into.parent:
+            try:
+                st = os.stat(into.name, dir_fd=into.parent.fd, follow_symlinks=False)
+            except OSError:
+                return
+            _remove(into, (st.st_dev, st.st_ino))
 
 
-def _remove(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+def _remove(into: NewFolder, ident: tuple[int, int]) -> None:
+    if not remove_beneath(into.parent, into.name, ident):
+        log.warning("a fork's copy %s was not removed: gone, or another folder now", into.path)
 
 
 def _user_messages(messages: list[Message]) -> list[Message]:

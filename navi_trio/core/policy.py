@@ -43,7 +43,7 @@ import attrs
 
 from navi_trio.profiles import MCP_PREFIX, MODES, AgentProfile, CallPattern, PolicyConfig
 from navi_trio.tools.private import PrivatePaths
-from navi_trio.tools.sandbox import SandboxSpec
+from navi_trio.tools.sandbox import TMP_MAX_BYTES, SandboxSpec
 
 DEFAULT_MODE = "workspace"
 # Tools that run code: sandboxed in read-only and workspace, unsandboxed in full.
@@ -76,18 +76,22 @@ def effective_mode(
 
 
 def sandbox_for(
-    mode: str, session_dir: Path, cwd: Path | None, private: PrivatePaths | None = None
+    mode: str,
+    session_dir: Path,
+    cwd: Path | None,
+    private: PrivatePaths | None = None,
+    *,
+    tmp_max_bytes: int = TMP_MAX_BYTES,
 ) -> SandboxSpec | None:
     """The sandbox terminal and code_exec run in: None (no sandbox) in `full` mode.
 
-    `private`: the daemon's own data, masked inside (tools/private.py)."""
+    `private`: the daemon's own data, masked inside (tools/private.py); `tmp_max_bytes`:
+    the size of its private /tmp."""
     if mode == "full":
         return None
     masks = private or PrivatePaths(hidden=())
-    if mode == "read-only":
-        return SandboxSpec(writable=(), network=False, private=masks)
-    writable = (session_dir,) if cwd is None else (session_dir, cwd)
-    return SandboxSpec(writable=writable, network=False, private=masks)
+    writable = () if mode == "read-only" else (session_dir,) if cwd is None else (session_dir, cwd)
+    return SandboxSpec(writable=writable, network=False, private=masks, tmp_max_bytes=tmp_max_bytes)
 
 
 @attrs.frozen

@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from navi_trio.core.checkpointing import RoundCheckpoints
-from navi_trio.core.fork import Forker
+from navi_trio.core.fork import Forker, NewFolder
 from navi_trio.core.rewind import Asker, Rewinder, RewindPreview, Target
 from navi_trio.core.rewind_points import (
     POINTS_MAX,
@@ -126,11 +126,13 @@ class SessionRewinds:
         *,
         at: str | None = None,
         files: bool = False,
-        folder: Path | None = None,
+        folder: Path | NewFolder | None = None,
         asker: Asker | None = None,
     ) -> Forked:
         """Fill the new session `new_id` (made by the caller) from `session_id`; a fork
-        that cannot be made (the source busy, a bad `at`) removes it again."""
+        that cannot be made (the source busy, a bad `at`) removes it again. `folder`:
+        where the copy of the working folder goes (a `NewFolder`: its parent held since
+        it was checked; the caller closes it)."""
         try:
             actor = await self.sessions.get(session_id)
             event = await actor.exclusive(

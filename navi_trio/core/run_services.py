@@ -192,5 +192,6 @@ def make_tool_context(
             session_dir,
             cwd,
             private_paths(parts.settings, session_dir, config=turn.config),
+            tmp_max_bytes=parts.settings.sandbox_tmp_max_bytes,
         ),
     )

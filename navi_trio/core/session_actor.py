@@ -76,6 +76,7 @@ from navi_trio.core.steering import (
     refusal,
     steer_item,
 )
+from navi_trio.core.user_watch import role_now
 from navi_trio.errors import (
     AuthError,
     NaviError,
@@ -169,12 +170,10 @@ class SessionActor:
         on_retire: Callable[[SessionActor], None] | None = None,
         adopt: bool = False,
         on_run_end: RunEnded | None = None,
-        revoked: Callable[[str], bool] = lambda user_id: False,
         dead_turn: DeadTurn | None = None,
         hand_over: HandOver | None = None,
     ) -> None:
         self.session_id = session_id
-        self._revoked = revoked  # a removed user's id (core/user_watch.py)
         # With the cluster: a run first ends the turn a dead daemon left here, unless
         # that was looked at since another daemon last ran the session (`relay`).
         self._dead_turn = dead_turn
@@ -524,7 +523,9 @@ class SessionActor:
             if not self.dead_turn_checked:
                 await self._end_dead_turn()
             run_log = RunLog(self.session_id, msg)
-            if self._revoked(msg.user_id):
+            # The store's word, not a list of this process's: a user removed while this
+            # daemon was down, or on another daemon, is gone here too.
+            if await role_now(self.parts.store, msg.user_id) is None:
                 raise AuthError("the user who sent this message was removed: it does not run")
             self._check_profile(msg)
             delay = KEPT_RETRY_FIRST_SEC

@@ -66,9 +66,6 @@ class SessionRegistry(NurseryHolder):
         # the look at a session's lease that tells a turn a dead daemon left.
         self.broadcast_class: type[LocalBroadcast] = LocalBroadcast
         self.on_retire: Callable[[str], None] | None = None
-        # Users removed while this registry ran (core/user_watch.py): nothing of theirs
-        # runs here any more.
-        self.revoked: set[str] = set()
         self.dead_turn: DeadTurn | None = None  # a turn a dead daemon left (the cluster)
         # Leaves a queue to the daemon that runs its session now (core/cluster.py).
         self.hand_over: HandOver | None = None
@@ -99,7 +96,6 @@ class SessionRegistry(NurseryHolder):
                 on_retire=self._retire,
                 adopt=self.adopt,
                 on_run_end=self.on_run_end,
-                revoked=self.revoked.__contains__,
                 dead_turn=self.dead_turn,
                 hand_over=self.hand_over,
             )
@@ -114,9 +110,8 @@ class SessionRegistry(NurseryHolder):
         return self._actors.get(session_id)
 
     def revoke_users(self, user_ids: set[str]) -> None:
-        """These users were removed: the turns they started here stop, and no message of
-        theirs runs here any more (queued, steered, or arriving)."""
-        self.revoked |= user_ids
+        """These users were removed: the turns they started here stop (no message of
+        theirs runs any more, anywhere: each run asks the store first)."""
         for actor in list(self._actors.values()):
             actor.revoke(user_ids)
 

@@ -244,6 +244,17 @@ class TaskSupervisor(NurseryHolder):
         job.cancel_scope.cancel()
         return True
 
+    def cancel_users(self, user_ids: set[str]) -> int:
+        """These users were removed: cancel every job one of them started (it ends as
+        cancelled, its note says so); how many."""
+        cancelled = 0
+        for jobs in self._jobs.values():
+            for job in jobs.values():
+                if job.user_id in user_ids and not job.finished:
+                    job.cancel_scope.cancel()
+                    cancelled += 1
+        return cancelled
+
     def running_count(self, session_id: str | None = None) -> int:
         if session_id is None:
             sessions = list(self._jobs.values())

@@ -14,8 +14,13 @@ reads the users again and then bumps `generation`:
   token rotated away or a user removed closes it, with an error frame saying why
   (api/connection.py);
 - the users gone since the last look go to `on_removed`: on this daemon their running
-  turns stop and their queued messages never run (core/session_registry.py). Their
-  schedules and queued rows in the store went with the user, in the same transaction.
+  turns stop and their background jobs are cancelled (core/session_registry.py,
+  core/task_supervisor.py). Their schedules and queued rows in the store went with the
+  user, in the same transaction.
+
+Whether a run may start is asked of the store itself, never of a list kept here
+(`role_now`): a daemon started after the removal, or restarted, knows it just as well;
+a wake-up, a queued, scheduled or steered message of a user who is gone never runs.
 
 A rotated user is still a user: their runs and schedules go on; only the connections
 opened with the old token close.
@@ -34,6 +39,20 @@ from navi_trio.store.base import SessionStore
 log = logging.getLogger(__name__)
 
 RETRY_SEC = 1.0  # a failed read of the users is tried again after this
+# Whom an embedded run (``navi run`` in its own process) is for: the person at the
+# shell, the local admin, who has no row in the users table (a stored user's id is
+# ``u-`` and hex: never this).
+EMBEDDED_USER = "local"
+EMBEDDED_ROLE = "admin"
+
+
+async def role_now(store: SessionStore, user_id: str) -> str | None:
+    """The role `user_id` has now, as the store says; None when there is no such user
+    (removed). The embedded run's user is the local admin."""
+    if user_id == EMBEDDED_USER:
+        return EMBEDDED_ROLE
+    user = await store.get_user(user_id)
+    return None if user is None else str(user["role"])
 
 
 class UserWatch:

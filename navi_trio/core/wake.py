@@ -32,6 +32,7 @@ from navi_trio.actor import NurseryHolder
 from navi_trio.core.agent import RunControl, UserMessage
 from navi_trio.core.queued import deliver, to_row
 from navi_trio.core.task_notes import NOTES_SCOPE, note_entry, record_note, trim_notes
+from navi_trio.core.user_watch import role_now
 from navi_trio.errors import NaviError
 from navi_trio.profiles import NaviConfig
 from navi_trio.settings import Settings
@@ -112,9 +113,18 @@ class Waker(NurseryHolder):
                 log.warning("session %s: waking it failed: %s", row.id, exc)
 
     async def _wake(self, row: SessionRow, note: tuple[str, str, object] | None) -> None:
-        """Queue a wake-up (with `note`, in one transaction) and hand it to the actor."""
-        user = await self._store.get_user(row.user_id)
-        role = str(user["role"]) if user is not None else "user"
+        """Queue a wake-up (with `note`, in one transaction) and hand it to the actor; a
+        session whose owner was removed is never woken (its note is kept all the same)."""
+        role = await role_now(self._store, row.user_id)
+        if role is None:
+            if note is not None:
+                await self._store.kv_set(*note)
+                await trim_notes(self._store, self._settings, row.id)
+            log.warning(
+                "session %s: not woken: its owner %s was removed; the note is kept",
+                row.id, row.user_id,
+            )  # fmt: skip
+            return
         message = to_row(UserMessage("", user_id=row.user_id, user_role=role, kind="wake"))
         key = "wake-" + secrets.token_hex(8)
         queued = await self._store.enqueue_wake(

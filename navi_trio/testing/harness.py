@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -116,6 +117,11 @@ class Harness:
             return await driver.until_end()
         finally:
             driver.subscription.close()
+
+    async def user(self, name: str, role: str = "user") -> str:
+        """A user added to the store (runs check their sender is one); their id."""
+        row = await self.runtime.store.create_user(name, secrets.token_urlsafe(32), role)
+        return str(row["id"])
 
     def add_replies(self, *replies: Reply | dict[str, Any]) -> None:
         target = self.fake or self.scripted

@@ -21,6 +21,14 @@ was checked is what is used.
   usable, also when reached through the data folder. Walking through private folders
   toward it is allowed; opening, creating, listing or deleting anything private is
   `PrivateError`.
+- **Whose rights**: the daemon's, and when it runs as root, also those of the user its
+  tool processes run as (`RunAs`, tools/runas.py): every folder walked through must be
+  searchable by that user, a file read readable, a file written or edited writable, a
+  listed folder readable, and a folder where something is made or deleted writable
+  (with the sticky bit: theirs, or holding a file of theirs). Checked on what was
+  opened (its mode and owner; no ACLs, no supplementary groups, as tool processes have
+  none), before anything is made, cut or written: ``EACCES``, as the kernel would say.
+  So a root daemon's tool reads and writes what a command of the same run could, no more.
 - **Why not openat2(RESOLVE_BENEATH)**: it resolves the middle components out of sight,
   and the identity check of navi's data needs each of them; a second walk (or a second
   code path for kernels without it) would buy nothing the component walk lacks.
@@ -44,11 +52,14 @@ import attrs
 
 from navi_trio.tools.private import PrivatePaths
 from navi_trio.tools.roots import Root
-from navi_trio.tools.runas import inherit
+from navi_trio.tools.runas import RunAs, inherit
+from navi_trio.tools.runas import denied as _denied
+from navi_trio.tools.runas import may as _may
 
 MAX_HOPS = 40  # symlinks followed in one call (Linux's own limit is 40)
 
 _O_PATH: int | None = getattr(os, "O_PATH", None)  # Linux: enough to walk through, stat
+_R, _W, _X = os.R_OK, os.W_OK, os.X_OK  # permission bits, as access(2) names them
 # One component, whatever it is (a folder, a symlink itself, a file), where O_PATH exists.
 _ENTRY = None if _O_PATH is None else _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR = (_O_PATH or os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -186,8 +197,15 @@ class Beneath:
     opens.
     """
 
-    def __init__(self, roots: Sequence[Root], private: PrivatePaths, stack: ExitStack) -> None:
+    def __init__(
+        self,
+        roots: Sequence[Root],
+        private: PrivatePaths,
+        stack: ExitStack,
+        who: RunAs | None = None,
+    ) -> None:
         self._held = list(roots)
+        self._who = who  # whose rights count besides the daemon's (None: the daemon's)
         self._roots = [(Path(os.path.normpath(r.given.absolute())), r.path) for r in roots]
         self._marks = _Marks.of(private)
         self._stack = stack
@@ -243,9 +261,14 @@ class Beneath:
             real = spot.path / name
             if self._marks.private(spot, name, None, real):  # before anything is made
                 raise PrivateError()
+            if not spot.private:  # as in `_step`
+                self._need(spot.fd, _X)
+            may_make = not flags & os.O_CREAT or self._may(spot.fd, _W | _X)
             try:
-                fd, made = _open_entry(spot.fd, name, flags)
+                fd, made = _open_entry(spot.fd, name, flags if may_make else flags & ~os.O_CREAT)
             except FileNotFoundError:
+                if not may_make:
+                    raise _denied() from None
                 swapped += 1
                 if flags & os.O_CREAT and swapped < _RETRIES:
                     continue  # there a moment ago, gone now: make it
@@ -271,6 +294,10 @@ class Beneath:
                     raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
                 if not stat.S_ISREG(st.st_mode):
                     raise SpecialFileError()
+                access = flags & os.O_ACCMODE
+                want = _R if access == os.O_RDONLY else _W if access == os.O_WRONLY else _R | _W
+                if not made and self._who is not None and not _may(st, want, self._who):
+                    raise _denied()  # before it is cut or written
                 os.set_blocking(fd, True)
                 if made:
                     inherit(fd, spot.fd)
@@ -302,6 +329,7 @@ class Beneath:
                 raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
             if self._marks.private(spot, name, _ident(st), spot.path / name):
                 raise PrivateError()
+            self._need_to_remove(spot.fd, st)
             # By name in a folder we hold: a swap now can only put another entry of
             # this (non-private) folder there, and unlinking a name never touches
             # another link of the same file.
@@ -313,6 +341,7 @@ class Beneath:
         top-down and depth first as `os.walk`; symlinks are listed but never entered,
         navi's own data is left out. Close the iterator (`contextlib.closing`) when
         stopping early: it closes the fds it opened."""
+        self._need(top.fd, _R | _X)
         fd = os.open(".", _LISTABLE, dir_fd=top.fd)
         try:
             yield from self._walk_from(attrs.evolve(top, fd=fd), Path(), recursive)
@@ -354,6 +383,8 @@ class Beneath:
     def _step(self, spot: Spot, name: str, *, create: bool) -> Spot | str:
         """The sub-folder `name` of `spot` (made when missing and `create`), or the
         text of the symlink found there."""
+        if not spot.private:  # navi's own data is refused as such, never as a right
+            self._need(spot.fd, _X)
         try:
             opened = self._open_folder(spot, name)
         except FileNotFoundError:
@@ -361,6 +392,7 @@ class Beneath:
                 raise
             if self._marks.private(spot, name, None, spot.path / name):
                 raise PrivateError() from None
+            self._need(spot.fd, _W | _X)
             made = True
             try:
                 os.mkdir(name, _NEW_FOLDER_MODE, dir_fd=spot.fd)
@@ -434,10 +466,31 @@ class Beneath:
                 continue  # gone, swapped for a symlink, or unreadable: skipped, as os.walk
             try:
                 child = self._spot(spot, entry.name, fd)
-                if not child.private:
+                if not child.private and self._may(fd, _R | _X):
                     yield from self._walk_from(child, rel / entry.name, recursive)
             finally:
                 os.close(fd)
+
+    # -- whose rights ----------------------------------------------------------------
+
+    def _may(self, fd: int, want: int) -> bool:
+        """Whether the tool user (if any) has the `want` bits on what `fd` is."""
+        return self._who is None or _may(os.fstat(fd), want, self._who)
+
+    def _need(self, fd: int, want: int) -> None:
+        if not self._may(fd, want):
+            raise _denied()
+
+    def _need_to_remove(self, folder_fd: int, st: os.stat_result) -> None:
+        """The tool user may remove the entry `st` from the folder `folder_fd`: write and
+        search there, and with the sticky bit own the entry or the folder."""
+        if self._who is None:
+            return
+        up = os.fstat(folder_fd)
+        if not _may(up, _W | _X, self._who):
+            raise _denied()
+        if up.st_mode & stat.S_ISVTX and self._who.uid not in (up.st_uid, st.st_uid):
+            raise _denied()
 
     def _hides(self, spot: Spot, entry: os.DirEntry[str]) -> bool:
         try:

@@ -50,6 +50,7 @@ from navi_trio.tools.base import (
 )
 from navi_trio.tools.private import private_paths
 from navi_trio.tools.roots import Root, RunRoots
+from navi_trio.tools.runas import run_as
 
 ACTIONS = ("read", "write", "append", "list", "edit", "mkdir", "delete")
 MANUAL_PREFIX = "manual:"
@@ -191,7 +192,10 @@ class FilesystemTool:
             held = roots.all()
             path = _lexical(ctx, raw, held)
             handler = getattr(self, f"_{action}")
-            fs = Beneath(held, private_paths(ctx.settings, ctx.session_dir), stack)
+            # As the tool user's rights too, when the daemon is root: no more than a
+            # command of this run could read or change.
+            who = run_as(ctx.settings.tool_user)
+            fs = Beneath(held, private_paths(ctx.settings, ctx.session_dir), stack, who)
             try:
                 result: ToolResult = handler(fs, path, raw, args, ctx)
                 return result

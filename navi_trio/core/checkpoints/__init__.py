@@ -23,7 +23,8 @@ The API (everything async, on trio)::
                                                          # the owner's (`_marks`)
         # preview / restore with scope=Scope(conflicts="keep"): only the owner's own
         # changes since the checkpoint (a rewind); what others changed stays
-        await engine.export(session_id, checkpoint_id, root, new_folder)   # fork's copy
+        made = await engine.export(session_id, checkpoint_id, root, parent, name)  # fork's
+        remove_beneath(parent, name, made.ident)         # copy, and its removal (blocking)
         dropped_ids = await engine.prune(session_id)      # NAVI_CHECKPOINT_KEEP / _MAX_AGE_SEC
         await engine.delete_all(session_id)              # with the session; objects shared
                                                          # with no other checkpoint go
@@ -96,6 +97,8 @@ file-system calls), `_model` (results and errors).
 
 from __future__ import annotations
 
+from navi_trio.core.checkpoints._apply import Exported as Exported
+from navi_trio.core.checkpoints._apply import remove_beneath as remove_beneath
 from navi_trio.core.checkpoints._model import CONFLICTS as CONFLICTS
 from navi_trio.core.checkpoints._model import NOT_COVERED as NOT_COVERED
 from navi_trio.core.checkpoints._model import Change as Change

@@ -40,11 +40,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from navi_trio.core.checkpoints._fsops import (
     DIR,
     Folders,
     chmod_at,
-    hold_root,
     open_root,
     parent_of,
 )
@@ -292,26 +293,69 @@ def _rename_into(folder: int, tmp: str, name: str) -> None:
         raise
 
 
-def export_root(objects: ObjectStore, ops: list[Op], dest: Path) -> list[Kept]:
-    """Build a tree into the new folder `dest` as a staged swap: `dest` is claimed
-    (made empty, FileExistsError when it exists), everything is made in a temp folder
-    beside it, which is then renamed over it: `dest` is empty or complete. All of it
-    happens in `dest`'s parent held open (walked without following a symlink), so a
-    parent swapped for a link meanwhile leads nowhere."""
-    with hold_root(dest.parent) as parent:
-        os.mkdir(dest.name, 0o700, dir_fd=parent.fd)
-        stage = f".{dest.name}.navi-export-{new_id()}"
+@attrs.frozen
+class Exported:
+    """A folder an export made: the paths it could not write (`failed`) and the made
+    folder's identity (device, inode), to know it again (`remove_beneath`)."""
+
+    failed: list[Kept]
+    ident: tuple[int, int]
+
+
+def export_root(objects: ObjectStore, ops: list[Op], parent: Root, name: str) -> Exported:
+    """Build a tree into the new folder `name` of the held folder `parent` as a staged
+    swap: the folder is claimed (made empty, FileExistsError when it exists), everything
+    is made in a temp folder beside it, which is then renamed over it: the new folder is
+    empty or complete. All of it happens beneath `parent`'s fd, verified first (moved or
+    swapped since it was checked: RootChangedError naming it), so a parent swapped for a
+    link meanwhile leads nowhere."""
+    parent.verify()
+    os.mkdir(name, 0o700, dir_fd=parent.fd)
+    stage = f".{name}.navi-export-{new_id()}"
+    try:
+        os.mkdir(stage, 0o700, dir_fd=parent.fd)
+        fd = os.open(stage, DIR, dir_fd=parent.fd)
         try:
-            os.mkdir(stage, 0o700, dir_fd=parent.fd)
-            fd = os.open(stage, DIR, dir_fd=parent.fd)
-            try:
-                failed = apply_ops(objects, fd, ops, new_id(), recovering=False, root=dest)
-            finally:
-                os.close(fd)
-            # Over the empty folder claimed above, in one step.
-            os.rename(stage, dest.name, src_dir_fd=parent.fd, dst_dir_fd=parent.fd)
-        except BaseException:
-            shutil.rmtree(stage, ignore_errors=True, dir_fd=parent.fd)
-            os.rmdir(dest.name, dir_fd=parent.fd)
-            raise
-    return failed
+            st = os.fstat(fd)
+            failed = apply_ops(
+                objects, fd, ops, new_id(), recovering=False, root=parent.path / name
+            )
+        finally:
+            os.close(fd)
+        # Over the empty folder claimed above, in one step.
+        os.rename(stage, name, src_dir_fd=parent.fd, dst_dir_fd=parent.fd)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True, dir_fd=parent.fd)
+        os.rmdir(name, dir_fd=parent.fd)
+        raise
+    return Exported(failed, (st.st_dev, st.st_ino))
+
+
+def remove_beneath(parent: Root, name: str, ident: tuple[int, int]) -> bool:
+    """Remove the folder `name` of the held folder `parent`, when it is still the folder
+    `ident` (device, inode) names, with all it holds: walked by fd from `parent`, never
+    following a link, wherever `parent` was moved meanwhile. False when it is not there
+    or is something else now (left alone)."""
+    try:
+        fd = os.open(name, DIR, dir_fd=parent.fd)
+    except OSError:
+        return False  # gone, a link now, or no folder
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != ident:
+            return False
+        for entry in os.listdir(fd):
+            if stat.S_ISDIR(os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mode):
+                shutil.rmtree(entry, ignore_errors=True, dir_fd=fd)
+            else:
+                os.unlink(entry, dir_fd=fd)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    try:
+        # By name: only an empty folder goes, so a swap now removes nothing of another's.
+        os.rmdir(name, dir_fd=parent.fd)
+    except OSError:
+        return False
+    return True

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from navi_trio.core.checkpoints._apply import Journal, export_root, needed
+from navi_trio.core.checkpoints._apply import Exported, Journal, export_root, needed
 from navi_trio.core.checkpoints._fsops import (
     Folders,
     RootUnusableError,
@@ -65,6 +65,7 @@ from navi_trio.core.checkpoints._records import Records
 from navi_trio.core.checkpoints._result import ScanResult
 from navi_trio.core.checkpoints._snapshots import Snapshots, abandon, finish
 from navi_trio.core.checkpoints._state import OverLimit, Room, RootState
+from navi_trio.errors import RootChangedError
 from navi_trio.settings import Settings
 from navi_trio.tools.private import PrivatePaths
 from navi_trio.tools.roots import Root
@@ -485,24 +486,27 @@ class CheckpointEngine:
             fds.close()
             os.close(fd)
 
-    async def export(self, owner: str, checkpoint_id: str, root: Path, dest: Path) -> list[Any]:
-        """Copy `root` as the checkpoint holds it into the new folder `dest` (a fork's
-        workspace). `dest` is made empty first and complete at the end, in one rename;
-        the paths that could not be written are returned."""
+    async def export(
+        self, owner: str, checkpoint_id: str, root: Path, into: Root, name: str
+    ) -> Exported:
+        """Copy `root` as the checkpoint holds it into the new folder `name` of the held
+        folder `into` (a fork's copy). The new folder is made empty first and complete
+        at the end, in one rename; what could not be written is in the answer."""
         info = await self.get(owner, checkpoint_id)
         tree = next((r for r in info.roots if r.path == root), None)
         if tree is None:
             raise CheckpointError(f"checkpoint {checkpoint_id} holds no folder {root}")
-        return await self._thread(functools.partial(self._export_sync, tree, dest))
+        return await self._thread(functools.partial(self._export_sync, tree, into, name))
 
-    def _export_sync(self, tree: RootTree, dest: Path) -> list[Any]:
+    def _export_sync(self, tree: RootTree, into: Root, name: str) -> Exported:
+        dest = into.path / name
         with hold_files(self.folder, []):
             ops, _ = _plan_new(self.objects, tree, dest)
             try:
-                return export_root(self.objects, ops, dest)
+                return export_root(self.objects, ops, into, name)
             except FileExistsError:
                 raise CheckpointError(f"{dest} already exists") from None
-            except RootUnusableError as exc:
+            except RootChangedError as exc:
                 raise CheckpointError(str(exc)) from None
 
     # -- helpers ------------------------------------------------------------------
