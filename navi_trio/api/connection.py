@@ -48,7 +48,6 @@ from navi_trio.api.protocol import (
     RequestId,
     Stop,
     encode,
-    error_frame,
     error_frame_for,
     for_user,
     lagged_frame,
@@ -63,6 +62,7 @@ from navi_trio.errors import (
     ProtocolError,
     RateLimitedError,
     RequestError,
+    client_error,
 )
 
 if TYPE_CHECKING:
@@ -258,21 +258,19 @@ class Connection:
 
     async def _failed(self, rid: RequestId, exc: Exception) -> None:
         """Answer a request that failed: its code, or internal (and keep going)."""
-        if isinstance(exc, RequestError):
-            if exc.request_id is None:
-                exc.request_id = rid
+        answer = client_error(exc)
+        if answer.request_id is None:
+            answer.request_id = rid
+        if answer is exc:
             log.info(
                 "refused a request of %s (session %s): %s %s",
-                self._who(), exc.session_id or "-", exc.code, exc,
+                self._who(), answer.session_id or "-", answer.code, answer,
             )  # fmt: skip
-            await self.send(error_frame_for(exc))
         elif isinstance(exc, NaviError):
             log.warning("request of %s failed: %s", self._who(), exc)
-            await self.send(error_frame("internal", str(exc), request_id=rid))
         else:  # our bug: say so, keep the connection and the daemon
             log.error("request of %s failed", self._who(), exc_info=exc)
-            message = f"internal error: {type(exc).__name__}: {exc}"
-            await self.send(error_frame("internal", message, request_id=rid))
+        await self.send(error_frame_for(answer))
 
     async def defer(self, rid: RequestId, work: Callable[[], Awaitable[None]]) -> None:
         """Run the rest of a command beside the reader; its failure is answered as the
