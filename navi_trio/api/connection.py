@@ -51,6 +51,7 @@ from navi_trio.api.protocol import (
     error_frame_for,
     for_user,
     lagged_frame,
+    notice_frame,
     parse_frame,
     welcome_frame,
 )
@@ -303,8 +304,8 @@ class Connection:
     async def _notices(self, user_id: str) -> None:
         """The user's notices (a scheduled run ended: core/notices.py) to this client."""
         with self.server.runtime.notices.subscribe(user_id) as notices:
-            async for frame in notices:
-                await self.send(frame)
+            async for notice in notices:
+                await self.send(notice_frame(notice))
 
     def _who(self) -> str:
         return self.user.name if self.user is not None else self.peer

@@ -27,6 +27,7 @@ import re
 import typing
 from typing import Any, Literal
 
+import attrs
 import cattrs
 
 from navi_trio import __version__, wire
@@ -47,6 +48,7 @@ from navi_trio.api.command_frames import Subscribe as Subscribe
 from navi_trio.api.command_frames import Tasks as Tasks
 from navi_trio.api.command_frames import Unsubscribe as Unsubscribe
 from navi_trio.api.frame_fields import shown
+from navi_trio.core.notices import Notice
 from navi_trio.errors import FrameTooLargeError, ProtocolError, RequestError, UnknownTypeError
 from navi_trio.events import AgentEvent, ErrorEvent, WarningEvent, event_to_dict
 from navi_trio.profiles import BudgetConfig, parse_budgets
@@ -307,6 +309,11 @@ def lagged_frame(session_id: str, missed_from: int, missed_to: int) -> Frame:
         "missed_from": missed_from,
         "missed_to": missed_to,
     }
+
+
+def notice_frame(notice: Notice) -> Frame:
+    """A user's notice (a scheduled run ended), out of band: no session seq."""
+    return {"type": wire.SCHEDULE_RUN, **attrs.asdict(notice)}
 
 
 def error_frame(
