@@ -39,7 +39,9 @@ The tree (every subclass of NaviError in navi_trio is defined here)::
     │   ├── ExistsError             exists: a session that already exists is not created again
     │   │   └── SessionExistsError  (see StoreError above)
     │   ├── StorageError            (see StoreError above)
-    │   └── UnavailableError        internal: the daemon is shutting down
+    │   ├── UnavailableError        internal: the daemon is shutting down
+    │   └── InternalError           internal: any other failure, as a client is told of it
+    │                               (`client_error`)
     ├── DaemonUnreachableError      a client of the daemon (`open_daemon`): nothing answers at the
     │   │                           URL, no answer in time, or the connection dropped
     │   ├── UntrustedDaemonError    what answers on this machine is another account's socket:
@@ -269,6 +271,24 @@ class UnavailableError(RequestError):
     """The daemon cannot take the request now (it is shutting down)."""
 
     code = "internal"
+
+
+class InternalError(RequestError):
+    """A failure that has no wire code of its own, as a client is told of it."""
+
+    code = "internal"
+
+
+def client_error(exc: Exception) -> RequestError:
+    """What a client is told of a failed request or run: a RequestError as it is; any
+    other failure is `internal`. A NaviError keeps its own words (they are written for
+    people); anything else is our bug, named by its class ("internal error: KeyError:
+    'x'") so a report says what broke. The caller logs it."""
+    if isinstance(exc, RequestError):
+        return exc
+    if isinstance(exc, NaviError):
+        return InternalError(str(exc))
+    return InternalError(f"internal error: {type(exc).__name__}: {exc}")
 
 
 class ChangedError(RequestError):

@@ -1,8 +1,12 @@
-"""One strict cattrs converter for every file people write by hand (config, scripts).
+"""Strict JSON: what a value is in JSON's words, and one strict cattrs converter.
 
-cattrs would coerce "5" to 5 and 1 to True; a file with the wrong type is a mistake to
-report, not to guess at. Errors keep our own wording ("expected int (a whole number),
-got '5'") and carry cattrs' key path (``@ $.profiles['coder'].max_iterations``).
+cattrs would coerce "5" to 5 and 1 to True; a file or a frame with the wrong type is a
+mistake to report, not to guess at. The same converter structures the files people
+write by hand (config, scripts) and the frames clients send. Its scalar hooks raise an
+`WrongTypeError` that carries what was wanted and what came: a file's error says it in
+our words with cattrs' key path (``expected int (a whole number), got '5' @
+$.profiles['coder'].max_iterations``), the protocol in a client's terms. `parse_int`
+bounds the whole numbers `json.loads` builds (a `LongNumber` past 18 digits).
 """
 
 from __future__ import annotations
@@ -13,29 +17,79 @@ from typing import Any
 import cattrs
 from cattrs.v import format_exception
 
+NUMBER_MAX_DIGITS = 18  # a whole number read with `parse_int` (a frame's last_seq, id)
+
+
+class LongNumber:
+    """A whole number with more digits than any field takes: `json.loads` would build
+    it (or refuse past Python's 4300-digit limit, in Python's words); we refuse it."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def parse_int(text: str) -> int | LongNumber:
+    """`json.loads`' ``parse_int``: a number too long for any field stays a LongNumber."""
+    digits = len(text.lstrip("-"))
+    return LongNumber(digits) if digits > NUMBER_MAX_DIGITS else int(text)
+
+
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, int | float | LongNumber):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
 
 class ExpectedError(TypeError):
     """Raised by strict hooks; its message already says what was expected."""
 
 
-_SCALARS: dict[type, str] = {
-    bool: "bool (true or false)",
-    int: "int (a whole number)",
-    float: "float (a number)",
-    str: "str (a string)",
+class WrongTypeError(ExpectedError):
+    """A scalar of the wrong type: `typ` and `wanted` say what was expected, in Python's
+    and JSON's words, `value` what came; the message is a file's wording."""
+
+    def __init__(self, message: str, typ: type, wanted: str, value: Any) -> None:
+        super().__init__(message)
+        self.typ = typ
+        self.wanted = wanted
+        self.value = value
+
+
+_WANTED: dict[type, str] = {
+    bool: "true or false",
+    int: "a whole number",
+    float: "a number",
+    str: "a string",
 }
 
 
 def _scalar_hook(typ: type) -> Any:
+    wanted = _WANTED[typ]
+
     def hook(value: Any, _: Any) -> Any:
         ok = isinstance(value, typ) and not (typ is not bool and isinstance(value, bool))
         if typ is float:
             ok = isinstance(value, int | float) and not isinstance(value, bool)
         if not ok:
-            raise ExpectedError(f"expected {_SCALARS[typ]}, got {value!r}")
+            message = f"expected {typ.__name__} ({wanted}), got {value!r}"
+            raise WrongTypeError(message, typ, wanted, value)
         if typ is float and not math.isfinite(value):
             # json.loads reads NaN and Infinity; no setting of ours can use them.
-            raise ExpectedError(f"expected a finite number, got {value!r}")
+            wanted_finite = "a finite number"
+            raise WrongTypeError(
+                f"expected {wanted_finite}, got {value!r}", typ, wanted_finite, value
+            )
         return float(value) if typ is float else value
 
     return hook
@@ -44,7 +98,7 @@ def _scalar_hook(typ: type) -> Any:
 def strict_converter() -> cattrs.Converter:
     """A converter that refuses unknown keys and never coerces scalars."""
     converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
-    for typ in _SCALARS:
+    for typ in _WANTED:
         converter.register_structure_hook(typ, _scalar_hook(typ))
     return converter
 

@@ -14,6 +14,7 @@ from navi_trio.api.auth import (
     authenticate,
     ensure_local_token,
     folder_admin_name,
+    is_loopback,
     read_local_token,
     resolve_token,
 )
@@ -93,3 +94,24 @@ def test_a_client_token_comes_from_the_flag_then_the_env_then_the_file(tmp_path:
     assert resolve_token(None, tmp_path, {}) == "from-file"
     with pytest.raises(ConfigError, match="--token.*NAVI_TOKEN.*navi serve"):
         resolve_token(None, tmp_path / "nowhere", {})
+
+
+@pytest.mark.parametrize(
+    ("host", "local"),
+    [
+        ("localhost", True),
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("::1", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("192.168.1.2", False),
+        ("example.org", False),
+        ("localhost.example.org", False),
+    ],
+)
+def test_only_localhost_and_loopback_addresses_count_as_this_machine(
+    host: str, local: bool
+) -> None:
+    # `navi serve --host` and the daemon's own names both ask this one question.
+    assert is_loopback(host) is local

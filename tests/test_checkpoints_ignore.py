@@ -51,6 +51,8 @@ trailing.txt"""
 spaced\\ .txt
 a/**/z.txt
 sub/*.gen
+[unclosed
+\\
 """
 )
 SUB_RULES = """\
@@ -67,7 +69,7 @@ PATHS = [
     "#hash.txt", "trailing.txt", "spaced .txt", "spaced.txt",
     "a/z.txt", "a/b/c/z.txt", "b/a/z.txt",
     "sub/x.gen", "sub/deeper/x.gen", "sub/s.log", "sub/local.txt", "local.txt",
-    "plain.txt",
+    "plain.txt", "[unclosed",
 ]  # fmt: skip
 
 
@@ -165,7 +167,10 @@ async def test_a_restore_follows_the_rules_of_the_checkpoint_and_keeps_what_it_c
 
 def test_gitignore_size_and_oddities_do_not_break_parsing() -> None:
     assert Rules.parse("", "\n# only comments\n   \n!\n/\n") is None
-    rules = Rules.parse("d", "[unclosed\n\\\n")
+    # As git reads them: an unclosed class matches nothing, a lone backslash is skipped.
+    assert Rules.parse("d", "[unclosed\n\\\n") is None
+    rules = Rules.parse("d", "[unclosed\n*.x\n")
     assert rules is not None
-    assert Ignorer((rules,)).ignored("d/[unclosed", False)
+    assert Ignorer((rules,)).ignored("d/a.x", False)
+    assert not Ignorer((rules,)).ignored("d/[unclosed", False)
     assert os.sep == "/"

@@ -25,6 +25,7 @@ from test_on_busy_clients import steer_arrives
 from navi_trio.client.app import ChatApp, ChatOptions
 from navi_trio.client.reader import CTRL_ENTER, InputEvent, PromptReader
 from navi_trio.client.render import Renderer
+from navi_trio.core.notices import ScheduleRun
 
 DEADLINE = 20
 
@@ -137,11 +138,8 @@ async def test_schedules_from_the_chat_and_a_scheduled_runs_notice(tmp_path: Pat
             chat.reader.type("/schedule every soon x")
             await chat.screen.wait_for("a duration like")
             # A scheduled run ends: the owner's chat says so, whatever session it is in.
-            d.harness.runtime.notices.publish(
-                d.ids["alice"],
-                {"type": "schedule_run", "schedule_id": row.id, "session_id": "s-elsewhere",
-                 "reason": "complete", "text": "inbox tidied", "at": 0},
-            )  # fmt: skip
+            ended = ScheduleRun(row.id, "s-elsewhere", "complete", "inbox tidied", 0)
+            d.harness.runtime.notices.publish(d.ids["alice"], ended)
             await chat.screen.wait_for("⏰ schedule")
             await chat.screen.wait_for("inbox tidied")
             chat.reader.type(f"/schedule remove {row.id}")

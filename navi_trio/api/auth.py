@@ -266,7 +266,7 @@ class WebAccess:
         names = {_bare(local_address).lower()}
         if self.bound_host not in _WILDCARDS:
             names.add(_bare(self.bound_host).lower())
-        if any(_is_loopback(n) for n in names):
+        if any(is_loopback(n) for n in names):
             names.update(_LOOPBACK_HOSTS)
         return names
 
@@ -315,7 +315,9 @@ def _bare(host: str) -> str:
     return str(addr)
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address) is this machine only: "localhost" or a
+    loopback address. Any other name may resolve anywhere."""
     if host == "localhost":
         return True
     try:

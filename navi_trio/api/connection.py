@@ -48,10 +48,10 @@ from navi_trio.api.protocol import (
     RequestId,
     Stop,
     encode,
-    error_frame,
     error_frame_for,
     for_user,
     lagged_frame,
+    notice_frame,
     parse_frame,
     welcome_frame,
 )
@@ -63,6 +63,7 @@ from navi_trio.errors import (
     ProtocolError,
     RateLimitedError,
     RequestError,
+    client_error,
 )
 
 if TYPE_CHECKING:
@@ -254,21 +255,19 @@ class Connection:
 
     async def _failed(self, rid: RequestId, exc: Exception) -> None:
         """Answer a request that failed: its code, or internal (and keep going)."""
-        if isinstance(exc, RequestError):
-            if exc.request_id is None:
-                exc.request_id = rid
+        answer = client_error(exc)
+        if answer.request_id is None:
+            answer.request_id = rid
+        if answer is exc:
             log.info(
                 "refused a request of %s (session %s): %s %s",
-                self._who(), exc.session_id or "-", exc.code, exc,
+                self._who(), answer.session_id or "-", answer.code, answer,
             )  # fmt: skip
-            await self.send(error_frame_for(exc))
         elif isinstance(exc, NaviError):
             log.warning("request of %s failed: %s", self._who(), exc)
-            await self.send(error_frame("internal", str(exc), request_id=rid))
         else:  # our bug: say so, keep the connection and the daemon
             log.error("request of %s failed", self._who(), exc_info=exc)
-            message = f"internal error: {type(exc).__name__}: {exc}"
-            await self.send(error_frame("internal", message, request_id=rid))
+        await self.send(error_frame_for(answer))
 
     async def defer(self, rid: RequestId, work: Callable[[], Awaitable[None]]) -> None:
         """Run the rest of a command beside the reader; its failure is answered as the
@@ -301,8 +300,8 @@ class Connection:
     async def _notices(self, user_id: str) -> None:
         """The user's notices (a scheduled run ended: core/notices.py) to this client."""
         with self.server.runtime.notices.subscribe(user_id) as notices:
-            async for frame in notices:
-                await self.send(frame)
+            async for notice in notices:
+                await self.send(notice_frame(notice))
 
     def _who(self) -> str:
         return self.user.name if self.user is not None else self.peer

@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from navi_trio.strict import LongNumber
 from navi_trio.text import CLIP_CHARS, clip
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@+=-]{0,127}")
@@ -26,14 +27,6 @@ PATH_MAX_CHARS = 4096
 SPEC_MAX_CHARS = 128  # a schedule's cron, every or at
 SCHEDULE_MESSAGE_MAX = 16_000  # a schedule's message (core/schedules.py MESSAGE_MAX_CHARS)
 HISTORY_LIMIT_MAX = 1000  # messages in one history reply (also the default)
-
-
-class LongNumber:
-    """A whole number with more digits than any field takes: `json.loads` would build
-    it (or refuse past Python's 4300-digit limit, in Python's words); we refuse it."""
-
-    def __init__(self, digits: int) -> None:
-        self.digits = digits
 
 
 def _long_number(value: Any) -> str:

@@ -2,8 +2,8 @@
 
 Client frames are JSON objects with a ``type``; each type is an `attrs.frozen` command
 class (api/command_frames.py, its fields' checks in api/frame_fields.py; `COMMANDS`
-says which type is which), structured here by one strict cattrs converter (a string
-field refuses a number, an unknown key is refused, a `Literal` names its choices).
+says which type is which), structured here by strict.py's converter (a string field
+refuses a number, an unknown key is refused, a `Literal` names its choices).
 Anything wrong raises a `ProtocolError` subclass whose message names the field and the
 problem in JSON's terms ("field 'last_seq' must be a whole number, not a string"),
 quotes at most ~64 characters of what the client sent, and whose ``request_id`` echoes
@@ -27,6 +27,7 @@ import re
 import typing
 from typing import Any, Literal
 
+import attrs
 import cattrs
 
 from navi_trio import __version__, wire
@@ -46,7 +47,8 @@ from navi_trio.api.command_frames import Stop as Stop
 from navi_trio.api.command_frames import Subscribe as Subscribe
 from navi_trio.api.command_frames import Tasks as Tasks
 from navi_trio.api.command_frames import Unsubscribe as Unsubscribe
-from navi_trio.api.frame_fields import LongNumber, shown
+from navi_trio.api.frame_fields import shown
+from navi_trio.core.notices import Notice
 from navi_trio.errors import FrameTooLargeError, ProtocolError, RequestError, UnknownTypeError
 from navi_trio.events import (
     AgentEvent,
@@ -57,13 +59,20 @@ from navi_trio.events import (
     event_to_dict,
 )
 from navi_trio.profiles import BudgetConfig, parse_budgets
+from navi_trio.strict import (
+    NUMBER_MAX_DIGITS,
+    LongNumber,
+    WrongTypeError,
+    json_kind,
+    parse_int,
+    strict_converter,
+)
 from navi_trio.text import clean_json, clean_text, clip, has_lone_surrogate
 from navi_trio.wire import PROTOCOL_VERSION as PROTOCOL_VERSION
 from navi_trio.wire import Frame as Frame
 
 RequestId = str | int | None
 KEEP_MAX_CHARS = 64_000  # an `EventFrame` keeps its JSON text up to this length
-NUMBER_MAX_DIGITS = 18  # a whole number in a frame (last_seq, id)
 ID_SCAN_CHARS = 4096  # of a frame too large to parse: where its id is looked for
 ERROR_MAX_CHARS = 1000  # an error frame's message is cut there, whoever wrote it
 
@@ -85,54 +94,16 @@ COMMANDS: dict[str, type[Any]] = {
 }
 
 
-def _parse_int(text: str) -> int | LongNumber:
-    digits = len(text.lstrip("-"))
-    return LongNumber(digits) if digits > NUMBER_MAX_DIGITS else int(text)
-
-
-def _kind(value: Any) -> str:
-    """What a JSON value is, in JSON's words."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true or false"
-    if isinstance(value, int | float | LongNumber):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
-
-
-class _FieldProblem(TypeError):
-    """Raised by our structure hooks: the message is what follows "field 'x' "."""
-
-
-def _strict_str(value: Any, _: Any) -> str:
-    if not isinstance(value, str):
-        raise _FieldProblem(f"must be a string, not {_kind(value)}")
-    return value
-
-
-def _strict_int(value: Any, _: Any) -> int:
-    if isinstance(value, LongNumber):
-        raise _FieldProblem(
+def _wire_problem(exc: WrongTypeError) -> str:
+    """A strict hook's refusal in the client's terms: what follows "field 'x' "."""
+    value = exc.value
+    if exc.typ is int and isinstance(value, LongNumber):
+        return (
             f"must be a whole number of at most {NUMBER_MAX_DIGITS} digits, "
             f"not one of {value.digits}"
         )
-    if isinstance(value, bool) or not isinstance(value, int):
-        got = shown(value) if isinstance(value, float) else _kind(value)
-        raise _FieldProblem(f"must be a whole number, not {got}")
-    return value
-
-
-def _strict_bool(value: Any, _: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _FieldProblem(f"must be true or false, not {_kind(value)}")
-    return value
+    got = shown(value) if exc.typ is int and isinstance(value, float) else json_kind(value)
+    return f"must be {exc.wanted}, not {got}"
 
 
 def _budget(value: Any, _: Any) -> BudgetConfig:
@@ -141,10 +112,7 @@ def _budget(value: Any, _: Any) -> BudgetConfig:
     return parse_budgets(value)
 
 
-converter = cattrs.Converter(forbid_extra_keys=True)
-converter.register_structure_hook(str, _strict_str)
-converter.register_structure_hook(int, _strict_int)
-converter.register_structure_hook(bool, _strict_bool)
+converter = strict_converter()
 converter.register_structure_hook(BudgetConfig, _budget)
 
 
@@ -161,8 +129,8 @@ def _field_problem(name: str, exc: BaseException, type_: Any, value: Any) -> str
     choices = _choices(type_)
     if choices:
         return f"field {name!r} must be one of {', '.join(choices)}, not {shown(value)}"
-    if isinstance(exc, _FieldProblem):
-        return f"field {name!r} {exc}"
+    if isinstance(exc, WrongTypeError):
+        return f"field {name!r} {_wire_problem(exc)}"
     return f"field {name!r}: {clip(str(exc), ERROR_MAX_CHARS // 4)}"
 
 
@@ -208,7 +176,7 @@ def leading_id(message: str) -> RequestId:
     frame's): a value that runs past it ends the search. So the work and the memory are
     bounded whatever the frame holds, and the id is checked as any frame's."""
     text = message[:ID_SCAN_CHARS]
-    decoder = json.JSONDecoder(parse_int=_parse_int)
+    decoder = json.JSONDecoder(parse_int=parse_int)
     pos = _skip_space(text, 0)
     if not text.startswith("{", pos):
         return None
@@ -249,13 +217,13 @@ def parse_frame(message: str | bytes, max_bytes: int) -> tuple[RequestId, Comman
             request_id=leading_id(message),
         )
     try:
-        data = json.loads(message, parse_int=_parse_int)
+        data = json.loads(message, parse_int=parse_int)
     except ValueError as exc:
         raise ProtocolError(f"the frame is not JSON: {exc}") from None
     except RecursionError:
         raise ProtocolError("the frame is nested too deeply to read") from None
     if not isinstance(data, dict):
-        raise ProtocolError(f"a frame must be a JSON object, not {_kind(data)}")
+        raise ProtocolError(f"a frame must be a JSON object, not {json_kind(data)}")
     rid = _request_id(data)
     # A text frame is UTF-8, so a surrogate can only come from a \uD800-\uDFFF escape.
     if "\\ud" in message or "\\uD" in message:
@@ -276,7 +244,7 @@ def parse_frame(message: str | bytes, max_bytes: int) -> tuple[RequestId, Comman
     kind = data.get("type")
     body = {k: v for k, v in data.items() if k not in ("type", "id")}
     if not isinstance(kind, str):
-        got = f", not {_kind(kind)}" if "type" in data else ""
+        got = f", not {json_kind(kind)}" if "type" in data else ""
         raise ProtocolError(f'a frame needs a "type" string{got}', request_id=rid)
     cls = COMMANDS.get(kind)
     if cls is None:
@@ -348,6 +316,11 @@ def lagged_frame(session_id: str, missed_from: int, missed_to: int) -> Frame:
         "missed_from": missed_from,
         "missed_to": missed_to,
     }
+
+
+def notice_frame(notice: Notice) -> Frame:
+    """A user's notice (a scheduled run ended), out of band: no session seq."""
+    return {"type": wire.SCHEDULE_RUN, **attrs.asdict(notice)}
 
 
 def error_frame(

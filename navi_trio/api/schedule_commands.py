@@ -16,11 +16,24 @@ from typing import Any, Protocol
 
 from navi_trio.api.auth import User
 from navi_trio.api.protocol import Frame, RequestId, Schedule, reply
-from navi_trio.core.schedules import Scheduler, ScheduleSpec, schedule_view
+from navi_trio.core.schedules import Scheduler, ScheduleSpec
 from navi_trio.errors import ForbiddenError, ProtocolError
 from navi_trio.store.base import ScheduleRow, SessionRow
 
 log = logging.getLogger(__name__)
+
+
+def schedule_view(row: ScheduleRow) -> dict[str, Any]:
+    """A schedule as the wire shows it."""
+    return {
+        "schedule_id": row.id, "session_id": row.session_id, "profile": row.profile_id,
+        "kind": row.kind, "spec": row.spec, "message": row.message,
+        "catch_up": row.catch_up, "paused": row.paused, "next_due": row.next_due,
+        "runs": row.runs, "last_run_at": row.last_run_at,
+        "last_session_id": row.last_session_id, "budget": row.budget,
+        "created_at": row.created_at, "last_skip": row.last_skip,
+        "last_skip_at": row.last_skip_at,
+    }  # fmt: skip
 
 
 class _Sends(Protocol):

@@ -21,7 +21,6 @@ command on the local database (it runs no background tasks and no schedules).
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import logging
 import time
@@ -32,6 +31,7 @@ from typing import Any, TextIO
 import trio
 
 from navi_trio import wire
+from navi_trio.api.auth import is_loopback
 from navi_trio.api.remote import DEFAULT_URL
 from navi_trio.text import terminal_safe
 
@@ -156,20 +156,11 @@ class _JsonLines(logging.Formatter):
         )
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from navi_trio.cli.common import UsageError, config_source, llm_settings, load_settings
     from navi_trio.cli.serve import serve_daemon
 
-    if not _is_loopback(args.host):
+    if not is_loopback(args.host):
         if not args.allow_remote:
             raise UsageError(
                 f"--host {args.host} is not a loopback address: anyone who can reach it may "

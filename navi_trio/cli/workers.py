@@ -49,6 +49,7 @@ from typing import TextIO
 import attrs
 import trio
 
+from navi_trio.backoff import backoff_delay
 from navi_trio.errors import NaviError, UsageError
 from navi_trio.settings import Settings
 
@@ -155,7 +156,7 @@ class Supervisor:
         print(line, file=self.out, flush=True)
 
     async def _keep(self, worker: _Worker, port: int, first_ready: trio.Event) -> None:
-        delay = RESTART_FIRST_SEC
+        restart = 0
         while not self.stopping:
             began = trio.current_time()
             if await self._start(worker, port):
@@ -166,13 +167,14 @@ class Supervisor:
             if self.stopping:
                 return
             if trio.current_time() - began >= STABLE_SEC:
-                delay = RESTART_FIRST_SEC
+                restart = 0
+            restart += 1
+            delay = backoff_delay(restart, base=RESTART_FIRST_SEC, cap=RESTART_MAX_SEC)
             log.warning(
                 "worker %d (pid %d) exited with %s; starting it again in %.1f s",
                 worker.number, proc.pid, _exit_text(code), delay,
             )  # fmt: skip
             await trio.sleep(delay)
-            delay = min(delay * 2, RESTART_MAX_SEC)
             worker.restarts += 1
 
     async def _start(self, worker: _Worker, port: int) -> bool:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import trio
 
 from navi_trio.api.daemon_client import DaemonConnection, open_daemon
+from navi_trio.backoff import backoff_delay
 from navi_trio.errors import DaemonUnreachableError, RemoteError
 from navi_trio.wire import Frame
 
@@ -118,7 +119,7 @@ class Connection:
                         "is `navi serve` still running?",
                         reason=exc.reason,
                     ) from None
-                delay = min(self._backoff * 2 ** (failures - 1), BACKOFF_MAX)
+                delay = backoff_delay(failures, base=self._backoff, cap=BACKOFF_MAX)
                 await self._out.send(
                     {
                         "type": "_disconnected",

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import trio
 
 from navi_trio.api.daemon_client import open_daemon
+from navi_trio.backoff import backoff_delay
 from navi_trio.errors import DaemonUnreachableError, NaviError, UsageError
 
 TOKEN_FILE = "local-token"
@@ -146,7 +147,7 @@ async def ensure_daemon(
     log_path = log_file(data_dir, port)
     start = log_path.stat().st_size if log_path.exists() else 0  # where this start writes
     proc = _spawn(list(command or serve_command(port, serve_args)), log_path)
-    delay = 0.05
+    probes = 0
     with trio.move_on_after(START_TIMEOUT):
         while True:
             # Waiting on another process's socket: there is no event to wait on, so
@@ -161,8 +162,8 @@ async def ensure_daemon(
                     f"started a navi daemon in the background on {host}:{port} "
                     f"(pid {proc.pid}, log: {log_path})"
                 )
-            await trio.sleep(delay)
-            delay = min(delay * 2, 0.5)
+            probes += 1
+            await trio.sleep(backoff_delay(probes, base=0.05, cap=0.5))
     raise DaemonUnreachableError(
         f"started `navi serve` but it did not accept connections within {START_TIMEOUT:.0f}s; "
         f"see {log_path}"

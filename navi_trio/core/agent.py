@@ -69,6 +69,7 @@ from navi_trio.errors import (
     RequestError,
     SessionBusyError,
     StorageError,
+    client_error,
 )
 from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, WarningEvent, Woken
 from navi_trio.llm.base import LLMBackend
@@ -282,16 +283,10 @@ class Agent:
                     control.refused = exc
                 else:
                     control.failed = exc
-                if isinstance(exc, RequestError):  # session_busy, storage, storage_full
-                    emit(ErrorEvent(message=str(exc), code=exc.code))
-                else:  # our own bug: say so and keep the daemon alive
+                if not isinstance(exc, RequestError):  # session_busy, storage: expected
                     log.exception("run of session %s failed", session_id)
-                    emit(
-                        ErrorEvent(
-                            message=f"internal error: {type(exc).__name__}: {exc}",
-                            code="internal",
-                        )
-                    )
+                told = client_error(exc)
+                emit(ErrorEvent(message=str(told), code=told.code))
                 emit(StreamEnd(reason="error"))
             finally:
                 # Cancelled before the save (the runtime is shutting down): not stored.

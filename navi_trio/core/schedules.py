@@ -51,10 +51,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from navi_trio import wire
 from navi_trio.actor import NurseryHolder
 from navi_trio.core.agent import UserMessage
-from navi_trio.core.notices import UserNotices
+from navi_trio.core.notices import ScheduleRun, UserNotices
 from navi_trio.core.queued import deliver, to_row
 from navi_trio.errors import ForbiddenError, LimitError, NaviError, NotFoundError, ProtocolError
 from navi_trio.events import StreamEnd
@@ -178,29 +177,12 @@ def notify_schedule_run(
     notices: UserNotices, session_id: str, msg: UserMessage, end: StreamEnd
 ) -> None:
     """A run ended: when it was a scheduled one, its owner's clients hear how."""
-    if msg.kind != "schedule":
+    if msg.kind != "schedule" or msg.schedule_id is None:
         return
+    text = clip(end.text, RESULT_MAX_CHARS)
     notices.publish(
-        msg.user_id,
-        {
-            "type": wire.SCHEDULE_RUN, "schedule_id": msg.schedule_id,
-            "session_id": session_id, "reason": end.reason,
-            "text": clip(end.text, RESULT_MAX_CHARS), "at": time.time(),
-        },
-    )  # fmt: skip
-
-
-def schedule_view(row: ScheduleRow) -> dict[str, Any]:
-    """A schedule as the wire shows it."""
-    return {
-        "schedule_id": row.id, "session_id": row.session_id, "profile": row.profile_id,
-        "kind": row.kind, "spec": row.spec, "message": row.message,
-        "catch_up": row.catch_up, "paused": row.paused, "next_due": row.next_due,
-        "runs": row.runs, "last_run_at": row.last_run_at,
-        "last_session_id": row.last_session_id, "budget": row.budget,
-        "created_at": row.created_at, "last_skip": row.last_skip,
-        "last_skip_at": row.last_skip_at,
-    }  # fmt: skip
+        msg.user_id, ScheduleRun(msg.schedule_id, session_id, end.reason, text, time.time())
+    )
 
 
 class Scheduler(NurseryHolder):
@@ -399,13 +381,8 @@ class Scheduler(NurseryHolder):
         if claimed.skipped is not None:
             log.warning("schedule %s: its run was skipped: %s", row.id, claimed.skipped)
             if self._notices is not None:
-                self._notices.publish(
-                    row.user_id,
-                    {
-                        "type": wire.SCHEDULE_RUN, "schedule_id": row.id, "session_id": None,
-                        "reason": "skipped", "text": claimed.skipped, "at": time.time(),
-                    },
-                )  # fmt: skip
+                skipped = ScheduleRun(row.id, None, "skipped", claimed.skipped, time.time())
+                self._notices.publish(row.user_id, skipped)
             return
         log.info("schedule %s: runs in session %s", row.id, session_id)
         registry = self._registry()

@@ -61,6 +61,7 @@ from typing import Any, Protocol, TypeVar
 import attrs
 import trio
 
+from navi_trio.backoff import backoff_delay
 from navi_trio.core.acceptance import stopped_before_saving
 from navi_trio.core.agent import Agent, RunControl, UserMessage
 from navi_trio.core.broadcast import Frame as Frame
@@ -528,7 +529,7 @@ class SessionActor:
             if await role_now(self.parts.store, msg.user_id) is None:
                 raise AuthError("the user who sent this message was removed: it does not run")
             self._check_profile(msg)
-            delay = KEPT_RETRY_FIRST_SEC
+            retry = 1
             while True:
                 async with self.parts.run_stream(self.session_id, msg, control=control) as ev:
                     try:
@@ -559,6 +560,7 @@ class SessionActor:
                     # Nobody runs it now: the daemon that took it may have died mid-turn.
                     self.dead_turn_checked = self._dead_turn is None
                 saved = control.saved or msg.kind == "resume"
+                delay = backoff_delay(retry, base=KEPT_RETRY_FIRST_SEC, cap=KEPT_RETRY_MAX_SEC)
                 if not await self._wait_to_retry(error, delay, saved=saved):
                     dropped = True  # stopped: the user let it go
                     self.publish(
@@ -568,7 +570,7 @@ class SessionActor:
                         )
                     )
                     break
-                delay = min(delay * 2, KEPT_RETRY_MAX_SEC)
+                retry += 1
                 if saved:
                     # Saved already: its turn runs again from what the store holds.
                     msg = attrs.evolve(msg, kind="resume")

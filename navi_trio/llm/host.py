@@ -50,6 +50,7 @@ from typing import Any
 import trio
 
 from navi_trio.actor import NurseryHolder
+from navi_trio.backoff import backoff_delay
 from navi_trio.errors import LLMError, LLMStreamError, LocalModelBrokenError, LocalModelDiedError
 from navi_trio.llm import host_state
 from navi_trio.llm.base import ChatRequest, LLMChunk, WorkingChunk
@@ -455,7 +456,7 @@ class ModelHost(NurseryHolder):
         when = "while loading the model" if not child.ready.is_set() else "while running"
         self.last_death = {"how": how, "when": when, "stderr": tail, "fatal": child.fatal}
         now = trio.current_time()
-        self._next_start = now + min(BACKOFF_FIRST * 2 ** (self.failures - 1), BACKOFF_MAX)
+        self._next_start = now + backoff_delay(self.failures, base=BACKOFF_FIRST, cap=BACKOFF_MAX)
         lines = "\n".join(f"    {line}" for line in tail) or "    (nothing)"
         pid = child.proc.pid if child.proc is not None else "-"
         log.warning("the local model process (pid %s) died %s (%s); its last stderr lines:\n%s",

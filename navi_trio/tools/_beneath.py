@@ -50,7 +50,7 @@ from typing import BinaryIO, cast
 
 import attrs
 
-from navi_trio.tools.private import PrivatePaths
+from navi_trio.tools.private import PrivatePaths, within
 from navi_trio.tools.roots import Root
 from navi_trio.tools.runas import RunAs, inherit
 from navi_trio.tools.runas import denied as _denied
@@ -217,7 +217,7 @@ class Beneath:
         best: tuple[int, tuple[str, ...]] | None = None
         for index, bases in enumerate(self._roots):
             for base in bases:
-                if path == base or base in path.parents:
+                if within(path, base):
                     parts = path.relative_to(base).parts
                     if best is None or len(parts) < len(best[1]):
                         best = (index, parts)

@@ -48,7 +48,7 @@ from navi_trio.tools.base import (
     require_choice,
     require_str,
 )
-from navi_trio.tools.private import private_paths
+from navi_trio.tools.private import private_paths, within
 from navi_trio.tools.roots import Root, RunRoots
 from navi_trio.tools.runas import run_as
 
@@ -57,10 +57,6 @@ MANUAL_PREFIX = "manual:"
 LIST_MAX_ENTRIES = 500
 BLOCK_BYTES = 1 << 20  # reading past what is shown: lines are counted, not kept
 _MANUAL_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-def _within(path: Path, root: Path) -> bool:
-    return path == root or root in path.parents
 
 
 def _start_dir(ctx: ToolContext) -> Path:
@@ -80,7 +76,7 @@ def _lexical(ctx: ToolContext, raw: str, held: Sequence[Root]) -> Path:
     candidate = given if given.is_absolute() else _start_dir(ctx) / given
     lexical = Path(os.path.normpath(candidate))
     bases = [Path(os.path.normpath(r.given.absolute())) for r in held] + [r.path for r in held]
-    if not any(_within(lexical, r) for r in bases):
+    if not within(lexical, *bases):
         if given.is_absolute():
             raise ToolInputError(
                 f"path '{raw}' is outside the folders this tool may use ({_allowed(ctx)})"

@@ -34,7 +34,9 @@ def real_path(path: Path | str) -> Path:
 
 
 def within(path: Path, *folders: Path) -> bool:
-    """Whether `path` is one of `folders` or lies below one (paths compared as given)."""
+    """Whether `path` is one of `folders` or lies below one. Paths are compared as
+    given, part by part (``/a/bc`` is not below ``/a/b``): the caller normalises or
+    resolves them first. The one containment check of the tools."""
     return any(path == f or f in path.parents for f in folders)
 
 

@@ -36,6 +36,7 @@ from typing import Any, Literal
 import trio
 
 from navi_trio import __version__
+from navi_trio.backoff import backoff_delay
 from navi_trio.profiles import MCP_PREFIX, McpServerConfig
 from navi_trio.tools.base import ToolContext, ToolResult, cap_text
 from navi_trio.tools.mcp.content import result_text
@@ -209,7 +210,7 @@ class McpConnection:
                     failures = 0
                     continue
                 self._set("restarting")
-                delay = min(BACKOFF_FIRST * 2 ** max(failures - 1, 0), BACKOFF_MAX)
+                delay = backoff_delay(max(failures, 1), base=BACKOFF_FIRST, cap=BACKOFF_MAX)
                 log.warning("MCP server %s: %s; restarting in %g s", self.name, self.error, delay)
                 await trio.sleep(delay)
 
