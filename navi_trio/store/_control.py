@@ -14,15 +14,13 @@
   due time it was read at (compare and set) and queues its run in that transaction,
   counting the owner's sessions first when it creates one.
 
-`_Control` holds the store's methods (mixed into `SQLiteStore`); below it, the functions
-that run on the worker thread. The checks and serialisation are `_control_input`'s,
-shared with the PostgreSQL store.
+The statements of the SQLite store (store/methods.py has the methods, and
+`_control_input` the checks both stores share), run on the worker thread.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from sqlite_utils import Database
@@ -30,159 +28,21 @@ from sqlite_utils import Database
 from navi_trio.store._control_input import (
     SCHEDULE_COLS,
     by_key,
-    check_adds,
-    check_amounts,
-    check_keys,
-    check_limit,
-    check_release,
-    check_reserve,
-    check_sessions_max,
     decide,
-    new_session_row,
-    queued_values,
     schedule_from,
-    schedule_values,
     sessions_full,
     taken,
 )
-from navi_trio.store._core import _Core
-from navi_trio.store._input import _check_text, _dump
 from navi_trio.store._lease import pid_alive
 from navi_trio.store._schema import _write_tx
 from navi_trio.store.base import (
     USAGE_KINDS,
     Claimed,
-    NewSession,
-    QueuedRow,
     ScheduleRow,
     UsageAsk,
     UsageGrant,
     UsageRequest,
 )
-
-
-class _Control(_Core):
-    # -- wake-ups -----------------------------------------------------------------------
-
-    async def enqueue_wake(
-        self,
-        wake: QueuedRow,
-        *,
-        note: tuple[str, str, Any] | None,
-        limit: int,
-        per: float,
-    ) -> bool:
-        """Store `note` (scope, key, value) and, unless the session was woken `limit`
-        times in the last `per` seconds, queue `wake` and count it: one transaction.
-        True when the wake-up was queued."""
-        values = queued_values(wake, "wake-up")
-        check_limit(limit, per)
-        kv = None
-        if note is not None:
-            scope, key, value = note
-            kv = (_check_text(scope, "kv scope"), _check_text(key, "kv key"),
-                  _dump(value, f"kv value for {scope}/{key}"))  # fmt: skip
-        now = self._now()
-        return await self._run(
-            f"queue a wake-up of {wake.session_id!r}",
-            lambda db: _enqueue_wake(db, values, kv, limit, now - per, now),
-        )
-
-    # -- usage --------------------------------------------------------------------------
-
-    async def add_usage(self, keys: Sequence[str], amounts: dict[str, float]) -> None:
-        """Add `amounts` (kind -> amount, each 0 or more) to every counter in `keys`."""
-        names = check_keys(keys)
-        adds = check_amounts(amounts)
-        if not names or not any(adds.values()):
-            return
-        now = self._now()
-        await self._run("add usage", lambda db: _add_usage(db, names, adds, now))
-
-    async def get_usage(self, keys: Sequence[str]) -> dict[str, dict[str, float]]:
-        """Each key's counters (zeros for a key never added to)."""
-        names = check_keys(keys)
-        if not names:
-            return {}
-        return await self._run("read usage", lambda db: _get_usage(db, names))
-
-    async def reserve_usage(self, asks: Sequence[UsageAsk], request: UsageRequest) -> UsageGrant:
-        """Take `request` from every key of `asks` within its limits, counting the live
-        holds, in one transaction (see store/base.py)."""
-        checked, req = check_reserve(asks, request)
-        now = self._now()
-        return await self._run("reserve usage", lambda db: _reserve(db, checked, req, now))
-
-    async def settle_usage(
-        self, adds: dict[str, dict[str, float]], *, release: Sequence[str] = ()
-    ) -> dict[str, dict[str, float]]:
-        """Add each key's amounts and drop the holds named, in one transaction."""
-        amounts = check_adds(adds)
-        holds = check_release(release)
-        now = self._now()
-        return await self._run("settle usage", lambda db: _settle(db, amounts, holds, now))
-
-    # -- schedules ----------------------------------------------------------------------
-
-    async def create_schedule(self, row: ScheduleRow) -> ScheduleRow:
-        values = schedule_values(row)
-        return await self._run(
-            f"create schedule {row.id!r}", lambda db: _create_schedule(db, values, row)
-        )
-
-    async def get_schedule(self, schedule_id: str) -> ScheduleRow | None:
-        sid = _check_text(schedule_id, "schedule id")
-        return await self._run(f"get schedule {sid!r}", lambda db: _get_schedule(db, sid))
-
-    async def list_schedules(self, user_id: str | None = None) -> list[ScheduleRow]:
-        if user_id is not None:
-            _check_text(user_id, "user_id")
-        return await self._run("list schedules", lambda db: _list_schedules(db, user_id))
-
-    async def count_schedules(self, user_id: str) -> int:
-        _check_text(user_id, "user_id")
-        return await self._run(
-            f"count schedules of {user_id}", lambda db: _count_schedules(db, user_id)
-        )
-
-    async def set_schedule(self, schedule_id: str, *, paused: bool, next_due: float | None) -> bool:
-        """Pause or resume, with the next due time; False when there is no such schedule."""
-        sid = _check_text(schedule_id, "schedule id")
-        return await self._run(
-            f"update schedule {sid!r}",
-            lambda db: _set_schedule(db, sid, bool(paused), next_due),
-        )
-
-    async def delete_schedule(self, schedule_id: str) -> bool:
-        sid = _check_text(schedule_id, "schedule id")
-        return await self._run(f"delete schedule {sid!r}", lambda db: _delete_schedule(db, sid))
-
-    async def claim_schedule(
-        self,
-        schedule_id: str,
-        *,
-        due: float,
-        next_due: float | None,
-        run: QueuedRow | None,
-        session: NewSession | None = None,
-        sessions_max: int | None = None,
-    ) -> Claimed:
-        """Move the schedule from `due` to `next_due` if nobody did meanwhile (and it is
-        not paused); with `run`, queue it (and create `session` first, unless its user
-        has `sessions_max` sessions: then the run is skipped and the schedule says why)
-        and count the run. All or nothing."""
-        sid = _check_text(schedule_id, "schedule id")
-        values = None if run is None else queued_values(run, "scheduled run")
-        new = None if session is None else new_session_row(session)
-        most = check_sessions_max(sessions_max)
-        now = self._now()
-        return await self._run(
-            f"claim schedule {sid!r}",
-            lambda db: _claim(db, sid, float(due), next_due, values, new, most, now),
-        )
-
-
-# -- on the worker thread ---------------------------------------------------------------
 
 
 def _insert_queued(db: Database, values: tuple[Any, ...], now: float) -> None:

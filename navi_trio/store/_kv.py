@@ -4,8 +4,8 @@ A write made inside a run carries the run's lease fence (store/fence.py
 `current_fence`) and is refused with `LeaseLostError`, nothing stored, once another
 process took the session over: the check is in the write's own transaction.
 
-`_Kv` holds the store's kv methods (mixed into `SQLiteStore`); below it, the functions
-that run on the worker thread.
+The statements of the SQLite store (store/methods.py has the methods), run on the
+worker thread.
 """
 
 from __future__ import annotations
@@ -15,39 +15,9 @@ from typing import Any
 
 from sqlite_utils import Database
 
-from navi_trio.store._core import _Core
-from navi_trio.store._input import _check_text, _dump
 from navi_trio.store._lease import check_fence
 from navi_trio.store._schema import _write_tx
-from navi_trio.store.fence import Fence, current_fence
-
-
-class _Kv(_Core):
-    async def kv_get(self, scope: str, key: str) -> Any | None:
-        _check_text(scope, "kv scope")
-        _check_text(key, "kv key", allow_empty=True)
-        return await self._run(f"kv get {scope}/{key}", lambda db: _kv_get(db, scope, key))
-
-    async def kv_set(self, scope: str, key: str, value: Any) -> None:
-        _check_text(scope, "kv scope")
-        _check_text(key, "kv key", allow_empty=True)
-        data = _dump(value, f"kv value for {scope}/{key}")
-        now = self._now()
-        fence = current_fence()
-        await self._run(
-            f"kv set {scope}/{key}", lambda db: _kv_set(db, scope, key, data, now, fence)
-        )
-
-    async def kv_delete(self, scope: str, key: str) -> None:
-        _check_text(scope, "kv scope")
-        _check_text(key, "kv key", allow_empty=True)
-        fence = current_fence()
-        await self._run(f"kv delete {scope}/{key}", lambda db: _kv_delete(db, scope, key, fence))
-
-    async def kv_list(self, scope: str, prefix: str = "") -> list[tuple[str, Any]]:
-        _check_text(scope, "kv scope")
-        _check_text(prefix, "kv prefix", allow_empty=True)
-        return await self._run(f"kv list {scope}/{prefix}*", lambda db: _kv_list(db, scope, prefix))
+from navi_trio.store.fence import Fence
 
 
 def _kv_get(db: Database, scope: str, key: str) -> Any | None:

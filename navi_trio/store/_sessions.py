@@ -1,101 +1,21 @@
 """The sessions table: create, read, list, update, count and delete a session.
 
-`_Sessions` holds the store's session methods (mixed into `SQLiteStore`); below it,
-the functions that run on the worker thread. Deleting a session deletes what hangs on
+The statements of the SQLite store (store/methods.py has the methods), run on the
+worker thread. Deleting a session deletes what hangs on
 it: its history and context, its queued messages and the kv rows keyed by its id.
 """
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from sqlite_utils import Database
 
-from navi_trio.errors import LimitError, SessionExistsError, StoreError
-from navi_trio.store._control_input import check_sessions_max, sessions_full
-from navi_trio.store._core import _Core
-from navi_trio.store._input import _check_meta, _check_text, _dump, check_session_id
+from navi_trio.errors import SessionExistsError, StoreError
 from navi_trio.store._lease import check_fence
 from navi_trio.store._schema import _HISTORY, _SESSION_COLS, _session_from, _write_tx
 from navi_trio.store.base import SessionRow
-from navi_trio.store.fence import Fence, fence_for
-
-
-class _Sessions(_Core):
-    async def create_session(
-        self,
-        session_id: str | None = None,
-        *,
-        profile_id: str,
-        title: str = "",
-        user_id: str = "local",
-        meta: dict[str, Any] | None = None,
-        sessions_max: int | None = None,
-    ) -> SessionRow:
-        sid = check_session_id(session_id) if session_id is not None else _new_session_id()
-        most = check_sessions_max(sessions_max)
-        now = self._now()
-        row = SessionRow(
-            id=sid,
-            profile_id=_check_text(profile_id, "profile_id"),
-            title=_check_text(title, "title", allow_empty=True),
-            user_id=_check_text(user_id, "user_id"),
-            created_at=now,
-            updated_at=now,
-            meta=dict(_check_meta(meta if meta is not None else {})),
-        )
-        meta_json = _dump(row.meta, "session meta")
-        full = await self._run(
-            f"create session {sid!r}", lambda db: _insert_session(db, row, meta_json, most)
-        )
-        if full is not None and most is not None:
-            raise LimitError(sessions_full(full, most))
-        return row
-
-    async def get_session(self, session_id: str) -> SessionRow | None:
-        sid = check_session_id(session_id)
-        return await self._run(f"get session {sid!r}", lambda db: _get_session(db, sid))
-
-    async def list_sessions(self, user_id: str | None = None) -> list[SessionRow]:
-        if user_id is not None:
-            _check_text(user_id, "user_id")
-        return await self._run("list sessions", lambda db: _list_sessions(db, user_id))
-
-    async def update_session(
-        self,
-        session_id: str,
-        *,
-        profile_id: str | None = None,
-        title: str | None = None,
-        meta: dict[str, Any] | None = None,
-    ) -> None:
-        """Change the given fields (meta is replaced whole) and bump updated_at."""
-        sid = check_session_id(session_id)
-        changes: dict[str, Any] = {"updated_at": self._now()}
-        if profile_id is not None:
-            changes["profile_id"] = _check_text(profile_id, "profile_id")
-        if title is not None:
-            changes["title"] = _check_text(title, "title", allow_empty=True)
-        if meta is not None:
-            changes["meta"] = _dump(_check_meta(meta), "session meta")
-        fence = fence_for(sid)
-        await self._run(
-            f"update session {sid!r}", lambda db: _update_session(db, sid, changes, fence)
-        )
-
-    async def delete_session(self, session_id: str) -> bool:
-        """Delete the session, its history, context and kv rows keyed `sid` or `sid:…`."""
-        sid = check_session_id(session_id)
-        return await self._run(f"delete session {sid!r}", lambda db: _delete_session(db, sid))
-
-    async def count_sessions(self, user_id: str) -> int:
-        _check_text(user_id, "user id")
-        return await self._run(f"count sessions of {user_id}", lambda db: _count(db, user_id))
-
-
-def _new_session_id() -> str:
-    return "s-" + uuid.uuid4().hex[:12]
+from navi_trio.store.fence import Fence
 
 
 def _get_session(db: Database, sid: str) -> SessionRow | None:

@@ -10,7 +10,7 @@ sees no append slip in between. Writers of different sessions never wait for eac
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -21,9 +21,10 @@ from navi_trio.errors import SessionExistsError, StoreError
 from navi_trio.store._input import _prepare, _Rewrite, _Row, not_queued, page_end
 from navi_trio.store._schema import _session_from
 from navi_trio.store.base import HistoryPage, LoadedSession, SessionRow
-from navi_trio.store.fence import Fence, lost
+from navi_trio.store.fence import Fence
 from navi_trio.store.postgres import _tables as t
 from navi_trio.store.postgres._control import count_sessions_locked
+from navi_trio.store.postgres._tables import check_fence
 from navi_trio.store.postgres._workers import Conn
 from navi_trio.store.repair import placeholder_positions, repair_dangling_tool_calls
 from navi_trio.text import loads_clean
@@ -33,29 +34,7 @@ HISTORY = ("messages", "context")
 _COLS = "id, profile_id, title, user_id, created_at, updated_at, meta"
 
 
-FENCE_LOST = "NV001"  # navi_fence's SQLSTATE (migrations/0002)
 NO_SESSION = "NV002"  # navi_append's, for a session that is not there (migrations/0005)
-
-
-def check_fence(conn: Conn, fence: Fence | None) -> None:
-    """A fenced write's first statement: NV001 when lost (navi_append calls it itself)."""
-    if fence is not None:
-        conn.execute("SELECT navi_fence(%s, %s, %s)", [fence.session_id, fence.owner,
-                                                        fence.generation])  # fmt: skip
-
-
-def fenced(fence: Fence | None, fn: Callable[[Conn], T]) -> Callable[[Conn], T]:
-    """`fn` with navi_fence's refusal raised as LeaseLostError (store/fence.py)."""
-
-    def job(conn: Conn) -> T:
-        try:
-            return fn(conn)
-        except psycopg.Error as exc:
-            if fence is not None and exc.sqlstate == FENCE_LOST:
-                raise lost(fence, None) from None
-            raise
-
-    return job
 
 
 def get_session(conn: Conn, sid: str) -> SessionRow | None:

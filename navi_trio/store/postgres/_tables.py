@@ -12,15 +12,18 @@ several machines then agree on when a lease has run out.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import psycopg
 
 from navi_trio.errors import StoreError
-from navi_trio.store._lease import pid_alive
 from navi_trio.store._users import queued_of
 from navi_trio.store.base import HANDED_HOST, HANDED_PID, USERS_CHANNEL, LeaseRow
+from navi_trio.store.fence import Fence, lost, pid_alive, takeover
 from navi_trio.store.postgres._workers import Conn
 
+T = TypeVar("T")
 TABLES = ("sessions", "messages", "context", "kv", "users")
 _NOW = "extract(epoch FROM clock_timestamp())"
 _LEASE_COLS = "session_id, owner, pid, host, expires_at, generation"
@@ -43,6 +46,33 @@ def text_array(values: Iterable[str | None]) -> str:
     return "{" + ",".join(quoted) + "}"
 
 
+# -- the fence ------------------------------------------------------------------------
+
+
+FENCE_LOST = "NV001"  # navi_fence's SQLSTATE (migrations/0002)
+
+
+def check_fence(conn: Conn, fence: Fence | None) -> None:
+    """A fenced write's first statement: NV001 when lost (navi_append calls it itself)."""
+    if fence is not None:
+        conn.execute("SELECT navi_fence(%s, %s, %s)", [fence.session_id, fence.owner,
+                                                        fence.generation])  # fmt: skip
+
+
+def fenced(fence: Fence | None, fn: Callable[[Conn], T]) -> Callable[[Conn], T]:
+    """`fn` with navi_fence's refusal raised as LeaseLostError (store/fence.py)."""
+
+    def job(conn: Conn) -> T:
+        try:
+            return fn(conn)
+        except psycopg.Error as exc:
+            if fence is not None and exc.sqlstate == FENCE_LOST:
+                raise lost(fence, None) from None
+            raise
+
+    return job
+
+
 # -- kv ---------------------------------------------------------------------------------
 
 
@@ -52,7 +82,10 @@ def kv_get(conn: Conn, scope: str, key: str) -> Any | None:
     return None if found is None else json.loads(found[0])
 
 
-def kv_set(conn: Conn, scope: str, key: str, value: str, now: float) -> None:
+def kv_set(
+    conn: Conn, scope: str, key: str, value: str, now: float, fence: Fence | None = None
+) -> None:
+    check_fence(conn, fence)
     conn.execute(
         "INSERT INTO kv (scope, key, value, updated_at) VALUES (%s, %s, %s, %s)"
         " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
@@ -61,7 +94,8 @@ def kv_set(conn: Conn, scope: str, key: str, value: str, now: float) -> None:
     )
 
 
-def kv_delete(conn: Conn, scope: str, key: str) -> None:
+def kv_delete(conn: Conn, scope: str, key: str, fence: Fence | None = None) -> None:
+    check_fence(conn, fence)
     conn.execute("DELETE FROM kv WHERE scope = %s AND key = %s", [scope, key])
 
 
@@ -159,8 +193,11 @@ def _lease_from(row: Sequence[Any]) -> LeaseRow:
                     expires_at=float(row[4]), generation=int(row[5]))  # fmt: skip
 
 
-def claim_lease(conn: Conn, sid: str, owner: str, pid: int, host: str, ttl: float) -> LeaseRow:
-    """Take the lease unless someone alive holds it; returns whoever holds it after."""
+def claim_lease(
+    conn: Conn, sid: str, owner: str, pid: int, host: str, ttl: float, now: float
+) -> LeaseRow:
+    """Take the lease unless someone alive holds it (store/fence.py `takeover`); returns
+    whoever holds it after. `now` is unused: lease times are the server's clock."""
     # A fresh row wins at once; a claimer racing us waits here for our commit.
     row = conn.execute(
         f"INSERT INTO leases ({_LEASE_COLS}) VALUES (%s, %s, %s, %s, {_NOW} + %s, 1)"
@@ -172,14 +209,11 @@ def claim_lease(conn: Conn, sid: str, owner: str, pid: int, host: str, ttl: floa
     found = conn.execute(
         f"SELECT {_LEASE_COLS}, {_NOW} FROM leases WHERE session_id = %s FOR UPDATE", [sid]
     ).fetchone()
-    generation = 1
-    if found is not None:
-        holder = _lease_from(found)
-        dead = holder.host == host and not pid_alive(holder.pid)
-        if holder.owner != owner and holder.expires_at > float(found[6]) and not dead:
-            return holder
-        # Our own row keeps its generation; a takeover is the next one (store/fence.py).
-        generation = holder.generation + (0 if holder.owner == owner else 1)
+    holder = None if found is None else _lease_from(found)
+    generation = takeover(holder, owner, host, 0.0 if found is None else float(found[6]))
+    if generation is None:
+        assert holder is not None
+        return holder
     taken = conn.execute(
         f"INSERT INTO leases ({_LEASE_COLS}) VALUES (%s, %s, %s, %s, {_NOW} + %s, %s)"
         " ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, pid = excluded.pid,"
@@ -191,7 +225,10 @@ def claim_lease(conn: Conn, sid: str, owner: str, pid: int, host: str, ttl: floa
     return _lease_from(taken)
 
 
-def renew_lease(conn: Conn, sid: str, owner: str, ttl: float, generation: int | None) -> bool:
+def renew_lease(
+    conn: Conn, sid: str, owner: str, ttl: float, generation: int | None, now: float
+) -> bool:
+    """`now` is unused: lease times are the server's clock."""
     cur = conn.execute(
         f"UPDATE leases SET expires_at = {_NOW} + %s WHERE session_id = %s AND owner = %s"
         " AND (%s::bigint IS NULL OR generation = %s::bigint)",
@@ -251,13 +288,16 @@ def unqueue(conn: Conn, key: str) -> bool:
     return conn.execute("DELETE FROM queued WHERE key = %s", [key]).rowcount > 0
 
 
-def adopt(conn: Conn, sid: str, pid: int, host: str) -> list[tuple[str, dict[str, Any]]]:
+def adopt(
+    conn: Conn, sid: str, pid: int, host: str, now: float
+) -> list[tuple[str, dict[str, Any]]]:
     """The session's rows nobody else runs, now ours: left by a dead process on this host
     or a dead daemon elsewhere (its ``daemons`` row expired or it left), handed over by another
     daemon (pid 0: core/cluster.py), or ours. Nothing while another process holds the
     session's lease: its owner runs them, and would find them gone. Every row while we
     hold it: the holder runs the queue, in its order (a copy another daemon still has
-    in memory is never run twice: taking a row off the queue is a compare and set)."""
+    in memory is never run twice: taking a row off the queue is a compare and set).
+    `now` is unused: lease times are the server's clock."""
     if conn.execute("SELECT 1 FROM queued WHERE session_id = %s LIMIT 1", [sid]).fetchone() is None:
         return []  # nearly always: one statement
     holder = conn.execute(
