@@ -20,7 +20,6 @@ The statements of the SQLite store (store/methods.py has the methods, and
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from sqlite_utils import Database
@@ -29,7 +28,6 @@ from navi_trio.store._control_input import (
     SCHEDULE_COLS,
     by_key,
     decide,
-    schedule_from,
     sessions_full,
     taken,
 )
@@ -166,29 +164,6 @@ def _create_schedule(db: Database, values: tuple[Any, ...], row: ScheduleRow) ->
     return row
 
 
-def _get_schedule(db: Database, sid: str) -> ScheduleRow | None:
-    row = db.execute(
-        f"SELECT {', '.join(SCHEDULE_COLS)} FROM schedules WHERE id = ?", [sid]
-    ).fetchone()
-    return None if row is None else schedule_from(row, json.loads)
-
-
-def _list_schedules(db: Database, user_id: str | None) -> list[ScheduleRow]:
-    cols = ", ".join(SCHEDULE_COLS)
-    if user_id is None:
-        rows = db.execute(f"SELECT {cols} FROM schedules ORDER BY created_at, id").fetchall()
-    else:
-        rows = db.execute(
-            f"SELECT {cols} FROM schedules WHERE user_id = ? ORDER BY created_at, id", [user_id]
-        ).fetchall()
-    return [schedule_from(r, json.loads) for r in rows]
-
-
-def _count_schedules(db: Database, user_id: str) -> int:
-    row = db.execute("SELECT COUNT(*) FROM schedules WHERE user_id = ?", [user_id]).fetchone()
-    return int(row[0])
-
-
 def _set_schedule(db: Database, sid: str, paused: bool, next_due: float | None) -> bool:
     with _write_tx(db):
         cursor = db.execute(
@@ -196,11 +171,6 @@ def _set_schedule(db: Database, sid: str, paused: bool, next_due: float | None) 
             [int(paused), next_due, sid],
         )
         return bool(cursor.rowcount)
-
-
-def _delete_schedule(db: Database, sid: str) -> bool:
-    with _write_tx(db):
-        return bool(db.execute("DELETE FROM schedules WHERE id = ?", [sid]).rowcount)
 
 
 def _claim(

@@ -25,11 +25,8 @@ from navi_trio.store._input import (
     not_queued,
     page_end,
 )
-from navi_trio.store._kv import _kv_delete, _kv_set
-from navi_trio.store._lease import check_fence
 from navi_trio.store._queue import _claim
-from navi_trio.store._schema import _HISTORY, _write_tx
-from navi_trio.store._sessions import _get_session, _require_session
+from navi_trio.store._schema import _HISTORY, SQLITE, _write_tx
 from navi_trio.store.base import HistoryPage, LoadedSession
 from navi_trio.store.fence import Fence
 from navi_trio.store.repair import placeholder_positions, repair_dangling_tool_calls
@@ -61,8 +58,8 @@ def _append(
 ) -> None:  # fmt: skip
     # `durable` is the worker's: it commits without the fsync (store/sqlite.py).
     with _write_tx(db):
-        check_fence(db, fence)
-        _require_session(db, sid)
+        SQLITE.check_fence(db, fence)
+        SQLITE.require_session(db, sid)
         if dequeue is not None and not _claim(db, sid, dequeue):
             raise not_queued(sid, dequeue)
         for table, rows in (("messages", msg_rows), ("context", ctx_rows)):
@@ -72,18 +69,10 @@ def _append(
         db.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", [now, sid])
 
 
-def _load_history(db: Database, table: str, sid: str) -> list[dict[str, Any]]:
-    _require_session(db, sid)
-    rows = db.execute(
-        f"SELECT data FROM {table} WHERE session_id = ? ORDER BY position", [sid]
-    ).fetchall()
-    return [loads_clean(r[0]) for r in rows]  # an older version stored lone surrogates
-
-
 def _load_page(
     db: Database, sid: str, after: float | None, limit: int, max_bytes: int
 ) -> HistoryPage:
-    _require_session(db, sid)
+    SQLITE.require_session(db, sid)
     where, params = ("AND position > ?", [after]) if after is not None else ("", [])
     # The sizes first, stepped lazily: the rows past the page are never read. The data is
     # ASCII JSON (store/_input.py `_dump`): its length is its size in bytes.
@@ -112,16 +101,16 @@ def _replace_context(
     db: Database, sid: str, rows: list[_Row], now: float, fence: Fence | None
 ) -> None:
     with _write_tx(db):
-        check_fence(db, fence)
-        _require_session(db, sid)
+        SQLITE.check_fence(db, fence)
+        SQLITE.require_session(db, sid)
         db.execute("DELETE FROM context WHERE session_id = ?", [sid])
         _insert_history(db, "context", sid, rows, [float(i) for i in range(1, len(rows) + 1)], now)
 
 
 def _rewrite(db: Database, sid: str, job: _Rewrite, now: float, fence: Fence | None) -> None:
     with _write_tx(db):
-        check_fence(db, fence)  # a replaced owner must not rewind its successor's session
-        _require_session(db, sid)
+        SQLITE.check_fence(db, fence)  # a replaced owner must not rewind its successor's session
+        SQLITE.require_session(db, sid)
         count = db.execute("SELECT COUNT(*) FROM messages WHERE session_id = ?", [sid]).fetchone()
         if job.keep > count[0]:
             raise StoreError(f"session {sid!r} has {count[0]} messages, not {job.keep} to keep")
@@ -137,21 +126,21 @@ def _rewrite(db: Database, sid: str, job: _Rewrite, now: float, fence: Fence | N
         _insert_history(db, "messages", sid, job.messages, positions, now)
         _replace_context(db, sid, job.context, now, None)  # the fence is checked above
         for scope, key, value in job.kv_set:
-            _kv_set(db, scope, key, value, now)
+            SQLITE.kv_set(db, scope, key, value, now)
         for scope, key in job.kv_delete:
-            _kv_delete(db, scope, key)
+            SQLITE.kv_delete(db, scope, key)
         db.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", [now, sid])
 
 
 def _load_session(db: Database, sid: str, now: float, fence: Fence | None) -> LoadedSession | None:
-    row = _get_session(db, sid)
+    row = SQLITE.get_session(db, sid)
     if row is None:
         return None
     loaded: dict[str, list[dict[str, Any]]] = {}
     repaired = 0
     # One job on the one thread: no append can slip between reading and repairing.
     with _write_tx(db):
-        check_fence(db, fence)  # a replaced owner must not "repair" its successor's calls
+        SQLITE.check_fence(db, fence)  # a replaced owner must not "repair" its successor's calls
         for table in _HISTORY:
             records = db.execute(
                 f"SELECT position, data FROM {table} WHERE session_id = ? ORDER BY position",

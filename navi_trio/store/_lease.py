@@ -3,8 +3,8 @@
 A lease row says "owner X (pid, host) runs this session until expires_at, as its
 generation G". The holder renews it while its run lives; a claim follows the takeover
 rule (store/fence.py `takeover`); releasing expires the row but keeps it, so
-generations only go up. `check_fence` is the check every fenced write makes in its
-transaction. The functions run on the worker thread.
+generations only go up. The fence check every write makes is
+`_schema.SQLITE.check_fence`. The functions run on the worker thread.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from sqlite_utils import Database
 
 from navi_trio.store._schema import _write_tx
 from navi_trio.store.base import LeaseRow
-from navi_trio.store.fence import Fence, lost, takeover
 from navi_trio.store.fence import pid_alive as pid_alive
+from navi_trio.store.fence import takeover
 
 _COLS = "session_id, owner, pid, host, expires_at, generation"
 
@@ -22,17 +22,6 @@ _COLS = "session_id, owner, pid, host, expires_at, generation"
 def _lease_from(row: tuple[str, str, int, str, float, int]) -> LeaseRow:
     return LeaseRow(session_id=row[0], owner=row[1], pid=row[2], host=row[3], expires_at=row[4],
                     generation=row[5])  # fmt: skip
-
-
-def check_fence(db: Database, fence: Fence | None) -> None:
-    """Inside a write transaction: LeaseLostError unless `fence` still holds the lease."""
-    if fence is None:
-        return
-    row = db.execute(
-        "SELECT owner, generation FROM leases WHERE session_id = ?", [fence.session_id]
-    ).fetchone()
-    if row is None or (row[0], row[1]) != (fence.owner, fence.generation):
-        raise lost(fence, None if row is None else (row[0], row[1]))
 
 
 def claim_lease(
@@ -69,11 +58,3 @@ def renew_lease(
             [expires_at, sid, owner, generation, generation],
         )
         return bool(cursor.rowcount)
-
-
-def release_lease(db: Database, sid: str, owner: str) -> None:
-    with _write_tx(db):
-        # Expired, not deleted: the generation must never go back (store/fence.py).
-        db.execute(
-            "UPDATE leases SET expires_at = 0 WHERE session_id = ? AND owner = ?", [sid, owner]
-        )

@@ -73,11 +73,6 @@ def _release(db: Database, sid: str, keys: list[str], pid: int, host: str) -> in
         return released
 
 
-def _unqueue(db: Database, key: str) -> bool:
-    with _write_tx(db):
-        return bool(db.execute("DELETE FROM queued WHERE key = ?", [key]).rowcount)
-
-
 def _adopt(
     db: Database, sid: str, pid: int, host: str, now: float
 ) -> list[tuple[str, dict[str, Any]]]:
@@ -103,8 +98,3 @@ def _adopt(
             db.execute("UPDATE queued SET pid = ?, host = ? WHERE key = ?", [pid, host, key])
             out.append((key, json.loads(data)))
         return out
-
-
-def _queued_sessions(db: Database) -> list[str]:
-    rows = db.execute("SELECT DISTINCT session_id FROM queued ORDER BY session_id").fetchall()
-    return [r[0] for r in rows]

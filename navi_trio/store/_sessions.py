@@ -11,21 +11,11 @@ from typing import Any
 
 from sqlite_utils import Database
 
-from navi_trio.errors import SessionExistsError, StoreError
-from navi_trio.store._lease import check_fence
-from navi_trio.store._schema import _HISTORY, _SESSION_COLS, _session_from, _write_tx
+from navi_trio.errors import SessionExistsError
+from navi_trio.store._schema import _HISTORY, SQLITE, _write_tx
 from navi_trio.store.base import SessionRow
 from navi_trio.store.fence import Fence
-
-
-def _get_session(db: Database, sid: str) -> SessionRow | None:
-    row = db.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", [sid]).fetchone()
-    return None if row is None else _session_from(row)
-
-
-def _require_session(db: Database, sid: str) -> None:
-    if db.execute("SELECT 1 FROM sessions WHERE id = ?", [sid]).fetchone() is None:
-        raise StoreError(f"no session {sid!r} in the store")
+from navi_trio.store.statements import SESSION_COLS, session_from
 
 
 def _insert_session(
@@ -36,10 +26,10 @@ def _insert_session(
     with _write_tx(db):
         if db.execute("SELECT 1 FROM sessions WHERE id = ?", [row.id]).fetchone() is not None:
             raise SessionExistsError(f"session {row.id!r} already exists")
-        if most is not None and (count := _count(db, row.user_id)) >= most:
+        if most is not None and (count := SQLITE.count_sessions(db, row.user_id)) >= most:
             return count
         db.execute(
-            f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO sessions ({SESSION_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
             [row.id, row.profile_id, row.title, row.user_id, row.created_at, row.updated_at,
              meta_json],
         )  # fmt: skip
@@ -49,10 +39,10 @@ def _insert_session(
 def _list_sessions(db: Database, user_id: str | None) -> list[SessionRow]:
     where, params = ("WHERE user_id = ?", [user_id]) if user_id is not None else ("", [])
     rows = db.execute(
-        f"SELECT {_SESSION_COLS} FROM sessions {where} ORDER BY updated_at DESC, rowid DESC",
+        f"SELECT {SESSION_COLS} FROM sessions {where} ORDER BY updated_at DESC, rowid DESC",
         params,
     ).fetchall()
-    return [_session_from(r) for r in rows]
+    return [session_from(r) for r in rows]
 
 
 def _update_session(
@@ -61,8 +51,8 @@ def _update_session(
     # Column names come from update_session's fixed keyword set, never from callers.
     sets = ", ".join(f"{col} = ?" for col in changes)
     with _write_tx(db):
-        check_fence(db, fence)
-        _require_session(db, sid)
+        SQLITE.check_fence(db, fence)
+        SQLITE.require_session(db, sid)
         db.execute(f"UPDATE sessions SET {sets} WHERE id = ?", [*changes.values(), sid])
 
 
@@ -80,8 +70,3 @@ def _delete_session(db: Database, sid: str) -> bool:
             "DELETE FROM kv WHERE key = ? OR substr(key, 1, ?) = ?", [sid, len(sid) + 1, sid + ":"]
         )
         return bool(db.execute("DELETE FROM sessions WHERE id = ?", [sid]).rowcount)
-
-
-def _count(db: Database, user_id: str) -> int:
-    row = db.execute("SELECT COUNT(*) FROM sessions WHERE user_id = ?", [user_id]).fetchone()
-    return int(row[0])

@@ -22,6 +22,7 @@ from sqlite_utils import Database
 
 from navi_trio.errors import StoreError
 from navi_trio.store._schema import _write_tx
+from navi_trio.store.statements import USER_COLS, user_dict
 
 
 def queued_of(rows: Iterable[Sequence[Any]], user_ids: set[str]) -> list[str]:
@@ -47,35 +48,15 @@ def _insert_user(db: Database, user: dict[str, Any], digest: str) -> None:
         )
 
 
-def _user_by_digest(db: Database, digest: str) -> dict[str, Any] | None:
-    row = db.execute(
-        "SELECT id, name, role, created_at FROM users WHERE token_sha256 = ?", [digest]
-    ).fetchone()
-    if row is None:
-        return None
-    return {"id": row[0], "name": row[1], "role": row[2], "created_at": row[3]}
-
-
-_USER_COLS = "id, name, role, created_at"
-
-
-def _user_dict(row: Sequence[Any]) -> dict[str, Any]:
-    return {"id": row[0], "name": row[1], "role": row[2], "created_at": row[3]}
-
-
 def _list_users(db: Database) -> list[dict[str, Any]]:
-    rows = db.execute(f"SELECT {_USER_COLS} FROM users ORDER BY created_at, rowid").fetchall()
-    return [_user_dict(r) for r in rows]
+    rows = db.execute(f"SELECT {USER_COLS} FROM users ORDER BY created_at, rowid").fetchall()
+    return [user_dict(r) for r in rows]
 
 
 def _user_where(db: Database, column: str, value: str) -> dict[str, Any] | None:
     # `column` is one of two literals from the callers above, never user input.
-    row = db.execute(f"SELECT {_USER_COLS} FROM users WHERE {column} = ?", [value]).fetchone()
-    return None if row is None else _user_dict(row)
-
-
-def user_by_id(db: Database, user_id: str) -> dict[str, Any] | None:
-    return _user_where(db, "id", user_id)
+    row = db.execute(f"SELECT {USER_COLS} FROM users WHERE {column} = ?", [value]).fetchone()
+    return None if row is None else user_dict(row)
 
 
 def user_by_name(db: Database, name: str) -> dict[str, Any] | None:

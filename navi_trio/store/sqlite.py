@@ -47,61 +47,47 @@ from pathlib import Path
 
 import trio
 
-from navi_trio.store import _control, _history, _kv, _lease, _queue, _sessions, _users
+from navi_trio.store import _control, _history, _lease, _queue, _sessions, _users
 from navi_trio.store._core import _Core
 from navi_trio.store._input import check_session_id as check_session_id
 from navi_trio.store._readonly import read_only_check as read_only_check
 from navi_trio.store._readonly import read_only_stats as read_only_stats
 from navi_trio.store._schema import SCHEMA_VERSION as SCHEMA_VERSION
+from navi_trio.store._schema import SQLiteEngine
 from navi_trio.store._users_signal import signal_users_changed, users_marker, watch_users_marker
 from navi_trio.store._worker import BUSY_TIMEOUT_S as BUSY_TIMEOUT_S
 
 
-class _SQLite:
-    """The SQLite statements of store/methods.py's `Dialect`, each one worker job."""
+class _SQLite(SQLiteEngine):
+    """The SQLite statements of store/methods.py's `Dialect`: the shared ones
+    (store/statements.py) on this engine, and those whose SQL is its own."""
 
     insert_session = staticmethod(_sessions._insert_session)
-    get_session = staticmethod(_sessions._get_session)
     list_sessions = staticmethod(_sessions._list_sessions)
     update_session = staticmethod(_sessions._update_session)
     delete_session = staticmethod(_sessions._delete_session)
-    count_sessions = staticmethod(_sessions._count)
     append = staticmethod(_history._append)
-    load_history = staticmethod(_history._load_history)
     load_page = staticmethod(_history._load_page)
     replace_context = staticmethod(_history._replace_context)
     rewrite = staticmethod(_history._rewrite)
     load_session = staticmethod(_history._load_session)
     enqueue = staticmethod(_queue._enqueue)
     release_queued = staticmethod(_queue._release)
-    unqueue = staticmethod(_queue._unqueue)
     adopt = staticmethod(_queue._adopt)
-    queued_sessions = staticmethod(_queue._queued_sessions)
-    kv_get = staticmethod(_kv._kv_get)
-    kv_set = staticmethod(_kv._kv_set)
-    kv_delete = staticmethod(_kv._kv_delete)
-    kv_list = staticmethod(_kv._kv_list)
     insert_user = staticmethod(_users._insert_user)
-    user_by_digest = staticmethod(_users._user_by_digest)
     list_users = staticmethod(_users._list_users)
-    user_by_id = staticmethod(_users.user_by_id)
     user_by_name = staticmethod(_users.user_by_name)
     remove_user = staticmethod(_users._remove_user)
     rotate_token = staticmethod(_users._rotate_token)
     claim_lease = staticmethod(_lease.claim_lease)
     renew_lease = staticmethod(_lease.renew_lease)
-    release_lease = staticmethod(_lease.release_lease)
     enqueue_wake = staticmethod(_control._enqueue_wake)
     add_usage = staticmethod(_control._add_usage)
     get_usage = staticmethod(_control._get_usage)
     reserve = staticmethod(_control._reserve)
     settle = staticmethod(_control._settle)
     create_schedule = staticmethod(_control._create_schedule)
-    get_schedule = staticmethod(_control._get_schedule)
-    list_schedules = staticmethod(_control._list_schedules)
-    count_schedules = staticmethod(_control._count_schedules)
     set_schedule = staticmethod(_control._set_schedule)
-    delete_schedule = staticmethod(_control._delete_schedule)
     claim = staticmethod(_control._claim)
 
 

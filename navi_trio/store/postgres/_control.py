@@ -17,7 +17,6 @@ creators (a message, a schedule's claim, on any daemon) count one after the othe
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from navi_trio.errors import StoreError
@@ -25,7 +24,6 @@ from navi_trio.store._control_input import (
     SCHEDULE_COLS,
     by_key,
     decide,
-    schedule_from,
     sessions_full,
     taken,
 )
@@ -171,38 +169,11 @@ def create_schedule(conn: Conn, values: tuple[Any, ...], row: ScheduleRow) -> Sc
     return row
 
 
-def get_schedule(conn: Conn, sid: str) -> ScheduleRow | None:
-    row = conn.execute(
-        f"SELECT {', '.join(SCHEDULE_COLS)} FROM schedules WHERE id = %s", [sid]
-    ).fetchone()
-    return None if row is None else schedule_from(row, json.loads)
-
-
-def list_schedules(conn: Conn, user_id: str | None) -> list[ScheduleRow]:
-    cols = ", ".join(SCHEDULE_COLS)
-    if user_id is None:
-        rows = conn.execute(f"SELECT {cols} FROM schedules ORDER BY created_at, id").fetchall()
-    else:
-        rows = conn.execute(
-            f"SELECT {cols} FROM schedules WHERE user_id = %s ORDER BY created_at, id", [user_id]
-        ).fetchall()
-    return [schedule_from(r, json.loads) for r in rows]
-
-
-def count_schedules(conn: Conn, user_id: str) -> int:
-    row = conn.execute("SELECT COUNT(*) FROM schedules WHERE user_id = %s", [user_id]).fetchone()
-    return 0 if row is None else int(row[0])
-
-
 def set_schedule(conn: Conn, sid: str, paused: bool, next_due: float | None) -> bool:
     cursor = conn.execute(
         "UPDATE schedules SET paused = %s, next_due = %s WHERE id = %s", [paused, next_due, sid]
     )
     return bool(cursor.rowcount)
-
-
-def delete_schedule(conn: Conn, sid: str) -> bool:
-    return bool(conn.execute("DELETE FROM schedules WHERE id = %s", [sid]).rowcount)
 
 
 def claim(

@@ -19,7 +19,6 @@ from psycopg import sql
 
 from navi_trio.errors import SessionExistsError, StoreError
 from navi_trio.store._input import _prepare, _Rewrite, _Row, not_queued, page_end
-from navi_trio.store._schema import _session_from
 from navi_trio.store.base import HistoryPage, LoadedSession, SessionRow
 from navi_trio.store.fence import Fence
 from navi_trio.store.postgres import _tables as t
@@ -27,6 +26,7 @@ from navi_trio.store.postgres._control import count_sessions_locked
 from navi_trio.store.postgres._tables import check_fence
 from navi_trio.store.postgres._workers import Conn
 from navi_trio.store.repair import placeholder_positions, repair_dangling_tool_calls
+from navi_trio.store.statements import session_from
 from navi_trio.text import loads_clean
 
 T = TypeVar("T")
@@ -35,11 +35,6 @@ _COLS = "id, profile_id, title, user_id, created_at, updated_at, meta"
 
 
 NO_SESSION = "NV002"  # navi_append's, for a session that is not there (migrations/0005)
-
-
-def get_session(conn: Conn, sid: str) -> SessionRow | None:
-    row = conn.execute(f"SELECT {_COLS} FROM sessions WHERE id = %s", [sid]).fetchone()
-    return None if row is None else _session_from(row)
 
 
 def _lock_session(conn: Conn, sid: str) -> None:
@@ -71,7 +66,7 @@ def list_sessions(conn: Conn, user_id: str | None) -> list[SessionRow]:
     rows = conn.execute(
         f"SELECT {_COLS} FROM sessions {where} ORDER BY updated_at DESC, seq DESC", params
     ).fetchall()
-    return [_session_from(r) for r in rows]
+    return [session_from(r) for r in rows]
 
 
 def update_session(
@@ -170,20 +165,10 @@ def append(
         raise
 
 
-def load_history(conn: Conn, table: str, sid: str) -> list[dict[str, Any]]:
-    if conn.execute("SELECT 1 FROM sessions WHERE id = %s", [sid]).fetchone() is None:
-        raise StoreError(f"no session {sid!r} in the store")
-    query = sql.SQL("SELECT data FROM {} WHERE session_id = %s ORDER BY position").format(
-        sql.Identifier(table)
-    )
-    return [loads_clean(r[0]) for r in conn.execute(query, [sid])]
-
-
 def load_page(conn: Conn, sid: str, after: float | None, limit: int, max_bytes: int) -> HistoryPage:
     """One page of the display history: the sizes first (octet_length reads a stored
     value's length without its data), then the data of that page alone."""
-    if conn.execute("SELECT 1 FROM sessions WHERE id = %s", [sid]).fetchone() is None:
-        raise StoreError(f"no session {sid!r} in the store")
+    t.PG.require_session(conn, sid)
     where, params = ("AND position > %s", [after]) if after is not None else ("", [])
     sizes = conn.execute(
         f"SELECT position, octet_length(data) FROM messages WHERE session_id = %s {where}"
@@ -230,9 +215,9 @@ def rewrite(conn: Conn, sid: str, job: _Rewrite, now: float, fence: Fence | None
     _insert_history(conn, "messages", sid, job.messages, after, now)
     replace_context(conn, sid, job.context, now)
     for scope, key, value in job.kv_set:
-        t.kv_set(conn, scope, key, value, now)
+        t.PG.kv_set(conn, scope, key, value, now)
     for scope, key in job.kv_delete:
-        t.kv_delete(conn, scope, key)
+        t.PG.kv_delete(conn, scope, key)
     conn.execute("UPDATE sessions SET updated_at = %s WHERE id = %s", [now, sid])
 
 
@@ -259,6 +244,6 @@ def load_session(
         loaded[table] = fixed
         repaired += len(inserted)
     return LoadedSession(
-        row=_session_from(row), messages=loaded["messages"], context=loaded["context"],
+        row=session_from(row), messages=loaded["messages"], context=loaded["context"],
         repaired=repaired,
     )  # fmt: skip

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 import psycopg
@@ -22,12 +23,12 @@ from navi_trio.store._users import queued_of
 from navi_trio.store.base import HANDED_HOST, HANDED_PID, USERS_CHANNEL, LeaseRow
 from navi_trio.store.fence import Fence, lost, pid_alive, takeover
 from navi_trio.store.postgres._workers import Conn
+from navi_trio.store.statements import USER_COLS, Engine, user_dict
 
 T = TypeVar("T")
 TABLES = ("sessions", "messages", "context", "kv", "users")
 _NOW = "extract(epoch FROM clock_timestamp())"
 _LEASE_COLS = "session_id, owner, pid, host, expires_at, generation"
-_USER_COLS = "id, name, role, created_at"
 _TOKEN_TAKEN = "a user with this token already exists; tokens must be unique"
 
 # -- parameters -------------------------------------------------------------------------
@@ -73,45 +74,33 @@ def fenced(fence: Fence | None, fn: Callable[[Conn], T]) -> Callable[[Conn], T]:
     return job
 
 
-# -- kv ---------------------------------------------------------------------------------
+# -- the engine under the shared statements (store/statements.py) -----------------------
 
 
-def kv_get(conn: Conn, scope: str, key: str) -> Any | None:
-    row = conn.execute("SELECT value FROM kv WHERE scope = %s AND key = %s", [scope, key])
-    found = row.fetchone()
-    return None if found is None else json.loads(found[0])
+class PgEngine(Engine):
+    """PostgreSQL under the shared statements: ``%s``; a job is already one transaction
+    (`_workers.Job`); the fence is navi_fence (migrations/0002)."""
+
+    mark = "%s"
+
+    def write(self, conn: Conn) -> AbstractContextManager[object]:
+        return nullcontext()
+
+    def check_fence(self, conn: Conn, fence: Fence | None) -> None:
+        check_fence(conn, fence)
+
+    def kv_list(self, conn: Conn, scope: str, prefix: str) -> list[tuple[str, Any]]:
+        rows = conn.execute(
+            "SELECT key, value FROM kv WHERE scope = %s AND starts_with(key, %s) ORDER BY key",
+            [scope, prefix],
+        ).fetchall()
+        return [(r[0], json.loads(r[1])) for r in rows]
 
 
-def kv_set(
-    conn: Conn, scope: str, key: str, value: str, now: float, fence: Fence | None = None
-) -> None:
-    check_fence(conn, fence)
-    conn.execute(
-        "INSERT INTO kv (scope, key, value, updated_at) VALUES (%s, %s, %s, %s)"
-        " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
-        " updated_at = excluded.updated_at",
-        [scope, key, value, now],
-    )
-
-
-def kv_delete(conn: Conn, scope: str, key: str, fence: Fence | None = None) -> None:
-    check_fence(conn, fence)
-    conn.execute("DELETE FROM kv WHERE scope = %s AND key = %s", [scope, key])
-
-
-def kv_list(conn: Conn, scope: str, prefix: str) -> list[tuple[str, Any]]:
-    rows = conn.execute(
-        "SELECT key, value FROM kv WHERE scope = %s AND starts_with(key, %s) ORDER BY key",
-        [scope, prefix],
-    ).fetchall()
-    return [(r[0], json.loads(r[1])) for r in rows]
+PG = PgEngine()
 
 
 # -- users ------------------------------------------------------------------------------
-
-
-def _user_dict(row: Sequence[Any]) -> dict[str, Any]:
-    return {"id": row[0], "name": row[1], "role": row[2], "created_at": row[3]}
 
 
 def _users_changed(conn: Conn) -> None:
@@ -131,28 +120,16 @@ def insert_user(conn: Conn, user: dict[str, Any], digest: str) -> None:
     _users_changed(conn)
 
 
-def user_by_digest(conn: Conn, digest: str) -> dict[str, Any] | None:
-    row = conn.execute(
-        f"SELECT {_USER_COLS} FROM users WHERE token_sha256 = %s", [digest]
-    ).fetchone()
-    return None if row is None else _user_dict(row)
-
-
 def list_users(conn: Conn) -> list[dict[str, Any]]:
-    rows = conn.execute(f"SELECT {_USER_COLS} FROM users ORDER BY created_at, seq").fetchall()
-    return [_user_dict(r) for r in rows]
-
-
-def user_by_id(conn: Conn, user_id: str) -> dict[str, Any] | None:
-    row = conn.execute(f"SELECT {_USER_COLS} FROM users WHERE id = %s", [user_id]).fetchone()
-    return None if row is None else _user_dict(row)
+    rows = conn.execute(f"SELECT {USER_COLS} FROM users ORDER BY created_at, seq").fetchall()
+    return [user_dict(r) for r in rows]
 
 
 def user_by_name(conn: Conn, name: str) -> dict[str, Any] | None:
     row = conn.execute(
-        f"SELECT {_USER_COLS} FROM users WHERE name = %s ORDER BY seq LIMIT 1", [name]
+        f"SELECT {USER_COLS} FROM users WHERE name = %s ORDER BY seq LIMIT 1", [name]
     ).fetchone()
-    return None if row is None else _user_dict(row)
+    return None if row is None else user_dict(row)
 
 
 def remove_user(conn: Conn, name: str) -> bool:
@@ -178,14 +155,6 @@ def rotate_token(conn: Conn, name: str, digest: str) -> bool:
         return False
     _users_changed(conn)
     return True
-
-
-def count_sessions(conn: Conn, user_id: str) -> int:
-    row = conn.execute("SELECT COUNT(*) FROM sessions WHERE user_id = %s", [user_id]).fetchone()
-    return 0 if row is None else int(row[0])
-
-
-# -- leases -----------------------------------------------------------------------------
 
 
 def _lease_from(row: Sequence[Any]) -> LeaseRow:
@@ -237,16 +206,6 @@ def renew_lease(
     return cur.rowcount > 0
 
 
-def release_lease(conn: Conn, sid: str, owner: str) -> None:
-    # Expired, not deleted: the generation must never go back (store/fence.py).
-    conn.execute(
-        "UPDATE leases SET expires_at = 0 WHERE session_id = %s AND owner = %s", [sid, owner]
-    )
-
-
-# -- queued messages --------------------------------------------------------------------
-
-
 def enqueue(
     conn: Conn, sid: str, key: str, data: str, pid: int, host: str, now: float,
     keep: int | None,
@@ -282,10 +241,6 @@ def release_queued(conn: Conn, sid: str, keys: list[str], pid: int, host: str) -
         [HANDED_PID, HANDED_HOST, sid, text_array(keys), pid, host],
     )
     return cur.rowcount
-
-
-def unqueue(conn: Conn, key: str) -> bool:
-    return conn.execute("DELETE FROM queued WHERE key = %s", [key]).rowcount > 0
 
 
 def adopt(
@@ -327,14 +282,6 @@ def adopt(
             conn.execute("UPDATE queued SET pid = %s, host = %s WHERE key = %s", [pid, host, key])
         out.append((key, json.loads(data)))
     return out
-
-
-def queued_sessions(conn: Conn) -> list[str]:
-    rows = conn.execute("SELECT DISTINCT session_id FROM queued ORDER BY session_id").fetchall()
-    return [r[0] for r in rows]
-
-
-# -- health -----------------------------------------------------------------------------
 
 
 def stats(conn: Conn) -> dict[str, int]:

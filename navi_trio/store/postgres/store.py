@@ -37,51 +37,36 @@ from navi_trio.store.postgres._core import _Core
 from navi_trio.store.postgres._core import check_url as check_url
 
 
-class _Postgres:
-    """The PostgreSQL statements of store/methods.py's `Dialect`, each one worker job."""
+class _Postgres(t.PgEngine):
+    """The PostgreSQL statements of store/methods.py's `Dialect`: the shared ones
+    (store/statements.py) on this engine, and those whose SQL is its own."""
 
     insert_session = staticmethod(h.insert_session)
-    get_session = staticmethod(h.get_session)
     list_sessions = staticmethod(h.list_sessions)
     update_session = staticmethod(h.update_session)
     delete_session = staticmethod(h.delete_session)
-    count_sessions = staticmethod(t.count_sessions)
     append = staticmethod(h.append)
-    load_history = staticmethod(h.load_history)
     load_page = staticmethod(h.load_page)
     replace_context = staticmethod(h.replace_context)
     rewrite = staticmethod(h.rewrite)
     load_session = staticmethod(h.load_session)
     enqueue = staticmethod(t.enqueue)
     release_queued = staticmethod(t.release_queued)
-    unqueue = staticmethod(t.unqueue)
     adopt = staticmethod(t.adopt)
-    queued_sessions = staticmethod(t.queued_sessions)
-    kv_get = staticmethod(t.kv_get)
-    kv_set = staticmethod(t.kv_set)
-    kv_delete = staticmethod(t.kv_delete)
-    kv_list = staticmethod(t.kv_list)
     insert_user = staticmethod(t.insert_user)
-    user_by_digest = staticmethod(t.user_by_digest)
     list_users = staticmethod(t.list_users)
-    user_by_id = staticmethod(t.user_by_id)
     user_by_name = staticmethod(t.user_by_name)
     remove_user = staticmethod(t.remove_user)
     rotate_token = staticmethod(t.rotate_token)
     claim_lease = staticmethod(t.claim_lease)
     renew_lease = staticmethod(t.renew_lease)
-    release_lease = staticmethod(t.release_lease)
     enqueue_wake = staticmethod(ctl.enqueue_wake)
     add_usage = staticmethod(ctl.add_usage)
     get_usage = staticmethod(ctl.get_usage)
     reserve = staticmethod(ctl.reserve)
     settle = staticmethod(ctl.settle)
     create_schedule = staticmethod(ctl.create_schedule)
-    get_schedule = staticmethod(ctl.get_schedule)
-    list_schedules = staticmethod(ctl.list_schedules)
-    count_schedules = staticmethod(ctl.count_schedules)
     set_schedule = staticmethod(ctl.set_schedule)
-    delete_schedule = staticmethod(ctl.delete_schedule)
     claim = staticmethod(ctl.claim)
 
 
