@@ -4,7 +4,7 @@ Every test runs twice through the `backend` fixture (tests/store_backends.py): o
 SQLite file and on a fresh database of a throwaway PostgreSQL server (skipped, saying
 why, where none can be started). Queue, leases, durability and concurrency are in
 tests/test_store_contract_queue.py; the SIGKILL tests in test_store_contract_crash.py.
-Cases here follow tests/test_store.py, which keeps the SQLite store's own details.
+tests/test_store.py keeps the SQLite store's own details (the worker thread, pragmas).
 
 Rules: no sleeps; every test under an absolute `trio.fail_after` (real clock: the
 stores' threads work in real time).
