@@ -32,7 +32,7 @@ from navi_trio.store._control_input import (
     taken,
 )
 from navi_trio.store._lease import pid_alive
-from navi_trio.store._schema import _write_tx
+from navi_trio.store._schema import SQLITE, _write_tx
 from navi_trio.store.base import (
     USAGE_KINDS,
     Claimed,
@@ -89,14 +89,6 @@ def _add_usage(db: Database, keys: list[str], adds: dict[str, float], now: float
             )
 
 
-def _get_usage(db: Database, keys: list[str]) -> dict[str, dict[str, float]]:
-    marks = ", ".join("?" for _ in keys)
-    rows = db.execute(
-        f"SELECT key, {', '.join(USAGE_KINDS)} FROM usage WHERE key IN ({marks})", keys
-    ).fetchall()
-    return by_key(keys, rows)
-
-
 def _live_holds(
     db: Database, keys: list[str], host: str, now: float
 ) -> dict[str, dict[str, float]]:
@@ -121,7 +113,7 @@ def _reserve(db: Database, asks: list[UsageAsk], req: UsageRequest, now: float) 
     keys = [a.key for a in asks]
     with _write_tx(db):
         held = _live_holds(db, keys, req.host, now)
-        spent = _get_usage(db, keys)
+        spent = SQLITE.get_usage(db, keys)
         granted, refused = decide(asks, req, spent, held)
         if refused is not None:
             return UsageGrant({}, refused, spent, held)
@@ -142,7 +134,7 @@ def _settle(
     db: Database, adds: dict[str, dict[str, float]], holds: list[str], now: float
 ) -> dict[str, dict[str, float]]:
     if not holds and not any(any(a.values()) for a in adds.values()):
-        return _get_usage(db, list(adds)) if adds else {}  # nothing to write
+        return SQLITE.get_usage(db, list(adds)) if adds else {}  # nothing to write
     with _write_tx(db):
         for key, amounts in adds.items():
             if any(amounts.values()):
@@ -150,7 +142,7 @@ def _settle(
         if holds:
             marks = ", ".join("?" for _ in holds)
             db.execute(f"DELETE FROM usage_holds WHERE hold IN ({marks})", holds)
-        return _get_usage(db, list(adds)) if adds else {}
+        return SQLITE.get_usage(db, list(adds)) if adds else {}
 
 
 def _create_schedule(db: Database, values: tuple[Any, ...], row: ScheduleRow) -> ScheduleRow:
@@ -162,15 +154,6 @@ def _create_schedule(db: Database, values: tuple[Any, ...], row: ScheduleRow) ->
         marks = ", ".join("?" for _ in SCHEDULE_COLS)
         db.execute(f"INSERT INTO schedules ({', '.join(SCHEDULE_COLS)}) VALUES ({marks})", values)
     return row
-
-
-def _set_schedule(db: Database, sid: str, paused: bool, next_due: float | None) -> bool:
-    with _write_tx(db):
-        cursor = db.execute(
-            "UPDATE schedules SET paused = ?, next_due = ? WHERE id = ?",
-            [int(paused), next_due, sid],
-        )
-        return bool(cursor.rowcount)
 
 
 def _claim(

@@ -15,7 +15,7 @@ from navi_trio.errors import SessionExistsError
 from navi_trio.store._schema import _HISTORY, SQLITE, _write_tx
 from navi_trio.store.base import SessionRow
 from navi_trio.store.fence import Fence
-from navi_trio.store.statements import SESSION_COLS, session_from
+from navi_trio.store.statements import SESSION_COLS
 
 
 def _insert_session(
@@ -34,15 +34,6 @@ def _insert_session(
              meta_json],
         )  # fmt: skip
     return None
-
-
-def _list_sessions(db: Database, user_id: str | None) -> list[SessionRow]:
-    where, params = ("WHERE user_id = ?", [user_id]) if user_id is not None else ("", [])
-    rows = db.execute(
-        f"SELECT {SESSION_COLS} FROM sessions {where} ORDER BY updated_at DESC, rowid DESC",
-        params,
-    ).fetchall()
-    return [session_from(r) for r in rows]
 
 
 def _update_session(

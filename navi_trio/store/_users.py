@@ -48,11 +48,6 @@ def _insert_user(db: Database, user: dict[str, Any], digest: str) -> None:
         )
 
 
-def _list_users(db: Database) -> list[dict[str, Any]]:
-    rows = db.execute(f"SELECT {USER_COLS} FROM users ORDER BY created_at, rowid").fetchall()
-    return [user_dict(r) for r in rows]
-
-
 def _user_where(db: Database, column: str, value: str) -> dict[str, Any] | None:
     # `column` is one of two literals from the callers above, never user input.
     row = db.execute(f"SELECT {USER_COLS} FROM users WHERE {column} = ?", [value]).fetchone()

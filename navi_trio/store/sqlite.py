@@ -63,7 +63,6 @@ class _SQLite(SQLiteEngine):
     (store/statements.py) on this engine, and those whose SQL is its own."""
 
     insert_session = staticmethod(_sessions._insert_session)
-    list_sessions = staticmethod(_sessions._list_sessions)
     update_session = staticmethod(_sessions._update_session)
     delete_session = staticmethod(_sessions._delete_session)
     append = staticmethod(_history._append)
@@ -75,7 +74,6 @@ class _SQLite(SQLiteEngine):
     release_queued = staticmethod(_queue._release)
     adopt = staticmethod(_queue._adopt)
     insert_user = staticmethod(_users._insert_user)
-    list_users = staticmethod(_users._list_users)
     user_by_name = staticmethod(_users.user_by_name)
     remove_user = staticmethod(_users._remove_user)
     rotate_token = staticmethod(_users._rotate_token)
@@ -83,11 +81,9 @@ class _SQLite(SQLiteEngine):
     renew_lease = staticmethod(_lease.renew_lease)
     enqueue_wake = staticmethod(_control._enqueue_wake)
     add_usage = staticmethod(_control._add_usage)
-    get_usage = staticmethod(_control._get_usage)
     reserve = staticmethod(_control._reserve)
     settle = staticmethod(_control._settle)
     create_schedule = staticmethod(_control._create_schedule)
-    set_schedule = staticmethod(_control._set_schedule)
     claim = staticmethod(_control._claim)
 
 

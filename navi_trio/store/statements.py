@@ -17,8 +17,8 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from navi_trio.errors import StoreError
-from navi_trio.store._control_input import SCHEDULE_COLS, schedule_from
-from navi_trio.store.base import ScheduleRow, SessionRow
+from navi_trio.store._control_input import SCHEDULE_COLS, by_key, schedule_from
+from navi_trio.store.base import USAGE_KINDS, ScheduleRow, SessionRow
 from navi_trio.store.fence import Fence
 from navi_trio.text import loads_clean
 
@@ -42,10 +42,19 @@ class Engine:
     both engines share (see the module)."""
 
     mark = "?"
+    seq = "rowid"  # the column that numbers rows in the order they were inserted
 
     def q(self, text: str) -> str:
         """`text` with its `?` placeholders in this engine's style."""
         return text if self.mark == "?" else text.replace("?", self.mark)
+
+    def flag(self, value: bool) -> object:
+        """A boolean column's value (SQLite keeps 0 and 1)."""
+        return int(value)
+
+    def any_of(self, column: str, values: list[str]) -> tuple[str, list[Any]]:
+        """A condition "`column` is one of `values`", with its parameters."""
+        return f"{column} IN ({', '.join('?' for _ in values)})", list(values)
 
     def write(self, conn: Any) -> AbstractContextManager[object]:
         """One write transaction (nested: a savepoint, or nothing more)."""
@@ -61,6 +70,13 @@ class Engine:
         sql = self.q(f"SELECT {SESSION_COLS} FROM sessions WHERE id = ?")
         row = conn.execute(sql, [sid]).fetchone()
         return None if row is None else session_from(row)
+
+    def list_sessions(self, conn: Any, user_id: str | None) -> list[SessionRow]:
+        where, params = ("WHERE user_id = ?", [user_id]) if user_id is not None else ("", [])
+        sql = (
+            f"SELECT {SESSION_COLS} FROM sessions {where} ORDER BY updated_at DESC, {self.seq} DESC"
+        )
+        return [session_from(r) for r in conn.execute(self.q(sql), params).fetchall()]
 
     def require_session(self, conn: Any, sid: str) -> None:
         if conn.execute(self.q("SELECT 1 FROM sessions WHERE id = ?"), [sid]).fetchone() is None:
@@ -120,6 +136,10 @@ class Engine:
         row = conn.execute(sql, [digest]).fetchone()
         return None if row is None else user_dict(row)
 
+    def list_users(self, conn: Any) -> list[dict[str, Any]]:
+        sql = f"SELECT {USER_COLS} FROM users ORDER BY created_at, {self.seq}"
+        return [user_dict(r) for r in conn.execute(sql).fetchall()]
+
     def user_by_id(self, conn: Any, user_id: str) -> dict[str, Any] | None:
         row = conn.execute(self.q(f"SELECT {USER_COLS} FROM users WHERE id = ?"), [user_id])
         found = row.fetchone()
@@ -155,6 +175,18 @@ class Engine:
         sql = self.q("SELECT COUNT(*) FROM schedules WHERE user_id = ?")
         return int(conn.execute(sql, [user_id]).fetchone()[0])
 
+    def set_schedule(self, conn: Any, sid: str, paused: bool, next_due: float | None) -> bool:
+        with self.write(conn):
+            sql = self.q("UPDATE schedules SET paused = ?, next_due = ? WHERE id = ?")
+            return bool(conn.execute(sql, [self.flag(paused), next_due, sid]).rowcount)
+
     def delete_schedule(self, conn: Any, sid: str) -> bool:
         with self.write(conn):
             return bool(conn.execute(self.q("DELETE FROM schedules WHERE id = ?"), [sid]).rowcount)
+
+    # -- usage ----------------------------------------------------------------------
+
+    def get_usage(self, conn: Any, keys: list[str]) -> dict[str, dict[str, float]]:
+        where, params = self.any_of("key", keys)
+        sql = f"SELECT key, {', '.join(USAGE_KINDS)} FROM usage WHERE {where}"
+        return by_key(keys, conn.execute(sql, params).fetchall())

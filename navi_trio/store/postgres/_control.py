@@ -36,6 +36,7 @@ from navi_trio.store.base import (
     UsageGrant,
     UsageRequest,
 )
+from navi_trio.store.postgres._tables import PG
 from navi_trio.store.postgres._workers import Conn
 
 _NOW = "extract(epoch FROM clock_timestamp())"
@@ -95,13 +96,6 @@ def add_usage(conn: Conn, keys: list[str], adds: dict[str, float], now: float) -
         )
 
 
-def get_usage(conn: Conn, keys: list[str]) -> dict[str, dict[str, float]]:
-    rows = conn.execute(
-        f"SELECT key, {', '.join(USAGE_KINDS)} FROM usage WHERE key = ANY(%s)", [keys]
-    ).fetchall()
-    return by_key(keys, rows)
-
-
 def _live_holds(conn: Conn, keys: list[str], host: str) -> dict[str, dict[str, float]]:
     """Each key's live holds, summed (expired ones and a dead local process's deleted)."""
     conn.execute(f"DELETE FROM usage_holds WHERE key = ANY(%s) AND expires_at <= {_NOW}", [keys])
@@ -129,7 +123,7 @@ def reserve(conn: Conn, asks: list[UsageAsk], req: UsageRequest, now: float) -> 
         )
     conn.execute("SELECT key FROM usage WHERE key = ANY(%s) ORDER BY key FOR UPDATE", [keys])
     held = _live_holds(conn, keys, req.host)
-    spent = get_usage(conn, keys)
+    spent = PG.get_usage(conn, keys)
     granted, refused = decide(asks, req, spent, held)
     if refused is not None:
         return UsageGrant({}, refused, spent, held)
@@ -154,7 +148,7 @@ def settle(
             add_usage(conn, [key], adds[key], now)
     if holds:
         conn.execute("DELETE FROM usage_holds WHERE hold = ANY(%s)", [holds])
-    return get_usage(conn, list(adds)) if adds else {}
+    return PG.get_usage(conn, list(adds)) if adds else {}
 
 
 def create_schedule(conn: Conn, values: tuple[Any, ...], row: ScheduleRow) -> ScheduleRow:
@@ -167,13 +161,6 @@ def create_schedule(conn: Conn, values: tuple[Any, ...], row: ScheduleRow) -> Sc
     if inserted is None:
         raise StoreError(f"create schedule {row.id!r}: it already exists")
     return row
-
-
-def set_schedule(conn: Conn, sid: str, paused: bool, next_due: float | None) -> bool:
-    cursor = conn.execute(
-        "UPDATE schedules SET paused = %s, next_due = %s WHERE id = %s", [paused, next_due, sid]
-    )
-    return bool(cursor.rowcount)
 
 
 def claim(

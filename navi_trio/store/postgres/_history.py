@@ -61,14 +61,6 @@ def insert_session(
     return None
 
 
-def list_sessions(conn: Conn, user_id: str | None) -> list[SessionRow]:
-    where, params = ("WHERE user_id = %s", [user_id]) if user_id is not None else ("", [])
-    rows = conn.execute(
-        f"SELECT {_COLS} FROM sessions {where} ORDER BY updated_at DESC, seq DESC", params
-    ).fetchall()
-    return [session_from(r) for r in rows]
-
-
 def update_session(
     conn: Conn, sid: str, changes: dict[str, Any], fence: Fence | None = None
 ) -> None:

@@ -82,6 +82,13 @@ class PgEngine(Engine):
     (`_workers.Job`); the fence is navi_fence (migrations/0002)."""
 
     mark = "%s"
+    seq = "seq"
+
+    def flag(self, value: bool) -> object:
+        return value
+
+    def any_of(self, column: str, values: list[str]) -> tuple[str, list[Any]]:
+        return f"{column} = ANY(%s)", [values]
 
     def write(self, conn: Conn) -> AbstractContextManager[object]:
         return nullcontext()
@@ -118,11 +125,6 @@ def insert_user(conn: Conn, user: dict[str, Any], digest: str) -> None:
     if inserted is None:
         raise StoreError(_TOKEN_TAKEN)
     _users_changed(conn)
-
-
-def list_users(conn: Conn) -> list[dict[str, Any]]:
-    rows = conn.execute(f"SELECT {USER_COLS} FROM users ORDER BY created_at, seq").fetchall()
-    return [user_dict(r) for r in rows]
 
 
 def user_by_name(conn: Conn, name: str) -> dict[str, Any] | None:

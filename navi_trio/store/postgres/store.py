@@ -42,7 +42,6 @@ class _Postgres(t.PgEngine):
     (store/statements.py) on this engine, and those whose SQL is its own."""
 
     insert_session = staticmethod(h.insert_session)
-    list_sessions = staticmethod(h.list_sessions)
     update_session = staticmethod(h.update_session)
     delete_session = staticmethod(h.delete_session)
     append = staticmethod(h.append)
@@ -54,7 +53,6 @@ class _Postgres(t.PgEngine):
     release_queued = staticmethod(t.release_queued)
     adopt = staticmethod(t.adopt)
     insert_user = staticmethod(t.insert_user)
-    list_users = staticmethod(t.list_users)
     user_by_name = staticmethod(t.user_by_name)
     remove_user = staticmethod(t.remove_user)
     rotate_token = staticmethod(t.rotate_token)
@@ -62,11 +60,9 @@ class _Postgres(t.PgEngine):
     renew_lease = staticmethod(t.renew_lease)
     enqueue_wake = staticmethod(ctl.enqueue_wake)
     add_usage = staticmethod(ctl.add_usage)
-    get_usage = staticmethod(ctl.get_usage)
     reserve = staticmethod(ctl.reserve)
     settle = staticmethod(ctl.settle)
     create_schedule = staticmethod(ctl.create_schedule)
-    set_schedule = staticmethod(ctl.set_schedule)
     claim = staticmethod(ctl.claim)
 
 
