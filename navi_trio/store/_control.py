@@ -28,65 +28,17 @@ from navi_trio.store._control_input import (
     SCHEDULE_COLS,
     by_key,
     decide,
-    sessions_full,
     taken,
 )
 from navi_trio.store._lease import pid_alive
 from navi_trio.store._schema import SQLITE, _write_tx
 from navi_trio.store.base import (
     USAGE_KINDS,
-    Claimed,
     ScheduleRow,
     UsageAsk,
     UsageGrant,
     UsageRequest,
 )
-
-
-def _insert_queued(db: Database, values: tuple[Any, ...], now: float) -> None:
-    db.execute(
-        "INSERT INTO queued (key, session_id, pid, host, data, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
-        [*values, now],
-    )
-
-
-def _enqueue_wake(
-    db: Database,
-    values: tuple[Any, ...],
-    kv: tuple[str, str, str] | None,
-    limit: int,
-    since: float,
-    now: float,
-) -> bool:
-    with _write_tx(db):
-        if kv is not None:
-            db.execute(
-                "INSERT INTO kv (scope, key, value, updated_at) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
-                " updated_at = excluded.updated_at",
-                [*kv, now],
-            )
-        sid = values[1]
-        db.execute("DELETE FROM wakes WHERE session_id = ? AND at <= ?", [sid, since])
-        count = db.execute("SELECT COUNT(*) FROM wakes WHERE session_id = ?", [sid]).fetchone()
-        if int(count[0]) >= limit:
-            return False
-        _insert_queued(db, values, now)
-        db.execute("INSERT INTO wakes (session_id, at) VALUES (?, ?)", [sid, now])
-        return True
-
-
-def _add_usage(db: Database, keys: list[str], adds: dict[str, float], now: float) -> None:
-    cols = ", ".join(USAGE_KINDS)
-    sets = ", ".join(f"{k} = {k} + excluded.{k}" for k in USAGE_KINDS)
-    with _write_tx(db):
-        for key in keys:
-            db.execute(
-                f"INSERT INTO usage (key, {cols}, updated_at) VALUES (?, ?, ?, ?, ?, ?)"
-                f" ON CONFLICT (key) DO UPDATE SET {sets}, updated_at = excluded.updated_at",
-                [key, *(adds[k] for k in USAGE_KINDS), now],
-            )
 
 
 def _live_holds(
@@ -119,7 +71,7 @@ def _reserve(db: Database, asks: list[UsageAsk], req: UsageRequest, now: float) 
             return UsageGrant({}, refused, spent, held)
         amounts = taken(keys, granted, req, spent, held)
         if req.hold is None:
-            _add_usage(db, keys, amounts, now)
+            SQLITE.add_usage(db, keys, amounts, now)
             return UsageGrant(granted, None, spent, held)
         for key in keys:
             db.execute(
@@ -138,7 +90,7 @@ def _settle(
     with _write_tx(db):
         for key, amounts in adds.items():
             if any(amounts.values()):
-                _add_usage(db, [key], amounts, now)
+                SQLITE.add_usage(db, [key], amounts, now)
         if holds:
             marks = ", ".join("?" for _ in holds)
             db.execute(f"DELETE FROM usage_holds WHERE hold IN ({marks})", holds)
@@ -154,50 +106,3 @@ def _create_schedule(db: Database, values: tuple[Any, ...], row: ScheduleRow) ->
         marks = ", ".join("?" for _ in SCHEDULE_COLS)
         db.execute(f"INSERT INTO schedules ({', '.join(SCHEDULE_COLS)}) VALUES ({marks})", values)
     return row
-
-
-def _claim(
-    db: Database,
-    sid: str,
-    due: float,
-    next_due: float | None,
-    run: tuple[Any, ...] | None,
-    new: tuple[Any, ...] | None,
-    most: int | None,
-    now: float,
-) -> Claimed:
-    with _write_tx(db):
-        cursor = db.execute(
-            "UPDATE schedules SET next_due = ? WHERE id = ? AND next_due = ? AND paused = 0",
-            [next_due, sid, due],
-        )
-        if not cursor.rowcount:
-            return Claimed(False)
-        if run is None:
-            return Claimed(True)
-        if new is not None and most is not None:
-            count = int(
-                db.execute("SELECT COUNT(*) FROM sessions WHERE user_id = ?", [new[3]]).fetchone()[
-                    0
-                ]
-            )
-            if count >= most:
-                why = sessions_full(count, most)
-                db.execute(
-                    "UPDATE schedules SET last_skip = ?, last_skip_at = ? WHERE id = ?",
-                    [why, due, sid],
-                )
-                return Claimed(True, why)
-        db.execute(
-            "UPDATE schedules SET runs = runs + 1, last_run_at = ?, last_session_id = ?,"
-            " last_skip = NULL, last_skip_at = NULL WHERE id = ?",
-            [now, run[1], sid],
-        )
-        if new is not None:
-            db.execute(
-                "INSERT INTO sessions (id, profile_id, title, user_id, created_at, updated_at,"
-                " meta) VALUES (?, ?, ?, ?, ?, ?, '{}')",
-                [*new, now, now],
-            )
-        _insert_queued(db, run, now)
-        return Claimed(True)

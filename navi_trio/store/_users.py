@@ -22,7 +22,7 @@ from sqlite_utils import Database
 
 from navi_trio.errors import StoreError
 from navi_trio.store._schema import _write_tx
-from navi_trio.store.statements import USER_COLS, user_dict
+from navi_trio.store.statements import TOKEN_TAKEN, USER_COLS, user_dict
 
 
 def queued_of(rows: Iterable[Sequence[Any]], user_ids: set[str]) -> list[str]:
@@ -41,7 +41,7 @@ def queued_of(rows: Iterable[Sequence[Any]], user_ids: set[str]) -> list[str]:
 def _insert_user(db: Database, user: dict[str, Any], digest: str) -> None:
     with _write_tx(db):
         if db.execute("SELECT 1 FROM users WHERE token_sha256 = ?", [digest]).fetchone():
-            raise StoreError("a user with this token already exists; tokens must be unique")
+            raise StoreError(TOKEN_TAKEN)
         db.execute(
             "INSERT INTO users (id, name, token_sha256, role, created_at) VALUES (?, ?, ?, ?, ?)",
             [user["id"], user["name"], digest, user["role"], user["created_at"]],
@@ -67,12 +67,3 @@ def _remove_user(db: Database, name: str) -> bool:
         for key in queued_of(rows, set(ids)):
             db.execute("DELETE FROM queued WHERE key = ?", [key])
         return bool(db.execute("DELETE FROM users WHERE name = ?", [name]).rowcount)
-
-
-def _rotate_token(db: Database, name: str, digest: str) -> bool:
-    with _write_tx(db):
-        if db.execute("SELECT 1 FROM users WHERE token_sha256 = ?", [digest]).fetchone():
-            raise StoreError("a user with this token already exists; tokens must be unique")
-        return bool(
-            db.execute("UPDATE users SET token_sha256 = ? WHERE name = ?", [digest, name]).rowcount
-        )

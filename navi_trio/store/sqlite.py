@@ -76,15 +76,11 @@ class _SQLite(SQLiteEngine):
     insert_user = staticmethod(_users._insert_user)
     user_by_name = staticmethod(_users.user_by_name)
     remove_user = staticmethod(_users._remove_user)
-    rotate_token = staticmethod(_users._rotate_token)
     claim_lease = staticmethod(_lease.claim_lease)
     renew_lease = staticmethod(_lease.renew_lease)
-    enqueue_wake = staticmethod(_control._enqueue_wake)
-    add_usage = staticmethod(_control._add_usage)
     reserve = staticmethod(_control._reserve)
     settle = staticmethod(_control._settle)
     create_schedule = staticmethod(_control._create_schedule)
-    claim = staticmethod(_control._claim)
 
 
 class SQLiteStore(_Core):

@@ -17,13 +17,19 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from navi_trio.errors import StoreError
-from navi_trio.store._control_input import SCHEDULE_COLS, by_key, schedule_from
-from navi_trio.store.base import USAGE_KINDS, ScheduleRow, SessionRow
+from navi_trio.store._control_input import SCHEDULE_COLS, by_key, schedule_from, sessions_full
+from navi_trio.store.base import USAGE_KINDS, Claimed, ScheduleRow, SessionRow
 from navi_trio.store.fence import Fence
 from navi_trio.text import loads_clean
 
 SESSION_COLS = "id, profile_id, title, user_id, created_at, updated_at, meta"
 USER_COLS = "id, name, role, created_at"
+TOKEN_TAKEN = "a user with this token already exists; tokens must be unique"
+KV_UPSERT = (
+    "INSERT INTO kv (scope, key, value, updated_at) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
+    " updated_at = excluded.updated_at"
+)
 
 
 def session_from(row: Any) -> SessionRow:
@@ -64,6 +70,19 @@ class Engine:
         """Inside a write: LeaseLostError unless `fence` (if any) still holds its lease."""
         raise NotImplementedError
 
+    def lock_session(self, conn: Any, sid: str) -> None:
+        """Inside a write: hold the session's row to the commit (SQLite's write
+        transaction holds the whole file already)."""
+
+    def count_sessions_locked(self, conn: Any, user_id: str) -> int:
+        """Inside a write: the user's sessions, counted so that two transactions that
+        may create one of theirs count one after the other (SQLite: the write lock)."""
+        return self.count_sessions(conn, user_id)
+
+    def users_changed(self, conn: Any) -> None:
+        """Inside a write that changed the users table (SQLite signals it after the
+        commit instead: store/sqlite.py)."""
+
     # -- sessions -------------------------------------------------------------------
 
     def get_session(self, conn: Any, sid: str) -> SessionRow | None:
@@ -95,6 +114,35 @@ class Engine:
 
     # -- queued messages ------------------------------------------------------------
 
+    def insert_queued(self, conn: Any, values: tuple[Any, ...], now: float) -> None:
+        conn.execute(
+            self.q(
+                "INSERT INTO queued (key, session_id, pid, host, data, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)"
+            ),
+            [*values, now],
+        )
+
+    def enqueue_wake(
+        self, conn: Any, values: tuple[Any, ...], kv: tuple[str, str, str] | None, limit: int,
+        since: float, now: float,
+    ) -> bool:  # fmt: skip
+        """Store the note `kv`; queue the wake-up `values` unless its session was woken
+        `limit` times since `since`: True when queued. The session's row is held first,
+        so two writers never both pass the bound."""
+        sid = values[1]
+        with self.write(conn):
+            self.lock_session(conn, sid)
+            if kv is not None:
+                conn.execute(self.q(KV_UPSERT), [*kv, now])
+            conn.execute(self.q("DELETE FROM wakes WHERE session_id = ? AND at <= ?"), [sid, since])
+            count = conn.execute(self.q("SELECT COUNT(*) FROM wakes WHERE session_id = ?"), [sid])
+            if int(count.fetchone()[0]) >= limit:
+                return False
+            self.insert_queued(conn, values, now)
+            conn.execute(self.q("INSERT INTO wakes (session_id, at) VALUES (?, ?)"), [sid, now])
+            return True
+
     def unqueue(self, conn: Any, key: str) -> bool:
         with self.write(conn):
             return bool(conn.execute(self.q("DELETE FROM queued WHERE key = ?"), [key]).rowcount)
@@ -115,14 +163,7 @@ class Engine:
     ) -> None:
         with self.write(conn):
             self.check_fence(conn, fence)
-            conn.execute(
-                self.q(
-                    "INSERT INTO kv (scope, key, value, updated_at) VALUES (?, ?, ?, ?)"
-                    " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
-                    " updated_at = excluded.updated_at"
-                ),
-                [scope, key, value, now],
-            )
+            conn.execute(self.q(KV_UPSERT), [scope, key, value, now])
 
     def kv_delete(self, conn: Any, scope: str, key: str, fence: Fence | None = None) -> None:
         with self.write(conn):
@@ -139,6 +180,18 @@ class Engine:
     def list_users(self, conn: Any) -> list[dict[str, Any]]:
         sql = f"SELECT {USER_COLS} FROM users ORDER BY created_at, {self.seq}"
         return [user_dict(r) for r in conn.execute(sql).fetchall()]
+
+    def rotate_token(self, conn: Any, name: str, digest: str) -> bool:
+        with self.write(conn):
+            if conn.execute(
+                self.q("SELECT 1 FROM users WHERE token_sha256 = ?"), [digest]
+            ).fetchone():
+                raise StoreError(TOKEN_TAKEN)
+            sql = self.q("UPDATE users SET token_sha256 = ? WHERE name = ?")
+            if not conn.execute(sql, [digest, name]).rowcount:
+                return False
+            self.users_changed(conn)
+            return True
 
     def user_by_id(self, conn: Any, user_id: str) -> dict[str, Any] | None:
         row = conn.execute(self.q(f"SELECT {USER_COLS} FROM users WHERE id = ?"), [user_id])
@@ -180,6 +233,51 @@ class Engine:
             sql = self.q("UPDATE schedules SET paused = ?, next_due = ? WHERE id = ?")
             return bool(conn.execute(sql, [self.flag(paused), next_due, sid]).rowcount)
 
+    def claim(
+        self, conn: Any, sid: str, due: float, next_due: float | None,
+        run: tuple[Any, ...] | None, new: tuple[Any, ...] | None, most: int | None, now: float,
+    ) -> Claimed:  # fmt: skip
+        """Move the schedule from `due` (compare and set: a second claimer waits for the
+        first one's row lock, then finds next_due moved and claims nothing); with `run`,
+        queue it, creating `new` first unless its user has `most` sessions."""
+        with self.write(conn):
+            cursor = conn.execute(
+                self.q(
+                    "UPDATE schedules SET next_due = ? WHERE id = ? AND next_due = ? AND paused = ?"
+                ),
+                [next_due, sid, due, self.flag(False)],
+            )
+            if not cursor.rowcount:
+                return Claimed(False)
+            if run is None:
+                return Claimed(True)
+            if new is not None and most is not None:
+                count = self.count_sessions_locked(conn, new[3])
+                if count >= most:
+                    why = sessions_full(count, most)
+                    conn.execute(
+                        self.q("UPDATE schedules SET last_skip = ?, last_skip_at = ? WHERE id = ?"),
+                        [why, due, sid],
+                    )
+                    return Claimed(True, why)
+            conn.execute(
+                self.q(
+                    "UPDATE schedules SET runs = runs + 1, last_run_at = ?, last_session_id = ?,"
+                    " last_skip = NULL, last_skip_at = NULL WHERE id = ?"
+                ),
+                [now, run[1], sid],
+            )
+            if new is not None:
+                conn.execute(
+                    self.q(
+                        "INSERT INTO sessions (id, profile_id, title, user_id, created_at,"
+                        " updated_at, meta) VALUES (?, ?, ?, ?, ?, ?, '{}')"
+                    ),
+                    [*new, now, now],
+                )
+            self.insert_queued(conn, run, now)
+            return Claimed(True)
+
     def delete_schedule(self, conn: Any, sid: str) -> bool:
         with self.write(conn):
             return bool(conn.execute(self.q("DELETE FROM schedules WHERE id = ?"), [sid]).rowcount)
@@ -190,3 +288,15 @@ class Engine:
         where, params = self.any_of("key", keys)
         sql = f"SELECT key, {', '.join(USAGE_KINDS)} FROM usage WHERE {where}"
         return by_key(keys, conn.execute(sql, params).fetchall())
+
+    def add_usage(self, conn: Any, keys: list[str], adds: dict[str, float], now: float) -> None:
+        """Add in place (``n = usage.n + excluded.n``): concurrent adds never lose one."""
+        cols = ", ".join(USAGE_KINDS)
+        sets = ", ".join(f"{k} = usage.{k} + excluded.{k}" for k in USAGE_KINDS)
+        sql = self.q(
+            f"INSERT INTO usage (key, {cols}, updated_at) VALUES (?, ?, ?, ?, ?, ?)"
+            f" ON CONFLICT (key) DO UPDATE SET {sets}, updated_at = excluded.updated_at"
+        )
+        with self.write(conn):
+            for key in sorted(keys):  # one order for every writer: no deadlock between two
+                conn.execute(sql, [key, *(adds[k] for k in USAGE_KINDS), now])

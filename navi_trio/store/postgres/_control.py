@@ -24,13 +24,11 @@ from navi_trio.store._control_input import (
     SCHEDULE_COLS,
     by_key,
     decide,
-    sessions_full,
     taken,
 )
 from navi_trio.store._lease import pid_alive
 from navi_trio.store.base import (
     USAGE_KINDS,
-    Claimed,
     ScheduleRow,
     UsageAsk,
     UsageGrant,
@@ -40,60 +38,6 @@ from navi_trio.store.postgres._tables import PG
 from navi_trio.store.postgres._workers import Conn
 
 _NOW = "extract(epoch FROM clock_timestamp())"
-
-
-def count_sessions_locked(conn: Conn, user_id: str) -> int:
-    """The user's sessions, counted under a lock on the user held to the commit: two
-    transactions that may create one of theirs count one after the other."""
-    conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 11))", [f"sessions/{user_id}"])
-    row = conn.execute("SELECT COUNT(*) FROM sessions WHERE user_id = %s", [user_id]).fetchone()
-    return 0 if row is None else int(row[0])
-
-
-def _insert_queued(conn: Conn, values: tuple[Any, ...], now: float) -> None:
-    conn.execute(
-        "INSERT INTO queued (key, session_id, pid, host, data, created_at)"
-        " VALUES (%s, %s, %s, %s, %s, %s)",
-        [*values, now],
-    )
-
-
-def enqueue_wake(
-    conn: Conn,
-    values: tuple[Any, ...],
-    kv: tuple[str, str, str] | None,
-    limit: int,
-    since: float,
-    now: float,
-) -> bool:
-    sid = values[1]
-    if conn.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", [sid]).fetchone() is None:
-        raise StoreError(f"no session {sid!r} in the store")
-    if kv is not None:
-        conn.execute(
-            "INSERT INTO kv (scope, key, value, updated_at) VALUES (%s, %s, %s, %s)"
-            " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
-            " updated_at = excluded.updated_at",
-            [*kv, now],
-        )
-    conn.execute("DELETE FROM wakes WHERE session_id = %s AND at <= %s", [sid, since])
-    row = conn.execute("SELECT COUNT(*) FROM wakes WHERE session_id = %s", [sid]).fetchone()
-    if row is not None and int(row[0]) >= limit:
-        return False
-    _insert_queued(conn, values, now)
-    conn.execute("INSERT INTO wakes (session_id, at) VALUES (%s, %s)", [sid, now])
-    return True
-
-
-def add_usage(conn: Conn, keys: list[str], adds: dict[str, float], now: float) -> None:
-    cols = ", ".join(USAGE_KINDS)
-    sets = ", ".join(f"{k} = usage.{k} + excluded.{k}" for k in USAGE_KINDS)
-    for key in sorted(keys):  # one order for every writer: no deadlock between two
-        conn.execute(
-            f"INSERT INTO usage (key, {cols}, updated_at) VALUES (%s, %s, %s, %s, %s, %s)"
-            f" ON CONFLICT (key) DO UPDATE SET {sets}, updated_at = excluded.updated_at",
-            [key, *(adds[k] for k in USAGE_KINDS), now],
-        )
 
 
 def _live_holds(conn: Conn, keys: list[str], host: str) -> dict[str, dict[str, float]]:
@@ -129,7 +73,7 @@ def reserve(conn: Conn, asks: list[UsageAsk], req: UsageRequest, now: float) -> 
         return UsageGrant({}, refused, spent, held)
     amounts = taken(keys, granted, req, spent, held)
     if req.hold is None:
-        add_usage(conn, keys, amounts, now)
+        PG.add_usage(conn, keys, amounts, now)
         return UsageGrant(granted, None, spent, held)
     for key in keys:
         conn.execute(
@@ -145,7 +89,7 @@ def settle(
 ) -> dict[str, dict[str, float]]:
     for key in sorted(adds):
         if any(adds[key].values()):
-            add_usage(conn, [key], adds[key], now)
+            PG.add_usage(conn, [key], adds[key], now)
     if holds:
         conn.execute("DELETE FROM usage_holds WHERE hold = ANY(%s)", [holds])
     return PG.get_usage(conn, list(adds)) if adds else {}
@@ -161,45 +105,3 @@ def create_schedule(conn: Conn, values: tuple[Any, ...], row: ScheduleRow) -> Sc
     if inserted is None:
         raise StoreError(f"create schedule {row.id!r}: it already exists")
     return row
-
-
-def claim(
-    conn: Conn,
-    sid: str,
-    due: float,
-    next_due: float | None,
-    run: tuple[Any, ...] | None,
-    new: tuple[Any, ...] | None,
-    most: int | None,
-    now: float,
-) -> Claimed:
-    cursor = conn.execute(
-        "UPDATE schedules SET next_due = %s WHERE id = %s AND next_due = %s AND NOT paused",
-        [next_due, sid, due],
-    )
-    if not cursor.rowcount:
-        return Claimed(False)
-    if run is None:
-        return Claimed(True)
-    if new is not None and most is not None:
-        count = count_sessions_locked(conn, new[3])
-        if count >= most:
-            why = sessions_full(count, most)
-            conn.execute(
-                "UPDATE schedules SET last_skip = %s, last_skip_at = %s WHERE id = %s",
-                [why, due, sid],
-            )
-            return Claimed(True, why)
-    conn.execute(
-        "UPDATE schedules SET runs = runs + 1, last_run_at = %s, last_session_id = %s,"
-        " last_skip = NULL, last_skip_at = NULL WHERE id = %s",
-        [now, run[1], sid],
-    )
-    if new is not None:
-        conn.execute(
-            "INSERT INTO sessions (id, profile_id, title, user_id, created_at, updated_at, meta)"
-            " VALUES (%s, %s, %s, %s, %s, %s, '{}')",
-            [*new, now, now],
-        )
-    _insert_queued(conn, run, now)
-    return Claimed(True)

@@ -22,7 +22,6 @@ from navi_trio.store._input import _prepare, _Rewrite, _Row, not_queued, page_en
 from navi_trio.store.base import HistoryPage, LoadedSession, SessionRow
 from navi_trio.store.fence import Fence
 from navi_trio.store.postgres import _tables as t
-from navi_trio.store.postgres._control import count_sessions_locked
 from navi_trio.store.postgres._tables import check_fence
 from navi_trio.store.postgres._workers import Conn
 from navi_trio.store.repair import placeholder_positions, repair_dangling_tool_calls
@@ -37,18 +36,12 @@ _COLS = "id, profile_id, title, user_id, created_at, updated_at, meta"
 NO_SESSION = "NV002"  # navi_append's, for a session that is not there (migrations/0005)
 
 
-def _lock_session(conn: Conn, sid: str) -> None:
-    """Lock the session's row for this transaction; StoreError when there is none."""
-    if conn.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", [sid]).fetchone() is None:
-        raise StoreError(f"no session {sid!r} in the store")
-
-
 def insert_session(
     conn: Conn, row: SessionRow, meta_json: str, most: int | None = None
 ) -> int | None:
     """Insert the row; with `most`, not when the user has that many sessions already:
     then how many they have (else None)."""
-    if most is not None and (count := count_sessions_locked(conn, row.user_id)) >= most:
+    if most is not None and (count := t.PG.count_sessions_locked(conn, row.user_id)) >= most:
         return count
     inserted = conn.execute(
         f"INSERT INTO sessions ({_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s)"
@@ -139,7 +132,7 @@ def append(
     try:
         if dequeue is not None:
             check_fence(conn, fence)
-            _lock_session(conn, sid)
+            t.PG.lock_session(conn, sid)
             taken = conn.execute(
                 "DELETE FROM queued WHERE key = %s AND session_id = %s RETURNING 1", [dequeue, sid]
             ).fetchone()
@@ -184,7 +177,7 @@ def replace_context(
     conn: Conn, sid: str, rows: list[_Row], now: float, fence: Fence | None = None
 ) -> None:
     check_fence(conn, fence)
-    _lock_session(conn, sid)
+    t.PG.lock_session(conn, sid)
     conn.execute("DELETE FROM context WHERE session_id = %s", [sid])
     _insert_history(conn, "context", sid, rows, [float(i) for i in range(1, len(rows) + 1)], now)
 
@@ -192,7 +185,7 @@ def replace_context(
 def rewrite(conn: Conn, sid: str, job: _Rewrite, now: float, fence: Fence | None = None) -> None:
     """A rewind or a branch brought back (SessionStore.rewrite_history), under the lock."""
     check_fence(conn, fence)  # a replaced owner must not rewind its successor's session
-    _lock_session(conn, sid)
+    t.PG.lock_session(conn, sid)
     positions = [
         r[0]
         for r in conn.execute(

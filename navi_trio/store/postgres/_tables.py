@@ -23,13 +23,12 @@ from navi_trio.store._users import queued_of
 from navi_trio.store.base import HANDED_HOST, HANDED_PID, USERS_CHANNEL, LeaseRow
 from navi_trio.store.fence import Fence, lost, pid_alive, takeover
 from navi_trio.store.postgres._workers import Conn
-from navi_trio.store.statements import USER_COLS, Engine, user_dict
+from navi_trio.store.statements import TOKEN_TAKEN, USER_COLS, Engine, user_dict
 
 T = TypeVar("T")
 TABLES = ("sessions", "messages", "context", "kv", "users")
 _NOW = "extract(epoch FROM clock_timestamp())"
 _LEASE_COLS = "session_id, owner, pid, host, expires_at, generation"
-_TOKEN_TAKEN = "a user with this token already exists; tokens must be unique"
 
 # -- parameters -------------------------------------------------------------------------
 
@@ -96,6 +95,22 @@ class PgEngine(Engine):
     def check_fence(self, conn: Conn, fence: Fence | None) -> None:
         check_fence(conn, fence)
 
+    def lock_session(self, conn: Conn, sid: str) -> None:
+        """Lock the session's row for this transaction; StoreError when there is none."""
+        sql = "SELECT 1 FROM sessions WHERE id = %s FOR UPDATE"
+        if conn.execute(sql, [sid]).fetchone() is None:
+            raise StoreError(f"no session {sid!r} in the store")
+
+    def count_sessions_locked(self, conn: Conn, user_id: str) -> int:
+        """Counted under a lock on the user held to the commit (an advisory lock)."""
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 11))", [f"sessions/{user_id}"]
+        )
+        return self.count_sessions(conn, user_id)
+
+    def users_changed(self, conn: Conn) -> None:
+        _users_changed(conn)
+
     def kv_list(self, conn: Conn, scope: str, prefix: str) -> list[tuple[str, Any]]:
         rows = conn.execute(
             "SELECT key, value FROM kv WHERE scope = %s AND starts_with(key, %s) ORDER BY key",
@@ -123,7 +138,7 @@ def insert_user(conn: Conn, user: dict[str, Any], digest: str) -> None:
         [user["id"], user["name"], digest, user["role"], user["created_at"]],
     ).fetchone()
     if inserted is None:
-        raise StoreError(_TOKEN_TAKEN)
+        raise StoreError(TOKEN_TAKEN)
     _users_changed(conn)
 
 
@@ -145,16 +160,6 @@ def remove_user(conn: Conn, name: str) -> bool:
     if keys:
         conn.execute("DELETE FROM queued WHERE key = ANY(%s::text[])", [text_array(keys)])
     conn.execute("DELETE FROM users WHERE name = %s", [name])
-    _users_changed(conn)
-    return True
-
-
-def rotate_token(conn: Conn, name: str, digest: str) -> bool:
-    if conn.execute("SELECT 1 FROM users WHERE token_sha256 = %s", [digest]).fetchone():
-        raise StoreError(_TOKEN_TAKEN)
-    cur = conn.execute("UPDATE users SET token_sha256 = %s WHERE name = %s", [digest, name])
-    if cur.rowcount == 0:
-        return False
     _users_changed(conn)
     return True
 

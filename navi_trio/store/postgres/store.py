@@ -55,15 +55,11 @@ class _Postgres(t.PgEngine):
     insert_user = staticmethod(t.insert_user)
     user_by_name = staticmethod(t.user_by_name)
     remove_user = staticmethod(t.remove_user)
-    rotate_token = staticmethod(t.rotate_token)
     claim_lease = staticmethod(t.claim_lease)
     renew_lease = staticmethod(t.renew_lease)
-    enqueue_wake = staticmethod(ctl.enqueue_wake)
-    add_usage = staticmethod(ctl.add_usage)
     reserve = staticmethod(ctl.reserve)
     settle = staticmethod(ctl.settle)
     create_schedule = staticmethod(ctl.create_schedule)
-    claim = staticmethod(ctl.claim)
 
 
 class PostgresStore(_Core):
