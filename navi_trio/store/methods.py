@@ -7,12 +7,10 @@ snapshot the caller cannot change), name the operation (the label every `StoreEr
 carries), and run one statement function on the engine's worker threads (`_run`).
 A write to a session made inside a `fenced` block carries that fence (store/fence.py).
 
-What an engine brings is a `Dialect`: its statement functions, each run on a worker
-thread with the engine's connection, under the same names and arguments, and `_run`
-(its thread runner and its error mapping). The SQL stays per engine where the engines
-differ: PostgreSQL locks rows (``FOR UPDATE``, advisory locks) and reads the server's
-clock, because several daemons write at once; SQLite takes the file's write lock
-(``BEGIN IMMEDIATE``) for each write.
+What an engine brings: its statements (`sql`, an `Engine` of store/statements.py:
+those both engines share, over its placeholder and write transaction, and its own
+where the SQL differs), each run on a worker thread with the engine's connection, and
+`_run` (its thread runner and its error mapping).
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from navi_trio.errors import LimitError
 from navi_trio.store._control_input import (
@@ -42,8 +40,6 @@ from navi_trio.store._input import (
     _dump,
     _prepare,
     _prepare_rewrite,
-    _Rewrite,
-    _Row,
     check_keep,
     check_page,
     check_session_id,
@@ -63,118 +59,15 @@ from navi_trio.store.base import (
     UsageRequest,
 )
 from navi_trio.store.fence import Fence, current_fence, fence_for
+from navi_trio.store.statements import Engine, Queued
 
 T = TypeVar("T")
-Queued = list[tuple[str, dict[str, Any]]]  # (key, message) of queued rows, oldest first
-
-
-class Dialect(Protocol):
-    """An engine's statements: each runs on a worker thread, on the engine's connection
-    (`conn`), in one transaction of its own unless the engine's runner says otherwise."""
-
-    # sessions and history
-    def insert_session(
-        self, conn: Any, row: SessionRow, meta: str, most: int | None
-    ) -> int | None: ...
-    def get_session(self, conn: Any, sid: str) -> SessionRow | None: ...
-    def list_sessions(self, conn: Any, user_id: str | None) -> list[SessionRow]: ...
-    def update_session(
-        self, conn: Any, sid: str, changes: dict[str, Any], fence: Fence | None
-    ) -> None: ...
-    def delete_session(self, conn: Any, sid: str) -> bool: ...
-    def count_sessions(self, conn: Any, user_id: str) -> int: ...
-    def append(
-        self, conn: Any, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
-        dequeue: str | None, fence: Fence | None, *, durable: bool,
-    ) -> None: ...  # fmt: skip
-    def load_history(self, conn: Any, table: str, sid: str) -> list[dict[str, Any]]: ...
-    def load_page(
-        self, conn: Any, sid: str, after: float | None, limit: int, max_bytes: int
-    ) -> HistoryPage: ...
-    def replace_context(
-        self, conn: Any, sid: str, rows: list[_Row], now: float, fence: Fence | None
-    ) -> None: ...
-    def rewrite(
-        self, conn: Any, sid: str, job: _Rewrite, now: float, fence: Fence | None
-    ) -> None: ...
-    def load_session(
-        self, conn: Any, sid: str, now: float, fence: Fence | None
-    ) -> LoadedSession | None: ...
-    # queued messages
-    def enqueue(
-        self,
-        conn: Any,
-        sid: str,
-        key: str,
-        data: str,
-        pid: int,
-        host: str,
-        now: float,
-        keep: int | None,
-    ) -> Queued: ...
-    def release_queued(self, conn: Any, sid: str, keys: list[str], pid: int, host: str) -> int: ...
-    def unqueue(self, conn: Any, key: str) -> bool: ...
-    def adopt(self, conn: Any, sid: str, pid: int, host: str, now: float) -> Queued: ...
-    def queued_sessions(self, conn: Any) -> list[str]: ...
-    # kv
-    def kv_get(self, conn: Any, scope: str, key: str) -> Any | None: ...
-    def kv_set(
-        self, conn: Any, scope: str, key: str, value: str, now: float, fence: Fence | None = None
-    ) -> None: ...
-    def kv_delete(self, conn: Any, scope: str, key: str, fence: Fence | None = None) -> None: ...
-    def kv_list(self, conn: Any, scope: str, prefix: str) -> list[tuple[str, Any]]: ...
-    # users
-    def insert_user(self, conn: Any, user: dict[str, Any], digest: str) -> None: ...
-    def user_by_digest(self, conn: Any, digest: str) -> dict[str, Any] | None: ...
-    def list_users(self, conn: Any) -> list[dict[str, Any]]: ...
-    def user_by_id(self, conn: Any, user_id: str) -> dict[str, Any] | None: ...
-    def user_by_name(self, conn: Any, name: str) -> dict[str, Any] | None: ...
-    def remove_user(self, conn: Any, name: str) -> bool: ...
-    def rotate_token(self, conn: Any, name: str, digest: str) -> bool: ...
-    # leases
-    def claim_lease(
-        self, conn: Any, sid: str, owner: str, pid: int, host: str, ttl: float, now: float
-    ) -> LeaseRow: ...
-    def renew_lease(
-        self, conn: Any, sid: str, owner: str, ttl: float, generation: int | None, now: float
-    ) -> bool: ...
-    def release_lease(self, conn: Any, sid: str, owner: str) -> None: ...
-    # control: wake-ups, usage, schedules
-    def enqueue_wake(
-        self,
-        conn: Any,
-        values: tuple[Any, ...],
-        kv: tuple[str, str, str] | None,
-        limit: int,
-        since: float,
-        now: float,
-    ) -> bool: ...
-    def add_usage(self, conn: Any, keys: list[str], adds: dict[str, float], now: float) -> None: ...
-    def get_usage(self, conn: Any, keys: list[str]) -> dict[str, dict[str, float]]: ...
-    def reserve(
-        self, conn: Any, asks: list[UsageAsk], req: UsageRequest, now: float
-    ) -> UsageGrant: ...
-    def settle(
-        self, conn: Any, adds: dict[str, dict[str, float]], holds: list[str], now: float
-    ) -> dict[str, dict[str, float]]: ...
-    def create_schedule(
-        self, conn: Any, values: tuple[Any, ...], row: ScheduleRow
-    ) -> ScheduleRow: ...
-    def get_schedule(self, conn: Any, sid: str) -> ScheduleRow | None: ...
-    def list_schedules(self, conn: Any, user_id: str | None) -> list[ScheduleRow]: ...
-    def count_schedules(self, conn: Any, user_id: str) -> int: ...
-    def set_schedule(self, conn: Any, sid: str, paused: bool, next_due: float | None) -> bool: ...
-    def delete_schedule(self, conn: Any, sid: str) -> bool: ...
-    def claim(
-        self, conn: Any, sid: str, due: float, next_due: float | None,
-        run: tuple[Any, ...] | None, new: tuple[Any, ...] | None, most: int | None, now: float,
-    ) -> Claimed: ...  # fmt: skip
 
 
 class StoreMethods:
-    """The `SessionStore` methods over an engine's `sql` (a `Dialect`) and its `_run`."""
+    """The `SessionStore` methods over an engine's statements (`sql`) and its `_run`."""
 
-    sql: ClassVar[Dialect]
+    sql: ClassVar[Engine]  # the engine's statements
     _last_now = 0.0
 
     def _now(self) -> float:

@@ -13,17 +13,32 @@ Every function runs on the engine's worker thread with its connection (`conn`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
 from navi_trio.errors import StoreError
 from navi_trio.store._control_input import SCHEDULE_COLS, by_key, schedule_from, sessions_full
-from navi_trio.store.base import USAGE_KINDS, Claimed, ScheduleRow, SessionRow
+from navi_trio.store._input import _Rewrite, _Row
+from navi_trio.store.base import (
+    USAGE_KINDS,
+    Claimed,
+    HistoryPage,
+    LeaseRow,
+    LoadedSession,
+    ScheduleRow,
+    SessionRow,
+    UsageAsk,
+    UsageGrant,
+    UsageRequest,
+)
 from navi_trio.store.fence import Fence
 from navi_trio.text import loads_clean
 
 SESSION_COLS = "id, profile_id, title, user_id, created_at, updated_at, meta"
 USER_COLS = "id, name, role, created_at"
+Queued = list[tuple[str, dict[str, Any]]]  # (key, message) of queued rows, oldest first
+Usage = dict[str, dict[str, float]]  # each key's counters
 TOKEN_TAKEN = "a user with this token already exists; tokens must be unique"
 KV_UPSERT = (
     "INSERT INTO kv (scope, key, value, updated_at) VALUES (?, ?, ?, ?)"
@@ -45,7 +60,35 @@ def user_dict(row: Any) -> dict[str, Any]:
 
 class Engine:
     """An engine's placeholder, write transaction and fence check, and the statements
-    both engines share (see the module)."""
+    both engines share (see the module). The statements whose SQL is each engine's own
+    are declared here and given by the engine (store/sqlite.py, postgres/store.py)."""
+
+    insert_session: Callable[[Any, SessionRow, str, int | None], int | None]
+    update_session: Callable[[Any, str, dict[str, Any], Fence | None], None]
+    delete_session: Callable[[Any, str], bool]
+    load_page: Callable[[Any, str, float | None, int, int], HistoryPage]
+    replace_context: Callable[[Any, str, list[_Row], float, Fence | None], None]
+    rewrite: Callable[[Any, str, _Rewrite, float, Fence | None], None]
+    load_session: Callable[[Any, str, float, Fence | None], LoadedSession | None]
+    enqueue: Callable[[Any, str, str, str, int, str, float, int | None], Queued]
+    release_queued: Callable[[Any, str, list[str], int, str], int]
+    adopt: Callable[[Any, str, int, str, float], Queued]  # sid, pid, host, now
+    kv_list: Callable[[Any, str, str], list[tuple[str, Any]]]
+    insert_user: Callable[[Any, dict[str, Any], str], None]
+    user_by_name: Callable[[Any, str], dict[str, Any] | None]
+    remove_user: Callable[[Any, str], bool]
+    claim_lease: Callable[[Any, str, str, int, str, float, float], LeaseRow]
+    renew_lease: Callable[[Any, str, str, float, int | None, float], bool]
+    reserve: Callable[[Any, list[UsageAsk], UsageRequest, float], UsageGrant]
+    settle: Callable[[Any, dict[str, dict[str, float]], list[str], float], Usage]
+    create_schedule: Callable[[Any, tuple[Any, ...], ScheduleRow], ScheduleRow]
+
+    def append(
+        self, conn: Any, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
+        dequeue: str | None, fence: Fence | None, /, *, durable: bool,
+    ) -> None:  # fmt: skip
+        """New history rows, with the queued row `dequeue` taken off the queue."""
+        raise NotImplementedError
 
     mark = "?"
     seq = "rowid"  # the column that numbers rows in the order they were inserted
