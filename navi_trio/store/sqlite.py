@@ -34,8 +34,9 @@ found): a damaged file starts, says so once, and only what cannot be read is ref
 
 Where it lives: the methods are store/methods.py's, written once for both engines;
 `_SQLite` below is this engine's statements for them, one module per table with its
-SQL (`_sessions`, `_history`, `_queue`, `_kv`, `_users`, `_lease`; `_control` for the
-wake-ups, usage and schedules tables). `_core` has the worker, open and close, `_run`;
+SQL where it is SQLite's own (`_sessions`, `_history`, `_queue`, `_users`, `_lease`;
+`_control` for the wake-ups, usage and schedules tables; the shared statements are
+store/statements.py's, on `_schema.SQLITE`). `_core` has the worker, open and close, `_run`;
 `_schema` the connection, tables and write transaction; `_health` SQLite's failures
 and the start-up check; `_readonly` `navi doctor`'s look at a file.
 """
@@ -59,7 +60,7 @@ from navi_trio.store._worker import BUSY_TIMEOUT_S as BUSY_TIMEOUT_S
 
 
 class _SQLite(SQLiteEngine):
-    """The SQLite statements of store/methods.py's `Dialect`: the shared ones
+    """The SQLite statements of store/statements.py's `Engine`: the shared ones
     (store/statements.py) on this engine, and those whose SQL is its own."""
 
     insert_session = staticmethod(_sessions._insert_session)

@@ -1,4 +1,5 @@
-"""kv values, users, leases, queued messages and stats on PostgreSQL, on a worker thread.
+"""Users, leases, queued messages and stats on PostgreSQL, on a worker thread; `PG`, the
+engine under the shared statements (store/statements.py).
 
 Each function runs inside the job's transaction (`_workers.Job`). The rules are those
 of the SQLite store (store/_lease.py, store/_queue.py), made safe for several daemons

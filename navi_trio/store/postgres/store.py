@@ -38,7 +38,7 @@ from navi_trio.store.postgres._core import check_url as check_url
 
 
 class _Postgres(t.PgEngine):
-    """The PostgreSQL statements of store/methods.py's `Dialect`: the shared ones
+    """The PostgreSQL statements of store/statements.py's `Engine`: the shared ones
     (store/statements.py) on this engine, and those whose SQL is its own."""
 
     insert_session = staticmethod(h.insert_session)
