@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from store_backends import Backend
 
 from navi_trio.errors import StoreError
-from navi_trio.store import LoadedSession, SessionStore
+from navi_trio.store import LoadedSession, SessionStore, SQLiteStore
 from navi_trio.store.repair import PLACEHOLDER_CONTENT
 
 TIMEOUT = 20
@@ -322,3 +322,17 @@ async def test_users_by_token_name_and_id_tokens_stored_only_hashed(backend: Bac
             assert (await store.stats())["users"] == 1
         async with backend.open() as store:
             assert await store.get_user_by_token("secret-token-1") == ada
+
+
+def test_each_engine_gives_every_statement_the_methods_run() -> None:
+    # Engine declares the statements whose SQL is each engine's own; an engine that
+    # forgot one would fail only when that method is first called.
+    from navi_trio.store.postgres.store import PostgresStore
+    from navi_trio.store.statements import Engine
+
+    declared = [n for n in Engine.__annotations__ if not n.startswith("_")]
+    assert "reserve" in declared and "append" in dir(Engine)
+    for store in (SQLiteStore, PostgresStore):
+        missing = [n for n in declared if not callable(getattr(store.sql, n, None))]
+        assert missing == [], f"{store.__name__} lacks {missing}"
+        assert "append" in vars(type(store.sql)), store.__name__  # not Engine's
