@@ -4,7 +4,7 @@ Every test runs twice through the `backend` fixture (tests/store_backends.py): o
 SQLite file and on a fresh database of a throwaway PostgreSQL server (skipped, saying
 why, where none can be started). Queue, leases, durability and concurrency are in
 tests/test_store_contract_queue.py; the SIGKILL tests in test_store_contract_crash.py.
-Cases here follow tests/test_store.py, which keeps the SQLite store's own details.
+tests/test_store.py keeps the SQLite store's own details (the worker thread, pragmas).
 
 Rules: no sleeps; every test under an absolute `trio.fail_after` (real clock: the
 stores' threads work in real time).
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from store_backends import Backend
 
 from navi_trio.errors import StoreError
-from navi_trio.store import LoadedSession, SessionStore
+from navi_trio.store import LoadedSession, SessionStore, SQLiteStore
 from navi_trio.store.repair import PLACEHOLDER_CONTENT
 
 TIMEOUT = 20
@@ -322,3 +322,17 @@ async def test_users_by_token_name_and_id_tokens_stored_only_hashed(backend: Bac
             assert (await store.stats())["users"] == 1
         async with backend.open() as store:
             assert await store.get_user_by_token("secret-token-1") == ada
+
+
+def test_each_engine_gives_every_statement_the_methods_run() -> None:
+    # Engine declares the statements whose SQL is each engine's own; an engine that
+    # forgot one would fail only when that method is first called.
+    from navi_trio.store.postgres.store import PostgresStore
+    from navi_trio.store.statements import Engine
+
+    declared = [n for n in Engine.__annotations__ if not n.startswith("_")]
+    assert "reserve" in declared and "append" in dir(Engine)
+    for store in (SQLiteStore, PostgresStore):
+        missing = [n for n in declared if not callable(getattr(store.sql, n, None))]
+        assert missing == [], f"{store.__name__} lacks {missing}"
+        assert "append" in vars(type(store.sql)), store.__name__  # not Engine's

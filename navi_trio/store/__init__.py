@@ -1,12 +1,12 @@
 """The session store: sessions, display history, LLM context, kv values and users.
 
-`SessionStore` is the protocol everything above this layer uses; `SQLiteStore` is the
-implementation (one SQLite file, WAL, one worker thread): a body (`_core`) and one
-module per table, each holding that table's methods and its SQL (`_sessions`,
-`_history`, `_queue`, `_kv`, `_users`, `_lease`). `store.postgres` implements the same
-protocol on PostgreSQL for several daemons (imported only when `NAVI_DB` names a server:
-`store.factory`), sharing `base` (the protocol, the rows), `_input` (checks and
-serialisation, no SQL) and `repair`.
+`SessionStore` is the protocol everything above this layer uses. Its methods are written
+once (`methods`: checks, operation names, fences) over an engine's statements: those
+both engines share (`statements`, over an engine's placeholder and write transaction)
+and the engine's own. `SQLiteStore` is one SQLite file, WAL, one worker thread (`_core`,
+one module of statements per table); `store.postgres` is PostgreSQL for several daemons
+(imported only when `NAVI_DB` names a server: `store.factory`). Both share `base` (the
+protocol, the rows), `_input` (checks and serialisation, no SQL), `fence` and `repair`.
 """
 
 # First: sqlite-utils without numpy, before the modules below import it (its docstring).

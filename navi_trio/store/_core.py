@@ -3,16 +3,14 @@
 `_Core` owns the worker thread (`_worker`): `open` starts it, creates the schema and
 runs the start-up check; `_run(op, fn)` queues one job and waits for its answer,
 mapping what SQLite raised to the caller's `StoreError` (`_health.failure`) and logging
-each storage condition once (`_report`); `_now` is the store's clock. The tables'
-methods (`_sessions`, `_history`, `_queue`, `_kv`, `_users`, `_lease`) are mixins on
-it; `SQLiteStore` (sqlite.py) is all of them at once. `run_raw_for_tests` is the one
-public way to `_run`, for tests and diagnostics.
+each storage condition once (`_report`). The methods are store/methods.py's, written
+once for both engines; `SQLiteStore` (sqlite.py) gives them this engine's statements.
+`run_raw_for_tests` is the one public way to `_run`, for tests and diagnostics.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -32,6 +30,7 @@ from navi_trio.store._health import (
 )
 from navi_trio.store._schema import _TABLES, _init_schema
 from navi_trio.store._worker import _Job, _Worker
+from navi_trio.store.methods import StoreMethods
 
 logger = logging.getLogger("navi_trio.store.sqlite")
 
@@ -39,8 +38,8 @@ T = TypeVar("T")
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
-class _Core:
-    """The worker, open and close, `_run` and the clock (see the module docstring)."""
+class _Core(StoreMethods):
+    """The worker, open and close and `_run` (see the module docstring)."""
 
     def __init__(self, path: Path, *, synchronous: str = "FULL") -> None:
         self.path = Path(path)
@@ -49,17 +48,11 @@ class _Core:
         self._synchronous = synchronous.upper()
         self._worker: _Worker | None = None
         self._closed = False
-        self._last_now = 0.0
         # Storage failures already logged ("full", "unwritable", "damaged <op>"): one
         # line when a condition starts, not one per request, until it ends (`_run`).
         self._reported: set[str] = set()
         # What PRAGMA quick_check found at open: [] none, None not finished in time.
         self.damage: list[str] | None = []
-
-    def _now(self) -> float:
-        # Strictly increasing, so "newest updated first" never depends on clock resolution.
-        self._last_now = max(time.time(), self._last_now + 1e-6)
-        return self._last_now
 
     @classmethod
     def open(
@@ -116,7 +109,11 @@ class _Core:
         if said is not None:
             (logger.warning if self.damage is None else logger.error)("store: %s", said)
 
-    async def _run(self, op: str, fn: Callable[[Database], T], durable: bool = True) -> T:
+    async def _run(
+        self, op: str, fn: Callable[[Database], T], *, durable: bool = True, write: bool = True,
+        transaction: bool = True,
+    ) -> T:  # fmt: skip
+        # Every job is one transaction on the one worker; `write` says nothing here.
         if self._worker is None:
             raise StoreError(
                 f"{op}: the store at {self.path} is not open (use `async with"

@@ -1,7 +1,7 @@
 """The history tables: `messages` (what the user sees) and `context` (what the LLM sees).
 
-`_History` holds the store's history methods (mixed into `SQLiteStore`); below it, the
-functions that run on the worker thread. A save appends what is new, in one
+The statements of the SQLite store (store/methods.py has the methods), run on the
+worker thread. A save appends what is new, in one
 transaction with the queued row it dequeues (`_queue`); only `replace_context`
 (compression) rewrites. `load_session` repairs dangling tool calls (`repair`) and
 stores the placeholders between their neighbours' positions, in the same job.
@@ -18,124 +18,19 @@ from typing import Any
 from sqlite_utils import Database
 
 from navi_trio.errors import StoreError
-from navi_trio.store._core import _Core
 from navi_trio.store._input import (
     _prepare,
-    _prepare_rewrite,
     _Rewrite,
     _Row,
-    check_page,
-    check_session_id,
     not_queued,
     page_end,
 )
-from navi_trio.store._kv import _kv_delete, _kv_set
-from navi_trio.store._lease import check_fence
 from navi_trio.store._queue import _claim
-from navi_trio.store._schema import _HISTORY, _write_tx
-from navi_trio.store._sessions import _get_session, _require_session
+from navi_trio.store._schema import _HISTORY, SQLITE, _write_tx
 from navi_trio.store.base import HistoryPage, LoadedSession
-from navi_trio.store.fence import Fence, fence_for
+from navi_trio.store.fence import Fence
 from navi_trio.store.repair import placeholder_positions, repair_dangling_tool_calls
 from navi_trio.text import loads_clean
-
-
-class _History(_Core):
-    async def append(
-        self,
-        session_id: str,
-        *,
-        messages: Sequence[dict[str, Any]] = (),
-        context: Sequence[dict[str, Any]] = (),
-        durable: bool = True,
-        dequeue: str | None = None,
-    ) -> None:
-        """Append new display messages and context entries in one transaction.
-
-        `durable=False`: committed without an fsync (see the module's "Durability").
-        `dequeue`: the key of the queued message being appended; its queued row is
-        deleted in the same transaction (it is never both queued and in history)."""
-        sid = check_session_id(session_id)
-        msg_rows = _prepare(messages, "messages")
-        # Both lists usually hold the same dicts: each is serialised once. (`messages` is
-        # still referenced here, so the ids cannot be reused while this runs.)
-        done = {id(m): row for m, row in zip(messages, msg_rows, strict=True)}
-        ctx_rows = _prepare(context, "context", done)
-        if not msg_rows and not ctx_rows and dequeue is None:
-            return
-        now = self._now()
-        fence = fence_for(sid)
-        await self._run(
-            f"append to session {sid!r}",
-            lambda db: _append(db, sid, msg_rows, ctx_rows, now, dequeue, fence),
-            durable,
-        )
-
-    async def load_messages(self, session_id: str) -> list[dict[str, Any]]:
-        sid = check_session_id(session_id)
-        return await self._run(
-            f"load messages of {sid!r}", lambda db: _load_history(db, "messages", sid)
-        )
-
-    async def load_messages_page(
-        self, session_id: str, *, after: float | None = None, limit: int, max_bytes: int
-    ) -> HistoryPage:
-        """One page of the display history (SessionStore.load_messages_page)."""
-        sid = check_session_id(session_id)
-        check_page(limit, max_bytes)
-        return await self._run(
-            f"load a page of messages of {sid!r}",
-            lambda db: _load_page(db, sid, after, limit, max_bytes),
-        )
-
-    async def load_context(self, session_id: str) -> list[dict[str, Any]]:
-        sid = check_session_id(session_id)
-        return await self._run(
-            f"load context of {sid!r}", lambda db: _load_history(db, "context", sid)
-        )
-
-    async def replace_context(self, session_id: str, context: Sequence[dict[str, Any]]) -> None:
-        """Compression only: swap the whole LLM context in one transaction."""
-        sid = check_session_id(session_id)
-        rows = _prepare(context, "context")
-        now = self._now()
-        fence = fence_for(sid)
-        await self._run(
-            f"replace context of {sid!r}", lambda db: _replace_context(db, sid, rows, now, fence)
-        )
-
-    async def rewrite_history(
-        self,
-        session_id: str,
-        *,
-        keep: int,
-        messages: Sequence[dict[str, Any]] = (),
-        context: Sequence[dict[str, Any]],
-        kv_set: Sequence[tuple[str, str, Any]] = (),
-        kv_delete: Sequence[tuple[str, str]] = (),
-    ) -> None:
-        """Keep the first `keep` display messages, append `messages`, replace the context
-        and set / delete kv rows, in one transaction (SessionStore.rewrite_history)."""
-        sid = check_session_id(session_id)
-        job = _prepare_rewrite(keep, messages, context, kv_set, kv_delete)
-        now = self._now()
-        fence = fence_for(sid)
-        await self._run(
-            f"rewrite history of {sid!r}", lambda db: _rewrite(db, sid, job, now, fence)
-        )
-
-    async def load_session(self, session_id: str) -> LoadedSession | None:
-        """Row, messages and context, with dangling tool calls repaired and persisted.
-
-        Call it when no run of this session is live: a run's in-flight tool calls look
-        dangling until their results are appended.
-        """
-        sid = check_session_id(session_id)
-        now = self._now()
-        fence = fence_for(sid)
-        return await self._run(
-            f"load session {sid!r}", lambda db: _load_session(db, sid, now, fence)
-        )
 
 
 def _insert_history(
@@ -159,11 +54,12 @@ def _next_positions(db: Database, table: str, sid: str, count: int) -> list[floa
 
 def _append(
     db: Database, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
-    dequeue: str | None = None, fence: Fence | None = None,
+    dequeue: str | None = None, fence: Fence | None = None, *, durable: bool = True,
 ) -> None:  # fmt: skip
+    # `durable` is the worker's: it commits without the fsync (store/sqlite.py).
     with _write_tx(db):
-        check_fence(db, fence)
-        _require_session(db, sid)
+        SQLITE.check_fence(db, fence)
+        SQLITE.require_session(db, sid)
         if dequeue is not None and not _claim(db, sid, dequeue):
             raise not_queued(sid, dequeue)
         for table, rows in (("messages", msg_rows), ("context", ctx_rows)):
@@ -173,18 +69,10 @@ def _append(
         db.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", [now, sid])
 
 
-def _load_history(db: Database, table: str, sid: str) -> list[dict[str, Any]]:
-    _require_session(db, sid)
-    rows = db.execute(
-        f"SELECT data FROM {table} WHERE session_id = ? ORDER BY position", [sid]
-    ).fetchall()
-    return [loads_clean(r[0]) for r in rows]  # an older version stored lone surrogates
-
-
 def _load_page(
     db: Database, sid: str, after: float | None, limit: int, max_bytes: int
 ) -> HistoryPage:
-    _require_session(db, sid)
+    SQLITE.require_session(db, sid)
     where, params = ("AND position > ?", [after]) if after is not None else ("", [])
     # The sizes first, stepped lazily: the rows past the page are never read. The data is
     # ASCII JSON (store/_input.py `_dump`): its length is its size in bytes.
@@ -213,16 +101,16 @@ def _replace_context(
     db: Database, sid: str, rows: list[_Row], now: float, fence: Fence | None
 ) -> None:
     with _write_tx(db):
-        check_fence(db, fence)
-        _require_session(db, sid)
+        SQLITE.check_fence(db, fence)
+        SQLITE.require_session(db, sid)
         db.execute("DELETE FROM context WHERE session_id = ?", [sid])
         _insert_history(db, "context", sid, rows, [float(i) for i in range(1, len(rows) + 1)], now)
 
 
 def _rewrite(db: Database, sid: str, job: _Rewrite, now: float, fence: Fence | None) -> None:
     with _write_tx(db):
-        check_fence(db, fence)  # a replaced owner must not rewind its successor's session
-        _require_session(db, sid)
+        SQLITE.check_fence(db, fence)  # a replaced owner must not rewind its successor's session
+        SQLITE.require_session(db, sid)
         count = db.execute("SELECT COUNT(*) FROM messages WHERE session_id = ?", [sid]).fetchone()
         if job.keep > count[0]:
             raise StoreError(f"session {sid!r} has {count[0]} messages, not {job.keep} to keep")
@@ -238,21 +126,21 @@ def _rewrite(db: Database, sid: str, job: _Rewrite, now: float, fence: Fence | N
         _insert_history(db, "messages", sid, job.messages, positions, now)
         _replace_context(db, sid, job.context, now, None)  # the fence is checked above
         for scope, key, value in job.kv_set:
-            _kv_set(db, scope, key, value, now)
+            SQLITE.kv_set(db, scope, key, value, now)
         for scope, key in job.kv_delete:
-            _kv_delete(db, scope, key)
+            SQLITE.kv_delete(db, scope, key)
         db.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", [now, sid])
 
 
 def _load_session(db: Database, sid: str, now: float, fence: Fence | None) -> LoadedSession | None:
-    row = _get_session(db, sid)
+    row = SQLITE.get_session(db, sid)
     if row is None:
         return None
     loaded: dict[str, list[dict[str, Any]]] = {}
     repaired = 0
     # One job on the one thread: no append can slip between reading and repairing.
     with _write_tx(db):
-        check_fence(db, fence)  # a replaced owner must not "repair" its successor's calls
+        SQLITE.check_fence(db, fence)  # a replaced owner must not "repair" its successor's calls
         for table in _HISTORY:
             records = db.execute(
                 f"SELECT position, data FROM {table} WHERE session_id = ? ORDER BY position",

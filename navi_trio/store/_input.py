@@ -9,6 +9,7 @@ queued, with a `StoreError` naming it. A second store (PostgreSQL) uses the same
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -40,6 +41,12 @@ def _check_text(value: object, name: str, *, allow_empty: bool = False) -> str:
     if not isinstance(value, str) or (not allow_empty and not value):
         raise StoreError(f"{name} must be a non-empty string, got {value!r}")
     return value
+
+
+def token_digest(token: object) -> str:
+    """A user token as it is stored: its SHA-256 (tokens are random secrets: no salt)."""
+    token = _check_text(token, "user token")
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _check_meta(meta: object) -> dict[str, Any]:

@@ -16,74 +16,20 @@ The queue's cap (`enqueue(keep=N)`) is the store's, in the insert's transaction:
 N rows the oldest go, and are returned, so that every process that queues counts the
 same rows the same way.
 
-`_Queue` holds the store's queue methods (mixed into `SQLiteStore`); below it, the
-functions that run on the worker thread.
+The statements of the SQLite store (store/methods.py has the methods), run on the
+worker thread.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from sqlite_utils import Database
 
-from navi_trio.store._core import _Core
-from navi_trio.store._input import _check_text, _dump, check_keep, check_session_id
 from navi_trio.store._lease import pid_alive
 from navi_trio.store._schema import _write_tx
 from navi_trio.store.base import HANDED_HOST, HANDED_PID
-
-
-class _Queue(_Core):
-    async def enqueue(
-        self, session_id: str, key: str, message: dict[str, Any], *, pid: int, host: str,
-        keep: int | None = None,
-    ) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
-        """Keep a queued user message until its run appends it (`append(dequeue=key)`);
-        with `keep`, the session's oldest rows beyond the newest `keep` go: (key, message)
-        of each, oldest first."""
-        sid = check_session_id(session_id)
-        _check_text(key, "queued message key")
-        data = _dump(message, f"queued message of {sid!r}")
-        cap = check_keep(keep)
-        now = self._now()
-        return await self._run(
-            f"queue a message in {sid!r}",
-            lambda db: _enqueue(db, sid, key, data, pid, host, now, cap),
-        )
-
-    async def release_queued(
-        self, session_id: str, keys: Sequence[str], *, pid: int, host: str
-    ) -> int:
-        """Hand these queued rows of (pid, host) to whoever runs the session: they become
-        anyone's (`HANDED_PID`). How many were (the others are no longer theirs)."""
-        sid = check_session_id(session_id)
-        wanted = [_check_text(k, "queued message key") for k in keys]
-        return await self._run(
-            f"release queued messages of {sid!r}",
-            lambda db: _release(db, sid, wanted, pid, host),
-        )
-
-    async def unqueue(self, key: str) -> bool:
-        """Forget a queued message (dropped from a full queue). False when not there."""
-        _check_text(key, "queued message key")
-        return await self._run(f"unqueue message {key!r}", lambda db: _unqueue(db, key))
-
-    async def adopt_queued(
-        self, session_id: str, *, pid: int, host: str
-    ) -> list[tuple[str, dict[str, Any]]]:
-        """(key, message) of the session's queued messages that no live process owns
-        (theirs: same host, pid gone; or ours), in queued order, now owned by `pid`."""
-        sid = check_session_id(session_id)
-        now = self._now()
-        return await self._run(
-            f"adopt queued messages of {sid!r}", lambda db: _adopt(db, sid, pid, host, now)
-        )
-
-    async def queued_sessions(self) -> list[str]:
-        """Ids of the sessions with queued messages."""
-        return await self._run("list sessions with queued messages", _queued_sessions)
 
 
 def _enqueue(
@@ -127,11 +73,6 @@ def _release(db: Database, sid: str, keys: list[str], pid: int, host: str) -> in
         return released
 
 
-def _unqueue(db: Database, key: str) -> bool:
-    with _write_tx(db):
-        return bool(db.execute("DELETE FROM queued WHERE key = ?", [key]).rowcount)
-
-
 def _adopt(
     db: Database, sid: str, pid: int, host: str, now: float
 ) -> list[tuple[str, dict[str, Any]]]:
@@ -157,8 +98,3 @@ def _adopt(
             db.execute("UPDATE queued SET pid = ?, host = ? WHERE key = ?", [pid, host, key])
             out.append((key, json.loads(data)))
         return out
-
-
-def _queued_sessions(db: Database) -> list[str]:
-    rows = db.execute("SELECT DISTINCT session_id FROM queued ORDER BY session_id").fetchall()
-    return [r[0] for r in rows]

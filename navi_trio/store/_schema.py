@@ -1,7 +1,8 @@
 """The SQLite schema of the session store: the connection, the tables, the write transaction.
 
 The connection (WAL and pragmas), the tables and their version, ``BEGIN IMMEDIATE``
-transactions (`_write_tx`), and session rows back into `SessionRow`s. What a message
+transactions (`_write_tx`), and `SQLITE`, the engine under the shared statements
+(store/statements.py): its write transaction, its fence check, its kv prefix list. What a message
 becomes before it reaches a table is `_input`'s (nothing SQLite about it).
 """
 
@@ -9,21 +10,21 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
 from sqlite_utils import Database
 
 from navi_trio.errors import StoreError
-from navi_trio.store.base import SessionRow
+from navi_trio.store.fence import Fence, lost
 from navi_trio.store.modes import PRIVATE_DIR, private_database
+from navi_trio.store.statements import Engine
 
 SCHEMA_VERSION = 2  # 2: leases.generation (store/fence.py)
 _HISTORY = ("messages", "context")
 _TABLES = ("sessions", "messages", "context", "kv", "users")
-_SESSION_COLS = "id, profile_id, title, user_id, created_at, updated_at, meta"
 
 
 def _connect(path: Path, synchronous: str, busy_timeout: float) -> Database:
@@ -166,8 +167,27 @@ def _init_schema(db: Database) -> None:
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
-def _session_from(row: Sequence[Any]) -> SessionRow:
-    return SessionRow(
-        id=row[0], profile_id=row[1], title=row[2], user_id=row[3],
-        created_at=row[4], updated_at=row[5], meta=json.loads(row[6]),
-    )  # fmt: skip
+class SQLiteEngine(Engine):
+    """SQLite under the shared statements: ``?``, ``BEGIN IMMEDIATE``, the fence read."""
+
+    def write(self, conn: Database) -> AbstractContextManager[object]:
+        return _write_tx(conn)
+
+    def check_fence(self, conn: Database, fence: Fence | None) -> None:
+        if fence is None:
+            return
+        row = conn.execute(
+            "SELECT owner, generation FROM leases WHERE session_id = ?", [fence.session_id]
+        ).fetchone()
+        if row is None or (row[0], row[1]) != (fence.owner, fence.generation):
+            raise lost(fence, None if row is None else (row[0], row[1]))
+
+    def kv_list(self, conn: Database, scope: str, prefix: str) -> list[tuple[str, Any]]:
+        rows = conn.execute(
+            "SELECT key, value FROM kv WHERE scope = ? AND substr(key, 1, ?) = ? ORDER BY key",
+            [scope, len(prefix), prefix],
+        ).fetchall()
+        return [(r[0], json.loads(r[1])) for r in rows]
+
+
+SQLITE = SQLiteEngine()

@@ -22,17 +22,27 @@ session, `navi sessions delete`, tests) carry none and are not checked.
 
 A released lease keeps its row (expired, same owner and generation): a fence of the
 last owner still matches, since nobody wrote in between; a takeover bumps the generation.
+
+The takeover rule (`takeover`) is here too, one rule for both engines: a claim wins
+when there is no row, the row is the claimer's own, the row has expired, or the row's
+process is gone (same host, pid no longer alive, `pid_alive`): a crashed process never
+blocks a session for longer than one lease, and on its own host not even that.
 """
 
 from __future__ import annotations
 
 import contextvars
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import attrs
 
 from navi_trio.errors import LeaseLostError
+
+if TYPE_CHECKING:
+    from navi_trio.store.base import LeaseRow  # base imports Fence from here
 
 
 @attrs.frozen
@@ -87,3 +97,37 @@ def lost(fence: Fence, holder: tuple[str, int] | None) -> LeaseLostError:
         f"was not answering: its lease is now held by {now}, not by {fence.owner} "
         f"(generation {fence.generation}); this write was refused and nothing of it stored"
     )
+
+
+def takeover(holder: LeaseRow | None, owner: str, host: str, now: float) -> int | None:
+    """The generation a claim by `owner` (on `host`) writes, or None when `holder` keeps
+    the lease: someone else's, not expired at `now`, its process not known dead. Our own
+    row keeps its generation; a takeover is the next one."""
+    if holder is None:
+        return 1
+    dead = holder.host == host and not pid_alive(holder.pid)
+    if holder.owner != owner and holder.expires_at > now and not dead:
+        return None
+    return holder.generation + (0 if holder.owner == owner else 1)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (signal 0 probes only)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    except OSError:
+        return False
+    try:  # a zombie is dead too (in a container, PID 1 may never reap it)
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False  # gone since the probe
+    except (OSError, IndexError):
+        return True  # no /proc: trust the signal probe
+    return state not in ("Z", "X")

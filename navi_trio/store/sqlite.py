@@ -32,31 +32,77 @@ one line in the log when it starts (and one when writes succeed again), not one 
 request. Opening runs ``PRAGMA quick_check``, bounded in time (`damage` keeps what it
 found): a damaged file starts, says so once, and only what cannot be read is refused.
 
-Where it lives: `_core` (the worker, open and close, `_run`), one module per table with
-its methods and its SQL (`_sessions`, `_history`, `_queue`, `_kv`, `_users`, `_lease`;
-`_control` for the wake-ups, usage and schedules tables), `_schema` (connection,
-tables, write transaction), `_input` (checks and serialisation on the caller's side, no
-SQL), `_health` (SQLite's failures, the start-up check) and
-`_readonly` (`navi doctor`'s look at a file). `SQLiteStore` is the tables' mixins on
-one `_Core`: every method is a check, an operation's name and one job on the one
-worker, so they share the worker, `_run` and the clock rather than hand calls on.
+Where it lives: the methods are store/methods.py's, written once for both engines;
+`_SQLite` below is this engine's statements for them, one module per table with its
+SQL where it is SQLite's own (`_sessions`, `_history`, `_queue`, `_users`, `_lease`;
+`_control` for the wake-ups, usage and schedules tables; the shared statements are
+store/statements.py's, on `_schema.SQLITE`). `_core` has the worker, open and close, `_run`;
+`_schema` the connection, tables and write transaction; `_health` SQLite's failures
+and the start-up check; `_readonly` `navi doctor`'s look at a file.
 """
 
 from __future__ import annotations
 
-from navi_trio.store._control import _Control
-from navi_trio.store._history import _History
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+from navi_trio.store import _control, _history, _lease, _queue, _sessions, _users
+from navi_trio.store._core import _Core
 from navi_trio.store._input import check_session_id as check_session_id
-from navi_trio.store._kv import _Kv
-from navi_trio.store._lease import _Leases
-from navi_trio.store._queue import _Queue
 from navi_trio.store._readonly import read_only_check as read_only_check
 from navi_trio.store._readonly import read_only_stats as read_only_stats
 from navi_trio.store._schema import SCHEMA_VERSION as SCHEMA_VERSION
-from navi_trio.store._sessions import _Sessions
-from navi_trio.store._users import _Users
+from navi_trio.store._schema import SQLiteEngine
+from navi_trio.store._users_signal import signal_users_changed, users_marker, watch_users_marker
 from navi_trio.store._worker import BUSY_TIMEOUT_S as BUSY_TIMEOUT_S
 
 
-class SQLiteStore(_Sessions, _History, _Queue, _Kv, _Users, _Leases, _Control):
+class _SQLite(SQLiteEngine):
+    """The SQLite statements of store/statements.py's `Engine`: the shared ones
+    (store/statements.py) on this engine, and those whose SQL is its own."""
+
+    insert_session = staticmethod(_sessions._insert_session)
+    update_session = staticmethod(_sessions._update_session)
+    delete_session = staticmethod(_sessions._delete_session)
+    append = staticmethod(_history._append)
+    load_page = staticmethod(_history._load_page)
+    replace_context = staticmethod(_history._replace_context)
+    rewrite = staticmethod(_history._rewrite)
+    load_session = staticmethod(_history._load_session)
+    enqueue = staticmethod(_queue._enqueue)
+    release_queued = staticmethod(_queue._release)
+    adopt = staticmethod(_queue._adopt)
+    insert_user = staticmethod(_users._insert_user)
+    user_by_name = staticmethod(_users.user_by_name)
+    remove_user = staticmethod(_users._remove_user)
+    claim_lease = staticmethod(_lease.claim_lease)
+    renew_lease = staticmethod(_lease.renew_lease)
+    reserve = staticmethod(_control._reserve)
+    settle = staticmethod(_control._settle)
+    create_schedule = staticmethod(_control._create_schedule)
+
+
+class SQLiteStore(_Core):
     """The session store on one SQLite file. Create it with `SQLiteStore.open(path)`."""
+
+    sql = _SQLite()
+
+    @property
+    def users_marker(self) -> Path:
+        """The file rewritten after every change of the users table (store/_users.py)."""
+        return users_marker(self.path)
+
+    async def _users_changed(self) -> None:
+        await trio.to_thread.run_sync(signal_users_changed, self.users_marker)
+
+    async def watch_users(
+        self,
+        changed: Callable[[], None],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Call `changed()` after each committed change of the users table, whichever
+        process made it, until cancelled; started once the watch is in place."""
+        await watch_users_marker(self.users_marker, changed, task_status=task_status)

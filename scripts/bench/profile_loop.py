@@ -37,11 +37,11 @@ async def main(a: argparse.Namespace) -> None:
     waits: collections.Counter[str] = collections.Counter()
     real_run = SQLiteStore._run
 
-    async def counted(self: Any, op: str, fn: Callable[[Database], T], durable: bool = True) -> T:
+    async def counted(self: Any, op: str, fn: Callable[[Database], T], **options: bool) -> T:
         kind = op.split(" ")[0] + " " + (op.split(" ")[1] if " " in op else "")
         t0 = time.perf_counter()
         try:
-            return await real_run(self, op, fn, durable)
+            return await real_run(self, op, fn, **options)
         finally:
             ops[kind] += 1
             waits[kind] += int((time.perf_counter() - t0) * 1e6)

@@ -17,7 +17,6 @@ creators (a message, a schedule's claim, on any daemon) count one after the othe
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from navi_trio.errors import StoreError
@@ -25,83 +24,20 @@ from navi_trio.store._control_input import (
     SCHEDULE_COLS,
     by_key,
     decide,
-    schedule_from,
-    sessions_full,
     taken,
 )
 from navi_trio.store._lease import pid_alive
 from navi_trio.store.base import (
     USAGE_KINDS,
-    Claimed,
     ScheduleRow,
     UsageAsk,
     UsageGrant,
     UsageRequest,
 )
+from navi_trio.store.postgres._tables import PG
 from navi_trio.store.postgres._workers import Conn
 
 _NOW = "extract(epoch FROM clock_timestamp())"
-
-
-def count_sessions_locked(conn: Conn, user_id: str) -> int:
-    """The user's sessions, counted under a lock on the user held to the commit: two
-    transactions that may create one of theirs count one after the other."""
-    conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 11))", [f"sessions/{user_id}"])
-    row = conn.execute("SELECT COUNT(*) FROM sessions WHERE user_id = %s", [user_id]).fetchone()
-    return 0 if row is None else int(row[0])
-
-
-def _insert_queued(conn: Conn, values: tuple[Any, ...], now: float) -> None:
-    conn.execute(
-        "INSERT INTO queued (key, session_id, pid, host, data, created_at)"
-        " VALUES (%s, %s, %s, %s, %s, %s)",
-        [*values, now],
-    )
-
-
-def enqueue_wake(
-    conn: Conn,
-    values: tuple[Any, ...],
-    kv: tuple[str, str, str] | None,
-    limit: int,
-    since: float,
-    now: float,
-) -> bool:
-    sid = values[1]
-    if conn.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", [sid]).fetchone() is None:
-        raise StoreError(f"no session {sid!r} in the store")
-    if kv is not None:
-        conn.execute(
-            "INSERT INTO kv (scope, key, value, updated_at) VALUES (%s, %s, %s, %s)"
-            " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
-            " updated_at = excluded.updated_at",
-            [*kv, now],
-        )
-    conn.execute("DELETE FROM wakes WHERE session_id = %s AND at <= %s", [sid, since])
-    row = conn.execute("SELECT COUNT(*) FROM wakes WHERE session_id = %s", [sid]).fetchone()
-    if row is not None and int(row[0]) >= limit:
-        return False
-    _insert_queued(conn, values, now)
-    conn.execute("INSERT INTO wakes (session_id, at) VALUES (%s, %s)", [sid, now])
-    return True
-
-
-def add_usage(conn: Conn, keys: list[str], adds: dict[str, float], now: float) -> None:
-    cols = ", ".join(USAGE_KINDS)
-    sets = ", ".join(f"{k} = usage.{k} + excluded.{k}" for k in USAGE_KINDS)
-    for key in sorted(keys):  # one order for every writer: no deadlock between two
-        conn.execute(
-            f"INSERT INTO usage (key, {cols}, updated_at) VALUES (%s, %s, %s, %s, %s, %s)"
-            f" ON CONFLICT (key) DO UPDATE SET {sets}, updated_at = excluded.updated_at",
-            [key, *(adds[k] for k in USAGE_KINDS), now],
-        )
-
-
-def get_usage(conn: Conn, keys: list[str]) -> dict[str, dict[str, float]]:
-    rows = conn.execute(
-        f"SELECT key, {', '.join(USAGE_KINDS)} FROM usage WHERE key = ANY(%s)", [keys]
-    ).fetchall()
-    return by_key(keys, rows)
 
 
 def _live_holds(conn: Conn, keys: list[str], host: str) -> dict[str, dict[str, float]]:
@@ -131,13 +67,13 @@ def reserve(conn: Conn, asks: list[UsageAsk], req: UsageRequest, now: float) -> 
         )
     conn.execute("SELECT key FROM usage WHERE key = ANY(%s) ORDER BY key FOR UPDATE", [keys])
     held = _live_holds(conn, keys, req.host)
-    spent = get_usage(conn, keys)
+    spent = PG.get_usage(conn, keys)
     granted, refused = decide(asks, req, spent, held)
     if refused is not None:
         return UsageGrant({}, refused, spent, held)
     amounts = taken(keys, granted, req, spent, held)
     if req.hold is None:
-        add_usage(conn, keys, amounts, now)
+        PG.add_usage(conn, keys, amounts, now)
         return UsageGrant(granted, None, spent, held)
     for key in keys:
         conn.execute(
@@ -153,10 +89,10 @@ def settle(
 ) -> dict[str, dict[str, float]]:
     for key in sorted(adds):
         if any(adds[key].values()):
-            add_usage(conn, [key], adds[key], now)
+            PG.add_usage(conn, [key], adds[key], now)
     if holds:
         conn.execute("DELETE FROM usage_holds WHERE hold = ANY(%s)", [holds])
-    return get_usage(conn, list(adds)) if adds else {}
+    return PG.get_usage(conn, list(adds)) if adds else {}
 
 
 def create_schedule(conn: Conn, values: tuple[Any, ...], row: ScheduleRow) -> ScheduleRow:
@@ -169,79 +105,3 @@ def create_schedule(conn: Conn, values: tuple[Any, ...], row: ScheduleRow) -> Sc
     if inserted is None:
         raise StoreError(f"create schedule {row.id!r}: it already exists")
     return row
-
-
-def get_schedule(conn: Conn, sid: str) -> ScheduleRow | None:
-    row = conn.execute(
-        f"SELECT {', '.join(SCHEDULE_COLS)} FROM schedules WHERE id = %s", [sid]
-    ).fetchone()
-    return None if row is None else schedule_from(row, json.loads)
-
-
-def list_schedules(conn: Conn, user_id: str | None) -> list[ScheduleRow]:
-    cols = ", ".join(SCHEDULE_COLS)
-    if user_id is None:
-        rows = conn.execute(f"SELECT {cols} FROM schedules ORDER BY created_at, id").fetchall()
-    else:
-        rows = conn.execute(
-            f"SELECT {cols} FROM schedules WHERE user_id = %s ORDER BY created_at, id", [user_id]
-        ).fetchall()
-    return [schedule_from(r, json.loads) for r in rows]
-
-
-def count_schedules(conn: Conn, user_id: str) -> int:
-    row = conn.execute("SELECT COUNT(*) FROM schedules WHERE user_id = %s", [user_id]).fetchone()
-    return 0 if row is None else int(row[0])
-
-
-def set_schedule(conn: Conn, sid: str, paused: bool, next_due: float | None) -> bool:
-    cursor = conn.execute(
-        "UPDATE schedules SET paused = %s, next_due = %s WHERE id = %s", [paused, next_due, sid]
-    )
-    return bool(cursor.rowcount)
-
-
-def delete_schedule(conn: Conn, sid: str) -> bool:
-    return bool(conn.execute("DELETE FROM schedules WHERE id = %s", [sid]).rowcount)
-
-
-def claim(
-    conn: Conn,
-    sid: str,
-    due: float,
-    next_due: float | None,
-    run: tuple[Any, ...] | None,
-    new: tuple[Any, ...] | None,
-    most: int | None,
-    now: float,
-) -> Claimed:
-    cursor = conn.execute(
-        "UPDATE schedules SET next_due = %s WHERE id = %s AND next_due = %s AND NOT paused",
-        [next_due, sid, due],
-    )
-    if not cursor.rowcount:
-        return Claimed(False)
-    if run is None:
-        return Claimed(True)
-    if new is not None and most is not None:
-        count = count_sessions_locked(conn, new[3])
-        if count >= most:
-            why = sessions_full(count, most)
-            conn.execute(
-                "UPDATE schedules SET last_skip = %s, last_skip_at = %s WHERE id = %s",
-                [why, due, sid],
-            )
-            return Claimed(True, why)
-    conn.execute(
-        "UPDATE schedules SET runs = runs + 1, last_run_at = %s, last_session_id = %s,"
-        " last_skip = NULL, last_skip_at = NULL WHERE id = %s",
-        [now, run[1], sid],
-    )
-    if new is not None:
-        conn.execute(
-            "INSERT INTO sessions (id, profile_id, title, user_id, created_at, updated_at, meta)"
-            " VALUES (%s, %s, %s, %s, %s, %s, '{}')",
-            [*new, now, now],
-        )
-    _insert_queued(conn, run, now)
-    return Claimed(True)

@@ -4,9 +4,9 @@
 (within `OPEN_WAIT_S`) and applies the migrations (`_migrate`); `_run(op, fn)` queues
 one job and waits for its answer, mapping what psycopg raised to the caller's
 `StoreError` (`_errors.failure`) and logging each storage condition once (`_report`);
-`_now` is the store's clock; `bus` is the LISTEN / NOTIFY of this database (`_bus`).
-The methods (`_session_methods`, `_table_methods`, `_control_methods`) are mixins on it;
-`PostgresStore` (store.py) is all of them at once, as `SQLiteStore` is on store/_core.py.
+`bus` is the LISTEN / NOTIFY of this database (`_bus`). The methods are
+store/methods.py's, written once for both engines; `PostgresStore` (store.py) gives
+them this engine's statements, as `SQLiteStore` does on store/_core.py.
 `run_raw_for_tests` is the one public way to `_run`, for tests and diagnostics.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Self, TypeVar
@@ -27,6 +26,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from navi_trio.errors import StorageError, StoreError
 from navi_trio.store.db_url import describe
+from navi_trio.store.fence import Fence
+from navi_trio.store.methods import StoreMethods
 from navi_trio.store.postgres import _tables as t
 from navi_trio.store.postgres._bus import PgBus
 from navi_trio.store.postgres._errors import failure
@@ -56,8 +57,8 @@ def check_url(url: str) -> str:
     return url
 
 
-class _Core:
-    """The pool, its workers, open and close, `_run` and the clock (see the module)."""
+class _Core(StoreMethods):
+    """The pool, its workers, open and close and `_run` (see the module)."""
 
     def __init__(self, url: str, *, pool_size: int = POOL_SIZE) -> None:
         self.where = describe(url)  # never the password
@@ -67,15 +68,9 @@ class _Core:
         self._pool_size = pool_size
         self._workers: Workers | None = None
         self._closed = False
-        self._last_now = 0.0
         # Conditions already logged ("full", "unwritable", "unreachable"): one line when
         # one starts, one when a call succeeds again (`_run`).
         self._reported: set[str] = set()
-
-    def _now(self) -> float:
-        # Strictly increasing, so "newest updated first" never depends on clock resolution.
-        self._last_now = max(time.time(), self._last_now + 1e-6)
-        return self._last_now
 
     @classmethod
     def open(
@@ -180,6 +175,9 @@ class _Core:
         the SQLite store has the same hook, with its sqlite-utils Database.
         """
         return await self._run(op, fn, durable=durable)
+
+    def _fenced(self, fence: Fence | None, fn: Callable[[Conn], T]) -> Callable[[Conn], T]:
+        return t.fenced(fence, fn)
 
     def _report(self, said: str, error: StorageError | StoreError) -> None:
         """Log a storage failure once per condition (each request still gets its error)."""

@@ -10,7 +10,7 @@ sees no append slip in between. Writers of different sessions never wait for eac
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -19,13 +19,13 @@ from psycopg import sql
 
 from navi_trio.errors import SessionExistsError, StoreError
 from navi_trio.store._input import _prepare, _Rewrite, _Row, not_queued, page_end
-from navi_trio.store._schema import _session_from
 from navi_trio.store.base import HistoryPage, LoadedSession, SessionRow
-from navi_trio.store.fence import Fence, lost
+from navi_trio.store.fence import Fence
 from navi_trio.store.postgres import _tables as t
-from navi_trio.store.postgres._control import count_sessions_locked
+from navi_trio.store.postgres._tables import check_fence
 from navi_trio.store.postgres._workers import Conn
 from navi_trio.store.repair import placeholder_positions, repair_dangling_tool_calls
+from navi_trio.store.statements import session_from
 from navi_trio.text import loads_clean
 
 T = TypeVar("T")
@@ -33,40 +33,7 @@ HISTORY = ("messages", "context")
 _COLS = "id, profile_id, title, user_id, created_at, updated_at, meta"
 
 
-FENCE_LOST = "NV001"  # navi_fence's SQLSTATE (migrations/0002)
 NO_SESSION = "NV002"  # navi_append's, for a session that is not there (migrations/0005)
-
-
-def check_fence(conn: Conn, fence: Fence | None) -> None:
-    """A fenced write's first statement: NV001 when lost (navi_append calls it itself)."""
-    if fence is not None:
-        conn.execute("SELECT navi_fence(%s, %s, %s)", [fence.session_id, fence.owner,
-                                                        fence.generation])  # fmt: skip
-
-
-def fenced(fence: Fence | None, fn: Callable[[Conn], T]) -> Callable[[Conn], T]:
-    """`fn` with navi_fence's refusal raised as LeaseLostError (store/fence.py)."""
-
-    def job(conn: Conn) -> T:
-        try:
-            return fn(conn)
-        except psycopg.Error as exc:
-            if fence is not None and exc.sqlstate == FENCE_LOST:
-                raise lost(fence, None) from None
-            raise
-
-    return job
-
-
-def get_session(conn: Conn, sid: str) -> SessionRow | None:
-    row = conn.execute(f"SELECT {_COLS} FROM sessions WHERE id = %s", [sid]).fetchone()
-    return None if row is None else _session_from(row)
-
-
-def _lock_session(conn: Conn, sid: str) -> None:
-    """Lock the session's row for this transaction; StoreError when there is none."""
-    if conn.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", [sid]).fetchone() is None:
-        raise StoreError(f"no session {sid!r} in the store")
 
 
 def insert_session(
@@ -74,7 +41,7 @@ def insert_session(
 ) -> int | None:
     """Insert the row; with `most`, not when the user has that many sessions already:
     then how many they have (else None)."""
-    if most is not None and (count := count_sessions_locked(conn, row.user_id)) >= most:
+    if most is not None and (count := t.PG.count_sessions_locked(conn, row.user_id)) >= most:
         return count
     inserted = conn.execute(
         f"INSERT INTO sessions ({_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s)"
@@ -85,14 +52,6 @@ def insert_session(
     if inserted is None:
         raise SessionExistsError(f"session {row.id!r} already exists")
     return None
-
-
-def list_sessions(conn: Conn, user_id: str | None) -> list[SessionRow]:
-    where, params = ("WHERE user_id = %s", [user_id]) if user_id is not None else ("", [])
-    rows = conn.execute(
-        f"SELECT {_COLS} FROM sessions {where} ORDER BY updated_at DESC, seq DESC", params
-    ).fetchall()
-    return [_session_from(r) for r in rows]
 
 
 def update_session(
@@ -173,7 +132,7 @@ def append(
     try:
         if dequeue is not None:
             check_fence(conn, fence)
-            _lock_session(conn, sid)
+            t.PG.lock_session(conn, sid)
             taken = conn.execute(
                 "DELETE FROM queued WHERE key = %s AND session_id = %s RETURNING 1", [dequeue, sid]
             ).fetchone()
@@ -191,20 +150,10 @@ def append(
         raise
 
 
-def load_history(conn: Conn, table: str, sid: str) -> list[dict[str, Any]]:
-    if conn.execute("SELECT 1 FROM sessions WHERE id = %s", [sid]).fetchone() is None:
-        raise StoreError(f"no session {sid!r} in the store")
-    query = sql.SQL("SELECT data FROM {} WHERE session_id = %s ORDER BY position").format(
-        sql.Identifier(table)
-    )
-    return [loads_clean(r[0]) for r in conn.execute(query, [sid])]
-
-
 def load_page(conn: Conn, sid: str, after: float | None, limit: int, max_bytes: int) -> HistoryPage:
     """One page of the display history: the sizes first (octet_length reads a stored
     value's length without its data), then the data of that page alone."""
-    if conn.execute("SELECT 1 FROM sessions WHERE id = %s", [sid]).fetchone() is None:
-        raise StoreError(f"no session {sid!r} in the store")
+    t.PG.require_session(conn, sid)
     where, params = ("AND position > %s", [after]) if after is not None else ("", [])
     sizes = conn.execute(
         f"SELECT position, octet_length(data) FROM messages WHERE session_id = %s {where}"
@@ -228,7 +177,7 @@ def replace_context(
     conn: Conn, sid: str, rows: list[_Row], now: float, fence: Fence | None = None
 ) -> None:
     check_fence(conn, fence)
-    _lock_session(conn, sid)
+    t.PG.lock_session(conn, sid)
     conn.execute("DELETE FROM context WHERE session_id = %s", [sid])
     _insert_history(conn, "context", sid, rows, [float(i) for i in range(1, len(rows) + 1)], now)
 
@@ -236,7 +185,7 @@ def replace_context(
 def rewrite(conn: Conn, sid: str, job: _Rewrite, now: float, fence: Fence | None = None) -> None:
     """A rewind or a branch brought back (SessionStore.rewrite_history), under the lock."""
     check_fence(conn, fence)  # a replaced owner must not rewind its successor's session
-    _lock_session(conn, sid)
+    t.PG.lock_session(conn, sid)
     positions = [
         r[0]
         for r in conn.execute(
@@ -251,9 +200,9 @@ def rewrite(conn: Conn, sid: str, job: _Rewrite, now: float, fence: Fence | None
     _insert_history(conn, "messages", sid, job.messages, after, now)
     replace_context(conn, sid, job.context, now)
     for scope, key, value in job.kv_set:
-        t.kv_set(conn, scope, key, value, now)
+        t.PG.kv_set(conn, scope, key, value, now)
     for scope, key in job.kv_delete:
-        t.kv_delete(conn, scope, key)
+        t.PG.kv_delete(conn, scope, key)
     conn.execute("UPDATE sessions SET updated_at = %s WHERE id = %s", [now, sid])
 
 
@@ -280,6 +229,6 @@ def load_session(
         loaded[table] = fixed
         repaired += len(inserted)
     return LoadedSession(
-        row=_session_from(row), messages=loaded["messages"], context=loaded["context"],
+        row=session_from(row), messages=loaded["messages"], context=loaded["context"],
         repaired=repaired,
     )  # fmt: skip

@@ -1,4 +1,5 @@
-"""kv values, users, leases, queued messages and stats on PostgreSQL, on a worker thread.
+"""Users, leases, queued messages and stats on PostgreSQL, on a worker thread; `PG`, the
+engine under the shared statements (store/statements.py).
 
 Each function runs inside the job's transaction (`_workers.Job`). The rules are those
 of the SQLite store (store/_lease.py, store/_queue.py), made safe for several daemons
@@ -12,20 +13,23 @@ several machines then agree on when a lease has run out.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, TypeVar
+
+import psycopg
 
 from navi_trio.errors import StoreError
-from navi_trio.store._lease import pid_alive
 from navi_trio.store._users import queued_of
 from navi_trio.store.base import HANDED_HOST, HANDED_PID, USERS_CHANNEL, LeaseRow
+from navi_trio.store.fence import Fence, lost, pid_alive, takeover
 from navi_trio.store.postgres._workers import Conn
+from navi_trio.store.statements import TOKEN_TAKEN, USER_COLS, Engine, user_dict
 
+T = TypeVar("T")
 TABLES = ("sessions", "messages", "context", "kv", "users")
 _NOW = "extract(epoch FROM clock_timestamp())"
 _LEASE_COLS = "session_id, owner, pid, host, expires_at, generation"
-_USER_COLS = "id, name, role, created_at"
-_TOKEN_TAKEN = "a user with this token already exists; tokens must be unique"
 
 # -- parameters -------------------------------------------------------------------------
 
@@ -43,41 +47,83 @@ def text_array(values: Iterable[str | None]) -> str:
     return "{" + ",".join(quoted) + "}"
 
 
-# -- kv ---------------------------------------------------------------------------------
+# -- the fence ------------------------------------------------------------------------
 
 
-def kv_get(conn: Conn, scope: str, key: str) -> Any | None:
-    row = conn.execute("SELECT value FROM kv WHERE scope = %s AND key = %s", [scope, key])
-    found = row.fetchone()
-    return None if found is None else json.loads(found[0])
+FENCE_LOST = "NV001"  # navi_fence's SQLSTATE (migrations/0002)
 
 
-def kv_set(conn: Conn, scope: str, key: str, value: str, now: float) -> None:
-    conn.execute(
-        "INSERT INTO kv (scope, key, value, updated_at) VALUES (%s, %s, %s, %s)"
-        " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
-        " updated_at = excluded.updated_at",
-        [scope, key, value, now],
-    )
+def check_fence(conn: Conn, fence: Fence | None) -> None:
+    """A fenced write's first statement: NV001 when lost (navi_append calls it itself)."""
+    if fence is not None:
+        conn.execute("SELECT navi_fence(%s, %s, %s)", [fence.session_id, fence.owner,
+                                                        fence.generation])  # fmt: skip
 
 
-def kv_delete(conn: Conn, scope: str, key: str) -> None:
-    conn.execute("DELETE FROM kv WHERE scope = %s AND key = %s", [scope, key])
+def fenced(fence: Fence | None, fn: Callable[[Conn], T]) -> Callable[[Conn], T]:
+    """`fn` with navi_fence's refusal raised as LeaseLostError (store/fence.py)."""
+
+    def job(conn: Conn) -> T:
+        try:
+            return fn(conn)
+        except psycopg.Error as exc:
+            if fence is not None and exc.sqlstate == FENCE_LOST:
+                raise lost(fence, None) from None
+            raise
+
+    return job
 
 
-def kv_list(conn: Conn, scope: str, prefix: str) -> list[tuple[str, Any]]:
-    rows = conn.execute(
-        "SELECT key, value FROM kv WHERE scope = %s AND starts_with(key, %s) ORDER BY key",
-        [scope, prefix],
-    ).fetchall()
-    return [(r[0], json.loads(r[1])) for r in rows]
+# -- the engine under the shared statements (store/statements.py) -----------------------
+
+
+class PgEngine(Engine):
+    """PostgreSQL under the shared statements: ``%s``; a job is already one transaction
+    (`_workers.Job`); the fence is navi_fence (migrations/0002)."""
+
+    mark = "%s"
+    seq = "seq"
+
+    def flag(self, value: bool) -> object:
+        return value
+
+    def any_of(self, column: str, values: list[str]) -> tuple[str, list[Any]]:
+        return f"{column} = ANY(%s)", [values]
+
+    def write(self, conn: Conn) -> AbstractContextManager[object]:
+        return nullcontext()
+
+    def check_fence(self, conn: Conn, fence: Fence | None) -> None:
+        check_fence(conn, fence)
+
+    def lock_session(self, conn: Conn, sid: str) -> None:
+        """Lock the session's row for this transaction; StoreError when there is none."""
+        sql = "SELECT 1 FROM sessions WHERE id = %s FOR UPDATE"
+        if conn.execute(sql, [sid]).fetchone() is None:
+            raise StoreError(f"no session {sid!r} in the store")
+
+    def count_sessions_locked(self, conn: Conn, user_id: str) -> int:
+        """Counted under a lock on the user held to the commit (an advisory lock)."""
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 11))", [f"sessions/{user_id}"]
+        )
+        return self.count_sessions(conn, user_id)
+
+    def users_changed(self, conn: Conn) -> None:
+        _users_changed(conn)
+
+    def kv_list(self, conn: Conn, scope: str, prefix: str) -> list[tuple[str, Any]]:
+        rows = conn.execute(
+            "SELECT key, value FROM kv WHERE scope = %s AND starts_with(key, %s) ORDER BY key",
+            [scope, prefix],
+        ).fetchall()
+        return [(r[0], json.loads(r[1])) for r in rows]
+
+
+PG = PgEngine()
 
 
 # -- users ------------------------------------------------------------------------------
-
-
-def _user_dict(row: Sequence[Any]) -> dict[str, Any]:
-    return {"id": row[0], "name": row[1], "role": row[2], "created_at": row[3]}
 
 
 def _users_changed(conn: Conn) -> None:
@@ -93,32 +139,15 @@ def insert_user(conn: Conn, user: dict[str, Any], digest: str) -> None:
         [user["id"], user["name"], digest, user["role"], user["created_at"]],
     ).fetchone()
     if inserted is None:
-        raise StoreError(_TOKEN_TAKEN)
+        raise StoreError(TOKEN_TAKEN)
     _users_changed(conn)
-
-
-def user_by_digest(conn: Conn, digest: str) -> dict[str, Any] | None:
-    row = conn.execute(
-        f"SELECT {_USER_COLS} FROM users WHERE token_sha256 = %s", [digest]
-    ).fetchone()
-    return None if row is None else _user_dict(row)
-
-
-def list_users(conn: Conn) -> list[dict[str, Any]]:
-    rows = conn.execute(f"SELECT {_USER_COLS} FROM users ORDER BY created_at, seq").fetchall()
-    return [_user_dict(r) for r in rows]
-
-
-def user_by_id(conn: Conn, user_id: str) -> dict[str, Any] | None:
-    row = conn.execute(f"SELECT {_USER_COLS} FROM users WHERE id = %s", [user_id]).fetchone()
-    return None if row is None else _user_dict(row)
 
 
 def user_by_name(conn: Conn, name: str) -> dict[str, Any] | None:
     row = conn.execute(
-        f"SELECT {_USER_COLS} FROM users WHERE name = %s ORDER BY seq LIMIT 1", [name]
+        f"SELECT {USER_COLS} FROM users WHERE name = %s ORDER BY seq LIMIT 1", [name]
     ).fetchone()
-    return None if row is None else _user_dict(row)
+    return None if row is None else user_dict(row)
 
 
 def remove_user(conn: Conn, name: str) -> bool:
@@ -136,31 +165,16 @@ def remove_user(conn: Conn, name: str) -> bool:
     return True
 
 
-def rotate_token(conn: Conn, name: str, digest: str) -> bool:
-    if conn.execute("SELECT 1 FROM users WHERE token_sha256 = %s", [digest]).fetchone():
-        raise StoreError(_TOKEN_TAKEN)
-    cur = conn.execute("UPDATE users SET token_sha256 = %s WHERE name = %s", [digest, name])
-    if cur.rowcount == 0:
-        return False
-    _users_changed(conn)
-    return True
-
-
-def count_sessions(conn: Conn, user_id: str) -> int:
-    row = conn.execute("SELECT COUNT(*) FROM sessions WHERE user_id = %s", [user_id]).fetchone()
-    return 0 if row is None else int(row[0])
-
-
-# -- leases -----------------------------------------------------------------------------
-
-
 def _lease_from(row: Sequence[Any]) -> LeaseRow:
     return LeaseRow(session_id=row[0], owner=row[1], pid=row[2], host=row[3],
                     expires_at=float(row[4]), generation=int(row[5]))  # fmt: skip
 
 
-def claim_lease(conn: Conn, sid: str, owner: str, pid: int, host: str, ttl: float) -> LeaseRow:
-    """Take the lease unless someone alive holds it; returns whoever holds it after."""
+def claim_lease(
+    conn: Conn, sid: str, owner: str, pid: int, host: str, ttl: float, now: float
+) -> LeaseRow:
+    """Take the lease unless someone alive holds it (store/fence.py `takeover`); returns
+    whoever holds it after. `now` is unused: lease times are the server's clock."""
     # A fresh row wins at once; a claimer racing us waits here for our commit.
     row = conn.execute(
         f"INSERT INTO leases ({_LEASE_COLS}) VALUES (%s, %s, %s, %s, {_NOW} + %s, 1)"
@@ -172,14 +186,11 @@ def claim_lease(conn: Conn, sid: str, owner: str, pid: int, host: str, ttl: floa
     found = conn.execute(
         f"SELECT {_LEASE_COLS}, {_NOW} FROM leases WHERE session_id = %s FOR UPDATE", [sid]
     ).fetchone()
-    generation = 1
-    if found is not None:
-        holder = _lease_from(found)
-        dead = holder.host == host and not pid_alive(holder.pid)
-        if holder.owner != owner and holder.expires_at > float(found[6]) and not dead:
-            return holder
-        # Our own row keeps its generation; a takeover is the next one (store/fence.py).
-        generation = holder.generation + (0 if holder.owner == owner else 1)
+    holder = None if found is None else _lease_from(found)
+    generation = takeover(holder, owner, host, 0.0 if found is None else float(found[6]))
+    if generation is None:
+        assert holder is not None
+        return holder
     taken = conn.execute(
         f"INSERT INTO leases ({_LEASE_COLS}) VALUES (%s, %s, %s, %s, {_NOW} + %s, %s)"
         " ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, pid = excluded.pid,"
@@ -191,23 +202,16 @@ def claim_lease(conn: Conn, sid: str, owner: str, pid: int, host: str, ttl: floa
     return _lease_from(taken)
 
 
-def renew_lease(conn: Conn, sid: str, owner: str, ttl: float, generation: int | None) -> bool:
+def renew_lease(
+    conn: Conn, sid: str, owner: str, ttl: float, generation: int | None, now: float
+) -> bool:
+    """`now` is unused: lease times are the server's clock."""
     cur = conn.execute(
         f"UPDATE leases SET expires_at = {_NOW} + %s WHERE session_id = %s AND owner = %s"
         " AND (%s::bigint IS NULL OR generation = %s::bigint)",
         [ttl, sid, owner, generation, generation],
     )
     return cur.rowcount > 0
-
-
-def release_lease(conn: Conn, sid: str, owner: str) -> None:
-    # Expired, not deleted: the generation must never go back (store/fence.py).
-    conn.execute(
-        "UPDATE leases SET expires_at = 0 WHERE session_id = %s AND owner = %s", [sid, owner]
-    )
-
-
-# -- queued messages --------------------------------------------------------------------
 
 
 def enqueue(
@@ -247,17 +251,16 @@ def release_queued(conn: Conn, sid: str, keys: list[str], pid: int, host: str) -
     return cur.rowcount
 
 
-def unqueue(conn: Conn, key: str) -> bool:
-    return conn.execute("DELETE FROM queued WHERE key = %s", [key]).rowcount > 0
-
-
-def adopt(conn: Conn, sid: str, pid: int, host: str) -> list[tuple[str, dict[str, Any]]]:
+def adopt(
+    conn: Conn, sid: str, pid: int, host: str, now: float
+) -> list[tuple[str, dict[str, Any]]]:
     """The session's rows nobody else runs, now ours: left by a dead process on this host
     or a dead daemon elsewhere (its ``daemons`` row expired or it left), handed over by another
     daemon (pid 0: core/cluster.py), or ours. Nothing while another process holds the
     session's lease: its owner runs them, and would find them gone. Every row while we
     hold it: the holder runs the queue, in its order (a copy another daemon still has
-    in memory is never run twice: taking a row off the queue is a compare and set)."""
+    in memory is never run twice: taking a row off the queue is a compare and set).
+    `now` is unused: lease times are the server's clock."""
     if conn.execute("SELECT 1 FROM queued WHERE session_id = %s LIMIT 1", [sid]).fetchone() is None:
         return []  # nearly always: one statement
     holder = conn.execute(
@@ -287,14 +290,6 @@ def adopt(conn: Conn, sid: str, pid: int, host: str) -> list[tuple[str, dict[str
             conn.execute("UPDATE queued SET pid = %s, host = %s WHERE key = %s", [pid, host, key])
         out.append((key, json.loads(data)))
     return out
-
-
-def queued_sessions(conn: Conn) -> list[str]:
-    rows = conn.execute("SELECT DISTINCT session_id FROM queued ORDER BY session_id").fetchall()
-    return [r[0] for r in rows]
-
-
-# -- health -----------------------------------------------------------------------------
 
 
 def stats(conn: Conn) -> dict[str, int]:

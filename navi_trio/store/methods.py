@@ -1,0 +1,594 @@
+"""The session store's methods, written once for both engines (SQLite and PostgreSQL).
+
+Every method of the `SessionStore` contract (store/base.py) is the same three steps on
+either engine: check and serialise the input on the caller's side (`_input`,
+`_control_input`: a bad argument fails before any job is queued, and the worker gets a
+snapshot the caller cannot change), name the operation (the label every `StoreError`
+carries), and run one statement function on the engine's worker threads (`_run`).
+A write to a session made inside a `fenced` block carries that fence (store/fence.py).
+
+What an engine brings: its statements (`sql`, an `Engine` of store/statements.py:
+those both engines share, over its placeholder and write transaction, and its own
+where the SQL differs), each run on a worker thread with the engine's connection, and
+`_run` (its thread runner and its error mapping).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, TypeVar
+
+from navi_trio.errors import LimitError
+from navi_trio.store._control_input import (
+    check_adds,
+    check_amounts,
+    check_keys,
+    check_limit,
+    check_release,
+    check_reserve,
+    check_sessions_max,
+    new_session_row,
+    queued_values,
+    schedule_values,
+    sessions_full,
+)
+from navi_trio.store._input import (
+    _check_meta,
+    _check_text,
+    _dump,
+    _prepare,
+    _prepare_rewrite,
+    check_keep,
+    check_page,
+    check_session_id,
+    token_digest,
+)
+from navi_trio.store.base import (
+    Claimed,
+    HistoryPage,
+    LeaseRow,
+    LoadedSession,
+    NewSession,
+    QueuedRow,
+    ScheduleRow,
+    SessionRow,
+    UsageAsk,
+    UsageGrant,
+    UsageRequest,
+)
+from navi_trio.store.fence import Fence, current_fence, fence_for
+from navi_trio.store.statements import Engine, Queued
+
+T = TypeVar("T")
+
+
+class StoreMethods:
+    """The `SessionStore` methods over an engine's statements (`sql`) and its `_run`."""
+
+    sql: ClassVar[Engine]  # the engine's statements
+    _last_now = 0.0
+
+    def _now(self) -> float:
+        # Strictly increasing, so "newest updated first" never depends on clock resolution.
+        self._last_now = max(time.time(), self._last_now + 1e-6)
+        return self._last_now
+
+    async def _run(
+        self, op: str, fn: Callable[[Any], T], *, durable: bool = True, write: bool = True,
+        transaction: bool = True,
+    ) -> T:  # fmt: skip
+        """Run `fn(conn)` as one job on the engine's workers: its answer, or a StoreError
+        naming `op`. `durable=False`: commit without waiting for the disk; `write=False`:
+        a read (an engine may use it for its health reports); `transaction=False`: `fn` is
+        one statement, its own transaction."""
+        raise NotImplementedError
+
+    def _fenced(self, fence: Fence | None, fn: Callable[[Any], T]) -> Callable[[Any], T]:
+        """`fn` with the engine's refusal of a lost fence raised as LeaseLostError."""
+        return fn
+
+    async def _users_changed(self) -> None:
+        """Called after a committed change of the users table (an engine may signal it)."""
+
+    # -- sessions -------------------------------------------------------------------
+
+    async def create_session(
+        self,
+        session_id: str | None = None,
+        *,
+        profile_id: str,
+        title: str = "",
+        user_id: str = "local",
+        meta: dict[str, Any] | None = None,
+        sessions_max: int | None = None,
+    ) -> SessionRow:
+        sid = check_session_id(session_id) if session_id is not None else new_session_id()
+        most = check_sessions_max(sessions_max)
+        now = self._now()
+        row = SessionRow(
+            id=sid,
+            profile_id=_check_text(profile_id, "profile_id"),
+            title=_check_text(title, "title", allow_empty=True),
+            user_id=_check_text(user_id, "user_id"),
+            created_at=now,
+            updated_at=now,
+            meta=dict(_check_meta(meta if meta is not None else {})),
+        )
+        meta_json = _dump(row.meta, "session meta")
+        full = await self._run(
+            f"create session {sid!r}", lambda c: self.sql.insert_session(c, row, meta_json, most)
+        )
+        if full is not None and most is not None:
+            raise LimitError(sessions_full(full, most))
+        return row
+
+    async def get_session(self, session_id: str) -> SessionRow | None:
+        sid = check_session_id(session_id)
+        return await self._run(
+            f"get session {sid!r}", lambda c: self.sql.get_session(c, sid), write=False
+        )
+
+    async def list_sessions(self, user_id: str | None = None) -> list[SessionRow]:
+        if user_id is not None:
+            _check_text(user_id, "user_id")
+        return await self._run(
+            "list sessions", lambda c: self.sql.list_sessions(c, user_id), write=False
+        )
+
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        profile_id: str | None = None,
+        title: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        """Change the given fields (meta is replaced whole) and bump updated_at."""
+        sid = check_session_id(session_id)
+        changes: dict[str, Any] = {"updated_at": self._now()}
+        if profile_id is not None:
+            changes["profile_id"] = _check_text(profile_id, "profile_id")
+        if title is not None:
+            changes["title"] = _check_text(title, "title", allow_empty=True)
+        if meta is not None:
+            changes["meta"] = _dump(_check_meta(meta), "session meta")
+        fence = fence_for(sid)
+        await self._run(
+            f"update session {sid!r}",
+            self._fenced(fence, lambda c: self.sql.update_session(c, sid, changes, fence)),
+        )
+
+    async def delete_session(self, session_id: str) -> bool:
+        """Delete the session, its history, context, queue and kv rows `sid` or `sid:…`."""
+        sid = check_session_id(session_id)
+        return await self._run(f"delete session {sid!r}", lambda c: self.sql.delete_session(c, sid))
+
+    async def count_sessions(self, user_id: str) -> int:
+        _check_text(user_id, "user id")
+        return await self._run(
+            f"count sessions of {user_id}",
+            lambda c: self.sql.count_sessions(c, user_id),
+            write=False,
+        )
+
+    # -- history --------------------------------------------------------------------
+
+    async def append(
+        self,
+        session_id: str,
+        *,
+        messages: Sequence[dict[str, Any]] = (),
+        context: Sequence[dict[str, Any]] = (),
+        durable: bool = True,
+        dequeue: str | None = None,
+    ) -> None:
+        """Append new display messages and context entries in one transaction.
+
+        `durable=False`: committed without waiting for the disk (a killed process keeps
+        it; power loss keeps it once a later durable commit has flushed). `dequeue`: the
+        key of the queued message being appended; its queued row goes in the same
+        transaction (it is never both queued and in history)."""
+        sid = check_session_id(session_id)
+        msg_rows = _prepare(messages, "messages")
+        # Both lists usually hold the same dicts: each is serialised once. (`messages` is
+        # still referenced here, so the ids cannot be reused while this runs.)
+        done = {id(m): row for m, row in zip(messages, msg_rows, strict=True)}
+        ctx_rows = _prepare(context, "context", done)
+        if not msg_rows and not ctx_rows and dequeue is None:
+            return
+        now = self._now()
+        fence = fence_for(sid)
+        await self._run(
+            f"append to session {sid!r}",
+            self._fenced(fence, lambda c: self.sql.append(c, sid, msg_rows, ctx_rows, now, dequeue,
+                                                          fence, durable=durable)),
+            durable=durable,
+            # Without a dequeue an engine may make it one statement, its own transaction.
+            transaction=dequeue is not None,
+        )  # fmt: skip
+
+    async def load_messages(self, session_id: str) -> list[dict[str, Any]]:
+        sid = check_session_id(session_id)
+        return await self._run(
+            f"load messages of {sid!r}",
+            lambda c: self.sql.load_history(c, "messages", sid),
+            write=False,
+        )
+
+    async def load_messages_page(
+        self, session_id: str, *, after: float | None = None, limit: int, max_bytes: int
+    ) -> HistoryPage:
+        """One page of the display history (SessionStore.load_messages_page)."""
+        sid = check_session_id(session_id)
+        check_page(limit, max_bytes)
+        return await self._run(
+            f"load a page of messages of {sid!r}",
+            lambda c: self.sql.load_page(c, sid, after, limit, max_bytes),
+            write=False,
+        )
+
+    async def load_context(self, session_id: str) -> list[dict[str, Any]]:
+        sid = check_session_id(session_id)
+        return await self._run(
+            f"load context of {sid!r}",
+            lambda c: self.sql.load_history(c, "context", sid),
+            write=False,
+        )
+
+    async def replace_context(self, session_id: str, context: Sequence[dict[str, Any]]) -> None:
+        """Compression only: swap the whole LLM context in one transaction."""
+        sid = check_session_id(session_id)
+        rows = _prepare(context, "context")
+        now = self._now()
+        fence = fence_for(sid)
+        await self._run(
+            f"replace context of {sid!r}",
+            self._fenced(fence, lambda c: self.sql.replace_context(c, sid, rows, now, fence)),
+        )
+
+    async def rewrite_history(
+        self,
+        session_id: str,
+        *,
+        keep: int,
+        messages: Sequence[dict[str, Any]] = (),
+        context: Sequence[dict[str, Any]],
+        kv_set: Sequence[tuple[str, str, Any]] = (),
+        kv_delete: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """Keep the first `keep` display messages, append `messages`, replace the context
+        and set / delete kv rows, in one transaction (SessionStore.rewrite_history)."""
+        sid = check_session_id(session_id)
+        job = _prepare_rewrite(keep, messages, context, kv_set, kv_delete)
+        now = self._now()
+        fence = fence_for(sid)
+        await self._run(
+            f"rewrite history of {sid!r}",
+            self._fenced(fence, lambda c: self.sql.rewrite(c, sid, job, now, fence)),
+        )
+
+    async def load_session(self, session_id: str) -> LoadedSession | None:
+        """Row, messages and context, with dangling tool calls repaired and persisted.
+
+        Call it when no run of this session is live: a run's in-flight tool calls look
+        dangling until their results are appended.
+        """
+        sid = check_session_id(session_id)
+        now = self._now()
+        fence = fence_for(sid)
+        return await self._run(
+            f"load session {sid!r}",
+            self._fenced(fence, lambda c: self.sql.load_session(c, sid, now, fence)),
+            write=False,
+        )
+
+    # -- queued messages ------------------------------------------------------------
+
+    async def enqueue(
+        self, session_id: str, key: str, message: dict[str, Any], *, pid: int, host: str,
+        keep: int | None = None,
+    ) -> Queued:  # fmt: skip
+        """Keep a queued user message until its run appends it (`append(dequeue=key)`);
+        with `keep`, the session's oldest rows beyond the newest `keep` go: (key, message)
+        of each, oldest first."""
+        sid = check_session_id(session_id)
+        _check_text(key, "queued message key")
+        data = _dump(message, f"queued message of {sid!r}")
+        cap = check_keep(keep)
+        now = self._now()
+        return await self._run(
+            f"queue a message in {sid!r}",
+            lambda c: self.sql.enqueue(c, sid, key, data, pid, host, now, cap),
+        )
+
+    async def release_queued(
+        self, session_id: str, keys: Sequence[str], *, pid: int, host: str
+    ) -> int:
+        """Hand these queued rows of (pid, host) to whoever runs the session: they become
+        anyone's (`HANDED_PID`). How many were (the others are no longer theirs)."""
+        sid = check_session_id(session_id)
+        wanted = [_check_text(k, "queued message key") for k in keys]
+        return await self._run(
+            f"release queued messages of {sid!r}",
+            lambda c: self.sql.release_queued(c, sid, wanted, pid, host),
+        )
+
+    async def unqueue(self, key: str) -> bool:
+        """Forget a queued message (dropped from a full queue). False when not there."""
+        _check_text(key, "queued message key")
+        return await self._run(f"unqueue message {key!r}", lambda c: self.sql.unqueue(c, key))
+
+    async def adopt_queued(self, session_id: str, *, pid: int, host: str) -> Queued:
+        """(key, message) of the session's queued messages that no live process owns
+        (theirs: same host, pid gone; or ours), in queued order, now owned by `pid`."""
+        sid = check_session_id(session_id)
+        now = self._now()
+        return await self._run(
+            f"adopt queued messages of {sid!r}", lambda c: self.sql.adopt(c, sid, pid, host, now)
+        )
+
+    async def queued_sessions(self) -> list[str]:
+        """Ids of the sessions with queued messages."""
+        return await self._run(
+            "list sessions with queued messages", self.sql.queued_sessions, write=False
+        )
+
+    # -- kv -------------------------------------------------------------------------
+
+    async def kv_get(self, scope: str, key: str) -> Any | None:
+        _check_text(scope, "kv scope")
+        _check_text(key, "kv key", allow_empty=True)
+        return await self._run(
+            f"kv get {scope}/{key}", lambda c: self.sql.kv_get(c, scope, key), write=False
+        )
+
+    async def kv_set(self, scope: str, key: str, value: Any) -> None:
+        """Set the value; inside a run, fenced by its lease (store/fence.py)."""
+        _check_text(scope, "kv scope")
+        _check_text(key, "kv key", allow_empty=True)
+        data = _dump(value, f"kv value for {scope}/{key}")
+        now = self._now()
+        fence = current_fence()
+        await self._run(
+            f"kv set {scope}/{key}",
+            self._fenced(fence, lambda c: self.sql.kv_set(c, scope, key, data, now, fence)),
+        )
+
+    async def kv_delete(self, scope: str, key: str) -> None:
+        """Delete the value; inside a run, fenced by its lease (store/fence.py)."""
+        _check_text(scope, "kv scope")
+        _check_text(key, "kv key", allow_empty=True)
+        fence = current_fence()
+        await self._run(
+            f"kv delete {scope}/{key}",
+            self._fenced(fence, lambda c: self.sql.kv_delete(c, scope, key, fence)),
+        )
+
+    async def kv_list(self, scope: str, prefix: str = "") -> list[tuple[str, Any]]:
+        _check_text(scope, "kv scope")
+        _check_text(prefix, "kv prefix", allow_empty=True)
+        return await self._run(
+            f"kv list {scope}/{prefix}*", lambda c: self.sql.kv_list(c, scope, prefix), write=False
+        )
+
+    # -- users ----------------------------------------------------------------------
+
+    async def create_user(self, name: str, token: str, role: str = "user") -> dict[str, Any]:
+        """Add a user; only a SHA-256 of the token is stored (tokens are random secrets)."""
+        _check_text(name, "user name")
+        _check_text(role, "user role")
+        user = {"id": "u-" + uuid.uuid4().hex[:12], "name": name, "role": role,
+                "created_at": self._now()}  # fmt: skip
+        digest = token_digest(token)
+        await self._run(f"create user {name!r}", lambda c: self.sql.insert_user(c, user, digest))
+        await self._users_changed()
+        return dict(user)
+
+    async def get_user_by_token(self, token: str) -> dict[str, Any] | None:
+        digest = token_digest(token)
+        return await self._run(
+            "find user by token", lambda c: self.sql.user_by_digest(c, digest), write=False
+        )
+
+    async def list_users(self) -> list[dict[str, Any]]:
+        """Every user (id, name, role, created_at), oldest first; never a token."""
+        return await self._run("list users", self.sql.list_users, write=False)
+
+    async def get_user(self, user_id: str) -> dict[str, Any] | None:
+        _check_text(user_id, "user id")
+        return await self._run(
+            f"get user {user_id}", lambda c: self.sql.user_by_id(c, user_id), write=False
+        )
+
+    async def get_user_by_name(self, name: str) -> dict[str, Any] | None:
+        _check_text(name, "user name")
+        return await self._run(
+            f"get user {name!r}", lambda c: self.sql.user_by_name(c, name), write=False
+        )
+
+    async def remove_user(self, name: str) -> bool:
+        """Remove the user called `name`, with their schedules and queued messages (their
+        sessions stay); False when unknown."""
+        _check_text(name, "user name")
+        removed = await self._run(f"remove user {name!r}", lambda c: self.sql.remove_user(c, name))
+        if removed:
+            await self._users_changed()
+        return removed
+
+    async def rotate_user_token(self, name: str, token: str) -> bool:
+        """Replace the token of `name`: the old one stops working. False when unknown."""
+        _check_text(name, "user name")
+        digest = token_digest(token)
+        rotated = await self._run(
+            f"rotate token of {name!r}", lambda c: self.sql.rotate_token(c, name, digest)
+        )
+        if rotated:
+            await self._users_changed()
+        return rotated
+
+    # -- leases ---------------------------------------------------------------------
+
+    async def claim_lease(
+        self, session_id: str, *, owner: str, pid: int, host: str, ttl: float
+    ) -> LeaseRow:
+        """Take the session's lease for `ttl` s unless a live owner holds it (see base)."""
+        sid = check_session_id(session_id)
+        _check_text(owner, "lease owner")
+        _check_text(host, "lease host")
+        now = self._now()
+        return await self._run(
+            f"claim lease of {sid!r}",
+            lambda c: self.sql.claim_lease(c, sid, owner, pid, host, ttl, now),
+        )
+
+    async def renew_lease(
+        self, session_id: str, *, owner: str, ttl: float, generation: int | None = None
+    ) -> bool:
+        """Extend our lease by `ttl` s from now; False when it is no longer ours (with
+        `generation`: no longer ours as that generation)."""
+        sid = check_session_id(session_id)
+        now = self._now()
+        return await self._run(
+            f"renew lease of {sid!r}",
+            lambda c: self.sql.renew_lease(c, sid, owner, ttl, generation, now),
+            durable=False,  # a renewal lost to a crash only makes the lease end sooner
+        )
+
+    async def release_lease(self, session_id: str, *, owner: str) -> None:
+        sid = check_session_id(session_id)
+        await self._run(
+            f"release lease of {sid!r}", lambda c: self.sql.release_lease(c, sid, owner)
+        )
+
+    # -- wake-ups -------------------------------------------------------------------
+
+    async def enqueue_wake(
+        self,
+        wake: QueuedRow,
+        *,
+        note: tuple[str, str, Any] | None,
+        limit: int,
+        per: float,
+    ) -> bool:
+        """Store `note` (scope, key, value) and, unless the session was woken `limit`
+        times in the last `per` seconds, queue `wake` and count it: one transaction.
+        True when the wake-up was queued."""
+        values = queued_values(wake, "wake-up")
+        check_limit(limit, per)
+        kv = None
+        if note is not None:
+            scope, key, value = note
+            kv = (_check_text(scope, "kv scope"), _check_text(key, "kv key"),
+                  _dump(value, f"kv value for {scope}/{key}"))  # fmt: skip
+        now = self._now()
+        return await self._run(
+            f"queue a wake-up of {wake.session_id!r}",
+            lambda c: self.sql.enqueue_wake(c, values, kv, limit, now - per, now),
+        )
+
+    # -- usage ----------------------------------------------------------------------
+
+    async def add_usage(self, keys: Sequence[str], amounts: dict[str, float]) -> None:
+        """Add `amounts` (kind -> amount, each 0 or more) to every counter in `keys`."""
+        names = check_keys(keys)
+        adds = check_amounts(amounts)
+        if not names or not any(adds.values()):
+            return
+        now = self._now()
+        await self._run("add usage", lambda c: self.sql.add_usage(c, names, adds, now))
+
+    async def get_usage(self, keys: Sequence[str]) -> dict[str, dict[str, float]]:
+        """Each key's counters (zeros for a key never added to)."""
+        names = check_keys(keys)
+        if not names:
+            return {}
+        return await self._run("read usage", lambda c: self.sql.get_usage(c, names), write=False)
+
+    async def reserve_usage(self, asks: Sequence[UsageAsk], request: UsageRequest) -> UsageGrant:
+        """Take `request` from every key of `asks` within its limits, counting the live
+        holds, in one transaction (see store/base.py)."""
+        checked, req = check_reserve(asks, request)
+        now = self._now()
+        return await self._run("reserve usage", lambda c: self.sql.reserve(c, checked, req, now))
+
+    async def settle_usage(
+        self, adds: dict[str, dict[str, float]], *, release: Sequence[str] = ()
+    ) -> dict[str, dict[str, float]]:
+        """Add each key's amounts and drop the holds named, in one transaction."""
+        amounts = check_adds(adds)
+        holds = check_release(release)
+        now = self._now()
+        return await self._run("settle usage", lambda c: self.sql.settle(c, amounts, holds, now))
+
+    # -- schedules ------------------------------------------------------------------
+
+    async def create_schedule(self, row: ScheduleRow) -> ScheduleRow:
+        values = schedule_values(row)
+        return await self._run(
+            f"create schedule {row.id!r}", lambda c: self.sql.create_schedule(c, values, row)
+        )
+
+    async def get_schedule(self, schedule_id: str) -> ScheduleRow | None:
+        sid = _check_text(schedule_id, "schedule id")
+        return await self._run(
+            f"get schedule {sid!r}", lambda c: self.sql.get_schedule(c, sid), write=False
+        )
+
+    async def list_schedules(self, user_id: str | None = None) -> list[ScheduleRow]:
+        if user_id is not None:
+            _check_text(user_id, "user_id")
+        return await self._run(
+            "list schedules", lambda c: self.sql.list_schedules(c, user_id), write=False
+        )
+
+    async def count_schedules(self, user_id: str) -> int:
+        _check_text(user_id, "user_id")
+        return await self._run(
+            f"count schedules of {user_id}",
+            lambda c: self.sql.count_schedules(c, user_id),
+            write=False,
+        )
+
+    async def set_schedule(self, schedule_id: str, *, paused: bool, next_due: float | None) -> bool:
+        """Pause or resume, with the next due time; False when there is no such schedule."""
+        sid = _check_text(schedule_id, "schedule id")
+        return await self._run(
+            f"update schedule {sid!r}",
+            lambda c: self.sql.set_schedule(c, sid, bool(paused), next_due),
+        )
+
+    async def delete_schedule(self, schedule_id: str) -> bool:
+        sid = _check_text(schedule_id, "schedule id")
+        return await self._run(
+            f"delete schedule {sid!r}", lambda c: self.sql.delete_schedule(c, sid)
+        )
+
+    async def claim_schedule(
+        self,
+        schedule_id: str,
+        *,
+        due: float,
+        next_due: float | None,
+        run: QueuedRow | None,
+        session: NewSession | None = None,
+        sessions_max: int | None = None,
+    ) -> Claimed:
+        """Move the schedule from `due` to `next_due` if nobody did meanwhile (and it is
+        not paused); with `run`, queue it (and create `session` first, unless its user
+        has `sessions_max` sessions: then the run is skipped and the schedule says why)
+        and count the run. All or nothing."""
+        sid = _check_text(schedule_id, "schedule id")
+        values = None if run is None else queued_values(run, "scheduled run")
+        new = None if session is None else new_session_row(session)
+        most = check_sessions_max(sessions_max)
+        now = self._now()
+        return await self._run(
+            f"claim schedule {sid!r}",
+            lambda c: self.sql.claim(c, sid, float(due), next_due, values, new, most, now),
+        )
+
+
+def new_session_id() -> str:
+    return "s-" + uuid.uuid4().hex[:12]

@@ -1,0 +1,345 @@
+"""The statements whose SQL is the same on both engines, written once over an `Engine`.
+
+An `Engine` is what differs underneath: its placeholder (`?` for SQLite, `%s` for
+psycopg; the SQL here is written with `?`), how it opens a write transaction (SQLite
+takes the file's write lock, ``BEGIN IMMEDIATE``; a PostgreSQL job already runs in one)
+and how a write checks its lease fence (store/fence.py). Each engine's statements
+(store/sqlite.py `_SQLite`, store/postgres/store.py `_Postgres`) are its `Engine` and
+its own functions where its SQL differs: PostgreSQL locks rows (``FOR UPDATE``,
+advisory locks) and reads the server's clock, because several daemons write at once.
+Every function runs on the engine's worker thread with its connection (`conn`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from navi_trio.errors import StoreError
+from navi_trio.store._control_input import SCHEDULE_COLS, by_key, schedule_from, sessions_full
+from navi_trio.store._input import _Rewrite, _Row
+from navi_trio.store.base import (
+    USAGE_KINDS,
+    Claimed,
+    HistoryPage,
+    LeaseRow,
+    LoadedSession,
+    ScheduleRow,
+    SessionRow,
+    UsageAsk,
+    UsageGrant,
+    UsageRequest,
+)
+from navi_trio.store.fence import Fence
+from navi_trio.text import loads_clean
+
+SESSION_COLS = "id, profile_id, title, user_id, created_at, updated_at, meta"
+USER_COLS = "id, name, role, created_at"
+Queued = list[tuple[str, dict[str, Any]]]  # (key, message) of queued rows, oldest first
+Usage = dict[str, dict[str, float]]  # each key's counters
+TOKEN_TAKEN = "a user with this token already exists; tokens must be unique"
+KV_UPSERT = (
+    "INSERT INTO kv (scope, key, value, updated_at) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value,"
+    " updated_at = excluded.updated_at"
+)
+
+
+def session_from(row: Any) -> SessionRow:
+    return SessionRow(
+        id=row[0], profile_id=row[1], title=row[2], user_id=row[3],
+        created_at=row[4], updated_at=row[5], meta=json.loads(row[6]),
+    )  # fmt: skip
+
+
+def user_dict(row: Any) -> dict[str, Any]:
+    return {"id": row[0], "name": row[1], "role": row[2], "created_at": row[3]}
+
+
+class Engine:
+    """An engine's placeholder, write transaction and fence check, and the statements
+    both engines share (see the module). The statements whose SQL is each engine's own
+    are declared here and given by the engine (store/sqlite.py, postgres/store.py)."""
+
+    insert_session: Callable[[Any, SessionRow, str, int | None], int | None]
+    update_session: Callable[[Any, str, dict[str, Any], Fence | None], None]
+    delete_session: Callable[[Any, str], bool]
+    load_page: Callable[[Any, str, float | None, int, int], HistoryPage]
+    replace_context: Callable[[Any, str, list[_Row], float, Fence | None], None]
+    rewrite: Callable[[Any, str, _Rewrite, float, Fence | None], None]
+    load_session: Callable[[Any, str, float, Fence | None], LoadedSession | None]
+    enqueue: Callable[[Any, str, str, str, int, str, float, int | None], Queued]
+    release_queued: Callable[[Any, str, list[str], int, str], int]
+    adopt: Callable[[Any, str, int, str, float], Queued]  # sid, pid, host, now
+    kv_list: Callable[[Any, str, str], list[tuple[str, Any]]]
+    insert_user: Callable[[Any, dict[str, Any], str], None]
+    user_by_name: Callable[[Any, str], dict[str, Any] | None]
+    remove_user: Callable[[Any, str], bool]
+    claim_lease: Callable[[Any, str, str, int, str, float, float], LeaseRow]
+    renew_lease: Callable[[Any, str, str, float, int | None, float], bool]
+    reserve: Callable[[Any, list[UsageAsk], UsageRequest, float], UsageGrant]
+    settle: Callable[[Any, dict[str, dict[str, float]], list[str], float], Usage]
+    create_schedule: Callable[[Any, tuple[Any, ...], ScheduleRow], ScheduleRow]
+
+    def append(
+        self, conn: Any, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
+        dequeue: str | None, fence: Fence | None, /, *, durable: bool,
+    ) -> None:  # fmt: skip
+        """New history rows, with the queued row `dequeue` taken off the queue."""
+        raise NotImplementedError
+
+    mark = "?"
+    seq = "rowid"  # the column that numbers rows in the order they were inserted
+
+    def q(self, text: str) -> str:
+        """`text` with its `?` placeholders in this engine's style."""
+        return text if self.mark == "?" else text.replace("?", self.mark)
+
+    def flag(self, value: bool) -> object:
+        """A boolean column's value (SQLite keeps 0 and 1)."""
+        return int(value)
+
+    def any_of(self, column: str, values: list[str]) -> tuple[str, list[Any]]:
+        """A condition "`column` is one of `values`", with its parameters."""
+        return f"{column} IN ({', '.join('?' for _ in values)})", list(values)
+
+    def write(self, conn: Any) -> AbstractContextManager[object]:
+        """One write transaction (nested: a savepoint, or nothing more)."""
+        raise NotImplementedError
+
+    def check_fence(self, conn: Any, fence: Fence | None) -> None:
+        """Inside a write: LeaseLostError unless `fence` (if any) still holds its lease."""
+        raise NotImplementedError
+
+    def lock_session(self, conn: Any, sid: str) -> None:
+        """Inside a write: hold the session's row to the commit (SQLite's write
+        transaction holds the whole file already)."""
+
+    def count_sessions_locked(self, conn: Any, user_id: str) -> int:
+        """Inside a write: the user's sessions, counted so that two transactions that
+        may create one of theirs count one after the other (SQLite: the write lock)."""
+        return self.count_sessions(conn, user_id)
+
+    def users_changed(self, conn: Any) -> None:
+        """Inside a write that changed the users table (SQLite signals it after the
+        commit instead: store/sqlite.py)."""
+
+    # -- sessions -------------------------------------------------------------------
+
+    def get_session(self, conn: Any, sid: str) -> SessionRow | None:
+        sql = self.q(f"SELECT {SESSION_COLS} FROM sessions WHERE id = ?")
+        row = conn.execute(sql, [sid]).fetchone()
+        return None if row is None else session_from(row)
+
+    def list_sessions(self, conn: Any, user_id: str | None) -> list[SessionRow]:
+        where, params = ("WHERE user_id = ?", [user_id]) if user_id is not None else ("", [])
+        sql = (
+            f"SELECT {SESSION_COLS} FROM sessions {where} ORDER BY updated_at DESC, {self.seq} DESC"
+        )
+        return [session_from(r) for r in conn.execute(self.q(sql), params).fetchall()]
+
+    def require_session(self, conn: Any, sid: str) -> None:
+        if conn.execute(self.q("SELECT 1 FROM sessions WHERE id = ?"), [sid]).fetchone() is None:
+            raise StoreError(f"no session {sid!r} in the store")
+
+    def count_sessions(self, conn: Any, user_id: str) -> int:
+        sql = self.q("SELECT COUNT(*) FROM sessions WHERE user_id = ?")
+        return int(conn.execute(sql, [user_id]).fetchone()[0])
+
+    def load_history(self, conn: Any, table: str, sid: str) -> list[dict[str, Any]]:
+        # `table` is "messages" or "context", from store/methods.py, never from callers.
+        self.require_session(conn, sid)
+        sql = self.q(f"SELECT data FROM {table} WHERE session_id = ? ORDER BY position")
+        # An older version stored lone surrogates: they come back as U+FFFD.
+        return [loads_clean(r[0]) for r in conn.execute(sql, [sid]).fetchall()]
+
+    # -- queued messages ------------------------------------------------------------
+
+    def insert_queued(self, conn: Any, values: tuple[Any, ...], now: float) -> None:
+        conn.execute(
+            self.q(
+                "INSERT INTO queued (key, session_id, pid, host, data, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)"
+            ),
+            [*values, now],
+        )
+
+    def enqueue_wake(
+        self, conn: Any, values: tuple[Any, ...], kv: tuple[str, str, str] | None, limit: int,
+        since: float, now: float,
+    ) -> bool:  # fmt: skip
+        """Store the note `kv`; queue the wake-up `values` unless its session was woken
+        `limit` times since `since`: True when queued. The session's row is held first,
+        so two writers never both pass the bound."""
+        sid = values[1]
+        with self.write(conn):
+            self.lock_session(conn, sid)
+            if kv is not None:
+                conn.execute(self.q(KV_UPSERT), [*kv, now])
+            conn.execute(self.q("DELETE FROM wakes WHERE session_id = ? AND at <= ?"), [sid, since])
+            count = conn.execute(self.q("SELECT COUNT(*) FROM wakes WHERE session_id = ?"), [sid])
+            if int(count.fetchone()[0]) >= limit:
+                return False
+            self.insert_queued(conn, values, now)
+            conn.execute(self.q("INSERT INTO wakes (session_id, at) VALUES (?, ?)"), [sid, now])
+            return True
+
+    def unqueue(self, conn: Any, key: str) -> bool:
+        with self.write(conn):
+            return bool(conn.execute(self.q("DELETE FROM queued WHERE key = ?"), [key]).rowcount)
+
+    def queued_sessions(self, conn: Any) -> list[str]:
+        rows = conn.execute("SELECT DISTINCT session_id FROM queued ORDER BY session_id")
+        return [r[0] for r in rows.fetchall()]
+
+    # -- kv -------------------------------------------------------------------------
+
+    def kv_get(self, conn: Any, scope: str, key: str) -> Any | None:
+        sql = self.q("SELECT value FROM kv WHERE scope = ? AND key = ?")
+        row = conn.execute(sql, [scope, key]).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def kv_set(
+        self, conn: Any, scope: str, key: str, value: str, now: float, fence: Fence | None = None
+    ) -> None:
+        with self.write(conn):
+            self.check_fence(conn, fence)
+            conn.execute(self.q(KV_UPSERT), [scope, key, value, now])
+
+    def kv_delete(self, conn: Any, scope: str, key: str, fence: Fence | None = None) -> None:
+        with self.write(conn):
+            self.check_fence(conn, fence)
+            conn.execute(self.q("DELETE FROM kv WHERE scope = ? AND key = ?"), [scope, key])
+
+    # -- users ----------------------------------------------------------------------
+
+    def user_by_digest(self, conn: Any, digest: str) -> dict[str, Any] | None:
+        sql = self.q(f"SELECT {USER_COLS} FROM users WHERE token_sha256 = ?")
+        row = conn.execute(sql, [digest]).fetchone()
+        return None if row is None else user_dict(row)
+
+    def list_users(self, conn: Any) -> list[dict[str, Any]]:
+        sql = f"SELECT {USER_COLS} FROM users ORDER BY created_at, {self.seq}"
+        return [user_dict(r) for r in conn.execute(sql).fetchall()]
+
+    def rotate_token(self, conn: Any, name: str, digest: str) -> bool:
+        with self.write(conn):
+            if conn.execute(
+                self.q("SELECT 1 FROM users WHERE token_sha256 = ?"), [digest]
+            ).fetchone():
+                raise StoreError(TOKEN_TAKEN)
+            sql = self.q("UPDATE users SET token_sha256 = ? WHERE name = ?")
+            if not conn.execute(sql, [digest, name]).rowcount:
+                return False
+            self.users_changed(conn)
+            return True
+
+    def user_by_id(self, conn: Any, user_id: str) -> dict[str, Any] | None:
+        row = conn.execute(self.q(f"SELECT {USER_COLS} FROM users WHERE id = ?"), [user_id])
+        found = row.fetchone()
+        return None if found is None else user_dict(found)
+
+    # -- leases ---------------------------------------------------------------------
+
+    def release_lease(self, conn: Any, sid: str, owner: str) -> None:
+        with self.write(conn):
+            # Expired, not deleted: the generation must never go back (store/fence.py).
+            conn.execute(
+                self.q("UPDATE leases SET expires_at = 0 WHERE session_id = ? AND owner = ?"),
+                [sid, owner],
+            )
+
+    # -- schedules ------------------------------------------------------------------
+
+    def get_schedule(self, conn: Any, sid: str) -> ScheduleRow | None:
+        sql = self.q(f"SELECT {', '.join(SCHEDULE_COLS)} FROM schedules WHERE id = ?")
+        row = conn.execute(sql, [sid]).fetchone()
+        return None if row is None else schedule_from(row, json.loads)
+
+    def list_schedules(self, conn: Any, user_id: str | None) -> list[ScheduleRow]:
+        cols = ", ".join(SCHEDULE_COLS)
+        if user_id is None:
+            rows = conn.execute(f"SELECT {cols} FROM schedules ORDER BY created_at, id")
+        else:
+            sql = self.q(f"SELECT {cols} FROM schedules WHERE user_id = ? ORDER BY created_at, id")
+            rows = conn.execute(sql, [user_id])
+        return [schedule_from(r, json.loads) for r in rows.fetchall()]
+
+    def count_schedules(self, conn: Any, user_id: str) -> int:
+        sql = self.q("SELECT COUNT(*) FROM schedules WHERE user_id = ?")
+        return int(conn.execute(sql, [user_id]).fetchone()[0])
+
+    def set_schedule(self, conn: Any, sid: str, paused: bool, next_due: float | None) -> bool:
+        with self.write(conn):
+            sql = self.q("UPDATE schedules SET paused = ?, next_due = ? WHERE id = ?")
+            return bool(conn.execute(sql, [self.flag(paused), next_due, sid]).rowcount)
+
+    def claim(
+        self, conn: Any, sid: str, due: float, next_due: float | None,
+        run: tuple[Any, ...] | None, new: tuple[Any, ...] | None, most: int | None, now: float,
+    ) -> Claimed:  # fmt: skip
+        """Move the schedule from `due` (compare and set: a second claimer waits for the
+        first one's row lock, then finds next_due moved and claims nothing); with `run`,
+        queue it, creating `new` first unless its user has `most` sessions."""
+        with self.write(conn):
+            cursor = conn.execute(
+                self.q(
+                    "UPDATE schedules SET next_due = ? WHERE id = ? AND next_due = ? AND paused = ?"
+                ),
+                [next_due, sid, due, self.flag(False)],
+            )
+            if not cursor.rowcount:
+                return Claimed(False)
+            if run is None:
+                return Claimed(True)
+            if new is not None and most is not None:
+                count = self.count_sessions_locked(conn, new[3])
+                if count >= most:
+                    why = sessions_full(count, most)
+                    conn.execute(
+                        self.q("UPDATE schedules SET last_skip = ?, last_skip_at = ? WHERE id = ?"),
+                        [why, due, sid],
+                    )
+                    return Claimed(True, why)
+            conn.execute(
+                self.q(
+                    "UPDATE schedules SET runs = runs + 1, last_run_at = ?, last_session_id = ?,"
+                    " last_skip = NULL, last_skip_at = NULL WHERE id = ?"
+                ),
+                [now, run[1], sid],
+            )
+            if new is not None:
+                conn.execute(
+                    self.q(
+                        "INSERT INTO sessions (id, profile_id, title, user_id, created_at,"
+                        " updated_at, meta) VALUES (?, ?, ?, ?, ?, ?, '{}')"
+                    ),
+                    [*new, now, now],
+                )
+            self.insert_queued(conn, run, now)
+            return Claimed(True)
+
+    def delete_schedule(self, conn: Any, sid: str) -> bool:
+        with self.write(conn):
+            return bool(conn.execute(self.q("DELETE FROM schedules WHERE id = ?"), [sid]).rowcount)
+
+    # -- usage ----------------------------------------------------------------------
+
+    def get_usage(self, conn: Any, keys: list[str]) -> dict[str, dict[str, float]]:
+        where, params = self.any_of("key", keys)
+        sql = f"SELECT key, {', '.join(USAGE_KINDS)} FROM usage WHERE {where}"
+        return by_key(keys, conn.execute(sql, params).fetchall())
+
+    def add_usage(self, conn: Any, keys: list[str], adds: dict[str, float], now: float) -> None:
+        """Add in place (``n = usage.n + excluded.n``): concurrent adds never lose one."""
+        cols = ", ".join(USAGE_KINDS)
+        sets = ", ".join(f"{k} = usage.{k} + excluded.{k}" for k in USAGE_KINDS)
+        sql = self.q(
+            f"INSERT INTO usage (key, {cols}, updated_at) VALUES (?, ?, ?, ?, ?, ?)"
+            f" ON CONFLICT (key) DO UPDATE SET {sets}, updated_at = excluded.updated_at"
+        )
+        with self.write(conn):
+            for key in sorted(keys):  # one order for every writer: no deadlock between two
+                conn.execute(sql, [key, *(adds[k] for k in USAGE_KINDS), now])
