@@ -387,6 +387,7 @@ class Agent:
         sid = session.session_id
         mapper = up.Updates(session.cwd)
         end: Frame | None = None
+        failure = ""  # the run's own error event, if any
         try:
             async with (
                 open_daemon(self.backend.url, self.backend.token) as daemon,
@@ -422,6 +423,8 @@ class Agent:
                         await self.notify(sid, update)
                     if wire.is_top_end(frame):
                         end = frame
+                    elif frame["type"] == wire.ERROR and not frame.get("is_subagent"):
+                        failure = str(frame.get("message") or "")
                 nursery.cancel_scope.cancel()
         except RemoteError as exc:
             raise _refused(exc) from None
@@ -430,9 +433,8 @@ class Agent:
         if end is None or prompt.cancelled:
             return {"stopReason": "cancelled"}
         if end.get("reason") in ("error", "context_too_large"):
-            raise RpcError(
-                INTERNAL_ERROR, f"the run failed: {end.get('error') or end.get('reason')}"
-            )
+            why = failure or str(end.get("reason"))
+            raise RpcError(INTERNAL_ERROR, f"the run failed: {why}")
         result: dict[str, Any] = {"stopReason": up.stop_reason(end)}
         used = up.usage(end)
         if used is not None:

@@ -87,7 +87,7 @@ class LineReader:
             if cut >= 0:
                 line = bytes(self._buf[:cut])
                 del self._buf[: cut + 1]
-                if self._skipping:
+                if self._skipping or len(line) > self._limit:
                     self._skipping = False
                     raise LineTooLong
                 return line
