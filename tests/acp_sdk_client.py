@@ -8,8 +8,9 @@ the steps in order; each step prints one JSON line: what the step returned (or t
 JSON-RPC error it got), the ``session/update`` notifications that came meanwhile, and
 the permission requests the agent asked. Steps:
 
-- ``{"op": "new"}`` / ``{"op": "load", "id": SESSION_ID}`` / ``{"op": "list"}``; the
-  steps after them work on the session they made or loaded;
+- ``{"op": "new"}`` / ``{"op": "load", "id": SESSION_ID}`` / ``{"op": "fork"}`` /
+  ``{"op": "resume"}`` / ``{"op": "list"}``; the steps after them work on the session
+  they made or loaded;
 - ``{"op": "prompt", "text": T, "session": N?, "permission": OPTION_ID | "cancelled",
   "cancel_on": UPDATE_KIND?}``: with ``cancel_on``, ``session/cancel`` is sent once an
   update of that kind came;
@@ -110,6 +111,15 @@ async def main(path: str) -> None:
                         cwd=scenario["cwd"], session_id=loaded, mcp_servers=[]
                     )
                     sessions.append(loaded)
+                elif op == "fork":
+                    res = await conn.fork_session(
+                        session_id=sid, cwd=scenario["cwd"], mcp_servers=[]
+                    )
+                    sessions.append(res.session_id)
+                elif op == "resume":
+                    res = await conn.resume_session(
+                        session_id=sid, cwd=scenario["cwd"], mcp_servers=[]
+                    )
                 elif op == "list":
                     res = await conn.list_sessions()
                 elif op == "set_mode":

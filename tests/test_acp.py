@@ -14,6 +14,7 @@ nothing sleeps: a cancel is sent once the update it waits for came.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -256,6 +257,34 @@ async def test_a_session_loaded_in_a_new_process_replays_its_conversation(
     ]
 
 
+async def test_a_fork_continues_from_the_history_and_resume_reopens_without_replay(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    replies: list[dict[str, Any]] = [{"text": "first answer"}, {"text": "in the fork"}]
+    steps: list[dict[str, Any]] = [
+        {"op": "new"},
+        {"op": "prompt", "text": "question one"},
+        {"op": "fork"},
+        {"op": "prompt", "text": "question two"},
+        {"op": "resume"},
+    ]
+    async with fake_llm(tmp_path, replies) as llm:
+        with trio.fail_after(DEADLINE):
+            init, new, _, fork, _, resumed = await sdk_client(env, tmp_path, steps, llm=llm)
+    caps = init["result"]["agentCapabilities"]["sessionCapabilities"]
+    assert "fork" in caps and "resume" in caps
+    source, forked = new["result"]["sessionId"], fork["result"]["sessionId"]
+    assert forked != source and "modes" in fork["result"]
+    assert [m["content"] for m in await messages(tmp_path / "navi.db", source)] == [
+        "question one", "first answer"
+    ]  # fmt: skip
+    assert [m["content"] for m in await messages(tmp_path / "navi.db", forked)] == [
+        "question one", "first answer", "question two", "in the fork"
+    ]  # fmt: skip
+    assert "error" not in resumed and "modes" in resumed["result"]
+    assert "user_message_chunk" not in kinds(resumed)
+
+
 async def test_bad_input_gets_errors_naming_the_problem_and_the_agent_goes_on(
     env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -385,3 +414,36 @@ class Lines:
             message = await self.next()
             if match(message):
                 return message
+
+
+def editor_snippets() -> list[tuple[str, list[str]]]:
+    """(editor, argv) of each configuration snippet in the README's "Editors (ACP)"."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Editors (ACP)", 1)[1].split("\n### ", 1)[0]
+    found: list[tuple[str, list[str]]] = []
+    for block in re.findall(r"```json\n(.*?)```", section, re.S):
+        for name, server in json.loads(block)["agent_servers"].items():
+            found.append((f"json {name}", [server["command"], *server["args"]]))
+    (lua,) = re.findall(r"```lua\n(.*?)```", section, re.S)
+    (default,) = re.findall(r"default = \{ (.*?) \}", lua)
+    found.append(("lua", [json.loads(w) for w in default.split(", ")]))
+    return found
+
+
+async def test_each_editor_snippet_of_the_readme_starts_an_agent_that_answers(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    snippets = editor_snippets()
+    assert len(snippets) == 3
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}
+    async with fake_llm(tmp_path, [{"text": "hi"}]) as llm:
+        for _, argv in snippets:
+            assert argv[0] == "navi"  # as the editor starts it, with this venv's navi
+            command = [sys.executable, "-m", "navi_trio", *argv[1:], "--llm-url", llm]
+            with trio.fail_after(DEADLINE):
+                done = await trio.run_process(
+                    command, stdin=(json.dumps(init) + "\n").encode(), capture_stdout=True,
+                    capture_stderr=True, env=env,
+                )  # fmt: skip
+            (reply,) = [json.loads(line) for line in done.stdout.decode().splitlines()]
+            assert reply["result"]["protocolVersion"] == 1, argv

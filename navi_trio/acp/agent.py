@@ -189,6 +189,8 @@ class Agent:
             "session/new": self.new_session,
             "session/load": self.load_session,
             "session/list": self.list_sessions,
+            "session/fork": self.fork_session,
+            "session/resume": self.resume_session,
             "session/prompt": self.prompt,
             "session/set_mode": self.set_mode,
             "session/set_config_option": self.set_config_option,
@@ -209,7 +211,7 @@ class Agent:
                 "loadSession": True,
                 "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
                 "mcpCapabilities": {"http": False, "sse": False},
-                "sessionCapabilities": {"list": {}},
+                "sessionCapabilities": {"list": {}, "fork": {}, "resume": {}},
             },
             "agentInfo": {"name": "navi", "title": "navi", "version": __version__},
             "authMethods": [
@@ -299,6 +301,32 @@ class Agent:
             await self.notify(sid, update)
         return AndThen(self._opened(session), lambda: self._commands(sid))
 
+    async def fork_session(self, params: dict[str, Any]) -> Any:
+        """navi's fork: a new session with the history so far (the files stay shared)."""
+        req = parse(schema.ForkSessionRequest, params)
+        cwd = self._cwd(req.cwd)
+        self._mcp_servers(req.mcp_servers or [])
+        reply = await self._request(wire.fork(req.session_id))
+        sid = str(reply.get("new_session_id"))
+        source = self.sessions.get(req.session_id)
+        mode = source.mode if source else self.default_mode or "workspace"
+        session = Session(sid, cwd, mode, source.profile if source else None)
+        self.sessions[sid] = session
+        return AndThen({"sessionId": sid, **self._opened(session)}, lambda: self._commands(sid))
+
+    async def resume_session(self, params: dict[str, Any]) -> Any:
+        """As `session/load` without the replay: the editor shows what it has."""
+        req = parse(schema.ResumeSessionRequest, params)
+        cwd = self._cwd(req.cwd)
+        self._mcp_servers(req.mcp_servers or [])
+        await self._request(wire.history(req.session_id, limit=1))  # it exists, and is ours
+        session = self.sessions.get(req.session_id) or Session(
+            req.session_id, cwd, self.default_mode or "workspace", None
+        )
+        session.cwd = cwd
+        self.sessions[req.session_id] = session
+        return AndThen(self._opened(session), lambda: self._commands(req.session_id))
+
     async def list_sessions(self, params: dict[str, Any]) -> Any:
         req = parse(schema.ListSessionsRequest, params)
         reply = await self._request(wire.sessions_list())
@@ -373,8 +401,8 @@ class Agent:
             await self._request(wire.compact(sid))
             said = "navi: the context is compacted"
         else:
-            reply = await self._request({"type": wire.FORK, "session_id": sid})
-            new = reply.get("new_session_id") or reply.get("session_id")
+            reply = await self._request(wire.fork(sid))
+            new = reply.get("new_session_id")
             said = f"navi: forked into session {new} (open it with session/load)"
         await self.notify(
             sid, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": said}}
