@@ -323,7 +323,8 @@ async def test_bad_input_gets_errors_naming_the_problem_and_the_agent_goes_on(
     assert relative["error"]["code"] == -32602 and "absolute" in relative["error"]["message"]
     assert nobody["error"]["code"] == -32002 and "s-nobody" in nobody["error"]["message"]
     assert image["error"]["code"] == -32602 and "image" in image["error"]["message"]
-    assert big["error"]["code"] == -32602 and "bytes" in big["error"]["message"]
+    assert big["error"]["code"] == -32602
+    assert big["error"]["message"].startswith("prompt: 1000000 bytes, more than 900000")
     assert last["result"]["stopReason"] == "end_turn" and said(last) == "yes"
 
 
@@ -340,7 +341,10 @@ async def test_through_a_running_daemon_the_session_is_the_daemons(
                     "--url",
                     daemon.url,
                 )
+                daemon_log = await daemon.stderr.receive_some(1 << 20)
     assert said(prompt) == "from the daemon"
+    sid = new["result"]["sessionId"]
+    assert f"session {sid}: run started".encode() in daemon_log  # the daemon ran it
     saved = await messages(tmp_path / "navi.db", new["result"]["sessionId"])
     assert [m["content"] for m in saved] == ["hi", "from the daemon"]
 
