@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import trio
-from daemons import no_plan_config
+from daemons import add_user, no_plan_config
 from test_api_daemon import serve
 from test_cli import fake_llm, messages
 
@@ -121,6 +121,24 @@ async def test_a_prompt_streams_text_and_a_write_is_an_edit_with_its_diff(
     assert "available_commands_update" in kinds(prompt) + kinds(new)
     saved = await messages(tmp_path / "navi.db", sid)
     assert saved[0]["role"] == "user" and saved[0]["content"] == "write notes"
+
+
+async def test_the_todo_list_is_the_editors_plan(env: dict[str, str], tmp_path: Path) -> None:
+    add = {"name": "todo", "arguments": {"action": "replace", "texts": ["read", "fix"]}}
+    start = {"name": "todo", "arguments": {"action": "update", "index": 1, "status": "in_progress"}}
+    replies: list[dict[str, Any]] = [{"tool_calls": [add]}, {"tool_calls": [start]}, {"text": "ok"}]
+    async with fake_llm(tmp_path, replies) as llm:
+        with trio.fail_after(DEADLINE):
+            _, _, prompt = await sdk_client(
+                env, tmp_path, [{"op": "new"}, {"op": "prompt", "text": "plan it"}], llm=llm
+            )
+    plans = [u["entries"] for u in prompt["updates"] if u["sessionUpdate"] == "plan"]
+    assert [[(e["content"], e["status"]) for e in p] for p in plans] == [
+        [("read", "pending"), ("fix", "pending")],
+        [("read", "in_progress"), ("fix", "pending")],
+    ]
+    (first, _) = [u for u in prompt["updates"] if u["sessionUpdate"] == "tool_call"]
+    assert first["kind"] == "think"
 
 
 async def test_permission_requests_answered_allow_and_reject(
@@ -347,6 +365,30 @@ async def test_through_a_running_daemon_the_session_is_the_daemons(
     assert f"session {sid}: run started".encode() in daemon_log  # the daemon ran it
     saved = await messages(tmp_path / "navi.db", new["result"]["sessionId"])
     assert [m["content"] for m in saved] == ["hi", "from the daemon"]
+
+
+async def test_a_user_s_cwd_outside_their_roots_is_an_error_naming_it(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    steps: list[dict[str, Any]] = [
+        {"op": "new"},
+        {"op": "prompt", "text": "hi"},
+        {"op": "set_mode", "mode": "full"},
+    ]
+    async with fake_llm(tmp_path, [{"text": "never"}]) as llm:
+        with trio.fail_after(DEADLINE):
+            async with serve(env, llm) as daemon:
+                token = await add_user(env, "ann")
+                _, new, prompt, full = await sdk_client(
+                    env, tmp_path, steps, "--url", daemon.url, "--token", token
+                )
+    assert [m["id"] for m in new["result"]["modes"]["availableModes"]] == [
+        "read-only", "workspace"
+    ]  # fmt: skip
+    assert prompt["error"]["code"] == -32602, prompt
+    assert "workspace_roots" in prompt["error"]["message"]
+    assert "forbidden" in prompt["error"]["message"]
+    assert full["error"]["code"] == -32602 and "full" in full["error"]["message"]
 
 
 async def test_stdin_closed_mid_run_stops_it_and_exits_0(

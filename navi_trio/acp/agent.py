@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -138,12 +138,8 @@ class Agent:
         await self._peer().notify("session/update", {"sessionId": session_id, "update": update})
 
     async def _request(self, frame: Frame) -> Frame:
-        try:
+        with daemon_errors():
             return await daemon_request(self.backend.url, self.backend.token, frame)
-        except RemoteError as exc:
-            raise _refused(exc) from None
-        except NaviError as exc:
-            raise RpcError(INTERNAL_ERROR, str(exc)) from None
 
     async def _create(self) -> str:
         """A new navi session of ours (its reply is a ``session`` frame, not an ``ok``)."""
@@ -153,7 +149,7 @@ class Agent:
         if self.default_profile:
             frame["profile"] = self.default_profile
         try:
-            with trio.fail_after(REPLY_TIMEOUT):
+            with daemon_errors(), trio.fail_after(REPLY_TIMEOUT):
                 async with open_daemon(self.backend.url, self.backend.token) as daemon:
                     await daemon.send(frame)
                     while True:
@@ -167,10 +163,6 @@ class Agent:
             raise RpcError(
                 INTERNAL_ERROR, "the daemon did not create the session in time"
             ) from None
-        except RemoteError as exc:
-            raise _refused(exc) from None
-        except NaviError as exc:
-            raise RpcError(INTERNAL_ERROR, str(exc)) from None
 
     def _session(self, session_id: str) -> Session:
         found = self.sessions.get(session_id)
@@ -416,7 +408,7 @@ class Agent:
         mapper = up.Updates(session.cwd)
         end: Frame | None = None
         failure = ""  # the run's own error event, if any
-        try:
+        with daemon_errors():
             async with (
                 open_daemon(self.backend.url, self.backend.token) as daemon,
                 trio.open_nursery() as nursery,
@@ -454,10 +446,6 @@ class Agent:
                     elif frame["type"] == wire.ERROR and not frame.get("is_subagent"):
                         failure = str(frame.get("message") or "")
                 nursery.cancel_scope.cancel()
-        except RemoteError as exc:
-            raise _refused(exc) from None
-        except NaviError as exc:
-            raise RpcError(INTERNAL_ERROR, str(exc)) from None
         if end is None or prompt.cancelled:
             return {"stopReason": "cancelled"}
         if end.get("reason") in ("error", "context_too_large"):
@@ -543,6 +531,23 @@ def prompt_text(blocks: list[Any]) -> str:
 
 def _uri_path(uri: str) -> str:
     return uri[len("file://") :] if uri.startswith("file://") else uri
+
+
+@contextmanager
+def daemon_errors() -> Iterator[None]:
+    """The daemon's refusals and a lost daemon as JSON-RPC errors (also out of a
+    nursery, where they come as a group of one)."""
+    try:
+        yield
+    except (NaviError, BaseExceptionGroup) as exc:
+        leaf = exc
+        while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+            leaf = leaf.exceptions[0]
+        if isinstance(leaf, RemoteError):
+            raise _refused(leaf) from None
+        if isinstance(leaf, NaviError):
+            raise RpcError(INTERNAL_ERROR, str(leaf)) from None
+        raise
 
 
 def _refused(exc: RemoteError) -> RpcError:
