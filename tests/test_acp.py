@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -437,6 +438,25 @@ async def test_stdin_closed_mid_run_stops_it_and_exits_0(
     assert answer["result"]["stopReason"] == "cancelled"
     saved = await messages(tmp_path / "navi.db", sid)
     assert [m["role"] for m in saved] == ["user", "assistant"]
+
+
+async def test_sigterm_ends_the_agent_as_a_closed_stdin_does(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}
+    async with fake_llm(tmp_path, [{"text": "hi"}]) as llm:
+        with trio.fail_after(DEADLINE):
+            proc = await trio.lowlevel.open_process(
+                [*AGENT, "--llm-url", llm], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=env,
+            )  # fmt: skip
+            assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+            await proc.stdin.send_all((json.dumps(init) + "\n").encode())
+            await Lines(proc.stdout).until(lambda m: m.get("id") == 1)
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0
+            err = await proc.stderr.receive_some(1 << 20)
+    assert b"Traceback" not in err and b"error" not in err, err
 
 
 class Lines:

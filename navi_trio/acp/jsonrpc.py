@@ -99,7 +99,10 @@ class LineReader:
             if self._eof:
                 rest, self._buf = bytes(self._buf), bytearray()
                 return rest if rest.strip() and not self._skipping else None
-            data = await self._stream.receive_some(READ_CHUNK)
+            try:
+                data = await self._stream.receive_some(READ_CHUNK)
+            except trio.ClosedResourceError:  # closed here (a signal): as the end
+                data = b""
             if not data:
                 self._eof = True
             self._buf += data
