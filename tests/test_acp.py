@@ -142,6 +142,41 @@ async def test_the_todo_list_is_the_editors_plan(env: dict[str, str], tmp_path: 
     assert first["kind"] == "think"
 
 
+async def test_the_rewind_command_undoes_the_last_message_chat_and_files(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    write = {
+        "name": "filesystem",
+        "arguments": {"action": "write", "path": "notes.txt", "content": "hello\n"},
+    }
+    replies: list[dict[str, Any]] = [
+        {"text": "kept"},
+        {"text": "Writing.", "tool_calls": [write]},
+        {"text": "Wrote it"},
+    ]
+    steps: list[dict[str, Any]] = [
+        {"op": "new"},
+        {"op": "prompt", "text": "first"},
+        {"op": "prompt", "text": "write notes"},
+        {"op": "prompt", "text": "/rewind"},
+    ]
+    async with fake_llm(tmp_path, replies) as llm:
+        with trio.fail_after(DEADLINE):
+            _, new, first, wrote, rewound = await sdk_client(env, tmp_path, steps, llm=llm)
+    names = [
+        c["name"]
+        for u in new["updates"] + first["updates"] + wrote["updates"]
+        if u["sessionUpdate"] == "available_commands_update"
+        for c in u["availableCommands"]
+    ]
+    assert set(names) >= {"compact", "rewind", "fork"}
+    assert rewound["result"]["stopReason"] == "end_turn"
+    assert said(rewound).startswith("navi: rewound to before 'write notes'"), said(rewound)
+    assert not (tmp_path / "work" / "notes.txt").exists()
+    saved = await messages(tmp_path / "navi.db", new["result"]["sessionId"])
+    assert [m["content"] for m in saved] == ["first", "kept"]
+
+
 async def test_permission_requests_answered_allow_and_reject(
     env: dict[str, str], tmp_path: Path
 ) -> None:

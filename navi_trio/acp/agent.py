@@ -59,6 +59,7 @@ MODES = {
 }
 COMMANDS = {
     "compact": "compress the session's context (summarise the older part)",
+    "rewind": "undo the last message: the chat and the files back to before it",
     "fork": "copy this session into a new one (its id is answered)",
 }
 ALLOW_ONCE, ALLOW_ALWAYS, REJECT_ONCE, REJECT_ALWAYS = (
@@ -392,6 +393,8 @@ class Agent:
         if name == "compact":
             await self._request(wire.compact(sid))
             said = "navi: the context is compacted"
+        elif name == "rewind":
+            said = await self._rewind_last(sid)
         else:
             reply = await self._request(wire.fork(sid))
             new = reply.get("new_session_id")
@@ -400,6 +403,20 @@ class Agent:
             sid, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": said}}
         )
         return {"stopReason": "end_turn"}
+
+    async def _rewind_last(self, sid: str) -> str:
+        """navi's rewind to before the session's last message, chat and files: the
+        preview, then its confirmation (as `navi rewind` does)."""
+        listed = await self._request(wire.checkpoints(sid))
+        messages = [m for m in listed.get("messages") or [] if isinstance(m, dict)]
+        if not messages:
+            return "navi: nothing to rewind: this session has no messages"
+        to = str(messages[-1].get("message_id"))
+        preview = await self._request(wire.rewind(sid, to=to))
+        done = await self._request(wire.rewind(sid, to=to, confirm=str(preview.get("token"))))
+        removed = done.get("messages_removed", preview.get("messages_removed"))
+        text = up.cut(" ".join(str(messages[-1].get("text", "")).split()), 80)
+        return f"navi: rewound to before {text!r} ({removed} messages removed, files restored)"
 
     async def _run(self, session: Session, prompt: Prompt, text: str) -> Any:
         from navi_trio.api.daemon_client import OurRun, open_daemon
