@@ -32,6 +32,10 @@ pytestmark = pytest.mark.slow
 DEADLINE = 90
 CLIENT = Path(__file__).with_name("acp_sdk_client.py")
 AGENT = [sys.executable, "-m", "navi_trio", "acp"]
+WRITE_NOTES = {
+    "name": "filesystem",
+    "arguments": {"action": "write", "path": "notes.txt", "content": "hello\n"},
+}
 
 
 @pytest.fixture
@@ -81,12 +85,8 @@ def said(step: dict[str, Any], kind: str = "agent_message_chunk") -> str:
 async def test_a_prompt_streams_text_and_a_write_is_an_edit_with_its_diff(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    write = {
-        "name": "filesystem",
-        "arguments": {"action": "write", "path": "notes.txt", "content": "hello\n"},
-    }
     replies: list[dict[str, Any]] = [
-        {"text": "Writing it.", "tool_calls": [write]},
+        {"text": "Writing it.", "tool_calls": [WRITE_NOTES]},
         {"text": "Wrote the notes"},
     ]
     async with fake_llm(tmp_path, replies) as llm:
@@ -145,13 +145,9 @@ async def test_the_todo_list_is_the_editors_plan(env: dict[str, str], tmp_path: 
 async def test_the_rewind_command_undoes_the_last_message_chat_and_files(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    write = {
-        "name": "filesystem",
-        "arguments": {"action": "write", "path": "notes.txt", "content": "hello\n"},
-    }
     replies: list[dict[str, Any]] = [
         {"text": "kept"},
-        {"text": "Writing.", "tool_calls": [write]},
+        {"text": "Writing.", "tool_calls": [WRITE_NOTES]},
         {"text": "Wrote it"},
     ]
     steps: list[dict[str, Any]] = [
