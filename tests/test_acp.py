@@ -173,48 +173,46 @@ async def test_the_rewind_command_undoes_the_last_message_chat_and_files(
     assert [m["content"] for m in saved] == ["first", "kept"]
 
 
-async def test_permission_requests_answered_allow_and_reject(
+def touch(marker: Path) -> dict[str, Any]:
+    command = f"touch {marker}"
+    return {
+        "tool_calls": [{"name": "terminal", "arguments": {"action": "run", "command": command}}]
+    }
+
+
+async def test_permission_requests_answered_allow_reject_and_cancelled(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    allowed, rejected = tmp_path / "allowed", tmp_path / "rejected"
+    allowed, rejected, cancelled = tmp_path / "allowed", tmp_path / "rejected", tmp_path / "c"
     replies: list[dict[str, Any]] = [
-        {
-            "text": "",
-            "tool_calls": [
-                {"name": "terminal", "arguments": {"action": "run", "command": f"touch {allowed}"}}
-            ],
-        },
-        {"text": "ran it"},
-        {
-            "text": "",
-            "tool_calls": [
-                {"name": "terminal", "arguments": {"action": "run", "command": f"touch {rejected}"}}
-            ],
-        },
-        {"text": "it was refused"},
-    ]
+        touch(allowed), {"text": "ran it"},
+        touch(rejected), {"text": "it was refused"},
+        touch(cancelled), {"text": "not asked again"},
+    ]  # fmt: skip
     steps: list[dict[str, Any]] = [
         {"op": "new"},
         {"op": "prompt", "text": "one", "permission": "allow_once"},
         {"op": "prompt", "text": "two", "permission": "reject_once"},
+        {"op": "prompt", "text": "three", "permission": "cancelled"},
     ]
     async with fake_llm(tmp_path, replies) as llm:
         with trio.fail_after(DEADLINE):
-            _, _, first, second = await sdk_client(env, tmp_path, steps, "--mode", "full", llm=llm)
+            _, _, first, second, third = await sdk_client(
+                env, tmp_path, steps, "--mode", "full", llm=llm
+            )
     (asked,) = first["permissions"]
     assert [o["kind"] for o in asked["options"]] == [
-        "allow_once",
-        "allow_always",
-        "reject_once",
-        "reject_always",
-    ]
+        "allow_once", "allow_always", "reject_once", "reject_always"
+    ]  # fmt: skip
     assert asked["toolCall"]["kind"] == "execute"
     assert asked["toolCall"]["title"] == f"$ touch {allowed}"
     assert allowed.exists() and said(first) == "ran it"
-    assert len(second["permissions"]) == 1
-    assert not rejected.exists() and said(second) == "it was refused"
-    (failed,) = [u for u in second["updates"] if u.get("status") == "failed"]
-    assert failed["sessionUpdate"] == "tool_call_update"
+    for step, marker in ((second, rejected), (third, cancelled)):
+        assert len(step["permissions"]) == 1
+        assert not marker.exists()
+        (failed,) = [u for u in step["updates"] if u.get("status") == "failed"]
+        assert failed["sessionUpdate"] == "tool_call_update"
+    assert said(second) == "it was refused" and said(third) == "not asked again"
 
 
 async def test_cancel_mid_stream_answers_cancelled_within_a_second_and_saves_the_partial(
@@ -469,6 +467,22 @@ async def test_stdin_closed_mid_run_stops_it_and_exits_0(
     assert answer["result"]["stopReason"] == "cancelled"
     saved = await messages(tmp_path / "navi.db", sid)
     assert [m["role"] for m in saved] == ["user", "assistant"]
+
+
+async def test_a_line_that_is_not_json_is_an_error_and_the_agent_goes_on(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}
+    lines = b'{"jsonrpc": "2.0", "id": 7, "meth\n[1, 2]\n' + (json.dumps(init) + "\n").encode()
+    with trio.fail_after(DEADLINE):
+        done = await trio.run_process(
+            [*AGENT, "--llm-url", "http://127.0.0.1:9"], stdin=lines, capture_stdout=True,
+            capture_stderr=True, env=env,
+        )  # fmt: skip
+    replies = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert [r.get("error", {}).get("code") for r in replies] == [-32700, -32600, None]
+    assert "not JSON" in replies[0]["error"]["message"] and replies[0]["id"] is None
+    assert replies[2]["result"]["protocolVersion"] == 1
 
 
 async def test_sigterm_ends_the_agent_as_a_closed_stdin_does(
