@@ -5,8 +5,8 @@ is a navi session of the daemon, reached through `open_daemon` as any client rea
 each prompt opens a connection, sends the message, follows its run to the top-level
 ``stream_end`` (updates.py says what the editor sees of each frame) and answers with
 the stop reason; approvals become ``session/request_permission``; ``session/cancel``
-sends navi's ``stop``. Requests that are not runs (create, list, history, compact) are
-one request each on a connection of their own.
+sends navi's ``stop``. Requests that are not runs (create, list, history, fork, the
+commands) are one request each on a connection of their own.
 
 Requests are validated with the SDK's generated schema models (`acp.schema`, pydantic),
 imported only by this command: a bad request is an ``Invalid params`` error naming the
@@ -127,7 +127,6 @@ class Agent:
         self.default_profile = profile
         self.sessions: dict[str, Session] = {}
         self.peer: Peer | None = None
-        self.client_caps: dict[str, Any] = {}
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -195,9 +194,7 @@ class Agent:
     # -- initialize -------------------------------------------------------------------
 
     async def initialize(self, params: dict[str, Any]) -> Any:
-        req = parse(schema.InitializeRequest, params)
-        caps = req.client_capabilities
-        self.client_caps = caps.model_dump(by_alias=True) if caps is not None else {}
+        parse(schema.InitializeRequest, params)
         return {
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
@@ -579,8 +576,8 @@ def _refused(exc: RemoteError) -> RpcError:
 
 @asynccontextmanager
 async def stdio() -> AsyncIterator[tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream]]:
-    """Our own handles on stdin and stdout; fd 1 is then pointed at stderr, so nothing
-    but ACP messages (a stray print, a library's banner) can reach the editor."""
+    """Our own handles on stdin and stdout; fd 1 is then pointed at stderr, so that a
+    stray print or a library's banner cannot get between the editor's messages."""
     stdin = trio.lowlevel.FdStream(os.dup(0))
     stdout = trio.lowlevel.FdStream(os.dup(1))
     os.dup2(2, 1)
