@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import trio
 from daemons import no_plan_config
+from test_acp_updates import valid
 from test_cli import fake_llm
 
 pytestmark = pytest.mark.slow
@@ -51,7 +52,25 @@ async def acpx_exec(
     )  # fmt: skip
     log = [json.loads(line) for line in done.stdout.decode().splitlines() if line.startswith("{")]
     assert log, done.stderr.decode()[-2000:]
+    for message in log:
+        agents(message)
     return log, done.returncode
+
+
+def agents(message: dict[str, Any]) -> None:
+    """What the agent sent, checked against the protocol's published schema."""
+    assert message["jsonrpc"] == "2.0"
+    method, result = message.get("method"), message.get("result")
+    if method == "session/update":
+        valid("SessionNotification", message["params"])
+    elif method == "session/request_permission":
+        valid("RequestPermissionRequest", message["params"])
+    elif isinstance(result, dict) and "protocolVersion" in result:
+        valid("InitializeResponse", result)
+    elif isinstance(result, dict) and "modes" in result:
+        valid("NewSessionResponse", result)
+    elif isinstance(result, dict) and "stopReason" in result:
+        valid("PromptResponse", result)
 
 
 def updates(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
