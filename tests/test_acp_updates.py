@@ -201,6 +201,17 @@ def test_the_agent_s_own_payloads_are_valid() -> None:
     })  # fmt: skip
 
 
+def test_live_output_shows_everything_so_far_and_keeps_its_tail() -> None:
+    def event(text: str) -> dict[str, Any]:
+        return {"type": "tool_event", "call_id": "c", "name": "terminal", "data": {"text": text}}
+
+    first, second = of([event("line 1"), event("line 2\nline 3")])
+    assert second["content"][0]["content"]["text"] == "line 1\nline 2\nline 3"
+    (*_, last) = of([event("x" * up.TEXT_MAX), event("tail")])
+    text = last["content"][0]["content"]["text"]
+    assert len(text) == up.TEXT_MAX and text.endswith("x\ntail")
+
+
 def test_a_long_text_is_cut() -> None:
     (chunk,) = of([{"type": "tool_event", "call_id": "c", "name": "t",
                     "data": {"text": "x" * (up.TEXT_MAX + 10)}}])  # fmt: skip

@@ -8,7 +8,8 @@ camelCase; tests validate them against the SDK's schema models):
   (a sub-agent's text stays inside its own tool call, not in the answer);
 - ``plan`` (the planning phase) and ``todo_updated`` → ``plan`` with every entry;
 - ``tool_started`` → ``tool_call`` (title, kind, raw input, the paths it touches);
-  ``tool_event`` → ``tool_call_update`` with the output so far; ``tool_result`` →
+  ``tool_event`` → ``tool_call_update`` with the output so far (its last `TEXT_MAX`
+  characters); ``tool_result`` →
   ``tool_call_update`` completed or failed, with its output and, for a filesystem write
   or edit, a diff of what it changed;
 - ``subagent_started`` / ``subagent_finished`` and background jobs (``task_update``) are
@@ -145,6 +146,7 @@ class Updates:
         self.calls: dict[str, tuple[str, dict[str, Any]]] = {}  # call id -> (tool, args)
         self._tasks: set[str] = set()
         self._agents: set[str] = set()
+        self._live: dict[str, str] = {}  # call id -> its live output so far (a tail)
 
     def tool_call(self, call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
         self.calls[call_id] = (name, args)
@@ -183,9 +185,15 @@ class Updates:
         if kind == "tool_event":
             data = frame.get("data")
             text = data.get("text") if isinstance(data, dict) else None
-            if isinstance(text, str) and text:
-                return [_update(str(frame.get("call_id")), content=[text_content(text)])]
-            return []
+            if not isinstance(text, str) or not text:
+                return []
+            # Each event brings the lines since the last one; the editor's card shows the
+            # content it was sent last, so it gets the output so far (its tail).
+            call_id = str(frame.get("call_id"))
+            so_far = self._live.get(call_id)
+            so_far = text if so_far is None else f"{so_far}\n{text}"
+            self._live[call_id] = so_far = so_far[-TEXT_MAX:]
+            return [_update(call_id, content=[text_content(so_far)])]
         if kind == "tool_result":
             return [self._result(frame)]
         if kind == "subagent_started":
@@ -205,6 +213,7 @@ class Updates:
 
     def _result(self, frame: dict[str, Any]) -> dict[str, Any]:
         call_id = str(frame.get("call_id"))
+        self._live.pop(call_id, None)
         name, args = self.calls.pop(call_id, (str(frame.get("name")), {}))
         ok = bool(frame.get("ok"))
         text = str(frame.get("output") or "") if ok else str(frame.get("error") or "")
