@@ -528,9 +528,9 @@ class Lines:
 
 
 def editor_snippets() -> list[tuple[str, list[str]]]:
-    """(editor, argv) of each configuration snippet in the README's "Editors (ACP)"."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Editors (ACP)", 1)[1].split("\n### ", 1)[0]
+    """(editor, argv) of each configuration snippet of docs/pages/editors.md."""
+    page = Path(__file__).parent.parent / "docs" / "pages" / "editors.md"
+    section = page.read_text(encoding="utf-8")
     found: list[tuple[str, list[str]]] = []
     for block in re.findall(r"```json\n(.*?)```", section, re.S):
         for name, server in json.loads(block)["agent_servers"].items():
@@ -541,7 +541,7 @@ def editor_snippets() -> list[tuple[str, list[str]]]:
     return found
 
 
-async def test_each_editor_snippet_of_the_readme_starts_an_agent_that_answers(
+async def test_each_editor_snippet_of_the_docs_starts_an_agent_that_answers(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     snippets = editor_snippets()

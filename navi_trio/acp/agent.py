@@ -41,7 +41,6 @@ from navi_trio.acp.jsonrpc import (
     Peer,
     RpcError,
 )
-from navi_trio.api.remote import request as daemon_request
 from navi_trio.errors import NaviError, RemoteError
 from navi_trio.wire import Frame
 
@@ -138,19 +137,24 @@ class Agent:
         await self._peer().notify("session/update", {"sessionId": session_id, "update": update})
 
     async def _request(self, frame: Frame) -> Frame:
-        with daemon_errors():
-            return await daemon_request(self.backend.url, self.backend.token, frame)
+        try:
+            with daemon_errors(), trio.fail_after(REPLY_TIMEOUT):
+                async with self.backend.connect() as daemon:
+                    return await daemon.request(frame, timeout=REPLY_TIMEOUT)
+        except trio.TooSlowError:
+            what = frame.get("type")
+            raise RpcError(INTERNAL_ERROR, f"the daemon did not answer {what!r} in time") from None
 
     async def _create(self) -> str:
         """A new navi session of ours (its reply is a ``session`` frame, not an ``ok``)."""
-        from navi_trio.api.daemon_client import open_daemon, remote_error
+        from navi_trio.api.daemon_client import remote_error
 
         frame: Frame = {"type": wire.SESSIONS, "action": "create", "id": "acp-create"}
         if self.default_profile:
             frame["profile"] = self.default_profile
         try:
             with daemon_errors(), trio.fail_after(REPLY_TIMEOUT):
-                async with open_daemon(self.backend.url, self.backend.token) as daemon:
+                async with self.backend.connect() as daemon:
                     await daemon.send(frame)
                     while True:
                         reply = await daemon.receive()
@@ -416,7 +420,7 @@ class Agent:
         return f"navi: rewound to before {text!r} ({removed} messages removed, files restored)"
 
     async def _run(self, session: Session, prompt: Prompt, text: str) -> Any:
-        from navi_trio.api.daemon_client import OurRun, open_daemon
+        from navi_trio.api.daemon_client import OurRun
 
         sid = session.session_id
         mapper = up.Updates(session.cwd)
@@ -424,7 +428,7 @@ class Agent:
         failure = ""  # the run's own error event, if any
         with daemon_errors():
             async with (
-                open_daemon(self.backend.url, self.backend.token) as daemon,
+                self.backend.connect() as daemon,
                 trio.open_nursery() as nursery,
             ):
                 accepted = await daemon.send_message(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING
 
 import attrs
@@ -22,6 +22,7 @@ import trio
 from navi_trio.cli.runner import RunTarget
 
 if TYPE_CHECKING:
+    from navi_trio.api.daemon_client import DaemonConnection
     from navi_trio.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -39,10 +40,17 @@ class Backend:
     """A daemon to talk to, and what its welcome said of us."""
 
     url: str
-    token: str
-    role: str
-    profiles: list[str]
-    default_profile: str | None
+    token: str = attrs.field(repr=False)
+    role: str = "user"
+    profiles: list[str] = attrs.Factory(list)
+    default_profile: str | None = None
+    private: bool = False  # the daemon of this process
+
+    def connect(self) -> AbstractAsyncContextManager[DaemonConnection]:
+        """A connection to the daemon (every one the agent opens comes from here)."""
+        from navi_trio.api.daemon_client import open_daemon
+
+        return open_daemon(self.url, self.token)
 
 
 @asynccontextmanager
@@ -50,27 +58,24 @@ async def open_backend(options: BackendOptions) -> AsyncIterator[Backend]:
     """The daemon for this `navi acp`, open until the block ends (see the module)."""
     found = await options.target.daemon()
     if found is not None:
-        yield await _welcome(*found)
+        yield await _welcome(Backend(*found))
         return
     async with _private_daemon(options) as (url, token):
-        yield await _welcome(url, token)
+        yield await _welcome(Backend(url, token, private=True))
 
 
-async def _welcome(url: str, token: str) -> Backend:
-    from navi_trio.api.daemon_client import open_daemon
-
-    async with open_daemon(url, token) as daemon:
+async def _welcome(backend: Backend) -> Backend:
+    """`backend` with what the daemon's welcome says of us (role, profiles)."""
+    async with backend.connect() as daemon:
         welcome = daemon.welcome
         role = daemon.role
     profiles = welcome.get("profiles")
     default = welcome.get("default_profile")
-    return Backend(
-        url,
-        token,
-        role,
-        [str(p) for p in profiles] if isinstance(profiles, list) else [],
-        default if isinstance(default, str) else None,
-    )
+    return attrs.evolve(
+        backend, role=role,
+        profiles=[str(p) for p in profiles] if isinstance(profiles, list) else [],
+        default_profile=default if isinstance(default, str) else None,
+    )  # fmt: skip
 
 
 @asynccontextmanager
