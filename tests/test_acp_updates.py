@@ -228,3 +228,36 @@ async def test_a_line_over_the_limit_is_skipped_and_the_next_one_read() -> None:
         assert await reader.line() == b'{"ok": 1}'
         await send.aclose()
         assert await reader.line() is None
+
+
+async def test_requests_past_the_bound_are_refused_and_a_notification_still_gets_through() -> None:
+    from navi_trio.acp import jsonrpc
+
+    release, cancelled = trio.Event(), trio.Event()
+
+    async def slow(params: dict[str, Any]) -> Any:
+        await release.wait()
+        return {"done": True}
+
+    async def cancel(params: dict[str, Any]) -> None:
+        cancelled.set()
+
+    to_agent, agent_in = trio.testing.memory_stream_pair()
+    agent_out, from_agent = trio.testing.memory_stream_pair()
+    peer = jsonrpc.Peer(LineReader(agent_in), agent_out, {"slow": slow}, {"cancel": cancel})
+    lines = [{"jsonrpc": "2.0", "id": n, "method": "slow"} for n in range(jsonrpc.MAX_RUNNING + 1)]
+    lines.append({"jsonrpc": "2.0", "method": "cancel", "params": {}})
+    replies = LineReader(from_agent)
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(peer.serve, lambda: None, 1.0)
+            await to_agent.send_all(b"".join(json.dumps(m).encode() + b"\n" for m in lines))
+            refused = json.loads(await replies.line() or b"")
+            await cancelled.wait()
+            release.set()
+            answered = [json.loads(await replies.line() or b"") for _ in range(jsonrpc.MAX_RUNNING)]
+            await to_agent.aclose()
+    assert (
+        refused["id"] == jsonrpc.MAX_RUNNING and "requests at once" in refused["error"]["message"]
+    )
+    assert sorted(r["id"] for r in answered) == list(range(jsonrpc.MAX_RUNNING))

@@ -7,7 +7,9 @@ its own so that a long ``session/prompt`` does not hold up a ``session/cancel``.
 
 Everything the editor controls is bounded: a line at `MAX_LINE_BYTES` (a longer one is
 read to its end, dropped, and answered with an error: the peer goes on), the requests
-running at once at `MAX_RUNNING`, and the replies we wait for at `MAX_WAITING`. Writes
+running at once at `MAX_RUNNING` (one more is answered with an error, so that the
+reader never waits and a ``session/cancel`` always gets through), and the replies we
+wait for at `MAX_WAITING`. Writes
 are whole lines under one lock; a reader that does not read holds the writer (and so the
 daemon's stream behind it) rather than filling memory.
 """
@@ -229,7 +231,13 @@ class Peer:
         if found is None:
             await self._send(_error(rid, RpcError(METHOD_NOT_FOUND, f"unknown method {method!r}")))
             return
-        await self._running.acquire()  # at most MAX_RUNNING at once: the reader waits
+        try:
+            self._running.acquire_nowait()
+        except trio.WouldBlock:  # refused, not waited for: a cancel must still get through
+            await self._send(_error(rid, RpcError(
+                INTERNAL_ERROR, f"more than {MAX_RUNNING} requests at once: wait for an answer"
+            )))  # fmt: skip
+            return
         self._active += 1
         if self._active == 1:
             self._idle = trio.Event()
