@@ -127,3 +127,9 @@ async def test_navi_run_builds_its_http_client_in_a_thread_and_answers(
     assert on_main_thread == [False], "the client was not built by run_embedded's thread"
     assert outcome.end is not None and outcome.end.reason == "complete", err.getvalue()
     assert out.getvalue() == "hello\n"
+
+
+def test_the_acp_agent_and_its_sdk_stay_out_of_every_other_command() -> None:
+    # `navi acp` alone imports the ACP SDK's pydantic models (navi_trio/acp/).
+    statement = "import navi_trio.cli, navi_trio.cli.run, navi_trio.runtime"
+    assert imported_by(statement, ("navi_trio.acp", "acp", "pydantic")) == []

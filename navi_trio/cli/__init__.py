@@ -11,6 +11,7 @@
     navi status | stop [--port P]                (the daemons running: see cli/daemons.py)
     navi mcp list [--config PATH]                (MCP servers: see cli/mcp.py)
     navi mcp serve [--url URL] [--profile P] [--mode M] ...   (navi as an MCP server)
+    navi acp [--url URL] [--profile P] [--mode M] ...         (navi as an ACP agent)
 
 `main` parses the arguments, runs the subcommand under `trio.run` and turns every
 failure into one line ``navi: error: ...`` on stderr and a non-zero exit code (1; 128 +
@@ -50,6 +51,7 @@ import trio
 
 from navi_trio import __version__
 from navi_trio.api.remote import DEFAULT_URL
+from navi_trio.cli.acp import add_acp_parser, cmd_acp
 from navi_trio.cli.chat import serve_args_for_chat as serve_args_for_chat
 from navi_trio.cli.common import DEBUG_HINT as _DEBUG_HINT
 from navi_trio.cli.common import EXIT_ERROR as EXIT_ERROR
@@ -180,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_rewind_parsers(sub, _add_endpoint_options)
     add_daemon_parsers(sub, _add_endpoint_options)
     add_mcp_parser(sub, _add_endpoint_options)
+    add_acp_parser(sub, _add_endpoint_options)
     return parser
 
 
@@ -254,6 +257,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
     "fork": cmd_fork,
     "chat": cmd_chat,
     "mcp": cmd_mcp,
+    "acp": cmd_acp,
     **DAEMON_COMMANDS,
 }
 

@@ -50,16 +50,19 @@ def add_mcp_parser(
         "answers (--url, default the local one), else in this process. Tool calls that "
         "need approval are denied (nobody can approve them over MCP). Logs go to stderr.",
     )
-    serve.add_argument("--url", help=f"run in this daemon (default: {DEFAULT_URL} if it answers)")
-    serve.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
-    serve.add_argument("--profile", metavar="P", help="profile for new sessions")
-    serve.add_argument(
-        "--mode",
-        choices=("read-only", "workspace", "full"),
-        help="safety mode for every run, within what your role allows (default: the profile's)",
+    add_target_options(
+        serve, "safety mode for every run, within what your role allows (default: the profile's)"
     )
     if endpoint_options is not None:
         endpoint_options(serve)
+
+
+def add_target_options(p: argparse.ArgumentParser, mode_help: str) -> None:
+    """--url, --token, --profile and --mode of a command that serves navi on stdio."""
+    p.add_argument("--url", help=f"run in this daemon (default: {DEFAULT_URL} if it answers)")
+    p.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
+    p.add_argument("--profile", metavar="P", help="profile for new sessions")
+    p.add_argument("--mode", choices=("read-only", "workspace", "full"), help=mode_help)
 
 
 def cmd_mcp(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

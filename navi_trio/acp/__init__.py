@@ -1,0 +1,38 @@
+"""`navi acp`: navi as an Agent Client Protocol agent for editors (Zed, JetBrains, Neovim).
+
+- jsonrpc.py: JSON-RPC 2.0 on the editor's pipes, bounded, on trio;
+- updates.py: navi's session frames as ACP ``session/update`` payloads;
+- agent.py: the ACP methods, each a client of the daemon through `open_daemon`;
+- backend.py: which daemon (`open_backend`).
+
+Imported only by the ``acp`` command: it needs pydantic and the ACP SDK's schema models
+(the ``acp`` extra).
+"""
+
+from __future__ import annotations
+
+import signal
+
+import trio
+
+from navi_trio.acp.agent import Agent, serve_on, stdio
+from navi_trio.acp.backend import BackendOptions, open_backend
+
+__all__ = ["BackendOptions", "serve"]
+
+
+async def serve(options: BackendOptions, mode: str | None, profile: str | None) -> None:
+    """Serve ACP on stdin/stdout until stdin closes; SIGTERM / SIGINT end it as that does."""
+    async with stdio() as (stdin, stdout), open_backend(options) as backend:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                agent = Agent(backend, mode, profile)
+
+                async def on_signal() -> None:
+                    async for _ in signals:
+                        await stdin.aclose()  # as if the editor closed it
+                        return
+
+                nursery.start_soon(on_signal)
+                await serve_on(agent, stdin, stdout)
+                nursery.cancel_scope.cancel()

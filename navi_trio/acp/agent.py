@@ -1,0 +1,603 @@
+"""`navi acp`: navi as an Agent Client Protocol agent on stdin/stdout.
+
+The editor starts ``navi acp`` and speaks JSON-RPC 2.0 to it (jsonrpc.py). Every session
+is a navi session of the daemon, reached through `open_daemon` as any client reaches it:
+each prompt opens a connection, sends the message, follows its run to the top-level
+``stream_end`` (updates.py says what the editor sees of each frame) and answers with
+the stop reason; approvals become ``session/request_permission``; ``session/cancel``
+sends navi's ``stop``. Requests that are not runs (create, list, history, fork, the
+commands) are one request each on a connection of their own.
+
+Requests are validated with the SDK's generated schema models (`acp.schema`, pydantic),
+imported only by this command: a bad request is an ``Invalid params`` error naming the
+field, and the agent goes on. When stdin closes, the runs in flight are stopped (their
+partial answers saved) and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+import pydantic
+import trio
+from acp import schema
+
+from navi_trio import __version__, wire
+from navi_trio.acp import updates as up
+from navi_trio.acp.backend import Backend
+from navi_trio.acp.jsonrpc import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    RESOURCE_NOT_FOUND,
+    AndThen,
+    LineReader,
+    Peer,
+    RpcError,
+)
+from navi_trio.errors import NaviError, RemoteError
+from navi_trio.wire import Frame
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+# The user message sent to the daemon, in UTF-8 bytes: under its frame limit (1 MiB).
+MAX_PROMPT_BYTES = 900_000
+STOP_GRACE = 5.0  # stdin closed: how long the stops of the runs in flight may take
+REPLY_TIMEOUT = 30.0  # a request to the daemon that is not a run
+MODES = {
+    "read-only": "Read-only: navi reads and searches, changes nothing",
+    "workspace": "Workspace: navi may change files in the working folder; asks for the rest",
+    "full": "Full: no sandbox (admins, in their own sessions)",
+}
+COMMANDS = {
+    "compact": "compress the session's context (summarise the older part)",
+    "rewind": "undo the last message: the chat and the files back to before it",
+    "fork": "copy this session into a new one (its id is answered)",
+}
+ALLOW_ONCE, ALLOW_ALWAYS, REJECT_ONCE, REJECT_ALWAYS = (
+    "allow_once",
+    "allow_always",
+    "reject_once",
+    "reject_always",
+)
+PERMISSION_OPTIONS = [
+    {"optionId": ALLOW_ONCE, "name": "Allow once", "kind": "allow_once"},
+    {"optionId": ALLOW_ALWAYS, "name": "Allow always", "kind": "allow_always"},
+    {"optionId": REJECT_ONCE, "name": "Reject once", "kind": "reject_once"},
+    {"optionId": REJECT_ALWAYS, "name": "Reject always", "kind": "reject_always"},
+]
+# optionId -> navi's (approve, scope)
+ANSWERS = {
+    ALLOW_ONCE: (True, "once"),
+    ALLOW_ALWAYS: (True, "always"),
+    REJECT_ONCE: (False, "once"),
+    REJECT_ALWAYS: (False, "always"),
+}
+
+M = TypeVar("M", bound=pydantic.BaseModel)
+
+
+def parse(model: type[M], params: dict[str, Any]) -> M:
+    """`params` as `model`, or an ``Invalid params`` error naming the bad fields."""
+    try:
+        return model.model_validate(params)
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'params'}: {e['msg']}"
+            for e in exc.errors()[:5]
+        )
+        raise RpcError(INVALID_PARAMS, f"invalid params: {problems}") from None
+
+
+@attrs.define(eq=False)
+class Prompt:
+    """One ``session/prompt`` in flight."""
+
+    stop_wanted: trio.Event = attrs.field(factory=trio.Event)
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.stop_wanted.set()
+
+
+@attrs.define(eq=False)
+class Session:
+    session_id: str
+    cwd: str
+    mode: str
+    profile: str | None
+    prompt: Prompt | None = None
+
+
+class Agent:
+    """The ACP methods over one daemon (see the module docstring)."""
+
+    def __init__(self, backend: Backend, mode: str | None, profile: str | None) -> None:
+        self.backend = backend
+        self.default_mode = mode
+        self.default_profile = profile
+        self.sessions: dict[str, Session] = {}
+        self.peer: Peer | None = None
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _peer(self) -> Peer:
+        assert self.peer is not None
+        return self.peer
+
+    async def notify(self, session_id: str, update: dict[str, Any]) -> None:
+        await self._peer().notify("session/update", {"sessionId": session_id, "update": update})
+
+    async def _request(self, frame: Frame) -> Frame:
+        try:
+            with daemon_errors(), trio.fail_after(REPLY_TIMEOUT):
+                async with self.backend.connect() as daemon:
+                    return await daemon.request(frame, timeout=REPLY_TIMEOUT)
+        except trio.TooSlowError:
+            what = frame.get("type")
+            raise RpcError(INTERNAL_ERROR, f"the daemon did not answer {what!r} in time") from None
+
+    async def _create(self) -> str:
+        """A new navi session of ours (its reply is a ``session`` frame, not an ``ok``)."""
+        from navi_trio.api.daemon_client import remote_error
+
+        frame: Frame = {"type": wire.SESSIONS, "action": "create", "id": "acp-create"}
+        if self.default_profile:
+            frame["profile"] = self.default_profile
+        try:
+            with daemon_errors(), trio.fail_after(REPLY_TIMEOUT):
+                async with self.backend.connect() as daemon:
+                    await daemon.send(frame)
+                    while True:
+                        reply = await daemon.receive()
+                        if reply.get("id") != "acp-create":
+                            continue
+                        if reply["type"] == wire.ERROR:
+                            raise remote_error(reply)
+                        return str(reply["session_id"])
+        except trio.TooSlowError:
+            raise RpcError(
+                INTERNAL_ERROR, "the daemon did not create the session in time"
+            ) from None
+
+    def _session(self, session_id: str) -> Session:
+        found = self.sessions.get(session_id)
+        if found is None:
+            raise RpcError(
+                RESOURCE_NOT_FOUND,
+                f"unknown session {session_id!r}: create one with session/new or open it "
+                "with session/load",
+            )
+        return found
+
+    def methods(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[Any]]]:
+        return {
+            "initialize": self.initialize,
+            "authenticate": self.authenticate,
+            "session/new": self.new_session,
+            "session/load": self.load_session,
+            "session/list": self.list_sessions,
+            "session/fork": self.fork_session,
+            "session/resume": self.resume_session,
+            "session/prompt": self.prompt,
+            "session/set_mode": self.set_mode,
+            "session/set_config_option": self.set_config_option,
+        }
+
+    def notifications(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[Any]]]:
+        return {"session/cancel": self.cancel}
+
+    # -- initialize -------------------------------------------------------------------
+
+    async def initialize(self, params: dict[str, Any]) -> Any:
+        parse(schema.InitializeRequest, params)
+        return {
+            "protocolVersion": PROTOCOL_VERSION,
+            "agentCapabilities": {
+                "loadSession": True,
+                "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
+                "mcpCapabilities": {"http": False, "sse": False},
+                "sessionCapabilities": {"list": {}, "fork": {}, "resume": {}},
+            },
+            "agentInfo": {"name": "navi", "title": "navi", "version": __version__},
+            "authMethods": [
+                {
+                    "id": "navi-token",
+                    "type": "env_var",
+                    "name": "navi token",
+                    "description": "a daemon's token, for `navi acp --url` to another "
+                    "daemon; the local daemon's is read from the data folder",
+                    "vars": [{"name": "NAVI_TOKEN", "label": "navi token", "optional": True}],
+                }
+            ],
+        }
+
+    async def authenticate(self, params: dict[str, Any]) -> Any:
+        # The token came with the environment (NAVI_TOKEN) or the data folder: nothing to do.
+        return {}
+
+    # -- sessions ---------------------------------------------------------------------
+
+    def _modes(self, session: Session) -> dict[str, Any]:
+        allowed = [m for m in MODES if m != "full" or self.backend.role == "admin"]
+        return {
+            "currentModeId": session.mode,
+            "availableModes": [{"id": m, "name": m, "description": MODES[m]} for m in allowed],
+        }
+
+    def _config_options(self, session: Session) -> list[dict[str, Any]]:
+        profiles = self.backend.profiles
+        current = session.profile or self.backend.default_profile or (profiles or ["general"])[0]
+        return [
+            {
+                "id": "profile",
+                "name": "Profile",
+                "type": "select",
+                "currentValue": current,
+                "description": "navi's profile for the next turns",
+                "options": [{"value": p, "name": p} for p in profiles],
+            }
+        ]
+
+    def _opened(self, session: Session) -> dict[str, Any]:
+        return {"modes": self._modes(session), "configOptions": self._config_options(session)}
+
+    async def _commands(self, session_id: str) -> None:
+        await self.notify(
+            session_id,
+            {
+                "sessionUpdate": "available_commands_update",
+                "availableCommands": [{"name": n, "description": d} for n, d in COMMANDS.items()],
+            },
+        )
+
+    def _cwd(self, cwd: str) -> str:
+        if not os.path.isabs(cwd):
+            raise RpcError(INVALID_PARAMS, f"cwd {cwd!r} must be an absolute path")
+        if not Path(cwd).is_dir():
+            raise RpcError(INVALID_PARAMS, f"cwd {cwd!r} is not a folder")
+        return cwd
+
+    def _mcp_servers(self, servers: list[Any]) -> None:
+        if servers:
+            names = ", ".join(str(getattr(s, "name", "?")) for s in servers)
+            log.warning("MCP servers passed by the editor are not used yet: %s", names)
+
+    async def new_session(self, params: dict[str, Any]) -> Any:
+        req = parse(schema.NewSessionRequest, params)
+        cwd = self._cwd(req.cwd)
+        self._mcp_servers(req.mcp_servers)
+        sid = await self._create()
+        session = Session(sid, cwd, self.default_mode or "workspace", self.default_profile)
+        self.sessions[sid] = session
+        return AndThen({"sessionId": sid, **self._opened(session)}, lambda: self._commands(sid))
+
+    async def load_session(self, params: dict[str, Any]) -> Any:
+        req = parse(schema.LoadSessionRequest, params)
+        cwd = self._cwd(req.cwd)
+        self._mcp_servers(req.mcp_servers)
+        sid = req.session_id
+        reply = await self._request(wire.history(sid))
+        messages = [m for m in reply.get("messages") or [] if isinstance(m, dict)]
+        old = self.sessions.get(sid)
+        session = old or Session(sid, cwd, self.default_mode or "workspace", None)
+        session.cwd = cwd
+        self.sessions[sid] = session
+        for update in up.history(cwd, messages):
+            await self.notify(sid, update)
+        return AndThen(self._opened(session), lambda: self._commands(sid))
+
+    async def fork_session(self, params: dict[str, Any]) -> Any:
+        """navi's fork: a new session with the history so far (the files stay shared)."""
+        req = parse(schema.ForkSessionRequest, params)
+        cwd = self._cwd(req.cwd)
+        self._mcp_servers(req.mcp_servers or [])
+        reply = await self._request(wire.fork(req.session_id))
+        sid = str(reply.get("new_session_id"))
+        source = self.sessions.get(req.session_id)
+        mode = source.mode if source else self.default_mode or "workspace"
+        session = Session(sid, cwd, mode, source.profile if source else None)
+        self.sessions[sid] = session
+        return AndThen({"sessionId": sid, **self._opened(session)}, lambda: self._commands(sid))
+
+    async def resume_session(self, params: dict[str, Any]) -> Any:
+        """As `session/load` without the replay: the editor shows what it has."""
+        req = parse(schema.ResumeSessionRequest, params)
+        cwd = self._cwd(req.cwd)
+        self._mcp_servers(req.mcp_servers or [])
+        await self._request(wire.history(req.session_id, limit=1))  # it exists, and is ours
+        session = self.sessions.get(req.session_id) or Session(
+            req.session_id, cwd, self.default_mode or "workspace", None
+        )
+        session.cwd = cwd
+        self.sessions[req.session_id] = session
+        return AndThen(self._opened(session), lambda: self._commands(req.session_id))
+
+    async def list_sessions(self, params: dict[str, Any]) -> Any:
+        req = parse(schema.ListSessionsRequest, params)
+        reply = await self._request(wire.sessions_list())
+        rows = []
+        for s in reply.get("sessions") or []:
+            sid = str(s.get("session_id"))
+            known = self.sessions.get(sid)
+            cwd = known.cwd if known else (req.cwd or str(Path.home()))
+            row = {"sessionId": sid, "cwd": cwd, "title": s.get("title") or None}
+            if isinstance(s.get("updated_at"), str):
+                row["updatedAt"] = s["updated_at"]
+            rows.append(row)
+        return {"sessions": rows}
+
+    async def set_mode(self, params: dict[str, Any]) -> Any:
+        req = parse(schema.SetSessionModeRequest, params)
+        session = self._session(req.session_id)
+        allowed = self._modes(session)["availableModes"]
+        if req.mode_id not in {m["id"] for m in allowed}:
+            raise RpcError(
+                INVALID_PARAMS,
+                f"unknown mode {req.mode_id!r} (modes: {', '.join(m['id'] for m in allowed)})",
+            )
+        session.mode = req.mode_id
+        return {}
+
+    async def set_config_option(self, params: dict[str, Any]) -> Any:
+        req = parse(schema.SetSessionConfigOptionSelectRequest, params)
+        session = self._session(req.session_id)
+        if req.config_id != "profile":
+            raise RpcError(
+                INVALID_PARAMS, f"unknown config option {req.config_id!r} (options: profile)"
+            )
+        if req.value not in self.backend.profiles:
+            raise RpcError(
+                INVALID_PARAMS,
+                f"unknown profile {req.value!r} (profiles: {', '.join(self.backend.profiles)})",
+            )
+        session.profile = req.value
+        return {"configOptions": self._config_options(session)}
+
+    # -- prompt -----------------------------------------------------------------------
+
+    async def cancel(self, params: dict[str, Any]) -> None:
+        req = parse(schema.CancelNotification, params)
+        session = self.sessions.get(req.session_id)
+        if session is not None and session.prompt is not None:
+            session.prompt.cancel()
+
+    async def prompt(self, params: dict[str, Any]) -> Any:
+        req = parse(schema.PromptRequest, params)
+        session = self._session(req.session_id)
+        if session.prompt is not None:
+            raise RpcError(
+                INVALID_REQUEST,
+                f"session {session.session_id!r} is already "
+                "running a prompt: cancel it or wait for its answer",
+            )
+        text = prompt_text(req.prompt)
+        session.prompt = prompt = Prompt()
+        try:
+            command = text.strip().split(maxsplit=1)[0] if text.strip() else ""
+            if command.lstrip("/") in COMMANDS and command.startswith("/"):
+                return await self._command(session, command.lstrip("/"))
+            return await self._run(session, prompt, text)
+        finally:
+            session.prompt = None
+
+    async def _command(self, session: Session, name: str) -> Any:
+        sid = session.session_id
+        if name == "compact":
+            await self._request(wire.compact(sid))
+            said = "navi: the context is compacted"
+        elif name == "rewind":
+            said = await self._rewind_last(sid)
+        else:
+            reply = await self._request(wire.fork(sid))
+            new = reply.get("new_session_id")
+            said = f"navi: forked into session {new} (open it with session/load)"
+        await self.notify(
+            sid, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": said}}
+        )
+        return {"stopReason": "end_turn"}
+
+    async def _rewind_last(self, sid: str) -> str:
+        """navi's rewind to before the session's last message, chat and files: the
+        preview, then its confirmation (as `navi rewind` does)."""
+        listed = await self._request(wire.checkpoints(sid))
+        messages = [m for m in listed.get("messages") or [] if isinstance(m, dict)]
+        if not messages:
+            return "navi: nothing to rewind: this session has no messages"
+        to = str(messages[-1].get("message_id"))
+        preview = await self._request(wire.rewind(sid, to=to))
+        done = await self._request(wire.rewind(sid, to=to, confirm=str(preview.get("token"))))
+        removed = done.get("messages_removed", preview.get("messages_removed"))
+        text = up.cut(" ".join(str(messages[-1].get("text", "")).split()), 80)
+        return f"navi: rewound to before {text!r} ({removed} messages removed, files restored)"
+
+    async def _run(self, session: Session, prompt: Prompt, text: str) -> Any:
+        from navi_trio.api.daemon_client import OurRun
+
+        sid = session.session_id
+        mapper = up.Updates(session.cwd)
+        end: Frame | None = None
+        failure = ""  # the run's own error event, if any
+        with daemon_errors():
+            async with (
+                self.backend.connect() as daemon,
+                trio.open_nursery() as nursery,
+            ):
+                accepted = await daemon.send_message(
+                    text,
+                    session_id=sid,
+                    profile=session.profile,
+                    cwd=session.cwd,
+                    mode=session.mode,
+                )
+                ours = OurRun.of(accepted, text)
+
+                async def send_stop() -> None:
+                    await prompt.stop_wanted.wait()
+                    if not ours.started:  # queued behind another run: not ours to stop
+                        nursery.cancel_scope.cancel()
+                        return
+                    await daemon.send(wire.stop(sid))
+
+                nursery.start_soon(send_stop)
+                while not ours.ended:
+                    frame = await daemon.receive()
+                    if frame["type"] == wire.ERROR and not isinstance(frame.get("seq"), int):
+                        log.warning("the daemon refused: %s", frame.get("message"))
+                        continue
+                    if not ours.ours(frame):
+                        continue
+                    if frame["type"] == "approval_request":
+                        nursery.start_soon(self._permission, daemon, session, mapper, frame)
+                    for update in mapper.of(frame):
+                        await self.notify(sid, update)
+                    if wire.is_top_end(frame):
+                        end = frame
+                    elif frame["type"] == wire.ERROR and not frame.get("is_subagent"):
+                        failure = str(frame.get("message") or "")
+                nursery.cancel_scope.cancel()
+        if end is None or prompt.cancelled:
+            return {"stopReason": "cancelled"}
+        if end.get("reason") in ("error", "context_too_large"):
+            why = failure or str(end.get("reason"))
+            raise RpcError(INTERNAL_ERROR, f"the run failed: {why}")
+        result: dict[str, Any] = {"stopReason": up.stop_reason(end)}
+        used = up.usage(end)
+        if used is not None:
+            result["usage"] = used
+        return result
+
+    async def _permission(
+        self, daemon: Any, session: Session, mapper: up.Updates, frame: Frame
+    ) -> None:
+        call_id = str(frame.get("call_id"))
+        name, args = mapper.calls.get(call_id, (str(frame.get("tool")), {}))
+        call: dict[str, Any] = {
+            "toolCallId": call_id,
+            "title": up.tool_title(name, args)
+            if args
+            else up.cut(str(frame.get("summary", "")), 200),
+            "kind": up.tool_kind(name, args),
+            "status": "pending",
+            "rawInput": args or {"summary": frame.get("summary")},
+        }
+        change = up.diff(session.cwd, name, args)
+        call["content"] = [change] if change else [up.text_content(str(frame.get("summary", "")))]
+        try:
+            reply = await self._peer().request(
+                "session/request_permission",
+                {
+                    "sessionId": session.session_id,
+                    "toolCall": call,
+                    "options": PERMISSION_OPTIONS,
+                },
+            )
+            outcome = reply.get("outcome") if isinstance(reply, dict) else None
+            chosen = outcome.get("optionId") if isinstance(outcome, dict) else None
+            approve, scope = ANSWERS.get(str(chosen), (False, "once"))
+        except RpcError as exc:
+            log.warning("the editor did not answer the permission request: %s", exc.message)
+            approve, scope = False, "once"
+        await daemon.send(wire.approval(approve, session.session_id, call_id, scope))
+
+    def stop_all(self) -> None:
+        """Stop every run in flight (stdin closed): each prompt sends its stop."""
+        for session in self.sessions.values():
+            if session.prompt is not None:
+                session.prompt.cancel()
+
+
+def prompt_text(blocks: list[Any]) -> str:
+    """The user message for a prompt's content blocks (bounded: `MAX_PROMPT_BYTES`)."""
+    parts: list[str] = []
+    for block in blocks:
+        kind = getattr(block, "type", None)
+        if kind == "text":
+            parts.append(block.text)
+        elif kind == "resource_link":
+            parts.append(f"[file: {_uri_path(block.uri)}]")
+        elif kind == "resource":
+            res = block.resource
+            body = getattr(res, "text", None)
+            where = _uri_path(res.uri)
+            if body is None:
+                parts.append(f"[file: {where}]")
+            else:
+                parts.append(f'<file path="{where}">\n{body}\n</file>')
+        else:
+            raise RpcError(
+                INVALID_PARAMS,
+                f"prompt: a {kind} block is not supported "
+                "(navi takes text, resource_link and resource)",
+            )
+    text = "\n\n".join(parts)
+    if not text.strip():
+        raise RpcError(INVALID_PARAMS, "prompt: no text")
+    size = len(text.encode("utf-8"))
+    if size > MAX_PROMPT_BYTES:
+        raise RpcError(INVALID_PARAMS, f"prompt: {size} bytes, more than {MAX_PROMPT_BYTES}")
+    return text
+
+
+def _uri_path(uri: str) -> str:
+    return uri[len("file://") :] if uri.startswith("file://") else uri
+
+
+@contextmanager
+def daemon_errors() -> Iterator[None]:
+    """The daemon's refusals and a lost daemon as JSON-RPC errors (also out of a
+    nursery, where they come as a group of one)."""
+    try:
+        yield
+    except (NaviError, BaseExceptionGroup) as exc:
+        leaf = exc
+        while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+            leaf = leaf.exceptions[0]
+        if isinstance(leaf, RemoteError):
+            raise _refused(leaf) from None
+        if isinstance(leaf, NaviError):
+            raise RpcError(INTERNAL_ERROR, str(leaf)) from None
+        raise
+
+
+def _refused(exc: RemoteError) -> RpcError:
+    code = RESOURCE_NOT_FOUND if exc.code == "not_found" else INVALID_PARAMS
+    if exc.code in ("internal", "storage", "storage_full"):
+        code = INTERNAL_ERROR
+    return RpcError(code, f"navi: {exc.detail} ({exc.code})")
+
+
+# ------------------------------------------------------------------ stdio
+
+
+@asynccontextmanager
+async def stdio() -> AsyncIterator[tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream]]:
+    """Our own handles on stdin and stdout; fd 1 is then pointed at stderr, so that a
+    stray print or a library's banner cannot get between the editor's messages."""
+    stdin = trio.lowlevel.FdStream(os.dup(0))
+    stdout = trio.lowlevel.FdStream(os.dup(1))
+    os.dup2(2, 1)
+    try:
+        yield stdin, stdout
+    finally:
+        with trio.CancelScope(shield=True):
+            await stdin.aclose()
+            await stdout.aclose()
+
+
+async def serve_on(
+    agent: Agent, stdin: trio.abc.ReceiveStream, stdout: trio.abc.SendStream
+) -> None:
+    """Serve ACP until `stdin` ends; then the runs in flight are stopped and their
+    prompts get `STOP_GRACE` seconds to answer."""
+    peer = Peer(LineReader(stdin), stdout, agent.methods(), agent.notifications())
+    agent.peer = peer
+    await peer.serve(agent.stop_all, STOP_GRACE)

@@ -1,0 +1,157 @@
+"""The official ACP Python SDK's client driving an agent: a program of its own (asyncio).
+
+    python tests/acp_sdk_client.py SCENARIO.json
+
+The scenario: ``{"agent": [argv...], "env": {...}, "cwd": DIR, "steps": [...]}``. The
+client spawns the agent with the SDK's `spawn_agent_process`, initializes, then runs
+the steps in order; each step prints one JSON line: what the step returned (or the
+JSON-RPC error it got), the ``session/update`` notifications that came meanwhile, and
+the permission requests the agent asked. Steps:
+
+- ``{"op": "new"}`` / ``{"op": "load", "id": SESSION_ID}`` / ``{"op": "fork"}`` /
+  ``{"op": "resume"}`` / ``{"op": "list"}``; the steps after them work on the session
+  they made or loaded;
+- ``{"op": "prompt", "text": T, "session": N?, "permission": OPTION_ID | "cancelled",
+  "cancel_on": UPDATE_KIND?}``: with ``cancel_on``, ``session/cancel`` is sent once an
+  update of that kind came;
+- ``{"op": "set_mode", "mode": M}``, ``{"op": "raw", "method": M, "params": P}`` (the
+  string ``"SID"`` in P stands for the current session).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from acp import PROTOCOL_VERSION, RequestError, spawn_agent_process, text_block
+from acp.schema import (
+    AllowedOutcome,
+    DeniedOutcome,
+    RequestPermissionResponse,
+)
+
+
+class Recorder:
+    """The SDK's Client: records what the agent sends, answers permissions as told."""
+
+    def __init__(self) -> None:
+        self.updates: list[dict[str, Any]] = []
+        self.permissions: list[dict[str, Any]] = []
+        self.answer = "reject_once"
+        self.cancel_on: str | None = None
+        self.cancel: asyncio.Event = asyncio.Event()
+
+    async def request_permission(
+        self, session_id: str, tool_call: Any, options: Any, **kw: Any
+    ) -> Any:
+        self.permissions.append(
+            {
+                "toolCall": tool_call.model_dump(by_alias=True, exclude_none=True),
+                "options": [o.model_dump(by_alias=True, exclude_none=True) for o in options],
+            }
+        )
+        if self.answer == "cancelled":
+            return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+        return RequestPermissionResponse(
+            outcome=AllowedOutcome(outcome="selected", option_id=self.answer)
+        )
+
+    async def session_update(self, session_id: str, update: Any, **kw: Any) -> None:
+        data = update.model_dump(by_alias=True, exclude_none=True)
+        data["_at"] = time.monotonic()
+        self.updates.append(data)
+        if self.cancel_on is not None and data.get("sessionUpdate") == self.cancel_on:
+            self.cancel.set()
+
+    async def ext_method(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        raise RequestError.method_not_found(method)
+
+    async def ext_notification(self, method: str, params: dict[str, Any]) -> None:
+        return None
+
+
+def _dump(result: Any) -> Any:
+    return result.model_dump(by_alias=True, exclude_none=True) if result is not None else None
+
+
+async def main(path: str) -> None:
+    scenario = json.loads(Path(path).read_text(encoding="utf-8"))  # noqa: ASYNC240
+    rec = Recorder()
+    argv = scenario["agent"]
+    sessions: list[str] = []
+    async with (
+        spawn_agent_process(
+            rec,  # type: ignore[arg-type]  # the Client protocol, the methods this test needs
+            argv[0],
+            *argv[1:],
+            env=scenario.get("env"),
+            cwd=scenario.get("cwd"),
+            transport_kwargs={"limit": 16 * 1024 * 1024},
+        ) as (conn, _proc)
+    ):
+        init = await conn.initialize(protocol_version=PROTOCOL_VERSION)
+        print(json.dumps({"op": "initialize", "result": _dump(init)}), flush=True)
+        for step in scenario["steps"]:
+            rec.updates, rec.permissions = [], []
+            op = step["op"]
+            out: dict[str, Any] = {"op": op}
+            sid = sessions[-1] if sessions else ""
+            res: Any
+            try:
+                if op == "new":
+                    res = await conn.new_session(cwd=scenario["cwd"], mcp_servers=[])
+                    sessions.append(res.session_id)
+                elif op == "load":
+                    loaded = str(step.get("id") or sid)
+                    res = await conn.load_session(
+                        cwd=scenario["cwd"], session_id=loaded, mcp_servers=[]
+                    )
+                    sessions.append(loaded)
+                elif op == "fork":
+                    res = await conn.fork_session(
+                        session_id=sid, cwd=scenario["cwd"], mcp_servers=[]
+                    )
+                    sessions.append(res.session_id)
+                elif op == "resume":
+                    res = await conn.resume_session(
+                        session_id=sid, cwd=scenario["cwd"], mcp_servers=[]
+                    )
+                elif op == "list":
+                    res = await conn.list_sessions()
+                elif op == "set_mode":
+                    res = await conn.set_session_mode(session_id=sid, mode_id=step["mode"])
+                elif op == "prompt":
+                    rec.answer = step.get("permission", "reject_once")
+                    rec.cancel_on = step.get("cancel_on")
+                    rec.cancel = asyncio.Event()
+                    task = asyncio.create_task(
+                        conn.prompt(session_id=sid, prompt=[text_block(step["text"])])
+                    )
+                    if rec.cancel_on is not None:
+                        await rec.cancel.wait()
+                        out["cancelled_at"] = time.monotonic()
+                        await conn.cancel(session_id=sid)
+                    res = await task
+                    out["answered_at"] = time.monotonic()
+                elif op == "raw":
+                    params = json.loads(
+                        json.dumps(step["params"]).replace('"SID"', json.dumps(sid))
+                    )
+                    res = await conn._conn.send_request(step["method"], params)  # noqa: SLF001
+                else:
+                    raise SystemExit(f"unknown op {op}")
+                out["result"] = res if isinstance(res, dict) else _dump(res)
+            except RequestError as exc:
+                out["error"] = {"code": exc.code, "message": str(exc), "data": exc.data}
+            out["updates"] = rec.updates
+            out["permissions"] = rec.permissions
+            print(json.dumps(out), flush=True)
+        await asyncio.sleep(0)  # let the last notifications land
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))

@@ -1,0 +1,560 @@
+"""`navi acp` driven end to end by the official ACP Python SDK's client.
+
+The client (tests/acp_sdk_client.py, asyncio) runs in a process of its own and spawns
+``python -m navi_trio acp`` with its environment pointing at the fake LLM (its own
+process) and a private DB and data folder: the agent then runs its sessions in a daemon
+of its own process, or, with --url, in a real `navi serve`. What a test asserts comes
+from the protocol (replies, updates, permission requests) and from the store and the
+files the runs left.
+
+Rules: loopback only, port 0, real processes, an absolute deadline on every test;
+nothing sleeps: a cancel is sent once the update it waits for came.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from daemons import add_user, no_plan_config
+from test_api_daemon import serve
+from test_cli import fake_llm, messages
+
+pytestmark = pytest.mark.slow
+DEADLINE = 90
+CLIENT = Path(__file__).with_name("acp_sdk_client.py")
+AGENT = [sys.executable, "-m", "navi_trio", "acp"]
+WRITE_NOTES = {
+    "name": "filesystem",
+    "arguments": {"action": "write", "path": "notes.txt", "content": "hello\n"},
+}
+
+
+@pytest.fixture
+def env(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """The clean environment, with a config whose first message makes no plan (the
+    scripts hold no plan replies)."""
+    return {**env, "NAVI_CONFIG": str(no_plan_config(tmp_path))}
+
+
+async def sdk_client(
+    env: dict[str, str],
+    tmp_path: Path,
+    steps: Sequence[dict[str, Any]],
+    *args: str,
+    llm: str | None = None,
+    name: str = "scenario",
+) -> list[dict[str, Any]]:
+    """Run the SDK's client on `steps` (with `llm`: `navi acp --llm-url llm`); one dict
+    per step, the initialize's first."""
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    path = tmp_path / f"{name}.json"
+    args = (*args, "--llm-url", llm) if llm is not None else args
+    scenario = {"agent": [*AGENT, *args], "env": env, "cwd": str(work), "steps": list(steps)}
+    path.write_text(json.dumps(scenario), encoding="utf-8")
+    with open(tmp_path / "err.log", "ab") as errlog:  # noqa: ASYNC230
+        done = await trio.run_process(
+            [sys.executable, str(CLIENT), str(path)],
+            capture_stdout=True,
+            stderr=errlog,
+            check=False,
+            env=env,
+        )
+    err = (tmp_path / "err.log").read_text(encoding="utf-8", errors="replace")
+    assert done.returncode == 0, err[-3000:]
+    return [json.loads(line) for line in done.stdout.decode().splitlines()]
+
+
+def kinds(step: dict[str, Any]) -> list[str]:
+    return [u["sessionUpdate"] for u in step["updates"]]
+
+
+def said(step: dict[str, Any], kind: str = "agent_message_chunk") -> str:
+    return "".join(u["content"]["text"] for u in step["updates"] if u["sessionUpdate"] == kind)
+
+
+async def test_a_prompt_streams_text_and_a_write_is_an_edit_with_its_diff(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    replies: list[dict[str, Any]] = [
+        {"text": "Writing it.", "tool_calls": [WRITE_NOTES]},
+        {"text": "Wrote the notes"},
+    ]
+    async with fake_llm(tmp_path, replies) as llm:
+        with trio.fail_after(DEADLINE):
+            init, new, prompt = await sdk_client(
+                env,
+                tmp_path,
+                [{"op": "new"}, {"op": "prompt", "text": "write notes"}],
+                llm=llm,
+            )
+    caps = init["result"]["agentCapabilities"]
+    assert init["result"]["protocolVersion"] == 1 and caps["loadSession"] is True
+    assert caps["promptCapabilities"]["embeddedContext"] is True
+    assert init["result"]["agentInfo"]["name"] == "navi"
+    sid = new["result"]["sessionId"]
+    assert [m["id"] for m in new["result"]["modes"]["availableModes"]] == [
+        "read-only",
+        "workspace",
+        "full",
+    ]
+    assert new["result"]["configOptions"][0]["id"] == "profile"
+    assert prompt["result"]["stopReason"] == "end_turn"
+    assert prompt["result"]["usage"]["totalTokens"] > 0
+    assert said(prompt) == "Writing it.Wrote the notes"
+    target = str(tmp_path / "work" / "notes.txt")
+    (start,) = [u for u in prompt["updates"] if u["sessionUpdate"] == "tool_call"]
+    assert start["kind"] == "edit" and start["title"] == "write notes.txt"
+    assert start["locations"] == [{"path": target}]
+    done = [u for u in prompt["updates"] if u.get("status") == "completed"]
+    (change,) = [c for c in done[0]["content"] if c["type"] == "diff"]
+    assert change == {"type": "diff", "path": target, "newText": "hello\n"}
+    assert (tmp_path / "work" / "notes.txt").read_text() == "hello\n"
+    assert "available_commands_update" in kinds(prompt) + kinds(new)
+    saved = await messages(tmp_path / "navi.db", sid)
+    assert saved[0]["role"] == "user" and saved[0]["content"] == "write notes"
+
+
+async def test_the_todo_list_is_the_editors_plan(env: dict[str, str], tmp_path: Path) -> None:
+    add = {"name": "todo", "arguments": {"action": "replace", "texts": ["read", "fix"]}}
+    start = {"name": "todo", "arguments": {"action": "update", "index": 1, "status": "in_progress"}}
+    replies: list[dict[str, Any]] = [{"tool_calls": [add]}, {"tool_calls": [start]}, {"text": "ok"}]
+    async with fake_llm(tmp_path, replies) as llm:
+        with trio.fail_after(DEADLINE):
+            _, _, prompt = await sdk_client(
+                env, tmp_path, [{"op": "new"}, {"op": "prompt", "text": "plan it"}], llm=llm
+            )
+    plans = [u["entries"] for u in prompt["updates"] if u["sessionUpdate"] == "plan"]
+    assert [[(e["content"], e["status"]) for e in p] for p in plans] == [
+        [("read", "pending"), ("fix", "pending")],
+        [("read", "in_progress"), ("fix", "pending")],
+    ]
+    (first, _) = [u for u in prompt["updates"] if u["sessionUpdate"] == "tool_call"]
+    assert first["kind"] == "think"
+
+
+async def test_the_rewind_command_undoes_the_last_message_chat_and_files(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    replies: list[dict[str, Any]] = [
+        {"text": "kept"},
+        {"text": "Writing.", "tool_calls": [WRITE_NOTES]},
+        {"text": "Wrote it"},
+    ]
+    steps: list[dict[str, Any]] = [
+        {"op": "new"},
+        {"op": "prompt", "text": "first"},
+        {"op": "prompt", "text": "write notes"},
+        {"op": "prompt", "text": "/rewind"},
+    ]
+    async with fake_llm(tmp_path, replies) as llm:
+        with trio.fail_after(DEADLINE):
+            _, new, first, wrote, rewound = await sdk_client(env, tmp_path, steps, llm=llm)
+    names = [
+        c["name"]
+        for u in new["updates"] + first["updates"] + wrote["updates"]
+        if u["sessionUpdate"] == "available_commands_update"
+        for c in u["availableCommands"]
+    ]
+    assert set(names) >= {"compact", "rewind", "fork"}
+    assert rewound["result"]["stopReason"] == "end_turn"
+    assert said(rewound).startswith("navi: rewound to before 'write notes'"), said(rewound)
+    assert not (tmp_path / "work" / "notes.txt").exists()
+    saved = await messages(tmp_path / "navi.db", new["result"]["sessionId"])
+    assert [m["content"] for m in saved] == ["first", "kept"]
+
+
+def touch(marker: Path) -> dict[str, Any]:
+    command = f"touch {marker}"
+    return {
+        "tool_calls": [{"name": "terminal", "arguments": {"action": "run", "command": command}}]
+    }
+
+
+async def test_permission_requests_answered_allow_reject_and_cancelled(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    allowed, rejected, cancelled = tmp_path / "allowed", tmp_path / "rejected", tmp_path / "c"
+    replies: list[dict[str, Any]] = [
+        touch(allowed), {"text": "ran it"},
+        touch(rejected), {"text": "it was refused"},
+        touch(cancelled), {"text": "not asked again"},
+    ]  # fmt: skip
+    steps: list[dict[str, Any]] = [
+        {"op": "new"},
+        {"op": "prompt", "text": "one", "permission": "allow_once"},
+        {"op": "prompt", "text": "two", "permission": "reject_once"},
+        {"op": "prompt", "text": "three", "permission": "cancelled"},
+    ]
+    async with fake_llm(tmp_path, replies) as llm:
+        with trio.fail_after(DEADLINE):
+            _, _, first, second, third = await sdk_client(
+                env, tmp_path, steps, "--mode", "full", llm=llm
+            )
+    (asked,) = first["permissions"]
+    assert [o["kind"] for o in asked["options"]] == [
+        "allow_once", "allow_always", "reject_once", "reject_always"
+    ]  # fmt: skip
+    assert asked["toolCall"]["kind"] == "execute"
+    assert asked["toolCall"]["title"] == f"$ touch {allowed}"
+    assert allowed.exists() and said(first) == "ran it"
+    for step, marker in ((second, rejected), (third, cancelled)):
+        assert len(step["permissions"]) == 1
+        assert not marker.exists()
+        (failed,) = [u for u in step["updates"] if u.get("status") == "failed"]
+        assert failed["sessionUpdate"] == "tool_call_update"
+    assert said(second) == "it was refused" and said(third) == "not asked again"
+
+
+async def test_cancel_mid_stream_answers_cancelled_within_a_second_and_saves_the_partial(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    replies: list[dict[str, Any]] = [{"text": "partial answer", "stall": True}]
+    steps: list[dict[str, Any]] = [
+        {"op": "new"},
+        {"op": "prompt", "text": "go", "cancel_on": "agent_message_chunk"},
+    ]
+    async with fake_llm(tmp_path, replies) as llm:
+        with trio.fail_after(DEADLINE):
+            _, new, prompt = await sdk_client(env, tmp_path, steps, llm=llm)
+    assert prompt["result"]["stopReason"] == "cancelled"
+    assert prompt["answered_at"] - prompt["cancelled_at"] < 1.0
+    saved = await messages(tmp_path / "navi.db", new["result"]["sessionId"])
+    assert [m["role"] for m in saved] == ["user", "assistant"]
+    assert saved[1]["content"].startswith("partial")
+
+
+async def test_modes_and_the_profile_go_with_the_next_prompt(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    write = {
+        "name": "filesystem",
+        "arguments": {"action": "write", "path": "x.txt", "content": "x"},
+    }
+    replies: list[dict[str, Any]] = [{"text": "", "tool_calls": [write]}, {"text": "could not"}]
+    steps: list[dict[str, Any]] = [
+        {"op": "new"},
+        {"op": "set_mode", "mode": "read-only"},
+        {
+            "op": "raw",
+            "method": "session/set_config_option",
+            "params": {"sessionId": "SID", "configId": "profile", "value": "coder"},
+        },
+        {"op": "prompt", "text": "write x"},
+        {"op": "set_mode", "mode": "sideways"},
+    ]
+    async with fake_llm(tmp_path, replies) as llm:
+        with trio.fail_after(DEADLINE):
+            _, new, mode, profile, prompt, bad = await sdk_client(env, tmp_path, steps, llm=llm)
+    assert "error" not in mode, mode
+    assert profile["result"]["configOptions"][0]["currentValue"] == "coder", profile
+    assert not (tmp_path / "work" / "x.txt").exists()
+    (failed,) = [u for u in prompt["updates"] if u.get("status") == "failed"]
+    assert failed["sessionUpdate"] == "tool_call_update"
+    assert bad["error"]["code"] == -32602 and "sideways" in bad["error"]["message"]
+    async with await _store(tmp_path) as store:
+        row = await store.get_session(new["result"]["sessionId"])
+    assert row is not None and row.profile_id == "coder"
+
+
+async def _store(tmp_path: Path) -> Any:
+    from navi_trio.store.sqlite import SQLiteStore
+
+    return SQLiteStore.open(tmp_path / "navi.db")
+
+
+async def test_a_session_loaded_in_a_new_process_replays_its_conversation(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    replies: list[dict[str, Any]] = [{"text": "first answer"}, {"text": "second answer"}]
+    async with fake_llm(tmp_path, replies) as llm:
+        with trio.fail_after(DEADLINE):
+            _, new, _ = await sdk_client(
+                env,
+                tmp_path,
+                [{"op": "new"}, {"op": "prompt", "text": "question one"}],
+                llm=llm,
+                name="one",
+            )
+            sid = new["result"]["sessionId"]
+            steps: list[dict[str, Any]] = [
+                {"op": "list"},
+                {"op": "load", "id": sid},
+                {"op": "prompt", "text": "question two"},
+            ]
+            _, listed, loaded, _ = await sdk_client(env, tmp_path, steps, llm=llm, name="two")
+    assert [s["sessionId"] for s in listed["result"]["sessions"]] == [sid]
+    assert [
+        (u["sessionUpdate"], u["content"]["text"]) for u in loaded["updates"] if "content" in u
+    ] == [("user_message_chunk", "question one"), ("agent_message_chunk", "first answer")]
+    saved = await messages(tmp_path / "navi.db", sid)
+    assert [m["content"] for m in saved] == [
+        "question one",
+        "first answer",
+        "question two",
+        "second answer",
+    ]
+
+
+async def test_a_fork_continues_from_the_history_and_resume_reopens_without_replay(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    replies: list[dict[str, Any]] = [{"text": "first answer"}, {"text": "in the fork"}]
+    steps: list[dict[str, Any]] = [
+        {"op": "new"},
+        {"op": "prompt", "text": "question one"},
+        {"op": "fork"},
+        {"op": "prompt", "text": "question two"},
+        {"op": "resume"},
+    ]
+    async with fake_llm(tmp_path, replies) as llm:
+        with trio.fail_after(DEADLINE):
+            init, new, _, fork, _, resumed = await sdk_client(env, tmp_path, steps, llm=llm)
+    caps = init["result"]["agentCapabilities"]["sessionCapabilities"]
+    assert "fork" in caps and "resume" in caps
+    source, forked = new["result"]["sessionId"], fork["result"]["sessionId"]
+    assert forked != source and "modes" in fork["result"]
+    assert [m["content"] for m in await messages(tmp_path / "navi.db", source)] == [
+        "question one", "first answer"
+    ]  # fmt: skip
+    assert [m["content"] for m in await messages(tmp_path / "navi.db", forked)] == [
+        "question one", "first answer", "question two", "in the fork"
+    ]  # fmt: skip
+    assert "error" not in resumed and "modes" in resumed["result"]
+    assert "user_message_chunk" not in kinds(resumed)
+
+
+async def test_bad_input_gets_errors_naming_the_problem_and_the_agent_goes_on(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    steps: list[dict[str, Any]] = [
+        {"op": "raw", "method": "session/teleport", "params": {}},
+        {"op": "raw", "method": "session/new", "params": {"cwd": 7}},
+        {"op": "raw", "method": "session/new", "params": {"cwd": "relative/dir", "mcpServers": []}},
+        {
+            "op": "raw",
+            "method": "session/prompt",
+            "params": {"sessionId": "s-nobody", "prompt": [{"type": "text", "text": "hi"}]},
+        },
+        {"op": "new"},
+        {
+            "op": "raw",
+            "method": "session/prompt",
+            "params": {
+                "sessionId": "SID",
+                "prompt": [{"type": "image", "data": "", "mimeType": "image/png"}],
+            },
+        },
+        {
+            "op": "raw",
+            "method": "session/prompt",
+            "params": {"sessionId": "SID", "prompt": [{"type": "text", "text": "x" * 1_000_000}]},
+        },
+        {"op": "prompt", "text": "still there?"},
+    ]
+    async with fake_llm(tmp_path, [{"text": "yes"}]) as llm:
+        with trio.fail_after(DEADLINE):
+            _, unknown, typed, relative, nobody, _, image, big, last = await sdk_client(
+                env, tmp_path, steps, llm=llm
+            )
+    assert unknown["error"]["code"] == -32601 and "session/teleport" in unknown["error"]["message"]
+    assert typed["error"]["code"] == -32602 and "cwd" in typed["error"]["message"]
+    assert relative["error"]["code"] == -32602 and "absolute" in relative["error"]["message"]
+    assert nobody["error"]["code"] == -32002 and "s-nobody" in nobody["error"]["message"]
+    assert image["error"]["code"] == -32602 and "image" in image["error"]["message"]
+    assert big["error"]["code"] == -32602
+    assert big["error"]["message"].startswith("prompt: 1000000 bytes, more than 900000")
+    assert last["result"]["stopReason"] == "end_turn" and said(last) == "yes"
+
+
+async def test_through_a_running_daemon_the_session_is_the_daemons(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    async with fake_llm(tmp_path, [{"text": "from the daemon"}]) as llm:
+        with trio.fail_after(DEADLINE):
+            async with serve(env, llm) as daemon:
+                _, new, prompt = await sdk_client(
+                    env,
+                    tmp_path,
+                    [{"op": "new"}, {"op": "prompt", "text": "hi"}],
+                    "--url",
+                    daemon.url,
+                )
+                daemon_log = await daemon.stderr.receive_some(1 << 20)
+    assert said(prompt) == "from the daemon"
+    sid = new["result"]["sessionId"]
+    assert f"session {sid}: run started".encode() in daemon_log  # the daemon ran it
+    saved = await messages(tmp_path / "navi.db", new["result"]["sessionId"])
+    assert [m["content"] for m in saved] == ["hi", "from the daemon"]
+
+
+async def test_a_user_s_cwd_outside_their_roots_is_an_error_naming_it(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    steps: list[dict[str, Any]] = [
+        {"op": "new"},
+        {"op": "prompt", "text": "hi"},
+        {"op": "set_mode", "mode": "full"},
+    ]
+    async with fake_llm(tmp_path, [{"text": "never"}]) as llm:
+        with trio.fail_after(DEADLINE):
+            async with serve(env, llm) as daemon:
+                token = await add_user(env, "ann")
+                _, new, prompt, full = await sdk_client(
+                    env, tmp_path, steps, "--url", daemon.url, "--token", token
+                )
+    assert [m["id"] for m in new["result"]["modes"]["availableModes"]] == [
+        "read-only", "workspace"
+    ]  # fmt: skip
+    assert prompt["error"]["code"] == -32602, prompt
+    assert "workspace_roots" in prompt["error"]["message"]
+    assert "forbidden" in prompt["error"]["message"]
+    assert full["error"]["code"] == -32602 and "full" in full["error"]["message"]
+
+
+async def test_stdin_closed_mid_run_stops_it_and_exits_0(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}},
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "session/new",
+            "params": {"cwd": str(work), "mcpServers": []},
+        },
+    ]
+    async with fake_llm(tmp_path, [{"text": "partial answer", "stall": True}]) as llm:
+        with trio.fail_after(DEADLINE):
+            proc = await trio.lowlevel.open_process(
+                [*AGENT, "--llm-url", llm],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=env,
+            )
+            assert proc.stdin is not None and proc.stdout is not None
+            out = Lines(proc.stdout)
+            await proc.stdin.send_all("".join(json.dumps(m) + "\n" for m in lines).encode())
+            sid = (await out.until(lambda m: m.get("id") == 2))["result"]["sessionId"]
+            prompt = {
+                "jsonrpc": "2.0",
+                "id": 3,
+                "method": "session/prompt",
+                "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]},
+            }
+            await proc.stdin.send_all((json.dumps(prompt) + "\n").encode())
+            await out.until(
+                lambda m: (
+                    m.get("params", {}).get("update", {}).get("sessionUpdate")
+                    == "agent_message_chunk"
+                )
+            )
+            await proc.stdin.aclose()
+            answer = await out.until(lambda m: m.get("id") == 3)
+            assert await proc.wait() == 0
+    assert answer["result"]["stopReason"] == "cancelled"
+    saved = await messages(tmp_path / "navi.db", sid)
+    assert [m["role"] for m in saved] == ["user", "assistant"]
+
+
+async def test_a_line_that_is_not_json_is_an_error_and_the_agent_goes_on(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}
+    lines = b'{"jsonrpc": "2.0", "id": 7, "meth\n[1, 2]\n' + (json.dumps(init) + "\n").encode()
+    with trio.fail_after(DEADLINE):
+        done = await trio.run_process(
+            [*AGENT, "--llm-url", "http://127.0.0.1:9"], stdin=lines, capture_stdout=True,
+            capture_stderr=True, env=env,
+        )  # fmt: skip
+    replies = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert [r.get("error", {}).get("code") for r in replies] == [-32700, -32600, None]
+    assert "not JSON" in replies[0]["error"]["message"] and replies[0]["id"] is None
+    assert replies[2]["result"]["protocolVersion"] == 1
+
+
+async def test_sigterm_ends_the_agent_as_a_closed_stdin_does(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}
+    async with fake_llm(tmp_path, [{"text": "hi"}]) as llm:
+        with trio.fail_after(DEADLINE):
+            proc = await trio.lowlevel.open_process(
+                [*AGENT, "--llm-url", llm], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=env,
+            )  # fmt: skip
+            assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+            await proc.stdin.send_all((json.dumps(init) + "\n").encode())
+            await Lines(proc.stdout).until(lambda m: m.get("id") == 1)
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0
+            err = await proc.stderr.receive_some(1 << 20)
+    assert b"Traceback" not in err and b"error" not in err, err
+
+
+class Lines:
+    """JSON lines off a stream."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self.stream = stream
+        self.buf = b""
+
+    async def next(self) -> dict[str, Any]:
+        while b"\n" not in self.buf:
+            data = await self.stream.receive_some(65536)
+            assert data, "the agent closed stdout"
+            self.buf += data
+        line, self.buf = self.buf.split(b"\n", 1)
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+    async def until(self, match: Any) -> dict[str, Any]:
+        while True:
+            message = await self.next()
+            if match(message):
+                return message
+
+
+def editor_snippets() -> list[tuple[str, list[str]]]:
+    """(editor, argv) of each configuration snippet of docs/pages/editors.md."""
+    page = Path(__file__).parent.parent / "docs" / "pages" / "editors.md"
+    section = page.read_text(encoding="utf-8")
+    found: list[tuple[str, list[str]]] = []
+    for block in re.findall(r"```json\n(.*?)```", section, re.S):
+        for name, server in json.loads(block)["agent_servers"].items():
+            found.append((f"json {name}", [server["command"], *server["args"]]))
+    (lua,) = re.findall(r"```lua\n(.*?)```", section, re.S)
+    (default,) = re.findall(r"default = \{ (.*?) \}", lua)
+    found.append(("lua", [json.loads(w) for w in default.split(", ")]))
+    return found
+
+
+async def test_each_editor_snippet_of_the_docs_starts_an_agent_that_answers(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    snippets = editor_snippets()
+    assert len(snippets) == 3
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}
+    async with fake_llm(tmp_path, [{"text": "hi"}]) as llm:
+        for _, argv in snippets:
+            assert argv[0] == "navi"  # as the editor starts it, with this venv's navi
+            command = [sys.executable, "-m", "navi_trio", *argv[1:], "--llm-url", llm]
+            with trio.fail_after(DEADLINE):
+                done = await trio.run_process(
+                    command, stdin=(json.dumps(init) + "\n").encode(), capture_stdout=True,
+                    capture_stderr=True, env=env,
+                )  # fmt: skip
+            (reply,) = [json.loads(line) for line in done.stdout.decode().splitlines()]
+            assert reply["result"]["protocolVersion"] == 1, argv
