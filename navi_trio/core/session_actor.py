@@ -568,10 +568,10 @@ class SessionActor:
                     )
                     break
                 delay = min(delay * 2, KEPT_RETRY_MAX_SEC)
-                if saved:
-                    # Saved already: its turn runs again from what the store holds.
-                    msg = attrs.evolve(msg, kind="resume")
-                    self.parts.forget(self.session_id)
+                # Its next try starts from what the store holds: a save that failed may
+                # have landed, a turn cut short may have ended since (`_accept`).
+                msg = attrs.evolve(msg, kind="resume" if saved else msg.kind, retried=True)
+                self.parts.forget(self.session_id)
                 control = RunControl()
                 self._control = control
                 if not self.dead_turn_checked:
@@ -606,7 +606,14 @@ class SessionActor:
             rows = await self.queue.adopt()  # every row: this run holds the lease
             known = self._held_keys()
         order = [m.queue_key for m in rows]
-        cut = order.index(msg.queue_key) if msg.queue_key in order else len(order)
+        if msg.queue_key is None:
+            cut = len(order)  # a new message: behind every row queued before it
+        elif msg.queue_key in order:
+            cut = order.index(msg.queue_key)
+        else:
+            # Off the queue already (an earlier try's save landed, another daemon took
+            # it, the cap dropped it): its run finds out which, ahead of the rest.
+            cut = -1
         before = [m for i, m in enumerate(rows) if i < cut and m.queue_key not in known]
         after = [m for i, m in enumerate(rows) if i > cut and m.queue_key not in known]
         if not before:
