@@ -19,8 +19,10 @@ message queued in the database, every session's last turn ended. It counts, for 
 message a client got an ``ok`` for (acked), from the database's history and the fake
 LLMs' request logs:
 
-- stored: in the history as a user message (once); run: the model was asked with it as
-  its last message, or its turn ended in the history (the daemon running it died);
+- stored: in the history as a user message (once); run: its turn ended in the history,
+  with an answer, or stopped by an ``interrupt`` before a word of it, or ended by the
+  daemon that took the session over (its daemon died or stopped answering: counted
+  apart when the model was never asked with it, and listed);
 - lost: acked, and not stored (nor named dropped by the queue's cap), or stored and its
   turn never ended; duplicated: stored more than once, or answered more than once;
 - dropped by cap: named in a ``message_dropped`` warning the sender got (the one way an
@@ -119,6 +121,16 @@ class Tally:
 
 
 # -- the parts: PostgreSQL, the fake LLMs, the daemons ---------------------------------
+
+
+def asked_texts(body: dict[str, Any]) -> list[str]:
+    """The soak messages a chat request asks about: those in the user messages after
+    its last assistant message (a message steered in before the first call is asked
+    with the one it joined)."""
+    messages = body.get("messages", [])
+    ends = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    tail = messages[ends[-1] + 1 :] if ends else messages
+    return [t for m in tail if m.get("role") == "user" for t in TEXT.findall(str(m.get("content")))]
 
 
 def last_soak_text(body: dict[str, Any]) -> str:
@@ -430,8 +442,27 @@ class Figures:
     details: list[str] = attrs.field(factory=list)
 
 
+def interrupted(turn: Turn, applied: dict[str, str | None], cap: int) -> bool:
+    """Whether a turn that ended without a word was stopped by a message sent with
+    ``on_busy: interrupt``: one of the turns after it. Not always the next one: an
+    interrupting message goes behind the rows queued in the store before it (handed
+    over by other daemons, not taken in yet), at most `cap` of them."""
+    later = turn.next
+    for _ in range(cap + 1):
+        if later is None:
+            return False
+        if applied.get(later.text) == "interrupt":
+            return True
+        later = later.next
+    return False
+
+
 def count(
-    daemons: int, tally: Tally, rows: list[tuple[Any, ...]], asked: collections.Counter[str]
+    daemons: int,
+    tally: Tally,
+    rows: list[tuple[Any, ...]],
+    asked: collections.Counter[str],
+    cap: int,
 ) -> Figures:
     fig = Figures(daemons, sent=len(tally.sent), faults=sum(tally.faults.values()))
     by_session: dict[str, list[tuple[Any, ...]]] = collections.defaultdict(list)
@@ -477,12 +508,7 @@ def count(
         if not stored[s.text]:
             fig.lost += 1
             fig.details.append(f"lost: never stored, asked {asked[s.text]}x: {s}")
-        elif (
-            its is not None
-            and not its.answers
-            and its.next
-            and applied.get(its.next.text) == ("interrupt")
-        ):
+        elif its is not None and not its.answers and interrupted(its, applied, cap):
             fig.run += 1  # stopped before a word of its answer: nothing of it to keep
             fig.interrupted += 1
         elif its is None or not its.answers:
@@ -492,6 +518,8 @@ def count(
             fig.run += 1
             if not asked[s.text]:
                 fig.died += 1
+                fig.details.append(f"its turn ended by a takeover before the model was asked "
+                                   f"(errors {its.errors}): {s}")  # fmt: skip
             if asked[s.text] > 1 and not twice:
                 fig.asked_again += 1
                 fig.details.append(f"asked {asked[s.text]}x, answered {answered[s.text]}x, "
@@ -548,14 +576,14 @@ async def topology(daemons: int, server: PgServer, args: argparse.Namespace) -> 
             unsettled = await settle(url, sessions)
             rows = await trio.to_thread.run_sync(sql, url, SESSION_ROWS, (sessions,))
             asked: collections.Counter[str] = collections.Counter(
-                last_soak_text(r["body"]) for s in slots for r in s.llm.chat_requests
+                t for s in slots for r in s.llm.chat_requests for t in asked_texts(r["body"])
             )
             for slot in slots:
                 await slot.kill()
             nursery.cancel_scope.cancel()
         if args.keep:
             keep(folder, tally, rows, slots)
-        fig = count(daemons, tally, rows, asked)
+        fig = count(daemons, tally, rows, asked, args.cap)
         fig.unsettled = unsettled
         fig.wall = time.monotonic() - started
         print(f"  frames' errors: {dict(tally.errors)}; reconnects {tally.reconnects}; "
@@ -577,7 +605,7 @@ def keep(folder: Path, tally: Tally, rows: list[tuple[Any, ...]], slots: list[Sl
     (folder / "sent.json").write_text(json.dumps([attrs.asdict(s) for s in tally.sent]))
     (folder / "history.json").write_text(json.dumps(rows, default=str))
     asked = [
-        {"daemon": s.index, "time": r["time"], "text": last_soak_text(r["body"]),
+        {"daemon": s.index, "time": r["time"], "texts": asked_texts(r["body"]),
          "messages": [m.get("content") for m in r["body"]["messages"][1:]][-4:]}
         for s in slots for r in s.llm.chat_requests
     ]  # fmt: skip
