@@ -133,6 +133,23 @@ def asked_texts(body: dict[str, Any]) -> list[str]:
     return [t for m in tail if m.get("role") == "user" for t in TEXT.findall(str(m.get("content")))]
 
 
+@attrs.define
+class Asked:
+    last: collections.Counter[str]  # the newest soak message of a request
+    seen: collections.Counter[str]  # any after the request's last answer
+
+    @classmethod
+    def of(cls, bodies: list[dict[str, Any]]) -> Asked:
+        last: collections.Counter[str] = collections.Counter()
+        seen: collections.Counter[str] = collections.Counter()
+        for body in bodies:
+            texts = asked_texts(body)
+            seen.update(texts)
+            if texts:
+                last[texts[-1]] += 1
+        return cls(last, seen)
+
+
 def last_soak_text(body: dict[str, Any]) -> str:
     """The soak message a chat request answers: the last one in its last user message."""
     users = [m for m in body.get("messages", []) if m.get("role") == "user"]
@@ -461,9 +478,13 @@ def count(
     daemons: int,
     tally: Tally,
     rows: list[tuple[Any, ...]],
-    asked: collections.Counter[str],
+    asked_pair: Asked,
     cap: int,
 ) -> Figures:
+    """The figures of one topology. `asked_pair`: how often the model was asked with each
+    message as the newest of its request (`last`), and with it anywhere after the
+    request's last answer (`seen`: a message steered in before a turn's first call)."""
+    asked, seen = asked_pair.last, asked_pair.seen
     fig = Figures(daemons, sent=len(tally.sent), faults=sum(tally.faults.values()))
     by_session: dict[str, list[tuple[Any, ...]]] = collections.defaultdict(list)
     for row in rows:
@@ -516,7 +537,7 @@ def count(
             fig.details.append(f"lost: stored, its turn never ended, asked {asked[s.text]}x: {s}")
         else:
             fig.run += 1
-            if not asked[s.text]:
+            if not seen[s.text]:
                 fig.died += 1
                 fig.details.append(f"its turn ended by a takeover before the model was asked "
                                    f"(errors {its.errors}): {s}")  # fmt: skip
@@ -575,9 +596,7 @@ async def topology(daemons: int, server: PgServer, args: argparse.Namespace) -> 
             print(f"  {tally.acked} acked; settling", flush=True)
             unsettled = await settle(url, sessions)
             rows = await trio.to_thread.run_sync(sql, url, SESSION_ROWS, (sessions,))
-            asked: collections.Counter[str] = collections.Counter(
-                t for s in slots for r in s.llm.chat_requests for t in asked_texts(r["body"])
-            )
+            asked = Asked.of([r["body"] for s in slots for r in s.llm.chat_requests])
             for slot in slots:
                 await slot.kill()
             nursery.cancel_scope.cancel()
