@@ -30,6 +30,7 @@ from api_ws import open_daemon
 from navi_trio.core.agent import DEAD_TURN, UserMessage
 from navi_trio.errors import NaviError, StoreError
 from navi_trio.store import SessionStore, SQLiteStore
+from navi_trio.store.base import HANDED_HOST, HANDED_PID
 from navi_trio.testing import open_harness
 from navi_trio.testing.harness import Harness
 
@@ -425,3 +426,33 @@ async def test_a_new_message_whose_owner_died_before_the_hand_over_ends_the_dead
             assert [(m["role"], m.get("error")) for m in saved] == [
                 ("assistant", DEAD_TURN), ("user", None), ("assistant", None)
             ]  # fmt: skip
+
+
+async def test_a_row_queued_before_a_local_one_runs_first_though_taken_in_after_it(
+    tmp_path: Path,
+) -> None:
+    """A message another daemon handed over (its row first in the store's queue) that
+    this daemon takes in only after one of its own was queued behind the same run:
+    the lease holder runs the store's queue in its order, so the handed one runs first.
+    (In a cluster: the owner paused before it took the handed message in, another
+    daemon took the session over meanwhile and queued a message of its own.)"""
+    gate = GateTool()
+    replies = [call("gate"), {"text": "A done"}, {"text": "handed done"}, {"text": "local done"}]
+    profiles = {"general": with_tools(["gate"], planning_first_message=False)}
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=replies, tools=toolset(gate), profiles=profiles
+        ) as h:
+            h.runtime.sessions.adopt = True
+            actor = await h.runtime.sessions.get("s1")
+            actor.send_message("A")
+            await gate.entered.wait()  # A's run holds the lease
+            handed = _row("handed")
+            await h.runtime.store.enqueue("s1", "h-1", handed, pid=HANDED_PID, host=HANDED_HOST)
+            actor.send_message("local")  # queued here, its row behind the handed one
+            await actor.queue.written(actor.pending[-1])
+            await actor.adopt_handed()  # the hand-over's note, late
+            gate.gate.set()
+            await actor.idle.wait()
+            assert await _users(h.runtime.store) == ["A", "handed", "local"]
+        assert _queued(tmp_path / "navi.db") == []

@@ -598,8 +598,8 @@ class SessionActor:
 
     async def _queue_ahead(self, msg: UserMessage) -> bool:
         """The run of `msg` holds the lease: messages queued in the store before it
-        that this actor does not hold (handed over, left by a daemon that lost the
-        session) run first, in the store's order, and it goes behind them (a new
+        (handed over, left by a daemon that lost the session, or waiting here) run
+        first, in the store's order, and it goes behind them (a new
         message stored and acknowledged as any queued one); the ones queued after it
         wait behind it. True when it went behind others: no turn now."""
         async with self._adopting:
@@ -614,7 +614,16 @@ class SessionActor:
             # Off the queue already (an earlier try's save landed, another daemon took
             # it, the cap dropped it): its run finds out which, ahead of the rest.
             cut = -1
-        before = [m for i, m in enumerate(rows) if i < cut and m.queue_key not in known]
+        # Rows queued before it run first, those waiting here too (taken in after a
+        # message of this daemon was queued behind the same run: a hand-over's note
+        # read late); only what the run holds already (running, steered) is not.
+        waiting = {m.queue_key: m for m in self.pending}
+        held = known - waiting.keys()
+        before = [
+            waiting.get(m.queue_key, m)
+            for i, m in enumerate(rows)
+            if i < cut and m.queue_key not in held
+        ]
         after = [m for i, m in enumerate(rows) if i > cut and m.queue_key not in known]
         if not before:
             self.pending.extend(after)
@@ -626,10 +635,13 @@ class SessionActor:
         if msg.queue_key is None:
             msg.accepted.queued = True
             queued = self.queue.keep(self._nursery, msg, self._stored)
-        self.pending = collections.deque([*before, queued, *self.pending, *after])
+        moved = {m.queue_key for m in before}
+        rest = [m for m in self.pending if m.queue_key not in moved]
+        self.pending = collections.deque([*before, queued, *rest, *after])
         # This run ends saying nothing: it is not one of the runs that end before them.
         for other in (*before, queued, *after):
-            self._say_queued(other, running=False)
+            if other.queue_key not in waiting:  # (those waiting here were said already)
+                self._say_queued(other, running=False)
         await self.queue.written(queued)  # settled before this run ends
         return True
 
