@@ -456,3 +456,27 @@ async def test_a_row_queued_before_a_local_one_runs_first_though_taken_in_after_
             await actor.idle.wait()
             assert await _users(h.runtime.store) == ["A", "handed", "local"]
         assert _queued(tmp_path / "navi.db") == []
+
+
+async def test_an_interrupting_message_still_runs_before_those_queued_here(
+    tmp_path: Path,
+) -> None:
+    """On a daemon (its actors take in the store's queue), a message sent with
+    ``on_busy: interrupt`` stops the turn and runs next, ahead of a message queued
+    before it here: the store's order does not put it back behind."""
+    gate = GateTool()
+    replies = [call("gate"), {"text": "C done"}, {"text": "B done"}]
+    profiles = {"general": with_tools(["gate"], planning_first_message=False)}
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=replies, tools=toolset(gate), profiles=profiles
+        ) as h:
+            h.runtime.sessions.adopt = True
+            actor = await h.runtime.sessions.get("s1")
+            actor.send_message("A")
+            await gate.entered.wait()
+            actor.send_message(UserMessage("B", on_busy="enqueue"))
+            assert actor.send_message(UserMessage("C", on_busy="interrupt")) == "interrupt"
+            await actor.idle.wait()
+            assert await _users(h.runtime.store) == ["A", "C", "B"]
+        assert _queued(tmp_path / "navi.db") == []

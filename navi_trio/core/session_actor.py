@@ -202,6 +202,9 @@ class SessionActor:
         # interrupt it, as only they answer its approvals (core/approvals.py).
         self._running_user: str | None = None
         self._kept_wait: trio.CancelScope | None = None  # a kept message's wait to retry
+        # Queue keys of messages put ahead of the queue on purpose (an interrupting one,
+        # steered ones the turn never took in): they run before what waits here.
+        self._jumped: set[str | None] = set()
         self.busy = False
         self.idle = trio.Event()
         self.idle.set()
@@ -291,6 +294,7 @@ class SessionActor:
         msg = self.queue.keep(self._nursery, msg, self._stored)
         if strategy == "interrupt" and control is not None:
             self.pending.appendleft(msg)  # next, ahead of the queue
+            self._jumped.add(msg.queue_key)
             control.stop()
         else:
             self.pending.append(msg)
@@ -324,6 +328,7 @@ class SessionActor:
             return
         gone = {key for key, _ in rows}
         self.pending = collections.deque(m for m in self.pending if m.queue_key not in gone)
+        self._jumped -= gone
         if self._control is not None:
             self._control.injections.discard(gone)
         for _, row in rows:
@@ -493,6 +498,7 @@ class SessionActor:
         """Steered messages the turn never took in run next, ahead of the queue."""
         kept = [item.origin for item in steers if not item.accepted.failed]
         self.pending.extendleft(reversed(kept))
+        self._jumped.update(m.queue_key for m in kept)
         for position, msg in enumerate(kept, 1):
             self.publish(
                 MessageQueued(text=msg.text, position=position, dropped_total=self.dropped_total)
@@ -585,6 +591,7 @@ class SessionActor:
                 run_log.event(event)
                 self.publish(event)
         finally:
+            self._jumped.discard(msg.queue_key)
             # Settled above in every other way; this is a shutdown before the save.
             msg.accepted.fail(stopped_before_saving())
             if dropped or msg.accepted.failed:
@@ -616,9 +623,10 @@ class SessionActor:
             cut = -1
         # Rows queued before it run first, those waiting here too (taken in after a
         # message of this daemon was queued behind the same run: a hand-over's note
-        # read late); only what the run holds already (running, steered) is not.
+        # read late); not what the run holds already (running, steered), and none of
+        # those waiting here when it was put ahead of them on purpose.
         waiting = {m.queue_key: m for m in self.pending}
-        held = known - waiting.keys()
+        held = known if msg.queue_key in self._jumped else known - waiting.keys()
         before = [
             waiting.get(m.queue_key, m)
             for i, m in enumerate(rows)
