@@ -428,6 +428,18 @@ async def test_a_new_message_whose_owner_died_before_the_hand_over_ends_the_dead
             ]  # fmt: skip
 
 
+@contextlib.asynccontextmanager
+async def _adopting(
+    tmp_path: Path, gate: GateTool, replies: list[dict[str, Any]]
+) -> AsyncIterator[tuple[Harness, Any]]:
+    """A harness whose actors take in the store's queue (as a daemon's do), the gate
+    tool offered and no first-message plan; the actor of session s1."""
+    profiles = {"general": with_tools(["gate"], planning_first_message=False)}
+    async with open_harness(tmp_path, replies=replies, tools=toolset(gate), profiles=profiles) as h:
+        h.runtime.sessions.adopt = True
+        yield h, await h.runtime.sessions.get("s1")
+
+
 async def test_a_row_queued_before_a_local_one_runs_first_though_taken_in_after_it(
     tmp_path: Path,
 ) -> None:
@@ -438,13 +450,8 @@ async def test_a_row_queued_before_a_local_one_runs_first_though_taken_in_after_
     daemon took the session over meanwhile and queued a message of its own.)"""
     gate = GateTool()
     replies = [call("gate"), {"text": "A done"}, {"text": "handed done"}, {"text": "local done"}]
-    profiles = {"general": with_tools(["gate"], planning_first_message=False)}
     with trio.fail_after(TIMEOUT):
-        async with open_harness(
-            tmp_path, replies=replies, tools=toolset(gate), profiles=profiles
-        ) as h:
-            h.runtime.sessions.adopt = True
-            actor = await h.runtime.sessions.get("s1")
+        async with _adopting(tmp_path, gate, replies) as (h, actor):
             actor.send_message("A")
             await gate.entered.wait()  # A's run holds the lease
             handed = _row("handed")
@@ -466,13 +473,8 @@ async def test_an_interrupting_message_still_runs_before_those_queued_here(
     before it here: the store's order does not put it back behind."""
     gate = GateTool()
     replies = [call("gate"), {"text": "C done"}, {"text": "B done"}]
-    profiles = {"general": with_tools(["gate"], planning_first_message=False)}
     with trio.fail_after(TIMEOUT):
-        async with open_harness(
-            tmp_path, replies=replies, tools=toolset(gate), profiles=profiles
-        ) as h:
-            h.runtime.sessions.adopt = True
-            actor = await h.runtime.sessions.get("s1")
+        async with _adopting(tmp_path, gate, replies) as (h, actor):
             actor.send_message("A")
             await gate.entered.wait()
             actor.send_message(UserMessage("B", on_busy="enqueue"))
