@@ -254,8 +254,11 @@ class StorageError(StoreError, RequestError):
     """The database cannot be written or read: read-only, an I/O error, or damaged.
 
     Raised by the store for the operation that failed (the message names it, and the
-    session when there is one); nothing of that operation was stored. A RequestError too,
-    so a client's request that met it gets an error frame with this code."""
+    session when there is one); nothing of that operation was stored, unless the
+    connection to a database server was lost as its commit came back: then it may have
+    landed (core/session.py reads a session again after a failed write of it). A
+    RequestError too, so a client's request that met it gets an error frame with this
+    code."""
 
     code = "storage"
 

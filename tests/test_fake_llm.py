@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 import trio
@@ -104,6 +105,24 @@ async def test_script_exhausted_then_loop_then_add_replies() -> None:
                     resp = await client.post(f"{server.url}/api/chat", json=CHAT)
                     texts.append(json.loads(resp.text.splitlines()[0])["message"]["content"])
     assert texts == ["a", "b", "a"]
+
+
+async def test_shape_makes_each_reply_from_the_request_it_answers() -> None:
+    def echo(body: dict[str, Any], reply: Reply) -> Reply:
+        last = body["messages"][-1]["content"]
+        return attrs.evolve(reply, text=f"{reply.text} {last}")
+
+    with trio.fail_after(TIMEOUT):
+        async with open_fake_llm([{"text": "re"}], loop=True, shape=echo) as server:
+            async with httpx.AsyncClient() as client:
+                texts = []
+                for asked in ("one", "two"):
+                    body = {**CHAT, "messages": [{"role": "user", "content": asked}]}
+                    resp = await client.post(f"{server.url}/api/chat", json=body)
+                    lines = [json.loads(line) for line in resp.text.splitlines() if line]
+                    texts.append("".join(o["message"]["content"] for o in lines))
+    assert texts == ["re one", "re two"]
+    assert server.replies[0].text == "re"  # the script itself is left as it was
 
 
 async def test_a_client_leaving_a_stalled_stream_is_recorded_as_a_disconnect() -> None:

@@ -30,6 +30,7 @@ from api_ws import open_daemon
 from navi_trio.core.agent import DEAD_TURN, UserMessage
 from navi_trio.errors import NaviError, StoreError
 from navi_trio.store import SessionStore, SQLiteStore
+from navi_trio.store.base import HANDED_HOST, HANDED_PID
 from navi_trio.testing import open_harness
 from navi_trio.testing.harness import Harness
 
@@ -425,3 +426,59 @@ async def test_a_new_message_whose_owner_died_before_the_hand_over_ends_the_dead
             assert [(m["role"], m.get("error")) for m in saved] == [
                 ("assistant", DEAD_TURN), ("user", None), ("assistant", None)
             ]  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def _adopting(
+    tmp_path: Path, gate: GateTool, replies: list[dict[str, Any]]
+) -> AsyncIterator[tuple[Harness, Any]]:
+    """A harness whose actors take in the store's queue (as a daemon's do), the gate
+    tool offered and no first-message plan; the actor of session s1."""
+    profiles = {"general": with_tools(["gate"], planning_first_message=False)}
+    async with open_harness(tmp_path, replies=replies, tools=toolset(gate), profiles=profiles) as h:
+        h.runtime.sessions.adopt = True
+        yield h, await h.runtime.sessions.get("s1")
+
+
+async def test_a_row_queued_before_a_local_one_runs_first_though_taken_in_after_it(
+    tmp_path: Path,
+) -> None:
+    """A message another daemon handed over (its row first in the store's queue) that
+    this daemon takes in only after one of its own was queued behind the same run:
+    the lease holder runs the store's queue in its order, so the handed one runs first.
+    (In a cluster: the owner paused before it took the handed message in, another
+    daemon took the session over meanwhile and queued a message of its own.)"""
+    gate = GateTool()
+    replies = [call("gate"), {"text": "A done"}, {"text": "handed done"}, {"text": "local done"}]
+    with trio.fail_after(TIMEOUT):
+        async with _adopting(tmp_path, gate, replies) as (h, actor):
+            actor.send_message("A")
+            await gate.entered.wait()  # A's run holds the lease
+            handed = _row("handed")
+            await h.runtime.store.enqueue("s1", "h-1", handed, pid=HANDED_PID, host=HANDED_HOST)
+            actor.send_message("local")  # queued here, its row behind the handed one
+            await actor.queue.written(actor.pending[-1])
+            await actor.adopt_handed()  # the hand-over's note, late
+            gate.gate.set()
+            await actor.idle.wait()
+            assert await _users(h.runtime.store) == ["A", "handed", "local"]
+        assert _queued(tmp_path / "navi.db") == []
+
+
+async def test_an_interrupting_message_still_runs_before_those_queued_here(
+    tmp_path: Path,
+) -> None:
+    """On a daemon (its actors take in the store's queue), a message sent with
+    ``on_busy: interrupt`` stops the turn and runs next, ahead of a message queued
+    before it here: the store's order does not put it back behind."""
+    gate = GateTool()
+    replies = [call("gate"), {"text": "C done"}, {"text": "B done"}]
+    with trio.fail_after(TIMEOUT):
+        async with _adopting(tmp_path, gate, replies) as (h, actor):
+            actor.send_message("A")
+            await gate.entered.wait()
+            actor.send_message(UserMessage("B", on_busy="enqueue"))
+            assert actor.send_message(UserMessage("C", on_busy="interrupt")) == "interrupt"
+            await actor.idle.wait()
+            assert await _users(h.runtime.store) == ["A", "C", "B"]
+        assert _queued(tmp_path / "navi.db") == []

@@ -50,7 +50,7 @@ from navi_trio.core.lease import HeldLease, SessionLeases
 from navi_trio.core.live_config import LiveConfig
 from navi_trio.core.policy import effective_mode
 from navi_trio.core.run_services import make_tool_context
-from navi_trio.core.session import SessionCache, SessionState, new_message_id
+from navi_trio.core.session import SessionCache, SessionState, new_message_id, open_turn
 from navi_trio.core.steering import DEFAULT_ON_BUSY
 from navi_trio.core.subagent import run_ephemeral
 from navi_trio.core.task_notes import collect_notes, remove_notes
@@ -118,6 +118,12 @@ class UserMessage:
     # with the error when its run ended without saving it. The daemon answers a
     # message only then: an ok is never lost by a crash, an error stored nothing.
     accepted: Acceptance = attrs.field(factory=Acceptance, eq=False, repr=False)
+    # The id of its user row in the history, the same on every try. A later try of a
+    # kept message (`retried`, core/session_actor.py) looks for that row first: a save
+    # the store said failed may have landed (the connection cut as it committed), and
+    # a turn cut short may have been ended since (its answer saved, another daemon).
+    message_id: str = attrs.field(factory=new_message_id, eq=False)
+    retried: bool = attrs.field(default=False, eq=False)
 
 
 class RunControl:
@@ -266,10 +272,18 @@ class Agent:
             try:
                 async with self.leases.hold(session_id) as lease:
                     control.lease = lease
-                    if control.ahead is not None and await control.ahead():
-                        control.skipped = True  # queued behind what came first
-                    else:
-                        await self._run_turn(session_id, msg, emit, control)
+                    try:
+                        if control.ahead is not None and await control.ahead():
+                            control.skipped = True  # queued behind what came first
+                        else:
+                            await self._run_turn(session_id, msg, emit, control)
+                    except StorageError:
+                        # Its message is kept to run again here (core/session_actor.py):
+                        # the session stays ours meanwhile, so the messages sent through
+                        # other daemons are handed here, behind it, not run before it
+                        # there; past the TTL, the next command ends the turn there.
+                        lease.keep = True
+                        raise
             except Exception as exc:
                 if await _sent_elsewhere(exc, control):
                     control.skipped = True
@@ -411,8 +425,18 @@ class Agent:
         skipped: nothing is saved, no turn runs, nothing is said."""
         # The id names it for a rewind or a fork; cwd and mode are what a fork keeps.
         user: dict[str, Any] | None = None
-        if msg.kind not in ("wake", "resume"):
-            user = {"role": "user", "content": msg.text, "id": new_message_id()}
+        turn_open = open_turn(state.messages, msg.message_id) if msg.retried else None
+        if turn_open is False:
+            # Its turn ended already (its answer saved, though the store said the save
+            # failed; ended by the daemon that took the session over): nothing to run.
+            log.info("session %s: the turn of a kept message had ended: not run again",
+                     state.id)  # fmt: skip
+            control.skipped = True
+            msg.accepted.ok()  # (acknowledged already: it was kept)
+            return
+        resumed = msg.kind == "resume" or turn_open is True
+        if msg.kind != "wake" and not resumed:
+            user = {"role": "user", "content": msg.text, "id": msg.message_id}
             if msg.cwd is not None:
                 user["cwd"] = str(msg.cwd)
             if msg.mode is not None:
@@ -425,7 +449,7 @@ class Agent:
             # user message is never dropped; the notes stay stored for the next turn.
             # Unless its sender was already told it was refused (its wait timed out).
             if not msg.accepted.failed:
-                if msg.kind == "resume" and notes is None:
+                if resumed and notes is None:
                     control.saved = True  # its message is in the history already
                 elif user is None and notes is None:
                     if msg.queue_key is not None:  # nothing to wake for: off the queue
@@ -433,7 +457,7 @@ class Agent:
                     control.skipped = True
                     msg.accepted.ok()
                 else:
-                    await self._commit(state, msg, user, notes, control)
+                    await self._commit(state, msg, user, notes, control, resumed=resumed)
         if msg.accepted.error is not None and not control.skipped:
             raise msg.accepted.error
         if notes is not None and control.saved:
@@ -450,9 +474,12 @@ class Agent:
         user: dict[str, Any] | None,
         notes: Any,
         control: RunControl,
+        *,
+        resumed: bool,
     ) -> None:
         """Save the user message (and the notes) in one transaction; accepted once in.
-        The save takes a queued message off the queue (compare and set)."""
+        The save takes a queued message off the queue (compare and set); a resumed
+        one left it already."""
         mark = state.mark()
         if notes is not None:
             # Persisted, invisible in the UI (a wake-up's shows: it is the turn's start),
@@ -466,7 +493,7 @@ class Agent:
             state.add(user)
         try:
             # Shielded inside: lands even when cancelled.
-            await self.cache.save(state, dequeue=None if msg.kind == "resume" else msg.queue_key)
+            await self.cache.save(state, dequeue=None if resumed else msg.queue_key)
         except NotQueuedError:
             # Taken by another daemon first, or dropped by the cap (announced there):
             # this run has nothing to do. Acknowledged already, unless its queue write

@@ -29,7 +29,10 @@ renewal only after that (before each published frame). A renewal that finds the 
 taken over cancels the block at once: the run stops, runs nothing more.
 
 Within one process, holds nest: runs of one session in the same runtime share one
-lease (the session actor runs them one at a time), and it is released when the last ends.
+lease (the session actor runs them one at a time), and it is released when the last ends,
+unless the block set `HeldLease.keep`: then the row stays as it is, this process's
+until it expires (a run whose message is kept to run again here after a storage
+failure: meanwhile the session is still this process's to run).
 A second process gets `SessionBusyError` at once rather than waiting: a command-line
 run should not hang without saying why; the message names the session and the holder.
 """
@@ -74,6 +77,9 @@ class HeldLease:
         self.valid_until = valid_until  # trio time
         self.lost = False
         self.released = False  # the hold ended, the lease still ours: nothing to check
+        # The hold's end leaves the row as it is, not released: the run's message is kept
+        # to run again here (`SessionLeases.hold`).
+        self.keep = False
         self._ask = trio.Event()  # someone wants a renewal now
         self._news = trio.Event()  # set after each renewal attempt
         self.started = 0  # renewal attempts started, and finished
@@ -147,7 +153,8 @@ class SessionLeases:
     @asynccontextmanager
     async def hold(self, session_id: str) -> AsyncIterator[HeldLease]:
         """Hold the session's lease for the block; raise SessionBusyError if taken,
-        LeaseLostError when another process took it over during the block."""
+        LeaseLostError when another process took it over during the block. Released at
+        the end unless the block set `HeldLease.keep`."""
         entry = self._holds.setdefault(session_id, _Holds())
         entry.count += 1
         try:
@@ -189,7 +196,8 @@ class SessionLeases:
                 if entry.lease is not None:
                     entry.lease.released = not entry.lease.lost
                     entry.lease._told()  # whoever waits for news: the hold is over
-                if entry.claimed:  # not after a refused or failed claim: no row of ours
+                kept = entry.lease is not None and entry.lease.keep
+                if entry.claimed and not kept:  # (a refused or failed claim: no row of ours)
                     await self._release(session_id)
 
     def generation(self, session_id: str) -> int | None:

@@ -202,6 +202,9 @@ class SessionActor:
         # interrupt it, as only they answer its approvals (core/approvals.py).
         self._running_user: str | None = None
         self._kept_wait: trio.CancelScope | None = None  # a kept message's wait to retry
+        # Queue keys of messages put ahead of the queue on purpose (an interrupting one,
+        # steered ones the turn never took in): they run before what waits here.
+        self._jumped: set[str | None] = set()
         self.busy = False
         self.idle = trio.Event()
         self.idle.set()
@@ -291,6 +294,7 @@ class SessionActor:
         msg = self.queue.keep(self._nursery, msg, self._stored)
         if strategy == "interrupt" and control is not None:
             self.pending.appendleft(msg)  # next, ahead of the queue
+            self._jumped.add(msg.queue_key)
             control.stop()
         else:
             self.pending.append(msg)
@@ -324,6 +328,7 @@ class SessionActor:
             return
         gone = {key for key, _ in rows}
         self.pending = collections.deque(m for m in self.pending if m.queue_key not in gone)
+        self._jumped -= gone
         if self._control is not None:
             self._control.injections.discard(gone)
         for _, row in rows:
@@ -493,6 +498,7 @@ class SessionActor:
         """Steered messages the turn never took in run next, ahead of the queue."""
         kept = [item.origin for item in steers if not item.accepted.failed]
         self.pending.extendleft(reversed(kept))
+        self._jumped.update(m.queue_key for m in kept)
         for position, msg in enumerate(kept, 1):
             self.publish(
                 MessageQueued(text=msg.text, position=position, dropped_total=self.dropped_total)
@@ -571,10 +577,10 @@ class SessionActor:
                     )
                     break
                 retry += 1
-                if saved:
-                    # Saved already: its turn runs again from what the store holds.
-                    msg = attrs.evolve(msg, kind="resume")
-                    self.parts.forget(self.session_id)
+                # Its next try starts from what the store holds: a save that failed may
+                # have landed, a turn cut short may have ended since (`_accept`).
+                msg = attrs.evolve(msg, kind="resume" if saved else msg.kind, retried=True)
+                self.parts.forget(self.session_id)
                 control = RunControl()
                 self._control = control
                 if not self.dead_turn_checked:
@@ -588,6 +594,7 @@ class SessionActor:
                 run_log.event(event)
                 self.publish(event)
         finally:
+            self._jumped.discard(msg.queue_key)
             # Settled above in every other way; this is a shutdown before the save.
             msg.accepted.fail(stopped_before_saving())
             if dropped or msg.accepted.failed:
@@ -601,16 +608,33 @@ class SessionActor:
 
     async def _queue_ahead(self, msg: UserMessage) -> bool:
         """The run of `msg` holds the lease: messages queued in the store before it
-        that this actor does not hold (handed over, left by a daemon that lost the
-        session) run first, in the store's order, and it goes behind them (a new
+        (handed over, left by a daemon that lost the session, or waiting here) run
+        first, in the store's order, and it goes behind them (a new
         message stored and acknowledged as any queued one); the ones queued after it
         wait behind it. True when it went behind others: no turn now."""
         async with self._adopting:
             rows = await self.queue.adopt()  # every row: this run holds the lease
             known = self._held_keys()
         order = [m.queue_key for m in rows]
-        cut = order.index(msg.queue_key) if msg.queue_key in order else len(order)
-        before = [m for i, m in enumerate(rows) if i < cut and m.queue_key not in known]
+        if msg.queue_key is None:
+            cut = len(order)  # a new message: behind every row queued before it
+        elif msg.queue_key in order:
+            cut = order.index(msg.queue_key)
+        else:
+            # Off the queue already (an earlier try's save landed, another daemon took
+            # it, the cap dropped it): its run finds out which, ahead of the rest.
+            cut = -1
+        # Rows queued before it run first, those waiting here too (taken in after a
+        # message of this daemon was queued behind the same run: a hand-over's note
+        # read late); not what the run holds already (running, steered), and none of
+        # those waiting here when it was put ahead of them on purpose.
+        waiting = {m.queue_key: m for m in self.pending}
+        held = known if msg.queue_key in self._jumped else known - waiting.keys()
+        before = [
+            waiting.get(m.queue_key, m)
+            for i, m in enumerate(rows)
+            if i < cut and m.queue_key not in held
+        ]
         after = [m for i, m in enumerate(rows) if i > cut and m.queue_key not in known]
         if not before:
             self.pending.extend(after)
@@ -622,10 +646,13 @@ class SessionActor:
         if msg.queue_key is None:
             msg.accepted.queued = True
             queued = self.queue.keep(self._nursery, msg, self._stored)
-        self.pending = collections.deque([*before, queued, *self.pending, *after])
+        moved = {m.queue_key for m in before}
+        rest = [m for m in self.pending if m.queue_key not in moved]
+        self.pending = collections.deque([*before, queued, *rest, *after])
         # This run ends saying nothing: it is not one of the runs that end before them.
         for other in (*before, queued, *after):
-            self._say_queued(other, running=False)
+            if other.queue_key not in waiting:  # (those waiting here were said already)
+                self._say_queued(other, running=False)
         await self.queue.written(queued)  # settled before this run ends
         return True
 

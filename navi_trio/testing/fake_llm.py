@@ -28,6 +28,9 @@ connections accepted: shows keep-alive reuse). `wait_requests(n)`,
 `wait_disconnects(n)` and `wait_completed(n)` wait on a trio.Event, no polling.
 `gate`: while it is an unset trio.Event, each chat request is recorded and its reply
 waits for the gate (`waiting` counts them): a test holds calls under way at once.
+`shape(body, reply)`, when given, makes each chat reply from the scripted one and the
+request it answers: a reply that says which message it answers (the cluster soak counts
+each message's runs by it).
 
 From the shell::
 
@@ -73,11 +76,13 @@ class FakeLLMServer:
         *,
         n_ctx: int = 8192,
         dialects: tuple[str, ...] = ("ollama", "openai"),
+        shape: Callable[[dict[str, Any], Reply], Reply] | None = None,
     ) -> None:
         self.replies: list[Reply] = []
         self.loop = loop
         self.n_ctx = n_ctx  # the context window the info endpoints report
         self.dialects = dialects  # a server speaking only one answers 404 to the other
+        self.shape = shape  # the reply to a request from the scripted one
         self.requests: list[dict[str, Any]] = []
         self.disconnects: list[dict[str, Any]] = []
         self.completed = 0
@@ -218,6 +223,8 @@ class FakeLLMServer:
             return await send_json(
                 stream, conn, 500, dialect_cls(Reply(), "", "").error_body("script exhausted")
             )
+        if self.shape is not None:
+            reply = self.shape(body, reply)
         if reply.hang_up:
             # Close without a byte of answer, as a server closing an idle keep-alive
             # connection just as the request arrives.
@@ -306,7 +313,7 @@ async def open_fake_llm(
 ) -> AsyncIterator[FakeLLMServer]:
     """``async with open_fake_llm([...]) as server:`` — started, listening on 127.0.0.1.
 
-    `options` go to `FakeLLMServer` (``n_ctx``, ``dialects``)."""
+    `options` go to `FakeLLMServer` (``n_ctx``, ``dialects``, ``shape``)."""
     server = FakeLLMServer(replies, loop=loop, **options)
     async with trio.open_nursery() as nursery:
         await nursery.start(partial(server.serve))
