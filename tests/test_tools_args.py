@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import attrs
@@ -20,7 +21,16 @@ from kvfake import make_ctx
 
 from navi_trio.errors import ToolInputError
 from navi_trio.settings import Settings
-from navi_trio.tools import memory, scratchpad, switch_profile, todo
+from navi_trio.tools import (
+    code_exec,
+    filesystem,
+    memory,
+    scratchpad,
+    ssh_exec,
+    switch_profile,
+    terminal,
+    todo,
+)
 from navi_trio.tools.args import (
     NoArgs,
     Strings,
@@ -47,6 +57,10 @@ def declared() -> dict[str, Any]:
         "scratchpad": scratchpad.ACTIONS,
         "memory": memory.ACTIONS,
         "switch_profile": switch_profile.SwitchArgs,
+        "filesystem": filesystem.ACTIONS,
+        "terminal": terminal.ACTIONS,
+        "code_exec": code_exec.CodeArgs,
+        "ssh_exec": ssh_exec.SshArgs,
     }
 
 
@@ -62,13 +76,29 @@ def declared_schema(declared: Any) -> dict[str, Any]:
 # -- the schema the model sees ------------------------------------------------------------
 
 
+# What a declaration may add to a hand-written property: the bounds it checks.
+ADDED_KEYS = {"minimum", "maximum", "maxLength"}
+
+
 def test_every_tool_shows_the_model_the_schema_it_showed_before() -> None:
     tools = all_tools()
     assert sorted(tools) == sorted(SCHEMAS)
     for name, tool in tools.items():
-        # The same properties in the same order, the same required list, the same words.
-        shown = json.dumps(tool.parameters, ensure_ascii=False)
-        assert shown == json.dumps(SCHEMAS[name], ensure_ascii=False), name
+        before, now = SCHEMAS[name], tool.parameters
+        # The same properties (their order means nothing to a JSON schema), the same
+        # required list, the same words and choices.
+        assert sorted(now["properties"]) == sorted(before["properties"]), name
+        assert now["required"] == before["required"], name
+        for key, prop in now["properties"].items():
+            old = before["properties"][key]
+            kept = {k: v for k, v in prop.items() if k not in ADDED_KEYS - set(old)}
+            assert kept == old, (name, key)
+
+
+def test_the_bounds_a_tool_checks_are_shown_to_the_model() -> None:
+    terminal = all_tools()["terminal"].parameters["properties"]
+    assert terminal["wait"]["minimum"] == 0 and terminal["wait"]["maximum"] == 30
+    assert terminal["max_chars"]["minimum"] == 1
 
 
 def test_a_converted_tools_schema_is_made_from_its_classes() -> None:
@@ -132,7 +162,7 @@ def test_sample_schema_carries_choices_and_bounds() -> None:
         "minimum": 0,
         "maximum": 30,
     }
-    assert props["timeout"] == {"type": "number", "exclusiveMinimum": 0}
+    assert props["timeout"] == {"type": "number"}
     assert props["tags"] == {"type": "array", "items": {"type": "string"}}
     assert props["note"] == {"type": "string", "maxLength": 5}
 
@@ -286,6 +316,121 @@ SAME_AS_BEFORE: list[tuple[str, list[dict[str, Any]], dict[str, Any], str]] = [
         {"profile_id": "coder", "reason": 5},
         "argument 'reason' must be a string",
     ),
+    (
+        "filesystem",
+        [],
+        {"action": "shred", "path": "x"},
+        "argument 'action' must be one of read, write, append, list, edit, mkdir, delete "
+        '(got "shred")',
+    ),
+    (
+        "filesystem",
+        [],
+        {"action": "write", "path": "x", "content": 5},
+        "argument 'content' is required and must be a string",
+    ),
+    (
+        "filesystem",
+        [],
+        {"action": "edit", "path": "x", "old": "", "new": "y"},
+        "argument 'old' is required and must be a non-empty string",
+    ),
+    (
+        "filesystem",
+        [],
+        {"action": "edit", "path": "x", "old": "a"},
+        "argument 'new' is required and must be a string",
+    ),
+    (
+        "filesystem",
+        [],
+        {"action": "read", "path": "x", "offset": 0},
+        "argument 'offset' must be a whole number of 1 or more",
+    ),
+    (
+        "filesystem",
+        [],
+        {"action": "read", "path": "x", "limit": -1},
+        "argument 'limit' must be a whole number of 0 or more",
+    ),
+    (
+        "filesystem",
+        [],
+        {"action": "list", "recursive": "yes"},
+        "argument 'recursive' must be true or false",
+    ),
+    (
+        "terminal",
+        [],
+        {"action": "run", "command": ""},
+        "argument 'command' is required and must be a non-empty string",
+    ),
+    (
+        "terminal",
+        [],
+        {"action": "run", "command": "true", "timeout": "soon"},
+        "argument 'timeout' must be a number",
+    ),
+    (
+        "terminal",
+        [],
+        {"action": "run", "command": "true", "timeout": 0},
+        "argument 'timeout' must be a positive number of seconds",
+    ),
+    (
+        "terminal",
+        [],
+        {"action": "kill"},
+        "argument 'handle' is required and must be a non-empty string",
+    ),
+    (
+        "terminal",
+        [],
+        {"action": "read", "handle": "p1", "wait": 31},
+        "argument 'wait' must be between 0 and 30 seconds",
+    ),
+    (
+        "terminal",
+        [],
+        {"action": "read", "handle": "p1", "max_chars": 0},
+        "argument 'max_chars' must be a whole number of 1 or more",
+    ),
+    (
+        "terminal",
+        [],
+        {"action": "write", "handle": "p1", "text": 5},
+        "argument 'text' must be a string",
+    ),
+    (
+        "terminal",
+        [],
+        {"action": "write", "handle": "p1", "text": "x", "eof": "yes"},
+        "argument 'eof' must be true or false",
+    ),
+    (
+        "terminal",
+        [],
+        {"action": "write", "handle": "p1"},
+        "argument 'text' is required (or set 'eof': true)",
+    ),
+    (
+        "code_exec",
+        [],
+        {"timeout": 5},
+        "argument 'code' is required and must be a non-empty string",
+    ),
+    (
+        "code_exec",
+        [],
+        {"code": "pass", "timeout": True},
+        "argument 'timeout' must be a number",
+    ),
+    (
+        "code_exec",
+        [],
+        {"code": "pass", "timeout": -2},
+        "argument 'timeout' must be a positive number of seconds",
+    ),
 ]
 
 
@@ -298,7 +443,8 @@ async def test_a_converted_tool_refuses_with_the_same_message(
     tmp_path: Path, name: str, before: list[dict[str, Any]], args: dict[str, Any], message: str
 ) -> None:
     tool: Tool = {t.name: t for t in builtin_tools(Settings())}[name]
-    ctx = make_ctx(tmp_path)
+    # A pool nobody reaches: every refusal here comes before the pool is used.
+    ctx = make_ctx(tmp_path, services=SimpleNamespace(processes=object()))
     with trio.fail_after(20):
         for earlier in before:
             assert (await tool.execute(earlier, ctx)).ok

@@ -145,8 +145,10 @@ def arg(
 
     `expected` words what the value must be ("a step number (1, 2 …)") where the type's
     words are not enough; `nonempty` refuses "" and [] (the default for a required
-    string); `above` is an exclusive lower bound; `unit` follows a bound in its message;
-    `extra` adds keys to the field's schema that the tool itself applies (a clamp)."""
+    string); `unit` follows a bound in its message; `extra` adds keys to the field's
+    schema that the tool itself applies (a clamp). `minimum`, `maximum` and `max_chars`
+    are shown in the schema; `above`, an exclusive lower bound, is not (grammars built
+    from schemas often ignore or refuse ``exclusiveMinimum``)."""
     metadata = {
         "description": description,
         "choices": tuple(choices),
@@ -204,7 +206,6 @@ def _field_schema(attribute: attrs.Attribute[Any]) -> dict[str, Any]:
         ("max_chars", "maxLength"),
         ("minimum", "minimum"),
         ("maximum", "maximum"),
-        ("above", "exclusiveMinimum"),
     ):
         if meta[key] is not None:
             out[schema_key] = meta[key]
@@ -268,11 +269,17 @@ def parse(cls: type[T], args: Mapping[str, Any]) -> T:
         raise ToolInputError(_problem(cls, exc, present)) from None
 
 
-def parse_action(actions: Mapping[str, type], args: Mapping[str, Any]) -> tuple[str, Any]:
-    """The action `args` names and its arguments parsed by that action's class."""
+def action_of(actions: Mapping[str, type], args: Mapping[str, Any]) -> str:
+    """The action `args` names, one of `actions`, or a `ToolInputError` listing them."""
     action = args.get("action")
     if not isinstance(action, str) or action not in actions:
         raise ToolInputError(_choice_problem("action", list(actions), action))
+    return action
+
+
+def parse_action(actions: Mapping[str, type], args: Mapping[str, Any]) -> tuple[str, Any]:
+    """The action `args` names and its arguments parsed by that action's class."""
+    action = action_of(actions, args)
     return action, parse(actions[action], args)
 
 
