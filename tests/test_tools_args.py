@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import pytest
@@ -25,9 +25,12 @@ from navi_trio.tools import (
     code_exec,
     filesystem,
     memory,
+    peer,
     scratchpad,
+    spawn_agent,
     ssh_exec,
     switch_profile,
+    tasks,
     terminal,
     todo,
 )
@@ -43,6 +46,7 @@ from navi_trio.tools.args import (
 from navi_trio.tools.base import Tool
 from navi_trio.tools.builtin import builtin_tools
 from navi_trio.tools.peer import PeerTool
+from navi_trio.tools.services import SUBAGENT_MAX_ITERATIONS
 from navi_trio.tools.spawn_agent import SpawnAgentTool
 from navi_trio.tools.tasks import TasksTool
 
@@ -61,6 +65,9 @@ def declared() -> dict[str, Any]:
         "terminal": terminal.ACTIONS,
         "code_exec": code_exec.CodeArgs,
         "ssh_exec": ssh_exec.SshArgs,
+        "tasks": tasks.ACTIONS,
+        "spawn_agent": spawn_agent.SpawnArgs,
+        "peer": {"ask": peer.AskArgs},
     }
 
 
@@ -431,6 +438,61 @@ SAME_AS_BEFORE: list[tuple[str, list[dict[str, Any]], dict[str, Any], str]] = [
         {"code": "pass", "timeout": -2},
         "argument 'timeout' must be a positive number of seconds",
     ),
+    (
+        "tasks",
+        [],
+        {"action": "nap"},
+        "argument 'action' must be one of list, check, wait, cancel (got \"nap\")",
+    ),
+    (
+        "tasks",
+        [],
+        {"action": "wait", "timeout": 5},
+        "argument 'task_id' is required and must be a non-empty string",
+    ),
+    (
+        "spawn_agent",
+        [],
+        {"briefing": "b"},
+        "argument 'task' is required and must be a non-empty string",
+    ),
+    (
+        "spawn_agent",
+        [],
+        {"task": "t", "exclude_tools": "terminal"},
+        "argument 'exclude_tools' must be a list of tool names",
+    ),
+    (
+        "spawn_agent",
+        [],
+        {"task": "t", "inherit_system_prompt": "yes"},
+        "argument 'inherit_system_prompt' must be true or false",
+    ),
+    (
+        "spawn_agent",
+        [],
+        {"task": "t", "max_iterations": SUBAGENT_MAX_ITERATIONS + 1},
+        f"argument 'max_iterations' must be between 1 and {SUBAGENT_MAX_ITERATIONS}",
+    ),
+    ("spawn_agent", [], {"task": "t", "briefing": 3}, "argument 'briefing' must be a string"),
+    (
+        "peer",
+        [],
+        {"action": "tell", "peer": "a", "message": "m"},
+        "argument 'action' must be one of ask (got \"tell\")",
+    ),
+    (
+        "peer",
+        [],
+        {"action": "ask", "message": "m"},
+        "argument 'peer' is required and must be a non-empty string",
+    ),
+    (
+        "peer",
+        [],
+        {"action": "ask", "peer": "a", "message": "m", "session": 5},
+        "argument 'session' must be a string",
+    ),
 ]
 
 
@@ -442,9 +504,11 @@ SAME_AS_BEFORE: list[tuple[str, list[dict[str, Any]], dict[str, Any], str]] = [
 async def test_a_converted_tool_refuses_with_the_same_message(
     tmp_path: Path, name: str, before: list[dict[str, Any]], args: dict[str, Any], message: str
 ) -> None:
-    tool: Tool = {t.name: t for t in builtin_tools(Settings())}[name]
-    # A pool nobody reaches: every refusal here comes before the pool is used.
-    ctx = make_ctx(tmp_path, services=SimpleNamespace(processes=object()))
+    unused = cast(Any, object())  # every refusal here comes before these are used
+    tools: list[Any] = [*builtin_tools(Settings()), SpawnAgentTool(), TasksTool(), PeerTool(unused)]
+    tool: Tool = {t.name: t for t in tools}[name]
+    services = SimpleNamespace(processes=unused, tasks=unused, spawn=unused)
+    ctx = make_ctx(tmp_path, services=services)
     with trio.fail_after(20):
         for earlier in before:
             assert (await tool.execute(earlier, ctx)).ok
