@@ -226,6 +226,14 @@ def test_a_bad_argument_is_named_in_the_models_terms(args: dict[str, Any], messa
     assert str(caught.value) == message
 
 
+def test_a_huge_value_where_a_choice_belongs_is_quoted_cut() -> None:
+    with pytest.raises(ToolInputError) as caught:
+        parse(Sample, {"name": "a", "mode": "x" * 100_000})
+    message = str(caught.value)
+    assert message.startswith("argument 'mode' must be one of fast, slow (got \"xxx")
+    assert len(message) < 200
+
+
 def test_the_first_bad_argument_in_declaration_order_is_the_one_named() -> None:
     with pytest.raises(ToolInputError, match="'name'"):
         parse(Sample, {"eof": 1, "name": 2})

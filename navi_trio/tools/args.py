@@ -21,6 +21,7 @@ import attrs
 import cattrs
 
 from navi_trio.errors import ToolInputError
+from navi_trio.text import clip
 
 T = TypeVar("T")
 Strings = tuple[str, ...]  # a JSON list of strings
@@ -177,7 +178,8 @@ def _nonempty(attribute: attrs.Attribute[Any]) -> bool:
 
 
 def _choice_problem(name: str, choices: Sequence[str], value: Any) -> str:
-    got = json.dumps(value, default=str)
+    # Cut: the model may send anything, of any size, where a choice belongs.
+    got = clip(json.dumps(value, default=str))
     return f"argument '{name}' must be one of {', '.join(choices)} (got {got})"
 
 
