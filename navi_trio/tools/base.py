@@ -7,14 +7,12 @@ sub-agent or the task supervisor) arrives in its `ToolContext`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
 import attrs
 
-from navi_trio.errors import ToolInputError
 from navi_trio.events import AgentEvent
 from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings
@@ -92,7 +90,7 @@ class ToolContext:
 class Tool(Protocol):
     name: str
     description: str
-    parameters: dict[str, Any]  # JSON schema of the arguments object
+    parameters: dict[str, Any]  # JSON schema of the arguments object (see tools/args.py)
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult: ...
 
@@ -157,37 +155,3 @@ class ToolRegistry:
         skip = set(exclude)
         tools = [self.get(n) for n in names if n not in skip]
         return [t for t in tools if t is not None]
-
-
-# Helpers for argument checking, so every tool words its errors the same way.
-
-
-def require_str(args: dict[str, Any], key: str) -> str:
-    value = args.get(key)
-    if not isinstance(value, str) or not value:
-        raise ToolInputError(f"argument '{key}' is required and must be a non-empty string")
-    return value
-
-
-def optional_str(args: dict[str, Any], key: str, default: str | None = None) -> str | None:
-    value = args.get(key, default)
-    if value is not None and not isinstance(value, str):
-        raise ToolInputError(f"argument '{key}' must be a string")
-    return value
-
-
-def optional_number(args: dict[str, Any], key: str, default: float) -> float:
-    value = args.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ToolInputError(f"argument '{key}' must be a number")
-    return float(value)
-
-
-def require_choice(args: dict[str, Any], key: str, choices: Iterable[str]) -> str:
-    options = list(choices)
-    value = args.get(key)
-    if value not in options:
-        raise ToolInputError(
-            f"argument '{key}' must be one of {', '.join(options)} (got {json.dumps(value)})"
-        )
-    return str(value)

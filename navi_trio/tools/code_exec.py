@@ -17,11 +17,26 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from navi_trio.errors import ToolInputError
 from navi_trio.settings import Settings
-from navi_trio.tools.base import ToolContext, ToolResult, require_str
+from navi_trio.tools.args import arg, parse, schema
+from navi_trio.tools.base import ToolContext, ToolResult
 from navi_trio.tools.procs import python_argv
-from navi_trio.tools.terminal import command_folder, command_result, read_timeout, run_in
+from navi_trio.tools.terminal import (
+    command_folder,
+    command_result,
+    read_timeout,
+    run_in,
+    timeout_arg,
+)
+
+
+@attrs.frozen(kw_only=True)
+class CodeArgs:
+    code: str = arg("a complete Python 3 program")
+    timeout: float | None = timeout_arg("seconds before it is killed")
 
 
 @contextmanager
@@ -46,14 +61,7 @@ def _snippet(code: str) -> Iterator[int]:
 
 class CodeExecTool:
     name = "code_exec"
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {
-            "code": {"type": "string", "description": "a complete Python 3 program"},
-            "timeout": {"type": "number", "description": "seconds before it is killed"},
-        },
-        "required": ["code"],
-    }
+    parameters = schema(CodeArgs)
 
     def __init__(self, settings: Settings | None = None) -> None:
         default = (settings or Settings()).terminal_timeout_sec
@@ -65,10 +73,10 @@ class CodeExecTool:
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
-            code = require_str(args, "code")
-            timeout, note = read_timeout(args, ctx.settings)
+            parsed = parse(CodeArgs, args)
+            timeout, note = read_timeout(parsed.timeout, ctx.settings)
             async with command_folder(ctx, None) as place:
-                with _snippet(code) as fd:
+                with _snippet(parsed.code) as fd:
                     script = python_argv(Path(f"/proc/self/fd/{fd}"))
                     result = await run_in(ctx, place, script, timeout, pass_fds=(fd,))
         except OSError as exc:

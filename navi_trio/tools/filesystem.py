@@ -27,6 +27,7 @@ from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import attrs
 import trio
 
 from navi_trio.errors import ToolInputError
@@ -39,20 +40,12 @@ from navi_trio.tools._beneath import (
     SpecialFileError,
     TooManyLinksError,
 )
-from navi_trio.tools.base import (
-    ToolContext,
-    ToolResult,
-    cap_text,
-    optional_number,
-    optional_str,
-    require_choice,
-    require_str,
-)
+from navi_trio.tools.args import action_schema, arg, parse_action
+from navi_trio.tools.base import ToolContext, ToolResult, cap_text
 from navi_trio.tools.private import private_paths, within
 from navi_trio.tools.roots import Root, RunRoots
 from navi_trio.tools.runas import run_as
 
-ACTIONS = ("read", "write", "append", "list", "edit", "mkdir", "delete")
 MANUAL_PREFIX = "manual:"
 LIST_MAX_ENTRIES = 500
 BLOCK_BYTES = 1 << 20  # reading past what is shown: lines are counted, not kept
@@ -130,19 +123,50 @@ def resolve_dir(ctx: ToolContext, raw: str | None, roots: RunRoots) -> Root:
         return Root(os.dup(spot.fd), spot.path, f"the folder '{raw}'")
 
 
-def _optional_int(args: dict[str, Any], key: str, default: int, minimum: int) -> int:
-    value = optional_number(args, key, default)
-    if value != int(value) or value < minimum:
-        raise ToolInputError(f"argument '{key}' must be a whole number of {minimum} or more")
-    return int(value)
+_PATH = "relative to the working folder"
 
 
-def _require_text(args: dict[str, Any], key: str) -> str:
-    """A string argument that may be empty (file content, replacement text)."""
-    value = args.get(key)
-    if not isinstance(value, str):
-        raise ToolInputError(f"argument '{key}' is required and must be a string")
-    return value
+@attrs.frozen
+class PathArgs:
+    """mkdir, delete; the path every action takes."""
+
+    path: str = arg(_PATH)
+
+
+@attrs.frozen(kw_only=True)
+class ReadArgs(PathArgs):
+    offset: int = arg("read: first line (1-based)", default=1, minimum=1)
+    limit: int = arg("read: number of lines", default=0, minimum=0)  # 0: as many as fit
+
+
+@attrs.frozen(kw_only=True)
+class ContentArgs(PathArgs):
+    """write, append: the text may be empty."""
+
+    content: str = arg("write / append: the text", nonempty=False)
+
+
+@attrs.frozen(kw_only=True)
+class EditArgs(PathArgs):
+    old: str = arg("edit: exact text to replace (once)")
+    new: str = arg("edit: the replacement", nonempty=False)
+
+
+@attrs.frozen(kw_only=True)
+class ListArgs:
+    path: str = arg(_PATH, default=".", nonempty=True)
+    recursive: bool = arg("list: include subfolders", default=False)
+
+
+ACTIONS: dict[str, type] = {
+    "read": ReadArgs,
+    "write": ContentArgs,
+    "append": ContentArgs,
+    "list": ListArgs,
+    "edit": EditArgs,
+    "mkdir": PathArgs,
+    "delete": PathArgs,
+}
 
 
 class FilesystemTool:
@@ -152,32 +176,17 @@ class FilesystemTool:
         "and the working directory (nothing outside them). `read` of `manual:NAME` "
         "returns a manual. Manual: read `manual:filesystem` with the filesystem tool."
     )
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {
-            "action": {"type": "string", "enum": list(ACTIONS)},
-            "path": {"type": "string", "description": "relative to the working folder"},
-            "content": {"type": "string", "description": "write / append: the text"},
-            "old": {"type": "string", "description": "edit: exact text to replace (once)"},
-            "new": {"type": "string", "description": "edit: the replacement"},
-            "offset": {"type": "integer", "description": "read: first line (1-based)"},
-            "limit": {"type": "integer", "description": "read: number of lines"},
-            "recursive": {"type": "boolean", "description": "list: include subfolders"},
-        },
-        "required": ["action"],
-    }
+    parameters = action_schema(ACTIONS)
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
-            action = require_choice(args, "action", ACTIONS)
-            return await trio.to_thread.run_sync(self._dispatch, action, args, ctx)
+            action, parsed = parse_action(ACTIONS, args)
+            return await trio.to_thread.run_sync(self._dispatch, action, parsed, ctx)
         except ToolInputError as exc:
             return ToolResult.fail(str(exc))
 
-    def _dispatch(self, action: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        raw = optional_str(args, "path", "." if action == "list" else None)
-        if raw is None or not raw:
-            raise ToolInputError(f"argument 'path' is required for action '{action}'")
+    def _dispatch(self, action: str, args: Any, ctx: ToolContext) -> ToolResult:
+        raw: str = args.path
         if raw.startswith(MANUAL_PREFIX):
             if action != "read":
                 raise ToolInputError(f"manuals are read-only: '{raw}' can only be read")
@@ -229,10 +238,9 @@ class FilesystemTool:
         return ToolResult.success(cap_text(text, ctx.settings.tool_output_max_chars))
 
     def _read(
-        self, fs: Beneath, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext
+        self, fs: Beneath, path: Path, raw: str, args: ReadArgs, ctx: ToolContext
     ) -> ToolResult:
-        offset = _optional_int(args, "offset", 1, 1)
-        limit = _optional_int(args, "limit", 0, 0)  # 0: as many as fit
+        offset, limit = args.offset, args.limit
         cap = ctx.settings.tool_output_max_chars
         opened, st = fs.open_file(path, os.O_RDONLY)
         with opened as fh:
@@ -254,9 +262,9 @@ class FilesystemTool:
         return ToolResult.success(text, lines=total)
 
     def _write(
-        self, fs: Beneath, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext
+        self, fs: Beneath, path: Path, raw: str, args: ContentArgs, ctx: ToolContext
     ) -> ToolResult:
-        content = _require_text(args, "content")
+        content = args.content
         data = _utf8(content, "content")
         flags = os.O_WRONLY | os.O_CREAT
         opened, _ = fs.open_file(path, flags, create_parents=True, truncate=True)
@@ -265,9 +273,9 @@ class FilesystemTool:
         return ToolResult.success(f"wrote {len(content)} characters to '{raw}'")
 
     def _append(
-        self, fs: Beneath, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext
+        self, fs: Beneath, path: Path, raw: str, args: ContentArgs, ctx: ToolContext
     ) -> ToolResult:
-        content = _require_text(args, "content")
+        content = args.content
         data = _utf8(content, "content")
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
         opened, _ = fs.open_file(path, flags, create_parents=True)
@@ -276,10 +284,9 @@ class FilesystemTool:
         return ToolResult.success(f"appended {len(content)} characters to '{raw}'")
 
     def _edit(
-        self, fs: Beneath, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext
+        self, fs: Beneath, path: Path, raw: str, args: EditArgs, ctx: ToolContext
     ) -> ToolResult:
-        old = require_str(args, "old")
-        new = _require_text(args, "new")
+        old, new = args.old, args.new
         cap = ctx.settings.file_edit_max_bytes
         # One open for the read and the write: nothing can be swapped in between.
         opened, st = fs.open_file(path, os.O_RDWR)
@@ -319,13 +326,13 @@ class FilesystemTool:
         return ToolResult.success(f"edited '{raw}' at line {line}")
 
     def _mkdir(
-        self, fs: Beneath, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext
+        self, fs: Beneath, path: Path, raw: str, args: PathArgs, ctx: ToolContext
     ) -> ToolResult:
         fs.folder(path, create=True)
         return ToolResult.success(f"folder '{raw}' is ready")
 
     def _delete(
-        self, fs: Beneath, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext
+        self, fs: Beneath, path: Path, raw: str, args: PathArgs, ctx: ToolContext
     ) -> ToolResult:
         try:
             fs.unlink(path)
@@ -334,11 +341,9 @@ class FilesystemTool:
         return ToolResult.success(f"deleted '{raw}'")
 
     def _list(
-        self, fs: Beneath, path: Path, raw: str, args: dict[str, Any], ctx: ToolContext
+        self, fs: Beneath, path: Path, raw: str, args: ListArgs, ctx: ToolContext
     ) -> ToolResult:
-        recursive = args.get("recursive", False)
-        if not isinstance(recursive, bool):
-            raise ToolInputError("argument 'recursive' must be true or false")
+        recursive = args.recursive
         top = fs.folder(path)
         entries: list[str] = []
         truncated = False

@@ -9,15 +9,32 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import trio
 
 from navi_trio.errors import ToolInputError
-from navi_trio.tools.base import KVStore, ToolContext, ToolResult, require_choice
+from navi_trio.tools.args import NoArgs, action_schema, arg, parse_action
+from navi_trio.tools.base import KVStore, ToolContext, ToolResult
 
 SCOPE = "memory"
-ACTIONS = ("remember", "forget", "list")
 MAX_ITEMS = 100
 MAX_FACT = 500
+_FACT = "remember / forget: the fact"
+_NO_FACT = "argument 'fact' is required and must be a non-empty string"
+
+
+@attrs.frozen
+class Remember:
+    fact: str = arg(_FACT)
+
+
+@attrs.frozen(kw_only=True)
+class Forget:
+    fact: str | None = arg(_FACT, default=None)
+    id: str | None = arg('forget: the fact\'s id, e.g. "m3"', default=None)
+
+
+ACTIONS: dict[str, type] = {"remember": Remember, "forget": Forget, "list": NoArgs}
 
 
 async def _load(kv: KVStore, user_id: str) -> tuple[int, list[dict[str, str]]]:
@@ -56,42 +73,33 @@ class MemoryTool:
         "Store stable preferences and facts, not task details. Manual: read "
         "`manual:memory` with the filesystem tool."
     )
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {
-            "action": {"type": "string", "enum": list(ACTIONS)},
-            "fact": {"type": "string", "description": "remember / forget: the fact"},
-            "id": {"type": "string", "description": 'forget: the fact\'s id, e.g. "m3"'},
-        },
-        "required": ["action"],
-    }
+    parameters = action_schema(ACTIONS)
 
     def __init__(self) -> None:
         self._lock = trio.Lock()
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
-            action = require_choice(args, "action", ACTIONS)
+            action, parsed = parse_action(ACTIONS, args)
             async with self._lock:
                 nxt, items = await _load(ctx.kv, ctx.user_id)
                 if action == "list":
                     return ToolResult.success(_format(items))
                 if action == "remember":
-                    result = self._remember(args, nxt, items)
+                    result = self._remember(parsed, nxt, items)
                     if items and items[-1]["id"] == f"m{nxt}":
                         nxt += 1  # that id is now taken for good
                 else:
-                    result = self._forget(args, items)
+                    result = self._forget(parsed, items)
                 await ctx.kv.kv_set(SCOPE, ctx.user_id, {"next": nxt, "items": items})
                 return result
         except ToolInputError as exc:
             return ToolResult.fail(str(exc))
 
-    def _remember(self, args: dict[str, Any], nxt: int, items: list[dict[str, str]]) -> ToolResult:
-        fact = args.get("fact")
-        if not isinstance(fact, str) or not fact.strip():
-            raise ToolInputError("argument 'fact' is required and must be a non-empty string")
-        fact = " ".join(fact.split())
+    def _remember(self, args: Remember, nxt: int, items: list[dict[str, str]]) -> ToolResult:
+        fact = " ".join(args.fact.split())
+        if not fact:
+            raise ToolInputError(_NO_FACT)
         if len(fact) > MAX_FACT:
             raise ToolInputError(f"argument 'fact' is longer than {MAX_FACT} characters")
         for item in items:
@@ -105,14 +113,11 @@ class MemoryTool:
         items.append({"id": new_id, "text": fact})
         return ToolResult.success(f"remembered {new_id}: {fact}", id=new_id)
 
-    def _forget(self, args: dict[str, Any], items: list[dict[str, str]]) -> ToolResult:
-        target_id = args.get("id")
-        fact = args.get("fact")
-        if not (isinstance(target_id, str) and target_id) and not (
-            isinstance(fact, str) and fact.strip()
-        ):
+    def _forget(self, args: Forget, items: list[dict[str, str]]) -> ToolResult:
+        target_id, fact = args.id, args.fact
+        if not target_id and not (fact and fact.strip()):
             raise ToolInputError("forget needs argument 'id' (e.g. \"m3\") or the exact 'fact'")
-        wanted = " ".join(fact.split()) if isinstance(fact, str) else None
+        wanted = " ".join(fact.split()) if fact is not None else None
         for n, item in enumerate(items):
             if item["id"] == target_id or item["text"] == wanted:
                 del items[n]

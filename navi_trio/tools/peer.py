@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
+import attrs
 import trio
 
 from navi_trio.errors import ConfigError, ToolInputError
@@ -28,15 +29,8 @@ from navi_trio.errors import PeerError as PeerError
 from navi_trio.errors import PeerRefusedError as PeerRefusedError
 from navi_trio.errors import PeerUnreachableError as PeerUnreachableError
 from navi_trio.profiles import PeerConfig
-from navi_trio.tools.base import (
-    ToolContext,
-    ToolResult,
-    cap_text,
-    optional_number,
-    optional_str,
-    require_choice,
-    require_str,
-)
+from navi_trio.tools.args import action_schema, arg, parse_action
+from navi_trio.tools.base import ToolContext, ToolResult, cap_text
 
 Frame = dict[str, Any]
 CARD_STATUS_MAX = 120  # characters of a peer tool's error shown on its card
@@ -137,6 +131,16 @@ def _forward(frame: Frame, feed: _Feed, peer: str) -> str | None:
     return None
 
 
+@attrs.frozen(kw_only=True)
+class AskArgs:
+    peer: str = arg("The peer's name in the config.")
+    message: str = arg("What to ask; it sees nothing else.")
+    session: str | None = arg("A peer session id to continue.", default=None)
+    profile: str | None = arg("The peer's profile (new sessions).", default=None)
+    # Clamped to 1..the peer's timeout_sec by the tool, not refused.
+    timeout: float | None = arg("Seconds to wait.", default=None, extra={"minimum": 1})
+
+
 class PeerTool:
     name = "peer"
     description = (
@@ -146,18 +150,7 @@ class PeerTool:
         "The peer works with its own files and tools. Manual: read `manual:peer` with the "
         "filesystem tool."
     )
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {
-            "action": {"type": "string", "enum": ["ask"]},
-            "peer": {"type": "string", "description": "The peer's name in the config."},
-            "message": {"type": "string", "description": "What to ask; it sees nothing else."},
-            "session": {"type": "string", "description": "A peer session id to continue."},
-            "profile": {"type": "string", "description": "The peer's profile (new sessions)."},
-            "timeout": {"type": "number", "minimum": 1, "description": "Seconds to wait."},
-        },
-        "required": ["action", "peer", "message"],
-    }
+    parameters = action_schema({"ask": AskArgs})
 
     def __init__(self, link: PeerLink, environ: Mapping[str, str] | None = None) -> None:
         self.link = link
@@ -165,14 +158,12 @@ class PeerTool:
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
-            require_choice(args, "action", ["ask"])
-            name = require_str(args, "peer")
-            message = require_str(args, "message")
-            session = optional_str(args, "session")
-            profile = optional_str(args, "profile")
+            _, asked = parse_action({"ask": AskArgs}, args)
+            name, message = asked.peer, asked.message
+            session, profile = asked.session, asked.profile
             peer = _peer(ctx, name)
-            timeout = min(max(optional_number(args, "timeout", peer.timeout_sec), 1.0),
-                          peer.timeout_sec)  # fmt: skip
+            wanted = peer.timeout_sec if asked.timeout is None else asked.timeout
+            timeout = min(max(wanted, 1.0), peer.timeout_sec)
             token = peer.resolve_token(name, os.environ if self._environ is None else self._environ)
         except (ToolInputError, ConfigError) as exc:
             return ToolResult.fail(str(exc))

@@ -8,13 +8,24 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import trio
 
 from navi_trio.errors import ToolInputError
-from navi_trio.tools.base import ToolContext, ToolResult, require_choice
+from navi_trio.tools.args import NoArgs, action_schema, arg, parse_action
+from navi_trio.tools.base import ToolContext, ToolResult
 
 SCOPE = "scratchpad"
-ACTIONS = ("read", "write", "append", "clear")
+
+
+@attrs.frozen
+class Content:
+    """write / append: the text to store."""
+
+    content: str = arg("write / append: the text")
+
+
+ACTIONS: dict[str, type] = {"read": NoArgs, "write": Content, "append": Content, "clear": NoArgs}
 
 
 async def load_scratchpad(kv: Any, session_id: str) -> str:
@@ -30,36 +41,27 @@ class ScratchpadTool:
         "write (replace), append, clear. Manual: read `manual:scratchpad` with the "
         "filesystem tool."
     )
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {
-            "action": {"type": "string", "enum": list(ACTIONS)},
-            "content": {"type": "string", "description": "write / append: the text"},
-        },
-        "required": ["action"],
-    }
+    parameters = action_schema(ACTIONS)
 
     def __init__(self) -> None:
         self._lock = trio.Lock()  # append is read-modify-write
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
-            action = require_choice(args, "action", ACTIONS)
+            action, parsed = parse_action(ACTIONS, args)
             async with self._lock:
-                return await self._do(action, args, ctx)
+                return await self._do(action, parsed, ctx)
         except ToolInputError as exc:
             return ToolResult.fail(str(exc))
 
-    async def _do(self, action: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    async def _do(self, action: str, args: Any, ctx: ToolContext) -> ToolResult:
         current = await load_scratchpad(ctx.kv, ctx.session_id)
         if action == "read":
             return ToolResult.success(current or "(the scratchpad is empty)")
         if action == "clear":
             await ctx.kv.kv_delete(SCOPE, ctx.session_id)
             return ToolResult.success("cleared the scratchpad")
-        content = args.get("content")
-        if not isinstance(content, str) or not content:
-            raise ToolInputError(f"argument 'content' is required for '{action}'")
+        content = args.content
         new = content if action == "write" else current + content
         cap = ctx.settings.tool_output_max_chars
         if len(new) > cap:

@@ -13,9 +13,32 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from navi_trio.errors import ToolInputError
-from navi_trio.tools.base import ToolContext, ToolResult, optional_number, optional_str, require_str
+from navi_trio.tools.args import Strings, arg, parse, schema
+from navi_trio.tools.base import ToolContext, ToolResult
 from navi_trio.tools.services import SUBAGENT_MAX_ITERATIONS, SpawnRequest, unavailable
+
+
+@attrs.frozen(kw_only=True)
+class SpawnArgs:
+    task: str = arg("What the sub-agent must do and report.")
+    profile_id: str | None = arg(
+        "Profile to use (default: this session's current profile).", default=None
+    )
+    briefing: str | None = arg("Background facts it needs.", default=None)
+    context_transfer: str | None = arg("A summary of this conversation to hand over.", default=None)
+    custom_system_prompt: str | None = arg(default=None)
+    inherit_system_prompt: bool = arg(default=False)
+    exclude_tools: Strings = arg(default=(), expected="a list of tool names")
+    max_iterations: int = arg(
+        default=SUBAGENT_MAX_ITERATIONS, minimum=1, maximum=SUBAGENT_MAX_ITERATIONS
+    )
+    # Clamped to 1..NAVI_SPAWN_TIMEOUT_SEC by the tool, not refused.
+    timeout_seconds: float | None = arg(default=None, extra={"minimum": 1})
+    # Read by the tool executor (it detaches the call), declared here for the schema.
+    background: bool = arg(default=False)
 
 
 class SpawnAgentTool:
@@ -28,32 +51,7 @@ class SpawnAgentTool:
         "working while it runs (collect with the tasks tool). "
         "Manual: read `manual:spawn_agent` with the filesystem tool."
     )
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {
-            "task": {"type": "string", "description": "What the sub-agent must do and report."},
-            "profile_id": {
-                "type": "string",
-                "description": "Profile to use (default: this session's current profile).",
-            },
-            "briefing": {"type": "string", "description": "Background facts it needs."},
-            "context_transfer": {
-                "type": "string",
-                "description": "A summary of this conversation to hand over.",
-            },
-            "custom_system_prompt": {"type": "string"},
-            "inherit_system_prompt": {"type": "boolean"},
-            "exclude_tools": {"type": "array", "items": {"type": "string"}},
-            "max_iterations": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": SUBAGENT_MAX_ITERATIONS,
-            },
-            "timeout_seconds": {"type": "number", "minimum": 1},
-            "background": {"type": "boolean"},
-        },
-        "required": ["task"],
-    }
+    parameters = schema(SpawnArgs)
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         if ctx.services is None:
@@ -79,31 +77,22 @@ class SpawnAgentTool:
 
 def _request(args: dict[str, Any], ctx: ToolContext) -> SpawnRequest:
     """The checked arguments; a bad one is a ToolInputError naming it."""
-    profile_id = optional_str(args, "profile_id")
+    parsed = parse(SpawnArgs, args)
+    profile_id = parsed.profile_id
     if profile_id is not None and profile_id not in ctx.config.profiles:
         known = ", ".join(sorted(ctx.config.profiles))
         raise ToolInputError(f"unknown profile_id {profile_id!r}; profiles: {known}")
-    exclude = args.get("exclude_tools", [])
-    if not isinstance(exclude, list) or not all(isinstance(x, str) for x in exclude):
-        raise ToolInputError("argument 'exclude_tools' must be a list of tool names")
-    inherit = args.get("inherit_system_prompt", False)
-    if not isinstance(inherit, bool):
-        raise ToolInputError("argument 'inherit_system_prompt' must be true or false")
-    most = SUBAGENT_MAX_ITERATIONS
-    max_iterations = int(optional_number(args, "max_iterations", most))
-    if not 1 <= max_iterations <= most:
-        raise ToolInputError(f"argument 'max_iterations' must be between 1 and {most}")
     # The model may ask for less time than NAVI_SPAWN_TIMEOUT_SEC, never for more.
     limit = ctx.settings.spawn_timeout_sec
-    timeout = min(max(optional_number(args, "timeout_seconds", limit), 1.0), limit)
+    asked = limit if parsed.timeout_seconds is None else parsed.timeout_seconds
     return SpawnRequest(
-        task=require_str(args, "task"),
+        task=parsed.task,
         profile_id=profile_id,
-        max_iterations=max_iterations,
-        exclude_tools=tuple(exclude),
-        briefing=optional_str(args, "briefing"),
-        custom_system_prompt=optional_str(args, "custom_system_prompt"),
-        inherit_system_prompt=inherit,
-        context_transfer=optional_str(args, "context_transfer"),
-        timeout_seconds=timeout,
+        max_iterations=parsed.max_iterations,
+        exclude_tools=parsed.exclude_tools,
+        briefing=parsed.briefing,
+        custom_system_prompt=parsed.custom_system_prompt,
+        inherit_system_prompt=parsed.inherit_system_prompt,
+        context_transfer=parsed.context_transfer,
+        timeout_seconds=min(max(asked, 1.0), limit),
     )

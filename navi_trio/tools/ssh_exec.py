@@ -45,9 +45,10 @@ import attrs
 from navi_trio.errors import ToolInputError
 from navi_trio.profiles import SshConfig, SshHost
 from navi_trio.settings import Settings
-from navi_trio.tools.base import ToolContext, ToolResult, require_str
+from navi_trio.tools.args import arg, parse, schema
+from navi_trio.tools.base import ToolContext, ToolResult
 from navi_trio.tools.procs import CommandResult, run_command, tag_owner
-from navi_trio.tools.terminal import command_result, output_progress, read_timeout
+from navi_trio.tools.terminal import command_result, output_progress, read_timeout, timeout_arg
 
 CONNECT_TIMEOUT_SEC = 10
 SSH_FAILED = 255  # ssh's own exit code for a connection, host key or login failure
@@ -107,18 +108,25 @@ def remote_command(alias: str, host: SshHost, command: str) -> str:
     return shlex.join(argv)
 
 
-def plan_call(args: dict[str, Any], ssh: SshConfig | None) -> SshCall:
+@attrs.frozen(kw_only=True)
+class SshArgs:
+    host: str = arg("a host alias from the config")
+    command: str = arg("the command to run there")
+    timeout: float | None = timeout_arg("seconds before it is killed")
+
+
+def plan_call(args: SshArgs, ssh: SshConfig | None) -> SshCall:
     """Check the call against the config; raises ToolInputError naming the problem."""
     if ssh is None or not ssh.hosts:
         raise ToolInputError(NO_HOSTS)
-    alias = require_str(args, "host")
+    alias = args.host
     host = ssh.hosts.get(alias)
     if host is None:
         raise ToolInputError(
             f"unknown host {alias!r}: ssh_exec reaches only the configured hosts "
             f"({', '.join(sorted(ssh.hosts))})"
         )
-    remote = remote_command(alias, host, require_str(args, "command"))
+    remote = remote_command(alias, host, args.command)
     return SshCall(alias, host, remote, ssh_argv(ssh, host, remote))
 
 
@@ -140,15 +148,7 @@ def ssh_result(result: CommandResult, call: SshCall, note: str) -> ToolResult:
 
 class SshExecTool:
     name = "ssh_exec"
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {
-            "host": {"type": "string", "description": "a host alias from the config"},
-            "command": {"type": "string", "description": "the command to run there"},
-            "timeout": {"type": "number", "description": "seconds before it is killed"},
-        },
-        "required": ["host", "command"],
-    }
+    parameters = schema(SshArgs)
 
     def __init__(self, settings: Settings | None = None) -> None:
         default = (settings or Settings()).terminal_timeout_sec
@@ -161,16 +161,16 @@ class SshExecTool:
     def precheck(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult | None:
         """A failed result for a call that cannot run (host, command), else None."""
         try:
-            plan_call(args, ctx.config.ssh)
-            read_timeout(args, ctx.settings)
+            plan_call(parse(SshArgs, args), ctx.config.ssh)
         except ToolInputError as exc:
             return ToolResult.fail(str(exc))
         return None
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
-            call = plan_call(args, ctx.config.ssh)
-            timeout, note = read_timeout(args, ctx.settings)
+            parsed = parse(SshArgs, args)
+            call = plan_call(parsed, ctx.config.ssh)
+            timeout, note = read_timeout(parsed.timeout, ctx.settings)
         except ToolInputError as exc:
             return ToolResult.fail(str(exc))
         client = shutil.which("ssh")

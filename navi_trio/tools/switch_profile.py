@@ -9,9 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from navi_trio.errors import ToolInputError
-from navi_trio.tools.base import ToolContext, ToolResult, optional_str, require_str
+from navi_trio.tools.args import arg, parse, schema
+from navi_trio.tools.base import ToolContext, ToolResult
 from navi_trio.tools.services import unavailable
+
+
+@attrs.frozen(kw_only=True)
+class SwitchArgs:
+    profile_id: str = arg("the profile to switch to")
+    reason: str | None = arg("why, in a few words", default=None)
 
 
 class SwitchProfileTool:
@@ -21,19 +30,12 @@ class SwitchProfileTool:
         "the task needs it, e.g. to `coder` for programming work. Takes effect on the next "
         "iteration. Manual: read `manual:profiles` with the filesystem tool."
     )
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {
-            "profile_id": {"type": "string", "description": "the profile to switch to"},
-            "reason": {"type": "string", "description": "why, in a few words"},
-        },
-        "required": ["profile_id"],
-    }
+    parameters = schema(SwitchArgs)
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
-            profile_id = require_str(args, "profile_id")
-            reason = optional_str(args, "reason")
+            parsed = parse(SwitchArgs, args)
+            profile_id, reason = parsed.profile_id, parsed.reason
             valid = sorted(ctx.config.profiles)
             if profile_id not in ctx.config.profiles:
                 raise ToolInputError(

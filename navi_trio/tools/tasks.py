@@ -12,27 +12,46 @@ import json
 import re
 from typing import Any
 
+import attrs
 import trio
 
 from navi_trio.errors import ToolInputError
 from navi_trio.events import AgentEvent, event_to_dict
-from navi_trio.tools.base import (
-    ToolContext,
-    ToolResult,
-    cap_text,
-    optional_number,
-    require_choice,
-    require_str,
-)
+from navi_trio.tools.args import NoArgs, action_schema, arg, parse_action
+from navi_trio.tools.base import ToolContext, ToolResult, cap_text
 from navi_trio.tools.services import TaskJobView, TaskService
 
-ACTIONS = ("list", "check", "wait", "cancel")
 RESULT_MAX_CHARS = 2000
 DEFAULT_WAIT_SEC = 30.0
 RECENT_EVENTS = 10
 EVENT_LINE_MAX = 160
 # After a cancel, give the job this long to unwind so the answer can state the outcome.
 CANCEL_SETTLE_SEC = 2.0
+
+
+@attrs.frozen
+class TaskArgs:
+    """check, cancel: which task."""
+
+    task_id: str = arg("The bt-... id returned when the task started (check, wait, cancel).")
+
+
+@attrs.frozen(kw_only=True)
+class WaitArgs(TaskArgs):
+    timeout: float = arg(
+        "wait only: seconds to wait (default 30, at most 120).",
+        default=DEFAULT_WAIT_SEC,
+        minimum=0,
+        unit="seconds",
+    )
+
+
+ACTIONS: dict[str, type] = {
+    "list": NoArgs,
+    "check": TaskArgs,
+    "wait": WaitArgs,
+    "cancel": TaskArgs,
+}
 
 
 class TasksTool:
@@ -44,32 +63,17 @@ class TasksTool:
         "timeout default 30 s, at most 120 s); cancel (stop a running task). "
         "Manual: read `manual:tasks` with the filesystem tool."
     )
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {
-            "action": {"type": "string", "enum": list(ACTIONS)},
-            "task_id": {
-                "type": "string",
-                "description": "The bt-... id returned when the task started "
-                "(check, wait, cancel).",
-            },
-            "timeout": {
-                "type": "number",
-                "description": "wait only: seconds to wait (default 30, at most 120).",
-            },
-        },
-        "required": ["action"],
-    }
+    parameters = action_schema(ACTIONS)
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         service = ctx.services.tasks if ctx.services else None
         if service is None:
             return ToolResult.fail("background tasks are not available here")
         try:
-            action = require_choice(args, "action", ACTIONS)
-            if action == "list":
+            action, parsed = parse_action(ACTIONS, args)
+            if not isinstance(parsed, TaskArgs):
                 return self._list(service, ctx.session_id)
-            task_id = require_str(args, "task_id")
+            task_id = parsed.task_id
             job = service.get(ctx.session_id, task_id)
             if job is None:
                 return ToolResult.fail(
@@ -77,8 +81,8 @@ class TasksTool:
                 )
             if action == "check":
                 return ToolResult.success(_describe(job), task_id=task_id, status=job.status)
-            if action == "wait":
-                return await self._wait(service, ctx, job, args)
+            if isinstance(parsed, WaitArgs):
+                return await self._wait(service, ctx, job, parsed)
             return await self._cancel(service, ctx.session_id, job)
         except ToolInputError as exc:
             return ToolResult.fail(str(exc))
@@ -96,12 +100,9 @@ class TasksTool:
         return ToolResult.success("\n".join(lines), count=len(jobs))
 
     async def _wait(
-        self, service: TaskService, ctx: ToolContext, job: TaskJobView, args: dict[str, Any]
+        self, service: TaskService, ctx: ToolContext, job: TaskJobView, args: WaitArgs
     ) -> ToolResult:
-        timeout = optional_number(args, "timeout", DEFAULT_WAIT_SEC)
-        if timeout < 0:
-            raise ToolInputError("argument 'timeout' must be zero or more seconds")
-        timeout = min(timeout, ctx.settings.tasks_wait_max_sec)
+        timeout = min(args.timeout, ctx.settings.tasks_wait_max_sec)
         if await service.wait(ctx.session_id, job.task_id, timeout):
             return ToolResult.success(_describe(job), task_id=job.task_id, status=job.status)
         return ToolResult.fail(

@@ -21,14 +21,8 @@ import trio
 
 from navi_trio.errors import ConfigError, ToolInputError
 from navi_trio.settings import Settings
-from navi_trio.tools.base import (
-    ToolContext,
-    ToolResult,
-    optional_number,
-    optional_str,
-    require_choice,
-    require_str,
-)
+from navi_trio.tools.args import NoArgs, action_of, action_schema, arg, parse
+from navi_trio.tools.base import ToolContext, ToolResult
 from navi_trio.tools.filesystem import resolve_dir
 from navi_trio.tools.procs import CommandResult, ReadResult, passed_env, run_command, tag_owner
 from navi_trio.tools.progress import OutputProgress
@@ -36,8 +30,61 @@ from navi_trio.tools.roots import Root
 from navi_trio.tools.runas import RunAs, run_as
 from navi_trio.tools.services import unavailable
 
-ACTIONS = ("run", "open", "read", "write", "kill", "list")
 READ_WAIT_MAX_SEC = 30.0
+_COMMAND = "run / open: a bash command line"
+_CWD = "run / open: folder to run in"
+_HANDLE = 'read/write/kill: e.g. "p1"'
+
+
+def timeout_arg(description: str) -> Any:
+    """A command's optional timeout in seconds (capped by `read_timeout`)."""
+    return arg(description, default=None, above=0, unit="seconds")
+
+
+@attrs.frozen(kw_only=True)
+class Run:
+    command: str = arg(_COMMAND)
+    timeout: float | None = timeout_arg("run: seconds before it is killed")
+    cwd: str | None = arg(_CWD, default=None)
+
+
+@attrs.frozen(kw_only=True)
+class Open:
+    command: str = arg(_COMMAND)
+    cwd: str | None = arg(_CWD, default=None)
+
+
+@attrs.frozen
+class Handle:
+    handle: str = arg(_HANDLE)
+
+
+@attrs.frozen(kw_only=True)
+class Write(Handle):
+    text: str = arg("write: text for stdin (add \\n)", default="")
+    eof: bool = arg("write: close stdin afterwards", default=False)
+
+
+@attrs.frozen(kw_only=True)
+class Read(Handle):
+    wait: float = arg(
+        "read: seconds to wait for output",
+        default=0.0,
+        minimum=0,
+        maximum=READ_WAIT_MAX_SEC,
+        unit="seconds",
+    )
+    max_chars: int | None = arg("read: at most this much", default=None, minimum=1)
+
+
+ACTIONS: dict[str, type] = {
+    "run": Run,
+    "open": Open,
+    "read": Read,
+    "write": Write,
+    "kill": Handle,
+    "list": NoArgs,
+}
 
 
 def command_env(ctx: ToolContext) -> dict[str, str]:
@@ -49,12 +96,11 @@ def command_env(ctx: ToolContext) -> dict[str, str]:
     return env
 
 
-def read_timeout(args: dict[str, Any], settings: Settings) -> tuple[float, str]:
+def read_timeout(timeout: float | None, settings: Settings) -> tuple[float, str]:
     """The timeout to use (capped at settings.terminal_timeout_sec) and a note if capped."""
     cap = settings.terminal_timeout_sec
-    timeout = optional_number(args, "timeout", cap)
-    if timeout <= 0:
-        raise ToolInputError("argument 'timeout' must be a positive number of seconds")
+    if timeout is None:
+        return cap, ""
     if timeout > cap:
         return cap, f"[timeout capped at {cap:g} s]\n"
     return timeout, ""
@@ -138,21 +184,7 @@ def output_progress(ctx: ToolContext) -> OutputProgress:
 
 class TerminalTool:
     name = "terminal"
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {
-            "action": {"type": "string", "enum": list(ACTIONS)},
-            "command": {"type": "string", "description": "run / open: a bash command line"},
-            "timeout": {"type": "number", "description": "run: seconds before it is killed"},
-            "cwd": {"type": "string", "description": "run / open: folder to run in"},
-            "handle": {"type": "string", "description": 'read/write/kill: e.g. "p1"'},
-            "text": {"type": "string", "description": "write: text for stdin (add \\n)"},
-            "eof": {"type": "boolean", "description": "write: close stdin afterwards"},
-            "wait": {"type": "number", "description": "read: seconds to wait for output"},
-            "max_chars": {"type": "integer", "description": "read: at most this much"},
-        },
-        "required": ["action"],
-    }
+    parameters = action_schema(ACTIONS)
 
     def __init__(self, settings: Settings | None = None) -> None:
         default = (settings or Settings()).terminal_timeout_sec
@@ -165,40 +197,40 @@ class TerminalTool:
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
-            action = require_choice(args, "action", ACTIONS)
+            action = action_of(ACTIONS, args)
             if action == "run":
-                return await self._run(args, ctx)
+                return await self._run(parse(Run, args), ctx)
             pool = ctx.services.processes if ctx.services else None
             if pool is None:
                 return unavailable("persistent processes (terminal open/read/write/kill)")
-            if action == "open":
-                return await self._open(pool, args, ctx)
-            if action == "list":
-                return self._list(pool, ctx)
-            handle = require_str(args, "handle")
-            if action == "read":
-                return await self._read(pool, handle, args, ctx)
-            if action == "write":
-                return await self._write(pool, handle, args, ctx)
-            return _format_read(handle, await pool.kill(ctx.session_id, handle), killed=True)
+            parsed: object = parse(ACTIONS[action], args)
+            if isinstance(parsed, Open):
+                return await self._open(pool, parsed, ctx)
+            if isinstance(parsed, Read):
+                return await self._read(pool, parsed, ctx)
+            if isinstance(parsed, Write):
+                return await self._write(pool, parsed, ctx)
+            if isinstance(parsed, Handle):
+                result = await pool.kill(ctx.session_id, parsed.handle)
+                return _format_read(parsed.handle, result, killed=True)
+            return self._list(pool, ctx)
         except ToolInputError as exc:
             return ToolResult.fail(str(exc))
 
-    async def _run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        command = require_str(args, "command")
-        timeout, note = read_timeout(args, ctx.settings)
+    async def _run(self, args: Run, ctx: ToolContext) -> ToolResult:
+        timeout, note = read_timeout(args.timeout, ctx.settings)
         try:
-            async with command_folder(ctx, optional_str(args, "cwd")) as place:
-                result = await run_in(ctx, place, command, timeout)
+            async with command_folder(ctx, args.cwd) as place:
+                result = await run_in(ctx, place, args.command, timeout)
         except OSError as exc:
             return ToolResult.fail(f"cannot start the command: {exc.strerror or exc}")
         return command_result(result, note)
 
-    async def _open(self, pool: Any, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    async def _open(self, pool: Any, args: Open, ctx: ToolContext) -> ToolResult:
         # A "background" flag is accepted and ignored: an opened process is persistent.
-        command = require_str(args, "command")
+        command = args.command
         try:
-            async with command_folder(ctx, optional_str(args, "cwd")) as place:
+            async with command_folder(ctx, args.cwd) as place:
                 handle = await pool.open(
                     ctx.session_id,
                     command,
@@ -230,35 +262,19 @@ class TerminalTool:
             lines.append(f"{info.handle_id}  pid {info.pid}  {state}  {info.command}")
         return ToolResult.success("\n".join(lines))
 
-    async def _read(
-        self, pool: Any, handle: str, args: dict[str, Any], ctx: ToolContext
-    ) -> ToolResult:
+    async def _read(self, pool: Any, args: Read, ctx: ToolContext) -> ToolResult:
         cap = ctx.settings.tool_output_max_chars
-        max_chars = optional_number(args, "max_chars", cap)
-        if max_chars < 1 or max_chars != int(max_chars):
-            raise ToolInputError("argument 'max_chars' must be a whole number of 1 or more")
-        wait = optional_number(args, "wait", 0.0)
-        if not 0 <= wait <= READ_WAIT_MAX_SEC:
-            raise ToolInputError(
-                f"argument 'wait' must be between 0 and {READ_WAIT_MAX_SEC:g} seconds"
-            )
-        result = await pool.read(ctx.session_id, handle, min(int(max_chars), cap), wait)
-        return _format_read(handle, result)
+        max_chars = cap if args.max_chars is None else min(args.max_chars, cap)
+        result = await pool.read(ctx.session_id, args.handle, max_chars, args.wait)
+        return _format_read(args.handle, result)
 
-    async def _write(
-        self, pool: Any, handle: str, args: dict[str, Any], ctx: ToolContext
-    ) -> ToolResult:
-        text = args.get("text", "")
-        if not isinstance(text, str):
-            raise ToolInputError("argument 'text' must be a string")
-        eof = args.get("eof", False)
-        if not isinstance(eof, bool):
-            raise ToolInputError("argument 'eof' must be true or false")
+    async def _write(self, pool: Any, args: Write, ctx: ToolContext) -> ToolResult:
+        text, eof = args.text, args.eof
         if not text and not eof:
             raise ToolInputError("argument 'text' is required (or set 'eof': true)")
-        await pool.write(ctx.session_id, handle, text, eof)
+        await pool.write(ctx.session_id, args.handle, text, eof)
         closed = " and closed its input" if eof else ""
-        return ToolResult.success(f"sent {len(text)} characters to {handle}{closed}")
+        return ToolResult.success(f"sent {len(text)} characters to {args.handle}{closed}")
 
 
 def _format_read(handle: str, result: ReadResult, killed: bool = False) -> ToolResult:

@@ -17,17 +17,11 @@ import trio
 
 from navi_trio.errors import ToolInputError
 from navi_trio.events import TodoStep, TodoUpdated
-from navi_trio.tools.base import (
-    KVStore,
-    ToolContext,
-    ToolResult,
-    optional_str,
-    require_choice,
-)
+from navi_trio.tools.args import NoArgs, Strings, action_schema, arg, parse_action
+from navi_trio.tools.base import KVStore, ToolContext, ToolResult
 
 SCOPE = "todo"
 STATUSES = ("pending", "in_progress", "done", "failed")
-ACTIONS = ("list", "add", "update", "remove", "clear", "replace")
 MAX_STEPS = 50
 MAX_TEXT = 500
 _MARKS = {"pending": "[ ]", "in_progress": "[~]", "done": "[x]", "failed": "[!]"}
@@ -96,10 +90,45 @@ def _step_text(value: Any, key: str) -> str:
     return value.strip()
 
 
-def _index(args: dict[str, Any], steps: Sequence[TodoStep]) -> int:
-    value = args.get("index")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ToolInputError("argument 'index' is required and must be a step number (1, 2 …)")
+_TEXT = "add: the step; update: new wording"
+_INDEX = "update / remove: step number"
+_STEP_NUMBER = "a step number (1, 2 …)"
+
+
+@attrs.frozen
+class Add:
+    text: str = arg(_TEXT)
+
+
+@attrs.frozen(kw_only=True)
+class Update:
+    index: int = arg(_INDEX, expected=_STEP_NUMBER)
+    status: str | None = arg(default=None, choices=STATUSES)
+    validation: str | None = arg("what proved the step is done", default=None)
+    text: str | None = arg(_TEXT, default=None)
+
+
+@attrs.frozen
+class Remove:
+    index: int = arg(_INDEX, expected=_STEP_NUMBER)
+
+
+@attrs.frozen
+class Replace:
+    texts: Strings = arg("replace", expected="a non-empty list of step texts", nonempty=True)
+
+
+ACTIONS: dict[str, type] = {
+    "list": NoArgs,
+    "add": Add,
+    "update": Update,
+    "remove": Remove,
+    "clear": NoArgs,
+    "replace": Replace,
+}
+
+
+def _index(value: int, steps: Sequence[TodoStep]) -> int:
     if not 1 <= value <= len(steps):
         raise ToolInputError(
             f"argument 'index' is {value} but the list has {len(steps)} steps (1-{len(steps)})"
@@ -117,30 +146,19 @@ class TodoTool:
         "replace. Keep exactly one step in_progress. Manual: read `manual:todo` with the "
         "filesystem tool."
     )
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {
-            "action": {"type": "string", "enum": list(ACTIONS)},
-            "text": {"type": "string", "description": "add: the step; update: new wording"},
-            "index": {"type": "integer", "description": "update / remove: step number"},
-            "status": {"type": "string", "enum": list(STATUSES)},
-            "validation": {"type": "string", "description": "what proved the step is done"},
-            "texts": {"type": "array", "items": {"type": "string"}, "description": "replace"},
-        },
-        "required": ["action"],
-    }
+    parameters = action_schema(ACTIONS)
 
     def __init__(self) -> None:
         self._lock = trio.Lock()  # read-modify-write of parallel calls must not interleave
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
-            action = require_choice(args, "action", ACTIONS)
+            action, parsed = parse_action(ACTIONS, args)
             async with self._lock:
                 steps = await load_todo(ctx.kv, ctx.session_id)
                 if action == "list":
                     return ToolResult.success(format_todo(steps))
-                new_steps, summary = self._change(action, args, steps, ctx)
+                new_steps, summary = self._change(parsed, steps, ctx)
                 new_steps = _renumber(new_steps)
                 await save_todo(ctx.kv, ctx.session_id, new_steps)
         except ToolInputError as exc:
@@ -149,40 +167,35 @@ class TodoTool:
         return ToolResult.success(f"{summary}\n{format_todo(new_steps)}")
 
     def _change(
-        self, action: str, args: dict[str, Any], steps: list[TodoStep], ctx: ToolContext
+        self, args: Any, steps: list[TodoStep], ctx: ToolContext
     ) -> tuple[list[TodoStep], str]:
-        if action == "add":
+        if isinstance(args, Add):
             if len(steps) >= MAX_STEPS:
                 raise ToolInputError(f"the todo list is full ({MAX_STEPS} steps)")
-            text = _step_text(args.get("text"), "text")
+            text = _step_text(args.text, "text")
             return [*steps, TodoStep(index=0, text=text)], f"added step {len(steps) + 1}"
-        if action == "clear":
-            return [], "cleared the todo list"
-        if action == "replace":
-            texts = args.get("texts")
-            if not isinstance(texts, list) or not texts:
-                raise ToolInputError("argument 'texts' must be a non-empty list of step texts")
-            if len(texts) > MAX_STEPS:
+        if isinstance(args, Replace):
+            if len(args.texts) > MAX_STEPS:
                 raise ToolInputError(f"argument 'texts' has more than {MAX_STEPS} steps")
-            new = [TodoStep(index=0, text=_step_text(t, "texts")) for t in texts]
+            new = [TodoStep(index=0, text=_step_text(t, "texts")) for t in args.texts]
             return new, f"replaced the list with {len(new)} steps"
-        index = _index(args, steps)
-        if action == "remove":
+        if isinstance(args, Remove):
+            index = _index(args.index, steps)
             return [s for s in steps if s.index != index], f"removed step {index}"
-        return self._update(index, args, steps, ctx)
+        if isinstance(args, Update):
+            return self._update(_index(args.index, steps), args, steps, ctx)
+        return [], "cleared the todo list"
 
     def _update(
-        self, index: int, args: dict[str, Any], steps: list[TodoStep], ctx: ToolContext
+        self, index: int, args: Update, steps: list[TodoStep], ctx: ToolContext
     ) -> tuple[list[TodoStep], str]:
         step = steps[index - 1]
-        status = step.status
-        if args.get("status") is not None:
-            status = require_choice(args, "status", STATUSES)
-        validation = optional_str(args, "validation")
+        status = step.status if args.status is None else args.status
+        validation = args.validation
         if validation is not None and not validation.strip():
             validation = None
-        text = step.text if args.get("text") is None else _step_text(args["text"], "text")
-        if args.get("status") is None and validation is None and args.get("text") is None:
+        text = step.text if args.text is None else _step_text(args.text, "text")
+        if args.status is None and validation is None and args.text is None:
             raise ToolInputError("update needs at least one of 'status', 'validation', 'text'")
         validation = validation.strip() if validation else step.validation
         if status == "done" and not validation and ctx.profile.step_validation_enabled:
