@@ -87,12 +87,15 @@ class Daemon:
             yield c
 
 
-async def _first_line(stream: trio.abc.ReceiveStream) -> str:
+async def _first_line(stream: trio.abc.ReceiveStream, log: Path) -> str:
     data = b""
     while b"\n" not in data:
         chunk = await stream.receive_some()
-        if not chunk:
-            raise AssertionError(f"navi serve exited before listening; printed {data!r}")
+        if not chunk:  # its log says why (what CI shows of a failure is all we get)
+            tail = (await trio.Path(log).read_text(errors="replace"))[-4000:]
+            raise AssertionError(
+                f"navi serve exited before listening; printed {data!r}; its log ends:\n{tail}"
+            )
         data += chunk
     return data.decode().splitlines()[0]
 
@@ -123,7 +126,7 @@ async def navi_serve(
                 lines = LogLines()
                 nursery.start_soon(lines.pump, proc.stderr, log)
             with trio.fail_after(START_LIMIT):
-                line = await _first_line(proc.stdout)
+                line = await _first_line(proc.stdout, log)
             assert line.startswith("navi: listening on ws://127.0.0.1:"), line
             yield Daemon(proc, line.split()[-1], Path(env["NAVI_DATA_DIR"]), lines)
             nursery.cancel_scope.cancel()
