@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import pwd
+import stat
 from typing import Any
 
 import attrs
@@ -135,6 +136,19 @@ def may(st: os.stat_result, want: int, who: RunAs) -> bool:
     else:
         bits = st.st_mode
     return bits & want == want
+
+
+def may_remove(folder: os.stat_result, st: os.stat_result, who: RunAs) -> bool:
+    """Whether `who` may remove (or rename over) the entry `st` of the folder `folder`:
+    write and search there, and with the sticky bit own the entry or the folder."""
+    if not may(folder, os.W_OK | os.X_OK, who):
+        return False
+    return not folder.st_mode & stat.S_ISVTX or who.uid in (folder.st_uid, st.st_uid)
+
+
+def may_chmod(st: os.stat_result, who: RunAs) -> bool:
+    """Whether `who` may change the mode of what `st` describes: only its owner may."""
+    return st.st_uid == who.uid
 
 
 def denied() -> PermissionError:

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from navi_trio.core.checkpoints._apply import Exported, Journal, export_root, needed
+from navi_trio.core.checkpoints._apply import Exported, Journal, export_root, needed, refused
 from navi_trio.core.checkpoints._fsops import (
     Folders,
     RootUnusableError,
@@ -69,6 +69,7 @@ from navi_trio.errors import RootChangedError
 from navi_trio.settings import Settings
 from navi_trio.tools.private import PrivatePaths
 from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import run_as
 
 T = TypeVar("T")
 
@@ -102,7 +103,9 @@ class CheckpointEngine:
         self.folder = folder if folder is not None else settings.data_dir / "checkpoints"
         self.objects = ObjectStore(self.folder)
         self.records = Records(self.folder)
-        self.journal = Journal(self.folder / "journal")
+        # A root daemon's restore acts with the tool user's rights too.
+        self.who = run_as(settings.tool_user)
+        self.journal = Journal(self.folder / "journal", self.who)
         self.ledger = Ledger(self.records.folder_of, self.records.latest_id)
         self._clock = clock
         self._wall = wall
@@ -480,8 +483,9 @@ class CheckpointEngine:
         try:
             unseen = functools.partial(_exists, fds)
             return plan_root(
-                rt.path, current, result.mode, sealed, target, self.objects, unseen, only
-            )
+                rt.path, current, result.mode, sealed, target, self.objects, unseen, only,
+                functools.partial(refused, fd, who=self.who),
+            )  # fmt: skip
         finally:
             fds.close()
             os.close(fd)
