@@ -33,7 +33,13 @@ from test_checkpoints_support import (
     users_own,
 )
 
-from navi_trio.core.checkpoints import CheckpointChangedError, CheckpointError, Created, _apply
+from navi_trio.core.checkpoints import (
+    CheckpointChangedError,
+    CheckpointError,
+    Created,
+    Skipped,
+    _apply,
+)
 from navi_trio.tools.roots import Root
 
 
@@ -279,6 +285,7 @@ async def test_a_checkpoint_exports_into_a_new_folder_as_it_was(tmp_path: Path) 
     with trio.fail_after(DEADLINE):
         async with engine_for(settings) as engine:
             _step0(work)
+            users_own(work)
             first = await snap(engine, "s", [work], private)
             expected = tree_of(work)
             _step1(work)
@@ -495,10 +502,11 @@ async def test_an_engine_opened_while_another_restores_does_not_replay_its_journ
 async def test_a_root_daemons_restore_leaves_what_the_tool_user_may_not_change(
     tmp_path: Path,
 ) -> None:
-    # The user's folder holds a folder of root's (0755) and a shared sticky one (1777,
-    # root's) with a root-only file: the tool user (nobody) may change neither, so a
-    # restore rewrites, deletes and re-modes none of it, and names each path; the
-    # preview names them first. The user's own files are restored as ever.
+    # The user's folder holds a folder of root's (0755), a shared sticky one (1777,
+    # root's) with a file of root's, and a file of root's: the tool user (nobody) may
+    # change none of them (nor the last one's mode), so a restore rewrites, deletes and
+    # re-modes none of it, and names each path; the preview names them first. The
+    # user's own files are restored as ever.
     settings = make_settings(tmp_path)
     work = users_own(real_dir(tmp_path / "work"))
     private = private_for(settings)
@@ -511,7 +519,7 @@ async def test_a_root_daemons_restore_leaves_what_the_tool_user_may_not_change(
     shared = work / "shared"
     shared.mkdir(mode=0o1777)
     (shared / "root.txt").write_text("r1")
-    os.chmod(shared / "root.txt", 0o600)
+    os.chmod(shared / "root.txt", 0o644)  # readable: checkpointed, but not theirs
     (work / "roots.txt").write_text("in the user's folder, but root's")
     with trio.fail_after(DEADLINE):
         async with engine_for(settings) as engine:
@@ -520,7 +528,7 @@ async def test_a_root_daemons_restore_leaves_what_the_tool_user_may_not_change(
             (closed / "new.txt").write_text("root's own")
             (shared / "root.txt").write_text("r2")
             (shared / "later.txt").write_text("root's too")
-            os.chmod(work / "roots.txt", 0o600)  # its mode: only its owner may change it
+            os.chmod(work / "roots.txt", 0o604)  # its mode: only its owner may change it
             (work / "own.txt").write_text("o2")
             os.unlink(work / "gone.txt")
             (work / "added.txt").write_text("a")
@@ -539,7 +547,24 @@ async def test_a_root_daemons_restore_leaves_what_the_tool_user_may_not_change(
     assert (closed / "new.txt").read_text() == "root's own"
     assert (shared / "root.txt").read_text() == "r2"
     assert (shared / "later.txt").read_text() == "root's too"
-    assert (work / "roots.txt").stat().st_mode & 0o7777 == 0o600
+    assert (work / "roots.txt").stat().st_mode & 0o7777 == 0o604
     assert (work / "own.txt").read_text() == "o1"
     assert (work / "gone.txt").read_text() == "g1"
     assert not (work / "added.txt").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root daemon acts as the tool user")
+async def test_a_root_daemon_takes_no_checkpoint_of_a_folder_the_tool_user_may_not_list(
+    tmp_path: Path,
+) -> None:
+    settings = make_settings(tmp_path)
+    work = real_dir(tmp_path / "work")
+    (work / "f.txt").write_text("root's")
+    os.chmod(work, 0o700)  # root's: its commands could not look in
+    private = private_for(settings)
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            outcome = await engine.snapshot("s", [work], private=private)
+    assert isinstance(outcome, Skipped), outcome
+    assert outcome.code == "unreadable"
+    assert outcome.reason == f"{work} cannot be read by the tool user (permission denied)"

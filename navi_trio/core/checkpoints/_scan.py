@@ -33,7 +33,14 @@ from collections.abc import Callable
 
 import attrs
 
-from navi_trio.core.checkpoints._fsops import READ, Folders, depth, join, parent_of
+from navi_trio.core.checkpoints._fsops import (
+    READ,
+    Folders,
+    RootUnusableError,
+    depth,
+    join,
+    parent_of,
+)
 from navi_trio.core.checkpoints._ignore import GITIGNORE_MAX_BYTES, Ignorer, NameList, Rules
 from navi_trio.core.checkpoints._marks import drain
 from navi_trio.core.checkpoints._model import FileTooLargeError, LeftOut
@@ -53,6 +60,11 @@ from navi_trio.core.checkpoints._state import (
     stamp_of,
 )
 from navi_trio.core.checkpoints._watch import Watcher
+from navi_trio.tools.runas import RunAs, may
+
+# A root daemon copies only what the tool user may read: its commands could not
+# read the rest, and a fork's copy is theirs.
+_NOT_THEIRS = "the tool user may not read it (permission denied)"
 
 
 class Scan:
@@ -70,9 +82,11 @@ class Scan:
         check: Callable[[], None],
         store: bool,
         writer: PackWriter | None = None,
+        who: RunAs | None = None,
     ) -> None:
         self.state = state
-        self.fds = Folders(root_fd)
+        # `who`: the tool user of a root daemon, whose rights count too (`Folders`, `_read_one`).
+        self.fds = Folders(root_fd, who)
         self.objects = objects
         self.names = names
         self.hidden = hidden
@@ -119,6 +133,7 @@ class Scan:
                 state.watcher = Watcher()
             except OSError:
                 state.watch = False  # no inotify here: a full walk every time
+        self._need_root()
         drain(state, self.fds.get(""), self.names)  # marks who changed what, too
         self._full = state.everything or not state.folders or state.watcher is None
         if state.watcher is not None:
@@ -196,6 +211,8 @@ class Scan:
     def _scan_folder(self, rel: str, deep: bool) -> None:
         try:
             fd = self.fds.get(rel)
+            if rel:
+                self.fds.need(fd, os.R_OK | os.X_OK)
         except OSError as exc:
             self._unreadable(rel, exc)
             return
@@ -299,6 +316,15 @@ class Scan:
         self.overlay[rel] = folder
         self.linked[rel] = linked
 
+    def _need_root(self) -> None:
+        """The root itself must be listable by the tool user (RootUnusableError)."""
+        try:
+            self.fds.need(self.fds.get(""), os.R_OK | os.X_OK)
+        except PermissionError:
+            raise RootUnusableError(
+                f"{self.state.path} cannot be read by the tool user (permission denied)"
+            ) from None
+
     def _unreadable(self, rel: str, exc: OSError) -> None:
         """Folder `rel` cannot be opened or listed: left out of its parent."""
         if not rel:
@@ -368,6 +394,8 @@ class Scan:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 return attrs.evolve(item, kind="x", ref="changed while the checkpoint was taken")
+            if self.fds.who is not None and not may(st, os.R_OK, self.fds.who):
+                return attrs.evolve(item, kind="x", ref=_NOT_THEIRS, racy=True)
             try:
                 digest, new, size = self.objects.put_file(
                     fd, self.limits.max_file_bytes, self.check, store=self.store, writer=self.writer

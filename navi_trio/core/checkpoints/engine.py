@@ -103,7 +103,7 @@ class CheckpointEngine:
         self.folder = folder if folder is not None else settings.data_dir / "checkpoints"
         self.objects = ObjectStore(self.folder)
         self.records = Records(self.folder)
-        # A root daemon's restore acts with the tool user's rights too.
+        # A root daemon's snapshots and restores act with the tool user's rights too.
         self.who = run_as(settings.tool_user)
         self.journal = Journal(self.folder / "journal", self.who)
         self.ledger = Ledger(self.records.folder_of, self.records.latest_id)
@@ -112,7 +112,7 @@ class CheckpointEngine:
         self._locks = RootLocks()
         self._snaps = Snapshots(
             settings, self.folder, self.objects, self.records, self._locks, self.ledger,
-            clock, wall, watch=watch,
+            clock, wall, watch=watch, who=self.who,
         )  # fmt: skip
 
     # -- life ---------------------------------------------------------------------
