@@ -221,6 +221,7 @@ async def test_a_root_daemons_fork_never_copies_what_the_tool_user_may_not_read(
     # Root's own files in the user's folder: a 0600 file and a 0700 folder. The fork's
     # copy goes to the new session's folder, which is the tool user's: it holds the
     # user's files and none of root's, and the checkpoint says why each was left out.
+    # (The harness sets no NAVI_TOOL_USER: nobody.)
     work = workspace(tmp_path)
     (work / "secret.txt").write_text("root's only")
     os.chmod(work / "secret.txt", 0o600)
@@ -234,6 +235,10 @@ async def test_a_root_daemons_fork_never_copies_what_the_tool_user_may_not_read(
             assert event.folder is not None
             copy = Path(event.folder)
             assert tree_of(copy) == tree_of(work, skip=["secret.txt", "vault"])
+            # And what it holds is the tool user's (nobody's), as a run's own files are.
+            session = h.runtime.settings.session_dir("s-fork")
+            made = [session, *session.rglob("*")]
+            assert {(p.lstat().st_uid, p.lstat().st_gid) for p in made} == {(65534, 65534)}
             infos = await h.runtime.checkpoints.engine.checkpoints(SID)
             left = {(item.path, item.reason) for item in infos[-1].left_out}
     assert left == {

@@ -162,6 +162,15 @@ def inherit(fd: int, folder_fd: int) -> None:
     never run as root) may change it."""
     if os.geteuid() != 0:
         return
-    up, st = os.fstat(folder_fd), os.fstat(fd)
-    if (st.st_uid, st.st_gid) != (up.st_uid, up.st_gid):
-        os.chown(f"/proc/self/fd/{fd}", up.st_uid, up.st_gid, follow_symlinks=True)
+    up = os.fstat(folder_fd)
+    give(fd, (up.st_uid, up.st_gid))
+
+
+def give(fd: int, owner: tuple[int, int] | None) -> None:
+    """When the daemon is root: what is open at `fd` given to `owner` (uid, gid), when
+    it is not theirs yet (None: left as it is)."""
+    if owner is None or os.geteuid() != 0:
+        return
+    st = os.fstat(fd)
+    if (st.st_uid, st.st_gid) != owner:
+        os.chown(f"/proc/self/fd/{fd}", *owner, follow_symlinks=True)

@@ -63,7 +63,7 @@ from navi_trio.core.checkpoints._objects import FileLock, ObjectStore, write_ato
 from navi_trio.core.checkpoints._plan import Op
 from navi_trio.tools.private import PrivatePaths
 from navi_trio.tools.roots import Root
-from navi_trio.tools.runas import RunAs, denied, inherit, may, may_chmod, may_remove
+from navi_trio.tools.runas import RunAs, denied, give, inherit, may, may_chmod, may_remove
 
 # O_NONBLOCK: a FIFO planted at the temp name fails (ENXIO) instead of hanging.
 _WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -384,13 +384,20 @@ class Exported:
     ident: tuple[int, int]
 
 
-def export_root(objects: ObjectStore, ops: list[Op], parent: Root, name: str) -> Exported:
+def export_root(
+    objects: ObjectStore,
+    ops: list[Op],
+    parent: Root,
+    name: str,
+    owner: tuple[int, int] | None = None,
+) -> Exported:
     """Build a tree into the new folder `name` of the held folder `parent` as a staged
     swap: the folder is claimed (made empty, FileExistsError when it exists), everything
     is made in a temp folder beside it, which is then renamed over it: the new folder is
     empty or complete. All of it happens beneath `parent`'s fd, verified first (moved or
     swapped since it was checked: RootChangedError naming it), so a parent swapped for a
-    link meanwhile leads nowhere."""
+    link meanwhile leads nowhere. A root daemon gives all of it to `owner` (uid, gid),
+    else to `parent`'s owner: the commands that work there never run as root."""
     parent.verify()
     os.mkdir(name, 0o700, dir_fd=parent.fd)
     stage = f".{name}.navi-export-{new_id()}"
@@ -398,6 +405,11 @@ def export_root(objects: ObjectStore, ops: list[Op], parent: Root, name: str) ->
         os.mkdir(stage, 0o700, dir_fd=parent.fd)
         fd = os.open(stage, DIR, dir_fd=parent.fd)
         try:
+            # What is made in it takes its owner (`inherit`).
+            if owner is None:
+                inherit(fd, parent.fd)
+            else:
+                give(fd, owner)
             st = os.fstat(fd)
             failed = apply_ops(
                 objects, fd, ops, new_id(), recovering=False, root=parent.path / name

@@ -491,23 +491,33 @@ class CheckpointEngine:
             os.close(fd)
 
     async def export(
-        self, owner: str, checkpoint_id: str, root: Path, into: Root, name: str
+        self,
+        owner: str,
+        checkpoint_id: str,
+        root: Path,
+        into: Root,
+        name: str,
+        *,
+        uid: tuple[int, int] | None = None,
     ) -> Exported:
         """Copy `root` as the checkpoint holds it into the new folder `name` of the held
         folder `into` (a fork's copy). The new folder is made empty first and complete
-        at the end, in one rename; what could not be written is in the answer."""
+        at the end, in one rename; what could not be written is in the answer. A root
+        daemon's copy is `uid`'s (uid, gid), else the owner of `into`'s."""
         info = await self.get(owner, checkpoint_id)
         tree = next((r for r in info.roots if r.path == root), None)
         if tree is None:
             raise CheckpointError(f"checkpoint {checkpoint_id} holds no folder {root}")
-        return await self._thread(functools.partial(self._export_sync, tree, into, name))
+        return await self._thread(functools.partial(self._export_sync, tree, into, name, uid))
 
-    def _export_sync(self, tree: RootTree, into: Root, name: str) -> Exported:
+    def _export_sync(
+        self, tree: RootTree, into: Root, name: str, uid: tuple[int, int] | None
+    ) -> Exported:
         dest = into.path / name
         with hold_files(self.folder, []):
             ops, _ = _plan_new(self.objects, tree, dest)
             try:
-                return export_root(self.objects, ops, into, name)
+                return export_root(self.objects, ops, into, name, uid)
             except FileExistsError:
                 raise CheckpointError(f"{dest} already exists") from None
             except RootChangedError as exc:
