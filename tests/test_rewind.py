@@ -239,6 +239,14 @@ async def test_a_root_daemons_fork_never_copies_what_the_tool_user_may_not_read(
             session = h.runtime.settings.session_dir("s-fork")
             made = [session, *session.rglob("*")]
             assert {(p.lstat().st_uid, p.lstat().st_gid) for p in made} == {(65534, 65534)}
+            # A copy into a folder of root's (0755) is made nowhere: they may not write there.
+            closed = tmp_path / "closed"
+            closed.mkdir(mode=0o755)
+            await h.runtime.store.create_session("s-f2", profile_id="general")
+            with pytest.raises(RestoreError, match="the tool user may not make a folder in"):
+                await h.runtime.rewinds.fork(SID, "s-f2", files=True, folder=closed / "copy")
+            assert await h.runtime.store.get_session("s-f2") is None
+            assert list(closed.iterdir()) == []
             infos = await h.runtime.checkpoints.engine.checkpoints(SID)
             left = {(item.path, item.reason) for item in infos[-1].left_out}
     assert left == {

@@ -390,6 +390,7 @@ def export_root(
     parent: Root,
     name: str,
     owner: tuple[int, int] | None = None,
+    who: RunAs | None = None,
 ) -> Exported:
     """Build a tree into the new folder `name` of the held folder `parent` as a staged
     swap: the folder is claimed (made empty, FileExistsError when it exists), everything
@@ -397,8 +398,11 @@ def export_root(
     empty or complete. All of it happens beneath `parent`'s fd, verified first (moved or
     swapped since it was checked: RootChangedError naming it), so a parent swapped for a
     link meanwhile leads nowhere. A root daemon gives all of it to `owner` (uid, gid),
-    else to `parent`'s owner: the commands that work there never run as root."""
+    else to `parent`'s owner: the commands that work there never run as root. With
+    `who`, only where that user may make a folder (PermissionError)."""
     parent.verify()
+    if who is not None and not may(os.fstat(parent.fd), os.W_OK | os.X_OK, who):
+        raise denied()
     os.mkdir(name, 0o700, dir_fd=parent.fd)
     stage = f".{name}.navi-export-{new_id()}"
     try:

@@ -503,7 +503,9 @@ class CheckpointEngine:
         """Copy `root` as the checkpoint holds it into the new folder `name` of the held
         folder `into` (a fork's copy). The new folder is made empty first and complete
         at the end, in one rename; what could not be written is in the answer. A root
-        daemon's copy is `uid`'s (uid, gid), else the owner of `into`'s."""
+        daemon's copy of a session folder is `uid`'s (uid, gid), made in navi's own
+        data; any other copy is the owner of `into`'s, made only where the tool user may
+        make a folder (a CheckpointError naming it)."""
         info = await self.get(owner, checkpoint_id)
         tree = next((r for r in info.roots if r.path == root), None)
         if tree is None:
@@ -517,9 +519,14 @@ class CheckpointEngine:
         with hold_files(self.folder, []):
             ops, _ = _plan_new(self.objects, tree, dest)
             try:
-                return export_root(self.objects, ops, into, name, uid)
+                who = self.who if uid is None else None
+                return export_root(self.objects, ops, into, name, uid, who)
             except FileExistsError:
                 raise CheckpointError(f"{dest} already exists") from None
+            except PermissionError:
+                raise CheckpointError(
+                    f"{dest} cannot be made: the tool user may not make a folder in {into.path}"
+                ) from None
             except RootChangedError as exc:
                 raise CheckpointError(str(exc)) from None
 
