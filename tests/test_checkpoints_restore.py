@@ -568,3 +568,23 @@ async def test_a_root_daemon_takes_no_checkpoint_of_a_folder_the_tool_user_may_n
     assert isinstance(outcome, Skipped), outcome
     assert outcome.code == "unreadable"
     assert outcome.reason == f"{work} cannot be read by the tool user (permission denied)"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root daemon acts as the tool user")
+async def test_a_root_daemon_never_reads_a_gitignore_the_tool_user_may_not_read(
+    tmp_path: Path,
+) -> None:
+    # Its rules would tell what root's file says; the file itself is left out too.
+    settings = make_settings(tmp_path)
+    work = real_dir(tmp_path / "work")
+    (work / "a.log").write_text("a log")
+    (work / ".gitignore").write_text("*.log\n")
+    os.chmod(work / ".gitignore", 0o600)
+    private = private_for(settings)
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            info = await engine.get("s", await snap(engine, "s", [work], private))
+    assert info.files == 1  # a.log
+    assert [(item.path, item.reason) for item in info.left_out] == [
+        (".gitignore", "the tool user may not read it (permission denied)")
+    ]

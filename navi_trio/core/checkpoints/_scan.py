@@ -193,6 +193,8 @@ class Scan:
             return None, None, ""
         if not stat.S_ISREG(st.st_mode) or st.st_size > GITIGNORE_MAX_BYTES:
             return None, None, ""
+        if self.fds.who is not None and not may(st, os.R_OK, self.fds.who):
+            return None, None, ""  # not theirs to read: no rules of it either
         found = stamp_of(st)
         racy = st.st_ctime_ns >= self.start_ns - RACY_NS
         if old is not None and old.gitignore == found and not racy:
