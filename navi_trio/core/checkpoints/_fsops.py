@@ -31,19 +31,19 @@ class RootUnusableError(Exception):
     """A root cannot be opened: missing, a symlink now, navi's own data, unreadable."""
 
 
-def hold_root(root: Path, *, create: bool = False) -> Root:
+def hold_root(root: Path) -> Root:
     """The folder at the real path `root`, held open (walked without following any
-    symlink; `create` makes it and its parents when missing)."""
+    symlink; `make_root` makes it when missing)."""
     try:
-        return Root.open(root, LABEL, create=create)
+        return Root.open(root, LABEL)
     except RootChangedError as exc:
         raise RootUnusableError(str(exc)) from None
 
 
-def open_root(root: Path | Root, private: PrivatePaths, *, create: bool = False) -> int:
+def open_root(root: Path | Root, private: PrivatePaths) -> int:
     """A listable fd of the folder `root`: a held root (verified first), else the folder
     at the real path `root` (`hold_root`). Never navi's own data."""
-    held = root if isinstance(root, Root) else hold_root(root, create=create)
+    held = root if isinstance(root, Root) else hold_root(root)
     try:
         held.verify()
         if private.blocks(held.path) is not None or held.ident in _identities(private):

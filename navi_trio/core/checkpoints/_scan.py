@@ -17,6 +17,10 @@ the digest of each folder's listing, and the inotify watches (`_watch.Watcher`).
 3. **read**: the listed files are read by fd (``O_NOFOLLOW``) and stored, then every
    changed folder's listing and those above it are written, deepest first.
 
+A root daemon reads with the tool user's rights too (`who`): a file they may not read, a
+folder they may not list or pass is left out with its reason, as for their commands,
+and a root they may not list is refused (a fork's copy of it would be theirs).
+
 Nothing of the state changes until `ScanResult.commit`: an abandoned scan (over a
 bound, cancelled, an error) leaves the state as it was, with the folders it should
 have looked at still pending.
