@@ -14,6 +14,7 @@ from typing import Any
 
 from test_checkpoints_support import diff as diff
 from test_checkpoints_support import tree_of as tree_of
+from test_checkpoints_support import users_own
 
 from navi_trio.testing import Harness
 from navi_trio.tools.base import Tool
@@ -77,7 +78,7 @@ def workspace(tmp_path: Path) -> Path:
     (work / "empty").mkdir()
     (work / "run.sh").write_text("#!/bin/sh\necho hi\n")
     (work / "run.sh").chmod(0o755)
-    return work.resolve()
+    return users_own(work.resolve())  # the user's own files
 
 
 def with_block(tools: list[Tool], block: Tool) -> list[Tool]:

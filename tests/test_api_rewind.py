@@ -294,16 +294,16 @@ async def test_a_forks_folder_swapped_after_its_check_gets_no_copy_nor_does_what
                 engine = d.harness.runtime.rewinds.forker.rewinder.engine
                 export = engine.export
 
-                async def swapped_first(*args: Any) -> Any:
+                async def swapped_first(*args: Any, **kwargs: Any) -> Any:
                     if not (base / "p-moved").exists():
                         parent.rename(base / "p-moved")
                         if swap == "link":
                             parent.symlink_to(other)
                         else:
                             other.rename(parent)
-                    return await export(*args)
+                    return await export(*args, **kwargs)
 
-                engine.export = swapped_first  # type: ignore[method-assign,assignment]
+                engine.export = swapped_first  # type: ignore[method-assign]
                 err = await admin.request(
                     {"type": "fork", "session_id": sid, "files": True,
                      "folder": str(parent / "copy")}

@@ -32,6 +32,7 @@ from test_checkpoints_support import (
     real_dir,
     snap,
     tree_of,
+    users_own,
 )
 
 RUNS = 6
@@ -116,9 +117,11 @@ async def test_a_restore_killed_at_random_points_is_completed_by_the_next_open(
     with trio.fail_after(DEADLINE * 4):
         async with engine_for(settings) as engine:
             _state_a(work)
+            users_own(work)  # the user's own files
             a = await snap(engine, "s", [work], private)
             tree_a = tree_of(work)
             _state_b(work)
+            users_own(work)
             b = await snap(engine, "s", [work], private)
             tree_b = tree_of(work)
             await engine.restore("s", a, private=private)

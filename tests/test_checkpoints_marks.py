@@ -23,6 +23,7 @@ from test_checkpoints_support import (
     sh,
     snap,
     tree_of,
+    users_own,
 )
 
 from navi_trio.core.checkpoints import RootChanges, Scope
@@ -50,6 +51,7 @@ async def test_a_scoped_restore_undoes_the_owners_calls_and_keeps_what_others_di
         (work / "gone" / f"g{n}.txt").write_text(f"{n}\n")
     (work / "mine.txt").write_text("the person's\n")
     (work / "run.sh").write_text("#!/bin/sh\n")
+    users_own(work)  # the user's own files
     with trio.fail_after(DEADLINE):
         async with engine_for(settings) as engine:
             first = await snap(engine, "s", [work], private)

@@ -30,9 +30,16 @@ from test_checkpoints_support import (
     sh,
     snap,
     tree_of,
+    users_own,
 )
 
-from navi_trio.core.checkpoints import CheckpointChangedError, CheckpointError, Created, _apply
+from navi_trio.core.checkpoints import (
+    CheckpointChangedError,
+    CheckpointError,
+    Created,
+    Skipped,
+    _apply,
+)
 from navi_trio.tools.roots import Root
 
 
@@ -120,6 +127,7 @@ async def test_every_checkpoint_of_a_scripted_sequence_restores_the_whole_tree(
             async with engine_for(settings, watch=watch) as engine:
                 for step in STEPS:
                     step(work)
+                    users_own(work)
                     ids.append(await snap(engine, "s1", [work], private))
                     trees.append(tree_of(work, skip=["node_modules"]))
                 assert len(set(ids)) == len(STEPS)
@@ -160,6 +168,7 @@ async def test_the_preview_counts_what_the_restore_does_and_changes_nothing(
             (work / "gone.txt").write_text("gone")
             (work / "mode.txt").write_text("m")
             (work / "olddir").mkdir()
+            users_own(work)
             first = await snap(engine, "s", [work], private)
             (work / "edit.txt").write_text("after!")
             os.unlink(work / "gone.txt")
@@ -167,6 +176,7 @@ async def test_the_preview_counts_what_the_restore_does_and_changes_nothing(
             (work / "added.txt").write_text("added")
             os.rmdir(work / "olddir")
             (work / "newdir").mkdir()
+            users_own(work)
             changed = tree_of(work)
             preview = await engine.preview("s", first, private=private)
             assert tree_of(work) == changed  # computed before anything is applied
@@ -243,6 +253,7 @@ async def test_links_are_kept_as_links_and_never_followed_out_of_the_root(
             os.symlink(str(outside), work / "sub")
             (outside / "f.txt").write_text("outside")
             outside_now = tree_of(outside)
+            users_own(work)
             await engine.restore("s", first, private=private)
             assert tree_of(work) == before
             assert tree_of(outside) == outside_now  # the restore wrote nothing through it
@@ -274,6 +285,7 @@ async def test_a_checkpoint_exports_into_a_new_folder_as_it_was(tmp_path: Path) 
     with trio.fail_after(DEADLINE):
         async with engine_for(settings) as engine:
             _step0(work)
+            users_own(work)
             first = await snap(engine, "s", [work], private)
             expected = tree_of(work)
             _step1(work)
@@ -291,11 +303,13 @@ async def test_a_checkpoint_exports_into_a_new_folder_as_it_was(tmp_path: Path) 
 
 async def test_a_missing_root_folder_is_made_again_by_the_restore(tmp_path: Path) -> None:
     settings = make_settings(tmp_path)
-    work = real_dir(tmp_path / "work")
+    home = users_own(real_dir(tmp_path / "home"))
+    work = real_dir(home / "work")
     private = private_for(settings)
     with trio.fail_after(DEADLINE):
         async with engine_for(settings) as engine:
             _step0(work)
+            users_own(work)
             first = await snap(engine, "s", [work], private)
             expected = tree_of(work)
             shutil.rmtree(work)
@@ -304,6 +318,11 @@ async def test_a_missing_root_folder_is_made_again_by_the_restore(tmp_path: Path
             done = await engine.restore("s", first, private=private, confirm=preview.token)
             assert done.failed == ()
             assert tree_of(work) == expected
+            # Made again with the owner of its folder (a root daemon's: the user's).
+            assert (work.stat().st_uid, work.stat().st_gid) == (
+                home.stat().st_uid,
+                home.stat().st_gid,
+            )
 
 
 async def test_the_session_folder_inside_the_data_folder_inside_the_cwd(tmp_path: Path) -> None:
@@ -370,8 +389,9 @@ async def test_a_restore_never_makes_a_file_setuid_or_setgid(tmp_path: Path) -> 
     private = private_for(settings)
     tool = work / "tool"
     tool.write_text("#!/bin/sh\nid\n")
-    os.chmod(tool, 0o6755)
     (work / "shared").mkdir()
+    users_own(work)  # before the bits: a chown clears set-user-ID
+    os.chmod(tool, 0o6755)
     os.chmod(work / "shared", 0o2775)  # a folder's setgid bit (group inheritance) stays
     with trio.fail_after(DEADLINE):
         async with engine_for(settings) as engine:
@@ -476,3 +496,95 @@ async def test_an_engine_opened_while_another_restores_does_not_replay_its_journ
                     resume.set()
             assert tree_of(work) == tree_before
             assert not list(journal.glob("*.json"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root daemon acts as the tool user")
+async def test_a_root_daemons_restore_leaves_what_the_tool_user_may_not_change(
+    tmp_path: Path,
+) -> None:
+    # The user's folder holds a folder of root's (0755), a shared sticky one (1777,
+    # root's) with a file of root's, and a file of root's: the tool user (nobody) may
+    # change none of them (nor the last one's mode), so a restore rewrites, deletes and
+    # re-modes none of it, and names each path; the preview names them first. The
+    # user's own files are restored as ever.
+    settings = make_settings(tmp_path)
+    work = users_own(real_dir(tmp_path / "work"))
+    private = private_for(settings)
+    (work / "own.txt").write_text("o1")
+    (work / "gone.txt").write_text("g1")
+    users_own(work)
+    closed = work / "closed"
+    closed.mkdir(mode=0o755)
+    (closed / "keep.txt").write_text("k1")
+    shared = work / "shared"
+    shared.mkdir(mode=0o1777)
+    (shared / "root.txt").write_text("r1")
+    os.chmod(shared / "root.txt", 0o644)  # readable: checkpointed, but not theirs
+    (work / "roots.txt").write_text("in the user's folder, but root's")
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            first = await snap(engine, "s", [work], private)
+            (closed / "keep.txt").write_text("k2")
+            (closed / "new.txt").write_text("root's own")
+            (shared / "root.txt").write_text("r2")
+            (shared / "later.txt").write_text("root's too")
+            os.chmod(work / "roots.txt", 0o604)  # its mode: only its owner may change it
+            (work / "own.txt").write_text("o2")
+            os.unlink(work / "gone.txt")
+            (work / "added.txt").write_text("a")
+            users_own(work / "added.txt")
+            preview = await engine.preview("s", first, private=private)
+            done = await engine.restore("s", first, private=private, confirm=preview.token)
+    refused = {
+        "closed/keep.txt", "closed/new.txt", "shared/root.txt", "shared/later.txt", "roots.txt"
+    }  # fmt: skip
+    why = "the tool user may not change it (permission denied)"
+    assert {k.path for k in preview.roots[0].kept if k.why == why} == refused
+    assert {k.path: k.why for k in done.failed} == {
+        str(work / rel): "Permission denied" for rel in refused
+    }
+    assert (closed / "keep.txt").read_text() == "k2"
+    assert (closed / "new.txt").read_text() == "root's own"
+    assert (shared / "root.txt").read_text() == "r2"
+    assert (shared / "later.txt").read_text() == "root's too"
+    assert (work / "roots.txt").stat().st_mode & 0o7777 == 0o604
+    assert (work / "own.txt").read_text() == "o1"
+    assert (work / "gone.txt").read_text() == "g1"
+    assert not (work / "added.txt").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root daemon acts as the tool user")
+async def test_a_root_daemon_takes_no_checkpoint_of_a_folder_the_tool_user_may_not_list(
+    tmp_path: Path,
+) -> None:
+    settings = make_settings(tmp_path)
+    work = real_dir(tmp_path / "work")
+    (work / "f.txt").write_text("root's")
+    os.chmod(work, 0o700)  # root's: its commands could not look in
+    private = private_for(settings)
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            outcome = await engine.snapshot("s", [work], private=private)
+    assert isinstance(outcome, Skipped), outcome
+    assert outcome.code == "unreadable"
+    assert outcome.reason == f"{work} cannot be read by the tool user (permission denied)"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root daemon acts as the tool user")
+async def test_a_root_daemon_never_reads_a_gitignore_the_tool_user_may_not_read(
+    tmp_path: Path,
+) -> None:
+    # Its rules would tell what root's file says; the file itself is left out too.
+    settings = make_settings(tmp_path)
+    work = real_dir(tmp_path / "work")
+    (work / "a.log").write_text("a log")
+    (work / ".gitignore").write_text("*.log\n")
+    os.chmod(work / ".gitignore", 0o600)
+    private = private_for(settings)
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            info = await engine.get("s", await snap(engine, "s", [work], private))
+    assert info.files == 1  # a.log
+    assert [(item.path, item.reason) for item in info.left_out] == [
+        (".gitignore", "the tool user may not read it (permission denied)")
+    ]

@@ -24,6 +24,7 @@ from navi_trio.core.checkpoints import CheckpointEngine, Created, open_checkpoin
 from navi_trio.settings import Settings
 from navi_trio.tools.private import PrivatePaths, private_paths
 from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import run_as
 
 DEADLINE = 60
 Tree = dict[str, tuple[Any, ...]]
@@ -105,6 +106,21 @@ async def export(
 def sh(cwd: Path, *args: str) -> None:
     """Run a real command in `cwd` (the shell commands a tool would run)."""
     subprocess.run(list(args), cwd=cwd, check=True, timeout=DEADLINE, capture_output=True)
+
+
+def users_own(root: Path, tool_user: str = "") -> Path:
+    """`root` and everything below it made the tool user's (`tool_user`: the
+    NAVI_TOOL_USER setting) when the suite runs as root; `root`. A root daemon's
+    restore acts with that user's rights (tools/runas.py), and the suite makes files as
+    root: a test about a user's own files makes them that user's, as they are for real."""
+    who = run_as(tool_user)
+    if who is None:
+        return root
+    os.chown(root, who.uid, who.gid, follow_symlinks=False)
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            os.chown(os.path.join(folder, name), who.uid, who.gid, follow_symlinks=False)
+    return root
 
 
 def real_dir(path: Path) -> Path:

@@ -214,6 +214,47 @@ async def test_a_fork_copies_history_and_files_and_both_sessions_go_on_on_their_
             assert len(await store.load_messages("s-fork")) == len(forked) + 2
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root daemon acts as the tool user")
+async def test_a_root_daemons_fork_never_copies_what_the_tool_user_may_not_read(
+    tmp_path: Path,
+) -> None:
+    # Root's own files in the user's folder: a 0600 file and a 0700 folder. The fork's
+    # copy goes to the new session's folder, which is the tool user's: it holds the
+    # user's files and none of root's, and the checkpoint says why each was left out.
+    # (The harness sets no NAVI_TOOL_USER: nobody.)
+    work = workspace(tmp_path)
+    (work / "secret.txt").write_text("root's only")
+    os.chmod(work / "secret.txt", 0o600)
+    (work / "vault").mkdir(mode=0o700)
+    (work / "vault" / "key.txt").write_text("root's too")
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=TURN_1, profiles=PROFILES) as h:
+            await turn(h, SID, "first", cwd=work, **FULL)
+            await h.runtime.store.create_session("s-fork", profile_id="general")
+            event = await h.runtime.rewinds.fork(SID, "s-fork", files=True)
+            assert event.folder is not None
+            copy = Path(event.folder)
+            assert tree_of(copy) == tree_of(work, skip=["secret.txt", "vault"])
+            # And what it holds is the tool user's (nobody's), as a run's own files are.
+            session = h.runtime.settings.session_dir("s-fork")
+            made = [session, *session.rglob("*")]
+            assert {(p.lstat().st_uid, p.lstat().st_gid) for p in made} == {(65534, 65534)}
+            # A copy into a folder of root's (0755) is made nowhere: they may not write there.
+            closed = tmp_path / "closed"
+            closed.mkdir(mode=0o755)
+            await h.runtime.store.create_session("s-f2", profile_id="general")
+            with pytest.raises(RestoreError, match="the tool user may not make a folder in"):
+                await h.runtime.rewinds.fork(SID, "s-f2", files=True, folder=closed / "copy")
+            assert await h.runtime.store.get_session("s-f2") is None
+            assert list(closed.iterdir()) == []
+            infos = await h.runtime.checkpoints.engine.checkpoints(SID)
+            left = {(item.path, item.reason) for item in infos[-1].left_out}
+    assert left == {
+        ("secret.txt", "the tool user may not read it (permission denied)"),
+        ("vault", "a folder that cannot be read (Permission denied)"),
+    }
+
+
 async def test_a_files_rewind_to_a_message_after_which_nothing_was_written_changes_nothing(
     tmp_path: Path,
 ) -> None:

@@ -31,6 +31,7 @@ import trio
 from rewind_kit import FULL, PROFILES, calls, run, say, tree_of, turn, write
 from test_api_daemon import client, serve
 from test_checkpoints_crash import _state_a
+from test_checkpoints_support import users_own
 
 from navi_trio.testing import FakeLLMServer, open_harness
 
@@ -50,6 +51,7 @@ def _paths(base: Path, env: dict[str, str]) -> tuple[Path, Path, dict[str, str]]
 def _first_tree(work: Path) -> dict[str, Any]:
     work.mkdir()
     _state_a(work)
+    users_own(work)  # the user's own files, which their run's command changes
     return tree_of(work)
 
 

@@ -162,8 +162,10 @@ class Forker:
         copy: Path | None = None
         # The session folder first: a folder of the run inside it goes to its place in it.
         for root in sorted(usable, key=lambda p: p != src):
+            uid = None  # the owner of the folder it goes in
             if root == src:
                 into = await self._hold(new_dir)
+                uid = session_owner(self.settings.tool_user)  # as a run makes it
             elif within(root, src):
                 into = await self._hold(new_dir / root.relative_to(src))
             elif isinstance(folder, NewFolder):
@@ -178,7 +180,7 @@ class Forker:
             try:
                 with engine_errors():
                     exported = await self.rewinder.engine.export(
-                        source, info.id, root, into.parent, into.name
+                        source, info.id, root, into.parent, into.name, uid=uid
                     )
             except BaseException:
                 into.parent.close()

@@ -52,7 +52,7 @@ import attrs
 
 from navi_trio.tools.private import PrivatePaths, within
 from navi_trio.tools.roots import Root
-from navi_trio.tools.runas import RunAs, inherit
+from navi_trio.tools.runas import RunAs, inherit, may_remove
 from navi_trio.tools.runas import denied as _denied
 from navi_trio.tools.runas import may as _may
 
@@ -484,12 +484,7 @@ class Beneath:
     def _need_to_remove(self, folder_fd: int, st: os.stat_result) -> None:
         """The tool user may remove the entry `st` from the folder `folder_fd`: write and
         search there, and with the sticky bit own the entry or the folder."""
-        if self._who is None:
-            return
-        up = os.fstat(folder_fd)
-        if not _may(up, _W | _X, self._who):
-            raise _denied()
-        if up.st_mode & stat.S_ISVTX and self._who.uid not in (up.st_uid, st.st_uid):
+        if self._who is not None and not may_remove(os.fstat(folder_fd), st, self._who):
             raise _denied()
 
     def _hides(self, spot: Spot, entry: os.DirEntry[str]) -> bool:

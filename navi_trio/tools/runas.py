@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import pwd
+import stat
 from typing import Any
 
 import attrs
@@ -137,6 +138,19 @@ def may(st: os.stat_result, want: int, who: RunAs) -> bool:
     return bits & want == want
 
 
+def may_remove(folder: os.stat_result, st: os.stat_result, who: RunAs) -> bool:
+    """Whether `who` may remove (or rename over) the entry `st` of the folder `folder`:
+    write and search there, and with the sticky bit own the entry or the folder."""
+    if not may(folder, os.W_OK | os.X_OK, who):
+        return False
+    return not folder.st_mode & stat.S_ISVTX or who.uid in (folder.st_uid, st.st_uid)
+
+
+def may_chmod(st: os.stat_result, who: RunAs) -> bool:
+    """Whether `who` may change the mode of what `st` describes: only its owner may."""
+    return st.st_uid == who.uid
+
+
 def denied() -> PermissionError:
     """The error the kernel would give the tool user."""
     return PermissionError(errno.EACCES, os.strerror(errno.EACCES))
@@ -148,6 +162,15 @@ def inherit(fd: int, folder_fd: int) -> None:
     never run as root) may change it."""
     if os.geteuid() != 0:
         return
-    up, st = os.fstat(folder_fd), os.fstat(fd)
-    if (st.st_uid, st.st_gid) != (up.st_uid, up.st_gid):
-        os.chown(f"/proc/self/fd/{fd}", up.st_uid, up.st_gid, follow_symlinks=True)
+    up = os.fstat(folder_fd)
+    give(fd, (up.st_uid, up.st_gid))
+
+
+def give(fd: int, owner: tuple[int, int] | None) -> None:
+    """When the daemon is root: what is open at `fd` given to `owner` (uid, gid), when
+    it is not theirs yet (None: left as it is)."""
+    if owner is None or os.geteuid() != 0:
+        return
+    st = os.fstat(fd)
+    if (st.st_uid, st.st_gid) != owner:
+        os.chown(f"/proc/self/fd/{fd}", *owner, follow_symlinks=True)

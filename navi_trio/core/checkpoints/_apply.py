@@ -18,6 +18,13 @@ an interrupted write is written again and renamed. Killed before the journal exi
 nothing was changed. Killed during the recovery, the journal is still there. The flock
 keeps a recovery away from a restore that is still running in another process.
 
+When the daemon runs as root, a restore acts with the tool user's rights too (`who`,
+tools/runas.py), as the run's own commands would: it passes only folders that user may
+pass, makes, replaces or removes an entry only where that user may (write and search
+in the folder, the sticky bit honoured), and changes a mode only of what that user
+owns; any other path is reported as not restored ("Permission denied"). A root daemon
+would otherwise write or delete, in a user's folder, what that user could not.
+
 What a restore makes takes the owner of the folder it is made in when the daemon runs
 as root (tools/runas.py `inherit`: the commands, which never run as root, can change
 it), and a file's set-user-ID and set-group-ID bits are never restored.
@@ -44,8 +51,10 @@ import attrs
 
 from navi_trio.core.checkpoints._fsops import (
     DIR,
+    MADE,
     Folders,
     chmod_at,
+    make_root,
     open_root,
     parent_of,
 )
@@ -54,12 +63,11 @@ from navi_trio.core.checkpoints._objects import FileLock, ObjectStore, write_ato
 from navi_trio.core.checkpoints._plan import Op
 from navi_trio.tools.private import PrivatePaths
 from navi_trio.tools.roots import Root
-from navi_trio.tools.runas import inherit
+from navi_trio.tools.runas import RunAs, denied, give, inherit, may, may_chmod, may_remove
 
 # O_NONBLOCK: a FIFO planted at the temp name fails (ENXIO) instead of hanging.
 _WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _NO_PRIVATE = PrivatePaths(hidden=())
-_MADE = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # A file comes back with its bits but never set-user-ID or set-group-ID: a restore
 # writes as the daemon, and a program of the user's made setuid to the daemon's
 # account (root's, in a container) would hand that account to whoever runs it.
@@ -75,10 +83,12 @@ def needed(ops: list[Op]) -> set[str]:
 
 
 class Journal:
-    """The journals of restores under ``DATA/checkpoints/journal``."""
+    """The journals of restores under ``DATA/checkpoints/journal``; `who`: whose rights
+    a restore has besides the daemon's (the tool user of a root daemon, else None)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, who: RunAs | None = None) -> None:
         self.folder = folder
+        self.who = who
 
     def prepare(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -132,7 +142,7 @@ class Journal:
                 "roots": [{"path": str(r), "ops": ops} for r, ops in roots],
             }
             write_atomic(self.folder / f"{jid}.json", json.dumps(body).encode(), sync=True)
-            failed = _apply_all(objects, jid, roots, private, held, recovering=False)
+            failed = _apply_all(objects, jid, roots, private, held, recovering=False, who=self.who)
             self._finish(jid)
             return failed
         finally:
@@ -154,7 +164,9 @@ class Journal:
                     continue
                 roots = [(Path(r["path"]), list(r["ops"])) for r in data["roots"]]
                 # The plan was checked against navi's data when it was made.
-                failed = _apply_all(objects, jid, roots, _NO_PRIVATE, {}, recovering=True)
+                failed = _apply_all(
+                    objects, jid, roots, _NO_PRIVATE, {}, recovering=True, who=self.who
+                )
                 if completed is not None:
                     completed(data)
                 self._finish(jid)
@@ -176,17 +188,22 @@ def _apply_all(
     held: Mapping[Path, Root],
     *,
     recovering: bool,
+    who: RunAs | None,
 ) -> list[Kept]:
     failed: list[Kept] = []
     for root, ops in roots:
         try:
-            # A root that was gone is made again, walked like any other (no symlink).
-            root_fd = open_root(held.get(root, root), private, create=True)
+            if root not in held:
+                # A root that was gone is made again, walked like any other (no symlink).
+                make_root(root, who)
+            root_fd = open_root(held.get(root, root), private)
         except Exception as exc:  # noqa: BLE001 - reported with the root's name
-            failed.append(Kept(str(root), str(exc)))
+            failed.append(Kept(str(root), _why(exc) if isinstance(exc, OSError) else str(exc)))
             continue
         try:
-            failed += apply_ops(objects, root_fd, ops, jid, recovering=recovering, root=root)
+            failed += apply_ops(
+                objects, root_fd, ops, jid, recovering=recovering, root=root, who=who
+            )
         finally:
             os.close(root_fd)
     return failed
@@ -200,9 +217,11 @@ def apply_ops(
     *,
     recovering: bool,
     root: Path,
+    who: RunAs | None = None,
 ) -> list[Kept]:
-    """Run `ops` below the open root `root_fd`; the paths that failed, with why."""
-    fds = Folders(root_fd)
+    """Run `ops` below the open root `root_fd` (with `who`'s rights too, when given);
+    the paths that failed, with why."""
+    fds = Folders(root_fd, who)
     failed: list[Kept] = []
     try:
         for index, op in enumerate(ops):
@@ -223,6 +242,7 @@ def _one(
     objects: ObjectStore, fds: Folders, root_fd: int, op: Op, tmp: str, recovering: bool
 ) -> None:
     kind, rel = op[0], op[1]
+    check_op(fds, op)
     if kind in ("unlock", "dirmode") and rel == "":
         os.fchmod(root_fd, op[2])
         return
@@ -254,7 +274,7 @@ def _one(
             if not stat.S_ISDIR(st.st_mode):
                 raise
             return
-        made = os.open(name, _MADE, dir_fd=folder)
+        made = os.open(name, MADE, dir_fd=folder)
         try:
             inherit(made, folder)
         finally:
@@ -282,6 +302,68 @@ def _one(
         raise OSError(errno.EINVAL, f"unknown restore step {kind!r}")
 
 
+def check_op(fds: Folders, op: Op) -> None:
+    """PermissionError unless `fds.who` (None: no check) may do `op`, as the kernel
+    would judge a process of theirs: a mode only on what they own; making, replacing or
+    removing an entry with write and search in its folder (and with the folder's sticky
+    bit, on an entry or in a folder of theirs). What is gone already needs nothing. A
+    folder unlocked as its owner or made by the restore is theirs to change whole
+    (`Folders.free`): the check runs before each step, and also alone (`refused`)."""
+    who, kind, rel = fds.who, op[0], op[1]
+    if who is None:
+        return
+    modes = kind in ("unlock", "dirmode", "chmod")
+    up, name = parent_of(rel)
+    if rel in fds.free or (not modes and not fds.checked(up)):
+        if kind == "mkdir":
+            fds.free.add(rel)
+        return
+    st: os.stat_result | None
+    if rel == "":
+        st = os.fstat(fds.get(""))
+    else:
+        try:
+            st = os.stat(name, dir_fd=fds.get(up), follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+    if modes:
+        if st is not None and not may_chmod(st, who):
+            raise denied()
+        if kind == "unlock":
+            fds.free.add(rel)  # theirs: what they unlock they may change
+        return
+    if st is None and kind in ("rm", "rmdir"):
+        return
+    if st is not None and kind == "mkdir" and stat.S_ISDIR(st.st_mode):
+        return  # there already: nothing to make
+    folder = os.fstat(fds.get(up))
+    if not (may(folder, os.W_OK | os.X_OK, who) if st is None else may_remove(folder, st, who)):
+        raise denied()
+    if kind == "mkdir":
+        fds.free.add(rel)
+
+
+def refused(root_fd: int, ops: list[Op], who: RunAs | None) -> list[str]:
+    """The paths of `ops` below the open root `root_fd` that `who` may not change (what
+    a preview shows: the restore refuses them); what is gone or changed meanwhile is
+    for the restore to report."""
+    if who is None:
+        return []
+    fds = Folders(root_fd, who)
+    out: list[str] = []
+    try:
+        for op in ops:
+            try:
+                check_op(fds, op)
+            except PermissionError:
+                out.append(op[1])
+            except OSError:
+                pass
+    finally:
+        fds.close()
+    return out
+
+
 def _rename_into(folder: int, tmp: str, name: str) -> None:
     try:
         os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
@@ -302,20 +384,36 @@ class Exported:
     ident: tuple[int, int]
 
 
-def export_root(objects: ObjectStore, ops: list[Op], parent: Root, name: str) -> Exported:
+def export_root(
+    objects: ObjectStore,
+    ops: list[Op],
+    parent: Root,
+    name: str,
+    owner: tuple[int, int] | None = None,
+    who: RunAs | None = None,
+) -> Exported:
     """Build a tree into the new folder `name` of the held folder `parent` as a staged
     swap: the folder is claimed (made empty, FileExistsError when it exists), everything
     is made in a temp folder beside it, which is then renamed over it: the new folder is
     empty or complete. All of it happens beneath `parent`'s fd, verified first (moved or
     swapped since it was checked: RootChangedError naming it), so a parent swapped for a
-    link meanwhile leads nowhere."""
+    link meanwhile leads nowhere. A root daemon gives all of it to `owner` (uid, gid),
+    else to `parent`'s owner: the commands that work there never run as root. With
+    `who`, only where that user may make a folder (PermissionError)."""
     parent.verify()
+    if who is not None and not may(os.fstat(parent.fd), os.W_OK | os.X_OK, who):
+        raise denied()
     os.mkdir(name, 0o700, dir_fd=parent.fd)
     stage = f".{name}.navi-export-{new_id()}"
     try:
         os.mkdir(stage, 0o700, dir_fd=parent.fd)
         fd = os.open(stage, DIR, dir_fd=parent.fd)
         try:
+            # What is made in it takes its owner (`inherit`).
+            if owner is None:
+                inherit(fd, parent.fd)
+            else:
+                give(fd, owner)
             st = os.fstat(fd)
             failed = apply_ops(
                 objects, fd, ops, new_id(), recovering=False, root=parent.path / name

@@ -17,31 +17,33 @@ from pathlib import Path
 from navi_trio.errors import RootChangedError
 from navi_trio.tools.private import PrivatePaths
 from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import RunAs, denied, inherit, may
 
 DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: a FIFO swapped in for a file must not hang the worker thread.
 READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 _O_PATH: int | None = getattr(os, "O_PATH", None)
 LABEL = "the folder"
+MADE = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class RootUnusableError(Exception):
     """A root cannot be opened: missing, a symlink now, navi's own data, unreadable."""
 
 
-def hold_root(root: Path, *, create: bool = False) -> Root:
+def hold_root(root: Path) -> Root:
     """The folder at the real path `root`, held open (walked without following any
-    symlink; `create` makes it and its parents when missing)."""
+    symlink; `make_root` makes it when missing)."""
     try:
-        return Root.open(root, LABEL, create=create)
+        return Root.open(root, LABEL)
     except RootChangedError as exc:
         raise RootUnusableError(str(exc)) from None
 
 
-def open_root(root: Path | Root, private: PrivatePaths, *, create: bool = False) -> int:
+def open_root(root: Path | Root, private: PrivatePaths) -> int:
     """A listable fd of the folder `root`: a held root (verified first), else the folder
     at the real path `root` (`hold_root`). Never navi's own data."""
-    held = root if isinstance(root, Root) else hold_root(root, create=create)
+    held = root if isinstance(root, Root) else hold_root(root)
     try:
         held.verify()
         if private.blocks(held.path) is not None or held.ident in _identities(private):
@@ -54,6 +56,31 @@ def open_root(root: Path | Root, private: PrivatePaths, *, create: bool = False)
     finally:
         if held is not root:
             held.close()
+
+
+def make_root(root: Path, who: RunAs | None) -> None:
+    """Make the folder at the real path `root` and the folders above it when missing,
+    each walked without following a symlink, only where `who` may make it (when given),
+    and with the owner of the folder it is made in (a root daemon: `inherit`)."""
+    try:
+        hold_root(root).close()
+        return
+    except RootUnusableError:
+        if root.parent == root:
+            raise
+    make_root(root.parent, who)
+    with hold_root(root.parent) as up:
+        if who is not None and not may(os.fstat(up.fd), os.W_OK | os.X_OK, who):
+            raise denied()
+        try:
+            os.mkdir(root.name, 0o777, dir_fd=up.fd)
+        except FileExistsError:
+            return  # made meanwhile, or something else there: open_root says which
+        made = os.open(root.name, MADE, dir_fd=up.fd)
+        try:
+            inherit(made, up.fd)
+        finally:
+            os.close(made)
 
 
 def _identities(private: PrivatePaths) -> set[tuple[int, int]]:
@@ -83,20 +110,39 @@ def depth(rel: str) -> int:
 
 
 class Folders:
-    """Fds of the folders below one root fd, opened on demand and kept until `close`."""
+    """Fds of the folders below one root fd, opened on demand and kept until `close`;
+    with `who` (the tool user of a root daemon), only through folders that user may
+    pass, as their own processes would (PermissionError)."""
 
-    def __init__(self, root_fd: int) -> None:
+    def __init__(self, root_fd: int, who: RunAs | None = None) -> None:
         self._fds: dict[str, int] = {"": root_fd}
+        self.who = who
+        # Folders `who` may change whole: made by the caller where `who` could make
+        # them (they take the owner of their parent: `inherit`), or theirs.
+        self.free: set[str] = set()
+
+    def checked(self, rel: str) -> bool:
+        """Whether what is done in the folder `rel` is checked against `who`'s rights."""
+        return self.who is not None and rel not in self.free
 
     def get(self, rel: str) -> int:
-        """The fd of folder `rel` (OSError: gone, not a folder, a symlink now)."""
+        """The fd of folder `rel` (OSError: gone, not a folder, a symlink now, or one
+        `who` may not pass)."""
         fd = self._fds.get(rel)
         if fd is not None:
             return fd
         parent, name = parent_of(rel)
-        fd = os.open(name, DIR, dir_fd=self.get(parent))
+        up = self.get(parent)
+        if self.checked(parent):
+            self.need(up, os.X_OK)
+        fd = os.open(name, DIR, dir_fd=up)
         self._fds[rel] = fd
         return fd
+
+    def need(self, fd: int, want: int) -> None:
+        """PermissionError unless `who` has the `want` bits on what `fd` is open on."""
+        if self.who is not None and not may(os.fstat(fd), want, self.who):
+            raise denied()
 
     def forget(self, rel: str) -> None:
         """Close `rel` and every folder below it (it was removed or replaced)."""

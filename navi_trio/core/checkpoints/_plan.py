@@ -190,12 +190,14 @@ def plan_root(
     objects: ObjectStore,
     unseen: Callable[[str], bool],
     only: Only | None = None,
+    refused: Callable[[list[Op]], list[str]] | None = None,
 ) -> tuple[list[Op], RootChanges]:
     """The operations restoring `target` over `current` (see the module docstring).
 
     `unseen(rel)`: whether something the scan did not list (left out by a rule now)
     exists at `rel`; asked only in folders where the scan left something out. `only`:
-    a selective restore (None: the whole tree).
+    a selective restore (None: the whole tree). `refused(ops)`: the paths the tool user
+    may not change, which the summary names as kept (the restore refuses them).
     """
     ignored = _target_ignored(objects, target)
     summary = _Summary(root)
@@ -348,4 +350,6 @@ def plan_root(
         ["dirmode", rel, mode]
         for rel, mode in sorted(dirmode.items(), key=lambda kv: -depth(kv[0]))
     ]
+    for rel in dict.fromkeys(refused(ops) if refused is not None else []):
+        summary.keep(rel or ".", "the tool user may not change it (permission denied)")
     return ops, summary.done()

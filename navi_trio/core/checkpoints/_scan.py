@@ -17,6 +17,10 @@ the digest of each folder's listing, and the inotify watches (`_watch.Watcher`).
 3. **read**: the listed files are read by fd (``O_NOFOLLOW``) and stored, then every
    changed folder's listing and those above it are written, deepest first.
 
+A root daemon reads with the tool user's rights too (`who`): a file they may not read, a
+folder they may not list or pass is left out with its reason, as for their commands,
+and a root they may not list is refused (a fork's copy of it would be theirs).
+
 Nothing of the state changes until `ScanResult.commit`: an abandoned scan (over a
 bound, cancelled, an error) leaves the state as it was, with the folders it should
 have looked at still pending.
@@ -33,7 +37,14 @@ from collections.abc import Callable
 
 import attrs
 
-from navi_trio.core.checkpoints._fsops import READ, Folders, depth, join, parent_of
+from navi_trio.core.checkpoints._fsops import (
+    READ,
+    Folders,
+    RootUnusableError,
+    depth,
+    join,
+    parent_of,
+)
 from navi_trio.core.checkpoints._ignore import GITIGNORE_MAX_BYTES, Ignorer, NameList, Rules
 from navi_trio.core.checkpoints._marks import drain
 from navi_trio.core.checkpoints._model import FileTooLargeError, LeftOut
@@ -53,6 +64,11 @@ from navi_trio.core.checkpoints._state import (
     stamp_of,
 )
 from navi_trio.core.checkpoints._watch import Watcher
+from navi_trio.tools.runas import RunAs, may
+
+# A root daemon copies only what the tool user may read: its commands could not
+# read the rest, and a fork's copy is theirs.
+_NOT_THEIRS = "the tool user may not read it (permission denied)"
 
 
 class Scan:
@@ -70,9 +86,11 @@ class Scan:
         check: Callable[[], None],
         store: bool,
         writer: PackWriter | None = None,
+        who: RunAs | None = None,
     ) -> None:
         self.state = state
-        self.fds = Folders(root_fd)
+        # `who`: the tool user of a root daemon, whose rights count too (`Folders`, `_read_one`).
+        self.fds = Folders(root_fd, who)
         self.objects = objects
         self.names = names
         self.hidden = hidden
@@ -119,6 +137,7 @@ class Scan:
                 state.watcher = Watcher()
             except OSError:
                 state.watch = False  # no inotify here: a full walk every time
+        self._need_root()
         drain(state, self.fds.get(""), self.names)  # marks who changed what, too
         self._full = state.everything or not state.folders or state.watcher is None
         if state.watcher is not None:
@@ -178,6 +197,8 @@ class Scan:
             return None, None, ""
         if not stat.S_ISREG(st.st_mode) or st.st_size > GITIGNORE_MAX_BYTES:
             return None, None, ""
+        if self.fds.who is not None and not may(st, os.R_OK, self.fds.who):
+            return None, None, ""  # not theirs to read: no rules of it either
         found = stamp_of(st)
         racy = st.st_ctime_ns >= self.start_ns - RACY_NS
         if old is not None and old.gitignore == found and not racy:
@@ -196,6 +217,8 @@ class Scan:
     def _scan_folder(self, rel: str, deep: bool) -> None:
         try:
             fd = self.fds.get(rel)
+            if rel:
+                self.fds.need(fd, os.R_OK | os.X_OK)
         except OSError as exc:
             self._unreadable(rel, exc)
             return
@@ -299,6 +322,15 @@ class Scan:
         self.overlay[rel] = folder
         self.linked[rel] = linked
 
+    def _need_root(self) -> None:
+        """The root itself must be listable by the tool user (RootUnusableError)."""
+        try:
+            self.fds.need(self.fds.get(""), os.R_OK | os.X_OK)
+        except PermissionError:
+            raise RootUnusableError(
+                f"{self.state.path} cannot be read by the tool user (permission denied)"
+            ) from None
+
     def _unreadable(self, rel: str, exc: OSError) -> None:
         """Folder `rel` cannot be opened or listed: left out of its parent."""
         if not rel:
@@ -368,6 +400,8 @@ class Scan:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 return attrs.evolve(item, kind="x", ref="changed while the checkpoint was taken")
+            if self.fds.who is not None and not may(st, os.R_OK, self.fds.who):
+                return attrs.evolve(item, kind="x", ref=_NOT_THEIRS, racy=True)
             try:
                 digest, new, size = self.objects.put_file(
                     fd, self.limits.max_file_bytes, self.check, store=self.store, writer=self.writer

@@ -37,6 +37,7 @@ from navi_trio.core.checkpoints._state import Limits, OverLimit, Room, RootState
 from navi_trio.settings import Settings
 from navi_trio.tools.private import PrivatePaths, within
 from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import RunAs
 
 MAX_STATES = 16  # roots whose scan (and inotify watches) stay cached
 LEFT_OUT_LISTED = 50
@@ -55,8 +56,10 @@ class Snapshots:
         wall: Callable[[], float],
         *,
         watch: bool,
+        who: RunAs | None = None,
     ) -> None:
         self.settings = settings
+        self.who = who  # the tool user of a root daemon: it reads with their rights too
         self.folder = folder
         self.real_folder = folder
         self.objects = objects
@@ -178,6 +181,7 @@ class Snapshots:
                         check=check,
                         store=store,
                         writer=writer,
+                        who=self.who,
                     )
                     results.append(ScanResult(scan))
                 finally:

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from navi_trio.core.checkpoints._apply import Exported, Journal, export_root, needed
+from navi_trio.core.checkpoints._apply import Exported, Journal, export_root, needed, refused
 from navi_trio.core.checkpoints._fsops import (
     Folders,
     RootUnusableError,
@@ -69,6 +69,7 @@ from navi_trio.errors import RootChangedError
 from navi_trio.settings import Settings
 from navi_trio.tools.private import PrivatePaths
 from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import run_as
 
 T = TypeVar("T")
 
@@ -102,14 +103,16 @@ class CheckpointEngine:
         self.folder = folder if folder is not None else settings.data_dir / "checkpoints"
         self.objects = ObjectStore(self.folder)
         self.records = Records(self.folder)
-        self.journal = Journal(self.folder / "journal")
+        # A root daemon's snapshots and restores act with the tool user's rights too.
+        self.who = run_as(settings.tool_user)
+        self.journal = Journal(self.folder / "journal", self.who)
         self.ledger = Ledger(self.records.folder_of, self.records.latest_id)
         self._clock = clock
         self._wall = wall
         self._locks = RootLocks()
         self._snaps = Snapshots(
             settings, self.folder, self.objects, self.records, self._locks, self.ledger,
-            clock, wall, watch=watch,
+            clock, wall, watch=watch, who=self.who,
         )  # fmt: skip
 
     # -- life ---------------------------------------------------------------------
@@ -480,32 +483,50 @@ class CheckpointEngine:
         try:
             unseen = functools.partial(_exists, fds)
             return plan_root(
-                rt.path, current, result.mode, sealed, target, self.objects, unseen, only
-            )
+                rt.path, current, result.mode, sealed, target, self.objects, unseen, only,
+                functools.partial(refused, fd, who=self.who),
+            )  # fmt: skip
         finally:
             fds.close()
             os.close(fd)
 
     async def export(
-        self, owner: str, checkpoint_id: str, root: Path, into: Root, name: str
+        self,
+        owner: str,
+        checkpoint_id: str,
+        root: Path,
+        into: Root,
+        name: str,
+        *,
+        uid: tuple[int, int] | None = None,
     ) -> Exported:
         """Copy `root` as the checkpoint holds it into the new folder `name` of the held
         folder `into` (a fork's copy). The new folder is made empty first and complete
-        at the end, in one rename; what could not be written is in the answer."""
+        at the end, in one rename; what could not be written is in the answer. A root
+        daemon's copy of a session folder is `uid`'s (uid, gid), made in navi's own
+        data; any other copy is the owner of `into`'s, made only where the tool user may
+        make a folder (a CheckpointError naming it)."""
         info = await self.get(owner, checkpoint_id)
         tree = next((r for r in info.roots if r.path == root), None)
         if tree is None:
             raise CheckpointError(f"checkpoint {checkpoint_id} holds no folder {root}")
-        return await self._thread(functools.partial(self._export_sync, tree, into, name))
+        return await self._thread(functools.partial(self._export_sync, tree, into, name, uid))
 
-    def _export_sync(self, tree: RootTree, into: Root, name: str) -> Exported:
+    def _export_sync(
+        self, tree: RootTree, into: Root, name: str, uid: tuple[int, int] | None
+    ) -> Exported:
         dest = into.path / name
         with hold_files(self.folder, []):
             ops, _ = _plan_new(self.objects, tree, dest)
             try:
-                return export_root(self.objects, ops, into, name)
+                who = self.who if uid is None else None
+                return export_root(self.objects, ops, into, name, uid, who)
             except FileExistsError:
                 raise CheckpointError(f"{dest} already exists") from None
+            except PermissionError:
+                raise CheckpointError(
+                    f"{dest} cannot be made: the tool user may not make a folder in {into.path}"
+                ) from None
             except RootChangedError as exc:
                 raise CheckpointError(str(exc)) from None
 
