@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import trio
 from test_checkpoints_support import (
     DEADLINE,
@@ -32,6 +33,8 @@ from test_checkpoints_support import (
     snap,
     tree_of,
 )
+
+pytestmark = pytest.mark.slow  # its tests start processes
 
 RUNS = 6
 SNAPSHOT_RUNS = 4

@@ -33,6 +33,8 @@ from navi_trio.store import SessionStore, SQLiteStore
 from navi_trio.testing import open_harness
 from navi_trio.testing.harness import Harness
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 TIMEOUT = 30
 HOST = socket.gethostname() or "localhost"
 

@@ -14,12 +14,15 @@ import shlex
 from pathlib import Path
 from subprocess import CompletedProcess
 
+import pytest
 import trio
 from doc_examples import example_block, run_python
 
 from navi_trio.llm.script import load_script
 from navi_trio.settings import REPO_ROOT
 from navi_trio.testing.fake_llm import FakeLLMServer
+
+pytestmark = pytest.mark.slow  # its tests start processes
 
 DEADLINE = 60
 README = REPO_ROOT / "README.md"
