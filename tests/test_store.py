@@ -1,4 +1,6 @@
-"""The SQLite store: schema and pragmas, the one worker thread, appends, kv, users, repair.
+"""The SQLite store: schema and pragmas, the one worker thread, appends, repair. What
+every store does (sessions, kv, users, errors ...) is the contract suite's, on both
+backends: tests/test_store_contract*.py.
 
 Rules for this module: real SQLite files under tmp_path, no sleeps, every test that
 waits on the worker thread under an absolute `trio.fail_after` (real clock: the
@@ -9,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -155,76 +156,7 @@ async def test_closed_or_never_opened_store_raises_instead_of_hanging(tmp_path: 
             await store.create_session(profile_id="p")
 
 
-async def test_sqlite_errors_come_back_as_store_error_naming_the_operation(
-    tmp_path: Path,
-) -> None:
-    with trio.fail_after(TIMEOUT):
-        async with open_store(tmp_path / "n.db") as store:
-            row = await store.create_session("s-1", profile_id="p")
-            await raw(
-                store,
-                "CREATE TRIGGER no_ctx BEFORE INSERT ON context"
-                " BEGIN SELECT RAISE(ABORT, 'context is frozen'); END",
-            )
-            with pytest.raises(StoreError, match="append to session 's-1'.*context is frozen"):
-                await store.append(row.id, messages=[user("a")], context=[user("a")])
-            # One transaction for both tables: the message did not land either.
-            assert await store.load_messages(row.id) == []
-
-
 # -- sessions ---------------------------------------------------------------------------
-
-
-async def test_sessions_create_get_list_update_and_reject_bad_input(tmp_path: Path) -> None:
-    with trio.fail_after(TIMEOUT):
-        async with open_store(tmp_path / "n.db") as store:
-            a = await store.create_session(profile_id="coder", title="A", meta={"k": [1, "é"]})
-            assert re.fullmatch(r"s-[0-9a-f]{12}", a.id)
-            b = await store.create_session("chat.2", profile_id="p", user_id="bob")
-            assert await store.get_session(a.id) == a
-            assert await store.get_session("nope") is None
-            assert [r.id for r in await store.list_sessions()] == [b.id, a.id]
-            await store.update_session(a.id, title="A2", meta={"x": 1})
-            got = await store.get_session(a.id)
-            assert got is not None and (got.title, got.meta, got.profile_id) == (
-                "A2",
-                {"x": 1},
-                "coder",
-            )
-            assert got.updated_at >= a.updated_at
-            assert [r.id for r in await store.list_sessions()] == [a.id, b.id]
-            assert [r.id for r in await store.list_sessions("bob")] == [b.id]
-            with pytest.raises(StoreError, match="'chat.2' already exists"):
-                await store.create_session("chat.2", profile_id="p")
-            with pytest.raises(StoreError, match="no session 'ghost'"):
-                await store.update_session("ghost", title="x")
-            with pytest.raises(StoreError, match="invalid session id 'a:b'"):
-                await store.create_session("a:b", profile_id="p")
-            with pytest.raises(StoreError, match="profile_id"):
-                await store.create_session(profile_id="")
-            with pytest.raises(StoreError, match="no session 'ghost'"):
-                await store.append("ghost", messages=[user("x")])
-
-
-async def test_delete_session_removes_history_context_and_its_kv_rows_only(
-    tmp_path: Path,
-) -> None:
-    with trio.fail_after(TIMEOUT):
-        async with open_store(tmp_path / "n.db") as store:
-            a = await store.create_session("s_1", profile_id="p")
-            b = await store.create_session("s_10", profile_id="p")
-            for sid in (a.id, b.id):
-                await store.append(sid, messages=[user(sid)], context=[user(sid)])
-            for key in ("s_1", "s_1:todo", "s_10", "s_10:todo", "s_1x", "sX1:todo"):
-                await store.kv_set("notes", key, key)
-            assert await store.delete_session(a.id) is True
-            assert await store.get_session(a.id) is None
-            remaining = [k for k, _ in await store.kv_list("notes")]
-            assert remaining == sorted(["s_10", "s_10:todo", "s_1x", "sX1:todo"])
-            stats = await store.stats()
-            assert (stats["sessions"], stats["messages"], stats["context"]) == (1, 1, 1)
-            assert await store.load_messages(b.id) == [user(b.id)]
-            assert await store.delete_session(a.id) is False
 
 
 # -- history ----------------------------------------------------------------------------
@@ -246,51 +178,6 @@ async def test_append_n_then_m_adds_rows_and_never_rewrites_earlier_ones(tmp_pat
             assert await store.load_context(sid) == first[:2] + more
             cols = await raw(store, "SELECT role, content, is_plan FROM messages ORDER BY position")
             assert cols[0] == ("user", "m0", 0) and cols[5] == ("assistant", "a0", 1)
-
-
-async def test_replace_context_swaps_context_and_leaves_messages(tmp_path: Path) -> None:
-    with trio.fail_after(TIMEOUT):
-        async with open_store(tmp_path / "n.db") as store:
-            sid = (await store.create_session(profile_id="p")).id
-            history = [user(str(i)) for i in range(6)]
-            await store.append(sid, messages=history, context=history)
-            summary = {"role": "system", "content": "summary of 0-3", "is_summary": True}
-            await store.replace_context(sid, [summary, *history[4:]])
-            assert await store.load_context(sid) == [summary, *history[4:]]
-            assert await store.load_messages(sid) == history
-            await store.append(sid, context=[user("6")])
-            assert (await store.load_context(sid))[-1] == user("6")
-
-
-async def test_append_rejects_what_is_not_a_json_dict_and_writes_nothing(tmp_path: Path) -> None:
-    with trio.fail_after(TIMEOUT):
-        async with open_store(tmp_path / "n.db") as store:
-            sid = (await store.create_session(profile_id="p")).id
-            with pytest.raises(StoreError, match=r"context\[1\] is not JSON-serialisable"):
-                await store.append(sid, messages=[user("a")], context=[user("a"), {"x": {1, 2}}])
-            with pytest.raises(StoreError, match=r"messages\[0\] must be a dict"):
-                await store.append(sid, messages=["hello"])  # type: ignore[list-item]
-            stats = await store.stats()
-            assert stats["messages"] == stats["context"] == 0
-
-
-async def test_unicode_and_odd_values_round_trip_exactly(tmp_path: Path) -> None:
-    # Exactly, but for a lone surrogate, which comes back as U+FFFD (navi_trio/text.py).
-    odd: dict[str, Any] = {
-        "role": "assistant",
-        "content": "héllo 🌍 שלום \x00 end \ud800",
-        "thinking": "∑ ≠ 𝔘",
-        "tool_calls": [{"id": "c1", "name": "t", "arguments": {"n": 2**70, "f": -0.5}}],
-        "nested": {"": [None, True, {"deep": []}]},
-    }
-    with trio.fail_after(TIMEOUT):
-        async with open_store(tmp_path / "n.db") as store:
-            sid = (await store.create_session(profile_id="p")).id
-            await store.append(sid, messages=[odd, user("next")], context=[odd])
-        async with open_store(tmp_path / "n.db") as store:
-            back = {**odd, "content": odd["content"].replace("\ud800", "\ufffd")}
-            assert await store.load_messages(sid) == [back, user("next")]
-            assert await store.load_context(sid) == [back]
 
 
 json_values = st.recursive(
@@ -427,41 +314,3 @@ def test_repair_is_idempotent_pure_and_only_inserts(history: list[dict[str, Any]
 
 
 # -- kv and users -------------------------------------------------------------------------
-
-
-async def test_kv_set_get_list_delete_with_json_values(tmp_path: Path) -> None:
-    with trio.fail_after(TIMEOUT):
-        async with open_store(tmp_path / "n.db") as store:
-            assert await store.kv_get("todo", "s1") is None
-            await store.kv_set("todo", "s1:b", {"items": ["x"]})
-            await store.kv_set("todo", "s1:a", [1, 2])
-            await store.kv_set("todo", "s2:a", "other")
-            await store.kv_set("memory", "s1:a", 3)
-            await store.kv_set("todo", "s1:a", [1, 2, 3])  # overwrite
-            assert await store.kv_get("todo", "s1:a") == [1, 2, 3]
-            assert await store.kv_list("todo", "s1:") == [("s1:a", [1, 2, 3]),
-                                                          ("s1:b", {"items": ["x"]})]  # fmt: skip
-            assert [k for k, _ in await store.kv_list("todo")] == ["s1:a", "s1:b", "s2:a"]
-            assert await store.kv_list("todo", "s1_") == []  # no LIKE wildcards
-            await store.kv_delete("todo", "s1:a")
-            await store.kv_delete("todo", "absent")
-            assert await store.kv_get("todo", "s1:a") is None
-            assert await store.kv_get("memory", "s1:a") == 3
-            with pytest.raises(StoreError, match="kv value for todo/x is not JSON"):
-                await store.kv_set("todo", "x", object())
-            with pytest.raises(StoreError, match="kv scope"):
-                await store.kv_get("", "x")
-
-
-async def test_users_are_found_by_token_which_is_stored_only_hashed(tmp_path: Path) -> None:
-    with trio.fail_after(TIMEOUT):
-        async with open_store(tmp_path / "n.db") as store:
-            ada = await store.create_user("ada", "secret-token-1", role="admin")
-            assert await store.get_user_by_token("secret-token-1") == ada
-            assert ada["role"] == "admin" and ada["id"].startswith("u-")
-            assert await store.get_user_by_token("wrong") is None
-            with pytest.raises(StoreError, match="token already exists"):
-                await store.create_user("eve", "secret-token-1")
-            rows = await raw(store, "SELECT * FROM users")
-            assert len(rows) == 1 and "secret-token-1" not in repr(rows)
-            assert (await store.stats())["users"] == 1
