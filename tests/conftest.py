@@ -72,12 +72,6 @@ def env(tmp_path: Path) -> dict[str, str]:
     return clean
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Before any test: the sandbox probe that every runtime makes once per process (it
-    runs bwrap, and is cached), so that it is no test's process start."""
-    sandbox_available(None, run_as(""))
-
-
 _GUARD = pytest.StashKey[tuple[ExitStack, list[str]]]()
 
 
@@ -86,6 +80,11 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None]:
     """A test not marked slow starts no process, from its fixtures' setup (a session's
     PostgreSQL server started for it too) to their teardown (pytest_runtest_teardown)."""
     if item.get_closest_marker("slow") is None:
+        # The sandbox probe every runtime makes (it runs bwrap) is cached per process,
+        # 8 bwraps and users at most: tests that probe broken bwraps push the real one
+        # out, and whichever test came next re-ran it. Made here, outside the guard, it
+        # is no test's process start, whatever order the tests run in.
+        sandbox_available(None, run_as(""))
         stack, seen = ExitStack(), list[str]()
         stack.enter_context(refusing_processes(item.nodeid, seen))
         item.stash[_GUARD] = (stack, seen)
