@@ -9,6 +9,9 @@
   the whole session shares one server (a session fixture imported into several modules
   is a separate fixture in each, and would start a server per module).
 
+Hooks: a test not marked ``slow`` that starts a process fails (tests/slow_guard.py), so
+that `python -m pytest -m "not slow"` stays the quick run.
+
 Helpers that are plain functions are modules beside this one, imported by name as the
 test modules import each other (tests/ is on sys.path; mypy finds them the same way):
 tests/builders.py (history messages), tests/api_ws.py (a daemon and its WebSocket
@@ -19,16 +22,20 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import attrs
 import pytest
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
+from slow_guard import refusing_processes
 from store_backends import backend as backend
 
 from navi_trio.settings import Settings
+from navi_trio.tools.runas import run_as
+from navi_trio.tools.sandbox import sandbox_available
 
 
 @pytest.fixture
@@ -63,3 +70,39 @@ def env(tmp_path: Path) -> dict[str, str]:
     clean = {k: v for k, v in os.environ.items() if k not in names}
     clean.update(NAVI_DB=str(tmp_path / "navi.db"), NAVI_DATA_DIR=str(tmp_path / "data"))
     return clean
+
+
+_GUARD = pytest.StashKey[tuple[ExitStack, list[str]]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None]:
+    """A test not marked slow starts no process, from its fixtures' setup (a session's
+    PostgreSQL server started for it too) to their teardown (pytest_runtest_teardown)."""
+    if item.get_closest_marker("slow") is None:
+        # The sandbox probe every runtime makes (it runs bwrap) is cached per process,
+        # 8 bwraps and users at most: tests that probe broken bwraps push the real one
+        # out, and whichever test came next re-ran it. Made here, outside the guard, it
+        # is no test's process start, whatever order the tests run in.
+        sandbox_available(None, run_as(""))
+        stack, seen = ExitStack(), list[str]()
+        stack.enter_context(refusing_processes(item.nodeid, seen))
+        item.stash[_GUARD] = (stack, seen)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None]:
+    """The guard ends; a refused start fails the test, also one the code caught."""
+    try:
+        return (yield)
+    finally:
+        if _GUARD in item.stash:
+            stack, seen = item.stash[_GUARD]
+            stack.close()
+            if seen:
+                pytest.fail(
+                    f"{item.nodeid} is not marked slow and started a process ({seen[0]}): "
+                    "mark it @pytest.mark.slow",
+                    pytrace=False,
+                )

@@ -170,7 +170,8 @@ class PostgresBackend(Backend):
         return ["SELECT 1 FROM sessions WHERE id = %s FOR UPDATE"]  # the session's row
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+# The PostgreSQL half starts a server (once a session): slow, as every process start is.
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if request.param == "sqlite":
         return SqliteBackend(str(tmp_path / "navi.db"))

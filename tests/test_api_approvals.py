@@ -16,7 +16,7 @@ import trio
 import trio.testing
 from agent_tools import call, toolset, with_tools
 from api_ws import Client, Daemon, open_daemon
-from realtime import real_time_limit
+from realtime import paced
 
 from navi_trio.core.agent import UserMessage
 from navi_trio.core.approvals import ALWAYS_SCOPE
@@ -165,50 +165,32 @@ async def test_always_is_persisted_and_a_restart_still_allows(tmp_path: Path) ->
             assert [(f["by"], f["scope"]) for f in decided] == [("grant", "always")]
 
 
-IDLE_SEC = 0.01  # real seconds every task must wait before the clock jumps
-
-
-async def _tick(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """A deadline every virtual second: while the store's thread works, the autojump
-    clock moves by one second, never all the way to a far deadline (the hello's).
-
-    On a threshold of 0 the clock jumped at every pass of the run loop while a thread
-    worked: about 20,000 virtual seconds had gone by when the approval was asked, and on
-    a slow machine the far deadlines (1e5 s) came, and the test hung. With the clock
-    jumping only after IDLE_SEC of real time with every task waiting, a second passes
-    per IDLE_SEC of work on threads, and the 45 s wait takes under a real second.
-    """
-    task_status.started()
-    while True:  # noqa: ASYNC110 -- the deadlines are the point, not a wait
-        await trio.sleep(1)
-
-
 async def test_no_answer_within_the_timeout_is_a_deny(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
+    """The clock is paced (tests/realtime.py): on a threshold of 0 it jumped at every
+    pass of the run loop while the store's thread worked, about 20,000 virtual seconds
+    had gone by when the approval was asked, and on a slow machine the far deadlines
+    (1e5 s) came first and the test hung."""
     term = FakeTerminal()
-    autojump_clock.autojump_threshold = IDLE_SEC
-    with real_time_limit(TIMEOUT):
-        async with trio.open_nursery() as ticker:
-            await ticker.start(_tick)
-            async with _daemon(
-                tmp_path, term, approval_timeout_sec=45, first_chunk_timeout=1e5,
-                chunk_timeout=1e5, session_idle_sec=1e5, llm_connect_timeout=1e5,
-                ws_hello_timeout_sec=1e5, message_accept_timeout_sec=1e5,
-            ) as d, d.connect("alice") as c:  # fmt: skip
-                sid, req = await _ask(c)
-                asked_at = trio.current_time()
-                assert asked_at < 1000, asked_at  # far from the far deadlines (1e5 s)
-                assert req["timeout_sec"] == 45
-                decided = await c.until_type("approval_decided", session_id=sid)
-                assert 43 <= trio.current_time() - asked_at <= 46
-                assert decided["by"] == "timeout" and decided["approved"] is False
-                end = await c.until_end(sid)
-                assert end["text"] == "done" and term.ran == []
-                (result,) = _tool_results(c, sid)
-                assert "no answer within 45 s" in result["error"]
-                assert d.harness.runtime.approvals.pending(sid) == []
-            ticker.cancel_scope.cancel()
+    async with paced(autojump_clock, TIMEOUT):
+        async with _daemon(
+            tmp_path, term, approval_timeout_sec=45, first_chunk_timeout=1e5,
+            chunk_timeout=1e5, session_idle_sec=1e5, llm_connect_timeout=1e5,
+            ws_hello_timeout_sec=1e5, message_accept_timeout_sec=1e5,
+        ) as d, d.connect("alice") as c:  # fmt: skip
+            sid, req = await _ask(c)
+            asked_at = trio.current_time()
+            assert asked_at < 1000, asked_at  # far from the far deadlines (1e5 s)
+            assert req["timeout_sec"] == 45
+            decided = await c.until_type("approval_decided", session_id=sid)
+            assert 43 <= trio.current_time() - asked_at <= 46
+            assert decided["by"] == "timeout" and decided["approved"] is False
+            end = await c.until_end(sid)
+            assert end["text"] == "done" and term.ran == []
+            (result,) = _tool_results(c, sid)
+            assert "no answer within 45 s" in result["error"]
+            assert d.harness.runtime.approvals.pending(sid) == []
 
 
 async def test_stop_while_waiting_ends_the_run_at_once(tmp_path: Path) -> None:

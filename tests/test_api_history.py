@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from api_ws import Client, Daemon, open_daemon
 from test_cli import navi
@@ -114,6 +115,7 @@ async def test_limit_and_cursor_page_a_history_and_bad_ones_are_refused_by_name(
                 assert again["messages"] == history
 
 
+@pytest.mark.slow
 async def test_open_daemon_and_navi_sessions_history_follow_the_pages(
     tmp_path: Path, env: dict[str, str]
 ) -> None:

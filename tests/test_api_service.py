@@ -16,6 +16,8 @@ import pytest
 
 from navi_trio.settings import REPO_ROOT
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 UNIT = REPO_ROOT / "scripts" / "navi.service"
 
 

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from bg_tools import BACKGROUNDABLE, Kit, call, calls, make_kit, of_type, profile
 
@@ -166,6 +167,7 @@ async def test_backgroundable_is_what_the_settings_list_says(tmp_path: Path) -> 
             assert result["output"] == "block inline released"
 
 
+@pytest.mark.slow
 async def test_terminal_open_keeps_its_own_meaning_of_background(tmp_path: Path) -> None:
     kit = make_kit()
     replies = [
@@ -200,6 +202,7 @@ async def test_backgroundable_tools_offer_the_background_flag_to_the_model(
             assert "background" not in terminal.parameters["properties"]
 
 
+@pytest.mark.slow
 async def test_only_terminal_run_is_detached_not_its_other_actions(tmp_path: Path) -> None:
     kit = make_kit()
     replies = [

@@ -23,8 +23,7 @@ import trio.testing
 from agent_tools import call, toolset
 from api_ws import Client, open_daemon
 from budget_race import HeldEcho, race
-from realtime import real_time_limit
-from test_api_approvals import IDLE_SEC, _tick
+from realtime import paced
 from test_on_busy import messages_of, send
 
 from navi_trio.errors import StoreError
@@ -157,44 +156,40 @@ async def test_a_looping_model_is_cut_at_the_turns_wall_time(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     budgets = {"turn": {"wall_sec": 25}}
-    # A virtual second per IDLE_SEC of real work on threads, not one per pass of the run
-    # loop: on a threshold of 0 the far deadlines (1e5 s) came first on a busy machine.
-    autojump_clock.autojump_threshold = IDLE_SEC
     slow = {"first_chunk_timeout": 1e5, "chunk_timeout": 1e5, "session_idle_sec": 1e5,
             "llm_connect_timeout": 1e5, "ws_hello_timeout_sec": 1e5,
             "message_accept_timeout_sec": 1e5}  # fmt: skip
-    with real_time_limit(TIMEOUT):
-        async with trio.open_nursery() as ticker:
-            await ticker.start(_tick)
-            nap = Nap()
-            async with open_daemon(
-                tmp_path, replies=[call("nap")], loop=True, tools=toolset(nap),
-                profiles=profile(["nap"], budgets=budgets), **slow,
-            ) as d, d.connect("alice") as c:  # fmt: skip
-                ok = await send(c, "loop")
-                started = trio.current_time()  # the turn (and its clock) began before
-                sid = str(ok["session_id"])
-                end = await c.until_end(sid)
-                assert end["reason"] == "budget_exhausted"
-                event = exhausted(c, sid)
-                assert (event["scope"], event["kind"], event["limit"]) == ("turn", "wall_sec", 25)
-                # The virtual clock also runs while the store and the fake LLM answer on
-                # their threads and sockets (an autojump per tick), so the exact moment
-                # varies: never before the limit, and nothing starts after it (the turn's
-                # clock began before its message's ok, `started`).
-                assert event["spent"] >= 25
-                # Far from the daemon's 1e5 s deadlines (on a threshold of 0: thousands).
-                assert trio.current_time() < 1000
-                assert len(nap.started) <= 3
-                assert all(at < started + 25 for at in nap.started)
-                hist = await d.harness.runtime.store.load_messages(sid)
-                refused = "Error: not run: the turn budget of 25 seconds is spent"
-                assert all(
-                    m["content"] in ("rested", "Error: stopped by the user")
-                    or m["content"].startswith(refused)
-                    for m in hist if m["role"] == "tool"
-                )  # fmt: skip
-            ticker.cancel_scope.cancel()
+    # Paced (tests/realtime.py): on a threshold of 0 the far deadlines (1e5 s) came
+    # first on a busy machine.
+    async with paced(autojump_clock, TIMEOUT):
+        nap = Nap()
+        async with open_daemon(
+            tmp_path, replies=[call("nap")], loop=True, tools=toolset(nap),
+            profiles=profile(["nap"], budgets=budgets), **slow,
+        ) as d, d.connect("alice") as c:  # fmt: skip
+            ok = await send(c, "loop")
+            started = trio.current_time()  # the turn (and its clock) began before
+            sid = str(ok["session_id"])
+            end = await c.until_end(sid)
+            assert end["reason"] == "budget_exhausted"
+            event = exhausted(c, sid)
+            assert (event["scope"], event["kind"], event["limit"]) == ("turn", "wall_sec", 25)
+            # The virtual clock also runs while the store and the fake LLM answer on
+            # their threads and sockets (an autojump per tick), so the exact moment
+            # varies: never before the limit, and nothing starts after it (the turn's
+            # clock began before its message's ok, `started`).
+            assert event["spent"] >= 25
+            # Far from the daemon's 1e5 s deadlines (on a threshold of 0: thousands).
+            assert trio.current_time() < 1000
+            assert len(nap.started) <= 3
+            assert all(at < started + 25 for at in nap.started)
+            hist = await d.harness.runtime.store.load_messages(sid)
+            refused = "Error: not run: the turn budget of 25 seconds is spent"
+            assert all(
+                m["content"] in ("rested", "Error: stopped by the user")
+                or m["content"].startswith(refused)
+                for m in hist if m["role"] == "tool"
+            )  # fmt: skip
 
 
 async def test_sub_agents_are_cut_at_the_budget(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import trio
 from test_checkpoints_support import (
     DEADLINE,
@@ -34,6 +35,8 @@ from test_checkpoints_support import (
     tree_of,
     users_own,
 )
+
+pytestmark = pytest.mark.slow  # its tests start processes
 
 RUNS = 6
 SNAPSHOT_RUNS = 4

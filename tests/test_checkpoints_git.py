@@ -25,10 +25,13 @@ from test_checkpoints_support import (
     tree_of,
 )
 
-pytestmark = pytest.mark.skipif(
-    subprocess.run(["git", "--version"], capture_output=True).returncode != 0,
-    reason="git is not installed",
-)
+pytestmark = [
+    pytest.mark.slow,  # its tests start processes
+    pytest.mark.skipif(
+        subprocess.run(["git", "--version"], capture_output=True).returncode != 0,
+        reason="git is not installed",
+    ),
+]
 
 
 def git_env(tmp_path: Path) -> dict[str, str]:

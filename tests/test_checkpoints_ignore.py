@@ -83,6 +83,7 @@ def _build(root: Path) -> None:
         path.write_text(rel)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_GIT, reason="git is not installed")
 async def test_the_files_a_checkpoint_holds_are_those_git_does_not_ignore(
     tmp_path: Path,

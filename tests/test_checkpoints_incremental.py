@@ -152,6 +152,7 @@ async def test_the_cases_a_stat_cache_gets_wrong(
 OK, REASON = sandbox_available()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not OK, reason=f"the sandbox is unavailable: {REASON}")
 async def test_a_write_inside_the_sandbox_is_seen_by_the_next_incremental_snapshot(
     tmp_path: Path,

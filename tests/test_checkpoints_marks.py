@@ -38,6 +38,7 @@ def only_root(changes: tuple[RootChanges, ...]) -> RootChanges:
     return root
 
 
+@pytest.mark.slow
 async def test_a_scoped_restore_undoes_the_owners_calls_and_keeps_what_others_did(
     tmp_path: Path,
 ) -> None:

@@ -113,6 +113,7 @@ def _unlock(root: Path) -> None:
                 os.chmod(p, 0o755)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("watch", [True, False], ids=["inotify", "full-walk"])
 async def test_every_checkpoint_of_a_scripted_sequence_restores_the_whole_tree(
     tmp_path: Path, watch: bool

@@ -28,6 +28,8 @@ from navi_trio.events import StreamEnd, TextDelta, event_from_dict
 from navi_trio.settings import REPO_ROOT
 from navi_trio.store.sqlite import SQLiteStore
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 DEADLINE = 60
 ANSWER = "Hello from the fake model"
 PROFILES = ("coder", "general", "local", "researcher")

@@ -10,7 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from test_cli import fake_llm, messages, navi
+
+pytestmark = pytest.mark.slow  # its tests start processes
 
 
 async def test_without_a_terminal_a_call_that_asks_is_denied_and_the_run_goes_on(

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from test_cli import ANSWER, _one_error_line, fake_llm, messages, navi
 
 from navi_trio.store.sqlite import SQLiteStore
+
+pytestmark = pytest.mark.slow  # its tests start processes
 
 
 async def _seed(db: Path, session_id: str) -> None:

@@ -22,6 +22,8 @@ from navi_trio.errors import ConfigError
 from navi_trio.llm import local
 from navi_trio.settings import Settings
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 DEADLINE = 60
 DOWN = "ws://127.0.0.1:9"  # no daemon there
 

@@ -39,6 +39,8 @@ from navi_trio.core.task_notes import NOTES_SCOPE
 from navi_trio.errors import ConfigError
 from navi_trio.store.sqlite import SQLiteStore
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 
 async def start_navi(*args: str, env: dict[str, str], cwd: Path) -> trio.Process:
     return await trio.lowlevel.open_process(

@@ -14,6 +14,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import trio
 from api_ws import Daemon, open_daemon
 from rewind_kit import PROFILES, TIMEOUT, calls, say, tree_of, turn, write
@@ -21,6 +22,8 @@ from test_api_rewind import REPLIES, idle, message
 from test_cli import navi
 
 from navi_trio.testing import open_harness
+
+pytestmark = pytest.mark.slow  # its tests start processes
 
 
 async def cli(d: Daemon, user: str, *args: str, environ: dict[str, str], cwd: Path) -> tuple[

@@ -65,6 +65,7 @@ def test_a_bad_url_is_named() -> None:
         host_port("ws://127.0.0.1:eighty")
 
 
+@pytest.mark.slow
 async def test_no_daemon_answering_starts_one_in_the_background(tmp_path: Path) -> None:
     port, standin_pid = _free_port(), tmp_path / "pid"
     script = tmp_path / "standin.py"
@@ -88,6 +89,7 @@ async def test_no_daemon_answering_starts_one_in_the_background(tmp_path: Path) 
             os.kill(int(standin_pid.read_text()), signal.SIGKILL)
 
 
+@pytest.mark.slow
 async def test_a_daemon_that_exits_at_once_is_one_line_with_its_error_and_its_log(
     tmp_path: Path,
 ) -> None:

@@ -212,6 +212,7 @@ async def navi(*args: str, tmp_path: Path) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
 
 
+@pytest.mark.slow
 async def test_navi_doctor_and_run_refuse_an_unknown_tool(tmp_path: Path) -> None:
     path = edit(config_copy(tmp_path), add_tool("coder", "agent", "teleport"))
     outputs = []
@@ -225,6 +226,7 @@ async def test_navi_doctor_and_run_refuse_an_unknown_tool(tmp_path: Path) -> Non
     assert "BROKEN" in outputs[0]  # doctor shows the config as broken
 
 
+@pytest.mark.slow
 async def test_navi_doctor_and_run_refuse_a_config_folder_without_compression_md(
     tmp_path: Path,
 ) -> None:

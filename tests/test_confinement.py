@@ -214,6 +214,7 @@ def test_workspace_roots_are_checked_strictly() -> None:
 # -- item 2: what a sandboxed command sees -------------------------------------------
 
 
+@pytest.mark.slow
 @needs_sandbox
 async def test_a_sandboxed_command_never_sees_the_daemons_data(tmp_path: Path, base: Path) -> None:
     """The attacks of the issue, from alice's session, with a cwd that contains the data
@@ -265,6 +266,7 @@ async def test_a_sandboxed_command_never_sees_the_daemons_data(tmp_path: Path, b
     assert "refused:" in results[1]["output"], results[1]
 
 
+@pytest.mark.slow
 @needs_sandbox
 async def test_the_data_folder_is_hidden_wherever_the_cwd_reaches_it(
     tmp_path: Path, base: Path

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from navi_trio.core.channel import open_event_channel
@@ -122,6 +123,7 @@ async def test_sending_after_the_reader_left_raises_broken() -> None:
         raise AssertionError("expected BrokenResourceError")
 
 
+@pytest.mark.slow
 async def test_a_slow_reader_of_a_chatty_run_gets_bounded_progress(tmp_path: Path) -> None:
     # ~1,000,000 lines, a progress event per block read, and a reader that reads
     # nothing until the turn is done with the tool.

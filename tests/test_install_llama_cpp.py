@@ -17,7 +17,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from navi_trio.settings import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # its tests start processes
 
 SCRIPT = REPO_ROOT / "scripts" / "install_llama_cpp.sh"
 STAND_IN = """#!/usr/bin/env bash

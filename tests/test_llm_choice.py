@@ -197,6 +197,7 @@ def test_nothing_at_all_is_one_error_line_and_exit_1(
 # -- navi doctor ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_doctor_reports_the_local_model_and_the_backend_it_would_use(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[bool]
 ) -> None:

@@ -34,6 +34,8 @@ from navi_trio.runtime import open_runtime  # noqa: E402
 from navi_trio.settings import Settings  # noqa: E402
 from navi_trio.testing.harness import test_config as make_config  # noqa: E402
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 TIMEOUT = 120
 ECHO = {
     "type": "function",

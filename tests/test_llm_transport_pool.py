@@ -240,6 +240,7 @@ async def tls_fake_llm(
         nursery.cancel_scope.cancel()
 
 
+@pytest.mark.slow
 async def test_https_streams_and_reuses_its_connection(certificate: tuple[Path, Path]) -> None:
     trusted = ssl.create_default_context(cafile=str(certificate[0]))
     with trio.fail_after(TIMEOUT):
@@ -257,6 +258,7 @@ async def test_https_streams_and_reuses_its_connection(certificate: tuple[Path, 
             assert server.connections == 1 and transport.connections_made == 1
 
 
+@pytest.mark.slow
 async def test_https_refuses_a_certificate_it_does_not_trust(
     certificate: tuple[Path, Path],
 ) -> None:
@@ -268,6 +270,7 @@ async def test_https_refuses_a_certificate_it_does_not_trust(
             assert server.requests == []
 
 
+@pytest.mark.slow
 async def test_https_reads_a_body_ended_by_a_close_without_close_notify(
     certificate: tuple[Path, Path],
 ) -> None:

@@ -35,6 +35,8 @@ from navi_trio.testing import open_harness
 from navi_trio.tools.base import ToolContext
 from navi_trio.tools.mcp import McpServers
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 TIMEOUT = 60
 STALL = 30  # real seconds of nothing to do before a mock clock moves on its own
 DEMO = Path(__file__).parent / "mcp_servers" / "demo.py"

@@ -36,6 +36,7 @@ from navi_trio.tools.mcp.connection import BACKOFF_FIRST, McpConnection
 __all__ = ["events"]  # the fixture, imported for pytest
 SCRIPTED = Path(__file__).parent / "mcp_servers" / "scripted.py"
 LIMIT = 60  # real seconds
+pytestmark = pytest.mark.slow  # a real child process per test
 
 
 def entry(tmp_path: Path, plan: str, **extra: Any) -> dict[str, Any]:
@@ -108,6 +109,7 @@ class Restarts(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.delays: list[tuple[float, float]] = []
+        self.lines: list[str] = []  # the whole lines, with why each attempt ended
         self._changed = trio.Event()
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -115,6 +117,7 @@ class Restarts(logging.Handler):
         if "; restarting in " in text:
             delay = float(text.rsplit("restarting in ", 1)[1].split()[0])
             self.delays.append((delay, trio.current_time()))
+            self.lines.append(text)
             self._changed.set()
             self._changed = trio.Event()
 
@@ -163,7 +166,9 @@ async def test_backoff_doubles_while_starts_fail_and_resets_after_a_ready_start(
                 mock_clock.autojump_threshold = 0
                 for start, units in enumerate(expected, 1):
                     delay, logged_at = await restarts.wait_for(start)  # attempt over
-                    assert delay == units * BACKOFF_FIRST, (start, restarts.delays)
+                    # What each attempt ended on, and what the server did, for a failure.
+                    seen = (start, restarts.lines, events.lines)
+                    assert delay == units * BACKOFF_FIRST, seen
                     await actor.until("restarting", starts=start + 1)
                     assert trio.current_time() - logged_at == pytest.approx(delay, abs=1e-6)
                 await actor.until("ready", starts=len(expected) + 1)

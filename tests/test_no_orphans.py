@@ -14,11 +14,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from kvfake import PidWatch, is_gone
 from unsandboxed import ALLOW_EXEC, FULL
 
 from navi_trio.testing import open_harness
+
+pytestmark = pytest.mark.slow  # its tests start processes
 
 TIMEOUT = 30
 

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from kvfake import PidWatch, is_gone, make_ctx
@@ -27,6 +28,8 @@ from navi_trio.testing import open_harness
 from navi_trio.tools.code_exec import CodeExecTool
 from navi_trio.tools.procs import CommandResult, ProcessPool, run_command
 from navi_trio.tools.terminal import TerminalTool
+
+pytestmark = pytest.mark.slow  # its tests start processes
 
 TIMEOUT = 30
 

@@ -52,6 +52,7 @@ async def sleeper(marker: str, fifo: Path, owner: str) -> trio.Process:
     return proc
 
 
+@pytest.mark.slow
 async def test_only_a_dead_daemons_processes_on_the_same_data_folder_are_killed(
     tmp_path: Path,
     tags: list[str],  # noqa: F811

@@ -17,12 +17,15 @@ import shlex
 import signal
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 from kvfake import PidWatch, is_gone, pids_in
 from realtime import real_time_limit
 
 from navi_trio.tools.procs import CommandResult, run_command
+
+pytestmark = pytest.mark.slow  # its tests start processes
 
 TIME_LIMIT = 5.0
 GRACE = 2.0

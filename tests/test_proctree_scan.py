@@ -11,10 +11,13 @@ import pytest
 
 from navi_trio.tools import proctree
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or not Path("/proc/self/stat").exists(),
-    reason="needs Linux /proc",
-)
+pytestmark = [
+    pytest.mark.slow,  # its tests start processes
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux") or not Path("/proc/self/stat").exists(),
+        reason="needs Linux /proc",
+    ),
+]
 
 TAG_VAR = "NAVI_PROC_TAG_TEST"
 

@@ -34,6 +34,8 @@ from navi_trio.store.base import HANDED_HOST, HANDED_PID
 from navi_trio.testing import open_harness
 from navi_trio.testing.harness import Harness
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 TIMEOUT = 30
 HOST = socket.gethostname() or "localhost"
 

@@ -15,11 +15,14 @@ import shlex
 from pathlib import Path
 from subprocess import CompletedProcess
 
+import pytest
 import trio
 from doc_examples import README, doc_example, run_python, section
 
 from navi_trio.llm.script import load_script
 from navi_trio.testing.fake_llm import FakeLLMServer
+
+pytestmark = pytest.mark.slow  # its tests start processes
 
 DEADLINE = 60
 

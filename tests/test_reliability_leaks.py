@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from agent_tools import assert_paired, of_type, with_tools
@@ -22,6 +23,8 @@ from reliability import descendants, open_fds, trio_task_count
 
 from navi_trio.testing import open_harness
 from navi_trio.testing.harness import Harness, SessionDriver
+
+pytestmark = pytest.mark.slow  # its tests start processes
 
 ROUNDS = int(os.environ.get("NAVI_SOAK_ROUNDS", "35"))
 SESSIONS = ("soak-a", "soak-b", "soak-c")

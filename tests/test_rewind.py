@@ -86,6 +86,7 @@ async def rewind(h: Harness, target: Target) -> Any:
     return preview, await h.runtime.rewinds.apply(SID, target, preview.token)
 
 
+@pytest.mark.slow
 async def test_rewinding_the_files_gives_back_exactly_the_tree_before_the_message(
     tmp_path: Path,
 ) -> None:
@@ -109,6 +110,7 @@ async def test_rewinding_the_files_gives_back_exactly_the_tree_before_the_messag
             assert await user_ids(h) == [first, second]
 
 
+@pytest.mark.slow
 async def test_rewinding_the_chat_makes_the_next_request_carry_the_shorter_context(
     tmp_path: Path,
 ) -> None:
@@ -131,6 +133,7 @@ async def test_rewinding_the_chat_makes_the_next_request_carry_the_shorter_conte
             assert not any("two done" in str(m.get("content")) for m in body["messages"])
 
 
+@pytest.mark.slow
 async def test_a_rewind_of_both_is_undone_and_the_undo_redone(tmp_path: Path) -> None:
     work = workspace(tmp_path)
     with trio.fail_after(TIMEOUT):
@@ -160,6 +163,7 @@ async def test_a_rewind_of_both_is_undone_and_the_undo_redone(tmp_path: Path) ->
                 await h.runtime.rewinds.preview(SID, Target(branch=event.undo))
 
 
+@pytest.mark.slow
 async def test_a_stale_preview_or_a_made_up_token_is_refused_and_changes_nothing(
     tmp_path: Path,
 ) -> None:
@@ -185,6 +189,7 @@ async def test_a_stale_preview_or_a_made_up_token_is_refused_and_changes_nothing
                     await h.runtime.rewinds.preview(SID, Target(to=bad))
 
 
+@pytest.mark.slow
 async def test_a_fork_copies_history_and_files_and_both_sessions_go_on_on_their_own(
     tmp_path: Path,
 ) -> None:
@@ -335,6 +340,7 @@ async def test_a_chat_preview_is_refused_once_a_message_came_after_it(tmp_path: 
             assert await h.runtime.store.load_messages(SID) == history
 
 
+@pytest.mark.slow
 async def test_a_fork_copies_the_working_folder_into_the_new_folder_it_is_given(
     tmp_path: Path,
 ) -> None:
@@ -483,6 +489,7 @@ async def cut_fork(h: Harness, copy: Path, at_cut: Callable[[], None]) -> None:
     assert not h.runtime.settings.session_dir("s-cut").exists()
 
 
+@pytest.mark.slow
 async def test_a_fork_cancelled_part_way_leaves_no_session_and_no_copied_folder(
     tmp_path: Path,
 ) -> None:

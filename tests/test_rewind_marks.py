@@ -55,6 +55,7 @@ def folder(tmp_path: Path) -> Path:
     return work.resolve()
 
 
+@pytest.mark.slow
 async def test_files_made_by_hand_between_turns_survive_a_rewind_to_before_both(
     tmp_path: Path,
 ) -> None:
@@ -136,6 +137,7 @@ async def test_a_conflict_is_restored_when_the_rewind_asks_for_it(tmp_path: Path
                 Target(to=first, conflicts="theirs")
 
 
+@pytest.mark.slow
 async def test_a_file_the_person_writes_while_a_call_runs_counts_as_navis_and_the_branch_keeps_it(
     tmp_path: Path,
 ) -> None:

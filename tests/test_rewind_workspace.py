@@ -30,6 +30,7 @@ from navi_trio.tools.builtin import builtin_tools
 SID = "s-ws"
 
 
+@pytest.mark.slow
 async def test_a_git_repository_keeps_its_git_folder_untouched_by_runs_and_a_rewind(
     tmp_path: Path,
 ) -> None:

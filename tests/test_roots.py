@@ -24,6 +24,8 @@ from navi_trio.tools.roots import CWD, Root, RunRoots
 from navi_trio.tools.runas import run_as
 from navi_trio.tools.sandbox import SandboxSpec, bwrap_argv, find_bwrap, sandbox_available
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 TIMEOUT = 60
 OK, REASON = sandbox_available()
 needs_sandbox = pytest.mark.skipif(not OK, reason=f"the sandbox is unavailable: {REASON}")

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # its tests start processes
+
 TIMEOUT = 60
 CODE = """
 import gc, sys, trio

@@ -35,7 +35,10 @@ from navi_trio.tools.sandbox import SandboxSpec, bwrap_argv, find_bwrap, sandbox
 from navi_trio.tools.terminal import TerminalTool
 
 OK, REASON = sandbox_available()
-pytestmark = pytest.mark.skipif(not OK, reason=f"the sandbox is unavailable: {REASON}")
+pytestmark = [
+    pytest.mark.slow,  # its tests start processes
+    pytest.mark.skipif(not OK, reason=f"the sandbox is unavailable: {REASON}"),
+]
 TIMEOUT = 30
 
 

@@ -30,6 +30,8 @@ from navi_trio.tools.procs import ProcessPool
 from navi_trio.tools.sandbox import SandboxSpec, bwrap_argv, sandbox_available
 from navi_trio.tools.terminal import TerminalTool
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 TIMEOUT = 30
 NO_USERNS = (
     "bwrap: No permissions to create new namespace, likely because the kernel does not "

@@ -33,6 +33,8 @@ from navi_trio.store.postgres import PostgresStore
 from navi_trio.testing import open_fake_llm
 from navi_trio.tools.base import ToolResult
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 TIMEOUT = 60
 SLOT_FREED = """
 CREATE OR REPLACE FUNCTION slot_freed() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -20,6 +20,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from api_ws import Client
 from daemons import history, no_plan_config, pg_daemons
@@ -28,6 +29,8 @@ from pg_server import pg_url as pg_url
 from pg_server import sql
 
 from navi_trio.testing import open_fake_llm
+
+pytestmark = pytest.mark.slow  # its tests start processes
 
 TIMEOUT = 150
 TTL = "2"

@@ -16,6 +16,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from daemons import add_user, cli_env, connect_as, history, lease, pg_daemons
 from pg_server import pg_server as pg_server
@@ -24,6 +25,8 @@ from pg_server import sql
 
 from navi_trio.store.repair import PLACEHOLDER_CONTENT
 from navi_trio.testing import open_fake_llm
+
+pytestmark = pytest.mark.slow  # its tests start processes
 
 TIMEOUT = 120
 TTL = 1.5  # NAVI_LEASE_TTL_SEC of both daemons

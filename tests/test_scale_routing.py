@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
 import trio
 from agent_tools import call
 from api_ws import Client
@@ -29,6 +30,8 @@ from navi_trio.errors import ForbiddenError, NotFoundError
 from navi_trio.store.base import ClusterBus, SessionStore
 from navi_trio.store.postgres import PostgresStore
 from navi_trio.testing import open_fake_llm
+
+pytestmark = pytest.mark.slow  # its tests start processes
 
 TIMEOUT = 30
 RULES = [

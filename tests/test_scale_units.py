@@ -39,6 +39,8 @@ from navi_trio.store.postgres import PostgresStore
 from navi_trio.store.postgres._bus import NOTIFY_MAX, PgBus
 from navi_trio.tools.base import ToolResult
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 TIMEOUT = 30
 
 

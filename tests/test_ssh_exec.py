@@ -37,6 +37,8 @@ from navi_trio.testing import open_harness
 from navi_trio.tools.base import ToolContext, ToolResult
 from navi_trio.tools.ssh_exec import SshExecTool, ssh_argv
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 TIMEOUT = 30
 # What an ssh_exec call needs to run without asking (workspace mode asks by default).
 ALLOW_SSH = {"rules": [{"tool": "ssh_exec", "decision": "allow"}]}

@@ -26,6 +26,8 @@ import httpx
 import pytest
 import trio
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 HEAVY = ("numpy", "rich", "pygments", "tiktoken", "mcp")
 TIMEOUT = 60
 

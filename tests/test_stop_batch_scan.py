@@ -17,10 +17,13 @@ import trio
 from navi_trio.tools import procs, proctree
 from navi_trio.tools.procs import _spawn
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or not Path("/proc/self/stat").exists(),
-    reason="needs Linux /proc",
-)
+pytestmark = [
+    pytest.mark.slow,  # its tests start processes
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux") or not Path("/proc/self/stat").exists(),
+        reason="needs Linux /proc",
+    ),
+]
 N = 3
 TIMEOUT = 30
 

@@ -23,10 +23,13 @@ from navi_trio.testing import open_harness
 from navi_trio.tools import procs, proctree
 from navi_trio.tools.procs import _spawn
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or not Path("/proc/self/stat").exists(),
-    reason="needs Linux /proc",
-)
+pytestmark = [
+    pytest.mark.slow,  # its tests start processes
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux") or not Path("/proc/self/stat").exists(),
+        reason="needs Linux /proc",
+    ),
+]
 TIMEOUT = 30
 
 

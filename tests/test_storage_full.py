@@ -431,6 +431,7 @@ def _fill(where: Path, leave: int) -> Path:
     return filler
 
 
+@pytest.mark.slow
 async def test_on_a_real_full_disk_every_ok_is_stored_and_every_refusal_is_gone(
     tmp_path: Path, small_disk: Path
 ) -> None:

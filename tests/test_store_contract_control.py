@@ -202,6 +202,7 @@ async def test_a_count_is_taken_at_once_and_two_daemons_never_pass_the_limit(
             assert await backend.query("SELECT count(*) FROM usage_holds") == [(0,)]
 
 
+@pytest.mark.slow
 async def test_a_hold_left_by_a_dead_process_or_expired_counts_no_more(
     backend: Backend,
 ) -> None:

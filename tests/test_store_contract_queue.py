@@ -67,6 +67,7 @@ async def test_a_queued_row_leaves_exactly_when_its_history_row_arrives(backend:
                 await store.enqueue("../x", "f", _row("x"), pid=1, host=HOST)
 
 
+@pytest.mark.slow
 async def test_only_the_rows_of_a_dead_process_are_adopted_in_order(backend: Backend) -> None:
     dead, alive = _dead_pid(), os.getppid()
     with trio.fail_after(TIMEOUT):
@@ -138,6 +139,7 @@ async def test_a_live_lease_is_refused_to_another_owner_and_released_by_its_own(
             assert await store.renew_lease("s-1", owner="a", ttl=60) is False
 
 
+@pytest.mark.slow
 async def test_a_dead_or_expired_owners_lease_is_taken_over(backend: Backend) -> None:
     gone = _dead_pid()
     with trio.fail_after(TIMEOUT):

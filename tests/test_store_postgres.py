@@ -33,6 +33,8 @@ from navi_trio.store.postgres._migrate import LOCK_KEY, SCHEMA_VERSION, migratio
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing.postgres import PgServer
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 TIMEOUT = 30
 
 

@@ -38,6 +38,8 @@ from navi_trio.store.postgres._errors import failure
 from navi_trio.store.postgres._migrate import migrate
 from navi_trio.testing.postgres import PgServer
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 TIMEOUT = 30
 
 

@@ -38,6 +38,8 @@ from navi_trio.store._sessions import _insert_session
 from navi_trio.store.base import SessionRow
 from navi_trio.store.sqlite import SQLiteStore
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 TIMEOUT = 30
 HOST = socket.gethostname()
 

@@ -197,6 +197,7 @@ def _poison_first_row(db: Path, session_id: str) -> None:
             )
 
 
+@pytest.mark.slow
 async def test_a_session_stored_with_a_lone_surrogate_loads_and_goes_on(
     tmp_path: Path,
     env: dict[str, str],
@@ -230,6 +231,7 @@ async def test_a_session_stored_with_a_lone_surrogate_loads_and_goes_on(
             assert f"user: old{FFFD}text" in done.out and "Traceback" not in done.err, done
 
 
+@pytest.mark.slow
 async def test_a_stored_row_with_an_upper_case_surrogate_escape_loads_as_ufffd(
     backend: Backend,
 ) -> None:

@@ -33,6 +33,8 @@ from navi_trio.tools.procs import PASSED_VARS, TAG_VAR, ProcessPool, child_env
 from navi_trio.tools.sandbox import SandboxSpec, sandbox_available
 from navi_trio.tools.terminal import TerminalTool
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 TIMEOUT = 30
 OK, REASON = sandbox_available()
 needs_sandbox = pytest.mark.skipif(not OK, reason=f"the sandbox is unavailable: {REASON}")

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 from kvfake import PidWatch, Recorder, is_gone, jump_after_line, make_ctx, pids_in
 
 from navi_trio.tools.code_exec import CodeExecTool
+
+pytestmark = pytest.mark.slow  # its tests start processes
 
 
 async def test_runs_python_and_streams_printed_lines(tmp_path: Path) -> None:

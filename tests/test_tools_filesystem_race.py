@@ -30,6 +30,8 @@ from navi_trio.core.tool_executor import run_tool
 from navi_trio.tools.base import ToolContext
 from navi_trio.tools.filesystem import FilesystemTool
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 CALLS = 150  # reads and as many writes per test
 DEADLINE = 120
 

@@ -22,6 +22,8 @@ from navi_trio.tools.procs import ProcessPool, child_env, is_secret, passed_env
 from navi_trio.tools.progress import OutputProgress
 from navi_trio.tools.terminal import TerminalTool
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 MB = 1_000_000
 
 

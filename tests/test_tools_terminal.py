@@ -21,6 +21,8 @@ from navi_trio.errors import ToolInputError
 from navi_trio.tools.procs import ProcessPool, run_command
 from navi_trio.tools.terminal import TerminalTool
 
+pytestmark = pytest.mark.slow  # its tests start processes
+
 # A shell whose children and grandchildren sleep; each prints "pid N" first.
 SPAWNER = (
     "sh -c 'echo pid $$; sleep 300 & echo pid $!; sleep 300 & echo pid $!; "

@@ -8,6 +8,7 @@ Every test has an absolute time limit.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,26 +27,36 @@ from navi_trio.testing import open_harness
 from navi_trio.tools.procs import ProcessPool
 
 TIMEOUT = 30
+pytestmark = pytest.mark.slow  # real processes (sleep)
 
 
 async def test_a_process_nobody_uses_is_ended_after_the_idle_limit(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
+    """The kill's own waits (SIGTERM's grace, then a bounded wait for the reap) pass at
+    once on the autojump clock, so `wait_exit` may return while the SIGKILLed process
+    is still dying: its end is awaited on its pidfd (a real event, no clock), which it
+    only reaches killed (a `sleep 1000`), bounded by the real-time limit."""
     pool = ProcessPool(idle_sec=60)
     with real_time_limit(TIMEOUT):
         async with trio.open_nursery() as nursery:
             await nursery.start(pool.run)
             start = trio.current_time()
             handle = await pool.open("s1", "sleep 1000", tmp_path)
-            await trio.sleep(50)
-            assert (await pool.read("s1", handle, 100)).running  # a use: 60 s from here
-            await trio.sleep(50)
-            assert pool.list("s1")[0].running  # 100 s after the start, 50 after the read
-            await pool.wait_exit("s1", handle)
-            assert 110 <= trio.current_time() - start < 120
-            read = await pool.read("s1", handle, 100)
-            assert not read.running
-            assert read.ended == "nobody used it for 60 s (NAVI_TERMINAL_IDLE_SEC)", read
+            pidfd = os.pidfd_open(pool.list("s1")[0].pid)
+            try:
+                await trio.sleep(50)
+                assert (await pool.read("s1", handle, 100)).running  # a use: 60 s from here
+                await trio.sleep(50)
+                assert pool.list("s1")[0].running  # 100 s after the start, 50 after the read
+                await pool.wait_exit("s1", handle)
+                assert 110 <= trio.current_time() - start < 120
+                read = await pool.read("s1", handle, 100)
+                assert not read.running
+                assert read.ended == "nobody used it for 60 s (NAVI_TERMINAL_IDLE_SEC)", read
+                await trio.lowlevel.wait_readable(pidfd)
+            finally:
+                os.close(pidfd)
             assert not pid_alive(pool.list("s1")[0].pid)
             nursery.cancel_scope.cancel()
 

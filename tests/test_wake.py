@@ -14,6 +14,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from agent_tools import GateTool, call, system_notes, toolset, with_tools
 from api_ws import open_daemon
@@ -205,6 +206,7 @@ async def test_a_restart_between_the_job_ending_and_the_turn_wakes_exactly_once(
             assert texts.count("woken after the restart") == 1
 
 
+@pytest.mark.slow
 async def test_a_job_lost_with_its_daemon_wakes_its_session_too(tmp_path: Path) -> None:
     """A daemon died with a background job running in a session that wakes on finished
     jobs: the next start reports the job lost, as a note, and that note wakes the

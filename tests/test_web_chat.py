@@ -9,10 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from web_browser import Site, answer_text, browser, needs_browser, send, shot, site
 
 __all__ = ["browser", "site"]  # fixtures
-pytestmark = needs_browser
+pytestmark = [pytest.mark.slow, needs_browser]  # a browser, a daemon
 
 PLAN = """Complexity: simple
 Milestones:

@@ -23,7 +23,7 @@ from navi_trio.api.daemon_client import open_daemon
 from navi_trio.store.sqlite import SQLiteStore
 
 __all__ = ["browser", "site"]  # fixtures
-pytestmark = needs_browser
+pytestmark = [pytest.mark.slow, needs_browser]  # a browser, a daemon
 
 
 def _words(n: int, prefix: str = "w") -> list[str]:
