@@ -397,28 +397,48 @@ async def test_through_a_running_daemon_the_session_is_the_daemons(
     assert [m["content"] for m in saved] == ["hi", "from the daemon"]
 
 
-async def test_a_user_s_cwd_outside_their_roots_is_an_error_naming_it(
+def set_roots(config: Path, roots: dict[str, list[str]]) -> None:
+    cfg = json.loads(config.read_text(encoding="utf-8"))
+    cfg["workspace_roots"] = roots
+    config.write_text(json.dumps(cfg), encoding="utf-8")
+
+
+async def test_a_user_s_cwd_outside_their_roots_is_refused_at_session_new(
     env: dict[str, str], tmp_path: Path
 ) -> None:
+    allowed, outside, data = tmp_path / "allowed", tmp_path / "work", tmp_path / "data"
+    allowed.mkdir()
+    set_roots(Path(env["NAVI_CONFIG"]), {"user": [str(allowed)]})
     steps: list[dict[str, Any]] = [
         {"op": "new"},
+        {"op": "new", "cwd": str(data)},
+        {"op": "new", "cwd": str(tmp_path / "err.log")},
+        {"op": "new", "cwd": str(allowed)},
         {"op": "prompt", "text": "hi"},
         {"op": "set_mode", "mode": "full"},
     ]
-    async with fake_llm(tmp_path, [{"text": "never"}]) as llm:
+    async with fake_llm(tmp_path, [{"text": "in the root"}]) as llm:
         with trio.fail_after(DEADLINE):
             async with serve(env, llm) as daemon:
                 token = await add_user(env, "ann")
-                _, new, prompt, full = await sdk_client(
+                _, out, in_data, a_file, new, prompt, full = await sdk_client(
                     env, tmp_path, steps, "--url", daemon.url, "--token", token
                 )
+    for refused, where in ((out, outside), (in_data, data)):
+        assert refused["error"]["code"] == -32602, refused
+        assert str(where) in refused["error"]["message"]
+        assert "forbidden" in refused["error"]["message"]
+    assert "workspace_roots.user" in out["error"]["message"]
+    assert "navi's own data" in in_data["error"]["message"]
+    assert a_file["error"]["code"] == -32602 and "not a folder" in a_file["error"]["message"]
     assert [m["id"] for m in new["result"]["modes"]["availableModes"]] == [
         "read-only", "workspace"
     ]  # fmt: skip
-    assert prompt["error"]["code"] == -32602, prompt
-    assert "workspace_roots" in prompt["error"]["message"]
-    assert "forbidden" in prompt["error"]["message"]
+    assert said(prompt) == "in the root"
     assert full["error"]["code"] == -32602 and "full" in full["error"]["message"]
+    async with await _store(tmp_path) as store:
+        rows = await store.list_sessions(None)
+    assert [r.id for r in rows] == [new["result"]["sessionId"]]  # no session for a refusal
 
 
 async def test_stdin_closed_mid_run_stops_it_and_exits_0(

@@ -145,11 +145,13 @@ class Agent:
             what = frame.get("type")
             raise RpcError(INTERNAL_ERROR, f"the daemon did not answer {what!r} in time") from None
 
-    async def _create(self) -> str:
-        """A new navi session of ours (its reply is a ``session`` frame, not an ``ok``)."""
+    async def _create(self, cwd: str) -> str:
+        """A new navi session of ours (its reply is a ``session`` frame, not an ``ok``);
+        the daemon checks `cwd` as it checks a message's, so a folder it refuses is an
+        error of ``session/new`` rather than of the first prompt."""
         from navi_trio.api.daemon_client import remote_error
 
-        frame: Frame = {"type": wire.SESSIONS, "action": "create", "id": "acp-create"}
+        frame: Frame = {"type": wire.SESSIONS, "action": "create", "id": "acp-create", "cwd": cwd}
         if self.default_profile:
             frame["profile"] = self.default_profile
         try:
@@ -275,7 +277,7 @@ class Agent:
         req = parse(schema.NewSessionRequest, params)
         cwd = self._cwd(req.cwd)
         self._mcp_servers(req.mcp_servers)
-        sid = await self._create()
+        sid = await self._create(cwd)
         session = Session(sid, cwd, self.default_mode or "workspace", self.default_profile)
         self.sessions[sid] = session
         return AndThen({"sessionId": sid, **self._opened(session)}, lambda: self._commands(sid))

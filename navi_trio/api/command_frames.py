@@ -78,6 +78,12 @@ class Sessions:
         default=None, validator=[check.history_limit, check.history_only]
     )
     cursor: str | None = attrs.field(default=None, validator=[check.cursor, check.history_only])
+    # create: the cwd the session's messages will carry, checked now as a message's is,
+    # so that a client learns of a refused folder before any message.
+    cwd: str | None = attrs.field(
+        default=None,
+        validator=[check.at_most(check.PATH_MAX_CHARS), check.absolute, check.create_only],
+    )
 
 
 @attrs.frozen

@@ -48,6 +48,7 @@ from navi_trio.api.services import DaemonCore
 from navi_trio.core.session_actor import SessionActor
 from navi_trio.core.task_jobs import task_info
 from navi_trio.core.task_supervisor import Job
+from navi_trio.core.workspace import CwdCheck
 from navi_trio.errors import (
     BusyError,
     ExistsError,
@@ -270,6 +271,11 @@ class Commands:
                 raise ExistsError(
                     f"session {cmd.session_id!r} already exists", session_id=cmd.session_id
                 )
+            if cmd.cwd is not None:
+                await CwdCheck(
+                    user_id=self.user.id, role=self.user.role, session_id=cmd.session_id,
+                    settings=self.rt.settings, config=self.rt.config, store=self.rt.store,
+                ).check(cmd.cwd)  # fmt: skip
             row = await self._create(cmd.session_id, cmd.profile)
             await self.conn.send(reply(rid, "session", session_id=row.id, created=True))
             return
