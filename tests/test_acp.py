@@ -397,9 +397,15 @@ async def test_through_a_running_daemon_the_session_is_the_daemons(
     assert [m["content"] for m in saved] == ["hi", "from the daemon"]
 
 
-def set_roots(config: Path, roots: dict[str, list[str]]) -> None:
+def set_roots(
+    config: Path, roots: dict[str, list[str]], general_modes: dict[str, str] | None = None
+) -> None:
+    """The config with `roots` as its workspace_roots (and the general profile's policy
+    modes)."""
     cfg = json.loads(config.read_text(encoding="utf-8"))
     cfg["workspace_roots"] = roots
+    if general_modes is not None:
+        cfg["profiles"]["general"]["policy"] = {"modes": general_modes}
     config.write_text(json.dumps(cfg), encoding="utf-8")
 
 
@@ -439,6 +445,41 @@ async def test_a_user_s_cwd_outside_their_roots_is_refused_at_session_new(
     async with await _store(tmp_path) as store:
         rows = await store.list_sessions(None)
     assert [r.id for r in rows] == [new["result"]["sessionId"]]  # no session for a refusal
+
+
+async def test_the_editor_sees_the_mode_navi_clamped_to_and_the_profile_the_agent_chose(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    config = Path(env["NAVI_CONFIG"])
+    set_roots(config, {"user": [str(work)]}, general_modes={"user": "read-only"})
+    switch = {"name": "switch_profile", "arguments": {"profile_id": "coder"}}
+    replies: list[dict[str, Any]] = [
+        {"tool_calls": [switch]}, {"text": "coding now"}
+    ]  # fmt: skip
+    steps: list[dict[str, Any]] = [
+        {"op": "new"},
+        {"op": "prompt", "text": "switch"},
+        {"op": "prompt", "text": "again"},
+    ]
+    async with fake_llm(tmp_path, replies) as llm:
+        with trio.fail_after(DEADLINE):
+            async with serve(env, llm) as daemon:
+                token = await add_user(env, "ann")
+                _, new, first, second = await sdk_client(
+                    env, tmp_path, steps, "--url", daemon.url, "--token", token
+                )
+    assert new["result"]["modes"]["currentModeId"] == "workspace"
+    assert [u["currentModeId"] for u in first["updates"] if "currentModeId" in u] == ["read-only"]
+    (switched,) = [u for u in first["updates"] if u["sessionUpdate"] == "config_option_update"]
+    assert switched["configOptions"][0]["currentValue"] == "coder"
+    assert said(first) == "coding now"
+    assert second["result"]["stopReason"] == "end_turn"
+    assert "config_option_update" not in kinds(second)
+    async with await _store(tmp_path) as store:
+        row = await store.get_session(new["result"]["sessionId"])
+    assert row is not None and row.profile_id == "coder"  # the next prompt kept it
 
 
 async def test_stdin_closed_mid_run_stops_it_and_exits_0(

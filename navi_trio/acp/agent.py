@@ -235,9 +235,13 @@ class Agent:
             "availableModes": [{"id": m, "name": m, "description": MODES[m]} for m in allowed],
         }
 
+    def _profile(self, session: Session) -> str:
+        profiles = self.backend.profiles
+        return session.profile or self.backend.default_profile or (profiles or ["general"])[0]
+
     def _config_options(self, session: Session) -> list[dict[str, Any]]:
         profiles = self.backend.profiles
-        current = session.profile or self.backend.default_profile or (profiles or ["general"])[0]
+        current = self._profile(session)
         return [
             {
                 "id": "profile",
@@ -248,6 +252,20 @@ class Agent:
                 "options": [{"value": p, "name": p} for p in profiles],
             }
         ]
+
+    def _config_update(self, session: Session) -> dict[str, Any]:
+        return {
+            "sessionUpdate": "config_option_update",
+            "configOptions": self._config_options(session),
+        }
+
+    async def _mode_changed(self, session: Session, mode: str) -> None:
+        """navi gave the run another mode than the editor's (the role's ceiling, the
+        profile's policy): the editor shows the one in force."""
+        session.mode = mode
+        await self.notify(
+            session.session_id, {"sessionUpdate": "current_mode_update", "currentModeId": mode}
+        )
 
     def _opened(self, session: Session) -> dict[str, Any]:
         return {"modes": self._modes(session), "configOptions": self._config_options(session)}
@@ -441,6 +459,8 @@ class Agent:
                     mode=session.mode,
                 )
                 ours = OurRun.of(accepted, text)
+                if accepted.mode is not None and accepted.mode != session.mode:
+                    await self._mode_changed(session, accepted.mode)
 
                 async def send_stop() -> None:
                     await prompt.stop_wanted.wait()
@@ -459,8 +479,12 @@ class Agent:
                         continue
                     if frame["type"] == "approval_request":
                         nursery.start_soon(self._permission, daemon, session, mapper, frame)
+                    switched = mapper.profile_switched(frame)
                     for update in mapper.of(frame):
                         await self.notify(sid, update)
+                    if switched is not None and switched != self._profile(session):
+                        session.profile = switched
+                        await self.notify(sid, self._config_update(session))
                     if wire.is_top_end(frame):
                         end = frame
                     elif frame["type"] == wire.ERROR and not frame.get("is_subagent"):
