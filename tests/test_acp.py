@@ -482,6 +482,38 @@ async def test_the_editor_sees_the_mode_navi_clamped_to_and_the_profile_the_agen
     assert row is not None and row.profile_id == "coder"  # the next prompt kept it
 
 
+DEMO = Path(__file__).parent / "mcp_servers" / "demo.py"
+
+
+async def test_an_mcp_server_of_session_new_runs_here_and_serves_that_session_alone(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    echo = {"name": "mcp__editor-demo__echo", "arguments": {"text": "hi"}}
+    replies: list[dict[str, Any]] = [
+        {"tool_calls": [echo]}, {"text": "it echoed"},
+        {"tool_calls": [echo]}, {"text": "no such tool"},
+    ]  # fmt: skip
+    demo = {"name": "demo", "command": sys.executable, "args": [str(DEMO)], "env": []}
+    steps: list[dict[str, Any]] = [
+        {"op": "new", "mcp": [demo]},
+        {"op": "prompt", "text": "echo hi", "permission": "allow_once"},
+        {"op": "new"},
+        {"op": "prompt", "text": "echo hi here", "permission": "allow_once"},
+    ]
+    async with fake_llm(tmp_path, replies) as llm:
+        with trio.fail_after(DEADLINE):
+            init, _, with_demo, _, without = await sdk_client(env, tmp_path, steps, llm=llm)
+    assert init["result"]["agentCapabilities"]["mcpCapabilities"]["http"] is True
+    (asked,) = with_demo["permissions"]  # an MCP tool asks, as the daemon's own do
+    assert asked["toolCall"]["title"] == "mcp__editor-demo__echo"
+    (done,) = [u for u in with_demo["updates"] if u.get("status") == "completed"]
+    assert done["rawOutput"] == {"ok": True, "output": "echo: hi"}
+    assert said(with_demo) == "it echoed"
+    assert without["permissions"] == []
+    (failed,) = [u for u in without["updates"] if u.get("status") == "failed"]
+    assert "mcp__editor-demo__echo" in failed["rawOutput"]["output"]
+
+
 async def test_stdin_closed_mid_run_stops_it_and_exits_0(
     env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -26,6 +26,8 @@ from navi_trio.api.message_command import SessionMessages
 from navi_trio.api.protocol import (
     Approval,
     Checkpoints,
+    ClientToolResult,
+    ClientTools,
     Command,
     Compact,
     Fork,
@@ -110,6 +112,8 @@ class Commands:
             Rewind: self.checkpoints.rewind,
             Fork: self.checkpoints.fork,
             Schedule: self._schedule,
+            ClientTools: self._client_tools,
+            ClientToolResult: self._client_tool_result,
         }[type(command)]
         try:
             await handler(rid, command)
@@ -258,6 +262,26 @@ class Commands:
     async def _unsubscribe(self, rid: RequestId, cmd: Unsubscribe) -> None:
         was = self.conn.unsubscribe(cmd.session_id)
         await self.conn.send(reply(rid, "ok", session_id=cmd.session_id, unsubscribed=was))
+
+    # -- client tools -------------------------------------------------------------------
+
+    async def _client_tools(self, rid: RequestId, cmd: ClientTools) -> None:
+        """The tools this connection runs for a session of its user, from its next run
+        on; the connection's `send` carries their calls."""
+        row = await self._owned(cmd.session_id)
+        if row.user_id != self.user.id:
+            raise ForbiddenError(
+                f"client tools are offered only in a session of your own, and session "
+                f"{row.id!r} is another user's"
+            )
+        specs = [(t.name, t.description, t.parameters) for t in cmd.tools]
+        self.rt.client_tools.declare(row.id, self.user.id, self.conn, self.conn.send, specs)
+        names = [t.name for t in cmd.tools]
+        await self.conn.send(reply(rid, "ok", session_id=row.id, tools=names))
+
+    async def _client_tool_result(self, rid: RequestId, cmd: ClientToolResult) -> None:
+        if not self.rt.client_tools.answer(self.conn, cmd.call_id, cmd.ok, cmd.output):
+            raise NotFoundError(f"no call {cmd.call_id!r} of this connection waits")
 
     # -- sessions -----------------------------------------------------------------------
 
