@@ -18,7 +18,8 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import trio
 from daemons import add_user, no_plan_config
 from test_api_daemon import serve
 from test_cli import fake_llm, messages
+from test_mcp_client import ServerEvents, http_server
 
 pytestmark = pytest.mark.slow
 DEADLINE = 90
@@ -485,22 +487,33 @@ async def test_the_editor_sees_the_mode_navi_clamped_to_and_the_profile_the_agen
 DEMO = Path(__file__).parent / "mcp_servers" / "demo.py"
 
 
+@asynccontextmanager
+async def editor_server(transport: str, events: ServerEvents) -> AsyncIterator[dict[str, Any]]:
+    """The demo MCP server as an editor passes it at session/new (ACP's shape)."""
+    if transport == "stdio":
+        yield {"name": "demo", "command": sys.executable, "args": [str(DEMO)], "env": []}
+    else:
+        async with http_server(events) as url:
+            yield {"type": "http", "name": "demo", "url": url, "headers": []}
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_an_mcp_server_of_session_new_runs_here_and_serves_that_session_alone(
-    env: dict[str, str], tmp_path: Path
+    env: dict[str, str], tmp_path: Path, transport: str
 ) -> None:
     echo = {"name": "mcp__editor-demo__echo", "arguments": {"text": "hi"}}
     replies: list[dict[str, Any]] = [
         {"tool_calls": [echo]}, {"text": "it echoed"},
         {"tool_calls": [echo]}, {"text": "no such tool"},
     ]  # fmt: skip
-    demo = {"name": "demo", "command": sys.executable, "args": [str(DEMO)], "env": []}
-    steps: list[dict[str, Any]] = [
-        {"op": "new", "mcp": [demo]},
-        {"op": "prompt", "text": "echo hi", "permission": "allow_once"},
-        {"op": "new"},
-        {"op": "prompt", "text": "echo hi here", "permission": "allow_once"},
-    ]
-    async with fake_llm(tmp_path, replies) as llm:
+    events = ServerEvents()
+    async with fake_llm(tmp_path, replies) as llm, editor_server(transport, events) as demo:
+        steps: list[dict[str, Any]] = [
+            {"op": "new", "mcp": [demo]},
+            {"op": "prompt", "text": "echo hi", "permission": "allow_once"},
+            {"op": "new"},
+            {"op": "prompt", "text": "echo hi here", "permission": "allow_once"},
+        ]
         with trio.fail_after(DEADLINE):
             init, _, with_demo, _, without = await sdk_client(env, tmp_path, steps, llm=llm)
     assert init["result"]["agentCapabilities"]["mcpCapabilities"]["http"] is True
@@ -512,6 +525,8 @@ async def test_an_mcp_server_of_session_new_runs_here_and_serves_that_session_al
     assert without["permissions"] == []
     (failed,) = [u for u in without["updates"] if u.get("status") == "failed"]
     assert "mcp__editor-demo__echo" in failed["rawOutput"]["output"]
+    if transport == "http":  # the server's own log: called once, by the first session
+        assert events.lines == ["echo hi"]
 
 
 async def test_stdin_closed_mid_run_stops_it_and_exits_0(

@@ -4,11 +4,14 @@ call fails naming the tool; only the declaring user's runs in that session get t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 import trio
 import trio.testing
+from api_ws import open_daemon
+from test_mcp_client import mcp_config, stdio_entry
 
 from navi_trio.api.client_tools import CALL_TIMEOUT_SEC, ClientTools
 from navi_trio.core import runvars
@@ -119,3 +122,31 @@ async def test_a_client_that_does_not_answer_fails_the_call_in_time(
         result.error
         == f"mcp__editor-demo__echo: the client did not answer within {CALL_TIMEOUT_SEC:g} s"
     )
+
+
+async def test_the_frames_are_the_session_owners_alone_and_keep_off_the_daemons_servers(
+    tmp_path: Path,
+) -> None:
+    config = mcp_config({"github": stdio_entry()}, policy={})
+    spec = {"name": "mcp__editor-demo__echo", "description": "echo", "parameters": {}}
+    with trio.fail_after(60):
+        async with open_daemon(tmp_path, config=config) as d:
+            await d.harness.runtime.store.create_session(
+                "s-alice", profile_id="general", user_id=d.ids["alice"]
+            )
+            declare = {"type": "client_tools", "session_id": "s-alice", "tools": [spec]}
+            async with d.connect("alice") as alice:
+                ok = await alice.request(declare)
+                assert ok["type"] == "ok" and ok["tools"] == [spec["name"]], ok
+                clash = {**spec, "name": "mcp__github__create_issue"}
+                err = await alice.request({**declare, "tools": [clash]})
+                assert err["code"] == "bad_frame", err
+                assert "the daemon has an MCP server named 'github'" in err["message"]
+                err = await alice.request(
+                    {"type": "client_tool_result", "call_id": "ct-9", "ok": True}
+                )
+                assert err["code"] == "not_found" and "ct-9" in err["message"], err
+            for who, why in (("bob", "belongs to another user"), ("root", "another user's")):
+                async with d.connect(who) as other:
+                    err = await other.request(declare)
+                    assert err["code"] == "forbidden" and why in err["message"], (who, err)

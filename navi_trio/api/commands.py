@@ -274,6 +274,15 @@ class Commands:
                 f"client tools are offered only in a session of your own, and session "
                 f"{row.id!r} is another user's"
             )
+        # A name of one of the daemon's own MCP servers would take its policy rules.
+        own = self.rt.config.current.mcp_servers
+        for t in cmd.tools:
+            server = t.name.removeprefix("mcp__").split("__", 1)[0]
+            if server in own:
+                raise ProtocolError(
+                    f"client tool {t.name!r}: the daemon has an MCP server named "
+                    f"{server!r}; name the client's server otherwise"
+                )
         specs = [(t.name, t.description, t.parameters) for t in cmd.tools]
         self.rt.client_tools.declare(row.id, self.user.id, self.conn, self.conn.send, specs)
         names = [t.name for t in cmd.tools]
