@@ -362,10 +362,14 @@ async def test_bad_input_gets_errors_naming_the_problem_and_the_agent_goes_on(
             "params": {"sessionId": "SID", "prompt": [{"type": "text", "text": "x" * 1_000_000}]},
         },
         {"op": "prompt", "text": "still there?"},
+        {
+            "op": "new",
+            "mcp": [{"name": "broken", "command": "/nonexistent/mcp", "args": [], "env": []}],
+        },
     ]
     async with fake_llm(tmp_path, [{"text": "yes"}]) as llm:
         with trio.fail_after(DEADLINE):
-            _, unknown, typed, relative, nobody, _, image, big, last = await sdk_client(
+            _, unknown, typed, relative, nobody, _, image, big, last, broken = await sdk_client(
                 env, tmp_path, steps, llm=llm
             )
     assert unknown["error"]["code"] == -32601 and "session/teleport" in unknown["error"]["message"]
@@ -376,6 +380,8 @@ async def test_bad_input_gets_errors_naming_the_problem_and_the_agent_goes_on(
     assert big["error"]["code"] == -32602
     assert big["error"]["message"].startswith("prompt: 1000000 bytes, more than 900000")
     assert last["result"]["stopReason"] == "end_turn" and said(last) == "yes"
+    assert broken["error"]["code"] == -32602
+    assert broken["error"]["message"].startswith("mcpServers: could not start editor-broken: ")
 
 
 async def test_through_a_running_daemon_the_session_is_the_daemons(

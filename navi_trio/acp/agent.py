@@ -5,8 +5,11 @@ is a navi session of the daemon, reached through `open_daemon` as any client rea
 each prompt opens a connection, sends the message, follows its run to the top-level
 ``stream_end`` (updates.py says what the editor sees of each frame) and answers with
 the stop reason; approvals become ``session/request_permission``; ``session/cancel``
-sends navi's ``stop``. Requests that are not runs (create, list, history, fork, the
-commands) are one request each on a connection of their own.
+sends navi's ``stop``. The MCP servers the editor passes for a session run in this
+process (servers.py): each prompt declares their tools on its connection, and their
+calls come back on it as ``client_tool_call`` frames, answered here. Requests that are
+not runs (create, list, history, fork, the commands) are one request each on a
+connection of their own.
 
 Requests are validated with the SDK's generated schema models (`acp.schema`, pydantic),
 imported only by this command: a bad request is an ``Invalid params`` error naming the
@@ -116,7 +119,7 @@ class Session:
     mode: str
     profile: str | None
     prompt: Prompt | None = None
-    # The editor's MCP servers for this session, run by this process: navi name -> tool.
+    # The editor's MCP servers for this session, run by this process (servers.py).
     servers: EditorServers | None = None
 
 
