@@ -31,6 +31,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import attrs
 import trio
 
+from navi_trio.api.client_tools import ClientTools
 from navi_trio.api.peer_link import WsPeerLink
 from navi_trio.api.protocol import event_frame, resync_frame
 from navi_trio.core.agent import Agent
@@ -76,6 +77,7 @@ class Runtime:
     registry: ToolRegistry
     processes: ProcessPool
     mcp: McpServers
+    client_tools: ClientTools
     supervisor: TaskSupervisor
     approvals: ApprovalBroker
     checkpoints: RoundCheckpoints
@@ -176,6 +178,8 @@ async def open_runtime(
             mcp = McpServers(lambda: config.current, settings.tool_user, settings.bwrap_path)
             await nursery.start(mcp.run)
             registry.add_source(mcp)
+            client_tools = ClientTools()  # tools a client runs for its session
+            registry.add_source(client_tools)
             # The supervisor starts first (the agent needs it), the session registry
             # last (it needs the agent): task updates reach it through this closure.
             sessions: SessionRegistry | None = None
@@ -282,6 +286,7 @@ async def open_runtime(
                     registry=registry,
                     processes=processes,
                     mcp=mcp,
+                    client_tools=client_tools,
                     supervisor=supervisor,
                     approvals=approvals,
                     checkpoints=checkpoints,

@@ -8,9 +8,9 @@ the steps in order; each step prints one JSON line: what the step returned (or t
 JSON-RPC error it got), the ``session/update`` notifications that came meanwhile, and
 the permission requests the agent asked. Steps:
 
-- ``{"op": "new"}`` / ``{"op": "load", "id": SESSION_ID}`` / ``{"op": "fork"}`` /
-  ``{"op": "resume"}`` / ``{"op": "list"}``; the steps after them work on the session
-  they made or loaded;
+- ``{"op": "new", "cwd": DIR?, "mcp": [SERVER...]?}`` / ``{"op": "load", "id": SESSION_ID}``
+  / ``{"op": "fork"}`` / ``{"op": "resume"}`` / ``{"op": "list"}``; the steps after them
+  work on the session they made or loaded;
 - ``{"op": "prompt", "text": T, "session": N?, "permission": OPTION_ID | "cancelled",
   "cancel_on": UPDATE_KIND?}``: with ``cancel_on``, ``session/cancel`` is sent once an
   update of that kind came;
@@ -103,7 +103,9 @@ async def main(path: str) -> None:
             res: Any
             try:
                 if op == "new":
-                    res = await conn.new_session(cwd=scenario["cwd"], mcp_servers=[])
+                    res = await conn.new_session(
+                        cwd=step.get("cwd", scenario["cwd"]), mcp_servers=step.get("mcp", [])
+                    )
                     sessions.append(res.session_id)
                 elif op == "load":
                     loaded = str(step.get("id") or sid)

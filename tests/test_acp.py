@@ -18,7 +18,8 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import trio
 from daemons import add_user, no_plan_config
 from test_api_daemon import serve
 from test_cli import fake_llm, messages
+from test_mcp_client import ServerEvents, http_server
 
 pytestmark = pytest.mark.slow
 DEADLINE = 90
@@ -360,10 +362,14 @@ async def test_bad_input_gets_errors_naming_the_problem_and_the_agent_goes_on(
             "params": {"sessionId": "SID", "prompt": [{"type": "text", "text": "x" * 1_000_000}]},
         },
         {"op": "prompt", "text": "still there?"},
+        {
+            "op": "new",
+            "mcp": [{"name": "broken", "command": "/nonexistent/mcp", "args": [], "env": []}],
+        },
     ]
     async with fake_llm(tmp_path, [{"text": "yes"}]) as llm:
         with trio.fail_after(DEADLINE):
-            _, unknown, typed, relative, nobody, _, image, big, last = await sdk_client(
+            _, unknown, typed, relative, nobody, _, image, big, last, broken = await sdk_client(
                 env, tmp_path, steps, llm=llm
             )
     assert unknown["error"]["code"] == -32601 and "session/teleport" in unknown["error"]["message"]
@@ -374,6 +380,8 @@ async def test_bad_input_gets_errors_naming_the_problem_and_the_agent_goes_on(
     assert big["error"]["code"] == -32602
     assert big["error"]["message"].startswith("prompt: 1000000 bytes, more than 900000")
     assert last["result"]["stopReason"] == "end_turn" and said(last) == "yes"
+    assert broken["error"]["code"] == -32602
+    assert broken["error"]["message"].startswith("mcpServers: could not start editor-broken: ")
 
 
 async def test_through_a_running_daemon_the_session_is_the_daemons(
@@ -397,28 +405,134 @@ async def test_through_a_running_daemon_the_session_is_the_daemons(
     assert [m["content"] for m in saved] == ["hi", "from the daemon"]
 
 
-async def test_a_user_s_cwd_outside_their_roots_is_an_error_naming_it(
+def set_roots(
+    config: Path, roots: dict[str, list[str]], general_modes: dict[str, str] | None = None
+) -> None:
+    """The config with `roots` as its workspace_roots (and the general profile's policy
+    modes)."""
+    cfg = json.loads(config.read_text(encoding="utf-8"))
+    cfg["workspace_roots"] = roots
+    if general_modes is not None:
+        cfg["profiles"]["general"]["policy"] = {"modes": general_modes}
+    config.write_text(json.dumps(cfg), encoding="utf-8")
+
+
+async def test_a_user_s_cwd_outside_their_roots_is_refused_at_session_new(
     env: dict[str, str], tmp_path: Path
 ) -> None:
+    allowed, outside, data = tmp_path / "allowed", tmp_path / "work", tmp_path / "data"
+    allowed.mkdir()
+    set_roots(Path(env["NAVI_CONFIG"]), {"user": [str(allowed)]})
     steps: list[dict[str, Any]] = [
         {"op": "new"},
+        {"op": "new", "cwd": str(data)},
+        {"op": "new", "cwd": str(tmp_path / "err.log")},
+        {"op": "new", "cwd": str(allowed)},
         {"op": "prompt", "text": "hi"},
         {"op": "set_mode", "mode": "full"},
     ]
-    async with fake_llm(tmp_path, [{"text": "never"}]) as llm:
+    async with fake_llm(tmp_path, [{"text": "in the root"}]) as llm:
         with trio.fail_after(DEADLINE):
             async with serve(env, llm) as daemon:
                 token = await add_user(env, "ann")
-                _, new, prompt, full = await sdk_client(
+                _, out, in_data, a_file, new, prompt, full = await sdk_client(
                     env, tmp_path, steps, "--url", daemon.url, "--token", token
                 )
+    for refused, where in ((out, outside), (in_data, data)):
+        assert refused["error"]["code"] == -32602, refused
+        assert str(where) in refused["error"]["message"]
+        assert "forbidden" in refused["error"]["message"]
+    assert "workspace_roots.user" in out["error"]["message"]
+    assert "navi's own data" in in_data["error"]["message"]
+    assert a_file["error"]["code"] == -32602 and "not a folder" in a_file["error"]["message"]
     assert [m["id"] for m in new["result"]["modes"]["availableModes"]] == [
         "read-only", "workspace"
     ]  # fmt: skip
-    assert prompt["error"]["code"] == -32602, prompt
-    assert "workspace_roots" in prompt["error"]["message"]
-    assert "forbidden" in prompt["error"]["message"]
+    assert said(prompt) == "in the root"
     assert full["error"]["code"] == -32602 and "full" in full["error"]["message"]
+    async with await _store(tmp_path) as store:
+        rows = await store.list_sessions(None)
+    assert [r.id for r in rows] == [new["result"]["sessionId"]]  # no session for a refusal
+
+
+async def test_the_editor_sees_the_mode_navi_clamped_to_and_the_profile_the_agent_chose(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    config = Path(env["NAVI_CONFIG"])
+    set_roots(config, {"user": [str(work)]}, general_modes={"user": "read-only"})
+    switch = {"name": "switch_profile", "arguments": {"profile_id": "coder"}}
+    replies: list[dict[str, Any]] = [
+        {"tool_calls": [switch]}, {"text": "coding now"}
+    ]  # fmt: skip
+    steps: list[dict[str, Any]] = [
+        {"op": "new"},
+        {"op": "prompt", "text": "switch"},
+        {"op": "prompt", "text": "again"},
+    ]
+    async with fake_llm(tmp_path, replies) as llm:
+        with trio.fail_after(DEADLINE):
+            async with serve(env, llm) as daemon:
+                token = await add_user(env, "ann")
+                _, new, first, second = await sdk_client(
+                    env, tmp_path, steps, "--url", daemon.url, "--token", token
+                )
+    assert new["result"]["modes"]["currentModeId"] == "workspace"
+    assert [u["currentModeId"] for u in first["updates"] if "currentModeId" in u] == ["read-only"]
+    (switched,) = [u for u in first["updates"] if u["sessionUpdate"] == "config_option_update"]
+    assert switched["configOptions"][0]["currentValue"] == "coder"
+    assert said(first) == "coding now"
+    assert second["result"]["stopReason"] == "end_turn"
+    assert "config_option_update" not in kinds(second)
+    async with await _store(tmp_path) as store:
+        row = await store.get_session(new["result"]["sessionId"])
+    assert row is not None and row.profile_id == "coder"  # the next prompt kept it
+
+
+DEMO = Path(__file__).parent / "mcp_servers" / "demo.py"
+
+
+@asynccontextmanager
+async def editor_server(transport: str, events: ServerEvents) -> AsyncIterator[dict[str, Any]]:
+    """The demo MCP server as an editor passes it at session/new (ACP's shape)."""
+    if transport == "stdio":
+        yield {"name": "demo", "command": sys.executable, "args": [str(DEMO)], "env": []}
+    else:
+        async with http_server(events) as url:
+            yield {"type": "http", "name": "demo", "url": url, "headers": []}
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_an_mcp_server_of_session_new_runs_here_and_serves_that_session_alone(
+    env: dict[str, str], tmp_path: Path, transport: str
+) -> None:
+    echo = {"name": "mcp__editor-demo__echo", "arguments": {"text": "hi"}}
+    replies: list[dict[str, Any]] = [
+        {"tool_calls": [echo]}, {"text": "it echoed"},
+        {"tool_calls": [echo]}, {"text": "no such tool"},
+    ]  # fmt: skip
+    events = ServerEvents()
+    async with fake_llm(tmp_path, replies) as llm, editor_server(transport, events) as demo:
+        steps: list[dict[str, Any]] = [
+            {"op": "new", "mcp": [demo]},
+            {"op": "prompt", "text": "echo hi", "permission": "allow_once"},
+            {"op": "new"},
+            {"op": "prompt", "text": "echo hi here", "permission": "allow_once"},
+        ]
+        with trio.fail_after(DEADLINE):
+            init, _, with_demo, _, without = await sdk_client(env, tmp_path, steps, llm=llm)
+    assert init["result"]["agentCapabilities"]["mcpCapabilities"]["http"] is True
+    (asked,) = with_demo["permissions"]  # an MCP tool asks, as the daemon's own do
+    assert asked["toolCall"]["title"] == "mcp__editor-demo__echo"
+    (done,) = [u for u in with_demo["updates"] if u.get("status") == "completed"]
+    assert done["rawOutput"] == {"ok": True, "output": "echo: hi"}
+    assert said(with_demo) == "it echoed"
+    assert without["permissions"] == []
+    (failed,) = [u for u in without["updates"] if u.get("status") == "failed"]
+    assert "mcp__editor-demo__echo" in failed["rawOutput"]["output"]
+    if transport == "http":  # the server's own log: called once, by the first session
+        assert events.lines == ["echo hi"]
 
 
 async def test_stdin_closed_mid_run_stops_it_and_exits_0(

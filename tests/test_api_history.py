@@ -109,6 +109,8 @@ async def test_limit_and_cursor_page_a_history_and_bad_ones_are_refused_by_name(
                 err = await c.request({"type": "sessions", "action": "list", "limit": 5})
                 assert err["code"] == "bad_frame", err
                 assert "field 'limit' is for action 'history' only" in err["message"], err
+                err = await c.request({"type": "sessions", "action": "list", "cwd": "/"})
+                assert "field 'cwd' is for action 'create' only" in err["message"], err
                 # The connection goes on.
                 again = await c.request({"type": "sessions", "action": "history",
                                          "session_id": "alice.short", "limit": 1000})  # fmt: skip

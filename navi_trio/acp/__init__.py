@@ -3,7 +3,8 @@
 - jsonrpc.py: JSON-RPC 2.0 on the editor's pipes, bounded, on trio;
 - updates.py: navi's session frames as ACP ``session/update`` payloads;
 - agent.py: the ACP methods, each a client of the daemon through `open_daemon`;
-- backend.py: which daemon (`open_backend`).
+- backend.py: which daemon (`open_backend`);
+- servers.py: the editor's MCP servers, run here for one session each.
 
 Imported only by the ``acp`` command: it needs pydantic and the ACP SDK's schema models
 (the ``acp`` extra).
@@ -17,6 +18,7 @@ import trio
 
 from navi_trio.acp.agent import Agent, serve_on, stdio
 from navi_trio.acp.backend import BackendOptions, open_backend
+from navi_trio.acp.servers import ServerHost
 
 __all__ = ["BackendOptions", "serve"]
 
@@ -26,7 +28,9 @@ async def serve(options: BackendOptions, mode: str | None, profile: str | None) 
     async with stdio() as (stdin, stdout), open_backend(options) as backend:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
-                agent = Agent(backend, mode, profile)
+                # The editor's MCP servers run in this nursery, as this process's user.
+                host = ServerHost(nursery, options.settings)
+                agent = Agent(backend, mode, profile, host)
 
                 async def on_signal() -> None:
                     async for _ in signals:

@@ -5,8 +5,11 @@ is a navi session of the daemon, reached through `open_daemon` as any client rea
 each prompt opens a connection, sends the message, follows its run to the top-level
 ``stream_end`` (updates.py says what the editor sees of each frame) and answers with
 the stop reason; approvals become ``session/request_permission``; ``session/cancel``
-sends navi's ``stop``. Requests that are not runs (create, list, history, fork, the
-commands) are one request each on a connection of their own.
+sends navi's ``stop``. The MCP servers the editor passes for a session run in this
+process (servers.py): each prompt declares their tools on its connection, and their
+calls come back on it as ``client_tool_call`` frames, answered here. Requests that are
+not runs (create, list, history, fork, the commands) are one request each on a
+connection of their own.
 
 Requests are validated with the SDK's generated schema models (`acp.schema`, pydantic),
 imported only by this command: a bad request is an ``Invalid params`` error naming the
@@ -41,6 +44,7 @@ from navi_trio.acp.jsonrpc import (
     Peer,
     RpcError,
 )
+from navi_trio.acp.servers import EditorServers, ServerHost
 from navi_trio.errors import NaviError, RemoteError
 from navi_trio.wire import Frame
 
@@ -115,17 +119,26 @@ class Session:
     mode: str
     profile: str | None
     prompt: Prompt | None = None
+    # The editor's MCP servers for this session, run by this process (servers.py).
+    servers: EditorServers | None = None
 
 
 class Agent:
     """The ACP methods over one daemon (see the module docstring)."""
 
-    def __init__(self, backend: Backend, mode: str | None, profile: str | None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        mode: str | None,
+        profile: str | None,
+        servers: ServerHost | None = None,
+    ) -> None:
         self.backend = backend
         self.default_mode = mode
         self.default_profile = profile
         self.sessions: dict[str, Session] = {}
         self.peer: Peer | None = None
+        self.server_host = servers  # where the editor's MCP servers run (None: refused)
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -145,11 +158,13 @@ class Agent:
             what = frame.get("type")
             raise RpcError(INTERNAL_ERROR, f"the daemon did not answer {what!r} in time") from None
 
-    async def _create(self) -> str:
-        """A new navi session of ours (its reply is a ``session`` frame, not an ``ok``)."""
+    async def _create(self, cwd: str) -> str:
+        """A new navi session of ours (its reply is a ``session`` frame, not an ``ok``);
+        the daemon checks `cwd` as it checks a message's, so a folder it refuses is an
+        error of ``session/new`` rather than of the first prompt."""
         from navi_trio.api.daemon_client import remote_error
 
-        frame: Frame = {"type": wire.SESSIONS, "action": "create", "id": "acp-create"}
+        frame: Frame = {"type": wire.SESSIONS, "action": "create", "id": "acp-create", "cwd": cwd}
         if self.default_profile:
             frame["profile"] = self.default_profile
         try:
@@ -204,7 +219,7 @@ class Agent:
             "agentCapabilities": {
                 "loadSession": True,
                 "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
-                "mcpCapabilities": {"http": False, "sse": False},
+                "mcpCapabilities": {"http": True, "sse": False},
                 "sessionCapabilities": {"list": {}, "fork": {}, "resume": {}},
             },
             "agentInfo": {"name": "navi", "title": "navi", "version": __version__},
@@ -233,9 +248,13 @@ class Agent:
             "availableModes": [{"id": m, "name": m, "description": MODES[m]} for m in allowed],
         }
 
+    def _profile(self, session: Session) -> str:
+        profiles = self.backend.profiles
+        return session.profile or self.backend.default_profile or (profiles or ["general"])[0]
+
     def _config_options(self, session: Session) -> list[dict[str, Any]]:
         profiles = self.backend.profiles
-        current = session.profile or self.backend.default_profile or (profiles or ["general"])[0]
+        current = self._profile(session)
         return [
             {
                 "id": "profile",
@@ -246,6 +265,20 @@ class Agent:
                 "options": [{"value": p, "name": p} for p in profiles],
             }
         ]
+
+    def _config_update(self, session: Session) -> dict[str, Any]:
+        return {
+            "sessionUpdate": "config_option_update",
+            "configOptions": self._config_options(session),
+        }
+
+    async def _mode_changed(self, session: Session, mode: str) -> None:
+        """navi gave the run another mode than the editor's (the role's ceiling, the
+        profile's policy): the editor shows the one in force."""
+        session.mode = mode
+        await self.notify(
+            session.session_id, {"sessionUpdate": "current_mode_update", "currentModeId": mode}
+        )
 
     def _opened(self, session: Session) -> dict[str, Any]:
         return {"modes": self._modes(session), "configOptions": self._config_options(session)}
@@ -266,30 +299,45 @@ class Agent:
             raise RpcError(INVALID_PARAMS, f"cwd {cwd!r} is not a folder")
         return cwd
 
-    def _mcp_servers(self, servers: list[Any]) -> None:
-        if servers:
-            names = ", ".join(str(getattr(s, "name", "?")) for s in servers)
-            log.warning("MCP servers passed by the editor are not used yet: %s", names)
+    async def _mcp_servers(self, servers: list[Any]) -> EditorServers | None:
+        """The editor's MCP servers started here, for one session (see editors.md)."""
+        if not servers:
+            return None
+        if self.server_host is None:
+            raise RpcError(INVALID_PARAMS, "mcpServers: this agent runs no MCP servers")
+        return await self.server_host.start(servers)
+
+    def _adopt(self, session: Session, servers: EditorServers | None) -> None:
+        """`session` uses `servers` from now on (those it had are stopped)."""
+        if session.servers is not None and session.servers is not servers:
+            session.servers.stop()
+        session.servers = servers
 
     async def new_session(self, params: dict[str, Any]) -> Any:
         req = parse(schema.NewSessionRequest, params)
         cwd = self._cwd(req.cwd)
-        self._mcp_servers(req.mcp_servers)
-        sid = await self._create()
+        servers = await self._mcp_servers(req.mcp_servers)
+        try:
+            sid = await self._create(cwd)
+        except BaseException:
+            if servers is not None:
+                servers.stop()
+            raise
         session = Session(sid, cwd, self.default_mode or "workspace", self.default_profile)
+        session.servers = servers
         self.sessions[sid] = session
         return AndThen({"sessionId": sid, **self._opened(session)}, lambda: self._commands(sid))
 
     async def load_session(self, params: dict[str, Any]) -> Any:
         req = parse(schema.LoadSessionRequest, params)
         cwd = self._cwd(req.cwd)
-        self._mcp_servers(req.mcp_servers)
         sid = req.session_id
         reply = await self._request(wire.history(sid))
         messages = [m for m in reply.get("messages") or [] if isinstance(m, dict)]
         old = self.sessions.get(sid)
         session = old or Session(sid, cwd, self.default_mode or "workspace", None)
         session.cwd = cwd
+        self._adopt(session, await self._mcp_servers(req.mcp_servers))
         self.sessions[sid] = session
         for update in up.history(cwd, messages):
             await self.notify(sid, update)
@@ -299,12 +347,12 @@ class Agent:
         """navi's fork: a new session with the history so far (the files stay shared)."""
         req = parse(schema.ForkSessionRequest, params)
         cwd = self._cwd(req.cwd)
-        self._mcp_servers(req.mcp_servers or [])
         reply = await self._request(wire.fork(req.session_id))
         sid = str(reply.get("new_session_id"))
         source = self.sessions.get(req.session_id)
         mode = source.mode if source else self.default_mode or "workspace"
         session = Session(sid, cwd, mode, source.profile if source else None)
+        self._adopt(session, await self._mcp_servers(req.mcp_servers or []))
         self.sessions[sid] = session
         return AndThen({"sessionId": sid, **self._opened(session)}, lambda: self._commands(sid))
 
@@ -312,12 +360,12 @@ class Agent:
         """As `session/load` without the replay: the editor shows what it has."""
         req = parse(schema.ResumeSessionRequest, params)
         cwd = self._cwd(req.cwd)
-        self._mcp_servers(req.mcp_servers or [])
         await self._request(wire.history(req.session_id, limit=1))  # it exists, and is ours
         session = self.sessions.get(req.session_id) or Session(
             req.session_id, cwd, self.default_mode or "workspace", None
         )
         session.cwd = cwd
+        self._adopt(session, await self._mcp_servers(req.mcp_servers or []))
         self.sessions[req.session_id] = session
         return AndThen(self._opened(session), lambda: self._commands(req.session_id))
 
@@ -431,6 +479,9 @@ class Agent:
                 self.backend.connect() as daemon,
                 trio.open_nursery() as nursery,
             ):
+                if session.servers is not None and session.servers.tools:
+                    # On this connection: the daemon calls them through it, for this run.
+                    await daemon.request(session.servers.declaration(sid))
                 accepted = await daemon.send_message(
                     text,
                     session_id=sid,
@@ -439,6 +490,8 @@ class Agent:
                     mode=session.mode,
                 )
                 ours = OurRun.of(accepted, text)
+                if accepted.mode is not None and accepted.mode != session.mode:
+                    await self._mode_changed(session, accepted.mode)
 
                 async def send_stop() -> None:
                     await prompt.stop_wanted.wait()
@@ -450,6 +503,9 @@ class Agent:
                 nursery.start_soon(send_stop)
                 while not ours.ended:
                     frame = await daemon.receive()
+                    if frame["type"] == wire.CLIENT_TOOL_CALL:
+                        nursery.start_soon(self._client_call, daemon, session, frame)
+                        continue
                     if frame["type"] == wire.ERROR and not isinstance(frame.get("seq"), int):
                         log.warning("the daemon refused: %s", frame.get("message"))
                         continue
@@ -457,8 +513,12 @@ class Agent:
                         continue
                     if frame["type"] == "approval_request":
                         nursery.start_soon(self._permission, daemon, session, mapper, frame)
+                    switched = mapper.profile_switched(frame)
                     for update in mapper.of(frame):
                         await self.notify(sid, update)
+                    if switched is not None and switched != self._profile(session):
+                        session.profile = switched
+                        await self.notify(sid, self._config_update(session))
                     if wire.is_top_end(frame):
                         end = frame
                     elif frame["type"] == wire.ERROR and not frame.get("is_subagent"):
@@ -507,6 +567,17 @@ class Agent:
             log.warning("the editor did not answer the permission request: %s", exc.message)
             approve, scope = False, "once"
         await daemon.send(wire.approval(approve, session.session_id, call_id, scope))
+
+    async def _client_call(self, daemon: Any, session: Session, frame: Frame) -> None:
+        """A call of one of the session's MCP tools, run here; its result to the daemon."""
+        call_id, name = str(frame.get("call_id")), str(frame.get("name"))
+        args = frame.get("arguments")
+        if session.servers is None:
+            ok, output = False, f"{name}: this session has no MCP servers of the editor"
+        else:
+            ok, output = await session.servers.call(name, args if isinstance(args, dict) else {})
+        result = {"type": wire.CLIENT_TOOL_RESULT, "call_id": call_id, "ok": ok, "output": output}
+        await daemon.send(result)
 
     def stop_all(self) -> None:
         """Stop every run in flight (stdin closed): each prompt sends its stop."""

@@ -154,6 +154,15 @@ class Updates:
         where = locations(self.cwd, name, args)
         return _start(call_id, title, kind, "pending", rawInput=args, locations=where)
 
+    def profile_switched(self, frame: dict[str, Any]) -> str | None:
+        """The profile a top-level ``switch_profile`` call that succeeded moved the
+        session to (from the call's arguments; before `of` forgets the call), or None."""
+        if frame.get("type") != "tool_result" or frame.get("is_subagent") or not frame.get("ok"):
+            return None
+        name, args = self.calls.get(str(frame.get("call_id")), ("", {}))
+        wanted = args.get("profile_id")
+        return wanted if name == "switch_profile" and isinstance(wanted, str) else None
+
     def of(self, frame: dict[str, Any]) -> list[dict[str, Any]]:
         kind = frame.get("type")
         sub = bool(frame.get("is_subagent"))

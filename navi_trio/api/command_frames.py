@@ -9,7 +9,9 @@ what each command does is api/commands.py's.
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+import re
+from typing import Any, Literal
 
 import attrs
 
@@ -78,6 +80,65 @@ class Sessions:
         default=None, validator=[check.history_limit, check.history_only]
     )
     cursor: str | None = attrs.field(default=None, validator=[check.cursor, check.history_only])
+    # create: the cwd the session's messages will carry, checked now as a message's is,
+    # so that a client learns of a refused folder before any message.
+    cwd: str | None = attrs.field(
+        default=None,
+        validator=[check.at_most(check.PATH_MAX_CHARS), check.absolute, check.create_only],
+    )
+
+
+CLIENT_TOOLS_MAX = 64
+CLIENT_TOOL_SCHEMA_MAX_BYTES = 64 * 1024
+# Named as an MCP server's tools are, so that the policy asks for them as for those.
+_CLIENT_TOOL = re.compile(r"mcp__[A-Za-z0-9_-]{1,40}__[A-Za-z0-9_.-]{1,64}")
+
+
+def _client_tool_name(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
+    if not _CLIENT_TOOL.fullmatch(value):
+        raise ValueError(
+            f"field {attr.name!r} must be mcp__<server>__<tool> (letters, digits, _ - .), "
+            f"not {check.shown(value)}"
+        )
+
+
+def _schema(_inst: Any, attr: attrs.Attribute[Any], value: dict[str, Any]) -> None:
+    size = len(json.dumps(value).encode("utf-8"))
+    if size > CLIENT_TOOL_SCHEMA_MAX_BYTES:
+        raise ValueError(
+            f"field {attr.name!r} is {size} bytes, more than {CLIENT_TOOL_SCHEMA_MAX_BYTES}"
+        )
+
+
+@attrs.frozen
+class ClientToolSpec:
+    name: str = attrs.field(validator=_client_tool_name)
+    description: str = attrs.field(validator=check.at_most(4096))
+    parameters: dict[str, Any] = attrs.field(validator=_schema)
+
+
+def _few_tools(_inst: Any, attr: attrs.Attribute[Any], value: tuple[Any, ...]) -> None:
+    if len(value) > CLIENT_TOOLS_MAX:
+        raise ValueError(
+            f"field {attr.name!r} holds {len(value)} tools, more than {CLIENT_TOOLS_MAX}"
+        )
+
+
+@attrs.frozen
+class ClientTools:
+    """The tools this connection runs for one session of its user (none: withdrawn)."""
+
+    session_id: str = attrs.field(validator=check.session_id)
+    tools: tuple[ClientToolSpec, ...] = attrs.field(validator=_few_tools)
+
+
+@attrs.frozen
+class ClientToolResult:
+    """This connection's answer to one of its ``client_tool_call`` frames."""
+
+    call_id: str = attrs.field(validator=[check.not_blank, check.at_most(64)])
+    ok: bool
+    output: str = ""
 
 
 @attrs.frozen
@@ -146,6 +207,8 @@ class Schedule:
 
 Command = (
     Hello
+    | ClientTools
+    | ClientToolResult
     | SendMessage
     | Stop
     | Compact

@@ -26,6 +26,8 @@ from navi_trio.api.message_command import SessionMessages
 from navi_trio.api.protocol import (
     Approval,
     Checkpoints,
+    ClientToolResult,
+    ClientTools,
     Command,
     Compact,
     Fork,
@@ -48,6 +50,7 @@ from navi_trio.api.services import DaemonCore
 from navi_trio.core.session_actor import SessionActor
 from navi_trio.core.task_jobs import task_info
 from navi_trio.core.task_supervisor import Job
+from navi_trio.core.workspace import CwdCheck
 from navi_trio.errors import (
     BusyError,
     ExistsError,
@@ -109,6 +112,8 @@ class Commands:
             Rewind: self.checkpoints.rewind,
             Fork: self.checkpoints.fork,
             Schedule: self._schedule,
+            ClientTools: self._client_tools,
+            ClientToolResult: self._client_tool_result,
         }[type(command)]
         try:
             await handler(rid, command)
@@ -258,6 +263,35 @@ class Commands:
         was = self.conn.unsubscribe(cmd.session_id)
         await self.conn.send(reply(rid, "ok", session_id=cmd.session_id, unsubscribed=was))
 
+    # -- client tools -------------------------------------------------------------------
+
+    async def _client_tools(self, rid: RequestId, cmd: ClientTools) -> None:
+        """The tools this connection runs for a session of its user, from its next run
+        on; the connection's `send` carries their calls."""
+        row = await self._owned(cmd.session_id)
+        if row.user_id != self.user.id:
+            raise ForbiddenError(
+                f"client tools are offered only in a session of your own, and session "
+                f"{row.id!r} is another user's"
+            )
+        # A name of one of the daemon's own MCP servers would take its policy rules.
+        own = self.rt.config.current.mcp_servers
+        for t in cmd.tools:
+            server = t.name.removeprefix("mcp__").split("__", 1)[0]
+            if server in own:
+                raise ProtocolError(
+                    f"client tool {t.name!r}: the daemon has an MCP server named "
+                    f"{server!r}; name the client's server otherwise"
+                )
+        specs = [(t.name, t.description, t.parameters) for t in cmd.tools]
+        self.rt.client_tools.declare(row.id, self.user.id, self.conn, self.conn.send, specs)
+        names = [t.name for t in cmd.tools]
+        await self.conn.send(reply(rid, "ok", session_id=row.id, tools=names))
+
+    async def _client_tool_result(self, rid: RequestId, cmd: ClientToolResult) -> None:
+        if not self.rt.client_tools.answer(self.conn, cmd.call_id, cmd.ok, cmd.output):
+            raise NotFoundError(f"no call {cmd.call_id!r} of this connection waits")
+
     # -- sessions -----------------------------------------------------------------------
 
     async def _sessions(self, rid: RequestId, cmd: Sessions) -> None:
@@ -270,6 +304,11 @@ class Commands:
                 raise ExistsError(
                     f"session {cmd.session_id!r} already exists", session_id=cmd.session_id
                 )
+            if cmd.cwd is not None:
+                await CwdCheck(
+                    user_id=self.user.id, role=self.user.role, session_id=cmd.session_id,
+                    settings=self.rt.settings, config=self.rt.config, store=self.rt.store,
+                ).check(cmd.cwd)  # fmt: skip
             row = await self._create(cmd.session_id, cmd.profile)
             await self.conn.send(reply(rid, "session", session_id=row.id, created=True))
             return

@@ -167,6 +167,7 @@ class Connection:
             pass  # the client went away: its subscriptions end, its runs go on
         finally:
             self._nursery = None
+            self.server.runtime.client_tools.drop(self)  # their calls waiting fail now
             self._outbox.close()  # what waited for this client goes now, not at a gc
             for follower, _ in self._subs.values():
                 follower.close()

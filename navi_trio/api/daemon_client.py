@@ -336,7 +336,8 @@ class DaemonConnection:
         created = any(r["type"] == wire.SESSION and r.get("created") for r in replies)
         applied = ok.get("on_busy")
         strategy = applied if isinstance(applied, str) else None
-        return Accepted(ok["session_id"], created, bool(ok.get("queued")), strategy)
+        mode = ok.get("mode") if isinstance(ok.get("mode"), str) else None
+        return Accepted(ok["session_id"], created, bool(ok.get("queued")), strategy, mode)
 
     async def stop(self, session_id: str, *, timeout: float = REPLY_TIMEOUT) -> bool:  # noqa: ASYNC109
         """Stop the session's running turn; False when none was running."""

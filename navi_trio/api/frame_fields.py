@@ -126,3 +126,8 @@ def history_limit(_inst: Any, attr: attrs.Attribute[Any], value: int | None) -> 
 def history_only(inst: Any, attr: attrs.Attribute[Any], value: object) -> None:
     if value is not None and inst.action != "history":
         raise ValueError(f"field {attr.name!r} is for action 'history' only")
+
+
+def create_only(inst: Any, attr: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and inst.action != "create":
+        raise ValueError(f"field {attr.name!r} is for action 'create' only")

@@ -19,6 +19,7 @@ from navi_trio.api.auth import User
 from navi_trio.api.protocol import Frame, RequestId, SendMessage, reply
 from navi_trio.api.services import DaemonCore
 from navi_trio.core.agent import UserMessage
+from navi_trio.core.policy import effective_mode
 from navi_trio.core.steering import busy_strategy
 from navi_trio.core.workspace import CwdCheck
 from navi_trio.errors import (
@@ -124,8 +125,15 @@ class SessionMessages:
         # crash after the ok cannot lose it; else the error that refused it. The wait
         # runs beside the connection's reader: the frames behind this one go on.
         untitled = not row.title
+        # The mode its run gets, as the agent computes it at the turn's start: a client
+        # that asked for more than the role allows learns what it got.
+        profile = self.c.rt.config.current.profile(cmd.profile or row.profile_id)
+        asked = cmd.mode or row.meta.get("mode")
+        own = row.user_id == self.c.user.id
+        mode = effective_mode(profile.policy, self.c.user.role, asked, own_session=own)
         await self.c.conn.defer(
-            rid, lambda: self._accepted(rid, row.id, message, strategy, untitled=untitled)
+            rid,
+            lambda: self._accepted(rid, row.id, message, strategy, untitled=untitled, mode=mode),
         )
 
     async def _accepted(
@@ -136,6 +144,7 @@ class SessionMessages:
         strategy: str | None,
         *,
         untitled: bool = False,
+        mode: str | None = None,
     ) -> None:
         timeout = self.c.rt.settings.message_accept_timeout_sec
 
@@ -164,6 +173,8 @@ class SessionMessages:
         fields: dict[str, Any] = {"session_id": session_id, "queued": queued}
         if strategy is not None:
             fields["on_busy"] = strategy
+        if mode is not None and strategy != "steer":  # a steer joins a run with its own
+            fields["mode"] = mode
         await self.c.conn.send(reply(rid, "ok", **fields))
 
     async def _hand_over(

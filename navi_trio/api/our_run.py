@@ -25,6 +25,7 @@ class Accepted:
     # The strategy the daemon applied because the session was busy (core/steering.py):
     # enqueue / interrupt (queued), steer (it joins the running turn); None: it runs now.
     on_busy: str | None = None
+    mode: str | None = None  # the mode its run gets (the asked one clamped to the role)
 
 
 @attrs.define(eq=False)

@@ -35,6 +35,8 @@ from navi_trio import __version__, wire
 # The command classes are re-exported: every importer takes them from here.
 from navi_trio.api.command_frames import Approval as Approval
 from navi_trio.api.command_frames import Checkpoints as Checkpoints
+from navi_trio.api.command_frames import ClientToolResult as ClientToolResult
+from navi_trio.api.command_frames import ClientTools as ClientTools
 from navi_trio.api.command_frames import Command as Command
 from navi_trio.api.command_frames import Compact as Compact
 from navi_trio.api.command_frames import Fork as Fork
@@ -91,6 +93,8 @@ COMMANDS: dict[str, type[Any]] = {
     wire.REWIND: Rewind,
     wire.FORK: Fork,
     wire.SCHEDULE: Schedule,
+    wire.CLIENT_TOOLS: ClientTools,
+    wire.CLIENT_TOOL_RESULT: ClientToolResult,
 }
 
 

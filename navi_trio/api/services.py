@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from navi_trio.api.client_tools import ClientTools
 from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.cluster import Cluster
 from navi_trio.core.notices import UserNotices
@@ -42,6 +43,8 @@ class DaemonCore(Protocol):
     def session_service(self) -> SessionService: ...
     @property
     def approvals(self) -> ApprovalBroker: ...
+    @property
+    def client_tools(self) -> ClientTools: ...
     @property
     def supervisor(self) -> TaskSupervisor: ...
     @property
