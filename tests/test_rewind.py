@@ -505,6 +505,7 @@ async def test_a_fork_cancelled_part_way_leaves_no_session_and_no_copied_folder(
             assert not copy.exists()
 
 
+@pytest.mark.slow  # its turn runs a sandboxed command
 async def test_a_fork_cut_short_removes_its_copy_beneath_its_parent_never_through_a_link(
     tmp_path: Path,
 ) -> None:
