@@ -186,10 +186,12 @@ async def test_navis_data_is_refused_through_symlinks_and_hard_links_too(
 
 async def test_what_navi_would_create_is_refused_before_it_exists(tmp_path: Path) -> None:
     # The config folder does not exist yet, nor the database's journal (a planted
-    # "hot journal" would be rolled into the database by SQLite).
+    # "hot journal" would be rolled into the database by SQLite), nor the users marker
+    # (whose change makes every daemon look at the users again).
     ctx = data_ctx(tmp_path)
     planted = [("mkdir", "conf"), ("write", "conf/config.json"),
-               ("write", "db/navi.db-journal"), ("append", "db/navi.db-wal")]  # fmt: skip
+               ("write", "db/navi.db-journal"), ("append", "db/navi.db-wal"),
+               ("write", "db/navi.db-users")]  # fmt: skip
     for action, path in planted:
         result = await fs(ctx, action=action, path=path, content="{}")
         assert refused(result, path, "navi's own data"), (action, result)

@@ -23,9 +23,7 @@ import attrs
 
 from navi_trio.profiles import NaviConfig
 from navi_trio.settings import Settings
-
-# Next to the database: SQLite's write-ahead log, its index and a rollback journal.
-DB_SIDE_FILES = ("-wal", "-shm", "-journal")
+from navi_trio.store.modes import DB_SIDES
 
 
 def real_path(path: Path | str) -> Path:
@@ -88,7 +86,7 @@ def private_paths(
     hidden = [
         real_path(settings.data_dir),
         db,
-        *(db.with_name(db.name + side) for side in DB_SIDE_FILES),
+        *(db.with_name(db.name + side) for side in DB_SIDES),
         *_config_paths(real_path(settings.config_path)),
         real_path(Path(os.environ.get("XDG_CONFIG_HOME") or "~/.config") / "navi"),
     ]
