@@ -137,7 +137,7 @@ class RootChangedError(ToolInputError):
 
 
 class BudgetExhaustedError(NaviError):
-    """A run's budget is spent (core/budgets.py): `scope` (turn, session, user_day,
+    """A run's budget is spent (core/turn/budgets.py): `scope` (turn, session, user_day,
     subagent), `kind` (tokens, wall_sec, tool_calls, subagents), what was `spent`, the
     `limit`; `held`, what calls under way have reserved of it. The run ends with
     ``budget_exhausted``, saved as a stop is."""

@@ -11,7 +11,7 @@ import attrs
 import pytest
 import trio
 
-from navi_trio.core.policy import (
+from navi_trio.core.turn.policy import (
     CallFacts,
     decide,
     denied_outright,

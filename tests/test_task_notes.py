@@ -9,7 +9,7 @@ from __future__ import annotations
 import trio
 from kvfake_tasks import MemoryKV
 
-from navi_trio.core.task_notes import (
+from navi_trio.core.jobs.task_notes import (
     FOOTER,
     HEADER,
     NOTES_SCOPE,
