@@ -34,20 +34,12 @@ import trio
 from navi_trio.api.peer_link import WsPeerLink
 from navi_trio.api.protocol import event_frame, resync_frame
 from navi_trio.core.checkpoints import open_checkpoints
-from navi_trio.core.cluster.broadcast_relay import RelayBroadcast
-from navi_trio.core.cluster.cluster import Cluster
-from navi_trio.core.history.rewind import Rewinder
-from navi_trio.core.history.rewind_service import SessionRewinds
-from navi_trio.core.jobs.task_supervisor import TaskSupervisor
-from navi_trio.core.session.session_registry import SessionRegistry
-from navi_trio.core.session.session_service import SessionService
-from navi_trio.core.session.user_watch import UserWatch
-from navi_trio.core.triggers.notices import UserNotices
-from navi_trio.core.triggers.schedules import Scheduler, notify_schedule_run
-from navi_trio.core.triggers.wake import Waker
-from navi_trio.core.turn.agent import Agent
-from navi_trio.core.turn.approvals import ApprovalBroker
-from navi_trio.core.turn.checkpointing import RoundCheckpoints
+from navi_trio.core.cluster import Cluster, RelayBroadcast
+from navi_trio.core.history import Rewinder, SessionRewinds
+from navi_trio.core.jobs import TaskSupervisor
+from navi_trio.core.session import SessionRegistry, SessionService, UserWatch
+from navi_trio.core.triggers import Scheduler, UserNotices, Waker, notify_schedule_run
+from navi_trio.core.turn import Agent, ApprovalBroker, RoundCheckpoints
 from navi_trio.events import TaskUpdate
 from navi_trio.llm.base import LLMBackend, SupervisedBackend
 from navi_trio.llm.factory import make_backend, make_client

@@ -19,8 +19,9 @@ from typing import Any
 import trio
 from bg_tools import BACKGROUNDABLE, Kit, call, calls, make_kit, of_type, profile
 
+from navi_trio.core.jobs import Job
 from navi_trio.core.jobs.task_notes import pending_notes
-from navi_trio.core.jobs.task_supervisor import SPAWN_RING_SIZE, Job
+from navi_trio.core.jobs.task_supervisor import SPAWN_RING_SIZE
 from navi_trio.core.turn.tool_executor import BACKGROUND_HINT
 from navi_trio.events import SubagentStarted, ToolEvent, ToolStarted, WarningEvent
 from navi_trio.settings import DEFAULT_BACKGROUNDABLE

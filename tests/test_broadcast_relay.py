@@ -14,7 +14,7 @@ from typing import Any
 import trio
 
 from navi_trio.api.protocol import event_frame, resync_frame
-from navi_trio.core.cluster.broadcast_relay import RelayBroadcast
+from navi_trio.core.cluster import RelayBroadcast
 from navi_trio.events import TextDelta, ThinkingDelta
 
 

@@ -17,14 +17,8 @@ from typing import Any
 import trio
 
 from navi_trio.api.protocol import event_frame, resync_frame
-from navi_trio.core.session.broadcast import (
-    SUBSCRIBER_BUFFER,
-    SUBSCRIBER_MAX_CHARS,
-    Follower,
-    Lagged,
-    LocalBroadcast,
-    frame_size,
-)
+from navi_trio.core.session import Follower, Lagged, LocalBroadcast
+from navi_trio.core.session.broadcast import SUBSCRIBER_BUFFER, SUBSCRIBER_MAX_CHARS, frame_size
 from navi_trio.events import TaskUpdate, TextDelta, ThinkingDelta, ToolResultEvent
 
 TIMEOUT = 10

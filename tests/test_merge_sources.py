@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 import trio
 
-from navi_trio.core.session.broadcast import ReplayBuffer
-from navi_trio.core.turn.channel import open_event_channel, open_frame_channel
+from navi_trio.core.session import ReplayBuffer
+from navi_trio.core.turn import open_frame_channel
+from navi_trio.core.turn.channel import open_event_channel
 from navi_trio.events import AgentEvent, TextDelta, ThinkingDelta
 
 Frame = dict[str, Any]

@@ -10,7 +10,8 @@ import pytest
 import trio
 
 from navi_trio.api.protocol import encode, notice_frame
-from navi_trio.core.triggers.notices import NOTICES_MAX, ScheduleRun, UserNotices
+from navi_trio.core.triggers import UserNotices
+from navi_trio.core.triggers.notices import NOTICES_MAX, ScheduleRun
 
 
 def test_a_scheduled_runs_end_is_a_schedule_run_frame() -> None:

@@ -20,7 +20,7 @@ import pytest
 import trio
 from agent_tools import EchoTool, call, seed, toolset, with_tools
 
-from navi_trio.core.turn.lease import SessionLeases
+from navi_trio.core.turn import SessionLeases
 from navi_trio.core.turn.session_state import SessionState
 from navi_trio.testing import Harness, open_harness
 

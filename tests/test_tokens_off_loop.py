@@ -23,7 +23,7 @@ import trio
 import trio.testing
 from agent_tools import EchoTool, call, toolset, with_tools
 
-from navi_trio.core.turn.tokens import TokenCounter
+from navi_trio.core.turn import TokenCounter
 from navi_trio.testing import open_harness
 from navi_trio.testing.harness import Harness, SessionDriver
 

@@ -45,9 +45,8 @@ from navi_trio.api.protocol import (
 )
 from navi_trio.api.schedule_commands import handle_schedule
 from navi_trio.api.services import DaemonCore
-from navi_trio.core.jobs.task_jobs import task_info
-from navi_trio.core.jobs.task_supervisor import Job
-from navi_trio.core.session.session_actor import SessionActor
+from navi_trio.core.jobs import Job, task_info
+from navi_trio.core.session import SessionActor
 from navi_trio.errors import (
     BusyError,
     ExistsError,

@@ -55,7 +55,7 @@ from navi_trio.api.protocol import (
     parse_frame,
     welcome_frame,
 )
-from navi_trio.core.session.broadcast import Follower, Lagged
+from navi_trio.core.session import Follower, Lagged
 from navi_trio.errors import (
     AuthError,
     LimitError,
@@ -68,7 +68,7 @@ from navi_trio.errors import (
 
 if TYPE_CHECKING:
     from navi_trio.api.services import DaemonCore
-    from navi_trio.core.session.session_actor import SessionActor
+    from navi_trio.core.session import SessionActor
 
 
 class ConnectionHost(Protocol):

@@ -18,9 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from navi_trio.api.auth import User
 from navi_trio.api.protocol import Frame, RequestId, SendMessage, reply
 from navi_trio.api.services import DaemonCore
-from navi_trio.core.turn.agent import UserMessage
-from navi_trio.core.turn.steering import busy_strategy
-from navi_trio.core.turn.workspace import CwdCheck
+from navi_trio.core.turn import CwdCheck, UserMessage, busy_strategy
 from navi_trio.errors import (
     ForbiddenError,
     RequestError,
@@ -32,7 +30,7 @@ from navi_trio.errors import (
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from navi_trio.core.session.session_actor import SessionActor
+    from navi_trio.core.session import SessionActor
     from navi_trio.store.base import SessionRow
 
 log = logging.getLogger(__name__)

@@ -48,7 +48,7 @@ from navi_trio.api.command_frames import Subscribe as Subscribe
 from navi_trio.api.command_frames import Tasks as Tasks
 from navi_trio.api.command_frames import Unsubscribe as Unsubscribe
 from navi_trio.api.frame_fields import shown
-from navi_trio.core.triggers.notices import Notice
+from navi_trio.core.triggers import Notice
 from navi_trio.errors import FrameTooLargeError, ProtocolError, RequestError, UnknownTypeError
 from navi_trio.events import (
     AgentEvent,

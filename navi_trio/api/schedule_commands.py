@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from navi_trio.api.auth import User
 from navi_trio.api.protocol import Frame, RequestId, Schedule, reply
-from navi_trio.core.triggers.schedules import Scheduler, ScheduleSpec
+from navi_trio.core.triggers import Scheduler, ScheduleSpec
 from navi_trio.errors import ForbiddenError, ProtocolError
 from navi_trio.store.base import ScheduleRow, SessionRow
 

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from navi_trio.core.cluster.cluster import Cluster
-from navi_trio.core.history.rewind_service import SessionRewinds
-from navi_trio.core.jobs.task_supervisor import TaskSupervisor
-from navi_trio.core.session.session_registry import SessionRegistry
-from navi_trio.core.session.session_service import SessionService
-from navi_trio.core.session.user_watch import UserWatch
-from navi_trio.core.triggers.notices import UserNotices
-from navi_trio.core.triggers.schedules import Scheduler
-from navi_trio.core.turn.approvals import ApprovalBroker
+from navi_trio.core.cluster import Cluster
+from navi_trio.core.history import SessionRewinds
+from navi_trio.core.jobs import TaskSupervisor
+from navi_trio.core.session import SessionRegistry, SessionService, UserWatch
+from navi_trio.core.triggers import Scheduler, UserNotices
+from navi_trio.core.turn import ApprovalBroker
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionStore

@@ -17,7 +17,7 @@ Publishing to the other daemons is not here: the cluster taps the encoder
 
 from __future__ import annotations
 
-from navi_trio.core.session.broadcast import Frame, LocalBroadcast, ReplayBuffer, new_epoch
+from navi_trio.core.session import Frame, LocalBroadcast, ReplayBuffer, new_epoch
 from navi_trio.events import AgentEvent
 
 

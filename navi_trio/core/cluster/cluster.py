@@ -81,9 +81,8 @@ from typing import Any, Protocol
 import trio
 
 from navi_trio.core.cluster.owner_calls import Answers, OwnerCalls
-from navi_trio.core.session.queued import Dropped, to_row
-from navi_trio.core.turn.agent import UserMessage
-from navi_trio.core.turn.lease import SessionLeases, pid_alive
+from navi_trio.core.session import Dropped, to_row
+from navi_trio.core.turn import SessionLeases, UserMessage
 from navi_trio.errors import NaviError, StoreError
 from navi_trio.events import AgentEvent
 from navi_trio.store.base import (
@@ -94,7 +93,7 @@ from navi_trio.store.base import (
     LeaseRow,
     SessionStore,
 )
-from navi_trio.store.fence import Fence
+from navi_trio.store.fence import Fence, pid_alive
 
 log = logging.getLogger(__name__)
 

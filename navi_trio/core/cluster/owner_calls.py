@@ -41,9 +41,8 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from navi_trio.core.jobs.task_jobs import task_info
-from navi_trio.core.jobs.task_supervisor import RUNNING_SCOPE
-from navi_trio.core.turn.approvals import SCOPES
+from navi_trio.core.jobs import RUNNING_SCOPE, task_info
+from navi_trio.core.turn import SCOPES
 from navi_trio.errors import (
     ForbiddenError,
     NaviError,

@@ -3,3 +3,11 @@
 Built on the checkpoint engine for files and on the store for the conversation; every
 client reaches it through the session's actor.
 """
+
+from .fork import NewFolder as NewFolder
+from .rewind import Asker as Asker
+from .rewind import Rewinder as Rewinder
+from .rewind import RewindPreview as RewindPreview
+from .rewind import Target as Target
+from .rewind_service import Overview as Overview
+from .rewind_service import SessionRewinds as SessionRewinds

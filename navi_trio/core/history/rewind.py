@@ -67,9 +67,7 @@ from navi_trio.core.history.rewind_points import (
     get_branch,
     new_branch_id,
 )
-from navi_trio.core.turn.lease import SessionLeases
-from navi_trio.core.turn.session_state import message_id
-from navi_trio.core.turn.workspace import CwdCheck
+from navi_trio.core.turn import CwdCheck, SessionLeases, message_id
 from navi_trio.errors import (
     ChangedError,
     NotFoundError,

@@ -27,8 +27,7 @@ from typing import Any, Protocol
 import attrs
 
 from navi_trio.core.checkpoints import CheckpointInfo
-from navi_trio.core.turn.checkpointing import PRUNED_SCOPE
-from navi_trio.core.turn.session_state import message_id
+from navi_trio.core.turn import PRUNED_SCOPE, message_id
 from navi_trio.errors import NotFoundError
 
 BRANCH_SCOPE = "branches"

@@ -32,8 +32,8 @@ from navi_trio.core.history.rewind_points import (
     message_at,
     points,
 )
-from navi_trio.core.session.session_registry import SessionRegistry
-from navi_trio.core.turn.checkpointing import RoundCheckpoints
+from navi_trio.core.session import SessionRegistry
+from navi_trio.core.turn import RoundCheckpoints
 from navi_trio.errors import NotFoundError
 from navi_trio.events import Forked, Rewound
 

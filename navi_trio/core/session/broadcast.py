@@ -58,9 +58,9 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from navi_trio.core.turn.channel import MERGE_MAX_CHARS as MERGE_MAX_CHARS
-from navi_trio.core.turn.channel import MergingSender, merged_frame, open_frame_channel
-from navi_trio.core.turn.channel import frame_size as frame_size
+from navi_trio.core.turn import MERGE_MAX_CHARS as MERGE_MAX_CHARS
+from navi_trio.core.turn import MergingSender, merged_frame, open_frame_channel
+from navi_trio.core.turn import frame_size as frame_size
 from navi_trio.events import AgentEvent
 
 log = logging.getLogger(__name__)

@@ -30,8 +30,7 @@ import attrs
 import trio
 
 from navi_trio import wire
-from navi_trio.core.turn.acceptance import Acceptance, stopped_before_saving
-from navi_trio.core.turn.agent import UserMessage
+from navi_trio.core.turn import Acceptance, UserMessage, stopped_before_saving
 from navi_trio.errors import NaviError, StorageError
 from navi_trio.events import WarningEvent
 from navi_trio.profiles import BudgetConfig

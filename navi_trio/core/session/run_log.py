@@ -6,7 +6,7 @@ import logging
 
 import trio
 
-from navi_trio.core.turn.agent import UserMessage
+from navi_trio.core.turn import UserMessage
 from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, ToolResultEvent
 
 # The session actor's logger: operators filter on it (and the tests read it).

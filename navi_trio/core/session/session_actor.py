@@ -68,15 +68,17 @@ from navi_trio.core.session.broadcast import Subscription as Subscription
 from navi_trio.core.session.queued import Dropped, DurableQueue, dropped_warning
 from navi_trio.core.session.run_log import RunLog
 from navi_trio.core.session.user_watch import role_now
-from navi_trio.core.turn.acceptance import stopped_before_saving
-from navi_trio.core.turn.agent import Agent, RunControl, UserMessage
-from navi_trio.core.turn.steering import (
+from navi_trio.core.turn import (
+    Agent,
+    RunControl,
     SteerItem,
+    UserMessage,
     busy_strategy,
     check_steer,
     not_the_starter,
     refusal,
     steer_item,
+    stopped_before_saving,
 )
 from navi_trio.errors import (
     AuthError,

@@ -26,7 +26,7 @@ from navi_trio.core.session.session_actor import (
     SessionActor,
     SessionParts,
 )
-from navi_trio.core.turn.agent import Agent
+from navi_trio.core.turn import Agent
 from navi_trio.errors import NaviError
 from navi_trio.events import AgentEvent
 

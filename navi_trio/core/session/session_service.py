@@ -23,9 +23,9 @@ from collections.abc import Callable
 import trio
 
 from navi_trio.core.checkpoints import CheckpointEngine
-from navi_trio.core.jobs.task_supervisor import TaskSupervisor
+from navi_trio.core.jobs import TaskSupervisor
 from navi_trio.core.session.session_registry import SessionRegistry
-from navi_trio.core.turn.approvals import ApprovalBroker
+from navi_trio.core.turn import ApprovalBroker
 from navi_trio.errors import LimitError, NaviError, SessionBusyError
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings

@@ -52,9 +52,9 @@ import attrs
 import trio
 
 from navi_trio.actor import NurseryHolder
-from navi_trio.core.session.queued import deliver, to_row
+from navi_trio.core.session import deliver, to_row
 from navi_trio.core.triggers.notices import ScheduleRun, UserNotices
-from navi_trio.core.turn.agent import UserMessage
+from navi_trio.core.turn import UserMessage
 from navi_trio.errors import ForbiddenError, LimitError, NaviError, NotFoundError, ProtocolError
 from navi_trio.events import StreamEnd
 from navi_trio.profiles import BudgetConfig, NaviConfig, budgets_dict, parse_budgets
@@ -63,7 +63,7 @@ from navi_trio.store.base import NewSession, QueuedRow, ScheduleRow, SessionStor
 from navi_trio.text import clip
 
 if TYPE_CHECKING:
-    from navi_trio.core.session.session_registry import SessionRegistry
+    from navi_trio.core.session import SessionRegistry
 
 log = logging.getLogger(__name__)
 

@@ -29,17 +29,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from navi_trio.actor import NurseryHolder
-from navi_trio.core.jobs.task_notes import NOTES_SCOPE, note_entry, record_note, trim_notes
-from navi_trio.core.session.queued import deliver, to_row
-from navi_trio.core.session.user_watch import role_now
-from navi_trio.core.turn.agent import RunControl, UserMessage
+from navi_trio.core.jobs import NOTES_SCOPE, note_entry, record_note, trim_notes
+from navi_trio.core.session import deliver, role_now, to_row
+from navi_trio.core.turn import RunControl, UserMessage
 from navi_trio.errors import NaviError
 from navi_trio.profiles import NaviConfig
 from navi_trio.settings import Settings
 from navi_trio.store.base import QueuedRow, SessionRow, SessionStore
 
 if TYPE_CHECKING:
-    from navi_trio.core.session.session_registry import SessionRegistry
+    from navi_trio.core.session import SessionRegistry
 
 log = logging.getLogger(__name__)
 

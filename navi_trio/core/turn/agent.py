@@ -38,8 +38,7 @@ from typing import Any
 import attrs
 import trio
 
-from navi_trio.core.jobs.task_notes import collect_notes, remove_notes
-from navi_trio.core.jobs.task_supervisor import TaskSupervisor
+from navi_trio.core.jobs import TaskSupervisor, collect_notes, remove_notes
 from navi_trio.core.turn import runvars
 from navi_trio.core.turn.acceptance import Acceptance, stopped_before_saving
 from navi_trio.core.turn.approvals import ApprovalBroker

@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from navi_trio.core.jobs.task_notes import collect_notes, remove_notes
+from navi_trio.core.jobs import collect_notes, remove_notes
 from navi_trio.core.turn.acceptance import Acceptance
 from navi_trio.core.turn.injections import Injections as Injections
 from navi_trio.core.turn.injections import SteerItem as SteerItem

@@ -39,7 +39,7 @@ from typing import Any
 import attrs
 import trio
 
-from navi_trio.core.jobs.task_supervisor import Job, TaskSupervisor
+from navi_trio.core.jobs import Job, TaskSupervisor
 from navi_trio.core.turn.approvals import ApprovalBroker
 from navi_trio.core.turn.checkpointing import RoundCheckpoints
 from navi_trio.core.turn.policy import CallFacts, Verdict, decide, summary, with_network
