@@ -79,7 +79,7 @@ log = logging.getLogger(__name__)
 # (NAVI_WS_FRAME_MAX_BYTES' default), and the default limit of WebSocket libraries.
 HISTORY_PAGE_MAX_BYTES = 1_000_000
 
-# What `new_session_id` (core/session/session_service.py) and every client make: free for
+# What `new_session_id` (core/session/lifecycle.py) and every client make: free for
 # anyone to choose.
 RANDOM_ID = re.compile(r"s-[0-9a-f]{12}")
 
