@@ -9,5 +9,5 @@ from .rewind import Asker as Asker
 from .rewind import Rewinder as Rewinder
 from .rewind import RewindPreview as RewindPreview
 from .rewind import Target as Target
-from .rewind_service import Overview as Overview
-from .rewind_service import SessionRewinds as SessionRewinds
+from .session_rewinds import Overview as Overview
+from .session_rewinds import SessionRewinds as SessionRewinds

@@ -26,7 +26,7 @@ and the checkpoint of the files as they were), and bringing a branch back
 history rewrite and its branch are one store transaction (`rewrite_history`).
 
 The caller runs `preview` and `apply` while nothing else of the session runs (the
-session actor's exclusive section, core/history/rewind_service.py); `apply` takes the session's
+session actor's exclusive section, core/history/session_rewinds.py); `apply` takes the session's
 lease too (another process) and refuses while a background job of the session runs.
 The in-memory session is forgotten after a rewrite: the next run loads the new history.
 """
