@@ -50,11 +50,11 @@ from navi_trio.core.turn.injections import Injections
 from navi_trio.core.turn.lease import HeldLease, SessionLeases
 from navi_trio.core.turn.live_config import LiveConfig
 from navi_trio.core.turn.policy import effective_mode
-from navi_trio.core.turn.run_services import make_tool_context
 from navi_trio.core.turn.session_state import SessionCache, SessionState, new_message_id
 from navi_trio.core.turn.steering import DEFAULT_ON_BUSY
 from navi_trio.core.turn.subagent import run_ephemeral
 from navi_trio.core.turn.tokens import TokenCounter
+from navi_trio.core.turn.tool_context import make_tool_context
 from navi_trio.core.turn.tool_executor import ToolExecutor
 from navi_trio.core.turn.turn import TurnRunner
 from navi_trio.core.turn.turn_end import shielded
