@@ -56,8 +56,7 @@ from navi_trio.core.turn.subagent import run_ephemeral
 from navi_trio.core.turn.tokens import TokenCounter
 from navi_trio.core.turn.tool_context import make_tool_context
 from navi_trio.core.turn.tool_executor import ToolExecutor
-from navi_trio.core.turn.turn import TurnRunner
-from navi_trio.core.turn.turn_end import shielded
+from navi_trio.core.turn.turn import TurnRunner, shielded
 from navi_trio.core.turn.turn_state import LoopParts, Turn
 from navi_trio.core.turn.workspace import hold_roots
 from navi_trio.errors import (

@@ -1,16 +1,17 @@
 """One turn of the agent loop (agent-loop.md "Tool-calling loop", steps 1-10).
 
-`TurnRunner` drives a `Turn` with the parts it is given as one frozen `LoopParts` (both
-in turn_state.py; the agent builds the parts once, the runner never sees the agent).
-How a turn ends — complete, stopped, failed (LLM error), crashed (our bug), context too
-large — is its base `TurnEnding` (turn_end.py): `TurnRunner.drive` runs the loop inside
-the run's cancel scope and ends the turn whatever happens, shielded. An error event's
-`code` is the error class's own (errors.py).
+`TurnRunner` drives a `Turn` with the parts it is given as one frozen `LoopParts` (the
+agent builds the parts once, the runner never sees the agent), and ends the turn in every
+way it can end: `drive` runs the loop inside the run's cancel scope; complete, stopped,
+failed (an LLM error), crashed (our bug) or context too large, it saves the partial
+answer and pairs every tool call, shielded, and says so with one StreamEnd. An error
+event's `code` is the error class's own.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
 from functools import partial
 from typing import Any
@@ -21,22 +22,27 @@ from navi_trio.core.turn import planning
 from navi_trio.core.turn.llm_call import StreamedReply, chat_request, output_cap, stream_reply
 from navi_trio.core.turn.policy import denied_outright
 from navi_trio.core.turn.steering import take_injections
-from navi_trio.core.turn.tool_executor import execute_batch
-from navi_trio.core.turn.turn_end import TurnEnding
+from navi_trio.core.turn.tool_executor import execute_batch, stopped_result, tool_message
 from navi_trio.core.turn.turn_state import LoopParts, Turn
+from navi_trio.errors import BudgetExhaustedError, ContextTooLargeError, LLMError
 from navi_trio.events import (
     AgentEvent,
+    BudgetExhausted,
     CompressionStarted,
     ContextCompressed,
+    ErrorEvent,
     ModelInfo,
     PlanCreated,
+    StreamEnd,
+    TextDelta,
     TodoStep,
     TodoUpdated,
+    ToolResultEvent,
     ToolStarted,
     WarningEvent,
 )
 from navi_trio.llm.base import ToolCall
-from navi_trio.tools.base import ToolContext
+from navi_trio.tools.base import ToolContext, ToolResult
 from navi_trio.tools.memory import MemoryTool, load_memories
 from navi_trio.tools.spawn_agent import SpawnAgentTool
 from navi_trio.tools.todo import fill_from_plan, load_todo
@@ -51,8 +57,8 @@ TRUNCATION_WINDOW_SHARE = 0.5
 MEMORY_WRITERS = frozenset({MemoryTool.name, SpawnAgentTool.name})
 
 
-class TurnRunner(TurnEnding):
-    """Runs the loop of one turn, and ends it whatever happens (`drive`, turn_end.py)."""
+class TurnRunner:
+    """Runs the loop of one turn, and ends it whatever happens (`drive`)."""
 
     def __init__(self, parts: LoopParts, turn: Turn) -> None:
         self.parts = parts
@@ -459,6 +465,160 @@ class TurnRunner(TurnEnding):
         if t.persist and not t.subagent:
             await self.parts.cache.set_profile(t.state, profile_id)
 
+    # How the turn ends, whatever happens: `drive` and the endings it chooses.
+
+    def stream_end(
+        self, text: str, *, reason: str, reply: StreamedReply | None = None
+    ) -> StreamEnd:
+        t = self.turn
+        return StreamEnd(
+            text=text,
+            stopped=reason == "stopped",
+            reason=reason,
+            iterations=t.iterations,
+            prompt_tokens=t.prompt_tokens,
+            completion_tokens=t.completion_tokens,
+            done_reason=reply.done.done_reason if reply and reply.done else None,
+        )
+
+    def pair_results(self) -> None:
+        """Append one tool message per pending call, in call order (stopped if missing)."""
+        t = self.turn
+        for i, call in enumerate(t.pending_calls):
+            t.state.add(tool_message(call, t.results.get(i) or stopped_result()))
+        t.pending_calls = []
+
+    async def drive(self, scope: trio.CancelScope) -> None:
+        """Run the turn inside the run's cancel `scope` and end it whatever happens.
+
+        Stop cancels `scope`; a cancel from outside (the runtime shutting down) or our
+        own bug ends the turn the same way, then goes on. Every ending is shielded: the
+        history is left consistent (partial answer saved, every call paired).
+        """
+        turn = self.turn
+        try:
+            with scope:
+                try:
+                    await self.run()
+                except ContextTooLargeError as exc:
+                    await self._too_large(exc)
+                except BudgetExhaustedError as exc:
+                    await shielded(partial(self._exhausted, exc))
+                except LLMError as exc:
+                    await shielded(partial(self._failed, exc))
+                if turn.completed_normally and turn.persist:
+                    await self._run_workers()
+        except BaseException as exc:
+            if not turn.ended:
+                if _only_cancelled(exc):
+                    await shielded(self._stopped)
+                else:
+                    await shielded(self._crashed)
+            raise
+        if not turn.ended:
+            await shielded(self._stopped)
+
+    async def _run_workers(self) -> None:
+        """Workers run after StreamEnd: the compression worker.
+
+        The turn has already ended, so a failure here is a warning, never a second
+        StreamEnd; the context stays as it was and the next turn tries again.
+        """
+        turn = self.turn
+        try:
+            await self.parts.counter.preload()  # a turn that ended before any answer
+            await self.compress("worker", self.parts.counter.estimate_messages(turn.state.context))
+        except LLMError as exc:
+            turn.emit(
+                WarningEvent(
+                    message=f"compressing the context after the answer failed: {exc}",
+                    code="compression_failed",
+                )
+            )
+
+    async def _save_partial(
+        self, *, durable: bool = True, unfinished: ToolResult | None = None, **marks: Any
+    ) -> str:
+        """Keep what the call being streamed produced; pair every call without a result
+        (with `unfinished`, else "stopped by the user")."""
+        turn = self.turn
+        reply = turn.reply
+        text = reply.content if reply else ""
+        if reply is not None and (reply.text or reply.thinking):
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": text,
+                "partial": True,
+                **marks,
+            }
+            if reply.thinking:
+                message["thinking"] = reply.thinking_text
+            turn.state.add(message)
+        turn.reply = None
+        for i, call in enumerate(turn.pending_calls):
+            if i not in turn.results:
+                result = unfinished or stopped_result()
+                turn.results[i] = result
+                started = turn.call_started.get(call.id)  # None: it never started
+                took = 0 if started is None else int((trio.current_time() - started) * 1000)
+                turn.emit(
+                    ToolResultEvent(
+                        call_id=call.id,
+                        name=call.name,
+                        ok=False,
+                        error=result.error,
+                        duration_ms=took,
+                        stopped=True,
+                    )
+                )
+        self.pair_results()
+        await self.save(durable=durable)
+        return text
+
+    async def _crashed(self) -> None:
+        await self._save_partial(error="internal error")
+
+    async def _stopped(self) -> None:
+        # Committed without an fsync, so StreamEnd does not wait for the disk: the
+        # stopped turn survives a killed daemon at once, and power loss from the next
+        # durable commit on (before that, at worst the history ends where this turn's
+        # last durable save left it, and a dangling call is paired on load).
+        text = await self._save_partial(durable=False, stopped=True)
+        self.turn.end(self.stream_end(text, reason="stopped"))
+
+    async def _exhausted(self, exc: BudgetExhaustedError) -> None:
+        """A budget is spent (core/turn/budgets.py): the turn ends as a stop does, saying which."""
+        turn = self.turn
+        turn.emit(
+            BudgetExhausted(
+                scope=exc.scope, kind=exc.kind, spent=exc.spent, limit=exc.limit,
+                message=str(exc), held=exc.held,
+            )
+        )  # fmt: skip
+        text = await self._save_partial(durable=False, stopped=True, budget=str(exc))
+        turn.end(self.stream_end(text, reason="budget_exhausted"))
+
+    async def _failed(self, exc: LLMError) -> None:
+        self.turn.emit(ErrorEvent(message=str(exc), code=exc.code))
+        # Calls under way only when a sub-agent's backend failed (tool_executor.py): the
+        # call that met the error and its neighbours in a batch, all stopped by it.
+        unfinished = ToolResult.fail(f"not finished: the turn ended on an LLM error: {exc}")
+        text = await self._save_partial(error=str(exc), unfinished=unfinished)
+        self.turn.end(self.stream_end(text, reason="error"))
+
+    async def _too_large(self, exc: ContextTooLargeError) -> None:
+        turn = self.turn
+        text = (
+            f"I can't go on with this conversation: it needs ~{exc.tokens} tokens but the "
+            f"model's window allows {exc.limit}. Compact it with `navi compact --session "
+            f"{turn.state.id}` (or /compact in a chat), or start a new session."
+        )
+        turn.emit(TextDelta(text))
+        # Display only: adding it to the context would make the context larger still.
+        turn.state.add({"role": "assistant", "content": text, "synthetic": True}, context=False)
+        await shielded(self.save)
+        turn.end(self.stream_end(text, reason="context_too_large"))
+
 
 def _assistant(reply: StreamedReply, **extra: Any) -> dict[str, Any]:
     """The stored assistant message of a reply; one cut by the output limit says so."""
@@ -472,3 +632,15 @@ def _assistant(reply: StreamedReply, **extra: Any) -> dict[str, Any]:
 
 def _note(text: str) -> dict[str, Any]:
     return {"role": "system", "content": text}
+
+
+def _only_cancelled(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1] is None
+    return isinstance(exc, trio.Cancelled)
+
+
+async def shielded(fn: Callable[[], Awaitable[None]], seconds: float = 10.0) -> None:
+    """Clean-up that must finish: shielded from the stop, bounded by its own deadline."""
+    with trio.move_on_after(seconds, shield=True):
+        await fn()
