@@ -38,11 +38,12 @@ from navi_trio.core.cluster import Cluster, RelayBroadcast
 from navi_trio.core.history import Rewinder, SessionRewinds
 from navi_trio.core.jobs import TaskSupervisor
 from navi_trio.core.session import SessionRegistry, SessionService, UserWatch
-from navi_trio.core.triggers import Scheduler, UserNotices, Waker, notify_schedule_run
+from navi_trio.core.triggers import Scheduler, Waker, notify_schedule_run
 from navi_trio.core.turn import Agent, ApprovalBroker, RoundCheckpoints
 from navi_trio.events import TaskUpdate
 from navi_trio.llm.base import LLMBackend, SupervisedBackend
 from navi_trio.llm.factory import make_backend, make_client
+from navi_trio.notices import UserNotices
 from navi_trio.profiles import BUILTIN_TOOL_NAMES, ConfigSource
 from navi_trio.settings import Settings
 from navi_trio.store.base import ClusterBus, SessionStore

@@ -298,7 +298,7 @@ class Connection:
         await self._outbox.put(encode(frame))
 
     async def _notices(self, user_id: str) -> None:
-        """The user's notices (a scheduled run ended: core/triggers/notices.py) to this client."""
+        """The user's notices (a scheduled run ended: notices.py) to this client."""
         with self.server.runtime.notices.subscribe(user_id) as notices:
             async for notice in notices:
                 await self.send(notice_frame(notice))

@@ -17,8 +17,9 @@ from navi_trio.core.cluster import Cluster
 from navi_trio.core.history import SessionRewinds
 from navi_trio.core.jobs import TaskSupervisor
 from navi_trio.core.session import SessionRegistry, SessionService, UserWatch
-from navi_trio.core.triggers import Scheduler, UserNotices
+from navi_trio.core.triggers import Scheduler
 from navi_trio.core.turn import ApprovalBroker
+from navi_trio.notices import UserNotices
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionStore

@@ -3,8 +3,6 @@
 A failure with no session to show it in reaches the user's clients as a notice.
 """
 
-from .notices import Notice as Notice
-from .notices import UserNotices as UserNotices
 from .schedules import Scheduler as Scheduler
 from .schedules import ScheduleSpec as ScheduleSpec
 from .schedules import notify_schedule_run as notify_schedule_run

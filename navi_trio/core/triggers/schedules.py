@@ -17,7 +17,7 @@ across restarts (a queued run left by a crash runs when the daemon starts again)
 across daemons sharing a database (one claim wins). The run is the session actor's, as
 any message's; it is `kind` ``schedule`` and `headless`: approvals go by the profile's
 ``headless_allow`` whether or not a client is attached. When it ends, the owner's
-connected clients get a ``schedule_run`` notice (core/triggers/notices.py); the result stays in
+connected clients get a ``schedule_run`` notice (notices.py); the result stays in
 the session's history.
 
 A run that needs a new session counts against its owner's session limit
@@ -53,10 +53,10 @@ import trio
 
 from navi_trio.actor import NurseryHolder
 from navi_trio.core.session import deliver, to_row
-from navi_trio.core.triggers.notices import ScheduleRun, UserNotices
 from navi_trio.core.turn import UserMessage
 from navi_trio.errors import ForbiddenError, LimitError, NaviError, NotFoundError, ProtocolError
 from navi_trio.events import StreamEnd
+from navi_trio.notices import ScheduleRun, UserNotices
 from navi_trio.profiles import BudgetConfig, NaviConfig, budgets_dict, parse_budgets
 from navi_trio.settings import Settings
 from navi_trio.store.base import NewSession, QueuedRow, ScheduleRow, SessionStore
