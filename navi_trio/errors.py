@@ -137,7 +137,7 @@ class RootChangedError(ToolInputError):
 
 
 class BudgetExhaustedError(NaviError):
-    """A run's budget is spent (core/budgets.py): `scope` (turn, session, user_day,
+    """A run's budget is spent (core/turn/budgets.py): `scope` (turn, session, user_day,
     subagent), `kind` (tokens, wall_sec, tool_calls, subagents), what was `spent`, the
     `limit`; `held`, what calls under way have reserved of it. The run ends with
     ``budget_exhausted``, saved as a stop is."""
@@ -256,7 +256,7 @@ class StorageError(StoreError, RequestError):
     Raised by the store for the operation that failed (the message names it, and the
     session when there is one); nothing of that operation was stored, unless the
     connection to a database server was lost as its commit came back: then it may have
-    landed (core/session.py reads a session again after a failed write of it). A
+    landed (core/turn/session_state.py reads a session again after a failed write of it). A
     RequestError too, so a client's request that met it gets an error frame with this
     code."""
 

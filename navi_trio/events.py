@@ -159,7 +159,7 @@ class MessageQueued(AgentEvent):
 
 @attrs.frozen
 class Steered(AgentEvent):
-    """A message sent with ``on_busy: steer`` joined the running turn here (core/steering.py)."""
+    """A message sent with ``on_busy: steer`` joined the running turn here."""
 
     text: str
 
@@ -177,7 +177,7 @@ class BudgetLine:
 
 @attrs.frozen
 class BudgetReport(AgentEvent):
-    """Every round of a run that has budgets: each one's spent and limit (core/budgets.py)."""
+    """Every round of a run that has budgets: each one's spent and limit (core/turn/budgets.py)."""
 
     budgets: tuple[BudgetLine, ...] = ()
 

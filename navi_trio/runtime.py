@@ -8,13 +8,13 @@ The root nursery holds, in start order: the embedded model's host (with the loca
 backend: its process, started by the first request), the process pool (persistent
 processes of ``terminal open``), the peer tool's link (its connections to other
 daemons), the MCP servers (each started when a run first needs it; their tools reach
-runs through the tool registry), the waker (finished jobs' notes, core/wake.py), the
+runs through the tool registry), the waker (finished jobs' notes, core/triggers/wake.py), the
 TaskSupervisor (background jobs), the checkpoints (the engine on DATA/checkpoints,
 opened first: it completes a restore a killed daemon left; its pruning actor), the
 session registry (session actors and their runs), with several daemons on one
-database the cluster link (core/cluster.py), the users' watch (revocations reach open
-connections and runs: core/user_watch.py) and, in the daemon, the scheduler
-(scheduled runs, core/schedules.py). Leaving the block cancels them all: runs are
+database the cluster link (core/cluster/cluster.py), the users' watch (revocations reach open
+connections and runs: core/session/user_watch.py) and, in the daemon, the scheduler
+(scheduled runs, core/triggers/schedules.py). Leaving the block cancels them all: runs are
 stopped (their clean-up is shielded), background jobs end (their running markers stay,
 so the next start reports them as lost), and every process group is killed. The store
 closes last, after every queued write has landed.
@@ -34,24 +34,17 @@ import trio
 from navi_trio.api.client_tools import ClientTools
 from navi_trio.api.peer_link import WsPeerLink
 from navi_trio.api.protocol import event_frame, resync_frame
-from navi_trio.core.agent import Agent
-from navi_trio.core.approvals import ApprovalBroker
-from navi_trio.core.broadcast_relay import RelayBroadcast
-from navi_trio.core.checkpointing import RoundCheckpoints
 from navi_trio.core.checkpoints import open_checkpoints
-from navi_trio.core.cluster import Cluster
-from navi_trio.core.notices import UserNotices
-from navi_trio.core.rewind import Rewinder
-from navi_trio.core.rewind_service import SessionRewinds
-from navi_trio.core.schedules import Scheduler, notify_schedule_run
-from navi_trio.core.session_registry import SessionRegistry
-from navi_trio.core.session_service import SessionService
-from navi_trio.core.task_supervisor import TaskSupervisor
-from navi_trio.core.user_watch import UserWatch
-from navi_trio.core.wake import Waker
+from navi_trio.core.cluster import Cluster, RelayBroadcast
+from navi_trio.core.history import Rewinder, SessionRewinds
+from navi_trio.core.jobs import TaskSupervisor
+from navi_trio.core.session import SessionRegistry, SessionService, UserWatch
+from navi_trio.core.triggers import Scheduler, Waker, notify_schedule_run
+from navi_trio.core.turn import Agent, ApprovalBroker, RoundCheckpoints
 from navi_trio.events import TaskUpdate
 from navi_trio.llm.base import LLMBackend, SupervisedBackend
 from navi_trio.llm.factory import make_backend, make_client
+from navi_trio.notices import UserNotices
 from navi_trio.profiles import BUILTIN_TOOL_NAMES, ConfigSource
 from navi_trio.settings import Settings
 from navi_trio.store.base import ClusterBus, SessionStore
@@ -89,7 +82,7 @@ class Runtime:
     scheduler: Scheduler
     notices: UserNotices
     users: UserWatch
-    cluster: Cluster | None = None  # several daemons on one database (core/cluster.py)
+    cluster: Cluster | None = None  # several daemons on one database (core/cluster/cluster.py)
 
     def warm_up(self) -> None:
         """Load what turns need ahead of the first one: the token encoding, on a thread
@@ -233,7 +226,7 @@ async def open_runtime(
             )
             await nursery.start(sessions.run)
 
-            # Revocations reach what is open (core/user_watch.py): the store signals each
+            # Revocations reach what is open (core/session/user_watch.py): the store signals each
             # change of the users table, through the cluster's bus or the SQLite marker.
             def removed(user_ids: set[str]) -> None:
                 sessions.revoke_users(user_ids)

@@ -35,6 +35,10 @@ DEFAULT_CHECKPOINT_IGNORE = tuple(
 )
 # The LLM client's HTTP transports (NAVI_LLM_TRANSPORT): our own on h11, or httpx's.
 LLM_TRANSPORTS = ("h11", "httpx")
+# What is kept beside a SQLite database file: SQLite's write-ahead log, its index and
+# rollback journal, and navi's users marker (store/_users_signal.py). navi's own data,
+# private like the database (store/modes.py) and hidden from tools (tools/private.py).
+DB_SIDES = ("-wal", "-shm", "-journal", "-users")
 
 
 def _env(name: str, *, fraction: bool = False, choices: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -185,17 +189,17 @@ class Settings:
     task_notes_max_pending: int = attrs.field(
         default=20, metadata=_env("NAVI_TASK_NOTES_MAX_PENDING")
     )
-    # wake_on_task_done (core/wake.py): at most this many turns a session's background
+    # wake_on_task_done (core/triggers/wake.py): at most this many turns a session's background
     # results start in an hour; past it their notes wait for the next message.
     wake_max_per_hour: int = attrs.field(default=6, metadata=_env("NAVI_WAKE_MAX_PER_HOUR"))
     # A message sent with on_busy steer joins a running turn: at most this long.
     steer_max_chars: int = attrs.field(default=8000, metadata=_env("NAVI_STEER_MAX_CHARS"))
-    # Scheduled runs (core/schedules.py): schedules one user may have; the longest the
+    # Scheduled runs (core/triggers/schedules.py): schedules one user may have; the longest the
     # scheduler waits before it reads the schedules again (another daemon's, a clock
     # that jumped).
     schedules_per_user: int = attrs.field(default=20, metadata=_env("NAVI_SCHEDULES_PER_USER"))
     schedule_poll_sec: float = attrs.field(default=60.0, metadata=_env("NAVI_SCHEDULE_POLL_SEC"))
-    # Budgets (core/budgets.py): a model call's token reservation in the session's and
+    # Budgets (core/turn/budgets.py): a model call's token reservation in the session's and
     # the user's day's counters lasts this long at most, so one a dead daemon left
     # (elsewhere: on its own host it goes at once) stops counting.
     budget_hold_sec: float = attrs.field(default=900.0, metadata=_env("NAVI_BUDGET_HOLD_SEC"))
@@ -215,7 +219,7 @@ class Settings:
     )
     # A session actor with no run, no queue and nobody subscribed is retired after this.
     session_idle_sec: float = attrs.field(default=600.0, metadata=_env("NAVI_SESSION_IDLE_SEC"))
-    # A session's lease (core/lease.py) lasts this long unless renewed (every third of
+    # A session's lease (core/turn/lease.py) lasts this long unless renewed (every third of
     # it): a daemon that dies or hangs loses its sessions to another daemon after this.
     lease_ttl_sec: float = attrs.field(default=30.0, metadata=_env("NAVI_LEASE_TTL_SEC"))
     spawn_timeout_sec: float = attrs.field(default=300.0, metadata=_env("NAVI_SPAWN_TIMEOUT_SEC"))

@@ -40,7 +40,7 @@ from typing import Any
 import attrs
 import trio
 
-from navi_trio.core.agent import UserMessage
+from navi_trio.core.turn import UserMessage
 from navi_trio.events import StreamEnd, TextDelta
 from navi_trio.llm.base import ChatRequest, LLMChunk
 from navi_trio.llm.local import LocalBackend

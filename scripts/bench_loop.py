@@ -26,7 +26,7 @@ from pathlib import Path
 
 import trio
 
-from navi_trio.core.agent import RunControl
+from navi_trio.core.turn import RunControl
 from navi_trio.events import StreamEnd
 from navi_trio.testing import open_harness
 

@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 
-from navi_trio.core.plan_text import parse_analysis, parse_plan, review_sections
+from navi_trio.core.turn import parse_analysis, parse_plan, review_sections
 
 
 def hostile_texts(size: int) -> dict[str, str]:

@@ -31,8 +31,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from navi_trio.core.task_notes import NOTES_SCOPE  # noqa: E402
-from navi_trio.core.task_supervisor import Job, TaskSupervisor  # noqa: E402
+from navi_trio.core.jobs import NOTES_SCOPE, Job, TaskSupervisor
 from navi_trio.events import TaskUpdate  # noqa: E402
 from navi_trio.settings import Settings  # noqa: E402
 from navi_trio.testing.memkv import MemoryKV  # noqa: E402

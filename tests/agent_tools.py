@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from navi_trio.core import runvars
+from navi_trio.core.turn import runvars
 from navi_trio.tools.base import Tool, ToolContext, ToolResult
 from navi_trio.tools.memory import MemoryTool
 from navi_trio.tools.switch_profile import SwitchProfileTool

@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 import trio
 
-from navi_trio.core import runvars
+from navi_trio.core.turn import runvars
 from navi_trio.events import WarningEvent
 from navi_trio.runtime import default_tools
 from navi_trio.settings import DEFAULT_BACKGROUNDABLE, Settings

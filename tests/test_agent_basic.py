@@ -26,9 +26,8 @@ from agent_tools import (
     with_tools,
 )
 
-from navi_trio.core import runvars
-from navi_trio.core.agent import RunControl, UserMessage
-from navi_trio.core.context import MEMORY_HEADER
+from navi_trio.core.turn import RunControl, UserMessage, runvars
+from navi_trio.core.turn.context import MEMORY_HEADER
 from navi_trio.events import AgentEvent, StreamEnd
 from navi_trio.testing import open_harness
 

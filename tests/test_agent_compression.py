@@ -18,7 +18,7 @@ from typing import Any
 import trio
 from agent_tools import EchoTool, call, of_type, seed, toolset, with_tools
 
-from navi_trio.core.compression import SUMMARY_PREFIX
+from navi_trio.core.turn.compression import SUMMARY_PREFIX
 from navi_trio.testing import open_harness
 
 TIMEOUT = 30

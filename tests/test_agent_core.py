@@ -36,7 +36,7 @@ from agent_tools import assert_paired, seed
 from bg_tools import BACKGROUNDABLE, Kit, call, calls, make_kit, of_type, profile
 from realtime import paced
 
-from navi_trio.core.turn_state import Turn
+from navi_trio.core.turn.turn_state import Turn
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import REPO_ROOT
 from navi_trio.store.sqlite import SQLiteStore

@@ -1,4 +1,4 @@
-"""Every effect of a run is fenced by its lease, not only its history (core/lease.py).
+"""Every effect of a run is fenced by its lease, not only its history (core/turn/lease.py).
 
 Another process took the session over under a live run (in these tests: the lease row
 rewritten to another owner and the next generation, as a takeover by another daemon

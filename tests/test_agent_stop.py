@@ -24,8 +24,8 @@ from agent_tools import (
     with_tools,
 )
 
-from navi_trio.core.agent import UserMessage
-from navi_trio.core.tool_executor import STOPPED_TEXT
+from navi_trio.core.turn import UserMessage
+from navi_trio.core.turn.tool_executor import STOPPED_TEXT
 from navi_trio.events import TextDelta
 from navi_trio.testing import open_harness
 

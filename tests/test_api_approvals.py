@@ -18,8 +18,8 @@ from agent_tools import call, toolset, with_tools
 from api_ws import Client, Daemon, open_daemon
 from realtime import paced
 
-from navi_trio.core.agent import UserMessage
-from navi_trio.core.approvals import ALWAYS_SCOPE
+from navi_trio.core.turn import UserMessage
+from navi_trio.core.turn.approvals import ALWAYS_SCOPE
 from navi_trio.testing import open_harness
 from navi_trio.tools.base import ToolContext, ToolResult
 

@@ -14,7 +14,7 @@ import pytest
 import trio
 from test_api_approvals import TIMEOUT, FakeTerminal, _answer, _ask, _daemon, _tool_results
 
-from navi_trio.core.approvals import ALWAYS_SCOPE
+from navi_trio.core.turn.approvals import ALWAYS_SCOPE
 
 
 @pytest.mark.parametrize("scope", ["session", "always"])

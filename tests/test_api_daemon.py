@@ -207,7 +207,7 @@ async def test_a_ready_daemon_loads_the_token_encoding_before_any_turn(
     env: dict[str, str],
 ) -> None:
     # The load's last ~90 ms hold the GIL: done once the daemon serves, not in the middle
-    # of the first turns (core/tokens.py, cli/serve.py).
+    # of the first turns (core/turn/tokens.py, cli/serve.py).
     llm = f"http://127.0.0.1:{unused_port()}"
     with trio.fail_after(DEADLINE):
         async with serve(env, llm) as proc:

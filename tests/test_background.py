@@ -20,9 +20,10 @@ import pytest
 import trio
 from bg_tools import BACKGROUNDABLE, Kit, call, calls, make_kit, of_type, profile
 
-from navi_trio.core.task_notes import pending_notes
-from navi_trio.core.task_supervisor import SPAWN_RING_SIZE, Job
-from navi_trio.core.tool_executor import BACKGROUND_HINT
+from navi_trio.core.jobs import Job
+from navi_trio.core.jobs.task_notes import pending_notes
+from navi_trio.core.jobs.task_supervisor import SPAWN_RING_SIZE
+from navi_trio.core.turn.tool_executor import BACKGROUND_HINT
 from navi_trio.events import SubagentStarted, ToolEvent, ToolStarted, WarningEvent
 from navi_trio.settings import DEFAULT_BACKGROUNDABLE
 from navi_trio.testing import Harness, open_harness

@@ -1,4 +1,4 @@
-"""`RelayBroadcast` (core/broadcast_relay.py): a follower's broadcast of the frames
+"""`RelayBroadcast` (core/cluster/broadcast_relay.py): a follower's broadcast of the frames
 another daemon publishes. Never a silent gap: a frame of another epoch, or a seq that
 does not follow, is a ``resync`` to its subscribers first; and when this daemon
 publishes its own frames again, they start another epoch, announced the same way.
@@ -14,7 +14,7 @@ from typing import Any
 import trio
 
 from navi_trio.api.protocol import event_frame, resync_frame
-from navi_trio.core.broadcast_relay import RelayBroadcast
+from navi_trio.core.cluster import RelayBroadcast
 from navi_trio.events import TextDelta, ThinkingDelta
 
 

@@ -368,7 +368,7 @@ async def test_parallel_sub_agents_never_pass_a_shared_token_budget() -> None:
     model call at once, each with a 400-token prompt and a 50-token cap, under the
     turn's 1000 tokens: each reservation holds its prompt and cap, so only two get a
     call, and together they spend no more than the turn may."""
-    from navi_trio.core.budgets import Budget, Meter
+    from navi_trio.core.turn.budgets import Budget, Meter
     from navi_trio.errors import BudgetExhaustedError
     from navi_trio.profiles import BudgetConfig, BudgetLimits
 

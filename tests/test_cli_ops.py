@@ -34,8 +34,8 @@ from test_no_orphans import read_pids, spawner
 from unsandboxed import FULL_ARGS, unsandboxed_config
 
 from navi_trio.cli import load_settings, main
-from navi_trio.core.agent import Agent
-from navi_trio.core.task_notes import NOTES_SCOPE
+from navi_trio.core.jobs import NOTES_SCOPE
+from navi_trio.core.turn import Agent
 from navi_trio.errors import ConfigError
 from navi_trio.store.sqlite import SQLiteStore
 

@@ -79,7 +79,7 @@ async def test_the_same_run_gives_the_same_output_with_and_without_a_daemon(
         assert done.code == 0, done
         assert done.err_lines == [f"session: {_session(done.err)}"], done.err
     assert alone.out == daemon.out == traced.out == ANSWER + "\n"
-    actor_log = f"navi_trio.core.session_actor: session {_session(traced.err)}: run started"
+    actor_log = f"navi_trio.core.session.session_actor: session {_session(traced.err)}: run started"
     assert actor_log in traced.err
     assert _joined(_normal(alone_ev.out)) == _joined(_normal(daemon_ev.out))
     seqs = [f["seq"] for f in _normal(daemon_ev.out)]  # a merged delta: its last seq

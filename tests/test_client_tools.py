@@ -14,7 +14,7 @@ from api_ws import open_daemon
 from test_mcp_client import mcp_config, stdio_entry
 
 from navi_trio.api.client_tools import CALL_TIMEOUT_SEC, ClientTools
-from navi_trio.core import runvars
+from navi_trio.core.turn import runvars
 from navi_trio.profiles import AgentProfile
 from navi_trio.settings import Settings
 from navi_trio.tools.base import ToolContext

@@ -11,13 +11,13 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from navi_trio.core.compression import (
+from navi_trio.core.turn import TokenCounter
+from navi_trio.core.turn.compression import (
     SUMMARY_PREFIX,
     Compressor,
     is_summary,
     split_index,
 )
-from navi_trio.core.tokens import TokenCounter
 from navi_trio.errors import ConfigError, LLMError, NothingToCompactError
 from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import REPO_ROOT, Settings

@@ -21,7 +21,7 @@ import attrs
 import pytest
 import trio
 
-from navi_trio.core import compression, planning
+from navi_trio.core.turn import compression, planning
 from navi_trio.errors import ConfigError
 from navi_trio.profiles import (
     BUILTIN_TOOL_NAMES,

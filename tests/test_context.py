@@ -11,8 +11,8 @@ import pytest
 import trio
 from agent_tools import seed
 
-from navi_trio.core.context import MEMORY_HEADER, PARALLEL_CALLS_NOTE, ContextBuilder
-from navi_trio.core.tokens import TokenCounter
+from navi_trio.core.turn import ContextBuilder, TokenCounter
+from navi_trio.core.turn.context import MEMORY_HEADER, PARALLEL_CALLS_NOTE
 from navi_trio.errors import ContextTooLargeError
 from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from navi_trio.core import context as context_module
-from navi_trio.core import tokens as tokens_module
-from navi_trio.core.context import ContextBuilder, ContextViews
-from navi_trio.core.tokens import Baseline, TokenCounter
+from navi_trio.core.turn import ContextBuilder, ContextViews, TokenCounter
+from navi_trio.core.turn import context as context_module
+from navi_trio.core.turn import tokens as tokens_module
+from navi_trio.core.turn.tokens import Baseline
 from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings
 

@@ -25,7 +25,7 @@ from test_on_busy_clients import steer_arrives
 from navi_trio.client.app import ChatApp, ChatOptions
 from navi_trio.client.reader import CTRL_ENTER, InputEvent, PromptReader
 from navi_trio.client.render import Renderer
-from navi_trio.core.notices import ScheduleRun
+from navi_trio.notices import ScheduleRun
 
 DEADLINE = 20
 

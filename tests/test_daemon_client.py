@@ -30,7 +30,7 @@ from navi_trio import wire
 from navi_trio.api.daemon_client import OurRun, open_daemon
 from navi_trio.api.our_run import Accepted
 from navi_trio.api.protocol import COMMANDS
-from navi_trio.core.broadcast import SUBSCRIBER_BUFFER
+from navi_trio.core.session.broadcast import SUBSCRIBER_BUFFER
 from navi_trio.errors import DaemonUnreachableError, RemoteError
 from navi_trio.events import TextDelta, ThinkingDelta
 

@@ -1,4 +1,4 @@
-"""The bounded event path of a run (`core/channel.py`): a reader that keeps up sees exactly
+"""The bounded event path of a run (`core/turn/channel.py`): a reader that keeps up sees exactly
 what was sent; a slow one costs merged or dropped progress, never memory, and never
 loses any other event.
 
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from navi_trio.core.channel import open_event_channel
+from navi_trio.core.turn.channel import open_event_channel
 from navi_trio.events import (
     AgentEvent,
     StreamEnd,

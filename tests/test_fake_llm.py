@@ -326,8 +326,8 @@ def test_the_fakes_prompt_count_is_not_far_below_navis_for_a_tool_call_history()
     content, JSON arguments) and todo lists must not look cut (turn.py's
     prompt_truncated check: a count under TRUNCATION_RATIO of navi's estimate), else a
     long scripted session compresses for nothing and fails (the crash suite did)."""
-    from navi_trio.core.tokens import TokenCounter
-    from navi_trio.core.turn import TRUNCATION_RATIO
+    from navi_trio.core.turn import TokenCounter
+    from navi_trio.core.turn.turn import TRUNCATION_RATIO
     from navi_trio.llm.script import rough_tokens
 
     history: list[dict[str, Any]] = [{"role": "user", "content": "message 1 of life 0"}]

@@ -1,4 +1,4 @@
-"""`Follower`: one reader following one session across cut-offs (core/broadcast.py).
+"""`Follower`: one reader following one session across cut-offs (core/session/broadcast.py).
 
 The daemon's subscription pumps and `navi run`'s in-process follower both read a
 session through it, so "cut off for lagging: subscribe again from the last seq" is
@@ -17,14 +17,8 @@ from typing import Any
 import trio
 
 from navi_trio.api.protocol import event_frame, resync_frame
-from navi_trio.core.broadcast import (
-    SUBSCRIBER_BUFFER,
-    SUBSCRIBER_MAX_CHARS,
-    Follower,
-    Lagged,
-    LocalBroadcast,
-    frame_size,
-)
+from navi_trio.core.session import Follower, Lagged, LocalBroadcast
+from navi_trio.core.session.broadcast import SUBSCRIBER_BUFFER, SUBSCRIBER_MAX_CHARS, frame_size
 from navi_trio.events import TaskUpdate, TextDelta, ThinkingDelta, ToolResultEvent
 
 TIMEOUT = 10

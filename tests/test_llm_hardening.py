@@ -329,8 +329,8 @@ def test_answer_max_chars_is_a_setting_that_refuses_zero_and_negatives() -> None
 async def test_an_endless_answer_is_cut_at_the_cap_and_the_connection_closed(
     autojump_clock: trio.testing.MockClock, dialect: str
 ) -> None:
-    from navi_trio.core.llm_call import StreamedReply as Reply
-    from navi_trio.core.llm_call import stream_reply
+    from navi_trio.core.turn.llm_call import StreamedReply as Reply
+    from navi_trio.core.turn.llm_call import stream_reply
 
     settings = Settings.from_env({}, answer_max_chars=500)
     reply = {"thinking": "hmm", "text": "la ", "endless": True, "delay_chunk": 0.01}
@@ -348,8 +348,8 @@ async def test_an_endless_answer_is_cut_at_the_cap_and_the_connection_closed(
 async def test_the_scripted_backend_plays_the_new_modes(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from navi_trio.core.llm_call import StreamedReply as Reply
-    from navi_trio.core.llm_call import stream_reply
+    from navi_trio.core.turn.llm_call import StreamedReply as Reply
+    from navi_trio.core.turn.llm_call import stream_reply
 
     backend = ScriptedBackend(
         [
@@ -454,8 +454,8 @@ async def test_an_endless_answer_ends_the_turn_and_keeps_the_partial_answer(
 async def test_the_stream_timeouts_come_from_their_environment_variables(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from navi_trio.core.llm_call import StreamedReply as Reply
-    from navi_trio.core.llm_call import stream_reply
+    from navi_trio.core.turn.llm_call import StreamedReply as Reply
+    from navi_trio.core.turn.llm_call import stream_reply
 
     settings = Settings.from_env(
         {"LLM_STREAM_FIRST_CHUNK_TIMEOUT": "10", "LLM_STREAM_CHUNK_TIMEOUT": "0.3"}

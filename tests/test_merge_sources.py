@@ -3,11 +3,11 @@
 saw it). Each merge point is fed deltas of two sources in turn, and the same source's
 deltas in a row as the control that it merges at all:
 
-- the run's event channel (core/channel.py): the source is (is_subagent, agent_id);
-- a subscriber's frame queue (core/channel.py) and the session's replay buffer
-  (core/broadcast.py): the source is the session too.
+- the run's event channel (core/turn/channel.py): the source is (is_subagent, agent_id);
+- a subscriber's frame queue (core/turn/channel.py) and the session's replay buffer
+  (core/session/broadcast.py): the source is the session too.
 
-All of them ask the one rule (core/channel.py). Rules: unit tests on each merge point's
+All of them ask the one rule (core/turn/channel.py). Rules: unit tests on each merge point's
 own channel or buffer, no clock, no sockets; what is checked is what a client could
 tell apart: which source each character came from, and in which order.
 """
@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 import trio
 
-from navi_trio.core.broadcast import ReplayBuffer
-from navi_trio.core.channel import open_event_channel, open_frame_channel
+from navi_trio.core.session import ReplayBuffer
+from navi_trio.core.turn import open_frame_channel
+from navi_trio.core.turn.channel import open_event_channel
 from navi_trio.events import AgentEvent, TextDelta, ThinkingDelta
 
 Frame = dict[str, Any]

@@ -19,7 +19,7 @@ import pytest
 import trio
 import trio.testing
 
-from navi_trio.core.llm_call import StreamedReply, stream_reply
+from navi_trio.core.turn.llm_call import StreamedReply, stream_reply
 from navi_trio.errors import (
     LLMChunkTimeout,
     LLMFirstChunkTimeout,

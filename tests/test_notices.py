@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from navi_trio.api.protocol import encode, notice_frame
-from navi_trio.core.notices import NOTICES_MAX, ScheduleRun, UserNotices
+from navi_trio.notices import NOTICES_MAX, ScheduleRun, UserNotices
 
 
 def test_a_scheduled_runs_end_is_a_schedule_run_frame() -> None:

@@ -16,7 +16,7 @@ import pytest
 import trio
 from agent_tools import seed
 
-from navi_trio.core.llm_call import chat_request, output_cap
+from navi_trio.core.turn.llm_call import chat_request, output_cap
 from navi_trio.errors import ConfigError
 from navi_trio.profiles import AgentProfile, parse_config
 from navi_trio.settings import Settings

@@ -23,7 +23,7 @@ import pytest
 import trio
 from bg_tools import Kit, call, calls, make_kit, of_type, profile
 
-from navi_trio.core.tool_executor import STOPPED_TEXT
+from navi_trio.core.turn.tool_executor import STOPPED_TEXT
 from navi_trio.testing import open_harness
 from navi_trio.tools.base import ToolContext, ToolResult
 

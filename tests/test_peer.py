@@ -30,7 +30,7 @@ from api_ws import Daemon, open_daemon
 
 from navi_trio.api.peer_link import WsPeerLink
 from navi_trio.cli.doctor import collect_doctor, print_doctor
-from navi_trio.core.policy import CallFacts, decide, summary
+from navi_trio.core.turn.policy import CallFacts, decide, summary
 from navi_trio.errors import ConfigError
 from navi_trio.profiles import AgentProfile, ConfigSource, PeerConfig, parse_config
 from navi_trio.settings import Settings, default_config_path
@@ -43,7 +43,7 @@ from navi_trio.tools.peer import PeerTool, _Feed
 TIMEOUT = 30
 TOKEN_ENV = "NAVI_TEST_PEER_TOKEN"
 PLAIN = with_tools([], planning_first_message=False)
-# peer asks (core/policy.py): these tests are about the link, so a rule allows it.
+# peer asks (core/turn/policy.py): these tests are about the link, so a rule allows it.
 ALLOW_PEER = {"rules": [{"tool": "peer", "decision": "allow"}]}
 ASKER = with_tools(["peer", "tasks"], planning_first_message=False, policy=ALLOW_PEER)
 ASKS = with_tools(["peer"], planning_first_message=False)  # the policy's own default

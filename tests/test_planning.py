@@ -15,7 +15,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from navi_trio.core.planning import (
+from navi_trio.core.turn.planning import (
     MAX_PLAN_STEPS,
     PlanningPrompts,
     PlanResult,
@@ -650,7 +650,7 @@ def test_planning_mandatory_plans_every_non_casual_turn(
 async def test_a_review_cut_at_its_cap_ends_planning_with_one_warning(
     prompts: PlanningPrompts,
 ) -> None:
-    from navi_trio.core.llm_call import StreamedReply as Reply
+    from navi_trio.core.turn.llm_call import StreamedReply as Reply
     from navi_trio.llm.base import DoneChunk
 
     answers = {"analysis": ("Goal\nREFLECT: yes", "stop"), "review": ("Critic: and so", "length")}

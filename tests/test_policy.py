@@ -11,14 +11,8 @@ import attrs
 import pytest
 import trio
 
-from navi_trio.core.policy import (
-    CallFacts,
-    decide,
-    denied_outright,
-    effective_mode,
-    sandbox_for,
-    summary,
-)
+from navi_trio.core.turn import effective_mode
+from navi_trio.core.turn.policy import CallFacts, decide, denied_outright, sandbox_for, summary
 from navi_trio.errors import ConfigError
 from navi_trio.profiles import AgentProfile, PolicyConfig, check_config, parse_config
 from navi_trio.settings import default_config_path

@@ -27,7 +27,8 @@ import trio.testing
 from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import open_daemon
 
-from navi_trio.core.agent import DEAD_TURN, UserMessage
+from navi_trio.core.turn import UserMessage
+from navi_trio.core.turn.agent import DEAD_TURN
 from navi_trio.errors import NaviError, StoreError
 from navi_trio.store import SessionStore, SQLiteStore
 from navi_trio.store.base import HANDED_HOST, HANDED_PID

@@ -292,7 +292,7 @@ async def test_the_ok_of_a_running_message_comes_after_it_is_saved(
     # the user message; a SIGKILL in between lost an acknowledged message. Here the run
     # is held just before its save (reading the task notes) until every task is blocked:
     # an ok sent before the save would be read by then.
-    import navi_trio.core.agent as agent_module
+    import navi_trio.core.turn.agent as agent_module
 
     entered, gate = trio.Event(), trio.Event()
 

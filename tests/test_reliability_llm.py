@@ -211,7 +211,7 @@ async def test_the_user_message_is_kept_when_reading_task_notes_is_cut_short(
     # Found by the stall suite on the autojump clock: the accept step (read the task
     # notes, add the user message, save) runs under the clean-up deadline; when the read
     # outlived it, the turn went on WITHOUT the user message in the history.
-    import navi_trio.core.agent as agent_module
+    import navi_trio.core.turn.agent as agent_module
 
     async def slow_notes(*_args: Any) -> None:
         await trio.sleep(3600)

@@ -16,8 +16,9 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from navi_trio.core.broadcast import SUBSCRIBER_BUFFER, ReplayBuffer
-from navi_trio.core.channel import MERGE_MAX_CHARS
+from navi_trio.core.session import ReplayBuffer
+from navi_trio.core.session.broadcast import SUBSCRIBER_BUFFER
+from navi_trio.core.turn import MERGE_MAX_CHARS
 from navi_trio.events import TextDelta, ThinkingDelta
 from navi_trio.testing import open_harness
 from navi_trio.testing.harness import replay_buffer

@@ -35,7 +35,7 @@ from reliability import Daemon, clean_env, navi_serve
 from test_store_sharing import dead_pid
 from trio_websocket import ConnectionClosed, open_websocket_url
 
-from navi_trio.core.task_supervisor import RUNNING_SCOPE
+from navi_trio.core.jobs import RUNNING_SCOPE
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing import open_fake_llm
 

@@ -37,7 +37,7 @@ from rewind_kit import (
     write,
 )
 
-from navi_trio.core.rewind import Target
+from navi_trio.core.history import Target
 from navi_trio.errors import ChangedError, NotFoundError, RestoreError
 from navi_trio.testing import Harness, open_harness
 

@@ -19,7 +19,7 @@ import trio
 from rewind_kit import FULL, PROFILES, TIMEOUT, calls, run, say, turn, write
 
 from navi_trio.core.checkpoints import RootChanges
-from navi_trio.core.rewind import RewindPreview, Target
+from navi_trio.core.history import RewindPreview, Target
 from navi_trio.errors import ProtocolError
 from navi_trio.testing import Harness, open_harness
 

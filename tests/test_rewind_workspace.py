@@ -19,8 +19,8 @@ import trio
 from rewind_kit import FULL, PROFILES, TIMEOUT, calls, frames_of, say, turn, write
 from test_checkpoints_git import git, git_env, repo_view
 
-from navi_trio.core.checkpointing import may_write
-from navi_trio.core.rewind import Target
+from navi_trio.core.history import Target
+from navi_trio.core.turn.checkpointing import may_write
 from navi_trio.llm.base import ToolCall
 from navi_trio.settings import Settings
 from navi_trio.testing import open_harness

@@ -20,12 +20,12 @@ import pytest
 import trio
 from agent_tools import EchoTool, call, seed, toolset, with_tools
 
-from navi_trio.core.lease import SessionLeases
-from navi_trio.core.session import SessionState
+from navi_trio.core.turn import SessionLeases
+from navi_trio.core.turn.session_state import SessionState
 from navi_trio.testing import Harness, open_harness
 
 TIMEOUT = 30
-LOGGER = "navi_trio.core.session_actor"
+LOGGER = "navi_trio.core.session.session_actor"
 
 
 async def alice(h: Harness) -> dict[str, Any]:

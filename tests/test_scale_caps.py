@@ -25,8 +25,8 @@ from trio_websocket import open_websocket_url
 
 from navi_trio.api.auth import read_local_token
 from navi_trio.core.cluster import Cluster
-from navi_trio.core.lease import SessionLeases
-from navi_trio.core.task_supervisor import Job, TaskSupervisor
+from navi_trio.core.jobs import Job, TaskSupervisor
+from navi_trio.core.turn import SessionLeases
 from navi_trio.errors import TaskRejectedError
 from navi_trio.settings import Settings
 from navi_trio.store.postgres import PostgresStore

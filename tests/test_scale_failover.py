@@ -28,7 +28,7 @@ from pg_server import pg_url as pg_url
 from pg_server import sql
 from test_scale_cluster import LEASE_LOG, killed_then_two, never_two_owners
 
-from navi_trio.core.agent import DEAD_TURN
+from navi_trio.core.turn.agent import DEAD_TURN
 from navi_trio.testing import open_fake_llm
 
 pytestmark = pytest.mark.slow

@@ -35,7 +35,7 @@ from pg_server import pg_url as pg_url
 from pg_server import sql
 from test_scale_fencing import wait_lease_expired
 
-from navi_trio.core.agent import DEAD_TURN
+from navi_trio.core.turn.agent import DEAD_TURN
 from navi_trio.testing import open_fake_llm
 from navi_trio.testing.fake_llm import FakeLLMServer
 

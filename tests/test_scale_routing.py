@@ -6,7 +6,7 @@ user is refused on A as on B.
 Two real `navi serve` processes on one PostgreSQL, a fake LLM over real HTTP; users
 made in the database the daemons share. Waits are for frames; every test under
 `trio.fail_after`; every process is killed on the way out. The owner's checks of what
-it is asked (core/owner_calls.py) are also tested on their own, with a recording bus.
+it is asked (core/cluster/owner_calls.py) are also tested on their own, with a recording bus.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from pg_server import sql
 
-from navi_trio.core.owner_calls import OwnerCalls
+from navi_trio.core.cluster.owner_calls import OwnerCalls
 from navi_trio.errors import ForbiddenError, NotFoundError
 from navi_trio.store.base import ClusterBus, SessionStore
 from navi_trio.store.postgres import PostgresStore

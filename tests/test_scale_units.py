@@ -26,11 +26,11 @@ from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from pg_server import sql
 
-from navi_trio.core.cluster import Cluster, session_channel
-from navi_trio.core.lease import SessionLeases
-from navi_trio.core.owner_calls import ASK_TIMEOUT_SEC, OwnerCalls
-from navi_trio.core.task_notes import NOTES_SCOPE
-from navi_trio.core.task_supervisor import RUNNING_SCOPE, Job, TaskSupervisor
+from navi_trio.core.cluster import Cluster
+from navi_trio.core.cluster.cluster import session_channel
+from navi_trio.core.cluster.owner_calls import ASK_TIMEOUT_SEC, OwnerCalls
+from navi_trio.core.jobs import NOTES_SCOPE, RUNNING_SCOPE, Job, TaskSupervisor
+from navi_trio.core.turn import SessionLeases
 from navi_trio.errors import NotFoundError, StorageError, UnavailableError
 from navi_trio.settings import Settings
 from navi_trio.store.base import ClusterBus, SessionStore

@@ -382,7 +382,7 @@ async def test_a_due_time_missed_while_down_runs_once_at_start_up_or_is_skipped(
 
 
 async def test_two_daemons_on_one_database_run_a_due_time_once(tmp_path: Path) -> None:
-    from navi_trio.core.schedules import ScheduleSpec
+    from navi_trio.core.triggers import ScheduleSpec
 
     wall = Wall()
     kw: dict[str, Any] = {"replies": [{"text": "once"}], "loop": True,

@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from navi_trio.core.broadcast import SUBSCRIBER_BUFFER
+from navi_trio.core.session.broadcast import SUBSCRIBER_BUFFER
 from navi_trio.events import TextDelta, ThinkingDelta, ToolStarted
 from navi_trio.testing import open_harness
 

@@ -38,7 +38,7 @@ def _rest(frames: Any) -> list[dict[str, Any]]:
 async def test_a_shutdown_mid_stream_saves_the_partial_answer_and_ends_the_turn(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="navi_trio.core.session_actor")
+    caplog.set_level(logging.INFO, logger="navi_trio.core.session.session_actor")
     replies = [{"text": "half an answer", "stall": True}]  # streams, then never ends
     with trio.fail_after(TIMEOUT):
         async with open_harness(tmp_path, replies=replies, profiles=NO_PLAN) as h:

@@ -29,7 +29,7 @@ from sshd import SSHD, SshServer, start_sshd
 from sshd import sshd_server as sshd_server  # the fixture
 
 from navi_trio.cli.doctor import collect_doctor, print_doctor
-from navi_trio.core.policy import CallFacts, decide, summary
+from navi_trio.core.turn.policy import CallFacts, decide, summary
 from navi_trio.errors import ConfigError
 from navi_trio.profiles import ConfigSource, NaviConfig, check_config, parse_config
 from navi_trio.settings import Settings, default_config_path

@@ -58,7 +58,7 @@ def test_the_store_and_core_are_imported_while_the_http_client_builds() -> None:
     # cmd_run reads the settings and the token file first; the store and the agent
     # come with the runtime, imported while threads build the HTTP client and probe bwrap.
     statement = "import navi_trio.cli, navi_trio.cli.run, navi_trio.api.auth"
-    late = ("sqlite_utils", "navi_trio.store", "navi_trio.core.agent", "navi_trio.runtime")
+    late = ("sqlite_utils", "navi_trio.store", "navi_trio.core.turn.agent", "navi_trio.runtime")
     assert imported_by(statement, late) == []
 
 

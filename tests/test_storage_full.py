@@ -38,8 +38,8 @@ from agent_tools import EchoTool, GateTool, call, toolset, with_tools
 from api_ws import Client, Daemon, open_daemon
 from realtime import real_time_limit
 
-from navi_trio.core.agent import UserMessage
-from navi_trio.core.session_actor import KEPT_RETRY_FIRST_SEC
+from navi_trio.core.session.session_actor import KEPT_RETRY_FIRST_SEC
+from navi_trio.core.turn import UserMessage
 from navi_trio.store import SessionStore, SQLiteStore
 from navi_trio.testing import open_harness
 from navi_trio.testing.harness import Harness, SessionDriver

@@ -25,9 +25,9 @@ import trio.testing
 from kvfake_tasks import MemoryKV
 from test_task_supervisor import running_supervisor
 
-from navi_trio.core.lease import SessionLeases
-from navi_trio.core.task_notes import drain_notes
-from navi_trio.core.task_supervisor import RUNNING_SCOPE
+from navi_trio.core.jobs import RUNNING_SCOPE
+from navi_trio.core.jobs.task_notes import drain_notes
+from navi_trio.core.turn import SessionLeases
 from navi_trio.errors import SessionBusyError
 from navi_trio.settings import Settings
 from navi_trio.store._history import _append

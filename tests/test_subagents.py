@@ -18,9 +18,9 @@ import pytest
 import trio
 from bg_tools import Kit, call, calls, make_kit, of_type, profile, system_texts, tool_names
 
-from navi_trio.core import runvars
-from navi_trio.core.subagent import CONTEXT_TRANSFER_ACK
-from navi_trio.core.tool_executor import STOPPED_TEXT
+from navi_trio.core.turn import runvars
+from navi_trio.core.turn.subagent import CONTEXT_TRANSFER_ACK
+from navi_trio.core.turn.tool_executor import STOPPED_TEXT
 from navi_trio.errors import LLMStatusError
 from navi_trio.testing import Harness, open_harness
 from navi_trio.tools.services import SpawnRequest

@@ -18,8 +18,9 @@ from typing import Any
 import trio
 from bg_tools import BACKGROUNDABLE, Kit, call, calls, make_kit, of_type, profile, system_texts
 
-from navi_trio.core.task_notes import FOOTER, HEADER, NOTES_SCOPE, pending_notes
-from navi_trio.core.task_supervisor import LOST_SUMMARY, Job
+from navi_trio.core.jobs import NOTES_SCOPE, Job
+from navi_trio.core.jobs.task_notes import FOOTER, HEADER, pending_notes
+from navi_trio.core.jobs.task_supervisor import LOST_SUMMARY
 from navi_trio.testing import Harness, SessionDriver, open_harness
 
 TIMEOUT = 30
@@ -259,7 +260,7 @@ async def test_stop_leaves_background_jobs_running_only_tasks_cancel_ends_them(
 async def test_notes_stay_pending_until_the_turn_that_carries_them_is_saved(
     tmp_path: Path,
 ) -> None:
-    from navi_trio.core.task_notes import record_note
+    from navi_trio.core.jobs import record_note
 
     kit = make_kit()
     with trio.fail_after(TIMEOUT):

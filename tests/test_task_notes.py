@@ -9,14 +9,8 @@ from __future__ import annotations
 import trio
 from kvfake_tasks import MemoryKV
 
-from navi_trio.core.task_notes import (
-    FOOTER,
-    HEADER,
-    NOTES_SCOPE,
-    drain_notes,
-    pending_notes,
-    record_note,
-)
+from navi_trio.core.jobs import NOTES_SCOPE, record_note
+from navi_trio.core.jobs.task_notes import FOOTER, HEADER, drain_notes, pending_notes
 from navi_trio.settings import Settings
 
 SETTINGS = Settings()

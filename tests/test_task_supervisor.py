@@ -19,8 +19,8 @@ import trio
 import trio.testing
 from kvfake_tasks import MemoryKV
 
-from navi_trio.core.task_notes import NOTES_SCOPE, drain_notes, pending_notes
-from navi_trio.core.task_supervisor import RUNNING_SCOPE, Job, TaskSupervisor
+from navi_trio.core.jobs import NOTES_SCOPE, RUNNING_SCOPE, Job, TaskSupervisor
+from navi_trio.core.jobs.task_notes import drain_notes, pending_notes
 from navi_trio.errors import TaskRejectedError
 from navi_trio.events import AgentEvent, TaskUpdate, TextDelta
 from navi_trio.settings import Settings

@@ -14,7 +14,7 @@ import trio
 import trio.testing
 from kvfake_tasks import MemoryKV
 
-from navi_trio.core.task_supervisor import Job, TaskSupervisor
+from navi_trio.core.jobs import Job, TaskSupervisor
 from navi_trio.events import TextDelta, ToolEvent, ToolStarted
 from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings

@@ -9,7 +9,8 @@ import tiktoken
 import trio
 import trio.testing
 
-from navi_trio.core.tokens import MESSAGE_OVERHEAD, Baseline, TokenCounter, message_key
+from navi_trio.core.turn import TokenCounter
+from navi_trio.core.turn.tokens import MESSAGE_OVERHEAD, Baseline, message_key
 
 
 class SpyCounter(TokenCounter):

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from navi_trio.core import tokens as tokens_module
-from navi_trio.core.context import ContextBuilder
-from navi_trio.core.tokens import Baseline, TokenCounter, message_key
+from navi_trio.core.turn import ContextBuilder, TokenCounter
+from navi_trio.core.turn import tokens as tokens_module
+from navi_trio.core.turn.tokens import Baseline, message_key
 from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings
 

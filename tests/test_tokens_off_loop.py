@@ -1,4 +1,4 @@
-"""The token encoding's load never blocks the trio thread (core/tokens.py, core/turn.py).
+"""The token encoding's load never blocks the trio thread (core/turn/tokens.py, core/turn/turn.py).
 
 cl100k takes 0.1-1.4 s to load. A daemon's first turn used to count the context on the
 trio thread while that load ran on a worker thread, so the trio thread waited on the
@@ -23,7 +23,7 @@ import trio
 import trio.testing
 from agent_tools import EchoTool, call, toolset, with_tools
 
-from navi_trio.core.tokens import TokenCounter
+from navi_trio.core.turn import TokenCounter
 from navi_trio.testing import open_harness
 from navi_trio.testing.harness import Harness, SessionDriver
 

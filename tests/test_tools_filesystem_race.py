@@ -26,7 +26,7 @@ from fsrace import skip_reason, swapping
 from kvfake import make_ctx
 
 from navi_trio.api.auth import ensure_local_token
-from navi_trio.core.tool_executor import run_tool
+from navi_trio.core.turn.tool_executor import run_tool
 from navi_trio.tools.base import ToolContext
 from navi_trio.tools.filesystem import FilesystemTool
 

@@ -20,9 +20,9 @@ from bg_tools import profile as bg_profile
 from realtime import real_time_limit
 from test_task_supervisor import running_supervisor, until
 
-from navi_trio.core.lease import pid_alive
 from navi_trio.errors import TaskRejectedError
 from navi_trio.settings import Settings
+from navi_trio.store.fence import pid_alive
 from navi_trio.testing import open_harness
 from navi_trio.tools.procs import ProcessPool
 

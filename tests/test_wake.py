@@ -21,8 +21,8 @@ from api_ws import open_daemon
 from test_on_busy import messages_of, send
 from test_store_sharing import dead_pid
 
-from navi_trio.core.task_notes import HEADER, pending_notes
-from navi_trio.core.task_supervisor import RUNNING_SCOPE
+from navi_trio.core.jobs import RUNNING_SCOPE
+from navi_trio.core.jobs.task_notes import HEADER, pending_notes
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing import open_harness
 

@@ -36,10 +36,8 @@ from navi_trio.api.auth import User
 from navi_trio.api.protocol import Checkpoints, Fork, Frame, RequestId, Rewind, reply
 from navi_trio.api.services import DaemonCore
 from navi_trio.core.checkpoints import NOT_COVERED, Preview
-from navi_trio.core.fork import NewFolder
-from navi_trio.core.rewind import Asker, RewindPreview, Target
-from navi_trio.core.rewind_service import Overview
-from navi_trio.core.workspace import CwdCheck
+from navi_trio.core.history import Asker, NewFolder, Overview, RewindPreview, Target
+from navi_trio.core.turn import CwdCheck
 from navi_trio.errors import ExistsError, ProtocolError
 from navi_trio.events import Rewound
 

@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 import trio
 
-from navi_trio.core import runvars
+from navi_trio.core.turn import runvars
 from navi_trio.events import AgentEvent
 from navi_trio.profiles import AgentProfile
 from navi_trio.tools.base import ToolContext, ToolResult

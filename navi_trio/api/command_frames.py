@@ -34,7 +34,7 @@ class SendMessage:
     profile: str | None = attrs.field(default=None, validator=check.name)
     # The tool policy's mode: clamped to what the sender's role allows.
     mode: Literal["read-only", "workspace", "full"] | None = None
-    # What to do when the session is busy (core/steering.py); None: the profile's.
+    # What to do when the session is busy (core/turn/steering.py); None: the profile's.
     on_busy: Literal["enqueue", "reject", "interrupt", "steer"] | None = None
     # Budgets for this run, config.json's shape: they only lower the configured ones.
     budget: BudgetConfig | None = None
@@ -188,7 +188,7 @@ class Fork:
 
 @attrs.frozen
 class Schedule:
-    """schedule add / list / remove / pause / resume (core/schedules.py)."""
+    """schedule add / list / remove / pause / resume (core/triggers/schedules.py)."""
 
     action: Literal["add", "list", "remove", "pause", "resume"]
     schedule_id: str | None = attrs.field(default=None, validator=check.name)

@@ -47,10 +47,9 @@ from navi_trio.api.protocol import (
 )
 from navi_trio.api.schedule_commands import handle_schedule
 from navi_trio.api.services import DaemonCore
-from navi_trio.core.session_actor import SessionActor
-from navi_trio.core.task_jobs import task_info
-from navi_trio.core.task_supervisor import Job
-from navi_trio.core.workspace import CwdCheck
+from navi_trio.core.jobs import Job, task_info
+from navi_trio.core.session import SessionActor
+from navi_trio.core.turn import CwdCheck
 from navi_trio.errors import (
     BusyError,
     ExistsError,
@@ -83,7 +82,7 @@ log = logging.getLogger(__name__)
 # (NAVI_WS_FRAME_MAX_BYTES' default), and the default limit of WebSocket libraries.
 HISTORY_PAGE_MAX_BYTES = 1_000_000
 
-# What `new_session_id` (core/session_service.py) and every client make: free for
+# What `new_session_id` (core/session/lifecycle.py) and every client make: free for
 # anyone to choose.
 RANDOM_ID = re.compile(r"s-[0-9a-f]{12}")
 
@@ -397,7 +396,9 @@ class Commands:
         if not cmd.task_id:
             raise ProtocolError(f"tasks {cmd.action} needs a task_id")
         job = next((j for sid in session_ids if (j := sup.get(sid, cmd.task_id))), None)
-        if job is None and self.rt.cluster is not None:  # another daemon's (core/owner_calls.py)
+        if (
+            job is None and self.rt.cluster is not None
+        ):  # another daemon's (core/cluster/owner_calls.py)
             answer = await self.rt.cluster.calls.task(cmd.action, session_ids, cmd.task_id)
             if answer is not None:
                 await self.conn.send(reply(rid, "tasks", action=cmd.action, **answer))

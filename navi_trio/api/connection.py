@@ -3,14 +3,14 @@
     reader  ws -> parse_frame -> Commands.handle -> session actors / store
     waits   a command's wait that may take long (a message until it is stored): beside
             the reader, at most DEFERRED_MAX at a time, each bounded by its command
-    pumps   one per subscribed session: its Follower (core/broadcast.py) -> outbox
+    pumps   one per subscribed session: its Follower (core/session/broadcast.py) -> outbox
     writer  outbox (ONE, bounded in frames and bytes: api/outbox.py) -> ws
 
 Every frame the connection sends goes through the outbox, so the writer is the only
 task that writes to the socket. A slow client fills the outbox and the pumps block;
-meanwhile the deltas waiting in each subscription merge (core/channel.py), so the
+meanwhile the deltas waiting in each subscription merge (core/turn/channel.py), so the
 writer itself never merges. When a subscription's queue is full anyway, the session's
-broadcast (core/broadcast.py) drops it with ``lagged`` set; the pump's `Follower`
+broadcast (core/session/broadcast.py) drops it with ``lagged`` set; the pump's `Follower`
 subscribes again from the last seq it delivered, and the pump sends a ``lagged`` frame
 (api/protocol.py, where every frame is built) before the frames that follow. A run
 never waits for a client. The connection sees the daemon's core through `DaemonCore`
@@ -23,7 +23,7 @@ bad hello, too many connections for a user, or a token revoked while it is open 
 the connection (after the error frame).
 
 Revocation: the token is checked again after every change of the users table
-(core/user_watch.py, whichever process or daemon made it): rotated away, or its user
+(core/session/user_watch.py, whichever process or daemon made it): rotated away, or its user
 removed, the connection ends at once, with an ``unauthorized`` error frame saying which,
 and closes with code 1008. Nothing it sent after that is read.
 """
@@ -55,7 +55,7 @@ from navi_trio.api.protocol import (
     parse_frame,
     welcome_frame,
 )
-from navi_trio.core.broadcast import Follower, Lagged
+from navi_trio.core.session import Follower, Lagged
 from navi_trio.errors import (
     AuthError,
     LimitError,
@@ -68,7 +68,7 @@ from navi_trio.errors import (
 
 if TYPE_CHECKING:
     from navi_trio.api.services import DaemonCore
-    from navi_trio.core.session_actor import SessionActor
+    from navi_trio.core.session import SessionActor
 
 
 class ConnectionHost(Protocol):
@@ -287,7 +287,7 @@ class Connection:
 
     async def _writer(self) -> None:
         # No merging here: deltas merge while they wait in the subscription's queue
-        # (core/broadcast.py), where a slow client's pump is blocked on the outbox.
+        # (core/session/broadcast.py), where a slow client's pump is blocked on the outbox.
         while True:
             await self.ws.send_message(await self._outbox.get())
 
@@ -299,7 +299,7 @@ class Connection:
         await self._outbox.put(encode(frame))
 
     async def _notices(self, user_id: str) -> None:
-        """The user's notices (a scheduled run ended: core/notices.py) to this client."""
+        """The user's notices (a scheduled run ended: notices.py) to this client."""
         with self.server.runtime.notices.subscribe(user_id) as notices:
             async for notice in notices:
                 await self.send(notice_frame(notice))

@@ -25,7 +25,7 @@ NAME_MAX_CHARS = 128  # profile, task_id, epoch: names of ours
 CALL_ID_MAX_CHARS = 256  # the model's server chooses tool-call ids
 PATH_MAX_CHARS = 4096
 SPEC_MAX_CHARS = 128  # a schedule's cron, every or at
-SCHEDULE_MESSAGE_MAX = 16_000  # a schedule's message (core/schedules.py MESSAGE_MAX_CHARS)
+SCHEDULE_MESSAGE_MAX = 16_000  # a schedule's message (core/triggers/schedules.py MESSAGE_MAX_CHARS)
 HISTORY_LIMIT_MAX = 1000  # messages in one history reply (also the default)
 
 

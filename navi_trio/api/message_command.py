@@ -5,7 +5,7 @@ Everything the frame says is checked before a session is created for it: its cwd
 sender's (`Commands._create`, api/commands.py); an existing one must be theirs
 (`Commands._owned`: an admin may use any), and ``mode: full`` only one of their own.
 The message then goes to the session's actor here, or into the queue of the daemon
-that runs the session's turn now (core/cluster.py). One reply, once
+that runs the session's turn now (core/cluster/cluster.py). One reply, once
 the message is saved (running) or stored in the queue, so that a crash after the ok
 cannot lose it; else the error that refused it.
 """
@@ -18,10 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from navi_trio.api.auth import User
 from navi_trio.api.protocol import Frame, RequestId, SendMessage, reply
 from navi_trio.api.services import DaemonCore
-from navi_trio.core.agent import UserMessage
-from navi_trio.core.policy import effective_mode
-from navi_trio.core.steering import busy_strategy
-from navi_trio.core.workspace import CwdCheck
+from navi_trio.core.turn import CwdCheck, UserMessage, busy_strategy, effective_mode
 from navi_trio.errors import (
     ForbiddenError,
     RequestError,
@@ -33,7 +30,7 @@ from navi_trio.errors import (
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from navi_trio.core.session_actor import SessionActor
+    from navi_trio.core.session import SessionActor
     from navi_trio.store.base import SessionRow
 
 log = logging.getLogger(__name__)
@@ -98,7 +95,7 @@ class SessionMessages:
                 )
         actor = await self.c._actor(row.id)
         # Before subscribing: a turn a dead daemon left is ended first, and its frames
-        # are not this message's (core/cluster.py).
+        # are not this message's (core/cluster/cluster.py).
         owner = await self.c._owner_elsewhere(row.id, actor)
         if not self.c.conn.subscribed(row.id):
             self.c.conn.subscribe(actor, None, None)
@@ -114,7 +111,7 @@ class SessionMessages:
             budget=cmd.budget,
         )
         self.c._check_profile(cmd.profile)  # a new session's was checked by _create
-        if owner is not None:  # another daemon runs it: queued there (core/cluster.py)
+        if owner is not None:  # another daemon runs it: queued there (core/cluster/cluster.py)
             await self._hand_over(rid, owner, row, message)
             return
         try:

@@ -22,7 +22,7 @@ class Accepted:
     session_id: str
     created: bool  # the daemon made the session for this message
     queued: bool  # it waits behind the session's running turn
-    # The strategy the daemon applied because the session was busy (core/steering.py):
+    # The strategy the daemon applied because the session was busy (core/turn/steering.py):
     # enqueue / interrupt (queued), steer (it joins the running turn); None: it runs now.
     on_busy: str | None = None
     mode: str | None = None  # the mode its run gets (the asked one clamped to the role)

@@ -50,7 +50,6 @@ from navi_trio.api.command_frames import Subscribe as Subscribe
 from navi_trio.api.command_frames import Tasks as Tasks
 from navi_trio.api.command_frames import Unsubscribe as Unsubscribe
 from navi_trio.api.frame_fields import shown
-from navi_trio.core.notices import Notice
 from navi_trio.errors import FrameTooLargeError, ProtocolError, RequestError, UnknownTypeError
 from navi_trio.events import (
     AgentEvent,
@@ -60,6 +59,7 @@ from navi_trio.events import (
     WarningEvent,
     event_to_dict,
 )
+from navi_trio.notices import Notice
 from navi_trio.profiles import BudgetConfig, parse_budgets
 from navi_trio.strict import (
     NUMBER_MAX_DIGITS,

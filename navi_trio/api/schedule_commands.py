@@ -1,4 +1,4 @@
-"""The ``schedule`` command: add, list, remove, pause, resume (core/schedules.py).
+"""The ``schedule`` command: add, list, remove, pause, resume (core/triggers/schedules.py).
 
 Ownership, as for sessions (api/commands.py): a user sees and changes only their own
 schedules (another's is forbidden), and a schedule of theirs may name only a session of
@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from navi_trio.api.auth import User
 from navi_trio.api.protocol import Frame, RequestId, Schedule, reply
-from navi_trio.core.schedules import Scheduler, ScheduleSpec
+from navi_trio.core.triggers import Scheduler, ScheduleSpec
 from navi_trio.errors import ForbiddenError, ProtocolError
 from navi_trio.store.base import ScheduleRow, SessionRow
 

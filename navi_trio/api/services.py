@@ -14,15 +14,13 @@ from __future__ import annotations
 from typing import Protocol
 
 from navi_trio.api.client_tools import ClientTools
-from navi_trio.core.approvals import ApprovalBroker
 from navi_trio.core.cluster import Cluster
-from navi_trio.core.notices import UserNotices
-from navi_trio.core.rewind_service import SessionRewinds
-from navi_trio.core.schedules import Scheduler
-from navi_trio.core.session_registry import SessionRegistry
-from navi_trio.core.session_service import SessionService
-from navi_trio.core.task_supervisor import TaskSupervisor
-from navi_trio.core.user_watch import UserWatch
+from navi_trio.core.history import SessionRewinds
+from navi_trio.core.jobs import TaskSupervisor
+from navi_trio.core.session import SessionRegistry, SessionService, UserWatch
+from navi_trio.core.triggers import Scheduler
+from navi_trio.core.turn import ApprovalBroker
+from navi_trio.notices import UserNotices
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionStore

@@ -72,7 +72,7 @@ def read_pid(path: Path) -> int | None:
 
 def is_navi(pid: int) -> bool:
     """Whether process `pid` runs (not a zombie) and is a navi command (its command line)."""
-    from navi_trio.core.lease import pid_alive
+    from navi_trio.store.fence import pid_alive
 
     if not pid_alive(pid):
         return False

@@ -69,7 +69,7 @@ class RunRequest:
     profile: str | None
     as_json: bool
     mode: str | None = None
-    # What the message does when the session is busy (core/steering.py); None: the
+    # What the message does when the session is busy (core/turn/steering.py); None: the
     # profile's default (enqueue unless the profile says otherwise).
     on_busy: str | None = None
     # --cwd given: always sent. Else the shell's folder is sent for an admin only: an

@@ -7,7 +7,7 @@
 
 Why processes: one daemon is one CPU-bound process (the agent loop and its JSON, the
 LLM's HTTP path, the WebSocket frames). N workers on one PostgreSQL use N cores; each
-session is run by the one worker holding its lease (core/lease.py), and any worker
+session is run by the one worker holding its lease (core/turn/lease.py), and any worker
 takes any command (docs/pages/scaling.md).
 
 Why SO_REUSEPORT rather than one accept loop handing sockets over: each worker listens

@@ -10,7 +10,7 @@ terminal (stdin is a pipe) a plain line reader does the same job.
 empty prompt as ``rewind``: the chat opens /rewind; Ctrl+X C as ``compact``: the chat
 compacts the session, and what was typed comes back on the next prompt). A line
 ended with Ctrl+Enter (or Alt+Enter: many terminals send Ctrl+Enter as a plain Enter) is
-a ``steer``: sent to steer the running turn (core/steering.py) instead of queueing.
+a ``steer``: sent to steer the running turn (core/turn/steering.py) instead of queueing.
 `prefill` puts a text on the prompt (the message a rewind removed, or one the daemon
 refused, to send again or edit): on the prompt drawn now when nothing is typed on it,
 else on the next.

@@ -1,7 +1,7 @@
 """A chat request's JSON body, with each message's JSON kept between requests.
 
 A tool loop sends the whole history on every call, and the history only grows: a turn's
-context builder hands the same message dicts to every call (core/context.py,
+context builder hands the same message dicts to every call (core/turn/context.py,
 `ContextViews`). Converting every message to the dialect's shape and encoding it again
 each round was most of a long loop's per-round cost; here each message is converted and
 encoded once, and the body is joined from the kept pieces.

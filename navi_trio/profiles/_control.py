@@ -7,7 +7,7 @@ wall time; tool calls; sub-agents started) for one scope: a ``turn``, a ``sessio
 spend in a UTC day, across sessions) and a ``subagent`` (one spawned sub-agent with the
 sub-agents it spawns in turn). config.json sets them per profile (``budgets``) and per
 role (``role_budgets``); a message may only lower them. Where two apply, the lower
-limit wins (`tighter`). The counting and the checks are core/budgets.py's.
+limit wins (`tighter`). The counting and the checks are core/turn/budgets.py's.
 
 Every number is bounded here, whoever sends it (config or client): a limit is a whole
 number from 0 (nothing of it allowed) up to its `MAXIMA`, wall time a number of

@@ -6,7 +6,7 @@ rules that allow, ask or deny a call (`PolicyRule`, a `CallPattern` with a decis
 and the calls allowed when no client is attached to answer an ask. Below the classes,
 the checks their shape cannot say (`_check_policy`: known roles, ``full`` for admins
 only; `_check_policy_lists`: rule lists are lists of objects), run by `_load`. The
-decisions themselves are made in core/policy.py.
+decisions themselves are made in core/turn/policy.py.
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ BUILTIN_TOOL_NAMES = frozenset(
 )
 
 # Files every config folder holds, relative to the folder of config.json: the three
-# planning phases (core/planning.py) and the default compression prompt
-# (core/compression.py); a test keeps this list equal to the names those modules read.
+# planning phases (core/turn/planning.py) and the default compression prompt
+# (core/turn/compression.py); a test keeps this list equal to the names those modules read.
 REQUIRED_PROMPT_FILES = (
     "prompts/planning_analysis.md",
     "prompts/planning_review.md",
@@ -241,7 +241,7 @@ class NaviConfig:
     peers: dict[str, PeerConfig] = attrs.Factory(dict)
     mcp_servers: dict[str, McpServerConfig] = attrs.Factory(dict)
     # role -> the folders (and below) a client of that role may send as a run's cwd,
-    # besides their own session folders (core/workspace.py); a role without an entry:
+    # besides their own session folders (core/turn/workspace.py); a role without an entry:
     # users none, admins anything but navi's own data.
     workspace_roots: dict[str, tuple[str, ...]] = attrs.Factory(dict)
     # role -> the budgets of every run of a user with that role (the profile's apply

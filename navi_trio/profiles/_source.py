@@ -8,7 +8,7 @@ its default profile across reloads, and a config that passed `require` must pass
 It also pins the folders of `workspace_roots` each time a config takes effect
 (`pins`): each one's real path and identity then. A cwd is checked against the folder
 found then, reached again without following a symlink, never against whatever the path
-names later (core/workspace.py): a root swapped for a link opens nothing.
+names later (core/turn/workspace.py): a root swapped for a link opens nothing.
 """
 
 from __future__ import annotations

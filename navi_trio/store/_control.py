@@ -1,16 +1,16 @@
 """The tables of issue 23's control of running agents: wake-ups, usage, schedules.
 
 - ``wakes`` (session_id, at): one row per wake-up a background job's note started
-  (core/wake.py); `enqueue_wake` counts them to bound the wake-ups per session.
+  (core/triggers/wake.py); `enqueue_wake` counts them to bound the wake-ups per session.
 - ``usage`` (key, tokens, tool_calls, subagents, wall_sec): the budgets' counters
-  (core/budgets.py), one row per key (``session:<id>``, ``user:<id>:<day>``); `add_usage`
+  (core/turn/budgets.py), one row per key (``session:<id>``, ``user:<id>:<day>``); `add_usage`
   adds in place, so concurrent runs never lose an increment.
 - ``usage_holds`` (hold, key, amounts, pid, host, expires_at): what calls under way
   reserved. `reserve_usage` reads a key's counters and live holds and takes (a hold,
   or spending at once) in one write transaction (``BEGIN IMMEDIATE``: one writer at a
   time across processes), so two runs never both take the last of a limit;
   `settle_usage` adds what a call used and drops its hold in one.
-- ``schedules``: scheduled runs (core/schedules.py); `claim_schedule` moves one from the
+- ``schedules``: scheduled runs (core/triggers/schedules.py); `claim_schedule` moves one from the
   due time it was read at (compare and set) and queues its run in that transaction,
   counting the owner's sessions first when it creates one.
 

@@ -74,7 +74,7 @@ import attrs
 from navi_trio.store.fence import Fence
 
 # Notified (PostgreSQL) with every committed change of the users table: the daemons on
-# the database look at their connections and runs again (core/user_watch.py).
+# the database look at their connections and runs again (core/session/user_watch.py).
 USERS_CHANNEL = "navi_users"
 
 
@@ -124,7 +124,7 @@ class LeaseRow:
 
 @attrs.frozen
 class ScheduleRow:
-    """A scheduled run (core/schedules.py): whose, where, when, what.
+    """A scheduled run (core/triggers/schedules.py): whose, where, when, what.
 
     `session_id` None: each run starts a new session of `profile_id`. `kind` is
     ``cron`` (a cron expression), ``every`` (seconds) or ``at`` (one time, ISO 8601);
@@ -168,7 +168,7 @@ class Claimed:
 @attrs.frozen
 class QueuedRow:
     """A message to queue in the same transaction as a claim or a note: it runs when
-    its session's actor takes it (core/queued.py)."""
+    its session's actor takes it (core/session/queued.py)."""
 
     session_id: str
     key: str
@@ -341,7 +341,7 @@ class SessionStore(Protocol):
     ) -> bool: ...
     async def release_lease(self, session_id: str, *, owner: str) -> None: ...
 
-    # wake-ups: a background job's note, and a queued turn that reads it (core/wake.py)
+    # wake-ups: a background job's note, and a queued turn that reads it (core/triggers/wake.py)
     async def enqueue_wake(
         self,
         wake: QueuedRow,
@@ -351,7 +351,7 @@ class SessionStore(Protocol):
         per: float,
     ) -> bool: ...
 
-    # usage counters of the budgets (core/budgets.py): key -> {kind: amount}
+    # usage counters of the budgets (core/turn/budgets.py): key -> {kind: amount}
     async def add_usage(self, keys: Sequence[str], amounts: dict[str, float]) -> None: ...
     async def get_usage(self, keys: Sequence[str]) -> dict[str, dict[str, float]]: ...
     async def reserve_usage(
@@ -364,7 +364,7 @@ class SessionStore(Protocol):
         the counters of the keys of `adds` after it."""
         ...
 
-    # schedules (core/schedules.py)
+    # schedules (core/triggers/schedules.py)
     async def create_schedule(self, row: ScheduleRow) -> ScheduleRow: ...
     async def get_schedule(self, schedule_id: str) -> ScheduleRow | None: ...
     async def list_schedules(self, user_id: str | None = None) -> list[ScheduleRow]: ...
@@ -392,7 +392,7 @@ class ClusterBus(Protocol):
     """Messages between daemons on one database, and the rows that say who is alive.
 
     Offered by a store that several daemons share (PostgreSQL: `PostgresStore.bus()`,
-    LISTEN / NOTIFY); core/cluster.py is its one user."""
+    LISTEN / NOTIFY); core/cluster/cluster.py is its one user."""
 
     def on_message(self, callback: Callable[[str, str], None]) -> None: ...
     def on_reconnect(self, callback: Callable[[], None]) -> None: ...

@@ -2,7 +2,7 @@
 
 A lease (store/base.py `LeaseRow`) has a `generation`: it goes up by one each time
 another owner takes the session over. The owner's runtime holds its lease inside
-``with fenced(Fence(session_id, owner, generation)):`` (core/lease.py does it), and
+``with fenced(Fence(session_id, owner, generation)):`` (core/turn/lease.py does it), and
 every write to that session made inside the block, in that task or any task it starts,
 carries the fence: the store checks, in the write's own transaction, that the lease row
 still names this owner with this generation, and refuses the write with

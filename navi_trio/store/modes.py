@@ -18,12 +18,12 @@ import os
 import stat
 from pathlib import Path
 
+from navi_trio.settings import DB_SIDES
+
 log = logging.getLogger(__name__)
 
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
-# What SQLite (and navi's users marker) keep beside a database file.
-DB_SIDES = ("-wal", "-shm", "-journal", "-users")
 SESSIONS = "sessions"
 
 

@@ -32,9 +32,8 @@ from typing import Any
 import attrs
 import trio
 
-from navi_trio.core.agent import UserMessage
-from navi_trio.core.broadcast import LocalBroadcast, ReplayBuffer
-from navi_trio.core.session_actor import Frame, SessionActor, Subscription
+from navi_trio.core.session import Frame, LocalBroadcast, ReplayBuffer, SessionActor, Subscription
+from navi_trio.core.turn import UserMessage
 from navi_trio.llm.script import Reply
 from navi_trio.llm.scripted import ScriptedBackend
 from navi_trio.profiles import ConfigSource, parse_config

@@ -2,7 +2,7 @@
 
 One list, used by every confinement: the sandbox masks these paths (tools/sandbox.py),
 the filesystem tool refuses them (tools/filesystem.py), and a client's `cwd` may not lie
-inside them (core/workspace.py). Whatever their paths are: the data folder (the
+inside them (core/turn/workspace.py). Whatever their paths are: the data folder (the
 database, its WAL and journal, the token files, every session folder), the database
 when it lives elsewhere, navi's config folders (config.json may hold tokens and MCP
 servers' keys), and the SSH identity files the config names for ssh_exec. The caller's
@@ -22,8 +22,7 @@ from pathlib import Path
 import attrs
 
 from navi_trio.profiles import NaviConfig
-from navi_trio.settings import Settings
-from navi_trio.store.modes import DB_SIDES
+from navi_trio.settings import DB_SIDES, Settings
 
 
 def real_path(path: Path | str) -> Path:

@@ -4,7 +4,7 @@
 
 A fresh runtime has not loaded the token encoding (cl100k, 0.1-1.4 s); the first turn
 loads it on a worker thread. While it loads, no session may wait for it on the trio
-thread (core/tokens.py `preload`). Each repeat opens a fresh runtime on a temp SQLite
+thread (core/turn/tokens.py `preload`). Each repeat opens a fresh runtime on a temp SQLite
 file with the fake LLM on 127.0.0.1 (in this process), sends one message to each of
 `--sessions` sessions at once (an ``echo`` call, then an answer), and measures the
 longest gap of a task that asks to wake every 2 ms: the longest time the loop was held.

@@ -26,8 +26,7 @@ from typing import Any
 import trio
 from navi_runs import BENCH_PROFILE, PROMPT, EchoTool, WsClient, bench_runtime, ws_client, ws_daemon
 
-from navi_trio.core.context import ContextBuilder, ContextViews
-from navi_trio.core.tokens import TokenCounter
+from navi_trio.core.turn import ContextBuilder, ContextViews, TokenCounter
 from navi_trio.runtime import default_tools
 from navi_trio.settings import Settings
 from navi_trio.store.sqlite import SQLiteStore

@@ -21,18 +21,18 @@ and the actor connects again after a backoff (`RECONNECT_FIRST_S`, doubling up t
 `RECONNECT_MAX_S`; back to the first after a connection that lasted `STABLE_S`),
 ``LISTEN``s again to every channel listened to, and calls `on_reconnect`: what
 arrived meanwhile is lost, so the cluster makes every follower resync and looks again
-for what it may have been told (core/cluster.py). While it is down, `listen` raises
+for what it may have been told (core/cluster/cluster.py). While it is down, `listen` raises
 `StorageError` (the wire's ``storage``: the server cannot be reached) and `up` is false.
 
 A payload longer than `NOTIFY_MAX` bytes (NOTIFY's limit is 8000) is stored in the
 ``frames`` table and the notification carries ``{"ref": id}``; `fetch_frame` reads it
 back. Rows older than `FRAME_KEEP_S` are deleted by the next large notify. A payload
-sent with a fence (a frame of a run: core/cluster.py) goes out only if the session's
+sent with a fence (a frame of a run: core/cluster/cluster.py) goes out only if the session's
 lease row still names that owner and generation, checked in the statement that sends
 it: a run taken over under it reaches nobody, even before it knows.
 
 The cluster's bookkeeping (the ``daemons``, ``follows`` and ``leases`` rows the cluster
-reads: core/cluster.py) is here too, one function per statement, run on the store's
+reads: core/cluster/cluster.py) is here too, one function per statement, run on the store's
 workers.
 """
 

@@ -187,7 +187,7 @@ class _Core(StoreMethods):
         logger.error("store: %s (logged once until the database answers again)", error)
 
     def bus(self) -> PgBus:
-        """LISTEN / NOTIFY between the daemons of this database (core/cluster.py)."""
+        """LISTEN / NOTIFY between the daemons of this database (core/cluster/cluster.py)."""
         return PgBus(self, self._url)
 
     async def stats(self) -> dict[str, int]:

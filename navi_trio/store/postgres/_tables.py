@@ -127,7 +127,7 @@ PG = PgEngine()
 
 
 def _users_changed(conn: Conn) -> None:
-    """Tell the daemons on this database (core/cluster.py listens): the notification goes
+    """Tell the daemons on this database (core/cluster/cluster.py listens): the notification goes
     out with the commit, never before it."""
     conn.execute("SELECT pg_notify(%s, '')", [USERS_CHANNEL])
 
@@ -256,7 +256,7 @@ def adopt(
 ) -> list[tuple[str, dict[str, Any]]]:
     """The session's rows nobody else runs, now ours: left by a dead process on this host
     or a dead daemon elsewhere (its ``daemons`` row expired or it left), handed over by another
-    daemon (pid 0: core/cluster.py), or ours. Nothing while another process holds the
+    daemon (pid 0: core/cluster/cluster.py), or ours. Nothing while another process holds the
     session's lease: its owner runs them, and would find them gone. Every row while we
     hold it: the holder runs the queue, in its order (a copy another daemon still has
     in memory is never run twice: taking a row off the queue is a compare and set).

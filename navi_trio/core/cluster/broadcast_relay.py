@@ -1,0 +1,53 @@
+"""The second `SessionBroadcast`: a session's frames from whichever daemon runs it.
+
+`RelayBroadcast` is `LocalBroadcast` (replay, subscribers, resync, lagged) plus
+`relay(frame)`: a frame of this session that another daemon published and the cluster
+received (core/cluster/cluster.py, PostgreSQL NOTIFY). A relayed frame is kept and fanned out
+as it is, seq and epoch unchanged, so a client gets the same frames on any daemon and
+may reconnect to another with the seq it saw. A frame out of turn (another epoch, or a
+seq that does not follow) first tells the subscribers ``resync``: never a silent gap.
+
+When this daemon publishes again after relaying (it runs the session now, or ends a
+turn a dead daemon left), its frames get a new epoch and seqs above every seq this
+broadcast has held (`seq_floor`), after a ``resync`` to its subscribers: no (epoch,
+seq) ever names two frames, and no subscriber sees another epoch begin unannounced.
+Publishing to the other daemons is not here: the cluster taps the encoder
+(`Cluster.tap`), so both broadcasts publish the same way.
+"""
+
+from __future__ import annotations
+
+from navi_trio.core.session import Frame, LocalBroadcast, ReplayBuffer, new_epoch
+from navi_trio.events import AgentEvent
+
+
+class RelayBroadcast(LocalBroadcast):
+    relayed = False  # the last frames came from another daemon
+
+    @property
+    def seq_floor(self) -> int:
+        """The highest seq this broadcast ever held (a successor starts above it)."""
+        return max(self._seq, getattr(self, "_floor", 0))
+
+    def publish(self, event: AgentEvent) -> Frame:
+        if self.relayed:  # our own frames again: a name of their own, announced
+            self.relayed = False
+            self._epoch = new_epoch()
+            self._seq = self.seq_floor
+            self.resync()
+        return super().publish(event)
+
+    def relay(self, frame: Frame) -> None:
+        seq, epoch = frame.get("seq"), frame.get("epoch")
+        if not isinstance(seq, int) or not isinstance(epoch, str):
+            self._fan_out(frame)  # out of band (task_update): never kept
+            return
+        self._floor = max(self.seq_floor, seq)
+        if epoch != self._epoch or seq != self._seq + 1:
+            self.buffer = ReplayBuffer()
+            self._epoch, self._seq = epoch, seq - 1
+            self._fan_out(self._resync(self.session_id, self._seq, self._epoch))
+        self.relayed = True
+        self._seq = seq
+        self.buffer.append(frame)
+        self._fan_out(frame)

@@ -1,0 +1,255 @@
+"""What one daemon asks of another and waits for: a stop, approvals, background tasks.
+
+    calls = cluster.calls                               # one per Cluster (core/cluster/cluster.py)
+    await calls.approve(owner, session_id, call_id, approve=True, scope="once", user_id=u)
+    stopped = await calls.stop(owner, session_id)       # True only if it stopped a turn
+    jobs = await calls.jobs_elsewhere(session_ids)      # other daemons' running jobs
+    reply = await calls.task("cancel", session_ids, task_id)   # {"task_id", "cancelled"}
+
+A client's ``stop``, ``approve`` / ``deny`` or ``tasks cancel`` may reach a daemon that
+does not run the turn, the call or the job. The api layer checks who asks, against the
+store every daemon shares; then the daemon that holds it is asked: a notification on its
+channel (``nd_…``) with a request id and the asker's own owner id (and, for an approval,
+the answering user: only the run's starter answers, checked by the owner's broker); the
+owner answers its ApprovalBroker, cancels in its TaskSupervisor or stops the session's
+turn, and notifies the outcome back on the asker's channel. The client's reply waits for
+it (at most `ASK_TIMEOUT_SEC`): it says what happened, as on one daemon, e.g.
+``not_found`` when the call no longer waits there, ``forbidden`` when the run is another
+user's, ``stopped: false`` when no turn ran. Asked while this daemon's listener is down
+(the answer could not be heard), it is refused at once as the server being out of reach
+(``storage``). Compact, by contrast, is a bare `Cluster.tell`: nothing comes back.
+
+Jobs other daemons run are read from their running markers (kv ``task_running``, written
+by core/jobs/task_supervisor.py while a job runs: session, task id, tool, arguments, start
+time, pid and host), matched by (pid, host) to the live ``daemons`` rows. So a list
+shows them while they run; once finished, a job's result stays with its daemon and
+reaches the agent as a completion note, as always.
+
+Every payload is checked field by field: only daemons of the same database write them,
+but a malformed one is dropped with a warning, never acted on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from navi_trio.core.jobs import RUNNING_SCOPE, task_info
+from navi_trio.core.turn import SCOPES
+from navi_trio.errors import (
+    ForbiddenError,
+    NaviError,
+    NotFoundError,
+    StorageError,
+    UnavailableError,
+)
+from navi_trio.store.base import ClusterBus, SessionStore
+
+log = logging.getLogger(__name__)
+
+ASK_TIMEOUT_SEC = 10.0
+FIELD_MAX = 300  # any id or name in a payload
+ERROR_MAX = 500
+APPROVE, CANCEL, STOP, ANSWER = "approve", "cancel_task", "stop_turn", "answer"
+
+
+class Answers(Protocol):
+    """core/turn/approvals.py `ApprovalBroker`."""
+
+    async def answer(
+        self, session_id: str, call_id: str, *, approve: bool, scope: str, user_id: str
+    ) -> None: ...
+
+
+class Cancels(Protocol):
+    """core/jobs/task_supervisor.py `TaskSupervisor`."""
+
+    def cancel(self, session_id: str, task_id: str) -> bool: ...
+
+
+@attrs.define(eq=False)
+class _Asked:
+    done: trio.Event = attrs.Factory(trio.Event)
+    answer: dict[str, Any] = attrs.Factory(dict)
+
+
+class OwnerCalls:
+    """Asks other daemons, and answers what they ask of this one (see the module)."""
+
+    def __init__(
+        self, bus: ClusterBus, store: SessionStore, owner: str, channel: Callable[[str], str]
+    ) -> None:
+        self.bus = bus
+        self.store = store
+        self.owner = owner
+        self.channel = channel  # owner id -> its channel (core/cluster/cluster.py daemon_channel)
+        self.approvals: Answers | None = None
+        self.jobs: Cancels | None = None
+        self.stops: Callable[[str], bool] | None = None  # stop the session's turn here
+        self._asked: dict[str, _Asked] = {}
+
+    def attach(
+        self,
+        approvals: Answers | None,
+        jobs: Cancels | None,
+        stops: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.approvals = approvals
+        self.jobs = jobs
+        self.stops = stops
+
+    # -- asking -------------------------------------------------------------------------
+
+    async def approve(
+        self, owner: str, session_id: str, call_id: str, *, approve: bool, scope: str,
+        user_id: str,
+    ) -> None:  # fmt: skip
+        """`user_id`'s answer to a call waiting on daemon `owner`; NotFoundError when it
+        waits there no longer, ForbiddenError when its run is another user's."""
+        await self._ask(owner, APPROVE, session_id, c=call_id, a=approve, sc=scope, u=user_id)
+
+    async def stop(self, owner: str, session_id: str) -> bool:
+        """Stop the turn daemon `owner` runs in the session: whether one was stopped."""
+        answer = await self._ask(owner, STOP, session_id)
+        return answer.get("v") is True
+
+    async def task(
+        self, action: str, session_ids: list[str], task_id: str
+    ) -> dict[str, Any] | None:
+        """`tasks check` / `cancel` of a job another daemon runs in `session_ids` (the
+        asker's): the reply's fields, or None when no other daemon runs it."""
+        found = [j for j in await self.jobs_elsewhere(session_ids) if j["task_id"] == task_id]
+        if not found:
+            return None
+        job = found[0]
+        if action == "check":
+            return {"task": job}
+        answer = await self._ask(job["daemon"], CANCEL, job["session_id"], t=task_id)
+        cancelled = answer.get("v") is True
+        log.info("task %s of daemon %s cancelled there: %s", task_id, job["daemon"], cancelled)
+        return {"task_id": task_id, "cancelled": cancelled}
+
+    async def _ask(self, owner: str, kind: str, session_id: str, **fields: Any) -> dict[str, Any]:
+        if not self.bus.up:
+            raise StorageError(
+                "the cluster's listener is not connected to the database (it is connecting"
+                f" again): the daemon running session {session_id!r} cannot be asked now;"
+                " try again shortly"
+            )
+        rid = secrets.token_hex(8)
+        asked = self._asked[rid] = _Asked()
+        payload = {"k": kind, "s": session_id, "r": rid, "o": self.owner, **fields}
+        try:
+            await self.bus.notify([(self.channel(owner), json.dumps(payload))])
+            with trio.move_on_after(ASK_TIMEOUT_SEC):
+                await asked.done.wait()
+        finally:
+            del self._asked[rid]
+        if not asked.done.is_set():
+            raise UnavailableError(
+                f"the daemon running session {session_id!r} did not answer within "
+                f"{ASK_TIMEOUT_SEC:g} s; try again"
+            )
+        error = asked.answer.get("e")
+        if asked.answer.get("nf"):
+            raise NotFoundError(str(error))
+        if asked.answer.get("fb"):
+            raise ForbiddenError(str(error), session_id=session_id)
+        if error is not None:
+            raise UnavailableError(f"the daemon running session {session_id!r}: {error}")
+        return asked.answer
+
+    # -- what others run ------------------------------------------------------------------
+
+    async def jobs_elsewhere(self, session_ids: list[str]) -> list[dict[str, Any]]:
+        """The running jobs of `session_ids` that other live daemons run, as `tasks`
+        lists them (with ``daemon``: the owner id that runs it)."""
+        wanted = set(session_ids)
+        daemons = {(pid, host): o for o, pid, host in await self.bus.live_daemons()}
+        jobs = []
+        for _key, marker in await self.store.kv_list(RUNNING_SCOPE):
+            info = _job(marker, daemons)
+            if info is not None and info["session_id"] in wanted and info["daemon"] != self.owner:
+                jobs.append(info)
+        return jobs
+
+    # -- what arrives -----------------------------------------------------------------------
+
+    async def received(self, data: dict[str, Any]) -> bool:
+        """Handle a notification on this daemon's channel if it is one of ours (True)."""
+        kind = data.get("k")
+        if kind == ANSWER:
+            asked = self._asked.get(str(data.get("r")))
+            if asked is not None and not asked.done.is_set():
+                asked.answer = data
+                asked.done.set()
+            return True
+        if kind not in (APPROVE, CANCEL, STOP):
+            return False
+        sid, rid, asker = _text(data, "s"), _text(data, "r"), _text(data, "o")
+        if sid is None or rid is None or asker is None:
+            log.warning("a cluster request without its session, id or asker: %.200r", data)
+            return True
+        answer: dict[str, Any] = {"k": ANSWER, "r": rid}
+        try:
+            answer["v"] = await self._do(kind, sid, data)
+        except NotFoundError as exc:
+            answer.update(e=str(exc)[:ERROR_MAX], nf=True)
+        except ForbiddenError as exc:
+            answer.update(e=str(exc)[:ERROR_MAX], fb=True)
+        except (NaviError, ValueError) as exc:
+            answer["e"] = str(exc)[:ERROR_MAX]
+        await self.bus.notify([(self.channel(asker), json.dumps(answer))])
+        return True
+
+    async def _do(self, kind: str, sid: str, data: dict[str, Any]) -> bool:
+        if kind == APPROVE:
+            call_id, approve, scope = _text(data, "c"), data.get("a"), data.get("sc")
+            user_id = _text(data, "u")
+            if call_id is None or not isinstance(approve, bool) or scope not in SCOPES:
+                raise ValueError(f"a malformed approval for session {sid!r}")
+            if user_id is None:
+                raise ValueError(f"an approval for session {sid!r} without its user")
+            if self.approvals is None:
+                raise NotFoundError(f"no approval request {call_id!r} waits here")
+            await self.approvals.answer(
+                sid, call_id, approve=approve, scope=str(scope), user_id=user_id
+            )
+            return True
+        if kind == STOP:
+            return self.stops is not None and self.stops(sid)
+        task_id = _text(data, "t")
+        if task_id is None:
+            raise ValueError(f"a cancel without a task id in session {sid!r}")
+        if self.jobs is None:
+            return False
+        return self.jobs.cancel(sid, task_id)
+
+
+def _text(data: dict[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    return value if isinstance(value, str) and 0 < len(value) <= FIELD_MAX else None
+
+
+def _job(marker: Any, daemons: dict[tuple[Any, Any], str]) -> dict[str, Any] | None:
+    """A running marker as `tasks` lists a job, or None if no live daemon runs it."""
+    if not isinstance(marker, dict):
+        return None
+    owner = daemons.get((marker.get("pid"), marker.get("host")))
+    sid, tid = _text(marker, "session_id"), _text(marker, "task_id")
+    if owner is None or sid is None or tid is None:
+        return None
+    started = marker.get("started")
+    age = time.time() - started if isinstance(started, (int, float)) else 0.0
+    info = task_info(
+        tid, str(marker.get("tool") or "?"), "running", age, sid,
+        str(marker.get("args_summary") or ""),
+    )  # fmt: skip
+    return {**info, "daemon": owner}

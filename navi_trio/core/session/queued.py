@@ -1,0 +1,255 @@
+"""The durable side of a session's message queue (issue 11: crash consistency).
+
+A message queued behind a run is written to the store before the daemon acknowledges
+it (`UserMessage.accepted` is ok once its row is committed; a write that fails refuses
+the message with its error, and it does not run), and leaves the store's
+queue in the very transaction that saves it into the history when its run starts
+(`SessionCache.save(dequeue=...)`). A SIGKILL at any point leaves it in exactly one of
+the two places. After a restart, the session actor adopts the rows a dead process left
+(`adopt`) and runs them first, in the order they were queued.
+
+Writes go to the store one after the other in the order the actor asked for them: a
+chain of events, since tasks started in the same tick run in no fixed order.
+
+The queue's cap (``message_queue_max``) is the store's: each write keeps the session's
+newest rows (`SessionStore.enqueue(keep=N)`), whichever daemon queued them, and returns
+the ones it dropped; the actor says so (`dropped_warning`). Running a queued message
+takes its row in the transaction that saves it (a compare and set): a row another
+daemon took first, or that the cap dropped, is never run twice or after its drop.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from navi_trio import wire
+from navi_trio.core.turn import Acceptance, UserMessage, stopped_before_saving
+from navi_trio.errors import NaviError, StorageError
+from navi_trio.events import WarningEvent
+from navi_trio.profiles import BudgetConfig
+from navi_trio.profiles._control import budgets_dict, parse_budgets
+from navi_trio.store.base import SessionStore
+
+log = logging.getLogger(__name__)
+
+WRITE_DEADLINE_SEC = 10.0  # a queue write that must land, shielded, at most this long
+# Rows a store dropped from a full queue: (key, the row as queued).
+Dropped = list[tuple[str, dict[str, Any]]]
+
+
+def to_row(msg: UserMessage) -> dict[str, Any]:
+    return {
+        "text": msg.text,
+        "cwd": None if msg.cwd is None else str(msg.cwd),
+        "user_id": msg.user_id,
+        "user_role": msg.user_role,
+        "user_info": msg.user_info,
+        "profile_id": msg.profile_id,
+        "mode": msg.mode,
+        "kind": msg.kind,
+        "headless": msg.headless,
+        "budget": None if msg.budget is None else budgets_dict(msg.budget),
+        "schedule_id": msg.schedule_id,
+    }
+
+
+def from_row(key: str, row: dict[str, Any]) -> UserMessage:
+    msg = UserMessage(
+        str(row.get("text", "")),
+        cwd=Path(row["cwd"]) if row.get("cwd") else None,
+        user_id=str(row.get("user_id") or "local"),
+        user_role=str(row.get("user_role") or "user"),
+        user_info=row.get("user_info"),
+        profile_id=row.get("profile_id"),
+        mode=row.get("mode"),
+        queue_key=key,
+        kind=str(row.get("kind") or "user"),
+        headless=bool(row.get("headless")),
+        on_busy="enqueue",  # queued already: it waits for its turn
+        budget=_budget(row.get("budget")),
+        schedule_id=row.get("schedule_id"),
+    )
+    msg.accepted.ok()  # it was acknowledged in its first life
+    return msg
+
+
+def _budget(data: Any) -> BudgetConfig | None:
+    """A stored row's budget (checked again: a row is the store's, not ours alone)."""
+    if data is None:
+        return None
+    try:
+        return parse_budgets(data)
+    except ValueError as exc:
+        log.warning("a queued message's budget is unreadable (%s): the configured ones apply",
+                    exc)  # fmt: skip
+        return None
+
+
+def dropped_warning(row: dict[str, Any], cap: int, total: int) -> WarningEvent:
+    """What the session's subscribers are told of a message the queue's cap dropped:
+    which one, and that it will not run."""
+    if row.get("kind") == "wake":
+        what = "a wake-up for background results (their notes wait for the next turn)"
+    else:
+        text = wire.dropped_excerpt(str(row.get("text", "")))
+        what = f"the message {text!r}"
+        if row.get("kind") == "schedule":
+            what = f"the scheduled run {text!r}"
+    return WarningEvent(
+        message=(
+            f"{wire.QUEUE_FULL} ({cap} waiting, NAVI_MESSAGE_QUEUE_MAX): the oldest "
+            f"waiting, {what}, was dropped and will not run ({total} dropped so far)"
+        ),
+        code=wire.MESSAGE_DROPPED,
+    )
+
+
+class _TakesMessages(Protocol):
+    def send_message(self, message: UserMessage) -> object: ...
+
+
+class _Registry(Protocol):
+    """What `deliver` needs of the session registry (core/session/session_actor.py)."""
+
+    adopt: bool
+
+    def actor(self, session_id: str) -> _TakesMessages | None: ...
+    async def get(self, session_id: str) -> _TakesMessages: ...
+
+
+async def deliver(registry: _Registry, session_id: str, key: str, row: dict[str, Any]) -> None:
+    """Hand a message the store already queued (a wake-up, a scheduled run: queued in
+    the transaction that made it) to its session's actor, which runs it in its turn.
+
+    A session with no actor yet gets one; when it adopts what is queued (the daemon's
+    registry does), that takes this message in too. Shutting down, it stays queued and
+    runs after the restart."""
+    if registry.actor(session_id) is None and registry.adopt:
+        await registry.get(session_id)
+        return
+    actor = await registry.get(session_id)
+    try:
+        actor.send_message(from_row(key, row))
+    except RuntimeError:
+        pass
+
+
+class DurableQueue:
+    """The store rows of one session's queued messages; the actor owns it."""
+
+    def __init__(
+        self, session_id: str, store: SessionStore, *, pid: int, host: str, cap: int | None = None
+    ) -> None:
+        self.session_id = session_id
+        self.store = store
+        self.pid = pid
+        self.host = host
+        self.cap = cap  # the session's queue keeps at most this many rows
+        self._tail = trio.Event()  # the last write asked for has landed
+        self._tail.set()
+        self._written: dict[str, trio.Event] = {}
+
+    def keep(
+        self,
+        nursery: trio.Nursery,
+        msg: UserMessage,
+        stored: Callable[[UserMessage, Dropped], None] | None = None,
+    ) -> UserMessage:
+        """`msg` with its queue key; its row is written in the background, in order.
+
+        `msg.accepted` is ok once the row is committed, and then `stored(msg, dropped)`
+        is told which rows the cap dropped for it; a write that fails (a full disk)
+        refuses it, and its run is skipped. One still going after WRITE_DEADLINE_SEC
+        leaves it to the run: acknowledged once the run saves it into the history.
+        A message that has a key is stored already (a wake-up, a scheduled run: queued
+        in the store's own transaction) and is kept as it is."""
+        if msg.queue_key is not None:
+            return msg
+        queued = attrs.evolve(msg, queue_key=secrets.token_hex(8))
+        key = queued.queue_key
+        assert key is not None
+        self._written[key] = self._chain(
+            nursery, self.store.enqueue, self.session_id, key, to_row(queued),
+            pid=self.pid, host=self.host, keep=self.cap, acceptance=queued.accepted,
+            after=None if stored is None else (lambda dropped: stored(queued, dropped)),
+        )  # fmt: skip
+        return queued
+
+    async def written(self, msg: UserMessage) -> None:
+        """Until the message's row is in the store: its run's save must come after."""
+        if msg.queue_key is not None:
+            done = self._written.pop(msg.queue_key, None)
+            if done is not None:
+                await done.wait()
+
+    async def ran(self, msg: UserMessage) -> None:
+        """A message refused, or whose run was refused before its save (session busy,
+        unknown profile): it leaves the queue too, so a restart does not run it. (An
+        acknowledged one whose run a shutdown cancelled before its save keeps its row:
+        it runs after the restart.)"""
+        if msg.queue_key is not None:
+            with trio.move_on_after(WRITE_DEADLINE_SEC, shield=True):
+                try:
+                    await self.store.unqueue(msg.queue_key)
+                except NaviError as exc:
+                    log.warning("session %s: unqueue failed: %s", self.session_id, exc)
+
+    async def adopt(self) -> list[UserMessage]:
+        """The messages nobody else runs (a dead process's, handed over, ours), oldest
+        first."""
+        try:
+            rows = await self.store.adopt_queued(self.session_id, pid=self.pid, host=self.host)
+        except NaviError as exc:
+            log.warning("session %s: reading its queued messages failed: %s",
+                        self.session_id, exc)  # fmt: skip
+            return []
+        if rows:
+            log.info("session %s: %d queued message(s) left by a crash run now",
+                     self.session_id, len(rows))  # fmt: skip
+        return [from_row(key, row) for key, row in rows]
+
+    def _chain(self, nursery: trio.Nursery, fn: Any, *args: Any,
+               acceptance: Acceptance | None = None, after: Callable[[Any], None] | None = None,
+               **kwargs: Any) -> trio.Event:  # fmt: skip
+        before, done = self._tail, trio.Event()
+        self._tail = done
+
+        async def write() -> None:
+            started = False
+            try:
+                await before.wait()
+                started = True
+                stored = False
+                with trio.move_on_after(WRITE_DEADLINE_SEC, shield=True):
+                    try:
+                        result = await fn(*args, **kwargs)
+                        stored = True
+                    except NaviError as exc:
+                        # A storage failure is logged once by the store; the sender gets it.
+                        say = log.info if isinstance(exc, StorageError) else log.warning
+                        say("session %s: queue write failed: %s", self.session_id, exc)
+                        if acceptance is not None:
+                            acceptance.fail(exc)
+                if acceptance is not None and stored:
+                    acceptance.ok()  # acknowledged only now
+                if after is not None and stored:
+                    after(result)
+                elif acceptance is not None and not acceptance.settled:
+                    # Past the deadline: the row may still land (the store never withdraws
+                    # a write). The message runs, and is acknowledged once its run saves it.
+                    log.warning("session %s: queueing a message took over %g s",
+                                self.session_id, WRITE_DEADLINE_SEC)  # fmt: skip
+            finally:
+                if acceptance is not None and not started:
+                    acceptance.fail(stopped_before_saving())  # cancelled before its write
+                done.set()
+
+        nursery.start_soon(write)
+        return done

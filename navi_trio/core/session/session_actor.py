@@ -1,0 +1,813 @@
+"""Session actors: one per live session, started on demand by the registry.
+
+A `SessionActor` owns its runs (a nursery inside the actor) and the message queue
+(background-tasks.md "Message queue": a message arriving while a run is active is
+queued, ``message_queue_max`` deep, oldest dropped and counted in ``dropped_total``;
+queued messages run in submit order when the run ends, whether or not anybody is
+connected). Queued messages are durable (`core/session/queued.py`): each is stored before it
+is acknowledged, and a crash's leftovers are adopted when the session's actor starts
+and run before anything new. The cap is the store's (the same rows counted on every
+daemon); a message it drops is named to the subscribers (a ``message_dropped``
+warning), never dropped silently. A message whose run finds messages queued before it
+in the store that this actor does not hold (handed over, left by a daemon that lost
+the session) goes behind them (`_queue_ahead`): the daemon holding the lease runs the
+queue in its order.
+
+An acknowledged message is never dropped for a failure. One whose run meets a storage
+failure before its save (a full disk), or after it (the turn cut short: it runs again
+as a ``resume``), keeps its place and runs again (`_wait_to_retry`), first. One whose
+run finds the session taken by another daemon is left in the store's queue for that
+daemon (`hand_over`, core/cluster/cluster.py), with every message queued behind it; without
+daemons to hand it to (SQLite: a ``navi run`` holds the session), or when that daemon
+died before it could be handed (its turn is ended first, as `take_over` does), it waits
+and tries again. A queued message's save takes its row off the queue (compare and set): one that
+another daemon took first is skipped, saying nothing.
+
+A run whose lease another daemon took over under it (this one was paused past its
+TTL) publishes nothing more: each frame waits for the lease to be known ours
+(`HeldLease.held`), and once it is not, the run is stopped and its subscribers here
+get one ``session_busy`` error and its ``stream_end``.
+
+Every message's `accepted` (core/turn/acceptance.py) is settled exactly once: ok when it is
+committed (queued, or saved by its run), else the error that kept it out (the session
+busy in another process, a full disk, a damaged database, a shutdown). The sender
+answers with that outcome; a refused message never runs.
+
+Every event of a run or compaction goes out through the session's broadcast
+(`core/session/broadcast.py`: seq, epoch, replay, subscribers, ``resync`` and ``lagged``); the
+actor knows only its `SessionBroadcast` protocol, the seam that scale-out implements a
+second time. What the actor needs of the core is one frozen `SessionParts` (the store,
+the agent's run and compaction streams, the live config): it never sees the agent. The
+run itself takes the session's lease (`Agent.run_stream`), in one place for the
+daemon, ``navi run`` and direct callers alike.
+
+Commands are synchronous methods (atomic under trio): `send_message`, `stop`, `compact`,
+`subscribe`; `exclusive` runs a rewind or a fork with nothing else of the session
+running, and `resync` tells every subscriber to reload the history a rewind rewrote.
+The registry that starts and retires actors is core/session/session_registry.py;
+the log lines of a run are core/session/run_log.py's.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from functools import partial
+from typing import Any, Protocol, TypeVar
+
+import attrs
+import trio
+
+from navi_trio.backoff import backoff_delay
+from navi_trio.core.session.broadcast import Frame as Frame
+from navi_trio.core.session.broadcast import SessionBroadcast
+from navi_trio.core.session.broadcast import Subscription as Subscription
+from navi_trio.core.session.queued import Dropped, DurableQueue, dropped_warning
+from navi_trio.core.session.run_log import RunLog
+from navi_trio.core.session.user_watch import role_now
+from navi_trio.core.turn import (
+    Agent,
+    RunControl,
+    SteerItem,
+    UserMessage,
+    busy_strategy,
+    check_steer,
+    not_the_starter,
+    refusal,
+    steer_item,
+    stopped_before_saving,
+)
+from navi_trio.errors import (
+    AuthError,
+    NaviError,
+    NothingToCompactError,
+    RequestError,
+    SessionBusyError,
+    StorageError,
+)
+from navi_trio.events import AgentEvent, ErrorEvent, MessageQueued, StreamEnd, WarningEvent
+from navi_trio.profiles import NaviConfig, OnBusy
+from navi_trio.store.base import SessionStore
+from navi_trio.store.fence import Fence
+
+log = logging.getLogger(__name__)
+
+log = logging.getLogger(__name__)
+
+# A run cancelled under it (the runtime shutting down) still ends itself, shielded: its
+# last events (the partial answer's stream_end) are read and published for this long.
+T = TypeVar("T")
+END_DRAIN_SEC = 15.0
+# An acknowledged (queued) message whose run could not save it (a full disk) keeps its
+# place: it runs again after KEPT_RETRY_FIRST_SEC, doubling up to KEPT_RETRY_MAX_SEC,
+# or at once when another message arrives; the messages after it wait behind it.
+KEPT_RETRY_FIRST_SEC = 1.0
+KEPT_RETRY_MAX_SEC = 60.0
+
+
+class RunStream(Protocol):
+    """`Agent.run_stream`: one turn's events; the run takes the session's lease."""
+
+    def __call__(
+        self, session_id: str, message: str | UserMessage, *, control: RunControl | None = None
+    ) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[AgentEvent]]: ...
+
+
+# `Agent.end_dead_turn`: (session_id, the generation of the lease taken over) -> the events
+# that end its turn (none when another runtime ended it, or it was not dead).
+EndDeadTurn = Callable[[str, int], Awaitable[list[AgentEvent]]]
+# The cluster's take-over of a lease a dead owner never released (core/cluster/cluster.py):
+# its new generation, held now by this runtime, else None.
+DeadTurn = Callable[[str], Awaitable["int | None"]]
+# `Agent.compact_stream`: a forced compaction's events.
+CompactStream = Callable[[str], AbstractAsyncContextManager[trio.abc.ReceiveChannel[AgentEvent]]]
+# Makes a session's broadcast: (session_id, on_change) -> broadcast. `on_change` is
+# called when a subscriber comes or goes.
+BroadcastFactory = Callable[[str, Callable[[], None]], SessionBroadcast]
+# Told when a run ends: (session_id, its message, its stream_end).
+RunEnded = Callable[[str, UserMessage, StreamEnd], None]
+# Leaves queued messages (their keys) to the daemon that runs the session now
+# (core/cluster/cluster.py `Cluster.hand_back`); raises a NaviError when it could not.
+HandOver = Callable[[str, list[str]], Awaitable[None]]
+
+
+@attrs.frozen(kw_only=True)
+class SessionParts:
+    """What session actors (and their registry) need of the core, and nothing more."""
+
+    store: SessionStore
+    pid: int  # who writes the queue rows (a crash's leftovers are adopted by pid)
+    host: str
+    config: Callable[[], NaviConfig]
+    run_stream: RunStream
+    compact_stream: CompactStream
+    end_dead_turn: EndDeadTurn
+    forget: Callable[[str], None]  # drop a retired session's cached state
+
+    @classmethod
+    def of(cls, agent: Agent) -> SessionParts:
+        return cls(
+            store=agent.store,
+            pid=agent.leases.pid,
+            host=agent.leases.host,
+            config=agent.config,
+            run_stream=agent.run_stream,
+            compact_stream=agent.compact_stream,
+            end_dead_turn=agent.end_dead_turn,
+            forget=agent.cache.forget,
+        )
+
+
+class SessionActor:
+    def __init__(
+        self,
+        session_id: str,
+        parts: SessionParts,
+        broadcast: BroadcastFactory,
+        *,
+        queue_max: int,
+        idle_timeout: float = math.inf,
+        on_retire: Callable[[SessionActor], None] | None = None,
+        adopt: bool = False,
+        on_run_end: RunEnded | None = None,
+        dead_turn: DeadTurn | None = None,
+        hand_over: HandOver | None = None,
+    ) -> None:
+        self.session_id = session_id
+        # With the cluster: a run first ends the turn a dead daemon left here, unless
+        # that was looked at since another daemon last ran the session (`relay`).
+        self._dead_turn = dead_turn
+        self.dead_turn_checked = dead_turn is None
+        self._on_run_end = on_run_end
+        self._hand_over = hand_over
+        self._adopt = adopt
+        self.parts = parts
+        self.queue_max = queue_max
+        self.idle_timeout = idle_timeout
+        self._on_retire = on_retire
+        self._changed = trio.Event()
+        self.retired = trio.Event()
+        self.broadcast = broadcast(session_id, self._touch)
+        self.pending: collections.deque[UserMessage] = collections.deque()
+        self.queue = DurableQueue(
+            session_id, parts.store, pid=parts.pid, host=parts.host, cap=max(queue_max, 1)
+        )
+        self.dropped_total = 0
+        self._adopting = trio.Lock()  # one read of the store's queue at a time
+        self._nursery: trio.Nursery | None = None
+        self._control: RunControl | None = None
+        self._running_key: str | None = None  # the queue key of the message running
+        # Who started the turn running (or waiting to retry): only they steer it or
+        # interrupt it, as only they answer its approvals (core/turn/approvals.py).
+        self._running_user: str | None = None
+        self._kept_wait: trio.CancelScope | None = None  # a kept message's wait to retry
+        # Queue keys of messages put ahead of the queue on purpose (an interrupting one,
+        # steered ones the turn never took in): they run before what waits here.
+        self._jumped: set[str | None] = set()
+        self.busy = False
+        self.idle = trio.Event()
+        self.idle.set()
+
+    @property
+    def seq(self) -> int:
+        return self.broadcast.seq
+
+    @property
+    def epoch(self) -> str:
+        return self.broadcast.epoch
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[SessionActor] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        # What a crash left queued runs first, in its order, before any new message.
+        if self._adopt:
+            self.pending.extend(await self.queue.adopt())
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started(self)
+                if self.pending:
+                    self._start_run(self.pending.popleft())
+                try:
+                    await self._live_until_retired()
+                finally:
+                    self._nursery = None
+        finally:
+            # Only once the runs are over: a run ended by a shutdown still publishes
+            # its stream_end to whoever is subscribed.
+            self.broadcast.close()
+
+    def _retirable(self) -> bool:
+        return not self.busy and not self.pending and not self.broadcast.subscribed
+
+    def _touch(self) -> None:
+        """Something changed that may start or cancel the idle countdown."""
+        self._changed.set()
+
+    async def _live_until_retired(self) -> None:
+        # Idle (no run, no queue, nobody subscribed) for idle_timeout: retire, so a
+        # long-running daemon does not keep every session it ever saw in memory.
+        while True:
+            self._changed = trio.Event()
+            if not self._retirable():
+                await self._changed.wait()
+                continue
+            with trio.move_on_after(self.idle_timeout):
+                await self._changed.wait()
+                continue
+            if self._retirable():
+                # Synchronously, before any checkpoint: from here on the registry
+                # starts a new actor for this session.
+                self.retired.set()
+                if self._on_retire is not None:
+                    self._on_retire(self)
+                return
+
+    # -- commands -------------------------------------------------------------------
+
+    def send_message(self, message: str | UserMessage) -> OnBusy | None:
+        """Run the message, or (the session busy) apply its `on_busy` strategy
+        (core/turn/steering.py); returns that strategy, None when it runs now. `reject`
+        raises SessionBusyError."""
+        msg = UserMessage(message) if isinstance(message, str) else message
+        if not self.busy:
+            self._start_run(msg)
+            return None
+        if self._nursery is None:
+            raise RuntimeError(f"session actor {self.session_id} is not running")
+        control = self._control
+        strategy = busy_strategy(msg.on_busy, control)
+        if strategy in ("steer", "interrupt") and msg.user_id != self._running_user:
+            if msg.on_busy is not None:  # asked for: refused, saying why
+                raise not_the_starter(self.session_id, strategy)
+            strategy = "enqueue"  # the profile's default: it waits its turn instead
+        if strategy == "reject":
+            raise refusal(self.session_id, control)
+        # Stored before it is acknowledged: `msg.accepted` is ok once its row is in.
+        if strategy == "steer" and control is not None:
+            check_steer(msg.text, control)
+            msg = self.queue.keep(self._nursery, msg, self._stored)
+            control.injections.steer(steer_item(msg, self.queue.written))
+            self._nudge_kept()
+            return strategy
+        msg = self.queue.keep(self._nursery, msg, self._stored)
+        if strategy == "interrupt" and control is not None:
+            self.pending.appendleft(msg)  # next, ahead of the queue
+            self._jumped.add(msg.queue_key)
+            control.stop()
+        else:
+            self.pending.append(msg)
+            self._nudge_kept()
+        # At once, in its place among the run's frames: a client following its own
+        # message counts the runs that end before it from here (api/our_run.py).
+        self._say_queued(msg, 1 if strategy == "interrupt" else None)
+        return strategy
+
+    def _stored(self, _msg: UserMessage, dropped: Dropped) -> None:
+        """A queued message's row is in: what the cap dropped for it is said now."""
+        self.dropped(dropped)
+
+    def _say_queued(
+        self, msg: UserMessage, position: int | None = None, *, running: bool = True
+    ) -> None:
+        """`message_queued`: `position` is how many runs end before it (by default, those
+        queued ahead of it here, and the running one when `running`)."""
+        if position is None:
+            keys = [m.queue_key for m in self.pending]
+            ahead = keys.index(msg.queue_key) if msg.queue_key in keys else 0
+            position = ahead + (1 if running else 0)
+        self.publish(
+            MessageQueued(text=msg.text, position=position, dropped_total=self.dropped_total)
+        )
+
+    def dropped(self, rows: Dropped) -> None:
+        """The queue's cap dropped these rows (here, or on another daemon that handed a
+        message over): they leave this actor's queue, and each is named in a warning."""
+        if not rows:
+            return
+        gone = {key for key, _ in rows}
+        self.pending = collections.deque(m for m in self.pending if m.queue_key not in gone)
+        self._jumped -= gone
+        if self._control is not None:
+            self._control.injections.discard(gone)
+        for _, row in rows:
+            self.dropped_total += 1
+            self.publish(dropped_warning(row, max(self.queue_max, 1), self.dropped_total))
+
+    @property
+    def running(self) -> RunControl | None:
+        """The control of the turn running now (None: idle, or compacting)."""
+        return self._control
+
+    def revoke(self, user_ids: set[str]) -> None:
+        """These users were removed: a turn one of them started stops now; their queued
+        and steered messages are refused when their turn would come (`_run`)."""
+        if self._control is not None and self._running_user in user_ids:
+            self._control.stop()
+
+    def stop(self) -> bool:
+        """Stop the running turn (queued messages stay queued). False when idle."""
+        if self._control is None:
+            return False
+        self._control.stop()
+        return True
+
+    def compact(self) -> None:
+        if self.busy:
+            self.publish(
+                ErrorEvent(
+                    message="a run is active: stop it or wait before compacting", code="busy"
+                )
+            )
+            return
+        self._start(self._compact)
+
+    async def exclusive(self, work: Callable[[], Awaitable[T]]) -> T:
+        """Run `work` while nothing else of the session runs (a rewind, a fork): refused
+        while a run or a compaction is active or messages wait; the messages sent
+        meanwhile are queued and run after it, on what it left."""
+        if self.busy or self._nursery is None:
+            raise SessionBusyError(
+                f"session {self.session_id!r} has a run active or queued: stop it or wait",
+                session_id=self.session_id,
+            )
+        self.busy = True
+        self._touch()
+        if self.idle.is_set():
+            self.idle = trio.Event()
+        try:
+            return await work()
+        finally:
+            self._done()
+
+    def resync(self) -> None:
+        """The history changed under the replay (a rewind): every subscriber reloads."""
+        self.broadcast.resync()
+
+    def subscribe(self, last_seq: int | None = None, epoch: str | None = None) -> Subscription:
+        """Frames after `last_seq` from the replay, then live ones (or ``resync``)."""
+        return self.broadcast.subscribe(last_seq, epoch)
+
+    def publish(self, event: AgentEvent) -> Frame:
+        return self.broadcast.publish(event)
+
+    def relay(self, frame: Frame) -> None:
+        """A frame of this session another daemon published (core/cluster/cluster.py). Ignored
+        while this daemon runs the session: only a replaced owner's late frames can
+        arrive then."""
+        relay = getattr(self.broadcast, "relay", None)
+        if not self.busy and relay is not None:
+            relay(frame)
+            self.dead_turn_checked = self._dead_turn is None  # another daemon runs it
+
+    async def take_over(self) -> None:
+        """End the turn a dead daemon left running here, if it left one, unless
+        something of the session runs here now: the ending's events go out before
+        anything else of the session (core/cluster/cluster.py)."""
+        if self.busy or self._nursery is None or self._dead_turn is None:
+            return
+        await self.exclusive(self._end_dead_turn)
+
+    async def _end_dead_turn(self) -> None:
+        """Take over a lease a dead daemon left (the cluster: once, whichever daemon is
+        first) and end its turn; not again until another daemon runs the session."""
+        assert self._dead_turn is not None
+        try:
+            generation = await self._dead_turn(self.session_id)
+            events = []
+            if generation is not None:
+                events = await self.parts.end_dead_turn(self.session_id, generation)
+        except NaviError as exc:
+            log.warning("session %s: ending a dead daemon's turn failed: %s", self.session_id,
+                        exc)  # fmt: skip
+            return
+        self.dead_turn_checked = True
+        for event in events:
+            self.publish(event)
+
+    async def adopt_handed(self) -> int:
+        """Take the session's queued rows nobody else runs (handed over by another
+        daemon, left by a dead one) and run them in order; how many (core/cluster/cluster.py)."""
+        adopted = await self._adopt_rows()
+        for msg in adopted:
+            if not self.busy and not self.pending and self._nursery is not None:
+                self._say_queued(msg, 0)  # it runs now: its sender follows from here
+                self._start_run(msg)
+            else:
+                self.pending.append(msg)
+                self._say_queued(msg)
+        return len(adopted)
+
+    async def _adopt_rows(self) -> list[UserMessage]:
+        """The store's queued rows this actor may run and does not hold yet, in order.
+
+        One read at a time, and what this actor holds already (queued here, running,
+        steered into the turn) is told apart only once the read is back: a message
+        queued here during the read is the store's row too, and must not run twice."""
+        async with self._adopting:
+            rows = await self.queue.adopt()
+            known = self._held_keys()
+            return [m for m in rows if m.queue_key not in known]
+
+    def _held_keys(self) -> set[str | None]:
+        """The queue keys of the messages this actor holds: waiting, running, steered."""
+        keys: set[str | None] = {m.queue_key for m in self.pending} | {self._running_key}
+        if self._control is not None:
+            keys |= self._control.injections.keys()
+        return keys
+
+    def frame_fence(self) -> Fence | None:
+        """The lease fence the frames published now must pass on their way to other
+        daemons (core/cluster/cluster.py): the running run's, until its hold ended cleanly."""
+        lease = self._control.lease if self._control is not None else None
+        return None if lease is None or lease.released else lease.fence
+
+    def publish_out_of_band(self, event: AgentEvent) -> None:
+        self.broadcast.publish_out_of_band(event)
+
+    # -- work -------------------------------------------------------------------------
+
+    def _start(self, fn: Any, *args: Any) -> None:
+        if self._nursery is None:
+            raise RuntimeError(f"session actor {self.session_id} is not running")
+        self.busy = True
+        self._touch()
+        # A queued run follows the last one: whoever waits for idle keeps waiting on the
+        # same event until the queue is empty (a new event would strand them).
+        if self.idle.is_set():
+            self.idle = trio.Event()
+        self._nursery.start_soon(fn, *args)
+
+    def _done(self) -> None:
+        if self._control is not None:
+            self._requeue(self._control.injections.leftover())
+        self.busy = False
+        self._control = None
+        self._running_key = None
+        self._running_user = None
+        self._touch()
+        # At shutdown the nursery is gone: queued messages are not started (they stay
+        # in the store and run after the restart), and the actor is idle.
+        if self.pending and self._nursery is not None:
+            self._start_run(self.pending.popleft())
+        else:
+            self.idle.set()
+
+    def _requeue(self, steers: list[SteerItem]) -> None:
+        """Steered messages the turn never took in run next, ahead of the queue."""
+        kept = [item.origin for item in steers if not item.accepted.failed]
+        self.pending.extendleft(reversed(kept))
+        self._jumped.update(m.queue_key for m in kept)
+        for position, msg in enumerate(kept, 1):
+            self.publish(
+                MessageQueued(text=msg.text, position=position, dropped_total=self.dropped_total)
+            )
+
+    def _start_run(self, msg: UserMessage) -> None:
+        # The control exists before the task starts: a stop sent right after the
+        # message (same tick) must land.
+        control = RunControl()
+        if self._adopt and msg.kind != "resume":  # (a resumed one is in the history)
+            control.ahead = partial(self._queue_ahead, msg)
+        if self._hand_over is not None and msg.queue_key is None:
+            control.elsewhere = partial(self._send_elsewhere, msg)
+        self._start(self._run, msg, control)
+        self._control = control
+        self._running_key = msg.queue_key
+        self._running_user = msg.user_id
+
+    async def _run(self, msg: UserMessage, control: RunControl) -> None:
+        # The one place a session's turns run (daemon and `navi run` alike): one at a
+        # time, the rest queued. Across processes the lease keeps other owners out: the
+        # run takes it (`Agent.run_stream`), before it reads the session.
+        run_log: RunLog | None = None
+        dropped = False  # an acknowledged message whose run was refused: not to run again
+        try:
+            await self.queue.written(msg)  # its save moves its row: the row comes first
+            if msg.accepted.failed:
+                return  # refused (its sender was told): it never runs
+            if not self.dead_turn_checked:
+                await self._end_dead_turn()
+            run_log = RunLog(self.session_id, msg)
+            # The store's word, not a list of this process's: a user removed while this
+            # daemon was down, or on another daemon, is gone here too.
+            if await role_now(self.parts.store, msg.user_id) is None:
+                raise AuthError("the user who sent this message was removed: it does not run")
+            self._check_profile(msg)
+            retry = 1
+            while True:
+                async with self.parts.run_stream(self.session_id, msg, control=control) as ev:
+                    try:
+                        async for event in ev:
+                            run_log.event(event)
+                            if await self._may_publish(msg, control):
+                                self.publish(event)
+                    finally:
+                        with trio.move_on_after(END_DRAIN_SEC, shield=True):
+                            async for event in ev:  # cancelled: the run's own ending
+                                run_log.event(event)
+                                if await self._may_publish(msg, control):
+                                    self.publish(event)
+                if control.fenced:
+                    self._say_taken_over()
+                # An acknowledged message that met a storage failure (before its save,
+                # or after it: a turn cut short), or the session taken by another
+                # process before its save, keeps its place: it runs again, before the
+                # messages after it; in a cluster, a taken one goes to the new owner.
+                # Any other refusal ends it.
+                error = _kept_for(msg, control)
+                if error is None:
+                    dropped = control.refused is not None
+                    break
+                if isinstance(error, SessionBusyError):
+                    if await self._hand_back(msg):
+                        break  # its row, and those queued behind it, wait for the owner
+                    # Nobody runs it now: the daemon that took it may have died mid-turn.
+                    self.dead_turn_checked = self._dead_turn is None
+                saved = control.saved or msg.kind == "resume"
+                delay = backoff_delay(retry, base=KEPT_RETRY_FIRST_SEC, cap=KEPT_RETRY_MAX_SEC)
+                if not await self._wait_to_retry(error, delay, saved=saved):
+                    dropped = True  # stopped: the user let it go
+                    self.publish(
+                        WarningEvent(
+                            message="the message that waited to be saved was dropped (stopped)",
+                            code="message_dropped",
+                        )
+                    )
+                    break
+                retry += 1
+                # Its next try starts from what the store holds: a save that failed may
+                # have landed, a turn cut short may have ended since (`_accept`).
+                msg = attrs.evolve(msg, kind="resume" if saved else msg.kind, retried=True)
+                self.parts.forget(self.session_id)
+                control = RunControl()
+                self._control = control
+                if not self.dead_turn_checked:
+                    await self._end_dead_turn()  # its turn ended before this one starts
+        except NaviError as exc:  # an unknown profile, the queue's store
+            msg.accepted.fail(exc)  # refused before its save (no-op for a queued one)
+            dropped = not isinstance(exc, StorageError)
+            code = exc.code if isinstance(exc, RequestError) else "error"
+            run_log = run_log or RunLog(self.session_id, msg)
+            for event in (ErrorEvent(message=str(exc), code=code), StreamEnd(reason="error")):
+                run_log.event(event)
+                self.publish(event)
+        finally:
+            self._jumped.discard(msg.queue_key)
+            # Settled above in every other way; this is a shutdown before the save.
+            msg.accepted.fail(stopped_before_saving())
+            if dropped or msg.accepted.failed:
+                # A refused message leaves no queue row behind: a restart cannot run it.
+                await self.queue.ran(msg)
+            if run_log is not None:
+                run_log.end()
+                if self._on_run_end is not None and run_log.last is not None:
+                    self._on_run_end(self.session_id, msg, run_log.last)
+            self._done()
+
+    async def _queue_ahead(self, msg: UserMessage) -> bool:
+        """The run of `msg` holds the lease: messages queued in the store before it
+        (handed over, left by a daemon that lost the session, or waiting here) run
+        first, in the store's order, and it goes behind them (a new
+        message stored and acknowledged as any queued one); the ones queued after it
+        wait behind it. True when it went behind others: no turn now."""
+        async with self._adopting:
+            rows = await self.queue.adopt()  # every row: this run holds the lease
+            known = self._held_keys()
+        order = [m.queue_key for m in rows]
+        if msg.queue_key is None:
+            cut = len(order)  # a new message: behind every row queued before it
+        elif msg.queue_key in order:
+            cut = order.index(msg.queue_key)
+        else:
+            # Off the queue already (an earlier try's save landed, another daemon took
+            # it, the cap dropped it): its run finds out which, ahead of the rest.
+            cut = -1
+        # Rows queued before it run first, those waiting here too (taken in after a
+        # message of this daemon was queued behind the same run: a hand-over's note
+        # read late); not what the run holds already (running, steered), and none of
+        # those waiting here when it was put ahead of them on purpose.
+        waiting = {m.queue_key: m for m in self.pending}
+        held = known if msg.queue_key in self._jumped else known - waiting.keys()
+        before = [
+            waiting.get(m.queue_key, m)
+            for i, m in enumerate(rows)
+            if i < cut and m.queue_key not in held
+        ]
+        after = [m for i, m in enumerate(rows) if i > cut and m.queue_key not in known]
+        if not before:
+            self.pending.extend(after)
+            for later in after:
+                self._say_queued(later)
+            return False
+        assert self._nursery is not None
+        queued = msg
+        if msg.queue_key is None:
+            msg.accepted.queued = True
+            queued = self.queue.keep(self._nursery, msg, self._stored)
+        moved = {m.queue_key for m in before}
+        rest = [m for m in self.pending if m.queue_key not in moved]
+        self.pending = collections.deque([*before, queued, *rest, *after])
+        # This run ends saying nothing: it is not one of the runs that end before them.
+        for other in (*before, queued, *after):
+            if other.queue_key not in waiting:  # (those waiting here were said already)
+                self._say_queued(other, running=False)
+        await self.queue.written(queued)  # settled before this run ends
+        return True
+
+    async def _send_elsewhere(self, msg: UserMessage) -> bool:
+        """A new message found the session run by another daemon (it took the lease
+        between this daemon's look and its claim): queued as if it had been handed over
+        (acknowledged once stored) and left to that daemon, or, when none runs it now,
+        next here. False only without daemons to hand it to (it is refused then)."""
+        if self._hand_over is None or self._nursery is None:
+            return False
+        msg.accepted.queued = True
+        queued = self.queue.keep(self._nursery, msg, self._stored)
+        await self.queue.written(queued)
+        if queued.accepted.failed or queued.queue_key is None:
+            return True  # refused: its sender has the write's error
+        try:
+            await self._hand_over(self.session_id, [queued.queue_key])
+        except NaviError:  # nobody else runs it now, or the store did not answer
+            # The daemon that took it may have died mid-turn: its turn ends first.
+            self.dead_turn_checked = self._dead_turn is None
+            self.pending.appendleft(queued)
+            self._say_queued(queued, 0)  # runs next, here (this run says nothing)
+            return True
+        return True
+
+    async def _may_publish(self, msg: UserMessage, control: RunControl) -> bool:
+        """Whether this event of the run goes out: not once another daemon took the
+        session over under the run (it is stopped then), nor the refusal of a message
+        handed to the daemon that runs the session now (its run there speaks for it)."""
+        if control.fenced or (self._hand_over is not None and _taken(msg, control)):
+            return False
+        lease = control.lease
+        if lease is None or await lease.held():
+            return True
+        control.fenced = True
+        control.stop()
+        return False
+
+    def _say_taken_over(self) -> None:
+        """The one thing a run taken over under it says, to this daemon's subscribers
+        (its frames to other daemons are fenced in the store: core/cluster/cluster.py)."""
+        self.publish(
+            ErrorEvent(
+                message=(
+                    f"session {self.session_id!r} was taken over by another daemon while this "
+                    "one was not answering (paused past its lease): this run stopped, and "
+                    "nothing it did after that is kept or shown; the session goes on there"
+                ),
+                code="session_busy",
+            )
+        )
+        self.publish(StreamEnd(reason="error"))
+
+    async def _hand_back(self, msg: UserMessage) -> bool:
+        """The session is another daemon's now: leave `msg` and every message queued
+        behind it in the store's queue, for that daemon. False when there is no daemon
+        to hand them to, or the store did not take it (they stay here, kept)."""
+        if self._hand_over is None:
+            return False
+        handed = [msg, *self.pending]
+        for queued in handed:
+            await self.queue.written(queued)  # each row is in before it is handed on
+        keys = [m.queue_key for m in handed if m.queue_key is not None and not m.accepted.failed]
+        try:
+            await self._hand_over(self.session_id, keys)
+        except NaviError as exc:
+            log.warning("session %s: leaving its queue to its new owner failed: %s",
+                        self.session_id, exc)  # fmt: skip
+            return False
+        gone = {id(m) for m in handed}
+        self.pending = collections.deque(m for m in self.pending if id(m) not in gone)
+        log.info("session %s: %d queued message(s) left to the daemon that runs it now",
+                 self.session_id, len(keys))  # fmt: skip
+        return True
+
+    def _nudge_kept(self) -> None:
+        """A message arrived: a kept message waiting to retry tries again now, first."""
+        if self._kept_wait is not None:
+            self._kept_wait.cancel()
+
+    async def _wait_to_retry(self, error: Exception, delay: float, *, saved: bool) -> bool:
+        """Until the kept message's next try: `delay`, or less when another message
+        arrives. False when a stop (or a message that interrupts) came meanwhile."""
+        waiting = RunControl()  # what `stop` cancels meanwhile
+        self._control = waiting
+        if saved:
+            why = f"its turn was cut short ({error})"
+        elif isinstance(error, SessionBusyError):
+            why = f"another process runs the session now ({error})"
+        else:
+            why = f"could not be saved ({error})"
+        self.publish(
+            WarningEvent(
+                message=(
+                    f"the message is kept but {why}; it runs again in {delay:g} s or when "
+                    "another message comes, before the messages after it (stop drops it)"
+                ),
+                code="message_kept",
+            )
+        )
+        try:
+            with waiting.scope, trio.CancelScope() as self._kept_wait:
+                await trio.sleep(delay)
+        finally:
+            self._kept_wait = None
+        self._requeue(waiting.injections.leftover())  # steered meanwhile: next in line
+        return not waiting.stopped
+
+    def _check_profile(self, msg: UserMessage) -> None:
+        """`profile_id` names the profile of a new session, or switches an existing one
+        (the run switches it, under the lease): it must be one the config has."""
+        wanted = msg.profile_id
+        profiles = self.parts.config().profiles
+        if wanted is not None and wanted not in profiles:
+            raise NaviError(f"unknown profile {wanted!r} (profiles: {', '.join(sorted(profiles))})")
+
+    async def _compact(self) -> None:
+        try:
+            async with self.parts.compact_stream(self.session_id) as events:
+                async for event in events:
+                    self.publish(event)
+        except NothingToCompactError as exc:
+            self.publish(ErrorEvent(message=str(exc), code="nothing_to_compact"))
+        except NaviError as exc:  # its lease held elsewhere, the store: said, not raised
+            code = exc.code if isinstance(exc, RequestError) else "error"
+            self.publish(ErrorEvent(message=str(exc), code=code))
+        finally:
+            self._done()
+
+
+def _taken(msg: UserMessage, control: RunControl) -> bool:
+    """An acknowledged queued message whose run found the session run by another
+    process (its lease), before its save."""
+    return (
+        isinstance(control.refused, SessionBusyError)
+        and msg.queue_key is not None
+        and msg.accepted.settled
+        and not msg.accepted.failed
+    )
+
+
+def _kept_for(msg: UserMessage, control: RunControl) -> Exception | None:
+    """Why an acknowledged message keeps its place and runs again, if it does: a
+    storage failure before its save or after it (not a lease lost under the run: the
+    session is another daemon's then), or the session taken before its save."""
+    if msg.accepted.failed or control.skipped:
+        return None
+    refused = control.refused
+    if isinstance(refused, StorageError):
+        return refused
+    if _taken(msg, control):
+        return refused
+    failed = control.failed
+    if isinstance(failed, StorageError) and not control.fenced:
+        return failed
+    return None

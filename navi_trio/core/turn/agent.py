@@ -1,0 +1,616 @@
+"""The agent: `run_stream`, `run`, `compact_stream` and `run_ephemeral`.
+
+`run_stream` is exposed the trio-safe way (DESIGN.md): ::
+
+    async with agent.run_stream(session_id, "hello") as events:
+        async for event in events:
+            ...
+
+The turn runs in a task of the context manager's own nursery and sends its events to
+a bounded channel that never blocks (`core/turn/channel.py`): a tool's progress callback must
+never block, and a slow reader costs merged or dropped progress, never memory.
+Leaving the ``async with`` early stops the run (as Stop does).
+
+Stop is a cancel scope (`RunControl.stop()`): it takes effect at the next checkpoint in
+any phase — planning, prefill, streaming, a running tool. The turn's own runner
+(`TurnRunner.drive` in turn.py) does the clean-up that follows, shielded: the partial
+answer is saved, every tool call without a result gets "stopped by the user", and
+StreamEnd says the run was stopped. The user message is saved (shielded) before
+anything else, so it is never lost; `UserMessage.accepted` (core/turn/acceptance.py) says
+whether it was: ok once committed, else the error that stopped it (the session busy, a
+full disk, a damaged database), and then nothing of it is stored.
+
+The agent builds the parts a turn runs with once (`LoopParts`: settings, store, cache,
+backend, tools, executor, context builder, token counter, the live config, and the
+tool-context factory that gives tools their `RunServices`) and hands them to each
+runner; nothing below reaches back into the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from navi_trio.core.jobs import TaskSupervisor, collect_notes, remove_notes
+from navi_trio.core.turn import runvars
+from navi_trio.core.turn.acceptance import Acceptance, stopped_before_saving
+from navi_trio.core.turn.approvals import ApprovalBroker
+from navi_trio.core.turn.budgets import Budget, effective
+from navi_trio.core.turn.channel import EventReceiver, EventSender, emitter, open_event_channel
+from navi_trio.core.turn.checkpointing import RoundCheckpoints
+from navi_trio.core.turn.context import ContextBuilder
+from navi_trio.core.turn.injections import Injections
+from navi_trio.core.turn.lease import HeldLease, SessionLeases
+from navi_trio.core.turn.live_config import LiveConfig
+from navi_trio.core.turn.policy import effective_mode
+from navi_trio.core.turn.session_state import SessionCache, SessionState, new_message_id, open_turn
+from navi_trio.core.turn.steering import DEFAULT_ON_BUSY
+from navi_trio.core.turn.subagent import run_ephemeral
+from navi_trio.core.turn.tokens import TokenCounter
+from navi_trio.core.turn.tool_context import make_tool_context
+from navi_trio.core.turn.tool_executor import ToolExecutor
+from navi_trio.core.turn.turn import TurnRunner, shielded
+from navi_trio.core.turn.turn_state import LoopParts, Turn
+from navi_trio.core.turn.workspace import hold_roots
+from navi_trio.errors import (
+    LeaseLostError,
+    LLMError,
+    NothingToCompactError,
+    NotQueuedError,
+    RequestError,
+    SessionBusyError,
+    StorageError,
+    client_error,
+)
+from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, WarningEvent, Woken
+from navi_trio.llm.base import LLMBackend
+from navi_trio.profiles import BudgetConfig, ConfigSource, NaviConfig, OnBusy
+from navi_trio.settings import Settings
+from navi_trio.store.base import SessionStore
+from navi_trio.tools.base import ToolContext, ToolRegistry
+from navi_trio.tools.procs import ProcessPool
+from navi_trio.tools.roots import RunRoots
+from navi_trio.tools.services import SpawnRequest
+
+log = logging.getLogger(__name__)
+
+DEAD_TURN = "the daemon running this turn died (or stopped answering past its lease)"
+
+
+@attrs.frozen
+class UserMessage:
+    text: str
+    cwd: Path | None = None
+    user_id: str = "local"
+    user_role: str = "user"
+    user_info: dict[str, Any] | None = None
+    # The profile of a session that does not exist yet; for one that does, the run
+    # switches it (the session actor refuses one the config does not have).
+    profile_id: str | None = None
+    mode: str | None = None  # asked for; clamped to the role's (core/turn/policy.py)
+    # What to do when the session is busy (core/turn/steering.py); None: the profile's default.
+    on_busy: str | None = None
+    # "user"; "wake": a turn a background job's note starts (core/triggers/wake.py), its text
+    # empty, saved as that note; "schedule": a scheduled run (core/triggers/schedules.py);
+    # "resume": the turn of a message saved already, whose first run the store cut
+    # short (core/session/session_actor.py): nothing new is saved, the model is asked again.
+    kind: str = "user"
+    # Approvals by the profile's headless rule even with a client attached (a scheduled
+    # run: nobody asked for it to wait on them).
+    headless: bool = False
+    # The sender's budgets for this run: they only lower the configured ones.
+    budget: BudgetConfig | None = None
+    # The schedule a scheduled run belongs to (core/triggers/schedules.py).
+    schedule_id: str | None = None
+    # The store's key while it waits in the session's queue (core/session/session_actor.py):
+    # saving it into the history takes it off the queue in the same transaction.
+    queue_key: str | None = None
+    # Ok once the message is saved, or stored in the queue (core/session/queued.py); refused
+    # with the error when its run ended without saving it. The daemon answers a
+    # message only then: an ok is never lost by a crash, an error stored nothing.
+    accepted: Acceptance = attrs.field(factory=Acceptance, eq=False, repr=False)
+    # The id of its user row in the history, the same on every try. A later try of a
+    # kept message (`retried`, core/session/session_actor.py) looks for that row first: a save
+    # the store said failed may have landed (the connection cut as it committed), and
+    # a turn cut short may have been ended since (its answer saved, another daemon).
+    message_id: str = attrs.field(factory=new_message_id, eq=False)
+    retried: bool = attrs.field(default=False, eq=False)
+
+
+class RunControl:
+    """Stop handle of one run: `stop()` cancels the run's cancel scope.
+
+    `refused` is set when the run ended before its message was saved (the session busy
+    in another process, the store failing): the error that kept the message out.
+    `run_id` names the run (a `reject`ed message is told it); `injections` is its
+    mailbox for steered messages and background notes (core/turn/steering.py);
+    `on_busy_default` the profile's strategy for messages that arrive meanwhile;
+    `skipped`: no turn ran (a wake-up with no note left, or a queued message that
+    another daemon took first, or the queue's cap dropped)."""
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.saved = False  # the user message is in the history
+        self.refused: Exception | None = None
+        # The error that ended the run after its message was saved (a storage failure
+        # mid-turn: the message waits for an answer).
+        self.failed: Exception | None = None
+        # The run's lease (core/turn/lease.py), once claimed; `fenced`: another daemon took
+        # the session over under it: nothing of it is published any more.
+        self.lease: HeldLease | None = None
+        self.fenced = False
+        # Asked once the lease is held, before a new message is saved: True when
+        # messages queued before it must run first (it went behind them: no turn).
+        self.ahead: Callable[[], Awaitable[bool]] | None = None
+        # Asked when another process holds the lease (the claim was refused): True when
+        # the message went to the queue of the daemon that runs the session (no turn).
+        self.elsewhere: Callable[[], Awaitable[bool]] | None = None
+        self.run_id = "r-" + secrets.token_hex(6)
+        self.injections = Injections()
+        self.on_busy_default: OnBusy = DEFAULT_ON_BUSY
+        self.steer_max_chars = 8000  # the setting's, once the run has started
+        self.finished = trio.Event()  # the run's task is over (its events all sent)
+        self.skipped = False  # no turn ran: nothing to do (see the class)
+        self.woken: str | None = None  # a wake-up's note: the turn's start
+
+    def stop(self) -> None:
+        self.scope.cancel()
+
+    @property
+    def stopped(self) -> bool:
+        return self.scope.cancel_called
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        config: ConfigSource,
+        store: SessionStore,
+        backend: LLMBackend,
+        registry: ToolRegistry,
+        supervisor: TaskSupervisor | None = None,
+        processes: ProcessPool | None = None,
+        counter: TokenCounter | None = None,
+        approvals: ApprovalBroker | None = None,
+        checkpoints: RoundCheckpoints | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.supervisor = supervisor
+        self.processes = processes
+        self.approvals = approvals
+        counter = counter or TokenCounter()
+        builder = ContextBuilder(settings, counter)
+        self.live_config = LiveConfig(config, builder)
+        self.cache = SessionCache(store, config.current.default_profile)
+        # One process runs a session at a time; a takeover elsewhere drops our copy.
+        self.leases = SessionLeases(
+            store, ttl=settings.lease_ttl_sec, on_takeover=self.cache.forget
+        )
+
+        def tool_context(turn: Turn) -> ToolContext:
+            return make_tool_context(parts, turn, processes=processes, tasks=supervisor)
+
+        # Everything a turn's runner uses, built once; the runner never sees the Agent.
+        parts = LoopParts(
+            settings=settings,
+            store=store,
+            cache=self.cache,
+            backend=backend,
+            registry=registry,
+            executor=ToolExecutor(
+                registry,
+                settings,
+                supervisor,
+                approvals,
+                checkpoints,
+                confirm=self.leases.confirm_current,
+            ),  # fmt: skip
+            builder=builder,
+            counter=counter,
+            config=self.live_config,
+            tool_context=tool_context,
+        )
+        self.parts = parts
+
+    def config(self) -> NaviConfig:
+        """The config in force; a changed file is reloaded (a broken one is ignored)."""
+        return self.live_config.current()
+
+    # -- run_stream / run ---------------------------------------------------------
+
+    @asynccontextmanager
+    async def run_stream(
+        self,
+        session_id: str,
+        message: str | UserMessage,
+        *,
+        control: RunControl | None = None,
+    ) -> AsyncIterator[EventReceiver]:
+        msg = UserMessage(message) if isinstance(message, str) else message
+        ctl = control or RunControl()
+        # Bounded: a slow reader costs merged or dropped progress, never memory.
+        send, recv = open_event_channel(self.settings.event_buffer_max)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._run_task, session_id, msg, send, ctl)
+            with recv:
+                yield recv
+            # The reader left before the end: that is a stop.
+            ctl.stop()
+
+    async def run(
+        self, session_id: str, message: str | UserMessage, *, control: RunControl | None = None
+    ) -> str:
+        """The same loop with events consumed; returns the final text."""
+        final = ""
+        async with self.run_stream(session_id, message, control=control) as events:
+            async for event in events:
+                if isinstance(event, StreamEnd) and not event.is_subagent:
+                    final = event.text
+        return final
+
+    async def _run_task(
+        self,
+        session_id: str,
+        msg: UserMessage,
+        send: EventSender,
+        control: RunControl,
+    ) -> None:
+        async with send:
+            emit = emitter(send)
+            try:
+                async with self.leases.hold(session_id) as lease:
+                    control.lease = lease
+                    try:
+                        if control.ahead is not None and await control.ahead():
+                            control.skipped = True  # queued behind what came first
+                        else:
+                            await self._run_turn(session_id, msg, emit, control)
+                    except StorageError:
+                        # Its message is kept to run again here (core/session/session_actor.py):
+                        # the session stays ours meanwhile, so the messages sent through
+                        # other daemons are handed here, behind it, not run before it
+                        # there; past the TTL, the next command ends the turn there.
+                        lease.keep = True
+                        raise
+            except Exception as exc:
+                if await _sent_elsewhere(exc, control):
+                    control.skipped = True
+                    return
+                # Before the save (lease, load, the save itself) this refuses the message;
+                # after it, the ok stands and only the events say what went wrong.
+                msg.accepted.fail(exc)
+                if isinstance(exc, LeaseLostError):
+                    control.fenced = True  # taken over under it: it says nothing more
+                if not control.saved:
+                    control.refused = exc
+                else:
+                    control.failed = exc
+                if not isinstance(exc, RequestError):  # session_busy, storage: expected
+                    log.exception("run of session %s failed", session_id)
+                told = client_error(exc)
+                emit(ErrorEvent(message=str(told), code=told.code))
+                emit(StreamEnd(reason="error"))
+            finally:
+                # Cancelled before the save (the runtime is shutting down): not stored.
+                msg.accepted.fail(stopped_before_saving())
+                control.finished.set()
+
+    async def _run_turn(
+        self, session_id: str, msg: UserMessage, emit: Any, control: RunControl
+    ) -> None:
+        state = await self.cache.get(session_id, profile_id=msg.profile_id)
+        # No per-session lock: the session actor runs one turn (or compaction) of its
+        # session at a time, and the lease taken in _run_task (the one place a run
+        # takes it) keeps other processes out. A direct caller of run_stream (tests,
+        # harnesses) owns its session.
+        cfg = self.config()
+        wanted = msg.profile_id
+        if wanted is not None and wanted in cfg.profiles and state.profile_id != wanted:
+            refused = cfg.refuse_profile(msg.user_role, wanted)
+            if refused is None:
+                await self.cache.set_profile(state, wanted)  # the message switches the session
+            else:  # a queued or scheduled message, checked before the config changed
+                emit(WarningEvent(message=f"{refused}; not switched", code="profile_refused"))
+        current = cfg.profile(state.profile_id).id
+        if not cfg.may_use(msg.user_role, current):
+            # The session's profile is not one the sender's role may use (an admin's run
+            # switched it, the config changed): the role's own default, from now on.
+            fallback = cfg.default_for(msg.user_role)
+            emit(WarningEvent(
+                message=f"{cfg.refuse_profile(msg.user_role, current)}; this session goes "
+                f"on with {fallback!r}",
+                code="profile_refused",
+            ))  # fmt: skip
+            await self.cache.set_profile(state, fallback)
+        profile = cfg.profile(state.profile_id)
+        control.on_busy_default = profile.on_busy
+        control.steer_max_chars = self.settings.steer_max_chars
+        # Held from here to the end of the run, checked again: the message may have
+        # waited in the queue (across a restart too) since its cwd was checked.
+        roots = await hold_roots(
+            session_id, msg.cwd, user_id=msg.user_id, role=msg.user_role,
+            settings=self.settings, config=self.live_config.source, store=self.store,
+        )  # fmt: skip
+        try:
+            await self._hold_turn(session_id, msg, emit, control, state, cfg, roots)
+        finally:
+            roots.close()
+
+    async def _hold_turn(
+        self,
+        session_id: str,
+        msg: UserMessage,
+        emit: Any,
+        control: RunControl,
+        state: SessionState,
+        cfg: NaviConfig,
+        roots: RunRoots,
+    ) -> None:
+        profile = cfg.profile(state.profile_id)
+        turn = Turn(
+            state=state,
+            profile=profile,
+            config=cfg,
+            user_text=msg.text,
+            emit=emit,
+            user_id=msg.user_id,
+            # A fork keeps its source's mode (session meta) for messages that ask none.
+            mode=effective_mode(
+                profile.policy,
+                msg.user_role,
+                msg.mode or state.row.meta.get("mode"),
+                own_session=state.row.user_id == msg.user_id,
+            ),
+            user_role=msg.user_role,
+            first_message=state.is_first_message,
+            injections=control.injections,
+            headless=msg.headless,
+            roots=roots,
+            budget=Budget.for_turn(
+                self.store,
+                effective(cfg, profile.id, msg.user_role, msg.budget),
+                session_id=session_id,
+                user_id=msg.user_id,
+                hold_sec=self.settings.budget_hold_sec,
+            ),
+        )
+        with runvars.bound(
+            session_id=session_id,
+            model=profile.model_or(self.settings.default_model),
+            working_directory=msg.cwd,
+            user_id=msg.user_id,
+            user_role=msg.user_role,
+            user_info=msg.user_info,
+        ):
+            await shielded(lambda: self._accept(state, msg, control))
+            if control.skipped:
+                return  # a wake-up whose note a turn already took in: nothing to do
+            if control.woken is not None:
+                turn.user_text = control.woken
+                emit(Woken(text=control.woken))
+            if roots.error is not None:
+                emit(
+                    WarningEvent(
+                        message=f"{roots.error}; the tool calls of this run that work in "
+                        "its folders fail",
+                        code="root_unusable",
+                    )
+                )
+            try:
+                await TurnRunner(self.parts, turn).drive(control.scope)
+            finally:
+                if turn.budget is not None and turn.budget.active:
+                    await shielded(turn.budget.close)  # the last call's spending, stored
+
+    async def _accept(self, state: SessionState, msg: UserMessage, control: RunControl) -> None:
+        """Save the user message first (and this turn's background task notes).
+
+        A wake-up (core/triggers/wake.py) has no user message: its notes are the turn's start,
+        shown in the display history too; with none left it is only taken off the queue
+        (`control.skipped`); else its note text is `control.woken`. A resumed message
+        (kind ``resume``) is saved already: only new notes are. A queued message that
+        is no longer in the queue (another daemon took it, the cap dropped it) is
+        skipped: nothing is saved, no turn runs, nothing is said."""
+        # The id names it for a rewind or a fork; cwd and mode are what a fork keeps.
+        user: dict[str, Any] | None = None
+        turn_open = open_turn(state.messages, msg.message_id) if msg.retried else None
+        if turn_open is False:
+            # Its turn ended already (its answer saved, though the store said the save
+            # failed; ended by the daemon that took the session over): nothing to run.
+            log.info("session %s: the turn of a kept message had ended: not run again",
+                     state.id)  # fmt: skip
+            control.skipped = True
+            msg.accepted.ok()  # (acknowledged already: it was kept)
+            return
+        resumed = msg.kind == "resume" or turn_open is True
+        if msg.kind != "wake" and not resumed:
+            user = {"role": "user", "content": msg.text, "id": msg.message_id}
+            if msg.cwd is not None:
+                user["cwd"] = str(msg.cwd)
+            if msg.mode is not None:
+                user["mode"] = msg.mode
+        notes = None
+        try:
+            notes = await collect_notes(self.store, self.settings, state.id)
+        finally:
+            # Even when reading the notes was cut short (the clean-up deadline): the
+            # user message is never dropped; the notes stay stored for the next turn.
+            # Unless its sender was already told it was refused (its wait timed out).
+            if not msg.accepted.failed:
+                if resumed and notes is None:
+                    control.saved = True  # its message is in the history already
+                elif user is None and notes is None:
+                    if msg.queue_key is not None:  # nothing to wake for: off the queue
+                        await self.store.unqueue(msg.queue_key)
+                    control.skipped = True
+                    msg.accepted.ok()
+                else:
+                    await self._commit(state, msg, user, notes, control, resumed=resumed)
+        if msg.accepted.error is not None and not control.skipped:
+            raise msg.accepted.error
+        if notes is not None and control.saved:
+            # Only once they are in the saved context: a crash in between repeats a
+            # note next turn instead of losing it.
+            await remove_notes(self.store, notes.keys)
+        if msg.kind == "wake" and notes is not None and control.saved:
+            control.woken = notes.text
+
+    async def _commit(
+        self,
+        state: SessionState,
+        msg: UserMessage,
+        user: dict[str, Any] | None,
+        notes: Any,
+        control: RunControl,
+        *,
+        resumed: bool,
+    ) -> None:
+        """Save the user message (and the notes) in one transaction; accepted once in.
+        The save takes a queued message off the queue (compare and set); a resumed
+        one left it already."""
+        mark = state.mark()
+        if notes is not None:
+            # Persisted, invisible in the UI (a wake-up's shows: it is the turn's start),
+            # kept by the context builder.
+            note = {"role": "system", "content": notes.text, "keep": True, "task_notes": True}
+            wake = msg.kind == "wake"
+            if wake:
+                note["wake"] = True
+            state.add(note, display=wake)
+        if user is not None:
+            state.add(user)
+        try:
+            # Shielded inside: lands even when cancelled.
+            await self.cache.save(state, dequeue=None if resumed else msg.queue_key)
+        except NotQueuedError:
+            # Taken by another daemon first, or dropped by the cap (announced there):
+            # this run has nothing to do. Acknowledged already, unless its queue write
+            # had not answered within its deadline: then it is refused now.
+            state.undo(mark)
+            msg.accepted.fail(
+                StorageError(
+                    f"session {state.id!r}: the message was not stored in time; it will not run",
+                    session_id=state.id,
+                )
+            )
+            control.skipped = True
+            return
+        except Exception as exc:
+            # Not stored (a full disk, a damaged file): out of memory too, or the next
+            # save would store a message whose sender was told it was refused.
+            state.undo(mark)
+            msg.accepted.fail(exc)
+            raise
+        control.saved = True
+        msg.accepted.ok()
+
+    # -- a turn that died with its daemon ---------------------------------------------
+
+    async def end_dead_turn(self, session_id: str, generation: int) -> list[AgentEvent]:
+        """End the turn of an owner that died holding the session's lease, which this
+        runtime took over (now at `generation`): the history says so, and the events to
+        publish say it too. Under that lease: if another runtime holds it now, or took
+        it over since, nothing is ended. Loading the session pairs the dangling tool
+        calls; the lease is released at the end, as after a run."""
+        try:
+            async with self.leases.hold(session_id):
+                if self.leases.generation(session_id) != generation:
+                    return []
+                if await self.store.get_session(session_id) is None:
+                    return []  # deleted meanwhile: nothing to end
+                state = await self.cache.get(session_id)
+                # Display only, as a context-too-large notice: the model sees the
+                # question without an answer, the person sees why.
+                state.add(
+                    {"role": "assistant", "content": "", "error": DEAD_TURN, "synthetic": True},
+                    context=False,
+                )
+                await self.cache.save(state)
+        except SessionBusyError:
+            return []  # a live owner holds it: its turn is not dead
+        log.warning("session %s: the turn of a dead daemon ended here", session_id)
+        return [ErrorEvent(message=DEAD_TURN, code="daemon_died"), StreamEnd(reason="error")]
+
+    # -- compact_stream -----------------------------------------------------------
+
+    @asynccontextmanager
+    async def compact_stream(self, session_id: str) -> AsyncIterator[EventReceiver]:
+        """Forced compression: CompressionStarted + ContextCompressed, on the same kind of
+        bounded channel as a run's events.
+
+        Raises NothingToCompactError on entry when there is nothing (new) to compress.
+        """
+        # Another process must not run the session while its context is rewritten.
+        async with self.leases.hold(session_id):
+            state = await self.cache.get(session_id)
+            # No per-session lock: a daemon compacts through the session actor, which
+            # refuses while a run is active and runs nothing else meanwhile; `navi
+            # compact` runs in its own runtime under the lease, with no actor running.
+            cfg = self.config()
+            send, recv = open_event_channel(self.settings.event_buffer_max)
+            turn = Turn(
+                state=state,
+                profile=cfg.profile(state.profile_id),
+                config=cfg,
+                user_text="",
+                emit=emitter(send),
+            )
+            runner = TurnRunner(self.parts, turn)
+            if not self.parts.compressor(runner.complete).would_compress(
+                state.context, profile=turn.profile, shrink=True
+            ):
+                raise NothingToCompactError(
+                    "nothing to compact: the context is already short or already a summary"
+                )
+
+            async def compact() -> None:
+                async with send:
+                    await self.parts.counter.preload()
+                    tokens = self.parts.counter.estimate_messages(state.context)
+                    try:
+                        await runner.compress("forced", tokens, force=True)
+                    except LLMError as exc:
+                        turn.emit(ErrorEvent(message=str(exc), code=exc.code))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(compact)
+                with recv:
+                    yield recv
+
+    # -- sub-agents ------------------------------------------------------------------
+
+    async def run_ephemeral(
+        self, request: SpawnRequest, *, parent_session_id: str | None = None
+    ) -> tuple[str, bool]:
+        """A non-persistent sub-agent: (result_text, completed_normally).
+
+        With `parent_session_id`, the sub-agent takes that session's current profile
+        (unless `request` names one) and its session-aware tools work on that session's
+        data. A backend-level LLM error (errors.py) is raised, as a synchronous
+        spawn_agent call's ends its turn; any other failure is ``completed_normally``
+        False, with the text saying why."""
+        outcome = await run_ephemeral(self.parts, request, parent_session_id=parent_session_id)
+        if outcome.backend_error is not None:
+            raise outcome.backend_error
+        return outcome.text, outcome.completed
+
+
+async def _sent_elsewhere(exc: Exception, control: RunControl) -> bool:
+    """The claim of the lease was refused (another daemon runs the session) and the
+    message went to that daemon's queue instead (`RunControl.elsewhere`)."""
+    refused_claim = (
+        isinstance(exc, SessionBusyError)
+        and not isinstance(exc, LeaseLostError)
+        and control.lease is None
+    )
+    return refused_claim and control.elsewhere is not None and await control.elsewhere()

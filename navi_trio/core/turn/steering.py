@@ -1,0 +1,189 @@
+"""Double-texting and steering: what a message does when its session is busy (issue 23).
+
+A user message that arrives while its session runs a turn carries ``on_busy`` (else
+the profile's default, else ``enqueue``):
+
+- ``enqueue`` (today's behaviour): it waits in the session's durable queue and runs
+  when the turns ahead of it have ended;
+- ``reject``: refused with ``session_busy``, naming the running run's id; nothing is
+  stored;
+- ``interrupt``: the running turn is stopped (saved as stopped, as with Stop) and the
+  message runs next, ahead of the queue;
+- ``steer``: the message joins the **running** turn: it becomes a user message of its
+  context before that turn's next LLM call (after the current tool round, or at once
+  when the turn waits for the model's first chunk: that request is dropped and asked
+  again with it). A ``steered`` event says when, and the display history keeps it in
+  that place.
+
+A turn belongs to the user who started it: only they steer it or interrupt it (as only
+they answer its approvals). Anyone else's message that asks to is refused with
+``forbidden``; one that asks nothing, meeting a profile whose default is steer or
+interrupt, is queued instead.
+
+A steered message is stored in the durable queue before it is acknowledged, exactly as
+a queued one (core/session/queued.py), and leaves the queue in the very transaction that saves
+it into the turn's history: a crash in between leaves it queued, and it runs after the
+restart. A steered message the turn never took in (it ended first: its last answer was
+already streaming) runs next, ahead of the queue, announced by ``message_queued``.
+
+`Injections` (core/turn/injections.py) is the mailbox of one run (on its `RunControl`): the
+session actor puts steered messages in, the wake-up of a finished background job
+(core/triggers/wake.py) marks that its note waits; the turn takes both in before each LLM call
+(`take_injections`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from navi_trio.core.jobs import collect_notes, remove_notes
+from navi_trio.core.turn.acceptance import Acceptance
+from navi_trio.core.turn.injections import Injections as Injections
+from navi_trio.core.turn.injections import SteerItem as SteerItem
+from navi_trio.errors import ForbiddenError, LimitError, NotQueuedError, SessionBusyError
+from navi_trio.events import Steered
+from navi_trio.profiles import ON_BUSY, OnBusy
+
+if TYPE_CHECKING:
+    from navi_trio.core.turn.turn_state import LoopParts, Turn
+
+DEFAULT_ON_BUSY: OnBusy = "enqueue"
+
+
+def check_on_busy(value: str | None, where: str = "on_busy") -> OnBusy | None:
+    """`value` if it is a strategy (or None); else a ValueError naming the choices."""
+    if value is None:
+        return None
+    for choice in ON_BUSY:
+        if value == choice:
+            return choice
+    raise ValueError(f"{where} must be one of {', '.join(ON_BUSY)}, not {value!r}")
+
+
+async def take_injections(turn: Turn, parts: LoopParts) -> None:
+    """Steered messages and waiting background notes into the turn's context, saved.
+
+    Each steered message is saved in the transaction that takes it off the queue; the
+    notes are saved as a system message (invisible in the display history), then
+    removed from the store, as at the start of a turn (agent.py `_accept`).
+    """
+    injections = turn.injections
+    if injections is None or not injections.pending:
+        return
+    for item in injections.take():
+        if item.written is not None:
+            await item.written()
+        if item.accepted.failed:
+            continue  # its queue write failed: its sender was told; it never runs
+        message: dict[str, Any] = {"role": "user", "content": item.text, "steered": True}
+        if item.cwd is not None:
+            message["cwd"] = str(item.cwd)
+        mark = turn.state.mark()
+        turn.state.add(message)
+        if turn.persist:
+            try:
+                await parts.cache.save(turn.state, dequeue=item.queue_key)
+            except NotQueuedError:
+                turn.state.undo(mark)  # the queue's cap dropped it meanwhile (announced)
+                continue
+        item.accepted.ok()  # (already ok once queued; a late write is acknowledged now)
+        turn.emit(Steered(text=item.text))
+    if injections.notes_due:
+        injections.notes_due = False
+        batch = await collect_notes(parts.store, parts.settings, turn.state.id)
+        if batch is not None:
+            turn.state.add(
+                {"role": "system", "content": batch.text, "keep": True, "task_notes": True},
+                display=False,
+            )
+            if turn.persist:
+                await parts.cache.save(turn.state)
+            await remove_notes(parts.store, batch.keys)
+
+
+# -- what the session actor does with a message that meets a busy session ----------------
+
+
+class _Control(Protocol):
+    """What the routing needs of the running turn's `RunControl` (core/turn/agent.py)."""
+
+    run_id: str
+    injections: Injections
+    on_busy_default: OnBusy
+    steer_max_chars: int
+
+
+def check_steer(text: str, control: _Control) -> None:
+    """A steered message joins a turn under way: bounded (NAVI_STEER_MAX_CHARS)."""
+    if len(text) > control.steer_max_chars:
+        raise LimitError(
+            f"a steered message is at most {control.steer_max_chars} characters "
+            f"(NAVI_STEER_MAX_CHARS), not {len(text)}: send it with on_busy enqueue"
+        )
+
+
+def busy_strategy(
+    asked: str | None, control: _Control | None, default: OnBusy = DEFAULT_ON_BUSY
+) -> OnBusy:
+    """The strategy for a message meeting a busy session: the one it asked for, else the
+    running turn's profile default (with no turn here, `default`: the session profile's,
+    for a turn another daemon runs). With no turn running here (a compaction, a turn on
+    another daemon), steer and interrupt have nothing to act on: the message is queued."""
+    strategy = check_on_busy(asked) or (control.on_busy_default if control is not None else default)
+    if control is None and strategy in ("steer", "interrupt"):
+        return "enqueue"
+    return strategy
+
+
+def not_the_starter(session_id: str, strategy: str) -> ForbiddenError:
+    """A steer or an interrupt asked by someone who did not start the running turn: the
+    turn is its starter's (its approvals too), so the message is refused."""
+    verb = "steered" if strategy == "steer" else "interrupted"
+    return ForbiddenError(
+        f"the turn running in session {session_id!r} was started by another user: only "
+        f"they may {strategy} it, so your message was not {verb} into it (on_busy: "
+        f"{strategy}); send it with on_busy enqueue to run after it",
+        session_id=session_id,
+    )
+
+
+def refusal(session_id: str, control: _Control | None) -> SessionBusyError:
+    """The `reject` answer: session_busy, naming the running run."""
+    if control is None:
+        exc = SessionBusyError(
+            f"session {session_id!r} is busy compacting its context (on_busy: reject)",
+            session_id=session_id,
+        )
+    else:
+        exc = SessionBusyError(
+            f"session {session_id!r} is running {control.run_id} (on_busy: reject): "
+            "send again later, or with on_busy enqueue, interrupt or steer",
+            session_id=session_id,
+        )
+        exc.run_id = control.run_id
+    return exc
+
+
+class _Queued(Protocol):
+    @property
+    def text(self) -> str: ...
+    @property
+    def queue_key(self) -> str | None: ...
+    @property
+    def accepted(self) -> Acceptance: ...
+    @property
+    def cwd(self) -> Path | None: ...
+
+
+def steer_item(msg: _Queued, written: Callable[[Any], Awaitable[None]]) -> SteerItem:
+    """A queued (stored) message as a steer for the running turn."""
+    return SteerItem(
+        text=msg.text,
+        queue_key=msg.queue_key,
+        accepted=msg.accepted,
+        cwd=msg.cwd,
+        written=lambda: written(msg),
+        origin=msg,
+    )

@@ -1,0 +1,443 @@
+"""Running the model's tool calls: inline, in a parallel batch, or detached.
+
+`ToolExecutor.execute_one` is the one place a tool call turns into a `ToolResult`:
+bad JSON arguments, an unknown tool, a tool that raises — each becomes a failed result
+the model can read; none of them ends the run. The one exception is a backend-level LLM
+error (errors.py; a synchronous sub-agent's): it passes, and ends the turn as the turn's
+own LLM call would, in a parallel batch too (its other calls are stopped). A call whose
+arguments carry
+``"background": true`` for a tool in `settings.backgroundable_tools` is detached to the
+TaskSupervisor (background-tasks.md), here, so it works the same for the top-level loop
+and for sub-agents.
+
+Before a call runs (and before a background call detaches) the tool policy decides
+(core/turn/policy.py): allow, deny (a failed result saying so), or ask — then the call waits
+for its session owner's answer through the `ApprovalBroker` (core/turn/approvals.py), inside
+the run's cancel scope.
+
+Before a round's calls run, one checkpoint of the run's writable folders is taken when
+any of them may write (core/turn/checkpointing.py), so a rewind can undo what they did; each
+such call runs inside `RoundCheckpoints.calling`, so what changes meanwhile is known to
+be the session's own.
+
+Before each call starts (before a parallel batch, once; again after an approval
+waited) the run's lease is confirmed in the store (`confirm`, core/turn/lease.py): a daemon
+that another one replaced while it was paused runs no call more, nor says it starts
+one. The `LeaseLostError` ends the run, as does one that a tool's own fenced write
+meets (a scratchpad, a todo list): never a failed result the model reads and goes on
+from.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
+from typing import Any
+
+import attrs
+import trio
+
+from navi_trio.core.jobs import Job, TaskSupervisor
+from navi_trio.core.turn.approvals import ApprovalBroker
+from navi_trio.core.turn.checkpointing import RoundCheckpoints
+from navi_trio.core.turn.policy import CallFacts, Verdict, decide, summary, with_network
+from navi_trio.errors import BudgetExhaustedError, LeaseLostError, LLMError, TaskRejectedError
+from navi_trio.events import AgentEvent, ToolEvent, ToolResultEvent, ToolStarted
+from navi_trio.llm.base import ToolCall
+from navi_trio.settings import Settings
+from navi_trio.tools.base import Tool, ToolContext, ToolRegistry, ToolResult, tool_schema
+
+STOPPED_TEXT = "stopped by the user"
+BACKGROUND_HINT = (
+    "The call is running in the background — continue with other work. Collect the result "
+    "with the tasks tool (check / wait) or from the completion note on your next turn."
+)
+
+BACKGROUND_PARAM = {
+    "type": "boolean",
+    "description": (
+        "true: run detached and get a task_id at once; keep working and collect the "
+        "result with the tasks tool (manual:tasks)"
+    ),
+}
+
+Publish = Callable[[AgentEvent], None]
+
+
+def _nothing(_: object) -> None:
+    return None
+
+
+def stopped_result() -> ToolResult:
+    return ToolResult.fail(STOPPED_TEXT)
+
+
+def refused_result(exc: BudgetExhaustedError) -> ToolResult:
+    """A call a budget did not let start: which budget, and how much of it is used."""
+    return ToolResult.fail(f"not run: {exc}")
+
+
+def tool_message(call: ToolCall, result: ToolResult) -> dict[str, Any]:
+    """The role=tool message that pairs an assistant tool call with its result."""
+    msg: dict[str, Any] = {
+        "role": "tool",
+        "tool_call_id": call.id,
+        "name": call.name,
+        "content": result.content(),
+        "ok": result.ok,
+    }
+    return msg
+
+
+class ToolExecutor:
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        settings: Settings,
+        supervisor: TaskSupervisor | None,
+        approvals: ApprovalBroker | None = None,
+        checkpoints: RoundCheckpoints | None = None,
+        confirm: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.settings = settings
+        self.supervisor = supervisor
+        self.approvals = approvals
+        self.checkpoints = checkpoints
+        # The run's lease, confirmed before each call (core/turn/lease.py `confirm_current`).
+        self.confirm = confirm
+
+    def schemas(
+        self, tools: Sequence[Tool], hidden: Callable[[str, str], bool] = lambda t, a: False
+    ) -> list[dict[str, Any]]:
+        """Function schemas for the model; backgroundable tools offer ``background``; an
+        action `hidden(tool, action)` says is denied outright is not offered (nor a tool
+        left with no action)."""
+        out = []
+        for tool in tools:
+            schema = tool_schema(tool)
+            params = schema["function"]["parameters"]
+            action = params.get("properties", {}).get("action")
+            offered = action.get("enum") if isinstance(action, dict) else None
+            if isinstance(offered, list):
+                kept = [a for a in offered if not hidden(tool.name, str(a))]
+                if not kept:
+                    continue
+                if kept != offered:
+                    properties = {**params["properties"], "action": {**action, "enum": kept}}
+                    schema["function"]["parameters"] = {**params, "properties": properties}
+            if self._backgroundable(tool):
+                params = schema["function"]["parameters"]
+                schema["function"]["parameters"] = {
+                    **params,
+                    "properties": {**params.get("properties", {}), "background": BACKGROUND_PARAM},
+                }
+            out.append(schema)
+        return out
+
+    def _backgroundable(self, tool: Tool) -> bool:
+        # An MCP server's tools are when its entry says `background: true`.
+        return tool.name in self.settings.backgroundable_tools or bool(
+            getattr(tool, "backgroundable", False)
+        )
+
+    def _wants_background(self, call: ToolCall, tool: Tool) -> bool:
+        if call.arguments.get("background") is not True:
+            return False
+        if not self._backgroundable(tool):
+            return False
+        # Only terminal "run" is detached: "open" keeps its own meaning of background (a
+        # persistent process), and read/write/kill/list answer at once anyway.
+        return call.name != "terminal" or call.arguments.get("action") == "run"
+
+    async def execute_one(
+        self,
+        call: ToolCall,
+        ctx: ToolContext,
+        allowed: Sequence[str],
+        publish: Publish,
+    ) -> ToolResult:
+        """Run one call (ToolStarted is emitted by the caller) and emit its ToolResult."""
+        started = time.monotonic()
+        result = await self._execute(call, ctx, allowed, publish)
+        publish(
+            ToolResultEvent(
+                call_id=call.id,
+                name=call.name,
+                ok=result.ok,
+                output=result.output,
+                error=result.error,
+                duration_ms=int((time.monotonic() - started) * 1000),
+            )
+        )
+        return result
+
+    async def _execute(
+        self, call: ToolCall, ctx: ToolContext, allowed: Sequence[str], publish: Publish
+    ) -> ToolResult:
+        if call.parse_error is not None:
+            return ToolResult.fail(
+                f"the arguments of {call.name} were not valid JSON ({call.parse_error}); "
+                "the answer may have been cut off. Call the tool again with complete arguments."
+            )
+        tool = self.registry.get(call.name) if call.name in allowed else None
+        if tool is None:
+            return ToolResult.fail(
+                f"unknown tool {call.name!r}; available tools: {', '.join(allowed) or 'none'}"
+            )
+
+        def emit(data: dict[str, Any]) -> None:
+            publish(ToolEvent(call_id=call.id, name=call.name, data=data))
+
+        call_ctx = attrs.evolve(ctx, call_id=call.id, emit=emit)
+        args = dict(call.arguments)
+        # The flag is the executor's, never the tool's (terminal open, which keeps its
+        # own meaning of background, is persistent either way).
+        args.pop("background", None)
+        # A tool may refuse a call it can never run (ssh_exec: an unknown host) before
+        # anyone is asked to approve it.
+        precheck = getattr(tool, "precheck", None)
+        early: ToolResult | None = precheck(args, call_ctx) if precheck else None
+        if early is not None:
+            return early
+        verdict = decide(ctx.profile, ctx.user_role, ctx.mode, CallFacts.of(call.name, args))
+        refused = await self._gate(call, args, ctx, verdict, publish)
+        if refused is not None:
+            return refused
+        if verdict.network:
+            call_ctx = attrs.evolve(call_ctx, sandbox=with_network(call_ctx.sandbox))
+        if self.confirm is not None and verdict.decision == "ask":
+            await self.confirm()  # again: the approval may have waited long
+        if self._wants_background(call, tool):
+            return await self._detach(call, tool, args, call_ctx, allowed)
+        async with self._calling(call, ctx, allowed):
+            return await run_tool(tool, args, call_ctx)
+
+    def _calling(
+        self, call: ToolCall, ctx: ToolContext, allowed: Sequence[str]
+    ) -> AbstractAsyncContextManager[None]:
+        if self.checkpoints is None:
+            return nullcontext()
+        return self.checkpoints.calling(call, ctx, self.registry, allowed)
+
+    async def _gate(
+        self,
+        call: ToolCall,
+        args: dict[str, Any],
+        ctx: ToolContext,
+        verdict: Verdict,
+        publish: Publish,
+    ) -> ToolResult | None:
+        """None when the policy lets the call run; else its failed result."""
+        facts = CallFacts.of(call.name, args)
+        if verdict.decision == "allow":
+            return None
+        if verdict.decision == "deny":
+            why = f"the tool policy denies it ({verdict.rule})"
+        elif self.approvals is None:
+            why = f"it needs approval ({verdict.rule}) and nobody can approve it here"
+        else:
+            outcome = await self.approvals.resolve(
+                session_id=ctx.session_id,
+                user_id=ctx.user_id,
+                call_id=call.id,
+                profile=ctx.profile,
+                mode=ctx.mode,
+                facts=facts,
+                verdict=verdict,
+                summary=summary(call.name, args),
+                publish=publish,
+                headless=ctx.headless,
+            )
+            if outcome.approved:
+                return None
+            why = outcome.why
+        return ToolResult.fail(
+            f"The call was not run: {why}. Go on without it, or tell the user what you "
+            "need and why."
+        )
+
+    async def _detach(
+        self,
+        call: ToolCall,
+        tool: Tool,
+        args: dict[str, Any],
+        ctx: ToolContext,
+        allowed: Sequence[str],
+    ) -> ToolResult:
+        if self.supervisor is None:
+            return ToolResult.fail("Cannot run in background: background tasks are not available")
+        if not ctx.can_detach:
+            return ToolResult.fail(
+                "Cannot run in background: this sub-agent belongs to no session that could "
+                "receive the result. Run the call again without background."
+            )
+
+        # What the job keeps: never the foreground run's channel (it may be long gone
+        # when the job speaks) nor the run itself (its history, its token totals) —
+        # only the services that outlive the run, and its own copies of the run's held
+        # folders (the run closes its own when it ends), closed when the job ends.
+        held = await trio.to_thread.run_sync(ctx.held.dup) if ctx.held is not None else None
+        kept = attrs.evolve(
+            ctx,
+            emit=_nothing,
+            publish=_nothing,
+            services=ctx.services.detached(held) if ctx.services is not None else None,
+            held=held,
+        )
+        call_id = ctx.call_id
+
+        async def runner(job: Job) -> ToolResult:
+            def emit(data: dict[str, Any]) -> None:
+                job.emit(ToolEvent(call_id=call_id, name=tool.name, data=data))
+
+            try:
+                async with self._calling(call, kept, allowed):
+                    result = await run_tool(
+                        tool, args, attrs.evolve(kept, emit=emit, publish=job.emit)
+                    )
+            finally:
+                if held is not None:
+                    held.close()
+            if result.data and isinstance(result.data.get("tokens"), int):
+                job.tokens = result.data["tokens"]
+            return result
+
+        try:
+            job = await self.supervisor.start(
+                ctx.session_id, tool.name, args, runner, is_spawn=tool.name == "spawn_agent",
+                user_id=ctx.user_id,
+            )  # fmt: skip
+        except BaseException as exc:
+            if held is not None:
+                held.close()  # no job took them
+            if not isinstance(exc, TaskRejectedError):
+                raise
+            return ToolResult.fail(
+                f"Cannot run in background: {exc}. Run the call again without "
+                "background to do it inline."
+            )
+        payload = {
+            "task_id": job.task_id,
+            "tool": tool.name,
+            "status": "running",
+            "args_summary": job.args_summary,
+            "hint": BACKGROUND_HINT,
+        }
+        return ToolResult.success(json.dumps(payload, ensure_ascii=False), **payload)
+
+
+async def run_tool(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    """Run a tool; an exception becomes the call's own failed result (Cancelled passes,
+    and so does a backend-level LLM error: the backend failed, not the tool)."""
+    try:
+        result = await tool.execute(args, ctx)
+    except LeaseLostError:
+        raise  # the run was taken over: it ends, nothing more runs
+    except Exception as exc:  # a tool's bug must not end the run
+        if isinstance(exc, LLMError) and exc.backend_level:
+            raise
+        return ToolResult.fail(f"the tool {tool.name} raised {type(exc).__name__}: {exc}")
+    if not isinstance(result, ToolResult):
+        return ToolResult.fail(
+            f"the tool {tool.name} returned {type(result).__name__}, not a result"
+        )
+    return result
+
+
+async def execute_batch(
+    executor: ToolExecutor,
+    calls: Sequence[ToolCall],
+    ctx: ToolContext,
+    allowed: Sequence[str],
+    publish: Publish,
+    results: dict[int, ToolResult],
+    *,
+    parallel: bool,
+    before: Callable[[str], Awaitable[None]] | None = None,
+) -> None:
+    """Run `calls`, filling `results` by index as each finishes.
+
+    `before(tool name)` takes each call from the run's budget before it starts; when it
+    refuses (`BudgetExhaustedError`), that call and the ones after it are not run: their
+    results say which budget is spent, and the error is raised once the calls that did
+    start have finished (it ends the run).
+
+    The caller owns `results`, so when the run is stopped mid-batch it knows which calls
+    finished and pairs the others with "stopped by the user". With `parallel`, the
+    ToolStarted frames of the whole batch go out first, in call order, the budget takes
+    the calls in that order, and those it let start run concurrently in one nursery;
+    one call's failure is its own result only, but a backend-level LLM error stops the
+    others and is raised (the first in call order, when several calls meet one). First,
+    when a call may write, the writable folders are snapshotted once
+    (core/turn/checkpointing.py).
+    """
+    if executor.checkpoints is not None:
+        await executor.checkpoints.before_round(calls, ctx, executor.registry, allowed, publish)
+    confirm = executor.confirm
+    if parallel and len(calls) > 1:
+        if confirm is not None:
+            await confirm()  # once for the batch: its calls start together
+        for call in calls:
+            publish(ToolStarted(call_id=call.id, name=call.name, arguments=dict(call.arguments)))
+        taken = len(calls)
+        refused: BudgetExhaustedError | None = None
+        if before is not None:
+            for i, call in enumerate(calls):
+                try:
+                    await before(call.name)
+                except BudgetExhaustedError as exc:
+                    taken, refused = i, exc
+                    break
+        if refused is not None:
+            _refuse(calls, taken, refused, results, publish)
+
+        failed: dict[int, LLMError] = {}
+
+        async def one(i: int, call: ToolCall) -> None:
+            try:
+                results[i] = await executor.execute_one(call, ctx, allowed, publish)
+            except LLMError as exc:  # backend-level (run_tool): the turn ends with it
+                failed[i] = exc
+                nursery.cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for i, call in enumerate(calls[:taken]):
+                nursery.start_soon(one, i, call)
+        if failed:
+            raise failed[min(failed)]
+        if refused is not None:
+            raise refused
+        return
+    for i, call in enumerate(calls):
+        if confirm is not None:
+            await confirm()
+        publish(ToolStarted(call_id=call.id, name=call.name, arguments=dict(call.arguments)))
+        if before is not None:
+            try:
+                await before(call.name)
+            except BudgetExhaustedError as exc:
+                _refuse(calls, i, exc, results, publish)
+                raise
+        results[i] = await executor.execute_one(call, ctx, allowed, publish)
+
+
+def _refuse(
+    calls: Sequence[ToolCall],
+    start: int,
+    exc: BudgetExhaustedError,
+    results: dict[int, ToolResult],
+    publish: Publish,
+) -> None:
+    """Calls `start` on were not run: each gets a result naming the budget spent."""
+    for i in range(start, len(calls)):
+        result = refused_result(exc)
+        results[i] = result
+        publish(
+            ToolResultEvent(
+                call_id=calls[i].id, name=calls[i].name, ok=False, error=result.error,
+                duration_ms=0,
+            )
+        )  # fmt: skip

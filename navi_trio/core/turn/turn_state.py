@@ -1,0 +1,144 @@
+"""What a turn is and what it runs with: the `Turn` (the mutable state of one run) and
+the `LoopParts` (everything the runner in `turn.py` uses, as one frozen object).
+
+Everything that a stop must clean up lives on the Turn (the partial answer of the call
+being streamed, the tool calls that have no result yet), so the shielded clean-up finds
+it wherever the cancel landed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from navi_trio.core.turn.budgets import Budget
+from navi_trio.core.turn.compression import Complete, Compressor
+from navi_trio.core.turn.context import ContextBuilder, ContextViews
+from navi_trio.core.turn.injections import Injections
+from navi_trio.core.turn.live_config import LiveConfig
+from navi_trio.core.turn.llm_call import StreamedReply
+from navi_trio.core.turn.session_state import SessionCache, SessionState
+from navi_trio.core.turn.tokens import TokenCounter
+from navi_trio.core.turn.tool_executor import ToolExecutor
+from navi_trio.events import AgentEvent, StreamEnd
+from navi_trio.llm.base import LLMBackend, ToolCall
+from navi_trio.profiles import AgentProfile, NaviConfig
+from navi_trio.settings import Settings
+from navi_trio.store.base import SessionStore
+from navi_trio.tools.base import ToolContext, ToolRegistry, ToolResult
+from navi_trio.tools.roots import RunRoots
+
+Emit = Callable[[AgentEvent], None]
+
+
+@attrs.define(eq=False)
+class Turn:
+    state: SessionState
+    profile: AgentProfile
+    config: NaviConfig
+    user_text: str
+    emit: Emit
+    user_id: str = "local"
+    # The tool policy's mode for this run (core/turn/policy.py) and the sender's role.
+    mode: str = "workspace"
+    user_role: str = "user"
+    persist: bool = True
+    subagent: bool = False
+    system_override: str | None = None
+    exclude_tools: tuple[str, ...] = ()
+    # Tools known at run time (the profile's MCP servers): ToolRegistry.prepare.
+    runtime_tools: tuple[str, ...] = ()
+    max_iterations: int | None = None
+    agent_id: str | None = None
+    parent_session_id: str | None = None
+    first_message: bool = False
+    # Live state that clean-up after a stop needs.
+    reply: StreamedReply | None = None
+    pending_calls: list[ToolCall] = attrs.field(factory=list)
+    results: dict[int, ToolResult] = attrs.field(factory=dict)
+    # call id -> trio.current_time() at its ToolStarted: a stopped call's real duration.
+    call_started: dict[str, float] = attrs.field(factory=dict)
+    model: str | None = None  # the model this run's answers came from (ModelInfo)
+    ended: bool = False
+    final_text: str = ""
+    iterations: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    completed_normally: bool = False
+    # Loop mechanics.
+    stall: int = 0
+    seen_calls: set[str] = attrs.field(factory=set)
+    replan: str | None = None
+    switch_to: str | None = None
+    # The context's built copies and token sums, kept between rounds (core/turn/context.py).
+    views: ContextViews = attrs.field(factory=ContextViews)
+    # A synchronous sub-agent's usage also counts in its parent turn's totals.
+    usage_to: Callable[[int, int], None] | None = None
+    # Steered messages and background notes for the next LLM call (core/turn/steering.py);
+    # None for a sub-agent or a compaction.
+    injections: Injections | None = None
+    # What this run may spend (core/turn/budgets.py); None: no budget applies.
+    budget: Budget | None = None
+    # Approvals by the headless rule whoever is attached (a scheduled run).
+    headless: bool = False
+    # The folders its tools work in, held open (tools/roots.py): the run's own (opened
+    # at its start, closed at its end), or its parent's for a sub-agent. None: each tool
+    # call opens its own (a run of no session).
+    roots: RunRoots | None = None
+
+    @property
+    def limit(self) -> int:
+        return self.max_iterations or self.profile.max_iterations
+
+    def tool_names(self) -> list[str]:
+        p = self.profile
+        names = p.get_subagent_tools() if self.subagent else p.get_agent_tools()
+        return [n for n in (*names, *self.runtime_tools) if n not in self.exclude_tools]
+
+    def todo_session(self) -> str:
+        """Session-aware tools of a sub-agent work on the parent session's data."""
+        return self.parent_session_id or self.state.id
+
+    def count(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """One LLM call's usage: this run's totals (and its parent's), and its budget."""
+        if self.budget is not None:
+            self.budget.charge_tokens(prompt_tokens + completion_tokens)
+        self.count_child(prompt_tokens, completion_tokens)
+
+    def count_child(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """Usage in the totals only: a sub-agent's, whose budget already counted it
+        against this run's meters (its budget's chain holds them)."""
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        if self.usage_to is not None:
+            self.usage_to(prompt_tokens, completion_tokens)
+
+    def end(self, event: StreamEnd) -> None:
+        self.ended = True
+        self.final_text = event.text
+        self.emit(event)
+
+
+@attrs.frozen(kw_only=True)
+class LoopParts:
+    """What a turn's runner works with, handed over as one object.
+
+    `tool_context` makes the context a turn's tool calls run with (and with it the
+    services tools see); the agent supplies it, so a tool can start a sub-agent that
+    runs this same loop without the loop knowing about sub-agents.
+    """
+
+    settings: Settings
+    store: SessionStore
+    cache: SessionCache
+    backend: LLMBackend
+    registry: ToolRegistry
+    executor: ToolExecutor
+    builder: ContextBuilder
+    counter: TokenCounter
+    config: LiveConfig
+    tool_context: Callable[[Turn], ToolContext]
+
+    def compressor(self, complete: Complete) -> Compressor:
+        return Compressor(self.settings, self.counter, complete, self.config.prompts_dir)
