@@ -118,3 +118,25 @@ def terminal_safe(text: str) -> str:
     if text.endswith("\r"):
         text = text[:-1]
     return _ACTS.sub(_shown, text)
+
+
+class TerminalStream:
+    """`terminal_safe` over a text that arrives in pieces (an answer's deltas): a CR that
+    ends a piece waits for the next one, since a CRLF may be split between two pieces,
+    and is shown as ``\\x0d`` when no newline follows it, as in a whole text."""
+
+    def __init__(self) -> None:
+        self._cr = False
+
+    def feed(self, piece: str) -> str:
+        if self._cr:
+            piece, self._cr = "\r" + piece, False
+        if piece.endswith("\r"):
+            piece, self._cr = piece[:-1], True
+        # Not terminal_safe: a CR still at its end (of "\r\r") is shown, not dropped.
+        return _ACTS.sub(_shown, piece.replace("\r\n", "\n"))
+
+    def end(self) -> str:
+        """What is still held when the text ends."""
+        held, self._cr = self._cr, False
+        return "\\x0d" if held else ""

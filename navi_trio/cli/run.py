@@ -85,7 +85,7 @@ from navi_trio.events import (
 from navi_trio.llm.factory import make_backend, make_client
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
-from navi_trio.text import terminal_safe
+from navi_trio.text import TerminalStream, terminal_safe
 from navi_trio.tools.sandbox import sandbox_available
 from navi_trio.wire import Frame
 
@@ -182,6 +182,7 @@ class _Printer:
     outcome: RunOutcome
     out: TextIO
     err: TextIO
+    answer: TerminalStream = attrs.field(factory=TerminalStream, init=False)
 
     def show(self, frame: Frame) -> bool:
         """Print one session frame; True at this run's top-level stream_end."""
@@ -216,7 +217,7 @@ class _Printer:
         who = "" if top else f"[{event.agent_id or 'sub-agent'}] "
         message = one_line(getattr(event, "message", ""))
         if isinstance(event, TextDelta) and top:
-            out.write(terminal_safe(event.text))
+            out.write(self.answer.feed(event.text))
             out.flush()
             outcome.printed_text = outcome.printed_text or bool(event.text)
         elif isinstance(event, StreamEnd) and top:
@@ -224,7 +225,7 @@ class _Printer:
                 out.write(terminal_safe(event.text))
                 outcome.printed_text = True
             if outcome.printed_text:
-                out.write("\n")
+                out.write(self.answer.end() + "\n")
                 out.flush()
         elif isinstance(event, WarningEvent):
             print(f"navi: warning: {who}{message}", file=err, flush=True)
