@@ -114,10 +114,12 @@ def terminal_safe(text: str) -> str:
     a CRLF a stream split). `text` itself when there is nothing to change."""
     if _ACTS.search(text) is None:
         return text
-    text = text.replace("\r\n", "\n")
-    if text.endswith("\r"):
-        text = text[:-1]
-    return _ACTS.sub(_shown, text)
+    return _escaped(text.removesuffix("\r"))
+
+
+def _escaped(text: str) -> str:
+    """Every CRLF of `text` a newline, every other control character an escape."""
+    return _ACTS.sub(_shown, text.replace("\r\n", "\n"))
 
 
 class TerminalStream:
@@ -134,9 +136,9 @@ class TerminalStream:
         if piece.endswith("\r"):
             piece, self._cr = piece[:-1], True
         # Not terminal_safe: a CR still at its end (of "\r\r") is shown, not dropped.
-        return _ACTS.sub(_shown, piece.replace("\r\n", "\n"))
+        return _escaped(piece)
 
     def end(self) -> str:
         """What is still held when the text ends."""
         held, self._cr = self._cr, False
-        return "\\x0d" if held else ""
+        return _escaped("\r") if held else ""
