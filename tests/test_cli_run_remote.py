@@ -23,8 +23,9 @@ from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import open_daemon
 from test_cli import unused_port
 
+from navi_trio.api import endpoint
 from navi_trio.api.daemon_client import daemon_answers
-from navi_trio.cli import UsageError, runner
+from navi_trio.cli import UsageError
 from navi_trio.cli.run import daemon_target, run_remote
 from navi_trio.cli.runner import RunRequest
 from navi_trio.errors import RemoteError
@@ -71,14 +72,14 @@ def test_the_daemon_or_this_process(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv("NAVI_TOKEN", raising=False)
     settings = Settings.from_env({}, data_dir=tmp_path, db_path=tmp_path / "navi.db")
     closed = f"ws://127.0.0.1:{unused_port()}/"
-    monkeypatch.setattr(runner, "DEFAULT_URL", closed)
+    monkeypatch.setattr(endpoint, "DEFAULT_URL", closed)
     probed: list[str] = []
 
     async def probe(url: str, timeout: float) -> bool:  # noqa: ASYNC109
         probed.append(url)
         return await daemon_answers(url, timeout)
 
-    monkeypatch.setattr(runner, "daemon_answers", probe)
+    monkeypatch.setattr(endpoint, "daemon_answers", probe)
     # No token anywhere: no local daemon ever ran here, so nothing is even probed.
     assert daemon_target(_args(), settings) is None and probed == []
     # A token, nothing answering at the local URL: this process.

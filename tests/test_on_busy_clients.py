@@ -18,10 +18,11 @@ from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import Client, Daemon, open_daemon
 from test_on_busy import send
 
+from navi_trio.api.endpoint import RunTarget
 from navi_trio.cli import build_parser
 from navi_trio.cli.mcp_server import NaviBridge, ServeOptions
 from navi_trio.cli.run import run_remote
-from navi_trio.cli.runner import RunRequest, RunTarget
+from navi_trio.cli.runner import RunRequest
 from navi_trio.errors import RemoteError, UsageError
 from navi_trio.settings import Settings
 

@@ -30,7 +30,7 @@ from navi_trio.settings import Settings, is_db_url
 from navi_trio.text import terminal_safe
 
 if TYPE_CHECKING:
-    from navi_trio.cli.runner import RunTarget
+    from navi_trio.api.endpoint import RunTarget
 
 T = TypeVar("T")
 
@@ -140,7 +140,7 @@ EMBEDDED_OPTIONS = ("db", "config", "llm_url", "backend", "local", "model_file")
 def run_target(args: argparse.Namespace, settings: Settings) -> RunTarget:
     """Where a command's requests go (`RunTarget`: its --url and --token, and whether an
     option configures a private daemon); --url with such an option is refused."""
-    from navi_trio.cli.runner import RunTarget
+    from navi_trio.api.endpoint import RunTarget
 
     explicit = getattr(args, "url", None) is not None
     embedded = [o for o in EMBEDDED_OPTIONS if getattr(args, o, None) not in (None, False)]

@@ -20,6 +20,7 @@ from typing import TextIO
 import trio
 
 from navi_trio import wire
+from navi_trio.api.endpoint import Endpoint, connect, open_endpoint
 from navi_trio.cli.common import (
     EXIT_ERROR,
     EXIT_OK,
@@ -29,7 +30,7 @@ from navi_trio.cli.common import (
     one_line,
     run_target,
 )
-from navi_trio.cli.runner import Endpoint, connect, open_endpoint, private_endpoint
+from navi_trio.cli.runner import private_endpoint
 from navi_trio.errors import RemoteError, UsageError
 from navi_trio.settings import Settings
 

@@ -272,9 +272,10 @@ async def _users(settings: Any, args: argparse.Namespace, out: TextIO) -> int:
 def _call(args: argparse.Namespace, frame: dict[str, Any]) -> dict[str, Any]:
     """The daemon's reply to `frame` (cli/runner.py `open_endpoint`: a private one when
     none answers and no --url names one)."""
+    from navi_trio.api.endpoint import Endpoint, open_endpoint
     from navi_trio.api.remote import request
     from navi_trio.cli.common import config_source, load_settings, run_target
-    from navi_trio.cli.runner import Endpoint, open_endpoint, private_endpoint
+    from navi_trio.cli.runner import private_endpoint
 
     settings = load_settings(args)
 

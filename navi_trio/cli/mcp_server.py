@@ -45,6 +45,7 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
 from navi_trio import __version__, wire
+from navi_trio.api.endpoint import Endpoint, RunTarget
 from navi_trio.cli.common import config_source
 from navi_trio.cli.mcp_ask import (
     STOP_GRACE,
@@ -58,15 +59,7 @@ from navi_trio.cli.mcp_ask import (
 from navi_trio.cli.mcp_rewind import add_rewind_tools
 from navi_trio.cli.mcp_sessions import SessionList, add_sessions_tool, sessions_from_daemon
 from navi_trio.cli.rewinds import Rewinds
-from navi_trio.cli.runner import (
-    Endpoint,
-    RemoteRun,
-    RunRequest,
-    RunTarget,
-    follow,
-    new_session_id,
-    private_endpoint,
-)
+from navi_trio.cli.runner import RemoteRun, RunRequest, follow, new_session_id, private_endpoint
 from navi_trio.errors import ConfigError, NaviError, UsageError
 from navi_trio.llm.factory import choose_backend
 from navi_trio.settings import Settings

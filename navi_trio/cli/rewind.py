@@ -30,9 +30,10 @@ from typing import Any, TextIO
 
 import trio
 
+from navi_trio.api.endpoint import open_endpoint
 from navi_trio.cli.common import EXIT_OK, config_source, load_settings, run_target
 from navi_trio.cli.rewinds import Rewinds, resolve_point
-from navi_trio.cli.runner import open_endpoint, private_endpoint
+from navi_trio.cli.runner import private_endpoint
 from navi_trio.client.rewind_text import (
     CLI_FORCE,
     print_done,

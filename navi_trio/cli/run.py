@@ -52,6 +52,7 @@ import attrs
 import trio
 
 from navi_trio import wire
+from navi_trio.api.endpoint import Endpoint, open_endpoint
 from navi_trio.cli.common import (
     DEBUG_HINT,
     EXIT_ERROR,
@@ -63,15 +64,7 @@ from navi_trio.cli.common import (
     one_line,
     run_target,
 )
-from navi_trio.cli.runner import (
-    Endpoint,
-    RemoteRun,
-    RunRequest,
-    follow,
-    new_session_id,
-    open_endpoint,
-    private_endpoint,
-)
+from navi_trio.cli.runner import RemoteRun, RunRequest, follow, new_session_id, private_endpoint
 from navi_trio.errors import ConfigError, StoreError, UsageError
 from navi_trio.events import (
     AgentEvent,

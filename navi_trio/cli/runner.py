@@ -2,14 +2,14 @@
 
 Every `navi` verb that asks something of navi (run, rewind, fork, compact, sessions,
 tasks, schedule, mcp serve) speaks the WebSocket protocol through `open_daemon`, to one
-of two daemons (`open_endpoint`):
+of two daemons (api/endpoint.py `open_endpoint`):
 
 - **the daemon** asked for (``--url``, with ``--token``, ``NAVI_TOKEN`` or the local
   token file), else the local one when it answers and a token is at hand (`RunTarget`);
-- else **a private one**: the runtime and the server in this process, on loopback with
-  a token only this process knows (cli/serve.py `serve_privately`), living as long as
-  the command. An option that configures a runtime (``--db``, ``--config``,
-  ``--llm-url`` …) asks for it.
+- else **a private one** (`private_endpoint` here): the runtime and the server in this
+  process, on loopback with a token only this process knows (cli/serve.py
+  `serve_privately`), living as long as the command. An option that configures a
+  runtime (``--db``, ``--config``, ``--llm-url`` …) asks for it.
 
 Either way the frames are the same; the command only learns whether the daemon is
 private (`Endpoint.private`: its background jobs end with the command).
@@ -24,7 +24,6 @@ are imported on use.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -35,7 +34,7 @@ import attrs
 import trio
 
 from navi_trio import wire
-from navi_trio.api.remote import DEFAULT_URL, daemon_answers
+from navi_trio.api.endpoint import Endpoint, connect
 from navi_trio.errors import DaemonUnreachableError
 from navi_trio.wire import Frame
 
@@ -50,9 +49,6 @@ _BUSY_SAID = {
     "steer": "message steered into the running turn",
     "interrupt": "the running turn is stopped; this message runs next",
 }
-PROBE_TIMEOUT = 1.0  # is the local daemon there? (a refused connection answers at once)
-CONNECT_TIMEOUT = 5.0
-MAX_FRAME = 64 * 1024 * 1024
 
 
 def new_session_id() -> str:
@@ -90,62 +86,6 @@ class FrameSink(Protocol):
 Approver = Callable[[Frame], Awaitable[tuple[bool, str]]]
 
 
-# ------------------------------------------------------------------ which daemon
-
-
-@attrs.frozen
-class Endpoint:
-    """A daemon to speak to: its URL, the token for the hello, and whether it is this
-    process's own (`serve_privately`), which ends with the command."""
-
-    url: str
-    token: str = attrs.field(repr=False)
-    private: bool = False
-
-
-# Opens a private daemon for the length of its block (cli/serve.py `serve_privately`,
-# with the settings of the command that needs one).
-PrivateOpener = Callable[[], AbstractAsyncContextManager[Endpoint]]
-
-
-@attrs.frozen
-class RunTarget:
-    """Where a command's requests go: the daemon asked for (`url`), else the local one
-    when it answers and a token is at hand, else a private one (`daemon()` is None)."""
-
-    url: str | None  # --url: that daemon, none answering is an error
-    token: str | None  # --token
-    data_dir: Path
-    embedded: bool  # an option configures a runtime in this process
-
-    async def daemon(self) -> tuple[str, str] | None:
-        """(url, token) of the daemon to speak to, or None for a private one."""
-        from navi_trio.api.auth import read_local_token, resolve_token
-
-        if self.url is not None:
-            return self.url, resolve_token(self.token, self.data_dir, dict(os.environ))
-        if self.embedded:
-            return None
-        token = self.token or os.environ.get("NAVI_TOKEN") or read_local_token(self.data_dir)
-        if not token:
-            return None  # no local daemon ever wrote its token here: do not even look
-        if not await daemon_answers(DEFAULT_URL, PROBE_TIMEOUT):
-            return None
-        return DEFAULT_URL, token
-
-
-@asynccontextmanager
-async def open_endpoint(target: RunTarget, private: PrivateOpener) -> AsyncIterator[Endpoint]:
-    """The daemon `target` names or finds, else a private one `private` opens (and closes
-    at the end of the block). The caller speaks to either through `open_daemon`."""
-    found = await target.daemon()
-    if found is not None:
-        yield Endpoint(*found)
-        return
-    async with private() as endpoint:
-        yield endpoint
-
-
 def private_endpoint(
     settings: Settings, config: ConfigSource, *, backend: LLMBackend | None = None
 ) -> AbstractAsyncContextManager[Endpoint]:
@@ -162,16 +102,6 @@ async def _private(
 
     async with serve_privately(settings, config, backend=backend) as where:
         yield Endpoint(where.url, where.token, private=True)
-
-
-def connect(endpoint: Endpoint) -> AbstractAsyncContextManager[DaemonConnection]:
-    """`open_daemon` to `endpoint`, with the bounds every command uses."""
-    from navi_trio.api.daemon_client import open_daemon
-
-    return open_daemon(
-        endpoint.url, endpoint.token, connect_timeout=CONNECT_TIMEOUT, max_frame=MAX_FRAME,
-        own_listener=endpoint.private,
-    )  # fmt: skip
 
 
 # ------------------------------------------------------------------ one turn
