@@ -7,40 +7,19 @@ no real time); every test has an absolute timeout.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
-
-import httpx
 import pytest
 import trio
 import trio.testing
+from llm_served import served
 
 from navi_trio.errors import LLMChunkTimeout, LLMFirstChunkTimeout, LLMStatusError
 from navi_trio.llm.base import ChatRequest, DoneChunk, LLMBackend, LLMChunk, TextChunk
 from navi_trio.llm.guard import guarded_stream
-from navi_trio.llm.ollama import OllamaBackend
-from navi_trio.llm.openai import OpenAIBackend
 from navi_trio.llm.scripted import ScriptedBackend
-from navi_trio.testing.fake_llm import FakeLLMServer, open_fake_llm
 
 REQUEST = ChatRequest(messages=[{"role": "user", "content": "hi"}], model="m")
 # Virtual seconds: far longer than any real test could wait.
 LIMIT = 60
-
-
-@asynccontextmanager
-async def served(
-    replies: list[dict[str, Any]], dialect: str = "ollama"
-) -> AsyncIterator[tuple[FakeLLMServer, LLMBackend]]:
-    async with open_fake_llm(replies) as server:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5)) as client:
-            backend: LLMBackend = (
-                OllamaBackend(client, server.url)
-                if dialect == "ollama"
-                else OpenAIBackend(client, server.url)
-            )
-            yield server, backend
 
 
 async def drain(backend: LLMBackend, first: float = 90, chunk: float = 60) -> list[LLMChunk]:

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
-import httpx
+import llm_served
 import pytest
 import trio
 import trio.testing
@@ -42,13 +41,13 @@ from navi_trio.llm.base import (
     ToolCallsChunk,
 )
 from navi_trio.llm.http import make_tool_call
-from navi_trio.llm.ollama import OllamaBackend, OllamaParser
-from navi_trio.llm.openai import OpenAIBackend, OpenAIParser
+from navi_trio.llm.ollama import OllamaParser
+from navi_trio.llm.openai import OpenAIParser
 from navi_trio.llm.scripted import ScriptedBackend
 from navi_trio.settings import Settings
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing import open_harness
-from navi_trio.testing.fake_llm import FakeLLMServer, open_fake_llm
+from navi_trio.testing.fake_llm import FakeLLMServer
 
 TIMEOUT = 10
 TOOLS = [
@@ -64,26 +63,14 @@ def request(**kw: Any) -> ChatRequest:
     return ChatRequest(**kw)
 
 
-@asynccontextmanager
-async def served(
+def served(
     replies: list[dict[str, Any]], dialect: str = "openai", **options: Any
-) -> AsyncIterator[tuple[FakeLLMServer, LLMBackend]]:
-    async with open_fake_llm(replies, **options) as server:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5)) as client:
-            backend: LLMBackend = (
-                OpenAIBackend(client, server.url)
-                if dialect == "openai"
-                else OllamaBackend(client, server.url)
-            )
-            yield server, backend
+) -> AbstractAsyncContextManager[tuple[FakeLLMServer, Any]]:
+    return llm_served.served(replies, dialect, server=options)
 
 
 async def collect(backend: LLMBackend, req: ChatRequest | None = None) -> list[LLMChunk]:
-    out: list[LLMChunk] = []
-    async with backend.stream_chat(req or request()) as chunks:
-        async for c in chunks:
-            out.append(c)
-    return out
+    return await llm_served.collect(backend, req or request())
 
 
 def sse(delta: dict[str, Any], finish: str | None = None) -> str:

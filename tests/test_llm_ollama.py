@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx
+import llm_served
 import pytest
 import trio
 from hypothesis import given
@@ -51,21 +51,14 @@ def request(**kw: Any) -> ChatRequest:
     return ChatRequest(**kw)
 
 
-@asynccontextmanager
-async def served(
+def served(
     replies: list[dict[str, Any]], **kw: Any
-) -> AsyncIterator[tuple[FakeLLMServer, OllamaBackend]]:
-    async with open_fake_llm(replies, **kw) as server:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5)) as client:
-            yield server, OllamaBackend(client, server.url, keep_alive="5m")
+) -> AbstractAsyncContextManager[tuple[FakeLLMServer, OllamaBackend]]:
+    return llm_served.served(replies, "ollama", server=kw, keep_alive="5m")
 
 
 async def collect(backend: OllamaBackend, req: ChatRequest | None = None) -> list[LLMChunk]:
-    out: list[LLMChunk] = []
-    async with backend.stream_chat(req or request()) as chunks:
-        async for c in chunks:
-            out.append(c)
-    return out
+    return await llm_served.collect(backend, req or request())
 
 
 async def test_text_streams_word_by_word_and_ends_with_done() -> None:

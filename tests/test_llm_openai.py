@@ -7,11 +7,10 @@ for real.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-import httpx
+import llm_served
 import pytest
 import trio
 from hypothesis import given
@@ -34,7 +33,7 @@ from navi_trio.llm.base import (
     ToolCallsChunk,
 )
 from navi_trio.llm.openai import OpenAIBackend, OpenAIParser, chat_completions_url
-from navi_trio.testing.fake_llm import FakeLLMServer, open_fake_llm
+from navi_trio.testing.fake_llm import FakeLLMServer
 
 TIMEOUT = 10
 
@@ -45,21 +44,14 @@ def request(**kw: Any) -> ChatRequest:
     return ChatRequest(**kw)
 
 
-@asynccontextmanager
-async def served(
+def served(
     replies: list[dict[str, Any]], api_key: str = ""
-) -> AsyncIterator[tuple[FakeLLMServer, OpenAIBackend]]:
-    async with open_fake_llm(replies) as server:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5)) as client:
-            yield server, OpenAIBackend(client, server.url, api_key=api_key)
+) -> AbstractAsyncContextManager[tuple[FakeLLMServer, OpenAIBackend]]:
+    return llm_served.served(replies, "openai", api_key=api_key)
 
 
 async def collect(backend: OpenAIBackend, req: ChatRequest | None = None) -> list[LLMChunk]:
-    out: list[LLMChunk] = []
-    async with backend.stream_chat(req or request()) as chunks:
-        async for c in chunks:
-            out.append(c)
-    return out
+    return await llm_served.collect(backend, req or request())
 
 
 async def test_text_streams_word_by_word_with_usage_from_the_last_chunk() -> None:

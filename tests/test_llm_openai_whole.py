@@ -10,11 +10,11 @@ test has an absolute timeout.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx
+import llm_served
 import pytest
 import trio
 import trio.testing
@@ -39,7 +39,7 @@ from navi_trio.llm.factory import make_backend
 from navi_trio.llm.guard import guarded_stream
 from navi_trio.llm.openai import OpenAIBackend, parse_completion
 from navi_trio.settings import Settings
-from navi_trio.testing.fake_llm import FakeLLMServer, open_fake_llm
+from navi_trio.testing.fake_llm import FakeLLMServer
 
 TIMEOUT = 10
 LIMIT = 600  # virtual seconds (autojump clock)
@@ -51,18 +51,15 @@ WITH_TOOLS = ChatRequest(messages=[{"role": "user", "content": "echo hi"}], mode
 NO_TOOLS = ChatRequest(messages=[{"role": "user", "content": "hi"}], model="m")
 
 
-@asynccontextmanager
-async def served(
+def served(
     replies: list[dict[str, Any]], tool_stream: bool = False
-) -> AsyncIterator[tuple[FakeLLMServer, OpenAIBackend]]:
-    async with open_fake_llm(replies, dialects=("openai",)) as server:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5)) as client:
-            yield server, OpenAIBackend(client, server.url, tool_stream=tool_stream)
+) -> AbstractAsyncContextManager[tuple[FakeLLMServer, OpenAIBackend]]:
+    server = {"dialects": ("openai",)}
+    return llm_served.served(replies, "openai", server=server, tool_stream=tool_stream)
 
 
 async def collect(backend: OpenAIBackend, request: ChatRequest = WITH_TOOLS) -> list[LLMChunk]:
-    async with backend.stream_chat(request) as chunks:
-        return [c async for c in chunks]
+    return await llm_served.collect(backend, request)
 
 
 async def test_a_tool_turn_goes_non_streamed_and_gives_the_same_chunks() -> None:

@@ -9,11 +9,11 @@ clock where a timeout matters; every test has an absolute timeout.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx
+import llm_served
 import pytest
 import trio
 import trio.testing
@@ -31,11 +31,10 @@ from navi_trio.llm.client import LLMClient
 from navi_trio.llm.factory import make_client
 from navi_trio.llm.guard import guarded_stream
 from navi_trio.llm.ollama import OllamaBackend
-from navi_trio.llm.openai import OpenAIBackend
 from navi_trio.llm.shards import ShardedClient
 from navi_trio.llm.transport import H11Transport
 from navi_trio.settings import Settings
-from navi_trio.testing.fake_llm import FakeLLMServer, open_fake_llm
+from navi_trio.testing.fake_llm import FakeLLMServer
 
 TIMEOUT = 20
 LIMIT = 600  # virtual seconds, under the autojump clock
@@ -44,20 +43,11 @@ TRANSPORTS = ["h11", "httpx"]
 DIALECTS = ["ollama", "openai"]
 
 
-@asynccontextmanager
-async def served(
+def served(
     replies: list[dict[str, Any]], transport: str, dialect: str = "ollama"
-) -> AsyncIterator[tuple[FakeLLMServer, LLMBackend]]:
+) -> AbstractAsyncContextManager[tuple[FakeLLMServer, LLMBackend]]:
     """The fake LLM playing `replies`, and a backend on `make_client`'s client."""
-    async with open_fake_llm(replies) as server:
-        settings = Settings(llm_transport=transport, llm_connect_timeout=5)
-        async with make_client(settings) as client:
-            backend: LLMBackend = (
-                OllamaBackend(client, server.url)
-                if dialect == "ollama"
-                else OpenAIBackend(client, server.url)
-            )
-            yield server, backend
+    return llm_served.served(replies, dialect, transport=transport)
 
 
 async def text_of(backend: LLMBackend, first: float = 90, chunk: float = 60) -> str:
