@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 
 import attrs
 import trio
@@ -40,7 +41,7 @@ from navi_trio.core.history import Rewinder, SessionRewinds
 from navi_trio.core.jobs import TaskSupervisor
 from navi_trio.core.session import SessionRegistry, SessionService, UserWatch
 from navi_trio.core.triggers import Scheduler, Waker, notify_schedule_run
-from navi_trio.core.turn import Agent, ApprovalBroker, RoundCheckpoints
+from navi_trio.core.turn import Agent, ApprovalBroker, Observer, RoundCheckpoints
 from navi_trio.events import TaskUpdate
 from navi_trio.llm.base import LLMBackend, SupervisedBackend
 from navi_trio.llm.factory import make_backend, make_client
@@ -84,6 +85,12 @@ class Runtime:
     users: UserWatch
     cluster: Cluster | None = None  # several daemons on one database (core/cluster/cluster.py)
 
+    def llm_status(self) -> dict[str, Any] | None:
+        """The embedded model's process, as its host reports it; None for an endpoint."""
+        # Duck-typed: llm/host.py (and its process code) loads only with the local backend.
+        status = getattr(getattr(self.backend, "host", None), "status", None)
+        return dict(status()) if callable(status) else None
+
     def warm_up(self) -> None:
         """Load what turns need ahead of the first one: the token encoding, on a thread
         (its last ~90 ms hold the GIL, so the loop, whatever runs then). A daemon that
@@ -120,6 +127,7 @@ async def open_runtime(
     schedules: bool = False,
     wall_clock: Callable[[], float] | None = None,
     checkpoint_wall: Callable[[], float] | None = None,
+    observer: Observer | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the store, the LLM backend and every actor; close them all on exit.
 
@@ -207,6 +215,7 @@ async def open_runtime(
                 processes=processes,
                 approvals=approvals,
                 checkpoints=checkpoints,
+                observer=observer,
             )
             nursery.start_soon(agent.parts.counter.preload_on_demand)  # off the start-up path
             joined = None

@@ -111,6 +111,9 @@ class Settings:
     llm_url: str = attrs.field(default="http://127.0.0.1:11434", metadata=_env("OLLAMA_HOST"))
     llm_backend: str = attrs.field(default="ollama", metadata=_env("NAVI_LLM_BACKEND"))
     llm_api_key: str = attrs.field(default="", metadata=_env("NAVI_LLM_API_KEY"))
+    # A token that may read /metrics and nothing else (a Prometheus scraper's); an admin's
+    # token may too. Empty: admins only.
+    metrics_token: str = attrs.field(default="", repr=False, metadata=_env("NAVI_METRICS_TOKEN"))
     # OpenAI-compatible backend: false sends requests that offer tools non-streamed, the
     # one way llama-cpp-python's function-calling format calls a tool on its own choice.
     openai_tool_stream: bool = attrs.field(default=True, metadata=_env("NAVI_OPENAI_TOOL_STREAM"))

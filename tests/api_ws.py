@@ -13,6 +13,7 @@ import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from navi_trio.api.auth import new_token
+from navi_trio.api.metrics import DaemonMetrics
 from navi_trio.api.server import ApiServer
 from navi_trio.testing import open_harness
 from navi_trio.testing.harness import Harness
@@ -106,8 +107,14 @@ class Daemon:
 
 @asynccontextmanager
 async def open_daemon(tmp_path: Any, **kwargs: Any) -> AsyncIterator[Daemon]:
-    async with open_harness(tmp_path, **kwargs) as h, trio.open_nursery() as nursery:
-        server = ApiServer(h.runtime, host="127.0.0.1", port=0)
+    """`metrics=DaemonMetrics()`: the daemon's, as `navi serve` has them (the core's
+    observer too); the other arguments are `open_harness`'s."""
+    metrics: DaemonMetrics | None = kwargs.pop("metrics", None)
+    async with (
+        open_harness(tmp_path, observer=metrics, **kwargs) as h,
+        trio.open_nursery() as nursery,
+    ):
+        server = ApiServer(h.runtime, host="127.0.0.1", port=0, metrics=metrics)
         port = await nursery.start(server.run)
         daemon = Daemon(h, server, port)
         await daemon.add_user("alice")

@@ -101,7 +101,9 @@ class _Actor:
 
 
 async def test_a_lagged_subscription_is_reported_and_resumed_from_the_last_seq() -> None:
-    server = types.SimpleNamespace(runtime=types.SimpleNamespace(settings=Settings.from_env({})))
+    server = types.SimpleNamespace(
+        runtime=types.SimpleNamespace(settings=Settings.from_env({})), metrics=None
+    )
     conn = Connection(server, ws=None, peer="test")  # type: ignore[arg-type]
     actor = _Actor()
     with trio.fail_after(TIMEOUT):

@@ -135,3 +135,13 @@ def test_the_acp_agent_and_its_sdk_stay_out_of_every_other_command() -> None:
     # `navi acp` alone imports the ACP SDK's pydantic models (navi_trio/acp/).
     statement = "import navi_trio.cli, navi_trio.cli.run, navi_trio.runtime"
     assert imported_by(statement, ("navi_trio.acp", "acp", "pydantic")) == []
+
+
+def test_metrics_stay_out_of_navi_run_and_its_private_daemon() -> None:
+    # prometheus_client comes with `navi serve`'s DaemonMetrics (api/metrics.py) only: a
+    # private daemon's server and page (serve_privately) never load it.
+    statement = (
+        "import navi_trio.cli, navi_trio.cli.run, navi_trio.runtime, navi_trio.cli.serve, "
+        "navi_trio.api.server, navi_trio.api.web, navi_trio.api.health"
+    )
+    assert imported_by(statement, ("prometheus_client", "navi_trio.api.metrics")) == []

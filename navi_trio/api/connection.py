@@ -67,6 +67,7 @@ from navi_trio.errors import (
 )
 
 if TYPE_CHECKING:
+    from navi_trio.api.metrics import DaemonMetrics
     from navi_trio.api.services import DaemonCore
     from navi_trio.core.session import SessionActor
 
@@ -76,6 +77,7 @@ class ConnectionHost(Protocol):
 
     runtime: DaemonCore
     tokens: Tokens  # whose a hello's token is
+    metrics: DaemonMetrics | None  # `navi serve`'s (frames sent, lagged)
 
     async def connected(self, user: User) -> str | None: ...
     async def released(self, key: str | None) -> None: ...
@@ -288,8 +290,11 @@ class Connection:
     async def _writer(self) -> None:
         # No merging here: deltas merge while they wait in the subscription's queue
         # (core/session/broadcast.py), where a slow client's pump is blocked on the outbox.
+        metrics = self.server.metrics
         while True:
             await self.ws.send_message(await self._outbox.get())
+            if metrics is not None:
+                metrics.frames_sent.inc()
 
     async def send(self, frame: Frame) -> None:
         """Queue `frame` for the writer; waits while the outbox is full (api/outbox.py).
@@ -339,6 +344,8 @@ class Connection:
             async for item in follower:
                 if isinstance(item, Lagged):  # the follower subscribed again already
                     log.warning("%s lagged on session %s: resubscribed", self._who(), sid)
+                    if self.server.metrics is not None:
+                        self.server.metrics.frames_lagged.inc()
                     item = lagged_frame(sid, item.missed_from, item.missed_to)
                 await self.send(item)
         if self._current(sid) is follower:

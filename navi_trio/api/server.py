@@ -51,6 +51,7 @@ from navi_trio.errors import LimitError
 from navi_trio.text import clip
 
 if TYPE_CHECKING:
+    from navi_trio.api.metrics import DaemonMetrics
     from navi_trio.api.services import DaemonCore
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,11 @@ class ApiServer:
     def __init__(
         self, runtime: DaemonCore, *, host: str = "127.0.0.1", port: int = 8765,
         reuse_port: bool = False, tokens: Tokens | None = None,
+        metrics: DaemonMetrics | None = None,
     ) -> None:  # fmt: skip
         self.runtime = runtime
+        # `navi serve`'s metrics (api/metrics.py); None for a private server.
+        self.metrics = metrics
         # Whose a hello's token is: the store's users, unless told (a private server).
         self.tokens: Tokens = tokens if tokens is not None else StoreTokens(runtime.store)
         self.host = host
@@ -86,7 +90,9 @@ class ApiServer:
         self.access = WebAccess.from_settings(
             settings.ws_allowed_origins, settings.ws_allowed_hosts, host
         )
-        self.site = web.StaticSite(self.access)
+        self.site = web.StaticSite(self.access, self.tokens, runtime, metrics)
+        if metrics is not None:
+            metrics.watch(runtime, self.connections)
         self.pending = Pending(settings.ws_pending_max, settings.ws_pending_per_address)
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
@@ -264,6 +270,10 @@ class ApiServer:
 
     def connection_count(self, user_id: str) -> int:
         return self._connections.get(user_id, 0)
+
+    def connections(self) -> int:
+        """Connections that said hello, of every user."""
+        return sum(self._connections.values())
 
 
 def _endpoint(stream: trio.SocketStream, *, local: bool) -> tuple[str, int]:

@@ -11,7 +11,7 @@ several daemons on one database, the cluster — and nothing of how they are wir
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from navi_trio.api.client_tools import ClientTools
 from navi_trio.core.cluster import Cluster
@@ -55,3 +55,7 @@ class DaemonCore(Protocol):
     def notices(self) -> UserNotices: ...
     @property
     def users(self) -> UserWatch: ...  # each change of the users table
+
+    def llm_status(self) -> dict[str, Any] | None:
+        """The embedded model's process, as its host reports it; None for an endpoint."""
+        ...

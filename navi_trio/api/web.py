@@ -18,16 +18,24 @@ every browser).
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 import re
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import attrs
 import h11
 import trio
 
-from navi_trio.api.auth import WebAccess
+from navi_trio.api import health
+from navi_trio.api.auth import Tokens, WebAccess
+from navi_trio.errors import NaviError
 from navi_trio.text import clip
+
+if TYPE_CHECKING:
+    from navi_trio.api.metrics import DaemonMetrics
+    from navi_trio.api.services import DaemonCore
 
 log = logging.getLogger(__name__)
 
@@ -233,9 +241,14 @@ def bytes_shipped(files: dict[str, StaticFile]) -> int:
 
 @attrs.define
 class StaticSite:
-    """Answers the plain HTTP requests of one daemon."""
+    """Answers the plain HTTP requests of one daemon: the page's files, `/healthz`,
+    `/readyz` (api/health.py) and, for `navi serve`, `/metrics` (api/metrics.py) to an
+    admin's token or the metrics token, sent as ``Authorization: Bearer TOKEN``."""
 
     access: WebAccess
+    tokens: Tokens | None = None
+    core: DaemonCore | None = None
+    metrics: DaemonMetrics | None = None
     files: dict[str, StaticFile] = attrs.field(factory=load_files)
 
     async def answer(
@@ -247,7 +260,7 @@ class StaticSite:
         request = conn.next_event()
         assert isinstance(request, h11.Request)
         host = head.header("host")
-        status, body, headers = self._route(head, host, local_address)
+        status, body, headers = await self._route(head, host, local_address)
         headers = [*headers, *security_headers(host if status != 403 else None)]
         if last or head.has_body or status >= 400:
             headers.append(("Connection", "close"))
@@ -259,7 +272,7 @@ class StaticSite:
         await stream.send_all(out)
         return conn.our_state is h11.DONE and not (last or head.has_body or status >= 400)
 
-    def _route(
+    async def _route(
         self, head: Head, host: str | None, local_address: str
     ) -> tuple[int, bytes, list[tuple[str, str]]]:
         text = [("Content-Type", "text/plain; charset=utf-8")]
@@ -271,6 +284,8 @@ class StaticSite:
         if head.has_body:
             return 400, b"a GET has no body\n", text
         path = head.target.partition("?")[0].partition("#")[0]
+        if path in ("/healthz", "/readyz", "/metrics"):
+            return await self._service(path, head, text)
         file = self.files.get(path)
         if file is None:
             return 404, b"not found: the page is at /\n", text
@@ -278,6 +293,44 @@ class StaticSite:
         if head.header("if-none-match") == file.etag:
             return 304, b"", headers
         return 200, file.body, headers
+
+    async def _service(
+        self, path: str, head: Head, text: list[tuple[str, str]]
+    ) -> tuple[int, bytes, list[tuple[str, str]]]:
+        if path == "/healthz":
+            return 200, b"ok\n", text
+        json_type = [("Content-Type", "application/json")]
+        if path == "/readyz":
+            if self.core is None:
+                return 404, b"not found: no daemon behind this page\n", text
+            result = await health.ready(self.core)
+            return (200 if result["ready"] else 503), health.body(result), json_type
+        if self.metrics is None or self.core is None:
+            return 404, b"not found: metrics are served by navi serve\n", text
+        refused = await self._scraper_refused(head)
+        if refused is not None:
+            return 401, refused.encode(), [*text, ("WWW-Authenticate", 'Bearer realm="navi"')]
+        from navi_trio.api.metrics import CONTENT_TYPE
+
+        return 200, self.metrics.page(), [("Content-Type", CONTENT_TYPE)]
+
+    async def _scraper_refused(self, head: Head) -> str | None:
+        """Why this request may not read /metrics, or None when it may."""
+        scheme, _, token = (head.header("authorization") or "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return "metrics need a token: Authorization: Bearer (an admin's, NAVI_METRICS_TOKEN)\n"
+        assert self.core is not None
+        wanted = self.core.settings.metrics_token
+        if wanted and hmac.compare_digest(token.encode(), wanted.encode()):
+            return None
+        if self.tokens is None:
+            return "this token may not read the metrics\n"
+        try:
+            user = await self.tokens.user(token)
+        except NaviError:
+            return "unknown token\n"
+        return None if user.is_admin else "metrics are for admins (or NAVI_METRICS_TOKEN)\n"
 
 
 async def answer_error(stream: trio.abc.SendStream, status: int, message: str) -> None:

@@ -21,10 +21,11 @@ import trio
 from navi_trio import __version__
 from navi_trio.api.peer_link import check_peer
 from navi_trio.api.remote import DEFAULT_URL, daemon_answers
-from navi_trio.cli.doctor_llm import ping_llm, server_context, window_warning
+from navi_trio.cli.doctor_llm import server_context, window_warning
 from navi_trio.errors import ConfigError, NaviError
 from navi_trio.llm.factory import choose_backend
 from navi_trio.llm.local_check import check_local_model, local_model_info
+from navi_trio.llm.ping import ping_llm
 from navi_trio.profiles import AgentProfile, NaviConfig, check_config, load_config
 from navi_trio.settings import Settings
 from navi_trio.store.db_url import describe

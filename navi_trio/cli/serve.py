@@ -60,11 +60,16 @@ async def serve_daemon(
     """`supervisor_fd`: a worker's end of its supervisor's lifeline (cli/workers.py): at
     its end the supervisor is gone, and the worker shuts down as on SIGTERM."""
     await kill_orphans(settings.data_dir)
-    async with open_runtime(settings, config=config, cluster=True, schedules=True) as rt:
+    from navi_trio.api.metrics import DaemonMetrics  # prometheus_client: a daemon's only
+
+    metrics = DaemonMetrics()
+    async with open_runtime(
+        settings, config=config, cluster=True, schedules=True, observer=metrics
+    ) as rt:
         await ensure_local_token(rt.store, settings.data_dir)
         rt.sessions.adopt = True  # session actors run what a crash left queued
         async with trio.open_nursery() as nursery:
-            server = ApiServer(rt, host=host, port=port, reuse_port=reuse_port)
+            server = ApiServer(rt, host=host, port=port, reuse_port=reuse_port, metrics=metrics)
             bound = await nursery.start(server.run)
             # Only while serving: once shutdown starts, a second Ctrl-C or SIGTERM acts
             # as usual (KeyboardInterrupt / termination) instead of waiting for it.

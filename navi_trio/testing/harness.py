@@ -33,7 +33,7 @@ import attrs
 import trio
 
 from navi_trio.core.session import Frame, LocalBroadcast, ReplayBuffer, SessionActor, Subscription
-from navi_trio.core.turn import UserMessage
+from navi_trio.core.turn import Observer, UserMessage
 from navi_trio.llm.script import Reply
 from navi_trio.llm.scripted import ScriptedBackend
 from navi_trio.profiles import ConfigSource, parse_config
@@ -173,6 +173,7 @@ async def open_harness(
     schedules: bool = False,
     wall_clock: Callable[[], float] | None = None,
     checkpoint_wall: Callable[[], float] | None = None,
+    observer: Observer | None = None,
     **settings: Any,
 ) -> AsyncIterator[Harness]:
     """A runtime on `tmp_path/navi.db` with the fake LLM (or the scripted backend).
@@ -210,6 +211,7 @@ async def open_harness(
             schedules=schedules,
             wall_clock=wall_clock,
             checkpoint_wall=checkpoint_wall,
+            observer=observer,
         ) as rt:
             yield Harness(runtime=rt, fake=fake, scripted=backend, tmp_path=tmp_path)
         nursery.cancel_scope.cancel()

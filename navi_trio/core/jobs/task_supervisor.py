@@ -262,6 +262,14 @@ class TaskSupervisor(NurseryHolder):
             sessions = [self._jobs.get(session_id, {})]
         return sum(1 for jobs in sessions for job in jobs.values() if not job.finished)
 
+    def states(self) -> dict[str, int]:
+        """How many jobs this process keeps, by status (running, completed, …)."""
+        found: dict[str, int] = {}
+        for jobs in self._jobs.values():
+            for job in jobs.values():
+                found[job.status] = found.get(job.status, 0) + 1
+        return found
+
     # --- internals -------------------------------------------------------------------
 
     def _check_caps(self, session_id: str, is_spawn: bool, user_id: str | None) -> None:

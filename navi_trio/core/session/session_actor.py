@@ -70,6 +70,7 @@ from navi_trio.core.session.run_log import RunLog
 from navi_trio.core.session.user_watch import role_now
 from navi_trio.core.turn import (
     Agent,
+    Observer,
     RunControl,
     SteerItem,
     UserMessage,
@@ -146,6 +147,7 @@ class SessionParts:
     compact_stream: CompactStream
     end_dead_turn: EndDeadTurn
     forget: Callable[[str], None]  # drop a retired session's cached state
+    observer: Observer  # sees every event published (the daemon's metrics)
 
     @classmethod
     def of(cls, agent: Agent) -> SessionParts:
@@ -158,6 +160,7 @@ class SessionParts:
             compact_stream=agent.compact_stream,
             end_dead_turn=agent.end_dead_turn,
             forget=agent.cache.forget,
+            observer=agent.parts.observer,
         )
 
 
@@ -210,6 +213,7 @@ class SessionActor:
         self.busy = False
         self.idle = trio.Event()
         self.idle.set()
+        self._stop_asked: float | None = None  # when a stop of the running turn was asked
 
     @property
     def seq(self) -> int:
@@ -352,6 +356,8 @@ class SessionActor:
         """Stop the running turn (queued messages stay queued). False when idle."""
         if self._control is None:
             return False
+        if self._stop_asked is None:
+            self._stop_asked = trio.current_time()
         self._control.stop()
         return True
 
@@ -392,6 +398,11 @@ class SessionActor:
         return self.broadcast.subscribe(last_seq, epoch)
 
     def publish(self, event: AgentEvent) -> Frame:
+        observer = self.parts.observer
+        observer.event(self.session_id, event)
+        if type(event) is StreamEnd and not event.is_subagent and self._stop_asked is not None:
+            observer.stopped(trio.current_time() - self._stop_asked)
+            self._stop_asked = None
         return self.broadcast.publish(event)
 
     def relay(self, frame: Frame) -> None:

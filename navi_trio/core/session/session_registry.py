@@ -109,6 +109,11 @@ class SessionRegistry(NurseryHolder):
     def actor(self, session_id: str) -> SessionActor | None:
         return self._actors.get(session_id)
 
+    def counts(self) -> tuple[int, int, int]:
+        """(live sessions, running turns, messages queued) in this process, now."""
+        actors = list(self._actors.values())
+        return len(actors), sum(a.busy for a in actors), sum(len(a.pending) for a in actors)
+
     def revoke_users(self, user_ids: set[str]) -> None:
         """These users were removed: the turns they started here stop (no message of
         theirs runs any more, anywhere: each run asks the store first)."""

@@ -23,6 +23,9 @@ from .checkpointing import RoundCheckpoints as RoundCheckpoints
 from .context import ContextBuilder as ContextBuilder
 from .context import ContextViews as ContextViews
 from .lease import SessionLeases as SessionLeases
+from .observe import LLMCallDone as LLMCallDone
+from .observe import NoObserver as NoObserver
+from .observe import Observer as Observer
 from .plan_text import parse_analysis as parse_analysis
 from .plan_text import parse_plan as parse_plan
 from .plan_text import review_sections as review_sections

@@ -49,6 +49,7 @@ from navi_trio.core.turn.context import ContextBuilder
 from navi_trio.core.turn.injections import Injections
 from navi_trio.core.turn.lease import HeldLease, SessionLeases
 from navi_trio.core.turn.live_config import LiveConfig
+from navi_trio.core.turn.observe import NoObserver, Observer
 from navi_trio.core.turn.policy import effective_mode
 from navi_trio.core.turn.session_state import SessionCache, SessionState, new_message_id, open_turn
 from navi_trio.core.turn.steering import DEFAULT_ON_BUSY
@@ -182,6 +183,7 @@ class Agent:
         counter: TokenCounter | None = None,
         approvals: ApprovalBroker | None = None,
         checkpoints: RoundCheckpoints | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -219,6 +221,7 @@ class Agent:
             counter=counter,
             config=self.live_config,
             tool_context=tool_context,
+            observer=observer or NoObserver(),
         )
         self.parts = parts
 

@@ -82,6 +82,10 @@ class ApprovalBroker:
         """Call ids waiting for an answer in `session_id`."""
         return [cid for (sid, cid) in self._pending if sid == session_id]
 
+    def waiting_count(self) -> int:
+        """Approvals waiting for an answer, in every session."""
+        return len(self._pending)
+
     def waiting(self, session_id: str) -> list[ApprovalRequest]:
         """The requests still waiting in `session_id` (a client that subscribes gets them)."""
         return [p.request for (sid, _), p in self._pending.items() if sid == session_id]

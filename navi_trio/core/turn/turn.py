@@ -20,10 +20,11 @@ import trio
 
 from navi_trio.core.turn import planning
 from navi_trio.core.turn.llm_call import StreamedReply, chat_request, output_cap, stream_reply
+from navi_trio.core.turn.observe import LLMCallDone
 from navi_trio.core.turn.policy import denied_outright
 from navi_trio.core.turn.steering import take_injections
 from navi_trio.core.turn.tool_executor import execute_batch, stopped_result, tool_message
-from navi_trio.core.turn.turn_state import LoopParts, Turn
+from navi_trio.core.turn.turn_state import Emit, LoopParts, Turn
 from navi_trio.errors import BudgetExhaustedError, ContextTooLargeError, LLMError
 from navi_trio.events import (
     AgentEvent,
@@ -41,7 +42,7 @@ from navi_trio.events import (
     ToolStarted,
     WarningEvent,
 )
-from navi_trio.llm.base import ToolCall
+from navi_trio.llm.base import ChatRequest, ToolCall
 from navi_trio.tools.base import ToolContext, ToolResult
 from navi_trio.tools.memory import MemoryTool, load_memories
 from navi_trio.tools.spawn_agent import SpawnAgentTool
@@ -96,13 +97,48 @@ class TurnRunner:
             cap = await budget.before_llm(self.parts.counter.estimate_messages(messages), cap)
         request = chat_request(self.settings, messages, self.model(), max_tokens=cap)
         with budget.wall() if budget is not None else nullcontext():
-            reply = await stream_reply(
-                self.parts.backend, self.settings, request, StreamedReply(), None
-            )
+            reply = await self._stream(request, StreamedReply(), None, None, purpose)
         self._count(reply)
         if budget is not None and budget.active:
             await budget.settle()
         return reply
+
+    async def _stream(
+        self,
+        request: ChatRequest,
+        reply: StreamedReply,
+        emit: Emit | None,
+        first: Callable[[], None] | None,
+        purpose: str,
+    ) -> StreamedReply:
+        """`stream_reply`, timed for the observer (however it ends: a stop or a failure
+        is a call too)."""
+        started = trio.current_time()
+        first_at: list[float] = []
+
+        def first_chunk() -> None:
+            first_at.append(trio.current_time())
+            if first is not None:
+                first()
+
+        try:
+            return await stream_reply(
+                self.parts.backend, self.settings, request, reply, emit, first_chunk=first_chunk
+            )
+        finally:
+            done = reply.done
+            self.parts.observer.llm_call(
+                LLMCallDone(
+                    model=(done.model if done is not None else "") or request.model,
+                    purpose=purpose,
+                    seconds=trio.current_time() - started,
+                    first_chunk_seconds=first_at[0] - started if first_at else None,
+                    prompt_tokens=done.prompt_tokens if done is not None else 0,
+                    completion_tokens=done.completion_tokens if done is not None else 0,
+                    finish=done.done_reason if done is not None else None,
+                    failed=done is None,
+                )
+            )
 
     def _count(self, reply: StreamedReply) -> None:
         if reply.done is not None:
@@ -302,9 +338,7 @@ class TurnRunner:
         # before, where its load (holding the GIL at its end) would hold the request up.
         self.parts.counter.wanted()
         with t.budget.wall() if t.budget is not None else nullcontext():
-            reply = await stream_reply(
-                self.parts.backend, self.settings, request, t.reply, t.emit, first_chunk=first
-            )
+            reply = await self._stream(request, t.reply, t.emit, first, "answer")
         self._count(reply)
         if t.budget is not None and t.budget.active:
             await t.budget.settle()  # what it did not use is free for other runs now

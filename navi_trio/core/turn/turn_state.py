@@ -18,6 +18,7 @@ from navi_trio.core.turn.context import ContextBuilder, ContextViews
 from navi_trio.core.turn.injections import Injections
 from navi_trio.core.turn.live_config import LiveConfig
 from navi_trio.core.turn.llm_call import StreamedReply
+from navi_trio.core.turn.observe import NoObserver, Observer
 from navi_trio.core.turn.session_state import SessionCache, SessionState
 from navi_trio.core.turn.tokens import TokenCounter
 from navi_trio.core.turn.tool_executor import ToolExecutor
@@ -139,6 +140,7 @@ class LoopParts:
     counter: TokenCounter
     config: LiveConfig
     tool_context: Callable[[Turn], ToolContext]
+    observer: Observer = attrs.field(factory=NoObserver)
 
     def compressor(self, complete: Complete) -> Compressor:
         return Compressor(self.settings, self.counter, complete, self.config.prompts_dir)

@@ -1,0 +1,52 @@
+"""What a daemon's metrics (and, later, its traces and accounts) learn of the runs.
+
+The core tells an `Observer` two things: each LLM call when it ends (`LLMCallDone`: the
+model, how long, the time to its first chunk, the tokens), which no event carries, and
+each event a session publishes (tool results, a run's end, approvals), which the session
+actor hands over as it publishes them. The observer must be cheap and must not raise:
+it is called on the run's path. `NoObserver` is the default; the api layer's metrics
+implement it (api/metrics.py), and the core never imports them.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import attrs
+
+from navi_trio.events import AgentEvent
+
+
+@attrs.frozen
+class LLMCallDone:
+    """One LLM call, ended (answered, failed or stopped)."""
+
+    model: str
+    purpose: str  # answer | plan | compress | … (what the call was for)
+    seconds: float
+    first_chunk_seconds: float | None  # None: no chunk came
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish: str | None = None  # the model's done reason; None when it never finished
+    failed: bool = False
+
+
+class Observer(Protocol):
+    def llm_call(self, done: LLMCallDone) -> None: ...
+    def event(self, session_id: str, event: AgentEvent) -> None: ...
+    def stopped(self, seconds: float) -> None:
+        """A stop asked of a running turn took effect after `seconds`."""
+        ...
+
+
+class NoObserver:
+    """Observes nothing: a run of no daemon, or a daemon without metrics."""
+
+    def llm_call(self, done: LLMCallDone) -> None:
+        pass
+
+    def event(self, session_id: str, event: AgentEvent) -> None:
+        pass
+
+    def stopped(self, seconds: float) -> None:
+        pass

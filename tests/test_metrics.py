@@ -1,0 +1,165 @@
+"""The daemon's /metrics, /healthz and /readyz, over real HTTP on the daemon's own port.
+
+A daemon as `navi serve` makes it (its `DaemonMetrics` observing the core, the server
+serving them), the fake LLM over real HTTP, real WebSocket clients on 127.0.0.1. The
+page is parsed with prometheus_client's own parser, so each figure is read as Prometheus
+would read it. Every test has an absolute time limit; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+from agent_tools import call, toolset, with_tools
+from api_ws import Daemon, open_daemon
+from prometheus_client.parser import text_string_to_metric_families
+
+from navi_trio.api.metrics import DaemonMetrics
+from navi_trio.tools.base import ToolContext, ToolResult
+
+TIMEOUT = 30
+
+
+class Gate:
+    """A tool that waits until the test lets it go, or fails when asked to."""
+
+    name = "gate"
+    description = "waits for the test"
+    parameters: dict[str, Any] = {"type": "object", "properties": {}}
+
+    def __init__(self) -> None:
+        self.entered = trio.Event()
+        self.go = trio.Event()
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        if args.get("fail"):
+            return ToolResult.fail("asked to fail")
+        self.entered.set()
+        await self.go.wait()
+        return ToolResult.success("let go")
+
+
+@asynccontextmanager
+async def daemon(
+    tmp_path: Path, replies: list[dict[str, Any]], gate: Gate, **settings: Any
+) -> AsyncIterator[tuple[Daemon, DaemonMetrics]]:
+    metrics = DaemonMetrics()
+    profile = with_tools(["gate"], planning_first_message=False)
+    async with open_daemon(
+        tmp_path, metrics=metrics, replies=replies, tools=toolset(gate),
+        profiles={"general": profile}, **settings,
+    ) as d:  # fmt: skip
+        yield d, metrics
+
+
+async def get(d: Daemon, path: str, token: str | None = None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    async with httpx.AsyncClient(timeout=10) as client:
+        return await client.get(f"http://127.0.0.1:{d.port}{path}", headers=headers)
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a scrape: (name, sorted labels) -> value."""
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            found[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return found
+
+
+async def scrape(d: Daemon) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = await get(d, "/metrics", d.tokens["root"])
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    return samples(response.text)
+
+
+async def test_each_metric_moves_with_what_the_daemon_does(tmp_path: Path) -> None:
+    gate = Gate()
+    replies = [
+        {**call("gate", fail=True), "prompt_tokens": 100, "completion_tokens": 7},
+        {"text": "first done", "prompt_tokens": 120, "completion_tokens": 3},
+        {**call("gate"), "prompt_tokens": 50, "completion_tokens": 5},
+        {"text": "never sent: the turn is stopped in the gate"},
+    ]
+    with trio.fail_after(TIMEOUT):
+        async with daemon(tmp_path, replies, gate) as (d, _):
+            before = await scrape(d)
+            assert before[("navi_runs_active", ())] == 0
+            assert ("navi_runs_total", (("reason", "complete"),)) not in before
+            async with d.connect("alice") as alice:
+                created = await alice.request({"type": "message", "content": "one"})
+                sid = created["session_id"]
+                await alice.until_end(sid)
+                await alice.request({"type": "message", "session_id": sid, "content": "two"})
+                await gate.entered.wait()
+                during = await scrape(d)
+                stopped = await alice.request({"type": "stop", "session_id": sid})
+                assert stopped.get("stopped") is True, stopped
+                end = await alice.until_end(sid)
+                assert end["reason"] == "stopped", end
+                after = await scrape(d)
+    model = (("model", "qwen3:8b"),)
+    assert during[("navi_runs_active", ())] == 1
+    assert during[("navi_sessions_live", ())] == 1
+    assert during[("navi_ws_connections", ())] == 1
+    assert after[("navi_runs_total", (("reason", "complete"),))] == 1
+    assert after[("navi_runs_total", (("reason", "stopped"),))] == 1
+    assert after[("navi_runs_active", ())] == 0
+    # The tokens are the sums of what the fake LLM reported, by direction.
+    assert after[("navi_llm_tokens_total", (("direction", "in"), *model))] == 270
+    assert after[("navi_llm_tokens_total", (("direction", "out"), *model))] == 15
+    assert after[("navi_llm_request_seconds_count", model)] == 3
+    assert after[("navi_llm_first_chunk_seconds_count", model)] == 3
+    assert after[("navi_tool_calls_total", (("status", "failed"), ("tool", "gate")))] == 1
+    assert after[("navi_tool_calls_total", (("status", "stopped"), ("tool", "gate")))] == 1
+    assert after[("navi_tool_seconds_count", (("tool", "gate"),))] == 2
+    assert after[("navi_stop_seconds_count", ())] == 1
+    assert after[("navi_ws_frames_sent_total", ())] > during[("navi_ws_frames_sent_total", ())]
+    assert after[("process_resident_memory_bytes", ())] > 0
+
+
+async def test_metrics_need_an_admins_token_or_the_metrics_token(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with daemon(tmp_path, [], Gate(), metrics_token="scrape-me") as (d, _):
+            nobody = await get(d, "/metrics")
+            assert nobody.status_code == 401 and "Bearer" in nobody.headers["www-authenticate"]
+            assert "navi_" not in nobody.text
+            user = await get(d, "/metrics", d.tokens["alice"])
+            assert user.status_code == 401 and "admins" in user.text, user.text
+            wrong = await get(d, "/metrics", "navi_not_a_token")
+            assert wrong.status_code == 401 and "navi_" not in wrong.text.replace("navi_not", "")
+            scraper = await get(d, "/metrics", "scrape-me")
+            assert scraper.status_code == 200 and "navi_runs_active" in scraper.text
+            admin = await get(d, "/metrics", d.tokens["root"])
+            assert admin.status_code == 200
+
+
+async def test_health_and_readiness(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with daemon(tmp_path, [], Gate()) as (d, _):
+            alive = await get(d, "/healthz")
+            assert (alive.status_code, alive.text) == (200, "ok\n")
+            ready = await get(d, "/readyz")
+            assert ready.status_code == 200, ready.text
+            assert ready.json()["checks"]["store"] == {"ok": True}
+            assert ready.json()["checks"]["llm"]["ok"] is True
+        # An LLM endpoint nobody answers at: not ready, and the check says where.
+        async with daemon(tmp_path / "b", [], Gate(), llm_url="http://127.0.0.1:9") as (d, _):
+            ready = await get(d, "/readyz")
+            assert ready.status_code == 503, ready.text
+            llm = ready.json()["checks"]["llm"]
+            assert llm["ok"] is False and "127.0.0.1:9" in llm["detail"], llm
+            assert ready.json()["checks"]["store"]["ok"] is True
+
+
+async def test_a_private_server_serves_no_metrics(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path) as d:
+            response = await get(d, "/metrics", d.tokens["root"])
+            assert response.status_code == 404 and "navi serve" in response.text
