@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from navi_trio.api.auth import User
 from navi_trio.api.protocol import Frame, RequestId, SendMessage, reply
 from navi_trio.api.services import DaemonCore
-from navi_trio.core.turn import CwdCheck, UserMessage, busy_strategy, effective_mode
+from navi_trio.core.turn import (
+    CwdCheck,
+    UserMessage,
+    busy_strategy,
+    effective_mode,
+    remember_folder,
+)
 from navi_trio.errors import (
     ForbiddenError,
     RequestError,
@@ -77,6 +83,7 @@ class SessionMessages:
                 user_id=self.c.user.id, role=self.c.user.role, session_id=cmd.session_id,
                 settings=self.c.rt.settings, config=self.c.rt.config, store=self.c.rt.store,
             ).check(cmd.cwd)  # fmt: skip
+            await remember_folder(self.c.rt.store, self.c.user.id, cwd)
         row = await self.c.rt.store.get_session(cmd.session_id) if cmd.session_id else None
         if row is None:
             row = await self.c._create(cmd.session_id, cmd.profile)
