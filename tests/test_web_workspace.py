@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_web_resilience import XSS
 from web_browser import DEADLINE, Daemon, Loop, Site, browser, needs_browser, send, shot
 
 __all__ = ["browser"]  # fixture
@@ -203,4 +204,66 @@ def test_changes_rewind_undo_and_fork(site: Site, work: Path) -> None:
     sid = tab.evaluate("location.hash.slice(1)")
     assert sid != page.evaluate("location.hash.slice(1)")
     shot(tab, "fork-tab")
+    assert site.dialogs == []
+
+
+SVG = "<svg onload=\"window.__pwned='svg'\">"
+
+
+def test_markup_in_folder_names_file_names_and_diffs_is_shown_as_text(
+    site: Site, work: Path
+) -> None:
+    """The page's XSS payloads (tests/test_web_resilience.py) as folder names, a file's
+    name, a diff's content and an edit's text, with the CSP off (bypass_csp) so that
+    only the renderer stands between them and the DOM: nothing runs, nothing is made."""
+    for name in (XSS[0], SVG):
+        (work / "app" / name).mkdir(parents=True)
+    payload = "\n".join(XSS) + "\n"
+    site.loop.add_replies(
+        {"tool_calls": [tool("filesystem", action="write", path="page.html", content="x\n")]},
+        {"text": "first"},
+        {
+            "tool_calls": [
+                tool("filesystem", action="write", path=XSS[0] + ".txt", content=payload),
+                tool("filesystem", action="edit", path="page.html", old="x", new=XSS[1]),
+            ]
+        },
+        {"text": "second"},
+    )
+    page = site.page(bypass_csp=True)
+    page.add_init_script("window.__pwned = undefined;")
+    site.login(page)
+    pick_folder(page, work, "app")
+    names = page.locator(".children .folder-entry").all_inner_texts()
+    assert sorted(names) == sorted([f"{XSS[0]}/", f"{SVG}/"]), names
+    made = "img, script, svg, iframe, a[href^='javascript'], [onerror], [onload]"
+    assert page.locator(".side-panel").locator(made).count() == 0
+    page.locator(".folder-entry", has_text="svg").click()  # browsed into, by its name
+    page.wait_for_selector(f'.folder-path >> text="{work / "app" / SVG}"')
+    page.click(".folder-up")
+    page.wait_for_selector(f'.folder-path >> text="{work / "app"}"')
+    page.click(".folder-use")
+    send(page, "first")
+    page.wait_for_selector(".lane.main .answer >> text=first")
+    send(page, "second")
+    page.wait_for_selector(".lane.main .answer >> text=second")
+    page.wait_for_selector("#stop:disabled")
+    edit = page.locator(".tool-diff").first
+    assert lines(edit.locator(".diff-add")) == ["+" + XSS[1]]
+    page.locator(".user-tools").nth(1).locator(".changes-open").click()
+    shown = page.locator(".changed-file", has=page.locator(".changed-path", has_text="onerror"))
+    shown.wait_for()
+    assert shown.locator(".changed-path").inner_text() == XSS[0] + ".txt"
+    assert lines(shown.locator(".diff-add")) == ["+" + x for x in XSS]
+    assert page.locator(".side-panel").locator(made).count() == 0
+    shot(page, "xss-changes")
+    page.click(".panel-close")
+    page.locator(".user-tools").nth(1).locator(".rewind-open").click()
+    page.click(".rewind-preview-button")
+    page.wait_for_selector(".preview-root:not(.empty)")
+    paths = page.locator(".preview-changes .change-path").all_inner_texts()
+    assert XSS[0] + ".txt" in paths, paths
+    assert page.locator(".side-panel").locator(made).count() == 0
+    assert page.locator("#transcript").locator(made).count() == 0
+    assert page.evaluate("window.__pwned") is None
     assert site.dialogs == []
