@@ -14,6 +14,7 @@ real HTTP, an absolute timeout on every test, no sleeps).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from api_ws import Client, open_daemon
 from rewind_kit import PROFILES, TIMEOUT, call, calls, run, say, write
 from test_rewind_asker import config_at, idle
 
+from navi_trio.core.checkpoints import ChangedFile
+from navi_trio.core.history.changes import DIFF_MAX_BYTES, TOTAL_MAX_BYTES, diffs
 from navi_trio.core.turn import FOLDERS_MAX
 
 
@@ -169,3 +172,47 @@ async def test_changes_of_a_session_that_changed_nothing_say_so(tmp_path: Path) 
                 assert got["files"] == [] and "no file was changed" in got["note"], got
                 bad = await alice.request({"type": "changes", "session_id": sid, "since": "m-x"})
                 assert bad["type"] == "error" and bad["code"] == "not_found", bad
+
+
+async def test_a_changed_file_swapped_for_a_link_is_never_read_through(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET-OF-THE-HOST\n")
+    replies = [calls(write("notes.txt", "mine\n")), say("wrote")]
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, replies=replies, profiles=PROFILES) as d:
+            async with d.connect("alice") as alice:
+                sid = await message(alice, "write")
+                await idle(d, sid)
+                notes = d.harness.runtime.settings.session_dir(sid) / "notes.txt"
+                notes.unlink()
+                notes.symlink_to(secret)
+                got = await alice.request({"type": "changes", "session_id": sid})
+                (entry,) = got["files"]
+                assert entry["path"] == "notes.txt" and entry["what"] == "created", entry
+                assert "SECRET" not in json.dumps(got)
+                assert str(secret) in entry["diff"]  # the link's text, as a link shows
+
+
+def changed(path: str, before: bytes | None, after: bytes | None, **extra: Any) -> ChangedFile:
+    return ChangedFile(Path("/w"), path, "modified", before, after, **extra)
+
+
+def test_diffs_are_bounded_and_a_binary_file_is_named_not_shown() -> None:
+    big = "".join(f"line {i}\n" for i in range(20_000)).encode()
+    found = [
+        changed("a.txt", b"one\ntwo", b"one\n2"),
+        changed("blob.bin", b"x\x00y", b"x\x00z"),
+        changed("latin.txt", b"caf\xe9\n", b"cafe\n"),
+        changed("huge.txt", None, None, too_large=True),
+        changed("big.txt", b"", big),
+        *(changed(f"more{i}.txt", b"", big) for i in range(12)),
+    ]
+    out = {f["path"]: f for f in diffs(found)}
+    assert out["a.txt"]["diff"].endswith("+2\n\\ No newline at end of file\n"), out["a.txt"]
+    assert out["blob.bin"]["binary"] and out["blob.bin"]["diff"] == ""
+    assert out["latin.txt"]["binary"]  # not UTF-8: not shown as text
+    assert out["huge.txt"]["omitted"].startswith("larger than") and out["huge.txt"]["diff"] == ""
+    assert out["big.txt"]["cut"] and len(out["big.txt"]["diff"].encode()) <= DIFF_MAX_BYTES
+    total = sum(len(f["diff"].encode()) for f in out.values())
+    assert total <= TOTAL_MAX_BYTES
+    assert any(f["omitted"].startswith("not shown: the diffs above") for f in out.values())

@@ -104,6 +104,8 @@ def diffs(found: list[ChangedFile]) -> list[dict[str, Any]]:
             text, cut = _unified(changed.path, before, after, room)
             entry["diff"], entry["cut"] = text, cut
             total += len(text.encode("utf-8"))
+            if cut and room < DIFF_MAX_BYTES:
+                total = TOTAL_MAX_BYTES  # the answer is full: the next files are named only
         out.append(entry)
     return out
 
