@@ -83,7 +83,6 @@ class SessionMessages:
                 user_id=self.c.user.id, role=self.c.user.role, session_id=cmd.session_id,
                 settings=self.c.rt.settings, config=self.c.rt.config, store=self.c.rt.store,
             ).check(cmd.cwd)  # fmt: skip
-            await remember_folder(self.c.rt.store, self.c.user.id, cwd)
         row = await self.c.rt.store.get_session(cmd.session_id) if cmd.session_id else None
         if row is None:
             row = await self.c._create(cmd.session_id, cmd.profile)
@@ -100,6 +99,8 @@ class SessionMessages:
                     "workspace",
                     session_id=row.id,
                 )
+        if cwd is not None:  # offered again by the folder picker (core/turn/folders.py)
+            await remember_folder(self.c.rt.store, self.c.user.id, cwd)
         actor = await self.c._actor(row.id)
         # Before subscribing: a turn a dead daemon left is ended first, and its frames
         # are not this message's (core/cluster/cluster.py).
