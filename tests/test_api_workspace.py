@@ -72,6 +72,8 @@ async def test_folders_lists_only_what_may_be_a_cwd_and_the_last_used(tmp_path: 
                 assert listed["path"] == str(projects) and listed["parent"] is None
                 inner = await alice.request({"type": "folders", "path": str(projects / "app")})
                 assert inner["parent"] == str(projects) and inner["folders"] == []
+                bad = await alice.request({"type": "folders", "path": "projects"})
+                assert bad["type"] == "error" and bad["code"] == "bad_frame", bad
                 for refused in (outside, projects / "link", Path("/")):
                     no = await alice.request({"type": "folders", "path": str(refused)})
                     assert no["type"] == "error" and no["code"] == "forbidden", (refused, no)

@@ -50,7 +50,7 @@ function withPoint(user, then) {
   request({ type: "checkpoints", session_id: state.sid }, { kind: "rw-list", then: (list) => {
     const points = Array.isArray(list.messages) ? list.messages : [];
     const more = Number(list.more_messages) || 0;
-    const same = (p) => p && text.startsWith(String(p.text || "").replace(/…$/, ""));
+    const same = (p) => p && text.includes(String(p.text || "").replace(/…$/, ""));
     let point = points[index - more];
     if (!same(point)) point = [...points].reverse().find(same);
     if (!point) { showError("that message is not one the daemon kept: reload the session"); return; }
