@@ -33,12 +33,14 @@ DENY = "deny"
 CHECKPOINTS = "checkpoints"  # a session's rewind points, checkpoints and branches
 REWIND = "rewind"  # preview a rewind, or confirm one
 FORK = "fork"
+FOLDERS = "folders"  # the folders a user may pick as a cwd (and their replies)
+CHANGES = "changes"  # what a session's tools changed since a message, as diffs
 SCHEDULE = "schedule"  # add / list / remove / pause / resume
 CLIENT_TOOLS = "client_tools"  # the tools this connection runs for a session
 CLIENT_TOOL_RESULT = "client_tool_result"  # its answer to a client_tool_call
 CLIENT_TYPES = (HELLO, MESSAGE, STOP, COMPACT, SUBSCRIBE, UNSUBSCRIBE, TASKS, SESSIONS,
                 APPROVE, DENY, CHECKPOINTS, REWIND, FORK, SCHEDULE, CLIENT_TOOLS,
-                CLIENT_TOOL_RESULT)  # fmt: skip
+                CLIENT_TOOL_RESULT, FOLDERS, CHANGES)  # fmt: skip
 CLIENT_TOOL_CALL = "client_tool_call"  # daemon -> the client that declared the tool
 
 # Daemon -> client, besides a session's events (whose types are the AgentEvents').
@@ -75,6 +77,8 @@ REPLY_TYPES = frozenset(
         CHECKPOINTS,
         REWIND,
         FORK,
+        FOLDERS,
+        CHANGES,
         SCHEDULES,
         SCHEDULE_RUN,
     }

@@ -187,6 +187,26 @@ class Fork:
 
 
 @attrs.frozen
+class Folders:
+    """The sub-folders of `path` the sender may use as a cwd (no `path`: where to start
+    and the folders they used last), for session `session_id` (None: a new one)."""
+
+    path: str | None = attrs.field(
+        default=None, validator=[check.at_most(check.PATH_MAX_CHARS), check.absolute]
+    )
+    session_id: str | None = attrs.field(default=None, validator=check.session_id)
+
+
+@attrs.frozen
+class Changes:
+    """What the session's tool calls changed since user message `since` (None: since
+    its first), as diffs."""
+
+    session_id: str = attrs.field(validator=check.session_id)
+    since: str | None = attrs.field(default=None, validator=check.point)
+
+
+@attrs.frozen
 class Schedule:
     """schedule add / list / remove / pause / resume (core/triggers/schedules.py)."""
 
@@ -220,5 +240,7 @@ Command = (
     | Checkpoints
     | Rewind
     | Fork
+    | Folders
+    | Changes
     | Schedule
 )

@@ -6,8 +6,9 @@ the core's, reached through the `DaemonCore` protocol (api/services.py): the ses
 actors (`sessions`), creating and deleting sessions (`session_service`), the store for
 reads. Nothing of the agent loop is here. Every refusal is a `RequestError` with its
 wire code. The ``message`` frame is api/message_command.py's, the ``checkpoints``,
-``rewind`` and ``fork`` frames api/checkpoint_frames.py's and ``schedule``
-api/schedule_commands.py's: each checks ownership through this class.
+``rewind`` and ``fork`` frames api/checkpoint_frames.py's, ``folders`` and ``changes``
+api/workspace_frames.py's and ``schedule`` api/schedule_commands.py's: each checks
+ownership through this class.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from navi_trio.api.frame_fields import HISTORY_LIMIT_MAX, cursor_position, histo
 from navi_trio.api.message_command import SessionMessages
 from navi_trio.api.protocol import (
     Approval,
+    Changes,
     Checkpoints,
     ClientToolResult,
     ClientTools,
     Command,
     Compact,
+    Folders,
     Fork,
     Frame,
     Hello,
@@ -47,6 +50,7 @@ from navi_trio.api.protocol import (
 )
 from navi_trio.api.schedule_commands import handle_schedule
 from navi_trio.api.services import DaemonCore
+from navi_trio.api.workspace_frames import WorkspaceCommands
 from navi_trio.core.jobs import Job, task_info
 from navi_trio.core.session import SessionActor
 from navi_trio.core.turn import CwdCheck
@@ -94,6 +98,7 @@ class Commands:
         self.user = user
         self.checkpoints = CheckpointCommands(self)
         self.messages = SessionMessages(self)
+        self.workspace = WorkspaceCommands(self)
 
     async def handle(self, rid: RequestId, command: Command) -> None:
         if isinstance(command, Hello):
@@ -110,6 +115,8 @@ class Commands:
             Checkpoints: self.checkpoints.overview,
             Rewind: self.checkpoints.rewind,
             Fork: self.checkpoints.fork,
+            Folders: self.workspace.folders,
+            Changes: self.workspace.changes,
             Schedule: self._schedule,
             ClientTools: self._client_tools,
             ClientToolResult: self._client_tool_result,

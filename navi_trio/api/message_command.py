@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from navi_trio.api.auth import User
 from navi_trio.api.protocol import Frame, RequestId, SendMessage, reply
 from navi_trio.api.services import DaemonCore
-from navi_trio.core.turn import CwdCheck, UserMessage, busy_strategy, effective_mode
+from navi_trio.core.turn import (
+    CwdCheck,
+    UserMessage,
+    busy_strategy,
+    effective_mode,
+    remember_folder,
+)
 from navi_trio.errors import (
     ForbiddenError,
     RequestError,
@@ -93,6 +99,8 @@ class SessionMessages:
                     "workspace",
                     session_id=row.id,
                 )
+        if cwd is not None:  # offered again by the folder picker (core/turn/folders.py)
+            await remember_folder(self.c.rt.store, self.c.user.id, cwd)
         actor = await self.c._actor(row.id)
         # Before subscribing: a turn a dead daemon left is ended first, and its frames
         # are not this message's (core/cluster/cluster.py).

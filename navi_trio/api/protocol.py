@@ -34,11 +34,13 @@ from navi_trio import __version__, wire
 
 # The command classes are re-exported: every importer takes them from here.
 from navi_trio.api.command_frames import Approval as Approval
+from navi_trio.api.command_frames import Changes as Changes
 from navi_trio.api.command_frames import Checkpoints as Checkpoints
 from navi_trio.api.command_frames import ClientToolResult as ClientToolResult
 from navi_trio.api.command_frames import ClientTools as ClientTools
 from navi_trio.api.command_frames import Command as Command
 from navi_trio.api.command_frames import Compact as Compact
+from navi_trio.api.command_frames import Folders as Folders
 from navi_trio.api.command_frames import Fork as Fork
 from navi_trio.api.command_frames import Hello as Hello
 from navi_trio.api.command_frames import Rewind as Rewind
@@ -95,6 +97,8 @@ COMMANDS: dict[str, type[Any]] = {
     wire.SCHEDULE: Schedule,
     wire.CLIENT_TOOLS: ClientTools,
     wire.CLIENT_TOOL_RESULT: ClientToolResult,
+    wire.FOLDERS: Folders,
+    wire.CHANGES: Changes,
 }
 
 

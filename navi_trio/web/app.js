@@ -12,6 +12,9 @@ import { $, request, showError, state, transcript } from "./page.js";
 import { adopt, closeSidebarOnPhone, onHistoryPage, onSessionFrame, openSession, pageRefused, renderSessions, resetSession, showEmpty } from "./sessions.js";
 import { onTaskUpdate, onTasks } from "./tasks.js";
 import { sendMessage, setBusy, stopRun, updateStatus } from "./composer.js";
+import { onFolders } from "./folders.js";
+import { onChanges } from "./changes.js";
+import { onRewindReply } from "./rewind.js";
 
 const TOKEN_KEY = "navi.token";
 
@@ -104,6 +107,9 @@ function onFrame(frame) {
       }
       return;
     case "tasks": return onTasks(frame);
+    case "folders": return onFolders(frame, what);
+    case "changes": return onChanges(frame, what);
+    case "checkpoints": case "rewind": case "fork": return onRewindReply(frame, what);
     case "task_update": return onTaskUpdate(frame);
     case "ok":
       if (Array.isArray(frame.approvals) && frame.session_id === state.sid) transcript.waiting(frame.approvals);
@@ -138,6 +144,7 @@ function onRequestError(frame, what) {
     return;
   }
   if (pageRefused(frame, what)) return; // asked for again shortly
+  if (what && typeof what.failed === "function") what.failed(frame); // its panel says so too
   if (what && what.kind === "history" && state.opening === what.sid) {
     state.opening = null;
     showEmpty();

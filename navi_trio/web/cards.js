@@ -3,6 +3,7 @@
 // time left, the Approve / Deny buttons). Every string goes in as a text node.
 
 import { el, oneLine } from "./dom.js";
+import { editDiff } from "./diffview.js";
 
 const TAIL_LINES = 20; // lines of a tool's output shown on its card
 const TAIL_CHARS = 4000;
@@ -32,6 +33,8 @@ export class ToolCard {
         el("pre", "", json.length > ARGS_CHARS ? json.slice(0, ARGS_CHARS) + "…" : json));
       this.el.append(d);
     }
+    const diff = editDiff(frame.name, args);
+    if (diff) this.el.append(diff);
     this.more = el("div", "tool-more muted");
     this.out = el("pre", "tool-out");
     this.el.append(this.more, this.out);

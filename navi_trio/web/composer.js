@@ -16,7 +16,9 @@ export function sendMessage(text) {
   const profile = $("profile").value.trim() || null;
   const mode = $("mode").value || null;
   const queued = state.busy;
-  const id = request(frames.message(text, state.sid, profile, mode), { kind: "message", queued });
+  const frame = frames.message(text, state.sid, profile, mode);
+  if (state.cwd) frame.cwd = state.cwd; // the folder picked (folders.js)
+  const id = request(frame, { kind: "message", queued });
   if (id === null) return false;
   if (queued) state.queued.push(text); // the daemon queues it; its turn shows at its start
   else transcript.user(text);

@@ -27,6 +27,7 @@ export const state = {
   contextTokens: null,
   contextWindow: null,
   model: null,
+  cwd: null, // the folder the next messages work in (folders.js); null: the session's own
 };
 
 export const transcript = new Transcript($("transcript"), {

@@ -8,6 +8,7 @@ import { el, oneLine } from "./dom.js";
 import { $, request, showError, state, transcript } from "./page.js";
 import { renderTasks } from "./tasks.js";
 import { sendMessage, setBusy, updateStatus } from "./composer.js";
+import { onSessionHistory } from "./folders.js";
 
 const SESSION_ID = /^[A-Za-z0-9_][A-Za-z0-9._@+=-]{0,127}$/;
 
@@ -97,6 +98,7 @@ function onHistory(frame) {
   state.epoch = frame.epoch || null;
   transcript.clear();
   transcript.history(messages);
+  onSessionHistory(messages);
   if (!messages.length) transcript.line("an empty session: your message starts it", "notice placeholder");
   history.replaceState(null, "", "#" + encodeURIComponent(sid));
   request(frames.subscribe(sid, state.lastSeq, state.epoch), { kind: "subscribe", sid });

@@ -23,6 +23,9 @@ The API (everything async, on trio)::
                                                          # the owner's (`_marks`)
         # preview / restore with scope=Scope(conflicts="keep"): only the owner's own
         # changes since the checkpoint (a rewind); what others changed stays
+        files, more = await engine.changes(session_id, checkpoint_id, private=private,
+                                           scope=scope, max_files=50, max_file_bytes=n)
+        # what a rewind with `scope` would put back, each file then and now (`_diffs`)
         made = await engine.export(session_id, checkpoint_id, root, parent, name)  # fork's
         remove_beneath(parent, name, made.ident)         # copy, and its removal (blocking)
         dropped_ids = await engine.prune(session_id)      # NAVI_CHECKPOINT_KEEP / _MAX_AGE_SEC
@@ -99,6 +102,7 @@ from __future__ import annotations
 
 from navi_trio.core.checkpoints._apply import Exported as Exported
 from navi_trio.core.checkpoints._apply import remove_beneath as remove_beneath
+from navi_trio.core.checkpoints._diffs import ChangedFile as ChangedFile
 from navi_trio.core.checkpoints._model import CONFLICTS as CONFLICTS
 from navi_trio.core.checkpoints._model import NOT_COVERED as NOT_COVERED
 from navi_trio.core.checkpoints._model import Change as Change

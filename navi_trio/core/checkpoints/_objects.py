@@ -321,6 +321,20 @@ class ObjectStore:
         finally:
             os.close(fd)
 
+    def read_at_most(self, ref: str, limit: int) -> bytes | None:
+        """The object `ref` when it is at most `limit` bytes, else None (not read)."""
+        tag, digest = split_ref(ref)
+        packed = self.packs.read(digest, prefix_of(tag))
+        if packed is not None:
+            return packed if len(packed) <= limit else None
+        fd = self._open_loose(digest)
+        try:
+            if os.fstat(fd).st_size > limit:
+                return None
+            return _read_all(fd)
+        finally:
+            os.close(fd)
+
     def copy_into(self, ref: str, dst: int) -> None:
         """Write the object `ref` to the open file `dst`."""
         tag, digest = split_ref(ref)

@@ -36,6 +36,7 @@ import attrs
 import trio
 
 from navi_trio.core.checkpoints._apply import Exported, Journal, export_root, needed, refused
+from navi_trio.core.checkpoints._diffs import ChangedFile, changed_paths, file_then_and_now
 from navi_trio.core.checkpoints._fsops import (
     Folders,
     RootUnusableError,
@@ -387,10 +388,13 @@ class CheckpointEngine:
         private: PrivatePaths,
         held: Mapping[Path, Root],
         scope: Scope | None = None,
+        *,
+        look: bool = False,
     ) -> tuple[Preview, list[tuple[Path, list[Op]]]]:
         """What restoring `info` changes in each of its folders, as `held` (the ones
         that exist) are now: scanned, planned and later restored through those fds.
-        With `scope`, only what the owner's calls changed since (`_marks`)."""
+        With `scope`, only what the owner's calls changed since (`_marks`). `look`:
+        only to see what changed (`changes`): nothing is stored, no undo is taken."""
         check = self._snaps.checker(None, 0.0)
         self.ledger.register(owner, list(info.paths))
         pairs = list(zip(info.roots, states, strict=True))
@@ -403,9 +407,11 @@ class CheckpointEngine:
         try:
             try:
                 results = self._snaps.scan_all(
-                    roots, [s for _, s in present], private, check, store=True, held=held,
-                    tag=tag,
+                    roots, [s for _, s in present], private, check, store=not look,
+                    held=held, tag=tag,
                 )  # fmt: skip
+                if look:
+                    skipped = "only looked"
             except OverLimit as over:
                 if over.code != "too_large":
                     raise CheckpointError(
@@ -489,6 +495,61 @@ class CheckpointEngine:
         finally:
             fds.close()
             os.close(fd)
+
+    async def changes(
+        self,
+        owner: str,
+        checkpoint_id: str,
+        *,
+        private: PrivatePaths,
+        scope: Scope,
+        max_files: int,
+        max_file_bytes: int,
+    ) -> tuple[list[ChangedFile], int]:
+        """The files the owner's calls changed since the checkpoint (what a rewind to it
+        with `scope` would put back), each with its content then and now, read up to
+        `max_file_bytes` (past it: `too_large`, neither read). At most `max_files`, and
+        how many more there are. Nothing is stored and no undo is taken: it only looks."""
+        info = _scoped(await self.get(owner, checkpoint_id), scope)
+        async with self._locks.hold(info.paths):
+            tag = _tag(info)
+            states = [self._snaps.state(p, list(info.paths), private, tag) for p in info.paths]
+            job = functools.partial(
+                self._changes_sync, owner, info, states, private, scope, max_files, max_file_bytes
+            )
+            return await self._thread(job)
+
+    def _changes_sync(
+        self,
+        owner: str,
+        info: CheckpointInfo,
+        states: list[RootState],
+        private: PrivatePaths,
+        scope: Scope,
+        max_files: int,
+        max_file_bytes: int,
+    ) -> tuple[list[ChangedFile], int]:
+        with hold_files(self.folder, list(info.paths)), _Held(info.paths) as held:
+            _, plans = self._plan(owner, info, states, private, held, scope, look=True)
+            found: list[ChangedFile] = []
+            more = 0
+            for path, ops in plans:
+                for rel, before in changed_paths(ops).items():
+                    if len(found) >= max_files:
+                        more += 1
+                        continue
+                    found.append(
+                        file_then_and_now(
+                            self.objects,
+                            path,
+                            rel,
+                            before,
+                            held.get(path),
+                            private,
+                            max_file_bytes,
+                        )  # fmt: skip
+                    )
+            return found, more
 
     async def export(
         self,

@@ -4,6 +4,8 @@ Built on the checkpoint engine for files and on the store for the conversation; 
 client reaches it through the session's actor.
 """
 
+from .changes import Changes as Changes
+from .changes import session_changes as session_changes
 from .fork import NewFolder as NewFolder
 from .rewind import Asker as Asker
 from .rewind import Rewinder as Rewinder

@@ -22,6 +22,12 @@ from .checkpointing import PRUNED_SCOPE as PRUNED_SCOPE
 from .checkpointing import RoundCheckpoints as RoundCheckpoints
 from .context import ContextBuilder as ContextBuilder
 from .context import ContextViews as ContextViews
+from .folders import FOLDERS_MAX as FOLDERS_MAX
+from .folders import Listing as Listing
+from .folders import list_folders as list_folders
+from .folders import recent_folders as recent_folders
+from .folders import remember_folder as remember_folder
+from .folders import start_folders as start_folders
 from .lease import SessionLeases as SessionLeases
 from .observe import LLMCallDone as LLMCallDone
 from .observe import NoObserver as NoObserver

@@ -1,0 +1,107 @@
+"""The ``folders`` and ``changes`` frames: a working folder to pick, and what changed.
+
+    {"type": "folders"}                       where to start, and the last folders used
+        -> {"type": "folders", "path": null, "starts": [...], "recent": [...],
+            "session_folder": ... | null}
+    {"type": "folders", "path": "/abs", "session_id": S?}
+        -> {"type": "folders", "path": REAL, "parent": ... | null, "folders": [names],
+            "more": n}
+    {"type": "changes", "session_id": S, "since": M?}
+        -> {"type": "changes", "session_id": S, "since": M, "files": [{root, path, what,
+            binary, diff, cut, omitted}], "more_files": n, "note": ..., "left_out": [...]}
+
+A folder is listed only when the sender could send it as a message's ``cwd`` for that
+session (the same `CwdCheck`): a refusal is the one that message would get. A user
+lists the changes of their own sessions only (an admin any), in the folders they may
+use now. Both read the disk, so they run beside the connection's reader.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+from navi_trio.api.protocol import Changes, Folders, RequestId, reply
+from navi_trio.core.history import Asker, session_changes
+from navi_trio.core.turn import CwdCheck, list_folders, recent_folders, start_folders
+from navi_trio.tools.private import real_path
+
+if TYPE_CHECKING:
+    from navi_trio.api.checkpoint_frames import CommandHost
+
+
+class WorkspaceCommands:
+    """The two frames, for one connection's `Commands` (its user, its runtime)."""
+
+    def __init__(self, commands: CommandHost) -> None:
+        self.c = commands
+
+    def _check(self, session_id: str | None) -> CwdCheck:
+        rt, user = self.c.rt, self.c.user
+        return CwdCheck(
+            user_id=user.id, role=user.role, session_id=session_id, settings=rt.settings,
+            config=rt.config, store=rt.store,
+        )  # fmt: skip
+
+    async def folders(self, rid: RequestId, cmd: Folders) -> None:
+        if cmd.session_id is not None:
+            await self.c._owned(cmd.session_id)
+        check = self._check(cmd.session_id)
+        rt = self.c.rt
+
+        async def work() -> None:
+            if cmd.path is None:
+                own = None
+                if cmd.session_id is not None:
+                    folder = rt.settings.session_dir(cmd.session_id)
+                    own = str(await trio.to_thread.run_sync(real_path, folder))
+                await self.c.conn.send(
+                    reply(
+                        rid,
+                        "folders",
+                        path=None,
+                        session_id=cmd.session_id,
+                        starts=await start_folders(check),
+                        recent=await recent_folders(rt.store, check),
+                        session_folder=own,
+                    )  # fmt: skip
+                )
+                return
+            listing = await list_folders(check, cmd.path)
+            await self.c.conn.send(
+                reply(
+                    rid,
+                    "folders",
+                    path=listing.path,
+                    session_id=cmd.session_id,
+                    parent=listing.parent,
+                    folders=listing.folders,
+                    more=listing.more,
+                )  # fmt: skip
+            )
+
+        await self.c.conn.defer(rid, work)
+
+    async def changes(self, rid: RequestId, cmd: Changes) -> None:
+        await self.c._owned(cmd.session_id)
+        asker = Asker(self.c.user.id, self.c.user.role)
+        rewinder = self.c.rt.rewinds.rewinder
+
+        async def work() -> None:
+            found = await session_changes(rewinder, cmd.session_id, cmd.since, asker)
+            await self.c.conn.send(
+                reply(
+                    rid,
+                    "changes",
+                    session_id=cmd.session_id,
+                    since=found.since,
+                    checkpoint=found.checkpoint,
+                    files=found.files,
+                    more_files=found.more_files,
+                    note=found.note,
+                    left_out=[{"root": root, "why": why} for root, why in found.left_out],
+                )  # fmt: skip
+            )
+
+        await self.c.conn.defer(rid, work)
