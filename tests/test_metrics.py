@@ -20,6 +20,7 @@ from api_ws import Daemon, open_daemon
 from prometheus_client.parser import text_string_to_metric_families
 
 from navi_trio.api.metrics import DaemonMetrics
+from navi_trio.cli.doctor import readiness, readiness_line
 from navi_trio.tools.base import ToolContext, ToolResult
 
 TIMEOUT = 30
@@ -163,3 +164,16 @@ async def test_a_private_server_serves_no_metrics(tmp_path: Path) -> None:
         async with open_daemon(tmp_path) as d:
             response = await get(d, "/metrics", d.tokens["root"])
             assert response.status_code == 404 and "navi serve" in response.text
+
+
+async def test_navi_doctor_shows_the_daemons_readiness(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with daemon(tmp_path, [], Gate()) as (d, _):
+            ready = await readiness(d.url)
+        async with daemon(tmp_path / "b", [], Gate(), llm_url="http://127.0.0.1:9") as (d, _):
+            down = await readiness(d.url)
+        gone = await readiness(d.url)  # nothing listens there any more
+    assert readiness_line(ready) == "ready: llm ok, store ok"
+    assert readiness_line(down).startswith("NOT READY: llm FAILED (http://127.0.0.1:9")
+    assert readiness_line(down).endswith(", store ok")
+    assert readiness_line(gone).startswith("readiness unknown: http://127.0.0.1:")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import attrs
+import httpx
 import trio
 
 from navi_trio import __version__
@@ -36,6 +37,7 @@ from navi_trio.tools.runas import run_as
 from navi_trio.tools.sandbox import find_bwrap, sandbox_available
 
 MCP_START_CAP = 15.0  # seconds a server may take to start before the doctor gives up
+READY_TIMEOUT_SEC = 12.0  # the daemon's /readyz: its checks take at most 5 s each
 
 # Profile flags worth a glance in `navi doctor` (shown when on).
 _FLAGS = (
@@ -212,6 +214,8 @@ async def collect_doctor(
             )
     report["settings"] = _settings_info(settings)
     report["daemon"] = {"url": daemon_url, "ok": await daemon_answers(daemon_url)}
+    if report["daemon"]["ok"]:  # what its /readyz says (api/health.py): no token needed
+        report["daemon"]["ready"] = await readiness(daemon_url)
     report["peers"] = await _peers(cfg, env) if cfg is not None else []
     for peer in report["peers"]:
         if not peer["ok"]:
@@ -264,6 +268,31 @@ def _tool_user(settings: Settings) -> dict[str, Any]:
     if who is not None:
         out["user"] = f"{who.name} (uid {who.uid}, gid {who.gid})"
     return out
+
+
+async def readiness(ws_url: str) -> dict[str, Any]:
+    """The daemon's /readyz at `ws_url`'s address: its checks, or why none came."""
+    http = "http" + ws_url.removeprefix("ws").rstrip("/") + "/readyz"
+    with trio.move_on_after(READY_TIMEOUT_SEC):
+        try:
+            async with httpx.AsyncClient(timeout=READY_TIMEOUT_SEC) as client:
+                answer = await client.get(http)
+            found = answer.json()
+            if isinstance(found, dict) and isinstance(found.get("checks"), dict):
+                return found
+            return {"error": f"{http} answered {answer.status_code} without checks"}
+        except (httpx.HTTPError, ValueError) as exc:
+            return {"error": f"{http}: {type(exc).__name__}"}
+    return {"error": f"{http}: no answer within {READY_TIMEOUT_SEC:g} s"}
+
+
+def readiness_line(ready: dict[str, Any]) -> str:
+    if "error" in ready:
+        return f"readiness unknown: {ready['error']}"
+    checks = ready["checks"]
+    parts = [f"{name} " + ("ok" if c.get("ok") else f"FAILED ({c.get('detail', '')})")
+             for name, c in sorted(checks.items())]  # fmt: skip
+    return ("ready: " if ready.get("ready") else "NOT READY: ") + ", ".join(parts)
 
 
 def _settings_info(settings: Settings) -> dict[str, Any]:
@@ -371,6 +400,9 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
     line("tools as", who["error"] or who["user"] or "the daemon's own account (not root)")
     dm = r["daemon"]
     line("daemon", f"{dm['url']}  " + ("answers" if dm["ok"] else "not running (`navi serve`)"))
+    ready = dm.get("ready")
+    if ready is not None:
+        line("", readiness_line(ready))
     for peer in r.get("peers", []):
         line("peer", f"{peer['name']} {peer['url']}  " + ("OK" if peer["ok"] else peer["error"]))
     s = r["settings"]
