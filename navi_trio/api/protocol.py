@@ -49,6 +49,7 @@ from navi_trio.api.command_frames import Stop as Stop
 from navi_trio.api.command_frames import Subscribe as Subscribe
 from navi_trio.api.command_frames import Tasks as Tasks
 from navi_trio.api.command_frames import Unsubscribe as Unsubscribe
+from navi_trio.api.command_frames import Usage as Usage
 from navi_trio.api.frame_fields import shown
 from navi_trio.errors import FrameTooLargeError, ProtocolError, RequestError, UnknownTypeError
 from navi_trio.events import (
@@ -95,6 +96,7 @@ COMMANDS: dict[str, type[Any]] = {
     wire.SCHEDULE: Schedule,
     wire.CLIENT_TOOLS: ClientTools,
     wire.CLIENT_TOOL_RESULT: ClientToolResult,
+    wire.USAGE: Usage,
 }
 
 

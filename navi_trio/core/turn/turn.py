@@ -11,6 +11,7 @@ event's `code` is the error class's own.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
 from functools import partial
@@ -25,7 +26,7 @@ from navi_trio.core.turn.policy import denied_outright
 from navi_trio.core.turn.steering import take_injections
 from navi_trio.core.turn.tool_executor import execute_batch, stopped_result, tool_message
 from navi_trio.core.turn.turn_state import Emit, LoopParts, Turn
-from navi_trio.errors import BudgetExhaustedError, ContextTooLargeError, LLMError
+from navi_trio.errors import BudgetExhaustedError, ContextTooLargeError, LLMError, StoreError
 from navi_trio.events import (
     AgentEvent,
     BudgetExhausted,
@@ -43,6 +44,7 @@ from navi_trio.events import (
     WarningEvent,
 )
 from navi_trio.llm.base import ChatRequest, ToolCall
+from navi_trio.store.base import RunUsage
 from navi_trio.tools.base import ToolContext, ToolResult
 from navi_trio.tools.memory import MemoryTool, load_memories
 from navi_trio.tools.spawn_agent import SpawnAgentTool
@@ -56,6 +58,8 @@ TRUNCATION_RATIO = 0.6
 TRUNCATION_WINDOW_SHARE = 0.5
 # Tool calls after which the turn reloads the user's memories (they may have changed).
 MEMORY_WRITERS = frozenset({MemoryTool.name, SpawnAgentTool.name})
+
+log = logging.getLogger(__name__)
 
 
 class TurnRunner:
@@ -127,6 +131,7 @@ class TurnRunner:
             )
         finally:
             done = reply.done
+            self.turn.llm_sec += trio.current_time() - started
             self.parts.observer.llm_call(
                 LLMCallDone(
                     model=(done.model if done is not None else "") or request.model,
@@ -427,11 +432,15 @@ class TurnRunner:
             t.emit(event)
 
         budget = t.budget if t.budget is not None and t.budget.active else None
-        with budget.wall() if budget is not None else nullcontext():
-            await execute_batch(
-                self.parts.executor, calls, ctx, t.tool_names(), publish, t.results,
-                parallel=parallel, before=budget.before_tool if budget is not None else None,
-            )  # fmt: skip
+        started = trio.current_time()
+        try:
+            with budget.wall() if budget is not None else nullcontext():
+                await execute_batch(
+                    self.parts.executor, calls, ctx, t.tool_names(), publish, t.results,
+                    parallel=parallel, before=budget.before_tool if budget is not None else None,
+                )  # fmt: skip
+        finally:
+            t.tool_sec += trio.current_time() - started
         self.pair_results()
         if any(c.name in MEMORY_WRITERS for c in calls):
             self._memories = None
@@ -529,6 +538,32 @@ class TurnRunner:
         own bug ends the turn the same way, then goes on. Every ending is shielded: the
         history is left consistent (partial answer saved, every call paired).
         """
+        try:
+            await self._drive(scope)
+        finally:
+            await shielded(self.account)
+
+    async def account(self) -> None:
+        """Keep what this run spent (store/base.py `RunUsage`): a sub-agent's and a
+        background job's under the session that started them. A failed write is logged:
+        the run's end never waits on the accounts."""
+        t = self.turn
+        session = t.parent_session_id if t.subagent else t.state.id if t.persist else None
+        spent = t.own_prompt_tokens or t.own_completion_tokens or t.llm_sec or t.tool_sec
+        if session is None or not spent:
+            return
+        kind = "turn" if not t.subagent else "subagent" if t.usage_to is not None else "job"
+        usage = RunUsage(
+            session_id=session, user_id=t.user_id, profile=t.profile.id,
+            model=t.model or self.model(), kind=kind, tokens_in=t.own_prompt_tokens,
+            tokens_out=t.own_completion_tokens, llm_sec=t.llm_sec, tool_sec=t.tool_sec,
+        )  # fmt: skip
+        try:
+            await self.parts.store.record_run_usage(usage)
+        except StoreError as exc:
+            log.warning("session %s: its run's usage was not kept: %s", session, exc)
+
+    async def _drive(self, scope: trio.CancelScope) -> None:
         turn = self.turn
         try:
             with scope:
