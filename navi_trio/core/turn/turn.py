@@ -60,6 +60,7 @@ TRUNCATION_WINDOW_SHARE = 0.5
 MEMORY_WRITERS = frozenset({MemoryTool.name, SpawnAgentTool.name})
 
 log = logging.getLogger(__name__)
+ACCOUNT_DEADLINE_SEC = 10.0  # the accounts' write at a turn's end, at most
 
 
 class TurnRunner:
@@ -68,6 +69,7 @@ class TurnRunner:
     def __init__(self, parts: LoopParts, turn: Turn) -> None:
         self.parts = parts
         self.turn = turn
+        self._accounted: tuple[float, ...] = (0, 0, 0.0, 0.0)  # what `account` kept so far
         self.settings = parts.settings
         self._todo: list[TodoStep] = []
         # The user's memories, loaded once per turn (a store round trip): reloaded only
@@ -393,7 +395,7 @@ class TurnRunner:
         t.reply = None
         await self.save()
         t.completed_normally = True
-        t.end(self.stream_end(reply.content, reason="complete", reply=reply))
+        await self.end(self.stream_end(reply.content, reason="complete", reply=reply))
 
     async def finish_max_iterations(self) -> None:
         t = self.turn
@@ -404,7 +406,7 @@ class TurnRunner:
         t.state.add({"role": "assistant", "content": text, "synthetic": True})
         await self.save()
         t.emit(WarningEvent(message=f"reached max_iterations={t.limit}", code="max_iterations"))
-        t.end(self.stream_end(text, reason="max_iterations"))
+        await self.end(self.stream_end(text, reason="max_iterations"))
 
     async def run_tools(self, reply: StreamedReply) -> None:
         """Step 8b: append the assistant call message, run the calls, append results.
@@ -543,20 +545,29 @@ class TurnRunner:
         finally:
             await shielded(self.account)
 
+    async def end(self, event: StreamEnd) -> None:
+        """End the turn with `event`, its usage kept first: a client that acts on the
+        stream_end finds the run over and its accounts written."""
+        with trio.move_on_after(ACCOUNT_DEADLINE_SEC, shield=True):
+            await self.account()
+        self.turn.end(event)
+
     async def account(self) -> None:
-        """Keep what this run spent (store/base.py `RunUsage`): a sub-agent's and a
-        background job's under the session that started them. A failed write is logged:
-        the run's end never waits on the accounts."""
+        """Keep what this run spent since it last did (store/base.py `RunUsage`; the
+        workers after a turn's end spend too): a sub-agent's and a background job's under
+        the session that started them. A failed write is logged, never raised."""
         t = self.turn
         session = t.parent_session_id if t.subagent else t.state.id if t.persist else None
-        spent = t.own_prompt_tokens or t.own_completion_tokens or t.llm_sec or t.tool_sec
-        if session is None or not spent:
+        now = (t.own_prompt_tokens, t.own_completion_tokens, t.llm_sec, t.tool_sec)
+        spent = tuple(n - was for n, was in zip(now, self._accounted, strict=True))
+        if session is None or not any(spent):
             return
+        self._accounted = now
         kind = "turn" if not t.subagent else "subagent" if t.usage_to is not None else "job"
         usage = RunUsage(
             session_id=session, user_id=t.user_id, profile=t.profile.id,
-            model=t.model or self.model(), kind=kind, tokens_in=t.own_prompt_tokens,
-            tokens_out=t.own_completion_tokens, llm_sec=t.llm_sec, tool_sec=t.tool_sec,
+            model=t.model or self.model(), kind=kind, tokens_in=int(spent[0]),
+            tokens_out=int(spent[1]), llm_sec=spent[2], tool_sec=spent[3],
         )  # fmt: skip
         try:
             await self.parts.store.record_run_usage(usage)
@@ -653,7 +664,7 @@ class TurnRunner:
         # durable commit on (before that, at worst the history ends where this turn's
         # last durable save left it, and a dangling call is paired on load).
         text = await self._save_partial(durable=False, stopped=True)
-        self.turn.end(self.stream_end(text, reason="stopped"))
+        await self.end(self.stream_end(text, reason="stopped"))
 
     async def _exhausted(self, exc: BudgetExhaustedError) -> None:
         """A budget is spent (core/turn/budgets.py): the turn ends as a stop does, saying which."""
@@ -665,7 +676,7 @@ class TurnRunner:
             )
         )  # fmt: skip
         text = await self._save_partial(durable=False, stopped=True, budget=str(exc))
-        turn.end(self.stream_end(text, reason="budget_exhausted"))
+        await self.end(self.stream_end(text, reason="budget_exhausted"))
 
     async def _failed(self, exc: LLMError) -> None:
         self.turn.emit(ErrorEvent(message=str(exc), code=exc.code))
@@ -673,7 +684,7 @@ class TurnRunner:
         # call that met the error and its neighbours in a batch, all stopped by it.
         unfinished = ToolResult.fail(f"not finished: the turn ended on an LLM error: {exc}")
         text = await self._save_partial(error=str(exc), unfinished=unfinished)
-        self.turn.end(self.stream_end(text, reason="error"))
+        await self.end(self.stream_end(text, reason="error"))
 
     async def _too_large(self, exc: ContextTooLargeError) -> None:
         turn = self.turn
@@ -686,7 +697,7 @@ class TurnRunner:
         # Display only: adding it to the context would make the context larger still.
         turn.state.add({"role": "assistant", "content": text, "synthetic": True}, context=False)
         await shielded(self.save)
-        turn.end(self.stream_end(text, reason="context_too_large"))
+        await self.end(self.stream_end(text, reason="context_too_large"))
 
 
 def _assistant(reply: StreamedReply, **extra: Any) -> dict[str, Any]:
