@@ -142,3 +142,28 @@ class TerminalStream:
         """What is still held when the text ends."""
         held, self._cr = self._cr, False
         return _escaped("\r") if held else ""
+
+
+def usage_table(reply: dict[str, Any]) -> list[str]:
+    """A usage reply as aligned lines: one per group, model and kind, then the total."""
+    lines = reply.get("lines") or []
+    if not lines:
+        return ["no usage recorded" + (" since then" if reply.get("since") else "")]
+    head = [str(reply.get("by", "key")), "model", "kind", "runs", "in", "out", "llm s",
+            "tools s", "cost"]  # fmt: skip
+    rows = [[str(v["key"]), str(v["model"]), str(v["kind"]), *_amounts(v)] for v in lines]
+    rows.append(["total", "", "", *_amounts(reply["totals"])])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+
+    def fmt(row: list[str]) -> str:
+        pairs = enumerate(zip(row, widths, strict=True))
+        cells = [c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in pairs]
+        return "  ".join(cells).rstrip()
+
+    return [fmt(head), *(fmt(r) for r in rows)]
+
+
+def _amounts(v: dict[str, Any]) -> list[str]:
+    cost = v.get("cost")
+    return [str(v["runs"]), str(v["tokens_in"]), str(v["tokens_out"]), f"{v['llm_sec']:.1f}",
+            f"{v['tool_sec']:.1f}", "-" if cost is None else f"{cost:.4f}"]  # fmt: skip

@@ -38,9 +38,10 @@ CHANGES = "changes"  # what a session's tools changed since a message, as diffs
 SCHEDULE = "schedule"  # add / list / remove / pause / resume
 CLIENT_TOOLS = "client_tools"  # the tools this connection runs for a session
 CLIENT_TOOL_RESULT = "client_tool_result"  # its answer to a client_tool_call
+USAGE = "usage"  # what the runs spent (the accounts): asked, and its reply
 CLIENT_TYPES = (HELLO, MESSAGE, STOP, COMPACT, SUBSCRIBE, UNSUBSCRIBE, TASKS, SESSIONS,
                 APPROVE, DENY, CHECKPOINTS, REWIND, FORK, SCHEDULE, CLIENT_TOOLS,
-                CLIENT_TOOL_RESULT, FOLDERS, CHANGES)  # fmt: skip
+                CLIENT_TOOL_RESULT, FOLDERS, CHANGES, USAGE)  # fmt: skip
 CLIENT_TOOL_CALL = "client_tool_call"  # daemon -> the client that declared the tool
 
 # Daemon -> client, besides a session's events (whose types are the AgentEvents').
@@ -81,6 +82,7 @@ REPLY_TYPES = frozenset(
         CHANGES,
         SCHEDULES,
         SCHEDULE_RUN,
+        USAGE,
     }
 )
 
@@ -190,6 +192,20 @@ def subscribe(session_id: str, last_seq: int | None, epoch: str | None = None) -
 
 def unsubscribe(session_id: str) -> Frame:
     return {"type": UNSUBSCRIBE, "session_id": session_id}
+
+
+def usage(
+    by: str = "model",
+    *,
+    session_id: str | None = None,
+    user: str | None = None,
+    since: str | None = None,
+) -> Frame:
+    frame: Frame = {"type": USAGE, "by": by}
+    for key, value in (("session_id", session_id), ("user", user), ("since", since)):
+        if value is not None:
+            frame[key] = value
+    return frame
 
 
 def tasks(action: str, session_id: str | None = None, task_id: str | None = None) -> Frame:

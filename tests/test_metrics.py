@@ -8,6 +8,8 @@ would read it. Every test has an absolute time limit; nothing sleeps.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -177,3 +179,31 @@ async def test_navi_doctor_shows_the_daemons_readiness(tmp_path: Path) -> None:
     assert readiness_line(down).startswith("NOT READY: llm FAILED (http://127.0.0.1:9")
     assert readiness_line(down).endswith(", store ok")
     assert readiness_line(gone).startswith("readiness unknown: http://127.0.0.1:")
+
+
+SUFFIX = r"_(total|bucket|count|sum)$"
+DASHBOARD = Path(__file__).resolve().parent.parent / "docs/pages/grafana/navi-dashboard.json"
+
+
+async def test_the_grafana_dashboard_asks_only_for_metrics_the_daemon_serves(
+    tmp_path: Path,
+) -> None:
+    """Each expression of the shipped dashboard names series a daemon really exports
+    (a renamed metric would leave a panel empty without an error anywhere)."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    wanted = {name for e in exprs for name in re.findall(r"\b(?:navi|process)_[a-z_]+", e)}
+    gate = Gate()
+    replies = [{**call("gate", fail=True)}, {"text": "done"}]
+    with trio.fail_after(TIMEOUT):
+        async with daemon(tmp_path, replies, gate) as (d, _), d.connect("alice") as alice:
+            created = await alice.request({"type": "message", "content": "go"})
+            await alice.until_end(created["session_id"])
+            page = (await get(d, "/metrics", d.tokens["root"])).text
+    served = set()
+    for family in text_string_to_metric_families(page):
+        served.add(family.name)
+        served.update(s.name for s in family.samples)
+    # A family with no sample yet (a counter no call has labelled) is served by its name.
+    missing = {n for n in wanted if n not in served and re.sub(SUFFIX, "", n) not in served}
+    assert len(exprs) >= 16 and wanted and not missing, sorted(missing)

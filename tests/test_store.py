@@ -68,7 +68,7 @@ async def test_sqlite_store_satisfies_the_session_store_protocol(tmp_path: Path)
             names = [n for n in dir(SessionStore) if not n.startswith("_")]
             # 17 + users/ownership (daemon) + leases + queued (and its release) + rewrite +
             # wake-ups, usage (and its reservations), schedules, history pages
-            assert len(names) == 45
+            assert len(names) == 47
             assert all(inspect.iscoroutinefunction(getattr(as_protocol, n)) for n in names)
 
 

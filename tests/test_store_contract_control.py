@@ -27,8 +27,10 @@ from navi_trio.store.base import (
     USERS_CHANNEL,
     NewSession,
     QueuedRow,
+    RunUsage,
     ScheduleRow,
     UsageAsk,
+    UsageLine,
     UsageRequest,
 )
 
@@ -491,3 +493,57 @@ async def test_every_change_of_the_users_is_signalled_to_another_connection(
                 await cli.remove_user("bob")
                 await signals.receive()
                 assert await daemon.get_user_by_name("bob") is None
+
+
+# -- the accounts -----------------------------------------------------------------------
+
+
+def _run(session: str, user: str, model: str, kind: str = "turn", **amounts: Any) -> RunUsage:
+    spent = {"tokens_in": 100, "tokens_out": 10, "llm_sec": 1.5, "tool_sec": 0.25, **amounts}
+    return RunUsage(session_id=session, user_id=user, profile="general", model=model,
+                    kind=kind, **spent)  # fmt: skip
+
+
+async def test_run_usage_is_summed_by_group_model_and_kind_and_survives_a_restart(
+    backend: Backend,
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as one, backend.open() as two:
+            await one.record_run_usage(_run("s1", "u-1", "m"))
+            await two.record_run_usage(_run("s1", "u-1", "m", tokens_in=50))
+            await one.record_run_usage(_run("s1", "u-1", "m", "subagent", tokens_out=4))
+            await two.record_run_usage(_run("s2", "u-2", "big", tool_sec=0.0))
+        async with backend.open() as store:
+            by_model = await store.usage_report(by="model")
+            alices = await store.usage_report(by="session", user_id="u-1")
+            one_session = await store.usage_report(by="user", session_id="s2")
+            later = await store.usage_report(since=time.time() + 3600)
+    assert by_model == [
+        UsageLine("big", "big", "turn", 1, 100, 10, 1.5, 0.0),
+        UsageLine("m", "m", "subagent", 1, 100, 4, 1.5, 0.25),
+        UsageLine("m", "m", "turn", 2, 150, 20, 3.0, 0.5),
+    ]
+    assert [(u.key, u.kind, u.runs) for u in alices] == [("s1", "subagent", 1), ("s1", "turn", 2)]
+    assert [(u.key, u.tokens_in) for u in one_session] == [("u-2", 100)]
+    assert later == []
+
+
+@pytest.mark.parametrize(
+    ("usage", "problem"),
+    [
+        (_run("", "u", "m"), "session_id"),
+        (_run("s", "u", "m", "chat"), "run kind"),
+        (_run("s", "u", "m", tokens_in=-1), "not negative"),
+        (_run("s", "u", "m", llm_sec=float("inf")), "finite"),
+    ],
+)
+async def test_bad_run_usage_is_refused_naming_the_problem(
+    backend: Backend, usage: RunUsage, problem: str
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as store:
+            with pytest.raises(StoreError, match=problem):
+                await store.record_run_usage(usage)
+            with pytest.raises(StoreError, match="grouped by one of"):
+                await store.usage_report(by="colour")
+            assert await store.usage_report() == []

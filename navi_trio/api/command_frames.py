@@ -225,6 +225,17 @@ class Schedule:
     budget: BudgetConfig | None = None
 
 
+@attrs.frozen
+class Usage:
+    """What the runs spent, summed by `by`: the asker's own (an admin: everyone's, or
+    `user`'s), one session's, since a time (``7d``, ``12h``, a date, or epoch seconds)."""
+
+    by: Literal["model", "profile", "day", "session", "user"] = "model"
+    session_id: str | None = attrs.field(default=None, validator=check.session_id)
+    user: str | None = attrs.field(default=None, validator=check.name)
+    since: str | None = attrs.field(default=None, validator=check.at_most(64))
+
+
 Command = (
     Hello
     | ClientTools
@@ -243,4 +254,5 @@ Command = (
     | Folders
     | Changes
     | Schedule
+    | Usage
 )

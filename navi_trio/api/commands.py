@@ -45,11 +45,13 @@ from navi_trio.api.protocol import (
     Subscribe,
     Tasks,
     Unsubscribe,
+    Usage,
     history_for_user,
     reply,
 )
 from navi_trio.api.schedule_commands import handle_schedule
 from navi_trio.api.services import DaemonCore
+from navi_trio.api.usage_commands import usage_report
 from navi_trio.api.workspace_frames import WorkspaceCommands
 from navi_trio.core.jobs import Job, task_info
 from navi_trio.core.session import SessionActor
@@ -120,6 +122,7 @@ class Commands:
             Schedule: self._schedule,
             ClientTools: self._client_tools,
             ClientToolResult: self._client_tool_result,
+            Usage: self._usage,
         }[type(command)]
         try:
             await handler(rid, command)
@@ -385,6 +388,12 @@ class Commands:
         await handle_schedule(self.rt.scheduler, self.user, self._owned, self.conn, rid, cmd)
 
     # -- tasks --------------------------------------------------------------------------
+
+    async def _usage(self, rid: RequestId, cmd: Usage) -> None:
+        if cmd.session_id is not None:
+            await self._owned(cmd.session_id)
+        report = await usage_report(self.rt, self.user, cmd)
+        await self.conn.send(reply(rid, "usage", **report))
 
     async def _tasks(self, rid: RequestId, cmd: Tasks) -> None:
         sup = self.rt.supervisor

@@ -51,6 +51,7 @@ from navi_trio.api.command_frames import Stop as Stop
 from navi_trio.api.command_frames import Subscribe as Subscribe
 from navi_trio.api.command_frames import Tasks as Tasks
 from navi_trio.api.command_frames import Unsubscribe as Unsubscribe
+from navi_trio.api.command_frames import Usage as Usage
 from navi_trio.api.frame_fields import shown
 from navi_trio.errors import FrameTooLargeError, ProtocolError, RequestError, UnknownTypeError
 from navi_trio.events import (
@@ -99,6 +100,7 @@ COMMANDS: dict[str, type[Any]] = {
     wire.CLIENT_TOOL_RESULT: ClientToolResult,
     wire.FOLDERS: Folders,
     wire.CHANGES: Changes,
+    wire.USAGE: Usage,
 }
 
 

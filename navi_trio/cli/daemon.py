@@ -101,6 +101,23 @@ def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], 
     tasks.add_argument("--session", metavar="ID", help="only this session's tasks")
     _client_options(tasks)
 
+    usage = sub.add_parser(
+        "usage",
+        help="what the runs spent: tokens, LLM and tool time, cost (via the daemon)",
+        description="The accounts: tokens in and out, time waiting for the model and for "
+        "tools, and the cost where config.json prices the model (models.NAME.price_in / "
+        "price_out per million tokens). Yours; an admin sees everyone's. Sub-agents and "
+        "background jobs are billed to the session that started them, on lines of their own.",
+    )
+    usage.add_argument("--user", metavar="NAME", help="only this user's (an admin's choice)")
+    usage.add_argument("--session", metavar="ID", help="only this session's")
+    usage.add_argument("--since", metavar="WHEN", help="7d, 12h, 30m, a date, or epoch seconds")
+    usage.add_argument(
+        "--by", default="model", choices=("model", "profile", "day", "session", "user"),
+        help="one line per (default: model)",
+    )  # fmt: skip
+    _client_options(usage)
+
     sched = sub.add_parser(
         "schedule",
         help="run a message on a schedule (via the daemon)",
@@ -341,6 +358,19 @@ def cmd_tasks(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def cmd_usage(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    frame = wire.usage(args.by, session_id=args.session, user=args.user, since=args.since)
+    reply = _call(args, frame)
+    if args.json:
+        print(json.dumps(reply), file=out)
+        return 0
+    from navi_trio.text import usage_table
+
+    for line in usage_table(reply):
+        print(terminal_safe(line), file=out)
+    return 0
+
+
 def schedule_frame(args: argparse.Namespace) -> dict[str, Any]:
     """The ``schedule`` frame of `navi schedule`'s arguments (the daemon checks the rest)."""
     from navi_trio.cli.common import UsageError
@@ -411,5 +441,6 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
     "users": cmd_users,
     "sessions": cmd_sessions,
     "tasks": cmd_tasks,
+    "usage": cmd_usage,
     "schedule": cmd_schedule,
 }

@@ -50,6 +50,7 @@ running turn with it instead: the agent reads it before its next step.
                   y applies; force also restores the conflicts (files you changed too)
   /fork [N] [files]  a new session from the history before N, with its files: move to it
   /tasks          list background tasks
+  /usage          what this session spent: tokens, time, cost (no session yet: all yours)
   /profile NAME   use profile NAME from your next message on (no NAME: show it)
   /sessions       list your sessions
   /resume ID      continue session ID (its history is replayed)
@@ -87,6 +88,7 @@ class SlashCommands:
             "new": self.new,
             "compact": self.compact,
             "tasks": self.tasks,
+            "usage": self.usage,
             "profile": self.profile,
             "sessions": self.sessions,
             "resume": self.resume,
@@ -130,6 +132,9 @@ class SlashCommands:
 
     async def tasks(self, arg: str) -> None:
         await self.app.send(wire.tasks_list(self.app.session_id))
+
+    async def usage(self, arg: str) -> None:
+        await self.app.send(wire.usage("model", session_id=self.app.session_id))
 
     async def profile(self, arg: str) -> None:
         if not arg:

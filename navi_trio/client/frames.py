@@ -18,6 +18,7 @@ from navi_trio.client.connection import Connection
 from navi_trio.client.profile import ProfileAsk
 from navi_trio.client.render import WAITING, Renderer
 from navi_trio.client.rewind import RewindFlow
+from navi_trio.text import usage_table
 from navi_trio.wire import Frame
 
 
@@ -147,6 +148,9 @@ class FrameHandling:
             return self._on_sessions(frame)
         elif kind == "tasks":
             self._on_tasks(frame)
+        elif kind == wire.USAGE:
+            for line in usage_table(frame):
+                r.notice(line)
         elif kind in (wire.CHECKPOINTS, wire.REWIND, wire.FORK):
             return self.rewinds.on_reply(frame)
         elif kind in ("schedules", "schedule_run"):

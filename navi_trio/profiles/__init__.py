@@ -35,6 +35,7 @@ from navi_trio.profiles._schema import REQUIRED_PROMPT_FILES as REQUIRED_PROMPT_
 from navi_trio.profiles._schema import SECRET_VARS as SECRET_VARS
 from navi_trio.profiles._schema import AgentProfile as AgentProfile
 from navi_trio.profiles._schema import McpServerConfig as McpServerConfig
+from navi_trio.profiles._schema import ModelConfig as ModelConfig
 from navi_trio.profiles._schema import NaviConfig as NaviConfig
 from navi_trio.profiles._schema import PeerConfig as PeerConfig
 from navi_trio.profiles._schema import SshConfig as SshConfig

@@ -10,6 +10,7 @@ holds, and which environment variables hold navi's own secrets (`is_secret`).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -205,6 +206,25 @@ def _ws_url(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
         raise ValueError(f"{attr.name} {value!r}: expected a ws:// or wss:// URL")
 
 
+def _price(instance: Any, attribute: Any, value: float | None) -> None:
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{attribute.name} must be a price of zero or more, not {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class ModelConfig:
+    """What navi knows of a model beyond its name: its price per million tokens, in the
+    currency the admin reads (`navi usage` shows cost where both are set)."""
+
+    price_in: float | None = attrs.field(default=None, validator=_price)
+    price_out: float | None = attrs.field(default=None, validator=_price)
+
+    def cost(self, tokens_in: int, tokens_out: int) -> float | None:
+        if self.price_in is None or self.price_out is None:
+            return None
+        return (tokens_in * self.price_in + tokens_out * self.price_out) / 1_000_000
+
+
 @attrs.frozen(kw_only=True)
 class PeerConfig:
     """Another navi daemon the `peer` tool may ask: its URL and where its token is.
@@ -240,6 +260,8 @@ class NaviConfig:
     ssh: SshConfig | None = None  # hosts the ssh_exec tool may reach
     peers: dict[str, PeerConfig] = attrs.Factory(dict)
     mcp_servers: dict[str, McpServerConfig] = attrs.Factory(dict)
+    # model name -> its price (`navi usage`); a model not named has no known cost.
+    models: dict[str, ModelConfig] = attrs.Factory(dict)
     # role -> the folders (and below) a client of that role may send as a run's cwd,
     # besides their own session folders (core/turn/workspace.py); a role without an entry:
     # users none, admins anything but navi's own data.

@@ -164,6 +164,15 @@ def _init_schema(db: Database) -> None:
             " expires_at FLOAT NOT NULL, PRIMARY KEY (hold, key))"
         )
         db.execute("CREATE INDEX IF NOT EXISTS usage_holds_key ON usage_holds (key)")
+        # What each run spent, for the accounts (store/statements.py `record_run_usage`).
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS run_usage (at FLOAT NOT NULL, day TEXT NOT NULL,"
+            " session_id TEXT NOT NULL, user_id TEXT NOT NULL, profile TEXT NOT NULL,"
+            " model TEXT NOT NULL, kind TEXT NOT NULL, tokens_in INTEGER NOT NULL,"
+            " tokens_out INTEGER NOT NULL, llm_sec FLOAT NOT NULL, tool_sec FLOAT NOT NULL)"
+        )
+        db.execute("CREATE INDEX IF NOT EXISTS run_usage_user ON run_usage (user_id, at)")
+        db.execute("CREATE INDEX IF NOT EXISTS run_usage_session ON run_usage (session_id, at)")
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 

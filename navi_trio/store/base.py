@@ -188,6 +188,43 @@ class NewSession:
 
 
 USAGE_KINDS = ("tokens", "tool_calls", "subagents", "wall_sec")
+# What a run's usage is kept as (`record_run_usage`): its own run, a synchronous
+# sub-agent's, a background job's (both billed to the session that started them).
+RUN_KINDS = ("turn", "subagent", "job")
+# What `usage_report` may group by.
+USAGE_GROUPS = ("model", "profile", "day", "session", "user")
+
+
+@attrs.frozen
+class RunUsage:
+    """What one run spent, kept for the accounts (`navi usage`): tokens as the model
+    reported them, and the run's time waiting for the model and for its tools."""
+
+    session_id: str  # billed to: a sub-agent's or a job's parent session
+    user_id: str
+    profile: str
+    model: str
+    kind: str  # RUN_KINDS
+    tokens_in: int
+    tokens_out: int
+    llm_sec: float
+    tool_sec: float
+
+
+@attrs.frozen
+class UsageLine:
+    """One line of a usage report: a group's value (`key`), split by model and kind."""
+
+    key: str
+    model: str
+    kind: str
+    runs: int
+    tokens_in: int
+    tokens_out: int
+    llm_sec: float
+    tool_sec: float
+
+
 # A queued row of this pid (and host) is anyone's: handed to whoever runs the session.
 HANDED_PID = 0
 HANDED_HOST = "*"
@@ -354,6 +391,15 @@ class SessionStore(Protocol):
     # usage counters of the budgets (core/turn/budgets.py): key -> {kind: amount}
     async def add_usage(self, keys: Sequence[str], amounts: dict[str, float]) -> None: ...
     async def get_usage(self, keys: Sequence[str]) -> dict[str, dict[str, float]]: ...
+    async def record_run_usage(self, usage: RunUsage) -> None: ...
+    async def usage_report(
+        self,
+        *,
+        by: str = "model",
+        user_id: str | None = None,
+        session_id: str | None = None,
+        since: float | None = None,
+    ) -> list[UsageLine]: ...
     async def reserve_usage(
         self, asks: Sequence[UsageAsk], request: UsageRequest
     ) -> UsageGrant: ...

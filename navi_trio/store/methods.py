@@ -15,12 +15,13 @@ where the SQL differs), each run on a worker thread with the engine's connection
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from navi_trio.errors import LimitError
+from navi_trio.errors import LimitError, StoreError
 from navi_trio.store._control_input import (
     check_adds,
     check_amounts,
@@ -46,16 +47,20 @@ from navi_trio.store._input import (
     token_digest,
 )
 from navi_trio.store.base import (
+    RUN_KINDS,
+    USAGE_GROUPS,
     Claimed,
     HistoryPage,
     LeaseRow,
     LoadedSession,
     NewSession,
     QueuedRow,
+    RunUsage,
     ScheduleRow,
     SessionRow,
     UsageAsk,
     UsageGrant,
+    UsageLine,
     UsageRequest,
 )
 from navi_trio.store.fence import Fence, current_fence, fence_for
@@ -498,6 +503,47 @@ class StoreMethods:
             return
         now = self._now()
         await self._run("add usage", lambda c: self.sql.add_usage(c, names, adds, now))
+
+    async def record_run_usage(self, usage: RunUsage) -> None:
+        """Keep what one run spent (the accounts); never fenced: what was spent was spent,
+        whoever holds the session now."""
+        for value, what in ((usage.session_id, "session_id"), (usage.user_id, "user_id"),
+                            (usage.profile, "profile"), (usage.model, "model")):  # fmt: skip
+            _check_text(value, what, allow_empty=what == "model")
+        if usage.kind not in RUN_KINDS:
+            raise StoreError(f"run kind must be one of {', '.join(RUN_KINDS)}, not {usage.kind!r}")
+        amounts = (usage.tokens_in, usage.tokens_out, usage.llm_sec, usage.tool_sec)
+        if any(not math.isfinite(a) or a < 0 for a in amounts):
+            raise StoreError(f"usage amounts must be finite and not negative: {amounts}")
+        now = self._now()
+        day = time.strftime("%Y-%m-%d", time.gmtime(now))
+        await self._run(
+            f"record usage of {usage.session_id}",
+            lambda c: self.sql.record_run_usage(c, usage, now, day),
+        )
+
+    async def usage_report(
+        self,
+        *,
+        by: str = "model",
+        user_id: str | None = None,
+        session_id: str | None = None,
+        since: float | None = None,
+    ) -> list[UsageLine]:
+        """What the runs spent, summed by `by` (USAGE_GROUPS), model and kind; only a
+        user's, a session's, or since a time (seconds since the epoch) when given."""
+        if by not in USAGE_GROUPS:
+            raise StoreError(f"usage is grouped by one of {', '.join(USAGE_GROUPS)}, not {by!r}")
+        where: list[tuple[str, Any]] = []
+        for column, value in (("user_id", user_id), ("session_id", session_id)):
+            if value is not None:
+                _check_text(value, column)
+                where.append((column, value))
+        if since is not None:
+            where.append(("at", float(since)))
+        return await self._run(
+            f"usage by {by}", lambda c: self.sql.usage_report(c, by, where), write=False
+        )
 
     async def get_usage(self, keys: Sequence[str]) -> dict[str, dict[str, float]]:
         """Each key's counters (zeros for a key never added to)."""

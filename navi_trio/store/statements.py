@@ -26,10 +26,12 @@ from navi_trio.store.base import (
     HistoryPage,
     LeaseRow,
     LoadedSession,
+    RunUsage,
     ScheduleRow,
     SessionRow,
     UsageAsk,
     UsageGrant,
+    UsageLine,
     UsageRequest,
 )
 from navi_trio.store.fence import Fence
@@ -324,6 +326,45 @@ class Engine:
     def delete_schedule(self, conn: Any, sid: str) -> bool:
         with self.write(conn):
             return bool(conn.execute(self.q("DELETE FROM schedules WHERE id = ?"), [sid]).rowcount)
+
+    # -- accounts ---------------------------------------------------------------------
+
+    def record_run_usage(self, conn: Any, usage: RunUsage, now: float, day: str) -> None:
+        u = usage
+        sql = self.q(
+            "INSERT INTO run_usage (at, day, session_id, user_id, profile, model, kind,"
+            " tokens_in, tokens_out, llm_sec, tool_sec) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        values = [now, day, u.session_id, u.user_id, u.profile, u.model, u.kind,
+                  u.tokens_in, u.tokens_out, u.llm_sec, u.tool_sec]  # fmt: skip
+        with self.write(conn):
+            conn.execute(sql, values)
+
+    def usage_report(self, conn: Any, by: str, where: list[tuple[str, Any]]) -> list[UsageLine]:
+        """Sums by (`by`'s column, model, kind); `where`: (column, value) pairs, ANDed,
+        ``at`` meaning at or after."""
+        column = {"session": "session_id", "user": "user_id"}.get(by, by)
+        tests = [f"{c} >= ?" if c == "at" else f"{c} = ?" for c, _ in where]
+        sql = (
+            f"SELECT {column}, model, kind, COUNT(*), SUM(tokens_in), SUM(tokens_out),"
+            " SUM(llm_sec), SUM(tool_sec) FROM run_usage"
+            + (f" WHERE {' AND '.join(tests)}" if tests else "")
+            + f" GROUP BY {column}, model, kind ORDER BY {column}, model, kind"
+        )
+        rows = conn.execute(self.q(sql), [v for _, v in where]).fetchall()
+        return [
+            UsageLine(
+                str(r[0]),
+                str(r[1]),
+                str(r[2]),
+                int(r[3]),
+                int(r[4]),
+                int(r[5]),
+                float(r[6]),
+                float(r[7]),
+            )  # fmt: skip
+            for r in rows
+        ]
 
     # -- usage ----------------------------------------------------------------------
 

@@ -144,6 +144,7 @@ def test_config(
     *,
     base: Path | None = None,
     default_profile: str | None = None,
+    models: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ConfigSource:
     """A ConfigSource on the shipped config, with `profiles` merged over its profiles.
 
@@ -156,6 +157,8 @@ def test_config(
         data["profiles"][pid] = {**data["profiles"].get(pid, {}), **changes}
     if default_profile:
         data["default_profile"] = default_profile
+    if models is not None:
+        data["models"] = dict(models)
     return ConfigSource(path, initial=parse_config(data, path))
 
 

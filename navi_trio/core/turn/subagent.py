@@ -204,6 +204,8 @@ async def _run_child(
                 agent_id=agent_id,
             )
         )
+        with trio.move_on_after(10, shield=True):
+            await runner.account()  # into the accounts, under its parent session
     done(
         SubagentOutcome(
             text=text,

@@ -11,6 +11,7 @@ event's `code` is the error class's own.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
 from functools import partial
@@ -25,7 +26,7 @@ from navi_trio.core.turn.policy import denied_outright
 from navi_trio.core.turn.steering import take_injections
 from navi_trio.core.turn.tool_executor import execute_batch, stopped_result, tool_message
 from navi_trio.core.turn.turn_state import Emit, LoopParts, Turn
-from navi_trio.errors import BudgetExhaustedError, ContextTooLargeError, LLMError
+from navi_trio.errors import BudgetExhaustedError, ContextTooLargeError, LLMError, StoreError
 from navi_trio.events import (
     AgentEvent,
     BudgetExhausted,
@@ -43,6 +44,7 @@ from navi_trio.events import (
     WarningEvent,
 )
 from navi_trio.llm.base import ChatRequest, ToolCall
+from navi_trio.store.base import RunUsage
 from navi_trio.tools.base import ToolContext, ToolResult
 from navi_trio.tools.memory import MemoryTool, load_memories
 from navi_trio.tools.spawn_agent import SpawnAgentTool
@@ -57,6 +59,9 @@ TRUNCATION_WINDOW_SHARE = 0.5
 # Tool calls after which the turn reloads the user's memories (they may have changed).
 MEMORY_WRITERS = frozenset({MemoryTool.name, SpawnAgentTool.name})
 
+log = logging.getLogger(__name__)
+ACCOUNT_DEADLINE_SEC = 10.0  # the accounts' write at a turn's end, at most
+
 
 class TurnRunner:
     """Runs the loop of one turn, and ends it whatever happens (`drive`)."""
@@ -64,6 +69,7 @@ class TurnRunner:
     def __init__(self, parts: LoopParts, turn: Turn) -> None:
         self.parts = parts
         self.turn = turn
+        self._accounted: tuple[float, ...] = (0, 0, 0.0, 0.0)  # what `account` kept so far
         self.settings = parts.settings
         self._todo: list[TodoStep] = []
         # The user's memories, loaded once per turn (a store round trip): reloaded only
@@ -127,6 +133,7 @@ class TurnRunner:
             )
         finally:
             done = reply.done
+            self.turn.llm_sec += trio.current_time() - started
             self.parts.observer.llm_call(
                 LLMCallDone(
                     model=(done.model if done is not None else "") or request.model,
@@ -388,7 +395,7 @@ class TurnRunner:
         t.reply = None
         await self.save()
         t.completed_normally = True
-        t.end(self.stream_end(reply.content, reason="complete", reply=reply))
+        await self.end(self.stream_end(reply.content, reason="complete", reply=reply))
 
     async def finish_max_iterations(self) -> None:
         t = self.turn
@@ -399,7 +406,7 @@ class TurnRunner:
         t.state.add({"role": "assistant", "content": text, "synthetic": True})
         await self.save()
         t.emit(WarningEvent(message=f"reached max_iterations={t.limit}", code="max_iterations"))
-        t.end(self.stream_end(text, reason="max_iterations"))
+        await self.end(self.stream_end(text, reason="max_iterations"))
 
     async def run_tools(self, reply: StreamedReply) -> None:
         """Step 8b: append the assistant call message, run the calls, append results.
@@ -427,11 +434,15 @@ class TurnRunner:
             t.emit(event)
 
         budget = t.budget if t.budget is not None and t.budget.active else None
-        with budget.wall() if budget is not None else nullcontext():
-            await execute_batch(
-                self.parts.executor, calls, ctx, t.tool_names(), publish, t.results,
-                parallel=parallel, before=budget.before_tool if budget is not None else None,
-            )  # fmt: skip
+        started = trio.current_time()
+        try:
+            with budget.wall() if budget is not None else nullcontext():
+                await execute_batch(
+                    self.parts.executor, calls, ctx, t.tool_names(), publish, t.results,
+                    parallel=parallel, before=budget.before_tool if budget is not None else None,
+                )  # fmt: skip
+        finally:
+            t.tool_sec += trio.current_time() - started
         self.pair_results()
         if any(c.name in MEMORY_WRITERS for c in calls):
             self._memories = None
@@ -529,6 +540,41 @@ class TurnRunner:
         own bug ends the turn the same way, then goes on. Every ending is shielded: the
         history is left consistent (partial answer saved, every call paired).
         """
+        try:
+            await self._drive(scope)
+        finally:
+            await shielded(self.account)
+
+    async def end(self, event: StreamEnd) -> None:
+        """End the turn with `event`, its usage kept first: a client that acts on the
+        stream_end finds the run over and its accounts written."""
+        with trio.move_on_after(ACCOUNT_DEADLINE_SEC, shield=True):
+            await self.account()
+        self.turn.end(event)
+
+    async def account(self) -> None:
+        """Keep what this run spent since it last did (store/base.py `RunUsage`; the
+        workers after a turn's end spend too): a sub-agent's and a background job's under
+        the session that started them. A failed write is logged, never raised."""
+        t = self.turn
+        session = t.parent_session_id if t.subagent else t.state.id if t.persist else None
+        now = (t.own_prompt_tokens, t.own_completion_tokens, t.llm_sec, t.tool_sec)
+        spent = tuple(n - was for n, was in zip(now, self._accounted, strict=True))
+        if session is None or not any(spent):
+            return
+        self._accounted = now
+        kind = "turn" if not t.subagent else "subagent" if t.usage_to is not None else "job"
+        usage = RunUsage(
+            session_id=session, user_id=t.user_id, profile=t.profile.id,
+            model=t.model or self.model(), kind=kind, tokens_in=int(spent[0]),
+            tokens_out=int(spent[1]), llm_sec=spent[2], tool_sec=spent[3],
+        )  # fmt: skip
+        try:
+            await self.parts.store.record_run_usage(usage)
+        except StoreError as exc:
+            log.warning("session %s: its run's usage was not kept: %s", session, exc)
+
+    async def _drive(self, scope: trio.CancelScope) -> None:
         turn = self.turn
         try:
             with scope:
@@ -618,7 +664,7 @@ class TurnRunner:
         # durable commit on (before that, at worst the history ends where this turn's
         # last durable save left it, and a dangling call is paired on load).
         text = await self._save_partial(durable=False, stopped=True)
-        self.turn.end(self.stream_end(text, reason="stopped"))
+        await self.end(self.stream_end(text, reason="stopped"))
 
     async def _exhausted(self, exc: BudgetExhaustedError) -> None:
         """A budget is spent (core/turn/budgets.py): the turn ends as a stop does, saying which."""
@@ -630,7 +676,7 @@ class TurnRunner:
             )
         )  # fmt: skip
         text = await self._save_partial(durable=False, stopped=True, budget=str(exc))
-        turn.end(self.stream_end(text, reason="budget_exhausted"))
+        await self.end(self.stream_end(text, reason="budget_exhausted"))
 
     async def _failed(self, exc: LLMError) -> None:
         self.turn.emit(ErrorEvent(message=str(exc), code=exc.code))
@@ -638,7 +684,7 @@ class TurnRunner:
         # call that met the error and its neighbours in a batch, all stopped by it.
         unfinished = ToolResult.fail(f"not finished: the turn ended on an LLM error: {exc}")
         text = await self._save_partial(error=str(exc), unfinished=unfinished)
-        self.turn.end(self.stream_end(text, reason="error"))
+        await self.end(self.stream_end(text, reason="error"))
 
     async def _too_large(self, exc: ContextTooLargeError) -> None:
         turn = self.turn
@@ -651,7 +697,7 @@ class TurnRunner:
         # Display only: adding it to the context would make the context larger still.
         turn.state.add({"role": "assistant", "content": text, "synthetic": True}, context=False)
         await shielded(self.save)
-        turn.end(self.stream_end(text, reason="context_too_large"))
+        await self.end(self.stream_end(text, reason="context_too_large"))
 
 
 def _assistant(reply: StreamedReply, **extra: Any) -> dict[str, Any]:

@@ -66,6 +66,12 @@ class Turn:
     iterations: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # The accounts (`TurnRunner._account`): this run's own calls only (not a sub-agent's,
+    # which keeps its own), and its time waiting for the model and for its tools.
+    own_prompt_tokens: int = 0
+    own_completion_tokens: int = 0
+    llm_sec: float = 0.0
+    tool_sec: float = 0.0
     completed_normally: bool = False
     # Loop mechanics.
     stall: int = 0
@@ -105,6 +111,8 @@ class Turn:
         """One LLM call's usage: this run's totals (and its parent's), and its budget."""
         if self.budget is not None:
             self.budget.charge_tokens(prompt_tokens + completion_tokens)
+        self.own_prompt_tokens += prompt_tokens
+        self.own_completion_tokens += completion_tokens
         self.count_child(prompt_tokens, completion_tokens)
 
     def count_child(self, prompt_tokens: int, completion_tokens: int) -> None:
