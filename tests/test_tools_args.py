@@ -20,6 +20,7 @@ import trio
 from kvfake import make_ctx
 
 from navi_trio.errors import ToolInputError
+from navi_trio.project import skill_tool
 from navi_trio.settings import Settings
 from navi_trio.tools import (
     code_exec,
@@ -68,6 +69,7 @@ def declared() -> dict[str, Any]:
         "tasks": tasks.ACTIONS,
         "spawn_agent": spawn_agent.SpawnArgs,
         "peer": {"ask": peer.AskArgs},
+        "skill": skill_tool.SkillArgs,
     }
 
 
