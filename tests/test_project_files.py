@@ -16,8 +16,11 @@ from typing import Any
 import pytest
 import trio
 from agent_tools import of_type, with_tools
-from served import config_file
+from api_ws import open_daemon
+from served import config_file, send
 
+from navi_trio.cli.doctor_project import project_report
+from navi_trio.client.context_view import context_lines
 from navi_trio.core.turn.project_files import SKIPPED_CODE, project_view
 from navi_trio.profiles import ConfigSource
 from navi_trio.project import Reader
@@ -59,6 +62,10 @@ def use_tools(data: dict[str, Any]) -> None:
 
 def skill_call(**arguments: str) -> dict[str, Any]:
     return {"tool_calls": [{"name": "skill", "arguments": arguments}]}
+
+
+def sizes(paths: list[str]) -> list[int]:
+    return [os.stat(p).st_size for p in paths]
 
 
 def system_of(body: dict[str, Any]) -> str:
@@ -211,3 +218,50 @@ async def test_only_a_changed_file_is_read_again(tmp_path: Path, repo: Path) -> 
         changed = await project_view(settings, reader, cwd=held, check=None)
     assert reader.reads == read + 1  # that file, and only it
     assert "API-AGENTS changed" in changed.instructions.text
+
+
+async def test_the_context_frame_lists_what_a_run_there_gets_and_checks_who_asks(
+    tmp_path: Path, repo: Path
+) -> None:
+    cwd = repo / "docs" / "api"
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, replies=[{"text": "ok"}], profiles=profile()) as d:
+            async with d.connect("root") as root, d.connect("bob") as bob:
+                listing = await root.request({"type": "context", "cwd": str(cwd)})
+                await send(root, "hi", cwd=str(cwd))
+                await root.until_type("stream_end")
+                system = system_of(d.harness.chat_requests[0])
+                sessions = await root.request({"type": "sessions", "action": "list"})
+                sid = sessions["sessions"][0]["session_id"]
+                other = await bob.request({"type": "context", "session_id": sid})
+                outside = await bob.request({"type": "context", "cwd": str(repo)})
+    assert listing["type"] == "context", listing
+    paths = [f["path"] for f in listing["files"]]
+    assert paths == [
+        str(tmp_path / "xdg" / "navi" / "AGENTS.md"),
+        str(repo / "AGENTS.md"),
+        str(repo / "docs" / "CLAUDE.md"),
+        str(cwd / "AGENTS.md"),
+    ]
+    assert [f["size"] for f in listing["files"]] == sizes(paths)
+    # What the run was given: the same files, in the same order.
+    assert [system.index(f"## {p}\n") for p in paths] == sorted(
+        system.index(f"## {p}\n") for p in paths
+    )
+    names = sorted(s["name"] for s in listing["skills"])
+    assert names == ["api-style", "pdf-forms", "release-notes", "user-notes"]
+    assert len(listing["skipped"]) == 3 and listing["more_skipped"] == 0
+    assert other["type"] == "error" and other["code"] == "forbidden", other
+    assert outside["type"] == "error" and outside["code"] == "forbidden", outside
+
+
+async def test_doctor_lists_the_files_in_effect_for_its_folder(tmp_path: Path, repo: Path) -> None:
+    settings = Settings(db_path=tmp_path / "navi.db", data_dir=tmp_path / "data")
+    with trio.fail_after(TIMEOUT):
+        report = await project_report(settings, repo / "docs" / "api")
+    text = "\n".join(context_lines(report))
+    (size,) = sizes([str(repo / "docs" / "CLAUDE.md")])
+    assert f"{repo / 'docs' / 'CLAUDE.md'}  ({size} bytes; project)" in text
+    assert f"instruction files for {repo / 'docs' / 'api'}: 4" in text
+    assert "skills: 4" in text
+    assert "wrong-name/SKILL.md: skipped: the name 'another-name' does not match" in text

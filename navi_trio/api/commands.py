@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Protocol
 
 import trio
@@ -23,6 +24,7 @@ from navi_trio.api.auth import User
 from navi_trio.api.checkpoint_frames import CheckpointCommands
 from navi_trio.api.frame_fields import HISTORY_LIMIT_MAX, cursor_position, history_cursor
 from navi_trio.api.message_command import SessionMessages
+from navi_trio.api.project_frame import handle_context
 from navi_trio.api.protocol import (
     Approval,
     Checkpoints,
@@ -30,6 +32,7 @@ from navi_trio.api.protocol import (
     ClientTools,
     Command,
     Compact,
+    Context,
     Fork,
     Frame,
     Hello,
@@ -113,6 +116,7 @@ class Commands:
             Schedule: self._schedule,
             ClientTools: self._client_tools,
             ClientToolResult: self._client_tool_result,
+            Context: partial(handle_context, self),
         }[type(command)]
         try:
             await handler(rid, command)

@@ -39,6 +39,7 @@ from navi_trio.api.command_frames import ClientToolResult as ClientToolResult
 from navi_trio.api.command_frames import ClientTools as ClientTools
 from navi_trio.api.command_frames import Command as Command
 from navi_trio.api.command_frames import Compact as Compact
+from navi_trio.api.command_frames import Context as Context
 from navi_trio.api.command_frames import Fork as Fork
 from navi_trio.api.command_frames import Hello as Hello
 from navi_trio.api.command_frames import Rewind as Rewind
@@ -95,6 +96,7 @@ COMMANDS: dict[str, type[Any]] = {
     wire.SCHEDULE: Schedule,
     wire.CLIENT_TOOLS: ClientTools,
     wire.CLIENT_TOOL_RESULT: ClientToolResult,
+    wire.CONTEXT: Context,
 }
 
 

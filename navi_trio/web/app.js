@@ -12,6 +12,7 @@ import { $, request, showError, state, transcript } from "./page.js";
 import { adopt, closeSidebarOnPhone, onHistoryPage, onSessionFrame, openSession, pageRefused, renderSessions, resetSession, showEmpty } from "./sessions.js";
 import { onTaskUpdate, onTasks } from "./tasks.js";
 import { sendMessage, setBusy, stopRun, updateStatus } from "./composer.js";
+import { installContext, onContext } from "./context.js";
 
 const TOKEN_KEY = "navi.token";
 
@@ -104,6 +105,7 @@ function onFrame(frame) {
       }
       return;
     case "tasks": return onTasks(frame);
+    case "context": return onContext(frame);
     case "task_update": return onTaskUpdate(frame);
     case "ok":
       if (Array.isArray(frame.approvals) && frame.session_id === state.sid) transcript.waiting(frame.approvals);
@@ -194,6 +196,7 @@ document.addEventListener("keydown", (event) => {
 });
 
 $("stop").addEventListener("click", stopRun);
+installContext();
 $("compact").addEventListener("click", () => {
   if (!state.sid) { showError("nothing to compact yet: this session has no messages"); return; }
   if (request(frames.compact(state.sid), { kind: "compact" }) !== null) transcript.notice("compacting…");
