@@ -265,3 +265,28 @@ async def test_doctor_lists_the_files_in_effect_for_its_folder(tmp_path: Path, r
     assert f"instruction files for {repo / 'docs' / 'api'}: 4" in text
     assert "skills: 4" in text
     assert "wrong-name/SKILL.md: skipped: the name 'another-name' does not match" in text
+
+
+async def test_the_skill_tool_reads_no_file_outside_its_folder(tmp_path: Path, repo: Path) -> None:
+    (tmp_path / "outside.md").write_text("OUTSIDE-TEXT\n")
+    refs = repo / ".claude" / "skills" / "pdf-forms" / "references"
+    (refs / "link.md").symlink_to(tmp_path / "outside.md")
+    replies = [
+        skill_call(name="pdf-forms", file="../../../../outside.md"),
+        skill_call(name="pdf-forms", file="references/link.md"),
+        skill_call(name="pdf-forms", file="/etc/passwd"),
+        skill_call(name="no-such-skill"),
+        {"text": "done"},
+    ]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=replies, profiles=profile()) as h:
+            ann = await h.user("ann", "admin")
+            await h.turn("s1", "hi", cwd=repo, user_id=ann, user_role="admin")
+            last = h.chat_requests[-1]
+    results = [m["content"] for m in last["messages"] if m["role"] == "tool"]
+    assert all("OUTSIDE-TEXT" not in r and "root:" not in r for r in results), results
+    assert "'../../../../outside.md' is not inside the skill's folder" in results[0]
+    assert f"a symlink to {tmp_path / 'outside.md'}, outside the folders" in results[1]
+    assert "'/etc/passwd' is not inside the skill's folder" in results[2]
+    names = "release-notes, pdf-forms, user-notes"
+    assert f"no skill named 'no-such-skill'; skills: {names}" in results[3]
