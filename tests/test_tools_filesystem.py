@@ -286,6 +286,7 @@ def test_every_builtin_tool_points_to_a_manual_that_exists() -> None:
         "memory",
         "switch_profile",
         "ssh_exec",
+        "skill",
     ]
     config = load_config(REPO_ROOT / "config" / "config.json")
     wanted = {n for p in config.profiles.values() for n in p.tools.agent}

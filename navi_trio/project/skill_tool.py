@@ -41,7 +41,8 @@ class SkillTool:
     name = "skill"
     description = (
         "Load the instructions of a skill listed in the system message under Skills, by "
-        "name; with `file`, read a file of that skill's folder (references/…)."
+        "name; with `file`, read a file of that skill's folder (references/…). Manual: "
+        "read `manual:skills` with the filesystem tool."
     )
     parameters = schema(SkillArgs)
 
