@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import codecs
 import os
-from collections.abc import Sequence
-from contextlib import ExitStack
 from pathlib import Path
 
 import attrs
@@ -28,9 +26,6 @@ from navi_trio.tools._beneath import (
     SpecialFileError,
     TooManyLinksError,
 )
-from navi_trio.tools.private import PrivatePaths
-from navi_trio.tools.roots import Root
-from navi_trio.tools.runas import RunAs
 
 CHAIN_MAX = 64  # folders between a cwd and its repository root that are looked at
 CACHE_MAX = 512  # files whose text is kept between turns
@@ -129,13 +124,6 @@ class Reader:
             self._kept.clear()
         self._kept[path] = (stamp, data)
         return data, st.st_size
-
-
-def beneath(
-    roots: Sequence[Root], private: PrivatePaths, stack: ExitStack, who: RunAs | None
-) -> Beneath:
-    """A walk over `roots` as the filesystem tool makes it."""
-    return Beneath(roots, private, stack, who)
 
 
 def holds(fs: Beneath, path: Path) -> bool:
