@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from agent_tools import call, with_tools
 from daemons import connect_as
 from served import config_file
 from test_api_daemon import serve
@@ -25,12 +27,16 @@ from test_cli import navi
 from test_client_real import chat
 from web_browser import Daemon, Loop, browser, needs_browser
 
+from navi_trio.testing import open_harness
 from navi_trio.testing.fake_llm import FakeLLMServer
+from navi_trio.tools.sandbox import sandbox_available
 
 __all__ = ["browser"]  # a fixture
 pytestmark = pytest.mark.slow
 DEADLINE = 120
 FIXTURE = Path(__file__).parent / "fixtures" / "project"
+OK, REASON = sandbox_available()
+needs_sandbox = pytest.mark.skipif(not OK, reason=f"the sandbox is unavailable: {REASON}")
 
 
 def make_repo(base: Path) -> tuple[Path, Path]:
@@ -140,3 +146,38 @@ def test_the_pages_context_panel_shows_what_its_runs_get(
     system = loop.llm.chat_requests[-1]["body"]["messages"][0]["content"]
     assert headers(system) == [str(user_file)]  # what its run was given
     assert "- user-notes: " in system
+
+
+@pytest.fixture
+def outside() -> Iterator[Path]:
+    """A folder outside /tmp (the sandbox's /tmp is private), open to others (a root
+    daemon's commands run as nobody), removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="navi-project-", dir="/var/tmp")).resolve()
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@needs_sandbox
+async def test_a_skills_script_runs_in_the_sandbox_by_the_path_its_body_gives(
+    tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo, xdg = make_repo(outside)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(xdg))
+    script = repo / ".claude" / "skills" / "pdf-forms" / "scripts" / "fill.py"
+    replies = [
+        {"tool_calls": [{"name": "skill", "arguments": {"name": "pdf-forms"}}]},
+        call("terminal", action="run", command=f"python3 {script} form.pdf values.json"),
+        {"text": "done"},
+    ]
+    profiles = {"general": with_tools(["skill", "terminal"], planning_first_message=False)}
+    with trio.fail_after(DEADLINE):
+        async with open_harness(tmp_path, replies=replies, profiles=profiles) as h:
+            ann = await h.user("ann", "admin")
+            frames = await h.turn("s1", "fill the form", cwd=repo / "docs" / "api",
+                                  user_id=ann, user_role="admin")  # fmt: skip
+    body, ran = [f for f in frames if f["type"] == "tool_result"]
+    assert str(script.parent.parent) in body["output"]  # the body names the folder
+    assert ran["ok"] and "would fill ['form.pdf', 'values.json']" in ran["output"], ran
