@@ -28,7 +28,7 @@ from navi_trio.tools._beneath import (
 )
 
 CHAIN_MAX = 64  # folders between a cwd and its repository root that are looked at
-CACHE_MAX = 512  # files whose text is kept between turns
+CACHE_MAX = 256  # files whose text is kept between turns (each at most 64 KiB + 1)
 
 Stamp = tuple[int, int, int, int]  # device, inode, size, mtime_ns
 
