@@ -80,8 +80,9 @@ async def test_the_system_message_holds_the_files_in_order_after_the_profile_pro
     with trio.fail_after(TIMEOUT):
         async with open_harness(tmp_path, replies=[{"text": "ok"}], profiles=profile()) as h:
             ann = await h.user("ann", "admin")
-            frames = await h.turn("s1", "hi", cwd=repo / "docs" / "api", user_id=ann,
-                                  user_role="admin")  # fmt: skip
+            frames = await h.turn(
+                "s1", "hi", cwd=repo / "docs" / "api", user_id=ann, user_role="admin"
+            )
             system = system_of(h.chat_requests[0])
             prompt = h.runtime.agent.config().profile("general").system_prompt.strip()
     marks = ["USER-AGENTS", "ROOT-AGENTS", "DOCS-CLAUDE", "API-AGENTS"]
@@ -107,8 +108,9 @@ async def test_the_skills_are_listed_and_the_skill_tool_gives_the_body(
     with trio.fail_after(TIMEOUT):
         async with open_harness(tmp_path, replies=replies, profiles=profile()) as h:
             ann = await h.user("ann", "admin")
-            frames = await h.turn("s1", "hi", cwd=repo / "docs" / "api", user_id=ann,
-                                  user_role="admin")  # fmt: skip
+            frames = await h.turn(
+                "s1", "hi", cwd=repo / "docs" / "api", user_id=ann, user_role="admin"
+            )
             bodies = h.chat_requests
     system = system_of(bodies[0])
     listed = system[system.index("# Skills") :]
@@ -137,9 +139,10 @@ async def test_a_profile_without_the_skill_tool_gets_no_skill_list(
 ) -> None:
     with trio.fail_after(TIMEOUT):
         async with open_harness(
-            tmp_path, replies=[{"text": "ok"}],
+            tmp_path,
+            replies=[{"text": "ok"}],
             profiles={"general": with_tools(["filesystem"], planning_first_message=False)},
-        ) as h:  # fmt: skip
+        ) as h:
             ann = await h.user("ann", "admin")
             await h.turn("s1", "hi", cwd=repo, user_id=ann, user_role="admin")
             system = system_of(h.chat_requests[0])
@@ -154,9 +157,12 @@ async def test_every_cut_is_marked_and_the_nearest_file_keeps_its_room(
     (repo / "AGENTS.md").write_text("ROOT-AGENTS " + "r" * 500 + "\n")
     with trio.fail_after(TIMEOUT):
         async with open_harness(
-            tmp_path, replies=[{"text": "ok"}], profiles=profile(),
-            instructions_file_max_bytes=300, instructions_total_max_bytes=400,
-        ) as h:  # fmt: skip
+            tmp_path,
+            replies=[{"text": "ok"}],
+            profiles=profile(),
+            instructions_file_max_bytes=300,
+            instructions_total_max_bytes=400,
+        ) as h:
             ann = await h.user("ann", "admin")
             await h.turn("s1", "hi", cwd=repo / "docs" / "api", user_id=ann, user_role="admin")
             system = system_of(h.chat_requests[0])

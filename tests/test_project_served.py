@@ -74,6 +74,7 @@ async def test_navi_run_navi_chat_and_the_context_frame_see_the_same_files(
                 url = daemon.url.rstrip("/")
                 done = await navi("run", "--url", url, "hi", env=env, cwd=cwd)
                 assert done.code == 0, done
+                doctor = await navi("doctor", "--cwd", str(cwd), "--json", env=env, cwd=tmp_path)
                 system = llm.chat_requests[-1]["body"]["messages"][0]["content"]
                 token = (Path(env["NAVI_DATA_DIR"]) / "local-token").read_text().strip()
                 async with connect_as(url, token) as client:
@@ -95,6 +96,10 @@ async def test_navi_run_navi_chat_and_the_context_frame_see_the_same_files(
         str(cwd / "AGENTS.md"),
     ]
     assert headers(system) == paths  # what `navi run`'s run was given
+    report = json.loads(doctor.out)["project"]
+    assert [(f["path"], f["size"]) for f in report["files"]] == [
+        (f["path"], f["size"]) for f in listing["files"]
+    ]
     assert "DOCS-CLAUDE" in system and "- api-style: " in system
 
 
@@ -176,8 +181,9 @@ async def test_a_skills_script_runs_in_the_sandbox_by_the_path_its_body_gives(
     with trio.fail_after(DEADLINE):
         async with open_harness(tmp_path, replies=replies, profiles=profiles) as h:
             ann = await h.user("ann", "admin")
-            frames = await h.turn("s1", "fill the form", cwd=repo / "docs" / "api",
-                                  user_id=ann, user_role="admin")  # fmt: skip
+            frames = await h.turn(
+                "s1", "fill the form", cwd=repo / "docs" / "api", user_id=ann, user_role="admin"
+            )
     body, ran = [f for f in frames if f["type"] == "tool_result"]
     assert str(script.parent.parent) in body["output"]  # the body names the folder
     assert ran["ok"] and "would fill ['form.pdf', 'values.json']" in ran["output"], ran

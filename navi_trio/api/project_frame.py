@@ -44,9 +44,13 @@ async def handle_context(host: ContextHost, rid: RequestId, cmd: Context) -> Non
         await host._owned(cmd.session_id)
     rt, user = host.rt, host.user
     check = CwdCheck(
-        user_id=user.id, role=user.role, session_id=cmd.session_id,
-        settings=rt.settings, config=rt.config, store=rt.store,
-    )  # fmt: skip
+        user_id=user.id,
+        role=user.role,
+        session_id=cmd.session_id,
+        settings=rt.settings,
+        config=rt.config,
+        store=rt.store,
+    )
     session_dir = None if cmd.session_id is None else rt.settings.session_dir(cmd.session_id)
     root = None if cmd.cwd is None else await check.open(cmd.cwd)
     try:

@@ -40,9 +40,13 @@ async def project_report(settings: Settings, cwd: Path) -> dict[str, Any]:
     check = None
     if source is not None:
         check = CwdCheck(
-            user_id="local", role="admin", session_id=None, settings=settings,
-            config=source, store=_NoSessions(),
-        )  # fmt: skip
+            user_id="local",
+            role="admin",
+            session_id=None,
+            settings=settings,
+            config=source,
+            store=_NoSessions(),
+        )
     try:
         root = await trio.to_thread.run_sync(Root.open, real_path(cwd), CWD)
     except RootChangedError as exc:
