@@ -1,7 +1,7 @@
 // The project files the session's runs get (a `context` request): the instruction files
 // with their sizes, the skills, and what was skipped with why, in a small panel opened
-// by the top bar's "Context" button. The page's messages carry no cwd, so this is what
-// its runs are given: the files of navi's own folders, and of the session's folder.
+// by the top bar's "Context" button. Asked for the folder the page's messages carry
+// (`state.cwd`, when one is picked); with none, a run gets navi's own folders' files.
 
 import { el } from "./dom.js";
 import { $, request, state } from "./page.js";
@@ -22,6 +22,7 @@ export function installContext() {
     if (!panel.hidden) { panel.hidden = true; return; }
     const frame = { type: "context" };
     if (state.sid) frame.session_id = state.sid;
+    if (state.cwd) frame.cwd = state.cwd; // the folder the messages work in, when picked
     request(frame, { kind: "context" });
   });
 }
