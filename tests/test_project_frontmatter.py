@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from navi_trio.project.frontmatter import FrontMatterError, split
+from navi_trio.project.skill_tool import SkillTool
 from navi_trio.project.skills import check
 
 FIXTURE = Path(__file__).parent / "fixtures" / "project"
@@ -87,3 +88,9 @@ def test_a_bad_skill_is_refused_with_the_reason(folder: str, text: str, why: str
 def test_a_good_skill_gives_its_name_description_and_body() -> None:
     data = b"---\nname: a-1\ndescription: Does\n  a thing.\n---\n\nThe body.\n"
     assert check("a-1", data, len(data)) == ("a-1", "Does a thing.", "The body.")
+
+
+def test_the_skill_tool_points_to_its_manual() -> None:
+    manual = SkillTool.description.rsplit("`manual:", 1)[1].split("`")[0]
+    assert SkillTool.description.endswith("with the filesystem tool.")
+    assert (FIXTURE.parents[2] / "manuals" / f"{manual}.md").is_file(), manual

@@ -21,6 +21,7 @@ from kvfake import make_ctx
 
 from navi_trio.errors import ToolInputError
 from navi_trio.project import skill_tool
+from navi_trio.project.skill_tool import SkillTool
 from navi_trio.settings import Settings
 from navi_trio.tools import (
     code_exec,
@@ -74,7 +75,13 @@ def declared() -> dict[str, Any]:
 
 
 def all_tools() -> dict[str, Any]:
-    tools: list[Any] = [*builtin_tools(Settings()), SpawnAgentTool(), TasksTool(), PeerTool]
+    tools: list[Any] = [
+        *builtin_tools(Settings()),
+        SpawnAgentTool(),
+        TasksTool(),
+        PeerTool,
+        SkillTool(),
+    ]
     return {t.name: t for t in tools}
 
 

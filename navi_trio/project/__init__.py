@@ -2,8 +2,9 @@
 
 Instruction files (``AGENTS.md``, ``CLAUDE.md``) and skills (``NAME/SKILL.md``), found
 in the run's cwd and the folders above it up to the repository root, and in navi's own
-folders; read through the same held roots as the filesystem tool. Below core/, beside
-tools/: the turn builds its system message from them, the `skill` tool reads them.
+folders; read through the same held roots as the filesystem tool. A layer between
+tools/ (which it uses: the walk beneath held roots) and core/ (whose turn builds its
+system message from it); the `skill` tool lives here, and the runtime registers it.
 """
 
 from navi_trio.project.files import Chain as Chain

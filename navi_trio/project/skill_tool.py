@@ -20,7 +20,7 @@ import trio
 
 from navi_trio.errors import RootChangedError, ToolInputError
 from navi_trio.project.files import NotReadable, Reader
-from navi_trio.project.skills import Skill, body_text, decode
+from navi_trio.project.skills import Skill, Skills, body_text, decode
 from navi_trio.tools._beneath import Beneath
 from navi_trio.tools.args import arg, parse, schema
 from navi_trio.tools.base import ToolContext, ToolResult, cap_text
@@ -49,7 +49,7 @@ class SkillTool:
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
             parsed = parse(SkillArgs, args)
-            found = ctx.skills.found if ctx.skills is not None else ()
+            found = ctx.skills.found if isinstance(ctx.skills, Skills) else ()
             skill = next((s for s in found if s.name == parsed.name), None)
             if skill is None:
                 names = ", ".join(s.name for s in found) or "none"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import attrs
 
@@ -22,9 +22,6 @@ from navi_trio.tools.roots import RunRoots
 from navi_trio.tools.runas import session_owner
 from navi_trio.tools.sandbox import SandboxSpec
 from navi_trio.tools.services import ToolServices
-
-if TYPE_CHECKING:
-    from navi_trio.project import Skills
 
 
 class KVStore(Protocol):
@@ -77,8 +74,9 @@ class ToolContext:
     # The run's roots, held open since its start (tools/roots.py): the session folder
     # and the cwd. None only for a tool driven alone: each call then opens its own.
     held: RunRoots | None = None
-    # The skills the run found at its start (navi_trio/project/), for the `skill` tool.
-    skills: Skills | None = None
+    # The skills the run found at its start, for the `skill` tool: a `Skills` of
+    # navi_trio/project/, the layer above this one, which the tools do not import.
+    skills: object | None = None
 
     def roots(self) -> tuple[Path, ...]:
         """Folders file tools may touch: the session folder, then the run's cwd."""

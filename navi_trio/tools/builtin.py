@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from navi_trio.project.skill_tool import SkillTool
 from navi_trio.settings import Settings
 from navi_trio.tools.base import Tool
 from navi_trio.tools.code_exec import CodeExecTool
@@ -25,5 +24,4 @@ def builtin_tools(settings: Settings) -> list[Tool]:
         MemoryTool(),
         SwitchProfileTool(),
         SshExecTool(settings),
-        SkillTool(),
     ]
