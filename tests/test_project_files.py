@@ -296,3 +296,31 @@ async def test_the_skill_tool_reads_no_file_outside_its_folder(tmp_path: Path, r
     assert "'/etc/passwd' is not inside the skill's folder" in results[2]
     names = "release-notes, pdf-forms, user-notes"
     assert f"no skill named 'no-such-skill'; skills: {names}" in results[3]
+
+
+async def test_a_skill_linked_in_from_the_project_is_found_and_one_linked_out_is_named(
+    tmp_path: Path, repo: Path
+) -> None:
+    shared = repo / "shared" / "lint-rules"
+    shared.mkdir(parents=True)
+    (shared / "SKILL.md").write_text(
+        "---\nname: lint-rules\ndescription: The project's lint rules.\n---\nLINT-BODY\n"
+    )
+    (repo / ".claude" / "skills" / "lint-rules").symlink_to("../../shared/lint-rules")
+    (tmp_path / "evil").mkdir()
+    (tmp_path / "evil" / "SKILL.md").write_text("---\nname: evil\ndescription: x\n---\n")
+    (repo / ".claude" / "skills" / "evil").symlink_to(tmp_path / "evil")
+    replies = [skill_call(name="lint-rules"), {"text": "done"}]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=replies, profiles=profile()) as h:
+            ann = await h.user("ann", "admin")
+            frames = await h.turn("s1", "hi", cwd=repo, user_id=ann, user_role="admin")
+            bodies = h.chat_requests
+    listed = system_of(bodies[0])
+    assert "- lint-rules: The project's lint rules." in listed
+    assert "- evil" not in listed
+    (result,) = [m["content"] for m in bodies[-1]["messages"] if m["role"] == "tool"]
+    assert "LINT-BODY" in result and str(shared) in result  # its real folder
+    notices = [f["message"] for f in of_type(frames, "warning") if f.get("code") == SKIPPED_CODE]
+    evil = f"{repo / '.claude' / 'skills' / 'evil'}: a symlink to {tmp_path / 'evil'}, outside"
+    assert any(n.startswith(evil) for n in notices), notices

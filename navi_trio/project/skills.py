@@ -142,7 +142,7 @@ def find_skills(
             if os.path.lexists(folder):
                 skipped.append(Skipped(folder, outside))
             continue
-        for skill_dir in _entries(fs, folder, skipped):
+        for entry, skill_dir in _entries(fs, folder, skipped):
             path = skill_dir / SKILL_FILE
             try:
                 got = reader.read(fs, path, SKILL_MAX_BYTES)
@@ -153,7 +153,7 @@ def find_skills(
                 continue  # a folder that is no skill
             data, size = got
             try:
-                name, description, body = check(skill_dir.name, data, size)
+                name, description, body = check(entry, data, size)
             except ValueError as exc:
                 skipped.append(Skipped(path, f"skipped: {exc}"))
                 continue
@@ -173,21 +173,34 @@ def find_skills(
     return Skills(tuple(found), tuple(skipped))
 
 
-def _entries(fs: Beneath, folder: Path, skipped: list[Skipped]) -> list[Path]:
-    """The real paths of `folder`'s sub-folders, sorted; [] when it does not exist."""
+def _entries(fs: Beneath, folder: Path, skipped: list[Skipped]) -> list[tuple[str, Path]]:
+    """(name, real path) of `folder`'s sub-folders, sorted, a symlink to a folder inside
+    the roots included (a skill linked in from elsewhere in the project); [] when it
+    does not exist. A link leading out is skipped, named."""
     try:
         top = fs.folder(folder)
         with closing(fs.walk(top, recursive=False)) as walk:
-            for _, _, folders, _ in walk:
-                return [top.path / e.name for e in folders][: SKILLS_MAX * 4]
-    except (FileNotFoundError, NotADirectoryError):
+            _, _, folders, others = next(walk)
+    except (FileNotFoundError, NotADirectoryError, StopIteration):
         return []
     except OutsideError as exc:
         why = f"a symlink to {exc.target}, outside the folders this run may read; not read"
         skipped.append(Skipped(folder, why))
+        return []
     except (PrivateError, TooManyLinksError, SpecialFileError, OSError, RootChangedError) as exc:
         skipped.append(Skipped(folder, f"cannot be listed ({type(exc).__name__}); not read"))
-    return []
+        return []
+    found = [(e.name, top.path / e.name) for e in folders]
+    links = [e for e in others if e.is_symlink()][: SKILLS_MAX * 4]
+    for link in links:
+        try:
+            found.append((link.name, fs.folder(top.path / link.name).path))
+        except OutsideError as exc:
+            why = f"a symlink to {exc.target}, outside the folders this run may read; not read"
+            skipped.append(Skipped(top.path / link.name, why))
+        except (PrivateError, TooManyLinksError, SpecialFileError, OSError, RootChangedError):
+            continue  # a link to a file, or to nothing: no skill
+    return sorted(found)[: SKILLS_MAX * 4]
 
 
 def body_text(skill: Skill, cap: int) -> str:
