@@ -47,6 +47,7 @@ from navi_trio.llm.base import LLMBackend, SupervisedBackend
 from navi_trio.llm.factory import make_backend, make_client
 from navi_trio.notices import UserNotices
 from navi_trio.profiles import BUILTIN_TOOL_NAMES, ConfigSource
+from navi_trio.project.skill_tool import SkillTool
 from navi_trio.settings import Settings
 from navi_trio.store.base import ClusterBus, SessionStore
 from navi_trio.store.factory import open_store
@@ -113,7 +114,13 @@ def freeze_start_up_objects() -> None:
 
 
 def default_tools(settings: Settings) -> list[Tool]:
-    return [*builtin_tools(settings), TasksTool(), SpawnAgentTool(), PeerTool(WsPeerLink())]
+    return [
+        *builtin_tools(settings),
+        TasksTool(),
+        SpawnAgentTool(),
+        PeerTool(WsPeerLink()),
+        SkillTool(),
+    ]
 
 
 @asynccontextmanager

@@ -263,6 +263,14 @@ class Settings:
     tool_output_max_chars: int = attrs.field(
         default=20000, metadata=_env("NAVI_TOOL_OUTPUT_MAX_CHARS")
     )
+    # Instruction files (AGENTS.md, CLAUDE.md: navi_trio/project/): bytes of each one and of
+    # all of them together that reach the system message; what is past a cap is cut, marked.
+    instructions_file_max_bytes: int = attrs.field(
+        default=32 << 10, metadata=_env("NAVI_INSTRUCTIONS_FILE_MAX_BYTES")
+    )
+    instructions_total_max_bytes: int = attrs.field(
+        default=32 << 10, metadata=_env("NAVI_INSTRUCTIONS_TOTAL_MAX_BYTES")
+    )
     # `filesystem edit` reads the whole file to replace in it: never more than this.
     file_edit_max_bytes: int = attrs.field(
         default=16 << 20, metadata=_env("NAVI_FILE_EDIT_MAX_BYTES")

@@ -39,9 +39,10 @@ SCHEDULE = "schedule"  # add / list / remove / pause / resume
 CLIENT_TOOLS = "client_tools"  # the tools this connection runs for a session
 CLIENT_TOOL_RESULT = "client_tool_result"  # its answer to a client_tool_call
 USAGE = "usage"  # what the runs spent (the accounts): asked, and its reply
+CONTEXT = "context"  # the project files (instruction files, skills) in effect for a cwd
 CLIENT_TYPES = (HELLO, MESSAGE, STOP, COMPACT, SUBSCRIBE, UNSUBSCRIBE, TASKS, SESSIONS,
                 APPROVE, DENY, CHECKPOINTS, REWIND, FORK, SCHEDULE, CLIENT_TOOLS,
-                CLIENT_TOOL_RESULT, FOLDERS, CHANGES, USAGE)  # fmt: skip
+                CLIENT_TOOL_RESULT, FOLDERS, CHANGES, USAGE, CONTEXT)  # fmt: skip
 CLIENT_TOOL_CALL = "client_tool_call"  # daemon -> the client that declared the tool
 
 # Daemon -> client, besides a session's events (whose types are the AgentEvents').
@@ -83,6 +84,7 @@ REPLY_TYPES = frozenset(
         SCHEDULES,
         SCHEDULE_RUN,
         USAGE,
+        CONTEXT,
     }
 )
 
@@ -240,6 +242,16 @@ def history(session_id: str, cursor: str | None = None, limit: int | None = None
         frame["cursor"] = cursor
     if limit is not None:
         frame["limit"] = limit
+    return frame
+
+
+def context(cwd: str | None, session_id: str | None) -> Frame:
+    """Ask which project files a run in `cwd` (of `session_id`) would be given."""
+    frame: Frame = {"type": CONTEXT}
+    if cwd is not None:
+        frame["cwd"] = cwd
+    if session_id is not None:
+        frame["session_id"] = session_id
     return frame
 
 

@@ -62,6 +62,19 @@ def tmp_path(tmp_path: Path) -> Iterator[Path]:
         os.umask(mask)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def own_config_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """An empty config home for the whole run: a developer's own ~/.config/navi
+    (AGENTS.md, skills, commands) never reaches what the tests' runs are sent."""
+    before = os.environ.get("XDG_CONFIG_HOME")
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config-home"))
+    yield
+    if before is None:
+        os.environ.pop("XDG_CONFIG_HOME", None)
+    else:
+        os.environ["XDG_CONFIG_HOME"] = before
+
+
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     """os.environ without any navi setting, plus a private DB and data dir."""

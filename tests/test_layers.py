@@ -22,15 +22,16 @@ RANKS: dict[str, int] = {name: 0 for name in VOCABULARY} | {
     "llm": 1,
     "store": 1,
     "tools": 2,
-    "core": 3,
-    "api": 4,
-    "client": 5,
-    "acp": 5,
-    "web": 5,  # the page's files (and the module that names them)
-    "runtime": 6,
-    "testing": 7,
-    "cli": 7,
-    "__main__": 8,
+    "project": 3,  # the project's files (instruction files, skills): read by the core
+    "core": 4,
+    "api": 5,
+    "client": 6,
+    "acp": 6,
+    "web": 6,  # the page's files (and the module that names them)
+    "runtime": 7,
+    "testing": 8,
+    "cli": 8,
+    "__main__": 9,
 }
 
 

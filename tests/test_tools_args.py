@@ -20,6 +20,8 @@ import trio
 from kvfake import make_ctx
 
 from navi_trio.errors import ToolInputError
+from navi_trio.project import skill_tool
+from navi_trio.project.skill_tool import SkillTool
 from navi_trio.settings import Settings
 from navi_trio.tools import (
     code_exec,
@@ -68,11 +70,18 @@ def declared() -> dict[str, Any]:
         "tasks": tasks.ACTIONS,
         "spawn_agent": spawn_agent.SpawnArgs,
         "peer": {"ask": peer.AskArgs},
+        "skill": skill_tool.SkillArgs,
     }
 
 
 def all_tools() -> dict[str, Any]:
-    tools: list[Any] = [*builtin_tools(Settings()), SpawnAgentTool(), TasksTool(), PeerTool]
+    tools: list[Any] = [
+        *builtin_tools(Settings()),
+        SpawnAgentTool(),
+        TasksTool(),
+        PeerTool,
+        SkillTool(),
+    ]
     return {t.name: t for t in tools}
 
 

@@ -152,6 +152,17 @@ class Approval:
 
 
 @attrs.frozen
+class Context:
+    """The project files in effect for a run in `cwd` of `session_id` (its session
+    folder; None: no session yet)."""
+
+    cwd: str | None = attrs.field(
+        default=None, validator=[check.at_most(check.PATH_MAX_CHARS), check.absolute]
+    )
+    session_id: str | None = attrs.field(default=None, validator=check.session_id)
+
+
+@attrs.frozen
 class Checkpoints:
     """A session's rewind points, checkpoints and branches."""
 
@@ -255,4 +266,5 @@ Command = (
     | Changes
     | Schedule
     | Usage
+    | Context
 )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Protocol
 
 import trio
@@ -24,6 +25,7 @@ from navi_trio.api.auth import User
 from navi_trio.api.checkpoint_frames import CheckpointCommands
 from navi_trio.api.frame_fields import HISTORY_LIMIT_MAX, cursor_position, history_cursor
 from navi_trio.api.message_command import SessionMessages
+from navi_trio.api.project_frame import handle_context
 from navi_trio.api.protocol import (
     Approval,
     Changes,
@@ -32,6 +34,7 @@ from navi_trio.api.protocol import (
     ClientTools,
     Command,
     Compact,
+    Context,
     Folders,
     Fork,
     Frame,
@@ -123,6 +126,7 @@ class Commands:
             ClientTools: self._client_tools,
             ClientToolResult: self._client_tool_result,
             Usage: self._usage,
+            Context: partial(handle_context, self),
         }[type(command)]
         try:
             await handler(rid, command)

@@ -40,6 +40,7 @@ from navi_trio.api.command_frames import ClientToolResult as ClientToolResult
 from navi_trio.api.command_frames import ClientTools as ClientTools
 from navi_trio.api.command_frames import Command as Command
 from navi_trio.api.command_frames import Compact as Compact
+from navi_trio.api.command_frames import Context as Context
 from navi_trio.api.command_frames import Folders as Folders
 from navi_trio.api.command_frames import Fork as Fork
 from navi_trio.api.command_frames import Hello as Hello
@@ -101,6 +102,7 @@ COMMANDS: dict[str, type[Any]] = {
     wire.FOLDERS: Folders,
     wire.CHANGES: Changes,
     wire.USAGE: Usage,
+    wire.CONTEXT: Context,
 }
 
 

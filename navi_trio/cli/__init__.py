@@ -123,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_endpoint_options(doctor)
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
     doctor.add_argument("--url", default=DEFAULT_URL, help="the daemon to look for")
+    doctor.add_argument(
+        "--cwd",
+        type=Path,
+        default=None,
+        help="the folder whose project files (AGENTS.md, skills) are listed (default: this one)",
+    )
 
     run = sub.add_parser(
         "run",
@@ -195,7 +201,9 @@ def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     settings = load_settings(args)
     configured = backend_configured(os.environ, given=llm_given(args))
-    report = trio.run(lambda: collect_doctor(settings, args.url, configured=configured))
+    report = trio.run(
+        lambda: collect_doctor(settings, args.url, configured=configured, cwd=args.cwd)
+    )
     if args.json:
         print(json.dumps(report, indent=None), file=out)
     else:

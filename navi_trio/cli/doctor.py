@@ -23,6 +23,8 @@ from navi_trio import __version__
 from navi_trio.api.peer_link import check_peer
 from navi_trio.api.remote import DEFAULT_URL, daemon_answers
 from navi_trio.cli.doctor_llm import server_context, window_warning
+from navi_trio.cli.doctor_project import project_report
+from navi_trio.client.context_view import context_lines
 from navi_trio.errors import ConfigError, NaviError
 from navi_trio.llm.factory import choose_backend
 from navi_trio.llm.local_check import check_local_model, local_model_info
@@ -105,8 +107,11 @@ async def collect_doctor(
     *,
     configured: bool = True,
     environ: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> dict[str, Any]:
     """Everything `navi doctor` reports, as one JSON-ready dict (``ok``: config and DB fine).
+
+    `cwd`: the folder whose project files are listed (None: the process's own).
 
     `configured`: whether the LLM was chosen (env or options); when not, the report says
     which backend would be chosen (Ollama if it answers, else the local model).
@@ -207,6 +212,8 @@ async def collect_doctor(
             "sandboxed mode will be refused"
         )
     report["mcp"] = await _mcp_servers(cfg, settings)
+    report["project"] = project = await project_report(settings, Path.cwd() if cwd is None else cwd)
+    report["warnings"] += [f"{s['path']}: {s['why']}" for s in project.get("skipped", ())]
     for server in report["mcp"]:
         if not server["ok"]:
             report["warnings"].append(
@@ -398,6 +405,11 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
     line("sandbox", ("OK: " if sb["ok"] else "UNAVAILABLE: ") + sb["reason"])
     who = r["tool_user"]
     line("tools as", who["error"] or who["user"] or "the daemon's own account (not root)")
+    project = r.get("project") or {}
+    if project.get("error"):
+        line("project", project["error"])
+    for i, text in enumerate(context_lines(project) if not project.get("error") else ()):
+        line("project" if i == 0 else "", text)
     dm = r["daemon"]
     line("daemon", f"{dm['url']}  " + ("answers" if dm["ok"] else "not running (`navi serve`)"))
     ready = dm.get("ready")

@@ -208,6 +208,12 @@ class ChatApp(FrameHandling):
             return
         await self._commands.run("rewind", "")
 
+    def run_cwd(self) -> str | None:
+        """The cwd our messages carry. The shell's folder goes along for an admin; an
+        ordinary user's cwd must lie in their workspace_roots, so theirs is sent only
+        when asked for (--cwd)."""
+        return self.options.cwd or (os.getcwd() if self._role == "admin" else None)
+
     def set_cwd(self, folder: str) -> None:
         """Where the next messages' tools work (a fork's copy of the files)."""
         self.options.cwd = folder
@@ -243,9 +249,7 @@ class ChatApp(FrameHandling):
             # Lines typed (or piped) before the daemon named the new session go to it,
             # not to a second new session.
             await self._created.wait()
-        # The shell's folder goes along for an admin; an ordinary user's cwd must lie in
-        # their workspace_roots, so theirs is sent only when asked for (--cwd).
-        cwd = self.options.cwd or (os.getcwd() if self._role == "admin" else None)
+        cwd = self.run_cwd()
         frame = wire.message(text, self.session_id, self.profile, cwd, self.mode, on_busy)
         frame["id"] = f"{MESSAGE_ID}{next(self._message_ids)}"
         self._unanswered[frame["id"]] = Unanswered(text, self.renderer.busy)

@@ -33,6 +33,7 @@ class Chat(Protocol):
     async def line(self, text: str, on_busy: str | None = None) -> None: ...
     def quit(self) -> None: ...
     def set_session(self, session_id: str | None) -> None: ...
+    def run_cwd(self) -> str | None: ...
 
 
 HELP = """\
@@ -51,6 +52,7 @@ running turn with it instead: the agent reads it before its next step.
   /fork [N] [files]  a new session from the history before N, with its files: move to it
   /tasks          list background tasks
   /usage          what this session spent: tokens, time, cost (no session yet: all yours)
+  /context        the project's instruction files and skills your runs get, with sizes
   /profile NAME   use profile NAME from your next message on (no NAME: show it)
   /sessions       list your sessions
   /resume ID      continue session ID (its history is replayed)
@@ -100,6 +102,7 @@ class SlashCommands:
             "interrupt": self.interrupt,
             "schedule": self.schedule,
             "schedules": self.schedules,
+            "context": self.context,
         }
 
     async def run(self, name: str, arg: str) -> None:
@@ -160,6 +163,9 @@ class SlashCommands:
         if self.app.session_id is None:
             self.app.renderer.status.profile = arg
         self.app.renderer.notice(f"profile {arg}: used from your next message")
+
+    async def context(self, arg: str) -> None:
+        await self.app.send(wire.context(self.app.run_cwd(), self.app.session_id))
 
     async def sessions(self, arg: str) -> None:
         await self.app.send(wire.sessions_list())

@@ -27,6 +27,7 @@ from rich.padding import Padding
 
 from navi_trio.client.cards import TOOL_TAIL_LINES as TOOL_TAIL_LINES
 from navi_trio.client.cards import Cards
+from navi_trio.client.context_view import context_lines
 from navi_trio.client.status import Status as Status
 from navi_trio.client.text import ARGS_MAX, RESULT_MAX, one_line
 from navi_trio.client.text import split_blocks as split_blocks
@@ -299,6 +300,11 @@ class Renderer:
         verdict = "[green]done[/]" if frame.get("completed") else "[red]did not finish[/]"
         tokens = frame.get("tokens", 0)
         self.put(f"[blue]↳ sub-agent[/] {verdict} [dim]({tokens} tokens)[/]", who)
+
+    def _on_context(self, frame: Frame, who: str) -> None:
+        """A reply to /context."""
+        for line in context_lines(frame):
+            self.put(escape(line))
 
     def _on_schedules(self, frame: Frame, who: str) -> None:
         """A reply to /schedule or /schedules."""

@@ -38,6 +38,7 @@ BUILTIN_TOOL_NAMES = frozenset(
         "tasks",
         "ssh_exec",
         "peer",
+        "skill",
     }
 )
 

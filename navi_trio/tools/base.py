@@ -74,6 +74,9 @@ class ToolContext:
     # The run's roots, held open since its start (tools/roots.py): the session folder
     # and the cwd. None only for a tool driven alone: each call then opens its own.
     held: RunRoots | None = None
+    # The skills the run found at its start, for the `skill` tool: a `Skills` of
+    # navi_trio/project/, the layer above this one, which the tools do not import.
+    skills: object | None = None
 
     def roots(self) -> tuple[Path, ...]:
         """Folders file tools may touch: the session folder, then the run's cwd."""

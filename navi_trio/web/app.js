@@ -15,6 +15,7 @@ import { sendMessage, setBusy, stopRun, updateStatus } from "./composer.js";
 import { onFolders } from "./folders.js";
 import { onChanges } from "./changes.js";
 import { onRewindReply } from "./rewind.js";
+import { installContext, onContext } from "./context.js";
 
 const TOKEN_KEY = "navi.token";
 
@@ -110,6 +111,7 @@ function onFrame(frame) {
     case "folders": return onFolders(frame, what);
     case "changes": return onChanges(frame, what);
     case "checkpoints": case "rewind": case "fork": return onRewindReply(frame, what);
+    case "context": return onContext(frame);
     case "task_update": return onTaskUpdate(frame);
     case "ok":
       if (Array.isArray(frame.approvals) && frame.session_id === state.sid) transcript.waiting(frame.approvals);
@@ -201,6 +203,7 @@ document.addEventListener("keydown", (event) => {
 });
 
 $("stop").addEventListener("click", stopRun);
+installContext();
 $("compact").addEventListener("click", () => {
   if (!state.sid) { showError("nothing to compact yet: this session has no messages"); return; }
   if (request(frames.compact(state.sid), { kind: "compact" }) !== null) transcript.notice("compacting…");

@@ -36,6 +36,7 @@ from .plan_text import parse_analysis as parse_analysis
 from .plan_text import parse_plan as parse_plan
 from .plan_text import review_sections as review_sections
 from .policy import effective_mode as effective_mode
+from .project_files import project_view as project_view
 from .session_state import message_id as message_id
 from .steering import SteerItem as SteerItem
 from .steering import busy_strategy as busy_strategy

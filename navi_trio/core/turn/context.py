@@ -4,7 +4,8 @@ Every LLM call receives, in order:
 
 1. the system message — persona + ``---`` + the profile's system prompt — built fresh,
    never stored, cached per (profile id, sub-agent or not) for the config it was built
-   from; when the profile runs tool calls in parallel, `PARALLEL_CALLS_NOTE` follows it
+   from; then the project's instruction files and skills (navi_trio/project/); when
+   the profile runs tool calls in parallel, `PARALLEL_CALLS_NOTE` follows it
    (batch only independent calls);
 2. the memory message ``## What I remember about the user`` when there are memories;
 3. the session context, with stored ``system`` messages stripped (the system prompt
@@ -179,8 +180,12 @@ class ContextBuilder:
         system_override: str | None = None,
         subagent: bool = False,
         views: ContextViews | None = None,
+        project: str = "",
     ) -> list[dict[str, Any]]:
         """The messages for one call; every dict is a new (shallow) copy.
+
+        `project`: the instruction files and skills of the run's folders, placed in the
+        system message after the profile's prompt.
 
         Inputs are never mutated; nested values (tool call lists) are shared with the
         input, so callers must not mutate them in the result either. With `views`, the
@@ -188,6 +193,8 @@ class ContextBuilder:
         the same (grown) list: callers must not mutate any dict of the result.
         """
         system = self.system_prompt(config, profile, subagent=subagent, override=system_override)
+        if project:
+            system = f"{system}{SEPARATOR}{project}" if system else project
         if self.parallel_calls(profile):
             system = f"{system}{SEPARATOR}{PARALLEL_CALLS_NOTE}" if system else PARALLEL_CALLS_NOTE
         built: list[dict[str, Any]] = [{"role": "system", "content": system}]

@@ -187,6 +187,7 @@ def make_tool_context(
         user_role=turn.user_role,
         headless=turn.headless,
         held=held,
+        skills=None if turn.project is None else turn.project.skills,
         sandbox=sandbox_for(
             turn.mode,
             session_dir,

@@ -23,6 +23,7 @@ from navi_trio.core.turn import planning
 from navi_trio.core.turn.llm_call import StreamedReply, chat_request, output_cap, stream_reply
 from navi_trio.core.turn.observe import LLMCallDone
 from navi_trio.core.turn.policy import denied_outright
+from navi_trio.core.turn.project_files import project_text, read_project
 from navi_trio.core.turn.steering import take_injections
 from navi_trio.core.turn.tool_executor import execute_batch, stopped_result, tool_message
 from navi_trio.core.turn.turn_state import Emit, LoopParts, Turn
@@ -213,6 +214,7 @@ class TurnRunner:
         t = self.turn
         counter, context = self.parts.counter, t.state.context
         t.runtime_tools = await self.parts.registry.prepare(t.profile, t.emit)
+        t.project = await read_project(self.parts, t)
         # Pre-turn compression, from the real context (not a stored count). While the
         # encoding still loads, a bound under the threshold settles it without waiting.
         if counter.loaded or self.parts.compressor(self.complete).over_threshold(
@@ -322,6 +324,7 @@ class TurnRunner:
             system_override=t.system_override,
             subagent=t.subagent,
             views=t.views,
+            project=project_text(t),
         )
 
     async def call_llm(self, built: list[dict[str, Any]]) -> StreamedReply:

@@ -25,6 +25,7 @@ from navi_trio.core.turn.tool_executor import ToolExecutor
 from navi_trio.events import AgentEvent, StreamEnd
 from navi_trio.llm.base import LLMBackend, ToolCall
 from navi_trio.profiles import AgentProfile, NaviConfig
+from navi_trio.project import ProjectView, Reader
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionStore
 from navi_trio.tools.base import ToolContext, ToolRegistry, ToolResult
@@ -93,6 +94,8 @@ class Turn:
     # at its start, closed at its end), or its parent's for a sub-agent. None: each tool
     # call opens its own (a run of no session).
     roots: RunRoots | None = None
+    # The instruction files and skills read at the turn's start (core/turn/project_files.py).
+    project: ProjectView | None = None
 
     @property
     def limit(self) -> int:
@@ -149,6 +152,8 @@ class LoopParts:
     config: LiveConfig
     tool_context: Callable[[Turn], ToolContext]
     observer: Observer = attrs.field(factory=NoObserver)
+    # The project files read so far, by stamp: a turn reads again only what changed.
+    project_files: Reader = attrs.field(factory=Reader)
 
     def compressor(self, complete: Complete) -> Compressor:
         return Compressor(self.settings, self.counter, complete, self.config.prompts_dir)

@@ -1,0 +1,113 @@
+"""A run's project files: which folders it may read them from, and reading them.
+
+The run's cwd is held already (core/turn/workspace.py). The folders above it, up to the
+repository root (navi_trio/project/files.py), are read only when the sender could have
+made each of them its cwd (the same `CwdCheck`: never ``/``, never navi's own data,
+within the role's `workspace_roots`); each is then held like a cwd for the read and
+closed after it. A file in a folder that fails the check is not read, and the run's
+notices (a `WarningEvent` ``project_file_skipped``) say so, as for a symlink leading out
+of the folders or navi's own data.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import trio
+
+from navi_trio.core.turn.turn_state import LoopParts, Turn
+from navi_trio.core.turn.workspace import SETTING, CwdCheck
+from navi_trio.errors import RequestError, RootChangedError
+from navi_trio.events import WarningEvent
+from navi_trio.project import Places, ProjectView, Reader, folder_chain, gather, user_folder
+from navi_trio.settings import Settings
+from navi_trio.tools.private import private_paths, real_path
+from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import run_as
+
+SKIPPED_CODE = "project_file_skipped"
+
+
+def outside_why(role: str) -> str:
+    return (
+        f"outside the folders this run may read (its cwd, and the folders above it that "
+        f"a {role} may work in: {SETTING} in config.json); not read"
+    )
+
+
+async def project_view(
+    settings: Settings,
+    reader: Reader,
+    *,
+    cwd: Root | None,
+    check: CwdCheck | None,
+    session_dir: Path | None = None,
+) -> ProjectView:
+    """The instruction files and skills for a run in the held `cwd` (None: the run has
+    none, only navi's own folders count), the folders above it held when `check`
+    passes them."""
+    chain = None
+    parents: list[Root] = []
+    try:
+        if cwd is not None:
+            home = await trio.to_thread.run_sync(real_path, Path.home())
+            chain = await trio.to_thread.run_sync(folder_chain, cwd.path, home)
+            for folder in chain.folders[:-1]:
+                if check is None:
+                    break
+                try:
+                    parents.append(await check.open(str(folder), resolve=False))
+                except (RequestError, RootChangedError):
+                    continue  # not a folder the sender may read: its files are skipped
+        places = Places(
+            chain,
+            () if cwd is None else (cwd, *parents),
+            private_paths(settings, session_dir),
+            run_as(settings.tool_user),
+            user_folder(),
+            real_path(settings.config_path).parent,
+            outside_why("user" if check is None else check.role),
+        )
+        read = partial(
+            gather,
+            places,
+            reader,
+            file_max=settings.instructions_file_max_bytes,
+            total_max=settings.instructions_total_max_bytes,
+        )
+        return await trio.to_thread.run_sync(read)
+    finally:
+        for root in parents:
+            root.close()
+
+
+async def read_project(parts: LoopParts, turn: Turn) -> ProjectView:
+    """The project files of `turn`'s folders; what was skipped goes to its notices (a
+    sub-agent's are its parent's, already told)."""
+    roots = turn.roots
+    cwd = roots.cwd if roots is not None and roots.error is None else None
+    check = CwdCheck(
+        user_id=turn.user_id,
+        role=turn.user_role,
+        session_id=turn.todo_session(),
+        settings=parts.settings,
+        config=parts.config.source,
+        store=parts.store,
+    )
+    session_dir = parts.settings.session_dir(turn.todo_session())
+    view = await project_view(
+        parts.settings, parts.project_files, cwd=cwd, check=check, session_dir=session_dir
+    )
+    if not turn.subagent:
+        for skipped in view.skipped:
+            turn.emit(WarningEvent(message=skipped.line(), code=SKIPPED_CODE))
+    return view
+
+
+def project_text(turn: Turn) -> str:
+    """The system message's part for `turn`: its instruction files, and the skills'
+    list when it has the `skill` tool."""
+    if turn.project is None:
+        return ""
+    return turn.project.system_text(with_skills="skill" in turn.tool_names())
