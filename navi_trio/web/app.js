@@ -16,6 +16,7 @@ import { onFolders } from "./folders.js";
 import { onChanges } from "./changes.js";
 import { onRewindReply } from "./rewind.js";
 import { installContext, onContext } from "./context.js";
+import { installUsage, onUsage } from "./usage.js";
 
 const TOKEN_KEY = "navi.token";
 
@@ -112,6 +113,7 @@ function onFrame(frame) {
     case "changes": return onChanges(frame, what);
     case "checkpoints": case "rewind": case "fork": return onRewindReply(frame, what);
     case "context": return onContext(frame);
+    case "usage": return onUsage(frame, what);
     case "task_update": return onTaskUpdate(frame);
     case "ok":
       if (Array.isArray(frame.approvals) && frame.session_id === state.sid) transcript.waiting(frame.approvals);
@@ -204,6 +206,7 @@ document.addEventListener("keydown", (event) => {
 
 $("stop").addEventListener("click", stopRun);
 installContext();
+installUsage();
 $("compact").addEventListener("click", () => {
   if (!state.sid) { showError("nothing to compact yet: this session has no messages"); return; }
   if (request(frames.compact(state.sid), { kind: "compact" }) !== null) transcript.notice("compacting…");
