@@ -36,6 +36,7 @@ FORK = "fork"
 SCHEDULE = "schedule"  # add / list / remove / pause / resume
 CLIENT_TOOLS = "client_tools"  # the tools this connection runs for a session
 CLIENT_TOOL_RESULT = "client_tool_result"  # its answer to a client_tool_call
+SIGNIN_CODE = "signin_code"  # a one-time code that signs the browser page in (and its reply)
 CLIENT_TYPES = (HELLO, MESSAGE, STOP, COMPACT, SUBSCRIBE, UNSUBSCRIBE, TASKS, SESSIONS,
                 APPROVE, DENY, CHECKPOINTS, REWIND, FORK, SCHEDULE, CLIENT_TOOLS,
                 CLIENT_TOOL_RESULT)  # fmt: skip

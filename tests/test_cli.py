@@ -243,6 +243,23 @@ async def test_run_prints_the_answer_and_a_new_session_id(
     assert piped.code == 0 and piped.out == ANSWER + "\n" and _session_of(piped) != session
 
 
+async def test_a_session_of_run_without_a_daemon_has_its_title_and_the_local_admin(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """What `navi run` makes in a process of its own is the folder's local admin's, with a
+    title, as a daemon of the folder lists it to the local token (not user "local")."""
+    async with fake_llm(tmp_path, [{"text": ANSWER}]) as url:
+        done = await navi("run", "--llm-url", url, "tidy the <b>notes</b>", env=env, cwd=tmp_path)
+    assert done.code == 0, done
+    token = (Path(env["NAVI_DATA_DIR"]) / "local-token").read_text().strip()
+    async with SQLiteStore.open(tmp_path / "navi.db") as store:
+        row = await store.get_session(_session_of(done))
+        admin = await store.get_user_by_token(token)
+    assert row is not None and admin is not None and admin["role"] == "admin"
+    assert row.title == "tidy the <b>notes</b>"
+    assert row.user_id == admin["id"] != "local"
+
+
 async def test_run_events_prints_wire_json_lines(env: dict[str, str], tmp_path: Path) -> None:
     async with fake_llm(tmp_path, [{"text": ANSWER}]) as url:
         done = await navi("run", "--events", "--llm-url", url, "hi", env=env, cwd=tmp_path)

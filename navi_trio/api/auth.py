@@ -165,6 +165,16 @@ async def ensure_local_token(store: SessionStore, data_dir: Path) -> Path:
     return path
 
 
+async def local_admin(store: SessionStore, data_dir: Path) -> User:
+    """This folder's local admin as a store user (made with its token file when missing):
+    whom a command that serves itself acts as, so that what it creates has the same
+    owner a daemon of the folder shows for the local token."""
+    await ensure_local_token(store, data_dir)
+    token = read_local_token(data_dir)
+    assert token is not None  # just written
+    return await authenticate(store, token)
+
+
 async def _own_admin(store: SessionStore, data_dir: Path) -> str | None:
     """The admin user this folder's ``local-user`` names, if it still exists."""
     try:

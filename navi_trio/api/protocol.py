@@ -45,6 +45,7 @@ from navi_trio.api.command_frames import Rewind as Rewind
 from navi_trio.api.command_frames import Schedule as Schedule
 from navi_trio.api.command_frames import SendMessage as SendMessage
 from navi_trio.api.command_frames import Sessions as Sessions
+from navi_trio.api.command_frames import SigninCode as SigninCode
 from navi_trio.api.command_frames import Stop as Stop
 from navi_trio.api.command_frames import Subscribe as Subscribe
 from navi_trio.api.command_frames import Tasks as Tasks
@@ -95,6 +96,7 @@ COMMANDS: dict[str, type[Any]] = {
     wire.SCHEDULE: Schedule,
     wire.CLIENT_TOOLS: ClientTools,
     wire.CLIENT_TOOL_RESULT: ClientToolResult,
+    wire.SIGNIN_CODE: SigninCode,
 }
 
 
@@ -360,6 +362,8 @@ def welcome_frame(
     *,
     profiles: list[str] | None = None,
     default_profile: str | None = None,
+    default_modes: dict[str, str] | None = None,
+    token: str | None = None,
 ) -> Frame:
     frame: Frame = {
         "type": wire.WELCOME,
@@ -370,6 +374,10 @@ def welcome_frame(
     if profiles is not None:  # what a new session or a switch may name
         frame["profiles"] = profiles
         frame["default_profile"] = default_profile
+    if default_modes is not None:  # by profile: the mode a run gets when none is asked
+        frame["default_modes"] = default_modes
+    if token is not None:  # a hello with a sign-in code: the token it stood for
+        frame["token"] = token
     if llm_backend is not None:
         frame["llm_backend"] = llm_backend  # `navi chat --local` tells a mismatch
     return frame
