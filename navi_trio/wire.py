@@ -209,6 +209,11 @@ def sessions(action: str, session_id: str | None = None) -> Frame:
     return frame
 
 
+def signin_code() -> Frame:
+    """Ask for a one-time code that signs the browser page in as this connection's user."""
+    return {"type": SIGNIN_CODE}
+
+
 def sessions_list() -> Frame:
     return sessions("list")
 

@@ -16,10 +16,11 @@ export function sendMessage(text) {
   const profile = $("profile").value.trim() || null;
   const mode = $("mode").value || null;
   const queued = state.busy;
-  const id = request(frames.message(text, state.sid, profile, mode), { kind: "message", queued });
+  const what = { kind: "message", queued, text };
+  const id = request(frames.message(text, state.sid, profile, mode), what);
   if (id === null) return false;
   if (queued) state.queued.push(text); // the daemon queues it; its turn shows at its start
-  else transcript.user(text);
+  else what.turn = transcript.started(text); // taken away again if the daemon refuses it
   if (!state.sid) state.creating = id;
   setBusy(true);
   return true;
