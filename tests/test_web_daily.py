@@ -170,7 +170,7 @@ def test_icons_plan_and_approval_order(site: Site, tmp_path: Path) -> None:
         {"text": steps},
         {"tool_calls": [lines]},
         {"tool_calls": [touch]},
-        {"text": "Done. " + " ".join(f"w{i}" for i in range(400))},
+        {"text": "Done.\n\n" + "\n\n".join(f"w{i}" for i in range(400))},  # long: it scrolls
     )
     page = site.page()
     site.login(page)
@@ -207,7 +207,8 @@ def test_icons_plan_and_approval_order(site: Site, tmp_path: Path) -> None:
         " const out = document.querySelector('.tool .tool-out');"
         " t.scrollTop += out.getBoundingClientRect().top - t.getBoundingClientRect().top;"
         " const r = out.getBoundingClientRect();"
-        " const hit = document.elementFromPoint(r.left + 12, r.top + 6);"
+        " if (Math.abs(r.top - t.getBoundingClientRect().top) > 2) return 'not at the top';"
+        " const hit = document.elementFromPoint(r.left + 12, (r.top + r.bottom) / 2);"
         " return hit && hit.closest('.tool') ? '' : (hit ? hit.className : 'nothing'); })()"
     )
     assert covered == "", f"the tool output is covered by {covered!r}"
