@@ -181,6 +181,7 @@ def test_icons_plan_and_approval_order(site: Site, tmp_path: Path) -> None:
     card.wait_for()
     # The list names the new session by its first message while its run goes on.
     page.wait_for_selector(".session.current .session-name >> text=count, then touch")
+    page.wait_for_selector("#status-plan >> text=plan 0/2: Count")  # in sight, however far
     running = page.locator(".tool.running .tool-status")
     running.wait_for()
     assert running.locator("svg.icon-running").count() == 1

@@ -42,7 +42,7 @@ class Lane {
 export class Transcript {
   constructor(root, hooks) {
     this.root = root;
-    this.hooks = hooks; // answer(callId, approve, scope) -> bool, activity(text)
+    this.hooks = hooks; // answer(callId, approve, scope) -> bool, activity(text), plan(text)
     this.scheduled = false;
     this.timer = setInterval(() => this._tick(), 1000);
     this.wait = new Waiting((text) => this.hooks.activity(text));
@@ -58,6 +58,7 @@ export class Transcript {
     this.approvals = new Map(); // call id -> approval card
     this.plan = null;
     this.dirty = new Set();
+    this.hooks.plan("");
   }
 
   // -- plain lines -----------------------------------------------------------------
@@ -249,6 +250,10 @@ export class Transcript {
   _fillPlan(plan, steps) {
     const done = steps.filter((s) => s.status === "done").length;
     plan.head.replaceChildren(el("b", "", "Plan "), el("span", "muted", `${done}/${steps.length}`));
+    // The card scrolls with its turn (pinned, it covered tool output): the status bar
+    // keeps the progress in sight.
+    const now = steps.find((s) => s.status === "in_progress") || steps.find((s) => s.status !== "done");
+    this.hooks.plan(`plan ${done}/${steps.length}${now ? `: ${oneLine(String(now.text || "").replace(STEP_MARK, ""), 40)}` : ""}`);
     plan.list.replaceChildren(...steps.map((s) => {
       const status = String(s.status || "pending");
       const li = el("li", "step " + status.replace(/[^a-z_]/g, ""));
