@@ -165,14 +165,18 @@ async def ensure_local_token(store: SessionStore, data_dir: Path) -> Path:
     return path
 
 
-async def local_admin(store: SessionStore, data_dir: Path) -> User:
-    """This folder's local admin as a store user (made with its token file when missing):
-    whom a command that serves itself acts as, so that what it creates has the same
-    owner a daemon of the folder shows for the local token."""
-    await ensure_local_token(store, data_dir)
-    token = read_local_token(data_dir)
-    assert token is not None  # just written
-    return await authenticate(store, token)
+async def folder_admin(store: SessionStore, data_dir: Path) -> User | None:
+    """This folder's local admin as a store user, if a daemon of the folder made one (its
+    `local-user`, or the user of its token file); None when none was ever made. Reads
+    only: a command serving itself writes no token file."""
+    name = await _own_admin(store, data_dir)
+    row = await store.get_user_by_name(name) if name is not None else None
+    if row is None:
+        token = read_local_token(data_dir)
+        row = await store.get_user_by_token(token) if token else None
+    if row is None or row.get("role") != "admin":
+        return None
+    return User.from_row(row)
 
 
 async def _own_admin(store: SessionStore, data_dir: Path) -> str | None:

@@ -34,7 +34,7 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from navi_trio.api.auth import OneToken, ensure_local_token, local_admin
+from navi_trio.api.auth import OneToken, ensure_local_token, folder_admin
 from navi_trio.api.server import ApiServer
 from navi_trio.llm.base import LLMBackend
 from navi_trio.profiles import ConfigSource
@@ -112,9 +112,11 @@ async def serve_privately(
     closes the server, then the runtime (runs stopped and saved, jobs cancelled).
     """
     async with open_runtime(settings, config=config, backend=backend) as rt:
-        # The folder's local admin, not a user of no table: what this command creates is
-        # theirs, as a daemon of the folder then shows it.
-        tokens = OneToken(who=await local_admin(rt.store, settings.data_dir))
+        # The folder's local admin when a daemon of the folder made one: what this command
+        # creates is then theirs, as that daemon shows it to the local token; else the
+        # person at the shell as a user of no table (`LOCAL_USER`).
+        admin = await folder_admin(rt.store, settings.data_dir)
+        tokens = OneToken() if admin is None else OneToken(who=admin)
         async with trio.open_nursery() as nursery:
             server = ApiServer(rt, host="127.0.0.1", port=0, tokens=tokens)
             port = await nursery.start(server.run)
