@@ -286,6 +286,10 @@ def test_the_one_time_link_of_navi_web_signs_in_once(site: Site) -> None:
     assert "signin" not in page.url  # taken out of the address bar at once
     assert page.evaluate("sessionStorage.getItem('navi.token')") == site.daemon.admin_token()
     shot(page, "signed-in-by-link")
+    # A link opened in a tab already signed in is no session id: it only leaves the address.
+    page.evaluate("location.hash = '#signin=abc'")
+    page.wait_for_url(lambda url: "signin" not in url)
+    assert page.locator("#errors .line.error").count() == 0
     # The same link again: refused, with what to do.
     used = site.page(link)
     used.wait_for_selector("#login-error >> text=used or expired")

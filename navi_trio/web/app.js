@@ -220,6 +220,8 @@ $("banner-retry").addEventListener("click", () => state.wire && state.wire.retry
 $("toggle-sessions").addEventListener("click", () => document.body.classList.toggle("show-sessions"));
 $("toggle-tasks").addEventListener("click", () => document.body.classList.toggle("show-tasks"));
 window.addEventListener("hashchange", () => {
+  // A sign-in link opened in a tab already signed in: not a session id; out of the address.
+  if (location.hash.startsWith("#signin=")) { takeSigninCode(); return; }
   const sid = decodeURIComponent(location.hash.slice(1));
   if (sid && sid !== state.sid && state.wire && state.wire.ready) openSession(sid);
 });
