@@ -18,6 +18,8 @@ from api_ws import Daemon, open_daemon
 from trio_websocket import open_websocket_url
 
 from navi_trio.api.signin import CODE_TTL_SEC, CODES_MAX
+from navi_trio.cli.web import page_address
+from navi_trio.errors import UsageError
 
 TIMEOUT = 30
 
@@ -113,3 +115,11 @@ async def test_a_sign_in_code_expires_after_its_minute_and_few_wait(
             assert over["code"] == "limit" and f"{CODES_MAX} sign-in codes" in over["message"]
             real_rate_clock.jump(CODE_TTL_SEC)
             assert (await a.request({"type": "signin_code"}))["type"] == "signin_code"
+
+
+def test_the_page_address_navi_web_prints() -> None:
+    assert page_address("ws://127.0.0.1:8765/", "c0de") == "http://127.0.0.1:8765/#signin=c0de"
+    assert page_address("wss://box.lan:443", "c0de") == "https://box.lan:443/#signin=c0de"
+    for bad in ("http://127.0.0.1:8765/", "127.0.0.1:8765", "ws://"):
+        with pytest.raises(UsageError, match="ws:// or wss://"):
+            page_address(bad, "c0de")
