@@ -40,6 +40,7 @@ CLIENT_TOOLS = "client_tools"  # the tools this connection runs for a session
 CLIENT_TOOL_RESULT = "client_tool_result"  # its answer to a client_tool_call
 USAGE = "usage"  # what the runs spent (the accounts): asked, and its reply
 CONTEXT = "context"  # the project files (instruction files, skills) in effect for a cwd
+SIGNIN_CODE = "signin_code"  # a one-time code that signs the browser page in (and its reply)
 CLIENT_TYPES = (HELLO, MESSAGE, STOP, COMPACT, SUBSCRIBE, UNSUBSCRIBE, TASKS, SESSIONS,
                 APPROVE, DENY, CHECKPOINTS, REWIND, FORK, SCHEDULE, CLIENT_TOOLS,
                 CLIENT_TOOL_RESULT, FOLDERS, CHANGES, USAGE, CONTEXT)  # fmt: skip
@@ -228,6 +229,11 @@ def sessions(action: str, session_id: str | None = None) -> Frame:
     if session_id:
         frame["session_id"] = session_id
     return frame
+
+
+def signin_code() -> Frame:
+    """Ask for a one-time code that signs the browser page in as this connection's user."""
+    return {"type": SIGNIN_CODE}
 
 
 def sessions_list() -> Frame:

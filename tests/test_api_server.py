@@ -64,6 +64,9 @@ async def test_hello_message_streams_frames_and_session_is_owned(tmp_path: Path)
                     "user": {"name": "alice", "role": "user"}, "llm_backend": "ollama",
                     "profiles": sorted(d.harness.runtime.config.current.profiles),
                     "default_profile": d.harness.runtime.config.current.default_profile,
+                    "default_modes": dict.fromkeys(
+                        d.harness.runtime.config.current.profiles, "workspace"
+                    ),
                 }  # fmt: skip
                 assert "general" in welcome["profiles"]
                 sid = await _start_session(c)

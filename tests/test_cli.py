@@ -22,6 +22,7 @@ import attrs
 import pytest
 import trio
 
+from navi_trio.api.auth import ensure_local_token
 from navi_trio.cli import _describe, main
 from navi_trio.errors import ConfigError, LLMConnectionError
 from navi_trio.events import StreamEnd, TextDelta, event_from_dict
@@ -241,6 +242,32 @@ async def test_run_prints_the_answer_and_a_new_session_id(
     assert [(m["role"], m["content"]) for m in saved] == [("user", "hi"), ("assistant", ANSWER)]
     assert saved[0]["cwd"] == str(tmp_path)
     assert piped.code == 0 and piped.out == ANSWER + "\n" and _session_of(piped) != session
+
+
+async def test_a_session_of_run_without_a_daemon_is_the_folders_local_admins(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Once a daemon of the folder made its local admin, what `navi run` makes in a
+    process of its own is that admin's, with its title: a daemon lists it to the local
+    token as its own (not as user "local", of no table). Before, it stays "local", and
+    nothing is written to make an admin."""
+    data = Path(env["NAVI_DATA_DIR"])
+    async with fake_llm(tmp_path, [{"text": ANSWER}]) as url:
+        before = await navi("run", "--llm-url", url, "before any daemon", env=env, cwd=tmp_path)
+        async with SQLiteStore.open(tmp_path / "navi.db") as store:
+            assert not (data / "local-token").exists()
+            await ensure_local_token(store, data)  # as `navi serve` does at its start
+        done = await navi("run", "--llm-url", url, "tidy the <b>notes</b>", env=env, cwd=tmp_path)
+    assert before.code == 0 and done.code == 0, (before, done)
+    token = (data / "local-token").read_text().strip()
+    async with SQLiteStore.open(tmp_path / "navi.db") as store:
+        first = await store.get_session(_session_of(before))
+        row = await store.get_session(_session_of(done))
+        admin = await store.get_user_by_token(token)
+    assert first is not None and first.user_id == "local" and first.title == "before any daemon"
+    assert row is not None and admin is not None and admin["role"] == "admin"
+    assert row.title == "tidy the <b>notes</b>"
+    assert row.user_id == admin["id"] != "local"
 
 
 async def test_run_events_prints_wire_json_lines(env: dict[str, str], tmp_path: Path) -> None:

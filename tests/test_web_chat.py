@@ -45,7 +45,7 @@ def test_login_then_a_streamed_markdown_answer_and_its_session(site: Site) -> No
     assert site.daemon.admin_token() not in page.url
     # Before any session exists, the profile box offers the daemon's profiles (welcome).
     page.wait_for_selector("#conn-state.up")
-    page.wait_for_selector("#profiles option[value='general']", state="attached")
+    page.wait_for_selector("#profile option[value='general']", state="attached")
     send(page, "show me some markdown")
     page.wait_for_selector(".lane.main .answer >> text=w5")
     streaming = answer_text(page)
@@ -107,7 +107,7 @@ def test_plan_ticks_tool_card_sub_agent_lane_and_a_background_task(site: Site) -
     )
     page = site.page()
     site.login(page)
-    page.fill("#profile", "planner")
+    page.select_option("#profile", "planner")
     send(page, "echo something, then ask a helper")
     plan = page.locator(".plan")
     page.wait_for_selector(".plan-head >> text=0/2")

@@ -166,8 +166,10 @@ def test_html_in_model_and_tool_text_is_shown_as_text_and_never_runs(site: Site)
         assert attack in text, attack
     assert "<img src=x" in page.locator(".tool-out").inner_text()  # the tool's output, as text
     assert "<img src=x" in page.locator(".user").inner_text()
-    made = "img, script, svg, iframe, a[href^='javascript'], [onerror], [onload]"
+    # The page's own icons are SVGs of class icon, each one path of ours (icons.js).
+    made = "img, script, svg:not(.icon), iframe, a[href^='javascript'], [onerror], [onload]"
     assert transcript.locator(made).count() == 0
+    assert transcript.locator("svg.icon *:not(path)").count() == 0
     assert page.locator("#session-list").locator(made).count() == 0
     assert page.evaluate("window.__pwned") is None
     assert site.dialogs == []

@@ -174,6 +174,19 @@ class Loop:
     def add_replies(self, *replies: dict[str, Any]) -> None:
         self.call(self.llm.add_replies, *replies)
 
+    def hold(self) -> None:
+        """From now on each chat request waits (the fake's gate) until `release`."""
+        self.call(lambda: setattr(self.llm, "gate", trio.Event()))
+
+    def release(self) -> None:
+        gate = self.llm.gate
+        assert gate is not None, "release without hold"
+        self.call(gate.set)
+
+    def held(self) -> int:
+        """How many chat requests wait at the gate."""
+        return int(self.call(lambda: self.llm.waiting))
+
     def chat_requests(self) -> int:
         return int(self.call(lambda: len(self.llm.chat_requests)))
 

@@ -165,6 +165,20 @@ async def ensure_local_token(store: SessionStore, data_dir: Path) -> Path:
     return path
 
 
+async def folder_admin(store: SessionStore, data_dir: Path) -> User | None:
+    """This folder's local admin as a store user, if a daemon of the folder made one (its
+    `local-user`, or the user of its token file); None when none was ever made. Reads
+    only: a command serving itself writes no token file."""
+    name = await _own_admin(store, data_dir)
+    row = await store.get_user_by_name(name) if name is not None else None
+    if row is None:
+        token = read_local_token(data_dir)
+        row = await store.get_user_by_token(token) if token else None
+    if row is None or row.get("role") != "admin":
+        return None
+    return User.from_row(row)
+
+
 async def _own_admin(store: SessionStore, data_dir: Path) -> str | None:
     """The admin user this folder's ``local-user`` names, if it still exists."""
     try:

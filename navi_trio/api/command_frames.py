@@ -18,10 +18,27 @@ import attrs
 from navi_trio.api import frame_fields as check
 from navi_trio.profiles import BudgetConfig
 
+SIGNIN_CODE_MAX = 64
+
 
 @attrs.frozen
 class Hello:
-    token: str = attrs.field(validator=[check.not_blank, check.at_most(1024)])
+    """The first frame: a token, or a one-time sign-in code (api/signin.py) that the
+    daemon exchanges for the token that asked for it."""
+
+    token: str | None = attrs.field(default=None, validator=check.at_most(1024))
+    code: str | None = attrs.field(default=None, validator=check.at_most(SIGNIN_CODE_MAX))
+
+    def __attrs_post_init__(self) -> None:
+        if (self.token is None) == (self.code is None):
+            raise ValueError("a hello carries a token or a sign-in code (one of the two)")
+        if not (self.token or self.code or "").strip():
+            raise ValueError("the hello's token must not be empty")
+
+
+@attrs.frozen
+class SigninCode:
+    """Ask for a one-time sign-in code for the browser page (``navi web``)."""
 
 
 @attrs.frozen
@@ -71,7 +88,7 @@ class Tasks:
 
 @attrs.frozen
 class Sessions:
-    action: Literal["list", "create", "delete", "history"]
+    action: Literal["list", "create", "delete", "history", "rename"]
     session_id: str | None = attrs.field(default=None, validator=check.session_id)
     profile: str | None = attrs.field(default=None, validator=check.name)
     # history: at most `limit` messages in the reply, from after `cursor` (a reply's
@@ -85,6 +102,10 @@ class Sessions:
     cwd: str | None = attrs.field(
         default=None,
         validator=[check.at_most(check.PATH_MAX_CHARS), check.absolute, check.create_only],
+    )
+    # rename: the session's new title (one line, cut as a first message's title is).
+    title: str | None = attrs.field(
+        default=None, validator=[check.at_most(check.TITLE_MAX_CHARS), check.rename_only]
     )
 
 
@@ -267,4 +288,5 @@ Command = (
     | Schedule
     | Usage
     | Context
+    | SigninCode
 )

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import trio
 
+from navi_trio import wire
 from navi_trio.api.auth import User
 from navi_trio.api.checkpoint_frames import CheckpointCommands
 from navi_trio.api.frame_fields import HISTORY_LIMIT_MAX, cursor_position, history_cursor
@@ -44,6 +45,7 @@ from navi_trio.api.protocol import (
     Schedule,
     SendMessage,
     Sessions,
+    SigninCode,
     Stop,
     Subscribe,
     Tasks,
@@ -70,6 +72,7 @@ from navi_trio.errors import (
 )
 from navi_trio.events import event_to_dict
 from navi_trio.store.base import SessionRow
+from navi_trio.text import title_from
 
 
 class ClientLink(Protocol):
@@ -80,6 +83,7 @@ class ClientLink(Protocol):
     def subscribe(self, actor: SessionActor, last_seq: int | None, epoch: str | None) -> None: ...
     def unsubscribe(self, session_id: str) -> bool: ...
     async def defer(self, rid: RequestId, work: Callable[[], Awaitable[None]]) -> None: ...
+    def signin_code(self) -> tuple[str, float]: ...
 
 
 log = logging.getLogger(__name__)
@@ -127,6 +131,7 @@ class Commands:
             ClientToolResult: self._client_tool_result,
             Usage: self._usage,
             Context: partial(handle_context, self),
+            SigninCode: self._signin_code,
         }[type(command)]
         try:
             await handler(rid, command)
@@ -329,6 +334,8 @@ class Commands:
             raise ProtocolError(f"sessions {cmd.action} needs a session_id")
         if cmd.action == "history":
             await self._history(rid, cmd.session_id, cmd.limit, cmd.cursor)
+        elif cmd.action == "rename":
+            await self._rename(rid, cmd.session_id, cmd.title)
         else:
             await self._delete(rid, cmd.session_id)
 
@@ -376,6 +383,21 @@ class Commands:
         )  # fmt: skip
         await self.conn.send(frame)
 
+    async def _rename(self, rid: RequestId, session_id: str, title: str | None) -> None:
+        """A new title for a session of the sender's (an admin: any): one line, cleaned
+        and cut as a first message's title is; an empty one is refused."""
+        if title is None:
+            raise ProtocolError("sessions rename needs a title")
+        await self._owned(session_id)
+        clean = title_from(title)
+        if not clean:
+            raise ProtocolError("field 'title' must not be empty")
+        await self.rt.store.update_session(session_id, title=clean)
+        log.info("session %s renamed by %s", session_id, self.user.name)
+        await self.conn.send(
+            reply(rid, "sessions", action="rename", session_id=session_id, title=clean)
+        )
+
     async def _delete(self, rid: RequestId, session_id: str) -> None:
         await self._owned(session_id)
         deleted = await self.rt.session_service.delete(
@@ -385,6 +407,12 @@ class Commands:
         await self.conn.send(
             reply(rid, "sessions", action="delete", session_id=session_id, deleted=deleted)
         )
+
+    async def _signin_code(self, rid: RequestId, _cmd: SigninCode) -> None:
+        """A one-time code that signs the browser page in as this connection's user."""
+        code, ttl = self.conn.signin_code()
+        log.info("a sign-in code was issued to %s", self.user.name)
+        await self.conn.send(reply(rid, wire.SIGNIN_CODE, code=code, expires_in_sec=ttl))
 
     # -- schedules ----------------------------------------------------------------------
 

@@ -55,7 +55,9 @@ from navi_trio.api.protocol import (
     parse_frame,
     welcome_frame,
 )
+from navi_trio.api.signin import SigninCodes
 from navi_trio.core.session import Follower, Lagged
+from navi_trio.core.turn import effective_mode
 from navi_trio.errors import (
     AuthError,
     LimitError,
@@ -78,6 +80,7 @@ class ConnectionHost(Protocol):
     runtime: DaemonCore
     tokens: Tokens  # whose a hello's token is
     metrics: DaemonMetrics | None  # `navi serve`'s (frames sent, lagged)
+    signin: SigninCodes  # the one-time codes a hello may say instead of a token
 
     async def connected(self, user: User) -> str | None: ...
     async def released(self, key: str | None) -> None: ...
@@ -113,6 +116,7 @@ class Connection:
         self.peer = peer
         self._on_hello = on_hello  # the server's: no longer a connection without a hello
         self.user: User | None = None
+        self._token: str | None = None  # the hello's (or the one its code stood for)
         self._outbox = Outbox(OUTBOX_SIZE, OUTBOX_MAX_BYTES, f"connection {peer}")
         self._nursery: trio.Nursery | None = None
         # session id -> (its follower, the pump's cancel scope)
@@ -125,7 +129,7 @@ class Connection:
 
     async def run(self) -> None:
         try:
-            user, token, seen = await self._hello()
+            user, token, seen, redeemed = await self._hello()
         except RequestError as exc:
             log.info("connection %s refused: %s", self.peer, exc)
             await self._close_with(error_frame_for(exc))
@@ -138,6 +142,7 @@ class Connection:
             return
         self._on_hello()
         self.user = user
+        self._token = token
         try:
             slot = await self.server.connected(user)
         except LimitError as exc:
@@ -159,6 +164,11 @@ class Connection:
                     user.name, user.role, rt.settings.llm_backend,
                     profiles=config.profiles_for(user.role),
                     default_profile=config.default_for(user.role),
+                    default_modes={
+                        p: effective_mode(config.profile(p).policy, user.role, None)
+                        for p in config.profiles_for(user.role)
+                    },
+                    token=token if redeemed else None,  # a code's page keeps it as pasted
                 )  # fmt: skip
                 await self.ws.send_message(encode(welcome))
                 await self._reader(commands)
@@ -178,10 +188,11 @@ class Connection:
             await self.server.released(slot)
             log.info("connection %s: user %s disconnected", self.peer, user.name)
 
-    async def _hello(self) -> tuple[User, str, int]:
-        """The user of the hello's token, the token, and the generation of the users'
-        watch read before the token was checked: a change committed after the check is
-        a later generation for `_watch_token`, never one it missed."""
+    async def _hello(self) -> tuple[User, str, int, bool]:
+        """The user of the hello's token, the token, the generation of the users'
+        watch read before the token was checked (a change committed after the check is
+        a later generation for `_watch_token`, never one it missed), and whether the
+        token came from a one-time sign-in code (api/signin.py)."""
         settings = self.server.runtime.settings
         with trio.move_on_after(settings.ws_hello_timeout_sec):
             message = await self.ws.get_message()
@@ -193,11 +204,15 @@ class Connection:
                 raise AuthError("the first frame must be a hello with a token", request_id=rid)
             seen = self.server.runtime.users.generation
             try:
-                user = await self.server.tokens.user(command.token)
+                token = command.token
+                if command.code is not None:
+                    token = self.server.signin.redeem(command.code)
+                assert token is not None  # a Hello holds one of the two
+                user = await self.server.tokens.user(token)
             except AuthError as exc:
                 exc.request_id = rid
                 raise
-            return user, command.token, seen
+            return user, token, seen, command.code is not None
         raise AuthError(f"no hello within {settings.ws_hello_timeout_sec:g} s")
 
     async def _watch_token(
@@ -231,6 +246,11 @@ class Connection:
                 await self.ws.aclose(code=1008, reason=str(frame.get("code", "")))
             except ConnectionClosed:
                 pass
+
+    def signin_code(self) -> tuple[str, float]:
+        """A one-time code for this connection's token, and for how many seconds it holds."""
+        assert self._token is not None  # commands run after the hello only
+        return self.server.signin.issue(self._token), self.server.signin.ttl
 
     # -- reader / writer ----------------------------------------------------------------
 

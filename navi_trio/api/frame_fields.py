@@ -27,6 +27,7 @@ PATH_MAX_CHARS = 4096
 SPEC_MAX_CHARS = 128  # a schedule's cron, every or at
 SCHEDULE_MESSAGE_MAX = 16_000  # a schedule's message (core/triggers/schedules.py MESSAGE_MAX_CHARS)
 HISTORY_LIMIT_MAX = 1000  # messages in one history reply (also the default)
+TITLE_MAX_CHARS = 200  # a title a client gives (stored cut to the title length)
 
 
 def _long_number(value: Any) -> str:
@@ -131,3 +132,8 @@ def history_only(inst: Any, attr: attrs.Attribute[Any], value: object) -> None:
 def create_only(inst: Any, attr: attrs.Attribute[Any], value: object) -> None:
     if value is not None and inst.action != "create":
         raise ValueError(f"field {attr.name!r} is for action 'create' only")
+
+
+def rename_only(inst: Any, attr: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and inst.action != "rename":
+        raise ValueError(f"field {attr.name!r} is for action 'rename' only")

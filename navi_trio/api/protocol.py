@@ -48,6 +48,7 @@ from navi_trio.api.command_frames import Rewind as Rewind
 from navi_trio.api.command_frames import Schedule as Schedule
 from navi_trio.api.command_frames import SendMessage as SendMessage
 from navi_trio.api.command_frames import Sessions as Sessions
+from navi_trio.api.command_frames import SigninCode as SigninCode
 from navi_trio.api.command_frames import Stop as Stop
 from navi_trio.api.command_frames import Subscribe as Subscribe
 from navi_trio.api.command_frames import Tasks as Tasks
@@ -103,6 +104,7 @@ COMMANDS: dict[str, type[Any]] = {
     wire.CHANGES: Changes,
     wire.USAGE: Usage,
     wire.CONTEXT: Context,
+    wire.SIGNIN_CODE: SigninCode,
 }
 
 
@@ -368,6 +370,8 @@ def welcome_frame(
     *,
     profiles: list[str] | None = None,
     default_profile: str | None = None,
+    default_modes: dict[str, str] | None = None,
+    token: str | None = None,
 ) -> Frame:
     frame: Frame = {
         "type": wire.WELCOME,
@@ -378,6 +382,10 @@ def welcome_frame(
     if profiles is not None:  # what a new session or a switch may name
         frame["profiles"] = profiles
         frame["default_profile"] = default_profile
+    if default_modes is not None:  # by profile: the mode a run gets when none is asked
+        frame["default_modes"] = default_modes
+    if token is not None:  # a hello with a sign-in code: the token it stood for
+        frame["token"] = token
     if llm_backend is not None:
         frame["llm_backend"] = llm_backend  # `navi chat --local` tells a mismatch
     return frame

@@ -47,6 +47,7 @@ from navi_trio.api import web
 from navi_trio.api.auth import StoreTokens, Tokens, User, WebAccess
 from navi_trio.api.connection import MESSAGE_TOO_BIG, Connection
 from navi_trio.api.limits import Pending
+from navi_trio.api.signin import SigninCodes
 from navi_trio.errors import LimitError
 from navi_trio.text import clip
 
@@ -81,6 +82,7 @@ class ApiServer:
         self.metrics = metrics
         # Whose a hello's token is: the store's users, unless told (a private server).
         self.tokens: Tokens = tokens if tokens is not None else StoreTokens(runtime.store)
+        self.signin = SigninCodes()  # one-time codes for the browser page (navi web)
         self.host = host
         self.port = port
         # One of `navi serve --workers N`: its own socket in the port's SO_REUSEPORT group.

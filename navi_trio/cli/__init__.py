@@ -185,6 +185,15 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--profile", metavar="P", help="profile for new messages")
     chat.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
     _add_local_options(chat)
+    web = sub.add_parser(
+        "web",
+        help="print the browser page's address with a one-time sign-in link",
+        description="Ask the running daemon for a one-time sign-in code and print the "
+        "page's address with it: opened within a minute it signs the browser in (once); "
+        "the token itself is never in the link.",
+    )
+    web.add_argument("--url", help=f"the daemon (default: {DEFAULT_URL})")
+    web.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
     add_rewind_parsers(sub, _add_endpoint_options)
     add_daemon_parsers(sub, _add_endpoint_options)
     add_mcp_parser(sub, _add_endpoint_options)
@@ -255,6 +264,13 @@ def cmd_chat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return chat(args, out, err)
 
 
+def cmd_web(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """`navi web` (cli/web.py)."""
+    from navi_trio.cli.web import cmd_web as web
+
+    return web(args, out, err)
+
+
 # ------------------------------------------------------------------------- main
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
@@ -264,6 +280,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
     "rewind": cmd_rewind,
     "fork": cmd_fork,
     "chat": cmd_chat,
+    "web": cmd_web,
     "mcp": cmd_mcp,
     "acp": cmd_acp,
     **DAEMON_COMMANDS,

@@ -34,7 +34,7 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from navi_trio.api.auth import OneToken, ensure_local_token
+from navi_trio.api.auth import OneToken, ensure_local_token, folder_admin
 from navi_trio.api.server import ApiServer
 from navi_trio.llm.base import LLMBackend
 from navi_trio.profiles import ConfigSource
@@ -116,8 +116,12 @@ async def serve_privately(
     browser page is refused by the Origin check as at any daemon. Leaving the block
     closes the server, then the runtime (runs stopped and saved, jobs cancelled).
     """
-    tokens = OneToken()
     async with open_runtime(settings, config=config, backend=backend) as rt:
+        # The folder's local admin when a daemon of the folder made one: what this command
+        # creates is then theirs, as that daemon shows it to the local token; else the
+        # person at the shell as a user of no table (`LOCAL_USER`).
+        admin = await folder_admin(rt.store, settings.data_dir)
+        tokens = OneToken() if admin is None else OneToken(who=admin)
         async with trio.open_nursery() as nursery:
             server = ApiServer(rt, host="127.0.0.1", port=0, tokens=tokens)
             port = await nursery.start(server.run)

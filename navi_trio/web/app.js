@@ -17,15 +17,16 @@ import { onChanges } from "./changes.js";
 import { onRewindReply } from "./rewind.js";
 import { installContext, onContext } from "./context.js";
 import { installUsage, onUsage } from "./usage.js";
-
-const TOKEN_KEY = "navi.token";
+import { renderChoices } from "./choices.js";
+import { forgetToken, keepToken, savedToken, takeSigninCode } from "./signin.js";
+import "./session_tools.js";
 
 // -- login ---------------------------------------------------------------------------
 
 function showLogin(message) {
   if (state.wire) state.wire.close();
   state.wire = null;
-  sessionStorage.removeItem(TOKEN_KEY);
+  forgetToken();
   $("app").hidden = true;
   $("banner").hidden = true;
   $("login").hidden = false;
@@ -33,11 +34,11 @@ function showLogin(message) {
   $("login-token").focus();
 }
 
-function start(token) {
+function start(token, code = null) {
   $("login").hidden = true;
   $("app").hidden = false;
   setConn("connecting…", "connecting");
-  state.wire = new Wire(token, { onWelcome, onFrame, onDown, onUnauthorized });
+  state.wire = new Wire(token, { onWelcome, onFrame, onDown, onUnauthorized }, code);
   state.wire.start();
 }
 
@@ -52,6 +53,9 @@ function onWelcome(welcome, again) {
   state.user = welcome.user || {};
   // The daemon's profiles (a user with no session yet can still pick one).
   state.profiles = Array.isArray(welcome.profiles) ? welcome.profiles.map(String) : [];
+  renderChoices(welcome);
+  // Signed in by a one-time link: the token it stood for, kept as a pasted one is.
+  if (typeof welcome.token === "string") keepToken(welcome.token, false);
   $("user-name").textContent = `${state.user.name || "?"} (${state.user.role || "?"})`;
   setConn("connected", "up");
   request(frames.sessionsList(), { kind: "list" });
@@ -97,12 +101,14 @@ function onFrame(frame) {
   if (frame.id !== undefined) state.pending.delete(frame.id);
   switch (frame.type) {
     case "session":
+      if (what && what.kind === "message") state.pending.set(frame.id, what); // its ok follows
       if (what && what.kind === "message" && state.creating === frame.id) adopt(String(frame.session_id));
       else if (what && what.kind === "create") openSession(String(frame.session_id));
       return;
     case "sessions":
       if (frame.action === "list") renderSessions(Array.isArray(frame.sessions) ? frame.sessions : []);
       else if (frame.action === "history") onHistoryPage(frame, what);
+      else if (frame.action === "rename") request(frames.sessionsList(), { kind: "list" });
       else if (frame.action === "delete") {
         if (frame.session_id === state.sid) showEmpty();
         request(frames.sessionsList(), { kind: "list" });
@@ -117,6 +123,11 @@ function onFrame(frame) {
     case "task_update": return onTaskUpdate(frame);
     case "ok":
       if (Array.isArray(frame.approvals) && frame.session_id === state.sid) transcript.waiting(frame.approvals);
+      // A new session's title is saved by the time its first message's ok comes: the
+      // list asked for at its creation had none yet.
+      if (what && what.kind === "message" && !state.sessions.some((s) => s.session_id === frame.session_id && s.title)) {
+        request(frames.sessionsList(), { kind: "list" });
+      }
       return;
     case "resync":
       if (frame.session_id !== state.sid) return;
@@ -160,6 +171,9 @@ function onRequestError(frame, what) {
   if (what && what.kind === "message") {
     if (what.queued) state.queued.pop();
     else setBusy(false); // the message did not start a run
+    // Not in the session: out of the transcript, and back in the box to edit and resend.
+    transcript.drop(what.turn);
+    if (!$("input").value.trim()) $("input").value = what.text || "";
     updateStatus();
   }
   transcript.error(frame);
@@ -173,7 +187,7 @@ $("login-form").addEventListener("submit", (event) => {
   const token = $("login-token").value.trim();
   $("login-token").value = "";
   if (!token) return;
-  sessionStorage.setItem(TOKEN_KEY, token);
+  keepToken(token, $("login-remember").checked);
   start(token);
 });
 
@@ -219,10 +233,14 @@ $("banner-retry").addEventListener("click", () => state.wire && state.wire.retry
 $("toggle-sessions").addEventListener("click", () => document.body.classList.toggle("show-sessions"));
 $("toggle-tasks").addEventListener("click", () => document.body.classList.toggle("show-tasks"));
 window.addEventListener("hashchange", () => {
+  // A sign-in link opened in a tab already signed in: not a session id; out of the address.
+  if (location.hash.startsWith("#signin=")) { takeSigninCode(); return; }
   const sid = decodeURIComponent(location.hash.slice(1));
   if (sid && sid !== state.sid && state.wire && state.wire.ready) openSession(sid);
 });
 
-const saved = sessionStorage.getItem(TOKEN_KEY);
-if (saved) start(saved);
+const code = takeSigninCode();
+const saved = savedToken();
+if (code) start(null, code);
+else if (saved) start(saved);
 else showLogin("");

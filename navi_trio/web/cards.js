@@ -4,6 +4,7 @@
 
 import { el, oneLine } from "./dom.js";
 import { editDiff } from "./diffview.js";
+import { icon, setIcon } from "./icons.js";
 
 const TAIL_LINES = 20; // lines of a tool's output shown on its card
 const TAIL_CHARS = 4000;
@@ -21,7 +22,8 @@ export class ToolCard {
     this.el = el("div", "tool running");
     this.started = performance.now();
     const head = el("div", "tool-head");
-    this.status = el("span", "tool-status", "⏳");
+    this.status = el("span", "tool-status");
+    setIcon(this.status, "running");
     this.dur = el("span", "tool-dur muted");
     head.append(this.status, " ", el("b", "tool-name", frame.name || "?"), " ", this.dur);
     this.el.append(head);
@@ -68,12 +70,12 @@ export class ToolCard {
     this.el.classList.remove("running");
     if (!frame) {
       this.el.classList.add("failed");
-      this.status.textContent = "■";
+      setIcon(this.status, "stopped");
       return;
     }
     const ok = Boolean(frame.ok);
     this.el.classList.add(ok ? "ok" : "failed");
-    this.status.textContent = ok ? "✔" : "✗";
+    setIcon(this.status, ok ? "ok" : "failed");
     const ms = Number.isFinite(frame.duration_ms) ? frame.duration_ms : null;
     if (ms !== null) this.dur.textContent = `${(ms / 1000).toFixed(1)}s`;
     const text = ok ? frame.output : (frame.error || frame.output);
@@ -141,8 +143,8 @@ export class ApprovalCard {
     this.el.classList.add(frame.approved ? "approved" : "denied");
     this.buttons.remove();
     this.left.textContent = "";
-    const how = frame.approved ? `✔ approved (${frame.scope || "once"}, by ${frame.by || "owner"})`
-      : `✗ denied (by ${frame.by || "owner"})`;
-    this.result.textContent = how;
+    const how = frame.approved ? `approved (${frame.scope || "once"}, by ${frame.by || "owner"})`
+      : `denied (by ${frame.by || "owner"})`;
+    this.result.replaceChildren(icon(frame.approved ? "ok" : "failed"), " ", how);
   }
 }

@@ -16,12 +16,13 @@ export function sendMessage(text) {
   const profile = $("profile").value.trim() || null;
   const mode = $("mode").value || null;
   const queued = state.busy;
+  const what = { kind: "message", queued, text };
   const frame = frames.message(text, state.sid, profile, mode);
   if (state.cwd) frame.cwd = state.cwd; // the folder picked (folders.js)
-  const id = request(frame, { kind: "message", queued });
+  const id = request(frame, what);
   if (id === null) return false;
   if (queued) state.queued.push(text); // the daemon queues it; its turn shows at its start
-  else transcript.user(text);
+  else what.turn = transcript.started(text); // taken away again if the daemon refuses it
   if (!state.sid) state.creating = id;
   setBusy(true);
   return true;

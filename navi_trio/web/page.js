@@ -35,6 +35,7 @@ export const transcript = new Transcript($("transcript"), {
     return send(frames.approval(approve, sid || state.sid, callId, scope));
   },
   activity(text) { $("status-activity").textContent = text; },
+  plan(text) { $("status-plan").textContent = text; }, // the plan's progress, always in sight
 });
 
 // -- the frame of mind ---------------------------------------------------------------

@@ -1,4 +1,4 @@
-// The sessions: the list on the left (open, delete, the profiles offered), opening one
+// The sessions: the list on the left (open, delete), opening one
 // (its history, then a subscribe from the history's seq), and following the one shown:
 // its frames are shown once each (seq and epoch); a message sent without a session
 // adopts the session the daemon made for it.
@@ -115,9 +115,7 @@ export function renderSessions(list) {
   state.sessions = list;
   const ul = $("session-list");
   ul.replaceChildren();
-  const profiles = new Set(state.profiles);
   for (const s of list) {
-    profiles.add(String(s.profile || ""));
     const li = el("li", "session");
     li.dataset.sid = s.session_id;
     const open = el("button", "session-open");
@@ -142,11 +140,6 @@ export function renderSessions(list) {
     ul.append(li);
   }
   if (!list.length) ul.append(el("li", "muted", "no sessions yet"));
-  $("profiles").replaceChildren(...[...profiles].filter(Boolean).sort().map((p) => {
-    const o = el("option");
-    o.value = p;
-    return o;
-  }));
   if (state.sid) $("session-title").textContent = titleOf(state.sid);
   markCurrent();
 }
@@ -197,7 +190,7 @@ export function onSessionFrame(frame) {
     transcript.frame(frame);
     if (frame.prompt_tokens > 0) state.contextTokens = frame.prompt_tokens;
     $("status-activity").textContent = "";
-    if (state.queued.length) transcript.user(state.queued.shift()); // its run starts now
+    if (state.queued.length) transcript.started(state.queued.shift()); // its run starts now
     else setBusy(false);
     request(frames.sessionsList(), { kind: "list" });
     updateStatus();

@@ -8,12 +8,15 @@
 // rendered once and kept; only the unfinished tail is redrawn.
 
 import { ApprovalCard, ToolCard } from "./cards.js";
+import { copyCode, copyMessage } from "./copy.js";
 import { el, errorText, oneLine } from "./dom.js";
+import { icon, setIcon } from "./icons.js";
 import { render, splitBlocks } from "./markdown.js";
+import { Waiting } from "./waiting.js";
 
 const SUMMARY_CHARS = 100;
 const STEP_MARK = /\s+—\s+(TOOL:\s*[\w.-]+|AGENT:\s*[\w.-]+|SELF)\s*$/;
-const TICKS = { done: "✔", in_progress: "▸", failed: "✗", pending: "☐" };
+const TICKS = { done: "ok", in_progress: "in_progress", failed: "failed", pending: "pending" };
 
 function words(text) {
   const m = String(text).match(/\S+/g);
@@ -32,19 +35,22 @@ class Lane {
     this.thinkingWords = 0;
     this.streamed = false;
     this.words = 0;
+    this.raw = ""; // the current answer's text as the model wrote it (copied as is)
   }
 }
 
 export class Transcript {
   constructor(root, hooks) {
     this.root = root;
-    this.hooks = hooks; // answer(callId, approve, scope) -> bool, activity(text)
+    this.hooks = hooks; // answer(callId, approve, scope) -> bool, activity(text), plan(text)
     this.scheduled = false;
     this.timer = setInterval(() => this._tick(), 1000);
+    this.wait = new Waiting((text) => this.hooks.activity(text));
     this.clear();
   }
 
   clear() {
+    this.wait.stop();
     this.root.replaceChildren();
     this.lanes = new Map(); // agent id -> Lane (sub-agents) ; null -> main lane of the turn
     this.main = null;
@@ -52,6 +58,7 @@ export class Transcript {
     this.approvals = new Map(); // call id -> approval card
     this.plan = null;
     this.dirty = new Set();
+    this.hooks.plan("");
   }
 
   // -- plain lines -----------------------------------------------------------------
@@ -70,12 +77,34 @@ export class Transcript {
     for (const old of this.root.querySelectorAll(".placeholder")) old.remove();
     if (this.main) this._close(this.main);
     const turn = el("div", "turn");
-    turn.append(el("div", "user", text));
+    const bubble = el("div", "user", text);
+    copyMessage(bubble, text);
+    turn.append(bubble);
     this.root.append(turn);
     this.main = new Lane(turn, "lane main");
     this.lanes.clear();
     this.plan = null;
     this._scroll();
+    return turn;
+  }
+
+  // A message of ours whose run starts now: its turn, and the wait for the model's first
+  // word. Returns the turn (`drop` takes it away again if the daemon refuses the message).
+  started(text) {
+    const turn = this.user(text);
+    this.wait.start(this.main.body);
+    this._scroll();
+    return turn;
+  }
+
+  // Take away the turn of a message the daemon refused: it is not in the session.
+  drop(turn) {
+    if (!turn || !turn.isConnected) return;
+    if (this.main && this.main.el.parentNode === turn) {
+      this.wait.stop();
+      this.main = null;
+    }
+    turn.remove();
   }
 
   line(text, cls = "notice", lane = null) {
@@ -111,7 +140,9 @@ export class Transcript {
 
   frame(frame) {
     const handler = this["_on_" + frame.type];
-    if (handler) handler.call(this, frame, this._lane(frame));
+    const lane = this._lane(frame);
+    if (handler) handler.call(this, frame, lane);
+    if (!frame.is_subagent) this.wait.frame(frame, lane.body);
   }
 
   _on_text_delta(frame, lane) {
@@ -122,9 +153,11 @@ export class Transcript {
       lane.tailEl = el("div", "tail");
       lane.answer.append(lane.done, lane.tailEl);
       lane.body.append(lane.answer);
+      lane.raw = "";
     }
     const text = String(frame.text ?? "");
     lane.tail += text;
+    lane.raw += text;
     lane.streamed = true;
     if (!frame.is_subagent) {
       lane.words += words(text);
@@ -162,13 +195,9 @@ export class Transcript {
 
   _on_stream_end(frame, lane) {
     this._close(lane);
-    if (!lane.streamed && frame.text) {
-      const a = el("div", "answer md");
-      a.append(render(String(frame.text)));
-      lane.body.append(a);
-    }
+    if (!lane.streamed && frame.text) this._answer(lane, String(frame.text));
     lane.streamed = false;
-    if (frame.stopped || frame.reason === "stopped") this.line("■ stopped", "stopped", lane);
+    if (frame.stopped || frame.reason === "stopped") this._stopped(lane);
     else if (frame.reason && !["complete", "error"].includes(frame.reason)) {
       this.line(`⚠ the run ended: ${frame.reason}`, "warning", lane);
     }
@@ -221,11 +250,17 @@ export class Transcript {
   _fillPlan(plan, steps) {
     const done = steps.filter((s) => s.status === "done").length;
     plan.head.replaceChildren(el("b", "", "Plan "), el("span", "muted", `${done}/${steps.length}`));
+    // The card scrolls with its turn (pinned, it covered tool output): the status bar
+    // keeps the progress in sight.
+    const now = steps.find((s) => s.status === "in_progress") || steps.find((s) => s.status !== "done");
+    this.hooks.plan(`plan ${done}/${steps.length}${now ? `: ${oneLine(String(now.text || "").replace(STEP_MARK, ""), 40)}` : ""}`);
     plan.list.replaceChildren(...steps.map((s) => {
       const status = String(s.status || "pending");
       const li = el("li", "step " + status.replace(/[^a-z_]/g, ""));
       li.dataset.status = status;
-      li.append(el("span", "tick", TICKS[status] || "☐"), " ",
+      const tick = el("span", "tick");
+      setIcon(tick, TICKS[status] || "pending", status);
+      li.append(tick, " ",
         el("span", "step-text", `${s.index ?? ""}. ${oneLine(String(s.text || "").replace(STEP_MARK, ""))}`));
       return li;
     }));
@@ -257,6 +292,10 @@ export class Transcript {
     this._close(lane);
     const card = new ApprovalCard(lane.body, frame, (approve, scope) =>
       this.hooks.answer(id, approve, scope, String(frame.session_id || "")));
+    // The call's card (started before it asked) goes below the question: its result
+    // then reads after the answer to it.
+    const tool = this.cards.get(id);
+    if (tool && tool.el.parentNode === card.el.parentNode) tool.el.before(card.el);
     this.approvals.set(id, card);
     this._scroll();
   }
@@ -265,8 +304,9 @@ export class Transcript {
     const card = this.approvals.get(String(frame.call_id));
     if (card) card.decided(frame);
     else {
-      const verb = frame.approved ? "✔ approved" : "✗ denied";
+      const verb = frame.approved ? "approved" : "denied";
       this.line(`${verb} (${frame.scope || "once"}, by ${frame.by || "owner"})`, "notice", lane);
+      lane.body.lastElementChild.prepend(icon(frame.approved ? "ok" : "failed"), " ");
     }
   }
 
@@ -321,12 +361,8 @@ export class Transcript {
           lane.body.append(d);
           continue;
         }
-        if (content.trim()) {
-          const a = el("div", "answer md");
-          a.append(render(content));
-          lane.body.append(a);
-        }
-        if (m.partial) lane.body.append(el("div", "line stopped", "■ stopped"));
+        if (content.trim()) this._answer(lane, content);
+        if (m.partial) this._stopped(lane);
         for (const call of m.tool_calls || []) {
           const fn = (call && call.function) || call || {};
           let args = fn.arguments;
@@ -367,6 +403,7 @@ export class Transcript {
     const [done, rest] = final ? [lane.tail, ""] : splitBlocks(lane.tail);
     if (done) {
       lane.done.append(render(done));
+      copyCode(lane.done);
       lane.tail = rest;
     }
     lane.tailEl.replaceChildren(render(lane.tail));
@@ -378,9 +415,25 @@ export class Transcript {
     if (lane.answer) {
       this._draw(lane, true);
       this.dirty.delete(lane);
+      copyMessage(lane.answer, lane.raw);
       lane.answer = null;
       lane.tail = "";
+      lane.raw = "";
     }
+  }
+
+  // A whole answer at once (not streamed): rendered, with its copy buttons.
+  _answer(lane, text) {
+    const a = el("div", "answer md");
+    a.append(render(text));
+    copyCode(a);
+    copyMessage(a, text);
+    lane.body.append(a);
+  }
+
+  _stopped(lane) {
+    this.line("stopped", "stopped", lane);
+    lane.body.lastElementChild.prepend(icon("stopped"), " ");
   }
 
   _scroll() {

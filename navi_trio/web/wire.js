@@ -11,9 +11,11 @@ const WELCOME_TIMEOUT = 10000;
 
 export class Wire {
   // handlers: onWelcome(welcome, again), onFrame(frame), onDown({attempt, retryIn, reason}),
-  // onUnauthorized(message)
-  constructor(token, handlers) {
+  // onUnauthorized(message). `code`: a one-time sign-in code said instead of the token;
+  // the welcome gives the token back, which the later hellos say.
+  constructor(token, handlers, code = null) {
     this.token = token;
+    this.code = code;
     this.h = handlers;
     this.ws = null;
     this.ready = false; // welcomed on the current socket
@@ -57,10 +59,11 @@ export class Wire {
     return true;
   }
 
-  // Send `frame` with a fresh id; returns the id (null when down).
+  // Send `frame` with a fresh id; returns the id (null when down). The id goes first: of
+  // a frame too large to read, the daemon looks for it in the first few KB only.
   request(frame) {
     const id = "w" + (++this.nextId);
-    return this.send({ ...frame, id }) ? id : null;
+    return this.send({ id, ...frame }) ? id : null;
   }
 
   _open() {
@@ -75,7 +78,7 @@ export class Wire {
     let welcomeTimer = null;
     let refused = false;
     ws.onopen = () => {
-      ws.send(JSON.stringify({ type: "hello", token: this.token }));
+      ws.send(JSON.stringify(this.code ? { type: "hello", code: this.code } : { type: "hello", token: this.token }));
       welcomeTimer = setTimeout(() => ws.close(4000, "no welcome"), WELCOME_TIMEOUT);
     };
     ws.onmessage = (event) => {
@@ -97,6 +100,7 @@ export class Wire {
         }
         if (frame.type === "welcome") {
           clearTimeout(welcomeTimer);
+          if (this.code && typeof frame.token === "string") { this.token = frame.token; this.code = null; }
           const again = this.welcomed;
           this.ready = true;
           this.welcomed = true;
@@ -156,6 +160,7 @@ export const frames = {
     return f;
   },
   sessionsDelete: (sid) => ({ type: "sessions", action: "delete", session_id: sid }),
+  sessionsRename: (sid, title) => ({ type: "sessions", action: "rename", session_id: sid, title }),
   history(sid, cursor) {
     const f = { type: "sessions", action: "history", session_id: sid };
     if (cursor) f.cursor = cursor; // the next_cursor of the page before
