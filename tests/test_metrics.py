@@ -125,6 +125,11 @@ async def test_each_metric_moves_with_what_the_daemon_does(tmp_path: Path) -> No
     assert after[("navi_stop_seconds_count", ())] == 1
     assert after[("navi_ws_frames_sent_total", ())] > during[("navi_ws_frames_sent_total", ())]
     assert after[("process_resident_memory_bytes", ())] > 0
+    # Every write of the run (its messages, its end) was timed to its commit.
+    assert (
+        after[("navi_store_write_seconds_count", ())]
+        > before[("navi_store_write_seconds_count", ())]
+    )
 
 
 async def test_metrics_need_an_admins_token_or_the_metrics_token(tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Seconds: an LLM call runs from well under a second to minutes (a local model's prefill).
 LLM_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 TOOL_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1, 5, 15, 60, 300, 1800)
+STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
 STOP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
 
 
@@ -89,6 +90,10 @@ class DaemonMetrics:
         self.frames_sent = Counter(
             "navi_ws_frames_sent", "WebSocket frames written to clients", registry=r
         )
+        self.store_write_seconds = Histogram(
+            "navi_store_write_seconds", "Store writes, from the call to the commit",
+            buckets=STORE_BUCKETS, registry=r,
+        )  # fmt: skip
         self.frames_lagged = Counter(
             "navi_ws_subscriptions_lagged",
             "Times a client fell too far behind a session and missed frames (lagged)",
@@ -135,7 +140,8 @@ class DaemonMetrics:
 
     def watch(self, core: DaemonCore, connections: Callable[[], int]) -> None:
         """Read the daemon's state from `core` (and the server's open connections) at
-        each scrape."""
+        each scrape, and time its store's writes."""
+        core.store.observe_writes(self.store_write_seconds.observe)
 
         def state() -> dict[str, float]:
             sessions, running, queued = core.sessions.counts()

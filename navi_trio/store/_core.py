@@ -122,9 +122,12 @@ class _Core(StoreMethods):
         if self._closed:
             raise StoreError(f"{op}: the store at {self.path} is closed")
         job: _Job[T] = _Job(op, fn, durable=durable)
+        started = trio.current_time()
         self._worker.submit(job)
         # Cancelled here? The job stays queued and still runs; only its answer is dropped.
         await job.done.wait()
+        if write and job.error is None:
+            self._wrote(started)
         if job.error is not None:
             if isinstance(job.error, StoreError):
                 raise job.error

@@ -21,6 +21,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
+import trio
+
 from navi_trio.errors import LimitError, StoreError
 from navi_trio.store._control_input import (
     check_adds,
@@ -74,6 +76,16 @@ class StoreMethods:
 
     sql: ClassVar[Engine]  # the engine's statements
     _last_now = 0.0
+    # Told how long each write took, from its call to its commit (the daemon's metrics).
+    _on_write: Callable[[float], None] | None = None
+
+    def observe_writes(self, seconds: Callable[[float], None] | None) -> None:
+        """Have `seconds` told each write's time from its call to its commit."""
+        self._on_write = seconds
+
+    def _wrote(self, started: float) -> None:
+        if self._on_write is not None:
+            self._on_write(trio.current_time() - started)
 
     def _now(self) -> float:
         # Strictly increasing, so "newest updated first" never depends on clock resolution.

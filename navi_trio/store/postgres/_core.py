@@ -147,9 +147,12 @@ class _Core(StoreMethods):
         if self._closed:
             raise StoreError(f"{op}: the store at {self.where} is closed")
         job: Job[T] = Job(op, fn, durable=durable, transaction=transaction)
+        started = trio.current_time()
         self._workers.submit(job)
         # Cancelled here? The job stays queued and still runs; only its answer is dropped.
         await job.done.wait()
+        if write and job.error is None:
+            self._wrote(started)
         if job.error is not None:
             error, said = failure(op, self.where, job.error)
             if said is not None:
