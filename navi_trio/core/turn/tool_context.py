@@ -13,16 +13,20 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import attrs
+import trio
 
 from navi_trio.core.turn import runvars
 from navi_trio.core.turn.budgets import Budget
 from navi_trio.core.turn.policy import sandbox_for
 from navi_trio.core.turn.subagent import run_ephemeral
 from navi_trio.core.turn.turn_state import LoopParts, Turn
-from navi_trio.errors import ToolInputError
+from navi_trio.errors import ConfigError, RootChangedError, ToolInputError
+from navi_trio.profiles import AgentProfile, NaviConfig
+from navi_trio.project import FileAgents, config_models, find_agents, narrowed
 from navi_trio.tools.base import ToolContext
 from navi_trio.tools.private import private_paths
 from navi_trio.tools.roots import RunRoots
+from navi_trio.tools.runas import run_as
 from navi_trio.tools.services import (
     ProcessService,
     Publish,
@@ -58,18 +62,23 @@ class Spawner:
         *,
         background: bool = False,
     ) -> SubagentOutcome:
-        refused = self.parts.config.current().refuse_profile(
-            self.user_role, request.profile_id or self.profile_id
-        )
+        cfg = self.parts.config.current()
+        wanted = request.profile_id or self.profile_id
+        file_profile = None
+        if wanted not in cfg.profiles:  # an agent kept as a file, or nothing known
+            file_profile = await self._file_agent(wanted, cfg)
+        # A file's agent is the spawner's own profile narrowed: the role may use that.
+        refused = cfg.refuse_profile(self.user_role, self.profile_id if file_profile else wanted)
         if refused is not None:
             raise ToolInputError(refused)
+        profile = file_profile or cfg.profile(wanted)
         budget = None
         if self.budget is not None:
-            profile = self.parts.config.current().profile(request.profile_id or self.profile_id)
             budget = self.budget.child(profile.budgets.subagent, background=background)
         return await run_ephemeral(
             self.parts,
-            attrs.evolve(request, profile_id=request.profile_id or self.profile_id),
+            attrs.evolve(request, profile_id=wanted),
+            profile=file_profile,
             parent_session_id=self.session_id,
             publish=publish,
             user_id=self.user_id,
@@ -79,6 +88,41 @@ class Spawner:
             budget=budget,
             roots=self.roots,
         )
+
+    async def _file_agent(self, name: str, cfg: NaviConfig) -> AgentProfile:
+        """The profile of the agent file named `name` in the run's cwd: the spawner's
+        profile narrowed (project/agents.py); else a ToolInputError listing the names
+        known and why files were skipped."""
+        settings = self.parts.settings
+        roots = self.roots
+        cwd = None if roots is None or roots.cwd is None else roots.cwd.path
+        found = FileAgents()
+        if roots is not None and cwd is not None:
+            private = private_paths(
+                settings, settings.session_dir(self.session_id) if self.session_id else None
+            )
+            models = config_models(cfg.profiles.values(), settings.default_model)
+
+            def read() -> FileAgents:
+                assert roots is not None and cwd is not None
+                who = run_as(settings.tool_user)
+                held = roots.all()
+                return find_agents(held, cwd, private, who, models=models, profiles=cfg.profiles)
+
+            try:
+                found = await trio.to_thread.run_sync(read)
+            except (RootChangedError, ConfigError) as exc:
+                found = FileAgents(problems=[str(exc)])
+        agent = found.agents.get(name)
+        if agent is None:
+            known = ", ".join([*sorted(cfg.profiles), *sorted(found.agents)])
+            skipped = "".join(f"\n- {p}" for p in found.problems)
+            raise ToolInputError(
+                f"unknown profile_id {name!r}; profiles: {known}"
+                + (f"\nagent files not used:{skipped}" if skipped else "")
+            )
+        profile, _ = narrowed(agent, cfg.profile(self.profile_id))
+        return profile
 
 
 @attrs.frozen
