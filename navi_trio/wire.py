@@ -36,9 +36,10 @@ FORK = "fork"
 SCHEDULE = "schedule"  # add / list / remove / pause / resume
 CLIENT_TOOLS = "client_tools"  # the tools this connection runs for a session
 CLIENT_TOOL_RESULT = "client_tool_result"  # its answer to a client_tool_call
+COMMANDS = "commands"  # the commands kept as files (navi_trio/command_text.py); its reply
 CLIENT_TYPES = (HELLO, MESSAGE, STOP, COMPACT, SUBSCRIBE, UNSUBSCRIBE, TASKS, SESSIONS,
                 APPROVE, DENY, CHECKPOINTS, REWIND, FORK, SCHEDULE, CLIENT_TOOLS,
-                CLIENT_TOOL_RESULT)  # fmt: skip
+                CLIENT_TOOL_RESULT, COMMANDS)  # fmt: skip
 CLIENT_TOOL_CALL = "client_tool_call"  # daemon -> the client that declared the tool
 
 # Daemon -> client, besides a session's events (whose types are the AgentEvents').
@@ -77,6 +78,7 @@ REPLY_TYPES = frozenset(
         FORK,
         SCHEDULES,
         SCHEDULE_RUN,
+        COMMANDS,
     }
 )
 
@@ -267,4 +269,14 @@ def schedule(action: str, **fields: object) -> Frame:
     (`schedule_id`). Fields left None are not sent."""
     frame: Frame = {"type": SCHEDULE, "action": action}
     frame.update({k: v for k, v in fields.items() if v is not None})
+    return frame
+
+
+def commands(cwd: str | None = None, session_id: str | None = None) -> Frame:
+    """Ask for the commands kept as files of a run in `cwd` (and the user's own)."""
+    frame: Frame = {"type": COMMANDS}
+    if cwd:
+        frame["cwd"] = cwd
+    if session_id:
+        frame["session_id"] = session_id
     return frame

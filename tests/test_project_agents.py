@@ -16,28 +16,19 @@ every test has an absolute time limit.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 from bg_tools import call, calls, of_type, profile, system_texts, tool_names
+from project_repo import repo
 
 from navi_trio.errors import ConfigError
 from navi_trio.project.agents import parse_agent
 from navi_trio.testing import open_harness
 
 TIMEOUT = 30
-FIXTURE = Path(__file__).parent / "fixtures" / "project-b"
-
-
-def repo(tmp_path: Path) -> Path:
-    """The fixture repository, copied: a folder with ``.git``."""
-    work = tmp_path / "repo"
-    shutil.copytree(FIXTURE, work, symlinks=True)
-    (work / ".git").mkdir()
-    return work
 
 
 def spawner(subagent: list[str], **flags: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import trio
 
 from navi_trio.api.auth import User
 from navi_trio.api.checkpoint_frames import CheckpointCommands
+from navi_trio.api.command_list import list_commands
 from navi_trio.api.frame_fields import HISTORY_LIMIT_MAX, cursor_position, history_cursor
 from navi_trio.api.message_command import SessionMessages
 from navi_trio.api.protocol import (
@@ -29,6 +30,7 @@ from navi_trio.api.protocol import (
     ClientToolResult,
     ClientTools,
     Command,
+    CommandList,
     Compact,
     Fork,
     Frame,
@@ -113,6 +115,7 @@ class Commands:
             Schedule: self._schedule,
             ClientTools: self._client_tools,
             ClientToolResult: self._client_tool_result,
+            CommandList: lambda rid, cmd: list_commands(self, rid, cmd),
         }[type(command)]
         try:
             await handler(rid, command)

@@ -13,3 +13,7 @@ from navi_trio.project.agents import FileAgents as FileAgents
 from navi_trio.project.agents import config_models as config_models
 from navi_trio.project.agents import find_agents as find_agents
 from navi_trio.project.agents import narrowed as narrowed
+from navi_trio.project.commands import FileCommand as FileCommand
+from navi_trio.project.commands import FileCommands as FileCommands
+from navi_trio.project.commands import find_commands as find_commands
+from navi_trio.project.commands import user_commands_folder as user_commands_folder

@@ -1,0 +1,129 @@
+"""Slash commands kept as files (``.navi/commands``, ``.claude/commands``, the user's
+``~/.config/navi/commands``): the daemon's ``commands`` request, and their expansion.
+
+- the daemon lists a folder's commands in Claude Code's format, with their description
+  and body, the user's own after them, and names each bad file with its key;
+- the folder is checked as a message's cwd is: one the sender may not work in lists
+  nothing (refused), another user's session is refused, a file linked out of the folder
+  is not read;
+- `$ARGUMENTS` is the rest of the line, `$1`… its words; a client's own command wins
+  over a file of the same name, with a notice.
+
+Rules: real WebSocket connections on 127.0.0.1 (port 0) to a runtime over a real SQLite
+file under tmp_path; the fixture repository tests/fixtures/project-b copied there; every
+test has an absolute time limit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+from api_ws import open_daemon
+from project_repo import repo
+
+from navi_trio.command_text import expand_command, usable
+
+TIMEOUT = 30
+
+
+@pytest.fixture
+def user_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The user's own commands folder, under a config home of the test's."""
+    home = tmp_path / "config-home"
+    folder = home / "navi" / "commands"
+    folder.mkdir(parents=True)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
+    return folder
+
+
+async def test_the_daemon_lists_a_folders_commands_and_the_users_own(
+    tmp_path: Path, user_folder: Path
+) -> None:
+    work = repo(tmp_path)
+    (user_folder / "standup.md").write_text("Write my standup notes for $ARGUMENTS.\n")
+    (user_folder / "review.md").write_text("The user's own review: taken by the project's.\n")
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path) as d, d.connect("root") as c:
+            answer = await c.request({"type": "commands", "cwd": str(work)})
+    assert answer["type"] == "commands", answer
+    listed = {x["name"]: x for x in answer["commands"]}
+    # .navi's first, then .claude's, then the user's; the daemon lists /help too (a
+    # client leaves out the names of its own commands).
+    assert list(listed) == ["help", "fix-issue", "review", "standup"]
+    review = listed["review"]
+    assert review["description"] == "Review the changes in a file"
+    assert review["argument_hint"] == "FILE"
+    assert review["body"] == "Review the code in $ARGUMENTS and list the problems you find."
+    assert review["source"] == "project"
+    assert listed["standup"]["source"] == "user"
+    # No front matter (Claude Code's plain form): its first line describes it.
+    assert listed["fix-issue"]["description"].startswith("Fix issue #$1")
+    notices = "\n".join(answer["notices"])
+    assert "bad-key.md: $.runs-as: unknown key" in notices
+    assert f"{user_folder / 'review.md'}: /review is taken by" in notices
+
+
+async def test_a_folder_the_sender_may_not_work_in_lists_no_commands(tmp_path: Path) -> None:
+    work = repo(tmp_path)
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path) as d, d.connect("alice") as c:
+            answer = await c.request({"type": "commands", "cwd": str(work)})
+    assert answer["type"] == "error", answer
+    assert answer["code"] == "forbidden"
+    assert "workspace_roots" in answer["message"]
+
+
+async def test_another_users_session_is_refused(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path) as d:
+            async with d.connect("bob") as c:
+                made = await c.request(
+                    {"type": "sessions", "action": "create", "session_id": "bob.one"}
+                )
+                assert made["type"] == "session", made
+            async with d.connect("alice") as c:
+                answer = await c.request({"type": "commands", "session_id": "bob.one"})
+    assert answer["type"] == "error"
+    assert answer["code"] == "forbidden", answer
+
+
+async def test_a_command_file_linked_out_of_the_folder_is_not_read(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.md"
+    secret.write_text("the secret body\n")
+    work = repo(tmp_path)
+    (work / ".claude" / "commands" / "leak.md").symlink_to(secret)
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path) as d, d.connect("root") as c:
+            answer = await c.request({"type": "commands", "cwd": str(work)})
+    assert "leak" not in {x["name"] for x in answer["commands"]}
+    assert "the secret body" not in str(answer)
+    assert any("leak.md: a symlink out of the folders" in n for n in answer["notices"])
+
+
+@pytest.mark.parametrize(
+    ("body", "arguments", "expanded"),
+    [
+        ("Review $ARGUMENTS now", "src/a.py  src/b.py", "Review src/a.py  src/b.py now"),
+        ("Fix #$1 with priority $2.", "123 high", "Fix #123 with priority high."),
+        ("Fix #$1 ($2)", "7", "Fix #7 ()"),
+        ("Say $ARGUMENTS", "", "Say "),
+        ("Plain body", "extra words", "Plain body\n\nARGUMENTS: extra words"),
+        ("Costs $10 and $ARGUMENTS", "x", "Costs $10 and x"),
+    ],
+)
+def test_arguments_replace_the_placeholders(body: str, arguments: str, expanded: str) -> None:
+    assert expand_command(body, arguments) == expanded
+
+
+def test_a_clients_own_command_wins_over_a_file_of_its_name() -> None:
+    listed = [
+        {"name": "help", "path": "/r/.navi/commands/help.md", "body": "x"},
+        {"name": "review", "path": "/r/.claude/commands/review.md", "body": "y"},
+    ]
+    kept, notices = usable(listed, {"help", "quit"})
+    assert list(kept) == ["review"]
+    assert notices == [
+        "/help of /r/.navi/commands/help.md is not offered: /help is a built-in command"
+    ]
