@@ -7,7 +7,9 @@
   nothing (refused), another user's session is refused, a file linked out of the folder
   is not read;
 - `$ARGUMENTS` is the rest of the line, `$1`… its words; a client's own command wins
-  over a file of the same name, with a notice.
+  over a file of the same name, with a notice;
+- `navi chat` (a `ChatApp` fed by a `QueueReader`, tests/test_client_app.py) offers
+  them in /help and sends one typed with its arguments as the expanded prompt.
 
 Rules: real WebSocket connections on 127.0.0.1 (port 0) to a runtime over a real SQLite
 file under tmp_path; the fixture repository tests/fixtures/project-b copied there; every
@@ -22,6 +24,7 @@ import pytest
 import trio
 from api_ws import open_daemon
 from project_repo import repo
+from test_control_chat import chatting
 
 from navi_trio.command_text import expand_command, usable
 
@@ -127,3 +130,31 @@ def test_a_clients_own_command_wins_over_a_file_of_its_name() -> None:
     assert notices == [
         "/help of /r/.navi/commands/help.md is not offered: /help is a built-in command"
     ]
+
+
+# --- navi chat -------------------------------------------------------------------------
+
+
+async def test_navi_chat_sends_a_file_command_with_its_arguments(tmp_path: Path) -> None:
+    work = repo(tmp_path)
+    general = {"general": {"planning_first_message": False}}
+    replies = [{"text": "reviewed"}, {"text": "fixed"}]
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, replies=replies, profiles=general) as d:
+            async with chatting(d, "root", cwd=str(work)) as chat:
+                # The daemon's /help is ours: the file of that name is left out, saying so.
+                await chat.screen.wait_for("/help is a built-in command")
+                await chat.screen.wait_for("$.runs-as: unknown key")
+                chat.reader.type("/help")
+                await chat.screen.wait_for("/review FILE  Review the changes in a file")
+                chat.reader.type("/review src/app.py")
+                await chat.screen.wait_for("reviewed")
+                chat.reader.type("/fix-issue 123 high")
+                await chat.screen.wait_for("fixed")
+            sent = [r["body"]["messages"] for r in d.harness.fake.chat_requests]  # type: ignore[union-attr]
+    asked = [m["content"] for m in sent[0] if m["role"] == "user"]
+    assert asked == ["Review the code in src/app.py and list the problems you find."]
+    asked = [m["content"] for m in sent[1] if m["role"] == "user"]
+    assert asked[-1] == (
+        "Fix issue #123 with priority high. Follow the coding standards of this repository."
+    )

@@ -23,7 +23,7 @@ import trio
 from navi_trio import wire
 from navi_trio.client.commands import ANSWERS, SlashCommands
 from navi_trio.client.connection import BACKOFF_FIRST, RETRIES, TOKEN_HINT, Connection
-from navi_trio.client.frames import FrameHandling, Unanswered
+from navi_trio.client.frames import COMMANDS_ID, FrameHandling, Unanswered
 from navi_trio.client.profile import ProfileAsk
 from navi_trio.client.reader import InputEvent, Reader
 from navi_trio.client.render import WAITING, Renderer
@@ -110,6 +110,7 @@ class ChatApp(FrameHandling):
                 async with trio.open_nursery() as nursery:
                     welcome = await nursery.start(self._conn.run)
                     self._welcome(welcome)
+                    await self.send({**wire.commands(self.cwd()), "id": COMMANDS_ID})
                     nursery.start_soon(self._frame_loop, recv)
                     nursery.start_soon(self._input_loop)
                     nursery.start_soon(self._signal_loop, sigint)
@@ -212,6 +213,12 @@ class ChatApp(FrameHandling):
         """Where the next messages' tools work (a fork's copy of the files)."""
         self.options.cwd = folder
 
+    def cwd(self) -> str | None:
+        """The cwd our messages carry: the shell's folder goes along for an admin; an
+        ordinary user's must lie in their workspace_roots, so theirs is sent only when
+        asked for (--cwd)."""
+        return self.options.cwd or (os.getcwd() if self._role == "admin" else None)
+
     def history_rewritten(self) -> None:
         """Our rewind rewrote the history: the resync's reload shows nothing again (the
         rewind's result said what changed), it only counts what is there now."""
@@ -223,30 +230,20 @@ class ChatApp(FrameHandling):
         if prefill is not None:
             prefill(text)
 
-    async def line(self, text: str, on_busy: str | None = None) -> None:
+    async def line(self, text: str, on_busy: str | None = None, *, literal: bool = False) -> None:
         """One line typed: an approval's answer, a slash command, or a message (sent with
-        `on_busy`: what it does when the session is running a turn; None: queued)."""
+        `on_busy`: what it does when the session is running a turn; None: queued).
+        `literal`: a message whatever it starts with (a command's expanded prompt)."""
         text = text.strip()
         if not text:
             return
-        if self.rewinds.confirming is not None and await self.rewinds.answer(text):
-            return
-        answer = ANSWERS.get(text.lower())
-        if answer is not None and self._approvals and on_busy is None:
-            await self._answer(*answer)
-            return
-        if text.startswith("/") and on_busy is None:
-            name, _, arg = text[1:].partition(" ")
-            await self._commands.run(name, arg.strip())
+        if not literal and await self._typed(text, on_busy):
             return
         if self._creating:
             # Lines typed (or piped) before the daemon named the new session go to it,
             # not to a second new session.
             await self._created.wait()
-        # The shell's folder goes along for an admin; an ordinary user's cwd must lie in
-        # their workspace_roots, so theirs is sent only when asked for (--cwd).
-        cwd = self.options.cwd or (os.getcwd() if self._role == "admin" else None)
-        frame = wire.message(text, self.session_id, self.profile, cwd, self.mode, on_busy)
+        frame = wire.message(text, self.session_id, self.profile, self.cwd(), self.mode, on_busy)
         frame["id"] = f"{MESSAGE_ID}{next(self._message_ids)}"
         self._unanswered[frame["id"]] = Unanswered(text, self.renderer.busy)
         while len(self._unanswered) > UNANSWERED_MAX:  # answers lost to a dropped connection
@@ -264,6 +261,21 @@ class ChatApp(FrameHandling):
         self.prefill(text)  # not sent: back on the prompt
         if self.session_id is None:
             self._creation_over()
+
+    async def _typed(self, text: str, on_busy: str | None) -> bool:
+        """A line that is an answer (a rewind's confirmation, an approval's) or a slash
+        command, done; False for a message."""
+        if self.rewinds.confirming is not None and await self.rewinds.answer(text):
+            return True
+        answer = ANSWERS.get(text.lower())
+        if answer is not None and self._approvals and on_busy is None:
+            await self._answer(*answer)
+            return True
+        if text.startswith("/") and on_busy is None:
+            name, _, arg = text[1:].partition(" ")
+            await self._commands.run(name, arg.strip())
+            return True
+        return False
 
     async def _answer(self, approve: bool, scope: str) -> None:
         """Answer the oldest waiting approval request of our session."""
