@@ -24,24 +24,47 @@ from typing import Any
 _PLACEHOLDER = re.compile(r"\$ARGUMENTS|\$([1-9])(?![0-9])")
 
 
+# An expanded prompt is a message: under the daemon's 1 MiB frame. A body repeating
+# $ARGUMENTS must not turn a long line into gigabytes before anything checks it.
+EXPANDED_MAX_CHARS = 900_000
+
+
+class CommandTooLongError(ValueError):
+    """The expanded prompt would be longer than `EXPANDED_MAX_CHARS`."""
+
+
 def expand_command(body: str, arguments: str) -> str:
-    """`body` with its placeholders replaced by `arguments` (see the module)."""
+    """`body` with its placeholders replaced by `arguments` (see the module);
+    `CommandTooLongError` when that would pass `EXPANDED_MAX_CHARS`."""
     arguments = arguments.strip()
     words = arguments.split()
     used = False
+    size = len(body)
 
     def replace(match: re.Match[str]) -> str:
-        nonlocal used
+        nonlocal used, size
         used = True
         if match.group(1) is None:
-            return arguments
-        index = int(match.group(1)) - 1
-        return words[index] if index < len(words) else ""
+            value = arguments
+        else:
+            index = int(match.group(1)) - 1
+            value = words[index] if index < len(words) else ""
+        size += len(value)
+        _bounded(size)
+        return value
 
     text = _PLACEHOLDER.sub(replace, body)
     if arguments and not used:
         text = f"{text}\n\nARGUMENTS: {arguments}"
+        _bounded(len(text))
     return text
+
+
+def _bounded(size: int) -> None:
+    if size > EXPANDED_MAX_CHARS:
+        raise CommandTooLongError(
+            f"the command's prompt with its arguments would be over {EXPANDED_MAX_CHARS} characters"
+        )
 
 
 def usable(

@@ -9,7 +9,9 @@
 - `$ARGUMENTS` is the rest of the line, `$1`… its words; a client's own command wins
   over a file of the same name, with a notice;
 - `navi chat` (a `ChatApp` fed by a `QueueReader`, tests/test_client_app.py) offers
-  them in /help and sends one typed with its arguments as the expanded prompt.
+  them in /help and sends one typed with its arguments as the expanded prompt;
+- `navi acp` (driven by the ACP SDK's client, tests/test_acp.py) offers them in
+  ``available_commands_update`` and runs one with its arguments.
 
 Rules: real WebSocket connections on 127.0.0.1 (port 0) to a runtime over a real SQLite
 file under tmp_path; the fixture repository tests/fixtures/project-b copied there; every
@@ -18,15 +20,26 @@ test has an absolute time limit.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 from api_ws import open_daemon
-from project_repo import repo
+from daemons import no_plan_config
+from project_repo import FIXTURE, repo
+from test_acp import DEADLINE as ACP_DEADLINE
+from test_acp import said, sdk_client
+from test_cli import fake_llm, messages
 from test_control_chat import chatting
 
-from navi_trio.command_text import expand_command, usable
+from navi_trio.command_text import (
+    EXPANDED_MAX_CHARS,
+    CommandTooLongError,
+    expand_command,
+    usable,
+)
 
 TIMEOUT = 30
 
@@ -120,6 +133,15 @@ def test_arguments_replace_the_placeholders(body: str, arguments: str, expanded:
     assert expand_command(body, arguments) == expanded
 
 
+def test_a_body_repeating_its_arguments_cannot_grow_past_the_bound() -> None:
+    body = "$ARGUMENTS " * 1000
+    with pytest.raises(CommandTooLongError, match="over 900000 characters"):
+        expand_command(body, "x" * 1000)
+    with pytest.raises(CommandTooLongError):
+        expand_command("plain", "x" * EXPANDED_MAX_CHARS)
+    assert len(expand_command(body, "x" * 800)) == 801_000
+
+
 def test_a_clients_own_command_wins_over_a_file_of_its_name() -> None:
     listed = [
         {"name": "help", "path": "/r/.navi/commands/help.md", "body": "x"},
@@ -158,3 +180,31 @@ async def test_navi_chat_sends_a_file_command_with_its_arguments(tmp_path: Path)
     assert asked[-1] == (
         "Fix issue #123 with priority high. Follow the coding standards of this repository."
     )
+
+
+# --- navi acp --------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # the ACP SDK's client, navi acp and the fake LLM: processes
+async def test_acp_offers_the_file_commands_and_runs_one_with_its_arguments(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    shutil.copytree(FIXTURE, work, symlinks=True)
+    env = {**env, "NAVI_CONFIG": str(no_plan_config(tmp_path))}
+    steps: list[dict[str, Any]] = [{"op": "new"}, {"op": "prompt", "text": "/review src/app.py"}]
+    async with fake_llm(tmp_path, [{"text": "reviewed"}]) as llm:
+        with trio.fail_after(ACP_DEADLINE):
+            _, new, review = await sdk_client(env, tmp_path, steps, llm=llm)
+    offered = {
+        c["name"]: c
+        for u in new["updates"] + review["updates"]
+        if u["sessionUpdate"] == "available_commands_update"
+        for c in u["availableCommands"]
+    }
+    assert {"compact", "rewind", "fork", "review", "fix-issue", "help"} <= set(offered)
+    assert offered["review"]["description"] == "Review the changes in a file"
+    assert offered["review"]["input"] == {"hint": "FILE"}
+    assert said(review) == "reviewed"
+    saved = await messages(tmp_path / "navi.db", new["result"]["sessionId"])
+    assert saved[0]["content"] == "Review the code in src/app.py and list the problems you find."

@@ -15,7 +15,7 @@ from typing import Protocol
 from navi_trio import wire
 from navi_trio.client.render import Renderer
 from navi_trio.client.rewind import RewindFlow
-from navi_trio.command_text import expand_command, usable
+from navi_trio.command_text import CommandTooLongError, expand_command, usable
 from navi_trio.wire import Frame
 
 
@@ -118,7 +118,12 @@ class SlashCommands:
         if kept is None:
             self.app.renderer.error(f"unknown command /{name}: type /help for the list")
             return
-        await self.app.line(expand_command(kept.get("body", ""), arg), literal=True)
+        try:
+            text = expand_command(kept.get("body", ""), arg)
+        except CommandTooLongError as exc:
+            self.app.renderer.error(f"/{name}: {exc}")
+            return
+        await self.app.line(text, literal=True)
 
     def listed(self, frame: Frame) -> None:
         """The daemon's list of the commands kept as files: offered from now on, but for
