@@ -118,17 +118,19 @@ async def test_a_command_file_linked_out_of_the_folder_is_not_read(tmp_path: Pat
     assert any("leak.md: a symlink out of the folders" in n for n in answer["notices"])
 
 
-@pytest.mark.parametrize(
-    ("body", "arguments", "expanded"),
-    [
-        ("Review $ARGUMENTS now", "src/a.py  src/b.py", "Review src/a.py  src/b.py now"),
-        ("Fix #$1 with priority $2.", "123 high", "Fix #123 with priority high."),
-        ("Fix #$1 ($2)", "7", "Fix #7 ()"),
-        ("Say $ARGUMENTS", "", "Say "),
-        ("Plain body", "extra words", "Plain body\n\nARGUMENTS: extra words"),
-        ("Costs $10 and $ARGUMENTS", "x", "Costs $10 and x"),
-    ],
-)
+# (body, what follows the name, the prompt sent): tests/test_web_slash.py holds the
+# page's twin of the rule to the same cases.
+EXPANSIONS = [
+    ("Review $ARGUMENTS now", "src/a.py  src/b.py", "Review src/a.py  src/b.py now"),
+    ("Fix #$1 with priority $2.", "123 high", "Fix #123 with priority high."),
+    ("Fix #$1 ($2)", "7", "Fix #7 ()"),
+    ("Say $ARGUMENTS", "", "Say "),
+    ("Plain body", "extra words", "Plain body\n\nARGUMENTS: extra words"),
+    ("Costs $10 and $ARGUMENTS", "x", "Costs $10 and x"),
+]
+
+
+@pytest.mark.parametrize(("body", "arguments", "expanded"), EXPANSIONS)
 def test_arguments_replace_the_placeholders(body: str, arguments: str, expanded: str) -> None:
     assert expand_command(body, arguments) == expanded
 

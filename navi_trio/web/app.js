@@ -12,6 +12,7 @@ import { $, request, showError, state, transcript } from "./page.js";
 import { adopt, closeSidebarOnPhone, onHistoryPage, onSessionFrame, openSession, pageRefused, renderSessions, resetSession, showEmpty } from "./sessions.js";
 import { onTaskUpdate, onTasks } from "./tasks.js";
 import { sendMessage, setBusy, stopRun, updateStatus } from "./composer.js";
+import { onCommands } from "./slash.js";
 
 const TOKEN_KEY = "navi.token";
 
@@ -104,6 +105,7 @@ function onFrame(frame) {
       }
       return;
     case "tasks": return onTasks(frame);
+    case "commands": return onCommands(frame, what);
     case "task_update": return onTaskUpdate(frame);
     case "ok":
       if (Array.isArray(frame.approvals) && frame.session_id === state.sid) transcript.waiting(frame.approvals);

@@ -170,10 +170,11 @@ export const frames = {
   approval(approve, sid, callId, scope) {
     return { type: approve ? "approve" : "deny", session_id: sid, call_id: callId, scope };
   },
+  commands: (sid) => (sid ? { type: "commands", session_id: sid } : { type: "commands" }),
 };
 
 // Frames that are replies or out of band: never part of a session's seq stream.
-const REPLY_TYPES = new Set(["welcome", "ok", "session", "sessions", "tasks", "resync", "lagged", "task_update"]);
+const REPLY_TYPES = new Set(["welcome", "ok", "session", "sessions", "tasks", "resync", "lagged", "task_update", "commands"]);
 
 export function isSessionFrame(frame) {
   return !REPLY_TYPES.has(frame.type) && Number.isInteger(frame.seq);
