@@ -9,7 +9,6 @@ tests/web_browser.py.
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 from project_repo import FIXTURE
 from test_project_commands import EXPANSIONS
-from web_browser import DEADLINE, Daemon, Loop, Site, browser, needs_browser, send
+from web_browser import Site, browser, needs_browser, running_site, send
 
 __all__ = ["browser"]  # fixtures
 pytestmark = [pytest.mark.slow, needs_browser]  # a browser, a daemon
@@ -26,26 +25,12 @@ pytestmark = [pytest.mark.slow, needs_browser]  # a browser, a daemon
 @pytest.fixture
 def site(tmp_path: Path, browser: Any) -> Iterator[Site]:
     """tests/web_browser.py's site, its daemon's user holding the fixture's commands."""
-    started = time.monotonic()
     home = tmp_path / "config-home"
     folder = home / "navi" / "commands"
     folder.parent.mkdir(parents=True)
     shutil.copytree(FIXTURE / ".claude" / "commands", folder)
     shutil.copy(FIXTURE / ".navi" / "commands" / "help.md", folder / "help.md")
-    loop = Loop().start()
-    daemon = Daemon(tmp_path, loop.llm.url)
-    daemon.env["XDG_CONFIG_HOME"] = str(home)
-    try:
-        daemon.start()
-        s = Site(loop, daemon, browser)
-        try:
-            yield s
-        finally:
-            s.close()
-    finally:
-        daemon.stop()
-        loop.stop()
-    assert time.monotonic() - started < DEADLINE
+    yield from running_site(tmp_path, browser, XDG_CONFIG_HOME=str(home))
 
 
 def test_the_page_lists_the_users_commands_and_sends_one_with_its_words(site: Site) -> None:
