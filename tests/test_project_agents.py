@@ -7,7 +7,9 @@ them, they run with their file's prompt, and never with more than their spawner 
   file lists;
 - a bad file (no name, an unknown key, a bad tools value, a model the config does not
   use) is named with its key in spawn_agent's refusal, and the others still work;
-- a file or folder that is a symlink out of the run's folders is not read.
+- a file or folder that is a symlink out of the run's folders is not read;
+- `navi profiles` lists config.json's profiles and the files', with where each came
+  from, and the files not used with why.
 
 Rules: real HTTP to the fake LLM on 127.0.0.1 through `open_harness`, a real SQLite
 file under tmp_path, the fixture repository tests/fixtures/project-b copied there;
@@ -16,6 +18,7 @@ every test has an absolute time limit.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +27,10 @@ import trio
 from bg_tools import call, calls, of_type, profile, system_texts, tool_names
 from project_repo import repo
 
+from navi_trio.cli import main
 from navi_trio.errors import ConfigError
 from navi_trio.project.agents import parse_agent
+from navi_trio.settings import default_config_path
 from navi_trio.testing import open_harness
 
 TIMEOUT = 30
@@ -135,3 +140,27 @@ def test_claude_code_tool_names_map_to_navis_and_its_own_are_dropped() -> None:
     assert agent.dropped == ("WebFetch",)
     with pytest.raises(ConfigError, match=r"\$\.tools: unknown tool 'rm_rf'"):
         parse_agent(text.replace("todo", "rm_rf"), Path("a.md"), models=set())
+
+
+def test_navi_profiles_lists_the_configs_and_the_files_with_where_each_came_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    work = repo(tmp_path)
+    config = default_config_path()
+    assert main(["profiles", "--config", str(config), "--cwd", str(work), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    sources = {p["id"]: p["source"] for p in report["profiles"]}
+    assert sources["general"] == str(config)
+    assert sources["code-reviewer"] == str(work / ".claude" / "agents" / "code-reviewer.md")
+    assert sources["note-taker"] == str(work / ".navi" / "agents" / "note-taker.md")
+    (reviewer,) = [p for p in report["profiles"] if p["id"] == "code-reviewer"]
+    assert reviewer["tools"] == ["filesystem", "terminal"]
+    problems = "\n".join(report["problems"])
+    for says in ("bad-tools.md: $.tools:", "no-name.md: $.name: missing",
+                 "unknown-key.md: $.permissionMode: unknown key"):  # fmt: skip
+        assert says in problems
+    assert main(["profiles", "--config", str(config), "--cwd", str(work)]) == 0
+    shown = capsys.readouterr()
+    assert "code-reviewer  — Expert code review specialist." in shown.out
+    assert f"    from {work}/.claude/agents/code-reviewer.md; model the spawning run's" in shown.out
+    assert "3 agent file(s) not used" in shown.err
