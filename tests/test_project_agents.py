@@ -29,9 +29,12 @@ from project_repo import repo
 
 from navi_trio.cli import main
 from navi_trio.errors import ConfigError
-from navi_trio.project.agents import parse_agent
+from navi_trio.project.agents import collect_agents, find_agents, parse_agent
+from navi_trio.project.md_files import Found, MdFile
 from navi_trio.settings import default_config_path
 from navi_trio.testing import open_harness
+from navi_trio.tools.private import PrivatePaths
+from navi_trio.tools.roots import Root
 
 TIMEOUT = 30
 
@@ -164,3 +167,37 @@ def test_navi_profiles_lists_the_configs_and_the_files_with_where_each_came_from
     assert "code-reviewer  — Expert code review specialist." in shown.out
     assert f"    from {work}/.claude/agents/code-reviewer.md; model the spawning run's" in shown.out
     assert "3 agent file(s) not used" in shown.err
+
+
+def _found(*files: tuple[str, str]) -> Found:
+    return Found(files=[MdFile(Path(p), text) for p, text in files])
+
+
+def test_a_config_profiles_name_and_an_earlier_files_name_win() -> None:
+    agent = "---\nname: {}\ndescription: d\n---\nPrompt of {}.\n"
+    found = _found(
+        ("/r/.navi/agents/a.md", agent.format("helper", "navi")),
+        ("/r/.claude/agents/a.md", agent.format("helper", "claude")),
+        ("/r/.claude/agents/g.md", agent.format("general", "claude")),
+    )
+    got = collect_agents(found, models=set(), profiles={"general"})
+    assert list(got.agents) == ["helper"]
+    assert got.agents["helper"].prompt == "Prompt of navi."
+    assert got.problems == [
+        "/r/.claude/agents/a.md: $.name: 'helper' is taken by /r/.navi/agents/a.md; skipped",
+        "/r/.claude/agents/g.md: $.name: 'general' is a profile of config.json, which wins; "
+        "skipped",
+    ]
+
+
+def test_the_agents_of_a_repository_root_above_the_cwd_are_not_read(tmp_path: Path) -> None:
+    work = repo(tmp_path)
+    below = work / "src"
+    below.mkdir()
+    with Root.open(below, "the working folder (cwd)") as root:
+        got = find_agents([root], below, PrivatePaths(hidden=()), None, models=set(), profiles=())
+    assert got.agents == {}
+    assert got.problems == [
+        f"{work}: the repository's root is above the run's working folder, outside the "
+        "folders this run may read: its agents are not read"
+    ]

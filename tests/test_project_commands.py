@@ -40,6 +40,13 @@ from navi_trio.command_text import (
     expand_command,
     usable,
 )
+from navi_trio.project.commands import (
+    MAX_COMMANDS,
+    MAX_TOTAL_BYTES,
+    collect_commands,
+    parse_command,
+)
+from navi_trio.project.md_files import Found, MdFile
 
 TIMEOUT = 30
 
@@ -210,3 +217,24 @@ async def test_acp_offers_the_file_commands_and_runs_one_with_its_arguments(
     assert said(review) == "reviewed"
     saved = await messages(tmp_path / "navi.db", new["result"]["sessionId"])
     assert saved[0]["content"] == "Review the code in src/app.py and list the problems you find."
+
+
+def test_a_list_holds_at_most_its_count_and_bytes_of_commands() -> None:
+    many = Found(files=[MdFile(Path(f"/u/c{i:03}.md"), f"Do {i}.") for i in range(105)])
+    got = collect_commands([(many, "user")])
+    assert len(got.commands) == MAX_COMMANDS
+    assert len(got.problems) == 5
+    assert got.problems[0].startswith("/u/c100.md: past the 100 commands or 262144 bytes")
+    big = "x" * 60_000
+    heavy = Found(files=[MdFile(Path(f"/u/h{i}.md"), big) for i in range(6)])
+    got = collect_commands([(heavy, "user")])
+    assert len(got.commands) == MAX_TOTAL_BYTES // 60_000  # 4 of 6
+
+
+def test_a_commands_claude_code_permissions_are_taken_and_change_nothing() -> None:
+    text = "---\nallowed-tools: Bash(git add:*)\nmodel: opus\n---\nCommit $ARGUMENTS.\n"
+    command = parse_command(text, Path("/r/.claude/commands/commit.md"), "project")
+    assert command.frame()["body"] == "Commit $ARGUMENTS."
+    assert set(command.frame()) == {
+        "name", "description", "argument_hint", "body", "source", "path",
+    }  # fmt: skip
