@@ -11,7 +11,8 @@
 - `navi chat` (a `ChatApp` fed by a `QueueReader`, tests/test_client_app.py) offers
   them in /help and sends one typed with its arguments as the expanded prompt;
 - `navi acp` (driven by the ACP SDK's client, tests/test_acp.py) offers them in
-  ``available_commands_update`` and runs one with its arguments.
+  ``available_commands_update`` and runs one with its arguments;
+- `navi run "/name words"` sends the command's prompt (a name no file gives: as typed).
 
 Rules: real WebSocket connections on 127.0.0.1 (port 0) to a runtime over a real SQLite
 file under tmp_path; the fixture repository tests/fixtures/project-b copied there; every
@@ -31,7 +32,7 @@ from daemons import no_plan_config
 from project_repo import FIXTURE, repo
 from test_acp import DEADLINE as ACP_DEADLINE
 from test_acp import said, sdk_client
-from test_cli import fake_llm, messages
+from test_cli import _session_of, fake_llm, messages, navi
 from test_control_chat import chatting
 
 from navi_trio.command_text import (
@@ -238,3 +239,26 @@ def test_a_commands_claude_code_permissions_are_taken_and_change_nothing() -> No
     assert set(command.frame()) == {
         "name", "description", "argument_hint", "body", "source", "path",
     }  # fmt: skip
+
+
+# --- navi run --------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # navi run and the fake LLM: processes
+async def test_navi_run_sends_a_file_command_with_its_arguments(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    work = repo(tmp_path)
+    env = {**env, "NAVI_CONFIG": str(no_plan_config(tmp_path))}
+    async with fake_llm(tmp_path, [{"text": "fixed"}, {"text": "as typed"}]) as llm:
+        done = await navi("run", "--llm-url", llm, "/fix-issue 7 low", env=env, cwd=work)
+        typed = await navi("run", "--llm-url", llm, "/nothing here", env=env, cwd=work)
+    assert done.code == 0, done
+    assert done.out == "fixed\n"
+    saved = await messages(tmp_path / "navi.db", _session_of(done))
+    assert saved[0]["content"] == (
+        "Fix issue #7 with priority low. Follow the coding standards of this repository."
+    )
+    assert typed.code == 0, typed
+    saved = await messages(tmp_path / "navi.db", _session_of(typed))
+    assert saved[0]["content"] == "/nothing here"  # no such command: sent as typed
