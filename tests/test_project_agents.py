@@ -1,6 +1,7 @@
 """Sub-agents kept as files (``.navi/agents``, ``.claude/agents``): spawn_agent names
 them, they run with their file's prompt, and never with more than their spawner has.
 
+- the model is told the agents in its folder, with their descriptions;
 - a file agent in Claude Code's format runs with its body after the persona, and with
   only the tools its spawner's profile gives sub-agents (what the model was sent);
 - a tool the spawner withholds, or its policy denies outright, stays out whatever the
@@ -63,6 +64,14 @@ async def test_a_claude_code_agent_file_runs_with_its_prompt_and_allowed_tools(
     work = repo(tmp_path)
     profiles = {"pa": spawner(["filesystem", "todo"])}
     frames, requests = await spawn_turn(tmp_path, work, "code-reviewer", profiles)
+    # The parent model was told which agents it may spawn, with their descriptions.
+    (note,) = [t for t in system_texts(requests[0]) if t.startswith("[Agents kept as files")]
+    assert note.splitlines()[1:] == [
+        "- note-taker: Keeps the todo list of a task up to date.",
+        "- code-reviewer: Expert code review specialist. Proactively reviews code for quality, "
+        "security, and maintainability. Use immediately after writing or modifying code.",
+    ]
+    assert not any(t.startswith("[Agents") for t in system_texts(requests[1]))  # no spawn_agent
     (started,) = of_type(frames, "subagent_started")
     assert started["profile_id"] == "code-reviewer"
     (result,) = of_type(frames, "tool_result", name="spawn_agent")

@@ -13,20 +13,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import attrs
-import trio
 
 from navi_trio.core.turn import runvars
 from navi_trio.core.turn.budgets import Budget
+from navi_trio.core.turn.file_agents import read_file_agents
 from navi_trio.core.turn.policy import sandbox_for
 from navi_trio.core.turn.subagent import run_ephemeral
 from navi_trio.core.turn.turn_state import LoopParts, Turn
-from navi_trio.errors import ConfigError, RootChangedError, ToolInputError
+from navi_trio.errors import ToolInputError
 from navi_trio.profiles import AgentProfile, NaviConfig
-from navi_trio.project import FileAgents, config_models, find_agents, narrowed
+from navi_trio.project import narrowed
 from navi_trio.tools.base import ToolContext
 from navi_trio.tools.private import private_paths
 from navi_trio.tools.roots import RunRoots
-from navi_trio.tools.runas import run_as
 from navi_trio.tools.services import (
     ProcessService,
     Publish,
@@ -93,26 +92,7 @@ class Spawner:
         """The profile of the agent file named `name` in the run's cwd: the spawner's
         profile narrowed (project/agents.py); else a ToolInputError listing the names
         known and why files were skipped."""
-        settings = self.parts.settings
-        roots = self.roots
-        cwd = None if roots is None or roots.cwd is None else roots.cwd.path
-        found = FileAgents()
-        if roots is not None and cwd is not None:
-            private = private_paths(
-                settings, settings.session_dir(self.session_id) if self.session_id else None
-            )
-            models = config_models(cfg.profiles.values(), settings.default_model)
-
-            def read() -> FileAgents:
-                assert roots is not None and cwd is not None
-                who = run_as(settings.tool_user)
-                held = roots.all()
-                return find_agents(held, cwd, private, who, models=models, profiles=cfg.profiles)
-
-            try:
-                found = await trio.to_thread.run_sync(read)
-            except (RootChangedError, ConfigError) as exc:
-                found = FileAgents(problems=[str(exc)])
+        found = await read_file_agents(self.parts.settings, cfg, self.roots, self.session_id)
         agent = found.agents.get(name)
         if agent is None:
             known = ", ".join([*sorted(cfg.profiles), *sorted(found.agents)])
