@@ -89,14 +89,21 @@ async def test_the_daemon_lists_a_folders_commands_and_the_users_own(
     assert f"{user_folder / 'review.md'}: /review is taken by" in notices
 
 
-async def test_a_folder_the_sender_may_not_work_in_lists_no_commands(tmp_path: Path) -> None:
+async def test_a_folder_the_sender_may_not_work_in_lists_no_commands(
+    tmp_path: Path, user_folder: Path
+) -> None:
     work = repo(tmp_path)
+    (user_folder / "standup.md").write_text("The daemon account's own prompt.\n")
     with trio.fail_after(TIMEOUT):
         async with open_daemon(tmp_path) as d, d.connect("alice") as c:
             answer = await c.request({"type": "commands", "cwd": str(work)})
+            mine = await c.request({"type": "commands"})
     assert answer["type"] == "error", answer
     assert answer["code"] == "forbidden"
     assert "workspace_roots" in answer["message"]
+    # The daemon account's own commands are its admins': an ordinary user sees none.
+    assert mine["type"] == "commands", mine
+    assert mine["commands"] == []
 
 
 async def test_another_users_session_is_refused(tmp_path: Path) -> None:

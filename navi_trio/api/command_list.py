@@ -8,8 +8,9 @@ The `cwd` is checked as a message's is (`CwdCheck`: the sender's role and worksp
 roots, never navi's own data; for `session_id`'s owner, whose folder it may be), then
 held and read beneath as the filesystem tool reads (navi_trio/project/commands.py): a
 command's body is a file's content, so a folder the sender may not work in yields
-nothing. Without a `cwd`, only the user's own commands are listed. Every client expands
-a command itself (navi_trio/command_text.py).
+nothing. The daemon account's own commands (``~/.config/navi/commands``) are listed to
+admins only. Without a `cwd`, only those. Every client expands a command itself
+(navi_trio/command_text.py).
 """
 
 from __future__ import annotations
@@ -39,9 +40,12 @@ async def list_commands(host: CommandHost, rid: RequestId, cmd: CommandList) -> 
     settings = rt.settings
     session_dir = settings.session_dir(cmd.session_id) if cmd.session_id else None
     private = private_paths(settings, session_dir)
+    # The daemon account's own folder is its admins': an ordinary user of a shared
+    # daemon is never shown what that account keeps (as with its config).
+    own = user_commands_folder() if user.is_admin else None
     try:
         found = await trio.to_thread.run_sync(
-            lambda: find_commands(held, private, run_as(settings.tool_user), user_commands_folder())
+            lambda: find_commands(held, private, run_as(settings.tool_user), own)
         )
     finally:
         if held is not None:
