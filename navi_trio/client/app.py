@@ -110,7 +110,7 @@ class ChatApp(FrameHandling):
                 async with trio.open_nursery() as nursery:
                     welcome = await nursery.start(self._conn.run)
                     self._welcome(welcome)
-                    await self.send({**wire.commands(self.cwd()), "id": COMMANDS_ID})
+                    await self.send({**wire.commands(self.run_cwd()), "id": COMMANDS_ID})
                     nursery.start_soon(self._frame_loop, recv)
                     nursery.start_soon(self._input_loop)
                     nursery.start_soon(self._signal_loop, sigint)
@@ -209,15 +209,15 @@ class ChatApp(FrameHandling):
             return
         await self._commands.run("rewind", "")
 
+    def run_cwd(self) -> str | None:
+        """The cwd our messages carry. The shell's folder goes along for an admin; an
+        ordinary user's cwd must lie in their workspace_roots, so theirs is sent only
+        when asked for (--cwd)."""
+        return self.options.cwd or (os.getcwd() if self._role == "admin" else None)
+
     def set_cwd(self, folder: str) -> None:
         """Where the next messages' tools work (a fork's copy of the files)."""
         self.options.cwd = folder
-
-    def cwd(self) -> str | None:
-        """The cwd our messages carry: the shell's folder goes along for an admin; an
-        ordinary user's must lie in their workspace_roots, so theirs is sent only when
-        asked for (--cwd)."""
-        return self.options.cwd or (os.getcwd() if self._role == "admin" else None)
 
     def history_rewritten(self) -> None:
         """Our rewind rewrote the history: the resync's reload shows nothing again (the
@@ -243,7 +243,8 @@ class ChatApp(FrameHandling):
             # Lines typed (or piped) before the daemon named the new session go to it,
             # not to a second new session.
             await self._created.wait()
-        frame = wire.message(text, self.session_id, self.profile, self.cwd(), self.mode, on_busy)
+        cwd = self.run_cwd()
+        frame = wire.message(text, self.session_id, self.profile, cwd, self.mode, on_busy)
         frame["id"] = f"{MESSAGE_ID}{next(self._message_ids)}"
         self._unanswered[frame["id"]] = Unanswered(text, self.renderer.busy)
         while len(self._unanswered) > UNANSWERED_MAX:  # answers lost to a dropped connection
