@@ -86,6 +86,11 @@ async def test_a_claude_code_agent_file_runs_with_its_prompt_and_allowed_tools(
     # Read, Grep, Glob are the filesystem tool; Bash (terminal) is not the spawner's.
     assert tool_names(child) == ["filesystem"]
     assert child["model"] == "model-pa"  # model: inherit
+    (left,) = of_type(frames, "warning", code="agent_tools_left_out")
+    assert left["message"] == (
+        "agent 'code-reviewer' runs without terminal: not among the tools profile 'pa' "
+        "gives sub-agents"
+    )
 
 
 async def test_a_tool_the_spawner_withholds_or_its_policy_denies_stays_out(

@@ -21,6 +21,7 @@ from navi_trio.core.turn.policy import sandbox_for
 from navi_trio.core.turn.subagent import run_ephemeral
 from navi_trio.core.turn.turn_state import LoopParts, Turn
 from navi_trio.errors import ToolInputError
+from navi_trio.events import WarningEvent
 from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.project import narrowed
 from navi_trio.tools.base import ToolContext
@@ -65,7 +66,15 @@ class Spawner:
         wanted = request.profile_id or self.profile_id
         file_profile = None
         if wanted not in cfg.profiles:  # an agent kept as a file, or nothing known
-            file_profile = await self._file_agent(wanted, cfg)
+            file_profile, left_out = await self._file_agent(wanted, cfg)
+            if left_out:
+                publish(
+                    WarningEvent(
+                        message=f"agent {wanted!r} runs without {', '.join(left_out)}: not "
+                        f"among the tools profile {self.profile_id!r} gives sub-agents",
+                        code="agent_tools_left_out",
+                    )
+                )
         # A file's agent is the spawner's own profile narrowed: the role may use that.
         refused = cfg.refuse_profile(self.user_role, self.profile_id if file_profile else wanted)
         if refused is not None:
@@ -88,10 +97,11 @@ class Spawner:
             roots=self.roots,
         )
 
-    async def _file_agent(self, name: str, cfg: NaviConfig) -> AgentProfile:
+    async def _file_agent(self, name: str, cfg: NaviConfig) -> tuple[AgentProfile, tuple[str, ...]]:
         """The profile of the agent file named `name` in the run's cwd: the spawner's
-        profile narrowed (project/agents.py); else a ToolInputError listing the names
-        known and why files were skipped."""
+        profile narrowed (project/agents.py), and the tools the file asks for that it
+        left out; else a ToolInputError listing the names known and why files were
+        skipped."""
         found = await read_file_agents(self.parts.settings, cfg, self.roots, self.session_id)
         agent = found.agents.get(name)
         if agent is None:
@@ -101,8 +111,7 @@ class Spawner:
                 f"unknown profile_id {name!r}; profiles: {known}"
                 + (f"\nagent files not used:{skipped}" if skipped else "")
             )
-        profile, _ = narrowed(agent, cfg.profile(self.profile_id))
-        return profile
+        return narrowed(agent, cfg.profile(self.profile_id))
 
 
 @attrs.frozen
