@@ -45,9 +45,12 @@ from navi_trio.project.commands import (
     MAX_COMMANDS,
     MAX_TOTAL_BYTES,
     collect_commands,
+    find_commands,
     parse_command,
 )
 from navi_trio.project.md_files import Found, MdFile
+from navi_trio.tools.private import PrivatePaths
+from navi_trio.tools.roots import Root
 
 TIMEOUT = 30
 
@@ -269,3 +272,19 @@ async def test_navi_run_sends_a_file_command_with_its_arguments(
     assert typed.code == 0, typed
     saved = await messages(tmp_path / "navi.db", _session_of(typed))
     assert saved[0]["content"] == "/nothing here"  # no such command: sent as typed
+
+
+def test_a_commands_folder_linked_out_of_the_run_folder_is_not_read(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "steal.md").write_text("the outside body\n")
+    work = repo(tmp_path)
+    shutil.rmtree(work / ".navi" / "commands")
+    (work / ".navi" / "commands").symlink_to(outside)
+    with Root.open(work, "the working folder (cwd)") as root:
+        got = find_commands(root, PrivatePaths(hidden=()), None, None)
+    assert [c.name for c in got.commands] == ["fix-issue", "review"]  # .claude's only
+    assert (
+        f"{work / '.navi' / 'commands'}: leads out of the folders this run may read"
+        in (got.problems[0])
+    )
