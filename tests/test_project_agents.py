@@ -215,3 +215,14 @@ def test_the_agents_of_a_repository_root_above_the_cwd_are_not_read(tmp_path: Pa
         f"{work}: the repository's root is above the run's working folder, outside the "
         "folders this run may read: its agents are not read"
     ]
+
+
+def test_front_matter_aliases_nesting_billions_of_items_are_refused_at_once() -> None:
+    # Inside one value, each anchor nests the one before nine times: 9**10 strings.
+    levels = ["&a [" + ", ".join(["x"] * 9) + "]"]
+    for prev, name in zip("abcdefghi", "bcdefghij", strict=True):
+        levels.append(f"&{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    text = f"---\nname: bomb\ndescription: d\ntools: [{', '.join(levels)}]\n---\nGo.\n"
+    with pytest.raises(ConfigError, match=r"\$\.tools: expected tool names") as caught:
+        parse_agent(text, Path("b.md"), models=set())
+    assert len(str(caught.value)) < 300  # shown short, never walked whole

@@ -30,6 +30,7 @@ from navi_trio.project.md_files import (
     Found,
     check_keys,
     read_md_folders,
+    shown,
     split_front_matter,
     text_value,
 )
@@ -92,7 +93,7 @@ def _tool_names(
         names = [n.strip() for n in value]
     else:
         raise ConfigError(
-            f"{path}: $.tools: expected tool names, comma-separated or a list, got {value!r}"
+            f"{path}: $.tools: expected tool names, comma-separated or a list, got {shown(value)}"
         )
     tools: list[str] = []
     dropped: list[str] = []

@@ -28,6 +28,7 @@ from navi_trio.project.md_files import (
     Found,
     check_keys,
     read_md_folders,
+    shown,
     split_front_matter,
     text_value,
 )
@@ -84,10 +85,10 @@ def parse_command(text: str, path: Path, source: str) -> FileCommand:
     check_keys(data, path, KEYS)
     description = text_value(data, "description", path, max_chars=DESCRIPTION_MAX) or ""
     hint = data.get("argument-hint")
-    if isinstance(hint, list):  # YAML reads "[file] [line]" as a list
-        hint = " ".join(f"[{h}]" for h in hint)
+    if isinstance(hint, list) and all(isinstance(h, str) for h in hint):
+        hint = " ".join(f"[{h}]" for h in hint)  # YAML reads "[file]" as a list
     if hint is not None and not isinstance(hint, str):
-        raise ConfigError(f"{path}: $.argument-hint: expected a string, got {hint!r}")
+        raise ConfigError(f"{path}: $.argument-hint: expected a string, got {shown(hint)}")
     body = body.strip()
     if not body:
         raise ConfigError(f"{path}: the body (the prompt) is empty")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import reprlib
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -37,6 +38,10 @@ from navi_trio.tools.runas import RunAs
 MAX_FILES = 64  # *.md files read from one folder; the rest are named as skipped
 MAX_FILE_BYTES = 64 * 1024  # one file; a bigger one is skipped, saying so
 FRONT_MATTER_MAX_BYTES = 8 * 1024  # the YAML block at the top of one file
+
+_SHOWN = reprlib.Repr()  # (keywords to Repr() came in Python 3.12)
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 2, 4, 4
+_SHOWN.maxstring = _SHOWN.maxother = 80
 
 
 @attrs.frozen
@@ -168,13 +173,19 @@ def check_keys(data: dict[str, Any], path: Path, allowed: Sequence[str]) -> None
         )
 
 
+def shown(value: Any) -> str:
+    """`value` as an error shows it: short, whatever YAML made of it (aliases can nest a
+    few lines into billions of items; a plain repr would walk them all)."""
+    return _SHOWN.repr(value)
+
+
 def text_value(data: dict[str, Any], key: str, path: Path, *, max_chars: int) -> str | None:
     """The string under `key` (None when absent), at most `max_chars` long."""
     value = data.get(key)
     if value is None:
         return None
     if not isinstance(value, str):
-        raise ConfigError(f"{path}: $.{key}: expected a string, got {value!r}")
+        raise ConfigError(f"{path}: $.{key}: expected a string, got {shown(value)}")
     if len(value) > max_chars:
         raise ConfigError(f"{path}: $.{key}: at most {max_chars} characters, got {len(value)}")
     return value
