@@ -226,3 +226,9 @@ def test_front_matter_aliases_nesting_billions_of_items_are_refused_at_once() ->
     with pytest.raises(ConfigError, match=r"\$\.tools: expected tool names") as caught:
         parse_agent(text, Path("b.md"), models=set())
     assert len(str(caught.value)) < 300  # shown short, never walked whole
+
+
+def test_front_matter_nested_too_deeply_is_an_error_naming_the_file() -> None:
+    text = "---\nname: " + "[" * 4000 + "]" * 4000 + "\n---\nGo.\n"
+    with pytest.raises(ConfigError, match=r"^deep\.md: the front matter nests too deeply"):
+        parse_agent(text, Path("deep.md"), models=set())

@@ -157,6 +157,8 @@ def split_front_matter(text: str, path: Path, *, required: bool) -> tuple[dict[s
         mark = getattr(exc, "problem_mark", None)
         where = "" if mark is None else f" at line {mark.line + 2}"
         raise ConfigError(f"{path}: the front matter is not valid YAML{where}") from None
+    except RecursionError:  # PyYAML composes nested values recursively
+        raise ConfigError(f"{path}: the front matter nests too deeply to read") from None
     if data is None:
         data = {}
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
