@@ -2,8 +2,9 @@
 // The page asks for the list when a line starts with "/" (and at /help); a line
 // "/name words" whose name is listed is sent as the command's prompt with the words in
 // it, by the rule of navi_trio/command_text.py (expandCommand: the tests hold both to
-// the same cases). The page's runs have no working folder: it offers the user's own
-// commands (~/.config/navi/commands). /help is the page's own.
+// the same cases). The folder asked about is the one the page's messages carry
+// (state.cwd), if any; with none, the daemon offers an admin their own commands
+// (~/.config/navi/commands). /help is the page's own.
 
 import { frames } from "./wire.js";
 import { $, request, showError, state, transcript } from "./page.js";
@@ -37,7 +38,7 @@ export function expandCommand(body, args) {
 
 export function askCommands(help = false) {
   slash.asked = true;
-  request(frames.commands(state.sid), { kind: "commands", help });
+  request(frames.commands(state.sid, state.cwd), { kind: "commands", help });
 }
 
 // The daemon's list: offered from now on, but for a name of the page's own.

@@ -170,7 +170,12 @@ export const frames = {
   approval(approve, sid, callId, scope) {
     return { type: approve ? "approve" : "deny", session_id: sid, call_id: callId, scope };
   },
-  commands: (sid) => (sid ? { type: "commands", session_id: sid } : { type: "commands" }),
+  commands(sid, cwd) {
+    const f = { type: "commands" };
+    if (sid) f.session_id = sid;
+    if (cwd) f.cwd = cwd; // the folder the page's messages carry, when one is picked
+    return f;
+  },
 };
 
 // Frames that are replies or out of band: never part of a session's seq stream.
