@@ -40,10 +40,12 @@ CLIENT_TOOLS = "client_tools"  # the tools this connection runs for a session
 CLIENT_TOOL_RESULT = "client_tool_result"  # its answer to a client_tool_call
 USAGE = "usage"  # what the runs spent (the accounts): asked, and its reply
 CONTEXT = "context"  # the project files (instruction files, skills) in effect for a cwd
+COMMANDS = "commands"  # the commands kept as files (navi_trio/command_text.py); its reply
 SIGNIN_CODE = "signin_code"  # a one-time code that signs the browser page in (and its reply)
 CLIENT_TYPES = (HELLO, MESSAGE, STOP, COMPACT, SUBSCRIBE, UNSUBSCRIBE, TASKS, SESSIONS,
                 APPROVE, DENY, CHECKPOINTS, REWIND, FORK, SCHEDULE, CLIENT_TOOLS,
-                CLIENT_TOOL_RESULT, FOLDERS, CHANGES, USAGE, CONTEXT)  # fmt: skip
+                CLIENT_TOOL_RESULT, FOLDERS, CHANGES, USAGE, CONTEXT, SIGNIN_CODE,
+                COMMANDS)  # fmt: skip
 CLIENT_TOOL_CALL = "client_tool_call"  # daemon -> the client that declared the tool
 
 # Daemon -> client, besides a session's events (whose types are the AgentEvents').
@@ -86,6 +88,8 @@ REPLY_TYPES = frozenset(
         SCHEDULE_RUN,
         USAGE,
         CONTEXT,
+        SIGNIN_CODE,
+        COMMANDS,
     }
 )
 
@@ -305,4 +309,14 @@ def schedule(action: str, **fields: object) -> Frame:
     (`schedule_id`). Fields left None are not sent."""
     frame: Frame = {"type": SCHEDULE, "action": action}
     frame.update({k: v for k, v in fields.items() if v is not None})
+    return frame
+
+
+def commands(cwd: str | None = None, session_id: str | None = None) -> Frame:
+    """Ask for the commands kept as files of a run in `cwd` (and the user's own)."""
+    frame: Frame = {"type": COMMANDS}
+    if cwd:
+        frame["cwd"] = cwd
+    if session_id:
+        frame["session_id"] = session_id
     return frame

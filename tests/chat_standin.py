@@ -58,6 +58,8 @@ class StandIn:
     # Messages per history page (0: the whole history in one reply, with no cursor). Each
     # page after the first reports a seq one higher: the session runs on meanwhile.
     history_page: int = 0
+    # False: an older daemon, which answers a ``commands`` request unknown_type.
+    knows_commands: bool = True
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -264,6 +266,11 @@ class StandIn:
             session.answered.set()
         elif kind in ("compact", "unsubscribe"):
             await self._send(ws, {"type": "ok"})
+        elif kind == "commands" and self.knows_commands:  # none kept as files here
+            await self._send(ws, {"type": "commands", "id": frame.get("id"), "commands": []})
+        elif kind == "commands":
+            error = {"type": "error", "code": "unknown_type", "message": "unknown 'commands'"}
+            await self._send(ws, {**error, "id": frame.get("id")})
         else:
             await self._send(
                 ws,

@@ -236,6 +236,20 @@ async def test_resume_replays_the_history_and_subscribes_from_its_seq() -> None:
             chat.reader.type("/quit")
 
 
+async def test_a_daemon_without_commands_kept_as_files_spoils_no_resume() -> None:
+    with trio.fail_after(DEADLINE):
+        async with standin() as daemon:
+            daemon.knows_commands = False  # an older daemon: the chat asks, is refused
+            async with chatting(daemon, session_id="s-old") as chat:
+                await chat.screen.wait_for("resumed session s-old")
+                assert (await daemon.wait_for("commands"))["id"] == "chat-commands"
+                await daemon.wait_for("subscribe")
+                chat.reader.type("/nope")
+                await chat.screen.wait_for("unknown command /nope")
+                assert "unknown 'commands'" not in chat.screen.text
+                chat.reader.type("/quit")
+
+
 async def test_slash_commands_answer_in_one_line_each() -> None:
     with trio.fail_after(DEADLINE):
         async with standin() as daemon, chatting(daemon) as chat:

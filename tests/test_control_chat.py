@@ -31,9 +31,9 @@ DEADLINE = 20
 
 
 @asynccontextmanager
-async def chatting(d: Daemon) -> AsyncIterator[Chat]:
+async def chatting(d: Daemon, user: str = "alice", **options: Any) -> AsyncIterator[Chat]:
     reader, screen = QueueReader(), Screen()
-    opts = ChatOptions(url=d.url, token=d.tokens["alice"], backoff=0)
+    opts = ChatOptions(url=d.url, token=d.tokens[user], backoff=0, **options)
     chat = Chat(ChatApp(opts, Renderer(screen.console), reader), reader, screen)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(chat.run)

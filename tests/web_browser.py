@@ -364,9 +364,15 @@ class Site:
 
 @pytest.fixture
 def site(tmp_path: Path, browser: Any) -> Iterator[Site]:
+    yield from running_site(tmp_path, browser)
+
+
+def running_site(tmp_path: Path, browser: Any, **env: str) -> Iterator[Site]:
+    """The site of the `site` fixture, its daemon's environment with `env` too."""
     started = time.monotonic()
     loop = Loop().start()
     daemon = Daemon(tmp_path, loop.llm.url)
+    daemon.env.update(env)
     try:
         daemon.start()
         s = Site(loop, daemon, browser)

@@ -45,6 +45,7 @@ from navi_trio.acp.jsonrpc import (
     RpcError,
 )
 from navi_trio.acp.servers import EditorServers, ServerHost
+from navi_trio.command_text import CommandTooLongError, expand_command, usable
 from navi_trio.errors import NaviError, RemoteError
 from navi_trio.wire import Frame
 
@@ -121,6 +122,8 @@ class Session:
     prompt: Prompt | None = None
     # The editor's MCP servers for this session, run by this process (servers.py).
     servers: EditorServers | None = None
+    # The commands kept as files in `cwd`, as the daemon listed them (name -> fields).
+    files: dict[str, dict[str, str]] = attrs.Factory(dict)
 
 
 class Agent:
@@ -284,13 +287,33 @@ class Agent:
         return {"modes": self._modes(session), "configOptions": self._config_options(session)}
 
     async def _commands(self, session_id: str) -> None:
+        """Tell the editor navi's commands, and those kept as files in the session's
+        folder (the daemon lists them: navi_trio/project/commands.py); a command of ours
+        wins over a file of its name."""
+        offered = [{"name": n, "description": d} for n, d in COMMANDS.items()]
+        session = self.sessions.get(session_id)
+        if session is not None:
+            session.files = await self._file_commands(session)
+            for name, c in session.files.items():
+                item: dict[str, Any] = {"name": name, "description": c.get("description", "")}
+                if c.get("argument_hint"):
+                    item["input"] = {"hint": c["argument_hint"]}
+                offered.append(item)
         await self.notify(
-            session_id,
-            {
-                "sessionUpdate": "available_commands_update",
-                "availableCommands": [{"name": n, "description": d} for n, d in COMMANDS.items()],
-            },
+            session_id, {"sessionUpdate": "available_commands_update", "availableCommands": offered}
         )
+
+    async def _file_commands(self, session: Session) -> dict[str, dict[str, str]]:
+        try:
+            listed = await self._request(wire.commands(session.cwd, session.session_id))
+        except RpcError as exc:  # an older daemon, a folder refused: navi's own only
+            log.warning("no commands kept as files for %s: %s", session.cwd, exc)
+            return {}
+        items = [c for c in listed.get("commands") or [] if isinstance(c, dict)]
+        kept, notices = usable(items, COMMANDS)
+        for notice in [*notices, *(str(n) for n in listed.get("notices") or [])]:
+            log.warning("%s", notice)
+        return kept
 
     def _cwd(self, cwd: str) -> str:
         if not os.path.isabs(cwd):
@@ -430,9 +453,20 @@ class Agent:
         text = prompt_text(req.prompt)
         session.prompt = prompt = Prompt()
         try:
-            command = text.strip().split(maxsplit=1)[0] if text.strip() else ""
-            if command.lstrip("/") in COMMANDS and command.startswith("/"):
-                return await self._command(session, command.lstrip("/"))
+            words = text.strip().split(maxsplit=1)
+            command, rest = (words + ["", ""])[:2]
+            name = command.removeprefix("/")
+            if command.startswith("/") and name in COMMANDS:
+                return await self._command(session, name)
+            kept = None
+            if command.startswith("/"):  # read now: the files may have changed since
+                session.files = await self._file_commands(session)
+                kept = session.files.get(name)
+            if kept is not None:  # a command kept as a file: its prompt, with the rest
+                try:
+                    text = expand_command(kept.get("body", ""), rest)
+                except CommandTooLongError as exc:
+                    raise RpcError(INVALID_PARAMS, f"prompt: {command}: {exc}") from None
             return await self._run(session, prompt, text)
         finally:
             session.prompt = None

@@ -80,6 +80,17 @@ class Unsubscribe:
 
 
 @attrs.frozen
+class CommandList:
+    """The commands kept as files of a run in `cwd` (checked as a message's cwd is,
+    for `session_id`'s owner), and the user's own."""
+
+    session_id: str | None = attrs.field(default=None, validator=check.session_id)
+    cwd: str | None = attrs.field(
+        default=None, validator=[check.at_most(check.PATH_MAX_CHARS), check.absolute]
+    )
+
+
+@attrs.frozen
 class Tasks:
     action: Literal["list", "check", "cancel"]
     session_id: str | None = attrs.field(default=None, validator=check.session_id)
@@ -278,6 +289,7 @@ Command = (
     | Subscribe
     | Unsubscribe
     | Tasks
+    | CommandList
     | Sessions
     | Approval
     | Checkpoints

@@ -24,6 +24,7 @@ import trio
 from navi_trio import wire
 from navi_trio.api.auth import User
 from navi_trio.api.checkpoint_frames import CheckpointCommands
+from navi_trio.api.command_list import list_commands
 from navi_trio.api.frame_fields import HISTORY_LIMIT_MAX, cursor_position, history_cursor
 from navi_trio.api.message_command import SessionMessages
 from navi_trio.api.project_frame import handle_context
@@ -34,6 +35,7 @@ from navi_trio.api.protocol import (
     ClientToolResult,
     ClientTools,
     Command,
+    CommandList,
     Compact,
     Context,
     Folders,
@@ -132,6 +134,7 @@ class Commands:
             Usage: self._usage,
             Context: partial(handle_context, self),
             SigninCode: self._signin_code,
+            CommandList: lambda rid, cmd: list_commands(self, rid, cmd),
         }[type(command)]
         try:
             await handler(rid, command)

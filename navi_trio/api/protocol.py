@@ -39,6 +39,7 @@ from navi_trio.api.command_frames import Checkpoints as Checkpoints
 from navi_trio.api.command_frames import ClientToolResult as ClientToolResult
 from navi_trio.api.command_frames import ClientTools as ClientTools
 from navi_trio.api.command_frames import Command as Command
+from navi_trio.api.command_frames import CommandList as CommandList
 from navi_trio.api.command_frames import Compact as Compact
 from navi_trio.api.command_frames import Context as Context
 from navi_trio.api.command_frames import Folders as Folders
@@ -105,6 +106,7 @@ COMMANDS: dict[str, type[Any]] = {
     wire.USAGE: Usage,
     wire.CONTEXT: Context,
     wire.SIGNIN_CODE: SigninCode,
+    wire.COMMANDS: CommandList,
 }
 
 

@@ -33,6 +33,7 @@ package, imported when its command runs (`navi --help` stays light):
     daemons     `navi status | stop`: the daemons of a data folder, their pid files
     mcp         `navi mcp list | serve`; mcp_server, mcp_progress: navi as an MCP server
     doctor      `navi doctor`'s report (the command itself is `cmd_doctor` below)
+    profiles    `navi profiles`: config.json's profiles and the agents kept as files
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from navi_trio.cli.common import one_line as one_line
 from navi_trio.cli.daemon import COMMANDS as DAEMON_COMMANDS
 from navi_trio.cli.daemon import add_parsers as add_daemon_parsers
 from navi_trio.cli.mcp import add_mcp_parser, cmd_mcp
+from navi_trio.cli.profiles import add_profiles_parser, cmd_profiles
 from navi_trio.cli.rewind import add_parsers as add_rewind_parsers
 from navi_trio.errors import NaviError, RemoteError
 from navi_trio.llm.factory import (
@@ -197,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_rewind_parsers(sub, _add_endpoint_options)
     add_daemon_parsers(sub, _add_endpoint_options)
     add_mcp_parser(sub, _add_endpoint_options)
+    add_profiles_parser(sub, _add_endpoint_options)
     add_acp_parser(sub, _add_endpoint_options)
     return parser
 
@@ -283,6 +286,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
     "web": cmd_web,
     "mcp": cmd_mcp,
     "acp": cmd_acp,
+    "profiles": cmd_profiles,
     **DAEMON_COMMANDS,
 }
 

@@ -425,7 +425,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     session_id = args.session if args.session is not None else new_session_id()
     req = RunRequest(
         session_id, text, cwd, args.profile, args.events, args.mode,
-        on_busy=args.on_busy, cwd_given=args.cwd is not None,
+        on_busy=args.on_busy, cwd_given=args.cwd is not None, commands=True,
     )  # fmt: skip
     outcome = trio.run(_run, args, settings, req, out, err)
     return exit_code(outcome, args.events, err)

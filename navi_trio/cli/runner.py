@@ -35,7 +35,7 @@ import trio
 
 from navi_trio import wire
 from navi_trio.api.endpoint import Endpoint, connect
-from navi_trio.errors import DaemonUnreachableError
+from navi_trio.errors import DaemonUnreachableError, RemoteError, UsageError
 from navi_trio.wire import Frame
 
 if TYPE_CHECKING:
@@ -71,6 +71,9 @@ class RunRequest:
     # --cwd given: always sent. Else the shell's folder is sent for an admin only: an
     # ordinary user's cwd must lie inside their workspace_roots (docs/pages/tools.md, "Safety").
     cwd_given: bool = True
+    # True: a text "/name words" naming a command kept as a file in `cwd` (or the
+    # user's own: navi_trio/project/commands.py) is sent as its expanded prompt.
+    commands: bool = False
 
 
 class FrameSink(Protocol):
@@ -169,13 +172,16 @@ async def follow(
 
         nursery.start_soon(send_stop)
         cwd = str(req.cwd) if req.cwd_given or daemon.role == "admin" else None
+        text = req.text
+        if req.commands and text.startswith("/"):
+            text = await _command_prompt(daemon, text, cwd, run.say)
         accepted = await daemon.send_message(
-            req.text, session_id=sid, profile=req.profile, cwd=cwd, mode=req.mode,
+            text, session_id=sid, profile=req.profile, cwd=cwd, mode=req.mode,
             on_busy=req.on_busy,
         )  # fmt: skip
         on_accepted()
         queued = "navi: the session is busy: message queued (#{})"
-        ours = run.ours = OurRun.of(accepted, req.text, lambda n: run.say(queued.format(n)))
+        ours = run.ours = OurRun.of(accepted, text, lambda n: run.say(queued.format(n)))
         if accepted.on_busy in ("steer", "interrupt"):
             run.say(f"navi: the session is busy: {_BUSY_SAID[accepted.on_busy]}")
         run.accepted.set()
@@ -197,3 +203,25 @@ async def follow(
                 reason=exc.reason,
             ) from None
         nursery.cancel_scope.cancel()
+
+
+async def _command_prompt(
+    daemon: DaemonConnection, text: str, cwd: str | None, say: Callable[[str], object]
+) -> str:
+    """The prompt of the command kept as a file that `text` ("/name words") names, with
+    the words in it (navi_trio/command_text.py); `text` itself when there is none."""
+    from navi_trio.command_text import CommandTooLongError, expand_command
+
+    name, _, rest = text[1:].partition(" ")
+    try:
+        listed = await daemon.request(wire.commands(cwd))
+    except RemoteError as exc:  # an older daemon, a folder refused: sent as typed
+        say(f"navi: no commands kept as files: {exc}; sent as typed")
+        return text
+    for item in listed.get("commands") or []:
+        if isinstance(item, dict) and item.get("name") == name:
+            try:
+                return expand_command(str(item.get("body", "")), rest)
+            except CommandTooLongError as exc:
+                raise UsageError(f"/{name}: {exc}") from None
+    return text

@@ -23,7 +23,7 @@ import trio
 from navi_trio import wire
 from navi_trio.client.commands import ANSWERS, SlashCommands
 from navi_trio.client.connection import BACKOFF_FIRST, RETRIES, TOKEN_HINT, Connection
-from navi_trio.client.frames import FrameHandling, Unanswered
+from navi_trio.client.frames import COMMANDS_ID, FrameHandling, Unanswered
 from navi_trio.client.profile import ProfileAsk
 from navi_trio.client.reader import InputEvent, Reader
 from navi_trio.client.render import WAITING, Renderer
@@ -110,6 +110,7 @@ class ChatApp(FrameHandling):
                 async with trio.open_nursery() as nursery:
                     welcome = await nursery.start(self._conn.run)
                     self._welcome(welcome)
+                    await self.send({**wire.commands(self.run_cwd()), "id": COMMANDS_ID})
                     nursery.start_soon(self._frame_loop, recv)
                     nursery.start_soon(self._input_loop)
                     nursery.start_soon(self._signal_loop, sigint)
@@ -229,21 +230,14 @@ class ChatApp(FrameHandling):
         if prefill is not None:
             prefill(text)
 
-    async def line(self, text: str, on_busy: str | None = None) -> None:
+    async def line(self, text: str, on_busy: str | None = None, *, literal: bool = False) -> None:
         """One line typed: an approval's answer, a slash command, or a message (sent with
-        `on_busy`: what it does when the session is running a turn; None: queued)."""
+        `on_busy`: what it does when the session is running a turn; None: queued).
+        `literal`: a message whatever it starts with (a command's expanded prompt)."""
         text = text.strip()
         if not text:
             return
-        if self.rewinds.confirming is not None and await self.rewinds.answer(text):
-            return
-        answer = ANSWERS.get(text.lower())
-        if answer is not None and self._approvals and on_busy is None:
-            await self._answer(*answer)
-            return
-        if text.startswith("/") and on_busy is None:
-            name, _, arg = text[1:].partition(" ")
-            await self._commands.run(name, arg.strip())
+        if not literal and await self._typed(text, on_busy):
             return
         if self._creating:
             # Lines typed (or piped) before the daemon named the new session go to it,
@@ -268,6 +262,21 @@ class ChatApp(FrameHandling):
         self.prefill(text)  # not sent: back on the prompt
         if self.session_id is None:
             self._creation_over()
+
+    async def _typed(self, text: str, on_busy: str | None) -> bool:
+        """A line that is an answer (a rewind's confirmation, an approval's) or a slash
+        command, done; False for a message."""
+        if self.rewinds.confirming is not None and await self.rewinds.answer(text):
+            return True
+        answer = ANSWERS.get(text.lower())
+        if answer is not None and self._approvals and on_busy is None:
+            await self._answer(*answer)
+            return True
+        if text.startswith("/") and on_busy is None:
+            name, _, arg = text[1:].partition(" ")
+            await self._commands.run(name, arg.strip())
+            return True
+        return False
 
     async def _answer(self, approve: bool, scope: str) -> None:
         """Answer the oldest waiting approval request of our session."""

@@ -15,6 +15,7 @@ from typing import Protocol
 from navi_trio import wire
 from navi_trio.client.render import Renderer
 from navi_trio.client.rewind import RewindFlow
+from navi_trio.command_text import CommandTooLongError, expand_command, usable
 from navi_trio.wire import Frame
 
 
@@ -30,7 +31,9 @@ class Chat(Protocol):
     profiles: list[str] | None  # the daemon's (its welcome); None: not said
 
     async def send(self, frame: Frame) -> bool: ...
-    async def line(self, text: str, on_busy: str | None = None) -> None: ...
+    async def line(
+        self, text: str, on_busy: str | None = None, *, literal: bool = False
+    ) -> None: ...
     def quit(self) -> None: ...
     def set_session(self, session_id: str | None) -> None: ...
     def run_cwd(self) -> str | None: ...
@@ -104,17 +107,47 @@ class SlashCommands:
             "schedules": self.schedules,
             "context": self.context,
         }
+        # Commands kept as files (navi_trio/project/commands.py), as the daemon listed
+        # them for our folder: name -> its fields (description, body ...).
+        self.files: dict[str, dict[str, str]] = {}
+        self._told: set[str] = set()  # notices already shown
 
     async def run(self, name: str, arg: str) -> None:
-        """``/name arg``; an unknown name is one error line."""
+        """``/name arg``; a command kept as a file is sent as its prompt with `arg` in
+        it; an unknown name is one error line."""
         command = self._by_name.get(name.lower())
-        if command is None:
+        if command is not None:
+            await command(arg)
+            return
+        kept = self.files.get(name.lower())
+        if kept is None:
             self.app.renderer.error(f"unknown command /{name}: type /help for the list")
             return
-        await command(arg)
+        try:
+            text = expand_command(kept.get("body", ""), arg)
+        except CommandTooLongError as exc:
+            self.app.renderer.error(f"/{name}: {exc}")
+            return
+        await self.app.line(text, literal=True)
+
+    def listed(self, frame: Frame) -> None:
+        """The daemon's list of the commands kept as files: offered from now on, but for
+        those named as one of ours (a notice says so, once)."""
+        items = [c for c in frame.get("commands") or [] if isinstance(c, dict)]
+        self.files, notices = usable(items, self._by_name)
+        for notice in [*notices, *(str(n) for n in frame.get("notices") or [])]:
+            if notice not in self._told:
+                self._told.add(notice)
+                self.app.renderer.notice(notice)
 
     async def help(self, arg: str) -> None:
         self.app.renderer.console.print(HELP, highlight=False, markup=False)
+        if self.files:
+            lines = ["Commands kept as files (.navi/commands, .claude/commands, yours):"]
+            for name, c in sorted(self.files.items()):
+                hint = f" {c['argument_hint']}" if c.get("argument_hint") else ""
+                lines.append(f"  /{name}{hint}  {c.get('description', '')}")
+            self.app.renderer.console.print("\n".join(lines), highlight=False, markup=False)
 
     async def quit(self, arg: str) -> None:
         self.app.quit()

@@ -14,6 +14,7 @@ import attrs
 import trio
 
 from navi_trio import wire
+from navi_trio.client.commands import SlashCommands
 from navi_trio.client.connection import Connection
 from navi_trio.client.profile import ProfileAsk
 from navi_trio.client.render import WAITING, Renderer
@@ -29,6 +30,9 @@ class Unanswered:
 
     text: str
     busy: bool
+
+
+COMMANDS_ID = "chat-commands"  # the id of our request for the commands kept as files
 
 
 class FrameHandling:
@@ -51,6 +55,7 @@ class FrameHandling:
     _rewound: bool
     _profile: ProfileAsk
     _conn: Connection | None
+    _commands: SlashCommands
 
     profiles: list[str] | None
     _unanswered: dict[str, Unanswered]
@@ -116,6 +121,12 @@ class FrameHandling:
     def _on_frame(self, frame: Frame) -> list[Frame]:
         kind = frame["type"]
         r = self.renderer
+        if frame.get("id") == COMMANDS_ID and kind == "error":
+            # A daemon that lists no commands kept as files (an older one: unknown_type)
+            # is no fault; a folder it refuses is said on the first message anyway.
+            if frame.get("code") != "unknown_type":
+                r.notice(f"commands kept as files are not offered: {frame.get('message')}")
+            return []
         if str(frame.get("id")) in self._unanswered and kind in ("ok", "session", "error"):
             if kind == "error":
                 r.frame(frame)  # the refusal first, then the message back on the prompt
@@ -151,6 +162,8 @@ class FrameHandling:
         elif kind == wire.USAGE:
             for line in usage_table(frame):
                 r.notice(line)
+        elif kind == wire.COMMANDS:
+            self._commands.listed(frame)
         elif kind in (wire.CHECKPOINTS, wire.REWIND, wire.FORK):
             return self.rewinds.on_reply(frame)
         elif kind in ("schedules", "schedule_run"):

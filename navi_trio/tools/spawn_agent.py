@@ -78,10 +78,8 @@ class SpawnAgentTool:
 def _request(args: dict[str, Any], ctx: ToolContext) -> SpawnRequest:
     """The checked arguments; a bad one is a ToolInputError naming it."""
     parsed = parse(SpawnArgs, args)
+    # A profile_id the config lacks may name an agent kept as a file: the spawner looks.
     profile_id = parsed.profile_id
-    if profile_id is not None and profile_id not in ctx.config.profiles:
-        known = ", ".join(sorted(ctx.config.profiles))
-        raise ToolInputError(f"unknown profile_id {profile_id!r}; profiles: {known}")
     # The model may ask for less time than NAVI_SPAWN_TIMEOUT_SEC, never for more.
     limit = ctx.settings.spawn_timeout_sec
     asked = limit if parsed.timeout_seconds is None else parsed.timeout_seconds

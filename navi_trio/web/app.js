@@ -20,6 +20,7 @@ import { installUsage, onUsage } from "./usage.js";
 import { renderChoices } from "./choices.js";
 import { forgetToken, keepToken, savedToken, takeSigninCode } from "./signin.js";
 import "./session_tools.js";
+import { onCommands } from "./slash.js";
 
 // -- login ---------------------------------------------------------------------------
 
@@ -120,6 +121,7 @@ function onFrame(frame) {
     case "checkpoints": case "rewind": case "fork": return onRewindReply(frame, what);
     case "context": return onContext(frame);
     case "usage": return onUsage(frame, what);
+    case "commands": return onCommands(frame, what);
     case "task_update": return onTaskUpdate(frame);
     case "ok":
       if (Array.isArray(frame.approvals) && frame.session_id === state.sid) transcript.waiting(frame.approvals);

@@ -4,6 +4,7 @@
 
 import { frames } from "./wire.js";
 import { $, request, send, state, transcript } from "./page.js";
+import { slashLine } from "./slash.js";
 
 export function setBusy(busy) {
   state.busy = busy;
@@ -11,7 +12,9 @@ export function setBusy(busy) {
   if (!busy) $("status-activity").textContent = "";
 }
 
-export function sendMessage(text) {
+export function sendMessage(typed) {
+  const text = slashLine(typed); // a command kept as a file: its prompt
+  if (text === null) return true;
   if (state.creating !== null) { state.held.push(text); return true; }
   const profile = $("profile").value.trim() || null;
   const mode = $("mode").value || null;

@@ -175,10 +175,16 @@ export const frames = {
   approval(approve, sid, callId, scope) {
     return { type: approve ? "approve" : "deny", session_id: sid, call_id: callId, scope };
   },
+  commands(sid, cwd) {
+    const f = { type: "commands" };
+    if (sid) f.session_id = sid;
+    if (cwd) f.cwd = cwd; // the folder the page's messages carry, when one is picked
+    return f;
+  },
 };
 
 // Frames that are replies or out of band: never part of a session's seq stream.
-const REPLY_TYPES = new Set(["welcome", "ok", "session", "sessions", "tasks", "resync", "lagged", "task_update"]);
+const REPLY_TYPES = new Set(["welcome", "ok", "session", "sessions", "tasks", "resync", "lagged", "task_update", "commands"]);
 
 export function isSessionFrame(frame) {
   return !REPLY_TYPES.has(frame.type) && Number.isInteger(frame.seq);

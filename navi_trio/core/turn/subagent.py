@@ -27,11 +27,13 @@ import trio
 
 from navi_trio.core.turn import runvars
 from navi_trio.core.turn.budgets import Budget
+from navi_trio.core.turn.context import SEPARATOR
 from navi_trio.core.turn.session_state import SessionState
 from navi_trio.core.turn.turn import TurnRunner
 from navi_trio.core.turn.turn_state import LoopParts, Turn
 from navi_trio.errors import BudgetExhaustedError, ContextTooLargeError, LLMError
 from navi_trio.events import AgentEvent, ErrorEvent, SubagentFinished, SubagentStarted
+from navi_trio.profiles import AgentProfile
 from navi_trio.store.base import SessionRow
 from navi_trio.tools.roots import RunRoots
 from navi_trio.tools.services import SpawnRequest, SubagentOutcome
@@ -57,8 +59,12 @@ async def run_ephemeral(
     usage_to: Callable[[int, int], None] | None = None,
     budget: Budget | None = None,
     roots: RunRoots | None = None,
+    profile: AgentProfile | None = None,
 ) -> SubagentOutcome:
-    """Run `request` as a sub-agent of `parent_session_id` (None: of no session)."""
+    """Run `request` as a sub-agent of `parent_session_id` (None: of no session).
+
+    `profile`: the one it runs with, when it is none of the config's (an agent kept as a
+    file, already narrowed to its spawner's); its prompt follows the persona."""
     agent_id = f"subagent_{secrets.token_hex(4)}"
     user_message = request.task
     cfg = parts.config.current()
@@ -68,9 +74,13 @@ async def run_ephemeral(
         row = await parts.store.get_session(parent_session_id)
         if row is not None:
             parent_profile_id = row.profile_id
-    profile = cfg.profile(request.profile_id or parent_profile_id)
-
     system: str | None = None
+    if profile is None:
+        profile = cfg.profile(request.profile_id or parent_profile_id)
+    else:  # composed here: a cached prompt of its id could be an older file's
+        system = SEPARATOR.join(
+            p.strip() for p in (cfg.persona, profile.system_prompt) if p.strip()
+        )
     if request.custom_system_prompt:
         system = request.custom_system_prompt
     elif request.inherit_system_prompt:

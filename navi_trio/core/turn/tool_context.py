@@ -16,10 +16,14 @@ import attrs
 
 from navi_trio.core.turn import runvars
 from navi_trio.core.turn.budgets import Budget
+from navi_trio.core.turn.file_agents import read_file_agents
 from navi_trio.core.turn.policy import sandbox_for
 from navi_trio.core.turn.subagent import run_ephemeral
 from navi_trio.core.turn.turn_state import LoopParts, Turn
 from navi_trio.errors import ToolInputError
+from navi_trio.events import WarningEvent
+from navi_trio.profiles import AgentProfile, NaviConfig
+from navi_trio.project import narrowed
 from navi_trio.tools.base import ToolContext
 from navi_trio.tools.private import private_paths
 from navi_trio.tools.roots import RunRoots
@@ -58,18 +62,31 @@ class Spawner:
         *,
         background: bool = False,
     ) -> SubagentOutcome:
-        refused = self.parts.config.current().refuse_profile(
-            self.user_role, request.profile_id or self.profile_id
-        )
+        cfg = self.parts.config.current()
+        wanted = request.profile_id or self.profile_id
+        file_profile = None
+        if wanted not in cfg.profiles:  # an agent kept as a file, or nothing known
+            file_profile, left_out = await self._file_agent(wanted, cfg)
+            if left_out:
+                publish(
+                    WarningEvent(
+                        message=f"agent {wanted!r} runs without {', '.join(left_out)}: not "
+                        f"among the tools profile {self.profile_id!r} gives sub-agents",
+                        code="agent_tools_left_out",
+                    )
+                )
+        # A file's agent is the spawner's own profile narrowed: the role may use that.
+        refused = cfg.refuse_profile(self.user_role, self.profile_id if file_profile else wanted)
         if refused is not None:
             raise ToolInputError(refused)
+        profile = file_profile or cfg.profile(wanted)
         budget = None
         if self.budget is not None:
-            profile = self.parts.config.current().profile(request.profile_id or self.profile_id)
             budget = self.budget.child(profile.budgets.subagent, background=background)
         return await run_ephemeral(
             self.parts,
-            attrs.evolve(request, profile_id=request.profile_id or self.profile_id),
+            attrs.evolve(request, profile_id=wanted),
+            profile=file_profile,
             parent_session_id=self.session_id,
             publish=publish,
             user_id=self.user_id,
@@ -79,6 +96,22 @@ class Spawner:
             budget=budget,
             roots=self.roots,
         )
+
+    async def _file_agent(self, name: str, cfg: NaviConfig) -> tuple[AgentProfile, tuple[str, ...]]:
+        """The profile of the agent file named `name` in the run's cwd: the spawner's
+        profile narrowed (project/agents.py), and the tools the file asks for that it
+        left out; else a ToolInputError listing the names known and why files were
+        skipped."""
+        found = await read_file_agents(self.parts.settings, cfg, self.roots, self.session_id)
+        agent = found.agents.get(name)
+        if agent is None:
+            known = ", ".join([*sorted(cfg.profiles), *sorted(found.agents)])
+            skipped = "".join(f"\n- {p}" for p in found.problems)
+            raise ToolInputError(
+                f"unknown profile_id {name!r}; profiles: {known}"
+                + (f"\nagent files not used:{skipped}" if skipped else "")
+            )
+        return narrowed(agent, cfg.profile(self.profile_id))
 
 
 @attrs.frozen

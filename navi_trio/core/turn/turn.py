@@ -20,6 +20,7 @@ from typing import Any
 import trio
 
 from navi_trio.core.turn import planning
+from navi_trio.core.turn.file_agents import agents_note, read_file_agents
 from navi_trio.core.turn.llm_call import StreamedReply, chat_request, output_cap, stream_reply
 from navi_trio.core.turn.observe import LLMCallDone
 from navi_trio.core.turn.policy import denied_outright
@@ -80,6 +81,7 @@ class TurnRunner:
         # The tool schemas sent with each call, and their tokens (they change only when
         # the profile does): part of the prompt a budget reserves for.
         self._schemas: tuple[str, int] = ("", 0)
+        self._agents_note: str | None = None  # the agents kept as files (file_agents.py)
 
     def _schema_tokens(self, tools: list[dict[str, Any]]) -> int:
         text = json.dumps(tools, ensure_ascii=False, sort_keys=True)
@@ -215,6 +217,9 @@ class TurnRunner:
         counter, context = self.parts.counter, t.state.context
         t.runtime_tools = await self.parts.registry.prepare(t.profile, t.emit)
         t.project = await read_project(self.parts, t)
+        if SpawnAgentTool.name in t.tool_names():  # the model is told what it may spawn
+            found = await read_file_agents(self.settings, t.config, t.roots, t.todo_session())
+            self._agents_note = agents_note(found)
         # Pre-turn compression, from the real context (not a stored count). While the
         # encoding still loads, a bound under the threshold settles it without waiting.
         if counter.loaded or self.parts.compressor(self.complete).over_threshold(
@@ -315,6 +320,8 @@ class TurnRunner:
             )
         if t.replan:
             extra.append(_note(t.replan))
+        if self._agents_note:
+            extra.append(_note(self._agents_note))
         return self.parts.builder.build(
             config=t.config,
             profile=p,
@@ -505,6 +512,9 @@ class TurnRunner:
         t.config = self.parts.config.current()
         t.profile = t.config.profile(profile_id)
         t.runtime_tools = await self.parts.registry.prepare(t.profile, t.emit)
+        if SpawnAgentTool.name in t.tool_names():  # the model is told what it may spawn
+            found = await read_file_agents(self.settings, t.config, t.roots, t.todo_session())
+            self._agents_note = agents_note(found)
         t.views.invalidate()
         self._tool_context = None
         if t.profile.anti_stall_enabled or t.profile.adaptive_replan_enabled:

@@ -1,0 +1,60 @@
+"""The ``commands`` frame: the slash commands kept as files, for one user's run folder.
+
+    {"type": "commands", "cwd": "/abs/folder"?, "session_id": S?}
+        -> {"type": "commands", "commands": [{"name", "description", "argument_hint",
+            "body", "source", "path"}], "notices": ["why a file was skipped", ...]}
+
+The `cwd` is checked as a message's is (`CwdCheck`: the sender's role and workspace
+roots, never navi's own data; for `session_id`'s owner, whose folder it may be), then
+held and read beneath as the filesystem tool reads (navi_trio/project/commands.py): a
+command's body is a file's content, so a folder the sender may not work in yields
+nothing. The daemon account's own commands (``~/.config/navi/commands``) are listed to
+admins only. Without a `cwd`, only those. Every client expands a command itself
+(navi_trio/command_text.py).
+"""
+
+from __future__ import annotations
+
+import trio
+
+from navi_trio.api.checkpoint_frames import CommandHost
+from navi_trio.api.protocol import CommandList, RequestId, reply
+from navi_trio.core.turn import CwdCheck
+from navi_trio.project import find_commands, user_commands_folder
+from navi_trio.tools.private import private_paths
+from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import run_as
+
+
+async def list_commands(host: CommandHost, rid: RequestId, cmd: CommandList) -> None:
+    rt, user = host.rt, host.user
+    if cmd.session_id is not None:
+        await host._owned(cmd.session_id)
+    held: Root | None = None
+    if cmd.cwd is not None:
+        check = CwdCheck(
+            user_id=user.id, role=user.role, session_id=cmd.session_id,
+            settings=rt.settings, config=rt.config, store=rt.store,
+        )  # fmt: skip
+        held = await check.open(cmd.cwd)
+    settings = rt.settings
+    session_dir = settings.session_dir(cmd.session_id) if cmd.session_id else None
+    private = private_paths(settings, session_dir)
+    # The daemon account's own folder is its admins': an ordinary user of a shared
+    # daemon is never shown what that account keeps (as with its config).
+    own = user_commands_folder() if user.is_admin else None
+    try:
+        found = await trio.to_thread.run_sync(
+            lambda: find_commands(held, private, run_as(settings.tool_user), own)
+        )
+    finally:
+        if held is not None:
+            held.close()
+    await host.conn.send(
+        reply(
+            rid,
+            "commands",
+            commands=[c.frame() for c in found.commands],
+            notices=found.problems,
+        )
+    )

@@ -1,0 +1,59 @@
+"""The page's slash commands kept as files, in headless Chromium against a real
+`navi serve` whose user has commands of their own (~/.config/navi/commands): /help
+lists them (and says which file a built-in name left out), ``/review words`` sends the
+command's prompt with the words in it, and the page's twin of the expansion rule gives
+what navi_trio/command_text.py gives on the same cases. Rules and helpers:
+tests/web_browser.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from project_repo import FIXTURE
+from test_project_commands import EXPANSIONS
+from web_browser import Site, browser, needs_browser, running_site, send
+
+__all__ = ["browser"]  # fixtures
+pytestmark = [pytest.mark.slow, needs_browser]  # a browser, a daemon
+
+
+@pytest.fixture
+def site(tmp_path: Path, browser: Any) -> Iterator[Site]:
+    """tests/web_browser.py's site, its daemon's user holding the fixture's commands."""
+    home = tmp_path / "config-home"
+    folder = home / "navi" / "commands"
+    folder.parent.mkdir(parents=True)
+    shutil.copytree(FIXTURE / ".claude" / "commands", folder)
+    shutil.copy(FIXTURE / ".navi" / "commands" / "help.md", folder / "help.md")
+    yield from running_site(tmp_path, browser, XDG_CONFIG_HOME=str(home))
+
+
+def test_the_page_lists_the_users_commands_and_sends_one_with_its_words(site: Site) -> None:
+    site.loop.add_replies({"text": "reviewed it"})
+    page = site.page()
+    site.login(page)
+    send(page, "/help")
+    page.wait_for_selector(".line.notice >> text=/review FILE — Review the changes in a file")
+    page.wait_for_selector(".line.notice >> text=/help is a built-in command")
+    assert page.locator(".user").count() == 0  # /help sent nothing
+    send(page, "/review src/app.py")
+    page.wait_for_selector(".lane.main .answer >> text=reviewed it")
+    assert page.locator(".user").all_inner_texts() == [
+        "Review the code in src/app.py and list the problems you find."
+    ]
+
+
+def test_the_pages_expansion_is_navi_chats(site: Site) -> None:
+    page = site.page()
+    page.wait_for_selector("#login-token")
+    got = page.evaluate(
+        "async (cases) => { const m = await import('/slash.js');"
+        " return cases.map(([body, args]) => m.expandCommand(body, args)); }",
+        [[body, arguments] for body, arguments, _ in EXPANSIONS],
+    )
+    assert got == [expanded for _, _, expanded in EXPANSIONS]
