@@ -27,6 +27,7 @@ import trio
 
 from navi_trio.api.auth import new_token
 from navi_trio.api.daemon_client import DaemonConnection, open_daemon
+from navi_trio.api.metrics import DaemonMetrics
 from navi_trio.api.server import ApiServer
 from navi_trio.runtime import Runtime, open_runtime
 from navi_trio.settings import Settings
@@ -90,6 +91,7 @@ async def bench_runtime(
     *,
     num_ctx: int = 1_000_000,
     profile: dict[str, Any] | None = None,
+    observer: Any = None,
     **settings: Any,
 ) -> AsyncIterator[Runtime]:
     tmp = Path(tempfile.mkdtemp(prefix="navi-bench-"))
@@ -98,7 +100,7 @@ async def bench_runtime(
         {}, db_path=tmp / "navi.db", data_dir=tmp / "data", llm_backend="ollama",
         llm_url=url, num_ctx=num_ctx, default_model="fake-model", **settings,
     )  # fmt: skip
-    async with open_runtime(conf, config=cfg, tools=tools) as rt:
+    async with open_runtime(conf, config=cfg, tools=tools, observer=observer) as rt:
         yield rt
 
 
@@ -130,7 +132,7 @@ class WsClient:
 
 @asynccontextmanager
 async def ws_daemon(
-    rt: Runtime, users: int = 1, tokens: list[str] | None = None
+    rt: Runtime, users: int = 1, tokens: list[str] | None = None, metrics: Any = None
 ) -> AsyncIterator[tuple[str, str]]:
     """An ApiServer on 127.0.0.1:0 over `rt`; yields (url, token of the first user).
 
@@ -138,7 +140,7 @@ async def ws_daemon(
     connections per user, so the concurrency bench gives each client its own user)."""
     tokens = [] if tokens is None else tokens
     async with trio.open_nursery() as nursery:
-        server = ApiServer(rt, host="127.0.0.1", port=0)
+        server = ApiServer(rt, host="127.0.0.1", port=0, metrics=metrics)
         port = await nursery.start(server.run)
         for i in range(users):
             token = new_token()
@@ -162,7 +164,9 @@ async def loop_bench(a: argparse.Namespace) -> dict[str, Any]:
     runs: list[list[float]] = []
     totals: list[float] = []
     compressions = 0
-    async with bench_runtime(a.url, [echo], num_ctx=a.num_ctx) as rt:
+    # --metrics: the daemon's metrics on, as `navi serve` has them (api/metrics.py).
+    metrics = DaemonMetrics() if a.metrics else None
+    async with bench_runtime(a.url, [echo], num_ctx=a.num_ctx, observer=metrics) as rt:
         if a.mode == "inproc":
             for i in range(a.reps):
                 actor = await rt.sessions.get(f"bench-{i}")
@@ -175,7 +179,10 @@ async def loop_bench(a: argparse.Namespace) -> dict[str, Any]:
                 compressions += sum(f["type"] == "context_compressed" for f in frames)
                 runs.append(echo.rounds_ms())
         else:
-            async with ws_daemon(rt) as (url, token), ws_client(url, token) as c:
+            async with (
+                ws_daemon(rt, metrics=metrics) as (url, token),
+                ws_client(url, token) as c,
+            ):
                 for _ in range(a.reps):
                     seen: list[str] = []
                     echo.start()
@@ -252,6 +259,7 @@ def main() -> int:
     p.add_argument("--tries", type=int, default=20)
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--profile", default="")
+    p.add_argument("--metrics", action="store_true", help="the daemon's metrics on (loop)")
     p.add_argument(
         "--sync", default="", help="what-if: open the store with this synchronous= (OFF, NORMAL)"
     )

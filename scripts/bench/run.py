@@ -54,7 +54,7 @@ NEEDS = {
     "openai_agents": "openai_agents",
 }
 LOOP_RUNNERS = [
-    "plain_httpx", "ollama_client", "navi_inproc", "navi_ws", "langgraph_memory",
+    "plain_httpx", "ollama_client", "navi_inproc", "navi_ws", "navi_ws_metrics", "langgraph_memory",
     "langgraph_sqlite", "pydantic_ai", "openai_agents",
 ]  # fmt: skip
 
@@ -127,8 +127,10 @@ def child(args: list[str], timeout: float) -> dict[str, Any]:
 
 def loop_runner(name: str, url: str, rounds: int, reps: int, timeout: float, **kw: Any) -> Any:
     if name.startswith("navi"):
-        mode = "ws" if name == "navi_ws" else "inproc"
+        mode = "ws" if name.startswith("navi_ws") else "inproc"
         extra = [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
+        if name.endswith("_metrics"):  # the daemon's metrics on, as navi serve has them
+            extra.append("--metrics")
         return child(
             ["navi_runs.py", "loop", "--mode", mode, "--url", url, "--rounds", str(rounds),
              "--reps", str(reps), *extra], timeout,
