@@ -329,7 +329,9 @@ async def test_frames_per_second_limit(tmp_path: Path) -> None:
 # -- runs over the wire -------------------------------------------------------------------
 
 
-async def test_queue_overflow_compact_refusal_and_stop_over_the_wire(tmp_path: Path) -> None:
+async def test_queue_overflow_compact_refusal_and_stop_over_the_wire(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with trio.fail_after(TIMEOUT):
         gate = GateTool()
         async with _gated(tmp_path, gate, message_queue_max=2) as d, d.connect("alice") as c:
@@ -346,6 +348,9 @@ async def test_queue_overflow_compact_refusal_and_stop_over_the_wire(tmp_path: P
             ]
             dropped = await c.until_type("warning")
             assert dropped["code"] == "message_dropped" and "'A'" in dropped["message"]
+            # The daemon's log says it too: the one word of it a killed daemon leaves.
+            logged = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+            assert [m for m in logged if sid in m and dropped["message"] in m], logged
             err = await c.request({"type": "compact", "session_id": sid})
             assert err["code"] == "busy" and "run is active" in err["message"]
             err = await c.request({"type": "sessions", "action": "delete", "session_id": sid})

@@ -61,6 +61,23 @@ async def finish(proc: trio.Process) -> tuple[int, str, str]:
     return code, out.decode(), err.decode()
 
 
+async def tool_pids(proc: trio.Process, fifo: Path, count: int) -> list[int]:
+    """The pids the tool's spawner writes to `fifo`. A navi that exits first fails the
+    test at once with what it printed: its tool never opens the FIFO then, and the read
+    would wait to the test's limit saying nothing of why (seen once in CI)."""
+    pids: list[int] = []
+    async with trio.open_nursery() as nursery:
+
+        async def read() -> None:
+            pids.extend(await read_pids(fifo, count))
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(read)
+        code, out, err = await finish(proc)
+        raise AssertionError(f"navi exited ({code}) before its tool wrote its pids: {out}{err}")
+    return pids
+
+
 async def reap(proc: trio.Process) -> None:
     proc.kill()
     with trio.CancelScope(shield=True):
@@ -175,7 +192,7 @@ async def test_a_stop_signal_kills_the_tools_processes_and_saves_the_stopped_tur
                                 env=env, cwd=tmp_path)  # fmt: skip
         try:
             with trio.fail_after(DEADLINE):
-                pids = await read_pids(fifo, 4)  # the shell, its children, a grandchild
+                pids = await tool_pids(proc, fifo, 4)  # the shell, its children, a grandchild
                 watch = PidWatch(pids)
                 try:
                     proc.send_signal(signum)
@@ -272,7 +289,7 @@ async def test_a_stop_signal_while_waiting_cancels_the_background_tasks(
         assert proc.stderr is not None
         try:
             with trio.fail_after(DEADLINE):
-                pids = await read_pids(fifo, 4)
+                pids = await tool_pids(proc, fifo, 4)
                 watch = PidWatch(pids)
                 try:
                     await _read_until(proc.stderr, b"Ctrl-C to cancel them")

@@ -55,6 +55,10 @@ async def test_rewind_from_the_chat_previews_applies_undoes_and_forks(tmp_path: 
                 assert actor is not None
                 await actor.idle.wait()
                 after_2 = tree_of(folder)
+                # The chat's own view too: the daemon's run can be over while the chat has
+                # not read its end yet (a loaded machine), and a double Esc during a run
+                # only says "a run is active", with no list.
+                await chat.app._wait_settled()
 
                 reader.press("rewind")  # Esc Esc on an idle prompt: the list
                 await screen.wait_for("/rewind N previews")

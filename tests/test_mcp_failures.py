@@ -30,6 +30,8 @@ from realtime import real_time_limit
 from test_mcp_client import STALL, ServerEvents, events, mcp_config
 
 from navi_trio.profiles import McpServerConfig
+from navi_trio.settings import Settings
+from navi_trio.tools.base import ToolContext
 from navi_trio.tools.mcp import McpServers
 from navi_trio.tools.mcp.connection import BACKOFF_FIRST, McpConnection
 
@@ -157,9 +159,17 @@ async def test_backoff_doubles_while_starts_fail_and_resets_after_a_ready_start(
     # Three failed starts (0.5, 1, 2 s after them), one that got ready and crashed: the
     # next try comes 0.5 s after it again, not 4 s; then the failures double anew.
     # The clock jumps from deadline to deadline, so each try starts exactly its backoff
-    # after the line that announced it.
+    # after the line that announced it. The ready one crashes at a call made once it is
+    # ready: a server exiting right after its tools/list answer raced that answer, and
+    # now and then the client saw a failed start (a 4th delay of 4 s).
     plan = "fail,fail,fail,ready-crash,fail,fail,ready"
     expected = [1, 2, 4, 1, 1, 2]  # in units of BACKOFF_FIRST
+    cfg = mcp_config({}).current
+    settings = Settings.from_env({}, db_path=tmp_path / "db", data_dir=tmp_path / "d")
+    ctx = ToolContext(
+        session_id="s", session_dir=tmp_path, kv=None,  # type: ignore[arg-type]
+        settings=settings, profile=cfg.profile(None), config=cfg,
+    )  # fmt: skip
     with real_time_limit(LIMIT):
         async with trio.open_nursery() as ticker:
             await ticker.start(_tick)
@@ -171,6 +181,10 @@ async def test_backoff_doubles_while_starts_fail_and_resets_after_a_ready_start(
                 # nearest deadline as before, so each try is still exactly its delay.
                 mock_clock.autojump_threshold = IDLE
                 for start, units in enumerate(expected, 1):
+                    if plan.split(",")[start - 1] == "ready-crash":
+                        await actor.until("ready", starts=start)
+                        crashed = await actor.call("echo", {"text": "hi"}, ctx)
+                        assert not crashed.ok, crashed  # it crashed at the call
                     delay, logged_at = await restarts.wait_for(start)  # attempt over
                     # What each attempt ended on, and what the server did, for a failure.
                     seen = (start, restarts.lines, events.lines)

@@ -1,9 +1,9 @@
-"""Reliability: a real `navi serve` killed with SIGKILL at random points (issue 11).
+"""Reliability: a real `navi serve` killed with SIGKILL at many points (issue 11).
 
 The fake LLM (in this process, real HTTP on 127.0.0.1) plays multi-tool conversations
 with small delays, cycling: a todo call, two parallel calls, a final answer. Each round
 starts the daemon on the same DB, sends a few messages to a few sessions, and kills the
-daemon with SIGKILL after a random number of frames. After each kill, every user
+daemon with SIGKILL after a number of frames. After each kill, every user
 message the daemon acknowledged (its ``ok`` reply, running or queued) is in the history
 or, queued when the daemon died, in the store's queue after it (the restarted daemon
 runs those first): in order, once;
@@ -11,8 +11,11 @@ every tool call has its result once the session is loaded (as the restarted daem
 loads it); and the sessions go on: the last round is not killed and every session
 answers it normally.
 
-The seed is printed (``-s`` or on failure); ``NAVI_CRASH_SEED`` replays one,
-``NAVI_CRASH_KILLS`` raises the number of kills (default 20).
+The plans and kill points come from fixed seeds (`SEEDS`, one test each), so that a
+failure names what to replay: ``NAVI_CRASH_SEED`` runs that one seed alone, and
+``NAVI_CRASH_KILLS`` sets the number of kills (default 8). A failure reports the seed,
+each life's plan and kill point, where each lost message was (history, queue) after
+each kill, the warnings the client saw, and the daemon's log.
 """
 
 from __future__ import annotations
@@ -25,20 +28,31 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
 from agent_tools import assert_paired
 from api_ws import Client, open_daemon
-from reliability import clean_env, navi_serve
+from reliability import START_LIMIT, clean_env, navi_serve
 from trio_websocket import ConnectionClosed
 
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing import open_fake_llm
 
 pytestmark = pytest.mark.slow
-KILLS = int(os.environ.get("NAVI_CRASH_KILLS", "20"))
-LIMIT = 60 + 6 * KILLS  # real seconds for the whole test
+# The first is the seed of the one loss CI saw ('message 22 of life 5'): with 20 kills
+# at the shipped cap of 5 it replays it now and then, a queued message the cap dropped
+# (named in a message_dropped warning and the log), which is why QUEUE_MAX is above reach.
+SEEDS = (478179314, 20261206, 11)
+KILLS = int(os.environ.get("NAVI_CRASH_KILLS", "8"))
+# Real seconds for one life: the daemon's start (its own limit) and a few messages. Per
+# life, not for the whole: on a loaded machine a whole-test budget of a few seconds a
+# life ran out (20 kills in 180 s) with nothing hung; a hang still ends, naming its life.
+LIFE_LIMIT = START_LIMIT + 60
+# Above any queue the suite can build (at most 3 messages per session per life): the
+# cap's drops are the cap's test, not a crash's (`NAVI_MESSAGE_QUEUE_MAX`).
+QUEUE_MAX = 3 * (KILLS + 1) + 1
 DELAY = {"delay_first": 0.01, "delay_chunk": 0.005}
 QUIET_S = 5.0  # no frame this long while waiting for idle: look at the histories
 SCRIPT: list[dict[str, Any]] = [
@@ -133,24 +147,102 @@ class _Round:
         return len(ends) >= need
 
 
-async def _check_after_kill(
-    db: Path, acked: dict[str, list[str]], order: dict[str, list[str]]
-) -> None:
+def _check_after_kill(
+    loaded: dict[str, Any], db: Path, acked: dict[str, list[str]], order: dict[str, list[str]]
+) -> list[str]:
+    """What is wrong with the store after a kill (each session as the restarted daemon
+    loads it: `loaded`), one line per problem."""
+    problems = []
+    for sid, texts in acked.items():
+        session = loaded[sid]
+        if session is None:
+            problems.append(f"session {sid} lost")
+            continue
+        # What a crash left queued runs after the restart, after the history.
+        users = [m["content"] for m in session.messages if m["role"] == "user"]
+        users += _queued_rows(db, sid)
+        sent = order[sid]
+        if len(users) != len(set(users)):
+            problems.append(f"{sid}: a user message twice: {users}")
+        elif not set(users) <= set(sent):
+            problems.append(f"{sid}: a message nobody sent: {users}")
+        elif users != sorted(users, key=sent.index):
+            problems.append(f"{sid}: out of order: {users}")
+        missing = [t for t in texts if t not in users]
+        if missing:
+            problems.append(f"{sid}: acknowledged {missing} LOST, history+queue has {users}")
+        for what in ("context", "messages"):
+            try:
+                assert_paired(getattr(session, what))
+            except AssertionError as exc:
+                problems.append(f"{sid}: {what} not paired: {exc}")
+    return problems
+
+
+async def _load_all(db: Path, sids: list[str]) -> dict[str, Any]:
     async with SQLiteStore.open(db) as store:
-        for sid, texts in acked.items():
-            loaded = await store.load_session(sid)  # as the restarted daemon loads it
-            assert loaded is not None, f"session {sid} lost"
-            # What a crash left queued runs after the restart, after the history.
-            users = [m["content"] for m in loaded.messages if m["role"] == "user"]
-            users += _queued_rows(db, sid)
-            assert len(users) == len(set(users)), f"{sid}: a user message twice: {users}"
-            sent = order[sid]
-            assert set(users) <= set(sent), f"{sid}: a message nobody sent: {users}"
-            assert users == sorted(users, key=sent.index), f"{sid}: out of order: {users}"
-            missing = [t for t in texts if t not in users]
-            assert not missing, f"{sid}: acknowledged {missing}, history has {users}"
-            assert_paired(loaded.context)
-            assert_paired(loaded.messages)
+        return {sid: await store.load_session(sid) for sid in sids}
+
+
+@attrs.define
+class _Life:
+    """One daemon life, for the report of a failure."""
+
+    life: int
+    kill_at: int | None
+    plan: list[tuple[str | None, int]]
+    seen: int = 0  # frames read when the kill came
+    # After the kill: per session, each user message's place (history, queued by pid).
+    places: dict[str, dict[str, str]] = attrs.field(factory=dict)
+    said: list[str] = attrs.field(factory=list)  # the warnings and errors the client saw
+
+
+def _places(db: Path, sids: list[str]) -> dict[str, dict[str, str]]:
+    """Where each user message of each session is in the store now (read-only)."""
+    out: dict[str, dict[str, str]] = {}
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        for sid in sids:
+            here = out[sid] = {}
+            rows = conn.execute(
+                "SELECT content, position FROM messages WHERE session_id = ? AND role = 'user'"
+                " ORDER BY position", [sid],
+            )  # fmt: skip
+            for text, position in rows:
+                here[text] = f"history@{position:g}"
+            queued = conn.execute(
+                "SELECT data, pid, id FROM queued WHERE session_id = ? ORDER BY id", [sid]
+            )
+            for data, pid, row_id in queued:
+                here[json.loads(data)["text"]] = f"queued#{row_id} pid {pid}"
+    return out
+
+
+def _said(frames: list[dict[str, Any]]) -> list[str]:
+    """The client's frames worth a look after a loss: warnings, errors, queue notes."""
+    kinds = ("warning", "error", "message_queued", "ok")
+    return [json.dumps(f)[:300] for f in frames if f.get("type") in kinds]
+
+
+def _report(
+    seed: int, lives: list[_Life], order: dict[str, list[str]], problems: list[str], log: Path
+) -> str:
+    """A failure's story: the seed, each life's plan and kill, where the lost messages
+    were after each kill, what the client was told, and the daemon's log."""
+    lost = [t for sid, texts in order.items() for t in texts if any(t in p for p in problems)]
+    lines = [f"NAVI_CRASH_SEED={seed} NAVI_CRASH_KILLS={KILLS}", *problems, ""]
+    for life in lives:
+        lines.append(f"life {life.life}: plan {life.plan}, kill after {life.kill_at} frames"
+                     f" (read {life.seen})")  # fmt: skip
+        for text in lost:
+            for sid, places in life.places.items():
+                sent_in = int(text.rsplit(" ", 1)[1])  # 'message N of life L'
+                if text in order.get(sid, ()) and sent_in <= life.life:
+                    lines.append(f"  {text!r} in {sid}: {places.get(text, 'absent')}")
+        lines += [f"  client: {said}" for said in life.said
+                  if any(text in said for text in lost) or '"warning"' in said]  # fmt: skip
+    daemon = log.read_text(errors="replace").splitlines() if log.exists() else []
+    tail = [line for line in daemon if "httpx" not in line][-200:]  # (not each LLM call)
+    return "\n".join([*lines, "", "daemon log (last 200 lines):", *tail])
 
 
 class _Book:
@@ -192,48 +284,84 @@ class _Book:
         r.reached.set()  # all done before the kill point: kill now
 
 
-async def test_sigkill_at_random_points_loses_no_acknowledged_message(tmp_path: Path) -> None:
-    seed = int(os.environ.get("NAVI_CRASH_SEED", random.randrange(1 << 30)))
+CRASH_SEED = os.environ.get("NAVI_CRASH_SEED")
+
+
+@pytest.mark.parametrize("seed", [int(CRASH_SEED)] if CRASH_SEED else SEEDS)
+async def test_sigkill_at_many_points_loses_no_acknowledged_message(
+    tmp_path: Path, seed: int
+) -> None:
     print(f"crash suite: NAVI_CRASH_SEED={seed} NAVI_CRASH_KILLS={KILLS}")
     rng = random.Random(seed)
-    env = clean_env(tmp_path)
+    env = clean_env(tmp_path, NAVI_MESSAGE_QUEUE_MAX=str(QUEUE_MAX))
     db = Path(env["NAVI_DB"])
+    log = tmp_path / "serve.log"
     book = _Book()
-    with trio.fail_after(LIMIT):
-        async with open_fake_llm(SCRIPT, loop=True) as llm:
-            for life in range(KILLS):
-                kill_at = rng.randint(1, 80)
+    lives: list[_Life] = []
+
+    async def check(life: _Life) -> str | None:
+        """The failure's report, if the store is wrong after this life."""
+        loaded = await _load_all(db, book.sids)
+        life.places = _places(db, book.sids)
+        problems = _check_after_kill(loaded, db, book.acked, book.order)
+        if not problems and life.kill_at is None:
+            problems = [f"{sid}: left queued" for sid in book.sids if _queued_rows(db, sid)]
+        return _report(seed, lives, book.order, problems, log) if problems else None
+
+    async def live(life: _Life, llm_url: str) -> None:
+        with log.open("a") as out:
+            out.write(f"--- life {life.life}: {life.plan}, kill after {life.kill_at} frames\n")
+        async with navi_serve(env, llm_url, log, log_level="info") as d, d.connect() as c:
+            r = _Round(c, life.kill_at)
+            if life.kill_at is None:  # not killed: every session answers normally
+                await book.converse(r, life.plan, life.life)
+                await _assert_answered(c, book.sids)
+            else:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(book.talk_until_killed, r, life.plan, life.life)
+                    await r.reached.wait()
+                    d.proc.kill()
+                    await d.proc.wait()
+            life.seen = r.seen
+            life.said = _said(c.frames)
+
+    failed = None
+    async with open_fake_llm(SCRIPT, loop=True) as llm:
+        for n in range(KILLS + 1):
+            if n < KILLS:
+                kill_at: int | None = rng.randint(1, 80)
                 pool: list[str | None] = [*book.sids, None, None]
                 targets = rng.sample(pool, k=min(2, len(book.sids) + 1))
                 plan = [(sid, rng.randint(1, 3)) for sid in targets]
-                async with navi_serve(env, llm.url, tmp_path / "serve.log") as d:
-                    async with d.connect() as c, trio.open_nursery() as nursery:
-                        r = _Round(c, kill_at)
-                        nursery.start_soon(book.talk_until_killed, r, plan, life)
-                        await r.reached.wait()
-                        d.proc.kill()
-                        await d.proc.wait()
-                await _check_after_kill(db, book.acked, book.order)
-            # The last life is not killed: every session answers normally.
-            async with navi_serve(env, llm.url, tmp_path / "serve.log") as d, d.connect() as c:
-                await book.converse(_Round(c, None), [(sid, 1) for sid in book.sids], KILLS)
-                for sid in book.sids:
-                    history = await c.request(
-                        {"type": "sessions", "action": "history", "session_id": sid}
-                    )
-                    last = history["messages"][-1]
-                    quiet = ("text_delta", "thinking_delta", "tool_event")
-                    seen = [(f["type"], f.get("code") or f.get("reason") or f.get("name"))
-                            for f in c.frames
-                            if f.get("session_id") == sid and f["type"] not in quiet]  # fmt: skip
-                    assert last["role"] == "assistant" and "All done" in last["content"], (
-                        sid,
-                        seen,
-                    )
-            await _check_after_kill(db, book.acked, book.order)
-            assert all(_queued_rows(db, sid) == [] for sid in book.sids), "left queued"
+            else:  # the last life
+                kill_at, plan = None, [(sid, 1) for sid in book.sids]
+            lives.append(_Life(n, kill_at, plan))
+            with trio.move_on_after(LIFE_LIMIT) as late:
+                await live(lives[-1], llm.url)
+            if late.cancelled_caught:
+                hung = [f"life {n} did not end within {LIFE_LIMIT} s"]
+                failed = _report(seed, lives, book.order, hung, log)
+                break
+            with trio.fail_after(LIFE_LIMIT):
+                failed = await check(lives[-1])
+            if failed:
+                break
+    if failed:
+        pytest.fail(failed, pytrace=False)
     total = sum(len(v) for v in book.acked.values())
     print(f"crash suite: {KILLS} kills, {len(book.sids)} sessions, {total} acknowledged messages")
+
+
+async def _assert_answered(c: Client, sids: list[str]) -> None:
+    """Each session's history ends with the fake's final answer."""
+    for sid in sids:
+        history = await c.request({"type": "sessions", "action": "history", "session_id": sid})
+        said = history["messages"][-1]
+        quiet = ("text_delta", "thinking_delta", "tool_event")
+        seen = [(f["type"], f.get("code") or f.get("reason") or f.get("name"))
+                for f in c.frames
+                if f.get("session_id") == sid and f["type"] not in quiet]  # fmt: skip
+        assert said["role"] == "assistant" and "All done" in said["content"], (sid, seen)
 
 
 def _queued_rows(db: Path, sid: str) -> list[str]:
@@ -283,6 +411,48 @@ async def test_a_queued_acknowledged_message_survives_sigkill(tmp_path: Path) ->
             ("user", "D after the restart"), ("assistant", "answer D"),
         ]  # fmt: skip
         assert _queued_rows(db, sid) == []
+
+
+async def test_messages_a_kill_left_queued_count_toward_the_cap_after_the_restart(
+    tmp_path: Path,
+) -> None:
+    # What the kill suite once saw as a loss ('message 22 of life 5', at the shipped cap
+    # of 5): rows a killed daemon left queued are the session's queue after the restart,
+    # so messages sent then can push the oldest acknowledged one out. That is the cap's
+    # documented drop, named to the subscribers and in the daemon's log, not a crash's
+    # loss: the kill suite keeps its queues below the cap for that reason.
+    env = clean_env(tmp_path)  # the shipped cap
+    db = Path(env["NAVI_DB"])
+    log = tmp_path / "serve.log"
+    held = [{"text": "slow", "delay_first": 3600}]  # a run that holds the session
+    texts = [f"queued {n}" for n in range(1, 6)]
+    with trio.fail_after(90):
+        async with open_fake_llm(held) as llm:
+            async with navi_serve(env, llm.url, log) as d, d.connect() as c:
+                r = _Round(c, None)
+                sid, _ = await r.send(None, "runs first")
+                await llm.wait_requests(1)
+                for text in texts:  # the cap's 5, acknowledged
+                    assert (await r.send(sid, text))[1]
+                d.proc.kill()
+                await d.proc.wait()
+        assert _queued_rows(db, sid) == texts
+        async with open_fake_llm(held) as llm:
+            async with navi_serve(env, llm.url, log) as d, d.connect() as c:
+                await c.request({"type": "subscribe", "session_id": sid, "last_seq": 0})
+                await llm.wait_requests(1)  # 'queued 1' runs: saved, off the queue
+                for text in ("after 1", "after 2"):  # 4 + 1 waiting, then one more
+                    assert (await _Round(c, None).send(sid, text))[1]
+                warning = await c.until_type("warning", session_id=sid)
+                d.proc.kill()
+                await d.proc.wait()
+    assert warning["code"] == "message_dropped" and "'queued 2'" in warning["message"]
+    assert "'queued 2'" in log.read_text() and "was dropped" in log.read_text()
+    async with SQLiteStore.open(db) as store:
+        users = [m["content"] for m in await store.load_messages(sid) if m["role"] == "user"]
+    assert users + _queued_rows(db, sid) == [
+        "runs first", "queued 1", "queued 3", "queued 4", "queued 5", "after 1", "after 2"
+    ]  # fmt: skip
 
 
 async def test_the_ok_of_a_running_message_comes_after_it_is_saved(

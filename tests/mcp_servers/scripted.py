@@ -8,7 +8,9 @@ Environment:
 - ``SCRIPT_PLAN``: what each start does, comma-separated (the last one repeats):
   ``silent`` (reads every request, answers none), ``no-list`` (answers ``initialize``,
   never ``tools/list``), ``fail`` (exits at once with code 1), ``ready-crash``
-  (answers both, then exits with code 3), ``ready`` (answers both, and calls);
+  (answers both, then exits with code 3 at its first call: a crash the client meets once
+  it is surely ready, never one racing its ``tools/list`` answer), ``ready`` (answers
+  both, and calls);
 - ``SCRIPT_COUNTER``: a file counting the starts (the plan's index), kept by the server;
 - ``SCRIPT_TOOLS``: the ``tools/list`` result's tools, as JSON (default: one ``echo``).
 
@@ -72,9 +74,9 @@ def main() -> None:
             if mode == "no-list":
                 continue
             send({"id": rid, "result": {"tools": tools}})
-            if mode == "ready-crash":
-                event("crash")
-                sys.exit(3)
+        elif method == "tools/call" and mode == "ready-crash":
+            event("crash")
+            sys.exit(3)
         elif method == "tools/call":
             text = request["params"].get("arguments", {}).get("text", "")
             send({"id": rid, "result": {"content": [{"type": "text", "text": f"echo: {text}"}]}})

@@ -339,7 +339,11 @@ class SessionActor:
             self._control.injections.discard(gone)
         for _, row in rows:
             self.dropped_total += 1
-            self.publish(dropped_warning(row, max(self.queue_max, 1), self.dropped_total))
+            warning = dropped_warning(row, max(self.queue_max, 1), self.dropped_total)
+            # In the log too: a client that was not connected, or a daemon killed before
+            # the warning went out, leaves the log as the one word of it.
+            log.warning("session %s: %s", self.session_id, warning.message)
+            self.publish(warning)
 
     @property
     def running(self) -> RunControl | None:
