@@ -96,8 +96,6 @@ from navi_trio.store.fence import Fence
 
 log = logging.getLogger(__name__)
 
-log = logging.getLogger(__name__)
-
 # A run cancelled under it (the runtime shutting down) still ends itself, shielded: its
 # last events (the partial answer's stream_end) are read and published for this long.
 T = TypeVar("T")
