@@ -49,7 +49,7 @@ class Outcome:
 @attrs.define(eq=False)
 class _Pending:
     starter: str  # the user who started the run: the only one who answers
-    grant: str  # what a `session` or `always` answer grants (`grant_key`)
+    grants: tuple[str, ...]  # what a `session` or `always` answer grants (`grant_key`)
     rule: str
     request: ApprovalRequest
     answered: trio.Event = attrs.Factory(trio.Event)
@@ -60,6 +60,14 @@ class _Pending:
 def grant_key(user_id: str, mode: str, key: str) -> str:
     """What a grant covers: the rule's `key`, for the grantor `user_id`, in `mode`."""
     return f"{user_id}|{mode}|{key}"
+
+
+def covering(grant: str) -> tuple[str, ...]:
+    """The grants that cover `grant`: itself, and for a program in the workspace, the
+    same program on any path."""
+    if "|cmd|" in grant and grant.endswith("|workspace"):
+        return (grant, grant.removesuffix("|workspace") + "|anywhere")
+    return (grant,)
 
 
 class ApprovalBroker:
@@ -100,13 +108,14 @@ class ApprovalBroker:
         publish: Callable[[AgentEvent], None],
         headless: bool = False,
     ) -> Outcome:
-        grant = grant_key(user_id, mode, verdict.key)
-        if grant in self._session_grants.get(session_id, ()):
-            publish(ApprovalDecided(call_id=call_id, approved=True, scope="session", by="grant"))
-            return Outcome(True, "approved for this session")
-        if await self.store.kv_get(ALWAYS_SCOPE, grant):
-            publish(ApprovalDecided(call_id=call_id, approved=True, scope="always", by="grant"))
-            return Outcome(True, "approved always")
+        grants = tuple(grant_key(user_id, mode, k) for k in verdict.keys)
+        scopes = [await self._granted(session_id, g) for g in grants]
+        if all(scopes):
+            scope = "always" if all(s == "always" for s in scopes) else "session"
+            publish(ApprovalDecided(call_id=call_id, approved=True, scope=scope, by="grant"))
+            return Outcome(
+                True, "approved always" if scope == "always" else "approved for this session"
+            )
         if headless or not self.attached(session_id):
             ok = headless_allows(profile.policy, facts)
             publish(ApprovalDecided(call_id=call_id, approved=ok, by="headless"))
@@ -123,8 +132,10 @@ class ApprovalBroker:
             rule=verdict.rule,
             mode=mode,
             timeout_sec=math.ceil(self.timeout),
+            parts=verdict.parts,
+            grant=verdict.grant or f"calls that {verdict.rule} asks about",
         )
-        pending = _Pending(user_id, grant, verdict.rule, request)
+        pending = _Pending(user_id, grants, verdict.rule, request)
         key = (session_id, call_id)
         self._pending[key] = pending
         try:
@@ -175,9 +186,10 @@ class ApprovalBroker:
                 session_id=session_id,
             )
         if approve and scope == "session":
-            self._session_grants.setdefault(session_id, set()).add(pending.grant)
+            self._session_grants.setdefault(session_id, set()).update(pending.grants)
         if approve and scope == "always":
-            await self.store.kv_set(ALWAYS_SCOPE, pending.grant, {"rule": pending.rule})
+            for grant in pending.grants:
+                await self.store.kv_set(ALWAYS_SCOPE, grant, {"rule": pending.rule})
         if pending.answered.is_set():  # answered twice while the grant was stored
             return
         pending.approved = approve
@@ -187,6 +199,17 @@ class ApprovalBroker:
             "session %s: call %s %s (%s)",
             session_id, call_id, "approved" if approve else "denied", scope,
         )  # fmt: skip
+
+    async def _granted(self, session_id: str, grant: str) -> str | None:
+        """How `grant` is granted: "session", "always", or None."""
+        held = self._session_grants.get(session_id, set())
+        for g in covering(grant):
+            if g in held:
+                return "session"
+        for g in covering(grant):
+            if await self.store.kv_get(ALWAYS_SCOPE, g):
+                return "always"
+        return None
 
     def forget(self, session_id: str) -> None:
         """The session is gone: drop its `session` grants."""
