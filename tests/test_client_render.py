@@ -325,6 +325,24 @@ def test_an_approval_request_is_a_card_and_its_decision_one_line() -> None:
     assert out.getvalue().splitlines()[-1] == "✗ denied terminal (by timeout)"
 
 
+def test_an_approval_card_of_a_terminal_line_lists_its_parts_and_the_session_grant() -> None:
+    r, out = _renderer()
+    part = {"text": "git status", "program": "git", "decision": "allow", "paths": []}
+    paths = [{"path": "/etc/x", "inside": False}, {"path": "./y", "inside": True}]
+    curl = {"text": "curl -o /etc/x y", "program": "curl", "decision": "ask", "paths": paths}
+    request = {
+        "type": "approval_request", "call_id": "c1", "tool": "terminal", "mode": "full",
+        "summary": "terminal run: git status && curl -o /etc/x y", "rule": "part 2: mode full",
+        "parts": [part, curl], "grant": "`curl` with any arguments on any path, unsandboxed",
+    }  # fmt: skip
+    _feed(r, [request])
+    assert out.getvalue().splitlines()[2:5] == [
+        "  │   ✓ allow: git status",
+        "  │   ? ask: curl -o /etc/x y (outside the workspace: /etc/x)",
+        "  │ s (this session) allows: `curl` with any arguments on any path, unsandboxed",
+    ]
+
+
 def test_the_models_silent_work_shows_in_the_toolbar_not_in_the_answer() -> None:
     r, out = _renderer()
     _feed(r, [{"type": "model_working", "step": "choosing a tool", "tokens": 0}])

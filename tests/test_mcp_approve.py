@@ -65,5 +65,6 @@ async def test_a_failed_elicitation_denies_with_its_error() -> None:
 def test_the_question_is_bounded_and_names_the_parts_and_the_grant() -> None:
     parts = [{"text": "curl x", "decision": "ask"}, {"text": "sh", "decision": "ask"}]
     text = question(FRAME | {"parts": parts, "grant": "`curl` in this workspace"})
-    assert "- curl x: ask\n- sh: ask" in text and "`curl` in this workspace" in text
+    assert "? ask: curl x\n? ask: sh" in text
+    assert '"allow_session" allows: `curl` in this workspace' in text
     assert len(question(FRAME | {"summary": "x" * 100_000})) <= QUESTION_MAX

@@ -252,8 +252,8 @@ async def test_an_approval_is_asked_of_the_client_through_elicitation(
     assert result.structured_content["notes"] == [] and marker.exists()
     (question,) = elicitor.questions
     assert "navi wants to run terminal: terminal run: touch ran" in question
-    assert "mode full" in question and "- touch ran: ask" in question
-    assert '"allow_session" also allows, in this session: `touch` with any arguments' in question
+    assert "mode full" in question and "? ask: touch ran" in question
+    assert '"allow_session" allows: `touch` with any arguments' in question
 
 
 async def test_a_client_that_declines_denies_the_call(env: dict[str, str], tmp_path: Path) -> None:

@@ -158,6 +158,9 @@ def test_approve_once_runs_the_call_and_deny_refuses_the_next(site: Site, tmp_pa
     card.wait_for()
     assert "touch" in card.locator(".approval-head").inner_text()
     assert "rule:" in card.locator(".approval-rule").inner_text()
+    assert card.locator(".approval-part").inner_text().startswith(f"? ask: touch {first}")
+    grant = card.locator(".approval-grant").inner_text()
+    assert grant.startswith("For this session allows: `touch` with any arguments")
     page.wait_for_selector(".approval.waiting .approval-left >> text=/\\d+:\\d\\d left/")
     assert card.locator("button").all_inner_texts() == [
         "Approve once", "For this session", "Always", "Deny"

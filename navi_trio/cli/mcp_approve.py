@@ -19,6 +19,7 @@ from mcp.server.mcpserver import Context
 from mcp_types import ClientCapabilities, ElicitationCapability
 from pydantic import BaseModel, Field
 
+from navi_trio.approval_text import grant_line, part_lines
 from navi_trio.cli.mcp_ask import AskFeed, cut
 from navi_trio.wire import Frame
 
@@ -68,13 +69,9 @@ def question(frame: Frame) -> str:
         f"navi wants to run {frame.get('tool', '?')}: {frame.get('summary', '')}",
         f"It asks because: {frame.get('rule', '')}",
     ]
-    parts = frame.get("parts")
-    for part in parts if isinstance(parts, list) else ():
-        if isinstance(part, dict):
-            lines.append(f"- {part.get('text', '')}: {part.get('decision', '')}")
-    grant = frame.get("grant")
-    if isinstance(grant, str) and grant:
-        lines.append(f'"allow_session" also allows, in this session: {grant}')
+    lines += part_lines(frame)
+    grant = grant_line(frame, '"allow_session"')
+    lines += [grant] if grant else []
     text = "\n".join(cut(line, LINE_MAX) for line in lines)
     return text if len(text) <= QUESTION_MAX else text[: QUESTION_MAX - 1] + "…"
 
