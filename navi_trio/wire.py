@@ -36,9 +36,10 @@ FORK = "fork"
 SCHEDULE = "schedule"  # add / list / remove / pause / resume
 CLIENT_TOOLS = "client_tools"  # the tools this connection runs for a session
 CLIENT_TOOL_RESULT = "client_tool_result"  # its answer to a client_tool_call
+GRANTS = "grants"  # list / revoke the approvals given "for the session" or "always"
 CLIENT_TYPES = (HELLO, MESSAGE, STOP, COMPACT, SUBSCRIBE, UNSUBSCRIBE, TASKS, SESSIONS,
                 APPROVE, DENY, CHECKPOINTS, REWIND, FORK, SCHEDULE, CLIENT_TOOLS,
-                CLIENT_TOOL_RESULT)  # fmt: skip
+                CLIENT_TOOL_RESULT, GRANTS)  # fmt: skip
 CLIENT_TOOL_CALL = "client_tool_call"  # daemon -> the client that declared the tool
 
 # Daemon -> client, besides a session's events (whose types are the AgentEvents').
@@ -167,6 +168,14 @@ def approval(approve: bool, session_id: str, call_id: str, scope: str = "once") 
     """The owner's answer to an `approval_request`: approve or deny, once/session/always."""
     kind = APPROVE if approve else DENY
     return {"type": kind, "session_id": session_id, "call_id": call_id, "scope": scope}
+
+
+def grants(action: str = "list", grant_id: str | None = None) -> Frame:
+    """List the sender's approval grants (an admin's: everyone's), or revoke one."""
+    frame: Frame = {"type": GRANTS, "action": action}
+    if grant_id is not None:
+        frame["grant_id"] = grant_id
+    return frame
 
 
 def stop(session_id: str) -> Frame:

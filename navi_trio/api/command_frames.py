@@ -152,6 +152,14 @@ class Approval:
 
 
 @attrs.frozen
+class Grants:
+    """List the approvals granted "for the session" or "always", or revoke one by id."""
+
+    action: Literal["list", "revoke"] = "list"
+    grant_id: str | None = attrs.field(default=None, validator=check.grant)
+
+
+@attrs.frozen
 class Checkpoints:
     """A session's rewind points, checkpoints and branches."""
 
@@ -217,6 +225,7 @@ Command = (
     | Tasks
     | Sessions
     | Approval
+    | Grants
     | Checkpoints
     | Rewind
     | Fork

@@ -40,6 +40,7 @@ from navi_trio.api.command_frames import ClientTools as ClientTools
 from navi_trio.api.command_frames import Command as Command
 from navi_trio.api.command_frames import Compact as Compact
 from navi_trio.api.command_frames import Fork as Fork
+from navi_trio.api.command_frames import Grants as Grants
 from navi_trio.api.command_frames import Hello as Hello
 from navi_trio.api.command_frames import Rewind as Rewind
 from navi_trio.api.command_frames import Schedule as Schedule
@@ -95,6 +96,7 @@ COMMANDS: dict[str, type[Any]] = {
     wire.SCHEDULE: Schedule,
     wire.CLIENT_TOOLS: ClientTools,
     wire.CLIENT_TOOL_RESULT: ClientToolResult,
+    wire.GRANTS: Grants,
 }
 
 

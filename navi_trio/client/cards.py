@@ -32,6 +32,7 @@ class Board(Protocol):
     status: Status
 
     def put(self, markup: str, who: str = "", style: str | None = None) -> None: ...
+    def notice(self, text: str, who: str = "") -> None: ...
     def markdown(self, text: str, who: str = "") -> None: ...
     def mark_busy(self, frame: Frame) -> None: ...
 
@@ -164,6 +165,18 @@ class Cards:
             ),
             who,
         )
+
+    def on_grants(self, frame: Frame, who: str) -> None:
+        """A reply to /approvals: the grants, or the one revoked."""
+        rows = [g for g in frame.get("grants") or [] if isinstance(g, dict)]
+        revoked = frame.get("action") == "revoke"
+        for g in rows:
+            where = f"session {g.get('session_id')}" if g.get("scope") == "session" else "always"
+            line = f"{g.get('id')} · {where} · mode {g.get('mode')} · {g.get('grants')}"
+            head = "[green]revoked[/] " if revoked else "  "
+            self.r.put(head + escape(one_line(line, RESULT_MAX)), who)
+        if not revoked:
+            self.r.notice(f"{len(rows)} approval grant(s)" if rows else "no approvals granted")
 
     def on_approval_decided(self, frame: Frame, who: str) -> None:
         call_id = str(frame.get("call_id"))
