@@ -141,6 +141,30 @@ def test_plan_ticks_tool_card_sub_agent_lane_and_a_background_task(site: Site) -
     assert page.locator(".lane.sub").count() == 1
 
 
+def test_a_session_grant_is_listed_on_the_page_and_revoked(site: Site, tmp_path: Path) -> None:
+    def touch(name: str) -> dict[str, Any]:
+        path = tmp_path / name
+        return {"name": "terminal", "arguments": {"action": "run", "command": f"touch {path}"}}
+
+    site.loop.add_replies(
+        {"tool_calls": [touch("one")]}, {"tool_calls": [touch("two")]}, {"text": "Both."}
+    )
+    page = site.page()
+    site.login(page)
+    page.select_option("#mode", "full")
+    send(page, "touch twice")
+    page.locator(".approval.waiting button[data-scope='session']").click()
+    page.wait_for_selector(".lane.main .answer >> text=Both.")
+    assert page.locator(".approval").count() == 1  # the second call was granted
+    grant = page.locator("#grant-list .grant")
+    grant.wait_for()
+    assert "`touch` with any arguments" in grant.locator(".grant-what").inner_text()
+    assert page.locator("#grant-empty").is_hidden()
+    grant.locator("button.grant-revoke").click()
+    page.wait_for_selector("#grant-empty", state="visible")
+    assert page.locator("#grant-list .grant").count() == 0
+
+
 def test_approve_once_runs_the_call_and_deny_refuses_the_next(site: Site, tmp_path: Path) -> None:
     first, second = tmp_path / "approved-marker", tmp_path / "denied-marker"
 

@@ -11,6 +11,7 @@ import { errorText, oneLine } from "./dom.js";
 import { $, request, showError, state, transcript } from "./page.js";
 import { adopt, closeSidebarOnPhone, onHistoryPage, onSessionFrame, openSession, pageRefused, renderSessions, resetSession, showEmpty } from "./sessions.js";
 import { onTaskUpdate, onTasks } from "./tasks.js";
+import { loadGrants, onGrants } from "./grants.js";
 import { sendMessage, setBusy, stopRun, updateStatus } from "./composer.js";
 
 const TOKEN_KEY = "navi.token";
@@ -50,6 +51,7 @@ function onWelcome(welcome, again) {
   $("user-name").textContent = `${state.user.name || "?"} (${state.user.role || "?"})`;
   setConn("connected", "up");
   request(frames.sessionsList(), { kind: "list" });
+  loadGrants();
   if (again) {
     if (state.sid) {
       // From the last seq seen: the daemon replays what we missed (or says resync).
@@ -104,9 +106,11 @@ function onFrame(frame) {
       }
       return;
     case "tasks": return onTasks(frame);
+    case "grants": return onGrants(frame);
     case "task_update": return onTaskUpdate(frame);
     case "ok":
       if (Array.isArray(frame.approvals) && frame.session_id === state.sid) transcript.waiting(frame.approvals);
+      if (frame.approved && (frame.scope === "session" || frame.scope === "always")) loadGrants();
       return;
     case "resync":
       if (frame.session_id !== state.sid) return;
