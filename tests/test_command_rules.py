@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from navi_trio.core.turn.commands import SimpleCommand, parse_command
-from navi_trio.core.turn.policy import CallFacts, decide, denied_outright
+from navi_trio.core.turn.policy import CallFacts, decide, denied_outright, headless_allows
 from navi_trio.errors import ConfigError
 from navi_trio.profiles import AgentProfile, check_config, parse_config
 from navi_trio.settings import default_config_path
@@ -213,6 +213,20 @@ def test_the_network_is_granted_only_when_every_part_has_it() -> None:
     assert mixed.decision == "allow" and mixed.network is False
     both = _profile(_rule(program="curl", network=True), _rule(program="jq", network=True))
     assert decide(both, "user", "workspace", _facts("curl x | jq .")).network is True
+
+
+def test_the_headless_allow_list_covers_a_line_only_part_by_part() -> None:
+    data = json.loads(_CONFIG)
+    data["profiles"]["general"]["policy"] = {
+        "headless_allow": [{"tool": "terminal", "action": "run", "match": "pytest *"},
+                           {"tool": "terminal", "match": "ls"}]
+    }  # fmt: skip
+    policy = parse_config(data, default_config_path()).profiles["general"].policy
+    assert headless_allows(policy, _facts("pytest -q tests"))
+    assert headless_allows(policy, _facts("pytest -q tests && ls"))
+    assert not headless_allows(policy, _facts("pytest -q; rm -rf ~"))
+    assert not headless_allows(policy, _facts("pytest -q $(rm -rf ~)"))
+    assert not headless_allows(policy, _facts("pytest -q `rm -rf ~`"))
 
 
 def test_a_deny_rule_on_commands_does_not_hide_the_terminal_tool() -> None:

@@ -289,8 +289,24 @@ def with_network(sandbox: SandboxSpec | None) -> SandboxSpec | None:
 
 
 def headless_allows(policy: PolicyConfig, facts: CallFacts) -> bool:
-    """With no client attached: only calls on the profile's headless allow-list run."""
-    return any(facts.matches(p) for p in policy.headless_allow)
+    """With no client attached: only calls on the profile's headless allow-list run. A
+    terminal line only when each of its parts is on it (a pattern matches a part's words,
+    or the whole line when it is one part), and never one the grammar cannot follow."""
+    if not facts.is_command:
+        return any(facts.matches(p) for p in policy.headless_allow)
+    patterns = [p for p in policy.headless_allow if facts.matches_call(p)]
+    parsed = parse_command(facts.target)
+    if parsed.problem is not None:
+        return False
+    whole = facts.target.strip() if len(parsed.parts) == 1 else None
+    return all(
+        any(
+            fnmatch.fnmatchcase(part.text, p.match)
+            or (whole is not None and fnmatch.fnmatchcase(whole, p.match))
+            for p in patterns
+        )
+        for part in parsed.parts
+    )
 
 
 def summary(tool: str, args: dict[str, Any]) -> str:
