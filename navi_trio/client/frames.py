@@ -149,7 +149,7 @@ class FrameHandling:
             self._on_tasks(frame)
         elif kind in (wire.CHECKPOINTS, wire.REWIND, wire.FORK):
             return self.rewinds.on_reply(frame)
-        elif kind in ("schedules", "schedule_run", wire.GRANTS):
+        elif kind in ("schedules", "schedule_run"):
             r.frame(frame)
         elif kind == "resync":
             if frame.get("session_id") == self.session_id:
