@@ -160,6 +160,8 @@ def test_a_session_grant_is_listed_on_the_page_and_revoked(site: Site, tmp_path:
     grant.wait_for()
     assert "`touch` with any arguments" in grant.locator(".grant-what").inner_text()
     assert page.locator("#grant-empty").is_hidden()
+    page.reload()  # listed again once the reopened session's tasks are in
+    grant.wait_for()
     grant.locator("button.grant-revoke").click()
     page.wait_for_selector("#grant-empty", state="visible")
     assert page.locator("#grant-list .grant").count() == 0

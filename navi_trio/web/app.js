@@ -51,7 +51,7 @@ function onWelcome(welcome, again) {
   $("user-name").textContent = `${state.user.name || "?"} (${state.user.role || "?"})`;
   setConn("connected", "up");
   request(frames.sessionsList(), { kind: "list" });
-  loadGrants();
+  state.grantsLoaded = false; // listed after the first tasks list: never ahead of a history page
   if (again) {
     if (state.sid) {
       // From the last seq seen: the daemon replays what we missed (or says resync).
@@ -105,7 +105,12 @@ function onFrame(frame) {
         request(frames.sessionsList(), { kind: "list" });
       }
       return;
-    case "tasks": return onTasks(frame);
+    case "tasks":
+      if (frame.action === "list" && !state.grantsLoaded) {
+        state.grantsLoaded = true;
+        loadGrants();
+      }
+      return onTasks(frame);
     case "grants": return onGrants(frame);
     case "task_update": return onTaskUpdate(frame);
     case "ok":

@@ -1,5 +1,8 @@
 // The approvals granted "for the session" or "always" (the user's own; an admin's:
 // everyone's), from `grants` answers: each with what it covers, in words, and Revoke.
+// Listed once a connection's first tasks list is in (a request of its own at the
+// welcome could take a rate-limited burst's room from the first history page), and again
+// after each approval for the session or always and each revoke.
 
 import { frames } from "./wire.js";
 import { el, oneLine } from "./dom.js";
