@@ -79,6 +79,10 @@ def test_a_line_splits_into_its_simple_commands(line: str, parts: list[list[str]
         ("cat < in >> out", ["in", "out"], ["cat"]),
         ("make &> log", ["log"], ["make"]),
         ("echo hi >&2", [], ["echo", "hi"]),
+        # digits apart from the operator, or quoted, are an argument, not a descriptor
+        ("kill 1 > /dev/null", ["/dev/null"], ["kill", "1"]),
+        ('echo "2">out', ["out"], ["echo", "2"]),
+        ("2>x b", ["x"], ["b"]),
     ],
 )
 def test_a_redirection_target_is_a_path_of_its_command(

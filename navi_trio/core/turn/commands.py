@@ -17,6 +17,7 @@ token, which of shlex's tokens are operators and which are words.
 from __future__ import annotations
 
 import os.path
+import re
 import shlex
 from pathlib import PurePosixPath
 
@@ -155,17 +156,24 @@ def parse_command(line: str) -> Parsed:
         words, shape = _tokens(plain), _tokens(masked)
         if len(words) != len(shape):
             raise _Unknown("quoting the parser cannot follow")
-        return Parsed(parts=_split(words, shape))
+        return Parsed(parts=_split(words, shape, _fd_prefixed(masked)))
     except _Unknown as exc:
         return Parsed(problem=f"it has {exc}")
     except ValueError as exc:  # shlex: no closing quotation / escaped character
         return Parsed(problem=f"it cannot be split into words ({exc})")
 
 
-def _split(words: list[str], shape: list[str]) -> tuple[SimpleCommand, ...]:
+def _fd_prefixed(masked: str) -> list[bool]:
+    """For each unquoted operator of `masked`, in order: whether digits written right
+    before it name a file descriptor (``2>f``), not an argument (``echo 2 >f``)."""
+    return [bool(m.group(1)) for m in re.finditer(r"(?:(?<![^\s;&|()<>])(\d+))?[();<>|&]+", masked)]
+
+
+def _split(words: list[str], shape: list[str], fds: list[bool]) -> tuple[SimpleCommand, ...]:
     parts: list[SimpleCommand] = []
     current: list[str] = []
     redirects: list[str] = []
+    operators = iter(fds)
     i = 0
     while i < len(words):
         word, masked = words[i], shape[i]
@@ -173,6 +181,7 @@ def _split(words: list[str], shape: list[str]) -> tuple[SimpleCommand, ...]:
             current.append(word)
             i += 1
             continue
+        fd = next(operators, False)
         if masked in SEPARATORS:
             parts.append(_command(current, redirects))
             current, redirects = [], []
@@ -183,10 +192,8 @@ def _split(words: list[str], shape: list[str]) -> tuple[SimpleCommand, ...]:
         if i + 1 >= len(words) or _is_operator(shape[i + 1]):
             raise _Unknown(f"a redirection {masked} with no target")
         target = words[i + 1]
-        if current and current[-1].isdigit() and masked not in ("&>", "&>>"):
-            # `2>file`: the digits are (most likely) a file descriptor, not an argument
-            # (`echo 2 >file` reads the same to shlex: both count as redirects then).
-            current.pop()
+        if fd and current and current[-1].isdigit() and masked not in ("&>", "&>>"):
+            current.pop()  # `2>file`: a file descriptor, written against the operator
         if not (masked in (">&", "<&") and (target.isdigit() or target == "-")):
             redirects.append(target)  # >&2 duplicates a descriptor: no path
         i += 2
