@@ -171,6 +171,14 @@ def test_paths_inside_or_outside_the_workspace() -> None:
     assert decide(deny_out, "user", "workspace", _facts("ls > x")).decision == "allow"
 
 
+def test_a_cd_moves_where_the_later_parts_paths_resolve() -> None:
+    p = _profile(_rule(program="cd"), _rule(program="rm", paths="inside"))
+    assert decide(p, "admin", "full", _facts("cd sub && rm -rf x")).decision == "allow"
+    for line in ("cd / && rm -rf *", "cd .. && rm x", "cd - && rm x", "cd && rm x",
+                 "pushd /etc; rm x", "popd; rm x"):  # fmt: skip
+        assert decide(p, "admin", "full", _facts(line)).decision == "ask", line
+
+
 def test_with_no_folders_known_every_path_is_outside() -> None:
     p = _profile(_rule(program="cat", paths="inside"))
     facts = CallFacts.of("terminal", {"action": "run", "command": "cat a"})

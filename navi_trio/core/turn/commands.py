@@ -269,6 +269,20 @@ def inside(path: str, cwd: str, roots: tuple[str, ...]) -> bool:
     return any(here == PurePosixPath(r) or PurePosixPath(r) in here.parents for r in roots)
 
 
+CHDIR = frozenset({"cd", "pushd", "popd"})
+
+
+def moved_to(part: SimpleCommand, cwd: str) -> str:
+    """The folder the parts after `part` run in: `cwd`, or where a ``cd`` goes ("" when
+    it cannot be known, as for ``cd -`` or ``popd``: every relative path is outside then)."""
+    if part.program not in CHDIR:
+        return cwd
+    args = [a for a in part.args if a != "--"]
+    if part.program == "popd" or len(args) != 1 or args[0].startswith(("-", "~")) or not cwd:
+        return ""
+    return os.path.normpath(os.path.join(cwd, args[0]))
+
+
 def outside_paths(part: SimpleCommand, cwd: str, roots: tuple[str, ...]) -> tuple[str, ...]:
     """The words of `part` that may name a path outside `roots`: every candidate of every
     argument is checked (not only the ones that look like paths: ``..`` alone is one),

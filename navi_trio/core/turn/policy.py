@@ -45,7 +45,13 @@ from typing import Any
 
 import attrs
 
-from navi_trio.core.turn.commands import SimpleCommand, outside_paths, parse_command, path_words
+from navi_trio.core.turn.commands import (
+    SimpleCommand,
+    moved_to,
+    outside_paths,
+    parse_command,
+    path_words,
+)
 from navi_trio.events import CommandPart, PathArg
 from navi_trio.profiles import (
     COMMAND_KEYS,
@@ -336,7 +342,11 @@ def _decide_command(profile: AgentProfile, role: str, mode: str, facts: CallFact
     if parsed.problem is not None:
         return _unparsed(profile, mode, facts, rules, parsed.problem)
     single = len(parsed.parts) == 1
-    decided = [_decide_part(profile, mode, facts, rules, p, single) for p in parsed.parts]
+    decided = []
+    here = facts
+    for part in parsed.parts:
+        decided.append(_decide_part(profile, mode, here, rules, part, single))
+        here = attrs.evolve(here, cwd=moved_to(part, here.cwd))
     parts = tuple(v for v, _ in decided)
     for decision in ("deny", "ask"):
         hits = [(n, v, k) for n, (v, k) in enumerate(decided, 1) if v.decision == decision]
