@@ -158,6 +158,18 @@ def test_a_deny_rule_is_not_dodged_by_options_or_a_path_to_the_program() -> None
     assert decide(p, "user", "workspace", _facts("git status")).decision == "allow"
 
 
+def test_a_deny_rule_is_not_dodged_by_a_wrapper_or_a_shell() -> None:
+    p = _profile(_rule("deny", program="rm"))
+    for line in ("env rm -rf x", "sudo /bin/rm x", "timeout 5 rm x", "find . -exec rm '{}' \\;",
+                 "ls | xargs rm"):  # fmt: skip
+        assert decide(p, "user", "workspace", _facts(line)).decision == "deny", line
+    for line in ("bash -c 'rm -rf x'", "sh -ec 'rm x'", "/bin/bash -c 'rm x'"):
+        verdict = decide(p, "user", "workspace", _facts(line))
+        assert verdict.decision == "ask" and "runs its argument as shell code" in verdict.rule
+    assert decide(p, "user", "workspace", _facts("env ls")).decision == "allow"
+    assert decide(p, "user", "workspace", _facts("bash script.sh")).decision == "allow"
+
+
 def test_paths_inside_or_outside_the_workspace() -> None:
     p = _profile(_rule(program="cat", paths="inside"))
     assert decide(p, "admin", "full", _facts("cat a.txt sub/b ./c")).decision == "allow"

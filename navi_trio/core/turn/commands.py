@@ -34,6 +34,15 @@ KEYWORDS = frozenset(
     {"if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case",
      "esac", "select", "function", "time", "!", "[[", "]]", "{", "}", "in"}
 )  # fmt: skip
+# Shells: with -c they run their argument as code, which this grammar does not follow.
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "fish", "busybox"})
+# Programs that run another program named among their arguments: a deny or ask rule on
+# a program looks among their arguments too (env rm, xargs rm, sudo rm, find -exec rm).
+WRAPPERS = frozenset(
+    {"env", "sudo", "doas", "xargs", "nice", "nohup", "timeout", "stdbuf", "ionice", "chroot",
+     "watch", "strace", "ltrace", "setsid", "unbuffer", "find", "parallel", "flock", "chrt",
+     "taskset", "runuser", "su", "script"}
+)  # fmt: skip
 _PUNCT = "();<>|&"
 _MASK = "x"
 _GLOB = frozenset("*?[")
@@ -226,6 +235,10 @@ def _command(words: list[str], redirects: list[str]) -> SimpleCommand:
         raise _Unknown(f"the shell keyword {program}")
     if program in CODE_RUNNERS:
         raise _Unknown(f"{program}, which runs its arguments as shell code")
+    if os.path.basename(program) in SHELLS and any(
+        w.startswith("-") and not w.startswith("--") and "c" in w for w in words[1:]
+    ):
+        raise _Unknown(f"{program} -c, which runs its argument as shell code")
     return SimpleCommand(tuple(words), tuple(redirects))
 
 

@@ -46,6 +46,7 @@ from typing import Any
 import attrs
 
 from navi_trio.core.turn.commands import (
+    WRAPPERS,
     SimpleCommand,
     moved_to,
     outside_paths,
@@ -420,7 +421,7 @@ def _rule_covers(
         # the whole line, as written: an allow only when it is this one part
         return (single or not allow) and fnmatch.fnmatchcase(facts.target.strip(), rule.match)
     if rule.program is not None:
-        names = {part.program} if allow else {part.program, posixpath.basename(part.program)}
+        names = {part.program} if allow else _run_names(part)
         if not any(fnmatch.fnmatchcase(n, rule.program) for n in names):
             return False
     rest = part.args
@@ -438,6 +439,15 @@ def _rule_covers(
     if rule.paths == "inside" and outside:
         return False
     return not (rule.paths == "outside" and not outside)
+
+
+def _run_names(part: SimpleCommand) -> set[str]:
+    """What a part may run, for a deny or ask rule: its program (as written and its base
+    name), and for a wrapper (env, sudo, xargs, find …) each argument too."""
+    names = {part.program, posixpath.basename(part.program)}
+    if posixpath.basename(part.program) in WRAPPERS:
+        names |= set(part.args) | {posixpath.basename(a) for a in part.args}
+    return names
 
 
 def _unparsed(
