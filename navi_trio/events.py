@@ -239,6 +239,25 @@ class SubagentFinished(AgentEvent):
 
 
 @attrs.frozen
+class PathArg:
+    path: str
+    inside: bool  # resolved against the command's folder: inside the run's folders
+
+
+@attrs.frozen
+class CommandPart:
+    """One simple command of a terminal line, as the policy decided it."""
+
+    text: str
+    program: str
+    args: tuple[str, ...] = ()
+    paths: tuple[PathArg, ...] = ()
+    decision: str = "ask"  # allow | ask | deny
+    rule: str = ""  # what decided it
+    grant: str = ""  # asked: what "allow for the session" grants for it, in words
+
+
+@attrs.frozen
 class ApprovalRequest(AgentEvent):
     """A tool call waits for its session owner's `approve` / `deny` (docs/pages/tools.md)."""
 
@@ -248,6 +267,10 @@ class ApprovalRequest(AgentEvent):
     rule: str  # which rule asked
     mode: str = "workspace"
     timeout_sec: int = 0  # whole seconds, rounded up
+    # A terminal line: its simple commands, each with its decision; `grant` says in
+    # words what an approval "for the session" grants.
+    parts: tuple[CommandPart, ...] = ()
+    grant: str = ""
 
 
 @attrs.frozen

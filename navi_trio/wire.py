@@ -42,10 +42,11 @@ USAGE = "usage"  # what the runs spent (the accounts): asked, and its reply
 CONTEXT = "context"  # the project files (instruction files, skills) in effect for a cwd
 COMMANDS = "commands"  # the commands kept as files (navi_trio/command_text.py); its reply
 SIGNIN_CODE = "signin_code"  # a one-time code that signs the browser page in (and its reply)
+GRANTS = "grants"  # list / revoke the approvals given "for the session" or "always"
 CLIENT_TYPES = (HELLO, MESSAGE, STOP, COMPACT, SUBSCRIBE, UNSUBSCRIBE, TASKS, SESSIONS,
                 APPROVE, DENY, CHECKPOINTS, REWIND, FORK, SCHEDULE, CLIENT_TOOLS,
                 CLIENT_TOOL_RESULT, FOLDERS, CHANGES, USAGE, CONTEXT, SIGNIN_CODE,
-                COMMANDS)  # fmt: skip
+                COMMANDS, GRANTS)  # fmt: skip
 CLIENT_TOOL_CALL = "client_tool_call"  # daemon -> the client that declared the tool
 
 # Daemon -> client, besides a session's events (whose types are the AgentEvents').
@@ -90,6 +91,7 @@ REPLY_TYPES = frozenset(
         CONTEXT,
         SIGNIN_CODE,
         COMMANDS,
+        GRANTS,
     }
 )
 
@@ -180,6 +182,14 @@ def approval(approve: bool, session_id: str, call_id: str, scope: str = "once") 
     """The owner's answer to an `approval_request`: approve or deny, once/session/always."""
     kind = APPROVE if approve else DENY
     return {"type": kind, "session_id": session_id, "call_id": call_id, "scope": scope}
+
+
+def grants(action: str = "list", grant_id: str | None = None) -> Frame:
+    """List the sender's approval grants (an admin's: everyone's), or revoke one."""
+    frame: Frame = {"type": GRANTS, "action": action}
+    if grant_id is not None:
+        frame["grant_id"] = grant_id
+    return frame
 
 
 def stop(session_id: str) -> Frame:

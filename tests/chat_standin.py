@@ -257,6 +257,11 @@ class StandIn:
                     ],
                 },
             )
+        elif kind == "grants":
+            grant = {"id": "g-0123456789ab", "scope": "session", "session_id": "s-1",
+                     "user_id": "u-1", "mode": "full",
+                     "grants": "`curl` in this workspace"}  # fmt: skip
+            await self._send(ws, {"type": "grants", "action": frame["action"], "grants": [grant]})
         elif kind in ("approve", "deny"):
             session = self.sessions[frame["session_id"]]
             if session.asking.pop(frame["call_id"], None) is None:

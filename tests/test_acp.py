@@ -208,6 +208,10 @@ async def test_permission_requests_answered_allow_reject_and_cancelled(
     ]  # fmt: skip
     assert asked["toolCall"]["kind"] == "execute"
     assert asked["toolCall"]["title"] == f"$ touch {allowed}"
+    # the line's parts, and in words what "Allow always" grants
+    texts = [c["content"]["text"] for c in asked["toolCall"]["content"] if c["type"] == "content"]
+    assert f"? ask: touch {allowed} (outside the workspace: {allowed})" in texts[-1]
+    assert '"Allow always" allows: `touch` with any arguments on any path' in texts[-1]
     assert allowed.exists() and said(first) == "ran it"
     for step, marker in ((second, rejected), (third, cancelled)):
         assert len(step["permissions"]) == 1

@@ -99,6 +99,7 @@ async def test_a_private_servers_token_is_kept_in_its_memory_only(
 VERBS: list[tuple[tuple[str, ...], int, str]] = [
     (("sessions",), 0, "s-verb"),
     (("tasks",), 0, "no tasks"),
+    (("approvals",), 0, "no approvals granted"),
     (("schedule", "list"), 0, "no schedules"),
     (("rewind", "--session", "s-verb", "--list"), 0, "hi"),
     (("fork", "--session", "s-verb", "--new", "s-fork"), 0, "forked s-verb into s-fork"),

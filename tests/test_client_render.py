@@ -325,6 +325,43 @@ def test_an_approval_request_is_a_card_and_its_decision_one_line() -> None:
     assert out.getvalue().splitlines()[-1] == "✗ denied terminal (by timeout)"
 
 
+def test_an_approval_card_of_a_terminal_line_lists_its_parts_and_the_session_grant() -> None:
+    r, out = _renderer()
+    part = {"text": "git status", "program": "git", "decision": "allow", "paths": []}
+    paths = [{"path": "/etc/x", "inside": False}, {"path": "./y", "inside": True}]
+    curl = {"text": "curl -o /etc/x y", "program": "curl", "decision": "ask", "paths": paths}
+    request = {
+        "type": "approval_request", "call_id": "c1", "tool": "terminal", "mode": "full",
+        "summary": "terminal run: git status && curl -o /etc/x y", "rule": "part 2: mode full",
+        "parts": [part, curl], "grant": "`curl` with any arguments on any path, unsandboxed",
+    }  # fmt: skip
+    _feed(r, [request])
+    assert out.getvalue().splitlines()[2:5] == [
+        "  │   ✓ allow: git status",
+        "  │   ? ask: curl -o /etc/x y (outside the workspace: /etc/x)",
+        "  │ s (this session) allows: `curl` with any arguments on any path, unsandboxed",
+    ]
+
+
+def test_the_approvals_list_and_a_revoke_are_one_line_each() -> None:
+    r, out = _renderer()
+    grant = {"id": "g-0123456789ab", "scope": "session", "session_id": "s-1", "mode": "full",
+             "grants": "`curl` with any arguments in this workspace, unsandboxed"}  # fmt: skip
+    always = grant | {"id": "g-ba9876543210", "scope": "always", "session_id": ""}
+    _feed(r, [{"type": "grants", "action": "list", "grants": [grant, always]}])
+    assert out.getvalue().splitlines() == [
+        "  g-0123456789ab · session s-1 · mode full · `curl` with any arguments in this "
+        "workspace, unsandboxed",
+        "  g-ba9876543210 · always · mode full · `curl` with any arguments in this workspace, "
+        "unsandboxed",
+        "2 approval grant(s)",
+    ]
+    _feed(r, [{"type": "grants", "action": "revoke", "grants": [grant]}])
+    assert out.getvalue().splitlines()[-1].startswith("revoked g-0123456789ab · session s-1")
+    _feed(r, [{"type": "grants", "action": "list", "grants": []}])
+    assert out.getvalue().splitlines()[-1] == "no approvals granted"
+
+
 def test_the_models_silent_work_shows_in_the_toolbar_not_in_the_answer() -> None:
     r, out = _renderer()
     _feed(r, [{"type": "model_working", "step": "choosing a tool", "tokens": 0}])

@@ -27,8 +27,9 @@ import pytest
 import trio
 import trio.testing
 from mcp import Client, MCPError
+from mcp.client.session import ClientRequestContext, ElicitationFnT
 from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp_types import CallToolResult
+from mcp_types import CallToolResult, ElicitRequestParams, ElicitResult
 from test_api_daemon import serve
 from test_cli import fake_llm, messages, unused_port
 
@@ -70,13 +71,21 @@ def _errlog(tmp_path: Path) -> TextIO:
 
 @asynccontextmanager
 async def mcp_serve(
-    env: dict[str, str], tmp_path: Path, *args: str, command: list[str] | None = None
+    env: dict[str, str],
+    tmp_path: Path,
+    *args: str,
+    command: list[str] | None = None,
+    elicitation: ElicitationFnT | None = None,
+    mode: str = "auto",
 ) -> AsyncIterator[Client]:
-    """The SDK's client on a `navi mcp serve` it spawned; its stderr goes to err.log."""
+    """The SDK's client on a `navi mcp serve` it spawned; its stderr goes to err.log.
+    `elicitation`: the client's answer to an elicitation (None: it declares none);
+    `mode`: how it picks the protocol version (the SDK's `Client.mode`)."""
     argv = command or [sys.executable, "-m", "navi_trio", "mcp", "serve", *args]
     params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=tmp_path)
     with _errlog(tmp_path) as errlog:
-        async with Client(stdio_client(params, errlog=errlog)) as client:
+        transport = stdio_client(params, errlog=errlog)
+        async with Client(transport, elicitation_callback=elicitation, mode=mode) as client:
             yield client
 
 
@@ -183,6 +192,98 @@ async def test_a_call_that_needs_approval_is_denied_with_a_note(
     assert note.startswith("denied terminal") and "nobody can approve it over MCP" in note
     assert note in text(result)
     assert not marker.exists()
+
+
+@attrs.define
+class Elicitor:
+    """An MCP client's elicitation callback: answers each question with the next of
+    `answers` ("decline", or an answer accepted) and keeps the questions."""
+
+    answers: list[str]
+    questions: list[str] = attrs.field(factory=list)
+
+    async def __call__(
+        self, context: ClientRequestContext, params: ElicitRequestParams
+    ) -> ElicitResult:
+        self.questions.append(params.message)
+        answer = self.answers.pop(0)
+        if answer == "decline":
+            return ElicitResult(action="decline")
+        return ElicitResult(action="accept", content={"answer": answer})
+
+
+def _touches(*markers: Path) -> list[dict[str, Any]]:
+    """The fake LLM's replies (it loops them): a call per marker, then an answer. The
+    first message's planning asks twice before the run: two calls go to it, so more
+    than one call needs two replies for it first."""
+    calls = [
+        {"text": "", "tool_calls": [{"name": "terminal", "arguments": {
+            "action": "run", "command": f"touch {m.name}"}}]}
+        for m in markers
+    ]  # fmt: skip
+    planning = [{"text": "No plan."}] * 2 if len(calls) > 1 else []
+    return [*planning, *calls, {"text": "Done."}]
+
+
+async def _ask_elicited(
+    env: dict[str, str],
+    tmp_path: Path,
+    elicitor: Elicitor,
+    replies: list[dict[str, Any]],
+    mode: str = "legacy",
+) -> CallToolResult:
+    """One ask in `full` mode by a client with `elicitor`; by default on the initialize
+    handshake's protocol versions, where a server may ask its client during a call."""
+    async with fake_llm(tmp_path, replies) as llm:
+        env = {**env, "OLLAMA_HOST": llm}
+        with trio.fail_after(DEADLINE):
+            async with mcp_serve(
+                env, tmp_path, "--mode", "full", elicitation=elicitor, mode=mode
+            ) as c:
+                return await ask(c, message="touch it", cwd=str(tmp_path))
+
+
+async def test_an_approval_is_asked_of_the_client_through_elicitation(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    elicitor = Elicitor(["allow_once"])
+    marker = tmp_path / "ran"
+    result = await _ask_elicited(env, tmp_path, elicitor, _touches(marker))
+    assert result.structured_content["notes"] == [] and marker.exists()
+    (question,) = elicitor.questions
+    assert "navi wants to run terminal: terminal run: touch ran" in question
+    assert "mode full" in question and "? ask: touch ran" in question
+    assert '"allow_session" allows: `touch` with any arguments' in question
+
+
+async def test_a_client_that_declines_denies_the_call(env: dict[str, str], tmp_path: Path) -> None:
+    for answer in ("deny", "decline"):
+        marker = tmp_path / f"ran-{answer}"
+        result = await _ask_elicited(env, tmp_path, Elicitor([answer]), _touches(marker))
+        (note,) = result.structured_content["notes"]
+        assert note.startswith("denied terminal") and "the MCP client denied it" in note
+        assert not marker.exists()
+
+
+async def test_allow_for_the_session_is_not_asked_again(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    elicitor = Elicitor(["allow_session"])
+    first, second = tmp_path / "one", tmp_path / "two"
+    result = await _ask_elicited(env, tmp_path, elicitor, _touches(first, second))
+    assert result.structured_content["notes"] == []
+    assert first.exists() and second.exists() and len(elicitor.questions) == 1
+
+
+async def test_a_client_whose_protocol_takes_no_request_mid_call_is_denied_with_a_note(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    elicitor = Elicitor(["allow_once"])
+    marker = tmp_path / "ran"
+    result = await _ask_elicited(env, tmp_path, elicitor, _touches(marker), mode="auto")
+    (note,) = result.structured_content["notes"]
+    assert "nobody can approve it over MCP" in note and "takes no request during a call" in note
+    assert elicitor.questions == [] and not marker.exists()
 
 
 async def test_two_asks_at_once_in_one_session_each_get_their_own_answer(

@@ -141,6 +141,32 @@ def test_plan_ticks_tool_card_sub_agent_lane_and_a_background_task(site: Site) -
     assert page.locator(".lane.sub").count() == 1
 
 
+def test_a_session_grant_is_listed_on_the_page_and_revoked(site: Site, tmp_path: Path) -> None:
+    def touch(name: str) -> dict[str, Any]:
+        path = tmp_path / name
+        return {"name": "terminal", "arguments": {"action": "run", "command": f"touch {path}"}}
+
+    site.loop.add_replies(
+        {"tool_calls": [touch("one")]}, {"tool_calls": [touch("two")]}, {"text": "Both."}
+    )
+    page = site.page()
+    site.login(page)
+    page.select_option("#mode", "full")
+    send(page, "touch twice")
+    page.locator(".approval.waiting button[data-scope='session']").click()
+    page.wait_for_selector(".lane.main .answer >> text=Both.")
+    assert page.locator(".approval").count() == 1  # the second call was granted
+    grant = page.locator("#grant-list .grant")
+    grant.wait_for()
+    assert "`touch` with any arguments" in grant.locator(".grant-what").inner_text()
+    assert page.locator("#grant-empty").is_hidden()
+    page.reload()  # listed again once the reopened session's tasks are in
+    grant.wait_for()
+    grant.locator("button.grant-revoke").click()
+    page.wait_for_selector("#grant-empty", state="visible")
+    assert page.locator("#grant-list .grant").count() == 0
+
+
 def test_approve_once_runs_the_call_and_deny_refuses_the_next(site: Site, tmp_path: Path) -> None:
     first, second = tmp_path / "approved-marker", tmp_path / "denied-marker"
 
@@ -158,6 +184,9 @@ def test_approve_once_runs_the_call_and_deny_refuses_the_next(site: Site, tmp_pa
     card.wait_for()
     assert "touch" in card.locator(".approval-head").inner_text()
     assert "rule:" in card.locator(".approval-rule").inner_text()
+    assert card.locator(".approval-part").inner_text().startswith(f"? ask: touch {first}")
+    grant = card.locator(".approval-grant").inner_text()
+    assert grant.startswith("For this session allows: `touch` with any arguments")
     page.wait_for_selector(".approval.waiting .approval-left >> text=/\\d+:\\d\\d left/")
     assert card.locator("button").all_inner_texts() == [
         "Approve once", "For this session", "Always", "Deny"

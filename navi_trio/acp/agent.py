@@ -45,6 +45,7 @@ from navi_trio.acp.jsonrpc import (
     RpcError,
 )
 from navi_trio.acp.servers import EditorServers, ServerHost
+from navi_trio.approval_text import grant_line, part_lines
 from navi_trio.command_text import CommandTooLongError, expand_command, usable
 from navi_trio.errors import NaviError, RemoteError
 from navi_trio.wire import Frame
@@ -585,6 +586,9 @@ class Agent:
         }
         change = up.diff(session.cwd, name, args)
         call["content"] = [change] if change else [up.text_content(str(frame.get("summary", "")))]
+        parsed = [*part_lines(frame), grant_line(frame, '"Allow always"')]
+        if frame.get("parts"):
+            call["content"].append(up.text_content("\n".join(line for line in parsed if line)))
         try:
             reply = await self._peer().request(
                 "session/request_permission",

@@ -195,6 +195,14 @@ class Context:
 
 
 @attrs.frozen
+class Grants:
+    """List the approvals granted "for the session" or "always", or revoke one by id."""
+
+    action: Literal["list", "revoke"] = "list"
+    grant_id: str | None = attrs.field(default=None, validator=check.grant)
+
+
+@attrs.frozen
 class Checkpoints:
     """A session's rewind points, checkpoints and branches."""
 
@@ -292,6 +300,7 @@ Command = (
     | CommandList
     | Sessions
     | Approval
+    | Grants
     | Checkpoints
     | Rewind
     | Fork

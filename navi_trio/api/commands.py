@@ -41,6 +41,7 @@ from navi_trio.api.protocol import (
     Folders,
     Fork,
     Frame,
+    Grants,
     Hello,
     RequestId,
     Rewind,
@@ -123,6 +124,7 @@ class Commands:
             Tasks: self._tasks,
             Sessions: self._sessions,
             Approval: self._approval,
+            Grants: self._grants,
             Checkpoints: self.checkpoints.overview,
             Rewind: self.checkpoints.rewind,
             Fork: self.checkpoints.fork,
@@ -255,6 +257,20 @@ class Commands:
                 scope=cmd.scope,
             )  # fmt: skip
         )
+
+    async def _grants(self, rid: RequestId, cmd: Grants) -> None:
+        """The sender's approval grants (an admin's: everyone's); revoke one of them."""
+        who = None if self.user.is_admin else self.user.id
+        broker = self.rt.approvals
+        if cmd.action == "list":
+            rows = [g.to_dict() for g in await broker.grants(who)]
+            await self.conn.send(reply(rid, "grants", action="list", grants=rows))
+            return
+        if cmd.grant_id is None:
+            raise ProtocolError("grants revoke needs a grant_id")
+        revoked = await broker.revoke(cmd.grant_id, who)
+        log.info("grant %s revoked by %s", cmd.grant_id, self.user.name)
+        await self.conn.send(reply(rid, "grants", action="revoke", grants=[revoked.to_dict()]))
 
     async def _compact(self, rid: RequestId, cmd: Compact) -> None:
         await self._owned(cmd.session_id)

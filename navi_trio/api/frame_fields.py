@@ -99,6 +99,14 @@ def token(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
         raise ValueError(f"field {attr.name!r} must be the token of a rewind's preview")
 
 
+_GRANT = re.compile(r"g-[0-9a-f]{12}")
+
+
+def grant(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and not _GRANT.fullmatch(value):
+        raise ValueError(f"field {attr.name!r} must be a grant's id (g- and 12 hex digits)")
+
+
 # A history cursor is the position of a page's last message: opaque to clients, who send
 # back the `next_cursor` of a reply as it came.
 _CURSOR = re.compile(r"-?[0-9]{1,20}(?:\.[0-9]{1,20})?(?:e[+-]?[0-9]{1,3})?")

@@ -44,6 +44,7 @@ from navi_trio.api.command_frames import Compact as Compact
 from navi_trio.api.command_frames import Context as Context
 from navi_trio.api.command_frames import Folders as Folders
 from navi_trio.api.command_frames import Fork as Fork
+from navi_trio.api.command_frames import Grants as Grants
 from navi_trio.api.command_frames import Hello as Hello
 from navi_trio.api.command_frames import Rewind as Rewind
 from navi_trio.api.command_frames import Schedule as Schedule
@@ -107,6 +108,7 @@ COMMANDS: dict[str, type[Any]] = {
     wire.CONTEXT: Context,
     wire.SIGNIN_CODE: SigninCode,
     wire.COMMANDS: CommandList,
+    wire.GRANTS: Grants,
 }
 
 

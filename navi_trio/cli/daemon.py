@@ -1,4 +1,5 @@
-"""The daemon's subcommands of ``navi``: serve, status, stop, users, sessions, tasks.
+"""The daemon's subcommands of ``navi``: serve, status, stop, users, sessions, tasks,
+approvals, schedule.
 
     navi serve [--host 127.0.0.1] [--port 8765] [--allow-remote] [--log-level L] [--log-json]
                [--local [--model-file PATH]] [--workers N]
@@ -6,13 +7,14 @@
     navi users add NAME [--role admin|user] | list | remove NAME | rotate NAME
     navi sessions [list | history ID | delete ID] [--url URL] [--token T]
     navi tasks [list | check ID | cancel ID] [--session ID] [--url URL] [--token T]
+    navi approvals [list | revoke ID] [--url URL] [--token T]
     navi schedule add (--session ID | --new [--profile P]) (--cron EXPR | --every 10m |
                   --at ISO) [--no-catch-up] [--budget JSON] "message"
     navi schedule list | remove ID | pause ID | resume ID   [--url URL] [--token T]
 
 `serve` runs the daemon in the foreground until SIGTERM / SIGINT (`--workers N`: N of
 them on the port, supervised: cli/workers.py). `users` works on the store directly (the
-daemon need not run). `sessions`, `tasks` and `schedule` speak to the daemon as `navi
+daemon need not run). `sessions`, `tasks`, `approvals` and `schedule` speak to the daemon as `navi
 run` does (cli/runner.py `open_endpoint`): the one --url names (none answering there is
 said in one line), else the local one when it answers, else a private daemon of the
 command on the local database (it runs no background tasks and no schedules).
@@ -117,6 +119,13 @@ def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], 
         help="one line per (default: model)",
     )  # fmt: skip
     _client_options(usage)
+    grants = sub.add_parser(
+        "approvals",
+        help="list or revoke the approvals granted for a session or always (via the daemon)",
+    )
+    grants.add_argument("action", nargs="?", default="list", choices=("list", "revoke"))
+    grants.add_argument("grant_id", nargs="?", metavar="ID")
+    _client_options(grants)
 
     sched = sub.add_parser(
         "schedule",
@@ -371,6 +380,25 @@ def cmd_usage(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def cmd_approvals(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """The approvals granted "for the session" or "always" (an admin's: everyone's)."""
+    from navi_trio.cli.common import UsageError
+
+    if args.action == "revoke" and not args.grant_id:
+        raise UsageError("approvals revoke needs a grant ID (approvals list shows them)")
+    reply = _call(args, wire.grants(args.action, args.grant_id))
+    if args.json:
+        print(json.dumps(reply), file=out)
+        return 0
+    for g in reply["grants"]:
+        where = f"session {g['session_id']}" if g["scope"] == "session" else "always"
+        line = f"{g['id']}\t{where}\t{g['user_id']}\tmode {g['mode']}\t{g['grants']}"
+        print(terminal_safe(("revoked " if args.action == "revoke" else "") + line), file=out)
+    if not reply["grants"]:
+        print("no approvals granted", file=out)
+    return 0
+
+
 def schedule_frame(args: argparse.Namespace) -> dict[str, Any]:
     """The ``schedule`` frame of `navi schedule`'s arguments (the daemon checks the rest)."""
     from navi_trio.cli.common import UsageError
@@ -442,5 +470,6 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
     "sessions": cmd_sessions,
     "tasks": cmd_tasks,
     "usage": cmd_usage,
+    "approvals": cmd_approvals,
     "schedule": cmd_schedule,
 }

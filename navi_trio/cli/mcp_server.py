@@ -21,8 +21,9 @@ calls; they end with the server). The run itself is followed with the same runne
 
 A cancelled call (the client's ``notifications/cancelled``, or the server shutting down)
 stops the run as Ctrl-C stops `navi run`: the stopped turn is saved, waited for at
-most `STOP_GRACE` seconds. Nobody can answer an approval over MCP: a tool call that
-needs one is denied, and the answer's notes say so. Bad arguments are a tool error
+most `STOP_GRACE` seconds. A tool call that needs an approval is asked of the client
+through elicitation where it supports it (cli/mcp_approve.py), else denied, and the
+answer's notes say so. Bad arguments are a tool error
 naming the problem. The SDK (`mcp`, imported only here) speaks the protocol; stdout
 carries nothing else (it points stdout at stderr while it serves; logs go to stderr).
 """
@@ -47,12 +48,12 @@ from pydantic import BaseModel, Field
 from navi_trio import __version__, wire
 from navi_trio.api.endpoint import Endpoint, RunTarget
 from navi_trio.cli.common import config_source
+from navi_trio.cli.mcp_approve import NO_ELICITATION, Asker, approver, elicitor
 from navi_trio.cli.mcp_ask import (
     STOP_GRACE,
     AskFeed,
     ProgressPump,
     Stopper,
-    cut,
     follow_stopping_on_cancel,
     one_error,
 )
@@ -64,7 +65,6 @@ from navi_trio.errors import ConfigError, NaviError, UsageError
 from navi_trio.llm.factory import choose_backend
 from navi_trio.settings import Settings
 from navi_trio.store.sqlite import check_session_id
-from navi_trio.wire import Frame
 
 if TYPE_CHECKING:
     from navi_trio.api.daemon_client import DaemonConnection
@@ -148,9 +148,11 @@ class NaviBridge:
         cwd: str | None,
         report: Callable[[float, str], Awaitable[None]],
         on_busy: str | None = None,
+        asker: Asker | str = NO_ELICITATION,
     ) -> CallToolResult:
+        """`asker`: how to ask the client about an approval (a string: why it cannot)."""
         try:
-            return await self._ask(message, session_id, profile, cwd, report, on_busy)
+            return await self._ask(message, session_id, profile, cwd, report, on_busy, asker)
         except NaviError as exc:
             raise ToolError(str(exc)) from None
         except BaseExceptionGroup as group:
@@ -167,6 +169,7 @@ class NaviBridge:
         cwd: str | None,
         report: Callable[[float, str], Awaitable[None]],
         on_busy: str | None = None,
+        asker: Asker | str = NO_ELICITATION,
     ) -> CallToolResult:
         if not message.strip():
             raise UsageError("message is empty")
@@ -186,7 +189,7 @@ class NaviBridge:
         feed = AskFeed(ProgressPump(report))
         endpoint = await self.endpoint()
         run = RemoteRun(req, feed, say=lambda line: print(line, file=sys.stderr, flush=True))
-        deny = self._deny(feed)
+        decide = approver(feed, asker)
 
         async def check(daemon: DaemonConnection) -> None:
             """What the call names exists, before its message goes."""
@@ -200,25 +203,13 @@ class NaviBridge:
 
         async def follow_it(stopper: Stopper) -> None:
             stopper.switch(run.stop)
-            await follow(endpoint, run, deny, before=check)
+            await follow(endpoint, run, decide, before=check)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(feed.pump.run)
             await follow_stopping_on_cancel(follow_it)
             feed.pump.finish()
         return _result(req.session_id, feed)
-
-    def _deny(self, feed: AskFeed) -> Callable[[Frame], Awaitable[tuple[bool, str]]]:
-        async def deny(frame: Frame) -> tuple[bool, str]:
-            tool, summary = frame.get("tool", "?"), cut(str(frame.get("summary", "")), 200)
-            feed.note(
-                f"denied {tool} ({summary}): it needs approval ({frame.get('rule', '')}) and "
-                "nobody can approve it over MCP; allow it with a rule in the config, or run "
-                "it with `navi chat`"
-            )
-            return False, "once"
-
-        return deny
 
     # -- rewind, fork, sessions -----------------------------------------------------------
 
@@ -305,7 +296,7 @@ def build_server(bridge: NaviBridge) -> MCPServer:
         async def report(progress: float, line: str) -> None:
             await ctx.report_progress(progress, None, line)
 
-        return await bridge.ask(message, session_id, profile, cwd, report, on_busy)
+        return await bridge.ask(message, session_id, profile, cwd, report, on_busy, elicitor(ctx))
 
     server.add_tool(
         ask,

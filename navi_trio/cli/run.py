@@ -53,6 +53,7 @@ import trio
 
 from navi_trio import wire
 from navi_trio.api.endpoint import Endpoint, open_endpoint
+from navi_trio.approval_text import grant_line, part_lines
 from navi_trio.cli.common import (
     DEBUG_HINT,
     EXIT_ERROR,
@@ -245,6 +246,9 @@ async def decide_approval(frame: Frame, err: TextIO, *, interactive: bool) -> tu
             "terminal to ask; run it with a terminal, or allow it with a rule"
         ))  # fmt: skip
         return False, "once"
+    for line in [*part_lines(frame), grant_line(frame, "[s]ession")]:
+        if line:  # a terminal line's parts, and what a session grant covers
+            _say(err, terminal_safe(f"navi:   {line}"))
     asked = f"navi: approve {tool}: {summary}  [{rule}]? [y]es / [s]ession / [a]lways / [N]o: "
     line = await trio.to_thread.run_sync(_ask_line, terminal_safe(asked), abandon_on_cancel=True)
     choice = line.strip().lower()[:1]

@@ -6,7 +6,8 @@ the frames of these types: `on_<type>`):
 
 - a tool call is a card: ``⏺ name(args)``, a bounded tail of its live output, then
   ``⎿ ✔ ok · 1.2s`` with the first line of the result;
-- an approval request says what, which rule and how long, and the keys to answer;
+- an approval request says what, which rule and how long, a terminal line's parts and
+  what "this session" grants, and the keys to answer;
 - the plan is a checklist that ticks as ``todo_updated`` steps finish.
 """
 
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 import attrs
 from rich.markup import escape
 
+from navi_trio.approval_text import grant_line, part_lines
 from navi_trio.client.status import Status
 from navi_trio.client.text import ARGS_MAX, RESULT_MAX, one_line
 from navi_trio.wire import Frame
@@ -30,6 +32,7 @@ class Board(Protocol):
     status: Status
 
     def put(self, markup: str, who: str = "", style: str | None = None) -> None: ...
+    def notice(self, text: str, who: str = "") -> None: ...
     def markdown(self, text: str, who: str = "") -> None: ...
     def mark_busy(self, frame: Frame) -> None: ...
 
@@ -146,11 +149,14 @@ class Cards:
         rule = one_line(str(frame.get("rule") or "?"), RESULT_MAX)
         timeout = frame.get("timeout_sec")
         wait = f"no answer in {timeout}s is a deny" if timeout else "waits for your answer"
+        grant = grant_line(frame, "s (this session)")
         self.r.put(
             "\n".join(
                 [
                     f"[bold yellow]? approve {escape(tool)}:[/] {escape(summary)}",
                     f"[yellow]  │[/] [dim]rule:[/] {escape(rule)}",
+                    *(f"[yellow]  │[/]   {escape(line)}" for line in part_lines(frame)),
+                    *([f"[yellow]  │[/] [dim]{escape(grant)}[/]"] if grant else []),
                     f"[yellow]  │[/] [dim]mode {escape(str(frame.get('mode') or '?'))} · "
                     f"{escape(wait)}[/]",
                     "[yellow]  └[/] [bold]y[/] yes · [bold]s[/] this session · "
@@ -159,6 +165,18 @@ class Cards:
             ),
             who,
         )
+
+    def on_grants(self, frame: Frame, who: str) -> None:
+        """A reply to /approvals: the grants, or the one revoked."""
+        rows = [g for g in frame.get("grants") or [] if isinstance(g, dict)]
+        revoked = frame.get("action") == "revoke"
+        for g in rows:
+            where = f"session {g.get('session_id')}" if g.get("scope") == "session" else "always"
+            line = f"{g.get('id')} · {where} · mode {g.get('mode')} · {g.get('grants')}"
+            head = "[green]revoked[/] " if revoked else "  "
+            self.r.put(head + escape(one_line(line, RESULT_MAX)), who)
+        if not revoked:
+            self.r.notice(f"{len(rows)} approval grant(s)" if rows else "no approvals granted")
 
     def on_approval_decided(self, frame: Frame, who: str) -> None:
         call_id = str(frame.get("call_id"))

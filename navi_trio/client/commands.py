@@ -56,6 +56,7 @@ running turn with it instead: the agent reads it before its next step.
   /tasks          list background tasks
   /usage          what this session spent: tokens, time, cost (no session yet: all yours)
   /context        the project's instruction files and skills your runs get, with sizes
+  /approvals      list what you approved for a session or always; /approvals revoke ID
   /profile NAME   use profile NAME from your next message on (no NAME: show it)
   /sessions       list your sessions
   /resume ID      continue session ID (its history is replayed)
@@ -94,6 +95,7 @@ class SlashCommands:
             "compact": self.compact,
             "tasks": self.tasks,
             "usage": self.usage,
+            "approvals": self.approvals,
             "profile": self.profile,
             "sessions": self.sessions,
             "resume": self.resume,
@@ -165,6 +167,15 @@ class SlashCommands:
             return
         if await self.app.send(wire.compact(self.app.session_id)):
             self.app.renderer.notice("compacting…")
+
+    async def approvals(self, arg: str) -> None:
+        words = arg.split()
+        if not words or words == ["list"]:
+            await self.app.send(wire.grants())
+        elif words[0] == "revoke" and len(words) == 2:
+            await self.app.send(wire.grants("revoke", words[1]))
+        else:
+            self.app.renderer.error("usage: /approvals, or /approvals revoke ID")
 
     async def tasks(self, arg: str) -> None:
         await self.app.send(wire.tasks_list(self.app.session_id))

@@ -20,6 +20,7 @@ from navi_trio.profiles._load import check_config as check_config
 from navi_trio.profiles._load import load_config as load_config
 from navi_trio.profiles._load import parse_config as parse_config
 from navi_trio.profiles._load import ssh_problems as ssh_problems
+from navi_trio.profiles._policy import COMMAND_KEYS as COMMAND_KEYS
 from navi_trio.profiles._policy import MODES as MODES
 from navi_trio.profiles._policy import ROLES as ROLES
 from navi_trio.profiles._policy import CallPattern as CallPattern

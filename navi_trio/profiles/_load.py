@@ -31,6 +31,7 @@ from navi_trio.profiles._policy import (
     CallPattern,
     Decision,
     Mode,
+    Paths,
     _check_policy,
     _check_policy_lists,
 )
@@ -127,7 +128,9 @@ def _structure_choice(value: Any, typ: Any) -> Any:
     return value
 
 
-_converter.register_structure_hook_func(lambda t: t in (Decision, Mode, OnBusy), _structure_choice)
+_converter.register_structure_hook_func(
+    lambda t: t in (Decision, Mode, OnBusy, Paths), _structure_choice
+)
 
 
 _converter.register_structure_hook(ToolsConfig, _structure_tools)

@@ -23,6 +23,9 @@ MODES = ("read-only", "workspace", "full")
 ROLES = ("admin", "user")
 Mode = Literal["read-only", "workspace", "full"]
 Decision = Literal["allow", "ask", "deny"]
+Paths = Literal["inside", "outside"]
+# The keys of a rule that match a parsed terminal command instead of its text.
+COMMAND_KEYS = ("program", "subcommand", "args", "paths")
 
 
 def _pattern(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
@@ -47,6 +50,19 @@ class PolicyRule(CallPattern):
     # true: a matching terminal / code_exec call gets the network in its sandbox (what
     # the sandbox would otherwise block: make such a rule "ask" unless you trust it).
     network: bool = False
+    # Match one simple command of a parsed terminal line (core/turn/commands.py): its
+    # program, first argument, arguments (fnmatch each) and path arguments' place.
+    program: str | None = attrs.field(default=None, validator=attrs.validators.optional(_pattern))
+    subcommand: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_pattern)
+    )
+    args: tuple[str, ...] | None = None
+    paths: Paths | None = None
+
+    @property
+    def on_commands(self) -> bool:
+        """Whether the rule matches parsed commands (else the call's text)."""
+        return any(getattr(self, key) is not None for key in COMMAND_KEYS)
 
 
 @attrs.frozen(kw_only=True)
@@ -77,6 +93,30 @@ def _check_policy(policy: PolicyConfig, path: Path, where: str) -> None:
                 f"{path}: {where}.rules[{i}].roles: unknown role(s) {', '.join(unknown)} "
                 f"(roles: {', '.join(ROLES)})"
             )
+        if rule.on_commands:
+            _check_command_rule(rule, path, f"{where}.rules[{i}]")
+
+
+def _check_command_rule(rule: PolicyRule, path: Path, where: str) -> None:
+    """A rule on parsed commands is for terminal run / open, and not on the text too."""
+    keys = [k for k in COMMAND_KEYS if getattr(rule, k) is not None]
+    if rule.tool != "terminal":
+        raise ConfigError(
+            f"{path}: {where}.{keys[0]}: matches a parsed terminal command: the rule's "
+            f'tool must be "terminal", not {rule.tool!r}'
+        )
+    if rule.action not in ("*", "run", "open"):
+        raise ConfigError(
+            f"{path}: {where}.{keys[0]}: matches a command of terminal run or open: the "
+            f"rule's action must be run, open or *, not {rule.action!r}"
+        )
+    if rule.match != "*":
+        raise ConfigError(
+            f"{path}: {where}.match: a rule matches either the command's text (match) or "
+            f"its parsed parts ({', '.join(keys)}), not both"
+        )
+    if rule.args is not None and not all(a.strip() for a in rule.args):
+        raise ConfigError(f"{path}: {where}.args: a pattern must not be empty")
 
 
 def _check_policy_lists(data: dict[str, Any], path: Path) -> None:

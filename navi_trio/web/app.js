@@ -11,6 +11,7 @@ import { errorText, oneLine } from "./dom.js";
 import { $, request, showError, state, transcript } from "./page.js";
 import { adopt, closeSidebarOnPhone, onHistoryPage, onSessionFrame, openSession, pageRefused, renderSessions, resetSession, showEmpty } from "./sessions.js";
 import { onTaskUpdate, onTasks } from "./tasks.js";
+import { loadGrants, onGrants } from "./grants.js";
 import { sendMessage, setBusy, stopRun, updateStatus } from "./composer.js";
 import { onFolders } from "./folders.js";
 import { onChanges } from "./changes.js";
@@ -60,6 +61,7 @@ function onWelcome(welcome, again) {
   $("user-name").textContent = `${state.user.name || "?"} (${state.user.role || "?"})`;
   setConn("connected", "up");
   request(frames.sessionsList(), { kind: "list" });
+  state.grantsLoaded = false; // listed after the first tasks list: never ahead of a history page
   if (again) {
     if (state.sid) {
       // From the last seq seen: the daemon replays what we missed (or says resync).
@@ -115,7 +117,13 @@ function onFrame(frame) {
         request(frames.sessionsList(), { kind: "list" });
       }
       return;
-    case "tasks": return onTasks(frame);
+    case "tasks":
+      if (frame.action === "list" && !state.grantsLoaded) {
+        state.grantsLoaded = true;
+        loadGrants();
+      }
+      return onTasks(frame);
+    case "grants": return onGrants(frame);
     case "folders": return onFolders(frame, what);
     case "changes": return onChanges(frame, what);
     case "checkpoints": case "rewind": case "fork": return onRewindReply(frame, what);
@@ -125,6 +133,7 @@ function onFrame(frame) {
     case "task_update": return onTaskUpdate(frame);
     case "ok":
       if (Array.isArray(frame.approvals) && frame.session_id === state.sid) transcript.waiting(frame.approvals);
+      if (frame.approved && (frame.scope === "session" || frame.scope === "always")) loadGrants();
       // A new session's title is saved by the time its first message's ok comes: the
       // list asked for at its creation had none yet.
       if (what && what.kind === "message" && !state.sessions.some((s) => s.session_id === frame.session_id && s.title)) {

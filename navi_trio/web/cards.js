@@ -1,5 +1,6 @@
 // The cards of the transcript: a tool call's card (its arguments, the tail of its
-// output, its result and time) and an approval request's card (the tool, the rule, the
+// output, its result and time) and an approval request's card (the tool, the rule, a
+// terminal line's parts and what a session grant covers, the
 // time left, the Approve / Deny buttons). Every string goes in as a text node.
 
 import { el, oneLine } from "./dom.js";
@@ -98,6 +99,19 @@ export class ApprovalCard {
       el("div", "approval-head", `? approve ${frame.tool || "?"}: ${oneLine(frame.summary, 300)}`),
       el("div", "approval-rule", `rule: ${oneLine(frame.rule || "?", 300)}`),
     );
+    // A terminal line: each simple command with its decision, and what "For this
+    // session" grants, in words.
+    const marks = { allow: "✓", ask: "?", deny: "✗" };
+    const parts = Array.isArray(frame.parts) ? frame.parts.slice(0, 16) : [];
+    for (const p of parts) {
+      const outside = (Array.isArray(p.paths) ? p.paths : []).filter((x) => !x.inside);
+      const where = outside.length ? ` (outside the workspace: ${outside.map((x) => x.path).join(", ")})` : "";
+      const line = `${marks[p.decision] || "?"} ${p.decision}: ${p.text}${where}`;
+      this.el.append(el("div", `approval-part ${p.decision}`, oneLine(line, 300)));
+    }
+    if (frame.grant) {
+      this.el.append(el("div", "approval-grant muted", `For this session allows: ${oneLine(frame.grant, 600)}`));
+    }
     this.left = el("div", "approval-left muted");
     this.el.append(this.left);
     this.mode = String(frame.mode || "?");

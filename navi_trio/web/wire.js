@@ -172,6 +172,11 @@ export const frames = {
     if (taskId) f.task_id = taskId;
     return f;
   },
+  grants(action, grantId) {
+    const f = { type: "grants", action };
+    if (grantId) f.grant_id = grantId;
+    return f;
+  },
   approval(approve, sid, callId, scope) {
     return { type: approve ? "approve" : "deny", session_id: sid, call_id: callId, scope };
   },
@@ -184,7 +189,7 @@ export const frames = {
 };
 
 // Frames that are replies or out of band: never part of a session's seq stream.
-const REPLY_TYPES = new Set(["welcome", "ok", "session", "sessions", "tasks", "resync", "lagged", "task_update", "commands"]);
+const REPLY_TYPES = new Set(["welcome", "ok", "session", "sessions", "tasks", "grants", "resync", "lagged", "task_update", "commands"]);
 
 export function isSessionFrame(frame) {
   return !REPLY_TYPES.has(frame.type) && Number.isInteger(frame.seq);

@@ -20,6 +20,9 @@ from .channel import merged_frame as merged_frame
 from .channel import open_frame_channel as open_frame_channel
 from .checkpointing import PRUNED_SCOPE as PRUNED_SCOPE
 from .checkpointing import RoundCheckpoints as RoundCheckpoints
+from .commands import Parsed as Parsed
+from .commands import SimpleCommand as SimpleCommand
+from .commands import parse_command as parse_command
 from .context import ContextBuilder as ContextBuilder
 from .context import ContextViews as ContextViews
 from .folders import FOLDERS_MAX as FOLDERS_MAX

@@ -21,9 +21,12 @@ Every outcome is published as `ApprovalDecided`, so a client sees why a call ran
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
+import time
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import trio
@@ -46,10 +49,32 @@ class Outcome:
     why: str  # for the denied call's result
 
 
+@attrs.frozen
+class Grant:
+    """One grant, as `navi approvals list` shows it: `id` revokes it."""
+
+    id: str
+    scope: str  # session | always
+    user_id: str
+    mode: str
+    grants: str  # in words
+    session_id: str = ""  # the session of a `session` grant
+    given_at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def grant_id(scope: str, session_id: str, grant: str) -> str:
+    """A grant's short, stable id."""
+    digest = hashlib.sha256(f"{scope}|{session_id}|{grant}".encode()).hexdigest()
+    return f"g-{digest[:12]}"
+
+
 @attrs.define(eq=False)
 class _Pending:
     starter: str  # the user who started the run: the only one who answers
-    grant: str  # what a `session` or `always` answer grants (`grant_key`)
+    grants: tuple[str, ...]  # what a `session` or `always` answer grants (`grant_key`)
     rule: str
     request: ApprovalRequest
     answered: trio.Event = attrs.Factory(trio.Event)
@@ -60,6 +85,14 @@ class _Pending:
 def grant_key(user_id: str, mode: str, key: str) -> str:
     """What a grant covers: the rule's `key`, for the grantor `user_id`, in `mode`."""
     return f"{user_id}|{mode}|{key}"
+
+
+def covering(grant: str) -> tuple[str, ...]:
+    """The grants that cover `grant`: itself, and for a program in the workspace, the
+    same program on any path."""
+    if "|cmd|" in grant and grant.endswith("|workspace"):
+        return (grant, grant.removesuffix("|workspace") + "|anywhere")
+    return (grant,)
 
 
 class ApprovalBroker:
@@ -76,7 +109,8 @@ class ApprovalBroker:
         self.timeout = timeout
         self.attached = attached
         self._pending: dict[tuple[str, str], _Pending] = {}
-        self._session_grants: dict[str, set[str]] = {}
+        # session id -> grant key -> the grant, as listed
+        self._session_grants: dict[str, dict[str, Grant]] = {}
 
     def pending(self, session_id: str) -> list[str]:
         """Call ids waiting for an answer in `session_id`."""
@@ -104,13 +138,14 @@ class ApprovalBroker:
         publish: Callable[[AgentEvent], None],
         headless: bool = False,
     ) -> Outcome:
-        grant = grant_key(user_id, mode, verdict.key)
-        if grant in self._session_grants.get(session_id, ()):
-            publish(ApprovalDecided(call_id=call_id, approved=True, scope="session", by="grant"))
-            return Outcome(True, "approved for this session")
-        if await self.store.kv_get(ALWAYS_SCOPE, grant):
-            publish(ApprovalDecided(call_id=call_id, approved=True, scope="always", by="grant"))
-            return Outcome(True, "approved always")
+        grants = tuple(grant_key(user_id, mode, k) for k in verdict.keys)
+        scopes = [await self._granted(session_id, g) for g in grants]
+        if all(scopes):
+            scope = "always" if all(s == "always" for s in scopes) else "session"
+            publish(ApprovalDecided(call_id=call_id, approved=True, scope=scope, by="grant"))
+            return Outcome(
+                True, "approved always" if scope == "always" else "approved for this session"
+            )
         if headless or not self.attached(session_id):
             ok = headless_allows(profile.policy, facts)
             publish(ApprovalDecided(call_id=call_id, approved=ok, by="headless"))
@@ -127,8 +162,10 @@ class ApprovalBroker:
             rule=verdict.rule,
             mode=mode,
             timeout_sec=math.ceil(self.timeout),
+            parts=verdict.parts,
+            grant=verdict.grant or f"calls that {verdict.rule} asks about",
         )
-        pending = _Pending(user_id, grant, verdict.rule, request)
+        pending = _Pending(user_id, grants, verdict.rule, request)
         key = (session_id, call_id)
         self._pending[key] = pending
         try:
@@ -178,10 +215,18 @@ class ApprovalBroker:
                 f"requests: call {call_id!r} in session {session_id!r} is not yours to answer",
                 session_id=session_id,
             )
+        words = pending.request.grant or pending.rule
         if approve and scope == "session":
-            self._session_grants.setdefault(session_id, set()).add(pending.grant)
+            held = self._session_grants.setdefault(session_id, {})
+            for key in pending.grants:
+                held[key] = Grant(
+                    grant_id("session", session_id, key), "session", user_id,
+                    pending.request.mode, words, session_id, time.time(),
+                )  # fmt: skip
         if approve and scope == "always":
-            await self.store.kv_set(ALWAYS_SCOPE, pending.grant, {"rule": pending.rule})
+            for key in pending.grants:
+                value = {"rule": pending.rule, "grants": words, "at": time.time()}
+                await self.store.kv_set(ALWAYS_SCOPE, key, value)
         if pending.answered.is_set():  # answered twice while the grant was stored
             return
         pending.approved = approve
@@ -191,6 +236,59 @@ class ApprovalBroker:
             "session %s: call %s %s (%s)",
             session_id, call_id, "approved" if approve else "denied", scope,
         )  # fmt: skip
+
+    async def _granted(self, session_id: str, grant: str) -> str | None:
+        """How `grant` is granted: "session", "always", or None."""
+        held = self._session_grants.get(session_id, {})
+        for g in covering(grant):
+            if g in held:
+                return "session"
+        for g in covering(grant):
+            if await self.store.kv_get(ALWAYS_SCOPE, g):
+                return "always"
+        return None
+
+    async def grants(self, user_id: str | None) -> list[Grant]:
+        """The grants of `user_id` (None: everyone's), `session` ones then `always` ones.
+        A line's several keys granted by one answer are listed, and revoked, one by one."""
+        found = [
+            g
+            for held in self._session_grants.values()
+            for g in held.values()
+            if user_id is None or g.user_id == user_id
+        ]
+        for key, value in await self.store.kv_list(ALWAYS_SCOPE):
+            user, mode = key.split("|", 2)[:2]
+            if user_id is not None and user != user_id:
+                continue
+            value = value if isinstance(value, dict) else {}
+            words = value.get("grants") or value.get("rule") or key
+            at = value.get("at")
+            found.append(
+                Grant(
+                    grant_id("always", "", key), "always", user, mode, str(words),
+                    given_at=float(at) if isinstance(at, int | float) else 0.0,
+                )
+            )  # fmt: skip
+        return found
+
+    async def revoke(self, grant: str, user_id: str | None) -> Grant:
+        """Revoke the grant with id `grant` of `user_id` (None: anyone's, for an admin);
+        NotFoundError when there is none (another user's is not theirs to see)."""
+        for sid, held in self._session_grants.items():
+            for key, g in list(held.items()):
+                if g.id == grant and (user_id is None or g.user_id == user_id):
+                    del held[key]
+                    log.info("session %s: grant %s revoked", sid, grant)
+                    return g
+        for g in await self.grants(user_id):
+            if g.id == grant and g.scope == "always":
+                for key, _ in await self.store.kv_list(ALWAYS_SCOPE, f"{g.user_id}|"):
+                    if grant_id("always", "", key) == grant:
+                        await self.store.kv_delete(ALWAYS_SCOPE, key)
+                log.info("grant %s revoked", grant)
+                return g
+        raise NotFoundError(f"no grant {grant!r} (`navi approvals list` shows yours)")
 
     def forget(self, session_id: str) -> None:
         """The session is gone: drop its `session` grants."""

@@ -155,8 +155,10 @@ class RoundCheckpoints(NurseryHolder):
             c
             for c in calls
             if may_write(c, registry, allowed, ctx.mode)
-            and decide(ctx.profile, ctx.user_role, ctx.mode, CallFacts.of(c.name, c.arguments))
-            .decision != "deny"
+            and decide(
+                ctx.profile, ctx.user_role, ctx.mode,
+                CallFacts.of(c.name, c.arguments, ctx.roots(), ctx.cwd),
+            ).decision != "deny"
         ]  # fmt: skip
 
     @asynccontextmanager

@@ -202,8 +202,9 @@ class ToolExecutor:
         early: ToolResult | None = precheck(args, call_ctx) if precheck else None
         if early is not None:
             return early
-        verdict = decide(ctx.profile, ctx.user_role, ctx.mode, CallFacts.of(call.name, args))
-        refused = await self._gate(call, args, ctx, verdict, publish)
+        facts = CallFacts.of(call.name, args, ctx.roots(), ctx.cwd)
+        verdict = decide(ctx.profile, ctx.user_role, ctx.mode, facts)
+        refused = await self._gate(call, args, ctx, facts, verdict, publish)
         if refused is not None:
             return refused
         if verdict.network:
@@ -227,11 +228,11 @@ class ToolExecutor:
         call: ToolCall,
         args: dict[str, Any],
         ctx: ToolContext,
+        facts: CallFacts,
         verdict: Verdict,
         publish: Publish,
     ) -> ToolResult | None:
         """None when the policy lets the call run; else its failed result."""
-        facts = CallFacts.of(call.name, args)
         if verdict.decision == "allow":
             return None
         if verdict.decision == "deny":
