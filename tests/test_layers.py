@@ -15,7 +15,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "navi_trio"
 
 # From the bottom up. The vocabulary may import each other; nothing else imports sideways.
 VOCABULARY = frozenset({
-    "__init__", "actor", "backoff", "command_text", "errors", "events", "imports", "notices",
+    "__init__", "actor", "approval_text", "backoff", "command_text", "errors", "events", "imports",
+    "notices",
     "profiles", "settings", "strict", "text", "wire",
 })  # fmt: skip
 RANKS: dict[str, int] = {name: 0 for name in VOCABULARY} | {
