@@ -26,6 +26,7 @@ import cattrs
 
 from navi_trio.errors import ConfigError
 from navi_trio.profiles._control import OnBusy
+from navi_trio.profiles._hooks import HookFormat, _check_hooks_shape
 from navi_trio.profiles._policy import (
     ROLES,
     CallPattern,
@@ -127,7 +128,9 @@ def _structure_choice(value: Any, typ: Any) -> Any:
     return value
 
 
-_converter.register_structure_hook_func(lambda t: t in (Decision, Mode, OnBusy), _structure_choice)
+_converter.register_structure_hook_func(
+    lambda t: t in (Decision, Mode, OnBusy, HookFormat), _structure_choice
+)
 
 
 _converter.register_structure_hook(ToolsConfig, _structure_tools)
@@ -139,6 +142,7 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
         raise ConfigError(f"{path}: expected a JSON object at the top level")
     _check_policy_lists(data, path)
     _check_ssh_shape(data, path)
+    _check_hooks_shape(data, path)
     try:
         cfg = _converter.structure({k: v for k, v in data.items()}, NaviConfig)
     except cattrs.BaseValidationError as exc:
