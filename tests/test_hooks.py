@@ -218,8 +218,13 @@ async def test_a_stop_cancels_a_running_hook_at_once(tmp_path: Path) -> None:
     started, held = tmp_path / "started", tmp_path / "held"
     os.mkfifo(started)
     os.mkfifo(held)
-    slow = script(tmp_path, "slow.sh", f"echo go > {started}; cat {held}")
-    hooks = {"pre_tool": [{"command": slow, "timeout_sec": 600}]}
+    slow = script(tmp_path, "slow.sh", f"cat > /dev/null; echo go > {started}; cat {held}")
+    rec = recorder(tmp_path)
+    hooks = {
+        "pre_tool": [{"command": slow, "timeout_sec": 600}],
+        "stop": [{"command": rec}],
+        "turn_end": [{"command": rec}],
+    }
     with trio.fail_after(TIMEOUT):
         async with open_harness(
             tmp_path, replies=[run("echo x"), {"text": "never"}], config=config(tmp_path, hooks)
@@ -235,7 +240,37 @@ async def test_a_stop_cancels_a_running_hook_at_once(tmp_path: Path) -> None:
             with trio.fail_after(10):  # not the hook's 600 s
                 s.stop()
                 frames = await s.until_end()
+            await s.idle()
     assert frames[-1]["stopped"] is True
+    seen = recorded(tmp_path)
+    assert [r["event"] for r in seen] == ["stop", "turn_end"]
+    assert seen[1]["reason"] == "stopped"
+
+
+async def test_subagent_end_and_task_done_fire_with_their_stdin(tmp_path: Path) -> None:
+    rec = recorder(tmp_path)
+    hooks = {"subagent_end": [{"command": rec}], "task_done": [{"command": rec}]}
+    background = {"action": "run", "command": "echo from the job", "background": True}
+    replies = [
+        {"tool_calls": [{"name": "spawn_agent", "arguments": {"task": "say hi"}}]},
+        {"text": "sub done"},  # the sub-agent's answer
+        {"tool_calls": [{"name": "terminal", "arguments": background}]},
+        {"text": "all done"},
+    ]
+    source = config(tmp_path, hooks, rules=ALLOW_TERMINAL)
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=replies, config=source) as h:
+            await h.turn("s1", "go", **FULL)
+            (job,) = h.runtime.supervisor.list_jobs("s1")
+            await job.done.wait()
+            await (await h.session("s1")).idle()
+    by_event = {r["event"]: r for r in recorded(tmp_path)}
+    assert set(by_event) == {"subagent_end", "task_done"}
+    assert by_event["subagent_end"]["reason"] == "complete"
+    assert by_event["subagent_end"]["text"] == "sub done"
+    done = by_event["task_done"]
+    assert done["task_id"] == job.task_id and done["tool"] == "terminal"
+    assert done["result"]["ok"] is True and "from the job" in done["result"]["output"]
 
 
 async def test_user_message_hooks_add_context_or_block(tmp_path: Path) -> None:

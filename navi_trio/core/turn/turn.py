@@ -563,17 +563,19 @@ class TurnRunner:
             await shielded(self._stopped)
         await self.end_hooks()
 
-    async def end_hooks(self) -> None:
+    async def end_hooks(self, reason: str | None = None, text: str | None = None) -> None:
         """After the turn ended: ``stop`` when the user stopped it, then ``turn_end``
-        (``subagent_end`` for a sub-agent), with how it ended and its text."""
+        (``subagent_end`` for a sub-agent), with how it ended (`reason`, else the stream
+        end's) and its text."""
         turn = self.turn
         if turn.hooks is None and not (turn.config.hooks or turn.config.hook_files.read):
             return
         hooks, ctx = await self.hooks(), self.tool_context()
-        if turn.end_reason == "stopped":
+        reason = turn.end_reason if reason is None else reason
+        if reason == "stopped":
             await hooks.fire("stop", ctx)
         event = "subagent_end" if turn.subagent else "turn_end"
-        await hooks.fire(event, ctx, reason=turn.end_reason, text=turn.final_text)
+        await hooks.fire(event, ctx, reason=reason, text=turn.final_text if text is None else text)
 
     async def _run_workers(self) -> None:
         """Workers run after StreamEnd: the compression worker.
