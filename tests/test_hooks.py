@@ -251,7 +251,7 @@ async def test_subagent_end_and_task_done_fire_with_their_stdin(tmp_path: Path) 
     rec = recorder(tmp_path)
     hooks = {"subagent_end": [{"command": rec}], "task_done": [{"command": rec}]}
     background = {"action": "run", "command": "echo from the job", "background": True}
-    replies = [
+    replies: list[dict[str, Any]] = [
         {"tool_calls": [{"name": "spawn_agent", "arguments": {"task": "say hi"}}]},
         {"text": "sub done"},  # the sub-agent's answer
         {"tool_calls": [{"name": "terminal", "arguments": background}]},
