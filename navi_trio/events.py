@@ -131,6 +131,7 @@ class StreamEnd(AgentEvent):
     text: str = ""
     stopped: bool = False
     # complete | stopped | max_iterations | error | context_too_large | budget_exhausted
+    # | blocked (a user_message hook refused the message)
     reason: str = "complete"
     iterations: int = 0
     prompt_tokens: int = 0

@@ -3,6 +3,7 @@
 - `_schema`: the file's shape, every class a key becomes (`NaviConfig`, `AgentProfile`,
   ssh hosts, peers, MCP servers), the shipped tool names and `is_secret`;
 - `_control`: what a message does while its session is busy, and the budgets of a run;
+- `_hooks`: the hooks (event -> commands) and which repository hook files are trusted;
 - `_policy`: a profile's tool policy (modes, roles, rules) and its checks;
 - `_load`: `load_config` / `parse_config` (strict cattrs structuring and the checks the
   shape cannot say) and `check_config` (tools, ssh files, prompt files);
@@ -16,6 +17,12 @@ from navi_trio.profiles._control import BudgetLimits as BudgetLimits
 from navi_trio.profiles._control import OnBusy as OnBusy
 from navi_trio.profiles._control import budgets_dict as budgets_dict
 from navi_trio.profiles._control import parse_budgets as parse_budgets
+from navi_trio.profiles._hooks import HOOK_EVENTS as HOOK_EVENTS
+from navi_trio.profiles._hooks import HOOK_FORMATS as HOOK_FORMATS
+from navi_trio.profiles._hooks import TOOL_EVENTS as TOOL_EVENTS
+from navi_trio.profiles._hooks import HookConfig as HookConfig
+from navi_trio.profiles._hooks import HookFilesConfig as HookFilesConfig
+from navi_trio.profiles._hooks import TrustedHookFile as TrustedHookFile
 from navi_trio.profiles._load import check_config as check_config
 from navi_trio.profiles._load import load_config as load_config
 from navi_trio.profiles._load import parse_config as parse_config

@@ -26,6 +26,7 @@ import cattrs
 
 from navi_trio.errors import ConfigError
 from navi_trio.profiles._control import OnBusy
+from navi_trio.profiles._hooks import HookFormat, _check_hooks_shape
 from navi_trio.profiles._policy import (
     ROLES,
     CallPattern,
@@ -129,7 +130,7 @@ def _structure_choice(value: Any, typ: Any) -> Any:
 
 
 _converter.register_structure_hook_func(
-    lambda t: t in (Decision, Mode, OnBusy, Paths), _structure_choice
+    lambda t: t in (Decision, Mode, OnBusy, Paths, HookFormat), _structure_choice
 )
 
 
@@ -142,6 +143,7 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
         raise ConfigError(f"{path}: expected a JSON object at the top level")
     _check_policy_lists(data, path)
     _check_ssh_shape(data, path)
+    _check_hooks_shape(data, path)
     try:
         cfg = _converter.structure({k: v for k, v in data.items()}, NaviConfig)
     except cattrs.BaseValidationError as exc:

@@ -1,8 +1,8 @@
 """The shape of the config file (`config/config.json`): every class a key becomes.
 
 `NaviConfig` is the whole file: the persona, the profiles (`AgentProfile`, with its
-`ToolsConfig` and `PolicyConfig` from `_policy`), the hosts of the ssh_exec tool
-(`SshConfig`), the peers (`PeerConfig`), the MCP servers (`McpServerConfig`) and the
+`ToolsConfig` and `PolicyConfig` from `_policy`), the hooks (`_hooks`), the hosts of the
+ssh_exec tool (`SshConfig`), the peers (`PeerConfig`), the MCP servers (`McpServerConfig`) and the
 workspace roots. Field validators check what one value can say; `_load` checks the
 rest. Also here: the names of the tools navi ships, the prompt files a config folder
 holds, and which environment variables hold navi's own secrets (`is_secret`).
@@ -20,6 +20,7 @@ import attrs
 
 from navi_trio.errors import ConfigError
 from navi_trio.profiles._control import BudgetConfig, OnBusy
+from navi_trio.profiles._hooks import HookConfig, HookFilesConfig
 from navi_trio.profiles._policy import PolicyConfig
 
 # The tools navi ships (tools/builtin.py plus tasks and spawn_agent in runtime.py). The
@@ -273,6 +274,10 @@ class NaviConfig:
     # role -> the profiles a run of that role may use (a message's, a session's, a
     # schedule's, switch_profile's, spawn_agent's); a role without an entry: any.
     role_profiles: dict[str, tuple[str, ...]] = attrs.Factory(dict)
+    # event -> the commands run at it (docs/pages/hooks.md); and which hook files of a
+    # run's folder are read, and trusted.
+    hooks: dict[str, tuple[HookConfig, ...]] = attrs.Factory(dict)
+    hook_files: HookFilesConfig = HookFilesConfig()
     base_dir: Path = Path(".")  # folder of the file: prompt files resolve against it
 
     def profile(self, profile_id: str | None) -> AgentProfile:

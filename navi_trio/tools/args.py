@@ -288,3 +288,17 @@ def parse_action(actions: Mapping[str, type], args: Mapping[str, Any]) -> tuple[
 @attrs.frozen
 class NoArgs:
     """An action that takes no arguments beyond ``action``."""
+
+
+def schema_problem(schema: Mapping[str, Any], args: Mapping[str, Any]) -> str | None:
+    """What is wrong with `args` for a tool's JSON schema (its ``parameters``), in
+    words, or None: arguments that did not come from the model (a hook's) are checked
+    against what the model was offered before the tool parses them."""
+    import jsonschema  # type: ignore[import-untyped]  # only when a hook changes a call
+
+    errors = sorted(jsonschema.Draft202012Validator(dict(schema)).iter_errors(dict(args)), key=str)
+    if not errors:
+        return None
+    first = errors[0]
+    where = "/".join(str(p) for p in first.absolute_path)
+    return f"argument '{where}': {first.message}" if where else first.message

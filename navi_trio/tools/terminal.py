@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, TypedDict
 
 import attrs
 import trio
@@ -28,6 +29,7 @@ from navi_trio.tools.procs import CommandResult, ReadResult, passed_env, run_com
 from navi_trio.tools.progress import OutputProgress
 from navi_trio.tools.roots import Root
 from navi_trio.tools.runas import RunAs, run_as
+from navi_trio.tools.sandbox import SandboxSpec
 from navi_trio.tools.services import unavailable
 
 READ_WAIT_MAX_SEC = 30.0
@@ -155,12 +157,31 @@ async def run_in(
         time_limit=time_limit,
         progress=output_progress(ctx),
         max_chars=ctx.settings.tool_output_max_chars,
+        pass_fds=pass_fds,
+        **command_options(ctx, place),
+    )
+
+
+class CommandOptions(TypedDict):
+    """How every command of a call runs: its sandbox, environment, tag, roots and user."""
+
+    sandbox: SandboxSpec | None
+    bwrap_path: Path | None
+    env: dict[str, str]
+    owner: str
+    roots: tuple[Root, ...]
+    user: RunAs | None
+
+
+def command_options(ctx: ToolContext, place: Place) -> CommandOptions:
+    """The options of `run_command` (and the pool's `open`) for a command of `ctx` in
+    `place`: the run's sandbox, the environment allow-list, the user tools run as."""
+    return CommandOptions(
         sandbox=ctx.sandbox,
         bwrap_path=ctx.settings.bwrap_path,
         env=command_env(ctx),
         owner=tag_owner(ctx.settings.data_dir),
         roots=place.roots,
-        pass_fds=pass_fds,
         user=command_user(ctx),
     )
 
@@ -235,13 +256,8 @@ class TerminalTool:
                     ctx.session_id,
                     command,
                     place.cwd,
-                    sandbox=ctx.sandbox,
-                    bwrap_path=ctx.settings.bwrap_path,
-                    env=command_env(ctx),
-                    owner=tag_owner(ctx.settings.data_dir),
-                    roots=place.roots,
-                    user=command_user(ctx),
                     user_id=ctx.user_id,
+                    **command_options(ctx, place),
                 )
         except OSError as exc:
             return ToolResult.fail(f"cannot start the process: {exc.strerror or exc}")

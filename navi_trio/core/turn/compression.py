@@ -54,6 +54,8 @@ Complete = Callable[[list[dict[str, Any]], str], Awaitable["str | StreamedReply"
 SUMMARY_PREFIX = "[Summary of earlier conversation]"
 DEFAULT_PROMPT_FILE = "compression.md"
 PURPOSE = "compression"
+# Before a pre_compact hook's text in a summary.
+KEPT_PREFIX = "[Kept by a hook]"
 # Room left in the summariser's own window for its prompt framing.
 _FRAMING_ROOM = 256
 # Room for the cut marker; and the least a kept message is cut to when shrinking.
@@ -182,8 +184,12 @@ class Compressor:
         config: NaviConfig,
         reason: str,
         shrink: bool = False,
+        keep: str = "",
     ) -> CompressionOutcome:
         """Summarise the older part; raises NothingToCompactError when there is none.
+
+        `keep` (a pre_compact hook's text) is asked of the summariser and added to the
+        summary as it is, so it survives whatever the model writes.
 
         With `shrink` (forced compression) the kept messages are also cut until the
         result fits (see the module docstring). `reason` (pre_turn, mid_turn, forced,
@@ -204,7 +210,11 @@ class Compressor:
                     f"profile {profile.id!r}: compression_max_tokens must be 1 or more"
                 )
             prompt = await self._prompt(profile, config, max_tokens)
+            if keep:
+                prompt += f"\n\nThe summary must keep this, as it is:\n{keep}"
             summary = await self._summarise(_summarisable(older), prompt, max_tokens)
+            if keep:
+                summary += f"\n\n{KEPT_PREFIX}\n{keep}"
             head = [
                 {
                     "role": "system",

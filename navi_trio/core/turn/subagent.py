@@ -197,6 +197,8 @@ async def _run_child(
                 partial = turn.reply.content if turn.reply else ""
                 failure = f"it timed out after {timeout_seconds:g} s"
                 text = (partial + "\n" if partial else "") + f"[the sub-agent {failure}]"
+        reason = "complete" if failure is None else (turn.end_reason or "error")
+        await runner.end_hooks(reason, text)
     finally:
         if turn.budget is not None:  # what it spent, into the store's counters
             with trio.move_on_after(10, shield=True):

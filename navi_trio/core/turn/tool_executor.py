@@ -42,14 +42,17 @@ import trio
 from navi_trio.core.jobs import Job, TaskSupervisor
 from navi_trio.core.turn.approvals import ApprovalBroker
 from navi_trio.core.turn.checkpointing import RoundCheckpoints
+from navi_trio.core.turn.hooks import TurnHooks
 from navi_trio.core.turn.policy import CallFacts, Verdict, decide, summary, with_network
 from navi_trio.errors import BudgetExhaustedError, LeaseLostError, LLMError, TaskRejectedError
 from navi_trio.events import AgentEvent, ToolEvent, ToolResultEvent, ToolStarted
 from navi_trio.llm.base import ToolCall
 from navi_trio.settings import Settings
+from navi_trio.tools.args import schema_problem
 from navi_trio.tools.base import Tool, ToolContext, ToolRegistry, ToolResult, tool_schema
 
 STOPPED_TEXT = "stopped by the user"
+NO_HOOKS = TurnHooks()
 BACKGROUND_HINT = (
     "The call is running in the background — continue with other work. Collect the result "
     "with the tasks tool (check / wait) or from the completion note on your next turn."
@@ -158,10 +161,11 @@ class ToolExecutor:
         ctx: ToolContext,
         allowed: Sequence[str],
         publish: Publish,
+        hooks: TurnHooks = NO_HOOKS,
     ) -> ToolResult:
         """Run one call (ToolStarted is emitted by the caller) and emit its ToolResult."""
         started = time.monotonic()
-        result = await self._execute(call, ctx, allowed, publish)
+        result = await self._execute(call, ctx, allowed, publish, hooks)
         publish(
             ToolResultEvent(
                 call_id=call.id,
@@ -175,7 +179,12 @@ class ToolExecutor:
         return result
 
     async def _execute(
-        self, call: ToolCall, ctx: ToolContext, allowed: Sequence[str], publish: Publish
+        self,
+        call: ToolCall,
+        ctx: ToolContext,
+        allowed: Sequence[str],
+        publish: Publish,
+        hooks: TurnHooks,
     ) -> ToolResult:
         if call.parse_error is not None:
             return ToolResult.fail(
@@ -202,9 +211,16 @@ class ToolExecutor:
         early: ToolResult | None = precheck(args, call_ctx) if precheck else None
         if early is not None:
             return early
+        hooked = await pre_tool(hooks, tool, args, call_ctx)
+        if isinstance(hooked, ToolResult):
+            return hooked
+        args, hook_allowed = hooked
+        # The policy sees the arguments as a hook left them.
         facts = CallFacts.of(call.name, args, ctx.roots(), ctx.cwd)
         verdict = decide(ctx.profile, ctx.user_role, ctx.mode, facts)
-        refused = await self._gate(call, args, ctx, facts, verdict, publish)
+        if hook_allowed and verdict.decision == "ask":
+            verdict = attrs.evolve(verdict, decision="allow", rule="a pre_tool hook allowed it")
+        refused = await self._gate(call, args, call_ctx, facts, verdict, publish, hooks)
         if refused is not None:
             return refused
         if verdict.network:
@@ -212,9 +228,11 @@ class ToolExecutor:
         if self.confirm is not None and verdict.decision == "ask":
             await self.confirm()  # again: the approval may have waited long
         if self._wants_background(call, tool):
-            return await self._detach(call, tool, args, call_ctx, allowed)
+            return await self._detach(call, tool, args, call_ctx, allowed, hooks)
         async with self._calling(call, ctx, allowed):
-            return await run_tool(tool, args, call_ctx)
+            result = await run_tool(tool, args, call_ctx)
+        await hooks.fire("post_tool", call_ctx, tool=tool.name, arguments=args, result=result)
+        return result
 
     def _calling(
         self, call: ToolCall, ctx: ToolContext, allowed: Sequence[str]
@@ -231,12 +249,23 @@ class ToolExecutor:
         facts: CallFacts,
         verdict: Verdict,
         publish: Publish,
+        hooks: TurnHooks,
     ) -> ToolResult | None:
-        """None when the policy lets the call run; else its failed result."""
+        """None when the policy lets the call run; else its failed result. Before an
+        ask reaches a person, a permission_request hook may decide it."""
         if verdict.decision == "allow":
+            return None
+        decided = None
+        if verdict.decision == "ask":
+            decided = await hooks.fire(
+                "permission_request", ctx, tool=call.name, arguments=args, rule=verdict.rule
+            )
+        if decided is not None and decided.decision == "allow":
             return None
         if verdict.decision == "deny":
             why = f"the tool policy denies it ({verdict.rule})"
+        elif decided is not None and decided.decision in ("deny", "block"):
+            why = f"a permission_request hook denied it: {decided.reason or 'no reason given'}"
         elif self.approvals is None:
             why = f"it needs approval ({verdict.rule}) and nobody can approve it here"
         else:
@@ -267,6 +296,7 @@ class ToolExecutor:
         args: dict[str, Any],
         ctx: ToolContext,
         allowed: Sequence[str],
+        hooks: TurnHooks,
     ) -> ToolResult:
         if self.supervisor is None:
             return ToolResult.fail("Cannot run in background: background tasks are not available")
@@ -299,6 +329,10 @@ class ToolExecutor:
                     result = await run_tool(
                         tool, args, attrs.evolve(kept, emit=emit, publish=job.emit)
                     )
+                await hooks.fire(
+                    "task_done", attrs.evolve(kept, publish=job.emit), tool=tool.name,
+                    arguments=args, result=result, task_id=job.task_id,
+                )  # fmt: skip
             finally:
                 if held is not None:
                     held.close()
@@ -330,6 +364,29 @@ class ToolExecutor:
         return ToolResult.success(json.dumps(payload, ensure_ascii=False), **payload)
 
 
+async def pre_tool(
+    hooks: TurnHooks, tool: Tool, args: dict[str, Any], ctx: ToolContext
+) -> ToolResult | tuple[dict[str, Any], bool]:
+    """The pre_tool hooks' word on a call: its failed result when they deny it (or
+    change its arguments into ones its schema refuses), else the arguments to run it
+    with and whether a hook allowed it (an ask then runs without asking)."""
+    answer = await hooks.fire("pre_tool", ctx, tool=tool.name, arguments=args)
+    if answer.decision in ("deny", "block"):
+        return ToolResult.fail(
+            f"The call was not run: a pre_tool hook denied it: "
+            f"{answer.reason or 'no reason given'}. Go on without it, or do it another way."
+        )
+    if answer.decision == "modify" and answer.arguments is not None:
+        problem = schema_problem(tool.parameters, answer.arguments)
+        if problem is not None:
+            return ToolResult.fail(
+                f"The call was not run: a pre_tool hook changed its arguments into ones "
+                f"{tool.name} does not take ({problem})."
+            )
+        return answer.arguments, False
+    return args, answer.decision == "allow"
+
+
 async def run_tool(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
     """Run a tool; an exception becomes the call's own failed result (Cancelled passes,
     and so does a backend-level LLM error: the backend failed, not the tool)."""
@@ -358,6 +415,7 @@ async def execute_batch(
     *,
     parallel: bool,
     before: Callable[[str], Awaitable[None]] | None = None,
+    hooks: TurnHooks = NO_HOOKS,
 ) -> None:
     """Run `calls`, filling `results` by index as each finishes.
 
@@ -399,7 +457,7 @@ async def execute_batch(
 
         async def one(i: int, call: ToolCall) -> None:
             try:
-                results[i] = await executor.execute_one(call, ctx, allowed, publish)
+                results[i] = await executor.execute_one(call, ctx, allowed, publish, hooks)
             except LLMError as exc:  # backend-level (run_tool): the turn ends with it
                 failed[i] = exc
                 nursery.cancel_scope.cancel()
@@ -422,7 +480,7 @@ async def execute_batch(
             except BudgetExhaustedError as exc:
                 _refuse(calls, i, exc, results, publish)
                 raise
-        results[i] = await executor.execute_one(call, ctx, allowed, publish)
+        results[i] = await executor.execute_one(call, ctx, allowed, publish, hooks)
 
 
 def _refuse(

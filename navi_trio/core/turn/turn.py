@@ -21,6 +21,7 @@ import trio
 
 from navi_trio.core.turn import planning
 from navi_trio.core.turn.file_agents import agents_note, read_file_agents
+from navi_trio.core.turn.hooks import TurnHooks
 from navi_trio.core.turn.llm_call import StreamedReply, chat_request, output_cap, stream_reply
 from navi_trio.core.turn.observe import LLMCallDone
 from navi_trio.core.turn.policy import denied_outright
@@ -165,9 +166,12 @@ class TurnRunner:
         if not compressor.would_compress(t.state.context, profile=t.profile, shrink=force):
             return False
         t.emit(CompressionStarted(reason=reason, tokens_before=tokens))
+        hooks = await self.hooks()
+        asked = await hooks.fire("pre_compact", self.tool_context(), reason=reason, tokens=tokens)
         outcome = await compressor.compress(
-            t.state.context, profile=t.profile, config=t.config, reason=reason, shrink=force
-        )
+            t.state.context, profile=t.profile, config=t.config, reason=reason, shrink=force,
+            keep=asked.context,
+        )  # fmt: skip
         if t.persist:
             await self.parts.cache.replace_context(t.state, outcome.context)
         else:
@@ -182,6 +186,10 @@ class TurnRunner:
                 messages_summarised=outcome.messages_summarised,
             )
         )
+        await hooks.fire(
+            "post_compact", self.tool_context(), reason=reason,
+            tokens_before=outcome.tokens_before, tokens_after=outcome.tokens_after,
+        )  # fmt: skip
         return True
 
     # -- planning -----------------------------------------------------------------
@@ -212,10 +220,18 @@ class TurnRunner:
 
     # -- the loop -----------------------------------------------------------------
 
+    async def hooks(self) -> TurnHooks:
+        """The run's hooks, loaded at its first event (core/turn/hooks.py)."""
+        if self.turn.hooks is None:
+            self.turn.hooks = await TurnHooks.load(self.tool_context(), self.turn.emit)
+        return self.turn.hooks
+
     async def run(self) -> None:
         t = self.turn
         counter, context = self.parts.counter, t.state.context
         t.runtime_tools = await self.parts.registry.prepare(t.profile, t.emit)
+        if not await self.start_hooks():
+            return
         t.project = await read_project(self.parts, t)
         if SpawnAgentTool.name in t.tool_names():  # the model is told what it may spawn
             found = await read_file_agents(self.settings, t.config, t.roots, t.todo_session())
@@ -245,6 +261,33 @@ class TurnRunner:
             await self.run_tools(reply)
             await self.after_tools(calls)
         await self.finish_max_iterations()
+
+    async def start_hooks(self) -> bool:
+        """session_start (a session's first message) and user_message: what they add
+        goes into the context; False when a user_message hook blocked the message (the
+        turn has ended, saying why)."""
+        t = self.turn
+        if t.subagent:
+            return True
+        hooks, ctx = await self.hooks(), self.tool_context()
+        added = []
+        if t.first_message:
+            added.append((await hooks.fire("session_start", ctx)).context)
+        if t.user_text:
+            answer = await hooks.fire("user_message", ctx, message=t.user_text)
+            if answer.decision in ("block", "deny"):
+                text = f"A hook blocked this message: {answer.reason or 'no reason given'}"
+                t.state.add({"role": "assistant", "content": text, "synthetic": True})
+                await self.save()
+                await self.end(self.stream_end(text, reason="blocked"))
+                return False
+            added.append(answer.context)
+        text = "\n".join(a for a in added if a)
+        if text:
+            note = {"role": "system", "content": f"[Hook context]\n{text}", "keep": True}
+            t.state.add(note, display=False)
+            await self.save()
+        return True
 
     async def ask(self, iteration: int) -> StreamedReply:
         """Steps 1-7 of one iteration: what was steered in, the context, the size check,
@@ -450,6 +493,7 @@ class TurnRunner:
                 await execute_batch(
                     self.parts.executor, calls, ctx, t.tool_names(), publish, t.results,
                     parallel=parallel, before=budget.before_tool if budget is not None else None,
+                    hooks=await self.hooks(),
                 )  # fmt: skip
         finally:
             t.tool_sec += trio.current_time() - started
@@ -610,6 +654,21 @@ class TurnRunner:
             raise
         if not turn.ended:
             await shielded(self._stopped)
+        await self.end_hooks()
+
+    async def end_hooks(self, reason: str | None = None, text: str | None = None) -> None:
+        """After the turn ended: ``stop`` when the user stopped it, then ``turn_end``
+        (``subagent_end`` for a sub-agent), with how it ended (`reason`, else the stream
+        end's) and its text."""
+        turn = self.turn
+        if turn.hooks is None and not (turn.config.hooks or turn.config.hook_files.read):
+            return
+        hooks, ctx = await self.hooks(), self.tool_context()
+        reason = turn.end_reason if reason is None else reason
+        if reason == "stopped":
+            await hooks.fire("stop", ctx)
+        event = "subagent_end" if turn.subagent else "turn_end"
+        await hooks.fire(event, ctx, reason=reason, text=turn.final_text if text is None else text)
 
     async def _run_workers(self) -> None:
         """Workers run after StreamEnd: the compression worker.

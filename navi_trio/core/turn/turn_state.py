@@ -15,6 +15,7 @@ import attrs
 from navi_trio.core.turn.budgets import Budget
 from navi_trio.core.turn.compression import Complete, Compressor
 from navi_trio.core.turn.context import ContextBuilder, ContextViews
+from navi_trio.core.turn.hooks import TurnHooks
 from navi_trio.core.turn.injections import Injections
 from navi_trio.core.turn.live_config import LiveConfig
 from navi_trio.core.turn.llm_call import StreamedReply
@@ -96,6 +97,9 @@ class Turn:
     roots: RunRoots | None = None
     # The instruction files and skills read at the turn's start (core/turn/project_files.py).
     project: ProjectView | None = None
+    # The run's hooks (core/turn/hooks.py), loaded at its first event; how it ended.
+    hooks: TurnHooks | None = None
+    end_reason: str = ""
 
     @property
     def limit(self) -> int:
@@ -129,6 +133,7 @@ class Turn:
     def end(self, event: StreamEnd) -> None:
         self.ended = True
         self.final_text = event.text
+        self.end_reason = event.reason or ""
         self.emit(event)
 
 

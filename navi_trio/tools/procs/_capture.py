@@ -13,6 +13,7 @@ then kill what is left of its group and drain the pipe. Starting and killing are
 from __future__ import annotations
 
 import codecs
+import os
 import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -127,19 +128,25 @@ async def wait_and_drain(
     on_text: Callable[[str], None],
     on_lines: LinesCallback | None,
     progress: OutputProgress | None = None,
+    on_errors: Callable[[str], None] | None = None,
 ) -> None:
-    """Stream output until the leader exits, then kill its leftovers and drain the pipe."""
+    """Stream output until the leader exits, then kill its leftovers and drain the pipe
+    (and stderr's, to `on_errors`, when it is a pipe of its own)."""
     assert process.stdout is not None
-    eof = trio.Event()
+    eofs = [trio.Event()]
     async with trio.open_nursery() as nursery:
         if progress is not None:
             nursery.start_soon(progress.run)
-        nursery.start_soon(_pump, process.stdout, on_text, on_lines, eof)
+        nursery.start_soon(_pump, process.stdout, on_text, on_lines, eofs[0])
+        if on_errors is not None and process.stderr is not None:
+            eofs.append(trio.Event())
+            nursery.start_soon(_pump, process.stderr, on_errors, None, eofs[1])
         await process.wait()
         # Anything still in the group is an orphan-to-be that also holds the pipe open.
         signal_group(process.pid, signal.SIGKILL)
         with trio.move_on_after(DRAIN_SEC):
-            await eof.wait()
+            for eof in eofs:
+                await eof.wait()
         nursery.cancel_scope.cancel()
 
 
@@ -165,6 +172,10 @@ class CommandResult:
     timed_out: bool
     timeout: float
     duration: float
+    # With `stderr_max`: stderr on its own (head+tail capped); `output` is stdout only.
+    errors: str = ""
+    # How many characters the output had, before the cap.
+    output_chars: int = 0
 
     def status_text(self) -> str:
         if self.timed_out:
@@ -190,10 +201,15 @@ async def run_command(
     roots: Sequence[Root] = (),
     pass_fds: Sequence[int] = (),
     user: RunAs | None = None,
+    stdin: bytes | None = None,
+    stderr_max: int | None = None,
 ) -> CommandResult:
     """Run `command` in its own process group until it exits or `time_limit` passes.
 
-    stdin is /dev/null. Output lines go to `progress` (coalesced, rate-limited) and/or
+    stdin is /dev/null, or the bytes `stdin` (from an anonymous file: no pipe to fill,
+    and the process reads at its own pace). With `stderr_max`, stderr is kept apart
+    (`CommandResult.errors`, at most that many characters, head and tail). Output
+    lines go to `progress` (coalesced, rate-limited) and/or
     `on_line` (each line); the result keeps only the head and tail of the output, within
     `max_chars`, however much is printed. On timeout the group is killed and the output
     so far returned; if the caller is cancelled the group is killed and `trio.Cancelled`
@@ -212,23 +228,29 @@ async def run_command(
         cmd = await sandboxed_argv(
             sandbox, shell_argv(command), cwd, bwrap_path, roots=roots, stack=stack, user=user
         )
+        source: int = subprocess.DEVNULL
+        if stdin is not None:
+            source = _input_file(stdin)
+            stack.callback(os.close, source)
         started = trio.current_time()
         process = await trio.lowlevel.open_process(
             cmd.argv,
             cwd=process_cwd(cmd, cwd),
             env=child_env({**(env or {}), **(user.env() if user else {})}, tag=tag),
-            stdin=subprocess.DEVNULL,
+            stdin=source,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.STDOUT if stderr_max is None else subprocess.PIPE,
             start_new_session=True,
             pass_fds=(*cmd.fds, *pass_fds),
             **(user.popen() if user and not cmd.switches_user else {}),
         )
     output = HeadTail(max_chars)
+    errors = HeadTail(stderr_max or 1)
     on_lines = _lines_to(on_line, progress)
+    on_errors = None if stderr_max is None else errors.add
     try:
         with trio.move_on_after(time_limit) as scope:
-            await wait_and_drain(process, output.add, on_lines, progress)
+            await wait_and_drain(process, output.add, on_lines, progress, on_errors)
     finally:
         await kill_group(process, grace, tag)
         if progress is not None:
@@ -239,4 +261,20 @@ async def run_command(
         timed_out=scope.cancelled_caught,
         timeout=time_limit,
         duration=trio.current_time() - started,
+        errors=errors.text() if stderr_max is not None else "",
+        output_chars=output.total,
     )
+
+
+def _input_file(data: bytes) -> int:
+    """An anonymous file holding `data`, at its start: a process's stdin."""
+    fd = os.memfd_create("navi-stdin", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

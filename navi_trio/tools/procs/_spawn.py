@@ -245,7 +245,7 @@ async def kill_group(
                 await process.wait()
             finally:
                 strays.close()
-        for stream in (process.stdin, process.stdout):
+        for stream in (process.stdin, process.stdout, process.stderr):
             if stream is not None:
                 await stream.aclose()
 
