@@ -230,12 +230,13 @@ class TurnRunner:
         t = self.turn
         counter, context = self.parts.counter, t.state.context
         t.runtime_tools = await self.parts.registry.prepare(t.profile, t.emit)
-        if not await self.start_hooks():
-            return
+        # The project's files first: the tool context the hooks see carries its skills.
         t.project = await read_project(self.parts, t)
         if SpawnAgentTool.name in t.tool_names():  # the model is told what it may spawn
             found = await read_file_agents(self.settings, t.config, t.roots, t.todo_session())
             self._agents_note = agents_note(found)
+        if not await self.start_hooks():
+            return
         # Pre-turn compression, from the real context (not a stored count). While the
         # encoding still loads, a bound under the threshold settles it without waiting.
         if counter.loaded or self.parts.compressor(self.complete).over_threshold(
