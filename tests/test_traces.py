@@ -1,0 +1,97 @@
+"""A daemon's OpenTelemetry traces: the span tree of a turn, and what never goes in it.
+
+A daemon with its metrics and a `TraceObserver` fanned out (as `navi serve` makes it when
+tracing is configured), the fake LLM over real HTTP, a real WebSocket client; the spans go
+to the SDK's in-memory exporter. Every test has an absolute time limit; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+from agent_tools import call, toolset, with_tools
+from api_ws import open_daemon
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from test_metrics import Gate
+
+from navi_trio.api.metrics import DaemonMetrics
+from navi_trio.api.traces import TraceObserver
+from navi_trio.core.turn import Observers
+
+TIMEOUT = 30
+SECRET_TEXT = "the-users-private-words-1234"
+
+
+def tracer() -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+async def run_turn(tmp_path: Path, observer: TraceObserver) -> tuple[DaemonMetrics, str]:
+    gate = Gate()
+    gate.go.set()
+    replies = [
+        {**call("gate", fail=True), "prompt_tokens": 100, "completion_tokens": 7},
+        {**call("gate"), "prompt_tokens": 110, "completion_tokens": 5},
+        {"text": "all done", "prompt_tokens": 120, "completion_tokens": 3},
+    ]
+    metrics = DaemonMetrics()
+    profile = with_tools(["gate"], planning_first_message=False)
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(
+            tmp_path, metrics=metrics, observer=Observers(metrics, observer), replies=replies,
+            tools=toolset(gate), profiles={"general": profile},
+        ) as d:  # fmt: skip
+            async with d.connect("alice") as alice:
+                created = await alice.request({"type": "message", "content": SECRET_TEXT})
+                await alice.until_end(created["session_id"])
+            return metrics, d.tokens["alice"]
+
+
+def by_name(spans: tuple[ReadableSpan, ...], prefix: str) -> list[ReadableSpan]:
+    return [s for s in spans if s.name.startswith(prefix)]
+
+
+async def test_a_turn_is_one_trace_of_its_llm_calls_and_tools(tmp_path: Path) -> None:
+    provider, exporter = tracer()
+    _, token = await run_turn(tmp_path, TraceObserver(provider.get_tracer("t")))
+    spans = exporter.get_finished_spans()
+    [turn] = by_name(spans, "navi.turn")
+    assert turn.parent is None
+    assert turn.attributes is not None and turn.attributes["navi.turn.reason"] == "complete"
+    chats = by_name(spans, "chat ")
+    tools = by_name(spans, "execute_tool gate")
+    assert len(chats) == 3 and len(tools) == 2, [s.name for s in spans]
+    for child in (*chats, *tools):
+        assert child.context is not None and turn.context is not None
+        assert child.context.trace_id == turn.context.trace_id
+        assert child.parent is not None and child.parent.span_id == turn.context.span_id
+        assert child.start_time is not None and turn.start_time is not None
+        assert child.end_time is not None and turn.end_time is not None
+        assert turn.start_time <= child.start_time <= child.end_time <= turn.end_time
+    first = min(chats, key=lambda s: s.start_time or 0)
+    assert first.attributes is not None
+    assert first.attributes["gen_ai.request.model"] == "qwen3:8b"
+    assert first.attributes["gen_ai.usage.input_tokens"] == 100
+    assert first.attributes["gen_ai.usage.output_tokens"] == 7
+    assert "gen_ai.response.finish_reasons" in first.attributes
+    assert "navi.llm.time_to_first_chunk" in first.attributes
+    statuses = sorted(str((s.attributes or {})["navi.tool.status"]) for s in tools)
+    assert statuses == ["failed", "ok"]
+    # No content, no token: neither the user's words, the answer nor the tool's output.
+    exported = repr([(s.name, dict(s.attributes or {})) for s in spans])
+    for secret in (SECRET_TEXT, token, "all done", "let go", "asked to fail"):
+        assert secret not in exported
+
+
+async def test_content_is_recorded_only_when_asked_and_bounded(tmp_path: Path) -> None:
+    provider, exporter = tracer()
+    await run_turn(tmp_path, TraceObserver(provider.get_tracer("t"), content=True))
+    spans = exporter.get_finished_spans()
+    [turn] = by_name(spans, "navi.turn")
+    assert (turn.attributes or {})["navi.turn.answer"] == "all done"
