@@ -9,6 +9,7 @@ command itself (`cmd_doctor`, its arguments and exit code) lives in `navi_trio.c
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from collections.abc import Callable, Mapping
@@ -21,6 +22,7 @@ import trio
 from navi_trio import __version__
 from navi_trio.api.peer_link import check_peer
 from navi_trio.api.remote import DEFAULT_URL, daemon_answers
+from navi_trio.api.tracing import EXTRA, content_recorded, traces_endpoint
 from navi_trio.cli.doctor_llm import server_context, window_warning
 from navi_trio.errors import ConfigError, NaviError
 from navi_trio.llm.factory import choose_backend
@@ -211,6 +213,12 @@ async def collect_doctor(
                 f"MCP server {server['name']} did not start: {server['error']}"
             )
     report["settings"] = _settings_info(settings)
+    report["tracing"] = _tracing_info(env)
+    if report["tracing"]["endpoint"] and not report["tracing"]["sdk"]:
+        report["warnings"].append(
+            f"tracing is asked for but the OpenTelemetry SDK is missing: `navi serve` will "
+            f"not start (pip install '{EXTRA}')"
+        )
     report["daemon"] = {"url": daemon_url, "ok": await daemon_answers(daemon_url)}
     report["peers"] = await _peers(cfg, env) if cfg is not None else []
     for peer in report["peers"]:
@@ -264,6 +272,16 @@ def _tool_user(settings: Settings) -> dict[str, Any]:
     if who is not None:
         out["user"] = f"{who.name} (uid {who.uid}, gid {who.gid})"
     return out
+
+
+def _tracing_info(env: Mapping[str, str]) -> dict[str, Any]:
+    """Whether `navi serve` traces here, where to, and whether the SDK is installed (found,
+    not imported)."""
+    return {
+        "endpoint": traces_endpoint(env),
+        "content": content_recorded(env),
+        "sdk": importlib.util.find_spec("opentelemetry") is not None,
+    }
 
 
 def _settings_info(settings: Settings) -> dict[str, Any]:
@@ -369,6 +387,13 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
     line("sandbox", ("OK: " if sb["ok"] else "UNAVAILABLE: ") + sb["reason"])
     who = r["tool_user"]
     line("tools as", who["error"] or who["user"] or "the daemon's own account (not root)")
+    tr = r.get("tracing") or {}
+    if tr.get("endpoint"):
+        content = "message content recorded" if tr["content"] else "no message content"
+        sdk = "" if tr["sdk"] else f", but the SDK is missing (pip install '{EXTRA}')"
+        line("traces", f"on: OTLP/HTTP to {tr['endpoint']} ({content}){sdk}")
+    else:
+        line("traces", "off (OTEL_EXPORTER_OTLP_ENDPOINT not set)")
     dm = r["daemon"]
     line("daemon", f"{dm['url']}  " + ("answers" if dm["ok"] else "not running (`navi serve`)"))
     for peer in r.get("peers", []):
