@@ -18,8 +18,21 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from test_metrics import Gate
 
 from navi_trio.api.metrics import DaemonMetrics
-from navi_trio.api.traces import TraceObserver
+from navi_trio.api.traces import CONTENT_BYTES, TraceObserver
 from navi_trio.core.turn import Observers
+from navi_trio.events import (
+    ApprovalDecided,
+    ApprovalRequest,
+    CompressionStarted,
+    ContextCompressed,
+    PlanPhase,
+    StreamEnd,
+    SubagentFinished,
+    SubagentStarted,
+    TaskUpdate,
+    ToolResultEvent,
+    ToolStarted,
+)
 
 TIMEOUT = 30
 SECRET_TEXT = "the-users-private-words-1234"
@@ -95,3 +108,53 @@ async def test_content_is_recorded_only_when_asked_and_bounded(tmp_path: Path) -
     spans = exporter.get_finished_spans()
     [turn] = by_name(spans, "navi.turn")
     assert (turn.attributes or {})["navi.turn.answer"] == "all done"
+
+
+def test_plan_subagent_approval_and_job_spans_hang_where_they_belong() -> None:
+    # A unit test: the observer's calls as a session would publish them, in order.
+    provider, exporter = tracer()
+    obs = TraceObserver(provider.get_tracer("t"), content=True)
+    sid = "s1"
+    for event in (
+        PlanPhase(phase="planning"),
+        PlanPhase(phase="planning", status="done"),
+        SubagentStarted(profile_id="researcher", task=SECRET_TEXT, agent_id="a1"),
+        ToolStarted(call_id="c1", name="shell", arguments={"cmd": SECRET_TEXT}, agent_id="a1"),
+        ToolResultEvent(call_id="c1", name="shell", ok=True, output="x" * 10_000, agent_id="a1"),
+        SubagentFinished(completed=True, text=SECRET_TEXT, agent_id="a1"),
+        ToolStarted(call_id="c2", name="write_file"),
+        ApprovalRequest(call_id="c2", tool="write_file", summary=SECRET_TEXT, rule="writes"),
+        ApprovalDecided(call_id="c2", approved=True),
+        ToolResultEvent(call_id="c2", name="write_file", ok=True),
+        CompressionStarted(reason="mid_turn", tokens_before=900),
+        ContextCompressed(reason="mid_turn", tokens_before=900, tokens_after=300),
+        TaskUpdate(task_id="j1", tool="shell", status="running", args_summary=SECRET_TEXT),
+        StreamEnd(text="answer"),
+    ):
+        obs.event(sid, event)
+    obs.event(sid, TaskUpdate(task_id="j1", tool="shell", status="completed"))
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    turn = spans["navi.turn"]
+
+    def parent(name: str) -> str:
+        span = spans[name].parent
+        assert span is not None
+        [found] = [n for n, s in spans.items() if s.context and s.context.span_id == span.span_id]
+        return found
+
+    assert parent("navi.plan planning") == "navi.turn"
+    assert parent("invoke_agent researcher") == "navi.turn"
+    assert parent("execute_tool shell") == "invoke_agent researcher"
+    assert parent("execute_tool write_file") == "navi.turn"
+    assert parent("navi.approval") == "execute_tool write_file"
+    assert parent("navi.compress") == "navi.turn"
+    job = spans["navi.job shell"]
+    assert job.parent is None and turn.context is not None
+    assert [link.context.span_id for link in job.links] == [turn.context.span_id]
+    assert (job.attributes or {})["navi.job.status"] == "completed"
+    assert (spans["navi.approval"].attributes or {})["navi.approval.approved"] is True
+    output = (spans["execute_tool shell"].attributes or {})["navi.tool.output"]
+    assert output == "x" * CONTENT_BYTES  # content, when asked, is bounded in bytes
+    # Arguments, tasks and summaries are never recorded, even with content on.
+    exported = repr([(s.name, dict(s.attributes or {})) for s in spans.values()])
+    assert SECRET_TEXT not in exported
