@@ -7,7 +7,11 @@ to the SDK's in-memory exporter. Every test has an absolute time limit; nothing 
 
 from __future__ import annotations
 
+import io
+import json
+import logging
 from pathlib import Path
+from typing import Any
 
 import trio
 from agent_tools import call, toolset, with_tools
@@ -18,7 +22,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from test_metrics import Gate
 
 from navi_trio.api.metrics import DaemonMetrics
-from navi_trio.api.traces import CONTENT_BYTES, TraceObserver
+from navi_trio.api.traces import CONTENT_BYTES, TraceObserver, WithTraceIds
+from navi_trio.cli.daemon import _JsonLines
 from navi_trio.core.turn import Observers
 from navi_trio.events import (
     ApprovalDecided,
@@ -33,6 +38,7 @@ from navi_trio.events import (
     ToolResultEvent,
     ToolStarted,
 )
+from navi_trio.tools.base import ToolContext, ToolResult
 
 TIMEOUT = 30
 SECRET_TEXT = "the-users-private-words-1234"
@@ -45,8 +51,18 @@ def tracer() -> tuple[TracerProvider, InMemorySpanExporter]:
     return provider, exporter
 
 
-async def run_turn(tmp_path: Path, observer: TraceObserver) -> tuple[DaemonMetrics, str]:
-    gate = Gate()
+class LoggingGate(Gate):
+    """The gate, logging a line as it runs (inside the turn)."""
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        logging.getLogger("navi_trio.tests.traced").warning("the gate runs")
+        return await super().execute(args, ctx)
+
+
+async def run_turn(
+    tmp_path: Path, observer: TraceObserver, gate: Gate | None = None
+) -> tuple[DaemonMetrics, str]:
+    gate = gate or Gate()
     gate.go.set()
     replies = [
         {**call("gate", fail=True), "prompt_tokens": 100, "completion_tokens": 7},
@@ -158,3 +174,31 @@ def test_plan_subagent_approval_and_job_spans_hang_where_they_belong() -> None:
     # Arguments, tasks and summaries are never recorded, even with content on.
     exported = repr([(s.name, dict(s.attributes or {})) for s in spans.values()])
     assert SECRET_TEXT not in exported
+
+
+async def test_each_line_logged_in_a_turn_names_its_trace_and_span(tmp_path: Path) -> None:
+    provider, exporter = tracer()
+    logger = logging.getLogger("navi_trio.tests.traced")
+    json_out, plain_out = io.StringIO(), io.StringIO()
+    as_json, plain = logging.StreamHandler(json_out), logging.StreamHandler(plain_out)
+    as_json.setFormatter(WithTraceIds(_JsonLines()))
+    plain.setFormatter(WithTraceIds(logging.Formatter("%(levelname)s %(message)s")))
+    for handler in (as_json, plain):
+        logger.addHandler(handler)
+    try:
+        await run_turn(tmp_path, TraceObserver(provider.get_tracer("t")), LoggingGate())
+        logger.warning("after the turn")
+    finally:
+        for handler in (as_json, plain):
+            logger.removeHandler(handler)
+    [turn] = by_name(exporter.get_finished_spans(), "navi.turn")
+    assert turn.context is not None
+    trace_id, span_id = f"{turn.context.trace_id:032x}", f"{turn.context.span_id:016x}"
+    lines = [json.loads(line) for line in json_out.getvalue().splitlines()]
+    assert [line["message"] for line in lines] == ["the gate runs"] * 2 + ["after the turn"]
+    for line in lines[:2]:
+        assert (line["trace_id"], line["span_id"]) == (trace_id, span_id)
+    assert "trace_id" not in lines[2]
+    assert plain_out.getvalue().splitlines() == [
+        f"WARNING the gate runs trace_id={trace_id} span_id={span_id}",
+    ] * 2 + ["WARNING after the turn"]

@@ -17,8 +17,11 @@ never. The SDK is imported here only, and this module only when tracing is confi
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from collections.abc import Mapping
+from contextvars import ContextVar
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -44,6 +47,36 @@ CONTENT_BYTES = 4096
 # Open spans kept per session, at most: a run that never ends (a crash mid-turn) cannot
 # grow them without bound; past it, the oldest open child is ended where it stands.
 OPEN_MAX = 256
+
+
+# The running turn's span, in the tasks of that turn (set where its first call is observed,
+# inherited by the tasks it starts): what log lines carry (`WithTraceIds`).
+CURRENT: ContextVar[tuple[str, str] | None] = ContextVar("navi_trace_ids", default=None)
+
+
+class WithTraceIds(logging.Formatter):
+    """A handler's formatter, with the running turn's trace and span ids added to each line
+    logged inside a turn: JSON lines get `trace_id` and `span_id` keys, plain ones end
+    with `trace_id=… span_id=…`. Lines outside a turn are as before."""
+
+    def __init__(self, inner: logging.Formatter | None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = self.inner.format(record)
+        ids = CURRENT.get()
+        if ids is None:
+            return line
+        trace_id, span_id = ids
+        if line.startswith("{"):
+            try:
+                fields = json.loads(line)
+            except ValueError:
+                fields = None
+            if isinstance(fields, dict):
+                return json.dumps({**fields, "trace_id": trace_id, "span_id": span_id})
+        return f"{line} trace_id={trace_id} span_id={span_id}"
 
 
 def _bounded(text: str) -> str:
@@ -78,6 +111,8 @@ class TraceObserver:
                 attributes={"navi.session_id": session_id},
             )  # fmt: skip
             turn = self._turns[session_id] = _Turn(span)
+            ctx = span.get_span_context()
+            CURRENT.set((f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"))
         return turn
 
     def _parent(self, turn: _Turn, agent_id: str | None) -> Context:
@@ -236,6 +271,7 @@ class TraceObserver:
             span.set_attribute("navi.turn.answer", _bounded(event.text))
         span.end(end_time=now)
         del self._turns[session_id]
+        CURRENT.set(None)
 
     def _job(self, session_id: str, event: TaskUpdate) -> None:
         """A background job: a span of its own, linked to the turn that started it."""

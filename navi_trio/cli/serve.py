@@ -70,6 +70,11 @@ async def serve_daemon(
 
     metrics = DaemonMetrics()
     tracing = open_tracing(os.environ)  # the OpenTelemetry SDK, only when configured
+    if tracing is not None:  # each line logged in a turn names its trace and span
+        from navi_trio.api.traces import WithTraceIds
+
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(WithTraceIds(handler.formatter))
     try:
         observer = metrics if tracing is None else Observers(metrics, tracing[0])
         await _serve(
