@@ -108,10 +108,12 @@ class Daemon:
 @asynccontextmanager
 async def open_daemon(tmp_path: Any, **kwargs: Any) -> AsyncIterator[Daemon]:
     """`metrics=DaemonMetrics()`: the daemon's, as `navi serve` has them (the core's
-    observer too); the other arguments are `open_harness`'s."""
+    observer too, unless `observer=` says another); the other arguments are
+    `open_harness`'s."""
     metrics: DaemonMetrics | None = kwargs.pop("metrics", None)
+    observer = kwargs.pop("observer", metrics)
     async with (
-        open_harness(tmp_path, observer=metrics, **kwargs) as h,
+        open_harness(tmp_path, observer=observer, **kwargs) as h,
         trio.open_nursery() as nursery,
     ):
         server = ApiServer(h.runtime, host="127.0.0.1", port=0, metrics=metrics)

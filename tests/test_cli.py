@@ -182,6 +182,23 @@ async def test_doctor_with_the_llm_down_warns_and_exits_0(
     assert report["settings"]["llm_api_key"] == "(not set)"
 
 
+async def test_doctor_says_whether_navi_serve_traces_and_where_to(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    url = f"http://127.0.0.1:{unused_port()}"
+    done = await navi("doctor", "--llm-url", url, env=env, cwd=tmp_path)
+    assert "traces       off (OTEL_EXPORTER_OTLP_ENDPOINT not set)" in done.out, done.out
+    traced = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318/"}
+    done = await navi("doctor", "--llm-url", url, env=traced, cwd=tmp_path)
+    line = "traces       on: OTLP/HTTP to http://127.0.0.1:4318/v1/traces (no message content)"
+    assert line in done.out, done.out
+    done = await navi("doctor", "--llm-url", url, "--json", env=traced, cwd=tmp_path)
+    report = json.loads(done.out)["tracing"]
+    assert report == {
+        "endpoint": "http://127.0.0.1:4318/v1/traces", "content": False, "sdk": True,
+    }  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("profile", "key"),
     [({"max_iterations": "many"}, "max_iterations"), ({"colour": "red"}, "colour")],

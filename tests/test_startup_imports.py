@@ -145,3 +145,36 @@ def test_metrics_stay_out_of_navi_run_and_its_private_daemon() -> None:
         "navi_trio.api.server, navi_trio.api.web, navi_trio.api.health"
     )
     assert imported_by(statement, ("prometheus_client", "navi_trio.api.metrics")) == []
+
+
+def test_the_opentelemetry_sdk_loads_only_when_tracing_is_configured() -> None:
+    # `navi serve` asks open_tracing at start: without the variables it is None, and no
+    # module of the SDK (nor the traces observer) is loaded.
+    statement = (
+        "import navi_trio.cli, navi_trio.cli.run, navi_trio.runtime, navi_trio.cli.serve\n"
+        "from navi_trio.api.tracing import open_tracing\n"
+        "assert open_tracing({'NAVI_OTEL_CONTENT': '1'}) is None"
+    )
+    assert imported_by(statement, ("opentelemetry", "navi_trio.api.traces")) == []
+    configured = statement.replace(
+        "open_tracing({'NAVI_OTEL_CONTENT': '1'}) is None",
+        "open_tracing({'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://127.0.0.1:9'}) is not None",
+    )
+    assert imported_by(configured, ("opentelemetry", "navi_trio.api.traces")) == [
+        "opentelemetry", "navi_trio.api.traces",
+    ]  # fmt: skip
+
+
+def test_tracing_asked_for_without_the_sdk_is_one_error_naming_the_extra() -> None:
+    code = (
+        "import sys\nsys.modules['opentelemetry'] = None\n"
+        "from navi_trio.api.tracing import open_tracing\n"
+        "open_tracing({'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://127.0.0.1:9'})"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("navi_trio.errors.ConfigError: OTEL_EXPORTER_OTLP_ENDPOINT is set")
+    assert "navi-trio[otel]" in last

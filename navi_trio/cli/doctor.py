@@ -9,6 +9,7 @@ command itself (`cmd_doctor`, its arguments and exit code) lives in `navi_trio.c
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from collections.abc import Callable, Mapping
@@ -22,6 +23,7 @@ import trio
 from navi_trio import __version__
 from navi_trio.api.peer_link import check_peer
 from navi_trio.api.remote import DEFAULT_URL, daemon_answers
+from navi_trio.api.tracing import EXTRA, content_recorded, traces_endpoint
 from navi_trio.cli.doctor_llm import server_context, window_warning
 from navi_trio.cli.doctor_project import project_report
 from navi_trio.client.context_view import context_lines
@@ -220,6 +222,12 @@ async def collect_doctor(
                 f"MCP server {server['name']} did not start: {server['error']}"
             )
     report["settings"] = _settings_info(settings)
+    report["tracing"] = _tracing_info(env)
+    if report["tracing"]["endpoint"] and not report["tracing"]["sdk"]:
+        report["warnings"].append(
+            f"tracing is asked for but the OpenTelemetry SDK is missing: `navi serve` will "
+            f"not start (pip install '{EXTRA}')"
+        )
     report["daemon"] = {"url": daemon_url, "ok": await daemon_answers(daemon_url)}
     if report["daemon"]["ok"]:  # what its /readyz says (api/health.py): no token needed
         report["daemon"]["ready"] = await readiness(daemon_url)
@@ -300,6 +308,16 @@ def readiness_line(ready: dict[str, Any]) -> str:
     parts = [f"{name} " + ("ok" if c.get("ok") else f"FAILED ({c.get('detail', '')})")
              for name, c in sorted(checks.items())]  # fmt: skip
     return ("ready: " if ready.get("ready") else "NOT READY: ") + ", ".join(parts)
+
+
+def _tracing_info(env: Mapping[str, str]) -> dict[str, Any]:
+    """Whether `navi serve` traces here, where to, and whether the SDK is installed (found,
+    not imported)."""
+    return {
+        "endpoint": traces_endpoint(env),
+        "content": content_recorded(env),
+        "sdk": importlib.util.find_spec("opentelemetry") is not None,
+    }
 
 
 def _settings_info(settings: Settings) -> dict[str, Any]:
@@ -410,6 +428,13 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
         line("project", project["error"])
     for i, text in enumerate(context_lines(project) if not project.get("error") else ()):
         line("project" if i == 0 else "", text)
+    tr = r.get("tracing") or {}
+    if tr.get("endpoint"):
+        content = "message content recorded" if tr["content"] else "no message content"
+        sdk = "" if tr["sdk"] else f", but the SDK is missing (pip install '{EXTRA}')"
+        line("traces", f"on: OTLP/HTTP to {tr['endpoint']} ({content}){sdk}")
+    else:
+        line("traces", "off (OTEL_EXPORTER_OTLP_ENDPOINT not set)")
     dm = r["daemon"]
     line("daemon", f"{dm['url']}  " + ("answers" if dm["ok"] else "not running (`navi serve`)"))
     ready = dm.get("ready")

@@ -30,17 +30,23 @@ import signal
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
 from navi_trio.api.auth import OneToken, ensure_local_token, folder_admin
 from navi_trio.api.server import ApiServer
+from navi_trio.api.tracing import open_tracing
+from navi_trio.core.turn import Observer, Observers
 from navi_trio.llm.base import LLMBackend
 from navi_trio.profiles import ConfigSource
 from navi_trio.runtime import Runtime, open_runtime
 from navi_trio.settings import Settings
 from navi_trio.tools.procs import kill_orphans
+
+if TYPE_CHECKING:
+    from navi_trio.api.metrics import DaemonMetrics
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +69,36 @@ async def serve_daemon(
     from navi_trio.api.metrics import DaemonMetrics  # prometheus_client: a daemon's only
 
     metrics = DaemonMetrics()
+    tracing = open_tracing(os.environ)  # the OpenTelemetry SDK, only when configured
+    if tracing is not None:  # each line logged in a turn names its trace and span
+        from navi_trio.api.traces import WithTraceIds
+
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(WithTraceIds(handler.formatter))
+    try:
+        observer = metrics if tracing is None else Observers(metrics, tracing[0])
+        await _serve(
+            settings, config, metrics, observer, host, port, ready, reuse_port, supervisor_fd
+        )
+    finally:
+        if tracing is not None:  # flushes the spans left, off the event loop
+            await trio.to_thread.run_sync(tracing[1].shutdown)
+    log.info("stopped")
+
+
+async def _serve(
+    settings: Settings,
+    config: ConfigSource,
+    metrics: DaemonMetrics,
+    observer: Observer,
+    host: str,
+    port: int,
+    ready: Callable[[int], None],
+    reuse_port: bool,
+    supervisor_fd: int | None,
+) -> None:
     async with open_runtime(
-        settings, config=config, cluster=True, schedules=True, observer=metrics
+        settings, config=config, cluster=True, schedules=True, observer=observer
     ) as rt:
         await ensure_local_token(rt.store, settings.data_dir)
         rt.sessions.adopt = True  # session actors run what a crash left queued
@@ -94,7 +128,6 @@ async def serve_daemon(
             nursery.cancel_scope.cancel()  # stop accepting, close every connection
         await wait_background_jobs(rt, settings.shutdown_wait_tasks_sec)
         log.info("stopping active runs and closing the store")
-    log.info("stopped")
 
 
 @attrs.frozen

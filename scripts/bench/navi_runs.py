@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -29,6 +30,8 @@ from navi_trio.api.auth import new_token
 from navi_trio.api.daemon_client import DaemonConnection, open_daemon
 from navi_trio.api.metrics import DaemonMetrics
 from navi_trio.api.server import ApiServer
+from navi_trio.api.tracing import open_tracing
+from navi_trio.core.turn import Observers
 from navi_trio.runtime import Runtime, open_runtime
 from navi_trio.settings import Settings
 from navi_trio.testing.harness import SessionDriver, test_config
@@ -100,8 +103,16 @@ async def bench_runtime(
         {}, db_path=tmp / "navi.db", data_dir=tmp / "data", llm_backend="ollama",
         llm_url=url, num_ctx=num_ctx, default_model="fake-model", **settings,
     )  # fmt: skip
-    async with open_runtime(conf, config=cfg, tools=tools, observer=observer) as rt:
-        yield rt
+    # Traces when OTEL_* says so, as `navi serve` does (besides the metrics of --metrics).
+    tracing = open_tracing(os.environ)
+    if tracing is not None:
+        observer = tracing[0] if observer is None else Observers(observer, tracing[0])
+    try:
+        async with open_runtime(conf, config=cfg, tools=tools, observer=observer) as rt:
+            yield rt
+    finally:
+        if tracing is not None:
+            tracing[1].shutdown()
 
 
 class WsClient:

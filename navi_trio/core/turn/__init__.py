@@ -35,6 +35,7 @@ from .lease import SessionLeases as SessionLeases
 from .observe import LLMCallDone as LLMCallDone
 from .observe import NoObserver as NoObserver
 from .observe import Observer as Observer
+from .observe import Observers as Observers
 from .plan_text import parse_analysis as parse_analysis
 from .plan_text import parse_plan as parse_plan
 from .plan_text import review_sections as review_sections

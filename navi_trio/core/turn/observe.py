@@ -29,6 +29,7 @@ class LLMCallDone:
     completion_tokens: int = 0
     finish: str | None = None  # the model's done reason; None when it never finished
     failed: bool = False
+    session_id: str = ""  # the session whose run made the call (its parent's, in a sub-agent)
 
 
 class Observer(Protocol):
@@ -50,3 +51,23 @@ class NoObserver:
 
     def stopped(self, seconds: float) -> None:
         pass
+
+
+class Observers:
+    """Several observers as one (a daemon's metrics and its traces): each sees every call,
+    in order. The one place that fans the core's calls out."""
+
+    def __init__(self, *observers: Observer) -> None:
+        self.observers = observers
+
+    def llm_call(self, done: LLMCallDone) -> None:
+        for o in self.observers:
+            o.llm_call(done)
+
+    def event(self, session_id: str, event: AgentEvent) -> None:
+        for o in self.observers:
+            o.event(session_id, event)
+
+    def stopped(self, seconds: float) -> None:
+        for o in self.observers:
+            o.stopped(seconds)

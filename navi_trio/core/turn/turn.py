@@ -148,6 +148,7 @@ class TurnRunner:
                     completion_tokens=done.completion_tokens if done is not None else 0,
                     finish=done.done_reason if done is not None else None,
                     failed=done is None,
+                    session_id=self.turn.todo_session(),
                 )
             )
 
