@@ -23,6 +23,7 @@ from navi_trio.errors import ConfigError, ToolInputError
 from navi_trio.settings import Settings
 from navi_trio.tools.args import NoArgs, action_of, action_schema, arg, parse
 from navi_trio.tools.base import ToolContext, ToolResult
+from navi_trio.tools.cgroups import SessionCgroup, tree_for
 from navi_trio.tools.filesystem import resolve_dir
 from navi_trio.tools.procs import CommandResult, ReadResult, passed_env, run_command, tag_owner
 from navi_trio.tools.progress import OutputProgress
@@ -110,7 +111,7 @@ def command_result(result: CommandResult, note: str = "") -> ToolResult:
     """The tool result for a finished `run_command`: non-zero exit is a failure."""
     output = note + (result.output if result.output else "(no output)")
     data = {"exit_code": result.exit_code, "duration_s": round(result.duration, 3)}
-    if result.timed_out:
+    if result.timed_out or result.memory_limit_mb is not None:
         return ToolResult.fail(result.status_text(), output=output, **data)
     if result.exit_code != 0:
         return ToolResult.fail(f"the command {result.status_text()}", output=output, **data)
@@ -162,7 +163,17 @@ async def run_in(
         roots=place.roots,
         pass_fds=pass_fds,
         user=command_user(ctx),
+        cgroup=session_cgroup(ctx),
     )
+
+
+def session_cgroup(ctx: ToolContext) -> SessionCgroup | None:
+    """Where the commands of `ctx`'s session go (`cgroups`), under its profile's limits;
+    None where cgroups are off (NAVI_CGROUPS) or cannot be used here."""
+    if not ctx.settings.cgroups:
+        return None
+    tree = tree_for(tag_owner(ctx.settings.data_dir))
+    return None if tree is None else SessionCgroup(tree, ctx.session_id, ctx.profile.limits)
 
 
 def command_user(ctx: ToolContext) -> RunAs | None:
@@ -242,6 +253,7 @@ class TerminalTool:
                     roots=place.roots,
                     user=command_user(ctx),
                     user_id=ctx.user_id,
+                    cgroup=session_cgroup(ctx),
                 )
         except OSError as exc:
             return ToolResult.fail(f"cannot start the process: {exc.strerror or exc}")

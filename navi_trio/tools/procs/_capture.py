@@ -23,11 +23,13 @@ import attrs
 import trio
 
 from navi_trio.errors import ToolInputError
+from navi_trio.tools.cgroups import CommandGroup, SessionCgroup
 from navi_trio.tools.procs._spawn import (
     KILL_GRACE_SEC,
     child_env,
     kill_group,
     new_tag,
+    open_in,
     shell_argv,
     signal_group,
 )
@@ -127,8 +129,10 @@ async def wait_and_drain(
     on_text: Callable[[str], None],
     on_lines: LinesCallback | None,
     progress: OutputProgress | None = None,
+    cgroup: CommandGroup | None = None,
 ) -> None:
-    """Stream output until the leader exits, then kill its leftovers and drain the pipe."""
+    """Stream output until the leader exits, then kill its leftovers (its process group,
+    or all its `cgroup` holds) and drain the pipe."""
     assert process.stdout is not None
     eof = trio.Event()
     async with trio.open_nursery() as nursery:
@@ -138,6 +142,9 @@ async def wait_and_drain(
         await process.wait()
         # Anything still in the group is an orphan-to-be that also holds the pipe open.
         signal_group(process.pid, signal.SIGKILL)
+        if cgroup is not None:
+            with trio.CancelScope(shield=True):
+                await cgroup.group.kill()
         with trio.move_on_after(DRAIN_SEC):
             await eof.wait()
         nursery.cancel_scope.cancel()
@@ -165,8 +172,15 @@ class CommandResult:
     timed_out: bool
     timeout: float
     duration: float
+    # The memory limit (MiB) of its cgroup, when the kernel killed a process for it.
+    memory_limit_mb: int | None = None
 
     def status_text(self) -> str:
+        if self.memory_limit_mb is not None:
+            return (
+                f"memory limit {self.memory_limit_mb} MB reached (the kernel killed a "
+                "process of the command)"
+            )
         if self.timed_out:
             return f"timed out after {self.timeout:g} s (the process group was killed)"
         if self.exit_code is not None and self.exit_code < 0:
@@ -190,6 +204,7 @@ async def run_command(
     roots: Sequence[Root] = (),
     pass_fds: Sequence[int] = (),
     user: RunAs | None = None,
+    cgroup: SessionCgroup | None = None,
 ) -> CommandResult:
     """Run `command` in its own process group until it exits or `time_limit` passes.
 
@@ -203,7 +218,9 @@ async def run_command(
     `env` is added to the allow-listed environment (`child_env`); `owner` (`tag_owner`)
     starts the process tag. A held `cwd` (and the held `roots`, which the sandbox binds)
     is used through its fd, never by its path; `pass_fds` go to the process as they are.
-    With a `user` (`_user.run_as`) the process runs as that user, never as root.
+    With a `user` (`_user.run_as`) the process runs as that user, never as root. With
+    a `cgroup` (its session's, `cgroups`) the process and all it forks run in a leaf
+    of their own, under the session's limits, and die with it.
     """
     if time_limit <= 0:
         raise ToolInputError(f"the time limit must be positive (got {time_limit:g})")
@@ -213,8 +230,9 @@ async def run_command(
             sandbox, shell_argv(command), cwd, bwrap_path, roots=roots, stack=stack, user=user
         )
         started = trio.current_time()
-        process = await trio.lowlevel.open_process(
+        process, leaf = await open_in(
             cmd.argv,
+            cgroup,
             cwd=process_cwd(cmd, cwd),
             env=child_env({**(env or {}), **(user.env() if user else {})}, tag=tag),
             stdin=subprocess.DEVNULL,
@@ -226,11 +244,15 @@ async def run_command(
         )
     output = HeadTail(max_chars)
     on_lines = _lines_to(on_line, progress)
+    oom = 0
     try:
         with trio.move_on_after(time_limit) as scope:
-            await wait_and_drain(process, output.add, on_lines, progress)
+            await wait_and_drain(process, output.add, on_lines, progress, leaf)
     finally:
-        await kill_group(process, grace, tag)
+        await kill_group(process, grace, tag, cgroup=leaf)
+        if leaf is not None:
+            oom = leaf.oom_kills()
+            leaf.remove()
         if progress is not None:
             progress.flush()
     return CommandResult(
@@ -239,4 +261,5 @@ async def run_command(
         timed_out=scope.cancelled_caught,
         timeout=time_limit,
         duration=trio.current_time() - started,
+        memory_limit_mb=leaf.memory_mb if leaf is not None and oom else None,
     )
