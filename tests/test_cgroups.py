@@ -287,9 +287,9 @@ async def test_a_stop_kills_a_double_forked_setsid_daemon_without_its_tag(
                 try:
                     nursery.cancel_scope.cancel()  # the stop
                 finally:
-                    with trio.CancelScope(shield=True):
+                    with trio.CancelScope(shield=True), trio.move_on_after(10):
                         await watch.wait_exited()
-                        watch.close()
+                    watch.close()
             assert is_gone(escaper)
 
 
