@@ -332,3 +332,29 @@ async def test_what_a_dead_daemons_cgroups_hold_is_killed_and_they_are_removed(
         with trio.CancelScope(shield=True):
             await tree.close()
             await live.close()
+
+
+@pytest.mark.slow
+async def test_doctor_says_why_cgroups_cannot_be_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+    import socket
+
+    from navi_trio.cli import doctor
+    from navi_trio.settings import Settings
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(doctor, "cgroups_status", lambda: cgroups.status(cgroups.Plan(None, {})))
+    settings = Settings.from_env(
+        {}, db_path=tmp_path / "navi.db", data_dir=tmp_path, llm_url=f"http://127.0.0.1:{port}"
+    )
+    with trio.fail_after(DEADLINE):
+        report = await doctor.collect_doctor(settings, f"ws://127.0.0.1:{port}")
+    assert report["cgroups"]["ok"] is False
+    assert any("cgroups cannot be used (no cgroup v2" in w for w in report["warnings"])
+    out = io.StringIO()
+    doctor.print_doctor(report, out)
+    assert "cgroups      UNAVAILABLE: no cgroup v2 hierarchy is mounted" in out.getvalue()
