@@ -285,6 +285,9 @@ class Settings:
     sandbox_tmp_max_bytes: int = attrs.field(
         default=256 << 20, metadata=_env("NAVI_SANDBOX_TMP_MAX_BYTES")
     )
+    # Each session's tool processes in a cgroup of their own, under the profile's
+    # `limits`, where cgroups can be written (tools/cgroups.py); false: never.
+    cgroups: bool = attrs.field(default=True, metadata=_env("NAVI_CGROUPS"))
     # Who tool processes run as when the daemon runs as root (tools/runas.py): a user
     # name, or uid[:gid]; unset: nobody (65534). Never root.
     tool_user: str = attrs.field(default="", metadata=_env("NAVI_TOOL_USER"), validator=_not_root)

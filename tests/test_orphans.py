@@ -13,7 +13,10 @@ import os
 import secrets
 import signal
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -39,6 +42,27 @@ async def wait_up(fifo: Path) -> None:
             return f.read()
 
     assert (await trio.to_thread.run_sync(read, abandon_on_cancel=True)).strip() == "up"
+
+
+@asynccontextmanager
+async def approved_run(
+    env: dict[str, str], cwd: Path, command: str, fifo: Path
+) -> AsyncIterator[tuple[Any, str]]:
+    """A real daemon (and its fake LLM's URL) that runs `command` in ``full`` mode from
+    `cwd`, approved, until it reports on `fifo` that it is up."""
+    replies = [call("terminal", action="run", command=command), {"text": "done"}]
+    async with fake_llm(cwd, replies) as llm:
+        async with serve(env, llm) as proc, client(proc.url, Path(env["NAVI_DATA_DIR"])) as c:
+            created = await c.request(
+                {"type": "message", "content": "go", "mode": "full", "cwd": str(cwd)}
+            )
+            sid = created["session_id"]
+            ask = await c.until_type("approval_request", session_id=sid)
+            await c.send(
+                {"type": "approve", "session_id": sid, "call_id": ask["call_id"], "scope": "once"}
+            )
+            await wait_up(fifo)
+            yield proc, llm
 
 
 async def sleeper(marker: str, fifo: Path, owner: str) -> trio.Process:
@@ -89,7 +113,6 @@ async def test_a_full_mode_command_left_by_a_sigkilled_daemon_dies_at_the_restar
     tmp_path: Path,
     tags: list[str],  # noqa: F811
 ) -> None:
-    data = Path(env["NAVI_DATA_DIR"])
     marker = f"navi-full-stray-{secrets.token_hex(4)}"
     tags.append(marker)
     fifo = tmp_path / "up.fifo"
@@ -98,25 +121,13 @@ async def test_a_full_mode_command_left_by_a_sigkilled_daemon_dies_at_the_restar
     script.write_text(SLEEPER)
     # The named process itself says it is up: bash waits for it, both left behind.
     command = f"exec -a {marker} {sys.executable} {script} {fifo} & wait"
-    replies = [call("terminal", action="run", command=command), {"text": "done"}]
     with trio.fail_after(DEADLINE):
-        async with fake_llm(tmp_path, replies) as llm:
-            async with serve(env, llm) as proc, client(proc.url, data) as c:
-                created = await c.request(
-                    {"type": "message", "content": "go", "mode": "full", "cwd": str(tmp_path)}
-                )
-                sid = created["session_id"]
-                ask = await c.until_type("approval_request", session_id=sid)
-                await c.send(
-                    {"type": "approve", "session_id": sid, "call_id": ask["call_id"],
-                     "scope": "once"}
-                )  # fmt: skip
-                await wait_up(fifo)
-                [sleep] = tagged_pids(marker)
-                bash = parent(sleep)
-                watch = PidWatch([sleep, bash])
-                proc.kill()  # SIGKILL: no clean-up of any kind
-                await proc.wait()
+        async with approved_run(env, tmp_path, command, fifo) as (proc, llm):
+            [sleep] = tagged_pids(marker)
+            bash = parent(sleep)
+            watch = PidWatch([sleep, bash])
+            proc.kill()  # SIGKILL: no clean-up of any kind
+            await proc.wait()
             try:
                 # Unsandboxed, nothing took them down with the daemon.
                 assert not is_gone(sleep) and not is_gone(bash)

@@ -37,6 +37,7 @@ from navi_trio.store.db_url import describe
 from navi_trio.store.factory import store_report
 from navi_trio.store.sqlite import read_only_check, read_only_stats
 from navi_trio.text import terminal_safe
+from navi_trio.tools.cgroups import status as cgroups_status
 from navi_trio.tools.runas import run_as
 from navi_trio.tools.sandbox import find_bwrap, sandbox_available
 
@@ -212,6 +213,13 @@ async def collect_doctor(
         report["warnings"].append(
             f"the sandbox is unavailable ({reason}): terminal and code_exec calls in a "
             "sandboxed mode will be refused"
+        )
+    usable, how = cgroups_status() if settings.cgroups else (False, "off (NAVI_CGROUPS=0)")
+    report["cgroups"] = {"ok": usable, "reason": how}
+    if not usable and settings.cgroups:
+        report["warnings"].append(
+            f"cgroups cannot be used ({how}): no kernel limits per session; tool processes "
+            "are killed by process group and a /proc scan, as without cgroups"
         )
     report["mcp"] = await _mcp_servers(cfg, settings)
     report["project"] = project = await project_report(settings, Path.cwd() if cwd is None else cwd)
@@ -421,6 +429,9 @@ def print_doctor(r: dict[str, Any], out: TextIO) -> None:
     line("ssh", f"{count}: {listed}" if hosts else "no hosts configured (ssh_exec refuses)")
     sb = r["sandbox"]
     line("sandbox", ("OK: " if sb["ok"] else "UNAVAILABLE: ") + sb["reason"])
+    if "cgroups" in r:
+        cg = r["cgroups"]
+        line("cgroups", ("OK: " if cg["ok"] else "UNAVAILABLE: ") + cg["reason"])
     who = r["tool_user"]
     line("tools as", who["error"] or who["user"] or "the daemon's own account (not root)")
     project = r.get("project") or {}

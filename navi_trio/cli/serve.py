@@ -12,7 +12,9 @@ store before it closes. SIGHUP reloads the
 config file (ConfigSource). Readiness goes to systemd when ``NOTIFY_SOCKET`` is set.
 
 Before anything else, what a dead daemon of the same data folder left running is
-killed (`procs.kill_orphans`: a ``full``-mode command outlives a SIGKILL).
+killed (`procs.kill_orphans`: a ``full``-mode command outlives a SIGKILL), with all the
+cgroups of a dead daemon of that folder hold (`cgroups.clear_stale`); at the end, this
+daemon's cgroups are emptied and removed.
 
 `serve_privately` is the same pair for one command (`navi run`, `navi rewind`, `navi mcp
 serve` … when no daemon answers): the runtime and an ApiServer on 127.0.0.1, port 0, that
@@ -43,7 +45,8 @@ from navi_trio.llm.base import LLMBackend
 from navi_trio.profiles import ConfigSource
 from navi_trio.runtime import Runtime, open_runtime
 from navi_trio.settings import Settings
-from navi_trio.tools.procs import kill_orphans
+from navi_trio.tools.cgroups import clear_stale, close_trees
+from navi_trio.tools.procs import data_digest, kill_orphans
 
 if TYPE_CHECKING:
     from navi_trio.api.metrics import DaemonMetrics
@@ -66,6 +69,8 @@ async def serve_daemon(
     """`supervisor_fd`: a worker's end of its supervisor's lifeline (cli/workers.py): at
     its end the supervisor is gone, and the worker shuts down as on SIGTERM."""
     await kill_orphans(settings.data_dir)
+    if settings.cgroups:
+        await clear_stale(data_digest(settings.data_dir))
     from navi_trio.api.metrics import DaemonMetrics  # prometheus_client: a daemon's only
 
     metrics = DaemonMetrics()
@@ -128,6 +133,7 @@ async def _serve(
             nursery.cancel_scope.cancel()  # stop accepting, close every connection
         await wait_background_jobs(rt, settings.shutdown_wait_tasks_sec)
         log.info("stopping active runs and closing the store")
+    await close_trees()  # what the runs' ends left in their cgroups
 
 
 @attrs.frozen

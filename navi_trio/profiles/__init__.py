@@ -46,6 +46,7 @@ from navi_trio.profiles._schema import McpServerConfig as McpServerConfig
 from navi_trio.profiles._schema import ModelConfig as ModelConfig
 from navi_trio.profiles._schema import NaviConfig as NaviConfig
 from navi_trio.profiles._schema import PeerConfig as PeerConfig
+from navi_trio.profiles._schema import ProcessLimits as ProcessLimits
 from navi_trio.profiles._schema import SshConfig as SshConfig
 from navi_trio.profiles._schema import SshHost as SshHost
 from navi_trio.profiles._schema import ToolsConfig as ToolsConfig

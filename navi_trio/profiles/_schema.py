@@ -145,6 +145,36 @@ class McpServerConfig:
         return "stdio" if self.command is not None else "http"
 
 
+def _whole_from(low: int, high: int) -> Any:
+    def check(_inst: Any, attr: attrs.Attribute[Any], value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(
+                f"{attr.name}: expected a whole number from {low} to {high}, got {value!r}"
+            )
+
+    return check
+
+
+def _cores(_inst: Any, attr: attrs.Attribute[Any], value: float | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.01 <= value <= 1024:
+        raise ValueError(
+            f"{attr.name}: expected a number of cores from 0.01 to 1024, got {value!r}"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class ProcessLimits:
+    """The kernel limits on one session's tool processes, all of them together, where
+    cgroups can be used (tools/cgroups.py): memory in MiB, processes and threads, CPU
+    cores (None: no CPU limit)."""
+
+    memory_mb: int = attrs.field(default=2048, validator=_whole_from(16, 1 << 22))
+    pids: int = attrs.field(default=512, validator=_whole_from(8, 1 << 22))
+    cpu_cores: float | None = attrs.field(default=None, validator=_cores)
+
+
 @attrs.frozen(kw_only=True)
 class AgentProfile:
     id: str = ""
@@ -190,6 +220,8 @@ class AgentProfile:
     on_busy: OnBusy = "enqueue"
     budgets: BudgetConfig = BudgetConfig()
     wake_on_task_done: bool = False
+    # Kernel limits on the session's tool processes (cgroups, where they can be used).
+    limits: ProcessLimits = ProcessLimits()
 
     def model_or(self, default: str) -> str:
         """The profile's model, or `default` (Settings.default_model) when it names none."""

@@ -48,7 +48,13 @@ from navi_trio.settings import Settings
 from navi_trio.tools.args import arg, parse, schema
 from navi_trio.tools.base import ToolContext, ToolResult
 from navi_trio.tools.procs import CommandResult, run_command, tag_owner
-from navi_trio.tools.terminal import command_result, output_progress, read_timeout, timeout_arg
+from navi_trio.tools.terminal import (
+    command_result,
+    output_progress,
+    read_timeout,
+    session_cgroup,
+    timeout_arg,
+)
 
 CONNECT_TIMEOUT_SEC = 10
 SSH_FAILED = 255  # ssh's own exit code for a connection, host key or login failure
@@ -185,6 +191,7 @@ class SshExecTool:
                 max_chars=ctx.settings.tool_output_max_chars,
                 env={"TERM": "dumb"},  # the remote pty's TERM: no colours, no cursor codes
                 owner=tag_owner(ctx.settings.data_dir),
+                cgroup=session_cgroup(ctx),
             )
         except OSError as exc:
             return ToolResult.fail(f"cannot start ssh: {exc.strerror or exc}")

@@ -24,6 +24,7 @@ from navi_trio.errors import ConfigError, ToolInputError
 from navi_trio.settings import Settings
 from navi_trio.tools.args import NoArgs, action_of, action_schema, arg, parse
 from navi_trio.tools.base import ToolContext, ToolResult
+from navi_trio.tools.cgroups import SessionCgroup, tree_for
 from navi_trio.tools.filesystem import resolve_dir
 from navi_trio.tools.procs import CommandResult, ReadResult, passed_env, run_command, tag_owner
 from navi_trio.tools.progress import OutputProgress
@@ -112,7 +113,7 @@ def command_result(result: CommandResult, note: str = "") -> ToolResult:
     """The tool result for a finished `run_command`: non-zero exit is a failure."""
     output = note + (result.output if result.output else "(no output)")
     data = {"exit_code": result.exit_code, "duration_s": round(result.duration, 3)}
-    if result.timed_out:
+    if result.timed_out or result.memory_limit_mb is not None:
         return ToolResult.fail(result.status_text(), output=output, **data)
     if result.exit_code != 0:
         return ToolResult.fail(f"the command {result.status_text()}", output=output, **data)
@@ -163,7 +164,8 @@ async def run_in(
 
 
 class CommandOptions(TypedDict):
-    """How every command of a call runs: its sandbox, environment, tag, roots and user."""
+    """How every command of a call runs: its sandbox, environment, tag, roots, user and
+    cgroup."""
 
     sandbox: SandboxSpec | None
     bwrap_path: Path | None
@@ -171,11 +173,13 @@ class CommandOptions(TypedDict):
     owner: str
     roots: tuple[Root, ...]
     user: RunAs | None
+    cgroup: SessionCgroup | None
 
 
 def command_options(ctx: ToolContext, place: Place) -> CommandOptions:
     """The options of `run_command` (and the pool's `open`) for a command of `ctx` in
-    `place`: the run's sandbox, the environment allow-list, the user tools run as."""
+    `place`: the run's sandbox, the environment allow-list, the user tools run as, the
+    session's cgroup."""
     return CommandOptions(
         sandbox=ctx.sandbox,
         bwrap_path=ctx.settings.bwrap_path,
@@ -183,7 +187,17 @@ def command_options(ctx: ToolContext, place: Place) -> CommandOptions:
         owner=tag_owner(ctx.settings.data_dir),
         roots=place.roots,
         user=command_user(ctx),
+        cgroup=session_cgroup(ctx),
     )
+
+
+def session_cgroup(ctx: ToolContext) -> SessionCgroup | None:
+    """Where the commands of `ctx`'s session go (`cgroups`), under its profile's limits;
+    None where cgroups are off (NAVI_CGROUPS) or cannot be used here."""
+    if not ctx.settings.cgroups:
+        return None
+    tree = tree_for(tag_owner(ctx.settings.data_dir))
+    return None if tree is None else SessionCgroup(tree, ctx.session_id, ctx.profile.limits)
 
 
 def command_user(ctx: ToolContext) -> RunAs | None:

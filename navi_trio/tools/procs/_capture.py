@@ -24,11 +24,13 @@ import attrs
 import trio
 
 from navi_trio.errors import ToolInputError
+from navi_trio.tools.cgroups import CommandGroup, SessionCgroup
 from navi_trio.tools.procs._spawn import (
     KILL_GRACE_SEC,
     child_env,
     kill_group,
     new_tag,
+    open_in,
     shell_argv,
     signal_group,
 )
@@ -129,9 +131,11 @@ async def wait_and_drain(
     on_lines: LinesCallback | None,
     progress: OutputProgress | None = None,
     on_errors: Callable[[str], None] | None = None,
+    cgroup: CommandGroup | None = None,
 ) -> None:
-    """Stream output until the leader exits, then kill its leftovers and drain the pipe
-    (and stderr's, to `on_errors`, when it is a pipe of its own)."""
+    """Stream output until the leader exits, then kill its leftovers (its process group,
+    or all its `cgroup` holds) and drain the pipe (and stderr's, to `on_errors`, when it
+    is a pipe of its own)."""
     assert process.stdout is not None
     eofs = [trio.Event()]
     async with trio.open_nursery() as nursery:
@@ -144,6 +148,9 @@ async def wait_and_drain(
         await process.wait()
         # Anything still in the group is an orphan-to-be that also holds the pipe open.
         signal_group(process.pid, signal.SIGKILL)
+        if cgroup is not None:
+            with trio.CancelScope(shield=True):
+                await cgroup.group.kill()
         with trio.move_on_after(DRAIN_SEC):
             for eof in eofs:
                 await eof.wait()
@@ -176,8 +183,15 @@ class CommandResult:
     errors: str = ""
     # How many characters the output had, before the cap.
     output_chars: int = 0
+    # The memory limit (MiB) of its cgroup, when the kernel killed a process for it.
+    memory_limit_mb: int | None = None
 
     def status_text(self) -> str:
+        if self.memory_limit_mb is not None:
+            return (
+                f"memory limit {self.memory_limit_mb} MB reached (the kernel killed a "
+                "process of the command)"
+            )
         if self.timed_out:
             return f"timed out after {self.timeout:g} s (the process group was killed)"
         if self.exit_code is not None and self.exit_code < 0:
@@ -203,6 +217,7 @@ async def run_command(
     user: RunAs | None = None,
     stdin: bytes | None = None,
     stderr_max: int | None = None,
+    cgroup: SessionCgroup | None = None,
 ) -> CommandResult:
     """Run `command` in its own process group until it exits or `time_limit` passes.
 
@@ -219,7 +234,9 @@ async def run_command(
     `env` is added to the allow-listed environment (`child_env`); `owner` (`tag_owner`)
     starts the process tag. A held `cwd` (and the held `roots`, which the sandbox binds)
     is used through its fd, never by its path; `pass_fds` go to the process as they are.
-    With a `user` (`_user.run_as`) the process runs as that user, never as root.
+    With a `user` (`_user.run_as`) the process runs as that user, never as root. With
+    a `cgroup` (its session's, `cgroups`) the process and all it forks run in a leaf
+    of their own, under the session's limits, and die with it.
     """
     if time_limit <= 0:
         raise ToolInputError(f"the time limit must be positive (got {time_limit:g})")
@@ -233,8 +250,9 @@ async def run_command(
             source = _input_file(stdin)
             stack.callback(os.close, source)
         started = trio.current_time()
-        process = await trio.lowlevel.open_process(
+        process, leaf = await open_in(
             cmd.argv,
+            cgroup,
             cwd=process_cwd(cmd, cwd),
             env=child_env({**(env or {}), **(user.env() if user else {})}, tag=tag),
             stdin=source,
@@ -248,11 +266,15 @@ async def run_command(
     errors = HeadTail(stderr_max or 1)
     on_lines = _lines_to(on_line, progress)
     on_errors = None if stderr_max is None else errors.add
+    oom = 0
     try:
         with trio.move_on_after(time_limit) as scope:
-            await wait_and_drain(process, output.add, on_lines, progress, on_errors)
+            await wait_and_drain(process, output.add, on_lines, progress, on_errors, cgroup=leaf)
     finally:
-        await kill_group(process, grace, tag)
+        await kill_group(process, grace, tag, cgroup=leaf)
+        if leaf is not None:
+            oom = leaf.oom_kills()
+            leaf.remove()
         if progress is not None:
             progress.flush()
     return CommandResult(
@@ -263,6 +285,7 @@ async def run_command(
         duration=trio.current_time() - started,
         errors=errors.text() if stderr_max is not None else "",
         output_chars=output.total,
+        memory_limit_mb=leaf.memory_mb if leaf is not None and oom else None,
     )
 
 

@@ -27,6 +27,7 @@ import trio
 
 from navi_trio.actor import NurseryHolder
 from navi_trio.errors import ToolInputError
+from navi_trio.tools.cgroups import SessionCgroup
 from navi_trio.tools.procs._capture import wait_and_drain
 from navi_trio.tools.procs._spawn import (
     KILL_GRACE_SEC,
@@ -34,6 +35,7 @@ from navi_trio.tools.procs._spawn import (
     child_env,
     kill_group,
     new_tag,
+    open_in,
     shell_argv,
 )
 from navi_trio.tools.roots import Root
@@ -122,6 +124,7 @@ class _Start:
     cwd: str
     env: dict[str, str]
     user: RunAs | None
+    cgroup: SessionCgroup | None
 
 
 class ProcessPool(NurseryHolder):
@@ -170,12 +173,14 @@ class ProcessPool(NurseryHolder):
         roots: Sequence[Root] = (),
         user: RunAs | None = None,
         user_id: str | None = None,
+        cgroup: SessionCgroup | None = None,
     ) -> str:
         """Start `command` (through the shell) in `cwd`; returns its handle id ("p1" …).
 
         With a `sandbox` it runs under bwrap, or is refused (`SandboxUnavailableError`);
         `env`, `owner` and the held `roots` (and `cwd`) as for `run_command`; `user_id`:
-        whose it is (`close_users`).
+        whose it is (`close_users`); `cgroup`: its session's (`cgroups`), as for
+        `run_command`.
         """
         with ExitStack() as stack:
             # First, before the checks: they must not go stale across an await.
@@ -184,7 +189,7 @@ class ProcessPool(NurseryHolder):
                 user=user,
             )  # fmt: skip
             environ = child_env({**(env or {}), **(user.env() if user else {})})
-            start = _Start(cmd, process_cwd(cmd, cwd), environ, user)
+            start = _Start(cmd, process_cwd(cmd, cwd), environ, user, cgroup)
             return await self._start(session_id, command, start, cwd, owner, user_id)
 
     async def _start(
@@ -225,8 +230,9 @@ class ProcessPool(NurseryHolder):
         task_status: trio.TaskStatus[_Handle] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         tag = new_tag(owner)
-        process = await trio.lowlevel.open_process(
+        process, leaf = await open_in(
             start.cmd.argv,
+            start.cgroup,
             cwd=start.cwd,
             pass_fds=start.cmd.fds,
             **(start.user.popen() if start.user and not start.cmd.switches_user else {}),
@@ -241,11 +247,17 @@ class ProcessPool(NurseryHolder):
         try:
             with handle.scope:
                 task_status.started(handle)
-                await wait_and_drain(process, lambda text: self._buffer(handle, text), None)
+                await wait_and_drain(
+                    process, lambda text: self._buffer(handle, text), None, cgroup=leaf
+                )
             if handle.scope.cancelled_caught and not handle.ended:
                 handle.ended = f"nobody used it for {self.idle_sec:g} s (NAVI_TERMINAL_IDLE_SEC)"
         finally:
-            await kill_group(process, self.grace, tag)
+            await kill_group(process, self.grace, tag, cgroup=leaf)
+            if leaf is not None:
+                if leaf.oom_kills() and not handle.ended:
+                    handle.ended = f"memory limit {leaf.memory_mb} MB reached"
+                leaf.remove()
             handle.exit_code = process.returncode
             handle.done.set()
             handle.changed.set()

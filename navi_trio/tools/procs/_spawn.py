@@ -44,11 +44,13 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from navi_trio.errors import ToolInputError
 from navi_trio.profiles import NaviConfig, is_secret
+from navi_trio.tools.cgroups import CommandGroup, SessionCgroup
 from navi_trio.tools.proctree import (
     PROC,
     Query,
@@ -187,8 +189,13 @@ async def kill_group(
     tag: str | None = None,
     *,
     at_once: bool | None = None,
+    cgroup: CommandGroup | None = None,
 ) -> None:
     """Kill the process group led by `process`, its strays, and reap the leader.
+
+    With a `cgroup` (the command's leaf, `cgroups`), the strays are what the leaf holds,
+    killed all at once however they forked (no /proc scan): gracefully, SIGTERM to the
+    group and up to `grace` for the leader first.
 
     Strays are the processes that left the group with ``setsid``: below the leader by
     parent id, or carrying `tag` in their environment (see `proctree`). Safe to call
@@ -210,6 +217,16 @@ async def kill_group(
         at_once = trio.current_effective_deadline() == -math.inf
     pgid = process.pid  # the leader of a new session: its pid is the group id
     with trio.CancelScope(shield=True):
+        if cgroup is not None:
+            with trio.move_on_after(grace + 5.0):
+                if not at_once and process.returncode is None:
+                    signal_group(pgid, signal.SIGTERM)
+                    with trio.move_on_after(grace):
+                        await process.wait()
+                await cgroup.group.kill()
+                await process.wait()
+            await _close_pipes(process)
+            return
         with trio.move_on_after(grace + 5.0):
             # Strays start after the leader: older processes are skipped cheaply. Read
             # only while the leader is unreaped (a reaped leader's pid may be reused).
@@ -245,9 +262,54 @@ async def kill_group(
                 await process.wait()
             finally:
                 strays.close()
-        for stream in (process.stdin, process.stdout, process.stderr):
-            if stream is not None:
-                await stream.aclose()
+        await _close_pipes(process)
+
+
+async def _close_pipes(process: trio.Process) -> None:
+    for stream in (process.stdin, process.stdout, process.stderr):
+        if stream is not None:
+            await stream.aclose()
+
+
+async def open_in(
+    argv: Sequence[str], cgroup: SessionCgroup | None, *, pass_fds: Sequence[int], **options: Any
+) -> tuple[trio.Process, CommandGroup | None]:
+    """Start `argv` (`trio.lowlevel.open_process` with `options`), with a `cgroup`: in a
+    new leaf of that session before it runs anything (`CommandGroup.entry_argv`).
+    Returns the process and its leaf (the caller removes it); None when it has none
+    (logged: it runs, and is killed, as without cgroups)."""
+    leaf = None
+    if cgroup is not None:
+        try:
+            leaf = cgroup.command()
+        except OSError as exc:
+            log.warning("a command runs outside cgroups: cannot make its cgroup: %s", exc)
+    if leaf is None:
+        return await trio.lowlevel.open_process(list(argv), pass_fds=pass_fds, **options), None
+    read, write = os.pipe()
+    try:
+        try:
+            process = await trio.lowlevel.open_process(
+                leaf.entry_argv(list(argv), read), pass_fds=(*pass_fds, read), **options
+            )
+        except BaseException:
+            leaf.remove()
+            raise
+        finally:
+            os.close(read)
+        try:
+            leaf.enter(process.pid)
+        except OSError as exc:
+            log.warning("process %d runs outside its cgroup: %s", process.pid, exc)
+            leaf.remove()
+            leaf = None
+        try:
+            os.write(write, b"go\n")
+        except OSError:
+            pass  # it died already: its exit says so
+    finally:
+        os.close(write)
+    return process, leaf
 
 
 def _orphans(data_dir: Path) -> set[int]:
