@@ -458,7 +458,8 @@ def _unparsed(
     problem: str,
 ) -> Verdict:
     """A line the grammar cannot follow: a text rule's deny or ask stands, an allow asks
-    instead (what the line runs cannot be checked against it); with no text rule, a
+    instead (what the line runs cannot be checked against it), unless its match is `*`
+    (it allows any line whatever it runs, and says so); with no text rule, a
     profile with rules on commands asks, else the mode decides as for any call. A
     "session" answer grants this exact line."""
     why = f"the command cannot be parsed: {problem}"
@@ -467,8 +468,10 @@ def _unparsed(
     for i, rule in rules:
         if not rule.on_commands and fnmatch.fnmatchcase(facts.target, rule.match):
             verdict = _by_rule(profile, i, rule)
-            if rule.decision == "allow":
+            if rule.decision == "allow" and rule.match != "*":
                 return Verdict("ask", f"{why} ({verdict.rule})", key, rule.network, grant=grant)
+            if rule.decision == "allow":  # any line at all: nothing to check it against
+                return verdict
             return attrs.evolve(verdict, rule=f"{verdict.rule} ({why})")
     if any(rule.on_commands for _, rule in rules):
         return Verdict("ask", f"{why}; the profile's rules on commands cannot check it", key,
