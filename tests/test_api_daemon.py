@@ -126,7 +126,12 @@ async def test_sigkill_mid_stream_leaves_the_session_loadable_after_restart(
                 assert done.code == 0 and sid in done.out, done
                 done = await navi("doctor", "--url", proc.url, "--llm-url", llm, "--json",
                                   env=env, cwd=tmp_path)  # fmt: skip
-                assert json.loads(done.out)["daemon"] == {"url": proc.url, "ok": True}
+                daemon = json.loads(done.out)["daemon"]
+                assert (daemon["url"], daemon["ok"], daemon["ready"]["ready"]) == (
+                    proc.url,
+                    True,
+                    True,
+                )
     saved = await messages(Path(env["NAVI_DB"]), sid)
     assert [m["content"] for m in saved] == ["hi", "hello?", "after the crash"]
 

@@ -36,8 +36,9 @@ async def test_the_store_satisfies_the_session_store_protocol(backend: Backend) 
         async with backend.open() as store:
             as_protocol: SessionStore = store
             names = [n for n in dir(SessionStore) if not n.startswith("_")]
-            assert names and all(inspect.iscoroutinefunction(getattr(as_protocol, n))
-                                 for n in names)  # fmt: skip
+            # Every method a coroutine but the hook that times the writes.
+            sync = [n for n in names if not inspect.iscoroutinefunction(getattr(as_protocol, n))]
+            assert names and sync == ["observe_writes"]
             assert await store.stats() == dict.fromkeys(
                 ["sessions", "messages", "context", "kv", "users"], 0
             )

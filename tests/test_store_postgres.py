@@ -51,9 +51,9 @@ async def test_migrations_are_applied_once_and_recorded(pg_url: str) -> None:
     assert rows == [(m.version, m.name) for m in migrations()]
     assert rows == [
         (1, "init"), (2, "lease_generation"), (3, "cluster"), (4, "control"), (5, "append"),
-        (6, "limits"),
+        (6, "limits"), (7, "accounts"),
     ]  # fmt: skip
-    assert SCHEMA_VERSION == 6
+    assert SCHEMA_VERSION == 7
 
 
 async def test_daemons_starting_together_apply_each_migration_once(pg_url: str) -> None:
@@ -127,9 +127,9 @@ async def test_a_database_of_a_newer_navi_is_refused(pg_url: str) -> None:
         async with PostgresStore.open(pg_url):
             pass
         await trio.to_thread.run_sync(
-            sql, pg_url, "INSERT INTO schema_migrations (version, name) VALUES (7, 'future')"
+            sql, pg_url, "INSERT INTO schema_migrations (version, name) VALUES (8, 'future')"
         )
-        with pytest.raises(StoreError, match=f"schema version 7; this navi knows {SCHEMA_VERSION}"):
+        with pytest.raises(StoreError, match=f"schema version 8; this navi knows {SCHEMA_VERSION}"):
             async with PostgresStore.open(pg_url):
                 pass
 
@@ -193,7 +193,7 @@ async def test_the_doctor_report_says_which_server_and_whether_it_answers(
             await store.create_session("s1", profile_id="p")
         used = await store_report(Settings(db_url=pg_url))
         assert (used["ok"], used["existed"], used["schema"]) == (
-            True, True, {"applied": [1, 2, 3, 4, 5, 6], "known": 6}
+            True, True, {"applied": [1, 2, 3, 4, 5, 6, 7], "known": 7}
         )  # fmt: skip
         assert used["tables"]["sessions"] == 1
         errors: list[str] = []

@@ -187,7 +187,10 @@ def test_icons_plan_and_approval_order(site: Site, tmp_path: Path) -> None:
     assert running.locator("svg.icon-running").count() == 1
     assert running.inner_text().strip() == ""
     shot(page, "tool-running-icon")
-    card.locator("button[data-scope='session']").click()  # the second call asks no more
+    card.locator("button[data-scope='session']").click()
+    # A session grant is per program (docs/pages/tools.md): `touch` asks once more.
+    page.wait_for_selector(".approval.waiting >> text=touch")
+    page.locator(".approval.waiting button[data-scope='once']").click()
     page.wait_for_selector(".lane.main .answer >> text=w399")
     _turn_ends(page)
     assert marker.exists()
