@@ -78,7 +78,10 @@ def own_config_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     """os.environ without any navi setting, plus a private DB and data dir."""
-    others = {"NAVI_DEBUG", "NAVI_TOKEN", "NAVI_DAEMON_USERS"}  # read outside Settings
+    # Read outside Settings; a developer's OTEL_* must not make a test's daemon export.
+    others = {"NAVI_DEBUG", "NAVI_TOKEN", "NAVI_DAEMON_USERS", "NAVI_OTEL_CONTENT",
+              "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+              "OTEL_SDK_DISABLED"}  # fmt: skip
     names = {f.metadata["env"] for f in attrs.fields(Settings)} | others
     clean = {k: v for k, v in os.environ.items() if k not in names}
     clean.update(NAVI_DB=str(tmp_path / "navi.db"), NAVI_DATA_DIR=str(tmp_path / "data"))

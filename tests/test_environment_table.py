@@ -26,6 +26,8 @@ NOT_SETTINGS = {
     "NAVI_TOKEN": "the token `navi` commands present to the daemon (api/auth.py)",
     "NAVI_DEBUG": "a failing command's traceback (cli/__init__.py)",
     "NAVI_DAEMON_USERS": "the accounts a client trusts with its token (api/listener.py)",
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "where `navi serve` exports its traces (api/tracing.py)",
+    "NAVI_OTEL_CONTENT": "whether traces carry message content (api/tracing.py)",
 }
 
 
