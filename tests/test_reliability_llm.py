@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 from agent_tools import EchoTool, assert_paired, of_type, seed, toolset, with_tools
-from realtime import real_time_limit
+from realtime import paced
 
 from navi_trio.testing import open_harness
 from navi_trio.testing.harness import Harness
@@ -104,7 +104,7 @@ async def test_a_drop_after_every_chunk_index_loses_nothing(tmp_path: Path, dial
 async def test_stalls_before_the_first_chunk_and_mid_stream_time_out(
     tmp_path: Path, dialect: str, autojump_clock: trio.testing.MockClock
 ) -> None:
-    with real_time_limit(LIMIT):
+    async with paced(autojump_clock, LIMIT):
         async with _open(tmp_path, dialect, [], first_chunk_timeout=10, chunk_timeout=2) as h:
             await seed(h)
             h.add_replies({"text": "never arrives", "delay_first": 3600})
@@ -217,7 +217,7 @@ async def test_the_user_message_is_kept_when_reading_task_notes_is_cut_short(
         await trio.sleep(3600)
 
     monkeypatch.setattr(agent_module, "collect_notes", slow_notes)
-    with real_time_limit(LIMIT):
+    async with paced(autojump_clock, LIMIT):
         async with _open(tmp_path, "ollama", [{"text": "answered"}]) as h:
             await seed(h)
             frames = await h.turn("s1", "keep me")
