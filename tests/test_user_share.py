@@ -54,10 +54,12 @@ async def test_a_process_nobody_uses_is_ended_after_the_idle_limit(
                 read = await pool.read("s1", handle, 100)
                 assert not read.running
                 assert read.ended == "nobody used it for 60 s (NAVI_TERMINAL_IDLE_SEC)", read
+                # Readable once the process has exited: the proof it ended. (A probe of
+                # /proc right after can still see it running: the kernel wakes pidfd
+                # waiters before it marks the task a zombie.)
                 await trio.lowlevel.wait_readable(pidfd)
             finally:
                 os.close(pidfd)
-            assert not pid_alive(pool.list("s1")[0].pid)
             nursery.cancel_scope.cancel()
 
 
