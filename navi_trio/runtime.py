@@ -193,6 +193,8 @@ async def open_runtime(
             sessions: SessionRegistry | None = None
 
             def publish(session_id: str, event: TaskUpdate) -> None:
+                if observer is not None:  # out of band, past the session's publish
+                    observer.event(session_id, event)
                 if sessions is not None:
                     sessions.publish_task_update(session_id, event)
 

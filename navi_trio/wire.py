@@ -12,6 +12,7 @@ Frames are plain dicts of JSON; the full protocol is in docs/pages/protocol.md
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 PROTOCOL_VERSION = 1
@@ -163,8 +164,12 @@ def message(
     cwd: str | None = None,
     mode: str | None = None,
     on_busy: str | None = None,
+    trace: Mapping[str, str] | None = None,
 ) -> Frame:
     frame: Frame = {"type": MESSAGE, "content": content}
+    for key in ("traceparent", "tracestate"):  # the W3C trace context, when tracing
+        if trace and trace.get(key):
+            frame[key] = trace[key]
     if on_busy:
         frame["on_busy"] = on_busy
     if session_id:

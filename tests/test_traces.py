@@ -10,19 +10,25 @@ from __future__ import annotations
 import io
 import json
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import trio
 from agent_tools import call, toolset, with_tools
-from api_ws import open_daemon
+from api_ws import Daemon, open_daemon
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanContext
 from test_metrics import Gate
+from test_peer import TOKEN_ENV, ask, to_b
+from test_peer import config as peer_config
 
 from navi_trio.api.metrics import DaemonMetrics
 from navi_trio.api.traces import CONTENT_BYTES, TraceObserver, WithTraceIds
+from navi_trio.api.tracing import TRACESTATE_MAX_CHARS, trace_carrier
 from navi_trio.cli.daemon import _JsonLines
 from navi_trio.core.turn import Observers
 from navi_trio.events import (
@@ -39,16 +45,38 @@ from navi_trio.events import (
     ToolStarted,
 )
 from navi_trio.tools.base import ToolContext, ToolResult
+from navi_trio.tools.spawn_agent import SpawnAgentTool
 
 TIMEOUT = 30
 SECRET_TEXT = "the-users-private-words-1234"
 
 
-def tracer() -> tuple[TracerProvider, InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
+def tracer(
+    exporter: InMemorySpanExporter | None = None,
+) -> tuple[TracerProvider, InMemorySpanExporter]:
+    """A provider of its own (a daemon's), exporting to `exporter` (one several share)."""
+    exporter = exporter or InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return provider, exporter
+
+
+def observer(exporter: InMemorySpanExporter) -> TraceObserver:
+    return TraceObserver(tracer(exporter)[0].get_tracer("t"))
+
+
+def context(span: ReadableSpan) -> SpanContext:
+    found: SpanContext | None = span.context
+    assert found is not None
+    return found
+
+
+def parent_of(span: ReadableSpan, spans: tuple[ReadableSpan, ...]) -> ReadableSpan | None:
+    """The span `span` hangs under, among `spans`; None for a root."""
+    if span.parent is None:
+        return None
+    [found] = [s for s in spans if context(s).span_id == span.parent.span_id]
+    return found
 
 
 class LoggingGate(Gate):
@@ -202,3 +230,182 @@ async def test_each_line_logged_in_a_turn_names_its_trace_and_span(tmp_path: Pat
     assert plain_out.getvalue().splitlines() == [
         f"WARNING the gate runs trace_id={trace_id} span_id={span_id}",
     ] * 2 + ["WARNING after the turn"]
+
+
+@asynccontextmanager
+async def peers(
+    tmp_path: Path, exporter: InMemorySpanExporter, monkeypatch: Any, **a: Any
+) -> AsyncIterator[tuple[Daemon, Daemon]]:
+    """(A, B): B traced to `exporter`, answering once; A with `a` (its replies, observer,
+    config: by default the asker profile, B as peer ``b``), its token for B set."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    async with open_daemon(
+        tmp_path / "b", replies=[{"text": "B says forty-two"}],
+        config=peer_config(default="plain"), observer=observer(exporter),
+    ) as b:  # fmt: skip
+        a.setdefault("replies", [ask("What is 6*7?"), {"text": "A is done"}])
+        config = a.pop("config", None) or (lambda b: peer_config(to_b(b), default="asker"))
+        async with open_daemon(tmp_path / "a", config=config(b), **a) as daemon_a:
+            monkeypatch.setenv(TOKEN_ENV, b.tokens["alice"])
+            yield daemon_a, b
+
+
+async def test_a_peer_ask_carries_the_trace_so_one_trace_holds_both_daemons(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    exporter = InMemorySpanExporter()  # both daemons export here
+    with trio.fail_after(TIMEOUT):
+        async with peers(tmp_path, exporter, monkeypatch, observer=observer(exporter)) as (a, _):
+            async with a.connect("alice") as alice:
+                created = await alice.request({"type": "message", "content": "ask b"})
+                end = await alice.until_end(created["session_id"])
+                assert end["text"] == "A is done"
+    spans = exporter.get_finished_spans()
+    turns = by_name(spans, "navi.turn")
+    [peer] = by_name(spans, "execute_tool peer")
+    assert (peer.attributes or {})["navi.tool.status"] == "ok"
+    [a_turn] = [t for t in turns if t.parent is None]
+    [b_turn] = [t for t in turns if t is not a_turn]
+    assert parent_of(peer, spans) is a_turn
+    # B's turn is a child of A's peer call, across the wire: one trace.
+    assert b_turn.parent is not None and b_turn.parent.is_remote
+    assert parent_of(b_turn, spans) is peer
+    assert context(b_turn).trace_id == context(a_turn).trace_id
+    [b_chat] = [s for s in by_name(spans, "chat ") if parent_of(s, spans) is b_turn]
+    assert context(b_chat).trace_id == context(a_turn).trace_id
+
+
+async def test_a_daemon_that_does_not_trace_sends_no_trace_context(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    exporter = InMemorySpanExporter()  # B's only: A has its metrics, no tracer
+    with trio.fail_after(TIMEOUT):
+        async with peers(tmp_path, exporter, monkeypatch, metrics=DaemonMetrics()) as (a, _):
+            async with a.connect("alice") as alice:
+                created = await alice.request({"type": "message", "content": "ask b"})
+                await alice.until_end(created["session_id"])
+    [b_turn] = by_name(exporter.get_finished_spans(), "navi.turn")
+    assert b_turn.parent is None  # a trace of B's own
+
+
+async def test_a_background_peer_ask_leaves_its_ended_call_alone(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Its call's span ended with the turn's "started in the background" result: the
+    peer's run is a trace of its own, and no second span is opened for the call."""
+    exporter = InMemorySpanExporter()
+    replies = [ask("What is 6*7?", background=True), {"text": "A is done"}]
+    with trio.fail_after(TIMEOUT):
+        async with peers(
+            tmp_path, exporter, monkeypatch, replies=replies, observer=observer(exporter)
+        ) as (a, _):
+            async with a.connect("alice") as alice:
+                created = await alice.request({"type": "message", "content": "ask b"})
+                sid = created["session_id"]
+                await alice.until_end(sid)
+                await alice.until_type("task_update", session_id=sid, status="completed")
+    spans = exporter.get_finished_spans()
+    [peer] = by_name(spans, "execute_tool peer")
+    [a_turn] = [t for t in by_name(spans, "navi.turn") if parent_of(peer, spans) is t]
+    [b_turn] = [t for t in by_name(spans, "navi.turn") if t is not a_turn]
+    assert b_turn.parent is None
+    [job] = by_name(spans, "navi.job peer")
+    assert [link.context.span_id for link in job.links] == [context(a_turn).span_id]
+
+
+def test_a_trace_context_is_kept_only_when_well_formed_and_bounded() -> None:
+    good = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert trace_carrier(good, None) == {"traceparent": good}
+    assert trace_carrier(good, "rojo=00f067aa0ba902b7, congo=t61rcWkgMzE") == {
+        "traceparent": good, "tracestate": "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE",
+    }  # fmt: skip
+    assert trace_carrier(good, "t@vendor=x") == {"traceparent": good, "tracestate": "t@vendor=x"}
+    for bad in (
+        None,
+        7,
+        ["x"],
+        {"a": 1},
+        "",
+        good.upper(),
+        good + "-",
+        good[:-1],
+        " " + good,
+        "01" + good[2:],  # another version: not ours to read
+        "00-" + "0" * 32 + good[35:],  # an all-zero trace id
+        good[:36] + "0" * 16 + good[52:],  # an all-zero parent id
+        good + "x" * 100_000,
+    ):
+        assert trace_carrier(bad, "a=b") is None, bad
+    # A bad tracestate is left out; the traceparent stays.
+    members = ",".join(f"k{i}=v" for i in range(33))
+    for bad_state in (
+        7,
+        "",
+        "=v",
+        "K=v",
+        "k=",
+        "k=v=w",
+        "k=\x00",
+        "k=é",
+        members,
+        "k=" + "v" * TRACESTATE_MAX_CHARS,
+    ):
+        assert trace_carrier(good, bad_state) == {"traceparent": good}, bad_state
+
+
+async def test_a_bad_trace_context_is_dropped_and_the_message_still_runs(
+    tmp_path: Path,
+) -> None:
+    exporter = InMemorySpanExporter()
+    good = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    sent: list[dict[str, Any]] = [
+        {"traceparent": 12345},
+        {"traceparent": "00-not-a-trace", "tracestate": "a=b"},
+        {"traceparent": good + "x" * 10_000},
+        {"tracestate": "a=b"},
+        {"traceparent": good, "tracestate": {"not": "text"}},
+    ]
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(
+            tmp_path, replies=[{"text": "ran"}], loop=True, observer=observer(exporter),
+            profiles={"general": with_tools([], planning_first_message=False)},
+        ) as d, d.connect("alice") as alice:  # fmt: skip
+            for fields in sent:
+                ok = await alice.request({"type": "message", "content": "hi", **fields})
+                assert ok["type"] != "error", ok
+                end = await alice.until_end(ok["session_id"])
+                assert end["reason"] == "complete"
+    turns = by_name(exporter.get_finished_spans(), "navi.turn")
+    assert len(turns) == len(sent)
+    # Only the last one's traceparent was good: that turn continues it, without a state.
+    assert [t.parent is None for t in turns] == [True] * 4 + [False]
+    remote = turns[-1].parent
+    assert remote is not None and f"{remote.trace_id:032x}" == good[3:35]
+    assert f"{remote.span_id:016x}" == good[36:52] and not remote.trace_state
+
+
+async def test_a_subagents_llm_calls_hang_under_its_span(tmp_path: Path) -> None:
+    provider, exporter = tracer()
+    replies = [
+        call("spawn_agent", task="Dig"),
+        {"text": "the sub-agent's report"},
+        {"text": "done"},
+    ]
+    profile = with_tools(["spawn_agent"], planning_first_message=False)
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(
+            tmp_path, replies=replies, observer=TraceObserver(provider.get_tracer("t")),
+            tools=toolset(SpawnAgentTool()), profiles={"general": profile},
+        ) as d, d.connect("alice") as alice:  # fmt: skip
+            created = await alice.request({"type": "message", "content": "dig"})
+            await alice.until_end(created["session_id"])
+    spans = exporter.get_finished_spans()
+    [turn] = by_name(spans, "navi.turn")
+    [agent] = by_name(spans, "invoke_agent ")
+    assert parent_of(agent, spans) is turn
+    chats = sorted(by_name(spans, "chat "), key=lambda s: s.start_time or 0)
+    assert [parent_of(c, spans) for c in chats] == [turn, agent, turn]
+    assert agent.start_time is not None and agent.end_time is not None
+    assert agent.start_time <= (chats[1].start_time or 0) <= (chats[1].end_time or 0)
+    assert (chats[1].end_time or 0) <= agent.end_time

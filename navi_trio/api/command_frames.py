@@ -55,6 +55,10 @@ class SendMessage:
     on_busy: Literal["enqueue", "reject", "interrupt", "steer"] | None = None
     # Budgets for this run, config.json's shape: they only lower the configured ones.
     budget: BudgetConfig | None = None
+    # The W3C trace context its run continues (a peer daemon's ask sends it): any JSON
+    # here, checked by api/tracing.py `trace_carrier`; a bad one is dropped, not refused.
+    traceparent: Any = None
+    tracestate: Any = None
 
 
 @attrs.frozen

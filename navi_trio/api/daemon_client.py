@@ -57,7 +57,7 @@ import itertools
 import logging
 import math
 import os
-from collections.abc import AsyncIterator, Collection, Iterator
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -325,10 +325,12 @@ class DaemonConnection:
         cwd: str | None = None,
         mode: str | None = None,
         on_busy: str | None = None,
+        trace: Mapping[str, str] | None = None,
         timeout: float = REPLY_TIMEOUT,  # noqa: ASYNC109
     ) -> Accepted:
-        """Send a user message and wait until the daemon stored it (its ``ok``)."""
-        frame = wire.message(content, session_id, profile, cwd, mode, on_busy)
+        """Send a user message and wait until the daemon stored it (its ``ok``);
+        `trace`: the W3C trace context its run continues (``traceparent``, ``tracestate``)."""
+        frame = wire.message(content, session_id, profile, cwd, mode, on_busy, trace)
         replies = await self._exchange(frame, timeout)
         ok = replies[-1]
         if ok["type"] != wire.OK or not isinstance(ok.get("session_id"), str):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from navi_trio.api.auth import User
 from navi_trio.api.protocol import Frame, RequestId, SendMessage, reply
 from navi_trio.api.services import DaemonCore
+from navi_trio.api.tracing import trace_carrier
 from navi_trio.core.turn import (
     CwdCheck,
     UserMessage,
@@ -117,6 +118,7 @@ class SessionMessages:
             mode=cmd.mode,
             on_busy=cmd.on_busy,
             budget=cmd.budget,
+            trace=self._trace(cmd),
         )
         self.c._check_profile(cmd.profile)  # a new session's was checked by _create
         if owner is not None:  # another daemon runs it: queued there (core/cluster/cluster.py)
@@ -140,6 +142,16 @@ class SessionMessages:
             rid,
             lambda: self._accepted(rid, row.id, message, strategy, untitled=untitled, mode=mode),
         )
+
+    def _trace(self, cmd: SendMessage) -> dict[str, str] | None:
+        """The frame's trace context, when it is good; a bad one is dropped (and said)."""
+        if cmd.traceparent is None and cmd.tracestate is None:
+            return None
+        carrier = trace_carrier(cmd.traceparent, cmd.tracestate)
+        if carrier is None or (cmd.tracestate is not None and "tracestate" not in carrier):
+            log.info("a message from %s came with a bad trace context: left out",
+                     self.c.user.name)  # fmt: skip
+        return carrier
 
     async def _accepted(
         self,

@@ -19,12 +19,14 @@ closes, whatever the peer does.
 Failures are the peer errors of errors.py: `PeerUnreachableError` (also a
 `DaemonUnreachableError`), `PeerRefusedError` (also a `RemoteError`), `PeerError`.
 The token goes into the hello frame and nowhere else: no error text, no log line.
+When the daemon traces, the message frame carries the calling span's W3C trace context
+(``traceparent``, ``tracestate``), so the peer's turn joins the caller's trace.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 
 import trio
@@ -96,8 +98,9 @@ class WsPeerLink(NurseryHolder):
 
     @asynccontextmanager
     async def ask(
-        self, url: str, token: str, message: str, *, session_id: str | None, profile: str | None
-    ) -> AsyncIterator[_Run]:
+        self, url: str, token: str, message: str, *, session_id: str | None,
+        profile: str | None, trace: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[_Run]:  # fmt: skip
         if not self.running:
             raise PeerError("the peer link is not running (the daemon is stopping)")
         done = trio.Event()
@@ -118,8 +121,9 @@ class WsPeerLink(NurseryHolder):
         try:
             with _as_peer_errors():
                 accepted = await daemon.send_message(
-                    message, session_id=session_id, profile=profile, timeout=REPLY_TIMEOUT
-                )
+                    message, session_id=session_id, profile=profile, trace=trace,
+                    timeout=REPLY_TIMEOUT,
+                )  # fmt: skip
             run = _Run(daemon, OurRun.of(accepted, message), accepted.created)
             yield run
         finally:

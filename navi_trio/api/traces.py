@@ -6,8 +6,13 @@ approvals). `TraceObserver` makes spans of them with explicit start and end time
 open per session (and call id, agent id): the turn's span is opened by the session's first
 event or LLM call and closed by its run's end, the others are its children (a tool asked
 for approval holds the approval's span; a background job is linked to the turn that
-started it, not a child: it outlives it). Nothing here awaits or does I/O: the SDK's batch
-processor exports from a thread of its own.
+started it, not a child: it outlives it; a sub-agent's LLM calls and tools hang under its
+span). Nothing here awaits or does I/O: the SDK's batch processor exports from a thread
+of its own.
+
+Across daemons: a tool call that asks a peer sends its span's W3C trace context with the
+message (`trace_context`), and a message that came with one (`continue_trace`) opens its
+turn's span as a child of that remote span, so one trace holds both daemons' spans.
 
 Message content (the answer, tool output) is recorded only when asked
 (`NAVI_OTEL_CONTENT=1`), and then cut to `CONTENT_BYTES`; tool arguments, tokens and keys
@@ -26,6 +31,7 @@ from contextvars import ContextVar
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from navi_trio.core.turn import LLMCallDone
 from navi_trio.events import (
@@ -47,11 +53,13 @@ CONTENT_BYTES = 4096
 # Open spans kept per session, at most: a run that never ends (a crash mid-turn) cannot
 # grow them without bound; past it, the oldest open child is ended where it stands.
 OPEN_MAX = 256
+ENDED_MAX = 4096  # ended tool calls remembered per turn (see `trace_context`)
 
 
 # The running turn's span, in the tasks of that turn (set where its first call is observed,
 # inherited by the tasks it starts): what log lines carry (`WithTraceIds`).
 CURRENT: ContextVar[tuple[str, str] | None] = ContextVar("navi_trace_ids", default=None)
+W3C = TraceContextTextMapPropagator()
 
 
 class WithTraceIds(logging.Formatter):
@@ -90,6 +98,7 @@ class _Turn:
     def __init__(self, span: Span) -> None:
         self.span = span
         self.open: dict[tuple[str, str], Span] = {}
+        self.ended: set[str] = set()  # tool calls whose result came (at most ENDED_MAX)
 
 
 class TraceObserver:
@@ -100,6 +109,8 @@ class TraceObserver:
         self.content = content
         self._turns: dict[str, _Turn] = {}
         self._jobs: dict[str, Span] = {}  # background jobs, by task id
+        # Remote parents of sessions' next turns (a peer's ask), by session id.
+        self._remote: dict[str, Context] = {}
 
     # -- spans -------------------------------------------------------------------------
 
@@ -107,8 +118,8 @@ class TraceObserver:
         turn = self._turns.get(session_id)
         if turn is None:
             span = self.tracer.start_span(
-                "navi.turn", context=Context(), kind=SpanKind.SERVER, start_time=now,
-                attributes={"navi.session_id": session_id},
+                "navi.turn", context=self._remote.pop(session_id, None) or Context(),
+                kind=SpanKind.SERVER, start_time=now, attributes={"navi.session_id": session_id},
             )  # fmt: skip
             turn = self._turns[session_id] = _Turn(span)
             ctx = span.get_span_context()
@@ -133,6 +144,12 @@ class TraceObserver:
             name, context=parent, start_time=now, attributes=attributes
         )
 
+    def _open_tool(self, turn: _Turn, call_id: str, name: str, parent: Context, now: int) -> None:
+        self._open(
+            turn, ("tool", call_id), f"execute_tool {name}", parent, now,
+            {"gen_ai.tool.name": name, "gen_ai.tool.call.id": call_id},
+        )  # fmt: skip
+
     def _close(self, turn: _Turn, key: tuple[str, str], now: int) -> Span | None:
         span = turn.open.pop(key, None)
         if span is not None:
@@ -140,6 +157,27 @@ class TraceObserver:
         return span
 
     # -- the core's Observer -----------------------------------------------------------
+
+    def trace_context(
+        self, session_id: str, call_id: str, tool: str, agent_id: str | None
+    ) -> dict[str, str]:
+        """The W3C context of the call's span. Asked from the call itself, which may come
+        before the session hands its ToolStarted over: then the span opens here."""
+        turn = self._turns.get(session_id)
+        if turn is None or call_id in turn.ended:
+            return {}  # a background call, its span ended: the peer's run is a trace of its own
+        span = turn.open.get(("tool", call_id))
+        if span is None:
+            self._open_tool(turn, call_id, tool, self._parent(turn, agent_id), time.time_ns())
+            span = turn.open[("tool", call_id)]
+        carrier: dict[str, str] = {}
+        W3C.inject(carrier, context=trace.set_span_in_context(span))
+        return carrier
+
+    def continue_trace(self, session_id: str, carrier: Mapping[str, str]) -> None:
+        if len(self._remote) >= OPEN_MAX:
+            self._remote.pop(next(iter(self._remote)))
+        self._remote[session_id] = W3C.extract(carrier)
 
     def llm_call(self, done: LLMCallDone) -> None:
         now = time.time_ns()
@@ -157,7 +195,7 @@ class TraceObserver:
         if done.first_chunk_seconds is not None:
             attributes["navi.llm.time_to_first_chunk"] = done.first_chunk_seconds
         span = self.tracer.start_span(
-            f"chat {done.model or 'unknown'}", context=trace.set_span_in_context(turn.span),
+            f"chat {done.model or 'unknown'}", context=self._parent(turn, done.agent_id),
             kind=SpanKind.CLIENT, start_time=start, attributes=attributes,
         )  # fmt: skip
         if done.failed:
@@ -175,10 +213,8 @@ class TraceObserver:
         parent = self._parent(turn, event.agent_id)
         if kind is ToolStarted:
             assert isinstance(event, ToolStarted)
-            self._open(
-                turn, ("tool", event.call_id), f"execute_tool {event.name}", parent, now,
-                {"gen_ai.tool.name": event.name, "gen_ai.tool.call.id": event.call_id},
-            )  # fmt: skip
+            if ("tool", event.call_id) not in turn.open:  # (unless the call opened it)
+                self._open_tool(turn, event.call_id, event.name, parent, now)
         elif kind is ToolResultEvent:
             assert isinstance(event, ToolResultEvent)
             self._tool_result(turn, event, parent, now)
@@ -241,6 +277,8 @@ class TraceObserver:
 
     def _tool_result(self, turn: _Turn, event: ToolResultEvent, parent: Context, now: int) -> None:
         span = turn.open.pop(("tool", event.call_id), None)
+        if len(turn.ended) < ENDED_MAX:
+            turn.ended.add(event.call_id)
         if span is None:  # no start was published: its duration says when it began
             span = self.tracer.start_span(
                 f"execute_tool {event.name}", context=parent,

@@ -41,6 +41,10 @@ def _no_publish(_: AgentEvent) -> None:
     return None
 
 
+def _no_trace(_call_id: str, _tool: str) -> dict[str, str]:
+    return {}
+
+
 @attrs.frozen(kw_only=True)
 class ToolContext:
     session_id: str
@@ -58,6 +62,10 @@ class ToolContext:
     publish: Callable[[AgentEvent], None] = _no_publish
     # What the core offers (processes, tasks, switch_profile, spawn); see tools/services.py.
     services: ToolServices | None = None
+    # The W3C trace context (traceparent, tracestate) of a call's span, by its call id
+    # and tool name, for a call that reaches another daemon (the peer tool); empty when
+    # the daemon does not trace.
+    trace_context: Callable[[str, str], dict[str, str]] = _no_trace
     is_subagent: bool = False
     # False for a sub-agent with no parent session: a background job's note would have
     # no session to reach, so the executor refuses to detach.

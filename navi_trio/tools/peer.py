@@ -51,9 +51,11 @@ class PeerRun(Protocol):
 
 class PeerLink(Protocol):
     def ask(
-        self, url: str, token: str, message: str, *, session_id: str | None, profile: str | None
-    ) -> AbstractAsyncContextManager[PeerRun]:
-        """Connect, hello, send the message; leaving before the run ended stops it."""
+        self, url: str, token: str, message: str, *, session_id: str | None,
+        profile: str | None, trace: Mapping[str, str] | None = None,
+    ) -> AbstractAsyncContextManager[PeerRun]:  # fmt: skip
+        """Connect, hello, send the message (with `trace`, the calling span's W3C trace
+        context, when tracing); leaving before the run ended stops it."""
         ...
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -173,8 +175,9 @@ class PeerTool:
         try:
             with trio.move_on_after(timeout) as waited:
                 async with self.link.ask(
-                    peer.url, token, message, session_id=session, profile=profile
-                ) as run:
+                    peer.url, token, message, session_id=session, profile=profile,
+                    trace=ctx.trace_context(ctx.call_id, self.name) or None,
+                ) as run:  # fmt: skip
                     feed.card({"event": "asked", "session": run.session_id,
                                "text": f"asked {name} (session {run.session_id})"})  # fmt: skip
                     end, error = await _follow(run, feed, name)

@@ -36,6 +36,9 @@ from .observe import LLMCallDone as LLMCallDone
 from .observe import NoObserver as NoObserver
 from .observe import Observer as Observer
 from .observe import Observers as Observers
+from .observe import Propagates as Propagates
+from .observe import continue_trace as continue_trace
+from .observe import trace_context as trace_context
 from .plan_text import parse_analysis as parse_analysis
 from .plan_text import parse_plan as parse_plan
 from .plan_text import review_sections as review_sections

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,7 @@ from navi_trio.core.turn.context import ContextBuilder
 from navi_trio.core.turn.injections import Injections
 from navi_trio.core.turn.lease import HeldLease, SessionLeases
 from navi_trio.core.turn.live_config import LiveConfig
-from navi_trio.core.turn.observe import NoObserver, Observer
+from navi_trio.core.turn.observe import NoObserver, Observer, continue_trace
 from navi_trio.core.turn.policy import effective_mode
 from navi_trio.core.turn.session_state import SessionCache, SessionState, new_message_id, open_turn
 from navi_trio.core.turn.steering import DEFAULT_ON_BUSY
@@ -123,6 +123,10 @@ class UserMessage:
     # a turn cut short may have been ended since (its answer saved, another daemon).
     message_id: str = attrs.field(factory=new_message_id, eq=False)
     retried: bool = attrs.field(default=False, eq=False)
+    # The W3C trace context (traceparent, tracestate) it came with from another daemon,
+    # checked (api/tracing.py): its turn's span is a child of that remote one. Not stored:
+    # a message run after a restart starts a trace of its own.
+    trace: Mapping[str, str] | None = attrs.field(default=None, eq=False, repr=False)
 
 
 class RunControl:
@@ -241,6 +245,8 @@ class Agent:
     ) -> AsyncIterator[EventReceiver]:
         msg = UserMessage(message) if isinstance(message, str) else message
         ctl = control or RunControl()
+        if msg.trace is not None:  # before the run's first event opens its turn's span
+            continue_trace(self.parts.observer, session_id, msg.trace)
         # Bounded: a slow reader costs merged or dropped progress, never memory.
         send, recv = open_event_channel(self.settings.event_buffer_max)
         async with trio.open_nursery() as nursery:

@@ -5,12 +5,15 @@ model, how long, the time to its first chunk, the tokens), which no event carrie
 each event a session publishes (tool results, a run's end, approvals), which the session
 actor hands over as it publishes them. The observer must be cheap and must not raise:
 it is called on the run's path. `NoObserver` is the default; the api layer's metrics
-implement it (api/metrics.py), and the core never imports them.
+implement it (api/metrics.py), and the core never imports them. An observer that traces
+is also `Propagates`: the core asks it for a call's trace context (the peer tool sends it
+to another daemon) and hands it a message's (its turn continues that trace).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
 
 import attrs
 
@@ -30,6 +33,7 @@ class LLMCallDone:
     finish: str | None = None  # the model's done reason; None when it never finished
     failed: bool = False
     session_id: str = ""  # the session whose run made the call (its parent's, in a sub-agent)
+    agent_id: str | None = None  # the sub-agent that made it; None: the turn itself
 
 
 class Observer(Protocol):
@@ -38,6 +42,40 @@ class Observer(Protocol):
     def stopped(self, seconds: float) -> None:
         """A stop asked of a running turn took effect after `seconds`."""
         ...
+
+
+@runtime_checkable
+class Propagates(Protocol):
+    """An observer that traces, and so carries a trace from one daemon to another: the
+    W3C trace context (``traceparent``, ``tracestate``) of a tool call's span goes with
+    a call that asks another daemon, and a message that came with one starts its
+    session's next turn as a child of that remote span."""
+
+    def trace_context(
+        self, session_id: str, call_id: str, tool: str, agent_id: str | None
+    ) -> dict[str, str]:
+        """The context of the call's span (`tool`'s, of sub-agent `agent_id` or of the
+        turn itself); empty when its turn is not running."""
+        ...
+
+    def continue_trace(self, session_id: str, carrier: Mapping[str, str]) -> None:
+        """The session's next turn hangs under the remote span `carrier` names."""
+        ...
+
+
+def trace_context(
+    observer: Observer, session_id: str, agent_id: str | None, call_id: str, tool: str
+) -> dict[str, str]:
+    """The trace context to send with a call to another daemon; empty when not tracing."""
+    if isinstance(observer, Propagates):
+        return observer.trace_context(session_id, call_id, tool, agent_id)
+    return {}
+
+
+def continue_trace(observer: Observer, session_id: str, carrier: Mapping[str, str]) -> None:
+    """A message's remote trace context, for its turn's span (nothing when not tracing)."""
+    if isinstance(observer, Propagates):
+        observer.continue_trace(session_id, carrier)
 
 
 class NoObserver:
@@ -71,3 +109,16 @@ class Observers:
     def stopped(self, seconds: float) -> None:
         for o in self.observers:
             o.stopped(seconds)
+
+    def trace_context(
+        self, session_id: str, call_id: str, tool: str, agent_id: str | None
+    ) -> dict[str, str]:
+        for o in self.observers:
+            found = trace_context(o, session_id, agent_id, call_id, tool)
+            if found:
+                return found
+        return {}
+
+    def continue_trace(self, session_id: str, carrier: Mapping[str, str]) -> None:
+        for o in self.observers:
+            continue_trace(o, session_id, carrier)

@@ -11,12 +11,14 @@ job's (background-tasks.md), not the parent turn's.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import attrs
 
 from navi_trio.core.turn import runvars
 from navi_trio.core.turn.budgets import Budget
 from navi_trio.core.turn.file_agents import read_file_agents
+from navi_trio.core.turn.observe import trace_context
 from navi_trio.core.turn.policy import sandbox_for
 from navi_trio.core.turn.subagent import run_ephemeral
 from navi_trio.core.turn.turn_state import LoopParts, Turn
@@ -214,6 +216,7 @@ def make_tool_context(
         user_id=turn.user_id,
         publish=turn.emit,
         services=RunServices(parts, turn, processes, tasks),
+        trace_context=partial(trace_context, parts.observer, session_id, turn.agent_id),
         is_subagent=turn.subagent,
         can_detach=turn.persist or turn.parent_session_id is not None,
         mode=turn.mode,

@@ -149,6 +149,7 @@ class TurnRunner:
                     finish=done.done_reason if done is not None else None,
                     failed=done is None,
                     session_id=self.turn.todo_session(),
+                    agent_id=self.turn.agent_id,
                 )
             )
 
