@@ -203,6 +203,7 @@ async def test_a_run_paused_past_its_lease_is_taken_over_by_a_second_runtime_and
     knobs: dict[str, Any] = {
         "lease_ttl_sec": 3.0, "first_chunk_timeout": FAR, "chunk_timeout": FAR,
         "session_idle_sec": FAR, "llm_connect_timeout": FAR, "profiles": profile(),
+        "db_path": tmp_path / "navi.db",  # SQLite's leases: judged by the store's clock
     }  # fmt: skip
     async with paced(autojump_clock, TIMEOUT):
         wall = virtual_wall()

@@ -82,7 +82,11 @@ async def test_a_lease_left_by_a_daemon_elsewhere_blocks_its_session_for_one_ttl
     async with paced(autojump_clock, TIMEOUT):
         wall = virtual_wall()
         async with open_harness(
-            tmp_path, replies=[{"text": "mine now"}], loop=True, wall_clock=wall
+            tmp_path,
+            replies=[{"text": "mine now"}],
+            loop=True,
+            wall_clock=wall,
+            db_path=tmp_path / "navi.db",  # SQLite's leases: judged by the store's clock
         ) as h:
             left = await h.runtime.store.claim_lease(
                 "s1", owner="gone", pid=1, host="elsewhere.invalid", ttl=ttl
