@@ -118,7 +118,7 @@ class LeaseRow:
     owner: str
     pid: int
     host: str
-    expires_at: float  # wall-clock seconds (time.time())
+    expires_at: float  # wall-clock seconds (SQLite: the store's clock; PostgreSQL: the server's)
     generation: int = 0  # the fencing token: +1 at every takeover by another owner
 
 
