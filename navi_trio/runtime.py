@@ -41,8 +41,8 @@ from navi_trio.core.history import Rewinder, SessionRewinds
 from navi_trio.core.jobs import TaskSupervisor
 from navi_trio.core.session import SessionRegistry, SessionService, UserWatch
 from navi_trio.core.triggers import Scheduler, Waker, notify_schedule_run
-from navi_trio.core.turn import Agent, ApprovalBroker, Observer, RoundCheckpoints
-from navi_trio.events import TaskUpdate
+from navi_trio.core.turn import Agent, ApprovalBroker, Observer, RoundCheckpoints, UserMessage
+from navi_trio.events import StreamEnd, TaskUpdate
 from navi_trio.llm.base import LLMBackend, SupervisedBackend
 from navi_trio.llm.factory import make_backend, make_client
 from navi_trio.notices import UserNotices
@@ -140,9 +140,10 @@ async def open_runtime(
 
     `cluster`: join the other daemons of a shared store (`navi serve` on PostgreSQL).
     `schedules`: run due schedules (the daemon does; an embedded `navi run` does not);
-    `wall_clock` is their clock (default: time.time; a test passes one on trio's
-    virtual time). `checkpoint_wall`: the checkpoints' (default: time.time; a test of
-    their age limit moves it on)."""
+    `wall_clock`: the one wall clock that schedules and leases are judged by (the
+    scheduler's due times, the store's stamps and lease expiry; default: time.time, a
+    test passes one on trio's virtual time). `checkpoint_wall`: the checkpoints'
+    (default: time.time; a test of their age limit moves it on)."""
     config = config or ConfigSource(settings.config_path)
     tools = tools if tools is not None else default_tools(settings)
     # Refuse a config naming a tool nobody provides or lacking a prompt file, before
@@ -167,6 +168,8 @@ async def open_runtime(
     await trio.to_thread.run_sync(private_data, settings.data_dir)
     async with AsyncExitStack() as stack:
         store = await stack.enter_async_context(open_store(settings))
+        wall = wall_clock or time.time
+        store.use_clock(wall)
         # Before any run: a restore a killed process left half done is completed first.
         engine = await stack.enter_async_context(
             open_checkpoints(settings, wall=checkpoint_wall or time.time)
@@ -234,13 +237,17 @@ async def open_runtime(
                     queue_max=settings.message_queue_max,
                 )  # fmt: skip
             notices = UserNotices()
+
+            def run_ended(sid: str, msg: UserMessage, end: StreamEnd) -> None:
+                notify_schedule_run(notices, sid, msg, end, wall())
+
             sessions = SessionRegistry(
                 agent,
                 encode=event_frame if joined is None else joined.tap(event_frame),
                 resync=resync_frame,
                 queue_max=settings.message_queue_max,
                 idle_timeout=settings.session_idle_sec,
-                on_run_end=lambda sid, msg, end: notify_schedule_run(notices, sid, msg, end),
+                on_run_end=run_ended,
             )
             await nursery.start(sessions.run)
 
@@ -282,7 +289,7 @@ async def open_runtime(
                 settings,
                 lambda: config.current,
                 lambda: sessions,
-                clock=wall_clock or time.time,
+                clock=wall,
                 notices=notices,
             )
             if schedules:

@@ -24,10 +24,10 @@ from typing import Any
 import trio
 import trio.testing
 from agent_tools import GateTool, with_tools
-from realtime import real_time_limit
+from realtime import paced, real_time_limit
 
 from navi_trio.store.sqlite import SQLiteStore
-from navi_trio.testing import open_harness
+from navi_trio.testing import open_harness, virtual_wall
 from navi_trio.testing.harness import Harness
 from navi_trio.tools.base import ToolContext, ToolResult
 
@@ -189,3 +189,51 @@ async def test_frames_wait_for_the_lease_and_a_run_taken_over_meanwhile_publishe
             assert await store.load_messages("s1") == [
                 m for m in await store.load_messages("s1") if m["role"] == "user"
             ]  # the answer was not saved either
+
+
+async def test_a_run_paused_past_its_lease_is_taken_over_by_a_second_runtime_and_saves_nothing(
+    tmp_path: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Two runtimes on one SQLite file and one wall clock (trio's virtual one), as two
+    daemons: A's renewals go unanswered (a paused daemon) while its model takes its
+    time. B is refused while A's lease lasts; once it has run out by the wall clock, B
+    takes the session over, and A's run, told at its next renewal, ends as taken over:
+    the history holds B's answer, never A's."""
+    slow = {"text": "late answer from A", "delay_first": 10.0}
+    knobs: dict[str, Any] = {
+        "lease_ttl_sec": 3.0, "first_chunk_timeout": FAR, "chunk_timeout": FAR,
+        "session_idle_sec": FAR, "llm_connect_timeout": FAR, "profiles": profile(),
+        "db_path": tmp_path / "navi.db",  # SQLite's leases: judged by the store's clock
+    }  # fmt: skip
+    async with paced(autojump_clock, TIMEOUT):
+        wall = virtual_wall()
+        async with (
+            open_harness(tmp_path, replies=[slow], wall_clock=wall, **knobs) as a,
+            open_harness(tmp_path, replies=[{"text": "answer from B"}], wall_clock=wall,
+                         **knobs) as b,
+        ):  # fmt: skip
+            renew = a.runtime.store.renew_lease
+            answers = trio.Event()
+
+            async def unanswered(*args: Any, **kwargs: Any) -> bool:
+                await answers.wait()
+                return await renew(*args, **kwargs)
+
+            a.runtime.store.renew_lease = unanswered  # type: ignore[method-assign]
+            on_a = await a.session("s1")
+            on_a.send("one")
+            assert a.fake is not None
+            await a.fake.wait_requests(1)  # A's run holds the lease, its model thinking
+            early = await b.turn("s1", "too early")
+            assert said(early)[-2:] == [("error", "session_busy"), ("stream_end", None)]
+            await trio.sleep(3.5)  # A's lease runs out on the wall clock
+            took = await b.turn("s1", "two")
+            assert took[-1]["reason"] == "complete", said(took)
+            answers.set()
+            late = await on_a.until_end()
+            errors = [f for f in late if f["type"] == "error"]
+            assert [e["code"] for e in errors] == ["session_busy"], errors
+            assert "taken over" in errors[0]["message"], errors
+            saved = await b.runtime.store.load_messages("s1")
+    contents = [m["content"] for m in saved]
+    assert "answer from B" in contents and "late answer from A" not in contents, contents

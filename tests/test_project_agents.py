@@ -31,7 +31,7 @@ from project_repo import repo
 from navi_trio.cli import main
 from navi_trio.errors import ConfigError
 from navi_trio.project.agents import collect_agents, find_agents, parse_agent
-from navi_trio.project.md_files import Found, MdFile
+from navi_trio.project.files import Found, MdFile
 from navi_trio.settings import default_config_path
 from navi_trio.testing import open_harness
 from navi_trio.tools.private import PrivatePaths
@@ -138,7 +138,8 @@ async def test_an_agent_file_linked_out_of_the_run_folders_is_not_read(tmp_path:
     frames, requests = await spawn_turn(tmp_path, work, "spy", {"pa": spawner(["filesystem"])})
     (result,) = of_type(frames, "tool_result", name="spawn_agent")
     assert result["ok"] is False
-    assert "spy.md: a symlink out of the folders this run may read; skipped" in result["error"]
+    link = f"spy.md: a symlink to {outside / 'spy.md'}, outside the folders this run may read"
+    assert link + "; not read" in result["error"], result["error"]
     assert len(requests) == 2
 
 

@@ -48,7 +48,7 @@ from navi_trio.project.commands import (
     find_commands,
     parse_command,
 )
-from navi_trio.project.md_files import Found, MdFile
+from navi_trio.project.files import MAX_FILE_BYTES, MAX_FILES, Found, MdFile, read_md_folders
 from navi_trio.tools.private import PrivatePaths
 from navi_trio.tools.roots import Root
 
@@ -133,7 +133,9 @@ async def test_a_command_file_linked_out_of_the_folder_is_not_read(tmp_path: Pat
             answer = await c.request({"type": "commands", "cwd": str(work)})
     assert "leak" not in {x["name"] for x in answer["commands"]}
     assert "the secret body" not in str(answer)
-    assert any("leak.md: a symlink out of the folders" in n for n in answer["notices"])
+    assert any(
+        f"leak.md: a symlink to {secret}, outside the folders" in n for n in answer["notices"]
+    )
 
 
 # (body, what follows the name, the prompt sent): tests/test_web_slash.py holds the
@@ -288,3 +290,24 @@ def test_a_commands_folder_linked_out_of_the_run_folder_is_not_read(tmp_path: Pa
         f"{work / '.navi' / 'commands'}: leads out of the folders this run may read"
         in (got.problems[0])
     )
+
+
+def test_a_folders_files_are_read_bounded_in_count_and_bytes_and_as_utf8(tmp_path: Path) -> None:
+    """The one reader of project files reads an agents' or commands' folder: at most
+    MAX_FILES files by name, each at most MAX_FILE_BYTES and UTF-8; the rest are named."""
+    folder = tmp_path / "commands"
+    folder.mkdir()
+    for i in range(MAX_FILES + 2):
+        (folder / f"c{i:03}.md").write_text(f"Do {i}.")
+    (folder / "c000.md").write_bytes(b"x" * (MAX_FILE_BYTES + 1))
+    (folder / "c001.md").write_bytes(b"\xff\xfe not text")
+    with Root.open(tmp_path, "the working folder (cwd)") as root:
+        got = read_md_folders([root], [folder], PrivatePaths(hidden=()))
+    assert got.problems == [
+        f"{folder}: holds {MAX_FILES + 2} .md files; only the first {MAX_FILES} by name are "
+        "read (2 skipped)",
+        f"{folder / 'c000.md'}: larger than {MAX_FILE_BYTES} bytes; not read",
+        f"{folder / 'c001.md'}: not UTF-8 text; not read",
+    ]
+    assert [f.path.name for f in got.files] == [f"c{i:03}.md" for i in range(2, MAX_FILES)]
+    assert got.files[0].text == "Do 2."

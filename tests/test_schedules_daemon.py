@@ -2,9 +2,11 @@
 
 A schedule due while its daemon was down (killed with SIGKILL) runs once when the next
 daemon starts, and never again after another restart; `navi schedule` adds, lists,
-pauses and removes through the daemon, one line each. Real processes (the fake LLM in
-its own), loopback only, port 0, absolute deadlines. The one wait on the wall clock is
-the point of the test: a due time passes while no daemon runs (about two seconds).
+pauses and removes through the daemon, one line each. Real daemon processes, loopback
+only, port 0, absolute deadlines. No wait on the wall clock: the due time that passes
+while no daemon runs is written into the stopped daemon's database (the schedule's row
+is all a daemon knows of it), and the model holds its answer behind a gate until the
+restarted daemon's client is there to hear the notice.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,9 @@ import pytest
 import trio
 from test_api_daemon import client, serve
 from test_cli import fake_llm, messages, navi
+
+from navi_trio.store.sqlite import SQLiteStore
+from navi_trio.testing import open_fake_llm
 
 pytestmark = pytest.mark.slow
 DEADLINE = 90
@@ -29,36 +33,38 @@ async def test_a_due_time_missed_while_the_daemon_was_down_runs_once_after_the_r
     env: dict[str, str], tmp_path: Path
 ) -> None:
     data = Path(env["NAVI_DATA_DIR"])
-    # The model takes a moment (so the restarted daemon's client is there to hear the
-    # notice); every answer is the same.
-    replies = [{"text": "good morning to you", "delay_first": 1.5}]
     with trio.fail_after(DEADLINE):
-        async with fake_llm(tmp_path, replies) as llm:
-            async with serve(env, llm) as proc:
+        async with open_fake_llm([{"text": "good morning to you"}], loop=True) as llm:
+            async with serve(env, llm.url) as proc:
                 async with client(proc.url, data) as c:
-                    due = time.time() + 2
-                    at = datetime.fromtimestamp(due).astimezone().isoformat()
                     added = await c.request(
-                        {"type": "schedule", "action": "add", "at": at, "new": True,
+                        {"type": "schedule", "action": "add", "every": "1h", "new": True,
                          "message": "good morning"}
                     )  # fmt: skip
                     assert added["type"] == "schedules", added
                     sid = added["schedule"]["schedule_id"]
                 proc.send_signal(signal.SIGKILL)  # a crash, before the due time
                 await proc.wait()
-            await trio.sleep(max(0.0, due - time.time()) + 0.5)  # it falls due: nobody runs
-            async with serve(env, llm) as proc, client(proc.url, data) as c:
+            # While no daemon runs, its due time passes: the row says when it was due.
+            missed = time.time() - 60
+            async with SQLiteStore.open(tmp_path / "navi.db") as store:
+                await store.set_schedule(sid, paused=False, next_due=missed)
+            # The model holds its answer until the restarted daemon's client is there
+            # to hear the notice.
+            llm.gate = trio.Event()
+            async with serve(env, llm.url) as proc, client(proc.url, data) as c:
+                llm.gate.set()
                 done = await c.until_type("schedule_run", schedule_id=sid)
                 assert (done["reason"], done["text"]) == ("complete", "good morning to you")
                 listed = await navi("schedule", "list", "--json", "--url", proc.url, env=env,
                                     cwd=tmp_path)  # fmt: skip
-            async with serve(env, llm) as proc:  # and again: nothing runs twice
+            async with serve(env, llm.url) as proc:  # and again: nothing runs twice
                 again = await navi("schedule", "list", "--json", "--url", proc.url, env=env,
                                    cwd=tmp_path)  # fmt: skip
+            assert len(llm.chat_requests) == 1
     (row,) = json.loads(listed.out)["schedules"]
-    assert (row["runs"], row["next_due"], row["last_session_id"]) == (
-        1, None, done["session_id"]
-    )  # fmt: skip
+    assert (row["runs"], row["last_session_id"]) == (1, done["session_id"])
+    assert row["next_due"] > missed + 3600  # the next one after now, not after the missed one
     assert json.loads(again.out)["schedules"] == [row]
     saved = await messages(tmp_path / "navi.db", done["session_id"])
     assert [(m["role"], m["content"]) for m in saved] == [

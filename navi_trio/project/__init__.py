@@ -10,7 +10,8 @@ its system message from it; the runtime registers the `skill` tool, which lives 
   profiles spawn_agent may name, never wider than the spawning run's own;
 - `commands`: prompts kept as files (``.navi/commands``, ``.claude/commands``, the
   user's ``~/.config/navi/commands``), the slash commands of every client;
-- `md_files`: how agents and commands are read, with their YAML front matter.
+- `files`: which folders count, and the one bounded reader of every project file
+  beneath the held roots; `frontmatter`: the one reader of their YAML front matter.
 """
 
 from navi_trio.project.agents import FileAgent as FileAgent

@@ -26,14 +26,8 @@ import attrs
 
 from navi_trio.errors import ConfigError
 from navi_trio.profiles import BUILTIN_TOOL_NAMES, MCP_PREFIX, AgentProfile, ToolsConfig
-from navi_trio.project.md_files import (
-    Found,
-    check_keys,
-    read_md_folders,
-    shown,
-    split_front_matter,
-    text_value,
-)
+from navi_trio.project.files import Found, read_md_folders
+from navi_trio.project.frontmatter import check_keys, shown, split_front_matter, text_value
 from navi_trio.tools.private import PrivatePaths
 from navi_trio.tools.roots import Root
 from navi_trio.tools.runas import RunAs

@@ -6,14 +6,20 @@ the home folder when there is no repository; with neither above it, the cwd alon
 
 `Reader` opens them only through held roots (tools/_beneath.py: component by component,
 ``O_NOFOLLOW``, a symlink followed only to a target inside a root, navi's own data
-refused), and keeps what it read by real path with the file's stamp (device, inode,
-size, mtime): an unchanged file is opened and looked at, never read again.
+refused, with the rights of the run's tool user), at most a cap of bytes each, and
+keeps what it read by real path with the file's stamp (device, inode, size, mtime): an
+unchanged file is opened and looked at, never read again. Every project file is read
+through it: instruction files, skills, and the ``*.md`` files of the agents' and
+commands' folders (`read_md_folders`: at most `MAX_FILES` a folder, `MAX_FILE_BYTES`
+each; what is skipped is a problem in words, never an exception).
 """
 
 from __future__ import annotations
 
 import codecs
 import os
+from collections.abc import Sequence
+from contextlib import ExitStack, closing
 from pathlib import Path
 
 import attrs
@@ -26,9 +32,14 @@ from navi_trio.tools._beneath import (
     SpecialFileError,
     TooManyLinksError,
 )
+from navi_trio.tools.private import PrivatePaths
+from navi_trio.tools.roots import Root
+from navi_trio.tools.runas import RunAs
 
 CHAIN_MAX = 64  # folders between a cwd and its repository root that are looked at
 CACHE_MAX = 256  # files whose text is kept between turns (each at most 64 KiB + 1)
+MAX_FILES = 64  # *.md files read from one agents' or commands' folder; the rest skipped
+MAX_FILE_BYTES = 64 * 1024  # one of them; a bigger one is skipped, saying so
 
 Stamp = tuple[int, int, int, int]  # device, inode, size, mtime_ns
 
@@ -135,3 +146,78 @@ def utf8_prefix(data: bytes, size: int) -> str:
     """The text of the first `size` bytes of `data`; a character the cut splits is
     left out, a byte that is not UTF-8 becomes U+FFFD."""
     return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(data[:size])
+
+
+@attrs.frozen
+class MdFile:
+    """One file read: where it is (the path its folder was reached by) and its text."""
+
+    path: Path
+    text: str
+
+
+@attrs.frozen
+class Found:
+    """What a search read: the files, and why others were not read."""
+
+    files: list[MdFile] = attrs.Factory(list)
+    problems: list[str] = attrs.Factory(list)
+
+
+def read_md_folders(
+    roots: Sequence[Root],
+    folders: Sequence[Path],
+    private: PrivatePaths,
+    who: RunAs | None = None,
+) -> Found:
+    """The ``*.md`` files directly in each of `folders` (absolute, beneath `roots`), in
+    order, each folder's sorted by name. Blocking: run it in a worker thread."""
+    found = Found()
+    reader = Reader()
+    with ExitStack() as stack:
+        fs = Beneath(roots, private, stack, who)
+        for folder in folders:
+            _read_folder(fs, reader, folder, found)
+    return found
+
+
+def _read_folder(fs: Beneath, reader: Reader, folder: Path, found: Found) -> None:
+    try:
+        with closing(fs.walk(fs.folder(folder), recursive=False)) as walk:
+            _, _, _, entries = next(walk)
+    except (FileNotFoundError, NotADirectoryError, StopIteration):
+        return  # no such folder: nothing to read, nothing to say
+    except (OutsideError, TooManyLinksError):
+        found.problems.append(f"{folder}: leads out of the folders this run may read; not read")
+        return
+    except PrivateError:
+        found.problems.append(f"{folder}: lies in navi's own data; not read")
+        return
+    except OSError as exc:
+        found.problems.append(f"{folder}: cannot be read: {exc.strerror or exc}")
+        return
+    names = sorted(e.name for e in entries if e.name.endswith(".md"))
+    if len(names) > MAX_FILES:
+        skipped = len(names) - MAX_FILES
+        found.problems.append(
+            f"{folder}: holds {len(names)} .md files; only the first {MAX_FILES} by name "
+            f"are read ({skipped} skipped)"
+        )
+        names = names[:MAX_FILES]
+    for name in names:
+        path = folder / name
+        try:
+            got = reader.read(fs, path, MAX_FILE_BYTES)
+        except NotReadable as exc:
+            found.problems.append(f"{path}: {exc}")
+            continue
+        if got is None:
+            continue  # gone since the listing
+        data, size = got
+        if size > MAX_FILE_BYTES or len(data) > MAX_FILE_BYTES:
+            found.problems.append(f"{path}: larger than {MAX_FILE_BYTES} bytes; not read")
+            continue
+        try:
+            found.files.append(MdFile(path, data.decode("utf-8")))
+        except UnicodeDecodeError:
+            found.problems.append(f"{path}: not UTF-8 text; not read")

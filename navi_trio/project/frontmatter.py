@@ -1,161 +1,118 @@
-"""The front matter of a ``SKILL.md``: a strict reader of the YAML subset skills use.
+"""The YAML front matter at the top of a project's Markdown files: one reader for
+skills (``SKILL.md``), agents and commands.
 
-No YAML library is a dependency of navi (PyYAML comes only with the docs' tools), and
-a skill's front matter needs little: top-level ``key: value`` lines, values plain,
-single- or double-quoted, or a ``|`` / ``>`` block; a plain value may go on over
-indented lines (folded with spaces, as YAML does). A key with an empty value may hold
-an indented block (``metadata:`` with its own keys, a list): kept as its raw text,
-never interpreted. Anything else (flow mappings as top-level lines, anchors, tags,
-several documents) is a `FrontMatterError` naming the line and what was expected.
+A file's first line is ``---``, then YAML (at most `FRONT_MATTER_MAX_BYTES`, read by
+YAML's safe loader, imported on first use so it stays out of start-up), then a ``---``
+line; the rest is the body. The YAML must be a mapping with text keys, each given
+once. Anything else is a `FrontMatterError` saying what and, where YAML knows it,
+on which line of the file. The files are a repository's words, untrusted: the bound
+keeps the block small, and `shown` keeps an error's view of a value short whatever
+YAML made of it.
 """
 
 from __future__ import annotations
 
-import re
+import reprlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from navi_trio.errors import ConfigError
 
 FENCE = "---"
-_KEY = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*):(?:\s+(.*))?$")
-_ESCAPES = {'"': '"', "\\": "\\", "n": "\n", "t": "\t", "/": "/"}
+FRONT_MATTER_MAX_BYTES = 8 * 1024  # the YAML block at the top of one file
+
+_SHOWN = reprlib.Repr()  # (keywords to Repr() came in Python 3.12)
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 2, 4, 4
+_SHOWN.maxstring = _SHOWN.maxother = 80
 
 
 class FrontMatterError(ValueError):
-    """Front matter navi cannot read; the message names the line and the problem."""
+    """Front matter navi cannot read; the message says what is wrong, and where."""
 
 
-def split(text: str) -> tuple[dict[str, str], str] | None:
-    """(the front matter's keys, the body after it), or None when the text does not
-    start with a ``---`` line. `FrontMatterError` when it starts one but is not the
-    subset described above."""
-    lines = text.replace("\r\n", "\n").removeprefix("\ufeff").split("\n")
+def front_matter(text: str) -> tuple[dict[str, Any], str] | None:
+    """(the front matter's keys, the body after it), or None when `text` does not start
+    with a ``---`` line; `FrontMatterError` when the block cannot be read."""
+    lines = text.removeprefix("\ufeff").splitlines(keepends=True)
     if not lines or lines[0].rstrip() != FENCE:
         return None
-    for end in range(1, len(lines)):
-        if lines[end].rstrip() == FENCE:
-            break
-    else:
-        raise FrontMatterError("the front matter has no closing '---' line")
-    return parse(lines[1:end], first_line=2), "\n".join(lines[end + 1 :])
+    end = next((i for i, line in enumerate(lines[1:], 1) if line.rstrip() == FENCE), None)
+    if end is None:
+        raise FrontMatterError("the front matter has no closing --- line")
+    block = "".join(lines[1:end])
+    if len(block.encode()) > FRONT_MATTER_MAX_BYTES:
+        raise FrontMatterError(f"the front matter is over {FRONT_MATTER_MAX_BYTES} bytes")
+    data = _load(block)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise FrontMatterError("the front matter must be name: value lines (a mapping)")
+    return data, "".join(lines[end + 1 :])
 
 
-def parse(lines: list[str], *, first_line: int = 1) -> dict[str, str]:
-    """The keys of front matter `lines` (line numbers in errors start at `first_line`)."""
-    out: dict[str, str] = {}
-    i = 0
-    while i < len(lines):
-        line, number = lines[i], first_line + i
-        i += 1
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        if line[0] in " \t":
-            raise FrontMatterError(f"line {number}: indented, but no key above it takes a block")
-        match = _KEY.match(line.rstrip())
-        if match is None:
-            raise FrontMatterError(
-                f"line {number}: expected 'key: value' (navi reads a subset of YAML: "
-                "plain, quoted or | > block values)"
-            )
-        key, raw = match.group(1), (match.group(2) or "").strip()
-        if key in out:
-            raise FrontMatterError(f"line {number}: the key {key!r} is given twice")
-        block: list[str] = []
-        while i < len(lines) and (not lines[i].strip() or lines[i][0] in " \t"):
-            block.append(lines[i])
-            i += 1
-        out[key] = _value(raw, block, number)
-    return out
+def _load(block: str) -> Any:
+    import yaml  # type: ignore[import-untyped]  # first use only: out of start-up
+
+    class Loader(yaml.SafeLoader):  # type: ignore[misc]
+        """The safe loader, refusing a key given twice (YAML would keep the last)."""
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[str] = set()
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if key.value in seen:
+                        line = key.start_mark.line + 2  # the file's line (after ---)
+                        raise FrontMatterError(f"line {line}: the key {key.value!r} is given twice")
+                    seen.add(key.value)
+            return super().construct_mapping(node, deep=deep)
+
+    try:
+        return yaml.load(block, Loader=Loader)  # noqa: S506 -- a SafeLoader
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = "" if mark is None else f" at line {mark.line + 2}"
+        raise FrontMatterError(f"the front matter is not valid YAML{where}") from None
+    except RecursionError:  # PyYAML composes nested values recursively
+        raise FrontMatterError("the front matter nests too deeply to read") from None
 
 
-def _value(raw: str, block: list[str], number: int) -> str:
-    if raw in ("|", ">", "|-", ">-", "|+", ">+"):
-        kept = _dedent(block)
-        text = "\n".join(kept) if raw[0] == "|" else _fold(kept)
-        return text.rstrip("\n") + ("\n" if raw[1:] in ("", "+") and text else "")
-    if raw.startswith(("&", "*", "!", "{", "[")) and raw not in ("[]", "{}"):
-        raise FrontMatterError(
-            f"line {number}: anchors, tags and flow collections are not read; quote the value"
+def split_front_matter(text: str, path: Path, *, required: bool) -> tuple[dict[str, Any], str]:
+    """`front_matter` for a file at `path`: a `ConfigError` naming it. A file without a
+    ``---`` block is ({}, text), or an error when `required`."""
+    try:
+        parts = front_matter(text)
+    except FrontMatterError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if parts is None:
+        if required:
+            raise ConfigError(f"{path}: no front matter (a --- block of name: value lines)")
+        return {}, text
+    return parts
+
+
+def check_keys(data: dict[str, Any], path: Path, allowed: Sequence[str]) -> None:
+    """An unknown key is an error naming it and the keys a file may hold."""
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"{path}: $.{unknown[0]}: unknown key (a file may hold {', '.join(allowed)})"
         )
-    if raw.startswith('"'):
-        return _double(raw, block, number)
-    if raw.startswith("'"):
-        return _single(raw, block, number)
-    if not raw:
-        return "\n".join(block).strip("\n")  # a nested block, kept as it is
-    raw = _strip_comment(raw)
-    more = [b.strip() for b in block if b.strip()]
-    return " ".join([raw, *more])
 
 
-def _dedent(block: list[str]) -> list[str]:
-    indents = [len(b) - len(b.lstrip()) for b in block if b.strip()]
-    cut = min(indents, default=0)
-    return [b[cut:] for b in block]
+def shown(value: Any) -> str:
+    """`value` as an error shows it: short, whatever YAML made of it (aliases can nest a
+    few lines into billions of items; a plain repr would walk them all)."""
+    return _SHOWN.repr(value)
 
 
-def _fold(lines: list[str]) -> str:
-    out: list[str] = []
-    para: list[str] = []
-    for line in lines:
-        if line.strip():
-            para.append(line.strip())
-        else:
-            if para:
-                out.append(" ".join(para))
-                para = []
-            out.append("")
-    if para:
-        out.append(" ".join(para))
-    return "\n".join(out)
-
-
-def _strip_comment(raw: str) -> str:
-    at = raw.find(" #")
-    return raw[:at].rstrip() if at >= 0 else raw
-
-
-def _only_comment(rest: str) -> bool:
-    rest = rest.strip()
-    return not rest or rest.startswith("#")
-
-
-def _joined(raw: str, block: list[str]) -> str:
-    return " ".join([raw, *(b.strip() for b in block if b.strip())])
-
-
-def _double(raw: str, block: list[str], number: int) -> str:
-    text = _joined(raw, block)
-    out: list[str] = []
-    i = 1
-    while i < len(text):
-        ch = text[i]
-        if ch == '"':
-            if not _only_comment(text[i + 1 :]):
-                raise FrontMatterError(f"line {number}: text after the closing quote")
-            return "".join(out)
-        if ch == "\\":
-            nxt = text[i + 1 : i + 2]
-            if nxt not in _ESCAPES:
-                raise FrontMatterError(f"line {number}: the escape '\\{nxt}' is not read")
-            out.append(_ESCAPES[nxt])
-            i += 2
-            continue
-        out.append(ch)
-        i += 1
-    raise FrontMatterError(f"line {number}: the double quote is not closed")
-
-
-def _single(raw: str, block: list[str], number: int) -> str:
-    text = _joined(raw, block)
-    out: list[str] = []
-    i = 1
-    while i < len(text):
-        if text[i] == "'":
-            if text[i + 1 : i + 2] == "'":
-                out.append("'")
-                i += 2
-                continue
-            if not _only_comment(text[i + 1 :]):
-                raise FrontMatterError(f"line {number}: text after the closing quote")
-            return "".join(out)
-        out.append(text[i])
-        i += 1
-    raise FrontMatterError(f"line {number}: the single quote is not closed")
+def text_value(data: dict[str, Any], key: str, path: Path, *, max_chars: int) -> str | None:
+    """The string under `key` (None when absent), at most `max_chars` long."""
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{path}: $.{key}: expected a string, got {shown(value)}")
+    if len(value) > max_chars:
+        raise ConfigError(f"{path}: $.{key}: at most {max_chars} characters, got {len(value)}")
+    return value

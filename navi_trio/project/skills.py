@@ -23,7 +23,7 @@ import attrs
 
 from navi_trio.errors import RootChangedError
 from navi_trio.project.files import NotReadable, Reader, Skipped, holds, utf8_prefix
-from navi_trio.project.frontmatter import FrontMatterError, split
+from navi_trio.project.frontmatter import FrontMatterError, front_matter, shown
 from navi_trio.tools._beneath import (
     Beneath,
     OutsideError,
@@ -90,7 +90,7 @@ def check(folder_name: str, data: bytes, size: int) -> tuple[str, str, str]:
     except UnicodeDecodeError:
         raise ValueError(f"{SKILL_FILE} is not UTF-8 text") from None
     try:
-        parts = split(text)
+        parts = front_matter(text)
     except FrontMatterError as exc:
         raise ValueError(f"its front matter cannot be read: {exc}") from None
     if parts is None:
@@ -99,6 +99,9 @@ def check(folder_name: str, data: bytes, size: int) -> tuple[str, str, str]:
             "'description:', then '---')"
         )
     meta, body = parts
+    for key in ("name", "description"):
+        if not isinstance(meta.get(key, ""), str):
+            raise ValueError(f"its {key!r} is not text: {shown(meta[key])}")
     name = meta.get("name", "").strip()
     description = " ".join(meta.get("description", "").split())
     if not name:

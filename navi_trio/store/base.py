@@ -118,7 +118,7 @@ class LeaseRow:
     owner: str
     pid: int
     host: str
-    expires_at: float  # wall-clock seconds (time.time())
+    expires_at: float  # wall-clock seconds (SQLite: the store's clock; PostgreSQL: the server's)
     generation: int = 0  # the fencing token: +1 at every takeover by another owner
 
 
@@ -393,6 +393,7 @@ class SessionStore(Protocol):
     async def get_usage(self, keys: Sequence[str]) -> dict[str, dict[str, float]]: ...
     async def record_run_usage(self, usage: RunUsage) -> None: ...
     def observe_writes(self, seconds: Callable[[float], None] | None) -> None: ...
+    def use_clock(self, wall: Callable[[], float]) -> None: ...
     async def usage_report(
         self,
         *,

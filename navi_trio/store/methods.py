@@ -76,6 +76,7 @@ class StoreMethods:
 
     sql: ClassVar[Engine]  # the engine's statements
     _last_now = 0.0
+    _wall: Callable[[], float] = staticmethod(time.time)  # the clock of `_now`
     # Told how long each write took, from its call to its commit (the daemon's metrics).
     _on_write: Callable[[float], None] | None = None
 
@@ -87,9 +88,14 @@ class StoreMethods:
         if self._on_write is not None:
             self._on_write(trio.current_time() - started)
 
+    def use_clock(self, wall: Callable[[], float]) -> None:
+        """Stamp rows and judge leases by `wall` (seconds since the epoch) from now on:
+        the daemon's one wall clock, which a test puts on trio's virtual time."""
+        self._wall = wall
+
     def _now(self) -> float:
         # Strictly increasing, so "newest updated first" never depends on clock resolution.
-        self._last_now = max(time.time(), self._last_now + 1e-6)
+        self._last_now = max(self._wall(), self._last_now + 1e-6)
         return self._last_now
 
     async def _run(

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the same names, typed, for mypy (tests and scripts use them
     from navi_trio.testing.harness import SessionDriver as SessionDriver
     from navi_trio.testing.harness import open_harness as open_harness
     from navi_trio.testing.harness import test_config as test_config
+    from navi_trio.testing.harness import virtual_wall as virtual_wall
 
 _EXPORTS = {
     "FakeLLMServer": "navi_trio.testing.fake_llm",
@@ -30,6 +31,7 @@ _EXPORTS = {
     "SessionDriver": "navi_trio.testing.harness",
     "open_harness": "navi_trio.testing.harness",
     "test_config": "navi_trio.testing.harness",
+    "virtual_wall": "navi_trio.testing.harness",
 }
 
 __all__ = list(_EXPORTS)

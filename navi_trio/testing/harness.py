@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -160,6 +161,14 @@ def test_config(
     if models is not None:
         data["models"] = dict(models)
     return ConfigSource(path, initial=parse_config(data, path))
+
+
+def virtual_wall() -> Callable[[], float]:
+    """A wall clock on trio's clock (called inside `trio.run`): it reads the real time
+    now and moves only as trio's clock moves, so on a MockClock the scheduler's due
+    times and the store's lease expiry pass with the test's virtual sleeps."""
+    start = time.time() - trio.current_time()
+    return lambda: start + trio.current_time()
 
 
 @asynccontextmanager

@@ -109,7 +109,7 @@ def _cron(spec: str) -> Any:
             f"got {len(fields)}"
         )
     try:
-        return CronSim(spec, _local(time.time()))
+        return CronSim(spec, _local(0.0))  # only checked here: `next_due` walks it
     except CronSimError as exc:
         raise ScheduleError(f"cron {spec[:64]!r}: {exc}") from None
 
@@ -174,15 +174,14 @@ RESULT_MAX_CHARS = 2000  # a schedule_run notice's text (the history keeps it wh
 
 
 def notify_schedule_run(
-    notices: UserNotices, session_id: str, msg: UserMessage, end: StreamEnd
+    notices: UserNotices, session_id: str, msg: UserMessage, end: StreamEnd, now: float
 ) -> None:
-    """A run ended: when it was a scheduled one, its owner's clients hear how."""
+    """A run ended (at wall time `now`): when it was a scheduled one, its owner's
+    clients hear how."""
     if msg.kind != "schedule" or msg.schedule_id is None:
         return
     text = clip(end.text, RESULT_MAX_CHARS)
-    notices.publish(
-        msg.user_id, ScheduleRun(msg.schedule_id, session_id, end.reason, text, time.time())
-    )
+    notices.publish(msg.user_id, ScheduleRun(msg.schedule_id, session_id, end.reason, text, now))
 
 
 class Scheduler(NurseryHolder):
@@ -271,7 +270,7 @@ class Scheduler(NurseryHolder):
             id="sch-" + secrets.token_hex(6), user_id=user_id, session_id=want.session_id,
             profile_id=want.profile_id, kind=want.kind, spec=want.spec.strip(),
             message=want.message, catch_up=want.catch_up, paused=False, next_due=due,
-            created_at=time.time(),
+            created_at=self.clock(),
             budget={} if want.budget is None else budgets_dict(want.budget),
         )  # fmt: skip
         await self._store.create_schedule(row)
@@ -381,7 +380,7 @@ class Scheduler(NurseryHolder):
         if claimed.skipped is not None:
             log.warning("schedule %s: its run was skipped: %s", row.id, claimed.skipped)
             if self._notices is not None:
-                skipped = ScheduleRun(row.id, None, "skipped", claimed.skipped, time.time())
+                skipped = ScheduleRun(row.id, None, "skipped", claimed.skipped, self.clock())
                 self._notices.publish(row.user_id, skipped)
             return
         log.info("schedule %s: runs in session %s", row.id, session_id)
