@@ -147,11 +147,13 @@ class Rounds:
     async def _run(parked: Parked, body: Callable[[Parked], Awaitable[CallToolResult]]) -> None:
         try:
             parked.result = await body(parked)
-        except ToolError as exc:
-            parked.error = str(exc)
-        except Exception as exc:  # a bug must not end the server: the call says it
-            log.exception("an ask in input-required rounds failed")
-            parked.error = f"the ask failed: {type(exc).__name__}: {exc}"
+        except* ToolError as group:
+            parked.error = "; ".join(str(exc) for exc in group.exceptions)
+        except* Exception as group:  # a bug must not end the server: the call says it
+            log.error("an ask in input-required rounds failed", exc_info=group)
+            parked.error = "the ask failed: " + "; ".join(
+                f"{type(exc).__name__}: {exc}" for exc in group.exceptions
+            )
         finally:
             if not parked.ended:
                 parked.error = "the server stopped the ask"
