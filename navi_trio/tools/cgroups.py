@@ -368,23 +368,23 @@ class Tree:
         its entry: it is the daemon's, shared by every session whose profile names it."""
         return self.open_leaf(server_name(name), limits)
 
-    def open_leaf(self, session: str, limits: ProcessLimits) -> CommandGroup:
-        """A new leaf below the folder `session` (made when missing), `limits` written
-        on that folder."""
+    def open_leaf(self, folder: str, limits: ProcessLimits) -> CommandGroup:
+        """A new leaf below `folder` (a session's or a server's, made when missing),
+        `limits` written on that folder."""
         leaf = f"cmd-{next(self._serial)}"
         made: list[Path] = []
         try:
             v2 = None
             if self.top.v2 is not None:
-                v2 = self._leaf(self.top.v2, session, leaf, limits, self.v2_limits, True, made)
+                v2 = self._leaf(self.top.v2, folder, leaf, limits, self.v2_limits, True, made)
             v1 = {
-                name: self._leaf(top, session, leaf, limits, {name}, False, made)
+                name: self._leaf(top, folder, leaf, limits, {name}, False, made)
                 for name, top in self.top.v1.items()
             }
         except OSError:
-            for folder in reversed(made):
+            for done in reversed(made):
                 try:
-                    os.rmdir(folder)
+                    os.rmdir(done)
                 except OSError:
                     pass
             raise
