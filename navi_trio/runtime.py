@@ -56,7 +56,7 @@ from navi_trio.tools.base import Tool, ToolRegistry
 from navi_trio.tools.builtin import builtin_tools
 from navi_trio.tools.mcp import McpServers
 from navi_trio.tools.peer import PeerTool
-from navi_trio.tools.procs import ProcessPool
+from navi_trio.tools.procs import ProcessPool, tag_owner
 from navi_trio.tools.runas import run_as
 from navi_trio.tools.sandbox import sandbox_available
 from navi_trio.tools.spawn_agent import SpawnAgentTool
@@ -186,7 +186,9 @@ async def open_runtime(
             for tool in tools:  # the peer tool's connections live in the runtime's nursery
                 if isinstance(tool, PeerTool):
                     await nursery.start(tool.link.run)
-            mcp = McpServers(lambda: config.current, settings.tool_user, settings.bwrap_path)
+            # Stdio servers in the daemon's cgroup tree, as tool commands (tools/cgroups.py).
+            owner = tag_owner(settings.data_dir) if settings.cgroups else None
+            mcp = McpServers(lambda: config.current, settings.tool_user, settings.bwrap_path, owner)
             await nursery.start(mcp.run)
             registry.add_source(mcp)
             client_tools = ClientTools()  # tools a client runs for its session

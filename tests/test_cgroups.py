@@ -155,6 +155,29 @@ def test_profile_limits_default_and_are_checked_strictly() -> None:
         limits({"memory_mb": True})
 
 
+def test_an_mcp_command_entry_has_limits_of_its_own_and_a_url_entry_none() -> None:
+    def servers(entry: dict[str, object]) -> ProcessLimits:
+        data = {"default_profile": "a", "profiles": {"a": {}}, "mcp_servers": {"x": entry}}
+        return parse_config(data, Path("/c/config.json")).mcp_servers["x"].limits
+
+    assert servers({"command": "srv"}) == ProcessLimits()
+    assert servers({"command": "srv", "limits": {"pids": 16}}) == ProcessLimits(pids=16)
+    with pytest.raises(ConfigError, match="pids: expected a whole number from 8"):
+        servers({"command": "srv", "limits": {"pids": 1}})
+    with pytest.raises(ConfigError, match=r"\['x'\]\.limits: limits are for a command"):
+        servers({"url": "http://127.0.0.1:1/mcp", "limits": {"pids": 16}})
+
+
+def test_a_leaf_that_enters_itself_writes_its_own_pid_into_every_hierarchy() -> None:
+    group = cgroups.Group(Path("/cg/v2/leaf"), {"pids": Path("/cg/pids/leaf")})
+    leaf = cgroups.CommandGroup(group, None, False, "/bin/bash")
+    argv = leaf.self_entry_argv(["srv", "--flag"])
+    assert argv[:2] == ["/bin/bash", "-c"] and "shift 2" in argv[2]
+    assert argv[3:] == [
+        "navi-cgroup", "/cg/v2/leaf/cgroup.procs", "/cg/pids/leaf/cgroup.procs", "srv", "--flag"
+    ]  # fmt: skip
+
+
 def test_an_oom_kill_is_a_failed_result_naming_the_limit() -> None:
     killed = CommandResult(-9, "", False, 10.0, 0.1, memory_limit_mb=512)
     assert killed.status_text().startswith("memory limit 512 MB reached")

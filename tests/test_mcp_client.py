@@ -128,7 +128,12 @@ def mcp_config(servers: dict[str, Any], **profile: Any) -> ConfigSource:
     """The shipped config with `servers` and the general profile using them (no other
     tools, no plan, calls allowed unless `policy` says otherwise)."""
     path = default_config_path()
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = with_servers(json.loads(path.read_text(encoding="utf-8")), servers, **profile)
+    return ConfigSource(path, initial=parse_config(data, path))
+
+
+def with_servers(data: dict[str, Any], servers: dict[str, Any], **profile: Any) -> dict[str, Any]:
+    """Config `data` with `servers`, the general profile using them as `mcp_config` says."""
     data["mcp_servers"] = servers
     changes = {
         "tools": {"agent": [], "subagent": []},
@@ -139,7 +144,7 @@ def mcp_config(servers: dict[str, Any], **profile: Any) -> ConfigSource:
         **profile,
     }
     data["profiles"]["general"] = {**data["profiles"]["general"], **changes}
-    return ConfigSource(path, initial=parse_config(data, path))
+    return data
 
 
 def call(name: str, **arguments: Any) -> dict[str, Any]:

@@ -275,15 +275,29 @@ async def test_allow_for_the_session_is_not_asked_again(
     assert first.exists() and second.exists() and len(elicitor.questions) == 1
 
 
-async def test_a_client_whose_protocol_takes_no_request_mid_call_is_denied_with_a_note(
+async def test_on_the_newest_protocol_approvals_are_asked_in_input_required_rounds(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    elicitor = Elicitor(["allow_once"])
-    marker = tmp_path / "ran"
-    result = await _ask_elicited(env, tmp_path, elicitor, _touches(marker), mode="auto")
-    (note,) = result.structured_content["notes"]
-    assert "nobody can approve it over MCP" in note and "takes no request during a call" in note
-    assert elicitor.questions == [] and not marker.exists()
+    # "auto": the 2026-07-28 protocol, where a server sends no request during a call.
+    elicitor = Elicitor(["allow_once", "allow_once"])
+    first, second = tmp_path / "one", tmp_path / "two"
+    result = await _ask_elicited(env, tmp_path, elicitor, _touches(first, second), mode="auto")
+    assert result.structured_content["notes"] == [] and not result.is_error
+    assert first.exists() and second.exists()
+    assert ["touch one" in q for q in elicitor.questions] == [True, False]
+    assert "navi wants to run terminal: terminal run: touch two" in elicitor.questions[1]
+
+
+async def test_on_the_newest_protocol_a_decline_or_a_wrong_answer_denies(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    for answer in ("decline", "maybe"):
+        marker = tmp_path / f"ran-{answer}"
+        elicitor = Elicitor([answer])
+        result = await _ask_elicited(env, tmp_path, elicitor, _touches(marker), mode="auto")
+        (note,) = result.structured_content["notes"]
+        assert note.startswith("denied terminal") and "the MCP client denied it" in note
+        assert not marker.exists() and len(elicitor.questions) == 1
 
 
 async def test_two_asks_at_once_in_one_session_each_get_their_own_answer(

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import trio
 from mcp.server.mcpserver import Context
 from mcp_types import ClientCapabilities, ElicitationCapability
+from mcp_types.version import is_version_at_least
 from pydantic import BaseModel, Field
 
 from navi_trio.approval_text import grant_line, part_lines
@@ -40,12 +41,28 @@ class ApprovalAnswer(BaseModel):
 
 
 NO_ELICITATION = "the client has no elicitation"
+# The first protocol version whose calls ask their client in "input required" rounds.
+ROUNDS_VERSION = "2026-07-28"
+
+
+def in_rounds(ctx: Context[Any, Any]) -> bool:
+    """Whether `ctx`'s client is asked in "input required" rounds (cli/mcp_rounds.py):
+    it declared elicitation, and its protocol takes no request during a call."""
+    session = ctx.request_context.session
+    version = ctx.request_context.protocol_version
+    wanted = ClientCapabilities(elicitation=ElicitationCapability())
+    return (
+        session.check_client_capability(wanted)
+        and not session.can_send_request
+        and version is not None
+        and is_version_at_least(version, ROUNDS_VERSION)
+    )
 
 
 def elicitor(ctx: Context[Any, Any]) -> Asker | str:
-    """How to ask the client of `ctx`'s request, or why it cannot be asked: it declared
-    no elicitation, or its protocol version lets a server send no request during a call
-    (it would answer a call's "input required" result, which `ask` does not return)."""
+    """How to ask the client of `ctx`'s request during the call, or why it cannot be
+    asked: it declared no elicitation, or its transport lets a server send no request
+    during a call (a client on the 2026-07-28 protocol is asked in rounds: `in_rounds`)."""
     session = ctx.request_context.session
     wanted = ClientCapabilities(elicitation=ElicitationCapability())
     if not session.check_client_capability(wanted):

@@ -22,8 +22,9 @@ calls; they end with the server). The run itself is followed with the same runne
 A cancelled call (the client's ``notifications/cancelled``, or the server shutting down)
 stops the run as Ctrl-C stops `navi run`: the stopped turn is saved, waited for at
 most `STOP_GRACE` seconds. A tool call that needs an approval is asked of the client
-through elicitation where it supports it (cli/mcp_approve.py), else denied, and the
-answer's notes say so. Bad arguments are a tool error
+through elicitation where it supports it (cli/mcp_approve.py; on the 2026-07-28
+protocol in "input required" rounds, the run parked between calls: cli/mcp_rounds.py),
+else denied, and the answer's notes say so. Bad arguments are a tool error
 naming the problem. The SDK (`mcp`, imported only here) speaks the protocol; stdout
 carries nothing else (it points stdout at stderr while it serves; logs go to stderr).
 """
@@ -42,13 +43,13 @@ import attrs
 import trio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import CallToolResult, TextContent
+from mcp_types import CallToolResult, InputRequiredResult, TextContent
 from pydantic import BaseModel, Field
 
 from navi_trio import __version__, wire
 from navi_trio.api.endpoint import Endpoint, RunTarget
 from navi_trio.cli.common import config_source
-from navi_trio.cli.mcp_approve import NO_ELICITATION, Asker, approver, elicitor
+from navi_trio.cli.mcp_approve import NO_ELICITATION, Asker, approver, elicitor, in_rounds
 from navi_trio.cli.mcp_ask import (
     STOP_GRACE,
     AskFeed,
@@ -58,6 +59,7 @@ from navi_trio.cli.mcp_ask import (
     one_error,
 )
 from navi_trio.cli.mcp_rewind import add_rewind_tools
+from navi_trio.cli.mcp_rounds import Parked, Rounds
 from navi_trio.cli.mcp_sessions import SessionList, add_sessions_tool, sessions_from_daemon
 from navi_trio.cli.rewinds import Rewinds
 from navi_trio.cli.runner import RemoteRun, RunRequest, follow, new_session_id, private_endpoint
@@ -101,6 +103,7 @@ class NaviBridge:
         self._opening = trio.Lock()
         self._holding = False
         self._closed = trio.Event()  # the private daemon closed (once opened)
+        self.rounds = Rounds(nursery)  # asks whose runs go on between their calls
 
     # -- where the calls go ---------------------------------------------------------------
 
@@ -149,10 +152,14 @@ class NaviBridge:
         report: Callable[[float, str], Awaitable[None]],
         on_busy: str | None = None,
         asker: Asker | str = NO_ELICITATION,
+        on_run: Callable[[Callable[[], object]], None] | None = None,
     ) -> CallToolResult:
-        """`asker`: how to ask the client about an approval (a string: why it cannot)."""
+        """`asker`: how to ask the client about an approval (a string: why it cannot);
+        `on_run` is given the run's stop once it runs."""
         try:
-            return await self._ask(message, session_id, profile, cwd, report, on_busy, asker)
+            return await self._ask(
+                message, session_id, profile, cwd, report, on_busy, asker, on_run
+            )
         except NaviError as exc:
             raise ToolError(str(exc)) from None
         except BaseExceptionGroup as group:
@@ -170,6 +177,7 @@ class NaviBridge:
         report: Callable[[float, str], Awaitable[None]],
         on_busy: str | None = None,
         asker: Asker | str = NO_ELICITATION,
+        on_run: Callable[[Callable[[], object]], None] | None = None,
     ) -> CallToolResult:
         if not message.strip():
             raise UsageError("message is empty")
@@ -203,6 +211,8 @@ class NaviBridge:
 
         async def follow_it(stopper: Stopper) -> None:
             stopper.switch(run.stop)
+            if on_run is not None:
+                on_run(run.stop)
             await follow(endpoint, run, decide, before=check)
 
         async with trio.open_nursery() as nursery:
@@ -292,10 +302,21 @@ def build_server(bridge: NaviBridge) -> MCPServer:
                 "reject, interrupt (stop it, run this next) or steer (join the running turn)"
             ),
         ] = None,
-    ) -> Annotated[CallToolResult, AskResult]:
+    ) -> Annotated[CallToolResult, AskResult] | InputRequiredResult:
         async def report(progress: float, line: str) -> None:
             await ctx.report_progress(progress, None, line)
 
+        if ctx.request_state is not None:  # a round's answer: the ask's run goes on
+            return await bridge.rounds.resume(ctx.request_state, ctx.input_responses, report)
+        if in_rounds(ctx):  # the run is parked in the server's nursery, between calls
+
+            async def parked_ask(parked: Parked) -> CallToolResult:
+                return await bridge.ask(
+                    message, session_id, profile, cwd, parked.report, on_busy, parked.ask,
+                    parked.set_stop,
+                )  # fmt: skip
+
+            return await bridge.rounds.serve(bridge.rounds.start(parked_ask), report)
         return await bridge.ask(message, session_id, profile, cwd, report, on_busy, elicitor(ctx))
 
     server.add_tool(

@@ -45,6 +45,7 @@ from navi_trio.profiles._schema import (
     REQUIRED_PROMPT_FILES,
     NaviConfig,
     PeerConfig,
+    ProcessLimits,
     SshConfig,
     ToolsConfig,
     config_secrets,
@@ -268,6 +269,8 @@ def _check_mcp(cfg: NaviConfig, path: Path) -> None:
             )
         if server.command is None and (server.args or server.env or server.cwd):
             raise ConfigError(f"{where}: args, env and cwd are for a command, not a url")
+        if server.command is None and server.limits != ProcessLimits():
+            raise ConfigError(f"{where}.limits: limits are for a command, not a url")
         if server.url is None and server.headers:
             raise ConfigError(f"{where}.headers: headers are for a url, not a command")
         if server.timeout_sec <= 0:

@@ -121,30 +121,6 @@ MCP_SERVER_NAME = re.compile(r"^[A-Za-z0-9-]+(_[A-Za-z0-9-]+)*$")
 MCP_PREFIX = "mcp__"
 
 
-@attrs.frozen(kw_only=True)
-class McpServerConfig:
-    """One MCP server (docs/pages/mcp.md, "MCP servers"): a command run over stdio, or a URL
-    (streamable HTTP). Exactly one of `command` and `url`."""
-
-    command: str | None = None
-    args: tuple[str, ...] = ()
-    env: dict[str, str] = attrs.Factory(dict)
-    cwd: str | None = None
-    url: str | None = None
-    headers: dict[str, str] = attrs.Factory(dict)
-    enabled: bool = True
-    timeout_sec: float = 60.0  # one call, and the start (initialize + list of tools)
-    tools: tuple[str, ...] | None = None  # allow-list of the server's own tool names
-    # true: its tools take ``"background": true`` like the backgroundable built-ins.
-    background: bool = False
-    # true: its tools change no local files, so no checkpoint is taken before them.
-    read_only: bool = False
-
-    @property
-    def transport(self) -> str:
-        return "stdio" if self.command is not None else "http"
-
-
 def _whole_from(low: int, high: int) -> Any:
     def check(_inst: Any, attr: attrs.Attribute[Any], value: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -173,6 +149,33 @@ class ProcessLimits:
     memory_mb: int = attrs.field(default=2048, validator=_whole_from(16, 1 << 22))
     pids: int = attrs.field(default=512, validator=_whole_from(8, 1 << 22))
     cpu_cores: float | None = attrs.field(default=None, validator=_cores)
+
+
+@attrs.frozen(kw_only=True)
+class McpServerConfig:
+    """One MCP server (docs/pages/mcp.md, "MCP servers"): a command run over stdio, or a URL
+    (streamable HTTP). Exactly one of `command` and `url`."""
+
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = attrs.Factory(dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = attrs.Factory(dict)
+    enabled: bool = True
+    timeout_sec: float = 60.0  # one call, and the start (initialize + list of tools)
+    tools: tuple[str, ...] | None = None  # allow-list of the server's own tool names
+    # true: its tools take ``"background": true`` like the backgroundable built-ins.
+    background: bool = False
+    # true: its tools change no local files, so no checkpoint is taken before them.
+    read_only: bool = False
+    # Kernel limits on a stdio server's processes (cgroups, where they can be used): the
+    # server is the daemon's, shared by the sessions that use it, so its limits are its own.
+    limits: ProcessLimits = ProcessLimits()
+
+    @property
+    def transport(self) -> str:
+        return "stdio" if self.command is not None else "http"
 
 
 @attrs.frozen(kw_only=True)

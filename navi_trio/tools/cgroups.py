@@ -56,6 +56,7 @@ KILL_ROUNDS = 8  # a v1 freeze may miss a process being forked: look again, at m
 KILL_WAIT_SEC = 5.0  # for the processes of one round to die
 MB = 1 << 20
 _ENTRY = 'read -r -u {fd} _ || exit 125; exec {fd}<&-; exec "$@"'
+_SELF_ENTRY = 'for p in "${{@:1:{n}}}"; do echo $$ > "$p" || exit 125; done; shift {n}; exec "$@"'
 _SAFE = re.compile(r"[A-Za-z0-9_.-]{1,80}\Z")
 
 
@@ -140,9 +141,18 @@ def stale_owner(name: str, digest: str) -> bool:
 
 def session_name(session_id: str) -> str:
     """A session's folder name: its id when it is a plain name, else a digest of it."""
-    if _SAFE.fullmatch(session_id) and session_id not in (".", ".."):
-        return f"session-{session_id}"
-    return "session-" + hashlib.sha256(session_id.encode("utf-8", "replace")).hexdigest()[:32]
+    return _folder_name("session-", session_id)
+
+
+def server_name(name: str) -> str:
+    """The folder of a stdio MCP server's processes (`name`: its config entry's)."""
+    return _folder_name("mcp-", name)
+
+
+def _folder_name(prefix: str, ident: str) -> str:
+    if _SAFE.fullmatch(ident) and ident not in (".", ".."):
+        return prefix + ident
+    return prefix + hashlib.sha256(ident.encode("utf-8", "replace")).hexdigest()[:32]
 
 
 # -- Files ----------------------------------------------------------------------------
@@ -275,6 +285,24 @@ class CommandGroup:
         for folder in self.group.folders():
             _write(folder / "cgroup.procs", str(pid))
 
+    def self_entry_argv(self, argv: list[str]) -> list[str]:
+        """`argv` started by bash that writes its own pid into the leaves, then execs it:
+        for a process started by code that passes it no pipe (the MCP SDK's stdio
+        client). It never runs outside its leaf: it exits 125 when it cannot enter."""
+        procs = [str(folder / "cgroup.procs") for folder in self.group.folders()]
+        script = _SELF_ENTRY.format(n=len(procs))
+        return [self.bash, "-c", script, "navi-cgroup", *procs, *argv]
+
+    def limit_hits(self) -> tuple[int, int]:
+        """(OOM kills, forks refused by ``pids.max``) so far: compared before and after
+        a call, they say whether a limit struck during it."""
+        refused = 0
+        pids = self.group.v2 if "pids" not in self.group.v1 else self.group.v1["pids"]
+        if pids is not None:  # counted where the limit is (the parent), or in the leaf
+            for folder in (pids, pids.parent):
+                refused += _counter(_read(folder / "pids.events"), "max")
+        return self.oom_kills(), refused
+
     def oom_kills(self) -> int:
         """How many of its processes the kernel killed for the memory limit."""
         if self.memory_mb is None:
@@ -333,21 +361,30 @@ class Tree:
 
     def command(self, session_id: str, limits: ProcessLimits) -> CommandGroup:
         """A new leaf for one command of `session_id`, its session's `limits` written."""
-        session = session_name(session_id)
+        return self.open_leaf(session_name(session_id), limits)
+
+    def server(self, name: str, limits: ProcessLimits) -> CommandGroup:
+        """A new leaf for one start of the stdio MCP server `name`, under the limits of
+        its entry: it is the daemon's, shared by every session whose profile names it."""
+        return self.open_leaf(server_name(name), limits)
+
+    def open_leaf(self, folder: str, limits: ProcessLimits) -> CommandGroup:
+        """A new leaf below `folder` (a session's or a server's, made when missing),
+        `limits` written on that folder."""
         leaf = f"cmd-{next(self._serial)}"
         made: list[Path] = []
         try:
             v2 = None
             if self.top.v2 is not None:
-                v2 = self._leaf(self.top.v2, session, leaf, limits, self.v2_limits, True, made)
+                v2 = self._leaf(self.top.v2, folder, leaf, limits, self.v2_limits, True, made)
             v1 = {
-                name: self._leaf(top, session, leaf, limits, {name}, False, made)
+                name: self._leaf(top, folder, leaf, limits, {name}, False, made)
                 for name, top in self.top.v1.items()
             }
         except OSError:
-            for folder in reversed(made):
+            for done in reversed(made):
                 try:
-                    os.rmdir(folder)
+                    os.rmdir(done)
                 except OSError:
                     pass
             raise

@@ -10,7 +10,9 @@ as ``EVENT <what>`` lines.
 
 Environment: ``DEMO_BIG_SCHEMA=<n>`` adds a tool whose input schema is over n
 characters; ``DEMO_CRASH_ONCE=<file>`` makes ``crash`` exit only while <file> does not
-exist (it creates it), so the restarted server answers.
+exist (it creates it), so the restarted server answers; ``DEMO_ESCAPE=<file>`` starts,
+at start-up, a ``sleep`` that leaves the process group with an empty environment (no
+tag: only a cgroup holds it) and writes ``<server pid> <sleep pid>`` to <file>, once.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from typing import Annotated
 
 import anyio
@@ -103,6 +108,37 @@ def spawn() -> str:
 
 
 @server.tool()
+def bomb() -> str:
+    """Fork until a fork is refused (100 at most), end the children, fail with the count."""
+    children: list[int] = []
+    try:
+        for _ in range(100):
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(60)
+                os._exit(0)
+            children.append(pid)
+    except OSError:
+        pass
+    finally:
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    raise ToolError(f"forked {len(children)} times, then a fork was refused or I stopped")
+
+
+def escape(where: str) -> None:
+    """A sleep out of the process group, without our environment (see DEMO_ESCAPE);
+    once: a restarted server starts none."""
+    if os.path.exists(where):
+        return
+    sleep = shutil.which("sleep") or "/bin/sleep"
+    child = subprocess.Popen([sleep, "600"], start_new_session=True, env={})
+    with open(where, "w", encoding="utf-8") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+
+
+@server.tool()
 def whoami(path: str = "") -> str:
     """The server's uid and gid, and whether it can read `path`, as JSON."""
     try:
@@ -131,6 +167,8 @@ if big:
 
 
 def main() -> None:
+    if os.environ.get("DEMO_ESCAPE"):
+        escape(os.environ["DEMO_ESCAPE"])
     if "--http" not in sys.argv:
         server.run()
         return

@@ -13,7 +13,14 @@ Meanwhile its tools (`McpTool`) answer "MCP server X is restarting" at once.
 A stdio child carries a tag in its environment (`procs.TAG_VAR`): when the session
 ends, the SDK closes stdin and kills the child's process group, and then every process
 still carrying the tag (a grandchild that outlived its parent, one that left the group)
-is killed too, shielded and bounded. Its stderr goes to the log (stderr.py).
+is killed too, shielded and bounded. Where cgroups are used (tools/cgroups.py), the
+child runs in a cgroup of its own instead, ``mcp-<server>`` under the daemon's tree,
+under the `limits` of its entry, and that group is what is killed: whatever it forked,
+with or without the tag. The server is the daemon's, shared by every session whose
+profile names it, so it is neither in a session's cgroup nor under a profile's limits;
+it dies with the connection (a restart, a changed entry, the daemon's stop), and a
+dead daemon's successor kills it with the rest of that daemon's tree. Its stderr goes
+to the log (stderr.py).
 
 Calls (`call`) run in the caller's task, inside the run's cancel scope: Stop cancels
 the request and the SDK sends the server its cancellation notice; the per-server
@@ -39,6 +46,7 @@ from navi_trio import __version__
 from navi_trio.backoff import backoff_delay
 from navi_trio.profiles import MCP_PREFIX, McpServerConfig
 from navi_trio.tools.base import ToolContext, ToolResult, cap_text
+from navi_trio.tools.cgroups import CommandGroup, tree_for
 from navi_trio.tools.mcp.content import result_text
 from navi_trio.tools.mcp.schema import SchemaError, check_schema
 from navi_trio.tools.mcp.stderr import log_lines, open_stderr_pipe
@@ -158,11 +166,16 @@ class McpConnection:
         config: McpServerConfig,
         tool_user: str = "",
         bwrap_path: Path | None = None,
+        cgroup_owner: str | None = None,
     ) -> None:
         self.name = name
         self.config = config
         self.tool_user = tool_user  # NAVI_TOOL_USER: whom a root daemon starts it as
         self.bwrap_path = bwrap_path  # NAVI_BWRAP: what it starts through then
+        # `procs.tag_owner` of the daemon whose cgroup tree a stdio child goes in; None:
+        # no cgroups (NAVI_CGROUPS=0, or a brief start by `probe`).
+        self.cgroup_owner = cgroup_owner
+        self._leaf: CommandGroup | None = None  # the running child's cgroup, if any
         self.state: State = "idle"
         self.error: str | None = None
         self.tools: dict[str, McpTool] = {}  # by navi name, kept while restarting
@@ -295,17 +308,21 @@ class McpConnection:
 
         nursery = await stack.enter_async_context(trio.open_nursery())
         nursery.start_soon(read_stderr)
+        leaf = self._leaf = self._open_leaf()
         # Runs after the SDK's shutdown (the stack unwinds in reverse).
-        stack.push_async_callback(_end_strays, tag, errread, drained)
+        stack.push_async_callback(_end_strays, tag, errread, drained, leaf)
         command, args, env = cfg.command, list(cfg.args), {**cfg.env, TAG_VAR: tag}
         user = run_as(self.tool_user)  # never root (tools/runas.py)
-        if user is not None:
-            # Started through the drop, a missing program would only be a closed pipe.
+        if user is not None or leaf is not None:
+            # Started through a drop or bash, a missing program would only be a closed pipe.
             path = env.get("PATH") or os.environ.get("PATH")
             if shutil.which(command, path=path) is None:
                 raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
+        if user is not None:
             command, *args = await dropped_argv(user, command, args, self.bwrap_path)
             env = {**user.env(), "HOME": user.home, **env}  # what the entry sets wins
+        if leaf is not None:  # in its cgroup before it runs anything of the server
+            command, *args = leaf.self_entry_argv([command, *args])
         params = StdioServerParameters(command=command, args=args, env=env, cwd=cfg.cwd)
         try:
             streams: tuple[Any, Any] = await stack.enter_async_context(
@@ -314,6 +331,19 @@ class McpConnection:
         finally:
             errlog.close()  # the child has its own copy: EOF comes when the last holder exits
         return streams
+
+    def _open_leaf(self) -> CommandGroup | None:
+        """A cgroup for the child about to start, under its entry's limits; None where
+        cgroups are not used (or cannot be made now: logged, it runs without)."""
+        tree = None if self.cgroup_owner is None else tree_for(self.cgroup_owner)
+        if tree is None or self.config.command is None:
+            return None
+        try:
+            return tree.server(self.name, self.config.limits)
+        except OSError as exc:
+            log.warning("MCP server %s runs outside cgroups: cannot make its cgroup: %s",
+                        self.name, exc)  # fmt: skip
+            return None
 
     def _install(self, listed: list[Any]) -> None:
         allow = self.config.tools
@@ -375,6 +405,8 @@ class McpConnection:
             ctx.emit({"progress": done, "total": total, "message": message})
 
         timeout = self.config.timeout_sec
+        leaf = self._leaf
+        hits = leaf.limit_hits() if leaf is not None else (0, 0)
         try:
             result = await session.call_tool(
                 tool, args, read_timeout_seconds=timeout, progress_callback=progress
@@ -388,8 +420,9 @@ class McpConnection:
             if exc.code == CONNECTION_CLOSED:
                 broken.set()
                 return ToolResult.fail(
-                    f"MCP server {self.name} closed the connection during the call; it is "
-                    "restarting, so the call may not have finished"
+                    f"MCP server {self.name} closed the connection during the call"
+                    f"{self._struck(leaf, hits)}; it is restarting, so the call may not "
+                    "have finished"
                 )
             return ToolResult.fail(f"MCP server {self.name} refused {tool}: {exc.message}")
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -400,8 +433,23 @@ class McpConnection:
             ctx.settings.tool_output_max_chars,
         )
         if result.is_error:
-            return ToolResult.fail(f"{self.name} {tool} failed", output=text)
+            return ToolResult.fail(
+                f"{self.name} {tool} failed{self._struck(leaf, hits)}", output=text
+            )
         return ToolResult.success(text)
+
+    def _struck(self, leaf: CommandGroup | None, before: tuple[int, int]) -> str:
+        """The limits of the server's cgroup that struck since `before` (`limit_hits`),
+        as a clause of a failed result ("" when none did)."""
+        if leaf is None:
+            return ""
+        ooms, refused = leaf.limit_hits()
+        limits, said = self.config.limits, ""
+        if ooms > before[0]:
+            said += f"; memory limit {limits.memory_mb} MB reached (the kernel killed a process)"
+        if refused > before[1]:
+            said += f"; process limit {limits.pids} reached (a fork or thread was refused)"
+        return said
 
 
 async def _list_tools(session: Any) -> list[Any]:
@@ -420,17 +468,25 @@ async def _list_tools(session: Any) -> list[Any]:
     return tools
 
 
-async def _end_strays(tag: str, errread: trio.lowlevel.FdStream, drained: trio.Event) -> None:
-    """Kill what still carries the child's tag, read the rest of its stderr, close it."""
+async def _end_strays(
+    tag: str, errread: trio.lowlevel.FdStream, drained: trio.Event, leaf: CommandGroup | None
+) -> None:
+    """Kill what is left of the child (its cgroup, else what still carries its tag),
+    read the rest of its stderr, close it."""
     with trio.CancelScope(shield=True) as scope:
         scope.deadline = trio.current_time() + STOP_GRACE
-        strays = await trio.to_thread.run_sync(find_strays, None, TAG_VAR, tag)
-        try:
-            strays.signal(signal.SIGKILL)
-            await strays.wait()
-        finally:
-            strays.close()
+        if leaf is not None:
+            await leaf.group.kill()
+        else:
+            strays = await trio.to_thread.run_sync(find_strays, None, TAG_VAR, tag)
+            try:
+                strays.signal(signal.SIGKILL)
+                await strays.wait()
+            finally:
+                strays.close()
         await drained.wait()  # EOF once the last holder of the pipe is gone
+    if leaf is not None:
+        leaf.remove()  # a folder still held is removed with the daemon's tree
     await errread.aclose()  # whoever still holds it is not ours to wait for
 
 

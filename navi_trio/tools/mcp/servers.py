@@ -36,10 +36,13 @@ class McpServers(NurseryHolder):
         config: Callable[[], NaviConfig],
         tool_user: str = "",
         bwrap_path: Path | None = None,
+        cgroup_owner: str | None = None,
     ) -> None:
         self._config = config  # the config in force (it may be reloaded)
         self._tool_user = tool_user  # NAVI_TOOL_USER, NAVI_BWRAP (tools/runas.py)
         self._bwrap_path = bwrap_path
+        # The daemon's cgroup tree the stdio servers run in (None: no cgroups).
+        self._cgroup_owner = cgroup_owner
         self._connections: dict[str, McpConnection] = {}
 
     def connection(self, name: str) -> McpConnection | None:
@@ -53,7 +56,7 @@ class McpServers(NurseryHolder):
             actor.scope.cancel()  # the entry changed: its successor starts afresh
             actor = None
         if actor is None:
-            actor = McpConnection(name, conf, self._tool_user, self._bwrap_path)
+            actor = McpConnection(name, conf, self._tool_user, self._bwrap_path, self._cgroup_owner)
             self._connections[name] = actor
             nursery.start_soon(actor.run)
         actor.retry()
