@@ -10,7 +10,6 @@ autojump clock would jump while the thread works).
 
 from __future__ import annotations
 
-import inspect
 import json
 import threading
 from pathlib import Path
@@ -25,7 +24,6 @@ from hypothesis import strategies as st
 
 from navi_trio.errors import StoreError
 from navi_trio.store import (
-    SessionStore,
     SQLiteStore,
     open_store,
     repair_dangling_tool_calls,
@@ -59,19 +57,6 @@ async def test_open_creates_parent_folders_wal_schema_and_pragmas(tmp_path: Path
             assert await store.stats() == dict.fromkeys(
                 ["sessions", "messages", "context", "kv", "users"], 0
             )
-
-
-async def test_sqlite_store_satisfies_the_session_store_protocol(tmp_path: Path) -> None:
-    with trio.fail_after(TIMEOUT):
-        async with open_store(tmp_path / "n.db") as store:
-            as_protocol: SessionStore = store  # mypy checks the signatures match
-            names = [n for n in dir(SessionStore) if not n.startswith("_")]
-            # 17 + users/ownership (daemon) + leases + queued (and its release) + rewrite +
-            # wake-ups, usage (and its reservations), schedules, history pages, the
-            # accounts; every one a coroutine but the hook that times the writes
-            assert len(names) == 48
-            sync = [n for n in names if not inspect.iscoroutinefunction(getattr(as_protocol, n))]
-            assert sync == ["observe_writes"]
 
 
 def test_store_package_exports_what_it_promises() -> None:
