@@ -92,11 +92,15 @@ class Runtime:
         status = getattr(getattr(self.backend, "host", None), "status", None)
         return dict(status()) if callable(status) else None
 
-    def warm_up(self) -> None:
-        """Load what turns need ahead of the first one: the token encoding, on a thread
-        (its last ~90 ms hold the GIL, so the loop, whatever runs then). A daemon that
-        serves calls it; a command's first request would only wait behind it."""
-        self.agent.parts.counter.wanted()
+    async def warm_up(self) -> None:
+        """Load what turns need ahead of the first one: the token encoding, on a thread.
+
+        Its last ~70-130 ms hold the GIL (tiktoken builds its encoder in Rust without
+        releasing it), so a load that overlaps the first turns stalls the loop for them
+        all: a daemon awaits this before it listens. A one-shot command does not: its
+        first request would only wait behind it (the load then runs during that call).
+        """
+        await self.agent.parts.counter.preload()
 
 
 def freeze_start_up_objects() -> None:

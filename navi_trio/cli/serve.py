@@ -106,6 +106,7 @@ async def _serve(
         settings, config=config, cluster=True, schedules=True, observer=observer
     ) as rt:
         await ensure_local_token(rt.store, settings.data_dir)
+        await rt.warm_up()  # before listening: no first turn waits behind the load
         rt.sessions.adopt = True  # session actors run what a crash left queued
         async with trio.open_nursery() as nursery:
             server = ApiServer(rt, host=host, port=port, reuse_port=reuse_port, metrics=metrics)
@@ -121,7 +122,6 @@ async def _serve(
                 if supervisor_fd is not None:
                     nursery.start_soon(_outlive_not, supervisor_fd, serving)
                 _notify_systemd("READY=1")
-                rt.warm_up()  # serving: what the first turn needs loads now
                 async for signum in signals:
                     if signum == signal.SIGHUP:
                         changed = rt.config.reload()
