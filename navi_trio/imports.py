@@ -1,13 +1,19 @@
 """Importing a dependency without the optional modules it would pull in for nothing.
 
-Start-up time is mostly imports (`navi run` to the first LLM request). httpx imports
-its command-line client (`httpx._main`: click, rich, pygments, ~30 ms) to export
-``httpx.main``; navi never calls it.
+Start-up time is mostly imports (issue 11: `navi run` to the first LLM request). Two
+dependencies import heavy optional modules at import time that navi never uses:
+
+- sqlite-utils imports numpy and pandas when they are installed (numpy is, with the
+  `local` extra) only to map their scalar types to column types: navi stores no numpy
+  values. numpy alone is ~50 ms.
+- httpx imports its command-line client (`httpx._main`: click, rich, pygments, ~30 ms)
+  to export ``httpx.main``; navi never calls it.
 
 `import_hiding` imports such a module while those names look absent (``None`` in
-`sys.modules`, which makes their import raise ImportError, which httpx catches), then
-makes them importable again. A hidden module that is already imported is left alone.
-Meant for import time (llm/__init__.py): another thread importing a hidden module at
+`sys.modules`, which makes their import raise ImportError, which both libraries catch),
+then makes them importable again: llama-cpp-python still gets numpy when the local
+backend loads. A hidden module that is already imported is left alone. Meant for import
+time (store/__init__.py, llm/__init__.py): another thread importing a hidden module at
 that very moment would find it "not installed".
 """
 
@@ -35,4 +41,5 @@ def import_hiding(name: str, hidden: Iterable[str]) -> ModuleType:
                 del sys.modules[h]
 
 
+SQLITE_UTILS_HIDDEN = ("numpy", "pandas")
 HTTPX_HIDDEN = ("httpx._main",)

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlite_utils import Database
+
 from navi_trio.store._control_input import (
     SCHEDULE_COLS,
     by_key,
     decide,
     taken,
 )
-from navi_trio.store._database import Database
 from navi_trio.store._lease import pid_alive
 from navi_trio.store._schema import SQLITE, _write_tx
 from navi_trio.store.base import (

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Self, TypeVar
 
 import trio
+from sqlite_utils import Database
 
 from navi_trio.errors import StorageError, StorageFullError, StoreError
-from navi_trio.store._database import Database
 from navi_trio.store._health import (
     _DAMAGED,
     QUICK_CHECK_SEC,

@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sqlite_utils import Database
+
 from navi_trio.errors import StoreError
-from navi_trio.store._database import Database
 from navi_trio.store._input import (
     _prepare,
     _Rewrite,

@@ -9,7 +9,8 @@ generations only go up. The fence check every write makes is
 
 from __future__ import annotations
 
-from navi_trio.store._database import Database
+from sqlite_utils import Database
+
 from navi_trio.store._schema import _write_tx
 from navi_trio.store.base import LeaseRow
 from navi_trio.store.fence import pid_alive as pid_alive

@@ -25,7 +25,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from navi_trio.store._database import Database
+from sqlite_utils import Database
+
 from navi_trio.store._lease import pid_alive
 from navi_trio.store._schema import _write_tx
 from navi_trio.store.base import HANDED_HOST, HANDED_PID

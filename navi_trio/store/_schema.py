@@ -15,8 +15,9 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
+from sqlite_utils import Database
+
 from navi_trio.errors import StoreError
-from navi_trio.store._database import Database
 from navi_trio.store.fence import Fence, lost
 from navi_trio.store.modes import PRIVATE_DIR, private_database
 from navi_trio.store.statements import Engine
@@ -24,46 +25,6 @@ from navi_trio.store.statements import Engine
 SCHEMA_VERSION = 2  # 2: leases.generation (store/fence.py)
 _HISTORY = ("messages", "context")
 _TABLES = ("sessions", "messages", "context", "kv", "users")
-
-
-def _history_table(name: str) -> str:
-    return (
-        f'CREATE TABLE IF NOT EXISTS "{name}" (\n   "id" INTEGER PRIMARY KEY,\n'
-        '   "session_id" TEXT NOT NULL REFERENCES "sessions"("id"),\n'
-        '   "position" REAL NOT NULL,\n   "role" TEXT,\n   "content" TEXT,\n'
-        '   "is_plan" INTEGER NOT NULL,\n   "data" TEXT NOT NULL,\n'
-        '   "created_at" REAL NOT NULL\n)'
-    )
-
-
-_FIRST_TABLES = (
-    'CREATE TABLE IF NOT EXISTS "sessions" (\n   "id" TEXT PRIMARY KEY,\n'
-    '   "profile_id" TEXT NOT NULL,\n   "title" TEXT NOT NULL,\n'
-    '   "user_id" TEXT NOT NULL,\n   "created_at" REAL NOT NULL,\n'
-    '   "updated_at" REAL NOT NULL,\n   "meta" TEXT NOT NULL\n)',
-    'CREATE INDEX IF NOT EXISTS "sessions_user"\n    ON "sessions" ("user_id", "updated_at")',
-    *(
-        statement
-        for table in _HISTORY
-        for statement in (
-            _history_table(table),
-            f'CREATE UNIQUE INDEX IF NOT EXISTS "{table}_order"\n'
-            f'    ON "{table}" ("session_id", "position")',
-        )
-    ),
-    'CREATE TABLE IF NOT EXISTS "kv" (\n   "scope" TEXT,\n   "key" TEXT,\n'
-    '   "value" TEXT NOT NULL,\n   "updated_at" REAL NOT NULL,\n'
-    '   PRIMARY KEY ("scope", "key")\n)',
-    'CREATE TABLE IF NOT EXISTS "users" (\n   "id" TEXT PRIMARY KEY,\n'
-    '   "name" TEXT NOT NULL,\n   "token_sha256" TEXT NOT NULL,\n'
-    '   "role" TEXT NOT NULL,\n   "created_at" REAL NOT NULL\n)',
-    'CREATE UNIQUE INDEX IF NOT EXISTS "users_token"\n    ON "users" ("token_sha256")',
-    # Who runs a session right now (store/_lease.py). No foreign key: a run leases
-    # its session before the session row exists. Old databases gain the table here.
-    'CREATE TABLE IF NOT EXISTS "leases" (\n   "session_id" TEXT PRIMARY KEY,\n'
-    '   "owner" TEXT NOT NULL,\n   "pid" INTEGER NOT NULL,\n   "host" TEXT NOT NULL,\n'
-    '   "expires_at" REAL NOT NULL,\n   "generation" INTEGER NOT NULL DEFAULT 0\n)',
-)
 
 
 def _connect(path: Path, synchronous: str, busy_timeout: float) -> Database:
@@ -77,7 +38,7 @@ def _connect(path: Path, synchronous: str, busy_timeout: float) -> Database:
         conn.execute(f"PRAGMA synchronous={synchronous}")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
-        return Database(conn)
+        return Database(conn, execute_plugins=False)
     except BaseException:
         conn.close()
         raise
@@ -87,7 +48,7 @@ def _connect(path: Path, synchronous: str, busy_timeout: float) -> Database:
 def _write_tx(db: Database) -> Iterator[Database]:
     """One write transaction that takes the write lock first: ``BEGIN IMMEDIATE``.
 
-    Why not `Database.atomic` (a deferred ``BEGIN``): a deferred transaction
+    Why not sqlite-utils' ``atomic()`` (a deferred ``BEGIN``): a deferred transaction
     reads first and upgrades to a writer at its first write. In WAL mode, if another
     process committed in between, the upgrade fails at once with "database is locked"
     (SQLITE_BUSY_SNAPSHOT) and the busy timeout is never consulted. Taking the lock at
@@ -120,11 +81,48 @@ def _init_schema(db: Database) -> None:
             f"the database has schema version {version}; this navi knows {SCHEMA_VERSION}"
         )
     with _write_tx(db):
-        # The first tables' statements are as sqlite-utils wrote them (it made them
-        # once): the same text in sqlite_master whichever navi created the file.
-        for statement in _FIRST_TABLES:
-            db.execute(statement)
-        if "generation" not in db.columns("leases"):  # a version 1 database
+        db.table("sessions").create(
+            {"id": str, "profile_id": str, "title": str, "user_id": str,
+             "created_at": float, "updated_at": float, "meta": str},
+            pk="id", not_null=["profile_id", "title", "user_id", "created_at", "updated_at",
+                               "meta"],
+            if_not_exists=True,
+        )  # fmt: skip
+        db.table("sessions").create_index(
+            ["user_id", "updated_at"], index_name="sessions_user", if_not_exists=True
+        )
+        for table in _HISTORY:
+            db.table(table).create(
+                {"id": int, "session_id": str, "position": float, "role": str, "content": str,
+                 "is_plan": int, "data": str, "created_at": float},
+                pk="id", not_null=["session_id", "position", "is_plan", "data", "created_at"],
+                foreign_keys=[("session_id", "sessions", "id")], if_not_exists=True,
+            )  # fmt: skip
+            db.table(table).create_index(
+                ["session_id", "position"], index_name=f"{table}_order", unique=True,
+                if_not_exists=True,
+            )  # fmt: skip
+        db.table("kv").create(
+            {"scope": str, "key": str, "value": str, "updated_at": float},
+            pk=("scope", "key"), not_null=["value", "updated_at"], if_not_exists=True,
+        )  # fmt: skip
+        db.table("users").create(
+            {"id": str, "name": str, "token_sha256": str, "role": str, "created_at": float},
+            pk="id", not_null=["name", "token_sha256", "role", "created_at"],
+            if_not_exists=True,
+        )  # fmt: skip
+        db.table("users").create_index(
+            ["token_sha256"], index_name="users_token", unique=True, if_not_exists=True
+        )
+        # Who runs a session right now (store/_lease.py). No foreign key: a run leases
+        # its session before the session row exists. Old databases gain the table here.
+        db.table("leases").create(
+            {"session_id": str, "owner": str, "pid": int, "host": str, "expires_at": float,
+             "generation": int},
+            pk="session_id", not_null=["owner", "pid", "host", "expires_at", "generation"],
+            defaults={"generation": 0}, if_not_exists=True,
+        )  # fmt: skip
+        if "generation" not in db.table("leases").columns_dict:  # a version 1 database
             db.execute("ALTER TABLE leases ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
         # Queued user messages (store/_queue.py): `id` is the order they were queued in.
         db.execute(
@@ -153,7 +151,7 @@ def _init_schema(db: Database) -> None:
         db.execute("CREATE INDEX IF NOT EXISTS schedules_user ON schedules (user_id)")
         # Why a schedule's last due time ran nothing (older databases gain the columns).
         # Added columns only: a navi that does not know them still reads and writes.
-        have = db.columns("schedules")
+        have = db.table("schedules").columns_dict
         for column, kind in (("last_skip", "TEXT"), ("last_skip_at", "FLOAT")):
             if column not in have:
                 db.execute(f"ALTER TABLE schedules ADD COLUMN {column} {kind}")

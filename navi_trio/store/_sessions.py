@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlite_utils import Database
+
 from navi_trio.errors import SessionExistsError
-from navi_trio.store._database import Database
 from navi_trio.store._schema import _HISTORY, SQLITE, _write_tx
 from navi_trio.store.base import SessionRow
 from navi_trio.store.fence import Fence

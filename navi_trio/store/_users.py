@@ -18,8 +18,9 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from sqlite_utils import Database
+
 from navi_trio.errors import StoreError
-from navi_trio.store._database import Database
 from navi_trio.store._schema import _write_tx
 from navi_trio.store.statements import TOKEN_TAKEN, USER_COLS, user_dict
 

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import trio
+from sqlite_utils import Database
 
 from navi_trio.errors import StoreError
-from navi_trio.store._database import Database
 from navi_trio.store._schema import _connect
 
 T = TypeVar("T")

@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 
 import trio
 from navi_runs import PROMPT, EchoTool, bench_runtime, ws_client, ws_daemon
+from sqlite_utils import Database
 
-from navi_trio.store._database import Database
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing.harness import SessionDriver
 

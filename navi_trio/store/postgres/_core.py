@@ -175,7 +175,7 @@ class _Core(StoreMethods):
 
         One job on the worker threads, in a transaction, as every method's (the same
         error mapping, `durable=False` as an append's). Nothing in navi_trio calls it;
-        the SQLite store has the same hook, with its `Database` (store/_database.py).
+        the SQLite store has the same hook, with its sqlite-utils Database.
         """
         return await self._run(op, fn, durable=durable)
 
