@@ -16,6 +16,7 @@ import trio
 from agent_tools import BlockTool, GateTool, call, toolset, with_tools
 from api_ws import Client, open_daemon
 
+from navi_trio.events import StreamEnd
 from navi_trio.tools.spawn_agent import SpawnAgentTool
 
 TIMEOUT = 20
@@ -297,3 +298,30 @@ async def test_a_steered_message_is_bounded_and_a_longer_one_is_refused(tmp_path
             users = [m["content"] for m in await history(c, sid) if m["role"] == "user"]
             assert users == ["work", "y" * 100]
             assert await d.harness.runtime.store.queued_sessions() == []
+
+
+async def test_a_message_queued_after_the_runs_end_was_said_has_no_run_before_it(
+    tmp_path: Path,
+) -> None:
+    """A run publishes its end, then still saves and settles: a message that comes in
+    then is queued behind it, but no run's end comes before it any more, so its place
+    is 0. (A 1 there left `navi chat` waiting forever for an end that had come.)"""
+    gate = GateTool()
+    replies = [call("gate"), {"text": "first"}, {"text": "second"}]
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(
+            tmp_path, replies=replies, tools=toolset(gate), profiles=profiles("gate")
+        ) as d, d.connect("alice") as c:  # fmt: skip
+            sid = await start_gated(c, gate)
+            actor = d.harness.runtime.sessions.actor(sid)
+            assert actor is not None and actor.busy
+            # What the run does as it ends, while it still holds the session.
+            actor.publish(StreamEnd(reason="complete"))
+            await c.until_end(sid)
+            ok = await send(c, "after its end", **{"session_id": sid})
+            assert ok["type"] == "ok" and ok["queued"] is True, ok
+            (queued,) = messages_of(c, sid, "message_queued")
+            assert (queued["text"], queued["position"]) == ("after its end", 0)
+            gate.gate.set()
+            assert (await c.until_end(sid))["text"] == "first"
+            assert (await c.until_end(sid))["text"] == "second"

@@ -212,6 +212,9 @@ class SessionActor:
         self.idle = trio.Event()
         self.idle.set()
         self._stop_asked: float | None = None  # when a stop of the running turn was asked
+        # The running run published its end already (it still saves and settles): a
+        # message queued now has no run left to end before it.
+        self._end_said = False
 
     @property
     def seq(self) -> int:
@@ -320,7 +323,7 @@ class SessionActor:
         if position is None:
             keys = [m.queue_key for m in self.pending]
             ahead = keys.index(msg.queue_key) if msg.queue_key in keys else 0
-            position = ahead + (1 if running else 0)
+            position = ahead + (1 if running and not self._end_said else 0)
         self.publish(
             MessageQueued(text=msg.text, position=position, dropped_total=self.dropped_total)
         )
@@ -402,9 +405,11 @@ class SessionActor:
     def publish(self, event: AgentEvent) -> Frame:
         observer = self.parts.observer
         observer.event(self.session_id, event)
-        if type(event) is StreamEnd and not event.is_subagent and self._stop_asked is not None:
-            observer.stopped(trio.current_time() - self._stop_asked)
-            self._stop_asked = None
+        if type(event) is StreamEnd and not event.is_subagent:
+            self._end_said = self.busy
+            if self._stop_asked is not None:
+                observer.stopped(trio.current_time() - self._stop_asked)
+                self._stop_asked = None
         return self.broadcast.publish(event)
 
     def relay(self, frame: Frame) -> None:
@@ -438,8 +443,10 @@ class SessionActor:
                         exc)  # fmt: skip
             return
         self.dead_turn_checked = True
+        said = self._end_said  # the dead turn's end is not the running run's
         for event in events:
             self.publish(event)
+        self._end_said = said
 
     async def adopt_handed(self) -> int:
         """Take the session's queued rows nobody else runs (handed over by another
@@ -531,6 +538,7 @@ class SessionActor:
         self._control = control
         self._running_key = msg.queue_key
         self._running_user = msg.user_id
+        self._end_said = False
 
     async def _run(self, msg: UserMessage, control: RunControl) -> None:
         # The one place a session's turns run (daemon and `navi run` alike): one at a
