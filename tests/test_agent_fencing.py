@@ -11,6 +11,9 @@ leaves it): the run
   each frame waits for the lease to be known its own, and a run found taken over says
   only that (one ``session_busy`` error and its ``stream_end``).
 
+And in a cluster, the run that takes over a lease another runtime left unreleased and
+run out ends that runtime's turn first, however long ago its actor last looked.
+
 Real parts: the fake LLM over HTTP on 127.0.0.1, a real SQLite file. Tests on the
 autojump clock jump only once every task has waited 10 ms of real time (the store's
 thread never lets virtual time run ahead of it); each has an absolute real-time limit.
@@ -19,6 +22,8 @@ thread never lets virtual time run ahead of it); each has an absolute real-time 
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
@@ -26,6 +31,7 @@ import trio.testing
 from agent_tools import GateTool, with_tools
 from realtime import paced, real_time_limit
 
+from navi_trio.core.turn.agent import DEAD_TURN
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing import open_harness, virtual_wall
 from navi_trio.testing.harness import Harness
@@ -191,6 +197,35 @@ async def test_frames_wait_for_the_lease_and_a_run_taken_over_meanwhile_publishe
             ]  # the answer was not saved either
 
 
+@asynccontextmanager
+async def a_paused_and_b(
+    tmp_path: Any, b_replies: list[dict[str, Any]]
+) -> AsyncIterator[tuple[Harness, Harness, trio.Event, Callable[[], float]]]:
+    """Two runtimes on one SQLite file and one wall clock (trio's virtual one), as two
+    daemons, with leases of 3 s: A's model takes its time, and A's lease renewals go
+    unanswered (a paused daemon) until the event is set. (A, B, that event, the wall.)"""
+    wall = virtual_wall()
+    knobs: dict[str, Any] = {
+        "lease_ttl_sec": 3.0, "first_chunk_timeout": FAR, "chunk_timeout": FAR,
+        "session_idle_sec": FAR, "llm_connect_timeout": FAR, "profiles": profile(),
+        "db_path": tmp_path / "navi.db",  # SQLite's leases: judged by the store's clock
+    }  # fmt: skip
+    slow = {"text": "late answer from A", "delay_first": 10.0}
+    async with (
+        open_harness(tmp_path, replies=[slow], wall_clock=wall, **knobs) as a,
+        open_harness(tmp_path, replies=b_replies, wall_clock=wall, **knobs) as b,
+    ):
+        renew = a.runtime.store.renew_lease
+        answers = trio.Event()
+
+        async def unanswered(*args: Any, **kwargs: Any) -> bool:
+            await answers.wait()
+            return await renew(*args, **kwargs)
+
+        a.runtime.store.renew_lease = unanswered  # type: ignore[method-assign]
+        yield a, b, answers, wall
+
+
 async def test_a_run_paused_past_its_lease_is_taken_over_by_a_second_runtime_and_saves_nothing(
     tmp_path: Any, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -199,27 +234,8 @@ async def test_a_run_paused_past_its_lease_is_taken_over_by_a_second_runtime_and
     time. B is refused while A's lease lasts; once it has run out by the wall clock, B
     takes the session over, and A's run, told at its next renewal, ends as taken over:
     the history holds B's answer, never A's."""
-    slow = {"text": "late answer from A", "delay_first": 10.0}
-    knobs: dict[str, Any] = {
-        "lease_ttl_sec": 3.0, "first_chunk_timeout": FAR, "chunk_timeout": FAR,
-        "session_idle_sec": FAR, "llm_connect_timeout": FAR, "profiles": profile(),
-        "db_path": tmp_path / "navi.db",  # SQLite's leases: judged by the store's clock
-    }  # fmt: skip
     async with paced(autojump_clock, TIMEOUT):
-        wall = virtual_wall()
-        async with (
-            open_harness(tmp_path, replies=[slow], wall_clock=wall, **knobs) as a,
-            open_harness(tmp_path, replies=[{"text": "answer from B"}], wall_clock=wall,
-                         **knobs) as b,
-        ):  # fmt: skip
-            renew = a.runtime.store.renew_lease
-            answers = trio.Event()
-
-            async def unanswered(*args: Any, **kwargs: Any) -> bool:
-                await answers.wait()
-                return await renew(*args, **kwargs)
-
-            a.runtime.store.renew_lease = unanswered  # type: ignore[method-assign]
+        async with a_paused_and_b(tmp_path, [{"text": "answer from B"}]) as (a, b, answers, _):
             on_a = await a.session("s1")
             on_a.send("one")
             assert a.fake is not None
@@ -237,3 +253,88 @@ async def test_a_run_paused_past_its_lease_is_taken_over_by_a_second_runtime_and
             saved = await b.runtime.store.load_messages("s1")
     contents = [m["content"] for m in saved]
     assert "answer from B" in contents and "late answer from A" not in contents, contents
+
+
+class AbandonedLeases:
+    """A cluster's look for a dead daemon's turn (`Cluster.dead_turn`), on one SQLite
+    file and the wall clock its stores share: another owner's lease, never released and
+    run out, is taken over (the next generation, as this runtime's), once."""
+
+    def __init__(self, h: Harness, wall: Any) -> None:
+        store = h.runtime.store
+        assert isinstance(store, SQLiteStore)
+        self.store, self.wall, self.leases = store, wall, h.runtime.agent.leases
+        self.taken: list[int] = []
+
+    async def dead_turn(self, session_id: str) -> int | None:
+        leases, now = self.leases, self.wall()
+
+        def take(db: Any) -> int | None:
+            row = db.execute(
+                "SELECT generation FROM leases WHERE session_id = ? AND owner != ?"
+                " AND expires_at <> 0 AND expires_at <= ?",
+                [session_id, leases.owner, now],
+            ).fetchone()
+            if row is None:
+                return None
+            db.execute(
+                "UPDATE leases SET owner = ?, pid = ?, host = ?, expires_at = ?,"
+                " generation = ? WHERE session_id = ?",
+                [leases.owner, leases.pid, leases.host, now + leases.ttl, row[0] + 1,
+                 session_id],
+            )  # fmt: skip
+            return int(row[0]) + 1
+
+        generation = await self.store.run_raw_for_tests("take an abandoned lease", take)
+        if generation is not None:
+            self.taken.append(generation)
+        return generation
+
+
+async def test_a_turn_left_by_a_runtime_paused_past_its_lease_is_ended_by_a_later_run_here(
+    tmp_path: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    """B (a daemon of a cluster) ran the session, having looked for a dead daemon's turn
+    (none). Then A took the session, saved its message and stopped answering (paused)
+    while B was busy (a rewind): a message that reaches B then gets no look of its own
+    before it is queued. Once A's lease has run out, that message's run must end A's
+    turn first (the history says its daemon died), not take A's lease over as a live
+    one's: A's message would be left in the history neither answered nor ended."""
+    replies = [{"text": "zero done"}, {"text": "two done"}]
+    async with paced(autojump_clock, TIMEOUT):
+        async with a_paused_and_b(tmp_path, replies) as (a, b, answers, wall):
+            looks = AbandonedLeases(b, wall)
+            b.runtime.sessions.dead_turn = looks.dead_turn
+            on_b = await b.session("s1")
+            on_b.send("zero")
+            assert (await on_b.until_end())[-1]["text"] == "zero done"
+            await on_b.idle()
+            rewound, busy = trio.Event(), trio.Event()
+
+            async def rewind() -> None:  # B busy with the session, holding no lease
+                busy.set()
+                await rewound.wait()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(on_b.actor.exclusive, rewind)
+                await busy.wait()
+                on_a = await a.session("s1")
+                on_a.send("one")
+                assert a.fake is not None
+                await a.fake.wait_requests(1)  # A saved "one", its model thinking
+                await trio.sleep(3.5)  # A's lease runs out on the wall clock
+                on_b.send("two")  # queued behind the rewind
+                rewound.set()
+            frames = await on_b.until_end()
+            assert said(frames)[-2:] == [("error", "daemon_died"), ("stream_end", None)]
+            assert (await on_b.until_end())[-1]["text"] == "two done"
+            assert len(looks.taken) == 1
+            answers.set()
+            assert said(await on_a.until_end())[-2:] == [("error", "session_busy"),
+                                                        ("stream_end", None)]  # fmt: skip
+            saved = await b.runtime.store.load_messages("s1")
+    assert [(m["role"], m["content"], m.get("error")) for m in saved] == [
+        ("user", "zero", None), ("assistant", "zero done", None),
+        ("user", "one", None), ("assistant", "", DEAD_TURN),
+        ("user", "two", None), ("assistant", "two done", None),
+    ]  # fmt: skip

@@ -179,7 +179,8 @@ class SessionActor:
     ) -> None:
         self.session_id = session_id
         # With the cluster: a run first ends the turn a dead daemon left here, unless
-        # that was looked at since another daemon last ran the session (`relay`).
+        # that was looked at for this run (the cluster's look at the command that
+        # started it); a look holds until something of the session ends here (`_done`).
         self._dead_turn = dead_turn
         self.dead_turn_checked = dead_turn is None
         self._on_run_end = on_run_end
@@ -504,6 +505,11 @@ class SessionActor:
     def _done(self) -> None:
         if self._control is not None:
             self._requeue(self._control.injections.leftover())
+        # A look for a dead daemon's turn holds for the run it was made for, not beyond:
+        # from here on another daemon may take the session and stop answering past its
+        # lease before the next run here, whose claim would take that lease over as a
+        # live one's (its turn never ended). The next run looks again.
+        self.dead_turn_checked = self._dead_turn is None
         self.busy = False
         self._control = None
         self._running_key = None
