@@ -59,7 +59,7 @@ import attrs
 import trio
 
 from navi_trio.core.turn import MERGE_MAX_CHARS as MERGE_MAX_CHARS
-from navi_trio.core.turn import MergingSender, merged_frame, open_frame_channel
+from navi_trio.core.turn import MergeCount, MergingSender, merged_frame, open_frame_channel
 from navi_trio.core.turn import frame_size as frame_size
 from navi_trio.events import AgentEvent
 
@@ -177,10 +177,14 @@ class Subscription:
     """
 
     def __init__(
-        self, leave: Callable[[Subscription], None], max_frames: int, max_chars: int
+        self,
+        leave: Callable[[Subscription], None],
+        max_frames: int,
+        max_chars: int,
+        merges: MergeCount | None = None,
     ) -> None:
         self._leave = leave
-        self.send, self.frames = open_frame_channel(max_frames, max_chars)
+        self.send, self.frames = open_frame_channel(max_frames, max_chars, merges)
         self.lagged: tuple[int, int] | None = None
 
     def close(self) -> None:
@@ -279,7 +283,8 @@ class LocalBroadcast:
     """The in-process `SessionBroadcast`: a replay buffer and this process's subscribers.
 
     `on_change` is called when a subscriber comes or goes (the actor's idle countdown
-    depends on it)."""
+    depends on it). `merges` counts the deltas merged in its subscribers' queues (the
+    registry gives every session's broadcast the same one: the daemon's metric)."""
 
     def __init__(
         self,
@@ -290,8 +295,10 @@ class LocalBroadcast:
         resync: Resync,
         first_seq: int = 0,
         epoch: str | None = None,
+        merges: MergeCount | None = None,
     ) -> None:
         self.session_id = session_id
+        self.merges = merges if merges is not None else MergeCount()
         self._encode = encode
         self._resync = resync
         self._on_change = on_change
@@ -340,7 +347,7 @@ class LocalBroadcast:
         # Room for the whole backlog on top of the usual margin: a replay must never
         # cut off the subscriber it is for.
         chars = SUBSCRIBER_MAX_CHARS + sum(frame_size(f) for f in backlog)
-        sub = Subscription(self._leave, SUBSCRIBER_BUFFER + len(backlog), chars)
+        sub = Subscription(self._leave, SUBSCRIBER_BUFFER + len(backlog), chars, self.merges)
         self._subscribers[sub.send] = sub
         for frame in backlog:
             self._offer(sub.send, frame)

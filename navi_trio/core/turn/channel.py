@@ -428,15 +428,24 @@ def frame_size(value: Any) -> int:
     return 8
 
 
+@attrs.define
+class MergeCount:
+    """Deltas merged into a frame that waited, over many subscribers' queues: a plain
+    int a daemon's metrics read at each scrape (nothing is called per frame)."""
+
+    n: int = 0
+
+
 class FrameQueue(MergingQueue[Frame]):
     """One subscriber's frames: a delta merges into the one waiting last; at most
     `max_frames` wait, and `max_chars` of them; one more that cannot merge raises
-    `trio.WouldBlock`."""
+    `trio.WouldBlock`. Each merge also counts in `total`."""
 
-    def __init__(self, max_frames: int, max_chars: int) -> None:
+    def __init__(self, max_frames: int, max_chars: int, total: MergeCount | None = None) -> None:
         super().__init__()
         self.max_frames = max(max_frames, 1)
         self.max_chars = max_chars
+        self.total = total if total is not None else MergeCount()
         self.sizes: collections.deque[int] = collections.deque()  # each item's frame_size
         self.chars = 0
 
@@ -446,6 +455,7 @@ class FrameQueue(MergingQueue[Frame]):
             if merged is not None:
                 self.items[-1] = merged
                 self.merged += 1
+                self.total.n += 1
                 grow = len(frame["text"])
                 self.sizes[-1] += grow
                 self.chars += grow
@@ -471,8 +481,8 @@ class FrameQueue(MergingQueue[Frame]):
 
 
 def open_frame_channel(
-    max_frames: int, max_chars: int
+    max_frames: int, max_chars: int, total: MergeCount | None = None
 ) -> tuple[MergingSender[Frame], MergingReceiver[Frame]]:
     """One subscriber's queue, at most `max_frames` frames and `max_chars` waiting
-    (`FrameQueue`)."""
-    return open_merging_channel(FrameQueue(max_frames, max_chars))
+    (`FrameQueue`); its merges also count in `total`."""
+    return open_merging_channel(FrameQueue(max_frames, max_chars, total))
