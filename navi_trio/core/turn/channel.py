@@ -242,13 +242,18 @@ class MergingReceiver(trio.abc.ReceiveChannel[T]):
 
     async def receive(self) -> T:
         await trio.lowlevel.checkpoint_if_cancelled()
+        waited = False
         while True:
             try:
                 value = self.receive_nowait()
             except trio.WouldBlock:
                 await self._q.wait()
+                waited = True
                 continue
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            # A reader that waited has yielded already: another trip through the
+            # scheduler for each item would cost every delta a task switch more.
+            if not waited:
+                await trio.lowlevel.cancel_shielded_checkpoint()
             return value
 
     def close(self) -> None:
