@@ -119,6 +119,8 @@ class DaemonMetrics:
         if done.completion_tokens:
             self.tokens.labels(model, "out").inc(done.completion_tokens)
 
+    deltas = False  # nothing here counts tokens of a stream: deltas never come
+
     def event(self, session_id: str, event: AgentEvent) -> None:
         kind = type(event)
         if kind is ToolResultEvent:

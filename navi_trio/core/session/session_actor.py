@@ -69,6 +69,7 @@ from navi_trio.core.session.queued import Dropped, DurableQueue, dropped_warning
 from navi_trio.core.session.run_log import RunLog
 from navi_trio.core.session.user_watch import role_now
 from navi_trio.core.turn import (
+    DELTAS,
     Agent,
     Observer,
     RunControl,
@@ -401,7 +402,8 @@ class SessionActor:
 
     def publish(self, event: AgentEvent) -> Frame:
         observer = self.parts.observer
-        observer.event(self.session_id, event)
+        if observer.deltas or type(event) not in DELTAS:
+            observer.event(self.session_id, event)
         if type(event) is StreamEnd and not event.is_subagent and self._stop_asked is not None:
             observer.stopped(trio.current_time() - self._stop_asked)
             self._stop_asked = None

@@ -33,6 +33,7 @@ from .folders import recent_folders as recent_folders
 from .folders import remember_folder as remember_folder
 from .folders import start_folders as start_folders
 from .lease import SessionLeases as SessionLeases
+from .observe import DELTAS as DELTAS
 from .observe import LLMCallDone as LLMCallDone
 from .observe import NoObserver as NoObserver
 from .observe import Observer as Observer
