@@ -4,9 +4,9 @@ Each hop of the output path (a subscriber's frame queue read by its pump, the ou
 by the connection's writer) is a task that waits for the next item. A reader woken for
 an item has yielded already: it takes the item in that one step, with no second trip
 through the scheduler, and a sender whose text fits in an outbox nobody waits on puts it
-without yielding. A run's event reaches the session's reader, when it waits, in the run's
-own call (no task switch at all). Counted with a trio `Instrument` (the steps of each task), so the
-figures are exact, not timed.
+without yielding. A run's event reaches the session's reader, and a session's frame its
+connection's outbox, in the sender's own call (no task switch) while the reader waits.
+Counted with a trio `Instrument` (the steps of each task), so the figures are exact.
 
 Rules: trio alone (no I/O, no threads): `wait_all_tasks_blocked` says when the reader
 waits; the autojump clock's limit bounds each test.
@@ -21,6 +21,8 @@ import trio
 import trio.testing
 
 from navi_trio.api.outbox import Outbox
+from navi_trio.api.protocol import event_frame, resync_frame
+from navi_trio.core.session import Follower, LocalBroadcast
 from navi_trio.core.turn import open_frame_channel
 from navi_trio.core.turn.channel import open_event_channel
 from navi_trio.events import AgentEvent, TextDelta
@@ -136,4 +138,46 @@ async def test_a_run_event_reaches_a_waiting_reader_in_the_senders_own_call(
             send.close()
     assert taken == [f"t{i}" for i in range(ITEMS)]
     assert read == ["declined after"]
+    assert steps.steps["reader"] == 1
+
+
+async def test_a_waiting_pump_hands_each_frame_on_in_the_publishers_call(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A `Follower` with a hand, its reader waiting: each frame the session publishes
+    goes to the hand in `publish` itself (the reader takes no step) and counts as seen
+    (`last_seq`); one the hand declines is read by the reader as before."""
+    b = LocalBroadcast("s1", encode=event_frame, resync=resync_frame)
+    handed: list[int] = []
+    read: list[object] = []
+
+    def hand(frame: dict[str, object]) -> bool:
+        if frame.get("text") == "declined":
+            return False
+        handed.append(int(str(frame["seq"])))
+        return True
+
+    steps = Steps()
+    with trio.fail_after(LIMIT):
+        async with trio.open_nursery() as nursery:
+            follower = Follower(b.subscribe, lambda: b.epoch, hand=hand)
+
+            async def reader() -> None:
+                async for item in follower:
+                    read.append(item)
+
+            nursery.start_soon(reader, name="reader")
+            await trio.testing.wait_all_tasks_blocked()
+            trio.lowlevel.add_instrument(steps)
+            for i in range(ITEMS):
+                b.publish(TextDelta(text=f"t{i}"))
+            assert follower.last_seq == ITEMS
+            b.publish(TextDelta(text="declined"))
+            await trio.testing.wait_all_tasks_blocked()
+            trio.lowlevel.remove_instrument(steps)
+            nursery.cancel_scope.cancel()
+    follower.close()
+    assert handed == list(range(1, ITEMS + 1))
+    assert [f["text"] for f in read if isinstance(f, dict)] == ["declined"]
+    assert follower.last_seq == ITEMS + 1
     assert steps.steps["reader"] == 1
