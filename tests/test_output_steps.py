@@ -4,9 +4,8 @@ Each hop of the output path (a subscriber's frame queue read by its pump, the ou
 by the connection's writer) is a task that waits for the next item. A reader woken for
 an item has yielded already: it takes the item in that one step, with no second trip
 through the scheduler, and a sender whose text fits in an outbox nobody waits on puts it
-without yielding. A run's event reaches the session's reader, and a session's frame its
-connection's outbox, in the sender's own call (no task switch) while the reader waits.
-Counted with a trio `Instrument` (the steps of each task), so the figures are exact.
+without yielding. Counted with a trio `Instrument` (the steps of each task), so the
+figures are exact, not timed.
 
 Rules: trio alone (no I/O, no threads): `wait_all_tasks_blocked` says when the reader
 waits; the autojump clock's limit bounds each test.
@@ -21,11 +20,7 @@ import trio
 import trio.testing
 
 from navi_trio.api.outbox import Outbox
-from navi_trio.api.protocol import event_frame, resync_frame
-from navi_trio.core.session import Follower, LocalBroadcast
 from navi_trio.core.turn import open_frame_channel
-from navi_trio.core.turn.channel import open_event_channel
-from navi_trio.events import AgentEvent, TextDelta
 
 LIMIT = 60  # virtual seconds
 ITEMS = 50
@@ -95,89 +90,3 @@ async def test_a_waiting_writer_takes_each_text_in_one_step(
     assert reader == ITEMS, reader
     # The putter's own steps are its waits for the reader (one each), none for the put.
     assert putter == ITEMS, putter
-
-
-async def test_a_run_event_reaches_a_waiting_reader_in_the_senders_own_call(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    """While the reader waits on an empty queue, its hand takes each event in the
-    sender's call (no step of the reader); an event the hand declines, or one sent
-    while the reader is busy, is queued and read in order as before."""
-    send, recv = open_event_channel(100)
-    taken: list[str] = []
-    read: list[str] = []
-    decline = {"declined"}
-
-    def hand(event: AgentEvent) -> bool:
-        assert isinstance(event, TextDelta)
-        if event.text in decline:
-            return False
-        taken.append(event.text)
-        return True
-
-    recv.take_inline(hand)
-    steps = Steps()
-    with trio.fail_after(LIMIT):
-        async with trio.open_nursery() as nursery:
-
-            async def reader() -> None:
-                async for event in recv:
-                    assert isinstance(event, TextDelta)
-                    read.append(event.text)
-
-            nursery.start_soon(reader, name="reader")
-            await trio.testing.wait_all_tasks_blocked()
-            trio.lowlevel.add_instrument(steps)
-            for i in range(ITEMS):
-                send.send_nowait(TextDelta(text=f"t{i}"))
-            assert steps.steps["reader"] == 0  # every one taken in the sender's call
-            send.send_nowait(TextDelta(text="declined"))  # queued: the reader wakes
-            send.send_nowait(TextDelta(text=" after"))  # merges into the one waiting
-            await trio.testing.wait_all_tasks_blocked()
-            trio.lowlevel.remove_instrument(steps)
-            send.close()
-    assert taken == [f"t{i}" for i in range(ITEMS)]
-    assert read == ["declined after"]
-    assert steps.steps["reader"] == 1
-
-
-async def test_a_waiting_pump_hands_each_frame_on_in_the_publishers_call(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    """A `Follower` with a hand, its reader waiting: each frame the session publishes
-    goes to the hand in `publish` itself (the reader takes no step) and counts as seen
-    (`last_seq`); one the hand declines is read by the reader as before."""
-    b = LocalBroadcast("s1", encode=event_frame, resync=resync_frame)
-    handed: list[int] = []
-    read: list[object] = []
-
-    def hand(frame: dict[str, object]) -> bool:
-        if frame.get("text") == "declined":
-            return False
-        handed.append(int(str(frame["seq"])))
-        return True
-
-    steps = Steps()
-    with trio.fail_after(LIMIT):
-        async with trio.open_nursery() as nursery:
-            follower = Follower(b.subscribe, lambda: b.epoch, hand=hand)
-
-            async def reader() -> None:
-                async for item in follower:
-                    read.append(item)
-
-            nursery.start_soon(reader, name="reader")
-            await trio.testing.wait_all_tasks_blocked()
-            trio.lowlevel.add_instrument(steps)
-            for i in range(ITEMS):
-                b.publish(TextDelta(text=f"t{i}"))
-            assert follower.last_seq == ITEMS
-            b.publish(TextDelta(text="declined"))
-            await trio.testing.wait_all_tasks_blocked()
-            trio.lowlevel.remove_instrument(steps)
-            nursery.cancel_scope.cancel()
-    follower.close()
-    assert handed == list(range(1, ITEMS + 1))
-    assert [f["text"] for f in read if isinstance(f, dict)] == ["declined"]
-    assert follower.last_seq == ITEMS + 1
-    assert steps.steps["reader"] == 1

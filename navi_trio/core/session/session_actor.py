@@ -71,7 +71,6 @@ from navi_trio.core.session.user_watch import role_now
 from navi_trio.core.turn import (
     DELTAS,
     Agent,
-    EventReceiver,
     Observer,
     RunControl,
     SteerItem,
@@ -114,7 +113,7 @@ class RunStream(Protocol):
 
     def __call__(
         self, session_id: str, message: str | UserMessage, *, control: RunControl | None = None
-    ) -> AbstractAsyncContextManager[EventReceiver]: ...
+    ) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[AgentEvent]]: ...
 
 
 # `Agent.end_dead_turn`: (session_id, the generation of the lease taken over) -> the events
@@ -556,7 +555,6 @@ class SessionActor:
             retry = 1
             while True:
                 async with self.parts.run_stream(self.session_id, msg, control=control) as ev:
-                    ev.take_inline(partial(self._take_now, msg, control, run_log))
                     try:
                         async for event in ev:
                             run_log.event(event)
@@ -701,39 +699,14 @@ class SessionActor:
         """Whether this event of the run goes out: not once another daemon took the
         session over under the run (it is stopped then), nor the refusal of a message
         handed to the daemon that runs the session now (its run there speaks for it)."""
-        now = self._may_publish_now(msg, control)
-        if now is not None:
-            return now
+        if control.fenced or (self._hand_over is not None and _taken(msg, control)):
+            return False
         lease = control.lease
         if lease is None or await lease.held():
             return True
         control.fenced = True
         control.stop()
         return False
-
-    def _may_publish_now(self, msg: UserMessage, control: RunControl) -> bool | None:
-        """`_may_publish` when it can tell without waiting; None when only a lease
-        renewal can (or the lease is lost: `_may_publish` fences the run)."""
-        if control.fenced or (self._hand_over is not None and _taken(msg, control)):
-            return False
-        lease = control.lease
-        if lease is None or lease.surely_held():
-            return True
-        return None
-
-    def _take_now(
-        self, msg: UserMessage, control: RunControl, run_log: RunLog, event: AgentEvent
-    ) -> bool:
-        """The run's event as `_run`'s loop takes it, in the run's own call (the loop
-        waits with nothing queued: `MergingReceiver.take_inline`); False when whether
-        it may go out needs a wait, and the loop takes it."""
-        may = self._may_publish_now(msg, control)
-        if may is None:
-            return False
-        run_log.event(event)
-        if may:
-            self.publish(event)
-        return True
 
     def _say_taken_over(self) -> None:
         """The one thing a run taken over under it says, to this daemon's subscribers

@@ -14,7 +14,6 @@ from .agent import UserMessage as UserMessage
 from .approvals import SCOPES as SCOPES
 from .approvals import ApprovalBroker as ApprovalBroker
 from .channel import MERGE_MAX_CHARS as MERGE_MAX_CHARS
-from .channel import EventReceiver as EventReceiver
 from .channel import MergeCount as MergeCount
 from .channel import MergingSender as MergingSender
 from .channel import frame_size as frame_size

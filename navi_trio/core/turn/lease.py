@@ -85,14 +85,10 @@ class HeldLease:
         self.started = 0  # renewal attempts started, and finished
         self.finished = 0
 
-    def surely_held(self) -> bool:
-        """Whether the lease is surely ours now, without asking the store."""
-        return not self.lost and (self.released or trio.current_time() < self.valid_until)
-
     async def held(self) -> bool:
         """Whether the lease is ours: at once while surely so; else after a renewal."""
         while not self.lost:
-            if self.surely_held():
+            if self.released or trio.current_time() < self.valid_until:
                 return True
             await self._renewal()
         return False
