@@ -47,17 +47,23 @@ class Outbox:
             return True
         return len(self._texts) < self.max_frames and self.bytes + size <= self.max_bytes
 
+    def put_nowait(self, text: str) -> bool:
+        """Queue `text` now if nobody waits for room and it fits (no turn to take: a
+        turn costs each frame a trip through the scheduler); False when it must wait."""
+        size = sys.getsizeof(text)
+        if self._turn.locked() or self._closed or not self._fits(size):
+            return False
+        self._texts.append(text)
+        self.bytes += size
+        self._ready.unpark_all()
+        return True
+
     async def put(self, text: str) -> None:
         """Queue `text` for the writer, once there is room for it."""
-        size = sys.getsizeof(text)
-        if not self._turn.locked() and self._fits(size) and not self._closed:
-            # Nobody waits for room and it fits: in at once, no turn to take (a turn
-            # would cost each frame a trip through the scheduler).
-            await trio.lowlevel.checkpoint_if_cancelled()
-            self._texts.append(text)
-            self.bytes += size
-            self._ready.unpark_all()
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self.put_nowait(text):
             return
+        size = sys.getsizeof(text)
         async with self._turn:
             while not self._fits(size):
                 if self._closed:

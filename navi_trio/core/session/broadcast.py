@@ -218,6 +218,11 @@ class Follower:
     retired or the runtime is stopping); after `close()` it raises
     `trio.ClosedResourceError`, as a closed channel does. The daemon's subscription
     pumps and `navi run`'s in-process follower both read a session this way.
+
+    `hand`, when given, takes a frame in the publisher's own call while the reader
+    waits with nothing queued (`MergingReceiver.take_inline`): what the reader would
+    have done with it next, without a task switch; it returns False to leave the frame
+    to the reader. It never sees a `Lagged`.
     """
 
     def __init__(
@@ -226,11 +231,32 @@ class Follower:
         epoch: Callable[[], str],
         last_seq: int | None = None,
         last_epoch: str | None = None,
+        hand: Callable[[Frame], bool] | None = None,
     ) -> None:
         self._subscribe = subscribe
         self._epoch = epoch
+        self._hand = hand
         self.last_seq = last_seq
-        self.subscription = subscribe(last_seq, last_epoch)
+        self.subscription = self._attach(subscribe(last_seq, last_epoch))
+
+    def _attach(self, sub: Subscription) -> Subscription:
+        # A subscription of another kind (a plain channel) has no hand to give.
+        take_inline = getattr(sub.frames, "take_inline", None)
+        if self._hand is not None and take_inline is not None:
+            take_inline(self._take)
+        return sub
+
+    def _take(self, frame: Frame) -> bool:
+        assert self._hand is not None
+        if not self._hand(frame):
+            return False
+        self._seen(frame)
+        return True
+
+    def _seen(self, frame: Frame) -> None:
+        seq = frame.get("seq")
+        if isinstance(seq, int):
+            self.last_seq = seq
 
     def __aiter__(self) -> Follower:
         return self
@@ -244,11 +270,9 @@ class Follower:
                 raise StopAsyncIteration from None
             missed_from, missed_to = sub.lagged
             last = missed_from - 1 if self.last_seq is None else self.last_seq
-            self.subscription = self._subscribe(last, self._epoch())
+            self.subscription = self._attach(self._subscribe(last, self._epoch()))
             return Lagged(missed_from, missed_to)
-        seq = frame.get("seq")
-        if isinstance(seq, int):
-            self.last_seq = seq
+        self._seen(frame)
         return frame
 
     def close(self) -> None:

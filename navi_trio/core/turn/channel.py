@@ -150,6 +150,9 @@ class MergingQueue(Generic[T]):
         self.send_closed = False
         self.recv_closed = False
         self._waiter = trio.Event()
+        self.reader_waits = False  # the reader is parked in `wait`, nothing left to take
+        # The reader's synchronous hand (`MergingReceiver.take_inline`), or None.
+        self.inline: Callable[[T], bool] | None = None
 
     def put(self, value: T) -> bool:
         """Queue or merge `value`; True when the reader has something new to wake for.
@@ -178,7 +181,11 @@ class MergingQueue(Generic[T]):
 
     async def wait(self) -> None:
         self._waiter = trio.Event()
-        await self._waiter.wait()
+        self.reader_waits = True
+        try:
+            await self._waiter.wait()
+        finally:
+            self.reader_waits = False
 
 
 class MergingSender(trio.abc.SendChannel[T]):
@@ -193,6 +200,11 @@ class MergingSender(trio.abc.SendChannel[T]):
             raise trio.ClosedResourceError("this channel was closed")
         if q.recv_closed:
             raise trio.BrokenResourceError("the reader of this channel left")
+        # A reader parked on an empty queue would take this next, and nothing else: its
+        # synchronous hand takes it now, with no task switch (when it can).
+        inline = q.inline
+        if inline is not None and q.reader_waits and not q.items and inline(value):
+            return
         if q.put(value):
             q.wake()
 
@@ -225,6 +237,14 @@ class MergingReceiver(trio.abc.ReceiveChannel[T]):
     def merged(self) -> int:
         """Items merged into one that waited (for tests and benchmarks)."""
         return self._q.merged
+
+    def take_inline(self, hand: Callable[[T], bool] | None) -> None:
+        """Let `hand` take a value in the sender's own call, instead of this reader
+        after a task switch, while the reader waits on an empty queue (so the order is
+        the same: it would have taken that value next). `hand` returns False to leave
+        the value to the reader after all (queued as usual); it must not block, nor
+        raise. None: every value goes through the queue again."""
+        self._q.inline = hand
 
     def statistics(self) -> ChannelStats:
         q = self._q
