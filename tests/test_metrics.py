@@ -23,6 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from navi_trio.api.metrics import DaemonMetrics
 from navi_trio.cli.doctor import readiness, readiness_line
+from navi_trio.core.turn import LLMCallDone, Observer, Observers
+from navi_trio.events import AgentEvent, StreamEnd, TextDelta
 from navi_trio.tools.base import ToolContext, ToolResult
 
 TIMEOUT = 30
@@ -130,6 +132,48 @@ async def test_each_metric_moves_with_what_the_daemon_does(tmp_path: Path) -> No
         after[("navi_store_write_seconds_count", ())]
         > before[("navi_store_write_seconds_count", ())]
     )
+
+
+class Recorder:
+    """An observer that keeps the type of each event it is called for."""
+
+    def __init__(self, deltas: bool) -> None:
+        self.deltas = deltas
+        self.kinds: list[type[AgentEvent]] = []
+
+    def llm_call(self, done: LLMCallDone) -> None:
+        pass
+
+    def event(self, session_id: str, event: AgentEvent) -> None:
+        self.kinds.append(type(event))
+
+    def stopped(self, seconds: float) -> None:
+        pass
+
+
+async def _observed(tmp_path: Path, observer: Observer) -> None:
+    """One turn of a streamed answer (three deltas) under `observer`."""
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(
+            tmp_path, observer=observer, replies=[{"text": "one two three"}],
+            profiles={"general": with_tools([], planning_first_message=False)},
+        ) as d, d.connect("alice") as alice:  # fmt: skip
+            created = await alice.request({"type": "message", "content": "go"})
+            await alice.until_end(created["session_id"])
+
+
+async def test_an_observer_that_ignores_deltas_is_not_called_for_them(tmp_path: Path) -> None:
+    """A stream costs an observer that says ``deltas = False`` no call per token, alone
+    or beside one that wants them (which still gets every delta); both see the rest."""
+    alone = Recorder(deltas=False)
+    await _observed(tmp_path / "alone", alone)
+    quiet, loud = Recorder(deltas=False), Recorder(deltas=True)
+    await _observed(tmp_path / "both", Observers(quiet, loud))
+    assert loud.kinds.count(TextDelta) == 3, loud.kinds
+    for recorder in (alone, quiet):
+        assert TextDelta not in recorder.kinds, recorder.kinds
+        assert StreamEnd in recorder.kinds
+    assert quiet.kinds == [k for k in loud.kinds if k is not TextDelta]
 
 
 async def test_metrics_need_an_admins_token_or_the_metrics_token(tmp_path: Path) -> None:

@@ -319,9 +319,20 @@ class Connection:
     async def send(self, frame: Frame) -> None:
         """Queue `frame` for the writer; waits while the outbox is full (api/outbox.py).
         An error shows its addresses to admins only, and credentials to nobody (`for_user`)."""
+        await self._outbox.put(self._text(frame))
+
+    def _send_now(self, frame: Frame) -> bool:
+        """`send` without waiting (a pump's hand: its session's frame, in the
+        publisher's call), or False: the pump sends it, as it would have."""
+        try:
+            return self._outbox.put_nowait(self._text(frame))
+        except Exception:  # the pump meets it again in its own task, where it belongs
+            return False
+
+    def _text(self, frame: Frame) -> str:
         if self.user is not None:
             frame = for_user(frame, admin=self.user.is_admin)
-        await self._outbox.put(encode(frame))
+        return encode(frame)
 
     async def _notices(self, user_id: str) -> None:
         """The user's notices (a scheduled run ended: notices.py) to this client."""
@@ -341,7 +352,7 @@ class Connection:
         """(Re)subscribe to `actor`'s frames; an old subscription to it is replaced."""
         self.unsubscribe(actor.session_id)
         assert self._nursery is not None
-        follower = Follower(actor.subscribe, lambda: actor.epoch, last_seq, epoch)
+        follower = Follower(actor.subscribe, lambda: actor.epoch, last_seq, epoch, self._send_now)
         scope = trio.CancelScope()
         self._subs[actor.session_id] = (follower, scope)
         self._nursery.start_soon(self._pump, actor.session_id, follower, scope)

@@ -4,7 +4,9 @@ Counters and histograms move where things happen: the core's `Observer` calls
 (`llm_call`, `event`, `stopped`; core/turn/observe.py) and the connections' writers
 (frames sent, subscriptions that lagged). What is a state rather than a count (live
 sessions, running turns, queue depth, jobs by state, approvals waiting, connections) is
-read when the endpoint is scraped, from the runtime, so nothing is kept twice. The
+read when the endpoint is scraped, from the runtime, so nothing is kept twice; so is
+the count of deltas merged for slow subscribers (a plain int the sessions' queues keep:
+no call per frame). The
 process's CPU and memory come from prometheus_client's process collector.
 
 Only `navi serve` makes one (prometheus_client is imported here and nowhere else, so
@@ -23,7 +25,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from navi_trio.core.turn import LLMCallDone
@@ -117,6 +119,8 @@ class DaemonMetrics:
         if done.completion_tokens:
             self.tokens.labels(model, "out").inc(done.completion_tokens)
 
+    deltas = False  # nothing here counts tokens of a stream: deltas never come
+
     def event(self, session_id: str, event: AgentEvent) -> None:
         kind = type(event)
         if kind is ToolResultEvent:
@@ -151,6 +155,7 @@ class DaemonMetrics:
                 "queued": queued,
                 "approvals_waiting": core.approvals.waiting_count(),
                 "connections": connections(),
+                "frames_merged": core.sessions.frames_merged.n,
             }
             for status, count in core.supervisor.states().items():
                 found[f"jobs:{status}"] = count
@@ -180,6 +185,11 @@ class _StateCollector(Collector):
         }
         for key, (name, help_text) in plain.items():
             yield GaugeMetricFamily(name, help_text, value=state.get(key, 0))
+        yield CounterMetricFamily(
+            "navi_frames_merged",
+            "Text and thinking deltas merged into a waiting frame for a slow subscriber",
+            value=state.get("frames_merged", 0),
+        )
         jobs = GaugeMetricFamily(
             "navi_background_jobs", "Background jobs this daemon keeps, by state", labels=["state"]
         )

@@ -47,8 +47,22 @@ class Outbox:
             return True
         return len(self._texts) < self.max_frames and self.bytes + size <= self.max_bytes
 
+    def put_nowait(self, text: str) -> bool:
+        """Queue `text` now if nobody waits for room and it fits (no turn to take: a
+        turn costs each frame a trip through the scheduler); False when it must wait."""
+        size = sys.getsizeof(text)
+        if self._turn.locked() or self._closed or not self._fits(size):
+            return False
+        self._texts.append(text)
+        self.bytes += size
+        self._ready.unpark_all()
+        return True
+
     async def put(self, text: str) -> None:
         """Queue `text` for the writer, once there is room for it."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self.put_nowait(text):
+            return
         size = sys.getsizeof(text)
         async with self._turn:
             while not self._fits(size):
@@ -70,16 +84,19 @@ class Outbox:
     async def get(self) -> str:
         """The oldest text waiting (the writer's end)."""
         await trio.lowlevel.checkpoint_if_cancelled()
+        waited = False
         while not self._texts:
             if self._closed:
                 raise trio.EndOfChannel
             await self._ready.park()
+            waited = True
         text = self._texts.popleft()
         self.bytes -= sys.getsizeof(text)
         if not self._texts:
             self._stalled = False
         self._room.unpark_all()
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        if not waited:  # a writer that waited has yielded already
+            await trio.lowlevel.cancel_shielded_checkpoint()
         return text
 
     def close(self) -> None:

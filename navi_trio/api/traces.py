@@ -202,6 +202,8 @@ class TraceObserver:
             span.set_status(Status(StatusCode.ERROR, "no answer"))
         span.end(end_time=now)
 
+    deltas = True  # a turn's span opens at its first event, whichever it is
+
     def event(self, session_id: str, event: AgentEvent) -> None:
         kind = type(event)
         if kind is TaskUpdate:

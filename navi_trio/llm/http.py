@@ -40,7 +40,7 @@ from navi_trio.errors import (
 )
 from navi_trio.llm.base import DoneChunk, LLMChunk, ToolCall
 from navi_trio.llm.client import LLMClient
-from navi_trio.text import clean_json, clean_text, clip
+from navi_trio.text import clean_text, clip, loads_clean
 
 EXCERPT = 200
 P = ParamSpec("P")
@@ -262,7 +262,7 @@ def error_text(body: bytes) -> str:
     """
     text = body.decode("utf-8", errors="replace")
     try:
-        data = clean_json(json.loads(text))
+        data = loads_clean(text)
     except ValueError:
         return excerpt(text, 500)
     if isinstance(data, dict) and "error" in data:
@@ -376,7 +376,7 @@ def parse_json_object(line: str) -> dict[str, Any]:
     Both dialects read every line (and OpenAI's whole answer) here: a lone surrogate
     escape (``"\\ud800"``) in a delta becomes U+FFFD, so the answer can be stored."""
     try:
-        data = clean_json(json.loads(line))
+        data = loads_clean(line)
     except ValueError:
         raise LLMMalformedStreamError(
             f"the LLM sent a line that is not JSON: {excerpt(line)!r}"
@@ -408,7 +408,7 @@ def make_tool_call(call_id: Any, name: Any, arguments: Any) -> ToolCall:
             cid, name, {}, parse_error=f"arguments are not a JSON object: {arguments!r:.200}"
         )
     try:
-        parsed = clean_json(json.loads(arguments))  # JSON text inside JSON: escapes again
+        parsed = loads_clean(arguments)  # JSON text inside JSON: escapes again
     except ValueError as exc:
         return ToolCall(
             cid,

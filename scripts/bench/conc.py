@@ -127,6 +127,22 @@ def _tell(proc: subprocess.Popen[str], text: str) -> None:
     stdin.flush()
 
 
+def stop_all(procs: list[subprocess.Popen[str]]) -> None:
+    """End a run's processes: the first (the fake LLM) is terminated, the others end
+    when their stdin closes; killed after 15 s."""
+    for p in reversed(procs):
+        if p.stdin is not None:
+            p.stdin.close()
+    for p in reversed(procs):
+        if p is procs[0]:
+            p.terminate()
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def _pcts(gaps: list[float]) -> dict[str, float]:
     s = sorted(gaps)
     return {
@@ -222,17 +238,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             **_pace_figures(a, rounds, cpu),
         }  # fmt: skip
     finally:
-        for p in reversed(procs):
-            if p.stdin is not None:
-                p.stdin.close()  # the daemon and the clients end when stdin closes
-        for p in reversed(procs):
-            if p is procs[0]:
-                p.terminate()
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_all(procs)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -310,17 +316,7 @@ def measure_daemons(a: argparse.Namespace) -> dict[str, Any]:
             "cores": os.cpu_count(), "errors": [e for r in results for e in r["errors"]],
         }  # fmt: skip
     finally:
-        for p in reversed(procs):
-            if p.stdin is not None:
-                p.stdin.close()
-        for p in reversed(procs):
-            if p is procs[0]:
-                p.terminate()
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_all(procs)
         if server is not None:
             server.stop()
         shutil.rmtree(tmp, ignore_errors=True)

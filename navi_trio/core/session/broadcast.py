@@ -59,7 +59,7 @@ import attrs
 import trio
 
 from navi_trio.core.turn import MERGE_MAX_CHARS as MERGE_MAX_CHARS
-from navi_trio.core.turn import MergingSender, merged_frame, open_frame_channel
+from navi_trio.core.turn import MergeCount, MergingSender, merged_frame, open_frame_channel
 from navi_trio.core.turn import frame_size as frame_size
 from navi_trio.events import AgentEvent
 
@@ -177,10 +177,14 @@ class Subscription:
     """
 
     def __init__(
-        self, leave: Callable[[Subscription], None], max_frames: int, max_chars: int
+        self,
+        leave: Callable[[Subscription], None],
+        max_frames: int,
+        max_chars: int,
+        merges: MergeCount | None = None,
     ) -> None:
         self._leave = leave
-        self.send, self.frames = open_frame_channel(max_frames, max_chars)
+        self.send, self.frames = open_frame_channel(max_frames, max_chars, merges)
         self.lagged: tuple[int, int] | None = None
 
     def close(self) -> None:
@@ -214,6 +218,11 @@ class Follower:
     retired or the runtime is stopping); after `close()` it raises
     `trio.ClosedResourceError`, as a closed channel does. The daemon's subscription
     pumps and `navi run`'s in-process follower both read a session this way.
+
+    `hand`, when given, takes a frame in the publisher's own call while the reader
+    waits with nothing queued (`MergingReceiver.take_inline`): what the reader would
+    have done with it next, without a task switch; it returns False to leave the frame
+    to the reader. It never sees a `Lagged`.
     """
 
     def __init__(
@@ -222,11 +231,32 @@ class Follower:
         epoch: Callable[[], str],
         last_seq: int | None = None,
         last_epoch: str | None = None,
+        hand: Callable[[Frame], bool] | None = None,
     ) -> None:
         self._subscribe = subscribe
         self._epoch = epoch
+        self._hand = hand
         self.last_seq = last_seq
-        self.subscription = subscribe(last_seq, last_epoch)
+        self.subscription = self._attach(subscribe(last_seq, last_epoch))
+
+    def _attach(self, sub: Subscription) -> Subscription:
+        # A subscription of another kind (a plain channel) has no hand to give.
+        take_inline = getattr(sub.frames, "take_inline", None)
+        if self._hand is not None and take_inline is not None:
+            take_inline(self._take)
+        return sub
+
+    def _take(self, frame: Frame) -> bool:
+        assert self._hand is not None
+        if not self._hand(frame):
+            return False
+        self._seen(frame)
+        return True
+
+    def _seen(self, frame: Frame) -> None:
+        seq = frame.get("seq")
+        if isinstance(seq, int):
+            self.last_seq = seq
 
     def __aiter__(self) -> Follower:
         return self
@@ -240,11 +270,9 @@ class Follower:
                 raise StopAsyncIteration from None
             missed_from, missed_to = sub.lagged
             last = missed_from - 1 if self.last_seq is None else self.last_seq
-            self.subscription = self._subscribe(last, self._epoch())
+            self.subscription = self._attach(self._subscribe(last, self._epoch()))
             return Lagged(missed_from, missed_to)
-        seq = frame.get("seq")
-        if isinstance(seq, int):
-            self.last_seq = seq
+        self._seen(frame)
         return frame
 
     def close(self) -> None:
@@ -279,7 +307,8 @@ class LocalBroadcast:
     """The in-process `SessionBroadcast`: a replay buffer and this process's subscribers.
 
     `on_change` is called when a subscriber comes or goes (the actor's idle countdown
-    depends on it)."""
+    depends on it). `merges` counts the deltas merged in its subscribers' queues (the
+    registry gives every session's broadcast the same one: the daemon's metric)."""
 
     def __init__(
         self,
@@ -290,8 +319,10 @@ class LocalBroadcast:
         resync: Resync,
         first_seq: int = 0,
         epoch: str | None = None,
+        merges: MergeCount | None = None,
     ) -> None:
         self.session_id = session_id
+        self.merges = merges if merges is not None else MergeCount()
         self._encode = encode
         self._resync = resync
         self._on_change = on_change
@@ -340,7 +371,7 @@ class LocalBroadcast:
         # Room for the whole backlog on top of the usual margin: a replay must never
         # cut off the subscriber it is for.
         chars = SUBSCRIBER_MAX_CHARS + sum(frame_size(f) for f in backlog)
-        sub = Subscription(self._leave, SUBSCRIBER_BUFFER + len(backlog), chars)
+        sub = Subscription(self._leave, SUBSCRIBER_BUFFER + len(backlog), chars, self.merges)
         self._subscribers[sub.send] = sub
         for frame in backlog:
             self._offer(sub.send, frame)

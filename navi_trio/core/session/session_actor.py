@@ -69,6 +69,7 @@ from navi_trio.core.session.queued import Dropped, DurableQueue, dropped_warning
 from navi_trio.core.session.run_log import RunLog
 from navi_trio.core.session.user_watch import role_now
 from navi_trio.core.turn import (
+    DELTAS,
     Agent,
     Observer,
     RunControl,
@@ -405,7 +406,8 @@ class SessionActor:
 
     def publish(self, event: AgentEvent) -> Frame:
         observer = self.parts.observer
-        observer.event(self.session_id, event)
+        if observer.deltas or type(event) not in DELTAS:
+            observer.event(self.session_id, event)
         if type(event) is StreamEnd and not event.is_subagent:
             self._end_said = self.busy
             if self._stop_asked is not None:

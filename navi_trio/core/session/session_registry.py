@@ -26,7 +26,7 @@ from navi_trio.core.session.session_actor import (
     SessionActor,
     SessionParts,
 )
-from navi_trio.core.turn import Agent
+from navi_trio.core.turn import Agent, MergeCount
 from navi_trio.errors import NaviError
 from navi_trio.events import AgentEvent
 
@@ -65,6 +65,8 @@ class SessionRegistry(NurseryHolder):
         # a word when an actor retires (its session is no longer followed here), and
         # the look at a session's lease that tells a turn a dead daemon left.
         self.broadcast_class: type[LocalBroadcast] = LocalBroadcast
+        # Deltas merged for slow subscribers, every session's (the daemon's metric).
+        self.frames_merged = MergeCount()
         self.on_retire: Callable[[str], None] | None = None
         self.dead_turn: DeadTurn | None = None  # a turn a dead daemon left (the cluster)
         # Leaves a queue to the daemon that runs its session now (core/cluster/cluster.py).
@@ -86,6 +88,7 @@ class SessionRegistry(NurseryHolder):
                 resync=self.resync,
                 first_seq=self._last_seq.pop(session_id, 0),
                 epoch=self.epoch,
+                merges=self.frames_merged,
             )
             actor = SessionActor(
                 session_id,

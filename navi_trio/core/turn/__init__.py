@@ -14,6 +14,7 @@ from .agent import UserMessage as UserMessage
 from .approvals import SCOPES as SCOPES
 from .approvals import ApprovalBroker as ApprovalBroker
 from .channel import MERGE_MAX_CHARS as MERGE_MAX_CHARS
+from .channel import MergeCount as MergeCount
 from .channel import MergingSender as MergingSender
 from .channel import frame_size as frame_size
 from .channel import merged_frame as merged_frame
@@ -32,6 +33,7 @@ from .folders import recent_folders as recent_folders
 from .folders import remember_folder as remember_folder
 from .folders import start_folders as start_folders
 from .lease import SessionLeases as SessionLeases
+from .observe import DELTAS as DELTAS
 from .observe import LLMCallDone as LLMCallDone
 from .observe import NoObserver as NoObserver
 from .observe import Observer as Observer

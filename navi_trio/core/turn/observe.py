@@ -17,7 +17,9 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-from navi_trio.events import AgentEvent
+from navi_trio.events import AgentEvent, TextDelta, ThinkingDelta
+
+DELTAS = frozenset({TextDelta, ThinkingDelta})  # the events an observer may opt out of
 
 
 @attrs.frozen
@@ -37,6 +39,10 @@ class LLMCallDone:
 
 
 class Observer(Protocol):
+    # Whether `event` is called for text and thinking deltas too (one per token): an
+    # observer that ignores them says False, and a streamed answer costs it nothing.
+    deltas: bool
+
     def llm_call(self, done: LLMCallDone) -> None: ...
     def event(self, session_id: str, event: AgentEvent) -> None: ...
     def stopped(self, seconds: float) -> None:
@@ -81,6 +87,8 @@ def continue_trace(observer: Observer, session_id: str, carrier: Mapping[str, st
 class NoObserver:
     """Observes nothing: a run of no daemon, or a daemon without metrics."""
 
+    deltas = False
+
     def llm_call(self, done: LLMCallDone) -> None:
         pass
 
@@ -97,14 +105,17 @@ class Observers:
 
     def __init__(self, *observers: Observer) -> None:
         self.observers = observers
+        self.deltas = any(o.deltas for o in observers)
 
     def llm_call(self, done: LLMCallDone) -> None:
         for o in self.observers:
             o.llm_call(done)
 
     def event(self, session_id: str, event: AgentEvent) -> None:
+        delta = type(event) in DELTAS
         for o in self.observers:
-            o.event(session_id, event)
+            if o.deltas or not delta:
+                o.event(session_id, event)
 
     def stopped(self, seconds: float) -> None:
         for o in self.observers:
