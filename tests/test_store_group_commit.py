@@ -99,3 +99,25 @@ async def test_a_lone_job_keeps_its_own_transaction(tmp_path: Path) -> None:
                 await store.append(sid, messages=[{"role": "user", "content": str(i)}])
             assert len(commits) == 3
             assert len(await store.load_messages(sid)) == 3
+
+
+async def test_a_write_does_not_ask_for_the_page_count_while_no_full_disk_is_reported(
+    tmp_path: Path,
+) -> None:
+    # Whether a write needed new pages matters only to clear a reported full disk
+    # (test_storage_full.py has that case): other writes skip the two pager queries.
+    asked: list[str] = []
+
+    def install(db: Any) -> None:
+        db.conn.set_trace_callback(
+            lambda sql: asked.append(sql) if "page_count" in sql.lower() else None
+        )
+
+    with trio.fail_after(TIMEOUT):
+        async with open_store(tmp_path / "n.db") as store:
+            sid = (await store.create_session(profile_id="p")).id
+            await store.run_raw_for_tests("trace page counts", install)
+            await store.append(sid, messages=[{"role": "user", "content": "hi"}])
+            await store.append(sid, messages=[{"role": "assistant", "content": "yo"}])
+            assert [m["content"] for m in await store.load_messages(sid)] == ["hi", "yo"]
+    assert asked == []

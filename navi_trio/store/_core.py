@@ -121,7 +121,7 @@ class _Core(StoreMethods):
             )
         if self._closed:
             raise StoreError(f"{op}: the store at {self.path} is closed")
-        job: _Job[T] = _Job(op, fn, durable=durable)
+        job: _Job[T] = _Job(op, fn, durable=durable, growth="full" in self._reported)
         started = trio.current_time()
         self._worker.submit(job)
         # Cancelled here? The job stays queued and still runs; only its answer is dropped.

@@ -45,12 +45,20 @@ class _Job(Generic[T]):
     """One unit of work for the worker thread, and the way its answer gets back."""
 
     def __init__(
-        self, op: str, fn: Callable[[Database], T], stop: bool = False, durable: bool = True
+        self,
+        op: str,
+        fn: Callable[[Database], T],
+        stop: bool = False,
+        durable: bool = True,
+        growth: bool = False,
     ) -> None:
         self.op = op
         self.fn = fn
         self.stop = stop
         self.durable = durable
+        # Whether to tell a write that needed new pages (`grew`): asked only while a full
+        # disk is reported, the one time the answer is used; two queries a job otherwise.
+        self.growth = growth
         self.token = trio.lowlevel.current_trio_token()
         self.done = trio.Event()
         self.result: T | None = None
@@ -70,10 +78,11 @@ class _Job(Generic[T]):
         try:
             if db is None:
                 raise connect_error or StoreError("no database connection")
-            changes, pages = db.conn.total_changes, _page_count(db)
+            changes = db.conn.total_changes
+            pages = _page_count(db) if self.growth else 0
             self.result = self.fn(db)
             self.wrote = db.conn.total_changes != changes
-            self.grew = self.wrote and _page_count(db) > pages
+            self.grew = self.growth and self.wrote and _page_count(db) > pages
         except BaseException as exc:  # noqa: B036 - the thread must answer every job
             self.error = exc
 

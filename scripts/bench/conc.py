@@ -108,9 +108,15 @@ def _line(proc: subprocess.Popen[str], timeout: float, what: str) -> str:
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     line = proc.stdout.readline() if ready else ""
-    if not line:
+    if line:
+        return line
+    if not ready:
         raise RuntimeError(f"{what} said nothing within {timeout:.0f} s (exit {proc.poll()})")
-    return line
+    try:  # its output ended: it is exiting, its traceback on stderr
+        code: int | None = proc.wait(10)
+    except subprocess.TimeoutExpired:
+        code = None
+    raise RuntimeError(f"{what} closed its output without a line (exit {code})")
 
 
 def _spawn(args: list[str]) -> subprocess.Popen[str]:

@@ -13,6 +13,7 @@ clients  connects --count clients (tokens --first ...), says hello, prints ``rea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -23,6 +24,10 @@ import trio
 from navi_runs import BENCH_PROFILE, PROMPT, EchoTool, bench_runtime, ws_client, ws_daemon
 
 ROUNDS = 10  # rounds of each session's tool loop
+# Connections on their way to their hello at once from one client process: the daemon
+# holds at most NAVI_WS_PENDING_PER_ADDRESS (32) from one address and closes the oldest
+# past that, so 50 clients connecting together would push one another out.
+CONNECTING = 16
 
 
 def _patch_sync(sync: str) -> None:
@@ -90,10 +95,13 @@ async def clients(a: argparse.Namespace) -> None:
     go = trio.Event()
     connected = 0
     all_in = trio.Event()
+    connecting = trio.Semaphore(CONNECTING)
 
     async def one(token: str) -> None:
         nonlocal rounds, connected
-        async with ws_client(a.ws, token) as c:
+        async with contextlib.AsyncExitStack() as stack:
+            async with connecting:
+                c = await stack.enter_async_context(ws_client(a.ws, token))
             connected += 1
             if connected == len(tokens):
                 all_in.set()
