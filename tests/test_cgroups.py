@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import trio
 from kvfake import PidWatch, is_gone
-from test_sandbox import SLEEPER, tagged_pids, tags  # noqa: F401  (tags is a fixture)
+from test_sandbox import named_sleeper, tagged_pids, tags  # noqa: F401  (tags is a fixture)
 
 from navi_trio.errors import ConfigError
 from navi_trio.profiles import ProcessLimits, parse_config
@@ -289,14 +289,9 @@ async def test_a_stop_kills_a_double_forked_setsid_daemon_without_its_tag(
     tmp_path: Path,
     tags: list[str],  # noqa: F811
 ) -> None:
-    marker = f"navi-cg-escaper-{secrets.token_hex(4)}"
-    tags.append(marker)
-    fifo = tmp_path / "up.fifo"
-    os.mkfifo(fifo)
     # Leaves the session, empties its environment (no NAVI_PROC_TAG) and loses its
     # parent: the process tree and the tag cannot find it, only its cgroup holds it.
-    (tmp_path / "sleeper.py").write_text(SLEEPER)  # the named process says it is up
-    named = f"exec -a {marker} {sys.executable} {tmp_path / 'sleeper.py'} {fifo}"
+    marker, fifo, named = named_sleeper(tmp_path, tags, "cg-escaper")
     command = f"(setsid env -i bash -c '{named}' >/dev/null 2>&1 &); exec sleep 300"
     with trio.fail_after(DEADLINE):
         async with limited(tmp_path / "data") as session:
@@ -326,22 +321,14 @@ async def test_what_a_dead_daemons_cgroups_hold_is_killed_and_they_are_removed(
     me = os.getpid()
     digest = tag_owner(data).split(".")[0]
     dead = f"{digest}.{me}.{(start_time(me) or 0) + 1}"  # our pid, as if reused
-    marker = f"navi-cg-stale-{secrets.token_hex(4)}"
-    tags.append(marker)
-    fifo = tmp_path / "up.fifo"
-    os.mkfifo(fifo)
-    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    marker, fifo, named = named_sleeper(tmp_path, tags, "cg-stale")
     tree = cgroups.open_tree(dead)
     live = cgroups.open_tree(tag_owner(data))
     try:
         leaf = tree.command("s1", SMALL)
         with trio.fail_after(DEADLINE):
             process = await trio.lowlevel.open_process(
-                [
-                    "bash",
-                    "-c",
-                    f"exec -a {marker} {sys.executable} {tmp_path / 'sleeper.py'} {fifo}",
-                ],
+                ["bash", "-c", named],
                 start_new_session=True,
             )
             leaf.enter(process.pid)

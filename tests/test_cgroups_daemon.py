@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +24,7 @@ from test_cgroups import need_cgroups
 from test_cli import fake_llm
 from test_mcp_client import _alive, _config_dir, call, stdio_entry, with_servers
 from test_orphans import approved_run
-from test_sandbox import SLEEPER, tagged_pids, tags  # noqa: F401  (tags is a fixture)
+from test_sandbox import named_sleeper, tagged_pids, tags  # noqa: F401  (tags is a fixture)
 
 from navi_trio.tools.cgroups import tree_name
 from navi_trio.tools.procs import data_digest
@@ -42,12 +40,7 @@ async def test_no_process_of_a_sigkilled_daemons_session_survives_the_restart(
 ) -> None:
     need_cgroups()
     data = Path(env["NAVI_DATA_DIR"])
-    marker = f"navi-cg-daemon-stray-{secrets.token_hex(4)}"
-    tags.append(marker)
-    fifo = tmp_path / "up.fifo"
-    os.mkfifo(fifo)
-    (tmp_path / "sleeper.py").write_text(SLEEPER)
-    named = f"exec -a {marker} {sys.executable} {tmp_path / 'sleeper.py'} {fifo}"
+    marker, fifo, named = named_sleeper(tmp_path, tags, "cg-daemon-stray")
     # Leaves the session, drops its tag, loses its parent: only its cgroup holds it.
     command = f"(setsid env -i bash -c '{named}' >/dev/null 2>&1 &); exec sleep 300"
     with trio.fail_after(DEADLINE):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,7 +23,7 @@ from agent_tools import call
 from kvfake import PidWatch, is_gone
 from test_api_daemon import client, serve
 from test_cli import fake_llm
-from test_sandbox import SLEEPER, tagged_pids, tags  # noqa: F401  (tags is a fixture)
+from test_sandbox import SLEEPER, named_sleeper, tagged_pids, tags  # noqa: F401  (tags is a fixture)
 
 from navi_trio.tools.procs import TAG_VAR, data_digest, kill_orphans, new_tag, tag_owner
 from navi_trio.tools.proctree import start_time
@@ -113,14 +112,9 @@ async def test_a_full_mode_command_left_by_a_sigkilled_daemon_dies_at_the_restar
     tmp_path: Path,
     tags: list[str],  # noqa: F811
 ) -> None:
-    marker = f"navi-full-stray-{secrets.token_hex(4)}"
-    tags.append(marker)
-    fifo = tmp_path / "up.fifo"
-    os.mkfifo(fifo)
-    script = tmp_path / "sleeper.py"
-    script.write_text(SLEEPER)
+    marker, fifo, named = named_sleeper(tmp_path, tags, "full-stray")
     # The named process itself says it is up: bash waits for it, both left behind.
-    command = f"exec -a {marker} {sys.executable} {script} {fifo} & wait"
+    command = f"{named} & wait"
     with trio.fail_after(DEADLINE):
         async with approved_run(env, tmp_path, command, fifo) as (proc, llm):
             [sleep] = tagged_pids(marker)

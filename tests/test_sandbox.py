@@ -209,6 +209,18 @@ async def test_the_api_key_is_absent(tmp_path: Path, monkeypatch: pytest.MonkeyP
 SLEEPER = "import sys, time\nopen(sys.argv[1], 'w').write('up')\ntime.sleep(300)\n"
 
 
+def named_sleeper(folder: Path, tags: list[str], kind: str) -> tuple[str, Path, str]:
+    """A fresh tag `navi-KIND-<hex>` (added to `tags`, so what it names dies at the end),
+    the FIFO in `folder` the sleeper reports on, and the shell words that start it."""
+    marker = f"navi-{kind}-{secrets.token_hex(4)}"
+    tags.append(marker)
+    fifo = folder / "up.fifo"
+    os.mkfifo(fifo)
+    script = folder / "sleeper.py"
+    script.write_text(SLEEPER)
+    return marker, fifo, f"exec -a {marker} {sys.executable} {script} {fifo}"
+
+
 def sleeper(ctx: ToolContext, tag: str) -> str:
     """The shell words that start a sleeper named `tag` and make the FIFO it reports on."""
     (ctx.session_dir / "sleeper.py").write_text(SLEEPER)
