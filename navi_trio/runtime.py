@@ -43,6 +43,7 @@ from navi_trio.core.session import SessionRegistry, SessionService, UserWatch
 from navi_trio.core.triggers import Scheduler, Waker, notify_schedule_run
 from navi_trio.core.turn import Agent, ApprovalBroker, Observer, RoundCheckpoints, UserMessage
 from navi_trio.events import StreamEnd, TaskUpdate
+from navi_trio.imports import start_up_over
 from navi_trio.llm.base import LLMBackend, SupervisedBackend
 from navi_trio.llm.factory import make_backend, make_client
 from navi_trio.notices import UserNotices
@@ -110,11 +111,14 @@ def freeze_start_up_objects() -> None:
     A full collection walks every tracked object: without this, each one in a long tool
     loop costs ~15-20 ms, nearly all of it start-up objects. Done once per process (the
     first runtime; `gc.freeze` is process-wide), without a collection first: start-up
-    leaves little cyclic garbage, and collecting it would cost the start-up path that
-    full pass.
+    leaves little cyclic garbage (at most what the young generation holds, under
+    `navi`'s start-up threshold ~20,000 allocations: a few hundred KB), and collecting
+    it would cost the start-up path that full pass. Then Python's young threshold again
+    (`start_up_over`): from here young objects are the runs'.
     """
     if gc.get_freeze_count() == 0:
         gc.freeze()
+    start_up_over()
 
 
 def default_tools(settings: Settings) -> list[Tool]:

@@ -11,10 +11,16 @@ lists which of the heavy modules an import pulled in:
 - mcp: the MCP client library, only when an MCP server is configured;
 - trio_websocket: `navi run` loads it (and the server) when it runs, beside the threads
   building its HTTP client, not when its module is imported.
+
+The garbage collector runs less often while `navi` starts (navi_trio/imports.py): its
+start-up threshold holds from the command's start until a runtime has frozen start-up's
+objects, and not beyond the command.
 """
 
 from __future__ import annotations
 
+import argparse
+import gc
 import io
 import json
 import subprocess
@@ -178,3 +184,44 @@ def test_tracing_asked_for_without_the_sdk_is_one_error_naming_the_extra() -> No
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("navi_trio.errors.ConfigError: OTEL_EXPORTER_OTLP_ENDPOINT is set")
     assert "navi-trio[otel]" in last
+
+
+def test_the_navi_command_starts_with_fewer_collections_and_ends_as_it_found_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from navi_trio import cli
+    from navi_trio.imports import START_UP_GC_THRESHOLD
+
+    seen: list[tuple[int, int, int]] = []
+
+    def status(args: argparse.Namespace, out: object, err: object) -> int:
+        seen.append(gc.get_threshold())
+        return 0
+
+    monkeypatch.setitem(cli._COMMANDS, "status", status)
+    before = gc.get_threshold()
+    assert before[0] != START_UP_GC_THRESHOLD
+    assert cli.main(["status"]) == 0
+    assert seen == [(START_UP_GC_THRESHOLD, *before[1:])]
+    assert gc.get_threshold() == before
+
+
+async def test_a_runtime_ends_the_start_up_collections_once_it_has_frozen_start_up(
+    tmp_path: Path,
+) -> None:
+    from navi_trio.imports import PYTHON_GC_THRESHOLD, START_UP_GC_THRESHOLD, start_up_collections
+    from navi_trio.runtime import open_runtime
+    from navi_trio.settings import Settings
+
+    before = gc.get_threshold()
+    settings = Settings.from_env(
+        {}, db_path=tmp_path / "navi.db", data_dir=tmp_path / "data", llm_url="http://127.0.0.1:9"
+    )
+    with start_up_collections(), trio.fail_after(TIMEOUT):
+        with start_up_collections():  # an inner block leaves the start-up to the outer one
+            assert gc.get_threshold()[0] == START_UP_GC_THRESHOLD
+        assert gc.get_threshold()[0] == START_UP_GC_THRESHOLD
+        async with open_runtime(settings):
+            assert gc.get_threshold() == (PYTHON_GC_THRESHOLD, *before[1:])
+        assert gc.get_threshold() == (PYTHON_GC_THRESHOLD, *before[1:])
+    assert gc.get_threshold() == before
