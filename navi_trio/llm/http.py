@@ -40,6 +40,7 @@ from navi_trio.errors import (
 )
 from navi_trio.llm.base import DoneChunk, LLMChunk, ToolCall
 from navi_trio.llm.client import LLMClient
+from navi_trio.llm.lines import LINE_MAX_BYTES, LineSplitter
 from navi_trio.text import clean_text, clip, loads_clean
 
 EXCERPT = 200
@@ -143,8 +144,12 @@ async def stream_chunks(
     body: dict[str, Any] | bytes,
     parser: LineParser,
     headers: dict[str, str] | None = None,
+    line_max: int = LINE_MAX_BYTES,
 ) -> AsyncGenerator[LLMChunk, None]:
     """POST `body` and yield the parser's chunks as the lines arrive.
+
+    Lines are cut by `LineSplitter` (LF, CRLF or CR; at most `line_max` bytes) and
+    decoded in the response's charset (UTF-8 unless it names another).
 
     Leaving early (end, error, timeout, cancel) closes the response, so the server sees
     the connection go and stops generating. The DoneChunk comes only once the body has
@@ -156,12 +161,16 @@ async def stream_chunks(
     with map_http_errors(url):
         async with _send(client, request) as response:
             await raise_for_status(response, url)
-            async for line in response.aiter_lines():
-                for chunk in parser.feed(line):
-                    if isinstance(chunk, DoneChunk):
-                        done.append(chunk)
-                    else:
-                        yield chunk
+            lines = LineSplitter(line_max)
+            encoding = response.encoding or "utf-8"
+            # The body's bytes as they came, unless the server compressed them: no
+            # text decoder, line decoder and two more generators around each read.
+            raw = "content-encoding" not in response.headers
+            async for data in response.aiter_raw() if raw else response.aiter_bytes():
+                for chunk in _parsed(parser, lines.feed(data), encoding, done):
+                    yield chunk
+            for chunk in _parsed(parser, lines.finish(), encoding, done):
+                yield chunk
             for chunk in parser.finish():
                 if isinstance(chunk, DoneChunk):
                     done.append(chunk)
@@ -169,6 +178,17 @@ async def stream_chunks(
                     yield chunk
     for chunk in done:
         yield chunk
+
+
+def _parsed(
+    parser: LineParser, lines: list[bytes], encoding: str, done: list[LLMChunk]
+) -> list[LLMChunk]:
+    """The chunks of `lines` to yield now; a DoneChunk goes to `done`, for the end."""
+    out: list[LLMChunk] = []
+    for line in lines:
+        for chunk in parser.feed(line.decode(encoding, "replace")):
+            (done if isinstance(chunk, DoneChunk) else out).append(chunk)
+    return out
 
 
 def _json_post(
