@@ -1,17 +1,10 @@
 """peer: ask another navi daemon (config ``peers``) and return its answer.
 
-``{"action": "ask", "peer": "lab", "message": "...", "session"?: "s-..", "profile"?: ..,
-"timeout"?: s}`` runs the message in a session of the peer (a new one unless
-``session`` names one to continue) and returns the peer's final answer, with the peer
-session id in the output and in ``data`` so the model can continue it. While it runs,
-the peer's text (coalesced, at most one event per ``tool_progress_interval_sec``) and
-its tool cards stream as this call's tool events, each marked ``"peer": name``.
-
-The wire work is the `PeerLink`'s (the runtime injects `navi_trio.api.peer_link`'s,
-since tools do not import the api layer). Leaving `PeerLink.ask` before the peer's
-run ended — our stop, a cancelled background task, the timeout — sends ``stop`` for
-that run to the peer. Every failure is a failed result naming the peer and the cause;
-the token appears in none of them (nor in events or logs).
+The message runs in a session of the peer (new unless ``session`` names one) and the
+peer's final answer comes back with its session id, so the model can continue it. The
+peer's text (coalesced) and tool cards stream as this call's tool events. Leaving
+before the peer's run ended — our stop, a cancel, the timeout — sends ``stop`` to the
+peer. Every failure names the peer and the cause; the token appears in none of them.
 """
 
 from __future__ import annotations
