@@ -1,11 +1,8 @@
 """The MCP servers an editor passes at ``session/new``: run here, used by that session.
 
 The daemon never starts a command a user names, so the servers run in this process, as
-the editor's own account (the one that started ``navi acp``), with navi's MCP client
-(tools/mcp/connection.py). Their tools are declared to the daemon for the session's
-runs (``client_tools``, named ``mcp__editor-<server>__<tool>``): the policy asks for
-them as for any MCP tool, and a call comes back here as a ``client_tool_call`` on the
-prompt's connection (agent.py).
+the editor's own account. Their tools are declared to the daemon for the session's runs
+(``mcp__editor-<server>__<tool>``): the policy asks for them as for any MCP tool.
 """
 
 from __future__ import annotations
