@@ -1,11 +1,8 @@
 """The shape of the config file (`config/config.json`): every class a key becomes.
 
-`NaviConfig` is the whole file: the persona, the profiles (`AgentProfile`, with its
-`ToolsConfig` and `PolicyConfig` from `_policy`), the hooks (`_hooks`), the hosts of the
-ssh_exec tool (`SshConfig`), the peers (`PeerConfig`), the MCP servers (`McpServerConfig`) and the
-workspace roots. Field validators check what one value can say; `_load` checks the
-rest. Also here: the names of the tools navi ships, the prompt files a config folder
-holds, and which environment variables hold navi's own secrets (`is_secret`).
+Field validators check what one value can say; `_load` checks the rest. Also here: the
+names of the tools navi ships, the prompt files a config folder holds, and which
+environment variables hold navi's own secrets (`is_secret`).
 """
 
 from __future__ import annotations
@@ -264,10 +261,9 @@ class ModelConfig:
 
 @attrs.frozen(kw_only=True)
 class PeerConfig:
-    """Another navi daemon the `peer` tool may ask: its URL and where its token is.
-
-    The token is inline (`token`) or, better, named by an environment variable
-    (`token_env`): exactly one of the two. It is kept out of repr and error texts.
+    """Another navi daemon the `peer` tool may ask: its URL and its token, inline (`token`)
+    or, better, named by an environment variable (`token_env`): exactly one of the two.
+    Kept out of repr and error texts.
     """
 
     url: str = attrs.field(validator=_ws_url)
