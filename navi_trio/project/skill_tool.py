@@ -1,11 +1,8 @@
 """The `skill` tool: a skill's instructions when the model uses it, by name.
 
-The skills are the ones the run found at its start (`ToolContext.skills`); the model saw
-only their names and descriptions. With `file`, a file of the skill's folder instead
-(its references, its scripts' text), read-only and bounded: how a skill outside the
-run's folders (the user's, the config folder's, a repository root above the cwd) is
-read. The folder is opened again from ``/`` without following a symlink, and the file
-beneath it as the filesystem tool opens one; nothing is run here.
+With `file`, a file of the skill's folder instead, read-only and bounded: the folder is
+opened again from ``/`` without following a symlink, and the file beneath it as the
+filesystem tool opens one. Nothing is run here.
 """
 
 from __future__ import annotations
