@@ -2,25 +2,13 @@
 
     server = PgServer.start()            # initdb in a temp folder, postgres on a free port
     url = server.create_database()       # a fresh, empty database: its postgresql:// URL
-    ...
     server.halt(); server.resume()       # a restart: clients cut off, the data kept
     server.stop()                        # fast shutdown, the folder removed
 
-Debian's server binaries (``/usr/lib/postgresql/N/bin``, the package ``postgresql``, which
-.ci/run installs) or any ``initdb`` and ``postgres`` on PATH. The cluster trusts local
-connections of the user ``navi`` and listens on 127.0.0.1 only (its unix socket in the
-temp folder). As root, initdb and postgres refuse to run: the server then runs as the
-unprivileged user ``nobody``, which owns the temp folder.
-
-`fast=True` (tests) turns off fsync: a test's server is thrown away, and its clients'
-crashes (the store's crash tests kill a client, not the server) do not need it.
-Benchmarks start it with `fast=False`, so a commit waits for its flush, as in production.
-
-`PgUnavailable` says why no server could be had; tests skip with that reason.
-
-`NAVI_TEST_STORE=postgres` makes `open_harness` (and so every daemon test built on it) run
-on a fresh database of one such server per test process (`shared_database`), to run the
-daemon's suites on PostgreSQL: ``NAVI_TEST_STORE=postgres pytest tests/test_api_daemon.py``.
+As root it runs as ``nobody`` (initdb and postgres refuse root). `fast=True` (tests)
+turns off fsync; benchmarks use `fast=False`, as in production. `PgUnavailable` says
+why no server could be had. ``NAVI_TEST_STORE=postgres`` makes `open_harness` run on a
+fresh database of one such server per test process.
 """
 
 from __future__ import annotations
@@ -186,11 +174,9 @@ class PgServer:
             conn.execute(sql.encode())
 
     def create_database(self, name: str | None = None) -> str:
-        """A new empty database; its URL.
-
-        Its default collation is ICU's English one where the server has ICU, as on most
-        production servers (``en_US.UTF-8``), not the byte order of ``C``: a query that
-        sorts or compares navi's names without saying ``COLLATE "C"`` shows up in tests."""
+        """A new empty database; its URL. Its collation is ICU's English one where the server
+        has ICU, as in production, not ``C``'s byte order: a query that compares navi's names
+        without ``COLLATE "C"`` shows up in tests."""
         import psycopg
 
         name = name or "t_" + uuid.uuid4().hex[:12]
