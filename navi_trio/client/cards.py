@@ -1,9 +1,5 @@
 """The chat's cards: tool calls, approval requests and the plan's checklist.
 
-`Cards` keeps what they need between frames (the open tool cards, the approval requests
-shown, the plan's steps) and prints them on its `Board` (the `Renderer`, which hands it
-the frames of these types: `on_<type>`):
-
 - a tool call is a card: ``⏺ name(args)``, a bounded tail of its live output, then
   ``⎿ ✔ ok · 1.2s`` with the first line of the result;
 - an approval request says what, which rule and how long, a terminal line's parts and

@@ -1,9 +1,5 @@
-"""The chat's slash commands: ``/help``, ``/new``, ``/compact``, ``/resume ID``, ``/rewind``
-(client/rewind.py) ...
-
-`SlashCommands.run` finds the command by its name; each one changes the chat's session
-state (`Chat`: the `ChatApp`) or sends the daemon a frame (the replies come back through the app's
-frame loop).
+"""The chat's slash commands: ``/help``, ``/new``, ``/compact``, ``/resume ID``,
+``/rewind`` ... Each changes the chat's session state or sends the daemon a frame.
 """
 
 from __future__ import annotations

@@ -2,22 +2,12 @@
 
     /rewind                      list the session's messages (numbered) and branches
     /rewind N [chat|files|both] [force]
-                                 preview a rewind to just before message N (-1: the last);
-                                 force: also restore the conflicts (files navi and
-                                 someone else both changed since; kept without it)
+                                 preview a rewind to just before message N (-1: the last)
     /rewind undo                 preview bringing back the newest branch (undo a rewind)
-    /fork [N] [files]            a new session from the history before N (all without),
-                                 with a copy of the files when asked; the chat moves to it
+    /fork [N] [files]            a new session from the history before N; the chat moves to it
 
-A preview is shown with the question "apply it? (y/n)": the next line ``y`` or ``yes``
-applies it (the daemon checks that nothing changed since), anything else leaves the
-session as it was (and a line other than ``n`` / ``no`` is then handled as usual). After
-a rewind the daemon's ``resync`` reloads the history on the screen, and a chat rewind
-puts the message it removed back on the prompt, to be sent again as it is or edited.
-
-`RewindFlow` keeps what it waits for: the list it needs first (a number is resolved on
-the latest list, asked for when there is none), the preview being confirmed. The frames
-are the daemon's (``checkpoints``, ``rewind``, ``fork``); their text is client/rewind_text.
+A preview asks "apply it? (y/n)": ``y`` or ``yes`` applies it, anything else leaves the
+session as it was. A chat rewind puts the message it removed back on the prompt.
 """
 
 from __future__ import annotations

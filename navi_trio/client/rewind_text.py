@@ -1,6 +1,5 @@
-"""What a rewind's list, preview and result say, as text (`navi rewind`, `navi fork`, the
-chat's /rewind and /fork, the MCP server's tools): pure functions of the daemon's reply
-fields (docs/pages/protocol.md), written to any text stream.
+"""What a rewind's list, preview and result say, as text, for every client of them: pure
+functions of the daemon's reply fields, written to any text stream.
 """
 
 from __future__ import annotations
