@@ -1,12 +1,8 @@
 """`navi compact --session ID`: compress a session's context, as the chat's /compact does.
 
-The way out of ``context_too_large``: the older part of the context is summarised with
-the LLM and any kept message too big to fit is cut, so the next turn fits the model's
-window. The display history keeps every message.
-
-It goes where `navi run` goes (cli/runner.py `open_endpoint`): the daemon, else a
-private daemon of this process. It sends ``compact`` and prints the session's frames of
-the compaction until it ends: ``context_compressed``, or the error that stopped it.
+The way out of ``context_too_large``: the older context is summarised and any kept
+message too big to fit is cut, so the next turn fits the model's window (the display
+history keeps every message). It prints the compaction's frames until it ends.
 """
 
 from __future__ import annotations

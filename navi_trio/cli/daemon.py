@@ -1,23 +1,9 @@
 """The daemon's subcommands of ``navi``: serve, status, stop, users, sessions, tasks,
 approvals, schedule.
 
-    navi serve [--host 127.0.0.1] [--port 8765] [--allow-remote] [--log-level L] [--log-json]
-               [--local [--model-file PATH]] [--workers N]
-    navi status | stop [--port P]
-    navi users add NAME [--role admin|user] | list | remove NAME | rotate NAME
-    navi sessions [list | history ID | delete ID] [--url URL] [--token T]
-    navi tasks [list | check ID | cancel ID] [--session ID] [--url URL] [--token T]
-    navi approvals [list | revoke ID] [--url URL] [--token T]
-    navi schedule add (--session ID | --new [--profile P]) (--cron EXPR | --every 10m |
-                  --at ISO) [--no-catch-up] [--budget JSON] "message"
-    navi schedule list | remove ID | pause ID | resume ID   [--url URL] [--token T]
-
-`serve` runs the daemon in the foreground until SIGTERM / SIGINT (`--workers N`: N of
-them on the port, supervised: cli/workers.py). `users` works on the store directly (the
-daemon need not run). `sessions`, `tasks`, `approvals` and `schedule` speak to the daemon as `navi
-run` does (cli/runner.py `open_endpoint`): the one --url names (none answering there is
-said in one line), else the local one when it answers, else a private daemon of the
-command on the local database (it runs no background tasks and no schedules).
+`users` works on the store directly (the daemon need not run). `sessions`, `tasks`,
+`approvals` and `schedule` go where `navi run` goes: the daemon, else a private one of
+the command on the local database (it runs no background tasks and no schedules).
 """
 
 from __future__ import annotations
@@ -35,6 +21,7 @@ import trio
 from navi_trio import wire
 from navi_trio.api.auth import is_loopback
 from navi_trio.api.remote import DEFAULT_URL
+from navi_trio.cli.common import Command, lazy_command
 from navi_trio.text import terminal_safe
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -296,8 +283,8 @@ async def _users(settings: Any, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _call(args: argparse.Namespace, frame: dict[str, Any]) -> dict[str, Any]:
-    """The daemon's reply to `frame` (cli/runner.py `open_endpoint`: a private one when
-    none answers and no --url names one)."""
+    """The daemon's reply to `frame` (a private daemon's when none answers and no --url
+    names one)."""
     from navi_trio.api.endpoint import Endpoint, open_endpoint
     from navi_trio.api.remote import request
     from navi_trio.cli.common import config_source, load_settings, run_target
@@ -450,22 +437,10 @@ def _schedule_line(s: dict[str, Any]) -> str:
             f"{where}\t{text}{skipped}")  # fmt: skip
 
 
-def cmd_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.cli.daemons import cmd_status as status
-
-    return status(args, out, err)
-
-
-def cmd_stop(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.cli.daemons import cmd_stop as stop
-
-    return stop(args, out, err)
-
-
-COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
+COMMANDS: dict[str, Command] = {
     "serve": cmd_serve,
-    "status": cmd_status,
-    "stop": cmd_stop,
+    "status": lazy_command("daemons", "cmd_status"),
+    "stop": lazy_command("daemons", "cmd_stop"),
     "users": cmd_users,
     "sessions": cmd_sessions,
     "tasks": cmd_tasks,

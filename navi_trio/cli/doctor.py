@@ -1,10 +1,7 @@
 """``navi doctor``: check the config, the DB and the LLM endpoint, and print the report.
 
-`collect_doctor` gathers everything as one JSON-ready dict; `print_doctor` shows it for
-a person. The checks with more to them live next to what they check: the LLM
-endpoint's (its model list, its context window) in cli/doctor_llm.py, the embedded
-model's (a one-token generation in a process of its own) in llm/local_check.py. The
-command itself (`cmd_doctor`, its arguments and exit code) lives in `navi_trio.cli`.
+`collect_doctor` gathers everything as one JSON-ready dict; `print_doctor` shows it
+for a person.
 """
 
 from __future__ import annotations
@@ -115,9 +112,8 @@ async def collect_doctor(
     """Everything `navi doctor` reports, as one JSON-ready dict (``ok``: config and DB fine).
 
     `cwd`: the folder whose project files are listed (None: the process's own).
-
-    `configured`: whether the LLM was chosen (env or options); when not, the report says
-    which backend would be chosen (Ollama if it answers, else the local model).
+    `configured`: whether the LLM was chosen; when not, the report says which backend
+    would be.
     """
     report: dict[str, Any] = {"version": __version__, "warnings": [], "errors": []}
     report["local"] = local_model_info(settings.model_file)
@@ -279,9 +275,8 @@ async def _mcp_servers(cfg: NaviConfig | None, settings: Settings) -> list[dict[
 
 
 def _tool_user(settings: Settings) -> dict[str, Any]:
-    """Whom tool processes run as (tools/runas.py): ``root`` (the daemon runs as root),
-    ``user`` (that account; None: as the daemon), ``error`` (NAVI_TOOL_USER names no one
-    here)."""
+    """Whom tool processes run as: ``root`` (the daemon runs as root), ``user`` (None: as
+    the daemon), ``error`` (NAVI_TOOL_USER names no one here)."""
     out: dict[str, Any] = {"root": os.geteuid() == 0, "user": None, "error": None}
     try:
         who = run_as(settings.tool_user)

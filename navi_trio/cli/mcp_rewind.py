@@ -1,14 +1,10 @@
-"""The MCP server's ``rewind`` and ``fork`` tools (`navi mcp serve`, cli/mcp_server.py).
+"""The MCP server's ``rewind`` and ``fork`` tools.
 
-``rewind`` takes three steps, so that another agent never changes a session by accident:
-called with the session only, it lists the user messages (ids and numbers) and the
-branches; with `to` (a message) or `branch` (a rewind to undo), it answers the preview
-and a token and changes nothing; called again with ``confirm`` set to that token, it
-rewinds, and names the branch that undoes it. ``fork`` makes a new session from the
-history before `at` (all of it without), with a copy of the files when asked.
-
-Both go where `ask` goes (the daemon, else the private one: `Rewinds`); the summaries
-are the ones `navi rewind` prints. A refusal is a tool error naming it.
+``rewind`` takes three steps, so that another agent never changes a session by
+accident: with the session only, it lists the user messages and branches; with `to` or
+`branch`, it answers the preview and a token and changes nothing; called again with
+``confirm`` set to that token, it rewinds. ``fork`` makes a new session from the
+history before `at`. A refusal is a tool error naming it.
 """
 
 from __future__ import annotations
