@@ -282,9 +282,8 @@ class Agent:
         return {"modes": self._modes(session), "configOptions": self._config_options(session)}
 
     async def _commands(self, session_id: str) -> None:
-        """Tell the editor navi's commands, and those kept as files in the session's
-        folder (the daemon lists them: navi_trio/project/commands.py); a command of ours
-        wins over a file of its name."""
+        """Tell the editor navi's commands and those kept as files in the session's folder; a
+        command of ours wins over a file of its name."""
         offered = [{"name": n, "description": d} for n, d in COMMANDS.items()]
         session = self.sessions.get(session_id)
         if session is not None:

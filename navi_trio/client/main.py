@@ -1,4 +1,4 @@
-"""`chat`: the body of ``navi chat`` (cli.py parses the options and calls it)."""
+"""`chat`: the body of ``navi chat``."""
 
 from __future__ import annotations
 

@@ -139,9 +139,8 @@ def _cores(_inst: Any, attr: attrs.Attribute[Any], value: float | None) -> None:
 
 @attrs.frozen(kw_only=True)
 class ProcessLimits:
-    """The kernel limits on one session's tool processes, all of them together, where
-    cgroups can be used (tools/cgroups.py): memory in MiB, processes and threads, CPU
-    cores (None: no CPU limit)."""
+    """The kernel limits on one session's tool processes together, where cgroups can be
+    used: memory in MiB, processes and threads, CPU cores (None: no CPU limit)."""
 
     memory_mb: int = attrs.field(default=2048, validator=_whole_from(16, 1 << 22))
     pids: int = attrs.field(default=512, validator=_whole_from(8, 1 << 22))

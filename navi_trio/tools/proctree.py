@@ -140,9 +140,8 @@ def _scan(queries: list[Query], tag_var: str) -> tuple[list[set[int]], dict[int,
 
 
 def _ours(pid: int, uid: int) -> bool:
-    """Whether process `pid` may be one of ours: run by our uid (we could not signal
-    another's anyway), or by anyone when we are root, whose tool processes run as
-    another user (tools/runas.py). Its tag or its parent still decides."""
+    """Whether process `pid` may be one of ours: run by our uid, or by anyone when we are
+    root (our tool processes then run as another user). Its tag or its parent decides."""
     return uid == 0 or os.stat(f"{PROC}/{pid}").st_uid == uid
 
 

@@ -178,11 +178,8 @@ class RunRoots:
     def open(
         cls, session_dir: Path, cwd: Path | None, owner: tuple[int, int] | None = None
     ) -> RunRoots:
-        """The roots at these paths, opened now (the session folder made if need be,
-        and given to `owner`: see `session_folder`).
-
-        For contexts without a run (a tool driven alone): a run holds its roots from
-        its start instead, its cwd checked against the sender's rights (core/workspace).
+        """The roots at these paths, opened now, for a tool driven without a run (a run holds
+        its roots from its start); the session folder made if need be and given to `owner`.
         """
         try:
             session = session_folder(_real(session_dir), owner, given=session_dir)

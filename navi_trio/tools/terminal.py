@@ -197,7 +197,7 @@ def session_cgroup(ctx: ToolContext) -> SessionCgroup | None:
 
 
 def command_user(ctx: ToolContext) -> RunAs | None:
-    """Whom a command of `ctx` runs as (tools/runas.py: never root)."""
+    """Whom a command of `ctx` runs as (never root)."""
     try:
         return run_as(ctx.settings.tool_user)
     except ConfigError as exc:
