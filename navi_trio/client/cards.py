@@ -11,26 +11,17 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from rich.markup import escape
 
 from navi_trio.approval_text import grant_line, part_lines
-from navi_trio.client.status import Status
 from navi_trio.client.text import ARGS_MAX, RESULT_MAX, one_line
 from navi_trio.wire import Frame
 
-
-class Board(Protocol):
-    """What the cards print on (the `Renderer`)."""
-
-    status: Status
-
-    def put(self, markup: str, who: str = "", style: str | None = None) -> None: ...
-    def notice(self, text: str, who: str = "") -> None: ...
-    def markdown(self, text: str, who: str = "") -> None: ...
-    def mark_busy(self, frame: Frame) -> None: ...
+if TYPE_CHECKING:
+    from navi_trio.client.render import Renderer
 
 
 TOOL_TAIL_LINES = 5  # live output lines shown per tool call before "… N more lines"
@@ -47,7 +38,7 @@ class _Card:
 
 
 class Cards:
-    def __init__(self, board: Board) -> None:
+    def __init__(self, board: Renderer) -> None:
         self.r = board
         self._cards: dict[str, _Card] = {}
         self._plan: list[dict[str, Any]] = []

@@ -6,33 +6,14 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from navi_trio import wire
-from navi_trio.client.render import Renderer
-from navi_trio.client.rewind import RewindFlow
 from navi_trio.command_text import CommandTooLongError, expand_command, usable
 from navi_trio.wire import Frame
 
-
-class Chat(Protocol):
-    """What the commands change and use of the chat (the `ChatApp`)."""
-
-    renderer: Renderer
-    session_id: str | None
-    profile: str | None
-    mode: str | None
-    resuming: str | None
-    rewinds: RewindFlow
-    profiles: list[str] | None  # the daemon's (its welcome); None: not said
-
-    async def send(self, frame: Frame) -> bool: ...
-    async def line(
-        self, text: str, on_busy: str | None = None, *, literal: bool = False
-    ) -> None: ...
-    def quit(self) -> None: ...
-    def set_session(self, session_id: str | None) -> None: ...
-    def run_cwd(self) -> str | None: ...
+if TYPE_CHECKING:
+    from navi_trio.client.app import ChatApp
 
 
 HELP = """\
@@ -81,7 +62,7 @@ ANSWERS = {
 
 
 class SlashCommands:
-    def __init__(self, app: Chat) -> None:
+    def __init__(self, app: ChatApp) -> None:
         self.app = app
         self._by_name: dict[str, Callable[[str], Awaitable[None]]] = {
             "help": self.help,

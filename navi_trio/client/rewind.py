@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from typing import Protocol, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from navi_trio import wire
-from navi_trio.client.render import Renderer
 from navi_trio.client.rewind_text import (
     print_done,
     print_forked,
@@ -25,6 +24,9 @@ from navi_trio.client.rewind_text import (
     print_preview,
 )
 from navi_trio.wire import Frame
+
+if TYPE_CHECKING:
+    from navi_trio.client.app import ChatApp
 
 RESTORES = ("chat", "files", "both")
 YES = ("y", "yes")
@@ -35,17 +37,6 @@ FORCE_HINT = "add force (/rewind N files force) to restore them too"
 FORCE = "force"
 
 
-class Chat(Protocol):
-    renderer: Renderer
-    session_id: str | None
-    resuming: str | None
-
-    async def send(self, frame: Frame) -> bool: ...
-    def set_cwd(self, folder: str) -> None: ...
-    def prefill(self, text: str) -> None: ...
-    def history_rewritten(self) -> None: ...
-
-
 def _text(show: Callable[[TextIO], None]) -> str:
     out = io.StringIO()
     show(out)
@@ -53,7 +44,7 @@ def _text(show: Callable[[TextIO], None]) -> str:
 
 
 class RewindFlow:
-    def __init__(self, app: Chat) -> None:
+    def __init__(self, app: ChatApp) -> None:
         self.app = app
         self.listed: Frame | None = None  # the latest `checkpoints` reply of our session
         self.after_list: tuple[str, str] | None = None  # (command, arg) waiting for it
