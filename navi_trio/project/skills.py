@@ -19,7 +19,7 @@ from pathlib import Path
 import attrs
 
 from navi_trio.errors import RootChangedError
-from navi_trio.project.files import NotReadable, Reader, Skipped, holds, utf8_prefix
+from navi_trio.project.files import NotReadable, Reader, Skipped, holds
 from navi_trio.project.frontmatter import FrontMatterError, front_matter, shown
 from navi_trio.tools._beneath import (
     Beneath,
@@ -215,8 +215,3 @@ def body_text(skill: Skill, cap: int) -> str:
         "filesystem tool when they are inside your folders, else with this tool's `file`."
     )
     return f"# Skill {skill.name}\n{how}\n\n{body}"
-
-
-def decode(data: bytes, cap: int) -> str:
-    """At most `cap` bytes of `data` as text."""
-    return utf8_prefix(data, cap)
