@@ -213,9 +213,9 @@ class AgentProfile:
     # Environment variables (by name) the daemon passes on to its runs' tool processes,
     # beyond the allow-list every one gets (tools/procs `child_env`).
     env: tuple[str, ...] = ()
-    # Control of a running agent (issue 23, profiles/_control.py): what a message does
-    # while the session is busy; what a run may spend; whether a background job that
-    # ends while the session is idle starts a turn with its note.
+    # Control of a running agent: what a message does while the session is busy; what a
+    # run may spend; whether a background job that ends while the session is idle starts
+    # a turn with its note.
     on_busy: OnBusy = "enqueue"
     budgets: BudgetConfig = BudgetConfig()
     wake_on_task_done: bool = False
