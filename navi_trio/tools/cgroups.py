@@ -535,8 +535,10 @@ def open_tree(owner: str, where: Plan | None = None) -> Tree:
         try:
             (where.v2 / name).mkdir(exist_ok=True)
             if v2_limits:
-                _write(where.v2 / name / "cgroup.subtree_control",
-                       " ".join(f"+{c}" for c in sorted(v2_limits)))  # fmt: skip
+                _write(
+                    where.v2 / name / "cgroup.subtree_control",
+                    " ".join(f"+{c}" for c in sorted(v2_limits)),
+                )
             v2 = where.v2 / name
         except OSError as exc:
             log.warning("cannot make cgroup %s: %s", where.v2 / name, exc.strerror)
@@ -582,8 +584,9 @@ async def clear_stale(digest: str, where: Plan | None = None) -> list[int]:
     if killed:
         log.warning(
             "killed %d process(es) left in the cgroups of a previous daemon: %s",
-            len(killed), " ".join(map(str, sorted(killed))),
-        )  # fmt: skip
+            len(killed),
+            " ".join(map(str, sorted(killed))),
+        )
     return sorted(killed)
 
 

@@ -44,9 +44,15 @@ class PeerRun(Protocol):
 
 class PeerLink(Protocol):
     def ask(
-        self, url: str, token: str, message: str, *, session_id: str | None,
-        profile: str | None, trace: Mapping[str, str] | None = None,
-    ) -> AbstractAsyncContextManager[PeerRun]:  # fmt: skip
+        self,
+        url: str,
+        token: str,
+        message: str,
+        *,
+        session_id: str | None,
+        profile: str | None,
+        trace: Mapping[str, str] | None = None,
+    ) -> AbstractAsyncContextManager[PeerRun]:
         """Connect, hello, send the message (with `trace`, the calling span's W3C trace
         context, when tracing); leaving before the run ended stops it."""
         ...
@@ -116,9 +122,15 @@ def _forward(frame: Frame, feed: _Feed, peer: str) -> str | None:
         ok = bool(frame.get("ok"))
         status = "ok" if ok else f"failed: {frame.get('error') or ''}"[:CARD_STATUS_MAX]
         feed.card(
-            {"event": "tool_result", "tool": tool, "ok": ok, "status": status, "subagent": sub,
-             "text": f"{peer} ⎿ {tool}: {status}"}
-        )  # fmt: skip
+            {
+                "event": "tool_result",
+                "tool": tool,
+                "ok": ok,
+                "status": status,
+                "subagent": sub,
+                "text": f"{peer} ⎿ {tool}: {status}",
+            }
+        )
     elif kind == "error" and not sub:
         message = str(frame.get("message", ""))
         feed.card({"event": "error", "code": frame.get("code"), "text": f"{peer} ✖ {message}"})
@@ -168,11 +180,20 @@ class PeerTool:
         try:
             with trio.move_on_after(timeout) as waited:
                 async with self.link.ask(
-                    peer.url, token, message, session_id=session, profile=profile,
+                    peer.url,
+                    token,
+                    message,
+                    session_id=session,
+                    profile=profile,
                     trace=ctx.trace_context(ctx.call_id, self.name) or None,
-                ) as run:  # fmt: skip
-                    feed.card({"event": "asked", "session": run.session_id,
-                               "text": f"asked {name} (session {run.session_id})"})  # fmt: skip
+                ) as run:
+                    feed.card(
+                        {
+                            "event": "asked",
+                            "session": run.session_id,
+                            "text": f"asked {name} (session {run.session_id})",
+                        }
+                    )
                     end, error = await _follow(run, feed, name)
         except PeerRefusedError as exc:
             if exc.code == "unauthorized":
@@ -192,8 +213,9 @@ class PeerTool:
             state = "its run was stopped" if run is not None else "it never took the message"
             return ToolResult.fail(
                 f"no answer from {where} within {timeout:g} s; {state}",
-                output=feed.answer, **data,
-            )  # fmt: skip
+                output=feed.answer,
+                **data,
+            )
         assert run is not None
         return _outcome(end, error, feed, name, data)
 

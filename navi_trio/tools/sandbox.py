@@ -109,15 +109,9 @@ def _wheel_bwrap() -> Path | None:
 def _probe_argv(bwrap: Path, user: RunAs | None) -> list[str]:
     drop = [] if user is None else list(DROP_CAPS)
     command = ["true"] if user is None else [sys.executable, *drop_argv(user), "true"]
-    return [
-        str(bwrap),
-        "--ro-bind", "/", "/",
-        "--dev", "/dev",
-        "--proc", "/proc",
-        "--size", str(1 << 20), "--tmpfs", "/tmp",
-        "--unshare-pid", "--unshare-net", "--die-with-parent",
-        *drop, "--", *command,
-    ]  # fmt: skip
+    out = [str(bwrap), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    out += ["--size", str(1 << 20), "--tmpfs", "/tmp"]
+    return [*out, "--unshare-pid", "--unshare-net", "--die-with-parent", *drop, "--", *command]
 
 
 @functools.lru_cache(maxsize=8)
@@ -267,8 +261,10 @@ class _Binds:
         self.fds.append(fd)
         return [
             *self._way_to(root.path),
-            "--bind-fd" if writable else "--ro-bind-fd", str(fd), str(root.path),
-        ]  # fmt: skip
+            "--bind-fd" if writable else "--ro-bind-fd",
+            str(fd),
+            str(root.path),
+        ]
 
     def _way_to(self, path: Path) -> list[str]:
         """The folders bwrap makes above `path` in an emptied folder, passable by the
@@ -310,10 +306,11 @@ def bwrap_argv(
     seen = [*extra, here, *_prefixes(binds)]
     readable = list(
         {
-            r.path: r for r in seen
+            r.path: r
+            for r in seen
             if private.blocks(r.path) is None and not within(r.path, *written)
         }.values()
-    )  # fmt: skip
+    )
     out = [str(bwrap), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     # Sticky and writable by all, as a /tmp is: the tool user (a root daemon's) uses it.
     out += ["--perms", "01777", "--size", str(spec.tmp_max_bytes), "--tmpfs", str(PRIVATE_TMP)]
@@ -481,9 +478,10 @@ def _masks(
 
     files = [h for h in private.hidden if os.path.isfile(h) and shown(h)]
     sockets = [
-        s for s in dict.fromkeys(real_path(p) for p in _bound_sockets())
+        s
+        for s in dict.fromkeys(real_path(p) for p in _bound_sockets())
         if not within(s, *(r.path for r in writable)) and shown(s) and _is_socket(s)
-    ][:SOCKET_MASKS_MAX]  # fmt: skip
+    ][:SOCKET_MASKS_MAX]
     for path in dict.fromkeys([*files, *sockets]):
         out += ["--ro-bind", "/dev/null", str(path)]
     return out

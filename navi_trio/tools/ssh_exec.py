@@ -58,22 +58,17 @@ class SshCall:
 
 def ssh_argv(ssh: SshConfig, host: SshHost, remote: str, client: str = "ssh") -> list[str]:
     """The local ssh command line for `remote` on `host` (see the module docstring)."""
-    return [
-        client,
-        "-F", "/dev/null",
-        "-o", "BatchMode=yes",
-        "-o", "StrictHostKeyChecking=yes",
-        "-o", f"UserKnownHostsFile={ssh.known_hosts}",
-        "-o", "IdentitiesOnly=yes",
-        "-o", "LogLevel=ERROR",
-        "-o", f"ConnectTimeout={CONNECT_TIMEOUT_SEC}",
-        "-tt",
-        "-i", host.identity_file,
-        "-p", str(host.port),
-        f"{host.user}@{host.host}",
-        "--",
-        remote,
-    ]  # fmt: skip
+    options = [
+        "BatchMode=yes",
+        "StrictHostKeyChecking=yes",
+        f"UserKnownHostsFile={ssh.known_hosts}",
+        "IdentitiesOnly=yes",
+        "LogLevel=ERROR",
+        f"ConnectTimeout={CONNECT_TIMEOUT_SEC}",
+    ]
+    flags = [arg for option in options for arg in ("-o", option)]
+    login = ["-i", host.identity_file, "-p", str(host.port), f"{host.user}@{host.host}"]
+    return [client, "-F", "/dev/null", *flags, "-tt", *login, "--", remote]
 
 
 def remote_command(alias: str, host: SshHost, command: str) -> str:

@@ -62,8 +62,9 @@ def tool_name(server: str, tool: str) -> str:
 class McpTool:
     """A tool of an MCP server, offered to the model as ``mcp__<server>__<tool>``."""
 
-    def __init__(self, connection: McpConnection, remote: str, description: str,
-                 parameters: dict[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self, connection: McpConnection, remote: str, description: str, parameters: dict[str, Any]
+    ) -> None:
         self.connection = connection
         self.remote = remote
         self.name = tool_name(connection.name, remote)
@@ -203,8 +204,11 @@ class McpConnection:
                     self._set("failed")
                     log.error(
                         "MCP server %s failed to start %d times in a row (%s); it starts "
-                        "again when a run needs it", self.name, failures, self.error,
-                    )  # fmt: skip
+                        "again when a run needs it",
+                        self.name,
+                        failures,
+                        self.error,
+                    )
                     self._retry = trio.Event()
                     await self._retry.wait()
                     failures = 0
@@ -328,8 +332,9 @@ class McpConnection:
         try:
             return tree.server(self.name, self.config.limits)
         except OSError as exc:
-            log.warning("MCP server %s runs outside cgroups: cannot make its cgroup: %s",
-                        self.name, exc)  # fmt: skip
+            log.warning(
+                "MCP server %s runs outside cgroups: cannot make its cgroup: %s", self.name, exc
+            )
             return None
 
     def _install(self, listed: list[Any]) -> None:
@@ -340,8 +345,10 @@ class McpConnection:
                 continue
             name = tool_name(self.name, t.name)
             if not _NAME.match(name):
-                self._note(f"tool {t.name!r} skipped: {name!r} is not a valid function name "
-                           "(letters, digits, _ and -, 64 at most)")  # fmt: skip
+                self._note(
+                    f"tool {t.name!r} skipped: {name!r} is not a valid function name "
+                    "(letters, digits, _ and -, 64 at most)"
+                )
                 continue
             try:
                 schema, warning = check_schema(t.input_schema)

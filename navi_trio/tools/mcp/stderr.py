@@ -46,8 +46,12 @@ async def log_lines(stream: trio.lowlevel.FdStream, log: logging.Logger, name: s
                 now = trio.current_time()
                 if now >= window_end:
                     if dropped:
-                        log.warning("[%s] %d stderr lines not logged (over %d a minute)",
-                                    name, dropped, LINES_PER_MINUTE)  # fmt: skip
+                        log.warning(
+                            "[%s] %d stderr lines not logged (over %d a minute)",
+                            name,
+                            dropped,
+                            LINES_PER_MINUTE,
+                        )
                     window_end, logged, dropped = now + 60, 0, 0
                 if logged >= LINES_PER_MINUTE:
                     dropped += 1
@@ -59,5 +63,6 @@ async def log_lines(stream: trio.lowlevel.FdStream, log: logging.Logger, name: s
                     cut = f" [… {extra} characters cut]" if extra > 0 else ""
                     log.info("[%s] %s%s", name, text[:LINE_MAX], cut)
     if dropped:
-        log.warning("[%s] %d stderr lines not logged (over %d a minute)", name, dropped,
-                    LINES_PER_MINUTE)  # fmt: skip
+        log.warning(
+            "[%s] %d stderr lines not logged (over %d a minute)", name, dropped, LINES_PER_MINUTE
+        )

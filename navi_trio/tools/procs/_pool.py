@@ -174,9 +174,14 @@ class ProcessPool(NurseryHolder):
         with ExitStack() as stack:
             # First, before the checks: they must not go stale across an await.
             cmd = await sandboxed_argv(
-                sandbox, shell_argv(command), cwd, bwrap_path, roots=roots, stack=stack,
+                sandbox,
+                shell_argv(command),
+                cwd,
+                bwrap_path,
+                roots=roots,
+                stack=stack,
                 user=user,
-            )  # fmt: skip
+            )
             environ = child_env({**(env or {}), **(user.env() if user else {})})
             start = _Start(cmd, process_cwd(cmd, cwd), environ, user, cgroup)
             return await self._start(session_id, command, start, cwd, owner, user_id)

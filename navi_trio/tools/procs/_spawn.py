@@ -49,9 +49,18 @@ KILL_GRACE_SEC = 2.0  # between SIGTERM and SIGKILL
 TAG_VAR = "NAVI_PROC_TAG"
 # What every tool process gets of the daemon's environment (and every LC_* variable).
 PASSED_VARS = (
-    "PATH", "HOME", "LANG", "LANGUAGE", "TERM", "COLORTERM", "TZ", "USER", "LOGNAME",
-    "SHELL", "TMPDIR",
-)  # fmt: skip
+    "PATH",
+    "HOME",
+    "LANG",
+    "LANGUAGE",
+    "TERM",
+    "COLORTERM",
+    "TZ",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TMPDIR",
+)
 ORPHAN_WAIT_SEC = 5.0
 log = logging.getLogger("navi_trio.tools.procs")
 
@@ -316,6 +325,8 @@ async def kill_orphans(data_dir: Path) -> list[int]:
     if killed:
         log.warning(
             "killed %d process(es) a previous daemon on %s left running: %s",
-            len(killed), data_dir, " ".join(map(str, killed)),
-        )  # fmt: skip
+            len(killed),
+            data_dir,
+            " ".join(map(str, killed)),
+        )
     return killed
