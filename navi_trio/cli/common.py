@@ -161,9 +161,11 @@ def run_target(args: argparse.Namespace, settings: Settings) -> RunTarget:
             f"--url runs the turn in the daemon, which has its own settings: drop {names} or --url"
         )
     return RunTarget(
-        getattr(args, "url", None), getattr(args, "token", None), settings.data_dir,
+        getattr(args, "url", None),
+        getattr(args, "token", None),
+        settings.data_dir,
         bool(embedded),
-    )  # fmt: skip
+    )
 
 
 def config_source(settings: Settings) -> ConfigSource:

@@ -58,8 +58,11 @@ async def compact_session(
             if event.is_subagent:
                 continue
             if isinstance(event, CompressionStarted):
-                print(f"compacting session {session_id} (~{event.tokens_before} tokens)…",
-                      file=out, flush=True)  # fmt: skip
+                print(
+                    f"compacting session {session_id} (~{event.tokens_before} tokens)…",
+                    file=out,
+                    flush=True,
+                )
             elif isinstance(event, ContextCompressed):
                 print(
                     f"compacted: {event.messages_summarised} older messages summarised, "
@@ -79,8 +82,7 @@ def cmd_compact(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     settings = load_settings(args)
     error = trio.run(_compact, args, settings, out, err)
     if error is not None:
-        print(f"navi: error: compacting failed, the context was left as it was: {error}",
-              file=err)  # fmt: skip
+        print(f"navi: error: compacting failed, the context was left as it was: {error}", file=err)
         return EXIT_ERROR
     return EXIT_OK
 

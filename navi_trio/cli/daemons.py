@@ -271,8 +271,11 @@ def cmd_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     for state in states:
         print(terminal_safe(status_line(state, now)), file=out)
     if not any(s.running or s.answer.navi for s in states):
-        print(f"no navi daemon runs from {settings.data_dir} (`navi serve` or `navi chat` "
-              "starts one)", file=out)  # fmt: skip
+        print(
+            f"no navi daemon runs from {settings.data_dir} (`navi serve` or `navi chat` "
+            "starts one)",
+            file=out,
+        )
         return 1
     return 0
 
@@ -299,13 +302,17 @@ def cmd_stop(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     path = pid_file(data_dir, port)
     pid = read_pid(path)
     if pid is None:
-        print(f"no navi daemon of {data_dir} runs on port {port} (no pid file): nothing to "
-              "stop", file=out)  # fmt: skip
+        print(
+            f"no navi daemon of {data_dir} runs on port {port} (no pid file): nothing to stop",
+            file=out,
+        )
         return 0
     if not is_navi(pid):
         path.unlink(missing_ok=True)
-        print(f"the daemon on port {port} (pid {pid}) is gone already: its stale pid file is "
-              "removed", file=out)  # fmt: skip
+        print(
+            f"the daemon on port {port} (pid {pid}) is gone already: its stale pid file is removed",
+            file=out,
+        )
         return 0
     limit = settings.shutdown_wait_tasks_sec + STOP_MARGIN_SEC
     print(f"stopping the navi daemon on port {port} (pid {pid})…", file=out, flush=True)

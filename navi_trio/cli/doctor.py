@@ -95,10 +95,18 @@ async def _backend_choice(
 def _local_llm(settings: Settings, local: dict[str, Any]) -> dict[str, Any]:
     """The `llm` entry for the embedded backend: no endpoint to ping."""
     if local["ok"]:
-        return {"backend": "local", "url": local["file"], "ok": True,
-                "models": [Path(local["file"]).stem]}  # fmt: skip
-    return {"backend": "local", "url": local["file"] or "-", "ok": False,
-            "error": local.get("error") or "the local model cannot run"}  # fmt: skip
+        return {
+            "backend": "local",
+            "url": local["file"],
+            "ok": True,
+            "models": [Path(local["file"]).stem],
+        }
+    return {
+        "backend": "local",
+        "url": local["file"] or "-",
+        "ok": False,
+        "error": local.get("error") or "the local model cannot run",
+    }
 
 
 async def collect_doctor(
@@ -308,8 +316,10 @@ def readiness_line(ready: dict[str, Any]) -> str:
     if "error" in ready:
         return f"readiness unknown: {ready['error']}"
     checks = ready["checks"]
-    parts = [f"{name} " + ("ok" if c.get("ok") else f"FAILED ({c.get('detail', '')})")
-             for name, c in sorted(checks.items())]  # fmt: skip
+    parts = [
+        f"{name} " + ("ok" if c.get("ok") else f"FAILED ({c.get('detail', '')})")
+        for name, c in sorted(checks.items())
+    ]
     return ("ready: " if ready.get("ready") else "NOT READY: ") + ", ".join(parts)
 
 
@@ -345,13 +355,18 @@ def _print_local_check(check: dict[str, Any] | None, line: Callable[[str, str], 
         return
     extra = {True: "on", False: "off", None: "?"}[check.get("extra_buffers")]
     if check["ok"]:
-        line("", f"one token in a child process: OK in {check['seconds']:g} s (extra buffer "
-                 f"types {extra})")  # fmt: skip
+        line(
+            "",
+            f"one token in a child process: OK in {check['seconds']:g} s (extra buffer "
+            f"types {extra})",
+        )
         if check.get("system_info"):
             line("", f"llama.cpp: {check['system_info'].strip()}")
     else:
-        line("", f"one token in a child process (extra buffer types {extra}): FAILED: "
-                 f"{check['error']}")  # fmt: skip
+        line(
+            "",
+            f"one token in a child process (extra buffer types {extra}): FAILED: {check['error']}",
+        )
         for text in check.get("stderr") or []:
             line("", f"  | {text}")
         if check.get("fix"):

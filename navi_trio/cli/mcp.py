@@ -80,8 +80,11 @@ def cmd_mcp_list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     status = trio.run(probe, cfg, None, settings.tool_user, settings.bwrap_path)
     for s in status:
         users = [p.id for p in cfg.profiles.values() if s["name"] in p.mcp_servers]
-        print(f"{s['name']:<16} {s['transport']:<6} {s['state']:<10} "
-              f"profiles: {', '.join(users) or '-'}", file=out)  # fmt: skip
+        print(
+            f"{s['name']:<16} {s['transport']:<6} {s['state']:<10} "
+            f"profiles: {', '.join(users) or '-'}",
+            file=out,
+        )
         if s["error"] and not s["ok"]:
             print(terminal_safe(f"    error: {s['error']}"), file=out)
         for tool in s["tools"]:

@@ -154,9 +154,14 @@ class NaviBridge:
             folder = _folder(cwd)
             profile = profile or self.options.profile
             req = RunRequest(
-                session_id or new_session_id(), message, folder, profile, False, self.options.mode,
+                session_id or new_session_id(),
+                message,
+                folder,
+                profile,
+                False,
+                self.options.mode,
                 on_busy=on_busy,
-            )  # fmt: skip
+            )
             feed = AskFeed(ProgressPump(report))
             endpoint = await self.endpoint()
             run = RemoteRun(req, feed, say=lambda line: print(line, file=sys.stderr, flush=True))
@@ -284,9 +289,15 @@ def build_server(bridge: NaviBridge) -> MCPServer:
 
             async def parked_ask(parked: Parked) -> CallToolResult:
                 return await bridge.ask(
-                    message, session_id, profile, cwd, parked.report, on_busy, parked.ask,
+                    message,
+                    session_id,
+                    profile,
+                    cwd,
+                    parked.report,
+                    on_busy,
+                    parked.ask,
                     parked.set_stop,
-                )  # fmt: skip
+                )
 
             return await bridge.rounds.serve(bridge.rounds.start(parked_ask), report)
         return await bridge.ask(message, session_id, profile, cwd, report, on_busy, elicitor(ctx))

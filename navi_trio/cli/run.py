@@ -157,8 +157,11 @@ class _Printer:
     def show(self, frame: Frame) -> bool:
         """Print one session frame; True at this run's top-level stream_end."""
         if frame.get("type") == "resync":  # cut off and the replay was gone
-            _say(self.err, "navi: warning: some output was skipped (navi fell behind); "
-                 "the session's history has all of it")  # fmt: skip
+            _say(
+                self.err,
+                "navi: warning: some output was skipped (navi fell behind); "
+                "the session's history has all of it",
+            )
             return False
         # As `navi run` always printed them: the epoch only matters to a client that
         # subscribes again, which navi run never does.
@@ -217,10 +220,13 @@ async def decide_approval(frame: Frame, err: TextIO, *, interactive: bool) -> tu
     tool, summary = frame.get("tool", "?"), one_line(str(frame.get("summary", "")))
     rule = frame.get("rule", "")
     if not interactive:
-        _say(err, terminal_safe(
-            f"navi: denied {tool} ({summary}): it needs approval ({rule}) and there is no "
-            "terminal to ask; run it with a terminal, or allow it with a rule"
-        ))  # fmt: skip
+        _say(
+            err,
+            terminal_safe(
+                f"navi: denied {tool} ({summary}): it needs approval ({rule}) and there is no "
+                "terminal to ask; run it with a terminal, or allow it with a rule"
+            ),
+        )
         return False, "once"
     for line in [*part_lines(frame), grant_line(frame, "[s]ession")]:
         if line:  # a terminal line's parts, and what a session grant covers
@@ -256,11 +262,12 @@ async def run_remote(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stopper.watch, signals)
             await follow(
-                Endpoint(url, token, private), run,
+                Endpoint(url, token, private),
+                run,
                 lambda f: decide_approval(f, err, interactive=_interactive()),
                 on_accepted=lambda: print(f"session: {req.session_id}", file=err, flush=True),
                 after=after,
-            )  # fmt: skip
+            )
             nursery.cancel_scope.cancel()
     if (outer.cancelled_caught or run.abandoned) and outcome.signal is None:
         outcome.signal = signal.SIGINT
@@ -283,8 +290,9 @@ class _BackgroundWait:
         running = await self._running(daemon)
         if not running:
             return
-        _say(self.err, f"navi: waiting for {len(running)} background task(s)… Ctrl-C to "
-             "cancel them")  # fmt: skip
+        _say(
+            self.err, f"navi: waiting for {len(running)} background task(s)… Ctrl-C to cancel them"
+        )
         self.stopper.switch(self.cancel_wanted.set, "the background task(s)")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._cancel, daemon, running)
@@ -401,9 +409,16 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise UsageError(f"--cwd {cwd}: not a directory")
     session_id = args.session if args.session is not None else new_session_id()
     req = RunRequest(
-        session_id, text, cwd, args.profile, args.events, args.mode,
-        on_busy=args.on_busy, cwd_given=args.cwd is not None, commands=True,
-    )  # fmt: skip
+        session_id,
+        text,
+        cwd,
+        args.profile,
+        args.events,
+        args.mode,
+        on_busy=args.on_busy,
+        cwd_given=args.cwd is not None,
+        commands=True,
+    )
     outcome = trio.run(_run, args, settings, req, out, err)
     return exit_code(outcome, args.events, err)
 

@@ -158,9 +158,13 @@ async def follow(
         if req.commands and text.startswith("/"):
             text = await _command_prompt(daemon, text, cwd, run.say)
         accepted = await daemon.send_message(
-            text, session_id=sid, profile=req.profile, cwd=cwd, mode=req.mode,
+            text,
+            session_id=sid,
+            profile=req.profile,
+            cwd=cwd,
+            mode=req.mode,
             on_busy=req.on_busy,
-        )  # fmt: skip
+        )
         on_accepted()
         queued = "navi: the session is busy: message queued (#{})"
         ours = run.ours = OurRun.of(accepted, text, lambda n: run.say(queued.format(n)))

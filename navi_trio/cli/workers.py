@@ -153,8 +153,11 @@ class Supervisor:
             delay = backoff_delay(restart, base=RESTART_FIRST_SEC, cap=RESTART_MAX_SEC)
             log.warning(
                 "worker %d (pid %d) exited with %s; starting it again in %.1f s",
-                worker.number, proc.pid, _exit_text(code), delay,
-            )  # fmt: skip
+                worker.number,
+                proc.pid,
+                _exit_text(code),
+                delay,
+            )
             await trio.sleep(delay)
             worker.restarts += 1
 
@@ -191,8 +194,9 @@ class Supervisor:
                     await proc.wait()
             for proc in procs:
                 if proc.returncode is None:
-                    log.warning("worker pid %d ignored SIGTERM for %g s: killed", proc.pid,
-                                STOP_WAIT_SEC)  # fmt: skip
+                    log.warning(
+                        "worker pid %d ignored SIGTERM for %g s: killed", proc.pid, STOP_WAIT_SEC
+                    )
                     proc.kill()
                     await proc.wait()
 
