@@ -230,9 +230,10 @@ class SlashCommands:
             return
         kind, when, text = words[0], words[1], " ".join(words[2:])
         where: dict[str, object] = (
-            {"session_id": self.app.session_id} if self.app.session_id else
-            {"new": True, "profile": self.app.profile}
-        )  # fmt: skip
+            {"session_id": self.app.session_id}
+            if self.app.session_id
+            else {"new": True, "profile": self.app.profile}
+        )
         await self.app.send(wire.schedule("add", message=text, **{kind: when}, **where))
 
     async def mode(self, arg: str) -> None:

@@ -81,9 +81,12 @@ class Connection:
         while True:
             try:
                 async with open_daemon(
-                    self.url, self._token, connect_timeout=CONNECT_TIMEOUT,
-                    hello_timeout=WELCOME_TIMEOUT, close_timeout=CLOSE_TIMEOUT,
-                ) as daemon:  # fmt: skip
+                    self.url,
+                    self._token,
+                    connect_timeout=CONNECT_TIMEOUT,
+                    hello_timeout=WELCOME_TIMEOUT,
+                    close_timeout=CLOSE_TIMEOUT,
+                ) as daemon:
                     self._daemon = daemon
                     try:
                         failures = 0
