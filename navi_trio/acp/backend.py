@@ -64,7 +64,8 @@ async def _welcome(backend: Backend) -> Backend:
     profiles = welcome.get("profiles")
     default = welcome.get("default_profile")
     return attrs.evolve(
-        backend, role=role,
+        backend,
+        role=role,
         profiles=[str(p) for p in profiles] if isinstance(profiles, list) else [],
         default_profile=default if isinstance(default, str) else None,
-    )  # fmt: skip
+    )

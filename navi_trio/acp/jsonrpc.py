@@ -228,9 +228,8 @@ class Peer:
         try:
             self._running.acquire_nowait()
         except trio.WouldBlock:  # refused, not waited for: a cancel must still get through
-            await self._send(_error(rid, RpcError(
-                INTERNAL_ERROR, f"more than {MAX_RUNNING} requests at once: wait for an answer"
-            )))  # fmt: skip
+            busy = f"more than {MAX_RUNNING} requests at once: wait for an answer"
+            await self._send(_error(rid, RpcError(INTERNAL_ERROR, busy)))
             return
         self._active += 1
         if self._active == 1:

@@ -40,8 +40,12 @@ def server_config(server: Any) -> tuple[str, McpServerConfig]:
         raise RpcError(INVALID_PARAMS, f"mcpServers: {raw!r}: sse is not supported")
     if getattr(server, "command", None) is not None:
         env = {str(e.name): str(e.value) for e in server.env or []}
-        conf = McpServerConfig(command=str(server.command), args=tuple(server.args or ()),
-                               env=env, timeout_sec=START_TIMEOUT_SEC)  # fmt: skip
+        conf = McpServerConfig(
+            command=str(server.command),
+            args=tuple(server.args or ()),
+            env=env,
+            timeout_sec=START_TIMEOUT_SEC,
+        )
     elif getattr(server, "url", None) is not None:
         headers = {str(h.name): str(h.value) for h in server.headers or []}
         conf = McpServerConfig(url=str(server.url), headers=headers, timeout_sec=START_TIMEOUT_SEC)

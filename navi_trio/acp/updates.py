@@ -254,9 +254,13 @@ def _plan(entries: list[tuple[str, str]]) -> dict[str, Any]:
 
 def _start(call_id: str, title: str, kind: str, status: str, **fields: Any) -> dict[str, Any]:
     return {
-        "sessionUpdate": "tool_call", "toolCallId": call_id, "title": title, "kind": kind,
-        "status": status, **fields,
-    }  # fmt: skip
+        "sessionUpdate": "tool_call",
+        "toolCallId": call_id,
+        "title": title,
+        "kind": kind,
+        "status": status,
+        **fields,
+    }
 
 
 def _update(call_id: str, **fields: Any) -> dict[str, Any]:
