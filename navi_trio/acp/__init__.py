@@ -1,11 +1,5 @@
 """`navi acp`: navi as an Agent Client Protocol agent for editors (Zed, JetBrains, Neovim).
 
-- jsonrpc.py: JSON-RPC 2.0 on the editor's pipes, bounded, on trio;
-- updates.py: navi's session frames as ACP ``session/update`` payloads;
-- agent.py: the ACP methods, each a client of the daemon through `open_daemon`;
-- backend.py: which daemon (`open_backend`);
-- servers.py: the editor's MCP servers, run here for one session each.
-
 Imported only by the ``acp`` command: it needs pydantic and the ACP SDK's schema models
 (the ``acp`` extra).
 """

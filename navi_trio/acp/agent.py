@@ -1,20 +1,14 @@
 """`navi acp`: navi as an Agent Client Protocol agent on stdin/stdout.
 
-The editor starts ``navi acp`` and speaks JSON-RPC 2.0 to it (jsonrpc.py). Every session
-is a navi session of the daemon, reached through `open_daemon` as any client reaches it:
-each prompt opens a connection, sends the message, follows its run to the top-level
-``stream_end`` (updates.py says what the editor sees of each frame) and answers with
-the stop reason; approvals become ``session/request_permission``; ``session/cancel``
-sends navi's ``stop``. The MCP servers the editor passes for a session run in this
-process (servers.py): each prompt declares their tools on its connection, and their
-calls come back on it as ``client_tool_call`` frames, answered here. Requests that are
-not runs (create, list, history, fork, the commands) are one request each on a
-connection of their own.
+Every session is a navi session of the daemon, reached through `open_daemon`: each
+prompt sends the message on a connection of its own and follows its run to the
+top-level ``stream_end``; approvals become ``session/request_permission``;
+``session/cancel`` sends navi's ``stop``. The editor's MCP servers run in this process,
+their calls coming back on the prompt's connection as ``client_tool_call`` frames.
 
-Requests are validated with the SDK's generated schema models (`acp.schema`, pydantic),
-imported only by this command: a bad request is an ``Invalid params`` error naming the
-field, and the agent goes on. When stdin closes, the runs in flight are stopped (their
-partial answers saved) and the process exits 0.
+Requests are validated with the SDK's schema models: a bad request is an ``Invalid
+params`` error naming the field, and the agent goes on. When stdin closes, the runs in
+flight are stopped (their partial answers saved) and the process exits 0.
 """
 
 from __future__ import annotations
@@ -288,9 +282,8 @@ class Agent:
         return {"modes": self._modes(session), "configOptions": self._config_options(session)}
 
     async def _commands(self, session_id: str) -> None:
-        """Tell the editor navi's commands, and those kept as files in the session's
-        folder (the daemon lists them: navi_trio/project/commands.py); a command of ours
-        wins over a file of its name."""
+        """Tell the editor navi's commands and those kept as files in the session's folder; a
+        command of ours wins over a file of its name."""
         offered = [{"name": n, "description": d} for n, d in COMMANDS.items()]
         session = self.sessions.get(session_id)
         if session is not None:

@@ -1,12 +1,8 @@
 """Which daemon `navi acp` talks to: `open_backend`, the one place that decides.
 
-The daemon asked for (--url), else the local one when it answers (`RunTarget`, as for
-`navi run`), else the command's private daemon (`BackendOptions.private`, which the
-wiring gives, as every verb opens one when no daemon answers: loopback, port 0, a
-one-time token kept in memory). The
-agent speaks to all three the same way, through `open_daemon`; the editor's sessions of
-a private daemon are in the same store as any other, so `navi chat` and the browser see
-them once a daemon runs.
+The daemon asked for (--url), else the local one when it answers, else the command's
+private daemon. The editor's sessions of a private daemon are in the same store as any
+other, so `navi chat` and the browser see them once a daemon runs.
 """
 
 from __future__ import annotations
@@ -68,7 +64,8 @@ async def _welcome(backend: Backend) -> Backend:
     profiles = welcome.get("profiles")
     default = welcome.get("default_profile")
     return attrs.evolve(
-        backend, role=role,
+        backend,
+        role=role,
         profiles=[str(p) for p in profiles] if isinstance(profiles, list) else [],
         default_profile=default if isinstance(default, str) else None,
-    )  # fmt: skip
+    )

@@ -1,17 +1,11 @@
 """JSON-RPC 2.0 over newline-delimited JSON on two byte streams (the editor's pipes).
 
-`Peer` reads one message a line, answers each request with a result or an error, hands
-notifications to their handler, and sends requests of its own (the agent asks the
-editor for a permission) whose replies it matches by id. Each request runs in a task of
-its own so that a long ``session/prompt`` does not hold up a ``session/cancel``.
-
-Everything the editor controls is bounded: a line at `MAX_LINE_BYTES` (a longer one is
-read to its end, dropped, and answered with an error: the peer goes on), the requests
-running at once at `MAX_RUNNING` (one more is answered with an error, so that the
-reader never waits and a ``session/cancel`` always gets through), and the replies we
-wait for at `MAX_WAITING`. Writes
-are whole lines under one lock; a reader that does not read holds the writer (and so the
-daemon's stream behind it) rather than filling memory.
+Each request runs in a task of its own so that a long ``session/prompt`` does not hold
+up a ``session/cancel``. Everything the editor controls is bounded: a line at
+`MAX_LINE_BYTES` (a longer one is dropped and answered with an error), the requests
+running at once at `MAX_RUNNING` (one more is answered with an error, so the reader
+never waits), and the replies we wait for at `MAX_WAITING`. Writes are whole lines
+under one lock; a reader that does not read holds the writer rather than filling memory.
 """
 
 from __future__ import annotations
@@ -234,9 +228,8 @@ class Peer:
         try:
             self._running.acquire_nowait()
         except trio.WouldBlock:  # refused, not waited for: a cancel must still get through
-            await self._send(_error(rid, RpcError(
-                INTERNAL_ERROR, f"more than {MAX_RUNNING} requests at once: wait for an answer"
-            )))  # fmt: skip
+            busy = f"more than {MAX_RUNNING} requests at once: wait for an answer"
+            await self._send(_error(rid, RpcError(INTERNAL_ERROR, busy)))
             return
         self._active += 1
         if self._active == 1:

@@ -1,11 +1,8 @@
 """The MCP servers an editor passes at ``session/new``: run here, used by that session.
 
 The daemon never starts a command a user names, so the servers run in this process, as
-the editor's own account (the one that started ``navi acp``), with navi's MCP client
-(tools/mcp/connection.py). Their tools are declared to the daemon for the session's
-runs (``client_tools``, named ``mcp__editor-<server>__<tool>``): the policy asks for
-them as for any MCP tool, and a call comes back here as a ``client_tool_call`` on the
-prompt's connection (agent.py).
+the editor's own account. Their tools are declared to the daemon for the session's runs
+(``mcp__editor-<server>__<tool>``): the policy asks for them as for any MCP tool.
 """
 
 from __future__ import annotations
@@ -43,8 +40,12 @@ def server_config(server: Any) -> tuple[str, McpServerConfig]:
         raise RpcError(INVALID_PARAMS, f"mcpServers: {raw!r}: sse is not supported")
     if getattr(server, "command", None) is not None:
         env = {str(e.name): str(e.value) for e in server.env or []}
-        conf = McpServerConfig(command=str(server.command), args=tuple(server.args or ()),
-                               env=env, timeout_sec=START_TIMEOUT_SEC)  # fmt: skip
+        conf = McpServerConfig(
+            command=str(server.command),
+            args=tuple(server.args or ()),
+            env=env,
+            timeout_sec=START_TIMEOUT_SEC,
+        )
     elif getattr(server, "url", None) is not None:
         headers = {str(h.name): str(h.value) for h in server.headers or []}
         conf = McpServerConfig(url=str(server.url), headers=headers, timeout_sec=START_TIMEOUT_SEC)

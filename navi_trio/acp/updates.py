@@ -1,23 +1,10 @@
 """navi's session frames as ACP ``session/update`` payloads, and a run's stop reason.
 
-`Updates` follows one session's frames and says what the editor sees of each, as the
-``update`` objects of ``session/update`` notifications (plain dicts in the protocol's
-camelCase; tests validate them against the SDK's schema models):
-
-- ``text_delta`` → ``agent_message_chunk``; ``thinking_delta`` → ``agent_thought_chunk``
-  (a sub-agent's text stays inside its own tool call, not in the answer);
-- ``plan`` (the planning phase) and ``todo_updated`` → ``plan`` with every entry;
-- ``tool_started`` → ``tool_call`` (title, kind, raw input, the paths it touches);
-  ``tool_event`` → ``tool_call_update`` with the output so far (its last `TEXT_MAX`
-  characters); ``tool_result`` →
-  ``tool_call_update`` completed or failed, with its output and, for a filesystem write
-  or edit, a diff of what it changed;
-- ``subagent_started`` / ``subagent_finished`` and background jobs (``task_update``) are
-  tool calls of their own (kind ``think`` and ``execute``).
-
-Diffs come from the call's arguments (a write's content, an edit's old and new text):
-the daemon may be on another machine, so the files are never read here. Every text
-handed on is cut at `TEXT_MAX` characters.
+Text and thinking become message and thought chunks (a sub-agent's text stays inside
+its own tool call); plans and todos become ``plan``; tool calls, sub-agents and
+background jobs become tool calls, a filesystem write or edit with a diff. Diffs come
+from the call's arguments: the daemon may be on another machine, so files are never
+read here. Every text handed on is cut at `TEXT_MAX` characters.
 """
 
 from __future__ import annotations
@@ -267,9 +254,13 @@ def _plan(entries: list[tuple[str, str]]) -> dict[str, Any]:
 
 def _start(call_id: str, title: str, kind: str, status: str, **fields: Any) -> dict[str, Any]:
     return {
-        "sessionUpdate": "tool_call", "toolCallId": call_id, "title": title, "kind": kind,
-        "status": status, **fields,
-    }  # fmt: skip
+        "sessionUpdate": "tool_call",
+        "toolCallId": call_id,
+        "title": title,
+        "kind": kind,
+        "status": status,
+        **fields,
+    }
 
 
 def _update(call_id: str, **fields: Any) -> dict[str, Any]:

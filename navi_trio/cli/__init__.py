@@ -1,39 +1,10 @@
-"""The ``navi`` command.
+"""The ``navi`` command: `main` parses the arguments and runs one subcommand.
 
-    navi --help | --version
-    navi doctor [--db PATH] [--config PATH] [--llm-url URL] [--backend B] [--json]
-    navi run [--session ID] [--profile P] [--cwd DIR] [--events] [--local] ... "message"
-    navi compact --session ID [--url URL] [--db PATH] [--config PATH] [--llm-url URL] ...
-    navi rewind --session ID [--list | --to MSG | --branch B] [--restore R] [--yes]
-    navi fork --session ID [--at MSG] [--files [--folder DIR]] [--new ID]
-    navi chat [--url URL] [--session ID] [--profile P] [--token T] [--local [--model-file PATH]]
-    navi serve | users | sessions | tasks        (the daemon: see cli/daemon.py)
-    navi status | stop [--port P]                (the daemons running: see cli/daemons.py)
-    navi mcp list [--config PATH]                (MCP servers: see cli/mcp.py)
-    navi mcp serve [--url URL] [--profile P] [--mode M] ...   (navi as an MCP server)
-    navi acp [--url URL] [--profile P] [--mode M] ...         (navi as an ACP agent)
-
-`main` parses the arguments, runs the subcommand under `trio.run` and turns every
-failure into one line ``navi: error: ...`` on stderr and a non-zero exit code (1; 128 +
-the signal when a run was stopped by Ctrl-C, SIGTERM or SIGHUP). A traceback is printed
-only with ``NAVI_DEBUG=1``: the person at the shell needs the reason, not our stack.
-Each subcommand is one entry of `_COMMANDS`, and each family of them a module of this
-package, imported when its command runs (`navi --help` stays light):
-
-    common      exit codes, settings from the options, where a turn goes: shared by all
-    run         `navi run`: its output, stop signals, approval prompts, exit code
-    runner      which daemon a command speaks to (the daemon, else a private one of
-                this process: serve.py), and one turn sent and followed there (a
-                library: `navi run` and `navi mcp serve` use it)
-    compact     `navi compact`
-    rewind      `navi rewind`, `navi fork` (rewinds: the library they and the MCP server use)
-    chat        `navi chat` (the terminal client is navi_trio/client/)
-    daemon      `navi serve | users | sessions | tasks`; serve: the daemon's life, and
-                the private daemon of a command
-    daemons     `navi status | stop`: the daemons of a data folder, their pid files
-    mcp         `navi mcp list | serve`; mcp_server, mcp_progress: navi as an MCP server
-    doctor      `navi doctor`'s report (the command itself is `cmd_doctor` below)
-    profiles    `navi profiles`: config.json's profiles and the agents kept as files
+Every failure becomes one line ``navi: error: ...`` on stderr and a non-zero exit code
+(1; 128 + the signal when a run was stopped by Ctrl-C, SIGTERM or SIGHUP). A traceback
+is printed only with ``NAVI_DEBUG=1``: the person at the shell needs the reason, not our
+stack. Each family of subcommands is a module of this package, imported when its
+command runs, so `navi --help` stays light.
 """
 
 from __future__ import annotations
@@ -44,7 +15,7 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn, TextIO
 
@@ -58,9 +29,9 @@ from navi_trio.cli.common import DEBUG_HINT as _DEBUG_HINT
 from navi_trio.cli.common import EXIT_ERROR as EXIT_ERROR
 from navi_trio.cli.common import EXIT_INTERRUPTED as EXIT_INTERRUPTED
 from navi_trio.cli.common import EXIT_OK as EXIT_OK
+from navi_trio.cli.common import Command, lazy_command, llm_given
 from navi_trio.cli.common import UsageError as UsageError
 from navi_trio.cli.common import config_source as config_source
-from navi_trio.cli.common import llm_given
 from navi_trio.cli.common import llm_settings as llm_settings
 from navi_trio.cli.common import load_settings as load_settings
 from navi_trio.cli.common import one_line as one_line
@@ -227,64 +198,16 @@ def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-# ------------------------------------------------------------------------- run
-
-
-def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """`navi run`: through the daemon or an embedded runtime (cli/run.py)."""
-    from navi_trio.cli.run import cmd_run as run
-
-    return run(args, out, err)
-
-
-# ------------------------------------------------------------------------- compact, chat
-
-
-def cmd_compact(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """`navi compact` (cli/compact.py)."""
-    from navi_trio.cli.compact import cmd_compact as compact
-
-    return compact(args, out, err)
-
-
-def cmd_rewind(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """`navi rewind` (cli/rewind.py)."""
-    from navi_trio.cli.rewind import cmd_rewind as rewind
-
-    return rewind(args, out, err)
-
-
-def cmd_fork(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """`navi fork` (cli/rewind.py)."""
-    from navi_trio.cli.rewind import cmd_fork as fork
-
-    return fork(args, out, err)
-
-
-def cmd_chat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """`navi chat` (cli/chat.py)."""
-    from navi_trio.cli.chat import cmd_chat as chat
-
-    return chat(args, out, err)
-
-
-def cmd_web(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """`navi web` (cli/web.py)."""
-    from navi_trio.cli.web import cmd_web as web
-
-    return web(args, out, err)
-
-
 # ------------------------------------------------------------------------- main
 
-_COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
+_COMMANDS: dict[str, Command] = {
     "doctor": cmd_doctor,
-    "run": cmd_run,
-    "compact": cmd_compact,
-    "rewind": cmd_rewind,
-    "fork": cmd_fork,
-    "chat": cmd_chat,
-    "web": cmd_web,
+    "run": lazy_command("run", "cmd_run"),
+    "compact": lazy_command("compact", "cmd_compact"),
+    "rewind": lazy_command("rewind", "cmd_rewind"),
+    "fork": lazy_command("rewind", "cmd_fork"),
+    "chat": lazy_command("chat", "cmd_chat"),
+    "web": lazy_command("web", "cmd_web"),
     "mcp": cmd_mcp,
     "acp": cmd_acp,
     "profiles": cmd_profiles,

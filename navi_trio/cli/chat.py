@@ -1,8 +1,7 @@
-"""`navi chat`: the terminal client (navi_trio/client/), with a daemon started for it.
+"""`navi chat`: the terminal client, with a daemon started for it when none answers.
 
-When nothing answers at the loopback URL, `navi chat` starts ``navi serve`` in the
-background (client/daemon.py); the backend options it passes on are chosen here, so
-the line saying which model was picked shows in this terminal.
+The backend options passed on to that daemon are chosen here, so the line saying which
+model was picked shows in this terminal.
 """
 
 from __future__ import annotations
@@ -20,10 +19,9 @@ from navi_trio.settings import Settings
 
 
 def serve_args_for_chat(args: argparse.Namespace, err: TextIO) -> list[str]:
-    """The backend options of the daemon `navi chat` is about to start.
-
-    `--local` is passed on; with nothing configured the choice is made here, so its one
-    line shows in this terminal (not in the daemon's log), and passed on explicitly.
+    """The backend options of the daemon `navi chat` is about to start: `--local` passed
+    on, else the choice made here (its one line shows in this terminal, not in the
+    daemon's log) and passed on explicitly.
     """
     settings = llm_settings(args, err)
     if settings.llm_backend == "local":

@@ -1,12 +1,12 @@
 """What every `navi` subcommand shares: exit codes, the usage error, one-line messages,
-and the settings from the environment and the command line (with the LLM chosen when
-none is configured), and where a command's requests go (`run_target`). Every module of
-the `navi` command imports it; it imports none of them (the runner on use).
+the settings from the environment and the command line, and where a command's
+requests go (`run_target`). It imports no other module of the `navi` command.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import threading
 import urllib.parse
@@ -39,13 +39,25 @@ EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
 DEBUG_HINT = "(run with NAVI_DEBUG=1 for the traceback)"
 
+Command = Callable[[argparse.Namespace, TextIO, TextIO], int]
+
+
+def lazy_command(module: str, name: str) -> Command:
+    """`navi_trio.cli.<module>.<name>`, imported only when the command runs, so that
+    `navi --help` and the other commands stay light."""
+
+    def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+        command: Command = getattr(importlib.import_module(f"navi_trio.cli.{module}"), name)
+        return command(args, out, err)
+
+    return run
+
 
 class InThread(Generic[T]):
     """A blocking call started in a worker thread at once; `result()` awaits it.
 
-    Start-up runs slow set-up this way while the trio thread imports what follows (`navi
-    run`: the LLM's HTTP client loading the CA certificates, the sandbox probe running
-    bwrap; both wait mostly outside the GIL). The caller awaits `result()` on its way.
+    Start-up runs slow set-up this way (the LLM client's CA certificates, the sandbox
+    probe: both wait mostly outside the GIL) while the trio thread imports what follows.
     """
 
     def __init__(self, fn: Callable[..., T], *args: Any) -> None:
@@ -112,10 +124,9 @@ def llm_given(args: argparse.Namespace) -> bool:
 def llm_settings(
     args: argparse.Namespace, err: TextIO, environ: dict[str, str] | None = None
 ) -> Settings:
-    """`load_settings`, with the backend chosen when none is configured (`choose_backend`).
-
-    Ollama if it answers at the default URL, else the embedded local model (said in one
-    line on `err`), else ConfigError saying how to get either.
+    """`load_settings`, with the backend chosen when none is configured: Ollama if it
+    answers at the default URL, else the embedded local model (said in one line on
+    `err`), else ConfigError saying how to get either.
     """
     return trio.run(chosen_llm_settings, args, err, environ)
 
@@ -150,9 +161,11 @@ def run_target(args: argparse.Namespace, settings: Settings) -> RunTarget:
             f"--url runs the turn in the daemon, which has its own settings: drop {names} or --url"
         )
     return RunTarget(
-        getattr(args, "url", None), getattr(args, "token", None), settings.data_dir,
+        getattr(args, "url", None),
+        getattr(args, "token", None),
+        settings.data_dir,
         bool(embedded),
-    )  # fmt: skip
+    )
 
 
 def config_source(settings: Settings) -> ConfigSource:
@@ -167,11 +180,10 @@ _ANY_ADDRESS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "[::1]"}
 
 
 def normalize_llm_url(url: str) -> str:
-    """The LLM URL as a client uses it; accepts what Ollama accepts in OLLAMA_HOST.
+    """The LLM URL as a client uses it, from what Ollama accepts in OLLAMA_HOST.
 
-    A full http(s) URL stays as it is. A bare ``host[:port][/path]`` gets ``http://``
-    and Ollama's port 11434 when none is given; the any-address hosts 0.0.0.0 and ::
-    (what a server listens on) become the loopback address. ConfigError otherwise.
+    A bare ``host[:port][/path]`` gets ``http://`` and port 11434; the any-address hosts
+    0.0.0.0 and :: become the loopback address. ConfigError otherwise.
     """
     text = url.strip()
     if "://" not in text:

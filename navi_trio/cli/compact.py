@@ -1,12 +1,8 @@
 """`navi compact --session ID`: compress a session's context, as the chat's /compact does.
 
-The way out of ``context_too_large``: the older part of the context is summarised with
-the LLM and any kept message too big to fit is cut, so the next turn fits the model's
-window. The display history keeps every message.
-
-It goes where `navi run` goes (cli/runner.py `open_endpoint`): the daemon, else a
-private daemon of this process. It sends ``compact`` and prints the session's frames of
-the compaction until it ends: ``context_compressed``, or the error that stopped it.
+The way out of ``context_too_large``: the older context is summarised and any kept
+message too big to fit is cut, so the next turn fits the model's window (the display
+history keeps every message). It prints the compaction's frames until it ends.
 """
 
 from __future__ import annotations
@@ -62,8 +58,11 @@ async def compact_session(
             if event.is_subagent:
                 continue
             if isinstance(event, CompressionStarted):
-                print(f"compacting session {session_id} (~{event.tokens_before} tokens)…",
-                      file=out, flush=True)  # fmt: skip
+                print(
+                    f"compacting session {session_id} (~{event.tokens_before} tokens)…",
+                    file=out,
+                    flush=True,
+                )
             elif isinstance(event, ContextCompressed):
                 print(
                     f"compacted: {event.messages_summarised} older messages summarised, "
@@ -83,8 +82,7 @@ def cmd_compact(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     settings = load_settings(args)
     error = trio.run(_compact, args, settings, out, err)
     if error is not None:
-        print(f"navi: error: compacting failed, the context was left as it was: {error}",
-              file=err)  # fmt: skip
+        print(f"navi: error: compacting failed, the context was left as it was: {error}", file=err)
         return EXIT_ERROR
     return EXIT_OK
 

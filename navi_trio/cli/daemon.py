@@ -1,23 +1,9 @@
 """The daemon's subcommands of ``navi``: serve, status, stop, users, sessions, tasks,
 approvals, schedule.
 
-    navi serve [--host 127.0.0.1] [--port 8765] [--allow-remote] [--log-level L] [--log-json]
-               [--local [--model-file PATH]] [--workers N]
-    navi status | stop [--port P]
-    navi users add NAME [--role admin|user] | list | remove NAME | rotate NAME
-    navi sessions [list | history ID | delete ID] [--url URL] [--token T]
-    navi tasks [list | check ID | cancel ID] [--session ID] [--url URL] [--token T]
-    navi approvals [list | revoke ID] [--url URL] [--token T]
-    navi schedule add (--session ID | --new [--profile P]) (--cron EXPR | --every 10m |
-                  --at ISO) [--no-catch-up] [--budget JSON] "message"
-    navi schedule list | remove ID | pause ID | resume ID   [--url URL] [--token T]
-
-`serve` runs the daemon in the foreground until SIGTERM / SIGINT (`--workers N`: N of
-them on the port, supervised: cli/workers.py). `users` works on the store directly (the
-daemon need not run). `sessions`, `tasks`, `approvals` and `schedule` speak to the daemon as `navi
-run` does (cli/runner.py `open_endpoint`): the one --url names (none answering there is
-said in one line), else the local one when it answers, else a private daemon of the
-command on the local database (it runs no background tasks and no schedules).
+`users` works on the store directly (the daemon need not run). `sessions`, `tasks`,
+`approvals` and `schedule` go where `navi run` goes: the daemon, else a private one of
+the command on the local database (it runs no background tasks and no schedules).
 """
 
 from __future__ import annotations
@@ -35,6 +21,7 @@ import trio
 from navi_trio import wire
 from navi_trio.api.auth import is_loopback
 from navi_trio.api.remote import DEFAULT_URL
+from navi_trio.cli.common import Command, lazy_command
 from navi_trio.text import terminal_safe
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -54,9 +41,12 @@ def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], 
         "--allow-remote", action="store_true", help="allow a --host that is not loopback"
     )
     serve.add_argument(
-        "--workers", type=int, default=1, metavar="N",
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
         help="run N daemon processes on the port (needs NAVI_DB=postgresql://…)",
-    )  # fmt: skip
+    )
     serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # a worker
     serve.add_argument("--supervisor-fd", type=int, help=argparse.SUPPRESS)  # its lifeline
     serve.add_argument("--log-level", choices=LOG_LEVELS, default="info")
@@ -115,9 +105,11 @@ def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], 
     usage.add_argument("--session", metavar="ID", help="only this session's")
     usage.add_argument("--since", metavar="WHEN", help="7d, 12h, 30m, a date, or epoch seconds")
     usage.add_argument(
-        "--by", default="model", choices=("model", "profile", "day", "session", "user"),
+        "--by",
+        default="model",
+        choices=("model", "profile", "day", "session", "user"),
         help="one line per (default: model)",
-    )  # fmt: skip
+    )
     _client_options(usage)
     grants = sub.add_parser(
         "approvals",
@@ -233,8 +225,12 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             serving(port)
             print(f"navi: listening on ws://{args.host}:{port}/", file=out, flush=True)
 
-        where = {"host": args.host, "port": args.port, "reuse_port": args.reuse_port,
-                 "supervisor_fd": args.supervisor_fd}  # fmt: skip
+        where = {
+            "host": args.host,
+            "port": args.port,
+            "reuse_port": args.reuse_port,
+            "supervisor_fd": args.supervisor_fd,
+        }
         try:
             trio.run(lambda: serve_daemon(settings, source, ready=ready, **where))
         except BaseException as exc:
@@ -296,8 +292,8 @@ async def _users(settings: Any, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _call(args: argparse.Namespace, frame: dict[str, Any]) -> dict[str, Any]:
-    """The daemon's reply to `frame` (cli/runner.py `open_endpoint`: a private one when
-    none answers and no --url names one)."""
+    """The daemon's reply to `frame` (a private daemon's when none answers and no --url
+    names one)."""
     from navi_trio.api.endpoint import Endpoint, open_endpoint
     from navi_trio.api.remote import request
     from navi_trio.cli.common import config_source, load_settings, run_target
@@ -351,19 +347,28 @@ def cmd_tasks(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(json.dumps(reply), file=out)
     elif args.action == "list":
         for t in reply["tasks"]:
-            print(terminal_safe(f"{t['task_id']}\t{t['status']}\t{t['tool']}\t"
-                  f"{t['age_sec']:.0f} s\t{t['session_id']}"), file=out)  # fmt: skip
+            print(
+                terminal_safe(
+                    f"{t['task_id']}\t{t['status']}\t{t['tool']}\t"
+                    f"{t['age_sec']:.0f} s\t{t['session_id']}"
+                ),
+                file=out,
+            )
         if not reply["tasks"]:
             print("no tasks" + (f" in session {args.session}" if args.session else ""), file=out)
     elif args.action == "check":
         t = reply["task"]
-        print(terminal_safe(f"{t['task_id']} {t['status']} ({t['tool']}, {t['age_sec']:.0f} s)"),
-              file=out)  # fmt: skip
+        print(
+            terminal_safe(f"{t['task_id']} {t['status']} ({t['tool']}, {t['age_sec']:.0f} s)"),
+            file=out,
+        )
         if "result" in t:
             print(terminal_safe(str(t["result"])), file=out)
     else:
-        print(f"task {args.task_id} " + ("cancelled" if reply["cancelled"] else
-              "was not running"), file=out)  # fmt: skip
+        print(
+            f"task {args.task_id} " + ("cancelled" if reply["cancelled"] else "was not running"),
+            file=out,
+        )
     return 0
 
 
@@ -415,10 +420,17 @@ def schedule_frame(args: argparse.Namespace) -> dict[str, Any]:
         except ValueError as exc:
             raise UsageError(f"--budget is not JSON: {exc}") from None
     return wire.schedule(
-        "add", message=args.rest, session_id=args.session, new=True if args.new else None,
-        profile=args.profile, cron=args.cron, every=args.every, at=args.at,
-        catch_up=False if args.no_catch_up else None, budget=budget,
-    )  # fmt: skip
+        "add",
+        message=args.rest,
+        session_id=args.session,
+        new=True if args.new else None,
+        profile=args.profile,
+        cron=args.cron,
+        every=args.every,
+        at=args.at,
+        catch_up=False if args.no_catch_up else None,
+        budget=budget,
+    )
 
 
 def cmd_schedule(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -431,8 +443,10 @@ def cmd_schedule(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if not reply["schedules"]:
             print("no schedules", file=out)
     elif args.action == "remove":
-        print(f"schedule {args.rest} " + ("removed" if reply["removed"] else "was not there"),
-              file=out)  # fmt: skip
+        print(
+            f"schedule {args.rest} " + ("removed" if reply["removed"] else "was not there"),
+            file=out,
+        )
     else:
         print(terminal_safe(_schedule_line(reply["schedule"])), file=out)
     return 0
@@ -446,26 +460,16 @@ def _schedule_line(s: dict[str, Any]) -> str:
     text = str(s.get("message", "")).replace("\n", " ")
     text = text if len(text) <= 60 else text[:59] + "…"
     skipped = f"\tlast run skipped: {s['last_skip']}" if s.get("last_skip") else ""
-    return (f"{s['schedule_id']}\t{s['kind']} {s['spec']}\t{state}\t{s.get('runs', 0)} runs\t"
-            f"{where}\t{text}{skipped}")  # fmt: skip
+    return (
+        f"{s['schedule_id']}\t{s['kind']} {s['spec']}\t{state}\t{s.get('runs', 0)} runs\t"
+        f"{where}\t{text}{skipped}"
+    )
 
 
-def cmd_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.cli.daemons import cmd_status as status
-
-    return status(args, out, err)
-
-
-def cmd_stop(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.cli.daemons import cmd_stop as stop
-
-    return stop(args, out, err)
-
-
-COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
+COMMANDS: dict[str, Command] = {
     "serve": cmd_serve,
-    "status": cmd_status,
-    "stop": cmd_stop,
+    "status": lazy_command("daemons", "cmd_status"),
+    "stop": lazy_command("daemons", "cmd_stop"),
     "users": cmd_users,
     "sessions": cmd_sessions,
     "tasks": cmd_tasks,

@@ -1,14 +1,9 @@
 """The daemons of a data folder: their pid files, `navi status`, `navi stop`, and what
 answers at a port that is in use.
 
-    navi status [--port P]      which daemons answer, where, since when, pid, backend, log
-    navi stop [--port P]        SIGTERM, then wait for its shutdown (docs/pages/daemon.md)
-
-A daemon writes ``navi-serve-PORT.pid`` in its data folder once it listens and removes it
-when it stops (`PidFile`); a daemon `navi chat` starts in the background writes its
-output to ``navi-serve-PORT.log`` (client/daemon.py). So each port has its own pair, a
-start that fails leaves no pid file, and a pid file whose process is gone (a SIGKILL) is
-named stale, never trusted: `navi stop` checks that the pid is still a navi process.
+Each port has its own ``navi-serve-PORT.pid`` (written once the daemon listens, removed
+when it stops) and ``.log``. A pid file whose process is gone (a SIGKILL) is named
+stale, never trusted: `navi stop` checks that the pid is still a navi process.
 """
 
 from __future__ import annotations
@@ -103,11 +98,10 @@ def _ports(data_dir: Path) -> list[int]:
 
 @attrs.frozen
 class Answer:
-    """What answers at a port: nothing, something that is no WebSocket server, a navi
-    daemon of this data folder (`ours`, with its `backend`), another WebSocket server
-    (`navi`: another data folder's daemon, most likely), or, where the pid file names
-    this folder's daemon, a socket of an account the folder does not trust with its
-    token (`untrusted`: whose, as api/listener.py found it)."""
+    """What answers at a port: nothing, no WebSocket server, a navi daemon of this data
+    folder (`ours`, with its `backend`), another WebSocket server (`navi`: most likely
+    another data folder's daemon), or a socket of an account the folder does not trust
+    with its token (`untrusted`)."""
 
     navi: bool = False
     listening: bool = False
@@ -117,11 +111,9 @@ class Answer:
 
 
 async def probe(port: int, data_dir: Path, host: str = "127.0.0.1") -> Answer:
-    """Who answers at host:port. The local admin's token goes only to the daemon this data
-    folder's pid file names (a live navi process), and, as for every client, only
-    through a connection whose other end is a socket of an account the folder trusts
-    (`open_daemon`, api/listener.py `trusted_accounts` of `data_dir`): a program that
-    took the port never gets it; of any other, a WebSocket handshake (no hello) tells
+    """Who answers at host:port. The local admin's token goes only to the daemon this
+    folder's pid file names, through a socket of an account the folder trusts: a program
+    that took the port never gets it. Of any other, a WebSocket handshake (no hello) tells
     whether it may be navi."""
     from navi_trio.api.daemon_client import open_daemon
     from navi_trio.api.listener import trusted_accounts
@@ -279,8 +271,11 @@ def cmd_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     for state in states:
         print(terminal_safe(status_line(state, now)), file=out)
     if not any(s.running or s.answer.navi for s in states):
-        print(f"no navi daemon runs from {settings.data_dir} (`navi serve` or `navi chat` "
-              "starts one)", file=out)  # fmt: skip
+        print(
+            f"no navi daemon runs from {settings.data_dir} (`navi serve` or `navi chat` "
+            "starts one)",
+            file=out,
+        )
         return 1
     return 0
 
@@ -307,13 +302,17 @@ def cmd_stop(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     path = pid_file(data_dir, port)
     pid = read_pid(path)
     if pid is None:
-        print(f"no navi daemon of {data_dir} runs on port {port} (no pid file): nothing to "
-              "stop", file=out)  # fmt: skip
+        print(
+            f"no navi daemon of {data_dir} runs on port {port} (no pid file): nothing to stop",
+            file=out,
+        )
         return 0
     if not is_navi(pid):
         path.unlink(missing_ok=True)
-        print(f"the daemon on port {port} (pid {pid}) is gone already: its stale pid file is "
-              "removed", file=out)  # fmt: skip
+        print(
+            f"the daemon on port {port} (pid {pid}) is gone already: its stale pid file is removed",
+            file=out,
+        )
         return 0
     limit = settings.shutdown_wait_tasks_sec + STOP_MARGIN_SEC
     print(f"stopping the navi daemon on port {port} (pid {pid})…", file=out, flush=True)

@@ -1,10 +1,7 @@
 """``navi doctor``: check the config, the DB and the LLM endpoint, and print the report.
 
-`collect_doctor` gathers everything as one JSON-ready dict; `print_doctor` shows it for
-a person. The checks with more to them live next to what they check: the LLM
-endpoint's (its model list, its context window) in cli/doctor_llm.py, the embedded
-model's (a one-token generation in a process of its own) in llm/local_check.py. The
-command itself (`cmd_doctor`, its arguments and exit code) lives in `navi_trio.cli`.
+`collect_doctor` gathers everything as one JSON-ready dict; `print_doctor` shows it
+for a person.
 """
 
 from __future__ import annotations
@@ -98,10 +95,18 @@ async def _backend_choice(
 def _local_llm(settings: Settings, local: dict[str, Any]) -> dict[str, Any]:
     """The `llm` entry for the embedded backend: no endpoint to ping."""
     if local["ok"]:
-        return {"backend": "local", "url": local["file"], "ok": True,
-                "models": [Path(local["file"]).stem]}  # fmt: skip
-    return {"backend": "local", "url": local["file"] or "-", "ok": False,
-            "error": local.get("error") or "the local model cannot run"}  # fmt: skip
+        return {
+            "backend": "local",
+            "url": local["file"],
+            "ok": True,
+            "models": [Path(local["file"]).stem],
+        }
+    return {
+        "backend": "local",
+        "url": local["file"] or "-",
+        "ok": False,
+        "error": local.get("error") or "the local model cannot run",
+    }
 
 
 async def collect_doctor(
@@ -115,9 +120,8 @@ async def collect_doctor(
     """Everything `navi doctor` reports, as one JSON-ready dict (``ok``: config and DB fine).
 
     `cwd`: the folder whose project files are listed (None: the process's own).
-
-    `configured`: whether the LLM was chosen (env or options); when not, the report says
-    which backend would be chosen (Ollama if it answers, else the local model).
+    `configured`: whether the LLM was chosen; when not, the report says which backend
+    would be.
     """
     report: dict[str, Any] = {"version": __version__, "warnings": [], "errors": []}
     report["local"] = local_model_info(settings.model_file)
@@ -279,9 +283,8 @@ async def _mcp_servers(cfg: NaviConfig | None, settings: Settings) -> list[dict[
 
 
 def _tool_user(settings: Settings) -> dict[str, Any]:
-    """Whom tool processes run as (tools/runas.py): ``root`` (the daemon runs as root),
-    ``user`` (that account; None: as the daemon), ``error`` (NAVI_TOOL_USER names no one
-    here)."""
+    """Whom tool processes run as: ``root`` (the daemon runs as root), ``user`` (None: as
+    the daemon), ``error`` (NAVI_TOOL_USER names no one here)."""
     out: dict[str, Any] = {"root": os.geteuid() == 0, "user": None, "error": None}
     try:
         who = run_as(settings.tool_user)
@@ -313,8 +316,10 @@ def readiness_line(ready: dict[str, Any]) -> str:
     if "error" in ready:
         return f"readiness unknown: {ready['error']}"
     checks = ready["checks"]
-    parts = [f"{name} " + ("ok" if c.get("ok") else f"FAILED ({c.get('detail', '')})")
-             for name, c in sorted(checks.items())]  # fmt: skip
+    parts = [
+        f"{name} " + ("ok" if c.get("ok") else f"FAILED ({c.get('detail', '')})")
+        for name, c in sorted(checks.items())
+    ]
     return ("ready: " if ready.get("ready") else "NOT READY: ") + ", ".join(parts)
 
 
@@ -350,13 +355,18 @@ def _print_local_check(check: dict[str, Any] | None, line: Callable[[str, str], 
         return
     extra = {True: "on", False: "off", None: "?"}[check.get("extra_buffers")]
     if check["ok"]:
-        line("", f"one token in a child process: OK in {check['seconds']:g} s (extra buffer "
-                 f"types {extra})")  # fmt: skip
+        line(
+            "",
+            f"one token in a child process: OK in {check['seconds']:g} s (extra buffer "
+            f"types {extra})",
+        )
         if check.get("system_info"):
             line("", f"llama.cpp: {check['system_info'].strip()}")
     else:
-        line("", f"one token in a child process (extra buffer types {extra}): FAILED: "
-                 f"{check['error']}")  # fmt: skip
+        line(
+            "",
+            f"one token in a child process (extra buffer types {extra}): FAILED: {check['error']}",
+        )
         for text in check.get("stderr") or []:
             line("", f"  | {text}")
         if check.get("fix"):

@@ -1,9 +1,7 @@
 """`navi doctor`'s look at an LLM endpoint: does it answer, and with what window.
 
-`ping_llm` (llm/ping.py) asks for the endpoint's model list; `server_context` asks for the context
-window where the server's API says it (Ollama's ``/api/show``, llama.cpp's ``/props`` or
-the ``meta`` of ``/v1/models``); `window_warning` compares it with OLLAMA_NUM_CTX. Each
-is bounded in time and never raises: a server that does not answer is a result.
+Each check is bounded in time and never raises: a server that does not answer is a
+result.
 """
 
 from __future__ import annotations
@@ -71,12 +69,9 @@ def _llama_window(props: Any, models: Any, model: str) -> int | None:
 
 
 async def server_context(settings: Settings) -> dict[str, Any]:
-    """The server's context window, where its API gives it.
-
-    ``{"n_ctx": int | None, "source": url}`` (+ ``model_num_ctx`` for Ollama). Ollama:
-    ``POST /api/show`` (``model_info.*.context_length``, ``parameters`` num_ctx);
-    llama.cpp: ``GET /props`` (``default_generation_settings.n_ctx``), else the
-    ``meta`` of ``GET /v1/models``. Never raises: a server that does not say is None.
+    """The server's context window, where its API gives it: ``{"n_ctx": int | None,
+    "source": url}`` (+ ``model_num_ctx`` for Ollama), from Ollama's ``/api/show``,
+    llama.cpp's ``/props``, else the ``meta`` of ``/v1/models``. Never raises.
     """
     root = _root_url(settings)
     headers = {"Authorization": f"Bearer {settings.llm_api_key}"} if settings.llm_api_key else {}

@@ -1,8 +1,6 @@
 """``navi doctor``'s part on the project files: what a run in this folder would get.
 
-The folder is the doctor's own cwd, read as a run by the daemon's own account reads it
-(an admin's: every folder up to the repository root but ``/`` and navi's data, or
-within ``workspace_roots.admin`` when the config names some), so the doctor shows the
+The doctor's cwd is read as a run by the daemon's own account reads it, so it shows the
 same instruction files, skills and skipped files a run there is given.
 """
 

@@ -1,14 +1,9 @@
-"""``navi mcp``: navi_trio and the Model Context Protocol.
+"""``navi mcp list | serve``: navi_trio and the Model Context Protocol.
 
-    navi mcp list [--config PATH]    each configured server, its state and its tools
-    navi mcp serve [--url URL] [--token T] [--profile P] [--mode M] [--db PATH] ...
-
-`list` starts every enabled server of the config briefly (initialize + list of tools, at
-most its timeout_sec), prints one line per server and its tools, and stops them; exit 1
-when an enabled server did not start. `serve` is navi_trio as an MCP server on stdio
-(cli/mcp_server.py): another agent calls its `ask` and `sessions` tools. The MCP SDK is
-imported only when a subcommand runs, so `navi run` does not pay for it. Each
-subcommand is one entry of `COMMANDS`.
+`list` starts every enabled server briefly (initialize and list its tools, within its
+timeout_sec), prints each with its tools, and exits 1 when an enabled one did not
+start. `serve` is navi as an MCP server on stdio. The MCP SDK is imported only when a
+subcommand runs, so `navi run` does not pay for it.
 """
 
 from __future__ import annotations
@@ -85,8 +80,11 @@ def cmd_mcp_list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     status = trio.run(probe, cfg, None, settings.tool_user, settings.bwrap_path)
     for s in status:
         users = [p.id for p in cfg.profiles.values() if s["name"] in p.mcp_servers]
-        print(f"{s['name']:<16} {s['transport']:<6} {s['state']:<10} "
-              f"profiles: {', '.join(users) or '-'}", file=out)  # fmt: skip
+        print(
+            f"{s['name']:<16} {s['transport']:<6} {s['state']:<10} "
+            f"profiles: {', '.join(users) or '-'}",
+            file=out,
+        )
         if s["error"] and not s["ok"]:
             print(terminal_safe(f"    error: {s['error']}"), file=out)
         for tool in s["tools"]:

@@ -1,12 +1,9 @@
 """Approvals over MCP: `navi mcp serve` asks its client, through elicitation, about a
 tool call that needs an approval.
 
-A client that declared the elicitation capability gets a form: what the call is (the
-tool, its summary, why it asks, a terminal line's parts) and one choice, allow once,
-allow for the session, or deny; "for the session" says in words what it grants. A
-decline, a cancel, a failed elicitation or no answer within the approval's timeout is a
-deny, with a note in the answer. A client without elicitation gets today's deny and its
-note: nobody could answer.
+The form offers allow once, allow for the session, or deny. A decline, a cancel, a
+failed elicitation or no answer within the approval's timeout is a deny, with a note
+in the answer; a client without elicitation is denied too: nobody could answer.
 """
 
 from __future__ import annotations
@@ -46,8 +43,8 @@ ROUNDS_VERSION = "2026-07-28"
 
 
 def in_rounds(ctx: Context[Any, Any]) -> bool:
-    """Whether `ctx`'s client is asked in "input required" rounds (cli/mcp_rounds.py):
-    it declared elicitation, and its protocol takes no request during a call."""
+    """Whether `ctx`'s client is asked in "input required" rounds: it declared elicitation,
+    and its protocol takes no request during a call."""
     session = ctx.request_context.session
     version = ctx.request_context.protocol_version
     wanted = ClientCapabilities(elicitation=ElicitationCapability())

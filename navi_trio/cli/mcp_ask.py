@@ -1,12 +1,7 @@
 """One `ask` call of `navi mcp serve`: its progress, its answer, its stop on cancel.
 
-- `ProgressPump` sends the call's progress notifications: the waiting steps joined, else
-  the newest answer text, at most one every `PROGRESS_INTERVAL` and `PROGRESS_LIMIT` in
-  all;
-- `AskFeed` is the run's frame sink (cli/runner.py `FrameSink`): it keeps the answer and
-  the notes, and turns tool calls and sub-agents into steps;
-- `follow_stopping_on_cancel` runs the follower shielded: a cancelled call stops the run
-  as Ctrl-C stops `navi run`, and waits at most `STOP_GRACE` seconds for it to end.
+A cancelled call stops the run as Ctrl-C stops `navi run`, and waits at most
+`STOP_GRACE` seconds for it to end.
 """
 
 from __future__ import annotations
@@ -48,11 +43,9 @@ def cut(text: str, limit: int = LINE_MAX) -> str:
 
 @attrs.define(eq=False)
 class ProgressPump:
-    """Sends one call's progress: waiting steps joined, else the newest answer text.
-
-    `step` and `text` are synchronous (called from the frame loop); `run` sends, at
-    most one notification per `interval` and `limit` in all; `finish` makes `run` send
-    what still waits at once and return.
+    """Sends one call's progress: waiting steps joined, else the newest answer text, at
+    most one notification per `interval` and `limit` in all. `step` and `text` are
+    synchronous; `finish` makes `run` send what still waits and return.
     """
 
     report: Callable[[float, str], Awaitable[None]]

@@ -1,14 +1,10 @@
-"""The MCP server's ``rewind`` and ``fork`` tools (`navi mcp serve`, cli/mcp_server.py).
+"""The MCP server's ``rewind`` and ``fork`` tools.
 
-``rewind`` takes three steps, so that another agent never changes a session by accident:
-called with the session only, it lists the user messages (ids and numbers) and the
-branches; with `to` (a message) or `branch` (a rewind to undo), it answers the preview
-and a token and changes nothing; called again with ``confirm`` set to that token, it
-rewinds, and names the branch that undoes it. ``fork`` makes a new session from the
-history before `at` (all of it without), with a copy of the files when asked.
-
-Both go where `ask` goes (the daemon, else the private one: `Rewinds`); the summaries
-are the ones `navi rewind` prints. A refusal is a tool error naming it.
+``rewind`` takes three steps, so that another agent never changes a session by
+accident: with the session only, it lists the user messages and branches; with `to` or
+`branch`, it answers the preview and a token and changes nothing; called again with
+``confirm`` set to that token, it rewinds. ``fork`` makes a new session from the
+history before `at`. A refusal is a tool error naming it.
 """
 
 from __future__ import annotations
@@ -88,8 +84,10 @@ def add_rewind_tools(server: MCPServer, rewinds: Callable[[], Awaitable[Rewinds]
         session_id: Annotated[str, Field(description="the session to rewind")],
         to: Annotated[
             str | None,
-            Field(description="rewind to just before this user message: its id or number "
-                  "(1 the first, -1 the last); leave to and branch out to list them"),
+            Field(
+                description="rewind to just before this user message: its id or number "
+                "(1 the first, -1 the last); leave to and branch out to list them"
+            ),
         ] = None,
         branch: Annotated[
             str | None, Field(description="bring back this branch instead (undo a rewind)")
@@ -100,10 +98,12 @@ def add_rewind_tools(server: MCPServer, rewinds: Callable[[], Awaitable[Rewinds]
         ] = "both",
         confirm: Annotated[
             str | None,
-            Field(description="the token of this rewind's preview: applies it (without: "
-                  "the preview only, nothing changed)"),
+            Field(
+                description="the token of this rewind's preview: applies it (without: "
+                "the preview only, nothing changed)"
+            ),
         ] = None,
-    ) -> RewindResult:  # fmt: skip
+    ) -> RewindResult:
         try:
             return await rewind_call(await rewinds(), session_id, to, branch, restore, confirm)
         except NaviError as exc:
@@ -113,13 +113,15 @@ def add_rewind_tools(server: MCPServer, rewinds: Callable[[], Awaitable[Rewinds]
         session_id: Annotated[str, Field(description="the session to fork")],
         at: Annotated[
             str | None,
-            Field(description="the new session holds the history before this user message "
-                  "(id or number); all of it without"),
+            Field(
+                description="the new session holds the history before this user message "
+                "(id or number); all of it without"
+            ),
         ] = None,
         files: Annotated[
             bool, Field(description="also copy the session's files as they were then")
         ] = False,
-    ) -> ForkResult:  # fmt: skip
+    ) -> ForkResult:
         try:
             return await fork_call(await rewinds(), session_id, at, files)
         except NaviError as exc:

@@ -1,18 +1,13 @@
 """Approvals over MCP on the 2026-07-28 protocol: an `ask` in "input required" rounds.
 
-A client on that protocol takes no request from the server during a call. A call that
-needs the client's input returns an "input required" result instead, with the questions
-and an opaque state, and the client calls again with the answers and that state (the
-SDK's `Client.call_tool` does it by itself, its elicitation callback answering). An ask
-cannot end at its first approval: its run goes on, parked in the server's nursery
-(`Rounds`), while the client asks its user. Each call of the ask waits for the run's
-next event: an approval to ask (the call returns "input required", the state naming the
-parked run and the question; the SDK seals it, so a client cannot forge another's) or
-the end (the call returns the answer).
+A client on that protocol takes no request from the server during a call: a call that
+needs input returns "input required" with the questions and an opaque state (sealed by
+the SDK, so a client cannot forge another's), and the client calls again with the
+answers. The run goes on meanwhile, parked in the server's nursery (`Rounds`).
 
-An approval nobody answers is denied at the approval timeout, as over the older
-protocols (cli/mcp_approve.py); a call cancelled while it waits stops the run; an ended
-run whose result no call took is dropped when room is needed (`MAX_PARKED` at most).
+An approval nobody answers is denied at the approval timeout; a call cancelled while it
+waits stops the run; an ended run whose result no call took is dropped when room is
+needed (`MAX_PARKED` at most).
 """
 
 from __future__ import annotations

@@ -1,32 +1,15 @@
 """`navi mcp serve`: navi_trio as a Model Context Protocol server on stdio.
 
-Another agent (Claude Code, Codex …) starts it and calls four tools:
+Another agent (Claude Code, Codex …) calls its tools: ``ask`` runs a message as one
+turn and returns the answer (with progress notifications while it runs), ``sessions``
+lists the newest sessions, ``rewind`` and ``fork`` undo or branch one. Each call goes
+where `navi run` would send it; a private daemon is opened at the first such call and
+kept until the server exits, so a turn's background jobs go on between calls.
 
-- ``ask`` (message, optional session_id, profile, cwd, on_busy): runs the message as one turn
-  and returns the final answer; its text ends with the session id (also in the
-  structured output) to continue that session. While it runs, progress notifications
-  say what the agent does: each tool call and sub-agent (as a step) and the answer
-  so far (coalesced), at most one every `PROGRESS_INTERVAL` and `PROGRESS_LIMIT` in all.
-- ``sessions`` (optional limit, cli/mcp_sessions.py): the newest sessions with their title
-  (else the first message), profile and last update.
-- ``rewind`` and ``fork`` (cli/mcp_rewind.py): undo what a session did (list, preview,
-  then apply with the preview's token), or start a new session from its history.
-
-Each call goes where `navi run` would send it (cli/runner.py `RunTarget`), through the
-protocol: the daemon asked for with --url, else the local daemon when it answers, else
-a private daemon of this process (cli/serve.py `serve_privately`), opened at the first
-such call and kept until the server exits (so a turn's background jobs go on between
-calls; they end with the server). The run itself is followed with the same runner as
-`navi run` (`follow`); what one call shows and how it stops is cli/mcp_ask.py.
-
-A cancelled call (the client's ``notifications/cancelled``, or the server shutting down)
-stops the run as Ctrl-C stops `navi run`: the stopped turn is saved, waited for at
-most `STOP_GRACE` seconds. A tool call that needs an approval is asked of the client
-through elicitation where it supports it (cli/mcp_approve.py; on the 2026-07-28
-protocol in "input required" rounds, the run parked between calls: cli/mcp_rounds.py),
-else denied, and the answer's notes say so. Bad arguments are a tool error
-naming the problem. The SDK (`mcp`, imported only here) speaks the protocol; stdout
-carries nothing else (it points stdout at stderr while it serves; logs go to stderr).
+A cancelled call stops its run as Ctrl-C stops `navi run`. An approval is asked of the
+client through elicitation where it supports it, else denied, and the answer's notes
+say so. Bad arguments are a tool error naming the problem. stdout carries nothing but
+the protocol: logs go to stderr.
 """
 
 from __future__ import annotations
@@ -157,9 +140,56 @@ class NaviBridge:
         """`asker`: how to ask the client about an approval (a string: why it cannot);
         `on_run` is given the run's stop once it runs."""
         try:
-            return await self._ask(
-                message, session_id, profile, cwd, report, on_busy, asker, on_run
+            if not message.strip():
+                raise UsageError("message is empty")
+            if on_busy is not None and on_busy not in wire.ON_BUSY:
+                raise UsageError(
+                    f"on_busy must be one of {', '.join(wire.ON_BUSY)}, not {on_busy!r}"
+                )
+            if session_id is not None:
+                try:
+                    check_session_id(session_id)
+                except NaviError as exc:
+                    raise UsageError(f"session_id: {exc}") from None
+            folder = _folder(cwd)
+            profile = profile or self.options.profile
+            req = RunRequest(
+                session_id or new_session_id(),
+                message,
+                folder,
+                profile,
+                False,
+                self.options.mode,
+                on_busy=on_busy,
             )
+            feed = AskFeed(ProgressPump(report))
+            endpoint = await self.endpoint()
+            run = RemoteRun(req, feed, say=lambda line: print(line, file=sys.stderr, flush=True))
+            decide = approver(feed, asker)
+
+            async def check(daemon: DaemonConnection) -> None:
+                """What the call names exists, before its message goes."""
+                known = daemon.welcome.get("profiles")
+                if req.profile is not None and isinstance(known, list) and req.profile not in known:
+                    raise ConfigError(
+                        f"unknown profile {req.profile!r} (profiles: {', '.join(known)})"
+                    )
+                if session_id is not None:
+                    listed = await daemon.request(wire.sessions_list())
+                    if session_id not in {s.get("session_id") for s in listed["sessions"]}:
+                        raise UsageError(_unknown_session(session_id))
+
+            async def follow_it(stopper: Stopper) -> None:
+                stopper.switch(run.stop)
+                if on_run is not None:
+                    on_run(run.stop)
+                await follow(endpoint, run, decide, before=check)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(feed.pump.run)
+                await follow_stopping_on_cancel(follow_it)
+                feed.pump.finish()
+            return _result(req.session_id, feed)
         except NaviError as exc:
             raise ToolError(str(exc)) from None
         except BaseExceptionGroup as group:
@@ -167,59 +197,6 @@ class NaviBridge:
             if leaf is None:
                 raise
             raise ToolError(str(leaf)) from None
-
-    async def _ask(
-        self,
-        message: str,
-        session_id: str | None,
-        profile: str | None,
-        cwd: str | None,
-        report: Callable[[float, str], Awaitable[None]],
-        on_busy: str | None = None,
-        asker: Asker | str = NO_ELICITATION,
-        on_run: Callable[[Callable[[], object]], None] | None = None,
-    ) -> CallToolResult:
-        if not message.strip():
-            raise UsageError("message is empty")
-        if on_busy is not None and on_busy not in wire.ON_BUSY:
-            raise UsageError(f"on_busy must be one of {', '.join(wire.ON_BUSY)}, not {on_busy!r}")
-        if session_id is not None:
-            try:
-                check_session_id(session_id)
-            except NaviError as exc:
-                raise UsageError(f"session_id: {exc}") from None
-        folder = _folder(cwd)
-        profile = profile or self.options.profile
-        req = RunRequest(
-            session_id or new_session_id(), message, folder, profile, False, self.options.mode,
-            on_busy=on_busy,
-        )  # fmt: skip
-        feed = AskFeed(ProgressPump(report))
-        endpoint = await self.endpoint()
-        run = RemoteRun(req, feed, say=lambda line: print(line, file=sys.stderr, flush=True))
-        decide = approver(feed, asker)
-
-        async def check(daemon: DaemonConnection) -> None:
-            """What the call names exists, before its message goes."""
-            known = daemon.welcome.get("profiles")
-            if req.profile is not None and isinstance(known, list) and req.profile not in known:
-                raise ConfigError(f"unknown profile {req.profile!r} (profiles: {', '.join(known)})")
-            if session_id is not None:
-                listed = await daemon.request(wire.sessions_list())
-                if session_id not in {s.get("session_id") for s in listed["sessions"]}:
-                    raise UsageError(_unknown_session(session_id))
-
-        async def follow_it(stopper: Stopper) -> None:
-            stopper.switch(run.stop)
-            if on_run is not None:
-                on_run(run.stop)
-            await follow(endpoint, run, decide, before=check)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(feed.pump.run)
-            await follow_stopping_on_cancel(follow_it)
-            feed.pump.finish()
-        return _result(req.session_id, feed)
 
     # -- rewind, fork, sessions -----------------------------------------------------------
 
@@ -312,9 +289,15 @@ def build_server(bridge: NaviBridge) -> MCPServer:
 
             async def parked_ask(parked: Parked) -> CallToolResult:
                 return await bridge.ask(
-                    message, session_id, profile, cwd, parked.report, on_busy, parked.ask,
+                    message,
+                    session_id,
+                    profile,
+                    cwd,
+                    parked.report,
+                    on_busy,
+                    parked.ask,
                     parked.set_stop,
-                )  # fmt: skip
+                )
 
             return await bridge.rounds.serve(bridge.rounds.start(parked_ask), report)
         return await bridge.ask(message, session_id, profile, cwd, report, on_busy, elicitor(ctx))
@@ -332,9 +315,9 @@ def build_server(bridge: NaviBridge) -> MCPServer:
 async def serve(options: ServeOptions) -> None:
     """Serve MCP on stdin/stdout until stdin closes (the client's way to stop a server).
 
-    SIGTERM or SIGINT stops the runs in flight (their stopped turns saved), closes the
-    private daemon of this process, then ends the process by the same signal: the SDK reads
-    stdin in a worker thread that only the end of stdin would let go.
+    SIGTERM or SIGINT stops the runs in flight (saved), closes the private daemon, then
+    ends the process by the same signal: the SDK reads stdin in a worker thread that only
+    the end of stdin would let go.
     """
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:

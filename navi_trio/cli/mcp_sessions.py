@@ -1,8 +1,6 @@
-"""The MCP server's ``sessions`` tool (`navi mcp serve`, cli/mcp_server.py).
-
-It lists the newest sessions, at most `SESSIONS_MAX`: each with its title (else its first
-user message, cut to `TITLE_MAX`), its profile and its last update, read from the daemon
-(`sessions_from_daemon`: the one the calls go to, or the private one).
+"""The MCP server's ``sessions`` tool: the newest sessions (at most `SESSIONS_MAX`), each
+with its title (else its first user message, cut to `TITLE_MAX`), profile and last
+update.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """``navi profiles``: the profiles a run in a folder may name, and where each came from.
 
-The config's profiles (config.json), then the agents kept as files in the folder
-(``.navi/agents``, ``.claude/agents``: navi_trio/project/agents.py), read as a run there
-reads them (beneath the folder, never through a link out of it), with why any file is
-not used. An agent's tools are the ones its file asks for; a run gives it only those
-its own profile gives sub-agents (``spawn_agent``).
+The config's profiles, then the agents kept as files in the folder, read as a run there
+reads them (never through a link out of it), with why any file is not used.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """`navi rewind` and `navi fork`: undo what a session did, or branch it off, from the shell.
 
-    navi rewind --session ID --list
-    navi rewind --session ID --to MSG [--restore chat|files|both] [--force] [--yes] [--json]
-    navi rewind --session ID --branch B [--restore ...] [--yes]       (undo a rewind)
-    navi fork --session ID [--at MSG] [--files [--folder DIR]] [--new ID] [--json]
-
 MSG is a message id or its number in the list (1 = the first user message, -1 = the
-last: ``--to -1`` undoes the last message's turn). A rewind always shows its preview
-first (messages removed, files restored / created / deleted, the conflicts: files both
-navi and someone else changed since, kept as they are unless ``--force``, and what it
-does not cover);
-it applies it when the person at the terminal says yes, or at once with ``--yes``
-(without a terminal and without ``--yes`` it only shows the preview: nothing is changed
-headless by accident). The result names the branch that undoes it.
-
-Both go where `navi run` goes: the daemon (``--url``, or the local one when it answers),
-else a private daemon of this process on the local database (``--db``, ``--config``); a
-daemon checks that the session is the token's user's.
+last). A rewind always shows its preview first and applies it when the person at the
+terminal says yes, or at once with ``--yes``; without a terminal and without ``--yes``
+it only shows the preview, so nothing is changed headless by accident. The result
+names the branch that undoes it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Rewind and fork for the command line and the MCP server, through a daemon's frames.
-
-`Rewinds` speaks the daemon's frames (``checkpoints``, ``rewind``, ``fork``: docs/pages/
-protocol.md), one request per call, to the daemon or a private one of the
-command (cli/runner.py `open_endpoint`); whoever prints the replies (cli/rewind.py,
-cli/mcp_server.py) reads the daemon's fields.
-
-A rewind's target is the frame's fields: ``to`` or ``branch``, ``restore``, ``conflicts``.
+"""Rewind and fork for the command line and the MCP server, through a daemon's frames
+(``checkpoints``, ``rewind``, ``fork``), one request per call.
 
 `resolve_point` turns what a person types for a message into its id: the id itself, or
 its number as `navi rewind --list` shows it (1 = the first user message, -1 = the last).

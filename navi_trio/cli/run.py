@@ -1,37 +1,14 @@
 """`navi run "message"`: one turn, always through a daemon's protocol.
 
-    navi run [--url URL] [--token T] [--session ID] [--profile P] [--cwd DIR] [--events]
+To the daemon when one answers: it owns the run and its background jobs, which go on
+after `navi run` exits. Else to a private daemon of this process, whose background jobs
+end with it, so `navi run` waits for the turn's ones before it exits. `--db`,
+`--config`, `--llm-url` and `--backend` configure a private daemon, so giving one of
+them means "in this process".
 
-``hello``, ``message``, then the session's frames until this run's ``stream_end``,
-printed as the plain answer (or with ``--events`` as JSON lines), to one of two daemons
-(cli/runner.py `open_endpoint`), with the same output and the same exit codes:
-
-- **the daemon** when one answers. It owns the run and its background jobs: they go on
-  after `navi run` exits, and their notes reach the session's next turn. `--url` asks
-  for a daemon (none answering is an error); without it the local one
-  (`api.remote.DEFAULT_URL`) is tried when a token is at hand (`--token`, ``NAVI_TOKEN``
-  or the token file a local `navi serve` writes);
-- else **a private daemon** of this process (`serve_run`: the runtime and the server on
-  loopback, a token only this process knows). Its background jobs end with it, so
-  `navi run` waits for the turn's ones before it exits (`_BackgroundWait`: ``tasks``,
-  then their ``task_update`` frames).
-
-`--db`, `--config`, `--llm-url` and `--backend` configure a private daemon (a daemon has
-its own), so giving one of them means "in this process".
-
-The turn is sent and followed by the runner (cli/runner.py, shared with `navi mcp
-serve`); this module is the command: its arguments, what it prints (`_Printer`), the
-stop signals and the approval prompt, and the exit code.
-
-The first Ctrl-C, SIGTERM or SIGHUP stops the run cleanly (a ``stop`` frame, then the
-run's ``stream_end`` is awaited; while a private daemon's background jobs are waited
-for, ``tasks cancel`` for each); a second one quits at once.
-
-A tool call that needs approval (docs/pages/tools.md, "Safety") is asked on the terminal
-when there is one (y: once, s: for this session, a: always, anything else: no); without
-a terminal it is denied at once, with a line saying so. To a private daemon the person at the shell
-is the local admin (api/auth.py `LOCAL_USER`); to a daemon the token's role applies.
-`--mode` asks for a mode within what that role allows.
+The first Ctrl-C, SIGTERM or SIGHUP stops the run cleanly (the partial answer saved); a
+second one quits at once. A tool call that needs approval is asked on the terminal when
+there is one, else denied at once with a line saying so.
 """
 
 from __future__ import annotations
@@ -121,10 +98,9 @@ def _message_text(args: argparse.Namespace) -> str:
 
 
 def _output_gone(*streams: TextIO) -> tuple[TextIO, TextIO]:
-    """After a hang-up the terminal is gone: send the rest of the output nowhere.
-
-    The descriptors are pointed at /dev/null too, so flushing what is still buffered
-    (now or at exit) cannot fail a run that is stopping cleanly.
+    """After a hang-up the terminal is gone: send the rest of the output nowhere. The
+    descriptors point at /dev/null too, so flushing what is still buffered cannot fail a
+    run that is stopping cleanly.
     """
     null = os.open(os.devnull, os.O_WRONLY)
     try:
@@ -181,8 +157,11 @@ class _Printer:
     def show(self, frame: Frame) -> bool:
         """Print one session frame; True at this run's top-level stream_end."""
         if frame.get("type") == "resync":  # cut off and the replay was gone
-            _say(self.err, "navi: warning: some output was skipped (navi fell behind); "
-                 "the session's history has all of it")  # fmt: skip
+            _say(
+                self.err,
+                "navi: warning: some output was skipped (navi fell behind); "
+                "the session's history has all of it",
+            )
             return False
         # As `navi run` always printed them: the epoch only matters to a client that
         # subscribes again, which navi run never does.
@@ -241,10 +220,13 @@ async def decide_approval(frame: Frame, err: TextIO, *, interactive: bool) -> tu
     tool, summary = frame.get("tool", "?"), one_line(str(frame.get("summary", "")))
     rule = frame.get("rule", "")
     if not interactive:
-        _say(err, terminal_safe(
-            f"navi: denied {tool} ({summary}): it needs approval ({rule}) and there is no "
-            "terminal to ask; run it with a terminal, or allow it with a rule"
-        ))  # fmt: skip
+        _say(
+            err,
+            terminal_safe(
+                f"navi: denied {tool} ({summary}): it needs approval ({rule}) and there is no "
+                "terminal to ask; run it with a terminal, or allow it with a rule"
+            ),
+        )
         return False, "once"
     for line in [*part_lines(frame), grant_line(frame, "[s]ession")]:
         if line:  # a terminal line's parts, and what a session grant covers
@@ -280,11 +262,12 @@ async def run_remote(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stopper.watch, signals)
             await follow(
-                Endpoint(url, token, private), run,
+                Endpoint(url, token, private),
+                run,
                 lambda f: decide_approval(f, err, interactive=_interactive()),
                 on_accepted=lambda: print(f"session: {req.session_id}", file=err, flush=True),
                 after=after,
-            )  # fmt: skip
+            )
             nursery.cancel_scope.cancel()
     if (outer.cancelled_caught or run.abandoned) and outcome.signal is None:
         outcome.signal = signal.SIGINT
@@ -293,10 +276,9 @@ async def run_remote(
 
 @attrs.define(eq=False)
 class _BackgroundWait:
-    """A private daemon ends with `navi run`: its session's background jobs are waited
-    for, through the protocol (``tasks list``, then their ``task_update`` frames), so
-    that their results become task notes the session's next turn reads. A stop signal
-    meanwhile cancels them (each still leaves a "cancelled" note)."""
+    """A private daemon ends with `navi run`: its session's background jobs are waited for,
+    so that their results become task notes the next turn reads. A stop signal meanwhile
+    cancels them (each still leaves a "cancelled" note)."""
 
     session_id: str
     stopper: _StopHandler
@@ -308,8 +290,9 @@ class _BackgroundWait:
         running = await self._running(daemon)
         if not running:
             return
-        _say(self.err, f"navi: waiting for {len(running)} background task(s)… Ctrl-C to "
-             "cancel them")  # fmt: skip
+        _say(
+            self.err, f"navi: waiting for {len(running)} background task(s)… Ctrl-C to cancel them"
+        )
         self.stopper.switch(self.cancel_wanted.set, "the background task(s)")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._cancel, daemon, running)
@@ -345,11 +328,9 @@ class _BackgroundWait:
 async def serve_run(
     settings: Settings, source: Callable[[], ConfigSource]
 ) -> AsyncIterator[Endpoint]:
-    """A private daemon for one `navi run` (cli/serve.py `serve_privately`) with the
-    config `source()` reads. Its LLM client is built and the sandbox probed in threads
-    (open_runtime's probe then finds the answer cached) while this thread reads the
-    config and imports the runtime and the server (imported here so `navi --help` and
-    `navi doctor` stay light)."""
+    """A private daemon for one `navi run`. Its LLM client is built and the sandbox probed
+    in threads while this thread reads the config and imports the runtime and the server
+    (imported here so `navi --help` and `navi doctor` stay light)."""
     local = settings.llm_backend.strip().lower() == "local"
     building = None if local else InThread(make_client, settings)
     probing = InThread(sandbox_available, settings.bwrap_path)
@@ -428,9 +409,16 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise UsageError(f"--cwd {cwd}: not a directory")
     session_id = args.session if args.session is not None else new_session_id()
     req = RunRequest(
-        session_id, text, cwd, args.profile, args.events, args.mode,
-        on_busy=args.on_busy, cwd_given=args.cwd is not None, commands=True,
-    )  # fmt: skip
+        session_id,
+        text,
+        cwd,
+        args.profile,
+        args.events,
+        args.mode,
+        on_busy=args.on_busy,
+        cwd_given=args.cwd is not None,
+        commands=True,
+    )
     outcome = trio.run(_run, args, settings, req, out, err)
     return exit_code(outcome, args.events, err)
 

@@ -1,25 +1,9 @@
 """Where a command speaks the protocol, and one turn followed there to its end.
 
-Every `navi` verb that asks something of navi (run, rewind, fork, compact, sessions,
-tasks, schedule, mcp serve) speaks the WebSocket protocol through `open_daemon`, to one
-of two daemons (api/endpoint.py `open_endpoint`):
-
-- **the daemon** asked for (``--url``, with ``--token``, ``NAVI_TOKEN`` or the local
-  token file), else the local one when it answers and a token is at hand (`RunTarget`);
-- else **a private one** (`private_endpoint` here): the runtime and the server in this
-  process, on loopback with a token only this process knows (cli/serve.py
-  `serve_privately`), living as long as the command. An option that configures a
-  runtime (``--db``, ``--config``, ``--llm-url`` …) asks for it.
-
-Either way the frames are the same; the command only learns whether the daemon is
-private (`Endpoint.private`: its background jobs end with the command).
-
-`navi run` (cli/run.py) and `navi mcp serve` (cli/mcp_server.py) both send one user
-message and follow its run (`follow`): ``message``, its ``ok``, then the session frames
-of our run (`OurRun` skips the runs queued ahead of ours) to a `FrameSink` until the
-run's top-level ``stream_end``, approval requests to an `Approver`, and a stop asked
-for stops the run cleanly. Nothing here prints; trio_websocket, the store and the core
-are imported on use.
+Every `navi` verb speaks the WebSocket protocol through `open_daemon`: to the daemon
+asked for (or the local one when it answers and a token is at hand), else to a private
+one of this process, on loopback with a token only this process knows. The frames are
+the same either way. Nothing here prints; the store and the core are imported on use.
 """
 
 from __future__ import annotations
@@ -141,12 +125,10 @@ async def follow(
     before: OnConnection | None = None,
     after: OnConnection | None = None,
 ) -> None:
-    """Send `run.req` to the daemon at `endpoint` and follow it until its stream_end;
-    `on_accepted` runs once the daemon took the message (its session exists then).
-
-    `run.stop()` sends a ``stop`` (once the run is ours, not one ahead of it; while our
-    message is queued it gives up and leaves the message queued). Failures to reach the
-    daemon are `DaemonUnreachableError`, refusals `RemoteError`.
+    """Send `run.req` and follow it until its stream_end; `on_accepted` runs once the
+    daemon took the message. `run.stop()` sends a ``stop`` once the run is ours (while our
+    message is queued it leaves it queued). Failures to reach the daemon are
+    `DaemonUnreachableError`, refusals `RemoteError`.
     """
     from navi_trio.api.daemon_client import OurRun, remote_error
 
@@ -176,9 +158,13 @@ async def follow(
         if req.commands and text.startswith("/"):
             text = await _command_prompt(daemon, text, cwd, run.say)
         accepted = await daemon.send_message(
-            text, session_id=sid, profile=req.profile, cwd=cwd, mode=req.mode,
+            text,
+            session_id=sid,
+            profile=req.profile,
+            cwd=cwd,
+            mode=req.mode,
             on_busy=req.on_busy,
-        )  # fmt: skip
+        )
         on_accepted()
         queued = "navi: the session is busy: message queued (#{})"
         ours = run.ours = OurRun.of(accepted, text, lambda n: run.say(queued.format(n)))
@@ -208,8 +194,8 @@ async def follow(
 async def _command_prompt(
     daemon: DaemonConnection, text: str, cwd: str | None, say: Callable[[str], object]
 ) -> str:
-    """The prompt of the command kept as a file that `text` ("/name words") names, with
-    the words in it (navi_trio/command_text.py); `text` itself when there is none."""
+    """The prompt of the command kept as a file that `text` ("/name words") names, with the
+    words in it; `text` itself when there is none."""
     from navi_trio.command_text import CommandTooLongError, expand_command
 
     name, _, rest = text[1:].partition(" ")

@@ -1,27 +1,11 @@
-"""The daemon's life: `navi serve` runs `serve_daemon` under `trio.run`; a command with no
-daemon to speak to serves itself privately (`serve_privately`).
+"""The daemon's life: `navi serve` runs `serve_daemon`; a command with no daemon to speak
+to serves itself privately (`serve_privately`).
 
-    runtime (store, LLM, supervisor, session registry)
-    └── ApiServer (listening socket, one Connection per client)
-
-SIGTERM / SIGINT (or, for a worker of `navi serve --workers`, its supervisor gone):
-stop accepting and close the connections; wait up to ``shutdown_wait_tasks_sec`` for
-background jobs to finish; then leave the runtime, which stops the active runs (their
-partial answers are saved as stopped, shielded), cancels the jobs left, and drains the
-store before it closes. SIGHUP reloads the
-config file (ConfigSource). Readiness goes to systemd when ``NOTIFY_SOCKET`` is set.
-
-Before anything else, what a dead daemon of the same data folder left running is
-killed (`procs.kill_orphans`: a ``full``-mode command outlives a SIGKILL), with all the
-cgroups of a dead daemon of that folder hold (`cgroups.clear_stale`); at the end, this
-daemon's cgroups are emptied and removed.
-
-`serve_privately` is the same pair for one command (`navi run`, `navi rewind`, `navi mcp
-serve` … when no daemon answers): the runtime and an ApiServer on 127.0.0.1, port 0, that
-knows one user, the person at this shell (`auth.OneToken`: a token made for this process,
-held in its memory only). The command speaks the protocol to it as to any daemon; it
-lives as long as the command's block, and what runs in it (a turn, its background jobs)
-ends with it.
+SIGTERM / SIGINT: stop accepting, wait up to ``shutdown_wait_tasks_sec`` for background
+jobs, then leave the runtime (active runs stopped and saved, jobs cancelled, the store
+drained). SIGHUP reloads the config file. Before anything else, what a dead daemon of
+the same data folder left running is killed, with its cgroups: a ``full``-mode command
+outlives a SIGKILL.
 """
 
 from __future__ import annotations
@@ -66,8 +50,8 @@ async def serve_daemon(
     reuse_port: bool = False,
     supervisor_fd: int | None = None,
 ) -> None:
-    """`supervisor_fd`: a worker's end of its supervisor's lifeline (cli/workers.py): at
-    its end the supervisor is gone, and the worker shuts down as on SIGTERM."""
+    """`supervisor_fd`: a worker's end of its supervisor's lifeline: at its end the
+    supervisor is gone, and the worker shuts down as on SIGTERM."""
     await kill_orphans(settings.data_dir)
     if settings.cgroups:
         await clear_stale(data_digest(settings.data_dir))
@@ -150,10 +134,9 @@ async def serve_privately(
 ) -> AsyncIterator[Private]:
     """The runtime and a server only this process can use, for as long as the block.
 
-    Loopback, port 0: nothing of the machine's ports is taken for good. Anyone on the
-    machine may connect, but only this process holds the token (`OneToken`), and a
-    browser page is refused by the Origin check as at any daemon. Leaving the block
-    closes the server, then the runtime (runs stopped and saved, jobs cancelled).
+    Loopback, port 0: nothing of the machine's ports is taken for good. Only this process
+    holds the token, and a browser page is refused by the Origin check as at any daemon.
+    Leaving the block closes the server, then the runtime.
     """
     async with open_runtime(settings, config=config, backend=backend) as rt:
         # The folder's local admin when a daemon of the folder made one: what this command

@@ -1,14 +1,8 @@
 """`navi web`: the browser page's address, with a one-time sign-in link.
 
-    navi web [--url URL] [--token T]
-
-Asks the running daemon (`--url`, default the local one) for a one-time sign-in code
-(``signin_code``, api/signin.py) with the token at hand (`--token`, ``NAVI_TOKEN``, else
-the local admin's token file) and prints the page's address with the code in its
-fragment: ``http://127.0.0.1:8765/#signin=CODE``. Opened within a minute, the page signs
-in as that token's user and takes the code out of the address bar; a second opening is
-refused. The token itself never goes into the link. Without a daemon it says so and
-exits 1: the page is served by the daemon, so there is nothing to open.
+The code goes in the address's fragment; opened within a minute, the page signs in as
+the token's user, once. The token itself never goes into the link. Without a daemon it
+says so and exits 1: the page is served by the daemon.
 """
 
 from __future__ import annotations

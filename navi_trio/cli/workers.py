@@ -1,38 +1,19 @@
 """`navi serve --workers N`: N daemon processes on one port, supervised.
 
-    supervisor (this process: no runtime, no store, no sessions)
-    ├── worker 1   `navi serve --worker-of PID`: a whole daemon on the shared port
-    ├── worker 2
-    └── …
+Why processes: one daemon is one CPU-bound process; N workers on one PostgreSQL use N
+cores, each session run by the worker holding its lease.
 
-Why processes: one daemon is one CPU-bound process (the agent loop and its JSON, the
-LLM's HTTP path, the WebSocket frames). N workers on one PostgreSQL use N cores; each
-session is run by the one worker holding its lease (core/turn/lease.py), and any worker
-takes any command (docs/pages/scaling.md).
+Why SO_REUSEPORT: each worker listens on its own socket bound to the port and the kernel
+spreads new connections over them, so no hand-over process sits on every connection.
+The supervisor holds one more socket bound to the port (never listening): the port
+stays ours while a worker restarts.
 
-Why SO_REUSEPORT rather than one accept loop handing sockets over: each worker listens
-on its own socket bound to the same port, and the kernel spreads new connections over
-them (by a hash of the client's address and port). No hand-over process sits on the
-path of every connection, and a dead worker's socket simply leaves the group. The
-supervisor holds one more socket bound to the port (never listening, so it is given no
-connection): the port stays ours while a worker restarts, and ``--port 0`` picks it once.
-
-Supervision: a worker that exits while the supervisor is not stopping is started again
-(after 0.5 s, doubling to 30 s while it keeps dying within a minute of its start); its
-sessions fail over meanwhile (their leases name a dead pid on this host, taken over at
-the next command; queued messages are adopted by the next worker that starts). The
-supervisor prints ``navi: listening on ws://HOST:PORT/ (N workers)`` once every worker
-listens, and one line per restart. SIGTERM / SIGINT: every worker gets SIGTERM (each
-shuts down as `navi serve` does) and the supervisor waits for them all. Workers die
-with their supervisor, however it ends (SIGKILL too): each watches the read end of a
-pipe whose write end only the supervisor holds (``--supervisor-fd``), and shuts down as
-on SIGTERM when it reads the end of it; so no worker serves unsupervised beside the
-workers of the next supervisor. (Not ``PR_SET_PDEATHSIG``: it fires when the thread
-that started the child ends, and trio starts processes from worker threads.)
-
-Refused without a shared store: with SQLite, workers would each run sessions on one
-file with no way to reach each other's clients, so `--workers` above 1 needs
-``NAVI_DB=postgresql://…`` (`check_workers`).
+A worker that exits is started again (0.5 s, doubling to 30 s while it keeps dying
+within a minute). Workers die with their supervisor however it ends, SIGKILL too: each
+watches a pipe whose write end only the supervisor holds (not ``PR_SET_PDEATHSIG``: it
+fires when the starting thread ends, and trio starts processes from worker threads).
+SQLite is refused: workers would share one file with no way to reach each other's
+clients.
 """
 
 from __future__ import annotations
@@ -172,8 +153,11 @@ class Supervisor:
             delay = backoff_delay(restart, base=RESTART_FIRST_SEC, cap=RESTART_MAX_SEC)
             log.warning(
                 "worker %d (pid %d) exited with %s; starting it again in %.1f s",
-                worker.number, proc.pid, _exit_text(code), delay,
-            )  # fmt: skip
+                worker.number,
+                proc.pid,
+                _exit_text(code),
+                delay,
+            )
             await trio.sleep(delay)
             worker.restarts += 1
 
@@ -210,8 +194,9 @@ class Supervisor:
                     await proc.wait()
             for proc in procs:
                 if proc.returncode is None:
-                    log.warning("worker pid %d ignored SIGTERM for %g s: killed", proc.pid,
-                                STOP_WAIT_SEC)  # fmt: skip
+                    log.warning(
+                        "worker pid %d ignored SIGTERM for %g s: killed", proc.pid, STOP_WAIT_SEC
+                    )
                     proc.kill()
                     await proc.wait()
 

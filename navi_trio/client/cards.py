@@ -1,9 +1,5 @@
 """The chat's cards: tool calls, approval requests and the plan's checklist.
 
-`Cards` keeps what they need between frames (the open tool cards, the approval requests
-shown, the plan's steps) and prints them on its `Board` (the `Renderer`, which hands it
-the frames of these types: `on_<type>`):
-
 - a tool call is a card: ``⏺ name(args)``, a bounded tail of its live output, then
   ``⎿ ✔ ok · 1.2s`` with the first line of the result;
 - an approval request says what, which rule and how long, a terminal line's parts and
@@ -15,26 +11,17 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from rich.markup import escape
 
 from navi_trio.approval_text import grant_line, part_lines
-from navi_trio.client.status import Status
 from navi_trio.client.text import ARGS_MAX, RESULT_MAX, one_line
 from navi_trio.wire import Frame
 
-
-class Board(Protocol):
-    """What the cards print on (the `Renderer`)."""
-
-    status: Status
-
-    def put(self, markup: str, who: str = "", style: str | None = None) -> None: ...
-    def notice(self, text: str, who: str = "") -> None: ...
-    def markdown(self, text: str, who: str = "") -> None: ...
-    def mark_busy(self, frame: Frame) -> None: ...
+if TYPE_CHECKING:
+    from navi_trio.client.render import Renderer
 
 
 TOOL_TAIL_LINES = 5  # live output lines shown per tool call before "… N more lines"
@@ -51,7 +38,7 @@ class _Card:
 
 
 class Cards:
-    def __init__(self, board: Board) -> None:
+    def __init__(self, board: Renderer) -> None:
         self.r = board
         self._cards: dict[str, _Card] = {}
         self._plan: list[dict[str, Any]] = []

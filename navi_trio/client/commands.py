@@ -1,42 +1,19 @@
-"""The chat's slash commands: ``/help``, ``/new``, ``/compact``, ``/resume ID``, ``/rewind``
-(client/rewind.py) ...
-
-`SlashCommands.run` finds the command by its name; each one changes the chat's session
-state (`Chat`: the `ChatApp`) or sends the daemon a frame (the replies come back through the app's
-frame loop).
+"""The chat's slash commands: ``/help``, ``/new``, ``/compact``, ``/resume ID``,
+``/rewind`` ... Each changes the chat's session state or sends the daemon a frame.
 """
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from navi_trio import wire
-from navi_trio.client.render import Renderer
-from navi_trio.client.rewind import RewindFlow
 from navi_trio.command_text import CommandTooLongError, expand_command, usable
 from navi_trio.wire import Frame
 
-
-class Chat(Protocol):
-    """What the commands change and use of the chat (the `ChatApp`)."""
-
-    renderer: Renderer
-    session_id: str | None
-    profile: str | None
-    mode: str | None
-    resuming: str | None
-    rewinds: RewindFlow
-    profiles: list[str] | None  # the daemon's (its welcome); None: not said
-
-    async def send(self, frame: Frame) -> bool: ...
-    async def line(
-        self, text: str, on_busy: str | None = None, *, literal: bool = False
-    ) -> None: ...
-    def quit(self) -> None: ...
-    def set_session(self, session_id: str | None) -> None: ...
-    def run_cwd(self) -> str | None: ...
+if TYPE_CHECKING:
+    from navi_trio.client.app import ChatApp
 
 
 HELP = """\
@@ -85,7 +62,7 @@ ANSWERS = {
 
 
 class SlashCommands:
-    def __init__(self, app: Chat) -> None:
+    def __init__(self, app: ChatApp) -> None:
         self.app = app
         self._by_name: dict[str, Callable[[str], Awaitable[None]]] = {
             "help": self.help,
@@ -253,9 +230,10 @@ class SlashCommands:
             return
         kind, when, text = words[0], words[1], " ".join(words[2:])
         where: dict[str, object] = (
-            {"session_id": self.app.session_id} if self.app.session_id else
-            {"new": True, "profile": self.app.profile}
-        )  # fmt: skip
+            {"session_id": self.app.session_id}
+            if self.app.session_id
+            else {"new": True, "profile": self.app.profile}
+        )
         await self.app.send(wire.schedule("add", message=text, **{kind: when}, **where))
 
     async def mode(self, arg: str) -> None:

@@ -1,15 +1,11 @@
 """`Connection`: the chat client's link to the daemon, one `open_daemon` at a time.
 
-Each connection is an `open_daemon` (hello, welcome, a frame stream without repeats that
-subscribes again after ``lagged``); this actor forwards every frame of it to its
-owner's channel. When the connection drops it tells the owner with a local
-``{"type": "_disconnected"}`` frame, reconnects with exponential backoff (a bounded
-number of tries) and, once back, sends the frames its owner's `resume` callback
-returns (``subscribe`` with the last seq seen) before a ``_reconnected`` frame. Local
-frame types start with ``_``: the server never sends those.
-
-It gives up with the errors of errors.py: `DaemonUnreachableError` (no daemon at the
-URL, or the reconnects failed), `RemoteError` (the daemon refused the token).
+Every frame goes to the owner's channel. When the connection drops it sends the owner
+a local ``_disconnected`` frame, reconnects with exponential backoff (a bounded number
+of tries) and, once back, sends what the owner's `resume` returns (``subscribe`` with
+the last seq seen) before a ``_reconnected`` frame. Local frame types start with ``_``:
+the server never sends those. It gives up with `DaemonUnreachableError` or
+`RemoteError` (the daemon refused the token).
 """
 
 from __future__ import annotations
@@ -85,9 +81,12 @@ class Connection:
         while True:
             try:
                 async with open_daemon(
-                    self.url, self._token, connect_timeout=CONNECT_TIMEOUT,
-                    hello_timeout=WELCOME_TIMEOUT, close_timeout=CLOSE_TIMEOUT,
-                ) as daemon:  # fmt: skip
+                    self.url,
+                    self._token,
+                    connect_timeout=CONNECT_TIMEOUT,
+                    hello_timeout=WELCOME_TIMEOUT,
+                    close_timeout=CLOSE_TIMEOUT,
+                ) as daemon:
                     self._daemon = daemon
                     try:
                         failures = 0

@@ -1,8 +1,6 @@
-"""The ``context`` reply as lines of text: the project files a run in a folder gets.
-
-Shared by the chat's ``/context`` and ``navi doctor``: the instruction files with their
-sizes (and how much of each reaches the model when it is cut), the skills, and each
-file that was skipped with why.
+"""The ``context`` reply as lines of text, for the chat's ``/context`` and ``navi doctor``:
+the instruction files with their sizes (and how much of each reaches the model), the
+skills, and each file skipped with why.
 """
 
 from __future__ import annotations

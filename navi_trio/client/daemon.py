@@ -1,12 +1,9 @@
 """Finding the daemon: its token, and starting one in the background when none answers.
 
-`ensure_daemon` is the one place `navi chat` starts a process: when nothing accepts TCP
-connections at the URL's loopback address it runs ``python -m navi_trio serve --port P``
-detached (own session, its output in ``data_dir/navi-serve-P.log``) and waits, bounded,
-until the port accepts. A daemon writes its own pid file (``navi-serve-P.pid``) once it
-listens, so a start that fails leaves none (`navi status`, `navi stop`: cli/daemons.py).
-One of each per port: two daemons of one data folder never share them. The command is a
-parameter so tests can use a stand-in script.
+`ensure_daemon` is the one place `navi chat` starts a process: when nothing accepts
+connections at the URL's loopback address it runs ``python -m navi_trio serve --port
+P`` detached (its output in ``data_dir/navi-serve-P.log``) and waits, bounded, until
+the port accepts. The command is a parameter so tests can use a stand-in script.
 """
 
 from __future__ import annotations
@@ -57,7 +54,6 @@ def find_token(given: str | None, environ: Mapping[str, str], data_dir: Path) ->
 
 def token_hint(data_dir: Path, given: bool) -> str:
     """What to do about a token the daemon refused: where the local admin's token is.
-
     `given`: the token came from --token or NAVI_TOKEN (else from the local-token file).
     """
     path = data_dir / TOKEN_FILE

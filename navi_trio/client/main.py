@@ -1,4 +1,4 @@
-"""`chat`: the body of ``navi chat`` (cli.py parses the options and calls it)."""
+"""`chat`: the body of ``navi chat``."""
 
 from __future__ import annotations
 
@@ -38,12 +38,9 @@ async def run_chat(
     serve_args: Sequence[str] = (),
     want_backend: tuple[str, str] | None = None,
 ) -> None:
-    """Start a daemon if needed and none answers, find the token, chat until quit.
-
-    A daemon started here gets `serve_args` (``--local`` …). `want_backend`: the backend
-    asked for here and the setting that asked (``("local", "--local")``,
-    ``("ollama", "OLLAMA_HOST=…")``); when a daemon was running already with another
-    backend, one line says that the setting does not apply to it.
+    """Start a daemon (with `serve_args`) if none answers, find the token, chat until quit.
+    `want_backend`: the backend asked for here and the setting that asked; when a running
+    daemon has another backend, one line says that the setting does not apply to it.
     """
     started = None
     if autostart:

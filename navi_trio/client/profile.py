@@ -1,11 +1,8 @@
 """The session's profile on the chat's status line: the daemon's word for it.
 
-The daemon says which profile a session has in its ``sessions list``. The chat asks
-for it when a session is adopted or resumed, and when a run ends that may have
-switched it (a message naming another profile, a ``switch_profile`` call): one ask at
-a time, under an id of its own (`PROFILE_ASK`), whose reply updates the status line
-and is not shown. `ProfileAsk` keeps that bookkeeping; the app does the asking and
-shows the answer.
+The chat asks for it (``sessions list``) when a session is adopted or resumed, and
+when a run ends that may have switched it: one ask at a time, under its own id
+(`PROFILE_ASK`), whose reply updates the status line and is not shown.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """Line input for `navi chat`, read in a worker thread.
 
-prompt_toolkit runs its own asyncio loop; it gets a worker thread of its own
-(`trio.to_thread.run_sync`) so it never fights trio for the main thread. Output printed
-meanwhile goes through `patch_stdout`, which draws it above the prompt. Without a
-terminal (stdin is a pipe) a plain line reader does the same job.
+prompt_toolkit runs its own asyncio loop, so it gets a worker thread of its own and
+never fights trio for the main thread; output printed meanwhile is drawn above the
+prompt. Without a terminal a plain line reader does the same job.
 
-`read` never raises for the keys a person presses: it returns an `InputEvent`
-(a line, Ctrl-C as ``interrupt``, Ctrl-D or end of input as ``eof``, a double Esc on an
-empty prompt as ``rewind``: the chat opens /rewind; Ctrl+X C as ``compact``: the chat
-compacts the session, and what was typed comes back on the next prompt). A line
-ended with Ctrl+Enter (or Alt+Enter: many terminals send Ctrl+Enter as a plain Enter) is
-a ``steer``: sent to steer the running turn (core/turn/steering.py) instead of queueing.
-`prefill` puts a text on the prompt (the message a rewind removed, or one the daemon
-refused, to send again or edit): on the prompt drawn now when nothing is typed on it,
-else on the next.
+`read` never raises for the keys a person presses: it returns an `InputEvent` (a line;
+Ctrl-C: ``interrupt``; Ctrl-D: ``eof``; double Esc on an empty prompt: ``rewind``;
+Ctrl+X C: ``compact``; a line ended with Ctrl+Enter or Alt+Enter: ``steer``).
+`prefill` puts a text on the prompt (a message a rewind removed, or one refused).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """`Renderer`: server frames in, lines on a rich Console out.
 
-It owns only display state (what is being streamed, the status line; the open tool
-cards and the plan are its `Cards`, client/cards.py) and never does I/O other than
-printing, so tests feed it frame sequences and read a ``Console(file=StringIO())``.
-Habits borrowed from Claude Code and Codex:
-
-- the answer streams block by block, each finished Markdown block (up to a blank line
-  outside a code fence) rendered as Markdown, the rest at ``stream_end``;
-- thinking is one dim line ``✻ thinking… (N words)``; `/thinking` shows it in full;
-- tool calls, approval requests and the plan are cards (client/cards.py);
-- sub-agent output is indented and labelled with its agent id;
-- warnings and errors are one line each, with what to do where we know it.
+It owns only display state and never does I/O other than printing, so tests feed it
+frames and read a ``Console(file=StringIO())``. The answer streams block by block, each
+finished Markdown block rendered as Markdown; thinking is one dim line (`/thinking`
+shows it in full); sub-agent output is indented and labelled; warnings and errors are
+one line each, with what to do where we know it.
 """
 
 from __future__ import annotations

@@ -2,32 +2,21 @@
 
     /rewind                      list the session's messages (numbered) and branches
     /rewind N [chat|files|both] [force]
-                                 preview a rewind to just before message N (-1: the last);
-                                 force: also restore the conflicts (files navi and
-                                 someone else both changed since; kept without it)
+                                 preview a rewind to just before message N (-1: the last)
     /rewind undo                 preview bringing back the newest branch (undo a rewind)
-    /fork [N] [files]            a new session from the history before N (all without),
-                                 with a copy of the files when asked; the chat moves to it
+    /fork [N] [files]            a new session from the history before N; the chat moves to it
 
-A preview is shown with the question "apply it? (y/n)": the next line ``y`` or ``yes``
-applies it (the daemon checks that nothing changed since), anything else leaves the
-session as it was (and a line other than ``n`` / ``no`` is then handled as usual). After
-a rewind the daemon's ``resync`` reloads the history on the screen, and a chat rewind
-puts the message it removed back on the prompt, to be sent again as it is or edited.
-
-`RewindFlow` keeps what it waits for: the list it needs first (a number is resolved on
-the latest list, asked for when there is none), the preview being confirmed. The frames
-are the daemon's (``checkpoints``, ``rewind``, ``fork``); their text is client/rewind_text.
+A preview asks "apply it? (y/n)": ``y`` or ``yes`` applies it, anything else leaves the
+session as it was. A chat rewind puts the message it removed back on the prompt.
 """
 
 from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from typing import Protocol, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from navi_trio import wire
-from navi_trio.client.render import Renderer
 from navi_trio.client.rewind_text import (
     print_done,
     print_forked,
@@ -35,6 +24,9 @@ from navi_trio.client.rewind_text import (
     print_preview,
 )
 from navi_trio.wire import Frame
+
+if TYPE_CHECKING:
+    from navi_trio.client.app import ChatApp
 
 RESTORES = ("chat", "files", "both")
 YES = ("y", "yes")
@@ -45,17 +37,6 @@ FORCE_HINT = "add force (/rewind N files force) to restore them too"
 FORCE = "force"
 
 
-class Chat(Protocol):
-    renderer: Renderer
-    session_id: str | None
-    resuming: str | None
-
-    async def send(self, frame: Frame) -> bool: ...
-    def set_cwd(self, folder: str) -> None: ...
-    def prefill(self, text: str) -> None: ...
-    def history_rewritten(self) -> None: ...
-
-
 def _text(show: Callable[[TextIO], None]) -> str:
     out = io.StringIO()
     show(out)
@@ -63,7 +44,7 @@ def _text(show: Callable[[TextIO], None]) -> str:
 
 
 class RewindFlow:
-    def __init__(self, app: Chat) -> None:
+    def __init__(self, app: ChatApp) -> None:
         self.app = app
         self.listed: Frame | None = None  # the latest `checkpoints` reply of our session
         self.after_list: tuple[str, str] | None = None  # (command, arg) waiting for it

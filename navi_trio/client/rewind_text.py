@@ -1,6 +1,5 @@
-"""What a rewind's list, preview and result say, as text (`navi rewind`, `navi fork`, the
-chat's /rewind and /fork, the MCP server's tools): pure functions of the daemon's reply
-fields (docs/pages/protocol.md), written to any text stream.
+"""What a rewind's list, preview and result say, as text, for every client of them: pure
+functions of the daemon's reply fields, written to any text stream.
 """
 
 from __future__ import annotations
@@ -30,23 +29,33 @@ def print_overview(listed: Fields, out: TextIO, *, branch_hint: str = CLI_BRANCH
     if not messages:
         _print("no user messages yet: nothing to rewind to", file=out)
     for n, m in enumerate(messages, start=more + 1):
-        files = "files" if m.get("checkpoint") not in (None, "pruned") else (
-            "files pruned" if m.get("checkpoint") == "pruned" else "no file change since"
-        )  # fmt: skip
-        _print(f"{n:>4}  {m['message_id']}  {_when(m.get('created_at'))}  [{files}]  "
-              f"{_one_line(m.get('text'))}", file=out)  # fmt: skip
+        files = (
+            "files"
+            if m.get("checkpoint") not in (None, "pruned")
+            else ("files pruned" if m.get("checkpoint") == "pruned" else "no file change since")
+        )
+        _print(
+            f"{n:>4}  {m['message_id']}  {_when(m.get('created_at'))}  [{files}]  "
+            f"{_one_line(m.get('text'))}",
+            file=out,
+        )
     branches = list(listed.get("branches") or [])
     if branches:
         _print(f"branches ({branch_hint}):", file=out)
     for b in branches:
-        _print(f"      {b['branch_id']}  {_when(b.get('created_at'))}  {b.get('restore')}  "
-              f"{b.get('messages')} message(s)  {_one_line(b.get('text'))}", file=out)  # fmt: skip
+        _print(
+            f"      {b['branch_id']}  {_when(b.get('created_at'))}  {b.get('restore')}  "
+            f"{b.get('messages')} message(s)  {_one_line(b.get('text'))}",
+            file=out,
+        )
 
 
 def print_preview(preview: Fields, out: TextIO, *, force_hint: str = CLI_FORCE) -> None:
-    where = f"before {_quote(preview.get('text'))}" if preview.get("to") else (
-        f"branch {preview.get('branch')}"
-    )  # fmt: skip
+    where = (
+        f"before {_quote(preview.get('text'))}"
+        if preview.get("to")
+        else f"branch {preview.get('branch')}"
+    )
     _print(f"rewind {preview.get('restore')} to {where}:", file=out)
     if preview.get("restore") in ("chat", "both"):
         removed, restored = preview.get("messages_removed"), preview.get("messages_restored")
@@ -63,8 +72,11 @@ def print_preview(preview: Fields, out: TextIO, *, force_hint: str = CLI_FORCE) 
             for k in ("restored", "created", "deleted", "modes", "dirs_created", "dirs_deleted")
             if root.get(k)
         )
-        _print(f"  files in {root['root']}: {counts or 'no change'} "
-              f"({root.get('bytes', 0)} bytes written)", file=out)  # fmt: skip
+        _print(
+            f"  files in {root['root']}: {counts or 'no change'} "
+            f"({root.get('bytes', 0)} bytes written)",
+            file=out,
+        )
         for change in (root.get("changes") or [])[:SHOWN_CHANGES]:
             _print(f"      {change['what']:<11} {change['path']}", file=out)
         hidden = len(root.get("changes") or []) - SHOWN_CHANGES + int(root.get("more_changes", 0))
@@ -84,14 +96,18 @@ def _conflicts(root: Fields, restored: bool, force_hint: str, out: TextIO) -> No
     if conflicts:
         count = int(root.get("conflicts_count") or len(conflicts))
         what = "restored too, as asked" if restored else f"kept as they are now; {force_hint}"
-        _print(f"    {count} conflict(s), changed by navi and by someone else since ({what}):",
-              file=out)  # fmt: skip
+        _print(
+            f"    {count} conflict(s), changed by navi and by someone else since ({what}):",
+            file=out,
+        )
         _print(f"      {_paths(conflicts, count)}", file=out)
     others = list(root.get("others") or [])
     if others:
         count = int(root.get("others_count") or len(others))
-        _print(f"    left as they are ({count}: changed since, not by navi): "
-              f"{_paths(others, count)}", file=out)  # fmt: skip
+        _print(
+            f"    left as they are ({count}: changed since, not by navi): {_paths(others, count)}",
+            file=out,
+        )
 
 
 def _paths(paths: list[Any], count: int) -> str:
@@ -102,12 +118,16 @@ def _paths(paths: list[Any], count: int) -> str:
 def print_done(done: Fields, session_id: str, out: TextIO, *, undo_hint: str = CLI_UNDO) -> None:
     parts = []
     if done.get("messages_removed") or done.get("messages_restored"):
-        parts.append(f"{done.get('messages_removed')} message(s) removed, "
-                     f"{done.get('messages_restored')} brought back")  # fmt: skip
+        parts.append(
+            f"{done.get('messages_removed')} message(s) removed, "
+            f"{done.get('messages_restored')} brought back"
+        )
     files = done.get("files") or {}
     if files:
-        parts.append(", ".join(f"{v} {k.replace('_', ' ')}" for k, v in files.items() if v)
-                     or "no file changed")  # fmt: skip
+        parts.append(
+            ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in files.items() if v)
+            or "no file changed"
+        )
     _print("rewound: " + ("; ".join(parts) or "nothing to change"), file=out)
     for failed in done.get("failed") or []:
         _print(f"  not restored: {failed}", file=out)
@@ -117,15 +137,19 @@ def print_done(done: Fields, session_id: str, out: TextIO, *, undo_hint: str = C
 
 def print_forked(made: Fields, out: TextIO) -> None:
     new = made.get("new_session_id")
-    _print(f"forked {made.get('session_id')} into {new} ({made.get('messages')} message(s))",
-          file=out)  # fmt: skip
+    _print(
+        f"forked {made.get('session_id')} into {new} ({made.get('messages')} message(s))", file=out
+    )
     folder = made.get("folder")
     for left in made.get("left_out") or []:
         _print(f"not copied: {left}", file=out)
     if folder:
         _print(f"its files: {folder}", file=out)
-        _print(f"go on with: navi chat --session {new}  (in {folder}: navi run --cwd {folder} "
-              f"--session {new} ...)", file=out)  # fmt: skip
+        _print(
+            f"go on with: navi chat --session {new}  (in {folder}: navi run --cwd {folder} "
+            f"--session {new} ...)",
+            file=out,
+        )
     else:
         _print(f"go on with: navi chat --session {new}", file=out)
 

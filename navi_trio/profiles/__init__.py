@@ -1,13 +1,7 @@
-"""Agent profiles and the config file (`config/config.json`) that holds them.
-
-- `_schema`: the file's shape, every class a key becomes (`NaviConfig`, `AgentProfile`,
-  ssh hosts, peers, MCP servers), the shipped tool names and `is_secret`;
-- `_control`: what a message does while its session is busy, and the budgets of a run;
-- `_hooks`: the hooks (event -> commands) and which repository hook files are trusted;
-- `_policy`: a profile's tool policy (modes, roles, rules) and its checks;
-- `_load`: `load_config` / `parse_config` (strict cattrs structuring and the checks the
-  shape cannot say) and `check_config` (tools, ssh files, prompt files);
-- `_source`: `ConfigSource`, the config in force with hot reload.
+"""Agent profiles and the config file (`config/config.json`) that holds them: its shape
+(`_schema`), control and budgets (`_control`), hooks (`_hooks`), the tool policy
+(`_policy`), strict loading and checks (`_load`), and the config in force with hot
+reload (`_source`).
 """
 
 from navi_trio.profiles._control import NO_BUDGETS as NO_BUDGETS

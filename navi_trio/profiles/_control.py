@@ -1,17 +1,13 @@
-"""The control part of a profile (issue 23): what a message does when its session is busy
+"""The control part of a profile: what a message does when its session is busy
 (`OnBusy`), and the budgets a run may spend (`BudgetConfig`).
 
-A budget is a set of limits (`BudgetLimits`: tokens, prompt and completion together;
-wall time; tool calls; sub-agents started) for one scope: a ``turn``, a ``session``
-(every turn and sub-agent of it, for good), a ``user_day`` (everything one user's runs
-spend in a UTC day, across sessions) and a ``subagent`` (one spawned sub-agent with the
-sub-agents it spawns in turn). config.json sets them per profile (``budgets``) and per
-role (``role_budgets``); a message may only lower them. Where two apply, the lower
-limit wins (`tighter`). The counting and the checks are core/turn/budgets.py's.
+A budget is a set of limits (`BudgetLimits`: tokens, wall time, tool calls, sub-agents)
+for one scope: a ``turn``, a ``session``, a ``user_day`` (one user's runs in a UTC day)
+and a ``subagent``. config.json sets them per profile and per role; a message may only
+lower them; where two apply the lower limit wins (`tighter`).
 
-Every number is bounded here, whoever sends it (config or client): a limit is a whole
-number from 0 (nothing of it allowed) up to its `MAXIMA`, wall time a number of
-seconds above 0.
+Every number is bounded here, whoever sends it: a limit is a whole number from 0 up to
+its `MAXIMA`, wall time a number of seconds above 0.
 """
 
 from __future__ import annotations
@@ -109,10 +105,8 @@ NO_BUDGETS = BudgetConfig()
 
 
 def parse_budgets(data: Any, where: str = "budget") -> BudgetConfig:
-    """A client's (or a schedule's) budget object as a BudgetConfig; ValueError naming the
-    field and the problem (``budget.turn.tokens must be a whole number from 0 to ...``).
-
-    The shape is config.json's: ``{"turn": {"tokens": 5000, "wall_sec": 60}, ...}``."""
+    """A client's (or a schedule's) budget object, shaped as config.json's ``budgets``, as a
+    BudgetConfig; ValueError naming the field and the problem."""
     if not isinstance(data, dict):
         raise ValueError(f'{where} must be an object like {{"turn": {{"tokens": 5000}}}}')
     unknown = sorted(str(k) for k in data if k not in SCOPES)

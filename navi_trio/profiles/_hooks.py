@@ -1,12 +1,9 @@
-"""The hooks part of config.json (docs/pages/hooks.md): commands run at points of a turn.
+"""The hooks part of config.json: commands run at points of a turn.
 
-``hooks`` maps an event to a list of `HookConfig` (a command, its timeout, and for the
-tool events a `CallPattern` matcher, the same fnmatch of tool, action and command or path
-that policy rules use). ``hook_files`` says whether the hook files of a run's folder
-(Claude Code's ``.claude/settings.json``, Codex's ``.codex/hooks.json``) are read at all,
-and which of them the admin trusts, by absolute path and SHA-256 of their content.
-`_check_hooks_shape` words what cattrs would word badly (a string where a list belongs);
-`_check_hooks` what the shape cannot say. Running them is core/hooks'.
+``hooks`` maps an event to a list of `HookConfig` (a command, its timeout, and for tool
+events the same matcher policy rules use). ``hook_files`` says whether a run's folder's
+hook files (``.claude/settings.json``, ``.codex/hooks.json``) are read at all, and
+which the admin trusts, by absolute path and SHA-256 of their content.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Reading config.json strictly: structure it, check it, refuse what no run can use.
 
-The file is structured strictly through cattrs: an unknown key, a wrong type or a
-missing required key is a `ConfigError` naming the file, the key path and what was
-expected. Prompt texts may live beside the file (``system_prompt_file``,
-``persona_file``); they are read at load time, relative to the config file.
-`parse_config` then checks what the shape cannot say within the file (peers, MCP
-servers, workspace roots, each profile's numbers, policy and ``env``).
-
-`check_config` adds what needs the world outside the file: every tool a profile names
-exists, the ssh files are there, and the config folder holds the prompt files the
-planning phases and compression read (`REQUIRED_PROMPT_FILES`). Start-up
-(`open_runtime`) and ``navi doctor`` run it.
+An unknown key, a wrong type or a missing required key is a `ConfigError` naming the
+file, the key path and what was expected. Prompt texts beside the file are read at load
+time. `check_config` adds what needs the world outside the file: the tools exist, the
+ssh files and the required prompt files are there.
 """
 
 from __future__ import annotations
@@ -315,10 +308,9 @@ def _read_text(file: Path, cfg_path: Path, key: str) -> str:
 def check_config(
     cfg: NaviConfig, path: Path, known_tools: Collection[str] = BUILTIN_TOOL_NAMES
 ) -> None:
-    """Refuse a config no run can use: a profile naming a tool that is not one of
-    `known_tools`, or a config folder without a file of `REQUIRED_PROMPT_FILES`.
-
-    The ConfigError names the file, the key or the missing file, and every problem found.
+    """Refuse a config no run can use: a profile naming a tool not in `known_tools`, or a
+    config folder without a file of `REQUIRED_PROMPT_FILES`. The ConfigError names every
+    problem found.
     """
     known = frozenset(known_tools)
     problems = []

@@ -1,12 +1,6 @@
-"""The tool policy's part of a profile (docs/pages/tools.md, "Safety"): modes,
-roles and rules.
-
-`PolicyConfig` is what a profile's ``policy`` holds: the mode each role's runs get, the
-rules that allow, ask or deny a call (`PolicyRule`, a `CallPattern` with a decision),
-and the calls allowed when no client is attached to answer an ask. Below the classes,
-the checks their shape cannot say (`_check_policy`: known roles, ``full`` for admins
-only; `_check_policy_lists`: rule lists are lists of objects), run by `_load`. The
-decisions themselves are made in core/turn/policy.py.
+"""The tool policy's part of a profile: the mode each role's runs get, the rules that
+allow, ask or deny a call, and the calls allowed when no client is attached to answer
+an ask; with the checks their shape cannot say (known roles, ``full`` for admins only).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The shape of the config file (`config/config.json`): every class a key becomes.
 
-`NaviConfig` is the whole file: the persona, the profiles (`AgentProfile`, with its
-`ToolsConfig` and `PolicyConfig` from `_policy`), the hooks (`_hooks`), the hosts of the
-ssh_exec tool (`SshConfig`), the peers (`PeerConfig`), the MCP servers (`McpServerConfig`) and the
-workspace roots. Field validators check what one value can say; `_load` checks the
-rest. Also here: the names of the tools navi ships, the prompt files a config folder
-holds, and which environment variables hold navi's own secrets (`is_secret`).
+Field validators check what one value can say; `_load` checks the rest. Also here: the
+names of the tools navi ships, the prompt files a config folder holds, and which
+environment variables hold navi's own secrets (`is_secret`).
 """
 
 from __future__ import annotations
@@ -142,9 +139,8 @@ def _cores(_inst: Any, attr: attrs.Attribute[Any], value: float | None) -> None:
 
 @attrs.frozen(kw_only=True)
 class ProcessLimits:
-    """The kernel limits on one session's tool processes, all of them together, where
-    cgroups can be used (tools/cgroups.py): memory in MiB, processes and threads, CPU
-    cores (None: no CPU limit)."""
+    """The kernel limits on one session's tool processes together, where cgroups can be
+    used: memory in MiB, processes and threads, CPU cores (None: no CPU limit)."""
 
     memory_mb: int = attrs.field(default=2048, validator=_whole_from(16, 1 << 22))
     pids: int = attrs.field(default=512, validator=_whole_from(8, 1 << 22))
@@ -217,9 +213,9 @@ class AgentProfile:
     # Environment variables (by name) the daemon passes on to its runs' tool processes,
     # beyond the allow-list every one gets (tools/procs `child_env`).
     env: tuple[str, ...] = ()
-    # Control of a running agent (issue 23, profiles/_control.py): what a message does
-    # while the session is busy; what a run may spend; whether a background job that
-    # ends while the session is idle starts a turn with its note.
+    # Control of a running agent: what a message does while the session is busy; what a
+    # run may spend; whether a background job that ends while the session is idle starts
+    # a turn with its note.
     on_busy: OnBusy = "enqueue"
     budgets: BudgetConfig = BudgetConfig()
     wake_on_task_done: bool = False
@@ -264,10 +260,9 @@ class ModelConfig:
 
 @attrs.frozen(kw_only=True)
 class PeerConfig:
-    """Another navi daemon the `peer` tool may ask: its URL and where its token is.
-
-    The token is inline (`token`) or, better, named by an environment variable
-    (`token_env`): exactly one of the two. It is kept out of repr and error texts.
+    """Another navi daemon the `peer` tool may ask: its URL and its token, inline (`token`)
+    or, better, named by an environment variable (`token_env`): exactly one of the two.
+    Kept out of repr and error texts.
     """
 
     url: str = attrs.field(validator=_ws_url)

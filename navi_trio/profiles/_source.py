@@ -1,14 +1,9 @@
-"""The config in force, reloaded on demand (hot reload) without losing the last good one.
+"""The config in force, reloaded on demand without losing the last good one.
 
-`ConfigSource` keeps the last good config and reloads on demand: a broken edit is
-logged and the last good config keeps running. A daemon started with ``--local`` keeps
-its default profile across reloads, and a config that passed `require` must pass
-`check_config` again at every reload.
-
-It also pins the folders of `workspace_roots` each time a config takes effect
-(`pins`): each one's real path and identity then. A cwd is checked against the folder
-found then, reached again without following a symlink, never against whatever the path
-names later (core/turn/workspace.py): a root swapped for a link opens nothing.
+A broken edit is logged and the last good config keeps running. A daemon started with
+``--local`` keeps its default profile across reloads. Each config taking effect pins
+the folders of `workspace_roots` (real path and identity then), so a root swapped for a
+link later opens nothing.
 """
 
 from __future__ import annotations
@@ -47,11 +42,9 @@ def pin_roots(cfg: NaviConfig) -> dict[str, Pin | None]:
 
 
 class ConfigSource:
-    """The config in force, reloadable at run time.
-
-    `reload()` re-reads the file; when the new file is broken, the error is logged and
-    kept in `last_error`, and `current` stays the last good config. `maybe_reload()`
-    reloads only when the file's modification time changed (a cheap stat per turn).
+    """The config in force, reloadable at run time: a broken file's error is logged and kept
+    in `last_error`, and `current` stays the last good config. `maybe_reload()` reloads
+    only when the file's modification time changed (a cheap stat per turn).
     """
 
     def __init__(
@@ -71,8 +64,7 @@ class ConfigSource:
 
     def require(self, known_tools: Collection[str]) -> None:
         """Check the config in force, and from now on every reload, with `check_config`.
-
-        Raises ConfigError when the current config fails: start-up refuses it.
+        ConfigError when the current config fails: start-up refuses it.
         """
         check_config(self.current, self.path, known_tools)
         self.known_tools = frozenset(known_tools)

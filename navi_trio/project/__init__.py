@@ -1,17 +1,10 @@
 """The files a project keeps for coding agents, read the way other agents read them.
 
 Found in the run's cwd and the folders above it up to the repository root, and in
-navi's own folders; read through the same held roots as the filesystem tool. A layer
-between tools/ (which it uses: the walk beneath held roots) and core/ (whose turn builds
-its system message from it; the runtime registers the `skill` tool, which lives here).
-
-- instruction files (``AGENTS.md``, ``CLAUDE.md``) and skills (``NAME/SKILL.md``);
-- `agents`: sub-agents kept as files (``.navi/agents``, ``.claude/agents``), the
-  profiles spawn_agent may name, never wider than the spawning run's own;
-- `commands`: prompts kept as files (``.navi/commands``, ``.claude/commands``, the
-  user's ``~/.config/navi/commands``), the slash commands of every client;
-- `files`: which folders count, and the one bounded reader of every project file
-  beneath the held roots; `frontmatter`: the one reader of their YAML front matter.
+navi's own folders; read through the same held roots as the filesystem tool. Instruction
+files (``AGENTS.md``, ``CLAUDE.md``), skills (``NAME/SKILL.md``), sub-agents and slash
+commands kept as files. A layer between tools/ (whose walk beneath held roots it uses)
+and core/ (whose turn builds its system message from it).
 """
 
 from navi_trio.project.agents import FileAgent as FileAgent

@@ -1,17 +1,11 @@
 """Sub-agents kept as files: ``.navi/agents/*.md`` and ``.claude/agents/*.md``.
 
-The format is Claude Code's: YAML front matter with ``name``, ``description``,
-``tools`` (a comma-separated string, or a list) and ``model``, and the body as the
-agent's system prompt. `spawn_agent` may name such an agent as its ``profile_id``.
+The format is Claude Code's: YAML front matter (``name``, ``description``, ``tools``,
+``model``) and the body as the system prompt. A file is checked as strictly as a profile
+of config.json; a bad one is an error naming the file and the key, and is skipped.
 
-A file is checked as strictly as a profile of config.json: an unknown key, a missing
-name, a wrong type, an unknown tool or a model the config does not use is an error
-naming the file and the key, and the file is skipped (the others still count).
-
-A repository is untrusted input, so a file never widens anything: the profile it makes
-is the spawning run's own profile narrowed (`narrowed`): the same policy, mode and
-folders, the tools the file lists only where that profile gives them to its sub-agents
-(the rest left out, named), a model only from those the config already uses.
+A repository is untrusted input, so a file never widens anything: its profile is the
+spawning run's own narrowed (`narrowed`), its model only one the config already uses.
 """
 
 from __future__ import annotations
@@ -229,10 +223,9 @@ def config_models(profiles: Collection[AgentProfile], default_model: str) -> set
 
 
 def narrowed(agent: FileAgent, base: AgentProfile) -> tuple[AgentProfile, tuple[str, ...]]:
-    """The profile a file agent runs with: `base` (the spawning run's profile) with
-    the file's prompt, description and model, and of the file's tools only those `base`
-    gives its sub-agents. Also the tools left out. Policy, mode, budgets, folders,
-    environment and MCP servers stay `base`'s."""
+    """The profile a file agent runs with: `base` (the spawning run's profile) with the
+    file's prompt, description and model, and of the file's tools only those `base` gives
+    its sub-agents; also the tools left out. Everything else stays `base`'s."""
     allowed = base.get_subagent_tools()
     asked = allowed if agent.tools is None else agent.tools
     tools = tuple(t for t in asked if t in allowed)

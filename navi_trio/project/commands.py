@@ -1,17 +1,12 @@
 """Prompts kept as files, the slash commands of every client: ``.navi/commands/*.md``,
 ``.claude/commands/*.md`` (the run's cwd) and the user's ``~/.config/navi/commands``.
 
-A file ``review.md`` is the command ``/review``; its body is the prompt, with
-``$ARGUMENTS`` (and ``$1`` … ``$9``) replaced by what follows the name when a client
-expands it (`wire.expand_command`). Claude Code's front matter is taken: its
-``description`` and ``argument-hint`` are shown in lists; its ``allowed-tools``,
-``model`` and ``disable-model-invocation`` are accepted and have no effect (a file never
-grants a tool or picks a model); any other key is an error naming the file and key.
-
-The daemon lists them (`find_commands`, the ``commands`` request): the project's read
-beneath the run's held cwd, as the filesystem tool reads; the user's from the daemon
-account's own folder. The first of a name wins (``.navi`` before ``.claude`` before
-the user's); the list is bounded in count and bytes (`MAX_COMMANDS`, `MAX_TOTAL_BYTES`).
+``review.md`` is ``/review``; its body is the prompt, ``$ARGUMENTS`` (and ``$1`` …
+``$9``) replaced when a client expands it. Claude Code's ``allowed-tools``, ``model``
+and ``disable-model-invocation`` are accepted and have no effect (a file never grants a
+tool or picks a model); any unknown key is an error naming the file and key. The first
+of a name wins (``.navi``, ``.claude``, the user's); the list is bounded in count and
+bytes (`MAX_COMMANDS`, `MAX_TOTAL_BYTES`).
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Reading the files a project keeps for agents: where they are looked for, and how.
 
-`folder_chain` says which folders count for a cwd: the cwd and each folder above it up
-to the repository root (the nearest folder holding a ``.git`` folder or file), or up to
-the home folder when there is no repository; with neither above it, the cwd alone.
-
-`Reader` opens them only through held roots (tools/_beneath.py: component by component,
-``O_NOFOLLOW``, a symlink followed only to a target inside a root, navi's own data
-refused, with the rights of the run's tool user), at most a cap of bytes each, and
-keeps what it read by real path with the file's stamp (device, inode, size, mtime): an
-unchanged file is opened and looked at, never read again. Every project file is read
-through it: instruction files, skills, and the ``*.md`` files of the agents' and
-commands' folders (`read_md_folders`: at most `MAX_FILES` a folder, `MAX_FILE_BYTES`
-each; what is skipped is a problem in words, never an exception).
+`folder_chain`: the cwd and each folder above it up to the repository root (the nearest
+holding ``.git``), else up to the home folder, else the cwd alone. `Reader` opens them
+only through held roots, at most a cap of bytes each, and keeps what it read by real
+path and stamp (device, inode, size, mtime): an unchanged file is never read again.
+What is skipped is a problem in words, never an exception.
 """
 
 from __future__ import annotations
@@ -65,9 +58,8 @@ class Chain:
 
 
 def folder_chain(cwd: Path, home: Path) -> Chain:
-    """The folders from the repository root (or `home`) down to the real `cwd`.
-
-    Only which folders count is decided here, by path; nothing is read through it.
+    """The folders from the repository root (or `home`) down to the real `cwd`, by path;
+    nothing is read through it.
     """
     seen: list[Path] = []
     here = cwd
@@ -88,9 +80,8 @@ class NotReadable(Exception):
 
 
 class Reader:
-    """Reads small text files beneath held roots, keeping what it read by stamp.
-
-    `reads` counts the files actually read (not served from what was kept).
+    """Reads small text files beneath held roots, keeping what it read by stamp. `reads`
+    counts the files actually read (not served from what was kept).
     """
 
     def __init__(self) -> None:

@@ -1,13 +1,10 @@
-"""The YAML front matter at the top of a project's Markdown files: one reader for
-skills (``SKILL.md``), agents and commands.
+"""The YAML front matter of a project's Markdown files: one reader for skills, agents and
+commands.
 
-A file's first line is ``---``, then YAML (at most `FRONT_MATTER_MAX_BYTES`, read by
-YAML's safe loader, imported on first use so it stays out of start-up), then a ``---``
-line; the rest is the body. The YAML must be a mapping with text keys, each given
-once. Anything else is a `FrontMatterError` saying what and, where YAML knows it,
-on which line of the file. The files are a repository's words, untrusted: the bound
-keeps the block small, and `shown` keeps an error's view of a value short whatever
-YAML made of it.
+A first line ``---``, then YAML (at most `FRONT_MATTER_MAX_BYTES`, safe loader, imported
+on first use), then ``---``; the rest is the body. The YAML must be a mapping with text
+keys, each given once; anything else is a `FrontMatterError` saying what and on which
+line. The files are untrusted: `shown` keeps an error's view of a value short.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Instruction files: the ``AGENTS.md`` (or ``CLAUDE.md``) a project keeps for agents.
 
-What is read, in the order it reaches the system message: the daemon account's own
-``~/.config/navi/AGENTS.md``, then one file per folder of the cwd's chain (files.py:
-the repository root first, the cwd last, so the nearest comes last and wins). In a
-folder with no ``AGENTS.md``, its ``CLAUDE.md``. Each file is capped at
-``instructions_file_max_bytes`` and all of them together at
-``instructions_total_max_bytes``; the room is given nearest first, so a cut falls on the
-farthest files, and every cut is marked in the text the model gets.
-
-A file that exists but may not be read (outside the folders the run may read, a symlink
-leading out, navi's own data) is `Skipped`, with the reason.
+The daemon account's ``~/.config/navi/AGENTS.md`` first, then one file per folder of
+the cwd's chain, the nearest last so it wins. Each file is capped at
+``instructions_file_max_bytes`` and all at ``instructions_total_max_bytes``, the room
+given nearest first, so a cut falls on the farthest; every cut is marked in the text.
+A file that may not be read is `Skipped`, with the reason.
 """
 
 from __future__ import annotations
@@ -77,10 +72,9 @@ def read_instructions(
     total_max: int,
     outside: str,
 ) -> Instructions:
-    """The instruction files for `chain`'s folders read through `project` (None: the
-    run has no folder to read them from), and the user's file in the folder `user`
-    names, read through its walk. `outside` says why a folder no root holds is not read.
-    Blocking."""
+    """The instruction files for `chain`'s folders read through `project` (None: no folder
+    to read them from), and the user's file in `user`. `outside` says why a folder no root
+    holds is not read. Blocking."""
     found: list[_Found] = []
     skipped: list[Skipped] = []
     if user is not None:

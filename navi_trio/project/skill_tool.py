@@ -1,11 +1,8 @@
 """The `skill` tool: a skill's instructions when the model uses it, by name.
 
-The skills are the ones the run found at its start (`ToolContext.skills`); the model saw
-only their names and descriptions. With `file`, a file of the skill's folder instead
-(its references, its scripts' text), read-only and bounded: how a skill outside the
-run's folders (the user's, the config folder's, a repository root above the cwd) is
-read. The folder is opened again from ``/`` without following a symlink, and the file
-beneath it as the filesystem tool opens one; nothing is run here.
+With `file`, a file of the skill's folder instead, read-only and bounded: the folder is
+opened again from ``/`` without following a symlink, and the file beneath it as the
+filesystem tool opens one. Nothing is run here.
 """
 
 from __future__ import annotations
@@ -19,8 +16,8 @@ import attrs
 import trio
 
 from navi_trio.errors import RootChangedError, ToolInputError
-from navi_trio.project.files import NotReadable, Reader
-from navi_trio.project.skills import Skill, Skills, body_text, decode
+from navi_trio.project.files import NotReadable, Reader, utf8_prefix
+from navi_trio.project.skills import Skill, Skills, body_text
 from navi_trio.tools._beneath import Beneath
 from navi_trio.tools.args import arg, parse, schema
 from navi_trio.tools.base import ToolContext, ToolResult, cap_text
@@ -86,5 +83,5 @@ def _read_file(skill: Skill, raw: str, ctx: ToolContext) -> str:
     data, size = got
     if b"\x00" in data[:8192]:
         raise ToolInputError(f"{raw} looks like a binary file ({size} bytes); not shown")
-    text = decode(data, cap)
+    text = utf8_prefix(data, cap)
     return text if size <= cap else text + f"\n[… cut here: the file is {size} bytes]"

@@ -1,14 +1,11 @@
 """Skills: folders ``NAME/SKILL.md`` holding instructions for one kind of task.
 
-Where they are looked for, nearest first (the first skill of a name wins): the run's
-cwd and its repository root, each in ``.navi/skills``, ``.agents/skills`` and
-``.claude/skills``; the daemon account's ``~/.config/navi/skills``; ``skills`` beside
-config.json. A ``SKILL.md`` starts with YAML front matter (frontmatter.py): ``name``
-(1-64 lowercase letters, digits and hyphens, the folder's own name) and
-``description`` (at most 1024 characters). Only these reach the model at the start (a
-list in the system message, bounded in count and bytes); the body is what the `skill`
-tool gives back when the model uses one. A ``SKILL.md`` that breaks a rule is
-`Skipped`, named with the reason.
+Looked for nearest first (the first of a name wins): ``.navi/skills``,
+``.agents/skills`` and ``.claude/skills`` of the cwd and its repository root, the
+daemon account's ``~/.config/navi/skills``, ``skills`` beside config.json. Only the
+front matter's ``name`` (1-64 lowercase letters, digits and hyphens, the folder's name)
+and ``description`` (at most 1024 characters) reach the model at the start; the body is
+what the `skill` tool gives back. A ``SKILL.md`` that breaks a rule is `Skipped`.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ from pathlib import Path
 import attrs
 
 from navi_trio.errors import RootChangedError
-from navi_trio.project.files import NotReadable, Reader, Skipped, holds, utf8_prefix
+from navi_trio.project.files import NotReadable, Reader, Skipped, holds
 from navi_trio.project.frontmatter import FrontMatterError, front_matter, shown
 from navi_trio.tools._beneath import (
     Beneath,
@@ -218,8 +215,3 @@ def body_text(skill: Skill, cap: int) -> str:
         "filesystem tool when they are inside your folders, else with this tool's `file`."
     )
     return f"# Skill {skill.name}\n{how}\n\n{body}"
-
-
-def decode(data: bytes, cap: int) -> str:
-    """At most `cap` bytes of `data` as text."""
-    return utf8_prefix(data, cap)

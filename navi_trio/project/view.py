@@ -1,12 +1,6 @@
 """One run's view of its project files: the instruction files and the skills in effect,
-and the files that were not used with the reason.
-
-`Places` says where they are read from: the folders of the cwd's chain (files.py),
-through held roots (the run's cwd, and the folders above it the run may read), and the
-daemon account's own folders (``~/.config/navi``, the folder of config.json), which are
-navi's config, read by the daemon itself and never by a tool. `gather` reads all of it
-(blocking: run it in a worker thread); the same `Reader` serves every run, so an
-unchanged file is not read again.
+and the files not used with the reason. `gather` reads all of it (blocking); one
+`Reader` serves every run, so an unchanged file is not read again.
 """
 
 from __future__ import annotations
@@ -39,10 +33,8 @@ def user_folder() -> Path:
 
 @attrs.frozen
 class Places:
-    """Where one run's project files are read from.
-
-    `roots`: held folders the project's files are read through (the run's cwd, and the
-    folders above it it may read); `outside`: why a file no root holds is not read.
+    """Where one run's project files are read from: `roots`, held folders (the run's cwd,
+    and the folders above it it may read); `outside`: why a file no root holds is not read.
     """
 
     chain: Chain | None

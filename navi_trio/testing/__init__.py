@@ -1,10 +1,5 @@
-"""Test support: the fake LLM server and a harness that drives the actors directly.
-
-- `FakeLLMServer` / `open_fake_llm`: real HTTP on 127.0.0.1, Ollama and OpenAI dialects,
-  scripted replies (see `navi_trio.testing.fake_llm`).
-- `open_harness`: a whole runtime on a temp SQLite file wired to the fake server, with
-  `SessionDriver`s to send messages, stop, compact and read frames
-  (see `navi_trio.testing.harness`).
+"""Test support: the fake LLM server (`FakeLLMServer`, `open_fake_llm`: real HTTP on
+127.0.0.1) and a harness that drives a whole runtime (`open_harness`).
 
 Names are imported lazily so that ``python -m navi_trio.testing.fake_llm`` does not
 import the module twice.

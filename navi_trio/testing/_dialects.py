@@ -1,8 +1,5 @@
-"""The fake LLM server's two wire dialects: how one scripted reply is written out.
-
-`_Ollama` writes NDJSON lines (``/api/chat``), `_OpenAI` writes SSE events
-(``/v1/chat/completions``); both fill in `_Dialect`. The server in
-`navi_trio.testing.fake_llm` picks one per request and sends what it returns.
+"""The fake LLM server's two wire dialects: Ollama's NDJSON lines (``/api/chat``) and
+OpenAI's SSE events (``/v1/chat/completions``) for one scripted reply.
 """
 
 from __future__ import annotations

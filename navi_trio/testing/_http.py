@@ -1,8 +1,4 @@
-"""The fake LLM server's HTTP/1.1 on h11: read one request, send one whole response.
-
-The server (fake_llm.py) owns the connection loop; these are its steps. Streamed
-replies write their chunks themselves (`_play`).
-"""
+"""The fake LLM server's HTTP/1.1 steps on h11: read one request, send one whole response."""
 
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
 """Playing one scripted reply on the wire: streamed chunks, or one whole answer.
 
-How it goes out (the reply's keys are `navi_trio.llm.script`'s):
-
-- Text and thinking stream one word per chunk; a chunk is one write, so a client sees
-  them arrive one by one, ``delay_first`` before the first, ``delay_chunk`` before each
-  later one (trio.sleep: a test's MockClock applies).
-- Ollama: tool calls arrive whole in one chunk, without ids (as Ollama sends them).
-  OpenAI: each call's arguments go out in two fragments keyed by ``index``, to exercise
-  assembly; ``tool_calls`` arguments given as a string are sent as-is (cut JSON).
-- OpenAI, ``"stream": false`` in the request: one ``chat.completion`` JSON body after
-  the reply's delays (``stall`` / ``endless``: never), with the text, the tool calls
-  whole, ``finish_reason`` and ``usage`` (`whole_reply`).
-- Every complete stream ends with usage: ``prompt_eval_count`` / ``eval_count`` and
-  ``done_reason`` (Ollama), ``finish_reason`` + a ``usage`` chunk (OpenAI).
-
-The bytes of each dialect are `_dialects`'; the server (fake_llm.py) watches for the
-client going away meanwhile.
+- Text and thinking stream one word per chunk, one write each, ``delay_first`` before
+  the first and ``delay_chunk`` before each later one (a test's MockClock applies).
+- Ollama: tool calls arrive whole, without ids. OpenAI: each call's arguments go out
+  in two fragments, to exercise assembly; arguments given as a string go as-is.
+- ``"stream": false`` (OpenAI): one ``chat.completion`` body after the delays.
+- Every complete stream ends with usage and the finish reason.
 """
 
 from __future__ import annotations
@@ -135,10 +125,8 @@ async def whole_reply(
     body: Any,
     completed: Callable[[], None],
 ) -> bool:
-    """A non-streamed answer (``"stream": false``): one JSON body, once "generated".
-
-    The delays add up before it (the model generates it all first); ``stall`` and
-    ``endless`` never answer; ``drop_after`` closes without an answer.
+    """A non-streamed answer: one JSON body after all the delays; ``stall`` and ``endless``
+    never answer; ``drop_after`` closes without an answer.
     """
     reply = dialect.reply
     items = reply.content()

@@ -1,43 +1,21 @@
 """A fake LLM server: real HTTP/1.1 on 127.0.0.1 (trio + h11), speaking both dialects.
 
-``POST /api/chat`` answers in Ollama's NDJSON, ``POST /v1/chat/completions`` in the
-OpenAI-compatible SSE (``data: {...}`` events, ``data: [DONE]`` last). Both play the same
-script: a list of replies, one consumed per chat request, in order. With ``loop`` the
-list cycles; without it a request past the end gets HTTP 500 ``script exhausted``.
-``GET /`` says "Ollama is running"; ``GET /api/tags`` and ``GET /v1/models`` list one
-model (``navi doctor`` pings them); ``POST /api/show`` (Ollama), ``GET /props``
-(llama.cpp) and the ``meta`` of ``/v1/models`` report the context window ``n_ctx``.
-``dialects=("openai",)`` makes it a server that answers 404 to ``/api/chat`` (and the
-Ollama-only endpoints), like llama-cpp-python; ``("ollama",)`` the other way round.
+``POST /api/chat`` answers in Ollama's NDJSON, ``POST /v1/chat/completions`` in
+OpenAI's SSE. Both play the same script (the reply format is `navi_trio.llm.script`'s):
+one reply per chat request, in order; with ``loop`` the list cycles, else a request
+past the end gets HTTP 500 ``script exhausted``. The info endpoints list one model and
+report the context window. ``dialects=("openai",)`` answers 404 to the Ollama-only
+endpoints, like llama-cpp-python; ``("ollama",)`` the other way round.
 
-The reply format is defined once, in `navi_trio.llm.script` (see its docstring for every
-key): ``text``, ``thinking``, ``tool_calls`` (``[{"name", "arguments"}]``), ``model``,
-``delay_first``, ``delay_chunk``, ``stall``, ``drop_after``, ``status`` + ``error_body``
-(+ ``error_raw``), ``malformed``, ``error_line``, ``prompt_tokens``,
-``completion_tokens``, ``done_reason``, ``thinking_field``, ``tool_call_style``,
-``empty_body``, ``endless``, ``hang_up``. How a reply goes on the wire (a word per
-chunk, the delays, tool calls, usage, ``"stream": false``) is `_play`'s docstring; the
-bytes of each dialect are `_dialects`'; the HTTP/1.1 steps on h11 are `_http`'s. This
-module is the server: it takes the requests, answers the info endpoints, picks the
-next reply, and watches for a client going away while a reply plays.
+What it saw, for tests: `requests`, `disconnects` (a client gone before its reply
+finished), `completed`, `connections`; `wait_requests(n)`, `wait_disconnects(n)` and
+`wait_completed(n)` wait on a trio.Event. `gate`: while it is unset, each reply waits
+for it (`waiting` counts them). `shape(body, reply)` makes each reply from the scripted
+one and the request it answers.
 
-What it saw, for tests to assert on: `requests` (method, path, headers, body as JSON,
-time), `disconnects` (a client closed the connection before its reply finished: path,
-time, chunks sent), `completed` (replies streamed to the end), `connections` (TCP
-connections accepted: shows keep-alive reuse). `wait_requests(n)`,
-`wait_disconnects(n)` and `wait_completed(n)` wait on a trio.Event, no polling.
-`gate`: while it is an unset trio.Event, each chat request is recorded and its reply
-waits for the gate (`waiting` counts them): a test holds calls under way at once.
-`shape(body, reply)`, when given, makes each chat reply from the scripted one and the
-request it answers: a reply that says which message it answers (the cluster soak counts
-each message's runs by it).
-
-From the shell::
+From the shell (prints ``listening on http://127.0.0.1:PORT`` first)::
 
     python -m navi_trio.testing.fake_llm --port 11434 --script replies.json [--loop]
-
-prints ``listening on http://127.0.0.1:PORT`` first (useful with ``--port 0``), then
-serves until Ctrl-C.
 """
 
 from __future__ import annotations

@@ -8,15 +8,9 @@
         frames = await s.until_end()        # every frame up to this run's stream_end
         assert frames[-1]["text"] == "Hello there"
 
-`open_harness` opens a full runtime on a SQLite file under `tmp_path`, talking real
-HTTP to a `FakeLLMServer` on 127.0.0.1 that plays `replies` (or, with `scripted=True`,
-to the in-process `ScriptedBackend`). `Harness.fake` is the server (requests it got,
-disconnects it saw), `Harness.runtime` everything else.
-
-A `SessionDriver` subscribes to one session's frames (the wire dicts: ``type``,
-``session_id``, ``seq`` …) and offers `send`, `stop`, `compact` and ways to read:
-`next()`, `until(pred)`, `until_type(t)`, `until_end()`. Reads never poll: they wait on
-the subscription channel.
+A full runtime on a SQLite file under `tmp_path`, talking real HTTP to a
+`FakeLLMServer` (or, with `scripted=True`, the in-process `ScriptedBackend`). A
+`SessionDriver` subscribes to one session's frames; its reads never poll.
 """
 
 from __future__ import annotations
@@ -147,10 +141,8 @@ def test_config(
     default_profile: str | None = None,
     models: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ConfigSource:
-    """A ConfigSource on the shipped config, with `profiles` merged over its profiles.
-
-    `{"general": {"think_enabled": False}}` changes one flag of the shipped profile; an
-    id that is not shipped adds a new profile.
+    """A ConfigSource on the shipped config, with `profiles` merged over its profiles
+    (`{"general": {"think_enabled": False}}` changes one flag; a new id adds a profile).
     """
     path = base or default_config_path()
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -190,10 +182,8 @@ async def open_harness(
 ) -> AsyncIterator[Harness]:
     """A runtime on `tmp_path/navi.db` with the fake LLM (or the scripted backend).
 
-    `tools` replaces the default tool set (passed to `open_runtime`); a profile still
-    offers only the tools its ``tools.agent`` names. `schedules` runs the scheduler (as
-    the daemon does), on `wall_clock` when given (e.g. on trio's virtual time);
-    `checkpoint_wall` is the checkpoints' clock (their age).
+    `tools` replaces the default tool set; `schedules` runs the scheduler, on `wall_clock`
+    when given; `checkpoint_wall` is the checkpoints' clock.
     """
     cfg = config or test_config(profiles)
     async with trio.open_nursery() as nursery:

@@ -2,8 +2,7 @@
 
 No threads, so it works under the autojump clock. Values go through JSON like in the
 real store, and every call checkpoints, so concurrent read-modify-write sequences
-really interleave. `fail_scopes` makes writes to those scopes raise, to test how
-callers survive a failing store.
+really interleave. `fail_scopes` makes writes to those scopes raise.
 """
 
 from __future__ import annotations

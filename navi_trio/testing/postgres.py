@@ -2,25 +2,13 @@
 
     server = PgServer.start()            # initdb in a temp folder, postgres on a free port
     url = server.create_database()       # a fresh, empty database: its postgresql:// URL
-    ...
     server.halt(); server.resume()       # a restart: clients cut off, the data kept
     server.stop()                        # fast shutdown, the folder removed
 
-Debian's server binaries (``/usr/lib/postgresql/N/bin``, the package ``postgresql``, which
-.ci/run installs) or any ``initdb`` and ``postgres`` on PATH. The cluster trusts local
-connections of the user ``navi`` and listens on 127.0.0.1 only (its unix socket in the
-temp folder). As root, initdb and postgres refuse to run: the server then runs as the
-unprivileged user ``nobody``, which owns the temp folder.
-
-`fast=True` (tests) turns off fsync: a test's server is thrown away, and its clients'
-crashes (the store's crash tests kill a client, not the server) do not need it.
-Benchmarks start it with `fast=False`, so a commit waits for its flush, as in production.
-
-`PgUnavailable` says why no server could be had; tests skip with that reason.
-
-`NAVI_TEST_STORE=postgres` makes `open_harness` (and so every daemon test built on it) run
-on a fresh database of one such server per test process (`shared_database`), to run the
-daemon's suites on PostgreSQL: ``NAVI_TEST_STORE=postgres pytest tests/test_api_daemon.py``.
+As root it runs as ``nobody`` (initdb and postgres refuse root). `fast=True` (tests)
+turns off fsync; benchmarks use `fast=False`, as in production. `PgUnavailable` says
+why no server could be had. ``NAVI_TEST_STORE=postgres`` makes `open_harness` run on a
+fresh database of one such server per test process.
 """
 
 from __future__ import annotations
@@ -99,9 +87,14 @@ class PgServer:
     """One running throwaway cluster; create databases on it, stop it at the end."""
 
     def __init__(
-        self, folder: Path, port: int, process: subprocess.Popen[bytes], log: _Log,
-        argv: list[str], ids: tuple[int | None, int | None],
-    ) -> None:  # fmt: skip
+        self,
+        folder: Path,
+        port: int,
+        process: subprocess.Popen[bytes],
+        log: _Log,
+        argv: list[str],
+        ids: tuple[int | None, int | None],
+    ) -> None:
         self.folder = folder
         self.port = port
         self.process = process
@@ -125,12 +118,17 @@ class PgServer:
             if run_as is not None:
                 os.chown(folder, run_as.pw_uid, run_as.pw_gid)
             ids = (None, None) if run_as is None else (run_as.pw_uid, run_as.pw_gid)
+            initdb = [str(bin_dir / "initdb"), "-D", str(folder / "data"), "-U", USER]
+            initdb += ["--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"]
             init = subprocess.run(
-                [str(bin_dir / "initdb"), "-D", str(folder / "data"), "-U", USER,
-                 "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"],
-                capture_output=True, text=True, timeout=START_SEC, cwd=folder, user=ids[0],
+                initdb,
+                capture_output=True,
+                text=True,
+                timeout=START_SEC,
+                cwd=folder,
+                user=ids[0],
                 group=ids[1],
-            )  # fmt: skip
+            )
             if init.returncode != 0:
                 said = (init.stderr or init.stdout).strip().splitlines()[-3:]
                 raise PgUnavailable(f"initdb failed (exit {init.returncode}): {' | '.join(said)}")
@@ -144,14 +142,14 @@ class PgServer:
         cls, bin_dir: Path, folder: Path, fast: bool, ids: tuple[int | None, int | None]
     ) -> PgServer:
         why = "no attempt"
-        settings = ["-c", "listen_addresses=127.0.0.1", "-k", str(folder),
-                    "-c", "max_connections=200", "-c", "shared_buffers=32MB"]  # fmt: skip
+        settings = ["-c", "listen_addresses=127.0.0.1", "-k", str(folder)]
+        settings += ["-c", "max_connections=200", "-c", "shared_buffers=32MB"]
         if fast:
             settings += ["-c", "fsync=off", "-c", "full_page_writes=off"]
         for attempt in range(TRIES):
             port = _free_port()
-            argv = [str(bin_dir / "postgres"), "-D", str(folder / "data"), "-p", str(port),
-                    *settings]  # fmt: skip
+            data = str(folder / "data")
+            argv = [str(bin_dir / "postgres"), "-D", data, "-p", str(port), *settings]
             process, log = _spawn(argv, folder, ids)
             if log.ready:
                 return cls(folder, port, process, log, argv, ids)
@@ -186,18 +184,18 @@ class PgServer:
             conn.execute(sql.encode())
 
     def create_database(self, name: str | None = None) -> str:
-        """A new empty database; its URL.
-
-        Its default collation is ICU's English one where the server has ICU, as on most
-        production servers (``en_US.UTF-8``), not the byte order of ``C``: a query that
-        sorts or compares navi's names without saying ``COLLATE "C"`` shows up in tests."""
+        """A new empty database; its URL. Its collation is ICU's English one where the server
+        has ICU, as in production, not ``C``'s byte order: a query that compares navi's names
+        without ``COLLATE "C"`` shows up in tests."""
         import psycopg
 
         name = name or "t_" + uuid.uuid4().hex[:12]
         if self._icu:
             try:
-                self.admin(f'CREATE DATABASE "{name}" TEMPLATE template0 LOCALE_PROVIDER icu'
-                           " ICU_LOCALE 'en-US' LOCALE 'C'")  # fmt: skip
+                self.admin(
+                    f'CREATE DATABASE "{name}" TEMPLATE template0 LOCALE_PROVIDER icu'
+                    " ICU_LOCALE 'en-US' LOCALE 'C'"
+                )
                 return self.url(name)
             except psycopg.Error:
                 self._icu = False  # a server built without ICU
@@ -219,9 +217,15 @@ def _spawn(
 ) -> tuple[subprocess.Popen[bytes], _Log]:
     """Start postgres; it is ready, or has given up, when this returns (`log.ready`)."""
     process = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        start_new_session=True, cwd=folder, user=ids[0], group=ids[1],
-    )  # fmt: skip
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        cwd=folder,
+        user=ids[0],
+        group=ids[1],
+    )
     assert process.stderr is not None
     log = _Log(process.stderr, folder / "postgres.log")
     log.settled.wait(START_SEC)

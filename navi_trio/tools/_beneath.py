@@ -1,41 +1,26 @@
 """Files beneath the roots, opened by directory fd one component at a time.
 
 Why: checking a path's realpath and then opening it by name again races with anyone who
-can rename inside the roots: a folder swapped with a symlink to /outside by
-``renameat2(RENAME_EXCHANGE)`` between the check and the open let reads and writes
-through, to /outside and to the daemon's own data. Here nothing is opened by a whole
-name: the roots are folders held open since they were checked (tools/roots.py: each is
-verified before the walk starts from its fd), each component is opened relative to its
-parent's fd with ``O_NOFOLLOW``, and every check is made on what was opened, so what
-was checked is what is used.
+can rename inside the roots (a folder swapped for a symlink to /outside by
+``renameat2(RENAME_EXCHANGE)`` between the check and the open). Here nothing is opened
+by a whole name: the roots are folders held open since they were checked, each
+component is opened relative to its parent's fd with ``O_NOFOLLOW``, and every check is
+made on what was opened, so what was checked is what is used.
 
-- **Symlinks** are never followed by the kernel. A symlink component's target is read
-  (``readlinkat``), joined to the real path of the folder holding it (so ``..`` in it
-  means what the kernel would make of it), and walked again from the root it falls in,
-  at most `MAX_HOPS` times per call. A target outside every root: `OutsideError`.
-- **navi's own data** (tools/private.py): every folder and file reached is checked by
-  identity (``st_dev, st_ino`` of each hidden path that exists: a rename or a hard link
-  cannot hide it), by (parent folder's identity, name) and by its real path with
-  `PrivatePaths.blocks` (both for a hidden path that does not exist yet, such as a
-  database journal). The caller's own session folder (`PrivatePaths.allowed`) stays
-  usable, also when reached through the data folder. Walking through private folders
-  toward it is allowed; opening, creating, listing or deleting anything private is
-  `PrivateError`.
+- **Symlinks** are never followed by the kernel: a symlink's target is read, joined to
+  the real path of its folder, and walked again from the root it falls in, at most
+  `MAX_HOPS` times per call. A target outside every root: `OutsideError`.
+- **navi's own data**: everything reached is checked by identity (``st_dev, st_ino``: a
+  rename or a hard link cannot hide it), by (parent's identity, name) and by real path
+  (for a hidden path that does not exist yet, such as a database journal). The caller's
+  own session folder stays usable. Opening, creating, listing or deleting anything
+  private is `PrivateError`.
 - **Whose rights**: the daemon's, and when it runs as root, also those of the user its
-  tool processes run as (`RunAs`, tools/runas.py): every folder walked through must be
-  searchable by that user, a file read readable, a file written or edited writable, a
-  listed folder readable, and a folder where something is made or deleted writable
-  (with the sticky bit: theirs, or holding a file of theirs). Checked on what was
-  opened (its mode and owner; no ACLs, no supplementary groups, as tool processes have
-  none), before anything is made, cut or written: ``EACCES``, as the kernel would say.
-  So a root daemon's tool reads and writes what a command of the same run could, no more.
+  tool processes run as: checked on what was opened (mode and owner, sticky bit) before
+  anything is made, cut or written (``EACCES``). So a root daemon's tool reads and
+  writes what a command of the same run could, no more.
 - **Why not openat2(RESOLVE_BENEATH)**: it resolves the middle components out of sight,
-  and the identity check of navi's data needs each of them; a second walk (or a second
-  code path for kernels without it) would buy nothing the component walk lacks.
-
-Every fd is closed: the walk's own fds by the caller's `ExitStack`, a listing's by the
-listing, a file's by the file object `open_file` returns. The roots' fds are their
-owner's.
+  and the identity check of navi's data needs each of them.
 """
 
 from __future__ import annotations
@@ -188,13 +173,9 @@ class _Marks:
 
 
 class Beneath:
-    """One call's view of the held roots. Fds it opens for walking live until `stack`
-    closes.
-
-    Paths given to it are absolute and normalised (no ``..``); `locate` says which root
-    holds one (by the path the caller knows it by, or its real path). The caller checks
-    the path it was given; this class checks every symlink's target and everything it
-    opens.
+    """One call's view of the held roots; the fds it opens for walking live until `stack`
+    closes. Paths given to it are absolute and normalised; the caller checks the path it
+    was given, this class every symlink's target and everything it opens.
     """
 
     def __init__(
@@ -247,10 +228,8 @@ class Beneath:
     def open_file(
         self, path: Path, flags: int, *, create_parents: bool = False, truncate: bool = False
     ) -> tuple[BinaryIO, os.stat_result]:
-        """The regular file at `path` opened with `flags` (``O_CREAT``: mode 0o666 less
-        the umask), as a binary file object, and its stat.
-
-        `truncate` empties it after the checks (``O_TRUNC`` would cut a file before
+        """The regular file at `path` opened with `flags`, as a binary file object, and its
+        stat. `truncate` empties it after the checks (``O_TRUNC`` would cut a file before
         anyone could see what it is).
         """
         swapped = 0

@@ -1,13 +1,10 @@
 """Tool arguments declared once: an `attrs.frozen` class per tool action.
 
-Each field is declared with `arg` (its description, choices, bounds and the words of its
-error). `schema` turns a class into the JSON schema the model sees; `action_schema` does
-it for a tool whose ``action`` picks one class out of several (the properties of all of
-them, one ``action`` enum). `parse` and `parse_action` turn the model's arguments into
-an instance through one strict cattrs converter (a string refuses a number, a number
-refuses true), and word every problem as ``argument 'x' ...``, raised as a
-`ToolInputError`. Unknown keys are ignored (the executor's ``background`` goes by), and
-a ``null`` counts as left out, so an optional field takes its default.
+Each field is declared with `arg`. `schema` and `action_schema` give the JSON schema
+the model sees; `parse` and `parse_action` turn the model's arguments into an instance
+through one strict cattrs converter (a string refuses a number, a number refuses true),
+each problem worded as ``argument 'x' ...`` in a `ToolInputError`. Unknown keys are
+ignored (the executor's ``background`` goes by), and ``null`` counts as left out.
 """
 
 from __future__ import annotations
@@ -144,12 +141,10 @@ def arg(
 ) -> Any:
     """A field of an arguments class.
 
-    `expected` words what the value must be ("a step number (1, 2 …)") where the type's
-    words are not enough; `nonempty` refuses "" and [] (the default for a required
-    string); `unit` follows a bound in its message; `extra` adds keys to the field's
-    schema that the tool itself applies (a clamp). `minimum`, `maximum` and `max_chars`
-    are shown in the schema; `above`, an exclusive lower bound, is not (grammars built
-    from schemas often ignore or refuse ``exclusiveMinimum``)."""
+    `expected` words what the value must be where the type's words are not enough;
+    `nonempty` refuses "" and []; `unit` follows a bound in its message; `extra` adds
+    schema keys the tool applies itself. `above`, an exclusive lower bound, is not shown
+    in the schema (grammars built from schemas often refuse ``exclusiveMinimum``)."""
     metadata = {
         "description": description,
         "choices": tuple(choices),

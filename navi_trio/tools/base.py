@@ -119,7 +119,7 @@ def tool_schema(tool: Tool) -> dict[str, Any]:
 
 
 class ToolSource(Protocol):
-    """Tools known only at run time (MCP servers: tools/mcp/servers.py)."""
+    """Tools known only at run time (an MCP server's)."""
 
     async def prepare(
         self, profile: AgentProfile, publish: Callable[[AgentEvent], None]

@@ -1,31 +1,21 @@
 """Kernel limits per session: each session's tool processes in a cgroup of their own.
 
-Where the daemon may write cgroups (root, or a systemd service with ``Delegate=yes``),
-every command a tool starts (``terminal run`` and ``open``, ``code_exec``, ``ssh_exec``)
-runs in a leaf below the cgroup the daemon runs in, in each hierarchy used::
+Where the daemon may write cgroups (root, or systemd ``Delegate=yes``), every command a
+tool starts runs in a leaf ``navi-<owner>/session-<id>/cmd-<n>`` below the daemon's own
+cgroup. `<owner>` names the daemon, so a daemon starting on a data folder clears the
+trees a dead daemon of that folder left (`clear_stale`) and leaves a live one's alone.
+The limits (``memory.max``, ``pids.max``, ``cpu.max``) are the session's; a kill is one
+command's leaf, so stopping one command leaves the session's others running.
 
-    navi-<owner>/session-<id>/cmd-<n>
+cgroup v2 kills where it has ``cgroup.kill`` (kernel 5.14+) and limits with the
+controllers it has; a writable v1 hierarchy fills in a missing controller, and the v1
+freezer kills without ``cgroup.kill``.
 
-`<owner>` is `procs.tag_owner` (the data folder's digest, the daemon's pid and start
-time): a daemon starting on a data folder finds the trees a dead daemon of that folder
-left (`clear_stale`), kills what they hold and removes them, and leaves a live daemon's
-alone. The limits are the session's (the profile's ``limits``, written on its
-``session-<id>`` folder: ``memory.max``, ``pids.max``, ``cpu.max``); a kill is one
-command's (its leaf), so stopping one command leaves the session's others running.
-
-Which hierarchies (`plan`, `open_tree`): the cgroup v2 one, where it is writable and has
-``cgroup.kill`` (kernel 5.14+), kills; its memory, pids and cpu controllers, where it
-has them, limit. Where it lacks a controller but a writable v1 hierarchy has it (the
-hybrid layout of older systemd machines and of some containers), that v1 hierarchy
-limits; without a v2 ``cgroup.kill``, the v1 freezer kills (freeze, SIGKILL every pid,
-thaw, until the leaf is empty).
-
-A process is in its leaf before it runs anything of the command: it starts as bash
-waiting on a pipe (`entry_argv`), the daemon writes its pid into the leaves, then into
-the pipe, and bash execs the command. Whatever it forks afterwards — double forks,
-``setsid`` daemons, a fork bomb held by ``pids.max`` — stays in the leaf, and dies by
-it. Where cgroups cannot be used (`status` says why), nothing of this happens: the
-process group and the /proc scan of `procs.kill_group` are all there is.
+A process is in its leaf before it runs anything of the command (it starts as bash
+waiting on a pipe until its pid is written into the leaves), so whatever it forks —
+double forks, ``setsid`` daemons, a fork bomb held by ``pids.max`` — dies with the
+leaf. Where cgroups cannot be used (`status` says why), the process group and the /proc
+scan of `procs.kill_group` are all there is.
 """
 
 from __future__ import annotations
@@ -545,8 +535,10 @@ def open_tree(owner: str, where: Plan | None = None) -> Tree:
         try:
             (where.v2 / name).mkdir(exist_ok=True)
             if v2_limits:
-                _write(where.v2 / name / "cgroup.subtree_control",
-                       " ".join(f"+{c}" for c in sorted(v2_limits)))  # fmt: skip
+                _write(
+                    where.v2 / name / "cgroup.subtree_control",
+                    " ".join(f"+{c}" for c in sorted(v2_limits)),
+                )
             v2 = where.v2 / name
         except OSError as exc:
             log.warning("cannot make cgroup %s: %s", where.v2 / name, exc.strerror)
@@ -592,8 +584,9 @@ async def clear_stale(digest: str, where: Plan | None = None) -> list[int]:
     if killed:
         log.warning(
             "killed %d process(es) left in the cgroups of a previous daemon: %s",
-            len(killed), " ".join(map(str, sorted(killed))),
-        )  # fmt: skip
+            len(killed),
+            " ".join(map(str, sorted(killed))),
+        )
     return sorted(killed)
 
 

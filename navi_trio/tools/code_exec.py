@@ -1,12 +1,9 @@
 """The code_exec tool: run a Python snippet in a fresh, isolated interpreter.
 
-The code goes into an anonymous in-memory file (``memfd_create``) handed to the process
-as an open fd, and runs as ``sys.executable -I -u /proc/self/fd/N`` in its own process
-group, in the run's cwd (else the session folder), with the terminal's timeout rules;
-output lines stream through ``ctx.emit`` (coalesced, as the terminal's) and the group
-is killed on timeout or stop. Nothing is written to disk, so there is no file for
-anyone to swap or read, and a sandbox needs no extra folder to show it. With
-``ctx.sandbox`` set it runs under bwrap (see `sandbox`), or is refused.
+The code goes into an anonymous in-memory file (``memfd_create``) run as
+``sys.executable -I -u /proc/self/fd/N``, with the terminal's timeout, streaming and
+kill rules. Nothing is written to disk, so there is no file for anyone to swap or read.
+With ``ctx.sandbox`` set it runs under bwrap, or is refused.
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """The filesystem tool, and the path rules every file-touching tool shares.
 
-A tool may touch only `ctx.roots()`: the session folder and the run's cwd. Relative
-paths resolve against the cwd when set, else the session folder. A path that climbs
-out with ``..``, an absolute path elsewhere, or a symlink whose target lies outside the
-roots is refused with an error naming the path. So is navi's own data (the data
-folder, the database, the config folders: tools/private.py), even inside a root; the
-caller's own session folder is the exception. ``manual:NAME`` reads the agent's
-manual ``settings.manuals_dir / NAME.md`` (read-only).
+A tool may touch only `ctx.roots()`: the session folder and the run's cwd (relative
+paths resolve against the cwd, else the session folder). A path that climbs out, an
+absolute path elsewhere, or a symlink whose target lies outside the roots is refused
+with an error naming the path; so is navi's own data, even inside a root, but for the
+caller's own session folder. ``manual:NAME`` reads the agent's manual (read-only).
 
-Every action opens what it touches relative to a directory fd of its root, one
-component at a time with ``O_NOFOLLOW`` (tools/_beneath.py), so a rename or symlink
-swap between a check and the open cannot lead it elsewhere. Symlinks inside the roots
-that point inside them keep working: their target is walked again from its root.
-`list` shows a symlink as ``name -> target`` and never descends into one.
-
-File work runs in a worker thread (`trio.to_thread`) so a slow disk never blocks the
-event loop.
+Every action opens what it touches from a directory fd of its root, one component at a
+time with ``O_NOFOLLOW``, so a rename or symlink swap between a check and the open
+cannot lead it elsewhere. File work runs in a worker thread so a slow disk never blocks
+the event loop.
 """
 
 from __future__ import annotations
@@ -96,13 +90,11 @@ def _refusal(ctx: ToolContext, raw: str, exc: Exception) -> ToolInputError:
 
 
 def resolve_dir(ctx: ToolContext, raw: str | None, roots: RunRoots) -> Root:
-    """The folder a command runs in, held open: `raw` inside the roots, else where the
-    run starts (its cwd, else its session folder). The caller closes it.
+    """The folder a command runs in, held open: `raw` inside the roots, else where the run
+    starts. The caller closes it.
 
-    Checked as the filesystem tool checks a folder (walked by fd, symlinks resolved
-    inside the roots, navi's own data refused); the result names the real path that walk
-    went through. The process is started in it through its fd (and a sandbox binds the
-    roots by fd), so a swap after this check cannot move the command elsewhere.
+    Checked as the filesystem tool checks a folder; the process is started in it through
+    its fd, so a swap after this check cannot move the command elsewhere.
     """
     held = roots.all()
     private = private_paths(ctx.settings, ctx.session_dir)
@@ -366,8 +358,7 @@ class FilesystemTool:
 def _read_lines(fh: BinaryIO, offset: int, limit: int, cap: int) -> tuple[list[str], int, int]:
     """(the lines shown, the number of the last one shown, the file's line count).
 
-    Memory stays within about `cap` characters whatever the file holds: a line is read
-    in pieces of at most `cap` characters (a longer one is shown cut, with "…"), and
+    Memory stays within about `cap` characters: a longer line is shown cut, with "…", and
     once the shown lines are complete the rest of the file is only counted, in blocks.
     """
     piece = cap * 4 + 4  # bytes enough for more than `cap` characters of UTF-8

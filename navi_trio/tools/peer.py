@@ -1,17 +1,10 @@
 """peer: ask another navi daemon (config ``peers``) and return its answer.
 
-``{"action": "ask", "peer": "lab", "message": "...", "session"?: "s-..", "profile"?: ..,
-"timeout"?: s}`` runs the message in a session of the peer (a new one unless
-``session`` names one to continue) and returns the peer's final answer, with the peer
-session id in the output and in ``data`` so the model can continue it. While it runs,
-the peer's text (coalesced, at most one event per ``tool_progress_interval_sec``) and
-its tool cards stream as this call's tool events, each marked ``"peer": name``.
-
-The wire work is the `PeerLink`'s (the runtime injects `navi_trio.api.peer_link`'s,
-since tools do not import the api layer). Leaving `PeerLink.ask` before the peer's
-run ended — our stop, a cancelled background task, the timeout — sends ``stop`` for
-that run to the peer. Every failure is a failed result naming the peer and the cause;
-the token appears in none of them (nor in events or logs).
+The message runs in a session of the peer (new unless ``session`` names one) and the
+peer's final answer comes back with its session id, so the model can continue it. The
+peer's text (coalesced) and tool cards stream as this call's tool events. Leaving
+before the peer's run ended — our stop, a cancel, the timeout — sends ``stop`` to the
+peer. Every failure names the peer and the cause; the token appears in none of them.
 """
 
 from __future__ import annotations
@@ -51,9 +44,15 @@ class PeerRun(Protocol):
 
 class PeerLink(Protocol):
     def ask(
-        self, url: str, token: str, message: str, *, session_id: str | None,
-        profile: str | None, trace: Mapping[str, str] | None = None,
-    ) -> AbstractAsyncContextManager[PeerRun]:  # fmt: skip
+        self,
+        url: str,
+        token: str,
+        message: str,
+        *,
+        session_id: str | None,
+        profile: str | None,
+        trace: Mapping[str, str] | None = None,
+    ) -> AbstractAsyncContextManager[PeerRun]:
         """Connect, hello, send the message (with `trace`, the calling span's W3C trace
         context, when tracing); leaving before the run ended stops it."""
         ...
@@ -123,9 +122,15 @@ def _forward(frame: Frame, feed: _Feed, peer: str) -> str | None:
         ok = bool(frame.get("ok"))
         status = "ok" if ok else f"failed: {frame.get('error') or ''}"[:CARD_STATUS_MAX]
         feed.card(
-            {"event": "tool_result", "tool": tool, "ok": ok, "status": status, "subagent": sub,
-             "text": f"{peer} ⎿ {tool}: {status}"}
-        )  # fmt: skip
+            {
+                "event": "tool_result",
+                "tool": tool,
+                "ok": ok,
+                "status": status,
+                "subagent": sub,
+                "text": f"{peer} ⎿ {tool}: {status}",
+            }
+        )
     elif kind == "error" and not sub:
         message = str(frame.get("message", ""))
         feed.card({"event": "error", "code": frame.get("code"), "text": f"{peer} ✖ {message}"})
@@ -175,11 +180,20 @@ class PeerTool:
         try:
             with trio.move_on_after(timeout) as waited:
                 async with self.link.ask(
-                    peer.url, token, message, session_id=session, profile=profile,
+                    peer.url,
+                    token,
+                    message,
+                    session_id=session,
+                    profile=profile,
                     trace=ctx.trace_context(ctx.call_id, self.name) or None,
-                ) as run:  # fmt: skip
-                    feed.card({"event": "asked", "session": run.session_id,
-                               "text": f"asked {name} (session {run.session_id})"})  # fmt: skip
+                ) as run:
+                    feed.card(
+                        {
+                            "event": "asked",
+                            "session": run.session_id,
+                            "text": f"asked {name} (session {run.session_id})",
+                        }
+                    )
                     end, error = await _follow(run, feed, name)
         except PeerRefusedError as exc:
             if exc.code == "unauthorized":
@@ -199,8 +213,9 @@ class PeerTool:
             state = "its run was stopped" if run is not None else "it never took the message"
             return ToolResult.fail(
                 f"no answer from {where} within {timeout:g} s; {state}",
-                output=feed.answer, **data,
-            )  # fmt: skip
+                output=feed.answer,
+                **data,
+            )
         assert run is not None
         return _outcome(end, error, feed, name, data)
 

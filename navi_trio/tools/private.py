@@ -1,17 +1,13 @@
 """What no tool may show: the daemon's own data.
 
-One list, used by every confinement: the sandbox masks these paths (tools/sandbox.py),
-the filesystem tool refuses them (tools/filesystem.py), and a client's `cwd` may not lie
-inside them (core/turn/workspace.py). Whatever their paths are: the data folder (the
-database, its WAL and journal, the token files, every session folder), the database
-when it lives elsewhere, navi's config folders (config.json may hold tokens and MCP
-servers' keys), and the SSH identity files the config names for ssh_exec. The caller's
-own session folder is the one exception (`allowed`): it lives inside the data folder,
-and it is the run's own workspace.
+One list, used by every confinement (the sandbox masks, the filesystem tool refuses, a
+client's `cwd` may not lie inside): the data folder (database, journal, token files,
+session folders), the database when it lives elsewhere, navi's config folders
+(config.json may hold keys), and the SSH identity files ssh_exec uses. The caller's own
+session folder is the one exception (`allowed`).
 
-The config folder is hidden whole unless it is ``/``, the home folder or above it (a
-config.json kept there): then only the file itself is, so that hiding it does not hide
-the machine.
+The config folder is hidden whole unless it is ``/``, the home folder or above it: then
+only config.json is, so that hiding it does not hide the machine.
 """
 
 from __future__ import annotations
@@ -39,10 +35,8 @@ def within(path: Path, *folders: Path) -> bool:
 
 @attrs.frozen
 class PrivatePaths:
-    """`hidden`: real paths (files or folders) no tool may read or write.
-
-    `allowed`: real folders inside a hidden one that stay visible (the caller's own
-    session folder).
+    """`hidden`: real paths no tool may read or write; `allowed`: real folders inside a
+    hidden one that stay visible (the caller's own session folder).
     """
 
     hidden: tuple[Path, ...]

@@ -1,18 +1,9 @@
 """Finding the processes a command left behind outside its process group (Linux /proc).
 
-A process that calls ``setsid`` (``setsid cmd &``, Python ``os.setsid()`` after a fork)
-leaves its process group, so ``killpg`` misses it. `find_strays` finds such processes
-two ways, at kill time:
-
-- by parent id: every live process below the leader (works while the chain of parents
-  is alive);
-- by environment: every process whose environment carries the command's tag
-  (``NAVI_PROC_TAG=...``, inherited from the command), which still works after its
-  parent died and it was reparented to PID 1 or a subreaper.
-
-Each stray is held by a pidfd, so a recycled PID is never signalled by mistake, and its
-death is awaited through the pidfd (no polling). Without /proc (not Linux) nothing is
-found and the process-group kill is all there is.
+A process that calls ``setsid`` leaves its process group, so ``killpg`` misses it.
+Strays are found by parent id (while the chain of parents lives) and by the command's
+tag in the environment (which still works after reparenting). Each is held by a pidfd,
+so a recycled PID is never signalled by mistake. Without /proc nothing is found.
 """
 
 from __future__ import annotations
@@ -80,10 +71,8 @@ def stray_pids(
     leader: int | None, tag_var: str, tag: str | None, since: int | None = None
 ) -> set[int]:
     """Live processes below `leader` (if given) by parent id, or carrying ``tag_var=tag``.
-
-    Only processes started no earlier than `since` (clock ticks; the leader's start time
-    when not given) can be strays, as every stray descends from the leader: older ones
-    cost one read of their stat file, and their environment is never read.
+    Only processes started no earlier than `since` can be strays: older ones cost one read
+    of their stat file, and their environment is never read.
     """
     return stray_pids_many([(leader, tag, since)], tag_var)[0]
 
@@ -151,17 +140,14 @@ def _scan(queries: list[Query], tag_var: str) -> tuple[list[set[int]], dict[int,
 
 
 def _ours(pid: int, uid: int) -> bool:
-    """Whether process `pid` may be one of ours: run by our uid (we could not signal
-    another's anyway), or by anyone when we are root, whose tool processes run as
-    another user (tools/runas.py). Its tag or its parent still decides."""
+    """Whether process `pid` may be one of ours: run by our uid, or by anyone when we are
+    root (our tool processes then run as another user). Its tag or its parent decides."""
     return uid == 0 or os.stat(f"{PROC}/{pid}").st_uid == uid
 
 
 def tag_values(tag_var: str) -> dict[int, str]:
-    """Every live process of ours whose environment sets `tag_var`: pid -> its value.
-
-    One pass over /proc that reads each environment (at a daemon's start, to find
-    what a dead daemon left: `procs.kill_orphans`); blocking, run in a worker thread.
+    """Every live process of ours whose environment sets `tag_var`: pid -> its value. One
+    blocking pass over /proc: run it in a worker thread.
     """
     me, uid = os.getpid(), os.getuid()
     needle = f"\0{tag_var}=".encode()

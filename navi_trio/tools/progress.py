@@ -1,15 +1,12 @@
 """Live output of a running command, coalesced and rate-limited.
 
-A command may print millions of lines; one progress event per line cost 17 s and
-770 MB for 5 MB of ``yes``. `OutputProgress` collects whole lines as they are read and
-sends them as one event at most every `interval` seconds, each event carrying at most
-`max_chars` characters of the latest lines::
+One progress event per line cost 17 s and 770 MB for 5 MB of ``yes``. `OutputProgress`
+sends at most one event every `interval` seconds, with at most `max_chars` characters
+of the latest lines::
 
     {"stream": "output", "text": "line 1\\nline 2", "lines": 2, "dropped_lines": 0}
 
-``dropped_lines`` counts the lines of that interval that did not fit (the oldest go
-first). Whatever is left is sent by `flush` when the command ends. The tool's full
-output is kept elsewhere (head and tail, capped); this is only the live view.
+``dropped_lines`` counts the lines that did not fit; `flush` sends the rest at the end.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Folders checked once, then held open: the roots a run works from.
 
-Resolving a folder by its path at every use races with anyone who can rename inside it:
-a folder swapped for a symlink between the check and the use sends the use elsewhere (a
-run's cwd turned into a link to ``/root`` after its check had the run's commands and its
-filesystem tool write there). So a run's roots, its session folder and its cwd, are
-opened once (`Root.open`: from ``/``, one component at a time, each with ``O_PATH |
-O_DIRECTORY | O_NOFOLLOW``, so no symlink is ever followed), checked through the fd,
-and used only through it from then on: the sandbox binds the fd (bwrap's
-``--bind-fd``), the filesystem tool and the checkpoints walk from it.
-
-`Root.verify` runs before each use: the fd still names a live folder, at the path that
-was checked (what the kernel says of ``/proc/self/fd/N``). A folder moved, replaced or
-deleted since is a `RootChangedError` naming it, for that use only.
-
-`RunRoots` are one run's: its session folder and its cwd, or why they could not be
-held (every use then fails with that reason, and the run goes on). Whoever opens roots
-closes them; a tool call works on copies (`RunRoots.dup`, closed when the call ends),
-and so does a background job that outlives its run.
+Resolving a folder by its path at every use races with anyone who can rename inside it
+(a run's cwd swapped for a link to ``/root`` after its check). So a run's session
+folder and cwd are opened once, from ``/``, one component at a time with ``O_PATH |
+O_DIRECTORY | O_NOFOLLOW``, and used only through the fd from then on. `Root.verify`
+runs before each use: a folder moved, replaced or deleted since is a
+`RootChangedError` for that use only. Whoever opens roots closes them; a tool call or a
+background job works on copies (`RunRoots.dup`).
 """
 
 from __future__ import annotations
@@ -188,11 +178,8 @@ class RunRoots:
     def open(
         cls, session_dir: Path, cwd: Path | None, owner: tuple[int, int] | None = None
     ) -> RunRoots:
-        """The roots at these paths, opened now (the session folder made if need be,
-        and given to `owner`: see `session_folder`).
-
-        For contexts without a run (a tool driven alone): a run holds its roots from
-        its start instead, its cwd checked against the sender's rights (core/workspace).
+        """The roots at these paths, opened now, for a tool driven without a run (a run holds
+        its roots from its start); the session folder made if need be and given to `owner`.
         """
         try:
             session = session_folder(_real(session_dir), owner, given=session_dir)
@@ -240,13 +227,10 @@ class RunRoots:
 
 
 def session_folder(path: Path, owner: tuple[int, int] | None, *, given: Path | None = None) -> Root:
-    """A run's session folder at the real `path`, made if need be and held; given to
-    `owner` (uid, gid): whom the run's commands run as when the daemon is root, so they
-    can write in it (tools/runas.py). It and the folder of all session folders are
-    closed (0700): navi's data is its account's only, whatever the umask; and with an
-    `owner`, every session folder belongs to that one user, so no process of it may
-    reach another's by its path (a run reaches its own through the fd the daemon holds).
-    `RootChangedError` when it cannot be held."""
+    """A run's session folder at the real `path`, made if need be, held, and given to
+    `owner` (whom the run's commands run as when the daemon is root). It and its parent
+    are 0700 whatever the umask, so no process of one user may reach another's by its
+    path. `RootChangedError` when it cannot be held."""
     with Root.open(path.parent, "the folder of the session folders", create=True) as top:
         _close(top)
     root = Root.open(path, SESSION, create=True, given=given)

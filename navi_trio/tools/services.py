@@ -1,20 +1,10 @@
 """What a tool may ask of the core: the `ToolServices` Protocol.
 
-The core passes one services object as ``ToolContext.services`` (None where there is
-no core, e.g. a tool tested alone). Tools never import the core; they see only this:
-
-- ``processes`` — `ProcessService` (implemented by `navi_trio.tools.procs.ProcessPool`):
-  the persistent processes of ``terminal open``; None where there are none.
-- ``tasks`` — `TaskService` (implemented by the core's TaskSupervisor): this session's
-  background jobs, for the ``tasks`` tool; None where there is no supervisor.
-- ``switch_profile(profile_id)`` — switch the session's profile from the next iteration
-  on; raises `ToolInputError` for an unknown id or where switching is not possible.
-- ``spawn(request, publish)`` — run a sub-agent for spawn_agent and return its outcome;
-  a running turn's raises the sub-agent's backend-level LLM error instead (errors.py),
-  which ends that turn, while a background job's returns it as a failed outcome.
-- ``detached(roots)`` — the services a background job keeps: only what outlives the run
-  that started it (never the run itself, its history or its event channel); `roots`
-  are the job's own copies of the run's held folders (its sub-agents work in them).
+Tools never import the core; they see only this, as ``ToolContext.services`` (None
+where there is no core, e.g. a tool tested alone). ``spawn`` in a running turn raises
+the sub-agent's backend-level LLM error, which ends that turn; a background job's
+returns it as a failed outcome. ``detached(roots)`` is what a background job keeps:
+only what outlives the run that started it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """spawn_agent: delegate a bounded sub-task to an ephemeral sub-agent.
 
-The tool validates its arguments into a `SpawnRequest` and calls
-``ctx.services.spawn(request, publish)`` (the core's run_ephemeral bound to the current
-run: a synchronous sub-agent's tokens count in the parent turn's totals). Synchronous
-by default: the call returns when the sub-agent is done (≤ spawn_timeout_sec, which
-also caps the model's `timeout_seconds`). With ``"background": true`` the tool executor
-detaches the whole call to the task supervisor; the sub-agent's events flow into the
-job's ring and its tokens are the job's, not the parent turn's.
+Synchronous by default: the call returns when the sub-agent is done (at most
+spawn_timeout_sec, which also caps `timeout_seconds`), and its tokens count in the
+parent turn's. With ``"background": true`` the whole call becomes a background job,
+whose events and tokens are the job's.
 """
 
 from __future__ import annotations

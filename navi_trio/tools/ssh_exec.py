@@ -1,36 +1,19 @@
 """The ssh_exec tool: one command on a host named in config.json (``ssh.hosts``).
 
-The system OpenSSH client runs as an argv list, never through a local shell::
+The system OpenSSH client runs as an argv list, never through a local shell, with no
+ssh_config of the user's, no password prompt, no host key outside the configured
+known_hosts and no key but the configured one.
 
-    ssh -F /dev/null -o BatchMode=yes -o StrictHostKeyChecking=yes
-        -o UserKnownHostsFile=<known_hosts> -o IdentitiesOnly=yes -o LogLevel=ERROR
-        -o ConnectTimeout=10 -tt -i <identity_file> -p <port> user@host -- <command>
-
-No ssh_config of the user's, no password prompt, no host key that the configured
-known_hosts file does not hold, no key but the configured one.
-
-Refused before anything runs (`precheck`, which the executor also calls before it asks for
-approval): an alias that is not configured and, unless the host allows ``["*"]``, a
-command whose program (its first word, split as the shell would: `shlex`) is not in the
-host's ``commands``. Such a command is sent as ``shlex.join(argv)``: ``;``, ``&&``,
-``$(…)`` reach the remote shell quoted, as plain arguments, and cannot chain a second
-program. With ``["*"]`` the command line goes to the remote shell as it is.
-
-Running, streaming (`OutputProgress`), capping, the timeout (capped by
-``terminal_timeout_sec``) and killing are the terminal's (`procs.run_command`): the
-local ssh leads its own process group, killed on stop, cancel and timeout.
+Refused before anything runs (`precheck`): an alias not configured and, unless the
+host allows ``["*"]``, a command whose program (its first word, by `shlex`) is not in
+the host's ``commands``. Such a command is sent as ``shlex.join(argv)``, so ``;``,
+``&&``, ``$(…)`` reach the remote shell quoted and cannot chain a second program.
 
 Why ``-tt``: without a terminal, sshd leaves the remote command running when the
-connection closes (the command at most sees EOF on a stdin it may never read: a remote
-``sleep`` outlived its killed ssh in our tests). With a pseudo-terminal, the closed
-connection hangs the terminal up and the kernel sends SIGHUP to the remote command's
-process group, so killing the local ssh ends the remote command too. A remote-wrapper
-that kills its group when stdin closes would need stdin kept open on our side and a
-POSIX shell on theirs; the pty needs neither. The price: stdout and stderr arrive
-merged (as the terminal's do), lines end in ``\\r\\n`` (turned back into ``\\n``), and
-there is no input: a command that reads stdin, or a pager, waits until the timeout. A
-remote command that ignores SIGHUP or leaves with ``setsid``/``nohup`` survives, as it
-would a closed login.
+connection closes. With a pseudo-terminal, the closed connection sends SIGHUP to the
+remote command's group, so killing the local ssh ends the remote command too. The
+price: stdout and stderr arrive merged, lines end in ``\\r\\n`` (turned back into
+``\\n``), and there is no input.
 """
 
 from __future__ import annotations
@@ -75,22 +58,17 @@ class SshCall:
 
 def ssh_argv(ssh: SshConfig, host: SshHost, remote: str, client: str = "ssh") -> list[str]:
     """The local ssh command line for `remote` on `host` (see the module docstring)."""
-    return [
-        client,
-        "-F", "/dev/null",
-        "-o", "BatchMode=yes",
-        "-o", "StrictHostKeyChecking=yes",
-        "-o", f"UserKnownHostsFile={ssh.known_hosts}",
-        "-o", "IdentitiesOnly=yes",
-        "-o", "LogLevel=ERROR",
-        "-o", f"ConnectTimeout={CONNECT_TIMEOUT_SEC}",
-        "-tt",
-        "-i", host.identity_file,
-        "-p", str(host.port),
-        f"{host.user}@{host.host}",
-        "--",
-        remote,
-    ]  # fmt: skip
+    options = [
+        "BatchMode=yes",
+        "StrictHostKeyChecking=yes",
+        f"UserKnownHostsFile={ssh.known_hosts}",
+        "IdentitiesOnly=yes",
+        "LogLevel=ERROR",
+        f"ConnectTimeout={CONNECT_TIMEOUT_SEC}",
+    ]
+    flags = [arg for option in options for arg in ("-o", option)]
+    login = ["-i", host.identity_file, "-p", str(host.port), f"{host.user}@{host.host}"]
+    return [client, "-F", "/dev/null", *flags, "-tt", *login, "--", remote]
 
 
 def remote_command(alias: str, host: SshHost, command: str) -> str:

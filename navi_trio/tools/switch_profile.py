@@ -1,8 +1,5 @@
-"""The switch_profile tool: move the session to another agent profile.
-
-Validates the id against ``ctx.config.profiles`` and asks the core through
-``ctx.services.switch_profile(profile_id)``; the agent loop reloads the profile and its
-tools before the next iteration.
+"""The switch_profile tool: move the session to another agent profile, from the next
+iteration on.
 """
 
 from __future__ import annotations

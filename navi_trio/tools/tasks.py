@@ -1,9 +1,7 @@
 """The `tasks` tool: list, check, wait for and cancel this session's background jobs.
 
-The jobs live in the core's TaskSupervisor, reached as ``ctx.services.tasks``
-(`TaskService` in tools/services.py, so that tools do not import the core). Everything
-is scoped to ``ctx.session_id``: another session's task id gets the same answer as an
-unknown one.
+Everything is scoped to ``ctx.session_id``: another session's task id gets the same
+answer as an unknown one.
 """
 
 from __future__ import annotations

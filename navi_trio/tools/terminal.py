@@ -1,13 +1,9 @@
 """The terminal tool: one-shot commands, and persistent processes through the pool.
 
-`run` executes a shell command in its own process group (see `procs`), streams its
-output lines coalesced and rate-limited (see `progress`: ``ctx.emit({"stream":
-"output", "text": ..., "lines": n, "dropped_lines": k})``) and returns the exit code
-with the capped output. Stopping the run (or cancelling the background job)
-cancels the call, and the whole group is killed. `open`/`read`/`write`/`kill`/`list`
-use the session's persistent processes in ``ctx.services.processes``. With
-``ctx.sandbox`` set, `run` and `open` run under bwrap (see `sandbox`), or are refused
-when it cannot run here.
+`run` executes a shell command in its own process group, streams its output coalesced
+and rate-limited, and returns the exit code with the capped output; a stop kills the
+whole group. `open`/`read`/`write`/`kill`/`list` use the session's persistent
+processes. With ``ctx.sandbox`` set, `run` and `open` run under bwrap, or are refused.
 """
 
 from __future__ import annotations
@@ -201,7 +197,7 @@ def session_cgroup(ctx: ToolContext) -> SessionCgroup | None:
 
 
 def command_user(ctx: ToolContext) -> RunAs | None:
-    """Whom a command of `ctx` runs as (tools/runas.py: never root)."""
+    """Whom a command of `ctx` runs as (never root)."""
     try:
         return run_as(ctx.settings.tool_user)
     except ConfigError as exc:

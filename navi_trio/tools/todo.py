@@ -1,10 +1,9 @@
 """The todo tool and the plain functions the agent loop uses on the same list.
 
-The list lives in the kv table, scope ``"todo"``, key = session id, as a JSON list of
-``{"text", "status", "validation"}``; a step's index is its 1-based position. The core
-calls `load_todo` (to detect progress and newly failed steps), `fill_from_plan` (after
-planning) and `save_todo`. With ``profile.step_validation_enabled`` a step cannot be
-marked ``done`` without a ``validation`` saying what proved it.
+The list lives in the kv table (scope ``"todo"``, key = session id) as a JSON list of
+``{"text", "status", "validation"}``; a step's index is its 1-based position. With
+``profile.step_validation_enabled`` a step cannot be marked ``done`` without a
+``validation`` saying what proved it.
 """
 
 from __future__ import annotations

@@ -1,30 +1,18 @@
 """Our connection to one configured MCP server: the actor that keeps a session with it.
 
-This is navi as an MCP *client* (navi as an MCP server is mcp_serve.py; the daemon's
-WebSocket server is api/server.py). `McpConnection.run` lives in the McpServers nursery
-(servers.py). Each attempt opens the transport (a child process over stdio, or
-streamable HTTP), runs the SDK's `ClientSession` (initialize, list tools) and then waits
-until the connection breaks: the read stream ends (the child died, the server closed
-it) or a call saw the connection fail. Then it restarts with exponential backoff
-(`BACKOFF_FIRST` doubling to `BACKOFF_MAX`); after `MAX_FAILURES` attempts in a row
-that never got ready it is `failed` and waits for the next run that needs it.
-Meanwhile its tools (`McpTool`) answer "MCP server X is restarting" at once.
+Each attempt opens the transport (a child process over stdio, or streamable HTTP), runs
+the SDK's `ClientSession` and waits until the connection breaks, then restarts with
+exponential backoff; after `MAX_FAILURES` attempts in a row that never got ready it is
+`failed` until a run needs it again. Meanwhile its tools answer "MCP server X is
+restarting" at once.
 
-A stdio child carries a tag in its environment (`procs.TAG_VAR`): when the session
-ends, the SDK closes stdin and kills the child's process group, and then every process
-still carrying the tag (a grandchild that outlived its parent, one that left the group)
-is killed too, shielded and bounded. Where cgroups are used (tools/cgroups.py), the
-child runs in a cgroup of its own instead, ``mcp-<server>`` under the daemon's tree,
-under the `limits` of its entry, and that group is what is killed: whatever it forked,
-with or without the tag. The server is the daemon's, shared by every session whose
-profile names it, so it is neither in a session's cgroup nor under a profile's limits;
-it dies with the connection (a restart, a changed entry, the daemon's stop), and a
-dead daemon's successor kills it with the rest of that daemon's tree. Its stderr goes
-to the log (stderr.py).
+A stdio child carries the process tag, so when the session ends every process still
+carrying it is killed too, shielded and bounded; where cgroups are used, the child runs
+in a cgroup of its own (``mcp-<server>``, under its entry's `limits`) and that group is
+killed. The server is the daemon's, shared by sessions, so it is in no session's cgroup.
 
-Calls (`call`) run in the caller's task, inside the run's cancel scope: Stop cancels
-the request and the SDK sends the server its cancellation notice; the per-server
-`timeout_sec` is the SDK's request timeout (the server is told too).
+Calls run in the caller's task, inside the run's cancel scope: Stop cancels the request
+and the SDK tells the server; `timeout_sec` is the SDK's request timeout.
 """
 
 from __future__ import annotations
@@ -74,8 +62,9 @@ def tool_name(server: str, tool: str) -> str:
 class McpTool:
     """A tool of an MCP server, offered to the model as ``mcp__<server>__<tool>``."""
 
-    def __init__(self, connection: McpConnection, remote: str, description: str,
-                 parameters: dict[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self, connection: McpConnection, remote: str, description: str, parameters: dict[str, Any]
+    ) -> None:
         self.connection = connection
         self.remote = remote
         self.name = tool_name(connection.name, remote)
@@ -89,10 +78,9 @@ class McpTool:
 
 
 class _Watched:
-    """The session's read stream; sets `closed` when it ends (the server is gone).
-
-    It also takes out of a tools/list result each tool whose input schema is not an
-    object, telling `skipped` (name, why): the SDK refuses the whole listing for one.
+    """The session's read stream; sets `closed` when it ends (the server is gone). It takes
+    out of a tools/list result each tool whose input schema is not an object, telling
+    `skipped` (name, why): the SDK refuses the whole listing for one.
     """
 
     def __init__(self, inner: Any, closed: trio.Event, skipped: Callable[[str, str], None]) -> None:
@@ -216,8 +204,11 @@ class McpConnection:
                     self._set("failed")
                     log.error(
                         "MCP server %s failed to start %d times in a row (%s); it starts "
-                        "again when a run needs it", self.name, failures, self.error,
-                    )  # fmt: skip
+                        "again when a run needs it",
+                        self.name,
+                        failures,
+                        self.error,
+                    )
                     self._retry = trio.Event()
                     await self._retry.wait()
                     failures = 0
@@ -341,8 +332,9 @@ class McpConnection:
         try:
             return tree.server(self.name, self.config.limits)
         except OSError as exc:
-            log.warning("MCP server %s runs outside cgroups: cannot make its cgroup: %s",
-                        self.name, exc)  # fmt: skip
+            log.warning(
+                "MCP server %s runs outside cgroups: cannot make its cgroup: %s", self.name, exc
+            )
             return None
 
     def _install(self, listed: list[Any]) -> None:
@@ -353,8 +345,10 @@ class McpConnection:
                 continue
             name = tool_name(self.name, t.name)
             if not _NAME.match(name):
-                self._note(f"tool {t.name!r} skipped: {name!r} is not a valid function name "
-                           "(letters, digits, _ and -, 64 at most)")  # fmt: skip
+                self._note(
+                    f"tool {t.name!r} skipped: {name!r} is not a valid function name "
+                    "(letters, digits, _ and -, 64 at most)"
+                )
                 continue
             try:
                 schema, warning = check_schema(t.input_schema)

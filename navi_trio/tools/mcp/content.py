@@ -1,8 +1,6 @@
 """What the model reads of an MCP tool result: text as it is, everything else as a
-short textual reference (``[image/png, 12 KB]``, ``[resource file:///x]``).
-
-Duck-typed on the content blocks' ``type`` field, so this module needs no import of
-the SDK (tools/mcp/__init__.py: the SDK loads only when a server starts).
+short textual reference (``[image/png, 12 KB]``, ``[resource file:///x]``). Duck-typed
+on the blocks' ``type`` field, so the SDK need not be imported.
 """
 
 from __future__ import annotations

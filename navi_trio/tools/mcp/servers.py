@@ -1,14 +1,9 @@
 """McpServers: our connections to the configured MCP servers, and their tools for a run.
 
-The runtime starts `McpServers.run` in its nursery (a `NurseryHolder`); the actor of a
-server's connection (connection.py) starts the first time a run's profile names it
-(`prepare`), which waits until the server is ready or its start failed, at most its
-`timeout_sec`. A server whose entry changed in a
-reloaded config gets a new actor; a disabled one is never started. `McpServers` is the
-registry's `ToolSource` (tools/base.py): `prepare` gives a run the names of its MCP
-tools, `get` finds one by name.
-
-`probe` starts servers briefly, for ``navi mcp list`` and ``navi doctor``.
+A server's actor starts the first time a run's profile names it (`prepare` waits until
+it is ready or failed, at most its `timeout_sec`). A server whose entry changed in a
+reloaded config gets a new actor; a disabled one is never started. `probe` starts
+servers briefly, for ``navi mcp list`` and ``navi doctor``.
 """
 
 from __future__ import annotations
@@ -128,10 +123,8 @@ async def probe(
     tool_user: str = "",
     bwrap_path: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """Start every enabled server of `cfg` briefly, as the daemon would (`tool_user`:
-    NAVI_TOOL_USER, `bwrap_path`: NAVI_BWRAP); `McpServers.status` of each.
-
-    `start_cap` caps each server's start (its timeout_sec otherwise).
+    """Start every enabled server of `cfg` briefly, as the daemon would; the status of
+    each. `start_cap` caps each server's start (its timeout_sec otherwise).
     """
     servers = McpServers(lambda: cfg, tool_user, bwrap_path)
     async with trio.open_nursery() as nursery:

@@ -1,10 +1,8 @@
 """A stdio MCP server's stderr, into the log: one record per line, bounded.
 
-`open_stderr_pipe` gives the file the child writes to (the SDK's ``errlog``) and the
-read end; `log_lines` reads it in the server actor's nursery until the child and every
-process that inherited the pipe are gone. A line is cut at `LINE_MAX` characters and at
-most `LINES_PER_MINUTE` lines are logged per minute (the rest are counted, and the count
-is logged), so a chatty server can neither flood the log nor block on a full pipe.
+A line is cut at `LINE_MAX` characters and at most `LINES_PER_MINUTE` lines are logged
+per minute (the rest counted), so a chatty server can neither flood the log nor block
+on a full pipe.
 """
 
 from __future__ import annotations
@@ -48,8 +46,12 @@ async def log_lines(stream: trio.lowlevel.FdStream, log: logging.Logger, name: s
                 now = trio.current_time()
                 if now >= window_end:
                     if dropped:
-                        log.warning("[%s] %d stderr lines not logged (over %d a minute)",
-                                    name, dropped, LINES_PER_MINUTE)  # fmt: skip
+                        log.warning(
+                            "[%s] %d stderr lines not logged (over %d a minute)",
+                            name,
+                            dropped,
+                            LINES_PER_MINUTE,
+                        )
                     window_end, logged, dropped = now + 60, 0, 0
                 if logged >= LINES_PER_MINUTE:
                     dropped += 1
@@ -61,5 +63,6 @@ async def log_lines(stream: trio.lowlevel.FdStream, log: logging.Logger, name: s
                     cut = f" [… {extra} characters cut]" if extra > 0 else ""
                     log.info("[%s] %s%s", name, text[:LINE_MAX], cut)
     if dropped:
-        log.warning("[%s] %d stderr lines not logged (over %d a minute)", name, dropped,
-                    LINES_PER_MINUTE)  # fmt: skip
+        log.warning(
+            "[%s] %d stderr lines not logged (over %d a minute)", name, dropped, LINES_PER_MINUTE
+        )

@@ -1,11 +1,5 @@
-"""Child processes without orphans: spawn and kill, output capture, the persistent pool.
-
-- `_spawn`: argv, the allow-listed environment and the process tag; `kill_group` (the
-  whole group and its strays, shielded), `kill_orphans` (what a dead daemon left);
-- `_capture`: `run_command` (to completion or timeout, output kept as head and tail);
-- `_pool`: `ProcessPool`, the actor owning the persistent processes of ``terminal open``.
-
-Whom they run as (never root): tools/runas.py.
+"""Child processes without orphans: spawn and kill (`_spawn`), output capture
+(`_capture`), and the persistent processes of ``terminal open`` (`_pool`).
 """
 
 from navi_trio.profiles import is_secret as is_secret

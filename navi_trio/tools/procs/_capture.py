@@ -1,13 +1,7 @@
 """A command's output: read in large blocks, split into lines, kept as head and tail.
 
-`run_command` runs a command to completion (or timeout) and returns its output, read
-in large blocks and kept only as head and tail within a cap (`HeadTail`); output
-lines (`LineSplitter`: complete lines, split UTF-8 sequences survive) go, a block at a
-time, to an `OutputProgress` (coalesced, rate-limited live events) and/or a per-line
-callback (stdout and stderr merged). `wait_and_drain` is the reading loop it shares
-with the persistent processes of `_pool`: stream the output until the leader exits,
-then kill what is left of its group and drain the pipe. Starting and killing are
-`_spawn`'s.
+Lines (split UTF-8 sequences survive) go a block at a time to an `OutputProgress`
+and/or a per-line callback; the result keeps only head and tail within a cap.
 """
 
 from __future__ import annotations
@@ -221,22 +215,14 @@ async def run_command(
 ) -> CommandResult:
     """Run `command` in its own process group until it exits or `time_limit` passes.
 
-    stdin is /dev/null, or the bytes `stdin` (from an anonymous file: no pipe to fill,
-    and the process reads at its own pace). With `stderr_max`, stderr is kept apart
-    (`CommandResult.errors`, at most that many characters, head and tail). Output
-    lines go to `progress` (coalesced, rate-limited) and/or
-    `on_line` (each line); the result keeps only the head and tail of the output, within
-    `max_chars`, however much is printed. On timeout the group is killed and the output
-    so far returned; if the caller is cancelled the group is killed and `trio.Cancelled`
-    propagates. Raises OSError when the process cannot be started (e.g. `cwd` does not
-    exist). With a `sandbox` the command runs under bwrap (see `sandbox`); when bwrap
-    cannot run here, raises `SandboxUnavailableError` instead of running it unsandboxed.
-    `env` is added to the allow-listed environment (`child_env`); `owner` (`tag_owner`)
-    starts the process tag. A held `cwd` (and the held `roots`, which the sandbox binds)
-    is used through its fd, never by its path; `pass_fds` go to the process as they are.
-    With a `user` (`_user.run_as`) the process runs as that user, never as root. With
-    a `cgroup` (its session's, `cgroups`) the process and all it forks run in a leaf
-    of their own, under the session's limits, and die with it.
+    stdin is /dev/null, or the bytes `stdin` (from an anonymous file: no pipe to fill).
+    With `stderr_max`, stderr is kept apart. The output is kept as head and tail within
+    `max_chars`, however much is printed. On timeout the group is killed and the output so
+    far returned; if the caller is cancelled the group is killed and `trio.Cancelled`
+    propagates. OSError when the process cannot start. With a `sandbox` it runs under
+    bwrap, or raises `SandboxUnavailableError` (never unsandboxed instead). A held `cwd`
+    and `roots` are used through their fds, never by path; a `user` is never root; with a
+    `cgroup` the process and all it forks run in a leaf of their own and die with it.
     """
     if time_limit <= 0:
         raise ToolInputError(f"the time limit must be positive (got {time_limit:g})")

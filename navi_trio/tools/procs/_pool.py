@@ -1,16 +1,9 @@
 """The persistent processes of ``terminal open``: an actor owning them per session.
 
-`ProcessPool` is started by the runtime with ``await nursery.start(pool.run)`` (a
-`NurseryHolder`); each process lives in the pool's nursery, its output goes to a
-bounded buffer read with `read` (the oldest characters dropped, and counted, when a
-process prints faster than it is read); a session sees only its own handles.
-Cancelling `run` (daemon shutdown) kills every group it owns: each process task kills
-its own group (`kill_group`) as the cancellation reaches it.
-
-A process also ends, its group killed, with what it belongs to: its session deleted
-(`close_session`), its user removed (`close_users`), or nobody using it (no open, read
-or write of it) for `idle_sec`: each handle's scope has that deadline, pushed on at
-every use. A read afterwards says which (`ReadResult.ended`).
+Each process lives in the pool's nursery; its output goes to a bounded buffer (the
+oldest characters dropped, and counted, when it prints faster than it is read); a
+session sees only its own handles. A process ends, its group killed, with the pool,
+its session, its user, or after `idle_sec` without use; a read afterwards says which.
 """
 
 from __future__ import annotations
@@ -175,19 +168,20 @@ class ProcessPool(NurseryHolder):
         user_id: str | None = None,
         cgroup: SessionCgroup | None = None,
     ) -> str:
-        """Start `command` (through the shell) in `cwd`; returns its handle id ("p1" …).
-
-        With a `sandbox` it runs under bwrap, or is refused (`SandboxUnavailableError`);
-        `env`, `owner` and the held `roots` (and `cwd`) as for `run_command`; `user_id`:
-        whose it is (`close_users`); `cgroup`: its session's (`cgroups`), as for
-        `run_command`.
+        """Start `command` (through the shell) in `cwd`; returns its handle id ("p1" …). The
+        other arguments are as for `run_command`; `user_id`: whose it is (`close_users`).
         """
         with ExitStack() as stack:
             # First, before the checks: they must not go stale across an await.
             cmd = await sandboxed_argv(
-                sandbox, shell_argv(command), cwd, bwrap_path, roots=roots, stack=stack,
+                sandbox,
+                shell_argv(command),
+                cwd,
+                bwrap_path,
+                roots=roots,
+                stack=stack,
                 user=user,
-            )  # fmt: skip
+            )
             environ = child_env({**(env or {}), **(user.env() if user else {})})
             start = _Start(cmd, process_cwd(cmd, cwd), environ, user, cgroup)
             return await self._start(session_id, command, start, cwd, owner, user_id)

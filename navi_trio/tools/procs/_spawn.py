@@ -1,35 +1,19 @@
 """Starting and killing a tool's processes: process groups, tags, strays, orphans.
 
-Every process a tool starts is the leader of a new session (``start_new_session=True``),
-so it and everything it forks share one process group. When the owner of a process is
-done with it — the command finished, its timeout fired, its call or job was cancelled,
-or the daemon is shutting down — `kill_group` signals the *whole group*, under a
-shielded scope with a deadline, and reaps the leader: SIGTERM, a short grace for the
-leader, then SIGKILL when the command ended or timed out; at once (frozen, looked at,
-SIGKILLed) when its owner was cancelled — a stop, a task cancel, the shutdown: those
-mean now. Background children (``sleep 300 &``) die with their command.
+Every process a tool starts leads a new session, so it and everything it forks share
+one process group, and `kill_group` signals the whole group, shielded and bounded.
+A process that calls ``setsid`` leaves the group: every command's environment carries a
+tag (``NAVI_PROC_TAG``) its descendants inherit, and `kill_group` also kills every
+process below the leader and every one carrying the tag, even after it was reparented.
 
-A process that calls ``setsid`` leaves the group. To catch those too, every command's
-environment carries a tag (``NAVI_PROC_TAG``) that its descendants inherit, and
-`kill_group` also kills (see `proctree`) every process below the leader by parent id
-and every process whose environment carries the tag, even after it was reparented.
-Only a descendant that leaves the session, empties its environment and loses its
-parent escapes. The kills that look for strays at one moment (a stopped parallel
-batch) share one pass over /proc (`_find_strays`).
+A tool process gets an allow-listed environment (`child_env`): locale, terminal, user,
+shell, PATH and temp-folder variables, plus what its caller adds. Everything else
+(cloud keys, tokens, database URLs) stays in the daemon.
 
-A tool process gets an allow-listed environment (`child_env`): the locale, terminal,
-user, shell, PATH and temp-folder variables of the daemon (`PASSED_VARS`, ``LC_*``),
-plus what its caller adds (the tools: the names the profile's ``env`` lists, and HOME).
-Everything else (cloud keys, tokens, database URLs) stays in the daemon.
-
-The tag's value starts with its owner (`tag_owner`: a digest of the data folder, the
-daemon's pid and start time), so that a daemon starting on a data folder finds what a
-dead daemon of that folder left running (`kill_orphans`: a ``full``-mode command that
-outlived a SIGKILL) and leaves a live daemon's processes alone.
-
-A sandboxed command (`sandbox`) is led by bwrap, with the command in its own PID
-namespace: killing the group kills bwrap, and with it everything inside, ``setsid``
-daemons included (the kernel empties a PID namespace whose init is gone).
+The tag starts with its owner (`tag_owner`), so a daemon starting on a data folder kills
+what a dead daemon of that folder left running (`kill_orphans`) and leaves a live
+daemon's processes alone. A sandboxed command is led by bwrap in its own PID namespace:
+killing bwrap kills everything inside.
 """
 
 from __future__ import annotations
@@ -65,9 +49,18 @@ KILL_GRACE_SEC = 2.0  # between SIGTERM and SIGKILL
 TAG_VAR = "NAVI_PROC_TAG"
 # What every tool process gets of the daemon's environment (and every LC_* variable).
 PASSED_VARS = (
-    "PATH", "HOME", "LANG", "LANGUAGE", "TERM", "COLORTERM", "TZ", "USER", "LOGNAME",
-    "SHELL", "TMPDIR",
-)  # fmt: skip
+    "PATH",
+    "HOME",
+    "LANG",
+    "LANGUAGE",
+    "TERM",
+    "COLORTERM",
+    "TZ",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TMPDIR",
+)
 ORPHAN_WAIT_SEC = 5.0
 log = logging.getLogger("navi_trio.tools.procs")
 
@@ -191,27 +184,17 @@ async def kill_group(
     at_once: bool | None = None,
     cgroup: CommandGroup | None = None,
 ) -> None:
-    """Kill the process group led by `process`, its strays, and reap the leader.
+    """Kill the process group led by `process`, its strays, and reap the leader. Safe when
+    the leader already exited; runs shielded, so it completes in a cancelled scope.
 
-    With a `cgroup` (the command's leaf, `cgroups`), the strays are what the leaf holds,
-    killed all at once however they forked (no /proc scan): gracefully, SIGTERM to the
-    group and up to `grace` for the leader first.
+    Strays left the group with ``setsid``: below the leader by parent id, or carrying
+    `tag`; with a `cgroup`, whatever the leaf holds. `at_once` (default: whether the
+    caller's scope is cancelled) chooses between:
 
-    Strays are the processes that left the group with ``setsid``: below the leader by
-    parent id, or carrying `tag` in their environment (see `proctree`). Safe to call
-    when the leader already exited: whatever it left behind is killed. Runs shielded,
-    so it completes even inside a cancelled scope.
-
-    Two ways, chosen by `at_once` (default: whether the caller's scope is cancelled —
-    a stop, a task cancel, the daemon shutting down):
-
-    - graceful (the command ended, timed out, or ``terminal kill``): SIGTERM, up to
-      `grace` for the leader to exit, SIGKILL, then a second look for strays, as the
-      group ran on during the grace and may have started some.
-    - at once (the user asked to stop *now*): the group is frozen (SIGSTOP) before the
-      look for strays, then SIGKILLed. A frozen group cannot fork or ``setsid``, so
-      when that one look found no strays there is nothing to look for again; only
-      strays found (they ran on during the look) cost a second one.
+    - graceful: SIGTERM, up to `grace` for the leader, SIGKILL, then a second look for
+      strays started meanwhile;
+    - at once: the group is frozen (SIGSTOP) before the look for strays, then SIGKILLed; a
+      frozen group cannot fork, so a second look is needed only when strays were found.
     """
     if at_once is None:
         at_once = trio.current_effective_deadline() == -math.inf
@@ -274,10 +257,8 @@ async def _close_pipes(process: trio.Process) -> None:
 async def open_in(
     argv: Sequence[str], cgroup: SessionCgroup | None, *, pass_fds: Sequence[int], **options: Any
 ) -> tuple[trio.Process, CommandGroup | None]:
-    """Start `argv` (`trio.lowlevel.open_process` with `options`), with a `cgroup`: in a
-    new leaf of that session before it runs anything (`CommandGroup.entry_argv`).
-    Returns the process and its leaf (the caller removes it); None when it has none
-    (logged: it runs, and is killed, as without cgroups)."""
+    """Start `argv`, with a `cgroup` in a new leaf of that session before it runs anything.
+    Returns the process and its leaf (the caller removes it; None when it has none)."""
     leaf = None
     if cgroup is not None:
         try:
@@ -327,11 +308,8 @@ def _orphans(data_dir: Path) -> set[int]:
 
 
 async def kill_orphans(data_dir: Path) -> list[int]:
-    """SIGKILL what dead daemons of `data_dir` left running; their pids (for the log).
-
-    Run at a daemon's start: a ``full``-mode command (no sandbox to take it down) and
-    what it started outlive a SIGKILLed daemon. A live daemon's processes (another
-    ``navi serve`` or ``navi run`` on the same folder) carry a live owner and stay.
+    """SIGKILL what dead daemons of `data_dir` left running; their pids. A ``full``-mode
+    command outlives a SIGKILLed daemon; a live daemon's processes stay.
     """
     if not hasattr(os, "pidfd_open") or not PROC.is_dir():
         return []
@@ -347,6 +325,8 @@ async def kill_orphans(data_dir: Path) -> list[int]:
     if killed:
         log.warning(
             "killed %d process(es) a previous daemon on %s left running: %s",
-            len(killed), data_dir, " ".join(map(str, killed)),
-        )  # fmt: skip
+            len(killed),
+            data_dir,
+            " ".join(map(str, killed)),
+        )
     return killed
