@@ -26,9 +26,11 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
+import rewind_kit as kit
 import trio
 import trio.testing
-from agent_tools import GateTool, with_tools
+from agent_tools import EchoTool, GateTool, with_tools
 from realtime import paced, real_time_limit
 
 from navi_trio.core.turn.agent import DEAD_TURN
@@ -81,6 +83,19 @@ async def take_over(h: Harness, sid: str) -> None:
     await store.run_raw_for_tests("take the lease over", write)
 
 
+def count_renewals(h: Harness) -> list[int | None]:
+    """The lease renewals the store is asked for from now on (the generation each names)."""
+    store = h.runtime.store
+    renew, renewals = store.renew_lease, []
+
+    async def counted(*args: Any, **kwargs: Any) -> bool:
+        renewals.append(kwargs.get("generation"))
+        return await renew(*args, **kwargs)
+
+    store.renew_lease = counted  # type: ignore[method-assign]
+    return renewals
+
+
 def said(frames: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     return [(f["type"], f.get("code")) for f in frames if f["type"] in ("error", "stream_end")]
 
@@ -107,6 +122,77 @@ async def test_a_run_taken_over_under_it_runs_no_further_tool_call(tmp_path: Any
             assert len(h.chat_requests) == 1
             saved = await h.runtime.store.load_messages("s1")
             assert [m["role"] for m in saved] == ["user", "assistant"]  # the calls only
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+async def test_the_save_of_a_rounds_calls_confirms_the_lease_for_its_first_call(
+    tmp_path: Any, parallel: bool
+) -> None:
+    """The call message's save renews the lease in its transaction: the first call of
+    each round (a parallel batch: all its calls) needs no renewal of its own; a second
+    call of a batch run one after the other still gets one (the first may have taken
+    long)."""
+    profiles = {"general": with_tools(["echo"], planning_first_message=False,
+                                      parallel_tool_calls=parallel)}  # fmt: skip
+    replies = [calls("echo"), calls("echo", "echo"), {"text": "done"}]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=replies, tools=[EchoTool()], profiles=profiles,
+            lease_ttl_sec=FAR,  # no renewal on the lease's own schedule
+        ) as h:  # fmt: skip
+            renewals = count_renewals(h)
+            frames = await h.turn("s1", "go")
+            assert frames[-1]["reason"] == "complete", said(frames)
+            assert len([f for f in frames if f["type"] == "tool_result"]) == 3
+            assert len(renewals) == (0 if parallel else 1), renewals  # round two's 2nd call
+
+
+async def test_a_round_that_snapshots_its_folders_confirms_the_lease_after_the_snapshot(
+    tmp_path: Any,
+) -> None:
+    """A snapshot of the folders (a call that may write) waits between the call
+    message's save and the call: the call then gets its own confirmation."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    replies = [kit.calls(kit.write("a.txt", "a\n")), kit.say("ok")]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=replies, profiles=kit.PROFILES, lease_ttl_sec=FAR
+        ) as h:
+            renewals = count_renewals(h)
+            frames = await kit.turn(h, "s1", "write", cwd=folder, **kit.FULL)
+            assert frames[-1]["reason"] == "complete", said(frames)
+            assert [f for f in frames if f["type"] == "checkpoint_created"]
+            assert (folder / "a.txt").read_text() == "a\n"
+            assert len(renewals) == 1, renewals
+
+
+async def test_a_run_taken_over_before_its_calls_are_saved_runs_none_of_them(
+    tmp_path: Any,
+) -> None:
+    gate = GateTool()
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=[calls("gate"), {"text": "never"}], tools=[gate],
+            profiles=profile("gate"),
+        ) as h:  # fmt: skip
+            store = h.runtime.store
+            append = store.append
+
+            async def taken_first(*args: Any, **kwargs: Any) -> None:
+                if kwargs.get("renew") is not None:  # the save of the round's calls
+                    await take_over(h, "s1")
+                await append(*args, **kwargs)
+
+            store.append = taken_first  # type: ignore[method-assign]
+            s = await h.session("s1")
+            s.send("go")
+            frames = await s.until_end()
+            assert not gate.entered.is_set()
+            assert said(frames)[-2:] == [("error", "session_busy"), ("stream_end", None)]
+            assert not [f for f in frames if f["type"] == "tool_started"]
+            saved = await store.load_messages("s1")
+            assert [m["role"] for m in saved] == ["user"]
 
 
 async def test_a_fenced_write_in_a_parallel_batch_ends_the_run_as_taken_over(

@@ -104,6 +104,36 @@ async def test_a_replaced_owners_fenced_writes_are_refused_and_store_nothing(
             assert await b.load_messages("s-1") == [user("one"), user("two")]
 
 
+async def test_a_fenced_append_can_renew_its_lease_in_its_own_transaction(
+    backend: Backend,
+) -> None:
+    """`append(renew=)`: the write extends the fence's lease as a renewal would; a
+    lease that is not the fence's is refused with the write and left as it was."""
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as a, backend.open() as b:
+            await a.create_session("s-1", profile_id="general")
+            held = await a.claim_lease("s-1", owner="a", pid=ME, host=HOST, ttl=-1)
+            fence_a = Fence("s-1", "a", held.generation)
+            with fenced(fence_a):  # run out, untaken: the append renews it for 60 s
+                await a.append("s-1", messages=[user("one")], context=[user("one")],
+                               renew=60, durable=False)  # fmt: skip
+            refused = await b.claim_lease("s-1", owner="b", pid=ME, host=HOST, ttl=60)
+            assert (refused.owner, refused.generation) == ("a", held.generation)
+            await a.release_lease("s-1", owner="a")
+            took = await b.claim_lease("s-1", owner="b", pid=ME, host=HOST, ttl=-1)
+            assert (took.owner, took.generation) == ("b", held.generation + 1)
+            with fenced(fence_a), pytest.raises(LeaseLostError):
+                await a.append("s-1", messages=[user("late")], context=[user("late")],
+                               renew=60)  # fmt: skip
+            # b's lease was not extended by a's refused write: it stays run out.
+            again = await a.claim_lease("s-1", owner="a", pid=ME, host=HOST, ttl=60)
+            assert (again.owner, again.generation) == ("a", held.generation + 2)
+            with unfenced():  # no fence: a plain append, nothing to renew
+                await a.append("s-1", messages=[user("two")], context=[user("two")], renew=60)
+            assert [m["content"] for m in await a.load_messages("s-1")] == ["one", "two"]
+            assert [m["content"] for m in await a.load_context("s-1")] == ["one", "two"]
+
+
 async def test_a_fence_whose_lease_expired_untaken_still_writes(backend: Backend) -> None:
     """Expiry alone takes nothing away: no other owner wrote, so nothing can collide."""
     with trio.fail_after(TIMEOUT):

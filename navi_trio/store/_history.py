@@ -55,10 +55,13 @@ def _next_positions(db: Database, table: str, sid: str, count: int) -> list[floa
 def _append(
     db: Database, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
     dequeue: str | None = None, fence: Fence | None = None, *, durable: bool = True,
+    renew: float | None = None,
 ) -> None:  # fmt: skip
     # `durable` is the worker's: it commits without the fsync (store/sqlite.py).
     with _write_tx(db):
         SQLITE.check_fence(db, fence)
+        if renew is not None and fence is not None:  # the row is the fence's: just checked
+            db.execute("UPDATE leases SET expires_at = ? WHERE session_id = ?", [now + renew, sid])
         SQLITE.require_session(db, sid)
         if dequeue is not None and not _claim(db, sid, dequeue):
             raise not_queued(sid, dequeue)

@@ -310,6 +310,7 @@ class SessionStore(Protocol):
         context: Sequence[dict[str, Any]] = (),
         durable: bool = True,
         dequeue: str | None = None,
+        renew: float | None = None,
     ) -> None: ...
     async def load_messages(self, session_id: str) -> list[dict[str, Any]]: ...
     async def load_messages_page(

@@ -206,13 +206,16 @@ class StoreMethods:
         context: Sequence[dict[str, Any]] = (),
         durable: bool = True,
         dequeue: str | None = None,
+        renew: float | None = None,
     ) -> None:
         """Append new display messages and context entries in one transaction.
 
         `durable=False`: committed without waiting for the disk (a killed process keeps
         it; power loss keeps it once a later durable commit has flushed). `dequeue`: the
         key of the queued message being appended; its queued row goes in the same
-        transaction (it is never both queued and in history)."""
+        transaction (it is never both queued and in history). `renew`: a fenced write
+        also extends its lease to `renew` s from now in that transaction, as
+        `renew_lease` naming the generation would (without a fence: nothing)."""
         sid = check_session_id(session_id)
         msg_rows = _prepare(messages, "messages")
         # Both lists usually hold the same dicts: each is serialised once. (`messages` is
@@ -223,13 +226,15 @@ class StoreMethods:
             return
         now = self._now()
         fence = fence_for(sid)
+        ttl = renew if fence is not None else None
         await self._run(
             f"append to session {sid!r}",
             self._fenced(fence, lambda c: self.sql.append(c, sid, msg_rows, ctx_rows, now, dequeue,
-                                                          fence, durable=durable)),
+                                                          fence, durable=durable, renew=ttl)),
             durable=durable,
-            # Without a dequeue an engine may make it one statement, its own transaction.
-            transaction=dequeue is not None,
+            # Without a dequeue or a renewal an engine may make it one statement, its own
+            # transaction.
+            transaction=dequeue is not None or ttl is not None,
         )  # fmt: skip
 
     async def load_messages(self, session_id: str) -> list[dict[str, Any]]:

@@ -87,9 +87,10 @@ class Engine:
 
     def append(
         self, conn: Any, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
-        dequeue: str | None, fence: Fence | None, /, *, durable: bool,
+        dequeue: str | None, fence: Fence | None, /, *, durable: bool, renew: float | None,
     ) -> None:  # fmt: skip
-        """New history rows, with the queued row `dequeue` taken off the queue."""
+        """New history rows, with the queued row `dequeue` taken off the queue; with
+        `renew`, the fence's lease extended to `renew` s from now."""
         raise NotImplementedError
 
     mark = "?"

@@ -226,6 +226,7 @@ class Agent:
             config=self.live_config,
             tool_context=tool_context,
             observer=observer or NoObserver(),
+            leases=self.leases,
         )
         self.parts = parts
 

@@ -193,11 +193,12 @@ class RoundCheckpoints(NurseryHolder):
         registry: ToolRegistry,
         allowed: Sequence[str],
         publish: Publish,
-    ) -> None:
-        """Snapshot the writable folders once when a call of the round may write."""
+    ) -> bool:
+        """Snapshot the writable folders once when a call of the round may write;
+        whether it did (and so waited)."""
         writing = self.writing(calls, ctx, registry, allowed)
         if not writing:
-            return
+            return False
         label = round_label(writing)
         roots = await trio.to_thread.run_sync(ctx.call_roots)
         try:
@@ -216,6 +217,7 @@ class RoundCheckpoints(NurseryHolder):
         self._say(outcome, label, publish)
         if isinstance(outcome, Created) and not outcome.reused:
             self.prune_soon(ctx.session_id)
+        return True
 
     @asynccontextmanager
     async def _reserving(self, ctx: ToolContext) -> AsyncIterator[Room]:

@@ -22,11 +22,13 @@ session cache forgets its copy) runs before the block, so the run reloads it.
 
 The block gets the `HeldLease`: what the run's other effects check before they happen.
 `confirm()` renews the lease in the store, naming its generation, and raises
-`LeaseLostError` when another process has it now (before each tool call); `held()`
-answers at once while the lease is surely ours (less than a TTL, less a margin, since
-the last renewal was sent: the database cannot have expired it yet) and asks for a
-renewal only after that (before each published frame). A renewal that finds the lease
-taken over cancels the block at once: the run stops, runs nothing more.
+`LeaseLostError` when another process has it now (before each tool call; a save just
+before a round's calls can be that renewal, in its own transaction:
+`SessionLeases.renewing`); `held()` answers at once while the lease is surely ours (less
+than a TTL, less a margin, since the last renewal was sent: the database cannot have
+expired it yet) and asks for a renewal only after that (before each published frame).
+A renewal that finds the lease taken over cancels the block at once: the run stops,
+runs nothing more.
 
 Within one process, holds nest: runs of one session in the same runtime share one
 lease (the session actor runs them one at a time), and it is released when the last ends,
@@ -43,7 +45,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import attrs
@@ -215,6 +217,26 @@ class SessionLeases:
         if lease is None or lease.fence != fence:
             raise taken_over(fence)  # a newer hold of this runtime replaced this one
         await lease.confirm()
+
+    async def renewing(
+        self, session_id: str, write: Callable[[float | None], Awaitable[bool]]
+    ) -> bool:
+        """A write to `session_id` that renews the run's lease in its own transaction, as
+        `confirm_current` would: `write(ttl)` hands `ttl` to the store
+        (`SessionStore.append(renew=)`) and says whether it wrote. True when it did so:
+        a call that starts right after needs no confirmation of its own. Outside a
+        run's hold of that session: `write(None)`, a plain write, and False."""
+        fence = current_fence()
+        entry = self._holds.get(session_id) if fence is not None else None
+        lease = entry.lease if entry is not None else None
+        if lease is None or lease.fence != fence or lease.released or lease.lost:
+            await write(None)
+            return False
+        sent = trio.current_time()
+        if not await write(self.ttl):  # the fenced write: LeaseLostError when not ours
+            return False
+        lease.valid_until = max(lease.valid_until, sent + self._sure_for())
+        return True
 
     def _sure_for(self) -> float:
         """How long after a renewal is sent the lease is surely still ours: its TTL, less

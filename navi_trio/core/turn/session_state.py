@@ -154,18 +154,24 @@ class SessionCache:
         return session_id in self._sessions
 
     async def save(
-        self, state: SessionState, *, durable: bool = True, dequeue: str | None = None
-    ) -> None:
-        """Append what is new in both lists, in one store transaction.
+        self,
+        state: SessionState,
+        *,
+        durable: bool = True,
+        dequeue: str | None = None,
+        renew: float | None = None,
+    ) -> bool:
+        """Append what is new in both lists, in one store transaction; whether there was.
 
         `durable=False`: committed, but not flushed to disk yet (SessionStore.append).
         `dequeue`: the queued message being saved leaves the queue in that transaction.
+        `renew`: the run's lease renewed in it too (SessionStore.append).
         A storage failure leaves the state `unsure`: saving what it holds again could
         store it twice (the failed write may have landed), so it is refused."""
         new_messages = state.messages[state.saved_messages :]
         new_context = state.context[state.saved_context :]
         if not new_messages and not new_context:
-            return
+            return False
         _check_sure(state)
         # Shielded: a stop landing mid-save would leave the counters behind a write that
         # still lands (the store never withdraws a queued write), and the next save
@@ -173,10 +179,11 @@ class SessionCache:
         with trio.CancelScope(shield=True), _unsure_on_failure(state):
             await self._store.append(
                 state.id, messages=new_messages, context=new_context, durable=durable,
-                dequeue=dequeue,
+                dequeue=dequeue, renew=renew,
             )  # fmt: skip
             state.saved_messages += len(new_messages)
             state.saved_context += len(new_context)
+        return True
 
     async def replace_context(self, state: SessionState, context: list[dict[str, Any]]) -> None:
         """Compression: the only rewrite. Unsaved display messages are saved first."""

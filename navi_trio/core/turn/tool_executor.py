@@ -416,6 +416,7 @@ async def execute_batch(
     parallel: bool,
     before: Callable[[str], Awaitable[None]] | None = None,
     hooks: TurnHooks = NO_HOOKS,
+    confirmed: bool = False,
 ) -> None:
     """Run `calls`, filling `results` by index as each finishes.
 
@@ -431,13 +432,19 @@ async def execute_batch(
     one call's failure is its own result only, but a backend-level LLM error stops the
     others and is raised (the first in call order, when several calls meet one). First,
     when a call may write, the writable folders are snapshotted once
-    (core/turn/checkpointing.py).
+    (core/turn/checkpointing.py). `confirmed`: the write just before renewed the run's
+    lease in the store (core/turn/lease.py `SessionLeases.renewing`): unless a snapshot
+    waited in between, it is the first call's confirmation.
     """
+    waited = False
     if executor.checkpoints is not None:
-        await executor.checkpoints.before_round(calls, ctx, executor.registry, allowed, publish)
+        waited = await executor.checkpoints.before_round(
+            calls, ctx, executor.registry, allowed, publish
+        )
     confirm = executor.confirm
+    confirmed = confirmed and not waited
     if parallel and len(calls) > 1:
-        if confirm is not None:
+        if confirm is not None and not confirmed:
             await confirm()  # once for the batch: its calls start together
         for call in calls:
             publish(ToolStarted(call_id=call.id, name=call.name, arguments=dict(call.arguments)))
@@ -471,7 +478,7 @@ async def execute_batch(
             raise refused
         return
     for i, call in enumerate(calls):
-        if confirm is not None:
+        if confirm is not None and not (confirmed and i == 0):
             await confirm()
         publish(ToolStarted(call_id=call.id, name=call.name, arguments=dict(call.arguments)))
         if before is not None:

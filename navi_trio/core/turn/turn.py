@@ -94,6 +94,19 @@ class TurnRunner:
         if self.turn.persist:
             await self.parts.cache.save(self.turn.state, durable=durable)
 
+    async def save_calls(self) -> bool:
+        """The call message, committed without an fsync; whether it renewed the run's
+        lease in its transaction too (core/turn/lease.py `SessionLeases.renewing`)."""
+        if not self.turn.persist:
+            return False
+        state, cache, leases = self.turn.state, self.parts.cache, self.parts.leases
+        if leases is None:
+            await cache.save(state, durable=False)
+            return False
+        return await leases.renewing(
+            state.id, lambda ttl: cache.save(state, durable=False, renew=ttl)
+        )
+
     def model(self) -> str:
         return self.turn.profile.model_or(self.settings.default_model)
 
@@ -469,7 +482,9 @@ class TurnRunner:
 
         The call message is saved before the calls run (a crash during a long tool keeps
         the call; the load pairs it), committed without an fsync: the results' save at
-        the end of the round, durable, flushes both.
+        the end of the round, durable, flushes both. That save renews the run's lease in
+        its transaction: the lease's confirmation before the first call, unless the round
+        waited for something else in between (a snapshot of the folders).
         """
         t = self.turn
         calls = reply.tool_calls
@@ -478,7 +493,8 @@ class TurnRunner:
         t.pending_calls = list(calls)
         t.results = {}
         t.call_started = {}
-        await self.save(durable=False)
+        hooks = await self.hooks()  # (loaded once a run) before the save that confirms
+        confirmed = await self.save_calls()
         ctx = self.tool_context()
         parallel = t.profile.parallel_tool_calls
         if parallel is None:
@@ -496,7 +512,7 @@ class TurnRunner:
                 await execute_batch(
                     self.parts.executor, calls, ctx, t.tool_names(), publish, t.results,
                     parallel=parallel, before=budget.before_tool if budget is not None else None,
-                    hooks=await self.hooks(),
+                    hooks=hooks, confirmed=confirmed,
                 )  # fmt: skip
         finally:
             t.tool_sec += trio.current_time() - started

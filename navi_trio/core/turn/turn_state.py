@@ -17,6 +17,7 @@ from navi_trio.core.turn.compression import Complete, Compressor
 from navi_trio.core.turn.context import ContextBuilder, ContextViews
 from navi_trio.core.turn.hooks import TurnHooks
 from navi_trio.core.turn.injections import Injections
+from navi_trio.core.turn.lease import SessionLeases
 from navi_trio.core.turn.live_config import LiveConfig
 from navi_trio.core.turn.llm_call import StreamedReply
 from navi_trio.core.turn.observe import NoObserver, Observer
@@ -159,6 +160,8 @@ class LoopParts:
     observer: Observer = attrs.field(factory=NoObserver)
     # The project files read so far, by stamp: a turn reads again only what changed.
     project_files: Reader = attrs.field(factory=Reader)
+    # The runtime's leases: the save before a round's calls renews the run's lease.
+    leases: SessionLeases | None = None
 
     def compressor(self, complete: Complete) -> Compressor:
         return Compressor(self.settings, self.counter, complete, self.config.prompts_dir)

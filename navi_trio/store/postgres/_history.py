@@ -121,15 +121,20 @@ def _insert_history(
 def append(
     conn: Conn, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
     dequeue: str | None, fence: Fence | None = None, *, durable: bool = True,
+    renew: float | None = None,
 ) -> None:  # fmt: skip
     """navi_append (migrations/0005): it fences, locks the session's row and inserts
     after the last rows; one statement, its own transaction (an autocommit job). With
     `dequeue`, a transaction of three: the fence and the session's row first (in that
     order, as navi_append), then the queued row taken off the queue, compare and set
     (NotQueuedError, nothing stored, when another daemon took it first or the cap
-    dropped it), then navi_append."""
+    dropped it), then navi_append. With `renew` (and a fence), the lease's expiry is
+    extended first, in the same transaction: the row it names stays locked to the
+    commit, and a lease that is not the fence's is left alone and refused by the fence."""
     owner, generation = (fence.owner, fence.generation) if fence is not None else (None, None)
     try:
+        if renew is not None and fence is not None:
+            t.renew_lease(conn, sid, fence.owner, renew, fence.generation, now)
         if dequeue is not None:
             check_fence(conn, fence)
             t.PG.lock_session(conn, sid)
