@@ -270,9 +270,6 @@ class ApiServer:
         else:
             self._connections.pop(user.id, None)
 
-    def connection_count(self, user_id: str) -> int:
-        return self._connections.get(user_id, 0)
-
     def connections(self) -> int:
         """Connections that said hello, of every user."""
         return sum(self._connections.values())

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import attrs
@@ -97,14 +97,3 @@ class Ignorer:
             if decided is not None:
                 return decided
         return False
-
-
-def ignorer_for(folders: Sequence[str], gitignore_text: dict[str, str]) -> dict[str, Ignorer]:
-    """The `Ignorer` of each folder in `folders` (relative, parents before children),
-    from the texts of the `.gitignore` files found in them (by folder)."""
-    out: dict[str, Ignorer] = {}
-    for rel in folders:
-        parent = out.get(rel.rpartition("/")[0], Ignorer()) if rel else Ignorer()
-        text = gitignore_text.get(rel)
-        out[rel] = parent.below(Rules.parse(rel, text) if text is not None else None)
-    return out

@@ -69,10 +69,6 @@ def tree_bytes(rows: list[Row]) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def digest_of(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def namespace_tag(name: str) -> str:
     """The tag of a namespace (a user id): 16 hex digits, no ":"."""
     raw = b"navi checkpoint namespace\0" + name.encode("utf-8", "surrogatepass")

@@ -255,10 +255,6 @@ class CheckpointEngine:
         self._gc_sync()
         return count
 
-    async def collect_garbage(self) -> int:
-        """Remove every object no checkpoint needs; how many."""
-        return await self._thread(self._gc_sync)
-
     def _gc_sync(self) -> int:
         states = self._snaps.states()
         removed, generation = collect(self.folder, self.objects, self.records, self.journal, states)

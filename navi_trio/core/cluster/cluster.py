@@ -117,22 +117,6 @@ def daemon_channel(owner: str) -> str:
     return "nd_" + hashlib.sha256(owner.encode()).hexdigest()[:40]
 
 
-class ClusterActor(Protocol):
-    """What the cluster needs of a session actor (core/session/session_actor.py)."""
-
-    busy: bool
-    dead_turn_checked: bool
-
-    def relay(self, frame: Frame) -> None: ...
-    def resync(self) -> None: ...
-    async def take_over(self) -> None: ...
-    def frame_fence(self) -> Fence | None: ...
-    def dropped(self, rows: Dropped) -> None: ...
-    async def adopt_handed(self) -> int: ...
-    def stop(self) -> bool: ...
-    def compact(self) -> None: ...
-
-
 class ClusterRegistry(Protocol):
     def actor(self, session_id: str) -> Any: ...
     async def get(self, session_id: str) -> Any: ...
@@ -177,8 +161,6 @@ class Cluster:
         # Told of each committed change of the users table (core/session/user_watch.py).
         self.users_changed: Callable[[], None] = lambda: None
         self.dropped = 0  # notifications dropped (inbox or outbox full)
-        self.published = 0
-        self.relayed = 0
 
     def attach(
         self, registry: ClusterRegistry, jobs: LostJobs | None, approvals: Answers | None = None
@@ -515,7 +497,6 @@ class Cluster:
                     break
             try:
                 await self.bus.notify([(c, p) for c, p, _ in batch], [f for _, _, f in batch])
-                self.published += len(batch)
             except StoreError as exc:
                 self.dropped += len(batch)
                 log.warning("publishing %d frame(s) failed: %s", len(batch), exc)
@@ -572,7 +553,6 @@ class Cluster:
         actor = self.registry.actor(str(frame.get("session_id")))
         if actor is not None:
             actor.relay(frame)
-            self.relayed += 1
 
     @staticmethod
     def _follow_note(followers: dict[str, set[str]], sid: str, owner: str, on: bool) -> None:
