@@ -28,46 +28,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import trio
 
-from navi_trio.api.auth import User
-from navi_trio.api.protocol import Checkpoints, Fork, Frame, RequestId, Rewind, reply
-from navi_trio.api.services import DaemonCore
+from navi_trio.api.protocol import Checkpoints, Fork, RequestId, Rewind, reply
+from navi_trio.api.services import CommandHost
 from navi_trio.core.checkpoints import NOT_COVERED, Preview
 from navi_trio.core.history import Asker, NewFolder, Overview, RewindPreview, Target
 from navi_trio.core.turn import CwdCheck
 from navi_trio.errors import ExistsError, ProtocolError
 from navi_trio.events import Rewound
-
-if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
-    from navi_trio.store.base import SessionRow
-
-
-class Link(Protocol):
-    """What the frames need of their connection."""
-
-    async def send(self, frame: Frame) -> None: ...
-    async def defer(self, rid: RequestId, work: Callable[[], Awaitable[None]]) -> None: ...
-
-
-class CommandHost(Protocol):
-    """What the frames need of their connection's `Commands` (api/commands.py): its
-    runtime, connection and user, and its ownership check and session maker."""
-
-    @property
-    def rt(self) -> DaemonCore: ...
-    @property
-    def conn(self) -> Link: ...
-    @property
-    def user(self) -> User: ...
-
-    async def _owned(self, session_id: str) -> SessionRow: ...
-    async def _create(self, session_id: str | None, profile: str | None) -> SessionRow: ...
-
 
 CHANGES_LISTED = 50
 KEPT_LISTED = 20

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import trio
 
-from navi_trio.api.checkpoint_frames import CommandHost
 from navi_trio.api.protocol import CommandList, RequestId, reply
+from navi_trio.api.services import CommandHost
 from navi_trio.core.turn import CwdCheck
 from navi_trio.project import find_commands, user_commands_folder
 from navi_trio.tools.private import private_paths

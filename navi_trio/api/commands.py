@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
@@ -40,7 +39,6 @@ from navi_trio.api.protocol import (
     Context,
     Folders,
     Fork,
-    Frame,
     Grants,
     Hello,
     RequestId,
@@ -58,7 +56,7 @@ from navi_trio.api.protocol import (
     reply,
 )
 from navi_trio.api.schedule_commands import handle_schedule
-from navi_trio.api.services import DaemonCore
+from navi_trio.api.services import ClientLink, DaemonCore
 from navi_trio.api.usage_commands import usage_report
 from navi_trio.api.workspace_frames import WorkspaceCommands
 from navi_trio.core.jobs import Job, task_info
@@ -76,18 +74,6 @@ from navi_trio.errors import (
 from navi_trio.events import event_to_dict
 from navi_trio.store.base import SessionRow
 from navi_trio.text import title_from
-
-
-class ClientLink(Protocol):
-    """What a command needs of its connection (api/connection.py `Connection`)."""
-
-    async def send(self, frame: Frame) -> None: ...
-    def subscribed(self, session_id: str) -> bool: ...
-    def subscribe(self, actor: SessionActor, last_seq: int | None, epoch: str | None) -> None: ...
-    def unsubscribe(self, session_id: str) -> bool: ...
-    async def defer(self, rid: RequestId, work: Callable[[], Awaitable[None]]) -> None: ...
-    def signin_code(self) -> tuple[str, float]: ...
-
 
 log = logging.getLogger(__name__)
 

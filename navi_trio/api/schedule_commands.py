@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from navi_trio.api.auth import User
-from navi_trio.api.protocol import Frame, RequestId, Schedule, reply
+from navi_trio.api.protocol import RequestId, Schedule, reply
+from navi_trio.api.services import ClientLink
 from navi_trio.core.triggers import Scheduler, ScheduleSpec
 from navi_trio.errors import ForbiddenError, ProtocolError
 from navi_trio.store.base import ScheduleRow, SessionRow
@@ -36,15 +37,11 @@ def schedule_view(row: ScheduleRow) -> dict[str, Any]:
     }  # fmt: skip
 
 
-class _Sends(Protocol):
-    async def send(self, frame: Frame) -> None: ...
-
-
 async def handle_schedule(
     scheduler: Scheduler,
     user: User,
     owned: Callable[[str], Awaitable[SessionRow]],
-    conn: _Sends,
+    conn: ClientLink,
     rid: RequestId,
     cmd: Schedule,
 ) -> None:

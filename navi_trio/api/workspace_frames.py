@@ -28,7 +28,7 @@ from navi_trio.core.turn import CwdCheck, list_folders, recent_folders, start_fo
 from navi_trio.tools.private import real_path
 
 if TYPE_CHECKING:
-    from navi_trio.api.checkpoint_frames import CommandHost
+    from navi_trio.api.services import CommandHost
 
 
 class WorkspaceCommands:
