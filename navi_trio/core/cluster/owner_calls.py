@@ -1,6 +1,6 @@
 """What one daemon asks of another and waits for: a stop, approvals, background tasks.
 
-    calls = cluster.calls                               # one per Cluster (core/cluster/cluster.py)
+    calls = cluster.calls                               # one per Cluster
     await calls.approve(owner, session_id, call_id, approve=True, scope="once", user_id=u)
     stopped = await calls.stop(owner, session_id)       # True only if it stopped a turn
     jobs = await calls.jobs_elsewhere(session_ids)      # other daemons' running jobs
@@ -19,11 +19,8 @@ user's, ``stopped: false`` when no turn ran. Asked while this daemon's listener 
 (the answer could not be heard), it is refused at once as the server being out of reach
 (``storage``). Compact, by contrast, is a bare `Cluster.tell`: nothing comes back.
 
-Jobs other daemons run are read from their running markers (kv ``task_running``, written
-by core/jobs/task_supervisor.py while a job runs: session, task id, tool, arguments, start
-time, pid and host), matched by (pid, host) to the live ``daemons`` rows. So a list
-shows them while they run; once finished, a job's result stays with its daemon and
-reaches the agent as a completion note, as always.
+Jobs other daemons run are read from their running markers (kv ``task_running``),
+matched by (pid, host) to the live ``daemons`` rows: a list shows them while they run.
 
 Every payload is checked field by field: only daemons of the same database write them,
 but a malformed one is dropped with a warning, never acted on.

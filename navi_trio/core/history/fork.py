@@ -1,5 +1,5 @@
 """Fork a session: a new session with the history and context up to a user message, the
-same profile and mode, and (optionally) a copy of its files as of that message (issue 22).
+same profile and mode, and (optionally) a copy of its files as of that message.
 
     event = await forker.fork(source_id, new_row.id, at=message_id, files=True)
 
@@ -18,7 +18,7 @@ new session's folder, which every user may use as a cwd). Each copy appears whol
 at all (the engine's export). The folder of the copy is in the `forked` event: the fork's
 runs use it as their cwd when the client sends it.
 
-Only folders the asker may use now are copied (core/history/rewind.py `Rewinder.usable`): the
+Only folders the asker may use now are copied (`Rewinder.usable`): the
 source's own session folder always, its working folder when the asker may still work
 there; one left out is named in the `forked` event (`left_out`) and is never read.
 

@@ -1,5 +1,5 @@
 """Rewind a session's conversation, its files or both to just before a user message, and
-undo a rewind (issue 22).
+undo a rewind.
 
     preview = await rewinder.preview(sid, Target(to=message_id, restore="both"))
     event = await rewinder.apply(sid, Target(to=message_id, restore="both"), preview.token)
@@ -10,13 +10,13 @@ and changes nothing; `apply` with the preview's token does it, or refuses
 (`ChangedError`) when the history or the folders moved since. A **chat** rewind makes
 the display history and the LLM context what they were just before the message; a
 **files** rewind puts back, in the writable folders, what the session's own calls
-changed since that message's checkpoint (core/history/rewind_points.py says which), through the
-engine's journalled restore (a crash leaves them before or after, never between). What
-someone else changed meanwhile (core/checkpoints/_marks.py) stays; a path both changed
-is a conflict, kept as it is unless the target says ``conflicts="restore"``.
+changed since that message's checkpoint, through the engine's journalled restore (a
+crash leaves them before or after, never between). What someone else changed stays; a
+path both changed is a conflict, kept as it is unless the target says
+``conflicts="restore"``.
 
 A rewind acts only in folders the asker may use now (`Asker`: the same check as a
-message's cwd, core/turn/workspace.py): a folder of the checkpoint they may not (an admin's
+message's cwd): a folder of the checkpoint they may not (an admin's
 cwd in their session, a folder `workspace_roots` no longer grants) is left out, and
 the preview names it.
 
@@ -26,7 +26,7 @@ and the checkpoint of the files as they were), and bringing a branch back
 history rewrite and its branch are one store transaction (`rewrite_history`).
 
 The caller runs `preview` and `apply` while nothing else of the session runs (the
-session actor's exclusive section, core/history/session_rewinds.py); `apply` takes the session's
+session actor's exclusive section); `apply` takes the session's
 lease too (another process) and refuses while a background job of the session runs.
 The in-memory session is forgotten after a rewrite: the next run loads the new history.
 """

@@ -24,7 +24,6 @@ Jobs die with the process. Their running markers do not: on the next start, `run
 turns every leftover marker into a "lost" completion note before it takes submissions,
 so the agent learns the job is gone instead of waiting for it forever. A marker of
 another live process on this host (a `navi run` sharing the database) is left alone.
-The job record and its running marker are core/jobs/task_jobs.py.
 """
 
 from __future__ import annotations

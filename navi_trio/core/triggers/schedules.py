@@ -1,4 +1,4 @@
-"""Scheduled runs (issue 23): a message that runs by itself, on a cron expression, every
+"""Scheduled runs: a message that runs by itself, on a cron expression, every
 N minutes, or once at a time.
 
 A schedule (`ScheduleRow`, in the store) names its owner, where it runs (a session of
@@ -17,7 +17,7 @@ across restarts (a queued run left by a crash runs when the daemon starts again)
 across daemons sharing a database (one claim wins). The run is the session actor's, as
 any message's; it is `kind` ``schedule`` and `headless`: approvals go by the profile's
 ``headless_allow`` whether or not a client is attached. When it ends, the owner's
-connected clients get a ``schedule_run`` notice (notices.py); the result stays in
+connected clients get a ``schedule_run`` notice; the result stays in
 the session's history.
 
 A run that needs a new session counts against its owner's session limit

@@ -1,4 +1,4 @@
-"""Background results that wake the agent (issue 23): a profile's ``wake_on_task_done``.
+"""Background results that wake the agent: a profile's ``wake_on_task_done``.
 
 Without it a finished background job's note (core/jobs/task_notes.py) waits for the next
 user message. With it, the `Waker` (the TaskSupervisor's note sink) delivers it at once:
