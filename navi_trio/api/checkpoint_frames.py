@@ -1,27 +1,13 @@
 """The ``checkpoints``, ``rewind`` and ``fork`` frames: owner checks, then the core's rewinds.
 
-    {"type": "checkpoints", "session_id": S}
-        -> {"type": "checkpoints", "session_id": S, "messages": [...], "more_messages": n,
-            "checkpoints": [...], "branches": [...]}
-    {"type": "rewind", "session_id": S, "to": M | "branch": B, "restore": "both",
-     "conflicts": "keep" | "restore"}
-        -> {"type": "rewind", "action": "preview", ..., "token": T}
-    {"type": "rewind", ..., "confirm": T}
-        -> {"type": "rewind", "action": "done", ...}; the session's subscribers get
-           ``rewound`` and then ``resync``
-    {"type": "fork", "session_id": S, "at": M, "files": true, "folder": "/abs/new"}
-        -> {"type": "fork", "session_id": S, "new_session_id": N, "folder": ..., ...};
-           the source's subscribers get ``forked``
-
 A user rewinds, forks and lists only their own sessions (an admin any): every frame is
 checked against the sender first (`Commands._owned`); message and branch ids are looked
 up in that session's own history, never trusted. What a rewind or fork touches is
 checked against the sender too (`Asker`): a folder they may not use now is left out and
-named (``roots_left_out`` / ``left_out``). A fork is a new session of the sender
-(the per-user limit applies; an id they choose follows the usual rule), and a `folder`
-for its copy must not exist and lie in a folder the sender may use as a cwd. The work
-runs beside the connection's reader (a restore can take seconds). The full protocol is in
-docs/pages/protocol.md ("WebSocket protocol", "Checkpoints").
+named (``roots_left_out`` / ``left_out``). A fork is a new session of the sender (the
+per-user limit applies), and a `folder` for its copy must not exist and lie in a folder
+the sender may use as a cwd. The work runs beside the connection's reader (a restore can
+take seconds). The frames are in docs/pages/protocol.md ("Checkpoints").
 """
 
 from __future__ import annotations

@@ -2,13 +2,10 @@
 
 Ownership is checked here, once per command: a user sees, drives, subscribes to and
 deletes only their own sessions and tasks; an admin may touch all. The work itself is
-the core's, reached through the `DaemonCore` protocol (api/services.py): the session
-actors (`sessions`), creating and deleting sessions (`session_service`), the store for
-reads. Nothing of the agent loop is here. Every refusal is a `RequestError` with its
-wire code. The ``message`` frame is api/message_command.py's, the ``checkpoints``,
-``rewind`` and ``fork`` frames api/checkpoint_frames.py's, ``folders`` and ``changes``
-api/workspace_frames.py's and ``schedule`` api/schedule_commands.py's: each checks
-ownership through this class.
+the core's, reached through the `DaemonCore` protocol; nothing of the agent loop is
+here. Every refusal is a `RequestError` with its wire code. The frames with a module of
+their own (message, checkpoints, rewind, fork, folders, changes, schedule) check
+ownership through this class (`CommandHost`).
 """
 
 from __future__ import annotations

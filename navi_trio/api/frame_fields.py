@@ -2,9 +2,7 @@
 
 Each validator raises a `ValueError` naming its field and the problem in the client's
 terms; `shown` quotes a client's value the way every error message does (at most ~64
-characters, with the full length said). The command classes (api/command_frames.py)
-use them; the parsing of a frame (api/protocol.py `parse_frame`) turns the errors into
-one `ProtocolError`.
+characters, with the full length said).
 """
 
 from __future__ import annotations

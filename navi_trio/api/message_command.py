@@ -2,12 +2,10 @@
 
 Everything the frame says is checked before a session is created for it: its cwd
 (against what the sender's role may use) and its profile. A new session is the
-sender's (`Commands._create`, api/commands.py); an existing one must be theirs
-(`Commands._owned`: an admin may use any), and ``mode: full`` only one of their own.
-The message then goes to the session's actor here, or into the queue of the daemon
-that runs the session's turn now (core/cluster/cluster.py). One reply, once
-the message is saved (running) or stored in the queue, so that a crash after the ok
-cannot lose it; else the error that refused it.
+sender's; an existing one must be theirs (an admin may use any), and ``mode: full`` only
+one of their own. The message goes to the session's actor here, or into the queue of
+the daemon that runs the session's turn now. One reply, once the message is saved
+(running) or queued, so that a crash after the ok cannot lose it; else the error.
 """
 
 from __future__ import annotations
