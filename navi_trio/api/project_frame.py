@@ -1,11 +1,9 @@
 """The ``context`` frame: which project files a run in a cwd would be given.
 
-The cwd is checked as a message's is (`CwdCheck`: the sender's role, its
-`workspace_roots`), the session (when named) must be the sender's, and the files are
-read as the run would read them (core/turn/project_files.py), so a client is shown
-exactly what its runs get: the instruction files with their sizes, the skills, and
-what was skipped with why. Bounded: the lists are as long as the reading allows, the
-skipped ones cut at `SKIPPED_LISTED`.
+The cwd is checked as a message's is (`CwdCheck`), the session (when named) must be the
+sender's, and the files are read as the run would read them, so a client is shown
+exactly what its runs get: the instruction files with their sizes, the skills, and what
+was skipped with why (at most `SKIPPED_LISTED`).
 """
 
 from __future__ import annotations

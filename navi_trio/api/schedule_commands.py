@@ -1,11 +1,10 @@
-"""The ``schedule`` command: add, list, remove, pause, resume (core/triggers/schedules.py).
+"""The ``schedule`` command: add, list, remove, pause, resume.
 
-Ownership, as for sessions (api/commands.py): a user sees and changes only their own
-schedules (another's is forbidden), and a schedule of theirs may name only a session of
-theirs; an admin may touch all. A schedule runs as its owner. Every field was checked
-by the protocol (api/command_frames.py `Schedule`); what a schedule can be (one of cron,
-every and at; a message; a known profile; at most NAVI_SCHEDULES_PER_USER of them) is
-checked here and by the scheduler, each refusal an error frame naming the problem.
+A user sees and changes only their own schedules (another's is forbidden), and a
+schedule of theirs may name only a session of theirs; an admin may touch all. A schedule
+runs as its owner. What a schedule can be (one of cron, every and at; a message; a known
+profile; at most NAVI_SCHEDULES_PER_USER of them) is checked here and by the scheduler,
+each refusal an error frame naming the problem.
 """
 
 from __future__ import annotations
