@@ -406,10 +406,9 @@ async def open_daemon(
     """Connect to the daemon at `url`, say hello with `token`, yield the connection.
 
     `accounts`: the uids whose socket on this machine may get the token (default:
-    api/listener.py `trusted_accounts` of the environment). `own_listener`: `url` is a
-    private server of this very process (cli/serve.py `serve_privately`), whose
-    listening socket it holds, so no other account can answer there: the socket table
-    is not read (a few ms per connect on a busy machine).
+    `trusted_accounts` of the environment). `own_listener`: `url` is a private server of
+    this very process, whose listening socket it holds, so no other account can answer
+    there: the socket table is not read (a few ms per connect on a busy machine).
 
     `bounds` holds the connect and the close to their deadlines: trio-websocket's own
     timeouts leave its reader task waiting on a peer that keeps the socket open without

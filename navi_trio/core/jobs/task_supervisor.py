@@ -100,8 +100,8 @@ class TaskSupervisor(NurseryHolder):
     async def report_lost_jobs(self, live: set[tuple[int, str]] | None = None) -> int:
         """Turn running markers left by a dead process into completion notes; how many.
 
-        At start-up, and on a shared store every so often (core/cluster/cluster.py), with `live`
-        the (pid, host) of the daemons alive on other machines: their jobs are not lost."""
+        At start-up, and on a shared store every so often with `live` the (pid, host) of
+        the daemons alive on other machines: their jobs are not lost."""
         try:
             markers = await self._kv.kv_list(RUNNING_SCOPE)
         except Exception:

@@ -171,11 +171,9 @@ def notify_schedule_run(
 class Scheduler(NurseryHolder):
     """Runs every due schedule once per due time (see the module docstring).
 
-    `registry()` gives the session registry; `clock` the wall clock (time.time; a test
-    passes one on trio's virtual time); `notices` the owners' clients (a skipped run is
-    told there). `run` holds the nursery of its loop; only the daemon starts it
-    (`loop=True` in open_runtime): an embedded `navi run` keeps its hands off other
-    people's schedules."""
+    `clock` is the wall clock (a test passes one on trio's virtual time); `notices` the
+    owners' clients. Only the daemon starts `run`: an embedded `navi run` keeps its hands
+    off other people's schedules."""
 
     def __init__(
         self,

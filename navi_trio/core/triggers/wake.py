@@ -43,11 +43,9 @@ WAKE_WINDOW_SEC = 3600.0  # the bound counts the wake-ups of the last hour
 class Waker(NurseryHolder):
     """Records a finished job's note and wakes its session when its profile says so.
 
-    `record` is the TaskSupervisor's note sink, for jobs that end and for jobs a dead
-    process lost alike. `registry()` gives the session registry (built after the
-    supervisor; None until then: a wake-up is queued in the store, and runs when the
-    daemon starts the actors of sessions with queued messages). Its nursery holds the
-    waits for busy runs to end."""
+    `record` is the TaskSupervisor's note sink, for jobs that end and jobs a dead process
+    lost alike. `registry()` is None until the registry is built: a wake-up is then
+    queued in the store, and runs when the daemon starts the sessions' actors."""
 
     def __init__(
         self,
