@@ -279,6 +279,24 @@ async def test_navi_data_inside_the_folder_is_neither_read_nor_restored(tmp_path
             assert (work / "code.py").read_text() == "x = 1"
 
 
+async def test_a_hard_link_to_navis_database_inside_the_folder_is_neither_read_nor_restored(
+    tmp_path: Path,
+) -> None:
+    settings = make_settings(tmp_path, db_path=real_dir(tmp_path / "db") / "navi.db")
+    work = real_dir(tmp_path / "work")
+    private = private_for(settings)
+    settings.db_path.write_text("the database")
+    os.link(settings.db_path, work / "db-link")  # its path is no private one: its inode is
+    (work / "code.py").write_text("x = 1")
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            first = await snap(engine, "s", [work], private)
+            assert (await engine.get("s", first)).files == 1  # code.py only
+            settings.db_path.write_text("the database, later")
+            await engine.restore("s", first, private=private)
+            assert (work / "db-link").read_text() == "the database, later"
+
+
 async def test_a_checkpoint_exports_into_a_new_folder_as_it_was(tmp_path: Path) -> None:
     settings = make_settings(tmp_path)
     work = real_dir(tmp_path / "work")

@@ -1,73 +1,30 @@
 """The ``checkpoints``, ``rewind`` and ``fork`` frames: owner checks, then the core's rewinds.
 
-    {"type": "checkpoints", "session_id": S}
-        -> {"type": "checkpoints", "session_id": S, "messages": [...], "more_messages": n,
-            "checkpoints": [...], "branches": [...]}
-    {"type": "rewind", "session_id": S, "to": M | "branch": B, "restore": "both",
-     "conflicts": "keep" | "restore"}
-        -> {"type": "rewind", "action": "preview", ..., "token": T}
-    {"type": "rewind", ..., "confirm": T}
-        -> {"type": "rewind", "action": "done", ...}; the session's subscribers get
-           ``rewound`` and then ``resync``
-    {"type": "fork", "session_id": S, "at": M, "files": true, "folder": "/abs/new"}
-        -> {"type": "fork", "session_id": S, "new_session_id": N, "folder": ..., ...};
-           the source's subscribers get ``forked``
-
 A user rewinds, forks and lists only their own sessions (an admin any): every frame is
 checked against the sender first (`Commands._owned`); message and branch ids are looked
 up in that session's own history, never trusted. What a rewind or fork touches is
 checked against the sender too (`Asker`): a folder they may not use now is left out and
-named (``roots_left_out`` / ``left_out``). A fork is a new session of the sender
-(the per-user limit applies; an id they choose follows the usual rule), and a `folder`
-for its copy must not exist and lie in a folder the sender may use as a cwd. The work
-runs beside the connection's reader (a restore can take seconds). The full protocol is in
-docs/pages/protocol.md ("WebSocket protocol", "Checkpoints").
+named (``roots_left_out`` / ``left_out``). A fork is a new session of the sender (the
+per-user limit applies), and a `folder` for its copy must not exist and lie in a folder
+the sender may use as a cwd. The work runs beside the connection's reader (a restore can
+take seconds). The frames are in docs/pages/protocol.md ("Checkpoints").
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import trio
 
-from navi_trio.api.auth import User
-from navi_trio.api.protocol import Checkpoints, Fork, Frame, RequestId, Rewind, reply
-from navi_trio.api.services import DaemonCore
+from navi_trio.api.protocol import Checkpoints, Fork, RequestId, Rewind, reply
+from navi_trio.api.services import CommandHost
 from navi_trio.core.checkpoints import NOT_COVERED, Preview
 from navi_trio.core.history import Asker, NewFolder, Overview, RewindPreview, Target
 from navi_trio.core.turn import CwdCheck
 from navi_trio.errors import ExistsError, ProtocolError
 from navi_trio.events import Rewound
-
-if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
-    from navi_trio.store.base import SessionRow
-
-
-class Link(Protocol):
-    """What the frames need of their connection."""
-
-    async def send(self, frame: Frame) -> None: ...
-    async def defer(self, rid: RequestId, work: Callable[[], Awaitable[None]]) -> None: ...
-
-
-class CommandHost(Protocol):
-    """What the frames need of their connection's `Commands` (api/commands.py): its
-    runtime, connection and user, and its ownership check and session maker."""
-
-    @property
-    def rt(self) -> DaemonCore: ...
-    @property
-    def conn(self) -> Link: ...
-    @property
-    def user(self) -> User: ...
-
-    async def _owned(self, session_id: str) -> SessionRow: ...
-    async def _create(self, session_id: str | None, profile: str | None) -> SessionRow: ...
-
 
 CHANGES_LISTED = 50
 KEPT_LISTED = 20

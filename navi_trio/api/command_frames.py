@@ -1,10 +1,7 @@
 """The client commands: one `attrs.frozen` class per frame type, and their union `Command`.
 
-Each field says its type (a string refuses a number, a `Literal` names its choices, as
-the strict converter of api/protocol.py structures them) and its checks (the validators
-of api/frame_fields.py: ids, names, lengths, absolute paths). Which ``type`` is which
-class, and the parsing of a frame, are api/protocol.py's (`COMMANDS`, `parse_frame`);
-what each command does is api/commands.py's.
+Each field says its type (structured by the strict converter: a string refuses a number,
+a `Literal` names its choices) and its checks (the validators of `frame_fields`).
 """
 
 from __future__ import annotations

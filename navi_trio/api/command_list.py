@@ -1,24 +1,18 @@
 """The ``commands`` frame: the slash commands kept as files, for one user's run folder.
 
-    {"type": "commands", "cwd": "/abs/folder"?, "session_id": S?}
-        -> {"type": "commands", "commands": [{"name", "description", "argument_hint",
-            "body", "source", "path"}], "notices": ["why a file was skipped", ...]}
-
 The `cwd` is checked as a message's is (`CwdCheck`: the sender's role and workspace
-roots, never navi's own data; for `session_id`'s owner, whose folder it may be), then
-held and read beneath as the filesystem tool reads (navi_trio/project/commands.py): a
-command's body is a file's content, so a folder the sender may not work in yields
+roots, never navi's own data), then held and read beneath as the filesystem tool reads:
+a command's body is a file's content, so a folder the sender may not work in yields
 nothing. The daemon account's own commands (``~/.config/navi/commands``) are listed to
-admins only. Without a `cwd`, only those. Every client expands a command itself
-(navi_trio/command_text.py).
+admins only; without a `cwd`, only those. Every client expands a command itself.
 """
 
 from __future__ import annotations
 
 import trio
 
-from navi_trio.api.checkpoint_frames import CommandHost
 from navi_trio.api.protocol import CommandList, RequestId, reply
+from navi_trio.api.services import CommandHost
 from navi_trio.core.turn import CwdCheck
 from navi_trio.project import find_commands, user_commands_folder
 from navi_trio.tools.private import private_paths

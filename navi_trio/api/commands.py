@@ -2,22 +2,18 @@
 
 Ownership is checked here, once per command: a user sees, drives, subscribes to and
 deletes only their own sessions and tasks; an admin may touch all. The work itself is
-the core's, reached through the `DaemonCore` protocol (api/services.py): the session
-actors (`sessions`), creating and deleting sessions (`session_service`), the store for
-reads. Nothing of the agent loop is here. Every refusal is a `RequestError` with its
-wire code. The ``message`` frame is api/message_command.py's, the ``checkpoints``,
-``rewind`` and ``fork`` frames api/checkpoint_frames.py's, ``folders`` and ``changes``
-api/workspace_frames.py's and ``schedule`` api/schedule_commands.py's: each checks
-ownership through this class.
+the core's, reached through the `DaemonCore` protocol; nothing of the agent loop is
+here. Every refusal is a `RequestError` with its wire code. The frames with a module of
+their own (message, checkpoints, rewind, fork, folders, changes, schedule) check
+ownership through this class (`CommandHost`).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
@@ -40,7 +36,6 @@ from navi_trio.api.protocol import (
     Context,
     Folders,
     Fork,
-    Frame,
     Grants,
     Hello,
     RequestId,
@@ -58,7 +53,7 @@ from navi_trio.api.protocol import (
     reply,
 )
 from navi_trio.api.schedule_commands import handle_schedule
-from navi_trio.api.services import DaemonCore
+from navi_trio.api.services import ClientLink, DaemonCore
 from navi_trio.api.usage_commands import usage_report
 from navi_trio.api.workspace_frames import WorkspaceCommands
 from navi_trio.core.jobs import Job, task_info
@@ -76,18 +71,6 @@ from navi_trio.errors import (
 from navi_trio.events import event_to_dict
 from navi_trio.store.base import SessionRow
 from navi_trio.text import title_from
-
-
-class ClientLink(Protocol):
-    """What a command needs of its connection (api/connection.py `Connection`)."""
-
-    async def send(self, frame: Frame) -> None: ...
-    def subscribed(self, session_id: str) -> bool: ...
-    def subscribe(self, actor: SessionActor, last_seq: int | None, epoch: str | None) -> None: ...
-    def unsubscribe(self, session_id: str) -> bool: ...
-    async def defer(self, rid: RequestId, work: Callable[[], Awaitable[None]]) -> None: ...
-    def signin_code(self) -> tuple[str, float]: ...
-
 
 log = logging.getLogger(__name__)
 

@@ -7,14 +7,9 @@
             if run.ours(frame):
                 ...
 
-Every navi client speaks to the daemon through it: `navi run` and `navi mcp serve`
-(cli/runner.py), `navi chat` (client/connection.py: one per connection of its
-reconnect loop), the peer tool (api/peer_link.py), `navi sessions|tasks` and `navi
-doctor` (api/remote.py), the benchmarks.
-
 Before the hello, the socket at the other end of the connection is looked up when it is
 on this machine: it must be an account's the client trusts with its token, or nothing of
-the token is sent (api/listener.py, `UntrustedDaemonError`).
+the token is sent (`UntrustedDaemonError`).
 
 Like trio-websocket's `open_websocket`, which it is built on: the connect and the hello
 are bounded (`connect_timeout`, `hello_timeout`); not getting there is
@@ -45,9 +40,6 @@ What `receive` hands on is a session's stream without gaps or repeats:
   once the last came the whole history is handed on as one reply: every page's
   messages, the last page's seq and epoch (subscribe from there), the first request's
   id. A page refused for the frame rate is asked for again shortly.
-
-`OurRun` (api/our_run.py) follows one message's run among its session's frames: the
-one place that counts the runs queued ahead of our message.
 """
 
 from __future__ import annotations
@@ -414,10 +406,9 @@ async def open_daemon(
     """Connect to the daemon at `url`, say hello with `token`, yield the connection.
 
     `accounts`: the uids whose socket on this machine may get the token (default:
-    api/listener.py `trusted_accounts` of the environment). `own_listener`: `url` is a
-    private server of this very process (cli/serve.py `serve_privately`), whose
-    listening socket it holds, so no other account can answer there: the socket table
-    is not read (a few ms per connect on a busy machine).
+    `trusted_accounts` of the environment). `own_listener`: `url` is a private server of
+    this very process, whose listening socket it holds, so no other account can answer
+    there: the socket table is not read (a few ms per connect on a busy machine).
 
     `bounds` holds the connect and the close to their deadlines: trio-websocket's own
     timeouts leave its reader task waiting on a peer that keeps the socket open without

@@ -2,10 +2,9 @@
 
 `RunTarget` names the daemon asked for (``--url``, with ``--token``, ``NAVI_TOKEN`` or the
 local token file), else the local one when it answers and a token is at hand; when none
-is, `open_endpoint` opens a private one through the opener it is given (the wiring's:
-the runtime and the server in this process, on loopback with a one-time token). Every
-client of the protocol (the `navi` verbs, `navi acp`) comes here, so they all decide the
-same way, and the opener keeps this layer free of the runtime.
+is, `open_endpoint` opens a private one through the opener it is given (the runtime and
+the server in this process, on loopback with a one-time token), which keeps this layer
+free of the runtime. Every client of the protocol decides here, the same way.
 """
 
 from __future__ import annotations

@@ -2,9 +2,7 @@
 
 Each validator raises a `ValueError` naming its field and the problem in the client's
 terms; `shown` quotes a client's value the way every error message does (at most ~64
-characters, with the full length said). The command classes (api/command_frames.py)
-use them; the parsing of a frame (api/protocol.py `parse_frame`) turns the errors into
-one `ProtocolError`.
+characters, with the full length said).
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ import attrs
 from navi_trio.strict import LongNumber
 from navi_trio.text import CLIP_CHARS, clip
 
-_SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@+=-]{0,127}")
 NAME_MAX_CHARS = 128  # profile, task_id, epoch: names of ours
 CALL_ID_MAX_CHARS = 256  # the model's server chooses tool-call ids
 PATH_MAX_CHARS = 4096
@@ -28,6 +25,7 @@ SPEC_MAX_CHARS = 128  # a schedule's cron, every or at
 SCHEDULE_MESSAGE_MAX = 16_000  # a schedule's message (core/triggers/schedules.py MESSAGE_MAX_CHARS)
 HISTORY_LIMIT_MAX = 1000  # messages in one history reply (also the default)
 TITLE_MAX_CHARS = 200  # a title a client gives (stored cut to the title length)
+Validator = Callable[[Any, "attrs.Attribute[Any]", "str | None"], None]
 
 
 def _long_number(value: Any) -> str:
@@ -51,12 +49,23 @@ def shown(value: Any) -> str:
     return quoted
 
 
-def session_id(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
-    if value is not None and not _SESSION_ID.fullmatch(value):
-        raise ValueError(
-            f"field {attr.name!r} must be 1-128 letters, digits or . _ @ + = - "
-            f"(not starting with . @ + = -), not {shown(value)}"
-        )
+def matching(pattern: str, what: str, *, quote: bool = True) -> Validator:
+    """A validator: a value, when given, matches `pattern` whole, else "must be `what`"
+    (with the value `quote`d)."""
+    regex = re.compile(pattern)
+
+    def check(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
+        if value is not None and not regex.fullmatch(value):
+            got = f", not {shown(value)}" if quote else ""
+            raise ValueError(f"field {attr.name!r} must be {what}{got}")
+
+    return check
+
+
+session_id = matching(
+    r"[A-Za-z0-9_][A-Za-z0-9._@+=-]{0,127}",
+    "1-128 letters, digits or . _ @ + = - (not starting with . @ + = -)",
+)
 
 
 def not_blank(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
@@ -64,7 +73,7 @@ def not_blank(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
         raise ValueError(f"field {attr.name!r} must not be empty")
 
 
-def at_most(limit: int) -> Callable[[Any, attrs.Attribute[Any], str | None], None]:
+def at_most(limit: int) -> Validator:
     def check(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
         if value is not None and len(value) > limit:
             raise ValueError(
@@ -82,34 +91,17 @@ def absolute(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
 name = at_most(NAME_MAX_CHARS)
 
 
-_POINT = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a message or branch id of ours
-_TOKEN = re.compile(r"[0-9a-f]{0,64}\.[0-9a-f]{0,64}")
-
-
-def point(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
-    if value is not None and not _POINT.fullmatch(value):
-        raise ValueError(
-            f"field {attr.name!r} must be a message or branch id (1-64 letters, digits, _ or -),"
-            f" not {shown(value)}"
-        )
-
-
-def token(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
-    if value is not None and not _TOKEN.fullmatch(value):
-        raise ValueError(f"field {attr.name!r} must be the token of a rewind's preview")
-
-
-_GRANT = re.compile(r"g-[0-9a-f]{12}")
-
-
-def grant(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
-    if value is not None and not _GRANT.fullmatch(value):
-        raise ValueError(f"field {attr.name!r} must be a grant's id (g- and 12 hex digits)")
+# A message or branch id of ours.
+point = matching(r"[A-Za-z0-9_-]{1,64}", "a message or branch id (1-64 letters, digits, _ or -)")
+token = matching(r"[0-9a-f]{0,64}\.[0-9a-f]{0,64}", "the token of a rewind's preview", quote=False)
+grant = matching(r"g-[0-9a-f]{12}", "a grant's id (g- and 12 hex digits)", quote=False)
 
 
 # A history cursor is the position of a page's last message: opaque to clients, who send
 # back the `next_cursor` of a reply as it came.
-_CURSOR = re.compile(r"-?[0-9]{1,20}(?:\.[0-9]{1,20})?(?:e[+-]?[0-9]{1,3})?")
+cursor = matching(
+    r"-?[0-9]{1,20}(?:\.[0-9]{1,20})?(?:e[+-]?[0-9]{1,3})?", "the next_cursor of a history reply"
+)
 
 
 def history_cursor(position: float) -> str:
@@ -120,28 +112,21 @@ def cursor_position(cursor: str) -> float:
     return float(cursor)
 
 
-def cursor(_inst: Any, attr: attrs.Attribute[Any], value: str | None) -> None:
-    if value is not None and not _CURSOR.fullmatch(value):
-        raise ValueError(
-            f"field {attr.name!r} must be the next_cursor of a history reply, not {shown(value)}"
-        )
-
-
 def history_limit(_inst: Any, attr: attrs.Attribute[Any], value: int | None) -> None:
     if value is not None and not 1 <= value <= HISTORY_LIMIT_MAX:
         raise ValueError(f"field {attr.name!r} must be 1 to {HISTORY_LIMIT_MAX}, not {value}")
 
 
-def history_only(inst: Any, attr: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and inst.action != "history":
-        raise ValueError(f"field {attr.name!r} is for action 'history' only")
+def only_for(action: str) -> Callable[[Any, attrs.Attribute[Any], object], None]:
+    """A validator: a field given only with the frame's `action`."""
+
+    def check(inst: Any, attr: attrs.Attribute[Any], value: object) -> None:
+        if value is not None and inst.action != action:
+            raise ValueError(f"field {attr.name!r} is for action {action!r} only")
+
+    return check
 
 
-def create_only(inst: Any, attr: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and inst.action != "create":
-        raise ValueError(f"field {attr.name!r} is for action 'create' only")
-
-
-def rename_only(inst: Any, attr: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and inst.action != "rename":
-        raise ValueError(f"field {attr.name!r} is for action 'rename' only")
+history_only = only_for("history")
+create_only = only_for("create")
+rename_only = only_for("rename")

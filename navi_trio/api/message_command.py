@@ -2,22 +2,19 @@
 
 Everything the frame says is checked before a session is created for it: its cwd
 (against what the sender's role may use) and its profile. A new session is the
-sender's (`Commands._create`, api/commands.py); an existing one must be theirs
-(`Commands._owned`: an admin may use any), and ``mode: full`` only one of their own.
-The message then goes to the session's actor here, or into the queue of the daemon
-that runs the session's turn now (core/cluster/cluster.py). One reply, once
-the message is saved (running) or stored in the queue, so that a crash after the ok
-cannot lose it; else the error that refused it.
+sender's; an existing one must be theirs (an admin may use any), and ``mode: full`` only
+one of their own. The message goes to the session's actor here, or into the queue of
+the daemon that runs the session's turn now. One reply, once the message is saved
+(running) or queued, so that a crash after the ok cannot lose it; else the error.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from navi_trio.api.auth import User
-from navi_trio.api.protocol import Frame, RequestId, SendMessage, reply
-from navi_trio.api.services import DaemonCore
+from navi_trio.api.protocol import RequestId, SendMessage, reply
+from navi_trio.api.services import CommandHost
 from navi_trio.api.tracing import trace_carrier
 from navi_trio.core.turn import (
     CwdCheck,
@@ -35,45 +32,15 @@ from navi_trio.errors import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
-    from navi_trio.core.session import SessionActor
     from navi_trio.store.base import SessionRow
 
 log = logging.getLogger(__name__)
 
 
-class Link(Protocol):
-    """What a message needs of its connection (api/connection.py `Connection`)."""
-
-    async def send(self, frame: Frame) -> None: ...
-    def subscribed(self, session_id: str) -> bool: ...
-    def subscribe(self, actor: SessionActor, last_seq: int | None, epoch: str | None) -> None: ...
-    async def defer(self, rid: RequestId, work: Callable[[], Awaitable[None]]) -> None: ...
-
-
-class MessageHost(Protocol):
-    """What a message needs of its connection's `Commands` (api/commands.py): its
-    runtime, connection and user, its ownership checks and session maker."""
-
-    @property
-    def rt(self) -> DaemonCore: ...
-    @property
-    def conn(self) -> Link: ...
-    @property
-    def user(self) -> User: ...
-
-    async def _owned(self, session_id: str) -> SessionRow: ...
-    async def _create(self, session_id: str | None, profile: str | None) -> SessionRow: ...
-    def _check_profile(self, profile: str | None) -> None: ...
-    async def _actor(self, session_id: str) -> SessionActor: ...
-    async def _owner_elsewhere(self, session_id: str, actor: SessionActor | None) -> str | None: ...
-
-
 class SessionMessages:
     """The ``message`` frames of one connection's `Commands` (its user, its runtime)."""
 
-    def __init__(self, commands: MessageHost) -> None:
+    def __init__(self, commands: CommandHost) -> None:
         self.c = commands
 
     async def send(self, rid: RequestId, cmd: SendMessage) -> None:

@@ -1,16 +1,11 @@
 """The daemon's Prometheus metrics, and what `/metrics` answers.
 
-Counters and histograms move where things happen: the core's `Observer` calls
-(`llm_call`, `event`, `stopped`; core/turn/observe.py) and the connections' writers
-(frames sent, subscriptions that lagged). What is a state rather than a count (live
-sessions, running turns, queue depth, jobs by state, approvals waiting, connections) is
-read when the endpoint is scraped, from the runtime, so nothing is kept twice; so is
-the count of deltas merged for slow subscribers (a plain int the sessions' queues keep:
-no call per frame). The
-process's CPU and memory come from prometheus_client's process collector.
-
-Only `navi serve` makes one (prometheus_client is imported here and nowhere else, so
-`navi run` never loads it). Each daemon has its own registry: metrics of one process.
+Counters and histograms move where things happen: the core's `Observer` calls and the
+connections' writers. What is a state rather than a count (live sessions, running
+turns, queue depth, jobs by state, approvals waiting, connections, deltas merged) is
+read from the runtime when the endpoint is scraped, so nothing is kept twice. Only
+`navi serve` makes one (prometheus_client is imported here only, so `navi run` never
+loads it); each daemon has its own registry.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""A message of ours and its run: the daemon's ``ok`` (`Accepted`), then `OurRun`.
-
-The one place that counts the runs queued ahead of our message, for every client that
-follows its own message's run through the daemon (`navi run`, `navi mcp serve`, the
-peer tool): pure bookkeeping over the frames `open_daemon` hands on.
+"""A message of ours and its run: the daemon's ``ok`` (`Accepted`), then `OurRun`: the one
+place that counts the runs queued ahead of our message, over the frames `open_daemon`
+hands on.
 """
 
 from __future__ import annotations

@@ -3,24 +3,18 @@
     async with link.ask(url, token, "question", session_id=None, profile=None) as run:
         frame = await run.receive()          # the run's session frames, stream_end last
 
-`ask` connects, says hello, sends the message and waits for its ``ok`` (the peer
-subscribes this connection to the session when it gets the message). A message the
-peer queued behind other runs is followed from the start of its own run on
-(`OurRun`).
+`ask` connects, says hello, sends the message and waits for its ``ok``; a message the
+peer queued behind other runs is followed from the start of its own run (`OurRun`).
 
-The tool calling `ask` is cancelled when our run is stopped, its background task is
-cancelled or its timeout passes. Then the peer's run must be stopped too, and the
-peer must be heard confirming it, so each connection lives in the link's own nursery
-(a `NurseryHolder` started by the runtime), not under the caller's cancel scope.
-Leaving `ask` before the run's stream_end sends ``stop`` for the session and waits
-for the run to end, shielded, within `STOP_GRACE` seconds; then the connection
-closes, whatever the peer does.
+When the calling tool is cancelled (our run stopped, its task cancelled, its timeout),
+the peer's run must be stopped too and the peer heard confirming it, so each connection
+lives in the link's own nursery, not under the caller's cancel scope: leaving `ask`
+before the run's stream_end sends ``stop`` and waits for the run to end, shielded, within
+`STOP_GRACE` seconds; then the connection closes, whatever the peer does.
 
-Failures are the peer errors of errors.py: `PeerUnreachableError` (also a
-`DaemonUnreachableError`), `PeerRefusedError` (also a `RemoteError`), `PeerError`.
-The token goes into the hello frame and nowhere else: no error text, no log line.
-When the daemon traces, the message frame carries the calling span's W3C trace context
-(``traceparent``, ``tracestate``), so the peer's turn joins the caller's trace.
+Failures are `PeerUnreachableError`, `PeerRefusedError` and `PeerError`. The token goes
+into the hello frame and nowhere else. When the daemon traces, the message carries the
+calling span's W3C trace context, so the peer's turn joins the caller's trace.
 """
 
 from __future__ import annotations

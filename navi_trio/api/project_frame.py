@@ -1,45 +1,24 @@
 """The ``context`` frame: which project files a run in a cwd would be given.
 
-The cwd is checked as a message's is (`CwdCheck`: the sender's role, its
-`workspace_roots`), the session (when named) must be the sender's, and the files are
-read as the run would read them (core/turn/project_files.py), so a client is shown
-exactly what its runs get: the instruction files with their sizes, the skills, and
-what was skipped with why. Bounded: the lists are as long as the reading allows, the
-skipped ones cut at `SKIPPED_LISTED`.
+The cwd is checked as a message's is (`CwdCheck`), the session (when named) must be the
+sender's, and the files are read as the run would read them, so a client is shown
+exactly what its runs get: the instruction files with their sizes, the skills, and what
+was skipped with why (at most `SKIPPED_LISTED`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
 
-from navi_trio.api.auth import User
-from navi_trio.api.protocol import Context, Frame, RequestId, reply
-from navi_trio.api.services import DaemonCore
+from navi_trio.api.protocol import Context, RequestId, reply
+from navi_trio.api.services import CommandHost
 from navi_trio.core.turn import CwdCheck, project_view
 from navi_trio.project import Reader
-from navi_trio.store.base import SessionRow
 
 SKIPPED_LISTED = 100
 
 
-class ContextHost(Protocol):
-    """What the frame needs of the connection's commands (api/commands.py)."""
-
-    @property
-    def rt(self) -> DaemonCore: ...
-    @property
-    def user(self) -> User: ...
-    @property
-    def conn(self) -> _Sender: ...
-    async def _owned(self, session_id: str) -> SessionRow: ...
-
-
-class _Sender(Protocol):
-    async def send(self, frame: Frame) -> None: ...
-
-
-async def handle_context(host: ContextHost, rid: RequestId, cmd: Context) -> None:
+async def handle_context(host: CommandHost, rid: RequestId, cmd: Context) -> None:
     if cmd.session_id is not None:
         await host._owned(cmd.session_id)
     rt, user = host.rt, host.user

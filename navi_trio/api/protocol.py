@@ -1,23 +1,18 @@
 """Wire protocol v1: the one place a client frame becomes a command and an event a frame.
 
 Client frames are JSON objects with a ``type``; each type is an `attrs.frozen` command
-class (api/command_frames.py, its fields' checks in api/frame_fields.py; `COMMANDS`
-says which type is which), structured here by strict.py's converter (a string field
-refuses a number, an unknown key is refused, a `Literal` names its choices).
-Anything wrong raises a `ProtocolError` subclass whose message names the field and the
-problem in JSON's terms ("field 'last_seq' must be a whole number, not a string"),
-quotes at most ~64 characters of what the client sent, and whose ``request_id`` echoes
-the frame's ``id`` when it could be read. A lone surrogate (``"\\ud800"``) in any field
-is refused: stored, it would break every later request of the session.
+class (`COMMANDS` says which), structured by strict.py's converter (a string field
+refuses a number, an unknown key is refused, a `Literal` names its choices). Anything
+wrong raises a `ProtocolError` naming the field and the problem in JSON's terms, quoting
+at most ~64 characters of what the client sent, its ``request_id`` the frame's ``id``
+when it could be read. A lone surrogate in any field is refused: stored, it would break
+every later request of the session.
 
-Server frames are plain dicts, all built here: `event_frame` (an AgentEvent with its
-session id and seq), `resync_frame` and `lagged_frame` (the session's output path:
-the runtime hands `event_frame` and `resync_frame` to the core, which may not import
-this module), `error_frame`, `welcome_frame` and `reply`. `for_user` is what a user gets
-of a frame: in an error or warning (an LLM error names the endpoint, ``cannot connect to
-the LLM at http://…``) every address hidden from all but admins, and the credentials an
-address carries from everyone. The full protocol is in docs/pages/protocol.md
-("WebSocket protocol").
+Server frames are plain dicts, all built here (the core gets `event_frame` and
+`resync_frame` handed in, since it may not import this module). `for_user` is what a
+user gets of a frame: every address in an error or warning hidden from all but admins,
+and the credentials an address carries from everyone. The frames are described in
+docs/pages/protocol.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,21 @@
-"""The ``schedule`` command: add, list, remove, pause, resume (core/triggers/schedules.py).
+"""The ``schedule`` command: add, list, remove, pause, resume.
 
-Ownership, as for sessions (api/commands.py): a user sees and changes only their own
-schedules (another's is forbidden), and a schedule of theirs may name only a session of
-theirs; an admin may touch all. A schedule runs as its owner. Every field was checked
-by the protocol (api/command_frames.py `Schedule`); what a schedule can be (one of cron,
-every and at; a message; a known profile; at most NAVI_SCHEDULES_PER_USER of them) is
-checked here and by the scheduler, each refusal an error frame naming the problem.
+A user sees and changes only their own schedules (another's is forbidden), and a
+schedule of theirs may name only a session of theirs; an admin may touch all. A schedule
+runs as its owner. What a schedule can be (one of cron, every and at; a message; a known
+profile; at most NAVI_SCHEDULES_PER_USER of them) is checked here and by the scheduler,
+each refusal an error frame naming the problem.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from navi_trio.api.auth import User
-from navi_trio.api.protocol import Frame, RequestId, Schedule, reply
+from navi_trio.api.protocol import RequestId, Schedule, reply
+from navi_trio.api.services import ClientLink
 from navi_trio.core.triggers import Scheduler, ScheduleSpec
 from navi_trio.errors import ForbiddenError, ProtocolError
 from navi_trio.store.base import ScheduleRow, SessionRow
@@ -36,15 +36,11 @@ def schedule_view(row: ScheduleRow) -> dict[str, Any]:
     }  # fmt: skip
 
 
-class _Sends(Protocol):
-    async def send(self, frame: Frame) -> None: ...
-
-
 async def handle_schedule(
     scheduler: Scheduler,
     user: User,
     owned: Callable[[str], Awaitable[SessionRow]],
-    conn: _Sends,
+    conn: ClientLink,
     rid: RequestId,
     cmd: Schedule,
 ) -> None:

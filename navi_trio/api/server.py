@@ -6,8 +6,7 @@
 Cancelling the task that runs `server.run` stops accepting and ends every connection
 (their subscriptions close; the runs go on in the runtime until it closes). The
 handshake refuses a browser page from another origin, and a Host header that does not
-name the daemon (DNS rebinding), with HTTP 403 before any frame (api/auth.py
-`WebAccess`).
+name the daemon (DNS rebinding), with HTTP 403 before any frame (`WebAccess`).
 
 Each TCP connection is served here rather than by trio-websocket's `serve_websocket`
 (`wrap_server_stream` is the same code) so that the server keeps the socket: when
@@ -17,12 +16,12 @@ unread makes the kernel send a TCP reset, which can destroy that close frame bef
 client reads it. So after a 1009 the server reads and drops what the client still sends
 (`_drain`) until the client closes, and only then closes the socket.
 
-The same port serves the browser client (api/web.py): the server reads each request head
+The same port serves the browser client: the server reads each request head
 itself; a WebSocket upgrade goes on to trio-websocket with those bytes replayed in front
 of the stream, any other request gets the static page (or 404 / 405 / 403).
 
 Before its hello a connection is nobody's: such connections are bounded in count, in
-all and per address (`Pending`, api/limits.py: a new one past a bound closes the
+all and per address (`Pending`: a new one past a bound closes the
 oldest), and in bytes: until the hello is taken, trio-websocket may hold a message of at
 most NAVI_WS_HELLO_MAX_BYTES (more is its close 1009 naming the size), and only then gets
 the frame limit of an authenticated connection.
@@ -269,9 +268,6 @@ class ApiServer:
             self._connections[user.id] = count
         else:
             self._connections.pop(user.id, None)
-
-    def connection_count(self, user_id: str) -> int:
-        return self._connections.get(user_id, 0)
 
     def connections(self) -> int:
         """Connections that said hello, of every user."""

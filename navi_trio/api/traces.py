@@ -1,23 +1,16 @@
 """A daemon's OpenTelemetry traces: one trace per turn, built from the core's observer calls.
 
-The core tells its `Observer` what happened, when it ends (an LLM call, a tool's result
-with its duration) or as it starts and ends (plan phases, compression, sub-agents,
-approvals). `TraceObserver` makes spans of them with explicit start and end times, kept
-open per session (and call id, agent id): the turn's span is opened by the session's first
-event or LLM call and closed by its run's end, the others are its children (a tool asked
-for approval holds the approval's span; a background job is linked to the turn that
-started it, not a child: it outlives it; a sub-agent's LLM calls and tools hang under its
-span). Nothing here awaits or does I/O: the SDK's batch processor exports from a thread
-of its own.
+`TraceObserver` makes spans of what the core tells its `Observer`, with explicit start
+and end times, kept open per session (and call id, agent id): the turn's span is opened
+by the session's first event or LLM call and closed by its run's end, the others are its
+children (a background job is linked to the turn that started it, not a child: it
+outlives it). Nothing here awaits or does I/O: the SDK exports from a thread of its own.
+A message that came with a peer's W3C trace context (`continue_trace`) opens its turn's
+span as a child of that remote span, so one trace holds both daemons' spans.
 
-Across daemons: a tool call that asks a peer sends its span's W3C trace context with the
-message (`trace_context`), and a message that came with one (`continue_trace`) opens its
-turn's span as a child of that remote span, so one trace holds both daemons' spans.
-
-Message content (the answer, tool output) is recorded only when asked
-(`NAVI_OTEL_CONTENT=1`), and then cut to `CONTENT_BYTES`; tool arguments, tokens and keys
-never. The SDK is imported here only, and this module only when tracing is configured
-(api/tracing.py).
+Message content is recorded only when asked (`NAVI_OTEL_CONTENT=1`), cut to
+`CONTENT_BYTES`; tool arguments, tokens and keys never. The SDK is imported here only,
+and this module only when tracing is configured.
 """
 
 from __future__ import annotations

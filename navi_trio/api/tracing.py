@@ -1,15 +1,11 @@
 """Whether a daemon traces, and the exporter it traces to (the standard OTel variables).
 
-Tracing is on when `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`)
-is set and `OTEL_SDK_DISABLED` is not true; it exports over OTLP/HTTP (protobuf). The SDK
-(the `navi-trio[otel]` extra) is imported only then, so a daemon without the variable never
-loads it; with the variable set and the extra missing, the daemon does not start, with one
-line saying what to install.
-
-A message frame may carry a W3C trace context (``traceparent``, ``tracestate``: a peer
-daemon's ask does when it traces). It is client input: `trace_carrier` keeps it only
-when it is well formed and within the standard's bounds, and drops it otherwise, never
-the message.
+Tracing is on when `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`) is set and
+`OTEL_SDK_DISABLED` is not true; it exports over OTLP/HTTP. The SDK (the
+`navi-trio[otel]` extra) is imported only then; with the variable set and the extra
+missing, the daemon does not start, with one line saying what to install. A message's
+W3C trace context is client input: `trace_carrier` keeps it only when well formed and
+within the standard's bounds, and drops it otherwise, never the message.
 """
 
 from __future__ import annotations

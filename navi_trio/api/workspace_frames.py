@@ -1,19 +1,10 @@
 """The ``folders`` and ``changes`` frames: a working folder to pick, and what changed.
 
-    {"type": "folders"}                       where to start, and the last folders used
-        -> {"type": "folders", "path": null, "starts": [...], "recent": [...],
-            "session_folder": ... | null}
-    {"type": "folders", "path": "/abs", "session_id": S?}
-        -> {"type": "folders", "path": REAL, "parent": ... | null, "folders": [names],
-            "more": n}
-    {"type": "changes", "session_id": S, "since": M?}
-        -> {"type": "changes", "session_id": S, "since": M, "files": [{root, path, what,
-            binary, diff, cut, omitted}], "more_files": n, "note": ..., "left_out": [...]}
-
 A folder is listed only when the sender could send it as a message's ``cwd`` for that
 session (the same `CwdCheck`): a refusal is the one that message would get. A user
 lists the changes of their own sessions only (an admin any), in the folders they may
-use now. Both read the disk, so they run beside the connection's reader.
+use now. Both read the disk, so they run beside the connection's reader. The frames are
+in docs/pages/protocol.md.
 """
 
 from __future__ import annotations
@@ -28,7 +19,7 @@ from navi_trio.core.turn import CwdCheck, list_folders, recent_folders, start_fo
 from navi_trio.tools.private import real_path
 
 if TYPE_CHECKING:
-    from navi_trio.api.checkpoint_frames import CommandHost
+    from navi_trio.api.services import CommandHost
 
 
 class WorkspaceCommands:

@@ -1,38 +1,25 @@
 """Applying a restore so that a crash leaves the roots before or after it, never between.
 
-A root cannot be swapped whole (it is the user's working folder: other programs hold
-it open, it may be a mount point), so a restore is a **journal rolled forward**:
+A root cannot be swapped whole (other programs hold it open, it may be a mount point),
+so a restore is a **journal rolled forward**: the whole plan (every digest it needs
+checked present) is written to ``journal/ID.json`` and fsynced under an flock, with the
+owner it restores for; the operations run in order, each by fd and idempotent (a file
+is written to a temp name in its folder and renamed over its path); the journal is
+removed. Killed in between, the next `CheckpointEngine` to open runs the journal again
+from the start (`recover`), which completes it; the flock keeps a recovery away from a
+restore still running in another process.
 
-1. the whole plan (`_plan` operations, every digest they need checked present) is
-   written to ``journal/ID.json`` and fsynced, under an flock on ``journal/ID.lock``,
-   with the owner it restores for (a recovery marks what it wrote as theirs: `_marks`);
-2. the operations run in order, each by fd and each idempotent: a file is written to a
-   temp name in its folder and renamed over its path (``.navi-restore-ID-N``), a
-   removal of what is already gone is done, a folder that exists is made;
-3. the journal is removed.
+When the daemon runs as root, a restore acts with the tool user's rights too (`who`):
+it passes, makes, replaces or removes an entry only where that user may (the sticky bit
+honoured) and changes a mode only of what that user owns; any other path is reported as
+not restored. What it makes takes the owner of the folder it is made in, and set-user-ID
+and set-group-ID bits are never restored: a root daemon would otherwise write, in a
+user's folder, what that user could not.
 
-Killed anywhere in 2, the journal stays; the next `CheckpointEngine` to open (any
-process on that data folder) runs it again from the start (`recover`), which completes
-it: the operations that were done are done again to the same effect, the temp file of
-an interrupted write is written again and renamed. Killed before the journal exists,
-nothing was changed. Killed during the recovery, the journal is still there. The flock
-keeps a recovery away from a restore that is still running in another process.
-
-When the daemon runs as root, a restore acts with the tool user's rights too (`who`,
-tools/runas.py), as the run's own commands would: it passes only folders that user may
-pass, makes, replaces or removes an entry only where that user may (write and search
-in the folder, the sticky bit honoured), and changes a mode only of what that user
-owns; any other path is reported as not restored ("Permission denied"). A root daemon
-would otherwise write or delete, in a user's folder, what that user could not.
-
-What a restore makes takes the owner of the folder it is made in when the daemon runs
-as root (tools/runas.py `inherit`: the commands, which never run as root, can change
-it), and a file's set-user-ID and set-group-ID bits are never restored.
-
-An operation that fails for a reason that stays (a folder made read-only by someone
-else, a disk full) is reported with its path and the rest goes on: the result names
-what could not be restored (the undo checkpoint taken by the preview brings back the
-state before). The journal is then removed: running it again would fail the same way.
+An operation that fails for a reason that stays (a read-only folder, a full disk) is
+reported with its path and the rest goes on; the journal is then removed, since running
+it again would fail the same way (the preview's undo checkpoint brings back the state
+before).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from navi_trio.errors import RootChangedError
@@ -46,7 +47,7 @@ def open_root(root: Path | Root, private: PrivatePaths) -> int:
     held = root if isinstance(root, Root) else hold_root(root)
     try:
         held.verify()
-        if private.blocks(held.path) is not None or held.ident in _identities(private):
+        if private.blocks(held.path) is not None or held.ident in identities(private.hidden):
             raise RootUnusableError(f"{held.path} is not a folder a checkpoint may use")
         return os.open(".", DIR, dir_fd=held.fd)
     except RootChangedError as exc:
@@ -83,16 +84,17 @@ def make_root(root: Path, who: RunAs | None) -> None:
             os.close(made)
 
 
-def _identities(private: PrivatePaths) -> set[tuple[int, int]]:
-    """(device, inode) of navi's own data (a bind mount or a rename cannot hide it)."""
+def identities(paths: Iterable[Path]) -> frozenset[tuple[int, int]]:
+    """(device, inode) of each of `paths` that exists: navi's own data, which a bind
+    mount, a hard link or a rename cannot hide."""
     out = set()
-    for path in private.hidden:
+    for path in paths:
         try:
             st = os.stat(path)
         except OSError:
             continue
         out.add((st.st_dev, st.st_ino))
-    return out
+    return frozenset(out)
 
 
 def join(rel: str, name: str) -> str:

@@ -1,26 +1,20 @@
 """What a checkpoint leaves out: `.gitignore` rules and the configured list of names.
 
-`.gitignore` files are read and matched by pathspec (`GitIgnoreSpec`: git's rules,
-gitignore(5), checked against ``git ls-files`` in tests/test_checkpoints_ignore.py),
-on its re2 backend: re2 matches in linear time, where Python's `re` backtracks
-polynomially on a hostile pattern (``*a*a*a*a*b`` against a long name) while holding
-the GIL, which would freeze the daemon. A line git cannot read (``!`` alone, a lone
-``\\``) is skipped, as git skips it. ``!`` cannot re-include below an excluded folder:
-the walk never enters one. Within one file the last matching pattern wins; a deeper
-file wins over a higher one.
-
-Only `.gitignore` files inside a root count (not those of folders above it, not
-``.git/info/exclude``, not the user's global excludes): the checkpoint follows the
-workspace, not the machine's git set-up. The configured names (`NameList`) are
-fnmatch patterns matched against one name, never re-included, and ``.git`` is always
-among them.
+`.gitignore` files are matched by pathspec (`GitIgnoreSpec`: git's rules) on its re2
+backend: re2 matches in linear time, where Python's `re` backtracks polynomially on a
+hostile pattern (``*a*a*a*a*b``) while holding the GIL, which would freeze the daemon.
+A line git cannot read is skipped, as git skips it; ``!`` cannot re-include below an
+excluded folder, which the walk never enters. Only `.gitignore` files inside a root
+count: the checkpoint follows the workspace, not the machine's git set-up. The
+configured names (`NameList`) are fnmatch patterns matched against one name, never
+re-included, ``.git`` always among them.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import attrs
@@ -97,14 +91,3 @@ class Ignorer:
             if decided is not None:
                 return decided
         return False
-
-
-def ignorer_for(folders: Sequence[str], gitignore_text: dict[str, str]) -> dict[str, Ignorer]:
-    """The `Ignorer` of each folder in `folders` (relative, parents before children),
-    from the texts of the `.gitignore` files found in them (by folder)."""
-    out: dict[str, Ignorer] = {}
-    for rel in folders:
-        parent = out.get(rel.rpartition("/")[0], Ignorer()) if rel else Ignorer()
-        text = gitignore_text.get(rel)
-        out[rel] = parent.below(Rules.parse(rel, text) if text is not None else None)
-    return out

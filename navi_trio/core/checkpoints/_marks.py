@@ -1,42 +1,27 @@
 """Who changed what since a checkpoint: a session's own calls (navi), or someone else.
 
-A files rewind of a session puts back only what that session's tool calls changed;
-what changed between its calls is someone else's work (the person in their editor,
-another program, another session) and stays. So every change a root's inotify watch
-sees is **marked**, per owner (the session) that snapshots that root:
+A files rewind puts back only what the session's tool calls changed; what changed
+between its calls is someone else's work (an editor, another program, another session)
+and stays. So every change a root's inotify watch sees is **marked**, per owner that
+snapshots the root: ``NAVI`` when one of that owner's writing calls ran on the folder
+(`CheckpointEngine.calling` drains the watch at each call's start and end) or its own
+restore wrote, ``OTHER`` otherwise. A change made while a call runs counts as navi's.
+What the watch cannot name (an overflow, a swapped root) marks every path (`Marks.all`).
+A ``NAVI`` path keeps its stamp as the call left it: one that differs now was changed by
+someone the watch did not see, and counts as ``OTHER`` too.
 
-- ``NAVI`` when it happened while one of that owner's writing calls ran on the folder
-  (`CheckpointEngine.calling`: a call's start and end each drain the watch, so what one
-  drain reads happened between two such moments and is attributed as a whole), or
-  while its own restore wrote;
-- ``OTHER`` otherwise, for every owner that watches the folder.
+On a rewind, the marks made after the checkpoint decide per path (`Marks.flags`):
+``NAVI`` alone is restored, ``OTHER`` alone (or no mark) is left, both is a conflict.
 
-A change made while a call runs cannot be told apart from one the call made: it counts
-as navi's (the rewind's branch keeps the version it replaced). What the watch cannot
-name (its queue overflowed, a watch could not be added, the root was swapped) marks
-every path (`Marks.all`). A path marked ``NAVI`` also keeps its stamp (size, times,
-inode) as the call left it: one that differs now was changed by someone the watch did
-not see (while the daemon was down, say), and counts as ``OTHER`` too.
-
-On a rewind to a checkpoint, the marks made after it decide per path (`Marks.flags`):
-``NAVI`` alone is restored; ``OTHER`` alone (or no mark: navi never touched it) is left
-as it is; both is a conflict (core/checkpoints/_plan.py: kept, unless asked otherwise).
-
-Storage: one append-only file per owner, ``owners/KEY/marks.jsonl`` (beside the
-owner's records, deleted with them), one line per drain and owner::
+Storage: one append-only ``owners/KEY/marks.jsonl`` per owner, one line per drain::
 
     {"after": ID, "root": PATH, "paths": {rel: flags}, "stamps": {rel: [..] | null},
      "all": flags}
 
-`after` is the owner's newest checkpoint when the line was written: the lines after a
-checkpoint are those whose `after` is it or a later one. The file is merged when it
-grows past `FILE_MAX` (still too big: whole roots stand for their paths, every change
-there a conflict) and when checkpoints are pruned (lines of pruned ones go).
-
-A folder marks for the `OWNERS_MAX` owners that snapshotted it last (many sessions in
-one project): an older one is marked again from its next snapshot on. What changed
-meanwhile is unmarked, so left as it is, and a file navi had changed is caught by its
-stamp.
+`after` is the owner's newest checkpoint when the line was written. The file is merged
+past `FILE_MAX` (whole roots then stand for their paths) and when checkpoints are
+pruned. A folder marks for the `OWNERS_MAX` owners that snapshotted it last; an older
+one is marked again from its next snapshot on.
 """
 
 from __future__ import annotations

@@ -1,25 +1,17 @@
 """The content-addressed objects: file contents and folder listings, by SHA-256.
 
-``objects/ab/cdef…`` holds the bytes whose digest is ``abcdef…``: a file's content as
-it was (not compressed: a restore copies it back as is), or a folder's listing (a
-`Tree`: JSON, one row per entry). Every object is written to ``tmp/`` and renamed into
-place, so a reader sees it whole or not at all, and a second writer of the same object
-only finds it there. What a killed writer leaves in ``tmp/`` is removed by
-`ObjectStore.clean_tmp` (the engine calls it on open, under the store lock).
+``objects/ab/cdef…`` holds the bytes whose digest is ``abcdef…``: a file's content as it
+was, or a folder's listing (JSON, one row per entry). Every object is written to
+``tmp/`` and renamed into place, so a reader sees it whole or not at all;
+`ObjectStore.clean_tmp` removes what a killed writer left. Nothing is fsynced: the
+guarantee is against the daemon dying, not the machine losing power (a restore then
+fails with `CheckpointDamagedError`, naming what is missing).
 
-Nothing here is fsynced: the guarantee is against the daemon dying (SIGKILL, a crash),
-not against the machine losing power (a checkpoint of the last seconds may then lack an
-object; restoring it fails with `CheckpointDamagedError`, naming what is missing).
-
-Namespaces: the store is shared by every user, and an object is stored once, so what a
-snapshot newly stored (``new_bytes``, what the user totals charge) would say whether
-somebody's file of that content was already there: a way to confirm a guess of another
-user's secret. So each user's objects have their own addresses: the store seen
-`within(tag)` (`namespace_tag` of the user) addresses ``sha256(prefix(tag) + content)``
-and names it ``tag:digest`` (a ref: what listings, records and plans hold); the file or
-pack entry is the digest alone, the content as it is. Nothing is shared across users, and
-a ref says which namespace its digest is in, so reading needs no more than the ref. A ref
-without a tag is a plain SHA-256 (checkpoints taken before namespaces).
+Namespaces: an object stored once for everyone would let ``new_bytes`` confirm a guess
+of another user's file. So each user's objects have their own addresses: the store seen
+`within(tag)` addresses ``sha256(prefix(tag) + content)`` and names it ``tag:digest`` (a
+ref); nothing is shared across users. A ref without a tag is a plain SHA-256
+(checkpoints taken before namespaces).
 """
 
 from __future__ import annotations
@@ -67,10 +59,6 @@ def tree_bytes(rows: list[Row]) -> bytes:
     """A folder listing's canonical bytes (rows sorted by name)."""
     body = [[r.name, r.kind, r.mode, r.ref, r.size] for r in sorted(rows, key=lambda r: r.name)]
     return json.dumps(body, separators=(",", ":"), ensure_ascii=True).encode()
-
-
-def digest_of(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def namespace_tag(name: str) -> str:

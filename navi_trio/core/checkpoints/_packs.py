@@ -1,19 +1,13 @@
 """Small objects packed together: one file per snapshot, not one per object.
 
-Why: a first snapshot of 10,000 small files wrote 10,000 object files, and on the 2-core
-box each create-and-rename cost ~100-300 µs (3-8 s in all, near NAVI_CHECKPOINT_MAX_SEC),
-and each took a 4 KiB disk block for a few bytes. Now every object up to `PACKED_MAX`
-bytes a snapshot stores goes into one pack written in sequence (``packs/NAME.pack``),
-with an index (``packs/NAME.idx``: digest, offset, length per object). Larger objects
-stay loose files (`_objects`).
+Why: a first snapshot of 10,000 small files wrote 10,000 object files at ~100-300 µs a
+create-and-rename on the 2-core box (3-8 s in all), each taking a 4 KiB block. Every
+object up to `PACKED_MAX` bytes a snapshot stores goes into one pack written in sequence
+(``packs/NAME.pack``) with an index (``packs/NAME.idx``); larger ones stay loose.
 
-A pack is written in ``tmp/`` and renamed into place before its index, and the index
-last, so a pack is used only when complete; a pack without an index (a writer killed
-between the two renames) is garbage. Each read checks the object's digest.
-
-The index of every pack is kept in memory. It can only be stale after another process
-collected garbage (packs rewritten or removed): `ObjectStore.sync` reloads it when the
-garbage collection number changes, before a snapshot trusts it to skip a write.
+A pack is renamed into place before its index, so it is used only when complete (one
+without an index is garbage). Each read checks the object's digest. The indexes are kept
+in memory; `ObjectStore.sync` reloads them when another process collected garbage.
 """
 
 from __future__ import annotations

@@ -1,28 +1,18 @@
 """What a restore of one root does: the difference between now and a checkpoint.
 
-`plan_root` compares the tree as the preview's scan saw it with the checkpoint's tree
-and returns the operations that turn one into the other, in the order `_apply` runs
-them, with the summary a preview shows. Paths the restore must leave as they are:
+`plan_root` compares the tree the preview's scan saw with the checkpoint's and returns
+the operations that turn one into the other, in the order `_apply` runs them, with the
+summary a preview shows. Left as they are: what a rule leaves out now or the checkpoint's
+own `.gitignore` files ignored; a path no checkpoint holds a copy of (too large, a pipe,
+unreadable), now or then; a folder with anything kept in it; and in a selective restore
+(`Only`: a rewind), a path the owner's calls did not change since the checkpoint, or a
+conflict unless asked to restore conflicts. What is not put back keeps everything below it.
 
-- anything a rule leaves out now (the ignore list, navi's data, another root) is
-  never touched, and neither is what the checkpoint's own `.gitignore` files ignored
-  (it was not copied then, so it is not deleted now);
-- a path no checkpoint holds a copy of (`x` now: too large, a pipe, unreadable) is
-  kept, and a path the checkpoint did not copy (`x` then) is left as it is now;
-- a folder is removed only when nothing is left in it (no kept or ignored entry);
-- in a selective restore (`Only`: a rewind), a path the owner's own calls did not change
-  since the checkpoint (`_marks`) is left as it is (someone else's work), and one both
-  they and someone else changed is a conflict: left as it is too, unless the restore
-  was asked to restore conflicts. A folder kept this way stays, and what is in it is
-  judged path by path; a folder, file or link that is not put back keeps everything
-  below it as it is.
-
-Operations (JSON lists, written to the journal as they are):
-``["unlock", rel, mode]`` (a folder the restore writes in made ``u+rwx``),
-``["rm", rel]``, ``["rmdir", rel]``, ``["mkdir", rel]``, ``["put", rel, digest, mode]``,
-``["link", rel, text]``, ``["chmod", rel, mode]`` (a file's bits), ``["dirmode", rel, mode]``
-(a folder's bits, last and deepest first, so a read-only folder is made read-only after
-what goes in it).
+Operations (JSON lists, written to the journal as they are): ``["unlock", rel, mode]``
+(a folder the restore writes in made ``u+rwx``), ``["rm", rel]``, ``["rmdir", rel]``,
+``["mkdir", rel]``, ``["put", rel, digest, mode]``, ``["link", rel, text]``,
+``["chmod", rel, mode]``, ``["dirmode", rel, mode]`` (a folder's bits, last and deepest
+first, so a read-only folder is made read-only after what goes in it).
 """
 
 from __future__ import annotations

@@ -82,12 +82,9 @@ class Records:
     def prepare(self) -> None:
         self.owners.mkdir(parents=True, exist_ok=True)
 
-    def _folder(self, owner: str) -> Path:
-        return self.owners / hashlib.sha256(owner.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-
     def folder_of(self, owner: str) -> Path:
         """The owner's folder (its records, and its marks: `_marks`)."""
-        return self._folder(owner)
+        return self.owners / hashlib.sha256(owner.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
     def latest_id(self, owner: str) -> str:
         """The id of the owner's newest checkpoint ("" when none)."""
@@ -95,14 +92,14 @@ class Records:
         return ids[-1] if ids else ""
 
     def write(self, info: CheckpointInfo) -> None:
-        folder = self._folder(info.owner)
+        folder = self.folder_of(info.owner)
         folder.mkdir(exist_ok=True)
         write_atomic(folder / f"{info.id}.json", json.dumps(_to_json(info)).encode())
 
     def get(self, owner: str, checkpoint_id: str) -> CheckpointInfo:
         if not isinstance(checkpoint_id, str) or not _ID.fullmatch(checkpoint_id):
             raise UnknownCheckpointError(f"{checkpoint_id!r} is not a checkpoint id")
-        info = self._read(self._folder(owner) / f"{checkpoint_id}.json")
+        info = self._read(self.folder_of(owner) / f"{checkpoint_id}.json")
         if info is None or info.owner != owner:
             raise UnknownCheckpointError(
                 f"no checkpoint {checkpoint_id} for {owner} (pruned, deleted or never made)"
@@ -119,32 +116,32 @@ class Records:
 
     def ids(self, owner: str) -> list[str]:
         try:
-            names = os.listdir(self._folder(owner))
+            names = os.listdir(self.folder_of(owner))
         except FileNotFoundError:
             return []
         return sorted(n[:-5] for n in names if n.endswith(".json") and _ID.fullmatch(n[:-5]))
 
     def of(self, owner: str) -> list[CheckpointInfo]:
         """The owner's checkpoints, oldest first."""
-        folder = self._folder(owner)
+        folder = self.folder_of(owner)
         found = (self._read(folder / f"{i}.json") for i in self.ids(owner))
         return [info for info in found if info is not None and info.owner == owner]
 
     def latest(self, owner: str) -> CheckpointInfo | None:
         for checkpoint_id in reversed(self.ids(owner)):
-            info = self._read(self._folder(owner) / f"{checkpoint_id}.json")
+            info = self._read(self.folder_of(owner) / f"{checkpoint_id}.json")
             if info is not None and info.owner == owner:
                 return info
         return None
 
     def delete(self, owner: str, ids: list[str]) -> None:
-        folder = self._folder(owner)
+        folder = self.folder_of(owner)
         for checkpoint_id in ids:
             (folder / f"{checkpoint_id}.json").unlink(missing_ok=True)
 
     def delete_owner(self, owner: str) -> int:
         count = len(self.ids(owner))
-        shutil.rmtree(self._folder(owner), ignore_errors=True)
+        shutil.rmtree(self.folder_of(owner), ignore_errors=True)
         return count
 
     def stored_bytes(self, owners: Sequence[str] | None = None) -> int:
@@ -155,7 +152,7 @@ class Records:
             except FileNotFoundError:
                 return 0
         else:
-            folders = [self._folder(o) for o in dict.fromkeys(owners)]
+            folders = [self.folder_of(o) for o in dict.fromkeys(owners)]
         return sum(self._sum(folder) for folder in folders)
 
     def _sum(self, folder: Path) -> int:

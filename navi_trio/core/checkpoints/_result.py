@@ -1,8 +1,4 @@
-"""A finished scan, as the engine uses it: kept (`commit`) or dropped (`abandon`).
-
-Apart from `_scan` so that the scan itself returns only its root digest and knows
-nothing of what is done with it.
-"""
+"""A finished scan, as the engine uses it: kept (`commit`) or dropped (`abandon`)."""
 
 from __future__ import annotations
 

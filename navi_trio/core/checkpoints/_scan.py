@@ -1,29 +1,21 @@
 """One root walked into folder listings, rescanning only what changed.
 
 `RootState` is what the engine remembers of a root between snapshots: every folder's
-entries with their stat stamps (size, mtime, ctime, inode, device) and content digests,
-the digest of each folder's listing, and the inotify watches (`_watch.Watcher`). A
-`Scan` is one snapshot's pass over it, in three steps:
+entries with their stat stamps and content digests, each listing's digest, and the
+inotify watches. A `Scan` is one snapshot's pass over it:
 
-1. **stat**: the folders to look at (every folder the first time, after an overflow or
-   without inotify; else only those the kernel named, the folders of multi-link files,
-   and new sub-folders) are listed by fd; an entry whose stamp is unchanged keeps its
-   digest, a new or changed file goes on the list to read. A stamp whose ctime falls
-   within `RACY_NS` of the scan is not trusted next time (a write in the same clock
-   tick leaves size and times unchanged: git's "racily clean" case).
-2. **bounds**: entries over ``NAVI_CHECKPOINT_MAX_FILES`` or bytes to read over
-   ``NAVI_CHECKPOINT_MAX_BYTES`` stop the scan before anything is read (`OverLimit`);
-   the clock and the caller's cancel are checked between folders and files.
-3. **read**: the listed files are read by fd (``O_NOFOLLOW``) and stored, then every
-   changed folder's listing and those above it are written, deepest first.
+1. **stat**: the folders to look at (all the first time, after an overflow or without
+   inotify; else those the kernel named, those of multi-link files, new ones) are listed
+   by fd; an unchanged stamp keeps its digest. A stamp whose ctime is within `RACY_NS`
+   of the scan is not trusted next time (git's "racily clean" case).
+2. **bounds**: too many entries or bytes to read stop the scan before anything is read
+   (`OverLimit`); the clock and the caller's cancel are checked between folders and files.
+3. **read**: the listed files are read by fd (``O_NOFOLLOW``) and stored, then each
+   changed folder's listing and those above it, deepest first.
 
-A root daemon reads with the tool user's rights too (`who`): a file they may not read, a
-folder they may not list or pass is left out with its reason, as for their commands,
-and a root they may not list is refused (a fork's copy of it would be theirs).
-
-Nothing of the state changes until `ScanResult.commit`: an abandoned scan (over a
-bound, cancelled, an error) leaves the state as it was, with the folders it should
-have looked at still pending.
+A root daemon reads with the tool user's rights too (`who`): what they may not read or
+pass is left out with its reason, and a root they may not list is refused. Nothing of
+the state changes until `ScanResult.commit`: an abandoned scan leaves it as it was.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from navi_trio.core.checkpoints._fsops import RootUnusableError, open_root
+from navi_trio.core.checkpoints._fsops import RootUnusableError, identities, open_root
 from navi_trio.core.checkpoints._gc import gc_number
 from navi_trio.core.checkpoints._ignore import NameList
 from navi_trio.core.checkpoints._locks import RootLocks, hold_files
@@ -243,15 +243,8 @@ class Snapshots:
         return state
 
     def hidden(self, private: PrivatePaths) -> frozenset[tuple[int, int]]:
-        """Identities of navi's own data (a hard link or a rename cannot hide them)."""
-        out = set()
-        for path in (*private.hidden, self.real_folder):
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue
-            out.add((st.st_dev, st.st_ino))
-        return frozenset(out)
+        """Identities of navi's own data, this store's folder among them."""
+        return identities((*private.hidden, self.real_folder))
 
     def checker(self, deadline: float | None, max_sec: float) -> Callable[[], None]:
         clock = self._clock

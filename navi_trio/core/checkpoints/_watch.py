@@ -1,20 +1,15 @@
 """Which folders of a root changed since the last snapshot: inotify, drained on demand.
 
-Why: an incremental snapshot that stats every file of a 10,000-file tree costs
-~80-120 ms in Python on the 2-core box (measured; a shadow git repository's
-``git add -A`` ~85-160 ms), over the 50 ms target. With a watch on each folder the
-snapshot rescans only the folders the kernel named. There is no reader task: the
-kernel queues the events (up to ``fs.inotify.max_queued_events``) and the next
-snapshot reads them without blocking, so nothing runs between snapshots.
+Why: stat-ing every file of a 10,000-file tree costs ~80-120 ms in Python on the 2-core
+box, over the 50 ms target; with a watch on each folder a snapshot rescans only the
+folders the kernel named. No reader task: the kernel queues the events and the next
+snapshot reads them without blocking.
 
-A watch is a hint, never a path to anything: it is added on ``/proc/self/fd/N`` of the
-folder fd the walk opened (so it names that folder, whatever its path is now), and
-events only mark folders to rescan through fds, and name the entries that changed (the
-marks of who changed what: `_marks`). A watch that cannot be added (the
-user's watch limit, no inotify), an overflowed queue, or a root's own watch gone all
-mean "rescan everything" (`Drained.everything`). What inotify does not see (a write
-through a hard link kept outside the root; mmap writes) is covered for hard links by
-rescanning the folders of files with more than one link at every snapshot.
+A watch is a hint, never a path: it is added on ``/proc/self/fd/N`` of the folder fd
+the walk opened, and its events only mark folders to rescan through fds. A watch that
+cannot be added, an overflowed queue or a root's own watch gone mean "rescan everything"
+(`Drained.everything`). Writes through a hard link kept outside the root are covered by
+rescanning the folders of multi-link files at every snapshot.
 """
 
 from __future__ import annotations

@@ -13,11 +13,6 @@ back). Locks, from the outside in:
 Garbage collection keeps what any record, any pending journal and this process's
 cached scans refer to, then bumps the number in ``gc``; a cached scan made under an
 older number (another process collected) is dropped before it is trusted again.
-
-Who changed what (`_marks`): `calling` brackets an owner's writing call, so what the
-folders' watches see meanwhile is the owner's (navi's); a restore marks what it wrote
-as the owner's too. A preview or restore given a `Scope` (a rewind) then changes only
-the owner's own changes since the checkpoint.
 """
 
 from __future__ import annotations
@@ -27,8 +22,8 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -73,6 +68,7 @@ from navi_trio.tools.roots import Root
 from navi_trio.tools.runas import run_as
 
 T = TypeVar("T")
+Held = dict[Path, Root]  # the folders of a checkpoint that exist now, held open
 
 
 def _check_roots(roots: Sequence[Path | Root]) -> list[Path]:
@@ -255,10 +251,6 @@ class CheckpointEngine:
         self._gc_sync()
         return count
 
-    async def collect_garbage(self) -> int:
-        """Remove every object no checkpoint needs; how many."""
-        return await self._thread(self._gc_sync)
-
     def _gc_sync(self) -> int:
         states = self._snaps.states()
         removed, generation = collect(self.folder, self.objects, self.records, self.journal, states)
@@ -278,23 +270,11 @@ class CheckpointEngine:
         """What restoring the checkpoint would change, before anything is applied. It
         takes a checkpoint of the folders as they are (`Preview.undo`). With `scope`,
         only the owner's own changes since, in the folders it names (a rewind)."""
-        info = _scoped(await self.get(owner, checkpoint_id), scope)
-        async with self._locks.hold(info.paths):
-            tag = _tag(info)
-            states = [self._snaps.state(p, list(info.paths), private, tag) for p in info.paths]
-            job = functools.partial(self._preview_sync, owner, info, states, private, scope)
-            return await self._thread(job)
 
-    def _preview_sync(
-        self,
-        owner: str,
-        info: CheckpointInfo,
-        states: list[RootState],
-        private: PrivatePaths,
-        scope: Scope | None,
-    ) -> Preview:
-        with hold_files(self.folder, list(info.paths)), _Held(info.paths) as held:
+        def work(info: CheckpointInfo, states: list[RootState], held: Held) -> Preview:
             return self._plan(owner, info, states, private, held, scope)[0]
+
+        return await self._held_work(owner, checkpoint_id, private, scope, work)
 
     async def restore(
         self,
@@ -312,26 +292,10 @@ class CheckpointEngine:
         cancellable: a cancel waits for it to finish. What it writes is marked as the
         owner's (a later restore of its undo puts it back)."""
         started = self._clock()
-        info = _scoped(await self.get(owner, checkpoint_id), scope)
-        async with self._locks.hold(info.paths):
-            tag = _tag(info)
-            states = [self._snaps.state(p, list(info.paths), private, tag) for p in info.paths]
-            job = functools.partial(
-                self._restore_sync, owner, info, states, private, confirm, scope
-            )
-            preview, failed = await self._thread(job)
-        return Restored(preview, tuple(failed), self._clock() - started)
 
-    def _restore_sync(
-        self,
-        owner: str,
-        info: CheckpointInfo,
-        states: list[RootState],
-        private: PrivatePaths,
-        confirm: str | None,
-        scope: Scope | None,
-    ) -> tuple[Preview, list[Any]]:
-        with hold_files(self.folder, list(info.paths)), _Held(info.paths) as held:
+        def work(
+            info: CheckpointInfo, states: list[RootState], held: Held
+        ) -> tuple[Preview, list[Any]]:
             preview, plans = self._plan(owner, info, states, private, held, scope)
             if confirm is not None and confirm != preview.token:
                 raise CheckpointChangedError(
@@ -350,6 +314,30 @@ class CheckpointEngine:
             )
             self._restored(owner, plans, states, info, private, held)
             return preview, failed
+
+        preview, failed = await self._held_work(owner, checkpoint_id, private, scope, work)
+        return Restored(preview, tuple(failed), self._clock() - started)
+
+    async def _held_work(
+        self,
+        owner: str,
+        checkpoint_id: str,
+        private: PrivatePaths,
+        scope: Scope | None,
+        work: Callable[[CheckpointInfo, list[RootState], Held], T],
+    ) -> T:
+        """`work(info, states, held)` in a thread, the checkpoint's folders locked and
+        the existing ones held open (`_held`)."""
+        info = _scoped(await self.get(owner, checkpoint_id), scope)
+        async with self._locks.hold(info.paths):
+            tag = _tag(info)
+            states = [self._snaps.state(p, list(info.paths), private, tag) for p in info.paths]
+
+            def job() -> T:
+                with hold_files(self.folder, list(info.paths)), _held(info.paths) as held:
+                    return work(info, states, held)
+
+            return await self._thread(job)
 
     def _restored(
         self,
@@ -510,26 +498,10 @@ class CheckpointEngine:
         with `scope` would put back), each with its content then and now, read up to
         `max_file_bytes` (past it: `too_large`, neither read). At most `max_files`, and
         how many more there are. Nothing is stored and no undo is taken: it only looks."""
-        info = _scoped(await self.get(owner, checkpoint_id), scope)
-        async with self._locks.hold(info.paths):
-            tag = _tag(info)
-            states = [self._snaps.state(p, list(info.paths), private, tag) for p in info.paths]
-            job = functools.partial(
-                self._changes_sync, owner, info, states, private, scope, max_files, max_file_bytes
-            )
-            return await self._thread(job)
 
-    def _changes_sync(
-        self,
-        owner: str,
-        info: CheckpointInfo,
-        states: list[RootState],
-        private: PrivatePaths,
-        scope: Scope,
-        max_files: int,
-        max_file_bytes: int,
-    ) -> tuple[list[ChangedFile], int]:
-        with hold_files(self.folder, list(info.paths)), _Held(info.paths) as held:
+        def work(
+            info: CheckpointInfo, states: list[RootState], held: Held
+        ) -> tuple[list[ChangedFile], int]:
             _, plans = self._plan(owner, info, states, private, held, scope, look=True)
             found: list[ChangedFile] = []
             more = 0
@@ -538,18 +510,14 @@ class CheckpointEngine:
                     if len(found) >= max_files:
                         more += 1
                         continue
-                    found.append(
-                        file_then_and_now(
-                            self.objects,
-                            path,
-                            rel,
-                            before,
-                            held.get(path),
-                            private,
-                            max_file_bytes,
-                        )  # fmt: skip
+                    root = held.get(path)
+                    then_now = file_then_and_now(
+                        self.objects, path, rel, before, root, private, max_file_bytes
                     )
+                    found.append(then_now)
             return found, more
+
+        return await self._held_work(owner, checkpoint_id, private, scope, work)
 
     async def export(
         self,
@@ -624,35 +592,18 @@ class CheckpointEngine:
                 self.ledger.mark(owner, Path(root["path"]), rels, {}, after=after)
 
 
-class _Held:
+@contextmanager
+def _held(paths: Sequence[Path]) -> Iterator[dict[Path, Root]]:
     """The folders of a checkpoint that exist now, held open for one preview or restore
     (by path -> root): the scan, the plan and the writes all go through these fds. A
     path that leads through a symlink now (a folder swapped after the checkpoint) is a
     `CheckpointError` naming it: nothing is read or changed through it."""
-
-    def __init__(self, paths: Sequence[Path]) -> None:
-        self.paths = paths
-        self.roots: dict[Path, Root] = {}
-
-    def __enter__(self) -> dict[Path, Root]:
-        try:
-            for path in self.paths:
-                if os.path.lexists(path):  # a missing one is made again (`_plan_new`)
-                    self.roots[path] = hold_root(path)
+    with ExitStack() as stack:
+        try:  # a missing one is made again (`_plan_new`)
+            roots = {p: stack.enter_context(hold_root(p)) for p in paths if os.path.lexists(p)}
         except RootUnusableError as exc:
-            self.close()
             raise CheckpointError(f"the files cannot be restored: {exc}") from None
-        except BaseException:
-            self.close()
-            raise
-        return self.roots
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        for root in self.roots.values():
-            root.close()
+        yield roots
 
 
 def _tag(info: CheckpointInfo) -> str | None:

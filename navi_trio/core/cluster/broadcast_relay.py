@@ -1,18 +1,11 @@
 """The second `SessionBroadcast`: a session's frames from whichever daemon runs it.
 
-`RelayBroadcast` is `LocalBroadcast` (replay, subscribers, resync, lagged) plus
-`relay(frame)`: a frame of this session that another daemon published and the cluster
-received (core/cluster/cluster.py, PostgreSQL NOTIFY). A relayed frame is kept and fanned out
-as it is, seq and epoch unchanged, so a client gets the same frames on any daemon and
-may reconnect to another with the seq it saw. A frame out of turn (another epoch, or a
-seq that does not follow) first tells the subscribers ``resync``: never a silent gap.
-
-When this daemon publishes again after relaying (it runs the session now, or ends a
-turn a dead daemon left), its frames get a new epoch and seqs above every seq this
-broadcast has held (`seq_floor`), after a ``resync`` to its subscribers: no (epoch,
-seq) ever names two frames, and no subscriber sees another epoch begin unannounced.
-Publishing to the other daemons is not here: the cluster taps the encoder
-(`Cluster.tap`), so both broadcasts publish the same way.
+`RelayBroadcast` is `LocalBroadcast` plus `relay(frame)`: a frame another daemon
+published, kept and fanned out as it is, seq and epoch unchanged, so a client may
+reconnect to any daemon with the seq it saw. A frame out of turn (another epoch, a seq
+that does not follow) first tells the subscribers ``resync``: never a silent gap. When
+this daemon publishes again after relaying, its frames get a new epoch and seqs above
+every seq held (`seq_floor`), after a ``resync``: no (epoch, seq) names two frames.
 """
 
 from __future__ import annotations

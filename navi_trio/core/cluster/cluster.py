@@ -5,66 +5,24 @@
     await nursery.start(cluster.run)
     encode = cluster.tap(event_frame)             # every frame this daemon publishes
 
-Only with a store that offers a bus (`store.base.ClusterBus`: PostgreSQL's LISTEN /
-NOTIFY); with SQLite there is one daemon and no Cluster. What it does:
+Only with a store that offers a bus (PostgreSQL's LISTEN / NOTIFY); with SQLite there is
+one daemon and no Cluster. docs/pages/scaling.md describes the whole; the rules here:
 
-**Who owns a session.** The daemon holding its lease (core/turn/lease.py), i.e. running it
-now. Between runs nobody does, and the next command is run by whichever daemon gets it.
-
-**Any daemon takes any command.** A message for a session another live daemon runs is
-handed over through the store: it is written to the session's durable queue as
-nobody's row (pid 0), under the queue's cap (the rows it dropped go with the note),
-and the owner is told on its own channel (``nd_…``) to adopt it (missed, its next scan
-finds it). The client gets its ``ok`` (queued) once the row is committed, so an
-acknowledged message survives the owner dying too: the next owner adopts it. A daemon
-whose run finds its session taken by another one leaves its queued messages the same
-way (`hand_back`): they run there, in their order, never here too (taking a row off
-the queue is a compare and set). Compact goes to the owner the same way (a
-notification; nothing to store); a stop, an approval and a task cancel ask the owner
-and wait for its answer (core/cluster/owner_calls.py), so a stop is ``stopped: true`` only when
-the owner stopped it. Why through the database and not a WebSocket to the owner (the
-peer link): every daemon already reaches PostgreSQL, the hand-over is the durable queue
-that failover needs anyway, no daemon needs another's address or a token to act for a
-user, and frames do not travel twice.
-
-**Events reach every daemon.** A daemon with clients on a session it does not run
-*follows* it: a ``follows`` row (and a note on ``navi_follow`` so owners know at once)
-and a ``LISTEN`` on the session's channel (``ns_…``). An owner publishes the frames of
-a session that another daemon follows (`tap`), in batches, one transaction per batch,
-in order; a frame over NOTIFY's limit goes as a pointer to a ``frames`` row. A frame
-of a run carries the run's lease fence, checked in the statement that notifies: a run
-that another daemon took over under it (this one was paused past its lease) reaches no
-other daemon's clients, even before it knows. The
-follower's session actor `relay`s each frame into its own broadcast, seq and epoch
-unchanged: its clients get the same frames, replay and lagged rules as the owner's. A
-break in the seqs, or another epoch (another daemon, or a restart), is a ``resync`` to
-its subscribers first: reload the history, never a silent gap.
-
-**Users.** The store notifies ``navi_users`` with every committed change of the users
-table (a token rotated, a user removed, by `navi users` or any process): each daemon
-hears it and looks at its connections and runs again (core/session/user_watch.py).
-
-**The listener.** The bus's listening connection reconnects with a backoff when it fails
-(store/postgres/_bus.py). While it is down, what needs it (following a session not yet
-followed, asking an owner) is refused as the server being out of reach (``storage``);
-once it is back, what arrived meanwhile is lost, so every session followed here and
-run elsewhere tells its subscribers ``resync``, the follows are read again, and the
-failover scan runs at once (messages handed to this daemon meanwhile).
-
-**Failover.** Each daemon renews its ``daemons`` row every third of the lease TTL. A
-lease is live while it has not expired and, on this machine, its pid lives: the
-hand-over and the scan look at both, so a SIGKILLed daemon is passed over at once on
-its own machine, and after its TTL elsewhere. Every half TTL, at once when a daemon of
-this machine dies (each is watched through a pidfd: those up when this one starts, and
-each that starts later, which says so on ``navi_daemons``) and when the listener is back,
-the scan looks for sessions with queued messages and no live lease, leases a dead owner
-never released, and messages handed to this daemon: it starts their actor, which ends
-the turn the dead owner left (the history says "the daemon running this turn died",
-and its ``stream_end`` is published after a ``resync``: core/session/session_actor.py
-`take_over`), then adopts the queued rows and runs them in order. A command routed to
-such a session ends that turn first too. Dead daemons of this machine are marked gone
-at once (their rows expired: their queued rows, slots and follows are nobody's);
-background jobs of dead daemons are reported lost (`TaskSupervisor.report_lost_jobs`).
+- A session's owner is the daemon holding its lease. A message for a session another
+  live daemon runs is written to its durable queue as nobody's row, under the queue's
+  cap, and the owner is told on its channel (``nd_…``) to adopt it; the client's ``ok``
+  comes once the row is committed, so it survives the owner dying. A stop, an approval
+  and a task cancel ask the owner and wait for its answer (`OwnerCalls`).
+- A daemon with clients on a session it does not run follows it (a ``follows`` row and a
+  LISTEN on ``ns_…``). The owner publishes those frames in batches, each carrying the
+  run's lease fence, checked in the statement that notifies: a run taken over reaches
+  no other daemon's clients. A break in the seqs or another epoch is a ``resync``.
+- While the listener is down, what needs it is refused (``storage``); once back, every
+  followed session is told ``resync`` and the failover scan runs at once.
+- Failover: a lease is live while unexpired and, on this machine, its pid lives (watched
+  through pidfds). The scan (every half TTL, and at once on a death or a reconnect)
+  starts the actor of a session with queued messages and no live lease, which ends the
+  dead owner's turn and adopts the queued rows; lost background jobs are reported.
 """
 
 from __future__ import annotations
@@ -117,22 +75,6 @@ def daemon_channel(owner: str) -> str:
     return "nd_" + hashlib.sha256(owner.encode()).hexdigest()[:40]
 
 
-class ClusterActor(Protocol):
-    """What the cluster needs of a session actor (core/session/session_actor.py)."""
-
-    busy: bool
-    dead_turn_checked: bool
-
-    def relay(self, frame: Frame) -> None: ...
-    def resync(self) -> None: ...
-    async def take_over(self) -> None: ...
-    def frame_fence(self) -> Fence | None: ...
-    def dropped(self, rows: Dropped) -> None: ...
-    async def adopt_handed(self) -> int: ...
-    def stop(self) -> bool: ...
-    def compact(self) -> None: ...
-
-
 class ClusterRegistry(Protocol):
     def actor(self, session_id: str) -> Any: ...
     async def get(self, session_id: str) -> Any: ...
@@ -177,8 +119,6 @@ class Cluster:
         # Told of each committed change of the users table (core/session/user_watch.py).
         self.users_changed: Callable[[], None] = lambda: None
         self.dropped = 0  # notifications dropped (inbox or outbox full)
-        self.published = 0
-        self.relayed = 0
 
     def attach(
         self, registry: ClusterRegistry, jobs: LostJobs | None, approvals: Answers | None = None
@@ -515,7 +455,6 @@ class Cluster:
                     break
             try:
                 await self.bus.notify([(c, p) for c, p, _ in batch], [f for _, _, f in batch])
-                self.published += len(batch)
             except StoreError as exc:
                 self.dropped += len(batch)
                 log.warning("publishing %d frame(s) failed: %s", len(batch), exc)
@@ -572,7 +511,6 @@ class Cluster:
         actor = self.registry.actor(str(frame.get("session_id")))
         if actor is not None:
             actor.relay(frame)
-            self.relayed += 1
 
     @staticmethod
     def _follow_note(followers: dict[str, set[str]], sid: str, owner: str, on: bool) -> None:

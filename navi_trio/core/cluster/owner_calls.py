@@ -1,32 +1,21 @@
 """What one daemon asks of another and waits for: a stop, approvals, background tasks.
 
-    calls = cluster.calls                               # one per Cluster (core/cluster/cluster.py)
     await calls.approve(owner, session_id, call_id, approve=True, scope="once", user_id=u)
     stopped = await calls.stop(owner, session_id)       # True only if it stopped a turn
     jobs = await calls.jobs_elsewhere(session_ids)      # other daemons' running jobs
     reply = await calls.task("cancel", session_ids, task_id)   # {"task_id", "cancelled"}
 
 A client's ``stop``, ``approve`` / ``deny`` or ``tasks cancel`` may reach a daemon that
-does not run the turn, the call or the job. The api layer checks who asks, against the
-store every daemon shares; then the daemon that holds it is asked: a notification on its
-channel (``nd_…``) with a request id and the asker's own owner id (and, for an approval,
-the answering user: only the run's starter answers, checked by the owner's broker); the
-owner answers its ApprovalBroker, cancels in its TaskSupervisor or stops the session's
-turn, and notifies the outcome back on the asker's channel. The client's reply waits for
-it (at most `ASK_TIMEOUT_SEC`): it says what happened, as on one daemon, e.g.
-``not_found`` when the call no longer waits there, ``forbidden`` when the run is another
-user's, ``stopped: false`` when no turn ran. Asked while this daemon's listener is down
-(the answer could not be heard), it is refused at once as the server being out of reach
-(``storage``). Compact, by contrast, is a bare `Cluster.tell`: nothing comes back.
+does not run the turn, the call or the job. The api layer checks who asks; then the
+owner is asked on its channel (``nd_…``) with a request id and the asker's owner id (for
+an approval, the answering user too: the owner's broker checks it is the run's starter),
+and it notifies the outcome back. The client's reply waits for it (at most
+`ASK_TIMEOUT_SEC`) and says what happened, as on one daemon. Asked while the listener is
+down, it is refused at once (``storage``). Compact is a bare `Cluster.tell`.
 
-Jobs other daemons run are read from their running markers (kv ``task_running``, written
-by core/jobs/task_supervisor.py while a job runs: session, task id, tool, arguments, start
-time, pid and host), matched by (pid, host) to the live ``daemons`` rows. So a list
-shows them while they run; once finished, a job's result stays with its daemon and
-reaches the agent as a completion note, as always.
-
-Every payload is checked field by field: only daemons of the same database write them,
-but a malformed one is dropped with a warning, never acted on.
+Jobs other daemons run are read from their running markers (kv ``task_running``),
+matched by (pid, host) to the live ``daemons`` rows. Every payload is checked field by
+field: a malformed one is dropped with a warning, never acted on.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """What a session's own tool calls changed in its folders since one of its messages, as
 unified diffs (the browser's "changed files" panel).
 
-The files are the ones a files rewind to that message would put back, conflicts
-included (core/checkpoints `CheckpointEngine.changes`: what the session's calls changed,
-never what someone else did alone), in the folders the asker may use now (the same
-check as a rewind's, `Rewinder.usable`). Each diff is made by difflib from the
-checkpoint's copy and the file as it is now. Everything is bounded: the files listed,
-the bytes read of each side, the bytes of one diff and of all of them; a binary file
-is named, not shown.
+The files are those a files rewind to that message would put back, conflicts included,
+in the folders the asker may use now. Each diff is made by difflib from the checkpoint's
+copy and the file as it is now. Everything is bounded: the files listed, the bytes read
+of each side, the bytes of one diff and of all; a binary file is named, not shown.
 """
 
 from __future__ import annotations

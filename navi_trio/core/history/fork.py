@@ -1,31 +1,22 @@
 """Fork a session: a new session with the history and context up to a user message, the
-same profile and mode, and (optionally) a copy of its files as of that message (issue 22).
+same profile and mode, and (optionally) a copy of its files as of that message.
 
     event = await forker.fork(source_id, new_row.id, at=message_id, files=True)
 
-`at` names a user message: the new session holds what a rewind to it would leave (the
-conversation just before it), so the first message of the fork takes the conversation
-another way; without `at`, the whole session as it is. The new session's row is made by
-the caller (who checks the user's session limit and owns it); the fork fills it: its
-profile, ``meta`` (``forked_from``, ``forked_at``, ``mode``: a message of the fork that
-asks for no mode gets the source's), its display history and context (one append).
+`at` names a user message: the new session holds what a rewind to it would leave;
+without `at`, the whole session. The caller makes the new session's row (and checks the
+user's session limit); the fork fills it: profile, ``meta`` (``forked_from``,
+``forked_at``, ``mode``), display history and context.
 
 With `files`, the writable folders are copied as the checkpoint of `at` holds them (the
-one a files rewind would restore; the folders as they are now, snapshotted first, when
-none came after it or `at` is left out): the session folder into the new session's
-folder, the working folder into `folder` (a new folder; default ``workspace`` inside the
-new session's folder, which every user may use as a cwd). Each copy appears whole or not
-at all (the engine's export). The folder of the copy is in the `forked` event: the fork's
-runs use it as their cwd when the client sends it.
+folders as they are now when no checkpoint came after it): the session folder into the
+new session's, the working folder into `folder` (default ``workspace`` inside the new
+session's folder). Each copy appears whole or not at all, and only folders the asker may
+use now are copied (one left out is named in the `forked` event).
 
-Only folders the asker may use now are copied (core/history/rewind.py `Rewinder.usable`): the
-source's own session folder always, its working folder when the asker may still work
-there; one left out is named in the `forked` event (`left_out`) and is never read.
-
-A fork that fails part way (or is cancelled) leaves nothing: the new session and the
-folders it made are removed again. Each copy is made beneath its parent folder held open
-(`NewFolder`: the chosen folder's since the client's check), and removed beneath that
-same fd, never by its path: a parent swapped for a link meanwhile leads nowhere.
+A fork that fails part way (or is cancelled) leaves nothing: the new session and its
+folders are removed again, each copy beneath its parent folder held open (`NewFolder`),
+never by its path: a parent swapped for a link meanwhile leads nowhere.
 """
 
 from __future__ import annotations

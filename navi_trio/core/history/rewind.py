@@ -1,34 +1,23 @@
 """Rewind a session's conversation, its files or both to just before a user message, and
-undo a rewind (issue 22).
+undo a rewind.
 
     preview = await rewinder.preview(sid, Target(to=message_id, restore="both"))
     event = await rewinder.apply(sid, Target(to=message_id, restore="both"), preview.token)
 
-Two steps, always: `preview` says what would change (the display messages removed, the
-files restored / created / deleted and their bytes, what a file rewind does not cover)
-and changes nothing; `apply` with the preview's token does it, or refuses
-(`ChangedError`) when the history or the folders moved since. A **chat** rewind makes
-the display history and the LLM context what they were just before the message; a
-**files** rewind puts back, in the writable folders, what the session's own calls
-changed since that message's checkpoint (core/history/rewind_points.py says which), through the
-engine's journalled restore (a crash leaves them before or after, never between). What
-someone else changed meanwhile (core/checkpoints/_marks.py) stays; a path both changed
-is a conflict, kept as it is unless the target says ``conflicts="restore"``.
-
-A rewind acts only in folders the asker may use now (`Asker`: the same check as a
-message's cwd, core/turn/workspace.py): a folder of the checkpoint they may not (an admin's
-cwd in their session, a folder `workspace_roots` no longer grants) is left out, and
-the preview names it.
+Two steps, always: `preview` says what would change and changes nothing; `apply` with
+its token does it, or refuses (`ChangedError`) when the history or the folders moved
+since. A **chat** rewind makes the display history and the LLM context what they were
+just before the message; a **files** rewind puts back what the session's own calls
+changed since that message's checkpoint, through the engine's journalled restore (what
+someone else changed stays; a path both changed is a conflict, kept unless the target
+says ``conflicts="restore"``). Only folders the asker may use now are touched
+(`Asker`); one left out is named in the preview.
 
 Nothing is lost: every rewind leaves a branch (what it cut off, the context as it was,
-and the checkpoint of the files as they were), and bringing a branch back
-(`Target(branch=...)`) is the undo, which leaves a branch of its own (the redo). The
-history rewrite and its branch are one store transaction (`rewrite_history`).
-
-The caller runs `preview` and `apply` while nothing else of the session runs (the
-session actor's exclusive section, core/history/session_rewinds.py); `apply` takes the session's
-lease too (another process) and refuses while a background job of the session runs.
-The in-memory session is forgotten after a rewrite: the next run loads the new history.
+the checkpoint of the files as they were), and bringing a branch back is the undo. The
+history rewrite and its branch are one store transaction. The caller runs both steps
+in the session actor's exclusive section; `apply` takes the session's lease too and
+refuses while a background job of the session runs.
 """
 
 from __future__ import annotations

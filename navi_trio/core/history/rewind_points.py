@@ -1,21 +1,15 @@
 """Where a session can be rewound to: its user messages, its checkpoints, its branches.
 
-Read-only helpers of the rewind and the fork (core/history/rewind.py, core/history/fork.py):
-
-- a **point** is a user message of the display history, named by its id
-  (`core.turn.session_state.message_id`); rewinding to it means "just before it";
-- the **files checkpoint** of a point is the first checkpoint of the session taken at or
-  after that message arrived: every writing call is preceded by a checkpoint of its
-  round, so nothing navi did between the message and that checkpoint changed a file.
-  None when no checkpoint came after it (no file changed since). One of a time the
-  store says was pruned (kv ``checkpoints``) is refused: a later one would restore
-  what came after the message too;
-- the **context before** a point is the LLM context up to that message when it is still
-  there; when a compression summarised it away, the display history before it (the next
-  turn compresses again when it does not fit);
-- a **branch** is what a rewind cut off (kv ``branches`` / ``SESSION:ID``): the display
-  messages after the point, the context as it was, and the checkpoint of the files as
-  they were. Bringing one back is the rewind's undo.
+- a **point** is a user message of the display history, named by its id; rewinding to
+  it means "just before it";
+- the **files checkpoint** of a point is the session's first checkpoint taken at or after
+  that message arrived (every writing call is preceded by its round's checkpoint, so
+  nothing navi did in between changed a file); None when none came after it. One of a
+  time the store says was pruned is refused: a later one would restore too much;
+- the **context before** a point is the LLM context up to that message, or, when a
+  compression summarised it away, the display history before it;
+- a **branch** is what a rewind cut off (kv ``branches``): the messages after the point,
+  the context as it was and the checkpoint of the files as they were: the rewind's undo.
 """
 
 from __future__ import annotations

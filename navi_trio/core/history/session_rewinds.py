@@ -1,16 +1,11 @@
 """Rewind and fork as every client reaches them: through the session's actor.
 
-`SessionRewinds` is the one entry for the WebSocket frames, `navi rewind` / `navi fork`
-in a runtime of their own, and `navi mcp serve`. It runs the rewinder (core/history/rewind.py)
-and the forker (core/history/fork.py) in the session actor's exclusive section, so nothing else
-of the session runs meanwhile (a message sent then is queued and runs on what the rewind
-left), and tells the session's subscribers: a ``rewound`` event, then ``resync`` (the
-history they show is gone: reload it; the replay of what came before is forgotten, so a
-client coming back from an older seq reloads too), or a ``forked`` event.
-
-Who may do it (the session's owner, an admin) is the caller's check; every id here has
-been checked against the session's own history. Which folders it may touch is checked
-here, against the asker (`Asker`) as they are now (core/history/rewind.py `Rewinder.usable`).
+`SessionRewinds` runs the rewinder and the forker in the session actor's exclusive
+section, so nothing else of the session runs meanwhile (a message sent then is queued
+and runs on what the rewind left), and tells the session's subscribers: ``rewound`` then
+``resync`` (the history they show is gone), or ``forked``. Who may do it is the caller's
+check; which folders it may touch is checked here, against the asker (`Asker`) as they
+are now.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
-"""A background job's record and its running marker (core/jobs/task_supervisor.py runs them).
+"""A background job's record and its running marker.
 
 `Job` is what the supervisor keeps of one job while it runs and after: its status, its
-result, a ring of its live events. While it runs, a marker in kv "task_running" says so
-(`running_marker`); a marker of a job neither another process of this host
-(`runs_in_another_process`) nor a live daemon elsewhere (`on_a_live_machine`) runs is a
-job the daemon lost.
+result, a ring of its live events. While it runs, a marker in kv "task_running" says so;
+a marker of a job neither another process of this host nor a live daemon elsewhere runs
+is a job the daemon lost.
 """
 
 from __future__ import annotations

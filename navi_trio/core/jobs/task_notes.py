@@ -1,20 +1,16 @@
 """Completion notes: how a finished background job reaches the agent's next turn.
 
-When a background job ends, the TaskSupervisor records a note in the kv table (scope
-``task_notes``). The next ``run_stream`` turn of that session drains every pending note
-into ONE system message (persisted in the context, invisible in the UI)::
+A job's note is kept in the kv table (scope ``task_notes``); the session's next turn
+drains every pending one into ONE system message (in the context, not in the UI)::
 
     [Background task results]
     - bt-ab12cd34 (terminal) completed: PASS 42/42
-    - bt-0f1e2d3c (spawn_agent) completed [sub-agent tokens: 5120]: Found three callers ...
     (Use these results to continue your work. Do not start new background
     tasks in response to this note unless the user asked.)
 
-Each note is its own kv key, ``{session_id}:{wall time ns, 20 digits}:{task_id}``, so
-two jobs finishing at once never race a read-modify-write of a shared list: a writer
-adds its key first and trims the oldest keys beyond ``task_notes_max_pending`` after,
-which converges whatever the interleaving. Notes live in the store, so they survive a
-daemon restart (the jobs themselves do not; see ``core/jobs/task_supervisor.py``).
+Each note is its own key, ``{session_id}:{wall time ns, 20 digits}:{task_id}``, so two
+jobs ending at once never race a read-modify-write: a writer adds its key, then trims the
+oldest beyond ``task_notes_max_pending``, which converges whatever the interleaving.
 """
 
 from __future__ import annotations

@@ -1,30 +1,18 @@
 """The TaskSupervisor: the actor that owns every background job.
 
-A tool call with ``"background": true`` is handed by the ToolExecutor to
-`TaskSupervisor.submit`, which starts it as a `Job` in the supervisor's own nursery —
-outside any session's run, so Stop on the session does not touch it; only
-`TaskSupervisor.cancel` (the `tasks cancel` action) cancels the job's own scope.
+A tool call with ``"background": true`` is started by `submit` as a `Job` in the
+supervisor's own nursery, outside any session's run: Stop on the session does not touch
+it; only `cancel` (the `tasks cancel` action) cancels the job's own scope. A job's end
+records its note, tells the session's clients (``task_update``) and deletes its running
+marker, and only then sets `done`.
 
-Lifecycle of a job::
+Caps (settings): running jobs per session, per user and globally, background sub-agents
+per session, and submissions per session in a sliding window. Finished jobs are swept
+lazily after `tasks_ttl_sec`, at most `tasks_keep_finished` kept per session.
 
-    submit ──► running ──► completed | failed | cancelled
-       │          │                 │
-       │          │                 └─ note (kv "task_notes"), task_update, marker
-       │          │                    deleted, and only then `done` is set
-       │          └─ running marker in kv "task_running" while it runs
-       └─ task_update(running) to the session's clients; refused → TaskRejectedError
-
-Caps (settings): running jobs per session, per user (all their sessions: one user must
-not hold every global slot) and globally, background sub-agents per session, and
-accepted submissions per session in a sliding window. Finished jobs are
-swept lazily (on submit / list / get) after `tasks_ttl_sec`, and at most
-`tasks_keep_finished` finished jobs are kept per session.
-
-Jobs die with the process. Their running markers do not: on the next start, `run()`
-turns every leftover marker into a "lost" completion note before it takes submissions,
-so the agent learns the job is gone instead of waiting for it forever. A marker of
-another live process on this host (a `navi run` sharing the database) is left alone.
-The job record and its running marker are core/jobs/task_jobs.py.
+Jobs die with the process; their running markers do not: on the next start, `run()`
+turns each leftover marker into a "lost" note before it takes submissions, so the agent
+does not wait for it forever. A marker of another live process on this host is left alone.
 """
 
 from __future__ import annotations
@@ -112,8 +100,8 @@ class TaskSupervisor(NurseryHolder):
     async def report_lost_jobs(self, live: set[tuple[int, str]] | None = None) -> int:
         """Turn running markers left by a dead process into completion notes; how many.
 
-        At start-up, and on a shared store every so often (core/cluster/cluster.py), with `live`
-        the (pid, host) of the daemons alive on other machines: their jobs are not lost."""
+        At start-up, and on a shared store every so often with `live` the (pid, host) of
+        the daemons alive on other machines: their jobs are not lost."""
         try:
             markers = await self._kv.kv_list(RUNNING_SCOPE)
         except Exception:

@@ -1,38 +1,22 @@
-"""Scheduled runs (issue 23): a message that runs by itself, on a cron expression, every
-N minutes, or once at a time.
+"""Scheduled runs: a message that runs by itself, on a cron expression, every N minutes,
+or once at a time.
 
-A schedule (`ScheduleRow`, in the store) names its owner, where it runs (a session of
-theirs, or a new session of a profile each time), when (``cron``: five fields, read in
-the daemon's local time by cronsim; ``every``: a duration of 1 minute to 366 days;
-``at``: one ISO 8601 time, local when it names no zone), the message, whether a due time
-missed while no daemon ran is run once at start-up or skipped (`catch_up`), and the
-budgets that lower the run's own.
+A schedule (`ScheduleRow`) names its owner, where it runs (a session of theirs, or a new
+session of a profile each time), when (``cron``, in the daemon's local time by cronsim;
+``every``, 1 minute to 366 days; ``at``, one ISO 8601 time), the message, whether a due
+time missed while no daemon ran is run once at start-up (`catch_up`), and budgets.
 
-The `Scheduler` actor waits for the earliest due time (or a change this daemon made,
-or `Settings.schedule_poll_sec`, which bounds the wait so that a schedule another
-daemon added, or a clock that jumped, is seen). A due schedule is claimed in the store
-(`claim_schedule`: compare and set on its due time) in the transaction that creates its
-run's session when it needs one and queues its message: each due time runs exactly once,
-across restarts (a queued run left by a crash runs when the daemon starts again) and
-across daemons sharing a database (one claim wins). The run is the session actor's, as
-any message's; it is `kind` ``schedule`` and `headless`: approvals go by the profile's
-``headless_allow`` whether or not a client is attached. When it ends, the owner's
-connected clients get a ``schedule_run`` notice (notices.py); the result stays in
-the session's history.
+The `Scheduler` waits for the earliest due time, a change this daemon made, or
+`Settings.schedule_poll_sec` (so another daemon's schedule or a clock jump is seen). A
+due schedule is claimed in the store (compare and set on its due time) in the
+transaction that queues its message: each due time runs exactly once, across restarts
+and daemons. The run is the session actor's, ``headless`` (approvals by the profile's
+``headless_allow``); its owner's clients get a ``schedule_run`` notice when it ends.
 
-A run that needs a new session counts against its owner's session limit
-(``NAVI_SESSIONS_PER_USER``) in the claim's transaction, as any session's creation
-does: over it, the due time is claimed and its run skipped; the schedule keeps why
-(``last_skip``, shown by ``schedule list``) and the owner's clients get a
-``schedule_run`` notice with reason ``skipped``.
-
-A schedule runs as its owner, with the role they have when it falls due. A removed
-user's schedules go with them (the store deletes them in the same transaction); one
-whose owner is gone all the same (added as they were removed) is deleted when it falls
-due, never run. A rotated token changes nothing here: the user is still a user.
-
-A due time found late (the loop was busy) runs once; several missed in a row are one
-run, and the next due time is the first one after now.
+A run that needs a new session counts against its owner's session limit in the claim's
+transaction: over it, the run is skipped and the schedule keeps why (``last_skip``). A
+schedule runs as its owner with their role when due; one whose owner is gone is deleted
+when due, never run. Several due times missed in a row are one run.
 """
 
 from __future__ import annotations
@@ -187,11 +171,9 @@ def notify_schedule_run(
 class Scheduler(NurseryHolder):
     """Runs every due schedule once per due time (see the module docstring).
 
-    `registry()` gives the session registry; `clock` the wall clock (time.time; a test
-    passes one on trio's virtual time); `notices` the owners' clients (a skipped run is
-    told there). `run` holds the nursery of its loop; only the daemon starts it
-    (`loop=True` in open_runtime): an embedded `navi run` keeps its hands off other
-    people's schedules."""
+    `clock` is the wall clock (a test passes one on trio's virtual time); `notices` the
+    owners' clients. Only the daemon starts `run`: an embedded `navi run` keeps its hands
+    off other people's schedules."""
 
     def __init__(
         self,

@@ -1,22 +1,17 @@
-"""Background results that wake the agent (issue 23): a profile's ``wake_on_task_done``.
+"""Background results that wake the agent: a profile's ``wake_on_task_done``.
 
-Without it a finished background job's note (core/jobs/task_notes.py) waits for the next
-user message. With it, the `Waker` (the TaskSupervisor's note sink) delivers it at once:
+Without it a finished background job's note waits for the next user message. With it,
+the `Waker` (the TaskSupervisor's note sink) delivers it at once:
 
 - the session **idle**: the note and a queued wake-up are stored in one transaction
-  (`SessionStore.enqueue_wake`: the queue is the outbox), then the session's actor runs
-  the wake-up as a turn that starts with the note (`UserMessage.kind` ``wake``; the
-  agent saves the note in the transaction that takes the wake-up off the queue). A
-  daemon that dies in between finds the wake-up queued at its next start and runs it
-  then: exactly once, never lost, never twice;
-- the session **busy** (a turn runs): the note is stored and the running turn takes it
-  in before its next LLM call, as a steered message (core/turn/steering.py); a turn that
-  makes no other call leaves it to a wake-up once it has ended.
+  (`SessionStore.enqueue_wake`), then the session's actor runs the wake-up as a turn
+  that starts with the note: a daemon that dies in between runs it at its next start,
+  exactly once;
+- the session **busy**: the running turn takes the note in before its next LLM call, as
+  a steered message; a turn that makes no other call leaves it to a wake-up.
 
-A wake-up that finds no note left (a turn took it in meanwhile) only leaves the queue.
-Wake-ups are bounded per session (`Settings.wake_max_per_hour`), counted in the store
-with the wake-up itself: two sessions whose jobs wake each other stop after that many
-in an hour, and their notes wait for the next message.
+Wake-ups are bounded per session (`Settings.wake_max_per_hour`, counted in the store):
+two sessions whose jobs wake each other stop, and their notes wait for a message.
 """
 
 from __future__ import annotations
@@ -48,11 +43,9 @@ WAKE_WINDOW_SEC = 3600.0  # the bound counts the wake-ups of the last hour
 class Waker(NurseryHolder):
     """Records a finished job's note and wakes its session when its profile says so.
 
-    `record` is the TaskSupervisor's note sink, for jobs that end and for jobs a dead
-    process lost alike. `registry()` gives the session registry (built after the
-    supervisor; None until then: a wake-up is queued in the store, and runs when the
-    daemon starts the actors of sessions with queued messages). Its nursery holds the
-    waits for busy runs to end."""
+    `record` is the TaskSupervisor's note sink, for jobs that end and jobs a dead process
+    lost alike. `registry()` is None until the registry is built: a wake-up is then
+    queued in the store, and runs when the daemon starts the sessions' actors."""
 
     def __init__(
         self,
