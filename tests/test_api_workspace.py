@@ -26,7 +26,7 @@ from rewind_kit import PROFILES, TIMEOUT, call, calls, run, say, write
 from test_rewind_asker import config_at, idle
 
 from navi_trio.core.checkpoints import ChangedFile
-from navi_trio.core.history.changes import DIFF_MAX_BYTES, TOTAL_MAX_BYTES, diffs
+from navi_trio.core.history.changes import DIFF_MAX_BYTES, FILES_MAX, TOTAL_MAX_BYTES, diffs
 from navi_trio.core.turn import FOLDERS_MAX
 
 
@@ -163,6 +163,27 @@ async def test_changes_are_diffs_of_a_filesystem_edit_and_a_terminal_sed(tmp_pat
             async with d.connect("alice") as alice:
                 theirs = await alice.request({"type": "changes", "session_id": sid})
                 assert theirs["type"] == "error" and theirs["code"] == "forbidden", theirs
+
+
+@pytest.mark.slow  # the terminal's command runs in bwrap
+async def test_changes_list_at_most_files_max_and_say_how_many_more(tmp_path: Path) -> None:
+    made = FILES_MAX + 3
+    replies = [
+        calls(run(f"for i in $(seq {made}); do echo $i > f$i.txt; done")),
+        say("made them"),
+    ]
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path, replies=replies, profiles=PROFILES) as d:
+            async with d.connect("alice") as alice:
+                sid = await message(alice, "make many", mode="full")
+                await idle(d, sid)
+                got = await alice.request({"type": "changes", "session_id": sid})
+                assert got["type"] == "changes", got
+                assert len(got["files"]) == FILES_MAX and got["more_files"] == 3, (
+                    len(got["files"]),
+                    got.get("more_files"),
+                )
+                assert all(f["what"] == "created" for f in got["files"]), got["files"]
 
 
 async def test_changes_of_a_session_that_changed_nothing_say_so(tmp_path: Path) -> None:
