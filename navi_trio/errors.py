@@ -143,10 +143,13 @@ class BudgetExhaustedError(NaviError):
     ``budget_exhausted``, saved as a stop is."""
 
     code = "budget_exhausted"
-    _UNITS = {"tokens": "tokens", "wall_sec": "seconds", "tool_calls": "tool calls",
-              "subagents": "sub-agents"}  # fmt: skip
-    _SCOPES = {"turn": "turn", "session": "session", "user_day": "daily",
-               "subagent": "sub-agent"}  # fmt: skip
+    _UNITS = {
+        "tokens": "tokens",
+        "wall_sec": "seconds",
+        "tool_calls": "tool calls",
+        "subagents": "sub-agents",
+    }
+    _SCOPES = {"turn": "turn", "session": "session", "user_day": "daily", "subagent": "sub-agent"}
 
     def __init__(
         self, scope: str, kind: str, *, spent: float, limit: float, held: float = 0.0

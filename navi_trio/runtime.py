@@ -162,8 +162,10 @@ async def open_runtime(
     if user is not None:
         logging.getLogger(__name__).info(
             "navi runs as root: its tool processes run as %s (uid %d, NAVI_TOOL_USER), "
-            "never as root (navi doctor says more)", user.name, user.uid,
-        )  # fmt: skip
+            "never as root (navi doctor says more)",
+            user.name,
+            user.uid,
+        )
     # Sandboxed modes (the default) need bwrap: say so now, not at the first command.
     ok, reason = await trio.to_thread.run_sync(sandbox_available, settings.bwrap_path, user)
     if not ok:
@@ -243,9 +245,12 @@ async def open_runtime(
             joined = None
             if make_bus is not None:
                 joined = Cluster(
-                    make_bus(), store, agent.leases, settings.lease_ttl_sec,
+                    make_bus(),
+                    store,
+                    agent.leases,
+                    settings.lease_ttl_sec,
                     queue_max=settings.message_queue_max,
-                )  # fmt: skip
+                )
             notices = UserNotices()
 
             def run_ended(sid: str, msg: UserMessage, end: StreamEnd) -> None:

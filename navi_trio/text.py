@@ -149,8 +149,17 @@ def usage_table(reply: dict[str, Any]) -> list[str]:
     lines = reply.get("lines") or []
     if not lines:
         return ["no usage recorded" + (" since then" if reply.get("since") else "")]
-    head = [str(reply.get("by", "key")), "model", "kind", "runs", "in", "out", "llm s",
-            "tools s", "cost"]  # fmt: skip
+    head = [
+        str(reply.get("by", "key")),
+        "model",
+        "kind",
+        "runs",
+        "in",
+        "out",
+        "llm s",
+        "tools s",
+        "cost",
+    ]
     rows = [[str(v["key"]), str(v["model"]), str(v["kind"]), *_amounts(v)] for v in lines]
     rows.append(["total", "", "", *_amounts(reply["totals"])])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
@@ -165,5 +174,11 @@ def usage_table(reply: dict[str, Any]) -> list[str]:
 
 def _amounts(v: dict[str, Any]) -> list[str]:
     cost = v.get("cost")
-    return [str(v["runs"]), str(v["tokens_in"]), str(v["tokens_out"]), f"{v['llm_sec']:.1f}",
-            f"{v['tool_sec']:.1f}", "-" if cost is None else f"{cost:.4f}"]  # fmt: skip
+    return [
+        str(v["runs"]),
+        str(v["tokens_in"]),
+        str(v["tokens_out"]),
+        f"{v['llm_sec']:.1f}",
+        f"{v['tool_sec']:.1f}",
+        "-" if cost is None else f"{cost:.4f}",
+    ]

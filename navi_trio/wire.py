@@ -44,10 +44,31 @@ CONTEXT = "context"  # the project files (instruction files, skills) in effect f
 COMMANDS = "commands"  # the commands kept as files (navi_trio/command_text.py); its reply
 SIGNIN_CODE = "signin_code"  # a one-time code that signs the browser page in (and its reply)
 GRANTS = "grants"  # list / revoke the approvals given "for the session" or "always"
-CLIENT_TYPES = (HELLO, MESSAGE, STOP, COMPACT, SUBSCRIBE, UNSUBSCRIBE, TASKS, SESSIONS,
-                APPROVE, DENY, CHECKPOINTS, REWIND, FORK, SCHEDULE, CLIENT_TOOLS,
-                CLIENT_TOOL_RESULT, FOLDERS, CHANGES, USAGE, CONTEXT, SIGNIN_CODE,
-                COMMANDS, GRANTS)  # fmt: skip
+CLIENT_TYPES = (
+    HELLO,
+    MESSAGE,
+    STOP,
+    COMPACT,
+    SUBSCRIBE,
+    UNSUBSCRIBE,
+    TASKS,
+    SESSIONS,
+    APPROVE,
+    DENY,
+    CHECKPOINTS,
+    REWIND,
+    FORK,
+    SCHEDULE,
+    CLIENT_TOOLS,
+    CLIENT_TOOL_RESULT,
+    FOLDERS,
+    CHANGES,
+    USAGE,
+    CONTEXT,
+    SIGNIN_CODE,
+    COMMANDS,
+    GRANTS,
+)
 CLIENT_TOOL_CALL = "client_tool_call"  # daemon -> the client that declared the tool
 
 # Daemon -> client, besides a session's events (whose types are the AgentEvents').

@@ -139,9 +139,8 @@ class CheckpointCommands:
                 return
             event = await rewinds.apply(cmd.session_id, target, cmd.confirm, asker)
             await self.c.conn.send(
-                reply(rid, "rewind", action="done", session_id=cmd.session_id,
-                      **done_fields(event))
-            )  # fmt: skip
+                reply(rid, "rewind", action="done", session_id=cmd.session_id, **done_fields(event))
+            )
 
         await self.c.conn.defer(rid, work)
 
@@ -163,9 +162,13 @@ class CheckpointCommands:
         async def work() -> None:
             try:
                 event = await self.c.rt.rewinds.fork(
-                    cmd.session_id, row.id, at=cmd.at, files=cmd.files, folder=folder,
+                    cmd.session_id,
+                    row.id,
+                    at=cmd.at,
+                    files=cmd.files,
+                    folder=folder,
                     asker=asker,
-                )  # fmt: skip
+                )
             finally:
                 if folder is not None:
                     folder.parent.close()
@@ -179,7 +182,7 @@ class CheckpointCommands:
                     messages=event.messages,
                     folder=event.folder,
                     left_out=list(event.left_out),
-                )  # fmt: skip
+                )
             )
 
         try:
@@ -198,9 +201,13 @@ class CheckpointCommands:
             raise ProtocolError("field 'folder' must name a new folder (no . or ..)")
         rt, user = self.c.rt, self.c.user
         parent = await CwdCheck(
-            user_id=user.id, role=user.role, session_id=session_id, settings=rt.settings,
-            config=rt.config, store=rt.store,
-        ).open(str(path.parent))  # fmt: skip
+            user_id=user.id,
+            role=user.role,
+            session_id=session_id,
+            settings=rt.settings,
+            config=rt.config,
+            store=rt.store,
+        ).open(str(path.parent))
         folder = NewFolder(parent, path.name)
         try:
             if await trio.to_thread.run_sync(_exists, folder):

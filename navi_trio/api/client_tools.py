@@ -118,8 +118,13 @@ class ClientTools:
         pending = _Pending()
         self._pending[call_id] = (declared.owner, pending)
         try:
-            frame = {"type": "client_tool_call", "session_id": tool.session_id,
-                     "call_id": call_id, "name": tool.name, "arguments": args}  # fmt: skip
+            frame = {
+                "type": "client_tool_call",
+                "session_id": tool.session_id,
+                "call_id": call_id,
+                "name": tool.name,
+                "arguments": args,
+            }
             try:
                 await declared.send(frame)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):

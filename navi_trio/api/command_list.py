@@ -27,9 +27,13 @@ async def list_commands(host: CommandHost, rid: RequestId, cmd: CommandList) -> 
     held: Root | None = None
     if cmd.cwd is not None:
         check = CwdCheck(
-            user_id=user.id, role=user.role, session_id=cmd.session_id,
-            settings=rt.settings, config=rt.config, store=rt.store,
-        )  # fmt: skip
+            user_id=user.id,
+            role=user.role,
+            session_id=cmd.session_id,
+            settings=rt.settings,
+            config=rt.config,
+            store=rt.store,
+        )
         held = await check.open(cmd.cwd)
     settings = rt.settings
     session_dir = settings.session_dir(cmd.session_id) if cmd.session_id else None

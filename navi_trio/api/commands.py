@@ -222,14 +222,21 @@ class Commands:
         if owner is not None:  # it waits on the daemon running the session: answered there
             assert self.rt.cluster is not None
             await self.rt.cluster.calls.approve(
-                owner, cmd.session_id, cmd.call_id, approve=approve, scope=cmd.scope,
+                owner,
+                cmd.session_id,
+                cmd.call_id,
+                approve=approve,
+                scope=cmd.scope,
                 user_id=self.user.id,
-            )  # fmt: skip
+            )
         else:
             await broker.answer(
-                cmd.session_id, cmd.call_id, approve=approve, scope=cmd.scope,
+                cmd.session_id,
+                cmd.call_id,
+                approve=approve,
+                scope=cmd.scope,
                 user_id=self.user.id,
-            )  # fmt: skip
+            )
         await self.conn.send(
             reply(
                 rid,
@@ -238,7 +245,7 @@ class Commands:
                 call_id=cmd.call_id,
                 approved=approve,
                 scope=cmd.scope,
-            )  # fmt: skip
+            )
         )
 
     async def _grants(self, rid: RequestId, cmd: Grants) -> None:
@@ -326,9 +333,13 @@ class Commands:
                 )
             if cmd.cwd is not None:
                 await CwdCheck(
-                    user_id=self.user.id, role=self.user.role, session_id=cmd.session_id,
-                    settings=self.rt.settings, config=self.rt.config, store=self.rt.store,
-                ).check(cmd.cwd)  # fmt: skip
+                    user_id=self.user.id,
+                    role=self.user.role,
+                    session_id=cmd.session_id,
+                    settings=self.rt.settings,
+                    config=self.rt.config,
+                    store=self.rt.store,
+                ).check(cmd.cwd)
             row = await self._create(cmd.session_id, cmd.profile)
             await self.conn.send(reply(rid, "session", session_id=row.id, created=True))
             return
@@ -380,9 +391,15 @@ class Commands:
         messages = history_for_user(page.messages, admin=self.user.is_admin)
         after = page.next_after
         frame = reply(
-            rid, "sessions", action="history", session_id=session_id, messages=messages,
-            seq=seq, epoch=epoch, next_cursor=None if after is None else history_cursor(after),
-        )  # fmt: skip
+            rid,
+            "sessions",
+            action="history",
+            session_id=session_id,
+            messages=messages,
+            seq=seq,
+            epoch=epoch,
+            next_cursor=None if after is None else history_cursor(after),
+        )
         await self.conn.send(frame)
 
     async def _rename(self, rid: RequestId, session_id: str, title: str | None) -> None:

@@ -137,8 +137,9 @@ class Connection:
         except ConnectionClosed:
             closed = self.ws.closed
             if closed is not None and closed.code == MESSAGE_TOO_BIG:
-                log.info("connection %s refused: %s (NAVI_WS_HELLO_MAX_BYTES)",
-                         self.peer, closed.reason)  # fmt: skip
+                log.info(
+                    "connection %s refused: %s (NAVI_WS_HELLO_MAX_BYTES)", self.peer, closed.reason
+                )
             return
         self._on_hello()
         self.user = user
@@ -161,7 +162,9 @@ class Connection:
                 rt = self.server.runtime
                 config = rt.config.current
                 welcome = welcome_frame(
-                    user.name, user.role, rt.settings.llm_backend,
+                    user.name,
+                    user.role,
+                    rt.settings.llm_backend,
                     profiles=config.profiles_for(user.role),
                     default_profile=config.default_for(user.role),
                     default_modes={
@@ -169,7 +172,7 @@ class Connection:
                         for p in config.profiles_for(user.role)
                     },
                     token=token if redeemed else None,  # a code's page keeps it as pasted
-                )  # fmt: skip
+                )
                 await self.ws.send_message(encode(welcome))
                 await self._reader(commands)
                 nursery.cancel_scope.cancel()
@@ -226,8 +229,9 @@ class Connection:
             try:
                 why = await self.server.tokens.revoked(user, token)
             except NaviError as exc:  # the next change looks again
-                log.warning("connection %s: checking the token of %s failed: %s",
-                            self.peer, user.name, exc)  # fmt: skip
+                log.warning(
+                    "connection %s: checking the token of %s failed: %s", self.peer, user.name, exc
+                )
                 continue
             if why is None:
                 continue
@@ -284,8 +288,11 @@ class Connection:
         if answer is exc:
             log.info(
                 "refused a request of %s (session %s): %s %s",
-                self._who(), answer.session_id or "-", answer.code, answer,
-            )  # fmt: skip
+                self._who(),
+                answer.session_id or "-",
+                answer.code,
+                answer,
+            )
         elif isinstance(exc, NaviError):
             log.warning("request of %s failed: %s", self._who(), exc)
         else:  # our bug: say so, keep the connection and the daemon

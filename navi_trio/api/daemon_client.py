@@ -248,8 +248,10 @@ class DaemonConnection:
     async def _lagged(self, frame: Frame) -> None:
         """Subscribe again from the last frame delivered, when frames past it were missed."""
         sid, missed_from, missed_to = (
-            frame.get("session_id"), frame.get("missed_from"), frame.get("missed_to")
-        )  # fmt: skip
+            frame.get("session_id"),
+            frame.get("missed_from"),
+            frame.get("missed_to"),
+        )
         if not isinstance(sid, str) or len(self._resubscribing) >= RESUBSCRIBING_MAX:
             return
         mark = self._seen.get(sid)

@@ -85,6 +85,9 @@ def connect(endpoint: Endpoint) -> AbstractAsyncContextManager[DaemonConnection]
     from navi_trio.api.daemon_client import open_daemon
 
     return open_daemon(
-        endpoint.url, endpoint.token, connect_timeout=CONNECT_TIMEOUT, max_frame=MAX_FRAME,
+        endpoint.url,
+        endpoint.token,
+        connect_timeout=CONNECT_TIMEOUT,
+        max_frame=MAX_FRAME,
         own_listener=endpoint.private,
-    )  # fmt: skip
+    )

@@ -41,8 +41,11 @@ def shown(value: Any) -> str:
     as JSON, cut at ~64 characters (with the full length said)."""
     if isinstance(value, LongNumber):
         return f"a number of {value.digits} digits"
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
-                                                           default=_long_number)  # fmt: skip
+    text = (
+        value
+        if isinstance(value, str)
+        else json.dumps(value, ensure_ascii=False, default=_long_number)
+    )
     quoted = repr(clip(text)) if isinstance(value, str) else clip(text)
     if len(text) > CLIP_CHARS:
         quoted += f" ({len(text)} characters)"

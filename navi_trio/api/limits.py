@@ -89,5 +89,10 @@ class Pending:
         if self.closed == 1 or self.closed % 1000 == 0:  # a flood is not a log flood
             log.warning(
                 "closed the oldest connection without a hello (from %s): %d wait for one "
-                "(%s=%d); %d closed so far", address, bound, setting, bound, self.closed,
-            )  # fmt: skip
+                "(%s=%d); %d closed so far",
+                address,
+                bound,
+                setting,
+                bound,
+                self.closed,
+            )

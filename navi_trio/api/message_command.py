@@ -48,9 +48,13 @@ class SessionMessages:
         cwd = None
         if cmd.cwd is not None:
             cwd = await CwdCheck(
-                user_id=self.c.user.id, role=self.c.user.role, session_id=cmd.session_id,
-                settings=self.c.rt.settings, config=self.c.rt.config, store=self.c.rt.store,
-            ).check(cmd.cwd)  # fmt: skip
+                user_id=self.c.user.id,
+                role=self.c.user.role,
+                session_id=cmd.session_id,
+                settings=self.c.rt.settings,
+                config=self.c.rt.config,
+                store=self.c.rt.store,
+            ).check(cmd.cwd)
         row = await self.c.rt.store.get_session(cmd.session_id) if cmd.session_id else None
         if row is None:
             row = await self.c._create(cmd.session_id, cmd.profile)
@@ -58,8 +62,9 @@ class SessionMessages:
         else:
             row = await self.c._owned(row.id)
             if cmd.mode == "full" and row.user_id != self.c.user.id:
-                log.warning("%s refused: mode full in session %s of another user",
-                            self.c.user.name, row.id)  # fmt: skip
+                log.warning(
+                    "%s refused: mode full in session %s of another user", self.c.user.name, row.id
+                )
                 raise ForbiddenError(
                     f"mode full (no sandbox) runs only in a session of your own, and "
                     f"session {row.id!r} is another user's: what its owner wrote would be "
@@ -116,8 +121,7 @@ class SessionMessages:
             return None
         carrier = trace_carrier(cmd.traceparent, cmd.tracestate)
         if carrier is None or (cmd.tracestate is not None and "tracestate" not in carrier):
-            log.info("a message from %s came with a bad trace context: left out",
-                     self.c.user.name)  # fmt: skip
+            log.info("a message from %s came with a bad trace context: left out", self.c.user.name)
         return carrier
 
     async def _accepted(
@@ -150,8 +154,10 @@ class SessionMessages:
         queued = strategy in ("enqueue", "interrupt") or message.accepted.queued
         log.info(
             "session %s: message from %s %s",
-            session_id, self.c.user.name, strategy or "runs",
-        )  # fmt: skip
+            session_id,
+            self.c.user.name,
+            strategy or "runs",
+        )
         if untitled:  # before the ok: a list after it shows the title
             await self.c.rt.session_service.title(session_id, message.text)
         fields: dict[str, Any] = {"session_id": session_id, "queued": queued}

@@ -54,43 +54,62 @@ class DaemonMetrics:
             "navi_runs", "Top-level runs ended, by end reason", ["reason"], registry=r
         )
         self.llm_seconds = Histogram(
-            "navi_llm_request_seconds", "LLM calls, from the request to the last chunk",
-            ["model"], buckets=LLM_BUCKETS, registry=r,
-        )  # fmt: skip
+            "navi_llm_request_seconds",
+            "LLM calls, from the request to the last chunk",
+            ["model"],
+            buckets=LLM_BUCKETS,
+            registry=r,
+        )
         self.llm_first = Histogram(
-            "navi_llm_first_chunk_seconds", "LLM calls, from the request to the first chunk",
-            ["model"], buckets=LLM_BUCKETS, registry=r,
-        )  # fmt: skip
+            "navi_llm_first_chunk_seconds",
+            "LLM calls, from the request to the first chunk",
+            ["model"],
+            buckets=LLM_BUCKETS,
+            registry=r,
+        )
         self.llm_failed = Counter(
             "navi_llm_failed", "LLM calls that ended without an answer", ["model"], registry=r
         )
         self.tokens = Counter(
-            "navi_llm_tokens", "Tokens the LLM reported, by model and direction",
-            ["model", "direction"], registry=r,
-        )  # fmt: skip
+            "navi_llm_tokens",
+            "Tokens the LLM reported, by model and direction",
+            ["model", "direction"],
+            registry=r,
+        )
         self.tool_calls = Counter(
-            "navi_tool_calls", "Tool calls ended, by tool and status", ["tool", "status"],
+            "navi_tool_calls",
+            "Tool calls ended, by tool and status",
+            ["tool", "status"],
             registry=r,
-        )  # fmt: skip
+        )
         self.tool_seconds = Histogram(
-            "navi_tool_seconds", "Tool call durations", ["tool"], buckets=TOOL_BUCKETS,
+            "navi_tool_seconds",
+            "Tool call durations",
+            ["tool"],
+            buckets=TOOL_BUCKETS,
             registry=r,
-        )  # fmt: skip
+        )
         self.approvals = Counter(
-            "navi_approvals", "Approvals asked, and answered by outcome", ["outcome"],
+            "navi_approvals",
+            "Approvals asked, and answered by outcome",
+            ["outcome"],
             registry=r,
-        )  # fmt: skip
+        )
         self.stop_seconds = Histogram(
-            "navi_stop_seconds", "From a stop asked to the turn's end", buckets=STOP_BUCKETS,
+            "navi_stop_seconds",
+            "From a stop asked to the turn's end",
+            buckets=STOP_BUCKETS,
             registry=r,
-        )  # fmt: skip
+        )
         self.frames_sent = Counter(
             "navi_ws_frames_sent", "WebSocket frames written to clients", registry=r
         )
         self.store_write_seconds = Histogram(
-            "navi_store_write_seconds", "Store writes, from the call to the commit",
-            buckets=STORE_BUCKETS, registry=r,
-        )  # fmt: skip
+            "navi_store_write_seconds",
+            "Store writes, from the call to the commit",
+            buckets=STORE_BUCKETS,
+            registry=r,
+        )
         self.frames_lagged = Counter(
             "navi_ws_subscriptions_lagged",
             "Times a client fell too far behind a session and missed frames (lagged)",

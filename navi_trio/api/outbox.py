@@ -72,8 +72,11 @@ class Outbox:
                     self._stalled = True
                     log.info(
                         "%s: the client is not reading: %d frames (%d bytes) wait to be "
-                        "sent; its requests wait", self.who, len(self._texts), self.bytes,
-                    )  # fmt: skip
+                        "sent; its requests wait",
+                        self.who,
+                        len(self._texts),
+                        self.bytes,
+                    )
                 await self._room.park()
             if self._closed:
                 raise trio.ClosedResourceError("the connection's outbox is closed")

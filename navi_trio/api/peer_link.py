@@ -92,9 +92,15 @@ class WsPeerLink(NurseryHolder):
 
     @asynccontextmanager
     async def ask(
-        self, url: str, token: str, message: str, *, session_id: str | None,
-        profile: str | None, trace: Mapping[str, str] | None = None,
-    ) -> AsyncIterator[_Run]:  # fmt: skip
+        self,
+        url: str,
+        token: str,
+        message: str,
+        *,
+        session_id: str | None,
+        profile: str | None,
+        trace: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[_Run]:
         if not self.running:
             raise PeerError("the peer link is not running (the daemon is stopping)")
         done = trio.Event()
@@ -103,9 +109,12 @@ class WsPeerLink(NurseryHolder):
         async def hold(*, task_status: trio.TaskStatus[DaemonConnection]) -> None:
             with scope:
                 async with open_daemon(
-                    url, token, connect_timeout=CONNECT_TIMEOUT, hello_timeout=REPLY_TIMEOUT,
+                    url,
+                    token,
+                    connect_timeout=CONNECT_TIMEOUT,
+                    hello_timeout=REPLY_TIMEOUT,
                     max_frame=MAX_FRAME,
-                ) as daemon:  # fmt: skip
+                ) as daemon:
                     task_status.started(daemon)
                     await done.wait()
 
@@ -115,9 +124,12 @@ class WsPeerLink(NurseryHolder):
         try:
             with _as_peer_errors():
                 accepted = await daemon.send_message(
-                    message, session_id=session_id, profile=profile, trace=trace,
+                    message,
+                    session_id=session_id,
+                    profile=profile,
+                    trace=trace,
                     timeout=REPLY_TIMEOUT,
-                )  # fmt: skip
+                )
             run = _Run(daemon, OurRun.of(accepted, message), accepted.created)
             yield run
         finally:

@@ -26,14 +26,23 @@ log = logging.getLogger(__name__)
 def schedule_view(row: ScheduleRow) -> dict[str, Any]:
     """A schedule as the wire shows it."""
     return {
-        "schedule_id": row.id, "session_id": row.session_id, "profile": row.profile_id,
-        "kind": row.kind, "spec": row.spec, "message": row.message,
-        "catch_up": row.catch_up, "paused": row.paused, "next_due": row.next_due,
-        "runs": row.runs, "last_run_at": row.last_run_at,
-        "last_session_id": row.last_session_id, "budget": row.budget,
-        "created_at": row.created_at, "last_skip": row.last_skip,
+        "schedule_id": row.id,
+        "session_id": row.session_id,
+        "profile": row.profile_id,
+        "kind": row.kind,
+        "spec": row.spec,
+        "message": row.message,
+        "catch_up": row.catch_up,
+        "paused": row.paused,
+        "next_due": row.next_due,
+        "runs": row.runs,
+        "last_run_at": row.last_run_at,
+        "last_session_id": row.last_session_id,
+        "budget": row.budget,
+        "created_at": row.created_at,
+        "last_skip": row.last_skip,
         "last_skip_at": row.last_skip_at,
-    }  # fmt: skip
+    }
 
 
 async def handle_schedule(
@@ -93,6 +102,11 @@ async def _spec(cmd: Schedule, owned: Callable[[str], Awaitable[SessionRow]]) ->
     ((kind, spec),) = whens
     assert spec is not None
     return ScheduleSpec(
-        session_id=cmd.session_id, profile_id=cmd.profile, kind=kind, spec=spec,
-        message=cmd.message, catch_up=cmd.catch_up, budget=cmd.budget,
-    )  # fmt: skip
+        session_id=cmd.session_id,
+        profile_id=cmd.profile,
+        kind=kind,
+        spec=spec,
+        message=cmd.message,
+        catch_up=cmd.catch_up,
+        budget=cmd.budget,
+    )

@@ -72,10 +72,15 @@ _DRAIN_CHUNK = 1 << 16
 
 class ApiServer:
     def __init__(
-        self, runtime: DaemonCore, *, host: str = "127.0.0.1", port: int = 8765,
-        reuse_port: bool = False, tokens: Tokens | None = None,
+        self,
+        runtime: DaemonCore,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        reuse_port: bool = False,
+        tokens: Tokens | None = None,
         metrics: DaemonMetrics | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.runtime = runtime
         # `navi serve`'s metrics (api/metrics.py); None for a private server.
         self.metrics = metrics
@@ -107,8 +112,13 @@ class ApiServer:
                     partial(trio.serve_tcp, self._serve, self.port, host=self.host)
                 )
             port = int(listeners[0].socket.getsockname()[1])
-            log.info("listening on ws://%s:%d/ (the browser client: http://%s:%d/)",
-                     self.host, port, self.host, port)  # fmt: skip
+            log.info(
+                "listening on ws://%s:%d/ (the browser client: http://%s:%d/)",
+                self.host,
+                port,
+                self.host,
+                port,
+            )
             task_status.started(port)
 
     async def _shared_listener(self) -> trio.SocketListener:

@@ -111,9 +111,12 @@ class TraceObserver:
         turn = self._turns.get(session_id)
         if turn is None:
             span = self.tracer.start_span(
-                "navi.turn", context=self._remote.pop(session_id, None) or Context(),
-                kind=SpanKind.SERVER, start_time=now, attributes={"navi.session_id": session_id},
-            )  # fmt: skip
+                "navi.turn",
+                context=self._remote.pop(session_id, None) or Context(),
+                kind=SpanKind.SERVER,
+                start_time=now,
+                attributes={"navi.session_id": session_id},
+            )
             turn = self._turns[session_id] = _Turn(span)
             ctx = span.get_span_context()
             CURRENT.set((f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"))
@@ -124,9 +127,14 @@ class TraceObserver:
         return trace.set_span_in_context(span or turn.span)
 
     def _open(
-        self, turn: _Turn, key: tuple[str, str], name: str, parent: Context, now: int,
+        self,
+        turn: _Turn,
+        key: tuple[str, str],
+        name: str,
+        parent: Context,
+        now: int,
         attributes: Mapping[str, str | int | float | bool],
-    ) -> None:  # fmt: skip
+    ) -> None:
         if len(turn.open) >= OPEN_MAX:
             oldest = next(iter(turn.open))
             turn.open.pop(oldest).end(end_time=now)
@@ -139,9 +147,13 @@ class TraceObserver:
 
     def _open_tool(self, turn: _Turn, call_id: str, name: str, parent: Context, now: int) -> None:
         self._open(
-            turn, ("tool", call_id), f"execute_tool {name}", parent, now,
+            turn,
+            ("tool", call_id),
+            f"execute_tool {name}",
+            parent,
+            now,
             {"gen_ai.tool.name": name, "gen_ai.tool.call.id": call_id},
-        )  # fmt: skip
+        )
 
     def _close(self, turn: _Turn, key: tuple[str, str], now: int) -> Span | None:
         span = turn.open.pop(key, None)
@@ -188,9 +200,12 @@ class TraceObserver:
         if done.first_chunk_seconds is not None:
             attributes["navi.llm.time_to_first_chunk"] = done.first_chunk_seconds
         span = self.tracer.start_span(
-            f"chat {done.model or 'unknown'}", context=self._parent(turn, done.agent_id),
-            kind=SpanKind.CLIENT, start_time=start, attributes=attributes,
-        )  # fmt: skip
+            f"chat {done.model or 'unknown'}",
+            context=self._parent(turn, done.agent_id),
+            kind=SpanKind.CLIENT,
+            start_time=start,
+            attributes=attributes,
+        )
         if done.failed:
             span.set_status(Status(StatusCode.ERROR, "no answer"))
         span.end(end_time=now)
@@ -237,10 +252,13 @@ class TraceObserver:
         elif kind is SubagentStarted:
             assert isinstance(event, SubagentStarted)
             self._open(
-                turn, ("agent", event.agent_id or ""), f"invoke_agent {event.profile_id}",
-                trace.set_span_in_context(turn.span), now,
+                turn,
+                ("agent", event.agent_id or ""),
+                f"invoke_agent {event.profile_id}",
+                trace.set_span_in_context(turn.span),
+                now,
                 {"gen_ai.agent.name": event.profile_id, "gen_ai.agent.id": event.agent_id or ""},
-            )  # fmt: skip
+            )
         elif kind is SubagentFinished:
             assert isinstance(event, SubagentFinished)
             span = turn.open.get(("agent", event.agent_id or ""))
@@ -251,10 +269,13 @@ class TraceObserver:
             assert isinstance(event, ApprovalRequest)
             tool = turn.open.get(("tool", event.call_id))
             self._open(
-                turn, ("approval", event.call_id), "navi.approval",
-                trace.set_span_in_context(tool) if tool is not None else parent, now,
+                turn,
+                ("approval", event.call_id),
+                "navi.approval",
+                trace.set_span_in_context(tool) if tool is not None else parent,
+                now,
                 {"gen_ai.tool.name": event.tool, "navi.approval.rule": event.rule},
-            )  # fmt: skip
+            )
         elif kind is ApprovalDecided:
             assert isinstance(event, ApprovalDecided)
             span = turn.open.get(("approval", event.call_id))
@@ -276,10 +297,11 @@ class TraceObserver:
             turn.ended.add(event.call_id)
         if span is None:  # no start was published: its duration says when it began
             span = self.tracer.start_span(
-                f"execute_tool {event.name}", context=parent,
+                f"execute_tool {event.name}",
+                context=parent,
                 start_time=now - event.duration_ms * 1_000_000,
                 attributes={"gen_ai.tool.name": event.name, "gen_ai.tool.call.id": event.call_id},
-            )  # fmt: skip
+            )
         status = "stopped" if event.stopped else "ok" if event.ok else "failed"
         span.set_attribute("navi.tool.status", status)
         span.set_attribute("navi.tool.duration_ms", event.duration_ms)
@@ -316,12 +338,17 @@ class TraceObserver:
             if len(self._jobs) >= OPEN_MAX:
                 self._jobs.pop(next(iter(self._jobs))).end(end_time=now)
             span = self._jobs[event.task_id] = self.tracer.start_span(
-                f"navi.job {event.tool}", context=Context(), links=links, start_time=now,
+                f"navi.job {event.tool}",
+                context=Context(),
+                links=links,
+                start_time=now,
                 attributes={
-                    "navi.job.id": event.task_id, "gen_ai.tool.name": event.tool,
-                    "navi.session_id": session_id, "navi.tool.background": True,
+                    "navi.job.id": event.task_id,
+                    "gen_ai.tool.name": event.tool,
+                    "navi.session_id": session_id,
+                    "navi.tool.background": True,
                 },
-            )  # fmt: skip
+            )
         if event.status != "running":
             span.set_attribute("navi.job.status", event.status)
             if event.status == "failed":

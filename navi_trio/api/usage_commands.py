@@ -77,10 +77,16 @@ def _cost(line: UsageLine, models: Any, local: bool) -> float | None:
 
 def _view(line: UsageLine, cost: float | None) -> dict[str, Any]:
     return {
-        "key": line.key, "model": line.model, "kind": line.kind, "runs": line.runs,
-        "tokens_in": line.tokens_in, "tokens_out": line.tokens_out,
-        "llm_sec": round(line.llm_sec, 3), "tool_sec": round(line.tool_sec, 3), "cost": cost,
-    }  # fmt: skip
+        "key": line.key,
+        "model": line.model,
+        "kind": line.kind,
+        "runs": line.runs,
+        "tokens_in": line.tokens_in,
+        "tokens_out": line.tokens_out,
+        "llm_sec": round(line.llm_sec, 3),
+        "tool_sec": round(line.tool_sec, 3),
+        "cost": cost,
+    }
 
 
 def _totals(views: list[dict[str, Any]]) -> dict[str, Any]:

@@ -31,9 +31,13 @@ class WorkspaceCommands:
     def _check(self, session_id: str | None) -> CwdCheck:
         rt, user = self.c.rt, self.c.user
         return CwdCheck(
-            user_id=user.id, role=user.role, session_id=session_id, settings=rt.settings,
-            config=rt.config, store=rt.store,
-        )  # fmt: skip
+            user_id=user.id,
+            role=user.role,
+            session_id=session_id,
+            settings=rt.settings,
+            config=rt.config,
+            store=rt.store,
+        )
 
     async def folders(self, rid: RequestId, cmd: Folders) -> None:
         if cmd.session_id is not None:
@@ -56,7 +60,7 @@ class WorkspaceCommands:
                         starts=await start_folders(check),
                         recent=await recent_folders(rt.store, check),
                         session_folder=own,
-                    )  # fmt: skip
+                    )
                 )
                 return
             listing = await list_folders(check, cmd.path)
@@ -69,7 +73,7 @@ class WorkspaceCommands:
                     parent=listing.parent,
                     folders=listing.folders,
                     more=listing.more,
-                )  # fmt: skip
+                )
             )
 
         await self.c.conn.defer(rid, work)
@@ -92,7 +96,7 @@ class WorkspaceCommands:
                     more_files=found.more_files,
                     note=found.note,
                     left_out=[{"root": root, "why": why} for root, why in found.left_out],
-                )  # fmt: skip
+                )
             )
 
         await self.c.conn.defer(rid, work)

@@ -199,11 +199,15 @@ class ModelHost(NurseryHolder):
         state = "idle" if child is None else "ready" if child.ready.is_set() else "starting"
         if self._broken_until is not None:
             state = "broken"
-        return {"state": state, "failures": self.failures, "last_death": self.last_death,
-                "broken": self.broken_message,
-                "extra_buffers": child.extra_buffers if child is not None else None,
-                "system_info": child.info.get("system_info", "") if child is not None else "",
-                "pid": child.proc.pid if child is not None and child.proc else None}  # fmt: skip
+        return {
+            "state": state,
+            "failures": self.failures,
+            "last_death": self.last_death,
+            "broken": self.broken_message,
+            "extra_buffers": child.extra_buffers if child is not None else None,
+            "system_info": child.info.get("system_info", "") if child is not None else "",
+            "pid": child.proc.pid if child is not None and child.proc else None,
+        }
 
     # -- a request's way in --------------------------------------------------------------
 
@@ -459,8 +463,13 @@ class ModelHost(NurseryHolder):
         self._next_start = now + backoff_delay(self.failures, base=BACKOFF_FIRST, cap=BACKOFF_MAX)
         lines = "\n".join(f"    {line}" for line in tail) or "    (nothing)"
         pid = child.proc.pid if child.proc is not None else "-"
-        log.warning("the local model process (pid %s) died %s (%s); its last stderr lines:\n%s",
-                    pid, when, how, lines)  # fmt: skip
+        log.warning(
+            "the local model process (pid %s) died %s (%s); its last stderr lines:\n%s",
+            pid,
+            when,
+            how,
+            lines,
+        )
         if self.failures < BROKEN_AFTER:
             return
         self._broken_until = now + BROKEN_RETRY

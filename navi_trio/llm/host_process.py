@@ -41,8 +41,13 @@ class LoadSpec:
     args_max_tokens: int = 512
 
     def frame(self, *, extra_buffers: bool, probe: bool, start: int) -> dict[str, Any]:
-        return {"type": "load", **attrs.asdict(self, value_serializer=_plain),
-                "extra_buffers": extra_buffers, "probe": probe, "start": start}  # fmt: skip
+        return {
+            "type": "load",
+            **attrs.asdict(self, value_serializer=_plain),
+            "extra_buffers": extra_buffers,
+            "probe": probe,
+            "start": start,
+        }
 
 
 def _plain(_: Any, __: Any, value: Any) -> Any:

@@ -139,8 +139,13 @@ def call_wire(name: str, arguments: str) -> dict[str, Any]:
 
 
 def done_wire(model: str, prompt: int, completion: int, reason: str) -> dict[str, Any]:
-    return {"kind": "done", "model": model, "prompt_tokens": prompt,
-            "completion_tokens": completion, "done_reason": reason}  # fmt: skip
+    return {
+        "kind": "done",
+        "model": model,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "done_reason": reason,
+    }
 
 
 def chunk_from_wire(data: Any) -> LLMChunk:

@@ -64,8 +64,11 @@ async def one_token(settings: Settings, extra_buffers: bool) -> dict[str, Any]:
             )
             return {"ok": False, "error": error, "stderr": death.get("stderr", [])}
         info = backend.host.status()
-    return {"ok": True, "seconds": round(trio.current_time() - started, 2),
-            "system_info": info.get("system_info", "")}  # fmt: skip
+    return {
+        "ok": True,
+        "seconds": round(trio.current_time() - started, 2),
+        "system_info": info.get("system_info", ""),
+    }
 
 
 async def check_local_model(settings: Settings) -> dict[str, Any]:

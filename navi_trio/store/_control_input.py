@@ -29,11 +29,10 @@ HOLD_MAX_CHARS = 64  # a usage hold's id
 HOLDS_MAX = 64  # holds released in one call
 HOLD_TTL_MAX = 7 * 86400.0
 SCHEDULE_KINDS = ("cron", "every", "at")
-SCHEDULE_COLS = (
-    "id", "user_id", "session_id", "profile_id", "kind", "spec", "message", "catch_up",
-    "paused", "next_due", "created_at", "runs", "last_run_at", "last_session_id", "budget",
-    "last_skip", "last_skip_at",
-)  # fmt: skip
+SCHEDULE_COLS = tuple(
+    "id user_id session_id profile_id kind spec message catch_up paused next_due created_at "
+    "runs last_run_at last_session_id budget last_skip last_skip_at".split()
+)
 SKIP_MAX_CHARS = 500  # why a schedule's run was skipped
 
 
@@ -136,9 +135,14 @@ def check_reserve(
     if not 0 < ttl <= HOLD_TTL_MAX:
         raise StoreError(f"a usage hold's ttl must be above 0 and at most {HOLD_TTL_MAX:g} s")
     checked = UsageRequest(
-        want=want, least=least, full=full, hold=request.hold, pid=request.pid,
-        host=_check_text(request.host, "usage holder host", allow_empty=True), ttl=ttl,
-    )  # fmt: skip
+        want=want,
+        least=least,
+        full=full,
+        hold=request.hold,
+        pid=request.pid,
+        host=_check_text(request.host, "usage holder host", allow_empty=True),
+        ttl=ttl,
+    )
     return out, checked
 
 
@@ -244,25 +248,44 @@ def schedule_values(row: ScheduleRow) -> tuple[Any, ...]:
     _check_text(row.spec, "schedule spec")
     _check_text(row.message, "schedule message")
     return (
-        row.id, row.user_id, row.session_id, row.profile_id, row.kind, row.spec, row.message,
-        bool(row.catch_up), bool(row.paused), _due(row.next_due, "next_due"),
-        float(row.created_at), int(row.runs), _due(row.last_run_at, "last_run_at"),
-        row.last_session_id, _dump(row.budget, f"budget of schedule {row.id!r}"),
+        row.id,
+        row.user_id,
+        row.session_id,
+        row.profile_id,
+        row.kind,
+        row.spec,
+        row.message,
+        bool(row.catch_up),
+        bool(row.paused),
+        _due(row.next_due, "next_due"),
+        float(row.created_at),
+        int(row.runs),
+        _due(row.last_run_at, "last_run_at"),
+        row.last_session_id,
+        _dump(row.budget, f"budget of schedule {row.id!r}"),
         None if row.last_skip is None else row.last_skip[:SKIP_MAX_CHARS],
         _due(row.last_skip_at, "last_skip_at"),
-    )  # fmt: skip
+    )
 
 
 def schedule_from(row: Sequence[Any], loads: Callable[[str], Any]) -> ScheduleRow:
     v = dict(zip(SCHEDULE_COLS, row, strict=True))
     return ScheduleRow(
-        id=v["id"], user_id=v["user_id"], session_id=v["session_id"],
-        profile_id=v["profile_id"], kind=v["kind"], spec=v["spec"], message=v["message"],
-        catch_up=bool(v["catch_up"]), paused=bool(v["paused"]),
+        id=v["id"],
+        user_id=v["user_id"],
+        session_id=v["session_id"],
+        profile_id=v["profile_id"],
+        kind=v["kind"],
+        spec=v["spec"],
+        message=v["message"],
+        catch_up=bool(v["catch_up"]),
+        paused=bool(v["paused"]),
         next_due=None if v["next_due"] is None else float(v["next_due"]),
-        created_at=float(v["created_at"]), runs=int(v["runs"]),
+        created_at=float(v["created_at"]),
+        runs=int(v["runs"]),
         last_run_at=None if v["last_run_at"] is None else float(v["last_run_at"]),
-        last_session_id=v["last_session_id"], budget=loads(v["budget"]),
+        last_session_id=v["last_session_id"],
+        budget=loads(v["budget"]),
         last_skip=v["last_skip"],
         last_skip_at=None if v["last_skip_at"] is None else float(v["last_skip_at"]),
-    )  # fmt: skip
+    )

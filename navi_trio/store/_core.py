@@ -110,9 +110,14 @@ class _Core(StoreMethods):
             (logger.warning if self.damage is None else logger.error)("store: %s", said)
 
     async def _run(
-        self, op: str, fn: Callable[[Database], T], *, durable: bool = True, write: bool = True,
+        self,
+        op: str,
+        fn: Callable[[Database], T],
+        *,
+        durable: bool = True,
+        write: bool = True,
         transaction: bool = True,
-    ) -> T:  # fmt: skip
+    ) -> T:
         # Every job is one transaction on the one worker; `write` says nothing here.
         if self._worker is None:
             raise StoreError(
@@ -170,8 +175,11 @@ class _Core(StoreMethods):
         if key == "full":
             logger.error(
                 "store %s: the disk is full (%s): every write fails with storage_full until "
-                "space is freed (first: %s); reads go on", self.path, cause, op,
-            )  # fmt: skip
+                "space is freed (first: %s); reads go on",
+                self.path,
+                cause,
+                op,
+            )
         else:
             logger.error("store: %s", error)
 

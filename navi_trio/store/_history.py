@@ -34,15 +34,21 @@ from navi_trio.text import loads_clean
 
 
 def _insert_history(
-    db: Database, table: str, sid: str, rows: Sequence[_Row], positions: Sequence[float],
+    db: Database,
+    table: str,
+    sid: str,
+    rows: Sequence[_Row],
+    positions: Sequence[float],
     now: float,
-) -> None:  # fmt: skip
+) -> None:
     db.conn.executemany(
         f"INSERT INTO {table} (session_id, position, role, content, is_plan, data, created_at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [(sid, pos, r.role, r.content, int(r.is_plan), r.data, now)
-         for pos, r in zip(positions, rows, strict=True)],
-    )  # fmt: skip
+        [
+            (sid, pos, r.role, r.content, int(r.is_plan), r.data, now)
+            for pos, r in zip(positions, rows, strict=True)
+        ],
+    )
 
 
 def _next_positions(db: Database, table: str, sid: str, count: int) -> list[float]:
@@ -53,10 +59,17 @@ def _next_positions(db: Database, table: str, sid: str, count: int) -> list[floa
 
 
 def _append(
-    db: Database, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
-    dequeue: str | None = None, fence: Fence | None = None, *, durable: bool = True,
+    db: Database,
+    sid: str,
+    msg_rows: list[_Row],
+    ctx_rows: list[_Row],
+    now: float,
+    dequeue: str | None = None,
+    fence: Fence | None = None,
+    *,
+    durable: bool = True,
     renew: float | None = None,
-) -> None:  # fmt: skip
+) -> None:
     # `durable` is the worker's: it commits without the fsync (store/sqlite.py).
     with _write_tx(db):
         SQLITE.check_fence(db, fence)

@@ -20,8 +20,14 @@ _COLS = "session_id, owner, pid, host, expires_at, generation"
 
 
 def _lease_from(row: tuple[str, str, int, str, float, int]) -> LeaseRow:
-    return LeaseRow(session_id=row[0], owner=row[1], pid=row[2], host=row[3], expires_at=row[4],
-                    generation=row[5])  # fmt: skip
+    return LeaseRow(
+        session_id=row[0],
+        owner=row[1],
+        pid=row[2],
+        host=row[3],
+        expires_at=row[4],
+        generation=row[5],
+    )
 
 
 def claim_lease(
@@ -35,15 +41,27 @@ def claim_lease(
         if generation is None:
             assert holder is not None
             return holder
-        lease = LeaseRow(session_id=sid, owner=owner, pid=pid, host=host, expires_at=now + ttl,
-                         generation=generation)  # fmt: skip
+        lease = LeaseRow(
+            session_id=sid,
+            owner=owner,
+            pid=pid,
+            host=host,
+            expires_at=now + ttl,
+            generation=generation,
+        )
         db.execute(
             f"INSERT INTO leases ({_COLS}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id)"
             " DO UPDATE SET owner = excluded.owner, pid = excluded.pid, host = excluded.host,"
             " expires_at = excluded.expires_at, generation = excluded.generation",
-            [lease.session_id, lease.owner, lease.pid, lease.host, lease.expires_at,
-             lease.generation],
-        )  # fmt: skip
+            [
+                lease.session_id,
+                lease.owner,
+                lease.pid,
+                lease.host,
+                lease.expires_at,
+                lease.generation,
+            ],
+        )
         return lease
 
 

@@ -58,9 +58,11 @@ def read_only_check(path: Path, seconds: float = QUICK_CHECK_SEC) -> dict[str, A
     finally:
         conn.close()
     return {
-        "ok": not problems, "done": problems is not None, "problems": problems or [],
+        "ok": not problems,
+        "done": problems is not None,
+        "problems": problems or [],
         "summary": check_summary(path, problems, seconds),
-    }  # fmt: skip
+    }
 
 
 def _connect_read_only(path: Path) -> sqlite3.Connection:

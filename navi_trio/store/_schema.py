@@ -82,46 +82,76 @@ def _init_schema(db: Database) -> None:
         )
     with _write_tx(db):
         db.table("sessions").create(
-            {"id": str, "profile_id": str, "title": str, "user_id": str,
-             "created_at": float, "updated_at": float, "meta": str},
-            pk="id", not_null=["profile_id", "title", "user_id", "created_at", "updated_at",
-                               "meta"],
+            {
+                "id": str,
+                "profile_id": str,
+                "title": str,
+                "user_id": str,
+                "created_at": float,
+                "updated_at": float,
+                "meta": str,
+            },
+            pk="id",
+            not_null=["profile_id", "title", "user_id", "created_at", "updated_at", "meta"],
             if_not_exists=True,
-        )  # fmt: skip
+        )
         db.table("sessions").create_index(
             ["user_id", "updated_at"], index_name="sessions_user", if_not_exists=True
         )
         for table in _HISTORY:
             db.table(table).create(
-                {"id": int, "session_id": str, "position": float, "role": str, "content": str,
-                 "is_plan": int, "data": str, "created_at": float},
-                pk="id", not_null=["session_id", "position", "is_plan", "data", "created_at"],
-                foreign_keys=[("session_id", "sessions", "id")], if_not_exists=True,
-            )  # fmt: skip
-            db.table(table).create_index(
-                ["session_id", "position"], index_name=f"{table}_order", unique=True,
+                {
+                    "id": int,
+                    "session_id": str,
+                    "position": float,
+                    "role": str,
+                    "content": str,
+                    "is_plan": int,
+                    "data": str,
+                    "created_at": float,
+                },
+                pk="id",
+                not_null=["session_id", "position", "is_plan", "data", "created_at"],
+                foreign_keys=[("session_id", "sessions", "id")],
                 if_not_exists=True,
-            )  # fmt: skip
+            )
+            db.table(table).create_index(
+                ["session_id", "position"],
+                index_name=f"{table}_order",
+                unique=True,
+                if_not_exists=True,
+            )
         db.table("kv").create(
             {"scope": str, "key": str, "value": str, "updated_at": float},
-            pk=("scope", "key"), not_null=["value", "updated_at"], if_not_exists=True,
-        )  # fmt: skip
+            pk=("scope", "key"),
+            not_null=["value", "updated_at"],
+            if_not_exists=True,
+        )
         db.table("users").create(
             {"id": str, "name": str, "token_sha256": str, "role": str, "created_at": float},
-            pk="id", not_null=["name", "token_sha256", "role", "created_at"],
+            pk="id",
+            not_null=["name", "token_sha256", "role", "created_at"],
             if_not_exists=True,
-        )  # fmt: skip
+        )
         db.table("users").create_index(
             ["token_sha256"], index_name="users_token", unique=True, if_not_exists=True
         )
         # Who runs a session right now (store/_lease.py). No foreign key: a run leases
         # its session before the session row exists. Old databases gain the table here.
         db.table("leases").create(
-            {"session_id": str, "owner": str, "pid": int, "host": str, "expires_at": float,
-             "generation": int},
-            pk="session_id", not_null=["owner", "pid", "host", "expires_at", "generation"],
-            defaults={"generation": 0}, if_not_exists=True,
-        )  # fmt: skip
+            {
+                "session_id": str,
+                "owner": str,
+                "pid": int,
+                "host": str,
+                "expires_at": float,
+                "generation": int,
+            },
+            pk="session_id",
+            not_null=["owner", "pid", "host", "expires_at", "generation"],
+            defaults={"generation": 0},
+            if_not_exists=True,
+        )
         if "generation" not in db.table("leases").columns_dict:  # a version 1 database
             db.execute("ALTER TABLE leases ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
         # Queued user messages (store/_queue.py): `id` is the order they were queued in.

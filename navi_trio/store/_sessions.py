@@ -30,9 +30,16 @@ def _insert_session(
             return count
         db.execute(
             f"INSERT INTO sessions ({SESSION_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [row.id, row.profile_id, row.title, row.user_id, row.created_at, row.updated_at,
-             meta_json],
-        )  # fmt: skip
+            [
+                row.id,
+                row.profile_id,
+                row.title,
+                row.user_id,
+                row.created_at,
+                row.updated_at,
+                meta_json,
+            ],
+        )
     return None
 
 

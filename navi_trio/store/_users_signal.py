@@ -57,8 +57,9 @@ def signal_users_changed(marker: Path) -> None:
         log.warning(
             "the users changed, but %s could not be written (%s): a daemon on this database "
             "closes the connections of a revoked token at the next change",
-            marker, exc,
-        )  # fmt: skip
+            marker,
+            exc,
+        )
 
 
 async def watch_users_marker(
@@ -71,8 +72,9 @@ async def watch_users_marker(
     Started once the watch is in place: a change after that is never missed."""
     fd = _inotify(marker.parent)
     if fd is None:
-        log.warning("no inotify here: the users marker %s is looked at every %g s",
-                    marker, POLL_SEC)  # fmt: skip
+        log.warning(
+            "no inotify here: the users marker %s is looked at every %g s", marker, POLL_SEC
+        )
         await _poll(marker, changed, task_status)
         return
     try:
@@ -85,8 +87,9 @@ async def watch_users_marker(
                 continue
             names, lost = _names(data)
             if lost:  # the folder went away: the watch with it
-                log.warning("the folder of %s is gone: its marker is looked at every %g s",
-                            marker, POLL_SEC)  # fmt: skip
+                log.warning(
+                    "the folder of %s is gone: its marker is looked at every %g s", marker, POLL_SEC
+                )
                 break
             if marker.name in names or "*" in names:
                 changed()

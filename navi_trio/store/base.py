@@ -342,9 +342,15 @@ class SessionStore(Protocol):
 
     # queued user messages: kept until `append(dequeue=key)` moves one into history
     async def enqueue(
-        self, session_id: str, key: str, message: dict[str, Any], *, pid: int, host: str,
+        self,
+        session_id: str,
+        key: str,
+        message: dict[str, Any],
+        *,
+        pid: int,
+        host: str,
         keep: int | None = None,
-    ) -> list[tuple[str, dict[str, Any]]]: ...  # fmt: skip
+    ) -> list[tuple[str, dict[str, Any]]]: ...
     async def unqueue(self, key: str) -> bool: ...
     async def release_queued(
         self, session_id: str, keys: Sequence[str], *, pid: int, host: str
@@ -465,7 +471,11 @@ class ClusterBus(Protocol):
     ) -> int | None: ...
     async def orphans(self, owner: str, dead: Sequence[str]) -> list[str]: ...
     async def take_slot(
-        self, key: str, kind: str, owner: str, claims: Sequence[tuple[str, int]],
+        self,
+        key: str,
+        kind: str,
+        owner: str,
+        claims: Sequence[tuple[str, int]],
         rate: tuple[str, int, float] | None = None,
-    ) -> str | None: ...  # fmt: skip
+    ) -> str | None: ...
     async def free_slot(self, key: str, *, keep: bool) -> None: ...

@@ -19,8 +19,9 @@ def describe(url: str) -> str:
         user = userinfo.split(":", 1)[0]
         netloc = f"{user}@{hosts}" if user else hosts
     query = [
-        (k, v) for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        (k, v)
+        for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
         if k != "password"
-    ]  # fmt: skip
+    ]
     kept = urllib.parse.urlencode(query, safe="/")
     return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{kept}" if kept else "")

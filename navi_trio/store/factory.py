@@ -67,12 +67,18 @@ async def store_report(settings: Settings, errors: list[str] | None = None) -> d
     else:
         applied = found["schema"]
         report.update(
-            ok=True, path=f"{where} (PostgreSQL {found['server']})", existed=bool(applied),
-            tables=found["tables"], schema={"applied": applied, "known": SCHEMA_VERSION},
-        )  # fmt: skip
+            ok=True,
+            path=f"{where} (PostgreSQL {found['server']})",
+            existed=bool(applied),
+            tables=found["tables"],
+            schema={"applied": applied, "known": SCHEMA_VERSION},
+        )
         if applied and max(applied) > SCHEMA_VERSION:
-            report.update(ok=False, error=f"{where} has schema version {max(applied)}; this "
-                          f"navi knows {SCHEMA_VERSION}: use a newer navi")  # fmt: skip
+            report.update(
+                ok=False,
+                error=f"{where} has schema version {max(applied)}; this "
+                f"navi knows {SCHEMA_VERSION}: use a newer navi",
+            )
     if not report["ok"] and errors is not None:
         errors.append(report["error"])
     return report
@@ -98,7 +104,6 @@ def _look(url: str) -> dict[str, Any]:
                 counts = ", ".join(f"(SELECT COUNT(*) FROM {t})" for t in TABLES)
                 got = conn.execute(f"SELECT {counts}").fetchone()
                 tables = None if got is None else dict(zip(TABLES, map(int, got), strict=True))
-            return {"server": None if row is None else row[0], "schema": applied,
-                    "tables": tables}  # fmt: skip
+            return {"server": None if row is None else row[0], "schema": applied, "tables": tables}
     except psycopg.Error as exc:
         raise StoreError(f"the server does not answer: {first_line(exc)}") from None

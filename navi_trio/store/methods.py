@@ -99,9 +99,14 @@ class StoreMethods:
         return self._last_now
 
     async def _run(
-        self, op: str, fn: Callable[[Any], T], *, durable: bool = True, write: bool = True,
+        self,
+        op: str,
+        fn: Callable[[Any], T],
+        *,
+        durable: bool = True,
+        write: bool = True,
         transaction: bool = True,
-    ) -> T:  # fmt: skip
+    ) -> T:
         """Run `fn(conn)` as one job on the engine's workers: its answer, or a StoreError
         naming `op`. `durable=False`: commit without waiting for the disk; `write=False`:
         a read (an engine may use it for its health reports); `transaction=False`: `fn` is
@@ -229,13 +234,17 @@ class StoreMethods:
         ttl = renew if fence is not None else None
         await self._run(
             f"append to session {sid!r}",
-            self._fenced(fence, lambda c: self.sql.append(c, sid, msg_rows, ctx_rows, now, dequeue,
-                                                          fence, durable=durable, renew=ttl)),
+            self._fenced(
+                fence,
+                lambda c: self.sql.append(
+                    c, sid, msg_rows, ctx_rows, now, dequeue, fence, durable=durable, renew=ttl
+                ),
+            ),
             durable=durable,
             # Without a dequeue or a renewal an engine may make it one statement, its own
             # transaction.
             transaction=dequeue is not None or ttl is not None,
-        )  # fmt: skip
+        )
 
     async def load_messages(self, session_id: str) -> list[dict[str, Any]]:
         sid = check_session_id(session_id)
@@ -315,9 +324,15 @@ class StoreMethods:
     # -- queued messages ------------------------------------------------------------
 
     async def enqueue(
-        self, session_id: str, key: str, message: dict[str, Any], *, pid: int, host: str,
+        self,
+        session_id: str,
+        key: str,
+        message: dict[str, Any],
+        *,
+        pid: int,
+        host: str,
         keep: int | None = None,
-    ) -> Queued:  # fmt: skip
+    ) -> Queued:
         """Keep a queued user message until its run appends it (`append(dequeue=key)`);
         with `keep`, the session's oldest rows beyond the newest `keep` go: (key, message)
         of each, oldest first."""
@@ -407,8 +422,12 @@ class StoreMethods:
         """Add a user; only a SHA-256 of the token is stored (tokens are random secrets)."""
         _check_text(name, "user name")
         _check_text(role, "user role")
-        user = {"id": "u-" + uuid.uuid4().hex[:12], "name": name, "role": role,
-                "created_at": self._now()}  # fmt: skip
+        user = {
+            "id": "u-" + uuid.uuid4().hex[:12],
+            "name": name,
+            "role": role,
+            "created_at": self._now(),
+        }
         digest = token_digest(token)
         await self._run(f"create user {name!r}", lambda c: self.sql.insert_user(c, user, digest))
         await self._users_changed()
@@ -508,8 +527,11 @@ class StoreMethods:
         kv = None
         if note is not None:
             scope, key, value = note
-            kv = (_check_text(scope, "kv scope"), _check_text(key, "kv key"),
-                  _dump(value, f"kv value for {scope}/{key}"))  # fmt: skip
+            kv = (
+                _check_text(scope, "kv scope"),
+                _check_text(key, "kv key"),
+                _dump(value, f"kv value for {scope}/{key}"),
+            )
         now = self._now()
         return await self._run(
             f"queue a wake-up of {wake.session_id!r}",
@@ -530,8 +552,12 @@ class StoreMethods:
     async def record_run_usage(self, usage: RunUsage) -> None:
         """Keep what one run spent (the accounts); never fenced: what was spent was spent,
         whoever holds the session now."""
-        for value, what in ((usage.session_id, "session_id"), (usage.user_id, "user_id"),
-                            (usage.profile, "profile"), (usage.model, "model")):  # fmt: skip
+        for value, what in (
+            (usage.session_id, "session_id"),
+            (usage.user_id, "user_id"),
+            (usage.profile, "profile"),
+            (usage.model, "model"),
+        ):
             _check_text(value, what, allow_empty=what == "model")
         if usage.kind not in RUN_KINDS:
             raise StoreError(f"run kind must be one of {', '.join(RUN_KINDS)}, not {usage.kind!r}")

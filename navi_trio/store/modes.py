@@ -39,8 +39,7 @@ def _private(path: Path) -> int | None:
     try:
         os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o077)
     except OSError as exc:  # another account's file: say so, and go on
-        log.warning("%s is readable to other accounts and could not be made private: %s",
-                    path, exc)  # fmt: skip
+        log.warning("%s is readable to other accounts and could not be made private: %s", path, exc)
         return None
     return stat.S_IMODE(st.st_mode)
 
@@ -68,9 +67,10 @@ def private_database(path: Path) -> list[str]:
             changed.append(f"{one.name} (was {old:04o})")
     if changed:
         log.warning(
-            "the database files %s in %s were readable to other accounts: made private "
-            "(0600)", ", ".join(changed), path.parent,
-        )  # fmt: skip
+            "the database files %s in %s were readable to other accounts: made private (0600)",
+            ", ".join(changed),
+            path.parent,
+        )
     return changed
 
 

@@ -51,9 +51,14 @@ KV_UPSERT = (
 
 def session_from(row: Any) -> SessionRow:
     return SessionRow(
-        id=row[0], profile_id=row[1], title=row[2], user_id=row[3],
-        created_at=row[4], updated_at=row[5], meta=json.loads(row[6]),
-    )  # fmt: skip
+        id=row[0],
+        profile_id=row[1],
+        title=row[2],
+        user_id=row[3],
+        created_at=row[4],
+        updated_at=row[5],
+        meta=json.loads(row[6]),
+    )
 
 
 def user_dict(row: Any) -> dict[str, Any]:
@@ -86,9 +91,19 @@ class Engine:
     create_schedule: Callable[[Any, tuple[Any, ...], ScheduleRow], ScheduleRow]
 
     def append(
-        self, conn: Any, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
-        dequeue: str | None, fence: Fence | None, /, *, durable: bool, renew: float | None,
-    ) -> None:  # fmt: skip
+        self,
+        conn: Any,
+        sid: str,
+        msg_rows: list[_Row],
+        ctx_rows: list[_Row],
+        now: float,
+        dequeue: str | None,
+        fence: Fence | None,
+        /,
+        *,
+        durable: bool,
+        renew: float | None,
+    ) -> None:
         """New history rows, with the queued row `dequeue` taken off the queue; with
         `renew`, the fence's lease extended to `renew` s from now."""
         raise NotImplementedError
@@ -170,9 +185,14 @@ class Engine:
         )
 
     def enqueue_wake(
-        self, conn: Any, values: tuple[Any, ...], kv: tuple[str, str, str] | None, limit: int,
-        since: float, now: float,
-    ) -> bool:  # fmt: skip
+        self,
+        conn: Any,
+        values: tuple[Any, ...],
+        kv: tuple[str, str, str] | None,
+        limit: int,
+        since: float,
+        now: float,
+    ) -> bool:
         """Store the note `kv`; queue the wake-up `values` unless its session was woken
         `limit` times since `since`: True when queued. The session's row is held first,
         so two writers never both pass the bound."""
@@ -280,9 +300,16 @@ class Engine:
             return bool(conn.execute(sql, [self.flag(paused), next_due, sid]).rowcount)
 
     def claim(
-        self, conn: Any, sid: str, due: float, next_due: float | None,
-        run: tuple[Any, ...] | None, new: tuple[Any, ...] | None, most: int | None, now: float,
-    ) -> Claimed:  # fmt: skip
+        self,
+        conn: Any,
+        sid: str,
+        due: float,
+        next_due: float | None,
+        run: tuple[Any, ...] | None,
+        new: tuple[Any, ...] | None,
+        most: int | None,
+        now: float,
+    ) -> Claimed:
         """Move the schedule from `due` (compare and set: a second claimer waits for the
         first one's row lock, then finds next_due moved and claims nothing); with `run`,
         queue it, creating `new` first unless its user has `most` sessions."""
@@ -336,8 +363,19 @@ class Engine:
             "INSERT INTO run_usage (at, day, session_id, user_id, profile, model, kind,"
             " tokens_in, tokens_out, llm_sec, tool_sec) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
-        values = [now, day, u.session_id, u.user_id, u.profile, u.model, u.kind,
-                  u.tokens_in, u.tokens_out, u.llm_sec, u.tool_sec]  # fmt: skip
+        values = [
+            now,
+            day,
+            u.session_id,
+            u.user_id,
+            u.profile,
+            u.model,
+            u.kind,
+            u.tokens_in,
+            u.tokens_out,
+            u.llm_sec,
+            u.tool_sec,
+        ]
         with self.write(conn):
             conn.execute(sql, values)
 
@@ -363,7 +401,7 @@ class Engine:
                 int(r[5]),
                 float(r[6]),
                 float(r[7]),
-            )  # fmt: skip
+            )
             for r in rows
         ]
 

@@ -108,9 +108,17 @@ class CheckpointEngine:
         self._wall = wall
         self._locks = RootLocks()
         self._snaps = Snapshots(
-            settings, self.folder, self.objects, self.records, self._locks, self.ledger,
-            clock, wall, watch=watch, who=self.who,
-        )  # fmt: skip
+            settings,
+            self.folder,
+            self.objects,
+            self.records,
+            self._locks,
+            self.ledger,
+            clock,
+            wall,
+            watch=watch,
+            who=self.who,
+        )
 
     # -- life ---------------------------------------------------------------------
 
@@ -395,9 +403,14 @@ class CheckpointEngine:
         try:
             try:
                 results = self._snaps.scan_all(
-                    roots, [s for _, s in present], private, check, store=not look,
-                    held=held, tag=tag,
-                )  # fmt: skip
+                    roots,
+                    [s for _, s in present],
+                    private,
+                    check,
+                    store=not look,
+                    held=held,
+                    tag=tag,
+                )
                 if look:
                     skipped = "only looked"
             except OverLimit as over:
@@ -407,9 +420,14 @@ class CheckpointEngine:
                     ) from None
                 skipped = over.reason
                 results = self._snaps.scan_all(
-                    roots, [s for _, s in present], private, check, store=False, held=held,
+                    roots,
+                    [s for _, s in present],
+                    private,
+                    check,
+                    store=False,
+                    held=held,
                     tag=tag,
-                )  # fmt: skip
+                )
             except RootUnusableError as exc:
                 raise CheckpointError(str(exc)) from None
             if not skipped and results:
@@ -477,9 +495,16 @@ class CheckpointEngine:
         try:
             unseen = functools.partial(_exists, fds)
             return plan_root(
-                rt.path, current, result.mode, sealed, target, self.objects, unseen, only,
+                rt.path,
+                current,
+                result.mode,
+                sealed,
+                target,
+                self.objects,
+                unseen,
+                only,
                 functools.partial(refused, fd, who=self.who),
-            )  # fmt: skip
+            )
         finally:
             fds.close()
             os.close(fd)

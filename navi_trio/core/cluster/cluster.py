@@ -89,9 +89,14 @@ class Cluster:
     """This daemon's part in a cluster of daemons on one database (see the module)."""
 
     def __init__(
-        self, bus: ClusterBus, store: SessionStore, leases: SessionLeases, ttl: float,
-        *, queue_max: int | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        bus: ClusterBus,
+        store: SessionStore,
+        leases: SessionLeases,
+        ttl: float,
+        *,
+        queue_max: int | None = None,
+    ) -> None:
         self.bus = bus
         self.store = store
         self.leases = leases
@@ -298,9 +303,13 @@ class Cluster:
             return None
         leases = self.leases
         return await self.bus.take_abandoned(
-            abandoned, self.owner, leases.pid, leases.host, self.ttl,
+            abandoned,
+            self.owner,
+            leases.pid,
+            leases.host,
+            self.ttl,
             dead=self._dead_here(abandoned),
-        )  # fmt: skip
+        )
 
     async def owner_elsewhere(self, session_id: str) -> str | None:
         """The other daemon running the session now, if one does. A turn a dead owner
@@ -355,8 +364,12 @@ class Cluster:
         try:
             await self.tell(owner, kind, session_id, **(extra or {}))
         except StoreError as exc:
-            log.warning("telling %s of session %s failed (the failover finds it): %s",
-                        owner, session_id, exc)  # fmt: skip
+            log.warning(
+                "telling %s of session %s failed (the failover finds it): %s",
+                owner,
+                session_id,
+                exc,
+            )
 
     # -- limits counted across daemons ---------------------------------------------------
 

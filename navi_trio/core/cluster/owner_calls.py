@@ -97,9 +97,15 @@ class OwnerCalls:
     # -- asking -------------------------------------------------------------------------
 
     async def approve(
-        self, owner: str, session_id: str, call_id: str, *, approve: bool, scope: str,
+        self,
+        owner: str,
+        session_id: str,
+        call_id: str,
+        *,
+        approve: bool,
+        scope: str,
         user_id: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """`user_id`'s answer to a call waiting on daemon `owner`; NotFoundError when it
         waits there no longer, ForbiddenError when its run is another user's."""
         await self._ask(owner, APPROVE, session_id, c=call_id, a=approve, sc=scope, u=user_id)
@@ -238,7 +244,11 @@ def _job(marker: Any, daemons: dict[tuple[Any, Any], str]) -> dict[str, Any] | N
     started = marker.get("started")
     age = time.time() - started if isinstance(started, (int, float)) else 0.0
     info = task_info(
-        tid, str(marker.get("tool") or "?"), "running", age, sid,
+        tid,
+        str(marker.get("tool") or "?"),
+        "running",
+        age,
+        sid,
         str(marker.get("args_summary") or ""),
-    )  # fmt: skip
+    )
     return {**info, "daemon": owner}

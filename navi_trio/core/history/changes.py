@@ -62,10 +62,13 @@ async def session_changes(
         return Changes(since, info.id, [], 0, "you may not use its folders now", left_out)
     with engine_errors():
         found, more = await rewinder.engine.changes(
-            session_id, info.id, private=rewinder.private(session_id),
-            scope=Scope(conflicts="restore", roots=roots), max_files=FILES_MAX,
+            session_id,
+            info.id,
+            private=rewinder.private(session_id),
+            scope=Scope(conflicts="restore", roots=roots),
+            max_files=FILES_MAX,
             max_file_bytes=READ_MAX_BYTES,
-        )  # fmt: skip
+        )
     files = await trio.to_thread.run_sync(diffs, found)
     note = "" if files else "nothing changed by navi's tools since that message"
     return Changes(since, info.id, files, more, note, left_out)
@@ -121,9 +124,12 @@ def _text(data: bytes | None) -> str | None:
 
 def _unified(path: str, before: str, after: str, limit: int) -> tuple[str, bool]:
     lines = difflib.unified_diff(
-        before.splitlines(keepends=True), after.splitlines(keepends=True),
-        fromfile=f"a/{path}", tofile=f"b/{path}", n=CONTEXT_LINES,
-    )  # fmt: skip
+        before.splitlines(keepends=True),
+        after.splitlines(keepends=True),
+        fromfile=f"a/{path}",
+        tofile=f"b/{path}",
+        n=CONTEXT_LINES,
+    )
     parts: list[str] = []
     size = 0
     for line in lines:

@@ -217,9 +217,12 @@ class Forker:
         roots, left_out = await self.rewinder.usable(source, found, asker)
         try:
             outcome = await engine.snapshot(
-                source, roots, private=self.rewinder.private(source), label="for a fork",
+                source,
+                roots,
+                private=self.rewinder.private(source),
+                label="for a fork",
                 namespace=owner,
-            )  # fmt: skip
+            )
         except CheckpointError as exc:
             raise RestoreError(f"the folders could not be copied: {exc}") from None
         if not isinstance(outcome, Created):

@@ -183,9 +183,13 @@ class Rewinder:
             return tuple(folders), ()
         own = await trio.to_thread.run_sync(real_path, self.settings.session_dir(session_id))
         check = CwdCheck(
-            user_id=asker.user_id, role=asker.role, session_id=session_id,
-            settings=self.settings, config=self.source, store=self.store,
-        )  # fmt: skip
+            user_id=asker.user_id,
+            role=asker.role,
+            session_id=session_id,
+            settings=self.settings,
+            config=self.source,
+            store=self.store,
+        )
         ok: list[Path] = []
         left: list[tuple[str, str]] = []
         for folder in folders:
@@ -368,9 +372,17 @@ class Rewinder:
         keep = index if target.chat else None
         new_context = context_before(messages, context, index) if target.chat else context
         return _Plan(
-            messages, context, keep, [], new_context, checkpoint, note, target.to, None,
+            messages,
+            context,
+            keep,
+            [],
+            new_context,
+            checkpoint,
+            note,
+            target.to,
+            None,
             _digest(target, messages, context, None),
-        )  # fmt: skip
+        )
 
     async def _plan_branch(
         self, session_id: str, target: Target, messages: list[Message], context: list[Message]
@@ -393,9 +405,17 @@ class Rewinder:
         checkpoint = branch.get("checkpoint") if target.files else None
         note = "" if checkpoint or not target.files else "that branch holds no files"
         return _Plan(
-            messages, context, keep, tail, new_context, checkpoint, note,
-            str(branch.get("at") or ""), branch, _digest(target, messages, context, branch),
-        )  # fmt: skip
+            messages,
+            context,
+            keep,
+            tail,
+            new_context,
+            checkpoint,
+            note,
+            str(branch.get("at") or ""),
+            branch,
+            _digest(target, messages, context, branch),
+        )
 
 
 def _all_left_out(left_out: Sequence[tuple[str, str]]) -> str:

@@ -57,9 +57,15 @@ class NoteSink(Protocol):
     """Takes a finished job's note (core/triggers/wake.py `Waker`; else the store's kv)."""
 
     async def record(
-        self, session_id: str, *, task_id: str, tool: str, status: str, summary: str,
+        self,
+        session_id: str,
+        *,
+        task_id: str,
+        tool: str,
+        status: str,
+        summary: str,
         tokens: int = 0,
-    ) -> None: ...  # fmt: skip
+    ) -> None: ...
 
 
 class TaskSupervisor(NurseryHolder):

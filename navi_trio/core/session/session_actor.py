@@ -442,8 +442,7 @@ class SessionActor:
             if generation is not None:
                 events = await self.parts.end_dead_turn(self.session_id, generation)
         except NaviError as exc:
-            log.warning("session %s: ending a dead daemon's turn failed: %s", self.session_id,
-                        exc)  # fmt: skip
+            log.warning("session %s: ending a dead daemon's turn failed: %s", self.session_id, exc)
             return
         self.dead_turn_checked = True
         said = self._end_said  # the dead turn's end is not the running run's
@@ -750,13 +749,17 @@ class SessionActor:
         try:
             await self._hand_over(self.session_id, keys)
         except NaviError as exc:
-            log.warning("session %s: leaving its queue to its new owner failed: %s",
-                        self.session_id, exc)  # fmt: skip
+            log.warning(
+                "session %s: leaving its queue to its new owner failed: %s", self.session_id, exc
+            )
             return False
         gone = {id(m) for m in handed}
         self.pending = collections.deque(m for m in self.pending if id(m) not in gone)
-        log.info("session %s: %d queued message(s) left to the daemon that runs it now",
-                 self.session_id, len(keys))  # fmt: skip
+        log.info(
+            "session %s: %d queued message(s) left to the daemon that runs it now",
+            self.session_id,
+            len(keys),
+        )
         return True
 
     def _nudge_kept(self) -> None:

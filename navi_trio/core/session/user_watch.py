@@ -81,8 +81,9 @@ class UserWatch:
         try:
             self._known = await self._ids()
         except NaviError as exc:
-            log.warning("reading the users failed (%s): removals are seen from the next change",
-                        exc)  # fmt: skip
+            log.warning(
+                "reading the users failed (%s): removals are seen from the next change", exc
+            )
         task_status.started()
         while True:
             await self._wake.wait()

@@ -249,12 +249,19 @@ class Scheduler(NurseryHolder):
                 "serve` (or name it with --url) and add the schedule there"
             )
         row = ScheduleRow(
-            id="sch-" + secrets.token_hex(6), user_id=user_id, session_id=want.session_id,
-            profile_id=want.profile_id, kind=want.kind, spec=want.spec.strip(),
-            message=want.message, catch_up=want.catch_up, paused=False, next_due=due,
+            id="sch-" + secrets.token_hex(6),
+            user_id=user_id,
+            session_id=want.session_id,
+            profile_id=want.profile_id,
+            kind=want.kind,
+            spec=want.spec.strip(),
+            message=want.message,
+            catch_up=want.catch_up,
+            paused=False,
+            next_due=due,
             created_at=self.clock(),
             budget={} if want.budget is None else budgets_dict(want.budget),
-        )  # fmt: skip
+        )
         await self._store.create_schedule(row)
         log.info("schedule %s added (%s %s) by %s", row.id, row.kind, row.spec, user_id)
         self.poke()
@@ -334,8 +341,9 @@ class Scheduler(NurseryHolder):
             # Its owner was removed (the store removes their schedules with them; this
             # one was added as they went): it belongs to nobody, and never runs.
             await self._store.delete_schedule(row.id)
-            log.warning("schedule %s: its owner %s was removed: deleted, not run",
-                        row.id, row.user_id)  # fmt: skip
+            log.warning(
+                "schedule %s: its owner %s was removed: deleted, not run", row.id, row.user_id
+            )
             return
         role = str(owner["role"])
         budget = parse_budgets(row.budget) if row.budget else None
@@ -347,16 +355,24 @@ class Scheduler(NurseryHolder):
             new = NewSession(session_id, profile, row.user_id, row.message[:80])
         message = to_row(
             UserMessage(
-                row.message, user_id=row.user_id, user_role=role, kind="schedule",
-                headless=True, budget=budget, schedule_id=row.id,
+                row.message,
+                user_id=row.user_id,
+                user_role=role,
+                kind="schedule",
+                headless=True,
+                budget=budget,
+                schedule_id=row.id,
             )
-        )  # fmt: skip
+        )
         key = "sched-" + secrets.token_hex(8)
         claimed = await self._store.claim_schedule(
-            row.id, due=row.next_due, next_due=following,
-            run=QueuedRow(session_id, key, message, self.pid, self.host), session=new,
+            row.id,
+            due=row.next_due,
+            next_due=following,
+            run=QueuedRow(session_id, key, message, self.pid, self.host),
+            session=new,
             sessions_max=None if new is None else self._settings.sessions_per_user,
-        )  # fmt: skip
+        )
         if not claimed:
             return  # another daemon ran it, or it changed meanwhile
         if claimed.skipped is not None:

@@ -80,9 +80,15 @@ class Waker(NurseryHolder):
         # wake-up is queued all the same, and runs when the daemon starts its actors.
         if row is None or not self._wakes(row) or control is not None:
             await record_note(
-                self._store, self._settings, session_id, task_id=task_id, tool=tool,
-                status=status, summary=summary, tokens=tokens,
-            )  # fmt: skip
+                self._store,
+                self._settings,
+                session_id,
+                task_id=task_id,
+                tool=tool,
+                status=status,
+                summary=summary,
+                tokens=tokens,
+            )
             if row is not None and control is not None and self._wakes(row):
                 # Into the running turn at its next LLM call; a wake-up if it makes none.
                 control.injections.notes()
@@ -114,8 +120,9 @@ class Waker(NurseryHolder):
                 await trim_notes(self._store, self._settings, row.id)
             log.warning(
                 "session %s: not woken: its owner %s was removed; the note is kept",
-                row.id, row.user_id,
-            )  # fmt: skip
+                row.id,
+                row.user_id,
+            )
             return
         message = to_row(UserMessage("", user_id=row.user_id, user_role=role, kind="wake"))
         key = "wake-" + secrets.token_hex(8)
@@ -130,8 +137,10 @@ class Waker(NurseryHolder):
         if not queued:
             log.warning(
                 "session %s: not woken: %d wake-ups in the last hour (NAVI_WAKE_MAX_PER_HOUR);"
-                " the note waits for the next message", row.id, self._settings.wake_max_per_hour,
-            )  # fmt: skip
+                " the note waits for the next message",
+                row.id,
+                self._settings.wake_max_per_hour,
+            )
             return
         log.info("session %s: woken by background results", row.id)
         registry = self._registry()

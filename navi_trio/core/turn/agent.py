@@ -220,7 +220,7 @@ class Agent:
                 approvals,
                 checkpoints,
                 confirm=self.leases.confirm_current,
-            ),  # fmt: skip
+            ),
             builder=builder,
             counter=counter,
             config=self.live_config,
@@ -336,11 +336,13 @@ class Agent:
             # The session's profile is not one the sender's role may use (an admin's run
             # switched it, the config changed): the role's own default, from now on.
             fallback = cfg.default_for(msg.user_role)
-            emit(WarningEvent(
-                message=f"{cfg.refuse_profile(msg.user_role, current)}; this session goes "
-                f"on with {fallback!r}",
-                code="profile_refused",
-            ))  # fmt: skip
+            emit(
+                WarningEvent(
+                    message=f"{cfg.refuse_profile(msg.user_role, current)}; this session goes "
+                    f"on with {fallback!r}",
+                    code="profile_refused",
+                )
+            )
             await self.cache.set_profile(state, fallback)
         profile = cfg.profile(state.profile_id)
         control.on_busy_default = profile.on_busy
@@ -348,9 +350,14 @@ class Agent:
         # Held from here to the end of the run, checked again: the message may have
         # waited in the queue (across a restart too) since its cwd was checked.
         roots = await hold_roots(
-            session_id, msg.cwd, user_id=msg.user_id, role=msg.user_role,
-            settings=self.settings, config=self.live_config.source, store=self.store,
-        )  # fmt: skip
+            session_id,
+            msg.cwd,
+            user_id=msg.user_id,
+            role=msg.user_role,
+            settings=self.settings,
+            config=self.live_config.source,
+            store=self.store,
+        )
         try:
             await self._hold_turn(session_id, msg, emit, control, state, cfg, roots)
         finally:
@@ -437,8 +444,7 @@ class Agent:
         if turn_open is False:
             # Its turn ended already (its answer saved, though the store said the save
             # failed; ended by the daemon that took the session over): nothing to run.
-            log.info("session %s: the turn of a kept message had ended: not run again",
-                     state.id)  # fmt: skip
+            log.info("session %s: the turn of a kept message had ended: not run again", state.id)
             control.skipped = True
             msg.accepted.ok()  # (acknowledged already: it was kept)
             return

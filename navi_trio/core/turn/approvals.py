@@ -151,9 +151,10 @@ class ApprovalBroker:
             publish(ApprovalDecided(call_id=call_id, approved=ok, by="headless"))
             why = "allowed" if ok else "denied"
             nobody = (
-                "a scheduled run waits on nobody" if headless
+                "a scheduled run waits on nobody"
+                if headless
                 else "no client is attached to approve it"
-            )  # fmt: skip
+            )
             return Outcome(ok, f"{why} by the headless rule: {nobody} ({verdict.rule})")
         request = ApprovalRequest(
             call_id=call_id,
@@ -208,8 +209,11 @@ class ApprovalBroker:
         if user_id != pending.starter:
             log.warning(
                 "session %s: call %s: an answer of %s refused (the run is %s's)",
-                session_id, call_id, user_id, pending.starter,
-            )  # fmt: skip
+                session_id,
+                call_id,
+                user_id,
+                pending.starter,
+            )
             raise ForbiddenError(
                 f"only the owner of this run (the user who started it) answers its approval "
                 f"requests: call {call_id!r} in session {session_id!r} is not yours to answer",
@@ -220,9 +224,14 @@ class ApprovalBroker:
             held = self._session_grants.setdefault(session_id, {})
             for key in pending.grants:
                 held[key] = Grant(
-                    grant_id("session", session_id, key), "session", user_id,
-                    pending.request.mode, words, session_id, time.time(),
-                )  # fmt: skip
+                    grant_id("session", session_id, key),
+                    "session",
+                    user_id,
+                    pending.request.mode,
+                    words,
+                    session_id,
+                    time.time(),
+                )
         if approve and scope == "always":
             for key in pending.grants:
                 value = {"rule": pending.rule, "grants": words, "at": time.time()}
@@ -234,8 +243,11 @@ class ApprovalBroker:
         pending.answered.set()
         log.info(
             "session %s: call %s %s (%s)",
-            session_id, call_id, "approved" if approve else "denied", scope,
-        )  # fmt: skip
+            session_id,
+            call_id,
+            "approved" if approve else "denied",
+            scope,
+        )
 
     async def _granted(self, session_id: str, grant: str) -> str | None:
         """How `grant` is granted: "session", "always", or None."""
@@ -266,10 +278,14 @@ class ApprovalBroker:
             at = value.get("at")
             found.append(
                 Grant(
-                    grant_id("always", "", key), "always", user, mode, str(words),
+                    grant_id("always", "", key),
+                    "always",
+                    user,
+                    mode,
+                    str(words),
                     given_at=float(at) if isinstance(at, int | float) else 0.0,
                 )
-            )  # fmt: skip
+            )
         return found
 
     async def revoke(self, grant: str, user_id: str | None) -> Grant:

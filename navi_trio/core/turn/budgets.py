@@ -177,9 +177,13 @@ class Budget:
         mine = limits.tighter(self.budgets.subagent)
         own = [] if mine.empty else [Meter("subagent", mine)]
         return Budget(
-            self._store, [*own, *self.meters], budgets=self.budgets, wall_owner=background,
-            own=len(own), hold_sec=self._hold_sec,
-        )  # fmt: skip
+            self._store,
+            [*own, *self.meters],
+            budgets=self.budgets,
+            wall_owner=background,
+            own=len(own),
+            hold_sec=self._hold_sec,
+        )
 
     @property
     def active(self) -> bool:
@@ -308,9 +312,11 @@ class Budget:
             UsageRequest(
                 want={"tokens": float(prompt_tokens + cap)},
                 least={"tokens": float(prompt_tokens + 1)},
-                full=("wall_sec",), hold="h-" + secrets.token_hex(8), ttl=self._hold_sec,
+                full=("wall_sec",),
+                hold="h-" + secrets.token_hex(8),
+                ttl=self._hold_sec,
             )
-        )  # fmt: skip
+        )
         if grant is not None:
             cap = int(min(cap, grant.granted["tokens"] - prompt_tokens))
         # Reserved until the call reports its usage: calls of sub-agents running beside

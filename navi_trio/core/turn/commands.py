@@ -31,18 +31,17 @@ REDIRECTS = frozenset({">", ">>", "<", ">|", "&>", "&>>", ">&", "<&", "<>"})
 # open a construct this grammar does not follow.
 CODE_RUNNERS = frozenset({"eval", "source", ".", "exec", "builtin", "command", "coproc"})
 KEYWORDS = frozenset(
-    {"if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case",
-     "esac", "select", "function", "time", "!", "[[", "]]", "{", "}", "in"}
-)  # fmt: skip
+    "if then else elif fi for while until do done case esac select function time ! "
+    "[[ ]] { } in".split()
+)
 # Shells: with -c they run their argument as code, which this grammar does not follow.
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "fish", "busybox"})
 # Programs that run another program named among their arguments: a deny or ask rule on
 # a program looks among their arguments too (env rm, xargs rm, sudo rm, find -exec rm).
 WRAPPERS = frozenset(
-    {"env", "sudo", "doas", "xargs", "nice", "nohup", "timeout", "stdbuf", "ionice", "chroot",
-     "watch", "strace", "ltrace", "setsid", "unbuffer", "find", "parallel", "flock", "chrt",
-     "taskset", "runuser", "su", "script"}
-)  # fmt: skip
+    "env sudo doas xargs nice nohup timeout stdbuf ionice chroot watch strace "
+    "ltrace setsid unbuffer find parallel flock chrt taskset runuser su script".split()
+)
 _PUNCT = "();<>|&"
 _MASK = "x"
 _GLOB = frozenset("*?[")

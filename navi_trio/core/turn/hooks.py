@@ -89,10 +89,11 @@ class TurnHooks:
         args = dict(arguments or {})
         facts = CallFacts.of(tool, args) if tool is not None else None
         chosen = [
-            h for h in self.hooks
-            if h.event == event and (facts is None or event not in TOOL_EVENTS
-                                     or facts.matches(h.matcher))
-        ]  # fmt: skip
+            h
+            for h in self.hooks
+            if h.event == event
+            and (facts is None or event not in TOOL_EVENTS or facts.matches(h.matcher))
+        ]
         allowed, modified, contexts = False, False, []
         for hook in chosen:
             payload = _payload(hook, event, ctx, tool, args, result, fields)

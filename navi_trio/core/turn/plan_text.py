@@ -162,11 +162,19 @@ _MILESTONE_LINE = re.compile(r"^milestone\s*(?:\d+|[a-z])?\s*[:.)\-–—]\s*(?P
 _MILESTONE_PREFIX = re.compile(r"^(?:milestone\s*\d*|m\d+)\s*[:.)\-–—]\s*", re.I)
 _COMPLEXITY = re.compile(r"^complexity(?:\s+level)?\s*[:=\-–—]\s*(?P<word>[a-z]+)", re.I)
 _COMPLEXITY_WORDS = {
-    "simple": "simple", "easy": "simple", "trivial": "simple", "low": "simple",
-    "medium": "medium", "moderate": "medium", "intermediate": "medium",
-    "complex": "complex", "hard": "complex", "high": "complex", "difficult": "complex",
+    "simple": "simple",
+    "easy": "simple",
+    "trivial": "simple",
+    "low": "simple",
+    "medium": "medium",
+    "moderate": "medium",
+    "intermediate": "medium",
+    "complex": "complex",
+    "hard": "complex",
+    "high": "complex",
+    "difficult": "complex",
     "autonomous": "autonomous",
-}  # fmt: skip
+}
 _TARGET = r"[`'\"]?(?P<target>[A-Za-z_][\w.\-/]*)[`'\"]?"
 # Tried in order; the first pattern that matches anywhere decides the executor.
 _EXECUTORS = (

@@ -401,9 +401,14 @@ def _decide_part(
         grant = f"`{part.program}` with any arguments {scope}"
         grant += ", no network" if mode != "full" else ", unsandboxed"
     shown = CommandPart(
-        part.text, part.program, part.args, paths, verdict.decision, verdict.rule,
+        part.text,
+        part.program,
+        part.args,
+        paths,
+        verdict.decision,
+        verdict.rule,
         grant if verdict.decision == "ask" else "",
-    )  # fmt: skip
+    )
     return shown, verdict
 
 
@@ -474,7 +479,8 @@ def _unparsed(
                 return verdict
             return attrs.evolve(verdict, rule=f"{verdict.rule} ({why})")
     if any(rule.on_commands for _, rule in rules):
-        return Verdict("ask", f"{why}; the profile's rules on commands cannot check it", key,
-                       grant=grant)  # fmt: skip
+        return Verdict(
+            "ask", f"{why}; the profile's rules on commands cannot check it", key, grant=grant
+        )
     verdict = _by_mode(mode, facts)
     return attrs.evolve(verdict, key=key, grant=grant) if verdict.decision == "ask" else verdict

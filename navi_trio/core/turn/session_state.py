@@ -178,9 +178,13 @@ class SessionCache:
         # would append the same messages twice.
         with trio.CancelScope(shield=True), _unsure_on_failure(state):
             await self._store.append(
-                state.id, messages=new_messages, context=new_context, durable=durable,
-                dequeue=dequeue, renew=renew,
-            )  # fmt: skip
+                state.id,
+                messages=new_messages,
+                context=new_context,
+                durable=durable,
+                dequeue=dequeue,
+                renew=renew,
+            )
             state.saved_messages += len(new_messages)
             state.saved_context += len(new_context)
         return True

@@ -330,9 +330,13 @@ class ToolExecutor:
                         tool, args, attrs.evolve(kept, emit=emit, publish=job.emit)
                     )
                 await hooks.fire(
-                    "task_done", attrs.evolve(kept, publish=job.emit), tool=tool.name,
-                    arguments=args, result=result, task_id=job.task_id,
-                )  # fmt: skip
+                    "task_done",
+                    attrs.evolve(kept, publish=job.emit),
+                    tool=tool.name,
+                    arguments=args,
+                    result=result,
+                    task_id=job.task_id,
+                )
             finally:
                 if held is not None:
                     held.close()
@@ -342,9 +346,13 @@ class ToolExecutor:
 
         try:
             job = await self.supervisor.start(
-                ctx.session_id, tool.name, args, runner, is_spawn=tool.name == "spawn_agent",
+                ctx.session_id,
+                tool.name,
+                args,
+                runner,
+                is_spawn=tool.name == "spawn_agent",
                 user_id=ctx.user_id,
-            )  # fmt: skip
+            )
         except BaseException as exc:
             if held is not None:
                 held.close()  # no job took them
@@ -503,7 +511,10 @@ def _refuse(
         results[i] = result
         publish(
             ToolResultEvent(
-                call_id=calls[i].id, name=calls[i].name, ok=False, error=result.error,
+                call_id=calls[i].id,
+                name=calls[i].name,
+                ok=False,
+                error=result.error,
                 duration_ms=0,
             )
-        )  # fmt: skip
+        )

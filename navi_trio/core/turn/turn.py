@@ -184,9 +184,13 @@ class TurnRunner:
         hooks = await self.hooks()
         asked = await hooks.fire("pre_compact", self.tool_context(), reason=reason, tokens=tokens)
         outcome = await compressor.compress(
-            t.state.context, profile=t.profile, config=t.config, reason=reason, shrink=force,
+            t.state.context,
+            profile=t.profile,
+            config=t.config,
+            reason=reason,
+            shrink=force,
             keep=asked.context,
-        )  # fmt: skip
+        )
         if t.persist:
             await self.parts.cache.replace_context(t.state, outcome.context)
         else:
@@ -202,9 +206,12 @@ class TurnRunner:
             )
         )
         await hooks.fire(
-            "post_compact", self.tool_context(), reason=reason,
-            tokens_before=outcome.tokens_before, tokens_after=outcome.tokens_after,
-        )  # fmt: skip
+            "post_compact",
+            self.tool_context(),
+            reason=reason,
+            tokens_before=outcome.tokens_before,
+            tokens_after=outcome.tokens_after,
+        )
         return True
 
     # -- planning -----------------------------------------------------------------
@@ -510,10 +517,17 @@ class TurnRunner:
         try:
             with budget.wall() if budget is not None else nullcontext():
                 await execute_batch(
-                    self.parts.executor, calls, ctx, t.tool_names(), publish, t.results,
-                    parallel=parallel, before=budget.before_tool if budget is not None else None,
-                    hooks=hooks, confirmed=confirmed,
-                )  # fmt: skip
+                    self.parts.executor,
+                    calls,
+                    ctx,
+                    t.tool_names(),
+                    publish,
+                    t.results,
+                    parallel=parallel,
+                    before=budget.before_tool if budget is not None else None,
+                    hooks=hooks,
+                    confirmed=confirmed,
+                )
         finally:
             t.tool_sec += trio.current_time() - started
         self.pair_results()
@@ -641,10 +655,16 @@ class TurnRunner:
         self._accounted = now
         kind = "turn" if not t.subagent else "subagent" if t.usage_to is not None else "job"
         usage = RunUsage(
-            session_id=session, user_id=t.user_id, profile=t.profile.id,
-            model=t.model or self.model(), kind=kind, tokens_in=int(spent[0]),
-            tokens_out=int(spent[1]), llm_sec=spent[2], tool_sec=spent[3],
-        )  # fmt: skip
+            session_id=session,
+            user_id=t.user_id,
+            profile=t.profile.id,
+            model=t.model or self.model(),
+            kind=kind,
+            tokens_in=int(spent[0]),
+            tokens_out=int(spent[1]),
+            llm_sec=spent[2],
+            tool_sec=spent[3],
+        )
         try:
             await self.parts.store.record_run_usage(usage)
         except StoreError as exc:
@@ -762,10 +782,14 @@ class TurnRunner:
         turn = self.turn
         turn.emit(
             BudgetExhausted(
-                scope=exc.scope, kind=exc.kind, spent=exc.spent, limit=exc.limit,
-                message=str(exc), held=exc.held,
+                scope=exc.scope,
+                kind=exc.kind,
+                spent=exc.spent,
+                limit=exc.limit,
+                message=str(exc),
+                held=exc.held,
             )
-        )  # fmt: skip
+        )
         text = await self._save_partial(durable=False, stopped=True, budget=str(exc))
         await self.end(self.stream_end(text, reason="budget_exhausted"))
 

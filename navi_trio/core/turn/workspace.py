@@ -238,8 +238,14 @@ async def hold_roots(
         return RunRoots(None, None, str(exc))
     if cwd is None:
         return RunRoots(session)
-    check = CwdCheck(user_id=user_id, role=role, session_id=session_id, settings=settings,
-                     config=config, store=store)  # fmt: skip
+    check = CwdCheck(
+        user_id=user_id,
+        role=role,
+        session_id=session_id,
+        settings=settings,
+        config=config,
+        store=store,
+    )
     try:
         held = await check.open(str(cwd), resolve=False)
     except (RootChangedError, RequestError) as exc:

@@ -71,9 +71,14 @@ class _Jobs(Protocol):
     where: str
 
     async def _run(
-        self, op: str, fn: Callable[[Conn], T], *, durable: bool = True, write: bool = True,
+        self,
+        op: str,
+        fn: Callable[[Conn], T],
+        *,
+        durable: bool = True,
+        write: bool = True,
         transaction: bool = True,
-    ) -> T: ...  # fmt: skip
+    ) -> T: ...
 
 
 log = logging.getLogger(__name__)
@@ -86,8 +91,12 @@ RECONNECT_MAX_S = 10.0
 STABLE_S = 30.0  # a listener connection that lasted this long: the next backoff starts over
 # TCP keepalives of the listener's connection (unless the URL sets them): a silent cut
 # (no FIN, no RST) is a failure after ~30 s instead of a listener deaf for ever.
-KEEPALIVES = {"keepalives": 1, "keepalives_idle": 15, "keepalives_interval": 5,
-              "keepalives_count": 3}  # fmt: skip
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 15,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
 CONNECT_TIMEOUT_S = 10  # libpq's connect_timeout for the listener, unless the URL sets one
 DAEMON_KEEP_S = 7 * 86400.0  # a dead daemon's row: how long its queued rows stay adoptable
 _NOW = "extract(epoch FROM clock_timestamp())"
@@ -381,9 +390,13 @@ class PgBus:
         )
 
     async def take_slot(
-        self, key: str, kind: str, owner: str, claims: Sequence[tuple[str, int]],
+        self,
+        key: str,
+        kind: str,
+        owner: str,
+        claims: Sequence[tuple[str, int]],
         rate: tuple[str, int, float] | None = None,
-    ) -> str | None:  # fmt: skip
+    ) -> str | None:
         """Take slot `key` in every (scope, cap) of `claims` unless one is full (counting
         the live daemons' slots), and unless `rate` (scope, limit, window s) saw `limit`
         starts in the window; None when taken, else the scope (or "rate") that refused."""
@@ -433,11 +446,14 @@ def _notify(
         "SELECT pg_notify(t.c, t.p) FROM unnest(%s::text[], %s::text[], %s::text[],"
         " %s::text[], %s::bigint[]) WITH ORDINALITY AS t(c, p, s, o, g, n)"
         f" WHERE t.o IS NULL OR {holds} ORDER BY t.n",
-        [text_array(channels), text_array(payloads),
-         text_array(f.session_id if f else None for f in fences),
-         text_array(f.owner if f else None for f in fences),
-         text_array(str(f.generation) if f else None for f in fences)],
-    )  # fmt: skip
+        [
+            text_array(channels),
+            text_array(payloads),
+            text_array(f.session_id if f else None for f in fences),
+            text_array(f.owner if f else None for f in fences),
+            text_array(str(f.generation) if f else None for f in fences),
+        ],
+    )
 
 
 def _notify_large(conn: Conn, items: Sequence[tuple[str, str]], fences: list[Fence | None]) -> None:
@@ -513,8 +529,14 @@ def _lease(conn: Conn, sid: str) -> tuple[LeaseRow, float] | None:
     ).fetchone()
     if row is None:
         return None
-    lease = LeaseRow(session_id=sid, owner=str(row[0]), pid=int(row[1]), host=str(row[2]),
-                     expires_at=float(row[3]), generation=int(row[4]))  # fmt: skip
+    lease = LeaseRow(
+        session_id=sid,
+        owner=str(row[0]),
+        pid=int(row[1]),
+        host=str(row[2]),
+        expires_at=float(row[3]),
+        generation=int(row[4]),
+    )
     return lease, float(row[5])
 
 
@@ -522,9 +544,13 @@ SLOT_KEEP_S = 3600.0  # released slots kept for rate windows this long at most
 
 
 def _take_slot(
-    conn: Conn, key: str, kind: str, owner: str, claims: Sequence[tuple[str, int]],
+    conn: Conn,
+    key: str,
+    kind: str,
+    owner: str,
+    claims: Sequence[tuple[str, int]],
     rate: tuple[str, int, float] | None,
-) -> str | None:  # fmt: skip
+) -> str | None:
     # One count at a time per scope, across daemons: a lock per (kind, scope), in order.
     for scope in sorted({s for s, _ in claims} | ({rate[0]} if rate else set())):
         conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 7))", [f"{kind}/{scope}"])
@@ -573,9 +599,18 @@ def _take_abandoned(
         " generation = generation + 1 WHERE session_id = %s AND owner = %s"
         " AND generation = %s AND expires_at = %s AND expires_at <> 0"
         f" AND (expires_at <= {_NOW} OR %s) RETURNING generation",
-        [owner, pid, host, ttl, lease.session_id, lease.owner, lease.generation,
-         lease.expires_at, dead],
-    ).fetchone()  # fmt: skip
+        [
+            owner,
+            pid,
+            host,
+            ttl,
+            lease.session_id,
+            lease.owner,
+            lease.generation,
+            lease.expires_at,
+            dead,
+        ],
+    ).fetchone()
     return None if row is None else int(row[0])
 
 

@@ -118,10 +118,16 @@ class _Core(StoreMethods):
         if "application_name" not in given:
             kwargs["application_name"] = f"navi {os.getpid()}"  # which daemon, for its ops
         return psycopg_pool.ConnectionPool(
-            self._url, min_size=1, max_size=self._pool_size, open=False, kwargs=kwargs,
-            configure=configure, check=check_cheaply,
-            timeout=POOL_WAIT_S, name=f"navi {self.where}",
-        )  # fmt: skip
+            self._url,
+            min_size=1,
+            max_size=self._pool_size,
+            open=False,
+            kwargs=kwargs,
+            configure=configure,
+            check=check_cheaply,
+            timeout=POOL_WAIT_S,
+            name=f"navi {self.where}",
+        )
 
     async def _stop(self, seconds: float) -> None:
         workers = self._workers
@@ -132,13 +138,19 @@ class _Core(StoreMethods):
         if not await trio.to_thread.run_sync(workers.join, seconds):
             logger.warning(
                 "store %s: workers still busy %.1f s after close; queued writes may be lost",
-                self.where, seconds,
-            )  # fmt: skip
+                self.where,
+                seconds,
+            )
 
     async def _run(
-        self, op: str, fn: Callable[[Conn], T], *, durable: bool = True, write: bool = True,
+        self,
+        op: str,
+        fn: Callable[[Conn], T],
+        *,
+        durable: bool = True,
+        write: bool = True,
         transaction: bool = True,
-    ) -> T:  # fmt: skip
+    ) -> T:
         if self._workers is None:
             raise StoreError(
                 f"{op}: the store at {self.where} is not open (use `async with"
@@ -163,8 +175,11 @@ class _Core(StoreMethods):
         # Back to normal: any answer ends "unreachable"; a write ends "full" / "unwritable".
         back = self._reported if write else self._reported & {"unreachable"}
         if back:
-            logger.warning("store %s: %s again", self.where, "writes succeed" if write else
-                           "the database answers")  # fmt: skip
+            logger.warning(
+                "store %s: %s again",
+                self.where,
+                "writes succeed" if write else "the database answers",
+            )
             self._reported -= back
         return job.result  # type: ignore[return-value]  # set when error is None
 

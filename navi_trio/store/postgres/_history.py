@@ -46,9 +46,8 @@ def insert_session(
     inserted = conn.execute(
         f"INSERT INTO sessions ({_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s)"
         " ON CONFLICT (id) DO NOTHING RETURNING 1",
-        [row.id, row.profile_id, row.title, row.user_id, row.created_at, row.updated_at,
-         meta_json],
-    ).fetchone()  # fmt: skip
+        [row.id, row.profile_id, row.title, row.user_id, row.created_at, row.updated_at, meta_json],
+    ).fetchone()
     if inserted is None:
         raise SessionExistsError(f"session {row.id!r} already exists")
     return None
@@ -95,16 +94,22 @@ def _columns(rows: Sequence[_Row]) -> list[str]:
     an INSERT of many rows (`_insert_history`, navi_append), each cast to its array type
     in the query. Written here, not left to psycopg's list adapter: its escaping of each
     element (a regular expression per element) was most of an append's Python work."""
-    return [t.text_array(pg_text(r.role) for r in rows),
-            t.text_array(pg_text(r.content) for r in rows),
-            "{" + ",".join("t" if r.is_plan else "f" for r in rows) + "}",
-            t.text_array(r.data for r in rows)]  # fmt: skip
+    return [
+        t.text_array(pg_text(r.role) for r in rows),
+        t.text_array(pg_text(r.content) for r in rows),
+        "{" + ",".join("t" if r.is_plan else "f" for r in rows) + "}",
+        t.text_array(r.data for r in rows),
+    ]
 
 
 def _insert_history(
-    conn: Conn, table: str, sid: str, rows: Sequence[_Row], positions: Sequence[float],
+    conn: Conn,
+    table: str,
+    sid: str,
+    rows: Sequence[_Row],
+    positions: Sequence[float],
     now: float,
-) -> None:  # fmt: skip
+) -> None:
     """One INSERT for all `rows`, at `positions` (an append's go after the last rows, in
     navi_append)."""
     if not rows:
@@ -119,10 +124,17 @@ def _insert_history(
 
 
 def append(
-    conn: Conn, sid: str, msg_rows: list[_Row], ctx_rows: list[_Row], now: float,
-    dequeue: str | None, fence: Fence | None = None, *, durable: bool = True,
+    conn: Conn,
+    sid: str,
+    msg_rows: list[_Row],
+    ctx_rows: list[_Row],
+    now: float,
+    dequeue: str | None,
+    fence: Fence | None = None,
+    *,
+    durable: bool = True,
     renew: float | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """navi_append (migrations/0005): it fences, locks the session's row and inserts
     after the last rows; one statement, its own transaction (an autocommit job). With
     `dequeue`, a transaction of three: the fence and the session's row first (in that
@@ -146,9 +158,8 @@ def append(
         conn.execute(
             "SELECT navi_append(%s, %s, %s, %s, %s, %s, %s::text[], %s::text[], %s::bool[],"
             " %s::text[], %s::text[], %s::text[], %s::bool[], %s::text[])",
-            [sid, owner, generation, now, None, durable, *_columns(msg_rows),
-             *_columns(ctx_rows)],
-        )  # fmt: skip
+            [sid, owner, generation, now, None, durable, *_columns(msg_rows), *_columns(ctx_rows)],
+        )
     except psycopg.Error as exc:
         if exc.sqlstate == NO_SESSION or isinstance(exc, pg.ForeignKeyViolation):
             raise StoreError(f"no session {sid!r} in the store") from None
@@ -234,6 +245,8 @@ def load_session(
         loaded[table] = fixed
         repaired += len(inserted)
     return LoadedSession(
-        row=session_from(row), messages=loaded["messages"], context=loaded["context"],
+        row=session_from(row),
+        messages=loaded["messages"],
+        context=loaded["context"],
         repaired=repaired,
-    )  # fmt: skip
+    )

@@ -56,8 +56,9 @@ FENCE_LOST = "NV001"  # navi_fence's SQLSTATE (migrations/0002)
 def check_fence(conn: Conn, fence: Fence | None) -> None:
     """A fenced write's first statement: NV001 when lost (navi_append calls it itself)."""
     if fence is not None:
-        conn.execute("SELECT navi_fence(%s, %s, %s)", [fence.session_id, fence.owner,
-                                                        fence.generation])  # fmt: skip
+        conn.execute(
+            "SELECT navi_fence(%s, %s, %s)", [fence.session_id, fence.owner, fence.generation]
+        )
 
 
 def fenced(fence: Fence | None, fn: Callable[[Conn], T]) -> Callable[[Conn], T]:
@@ -166,8 +167,14 @@ def remove_user(conn: Conn, name: str) -> bool:
 
 
 def _lease_from(row: Sequence[Any]) -> LeaseRow:
-    return LeaseRow(session_id=row[0], owner=row[1], pid=row[2], host=row[3],
-                    expires_at=float(row[4]), generation=int(row[5]))  # fmt: skip
+    return LeaseRow(
+        session_id=row[0],
+        owner=row[1],
+        pid=row[2],
+        host=row[3],
+        expires_at=float(row[4]),
+        generation=int(row[5]),
+    )
 
 
 def claim_lease(
@@ -215,9 +222,15 @@ def renew_lease(
 
 
 def enqueue(
-    conn: Conn, sid: str, key: str, data: str, pid: int, host: str, now: float,
+    conn: Conn,
+    sid: str,
+    key: str,
+    data: str,
+    pid: int,
+    host: str,
+    now: float,
     keep: int | None,
-) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
+) -> list[tuple[str, dict[str, Any]]]:
     """Insert the row; with `keep`, drop the session's oldest rows beyond the newest
     `keep` and return them. One enqueuer of a session at a time (an advisory lock for
     the transaction): two daemons queueing at once never both stay under the cap."""
@@ -273,9 +286,10 @@ def adopt(
         "SELECT key, pid, host, data FROM queued WHERE session_id = %s ORDER BY id FOR UPDATE",
         [sid],
     ).fetchall()
-    gone = {(int(r[0]), str(r[1])) for r in conn.execute(
-        f"SELECT pid, host FROM daemons WHERE expires_at <= {_NOW}"
-    )}  # fmt: skip
+    gone = {
+        (int(r[0]), str(r[1]))
+        for r in conn.execute(f"SELECT pid, host FROM daemons WHERE expires_at <= {_NOW}")
+    }
     out: list[tuple[str, dict[str, Any]]] = []
     for key, row_pid, row_host, data in rows:
         mine = (row_pid, row_host) == (pid, host)
