@@ -3,7 +3,7 @@
 httpcore's connection pool walks all its connections (and, to close surplus idle ones,
 all of them again for each idle one) every time a request starts or a response closes.
 With hundreds of sessions streaming at once that walk was most of the daemon's CPU
-(issue 11, 500 sessions: ~40 % of the main thread in
+(500 sessions: ~40 % of the main thread in
 ``AsyncConnectionPool._assign_requests_to_connections``), and httpx's default limit of
 100 connections made the other sessions queue for a connection. Here each request goes
 to the first shard with fewer than `per_shard` streams open (so a lone session keeps

@@ -1,4 +1,4 @@
-"""The tables of issue 23's control of running agents: wake-ups, usage, schedules.
+"""The tables of the control of running agents: wake-ups, usage, schedules.
 
 - ``wakes`` (session_id, at): one row per wake-up a background job's note started
   (core/triggers/wake.py); `enqueue_wake` counts them to bound the wake-ups per session.

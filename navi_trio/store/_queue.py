@@ -1,4 +1,4 @@
-"""The queued table: user messages kept until their run appends them (issue 11: an
+"""The queued table: user messages kept until their run appends them (an
 acknowledged message survives a crash).
 
 A message that arrives while its session runs is queued; the daemon acknowledges it
@@ -33,9 +33,15 @@ from navi_trio.store.base import HANDED_HOST, HANDED_PID
 
 
 def _enqueue(
-    db: Database, sid: str, key: str, data: str, pid: int, host: str, now: float,
+    db: Database,
+    sid: str,
+    key: str,
+    data: str,
+    pid: int,
+    host: str,
+    now: float,
     keep: int | None,
-) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
+) -> list[tuple[str, dict[str, Any]]]:
     with _write_tx(db):
         db.execute(
             "INSERT INTO queued (key, session_id, pid, host, data, created_at)"

@@ -1,4 +1,4 @@
-"""The durable side of a session's message queue (issue 11: crash consistency).
+"""The durable side of a session's message queue: what makes it survive a crash.
 
 A message queued behind a run is written to the store before the daemon acknowledges
 it (`UserMessage.accepted` is ok once its row is committed; a write that fails refuses
@@ -87,8 +87,7 @@ def _budget(data: Any) -> BudgetConfig | None:
     try:
         return parse_budgets(data)
     except ValueError as exc:
-        log.warning("a queued message's budget is unreadable (%s): the configured ones apply",
-                    exc)  # fmt: skip
+        log.warning("a queued message's budget is unreadable (%s): the configured ones apply", exc)
         return None
 
 
@@ -176,10 +175,17 @@ class DurableQueue:
         key = queued.queue_key
         assert key is not None
         self._written[key] = self._chain(
-            nursery, self.store.enqueue, self.session_id, key, to_row(queued),
-            pid=self.pid, host=self.host, keep=self.cap, acceptance=queued.accepted,
+            nursery,
+            self.store.enqueue,
+            self.session_id,
+            key,
+            to_row(queued),
+            pid=self.pid,
+            host=self.host,
+            keep=self.cap,
+            acceptance=queued.accepted,
             after=None if stored is None else (lambda dropped: stored(queued, dropped)),
-        )  # fmt: skip
+        )
         return queued
 
     async def written(self, msg: UserMessage) -> None:
@@ -207,17 +213,25 @@ class DurableQueue:
         try:
             rows = await self.store.adopt_queued(self.session_id, pid=self.pid, host=self.host)
         except NaviError as exc:
-            log.warning("session %s: reading its queued messages failed: %s",
-                        self.session_id, exc)  # fmt: skip
+            log.warning("session %s: reading its queued messages failed: %s", self.session_id, exc)
             return []
         if rows:
-            log.info("session %s: %d queued message(s) left by a crash run now",
-                     self.session_id, len(rows))  # fmt: skip
+            log.info(
+                "session %s: %d queued message(s) left by a crash run now",
+                self.session_id,
+                len(rows),
+            )
         return [from_row(key, row) for key, row in rows]
 
-    def _chain(self, nursery: trio.Nursery, fn: Any, *args: Any,
-               acceptance: Acceptance | None = None, after: Callable[[Any], None] | None = None,
-               **kwargs: Any) -> trio.Event:  # fmt: skip
+    def _chain(
+        self,
+        nursery: trio.Nursery,
+        fn: Any,
+        *args: Any,
+        acceptance: Acceptance | None = None,
+        after: Callable[[Any], None] | None = None,
+        **kwargs: Any,
+    ) -> trio.Event:
         before, done = self._tail, trio.Event()
         self._tail = done
 
@@ -244,8 +258,11 @@ class DurableQueue:
                 elif acceptance is not None and not acceptance.settled:
                     # Past the deadline: the row may still land (the store never withdraws
                     # a write). The message runs, and is acknowledged once its run saves it.
-                    log.warning("session %s: queueing a message took over %g s",
-                                self.session_id, WRITE_DEADLINE_SEC)  # fmt: skip
+                    log.warning(
+                        "session %s: queueing a message took over %g s",
+                        self.session_id,
+                        WRITE_DEADLINE_SEC,
+                    )
             finally:
                 if acceptance is not None and not started:
                     acceptance.fail(stopped_before_saving())  # cancelled before its write

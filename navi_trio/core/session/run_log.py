@@ -1,4 +1,4 @@
-"""The log lines of one run (issue 8 "Logs"): `RunLog`, kept by the session actor."""
+"""The log lines of one run: `RunLog`, kept by the session actor."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ log = logging.getLogger("navi_trio.core.session.session_actor")
 
 
 class RunLog:
-    """The log lines of one run (issue 8 "Logs"), at INFO with the session and user.
+    """The log lines of one run, at INFO with the session and user.
 
     One line when the run starts and when it ends (reason, duration), one per tool
     call (name, ok, duration; sub-agents' too) and one per error event.
@@ -33,14 +33,21 @@ class RunLog:
         # Called for every event of the run, deltas included: only these three are read.
         if isinstance(event, ToolResultEvent):
             log.info(
-                "%s: tool %s %s in %d ms (user %s)", self._where(event), event.name,
-                "ok" if event.ok else "failed", event.duration_ms, self.user,
-            )  # fmt: skip
+                "%s: tool %s %s in %d ms (user %s)",
+                self._where(event),
+                event.name,
+                "ok" if event.ok else "failed",
+                event.duration_ms,
+                self.user,
+            )
         elif isinstance(event, ErrorEvent):
             log.info(
                 "%s: error [%s] %s (user %s)",
-                self._where(event), event.code, event.message, self.user,
-            )  # fmt: skip
+                self._where(event),
+                event.code,
+                event.message,
+                self.user,
+            )
         elif isinstance(event, StreamEnd) and not event.is_subagent:
             self.reason = event.reason
             self.last = event
@@ -53,5 +60,8 @@ class RunLog:
         took = trio.current_time() - self.started
         log.info(
             "session %s: run ended: %s in %.2f s (user %s)",
-            self.session_id, self.reason, took, self.user,
-        )  # fmt: skip
+            self.session_id,
+            self.reason,
+            took,
+            self.user,
+        )

@@ -1,4 +1,4 @@
-"""A checkpoint before the first writing call of a round (issue 22), and their keeping.
+"""A checkpoint before the first writing call of a round, and their keeping.
 
 `RoundCheckpoints.before_round` is called by the tool executor with a round's calls
 (`execute_batch`: the batch the model asked for at once). When one of them may change
@@ -156,10 +156,13 @@ class RoundCheckpoints(NurseryHolder):
             for c in calls
             if may_write(c, registry, allowed, ctx.mode)
             and decide(
-                ctx.profile, ctx.user_role, ctx.mode,
+                ctx.profile,
+                ctx.user_role,
+                ctx.mode,
                 CallFacts.of(c.name, c.arguments, ctx.roots(), ctx.cwd),
-            ).decision != "deny"
-        ]  # fmt: skip
+            ).decision
+            != "deny"
+        ]
 
     @asynccontextmanager
     async def calling(
@@ -207,9 +210,13 @@ class RoundCheckpoints(NurseryHolder):
             private = private_paths(ctx.settings, ctx.session_dir, config=ctx.config)
             async with self._reserving(ctx) as room:
                 outcome = await self.engine.snapshot(
-                    ctx.session_id, held, private=private, label=label, room=room,
+                    ctx.session_id,
+                    held,
+                    private=private,
+                    label=label,
+                    room=room,
                     namespace=ctx.user_id,
-                )  # fmt: skip
+                )
         except (CheckpointError, OSError, RootChangedError) as exc:
             outcome = Skipped("unreadable", str(exc), 0.0)
         finally:
@@ -246,16 +253,18 @@ class RoundCheckpoints(NurseryHolder):
         used = await self.engine.stored_bytes([ctx.session_id, *mine])
         used += self._reserved.get(ctx.user_id, 0)
         user = Room(
-            s.checkpoint_user_max_bytes - used, "user_total",
+            s.checkpoint_user_max_bytes - used,
+            "user_total",
             f"what NAVI_CHECKPOINT_USER_MAX_BYTES={size_text(s.checkpoint_user_max_bytes)}"
             " leaves for this user's checkpoints",
-        )  # fmt: skip
+        )
         used = await self.engine.stored_bytes(None) + sum(self._reserved.values())
         total = Room(
-            s.checkpoint_total_max_bytes - used, "total",
+            s.checkpoint_total_max_bytes - used,
+            "total",
             f"what NAVI_CHECKPOINT_TOTAL_MAX_BYTES={size_text(s.checkpoint_total_max_bytes)}"
             " leaves for all checkpoints",
-        )  # fmt: skip
+        )
         return min(user, total, key=lambda r: r.bytes)
 
     def _say(self, outcome: Outcome, label: str, publish: Publish) -> None:

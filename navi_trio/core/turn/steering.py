@@ -1,4 +1,4 @@
-"""Double-texting and steering: what a message does when its session is busy (issue 23).
+"""Double-texting and steering: what a message does when its session is busy.
 
 A user message that arrives while its session runs a turn carries ``on_busy`` (else
 the profile's default, else ``enqueue``):

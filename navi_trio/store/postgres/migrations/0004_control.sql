@@ -1,4 +1,4 @@
--- Control of running agents (issue 23): wake-ups, the budgets' usage counters, schedules.
+-- Control of running agents: wake-ups, the budgets' usage counters, schedules.
 -- The same tables as the SQLite store's (store/_schema.py, store/_control.py).
 
 -- One row per wake-up a background job's note started: counted to bound them.
