@@ -29,6 +29,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import attrs
+import hypothesis
 import pytest
 import quick_run
 from pg_server import pg_server as pg_server
@@ -44,6 +45,10 @@ from navi_trio.tools.sandbox import sandbox_available
 def pytest_configure(config: pytest.Config) -> None:
     """The quick run is known before any test module is imported."""
     quick_run.quick = quick_run.is_quick_run(config.getoption("markexpr"))
+    if quick_run.quick:  # a property test that names no count: a fifth of the default
+        default = hypothesis.settings().max_examples
+        hypothesis.settings.register_profile("quick", max_examples=quick_run.examples(default))
+        hypothesis.settings.load_profile("quick")
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

@@ -3,8 +3,9 @@
 - A module whose every test is slow (``pytestmark = pytest.mark.slow``, alone or first in
   a list) is not even imported: none of its tests would run, and its imports (mcp,
   playwright, llama.cpp ...) and import-time probes cost the quick run seconds.
-- A property test runs a fifth of its examples (`examples`). Every other run, the whole
-  suite that CI runs included, keeps the full counts.
+- A property test runs a fifth of its examples: of its own count through `examples`, of
+  Hypothesis's default (100) through a settings profile that tests/conftest.py loads.
+  Every other run, the whole suite that CI runs included, keeps the full counts.
 
 tests/conftest.py decides once, from the mark expression (`is_quick_run`), before any
 test module is imported; the property tests read `examples` when they are decorated.

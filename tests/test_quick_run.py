@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import hypothesis
 import pytest
 import quick_run
 from quick_run import examples, is_quick_run, whole_module_slow
@@ -91,3 +92,7 @@ def test_the_quick_run_runs_a_fifth_of_the_examples_and_others_all(
     assert [examples(n) for n in (1, 30, 2000)] == [1, 30, 2000]
     monkeypatch.setattr(quick_run, "quick", True)
     assert [examples(n) for n in (1, 4, 30, 2000)] == [1, 1, 6, 400]
+
+
+def test_a_property_test_that_names_no_count_runs_the_default_or_a_fifth_of_it() -> None:
+    assert hypothesis.settings().max_examples == examples(100)
