@@ -26,6 +26,7 @@ TESTS = Path(__file__).parent
         "pytestmark = [pytest.mark.slow, needs_browser]  # a browser, a daemon\n",
         "pytestmark = [\n    pytest.mark.slow,  # its tests start processes\n    other,\n]\n",
     ],
+    ids=["alone", "with-a-comment", "first-in-a-list", "first-in-a-list-over-lines"],
 )
 def test_a_module_marked_slow_as_a_whole_is_left_out(source: str) -> None:
     assert whole_module_slow(source.encode())
@@ -42,6 +43,15 @@ def test_a_module_marked_slow_as_a_whole_is_left_out(source: str) -> None:
         "def f() -> None:\n    pytestmark = pytest.mark.slow\n",
         "# pytestmark = pytest.mark.slow\n",
     ],
+    ids=[
+        "a-test-marked",
+        "skipif",
+        "slow-not-first",
+        "conditional",
+        "slowish",
+        "in-a-function",
+        "commented-out",
+    ],  # fmt: skip
 )
 def test_any_other_module_is_imported(source: str) -> None:
     assert not whole_module_slow(source.encode())
