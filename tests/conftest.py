@@ -10,7 +10,9 @@
   is a separate fixture in each, and would start a server per module).
 
 Hooks: a test not marked ``slow`` that starts a process fails (tests/slow_guard.py), so
-that `python -m pytest -m "not slow"` stays the quick run.
+that `python -m pytest -m "not slow"` stays the quick run; that run imports no module
+whose tests are all slow and runs a fifth of each property test's examples
+(tests/quick_run.py).
 
 Helpers that are plain functions are modules beside this one, imported by name as the
 test modules import each other (tests/ is on sys.path; mypy finds them the same way):
@@ -27,7 +29,9 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import attrs
+import hypothesis
 import pytest
+import quick_run
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from slow_guard import refusing_processes
@@ -36,6 +40,34 @@ from store_backends import backend as backend
 from navi_trio.settings import Settings
 from navi_trio.tools.runas import run_as
 from navi_trio.tools.sandbox import sandbox_available
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The quick run is known before any test module is imported."""
+    quick_run.quick = quick_run.is_quick_run(config.getoption("markexpr"))
+    if quick_run.quick:  # a property test that names no count: a fifth of the default
+        default = hypothesis.settings().max_examples
+        hypothesis.settings.register_profile("quick", max_examples=quick_run.examples(default))
+        hypothesis.settings.load_profile("quick")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """Say so when property tests run fewer examples than the whole suite's."""
+    if not quick_run.quick:
+        return None
+    return (
+        f"quick run: modules whose tests are all slow are not imported; property tests run "
+        f"1/{quick_run.QUICK_SHARE} of their examples (all of them without -m 'not slow')"
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """In the quick run, a test module whose every test is slow is not imported."""
+    name = collection_path.name
+    if quick_run.quick and name.startswith("test_") and name.endswith(".py"):
+        if quick_run.whole_module_slow(collection_path.read_bytes()):
+            return True
+    return None
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import trio
 from agent_tools import assert_paired
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from quick_run import examples
 
 from navi_trio.testing import open_harness
 
@@ -100,7 +101,7 @@ async def _check(replies: list[dict[str, Any]], dialect: str, texts: list[str]) 
 
 
 @settings(
-    max_examples=30,
+    max_examples=examples(30),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -142,7 +143,7 @@ async def _stop_after(frames_before_stop: int, replies: list[dict[str, Any]]) ->
             assert_paired(await h.runtime.store.load_context("s1"))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     stop_at=st.integers(0, 25),
     replies=st.lists(

@@ -145,6 +145,7 @@ async def test_open_daemon_and_navi_sessions_history_follow_the_pages(
         assert len(done.out) > sum(len(m["content"]) for m in history)
 
 
+@pytest.mark.slow  # asks again after real 0.2 s waits until the frame rate allows
 async def test_open_daemon_asks_again_for_a_page_refused_for_the_frame_rate(
     tmp_path: Path,
 ) -> None:

@@ -9,6 +9,7 @@ import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from quick_run import examples
 
 from navi_trio.llm.base import ChatRequest
 from navi_trio.llm.body_cache import BodyCache
@@ -50,7 +51,7 @@ def _cached(
     return cache.body(body(attrs.evolve(request, messages=[])), request.messages)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(_request, st.lists(_message, max_size=3), st.booleans())
 def test_a_joined_body_is_the_plain_body(
     request: ChatRequest, added: list[dict[str, Any]], stream: bool

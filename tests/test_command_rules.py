@@ -17,6 +17,7 @@ import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from quick_run import examples
 
 from navi_trio.core.turn.commands import SimpleCommand, parse_command
 from navi_trio.core.turn.policy import CallFacts, decide, denied_outright, headless_allows
@@ -431,7 +432,7 @@ def _quick_profile(rules: list[dict[str, Any]]) -> AgentProfile:
 
 
 @settings(
-    max_examples=1000, deadline=None, database=None, derandomize=True,
+    max_examples=examples(1000), deadline=None, database=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip
 @given(
@@ -462,7 +463,7 @@ def test_an_allowed_line_is_made_only_of_parts_an_allow_rule_covers(
             assert any(r.get("network") for r in covering), f"{text!r}: network ungranted"
 
 
-@settings(max_examples=200, deadline=None, database=None, derandomize=True)
+@settings(max_examples=examples(200), deadline=None, database=None, derandomize=True)
 @given(line=_line())
 def test_the_parsed_parts_are_the_generated_ones(line: tuple[str, list[Truth | None]]) -> None:
     text, truths = line

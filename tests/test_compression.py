@@ -10,6 +10,7 @@ import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from quick_run import examples
 
 from navi_trio.core.turn import TokenCounter
 from navi_trio.core.turn.compression import (
@@ -277,7 +278,7 @@ def _caller_index(ctx: list[dict[str, Any]], call_id: str) -> int:
     )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(conversations(), st.integers(0, 10))
 def test_kept_part_never_holds_a_result_whose_call_was_summarised(
     ctx: list[dict[str, Any]], keep: int

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from quick_run import examples
 
 from navi_trio.core.turn import ContextBuilder, ContextViews, TokenCounter
 from navi_trio.core.turn import context as context_module
@@ -66,7 +67,7 @@ def _apply(op: tuple[str, Any], context: list[dict[str, Any]], views: ContextVie
     return context
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     st.lists(_message, max_size=6),
     st.lists(st.tuples(_op, st.lists(_message, max_size=2)), max_size=8),
@@ -97,7 +98,7 @@ def test_views_build_and_count_what_a_fresh_build_does(
         )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(_message, max_size=8), st.lists(_message, max_size=4), st.integers(1, 5000))
 def test_the_baseline_estimate_with_views_equals_a_fresh_one(
     history: list[dict[str, Any]], added: list[dict[str, Any]], real: int

@@ -14,6 +14,8 @@ import ast
 import importlib
 from pathlib import Path
 
+from source_imports import import_nodes
+
 ROOT = Path(__file__).resolve().parent.parent
 CORE = ROOT / "navi_trio" / "core"
 # From the bottom up: a package imports only those before it.
@@ -23,7 +25,7 @@ LAYERS = ("checkpoints", "jobs", "turn", "session", "history", "triggers", "clus
 def imports(path: Path) -> list[tuple[int, str]]:
     """Every absolute module a file imports from, with its line."""
     found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in import_nodes(path):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append((node.lineno, node.module))
         elif isinstance(node, ast.Import):

@@ -71,6 +71,7 @@ def test_the_trusted_accounts(tmp_path: Path) -> None:
         trusted_accounts({"NAVI_DAEMON_USERS": "no-such-account"})
 
 
+@pytest.mark.slow  # waits out a 2 s hello timeout on the real clock
 async def test_a_listener_of_an_untrusted_account_gets_no_hello_and_a_trusted_one_does() -> None:
     heard: list[str] = []
 

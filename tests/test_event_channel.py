@@ -28,6 +28,9 @@ from navi_trio.events import (
 from navi_trio.testing import open_harness
 
 TIMEOUT = 60
+# Events a stalled reader leaves waiting, of each kind: thousands of times the bound of
+# what may wait (the progress bound is 8), and 20 tool notes among the output.
+STALLED = 20_000
 
 
 def output(call_id: str, first: int, count: int) -> ToolEvent:
@@ -60,12 +63,12 @@ async def test_a_reader_that_keeps_up_sees_every_event_unchanged() -> None:
 async def test_a_stalled_reader_costs_merged_progress_not_memory() -> None:
     send, recv = open_event_channel(max_progress=8, max_chars=500)
     send.send_nowait(ToolStarted(call_id="c1", name="terminal"))
-    for i in range(100_000):
+    for i in range(STALLED):
         send.send_nowait(output("c1", i * 3, 3))
         if i % 1000 == 0:
             send.send_nowait(ToolEvent(call_id="c1", name="terminal", data={"note": i}))
     send.send_nowait(ToolResultEvent(call_id="c1", name="terminal", ok=True, output="done"))
-    for i in range(100_000):
+    for i in range(STALLED):
         send.send_nowait(TextDelta(f"{i} "))
         send.send_nowait(TextDelta("x", is_subagent=True, agent_id="sub"))
     send.send_nowait(StreamEnd(text="end"))
@@ -82,11 +85,11 @@ async def test_a_stalled_reader_costs_merged_progress_not_memory() -> None:
     # Text is merged, never lost, and each source keeps its order.
     top = "".join(e.text for e in got if isinstance(e, TextDelta) and not e.is_subagent)
     sub = "".join(e.text for e in got if isinstance(e, TextDelta) and e.is_subagent)
-    assert top == "".join(f"{i} " for i in range(100_000)) and sub == "x" * 100_000
+    assert top == "".join(f"{i} " for i in range(STALLED)) and sub == "x" * STALLED
     # Tool output: bounded events, each small; merged lines counted as dropped.
     outputs = [e for e in got if isinstance(e, ToolEvent) and "text" in e.data]
     assert all(len(e.data["text"]) <= 500 for e in outputs)
-    assert outputs[-1].data["text"].endswith(str(300_000 - 1))
+    assert outputs[-1].data["text"].endswith(str(3 * STALLED - 1))
     assert stats.merged > 0 and stats.dropped > 0
     # Nothing after the result: the tool's events all come before it.
     result_at = next(i for i, e in enumerate(got) if isinstance(e, ToolResultEvent))

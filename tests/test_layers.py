@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from source_imports import import_nodes
+
 PACKAGE = Path(__file__).resolve().parent.parent / "navi_trio"
 
 # From the bottom up. The vocabulary may import each other; nothing else imports sideways.
@@ -45,7 +47,7 @@ def unit(path: Path) -> str:
 def imported_units(path: Path) -> list[tuple[int, str]]:
     """Every layer of navi_trio the file imports, with its line."""
     found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in import_nodes(path):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             modules = [node.module]
             if node.module == "navi_trio":

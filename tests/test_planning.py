@@ -14,6 +14,7 @@ import trio
 import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from quick_run import examples
 
 from navi_trio.core.turn.planning import (
     MAX_PLAN_STEPS,
@@ -361,7 +362,7 @@ def check_plan_invariants(text: str) -> None:
     assert all(m for m in milestones)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text())
 def test_parse_plan_never_raises_on_arbitrary_text(text: str) -> None:
     check_plan_invariants(text)
@@ -377,7 +378,7 @@ _LINE_PIECES = st.sampled_from(
 )  # fmt: skip
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.lists(_LINE_PIECES, max_size=6).map(" ".join), max_size=40).map("\n".join))
 def test_parse_plan_never_breaks_on_plan_like_noise(text: str) -> None:
     check_plan_invariants(text)

@@ -26,12 +26,14 @@ from agent_tools import GateTool, call, of_type, toolset, with_tools
 from api_ws import open_daemon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from quick_run import examples
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
 from navi_trio.testing import open_harness
 
 TIMEOUT = 60
-EXAMPLES = int(os.environ.get("NAVI_FUZZ_EXAMPLES", "2000")) // 20  # connections cost more
+# A twentieth of the wire fuzzing's count (tests/test_reliability_wire.py): connections cost more.
+EXAMPLES = int(os.environ.get("NAVI_FUZZ_EXAMPLES", str(examples(2000)))) // 20
 
 
 async def test_another_users_running_session_is_untouchable(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ normal reply; the connection and the daemon go on, and a normal turn works after
 
 Hypothesis runs in a worker thread and calls back into the trio loop for each example
 (`trio.from_thread.run`), so one daemon and one connection serve thousands of examples.
-``NAVI_FUZZ_EXAMPLES`` raises the count (default 2000 over the whole file).
+``NAVI_FUZZ_EXAMPLES`` sets the count (2000 over the whole file; a fifth in the quick
+run, tests/quick_run.py).
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import wsproto.events
 from api_ws import Client, open_daemon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from quick_run import examples
 from trio_websocket import ConnectionClosed
 
 from navi_trio.api.protocol import COMMANDS
 
-EXAMPLES = int(os.environ.get("NAVI_FUZZ_EXAMPLES", "2000"))
+EXAMPLES = int(os.environ.get("NAVI_FUZZ_EXAMPLES", str(examples(2000))))
 TIMEOUT = 240
 MAX_BYTES = 16 * 1024  # ws_frame_max_bytes for these tests: huge strings stay cheap
 KNOWN = sorted(COMMANDS)

@@ -15,6 +15,7 @@ from typing import Any
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from quick_run import examples
 
 from navi_trio.core.session import ReplayBuffer
 from navi_trio.core.session.broadcast import SUBSCRIBER_BUFFER
@@ -115,7 +116,7 @@ _spec = st.tuples(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(specs=st.lists(_spec, min_size=1, max_size=60), cut=st.integers(0, 60),
        max_frames=st.integers(1, 80))  # fmt: skip
 def test_replay_is_exactly_what_was_missed_or_a_resync(

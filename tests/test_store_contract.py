@@ -22,6 +22,7 @@ import trio
 from builders import assistant, call, result, user
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from quick_run import examples
 from store_backends import Backend
 
 from navi_trio.errors import StoreError
@@ -216,7 +217,7 @@ messages_st = st.lists(st.dictionaries(st.text(), json_values, max_size=6), max_
 SLOW_OK = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=SLOW_OK)
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=SLOW_OK)
 @given(messages=messages_st, context=messages_st)
 def test_any_json_dicts_round_trip_through_append_and_load(
     backend: Backend, messages: list[dict[str, Any]], context: list[dict[str, Any]]

@@ -180,6 +180,7 @@ async def test_run_ephemeral_raises_a_backend_level_llm_error(tmp_path: Path) ->
             assert caught.value.status == 502
 
 
+@pytest.mark.slow  # waits out the sub-agent's 0.5 s on the real clock
 async def test_run_ephemeral_timeout_is_a_cancel_scope_that_closes_the_stream(
     tmp_path: Path,
 ) -> None:
@@ -418,7 +419,10 @@ def _sub_replies(outcome: str) -> list[dict[str, Any]]:
     return [inside, {"text": "thinking", "stall": True}]  # timeout
 
 
-@pytest.mark.parametrize("outcome", ["success", "failure", "timeout"])
+# The timeout case waits out the sub-agent's 1 s on the real clock: slow.
+@pytest.mark.parametrize(
+    "outcome", ["success", "failure", pytest.param("timeout", marks=pytest.mark.slow)]
+)
 async def test_parent_contextvars_survive_a_spawn(tmp_path: Path, outcome: str) -> None:
     kit = make_kit()
     replies = [
@@ -460,7 +464,11 @@ async def test_parent_contextvars_survive_a_spawn(tmp_path: Path, outcome: str) 
             assert after["is_subagent"] is False
 
 
-@pytest.mark.parametrize("outcome", ["success", "failure", "backend", "timeout", "stop"])
+# The timeout case waits out the sub-agent's 1 s on the real clock: slow.
+@pytest.mark.parametrize(
+    "outcome",
+    ["success", "failure", "backend", pytest.param("timeout", marks=pytest.mark.slow), "stop"],
+)
 async def test_run_ephemeral_restores_the_callers_contextvars(tmp_path: Path, outcome: str) -> None:
     kit = make_kit()
     if outcome == "stop":

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from quick_run import examples
 
 from navi_trio.core.turn import ContextBuilder, TokenCounter
 from navi_trio.core.turn import tokens as tokens_module
@@ -37,7 +38,7 @@ _message = st.one_of(
 SHARED = TokenCounter()  # warm across examples, like a long-running daemon's counter
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(_message, max_size=12), st.lists(_message, max_size=4), st.integers(1, 5000))
 def test_cached_counts_equal_fresh_counts(
     history: list[dict[str, Any]], added: list[dict[str, Any]], real: int

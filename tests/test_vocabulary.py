@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
+from quick_run import examples
 
 from navi_trio import errors, events
 from navi_trio.errors import ConfigError, LLMError, LLMTimeoutError, NaviError
@@ -74,7 +75,9 @@ def _builds(cls: type) -> st.SearchStrategy[Any]:
 
 @pytest.mark.parametrize("cls", EVENT_CLASSES, ids=lambda c: c.__name__)
 def test_every_event_class_round_trips_through_json(cls: type[events.AgentEvent]) -> None:
-    @hyp_settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @hyp_settings(
+        max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    )
     @given(_builds(cls))
     def check(event: events.AgentEvent) -> None:
         data = event_to_dict(event)
