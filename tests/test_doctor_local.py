@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from real_models import THREADS
 
 from navi_trio.cli.doctor import collect_doctor, print_doctor
 from navi_trio.llm import host_state
@@ -32,7 +33,7 @@ DOWN = "ws://127.0.0.1:9"  # no daemon there
 def _settings(tmp_path: Path) -> Settings:
     return Settings.from_env(
         {}, db_path=tmp_path / "navi.db", data_dir=tmp_path / "data", num_ctx=2048,
-        llm_backend="local",
+        llm_backend="local", local_threads=THREADS,
     )  # fmt: skip
 
 

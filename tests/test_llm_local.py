@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import trio
 from agent_tools import EchoTool, toolset, with_tools
+from real_models import THREADS
 
 from navi_trio.events import StreamEnd
 from navi_trio.llm.base import ChatRequest, DoneChunk, TextChunk, ToolCallsChunk, WorkingChunk
@@ -54,7 +55,7 @@ ECHO = {
 @pytest.fixture
 async def backend() -> AsyncIterator[LocalBackend]:
     # Its own model host process per test (about a second to start and load).
-    async with open_local_backend(n_ctx=2048, threads=2) as backend:
+    async with open_local_backend(n_ctx=2048, threads=THREADS) as backend:
         yield backend
 
 
@@ -87,7 +88,7 @@ async def test_the_child_answers_what_llama_cpp_python_answers_in_this_process()
     request = _request("Name three colors.", max_tokens=48)
     with trio.fail_after(TIMEOUT):
         async with (
-            open_local_backend(n_ctx=2048, threads=2) as backend,
+            open_local_backend(n_ctx=2048, threads=THREADS) as backend,
             backend.stream_chat(request) as chunks,
         ):
             got = [c async for c in chunks]
@@ -98,7 +99,7 @@ async def test_the_child_answers_what_llama_cpp_python_answers_in_this_process()
     def in_process() -> tuple[str, dict[str, int]]:
         # Any: the messages go in as the plain dicts the child sends, not llama's TypedDicts.
         llama: Any = Llama(
-            model_path=str(backend.model_file), n_ctx=2048, n_threads=2, seed=0, verbose=False
+            model_path=str(backend.model_file), n_ctx=2048, n_threads=THREADS, seed=0, verbose=False
         )
         reply = llama.create_chat_completion(
             local_messages(request.messages), **sampling(dict(request.options), 0)
@@ -196,7 +197,7 @@ def test_history_is_sent_in_plain_roles() -> None:
 async def test_a_tool_round_trip_through_the_agent_loop(tmp_path: Path) -> None:
     settings = Settings.from_env(
         {}, db_path=tmp_path / "navi.db", data_dir=tmp_path / "data", num_ctx=2048,
-        llm_backend="local",
+        llm_backend="local", local_threads=THREADS,
     )  # fmt: skip
     config: ConfigSource = make_config(
         {"general": with_tools(["echo"], think_enabled=False, max_iterations=4)}

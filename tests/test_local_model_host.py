@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import trio
 from agent_tools import toolset, with_tools
+from real_models import THREADS
 
 from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, TextDelta
 from navi_trio.llm import host as host_module
@@ -57,7 +58,7 @@ FAKE_MODEL = "fake-remote"
 def _settings(tmp_path: Path) -> Settings:
     return Settings.from_env(
         {}, db_path=tmp_path / "navi.db", data_dir=tmp_path / "data", num_ctx=2048,
-        llm_backend="local",
+        llm_backend="local", local_threads=THREADS,
     )  # fmt: skip
 
 
@@ -293,7 +294,7 @@ from navi_trio.settings import Settings
 async def main():
     tmp = Path({str(tmp_path)!r})
     settings = Settings.from_env({{}}, db_path=tmp / "navi.db", data_dir=tmp / "data",
-                                 num_ctx=2048, llm_backend="local")
+                                 num_ctx=2048, llm_backend="local", local_threads={THREADS})
     async with open_runtime(settings) as rt:
         await rt.store.create_session("s1", profile_id="local")
         async with rt.agent.run_stream("s1", "Say hello.") as stream:
