@@ -143,6 +143,13 @@ def test_the_acp_agent_and_its_sdk_stay_out_of_every_other_command() -> None:
     assert imported_by(statement, ("navi_trio.acp", "acp", "pydantic")) == []
 
 
+def test_the_acp_packages_lines_and_texts_load_without_its_sdk() -> None:
+    # The package's __init__ imports nothing: the JSON-RPC lines and the update texts
+    # (what the everyday tests import) need neither pydantic nor the ACP SDK.
+    statement = "import navi_trio.acp, navi_trio.acp.updates, navi_trio.acp.jsonrpc"
+    assert imported_by(statement, ("acp", "pydantic")) == []
+
+
 def test_metrics_stay_out_of_navi_run_and_its_private_daemon() -> None:
     # prometheus_client comes with `navi serve`'s DaemonMetrics (api/metrics.py) only: a
     # private daemon's server and page (serve_privately) never load it.

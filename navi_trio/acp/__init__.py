@@ -1,36 +1,6 @@
 """`navi acp`: navi as an Agent Client Protocol agent for editors (Zed, JetBrains, Neovim).
 
-Imported only by the ``acp`` command: it needs pydantic and the ACP SDK's schema models
-(the ``acp`` extra).
+The process is `navi_trio.acp.serve`. It needs pydantic and the ACP SDK's schema models
+(the ``acp`` extra); this package's ``__init__`` imports nothing, so a module of it that
+needs neither (the JSON-RPC lines, the update texts) loads without them.
 """
-
-from __future__ import annotations
-
-import signal
-
-import trio
-
-from navi_trio.acp.agent import Agent, serve_on, stdio
-from navi_trio.acp.backend import BackendOptions, open_backend
-from navi_trio.acp.servers import ServerHost
-
-__all__ = ["BackendOptions", "serve"]
-
-
-async def serve(options: BackendOptions, mode: str | None, profile: str | None) -> None:
-    """Serve ACP on stdin/stdout until stdin closes; SIGTERM / SIGINT end it as that does."""
-    async with stdio() as (stdin, stdout), open_backend(options) as backend:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with trio.open_nursery() as nursery:
-                # The editor's MCP servers run in this nursery, as this process's user.
-                host = ServerHost(nursery, options.settings)
-                agent = Agent(backend, mode, profile, host)
-
-                async def on_signal() -> None:
-                    async for _ in signals:
-                        await stdin.aclose()  # as if the editor closed it
-                        return
-
-                nursery.start_soon(on_signal)
-                await serve_on(agent, stdin, stdout)
-                nursery.cancel_scope.cancel()

@@ -39,7 +39,8 @@ def cmd_acp(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from navi_trio.llm.factory import backend_configured
 
     try:
-        from navi_trio.acp import BackendOptions, serve
+        from navi_trio.acp.backend import BackendOptions
+        from navi_trio.acp.serve import serve
     except ImportError as exc:
         from navi_trio.errors import ConfigError
 
