@@ -162,6 +162,39 @@ async def test_without_wake_on_task_done_the_note_waits_for_the_next_message(
             assert not messages_of(c, sid, "woken")
 
 
+async def test_a_wake_up_waiting_for_its_sessions_actor_does_not_hold_the_jobs_end(
+    tmp_path: Path,
+) -> None:
+    """The note and the wake-up are committed in the job's shielded bookkeeping; handing
+    the wake-up to the session's actor, which may wait (an actor starting, a lease),
+    is not: the job ends at once, and a shutdown meanwhile is not held for the
+    bookkeeping's deadline (the wake-up stays queued for the next start)."""
+    gate = GateTool()
+    kw: dict[str, Any] = {
+        "tools": toolset(gate),
+        "profiles": profile("gate"),
+        "backgroundable_tools": ("gate",),
+    }
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=[background(), {"text": "started"}], **kw) as h:
+            await h.turn("s1", "start the job")
+            await (await h.session("s1")).idle()  # the run settled: the job's end wakes it
+            (job,) = h.runtime.supervisor.list_jobs("s1")
+            handed = trio.Event()
+
+            async def stuck(session_id: str) -> Any:
+                handed.set()
+                await trio.sleep_forever()
+
+            h.runtime.sessions.get = stuck  # type: ignore[method-assign]
+            gate.gate.set()
+            await handed.wait()
+            # Far less than the bookkeeping's 10 s deadline, which held it before.
+            with trio.fail_after(5):
+                await job.done.wait()
+            assert await h.runtime.store.queued_sessions() == ["s1"]
+
+
 async def test_a_restart_between_the_job_ending_and_the_turn_wakes_exactly_once(
     tmp_path: Path,
 ) -> None:

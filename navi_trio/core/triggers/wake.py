@@ -21,7 +21,7 @@ import os
 import secrets
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from navi_trio.actor import NurseryHolder
 from navi_trio.core.jobs import NOTES_SCOPE, note_entry, record_note, trim_notes
@@ -145,4 +145,15 @@ class Waker(NurseryHolder):
         log.info("session %s: woken by background results", row.id)
         registry = self._registry()
         if registry is not None:  # (none: queued, the next start runs it)
-            await deliver(registry, row.id, key, message)
+            # Committed above; the hand-over may wait (an actor starting, a lease) and
+            # runs apart from the caller, often a job's shielded bookkeeping: a shutdown
+            # meanwhile cancels it and the wake-up runs after the restart.
+            self.nursery.start_soon(self._deliver, registry, row.id, key, message)
+
+    async def _deliver(
+        self, registry: SessionRegistry, session_id: str, key: str, message: dict[str, Any]
+    ) -> None:
+        try:
+            await deliver(registry, session_id, key, message)
+        except Exception:  # it stays queued: the session's next start or message runs it
+            log.exception("session %s: handing its wake-up to its actor failed", session_id)
