@@ -22,7 +22,6 @@ from navi_trio.api.protocol import Checkpoints, Fork, RequestId, Rewind, reply
 from navi_trio.api.services import CommandHost
 from navi_trio.core.checkpoints import NOT_COVERED, Preview
 from navi_trio.core.history import Asker, NewFolder, Overview, RewindPreview, Target
-from navi_trio.core.turn import CwdCheck
 from navi_trio.errors import ExistsError, ProtocolError
 from navi_trio.events import Rewound
 
@@ -199,15 +198,7 @@ class CheckpointCommands:
         path = Path(raw)
         if path.name in ("", ".", "..") or ".." in path.parts:
             raise ProtocolError("field 'folder' must name a new folder (no . or ..)")
-        rt, user = self.c.rt, self.c.user
-        parent = await CwdCheck(
-            user_id=user.id,
-            role=user.role,
-            session_id=session_id,
-            settings=rt.settings,
-            config=rt.config,
-            store=rt.store,
-        ).open(str(path.parent))
+        parent = await self.c.cwd_check(session_id).open(str(path.parent))
         folder = NewFolder(parent, path.name)
         try:
             if await trio.to_thread.run_sync(_exists, folder):

@@ -13,7 +13,6 @@ import trio
 
 from navi_trio.api.protocol import CommandList, RequestId, reply
 from navi_trio.api.services import CommandHost
-from navi_trio.core.turn import CwdCheck
 from navi_trio.project import find_commands, user_commands_folder
 from navi_trio.tools.private import private_paths
 from navi_trio.tools.roots import Root
@@ -26,15 +25,7 @@ async def list_commands(host: CommandHost, rid: RequestId, cmd: CommandList) -> 
         await host._owned(cmd.session_id)
     held: Root | None = None
     if cmd.cwd is not None:
-        check = CwdCheck(
-            user_id=user.id,
-            role=user.role,
-            session_id=cmd.session_id,
-            settings=rt.settings,
-            config=rt.config,
-            store=rt.store,
-        )
-        held = await check.open(cmd.cwd)
+        held = await host.cwd_check(cmd.session_id).open(cmd.cwd)
     settings = rt.settings
     session_dir = settings.session_dir(cmd.session_id) if cmd.session_id else None
     private = private_paths(settings, session_dir)

@@ -129,6 +129,17 @@ class Commands:
 
     # -- ownership ----------------------------------------------------------------------
 
+    def cwd_check(self, session_id: str | None) -> CwdCheck:
+        """How a cwd this connection's user sends for `session_id` is checked."""
+        return CwdCheck(
+            user_id=self.user.id,
+            role=self.user.role,
+            session_id=session_id,
+            settings=self.rt.settings,
+            config=self.rt.config,
+            store=self.rt.store,
+        )
+
     async def _owned(self, session_id: str) -> SessionRow:
         row = await self.rt.store.get_session(session_id)
         if row is None:
@@ -332,14 +343,7 @@ class Commands:
                     f"session {cmd.session_id!r} already exists", session_id=cmd.session_id
                 )
             if cmd.cwd is not None:
-                await CwdCheck(
-                    user_id=self.user.id,
-                    role=self.user.role,
-                    session_id=cmd.session_id,
-                    settings=self.rt.settings,
-                    config=self.rt.config,
-                    store=self.rt.store,
-                ).check(cmd.cwd)
+                await self.cwd_check(cmd.session_id).check(cmd.cwd)
             row = await self._create(cmd.session_id, cmd.profile)
             await self.conn.send(reply(rid, "session", session_id=row.id, created=True))
             return

@@ -17,7 +17,6 @@ from navi_trio.api.protocol import RequestId, SendMessage, reply
 from navi_trio.api.services import CommandHost
 from navi_trio.api.tracing import trace_carrier
 from navi_trio.core.turn import (
-    CwdCheck,
     UserMessage,
     busy_strategy,
     effective_mode,
@@ -47,14 +46,7 @@ class SessionMessages:
         # Everything the frame says is checked before a session is created for it.
         cwd = None
         if cmd.cwd is not None:
-            cwd = await CwdCheck(
-                user_id=self.c.user.id,
-                role=self.c.user.role,
-                session_id=cmd.session_id,
-                settings=self.c.rt.settings,
-                config=self.c.rt.config,
-                store=self.c.rt.store,
-            ).check(cmd.cwd)
+            cwd = await self.c.cwd_check(cmd.session_id).check(cmd.cwd)
         row = await self.c.rt.store.get_session(cmd.session_id) if cmd.session_id else None
         if row is None:
             row = await self.c._create(cmd.session_id, cmd.profile)

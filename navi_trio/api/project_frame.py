@@ -12,7 +12,7 @@ from pathlib import Path
 
 from navi_trio.api.protocol import Context, RequestId, reply
 from navi_trio.api.services import CommandHost
-from navi_trio.core.turn import CwdCheck, project_view
+from navi_trio.core.turn import project_view
 from navi_trio.project import Reader
 
 SKIPPED_LISTED = 100
@@ -21,15 +21,8 @@ SKIPPED_LISTED = 100
 async def handle_context(host: CommandHost, rid: RequestId, cmd: Context) -> None:
     if cmd.session_id is not None:
         await host._owned(cmd.session_id)
-    rt, user = host.rt, host.user
-    check = CwdCheck(
-        user_id=user.id,
-        role=user.role,
-        session_id=cmd.session_id,
-        settings=rt.settings,
-        config=rt.config,
-        store=rt.store,
-    )
+    rt = host.rt
+    check = host.cwd_check(cmd.session_id)
     session_dir = None if cmd.session_id is None else rt.settings.session_dir(cmd.session_id)
     root = None if cmd.cwd is None else await check.open(cmd.cwd)
     try:

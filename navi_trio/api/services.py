@@ -22,7 +22,7 @@ from navi_trio.core.history import SessionRewinds
 from navi_trio.core.jobs import TaskSupervisor
 from navi_trio.core.session import SessionActor, SessionRegistry, SessionService, UserWatch
 from navi_trio.core.triggers import Scheduler
-from navi_trio.core.turn import ApprovalBroker
+from navi_trio.core.turn import ApprovalBroker, CwdCheck
 from navi_trio.notices import UserNotices
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
@@ -86,6 +86,7 @@ class CommandHost(Protocol):
     @property
     def user(self) -> User: ...
 
+    def cwd_check(self, session_id: str | None) -> CwdCheck: ...
     async def _owned(self, session_id: str) -> SessionRow: ...
     async def _create(self, session_id: str | None, profile: str | None) -> SessionRow: ...
     def _check_profile(self, profile: str | None) -> None: ...

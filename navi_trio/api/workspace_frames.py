@@ -15,7 +15,7 @@ import trio
 
 from navi_trio.api.protocol import Changes, Folders, RequestId, reply
 from navi_trio.core.history import Asker, session_changes
-from navi_trio.core.turn import CwdCheck, list_folders, recent_folders, start_folders
+from navi_trio.core.turn import list_folders, recent_folders, start_folders
 from navi_trio.tools.private import real_path
 
 if TYPE_CHECKING:
@@ -28,21 +28,10 @@ class WorkspaceCommands:
     def __init__(self, commands: CommandHost) -> None:
         self.c = commands
 
-    def _check(self, session_id: str | None) -> CwdCheck:
-        rt, user = self.c.rt, self.c.user
-        return CwdCheck(
-            user_id=user.id,
-            role=user.role,
-            session_id=session_id,
-            settings=rt.settings,
-            config=rt.config,
-            store=rt.store,
-        )
-
     async def folders(self, rid: RequestId, cmd: Folders) -> None:
         if cmd.session_id is not None:
             await self.c._owned(cmd.session_id)
-        check = self._check(cmd.session_id)
+        check = self.c.cwd_check(cmd.session_id)
         rt = self.c.rt
 
         async def work() -> None:
