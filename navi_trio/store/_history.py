@@ -25,6 +25,7 @@ from navi_trio.store._input import (
     not_queued,
     page_end,
 )
+from navi_trio.store._lease import renew_lease
 from navi_trio.store._queue import _claim
 from navi_trio.store._schema import _HISTORY, SQLITE, _write_tx
 from navi_trio.store.base import HistoryPage, LoadedSession
@@ -74,7 +75,7 @@ def _append(
     with _write_tx(db):
         SQLITE.check_fence(db, fence)
         if renew is not None and fence is not None:  # the row is the fence's: just checked
-            db.execute("UPDATE leases SET expires_at = ? WHERE session_id = ?", [now + renew, sid])
+            renew_lease(db, sid, fence.owner, renew, fence.generation, now)
         SQLITE.require_session(db, sid)
         if dequeue is not None and not _claim(db, sid, dequeue):
             raise not_queued(sid, dequeue)
