@@ -15,6 +15,9 @@ lists which of the heavy modules an import pulled in:
 The garbage collector runs less often while `navi` starts (navi_trio/imports.py): its
 start-up threshold holds from the command's start until a runtime has frozen start-up's
 objects, and not beyond the command.
+
+Code generated at start-up costs its compiling: a valid config is structured by cattrs'
+plain code, the detailed code only generated for a file with a mistake to report.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import trio
 
 pytestmark = pytest.mark.slow  # its tests start processes
 
+REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("numpy", "rich", "pygments", "tiktoken", "mcp")
 TIMEOUT = 60
 
@@ -232,3 +236,33 @@ async def test_a_runtime_ends_the_start_up_collections_once_it_has_frozen_start_
             assert gc.get_threshold() == (PYTHON_GC_THRESHOLD, *before[1:])
         assert gc.get_threshold() == (PYTHON_GC_THRESHOLD, *before[1:])
     assert gc.get_threshold() == before
+
+
+def test_a_valid_config_is_structured_without_the_detailed_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import cattrs
+
+    from navi_trio.errors import ConfigError
+    from navi_trio.profiles import NaviConfig, _load, parse_config
+
+    detailed: list[object] = []
+    real = cattrs.Converter.structure
+
+    def recording(self: cattrs.Converter, obj: object, cl: type[object]) -> object:
+        if self is _load._converter:
+            detailed.append(cl)
+        return real(self, obj, cl)
+
+    monkeypatch.setattr(cattrs.Converter, "structure", recording)
+    path = REPO / "config" / "config.json"
+    cfg = parse_config(json.loads(path.read_text(encoding="utf-8")), path)
+    assert cfg.profiles and detailed == []
+    bad = json.loads(path.read_text(encoding="utf-8"))
+    first = next(iter(bad["profiles"]))
+    bad["profiles"][first]["max_iterations"] = "5"
+    where = rf"\$\.profiles\['{first}'\]\.max_iterations"
+    expected = rf"expected int \(a whole number\), got '5' @ {where}"
+    with pytest.raises(ConfigError, match=expected):
+        parse_config(bad, path)
+    assert detailed == [NaviConfig]  # the mistake is worded by the detailed converter
