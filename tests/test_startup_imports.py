@@ -17,7 +17,8 @@ start-up threshold holds from the command's start until a runtime has frozen sta
 objects, and not beyond the command.
 
 Code generated at start-up costs its compiling: a valid config is structured by cattrs'
-plain code, the detailed code only generated for a file with a mistake to report.
+plain code, the detailed code only generated for a file with a mistake to report; the
+patterns that read a model's plan compile when the first plan is read.
 """
 
 from __future__ import annotations
@@ -52,6 +53,27 @@ def imported_by(statement: str, names: tuple[str, ...]) -> list[str]:
     assert done.returncode == 0, done.stderr
     found: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
     return found
+
+
+def compiled_in(statement: str, module: str) -> list[str]:
+    """The regexes `module`'s own code compiled during `statement`, in a fresh interpreter."""
+    code = (
+        "import json, re, sys\nseen = []\nreal = re._compile\n"
+        "def spy(pattern, flags):\n"
+        "    frame = sys._getframe(1)\n"  # the caller, past re and navi_trio.patterns
+        "    while frame.f_globals.get('__name__') in ('re', 'navi_trio.patterns'):\n"
+        "        frame = frame.f_back\n"
+        "    if frame.f_globals.get('__name__') == MODULE:\n"
+        "        seen.append(str(pattern))\n"
+        "    return real(pattern, flags)\n"
+        f"re._compile = spy\nMODULE = {module!r}\n{statement}\nprint(json.dumps(seen))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert done.returncode == 0, done.stderr
+    seen: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return seen
 
 
 def test_the_navi_command_imports_no_heavy_module() -> None:
@@ -266,3 +288,10 @@ def test_a_valid_config_is_structured_without_the_detailed_code(
     with pytest.raises(ConfigError, match=expected):
         parse_config(bad, path)
     assert detailed == [NaviConfig]  # the mistake is worded by the detailed converter
+
+
+def test_the_plan_readers_patterns_compile_on_first_use() -> None:
+    module = "navi_trio.core.turn.plan_text"
+    assert compiled_in("import navi_trio.core.turn", module) == []
+    reading = "from navi_trio.core.turn import parse_analysis\nparse_analysis('Reflect: yes')"
+    assert len(compiled_in(reading, module)) >= 2  # the spy sees this module's patterns
