@@ -18,12 +18,14 @@ objects, and not beyond the command.
 
 Code generated at start-up costs its compiling: a valid config is structured by cattrs'
 plain code, the detailed code only generated for a file with a mistake to report; the
-patterns that read a model's plan compile when the first plan is read.
+patterns that read a model's plan compile when the first plan is read; `navi run` and
+the other commands of cli/__init__.py build their own subcommand's parser alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import io
 import json
@@ -295,3 +297,60 @@ def test_the_plan_readers_patterns_compile_on_first_use() -> None:
     assert compiled_in("import navi_trio.core.turn", module) == []
     reading = "from navi_trio.core.turn import parse_analysis\nparse_analysis('Reflect: yes')"
     assert len(compiled_in(reading, module)) >= 2  # the spy sees this module's patterns
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[str]:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return list(sub.choices)
+
+
+def test_a_command_of_the_cli_module_is_parsed_by_its_own_parser_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from navi_trio import cli
+
+    built: list[list[str]] = []
+    real = cli.build_parser
+
+    def recording(command: str | None = None) -> argparse.ArgumentParser:
+        parser = real(command)
+        built.append(_subcommands(parser))
+        return parser
+
+    seen: list[argparse.Namespace] = []
+
+    def run(args: argparse.Namespace, out: object, err: object) -> int:
+        seen.append(args)
+        return 0
+
+    monkeypatch.setattr(cli, "build_parser", recording)
+    monkeypatch.setitem(cli._COMMANDS, "run", run)
+    assert cli.main(["run", "--session", "s-1", "hi"]) == 0
+    assert built == [["run"]] and seen[0].message == "hi" and seen[0].session == "s-1"
+    assert cli.main(["runn", "hi"]) == 1  # a wrong name: the whole parser says which exist
+    assert len(built[-1]) > 10 and "run" in built[-1]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--events", "--mode", "full", "--on-busy", "steer", "--local", "-"],
+        ["doctor", "--json", "--cwd", "/x"],
+        ["compact", "--session", "s-1", "--url", "ws://127.0.0.1:1"],
+        ["chat", "--profile", "p"],
+        ["web", "--token", "t"],
+    ],
+)
+def test_a_commands_own_parser_reads_and_helps_as_the_whole_one(argv: list[str]) -> None:
+    from navi_trio.cli import build_parser
+
+    alone, whole = build_parser(argv[0]), build_parser()
+    assert _subcommands(alone) == [argv[0]]
+    assert vars(alone.parse_args(argv)) == vars(whole.parse_args(argv))
+    helps = []
+    for parser in (alone, whole):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+            parser.parse_args([argv[0], "--help"])
+        helps.append(out.getvalue())
+    assert helps[0] == helps[1] and helps[0].startswith(f"usage: navi {argv[0]} ")
