@@ -38,6 +38,8 @@ import httpx
 import pytest
 import trio
 
+from navi_trio.imports import START_UP_GC_THRESHOLD, start_up_collections, start_up_over
+
 pytestmark = pytest.mark.slow  # its tests start processes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -225,7 +227,6 @@ def test_the_navi_command_starts_with_fewer_collections_and_ends_as_it_found_the
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from navi_trio import cli
-    from navi_trio.imports import START_UP_GC_THRESHOLD
 
     seen: list[tuple[int, int, int]] = []
 
@@ -244,7 +245,6 @@ def test_the_navi_command_starts_with_fewer_collections_and_ends_as_it_found_the
 async def test_a_runtime_ends_the_start_up_collections_once_it_has_frozen_start_up(
     tmp_path: Path,
 ) -> None:
-    from navi_trio.imports import PYTHON_GC_THRESHOLD, START_UP_GC_THRESHOLD, start_up_collections
     from navi_trio.runtime import open_runtime
     from navi_trio.settings import Settings
 
@@ -257,9 +257,36 @@ async def test_a_runtime_ends_the_start_up_collections_once_it_has_frozen_start_
             assert gc.get_threshold()[0] == START_UP_GC_THRESHOLD
         assert gc.get_threshold()[0] == START_UP_GC_THRESHOLD
         async with open_runtime(settings):
-            assert gc.get_threshold() == (PYTHON_GC_THRESHOLD, *before[1:])
-        assert gc.get_threshold() == (PYTHON_GC_THRESHOLD, *before[1:])
+            assert gc.get_threshold() == before
+        assert gc.get_threshold() == before
     assert gc.get_threshold() == before
+
+
+@pytest.mark.parametrize("own", [(1000, 10, 10), (START_UP_GC_THRESHOLD, 10, 10)])
+def test_the_start_up_collections_put_back_the_thresholds_they_found(
+    own: tuple[int, int, int],
+) -> None:
+    """A process's own thresholds come back after `start_up_over` and after the block,
+    even its own young threshold of 20,000 (not taken for an open block)."""
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(*own)
+        start_up_over()  # no block open: nothing to end
+        assert gc.get_threshold() == own
+        with start_up_collections():
+            assert gc.get_threshold() == (START_UP_GC_THRESHOLD, *own[1:])
+            start_up_over()
+            assert gc.get_threshold() == own
+            gc.set_threshold(3000, 10, 10)  # set after start-up: the process's own
+            start_up_over()  # once only
+            assert gc.get_threshold() == (3000, 10, 10)
+        assert gc.get_threshold() == (3000, 10, 10)
+        gc.set_threshold(*own)
+        with start_up_collections():
+            assert gc.get_threshold() == (START_UP_GC_THRESHOLD, *own[1:])
+        assert gc.get_threshold() == own  # ended by the block alone
+    finally:
+        gc.set_threshold(*before)
 
 
 def test_a_valid_config_is_structured_without_the_detailed_code(
