@@ -10,7 +10,8 @@ machine, and frees only what the imports dropped on the way. `start_up_collectio
 raises the young threshold for the `navi` command (cli `main`, after its own module's
 imports), so the same garbage is found in a few passes over the young objects and the
 full pass is not reached; `start_up_over` ends it (the runtime, once it has frozen
-start-up's objects out of every later collection), and so does the end of the block.
+start-up's objects out of every later collection), and so does the end of the block:
+both put back the thresholds the block found (Python's 700, or the process's own).
 A command that opens no runtime (a client of a daemon) keeps it: a young collection
 every 20,000 allocations, the older generations by Python's rules.
 
@@ -35,36 +36,58 @@ from __future__ import annotations
 import gc
 import importlib
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
 
+import attrs
+
 START_UP_GC_THRESHOLD = 20_000  # young-generation allocations between collections
-PYTHON_GC_THRESHOLD = 700  # Python's own, for the rest of the process
+
+
+@attrs.define
+class _StartUp:
+    """The outermost `start_up_collections` block's state: the thresholds it found on
+    entry (None when no block is open), and whether `start_up_over` has put them back."""
+
+    found: tuple[int, int, int] | None = None
+    over: bool = False
+
+
+# The collector's thresholds are the process's, so the block that changed them is too:
+# one record, not an object passed around.
+_start_up = _StartUp()
+_lock = threading.Lock()
 
 
 @contextmanager
 def start_up_collections() -> Iterator[None]:
     """Young collections every `START_UP_GC_THRESHOLD` allocations for the block (or
-    until `start_up_over`), then the thresholds as they were. Within a block of its own
-    it changes nothing: the outer block owns the start-up."""
-    before = gc.get_threshold()
-    if before[0] == START_UP_GC_THRESHOLD:
-        yield
-        return
-    gc.set_threshold(START_UP_GC_THRESHOLD, *before[1:])
+    until `start_up_over`), then exactly the thresholds it found. Within a block of its
+    own it changes nothing: the outer block owns the start-up."""
+    with _lock:
+        found = None if _start_up.found is not None else gc.get_threshold()
+        if found is not None:
+            _start_up.found, _start_up.over = found, False
+            gc.set_threshold(START_UP_GC_THRESHOLD, *found[1:])
     try:
         yield
     finally:
-        if gc.get_threshold()[0] == START_UP_GC_THRESHOLD:  # not ended by start_up_over
-            gc.set_threshold(*before)
+        if found is not None:
+            with _lock:
+                if not _start_up.over:
+                    gc.set_threshold(*found)
+                _start_up.found = None
 
 
 def start_up_over() -> None:
-    """Python's young threshold again, if `start_up_collections` had raised it."""
-    threshold = gc.get_threshold()
-    if threshold[0] == START_UP_GC_THRESHOLD:
-        gc.set_threshold(PYTHON_GC_THRESHOLD, *threshold[1:])
+    """The thresholds the open `start_up_collections` block found, once; nothing
+    without one (a threshold the process set itself stays)."""
+    with _lock:
+        if _start_up.found is not None and not _start_up.over:
+            gc.set_threshold(*_start_up.found)
+            _start_up.over = True
 
 
 def import_hiding(name: str, hidden: Iterable[str]) -> ModuleType:

@@ -113,8 +113,8 @@ def freeze_start_up_objects() -> None:
     first runtime; `gc.freeze` is process-wide), without a collection first: start-up
     leaves little cyclic garbage (at most what the young generation holds, under
     `navi`'s start-up threshold ~20,000 allocations: a few hundred KB), and collecting
-    it would cost the start-up path that full pass. Then Python's young threshold again
-    (`start_up_over`): from here young objects are the runs'.
+    it would cost the start-up path that full pass. Then the thresholds start-up found
+    again (`start_up_over`): from here young objects are the runs'.
     """
     if gc.get_freeze_count() == 0:
         gc.freeze()

@@ -24,6 +24,7 @@ from navi_trio.client.context_view import context_lines
 from navi_trio.core.turn.project_files import SKIPPED_CODE, project_view
 from navi_trio.profiles import ConfigSource
 from navi_trio.project import Reader
+from navi_trio.project.skills import SKILL_MAX_BYTES
 from navi_trio.settings import Settings
 from navi_trio.testing import open_harness
 from navi_trio.tools.roots import CWD, Root
@@ -296,6 +297,50 @@ async def test_the_skill_tool_reads_no_file_outside_its_folder(tmp_path: Path, r
     assert "'/etc/passwd' is not inside the skill's folder" in results[2]
     names = "release-notes, pdf-forms, user-notes"
     assert f"no skill named 'no-such-skill'; skills: {names}" in results[3]
+
+
+def skill_of_size(folder: Path, name: str, size: int) -> str:
+    """A SKILL.md of exactly `size` bytes for the skill `name` under `folder`; returns
+    its body, which ends with a mark of the last bytes."""
+    head = f"---\nname: {name}\ndescription: A skill {size} bytes long.\n---\n"
+    tail = f"\n{name.upper()}-LAST-BYTES"
+    body = "b" * (size - len(head) - len(tail)) + tail
+    (folder / name).mkdir(parents=True)
+    (folder / name / "SKILL.md").write_text(head + body)
+    assert (folder / name / "SKILL.md").stat().st_size == size
+    return body
+
+
+async def test_a_skill_md_of_the_bound_is_read_whole_and_one_byte_more_is_refused(
+    tmp_path: Path, repo: Path
+) -> None:
+    """The bound on a SKILL.md, to the byte, through the tool: its whole body reaches
+    the model (the tool's output cap and the model's window set above it, so no cut
+    hides a lost byte)."""
+    assert SKILL_MAX_BYTES == 64 << 10  # the bound docs/security.md names
+    skills = repo / ".claude" / "skills"
+    body = skill_of_size(skills, "at-the-bound", SKILL_MAX_BYTES)
+    skill_of_size(skills, "past-the-bound", SKILL_MAX_BYTES + 1)
+    replies = [skill_call(name="at-the-bound"), skill_call(name="past-the-bound"), {"text": "ok"}]
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path,
+            replies=replies,
+            profiles=profile(),
+            tool_output_max_chars=2 * SKILL_MAX_BYTES,
+            num_ctx=1 << 20,  # a window whose per-message share holds the body uncut
+        ) as h:
+            ann = await h.user("ann", "admin")
+            frames = await h.turn("s1", "hi", cwd=repo, user_id=ann, user_role="admin")
+            last = h.chat_requests[-1]
+    results = [m["content"] for m in last["messages"] if m["role"] == "tool"]
+    assert results[0].endswith(f"\n\n{body}"), results[0][-200:]
+    assert "cut here" not in results[0]
+    assert "no skill named 'past-the-bound'" in results[1]
+    warnings = [f["message"] for f in of_type(frames, "warning") if f.get("code") == SKIPPED_CODE]
+    over = f"SKILL.md is {SKILL_MAX_BYTES + 1} bytes, over the {SKILL_MAX_BYTES} read"
+    assert any(w.endswith(f"past-the-bound/SKILL.md: skipped: {over}") for w in warnings), warnings
+    assert not any("at-the-bound" in w for w in warnings), warnings
 
 
 async def test_a_skill_linked_in_from_the_project_is_found_and_one_linked_out_is_named(

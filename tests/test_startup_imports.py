@@ -15,11 +15,17 @@ lists which of the heavy modules an import pulled in:
 The garbage collector runs less often while `navi` starts (navi_trio/imports.py): its
 start-up threshold holds from the command's start until a runtime has frozen start-up's
 objects, and not beyond the command.
+
+Code generated at start-up costs its compiling: a valid config is structured by cattrs'
+plain code, the detailed code only generated for a file with a mistake to report; the
+patterns that read a model's plan compile when the first plan is read; `navi run` and
+the other commands of cli/__init__.py build their own subcommand's parser alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import io
 import json
@@ -32,8 +38,11 @@ import httpx
 import pytest
 import trio
 
+from navi_trio.imports import START_UP_GC_THRESHOLD, start_up_collections, start_up_over
+
 pytestmark = pytest.mark.slow  # its tests start processes
 
+REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("numpy", "rich", "pygments", "tiktoken", "mcp")
 TIMEOUT = 60
 
@@ -48,6 +57,27 @@ def imported_by(statement: str, names: tuple[str, ...]) -> list[str]:
     assert done.returncode == 0, done.stderr
     found: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
     return found
+
+
+def compiled_in(statement: str, module: str) -> list[str]:
+    """The regexes `module`'s own code compiled during `statement`, in a fresh interpreter."""
+    code = (
+        "import json, re, sys\nseen = []\nreal = re._compile\n"
+        "def spy(pattern, flags):\n"
+        "    frame = sys._getframe(1)\n"  # the caller, past re and navi_trio.patterns
+        "    while frame.f_globals.get('__name__') in ('re', 'navi_trio.patterns'):\n"
+        "        frame = frame.f_back\n"
+        "    if frame.f_globals.get('__name__') == MODULE:\n"
+        "        seen.append(str(pattern))\n"
+        "    return real(pattern, flags)\n"
+        f"re._compile = spy\nMODULE = {module!r}\n{statement}\nprint(json.dumps(seen))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert done.returncode == 0, done.stderr
+    seen: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return seen
 
 
 def test_the_navi_command_imports_no_heavy_module() -> None:
@@ -197,7 +227,6 @@ def test_the_navi_command_starts_with_fewer_collections_and_ends_as_it_found_the
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from navi_trio import cli
-    from navi_trio.imports import START_UP_GC_THRESHOLD
 
     seen: list[tuple[int, int, int]] = []
 
@@ -216,7 +245,6 @@ def test_the_navi_command_starts_with_fewer_collections_and_ends_as_it_found_the
 async def test_a_runtime_ends_the_start_up_collections_once_it_has_frozen_start_up(
     tmp_path: Path,
 ) -> None:
-    from navi_trio.imports import PYTHON_GC_THRESHOLD, START_UP_GC_THRESHOLD, start_up_collections
     from navi_trio.runtime import open_runtime
     from navi_trio.settings import Settings
 
@@ -229,6 +257,127 @@ async def test_a_runtime_ends_the_start_up_collections_once_it_has_frozen_start_
             assert gc.get_threshold()[0] == START_UP_GC_THRESHOLD
         assert gc.get_threshold()[0] == START_UP_GC_THRESHOLD
         async with open_runtime(settings):
-            assert gc.get_threshold() == (PYTHON_GC_THRESHOLD, *before[1:])
-        assert gc.get_threshold() == (PYTHON_GC_THRESHOLD, *before[1:])
+            assert gc.get_threshold() == before
+        assert gc.get_threshold() == before
     assert gc.get_threshold() == before
+
+
+@pytest.mark.parametrize("own", [(1000, 10, 10), (START_UP_GC_THRESHOLD, 10, 10)])
+def test_the_start_up_collections_put_back_the_thresholds_they_found(
+    own: tuple[int, int, int],
+) -> None:
+    """A process's own thresholds come back after `start_up_over` and after the block,
+    even its own young threshold of 20,000 (not taken for an open block)."""
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(*own)
+        start_up_over()  # no block open: nothing to end
+        assert gc.get_threshold() == own
+        with start_up_collections():
+            assert gc.get_threshold() == (START_UP_GC_THRESHOLD, *own[1:])
+            start_up_over()
+            assert gc.get_threshold() == own
+            gc.set_threshold(3000, 10, 10)  # set after start-up: the process's own
+            start_up_over()  # once only
+            assert gc.get_threshold() == (3000, 10, 10)
+        assert gc.get_threshold() == (3000, 10, 10)
+        gc.set_threshold(*own)
+        with start_up_collections():
+            assert gc.get_threshold() == (START_UP_GC_THRESHOLD, *own[1:])
+        assert gc.get_threshold() == own  # ended by the block alone
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_a_valid_config_is_structured_without_the_detailed_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import cattrs
+
+    from navi_trio.errors import ConfigError
+    from navi_trio.profiles import NaviConfig, _load, parse_config
+
+    detailed: list[object] = []
+    real = cattrs.Converter.structure
+
+    def recording(self: cattrs.Converter, obj: object, cl: type[object]) -> object:
+        if self is _load._converter:
+            detailed.append(cl)
+        return real(self, obj, cl)
+
+    monkeypatch.setattr(cattrs.Converter, "structure", recording)
+    path = REPO / "config" / "config.json"
+    cfg = parse_config(json.loads(path.read_text(encoding="utf-8")), path)
+    assert cfg.profiles and detailed == []
+    bad = json.loads(path.read_text(encoding="utf-8"))
+    first = next(iter(bad["profiles"]))
+    bad["profiles"][first]["max_iterations"] = "5"
+    where = rf"\$\.profiles\['{first}'\]\.max_iterations"
+    expected = rf"expected int \(a whole number\), got '5' @ {where}"
+    with pytest.raises(ConfigError, match=expected):
+        parse_config(bad, path)
+    assert detailed == [NaviConfig]  # the mistake is worded by the detailed converter
+
+
+def test_the_plan_readers_patterns_compile_on_first_use() -> None:
+    module = "navi_trio.core.turn.plan_text"
+    assert compiled_in("import navi_trio.core.turn", module) == []
+    reading = "from navi_trio.core.turn import parse_analysis\nparse_analysis('Reflect: yes')"
+    assert len(compiled_in(reading, module)) >= 2  # the spy sees this module's patterns
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[str]:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return list(sub.choices)
+
+
+def test_a_command_of_the_cli_module_is_parsed_by_its_own_parser_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from navi_trio import cli
+
+    built: list[list[str]] = []
+    real = cli.build_parser
+
+    def recording(command: str | None = None) -> argparse.ArgumentParser:
+        parser = real(command)
+        built.append(_subcommands(parser))
+        return parser
+
+    seen: list[argparse.Namespace] = []
+
+    def run(args: argparse.Namespace, out: object, err: object) -> int:
+        seen.append(args)
+        return 0
+
+    monkeypatch.setattr(cli, "build_parser", recording)
+    monkeypatch.setitem(cli._COMMANDS, "run", run)
+    assert cli.main(["run", "--session", "s-1", "hi"]) == 0
+    assert built == [["run"]] and seen[0].message == "hi" and seen[0].session == "s-1"
+    assert cli.main(["runn", "hi"]) == 1  # a wrong name: the whole parser says which exist
+    assert len(built[-1]) > 10 and "run" in built[-1]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--events", "--mode", "full", "--on-busy", "steer", "--local", "-"],
+        ["doctor", "--json", "--cwd", "/x"],
+        ["compact", "--session", "s-1", "--url", "ws://127.0.0.1:1"],
+        ["chat", "--profile", "p"],
+        ["web", "--token", "t"],
+    ],
+)
+def test_a_commands_own_parser_reads_and_helps_as_the_whole_one(argv: list[str]) -> None:
+    from navi_trio.cli import build_parser
+
+    alone, whole = build_parser(argv[0]), build_parser()
+    assert _subcommands(alone) == [argv[0]]
+    assert vars(alone.parse_args(argv)) == vars(whole.parse_args(argv))
+    helps = []
+    for parser in (alone, whole):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+            parser.parse_args([argv[0], "--help"])
+        helps.append(out.getvalue())
+    assert helps[0] == helps[1] and helps[0].startswith(f"usage: navi {argv[0]} ")

@@ -15,9 +15,9 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 import trio
 
@@ -83,11 +83,7 @@ def _add_local_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="navi", description="navi_trio: a local LLM agent on trio.")
-    parser.add_argument("--version", action="version", version=f"navi {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
+def _add_doctor(sub: Any) -> None:
     doctor = sub.add_parser(
         "doctor",
         help="report the config, the DB and whether the LLM answers",
@@ -104,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the folder whose project files (AGENTS.md, skills) are listed (default: this one)",
     )
 
+
+def _add_run(sub: Any) -> None:
     run = sub.add_parser(
         "run",
         help="run one turn and print the answer",
@@ -135,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_endpoint_options(run)
 
+
+def _add_compact(sub: Any) -> None:
     compact = sub.add_parser(
         "compact",
         help="compress a session's context (the way out of context_too_large)",
@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compact.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
     _add_endpoint_options(compact)
+
+
+def _add_chat(sub: Any) -> None:
     chat = sub.add_parser(
         "chat",
         help="chat with the daemon in this terminal",
@@ -159,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--profile", metavar="P", help="profile for new messages")
     chat.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
     _add_local_options(chat)
+
+
+def _add_web(sub: Any) -> None:
     web = sub.add_parser(
         "web",
         help="print the browser page's address with a one-time sign-in link",
@@ -168,6 +174,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     web.add_argument("--url", help=f"the daemon (default: {DEFAULT_URL})")
     web.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
+
+
+_OWN_PARSERS: dict[str, Callable[[Any], None]] = {
+    "doctor": _add_doctor,
+    "run": _add_run,
+    "compact": _add_compact,
+    "chat": _add_chat,
+    "web": _add_web,
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """navi's parser. For a `command` of this module's own (`_OWN_PARSERS`: `navi run`...)
+    only that subcommand's parser is built, the same one, in a third of the whole
+    parser's time; `navi --help`, every other command and a wrong name get the whole."""
+    parser = _Parser(prog="navi", description="navi_trio: a local LLM agent on trio.")
+    parser.add_argument("--version", action="version", version=f"navi {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, add in _OWN_PARSERS.items():
+        if command not in _OWN_PARSERS or command == name:
+            add(sub)
+    if command in _OWN_PARSERS:
+        return parser
     add_rewind_parsers(sub, _add_endpoint_options)
     add_daemon_parsers(sub, _add_endpoint_options)
     add_mcp_parser(sub, _add_endpoint_options)
@@ -291,10 +320,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     out, err = sys.stdout, sys.stderr
     debug = _debug()
+    words = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(words[0] if words else None).parse_args(words)
         # As given: `navi serve --workers N` starts its workers with the same arguments.
-        args.raw_argv = list(sys.argv[1:] if argv is None else argv)
+        args.raw_argv = words
     except UsageError as exc:
         print(f"navi: error: {exc}", file=err)
         return EXIT_ERROR

@@ -44,7 +44,7 @@ from navi_trio.profiles._schema import (
     config_secrets,
     is_secret,
 )
-from navi_trio.strict import ExpectedError, describe, strict_converter
+from navi_trio.strict import ExpectedError, QuickFirst, describe, strict_converter
 
 
 def _absolute(name: str, base: Path) -> str:
@@ -129,6 +129,8 @@ _converter.register_structure_hook_func(
 
 
 _converter.register_structure_hook(ToolsConfig, _structure_tools)
+# Every hook is registered above: a valid file is structured by plain generated code.
+_structurer = QuickFirst(_converter)
 
 
 def parse_config(data: Any, path: Path) -> NaviConfig:
@@ -139,7 +141,7 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
     _check_ssh_shape(data, path)
     _check_hooks_shape(data, path)
     try:
-        cfg = _converter.structure({k: v for k, v in data.items()}, NaviConfig)
+        cfg = _structurer.structure({k: v for k, v in data.items()}, NaviConfig)
     except cattrs.BaseValidationError as exc:
         problems = describe(exc)
         raise ConfigError(f"{path}: {problems}") from None

@@ -13,6 +13,7 @@ import re
 import attrs
 
 from navi_trio.events import PlanStep
+from navi_trio.patterns import LazyPattern
 
 MAX_PLAN_STEPS = 15
 MAX_MILESTONES = 10
@@ -79,7 +80,7 @@ def is_casual(message: str) -> bool:
 
 # ---------------------------------------------------------------- reading model text
 
-_THINK_CLOSE = re.compile(r"</think(?:ing)?>", re.I)
+_THINK_CLOSE = LazyPattern(r"</think(?:ing)?>", re.I)
 
 
 def _strip_thinking(text: str) -> str:
@@ -98,12 +99,12 @@ def _bare(line: str) -> str:
     return _squash(re.sub(r"[*`#>]", "", line)).strip("_").strip()
 
 
-_DIRECT = re.compile(
+_DIRECT = LazyPattern(
     r"(?:(?:answer|decision|classification|verdict|result|mode|output)\s*[:=\-–—]\s*)?"
     r"direct[\s.!:;]*",
     re.I,
 )
-_REFLECT = re.compile(r"\breflect(?:ion)?\s*[:=\-–—]?\s*(yes|no|true|false|y|n)\b", re.I)
+_REFLECT = LazyPattern(r"\breflect(?:ion)?\s*[:=\-–—]?\s*(yes|no|true|false|y|n)\b", re.I)
 
 
 def parse_analysis(text: str) -> tuple[bool, bool]:
@@ -122,7 +123,7 @@ def parse_analysis(text: str) -> tuple[bool, bool]:
     return direct, bool(reflect) and not direct
 
 
-_REVIEW_HEAD = re.compile(
+_REVIEW_HEAD = LazyPattern(
     r"^\s*(?:\d+[.)]\s*)?(critic|pragmatist|detailer|plan adjustments?)\s*[:\-–—]?\s*(.*)$", re.I
 )
 
@@ -145,22 +146,22 @@ def review_sections(text: str) -> dict[str, str]:
 
 # ---------------------------------------------------------------- reading a plan
 
-_NUMBERED = re.compile(
+_NUMBERED = LazyPattern(
     r"^(?:[-*+•]\s+)?(?:#{1,6}\s*)?(?:\*\*|__)?\s*\(?"
     r"(?:(?P<word>step)\s*)?(?P<num>\d{1,3})(?!\d)(?:\*\*|__)?"
     r"(?:\s*[.):\]]|\s+[-–—]|(?(word)\s|(?!)))"
     r"(?:\*\*|__)?\s*(?P<body>.*)$",
     re.I,
 )
-_BULLET = re.compile(r"^[-*+•]\s+(?P<body>\S.*)$")
-_SECTION = re.compile(
+_BULLET = LazyPattern(r"^[-*+•]\s+(?P<body>\S.*)$")
+_SECTION = LazyPattern(
     r"^(?P<name>milestones|steps|plan steps|execution plan|numbered steps|step list|"
     r"action plan|the plan|plan)\s*(?P<colon>:)?\s*(?P<rest>.*)$",
     re.I,
 )
-_MILESTONE_LINE = re.compile(r"^milestone\s*(?:\d+|[a-z])?\s*[:.)\-–—]\s*(?P<text>\S.*)$", re.I)
-_MILESTONE_PREFIX = re.compile(r"^(?:milestone\s*\d*|m\d+)\s*[:.)\-–—]\s*", re.I)
-_COMPLEXITY = re.compile(r"^complexity(?:\s+level)?\s*[:=\-–—]\s*(?P<word>[a-z]+)", re.I)
+_MILESTONE_LINE = LazyPattern(r"^milestone\s*(?:\d+|[a-z])?\s*[:.)\-–—]\s*(?P<text>\S.*)$", re.I)
+_MILESTONE_PREFIX = LazyPattern(r"^(?:milestone\s*\d*|m\d+)\s*[:.)\-–—]\s*", re.I)
+_COMPLEXITY = LazyPattern(r"^complexity(?:\s+level)?\s*[:=\-–—]\s*(?P<word>[a-z]+)", re.I)
 _COMPLEXITY_WORDS = {
     "simple": "simple",
     "easy": "simple",
@@ -178,21 +179,21 @@ _COMPLEXITY_WORDS = {
 _TARGET = r"[`'\"]?(?P<target>[A-Za-z_][\w.\-/]*)[`'\"]?"
 # Tried in order; the first pattern that matches anywhere decides the executor.
 _EXECUTORS = (
-    re.compile(
+    LazyPattern(
         r"[\[(]?\s*executor\s*[:=]?\s*(?:(?P<kind>tool|agent)\b\s*[:=(]?\s*"
         + _TARGET
         + r"|(?P<other>[A-Za-z_]\w*))\s*[\])]?",
         re.I,
     ),
-    re.compile(r"[\[(]?\s*\b(?P<kind>tool|agent)\s*[:=(]\s*" + _TARGET + r"\s*[\])]?", re.I),
-    re.compile(r"\b(?-i:(?P<kind>TOOL|AGENT))\s+" + _TARGET, re.I),
-    re.compile(r"[\[(]\s*(?P<other>(?i:self|agent)|[A-Z]{3,})\s*[\])]"),
-    re.compile(r"\b(?P<other>SELF)\b"),
-    re.compile(r"(?:[-–—|:→]|->|=>)\s*(?P<other>self)\s*\.?\s*$", re.I),
+    LazyPattern(r"[\[(]?\s*\b(?P<kind>tool|agent)\s*[:=(]\s*" + _TARGET + r"\s*[\])]?", re.I),
+    LazyPattern(r"\b(?-i:(?P<kind>TOOL|AGENT))\s+" + _TARGET, re.I),
+    LazyPattern(r"[\[(]\s*(?P<other>(?i:self|agent)|[A-Z]{3,})\s*[\])]"),
+    LazyPattern(r"\b(?P<other>SELF)\b"),
+    LazyPattern(r"(?:[-–—|:→]|->|=>)\s*(?P<other>self)\s*\.?\s*$", re.I),
 )
-_EXECUTOR_LEAD = re.compile(r"^(?:executor|tool|agent|self)\b", re.I)
+_EXECUTOR_LEAD = LazyPattern(r"^(?:executor|tool|agent|self)\b", re.I)
 # What makes a marker an executor tag and not a word in brackets ("(API)").
-_TAG_WORD = re.compile(r"\b(?:executor|tool|agent|self)\b", re.I)
+_TAG_WORD = LazyPattern(r"\b(?:executor|tool|agent|self)\b", re.I)
 _EDGE_JUNK = " \t-–—:|,;→>=*"
 
 
