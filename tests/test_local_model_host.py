@@ -170,10 +170,10 @@ class Router:
 
 
 async def test_another_session_keeps_streaming_while_the_local_model_dies(tmp_path: Path) -> None:
-    words = [f"w{i}" for i in range(150)]
-    # Fifteen seconds of streaming from the fake server, started once the local model
+    words = [f"w{i}" for i in range(30)]
+    # Three seconds of streaming from the fake server, started once the local model
     # streams its (long: 400 tokens, seconds) answer: both stream when the child dies,
-    # however long the model took to load.
+    # which is at b's first word, however long the model took to load.
     reply = {"text": " ".join(words), "delay_chunk": 0.1}
     local = LocalBackend(n_ctx=2048, data_dir=tmp_path / "data", extra_buffers=False)
     seen: dict[str, list[tuple[float, AgentEvent]]] = {"a": [], "b": []}

@@ -169,6 +169,20 @@ async def chat_requests_at_least(llm: FakeLLMServer, n: int) -> None:
         await llm.wait_requests(len(llm.requests) + 1)
 
 
+async def each_run_or_ended(
+    llm: FakeLLMServer, db: str, sid: str, base: int, acked: list[str]
+) -> None:
+    """Until each of `acked` was sent to the model or had its turn ended by the daemon
+    that took the session over (read again at each new model request). A count of
+    requests waited out its whole limit for an ended one, which is never asked."""
+    while True:
+        asked = {last_user(r["body"]) for r in llm.chat_requests[base:]}
+        missing = {t for t in acked if t not in asked}
+        if not missing or missing <= ended_by_takeover(db, sid):
+            return
+        await llm.wait_requests(len(llm.requests) + 1)
+
+
 def last_user(body: dict[str, Any]) -> str:
     users = [m["content"] for m in body["messages"] if m["role"] == "user"]
     return str(users[-1]) if users else ""
@@ -204,16 +218,16 @@ async def play(
                     await sender.idle()
                 elif barrier == "runs":  # every message acknowledged so far has started
                     await sender.idle()
-                    so_far = sum(len(s.acked) for s in senders)
+                    so_far = [t for s in senders for t in s.acked]
                     with trio.move_on_after(RUNS_LIMIT):
-                        await chat_requests_at_least(llm, base + so_far)
+                        await each_run_or_ended(llm, db, sid, base, so_far)
                 elif barrier == "pause":
                     tally.pauses += await pause_the_owner(db, sid, senders, f"{sid} p{step}")
         acked = [t for s in senders for t in s.acked]
         refused = [t for s in senders for t in s.refused]
         # Every acknowledged message runs: the model is asked once for each.
         with trio.move_on_after(RUNS_LIMIT):
-            await chat_requests_at_least(llm, base + len(acked))
+            await each_run_or_ended(llm, db, sid, base, acked)
         conns.cancel_scope.cancel()
     users = [content for role, content in history(db, sid) if role == "user"]
     ended = ended_by_takeover(db, sid)

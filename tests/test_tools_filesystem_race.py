@@ -100,8 +100,11 @@ async def test_through_a_daemon_bobs_race_never_reaches_alices_file_or_the_admin
     reads_per_kind = 60
     replies: list[dict[str, Any]] = [{"text": "noted"}]  # Alice's turn
     with trio.fail_after(DEADLINE):
+        # Checkpoints off: the swapper floods the session folder's watch, and each
+        # write's checkpoint boundary drained thousands of moves (0.3-0.5 s a write, a
+        # minute in all); the tool's checks, which this race is about, are the same.
         async with open_daemon(
-            tmp_path, replies=replies, num_ctx=1 << 22,
+            tmp_path, replies=replies, num_ctx=1 << 22, checkpoints=False,
             profiles={"general": with_tools(["filesystem"], planning_first_message=False)},
         ) as d:  # fmt: skip
             settings = d.harness.runtime.settings
