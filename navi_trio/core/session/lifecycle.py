@@ -1,16 +1,8 @@
 """Creating and deleting sessions: the bookkeeping the core owns.
 
-`SessionService.create` makes a session's row (an id of the daemon's when none is
-given, the config's default profile when none is named), within the per-user limit.
-`delete` removes a session and everything the daemon keeps for it: its background jobs
-(cancelled), its `terminal open` processes (ended), its row and history, its cached
-state, its waiting approvals, its checkpoints (and the stored files no other checkpoint
-shares) and its folder. A session with a run active or queued is not deleted
-(`SessionBusyError`).
-
-Who may create or delete what (ownership, roles, the session-id namespace) is the
-caller's check (api/commands.py): nothing here knows about connections or users'
-rights.
+`delete` removes everything the daemon keeps for a session (jobs, terminals, history,
+cached state, approvals, checkpoints, folder); a session with a run active or queued
+is not deleted. Who may create or delete what is the caller's check.
 """
 
 from __future__ import annotations

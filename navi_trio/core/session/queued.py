@@ -1,21 +1,11 @@
 """The durable side of a session's message queue: what makes it survive a crash.
 
-A message queued behind a run is written to the store before the daemon acknowledges
-it (`UserMessage.accepted` is ok once its row is committed; a write that fails refuses
-the message with its error, and it does not run), and leaves the store's
-queue in the very transaction that saves it into the history when its run starts
-(`SessionCache.save(dequeue=...)`). A SIGKILL at any point leaves it in exactly one of
-the two places. After a restart, the session actor adopts the rows a dead process left
-(`adopt`) and runs them first, in the order they were queued.
-
-Writes go to the store one after the other in the order the actor asked for them: a
-chain of events, since tasks started in the same tick run in no fixed order.
-
-The queue's cap (``message_queue_max``) is the store's: each write keeps the session's
-newest rows (`SessionStore.enqueue(keep=N)`), whichever daemon queued them, and returns
-the ones it dropped; the actor says so (`dropped_warning`). Running a queued message
-takes its row in the transaction that saves it (a compare and set): a row another
-daemon took first, or that the cap dropped, is never run twice or after its drop.
+A queued message is written to the store before it is acknowledged, and leaves the
+queue in the transaction that saves it into the history, so a SIGKILL leaves it in
+exactly one of the two places; a restart adopts a dead process's rows, in order.
+Writes go out in the order asked (tasks started in one tick run in no fixed order).
+The cap is the store's (the newest rows kept, whichever daemon queued them), and a
+row taken by another daemon or dropped by the cap is never run.
 """
 
 from __future__ import annotations

@@ -1,51 +1,19 @@
 """Session actors: one per live session, started on demand by the registry.
 
-A `SessionActor` owns its runs (a nursery inside the actor) and the message queue
-(background-tasks.md "Message queue": a message arriving while a run is active is
-queued, ``message_queue_max`` deep, oldest dropped and counted in ``dropped_total``;
-queued messages run in submit order when the run ends, whether or not anybody is
-connected). Queued messages are durable (`core/session/queued.py`): each is stored before it
-is acknowledged, and a crash's leftovers are adopted when the session's actor starts
-and run before anything new. The cap is the store's (the same rows counted on every
-daemon); a message it drops is named to the subscribers (a ``message_dropped``
-warning), never dropped silently. A message whose run finds messages queued before it
-in the store that this actor does not hold (handed over, left by a daemon that lost
-the session) goes behind them (`_queue_ahead`): the daemon holding the lease runs the
-queue in its order.
+A `SessionActor` runs its session's turns one at a time in its own nursery; a message
+arriving meanwhile is queued (durably, `queued.py`), steered in or interrupts, as its
+`on_busy` says, and queued messages run in submit order whether or not anybody is
+connected. A message whose run finds rows queued before it in the store goes behind
+them (`_queue_ahead`): the daemon holding the lease runs the queue in its order.
 
-An acknowledged message is never dropped for a failure. One whose run meets a storage
-failure before its save (a full disk), or after it (the turn cut short: it runs again
-as a ``resume``), keeps its place and runs again (`_wait_to_retry`), first. One whose
-run finds the session taken by another daemon is left in the store's queue for that
-daemon (`hand_over`, core/cluster/cluster.py), with every message queued behind it; without
-daemons to hand it to (SQLite: a ``navi run`` holds the session), or when that daemon
-died before it could be handed (its turn is ended first, as `take_over` does), it waits
-and tries again. A queued message's save takes its row off the queue (compare and set): one that
-another daemon took first is skipped, saying nothing.
+An acknowledged message is never dropped for a failure: one that met a storage failure
+keeps its place and runs again first (`_wait_to_retry`); one whose session another
+daemon took is handed to that daemon with every message behind it. A run whose lease
+was taken over under it publishes nothing more and ends with one ``session_busy``.
+Every message's `accepted` is settled exactly once.
 
-A run whose lease another daemon took over under it (this one was paused past its
-TTL) publishes nothing more: each frame waits for the lease to be known ours
-(`HeldLease.held`), and once it is not, the run is stopped and its subscribers here
-get one ``session_busy`` error and its ``stream_end``.
-
-Every message's `accepted` (core/turn/acceptance.py) is settled exactly once: ok when it is
-committed (queued, or saved by its run), else the error that kept it out (the session
-busy in another process, a full disk, a damaged database, a shutdown). The sender
-answers with that outcome; a refused message never runs.
-
-Every event of a run or compaction goes out through the session's broadcast
-(`core/session/broadcast.py`: seq, epoch, replay, subscribers, ``resync`` and ``lagged``); the
-actor knows only its `SessionBroadcast` protocol, the seam that scale-out implements a
-second time. What the actor needs of the core is one frozen `SessionParts` (the store,
-the agent's run and compaction streams, the live config): it never sees the agent. The
-run itself takes the session's lease (`Agent.run_stream`), in one place for the
-daemon, ``navi run`` and direct callers alike.
-
-Commands are synchronous methods (atomic under trio): `send_message`, `stop`, `compact`,
-`subscribe`; `exclusive` runs a rewind or a fork with nothing else of the session
-running, and `resync` tells every subscriber to reload the history a rewind rewrote.
-The registry that starts and retires actors is core/session/session_registry.py;
-the log lines of a run are core/session/run_log.py's.
+Events go out through the session's broadcast (the `SessionBroadcast` protocol, the seam
+scale-out implements); what the actor needs of the core is one frozen `SessionParts`.
 """
 
 from __future__ import annotations
@@ -529,9 +497,7 @@ class SessionActor:
         self.pending.extendleft(reversed(kept))
         self._jumped.update(m.queue_key for m in kept)
         for position, msg in enumerate(kept, 1):
-            self.publish(
-                MessageQueued(text=msg.text, position=position, dropped_total=self.dropped_total)
-            )
+            self._say_queued(msg, position)
 
     def _start_run(self, msg: UserMessage) -> None:
         # The control exists before the task starts: a stop sent right after the

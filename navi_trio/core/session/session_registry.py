@@ -1,11 +1,8 @@
 """The session registry: starts a `SessionActor` per session on demand, retires idle ones.
 
-It holds the nursery the actors run in (a `NurseryHolder`), the daemon's epoch (seqs
-restart with the daemon: the epoch tells a client its seq is another life's) and each
-retired actor's last seq (its successor goes on from there, so a client never sees a
-seq it already had). Each actor gets the `SessionParts` it needs and its own
-`LocalBroadcast`, whose frames are built by the two functions the runtime passes in
-(api/protocol.py `event_frame` and `resync_frame`: the core may not import the api).
+It keeps the daemon's epoch and each retired actor's last seq, so a successor goes on
+from there and a client never sees a seq it already had. Frames are built by functions
+the runtime passes in: the core may not import the api.
 """
 
 from __future__ import annotations
