@@ -1,29 +1,11 @@
 """The agent: `run_stream`, `run`, `compact_stream` and `run_ephemeral`.
 
-`run_stream` is exposed the trio-safe way (DESIGN.md): ::
-
-    async with agent.run_stream(session_id, "hello") as events:
-        async for event in events:
-            ...
-
-The turn runs in a task of the context manager's own nursery and sends its events to
-a bounded channel that never blocks (`core/turn/channel.py`): a tool's progress callback must
-never block, and a slow reader costs merged or dropped progress, never memory.
-Leaving the ``async with`` early stops the run (as Stop does).
-
-Stop is a cancel scope (`RunControl.stop()`): it takes effect at the next checkpoint in
-any phase — planning, prefill, streaming, a running tool. The turn's own runner
-(`TurnRunner.drive` in turn.py) does the clean-up that follows, shielded: the partial
-answer is saved, every tool call without a result gets "stopped by the user", and
-StreamEnd says the run was stopped. The user message is saved (shielded) before
-anything else, so it is never lost; `UserMessage.accepted` (core/turn/acceptance.py) says
-whether it was: ok once committed, else the error that stopped it (the session busy, a
-full disk, a damaged database), and then nothing of it is stored.
-
-The agent builds the parts a turn runs with once (`LoopParts`: settings, store, cache,
-backend, tools, executor, context builder, token counter, the live config, and the
-tool-context factory that gives tools their `RunServices`) and hands them to each
-runner; nothing below reaches back into the agent.
+`run_stream` runs the turn in its context manager's own nursery and sends its events
+to a bounded channel that never blocks; leaving the ``async with`` early stops the
+run. Stop is a cancel scope (`RunControl.stop()`), effective at the next checkpoint in
+any phase; the runner's shielded clean-up saves the partial answer and pairs every
+tool call. The user message is saved before anything else, so it is never lost.
+The parts a turn runs with are built once (`LoopParts`); nothing reaches back here.
 """
 
 from __future__ import annotations

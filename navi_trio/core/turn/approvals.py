@@ -1,22 +1,11 @@
 """Approvals: a tool call the policy says `ask` about waits for the run's starter.
 
-`ApprovalBroker.resolve` is called by the tool executor, inside the run's cancel scope:
-Stop ends the wait at once. A run's approvals belong to the user who started it (its
-message's sender), not to the session's owner: an admin's run in a user's session is
-answered by the admin, never by the user, whose text could otherwise approve what the
-admin's run does. In order, a call is approved by
-
-1. an earlier grant of that user in that mode: an answer with scope ``session`` (kept
-   here, per session) or ``always`` (kept in the store's kv: a restart keeps it), each
-   for the rule that asked, the grantor and the mode the run had (`grant_key`). A grant
-   given in ``workspace`` covers nothing in ``full``, and another user's grant nothing;
-2. with no client attached to the session, or for a headless run (a scheduled one:
-   nobody asked it to wait on them), the profile's headless allow-list (anything else
-   is denied: nobody could answer);
-3. the starter's `approve` / `deny` (`answer`; anyone else is refused) after an
-   `ApprovalRequest` event; no answer within `Settings.approval_timeout_sec` is a deny.
-
-Every outcome is published as `ApprovalDecided`, so a client sees why a call ran or not.
+A run's approvals belong to the user who started it, not to the session's owner, so a
+user's text never approves an admin's run. A call is approved by an earlier grant of
+that user in that mode (``session``, kept here, or ``always``, kept in the store), else
+with nobody to ask by the profile's headless allow-list, else by the starter's answer
+to an `ApprovalRequest`; no answer in time is a deny. Every outcome is published as
+`ApprovalDecided`. The wait is in the run's cancel scope: Stop ends it at once.
 """
 
 from __future__ import annotations

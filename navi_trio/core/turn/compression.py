@@ -1,32 +1,12 @@
 """Context compression: summarise the older part of a context with the LLM.
 
-The context splits into an older part (summarised) and the last ``keep_recent``
-messages (kept verbatim). The split moves back so that an assistant's tool call and
-its tool results always land on the same side. The older part becomes one summary
-message::
-
-    {"role": "system", "content": "[Summary of earlier conversation]\\n…",
-     "summary": True, "keep": True}
-
-Why a system message: the summary is neither the user's words (a user-role summary
-invites the model to answer it) nor the model's (an assistant-role one is continued or
-quoted as if said). It sits right after the system prompt and memory, and ``keep``
-makes the context builder pass it on instead of stripping it like old system prompts.
-
-A summary already in the older part is handed to the summariser as the summary so far:
-summaries fold. When the older part is nothing but one summary there is nothing to
-compress (`would_compress` is False; `compress` raises NothingToCompactError), so
-``/compact`` twice in a row never summarises a summary.
-
-Forced compression (``shrink=True``: ``/compact``, ``navi compact``, a prompt the server
-cut) must leave a context that fits, or a session with huge recent messages would fail
-every turn: any kept message over the per-message budget is cut (head and tail, marked,
-like the context builder's view), and when the kept part still exceeds the threshold
-the biggest messages are cut further until it fits. The display history keeps every
-word. A kept part that does not fit is something to compact even with no older part.
-
-Nothing here persists or emits anything: the agent saves the outcome and emits
-CompressionStarted / ContextCompressed (after checking `would_compress`).
+The older part (tool calls and their results kept on one side) becomes one system
+message marked ``summary`` and ``keep``: neither the user's words (the model would
+answer them) nor the model's (it would continue them). A summary in the older part is
+the summary so far, so summaries fold; an older part that is one summary is nothing to
+compress. Forced compression (``shrink``) must leave a context that fits, so kept
+messages are cut, biggest first, until they do; the display history keeps every word.
+Nothing here persists or emits anything.
 """
 
 from __future__ import annotations

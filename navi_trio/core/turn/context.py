@@ -1,27 +1,11 @@
 """What the model sees on each call: the context builder.
 
-Every LLM call receives, in order:
-
-1. the system message — persona + ``---`` + the profile's system prompt — built fresh,
-   never stored, cached per (profile id, sub-agent or not) for the config it was built
-   from; then the project's instruction files and skills (navi_trio/project/); when
-   the profile runs tool calls in parallel, `PARALLEL_CALLS_NOTE` follows it
-   (batch only independent calls);
-2. the memory message ``## What I remember about the user`` when there are memories;
-3. the session context, with stored ``system`` messages stripped (the system prompt
-   is injected fresh, so an old one would duplicate it) — except messages marked
-   ``"keep": True`` or ``"summary": True``: persisted notes that must reach the model,
-   such as a background task's completion note or the compression summary;
-4. ``extra``: ephemeral system notes for this call only (iteration budget, goal
-   anchor, anti-stall warning …).
-
-A single tool/assistant message larger than ``settings.message_token_budget`` is
-head/tail-cut in the built copy only (``[…truncated ~N tokens…]``); the stored message
-is never touched. Compression handles the cumulative case.
-
-A turn passes one `ContextViews` to every build: the stored context only grows between
-compressions, so each round copies, checks and counts only the messages added since
-the previous round (a running token sum), not the whole history.
+In order: the system message (built fresh, cached per profile and config, with the
+project's files and skills), the memory message, the session context without stored
+system messages (except ``keep`` and ``summary`` ones), and ``extra`` notes for this
+call only. A message over ``settings.message_token_budget`` is cut in the built copy
+only. `ContextViews` lets each round copy, check and count only the messages added
+since the previous one.
 """
 
 from __future__ import annotations

@@ -1,42 +1,16 @@
 """One owner runs a session at a time, across processes: the session lease.
 
-    leases = SessionLeases(store)
     async with leases.hold(session_id):   # SessionBusyError if another process runs it
         ...                               # load, run, save the session
 
-Every `navi run` and every daemon that shares a database holds a lease row (owner,
-pid, host, expires_at) for each session it runs. While held, a task renews it every
-third of the TTL; leaving `hold` releases it (shielded, bounded). A process that dies
-without releasing blocks the session until its lease expires, or not at all on its own
-host (a dead pid is taken over at once).
-
 Take the lease *before* loading the session: loading repairs tool calls that look
-dangling, and another process's in-flight calls look exactly like that.
-
-While held, every write to the session carries the lease's fence (owner, generation:
-store/fence.py): when another process took the lease over meanwhile (this one was
-paused past its TTL), the store refuses those writes with `LeaseLostError`. A claim
-that comes back with another generation than this runtime last held means another
-process may have written the session since: `on_takeover(session_id)` (the agent's
-session cache forgets its copy) runs before the block, so the run reloads it.
-
-The block gets the `HeldLease`: what the run's other effects check before they happen.
-`confirm()` renews the lease in the store, naming its generation, and raises
-`LeaseLostError` when another process has it now (before each tool call; a save just
-before a round's calls can be that renewal, in its own transaction:
-`SessionLeases.renewing`); `held()` answers at once while the lease is surely ours (less
-than a TTL, less a margin, since the last renewal was sent: the database cannot have
-expired it yet) and asks for a renewal only after that (before each published frame).
-A renewal that finds the lease taken over cancels the block at once: the run stops,
-runs nothing more.
-
-Within one process, holds nest: runs of one session in the same runtime share one
-lease (the session actor runs them one at a time), and it is released when the last ends,
-unless the block set `HeldLease.keep`: then the row stays as it is, this process's
-until it expires (a run whose message is kept to run again here after a storage
-failure: meanwhile the session is still this process's to run).
-A second process gets `SessionBusyError` at once rather than waiting: a command-line
-run should not hang without saying why; the message names the session and the holder.
+dangling, and another process's in-flight calls look exactly like that. A task renews
+it every third of the TTL; a dead owner's lease expires (on its own host, at once).
+Every write carries the lease's fence, so a process paused past its TTL has its writes
+refused (`LeaseLostError`); a claim with a new generation makes `on_takeover` forget
+the cached session first. `HeldLease.confirm()` renews before each tool call, and
+`held()` answers at once while the lease is surely ours. Holds nest within a process;
+a second process gets `SessionBusyError` at once, naming the holder, rather than hang.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The planning phase: analysis, optional review, execution plan (spec: agent-loop.md).
 
-The agent loop decides whether to plan (`should_plan`) and does what follows a plan
-(the assistant message from `plan_context_message`, the display history with
-``is_plan``, the todo list from `plan_step_texts`, the `plan_event` for clients). This
-module runs the model calls through an injected `Complete` function, so it has no HTTP
-in it; reading what the model wrote is `navi_trio.core.turn.plan_text`.
-
-Bounds (`PlanLimits`): each phase's output is capped by the request (the agent's
-`complete` sends ``plan_max_tokens``); a phase the model did not finish (done reason
-``length``) is a failed phase, and planning ends there without a plan and with one
-``plan_cut`` warning. The analysis and the review are cut (marked) before they are
-carried into the next phase, and every prompt is measured against the window before
-it is sent: one that cannot fit with room for its answer skips planning
+The model calls go through an injected `Complete`, so there is no HTTP here; reading
+what the model wrote is `plan_text`'s. Bounds (`PlanLimits`): a phase cut by its output
+cap ends planning with one ``plan_cut`` warning; what is carried into the next phase is
+cut, and a prompt that cannot fit with room for its answer skips planning
 (``plan_too_large``). The turn goes on without a plan in both cases.
 """
 

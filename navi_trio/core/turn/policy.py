@@ -1,35 +1,13 @@
 """Tool policy: which mode a run gets, and whether one tool call runs, asks or is denied.
 
-Three modes, from least to most power (docs/pages/tools.md, "Safety"):
-
-- ``read-only``: reads run; terminal and code_exec run in a sandbox with nothing
-  writable; a filesystem write asks.
-- ``workspace`` (the default for every role): writes go to the session folder and the
-  run's cwd only (the filesystem tool's confinement), terminal and code_exec run in a
-  sandbox where those two folders are writable and the network is off. What the
-  sandbox contains runs without asking.
-- ``full`` (admins only, and only in a session of their own): no sandbox; a terminal
-  or code_exec call asks.
-
-``ssh_exec`` runs a command on another machine, where no sandbox of ours reaches: it is
-denied in ``read-only`` (whatever the rules say: nothing could keep the promise that
-nothing changes) and asks in ``workspace`` and ``full`` unless a rule allows it. Its
-"action", for rules and approvals, is the host alias: ``{"tool": "ssh_exec", "action":
-"web1", "match": "uptime*", "decision": "allow"}``; a "session" approval covers one host.
-
-``peer`` runs a turn, with that daemon's tools, on another navi daemon, as the one
-identity the config gives it for every user of this daemon: it asks in ``workspace`` and
-``full`` and is denied in ``read-only``, unless a rule decides (a rule may allow it even
-in ``read-only``: a peer whose own policy is read-only keeps the promise). Its "action"
-is the peer's name and its "match" the message: ``{"tool": "peer", "action": "lab",
-"decision": "allow"}``; a "session" approval covers one peer.
-
-A profile's rules (``policy.rules`` in config.json) come first: the first rule that
-matches the call's tool, action and command or path (fnmatch) decides allow, ask or
-deny. A call of an MCP server's tool (``mcp__<server>__<tool>``) asks in every mode unless
-a rule decides: another program acts, outside our sandbox. Nothing a client sends
-reaches the rules, and a requested mode is clamped to what
-the sender's role allows (`effective_mode`).
+Three modes (docs/pages/tools.md, "Safety"): ``read-only`` (reads run, a sandbox with
+nothing writable, a write asks), ``workspace`` (writes to the session folder and cwd
+only, in a sandbox without network) and ``full`` (admins in their own session; no
+sandbox, so terminal and code_exec ask). ``ssh_exec`` and ``peer`` act where no sandbox
+of ours reaches: denied in ``read-only`` and asking otherwise, unless a rule decides;
+their "action" is the host alias or the peer's name. An MCP tool asks in every mode
+unless a rule decides. A profile's rules come first (the first match decides); nothing
+a client sends reaches them, and a requested mode is clamped to the role (`effective_mode`).
 """
 
 from __future__ import annotations

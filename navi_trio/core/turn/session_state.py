@@ -1,11 +1,8 @@
 """In-memory state of a session and the cache that loads, creates and saves it.
 
-`SessionState` holds the display history (`messages`) and the LLM context (`context`)
-plus how much of each is already in the store; `save()` appends only what is new.
-Compression replaces the context; a rewind cuts both (core/history/rewind.py). Each user
-message carries an ``id`` (`new_message_id`), the handle a rewind or a fork names it by;
-one saved before ids existed is named by its place in the display history instead
-(`message_id`).
+`SessionState` holds the display history and the LLM context, and how much of each is
+stored already: `save()` appends only what is new. Each user message carries an ``id``,
+the handle a rewind or a fork names it by (older ones: their place, `message_id`).
 """
 
 from __future__ import annotations

@@ -1,35 +1,12 @@
 """Double-texting and steering: what a message does when its session is busy.
 
-A user message that arrives while its session runs a turn carries ``on_busy`` (else
-the profile's default, else ``enqueue``):
-
-- ``enqueue`` (today's behaviour): it waits in the session's durable queue and runs
-  when the turns ahead of it have ended;
-- ``reject``: refused with ``session_busy``, naming the running run's id; nothing is
-  stored;
-- ``interrupt``: the running turn is stopped (saved as stopped, as with Stop) and the
-  message runs next, ahead of the queue;
-- ``steer``: the message joins the **running** turn: it becomes a user message of its
-  context before that turn's next LLM call (after the current tool round, or at once
-  when the turn waits for the model's first chunk: that request is dropped and asked
-  again with it). A ``steered`` event says when, and the display history keeps it in
-  that place.
-
-A turn belongs to the user who started it: only they steer it or interrupt it (as only
-they answer its approvals). Anyone else's message that asks to is refused with
-``forbidden``; one that asks nothing, meeting a profile whose default is steer or
-interrupt, is queued instead.
-
-A steered message is stored in the durable queue before it is acknowledged, exactly as
-a queued one (core/session/queued.py), and leaves the queue in the very transaction that saves
-it into the turn's history: a crash in between leaves it queued, and it runs after the
-restart. A steered message the turn never took in (it ended first: its last answer was
-already streaming) runs next, ahead of the queue, announced by ``message_queued``.
-
-`Injections` (core/turn/injections.py) is the mailbox of one run (on its `RunControl`): the
-session actor puts steered messages in, the wake-up of a finished background job
-(core/triggers/wake.py) marks that its note waits; the turn takes both in before each LLM call
-(`take_injections`).
+``on_busy`` (else the profile's default, else ``enqueue``): ``enqueue`` waits in the
+durable queue; ``reject`` is refused with ``session_busy``; ``interrupt`` stops the
+running turn and runs next; ``steer`` joins the running turn as a user message before
+its next LLM call (a request still waiting for its first chunk is asked again with it).
+Only the user who started a turn steers or interrupts it; anyone else asking to is
+refused with ``forbidden``, and a profile default is queued instead. A steered message
+is durable like a queued one; one the turn never took in runs next.
 """
 
 from __future__ import annotations

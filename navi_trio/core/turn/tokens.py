@@ -1,17 +1,10 @@
 """Token estimates for message lists, and the real-count baseline.
 
-`TokenCounter` counts with tiktoken's offline ``cl100k_base`` encoding (never a
-download). The served model's tokenizer differs, so every number here is an estimate;
-`Baseline` corrects it with the last real ``prompt_tokens`` the model reported.
-
-Loading the encoding costs 0.1-1.4 s of CPU (holding the GIL), so construction does not
-do it: the runtime runs `TokenCounter.preload_on_demand`, which loads it in a worker
-thread once the first context is built (`wanted`), while the trio thread waits for the
-LLM; a count that comes first loads it (or waits for that load).
-
-Estimates are cached per message (bounded LRU keyed by the message's role, content,
-tool name/id and tool calls), so re-estimating a long history costs only the messages
-that are new since the last call.
+`TokenCounter` counts with tiktoken's offline ``cl100k_base`` (never a download), so
+every number is an estimate that `Baseline` corrects with the model's last real count.
+Loading the encoding costs up to a second of CPU holding the GIL, so it loads on a
+thread while the trio thread waits for the LLM (`wanted`). Estimates are cached per
+message (a bounded LRU), so a long history costs only its new messages.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The core's side of `ToolServices` (tools/services.py): what a tool may ask of a run.
+"""The core's side of `ToolServices`: what a tool may ask of a run.
 
-`RunServices` is bound to one running turn: switch_profile sets the turn's pending
-switch, and a synchronous spawn_agent call counts the sub-agent's tokens in the turn's
-totals. A background job gets `detached()` instead: `JobServices` keep only what
-outlives the run — the loop's parts and who spawns (session, profile, user) — never
-the turn, its history or its event channel; a background sub-agent's tokens are its
-job's (background-tasks.md), not the parent turn's.
+`RunServices` is bound to one running turn; a background job gets `detached()`
+(`JobServices`), which keeps only what outlives the run, never the turn itself.
 """
 
 from __future__ import annotations

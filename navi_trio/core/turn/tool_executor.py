@@ -1,31 +1,12 @@
 """Running the model's tool calls: inline, in a parallel batch, or detached.
 
-`ToolExecutor.execute_one` is the one place a tool call turns into a `ToolResult`:
-bad JSON arguments, an unknown tool, a tool that raises — each becomes a failed result
-the model can read; none of them ends the run. The one exception is a backend-level LLM
-error (errors.py; a synchronous sub-agent's): it passes, and ends the turn as the turn's
-own LLM call would, in a parallel batch too (its other calls are stopped). A call whose
-arguments carry
-``"background": true`` for a tool in `settings.backgroundable_tools` is detached to the
-TaskSupervisor (background-tasks.md), here, so it works the same for the top-level loop
-and for sub-agents.
-
-Before a call runs (and before a background call detaches) the tool policy decides
-(core/turn/policy.py): allow, deny (a failed result saying so), or ask — then the call waits
-for its session owner's answer through the `ApprovalBroker` (core/turn/approvals.py), inside
-the run's cancel scope.
-
-Before a round's calls run, one checkpoint of the run's writable folders is taken when
-any of them may write (core/turn/checkpointing.py), so a rewind can undo what they did; each
-such call runs inside `RoundCheckpoints.calling`, so what changes meanwhile is known to
-be the session's own.
-
-Before each call starts (before a parallel batch, once; again after an approval
-waited) the run's lease is confirmed in the store (`confirm`, core/turn/lease.py): a daemon
-that another one replaced while it was paused runs no call more, nor says it starts
-one. The `LeaseLostError` ends the run, as does one that a tool's own fenced write
-meets (a scratchpad, a todo list): never a failed result the model reads and goes on
-from.
+`ToolExecutor.execute_one` is the one place a tool call turns into a `ToolResult`: bad
+arguments, an unknown tool or a tool that raises become a failed result the model can
+read. Only a backend-level LLM error (a sub-agent's) passes, and ends the turn. A call
+with ``"background": true`` is detached to the TaskSupervisor here, so it works the
+same for sub-agents. Before a call runs the policy decides (an ask waits for its
+approval), a checkpoint is taken when the round may write, and the run's lease is
+confirmed: a daemon replaced while it was paused runs no call more.
 """
 
 from __future__ import annotations
