@@ -94,10 +94,8 @@ class SessionService:
             )
 
     async def delete(self, session_id: str, *, before: Callable[[], object] | None = None) -> bool:
-        """Delete the session and all the daemon keeps for it; False when it was gone.
-
-        `before` runs once the session is known to be deletable, before anything is
-        removed (the caller's own clean-up: a connection leaves its subscription)."""
+        """Delete the session and all the daemon keeps for it; False when it was gone. `before`
+        runs once the session is known deletable, before anything is removed."""
         self._check_deletable(session_id)
         if before is not None:
             before()

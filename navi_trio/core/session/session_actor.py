@@ -87,7 +87,7 @@ class RunStream(Protocol):
 # `Agent.end_dead_turn`: (session_id, the generation of the lease taken over) -> the events
 # that end its turn (none when another runtime ended it, or it was not dead).
 EndDeadTurn = Callable[[str, int], Awaitable[list[AgentEvent]]]
-# The cluster's take-over of a lease a dead owner never released (core/cluster/cluster.py):
+# The cluster's take-over of a lease a dead owner never released:
 # its new generation, held now by this runtime, else None.
 DeadTurn = Callable[[str], Awaitable["int | None"]]
 # `Agent.compact_stream`: a forced compaction's events.
@@ -98,7 +98,7 @@ BroadcastFactory = Callable[[str, Callable[[], None]], SessionBroadcast]
 # Told when a run ends: (session_id, its message, its stream_end).
 RunEnded = Callable[[str, UserMessage, StreamEnd], None]
 # Leaves queued messages (their keys) to the daemon that runs the session now
-# (core/cluster/cluster.py `Cluster.hand_back`); raises a NaviError when it could not.
+# raises a NaviError when it could not.
 HandOver = Callable[[str, list[str]], Awaitable[None]]
 
 
@@ -172,7 +172,7 @@ class SessionActor:
         self._control: RunControl | None = None
         self._running_key: str | None = None  # the queue key of the message running
         # Who started the turn running (or waiting to retry): only they steer it or
-        # interrupt it, as only they answer its approvals (core/turn/approvals.py).
+        # interrupt it, as only they answer its approvals.
         self._running_user: str | None = None
         self._kept_wait: trio.CancelScope | None = None  # a kept message's wait to retry
         # Queue keys of messages put ahead of the queue on purpose (an interrupting one,
@@ -241,12 +241,9 @@ class SessionActor:
                     self._on_retire(self)
                 return
 
-    # -- commands -------------------------------------------------------------------
-
     def send_message(self, message: str | UserMessage) -> OnBusy | None:
-        """Run the message, or (the session busy) apply its `on_busy` strategy
-        (core/turn/steering.py); returns that strategy, None when it runs now. `reject`
-        raises SessionBusyError."""
+        """Run the message, or (the session busy) apply its `on_busy` strategy and return it;
+        `reject` raises SessionBusyError."""
         msg = UserMessage(message) if isinstance(message, str) else message
         if not self.busy:
             self._start_run(msg)
@@ -384,18 +381,16 @@ class SessionActor:
         return self.broadcast.publish(event)
 
     def relay(self, frame: Frame) -> None:
-        """A frame of this session another daemon published (core/cluster/cluster.py). Ignored
-        while this daemon runs the session: only a replaced owner's late frames can
-        arrive then."""
+        """A frame of this session another daemon published; ignored while this daemon runs the
+        session (only a replaced owner's late frames can arrive then)."""
         relay = getattr(self.broadcast, "relay", None)
         if not self.busy and relay is not None:
             relay(frame)
             self.dead_turn_checked = self._dead_turn is None  # another daemon runs it
 
     async def take_over(self) -> None:
-        """End the turn a dead daemon left running here, if it left one, unless
-        something of the session runs here now: the ending's events go out before
-        anything else of the session (core/cluster/cluster.py)."""
+        """End the turn a dead daemon left running here, unless something of the session runs
+        here now: its ending goes out before anything else of the session."""
         if self.busy or self._nursery is None or self._dead_turn is None:
             return
         await self.exclusive(self._end_dead_turn)
@@ -455,11 +450,6 @@ class SessionActor:
         lease = self._control.lease if self._control is not None else None
         return None if lease is None or lease.released else lease.fence
 
-    def publish_out_of_band(self, event: AgentEvent) -> None:
-        self.broadcast.publish_out_of_band(event)
-
-    # -- work -------------------------------------------------------------------------
-
     def _start(self, fn: Any, *args: Any) -> None:
         if self._nursery is None:
             raise RuntimeError(f"session actor {self.session_id} is not running")
@@ -514,9 +504,7 @@ class SessionActor:
         self._end_said = False
 
     async def _run(self, msg: UserMessage, control: RunControl) -> None:
-        # The one place a session's turns run (daemon and `navi run` alike): one at a
-        # time, the rest queued. Across processes the lease keeps other owners out: the
-        # run takes it (`Agent.run_stream`), before it reads the session.
+        # The one place a session's turns run, one at a time; the run takes the lease.
         run_log: RunLog | None = None
         dropped = False  # an acknowledged message whose run was refused: not to run again
         try:
@@ -653,10 +641,9 @@ class SessionActor:
         return True
 
     async def _send_elsewhere(self, msg: UserMessage) -> bool:
-        """A new message found the session run by another daemon (it took the lease
-        between this daemon's look and its claim): queued as if it had been handed over
-        (acknowledged once stored) and left to that daemon, or, when none runs it now,
-        next here. False only without daemons to hand it to (it is refused then)."""
+        """A new message found the session run by another daemon: queued as if handed over and
+        left to that daemon, or, when none runs it now, next here. False only without daemons
+        to hand it to (it is refused then)."""
         if self._hand_over is None or self._nursery is None:
             return False
         msg.accepted.queued = True
