@@ -186,10 +186,8 @@ class ApprovalBroker:
         scope: str,
         user_id: str,
     ) -> None:
-        """`user_id`'s answer: only the run's starter answers (ForbiddenError for anyone
-        else; the api layer checked that they may address the session at all). An
-        `always` grant is stored before the call is released, so the grant is durable
-        once the call runs."""
+        """`user_id`'s answer: only the run's starter answers (ForbiddenError for anyone else).
+        An `always` grant is stored before the call is released."""
         pending = self._pending.get((session_id, call_id))
         if pending is None or pending.answered.is_set():
             raise NotFoundError(

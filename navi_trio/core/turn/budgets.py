@@ -106,7 +106,6 @@ class Budget:
         *,
         budgets: BudgetConfig = NO_BUDGETS,
         wall_owner: bool,
-        own: int,
         hold_sec: float = HOLD_SEC,
     ) -> None:
         self._store = store
@@ -117,7 +116,6 @@ class Budget:
         # The top-level run's budgets (profile, role, message): its sub-agents' come
         # from their `subagent` scope.
         self.budgets = budgets
-        self._own = own  # how many of `meters` are this run's own (not its parent's)
         self._wall_owner = wall_owner  # it charges the persistent scopes' wall time
         self._wall_mark = trio.current_time()
         self._held = 0.0  # tokens this run's LLM call under way reserved (local meters)
@@ -143,9 +141,7 @@ class Budget:
             if scope in PERSISTENT:
                 key = usage_key(scope, session_id=session_id, user_id=user_id)
             meters.append(Meter(scope, limits, key))
-        return cls(
-            store, meters, budgets=budgets, wall_owner=True, own=len(meters), hold_sec=hold_sec
-        )
+        return cls(store, meters, budgets=budgets, wall_owner=True, hold_sec=hold_sec)
 
     def child(self, limits: BudgetLimits, *, background: bool) -> Budget:
         """The budget of a sub-agent this run spawns (`limits`: its profile's subagent
@@ -158,15 +154,12 @@ class Budget:
             [*own, *self.meters],
             budgets=self.budgets,
             wall_owner=background,
-            own=len(own),
             hold_sec=self._hold_sec,
         )
 
     @property
     def active(self) -> bool:
         return bool(self.meters)
-
-    # -- counting ------------------------------------------------------------------
 
     def charge_tokens(self, tokens: int) -> None:
         """An LLM call's real usage: its reservation gives way to it (the store's hold
@@ -230,8 +223,6 @@ class Budget:
         """The run is over: nothing is reserved any more, what it spent is stored."""
         self.release()
         await self.flush()
-
-    # -- checks --------------------------------------------------------------------
 
     def _exhausted(self, meter: Meter, kind: str) -> BudgetExhaustedError:
         limit = getattr(meter.limits, kind)

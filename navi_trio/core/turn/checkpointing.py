@@ -272,8 +272,6 @@ class RoundCheckpoints(NurseryHolder):
                 )
             )
 
-    # -- keeping ------------------------------------------------------------------------
-
     def prune_soon(self, session_id: str) -> None:
         """Prune the session's checkpoints in the background (once at a time: one asked
         for meanwhile runs again after it)."""

@@ -234,9 +234,6 @@ def _command(words: list[str], redirects: list[str]) -> SimpleCommand:
     return SimpleCommand(tuple(words), tuple(redirects))
 
 
-# ------------------------------------------------------------------ paths
-
-
 def path_words(part: SimpleCommand) -> tuple[str, ...]:
     """What in `part` names a path: its redirections' targets, and each argument that
     looks like one (has a ``/``, starts with ``~`` or ``.``), an option's value too."""

@@ -51,12 +51,8 @@ def is_summary(msg: Mapping[str, Any]) -> bool:
 
 
 def split_index(context: Sequence[Mapping[str, Any]], keep_recent: int) -> int:
-    """Index where the kept part starts: ``context[:i]`` is summarised, ``context[i:]`` kept.
-
-    Starts ``keep_recent`` messages from the end, then moves back until no kept tool
-    result belongs to a tool call in the summarised part and the kept part does not
-    start with a tool result.
-    """
+    """Where the kept part starts: ``context[:i]`` is summarised, ``context[i:]`` kept.
+    ``keep_recent`` from the end, moved back so no tool result is parted from its call."""
     if keep_recent < 0:
         raise ValueError(f"keep_recent must not be negative, got {keep_recent}")
     owners = _tool_owners(context)
@@ -168,13 +164,8 @@ class Compressor:
     ) -> CompressionOutcome:
         """Summarise the older part; raises NothingToCompactError when there is none.
 
-        `keep` (a pre_compact hook's text) is asked of the summariser and added to the
-        summary as it is, so it survives whatever the model writes.
-
-        With `shrink` (forced compression) the kept messages are also cut until the
-        result fits (see the module docstring). `reason` (pre_turn, mid_turn, forced,
-        worker …) is only used in messages; the agent reports it in its events.
-        """
+        `keep` (a pre_compact hook's text) is added to the summary as it is, so it survives
+        whatever the model writes; with `shrink` the kept messages are cut until they fit."""
         start = split_index(context, self.keep_recent(profile))
         older = list(context[:start])
         if not self.would_compress(context, profile=profile, shrink=shrink):

@@ -59,13 +59,9 @@ class RunningSum:
 class ContextViews:
     """The built copies of one context list's messages, kept between the rounds of a turn.
 
-    Valid while the list only grows: a different list (compression, a reload), a shorter
-    one, or a first or last processed entry that is no longer the same object (the last
-    message replaced) starts over. Whoever replaces an entry in the middle of the list in
-    place calls `invalidate()` (nothing in the agent does: messages are appended, and
-    compression makes a new list). The running sums (estimate, upper bound) count the
-    views; a round adds only what is new.
-    """
+    Valid while the list only grows: a different or shorter list, or a first or last entry
+    that is no longer the same object, starts over; replacing an entry in the middle in
+    place needs `invalidate()`. A round copies and counts only what is new."""
 
     source: list[Any] | None = None
     seen: int = 0  # entries of `source` processed (stripped system messages included)
@@ -98,13 +94,8 @@ class ContextViews:
 class ContextBuilder:
     """Builds the message list for one LLM call. Holds only the system prompt cache.
 
-    The cache is keyed by profile id, and an entry serves only the config it was built
-    from: a turn still running on the config from before a reload (or a profile
-    switch, which takes the config in force) never hands its older prompt to a turn on
-    the newer one, nor gets theirs. `invalidate()` drops entries (the live config does
-    at each reload); a new prompt under the same id in the same config object is not
-    seen until then.
-    """
+    An entry of the cache serves only the config it was built from, so a turn on an older
+    config never hands its prompt to a turn on a newer one; `invalidate()` drops entries."""
 
     def __init__(self, settings: Settings, counter: TokenCounter) -> None:
         self._settings = settings
@@ -168,14 +159,9 @@ class ContextBuilder:
     ) -> list[dict[str, Any]]:
         """The messages for one call; every dict is a new (shallow) copy.
 
-        `project`: the instruction files and skills of the run's folders, placed in the
-        system message after the profile's prompt.
-
-        Inputs are never mutated; nested values (tool call lists) are shared with the
-        input, so callers must not mutate them in the result either. With `views`, the
-        copies of the context's messages are kept there and reused by the next build of
-        the same (grown) list: callers must not mutate any dict of the result.
-        """
+        `project`: the run's instruction files and skills, after the profile's prompt. Nested
+        values are shared with the input, and with `views` the copies are reused by the next
+        build: callers must not mutate any dict of the result."""
         system = self.system_prompt(config, profile, subagent=subagent, override=system_override)
         if project:
             system = f"{system}{SEPARATOR}{project}" if system else project

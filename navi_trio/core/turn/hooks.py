@@ -18,7 +18,6 @@ import trio
 
 from navi_trio.core.turn.hook_answers import HookAnswer, HookFailed, claude_answer, navi_answer
 from navi_trio.core.turn.hook_files import (
-    EVENTS,
     Hook,
     our_arguments,
     read_hook_files,
@@ -36,7 +35,6 @@ STDIN_MAX_BYTES = 64 * 1024
 STRING_MAX_CHARS = 8000  # one string of the event (an argument, a result) on stdin
 STDOUT_MAX_CHARS = 64 * 1024
 STDERR_MAX_CHARS = 2000
-THEIR_NAMES = {ours: theirs for theirs, ours in EVENTS.items()}
 
 Publish = Callable[[AgentEvent], None]
 

@@ -227,6 +227,7 @@ class SessionLeases:
             lease._ask = trio.Event()
             lease.started += 1
             sent = trio.current_time()
+            ours: bool | None = None  # None: the store did not answer
             try:
                 ours = await self._store.renew_lease(
                     session_id, owner=self.owner, ttl=self.ttl, generation=lease.fence.generation
@@ -234,17 +235,15 @@ class SessionLeases:
             except StoreError as exc:
                 say = log.info if isinstance(exc, StorageError) else log.warning
                 say("session %s: renewing the lease failed: %s", session_id, exc)
-                lease.finished += 1
-                lease._told()
-                await trio.sleep(min(1.0, self.ttl / 10))  # not a storm while the store is down
-                continue
             lease.finished += 1
             if ours:
                 lease.valid_until = max(lease.valid_until, sent + self._sure_for())
-                lease._told()
-                continue
-            lease.lost = True
+            lease.lost = ours is False
             lease._told()
+            if ours is None:
+                await trio.sleep(min(1.0, self.ttl / 10))  # not a storm while the store is down
+            if ours is not False:
+                continue
             log.warning(
                 "session %s: the lease was taken over while this run was live (the process "
                 "was suspended past %g s?): the run stops",
@@ -255,8 +254,7 @@ class SessionLeases:
             return
 
     async def _release(self, session_id: str) -> None:
-        with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + RELEASE_DEADLINE_SEC
+        with trio.move_on_after(RELEASE_DEADLINE_SEC, shield=True):
             try:
                 await self._store.release_lease(session_id, owner=self.owner)
             except StoreError as exc:

@@ -47,10 +47,8 @@ class Observer(Protocol):
 
 @runtime_checkable
 class Propagates(Protocol):
-    """An observer that traces, and so carries a trace from one daemon to another: the
-    W3C trace context (``traceparent``, ``tracestate``) of a tool call's span goes with
-    a call that asks another daemon, and a message that came with one starts its
-    session's next turn as a child of that remote span."""
+    """An observer that traces: a tool call that asks another daemon carries its W3C trace
+    context, and a message that came with one continues that trace."""
 
     def trace_context(
         self, session_id: str, call_id: str, tool: str, agent_id: str | None

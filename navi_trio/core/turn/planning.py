@@ -36,7 +36,6 @@ from navi_trio.settings import Settings
 Complete = Callable[[list[dict[str, Any]], str], Awaitable[str | StreamedReply]]
 OnPhase = Callable[[PlanPhase | WarningEvent], None]
 
-# ---------------------------------------------------------------- prompts
 
 _PROMPT_FILES = {
     "analysis": "planning_analysis.md",
@@ -88,9 +87,6 @@ class PlanningPrompts:
         return cls(**texts)
 
 
-# ---------------------------------------------------------------- bounds
-
-
 @attrs.frozen
 class PlanLimits:
     """How big the planning calls may get (see the module docstring)."""
@@ -117,9 +113,6 @@ def _carry(text: str, what: str, limits: PlanLimits | None) -> str:
         return text
     cut, n = limits.counter.truncate_middle(text, limits.carry_tokens)
     return cut if not n else f"{cut}\n[the {what} was cut to {limits.carry_tokens} tokens]"
-
-
-# ---------------------------------------------------------------- result
 
 
 @attrs.frozen
@@ -179,9 +172,6 @@ def plan_event(result: PlanResult) -> PlanCreated:
     )
 
 
-# ---------------------------------------------------------------- when to plan
-
-
 def should_plan(*, is_first_message: bool, profile: AgentProfile, message: str) -> bool:
     """The spec's rule: (first message or planning_enabled) and not casual.
 
@@ -193,9 +183,6 @@ def should_plan(*, is_first_message: bool, profile: AgentProfile, message: str) 
     return (first or every_turn) and not is_casual(message)
 
 
-# ---------------------------------------------------------------- the review for Phase 3
-
-
 def _review_block(review: str) -> str:
     sections = review_sections(review)
     head = "## Review of the analysis (apply every Plan Adjustment)\n\n"
@@ -203,9 +190,6 @@ def _review_block(review: str) -> str:
         return head + _strip_thinking(review).strip()
     body = "\n\n".join(f"### {name}\n{sections.get(name) or '- none'}" for name in REVIEW_SECTIONS)
     return head + body
-
-
-# ---------------------------------------------------------------- the three phases
 
 
 def _bullets(items: Sequence[str], empty: str) -> str:

@@ -59,13 +59,10 @@ SUMMARY_MAX = 300
 def effective_mode(
     policy: PolicyConfig, role: str, requested: str | None, *, own_session: bool = True
 ) -> str:
-    """The mode a run gets: the role's configured mode, or the requested one when it is
-    not more than the role allows (an admin may ask for anything; a user never above
-    the mode configured for users).
+    """The mode a run gets: the role's, or the one asked for when the role allows it.
 
-    `own_session`: the run's sender owns its session. In another user's session
-    (an admin's run there) it is never ``full``: that session's history, which its owner
-    wrote, is the unsandboxed run's context (the api layer refuses an explicit ask)."""
+    In another user's session (`own_session` False) it is never ``full``: the unsandboxed
+    run's context would be a history that other user wrote."""
     configured = policy.modes.get(role, DEFAULT_MODE)
     ceiling = "full" if role == "admin" else configured
     if not own_session:
@@ -82,10 +79,8 @@ def sandbox_for(
     *,
     tmp_max_bytes: int = TMP_MAX_BYTES,
 ) -> SandboxSpec | None:
-    """The sandbox terminal and code_exec run in: None (no sandbox) in `full` mode.
-
-    `private`: the daemon's own data, masked inside (tools/private.py); `tmp_max_bytes`:
-    the size of its private /tmp."""
+    """The sandbox terminal and code_exec run in: None (no sandbox) in `full` mode. `private`:
+    the daemon's own data, masked inside."""
     if mode == "full":
         return None
     masks = private or PrivatePaths(hidden=())
@@ -305,9 +300,6 @@ def summary(tool: str, args: dict[str, Any]) -> str:
     else:
         text = f"{tool} {json.dumps(args, ensure_ascii=False, sort_keys=True)}"
     return text if len(text) <= SUMMARY_MAX else text[: SUMMARY_MAX - 1] + "…"
-
-
-# ------------------------------------------------------------------ terminal command lines
 
 
 def _decide_command(profile: AgentProfile, role: str, mode: str, facts: CallFacts) -> Verdict:

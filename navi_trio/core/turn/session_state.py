@@ -139,12 +139,8 @@ class SessionCache:
         return state
 
     def forget(self, session_id: str) -> None:
-        """Drop a session from memory (it reloads from the store when used again).
-
-        Callers make sure no run or compaction of the session is live, since that run's
-        saves must keep going to the one in-memory state: the registry forgets a session
-        when its actor retires (idle: no run, no queue), and `sessions delete` refuses a
-        session whose actor is busy or has messages queued."""
+        """Drop a session from memory (it reloads from the store when used again). Callers make
+        sure no run or compaction of it is live: their saves must go to one in-memory state."""
         self._sessions.pop(session_id, None)
 
     def __contains__(self, session_id: str) -> bool:
@@ -160,11 +156,9 @@ class SessionCache:
     ) -> bool:
         """Append what is new in both lists, in one store transaction; whether there was.
 
-        `durable=False`: committed, but not flushed to disk yet (SessionStore.append).
-        `dequeue`: the queued message being saved leaves the queue in that transaction.
-        `renew`: the run's lease renewed in it too (SessionStore.append).
-        A storage failure leaves the state `unsure`: saving what it holds again could
-        store it twice (the failed write may have landed), so it is refused."""
+        `durable=False`: committed, not flushed yet; `dequeue`: the queued message leaves the
+        queue in that transaction; `renew`: the lease is renewed in it. A storage failure leaves
+        the state `unsure` and further saves refused: the failed write may have landed."""
         new_messages = state.messages[state.saved_messages :]
         new_context = state.context[state.saved_context :]
         if not new_messages and not new_context:

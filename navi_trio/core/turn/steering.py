@@ -40,12 +40,9 @@ def check_on_busy(value: str | None, where: str = "on_busy") -> OnBusy | None:
 
 
 async def take_injections(turn: Turn, parts: LoopParts) -> None:
-    """Steered messages and waiting background notes into the turn's context, saved.
-
-    Each steered message is saved in the transaction that takes it off the queue; the
-    notes are saved as a system message (invisible in the display history), then
-    removed from the store, as at the start of a turn (agent.py `_accept`).
-    """
+    """Steered messages and waiting background notes into the turn's context, saved: each
+    steered message in the transaction that takes it off the queue, the notes as a hidden
+    system message, removed from the store once saved."""
     injections = turn.injections
     if injections is None or not injections.pending:
         return
@@ -80,9 +77,6 @@ async def take_injections(turn: Turn, parts: LoopParts) -> None:
             await remove_notes(parts.store, batch.keys)
 
 
-# -- what the session actor does with a message that meets a busy session ----------------
-
-
 class _Control(Protocol):
     """What the routing needs of the running turn's `RunControl` (core/turn/agent.py)."""
 
@@ -104,10 +98,9 @@ def check_steer(text: str, control: _Control) -> None:
 def busy_strategy(
     asked: str | None, control: _Control | None, default: OnBusy = DEFAULT_ON_BUSY
 ) -> OnBusy:
-    """The strategy for a message meeting a busy session: the one it asked for, else the
-    running turn's profile default (with no turn here, `default`: the session profile's,
-    for a turn another daemon runs). With no turn running here (a compaction, a turn on
-    another daemon), steer and interrupt have nothing to act on: the message is queued."""
+    """The strategy for a message meeting a busy session: its own, else the running turn's
+    profile default (`default` with no turn here). With no turn running here, steer and
+    interrupt have nothing to act on: the message is queued."""
     strategy = check_on_busy(asked) or (control.on_busy_default if control is not None else default)
     if control is None and strategy in ("steer", "interrupt"):
         return "enqueue"

@@ -52,10 +52,8 @@ async def run_ephemeral(
     roots: RunRoots | None = None,
     profile: AgentProfile | None = None,
 ) -> SubagentOutcome:
-    """Run `request` as a sub-agent of `parent_session_id` (None: of no session).
-
-    `profile`: the one it runs with, when it is none of the config's (an agent kept as a
-    file, already narrowed to its spawner's); its prompt follows the persona."""
+    """Run `request` as a sub-agent of `parent_session_id` (None: of no session). `profile`:
+    its own when it is none of the config's (an agent file, narrowed to its spawner's)."""
     agent_id = f"subagent_{secrets.token_hex(4)}"
     user_message = request.task
     cfg = parts.config.current()

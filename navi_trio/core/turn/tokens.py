@@ -34,13 +34,8 @@ MessageKey = tuple[str, str, str, str, str]
 def message_key(
     msg: Mapping[str, Any], calls_json: Callable[[Sequence[Any]], str] | None = None
 ) -> MessageKey:
-    """A cheap, stable identity of what the model sees of `msg`.
-
-    Two dicts with the same key estimate the same; ``thinking`` and storage markers
-    (``keep``, ``summary``) are not part of it because they are not sent as text.
-    `calls_json` serialises the tool-call list (`TokenCounter.key` passes its cached one).
-    Raises TypeError naming the problem when `msg` is not a message dict.
-    """
+    """A cheap, stable identity of what the model sees of `msg` (not ``thinking`` nor storage
+    markers); TypeError naming the problem when `msg` is not a message dict."""
     if not isinstance(msg, Mapping):
         raise TypeError(f"a message must be a dict, got {type(msg).__name__}")
     role = msg.get("role")
@@ -112,10 +107,8 @@ class TokenCounter:
             return self._loaded
 
     async def preload(self) -> None:
-        """Load the encoding in a worker thread (or wait there for the load under way),
-        so the trio thread never blocks on it: await this before counting where the
-        encoding may not be loaded yet. Free once loaded. A cancel (a stop) returns at
-        once and leaves the load to finish on its thread, for the next count."""
+        """Load the encoding on a worker thread (or wait there for the load under way), so the
+        trio thread never blocks on it; free once loaded. A cancel leaves the load to finish."""
         if self._loaded is None:
             self.wanted()
             await trio.to_thread.run_sync(self._load, abandon_on_cancel=True)
@@ -255,18 +248,10 @@ def _nbytes(text: str) -> int:
 class Baseline:
     """The last real prompt size, to correct estimates during a run.
 
-    One per session/run, owned by the agent. After each LLM call the agent records the
-    real ``prompt_tokens`` with the built context that produced it; the next estimate is
-    that real count plus the estimate of the messages added since.
-
-    The recorded list must be a prefix of the new one, with one allowance: trailing
-    ``system`` messages of the recorded list (ephemeral notes such as the iteration
-    budget, rebuilt on every call) may have been replaced — their estimate is swapped
-    for the estimate of what now follows. When anything else changed (compression
-    rewrote the context, another profile's system prompt) the plain estimate is used,
-    so one stale real count never skews the numbers. Pass the same kind of list you
-    recorded (the built context).
-    """
+    The next estimate is the real count recorded with the built context that produced it,
+    plus the estimate of the messages added since. The recorded list must be a prefix of
+    the new one (trailing ephemeral ``system`` notes may differ); anything else changed
+    falls back to the plain estimate, so one stale real count never skews the numbers."""
 
     def __init__(self) -> None:
         self._prompt_tokens: int | None = None

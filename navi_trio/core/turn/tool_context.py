@@ -96,10 +96,8 @@ class Spawner:
         )
 
     async def _file_agent(self, name: str, cfg: NaviConfig) -> tuple[AgentProfile, tuple[str, ...]]:
-        """The profile of the agent file named `name` in the run's cwd: the spawner's
-        profile narrowed (project/agents.py), and the tools the file asks for that it
-        left out; else a ToolInputError listing the names known and why files were
-        skipped."""
+        """The profile of the agent file `name` in the run's cwd (the spawner's, narrowed) and the
+        tools it asks for that were left out; else a ToolInputError naming the known ones."""
         found = await read_file_agents(self.parts.settings, cfg, self.roots, self.session_id)
         agent = found.agents.get(name)
         if agent is None:

@@ -407,24 +407,14 @@ async def execute_batch(
     hooks: TurnHooks = NO_HOOKS,
     confirmed: bool = False,
 ) -> None:
-    """Run `calls`, filling `results` by index as each finishes.
+    """Run `calls`, filling the caller's `results` by index as each finishes.
 
-    `before(tool name)` takes each call from the run's budget before it starts; when it
-    refuses (`BudgetExhaustedError`), that call and the ones after it are not run: their
-    results say which budget is spent, and the error is raised once the calls that did
-    start have finished (it ends the run).
-
-    The caller owns `results`, so when the run is stopped mid-batch it knows which calls
-    finished and pairs the others with "stopped by the user". With `parallel`, the
-    ToolStarted frames of the whole batch go out first, in call order, the budget takes
-    the calls in that order, and those it let start run concurrently in one nursery;
-    one call's failure is its own result only, but a backend-level LLM error stops the
-    others and is raised (the first in call order, when several calls meet one). First,
-    when a call may write, the writable folders are snapshotted once
-    (core/turn/checkpointing.py). `confirmed`: the write just before renewed the run's
-    lease in the store (core/turn/lease.py `SessionLeases.renewing`): unless a snapshot
-    waited in between, it is the first call's confirmation.
-    """
+    The caller owns `results`, so a stop mid-batch leaves it knowing which calls finished.
+    `before` takes each call from the budget; a refused call and those after it do not run,
+    and the error is raised once the started ones finished. With `parallel`, every
+    ToolStarted goes out first, in call order, and the calls run in one nursery; a
+    backend-level LLM error stops the others and is raised. `confirmed`: the write just
+    before renewed the lease, so the first call needs no confirmation of its own."""
     waited = False
     if executor.checkpoints is not None:
         waited = await executor.checkpoints.before_round(

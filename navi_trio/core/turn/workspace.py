@@ -131,13 +131,9 @@ class CwdCheck:
     store: SessionLookup
 
     async def open(self, raw: str, *, resolve: bool = True) -> Root:
-        """The folder `raw` held open, when it may be this run's cwd (the caller closes
-        it); else a refusal.
-
-        `resolve`: `raw` comes from a client, its symlinks are resolved first; else it is
-        the real path a message was checked at, and a symlink in it is
-        `RootChangedError`.
-        """
+        """The folder `raw` held open when it may be this run's cwd (the caller closes it); else a
+        refusal. `resolve`: `raw` comes from a client and its symlinks are resolved first; else
+        it is a real path already checked, and a symlink in it is `RootChangedError`."""
         root, facts = await trio.to_thread.run_sync(
             _open, raw, self.settings, self.config, self.role, resolve
         )
