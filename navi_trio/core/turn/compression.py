@@ -131,26 +131,23 @@ class Compressor:
         start = split_index(context, self.keep_recent(profile))
         if self._has_older(context[:start]):
             return True
-        return shrink and self._kept_too_big(context[:start], context[start:], profile)
+        return shrink and self._kept_too_big(context[:start], context[start:])
 
     @staticmethod
     def _has_older(older: Sequence[Mapping[str, Any]]) -> bool:
         parts = _summarisable(older)
         return bool(parts) and not (len(parts) == 1 and is_summary(parts[0]))
 
-    def _kept_budget(self, head: Sequence[Mapping[str, Any]], profile: AgentProfile) -> int:
+    def _kept_budget(self, head: Sequence[Mapping[str, Any]]) -> int:
         """Tokens the kept part may use: the threshold minus what goes before it."""
         return self.threshold() - self._counter.estimate_messages(head)
 
     def _kept_too_big(
-        self,
-        head: Sequence[Mapping[str, Any]],
-        kept: Sequence[Mapping[str, Any]],
-        profile: AgentProfile,
+        self, head: Sequence[Mapping[str, Any]], kept: Sequence[Mapping[str, Any]]
     ) -> bool:
         per = self._settings.message_token_budget
         sizes = [self._counter.estimate_message(m) for m in kept]
-        return any(n > per for n in sizes) or sum(sizes) > self._kept_budget(head, profile)
+        return any(n > per for n in sizes) or sum(sizes) > self._kept_budget(head)
 
     async def compress(
         self,
@@ -196,7 +193,7 @@ class Compressor:
             ]
         kept = [dict(m) for m in context[start:]]
         if shrink:
-            kept = self._shrink(kept, self._kept_budget(head, profile))
+            kept = self._shrink(kept, self._kept_budget(head))
         new_context = [*head, *kept]
         return CompressionOutcome(
             context=new_context,

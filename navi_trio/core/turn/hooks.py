@@ -62,9 +62,6 @@ class TurnHooks:
                 publish(WarningEvent(message=warning, code="hook_file_untrusted"))
         return cls(tuple(hooks))
 
-    def has(self, event: str) -> bool:
-        return any(h.event == event for h in self.hooks)
-
     async def fire(
         self,
         event: str,

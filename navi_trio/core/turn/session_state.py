@@ -163,11 +163,7 @@ class SessionCache:
         new_context = state.context[state.saved_context :]
         if not new_messages and not new_context:
             return False
-        _check_sure(state)
-        # Shielded: a stop landing mid-save would leave the counters behind a write that
-        # still lands (the store never withdraws a queued write), and the next save
-        # would append the same messages twice.
-        with trio.CancelScope(shield=True), _unsure_on_failure(state):
+        with _writing(state):
             await self._store.append(
                 state.id,
                 messages=new_messages,
@@ -183,8 +179,7 @@ class SessionCache:
     async def replace_context(self, state: SessionState, context: list[dict[str, Any]]) -> None:
         """Compression: the only rewrite. Unsaved display messages are saved first."""
         await self.save(state)
-        _check_sure(state)
-        with trio.CancelScope(shield=True), _unsure_on_failure(state):
+        with _writing(state):
             await self._store.replace_context(state.id, context)
             state.context = list(context)
             state.saved_context = len(context)
@@ -194,20 +189,20 @@ class SessionCache:
         state.row = attrs.evolve(state.row, profile_id=profile_id)
 
 
-def _check_sure(state: SessionState) -> None:
+@contextmanager
+def _writing(state: SessionState) -> Iterator[None]:
+    """A write of `state`: refused when it is unsure, made unsure by a storage failure.
+    Shielded: a stop landing mid-write would leave the counters behind a write that
+    still lands (the store never withdraws one), and the next save would repeat it."""
     if state.unsure:
         raise StorageError(
             f"session {state.id!r}: an earlier write of this turn failed and may have "
             "landed all the same; nothing more is written until the session is read again",
             session_id=state.id,
         )
-
-
-@contextmanager
-def _unsure_on_failure(state: SessionState) -> Iterator[None]:
-    """A storage failure inside makes `state` unsure (see `SessionState.unsure`)."""
-    try:
-        yield
-    except StorageError:
-        state.unsure = True
-        raise
+    with trio.CancelScope(shield=True):
+        try:
+            yield
+        except StorageError:
+            state.unsure = True
+            raise

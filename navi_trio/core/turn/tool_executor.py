@@ -58,21 +58,15 @@ def stopped_result() -> ToolResult:
     return ToolResult.fail(STOPPED_TEXT)
 
 
-def refused_result(exc: BudgetExhaustedError) -> ToolResult:
-    """A call a budget did not let start: which budget, and how much of it is used."""
-    return ToolResult.fail(f"not run: {exc}")
-
-
 def tool_message(call: ToolCall, result: ToolResult) -> dict[str, Any]:
     """The role=tool message that pairs an assistant tool call with its result."""
-    msg: dict[str, Any] = {
+    return {
         "role": "tool",
         "tool_call_id": call.id,
         "name": call.name,
         "content": result.content(),
         "ok": result.ok,
     }
-    return msg
 
 
 class ToolExecutor:
@@ -478,7 +472,7 @@ def _refuse(
 ) -> None:
     """Calls `start` on were not run: each gets a result naming the budget spent."""
     for i in range(start, len(calls)):
-        result = refused_result(exc)
+        result = ToolResult.fail(f"not run: {exc}")  # which budget, how much of it is used
         results[i] = result
         publish(
             ToolResultEvent(

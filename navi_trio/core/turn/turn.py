@@ -489,9 +489,7 @@ class TurnRunner:
         hooks = await self.hooks()  # (loaded once a run) before the save that confirms
         confirmed = await self.save_calls()
         ctx = self.tool_context()
-        parallel = t.profile.parallel_tool_calls
-        if parallel is None:
-            parallel = self.settings.parallel_tool_calls
+        parallel = self.parts.builder.parallel_calls(t.profile)
 
         def publish(event: AgentEvent) -> None:
             if isinstance(event, ToolStarted):
