@@ -12,6 +12,7 @@ import shutil
 import uuid
 from collections.abc import Callable
 
+import attrs
 import trio
 
 from navi_trio.core.checkpoints import CheckpointEngine
@@ -32,27 +33,16 @@ def new_session_id() -> str:
     return "s-" + uuid.uuid4().hex[:12]
 
 
+@attrs.define(kw_only=True, eq=False)
 class SessionService:
-    def __init__(
-        self,
-        *,
-        settings: Settings,
-        config: ConfigSource,
-        store: SessionStore,
-        sessions: SessionRegistry,
-        supervisor: TaskSupervisor,
-        approvals: ApprovalBroker,
-        checkpoints: CheckpointEngine | None = None,
-        processes: ProcessPool | None = None,
-    ) -> None:
-        self.settings = settings
-        self.config = config
-        self.store = store
-        self.sessions = sessions
-        self.supervisor = supervisor
-        self.approvals = approvals
-        self.checkpoints = checkpoints
-        self.processes = processes
+    settings: Settings
+    config: ConfigSource
+    store: SessionStore
+    sessions: SessionRegistry
+    supervisor: TaskSupervisor
+    approvals: ApprovalBroker
+    checkpoints: CheckpointEngine | None = None
+    processes: ProcessPool | None = None
 
     async def create(
         self, session_id: str | None, *, user_id: str, user_name: str, profile_id: str | None

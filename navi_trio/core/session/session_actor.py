@@ -87,18 +87,16 @@ class RunStream(Protocol):
 # `Agent.end_dead_turn`: (session_id, the generation of the lease taken over) -> the events
 # that end its turn (none when another runtime ended it, or it was not dead).
 EndDeadTurn = Callable[[str, int], Awaitable[list[AgentEvent]]]
-# The cluster's take-over of a lease a dead owner never released:
-# its new generation, held now by this runtime, else None.
+# The cluster's take-over of a lease a dead owner left: its new generation, else None.
 DeadTurn = Callable[[str], Awaitable["int | None"]]
 # `Agent.compact_stream`: a forced compaction's events.
 CompactStream = Callable[[str], AbstractAsyncContextManager[trio.abc.ReceiveChannel[AgentEvent]]]
-# Makes a session's broadcast: (session_id, on_change) -> broadcast. `on_change` is
-# called when a subscriber comes or goes.
+# Makes a session's broadcast: (session_id, on_change: a subscriber came or went).
 BroadcastFactory = Callable[[str, Callable[[], None]], SessionBroadcast]
 # Told when a run ends: (session_id, its message, its stream_end).
 RunEnded = Callable[[str, UserMessage, StreamEnd], None]
-# Leaves queued messages (their keys) to the daemon that runs the session now
-# raises a NaviError when it could not.
+# Leaves queued messages (their keys) to the daemon that runs the session now, or raises
+# a NaviError.
 HandOver = Callable[[str, list[str]], Awaitable[None]]
 
 
@@ -344,9 +342,8 @@ class SessionActor:
         self._start(self._compact)
 
     async def exclusive(self, work: Callable[[], Awaitable[T]]) -> T:
-        """Run `work` while nothing else of the session runs (a rewind, a fork): refused
-        while a run or a compaction is active or messages wait; the messages sent
-        meanwhile are queued and run after it, on what it left."""
+        """Run `work` (a rewind, a fork) while nothing else of the session runs: refused while a
+        run or compaction is active or messages wait; messages sent meanwhile run after it."""
         if self.busy or self._nursery is None:
             raise SessionBusyError(
                 f"session {self.session_id!r} has a run active or queued: stop it or wait",
@@ -427,11 +424,9 @@ class SessionActor:
         return len(adopted)
 
     async def _adopt_rows(self) -> list[UserMessage]:
-        """The store's queued rows this actor may run and does not hold yet, in order.
-
-        One read at a time, and what this actor holds already (queued here, running,
-        steered into the turn) is told apart only once the read is back: a message
-        queued here during the read is the store's row too, and must not run twice."""
+        """The store's queued rows this actor may run and does not hold yet, in order. One read
+        at a time, told apart from what it holds only once the read is back, so a message
+        queued here during the read does not run twice."""
         async with self._adopting:
             rows = await self.queue.adopt()
             known = self._held_keys()
@@ -535,11 +530,9 @@ class SessionActor:
                                     self.publish(event)
                 if control.fenced:
                     self._say_taken_over()
-                # An acknowledged message that met a storage failure (before its save,
-                # or after it: a turn cut short), or the session taken by another
-                # process before its save, keeps its place: it runs again, before the
-                # messages after it; in a cluster, a taken one goes to the new owner.
-                # Any other refusal ends it.
+                # An acknowledged message that met a storage failure, or whose session
+                # another process took before its save, keeps its place and runs again
+                # (in a cluster, a taken one goes to the new owner); any other refusal ends it.
                 error = _kept_for(msg, control)
                 if error is None:
                     dropped = control.refused is not None
@@ -591,11 +584,9 @@ class SessionActor:
             self._done()
 
     async def _queue_ahead(self, msg: UserMessage) -> bool:
-        """The run of `msg` holds the lease: messages queued in the store before it
-        (handed over, left by a daemon that lost the session, or waiting here) run
-        first, in the store's order, and it goes behind them (a new
-        message stored and acknowledged as any queued one); the ones queued after it
-        wait behind it. True when it went behind others: no turn now."""
+        """The run of `msg` holds the lease: rows queued in the store before it run first, in the
+        store's order, and it goes behind them (a new one stored and acknowledged as any queued
+        one). True when it went behind others: no turn now."""
         async with self._adopting:
             rows = await self.queue.adopt()  # every row: this run holds the lease
             known = self._held_keys()
@@ -662,9 +653,8 @@ class SessionActor:
         return True
 
     async def _may_publish(self, msg: UserMessage, control: RunControl) -> bool:
-        """Whether this event of the run goes out: not once another daemon took the
-        session over under the run (it is stopped then), nor the refusal of a message
-        handed to the daemon that runs the session now (its run there speaks for it)."""
+        """Whether this event of the run goes out: not once another daemon took the session over
+        under it, nor a refusal of a message handed to the daemon that runs the session now."""
         if control.fenced or (self._hand_over is not None and _taken(msg, control)):
             return False
         lease = control.lease
@@ -690,9 +680,8 @@ class SessionActor:
         self.publish(StreamEnd(reason="error"))
 
     async def _hand_back(self, msg: UserMessage) -> bool:
-        """The session is another daemon's now: leave `msg` and every message queued
-        behind it in the store's queue, for that daemon. False when there is no daemon
-        to hand them to, or the store did not take it (they stay here, kept)."""
+        """The session is another daemon's now: leave `msg` and every message behind it in the
+        store's queue for it. False when there is none, or the store did not take them."""
         if self._hand_over is None:
             return False
         handed = [msg, *self.pending]
@@ -782,9 +771,8 @@ def _taken(msg: UserMessage, control: RunControl) -> bool:
 
 
 def _kept_for(msg: UserMessage, control: RunControl) -> Exception | None:
-    """Why an acknowledged message keeps its place and runs again, if it does: a
-    storage failure before its save or after it (not a lease lost under the run: the
-    session is another daemon's then), or the session taken before its save."""
+    """Why an acknowledged message keeps its place and runs again, if it does: a storage
+    failure (not a lease lost under the run), or the session taken before its save."""
     if msg.accepted.failed or control.skipped:
         return None
     refused = control.refused
