@@ -442,9 +442,8 @@ class Agent:
         *,
         resumed: bool,
     ) -> None:
-        """Save the user message (and the notes) in one transaction; accepted once in.
-        The save takes a queued message off the queue (compare and set); a resumed
-        one left it already."""
+        """Save the user message (and the notes) in one transaction that also takes a queued
+        message off the queue; accepted once in."""
         mark = state.mark()
         if notes is not None:
             # Persisted, invisible in the UI (a wake-up's shows: it is the turn's start),

@@ -85,11 +85,8 @@ def covering(grant: str) -> tuple[str, ...]:
 
 
 class ApprovalBroker:
-    """One per runtime: the pending requests, and the grants of `session` answers.
-
-    `store` keeps `always` grants (kv); `attached(session_id)` says whether a client is
-    subscribed to the session.
-    """
+    """One per runtime: the pending requests, and the grants of `session` answers (`always`
+    ones are kept in the store's kv)."""
 
     def __init__(
         self, store: SessionStore, timeout: float, attached: Callable[[str], bool]

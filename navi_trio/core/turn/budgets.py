@@ -51,12 +51,8 @@ def usage_key(scope: str, *, session_id: str, user_id: str, now: float | None = 
 
 @attrs.define(eq=False)
 class Meter:
-    """One scope's limits and what was spent against them.
-
-    A persistent meter (`key` set) knows the store's totals as of its last read
-    (`base`) plus what this process spent since and has not written yet (`pending`);
-    an in-memory one (turn, sub-agent) counts everything in `pending` and measures wall
-    time from `started` (trio time)."""
+    """One scope's limits and what was spent against them: a persistent meter (`key` set)
+    knows the store's totals at its last read plus what it has not written yet (`pending`)."""
 
     scope: str
     limits: BudgetLimits
@@ -144,8 +140,7 @@ class Budget:
         return cls(store, meters, budgets=budgets, wall_owner=True, hold_sec=hold_sec)
 
     def child(self, limits: BudgetLimits, *, background: bool) -> Budget:
-        """The budget of a sub-agent this run spawns (`limits`: its profile's subagent
-        scope, lowered by the run's own): its own meter, then this chain. A background
+        """The budget of a sub-agent this run spawns: its own meter, then this chain. A background
         one charges the persistent scopes' wall time itself: no turn waits for it."""
         mine = limits.tighter(self.budgets.subagent)
         own = [] if mine.empty else [Meter("subagent", mine)]
@@ -209,9 +204,8 @@ class Budget:
             meter.base = dict(totals[meter.key or ""])
 
     async def settle(self) -> None:
-        """After an LLM call: its use written and its hold dropped now, so what it did
-        not use is free for other runs at once. A store that fails here costs nothing:
-        both wait for the next `flush` (before the next call, which fails closed)."""
+        """After an LLM call: its use written and its hold dropped, freeing the rest for other
+        runs at once; a store failure here waits for the next `flush` (which fails closed)."""
         if not self._shared:
             return
         try:

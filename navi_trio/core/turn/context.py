@@ -110,11 +110,8 @@ class ContextBuilder:
         subagent: bool = False,
         override: str | None = None,
     ) -> str:
-        """persona + ``---`` + the profile prompt (a sub-agent's own prompt when it has one).
-
-        `override` is a complete system prompt used verbatim and not cached (a
-        sub-agent's custom or inherited prompt); the caller composes it.
-        """
+        """persona + ``---`` + the profile prompt (a sub-agent's own when it has one); `override`
+        is a complete prompt, used verbatim and not cached."""
         if override is not None:
             if not isinstance(override, str):
                 raise TypeError(f"system prompt override must be a string, got {override!r}")
@@ -220,12 +217,8 @@ class ContextBuilder:
         reserve: int | None = None,
         views: ContextViews | None = None,
     ) -> int:
-        """Estimated tokens of `built`; ContextTooLargeError when it leaves no room to answer.
-
-        `reserve` (default ``min(1024, num_ctx // 8)``) is kept free for the answer.
-        While the encoding still loads, an upper bound that fits is returned instead.
-        `views`: the ones `built` was built with (its counts are kept there).
-        """
+        """Estimated tokens of `built`; ContextTooLargeError when it leaves no `reserve` (default
+        ``min(1024, num_ctx // 8)``) to answer. While the encoding loads, a bound that fits."""
         if num_ctx <= 0:
             raise ValueError(f"num_ctx must be positive, got {num_ctx}")
         room = min(1024, num_ctx // 8) if reserve is None else reserve

@@ -195,11 +195,9 @@ class SessionLeases:
     async def renewing(
         self, session_id: str, write: Callable[[float | None], Awaitable[bool]]
     ) -> bool:
-        """A write to `session_id` that renews the run's lease in its own transaction, as
-        `confirm_current` would: `write(ttl)` hands `ttl` to the store
-        (`SessionStore.append(renew=)`) and says whether it wrote. True when it did so:
-        a call that starts right after needs no confirmation of its own. Outside a
-        run's hold of that session: `write(None)`, a plain write, and False."""
+        """A write to `session_id` that renews the run's lease in its own transaction (`write(ttl)`
+        says whether it wrote); True when it did, so the next call needs no confirmation. Outside
+        a run's hold of that session: a plain `write(None)`, and False."""
         fence = current_fence()
         entry = self._holds.get(session_id) if fence is not None else None
         lease = entry.lease if entry is not None else None
@@ -238,11 +236,11 @@ class SessionLeases:
             lease.finished += 1
             if ours:
                 lease.valid_until = max(lease.valid_until, sent + self._sure_for())
-            lease.lost = ours is False
+            lease.lost = ours is not None and not ours
             lease._told()
             if ours is None:
                 await trio.sleep(min(1.0, self.ttl / 10))  # not a storm while the store is down
-            if ours is not False:
+            if not lease.lost:
                 continue
             log.warning(
                 "session %s: the lease was taken over while this run was live (the process "

@@ -308,10 +308,8 @@ def parse_plan(text: str) -> tuple[tuple[PlanStep, ...], tuple[str, ...], str]:
 def _classify_line(
     line: str, norm: str, current: _Draft | None, milestones: list[str]
 ) -> tuple[str | None, _Draft | None]:
-    """A line that is not a list item: a heading, a milestone line, a detail, or prose.
-
-    Returns the section it opens (None: unchanged) and the step that continues.
-    """
+    """A line that is not a list item (heading, milestones, detail, prose): the section it
+    opens (None: unchanged) and the step that continues."""
     heading = line.startswith("#")
     m = _SECTION.match(norm)
     if m and (m.group("colon") or not m.group("rest") or heading):

@@ -52,11 +52,8 @@ _PLACEHOLDER = re.compile(r"\{(request|analysis|review|tools|profiles|context)\}
 
 
 def fill_prompt(template: str, values: Mapping[str, str]) -> str:
-    """Replace the known ``{name}`` placeholders in one pass.
-
-    Not `str.format`: user text is full of braces (code, JSON), and a single pass means
-    a placeholder spelled inside a substituted value is never expanded again.
-    """
+    """Replace the known ``{name}`` placeholders in one pass: not `str.format`, since user
+    text is full of braces, and a placeholder inside a substituted value stays as it is."""
     return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), template)
 
 
@@ -173,11 +170,8 @@ def plan_event(result: PlanResult) -> PlanCreated:
 
 
 def should_plan(*, is_first_message: bool, profile: AgentProfile, message: str) -> bool:
-    """The spec's rule: (first message or planning_enabled) and not casual.
-
-    `planning_mandatory` forces a plan on every turn, so it counts as planning_enabled;
-    `planning_first_message: false` drops the first-message plan (small models).
-    """
+    """The spec's rule: (first message or planning_enabled) and not casual; `planning_mandatory`
+    counts as enabled, `planning_first_message: false` drops the first-message plan."""
     every_turn = profile.planning_enabled or profile.planning_mandatory
     first = is_first_message and profile.planning_first_message
     return (first or every_turn) and not is_casual(message)
@@ -218,11 +212,8 @@ async def run_planning(
     on_phase: OnPhase = lambda e: None,
     limits: PlanLimits | None = None,
 ) -> PlanResult:
-    """Run Phase 1, then (maybe) Phase 2 and Phase 3. Errors and cancellation propagate.
-
-    A phase cut at its output cap, or a prompt that cannot fit the window (`limits`),
-    ends planning: one warning, a result without a plan (`failed` says why).
-    """
+    """Run Phase 1, then (maybe) Phases 2 and 3. A phase cut at its output cap or a prompt that
+    cannot fit ends planning with one warning and no plan (`failed` says why)."""
     if not message.strip():
         raise ValueError("planning needs a non-empty user message")
     run = _Phases(complete, on_phase, limits)

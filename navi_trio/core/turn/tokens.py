@@ -174,11 +174,8 @@ class TokenCounter:
         return sum(self.estimate_message(m) for m in messages)
 
     def bound_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        """An upper bound of `estimate_messages` that never needs the encoding.
-
-        Every cl100k token stands for at least one byte, so a text's UTF-8 length bounds
-        its count: a check that passes on the bound needs no real count (and no load).
-        """
+        """An upper bound of `estimate_messages` that never needs the encoding: every cl100k token
+        stands for at least one byte, so a text's UTF-8 length bounds its count."""
         total = 0
         for msg in messages:
             key = self.key(msg)
@@ -194,11 +191,8 @@ class TokenCounter:
         return total
 
     def truncate_middle(self, text: str, max_tokens: int) -> tuple[str, int]:
-        """Head and tail of `text` within about `max_tokens`, and how many tokens were cut.
-
-        The cut is marked ``[…truncated ~N tokens…]``; the head gets two thirds of the
-        room because the start of an output usually says what it is.
-        """
+        """Head and tail of `text` within about `max_tokens`, the cut marked, and how many tokens
+        were cut; the head gets two thirds (the start usually says what an output is)."""
         tokens = self.encode(text)
         if len(tokens) <= max_tokens:
             return text, 0
@@ -291,12 +285,8 @@ class Baseline:
         counter: TokenCounter,
         total: Callable[[], int] | None = None,
     ) -> int:
-        """The last real count plus the estimate of what changed since; `total` (default:
-        estimate every message) gives the plain estimate when there is no usable baseline.
-
-        Costs what changed since the recording, not the whole list, when the recorded
-        messages are the same objects (a turn's `ContextViews` reuses them).
-        """
+        """The last real count plus the estimate of what changed since, else `total()` (default:
+        every message estimated). Costs only what changed when the messages are the same objects."""
 
         def plain() -> int:
             return total() if total is not None else counter.estimate_messages(messages)

@@ -134,20 +134,14 @@ class JobServices:
         return JobServices(attrs.evolve(self.spawner, roots=roots))
 
 
+@attrs.define(eq=False)
 class RunServices:
     """The services of one running turn."""
 
-    def __init__(
-        self,
-        parts: LoopParts,
-        turn: Turn,
-        processes: ProcessService | None,
-        tasks: TaskService | None,
-    ) -> None:
-        self._parts = parts
-        self._turn = turn
-        self.processes = processes
-        self.tasks = tasks
+    _parts: LoopParts
+    _turn: Turn
+    processes: ProcessService | None
+    tasks: TaskService | None
 
     def switch_profile(self, profile_id: str) -> None:
         """Takes effect at step 10 of the loop (after this iteration's tools)."""

@@ -69,23 +69,14 @@ def tool_message(call: ToolCall, result: ToolResult) -> dict[str, Any]:
     }
 
 
+@attrs.define(eq=False)
 class ToolExecutor:
-    def __init__(
-        self,
-        registry: ToolRegistry,
-        settings: Settings,
-        supervisor: TaskSupervisor | None,
-        approvals: ApprovalBroker | None = None,
-        checkpoints: RoundCheckpoints | None = None,
-        confirm: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:
-        self.registry = registry
-        self.settings = settings
-        self.supervisor = supervisor
-        self.approvals = approvals
-        self.checkpoints = checkpoints
-        # The run's lease, confirmed before each call (core/turn/lease.py `confirm_current`).
-        self.confirm = confirm
+    registry: ToolRegistry
+    settings: Settings
+    supervisor: TaskSupervisor | None
+    approvals: ApprovalBroker | None = None
+    checkpoints: RoundCheckpoints | None = None
+    confirm: Callable[[], Awaitable[None]] | None = None  # the run's lease, before each call
 
     def schemas(
         self, tools: Sequence[Tool], hidden: Callable[[str, str], bool] = lambda t, a: False
