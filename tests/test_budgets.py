@@ -374,7 +374,7 @@ async def test_parallel_sub_agents_never_pass_a_shared_token_budget() -> None:
 
     turn = BudgetLimits(tokens=1000)
     parent = Budget(None, [Meter("turn", turn)], budgets=BudgetConfig(turn=turn),
-                    wall_owner=True, own=1)  # fmt: skip
+                    wall_owner=True)  # fmt: skip
     children = [parent.child(BudgetLimits(), background=False) for _ in range(3)]
     caps: list[int] = []
     refused: list[BudgetExhaustedError] = []

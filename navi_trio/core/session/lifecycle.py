@@ -1,16 +1,8 @@
 """Creating and deleting sessions: the bookkeeping the core owns.
 
-`SessionService.create` makes a session's row (an id of the daemon's when none is
-given, the config's default profile when none is named), within the per-user limit.
-`delete` removes a session and everything the daemon keeps for it: its background jobs
-(cancelled), its `terminal open` processes (ended), its row and history, its cached
-state, its waiting approvals, its checkpoints (and the stored files no other checkpoint
-shares) and its folder. A session with a run active or queued is not deleted
-(`SessionBusyError`).
-
-Who may create or delete what (ownership, roles, the session-id namespace) is the
-caller's check (api/commands.py): nothing here knows about connections or users'
-rights.
+`delete` removes everything the daemon keeps for a session (jobs, terminals, history,
+cached state, approvals, checkpoints, folder); a session with a run active or queued
+is not deleted. Who may create or delete what is the caller's check.
 """
 
 from __future__ import annotations
@@ -20,6 +12,7 @@ import shutil
 import uuid
 from collections.abc import Callable
 
+import attrs
 import trio
 
 from navi_trio.core.checkpoints import CheckpointEngine
@@ -40,27 +33,16 @@ def new_session_id() -> str:
     return "s-" + uuid.uuid4().hex[:12]
 
 
+@attrs.define(kw_only=True, eq=False)
 class SessionService:
-    def __init__(
-        self,
-        *,
-        settings: Settings,
-        config: ConfigSource,
-        store: SessionStore,
-        sessions: SessionRegistry,
-        supervisor: TaskSupervisor,
-        approvals: ApprovalBroker,
-        checkpoints: CheckpointEngine | None = None,
-        processes: ProcessPool | None = None,
-    ) -> None:
-        self.settings = settings
-        self.config = config
-        self.store = store
-        self.sessions = sessions
-        self.supervisor = supervisor
-        self.approvals = approvals
-        self.checkpoints = checkpoints
-        self.processes = processes
+    settings: Settings
+    config: ConfigSource
+    store: SessionStore
+    sessions: SessionRegistry
+    supervisor: TaskSupervisor
+    approvals: ApprovalBroker
+    checkpoints: CheckpointEngine | None = None
+    processes: ProcessPool | None = None
 
     async def create(
         self, session_id: str | None, *, user_id: str, user_name: str, profile_id: str | None
@@ -102,10 +84,8 @@ class SessionService:
             )
 
     async def delete(self, session_id: str, *, before: Callable[[], object] | None = None) -> bool:
-        """Delete the session and all the daemon keeps for it; False when it was gone.
-
-        `before` runs once the session is known to be deletable, before anything is
-        removed (the caller's own clean-up: a connection leaves its subscription)."""
+        """Delete the session and all the daemon keeps for it; False when it was gone. `before`
+        runs once the session is known deletable, before anything is removed."""
         self._check_deletable(session_id)
         if before is not None:
             before()

@@ -1,21 +1,11 @@
 """The durable side of a session's message queue: what makes it survive a crash.
 
-A message queued behind a run is written to the store before the daemon acknowledges
-it (`UserMessage.accepted` is ok once its row is committed; a write that fails refuses
-the message with its error, and it does not run), and leaves the store's
-queue in the very transaction that saves it into the history when its run starts
-(`SessionCache.save(dequeue=...)`). A SIGKILL at any point leaves it in exactly one of
-the two places. After a restart, the session actor adopts the rows a dead process left
-(`adopt`) and runs them first, in the order they were queued.
-
-Writes go to the store one after the other in the order the actor asked for them: a
-chain of events, since tasks started in the same tick run in no fixed order.
-
-The queue's cap (``message_queue_max``) is the store's: each write keeps the session's
-newest rows (`SessionStore.enqueue(keep=N)`), whichever daemon queued them, and returns
-the ones it dropped; the actor says so (`dropped_warning`). Running a queued message
-takes its row in the transaction that saves it (a compare and set): a row another
-daemon took first, or that the cap dropped, is never run twice or after its drop.
+A queued message is written to the store before it is acknowledged, and leaves the
+queue in the transaction that saves it into the history, so a SIGKILL leaves it in
+exactly one of the two places; a restart adopts a dead process's rows, in order.
+Writes go out in the order asked (tasks started in one tick run in no fixed order).
+The cap is the store's (the newest rows kept, whichever daemon queued them), and a
+row taken by another daemon or dropped by the cap is never run.
 """
 
 from __future__ import annotations
@@ -30,7 +20,7 @@ import attrs
 import trio
 
 from navi_trio import wire
-from navi_trio.core.turn import Acceptance, UserMessage, stopped_before_saving
+from navi_trio.core.turn import UserMessage, stopped_before_saving
 from navi_trio.errors import NaviError, StorageError
 from navi_trio.events import WarningEvent
 from navi_trio.profiles import BudgetConfig
@@ -124,12 +114,8 @@ class _Registry(Protocol):
 
 
 async def deliver(registry: _Registry, session_id: str, key: str, row: dict[str, Any]) -> None:
-    """Hand a message the store already queued (a wake-up, a scheduled run: queued in
-    the transaction that made it) to its session's actor, which runs it in its turn.
-
-    A session with no actor yet gets one; when it adopts what is queued (the daemon's
-    registry does), that takes this message in too. Shutting down, it stays queued and
-    runs after the restart."""
+    """Hand a message the store already queued (a wake-up, a scheduled run) to its session's
+    actor, started if need be; shutting down, it stays queued and runs after the restart."""
     if registry.actor(session_id) is None and registry.adopt:
         await registry.get(session_id)
         return
@@ -163,29 +149,16 @@ class DurableQueue:
     ) -> UserMessage:
         """`msg` with its queue key; its row is written in the background, in order.
 
-        `msg.accepted` is ok once the row is committed, and then `stored(msg, dropped)`
-        is told which rows the cap dropped for it; a write that fails (a full disk)
-        refuses it, and its run is skipped. One still going after WRITE_DEADLINE_SEC
-        leaves it to the run: acknowledged once the run saves it into the history.
-        A message that has a key is stored already (a wake-up, a scheduled run: queued
-        in the store's own transaction) and is kept as it is."""
+        `msg.accepted` is ok once the row is committed (then `stored` hears what the cap
+        dropped); a failed write refuses it. A write still going after WRITE_DEADLINE_SEC
+        leaves it to the run. A message with a key is stored already and kept as it is."""
         if msg.queue_key is not None:
             return msg
-        queued = attrs.evolve(msg, queue_key=secrets.token_hex(8))
-        key = queued.queue_key
-        assert key is not None
-        self._written[key] = self._chain(
-            nursery,
-            self.store.enqueue,
-            self.session_id,
-            key,
-            to_row(queued),
-            pid=self.pid,
-            host=self.host,
-            keep=self.cap,
-            acceptance=queued.accepted,
-            after=None if stored is None else (lambda dropped: stored(queued, dropped)),
-        )
+        key = secrets.token_hex(8)
+        queued = attrs.evolve(msg, queue_key=key)
+        before, done = self._tail, trio.Event()
+        self._tail = self._written[key] = done
+        nursery.start_soon(self._write, queued, key, before, done, stored)
         return queued
 
     async def written(self, msg: UserMessage) -> None:
@@ -196,10 +169,8 @@ class DurableQueue:
                 await done.wait()
 
     async def ran(self, msg: UserMessage) -> None:
-        """A message refused, or whose run was refused before its save (session busy,
-        unknown profile): it leaves the queue too, so a restart does not run it. (An
-        acknowledged one whose run a shutdown cancelled before its save keeps its row:
-        it runs after the restart.)"""
+        """A message refused, or whose run was refused before its save, leaves the queue too, so
+        a restart does not run it."""
         if msg.queue_key is not None:
             with trio.move_on_after(WRITE_DEADLINE_SEC, shield=True):
                 try:
@@ -223,50 +194,50 @@ class DurableQueue:
             )
         return [from_row(key, row) for key, row in rows]
 
-    def _chain(
+    async def _write(
         self,
-        nursery: trio.Nursery,
-        fn: Any,
-        *args: Any,
-        acceptance: Acceptance | None = None,
-        after: Callable[[Any], None] | None = None,
-        **kwargs: Any,
-    ) -> trio.Event:
-        before, done = self._tail, trio.Event()
-        self._tail = done
-
-        async def write() -> None:
-            started = False
-            try:
-                await before.wait()
-                started = True
-                stored = False
-                with trio.move_on_after(WRITE_DEADLINE_SEC, shield=True):
-                    try:
-                        result = await fn(*args, **kwargs)
-                        stored = True
-                    except NaviError as exc:
-                        # A storage failure is logged once by the store; the sender gets it.
-                        say = log.info if isinstance(exc, StorageError) else log.warning
-                        say("session %s: queue write failed: %s", self.session_id, exc)
-                        if acceptance is not None:
-                            acceptance.fail(exc)
-                if acceptance is not None and stored:
-                    acceptance.ok()  # acknowledged only now
-                if after is not None and stored:
-                    after(result)
-                elif acceptance is not None and not acceptance.settled:
-                    # Past the deadline: the row may still land (the store never withdraws
-                    # a write). The message runs, and is acknowledged once its run saves it.
-                    log.warning(
-                        "session %s: queueing a message took over %g s",
+        msg: UserMessage,
+        key: str,
+        before: trio.Event,
+        done: trio.Event,
+        stored: Callable[[UserMessage, Dropped], None] | None,
+    ) -> None:
+        """Write `msg`'s row once the write before it landed; settle its acceptance."""
+        acceptance = msg.accepted
+        started = False
+        try:
+            await before.wait()
+            started = True
+            written = False
+            with trio.move_on_after(WRITE_DEADLINE_SEC, shield=True):
+                try:
+                    dropped = await self.store.enqueue(
                         self.session_id,
-                        WRITE_DEADLINE_SEC,
+                        key,
+                        to_row(msg),
+                        pid=self.pid,
+                        host=self.host,
+                        keep=self.cap,
                     )
-            finally:
-                if acceptance is not None and not started:
-                    acceptance.fail(stopped_before_saving())  # cancelled before its write
-                done.set()
-
-        nursery.start_soon(write)
-        return done
+                    written = True
+                except NaviError as exc:
+                    # A storage failure is logged once by the store; the sender gets it.
+                    say = log.info if isinstance(exc, StorageError) else log.warning
+                    say("session %s: queue write failed: %s", self.session_id, exc)
+                    acceptance.fail(exc)
+            if written:
+                acceptance.ok()  # acknowledged only now
+                if stored is not None:
+                    stored(msg, dropped)
+            elif not acceptance.settled:
+                # Past the deadline: the row may still land (the store never withdraws
+                # a write). The message runs, and is acknowledged once its run saves it.
+                log.warning(
+                    "session %s: queueing a message took over %g s",
+                    self.session_id,
+                    WRITE_DEADLINE_SEC,
+                )
+        finally:
+            if not started:
+                acceptance.fail(stopped_before_saving())  # cancelled before its write
+            done.set()

@@ -14,11 +14,8 @@ log = logging.getLogger("navi_trio.core.session.session_actor")
 
 
 class RunLog:
-    """The log lines of one run, at INFO with the session and user.
-
-    One line when the run starts and when it ends (reason, duration), one per tool
-    call (name, ok, duration; sub-agents' too) and one per error event.
-    """
+    """The log lines of one run, at INFO with the session and user: its start and end, each
+    tool call and each error event."""
 
     def __init__(self, session_id: str, msg: UserMessage) -> None:
         info = msg.user_info or {}

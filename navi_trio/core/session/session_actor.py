@@ -1,51 +1,19 @@
 """Session actors: one per live session, started on demand by the registry.
 
-A `SessionActor` owns its runs (a nursery inside the actor) and the message queue
-(background-tasks.md "Message queue": a message arriving while a run is active is
-queued, ``message_queue_max`` deep, oldest dropped and counted in ``dropped_total``;
-queued messages run in submit order when the run ends, whether or not anybody is
-connected). Queued messages are durable (`core/session/queued.py`): each is stored before it
-is acknowledged, and a crash's leftovers are adopted when the session's actor starts
-and run before anything new. The cap is the store's (the same rows counted on every
-daemon); a message it drops is named to the subscribers (a ``message_dropped``
-warning), never dropped silently. A message whose run finds messages queued before it
-in the store that this actor does not hold (handed over, left by a daemon that lost
-the session) goes behind them (`_queue_ahead`): the daemon holding the lease runs the
-queue in its order.
+A `SessionActor` runs its session's turns one at a time in its own nursery; a message
+arriving meanwhile is queued (durably, `queued.py`), steered in or interrupts, as its
+`on_busy` says, and queued messages run in submit order whether or not anybody is
+connected. A message whose run finds rows queued before it in the store goes behind
+them (`_queue_ahead`): the daemon holding the lease runs the queue in its order.
 
-An acknowledged message is never dropped for a failure. One whose run meets a storage
-failure before its save (a full disk), or after it (the turn cut short: it runs again
-as a ``resume``), keeps its place and runs again (`_wait_to_retry`), first. One whose
-run finds the session taken by another daemon is left in the store's queue for that
-daemon (`hand_over`, core/cluster/cluster.py), with every message queued behind it; without
-daemons to hand it to (SQLite: a ``navi run`` holds the session), or when that daemon
-died before it could be handed (its turn is ended first, as `take_over` does), it waits
-and tries again. A queued message's save takes its row off the queue (compare and set): one that
-another daemon took first is skipped, saying nothing.
+An acknowledged message is never dropped for a failure: one that met a storage failure
+keeps its place and runs again first (`_wait_to_retry`); one whose session another
+daemon took is handed to that daemon with every message behind it. A run whose lease
+was taken over under it publishes nothing more and ends with one ``session_busy``.
+Every message's `accepted` is settled exactly once.
 
-A run whose lease another daemon took over under it (this one was paused past its
-TTL) publishes nothing more: each frame waits for the lease to be known ours
-(`HeldLease.held`), and once it is not, the run is stopped and its subscribers here
-get one ``session_busy`` error and its ``stream_end``.
-
-Every message's `accepted` (core/turn/acceptance.py) is settled exactly once: ok when it is
-committed (queued, or saved by its run), else the error that kept it out (the session
-busy in another process, a full disk, a damaged database, a shutdown). The sender
-answers with that outcome; a refused message never runs.
-
-Every event of a run or compaction goes out through the session's broadcast
-(`core/session/broadcast.py`: seq, epoch, replay, subscribers, ``resync`` and ``lagged``); the
-actor knows only its `SessionBroadcast` protocol, the seam that scale-out implements a
-second time. What the actor needs of the core is one frozen `SessionParts` (the store,
-the agent's run and compaction streams, the live config): it never sees the agent. The
-run itself takes the session's lease (`Agent.run_stream`), in one place for the
-daemon, ``navi run`` and direct callers alike.
-
-Commands are synchronous methods (atomic under trio): `send_message`, `stop`, `compact`,
-`subscribe`; `exclusive` runs a rewind or a fork with nothing else of the session
-running, and `resync` tells every subscriber to reload the history a rewind rewrote.
-The registry that starts and retires actors is core/session/session_registry.py;
-the log lines of a run are core/session/run_log.py's.
+Events go out through the session's broadcast (the `SessionBroadcast` protocol, the seam
+scale-out implements); what the actor needs of the core is one frozen `SessionParts`.
 """
 
 from __future__ import annotations
@@ -119,18 +87,16 @@ class RunStream(Protocol):
 # `Agent.end_dead_turn`: (session_id, the generation of the lease taken over) -> the events
 # that end its turn (none when another runtime ended it, or it was not dead).
 EndDeadTurn = Callable[[str, int], Awaitable[list[AgentEvent]]]
-# The cluster's take-over of a lease a dead owner never released (core/cluster/cluster.py):
-# its new generation, held now by this runtime, else None.
+# The cluster's take-over of a lease a dead owner left: its new generation, else None.
 DeadTurn = Callable[[str], Awaitable["int | None"]]
 # `Agent.compact_stream`: a forced compaction's events.
 CompactStream = Callable[[str], AbstractAsyncContextManager[trio.abc.ReceiveChannel[AgentEvent]]]
-# Makes a session's broadcast: (session_id, on_change) -> broadcast. `on_change` is
-# called when a subscriber comes or goes.
+# Makes a session's broadcast: (session_id, on_change: a subscriber came or went).
 BroadcastFactory = Callable[[str, Callable[[], None]], SessionBroadcast]
 # Told when a run ends: (session_id, its message, its stream_end).
 RunEnded = Callable[[str, UserMessage, StreamEnd], None]
-# Leaves queued messages (their keys) to the daemon that runs the session now
-# (core/cluster/cluster.py `Cluster.hand_back`); raises a NaviError when it could not.
+# Leaves queued messages (their keys) to the daemon that runs the session now, or raises
+# a NaviError.
 HandOver = Callable[[str, list[str]], Awaitable[None]]
 
 
@@ -204,7 +170,7 @@ class SessionActor:
         self._control: RunControl | None = None
         self._running_key: str | None = None  # the queue key of the message running
         # Who started the turn running (or waiting to retry): only they steer it or
-        # interrupt it, as only they answer its approvals (core/turn/approvals.py).
+        # interrupt it, as only they answer its approvals.
         self._running_user: str | None = None
         self._kept_wait: trio.CancelScope | None = None  # a kept message's wait to retry
         # Queue keys of messages put ahead of the queue on purpose (an interrupting one,
@@ -273,12 +239,9 @@ class SessionActor:
                     self._on_retire(self)
                 return
 
-    # -- commands -------------------------------------------------------------------
-
     def send_message(self, message: str | UserMessage) -> OnBusy | None:
-        """Run the message, or (the session busy) apply its `on_busy` strategy
-        (core/turn/steering.py); returns that strategy, None when it runs now. `reject`
-        raises SessionBusyError."""
+        """Run the message, or (the session busy) apply its `on_busy` strategy and return it;
+        `reject` raises SessionBusyError."""
         msg = UserMessage(message) if isinstance(message, str) else message
         if not self.busy:
             self._start_run(msg)
@@ -379,9 +342,8 @@ class SessionActor:
         self._start(self._compact)
 
     async def exclusive(self, work: Callable[[], Awaitable[T]]) -> T:
-        """Run `work` while nothing else of the session runs (a rewind, a fork): refused
-        while a run or a compaction is active or messages wait; the messages sent
-        meanwhile are queued and run after it, on what it left."""
+        """Run `work` (a rewind, a fork) while nothing else of the session runs: refused while a
+        run or compaction is active or messages wait; messages sent meanwhile run after it."""
         if self.busy or self._nursery is None:
             raise SessionBusyError(
                 f"session {self.session_id!r} has a run active or queued: stop it or wait",
@@ -416,18 +378,16 @@ class SessionActor:
         return self.broadcast.publish(event)
 
     def relay(self, frame: Frame) -> None:
-        """A frame of this session another daemon published (core/cluster/cluster.py). Ignored
-        while this daemon runs the session: only a replaced owner's late frames can
-        arrive then."""
+        """A frame of this session another daemon published; ignored while this daemon runs the
+        session (only a replaced owner's late frames can arrive then)."""
         relay = getattr(self.broadcast, "relay", None)
         if not self.busy and relay is not None:
             relay(frame)
             self.dead_turn_checked = self._dead_turn is None  # another daemon runs it
 
     async def take_over(self) -> None:
-        """End the turn a dead daemon left running here, if it left one, unless
-        something of the session runs here now: the ending's events go out before
-        anything else of the session (core/cluster/cluster.py)."""
+        """End the turn a dead daemon left running here, unless something of the session runs
+        here now: its ending goes out before anything else of the session."""
         if self.busy or self._nursery is None or self._dead_turn is None:
             return
         await self.exclusive(self._end_dead_turn)
@@ -464,11 +424,9 @@ class SessionActor:
         return len(adopted)
 
     async def _adopt_rows(self) -> list[UserMessage]:
-        """The store's queued rows this actor may run and does not hold yet, in order.
-
-        One read at a time, and what this actor holds already (queued here, running,
-        steered into the turn) is told apart only once the read is back: a message
-        queued here during the read is the store's row too, and must not run twice."""
+        """The store's queued rows this actor may run and does not hold yet, in order. One read
+        at a time, told apart from what it holds only once the read is back, so a message
+        queued here during the read does not run twice."""
         async with self._adopting:
             rows = await self.queue.adopt()
             known = self._held_keys()
@@ -486,11 +444,6 @@ class SessionActor:
         daemons (core/cluster/cluster.py): the running run's, until its hold ended cleanly."""
         lease = self._control.lease if self._control is not None else None
         return None if lease is None or lease.released else lease.fence
-
-    def publish_out_of_band(self, event: AgentEvent) -> None:
-        self.broadcast.publish_out_of_band(event)
-
-    # -- work -------------------------------------------------------------------------
 
     def _start(self, fn: Any, *args: Any) -> None:
         if self._nursery is None:
@@ -529,9 +482,7 @@ class SessionActor:
         self.pending.extendleft(reversed(kept))
         self._jumped.update(m.queue_key for m in kept)
         for position, msg in enumerate(kept, 1):
-            self.publish(
-                MessageQueued(text=msg.text, position=position, dropped_total=self.dropped_total)
-            )
+            self._say_queued(msg, position)
 
     def _start_run(self, msg: UserMessage) -> None:
         # The control exists before the task starts: a stop sent right after the
@@ -548,9 +499,7 @@ class SessionActor:
         self._end_said = False
 
     async def _run(self, msg: UserMessage, control: RunControl) -> None:
-        # The one place a session's turns run (daemon and `navi run` alike): one at a
-        # time, the rest queued. Across processes the lease keeps other owners out: the
-        # run takes it (`Agent.run_stream`), before it reads the session.
+        # The one place a session's turns run, one at a time; the run takes the lease.
         run_log: RunLog | None = None
         dropped = False  # an acknowledged message whose run was refused: not to run again
         try:
@@ -581,11 +530,9 @@ class SessionActor:
                                     self.publish(event)
                 if control.fenced:
                     self._say_taken_over()
-                # An acknowledged message that met a storage failure (before its save,
-                # or after it: a turn cut short), or the session taken by another
-                # process before its save, keeps its place: it runs again, before the
-                # messages after it; in a cluster, a taken one goes to the new owner.
-                # Any other refusal ends it.
+                # An acknowledged message that met a storage failure, or whose session
+                # another process took before its save, keeps its place and runs again
+                # (in a cluster, a taken one goes to the new owner); any other refusal ends it.
                 error = _kept_for(msg, control)
                 if error is None:
                     dropped = control.refused is not None
@@ -637,11 +584,9 @@ class SessionActor:
             self._done()
 
     async def _queue_ahead(self, msg: UserMessage) -> bool:
-        """The run of `msg` holds the lease: messages queued in the store before it
-        (handed over, left by a daemon that lost the session, or waiting here) run
-        first, in the store's order, and it goes behind them (a new
-        message stored and acknowledged as any queued one); the ones queued after it
-        wait behind it. True when it went behind others: no turn now."""
+        """The run of `msg` holds the lease: rows queued in the store before it run first, in the
+        store's order, and it goes behind them (a new one stored and acknowledged as any queued
+        one). True when it went behind others: no turn now."""
         async with self._adopting:
             rows = await self.queue.adopt()  # every row: this run holds the lease
             known = self._held_keys()
@@ -687,10 +632,9 @@ class SessionActor:
         return True
 
     async def _send_elsewhere(self, msg: UserMessage) -> bool:
-        """A new message found the session run by another daemon (it took the lease
-        between this daemon's look and its claim): queued as if it had been handed over
-        (acknowledged once stored) and left to that daemon, or, when none runs it now,
-        next here. False only without daemons to hand it to (it is refused then)."""
+        """A new message found the session run by another daemon: queued as if handed over and
+        left to that daemon, or, when none runs it now, next here. False only without daemons
+        to hand it to (it is refused then)."""
         if self._hand_over is None or self._nursery is None:
             return False
         msg.accepted.queued = True
@@ -709,9 +653,8 @@ class SessionActor:
         return True
 
     async def _may_publish(self, msg: UserMessage, control: RunControl) -> bool:
-        """Whether this event of the run goes out: not once another daemon took the
-        session over under the run (it is stopped then), nor the refusal of a message
-        handed to the daemon that runs the session now (its run there speaks for it)."""
+        """Whether this event of the run goes out: not once another daemon took the session over
+        under it, nor a refusal of a message handed to the daemon that runs the session now."""
         if control.fenced or (self._hand_over is not None and _taken(msg, control)):
             return False
         lease = control.lease
@@ -737,9 +680,8 @@ class SessionActor:
         self.publish(StreamEnd(reason="error"))
 
     async def _hand_back(self, msg: UserMessage) -> bool:
-        """The session is another daemon's now: leave `msg` and every message queued
-        behind it in the store's queue, for that daemon. False when there is no daemon
-        to hand them to, or the store did not take it (they stay here, kept)."""
+        """The session is another daemon's now: leave `msg` and every message behind it in the
+        store's queue for it. False when there is none, or the store did not take them."""
         if self._hand_over is None:
             return False
         handed = [msg, *self.pending]
@@ -829,9 +771,8 @@ def _taken(msg: UserMessage, control: RunControl) -> bool:
 
 
 def _kept_for(msg: UserMessage, control: RunControl) -> Exception | None:
-    """Why an acknowledged message keeps its place and runs again, if it does: a
-    storage failure before its save or after it (not a lease lost under the run: the
-    session is another daemon's then), or the session taken before its save."""
+    """Why an acknowledged message keeps its place and runs again, if it does: a storage
+    failure (not a lease lost under the run), or the session taken before its save."""
     if msg.accepted.failed or control.skipped:
         return None
     refused = control.refused

@@ -1,11 +1,8 @@
 """The session registry: starts a `SessionActor` per session on demand, retires idle ones.
 
-It holds the nursery the actors run in (a `NurseryHolder`), the daemon's epoch (seqs
-restart with the daemon: the epoch tells a client its seq is another life's) and each
-retired actor's last seq (its successor goes on from there, so a client never sees a
-seq it already had). Each actor gets the `SessionParts` it needs and its own
-`LocalBroadcast`, whose frames are built by the two functions the runtime passes in
-(api/protocol.py `event_frame` and `resync_frame`: the core may not import the api).
+It keeps the daemon's epoch and each retired actor's last seq, so a successor goes on
+from there and a client never sees a seq it already had. Frames are built by functions
+the runtime passes in: the core may not import the api.
 """
 
 from __future__ import annotations
@@ -56,20 +53,17 @@ class SessionRegistry(NurseryHolder):
         # The last seq of a retired actor: its successor goes on from there.
         self._last_seq: dict[str, int] = {}
         self._starting: dict[str, trio.Event] = {}
-        # Whether a starting actor takes over what a crash left queued: the daemon's
-        # registry does; an embedded `navi run` leaves it to the daemon, since it
-        # follows its own message's run only.
+        # Whether a starting actor takes over what a crash left queued (the daemon's
+        # registry does; an embedded `navi run` does not).
         self.adopt = False
         self.epoch = new_epoch()
-        # With the cluster (core/cluster/cluster.py): broadcasts that relay other daemons' frames,
-        # a word when an actor retires (its session is no longer followed here), and
-        # the look at a session's lease that tells a turn a dead daemon left.
+        # Set by the cluster: broadcasts that relay other daemons' frames, a word when an
+        # actor retires, the look for a turn a dead daemon left, the queue's hand-over.
         self.broadcast_class: type[LocalBroadcast] = LocalBroadcast
         # Deltas merged for slow subscribers, every session's (the daemon's metric).
         self.frames_merged = MergeCount()
         self.on_retire: Callable[[str], None] | None = None
         self.dead_turn: DeadTurn | None = None  # a turn a dead daemon left (the cluster)
-        # Leaves a queue to the daemon that runs its session now (core/cluster/cluster.py).
         self.hand_over: HandOver | None = None
 
     async def get(self, session_id: str) -> SessionActor:
@@ -124,10 +118,8 @@ class SessionRegistry(NurseryHolder):
             actor.revoke(user_ids)
 
     async def resume_queued(self) -> int:
-        """Start the actor of every session with messages queued in the store (a crash
-        left them: they run now, whether or not anybody connects). The daemon sets
-        `adopt` and calls it once it listens; each actor adopts only the rows of a dead
-        process."""
+        """Start the actor of every session with messages queued in the store, so what a crash
+        left runs whether or not anybody connects; each actor adopts only a dead process's rows."""
         try:
             sids = await self.parts.store.queued_sessions()
         except NaviError as exc:
@@ -159,4 +151,4 @@ class SessionRegistry(NurseryHolder):
         """TaskSupervisor's publish: out-of-band to the session's connected clients."""
         actor = self._actors.get(session_id)
         if actor is not None:
-            actor.publish_out_of_band(event)
+            actor.broadcast.publish_out_of_band(event)

@@ -1,29 +1,10 @@
 """Revocation reaches what is open: the users table, looked at again after each change.
 
-    watch = UserWatch(store, on_removed=sessions.revoke_users)
-    await nursery.start(watch.run)
-    await nursery.start(store.watch_users, watch.signal)    # SQLite: the users marker
-    cluster.users_changed = watch.signal                     # PostgreSQL: NOTIFY navi_users
-
-A token is checked once, at hello, and what it opened stays open: a connection, the runs
-it started, their queued messages. So the store signals every committed change of the
-users table, whichever process made it (store/base.py); `signal` wakes this actor, which
-reads the users again and then bumps `generation`:
-
-- each connection waits for a new generation (`wait`) and checks its own token again: a
-  token rotated away or a user removed closes it, with an error frame saying why
-  (api/connection.py);
-- the users gone since the last look go to `on_removed`: on this daemon their running
-  turns stop and their background jobs are cancelled (core/session/session_registry.py,
-  core/jobs/task_supervisor.py). Their schedules and queued rows in the store went with the
-  user, in the same transaction.
-
-Whether a run may start is asked of the store itself, never of a list kept here
-(`role_now`): a daemon started after the removal, or restarted, knows it just as well;
-a wake-up, a queued, scheduled or steered message of a user who is gone never runs.
-
-A rotated user is still a user: their runs and schedules go on; only the connections
-opened with the old token close.
+A token is checked once, at hello, so the store signals every committed change of the
+users table; this actor reads the users again and bumps `generation`. Each connection
+then checks its own token again (a rotated token or a removed user closes it), and
+the users gone go to `on_removed`, which stops their turns and jobs here. Whether a
+run may start is asked of the store itself (`role_now`), never of a list kept here.
 """
 
 from __future__ import annotations

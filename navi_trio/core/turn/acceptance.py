@@ -1,18 +1,9 @@
 """Whether a user message was taken: the one-shot outcome its sender waits for.
 
-A message is *accepted* once it is committed to the store: saved into the history by its
-run (`Agent._accept`), or stored in the session's durable queue (core/session/queued.py). Only
-then may the daemon answer ``ok``: a crash after the ok cannot lose it. Everything that
-stops a message short of that (the session busy in another process, a full disk, a
-damaged database, a shutdown) settles the acceptance with the error instead, and the
-sender answers with that error's code. Nothing is stored for a refused message.
-
-One-shot: the first outcome wins. A run that fails after its message was saved does not
-turn the ok into an error, and a refusal (a wait that timed out) is final: the run checks
-`failed` before its save, so a message its sender was told was refused is never stored.
-(The one gap: a save already on the store's thread when the wait gives up cannot be
-withdrawn. The wait's bound, NAVI_MESSAGE_ACCEPT_TIMEOUT_SEC, is far above any save's,
-so only a store stuck for minutes gets there.)
+A message is accepted once committed (saved by its run, or stored in the durable
+queue); only then may the daemon answer ``ok``. Anything that stops it short settles
+the acceptance with that error, and nothing is stored. The first outcome wins: the run
+checks `failed` before its save, so a message reported refused is never stored.
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """The agent: `run_stream`, `run`, `compact_stream` and `run_ephemeral`.
 
-`run_stream` is exposed the trio-safe way (DESIGN.md): ::
-
-    async with agent.run_stream(session_id, "hello") as events:
-        async for event in events:
-            ...
-
-The turn runs in a task of the context manager's own nursery and sends its events to
-a bounded channel that never blocks (`core/turn/channel.py`): a tool's progress callback must
-never block, and a slow reader costs merged or dropped progress, never memory.
-Leaving the ``async with`` early stops the run (as Stop does).
-
-Stop is a cancel scope (`RunControl.stop()`): it takes effect at the next checkpoint in
-any phase — planning, prefill, streaming, a running tool. The turn's own runner
-(`TurnRunner.drive` in turn.py) does the clean-up that follows, shielded: the partial
-answer is saved, every tool call without a result gets "stopped by the user", and
-StreamEnd says the run was stopped. The user message is saved (shielded) before
-anything else, so it is never lost; `UserMessage.accepted` (core/turn/acceptance.py) says
-whether it was: ok once committed, else the error that stopped it (the session busy, a
-full disk, a damaged database), and then nothing of it is stored.
-
-The agent builds the parts a turn runs with once (`LoopParts`: settings, store, cache,
-backend, tools, executor, context builder, token counter, the live config, and the
-tool-context factory that gives tools their `RunServices`) and hands them to each
-runner; nothing below reaches back into the agent.
+`run_stream` runs the turn in its context manager's own nursery and sends its events
+to a bounded channel that never blocks; leaving the ``async with`` early stops the
+run. Stop is a cancel scope (`RunControl.stop()`), effective at the next checkpoint in
+any phase; the runner's shielded clean-up saves the partial answer and pairs every
+tool call. The user message is saved before anything else, so it is never lost.
+The parts a turn runs with are built once (`LoopParts`); nothing reaches back here.
 """
 
 from __future__ import annotations
@@ -92,70 +74,48 @@ class UserMessage:
     user_id: str = "local"
     user_role: str = "user"
     user_info: dict[str, Any] | None = None
-    # The profile of a session that does not exist yet; for one that does, the run
-    # switches it (the session actor refuses one the config does not have).
+    # A new session's profile; for an existing one, the run switches it.
     profile_id: str | None = None
-    mode: str | None = None  # asked for; clamped to the role's (core/turn/policy.py)
-    # What to do when the session is busy (core/turn/steering.py); None: the profile's default.
-    on_busy: str | None = None
-    # "user"; "wake": a turn a background job's note starts (core/triggers/wake.py), its text
-    # empty, saved as that note; "schedule": a scheduled run (core/triggers/schedules.py);
-    # "resume": the turn of a message saved already, whose first run the store cut
-    # short (core/session/session_actor.py): nothing new is saved, the model is asked again.
+    mode: str | None = None  # asked for; clamped to the role's
+    on_busy: str | None = None  # when the session is busy; None: the profile's default
+    # "user"; "wake": a background job's note starts the turn (its text empty);
+    # "schedule": a scheduled run; "resume": a message saved already whose run the
+    # store cut short: nothing new is saved, the model is asked again.
     kind: str = "user"
-    # Approvals by the profile's headless rule even with a client attached (a scheduled
-    # run: nobody asked for it to wait on them).
-    headless: bool = False
-    # The sender's budgets for this run: they only lower the configured ones.
-    budget: BudgetConfig | None = None
-    # The schedule a scheduled run belongs to (core/triggers/schedules.py).
-    schedule_id: str | None = None
-    # The store's key while it waits in the session's queue (core/session/session_actor.py):
-    # saving it into the history takes it off the queue in the same transaction.
+    headless: bool = False  # approvals by the headless rule even with a client attached
+    budget: BudgetConfig | None = None  # the sender's budgets: they only lower the config's
+    schedule_id: str | None = None  # the schedule of a scheduled run
+    # The store's key while it waits in the queue: its save dequeues it, atomically.
     queue_key: str | None = None
-    # Ok once the message is saved, or stored in the queue (core/session/queued.py); refused
-    # with the error when its run ended without saving it. The daemon answers a
-    # message only then: an ok is never lost by a crash, an error stored nothing.
+    # Ok once saved or queued, else the error that kept it out: an ok is never lost.
     accepted: Acceptance = attrs.field(factory=Acceptance, eq=False, repr=False)
-    # The id of its user row in the history, the same on every try. A later try of a
-    # kept message (`retried`, core/session/session_actor.py) looks for that row first: a save
-    # the store said failed may have landed (the connection cut as it committed), and
-    # a turn cut short may have been ended since (its answer saved, another daemon).
+    # Its history row's id, the same on every try: a `retried` one looks for it first,
+    # since a save the store said failed may have landed.
     message_id: str = attrs.field(factory=new_message_id, eq=False)
     retried: bool = attrs.field(default=False, eq=False)
-    # The W3C trace context (traceparent, tracestate) it came with from another daemon,
-    # checked (api/tracing.py): its turn's span is a child of that remote one. Not stored:
-    # a message run after a restart starts a trace of its own.
+    # The W3C trace context it came with from another daemon (checked); not stored.
     trace: Mapping[str, str] | None = attrs.field(default=None, eq=False, repr=False)
 
 
 class RunControl:
-    """Stop handle of one run: `stop()` cancels the run's cancel scope.
+    """Stop handle and state of one run: `stop()` cancels the run's cancel scope.
 
-    `refused` is set when the run ended before its message was saved (the session busy
-    in another process, the store failing): the error that kept the message out.
-    `run_id` names the run (a `reject`ed message is told it); `injections` is its
-    mailbox for steered messages and background notes (core/turn/steering.py);
-    `on_busy_default` the profile's strategy for messages that arrive meanwhile;
-    `skipped`: no turn ran (a wake-up with no note left, or a queued message that
-    another daemon took first, or the queue's cap dropped)."""
+    `refused`: the error that kept the message out, when the run ended before its save;
+    `skipped`: no turn ran (a wake-up with no note left, a queued message gone from the
+    queue); `injections`: its mailbox for steered messages and background notes."""
 
     def __init__(self) -> None:
         self.scope = trio.CancelScope()
         self.saved = False  # the user message is in the history
         self.refused: Exception | None = None
-        # The error that ended the run after its message was saved (a storage failure
-        # mid-turn: the message waits for an answer).
-        self.failed: Exception | None = None
-        # The run's lease (core/turn/lease.py), once claimed; `fenced`: another daemon took
-        # the session over under it: nothing of it is published any more.
-        self.lease: HeldLease | None = None
-        self.fenced = False
-        # Asked once the lease is held, before a new message is saved: True when
-        # messages queued before it must run first (it went behind them: no turn).
+        self.failed: Exception | None = None  # what ended the run after its save
+        self.lease: HeldLease | None = None  # once claimed
+        self.fenced = False  # the session was taken over under it: it says nothing more
+        # Asked once the lease is held: True when it went behind messages queued before
+        # it (no turn now).
         self.ahead: Callable[[], Awaitable[bool]] | None = None
-        # Asked when another process holds the lease (the claim was refused): True when
-        # the message went to the queue of the daemon that runs the session (no turn).
+        # Asked when the claim was refused: True when the message went to the queue of
+        # the daemon that runs the session (no turn here).
         self.elsewhere: Callable[[], Awaitable[bool]] | None = None
         self.run_id = "r-" + secrets.token_hex(6)
         self.injections = Injections()
@@ -234,8 +194,6 @@ class Agent:
         """The config in force; a changed file is reloaded (a broken one is ignored)."""
         return self.live_config.current()
 
-    # -- run_stream / run ---------------------------------------------------------
-
     @asynccontextmanager
     async def run_stream(
         self,
@@ -286,10 +244,8 @@ class Agent:
                         else:
                             await self._run_turn(session_id, msg, emit, control)
                     except StorageError:
-                        # Its message is kept to run again here (core/session/session_actor.py):
-                        # the session stays ours meanwhile, so the messages sent through
-                        # other daemons are handed here, behind it, not run before it
-                        # there; past the TTL, the next command ends the turn there.
+                        # Its message runs again here: the session stays ours meanwhile,
+                        # so messages sent elsewhere are handed here, behind it.
                         lease.keep = True
                         raise
             except Exception as exc:
@@ -319,10 +275,8 @@ class Agent:
         self, session_id: str, msg: UserMessage, emit: Any, control: RunControl
     ) -> None:
         state = await self.cache.get(session_id, profile_id=msg.profile_id)
-        # No per-session lock: the session actor runs one turn (or compaction) of its
-        # session at a time, and the lease taken in _run_task (the one place a run
-        # takes it) keeps other processes out. A direct caller of run_stream (tests,
-        # harnesses) owns its session.
+        # No per-session lock: the session actor runs one turn at a time, and the lease
+        # keeps other processes out.
         cfg = self.config()
         wanted = msg.profile_id
         if wanted is not None and wanted in cfg.profiles and state.profile_id != wanted:
@@ -432,12 +386,9 @@ class Agent:
     async def _accept(self, state: SessionState, msg: UserMessage, control: RunControl) -> None:
         """Save the user message first (and this turn's background task notes).
 
-        A wake-up (core/triggers/wake.py) has no user message: its notes are the turn's start,
-        shown in the display history too; with none left it is only taken off the queue
-        (`control.skipped`); else its note text is `control.woken`. A resumed message
-        (kind ``resume``) is saved already: only new notes are. A queued message that
-        is no longer in the queue (another daemon took it, the cap dropped it) is
-        skipped: nothing is saved, no turn runs, nothing is said."""
+        A wake-up has no user message: its notes start the turn (`control.woken`), and with
+        none left it only leaves the queue. A resumed message is saved already: only new notes
+        are. A queued message gone from the queue is skipped, saying nothing."""
         # The id names it for a rewind or a fork; cwd and mode are what a fork keeps.
         user: dict[str, Any] | None = None
         turn_open = open_turn(state.messages, msg.message_id) if msg.retried else None
@@ -491,9 +442,8 @@ class Agent:
         *,
         resumed: bool,
     ) -> None:
-        """Save the user message (and the notes) in one transaction; accepted once in.
-        The save takes a queued message off the queue (compare and set); a resumed
-        one left it already."""
+        """Save the user message (and the notes) in one transaction that also takes a queued
+        message off the queue; accepted once in."""
         mark = state.mark()
         if notes is not None:
             # Persisted, invisible in the UI (a wake-up's shows: it is the turn's start),
@@ -530,14 +480,10 @@ class Agent:
         control.saved = True
         msg.accepted.ok()
 
-    # -- a turn that died with its daemon ---------------------------------------------
-
     async def end_dead_turn(self, session_id: str, generation: int) -> list[AgentEvent]:
-        """End the turn of an owner that died holding the session's lease, which this
-        runtime took over (now at `generation`): the history says so, and the events to
-        publish say it too. Under that lease: if another runtime holds it now, or took
-        it over since, nothing is ended. Loading the session pairs the dangling tool
-        calls; the lease is released at the end, as after a run."""
+        """End the turn of an owner that died holding the lease this runtime took over (at
+        `generation`), in the history and in the events returned; nothing when another runtime
+        holds it now or took it over since."""
         try:
             async with self.leases.hold(session_id):
                 if self.leases.generation(session_id) != generation:
@@ -557,8 +503,6 @@ class Agent:
         log.warning("session %s: the turn of a dead daemon ended here", session_id)
         return [ErrorEvent(message=DEAD_TURN, code="daemon_died"), StreamEnd(reason="error")]
 
-    # -- compact_stream -----------------------------------------------------------
-
     @asynccontextmanager
     async def compact_stream(self, session_id: str) -> AsyncIterator[EventReceiver]:
         """Forced compression: CompressionStarted + ContextCompressed, on the same kind of
@@ -569,9 +513,7 @@ class Agent:
         # Another process must not run the session while its context is rewritten.
         async with self.leases.hold(session_id):
             state = await self.cache.get(session_id)
-            # No per-session lock: a daemon compacts through the session actor, which
-            # refuses while a run is active and runs nothing else meanwhile; `navi
-            # compact` runs in its own runtime under the lease, with no actor running.
+            # No per-session lock: the session actor refuses while a run is active.
             cfg = self.config()
             send, recv = open_event_channel(self.settings.event_buffer_max)
             turn = Turn(
@@ -603,18 +545,14 @@ class Agent:
                 with recv:
                     yield recv
 
-    # -- sub-agents ------------------------------------------------------------------
-
     async def run_ephemeral(
         self, request: SpawnRequest, *, parent_session_id: str | None = None
     ) -> tuple[str, bool]:
         """A non-persistent sub-agent: (result_text, completed_normally).
 
-        With `parent_session_id`, the sub-agent takes that session's current profile
-        (unless `request` names one) and its session-aware tools work on that session's
-        data. A backend-level LLM error (errors.py) is raised, as a synchronous
-        spawn_agent call's ends its turn; any other failure is ``completed_normally``
-        False, with the text saying why."""
+        It takes the profile of `parent_session_id` unless `request` names one. A backend-level
+        LLM error is raised, as it ends a synchronous caller's turn; any other failure is
+        ``completed_normally`` False, the text saying why."""
         outcome = await run_ephemeral(self.parts, request, parent_session_id=parent_session_id)
         if outcome.backend_error is not None:
             raise outcome.backend_error

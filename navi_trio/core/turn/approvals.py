@@ -1,22 +1,11 @@
 """Approvals: a tool call the policy says `ask` about waits for the run's starter.
 
-`ApprovalBroker.resolve` is called by the tool executor, inside the run's cancel scope:
-Stop ends the wait at once. A run's approvals belong to the user who started it (its
-message's sender), not to the session's owner: an admin's run in a user's session is
-answered by the admin, never by the user, whose text could otherwise approve what the
-admin's run does. In order, a call is approved by
-
-1. an earlier grant of that user in that mode: an answer with scope ``session`` (kept
-   here, per session) or ``always`` (kept in the store's kv: a restart keeps it), each
-   for the rule that asked, the grantor and the mode the run had (`grant_key`). A grant
-   given in ``workspace`` covers nothing in ``full``, and another user's grant nothing;
-2. with no client attached to the session, or for a headless run (a scheduled one:
-   nobody asked it to wait on them), the profile's headless allow-list (anything else
-   is denied: nobody could answer);
-3. the starter's `approve` / `deny` (`answer`; anyone else is refused) after an
-   `ApprovalRequest` event; no answer within `Settings.approval_timeout_sec` is a deny.
-
-Every outcome is published as `ApprovalDecided`, so a client sees why a call ran or not.
+A run's approvals belong to the user who started it, not to the session's owner, so a
+user's text never approves an admin's run. A call is approved by an earlier grant of
+that user in that mode (``session``, kept here, or ``always``, kept in the store), else
+with nobody to ask by the profile's headless allow-list, else by the starter's answer
+to an `ApprovalRequest`; no answer in time is a deny. Every outcome is published as
+`ApprovalDecided`. The wait is in the run's cancel scope: Stop ends it at once.
 """
 
 from __future__ import annotations
@@ -96,11 +85,8 @@ def covering(grant: str) -> tuple[str, ...]:
 
 
 class ApprovalBroker:
-    """One per runtime: the pending requests, and the grants of `session` answers.
-
-    `store` keeps `always` grants (kv); `attached(session_id)` says whether a client is
-    subscribed to the session.
-    """
+    """One per runtime: the pending requests, and the grants of `session` answers (`always`
+    ones are kept in the store's kv)."""
 
     def __init__(
         self, store: SessionStore, timeout: float, attached: Callable[[str], bool]
@@ -197,10 +183,8 @@ class ApprovalBroker:
         scope: str,
         user_id: str,
     ) -> None:
-        """`user_id`'s answer: only the run's starter answers (ForbiddenError for anyone
-        else; the api layer checked that they may address the session at all). An
-        `always` grant is stored before the call is released, so the grant is durable
-        once the call runs."""
+        """`user_id`'s answer: only the run's starter answers (ForbiddenError for anyone else).
+        An `always` grant is stored before the call is released."""
         pending = self._pending.get((session_id, call_id))
         if pending is None or pending.answered.is_set():
             raise NotFoundError(

@@ -1,39 +1,16 @@
 """Budgets that fail closed: what a run may spend, reserved before, counted after.
 
-The limits (profiles/_control.py: tokens, wall time, tool calls, sub-agents) apply to
-four scopes. A `Budget` is what one run spends against: a chain of `Meter`s, one per
-scope that has a limit, its own first, then its parent's:
+A `Budget` is a chain of `Meter`s, one per scope with a limit, its own first: a turn's
+``turn``, ``session`` and ``user_day``; a sub-agent's ``subagent`` then its parent's chain,
+so a tree of sub-agents never spends more than its parent may. Before each LLM or tool
+call the run takes what it may spend from every meter, or `BudgetExhaustedError` ends
+the turn; an LLM call reserves its prompt plus its output cap (cut to what is left) and
+gives back what it did not use.
 
-- a top-level turn: its ``turn`` meter, the session's, the user's day's;
-- a sub-agent (synchronous or background): its ``subagent`` meter, then the chain of
-  the turn (or sub-agent) that spawned it. Whatever a sub-agent spends counts against
-  every meter of the chain, so a tree of sub-agents (parallel and background ones
-  included) can never spend more than its parent turn, session and user may; a child
-  whose parent has less left than its own budget gets only what is left.
-
-Before each LLM call and each tool call the run takes what the call may spend from
-every meter (`before_llm`, `before_tool`), or it is refused: `BudgetExhaustedError`
-(which budget, how much is used, the limit) ends the turn with ``budget_exhausted``,
-saved as a stop is. An LLM call reserves its prompt (counted) plus its output cap, the
-cap cut to what every meter has left after the prompt; when it reports its real use,
-that is charged and the rest of the reservation given back. A tool call (and a
-spawn_agent's sub-agent) is spent when it starts. The wall-time deadline bounds each
-call (`deadline`). After each round the turn emits a `budget` event (`report`).
-
-The ``turn`` and ``subagent`` meters live in this process: a run and its sub-agents
-share them, and a reservation (`Meter.reserved`) is seen by every sibling at once. The
-``session`` and ``user_day`` meters are shared with other runs (other sessions, other
-daemons on one database): they are counted in the store (``usage``, keys
-``session:<id>`` and ``user:<id>:<UTC day>``), and what a call takes from them is taken
-there, atomically (`SessionStore.reserve_usage`: the counters and the live holds are
-read and the hold written in one transaction), so parallel runs never take the same
-room twice. A token reservation is a hold row, settled (`flush`: the real use added,
-the hold dropped, one transaction) after the call; a process that dies holding one
-leaves it to expire (`NAVI_BUDGET_HOLD_SEC`) or, on its own host, to be dropped at the
-next reservation. Spending not yet written (`Meter.pending`: a failed write included)
-is written by the next `flush`. Wall time of those scopes is the time runs were going:
-charged by top-level turns and background sub-agents (a synchronous sub-agent's time
-is already its parent's). A scope without a limit is not counted.
+``turn`` and ``subagent`` meters live in this process. ``session`` and ``user_day`` are
+shared with other runs and daemons, so they are reserved in the store atomically
+(`SessionStore.reserve_usage`) as holds, settled by `flush`; a dead process's hold
+expires. A scope without a limit is not counted.
 """
 
 from __future__ import annotations
@@ -74,12 +51,8 @@ def usage_key(scope: str, *, session_id: str, user_id: str, now: float | None = 
 
 @attrs.define(eq=False)
 class Meter:
-    """One scope's limits and what was spent against them.
-
-    A persistent meter (`key` set) knows the store's totals as of its last read
-    (`base`) plus what this process spent since and has not written yet (`pending`);
-    an in-memory one (turn, sub-agent) counts everything in `pending` and measures wall
-    time from `started` (trio time)."""
+    """One scope's limits and what was spent against them: a persistent meter (`key` set)
+    knows the store's totals at its last read plus what it has not written yet (`pending`)."""
 
     scope: str
     limits: BudgetLimits
@@ -129,7 +102,6 @@ class Budget:
         *,
         budgets: BudgetConfig = NO_BUDGETS,
         wall_owner: bool,
-        own: int,
         hold_sec: float = HOLD_SEC,
     ) -> None:
         self._store = store
@@ -140,7 +112,6 @@ class Budget:
         # The top-level run's budgets (profile, role, message): its sub-agents' come
         # from their `subagent` scope.
         self.budgets = budgets
-        self._own = own  # how many of `meters` are this run's own (not its parent's)
         self._wall_owner = wall_owner  # it charges the persistent scopes' wall time
         self._wall_mark = trio.current_time()
         self._held = 0.0  # tokens this run's LLM call under way reserved (local meters)
@@ -166,13 +137,10 @@ class Budget:
             if scope in PERSISTENT:
                 key = usage_key(scope, session_id=session_id, user_id=user_id)
             meters.append(Meter(scope, limits, key))
-        return cls(
-            store, meters, budgets=budgets, wall_owner=True, own=len(meters), hold_sec=hold_sec
-        )
+        return cls(store, meters, budgets=budgets, wall_owner=True, hold_sec=hold_sec)
 
     def child(self, limits: BudgetLimits, *, background: bool) -> Budget:
-        """The budget of a sub-agent this run spawns (`limits`: its profile's subagent
-        scope, lowered by the run's own): its own meter, then this chain. A background
+        """The budget of a sub-agent this run spawns: its own meter, then this chain. A background
         one charges the persistent scopes' wall time itself: no turn waits for it."""
         mine = limits.tighter(self.budgets.subagent)
         own = [] if mine.empty else [Meter("subagent", mine)]
@@ -181,15 +149,12 @@ class Budget:
             [*own, *self.meters],
             budgets=self.budgets,
             wall_owner=background,
-            own=len(own),
             hold_sec=self._hold_sec,
         )
 
     @property
     def active(self) -> bool:
         return bool(self.meters)
-
-    # -- counting ------------------------------------------------------------------
 
     def charge_tokens(self, tokens: int) -> None:
         """An LLM call's real usage: its reservation gives way to it (the store's hold
@@ -239,9 +204,8 @@ class Budget:
             meter.base = dict(totals[meter.key or ""])
 
     async def settle(self) -> None:
-        """After an LLM call: its use written and its hold dropped now, so what it did
-        not use is free for other runs at once. A store that fails here costs nothing:
-        both wait for the next `flush` (before the next call, which fails closed)."""
+        """After an LLM call: its use written and its hold dropped, freeing the rest for other
+        runs at once; a store failure here waits for the next `flush` (which fails closed)."""
         if not self._shared:
             return
         try:
@@ -253,8 +217,6 @@ class Budget:
         """The run is over: nothing is reserved any more, what it spent is stored."""
         self.release()
         await self.flush()
-
-    # -- checks --------------------------------------------------------------------
 
     def _exhausted(self, meter: Meter, kind: str) -> BudgetExhaustedError:
         limit = getattr(meter.limits, kind)

@@ -1,48 +1,15 @@
 """A checkpoint before the first writing call of a round, and their keeping.
 
-`RoundCheckpoints.before_round` is called by the tool executor with a round's calls
-(`execute_batch`: the batch the model asked for at once). When one of them may change
-files, the run's writable folders (the session folder and the run's cwd: what the
-sandbox makes writable, through the fds the run holds) are snapshotted once, before any
-of them runs; the calls run
-whatever the snapshot's outcome. Which calls may write:
+When one of a round's calls may change files (`may_write`), the run's writable folders
+are snapshotted once, before any of them runs; a denied call takes none, and only a
+run of a session snapshots. Each writing call runs inside `calling`, so a rewind puts
+back only what the session itself changed. A skipped or partial snapshot says why in a
+warning; a Stop during a snapshot abandons it and the calls do not run.
 
-- ``filesystem`` write / append / edit / mkdir / delete;
-- ``terminal`` run / open / write and ``code_exec`` (not in read-only mode, where their
-  sandbox has nothing writable);
-- ``spawn_agent`` (its own rounds take their own checkpoints too: one that finds
-  nothing changed reuses the last one);
-- any MCP server's tool, unless its server says ``"read_only": true`` in config.json.
-
-A call the tool policy denies never runs, so it takes no checkpoint. A background call
-is snapshotted before it detaches, as part of its round; a background sub-agent's
-rounds go through the same executor. Only a run that belongs to a session snapshots (a
-sub-agent with no session has no history to rewind).
-
-Each such call also runs inside `RoundCheckpoints.calling` (inline, or in its background
-job): what changes in the run's folders while it runs is the session's own doing, and
-what changes while none runs is someone else's (core/checkpoints/_marks.py); a rewind
-puts back only the first.
-
-Events: ``checkpoint_created`` (quiet), a ``checkpoint_skipped`` warning naming why
-(over a bound, a folder unreadable; nothing when NAVI_CHECKPOINTS=false), and a
-``checkpoint_left_out`` warning naming the files a checkpoint could not copy (over
-NAVI_CHECKPOINT_MAX_FILE_BYTES). A Stop during a snapshot abandons it (nothing of it
-is kept) and the calls do not run.
-
-Totals: besides one snapshot's bounds, the new content every kept checkpoint of the
-run's user (all their sessions) and of everyone added is bounded
-(NAVI_CHECKPOINT_USER_MAX_BYTES, NAVI_CHECKPOINT_TOTAL_MAX_BYTES): a snapshot may add
-only what the nearer of the two leaves (`Room`), else it is skipped as one over its own
-bound is, the warning naming the total. The room is reserved while the snapshot runs
-(`_reserved`): snapshots of one user's sessions in different folders run at once, and
-each sees what the others may still store as spent.
-
-Keeping: after each new checkpoint its session's are pruned (NAVI_CHECKPOINT_KEEP,
-NAVI_CHECKPOINT_MAX_AGE_SEC) in this actor's own nursery, off the call's path. The
-creation time of the newest checkpoint pruned is kept in the store (kv ``checkpoints``
-/ session id, deleted with the session): a file rewind to a message older than that
-is refused instead of restoring a later state (core/history/rewind.py).
+A snapshot may add only the room the user's and everyone's totals leave (`Room`),
+reserved while it runs, since snapshots of one user's sessions run at once. After each
+new checkpoint the session's are pruned off the call's path; the newest pruned one's
+time is kept so a rewind to an older message is refused, not restored wrong.
 """
 
 from __future__ import annotations
@@ -304,8 +271,6 @@ class RoundCheckpoints(NurseryHolder):
                     code="checkpoint_left_out",
                 )
             )
-
-    # -- keeping ------------------------------------------------------------------------
 
     def prune_soon(self, session_id: str) -> None:
         """Prune the session's checkpoints in the background (once at a time: one asked

@@ -1,17 +1,10 @@
 """A bash command line split into the simple commands it runs, for command-aware rules.
 
-A small grammar, on purpose: a line is simple commands joined by ``|``, ``|&``, ``&&``,
-``||``, ``;``, ``&`` or a newline; a simple command is words and redirections (``>``,
-``>>``, ``<``, ``&>``, ``>&``, ``2>`` …, whose target counts as a path argument). What
-it does not know it does not guess at: a subshell or group, command or process
-substitution, a variable or brace expansion, a here-doc, an assignment before the program,
-a shell keyword, ``eval`` / ``source`` / ``exec``, an unclosed quote — any of them makes
-the whole line `Parsed.problem`, and the policy asks.
-
-Words are split and unquoted by `shlex` (posix, ``punctuation_chars``). Quoting hides an
-operator from the grammar (``echo '&&'`` is one command), so the line is first scanned
-for its quotes: a copy with every quoted or escaped character masked tells, token by
-token, which of shlex's tokens are operators and which are words.
+A small grammar, on purpose: simple commands (words and redirections) joined by
+operators. What it does not know it does not guess at (subshells, substitutions,
+expansions, here-docs, assignments, keywords, ``eval``, an unclosed quote): the whole
+line is then `Parsed.problem`, and the policy asks. Words are split by `shlex`; a copy
+of the line with every quoted character masked tells which tokens are operators.
 """
 
 from __future__ import annotations
@@ -239,9 +232,6 @@ def _command(words: list[str], redirects: list[str]) -> SimpleCommand:
     ):
         raise _Unknown(f"{program} -c, which runs its argument as shell code")
     return SimpleCommand(tuple(words), tuple(redirects))
-
-
-# ------------------------------------------------------------------ paths
 
 
 def path_words(part: SimpleCommand) -> tuple[str, ...]:

@@ -1,32 +1,12 @@
 """Context compression: summarise the older part of a context with the LLM.
 
-The context splits into an older part (summarised) and the last ``keep_recent``
-messages (kept verbatim). The split moves back so that an assistant's tool call and
-its tool results always land on the same side. The older part becomes one summary
-message::
-
-    {"role": "system", "content": "[Summary of earlier conversation]\\n…",
-     "summary": True, "keep": True}
-
-Why a system message: the summary is neither the user's words (a user-role summary
-invites the model to answer it) nor the model's (an assistant-role one is continued or
-quoted as if said). It sits right after the system prompt and memory, and ``keep``
-makes the context builder pass it on instead of stripping it like old system prompts.
-
-A summary already in the older part is handed to the summariser as the summary so far:
-summaries fold. When the older part is nothing but one summary there is nothing to
-compress (`would_compress` is False; `compress` raises NothingToCompactError), so
-``/compact`` twice in a row never summarises a summary.
-
-Forced compression (``shrink=True``: ``/compact``, ``navi compact``, a prompt the server
-cut) must leave a context that fits, or a session with huge recent messages would fail
-every turn: any kept message over the per-message budget is cut (head and tail, marked,
-like the context builder's view), and when the kept part still exceeds the threshold
-the biggest messages are cut further until it fits. The display history keeps every
-word. A kept part that does not fit is something to compact even with no older part.
-
-Nothing here persists or emits anything: the agent saves the outcome and emits
-CompressionStarted / ContextCompressed (after checking `would_compress`).
+The older part (tool calls and their results kept on one side) becomes one system
+message marked ``summary`` and ``keep``: neither the user's words (the model would
+answer them) nor the model's (it would continue them). A summary in the older part is
+the summary so far, so summaries fold; an older part that is one summary is nothing to
+compress. Forced compression (``shrink``) must leave a context that fits, so kept
+messages are cut, biggest first, until they do; the display history keeps every word.
+Nothing here persists or emits anything.
 """
 
 from __future__ import annotations
@@ -71,12 +51,8 @@ def is_summary(msg: Mapping[str, Any]) -> bool:
 
 
 def split_index(context: Sequence[Mapping[str, Any]], keep_recent: int) -> int:
-    """Index where the kept part starts: ``context[:i]`` is summarised, ``context[i:]`` kept.
-
-    Starts ``keep_recent`` messages from the end, then moves back until no kept tool
-    result belongs to a tool call in the summarised part and the kept part does not
-    start with a tool result.
-    """
+    """Where the kept part starts: ``context[:i]`` is summarised, ``context[i:]`` kept.
+    ``keep_recent`` from the end, moved back so no tool result is parted from its call."""
     if keep_recent < 0:
         raise ValueError(f"keep_recent must not be negative, got {keep_recent}")
     owners = _tool_owners(context)
@@ -155,26 +131,23 @@ class Compressor:
         start = split_index(context, self.keep_recent(profile))
         if self._has_older(context[:start]):
             return True
-        return shrink and self._kept_too_big(context[:start], context[start:], profile)
+        return shrink and self._kept_too_big(context[:start], context[start:])
 
     @staticmethod
     def _has_older(older: Sequence[Mapping[str, Any]]) -> bool:
         parts = _summarisable(older)
         return bool(parts) and not (len(parts) == 1 and is_summary(parts[0]))
 
-    def _kept_budget(self, head: Sequence[Mapping[str, Any]], profile: AgentProfile) -> int:
+    def _kept_budget(self, head: Sequence[Mapping[str, Any]]) -> int:
         """Tokens the kept part may use: the threshold minus what goes before it."""
         return self.threshold() - self._counter.estimate_messages(head)
 
     def _kept_too_big(
-        self,
-        head: Sequence[Mapping[str, Any]],
-        kept: Sequence[Mapping[str, Any]],
-        profile: AgentProfile,
+        self, head: Sequence[Mapping[str, Any]], kept: Sequence[Mapping[str, Any]]
     ) -> bool:
         per = self._settings.message_token_budget
         sizes = [self._counter.estimate_message(m) for m in kept]
-        return any(n > per for n in sizes) or sum(sizes) > self._kept_budget(head, profile)
+        return any(n > per for n in sizes) or sum(sizes) > self._kept_budget(head)
 
     async def compress(
         self,
@@ -188,13 +161,8 @@ class Compressor:
     ) -> CompressionOutcome:
         """Summarise the older part; raises NothingToCompactError when there is none.
 
-        `keep` (a pre_compact hook's text) is asked of the summariser and added to the
-        summary as it is, so it survives whatever the model writes.
-
-        With `shrink` (forced compression) the kept messages are also cut until the
-        result fits (see the module docstring). `reason` (pre_turn, mid_turn, forced,
-        worker …) is only used in messages; the agent reports it in its events.
-        """
+        `keep` (a pre_compact hook's text) is added to the summary as it is, so it survives
+        whatever the model writes; with `shrink` the kept messages are cut until they fit."""
         start = split_index(context, self.keep_recent(profile))
         older = list(context[:start])
         if not self.would_compress(context, profile=profile, shrink=shrink):
@@ -225,7 +193,7 @@ class Compressor:
             ]
         kept = [dict(m) for m in context[start:]]
         if shrink:
-            kept = self._shrink(kept, self._kept_budget(head, profile))
+            kept = self._shrink(kept, self._kept_budget(head))
         new_context = [*head, *kept]
         return CompressionOutcome(
             context=new_context,

@@ -1,27 +1,11 @@
 """What the model sees on each call: the context builder.
 
-Every LLM call receives, in order:
-
-1. the system message — persona + ``---`` + the profile's system prompt — built fresh,
-   never stored, cached per (profile id, sub-agent or not) for the config it was built
-   from; then the project's instruction files and skills (navi_trio/project/); when
-   the profile runs tool calls in parallel, `PARALLEL_CALLS_NOTE` follows it
-   (batch only independent calls);
-2. the memory message ``## What I remember about the user`` when there are memories;
-3. the session context, with stored ``system`` messages stripped (the system prompt
-   is injected fresh, so an old one would duplicate it) — except messages marked
-   ``"keep": True`` or ``"summary": True``: persisted notes that must reach the model,
-   such as a background task's completion note or the compression summary;
-4. ``extra``: ephemeral system notes for this call only (iteration budget, goal
-   anchor, anti-stall warning …).
-
-A single tool/assistant message larger than ``settings.message_token_budget`` is
-head/tail-cut in the built copy only (``[…truncated ~N tokens…]``); the stored message
-is never touched. Compression handles the cumulative case.
-
-A turn passes one `ContextViews` to every build: the stored context only grows between
-compressions, so each round copies, checks and counts only the messages added since
-the previous round (a running token sum), not the whole history.
+In order: the system message (built fresh, cached per profile and config, with the
+project's files and skills), the memory message, the session context without stored
+system messages (except ``keep`` and ``summary`` ones), and ``extra`` notes for this
+call only. A message over ``settings.message_token_budget`` is cut in the built copy
+only. `ContextViews` lets each round copy, check and count only the messages added
+since the previous one.
 """
 
 from __future__ import annotations
@@ -75,13 +59,9 @@ class RunningSum:
 class ContextViews:
     """The built copies of one context list's messages, kept between the rounds of a turn.
 
-    Valid while the list only grows: a different list (compression, a reload), a shorter
-    one, or a first or last processed entry that is no longer the same object (the last
-    message replaced) starts over. Whoever replaces an entry in the middle of the list in
-    place calls `invalidate()` (nothing in the agent does: messages are appended, and
-    compression makes a new list). The running sums (estimate, upper bound) count the
-    views; a round adds only what is new.
-    """
+    Valid while the list only grows: a different or shorter list, or a first or last entry
+    that is no longer the same object, starts over; replacing an entry in the middle in
+    place needs `invalidate()`. A round copies and counts only what is new."""
 
     source: list[Any] | None = None
     seen: int = 0  # entries of `source` processed (stripped system messages included)
@@ -114,13 +94,8 @@ class ContextViews:
 class ContextBuilder:
     """Builds the message list for one LLM call. Holds only the system prompt cache.
 
-    The cache is keyed by profile id, and an entry serves only the config it was built
-    from: a turn still running on the config from before a reload (or a profile
-    switch, which takes the config in force) never hands its older prompt to a turn on
-    the newer one, nor gets theirs. `invalidate()` drops entries (the live config does
-    at each reload); a new prompt under the same id in the same config object is not
-    seen until then.
-    """
+    An entry of the cache serves only the config it was built from, so a turn on an older
+    config never hands its prompt to a turn on a newer one; `invalidate()` drops entries."""
 
     def __init__(self, settings: Settings, counter: TokenCounter) -> None:
         self._settings = settings
@@ -135,11 +110,8 @@ class ContextBuilder:
         subagent: bool = False,
         override: str | None = None,
     ) -> str:
-        """persona + ``---`` + the profile prompt (a sub-agent's own prompt when it has one).
-
-        `override` is a complete system prompt used verbatim and not cached (a
-        sub-agent's custom or inherited prompt); the caller composes it.
-        """
+        """persona + ``---`` + the profile prompt (a sub-agent's own when it has one); `override`
+        is a complete prompt, used verbatim and not cached."""
         if override is not None:
             if not isinstance(override, str):
                 raise TypeError(f"system prompt override must be a string, got {override!r}")
@@ -184,14 +156,9 @@ class ContextBuilder:
     ) -> list[dict[str, Any]]:
         """The messages for one call; every dict is a new (shallow) copy.
 
-        `project`: the instruction files and skills of the run's folders, placed in the
-        system message after the profile's prompt.
-
-        Inputs are never mutated; nested values (tool call lists) are shared with the
-        input, so callers must not mutate them in the result either. With `views`, the
-        copies of the context's messages are kept there and reused by the next build of
-        the same (grown) list: callers must not mutate any dict of the result.
-        """
+        `project`: the run's instruction files and skills, after the profile's prompt. Nested
+        values are shared with the input, and with `views` the copies are reused by the next
+        build: callers must not mutate any dict of the result."""
         system = self.system_prompt(config, profile, subagent=subagent, override=system_override)
         if project:
             system = f"{system}{SEPARATOR}{project}" if system else project
@@ -250,12 +217,8 @@ class ContextBuilder:
         reserve: int | None = None,
         views: ContextViews | None = None,
     ) -> int:
-        """Estimated tokens of `built`; ContextTooLargeError when it leaves no room to answer.
-
-        `reserve` (default ``min(1024, num_ctx // 8)``) is kept free for the answer.
-        While the encoding still loads, an upper bound that fits is returned instead.
-        `views`: the ones `built` was built with (its counts are kept there).
-        """
+        """Estimated tokens of `built`; ContextTooLargeError when it leaves no `reserve` (default
+        ``min(1024, num_ctx // 8)``) to answer. While the encoding loads, a bound that fits."""
         if num_ctx <= 0:
             raise ValueError(f"num_ctx must be positive, got {num_ctx}")
         room = min(1024, num_ctx // 8) if reserve is None else reserve

@@ -1,8 +1,5 @@
-"""The agents kept as files in a run's cwd (navi_trio/project/agents.py), as a run sees
-them: read through its held roots, for spawn_agent to name, and told to the model.
-
-Read at a turn's start (its note: each agent's name and description, so the model knows
-what it may spawn) and again when spawn_agent names one (the file as it is then).
+"""The agents kept as files in a run's cwd, read through its held roots: told to the model
+at a turn's start, and read again when spawn_agent names one.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """The folders a user may pick as a run's working folder: browsed, and the last used.
 
-A client browses the daemon's folders only through what it could use as a message's
-``cwd``: the folder asked for is opened and checked exactly as a cwd is (`CwdCheck`,
-core/turn/workspace.py: resolved, held, never ``/`` nor navi's data, inside the role's
-`workspace_roots`), and only its sub-folders are listed, read through the held fd. A
-symlink is never listed (nor followed), and neither is a sub-folder that is navi's
-own data (by path or by identity: a bind mount), so every name listed is one the user
-may choose. Bounded: `FOLDERS_MAX` names, `SCAN_MAX` entries read.
-
-Where to start (`start_folders`): the role's workspace roots as pinned when the config took
-effect, the session's own folder, and for an admin without roots the daemon's home.
-The last folders a user worked in (`RECENT_MAX`, newest first) are kept in the store
-(kv ``recent_folders`` / user id) and offered again only while the check still
-passes.
+A folder is browsed only through what could be a message's ``cwd``: opened and checked
+exactly as one (`CwdCheck`), its sub-folders read through the held fd. Symlinks and
+navi's own data (by path or identity) are never listed, so every name listed is one the
+user may choose. Bounded by `FOLDERS_MAX` and `SCAN_MAX`. The last folders used are
+kept in the store and offered again only while the check still passes.
 """
 
 from __future__ import annotations

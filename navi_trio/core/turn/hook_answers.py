@@ -1,11 +1,8 @@
 """What a hook said: its exit code, stdout and stderr turned into one `HookAnswer`.
 
-Our own answer is a JSON object on stdout: ``decision`` (``allow``, ``deny``, ``modify``,
-``block``), ``reason``, ``arguments`` (for ``modify``), ``context`` (text to add). Exit
-code 2 blocks, with stderr as the reason, in every dialect. Claude Code's and Codex's
-answers (their ``decision``, ``hookSpecificOutput``, plain text as added context) are
-read by `claude_answer`. Anything else is a failed hook (`HookFailed`): the event's
-documented default applies.
+Ours is a JSON object on stdout (``decision``, ``reason``, ``arguments``, ``context``);
+exit code 2 blocks in every dialect; Claude Code's and Codex's answers are read by
+`claude_answer`. Anything else is a failed hook (`HookFailed`).
 """
 
 from __future__ import annotations

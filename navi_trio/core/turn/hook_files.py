@@ -1,11 +1,8 @@
-"""Hook files a repository holds: Claude Code's ``.claude/settings.json`` and Codex's
-``.codex/hooks.json``, read as they are when the admin enables their format.
+"""Hook files a repository holds (Claude Code's and Codex's), read when the admin enables them.
 
-A file is read from the run's held folder (never by its path again), bounded in bytes,
-and its hooks run only when the admin trusts it by path and SHA-256 (``hook_files.trusted``):
-a repository is someone else's code, and a hook is a command. An untrusted file is
-named in a warning (with the entry that would trust it) and nothing of it runs.
-Their events and tool names are mapped to ours where they map (`EVENTS`, `TOOLS`).
+A file is read from the run's held folder, bounded in bytes, and its hooks run only when
+the admin trusts it by path and SHA-256: a repository is someone else's code, and a hook
+is a command. An untrusted file is named in a warning and nothing of it runs.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Running a turn's hooks: the one place an event becomes hook commands and one answer.
 
-`TurnHooks.load` gathers the hooks of config.json and of the run's trusted hook files
-(named in a warning when untrusted). `fire` runs those of an event (for a tool event,
-those whose matcher matches the call, by the policy's own `CallFacts.matches`), one after
-another, each as a tool command runs: the run's sandbox, user and environment allow-list
-(tools/terminal.py), with its timeout, its JSON on stdin and its answer bounded in bytes.
-A stop of the run cancels a running hook at once (its group is killed).
-
-The answers combine: the first ``deny`` / ``block`` decides; a ``modify`` hands its
-arguments to the next hook; ``allow`` holds unless a later hook denies; contexts add up.
-A hook that fails (exit code other than 0 and 2, timeout, unreadable answer, cannot
-start) is an `ErrorEvent` and the event's default: ``pre_tool`` denies, every other
-event goes on as if the hook had not been there.
+The hooks of config.json and the trusted hook files run one after another, each as a
+tool command runs (sandbox, environment allow-list, timeout, bounded answer); a stop
+kills a running hook's group. The first ``deny`` / ``block`` decides, a ``modify``
+hands its arguments on, contexts add up. A hook that fails is an `ErrorEvent` and the
+event's default: ``pre_tool`` denies, every other event goes on.
 """
 
 from __future__ import annotations
@@ -25,7 +18,6 @@ import trio
 
 from navi_trio.core.turn.hook_answers import HookAnswer, HookFailed, claude_answer, navi_answer
 from navi_trio.core.turn.hook_files import (
-    EVENTS,
     Hook,
     our_arguments,
     read_hook_files,
@@ -43,7 +35,6 @@ STDIN_MAX_BYTES = 64 * 1024
 STRING_MAX_CHARS = 8000  # one string of the event (an argument, a result) on stdin
 STDOUT_MAX_CHARS = 64 * 1024
 STDERR_MAX_CHARS = 2000
-THEIR_NAMES = {ours: theirs for theirs, ours in EVENTS.items()}
 
 Publish = Callable[[AgentEvent], None]
 
@@ -70,9 +61,6 @@ class TurnHooks:
             for warning in found.warnings:
                 publish(WarningEvent(message=warning, code="hook_file_untrusted"))
         return cls(tuple(hooks))
-
-    def has(self, event: str) -> bool:
-        return any(h.event == event for h in self.hooks)
 
     async def fire(
         self,

@@ -32,12 +32,8 @@ class SteerItem:
 
 
 class Injections:
-    """The mailbox of one run: steered messages, and background notes that wait.
-
-    Touched only from trio tasks of one process (synchronous methods are atomic).
-    `prefill()` wraps one LLM call: a steer (or a note) arriving before the model's first
-    chunk cancels that call, and the turn asks again with it.
-    """
+    """The mailbox of one run: steered messages, and background notes that wait. `prefill()`
+    wraps one LLM call: a steer arriving before the first chunk cancels it, to ask again."""
 
     def __init__(self) -> None:
         self._messages: list[SteerItem] = []

@@ -1,42 +1,16 @@
 """One owner runs a session at a time, across processes: the session lease.
 
-    leases = SessionLeases(store)
     async with leases.hold(session_id):   # SessionBusyError if another process runs it
         ...                               # load, run, save the session
 
-Every `navi run` and every daemon that shares a database holds a lease row (owner,
-pid, host, expires_at) for each session it runs. While held, a task renews it every
-third of the TTL; leaving `hold` releases it (shielded, bounded). A process that dies
-without releasing blocks the session until its lease expires, or not at all on its own
-host (a dead pid is taken over at once).
-
 Take the lease *before* loading the session: loading repairs tool calls that look
-dangling, and another process's in-flight calls look exactly like that.
-
-While held, every write to the session carries the lease's fence (owner, generation:
-store/fence.py): when another process took the lease over meanwhile (this one was
-paused past its TTL), the store refuses those writes with `LeaseLostError`. A claim
-that comes back with another generation than this runtime last held means another
-process may have written the session since: `on_takeover(session_id)` (the agent's
-session cache forgets its copy) runs before the block, so the run reloads it.
-
-The block gets the `HeldLease`: what the run's other effects check before they happen.
-`confirm()` renews the lease in the store, naming its generation, and raises
-`LeaseLostError` when another process has it now (before each tool call; a save just
-before a round's calls can be that renewal, in its own transaction:
-`SessionLeases.renewing`); `held()` answers at once while the lease is surely ours (less
-than a TTL, less a margin, since the last renewal was sent: the database cannot have
-expired it yet) and asks for a renewal only after that (before each published frame).
-A renewal that finds the lease taken over cancels the block at once: the run stops,
-runs nothing more.
-
-Within one process, holds nest: runs of one session in the same runtime share one
-lease (the session actor runs them one at a time), and it is released when the last ends,
-unless the block set `HeldLease.keep`: then the row stays as it is, this process's
-until it expires (a run whose message is kept to run again here after a storage
-failure: meanwhile the session is still this process's to run).
-A second process gets `SessionBusyError` at once rather than waiting: a command-line
-run should not hang without saying why; the message names the session and the holder.
+dangling, and another process's in-flight calls look exactly like that. A task renews
+it every third of the TTL; a dead owner's lease expires (on its own host, at once).
+Every write carries the lease's fence, so a process paused past its TTL has its writes
+refused (`LeaseLostError`); a claim with a new generation makes `on_takeover` forget
+the cached session first. `HeldLease.confirm()` renews before each tool call, and
+`held()` answers at once while the lease is surely ours. Holds nest within a process;
+a second process gets `SessionBusyError` at once, naming the holder, rather than hang.
 """
 
 from __future__ import annotations
@@ -221,11 +195,9 @@ class SessionLeases:
     async def renewing(
         self, session_id: str, write: Callable[[float | None], Awaitable[bool]]
     ) -> bool:
-        """A write to `session_id` that renews the run's lease in its own transaction, as
-        `confirm_current` would: `write(ttl)` hands `ttl` to the store
-        (`SessionStore.append(renew=)`) and says whether it wrote. True when it did so:
-        a call that starts right after needs no confirmation of its own. Outside a
-        run's hold of that session: `write(None)`, a plain write, and False."""
+        """A write to `session_id` that renews the run's lease in its own transaction (`write(ttl)`
+        says whether it wrote); True when it did, so the next call needs no confirmation. Outside
+        a run's hold of that session: a plain `write(None)`, and False."""
         fence = current_fence()
         entry = self._holds.get(session_id) if fence is not None else None
         lease = entry.lease if entry is not None else None
@@ -253,6 +225,7 @@ class SessionLeases:
             lease._ask = trio.Event()
             lease.started += 1
             sent = trio.current_time()
+            ours: bool | None = None  # None: the store did not answer
             try:
                 ours = await self._store.renew_lease(
                     session_id, owner=self.owner, ttl=self.ttl, generation=lease.fence.generation
@@ -260,17 +233,15 @@ class SessionLeases:
             except StoreError as exc:
                 say = log.info if isinstance(exc, StorageError) else log.warning
                 say("session %s: renewing the lease failed: %s", session_id, exc)
-                lease.finished += 1
-                lease._told()
-                await trio.sleep(min(1.0, self.ttl / 10))  # not a storm while the store is down
-                continue
             lease.finished += 1
             if ours:
                 lease.valid_until = max(lease.valid_until, sent + self._sure_for())
-                lease._told()
-                continue
-            lease.lost = True
+            lease.lost = ours is not None and not ours
             lease._told()
+            if ours is None:
+                await trio.sleep(min(1.0, self.ttl / 10))  # not a storm while the store is down
+            if not lease.lost:
+                continue
             log.warning(
                 "session %s: the lease was taken over while this run was live (the process "
                 "was suspended past %g s?): the run stops",
@@ -281,8 +252,7 @@ class SessionLeases:
             return
 
     async def _release(self, session_id: str) -> None:
-        with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + RELEASE_DEADLINE_SEC
+        with trio.move_on_after(RELEASE_DEADLINE_SEC, shield=True):
             try:
                 await self._store.release_lease(session_id, owner=self.owner)
             except StoreError as exc:

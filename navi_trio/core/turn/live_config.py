@@ -1,11 +1,8 @@
 """The config in force, reloaded from its files when they change (hot reload).
 
-`current()` is asked once per turn (and at a profile switch). It looks at every file
-the config is made of — config.json, the persona file, each profile's prompt file and
-the prompts folder (planning, compression) — and when one changed it reloads: the
-config is re-read (a broken one is ignored, the last good config stays), the context
-builder's cached system prompts are dropped and the planning prompts are read again.
-So an edited persona or prompt file reaches the very next model call.
+`current()`, asked once per turn, reloads when a file of the config changed: a broken
+one is ignored (the last good config stays), cached system prompts are dropped and the
+planning prompts read again, so an edit reaches the very next model call.
 """
 
 from __future__ import annotations

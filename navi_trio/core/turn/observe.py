@@ -1,13 +1,8 @@
-"""What a daemon's metrics (and, later, its traces and accounts) learn of the runs.
+"""What a daemon's metrics (and traces) learn of the runs.
 
-The core tells an `Observer` two things: each LLM call when it ends (`LLMCallDone`: the
-model, how long, the time to its first chunk, the tokens), which no event carries, and
-each event a session publishes (tool results, a run's end, approvals), which the session
-actor hands over as it publishes them. The observer must be cheap and must not raise:
-it is called on the run's path. `NoObserver` is the default; the api layer's metrics
-implement it (api/metrics.py), and the core never imports them. An observer that traces
-is also `Propagates`: the core asks it for a call's trace context (the peer tool sends it
-to another daemon) and hands it a message's (its turn continues that trace).
+An `Observer` hears of each LLM call when it ends (`LLMCallDone`, which no event
+carries) and of each event a session publishes. It is called on the run's path, so it
+must be cheap and must not raise. An observer that traces is also `Propagates`.
 """
 
 from __future__ import annotations
@@ -52,10 +47,8 @@ class Observer(Protocol):
 
 @runtime_checkable
 class Propagates(Protocol):
-    """An observer that traces, and so carries a trace from one daemon to another: the
-    W3C trace context (``traceparent``, ``tracestate``) of a tool call's span goes with
-    a call that asks another daemon, and a message that came with one starts its
-    session's next turn as a child of that remote span."""
+    """An observer that traces: a tool call that asks another daemon carries its W3C trace
+    context, and a message that came with one continues that trace."""
 
     def trace_context(
         self, session_id: str, call_id: str, tool: str, agent_id: str | None

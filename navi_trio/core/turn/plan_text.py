@@ -19,7 +19,6 @@ MAX_PLAN_STEPS = 15
 MAX_MILESTONES = 10
 REVIEW_SECTIONS = ("Critic", "Pragmatist", "Detailer", "Plan Adjustments")
 
-# ---------------------------------------------------------------- casual messages
 
 _CASUAL_PHRASES = """
 hi|hello|hey|heya|hiya|hullo|yo|howdy|greetings|sup|gm|gn|morning|evening|afternoon
@@ -77,8 +76,6 @@ def is_casual(message: str) -> bool:
             i += 1
     return matched
 
-
-# ---------------------------------------------------------------- reading model text
 
 _THINK_CLOSE = LazyPattern(r"</think(?:ing)?>", re.I)
 
@@ -143,8 +140,6 @@ def review_sections(text: str) -> dict[str, str]:
             current.append(line.rstrip())
     return {k: "\n".join(v).strip() for k, v in found.items()}
 
-
-# ---------------------------------------------------------------- reading a plan
 
 _NUMBERED = LazyPattern(
     r"^(?:[-*+•]\s+)?(?:#{1,6}\s*)?(?:\*\*|__)?\s*\(?"
@@ -258,12 +253,9 @@ def _add_milestone(milestones: list[str], text: str) -> None:
 def parse_plan(text: str) -> tuple[tuple[PlanStep, ...], tuple[str, ...], str]:
     """(steps, milestones, complexity) from a Phase 3 answer; never raises on bad text.
 
-    Steps under a ``Steps:`` heading win; without one, numbered lines anywhere outside
-    the milestones count. A numbered line with an executor tag is a step even right
-    after the milestones (``Milestones: a, b`` then ``1. List — TOOL: filesystem``).
-    Executors missing or unknown become SELF; steps are cut to
-    `MAX_PLAN_STEPS` and renumbered 1..n.
-    """
+    Steps under a ``Steps:`` heading win, else numbered lines outside the milestones; a
+    line with an executor tag is a step even right after them. Missing or unknown executors
+    become SELF; steps are cut to `MAX_PLAN_STEPS` and renumbered."""
     complexity = ""
     milestones: list[str] = []
     drafts: list[_Draft] = []
@@ -317,10 +309,8 @@ def parse_plan(text: str) -> tuple[tuple[PlanStep, ...], tuple[str, ...], str]:
 def _classify_line(
     line: str, norm: str, current: _Draft | None, milestones: list[str]
 ) -> tuple[str | None, _Draft | None]:
-    """A line that is not a list item: a heading, a milestone line, a detail, or prose.
-
-    Returns the section it opens (None: unchanged) and the step that continues.
-    """
+    """A line that is not a list item (heading, milestones, detail, prose): the section it
+    opens (None: unchanged) and the step that continues."""
     heading = line.startswith("#")
     m = _SECTION.match(norm)
     if m and (m.group("colon") or not m.group("rest") or heading):

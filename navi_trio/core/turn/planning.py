@@ -1,17 +1,9 @@
 """The planning phase: analysis, optional review, execution plan (spec: agent-loop.md).
 
-The agent loop decides whether to plan (`should_plan`) and does what follows a plan
-(the assistant message from `plan_context_message`, the display history with
-``is_plan``, the todo list from `plan_step_texts`, the `plan_event` for clients). This
-module runs the model calls through an injected `Complete` function, so it has no HTTP
-in it; reading what the model wrote is `navi_trio.core.turn.plan_text`.
-
-Bounds (`PlanLimits`): each phase's output is capped by the request (the agent's
-`complete` sends ``plan_max_tokens``); a phase the model did not finish (done reason
-``length``) is a failed phase, and planning ends there without a plan and with one
-``plan_cut`` warning. The analysis and the review are cut (marked) before they are
-carried into the next phase, and every prompt is measured against the window before
-it is sent: one that cannot fit with room for its answer skips planning
+The model calls go through an injected `Complete`, so there is no HTTP here; reading
+what the model wrote is `plan_text`'s. Bounds (`PlanLimits`): a phase cut by its output
+cap ends planning with one ``plan_cut`` warning; what is carried into the next phase is
+cut, and a prompt that cannot fit with room for its answer skips planning
 (``plan_too_large``). The turn goes on without a plan in both cases.
 """
 
@@ -44,7 +36,6 @@ from navi_trio.settings import Settings
 Complete = Callable[[list[dict[str, Any]], str], Awaitable[str | StreamedReply]]
 OnPhase = Callable[[PlanPhase | WarningEvent], None]
 
-# ---------------------------------------------------------------- prompts
 
 _PROMPT_FILES = {
     "analysis": "planning_analysis.md",
@@ -61,11 +52,8 @@ _PLACEHOLDER = re.compile(r"\{(request|analysis|review|tools|profiles|context)\}
 
 
 def fill_prompt(template: str, values: Mapping[str, str]) -> str:
-    """Replace the known ``{name}`` placeholders in one pass.
-
-    Not `str.format`: user text is full of braces (code, JSON), and a single pass means
-    a placeholder spelled inside a substituted value is never expanded again.
-    """
+    """Replace the known ``{name}`` placeholders in one pass: not `str.format`, since user
+    text is full of braces, and a placeholder inside a substituted value stays as it is."""
     return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), template)
 
 
@@ -96,9 +84,6 @@ class PlanningPrompts:
         return cls(**texts)
 
 
-# ---------------------------------------------------------------- bounds
-
-
 @attrs.frozen
 class PlanLimits:
     """How big the planning calls may get (see the module docstring)."""
@@ -125,9 +110,6 @@ def _carry(text: str, what: str, limits: PlanLimits | None) -> str:
         return text
     cut, n = limits.counter.truncate_middle(text, limits.carry_tokens)
     return cut if not n else f"{cut}\n[the {what} was cut to {limits.carry_tokens} tokens]"
-
-
-# ---------------------------------------------------------------- result
 
 
 @attrs.frozen
@@ -187,21 +169,12 @@ def plan_event(result: PlanResult) -> PlanCreated:
     )
 
 
-# ---------------------------------------------------------------- when to plan
-
-
 def should_plan(*, is_first_message: bool, profile: AgentProfile, message: str) -> bool:
-    """The spec's rule: (first message or planning_enabled) and not casual.
-
-    `planning_mandatory` forces a plan on every turn, so it counts as planning_enabled;
-    `planning_first_message: false` drops the first-message plan (small models).
-    """
+    """The spec's rule: (first message or planning_enabled) and not casual; `planning_mandatory`
+    counts as enabled, `planning_first_message: false` drops the first-message plan."""
     every_turn = profile.planning_enabled or profile.planning_mandatory
     first = is_first_message and profile.planning_first_message
     return (first or every_turn) and not is_casual(message)
-
-
-# ---------------------------------------------------------------- the review for Phase 3
 
 
 def _review_block(review: str) -> str:
@@ -211,9 +184,6 @@ def _review_block(review: str) -> str:
         return head + _strip_thinking(review).strip()
     body = "\n\n".join(f"### {name}\n{sections.get(name) or '- none'}" for name in REVIEW_SECTIONS)
     return head + body
-
-
-# ---------------------------------------------------------------- the three phases
 
 
 def _bullets(items: Sequence[str], empty: str) -> str:
@@ -242,11 +212,8 @@ async def run_planning(
     on_phase: OnPhase = lambda e: None,
     limits: PlanLimits | None = None,
 ) -> PlanResult:
-    """Run Phase 1, then (maybe) Phase 2 and Phase 3. Errors and cancellation propagate.
-
-    A phase cut at its output cap, or a prompt that cannot fit the window (`limits`),
-    ends planning: one warning, a result without a plan (`failed` says why).
-    """
+    """Run Phase 1, then (maybe) Phases 2 and 3. A phase cut at its output cap or a prompt that
+    cannot fit ends planning with one warning and no plan (`failed` says why)."""
     if not message.strip():
         raise ValueError("planning needs a non-empty user message")
     run = _Phases(complete, on_phase, limits)

@@ -1,35 +1,13 @@
 """Tool policy: which mode a run gets, and whether one tool call runs, asks or is denied.
 
-Three modes, from least to most power (docs/pages/tools.md, "Safety"):
-
-- ``read-only``: reads run; terminal and code_exec run in a sandbox with nothing
-  writable; a filesystem write asks.
-- ``workspace`` (the default for every role): writes go to the session folder and the
-  run's cwd only (the filesystem tool's confinement), terminal and code_exec run in a
-  sandbox where those two folders are writable and the network is off. What the
-  sandbox contains runs without asking.
-- ``full`` (admins only, and only in a session of their own): no sandbox; a terminal
-  or code_exec call asks.
-
-``ssh_exec`` runs a command on another machine, where no sandbox of ours reaches: it is
-denied in ``read-only`` (whatever the rules say: nothing could keep the promise that
-nothing changes) and asks in ``workspace`` and ``full`` unless a rule allows it. Its
-"action", for rules and approvals, is the host alias: ``{"tool": "ssh_exec", "action":
-"web1", "match": "uptime*", "decision": "allow"}``; a "session" approval covers one host.
-
-``peer`` runs a turn, with that daemon's tools, on another navi daemon, as the one
-identity the config gives it for every user of this daemon: it asks in ``workspace`` and
-``full`` and is denied in ``read-only``, unless a rule decides (a rule may allow it even
-in ``read-only``: a peer whose own policy is read-only keeps the promise). Its "action"
-is the peer's name and its "match" the message: ``{"tool": "peer", "action": "lab",
-"decision": "allow"}``; a "session" approval covers one peer.
-
-A profile's rules (``policy.rules`` in config.json) come first: the first rule that
-matches the call's tool, action and command or path (fnmatch) decides allow, ask or
-deny. A call of an MCP server's tool (``mcp__<server>__<tool>``) asks in every mode unless
-a rule decides: another program acts, outside our sandbox. Nothing a client sends
-reaches the rules, and a requested mode is clamped to what
-the sender's role allows (`effective_mode`).
+Three modes (docs/pages/tools.md, "Safety"): ``read-only`` (reads run, a sandbox with
+nothing writable, a write asks), ``workspace`` (writes to the session folder and cwd
+only, in a sandbox without network) and ``full`` (admins in their own session; no
+sandbox, so terminal and code_exec ask). ``ssh_exec`` and ``peer`` act where no sandbox
+of ours reaches: denied in ``read-only`` and asking otherwise, unless a rule decides;
+their "action" is the host alias or the peer's name. An MCP tool asks in every mode
+unless a rule decides. A profile's rules come first (the first match decides); nothing
+a client sends reaches them, and a requested mode is clamped to the role (`effective_mode`).
 """
 
 from __future__ import annotations
@@ -81,13 +59,10 @@ SUMMARY_MAX = 300
 def effective_mode(
     policy: PolicyConfig, role: str, requested: str | None, *, own_session: bool = True
 ) -> str:
-    """The mode a run gets: the role's configured mode, or the requested one when it is
-    not more than the role allows (an admin may ask for anything; a user never above
-    the mode configured for users).
+    """The mode a run gets: the role's, or the one asked for when the role allows it.
 
-    `own_session`: the run's sender owns its session. In another user's session
-    (an admin's run there) it is never ``full``: that session's history, which its owner
-    wrote, is the unsandboxed run's context (the api layer refuses an explicit ask)."""
+    In another user's session (`own_session` False) it is never ``full``: the unsandboxed
+    run's context would be a history that other user wrote."""
     configured = policy.modes.get(role, DEFAULT_MODE)
     ceiling = "full" if role == "admin" else configured
     if not own_session:
@@ -104,10 +79,8 @@ def sandbox_for(
     *,
     tmp_max_bytes: int = TMP_MAX_BYTES,
 ) -> SandboxSpec | None:
-    """The sandbox terminal and code_exec run in: None (no sandbox) in `full` mode.
-
-    `private`: the daemon's own data, masked inside (tools/private.py); `tmp_max_bytes`:
-    the size of its private /tmp."""
+    """The sandbox terminal and code_exec run in: None (no sandbox) in `full` mode. `private`:
+    the daemon's own data, masked inside."""
     if mode == "full":
         return None
     masks = private or PrivatePaths(hidden=())
@@ -327,9 +300,6 @@ def summary(tool: str, args: dict[str, Any]) -> str:
     else:
         text = f"{tool} {json.dumps(args, ensure_ascii=False, sort_keys=True)}"
     return text if len(text) <= SUMMARY_MAX else text[: SUMMARY_MAX - 1] + "…"
-
-
-# ------------------------------------------------------------------ terminal command lines
 
 
 def _decide_command(profile: AgentProfile, role: str, mode: str, facts: CallFacts) -> Verdict:

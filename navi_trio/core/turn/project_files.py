@@ -1,12 +1,8 @@
 """A run's project files: which folders it may read them from, and reading them.
 
-The run's cwd is held already (core/turn/workspace.py). The folders above it, up to the
-repository root (navi_trio/project/files.py), are read only when the sender could have
-made each of them its cwd (the same `CwdCheck`: never ``/``, never navi's own data,
-within the role's `workspace_roots`); each is then held like a cwd for the read and
-closed after it. A file in a folder that fails the check is not read, and the run's
-notices (a `WarningEvent` ``project_file_skipped``) say so, as for a symlink leading out
-of the folders or navi's own data.
+The folders above the run's cwd, up to the repository root, are read only when the
+sender could have made each its cwd (the same `CwdCheck`), each held for the read. A
+file in a folder that fails is not read, and a ``project_file_skipped`` warning says so.
 """
 
 from __future__ import annotations

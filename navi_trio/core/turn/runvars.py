@@ -1,9 +1,7 @@
 """The per-run ContextVars the spec names, and one way to set and reset them.
 
-A trio child task runs in a copy of its parent's context, so a sub-agent cannot leak
-its values into the parent by construction; `bound()` still resets on every exit path
-so that code running later in the same task (the next iteration, the next turn) never
-sees a stale value.
+A sub-agent's child task runs in a copy of the context, so it cannot leak into its
+parent; `bound()` still resets on every exit so later code in the task sees no stale value.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """In-memory state of a session and the cache that loads, creates and saves it.
 
-`SessionState` holds the display history (`messages`) and the LLM context (`context`)
-plus how much of each is already in the store; `save()` appends only what is new.
-Compression replaces the context; a rewind cuts both (core/history/rewind.py). Each user
-message carries an ``id`` (`new_message_id`), the handle a rewind or a fork names it by;
-one saved before ids existed is named by its place in the display history instead
-(`message_id`).
+`SessionState` holds the display history and the LLM context, and how much of each is
+stored already: `save()` appends only what is new. Each user message carries an ``id``,
+the handle a rewind or a fork names it by (older ones: their place, `message_id`).
 """
 
 from __future__ import annotations
@@ -142,12 +139,8 @@ class SessionCache:
         return state
 
     def forget(self, session_id: str) -> None:
-        """Drop a session from memory (it reloads from the store when used again).
-
-        Callers make sure no run or compaction of the session is live, since that run's
-        saves must keep going to the one in-memory state: the registry forgets a session
-        when its actor retires (idle: no run, no queue), and `sessions delete` refuses a
-        session whose actor is busy or has messages queued."""
+        """Drop a session from memory (it reloads from the store when used again). Callers make
+        sure no run or compaction of it is live: their saves must go to one in-memory state."""
         self._sessions.pop(session_id, None)
 
     def __contains__(self, session_id: str) -> bool:
@@ -163,20 +156,14 @@ class SessionCache:
     ) -> bool:
         """Append what is new in both lists, in one store transaction; whether there was.
 
-        `durable=False`: committed, but not flushed to disk yet (SessionStore.append).
-        `dequeue`: the queued message being saved leaves the queue in that transaction.
-        `renew`: the run's lease renewed in it too (SessionStore.append).
-        A storage failure leaves the state `unsure`: saving what it holds again could
-        store it twice (the failed write may have landed), so it is refused."""
+        `durable=False`: committed, not flushed yet; `dequeue`: the queued message leaves the
+        queue in that transaction; `renew`: the lease is renewed in it. A storage failure leaves
+        the state `unsure` and further saves refused: the failed write may have landed."""
         new_messages = state.messages[state.saved_messages :]
         new_context = state.context[state.saved_context :]
         if not new_messages and not new_context:
             return False
-        _check_sure(state)
-        # Shielded: a stop landing mid-save would leave the counters behind a write that
-        # still lands (the store never withdraws a queued write), and the next save
-        # would append the same messages twice.
-        with trio.CancelScope(shield=True), _unsure_on_failure(state):
+        with _writing(state):
             await self._store.append(
                 state.id,
                 messages=new_messages,
@@ -192,8 +179,7 @@ class SessionCache:
     async def replace_context(self, state: SessionState, context: list[dict[str, Any]]) -> None:
         """Compression: the only rewrite. Unsaved display messages are saved first."""
         await self.save(state)
-        _check_sure(state)
-        with trio.CancelScope(shield=True), _unsure_on_failure(state):
+        with _writing(state):
             await self._store.replace_context(state.id, context)
             state.context = list(context)
             state.saved_context = len(context)
@@ -203,20 +189,20 @@ class SessionCache:
         state.row = attrs.evolve(state.row, profile_id=profile_id)
 
 
-def _check_sure(state: SessionState) -> None:
+@contextmanager
+def _writing(state: SessionState) -> Iterator[None]:
+    """A write of `state`: refused when it is unsure, made unsure by a storage failure.
+    Shielded: a stop landing mid-write would leave the counters behind a write that
+    still lands (the store never withdraws one), and the next save would repeat it."""
     if state.unsure:
         raise StorageError(
             f"session {state.id!r}: an earlier write of this turn failed and may have "
             "landed all the same; nothing more is written until the session is read again",
             session_id=state.id,
         )
-
-
-@contextmanager
-def _unsure_on_failure(state: SessionState) -> Iterator[None]:
-    """A storage failure inside makes `state` unsure (see `SessionState.unsure`)."""
-    try:
-        yield
-    except StorageError:
-        state.unsure = True
-        raise
+    with trio.CancelScope(shield=True):
+        try:
+            yield
+        except StorageError:
+            state.unsure = True
+            raise

@@ -1,35 +1,12 @@
 """Double-texting and steering: what a message does when its session is busy.
 
-A user message that arrives while its session runs a turn carries ``on_busy`` (else
-the profile's default, else ``enqueue``):
-
-- ``enqueue`` (today's behaviour): it waits in the session's durable queue and runs
-  when the turns ahead of it have ended;
-- ``reject``: refused with ``session_busy``, naming the running run's id; nothing is
-  stored;
-- ``interrupt``: the running turn is stopped (saved as stopped, as with Stop) and the
-  message runs next, ahead of the queue;
-- ``steer``: the message joins the **running** turn: it becomes a user message of its
-  context before that turn's next LLM call (after the current tool round, or at once
-  when the turn waits for the model's first chunk: that request is dropped and asked
-  again with it). A ``steered`` event says when, and the display history keeps it in
-  that place.
-
-A turn belongs to the user who started it: only they steer it or interrupt it (as only
-they answer its approvals). Anyone else's message that asks to is refused with
-``forbidden``; one that asks nothing, meeting a profile whose default is steer or
-interrupt, is queued instead.
-
-A steered message is stored in the durable queue before it is acknowledged, exactly as
-a queued one (core/session/queued.py), and leaves the queue in the very transaction that saves
-it into the turn's history: a crash in between leaves it queued, and it runs after the
-restart. A steered message the turn never took in (it ended first: its last answer was
-already streaming) runs next, ahead of the queue, announced by ``message_queued``.
-
-`Injections` (core/turn/injections.py) is the mailbox of one run (on its `RunControl`): the
-session actor puts steered messages in, the wake-up of a finished background job
-(core/triggers/wake.py) marks that its note waits; the turn takes both in before each LLM call
-(`take_injections`).
+``on_busy`` (else the profile's default, else ``enqueue``): ``enqueue`` waits in the
+durable queue; ``reject`` is refused with ``session_busy``; ``interrupt`` stops the
+running turn and runs next; ``steer`` joins the running turn as a user message before
+its next LLM call (a request still waiting for its first chunk is asked again with it).
+Only the user who started a turn steers or interrupts it; anyone else asking to is
+refused with ``forbidden``, and a profile default is queued instead. A steered message
+is durable like a queued one; one the turn never took in runs next.
 """
 
 from __future__ import annotations
@@ -63,12 +40,9 @@ def check_on_busy(value: str | None, where: str = "on_busy") -> OnBusy | None:
 
 
 async def take_injections(turn: Turn, parts: LoopParts) -> None:
-    """Steered messages and waiting background notes into the turn's context, saved.
-
-    Each steered message is saved in the transaction that takes it off the queue; the
-    notes are saved as a system message (invisible in the display history), then
-    removed from the store, as at the start of a turn (agent.py `_accept`).
-    """
+    """Steered messages and waiting background notes into the turn's context, saved: each
+    steered message in the transaction that takes it off the queue, the notes as a hidden
+    system message, removed from the store once saved."""
     injections = turn.injections
     if injections is None or not injections.pending:
         return
@@ -103,9 +77,6 @@ async def take_injections(turn: Turn, parts: LoopParts) -> None:
             await remove_notes(parts.store, batch.keys)
 
 
-# -- what the session actor does with a message that meets a busy session ----------------
-
-
 class _Control(Protocol):
     """What the routing needs of the running turn's `RunControl` (core/turn/agent.py)."""
 
@@ -127,10 +98,9 @@ def check_steer(text: str, control: _Control) -> None:
 def busy_strategy(
     asked: str | None, control: _Control | None, default: OnBusy = DEFAULT_ON_BUSY
 ) -> OnBusy:
-    """The strategy for a message meeting a busy session: the one it asked for, else the
-    running turn's profile default (with no turn here, `default`: the session profile's,
-    for a turn another daemon runs). With no turn running here (a compaction, a turn on
-    another daemon), steer and interrupt have nothing to act on: the message is queued."""
+    """The strategy for a message meeting a busy session: its own, else the running turn's
+    profile default (`default` with no turn here). With no turn running here, steer and
+    interrupt have nothing to act on: the message is queued."""
     strategy = check_on_busy(asked) or (control.on_busy_default if control is not None else default)
     if control is None and strategy in ("steer", "interrupt"):
         return "enqueue"

@@ -1,19 +1,10 @@
 """run_ephemeral: a non-persistent sub-agent with a temporary in-memory context.
 
-The sub-agent runs the same loop as a session turn (`TurnRunner`, with the same
-`LoopParts`) on an in-memory `SessionState` that is never saved. It runs in a child task
-(DESIGN.md: "sub-agent … run_ephemeral in a child task"): the child runs in a copy of
-the caller's context, so nothing the sub-agent or its tools set in a ContextVar can
-reach the parent; `runvars.bound` gives it its own values. The child's nursery lives
-inside the caller's cancel scope, so the parent's Stop stops the sub-agent too; its own
-timeout is a `move_on_after` scope.
-
-Its events go to `publish`, marked ``is_subagent=True`` and ``agent_id`` — the parent's
-stream for a synchronous spawn_agent call, the job's ring for a background one. A
-synchronous caller passes `usage_to` so the sub-agent's tokens count in its own turn.
-
-However it ends, the outcome says how; a backend-level LLM error (errors.py) is also
-kept in it as `backend_error`, for a synchronous caller to end its own turn with.
+It runs the same loop as a session turn on a `SessionState` that is never saved, in a
+child task: a copy of the caller's context (its ContextVars do not reach the parent)
+inside the caller's cancel scope (the parent's Stop stops it). Its events are marked
+``is_subagent``; a backend-level LLM error is kept as `backend_error` for a synchronous
+caller to end its own turn with.
 """
 
 from __future__ import annotations
@@ -61,10 +52,8 @@ async def run_ephemeral(
     roots: RunRoots | None = None,
     profile: AgentProfile | None = None,
 ) -> SubagentOutcome:
-    """Run `request` as a sub-agent of `parent_session_id` (None: of no session).
-
-    `profile`: the one it runs with, when it is none of the config's (an agent kept as a
-    file, already narrowed to its spawner's); its prompt follows the persona."""
+    """Run `request` as a sub-agent of `parent_session_id` (None: of no session). `profile`:
+    its own when it is none of the config's (an agent file, narrowed to its spawner's)."""
     agent_id = f"subagent_{secrets.token_hex(4)}"
     user_message = request.task
     cfg = parts.config.current()

@@ -1,17 +1,10 @@
 """Token estimates for message lists, and the real-count baseline.
 
-`TokenCounter` counts with tiktoken's offline ``cl100k_base`` encoding (never a
-download). The served model's tokenizer differs, so every number here is an estimate;
-`Baseline` corrects it with the last real ``prompt_tokens`` the model reported.
-
-Loading the encoding costs 0.1-1.4 s of CPU (holding the GIL), so construction does not
-do it: the runtime runs `TokenCounter.preload_on_demand`, which loads it in a worker
-thread once the first context is built (`wanted`), while the trio thread waits for the
-LLM; a count that comes first loads it (or waits for that load).
-
-Estimates are cached per message (bounded LRU keyed by the message's role, content,
-tool name/id and tool calls), so re-estimating a long history costs only the messages
-that are new since the last call.
+`TokenCounter` counts with tiktoken's offline ``cl100k_base`` (never a download), so
+every number is an estimate that `Baseline` corrects with the model's last real count.
+Loading the encoding costs up to a second of CPU holding the GIL, so it loads on a
+thread while the trio thread waits for the LLM (`wanted`). Estimates are cached per
+message (a bounded LRU), so a long history costs only its new messages.
 """
 
 from __future__ import annotations
@@ -41,13 +34,8 @@ MessageKey = tuple[str, str, str, str, str]
 def message_key(
     msg: Mapping[str, Any], calls_json: Callable[[Sequence[Any]], str] | None = None
 ) -> MessageKey:
-    """A cheap, stable identity of what the model sees of `msg`.
-
-    Two dicts with the same key estimate the same; ``thinking`` and storage markers
-    (``keep``, ``summary``) are not part of it because they are not sent as text.
-    `calls_json` serialises the tool-call list (`TokenCounter.key` passes its cached one).
-    Raises TypeError naming the problem when `msg` is not a message dict.
-    """
+    """A cheap, stable identity of what the model sees of `msg` (not ``thinking`` nor storage
+    markers); TypeError naming the problem when `msg` is not a message dict."""
     if not isinstance(msg, Mapping):
         raise TypeError(f"a message must be a dict, got {type(msg).__name__}")
     role = msg.get("role")
@@ -119,10 +107,8 @@ class TokenCounter:
             return self._loaded
 
     async def preload(self) -> None:
-        """Load the encoding in a worker thread (or wait there for the load under way),
-        so the trio thread never blocks on it: await this before counting where the
-        encoding may not be loaded yet. Free once loaded. A cancel (a stop) returns at
-        once and leaves the load to finish on its thread, for the next count."""
+        """Load the encoding on a worker thread (or wait there for the load under way), so the
+        trio thread never blocks on it; free once loaded. A cancel leaves the load to finish."""
         if self._loaded is None:
             self.wanted()
             await trio.to_thread.run_sync(self._load, abandon_on_cancel=True)
@@ -188,11 +174,8 @@ class TokenCounter:
         return sum(self.estimate_message(m) for m in messages)
 
     def bound_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        """An upper bound of `estimate_messages` that never needs the encoding.
-
-        Every cl100k token stands for at least one byte, so a text's UTF-8 length bounds
-        its count: a check that passes on the bound needs no real count (and no load).
-        """
+        """An upper bound of `estimate_messages` that never needs the encoding: every cl100k token
+        stands for at least one byte, so a text's UTF-8 length bounds its count."""
         total = 0
         for msg in messages:
             key = self.key(msg)
@@ -208,11 +191,8 @@ class TokenCounter:
         return total
 
     def truncate_middle(self, text: str, max_tokens: int) -> tuple[str, int]:
-        """Head and tail of `text` within about `max_tokens`, and how many tokens were cut.
-
-        The cut is marked ``[…truncated ~N tokens…]``; the head gets two thirds of the
-        room because the start of an output usually says what it is.
-        """
+        """Head and tail of `text` within about `max_tokens`, the cut marked, and how many tokens
+        were cut; the head gets two thirds (the start usually says what an output is)."""
         tokens = self.encode(text)
         if len(tokens) <= max_tokens:
             return text, 0
@@ -262,18 +242,10 @@ def _nbytes(text: str) -> int:
 class Baseline:
     """The last real prompt size, to correct estimates during a run.
 
-    One per session/run, owned by the agent. After each LLM call the agent records the
-    real ``prompt_tokens`` with the built context that produced it; the next estimate is
-    that real count plus the estimate of the messages added since.
-
-    The recorded list must be a prefix of the new one, with one allowance: trailing
-    ``system`` messages of the recorded list (ephemeral notes such as the iteration
-    budget, rebuilt on every call) may have been replaced — their estimate is swapped
-    for the estimate of what now follows. When anything else changed (compression
-    rewrote the context, another profile's system prompt) the plain estimate is used,
-    so one stale real count never skews the numbers. Pass the same kind of list you
-    recorded (the built context).
-    """
+    The next estimate is the real count recorded with the built context that produced it,
+    plus the estimate of the messages added since. The recorded list must be a prefix of
+    the new one (trailing ephemeral ``system`` notes may differ); anything else changed
+    falls back to the plain estimate, so one stale real count never skews the numbers."""
 
     def __init__(self) -> None:
         self._prompt_tokens: int | None = None
@@ -313,12 +285,8 @@ class Baseline:
         counter: TokenCounter,
         total: Callable[[], int] | None = None,
     ) -> int:
-        """The last real count plus the estimate of what changed since; `total` (default:
-        estimate every message) gives the plain estimate when there is no usable baseline.
-
-        Costs what changed since the recording, not the whole list, when the recorded
-        messages are the same objects (a turn's `ContextViews` reuses them).
-        """
+        """The last real count plus the estimate of what changed since, else `total()` (default:
+        every message estimated). Costs only what changed when the messages are the same objects."""
 
         def plain() -> int:
             return total() if total is not None else counter.estimate_messages(messages)

@@ -1,11 +1,7 @@
-"""The core's side of `ToolServices` (tools/services.py): what a tool may ask of a run.
+"""The core's side of `ToolServices`: what a tool may ask of a run.
 
-`RunServices` is bound to one running turn: switch_profile sets the turn's pending
-switch, and a synchronous spawn_agent call counts the sub-agent's tokens in the turn's
-totals. A background job gets `detached()` instead: `JobServices` keep only what
-outlives the run — the loop's parts and who spawns (session, profile, user) — never
-the turn, its history or its event channel; a background sub-agent's tokens are its
-job's (background-tasks.md), not the parent turn's.
+`RunServices` is bound to one running turn; a background job gets `detached()`
+(`JobServices`), which keeps only what outlives the run, never the turn itself.
 """
 
 from __future__ import annotations
@@ -100,10 +96,8 @@ class Spawner:
         )
 
     async def _file_agent(self, name: str, cfg: NaviConfig) -> tuple[AgentProfile, tuple[str, ...]]:
-        """The profile of the agent file named `name` in the run's cwd: the spawner's
-        profile narrowed (project/agents.py), and the tools the file asks for that it
-        left out; else a ToolInputError listing the names known and why files were
-        skipped."""
+        """The profile of the agent file `name` in the run's cwd (the spawner's, narrowed) and the
+        tools it asks for that were left out; else a ToolInputError naming the known ones."""
         found = await read_file_agents(self.parts.settings, cfg, self.roots, self.session_id)
         agent = found.agents.get(name)
         if agent is None:
@@ -140,20 +134,14 @@ class JobServices:
         return JobServices(attrs.evolve(self.spawner, roots=roots))
 
 
+@attrs.define(eq=False)
 class RunServices:
     """The services of one running turn."""
 
-    def __init__(
-        self,
-        parts: LoopParts,
-        turn: Turn,
-        processes: ProcessService | None,
-        tasks: TaskService | None,
-    ) -> None:
-        self._parts = parts
-        self._turn = turn
-        self.processes = processes
-        self.tasks = tasks
+    _parts: LoopParts
+    _turn: Turn
+    processes: ProcessService | None
+    tasks: TaskService | None
 
     def switch_profile(self, profile_id: str) -> None:
         """Takes effect at step 10 of the loop (after this iteration's tools)."""

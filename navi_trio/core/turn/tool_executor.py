@@ -1,31 +1,12 @@
 """Running the model's tool calls: inline, in a parallel batch, or detached.
 
-`ToolExecutor.execute_one` is the one place a tool call turns into a `ToolResult`:
-bad JSON arguments, an unknown tool, a tool that raises — each becomes a failed result
-the model can read; none of them ends the run. The one exception is a backend-level LLM
-error (errors.py; a synchronous sub-agent's): it passes, and ends the turn as the turn's
-own LLM call would, in a parallel batch too (its other calls are stopped). A call whose
-arguments carry
-``"background": true`` for a tool in `settings.backgroundable_tools` is detached to the
-TaskSupervisor (background-tasks.md), here, so it works the same for the top-level loop
-and for sub-agents.
-
-Before a call runs (and before a background call detaches) the tool policy decides
-(core/turn/policy.py): allow, deny (a failed result saying so), or ask — then the call waits
-for its session owner's answer through the `ApprovalBroker` (core/turn/approvals.py), inside
-the run's cancel scope.
-
-Before a round's calls run, one checkpoint of the run's writable folders is taken when
-any of them may write (core/turn/checkpointing.py), so a rewind can undo what they did; each
-such call runs inside `RoundCheckpoints.calling`, so what changes meanwhile is known to
-be the session's own.
-
-Before each call starts (before a parallel batch, once; again after an approval
-waited) the run's lease is confirmed in the store (`confirm`, core/turn/lease.py): a daemon
-that another one replaced while it was paused runs no call more, nor says it starts
-one. The `LeaseLostError` ends the run, as does one that a tool's own fenced write
-meets (a scratchpad, a todo list): never a failed result the model reads and goes on
-from.
+`ToolExecutor.execute_one` is the one place a tool call turns into a `ToolResult`: bad
+arguments, an unknown tool or a tool that raises become a failed result the model can
+read. Only a backend-level LLM error (a sub-agent's) passes, and ends the turn. A call
+with ``"background": true`` is detached to the TaskSupervisor here, so it works the
+same for sub-agents. Before a call runs the policy decides (an ask waits for its
+approval), a checkpoint is taken when the round may write, and the run's lease is
+confirmed: a daemon replaced while it was paused runs no call more.
 """
 
 from __future__ import annotations
@@ -77,40 +58,25 @@ def stopped_result() -> ToolResult:
     return ToolResult.fail(STOPPED_TEXT)
 
 
-def refused_result(exc: BudgetExhaustedError) -> ToolResult:
-    """A call a budget did not let start: which budget, and how much of it is used."""
-    return ToolResult.fail(f"not run: {exc}")
-
-
 def tool_message(call: ToolCall, result: ToolResult) -> dict[str, Any]:
     """The role=tool message that pairs an assistant tool call with its result."""
-    msg: dict[str, Any] = {
+    return {
         "role": "tool",
         "tool_call_id": call.id,
         "name": call.name,
         "content": result.content(),
         "ok": result.ok,
     }
-    return msg
 
 
+@attrs.define(eq=False)
 class ToolExecutor:
-    def __init__(
-        self,
-        registry: ToolRegistry,
-        settings: Settings,
-        supervisor: TaskSupervisor | None,
-        approvals: ApprovalBroker | None = None,
-        checkpoints: RoundCheckpoints | None = None,
-        confirm: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:
-        self.registry = registry
-        self.settings = settings
-        self.supervisor = supervisor
-        self.approvals = approvals
-        self.checkpoints = checkpoints
-        # The run's lease, confirmed before each call (core/turn/lease.py `confirm_current`).
-        self.confirm = confirm
+    registry: ToolRegistry
+    settings: Settings
+    supervisor: TaskSupervisor | None
+    approvals: ApprovalBroker | None = None
+    checkpoints: RoundCheckpoints | None = None
+    confirm: Callable[[], Awaitable[None]] | None = None  # the run's lease, before each call
 
     def schemas(
         self, tools: Sequence[Tool], hidden: Callable[[str, str], bool] = lambda t, a: False
@@ -426,24 +392,14 @@ async def execute_batch(
     hooks: TurnHooks = NO_HOOKS,
     confirmed: bool = False,
 ) -> None:
-    """Run `calls`, filling `results` by index as each finishes.
+    """Run `calls`, filling the caller's `results` by index as each finishes.
 
-    `before(tool name)` takes each call from the run's budget before it starts; when it
-    refuses (`BudgetExhaustedError`), that call and the ones after it are not run: their
-    results say which budget is spent, and the error is raised once the calls that did
-    start have finished (it ends the run).
-
-    The caller owns `results`, so when the run is stopped mid-batch it knows which calls
-    finished and pairs the others with "stopped by the user". With `parallel`, the
-    ToolStarted frames of the whole batch go out first, in call order, the budget takes
-    the calls in that order, and those it let start run concurrently in one nursery;
-    one call's failure is its own result only, but a backend-level LLM error stops the
-    others and is raised (the first in call order, when several calls meet one). First,
-    when a call may write, the writable folders are snapshotted once
-    (core/turn/checkpointing.py). `confirmed`: the write just before renewed the run's
-    lease in the store (core/turn/lease.py `SessionLeases.renewing`): unless a snapshot
-    waited in between, it is the first call's confirmation.
-    """
+    The caller owns `results`, so a stop mid-batch leaves it knowing which calls finished.
+    `before` takes each call from the budget; a refused call and those after it do not run,
+    and the error is raised once the started ones finished. With `parallel`, every
+    ToolStarted goes out first, in call order, and the calls run in one nursery; a
+    backend-level LLM error stops the others and is raised. `confirmed`: the write just
+    before renewed the lease, so the first call needs no confirmation of its own."""
     waited = False
     if executor.checkpoints is not None:
         waited = await executor.checkpoints.before_round(
@@ -507,7 +463,7 @@ def _refuse(
 ) -> None:
     """Calls `start` on were not run: each gets a result naming the budget spent."""
     for i in range(start, len(calls)):
-        result = refused_result(exc)
+        result = ToolResult.fail(f"not run: {exc}")  # which budget, how much of it is used
         results[i] = result
         publish(
             ToolResultEvent(

@@ -95,8 +95,7 @@ class TurnRunner:
             await self.parts.cache.save(self.turn.state, durable=durable)
 
     async def save_calls(self) -> bool:
-        """The call message, committed without an fsync; whether it renewed the run's
-        lease in its transaction too (core/turn/lease.py `SessionLeases.renewing`)."""
+        """The call message, committed without an fsync; whether that renewed the run's lease."""
         if not self.turn.persist:
             return False
         state, cache, leases = self.turn.state, self.parts.cache, self.parts.leases
@@ -109,8 +108,6 @@ class TurnRunner:
 
     def model(self) -> str:
         return self.turn.profile.model_or(self.settings.default_model)
-
-    # -- the LLM, for planning and compression ------------------------------------
 
     async def complete(self, messages: list[dict[str, Any]], purpose: str) -> StreamedReply:
         cap = output_cap(self.settings, self.turn.profile, purpose)
@@ -170,8 +167,6 @@ class TurnRunner:
         if reply.done is not None:
             self.turn.count(reply.done.prompt_tokens, reply.done.completion_tokens)
 
-    # -- compression --------------------------------------------------------------
-
     async def compress(self, reason: str, tokens: int, *, force: bool = False) -> bool:
         """Compress when over the threshold (or `force`) and would_compress() agrees."""
         t = self.turn
@@ -214,8 +209,6 @@ class TurnRunner:
         )
         return True
 
-    # -- planning -----------------------------------------------------------------
-
     async def plan(self) -> None:
         t = self.turn
         cfg = t.config
@@ -240,10 +233,8 @@ class TurnRunner:
         steps = await fill_from_plan(self.parts.store, self.turn.todo_session(), texts)
         t.emit(TodoUpdated(steps=tuple(steps)))
 
-    # -- the loop -----------------------------------------------------------------
-
     async def hooks(self) -> TurnHooks:
-        """The run's hooks, loaded at its first event (core/turn/hooks.py)."""
+        """The run's hooks, loaded at its first event."""
         if self.turn.hooks is None:
             self.turn.hooks = await TurnHooks.load(self.tool_context(), self.turn.emit)
         return self.turn.hooks
@@ -313,9 +304,8 @@ class TurnRunner:
         return True
 
     async def ask(self, iteration: int) -> StreamedReply:
-        """Steps 1-7 of one iteration: what was steered in, the context, the size check,
-        the answer. A steer that comes before the model's first chunk drops that request
-        and asks again with it (core/turn/steering.py)."""
+        """Steps 1-7 of one iteration: injections, the context, its size check, the answer. A
+        steer before the model's first chunk drops that request and asks again with it."""
         t = self.turn
         while True:
             await take_injections(t, self.parts)
@@ -487,12 +477,8 @@ class TurnRunner:
     async def run_tools(self, reply: StreamedReply) -> None:
         """Step 8b: append the assistant call message, run the calls, append results.
 
-        The call message is saved before the calls run (a crash during a long tool keeps
-        the call; the load pairs it), committed without an fsync: the results' save at
-        the end of the round, durable, flushes both. That save renews the run's lease in
-        its transaction: the lease's confirmation before the first call, unless the round
-        waited for something else in between (a snapshot of the folders).
-        """
+        The call message is saved before the calls run, without an fsync (a crash keeps the
+        call; the load pairs it); that save renews the lease, confirming the first call."""
         t = self.turn
         calls = reply.tool_calls
         t.state.add(_assistant(reply, tool_calls=[c.to_message() for c in calls]))
@@ -503,9 +489,7 @@ class TurnRunner:
         hooks = await self.hooks()  # (loaded once a run) before the save that confirms
         confirmed = await self.save_calls()
         ctx = self.tool_context()
-        parallel = t.profile.parallel_tool_calls
-        if parallel is None:
-            parallel = self.settings.parallel_tool_calls
+        parallel = self.parts.builder.parallel_calls(t.profile)
 
         def publish(event: AgentEvent) -> None:
             if isinstance(event, ToolStarted):
@@ -582,9 +566,8 @@ class TurnRunner:
                 )
 
     async def switch_profile(self, profile_id: str) -> None:
-        """Step 10: the profile changed; reload it (and with it the tools). The config in
-        force is taken again, so its system prompt is the current one: the builder's
-        cache serves a prompt only to the config it was built from (context.py)."""
+        """Step 10: the profile changed; reload it, its tools, and the config in force (the
+        builder's cache serves a prompt only to the config it was built from)."""
         t = self.turn
         t.config = self.parts.config.current()
         t.profile = t.config.profile(profile_id)
@@ -638,14 +621,12 @@ class TurnRunner:
     async def end(self, event: StreamEnd) -> None:
         """End the turn with `event`, its usage kept first: a client that acts on the
         stream_end finds the run over and its accounts written."""
-        with trio.move_on_after(ACCOUNT_DEADLINE_SEC, shield=True):
-            await self.account()
+        await shielded(self.account, ACCOUNT_DEADLINE_SEC)
         self.turn.end(event)
 
     async def account(self) -> None:
-        """Keep what this run spent since it last did (store/base.py `RunUsage`; the
-        workers after a turn's end spend too): a sub-agent's and a background job's under
-        the session that started them. A failed write is logged, never raised."""
+        """Keep what this run spent since it last did (a sub-agent's or a job's under the session
+        that started them). A failed write is logged, never raised."""
         t = self.turn
         session = t.parent_session_id if t.subagent else t.state.id if t.persist else None
         now = (t.own_prompt_tokens, t.own_completion_tokens, t.llm_sec, t.tool_sec)
@@ -778,7 +759,7 @@ class TurnRunner:
         await self.end(self.stream_end(text, reason="stopped"))
 
     async def _exhausted(self, exc: BudgetExhaustedError) -> None:
-        """A budget is spent (core/turn/budgets.py): the turn ends as a stop does, saying which."""
+        """A budget is spent: the turn ends as a stop does, saying which."""
         turn = self.turn
         turn.emit(
             BudgetExhausted(

@@ -1,9 +1,7 @@
-"""What a turn is and what it runs with: the `Turn` (the mutable state of one run) and
-the `LoopParts` (everything the runner in `turn.py` uses, as one frozen object).
+"""A turn's mutable state (`Turn`) and what its runner works with (`LoopParts`, frozen).
 
-Everything that a stop must clean up lives on the Turn (the partial answer of the call
-being streamed, the tool calls that have no result yet), so the shielded clean-up finds
-it wherever the cancel landed.
+All a stop must clean up (the partial answer, calls without a result) lives on the
+Turn, so the shielded clean-up finds it wherever the cancel landed.
 """
 
 from __future__ import annotations
@@ -44,14 +42,12 @@ class Turn:
     user_text: str
     emit: Emit
     user_id: str = "local"
-    # The tool policy's mode for this run (core/turn/policy.py) and the sender's role.
-    mode: str = "workspace"
+    mode: str = "workspace"  # the tool policy's mode for this run
     user_role: str = "user"
     persist: bool = True
     subagent: bool = False
     system_override: str | None = None
     exclude_tools: tuple[str, ...] = ()
-    # Tools known at run time (the profile's MCP servers): ToolRegistry.prepare.
     runtime_tools: tuple[str, ...] = ()
     max_iterations: int | None = None
     agent_id: str | None = None
@@ -81,24 +77,18 @@ class Turn:
     seen_calls: set[str] = attrs.field(factory=set)
     replan: str | None = None
     switch_to: str | None = None
-    # The context's built copies and token sums, kept between rounds (core/turn/context.py).
     views: ContextViews = attrs.field(factory=ContextViews)
     # A synchronous sub-agent's usage also counts in its parent turn's totals.
     usage_to: Callable[[int, int], None] | None = None
-    # Steered messages and background notes for the next LLM call (core/turn/steering.py);
-    # None for a sub-agent or a compaction.
     injections: Injections | None = None
-    # What this run may spend (core/turn/budgets.py); None: no budget applies.
-    budget: Budget | None = None
+    budget: Budget | None = None  # None: no budget applies
     # Approvals by the headless rule whoever is attached (a scheduled run).
     headless: bool = False
-    # The folders its tools work in, held open (tools/roots.py): the run's own (opened
-    # at its start, closed at its end), or its parent's for a sub-agent. None: each tool
-    # call opens its own (a run of no session).
+    # The folders its tools work in, held open (a sub-agent: its parent's); None: each
+    # tool call opens its own.
     roots: RunRoots | None = None
-    # The instruction files and skills read at the turn's start (core/turn/project_files.py).
-    project: ProjectView | None = None
-    # The run's hooks (core/turn/hooks.py), loaded at its first event; how it ended.
+    project: ProjectView | None = None  # instruction files and skills read at the start
+    # The run's hooks, loaded at its first event; how it ended.
     hooks: TurnHooks | None = None
     end_reason: str = ""
 
@@ -140,12 +130,8 @@ class Turn:
 
 @attrs.frozen(kw_only=True)
 class LoopParts:
-    """What a turn's runner works with, handed over as one object.
-
-    `tool_context` makes the context a turn's tool calls run with (and with it the
-    services tools see); the agent supplies it, so a tool can start a sub-agent that
-    runs this same loop without the loop knowing about sub-agents.
-    """
+    """What a turn's runner works with, handed over as one object. `tool_context` comes from
+    the agent, so a tool can start a sub-agent on this loop without the loop knowing."""
 
     settings: Settings
     store: SessionStore

@@ -1,30 +1,13 @@
 """Where a client may point a run: the check of a `message`'s ``cwd``, and a run's roots.
 
 A run's cwd is a root of the filesystem tool and a writable folder of the sandbox, so
-what a client sends is checked against the sender's role before anything runs
-(docs/pages/tools.md, "Safety"):
-
-- the path is resolved first (symlinks included), then the folder is opened as a held
-  root (tools/roots.py: walked from ``/`` without following any symlink) and every check
-  is made on what the fd really is (its real path, its identity), so what was checked is
-  what is used;
-- never ``/``, never the daemon's own data (tools/private.py: the data folder, the
-  database, the config folders) — inside the data folder only the folder of the session
-  the message goes to;
-- a role with `workspace_roots` in config.json (``{"user": ["~/projects"]}``) may only
-  use those folders (and below), plus its session's own folder; without an entry,
-  users get their session folders only, and admins anything but the above. Those
-  folders are the ones found when the config took effect (`ConfigSource.pins`),
-  reached again without following a symlink: a root swapped since opens nothing.
-
-A refusal is a `ForbiddenError` (``forbidden``) that names the setting.
-
-A message may wait in the queue (across a restart, too), so a run checks its cwd again
-when it starts (`hold_roots`), this time without resolving anything: the path is the real
-one the message was checked at, and a symlink anywhere in it now means a swap. The run
-holds its roots (its session folder and its cwd) from then on, and closes them when it
-ends; a root it cannot hold is an error for each tool call that needs it, and the run
-goes on.
+it is checked against the sender's role before anything runs (docs/pages/tools.md,
+"Safety"): the folder is opened as a held root without following symlinks and every
+check is made on what the fd really is; never ``/`` nor the daemon's own data; only the
+role's `workspace_roots` (as pinned when the config took effect) and its session's
+folder. A refusal is a `ForbiddenError` naming the setting. A queued message may wait
+across a restart, so a run checks its cwd again when it starts (`hold_roots`), where a
+symlink anywhere in it now means a swap.
 """
 
 from __future__ import annotations
@@ -148,13 +131,9 @@ class CwdCheck:
     store: SessionLookup
 
     async def open(self, raw: str, *, resolve: bool = True) -> Root:
-        """The folder `raw` held open, when it may be this run's cwd (the caller closes
-        it); else a refusal.
-
-        `resolve`: `raw` comes from a client, its symlinks are resolved first; else it is
-        the real path a message was checked at, and a symlink in it is
-        `RootChangedError`.
-        """
+        """The folder `raw` held open when it may be this run's cwd (the caller closes it); else a
+        refusal. `resolve`: `raw` comes from a client and its symlinks are resolved first; else
+        it is a real path already checked, and a symlink in it is `RootChangedError`."""
         root, facts = await trio.to_thread.run_sync(
             _open, raw, self.settings, self.config, self.role, resolve
         )
