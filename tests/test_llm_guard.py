@@ -205,3 +205,27 @@ async def test_a_guarded_http_stream_runs_in_the_consumers_task(dialect: str) ->
             assert isinstance(got[-1], DoneChunk)
             await server.wait_completed(2)
             assert server.disconnects == []
+
+
+async def test_a_guarded_stream_enters_one_cancel_scope_however_many_chunks_it_carries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The timeouts are one scope whose deadline moves, not a scope per receive (which
+    would cost more than the rest of the guard on every chunk)."""
+    entered = 0
+    enter = trio.CancelScope.__enter__
+
+    def counted(scope: trio.CancelScope) -> trio.CancelScope:
+        nonlocal entered
+        entered += 1
+        return enter(scope)
+
+    monkeypatch.setattr(trio.CancelScope, "__enter__", counted)
+    scopes = []
+    with trio.fail_after(LIMIT):
+        for words in (10, 50):
+            entered = 0
+            got = await drain(ScriptedBackend([{"text": " ".join(["w"] * words)}]))
+            assert len([c for c in got if isinstance(c, TextChunk)]) == words
+            scopes.append(entered)
+    assert scopes[0] == scopes[1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import llm_served
@@ -65,6 +66,13 @@ def test_a_crlf_cut_between_two_reads_is_one_line_end() -> None:
     assert _split(b"a\r\r\nb", [2, 3]) == [b"a", b"", b"b"]
 
 
+def test_an_empty_read_between_a_cr_and_its_lf_keeps_them_one_line_end() -> None:
+    splitter = LineSplitter()
+    assert splitter.feed(b"a\r") == [b"a"]
+    assert splitter.feed(b"") == []
+    assert splitter.feed(b"\nb\n") == [b"b"]
+
+
 def test_a_line_over_the_bound_is_an_error_naming_it_before_more_is_kept() -> None:
     splitter = LineSplitter(16)
     assert splitter.feed(b"0123456789") == []
@@ -72,6 +80,60 @@ def test_a_line_over_the_bound_is_an_error_naming_it_before_more_is_kept() -> No
         splitter.feed(b"abcdefg")  # no line end yet: the part kept is over the bound
     with pytest.raises(LLMMalformedStreamError, match="over 16 bytes"):
         LineSplitter(16).feed(b"ok\n" + b"x" * 17 + b"\nok\n")
+
+
+class _Counted(bytes):
+    """A read whose bytes count every byte a search, split or join passes over, and
+    whose joins stay counted: the splitter's work, read as a number, not as a time."""
+
+    touched = 0
+
+    def _touch(self, *others: object) -> None:
+        _Counted.touched += len(self) + sum(len(o) for o in others if isinstance(o, bytes))
+
+    def __contains__(self, *args: Any, **kwargs: Any) -> bool:
+        self._touch()
+        return super().__contains__(*args, **kwargs)
+
+    def find(self, *args: Any, **kwargs: Any) -> int:
+        self._touch()
+        return super().find(*args, **kwargs)
+
+    def index(self, *args: Any, **kwargs: Any) -> int:
+        self._touch()
+        return super().index(*args, **kwargs)
+
+    def split(self, *args: Any, **kwargs: Any) -> list[bytes]:
+        self._touch()
+        return super().split(*args, **kwargs)
+
+    def replace(self, *args: Any, **kwargs: Any) -> bytes:
+        self._touch()
+        return _Counted(super().replace(*args, **kwargs))
+
+    def __add__(self, other: Any) -> bytes:
+        self._touch(other)
+        return _Counted(super().__add__(other))
+
+    def __radd__(self, other: Any) -> bytes:
+        self._touch(other)
+        return _Counted(bytes(other) + bytes(self))
+
+
+@pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"])
+def test_a_long_line_in_many_small_reads_is_worked_on_once(end: bytes) -> None:
+    """Work linear in the body: each read's bytes are searched (and kept) once, not
+    the whole line under way again at every read."""
+    reads, size = 2000, 100
+    splitter = LineSplitter(reads * size)
+    _Counted.touched = 0
+    lines: list[bytes] = []
+    for i in range(reads):
+        lines += splitter.feed(_Counted(bytes([97 + i % 26]) * size))
+    lines += splitter.feed(_Counted(end + b"next" + end))
+    assert [len(line) for line in lines] == [reads * size, 4]
+    assert lines[0][:size] == b"a" * size and lines[0][-size:] == bytes([97 + 1999 % 26]) * size
+    assert _Counted.touched <= 4 * reads * size
 
 
 @pytest.mark.parametrize("dialect", ["ollama", "openai"])

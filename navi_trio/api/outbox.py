@@ -55,7 +55,8 @@ class Outbox:
             return False
         self._texts.append(text)
         self.bytes += size
-        self._ready.unpark_all()
+        if self._ready:  # unpark_all on an empty lot costs most of a microsecond
+            self._ready.unpark_all()
         return True
 
     async def put(self, text: str) -> None:
@@ -97,7 +98,8 @@ class Outbox:
         self.bytes -= sys.getsizeof(text)
         if not self._texts:
             self._stalled = False
-        self._room.unpark_all()
+        if self._room:
+            self._room.unpark_all()
         if not waited:  # a writer that waited has yielded already
             await trio.lowlevel.cancel_shielded_checkpoint()
         return text

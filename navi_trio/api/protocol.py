@@ -57,6 +57,8 @@ from navi_trio.events import (
     AgentEvent,
     ErrorEvent,
     TaskUpdate,
+    TextDelta,
+    ThinkingDelta,
     ToolResultEvent,
     WarningEvent,
     event_to_dict,
@@ -308,6 +310,11 @@ def event_frame(
     frame = EventFrame(type=type(event).type, session_id=session_id, seq=seq)
     if epoch is not None:
         frame["epoch"] = epoch
+    if type(event) is TextDelta or type(event) is ThinkingDelta:  # a token: no cattrs
+        frame["is_subagent"] = event.is_subagent
+        frame["agent_id"] = event.agent_id
+        frame["text"] = event.text
+        return frame
     body = event_to_dict(event)
     del body["type"]
     frame.update(body)
@@ -469,8 +476,39 @@ def encode(frame: Frame) -> str:
     return _dumps(frame)
 
 
+def _frame_json() -> typing.Callable[[Frame], str]:
+    """``json.dumps(frame, ensure_ascii=False, separators=(",", ":"))`` with its C
+    encoder made once: ``json.dumps`` makes one a call, which is most of the time a
+    small frame (a token's) takes. No check for a circular frame (a frame is a tree).
+    Without the C encoder, or if its (undocumented) signature changed, json.dumps."""
+
+    def slow(frame: Frame) -> str:
+        return json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
+
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return slow
+    default = json.JSONEncoder().default  # the TypeError json.dumps raises
+    # (markers, default, string encoder, indent, key and item separators, sort_keys,
+    # skipkeys, allow_nan): what JSONEncoder.iterencode passes for json.dumps's arguments
+    quote = json.encoder.encode_basestring
+    try:
+        encoder = make(None, default, quote, None, ":", ",", False, False, True)
+
+        def fast(frame: Frame) -> str:
+            return "".join(encoder(frame, 0))
+
+        probe: Frame = {"a": [1, 2.5, None, True, float("nan")], "\u00e9": '\u2028"\\'}
+        return fast if fast(probe) == slow(probe) else slow
+    except TypeError:
+        return slow
+
+
+_FRAME_JSON = _frame_json()
+
+
 def _dumps(frame: Frame) -> str:
-    text = json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
+    text = _FRAME_JSON(frame)
     if has_lone_surrogate(text):
         # UTF-8 cannot carry it, and a JSON escape would hand it to the client, whose
         # terminal or store fails the same way: it goes out as U+FFFD.

@@ -12,13 +12,15 @@ response: the server sees the connection go and the GPU goes idle. No polling: S
 during prefill is just a cancel scope, effective at once.
 
 The guard is a wrapper around the backend's channel, not a channel of its own: each
-``receive`` runs in the consumer's task under its own deadline, so a chunk costs no
-extra task hop (a second producer task would add a nursery per call and two task
-switches per chunk, for nothing the cancel scope does not already give).
+``receive`` runs in the consumer's task under the stream's one cancel scope, its
+deadline moved for that wait, so a chunk costs no extra task hop and no scope of its
+own (a second producer task would add a nursery per call and two task switches per
+chunk, for nothing the cancel scope does not already give).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -29,7 +31,13 @@ from navi_trio.llm.base import ChatRequest, LLMBackend, LLMChunk, WorkingChunk
 
 
 class _Guarded(trio.abc.ReceiveChannel[LLMChunk]):
-    """The backend's channel, each receive bounded by the first-chunk or chunk timeout."""
+    """The backend's channel, each receive bounded by the first-chunk or chunk timeout.
+
+    One cancel scope for the whole stream (a scope a receive would cost more than the
+    rest of the guard): a receive moves its deadline to now + the limit, and back to
+    never while the consumer works on what it got (or on an error or the end). So
+    receive in the task that entered the stream, or in a task it started inside.
+    """
 
     def __init__(
         self, chunks: trio.abc.ReceiveChannel[LLMChunk], first: float, later: float
@@ -38,15 +46,23 @@ class _Guarded(trio.abc.ReceiveChannel[LLMChunk]):
         self._limit = first
         self._later = later
         self._first = True
+        self.scope = trio.CancelScope()
 
     async def receive(self) -> LLMChunk:
-        with trio.move_on_after(self._limit):
+        scope = self.scope
+        scope.deadline = trio.current_time() + self._limit
+        try:
             chunk = await self._chunks.receive()
-            if not isinstance(chunk, WorkingChunk):  # work restarts the same wait
-                self._limit = self._later
-                self._first = False
-            return chunk
-        raise LLMFirstChunkTimeout(self._limit) if self._first else LLMChunkTimeout(self._limit)
+        finally:  # an error or the end of the stream leaves no deadline behind either
+            scope.deadline = math.inf
+        if not isinstance(chunk, WorkingChunk):  # work restarts the same wait
+            self._limit = self._later
+            self._first = False
+        return chunk
+
+    def timeout(self) -> LLMFirstChunkTimeout | LLMChunkTimeout:
+        """The error of the wait the scope ended."""
+        return LLMFirstChunkTimeout(self._limit) if self._first else LLMChunkTimeout(self._limit)
 
     async def aclose(self) -> None:
         await self._chunks.aclose()
@@ -64,7 +80,13 @@ async def guarded_stream(
 
     Each wait is measured from when the consumer asks for the next chunk, so time the
     consumer spends on a chunk never counts against the model. No task of its own: a
-    receive is the backend's receive inside a cancel scope.
+    receive is the backend's receive under the stream's cancel scope. A timeout cancels
+    the consumer's body and comes out of the ``async with`` as the timeout's error,
+    inside the backend's (which closes the connection as for any error).
     """
     async with backend.stream_chat(request) as chunks:
-        yield _Guarded(chunks, first_chunk_timeout, chunk_timeout)
+        guarded = _Guarded(chunks, first_chunk_timeout, chunk_timeout)
+        with guarded.scope:
+            yield guarded
+        if guarded.scope.cancelled_caught:
+            raise guarded.timeout()

@@ -21,38 +21,55 @@ LINE_MAX_BYTES = 8 * 1024 * 1024
 
 
 class LineSplitter:
-    """Feed it a body's bytes as they arrive; it returns the lines each read ended."""
+    """Feed it a body's bytes as they arrive; it returns the lines each read ended.
+
+    Linear in the body's length however the reads fall: the line under way grows in
+    one buffer, and line ends are looked for only in the bytes a read brings (a long
+    line in many small reads is neither copied nor searched again at every read).
+    """
 
     __slots__ = ("_limit", "_part", "_cr")
 
     def __init__(self, limit: int = LINE_MAX_BYTES) -> None:
         self._limit = limit
-        self._part = b""  # the line under way: no line end in it
+        self._part = bytearray()  # the line under way: no line end in it
         self._cr = False  # the last read ended with CR: an LF first in the next is its end
 
     def feed(self, data: bytes) -> list[bytes]:
         """The lines `data` completes, without their line ends."""
+        if not data:
+            return []
         if self._cr:
             self._cr = False
-            if data[:1] == b"\n":
+            if data[0] == 0x0A:  # the LF of a CRLF cut between two reads
                 data = data[1:]
-        if self._part:
-            data = self._part + data
         if b"\r" in data:
-            self._cr = data[-1:] == b"\r"
+            self._cr = data[-1] == 0x0D
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = data.split(b"\n")
-        self._part = lines.pop()
-        if len(self._part) > self._limit:
-            raise self._too_long(self._part)
+        rest = lines.pop()
+        part = self._part
+        if not lines:  # no line end: the line under way grows
+            if len(part) + len(rest) > self._limit:
+                raise self._too_long(bytes(part[:800]) + rest[:800])
+            part.extend(rest)
+            return lines
+        if part:
+            lines[0] = bytes(part) + lines[0]
+            part.clear()
         for line in lines:
             if len(line) > self._limit:
                 raise self._too_long(line)
+        if rest:
+            if len(rest) > self._limit:
+                raise self._too_long(rest)
+            part.extend(rest)
         return lines
 
     def finish(self) -> list[bytes]:
         """At the end of the body: its last line, if it had no line end."""
-        part, self._part = self._part, b""
+        part = bytes(self._part)
+        self._part.clear()
         return [part] if part else []
 
     def _too_long(self, line: bytes) -> LLMMalformedStreamError:

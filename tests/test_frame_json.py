@@ -1,0 +1,70 @@
+"""A frame's JSON text and a token's frame, made the fast way, are exactly what the
+general way made: the same keys in the same order, the same bytes on the wire."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from navi_trio.api.protocol import EventFrame, encode, event_frame
+from navi_trio.events import TextDelta, ThinkingDelta, event_to_dict
+from navi_trio.text import clean_json, has_lone_surrogate
+
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=20)
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+def _dumps_as_before(frame: dict[str, Any]) -> str:
+    text = json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
+    if has_lone_surrogate(text):
+        text = json.dumps(clean_json(frame), ensure_ascii=False, separators=(",", ":"))
+    return text
+
+
+@given(st.dictionaries(st.text(max_size=8), _VALUES, max_size=6))
+def test_a_frame_is_encoded_as_json_dumps_encodes_it(frame: dict[str, Any]) -> None:
+    assert encode(frame) == _dumps_as_before(frame)
+
+
+@given(
+    st.sampled_from([TextDelta, ThinkingDelta]),
+    st.text(max_size=30),
+    st.booleans(),
+    st.none() | st.text(max_size=8),
+    st.text(min_size=1, max_size=12),
+    st.none() | st.integers(min_value=0),
+    st.none() | st.text(max_size=8),
+)
+def test_a_tokens_frame_is_the_frame_the_general_way_makes(
+    kind: type[TextDelta | ThinkingDelta],
+    text: str,
+    is_subagent: bool,
+    agent_id: str | None,
+    session_id: str,
+    seq: int | None,
+    epoch: str | None,
+) -> None:
+    event = kind(text, is_subagent=is_subagent, agent_id=agent_id)
+    frame = event_frame(event, session_id, seq, epoch)
+    want: dict[str, Any] = {"type": kind.type, "session_id": session_id, "seq": seq}
+    if epoch is not None:
+        want["epoch"] = epoch
+    want.update({k: v for k, v in event_to_dict(event).items() if k != "type"})
+    assert isinstance(frame, EventFrame)
+    assert list(frame.items()) == list(want.items())
+    assert encode(frame) == _dumps_as_before(want)
