@@ -30,11 +30,10 @@ from navi_trio.core.jobs.task_notes import drain_notes
 from navi_trio.core.turn import SessionLeases
 from navi_trio.errors import SessionBusyError
 from navi_trio.settings import Settings
-from navi_trio.store._history import _append
+from navi_trio.store._history import _append, _insert_session
 from navi_trio.store._input import _prepare
 from navi_trio.store._lease import pid_alive
 from navi_trio.store._schema import _connect, _init_schema
-from navi_trio.store._sessions import _insert_session
 from navi_trio.store.base import SessionRow
 from navi_trio.store.sqlite import SQLiteStore
 

@@ -34,7 +34,7 @@ found): a damaged file starts, says so once, and only what cannot be read is ref
 
 Where it lives: the methods are store/methods.py's, written once for both engines;
 `_SQLite` below is this engine's statements for them, one module per table with its
-SQL where it is SQLite's own (`_sessions`, `_history`, `_queue`, `_users`, `_lease`;
+SQL where it is SQLite's own (`_history`, `_queue`, `_users`, `_lease`;
 `_control` for the wake-ups, usage and schedules tables; the shared statements are
 store/statements.py's, on `_schema.SQLITE`). `_core` has the worker, open and close, `_run`;
 `_schema` the connection, tables and write transaction; `_health` SQLite's failures
@@ -48,7 +48,7 @@ from pathlib import Path
 
 import trio
 
-from navi_trio.store import _control, _history, _lease, _queue, _sessions, _users
+from navi_trio.store import _control, _history, _lease, _queue, _users
 from navi_trio.store._core import _Core
 from navi_trio.store._input import check_session_id as check_session_id
 from navi_trio.store._readonly import read_only_check as read_only_check
@@ -63,14 +63,9 @@ class _SQLite(SQLiteEngine):
     """The SQLite statements of store/statements.py's `Engine`: the shared ones
     (store/statements.py) on this engine, and those whose SQL is its own."""
 
-    insert_session = staticmethod(_sessions._insert_session)
-    update_session = staticmethod(_sessions._update_session)
-    delete_session = staticmethod(_sessions._delete_session)
+    insert_session = staticmethod(_history._insert_session)
     append = staticmethod(_history._append)
-    load_page = staticmethod(_history._load_page)
-    replace_context = staticmethod(_history._replace_context)
-    rewrite = staticmethod(_history._rewrite)
-    load_session = staticmethod(_history._load_session)
+    insert_history = staticmethod(_history._insert_history)
     enqueue = staticmethod(_queue._enqueue)
     release_queued = staticmethod(_queue._release)
     adopt = staticmethod(_queue._adopt)

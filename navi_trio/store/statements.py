@@ -13,13 +13,13 @@ Every function runs on the engine's worker thread with its connection (`conn`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 from navi_trio.errors import StoreError
 from navi_trio.store._control_input import SCHEDULE_COLS, by_key, schedule_from, sessions_full
-from navi_trio.store._input import _Rewrite, _Row
+from navi_trio.store._input import _prepare, _Rewrite, _Row, page_end
 from navi_trio.store.base import (
     USAGE_KINDS,
     Claimed,
@@ -35,6 +35,7 @@ from navi_trio.store.base import (
     UsageRequest,
 )
 from navi_trio.store.fence import Fence
+from navi_trio.store.repair import placeholder_positions, repair_dangling_tool_calls
 from navi_trio.text import loads_clean
 
 SESSION_COLS = "id, profile_id, title, user_id, created_at, updated_at, meta"
@@ -71,12 +72,8 @@ class Engine:
     are declared here and given by the engine (store/sqlite.py, postgres/store.py)."""
 
     insert_session: Callable[[Any, SessionRow, str, int | None], int | None]
-    update_session: Callable[[Any, str, dict[str, Any], Fence | None], None]
-    delete_session: Callable[[Any, str], bool]
-    load_page: Callable[[Any, str, float | None, int, int], HistoryPage]
-    replace_context: Callable[[Any, str, list[_Row], float, Fence | None], None]
-    rewrite: Callable[[Any, str, _Rewrite, float, Fence | None], None]
-    load_session: Callable[[Any, str, float, Fence | None], LoadedSession | None]
+    # (conn, table, sid, rows, positions, now): the rows at those positions, one statement
+    insert_history: Callable[[Any, str, str, Sequence[_Row], Sequence[float], float], None]
     enqueue: Callable[[Any, str, str, str, int, str, float, int | None], Queued]
     release_queued: Callable[[Any, str, list[str], int, str], int]
     adopt: Callable[[Any, str, int, str, float], Queued]  # sid, pid, host, now
@@ -110,6 +107,8 @@ class Engine:
 
     mark = "?"
     seq = "rowid"  # the column that numbers rows in the order they were inserted
+    size = "length"  # a text's size in bytes (the history's data is ASCII JSON)
+    for_update = ""  # what holds a row read in a write to the commit
 
     def q(self, text: str) -> str:
         """`text` with its `?` placeholders in this engine's style."""
@@ -135,6 +134,16 @@ class Engine:
         """Inside a write: hold the session's row to the commit (SQLite's write
         transaction holds the whole file already)."""
 
+    def session_there(self, conn: Any, sid: str) -> bool:
+        """Inside a write: whether the session is there, its row held to the commit."""
+        sql = self.q(f"SELECT 1 FROM sessions WHERE id = ?{self.for_update}")
+        return conn.execute(sql, [sid]).fetchone() is not None
+
+    def hold_session(self, conn: Any, sid: str) -> None:
+        """Inside a write: `session_there`, StoreError when it is not."""
+        if not self.session_there(conn, sid):
+            raise StoreError(f"no session {sid!r} in the store")
+
     def count_sessions_locked(self, conn: Any, user_id: str) -> int:
         """Inside a write: the user's sessions, counted so that two transactions that
         may create one of theirs count one after the other (SQLite: the write lock)."""
@@ -158,6 +167,34 @@ class Engine:
         )
         return [session_from(r) for r in conn.execute(self.q(sql), params).fetchall()]
 
+    def update_session(
+        self, conn: Any, sid: str, changes: dict[str, Any], fence: Fence | None
+    ) -> None:
+        # Column names come from update_session's fixed keyword set, never from callers.
+        sets = ", ".join(f"{col} = ?" for col in changes)
+        with self.write(conn):
+            self.check_fence(conn, fence)
+            self.hold_session(conn, sid)
+            sql = self.q(f"UPDATE sessions SET {sets} WHERE id = ?")
+            conn.execute(sql, [*changes.values(), sid])
+
+    def delete_session(self, conn: Any, sid: str) -> bool:
+        """The session and what hangs on it: history, context, queued messages, wake-ups,
+        usage, schedules, and the kv rows `sid` / `sid:…` (even of a session gone)."""
+        with self.write(conn):
+            there = self.session_there(conn, sid)
+            for table in ("messages", "context", "queued", "wakes", "schedules"):
+                conn.execute(self.q(f"DELETE FROM {table} WHERE session_id = ?"), [sid])
+            for table in ("usage", "usage_holds"):
+                conn.execute(self.q(f"DELETE FROM {table} WHERE key = ?"), [f"session:{sid}"])
+            # substr, not LIKE: ids may contain LIKE's wildcard `_`.
+            conn.execute(
+                self.q("DELETE FROM kv WHERE key = ? OR substr(key, 1, ?) = ?"),
+                [sid, len(sid) + 1, sid + ":"],
+            )
+            conn.execute(self.q("DELETE FROM sessions WHERE id = ?"), [sid])
+            return there
+
     def require_session(self, conn: Any, sid: str) -> None:
         if conn.execute(self.q("SELECT 1 FROM sessions WHERE id = ?"), [sid]).fetchone() is None:
             raise StoreError(f"no session {sid!r} in the store")
@@ -172,6 +209,95 @@ class Engine:
         sql = self.q(f"SELECT data FROM {table} WHERE session_id = ? ORDER BY position")
         # An older version stored lone surrogates: they come back as U+FFFD.
         return [loads_clean(r[0]) for r in conn.execute(sql, [sid]).fetchall()]
+
+    def load_page(
+        self, conn: Any, sid: str, after: float | None, limit: int, max_bytes: int
+    ) -> HistoryPage:
+        """One page of the display history: the sizes first, stepped lazily (the rows
+        past the page are never read), then the data of that page alone."""
+        self.require_session(conn, sid)
+        where, params = ("AND position > ?", [after]) if after is not None else ("", [])
+        sizes = conn.execute(
+            self.q(
+                f"SELECT position, {self.size}(data) FROM messages WHERE session_id = ? {where}"
+                " ORDER BY position LIMIT ?"
+            ),
+            [sid, *params, limit + 1],
+        )
+        try:
+            end = page_end(sizes, limit, max_bytes)
+        finally:
+            sizes.close()
+        if end is None:
+            return HistoryPage(messages=[], next_after=None)
+        last, more = end
+        rows = conn.execute(
+            self.q(
+                f"SELECT data FROM messages WHERE session_id = ? {where} AND position <= ?"
+                " ORDER BY position"
+            ),
+            [sid, *params, last],
+        ).fetchall()
+        messages = [loads_clean(r[0]) for r in rows]  # an older version stored lone surrogates
+        return HistoryPage(messages=messages, next_after=last if more else None)
+
+    def replace_context(
+        self, conn: Any, sid: str, rows: list[_Row], now: float, fence: Fence | None
+    ) -> None:
+        with self.write(conn):
+            self.check_fence(conn, fence)
+            self.hold_session(conn, sid)
+            conn.execute(self.q("DELETE FROM context WHERE session_id = ?"), [sid])
+            positions = [float(i) for i in range(1, len(rows) + 1)]
+            self.insert_history(conn, "context", sid, rows, positions, now)
+
+    def rewrite(self, conn: Any, sid: str, job: _Rewrite, now: float, fence: Fence | None) -> None:
+        """A rewind or a branch brought back (SessionStore.rewrite_history), in one write."""
+        with self.write(conn):
+            self.check_fence(conn, fence)  # a replaced owner must not rewind its successor's
+            self.hold_session(conn, sid)
+            sql = self.q("SELECT position FROM messages WHERE session_id = ? ORDER BY position")
+            positions = [r[0] for r in conn.execute(sql, [sid]).fetchall()]
+            if job.keep > len(positions):
+                have = len(positions)
+                raise StoreError(f"session {sid!r} has {have} messages, not {job.keep} to keep")
+            top = float(positions[job.keep - 1]) if job.keep else 0.0
+            sql = self.q("DELETE FROM messages WHERE session_id = ? AND position > ?")
+            conn.execute(sql, [sid, top])
+            after = [top + i for i in range(1, len(job.messages) + 1)]
+            self.insert_history(conn, "messages", sid, job.messages, after, now)
+            self.replace_context(conn, sid, job.context, now, None)  # the fence is checked above
+            for scope, key, value in job.kv_set:
+                self.kv_set(conn, scope, key, value, now)
+            for scope, key in job.kv_delete:
+                self.kv_delete(conn, scope, key)
+            conn.execute(self.q("UPDATE sessions SET updated_at = ? WHERE id = ?"), [now, sid])
+
+    def load_session(
+        self, conn: Any, sid: str, now: float, fence: Fence | None
+    ) -> LoadedSession | None:
+        """The session, its dangling tool calls repaired and the placeholders stored
+        between their neighbours' positions, in one write: no append slips in between."""
+        with self.write(conn):
+            self.check_fence(conn, fence)  # a replaced owner must not "repair" its successor's
+            sql = self.q(f"SELECT {SESSION_COLS} FROM sessions WHERE id = ?{self.for_update}")
+            row = conn.execute(sql, [sid]).fetchone()
+            if row is None:
+                return None
+            loaded: dict[str, list[dict[str, Any]]] = {}
+            repaired = 0
+            for table in ("messages", "context"):
+                sql = f"SELECT position, data FROM {table} WHERE session_id = ? ORDER BY position"
+                records = conn.execute(self.q(sql), [sid]).fetchall()
+                items = [loads_clean(r[1]) for r in records]  # lone surrogates: U+FFFD
+                fixed, inserted = repair_dangling_tool_calls(items)
+                if inserted:
+                    positions = placeholder_positions([r[0] for r in records], inserted)
+                    rows = _prepare([ph for _, ph in inserted], f"{table} placeholders")
+                    self.insert_history(conn, table, sid, rows, positions, now)
+                loaded[table] = fixed
+                repaired += len(inserted)
+        return LoadedSession(session_from(row), loaded["messages"], loaded["context"], repaired)
 
     # -- queued messages ------------------------------------------------------------
 

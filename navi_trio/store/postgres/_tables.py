@@ -84,6 +84,8 @@ class PgEngine(Engine):
 
     mark = "%s"
     seq = "seq"
+    size = "octet_length"  # a stored value's length, without reading its data
+    for_update = " FOR UPDATE"
 
     def flag(self, value: bool) -> object:
         return value
@@ -99,9 +101,7 @@ class PgEngine(Engine):
 
     def lock_session(self, conn: Conn, sid: str) -> None:
         """Lock the session's row for this transaction; StoreError when there is none."""
-        sql = "SELECT 1 FROM sessions WHERE id = %s FOR UPDATE"
-        if conn.execute(sql, [sid]).fetchone() is None:
-            raise StoreError(f"no session {sid!r} in the store")
+        self.hold_session(conn, sid)
 
     def count_sessions_locked(self, conn: Conn, user_id: str) -> int:
         """Counted under a lock on the user held to the commit (an advisory lock)."""

@@ -42,13 +42,8 @@ class _Postgres(t.PgEngine):
     (store/statements.py) on this engine, and those whose SQL is its own."""
 
     insert_session = staticmethod(h.insert_session)
-    update_session = staticmethod(h.update_session)
-    delete_session = staticmethod(h.delete_session)
     append = staticmethod(h.append)
-    load_page = staticmethod(h.load_page)
-    replace_context = staticmethod(h.replace_context)
-    rewrite = staticmethod(h.rewrite)
-    load_session = staticmethod(h.load_session)
+    insert_history = staticmethod(h._insert_history)
     enqueue = staticmethod(t.enqueue)
     release_queued = staticmethod(t.release_queued)
     adopt = staticmethod(t.adopt)
