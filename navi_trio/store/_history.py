@@ -9,7 +9,6 @@ from collections.abc import Sequence
 
 from sqlite_utils import Database
 
-from navi_trio.errors import SessionExistsError
 from navi_trio.store._input import (
     _Row,
     not_queued,
@@ -17,9 +16,7 @@ from navi_trio.store._input import (
 from navi_trio.store._lease import renew_lease
 from navi_trio.store._queue import _claim
 from navi_trio.store._schema import SQLITE, _write_tx
-from navi_trio.store.base import SessionRow
 from navi_trio.store.fence import Fence
-from navi_trio.store.statements import SESSION_COLS
 
 
 def _insert_history(
@@ -72,28 +69,3 @@ def _append(
                 positions = _next_positions(db, table, sid, len(rows))
                 _insert_history(db, table, sid, rows, positions, now)
         db.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", [now, sid])
-
-
-def _insert_session(
-    db: Database, row: SessionRow, meta_json: str, most: int | None = None
-) -> int | None:
-    """Insert the row; with `most`, not when the user has that many sessions already:
-    then how many they have (else None)."""
-    with _write_tx(db):
-        if db.execute("SELECT 1 FROM sessions WHERE id = ?", [row.id]).fetchone() is not None:
-            raise SessionExistsError(f"session {row.id!r} already exists")
-        if most is not None and (count := SQLITE.count_sessions(db, row.user_id)) >= most:
-            return count
-        db.execute(
-            f"INSERT INTO sessions ({SESSION_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [
-                row.id,
-                row.profile_id,
-                row.title,
-                row.user_id,
-                row.created_at,
-                row.updated_at,
-                meta_json,
-            ],
-        )
-    return None

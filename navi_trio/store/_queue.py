@@ -29,7 +29,7 @@ from sqlite_utils import Database
 
 from navi_trio.store._lease import pid_alive
 from navi_trio.store._schema import _write_tx
-from navi_trio.store.base import HANDED_HOST, HANDED_PID
+from navi_trio.store.base import HANDED_PID
 
 
 def _enqueue(
@@ -65,18 +65,6 @@ def _claim(db: Database, sid: str, key: str) -> bool:
     return bool(
         db.execute("DELETE FROM queued WHERE key = ? AND session_id = ?", [key, sid]).rowcount
     )
-
-
-def _release(db: Database, sid: str, keys: list[str], pid: int, host: str) -> int:
-    with _write_tx(db):
-        released = 0
-        for key in keys:
-            released += db.execute(
-                "UPDATE queued SET pid = ?, host = ? WHERE key = ? AND session_id = ?"
-                " AND pid = ? AND host = ?",
-                [HANDED_PID, HANDED_HOST, key, sid, pid, host],
-            ).rowcount
-        return released
 
 
 def _adopt(

@@ -14,33 +14,14 @@ import psycopg
 import psycopg.errors as pg
 from psycopg import sql
 
-from navi_trio.errors import SessionExistsError, StoreError
+from navi_trio.errors import StoreError
 from navi_trio.store._input import _Row, not_queued
-from navi_trio.store.base import SessionRow
 from navi_trio.store.fence import Fence
 from navi_trio.store.postgres import _tables as t
 from navi_trio.store.postgres._tables import check_fence
 from navi_trio.store.postgres._workers import Conn
-from navi_trio.store.statements import SESSION_COLS
 
 NO_SESSION = "NV002"  # navi_append's, for a session that is not there (migrations/0005)
-
-
-def insert_session(
-    conn: Conn, row: SessionRow, meta_json: str, most: int | None = None
-) -> int | None:
-    """Insert the row; with `most`, not when the user has that many sessions already:
-    then how many they have (else None)."""
-    if most is not None and (count := t.PG.count_sessions_locked(conn, row.user_id)) >= most:
-        return count
-    inserted = conn.execute(
-        f"INSERT INTO sessions ({SESSION_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s)"
-        " ON CONFLICT (id) DO NOTHING RETURNING 1",
-        [row.id, row.profile_id, row.title, row.user_id, row.created_at, row.updated_at, meta_json],
-    ).fetchone()
-    if inserted is None:
-        raise SessionExistsError(f"session {row.id!r} already exists")
-    return None
 
 
 def pg_text(text: str | None) -> str | None:
