@@ -13,7 +13,6 @@ from navi_trio.store._input import (
     _Row,
     not_queued,
 )
-from navi_trio.store._lease import renew_lease
 from navi_trio.store._queue import _claim
 from navi_trio.store._schema import SQLITE, _write_tx
 from navi_trio.store.fence import Fence
@@ -60,7 +59,7 @@ def _append(
     with _write_tx(db):
         SQLITE.check_fence(db, fence)
         if renew is not None and fence is not None:  # the row is the fence's: just checked
-            renew_lease(db, sid, fence.owner, renew, fence.generation, now)
+            SQLITE.renew_lease(db, sid, fence.owner, renew, fence.generation, now)
         SQLITE.require_session(db, sid)
         if dequeue is not None and not _claim(db, sid, dequeue):
             raise not_queued(sid, dequeue)

@@ -29,38 +29,11 @@ def claim_lease(
         if generation is None:
             assert holder is not None
             return holder
-        lease = LeaseRow(
-            session_id=sid,
-            owner=owner,
-            pid=pid,
-            host=host,
-            expires_at=now + ttl,
-            generation=generation,
-        )
+        lease = LeaseRow(sid, owner, pid, host, now + ttl, generation)
         db.execute(
             f"INSERT INTO leases ({LEASE_COLS}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id)"
             " DO UPDATE SET owner = excluded.owner, pid = excluded.pid, host = excluded.host,"
             " expires_at = excluded.expires_at, generation = excluded.generation",
-            [
-                lease.session_id,
-                lease.owner,
-                lease.pid,
-                lease.host,
-                lease.expires_at,
-                lease.generation,
-            ],
+            [sid, owner, pid, host, lease.expires_at, generation],
         )
         return lease
-
-
-def renew_lease(
-    db: Database, sid: str, owner: str, ttl: float, generation: int | None, now: float
-) -> bool:
-    expires_at = now + ttl
-    with _write_tx(db):
-        cursor = db.execute(
-            "UPDATE leases SET expires_at = ? WHERE session_id = ? AND owner = ?"
-            " AND (? IS NULL OR generation = ?)",
-            [expires_at, sid, owner, generation, generation],
-        )
-        return bool(cursor.rowcount)

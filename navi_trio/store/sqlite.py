@@ -63,7 +63,6 @@ class _SQLite(SQLiteEngine):
     enqueue = staticmethod(_queue._enqueue)
     adopt = staticmethod(_queue._adopt)
     claim_lease = staticmethod(_lease.claim_lease)
-    renew_lease = staticmethod(_lease.renew_lease)
 
 
 class SQLiteStore(_Core):

@@ -104,7 +104,6 @@ class Engine:
     adopt: Callable[[Any, str, int, str, float], Queued]  # sid, pid, host, now
     kv_list: Callable[[Any, str, str], list[tuple[str, Any]]]
     claim_lease: Callable[[Any, str, str, int, str, float, float], LeaseRow]
-    renew_lease: Callable[[Any, str, str, float, int | None, float], bool]
 
     def append(
         self,
@@ -485,6 +484,19 @@ class Engine:
         return None if found is None else user_dict(found)
 
     # -- leases ---------------------------------------------------------------------
+
+    def renew_lease(
+        self, conn: Any, sid: str, owner: str, ttl: float, generation: int | None, now: float
+    ) -> bool:
+        """Extend `owner`'s lease to `ttl` s from now, only while it holds `generation`
+        (when given): a replaced owner renews nothing."""
+        sql = self.q(
+            f"UPDATE leases SET expires_at = {self.clock} + ? WHERE session_id = ? AND owner = ?"
+            " AND (CAST(? AS BIGINT) IS NULL OR generation = CAST(? AS BIGINT))"
+        )
+        with self.write(conn):
+            cursor = conn.execute(sql, [*self.at(now), ttl, sid, owner, generation, generation])
+            return bool(cursor.rowcount)
 
     def release_lease(self, conn: Any, sid: str, owner: str) -> None:
         with self.write(conn):

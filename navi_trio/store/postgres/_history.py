@@ -86,7 +86,7 @@ def append(
     owner, generation = (fence.owner, fence.generation) if fence is not None else (None, None)
     try:
         if renew is not None and fence is not None:
-            t.renew_lease(conn, sid, fence.owner, renew, fence.generation, now)
+            t.PG.renew_lease(conn, sid, fence.owner, renew, fence.generation, now)
         if dequeue is not None:
             check_fence(conn, fence)
             t.PG.lock_session(conn, sid)

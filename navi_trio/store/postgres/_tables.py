@@ -180,18 +180,6 @@ def claim_lease(
     return lease_from(taken)
 
 
-def renew_lease(
-    conn: Conn, sid: str, owner: str, ttl: float, generation: int | None, now: float
-) -> bool:
-    """`now` is unused: lease times are the server's clock."""
-    cur = conn.execute(
-        f"UPDATE leases SET expires_at = {_NOW} + %s WHERE session_id = %s AND owner = %s"
-        " AND (%s::bigint IS NULL OR generation = %s::bigint)",
-        [ttl, sid, owner, generation, generation],
-    )
-    return cur.rowcount > 0
-
-
 def enqueue(
     conn: Conn,
     sid: str,

@@ -43,7 +43,6 @@ class _Postgres(t.PgEngine):
     enqueue = staticmethod(t.enqueue)
     adopt = staticmethod(t.adopt)
     claim_lease = staticmethod(t.claim_lease)
-    renew_lease = staticmethod(t.renew_lease)
 
 
 class PostgresStore(_Core):
