@@ -15,9 +15,6 @@ left its queue to the new owner: `release_queued`).
 The queue's cap (`enqueue(keep=N)`) is the store's, in the insert's transaction: past
 N rows the oldest go, and are returned, so that every process that queues counts the
 same rows the same way.
-
-The statements of the SQLite store (store/methods.py has the methods), run on the
-worker thread.
 """
 
 from __future__ import annotations

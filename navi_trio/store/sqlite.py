@@ -55,8 +55,7 @@ from navi_trio.store._worker import BUSY_TIMEOUT_S as BUSY_TIMEOUT_S
 
 
 class _SQLite(SQLiteEngine):
-    """The SQLite statements of store/statements.py's `Engine`: the shared ones
-    (store/statements.py) on this engine, and those whose SQL is its own."""
+    """The statements whose SQL is SQLite's own; the rest are `Engine`'s."""
 
     append = staticmethod(_history._append)
     insert_history = staticmethod(_history._insert_history)

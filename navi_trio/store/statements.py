@@ -3,11 +3,10 @@
 An `Engine` is what differs underneath: its placeholder (`?` for SQLite, `%s` for
 psycopg; the SQL here is written with `?`), how it opens a write transaction (SQLite
 takes the file's write lock, ``BEGIN IMMEDIATE``; a PostgreSQL job already runs in one)
-and how a write checks its lease fence (store/fence.py). Each engine's statements
-(store/sqlite.py `_SQLite`, store/postgres/store.py `_Postgres`) are its `Engine` and
-its own functions where its SQL differs: PostgreSQL locks rows (``FOR UPDATE``,
-advisory locks) and reads the server's clock, because several daemons write at once.
-Every function runs on the engine's worker thread with its connection (`conn`).
+and how a write checks its lease fence (store/fence.py); PostgreSQL locks rows (``FOR
+UPDATE``, advisory locks) and reads the server's clock, because several daemons write at
+once. Each engine adds the statements whose SQL is its own. Every function runs on the
+engine's worker thread with its connection (`conn`).
 """
 
 from __future__ import annotations

@@ -35,8 +35,7 @@ from navi_trio.store.postgres._core import check_url as check_url
 
 
 class _Postgres(t.PgEngine):
-    """The PostgreSQL statements of store/statements.py's `Engine`: the shared ones
-    (store/statements.py) on this engine, and those whose SQL is its own."""
+    """The statements whose SQL is PostgreSQL's own; the rest are `Engine`'s."""
 
     append = staticmethod(h.append)
     insert_history = staticmethod(h._insert_history)
