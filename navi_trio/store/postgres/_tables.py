@@ -126,7 +126,9 @@ class PgEngine(Engine):
         conn.execute("SELECT key FROM usage WHERE key = ANY(%s) ORDER BY key FOR UPDATE", [keys])
 
     def users_changed(self, conn: Conn) -> None:
-        _users_changed(conn)
+        """Tell the daemons on this database (the cluster listens): the notification goes
+        out with the commit, never before it."""
+        conn.execute("SELECT pg_notify(%s, '')", [USERS_CHANNEL])
 
     def kv_list(self, conn: Conn, scope: str, prefix: str) -> list[tuple[str, Any]]:
         rows = conn.execute(
@@ -137,15 +139,6 @@ class PgEngine(Engine):
 
 
 PG = PgEngine()
-
-
-# -- users ------------------------------------------------------------------------------
-
-
-def _users_changed(conn: Conn) -> None:
-    """Tell the daemons on this database (core/cluster/cluster.py listens): the notification goes
-    out with the commit, never before it."""
-    conn.execute("SELECT pg_notify(%s, '')", [USERS_CHANNEL])
 
 
 def claim_lease(
