@@ -334,7 +334,7 @@ def test_each_engine_gives_every_statement_the_methods_run() -> None:
     from navi_trio.store.statements import Engine
 
     declared = [n for n in Engine.__annotations__ if not n.startswith("_")]
-    assert "reserve" in declared and "append" in dir(Engine)
+    assert "claim_lease" in declared and "append" in dir(Engine)
     for store in (SQLiteStore, PostgresStore):
         missing = [n for n in declared if not callable(getattr(store.sql, n, None))]
         assert missing == [], f"{store.__name__} lacks {missing}"

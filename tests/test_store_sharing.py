@@ -33,8 +33,7 @@ from navi_trio.settings import Settings
 from navi_trio.store._history import _append
 from navi_trio.store._input import _prepare
 from navi_trio.store._lease import pid_alive
-from navi_trio.store._schema import _connect, _init_schema
-from navi_trio.store._sessions import _insert_session
+from navi_trio.store._schema import SQLITE, _connect, _init_schema
 from navi_trio.store.base import SessionRow
 from navi_trio.store.sqlite import SQLiteStore
 
@@ -48,7 +47,7 @@ def test_a_write_transaction_takes_the_write_lock_before_it_reads(tmp_path: Path
     path = tmp_path / "navi.db"
     db = _connect(path, "FULL", 0.05)
     _init_schema(db)
-    _insert_session(db, SessionRow("s-1", "default", "", "local", 1.0, 1.0), "{}")
+    SQLITE.insert_session(db, SessionRow("s-1", "default", "", "local", 1.0, 1.0), "{}", None)
     other = sqlite3.connect(str(path), timeout=0, isolation_level=None)
     seen: list[str] = []
 

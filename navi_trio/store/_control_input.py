@@ -1,9 +1,8 @@
 """The control tables' input, checked and serialised on the caller's side (no SQL).
 
-Shared by the SQLite store (store/_control.py) and the PostgreSQL one: a wake-up or a
-scheduled run as the values of a queued row, usage keys and amounts, a reservation's
-asks and the decision it comes to (`decide`), a schedule as the values of its row and
-back.
+Shared by both engines: a wake-up or a scheduled run as the values of a queued row,
+usage keys and amounts, a reservation's asks and the decision it comes to (`decide`), a
+schedule as the values of its row and back.
 """
 
 from __future__ import annotations

@@ -3,9 +3,8 @@
 `_Core` owns the worker thread (`_worker`): `open` starts it, creates the schema and
 runs the start-up check; `_run(op, fn)` queues one job and waits for its answer,
 mapping what SQLite raised to the caller's `StoreError` (`_health.failure`) and logging
-each storage condition once (`_report`). The methods are store/methods.py's, written
-once for both engines; `SQLiteStore` (sqlite.py) gives them this engine's statements.
-`run_raw_for_tests` is the one public way to `_run`, for tests and diagnostics.
+each storage condition once (`_report`). `run_raw_for_tests` is the one public way to
+`_run`, for tests and diagnostics.
 """
 
 from __future__ import annotations

@@ -15,19 +15,7 @@ from navi_trio.store._schema import _write_tx
 from navi_trio.store.base import LeaseRow
 from navi_trio.store.fence import pid_alive as pid_alive
 from navi_trio.store.fence import takeover
-
-_COLS = "session_id, owner, pid, host, expires_at, generation"
-
-
-def _lease_from(row: tuple[str, str, int, str, float, int]) -> LeaseRow:
-    return LeaseRow(
-        session_id=row[0],
-        owner=row[1],
-        pid=row[2],
-        host=row[3],
-        expires_at=row[4],
-        generation=row[5],
-    )
+from navi_trio.store.statements import LEASE_COLS, lease_from
 
 
 def claim_lease(
@@ -35,44 +23,17 @@ def claim_lease(
 ) -> LeaseRow:
     """Take the lease unless someone alive holds it; returns whoever holds it after."""
     with _write_tx(db):
-        row = db.execute(f"SELECT {_COLS} FROM leases WHERE session_id = ?", [sid]).fetchone()
-        holder = None if row is None else _lease_from(row)
+        row = db.execute(f"SELECT {LEASE_COLS} FROM leases WHERE session_id = ?", [sid]).fetchone()
+        holder = None if row is None else lease_from(row)
         generation = takeover(holder, owner, host, now)
         if generation is None:
             assert holder is not None
             return holder
-        lease = LeaseRow(
-            session_id=sid,
-            owner=owner,
-            pid=pid,
-            host=host,
-            expires_at=now + ttl,
-            generation=generation,
-        )
+        lease = LeaseRow(sid, owner, pid, host, now + ttl, generation)
         db.execute(
-            f"INSERT INTO leases ({_COLS}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id)"
+            f"INSERT INTO leases ({LEASE_COLS}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id)"
             " DO UPDATE SET owner = excluded.owner, pid = excluded.pid, host = excluded.host,"
             " expires_at = excluded.expires_at, generation = excluded.generation",
-            [
-                lease.session_id,
-                lease.owner,
-                lease.pid,
-                lease.host,
-                lease.expires_at,
-                lease.generation,
-            ],
+            [sid, owner, pid, host, lease.expires_at, generation],
         )
         return lease
-
-
-def renew_lease(
-    db: Database, sid: str, owner: str, ttl: float, generation: int | None, now: float
-) -> bool:
-    expires_at = now + ttl
-    with _write_tx(db):
-        cursor = db.execute(
-            "UPDATE leases SET expires_at = ? WHERE session_id = ? AND owner = ?"
-            " AND (? IS NULL OR generation = ?)",
-            [expires_at, sid, owner, generation, generation],
-        )
-        return bool(cursor.rowcount)

@@ -15,9 +15,6 @@ left its queue to the new owner: `release_queued`).
 The queue's cap (`enqueue(keep=N)`) is the store's, in the insert's transaction: past
 N rows the oldest go, and are returned, so that every process that queues counts the
 same rows the same way.
-
-The statements of the SQLite store (store/methods.py has the methods), run on the
-worker thread.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from sqlite_utils import Database
 
 from navi_trio.store._lease import pid_alive
 from navi_trio.store._schema import _write_tx
-from navi_trio.store.base import HANDED_HOST, HANDED_PID
+from navi_trio.store.base import HANDED_PID
 
 
 def _enqueue(
@@ -65,18 +62,6 @@ def _claim(db: Database, sid: str, key: str) -> bool:
     return bool(
         db.execute("DELETE FROM queued WHERE key = ? AND session_id = ?", [key, sid]).rowcount
     )
-
-
-def _release(db: Database, sid: str, keys: list[str], pid: int, host: str) -> int:
-    with _write_tx(db):
-        released = 0
-        for key in keys:
-            released += db.execute(
-                "UPDATE queued SET pid = ?, host = ? WHERE key = ? AND session_id = ?"
-                " AND pid = ? AND host = ?",
-                [HANDED_PID, HANDED_HOST, key, sid, pid, host],
-            ).rowcount
-        return released
 
 
 def _adopt(

@@ -162,7 +162,7 @@ def _init_schema(db: Database) -> None:
             " created_at FLOAT NOT NULL)"
         )
         db.execute("CREATE INDEX IF NOT EXISTS queued_session ON queued (session_id, id)")
-        # Control of running agents (store/_control.py): wake-ups a background job's
+        # Control of running agents: wake-ups a background job's
         # note started, the budgets' usage counters, scheduled runs.
         db.execute("CREATE TABLE IF NOT EXISTS wakes (session_id TEXT NOT NULL, at FLOAT NOT NULL)")
         db.execute("CREATE INDEX IF NOT EXISTS wakes_session ON wakes (session_id, at)")
@@ -185,7 +185,7 @@ def _init_schema(db: Database) -> None:
         for column, kind in (("last_skip", "TEXT"), ("last_skip_at", "FLOAT")):
             if column not in have:
                 db.execute(f"ALTER TABLE schedules ADD COLUMN {column} {kind}")
-        # What the budgets' calls under way hold (store/_control.py `reserve_usage`): one
+        # What the budgets' calls under way hold (`reserve_usage`): one
         # row per hold and key, until settled or expired.
         db.execute(
             "CREATE TABLE IF NOT EXISTS usage_holds (hold TEXT NOT NULL, key TEXT NOT NULL,"

@@ -32,13 +32,8 @@ one line in the log when it starts (and one when writes succeed again), not one 
 request. Opening runs ``PRAGMA quick_check``, bounded in time (`damage` keeps what it
 found): a damaged file starts, says so once, and only what cannot be read is refused.
 
-Where it lives: the methods are store/methods.py's, written once for both engines;
-`_SQLite` below is this engine's statements for them, one module per table with its
-SQL where it is SQLite's own (`_sessions`, `_history`, `_queue`, `_users`, `_lease`;
-`_control` for the wake-ups, usage and schedules tables; the shared statements are
-store/statements.py's, on `_schema.SQLITE`). `_core` has the worker, open and close, `_run`;
-`_schema` the connection, tables and write transaction; `_health` SQLite's failures
-and the start-up check; `_readonly` `navi doctor`'s look at a file.
+`_SQLite` below is this engine's statements where its SQL is its own (an append, the
+queue's cap and adoption, a lease's claim); the rest are store/statements.py's.
 """
 
 from __future__ import annotations
@@ -48,7 +43,7 @@ from pathlib import Path
 
 import trio
 
-from navi_trio.store import _control, _history, _lease, _queue, _sessions, _users
+from navi_trio.store import _history, _lease, _queue
 from navi_trio.store._core import _Core
 from navi_trio.store._input import check_session_id as check_session_id
 from navi_trio.store._readonly import read_only_check as read_only_check
@@ -60,28 +55,13 @@ from navi_trio.store._worker import BUSY_TIMEOUT_S as BUSY_TIMEOUT_S
 
 
 class _SQLite(SQLiteEngine):
-    """The SQLite statements of store/statements.py's `Engine`: the shared ones
-    (store/statements.py) on this engine, and those whose SQL is its own."""
+    """The statements whose SQL is SQLite's own; the rest are `Engine`'s."""
 
-    insert_session = staticmethod(_sessions._insert_session)
-    update_session = staticmethod(_sessions._update_session)
-    delete_session = staticmethod(_sessions._delete_session)
     append = staticmethod(_history._append)
-    load_page = staticmethod(_history._load_page)
-    replace_context = staticmethod(_history._replace_context)
-    rewrite = staticmethod(_history._rewrite)
-    load_session = staticmethod(_history._load_session)
+    insert_history = staticmethod(_history._insert_history)
     enqueue = staticmethod(_queue._enqueue)
-    release_queued = staticmethod(_queue._release)
     adopt = staticmethod(_queue._adopt)
-    insert_user = staticmethod(_users._insert_user)
-    user_by_name = staticmethod(_users.user_by_name)
-    remove_user = staticmethod(_users._remove_user)
     claim_lease = staticmethod(_lease.claim_lease)
-    renew_lease = staticmethod(_lease.renew_lease)
-    reserve = staticmethod(_control._reserve)
-    settle = staticmethod(_control._settle)
-    create_schedule = staticmethod(_control._create_schedule)
 
 
 class SQLiteStore(_Core):
@@ -91,7 +71,7 @@ class SQLiteStore(_Core):
 
     @property
     def users_marker(self) -> Path:
-        """The file rewritten after every change of the users table (store/_users.py)."""
+        """The file rewritten after every change of the users table (store/_users_signal.py)."""
         return users_marker(self.path)
 
     async def _users_changed(self) -> None:

@@ -3,24 +3,32 @@
 An `Engine` is what differs underneath: its placeholder (`?` for SQLite, `%s` for
 psycopg; the SQL here is written with `?`), how it opens a write transaction (SQLite
 takes the file's write lock, ``BEGIN IMMEDIATE``; a PostgreSQL job already runs in one)
-and how a write checks its lease fence (store/fence.py). Each engine's statements
-(store/sqlite.py `_SQLite`, store/postgres/store.py `_Postgres`) are its `Engine` and
-its own functions where its SQL differs: PostgreSQL locks rows (``FOR UPDATE``,
-advisory locks) and reads the server's clock, because several daemons write at once.
-Every function runs on the engine's worker thread with its connection (`conn`).
+and how a write checks its lease fence (store/fence.py); PostgreSQL locks rows (``FOR
+UPDATE``, advisory locks) and reads the server's clock, because several daemons write at
+once. Each engine adds the statements whose SQL is its own. Every function runs on the
+engine's worker thread with its connection (`conn`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from navi_trio.errors import StoreError
-from navi_trio.store._control_input import SCHEDULE_COLS, by_key, schedule_from, sessions_full
-from navi_trio.store._input import _Rewrite, _Row
+from navi_trio.errors import SessionExistsError, StoreError
+from navi_trio.store._control_input import (
+    SCHEDULE_COLS,
+    by_key,
+    decide,
+    schedule_from,
+    sessions_full,
+    taken,
+)
+from navi_trio.store._input import _prepare, _Rewrite, _Row, page_end
 from navi_trio.store.base import (
+    HANDED_HOST,
+    HANDED_PID,
     USAGE_KINDS,
     Claimed,
     HistoryPage,
@@ -34,11 +42,13 @@ from navi_trio.store.base import (
     UsageLine,
     UsageRequest,
 )
-from navi_trio.store.fence import Fence
+from navi_trio.store.fence import Fence, pid_alive
+from navi_trio.store.repair import placeholder_positions, repair_dangling_tool_calls
 from navi_trio.text import loads_clean
 
 SESSION_COLS = "id, profile_id, title, user_id, created_at, updated_at, meta"
 USER_COLS = "id, name, role, created_at"
+LEASE_COLS = "session_id, owner, pid, host, expires_at, generation"
 Queued = list[tuple[str, dict[str, Any]]]  # (key, message) of queued rows, oldest first
 Usage = dict[str, dict[str, float]]  # each key's counters
 TOKEN_TAKEN = "a user with this token already exists; tokens must be unique"
@@ -61,6 +71,23 @@ def session_from(row: Any) -> SessionRow:
     )
 
 
+def queued_of(rows: Iterable[Sequence[Any]], user_ids: set[str]) -> list[str]:
+    """The keys of the queued rows (key, data) whose message was sent by one of `user_ids`."""
+    keys = []
+    for key, data in rows:
+        try:
+            sender = json.loads(data).get("user_id")
+        except (ValueError, AttributeError):
+            continue  # not a message of ours: nobody's
+        if sender in user_ids:
+            keys.append(str(key))
+    return keys
+
+
+def lease_from(row: Any) -> LeaseRow:  # a row of LEASE_COLS
+    return LeaseRow(row[0], row[1], row[2], row[3], float(row[4]), int(row[5]))
+
+
 def user_dict(row: Any) -> dict[str, Any]:
     return {"id": row[0], "name": row[1], "role": row[2], "created_at": row[3]}
 
@@ -70,25 +97,12 @@ class Engine:
     both engines share (see the module). The statements whose SQL is each engine's own
     are declared here and given by the engine (store/sqlite.py, postgres/store.py)."""
 
-    insert_session: Callable[[Any, SessionRow, str, int | None], int | None]
-    update_session: Callable[[Any, str, dict[str, Any], Fence | None], None]
-    delete_session: Callable[[Any, str], bool]
-    load_page: Callable[[Any, str, float | None, int, int], HistoryPage]
-    replace_context: Callable[[Any, str, list[_Row], float, Fence | None], None]
-    rewrite: Callable[[Any, str, _Rewrite, float, Fence | None], None]
-    load_session: Callable[[Any, str, float, Fence | None], LoadedSession | None]
+    # (conn, table, sid, rows, positions, now): the rows at those positions, one statement
+    insert_history: Callable[[Any, str, str, Sequence[_Row], Sequence[float], float], None]
     enqueue: Callable[[Any, str, str, str, int, str, float, int | None], Queued]
-    release_queued: Callable[[Any, str, list[str], int, str], int]
     adopt: Callable[[Any, str, int, str, float], Queued]  # sid, pid, host, now
     kv_list: Callable[[Any, str, str], list[tuple[str, Any]]]
-    insert_user: Callable[[Any, dict[str, Any], str], None]
-    user_by_name: Callable[[Any, str], dict[str, Any] | None]
-    remove_user: Callable[[Any, str], bool]
     claim_lease: Callable[[Any, str, str, int, str, float, float], LeaseRow]
-    renew_lease: Callable[[Any, str, str, float, int | None, float], bool]
-    reserve: Callable[[Any, list[UsageAsk], UsageRequest, float], UsageGrant]
-    settle: Callable[[Any, dict[str, dict[str, float]], list[str], float], Usage]
-    create_schedule: Callable[[Any, tuple[Any, ...], ScheduleRow], ScheduleRow]
 
     def append(
         self,
@@ -110,6 +124,13 @@ class Engine:
 
     mark = "?"
     seq = "rowid"  # the column that numbers rows in the order they were inserted
+    size = "length"  # a text's size in bytes (the history's data is ASCII JSON)
+    for_update = ""  # what holds a row read in a write to the commit
+    clock = "?"  # the time in SQL: the caller's `now` (`at`) or the server's clock
+
+    def at(self, now: float) -> list[float]:
+        """The parameters of `clock`."""
+        return [now]
 
     def q(self, text: str) -> str:
         """`text` with its `?` placeholders in this engine's style."""
@@ -135,10 +156,24 @@ class Engine:
         """Inside a write: hold the session's row to the commit (SQLite's write
         transaction holds the whole file already)."""
 
+    def session_there(self, conn: Any, sid: str) -> bool:
+        """Inside a write: whether the session is there, its row held to the commit."""
+        sql = self.q(f"SELECT 1 FROM sessions WHERE id = ?{self.for_update}")
+        return conn.execute(sql, [sid]).fetchone() is not None
+
+    def hold_session(self, conn: Any, sid: str) -> None:
+        """Inside a write: `session_there`, StoreError when it is not."""
+        if not self.session_there(conn, sid):
+            raise StoreError(f"no session {sid!r} in the store")
+
     def count_sessions_locked(self, conn: Any, user_id: str) -> int:
         """Inside a write: the user's sessions, counted so that two transactions that
         may create one of theirs count one after the other (SQLite: the write lock)."""
         return self.count_sessions(conn, user_id)
+
+    def lock_usage(self, conn: Any, keys: list[str], now: float) -> None:
+        """Inside a write: hold the keys' usage rows to the commit, in key order (SQLite's
+        write transaction holds the whole file already)."""
 
     def users_changed(self, conn: Any) -> None:
         """Inside a write that changed the users table (SQLite signals it after the
@@ -158,6 +193,57 @@ class Engine:
         )
         return [session_from(r) for r in conn.execute(self.q(sql), params).fetchall()]
 
+    def insert_session(
+        self, conn: Any, row: SessionRow, meta_json: str, most: int | None
+    ) -> int | None:
+        """Insert the row; with `most`, not when the user has that many sessions already:
+        then how many they have (else None)."""
+        sql = self.q(
+            f"INSERT INTO sessions ({SESSION_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (id) DO NOTHING"
+        )
+        with self.write(conn):
+            if self.session_there(conn, row.id):
+                raise SessionExistsError(f"session {row.id!r} already exists")
+            if (
+                most is not None
+                and (count := self.count_sessions_locked(conn, row.user_id)) >= most
+            ):
+                return count
+            values = [row.id, row.profile_id, row.title, row.user_id, row.created_at]
+            # No row: made meanwhile by another daemon (its check ran before our insert).
+            if not conn.execute(sql, [*values, row.updated_at, meta_json]).rowcount:
+                raise SessionExistsError(f"session {row.id!r} already exists")
+        return None
+
+    def update_session(
+        self, conn: Any, sid: str, changes: dict[str, Any], fence: Fence | None
+    ) -> None:
+        # Column names come from update_session's fixed keyword set, never from callers.
+        sets = ", ".join(f"{col} = ?" for col in changes)
+        with self.write(conn):
+            self.check_fence(conn, fence)
+            self.hold_session(conn, sid)
+            sql = self.q(f"UPDATE sessions SET {sets} WHERE id = ?")
+            conn.execute(sql, [*changes.values(), sid])
+
+    def delete_session(self, conn: Any, sid: str) -> bool:
+        """The session and what hangs on it: history, context, queued messages, wake-ups,
+        usage, schedules, and the kv rows `sid` / `sid:…` (even of a session gone)."""
+        with self.write(conn):
+            there = self.session_there(conn, sid)
+            for table in ("messages", "context", "queued", "wakes", "schedules"):
+                conn.execute(self.q(f"DELETE FROM {table} WHERE session_id = ?"), [sid])
+            for table in ("usage", "usage_holds"):
+                conn.execute(self.q(f"DELETE FROM {table} WHERE key = ?"), [f"session:{sid}"])
+            # substr, not LIKE: ids may contain LIKE's wildcard `_`.
+            conn.execute(
+                self.q("DELETE FROM kv WHERE key = ? OR substr(key, 1, ?) = ?"),
+                [sid, len(sid) + 1, sid + ":"],
+            )
+            conn.execute(self.q("DELETE FROM sessions WHERE id = ?"), [sid])
+            return there
+
     def require_session(self, conn: Any, sid: str) -> None:
         if conn.execute(self.q("SELECT 1 FROM sessions WHERE id = ?"), [sid]).fetchone() is None:
             raise StoreError(f"no session {sid!r} in the store")
@@ -172,6 +258,95 @@ class Engine:
         sql = self.q(f"SELECT data FROM {table} WHERE session_id = ? ORDER BY position")
         # An older version stored lone surrogates: they come back as U+FFFD.
         return [loads_clean(r[0]) for r in conn.execute(sql, [sid]).fetchall()]
+
+    def load_page(
+        self, conn: Any, sid: str, after: float | None, limit: int, max_bytes: int
+    ) -> HistoryPage:
+        """One page of the display history: the sizes first, stepped lazily (the rows
+        past the page are never read), then the data of that page alone."""
+        self.require_session(conn, sid)
+        where, params = ("AND position > ?", [after]) if after is not None else ("", [])
+        sizes = conn.execute(
+            self.q(
+                f"SELECT position, {self.size}(data) FROM messages WHERE session_id = ? {where}"
+                " ORDER BY position LIMIT ?"
+            ),
+            [sid, *params, limit + 1],
+        )
+        try:
+            end = page_end(sizes, limit, max_bytes)
+        finally:
+            sizes.close()
+        if end is None:
+            return HistoryPage(messages=[], next_after=None)
+        last, more = end
+        rows = conn.execute(
+            self.q(
+                f"SELECT data FROM messages WHERE session_id = ? {where} AND position <= ?"
+                " ORDER BY position"
+            ),
+            [sid, *params, last],
+        ).fetchall()
+        messages = [loads_clean(r[0]) for r in rows]  # an older version stored lone surrogates
+        return HistoryPage(messages=messages, next_after=last if more else None)
+
+    def replace_context(
+        self, conn: Any, sid: str, rows: list[_Row], now: float, fence: Fence | None
+    ) -> None:
+        with self.write(conn):
+            self.check_fence(conn, fence)
+            self.hold_session(conn, sid)
+            conn.execute(self.q("DELETE FROM context WHERE session_id = ?"), [sid])
+            positions = [float(i) for i in range(1, len(rows) + 1)]
+            self.insert_history(conn, "context", sid, rows, positions, now)
+
+    def rewrite(self, conn: Any, sid: str, job: _Rewrite, now: float, fence: Fence | None) -> None:
+        """A rewind or a branch brought back (SessionStore.rewrite_history), in one write."""
+        with self.write(conn):
+            self.check_fence(conn, fence)  # a replaced owner must not rewind its successor's
+            self.hold_session(conn, sid)
+            sql = self.q("SELECT position FROM messages WHERE session_id = ? ORDER BY position")
+            positions = [r[0] for r in conn.execute(sql, [sid]).fetchall()]
+            if job.keep > len(positions):
+                have = len(positions)
+                raise StoreError(f"session {sid!r} has {have} messages, not {job.keep} to keep")
+            top = float(positions[job.keep - 1]) if job.keep else 0.0
+            sql = self.q("DELETE FROM messages WHERE session_id = ? AND position > ?")
+            conn.execute(sql, [sid, top])
+            after = [top + i for i in range(1, len(job.messages) + 1)]
+            self.insert_history(conn, "messages", sid, job.messages, after, now)
+            self.replace_context(conn, sid, job.context, now, None)  # the fence is checked above
+            for scope, key, value in job.kv_set:
+                self.kv_set(conn, scope, key, value, now)
+            for scope, key in job.kv_delete:
+                self.kv_delete(conn, scope, key)
+            conn.execute(self.q("UPDATE sessions SET updated_at = ? WHERE id = ?"), [now, sid])
+
+    def load_session(
+        self, conn: Any, sid: str, now: float, fence: Fence | None
+    ) -> LoadedSession | None:
+        """The session, its dangling tool calls repaired and the placeholders stored
+        between their neighbours' positions, in one write: no append slips in between."""
+        with self.write(conn):
+            self.check_fence(conn, fence)  # a replaced owner must not "repair" its successor's
+            sql = self.q(f"SELECT {SESSION_COLS} FROM sessions WHERE id = ?{self.for_update}")
+            row = conn.execute(sql, [sid]).fetchone()
+            if row is None:
+                return None
+            loaded: dict[str, list[dict[str, Any]]] = {}
+            repaired = 0
+            for table in ("messages", "context"):
+                sql = f"SELECT position, data FROM {table} WHERE session_id = ? ORDER BY position"
+                records = conn.execute(self.q(sql), [sid]).fetchall()
+                items = [loads_clean(r[1]) for r in records]  # lone surrogates: U+FFFD
+                fixed, inserted = repair_dangling_tool_calls(items)
+                if inserted:
+                    positions = placeholder_positions([r[0] for r in records], inserted)
+                    rows = _prepare([ph for _, ph in inserted], f"{table} placeholders")
+                    self.insert_history(conn, table, sid, rows, positions, now)
+                loaded[table] = fixed
+                repaired += len(inserted)
+        return LoadedSession(session_from(row), loaded["messages"], loaded["context"], repaired)
 
     # -- queued messages ------------------------------------------------------------
 
@@ -217,6 +392,17 @@ class Engine:
         rows = conn.execute("SELECT DISTINCT session_id FROM queued ORDER BY session_id")
         return [r[0] for r in rows.fetchall()]
 
+    def release_queued(self, conn: Any, sid: str, keys: list[str], pid: int, host: str) -> int:
+        """Hand the process's rows `keys` to whoever runs the session (`HANDED_PID`)."""
+        where, params = self.any_of("key", keys)
+        sql = self.q(
+            "UPDATE queued SET pid = ?, host = ? WHERE session_id = ?"
+            f" AND {where} AND pid = ? AND host = ?"
+        )
+        with self.write(conn):
+            cursor = conn.execute(sql, [HANDED_PID, HANDED_HOST, sid, *params, pid, host])
+            return int(cursor.rowcount)
+
     # -- kv -------------------------------------------------------------------------
 
     def kv_get(self, conn: Any, scope: str, key: str) -> Any | None:
@@ -259,12 +445,57 @@ class Engine:
             self.users_changed(conn)
             return True
 
+    def insert_user(self, conn: Any, user: dict[str, Any], digest: str) -> None:
+        sql = self.q(
+            "INSERT INTO users (id, name, token_sha256, role, created_at) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (token_sha256) DO NOTHING"
+        )
+        values = [user["id"], user["name"], digest, user["role"], user["created_at"]]
+        with self.write(conn):
+            if not conn.execute(sql, values).rowcount:
+                raise StoreError(TOKEN_TAKEN)
+            self.users_changed(conn)
+
+    def user_by_name(self, conn: Any, name: str) -> dict[str, Any] | None:
+        sql = f"SELECT {USER_COLS} FROM users WHERE name = ? ORDER BY {self.seq} LIMIT 1"
+        row = conn.execute(self.q(sql), [name]).fetchone()
+        return None if row is None else user_dict(row)
+
+    def remove_user(self, conn: Any, name: str) -> bool:
+        """The user, their schedules and their queued messages; their sessions stay."""
+        with self.write(conn):
+            rows = conn.execute(self.q("SELECT id FROM users WHERE name = ?"), [name])
+            ids = [str(r[0]) for r in rows.fetchall()]
+            if not ids:
+                return False
+            for user_id in ids:
+                conn.execute(self.q("DELETE FROM schedules WHERE user_id = ?"), [user_id])
+            rows = conn.execute("SELECT key, data FROM queued").fetchall()
+            for key in queued_of(rows, set(ids)):
+                conn.execute(self.q("DELETE FROM queued WHERE key = ?"), [key])
+            conn.execute(self.q("DELETE FROM users WHERE name = ?"), [name])
+            self.users_changed(conn)
+            return True
+
     def user_by_id(self, conn: Any, user_id: str) -> dict[str, Any] | None:
         row = conn.execute(self.q(f"SELECT {USER_COLS} FROM users WHERE id = ?"), [user_id])
         found = row.fetchone()
         return None if found is None else user_dict(found)
 
     # -- leases ---------------------------------------------------------------------
+
+    def renew_lease(
+        self, conn: Any, sid: str, owner: str, ttl: float, generation: int | None, now: float
+    ) -> bool:
+        """Extend `owner`'s lease to `ttl` s from now, only while it holds `generation`
+        (when given): a replaced owner renews nothing."""
+        sql = self.q(
+            f"UPDATE leases SET expires_at = {self.clock} + ? WHERE session_id = ? AND owner = ?"
+            " AND (CAST(? AS BIGINT) IS NULL OR generation = CAST(? AS BIGINT))"
+        )
+        with self.write(conn):
+            cursor = conn.execute(sql, [*self.at(now), ttl, sid, owner, generation, generation])
+            return bool(cursor.rowcount)
 
     def release_lease(self, conn: Any, sid: str, owner: str) -> None:
         with self.write(conn):
@@ -280,6 +511,17 @@ class Engine:
         sql = self.q(f"SELECT {', '.join(SCHEDULE_COLS)} FROM schedules WHERE id = ?")
         row = conn.execute(sql, [sid]).fetchone()
         return None if row is None else schedule_from(row, json.loads)
+
+    def create_schedule(self, conn: Any, values: tuple[Any, ...], row: ScheduleRow) -> ScheduleRow:
+        marks = ", ".join("?" for _ in SCHEDULE_COLS)
+        sql = self.q(
+            f"INSERT INTO schedules ({', '.join(SCHEDULE_COLS)}) VALUES ({marks})"
+            " ON CONFLICT (id) DO NOTHING"
+        )
+        with self.write(conn):
+            if not conn.execute(sql, list(values)).rowcount:
+                raise StoreError(f"create schedule {row.id!r}: it already exists")
+        return row
 
     def list_schedules(self, conn: Any, user_id: str | None) -> list[ScheduleRow]:
         cols = ", ".join(SCHEDULE_COLS)
@@ -423,3 +665,54 @@ class Engine:
         with self.write(conn):
             for key in sorted(keys):  # one order for every writer: no deadlock between two
                 conn.execute(sql, [key, *(adds[k] for k in USAGE_KINDS), now])
+
+    def live_holds(self, conn: Any, keys: list[str], host: str, now: float) -> Usage:
+        """Each key's live holds, summed; expired ones and those of a dead process on this
+        host are deleted first (a crashed run's holds count no more)."""
+        where, params = self.any_of("key", keys)
+        sql = self.q(f"DELETE FROM usage_holds WHERE {where} AND expires_at <= {self.clock}")
+        conn.execute(sql, [*params, *self.at(now)])
+        sql = self.q(f"SELECT DISTINCT pid FROM usage_holds WHERE {where} AND host = ?")
+        for (pid,) in conn.execute(sql, [*params, host]).fetchall():
+            if not pid_alive(int(pid)):
+                sql = self.q("DELETE FROM usage_holds WHERE pid = ? AND host = ?")
+                conn.execute(sql, [pid, host])
+        sums = ", ".join(f"SUM({k})" for k in USAGE_KINDS)
+        sql = f"SELECT key, {sums} FROM usage_holds WHERE {where} GROUP BY key"
+        return by_key(keys, conn.execute(sql, params).fetchall())
+
+    def reserve(self, conn: Any, asks: list[UsageAsk], req: UsageRequest, now: float) -> UsageGrant:
+        """Check and take in one write (see `SessionStore.reserve_usage`)."""
+        keys = sorted(a.key for a in asks)  # one lock order for every reserver
+        with self.write(conn):
+            self.lock_usage(conn, keys, now)
+            held = self.live_holds(conn, keys, req.host, now)
+            spent = self.get_usage(conn, keys)
+            granted, refused = decide(asks, req, spent, held)
+            if refused is not None:
+                return UsageGrant({}, refused, spent, held)
+            amounts = taken(keys, granted, req, spent, held)
+            if req.hold is None:
+                self.add_usage(conn, keys, amounts, now)
+                return UsageGrant(granted, None, spent, held)
+            sql = self.q(
+                f"INSERT INTO usage_holds (hold, key, {', '.join(USAGE_KINDS)}, pid, host,"
+                f" expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, {self.clock} + ?)"
+            )
+            for key in keys:
+                at = [*amounts.values(), req.pid, req.host, *self.at(now), req.ttl]
+                conn.execute(sql, [req.hold, key, *at])
+            return UsageGrant(granted, None, spent, held)
+
+    def settle(self, conn: Any, adds: Usage, holds: list[str], now: float) -> Usage:
+        """Add what calls used and drop their holds, in one write; the counters after."""
+        if not holds and not any(any(a.values()) for a in adds.values()):
+            return self.get_usage(conn, list(adds)) if adds else {}  # nothing to write
+        with self.write(conn):
+            for key in sorted(adds):
+                if any(adds[key].values()):
+                    self.add_usage(conn, [key], adds[key], now)
+            if holds:
+                where, params = self.any_of("hold", holds)
+                conn.execute(f"DELETE FROM usage_holds WHERE {where}", params)
+            return self.get_usage(conn, list(adds)) if adds else {}

@@ -4,10 +4,8 @@
 (within `OPEN_WAIT_S`) and applies the migrations (`_migrate`); `_run(op, fn)` queues
 one job and waits for its answer, mapping what psycopg raised to the caller's
 `StoreError` (`_errors.failure`) and logging each storage condition once (`_report`);
-`bus` is the LISTEN / NOTIFY of this database (`_bus`). The methods are
-store/methods.py's, written once for both engines; `PostgresStore` (store.py) gives
-them this engine's statements, as `SQLiteStore` does on store/_core.py.
-`run_raw_for_tests` is the one public way to `_run`, for tests and diagnostics.
+`bus` is the LISTEN / NOTIFY of this database (`_bus`). `run_raw_for_tests` is the one
+public way to `_run`, for tests and diagnostics.
 """
 
 from __future__ import annotations

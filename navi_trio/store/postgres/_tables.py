@@ -1,35 +1,34 @@
-"""Users, leases, queued messages and stats on PostgreSQL, on a worker thread; `PG`, the
-engine under the shared statements (store/statements.py).
+"""Leases, queued messages and stats on PostgreSQL, on a worker thread; `PG`, the engine
+under the shared statements (store/statements.py).
 
-Each function runs inside the job's transaction (`_workers.Job`). The rules are those
-of the SQLite store (store/_lease.py, store/_queue.py), made safe for several daemons
-writing at once: a claim inserts or locks the lease row before it decides, an adoption
-locks the queued rows it looks at.
+Each function runs inside the job's transaction (`_workers.Job`). The rules are the
+SQLite store's, made safe for several daemons writing at once: a claim inserts or locks
+the lease row before it decides, an adoption locks the queued rows it looks at, a
+reservation locks its keys' usage rows, a wake-up its session's row, and creating a
+session under the user's limit takes an advisory lock on the user first.
 
-Lease times are the server's clock (``clock_timestamp()``), not the daemon's: daemons on
-several machines then agree on when a lease has run out.
+Lease and hold times are the server's clock (``clock_timestamp()``), not the daemon's:
+daemons on several machines then agree on when a lease has run out.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 import psycopg
 
 from navi_trio.errors import StoreError
-from navi_trio.store._users import queued_of
-from navi_trio.store.base import HANDED_HOST, HANDED_PID, USERS_CHANNEL, LeaseRow
+from navi_trio.store.base import HANDED_PID, USAGE_KINDS, USERS_CHANNEL, LeaseRow
 from navi_trio.store.fence import Fence, lost, pid_alive, takeover
 from navi_trio.store.postgres._workers import Conn
-from navi_trio.store.statements import TOKEN_TAKEN, USER_COLS, Engine, user_dict
+from navi_trio.store.statements import LEASE_COLS, Engine, lease_from
 
 T = TypeVar("T")
 TABLES = ("sessions", "messages", "context", "kv", "users")
 _NOW = "extract(epoch FROM clock_timestamp())"
-_LEASE_COLS = "session_id, owner, pid, host, expires_at, generation"
 
 # -- parameters -------------------------------------------------------------------------
 
@@ -84,6 +83,12 @@ class PgEngine(Engine):
 
     mark = "%s"
     seq = "seq"
+    size = "octet_length"  # a stored value's length, without reading its data
+    for_update = " FOR UPDATE"
+    clock = _NOW  # lease and hold times are the server's clock
+
+    def at(self, now: float) -> list[float]:
+        return []
 
     def flag(self, value: bool) -> object:
         return value
@@ -99,9 +104,7 @@ class PgEngine(Engine):
 
     def lock_session(self, conn: Conn, sid: str) -> None:
         """Lock the session's row for this transaction; StoreError when there is none."""
-        sql = "SELECT 1 FROM sessions WHERE id = %s FOR UPDATE"
-        if conn.execute(sql, [sid]).fetchone() is None:
-            raise StoreError(f"no session {sid!r} in the store")
+        self.hold_session(conn, sid)
 
     def count_sessions_locked(self, conn: Conn, user_id: str) -> int:
         """Counted under a lock on the user held to the commit (an advisory lock)."""
@@ -110,8 +113,22 @@ class PgEngine(Engine):
         )
         return self.count_sessions(conn, user_id)
 
+    def lock_usage(self, conn: Conn, keys: list[str], now: float) -> None:
+        """``SELECT ... FOR UPDATE``, the rows made first when missing: a second reserver
+        of the same key on any daemon waits for the first one's commit."""
+        zeros = ", ".join("0" for _ in USAGE_KINDS)
+        for key in keys:
+            conn.execute(
+                f"INSERT INTO usage (key, {', '.join(USAGE_KINDS)}, updated_at)"
+                f" VALUES (%s, {zeros}, %s) ON CONFLICT (key) DO NOTHING",
+                [key, now],
+            )
+        conn.execute("SELECT key FROM usage WHERE key = ANY(%s) ORDER BY key FOR UPDATE", [keys])
+
     def users_changed(self, conn: Conn) -> None:
-        _users_changed(conn)
+        """Tell the daemons on this database (the cluster listens): the notification goes
+        out with the commit, never before it."""
+        conn.execute("SELECT pg_notify(%s, '')", [USERS_CHANNEL])
 
     def kv_list(self, conn: Conn, scope: str, prefix: str) -> list[tuple[str, Any]]:
         rows = conn.execute(
@@ -124,59 +141,6 @@ class PgEngine(Engine):
 PG = PgEngine()
 
 
-# -- users ------------------------------------------------------------------------------
-
-
-def _users_changed(conn: Conn) -> None:
-    """Tell the daemons on this database (core/cluster/cluster.py listens): the notification goes
-    out with the commit, never before it."""
-    conn.execute("SELECT pg_notify(%s, '')", [USERS_CHANNEL])
-
-
-def insert_user(conn: Conn, user: dict[str, Any], digest: str) -> None:
-    inserted = conn.execute(
-        "INSERT INTO users (id, name, token_sha256, role, created_at)"
-        " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (token_sha256) DO NOTHING RETURNING 1",
-        [user["id"], user["name"], digest, user["role"], user["created_at"]],
-    ).fetchone()
-    if inserted is None:
-        raise StoreError(TOKEN_TAKEN)
-    _users_changed(conn)
-
-
-def user_by_name(conn: Conn, name: str) -> dict[str, Any] | None:
-    row = conn.execute(
-        f"SELECT {USER_COLS} FROM users WHERE name = %s ORDER BY seq LIMIT 1", [name]
-    ).fetchone()
-    return None if row is None else user_dict(row)
-
-
-def remove_user(conn: Conn, name: str) -> bool:
-    """The user, their schedules and their queued messages; their sessions stay."""
-    ids = [str(r[0]) for r in conn.execute("SELECT id FROM users WHERE name = %s", [name])]
-    if not ids:
-        return False
-    conn.execute("DELETE FROM schedules WHERE user_id = ANY(%s::text[])", [text_array(ids)])
-    rows = conn.execute("SELECT key, data FROM queued").fetchall()
-    keys = queued_of(rows, set(ids))
-    if keys:
-        conn.execute("DELETE FROM queued WHERE key = ANY(%s::text[])", [text_array(keys)])
-    conn.execute("DELETE FROM users WHERE name = %s", [name])
-    _users_changed(conn)
-    return True
-
-
-def _lease_from(row: Sequence[Any]) -> LeaseRow:
-    return LeaseRow(
-        session_id=row[0],
-        owner=row[1],
-        pid=row[2],
-        host=row[3],
-        expires_at=float(row[4]),
-        generation=int(row[5]),
-    )
-
-
 def claim_lease(
     conn: Conn, sid: str, owner: str, pid: int, host: str, ttl: float, now: float
 ) -> LeaseRow:
@@ -184,41 +148,29 @@ def claim_lease(
     whoever holds it after. `now` is unused: lease times are the server's clock."""
     # A fresh row wins at once; a claimer racing us waits here for our commit.
     row = conn.execute(
-        f"INSERT INTO leases ({_LEASE_COLS}) VALUES (%s, %s, %s, %s, {_NOW} + %s, 1)"
-        f" ON CONFLICT (session_id) DO NOTHING RETURNING {_LEASE_COLS}",
+        f"INSERT INTO leases ({LEASE_COLS}) VALUES (%s, %s, %s, %s, {_NOW} + %s, 1)"
+        f" ON CONFLICT (session_id) DO NOTHING RETURNING {LEASE_COLS}",
         [sid, owner, pid, host, ttl],
     ).fetchone()
     if row is not None:
-        return _lease_from(row)
+        return lease_from(row)
     found = conn.execute(
-        f"SELECT {_LEASE_COLS}, {_NOW} FROM leases WHERE session_id = %s FOR UPDATE", [sid]
+        f"SELECT {LEASE_COLS}, {_NOW} FROM leases WHERE session_id = %s FOR UPDATE", [sid]
     ).fetchone()
-    holder = None if found is None else _lease_from(found)
+    holder = None if found is None else lease_from(found)
     generation = takeover(holder, owner, host, 0.0 if found is None else float(found[6]))
     if generation is None:
         assert holder is not None
         return holder
     taken = conn.execute(
-        f"INSERT INTO leases ({_LEASE_COLS}) VALUES (%s, %s, %s, %s, {_NOW} + %s, %s)"
+        f"INSERT INTO leases ({LEASE_COLS}) VALUES (%s, %s, %s, %s, {_NOW} + %s, %s)"
         " ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, pid = excluded.pid,"
         " host = excluded.host, expires_at = excluded.expires_at,"
-        f" generation = excluded.generation RETURNING {_LEASE_COLS}",
+        f" generation = excluded.generation RETURNING {LEASE_COLS}",
         [sid, owner, pid, host, ttl, generation],
     ).fetchone()
     assert taken is not None
-    return _lease_from(taken)
-
-
-def renew_lease(
-    conn: Conn, sid: str, owner: str, ttl: float, generation: int | None, now: float
-) -> bool:
-    """`now` is unused: lease times are the server's clock."""
-    cur = conn.execute(
-        f"UPDATE leases SET expires_at = {_NOW} + %s WHERE session_id = %s AND owner = %s"
-        " AND (%s::bigint IS NULL OR generation = %s::bigint)",
-        [ttl, sid, owner, generation, generation],
-    )
-    return cur.rowcount > 0
+    return lease_from(taken)
 
 
 def enqueue(
@@ -253,15 +205,6 @@ def enqueue(
         [sid, keep],
     ).fetchall()
     return [(str(r[1]), json.loads(r[2])) for r in sorted(rows)]
-
-
-def release_queued(conn: Conn, sid: str, keys: list[str], pid: int, host: str) -> int:
-    cur = conn.execute(
-        "UPDATE queued SET pid = %s, host = %s WHERE session_id = %s AND key = ANY(%s::text[])"
-        " AND pid = %s AND host = %s",
-        [HANDED_PID, HANDED_HOST, sid, text_array(keys), pid, host],
-    )
-    return cur.rowcount
 
 
 def adopt(

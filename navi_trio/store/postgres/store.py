@@ -18,16 +18,13 @@ Opening connects (within `OPEN_WAIT_S`) and applies the schema's migrations unde
 advisory lock (`_migrate`). Leaving `open()` lets the threads finish every queued job,
 then closes the pool, shielded and bounded by `close_timeout` seconds of real time.
 
-Where it lives: the methods are store/methods.py's, written once for both engines;
-`_Postgres` below is this engine's statements for them, run on a worker thread
-(`_history`: sessions and history; `_tables`: queued messages, kv, users, leases;
-`_control`: wake-ups, usage, schedules). `_core` has the pool and its workers, open
-and close, `_run`; `_bus` the LISTEN / NOTIFY between daemons; `_migrate` the schema.
+`_Postgres` below is this engine's statements where its SQL is its own (an append,
+the queue's cap and adoption, a lease's claim on the server's clock); the rest are
+store/statements.py's, on `PgEngine` (row locks, advisory locks, the server's clock).
 """
 
 from __future__ import annotations
 
-from navi_trio.store.postgres import _control as ctl
 from navi_trio.store.postgres import _history as h
 from navi_trio.store.postgres import _tables as t
 from navi_trio.store.postgres._core import CONNECT_TIMEOUT_S as CONNECT_TIMEOUT_S
@@ -38,28 +35,13 @@ from navi_trio.store.postgres._core import check_url as check_url
 
 
 class _Postgres(t.PgEngine):
-    """The PostgreSQL statements of store/statements.py's `Engine`: the shared ones
-    (store/statements.py) on this engine, and those whose SQL is its own."""
+    """The statements whose SQL is PostgreSQL's own; the rest are `Engine`'s."""
 
-    insert_session = staticmethod(h.insert_session)
-    update_session = staticmethod(h.update_session)
-    delete_session = staticmethod(h.delete_session)
     append = staticmethod(h.append)
-    load_page = staticmethod(h.load_page)
-    replace_context = staticmethod(h.replace_context)
-    rewrite = staticmethod(h.rewrite)
-    load_session = staticmethod(h.load_session)
+    insert_history = staticmethod(h._insert_history)
     enqueue = staticmethod(t.enqueue)
-    release_queued = staticmethod(t.release_queued)
     adopt = staticmethod(t.adopt)
-    insert_user = staticmethod(t.insert_user)
-    user_by_name = staticmethod(t.user_by_name)
-    remove_user = staticmethod(t.remove_user)
     claim_lease = staticmethod(t.claim_lease)
-    renew_lease = staticmethod(t.renew_lease)
-    reserve = staticmethod(ctl.reserve)
-    settle = staticmethod(ctl.settle)
-    create_schedule = staticmethod(ctl.create_schedule)
 
 
 class PostgresStore(_Core):
