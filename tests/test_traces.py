@@ -30,7 +30,8 @@ from navi_trio.api.metrics import DaemonMetrics
 from navi_trio.api.traces import CONTENT_BYTES, TraceObserver, WithTraceIds
 from navi_trio.api.tracing import TRACESTATE_MAX_CHARS, trace_carrier
 from navi_trio.cli.daemon import _JsonLines
-from navi_trio.core.turn import Observers
+from navi_trio.core.session import to_row
+from navi_trio.core.turn import Observers, UserMessage
 from navi_trio.events import (
     ApprovalDecided,
     ApprovalRequest,
@@ -44,6 +45,9 @@ from navi_trio.events import (
     ToolResultEvent,
     ToolStarted,
 )
+from navi_trio.store import SQLiteStore
+from navi_trio.store.base import HANDED_HOST, HANDED_PID
+from navi_trio.testing import open_harness
 from navi_trio.tools.base import ToolContext, ToolResult
 from navi_trio.tools.spawn_agent import SpawnAgentTool
 
@@ -409,3 +413,110 @@ async def test_a_subagents_llm_calls_hang_under_its_span(tmp_path: Path) -> None
     assert agent.start_time is not None and agent.end_time is not None
     assert agent.start_time <= (chats[1].start_time or 0) <= (chats[1].end_time or 0)
     assert (chats[1].end_time or 0) <= agent.end_time
+
+
+SENDER = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def assert_continues(turn: ReadableSpan, traceparent: str) -> None:
+    """`turn` is a child of the remote span `traceparent` names, in its trace."""
+    remote = turn.parent
+    assert remote is not None and remote.is_remote
+    assert f"{context(turn).trace_id:032x}" == traceparent[3:35]
+    assert f"{remote.span_id:016x}" == traceparent[36:52]
+
+
+async def test_a_queued_message_keeps_its_trace_context(tmp_path: Path) -> None:
+    """A message that waits behind a running turn continues its sender's trace when it runs."""
+    exporter = InMemorySpanExporter()
+    gate = Gate()
+    replies = [call("gate"), {"text": "first"}, {"text": "second"}]
+    profile = with_tools(["gate"], planning_first_message=False)
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(
+            tmp_path, replies=replies, tools=toolset(gate), observer=observer(exporter),
+            profiles={"general": profile},
+        ) as d, d.connect("alice") as alice:  # fmt: skip
+            first = await alice.request({"type": "message", "content": "one"})
+            sid = first["session_id"]
+            await gate.entered.wait()
+            queued = await alice.request({
+                "type": "message", "content": "two", "session_id": sid,
+                "on_busy": "enqueue", "traceparent": SENDER, "tracestate": "rojo=1",
+            })  # fmt: skip
+            assert queued["type"] != "error", queued
+            gate.go.set()
+            assert (await alice.until_end(sid))["text"] == "first"
+            assert (await alice.until_end(sid))["text"] == "second"
+    first_turn, second_turn = by_name(exporter.get_finished_spans(), "navi.turn")
+    assert first_turn.parent is None
+    assert_continues(second_turn, SENDER)
+    assert second_turn.parent is not None and second_turn.parent.trace_state.get("rojo") == "1"
+
+
+async def test_a_queued_message_run_after_a_restart_keeps_its_trace_context(
+    tmp_path: Path,
+) -> None:
+    """The trace context travels in the queued row: the daemon that adopts it (here, after a
+    graceful restart) continues the sender's trace; a row of an older daemon has none."""
+    exporter = InMemorySpanExporter()
+    gate = Gate()
+    profiles = {"general": with_tools(["gate"], planning_first_message=False)}
+    carrier = {"traceparent": SENDER, "tracestate": "rojo=1"}
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(
+            tmp_path, replies=[call("gate")], tools=toolset(gate), profiles=profiles
+        ) as h:
+            s = await h.session("s1")
+            s.send("hi")
+            await gate.entered.wait()
+            queued = UserMessage("queued at shutdown", trace=carrier)
+            s.actor.send_message(queued)
+            await queued.accepted.wait()
+        replies = [{"text": "now"}]
+        async with open_harness(
+            tmp_path,
+            replies=replies,
+            tools=toolset(gate),
+            profiles=profiles,
+            observer=observer(exporter),
+        ) as h2:
+            h2.runtime.sessions.adopt = True
+            await (await h2.session("s1")).idle()
+    [turn] = by_name(exporter.get_finished_spans(), "navi.turn")
+    assert_continues(turn, SENDER)
+    assert turn.parent is not None and turn.parent.trace_state.get("rojo") == "1"
+
+
+async def test_a_handed_row_keeps_its_trace_and_an_old_or_bad_one_runs_without(
+    tmp_path: Path,
+) -> None:
+    """Rows queued for the daemon that runs the session (as `Cluster.hand_over` writes
+    them): the one with a carrier continues it; a row of an older daemon (no carrier)
+    runs as a trace of its own; a stored tracestate past the bound is left out."""
+    exporter = InMemorySpanExporter()
+    handed = to_row(UserMessage("handed", trace={"traceparent": SENDER, "tracestate": "rojo=1"}))
+    old = {k: v for k, v in to_row(UserMessage("old")).items() if k != "trace"}
+    state = ",".join(f"k{n}={'v' * 20}" for n in range(25))  # well formed, over 512 chars
+    assert len(state) > TRACESTATE_MAX_CHARS
+    big = {**to_row(UserMessage("big")), "trace": {"traceparent": SENDER, "tracestate": state}}
+    no_plan = {"general": with_tools([], planning_first_message=False)}
+    with trio.fail_after(TIMEOUT):
+        async with SQLiteStore.open(tmp_path / "navi.db") as store:
+            await store.create_session("s1", profile_id="general")
+            for key, row in (("k1", handed), ("k2", old), ("k3", big)):
+                await store.enqueue("s1", key, row, pid=HANDED_PID, host=HANDED_HOST)
+        replies = [{"text": f"ran {n}"} for n in range(3)]
+        async with open_harness(
+            tmp_path, replies=replies, profiles=no_plan, observer=observer(exporter)
+        ) as h:
+            h.runtime.sessions.adopt = True
+            await (await h.session("s1")).idle()
+            users = [m["content"] for m in await h.runtime.store.load_messages("s1")]
+            assert users[::2] == ["handed", "old", "big"]
+    first, second, third = by_name(exporter.get_finished_spans(), "navi.turn")
+    assert_continues(first, SENDER)
+    assert first.parent is not None and first.parent.trace_state.get("rojo") == "1"
+    assert second.parent is None
+    assert_continues(third, SENDER)
+    assert third.parent is not None and not third.parent.trace_state

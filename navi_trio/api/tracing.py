@@ -10,10 +10,11 @@ within the standard's bounds, and drops it otherwise, never the message.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from navi_trio.core.turn import TRACESTATE_MAX_CHARS as TRACESTATE_MAX_CHARS
+from navi_trio.core.turn import trace_carrier as trace_carrier
 from navi_trio.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -22,15 +23,6 @@ if TYPE_CHECKING:
     from navi_trio.api.traces import TraceObserver
 
 EXTRA = "navi-trio[otel]"
-
-# W3C Trace Context, level 1: version 00 only (a later version is not ours to read).
-_TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
-TRACESTATE_MAX_CHARS = 512  # what the standard lets a vendor cut at
-TRACESTATE_MAX_MEMBERS = 32
-_TRACESTATE_MEMBER = re.compile(
-    r"(?:[a-z0-9][_0-9a-z*/-]{0,255}|[a-z0-9][_0-9a-z*/-]{0,240}@[a-z][_0-9a-z*/-]{0,13})"
-    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
-)
 
 
 def traces_endpoint(environ: Mapping[str, str]) -> str | None:
@@ -42,26 +34,6 @@ def traces_endpoint(environ: Mapping[str, str]) -> str | None:
         return direct
     base = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
     return base.rstrip("/") + "/v1/traces" if base else None
-
-
-def trace_carrier(traceparent: Any, tracestate: Any) -> dict[str, str] | None:
-    """A message's trace context as a W3C carrier, or None when it has none or a bad one.
-
-    `traceparent` must be a version-00 header (55 characters, lower-case hex, ids not
-    all zero); `tracestate`, kept only beside a good one, at most 512 characters of at
-    most 32 well-formed members, else left out. Nothing here raises: a bad value is
-    dropped and the message goes on without it."""
-    if not isinstance(traceparent, str) or not _TRACEPARENT.fullmatch(traceparent):
-        return None
-    carrier = {"traceparent": traceparent}
-    if isinstance(tracestate, str) and 0 < len(tracestate) <= TRACESTATE_MAX_CHARS:
-        members = [m.strip(" \t") for m in tracestate.split(",")]
-        members = [m for m in members if m]
-        if 0 < len(members) <= TRACESTATE_MAX_MEMBERS and all(
-            _TRACESTATE_MEMBER.fullmatch(m) for m in members
-        ):
-            carrier["tracestate"] = ",".join(members)
-    return carrier
 
 
 def content_recorded(environ: Mapping[str, str]) -> bool:

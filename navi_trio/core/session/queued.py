@@ -20,7 +20,7 @@ import attrs
 import trio
 
 from navi_trio import wire
-from navi_trio.core.turn import UserMessage, stopped_before_saving
+from navi_trio.core.turn import UserMessage, stopped_before_saving, trace_carrier
 from navi_trio.errors import NaviError, StorageError
 from navi_trio.events import WarningEvent
 from navi_trio.profiles import BudgetConfig
@@ -47,6 +47,9 @@ def to_row(msg: UserMessage) -> dict[str, Any]:
         "headless": msg.headless,
         "budget": None if msg.budget is None else budgets_dict(msg.budget),
         "schedule_id": msg.schedule_id,
+        # Checked and bounded when it came in (`trace_carrier`); a daemon of the previous
+        # version reads past the key.
+        "trace": None if msg.trace is None else dict(msg.trace),
     }
 
 
@@ -65,9 +68,18 @@ def from_row(key: str, row: dict[str, Any]) -> UserMessage:
         on_busy="enqueue",  # queued already: it waits for its turn
         budget=_budget(row.get("budget")),
         schedule_id=row.get("schedule_id"),
+        trace=_trace(row.get("trace")),
     )
     msg.accepted.ok()  # it was acknowledged in its first life
     return msg
+
+
+def _trace(data: Any) -> dict[str, str] | None:
+    """A stored row's trace context, checked again as a client's is; none (an older row, a
+    bad one) starts a new trace."""
+    if not isinstance(data, dict):
+        return None
+    return trace_carrier(data.get("traceparent"), data.get("tracestate"))
 
 
 def _budget(data: Any) -> BudgetConfig | None:

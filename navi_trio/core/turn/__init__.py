@@ -34,12 +34,14 @@ from .folders import remember_folder as remember_folder
 from .folders import start_folders as start_folders
 from .lease import SessionLeases as SessionLeases
 from .observe import DELTAS as DELTAS
+from .observe import TRACESTATE_MAX_CHARS as TRACESTATE_MAX_CHARS
 from .observe import LLMCallDone as LLMCallDone
 from .observe import NoObserver as NoObserver
 from .observe import Observer as Observer
 from .observe import Observers as Observers
 from .observe import Propagates as Propagates
 from .observe import continue_trace as continue_trace
+from .observe import trace_carrier as trace_carrier
 from .observe import trace_context as trace_context
 from .plan_text import parse_analysis as parse_analysis
 from .plan_text import parse_plan as parse_plan

@@ -93,7 +93,7 @@ class UserMessage:
     # since a save the store said failed may have landed.
     message_id: str = attrs.field(factory=new_message_id, eq=False)
     retried: bool = attrs.field(default=False, eq=False)
-    # The W3C trace context it came with from another daemon (checked); not stored.
+    # The W3C trace context it came with (checked); kept in its queued row while it waits.
     trace: Mapping[str, str] | None = attrs.field(default=None, eq=False, repr=False)
 
 

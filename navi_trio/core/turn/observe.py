@@ -3,18 +3,30 @@
 An `Observer` hears of each LLM call when it ends (`LLMCallDone`, which no event
 carries) and of each event a session publishes. It is called on the run's path, so it
 must be cheap and must not raise. An observer that traces is also `Propagates`.
+`trace_carrier` checks a W3C trace context that comes from outside (a client's frame,
+a queued row read back) before a turn continues it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
 from navi_trio.events import AgentEvent, TextDelta, ThinkingDelta
 
 DELTAS = frozenset({TextDelta, ThinkingDelta})  # the events an observer may opt out of
+
+# W3C Trace Context, level 1: version 00 only (a later version is not ours to read).
+_TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+TRACESTATE_MAX_CHARS = 512  # what the standard lets a vendor cut at
+TRACESTATE_MAX_MEMBERS = 32
+_TRACESTATE_MEMBER = re.compile(
+    r"(?:[a-z0-9][_0-9a-z*/-]{0,255}|[a-z0-9][_0-9a-z*/-]{0,240}@[a-z][_0-9a-z*/-]{0,13})"
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+)
 
 
 @attrs.frozen
@@ -126,3 +138,23 @@ class Observers:
     def continue_trace(self, session_id: str, carrier: Mapping[str, str]) -> None:
         for o in self.observers:
             continue_trace(o, session_id, carrier)
+
+
+def trace_carrier(traceparent: Any, tracestate: Any) -> dict[str, str] | None:
+    """A message's trace context as a W3C carrier, or None when it has none or a bad one.
+
+    `traceparent` must be a version-00 header (55 characters, lower-case hex, ids not
+    all zero); `tracestate`, kept only beside a good one, at most 512 characters of at
+    most 32 well-formed members, else left out. Nothing here raises: a bad value is
+    dropped and the message goes on without it."""
+    if not isinstance(traceparent, str) or not _TRACEPARENT.fullmatch(traceparent):
+        return None
+    carrier = {"traceparent": traceparent}
+    if isinstance(tracestate, str) and 0 < len(tracestate) <= TRACESTATE_MAX_CHARS:
+        members = [m.strip(" \t") for m in tracestate.split(",")]
+        members = [m for m in members if m]
+        if 0 < len(members) <= TRACESTATE_MAX_MEMBERS and all(
+            _TRACESTATE_MEMBER.fullmatch(m) for m in members
+        ):
+            carrier["tracestate"] = ",".join(members)
+    return carrier
