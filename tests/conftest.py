@@ -32,6 +32,7 @@ import attrs
 import hypothesis
 import pytest
 import quick_run
+import workers
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from slow_guard import refusing_processes
@@ -43,12 +44,23 @@ from navi_trio.tools.sandbox import sandbox_available
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The quick run is known before any test module is imported."""
+    """The quick run is known before any test module is imported. No COLUMNS or LINES:
+    the tests' terminal clients run in pseudo-terminals of a set size, and rich takes
+    these variables over the terminal's own size; an xdist worker starts with
+    COLUMNS=80 LINES=24 in its environment, so every chat under the workers wrapped at
+    80 columns and a line the test waits for was cut in two."""
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
     quick_run.quick = quick_run.is_quick_run(config.getoption("markexpr"))
     if quick_run.quick:  # a property test that names no count: a fifth of the default
         default = hypothesis.settings().max_examples
         hypothesis.settings.register_profile("quick", max_examples=quick_run.examples(default))
         hypothesis.settings.load_profile("quick")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """How many xdist workers `-n auto` (pyproject's addopts) starts (tests/workers.py)."""
+    return workers.auto_workers(config.args, os.environ, len(os.sched_getaffinity(0)))
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
