@@ -59,7 +59,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """How many xdist workers `-n auto` (pyproject's addopts) starts (tests/workers.py)."""
+    """How many xdist workers `-n auto` starts (tests/workers.py)."""
     return workers.auto_workers(config.args, os.environ, len(os.sched_getaffinity(0)))
 
 

@@ -1,5 +1,5 @@
-"""How many xdist workers `python -m pytest` starts (pyproject's addopts: ``-n auto``,
-which asks tests/conftest.py's `pytest_xdist_auto_num_workers`).
+"""How many xdist workers `python -m pytest -n auto` starts (through tests/conftest.py's
+`pytest_xdist_auto_num_workers`; one process is the default, docs/pages/development.md).
 
 One worker per CPU (WORKERS_PER_CPU). The suite mostly waits (daemons, terminals,
 PostgreSQL, the real model), and two per CPU finished sooner, but then the tests on the
