@@ -156,15 +156,15 @@ class Engine:
         """Inside a write: hold the session's row to the commit (SQLite's write
         transaction holds the whole file already)."""
 
-    def session_there(self, conn: Any, sid: str) -> bool:
-        """Inside a write: whether the session is there, its row held to the commit."""
-        sql = self.q(f"SELECT 1 FROM sessions WHERE id = ?{self.for_update}")
+    def session_there(self, conn: Any, sid: str, *, hold: bool = True) -> bool:
+        """Whether the session is there; with `hold` (inside a write) its row is held to
+        the commit."""
+        sql = self.q(f"SELECT 1 FROM sessions WHERE id = ?{self.for_update if hold else ''}")
         return conn.execute(sql, [sid]).fetchone() is not None
 
     def hold_session(self, conn: Any, sid: str) -> None:
-        """Inside a write: `session_there`, StoreError when it is not."""
-        if not self.session_there(conn, sid):
-            raise StoreError(f"no session {sid!r} in the store")
+        """Inside a write: `require_session`, its row held to the commit."""
+        self.require_session(conn, sid, hold=True)
 
     def count_sessions_locked(self, conn: Any, user_id: str) -> int:
         """Inside a write: the user's sessions, counted so that two transactions that
@@ -244,8 +244,9 @@ class Engine:
             conn.execute(self.q("DELETE FROM sessions WHERE id = ?"), [sid])
             return there
 
-    def require_session(self, conn: Any, sid: str) -> None:
-        if conn.execute(self.q("SELECT 1 FROM sessions WHERE id = ?"), [sid]).fetchone() is None:
+    def require_session(self, conn: Any, sid: str, *, hold: bool = False) -> None:
+        """StoreError when the session is not there (`session_there`)."""
+        if not self.session_there(conn, sid, hold=hold):
             raise StoreError(f"no session {sid!r} in the store")
 
     def count_sessions(self, conn: Any, user_id: str) -> int:
