@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import h11
 import pytest
 import trio
 from daemons import pg_daemons
@@ -24,6 +25,7 @@ from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 
 from navi_trio.testing import open_fake_llm
+from navi_trio.testing._http import MAX_BODY, read_request, send_whole
 
 pytestmark = pytest.mark.slow  # its tests start processes
 
@@ -40,27 +42,11 @@ class Collector:
         self.changed = trio.Event()
 
     async def serve(self, stream: trio.SocketStream) -> None:
-        buf = b""
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_BODY)
         async with stream:
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    chunk = await stream.receive_some(65536)
-                    if not chunk:
-                        return
-                    buf += chunk
-                head, buf = buf.split(b"\r\n\r\n", 1)
-                length = 0
-                for line in head.split(b"\r\n")[1:]:
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                assert length <= BODY_MAX, length
-                while len(buf) < length:
-                    chunk = await stream.receive_some(65536)
-                    if not chunk:
-                        return
-                    buf += chunk
-                body, buf = buf[:length], buf[length:]
+            while (got := await read_request(stream, conn)) is not None:
+                body = got[1]
+                assert len(body) <= BODY_MAX, len(body)
                 request = ExportTraceServiceRequest()
                 request.ParseFromString(body)
                 for resource in request.resource_spans:
@@ -68,7 +54,10 @@ class Collector:
                         self.spans.extend(scope.spans)
                 self.changed.set()
                 self.changed = trio.Event()
-                await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                await send_whole(stream, conn, 200, b"", "application/x-protobuf")
+                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                    return
+                conn.start_next_cycle()
 
     async def turns(self, n: int) -> list[Span]:
         """The first `n` turn spans received, once they are in."""

@@ -24,7 +24,7 @@ from test_store_sharing import dead_pid
 from navi_trio.core.jobs import RUNNING_SCOPE
 from navi_trio.core.jobs.task_notes import HEADER, pending_notes
 from navi_trio.store.sqlite import SQLiteStore
-from navi_trio.testing import open_harness
+from navi_trio.testing import Harness, open_harness
 
 TIMEOUT = 20
 
@@ -43,6 +43,19 @@ def background(name: str = "gate") -> dict[str, Any]:
 
 def notes_in(body: dict[str, Any]) -> list[str]:
     return [n for n in system_notes(body) if n.startswith(HEADER)]
+
+
+def hand_overs_never_return(h: Harness) -> trio.Event:
+    """The runtime's hand-over of a wake-up to its session's actor waits forever (an actor
+    starting, a lease; or a daemon that dies there); the event is set once one is tried."""
+    tried = trio.Event()
+
+    async def never(session_id: str) -> Any:
+        tried.set()
+        await trio.sleep_forever()
+
+    h.runtime.sessions.get = never  # type: ignore[method-assign]
+    return tried
 
 
 async def test_a_job_that_ends_while_idle_starts_one_turn_with_its_note(tmp_path: Path) -> None:
@@ -180,13 +193,7 @@ async def test_a_wake_up_waiting_for_its_sessions_actor_does_not_hold_the_jobs_e
             await h.turn("s1", "start the job")
             await (await h.session("s1")).idle()  # the run settled: the job's end wakes it
             (job,) = h.runtime.supervisor.list_jobs("s1")
-            handed = trio.Event()
-
-            async def stuck(session_id: str) -> Any:
-                handed.set()
-                await trio.sleep_forever()
-
-            h.runtime.sessions.get = stuck  # type: ignore[method-assign]
+            handed = hand_overs_never_return(h)
             gate.gate.set()
             await handed.wait()
             # Far less than the bookkeeping's 10 s deadline, which held it before.
@@ -206,13 +213,7 @@ async def test_a_restart_between_the_job_ending_and_the_turn_wakes_exactly_once(
             await h.turn("s1", "start the job")
             # The daemon "dies" right after the note and its wake-up were committed:
             # the waker never reaches the session's actor.
-            queued = trio.Event()
-
-            async def crash(session_id: str) -> Any:
-                queued.set()
-                await trio.sleep_forever()
-
-            h.runtime.sessions.get = crash  # type: ignore[method-assign]
+            queued = hand_overs_never_return(h)
             gate.gate.set()
             await queued.wait()
             assert await h.runtime.store.queued_sessions() == ["s1"]
