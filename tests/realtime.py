@@ -15,18 +15,31 @@ comes before the work is done. `paced` makes the clock jump only after IDLE_SEC 
 time with every task waiting, and by one virtual second at most (a ticker's deadline):
 a second passes per IDLE_SEC of work on threads, while a wait with nothing running
 still takes no real time to speak of.
+
+Pacing alone still lets the clock run ahead when a thread waits for a CPU longer than
+IDLE_SEC (more test processes than cores): `held` makes the clock decline every jump
+while a store job or a `trio.to_thread.run_sync` call the test's code awaits is still
+in flight, so virtual time passes only while trio itself has nothing left to wait for.
+The count is kept by wrappers installed for the block, in the trio thread only; the
+product pays nothing.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import functools
 import sys
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
+import pytest
 import trio
+import trio._path
 import trio.testing
+
+from navi_trio.store.sqlite import SQLiteStore
 
 IDLE_SEC = 0.01  # real seconds every task must wait before the paced clock jumps
 
@@ -60,11 +73,53 @@ async def _tick(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -
         await trio.sleep(1)
 
 
+class ThreadJobs:
+    """How many thread jobs trio tasks are awaiting now (read and written in the trio
+    thread only: a wrapper counts a call from its start to its return)."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+
+    def counted(self, call: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        @functools.wraps(call)
+        async def awaiting(*args: Any, **kwargs: Any) -> Any:
+            self.waiting += 1
+            try:
+                return await call(*args, **kwargs)
+            finally:
+                self.waiting -= 1
+
+        return awaiting
+
+
+@contextmanager
+def held(clock: trio.testing.MockClock, threshold: float = IDLE_SEC) -> Iterator[ThreadJobs]:
+    """`clock` autojumps after `threshold` of idle real time, and never while a thread
+    job is in flight: a SQLite store's job, or `trio.to_thread.run_sync` (trio.Path's
+    too). A job's answer wakes the run loop, so no jump comes between its end and its
+    caller's return."""
+    jobs = ThreadJobs()
+    jump = clock._autojump
+
+    def autojump() -> None:  # called by trio's run loop, after `threshold` of idle
+        if not jobs.waiting:
+            jump()
+
+    to_thread = jobs.counted(trio.to_thread.run_sync)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trio.to_thread, "run_sync", to_thread)
+        patch.setattr(trio._path, "run_sync", to_thread)  # trio.Path imported it by name
+        patch.setattr(SQLiteStore, "_run", jobs.counted(SQLiteStore._run))
+        patch.setattr(clock, "_autojump", autojump)
+        clock.autojump_threshold = threshold
+        yield jobs
+
+
 @asynccontextmanager
 async def paced(clock: trio.testing.MockClock, seconds: float) -> AsyncIterator[None]:
-    """The block on `clock` paced (see the module), within `seconds` of real time."""
-    clock.autojump_threshold = IDLE_SEC
-    with real_time_limit(seconds):
+    """The block on `clock` paced and held (see the module), within `seconds` of real
+    time."""
+    with held(clock), real_time_limit(seconds):
         async with trio.open_nursery() as ticker:
             await ticker.start(_tick)
             yield

@@ -15,8 +15,9 @@ And in a cluster, the run that takes over a lease another runtime left unrelease
 run out ends that runtime's turn first, however long ago its actor last looked.
 
 Real parts: the fake LLM over HTTP on 127.0.0.1, a real SQLite file. Tests on the
-autojump clock jump only once every task has waited 10 ms of real time (the store's
-thread never lets virtual time run ahead of it); each has an absolute real-time limit.
+autojump clock jump only once every task has waited 10 ms of real time, and never while
+the store's thread works (tests/realtime.py `held`); each has an absolute real-time
+limit.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import rewind_kit as kit
 import trio
 import trio.testing
 from agent_tools import EchoTool, GateTool, with_tools
-from realtime import paced, real_time_limit
+from realtime import held, paced, real_time_limit
 
 from navi_trio.core.turn.agent import DEAD_TURN
 from navi_trio.store.sqlite import SQLiteStore
@@ -223,9 +224,8 @@ async def test_a_fenced_write_in_a_parallel_batch_ends_the_run_as_taken_over(
 async def test_a_run_taken_over_stops_at_its_next_renewal_even_inside_a_tool(
     tmp_path: Any, autojump_clock: trio.testing.MockClock
 ) -> None:
-    autojump_clock.autojump_threshold = 0.01
     gate = GateTool()
-    with real_time_limit(TIMEOUT):
+    with held(autojump_clock), real_time_limit(TIMEOUT):
         async with open_harness(
             tmp_path, replies=[calls("gate"), {"text": "never"}], tools=[gate],
             profiles=profile("gate"), lease_ttl_sec=3.0, first_chunk_timeout=FAR,
@@ -248,10 +248,9 @@ async def test_frames_wait_for_the_lease_and_a_run_taken_over_meanwhile_publishe
     """The store does not answer the renewals (a paused daemon, a cut-off network): once
     the lease could have run out, the run's frames wait; another daemon takes it over
     meanwhile, and when the store answers, none of what the run said since goes out."""
-    autojump_clock.autojump_threshold = 0.01
     words = " ".join(f"w{n}" for n in range(30))
     reply = {"text": words, "delay_chunk": 0.5}  # 15 s of virtual time, one word each 0.5 s
-    with real_time_limit(TIMEOUT):
+    with held(autojump_clock), real_time_limit(TIMEOUT):
         async with open_harness(
             tmp_path, replies=[reply, {"text": "never"}], profiles=profile(),
             lease_ttl_sec=3.0, first_chunk_timeout=FAR, chunk_timeout=FAR,

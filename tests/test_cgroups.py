@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import select
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -311,11 +312,34 @@ async def test_a_stop_kills_a_double_forked_setsid_daemon_without_its_tag(
             assert is_gone(escaper)
 
 
+def dies_at_once(monkeypatch: pytest.MonkeyPatch, pid: int) -> None:
+    """A write to a ``cgroup.kill`` returns once `pid` has died (left unreaped): as on a
+    machine where the killed process gets a CPU before the writer reads the group again.
+    Bounded: 10 s."""
+    write = cgroups._write
+
+    def then_dead(path: Path, text: str) -> None:
+        write(path, text)
+        if path.name == "cgroup.kill":
+            fd = os.pidfd_open(pid)
+            try:
+                assert select.select([fd], [], [], 10)[0], f"{pid} outlived cgroup.kill"
+            finally:
+                os.close(fd)
+
+    monkeypatch.setattr(cgroups, "_write", then_dead)
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("kernel", ["as it comes", "quick"])
 async def test_what_a_dead_daemons_cgroups_hold_is_killed_and_they_are_removed(
     tmp_path: Path,
     tags: list[str],  # noqa: F811
+    kernel: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The processes in them are killed and said to be, also the ones that died of the
+    group's kill before it was read again (`kernel` quick)."""
     need_cgroups()
     data = tmp_path / "data"
     me = os.getpid()
@@ -333,6 +357,8 @@ async def test_what_a_dead_daemons_cgroups_hold_is_killed_and_they_are_removed(
             )
             leaf.enter(process.pid)
             await wait_up(fifo)
+            if kernel == "quick":
+                dies_at_once(monkeypatch, process.pid)
             killed = await cgroups.clear_stale(digest)
             assert process.pid in killed
             await process.wait()

@@ -33,6 +33,7 @@ from navi_trio.testing import open_fake_llm
 pytestmark = pytest.mark.slow  # its tests start processes
 
 TIMEOUT = 150
+ENDS_LIMIT = 100  # real seconds for the ends after a failover (inside TIMEOUT: said, not cut)
 TTL = "2"
 
 LEASE_LOG = """
@@ -102,6 +103,31 @@ def killed_then_two(wait: float) -> list[dict[str, Any]]:
 
 async def message(c: Client, sid: str, text: str) -> dict[str, Any]:
     return await c.request({"type": "message", "session_id": sid, "content": text})
+
+
+async def ends_within(c: Client, sid: str, count: int, logs: Path) -> list[dict[str, Any]]:
+    """The next `count` run ends of `sid` that `c` gets. Should they not all come within
+    ENDS_LIMIT, the failure says what `c` got of the session and how the daemons' logs
+    (`daemon*.log` in `logs`) end: which daemon took over, and what it met."""
+    ends: list[dict[str, Any]] = []
+    with trio.move_on_after(ENDS_LIMIT):
+        while len(ends) < count:
+            ends.append(await c.until_end(sid))
+        return ends
+    got = [
+        (f["type"], f.get("reason") or f.get("code"))
+        for f in c.frames
+        if f.get("session_id") == sid
+    ]
+    raise AssertionError(
+        f"{len(ends)} of {count} ends in {ENDS_LIMIT} s; got {got}; logs: {log_tails(logs)}"
+    )
+
+
+def log_tails(folder: Path) -> dict[str, str]:
+    return {
+        p.name: p.read_text(errors="replace")[-3000:] for p in sorted(folder.glob("daemon*.log"))
+    }
 
 
 async def test_a_client_on_one_daemon_drives_and_follows_a_session_run_by_another(
@@ -204,7 +230,7 @@ async def test_a_daemon_killed_mid_run_loses_no_acknowledged_message(
                     assert (ok["type"], ok["queued"]) == ("ok", True), ok
                 os.kill(b.pid, signal.SIGKILL)
                 # A (or C) takes the session over, ends B's turn, and runs the queue.
-                ends = [await on_a.until_end(sid) for _ in range(3)]
+                ends = await ends_within(on_a, sid, 3, tmp_path)
                 assert [e["reason"] for e in ends] == ["error", "complete", "complete"], ends
             rows = history(pg_url, sid)
             users = [content for role, content in rows if role == "user"]

@@ -36,7 +36,7 @@ import trio
 import trio.testing
 from agent_tools import EchoTool, GateTool, call, toolset, with_tools
 from api_ws import Client, Daemon, open_daemon
-from realtime import real_time_limit
+from realtime import held, real_time_limit
 
 from navi_trio.core.session.session_actor import KEPT_RETRY_FIRST_SEC
 from navi_trio.core.turn import UserMessage
@@ -320,29 +320,30 @@ async def _kept_in_harness(
     tmp_path: Path, clock: trio.testing.MockClock, *answers: str
 ) -> AsyncIterator[tuple[Harness, SessionDriver, float]]:
     """As `_kept_on_a_full_disk`, in a harness on the autojump clock (it jumps only once
-    every task has waited 10 ms of real time, so the store's thread never lets it run
-    ahead): the kept message's first message_kept warning has come; yields the virtual
-    time it came at. `answers`: the model's texts, "first done" first."""
-    clock.autojump_threshold = 0.01
+    every task has waited 10 ms of real time, and never while the store's thread works:
+    tests/realtime.py `held`): the kept message's first message_kept warning has come;
+    yields the virtual time it came at. `answers`: the model's texts, "first done"
+    first."""
     gate = GateTool()
     replies = [call("gate"), *({"text": text} for text in answers)]
     far = 1e5  # every other deadline: out of the way
-    async with open_harness(
-        tmp_path, replies=replies, tools=toolset(gate), profiles=GATED,
-        num_ctx=BIG_WINDOW, first_chunk_timeout=far, chunk_timeout=far,
-        session_idle_sec=far, llm_connect_timeout=far,
-    ) as h:  # fmt: skip
-        s = await h.session("alice.S")
-        s.send("first")
-        await gate.entered.wait()
-        s.actor.send_message("kept " + "k" * BIG)
-        (kept,) = s.actor.pending
-        await kept.accepted.wait()  # its row is in: acknowledged
-        await _cap(h, full=True)
-        gate.gate.set()
-        warning = await _next_warning(s)
-        assert f"runs again in {KEPT_RETRY_FIRST_SEC:g} s" in warning["message"], warning
-        yield h, s, trio.current_time()
+    with held(clock):
+        async with open_harness(
+            tmp_path, replies=replies, tools=toolset(gate), profiles=GATED,
+            num_ctx=BIG_WINDOW, first_chunk_timeout=far, chunk_timeout=far,
+            session_idle_sec=far, llm_connect_timeout=far,
+        ) as h:  # fmt: skip
+            s = await h.session("alice.S")
+            s.send("first")
+            await gate.entered.wait()
+            s.actor.send_message("kept " + "k" * BIG)
+            (kept,) = s.actor.pending
+            await kept.accepted.wait()  # its row is in: acknowledged
+            await _cap(h, full=True)
+            gate.gate.set()
+            warning = await _next_warning(s)
+            assert f"runs again in {KEPT_RETRY_FIRST_SEC:g} s" in warning["message"], warning
+            yield h, s, trio.current_time()
 
 
 async def _next_warning(s: SessionDriver) -> dict[str, Any]:
@@ -479,11 +480,10 @@ async def test_a_turn_cut_short_by_a_full_disk_after_its_save_runs_again(
     full: the message is kept, as one refused before its save is. It says so, and once
     there is room its turn runs again from what the store holds (the unsaved call
     paired on load), without a second copy of the message: it gets its answer."""
-    autojump_clock.autojump_threshold = 0.01
     gate = GateTool()
     replies = [call("gate"), call("echo", size=20_000), {"text": "done after all"}]
     far = 1e5
-    with real_time_limit(TIMEOUT):
+    with held(autojump_clock), real_time_limit(TIMEOUT):
         async with open_harness(
             tmp_path, replies=replies, tools=toolset(gate, EchoTool()),
             profiles={"general": with_tools(["gate", "echo"], planning_first_message=False)},

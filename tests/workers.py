@@ -5,7 +5,8 @@ One worker per CPU (WORKERS_PER_CPU). The suite mostly waits (daemons, terminals
 PostgreSQL, the real model), and two per CPU finished sooner, but then the tests on the
 autojump clock that let it jump after 10 ms of real time (tests/test_agent_fencing.py,
 tests/test_storage_full.py) found it run ahead while the store's thread waited for a
-CPU: figures in docs/pages/development.md. One test file, or tests of one file, runs in
+CPU. That clock is now held while a thread job runs (tests/realtime.py `held`); two per
+CPU has not been measured again since. One test file, or tests of one file, runs in
 the one process: starting the workers costs more than they save there.
 PYTEST_XDIST_AUTO_NUM_WORKERS, or ``-n N``, still decides.
 """

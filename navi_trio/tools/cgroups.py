@@ -227,18 +227,20 @@ class Group:
         (or `KILL_WAIT_SEC` a round). The pids killed."""
         killed: set[int] = set()
         for _ in range(KILL_ROUNDS):
-            if self.v2 is not None:
-                try:
-                    _write(self.v2 / "cgroup.kill", "1")
-                except OSError:
-                    pass  # removed meanwhile
             self._freezer("FROZEN")  # no fork while we read and signal
+            # Read and held before the kill: a process cgroup.kill struck may have left
+            # the group already when it is read after (a CPU free for it to die on).
             pids = self.pids()
             if not pids:
                 self._freezer("THAWED")
                 break
             strays = Strays(pids)
             try:
+                if self.v2 is not None:
+                    try:
+                        _write(self.v2 / "cgroup.kill", "1")
+                    except OSError:
+                        pass  # removed meanwhile
                 strays.signal(signal.SIGKILL)
                 self._freezer("THAWED")  # a frozen process dies once thawed
                 with trio.move_on_after(KILL_WAIT_SEC):
