@@ -73,6 +73,7 @@ async def test_a_job_runs_to_completion_and_is_delivered(autojump_clock: Any) ->
         assert re.fullmatch(r"bt-[0-9a-f]{8}", job.task_id)
         assert job.status == "running"
         assert job.args_summary == '{"action": "run", "command": "make test"}'
+        await trio.testing.wait_all_tasks_blocked()
         assert published == [
             (
                 "s1",
@@ -84,7 +85,6 @@ async def test_a_job_runs_to_completion_and_is_delivered(autojump_clock: Any) ->
                 ),
             )
         ]
-        await trio.testing.wait_all_tasks_blocked()
         assert await kv.kv_get(RUNNING_SCOPE, f"s1:{job.task_id}") is not None
         assert await sup.wait("s1", job.task_id, 60)
         # `done` is set only after the note is written and the marker deleted.
@@ -99,6 +99,25 @@ async def test_a_job_runs_to_completion_and_is_delivered(autojump_clock: Any) ->
         assert final.status == "completed" and final.error is None
         assert final.result_excerpt == "PASS 42/42"
         assert published[-1][0] == "s1"
+
+
+async def test_running_is_told_once_the_marker_is_written(autojump_clock: Any) -> None:
+    # Another daemon lists a session's jobs from their markers: a client told "running"
+    # may ask it at once, so the marker must be there first.
+    kv = MemoryKV()
+    marked_when_told: list[bool] = []
+
+    def publish(sid: str, ev: TaskUpdate) -> None:
+        if ev.status == "running":
+            marked_when_told.append((RUNNING_SCOPE, f"{sid}:{ev.task_id}") in kv.data)
+
+    sup = TaskSupervisor(Settings(), kv, publish)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        job = sup.submit("s1", "terminal", {"action": "run", "command": "x"}, after(5))
+        assert await sup.wait("s1", job.task_id, 60)
+        nursery.cancel_scope.cancel()
+    assert marked_when_told == [True]
 
 
 async def test_a_waiter_sees_the_note_already_written(autojump_clock: Any) -> None:

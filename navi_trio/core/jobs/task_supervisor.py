@@ -171,7 +171,6 @@ class TaskSupervisor(NurseryHolder):
         self._jobs.setdefault(session_id, {})[job.task_id] = job
         self._submits.setdefault(session_id, collections.deque()).append(now)
         self.nursery.start_soon(self._run_job, job, runner, name=f"background {job.task_id}")
-        self._notify(job)
         return job
 
     async def start(
@@ -350,6 +349,9 @@ class TaskSupervisor(NurseryHolder):
         marker_key = f"{job.session_id}:{job.task_id}"
         with trio.move_on_after(KV_DEADLINE_SEC, shield=True):
             await self._kv_quietly(self._kv.kv_set(RUNNING_SCOPE, marker_key, running_marker(job)))
+        # "running" is told once the marker is written: a client that saw it may list the
+        # session's tasks through another daemon, which knows the job by its marker only.
+        self._notify(job)
         try:
             with job.cancel_scope:
                 result = await runner(job)
