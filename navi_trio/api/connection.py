@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection
+from trio_websocket import CloseReason, ConnectionClosed, WebSocketConnection
+from wsproto import WSConnection
+from wsproto.events import TextMessage
 
 from navi_trio.api.auth import Tokens, User
 from navi_trio.api.commands import Commands
@@ -56,6 +58,7 @@ from navi_trio.api.protocol import (
     welcome_frame,
 )
 from navi_trio.api.signin import SigninCodes
+from navi_trio.api.web import ReplayStream
 from navi_trio.core.session import Follower, Lagged
 from navi_trio.core.turn import effective_mode
 from navi_trio.errors import (
@@ -110,9 +113,11 @@ class Connection:
         peer: str,
         *,
         on_hello: Callable[[], object] = lambda: None,
+        wire: ReplayStream | None = None,
     ) -> None:
         self.server = server
         self.ws = ws
+        self._wire = wire  # the stream under `ws`, for a frame written at once
         self.peer = peer
         self._on_hello = on_hello  # the server's: no longer a connection without a hello
         self.user: User | None = None
@@ -319,9 +324,21 @@ class Connection:
         # (core/session/broadcast.py), where a slow client's pump is blocked on the outbox.
         metrics = self.server.metrics
         while True:
-            await self.ws.send_message(await self._outbox.get())
+            text = await self._outbox.next()
+            if text is None:  # the rest of a frame written at once (`_send_now`)
+                await self._flush()
+                continue
+            await self.ws.send_message(text)
             if metrics is not None:
                 metrics.frames_sent.inc()
+
+    async def _flush(self) -> None:
+        assert self._wire is not None
+        try:
+            await self._wire.flush()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # As trio-websocket's own send ends: the client is gone.
+            raise ConnectionClosed(CloseReason(1006, "the connection broke")) from None
 
     async def send(self, frame: Frame) -> None:
         """Queue `frame` for the writer; waits while the outbox is full (api/outbox.py).
@@ -330,9 +347,30 @@ class Connection:
 
     def _send_now(self, frame: Frame) -> bool:
         """`send` without waiting (a pump's hand: its session's frame, in the
-        publisher's call), or False: the pump sends it, as it would have."""
+        publisher's call), or False: the pump sends it, as it would have.
+
+        While the writer waits with nothing queued and nothing is being sent, the
+        frame goes to the socket here, with no task switch: wsproto makes its bytes,
+        the socket takes them at once, and what it does not take the writer sends
+        before anything else (`ReplayStream.write_now`)."""
         try:
-            return self._outbox.put_nowait(self._text(frame))
+            text = self._text(frame)
+            wire = self._wire
+            outbox = self._outbox
+            if (
+                wire is not None
+                and outbox.may_send_at_once(text)
+                and wire.can_write_now()
+                and self.ws.closed is None
+            ):
+                if not wire.write_now(_wsproto(self.ws).send(TextMessage(data=text))):
+                    outbox.wake()
+                outbox.sent_at_once(text)
+                metrics = self.server.metrics
+                if metrics is not None:
+                    metrics.frames_sent.inc()
+                return True
+            return outbox.put_nowait(text)
         except Exception:  # the pump meets it again in its own task, where it belongs
             return False
 
@@ -389,3 +427,12 @@ class Connection:
         if self._current(sid) is follower:
             # The actor ended the subscription (retired or shutting down).
             del self._subs[sid]
+
+
+def _wsproto(ws: WebSocketConnection) -> WSConnection:
+    """The wsproto state of `ws`, which makes its frames' bytes. trio-websocket (0.12)
+    keeps it without a public name; tests/test_api_direct_write.py fails if it moves."""
+    state: Any = ws
+    proto = state._wsproto
+    assert isinstance(proto, WSConnection), "trio-websocket moved its wsproto state"
+    return proto

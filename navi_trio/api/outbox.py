@@ -38,14 +38,28 @@ class Outbox:
         self._room = trio.lowlevel.ParkingLot()  # that sender, parked
         self._ready = trio.lowlevel.ParkingLot()  # the writer, waiting for a text
         self._closed = False
+        self._woken = False  # `wake` asked the writer to look up with nothing queued
+        # Frames written at once (`sent_at_once`) since the writer last ran, and their
+        # sizes: they count as waiting here, so a burst meets the bounds where it did.
+        self._at_once = 0
+        self._at_once_bytes = 0
 
     def __len__(self) -> int:
         return len(self._texts)
 
     def _fits(self, size: int) -> bool:
+        # Nothing queued: it goes (and the writer, woken for it, frees the rest).
         if not self._texts:
             return True
-        return len(self._texts) < self.max_frames and self.bytes + size <= self.max_bytes
+        return self._has_room(len(self._texts), self.bytes + size)
+
+    def _has_room(self, frames: int, size: int) -> bool:
+        """`frames` more frames of `size` bytes in all, beside those sent at once since
+        the writer last ran, are within both bounds."""
+        return (
+            frames + self._at_once < self.max_frames
+            and size + self._at_once_bytes <= self.max_bytes
+        )
 
     def put_nowait(self, text: str) -> bool:
         """Queue `text` now if nobody waits for room and it fits (no turn to take: a
@@ -85,14 +99,45 @@ class Outbox:
             self.bytes += size
             self._ready.unpark_all()
 
+    def may_send_at_once(self, text: str) -> bool:
+        """The writer is parked in `next` with nothing queued (it sends nothing now), and
+        `text` fits: it may go to the socket without it, then `sent_at_once`."""
+        if not self._ready or self._texts:
+            return False
+        return not self._at_once or self._has_room(0, sys.getsizeof(text))
+
+    def sent_at_once(self, text: str) -> None:
+        """`text` went to the socket without the writer: until the writer next runs it
+        counts as waiting here (a burst in one call fills the bounds as it did)."""
+        self._at_once += 1
+        self._at_once_bytes += sys.getsizeof(text)
+
+    def wake(self) -> None:
+        """Make the writer's `next` return None once, if nothing is queued by then: it
+        has something to do that is not a text (api/connection.py: a frame's rest)."""
+        self._woken = True
+        if self._ready:
+            self._ready.unpark_all()
+
     async def get(self) -> str:
-        """The oldest text waiting (the writer's end)."""
+        """The oldest text waiting."""
+        while (text := await self.next()) is None:
+            pass
+        return text
+
+    async def next(self) -> str | None:
+        """The oldest text waiting (the writer's end), or None after `wake`."""
         await trio.lowlevel.checkpoint_if_cancelled()
+        self._at_once = self._at_once_bytes = 0  # the writer runs: they have gone
         waited = False
         while not self._texts:
             if self._closed:
                 raise trio.EndOfChannel
+            if self._woken:
+                self._woken = False
+                return None
             await self._ready.park()
+            self._at_once = self._at_once_bytes = 0
             waited = True
         text = self._texts.popleft()
         self.bytes -= sys.getsizeof(text)
