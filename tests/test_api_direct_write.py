@@ -17,16 +17,23 @@ from pathlib import Path
 import trio
 import trio.testing
 from api_ws import open_daemon
+from hypothesis import given
+from hypothesis import strategies as st
 from test_output_steps import Steps
 from trio_websocket import WebSocketConnection
 from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, Request, TextMessage
+from wsproto.extensions import PerMessageDeflate
 
 from navi_trio.api import connection
+from navi_trio.api.metrics import DaemonMetrics
 from navi_trio.api.outbox import Outbox
 from navi_trio.api.web import ReplayStream
 from navi_trio.events import TextDelta
 
 TIMEOUT = 60
+# Encoded sizes where a frame's header grows ("é" is two bytes in UTF-8).
+EDGES = [125, 126, 127, 65_535, 65_536]
 FRAMES = 50
 
 
@@ -34,9 +41,10 @@ async def test_frames_published_while_the_writer_waits_reach_the_client_without_
     tmp_path: Path,
 ) -> None:
     """FRAMES deltas published in one go, the writer waiting: the client gets each of
-    them, in order, and the writer task takes not one step."""
+    them, in order, the writer task takes not one step, and each counts as sent."""
+    metrics = DaemonMetrics()
     with trio.fail_after(TIMEOUT):
-        async with open_daemon(tmp_path, replies=[{"text": "ready"}]) as d:
+        async with open_daemon(tmp_path, metrics=metrics, replies=[{"text": "ready"}]) as d:
             async with d.connect("alice") as c:
                 created = await c.request({"type": "message", "content": "hi"})
                 sid = str((await c.until_type("ok", id=created["id"]))["session_id"])
@@ -44,6 +52,7 @@ async def test_frames_published_while_the_writer_waits_reach_the_client_without_
                 actor = d.harness.runtime.sessions.actor(sid)
                 assert actor is not None
                 await trio.testing.wait_all_tasks_blocked()
+                sent = metrics.frames_sent.n
                 steps = Steps()
                 trio.lowlevel.add_instrument(steps)
                 try:
@@ -52,6 +61,7 @@ async def test_frames_published_while_the_writer_waits_reach_the_client_without_
                     got = [await c.until_type("text_delta", text=f"t{i} ") for i in range(FRAMES)]
                 finally:
                     trio.lowlevel.remove_instrument(steps)
+                assert metrics.frames_sent.n - sent == FRAMES
     seqs = [int(str(f["seq"])) for f in got]
     assert seqs == list(range(seqs[0], seqs[0] + FRAMES)), seqs
     writer = [n for n in steps.steps if n.endswith("Connection._writer")]
@@ -149,3 +159,45 @@ def test_trio_websocket_keeps_its_wsproto_state_where_the_connection_reads_it() 
     proto = WSConnection(ConnectionType.SERVER)
     ws = WebSocketConnection(trio.testing.memory_stream_pair()[0], proto)
     assert connection._wsproto(ws) is proto
+
+
+def _wsproto_frame(text: str) -> bytes:
+    server = WSConnection(ConnectionType.SERVER)
+    client = WSConnection(ConnectionType.CLIENT)
+    server.receive_data(client.send(Request(host="h", target="/")))
+    assert [type(e) for e in server.events()] == [Request]
+    server.send(AcceptConnection())
+    return server.send(TextMessage(data=text))
+
+
+@given(
+    st.one_of(
+        st.text(),
+        st.integers(0, 70_000).map(lambda n: "x" * n),
+        st.sampled_from(EDGES).map(lambda n: "é" * (n // 2) + "x" * (n % 2)),
+    )
+)
+def test_a_text_frame_is_the_bytes_wsproto_makes(text: str) -> None:
+    assert connection.text_frame(text) == _wsproto_frame(text)
+
+
+async def test_the_server_accepts_no_extension_so_its_own_frames_stay_plain(
+    tmp_path: Path,
+) -> None:
+    """A client offering permessage-deflate gets a connection without it: the frames
+    the daemon makes itself (`text_frame`) are what wsproto would have sent."""
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(tmp_path) as d:
+            stream = await trio.open_tcp_stream("127.0.0.1", d.port)
+            async with stream:
+                ws = WSConnection(ConnectionType.CLIENT)
+                host = f"127.0.0.1:{d.port}"
+                offer = Request(host=host, target="/", extensions=[PerMessageDeflate()])
+                await stream.send_all(ws.send(offer))
+                accepted: list[AcceptConnection] = []
+                while not accepted:
+                    data = await stream.receive_some()
+                    assert data, "the daemon hung up"
+                    ws.receive_data(data)
+                    accepted = [e for e in ws.events() if isinstance(e, AcceptConnection)]
+    assert accepted[0].extensions == []

@@ -1,10 +1,12 @@
 """A connection's outbox: the frames' texts waiting for its writer, bounded in bytes.
 
 Every frame a connection sends waits here, encoded, until the writer hands it to the
-socket. A client that does not read leaves the writer blocked on the socket; the outbox
-then fills and whoever sends next waits for room: the reader (so the client's next
-requests stay unread in its socket, where they cost the daemon nothing), a subscription's
-pump (its session then cuts that subscription off: ``lagged``). Two bounds: `max_frames`
+socket, unless it could go to the socket at once while the writer waited (it then
+counts here until the writer next runs: `sent_at_once`). A client that does not read
+leaves the writer blocked on the socket; the outbox then fills and whoever sends next
+waits for room: the reader (so the client's next requests stay unread in its socket,
+where they cost the daemon nothing), a subscription's pump (its session then cuts that
+subscription off: ``lagged``). Two bounds: `max_frames`
 texts, and `max_bytes` of them in memory (`sys.getsizeof`, what the text really holds).
 A text bigger than `max_bytes` alone still goes, when nothing else waits: it was built
 already, and the daemon bounds each frame where it is made (a history reply is a page).
