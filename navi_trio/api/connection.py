@@ -6,15 +6,18 @@
     pumps   one per subscribed session: its Follower (core/session/broadcast.py) -> outbox
     writer  outbox (ONE, bounded in frames and bytes: api/outbox.py) -> ws
 
-Every frame the connection sends goes through the outbox, so the writer is the only
-task that writes to the socket. A slow client fills the outbox and the pumps block;
-meanwhile the deltas waiting in each subscription merge (core/turn/channel.py), so the
-writer itself never merges. When a subscription's queue is full anyway, the session's
-broadcast (core/session/broadcast.py) drops it with ``lagged`` set; the pump's `Follower`
-subscribes again from the last seq it delivered, and the pump sends a ``lagged`` frame
-(api/protocol.py, where every frame is built) before the frames that follow. A run
-never waits for a client. The connection sees the daemon's core through `DaemonCore`
-(api/services.py), never the concrete Runtime.
+Every frame the connection sends goes through the outbox, except that while the
+writer waits with nothing queued, a session's frame is written to the socket in the
+publisher's call (`_send_now`); what the socket does not take, the writer sends next,
+before anything else (api/web.py `ReplayStream`). A slow client fills the outbox and
+the pumps block; meanwhile the deltas waiting in each subscription merge
+(core/turn/channel.py), so the writer itself never merges. When a subscription's
+queue is full anyway, the session's broadcast (core/session/broadcast.py) drops it
+with ``lagged`` set; the pump's `Follower` subscribes again from the last seq it
+delivered, and the pump sends a ``lagged`` frame (api/protocol.py, where every frame
+is built) before the frames that follow. A run never waits for a client. The
+connection sees the daemon's core through `DaemonCore` (api/services.py), never the
+concrete Runtime.
 
 A bad frame gets an error frame and the connection goes on; so does any refused
 request (`RequestError`). The reader never waits for a message to be stored: the
@@ -31,11 +34,14 @@ and closes with code 1008. Nothing it sent after that is read.
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection
+from trio_websocket import CloseReason, ConnectionClosed, WebSocketConnection
+from wsproto import WSConnection
+from wsproto.connection import ConnectionState
 
 from navi_trio.api.auth import Tokens, User
 from navi_trio.api.commands import Commands
@@ -56,6 +62,7 @@ from navi_trio.api.protocol import (
     welcome_frame,
 )
 from navi_trio.api.signin import SigninCodes
+from navi_trio.api.web import ReplayStream
 from navi_trio.core.session import Follower, Lagged
 from navi_trio.core.turn import effective_mode
 from navi_trio.errors import (
@@ -110,9 +117,11 @@ class Connection:
         peer: str,
         *,
         on_hello: Callable[[], object] = lambda: None,
+        wire: ReplayStream | None = None,
     ) -> None:
         self.server = server
         self.ws = ws
+        self._wire = wire  # the stream under `ws`, for a frame written at once
         self.peer = peer
         self._on_hello = on_hello  # the server's: no longer a connection without a hello
         self.user: User | None = None
@@ -319,9 +328,21 @@ class Connection:
         # (core/session/broadcast.py), where a slow client's pump is blocked on the outbox.
         metrics = self.server.metrics
         while True:
-            await self.ws.send_message(await self._outbox.get())
+            text = await self._outbox.next()
+            if text is None:  # the rest of a frame written at once (`_send_now`)
+                await self._flush()
+                continue
+            await self.ws.send_message(text)
             if metrics is not None:
-                metrics.frames_sent.inc()
+                metrics.frames_sent.n += 1
+
+    async def _flush(self) -> None:
+        assert self._wire is not None
+        try:
+            await self._wire.flush()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # As trio-websocket's own send ends: the client is gone.
+            raise ConnectionClosed(CloseReason(1006, "the connection broke")) from None
 
     async def send(self, frame: Frame) -> None:
         """Queue `frame` for the writer; waits while the outbox is full (api/outbox.py).
@@ -330,9 +351,31 @@ class Connection:
 
     def _send_now(self, frame: Frame) -> bool:
         """`send` without waiting (a pump's hand: its session's frame, in the
-        publisher's call), or False: the pump sends it, as it would have."""
+        publisher's call), or False: the pump sends it, as it would have.
+
+        While the writer waits with nothing queued and nothing is being sent, the
+        frame goes to the socket here, with no task switch: its bytes (`text_frame`,
+        while wsproto says the connection is open) to the socket at once, and what it
+        does not take the writer sends before anything else (`ReplayStream.write_now`)."""
         try:
-            return self._outbox.put_nowait(self._text(frame))
+            text = self._text(frame)
+            wire = self._wire
+            outbox = self._outbox
+            if (
+                wire is not None
+                and outbox.may_send_at_once(text)
+                and wire.can_write_now()
+                and self.ws.closed is None
+                and _wsproto(self.ws).state is ConnectionState.OPEN
+            ):
+                if not wire.write_now(text_frame(text)):
+                    outbox.wake()
+                outbox.sent_at_once(text)
+                metrics = self.server.metrics
+                if metrics is not None:
+                    metrics.frames_sent.n += 1
+                return True
+            return outbox.put_nowait(text)
         except Exception:  # the pump meets it again in its own task, where it belongs
             return False
 
@@ -389,3 +432,29 @@ class Connection:
         if self._current(sid) is follower:
             # The actor ended the subscription (retired or shutting down).
             del self._subs[sid]
+
+
+def text_frame(text: str) -> bytes:
+    """A server's WebSocket frame holding all of `text` (RFC 6455 5.2: FIN, the text
+    opcode, no mask), as wsproto makes it for a connection with no extension (the
+    server accepts none: api/server.py), without its layers (a tenth of the time)."""
+    data = text.encode()
+    size = len(data)
+    if size < 126:
+        return bytes((0x81, size)) + data
+    if size < 65536:
+        return _HEAD_16.pack(0x81, 126, size) + data
+    return _HEAD_64.pack(0x81, 127, size) + data
+
+
+_HEAD_16 = struct.Struct("!BBH")
+_HEAD_64 = struct.Struct("!BBQ")
+
+
+def _wsproto(ws: WebSocketConnection) -> WSConnection:
+    """The wsproto state of `ws`, which makes its frames' bytes. trio-websocket (0.12)
+    keeps it without a public name; tests/test_api_direct_write.py fails if it moves."""
+    state: Any = ws
+    proto = state._wsproto
+    assert isinstance(proto, WSConnection), "trio-websocket moved its wsproto state"
+    return proto

@@ -1,10 +1,12 @@
 """A connection's outbox: the frames' texts waiting for its writer, bounded in bytes.
 
 Every frame a connection sends waits here, encoded, until the writer hands it to the
-socket. A client that does not read leaves the writer blocked on the socket; the outbox
-then fills and whoever sends next waits for room: the reader (so the client's next
-requests stay unread in its socket, where they cost the daemon nothing), a subscription's
-pump (its session then cuts that subscription off: ``lagged``). Two bounds: `max_frames`
+socket, unless it could go to the socket at once while the writer waited (it then
+counts here until the writer next runs: `sent_at_once`). A client that does not read
+leaves the writer blocked on the socket; the outbox then fills and whoever sends next
+waits for room: the reader (so the client's next requests stay unread in its socket,
+where they cost the daemon nothing), a subscription's pump (its session then cuts that
+subscription off: ``lagged``). Two bounds: `max_frames`
 texts, and `max_bytes` of them in memory (`sys.getsizeof`, what the text really holds).
 A text bigger than `max_bytes` alone still goes, when nothing else waits: it was built
 already, and the daemon bounds each frame where it is made (a history reply is a page).
@@ -38,14 +40,28 @@ class Outbox:
         self._room = trio.lowlevel.ParkingLot()  # that sender, parked
         self._ready = trio.lowlevel.ParkingLot()  # the writer, waiting for a text
         self._closed = False
+        self._woken = False  # `wake` asked the writer to look up with nothing queued
+        # Frames written at once (`sent_at_once`) since the writer last ran, and their
+        # sizes: they count as waiting here, so a burst meets the bounds where it did.
+        self._at_once = 0
+        self._at_once_bytes = 0
 
     def __len__(self) -> int:
         return len(self._texts)
 
     def _fits(self, size: int) -> bool:
+        # Nothing queued: it goes (and the writer, woken for it, frees the rest).
         if not self._texts:
             return True
-        return len(self._texts) < self.max_frames and self.bytes + size <= self.max_bytes
+        return self._has_room(len(self._texts), self.bytes + size)
+
+    def _has_room(self, frames: int, size: int) -> bool:
+        """`frames` more frames of `size` bytes in all, beside those sent at once since
+        the writer last ran, are within both bounds."""
+        return (
+            frames + self._at_once < self.max_frames
+            and size + self._at_once_bytes <= self.max_bytes
+        )
 
     def put_nowait(self, text: str) -> bool:
         """Queue `text` now if nobody waits for room and it fits (no turn to take: a
@@ -85,14 +101,45 @@ class Outbox:
             self.bytes += size
             self._ready.unpark_all()
 
+    def may_send_at_once(self, text: str) -> bool:
+        """The writer is parked in `next` with nothing queued (it sends nothing now), and
+        `text` fits: it may go to the socket without it, then `sent_at_once`."""
+        if not self._ready or self._texts:
+            return False
+        return not self._at_once or self._has_room(0, sys.getsizeof(text))
+
+    def sent_at_once(self, text: str) -> None:
+        """`text` went to the socket without the writer: until the writer next runs it
+        counts as waiting here (a burst in one call fills the bounds as it did)."""
+        self._at_once += 1
+        self._at_once_bytes += sys.getsizeof(text)
+
+    def wake(self) -> None:
+        """Make the writer's `next` return None once, if nothing is queued by then: it
+        has something to do that is not a text (api/connection.py: a frame's rest)."""
+        self._woken = True
+        if self._ready:
+            self._ready.unpark_all()
+
     async def get(self) -> str:
-        """The oldest text waiting (the writer's end)."""
+        """The oldest text waiting."""
+        while (text := await self.next()) is None:
+            pass
+        return text
+
+    async def next(self) -> str | None:
+        """The oldest text waiting (the writer's end), or None after `wake`."""
         await trio.lowlevel.checkpoint_if_cancelled()
+        self._at_once = self._at_once_bytes = 0  # the writer runs: they have gone
         waited = False
         while not self._texts:
             if self._closed:
                 raise trio.EndOfChannel
+            if self._woken:
+                self._woken = False
+                return None
             await self._ready.park()
+            self._at_once = self._at_once_bytes = 0
             waited = True
         text = self._texts.popleft()
         self.bytes -= sys.getsizeof(text)

@@ -195,7 +195,7 @@ class ApiServer:
                     ws = None
             if ws is not None:
                 try:
-                    await self._handle(ws, _endpoint(stream, local=False), key)
+                    await self._handle(ws, _endpoint(stream, local=False), key, replayed)
                 finally:
                     with trio.move_on_after(CLOSE_TIMEOUT_SEC):
                         await ws.aclose()
@@ -231,10 +231,13 @@ class ApiServer:
             return None
         return await request.accept()
 
-    async def _handle(self, ws: WebSocketConnection, peer: tuple[str, int], key: int) -> None:
+    async def _handle(
+        self, ws: WebSocketConnection, peer: tuple[str, int], key: int, wire: web.ReplayStream
+    ) -> None:
         where = f"{peer[0]}:{peer[1]}"
+        hello = partial(self._said_hello, ws, key)
         try:
-            await Connection(self, ws, where, on_hello=partial(self._said_hello, ws, key)).run()
+            await Connection(self, ws, where, on_hello=hello, wire=wire).run()
         except* Exception:  # one connection's failure must not end the server
             log.exception("connection %s failed", where)
 

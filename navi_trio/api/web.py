@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import os
 import re
 from importlib import resources
 from typing import TYPE_CHECKING
@@ -182,11 +183,19 @@ def _parse(raw: bytes) -> Head:
 
 class ReplayStream(trio.abc.HalfCloseableStream):
     """`inner`, with `prefix` received first: hands trio-websocket a connection whose
-    request head the daemon has already read."""
+    request head the daemon has already read.
+
+    It can also write a frame's bytes at once, outside any task (`write_now`): what the
+    socket does not take stays `pending`, and every later send puts it first, whoever
+    sends (trio-websocket's writer, its pong or close), so the bytes on the wire keep
+    their order; `flush` sends it when nothing else comes."""
 
     def __init__(self, inner: trio.SocketStream, prefix: bytes) -> None:
         self.inner = inner
         self._prefix = prefix
+        self.pending = b""  # the rest of a frame `write_now` began, not yet sent
+        self._sending = False  # a send is under way (or waits for the socket)
+        self._idle = trio.lowlevel.ParkingLot()  # senders waiting for that one
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         if self._prefix:
@@ -197,7 +206,42 @@ class ReplayStream(trio.abc.HalfCloseableStream):
         return await self.inner.receive_some(max_bytes)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self.inner.send_all(data)
+        while self._sending:  # only `flush` can meet trio-websocket's own sends here
+            await self._idle.park()
+        self._sending = True
+        try:
+            if self.pending:
+                data, self.pending = self.pending + bytes(data), b""
+            await self.inner.send_all(data)
+        finally:
+            self._sending = False
+            if self._idle:
+                self._idle.unpark_all()
+
+    def can_write_now(self) -> bool:
+        """Nothing is being sent and nothing waits: `write_now` may begin a frame."""
+        return not self._sending and not self.pending
+
+    def write_now(self, data: bytes) -> bool:
+        """Write `data` now, without waiting (only when `can_write_now`). True when the
+        socket took it all; otherwise the rest is `pending` and someone must `flush`
+        (a socket error is met there, by the task that sends, as in `send_all`)."""
+        fd = self.inner.socket.fileno()  # -1 once closed: never another file's number
+        sent = 0
+        if fd >= 0:
+            try:
+                sent = os.write(fd, data)
+            except OSError:  # full (EAGAIN), or broken: the flush's send meets it
+                sent = 0
+        if sent == len(data):
+            return True
+        self.pending = data[sent:]
+        return False
+
+    async def flush(self) -> None:
+        """Send what `write_now` left `pending`, if anything."""
+        if self.pending:
+            await self.send_all(b"")
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.inner.wait_send_all_might_not_block()
