@@ -10,8 +10,11 @@ endpoints, like llama-cpp-python; ``("ollama",)`` the other way round.
 What it saw, for tests: `requests`, `disconnects` (a client gone before its reply
 finished), `completed`, `connections`; `wait_requests(n)`, `wait_disconnects(n)` and
 `wait_completed(n)` wait on a trio.Event. `gate`: while it is unset, each reply waits
-for it (`waiting` counts them). `shape(body, reply)` makes each reply from the scripted
-one and the request it answers.
+for it (`waiting` counts them). `hold_after(n)`: each streamed reply stops once it has
+written n chunks until the event it returns is set, then writes the rest at once
+(`wait_held(k)` waits until k replies stand there): a turn kept running mid-stream as
+long as a test needs, without pacing it for real seconds.
+`shape(body, reply)` makes each reply from the scripted one and the request it answers.
 
 From the shell (prints ``listening on http://127.0.0.1:PORT`` first)::
 
@@ -68,6 +71,8 @@ class FakeLLMServer:
         self.hang_ups = 0  # requests answered by closing the connection (``hang_up``)
         self.gate: trio.Event | None = None  # unset: chat replies wait for it
         self.waiting = 0  # chat replies waiting for the gate
+        self.held = 0  # streamed replies standing at the hold (`hold_after`)
+        self._hold: tuple[int, trio.Event] | None = None
         self.host = "127.0.0.1"
         self.port = 0
         self._next = 0
@@ -94,6 +99,31 @@ class FakeLLMServer:
 
     async def wait_completed(self, n: int = 1) -> None:
         await self._wait_until(lambda: self.completed >= n)
+
+    async def wait_held(self, n: int = 1) -> None:
+        await self._wait_until(lambda: self.held >= n)
+
+    def hold_after(self, chunks: int) -> trio.Event:
+        """From now on, each streamed reply that has written at least `chunks` chunks
+        (0: the next chunk of any) stops there until the event returned is set; then it
+        writes the rest at once, without its delays. A new hold replaces the last (an
+        unset one still holds whom it holds)."""
+        release = trio.Event()
+        self._hold = (chunks, release)
+        return release
+
+    async def _held(self, chunks: int) -> bool:
+        """Wait at the hold if a reply with `chunks` written reached it; True if it did."""
+        hold = self._hold
+        if hold is None or chunks < hold[0] or hold[1].is_set():
+            return False
+        self.held += 1
+        self._notify()
+        try:
+            await hold[1].wait()
+        finally:
+            self.held -= 1
+        return True
 
     async def _wait_until(self, done: Callable[[], bool]) -> None:
         while not done():
@@ -275,7 +305,7 @@ class FakeLLMServer:
             nursery.start_soon(watch, nursery.cancel_scope)
             try:
                 finished = await stream_reply(
-                    stream, conn, dialect, body, progress, self._completed
+                    stream, conn, dialect, body, progress, self._completed, self._held
                 )
             except trio.BrokenResourceError:
                 record()
