@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from web_browser import Site, answer_text, browser, needs_browser, send, shot, site
 
+from navi_trio.llm.script import split_words
+
 __all__ = ["browser", "site"]  # fixtures
 pytestmark = [pytest.mark.slow, needs_browser]  # a browser, a daemon
 
@@ -33,10 +35,17 @@ def _words(n: int, prefix: str = "w") -> str:
     return " ".join(f"{prefix}{i}" for i in range(1, n + 1))
 
 
+def _through(text: str, word: str) -> int:
+    """How many chunks the fake LLM streams of `text` up to and with `word`."""
+    return [w.strip() for w in split_words(text)].index(word) + 1
+
+
 def test_login_then_a_streamed_markdown_answer_and_its_session(site: Site) -> None:
     answer = "Here is **bold** and `code`.\n\n"
     answer += "```python\ndef f(x):\n    return 'hi'  # note\n```\n\n- one\n- two\n\n" + _words(40)
-    site.loop.add_replies({"text": answer, "delay_chunk": 0.04})
+    site.loop.add_replies({"text": answer})
+    # The answer stops after w5 until the page was seen mid-stream.
+    release = site.loop.call(site.loop.llm.hold_after, _through(answer, "w5"))
     page = site.page()
     page.wait_for_selector("#login-token")
     shot(page, "login")
@@ -51,6 +60,7 @@ def test_login_then_a_streamed_markdown_answer_and_its_session(site: Site) -> No
     streaming = answer_text(page)
     shot(page, "streaming")
     assert "w40" not in streaming  # seen mid-stream: the answer grows in place
+    site.loop.call(release.set)
     page.wait_for_selector(".lane.main .answer >> text=w40")
     md = page.locator(".lane.main .answer").last
     assert md.locator("strong").inner_text() == "bold"
