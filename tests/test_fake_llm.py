@@ -94,6 +94,29 @@ async def test_a_held_reply_stops_after_its_chunks_until_released_then_goes_at_o
     assert (server.held, server.completed) == (0, 1)
 
 
+async def test_a_hold_for_one_reply_of_the_script_lets_the_others_by() -> None:
+    def words(body: str) -> list[str]:
+        return [json.loads(line)["message"]["content"] for line in body.splitlines()[:3]]
+
+    with trio.fail_after(TIMEOUT):
+        async with open_fake_llm([{"text": "a b c"}, {"text": "d e f"}]) as server:
+            release = server.hold_after(1, reply=1)
+            async with httpx.AsyncClient() as client:
+                first = await client.post(f"{server.url}/api/chat", json=CHAT)
+                assert words(first.text) == ["a ", "b ", "c"]  # whole: not held
+                second: list[str] = []
+
+                async def ask() -> None:
+                    second.append((await client.post(f"{server.url}/api/chat", json=CHAT)).text)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(ask)
+                    await server.wait_held()
+                    assert second == [] and server.held == 1
+                    release.set()
+    assert words(second[0]) == ["d ", "e ", "f"]
+
+
 async def test_openai_stream_is_sse_with_fragmented_tool_calls_and_done_marker() -> None:
     reply = {"tool_calls": [{"name": "f", "arguments": {"path": "abc"}}]}
     with trio.fail_after(TIMEOUT):
