@@ -120,7 +120,8 @@ def test_plan_ticks_tool_card_sub_agent_lane_and_a_background_task(site: Site) -
     )
 
     def hold(reply: int, chunks: int = 0) -> trio.Event:
-        return site.loop.call(partial(site.loop.llm.hold_after, chunks, reply=reply))
+        release: trio.Event = site.loop.call(partial(site.loop.llm.hold_after, chunks, reply=reply))
+        return release
 
     first = hold(2)
     page = site.page()
