@@ -1,6 +1,6 @@
 """Several real `navi serve` processes on one PostgreSQL database.
 
-`pg_daemons(tmp_path, pg_url, llm_url, n)` starts `n` daemons one after the other
+`pg_daemons(tmp_path, pg_url, llm_url, n)` starts `n` daemons at once
 (each on 127.0.0.1 port 0, the same data folder, so one local token opens all of them,
 and the shipped config without first-message plans) and kills every one on the way out
 (tests/reliability.py `navi_serve`); with `separate=True` each has a data folder of its
@@ -20,7 +20,7 @@ import json
 import shutil
 import sys
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +53,28 @@ async def pg_daemons(
     if "NAVI_CONFIG" not in env:  # (setdefault would write tmp_path/config even when given)
         env["NAVI_CONFIG"] = str(no_plan_config(tmp_path))
     base = {**clean_env(tmp_path, **env), "NAVI_DB": pg_url}
-    async with AsyncExitStack() as stack:
-        daemons = []
-        for i in range(n):
-            log = tmp_path / f"daemon{i}.log"
-            own = {"NAVI_DATA_DIR": str(tmp_path / f"data{i}")} if separate else {}
-            serve = navi_serve({**base, **own}, llm_url, log)
-            daemons.append(await stack.enter_async_context(serve))
-        yield daemons
+    started: list[Daemon | None] = [None] * n
+
+    async def start(nursery: trio.Nursery, i: int) -> None:
+        own = {"NAVI_DATA_DIR": str(tmp_path / f"data{i}")} if separate else {}
+        log = tmp_path / f"daemon{i}.log"
+        started[i] = await nursery.start(_serving, {**base, **own}, llm_url, log)
+
+    async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as starting:  # at once: a start is mostly waiting
+            for i in range(n):
+                starting.start_soon(start, nursery, i)
+        yield [d for d in started if d is not None]
+        nursery.cancel_scope.cancel()
+
+
+async def _serving(
+    env: dict[str, str], llm_url: str, log: Path, *, task_status: trio.TaskStatus[Daemon]
+) -> None:
+    """`navi_serve` as a task: started once it listens, killed when cancelled."""
+    async with navi_serve(env, llm_url, log) as daemon:
+        task_status.started(daemon)
+        await trio.sleep_forever()
 
 
 def cli_env(tmp_path: Path, pg_url: str, daemon: Daemon | None = None) -> dict[str, str]:

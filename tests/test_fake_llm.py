@@ -68,6 +68,55 @@ async def test_ollama_lines_arrive_one_chunk_at_a_time(
     assert server.completed == 1
 
 
+async def test_a_held_reply_stops_after_its_chunks_until_released_then_goes_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    reply = {"text": "a b c d", "delay_first": 10, "delay_chunk": 2}
+    with trio.fail_after(1000):
+        async with open_fake_llm([reply]) as server, httpx.AsyncClient(timeout=None) as client:
+            release = server.hold_after(2)
+            start = trio.current_time()
+            times: list[float] = []
+
+            async def read() -> None:
+                async with client.stream("POST", f"{server.url}/api/chat", json=CHAT) as resp:
+                    async for line in resp.aiter_lines():
+                        if line:
+                            times.append(trio.current_time() - start)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read)
+                await server.wait_held()
+                await trio.sleep(500)  # held however long the test takes
+                assert (len(times), server.held) == (2, 1)
+                release.set()
+    assert times == pytest.approx([10, 12, 512, 512, 512])  # the rest at once, no delays
+    assert (server.held, server.completed) == (0, 1)
+
+
+async def test_a_hold_for_one_reply_of_the_script_lets_the_others_by() -> None:
+    def words(body: str) -> list[str]:
+        return [json.loads(line)["message"]["content"] for line in body.splitlines()[:3]]
+
+    with trio.fail_after(TIMEOUT):
+        async with open_fake_llm([{"text": "a b c"}, {"text": "d e f"}]) as server:
+            release = server.hold_after(1, reply=1)
+            async with httpx.AsyncClient() as client:
+                first = await client.post(f"{server.url}/api/chat", json=CHAT)
+                assert words(first.text) == ["a ", "b ", "c"]  # whole: not held
+                second: list[str] = []
+
+                async def ask() -> None:
+                    second.append((await client.post(f"{server.url}/api/chat", json=CHAT)).text)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(ask)
+                    await server.wait_held()
+                    assert second == [] and server.held == 1
+                    release.set()
+    assert words(second[0]) == ["d ", "e ", "f"]
+
+
 async def test_openai_stream_is_sse_with_fragmented_tool_calls_and_done_marker() -> None:
     reply = {"tool_calls": [{"name": "f", "arguments": {"path": "abc"}}]}
     with trio.fail_after(TIMEOUT):

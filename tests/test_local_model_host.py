@@ -171,10 +171,10 @@ class Router:
 
 async def test_another_session_keeps_streaming_while_the_local_model_dies(tmp_path: Path) -> None:
     words = [f"w{i}" for i in range(30)]
-    # Three seconds of streaming from the fake server, started once the local model
-    # streams its (long: 400 tokens, seconds) answer: both stream when the child dies,
-    # which is at b's first word, however long the model took to load.
-    reply = {"text": " ".join(words), "delay_chunk": 0.1}
+    # The fake server's answer, started once the local model streams its (long: 400
+    # tokens, seconds) answer, stops after its first word until the child is dead: both
+    # stream when it dies, and the rest of b's words come after.
+    reply = {"text": " ".join(words)}
     local = LocalBackend(n_ctx=2048, data_dir=tmp_path / "data", extra_buffers=False)
     seen: dict[str, list[tuple[float, AgentEvent]]] = {"a": [], "b": []}
     with trio.fail_after(TIMEOUT):
@@ -194,6 +194,7 @@ async def test_another_session_keeps_streaming_while_the_local_model_dies(tmp_pa
                         if isinstance(event, TextDelta):
                             streaming[session].set()
 
+            release = fake.hold_after(1)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(run, "a", "Count from 1 to 300, separated by commas.")
                 await streaming["a"].wait()
@@ -203,6 +204,7 @@ async def test_another_session_keeps_streaming_while_the_local_model_dies(tmp_pa
                 assert not [e for _, e in seen["a"] if isinstance(e, StreamEnd)]
                 killed_at = trio.current_time()
                 os.kill(local.host.status()["pid"], signal.SIGKILL)
+                release.set()
             a = [e for _, e in seen["a"]]
             (error,) = _errors(a)
             assert "(SIGKILL, killed)" in error.message and _end(a).reason == "error"

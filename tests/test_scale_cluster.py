@@ -180,7 +180,7 @@ async def test_a_profile_that_rejects_refuses_a_message_for_a_turn_on_another_da
     sent on A with no on_busy of its own is refused as it is on B; one that asks to be
     queued, or to steer (which does not cross daemons), waits in B's queue."""
     replies: list[dict[str, Any]] = [
-        {"text": "a long answer in many words", "delay_chunk": 0.5},
+        {"text": "a long answer in many words"},
         {"text": "queued answer"},
         {"text": "steered answer"},
     ]
@@ -192,8 +192,9 @@ async def test_a_profile_that_rejects_refuses_a_message_for_a_turn_on_another_da
         ):
             sid = "admin.rejecting"
             async with b.connect() as on_b, a.connect() as on_a:
+                release = llm.hold_after(0)  # B's turn stays running until it is set
                 assert (await message(on_b, sid, "one"))["type"] == "session"
-                await llm.wait_requests(1)  # B runs it now
+                await llm.wait_held()  # B runs it now
                 for client in (on_b, on_a):  # here and there alike
                     refused = await message(client, sid, "not now")
                     assert (refused["type"], refused["code"]) == ("error", "session_busy")
@@ -202,6 +203,7 @@ async def test_a_profile_that_rejects_refuses_a_message_for_a_turn_on_another_da
                         {"type": "message", "session_id": sid, "content": text, "on_busy": asked}
                     )  # fmt: skip
                     assert (ok["type"], ok["queued"], ok["on_busy"]) == ("ok", True, "enqueue")
+                release.set()
                 for _ in range(3):
                     assert (await on_b.until_end(sid))["reason"] == "complete"
             assert history(pg_url, sid) == [

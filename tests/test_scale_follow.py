@@ -61,6 +61,11 @@ async def test_a_client_that_joins_on_another_daemon_mid_run_gets_resync_and_the
                 assert sub["type"] == "ok", sub
                 first = await on_b.until(lambda f: f.get("session_id") == sid and "seq" in f)
                 assert first["type"] == "resync", first
+                # A relays to B now: the rest of the answer needs no pacing (held, then
+                # let go: it comes at once).
+                release = llm.hold_after(0)
+                await llm.wait_held()
+                release.set()
                 end = await on_b.until_end(sid)
                 assert (end["reason"], end["text"]) == ("complete", long_text()), end
                 assert long_text().endswith(texts(on_b, sid)) and texts(on_b, sid), texts(on_b, sid)

@@ -33,7 +33,7 @@ from navi_trio.errors import StorageError
 from navi_trio.store.postgres import PostgresStore
 from navi_trio.store.postgres._bus import PgBus
 from navi_trio.store.postgres._workers import Conn
-from navi_trio.testing import open_fake_llm
+from navi_trio.testing import FakeLLMServer, open_fake_llm
 from navi_trio.testing.postgres import PgServer
 
 pytestmark = pytest.mark.slow
@@ -148,6 +148,24 @@ async def follow_across(c: Client, sid: str, answer: str) -> None:
     assert any(f["type"] == "resync" and f.get("session_id") == sid for f in c.frames)
 
 
+async def resynced(c: Client, sid: str, n: int) -> None:
+    """Until `c` was told ``resync`` on the session `n` times in all."""
+
+    def told() -> int:
+        return sum(f["type"] == "resync" and f.get("session_id") == sid for f in c.frames)
+
+    if told() < n:
+        await c.until(lambda f: f["type"] == "resync" and told() >= n)
+
+
+async def held_mid_turn(llm: FakeLLMServer) -> trio.Event:
+    """The turn's reply stopped where it is (mid-stream) until the event is set; then
+    the rest of it comes at once."""
+    release = llm.hold_after(0)
+    await llm.wait_held()
+    return release
+
+
 async def next_delta(c: Client, sid: str) -> None:
     """Until a text delta of the session arrives from now on (none skipped before)."""
     c._skipped.clear()
@@ -192,8 +210,11 @@ async def test_a_follower_on_another_daemon_sees_a_turn_through_a_server_restart
             pg_daemons(tmp_path, url, llm.url, 2, separate=True) as (a, b),
             followed_mid_turn(cli_env(tmp_path, url, a), a, b) as (on_a, on_b, sid),
         ):
+            release = await held_mid_turn(llm)
             await trio.to_thread.run_sync(server.halt)
             await trio.to_thread.run_sync(server.resume)
+            await resynced(on_b, sid, 2)  # B's listener is back: the one of the restart
+            release.set()
             await follow_across(on_b, sid, answer)
             # B listens again: a message sent there to this session, and a new one.
             ok = await on_b.request({"type": "message", "session_id": sid, "content": "2"})
@@ -222,7 +243,10 @@ async def test_a_daemons_connections_cut_mid_turn_come_back_and_a_stop_is_told_t
             pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True) as (a, b),
             followed_mid_turn(cli_env(tmp_path, pg_url, a), a, b) as (on_a, on_b, sid),
         ):
+            release = await held_mid_turn(llm)
             cut_connections_of(pg_url, b)
+            await resynced(on_b, sid, 2)  # B's listener is back: the one of the cut
+            release.set()
             await follow_across(on_b, sid, answer)
 
             # The owner's connections cut mid-turn: a stop through B is stopped: true

@@ -6,11 +6,15 @@ phone-sized screen. Rules and helpers: tests/web_browser.py.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from web_browser import Site, answer_text, browser, needs_browser, send, shot, site
+
+from navi_trio.llm.script import split_words
 
 __all__ = ["browser", "site"]  # fixtures
 pytestmark = [pytest.mark.slow, needs_browser]  # a browser, a daemon
@@ -33,10 +37,17 @@ def _words(n: int, prefix: str = "w") -> str:
     return " ".join(f"{prefix}{i}" for i in range(1, n + 1))
 
 
+def _through(text: str, word: str) -> int:
+    """How many chunks the fake LLM streams of `text` up to and with `word`."""
+    return [w.strip() for w in split_words(text)].index(word) + 1
+
+
 def test_login_then_a_streamed_markdown_answer_and_its_session(site: Site) -> None:
     answer = "Here is **bold** and `code`.\n\n"
     answer += "```python\ndef f(x):\n    return 'hi'  # note\n```\n\n- one\n- two\n\n" + _words(40)
-    site.loop.add_replies({"text": answer, "delay_chunk": 0.04})
+    site.loop.add_replies({"text": answer})
+    # The answer stops after w5 until the page was seen mid-stream.
+    release = site.loop.call(site.loop.llm.hold_after, _through(answer, "w5"))
     page = site.page()
     page.wait_for_selector("#login-token")
     shot(page, "login")
@@ -51,6 +62,7 @@ def test_login_then_a_streamed_markdown_answer_and_its_session(site: Site) -> No
     streaming = answer_text(page)
     shot(page, "streaming")
     assert "w40" not in streaming  # seen mid-stream: the answer grows in place
+    site.loop.call(release.set)
     page.wait_for_selector(".lane.main .answer >> text=w40")
     md = page.locator(".lane.main .answer").last
     assert md.locator("strong").inner_text() == "bold"
@@ -96,25 +108,36 @@ def test_plan_ticks_tool_card_sub_agent_lane_and_a_background_task(site: Site) -
         "arguments": {"action": "run", "command": "sleep 1; echo bg-finished", "background": True},
     }
     spawn = {"name": "spawn_agent", "arguments": {"task": "report on the folder"}}
+    last = "Both steps are done. " + _words(60)
     site.loop.add_replies(
         {"text": "Two small steps.\nREFLECT: no"},
         {"text": PLAN},
-        {"tool_calls": [echo, _todo(1)], "delay_first": 1.0},  # the plan shows 0/2 meanwhile
-        {"tool_calls": [spawn, background], "delay_first": 1.0},
-        {"text": "The sub-agent says the folder is *tidy*.", "delay_chunk": 0.05},  # sub-agent
+        {"tool_calls": [echo, _todo(1)]},  # held: the plan shows 0/2 meanwhile
+        {"tool_calls": [spawn, background]},  # held: 1/2 meanwhile
+        {"text": "The sub-agent says the folder is *tidy*."},  # the sub-agent
         {"tool_calls": [_todo(2)]},
-        {"text": "Both steps are done. " + _words(60), "delay_chunk": 0.05},
+        {"text": last},  # held after w10: the page is seen mid-run
     )
+
+    def hold(reply: int, chunks: int = 0) -> trio.Event:
+        release: trio.Event = site.loop.call(partial(site.loop.llm.hold_after, chunks, reply=reply))
+        return release
+
+    first = hold(2)
     page = site.page()
     site.login(page)
     page.select_option("#profile", "planner")
     send(page, "echo something, then ask a helper")
     plan = page.locator(".plan")
     page.wait_for_selector(".plan-head >> text=0/2")
+    second = hold(3)  # (the first stays held until it is set)
+    site.loop.call(first.set)
     page.wait_for_selector(".plan-head >> text=1/2")
     assert plan.locator(".step").first.get_attribute("data-status") == "done"
     assert plan.locator(".step").nth(1).get_attribute("data-status") == "pending"
     shot(page, "plan-one-done")
+    third = hold(6, _through(last, "w10"))
+    site.loop.call(second.set)
     card = page.locator(".tool.ok", has_text="terminal").first
     card.wait_for()
     assert "hi-from-echo" in card.locator(".tool-out").inner_text()
@@ -135,6 +158,7 @@ def test_plan_ticks_tool_card_sub_agent_lane_and_a_background_task(site: Site) -
     shot(page, "background-task-done")
     page.click(".task.completed .task-check")
     page.wait_for_selector(".task.completed .task-result >> text=bg-finished")
+    site.loop.call(third.set)
     page.wait_for_selector(".lane.main .answer >> text=w60")
     assert plan.count() == 1  # one checklist, ticked in place
     assert [s.get_attribute("data-status") for s in plan.locator(".step").all()] == ["done"] * 2

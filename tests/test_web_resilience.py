@@ -33,7 +33,9 @@ def _words(n: int, prefix: str = "w") -> list[str]:
 def test_a_cut_socket_reconnects_and_every_frame_shows_once(site: Site) -> None:
     words = _words(80)
     echo = {"name": "terminal", "arguments": {"action": "run", "command": "echo card-once"}}
-    site.loop.add_replies({"tool_calls": [echo]}, {"text": " ".join(words), "delay_chunk": 0.05})
+    site.loop.add_replies({"tool_calls": [echo]}, {"text": " ".join(words)})
+    # The answer stops after w10 (the tool call's reply is shorter) until the page is back.
+    release = site.loop.call(site.loop.llm.hold_after, 10)
     proxy = site.loop.proxy(site.daemon.port)
     page = site.page(f"http://127.0.0.1:{proxy.port}/")
     site.login(page)
@@ -44,6 +46,7 @@ def test_a_cut_socket_reconnects_and_every_frame_shows_once(site: Site) -> None:
     shot(page, "reconnecting")
     page.wait_for_selector("#conn-state.up")
     page.wait_for_selector("#errors .line.notice >> text=reconnected")
+    site.loop.call(release.set)
     page.wait_for_selector("#stop:disabled")
     assert answer_text(page).split() == words  # no gap, no duplicate
     assert page.locator(".tool").count() == 1

@@ -1,7 +1,9 @@
 """Playing one scripted reply on the wire: streamed chunks, or one whole answer.
 
 - Text and thinking stream one word per chunk, one write each, ``delay_first`` before
-  the first and ``delay_chunk`` before each later one (a test's MockClock applies).
+  the first and ``delay_chunk`` before each later one (a test's MockClock applies);
+  before each chunk, `hold` may keep the reply waiting (the server's `hold_after`),
+  and a reply let go from there writes the rest at once.
 - Ollama: tool calls arrive whole, without ids. OpenAI: each call's arguments go out
   in two fragments, to exercise assembly; arguments given as a string go as-is.
 - ``"stream": false`` (OpenAI): one ``chat.completion`` body after the delays.
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import h11
@@ -47,14 +49,23 @@ async def stream_reply(
     body: dict[str, Any],
     progress: dict[str, int],
     completed: Callable[[], None],
+    hold: Callable[[int], Awaitable[bool]],
 ) -> bool:
     """Play `dialect.reply` as the answer to a chat request; True when it was answered
     whole (`completed` is called once the end is written). Raises `Dropped` when the
-    reply drops the connection; `progress["chunks"]` counts the chunks written."""
+    reply drops the connection; `progress["chunks"]` counts the chunks written.
+    `hold(chunks)` is awaited before each one; once it held the reply, the rest of it
+    is written without its delays."""
     reply = dialect.reply
 
+    paced = True
+
     async def pause() -> None:
-        await trio.sleep(reply.delay_first if progress["chunks"] == 0 else reply.delay_chunk)
+        nonlocal paced
+        if await hold(progress["chunks"]) and not reply.endless:
+            paced = False  # the hold stood in for the pacing: the rest goes at once
+        if paced:
+            await trio.sleep(reply.delay_first if progress["chunks"] == 0 else reply.delay_chunk)
 
     async def send(pieces: Sequence[bytes]) -> None:
         for piece in pieces:

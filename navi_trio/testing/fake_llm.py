@@ -10,8 +10,12 @@ endpoints, like llama-cpp-python; ``("ollama",)`` the other way round.
 What it saw, for tests: `requests`, `disconnects` (a client gone before its reply
 finished), `completed`, `connections`; `wait_requests(n)`, `wait_disconnects(n)` and
 `wait_completed(n)` wait on a trio.Event. `gate`: while it is unset, each reply waits
-for it (`waiting` counts them). `shape(body, reply)` makes each reply from the scripted
-one and the request it answers.
+for it (`waiting` counts them). `hold_after(n)`: each streamed reply stops once it has
+written n chunks until the event it returns is set, then writes the rest at once
+(`wait_held(k)` waits until k replies stand there; ``reply=i``: only the i-th reply of
+the script): a turn kept running mid-stream as long as a test needs, without pacing it
+for real seconds.
+`shape(body, reply)` makes each reply from the scripted one and the request it answers.
 
 From the shell (prints ``listening on http://127.0.0.1:PORT`` first)::
 
@@ -23,7 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -68,6 +72,8 @@ class FakeLLMServer:
         self.hang_ups = 0  # requests answered by closing the connection (``hang_up``)
         self.gate: trio.Event | None = None  # unset: chat replies wait for it
         self.waiting = 0  # chat replies waiting for the gate
+        self.held = 0  # streamed replies standing at the hold (`hold_after`)
+        self._hold: tuple[int, trio.Event, int | None] | None = None
         self.host = "127.0.0.1"
         self.port = 0
         self._next = 0
@@ -94,6 +100,35 @@ class FakeLLMServer:
 
     async def wait_completed(self, n: int = 1) -> None:
         await self._wait_until(lambda: self.completed >= n)
+
+    async def wait_held(self, n: int = 1) -> None:
+        await self._wait_until(lambda: self.held >= n)
+
+    def hold_after(self, chunks: int, *, reply: int | None = None) -> trio.Event:
+        """From now on, each streamed reply that has written at least `chunks` chunks
+        (0: the next chunk of any) stops there until the event returned is set; then it
+        writes the rest at once, without its delays. With `reply`, only the reply at that
+        place of the script (0: the first) stops. A new hold replaces the last (an unset
+        one still holds whom it holds)."""
+        release = trio.Event()
+        self._hold = (chunks, release, reply)
+        return release
+
+    async def _held(self, place: int, chunks: int) -> bool:
+        """Wait at the hold if the reply at `place`, `chunks` written, reached it; True if
+        it did."""
+        hold = self._hold
+        if hold is None or chunks < hold[0] or hold[1].is_set():
+            return False
+        if hold[2] is not None and hold[2] != place:
+            return False
+        self.held += 1
+        self._notify()
+        try:
+            await hold[1].wait()
+        finally:
+            self.held -= 1
+        return True
 
     async def _wait_until(self, done: Callable[[], bool]) -> None:
         while not done():
@@ -214,7 +249,8 @@ class FakeLLMServer:
             requested if isinstance(requested, str) and requested else DEFAULT_MODEL
         )
         dialect = dialect_cls(reply, model, f"call_{len(self.requests)}")
-        return await self._watched(stream, conn, path, dialect, body)
+        hold = partial(self._held, self._next - 1)  # its place in the script
+        return await self._watched(stream, conn, path, dialect, body, hold)
 
     def _info(self, method: str, path: str) -> dict[str, Any] | bytes | None:
         """The answer to an info endpoint (model list, context size), or None."""
@@ -244,6 +280,7 @@ class FakeLLMServer:
         path: str,
         dialect: _Dialect,
         body: dict[str, Any],
+        hold: Callable[[int], Awaitable[bool]],
     ) -> bool:
         """Stream a reply while watching for the client going away (even during a sleep)."""
         progress = {"chunks": 0}
@@ -275,7 +312,7 @@ class FakeLLMServer:
             nursery.start_soon(watch, nursery.cancel_scope)
             try:
                 finished = await stream_reply(
-                    stream, conn, dialect, body, progress, self._completed
+                    stream, conn, dialect, body, progress, self._completed, hold
                 )
             except trio.BrokenResourceError:
                 record()
