@@ -13,7 +13,7 @@ from quick_run import examples
 
 from navi_trio.llm.base import ChatRequest
 from navi_trio.llm.body_cache import BodyCache
-from navi_trio.llm.http import json_body
+from navi_trio.llm.http import json_body, json_text
 from navi_trio.llm.ollama import ollama_body, to_ollama_message
 from navi_trio.llm.openai import openai_body, to_openai_message
 
@@ -37,7 +37,7 @@ _request = st.builds(
     ChatRequest,
     messages=st.lists(_message, max_size=6),
     model=_text,
-    tools=st.lists(st.fixed_dictionaries({"type": st.just("function"), "x": _value}), max_size=1),
+    tools=st.lists(st.fixed_dictionaries({"type": st.just("function"), "x": _value}), max_size=3),
     think=st.booleans(),
     options=st.fixed_dictionaries({}, optional={"num_ctx": st.integers(1, 9), "x": _value}),
 )
@@ -107,3 +107,32 @@ def test_the_cache_is_bounded_and_stays_right() -> None:
         BodyCache(to_ollama_message, max_entries=0)
     with pytest.raises(ValueError, match="model and messages"):
         cache.body({"messages": [], "model": "m"}, history)
+
+
+def test_each_tool_schema_is_encoded_once_while_it_is_offered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import navi_trio.llm.body_cache as body_cache
+
+    encoded: list[Any] = []
+
+    def spy(value: Any) -> str:
+        encoded.append(value)
+        return json_text(value)
+
+    monkeypatch.setattr(body_cache, "_text", spy)
+    schema = {"type": "function", "function": {"name": "echo", "parameters": {}}}
+    other = {"type": "function", "function": {"name": "read", "parameters": {}}}
+    cache = BodyCache(to_ollama_message)
+    request = ChatRequest(messages=[{"role": "user", "content": "a"}], model="m", tools=[schema])
+
+    def carried(value: Any, tool: dict[str, Any]) -> bool:
+        """Whether encoding `value` wrote `tool`'s JSON (the tool itself, or a dict of
+        the body holding it)."""
+        return value is tool or (isinstance(value, dict) and tool in value.get("tools", ()))
+
+    for req in (request, request, attrs.evolve(request, tools=[schema, other])):
+        expected = json_body(ollama_body(req, "30m"))
+        assert _cached(cache, lambda r: ollama_body(r, "30m"), req) == expected
+    assert [v for v in encoded if carried(v, schema)] == [schema]
+    assert [v for v in encoded if carried(v, other)] == [other]

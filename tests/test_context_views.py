@@ -214,3 +214,22 @@ def test_a_new_list_or_an_invalidation_starts_over() -> None:
     views.invalidate()
     builder.build(context=context, **kw)
     assert views.views[0] is not kept
+
+
+def test_the_system_and_memory_messages_are_the_same_dicts_while_their_text_is() -> None:
+    builder = ContextBuilder(Settings(), SHARED)
+    views = ContextViews()
+    context = [{"role": "user", "content": "one"}]
+    kw: dict[str, Any] = {"config": CONFIG, "profile": PROFILE, "views": views}
+    first = builder.build(context=context, memories=["likes tea"], project="# AGENTS", **kw)
+    context.append({"role": "assistant", "content": "two"})
+    again = builder.build(context=context, memories=["likes tea"], project="# AGENTS", **kw)
+    assert again[0] is first[0] and again[1] is first[1]  # sent as kept JSON, counted once
+    other = builder.build(context=context, memories=["likes tea"], project="# CHANGED", **kw)
+    assert other[0] is not first[0] and "# CHANGED" in other[0]["content"]
+    assert other[1] is first[1]
+    fewer = builder.build(context=context, project="# CHANGED", **kw)  # memories gone
+    assert fewer[0] is other[0]
+    assert fewer == builder.build(
+        context=context, project="# CHANGED", config=CONFIG, profile=PROFILE
+    )

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from navi_trio.errors import LLMMalformedStreamError
 from navi_trio.llm.base import ChatRequest, DoneChunk, TextChunk
-from navi_trio.llm.http import stream_chunks
+from navi_trio.llm.http import _encoding, stream_chunks
 from navi_trio.llm.lines import LineSplitter
 from navi_trio.llm.ollama import OllamaParser
 from navi_trio.testing.fake_llm import open_fake_llm
@@ -190,3 +190,30 @@ async def test_a_compressed_stream_is_split_after_it_is_decompressed() -> None:
     async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
         chunks = [c async for c in stream_chunks(client, url, {}, OllamaParser("m", url))]
     assert chunks[0] == TextChunk("hi") and isinstance(chunks[-1], DoneChunk)
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        None,
+        "application/x-ndjson",
+        "text/event-stream",
+        "text/event-stream; charset=latin-1",
+        "text/event-stream; CHARSET=ISO-8859-1",
+        'application/json; charset="utf-16"',
+        "application/json; charset=no-such-codec",
+        "application/json; note=charsets",
+    ],
+)
+@pytest.mark.parametrize("default", ["utf-8", "latin-1", "", lambda data: "cp1252"])
+def test_the_lines_charset_is_the_one_httpx_reads(content_type: str | None, default: Any) -> None:
+    """The charset the lines are decoded in is what httpx says for a streamed answer
+    (its Content-Type's charset, else the client's default), read without its parser
+    when the header names no charset."""
+    headers = {} if content_type is None else {"Content-Type": content_type}
+
+    def response() -> httpx.Response:
+        stream = httpx.ByteStream(b"")
+        return httpx.Response(200, headers=headers, stream=stream, default_encoding=default)
+
+    assert _encoding(response()) == (response().encoding or "utf-8")

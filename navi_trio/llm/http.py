@@ -162,7 +162,7 @@ async def stream_chunks(
         async with _send(client, request) as response:
             await raise_for_status(response, url)
             lines = LineSplitter(line_max)
-            encoding = response.encoding or "utf-8"
+            encoding = _encoding(response)
             # The body's bytes as they came, unless the server compressed them: no
             # text decoder, line decoder and two more generators around each read.
             raw = "content-encoding" not in response.headers
@@ -178,6 +178,17 @@ async def stream_chunks(
                     yield chunk
     for chunk in done:
         yield chunk
+
+
+def _encoding(response: httpx.Response) -> str:
+    """``response.encoding``, without httpx's parse of the Content-Type (an email
+    message's) when it names no charset: the client's default encoding then, as httpx
+    has it for a streamed body."""
+    content_type = response.headers.get("content-type")
+    default = response.default_encoding
+    if (content_type is None or "charset" not in content_type.lower()) and isinstance(default, str):
+        return default or "utf-8"
+    return response.encoding or "utf-8"
 
 
 def _parsed(

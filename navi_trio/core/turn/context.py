@@ -73,6 +73,17 @@ class ContextViews:
     # The last list `build` returned with these views, and where its views sit in it.
     built: list[dict[str, Any]] | None = None
     head: int = 0
+    # The system and memory messages last built: the same dicts again while their text
+    # is the same (the backend then sends their kept JSON, the counter its kept count).
+    heads: list[dict[str, Any]] = attrs.field(factory=list)
+
+    def same_heads(self, heads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`heads`, each replaced by the one built before at its place when equal (all
+        their values are text, so equal dicts send the same JSON)."""
+        kept = self.heads
+        out = [kept[i] if i < len(kept) and kept[i] == h else h for i, h in enumerate(heads)]
+        self.heads = out
+        return out
 
     def invalidate(self) -> None:
         self.source = None
@@ -157,8 +168,9 @@ class ContextBuilder:
         """The messages for one call; every dict is a new (shallow) copy.
 
         `project`: the run's instruction files and skills, after the profile's prompt. Nested
-        values are shared with the input, and with `views` the copies are reused by the next
-        build: callers must not mutate any dict of the result."""
+        values are shared with the input, and with `views` the copies (and the system and
+        memory messages, while their text is the same) are reused by the next build:
+        callers must not mutate any dict of the result."""
         system = self.system_prompt(config, profile, subagent=subagent, override=system_override)
         if project:
             system = f"{system}{SEPARATOR}{project}" if system else project
@@ -168,6 +180,8 @@ class ContextBuilder:
         memory = memory_message(memories)
         if memory is not None:
             built.append(memory)
+        if views is not None:
+            built = views.same_heads(built)[:]
         if views is None:
             built.extend(self._views(context, 0))
         else:

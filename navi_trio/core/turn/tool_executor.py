@@ -33,6 +33,7 @@ from navi_trio.tools.args import schema_problem
 from navi_trio.tools.base import Tool, ToolContext, ToolRegistry, ToolResult, tool_schema
 
 STOPPED_TEXT = "stopped by the user"
+MAX_SCHEMAS = 1024  # kept schemas (`ToolExecutor.schemas`); past it they are made anew
 NO_HOOKS = TurnHooks()
 BACKGROUND_HINT = (
     "The call is running in the background — continue with other work. Collect the result "
@@ -78,33 +79,59 @@ class ToolExecutor:
     checkpoints: RoundCheckpoints | None = None
     confirm: Callable[[], Awaitable[None]] | None = None  # the run's lease, before each call
 
+    # The schemas made so far (`schemas`), by what makes one: kept so that every round
+    # of a turn offers the very same dicts, whose JSON the backend encodes once.
+    _made: dict[tuple[Any, ...], tuple[dict[str, Any], dict[str, Any]]] = attrs.field(
+        factory=dict, init=False
+    )
+
     def schemas(
         self, tools: Sequence[Tool], hidden: Callable[[str, str], bool] = lambda t, a: False
     ) -> list[dict[str, Any]]:
         """Function schemas for the model; backgroundable tools offer ``background``; an
         action `hidden(tool, action)` says is denied outright is not offered (nor a tool
-        left with no action)."""
+        left with no action). `hidden` is asked every time (a grant may go); the same
+        tool with the same actions kept gets the same dict as before (never edit one)."""
         out = []
         for tool in tools:
-            schema = tool_schema(tool)
-            params = schema["function"]["parameters"]
+            params = tool.parameters
             action = params.get("properties", {}).get("action")
             offered = action.get("enum") if isinstance(action, dict) else None
+            kept: list[Any] | None = None
+            shown: tuple[int, ...] | None = None  # which of the actions are offered
             if isinstance(offered, list):
-                kept = [a for a in offered if not hidden(tool.name, str(a))]
-                if not kept:
+                shown = tuple(i for i, a in enumerate(offered) if not hidden(tool.name, str(a)))
+                if not shown:
                     continue
-                if kept != offered:
-                    properties = {**params["properties"], "action": {**action, "enum": kept}}
-                    schema["function"]["parameters"] = {**params, "properties": properties}
-            if self._backgroundable(tool):
-                params = schema["function"]["parameters"]
-                schema["function"]["parameters"] = {
-                    **params,
-                    "properties": {**params.get("properties", {}), "background": BACKGROUND_PARAM},
-                }
-            out.append(schema)
+                kept = [offered[i] for i in shown]
+            background = self._backgroundable(tool)
+            # The parameters by identity (kept alive in the entry): a tool's schema is
+            # replaced, never edited, when it changes (an MCP server's, a client's).
+            key = (tool.name, tool.description, id(params), shown, background)
+            made = self._made.get(key)
+            if made is None or made[0] is not params:
+                if len(self._made) >= MAX_SCHEMAS:
+                    self._made.clear()
+                made = (params, self._schema(tool, kept, background))
+                self._made[key] = made
+            out.append(made[1])
         return out
+
+    def _schema(self, tool: Tool, kept: list[Any] | None, background: bool) -> dict[str, Any]:
+        schema = tool_schema(tool)
+        params = schema["function"]["parameters"]
+        if kept is not None:
+            action = params["properties"]["action"]
+            if kept != action["enum"]:
+                properties = {**params["properties"], "action": {**action, "enum": kept}}
+                schema["function"]["parameters"] = {**params, "properties": properties}
+        if background:
+            params = schema["function"]["parameters"]
+            schema["function"]["parameters"] = {
+                **params,
+                "properties": {**params.get("properties", {}), "background": BACKGROUND_PARAM},
+            }
+        return schema
 
     def _backgroundable(self, tool: Tool) -> bool:
         # An MCP server's tools are when its entry says `background: true`.

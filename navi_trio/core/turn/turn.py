@@ -79,16 +79,22 @@ class TurnRunner:
         # after a round that may have changed them (the memory tool, a sub-agent).
         self._memories: list[str] | None = None
         self._tool_context: ToolContext | None = None
-        # The tool schemas sent with each call, and their tokens (they change only when
-        # the profile does): part of the prompt a budget reserves for.
-        self._schemas: tuple[str, int] = ("", 0)
+        # The tool schemas sent with each call, their JSON and their tokens (they change
+        # only when the profile or a rule does): part of the prompt a budget reserves for.
+        self._schemas: tuple[list[dict[str, Any]], str, int] = ([], "", 0)
         self._agents_note: str | None = None  # the agents kept as files (file_agents.py)
 
     def _schema_tokens(self, tools: list[dict[str, Any]]) -> int:
-        text = json.dumps(tools, ensure_ascii=False, sort_keys=True)
-        if text != self._schemas[0]:
-            self._schemas = (text, self.parts.counter.count_text(text))
-        return self._schemas[1]
+        kept, text, tokens = self._schemas
+        # The executor offers the very same dicts while nothing changed (never edited).
+        same = len(kept) == len(tools) and all(a is b for a, b in zip(kept, tools, strict=True))
+        if text and same:
+            return tokens
+        new = json.dumps(tools, ensure_ascii=False, sort_keys=True)
+        if new != text:
+            tokens = self.parts.counter.count_text(new)
+        self._schemas = (list(tools), new, tokens)
+        return tokens
 
     async def save(self, *, durable: bool = True) -> None:
         if self.turn.persist:
