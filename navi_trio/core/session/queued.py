@@ -190,14 +190,19 @@ class DurableQueue:
                 except NaviError as exc:
                     log.warning("session %s: unqueue failed: %s", self.session_id, exc)
 
-    async def adopt(self) -> list[UserMessage]:
+    async def adopt(self, *, strict: bool = False) -> list[UserMessage]:
         """The messages nobody else runs (a dead process's, handed over, ours), oldest
-        first."""
+        first. A failed read is none; `strict` (a run about to go behind what it finds)
+        raises it as a StorageError instead: none is not the same as unknown."""
         try:
             rows = await self.store.adopt_queued(self.session_id, pid=self.pid, host=self.host)
         except NaviError as exc:
             log.warning("session %s: reading its queued messages failed: %s", self.session_id, exc)
-            return []
+            if not strict:
+                return []
+            if isinstance(exc, StorageError):
+                raise
+            raise StorageError(f"session {self.session_id!r}: {exc}") from exc
         if rows:
             log.info(
                 "session %s: %d queued message(s) left by a crash run now",

@@ -487,16 +487,23 @@ class SessionActor:
     def _start_run(self, msg: UserMessage) -> None:
         # The control exists before the task starts: a stop sent right after the
         # message (same tick) must land.
-        control = RunControl()
-        if self._adopt and msg.kind != "resume":  # (a resumed one is in the history)
-            control.ahead = partial(self._queue_ahead, msg)
-        if self._hand_over is not None and msg.queue_key is None:
-            control.elsewhere = partial(self._send_elsewhere, msg)
+        control = self._control_for(msg)
         self._start(self._run, msg, control)
         self._control = control
         self._running_key = msg.queue_key
         self._running_user = msg.user_id
         self._end_said = False
+
+    def _control_for(self, msg: UserMessage, *, retry: bool = False) -> RunControl:
+        """The control of a run of `msg`, or of a kept message's next `retry`: once it holds
+        the lease, it goes behind rows queued before it; a new one refused goes to the
+        owner (not a kept one: it keeps its place here)."""
+        control = RunControl()
+        if self._adopt and msg.kind != "resume":  # (a resumed one is in the history)
+            control.ahead = partial(self._queue_ahead, msg)
+        if self._hand_over is not None and msg.queue_key is None and not retry:
+            control.elsewhere = partial(self._send_elsewhere, msg)
+        return control
 
     async def _run(self, msg: UserMessage, control: RunControl) -> None:
         # The one place a session's turns run, one at a time; the run takes the lease.
@@ -558,7 +565,9 @@ class SessionActor:
                 # have landed, a turn cut short may have ended since (`_accept`).
                 msg = attrs.evolve(msg, kind="resume" if saved else msg.kind, retried=True)
                 self.parts.forget(self.session_id)
-                control = RunControl()
+                # Its next try, too, goes behind rows queued before it that it finds then
+                # (handed over meanwhile, or unread when this try failed).
+                control = self._control_for(msg, retry=True)
                 self._control = control
                 if not self.dead_turn_checked:
                     await self._end_dead_turn()  # its turn ended before this one starts
@@ -586,10 +595,25 @@ class SessionActor:
     async def _queue_ahead(self, msg: UserMessage) -> bool:
         """The run of `msg` holds the lease: rows queued in the store before it run first, in the
         store's order, and it goes behind them (a new one stored and acknowledged as any queued
-        one). True when it went behind others: no turn now."""
+        one). True when it went behind others: no turn now. The queue unread, a new message
+        is queued (its row lands behind any there) and an acknowledged one keeps its place:
+        neither runs ahead of rows it cannot see."""
         async with self._adopting:
-            rows = await self.queue.adopt()  # every row: this run holds the lease
+            try:
+                rows = await self.queue.adopt(strict=True)  # every row: this run holds the lease
+            except StorageError:
+                if msg.queue_key is not None:
+                    raise  # kept: it runs again, reading the queue first
+                rows = None
             known = self._held_keys()
+        assert self._nursery is not None
+        if rows is None:
+            msg.accepted.queued = True
+            queued = self.queue.keep(self._nursery, msg, self._stored)
+            self.pending.appendleft(queued)  # next, here; its run reads the queue again
+            self._say_queued(queued, 0, running=False)
+            await self.queue.written(queued)  # settled before this run ends
+            return True
         order = [m.queue_key for m in rows]
         if msg.queue_key is None:
             cut = len(order)  # a new message: behind every row queued before it
@@ -616,7 +640,6 @@ class SessionActor:
             for later in after:
                 self._say_queued(later)
             return False
-        assert self._nursery is not None
         queued = msg
         if msg.queue_key is None:
             msg.accepted.queued = True
