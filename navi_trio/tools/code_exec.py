@@ -19,7 +19,7 @@ import attrs
 from navi_trio.errors import ToolInputError
 from navi_trio.settings import Settings
 from navi_trio.tools.args import arg, parse, schema
-from navi_trio.tools.base import ToolContext, ToolResult
+from navi_trio.tools.base import ToolContext, ToolResult, input_errors_fail
 from navi_trio.tools.procs import python_argv
 from navi_trio.tools.terminal import (
     command_folder,
@@ -68,6 +68,7 @@ class CodeExecTool:
             "to see. Manual: read `manual:code_exec` with the filesystem tool."
         )
 
+    @input_errors_fail
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
             parsed = parse(CodeArgs, args)
@@ -78,6 +79,4 @@ class CodeExecTool:
                     result = await run_in(ctx, place, script, timeout, pass_fds=(fd,))
         except OSError as exc:
             return ToolResult.fail(f"cannot start Python: {exc.strerror or exc}")
-        except ToolInputError as exc:  # SandboxUnavailableError: refused, never unsandboxed
-            return ToolResult.fail(str(exc))
         return command_result(result, note)
