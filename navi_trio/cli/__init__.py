@@ -58,9 +58,6 @@ def _debug() -> bool:
     return os.environ.get("NAVI_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
 
 
-# ------------------------------------------------------------------------- parser
-
-
 def _add_endpoint_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--db", metavar="PATH|URL", help="SQLite file or postgresql:// URL (env NAVI_DB)"
@@ -205,9 +202,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-# ------------------------------------------------------------------------- doctor
-
-
 def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     # Imported here: the doctor pulls in much that `navi run` / `navi serve` do not need.
     from navi_trio.cli.doctor import collect_doctor, print_doctor
@@ -226,8 +220,6 @@ def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_ERROR
     return EXIT_OK
 
-
-# ------------------------------------------------------------------------- main
 
 _COMMANDS: dict[str, Command] = {
     "doctor": cmd_doctor,

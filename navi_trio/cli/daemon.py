@@ -159,9 +159,6 @@ def _client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the daemon's reply as JSON")
 
 
-# ------------------------------------------------------------------------- serve
-
-
 class _JsonLines(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return json.dumps(
@@ -243,9 +240,6 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             pid_file.remove()
 
 
-# ------------------------------------------------------------------------- users
-
-
 def cmd_users(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from navi_trio.cli.common import UsageError, load_settings
 
@@ -286,9 +280,6 @@ async def _users(settings: Any, args: argparse.Namespace, out: TextIO) -> int:
         print(f"new token for {args.name} (the old one no longer works):", file=out)
         print(token, file=out)
         return 0
-
-
-# ------------------------------------------------------------------------- sessions / tasks
 
 
 def _call(args: argparse.Namespace, frame: dict[str, Any]) -> dict[str, Any]:

@@ -31,9 +31,6 @@ STOP_MARGIN_SEC = 30.0  # beyond shutdown_wait_tasks_sec: stopping runs, closing
 DEFAULT_PORT = 8765
 
 
-# ------------------------------------------------------------------ the pid file
-
-
 @attrs.define
 class PidFile:
     """This process's pid file for `port`, while it serves (`write`, `remove`)."""
@@ -91,9 +88,6 @@ def _ports(data_dir: Path) -> list[int]:
         if number.isdigit():
             found.append(int(number))
     return sorted(found)
-
-
-# ------------------------------------------------------------------ what answers at a port
 
 
 @attrs.frozen
@@ -198,9 +192,6 @@ def address_in_use(group: BaseException) -> bool:
     return isinstance(group, OSError) and group.errno == errno.EADDRINUSE
 
 
-# ------------------------------------------------------------------ navi status
-
-
 @attrs.frozen
 class DaemonState:
     port: int
@@ -278,9 +269,6 @@ def cmd_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         )
         return 1
     return 0
-
-
-# ------------------------------------------------------------------ navi stop
 
 
 def cmd_stop(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -38,9 +38,6 @@ def cut(text: str, limit: int = LINE_MAX) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-# ------------------------------------------------------------------ progress
-
-
 @attrs.define(eq=False)
 class ProgressPump:
     """Sends one call's progress: waiting steps joined, else the newest answer text, at
@@ -92,9 +89,6 @@ class ProgressPump:
                     await self._closing.wait()
             if self._closing.is_set():
                 return
-
-
-# ------------------------------------------------------------------ one ask
 
 
 @attrs.define(eq=False)

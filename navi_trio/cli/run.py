@@ -245,9 +245,6 @@ def _interactive() -> bool:
         return False
 
 
-# ------------------------------------------------------------------ the run
-
-
 async def run_remote(
     url: str, token: str, req: RunRequest, out: TextIO, err: TextIO, *, private: bool = False
 ) -> RunOutcome:
@@ -389,9 +386,6 @@ async def _run(
         return await run_remote(
             endpoint.url, endpoint.token, req, out, err, private=endpoint.private
         )
-
-
-# ------------------------------------------------------------------ the command
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

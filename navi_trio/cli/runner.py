@@ -91,9 +91,6 @@ async def _private(
         yield Endpoint(where.url, where.token, private=True)
 
 
-# ------------------------------------------------------------------ one turn
-
-
 @attrs.define(eq=False)
 class RemoteRun:
     """One message of ours followed through a daemon (`follow`)."""

@@ -54,9 +54,6 @@ class CgroupsUnavailable(Exception):
     """Cgroups cannot be used here; the message says why."""
 
 
-# -- Where: pure functions of /proc/self/mounts and /proc/self/cgroup -------------------
-
-
 def own_cgroups(text: str) -> dict[str, str]:
     """/proc/self/cgroup as {controller: path}; the key "" is the cgroup v2 hierarchy."""
     out: dict[str, str] = {}
@@ -145,9 +142,6 @@ def _folder_name(prefix: str, ident: str) -> str:
     return prefix + hashlib.sha256(ident.encode("utf-8", "replace")).hexdigest()[:32]
 
 
-# -- Files ----------------------------------------------------------------------------
-
-
 def _write(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
@@ -191,9 +185,6 @@ def _rmtree(folder: Path) -> bool:
                 log.debug("cannot remove cgroup %s: %s", dirpath, exc.strerror)
                 return False
     return True
-
-
-# -- A set of cgroups, one per hierarchy, killed together ------------------------------
 
 
 @attrs.frozen
@@ -251,9 +242,6 @@ class Group:
     def remove(self) -> None:
         for folder in self.folders():
             _rmtree(folder)
-
-
-# -- One daemon's tree -----------------------------------------------------------------
 
 
 @attrs.frozen

@@ -120,8 +120,6 @@ class CheckpointEngine:
             who=self.who,
         )
 
-    # -- life ---------------------------------------------------------------------
-
     async def recover(self) -> list[str]:
         """Prepare the folders; complete every restore a killed process left; the
         journals completed."""
@@ -130,8 +128,6 @@ class CheckpointEngine:
     def close(self) -> None:
         self._snaps.close()
         self.objects.close()
-
-    # -- snapshots ----------------------------------------------------------------
 
     async def snapshot(
         self,
@@ -217,8 +213,6 @@ class CheckpointEngine:
         to the store: what the totals bound."""
         return await self._thread(functools.partial(self.records.stored_bytes, owners))
 
-    # -- listing and keeping ------------------------------------------------------
-
     async def checkpoints(self, owner: str) -> list[CheckpointInfo]:
         """The owner's checkpoints, oldest first."""
         return await self._thread(functools.partial(self.records.of, owner))
@@ -264,8 +258,6 @@ class CheckpointEngine:
         removed, generation = collect(self.folder, self.objects, self.records, self.journal, states)
         self._snaps.collected(generation)
         return removed
-
-    # -- preview and restore ------------------------------------------------------
 
     async def preview(
         self,
@@ -566,8 +558,6 @@ class CheckpointEngine:
                 ) from None
             except RootChangedError as exc:
                 raise CheckpointError(str(exc)) from None
-
-    # -- helpers ------------------------------------------------------------------
 
     async def _thread(self, job: Callable[[], T]) -> T:
         return await trio.to_thread.run_sync(job, abandon_on_cancel=False)

@@ -187,8 +187,6 @@ class McpConnection:
         while not (self.state == state and self.starts >= starts):
             await self._changed.wait()
 
-    # -- the actor --------------------------------------------------------------
-
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         failures = 0
@@ -378,8 +376,6 @@ class McpConnection:
     def take_notes(self) -> list[str]:
         notes, self.notes = self.notes, []
         return notes
-
-    # -- calls ------------------------------------------------------------------
 
     def unavailable(self) -> str:
         why = f" ({self.error})" if self.error else ""
