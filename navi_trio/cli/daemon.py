@@ -13,7 +13,6 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from typing import Any, TextIO
 
 import trio
@@ -285,18 +284,18 @@ async def _users(settings: Any, args: argparse.Namespace, out: TextIO) -> int:
 def _call(args: argparse.Namespace, frame: dict[str, Any]) -> dict[str, Any]:
     """The daemon's reply to `frame` (a private daemon's when none answers and no --url
     names one)."""
-    from navi_trio.api.endpoint import Endpoint, open_endpoint
+    from navi_trio.api.endpoint import open_endpoint
     from navi_trio.api.remote import request
     from navi_trio.cli.common import config_source, load_settings, run_target
     from navi_trio.cli.runner import private_endpoint
 
     settings = load_settings(args)
-
-    def private() -> AbstractAsyncContextManager[Endpoint]:
-        return private_endpoint(settings, config_source(settings))
+    target = run_target(args, settings)
 
     async def call() -> dict[str, Any]:
-        async with open_endpoint(run_target(args, settings), private) as endpoint:
+        async with open_endpoint(
+            target, lambda: private_endpoint(settings, config_source(settings))
+        ) as endpoint:
             return await request(endpoint.url, endpoint.token, frame)
 
     return trio.run(call)
