@@ -20,7 +20,7 @@ from navi_trio.errors import ToolInputError
 from navi_trio.settings import Settings
 from navi_trio.tools.args import arg, parse, schema
 from navi_trio.tools.base import ToolContext, ToolResult, input_errors_fail
-from navi_trio.tools.procs import python_argv
+from navi_trio.tools.procs import memory_file, python_argv
 from navi_trio.tools.terminal import (
     command_folder,
     command_result,
@@ -46,11 +46,8 @@ def _snippet(code: str) -> Iterator[int]:
             "argument 'code' holds characters that cannot be written as UTF-8 "
             "(an unpaired surrogate)"
         ) from None
-    fd = os.memfd_create("navi-snippet", os.MFD_CLOEXEC)
+    fd = memory_file(data, "navi-snippet")
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
         yield fd
     finally:
         os.close(fd)
