@@ -40,7 +40,7 @@ from navi_trio.cli.daemon import add_parsers as add_daemon_parsers
 from navi_trio.cli.mcp import add_mcp_parser, cmd_mcp
 from navi_trio.cli.profiles import add_profiles_parser, cmd_profiles
 from navi_trio.cli.rewind import add_parsers as add_rewind_parsers
-from navi_trio.errors import NaviError, RemoteError
+from navi_trio.errors import NaviError, RemoteError, leaves
 from navi_trio.imports import start_up_collections
 from navi_trio.llm.factory import (
     BACKENDS,
@@ -236,12 +236,6 @@ _COMMANDS: dict[str, Command] = {
 }
 
 
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
-    return [exc]
-
-
 def _refusal(exc: RemoteError, token_given: bool) -> str:
     """A refusal of the daemon in words: its message (the wire code is for --events),
     and for a refused token where the right one is."""
@@ -261,16 +255,16 @@ def _refusal(exc: RemoteError, token_given: bool) -> str:
 def _describe(exc: BaseException, *, token_given: bool = False) -> tuple[str, bool]:
     """The one-line message for `exc`, and whether it was expected (no debug hint).
     `token_given`: the command had --token or NAVI_TOKEN (said when one is refused)."""
-    leaves = _leaves(exc)
+    found = leaves(exc)
     # A daemon's "internal" refusal is a bug of ours there: its traceback is in its log
     # (a private daemon's shows with NAVI_DEBUG=1, as any of this process).
     expected = all(
         isinstance(e, NaviError | OSError | UsageError)
         and not (isinstance(e, RemoteError) and e.code == "internal")
-        for e in leaves
+        for e in found
     )
     parts = []
-    for e in leaves:
+    for e in found:
         text = one_line(str(e))
         if isinstance(e, RemoteError):
             parts.append(_refusal(e, token_given))
@@ -331,7 +325,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return _COMMANDS[args.command](args, out, err)
     except BaseException as exc:
-        if all(isinstance(e, KeyboardInterrupt) for e in _leaves(exc)):
+        if all(isinstance(e, KeyboardInterrupt) for e in leaves(exc)):
             return EXIT_INTERRUPTED
         if not isinstance(exc, Exception):
             raise  # SystemExit and friends are not ours to report
