@@ -21,6 +21,7 @@ scan of `procs.kill_group` are all there is.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import hashlib
 import itertools
@@ -208,10 +209,8 @@ class Group:
     def _freezer(self, state: str) -> None:
         freezer = self.v1.get("freezer")
         if self.v2 is None and freezer is not None:
-            try:
+            with contextlib.suppress(OSError):  # removed meanwhile: nothing left to freeze
                 _write(freezer / "freezer.state", state)
-            except OSError:
-                pass  # removed meanwhile: nothing left to freeze
 
     async def kill(self) -> set[int]:
         """SIGKILL everything in the group, however it forked; returns after they died
@@ -219,10 +218,8 @@ class Group:
         killed: set[int] = set()
         for _ in range(KILL_ROUNDS):
             if self.v2 is not None:
-                try:
+                with contextlib.suppress(OSError):  # removed meanwhile
                     _write(self.v2 / "cgroup.kill", "1")
-                except OSError:
-                    pass  # removed meanwhile
             self._freezer("FROZEN")  # no fork while we read and signal
             pids = self.pids()
             if not pids:
@@ -294,10 +291,8 @@ class CommandGroup:
         """Remove the leaf, and its session's folder when no other command is in it."""
         for folder in self.group.folders():
             if _rmtree(folder):
-                try:
+                with contextlib.suppress(OSError):  # another command of the session runs on
                     os.rmdir(folder.parent)
-                except OSError:
-                    pass  # another command of the session runs on
 
 
 @attrs.frozen
@@ -361,10 +356,8 @@ class Tree:
             }
         except OSError:
             for done in reversed(made):
-                try:
+                with contextlib.suppress(OSError):
                     os.rmdir(done)
-                except OSError:
-                    pass
             raise
         memory_v2 = "memory" in self.v2_limits
         memory = memory_v2 or "memory" in self.top.v1
@@ -427,10 +420,8 @@ def _set_limit(folder: Path, name: str, limits: ProcessLimits, v2: bool) -> None
 
 
 def _try_write(path: Path, text: str) -> None:
-    try:
+    with contextlib.suppress(OSError):  # no such file here (no swap accounting)
         _write(path, text)
-    except OSError:
-        pass  # no such file here (no swap accounting)
 
 
 def _delegate_v2(own: Path) -> frozenset[str]:
