@@ -20,9 +20,9 @@ from typing import TextIO
 import attrs
 import trio
 
-from navi_trio.api.listener import USERS_VAR
-from navi_trio.client.daemon import DAEMON_FILES, log_file, pid_file
-from navi_trio.errors import NaviError, UsageError
+from navi_trio.api.listener import USERS_VAR, trusted_accounts
+from navi_trio.client.daemon import DAEMON_FILES, answers, find_token, log_file, pid_file
+from navi_trio.errors import NaviError, RemoteError, UntrustedDaemonError, UsageError
 from navi_trio.settings import Settings
 from navi_trio.text import terminal_safe
 
@@ -110,10 +110,7 @@ async def probe(port: int, data_dir: Path, host: str = "127.0.0.1") -> Answer:
     that took the port never gets it. Of any other, a WebSocket handshake (no hello) tells
     whether it may be navi."""
     from navi_trio.api.daemon_client import open_daemon
-    from navi_trio.api.listener import trusted_accounts
     from navi_trio.api.remote import daemon_answers
-    from navi_trio.client.daemon import answers, find_token
-    from navi_trio.errors import RemoteError, UntrustedDaemonError
 
     if not await answers(host, port):
         return Answer()
