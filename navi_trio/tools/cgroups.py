@@ -218,8 +218,10 @@ class Group:
         killed: set[int] = set()
         for _ in range(KILL_ROUNDS):
             if self.v2 is not None:
-                with contextlib.suppress(OSError):  # removed meanwhile
+                try:
                     _write(self.v2 / "cgroup.kill", "1")
+                except OSError:
+                    pass  # removed meanwhile
             self._freezer("FROZEN")  # no fork while we read and signal
             pids = self.pids()
             if not pids:
