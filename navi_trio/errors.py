@@ -469,3 +469,10 @@ class LLMChunkTimeout(LLMTimeoutError):
 
     def __init__(self, seconds: float) -> None:
         super().__init__(f"the model went silent for {seconds:g} s mid-stream", seconds)
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside `exc`, however deeply grouped (`exc` itself when not a group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in leaves(sub)]
+    return [exc]

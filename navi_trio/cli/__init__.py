@@ -40,7 +40,7 @@ from navi_trio.cli.daemon import add_parsers as add_daemon_parsers
 from navi_trio.cli.mcp import add_mcp_parser, cmd_mcp
 from navi_trio.cli.profiles import add_profiles_parser, cmd_profiles
 from navi_trio.cli.rewind import add_parsers as add_rewind_parsers
-from navi_trio.errors import NaviError, RemoteError
+from navi_trio.errors import NaviError, RemoteError, leaves
 from navi_trio.imports import start_up_collections
 from navi_trio.llm.factory import (
     BACKENDS,
@@ -56,9 +56,6 @@ class _Parser(argparse.ArgumentParser):
 
 def _debug() -> bool:
     return os.environ.get("NAVI_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
-
-
-# ------------------------------------------------------------------------- parser
 
 
 def _add_endpoint_options(p: argparse.ArgumentParser) -> None:
@@ -205,9 +202,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-# ------------------------------------------------------------------------- doctor
-
-
 def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     # Imported here: the doctor pulls in much that `navi run` / `navi serve` do not need.
     from navi_trio.cli.doctor import collect_doctor, print_doctor
@@ -227,8 +221,6 @@ def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-# ------------------------------------------------------------------------- main
-
 _COMMANDS: dict[str, Command] = {
     "doctor": cmd_doctor,
     "run": lazy_command("run", "cmd_run"),
@@ -242,12 +234,6 @@ _COMMANDS: dict[str, Command] = {
     "profiles": cmd_profiles,
     **DAEMON_COMMANDS,
 }
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
-    return [exc]
 
 
 def _refusal(exc: RemoteError, token_given: bool) -> str:
@@ -269,16 +255,16 @@ def _refusal(exc: RemoteError, token_given: bool) -> str:
 def _describe(exc: BaseException, *, token_given: bool = False) -> tuple[str, bool]:
     """The one-line message for `exc`, and whether it was expected (no debug hint).
     `token_given`: the command had --token or NAVI_TOKEN (said when one is refused)."""
-    leaves = _leaves(exc)
+    found = leaves(exc)
     # A daemon's "internal" refusal is a bug of ours there: its traceback is in its log
     # (a private daemon's shows with NAVI_DEBUG=1, as any of this process).
     expected = all(
         isinstance(e, NaviError | OSError | UsageError)
         and not (isinstance(e, RemoteError) and e.code == "internal")
-        for e in leaves
+        for e in found
     )
     parts = []
-    for e in leaves:
+    for e in found:
         text = one_line(str(e))
         if isinstance(e, RemoteError):
             parts.append(_refusal(e, token_given))
@@ -339,7 +325,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return _COMMANDS[args.command](args, out, err)
     except BaseException as exc:
-        if all(isinstance(e, KeyboardInterrupt) for e in _leaves(exc)):
+        if all(isinstance(e, KeyboardInterrupt) for e in leaves(exc)):
             return EXIT_INTERRUPTED
         if not isinstance(exc, Exception):
             raise  # SystemExit and friends are not ours to report

@@ -13,16 +13,23 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from typing import Any, TextIO
 
 import trio
 
 from navi_trio import wire
-from navi_trio.api.auth import is_loopback
-from navi_trio.api.remote import DEFAULT_URL
-from navi_trio.cli.common import Command, lazy_command
-from navi_trio.text import terminal_safe
+from navi_trio.api.auth import is_loopback, new_token
+from navi_trio.api.remote import DEFAULT_URL, request
+from navi_trio.cli.common import (
+    Command,
+    UsageError,
+    config_source,
+    lazy_command,
+    llm_settings,
+    load_settings,
+    run_target,
+)
+from navi_trio.text import terminal_safe, usage_table
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -159,9 +166,6 @@ def _client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the daemon's reply as JSON")
 
 
-# ------------------------------------------------------------------------- serve
-
-
 class _JsonLines(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return json.dumps(
@@ -175,7 +179,6 @@ class _JsonLines(logging.Formatter):
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.cli.common import UsageError, config_source, llm_settings, load_settings
     from navi_trio.cli.serve import serve_daemon
 
     if not is_loopback(args.host):
@@ -243,11 +246,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             pid_file.remove()
 
 
-# ------------------------------------------------------------------------- users
-
-
 def cmd_users(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.cli.common import UsageError, load_settings
 
     if args.action != "list" and not args.name:
         raise UsageError(f"users {args.action} needs a NAME")
@@ -256,7 +255,6 @@ def cmd_users(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 async def _users(settings: Any, args: argparse.Namespace, out: TextIO) -> int:
-    from navi_trio.api.auth import new_token
     from navi_trio.errors import NaviError
     from navi_trio.store.factory import open_store
 
@@ -288,32 +286,25 @@ async def _users(settings: Any, args: argparse.Namespace, out: TextIO) -> int:
         return 0
 
 
-# ------------------------------------------------------------------------- sessions / tasks
-
-
 def _call(args: argparse.Namespace, frame: dict[str, Any]) -> dict[str, Any]:
     """The daemon's reply to `frame` (a private daemon's when none answers and no --url
     names one)."""
-    from navi_trio.api.endpoint import Endpoint, open_endpoint
-    from navi_trio.api.remote import request
-    from navi_trio.cli.common import config_source, load_settings, run_target
+    from navi_trio.api.endpoint import open_endpoint
     from navi_trio.cli.runner import private_endpoint
 
     settings = load_settings(args)
-
-    def private() -> AbstractAsyncContextManager[Endpoint]:
-        return private_endpoint(settings, config_source(settings))
+    target = run_target(args, settings)
 
     async def call() -> dict[str, Any]:
-        async with open_endpoint(run_target(args, settings), private) as endpoint:
+        async with open_endpoint(
+            target, lambda: private_endpoint(settings, config_source(settings))
+        ) as endpoint:
             return await request(endpoint.url, endpoint.token, frame)
 
     return trio.run(call)
 
 
 def cmd_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.cli.common import UsageError
-
     if args.action != "list" and not args.session_id:
         raise UsageError(f"sessions {args.action} needs a session ID")
     reply = _call(args, wire.sessions(args.action, args.session_id))
@@ -338,8 +329,6 @@ def cmd_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_tasks(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from navi_trio.cli.common import UsageError
-
     if args.action != "list" and not args.task_id:
         raise UsageError(f"tasks {args.action} needs a task ID")
     reply = _call(args, wire.tasks(args.action, args.session, args.task_id))
@@ -378,7 +367,6 @@ def cmd_usage(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.json:
         print(json.dumps(reply), file=out)
         return 0
-    from navi_trio.text import usage_table
 
     for line in usage_table(reply):
         print(terminal_safe(line), file=out)
@@ -387,8 +375,6 @@ def cmd_usage(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def cmd_approvals(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """The approvals granted "for the session" or "always" (an admin's: everyone's)."""
-    from navi_trio.cli.common import UsageError
-
     if args.action == "revoke" and not args.grant_id:
         raise UsageError("approvals revoke needs a grant ID (approvals list shows them)")
     reply = _call(args, wire.grants(args.action, args.grant_id))
@@ -406,8 +392,6 @@ def cmd_approvals(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def schedule_frame(args: argparse.Namespace) -> dict[str, Any]:
     """The ``schedule`` frame of `navi schedule`'s arguments (the daemon checks the rest)."""
-    from navi_trio.cli.common import UsageError
-
     if args.action in (None, "list"):
         args.action = "list"
         return wire.schedule("list")

@@ -20,18 +20,15 @@ from typing import TextIO
 import attrs
 import trio
 
-from navi_trio.api.listener import USERS_VAR
-from navi_trio.client.daemon import DAEMON_FILES, log_file, pid_file
-from navi_trio.errors import NaviError, UsageError
+from navi_trio.api.listener import USERS_VAR, trusted_accounts
+from navi_trio.client.daemon import DAEMON_FILES, answers, find_token, log_file, pid_file
+from navi_trio.errors import NaviError, RemoteError, UntrustedDaemonError, UsageError
 from navi_trio.settings import Settings
 from navi_trio.text import terminal_safe
 
 PROBE_TIMEOUT = 2.0  # a daemon on this machine answers a hello at once
 STOP_MARGIN_SEC = 30.0  # beyond shutdown_wait_tasks_sec: stopping runs, closing the store
 DEFAULT_PORT = 8765
-
-
-# ------------------------------------------------------------------ the pid file
 
 
 @attrs.define
@@ -93,9 +90,6 @@ def _ports(data_dir: Path) -> list[int]:
     return sorted(found)
 
 
-# ------------------------------------------------------------------ what answers at a port
-
-
 @attrs.frozen
 class Answer:
     """What answers at a port: nothing, no WebSocket server, a navi daemon of this data
@@ -116,10 +110,7 @@ async def probe(port: int, data_dir: Path, host: str = "127.0.0.1") -> Answer:
     that took the port never gets it. Of any other, a WebSocket handshake (no hello) tells
     whether it may be navi."""
     from navi_trio.api.daemon_client import open_daemon
-    from navi_trio.api.listener import trusted_accounts
     from navi_trio.api.remote import daemon_answers
-    from navi_trio.client.daemon import answers, find_token
-    from navi_trio.errors import RemoteError, UntrustedDaemonError
 
     if not await answers(host, port):
         return Answer()
@@ -196,9 +187,6 @@ def address_in_use(group: BaseException) -> bool:
     if isinstance(group, BaseExceptionGroup):
         return any(address_in_use(e) for e in group.exceptions)
     return isinstance(group, OSError) and group.errno == errno.EADDRINUSE
-
-
-# ------------------------------------------------------------------ navi status
 
 
 @attrs.frozen
@@ -278,9 +266,6 @@ def cmd_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         )
         return 1
     return 0
-
-
-# ------------------------------------------------------------------ navi stop
 
 
 def cmd_stop(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -14,7 +14,7 @@ import attrs
 import trio
 
 from navi_trio.cli.common import one_line
-from navi_trio.errors import NaviError
+from navi_trio.errors import NaviError, leaves
 from navi_trio.events import (
     ErrorEvent,
     StreamEnd,
@@ -36,9 +36,6 @@ STOP_GRACE = 10.0  # seconds a cancelled call waits for its run to stop and save
 def cut(text: str, limit: int = LINE_MAX) -> str:
     text = one_line(text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-# ------------------------------------------------------------------ progress
 
 
 @attrs.define(eq=False)
@@ -92,9 +89,6 @@ class ProgressPump:
                     await self._closing.wait()
             if self._closing.is_set():
                 return
-
-
-# ------------------------------------------------------------------ one ask
 
 
 @attrs.define(eq=False)
@@ -193,16 +187,5 @@ async def follow_stopping_on_cancel(
 
 def one_error(group: BaseExceptionGroup[Any]) -> BaseException | None:
     """The single expected leaf of a group from a nursery, else None."""
-    leaves: list[BaseException] = []
-
-    def walk(exc: BaseException) -> None:
-        if isinstance(exc, BaseExceptionGroup):
-            for sub in exc.exceptions:
-                walk(sub)
-        else:
-            leaves.append(exc)
-
-    walk(group)
-    if len(leaves) == 1 and isinstance(leaves[0], NaviError):
-        return leaves[0]
-    return None
+    found = leaves(group)
+    return found[0] if len(found) == 1 and isinstance(found[0], NaviError) else None

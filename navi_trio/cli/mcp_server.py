@@ -64,9 +64,6 @@ class AskResult(BaseModel):
     notes: list[str] = Field(description="warnings and denied tool calls of the turn")
 
 
-# ------------------------------------------------------------------ the bridge
-
-
 @attrs.frozen
 class ServeOptions:
     target: RunTarget
@@ -87,8 +84,6 @@ class NaviBridge:
         self._holding = False
         self._closed = trio.Event()  # the private daemon closed (once opened)
         self.rounds = Rounds(nursery)  # asks whose runs go on between their calls
-
-    # -- where the calls go ---------------------------------------------------------------
 
     async def endpoint(self) -> Endpoint:
         """The daemon asked for or answering, else the private one: opened at the first
@@ -123,8 +118,6 @@ class NaviBridge:
         """Until the private daemon (if one is open) has closed."""
         if self._holding:
             await self._closed.wait()
-
-    # -- ask ----------------------------------------------------------------------------
 
     async def ask(
         self,
@@ -198,8 +191,6 @@ class NaviBridge:
                 raise
             raise ToolError(str(leaf)) from None
 
-    # -- rewind, fork, sessions -----------------------------------------------------------
-
     async def rewinds(self) -> Rewinds:
         """Where a rewind or a fork goes: the daemon, else the private one."""
         endpoint = await self.endpoint()
@@ -247,9 +238,6 @@ def _result(session_id: str, feed: AskFeed) -> CallToolResult:
         structured_content=structured.model_dump(mode="json"),
         is_error=failed,
     )
-
-
-# ------------------------------------------------------------------ the server
 
 
 def build_server(bridge: NaviBridge) -> MCPServer:

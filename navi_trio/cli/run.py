@@ -84,10 +84,9 @@ def exit_code_for(signum: int) -> int:
 
 
 def _say(err: TextIO, text: str) -> None:
-    try:
+    # the terminal is gone (SIGHUP): stopping cleanly matters more than saying so
+    with contextlib.suppress(OSError, ValueError):
         print(text, file=err, flush=True)
-    except (OSError, ValueError):
-        pass  # the terminal is gone (SIGHUP): stopping cleanly matters more than saying so
 
 
 def _message_text(args: argparse.Namespace) -> str:
@@ -105,10 +104,9 @@ def _output_gone(*streams: TextIO) -> tuple[TextIO, TextIO]:
     null = os.open(os.devnull, os.O_WRONLY)
     try:
         for stream in streams:
-            try:
+            # not a real file (a test's StringIO): nothing to redirect
+            with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
                 os.dup2(null, stream.fileno())
-            except (OSError, ValueError, io.UnsupportedOperation):
-                pass  # not a real file (a test's StringIO): nothing to redirect
     finally:
         os.close(null)
     sink = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives until exit
@@ -243,9 +241,6 @@ def _interactive() -> bool:
         return sys.stdin.isatty()
     except (ValueError, OSError):
         return False
-
-
-# ------------------------------------------------------------------ the run
 
 
 async def run_remote(
@@ -389,9 +384,6 @@ async def _run(
         return await run_remote(
             endpoint.url, endpoint.token, req, out, err, private=endpoint.private
         )
-
-
-# ------------------------------------------------------------------ the command
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

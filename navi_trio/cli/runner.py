@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -73,25 +73,16 @@ class FrameSink(Protocol):
 Approver = Callable[[Frame], Awaitable[tuple[bool, str]]]
 
 
-def private_endpoint(
+@asynccontextmanager
+async def private_endpoint(
     settings: Settings, config: ConfigSource, *, backend: LLMBackend | None = None
-) -> AbstractAsyncContextManager[Endpoint]:
+) -> AsyncIterator[Endpoint]:
     """`serve_privately` with these settings, as an `Endpoint` (the server imported on use:
     a command that finds a daemon never loads it)."""
-    return _private(settings, config, backend)
-
-
-@asynccontextmanager
-async def _private(
-    settings: Settings, config: ConfigSource, backend: LLMBackend | None
-) -> AsyncIterator[Endpoint]:
     from navi_trio.cli.serve import serve_privately
 
     async with serve_privately(settings, config, backend=backend) as where:
         yield Endpoint(where.url, where.token, private=True)
-
-
-# ------------------------------------------------------------------ one turn
 
 
 @attrs.define(eq=False)

@@ -22,7 +22,6 @@ from navi_trio.profiles._control import OnBusy
 from navi_trio.profiles._hooks import HookFormat, _check_hooks_shape
 from navi_trio.profiles._policy import (
     ROLES,
-    CallPattern,
     Decision,
     Mode,
     Paths,
@@ -177,13 +176,11 @@ def parse_config(data: Any, path: Path) -> NaviConfig:
             "max_iterations",
             "compression_keep_recent",
             "compression_max_tokens",
+            "plan_max_tokens",
+            "answer_max_tokens",
         ):
             value = getattr(prof, field)
             if value is not None and value < 1:  # None: the setting of the same name
-                raise ConfigError(f"{path}: {where}.{field}: expected a number of 1 or more")
-        for field in ("plan_max_tokens", "answer_max_tokens", "compression_max_tokens"):
-            value = getattr(prof, field)
-            if value is not None and value < 1:
                 raise ConfigError(f"{path}: {where}.{field}: expected a number of 1 or more")
         _check_policy(prof.policy, path, f"{where}.policy")
         bad = [n for n in prof.env if not ENV_NAME.fullmatch(n)]
@@ -324,12 +321,8 @@ def check_config(
                     f"$.profiles[{pid!r}].tools.{key}: unknown tool(s) {', '.join(unknown)} "
                     f"(known tools: {', '.join(sorted(known))})"
                 )
-        patterns: list[tuple[str, CallPattern]] = [("rules", r) for r in prof.policy.rules]
-        patterns += [("headless_allow", r) for r in prof.policy.headless_allow]
-        counts = {"rules": 0, "headless_allow": 0}
-        for key, pattern in patterns:
-            i = counts[key]
-            counts[key] += 1
+        listed = (("rules", prof.policy.rules), ("headless_allow", prof.policy.headless_allow))
+        for key, i, pattern in [(k, i, p) for k, ps in listed for i, p in enumerate(ps)]:
             if pattern.tool.startswith(MCP_PREFIX):
                 server = pattern.tool.removeprefix(MCP_PREFIX).split("__")[0]
                 if server and not set("*?[") & set(server) and server not in cfg.mcp_servers:

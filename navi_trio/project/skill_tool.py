@@ -20,7 +20,7 @@ from navi_trio.project.files import NotReadable, Reader, utf8_prefix
 from navi_trio.project.skills import Skill, Skills, body_text
 from navi_trio.tools._beneath import Beneath
 from navi_trio.tools.args import arg, parse, schema
-from navi_trio.tools.base import ToolContext, ToolResult, cap_text
+from navi_trio.tools.base import ToolContext, ToolResult, cap_text, input_errors_fail
 from navi_trio.tools.private import PrivatePaths, private_paths, within
 from navi_trio.tools.roots import Root
 from navi_trio.tools.runas import run_as
@@ -43,21 +43,19 @@ class SkillTool:
     )
     parameters = schema(SkillArgs)
 
+    @input_errors_fail
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        try:
-            parsed = parse(SkillArgs, args)
-            found = ctx.skills.found if isinstance(ctx.skills, Skills) else ()
-            skill = next((s for s in found if s.name == parsed.name), None)
-            if skill is None:
-                names = ", ".join(s.name for s in found) or "none"
-                raise ToolInputError(f"no skill named {parsed.name!r}; skills: {names}")
-            cap = ctx.settings.tool_output_max_chars
-            if parsed.file is None:
-                return ToolResult.success(body_text(skill, cap), skill=skill.name)
-            text = await trio.to_thread.run_sync(_read_file, skill, parsed.file, ctx)
-            return ToolResult.success(cap_text(text, cap), skill=skill.name)
-        except ToolInputError as exc:
-            return ToolResult.fail(str(exc))
+        parsed = parse(SkillArgs, args)
+        found = ctx.skills.found if isinstance(ctx.skills, Skills) else ()
+        skill = next((s for s in found if s.name == parsed.name), None)
+        if skill is None:
+            names = ", ".join(s.name for s in found) or "none"
+            raise ToolInputError(f"no skill named {parsed.name!r}; skills: {names}")
+        cap = ctx.settings.tool_output_max_chars
+        if parsed.file is None:
+            return ToolResult.success(body_text(skill, cap), skill=skill.name)
+        text = await trio.to_thread.run_sync(_read_file, skill, parsed.file, ctx)
+        return ToolResult.success(cap_text(text, cap), skill=skill.name)
 
 
 def _read_file(skill: Skill, raw: str, ctx: ToolContext) -> str:

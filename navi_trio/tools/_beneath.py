@@ -327,8 +327,6 @@ class Beneath:
         finally:
             os.close(fd)
 
-    # -- the walk ------------------------------------------------------------------
-
     def _walk(self, path: Path, *, create: bool) -> tuple[Spot, str | None]:
         """The folder holding `path`'s last component and that name (None: `path` is
         a root), following in-root symlinks; missing folders are made when `create`."""
@@ -449,8 +447,6 @@ class Beneath:
                     yield from self._walk_from(child, rel / entry.name, recursive)
             finally:
                 os.close(fd)
-
-    # -- whose rights ----------------------------------------------------------------
 
     def _may(self, fd: int, want: int) -> bool:
         """Whether the tool user (if any) has the `want` bits on what `fd` is."""

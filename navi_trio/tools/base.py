@@ -7,12 +7,14 @@ sub-agent or the task supervisor) arrives in its `ToolContext`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import functools
+from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ParamSpec, Protocol
 
 import attrs
 
+from navi_trio.errors import ToolInputError
 from navi_trio.events import AgentEvent
 from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.settings import Settings
@@ -104,6 +106,25 @@ class Tool(Protocol):
     parameters: dict[str, Any]  # JSON schema of the arguments object (see tools/args.py)
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult: ...
+
+
+P = ParamSpec("P")
+
+
+def input_errors_fail(
+    execute: Callable[P, Coroutine[Any, Any, ToolResult]],
+) -> Callable[P, Coroutine[Any, Any, ToolResult]]:
+    """`execute` whose ToolInputError (a bad argument, or a refusal such as no sandbox)
+    becomes the call's failed result with that text."""
+
+    @functools.wraps(execute)
+    async def run(*args: P.args, **kwargs: P.kwargs) -> ToolResult:
+        try:
+            return await execute(*args, **kwargs)
+        except ToolInputError as exc:
+            return ToolResult.fail(str(exc))
+
+    return run
 
 
 def tool_schema(tool: Tool) -> dict[str, Any]:

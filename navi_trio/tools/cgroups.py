@@ -21,6 +21,7 @@ scan of `procs.kill_group` are all there is.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import hashlib
 import itertools
@@ -52,9 +53,6 @@ _SAFE = re.compile(r"[A-Za-z0-9_.-]{1,80}\Z")
 
 class CgroupsUnavailable(Exception):
     """Cgroups cannot be used here; the message says why."""
-
-
-# -- Where: pure functions of /proc/self/mounts and /proc/self/cgroup -------------------
 
 
 def own_cgroups(text: str) -> dict[str, str]:
@@ -145,9 +143,6 @@ def _folder_name(prefix: str, ident: str) -> str:
     return prefix + hashlib.sha256(ident.encode("utf-8", "replace")).hexdigest()[:32]
 
 
-# -- Files ----------------------------------------------------------------------------
-
-
 def _write(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
@@ -193,9 +188,6 @@ def _rmtree(folder: Path) -> bool:
     return True
 
 
-# -- A set of cgroups, one per hierarchy, killed together ------------------------------
-
-
 @attrs.frozen
 class Group:
     """One place in each hierarchy used: `v2` (killed with ``cgroup.kill``), `v1` by
@@ -217,10 +209,8 @@ class Group:
     def _freezer(self, state: str) -> None:
         freezer = self.v1.get("freezer")
         if self.v2 is None and freezer is not None:
-            try:
+            with contextlib.suppress(OSError):  # removed meanwhile: nothing left to freeze
                 _write(freezer / "freezer.state", state)
-            except OSError:
-                pass  # removed meanwhile: nothing left to freeze
 
     async def kill(self) -> set[int]:
         """SIGKILL everything in the group, however it forked; returns after they died
@@ -253,9 +243,6 @@ class Group:
     def remove(self) -> None:
         for folder in self.folders():
             _rmtree(folder)
-
-
-# -- One daemon's tree -----------------------------------------------------------------
 
 
 @attrs.frozen
@@ -308,10 +295,8 @@ class CommandGroup:
         """Remove the leaf, and its session's folder when no other command is in it."""
         for folder in self.group.folders():
             if _rmtree(folder):
-                try:
+                with contextlib.suppress(OSError):  # another command of the session runs on
                     os.rmdir(folder.parent)
-                except OSError:
-                    pass  # another command of the session runs on
 
 
 @attrs.frozen
@@ -375,10 +360,8 @@ class Tree:
             }
         except OSError:
             for done in reversed(made):
-                try:
+                with contextlib.suppress(OSError):
                     os.rmdir(done)
-                except OSError:
-                    pass
             raise
         memory_v2 = "memory" in self.v2_limits
         memory = memory_v2 or "memory" in self.top.v1
@@ -441,10 +424,8 @@ def _set_limit(folder: Path, name: str, limits: ProcessLimits, v2: bool) -> None
 
 
 def _try_write(path: Path, text: str) -> None:
-    try:
+    with contextlib.suppress(OSError):  # no such file here (no swap accounting)
         _write(path, text)
-    except OSError:
-        pass  # no such file here (no swap accounting)
 
 
 def _delegate_v2(own: Path) -> frozenset[str]:

@@ -19,8 +19,8 @@ import attrs
 from navi_trio.errors import ToolInputError
 from navi_trio.settings import Settings
 from navi_trio.tools.args import arg, parse, schema
-from navi_trio.tools.base import ToolContext, ToolResult
-from navi_trio.tools.procs import python_argv
+from navi_trio.tools.base import ToolContext, ToolResult, input_errors_fail
+from navi_trio.tools.procs import memory_file, python_argv
 from navi_trio.tools.terminal import (
     command_folder,
     command_result,
@@ -46,11 +46,8 @@ def _snippet(code: str) -> Iterator[int]:
             "argument 'code' holds characters that cannot be written as UTF-8 "
             "(an unpaired surrogate)"
         ) from None
-    fd = os.memfd_create("navi-snippet", os.MFD_CLOEXEC)
+    fd = memory_file(data, "navi-snippet")
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
         yield fd
     finally:
         os.close(fd)
@@ -68,6 +65,7 @@ class CodeExecTool:
             "to see. Manual: read `manual:code_exec` with the filesystem tool."
         )
 
+    @input_errors_fail
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
             parsed = parse(CodeArgs, args)
@@ -78,6 +76,4 @@ class CodeExecTool:
                     result = await run_in(ctx, place, script, timeout, pass_fds=(fd,))
         except OSError as exc:
             return ToolResult.fail(f"cannot start Python: {exc.strerror or exc}")
-        except ToolInputError as exc:  # SandboxUnavailableError: refused, never unsandboxed
-            return ToolResult.fail(str(exc))
         return command_result(result, note)

@@ -35,7 +35,7 @@ from navi_trio.tools._beneath import (
     TooManyLinksError,
 )
 from navi_trio.tools.args import action_schema, arg, parse_action
-from navi_trio.tools.base import ToolContext, ToolResult, cap_text
+from navi_trio.tools.base import ToolContext, ToolResult, cap_text, input_errors_fail
 from navi_trio.tools.private import private_paths, within
 from navi_trio.tools.roots import Root, RunRoots
 from navi_trio.tools.runas import run_as
@@ -170,12 +170,10 @@ class FilesystemTool:
     )
     parameters = action_schema(ACTIONS)
 
+    @input_errors_fail
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        try:
-            action, parsed = parse_action(ACTIONS, args)
-            return await trio.to_thread.run_sync(self._dispatch, action, parsed, ctx)
-        except ToolInputError as exc:
-            return ToolResult.fail(str(exc))
+        action, parsed = parse_action(ACTIONS, args)
+        return await trio.to_thread.run_sync(self._dispatch, action, parsed, ctx)
 
     def _dispatch(self, action: str, args: Any, ctx: ToolContext) -> ToolResult:
         raw: str = args.path
@@ -254,26 +252,26 @@ class FilesystemTool:
         return ToolResult.success(text, lines=total)
 
     def _write(
-        self, fs: Beneath, path: Path, raw: str, args: ContentArgs, ctx: ToolContext
+        self,
+        fs: Beneath,
+        path: Path,
+        raw: str,
+        args: ContentArgs,
+        ctx: ToolContext,
+        append: bool = False,
     ) -> ToolResult:
-        content = args.content
-        data = _utf8(content, "content")
-        flags = os.O_WRONLY | os.O_CREAT
-        opened, _ = fs.open_file(path, flags, create_parents=True, truncate=True)
+        data = _utf8(args.content, "content")
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else 0)
+        opened, _ = fs.open_file(path, flags, create_parents=True, truncate=not append)
         with opened as fh:
             fh.write(data)
-        return ToolResult.success(f"wrote {len(content)} characters to '{raw}'")
+        done = "appended" if append else "wrote"
+        return ToolResult.success(f"{done} {len(args.content)} characters to '{raw}'")
 
     def _append(
         self, fs: Beneath, path: Path, raw: str, args: ContentArgs, ctx: ToolContext
     ) -> ToolResult:
-        content = args.content
-        data = _utf8(content, "content")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-        opened, _ = fs.open_file(path, flags, create_parents=True)
-        with opened as fh:
-            fh.write(data)
-        return ToolResult.success(f"appended {len(content)} characters to '{raw}'")
+        return self._write(fs, path, raw, args, ctx, append=True)
 
     def _edit(
         self, fs: Beneath, path: Path, raw: str, args: EditArgs, ctx: ToolContext

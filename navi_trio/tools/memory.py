@@ -14,7 +14,7 @@ import trio
 
 from navi_trio.errors import ToolInputError
 from navi_trio.tools.args import NoArgs, action_schema, arg, parse_action
-from navi_trio.tools.base import KVStore, ToolContext, ToolResult
+from navi_trio.tools.base import KVStore, ToolContext, ToolResult, input_errors_fail
 
 SCOPE = "memory"
 MAX_ITEMS = 100
@@ -78,23 +78,21 @@ class MemoryTool:
     def __init__(self) -> None:
         self._lock = trio.Lock()
 
+    @input_errors_fail
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        try:
-            action, parsed = parse_action(ACTIONS, args)
-            async with self._lock:
-                nxt, items = await _load(ctx.kv, ctx.user_id)
-                if action == "list":
-                    return ToolResult.success(_format(items))
-                if action == "remember":
-                    result = self._remember(parsed, nxt, items)
-                    if items and items[-1]["id"] == f"m{nxt}":
-                        nxt += 1  # that id is now taken for good
-                else:
-                    result = self._forget(parsed, items)
-                await ctx.kv.kv_set(SCOPE, ctx.user_id, {"next": nxt, "items": items})
-                return result
-        except ToolInputError as exc:
-            return ToolResult.fail(str(exc))
+        action, parsed = parse_action(ACTIONS, args)
+        async with self._lock:
+            nxt, items = await _load(ctx.kv, ctx.user_id)
+            if action == "list":
+                return ToolResult.success(_format(items))
+            if action == "remember":
+                result = self._remember(parsed, nxt, items)
+                if items and items[-1]["id"] == f"m{nxt}":
+                    nxt += 1  # that id is now taken for good
+            else:
+                result = self._forget(parsed, items)
+            await ctx.kv.kv_set(SCOPE, ctx.user_id, {"next": nxt, "items": items})
+            return result
 
     def _remember(self, args: Remember, nxt: int, items: list[dict[str, str]]) -> ToolResult:
         fact = " ".join(args.fact.split())

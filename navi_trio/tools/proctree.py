@@ -8,6 +8,7 @@ so a recycled PID is never signalled by mistake. Without /proc nothing is found.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -187,20 +188,16 @@ class Strays:
         self.outside = set(pids) if outside is None else outside & pids
         self.fds: dict[int, int] = {}
         for pid in sorted(pids):
-            try:
+            with contextlib.suppress(OSError):  # already gone
                 self.fds[pid] = os.pidfd_open(pid)
-            except OSError:
-                pass  # already gone
 
     def __bool__(self) -> bool:
         return bool(self.fds)
 
     def signal(self, sig: signal.Signals) -> None:
         for fd in self.fds.values():
-            try:
+            with contextlib.suppress(OSError):  # exited meanwhile
                 signal.pidfd_send_signal(fd, sig)
-            except OSError:
-                pass  # exited meanwhile
 
     async def wait(self) -> None:
         for fd in self.fds.values():

@@ -13,7 +13,7 @@ import trio
 
 from navi_trio.errors import ToolInputError
 from navi_trio.tools.args import NoArgs, action_schema, arg, parse_action
-from navi_trio.tools.base import ToolContext, ToolResult
+from navi_trio.tools.base import ToolContext, ToolResult, input_errors_fail
 
 SCOPE = "scratchpad"
 
@@ -46,13 +46,11 @@ class ScratchpadTool:
     def __init__(self) -> None:
         self._lock = trio.Lock()  # append is read-modify-write
 
+    @input_errors_fail
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        try:
-            action, parsed = parse_action(ACTIONS, args)
-            async with self._lock:
-                return await self._do(action, parsed, ctx)
-        except ToolInputError as exc:
-            return ToolResult.fail(str(exc))
+        action, parsed = parse_action(ACTIONS, args)
+        async with self._lock:
+            return await self._do(action, parsed, ctx)
 
     async def _do(self, action: str, args: Any, ctx: ToolContext) -> ToolResult:
         current = await load_scratchpad(ctx.kv, ctx.session_id)

@@ -12,9 +12,8 @@ from typing import Any
 
 import attrs
 
-from navi_trio.errors import ToolInputError
 from navi_trio.tools.args import Strings, arg, parse, schema
-from navi_trio.tools.base import ToolContext, ToolResult
+from navi_trio.tools.base import ToolContext, ToolResult, input_errors_fail
 from navi_trio.tools.services import SUBAGENT_MAX_ITERATIONS, SpawnRequest, unavailable
 
 
@@ -50,13 +49,11 @@ class SpawnAgentTool:
     )
     parameters = schema(SpawnArgs)
 
+    @input_errors_fail
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         if ctx.services is None:
             return unavailable("spawn_agent")
-        try:
-            outcome = await ctx.services.spawn(_request(args, ctx), ctx.publish)
-        except ToolInputError as exc:
-            return ToolResult.fail(str(exc))
+        outcome = await ctx.services.spawn(_request(args, ctx), ctx.publish)
         data = {
             "tokens": outcome.tokens,
             "completed": outcome.completed,

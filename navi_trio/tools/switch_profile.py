@@ -10,7 +10,7 @@ import attrs
 
 from navi_trio.errors import ToolInputError
 from navi_trio.tools.args import arg, parse, schema
-from navi_trio.tools.base import ToolContext, ToolResult
+from navi_trio.tools.base import ToolContext, ToolResult, input_errors_fail
 from navi_trio.tools.services import unavailable
 
 
@@ -29,22 +29,20 @@ class SwitchProfileTool:
     )
     parameters = schema(SwitchArgs)
 
+    @input_errors_fail
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        try:
-            parsed = parse(SwitchArgs, args)
-            profile_id, reason = parsed.profile_id, parsed.reason
-            valid = sorted(ctx.config.profiles)
-            if profile_id not in ctx.config.profiles:
-                raise ToolInputError(
-                    f"unknown profile '{profile_id}'; valid profiles: {', '.join(valid)}"
-                )
-            if profile_id == ctx.profile.id:
-                return ToolResult.success(f"already using profile '{profile_id}'")
-            if ctx.services is None:
-                return unavailable("switching profiles")
-            ctx.services.switch_profile(profile_id)
-        except ToolInputError as exc:
-            return ToolResult.fail(str(exc))
+        parsed = parse(SwitchArgs, args)
+        profile_id, reason = parsed.profile_id, parsed.reason
+        valid = sorted(ctx.config.profiles)
+        if profile_id not in ctx.config.profiles:
+            raise ToolInputError(
+                f"unknown profile '{profile_id}'; valid profiles: {', '.join(valid)}"
+            )
+        if profile_id == ctx.profile.id:
+            return ToolResult.success(f"already using profile '{profile_id}'")
+        if ctx.services is None:
+            return unavailable("switching profiles")
+        ctx.services.switch_profile(profile_id)
         why = f" ({reason})" if reason else ""
         return ToolResult.success(
             f"switched to profile '{profile_id}'{why}; it takes effect on the next iteration",

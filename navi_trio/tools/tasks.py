@@ -13,10 +13,9 @@ from typing import Any
 import attrs
 import trio
 
-from navi_trio.errors import ToolInputError
 from navi_trio.events import AgentEvent, event_to_dict
 from navi_trio.tools.args import NoArgs, action_schema, arg, parse_action
-from navi_trio.tools.base import ToolContext, ToolResult, cap_text
+from navi_trio.tools.base import ToolContext, ToolResult, cap_text, input_errors_fail
 from navi_trio.tools.services import TaskJobView, TaskService
 
 RESULT_MAX_CHARS = 2000
@@ -63,27 +62,25 @@ class TasksTool:
     )
     parameters = action_schema(ACTIONS)
 
+    @input_errors_fail
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         service = ctx.services.tasks if ctx.services else None
         if service is None:
             return ToolResult.fail("background tasks are not available here")
-        try:
-            action, parsed = parse_action(ACTIONS, args)
-            if not isinstance(parsed, TaskArgs):
-                return self._list(service, ctx.session_id)
-            task_id = parsed.task_id
-            job = service.get(ctx.session_id, task_id)
-            if job is None:
-                return ToolResult.fail(
-                    f"no task {task_id} in this session (call tasks list to see its tasks)"
-                )
-            if action == "check":
-                return ToolResult.success(_describe(job), task_id=task_id, status=job.status)
-            if isinstance(parsed, WaitArgs):
-                return await self._wait(service, ctx, job, parsed)
-            return await self._cancel(service, ctx.session_id, job)
-        except ToolInputError as exc:
-            return ToolResult.fail(str(exc))
+        action, parsed = parse_action(ACTIONS, args)
+        if not isinstance(parsed, TaskArgs):
+            return self._list(service, ctx.session_id)
+        task_id = parsed.task_id
+        job = service.get(ctx.session_id, task_id)
+        if job is None:
+            return ToolResult.fail(
+                f"no task {task_id} in this session (call tasks list to see its tasks)"
+            )
+        if action == "check":
+            return ToolResult.success(_describe(job), task_id=task_id, status=job.status)
+        if isinstance(parsed, WaitArgs):
+            return await self._wait(service, ctx, job, parsed)
+        return await self._cancel(service, ctx.session_id, job)
 
     def _list(self, service: TaskService, session_id: str) -> ToolResult:
         jobs = service.list_jobs(session_id)

@@ -19,7 +19,7 @@ import trio
 from navi_trio.errors import ConfigError, ToolInputError
 from navi_trio.settings import Settings
 from navi_trio.tools.args import NoArgs, action_of, action_schema, arg, parse
-from navi_trio.tools.base import ToolContext, ToolResult
+from navi_trio.tools.base import ToolContext, ToolResult, input_errors_fail
 from navi_trio.tools.cgroups import SessionCgroup, tree_for
 from navi_trio.tools.filesystem import resolve_dir
 from navi_trio.tools.procs import CommandResult, ReadResult, passed_env, run_command, tag_owner
@@ -226,27 +226,25 @@ class TerminalTool:
             "Manual: read `manual:terminal` with the filesystem tool."
         )
 
+    @input_errors_fail
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        try:
-            action = action_of(ACTIONS, args)
-            if action == "run":
-                return await self._run(parse(Run, args), ctx)
-            pool = ctx.services.processes if ctx.services else None
-            if pool is None:
-                return unavailable("persistent processes (terminal open/read/write/kill)")
-            parsed: object = parse(ACTIONS[action], args)
-            if isinstance(parsed, Open):
-                return await self._open(pool, parsed, ctx)
-            if isinstance(parsed, Read):
-                return await self._read(pool, parsed, ctx)
-            if isinstance(parsed, Write):
-                return await self._write(pool, parsed, ctx)
-            if isinstance(parsed, Handle):
-                result = await pool.kill(ctx.session_id, parsed.handle)
-                return _format_read(parsed.handle, result, killed=True)
-            return self._list(pool, ctx)
-        except ToolInputError as exc:
-            return ToolResult.fail(str(exc))
+        action = action_of(ACTIONS, args)
+        if action == "run":
+            return await self._run(parse(Run, args), ctx)
+        pool = ctx.services.processes if ctx.services else None
+        if pool is None:
+            return unavailable("persistent processes (terminal open/read/write/kill)")
+        parsed: object = parse(ACTIONS[action], args)
+        if isinstance(parsed, Open):
+            return await self._open(pool, parsed, ctx)
+        if isinstance(parsed, Read):
+            return await self._read(pool, parsed, ctx)
+        if isinstance(parsed, Write):
+            return await self._write(pool, parsed, ctx)
+        if isinstance(parsed, Handle):
+            result = await pool.kill(ctx.session_id, parsed.handle)
+            return _format_read(parsed.handle, result, killed=True)
+        return self._list(pool, ctx)
 
     async def _run(self, args: Run, ctx: ToolContext) -> ToolResult:
         timeout, note = read_timeout(args.timeout, ctx.settings)

@@ -17,7 +17,7 @@ import trio
 from navi_trio.errors import ToolInputError
 from navi_trio.events import TodoStep, TodoUpdated
 from navi_trio.tools.args import NoArgs, Strings, action_schema, arg, parse_action
-from navi_trio.tools.base import KVStore, ToolContext, ToolResult
+from navi_trio.tools.base import KVStore, ToolContext, ToolResult, input_errors_fail
 
 SCOPE = "todo"
 STATUSES = ("pending", "in_progress", "done", "failed")
@@ -150,18 +150,16 @@ class TodoTool:
     def __init__(self) -> None:
         self._lock = trio.Lock()  # read-modify-write of parallel calls must not interleave
 
+    @input_errors_fail
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        try:
-            action, parsed = parse_action(ACTIONS, args)
-            async with self._lock:
-                steps = await load_todo(ctx.kv, ctx.session_id)
-                if action == "list":
-                    return ToolResult.success(format_todo(steps))
-                new_steps, summary = self._change(parsed, steps, ctx)
-                new_steps = _renumber(new_steps)
-                await save_todo(ctx.kv, ctx.session_id, new_steps)
-        except ToolInputError as exc:
-            return ToolResult.fail(str(exc))
+        action, parsed = parse_action(ACTIONS, args)
+        async with self._lock:
+            steps = await load_todo(ctx.kv, ctx.session_id)
+            if action == "list":
+                return ToolResult.success(format_todo(steps))
+            new_steps, summary = self._change(parsed, steps, ctx)
+            new_steps = _renumber(new_steps)
+            await save_todo(ctx.kv, ctx.session_id, new_steps)
         ctx.publish(TodoUpdated(steps=tuple(new_steps)))
         return ToolResult.success(f"{summary}\n{format_todo(new_steps)}")
 

@@ -24,6 +24,7 @@ before).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -249,10 +250,9 @@ def _one(
                 raise
     elif kind == "rmdir":
         fds.forget(rel)
-        try:
+        # gone, or already replaced by what the checkpoint has there
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             os.rmdir(name, dir_fd=folder)
-        except (FileNotFoundError, NotADirectoryError):
-            pass  # gone, or already replaced by what the checkpoint has there
     elif kind == "mkdir":
         try:
             os.mkdir(name, 0o700, dir_fd=folder)
@@ -276,10 +276,8 @@ def _one(
             os.close(dst)
         _rename_into(folder, tmp, name)
     elif kind == "link":
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=folder)
-        except FileNotFoundError:
-            pass
         os.symlink(op[2], tmp, dir_fd=folder)
         if os.geteuid() == 0:  # the link itself, never what it points to
             owner = os.fstat(folder)
@@ -355,10 +353,8 @@ def _rename_into(folder: int, tmp: str, name: str) -> None:
     try:
         os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
     except OSError:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=folder)
-        except OSError:
-            pass
         raise
 
 

@@ -56,9 +56,6 @@ OWNERS_MAX = 32  # owners marked per folder: the ones that snapshotted it last
 MARKS = "marks.jsonl"
 
 
-# -- reading a watch ----------------------------------------------------------------------
-
-
 def drain(
     state: RootState, root_fd: int | None, names: NameList, forced: str | None = None
 ) -> Batch:
@@ -176,9 +173,6 @@ def stamps_of(root_fd: int, paths: Iterable[str]) -> dict[str, Stamp | None]:
         fds.close()
 
 
-# -- what a rewind reads -------------------------------------------------------------------
-
-
 @attrs.define
 class Marks:
     """The marks of one root since a checkpoint, merged."""
@@ -220,9 +214,6 @@ def batch_line(batch: Batch, flag: int, after: str, root: Path) -> dict[str, Any
         flag if batch.everything else 0,
     )
     return marks.line(after, root)
-
-
-# -- the ledger ------------------------------------------------------------------------------
 
 
 class Ledger:
@@ -334,8 +325,6 @@ class Ledger:
         (pruned)."""
         with self._lock:
             self._compact(owner, keep_from)
-
-    # -- the file (under the lock) ---------------------------------------------------------
 
     def _path(self, owner: str) -> Path:
         return self._folder_of(owner) / MARKS

@@ -16,6 +16,7 @@ ref); nothing is shared across users. A ref without a tag is a plain SHA-256
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import errno
 import fcntl
@@ -159,10 +160,8 @@ class ObjectStore:
                 except FileNotFoundError:
                     if not create:
                         return None
-                    try:
+                    with contextlib.suppress(FileExistsError):
                         os.mkdir(key, 0o700, dir_fd=top)
-                    except FileExistsError:
-                        pass
                     fd = os.open(key, _DIR, dir_fd=top)
             self._fds[key] = fd
             return fd
@@ -196,10 +195,8 @@ class ObjectStore:
         os.rename(tmp, digest[2:], src_dir_fd=self._dir("tmp"), dst_dir_fd=self._dir(digest[:2]))
 
     def _drop_tmp(self, tmp: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=self._dir("tmp"))
-        except FileNotFoundError:
-            pass
 
     def put_bytes(self, data: bytes, writer: PackWriter | None = None) -> tuple[str, int]:
         """Store `data` (packed by `writer` when small); (its ref, bytes newly written: 0
@@ -394,10 +391,8 @@ def _read_all(fd: int) -> bytes:
 
 
 def _unlink_quietly(path: Path) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def write_atomic(path: Path, data: bytes, *, sync: bool = False) -> None:

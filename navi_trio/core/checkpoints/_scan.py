@@ -107,8 +107,6 @@ class Scan:
         self._dirty: set[str] = set()
         self._full = False
 
-    # -- the pass ---------------------------------------------------------------
-
     def run(self) -> str:
         """Scan; the root's listing digest (`_result.ScanResult` keeps or drops it)."""
         try:

@@ -120,8 +120,6 @@ class CheckpointEngine:
             who=self.who,
         )
 
-    # -- life ---------------------------------------------------------------------
-
     async def recover(self) -> list[str]:
         """Prepare the folders; complete every restore a killed process left; the
         journals completed."""
@@ -130,8 +128,6 @@ class CheckpointEngine:
     def close(self) -> None:
         self._snaps.close()
         self.objects.close()
-
-    # -- snapshots ----------------------------------------------------------------
 
     async def snapshot(
         self,
@@ -217,8 +213,6 @@ class CheckpointEngine:
         to the store: what the totals bound."""
         return await self._thread(functools.partial(self.records.stored_bytes, owners))
 
-    # -- listing and keeping ------------------------------------------------------
-
     async def checkpoints(self, owner: str) -> list[CheckpointInfo]:
         """The owner's checkpoints, oldest first."""
         return await self._thread(functools.partial(self.records.of, owner))
@@ -264,8 +258,6 @@ class CheckpointEngine:
         removed, generation = collect(self.folder, self.objects, self.records, self.journal, states)
         self._snaps.collected(generation)
         return removed
-
-    # -- preview and restore ------------------------------------------------------
 
     async def preview(
         self,
@@ -364,7 +356,7 @@ class CheckpointEngine:
                 continue
             root: Root | Path = held.get(path, path)
             self._drain([by_path[path]], root, private, owner)
-            rels = sorted({op[1] for op in ops if op[0] != "unlock"})
+            rels = _written(ops)
             try:
                 fd = open_root(root, private)
             except RootUnusableError:
@@ -399,18 +391,13 @@ class CheckpointEngine:
         roots = [rt.path for rt, _ in present]
         undo, skipped = None, ""
         results: list[ScanResult] = []
-        tag = _tag(info)  # the folders as they are, in the checkpoint's namespace
+        # The folders as they are, in the checkpoint's namespace.
+        scan = functools.partial(
+            self._snaps.scan_all, roots, [s for _, s in present], private, check, held=held
+        )
         try:
             try:
-                results = self._snaps.scan_all(
-                    roots,
-                    [s for _, s in present],
-                    private,
-                    check,
-                    store=not look,
-                    held=held,
-                    tag=tag,
-                )
+                results = scan(store=not look, tag=_tag(info))
                 if look:
                     skipped = "only looked"
             except OverLimit as over:
@@ -419,15 +406,7 @@ class CheckpointEngine:
                         f"the folders cannot be compared: {over.reason}"
                     ) from None
                 skipped = over.reason
-                results = self._snaps.scan_all(
-                    roots,
-                    [s for _, s in present],
-                    private,
-                    check,
-                    store=False,
-                    held=held,
-                    tag=tag,
-                )
+                results = scan(store=False, tag=_tag(info))
             except RootUnusableError as exc:
                 raise CheckpointError(str(exc)) from None
             if not skipped and results:
@@ -453,14 +432,10 @@ class CheckpointEngine:
             marks = self.ledger.since(owner, info.id) if scope is not None else {}
             plans: list[tuple[Path, list[Op]]] = []
             changes: list[RootChanges] = []
-            for (rt, _), res in zip(present, results, strict=True):
+            found = zip([rt for rt, _ in present], results, strict=True)
+            for rt, res in [*found, *((rt, None) for rt in missing)]:
                 only = _only(scope, marks, rt.path)
-                ops, summary = self._plan_root(rt, res, private, held[rt.path], only)
-                plans.append((rt.path, ops))
-                changes.append(summary)
-            for rt in missing:
-                only = _only(scope, marks, rt.path)
-                ops, summary = self._plan_root(rt, None, private, None, only)
+                ops, summary = self._plan_root(rt, res, private, held.get(rt.path), only)
                 plans.append((rt.path, ops))
                 changes.append(summary)
         except BaseException:
@@ -584,8 +559,6 @@ class CheckpointEngine:
             except RootChangedError as exc:
                 raise CheckpointError(str(exc)) from None
 
-    # -- helpers ------------------------------------------------------------------
-
     async def _thread(self, job: Callable[[], T]) -> T:
         return await trio.to_thread.run_sync(job, abandon_on_cancel=False)
 
@@ -612,8 +585,7 @@ class CheckpointEngine:
             return
         after = str(journal.get("after", ""))
         for root in journal.get("roots", []):
-            rels = sorted({op[1] for op in root["ops"] if op[0] != "unlock"})
-            if rels:
+            if rels := _written(root["ops"]):
                 self.ledger.mark(owner, Path(root["path"]), rels, {}, after=after)
 
 
@@ -629,6 +601,11 @@ def _held(paths: Sequence[Path]) -> Iterator[dict[Path, Root]]:
         except RootUnusableError as exc:
             raise CheckpointError(f"the files cannot be restored: {exc}") from None
         yield roots
+
+
+def _written(ops: Sequence[Sequence[Any]]) -> list[str]:
+    """The paths a restore's ops write, sorted."""
+    return sorted({op[1] for op in ops if op[0] != "unlock"})
 
 
 def _tag(info: CheckpointInfo) -> str | None:

@@ -32,6 +32,7 @@ import trio
 
 from navi_trio import __version__
 from navi_trio.backoff import backoff_delay
+from navi_trio.errors import leaves
 from navi_trio.profiles import MCP_PREFIX, McpServerConfig
 from navi_trio.tools.base import ToolContext, ToolResult, cap_text
 from navi_trio.tools.cgroups import CommandGroup, tree_for
@@ -186,8 +187,6 @@ class McpConnection:
         """Wait until the server is in `state` after at least `starts` starts."""
         while not (self.state == state and self.starts >= starts):
             await self._changed.wait()
-
-    # -- the actor --------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -379,8 +378,6 @@ class McpConnection:
         notes, self.notes = self.notes, []
         return notes
 
-    # -- calls ------------------------------------------------------------------
-
     def unavailable(self) -> str:
         why = f" ({self.error})" if self.error else ""
         if self.state == "failed" or not self.ever_ready:
@@ -485,15 +482,5 @@ async def _end_strays(
 
 
 def _describe(group: BaseException) -> str:
-    leaves: list[BaseException] = []
-
-    def walk(e: BaseException) -> None:
-        if isinstance(e, BaseExceptionGroup):
-            for sub in e.exceptions:
-                walk(sub)
-        else:
-            leaves.append(e)
-
-    walk(group)
-    parts = [f"{type(e).__name__}: {e}" if str(e) else type(e).__name__ for e in leaves]
+    parts = [f"{type(e).__name__}: {e}" if str(e) else type(e).__name__ for e in leaves(group)]
     return "; ".join(dict.fromkeys(parts)) or "unknown error"

@@ -7,6 +7,7 @@ from navi_trio.tools.procs._capture import CommandResult as CommandResult
 from navi_trio.tools.procs._capture import HeadTail as HeadTail
 from navi_trio.tools.procs._capture import LineCallback as LineCallback
 from navi_trio.tools.procs._capture import LineSplitter as LineSplitter
+from navi_trio.tools.procs._capture import memory_file as memory_file
 from navi_trio.tools.procs._capture import run_command as run_command
 from navi_trio.tools.procs._pool import ProcessInfo as ProcessInfo
 from navi_trio.tools.procs._pool import ProcessPool as ProcessPool

@@ -233,7 +233,7 @@ async def run_command(
         )
         source: int = subprocess.DEVNULL
         if stdin is not None:
-            source = _input_file(stdin)
+            source = memory_file(stdin)
             stack.callback(os.close, source)
         started = trio.current_time()
         process, leaf = await open_in(
@@ -275,9 +275,9 @@ async def run_command(
     )
 
 
-def _input_file(data: bytes) -> int:
-    """An anonymous file holding `data`, at its start: a process's stdin."""
-    fd = os.memfd_create("navi-stdin", os.MFD_CLOEXEC)
+def memory_file(data: bytes, name: str = "navi-stdin") -> int:
+    """An anonymous file holding `data`, at its start: a process's stdin or a script."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
         view = memoryview(data)
         while view:

@@ -18,6 +18,7 @@ killing bwrap kills everything inside.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
@@ -119,10 +120,8 @@ def python_argv(script: Path) -> list[str]:
 
 def signal_group(pgid: int, sig: signal.Signals) -> None:
     """Send `sig` to the process group `pgid`; nothing when nobody is left in it."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # nobody left in the group
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass  # nobody left in the group
 
 
 STRAY_ROUNDS = 3  # a stray may fork while we look: look again, this many times at most
@@ -284,10 +283,8 @@ async def open_in(
             log.warning("process %d runs outside its cgroup: %s", process.pid, exc)
             leaf.remove()
             leaf = None
-        try:
+        with contextlib.suppress(OSError):  # it died already: its exit says so
             os.write(write, b"go\n")
-        except OSError:
-            pass  # it died already: its exit says so
     finally:
         os.close(write)
     return process, leaf
