@@ -104,27 +104,23 @@ class LineReader:
             self._buf += data
 
 
+@attrs.define(eq=False)
 class Peer:
     """One JSON-RPC connection: `serve` until the input ends; `request` and `notify`
     from any task."""
 
-    def __init__(
-        self,
-        reader: LineReader,
-        out: trio.abc.SendStream,
-        methods: dict[str, Handler],
-        notifications: dict[str, Handler],
-    ) -> None:
-        self._reader = reader
-        self._out = out
-        self._methods = methods
-        self._notifications = notifications
-        self._write = trio.Lock()
-        self._ids = itertools.count(1)
-        self._waiting: dict[int, trio.MemorySendChannel[dict[str, Any]]] = {}
-        self._running = trio.Semaphore(MAX_RUNNING)
-        self._active = 0
-        self._idle = trio.Event()
+    _reader: LineReader
+    _out: trio.abc.SendStream
+    _methods: dict[str, Handler]
+    _notifications: dict[str, Handler]
+    _write: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    _ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _waiting: dict[int, trio.MemorySendChannel[dict[str, Any]]] = attrs.field(
+        factory=dict, init=False
+    )
+    _running: trio.Semaphore = attrs.field(factory=lambda: trio.Semaphore(MAX_RUNNING), init=False)
+    _active: int = attrs.field(default=0, init=False)
+    _idle: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     # -- sending ----------------------------------------------------------------------
 

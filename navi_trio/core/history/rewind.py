@@ -143,29 +143,19 @@ class _Plan:
     digest: str
 
 
+@attrs.define(kw_only=True, eq=False)
 class Rewinder:
     """Rewinds of one runtime's sessions (see the module docstring)."""
 
-    def __init__(
-        self,
-        *,
-        settings: Settings,
-        store: SessionStore,
-        engine: CheckpointEngine,
-        leases: SessionLeases,
-        config: Callable[[], NaviConfig],
-        forget: Callable[[str], None],
-        jobs: Callable[[str], int],
-        source: ConfigSource | None = None,
-    ) -> None:
-        self.settings = settings
-        self.store = store
-        self.engine = engine
-        self.leases = leases
-        self.config = config
-        self.forget = forget
-        self.jobs = jobs
-        self.source = source  # the config with its pinned workspace roots (the asker's check)
+    settings: Settings
+    store: SessionStore
+    engine: CheckpointEngine
+    leases: SessionLeases
+    config: Callable[[], NaviConfig]
+    forget: Callable[[str], None]
+    jobs: Callable[[str], int]
+    # The config with its pinned workspace roots (the asker's check).
+    source: ConfigSource | None = None
 
     def private(self, session_id: str) -> PrivatePaths:
         """What no checkpoint reads or restores: navi's own data (as the sandbox masks)."""
