@@ -113,6 +113,15 @@ class StoreMethods:
         one statement, its own transaction."""
         raise NotImplementedError
 
+    async def run_raw_for_tests(
+        self, op: str, fn: Callable[[Any], T], *, durable: bool = True
+    ) -> T:
+        """For tests and diagnostics only: `fn(conn)` as one job on the store's workers,
+        as every method's (in order with them, the same error mapping, `durable=False`
+        as an append's); `conn` is the engine's own (sqlite-utils' Database, or a psycopg
+        connection in a transaction). Nothing in navi_trio calls it."""
+        return await self._run(op, fn, durable=durable)
+
     def _fenced(self, fence: Fence | None, fn: Callable[[Any], T]) -> Callable[[Any], T]:
         """`fn` with the engine's refusal of a lost fence raised as LeaseLostError."""
         return fn
