@@ -138,8 +138,6 @@ class Agent:
         self.peer: Peer | None = None
         self.server_host = servers  # where the editor's MCP servers run (None: refused)
 
-    # -- plumbing ---------------------------------------------------------------------
-
     def _peer(self) -> Peer:
         assert self.peer is not None
         return self.peer
@@ -208,8 +206,6 @@ class Agent:
     def notifications(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[Any]]]:
         return {"session/cancel": self.cancel}
 
-    # -- initialize -------------------------------------------------------------------
-
     async def initialize(self, params: dict[str, Any]) -> Any:
         parse(schema.InitializeRequest, params)
         return {
@@ -236,8 +232,6 @@ class Agent:
     async def authenticate(self, params: dict[str, Any]) -> Any:
         # The token came with the environment (NAVI_TOKEN) or the data folder: nothing to do.
         return {}
-
-    # -- sessions ---------------------------------------------------------------------
 
     def _modes(self, session: Session) -> dict[str, Any]:
         allowed = [m for m in MODES if m != "full" or self.backend.role == "admin"]
@@ -426,8 +420,6 @@ class Agent:
             )
         session.profile = req.value
         return {"configOptions": self._config_options(session)}
-
-    # -- prompt -----------------------------------------------------------------------
 
     async def cancel(self, params: dict[str, Any]) -> None:
         req = parse(schema.CancelNotification, params)
@@ -675,9 +667,6 @@ def _refused(exc: RemoteError) -> RpcError:
     if exc.code in ("internal", "storage", "storage_full"):
         code = INTERNAL_ERROR
     return RpcError(code, f"navi: {exc.detail} ({exc.code})")
-
-
-# ------------------------------------------------------------------ stdio
 
 
 @asynccontextmanager

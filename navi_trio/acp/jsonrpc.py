@@ -122,8 +122,6 @@ class Peer:
     _active: int = attrs.field(default=0, init=False)
     _idle: trio.Event = attrs.field(factory=trio.Event, init=False)
 
-    # -- sending ----------------------------------------------------------------------
-
     async def _send(self, message: dict[str, Any]) -> None:
         data = json.dumps({"jsonrpc": "2.0", **message}, ensure_ascii=False) + "\n"
         async with self._write:
@@ -149,8 +147,6 @@ class Peer:
             err = reply["error"] if isinstance(reply["error"], dict) else {}
             raise RpcError(int(err.get("code", INTERNAL_ERROR)), str(err.get("message", "")))
         return reply.get("result")
-
-    # -- receiving --------------------------------------------------------------------
 
     async def serve(self, on_end: Callable[[], object], grace: float) -> None:
         """Read and dispatch until the input ends; then `on_end()` (it stops what runs)

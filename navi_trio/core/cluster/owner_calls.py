@@ -92,8 +92,6 @@ class OwnerCalls:
         self.jobs = jobs
         self.stops = stops
 
-    # -- asking -------------------------------------------------------------------------
-
     async def approve(
         self,
         owner: str,
@@ -159,8 +157,6 @@ class OwnerCalls:
             raise UnavailableError(f"the daemon running session {session_id!r}: {error}")
         return asked.answer
 
-    # -- what others run ------------------------------------------------------------------
-
     async def jobs_elsewhere(self, session_ids: list[str]) -> list[dict[str, Any]]:
         """The running jobs of `session_ids` that other live daemons run, as `tasks`
         lists them (with ``daemon``: the owner id that runs it)."""
@@ -172,8 +168,6 @@ class OwnerCalls:
             if info is not None and info["session_id"] in wanted and info["daemon"] != self.owner:
                 jobs.append(info)
         return jobs
-
-    # -- what arrives -----------------------------------------------------------------------
 
     async def received(self, data: dict[str, Any]) -> bool:
         """Handle a notification on this daemon's channel if it is one of ours (True)."""

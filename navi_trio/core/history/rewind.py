@@ -202,8 +202,6 @@ class Rewinder:
         messages = await self.store.load_messages(session_id)
         return messages, await self.store.load_context(session_id)
 
-    # -- preview ------------------------------------------------------------------------
-
     async def preview(
         self, session_id: str, target: Target, asker: Asker | None = None
     ) -> RewindPreview:
@@ -251,8 +249,6 @@ class Rewinder:
         if not roots:
             return None, left_out
         return Scope(conflicts=target.conflicts, roots=roots), left_out
-
-    # -- apply --------------------------------------------------------------------------
 
     async def apply(
         self, session_id: str, target: Target, confirm: str, asker: Asker | None = None
@@ -343,8 +339,6 @@ class Rewinder:
                 session_id=session_id,
             ) from exc
         return bid
-
-    # -- the plan -----------------------------------------------------------------------
 
     async def _plan(self, session_id: str, target: Target) -> _Plan:
         messages, context = await self.history(session_id)

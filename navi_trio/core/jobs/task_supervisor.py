@@ -97,8 +97,6 @@ class TaskSupervisor(NurseryHolder):
         # False on a shared store: the cluster reports lost jobs, knowing who is alive.
         self.lost_at_start = True
 
-    # --- the actor -------------------------------------------------------------------
-
     async def on_start(self) -> None:
         if self.lost_at_start:
             await self.report_lost_jobs()
@@ -139,8 +137,6 @@ class TaskSupervisor(NurseryHolder):
             except Exception:
                 log.exception("could not report lost background task %s", key)
         return lost
-
-    # --- the API the executor and the tasks tool call ------------------------------
 
     def submit(
         self,
@@ -262,8 +258,6 @@ class TaskSupervisor(NurseryHolder):
             for job in jobs.values():
                 found[job.status] = found.get(job.status, 0) + 1
         return found
-
-    # --- internals -------------------------------------------------------------------
 
     def _check_caps(self, session_id: str, is_spawn: bool, user_id: str | None) -> None:
         s = self._settings

@@ -294,8 +294,6 @@ class Scheduler(NurseryHolder):
         self.poke()
         return attrs.evolve(row, paused=False, next_due=due)
 
-    # -- the loop --------------------------------------------------------------------
-
     async def _loop(self) -> None:
         while True:
             self._changed = trio.Event()
