@@ -121,22 +121,17 @@ class Session:
     files: dict[str, dict[str, str]] = attrs.Factory(dict)
 
 
+@attrs.define(eq=False)
 class Agent:
     """The ACP methods over one daemon (see the module docstring)."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        mode: str | None,
-        profile: str | None,
-        servers: ServerHost | None = None,
-    ) -> None:
-        self.backend = backend
-        self.default_mode = mode
-        self.default_profile = profile
-        self.sessions: dict[str, Session] = {}
-        self.peer: Peer | None = None
-        self.server_host = servers  # where the editor's MCP servers run (None: refused)
+    backend: Backend
+    default_mode: str | None = attrs.field(alias="mode")
+    default_profile: str | None = attrs.field(alias="profile")
+    # Where the editor's MCP servers run (None: refused).
+    server_host: ServerHost | None = attrs.field(default=None, alias="servers")
+    sessions: dict[str, Session] = attrs.field(factory=dict, init=False)
+    peer: Peer | None = attrs.field(default=None, init=False)
 
     def _peer(self) -> Peer:
         assert self.peer is not None
