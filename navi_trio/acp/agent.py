@@ -121,24 +121,17 @@ class Session:
     files: dict[str, dict[str, str]] = attrs.Factory(dict)
 
 
+@attrs.define(eq=False)
 class Agent:
     """The ACP methods over one daemon (see the module docstring)."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        mode: str | None,
-        profile: str | None,
-        servers: ServerHost | None = None,
-    ) -> None:
-        self.backend = backend
-        self.default_mode = mode
-        self.default_profile = profile
-        self.sessions: dict[str, Session] = {}
-        self.peer: Peer | None = None
-        self.server_host = servers  # where the editor's MCP servers run (None: refused)
-
-    # -- plumbing ---------------------------------------------------------------------
+    backend: Backend
+    default_mode: str | None = attrs.field(alias="mode")
+    default_profile: str | None = attrs.field(alias="profile")
+    # Where the editor's MCP servers run (None: refused).
+    server_host: ServerHost | None = attrs.field(default=None, alias="servers")
+    sessions: dict[str, Session] = attrs.field(factory=dict, init=False)
+    peer: Peer | None = attrs.field(default=None, init=False)
 
     def _peer(self) -> Peer:
         assert self.peer is not None
@@ -208,8 +201,6 @@ class Agent:
     def notifications(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[Any]]]:
         return {"session/cancel": self.cancel}
 
-    # -- initialize -------------------------------------------------------------------
-
     async def initialize(self, params: dict[str, Any]) -> Any:
         parse(schema.InitializeRequest, params)
         return {
@@ -236,8 +227,6 @@ class Agent:
     async def authenticate(self, params: dict[str, Any]) -> Any:
         # The token came with the environment (NAVI_TOKEN) or the data folder: nothing to do.
         return {}
-
-    # -- sessions ---------------------------------------------------------------------
 
     def _modes(self, session: Session) -> dict[str, Any]:
         allowed = [m for m in MODES if m != "full" or self.backend.role == "admin"]
@@ -426,8 +415,6 @@ class Agent:
             )
         session.profile = req.value
         return {"configOptions": self._config_options(session)}
-
-    # -- prompt -----------------------------------------------------------------------
 
     async def cancel(self, params: dict[str, Any]) -> None:
         req = parse(schema.CancelNotification, params)
@@ -675,9 +662,6 @@ def _refused(exc: RemoteError) -> RpcError:
     if exc.code in ("internal", "storage", "storage_full"):
         code = INTERNAL_ERROR
     return RpcError(code, f"navi: {exc.detail} ({exc.code})")
-
-
-# ------------------------------------------------------------------ stdio
 
 
 @asynccontextmanager

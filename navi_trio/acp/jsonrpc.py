@@ -104,29 +104,23 @@ class LineReader:
             self._buf += data
 
 
+@attrs.define(eq=False)
 class Peer:
     """One JSON-RPC connection: `serve` until the input ends; `request` and `notify`
     from any task."""
 
-    def __init__(
-        self,
-        reader: LineReader,
-        out: trio.abc.SendStream,
-        methods: dict[str, Handler],
-        notifications: dict[str, Handler],
-    ) -> None:
-        self._reader = reader
-        self._out = out
-        self._methods = methods
-        self._notifications = notifications
-        self._write = trio.Lock()
-        self._ids = itertools.count(1)
-        self._waiting: dict[int, trio.MemorySendChannel[dict[str, Any]]] = {}
-        self._running = trio.Semaphore(MAX_RUNNING)
-        self._active = 0
-        self._idle = trio.Event()
-
-    # -- sending ----------------------------------------------------------------------
+    _reader: LineReader
+    _out: trio.abc.SendStream
+    _methods: dict[str, Handler]
+    _notifications: dict[str, Handler]
+    _write: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    _ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _waiting: dict[int, trio.MemorySendChannel[dict[str, Any]]] = attrs.field(
+        factory=dict, init=False
+    )
+    _running: trio.Semaphore = attrs.field(factory=lambda: trio.Semaphore(MAX_RUNNING), init=False)
+    _active: int = attrs.field(default=0, init=False)
+    _idle: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     async def _send(self, message: dict[str, Any]) -> None:
         data = json.dumps({"jsonrpc": "2.0", **message}, ensure_ascii=False) + "\n"
@@ -153,8 +147,6 @@ class Peer:
             err = reply["error"] if isinstance(reply["error"], dict) else {}
             raise RpcError(int(err.get("code", INTERNAL_ERROR)), str(err.get("message", "")))
         return reply.get("result")
-
-    # -- receiving --------------------------------------------------------------------
 
     async def serve(self, on_end: Callable[[], object], grace: float) -> None:
         """Read and dispatch until the input ends; then `on_end()` (it stops what runs)

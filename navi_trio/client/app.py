@@ -101,8 +101,6 @@ class ChatApp:
         self._commands = SlashCommands(self)
         renderer.status.profile = self.profile
 
-    # ------------------------------------------------------------------ life
-
     async def run(self) -> None:
         """Connect and chat until /quit, Ctrl-D or a second Ctrl-C; a `NaviError` (the daemon
         unreachable, the token refused) when it can't."""
@@ -169,8 +167,6 @@ class ChatApp:
                 self.renderer.error(str(exc))
             return False
         return True
-
-    # ------------------------------------------------------------------ input
 
     async def _input_loop(self) -> None:
         while True:
@@ -297,8 +293,6 @@ class ChatApp:
             self._approvals.pop(call_id, None)
             if self._approvals:
                 self.renderer.notice(f"{len(self._approvals)} more approval request(s) waiting")
-
-    # ------------------------------------------------------------------ frames
 
     async def _frame_loop(self, recv: trio.MemoryReceiveChannel[Frame]) -> None:
         async for frame in recv:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import attrs
 import trio
 
 from navi_trio.api.daemon_client import DaemonConnection, open_daemon
@@ -35,26 +36,16 @@ def _refused(exc: RemoteError, hint: str = TOKEN_HINT) -> RemoteError:
     return RemoteError(exc.code, f"the daemon refused the connection: {exc.detail}")
 
 
+@attrs.define(eq=False)
 class Connection:
-    def __init__(
-        self,
-        url: str,
-        token: str,
-        out: trio.MemorySendChannel[Frame],
-        *,
-        resume: Callable[[], list[Frame]] = list,
-        retries: int = RETRIES,
-        backoff: float = BACKOFF_FIRST,
-        token_hint: str = TOKEN_HINT,
-    ) -> None:
-        self.url = url
-        self._token_hint = token_hint  # what to do when the token is refused
-        self._token = token
-        self._out = out
-        self._resume = resume
-        self._retries = retries
-        self._backoff = backoff
-        self._daemon: DaemonConnection | None = None
+    url: str
+    _token: str
+    _out: trio.MemorySendChannel[Frame]
+    _resume: Callable[[], list[Frame]] = attrs.field(default=list, kw_only=True)
+    _retries: int = attrs.field(default=RETRIES, kw_only=True)
+    _backoff: float = attrs.field(default=BACKOFF_FIRST, kw_only=True)
+    _token_hint: str = attrs.field(default=TOKEN_HINT, kw_only=True)  # for a refused token
+    _daemon: DaemonConnection | None = attrs.field(default=None, init=False)
 
     @property
     def connected(self) -> bool:

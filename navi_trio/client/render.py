@@ -83,8 +83,6 @@ class Renderer:
         self.status.activity = ""
         self.hold_status = self._status_held = False
 
-    # ------------------------------------------------------------------ output
-
     def put(self, markup: str, who: str = "", style: str | None = None) -> None:
         """One line of rich markup (indented and labelled for a sub-agent, `who`)."""
         markup = terminal_safe(markup)
@@ -123,8 +121,6 @@ class Renderer:
 
     def user(self, text: str) -> None:
         self.console.print(f"[bold cyan]›[/] {escape(terminal_safe(text))}", highlight=False)
-
-    # ------------------------------------------------------------------ frames
 
     def frame(self, frame: Frame) -> None:
         """Show one server frame (session frames and replies alike)."""
@@ -330,8 +326,6 @@ class Renderer:
 
     def _on_lagged(self, frame: Frame, who: str) -> None:
         self.notice(f"fell behind (seq {frame.get('missed_from')}–{frame.get('missed_to')})")
-
-    # ------------------------------------------------------------------ replies
 
     def sessions(self, sessions: list[dict[str, Any]]) -> None:
         if not sessions:

@@ -59,8 +59,6 @@ class RewindFlow:
     def waiting(self) -> bool:
         return self.after_list is not None or self._asked is not None
 
-    # -- commands -----------------------------------------------------------------------
-
     async def rewind(self, arg: str) -> None:
         await self._with_list("rewind", arg)
 
@@ -129,8 +127,6 @@ class RewindFlow:
             frame = wire.rewind(sid, to=to, restore=restore, conflicts=conflicts)
         self._asked = frame
         return [frame]
-
-    # -- replies ------------------------------------------------------------------------
 
     def on_reply(self, frame: Frame) -> list[Frame]:
         """A ``checkpoints``, ``rewind`` or ``fork`` reply; the frames to send next."""

@@ -148,18 +148,6 @@ class _Core(StoreMethods):
             self._reported -= back
         return job.result  # type: ignore[return-value]  # set when error is None
 
-    async def run_raw_for_tests(
-        self, op: str, fn: Callable[[Database], T], *, durable: bool = True
-    ) -> T:
-        """For tests and diagnostics only: `fn(db)` on the store's own connection.
-
-        One job on the worker thread, as every method's (in order with them, the same
-        error mapping, `durable=False` as an append's): for reading a pragma, holding
-        the worker, or arranging a failure. Nothing in navi_trio calls it; the
-        PostgreSQL store has the same hook, with a psycopg connection.
-        """
-        return await self._run(op, fn, durable=durable)
-
     def _report(self, op: str, cause: BaseException, error: StorageError) -> None:
         """Log a storage failure once per condition (each request still gets its error)."""
         if isinstance(error, StorageFullError):

@@ -113,14 +113,21 @@ class StoreMethods:
         one statement, its own transaction."""
         raise NotImplementedError
 
+    async def run_raw_for_tests(
+        self, op: str, fn: Callable[[Any], T], *, durable: bool = True
+    ) -> T:
+        """For tests and diagnostics only: `fn(conn)` as one job on the store's workers,
+        as every method's (in order with them, the same error mapping, `durable=False`
+        as an append's); `conn` is the engine's own (sqlite-utils' Database, or a psycopg
+        connection in a transaction). Nothing in navi_trio calls it."""
+        return await self._run(op, fn, durable=durable)
+
     def _fenced(self, fence: Fence | None, fn: Callable[[Any], T]) -> Callable[[Any], T]:
         """`fn` with the engine's refusal of a lost fence raised as LeaseLostError."""
         return fn
 
     async def _users_changed(self) -> None:
         """Called after a committed change of the users table (an engine may signal it)."""
-
-    # -- sessions -------------------------------------------------------------------
 
     async def create_session(
         self,
@@ -200,8 +207,6 @@ class StoreMethods:
             lambda c: self.sql.count_sessions(c, user_id),
             write=False,
         )
-
-    # -- history --------------------------------------------------------------------
 
     async def append(
         self,
@@ -321,8 +326,6 @@ class StoreMethods:
             write=False,
         )
 
-    # -- queued messages ------------------------------------------------------------
-
     async def enqueue(
         self,
         session_id: str,
@@ -378,8 +381,6 @@ class StoreMethods:
             "list sessions with queued messages", self.sql.queued_sessions, write=False
         )
 
-    # -- kv -------------------------------------------------------------------------
-
     async def kv_get(self, scope: str, key: str) -> Any | None:
         _check_text(scope, "kv scope")
         _check_text(key, "kv key", allow_empty=True)
@@ -415,8 +416,6 @@ class StoreMethods:
         return await self._run(
             f"kv list {scope}/{prefix}*", lambda c: self.sql.kv_list(c, scope, prefix), write=False
         )
-
-    # -- users ----------------------------------------------------------------------
 
     async def create_user(self, name: str, token: str, role: str = "user") -> dict[str, Any]:
         """Add a user; only a SHA-256 of the token is stored (tokens are random secrets)."""
@@ -475,8 +474,6 @@ class StoreMethods:
             await self._users_changed()
         return rotated
 
-    # -- leases ---------------------------------------------------------------------
-
     async def claim_lease(
         self, session_id: str, *, owner: str, pid: int, host: str, ttl: float
     ) -> LeaseRow:
@@ -509,8 +506,6 @@ class StoreMethods:
             f"release lease of {sid!r}", lambda c: self.sql.release_lease(c, sid, owner)
         )
 
-    # -- wake-ups -------------------------------------------------------------------
-
     async def enqueue_wake(
         self,
         wake: QueuedRow,
@@ -537,8 +532,6 @@ class StoreMethods:
             f"queue a wake-up of {wake.session_id!r}",
             lambda c: self.sql.enqueue_wake(c, values, kv, limit, now - per, now),
         )
-
-    # -- usage ----------------------------------------------------------------------
 
     async def add_usage(self, keys: Sequence[str], amounts: dict[str, float]) -> None:
         """Add `amounts` (kind -> amount, each 0 or more) to every counter in `keys`."""
@@ -616,8 +609,6 @@ class StoreMethods:
         holds = check_release(release)
         now = self._now()
         return await self._run("settle usage", lambda c: self.sql.settle(c, amounts, holds, now))
-
-    # -- schedules ------------------------------------------------------------------
 
     async def create_schedule(self, row: ScheduleRow) -> ScheduleRow:
         values = schedule_values(row)

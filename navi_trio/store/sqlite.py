@@ -31,9 +31,6 @@ page raise `StorageFullError` / `StorageError` naming the operation; each condit
 one line in the log when it starts (and one when writes succeed again), not one per
 request. Opening runs ``PRAGMA quick_check``, bounded in time (`damage` keeps what it
 found): a damaged file starts, says so once, and only what cannot be read is refused.
-
-`_SQLite` below is this engine's statements where its SQL is its own (an append, the
-queue's cap and adoption, a lease's claim); the rest are store/statements.py's.
 """
 
 from __future__ import annotations

@@ -179,8 +179,6 @@ class Engine:
         """Inside a write that changed the users table (SQLite signals it after the
         commit instead: store/sqlite.py)."""
 
-    # -- sessions -------------------------------------------------------------------
-
     def get_session(self, conn: Any, sid: str) -> SessionRow | None:
         sql = self.q(f"SELECT {SESSION_COLS} FROM sessions WHERE id = ?")
         row = conn.execute(sql, [sid]).fetchone()
@@ -349,8 +347,6 @@ class Engine:
                 repaired += len(inserted)
         return LoadedSession(session_from(row), loaded["messages"], loaded["context"], repaired)
 
-    # -- queued messages ------------------------------------------------------------
-
     def insert_queued(self, conn: Any, values: tuple[Any, ...], now: float) -> None:
         conn.execute(
             self.q(
@@ -404,8 +400,6 @@ class Engine:
             cursor = conn.execute(sql, [HANDED_PID, HANDED_HOST, sid, *params, pid, host])
             return int(cursor.rowcount)
 
-    # -- kv -------------------------------------------------------------------------
-
     def kv_get(self, conn: Any, scope: str, key: str) -> Any | None:
         sql = self.q("SELECT value FROM kv WHERE scope = ? AND key = ?")
         row = conn.execute(sql, [scope, key]).fetchone()
@@ -422,8 +416,6 @@ class Engine:
         with self.write(conn):
             self.check_fence(conn, fence)
             conn.execute(self.q("DELETE FROM kv WHERE scope = ? AND key = ?"), [scope, key])
-
-    # -- users ----------------------------------------------------------------------
 
     def user_by_digest(self, conn: Any, digest: str) -> dict[str, Any] | None:
         sql = self.q(f"SELECT {USER_COLS} FROM users WHERE token_sha256 = ?")
@@ -483,8 +475,6 @@ class Engine:
         found = row.fetchone()
         return None if found is None else user_dict(found)
 
-    # -- leases ---------------------------------------------------------------------
-
     def renew_lease(
         self, conn: Any, sid: str, owner: str, ttl: float, generation: int | None, now: float
     ) -> bool:
@@ -505,8 +495,6 @@ class Engine:
                 self.q("UPDATE leases SET expires_at = 0 WHERE session_id = ? AND owner = ?"),
                 [sid, owner],
             )
-
-    # -- schedules ------------------------------------------------------------------
 
     def get_schedule(self, conn: Any, sid: str) -> ScheduleRow | None:
         sql = self.q(f"SELECT {', '.join(SCHEDULE_COLS)} FROM schedules WHERE id = ?")
@@ -598,8 +586,6 @@ class Engine:
         with self.write(conn):
             return bool(conn.execute(self.q("DELETE FROM schedules WHERE id = ?"), [sid]).rowcount)
 
-    # -- accounts ---------------------------------------------------------------------
-
     def record_run_usage(self, conn: Any, usage: RunUsage, now: float, day: str) -> None:
         u = usage
         sql = self.q(
@@ -647,8 +633,6 @@ class Engine:
             )
             for r in rows
         ]
-
-    # -- usage ----------------------------------------------------------------------
 
     def get_usage(self, conn: Any, keys: list[str]) -> dict[str, dict[str, float]]:
         where, params = self.any_of("key", keys)

@@ -132,8 +132,6 @@ class Cluster:
         self.jobs = jobs
         self.calls.attach(approvals, jobs, self._stop_here)
 
-    # -- the actor --------------------------------------------------------------------
-
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.bus.on_message(self._received)
         self.bus.on_reconnect(self._reconnected)
@@ -243,8 +241,6 @@ class Cluster:
             self._watched.discard(owner)
         self._scan_soon.set()
 
-    # -- the listener back ----------------------------------------------------------------
-
     def _reconnected(self) -> None:
         if self._nursery is not None:
             self._nursery.start_soon(self._resume)
@@ -274,8 +270,6 @@ class Cluster:
         finally:
             self._notes_meanwhile = None
         self._scan_soon.set()
-
-    # -- routing ------------------------------------------------------------------------
 
     async def lease_state(self, session_id: str) -> tuple[str | None, LeaseRow | None]:
         """(the other daemon running the session now, or None; a lease a dead owner never
@@ -371,8 +365,6 @@ class Cluster:
                 exc,
             )
 
-    # -- limits counted across daemons ---------------------------------------------------
-
     async def take(
         self, kind: str, claims: list[tuple[str, int]], rate: tuple[str, int, float] | None = None
     ) -> tuple[str, str | None]:
@@ -389,8 +381,6 @@ class Cluster:
                 await self.bus.free_slot(key, keep=keep)
             except StoreError as exc:
                 log.warning("giving back slot %s failed: %s", key, exc)
-
-    # -- following ----------------------------------------------------------------------
 
     async def follow(self, session_id: str) -> None:
         """Listen to the session's frames, wherever it runs (idempotent)."""
@@ -437,8 +427,6 @@ class Cluster:
             note = json.dumps({"s": session_id, "o": self.owner, "on": False})
             await self.bus.notify([(FOLLOW_CHANNEL, note)])
 
-    # -- publishing ---------------------------------------------------------------------
-
     def tap(self, encode: Encode) -> Encode:
         """`encode`, and every frame it makes for a session followed elsewhere published."""
 
@@ -471,8 +459,6 @@ class Cluster:
             except StoreError as exc:
                 self.dropped += len(batch)
                 log.warning("publishing %d frame(s) failed: %s", len(batch), exc)
-
-    # -- what arrives -------------------------------------------------------------------
 
     def _received(self, channel: str, payload: str) -> None:
         """From the bus's thread (through the trio token): queue it for the handler."""

@@ -69,20 +69,18 @@ class _Asked:
     answer: dict[str, Any] = attrs.Factory(dict)
 
 
+@attrs.define(eq=False)
 class OwnerCalls:
     """Asks other daemons, and answers what they ask of this one (see the module)."""
 
-    def __init__(
-        self, bus: ClusterBus, store: SessionStore, owner: str, channel: Callable[[str], str]
-    ) -> None:
-        self.bus = bus
-        self.store = store
-        self.owner = owner
-        self.channel = channel  # owner id -> its channel (core/cluster/cluster.py daemon_channel)
-        self.approvals: Answers | None = None
-        self.jobs: Cancels | None = None
-        self.stops: Callable[[str], bool] | None = None  # stop the session's turn here
-        self._asked: dict[str, _Asked] = {}
+    bus: ClusterBus
+    store: SessionStore
+    owner: str
+    channel: Callable[[str], str]  # owner id -> its channel (cluster.py daemon_channel)
+    approvals: Answers | None = attrs.field(default=None, init=False)
+    jobs: Cancels | None = attrs.field(default=None, init=False)
+    stops: Callable[[str], bool] | None = attrs.field(default=None, init=False)  # stop a turn
+    _asked: dict[str, _Asked] = attrs.field(factory=dict, init=False)
 
     def attach(
         self,
@@ -93,8 +91,6 @@ class OwnerCalls:
         self.approvals = approvals
         self.jobs = jobs
         self.stops = stops
-
-    # -- asking -------------------------------------------------------------------------
 
     async def approve(
         self,
@@ -161,8 +157,6 @@ class OwnerCalls:
             raise UnavailableError(f"the daemon running session {session_id!r}: {error}")
         return asked.answer
 
-    # -- what others run ------------------------------------------------------------------
-
     async def jobs_elsewhere(self, session_ids: list[str]) -> list[dict[str, Any]]:
         """The running jobs of `session_ids` that other live daemons run, as `tasks`
         lists them (with ``daemon``: the owner id that runs it)."""
@@ -174,8 +168,6 @@ class OwnerCalls:
             if info is not None and info["session_id"] in wanted and info["daemon"] != self.owner:
                 jobs.append(info)
         return jobs
-
-    # -- what arrives -----------------------------------------------------------------------
 
     async def received(self, data: dict[str, Any]) -> bool:
         """Handle a notification on this daemon's channel if it is one of ours (True)."""

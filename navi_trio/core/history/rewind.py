@@ -143,29 +143,19 @@ class _Plan:
     digest: str
 
 
+@attrs.define(kw_only=True, eq=False)
 class Rewinder:
     """Rewinds of one runtime's sessions (see the module docstring)."""
 
-    def __init__(
-        self,
-        *,
-        settings: Settings,
-        store: SessionStore,
-        engine: CheckpointEngine,
-        leases: SessionLeases,
-        config: Callable[[], NaviConfig],
-        forget: Callable[[str], None],
-        jobs: Callable[[str], int],
-        source: ConfigSource | None = None,
-    ) -> None:
-        self.settings = settings
-        self.store = store
-        self.engine = engine
-        self.leases = leases
-        self.config = config
-        self.forget = forget
-        self.jobs = jobs
-        self.source = source  # the config with its pinned workspace roots (the asker's check)
+    settings: Settings
+    store: SessionStore
+    engine: CheckpointEngine
+    leases: SessionLeases
+    config: Callable[[], NaviConfig]
+    forget: Callable[[str], None]
+    jobs: Callable[[str], int]
+    # The config with its pinned workspace roots (the asker's check).
+    source: ConfigSource | None = None
 
     def private(self, session_id: str) -> PrivatePaths:
         """What no checkpoint reads or restores: navi's own data (as the sandbox masks)."""
@@ -211,8 +201,6 @@ class Rewinder:
             raise NotFoundError(f"no session {session_id!r}")
         messages = await self.store.load_messages(session_id)
         return messages, await self.store.load_context(session_id)
-
-    # -- preview ------------------------------------------------------------------------
 
     async def preview(
         self, session_id: str, target: Target, asker: Asker | None = None
@@ -261,8 +249,6 @@ class Rewinder:
         if not roots:
             return None, left_out
         return Scope(conflicts=target.conflicts, roots=roots), left_out
-
-    # -- apply --------------------------------------------------------------------------
 
     async def apply(
         self, session_id: str, target: Target, confirm: str, asker: Asker | None = None
@@ -353,8 +339,6 @@ class Rewinder:
                 session_id=session_id,
             ) from exc
         return bid
-
-    # -- the plan -----------------------------------------------------------------------
 
     async def _plan(self, session_id: str, target: Target) -> _Plan:
         messages, context = await self.history(session_id)

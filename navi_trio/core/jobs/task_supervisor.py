@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, Protocol
 
+import attrs
 import trio
 
 from navi_trio.actor import NurseryHolder
@@ -68,6 +69,7 @@ class NoteSink(Protocol):
     ) -> None: ...
 
 
+@attrs.define(eq=False)
 class TaskSupervisor(NurseryHolder):
     """Owns the nursery of background jobs; enforces caps; delivers results.
 
@@ -75,29 +77,20 @@ class TaskSupervisor(NurseryHolder):
     are cancelled with it. Its start-up work (`on_start`) reports the jobs a previous
     process left running as lost."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        kv: KVStore,
-        publish: Callable[[str, TaskUpdate], None],
-        notes: NoteSink | None = None,
-    ) -> None:
-        self._settings = settings
-        self._kv = kv
-        self._publish = publish
-        # Where a finished job's note goes: the store (record_note), or the waker that
-        # also wakes the session (core/triggers/wake.py).
-        self._notes = notes
-        # session id -> task id -> job, in submit order.
-        self._jobs: dict[str, dict[str, Job]] = {}
-        # session id -> trio times of accepted submissions inside the rate window.
-        self._submits: dict[str, collections.deque[float]] = {}
-        # The caps counted for every daemon of a shared store (core/cluster/cluster.py), if any.
-        self.shared: SharedSlots | None = None
-        # False on a shared store: the cluster reports lost jobs, knowing who is alive.
-        self.lost_at_start = True
-
-    # --- the actor -------------------------------------------------------------------
+    _settings: Settings
+    _kv: KVStore
+    _publish: Callable[[str, TaskUpdate], None]
+    # Where a finished job's note goes: the store (record_note), or the waker that also
+    # wakes the session.
+    _notes: NoteSink | None = None
+    # session id -> task id -> job, in submit order.
+    _jobs: dict[str, dict[str, Job]] = attrs.field(factory=dict, init=False)
+    # session id -> trio times of accepted submissions inside the rate window.
+    _submits: dict[str, collections.deque[float]] = attrs.field(factory=dict, init=False)
+    # The caps counted for every daemon of a shared store, if any.
+    shared: SharedSlots | None = attrs.field(default=None, init=False)
+    # False on a shared store: the cluster reports lost jobs, knowing who is alive.
+    lost_at_start: bool = attrs.field(default=True, init=False)
 
     async def on_start(self) -> None:
         if self.lost_at_start:
@@ -139,8 +132,6 @@ class TaskSupervisor(NurseryHolder):
             except Exception:
                 log.exception("could not report lost background task %s", key)
         return lost
-
-    # --- the API the executor and the tasks tool call ------------------------------
 
     def submit(
         self,
@@ -262,8 +253,6 @@ class TaskSupervisor(NurseryHolder):
             for job in jobs.values():
                 found[job.status] = found.get(job.status, 0) + 1
         return found
-
-    # --- internals -------------------------------------------------------------------
 
     def _check_caps(self, session_id: str, is_spawn: bool, user_id: str | None) -> None:
         s = self._settings

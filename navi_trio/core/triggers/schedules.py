@@ -168,6 +168,7 @@ def notify_schedule_run(
     notices.publish(msg.user_id, ScheduleRun(msg.schedule_id, session_id, end.reason, text, now))
 
 
+@attrs.define(eq=False)
 class Scheduler(NurseryHolder):
     """Runs every due schedule once per due time (see the module docstring).
 
@@ -175,28 +176,20 @@ class Scheduler(NurseryHolder):
     owners' clients. Only the daemon starts `run`: an embedded `navi run` keeps its hands
     off other people's schedules."""
 
-    def __init__(
-        self,
-        store: SessionStore,
-        settings: Settings,
-        config: Callable[[], NaviConfig],
-        registry: Callable[[], SessionRegistry | None],
-        *,
-        clock: Callable[[], float] = time.time,
-        notices: UserNotices | None = None,
-    ) -> None:
-        self._store = store
-        self._notices = notices
-        self._settings = settings
-        self._config = config
-        self._registry = registry
-        self.clock = clock
-        self.pid = os.getpid()
-        self.host = socket.gethostname()
-        self._changed = trio.Event()
-        self.started_at = math.inf  # due times before it were missed by a dead daemon
-        self._begun = self._ended = 0  # looks at the schedules begun and ended so far
-        self._looked = trio.Event()
+    _store: SessionStore
+    _settings: Settings
+    _config: Callable[[], NaviConfig]
+    _registry: Callable[[], SessionRegistry | None]
+    clock: Callable[[], float] = attrs.field(default=time.time, kw_only=True)
+    _notices: UserNotices | None = attrs.field(default=None, kw_only=True)
+    pid: int = attrs.field(factory=os.getpid, init=False)
+    host: str = attrs.field(factory=socket.gethostname, init=False)
+    _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
+    # Due times before it were missed by a dead daemon.
+    started_at: float = attrs.field(default=math.inf, init=False)
+    _begun: int = attrs.field(default=0, init=False)  # looks at the schedules begun so far
+    _ended: int = attrs.field(default=0, init=False)  # and ended
+    _looked: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     async def on_start(self) -> None:
         self.started_at = self.clock()
@@ -293,8 +286,6 @@ class Scheduler(NurseryHolder):
         await self._store.set_schedule(row.id, paused=False, next_due=due)
         self.poke()
         return attrs.evolve(row, paused=False, next_due=due)
-
-    # -- the loop --------------------------------------------------------------------
 
     async def _loop(self) -> None:
         while True:

@@ -23,6 +23,8 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from navi_trio.actor import NurseryHolder
 from navi_trio.core.jobs import NOTES_SCOPE, note_entry, record_note, trim_notes
 from navi_trio.core.session import deliver, role_now, to_row
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 WAKE_WINDOW_SEC = 3600.0  # the bound counts the wake-ups of the last hour
 
 
+@attrs.define(eq=False)
 class Waker(NurseryHolder):
     """Records a finished job's note and wakes its session when its profile says so.
 
@@ -47,19 +50,12 @@ class Waker(NurseryHolder):
     lost alike. `registry()` is None until the registry is built: a wake-up is then
     queued in the store, and runs when the daemon starts the sessions' actors."""
 
-    def __init__(
-        self,
-        store: SessionStore,
-        settings: Settings,
-        config: Callable[[], NaviConfig],
-        registry: Callable[[], SessionRegistry | None],
-    ) -> None:
-        self._store = store
-        self._settings = settings
-        self._config = config
-        self._registry = registry
-        self.pid = os.getpid()
-        self.host = socket.gethostname()
+    _store: SessionStore
+    _settings: Settings
+    _config: Callable[[], NaviConfig]
+    _registry: Callable[[], SessionRegistry | None]
+    pid: int = attrs.field(factory=os.getpid, init=False)
+    host: str = attrs.field(factory=socket.gethostname, init=False)
 
     async def record(
         self,

@@ -358,8 +358,6 @@ class PgBus:
             f"read frame {ref}", lambda c: _fetch_frame(c, ref), write=False
         )
 
-    # -- the cluster's rows ---------------------------------------------------------------
-
     async def heartbeat(self, owner: str, pid: int, host: str, ttl: float) -> None:
         await self._store._run(
             "renew this daemon's row", lambda c: _heartbeat(c, owner, pid, host, ttl)

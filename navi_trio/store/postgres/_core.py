@@ -181,17 +181,6 @@ class _Core(StoreMethods):
             self._reported -= back
         return job.result  # type: ignore[return-value]  # set when error is None
 
-    async def run_raw_for_tests(
-        self, op: str, fn: Callable[[Conn], T], *, durable: bool = True
-    ) -> T:
-        """For tests and diagnostics only: `fn(conn)` on one of the store's connections.
-
-        One job on the worker threads, in a transaction, as every method's (the same
-        error mapping, `durable=False` as an append's). Nothing in navi_trio calls it;
-        the SQLite store has the same hook, with its sqlite-utils Database.
-        """
-        return await self._run(op, fn, durable=durable)
-
     def _fenced(self, fence: Fence | None, fn: Callable[[Conn], T]) -> Callable[[Conn], T]:
         return t.fenced(fence, fn)
 

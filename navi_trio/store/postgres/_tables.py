@@ -30,8 +30,6 @@ T = TypeVar("T")
 TABLES = ("sessions", "messages", "context", "kv", "users")
 _NOW = "extract(epoch FROM clock_timestamp())"
 
-# -- parameters -------------------------------------------------------------------------
-
 
 def text_array(values: Iterable[str | None]) -> str:
     """A text[] literal, for a parameter cast ``%s::text[]``: each element quoted (so
@@ -44,9 +42,6 @@ def text_array(values: Iterable[str | None]) -> str:
         for v in values
     )
     return "{" + ",".join(quoted) + "}"
-
-
-# -- the fence ------------------------------------------------------------------------
 
 
 FENCE_LOST = "NV001"  # navi_fence's SQLSTATE (migrations/0002)
@@ -72,9 +67,6 @@ def fenced(fence: Fence | None, fn: Callable[[Conn], T]) -> Callable[[Conn], T]:
             raise
 
     return job
-
-
-# -- the engine under the shared statements (store/statements.py) -----------------------
 
 
 class PgEngine(Engine):

@@ -4,23 +4,14 @@
         row = await store.create_session(profile_id="default")
         await store.append(row.id, messages=[msg], context=[msg])
 
-The same contract as the SQLite store (store/base.py), on a server that several daemons
-share: append-only saves, `append(dequeue=key)` in the transaction that takes the
-message off the queue, `durable=False` as ``synchronous_commit = off`` for that one
-transaction, dangling tool calls repaired and persisted on load, leases taken over
-when expired or their process is gone, and every failure a StoreError naming the
-operation (`_errors`: a full disk `StorageFullError`, an unreachable, read-only or
-damaged server `StorageError`).
+The contract of store/base.py, on a server that several daemons share. `durable=False`
+is ``synchronous_commit = off`` for that one transaction.
 
 How it runs: psycopg 3 with a psycopg_pool pool of at most `pool_size` connections, and
 as many worker threads (`_workers`: why not one thread per call); trio never blocks.
 Opening connects (within `OPEN_WAIT_S`) and applies the schema's migrations under an
 advisory lock (`_migrate`). Leaving `open()` lets the threads finish every queued job,
 then closes the pool, shielded and bounded by `close_timeout` seconds of real time.
-
-`_Postgres` below is this engine's statements where its SQL is its own (an append,
-the queue's cap and adoption, a lease's claim on the server's clock); the rest are
-store/statements.py's, on `PgEngine` (row locks, advisory locks, the server's clock).
 """
 
 from __future__ import annotations
