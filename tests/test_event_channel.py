@@ -14,8 +14,11 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
 
-from navi_trio.core.turn.channel import open_event_channel
+from navi_trio.core.turn.channel import frame_size, open_event_channel
 from navi_trio.events import (
     AgentEvent,
     StreamEnd,
@@ -124,6 +127,65 @@ async def test_sending_after_the_reader_left_raises_broken() -> None:
         pass
     else:
         raise AssertionError("expected BrokenResourceError")
+
+
+async def _ends_story(send: Any, recv: Any) -> list[str]:
+    """What a reader sees of a fixed script of sends, closes and waits, as words."""
+    seen: list[str] = []
+
+    async def read(n: int) -> None:
+        for _ in range(n):
+            try:
+                seen.append(repr(await recv.receive()))
+            except (trio.EndOfChannel, trio.ClosedResourceError) as exc:
+                seen.append(type(exc).__name__)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read, 3)  # waits on an empty queue first
+        await trio.testing.wait_all_tasks_blocked()
+        send.send_nowait(TextDelta("a"))
+        send.send_nowait(StreamEnd(text="a"))
+        send.close()
+    await read(1)  # after the end: the end again
+    recv.close()
+    await read(1)  # after its own close
+    return seen
+
+
+async def test_the_readers_end_behaves_as_a_trio_memory_channels(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The reader's waits, the sender's close and the reader's close come out of
+    `receive` exactly as out of trio's own memory channel."""
+    with trio.fail_after(TIMEOUT):
+        ours = await _ends_story(*open_event_channel())
+        theirs = await _ends_story(*trio.open_memory_channel[AgentEvent](10))
+    assert ours == theirs
+    assert ours[-2:] == ["EndOfChannel", "ClosedResourceError"]
+
+
+def _plain_size(value: Any) -> int:
+    """`frame_size` as first written: strings count, the rest a little."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_plain_size(v) + 8 for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_plain_size(v) + 2 for v in value)
+    return 8
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(st.dictionaries(st.text(max_size=8), _JSON, max_size=8))
+def test_a_frames_size_is_the_plain_definitions(frame: dict[str, Any]) -> None:
+    """The subscriber's byte bound counts a frame the same with the flat-dict shortcut."""
+    assert frame_size(frame) == _plain_size(frame)
 
 
 @pytest.mark.slow

@@ -55,7 +55,7 @@ class _Guarded(trio.abc.ReceiveChannel[LLMChunk]):
             chunk = await self._chunks.receive()
         finally:  # an error or the end of the stream leaves no deadline behind either
             scope.deadline = math.inf
-        if not isinstance(chunk, WorkingChunk):  # work restarts the same wait
+        if self._first and not isinstance(chunk, WorkingChunk):  # work restarts the wait
             self._limit = self._later
             self._first = False
         return chunk

@@ -527,7 +527,9 @@ class SessionActor:
                     try:
                         async for event in ev:
                             run_log.event(event)
-                            if await self._may_publish(msg, control):
+                            if self._surely_publishes(msg, control) or await self._may_publish(
+                                msg, control
+                            ):
                                 self.publish(event)
                     finally:
                         with trio.move_on_after(END_DRAIN_SEC, shield=True):
@@ -674,6 +676,14 @@ class SessionActor:
             self._say_queued(queued, 0)  # runs next, here (this run says nothing)
             return True
         return True
+
+    def _surely_publishes(self, msg: UserMessage, control: RunControl) -> bool:
+        """`_may_publish` when its answer is yes with nothing to wait for, as it is for
+        nearly every event: no coroutine for each token. False: ask `_may_publish`."""
+        if control.fenced or (self._hand_over is not None and _taken(msg, control)):
+            return False
+        lease = control.lease
+        return lease is None or lease.surely_held()
 
     async def _may_publish(self, msg: UserMessage, control: RunControl) -> bool:
         """Whether this event of the run goes out: not once another daemon took the session over

@@ -180,7 +180,8 @@ class MergingQueue(Generic[T]):
         self._waiter.set()
 
     async def wait(self) -> None:
-        self._waiter = trio.Event()
+        if self._waiter.is_set():  # an unset one is as good as new, and costs nothing
+            self._waiter = trio.Event()
         self.reader_waits = True
         try:
             await self._waiter.wait()
@@ -262,19 +263,25 @@ class MergingReceiver(trio.abc.ReceiveChannel[T]):
 
     async def receive(self) -> T:
         await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q
         waited = False
+        # `receive_nowait` written out: a reader that keeps up finds the queue empty at
+        # every item, and a `trio.WouldBlock` raised and caught each time costs more
+        # than the rest of the receive.
         while True:
-            try:
-                value = self.receive_nowait()
-            except trio.WouldBlock:
-                await self._q.wait()
-                waited = True
-                continue
-            # A reader that waited has yielded already: another trip through the
-            # scheduler for each item would cost every delta a task switch more.
-            if not waited:
-                await trio.lowlevel.cancel_shielded_checkpoint()
-            return value
+            if q.recv_closed:
+                raise trio.ClosedResourceError("this channel was closed")
+            if q.items:
+                value = q.take()
+                # A reader that waited has yielded already: another trip through the
+                # scheduler for each item would cost every delta a task switch more.
+                if not waited:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                return value
+            if q.send_closed:
+                raise trio.EndOfChannel
+            await q.wait()
+            waited = True
 
     def close(self) -> None:
         self._q.recv_closed = True
@@ -447,7 +454,17 @@ def frame_size(value: Any) -> int:
     if isinstance(value, str):
         return len(value)
     if isinstance(value, dict):
-        return sum(frame_size(v) + 8 for v in value.values())
+        # A frame is a flat dict of strings and scalars nearly always: those are counted
+        # here, with no call (and no generator) for each.
+        size = 0
+        for v in value.values():
+            if type(v) is str:
+                size += len(v) + 8
+            elif v is None or type(v) is int or type(v) is bool:
+                size += 16
+            else:
+                size += frame_size(v) + 8
+        return size
     if isinstance(value, list | tuple):
         return sum(frame_size(v) + 2 for v in value)
     return 8

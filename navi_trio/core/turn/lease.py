@@ -61,10 +61,14 @@ class HeldLease:
         self.started = 0  # renewal attempts started, and finished
         self.finished = 0
 
+    def surely_held(self) -> bool:
+        """Whether the lease is surely ours now, with nothing to ask (False: `held`)."""
+        return not self.lost and (self.released or trio.current_time() < self.valid_until)
+
     async def held(self) -> bool:
         """Whether the lease is ours: at once while surely so; else after a renewal."""
         while not self.lost:
-            if self.released or trio.current_time() < self.valid_until:
+            if self.surely_held():
                 return True
             await self._renewal()
         return False
