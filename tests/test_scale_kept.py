@@ -12,8 +12,8 @@ with ``navi users add``):
 - a kept turn that another daemon ended meanwhile (its daemon paused past its lease)
   is not run again by its daemon when it comes back.
 
-The waits are for frames, the fake LLM's requests and the cut itself; the one wait for
-time is for a lease to run out (the database's clock). Each test under `trio.fail_after`.
+The waits are for frames, the fake LLM's requests and the cut itself. Each test under
+`trio.fail_after`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from pg_cut import CutProxy, cut_proxy
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from pg_server import sql
-from test_scale_fencing import wait_lease_expired
 
 from navi_trio.core.turn.agent import DEAD_TURN
 from navi_trio.testing import open_fake_llm
@@ -200,9 +199,10 @@ async def test_a_kept_turn_another_daemon_ended_is_not_run_again_by_its_daemon(
     tmp_path: Path, pg_url: str
 ) -> None:
     """m1's answer cannot be saved on A (a full disk, once): m1 is kept. A is paused
-    past its lease; a message through B takes the session over, ends m1's turn (A's
-    looks dead) and runs. When A comes back, its next try of m1 finds that turn ended:
-    it asks nothing and stores nothing."""
+    past its lease; B's look for dead daemons' sessions takes the session over and ends
+    m1's turn (A's looks dead), and a message through B then runs there, queued behind
+    nothing. When A comes back, its next try of m1 finds that turn ended: it asks
+    nothing and stores nothing."""
     replies = [{"text": "answer one"}, {"text": "answer two"}, {"text": "asked again"}]
     sid = "alice.ended"
     with trio.fail_after(TIMEOUT):
@@ -218,9 +218,16 @@ async def test_a_kept_turn_another_daemon_ended_is_not_run_again_by_its_daemon(
                 await kept(on_a, sid)
                 row = lease(pg_url, sid)
                 assert row is not None and row[1] == a.pid, row  # kept: still A's
+                sub = await on_b.request({"type": "subscribe", "session_id": sid})
+                assert sub["type"] == "ok", sub
                 os.kill(a.pid, signal.SIGSTOP)
                 try:
-                    await wait_lease_expired(pg_url, sid)
+                    # B ends m1's turn once A's lease and daemon row ran out (its scan,
+                    # every half TTL). Not before m2 comes: a message that arrives while
+                    # the turn is being ended waits behind that (queued). Its end is
+                    # said as B's session goes idle again.
+                    died = await on_b.until_type("error", code="daemon_died", session_id=sid)
+                    assert died["message"] == DEAD_TURN, died
                     ok = await say(on_b, sid, "m2")
                     assert (ok["type"], ok["queued"]) == ("ok", False), ok
                     end = await on_b.until(
