@@ -30,7 +30,7 @@ from test_cli import (
     messages,
     navi,
 )
-from test_no_orphans import read_pids, spawner
+from test_no_orphans import spawner
 from unsandboxed import FULL_ARGS, unsandboxed_config
 
 from navi_trio.cli import load_settings, main
@@ -61,20 +61,38 @@ async def finish(proc: trio.Process) -> tuple[int, str, str]:
     return code, out.decode(), err.decode()
 
 
+PIDS_SEC = DEADLINE * 3 / 4  # the last quarter of the test's limit is for the stop itself
+
+
 async def tool_pids(proc: trio.Process, fifo: Path, count: int) -> list[int]:
     """The pids the tool's spawner writes to `fifo`. A navi that exits first fails the
     test at once with what it printed: its tool never opens the FIFO then, and the read
-    would wait to the test's limit saying nothing of why (seen once in CI)."""
+    would wait to the test's limit saying nothing of why (seen once in CI). A tool that
+    has not written them all within PIDS_SEC fails it with the pids so far and what navi
+    printed (navi killed): a bare timeout would not say where the run stood."""
     pids: list[int] = []
+
+    def read() -> None:
+        with open(fifo, encoding="ascii") as f:
+            while len(pids) < count:
+                pids.append(int(f.readline()))
+
     async with trio.open_nursery() as nursery:
 
-        async def read() -> None:
-            pids.extend(await read_pids(fifo, count))
+        async def wait_read() -> None:
+            await trio.to_thread.run_sync(read, abandon_on_cancel=True)
             nursery.cancel_scope.cancel()
 
-        nursery.start_soon(read)
+        nursery.start_soon(wait_read)
+        with trio.move_on_after(PIDS_SEC):
+            code, out, err = await finish(proc)
+            raise AssertionError(f"navi exited ({code}) before its tool wrote its pids: {out}{err}")
+        proc.kill()
         code, out, err = await finish(proc)
-        raise AssertionError(f"navi exited ({code}) before its tool wrote its pids: {out}{err}")
+        raise AssertionError(
+            f"{len(pids)} of the tool's {count} pids within {PIDS_SEC:g} s "
+            f"(navi killed, {code}): {out}{err}"
+        )
     return pids
 
 

@@ -180,20 +180,25 @@ async def test_exit_code_2_blocks_with_stderr_as_the_reason(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(
-    ("body", "words"),
+    ("body", "limit", "words"),
     [
-        ("cat > /dev/null; echo 'this is not json'", "not JSON"),
-        ("cat > /dev/null; echo oops >&2; exit 1", "exited with code 1: oops"),
-        ("cat {fifo}", "no answer within 1 s"),  # blocked on a FIFO nobody writes
+        # A hook that answers gets the default limit: on a loaded machine its start alone
+        # can take longer than a second, and it would fail as a hang instead.
+        ("cat > /dev/null; echo 'this is not json'", None, "not JSON"),
+        ("cat > /dev/null; echo oops >&2; exit 1", None, "exited with code 1: oops"),
+        ("cat {fifo}", 1, "no answer within 1 s"),  # blocked on a FIFO nobody writes
     ],
 )
 async def test_a_failing_pre_tool_hook_is_an_error_and_denies(
-    tmp_path: Path, body: str, words: str
+    tmp_path: Path, body: str, limit: int | None, words: str
 ) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     bad = script(tmp_path, "bad.sh", body.format(fifo=fifo))
-    hooks = {"pre_tool": [{"command": bad, "timeout_sec": 1}]}
+    hook: dict[str, Any] = {"command": bad}
+    if limit is not None:
+        hook["timeout_sec"] = limit
+    hooks = {"pre_tool": [hook]}
     marker = tmp_path / "ran"
     source = config(tmp_path, hooks, rules=ALLOW_TERMINAL)
     frames, result = await one_call(tmp_path, source, f"touch {marker}")
