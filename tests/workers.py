@@ -1,5 +1,5 @@
-"""How many xdist workers `python -m pytest -n auto` starts (through tests/conftest.py's
-`pytest_xdist_auto_num_workers`; one process is the default, docs/pages/development.md).
+"""How many xdist workers `python -m pytest` starts (its `-n auto`, in pyproject.toml's
+addopts, through tests/conftest.py's `pytest_xdist_auto_num_workers`).
 
 One worker per CPU (WORKERS_PER_CPU). The suite mostly waits (daemons, terminals,
 PostgreSQL, the real model), and two per CPU finished sooner, but then the tests on the
@@ -8,7 +8,7 @@ tests/test_storage_full.py) found it run ahead while the store's thread waited f
 CPU. That clock is now held while a thread job runs (tests/realtime.py `held`); two per
 CPU has not been measured again since. One test file, or tests of one file, runs in
 the one process: starting the workers costs more than they save there.
-PYTEST_XDIST_AUTO_NUM_WORKERS, or ``-n N``, still decides.
+PYTEST_XDIST_AUTO_NUM_WORKERS, or ``-n N`` (``-n 0``: one process), still decides.
 """
 
 from __future__ import annotations
