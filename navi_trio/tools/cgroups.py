@@ -227,10 +227,8 @@ class Group:
             strays = Strays(pids)
             try:
                 if self.v2 is not None:
-                    try:
+                    with contextlib.suppress(OSError):  # removed meanwhile
                         _write(self.v2 / "cgroup.kill", "1")
-                    except OSError:
-                        pass  # removed meanwhile
                 strays.signal(signal.SIGKILL)
                 self._freezer("THAWED")  # a frozen process dies once thawed
                 with trio.move_on_after(KILL_WAIT_SEC):

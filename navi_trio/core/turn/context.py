@@ -180,11 +180,10 @@ class ContextBuilder:
         memory = memory_message(memories)
         if memory is not None:
             built.append(memory)
-        if views is not None:
-            built = views.same_heads(built)[:]
         if views is None:
             built.extend(self._views(context, 0))
         else:
+            built = views.same_heads(built)[:]
             if not views._fresh(context):
                 views._reset(context)
             if len(context) > views.seen:
