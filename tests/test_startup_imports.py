@@ -10,7 +10,9 @@ lists which of the heavy modules an import pulled in:
 - tiktoken: the cl100k encoding loads in a worker thread after the first request;
 - mcp: the MCP client library, only when an MCP server is configured;
 - trio_websocket: `navi run` loads it (and the server) when it runs, beside the threads
-  building its HTTP client, not when its module is imported.
+  building its HTTP client, not when its module is imported;
+- sqlite_utils (with click, pluggy, dateutil): it makes the database's tables, so it
+  loads when there is something to make, not for a run on a current database.
 
 The garbage collector runs less often while `navi` starts (navi_trio/imports.py): its
 start-up threshold holds from the command's start until a runtime has frozen start-up's
@@ -29,6 +31,7 @@ import contextlib
 import gc
 import io
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -98,10 +101,35 @@ def test_the_store_and_core_are_imported_while_the_http_client_builds() -> None:
     assert imported_by(statement, late) == []
 
 
+async def test_navi_run_on_a_current_database_leaves_sqlite_utils_out(tmp_path: Path) -> None:
+    # sqlite-utils (with click, pluggy and dateutil) makes the tables: the first `navi run`
+    # on a machine loads it to make the database, a later one only reads its schema.
+    from navi_trio.testing.fake_llm import open_fake_llm
+
+    code = (
+        "import json, sys\nfrom navi_trio.cli import main\ncode = main(['run', 'hi'])\n"
+        "print(json.dumps([code, 'sqlite_utils' in sys.modules, 'click' in sys.modules]))"
+    )
+    seen = []
+    with trio.fail_after(TIMEOUT):
+        async with open_fake_llm([{"text": "made"}, {"text": "read"}]) as llm:
+            env = {**os.environ, "OLLAMA_HOST": llm.url, "NAVI_LLM_BACKEND": "ollama"}
+            env.update(NAVI_DB=str(tmp_path / "navi.db"), NAVI_DATA_DIR=str(tmp_path / "data"))
+            for _ in range(2):
+                done = await trio.run_process(
+                    [sys.executable, "-c", code], env=env, cwd=tmp_path,
+                    capture_stdout=True, capture_stderr=True, check=False,
+                )  # fmt: skip
+                assert done.returncode == 0, done.stderr.decode()
+                lines = done.stdout.decode().splitlines()
+                seen.append((lines[0], json.loads(lines[-1])))
+    assert seen == [("made", [0, True, True]), ("read", [0, False, False])]
+
+
 def test_a_module_hidden_from_sqlite_utils_is_importable_afterwards() -> None:
     # The local backend (llama-cpp-python) needs numpy after the store has loaded.
     pytest.importorskip("numpy")
-    statement = "import navi_trio.store, numpy"
+    statement = "import navi_trio.store._sqlite_utils, numpy"
     assert imported_by(statement, ("numpy", "sqlite_utils")) == ["numpy", "sqlite_utils"]
 
 

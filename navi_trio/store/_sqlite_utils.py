@@ -1,7 +1,7 @@
 """sqlite-utils, imported without numpy and pandas (why: navi_trio/imports.py).
 
-The package's ``__init__`` imports this module before any other store module, so their
-``from sqlite_utils import Database`` finds it already loaded.
+The schema's creation (`_schema._create`, the one user of sqlite-utils) imports this
+module first, so its ``from sqlite_utils import Database`` finds it already loaded.
 """
 
 from navi_trio.imports import SQLITE_UTILS_HIDDEN, import_hiding
