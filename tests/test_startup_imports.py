@@ -15,8 +15,8 @@ lists which of the heavy modules an import pulled in:
   loads when there is something to make, not for a run on a current database.
 
 The garbage collector runs less often while `navi` starts (navi_trio/imports.py): its
-start-up threshold holds from the command's start until a runtime has frozen start-up's
-objects, and not beyond the command.
+start-up threshold holds from the command's start (before the cli's own imports) until a
+runtime has frozen start-up's objects, and not beyond the command.
 
 Code generated at start-up costs its compiling: a valid config is structured by cattrs'
 plain code, the detailed code only generated for a file with a mistake to report; the
@@ -35,6 +35,7 @@ import os
 import subprocess
 import sys
 import threading
+import tomllib
 from pathlib import Path
 
 import httpx
@@ -268,6 +269,29 @@ def test_the_navi_command_starts_with_fewer_collections_and_ends_as_it_found_the
     assert cli.main(["status"]) == 0
     assert seen == [(START_UP_GC_THRESHOLD, *before[1:])]
     assert gc.get_threshold() == before
+
+
+def test_the_console_script_imports_the_cli_under_the_start_up_threshold() -> None:
+    # `python -m navi_trio` and the `navi` script (pyproject's entry point) alike.
+    code = (
+        "import gc, importlib.abc, json, sys\nseen = []\n"
+        "class Spy(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'navi_trio.cli':\n"
+        "            seen.append(gc.get_threshold())\n"
+        "sys.meta_path.insert(0, Spy())\nbefore = gc.get_threshold()\n"
+        "sys.argv = ['navi', 'status', '--url', 'ws://127.0.0.1:9']\n"
+        "from navi_trio.__main__ import main\ncode = main()\n"
+        "print(json.dumps([code, seen, before, gc.get_threshold()]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT
+    )
+    code_, seen, before, after = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == [[START_UP_GC_THRESHOLD, *before[1:]]] and after == before
+    assert code_ == 1 and "navi: error:" in done.stderr  # no daemon there: it ran, and said so
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    assert scripts["project"]["scripts"]["navi"] == "navi_trio.__main__:main"
 
 
 async def test_a_runtime_ends_the_start_up_collections_once_it_has_frozen_start_up(
