@@ -136,9 +136,7 @@ def _init_schema(db: sqlite3.Connection) -> None:
 
 def _create(conn: sqlite3.Connection) -> None:
     """Every table, index and column the store uses, those already there left alone."""
-    from sqlite_utils import Database
-
-    from navi_trio.store import _sqlite_utils  # noqa: F401 - first: sqlite-utils without numpy
+    from navi_trio.store._sqlite_utils import Database  # without numpy: its docstring
 
     db = Database(conn, execute_plugins=False)
     with _write_tx(conn):
