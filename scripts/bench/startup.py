@@ -15,8 +15,9 @@ so the figures do not include compiling navi_trio's modules. `--navi` is the com
 time (default: this Python's ``-m navi_trio``); `--cwd` runs it in another checkout (with
 ``-m navi_trio`` the checkout in the working folder is the one imported), which is how an
 old and a new tree are compared in one sitting. Prints one JSON object: each try in ms
-and the medians, and for `navi run` also the CPU ms it had used at its first request
-(user + system, every thread; steadier than the wall time on a busy machine).
+and the medians, and also the CPU ms each had used by then (`navi run` at its first
+request, `navi serve` at the accepted connection; user + system, every thread; steadier
+than the wall time on a busy machine).
 """
 
 from __future__ import annotations
@@ -44,8 +45,12 @@ def _env(tmp: str, llm_port: int) -> dict[str, str]:
     return env
 
 
-def serve_accepting_ms(navi: list[str], cwd: str | None) -> float | None:
-    """`navi serve --port 0` started → a connection to it accepted, in ms (None: failed)."""
+def serve_accepting_ms(
+    navi: list[str], cwd: str | None, cpu: list[float] | None = None
+) -> float | None:
+    """`navi serve --port 0` started → a connection to it accepted, in ms (None: failed).
+
+    With `cpu`, the CPU ms the daemon had used by then is appended to it."""
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         proc = subprocess.Popen(
@@ -60,7 +65,11 @@ def serve_accepting_ms(navi: list[str], cwd: str | None) -> float | None:
                 return None
             port = int(line.rsplit(":", 1)[1].strip("/\n"))
             with socket.create_connection(("127.0.0.1", port), timeout=5):
-                return (time.perf_counter() - t0) * 1000
+                wall = (time.perf_counter() - t0) * 1000
+                used = _cpu_ms(proc.pid)
+                if cpu is not None and used is not None:
+                    cpu.append(used)
+                return wall
         finally:
             proc.terminate()
             proc.wait(10)
@@ -119,6 +128,7 @@ def measure(
     """Both timings `tries` times (after one warm-up each); ms per try and the medians."""
     out: dict[str, Any] = {}
     cpu: list[float] = []
+    serve_cpu: list[float] = []
     with tempfile.TemporaryDirectory() as kept:
         data = kept if same_db else None
         for name, fn in (("serve_accepting_ms", serve_accepting_ms),
@@ -129,9 +139,11 @@ def measure(
                 run_first_request_ms(navi, cwd, None, data)  # warm-up: the bytecode, the cache
                 got = [run_first_request_ms(navi, cwd, cpu, data) for _ in range(tries)]
             else:
-                fn(navi, cwd)
-                got = [fn(navi, cwd) for _ in range(tries)]
+                serve_accepting_ms(navi, cwd)
+                got = [serve_accepting_ms(navi, cwd, serve_cpu) for _ in range(tries)]
             _summary(out, name, got)
+    if serve_cpu:
+        _summary(out, "serve_accepting_cpu_ms", list(serve_cpu))
     if cpu:
         _summary(out, "run_first_request_cpu_ms", list(cpu))
     return out
