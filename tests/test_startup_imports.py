@@ -114,7 +114,8 @@ async def test_navi_run_on_a_current_database_leaves_sqlite_utils_out(tmp_path: 
     seen = []
     with trio.fail_after(TIMEOUT):
         async with open_fake_llm([{"text": "made"}, {"text": "read"}]) as llm:
-            env = {**os.environ, "OLLAMA_HOST": llm.url, "NAVI_LLM_BACKEND": "ollama"}
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("NAVI_", "OLLAMA_"))}
+            env.update(OLLAMA_HOST=llm.url, NAVI_LLM_BACKEND="ollama")
             env.update(NAVI_DB=str(tmp_path / "navi.db"), NAVI_DATA_DIR=str(tmp_path / "data"))
             for _ in range(2):
                 done = await trio.run_process(
