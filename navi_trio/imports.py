@@ -7,9 +7,10 @@ Importing makes ~100,000 objects that live as long as the process (modules, clas
 functions). At Python's threshold of 700 allocations the collector walks them in ~145
 passes (~130 young, ~12 middle, one full), ~45 ms of a ~450 ms start-up on a loaded
 machine, and frees only what the imports dropped on the way. `start_up_collections`
-raises the young threshold for the `navi` command (cli `main`, after its own module's
-imports), so the same garbage is found in a few passes over the young objects and the
-full pass is not reached; `start_up_over` ends it (the runtime, once it has frozen
+raises the young threshold for the `navi` command (`navi_trio.__main__.main`, the
+console script, before the cli's own imports; cli `main` for a caller of it), so the
+same garbage is found in a few passes over the young objects and the full pass is not
+reached; `start_up_over` ends it (the runtime, once it has frozen
 start-up's objects out of every later collection), and so does the end of the block:
 both put back the thresholds the block found (Python's 700, or the process's own).
 A command that opens no runtime (a client of a daemon) keeps it: a young collection

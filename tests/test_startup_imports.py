@@ -10,11 +10,13 @@ lists which of the heavy modules an import pulled in:
 - tiktoken: the cl100k encoding loads in a worker thread after the first request;
 - mcp: the MCP client library, only when an MCP server is configured;
 - trio_websocket: `navi run` loads it (and the server) when it runs, beside the threads
-  building its HTTP client, not when its module is imported.
+  building its HTTP client, not when its module is imported;
+- sqlite_utils (with click, pluggy, dateutil): it makes the database's tables, so it
+  loads when there is something to make, not for a run on a current database.
 
 The garbage collector runs less often while `navi` starts (navi_trio/imports.py): its
-start-up threshold holds from the command's start until a runtime has frozen start-up's
-objects, and not beyond the command.
+start-up threshold holds from the command's start (before the cli's own imports) until a
+runtime has frozen start-up's objects, and not beyond the command.
 
 Code generated at start-up costs its compiling: a valid config is structured by cattrs'
 plain code, the detailed code only generated for a file with a mistake to report; the
@@ -29,9 +31,11 @@ import contextlib
 import gc
 import io
 import json
+import os
 import subprocess
 import sys
 import threading
+import tomllib
 from pathlib import Path
 
 import httpx
@@ -98,10 +102,37 @@ def test_the_store_and_core_are_imported_while_the_http_client_builds() -> None:
     assert imported_by(statement, late) == []
 
 
+async def test_navi_run_on_a_current_database_leaves_sqlite_utils_out(tmp_path: Path) -> None:
+    # sqlite-utils (with click, pluggy and dateutil) makes the tables: the first `navi run`
+    # on a machine loads it to make the database, a later one only reads its schema.
+    from navi_trio.testing.fake_llm import open_fake_llm
+
+    code = (
+        "import json, sys\nfrom navi_trio.cli import main\ncode = main(['run', 'hi'])\n"
+        "print(json.dumps([code, *(n in sys.modules for n in ('sqlite_utils', 'click', 'numpy'))]))"
+    )
+    seen = []
+    with trio.fail_after(TIMEOUT):
+        async with open_fake_llm([{"text": "made"}, {"text": "read"}]) as llm:
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("NAVI_", "OLLAMA_"))}
+            env.update(OLLAMA_HOST=llm.url, NAVI_LLM_BACKEND="ollama")
+            env.update(NAVI_DB=str(tmp_path / "navi.db"), NAVI_DATA_DIR=str(tmp_path / "data"))
+            for _ in range(2):
+                done = await trio.run_process(
+                    [sys.executable, "-c", code], env=env, cwd=tmp_path,
+                    capture_stdout=True, capture_stderr=True, check=False,
+                )  # fmt: skip
+                assert done.returncode == 0, done.stderr.decode()
+                lines = done.stdout.decode().splitlines()
+                seen.append((lines[0], json.loads(lines[-1])))
+    # numpy stays out either way: sqlite-utils imports it when installed (imports.py).
+    assert seen == [("made", [0, True, True, False]), ("read", [0, False, False, False])]
+
+
 def test_a_module_hidden_from_sqlite_utils_is_importable_afterwards() -> None:
     # The local backend (llama-cpp-python) needs numpy after the store has loaded.
     pytest.importorskip("numpy")
-    statement = "import navi_trio.store, numpy"
+    statement = "import navi_trio.store._sqlite_utils, numpy"
     assert imported_by(statement, ("numpy", "sqlite_utils")) == ["numpy", "sqlite_utils"]
 
 
@@ -240,6 +271,29 @@ def test_the_navi_command_starts_with_fewer_collections_and_ends_as_it_found_the
     assert cli.main(["status"]) == 0
     assert seen == [(START_UP_GC_THRESHOLD, *before[1:])]
     assert gc.get_threshold() == before
+
+
+def test_the_console_script_imports_the_cli_under_the_start_up_threshold() -> None:
+    # `python -m navi_trio` and the `navi` script (pyproject's entry point) alike.
+    code = (
+        "import gc, importlib.abc, json, sys\nseen = []\n"
+        "class Spy(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'navi_trio.cli':\n"
+        "            seen.append(gc.get_threshold())\n"
+        "sys.meta_path.insert(0, Spy())\nbefore = gc.get_threshold()\n"
+        "sys.argv = ['navi', 'status', '--url', 'ws://127.0.0.1:9']\n"
+        "from navi_trio.__main__ import main\ncode = main()\n"
+        "print(json.dumps([code, seen, before, gc.get_threshold()]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT
+    )
+    code_, seen, before, after = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == [[START_UP_GC_THRESHOLD, *before[1:]]] and after == before
+    assert code_ == 1 and "navi: error:" in done.stderr  # no daemon there: it ran, and said so
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    assert scripts["project"]["scripts"]["navi"] == "navi_trio.__main__:main"
 
 
 async def test_a_runtime_ends_the_start_up_collections_once_it_has_frozen_start_up(

@@ -11,6 +11,7 @@ autojump clock would jump while the thread works).
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,89 @@ async def test_open_creates_parent_folders_wal_schema_and_pragmas(tmp_path: Path
             assert await store.stats() == dict.fromkeys(
                 ["sessions", "messages", "context", "kv", "users"], 0
             )
+
+
+async def test_a_new_database_has_every_name_the_current_check_asks_for(tmp_path: Path) -> None:
+    # `_SCHEMA_NAMES` and `_ADDED_COLUMNS` must be what `_create` makes: a name missing
+    # from the list would let a database without it pass as current.
+    from navi_trio.store._schema import _ADDED_COLUMNS, _SCHEMA_NAMES, _current
+
+    with trio.fail_after(TIMEOUT):
+        async with open_store(tmp_path / "navi.db") as store:
+            names = await raw(
+                store, "SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+            )
+            columns = {
+                (table, r[1])
+                for table in {t for t, _ in _ADDED_COLUMNS}
+                for r in await raw(store, f"PRAGMA table_info({table})")
+            }
+            assert await store.run_raw_for_tests("current", _current)
+    assert {r[0] for r in names} == _SCHEMA_NAMES
+    assert set(_ADDED_COLUMNS) <= columns
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        "DROP TABLE run_usage",
+        "DROP INDEX wakes_session",
+        "ALTER TABLE schedules DROP COLUMN last_skip_at",
+    ],
+)
+async def test_a_database_that_lacks_a_part_of_the_schema_gains_it_on_open(
+    tmp_path: Path, loss: str
+) -> None:
+    # What an older navi made, at the same version: the open makes what is missing.
+    path = tmp_path / "navi.db"
+    with trio.fail_after(TIMEOUT):
+        async with open_store(path) as store:
+            before = await raw(store, "SELECT type, name, sql FROM sqlite_master ORDER BY name")
+            await raw(store, loss)
+            assert await raw(store, "SELECT type, name, sql FROM sqlite_master") != before
+        async with open_store(path) as store:
+            after = await raw(store, "SELECT type, name, sql FROM sqlite_master ORDER BY name")
+    assert after == before
+
+
+async def test_a_statement_outside_a_write_transaction_commits_by_itself(tmp_path: Path) -> None:
+    # No transaction is left open behind a job: another connection sees the row at once.
+    path = tmp_path / "navi.db"
+    with trio.fail_after(TIMEOUT):
+        async with open_store(path) as store:
+            await raw(
+                store, "INSERT INTO kv (scope, key, value, updated_at) VALUES ('a','b','1',1)"
+            )
+            assert await raw(store, "SELECT 1 WHERE 0") == []  # the connection's next job
+            other = sqlite3.connect(str(path), timeout=0)
+            try:
+                assert other.execute("SELECT value FROM kv").fetchall() == [("1",)]
+                other.execute("UPDATE kv SET value = '2'")  # the write lock is free
+                other.commit()
+            finally:
+                other.close()
+
+
+def test_a_write_transaction_inside_another_is_a_savepoint_of_it(tmp_path: Path) -> None:
+    # A group commit's job: its write undone alone when it fails, the group's kept.
+    from navi_trio.store._schema import _connect, _init_schema, _write_tx
+
+    db = _connect(tmp_path / "navi.db", "FULL", 1.0)
+    try:
+        _init_schema(db)
+        insert = "INSERT INTO kv (scope, key, value, updated_at) VALUES ('s', ?, '1', 1)"
+        with _write_tx(db):
+            db.execute(insert, ["kept"])
+            with pytest.raises(ValueError), _write_tx(db):
+                db.execute(insert, ["undone"])
+                raise ValueError("the job failed")
+            with _write_tx(db):
+                db.execute(insert, ["nested"])
+            assert db.in_transaction
+        assert not db.in_transaction
+        assert db.execute("SELECT key FROM kv ORDER BY key").fetchall() == [("kept",), ("nested",)]
+    finally:
+        db.close()
 
 
 def test_store_package_exports_what_it_promises() -> None:

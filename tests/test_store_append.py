@@ -74,7 +74,7 @@ async def _batch_statements(tmp_path: Path, durables: list[bool]) -> list[str]:
             if sql.startswith(("PRAGMA synchronous", "COMMIT")):
                 statements.append(sql)
 
-        db.conn.set_trace_callback(keep)
+        db.set_trace_callback(keep)
 
     def hold(db: Any) -> bool:
         started.set()

@@ -24,7 +24,7 @@ TIMEOUT = 10
 
 def _count_commits(store: SQLiteStore, commits: list[str]) -> Any:
     def install(db: Any) -> None:
-        db.conn.set_trace_callback(
+        db.set_trace_callback(
             lambda sql: commits.append(sql) if sql.strip().upper() == "COMMIT" else None
         )
 
@@ -109,7 +109,7 @@ async def test_a_write_does_not_ask_for_the_page_count_while_no_full_disk_is_rep
     asked: list[str] = []
 
     def install(db: Any) -> None:
-        db.conn.set_trace_callback(
+        db.set_trace_callback(
             lambda sql: asked.append(sql) if "page_count" in sql.lower() else None
         )
 

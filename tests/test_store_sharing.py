@@ -61,12 +61,12 @@ def test_a_write_transaction_takes_the_write_lock_before_it_reads(tmp_path: Path
         except sqlite3.OperationalError as exc:
             seen.append(f"the other writer waits: {exc}")
 
-    db.conn.set_trace_callback(other_process_writes)
+    db.set_trace_callback(other_process_writes)
     rows = _prepare([{"role": "user", "content": "hi"}], "messages")
     # A deferred BEGIN would fail here with "database is locked" (its snapshot went
     # stale when the other writer committed, and the busy timeout does not apply).
     _append(db, "s-1", rows, rows, 2.0)
-    db.conn.set_trace_callback(None)
+    db.set_trace_callback(None)
     assert seen == ["the other writer waits: database is locked"]
     # Our commit released the lock: the other writer goes now.
     other.execute("INSERT INTO kv (scope, key, value, updated_at) VALUES ('a','b','1',1)")

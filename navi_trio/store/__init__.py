@@ -9,8 +9,6 @@ one module of statements per table); `store.postgres` is PostgreSQL for several 
 protocol, the rows), `_input` (checks and serialisation, no SQL), `fence` and `repair`.
 """
 
-# First: sqlite-utils without numpy, before the modules below import it (its docstring).
-from navi_trio.store import _sqlite_utils as _sqlite_utils
 from navi_trio.store.base import LeaseRow as LeaseRow
 from navi_trio.store.base import LoadedSession as LoadedSession
 from navi_trio.store.base import SessionRow as SessionRow

@@ -10,13 +10,13 @@ each storage condition once (`_report`). `run_raw_for_tests` is the one public w
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Self, TypeVar
 
 import trio
-from sqlite_utils import Database
 
 from navi_trio.errors import StorageError, StorageFullError, StoreError
 from navi_trio.store._health import (
@@ -99,7 +99,7 @@ class _Core(StoreMethods):
         """PRAGMA quick_check, bounded in time; a damaged file is one line in the log."""
         try:
             self.damage = await self._run(
-                f"check {self.path}", lambda db: quick_check(db.conn, QUICK_CHECK_SEC)
+                f"check {self.path}", lambda db: quick_check(db, QUICK_CHECK_SEC)
             )
         except StoreError as exc:
             logger.error("store %s: the start-up check failed: %s", self.path, exc)
@@ -111,7 +111,7 @@ class _Core(StoreMethods):
     async def _run(
         self,
         op: str,
-        fn: Callable[[Database], T],
+        fn: Callable[[sqlite3.Connection], T],
         *,
         durable: bool = True,
         write: bool = True,
@@ -175,5 +175,5 @@ class _Core(StoreMethods):
         return await self._run("stats", _stats)
 
 
-def _stats(db: Database) -> dict[str, int]:
+def _stats(db: sqlite3.Connection) -> dict[str, int]:
     return {t: int(db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]) for t in _TABLES}

@@ -5,9 +5,8 @@ and `context` (what the LLM sees), in one transaction with the queued row it deq
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
-
-from sqlite_utils import Database
 
 from navi_trio.store._input import (
     _Row,
@@ -19,14 +18,14 @@ from navi_trio.store.fence import Fence
 
 
 def _insert_history(
-    db: Database,
+    db: sqlite3.Connection,
     table: str,
     sid: str,
     rows: Sequence[_Row],
     positions: Sequence[float],
     now: float,
 ) -> None:
-    db.conn.executemany(
+    db.executemany(
         f"INSERT INTO {table} (session_id, position, role, content, is_plan, data, created_at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
         [
@@ -36,7 +35,7 @@ def _insert_history(
     )
 
 
-def _next_positions(db: Database, table: str, sid: str, count: int) -> list[float]:
+def _next_positions(db: sqlite3.Connection, table: str, sid: str, count: int) -> list[float]:
     top = db.execute(
         f"SELECT COALESCE(MAX(position), 0) FROM {table} WHERE session_id = ?", [sid]
     ).fetchone()[0]
@@ -44,7 +43,7 @@ def _next_positions(db: Database, table: str, sid: str, count: int) -> list[floa
 
 
 def _append(
-    db: Database,
+    db: sqlite3.Connection,
     sid: str,
     msg_rows: list[_Row],
     ctx_rows: list[_Row],

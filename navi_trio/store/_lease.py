@@ -9,7 +9,7 @@ generations only go up. The fence check every write makes is
 
 from __future__ import annotations
 
-from sqlite_utils import Database
+import sqlite3
 
 from navi_trio.store._schema import _write_tx
 from navi_trio.store.base import LeaseRow
@@ -19,7 +19,7 @@ from navi_trio.store.statements import LEASE_COLS, lease_from
 
 
 def claim_lease(
-    db: Database, sid: str, owner: str, pid: int, host: str, ttl: float, now: float
+    db: sqlite3.Connection, sid: str, owner: str, pid: int, host: str, ttl: float, now: float
 ) -> LeaseRow:
     """Take the lease unless someone alive holds it; returns whoever holds it after."""
     with _write_tx(db):

@@ -20,9 +20,8 @@ same rows the same way.
 from __future__ import annotations
 
 import json
+import sqlite3
 from typing import Any
-
-from sqlite_utils import Database
 
 from navi_trio.store._lease import pid_alive
 from navi_trio.store._schema import _write_tx
@@ -30,7 +29,7 @@ from navi_trio.store.base import HANDED_PID
 
 
 def _enqueue(
-    db: Database,
+    db: sqlite3.Connection,
     sid: str,
     key: str,
     data: str,
@@ -57,7 +56,7 @@ def _enqueue(
         return [(k, json.loads(d)) for _, k, d in reversed(over)]
 
 
-def _claim(db: Database, sid: str, key: str) -> bool:
+def _claim(db: sqlite3.Connection, sid: str, key: str) -> bool:
     """Inside an append's transaction: take the row off the queue; False when gone."""
     return bool(
         db.execute("DELETE FROM queued WHERE key = ? AND session_id = ?", [key, sid]).rowcount
@@ -65,7 +64,7 @@ def _claim(db: Database, sid: str, key: str) -> bool:
 
 
 def _adopt(
-    db: Database, sid: str, pid: int, host: str, now: float
+    db: sqlite3.Connection, sid: str, pid: int, host: str, now: float
 ) -> list[tuple[str, dict[str, Any]]]:
     """The session's rows left by a dead process on this host, handed to anyone, or
     ours, or every row while we hold the session's lease (the holder runs the queue):

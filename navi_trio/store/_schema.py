@@ -15,8 +15,6 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlite_utils import Database
-
 from navi_trio.errors import StoreError
 from navi_trio.store.fence import Fence, lost
 from navi_trio.store.modes import PRIVATE_DIR, private_database
@@ -25,12 +23,32 @@ from navi_trio.store.statements import Engine
 SCHEMA_VERSION = 2  # 2: leases.generation (store/fence.py)
 _HISTORY = ("messages", "context")
 _TABLES = ("sessions", "messages", "context", "kv", "users")
+# Every table and index `_create` makes, and the columns it adds to older tables: a
+# database with all of them needs nothing from it (tests/test_store.py holds
+# the list to what `_create` makes).
+_SCHEMA_NAMES = frozenset(
+    {
+        *_TABLES,
+        *("leases", "queued", "wakes", "usage", "schedules", "usage_holds", "run_usage"),
+        *("sessions_user", "messages_order", "context_order", "users_token"),
+        *("queued_session", "wakes_session", "schedules_user", "usage_holds_key"),
+        *("run_usage_user", "run_usage_session"),
+    }
+)
+_ADDED_COLUMNS = (
+    ("leases", "generation"),
+    ("schedules", "last_skip"),
+    ("schedules", "last_skip_at"),
+)
 
 
-def _connect(path: Path, synchronous: str, busy_timeout: float) -> Database:
+def _connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Connection:
+    """The store's connection. SQLite's own autocommit (``isolation_level=None``): a
+    statement outside `_write_tx` commits by itself, as sqlite-utils' ``execute`` made it
+    do, and the module never opens a transaction of its own."""
     path.parent.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
     private_database(path)  # before SQLite makes its -wal and -shm: they take its mode
-    conn = sqlite3.connect(str(path), timeout=busy_timeout)
+    conn = sqlite3.connect(str(path), timeout=busy_timeout, isolation_level=None)
     try:
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
@@ -38,14 +56,15 @@ def _connect(path: Path, synchronous: str, busy_timeout: float) -> Database:
         conn.execute(f"PRAGMA synchronous={synchronous}")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
-        return Database(conn, execute_plugins=False)
+        conn.execute("PRAGMA recursive_triggers=on")  # as sqlite-utils' Database set it
+        return conn
     except BaseException:
         conn.close()
         raise
 
 
 @contextmanager
-def _write_tx(db: Database) -> Iterator[Database]:
+def _write_tx(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """One write transaction that takes the write lock first: ``BEGIN IMMEDIATE``.
 
     Why not sqlite-utils' ``atomic()`` (a deferred ``BEGIN``): a deferred transaction
@@ -53,34 +72,74 @@ def _write_tx(db: Database) -> Iterator[Database]:
     process committed in between, the upgrade fails at once with "database is locked"
     (SQLITE_BUSY_SNAPSHOT) and the busy timeout is never consulted. Taking the lock at
     BEGIN makes every writer wait its turn for up to the busy timeout instead. Nested
-    inside an open transaction, this is a savepoint.
+    inside an open transaction (a job of a group commit), this is a savepoint.
     """
-    if db.conn.in_transaction:
-        with db.atomic():
+    if db.in_transaction:
+        db.execute("SAVEPOINT navi_write")
+        try:
             yield db
+        except BaseException:
+            # An error that ended the whole transaction took the savepoint with it.
+            if db.in_transaction:
+                db.execute("ROLLBACK TO navi_write")
+                db.execute("RELEASE navi_write")
+            raise
+        db.execute("RELEASE navi_write")
         return
-    db.conn.execute("BEGIN IMMEDIATE")
+    db.execute("BEGIN IMMEDIATE")
     try:
         yield db
     except BaseException:
-        if db.conn.in_transaction:
-            db.conn.execute("ROLLBACK")
+        if db.in_transaction:
+            db.execute("ROLLBACK")
         raise
     try:
-        db.conn.execute("COMMIT")
+        db.execute("COMMIT")
     except BaseException:
-        if db.conn.in_transaction:
-            db.conn.execute("ROLLBACK")
+        if db.in_transaction:
+            db.execute("ROLLBACK")
         raise
 
 
-def _init_schema(db: Database) -> None:
+def _current(db: sqlite3.Connection) -> bool:
+    """Whether the database has every table, index and column `_create` makes."""
+    rows = db.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'index')")
+    if not _SCHEMA_NAMES <= {r[0] for r in rows}:
+        return False
+    for table, column in _ADDED_COLUMNS:
+        if (
+            db.execute(
+                "SELECT 1 FROM pragma_table_info(?) WHERE name = ?", [table, column]
+            ).fetchone()
+            is None
+        ):
+            return False
+    return True
+
+
+def _init_schema(db: sqlite3.Connection) -> None:
+    """Check the schema's version; make what is missing (a new or an older database).
+
+    A database that has everything is only read: sqlite-utils, which makes the tables,
+    is imported when there is something to make (most of `navi run`'s start-up is
+    imports).
+    """
     version = db.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
         raise StoreError(
             f"the database has schema version {version}; this navi knows {SCHEMA_VERSION}"
         )
-    with _write_tx(db):
+    if version == SCHEMA_VERSION and _current(db):
+        return
+    _create(db)
+
+
+def _create(conn: sqlite3.Connection) -> None:
+    """Every table, index and column the store uses, those already there left alone."""
+    from navi_trio.store._sqlite_utils import Database  # without numpy: its docstring
+
+    db = Database(conn, execute_plugins=False)
+    with _write_tx(conn):
         db.table("sessions").create(
             {
                 "id": str,
@@ -209,10 +268,10 @@ def _init_schema(db: Database) -> None:
 class SQLiteEngine(Engine):
     """SQLite under the shared statements: ``?``, ``BEGIN IMMEDIATE``, the fence read."""
 
-    def write(self, conn: Database) -> AbstractContextManager[object]:
+    def write(self, conn: sqlite3.Connection) -> AbstractContextManager[object]:
         return _write_tx(conn)
 
-    def check_fence(self, conn: Database, fence: Fence | None) -> None:
+    def check_fence(self, conn: sqlite3.Connection, fence: Fence | None) -> None:
         if fence is None:
             return
         row = conn.execute(
@@ -221,7 +280,7 @@ class SQLiteEngine(Engine):
         if row is None or (row[0], row[1]) != (fence.owner, fence.generation):
             raise lost(fence, None if row is None else (row[0], row[1]))
 
-    def kv_list(self, conn: Database, scope: str, prefix: str) -> list[tuple[str, Any]]:
+    def kv_list(self, conn: sqlite3.Connection, scope: str, prefix: str) -> list[tuple[str, Any]]:
         rows = conn.execute(
             "SELECT key, value FROM kv WHERE scope = ? AND substr(key, 1, ?) = ? ORDER BY key",
             [scope, len(prefix), prefix],

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import trio
-from sqlite_utils import Database
 
 from navi_trio.errors import StoreError
 from navi_trio.store._schema import _connect
@@ -47,7 +46,7 @@ class _Job(Generic[T]):
     def __init__(
         self,
         op: str,
-        fn: Callable[[Database], T],
+        fn: Callable[[sqlite3.Connection], T],
         stop: bool = False,
         durable: bool = True,
         growth: bool = False,
@@ -66,22 +65,22 @@ class _Job(Generic[T]):
         self.wrote = False  # it changed rows (and was not rolled back by its own error)
         self.grew = False  # and the database needed more pages for them (found room)
 
-    def run(self, db: Database | None, connect_error: BaseException | None) -> None:
+    def run(self, db: sqlite3.Connection | None, connect_error: BaseException | None) -> None:
         try:
             self.execute(db, connect_error)
         finally:
             self.answer()
 
-    def execute(self, db: Database | None, connect_error: BaseException | None) -> None:
+    def execute(self, db: sqlite3.Connection | None, connect_error: BaseException | None) -> None:
         """Run the function, keeping its result or error; the caller is not told yet."""
         self.result, self.error, self.wrote, self.grew = None, None, False, False
         try:
             if db is None:
                 raise connect_error or StoreError("no database connection")
-            changes = db.conn.total_changes
+            changes = db.total_changes
             pages = _page_count(db) if self.growth else 0
             self.result = self.fn(db)
-            self.wrote = db.conn.total_changes != changes
+            self.wrote = db.total_changes != changes
             self.grew = self.growth and self.wrote and _page_count(db) > pages
         except BaseException as exc:  # noqa: B036 - the thread must answer every job
             self.error = exc
@@ -94,9 +93,9 @@ class _Job(Generic[T]):
             pass  # the caller's trio run is gone; nobody is waiting
 
 
-def _page_count(db: Database) -> int:
+def _page_count(db: sqlite3.Connection) -> int:
     # The pager's own count (no I/O): how the store tells a write that needed room.
-    return int(db.conn.execute("PRAGMA page_count").fetchone()[0])
+    return int(db.execute("PRAGMA page_count").fetchone()[0])
 
 
 class _Worker:
@@ -119,7 +118,7 @@ class _Worker:
         self._queue.put(job)
 
     def _main(self) -> None:
-        db: Database | None = None
+        db: sqlite3.Connection | None = None
         connect_error: BaseException | None = None
         try:
             db = _connect(self._path, self._synchronous, BUSY_TIMEOUT_S)
@@ -142,16 +141,16 @@ class _Worker:
             if db is not None:
                 db.close()
 
-    def _sync_for(self, db: Database, batch: list[_Job[Any]]) -> None:
+    def _sync_for(self, db: sqlite3.Connection, batch: list[_Job[Any]]) -> None:
         """The connection's ``synchronous`` for `batch`: NORMAL when no job in it needs
         the fsync, else the configured level. Set outside any transaction; should SQLite
         refuse, the level stays as it was (and is tried again before the next batch)."""
         relaxed = self._relaxable and not any(job.durable for job in batch)
         level = "NORMAL" if relaxed else self._synchronous
-        if level == self._level or db.conn.in_transaction:
+        if level == self._level or db.in_transaction:
             return
         try:
-            db.conn.execute(f"PRAGMA synchronous={level}")
+            db.execute(f"PRAGMA synchronous={level}")
         except sqlite3.Error:
             logger.exception("store: setting synchronous=%s failed", level)
             return
@@ -168,16 +167,15 @@ class _Worker:
         return batch
 
 
-def _run_batch(db: Database, batch: list[_Job[Any]]) -> None:
+def _run_batch(conn: sqlite3.Connection, batch: list[_Job[Any]]) -> None:
     """Run `batch` in one transaction, a savepoint per job; answer after the commit."""
-    conn = db.conn
     try:
         if conn.in_transaction:  # left open by an earlier job: do not fold into it
             raise sqlite3.OperationalError("a transaction is already open")
         conn.execute("BEGIN IMMEDIATE")
         for job in batch:
             conn.execute("SAVEPOINT navi_job")
-            job.execute(db, None)
+            job.execute(conn, None)
             # Jobs never commit themselves (`_write_tx` nests as a savepoint); a transaction
             # gone here was rolled back by an error, so nothing of the batch is on disk.
             if not conn.in_transaction:
@@ -193,7 +191,7 @@ def _run_batch(db: Database, batch: list[_Job[Any]]) -> None:
             except sqlite3.Error:
                 logger.exception("store: rolling back a group transaction failed")
         for job in batch:
-            job.run(db, None)
+            job.run(conn, None)
         return
     for job in batch:
         job.answer()

@@ -118,7 +118,7 @@ class StoreMethods:
     ) -> T:
         """For tests and diagnostics only: `fn(conn)` as one job on the store's workers,
         as every method's (in order with them, the same error mapping, `durable=False`
-        as an append's); `conn` is the engine's own (sqlite-utils' Database, or a psycopg
+        as an append's); `conn` is the engine's own (a sqlite3 connection, or a psycopg
         connection in a transaction). Nothing in navi_trio calls it."""
         return await self._run(op, fn, durable=durable)
 

@@ -18,13 +18,13 @@ import collections
 import cProfile
 import io
 import pstats
+import sqlite3
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import trio
 from navi_runs import PROMPT, EchoTool, bench_runtime, ws_client, ws_daemon
-from sqlite_utils import Database
 
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing.harness import SessionDriver
@@ -37,7 +37,9 @@ async def main(a: argparse.Namespace) -> None:
     waits: collections.Counter[str] = collections.Counter()
     real_run = SQLiteStore._run
 
-    async def counted(self: Any, op: str, fn: Callable[[Database], T], **options: bool) -> T:
+    async def counted(
+        self: Any, op: str, fn: Callable[[sqlite3.Connection], T], **options: bool
+    ) -> T:
         kind = op.split(" ")[0] + " " + (op.split(" ")[1] if " " in op else "")
         t0 = time.perf_counter()
         try:
