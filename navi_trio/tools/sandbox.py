@@ -36,11 +36,11 @@ from pathlib import Path
 import attrs
 import trio
 
+from navi_trio.errors import ConfigError, ToolInputError
 from navi_trio.errors import SandboxUnavailableError as SandboxUnavailableError
-from navi_trio.errors import ToolInputError
 from navi_trio.tools.private import PrivatePaths, real_path, within
 from navi_trio.tools.roots import Root
-from navi_trio.tools.runas import RunAs, drop_argv
+from navi_trio.tools.runas import RunAs, closed_to, drop_argv
 
 PROBE_TIMEOUT_SEC = 10.0
 # Where the host keeps its sockets (docker, dbus, systemd, a database's): masked whole.
@@ -366,30 +366,64 @@ def unconfined_argv(
 
 
 async def dropped_argv(
-    user: RunAs, command: str, args: Sequence[str], bwrap_path: Path | None = None
+    user: RunAs,
+    command: str,
+    args: Sequence[str],
+    bwrap_path: Path | None = None,
+    *,
+    path: str | None = None,
 ) -> list[str]:
-    """A command line that starts `command` as `user` for what we do not start ourselves
-    (an MCP server): through an unconfined bwrap where bwrap works here, else through the
-    drop alone."""
-    return await trio.to_thread.run_sync(_dropped, user, command, args, bwrap_path)
+    """A command line that starts `command` (found on `path`, else on PATH) as `user`
+    for what we do not start ourselves (an MCP server): through an unconfined bwrap
+    where bwrap works here, else through the drop alone. `ConfigError` saying why, when
+    `user` could not start it there (a folder on the way closed to it)."""
+    return await trio.to_thread.run_sync(
+        functools.partial(_dropped, user, command, args, bwrap_path, path=path)
+    )
 
 
-def _dropped(user: RunAs, command: str, args: Sequence[str], bwrap_path: Path | None) -> list[str]:
-    ok, _ = sandbox_available(bwrap_path, user)
+def _dropped(
+    user: RunAs,
+    command: str,
+    args: Sequence[str],
+    bwrap_path: Path | None,
+    *,
+    path: str | None = None,
+) -> list[str]:
+    ok, reason = sandbox_available(bwrap_path, user)
     bwrap = find_bwrap(bwrap_path)
-    drop = [sys.executable, *drop_argv(user), command, *args]
-    if not ok or bwrap is None:
-        return drop
+    usable = ok and bwrap is not None
     prefixes = [p for p in dict.fromkeys(map(real_path, _PYTHON)) if os.path.isdir(p)]
+    _refuse_closed(user, command, path, prefixes if usable else [], "" if usable else reason)
+    drop = [sys.executable, *drop_argv(user), command, *args]
+    if not usable or bwrap is None:
+        return drop
     with ExitStack() as stack:  # nothing is opened: these binds are by path
         binds = _Binds((), stack, user)
         out = [str(bwrap), "--dev-bind", "/", "/"]
         for folder in _closed_above(prefixes, user, bound=False):
             out += binds.tmpfs(folder)
-        for path in prefixes:
-            if within(path, *binds.empty[1:]):
-                out += binds.bind_path(path)
+        for prefix in prefixes:
+            if within(prefix, *binds.empty[1:]):
+                out += binds.bind_path(prefix)
     return [*out, *DROP_CAPS, "--", *drop]
+
+
+def _refuse_closed(
+    user: RunAs, command: str, path: str | None, shown: Sequence[Path], no_bwrap: str
+) -> None:
+    """`ConfigError` naming the folder (or file) that keeps `user` from starting
+    `command`, where only `shown` (navi's own Python, bound by bwrap) is made reachable."""
+    program = shutil.which(command, path=path)
+    why = None if program is None else closed_to(program, user, [str(p) for p in shown])
+    if why is None:
+        return
+    also = f"; bwrap, which would show navi's own Python to it, cannot run here: {no_bwrap}"
+    raise ConfigError(
+        f"{command} cannot be started as the tool user {user.name} (uid {user.uid}): "
+        f"{why}. Put it where that user can reach it (not under a home such as /root), "
+        f"or set NAVI_TOOL_USER to a user who can{also if no_bwrap else ''}"
+    )
 
 
 def _prefixes(binds: _Binds) -> list[Root]:
