@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -29,13 +30,18 @@ pytestmark = [
 TIMEOUT = 60  # real seconds, for one interpreter's start on a busy machine
 
 
-@pytest.fixture
-def venv_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+@pytest.fixture(params=["open", "closed"])
+def venv_in_tmp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> Iterator[Path]:
     """A venv under /tmp whose ``python`` links to navi's interpreter, made navi's own
-    (`sys.executable` and the folders the sandbox shows of it); its ``python``."""
+    (`sys.executable` and the folders the sandbox shows of it); its ``python``. Its
+    folder open to others, or in one closed to them (a clone in a ``mktemp -d``)."""
     real = Path(os.path.realpath(sys.executable))
-    venv = tmp_path / "venv"
+    venv = tmp_path / "above" / "venv"
     (venv / "bin").mkdir(parents=True)
+    if request.param == "closed":
+        venv.parent.chmod(0o700)
     (venv / "bin" / "python").symlink_to(real)
     (venv / "pyvenv.cfg").write_text(
         f"home = {real.parent}\ninclude-system-site-packages = false\n"
@@ -64,5 +70,22 @@ async def test_an_mcp_server_of_navis_python_under_tmp_starts_as_the_tool_user(
     with trio.fail_after(TIMEOUT):
         argv = await sandbox.dropped_argv(parse(str(NOBODY)), str(venv_in_tmp), ["-I", "-c", code])
         done = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert done.stdout.split() == [str(NOBODY).encode()]
+
+
+async def test_a_full_mode_command_of_navis_python_under_tmp_runs_as_the_tool_user(
+    venv_in_tmp: Path, tmp_path: Path
+) -> None:
+    user = parse(str(NOBODY))
+    bwrap = sandbox.find_bwrap()
+    assert bwrap is not None
+    argv = [str(venv_in_tmp), "-I", "-c", "import os; print(os.getuid())"]
+    with ExitStack() as stack, trio.fail_after(TIMEOUT):
+        cmd = sandbox.unconfined_argv(bwrap, argv, tmp_path, stack=stack, user=user)
+        done = await trio.run_process(
+            cmd.argv, cwd="/", pass_fds=cmd.fds, capture_stdout=True, capture_stderr=True,
+            check=False,
+        )  # fmt: skip
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     assert done.stdout.split() == [str(NOBODY).encode()]

@@ -228,12 +228,16 @@ class _Binds:
     opened now. Each bind gets its own copy of the fd, since bwrap closes an fd once it
     has mounted it."""
 
-    def __init__(self, roots: Sequence[Root], stack: ExitStack, user: RunAs | None) -> None:
+    def __init__(
+        self, roots: Sequence[Root], stack: ExitStack, user: RunAs | None, *, tmp: bool = True
+    ) -> None:
         self.roots = roots
         self.stack = stack
         self.user = user
         self.fds: list[int] = []
-        self.empty: list[Path] = [PRIVATE_TMP]  # folders emptied by a tmpfs so far
+        # Folders emptied by a tmpfs so far: the private /tmp (`tmp`), the host's own
+        # where the sandbox keeps the host's root as it is.
+        self.empty: list[Path] = [PRIVATE_TMP] if tmp else []
         self._opened: dict[Path, Root] = {}
         self._made: set[Path] = set()
 
@@ -321,7 +325,7 @@ def bwrap_argv(
     out += ["--unshare-pid", "--die-with-parent"]
     if not spec.network:
         out.append("--unshare-net")
-    for folder in _closed_above([r.path for r in (*readable, *writable)], user):
+    for folder in _closed_above([r.path for r in (*readable, *writable)], user, binds.empty):
         out += binds.tmpfs(folder)
     for root in readable:
         out += binds.bind(root, writable=False)
@@ -350,11 +354,11 @@ def unconfined_argv(
     folder over each folder above the run's that `user` may not pass (``/root`` of mode
     0700), which hides only what `user` could not reach anyway.
     """
-    binds = _Binds(roots, stack, user)
+    binds = _Binds(roots, stack, user, tmp=False)
     here = cwd.verify() if isinstance(cwd, Root) else binds.root(cwd)
     work = [here, *(binds.root(r.path) for r in roots)]
     python = _prefixes(binds)
-    closed = _closed_above([r.path for r in (*work, *python)], user, bound=False)
+    closed = _closed_above([r.path for r in (*work, *python)], user, binds.empty, bound=False)
     out = [str(bwrap), "--dev-bind", "/", "/"]
     for folder in closed:
         out += binds.tmpfs(folder)
@@ -399,12 +403,12 @@ def _dropped(
     if not usable or bwrap is None:
         return drop
     with ExitStack() as stack:  # nothing is opened: these binds are by path
-        binds = _Binds((), stack, user)
+        binds = _Binds((), stack, user, tmp=False)
         out = [str(bwrap), "--dev-bind", "/", "/"]
-        for folder in _closed_above(prefixes, user, bound=False):
+        for folder in _closed_above(prefixes, user, binds.empty, bound=False):
             out += binds.tmpfs(folder)
         for prefix in prefixes:
-            if within(prefix, *binds.empty[1:]):
+            if within(prefix, *binds.empty):
                 out += binds.bind_path(prefix)
     return [*out, *DROP_CAPS, "--", *drop]
 
@@ -442,17 +446,20 @@ def _drop(user: RunAs) -> list[str]:
     return [*DROP_CAPS, "--", sys.executable, *drop_argv(user)]
 
 
-def _closed_above(paths: Sequence[Path], user: RunAs | None, *, bound: bool = True) -> list[Path]:
+def _closed_above(
+    paths: Sequence[Path], user: RunAs | None, emptied: Sequence[Path], *, bound: bool = True
+) -> list[Path]:
     """The top-most folders above `paths` that `user` may not pass through: the sandbox puts
     an empty folder over each, so the command can reach the binds below (``/root/proj``
-    under a ``/root`` of mode 0700). `bound`: `paths` are all bound; else only what lies
-    under an empty folder will be."""
+    under a ``/root`` of mode 0700), unless it lies in one `emptied` already (the private
+    /tmp, where the way to a bind is made passable). `bound`: `paths` are all bound;
+    else only what lies under an empty folder will be."""
     if user is None:
         return []
     found: list[Path] = []
     for path in paths:
         for folder in reversed(path.parents[:-1]):  # from the top, "/" left out
-            if within(folder, PRIVATE_TMP, *found) or (
+            if within(folder, *emptied, *found) or (
                 bound and any(within(folder, p) for p in paths)
             ):
                 break
