@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 import trio
+from kvfake import make_ctx
 from test_mcp_client import DEMO, unavailable_warning
 
-from navi_trio.errors import ConfigError
+from navi_trio.errors import ConfigError, ToolInputError
+from navi_trio.tools.code_exec import CodeExecTool
 from navi_trio.tools.runas import NOBODY, RunAs, closed_to
-from navi_trio.tools.sandbox import dropped_argv
+from navi_trio.tools.sandbox import dropped_argv, sandboxed_argv
 
 TIMEOUT = 10
 TOOL_USER = RunAs(NOBODY, NOBODY, "nobody")
@@ -95,3 +98,33 @@ async def test_a_root_daemons_mcp_server_in_a_closed_folder_is_reported_and_the_
     )
     assert "MCP server hidden" in said
     assert f"{closed} is closed to it (mode 0700" in said
+
+
+async def test_a_full_mode_program_in_a_closed_folder_without_bwrap_is_refused_saying_where(
+    closed: Path, tmp_path: Path
+) -> None:
+    program = str(closed / "bin" / "server")
+    with trio.fail_after(TIMEOUT), ExitStack() as stack, pytest.raises(ToolInputError) as caught:
+        await sandboxed_argv(
+            None, [program, "-v"], tmp_path, tmp_path / "no-bwrap", stack=stack, user=TOOL_USER
+        )
+    said = str(caught.value)
+    assert said.startswith(f"{program} cannot be started as the tool user nobody (uid 65534): ")
+    assert f"{closed} is closed to it (mode 0700" in said
+    assert f"bwrap at {tmp_path / 'no-bwrap'} is missing" in said
+
+
+@pytest.mark.slow  # before the check, the denied interpreter was started
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a daemon running as root drops")
+async def test_a_root_daemons_code_exec_without_bwrap_names_a_python_the_tool_user_cannot_reach(
+    closed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    python = closed / "bin" / "python"
+    python.symlink_to(sys.executable)
+    monkeypatch.setattr(sys, "executable", str(python))
+    ctx = make_ctx(tmp_path, bwrap_path=tmp_path / "no-bwrap")  # full mode: no sandbox
+    with trio.fail_after(TIMEOUT):
+        result = await CodeExecTool().execute({"code": "print(1)"}, ctx)
+    assert not result.ok
+    assert result.error is not None and f"{closed} is closed to it (mode 0700" in result.error
+    assert "NAVI_TOOL_USER" in result.error

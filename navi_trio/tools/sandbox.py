@@ -398,7 +398,9 @@ def _dropped(
     bwrap = find_bwrap(bwrap_path)
     usable = ok and bwrap is not None
     prefixes = [p for p in dict.fromkeys(map(real_path, _PYTHON)) if os.path.isdir(p)]
-    _refuse_closed(user, command, path, prefixes if usable else [], "" if usable else reason)
+    said = _unreachable(user, command, path, prefixes if usable else [], "" if usable else reason)
+    if said is not None:
+        raise ConfigError(said)
     drop = [sys.executable, *drop_argv(user), command, *args]
     if not usable or bwrap is None:
         return drop
@@ -413,17 +415,20 @@ def _dropped(
     return [*out, *DROP_CAPS, "--", *drop]
 
 
-def _refuse_closed(
+def _unreachable(
     user: RunAs, command: str, path: str | None, shown: Sequence[Path], no_bwrap: str
-) -> None:
-    """`ConfigError` naming the folder (or file) that keeps `user` from starting
-    `command`, where only `shown` (navi's own Python, bound by bwrap) is made reachable."""
+) -> str | None:
+    """What keeps `user` from starting `command` (the folder or the file, and what to
+    do), where only `shown` (navi's own Python, bound by bwrap) is made reachable; None
+    when nothing does. `no_bwrap`: why bwrap cannot run, when it cannot."""
+    if "/" in command and not os.path.isabs(command):
+        return None  # relative to the folder it starts in, not ours
     program = shutil.which(command, path=path)
     why = None if program is None else closed_to(program, user, [str(p) for p in shown])
     if why is None:
-        return
+        return None
     also = f"; bwrap, which would show navi's own Python to it, cannot run here: {no_bwrap}"
-    raise ConfigError(
+    return (
         f"{command} cannot be started as the tool user {user.name} (uid {user.uid}): "
         f"{why}. Put it where that user can reach it (not under a home such as /root), "
         f"or set NAVI_TOOL_USER to a user who can{also if no_bwrap else ''}"
@@ -544,13 +549,17 @@ async def sandboxed_argv(
 ) -> SandboxedCommand:
     """`argv` wrapped in `spec`'s sandbox (refused when bwrap cannot build it), to run as
     `user`. Without a spec (``full`` mode): `argv` itself, or `unconfined_argv` for a
-    `user` where bwrap works."""
+    `user` where bwrap works; `ToolInputError` saying why when `user` cannot reach the
+    program where bwrap does not run."""
     if spec is None:
         if user is not None:
-            ok, _ = await trio.to_thread.run_sync(sandbox_available, bwrap_path, user)
+            ok, reason = await trio.to_thread.run_sync(sandbox_available, bwrap_path, user)
             bwrap = find_bwrap(bwrap_path)
             if ok and bwrap is not None:
                 return unconfined_argv(bwrap, argv, cwd, roots=roots, stack=stack, user=user)
+            said = _unreachable(user, argv[0], None, [], reason)
+            if said is not None:
+                raise ToolInputError(said)
         return SandboxedCommand(list(argv))
     bwrap = await check_sandbox(bwrap_path, user)
     return bwrap_argv(bwrap, spec, argv, cwd, roots=roots, stack=stack, user=user)
