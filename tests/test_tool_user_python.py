@@ -63,6 +63,16 @@ def test_the_probe_runs_navis_python_from_a_venv_under_tmp(venv_in_tmp: Path) ->
     assert ok, reason
 
 
+def test_a_probe_that_cannot_start_navis_python_says_so(
+    venv_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sandbox, "_PYTHON", (Path(sys.base_prefix),))  # the venv not shown
+    ok, reason = sandbox.sandbox_available(None, parse(str(NOBODY)))
+    assert not ok
+    assert f"navi's Python ({venv_in_tmp}) cannot start in it as nobody" in reason
+    assert "user namespaces" not in reason
+
+
 async def test_an_mcp_server_of_navis_python_under_tmp_starts_as_the_tool_user(
     venv_in_tmp: Path,
 ) -> None:

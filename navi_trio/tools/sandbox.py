@@ -145,6 +145,12 @@ def _probe(bwrap: Path | None, user: RunAs | None = None) -> tuple[bool, str]:
         return False, f"bwrap at {bwrap} cannot run: {exc}"
     if done.returncode != 0:
         err = done.stderr.decode("utf-8", "replace").strip() or f"exit code {done.returncode}"
+        if user is not None and err.startswith("bwrap: execvp"):
+            return False, (
+                f"bwrap at {bwrap} builds a sandbox, but navi's Python ({sys.executable}) "
+                f"cannot start in it as {user.name} (uid {user.uid}): {err}; the sandbox "
+                f"shows it from {', '.join(map(str, dict.fromkeys(_PYTHON)))}"
+            )
         return False, (
             f"bwrap at {bwrap} cannot build a sandbox here ({err}); user namespaces "
             "may be disabled (kernel.unprivileged_userns_clone, a container's seccomp)"
