@@ -100,6 +100,17 @@ async def test_a_root_daemons_mcp_server_in_a_closed_folder_is_reported_and_the_
     assert f"{closed} is closed to it (mode 0700" in said
 
 
+async def test_an_mcp_servers_script_in_a_closed_folder_is_refused_saying_where(
+    closed: Path, tmp_path: Path
+) -> None:
+    script = str(closed / "bin" / "server")
+    with trio.fail_after(TIMEOUT), pytest.raises(ConfigError) as caught:
+        await dropped_argv(TOOL_USER, "sh", ["-e", script, "/"], tmp_path / "no-bwrap")
+    said = str(caught.value)
+    assert said.startswith(f"sh {script} cannot be started as the tool user nobody (uid 65534)")
+    assert f"{closed} is closed to it (mode 0700" in said
+
+
 async def test_a_full_mode_program_in_a_closed_folder_without_bwrap_is_refused_saying_where(
     closed: Path, tmp_path: Path
 ) -> None:

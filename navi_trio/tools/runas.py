@@ -133,11 +133,13 @@ def may(st: os.stat_result, want: int, who: RunAs) -> bool:
     return bits & want == want
 
 
-def closed_to(program: str, who: RunAs, shown: Sequence[str] = ()) -> str | None:
+def closed_to(
+    program: str, who: RunAs, shown: Sequence[str] = (), *, run: bool = True
+) -> str | None:
     """Why `who` cannot start the program at the path `program` (and what its links lead
     to, as the kernel follows them), or None when it can: the first folder on the way
-    it may not pass, or the program it may not execute (`may`). The way to a folder
-    of `shown` (one the sandbox binds, and makes a way to) is not checked."""
+    it may not pass, or (`run`) the program it may not execute (`may`). The way to a
+    folder of `shown` (one the sandbox binds, and makes a way to) is not checked."""
     real = Path(os.path.realpath(program))
     for path in dict.fromkeys((Path(os.path.abspath(program)), real)):
         top = max((Path(s) for s in shown if path.is_relative_to(s)), key=_depth, default=None)
@@ -146,7 +148,7 @@ def closed_to(program: str, who: RunAs, shown: Sequence[str] = ()) -> str | None
                 why = _lacks(folder, os.X_OK, who, "closed to it")
                 if why is not None:
                     return why
-    return _lacks(real, os.X_OK, who, "not executable by it")
+    return _lacks(real, os.X_OK, who, "not executable by it") if run else None
 
 
 def _depth(path: Path) -> int:

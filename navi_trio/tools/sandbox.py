@@ -404,7 +404,8 @@ def _dropped(
     bwrap = find_bwrap(bwrap_path)
     usable = ok and bwrap is not None
     prefixes = [p for p in dict.fromkeys(map(real_path, _PYTHON)) if os.path.isdir(p)]
-    said = _unreachable(user, command, path, prefixes if usable else [], "" if usable else reason)
+    shown = prefixes if usable else []
+    said = _unreachable(user, command, path, shown, "" if usable else reason, args)
     if said is not None:
         raise ConfigError(said)
     drop = [sys.executable, *drop_argv(user), command, *args]
@@ -422,20 +423,30 @@ def _dropped(
 
 
 def _unreachable(
-    user: RunAs, command: str, path: str | None, shown: Sequence[Path], no_bwrap: str
+    user: RunAs,
+    command: str,
+    path: str | None,
+    shown: Sequence[Path],
+    no_bwrap: str,
+    args: Sequence[str] = (),
 ) -> str | None:
     """What keeps `user` from starting `command` (the folder or the file, and what to
     do), where only `shown` (navi's own Python, bound by bwrap) is made reachable; None
-    when nothing does. `no_bwrap`: why bwrap cannot run, when it cannot."""
+    when nothing does. Of `args`, those naming something that exists (a server's
+    script) must be on a way open to `user` too. `no_bwrap`: why bwrap cannot run."""
     if "/" in command and not os.path.isabs(command):
         return None  # relative to the folder it starts in, not ours
     program = shutil.which(command, path=path)
-    why = None if program is None else closed_to(program, user, [str(p) for p in shown])
+    named = [str(p) for p in shown]
+    what, why = command, None if program is None else closed_to(program, user, named)
+    for arg in args:
+        if why is None and os.path.isabs(arg) and os.path.exists(arg):
+            what, why = f"{command} {arg}", closed_to(arg, user, named, run=False)
     if why is None:
         return None
     also = f"; bwrap, which would show navi's own Python to it, cannot run here: {no_bwrap}"
     return (
-        f"{command} cannot be started as the tool user {user.name} (uid {user.uid}): "
+        f"{what} cannot be started as the tool user {user.name} (uid {user.uid}): "
         f"{why}. Put it where that user can reach it (not under a home such as /root), "
         f"or set NAVI_TOOL_USER to a user who can{also if no_bwrap else ''}"
     )
