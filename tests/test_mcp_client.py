@@ -571,19 +571,27 @@ async def test_shutdown_kills_the_server_and_what_it_started(
         assert not _alive(pids["child"])
 
 
-async def test_a_server_that_cannot_start_is_reported_and_the_run_goes_on(
-    tmp_path: Path,
-) -> None:
-    servers = {"broken": {"command": str(tmp_path / "no-such-program")}}
+async def unavailable_warning(tmp_path: Path, servers: dict[str, Any]) -> str:
+    """What a run says of `servers`, one of which cannot start: the run goes on without
+    it, and warns once (``mcp_unavailable``); that warning's message."""
     with trio.fail_after(TIMEOUT):
         async with open_harness(
             tmp_path, replies=[{"text": "fine without it"}], config=mcp_config(servers, policy={})
         ) as h:
             frames = await h.turn("s1", "hello")
-            assert frames[-1]["text"] == "fine without it"
-            [warning] = [w for w in of_type(frames, "warning") if w["code"] == "mcp_unavailable"]
-            assert "MCP server broken" in warning["message"]
-            assert "no-such-program" in warning["message"]
+    assert frames[-1]["text"] == "fine without it"
+    [warning] = [w for w in of_type(frames, "warning") if w["code"] == "mcp_unavailable"]
+    return str(warning["message"])
+
+
+async def test_a_server_that_cannot_start_is_reported_and_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    said = await unavailable_warning(
+        tmp_path, {"broken": {"command": str(tmp_path / "no-such-program")}}
+    )
+    assert "MCP server broken" in said
+    assert "no-such-program" in said
 
 
 async def test_a_changed_entry_gets_a_new_actor_and_a_disabled_one_no_tools(

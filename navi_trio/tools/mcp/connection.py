@@ -309,7 +309,7 @@ class McpConnection:
             if shutil.which(command, path=path) is None:
                 raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
         if user is not None:
-            command, *args = await dropped_argv(user, command, args, self.bwrap_path)
+            command, *args = await dropped_argv(user, command, args, self.bwrap_path, path=path)
             env = {**user.env(), "HOME": user.home, **env}  # what the entry sets wins
         if leaf is not None:  # in its cgroup before it runs anything of the server
             command, *args = leaf.self_entry_argv([command, *args])
