@@ -25,7 +25,7 @@ URL = "http://127.0.0.1:9/api/chat"
 @pytest.mark.parametrize("headers", [None, {"Authorization": "Bearer k"}])
 def test_a_chat_post_is_the_request_build_request_makes(headers: dict[str, str] | None) -> None:
     client = LLMClient(timeout=httpx.Timeout(None, connect=3))
-    for body in (b'{"a": 1}', b'{"b": "\xc3\xa9"}'):  # the second from the template
+    for body in (b'{"a": 1}', b'{"b": "\xc3\xa9"}', b""):  # the second from the template
         fast = client.json_post(URL, body, headers)
         slow = client.build_request(
             "POST",
@@ -33,7 +33,9 @@ def test_a_chat_post_is_the_request_build_request_makes(headers: dict[str, str] 
             content=body,
             headers={**(headers or {}), "Content-Type": "application/json"},
         )
+        assert fast.content == slow.content == body  # read already, as the transport wants
         assert (fast.method, fast.url, fast.read()) == (slow.method, slow.url, slow.read())
+        assert b"".join(fast.stream) == body  # type: ignore[arg-type]  # sync: a ByteStream
         assert fast.headers.raw == slow.headers.raw  # names, order and Content-Length
         assert fast.extensions == slow.extensions
 

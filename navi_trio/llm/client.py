@@ -19,6 +19,7 @@ import httpx
 # Templates kept per client: one per (URL, extra headers); a caller varying its headers
 # per request (no backend does) only costs a rebuild once this many are kept.
 MAX_TEMPLATES = 32
+JSON_TYPE = {"Content-Type": "application/json"}
 
 
 class _NoCookies(httpx.Cookies):
@@ -55,23 +56,30 @@ class LLMClient(httpx.AsyncClient):
 
         The URL and the merged headers (the client's, then `headers`, then the JSON
         content type) come from a template made by ``build_request`` on first use."""
+        if not content:  # httpx's own headers for no body (never a chat request's)
+            return self.build_request(
+                "POST", url, content=content, headers={**(headers or {}), **JSON_TYPE}
+            )
         key = (url, tuple(headers.items()) if headers else ())
         template = self._templates.get(key)
         if template is None:
             if len(self._templates) >= MAX_TEMPLATES:
                 self._templates.clear()
-            model = self.build_request(
-                "POST", url, headers={**(headers or {}), "Content-Type": "application/json"}
-            )
+            model = self.build_request("POST", url, headers={**(headers or {}), **JSON_TYPE})
             template = _Template(model)
             self._templates[key] = template
-        return httpx.Request(
+        # The headers httpx would make for `content` (the template's, then the body's
+        # Content-Length) given whole, with the body as a stream: httpx then neither
+        # looks the headers up again nor copies them into a new set.
+        request = httpx.Request(
             "POST",
             template.url,
-            content=content,
-            headers=template.headers,
+            headers=[*template.headers, (b"Content-Length", b"%d" % len(content))],
+            stream=httpx.ByteStream(content),
             extensions={"timeout": dict(template.timeout)},
         )
+        request.read()  # `content` at hand, as for a request made with content=
+        return request
 
 
 class _Template:

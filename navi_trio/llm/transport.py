@@ -49,6 +49,7 @@ MAX_IDLE = 512  # idle keep-alive connections kept per origin
 KEEPALIVE_EXPIRY = 4.0  # idle seconds kept: under the 5 s after which uvicorn and llama.cpp close
 MAX_HEAD_BYTES = 64 * 1024  # a response's status line and headers
 READ_SIZE = 64 * 1024
+MAX_CHECKED = 64  # header sets h11 has checked, kept per transport (a backend sends one)
 DISCONNECTED = "Server disconnected without sending a response."
 
 Origin = tuple[bytes, str, int]
@@ -118,6 +119,35 @@ class _Conn:
             self.h11.receive_data(cast(bytes, data))  # a bytearray does as well
 
 
+class RequestHeads:
+    """h11's `Request` event for an httpx request, its headers checked once per set.
+
+    h11 checks every header name and value against HTTP's grammar (no newline, no NUL,
+    no space at either end: a config's header value cannot smuggle a line in) for every
+    request. A chat backend sends the same headers each time but for Content-Length, so
+    a set that passed once, in that order, is not matched again: only its digits-only
+    Content-Length differs, which the grammar always allows. Everything else h11 does
+    each time (the method and target, one Host, Content-Length against
+    Transfer-Encoding, Content-Length's own digits)."""
+
+    def __init__(self, max_sets: int = MAX_CHECKED) -> None:
+        self._checked: dict[tuple[tuple[bytes, bytes], ...], None] = {}
+        self._max_sets = max_sets
+
+    def event(self, request: httpx.Request) -> h11.Request:
+        raw = request.headers.raw
+        target = request.url.raw_path
+        rest = tuple(h for h in raw if not (h[0].lower() == b"content-length" and h[1].isdigit()))
+        if rest in self._checked:
+            method = request.method.encode("ascii")
+            return h11.Request(method=method, target=target, headers=raw, _parsed=True)
+        event = h11.Request(method=request.method, target=target, headers=raw)
+        if len(self._checked) >= self._max_sets:
+            self._checked.clear()
+        self._checked[rest] = None
+        return event
+
+
 class _Body(httpx.AsyncByteStream):
     """A response body read from its connection as the caller iterates; `aclose`
     gives the connection back only if the exchange finished cleanly."""
@@ -176,6 +206,7 @@ class H11Transport(httpx.AsyncBaseTransport):
         self._slots: dict[Origin, trio.Semaphore] = {}
         self._all: set[_Conn] = set()  # open, in use or idle (closed at aclose)
         self.connections_made = 0  # for tests and benchmarks
+        self._heads = RequestHeads()
         self._closed = False
 
     # -- the pool --------------------------------------------------------------------
@@ -309,12 +340,8 @@ class H11Transport(httpx.AsyncBaseTransport):
     ) -> h11.Response:
         """Send `request` on `conn`; return the response head once it has come."""
         state = conn.h11
-        url = request.url
-        target = url.raw_path
         with _mapped(httpx.LocalProtocolError, httpx.WriteTimeout):
-            head = state.send(
-                h11.Request(method=request.method, target=target, headers=request.headers.raw)
-            )
+            head = state.send(self._heads.event(request))
         try:
             body: bytes | None = request.content
         except httpx.RequestNotRead:

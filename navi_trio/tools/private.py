@@ -29,8 +29,21 @@ def real_path(path: Path | str) -> Path:
 def within(path: Path, *folders: Path) -> bool:
     """Whether `path` is one of `folders` or lies below one. Paths are compared as
     given, part by part (``/a/bc`` is not below ``/a/b``): the caller normalises or
-    resolves them first. The one containment check of the tools."""
-    return any(path == f or f in path.parents for f in folders)
+    resolves them first. The one containment check of the tools.
+
+    The answer is ``path == f or f in path.parents``'s, without making each parent:
+    a folder is a leading run of the path's parts, the whole path or one of its
+    parents. An anchored path's last parent is its anchor, so ``.`` is never above it.
+    """
+    parts = path.parts
+    length = len(parts)
+    shortest = 1 if path.anchor else 0  # the fewest parts a parent of `path` has
+    for folder in folders:
+        head = folder.parts
+        size = len(head)
+        if size <= length and (size == length or size >= shortest) and parts[:size] == head:
+            return True
+    return False
 
 
 @attrs.frozen
@@ -65,6 +78,44 @@ def _config_paths(config_file: Path) -> list[Path]:
     return [folder]
 
 
+@attrs.frozen
+class OwnData:
+    """The daemon's own data as `private_paths` finds it on the disk for one session
+    folder: `hidden` the real paths (before the config's, duplicates kept), `own` the
+    real session folder. Reading it resolves every symlink; `paths` only adds the
+    config's part, so a run reads this once and makes both of its lists from it."""
+
+    hidden: tuple[Path, ...]
+    own: Path | None
+
+    def paths(self, config: NaviConfig | None = None) -> PrivatePaths:
+        """The private paths: these, and the SSH identity files `config` names."""
+        hidden = list(self.hidden)
+        if config is not None and config.ssh is not None:
+            hidden += [real_path(Path(h.identity_file)) for h in config.ssh.hosts.values()]
+        unique = tuple(dict.fromkeys(hidden))
+        allowed: tuple[Path, ...] = ()
+        own = self.own
+        # A session folder turned into a link to the data folder (or above) allows nothing.
+        if own is not None and not any(within(h, own) for h in unique):
+            allowed = (own,)
+        return PrivatePaths(hidden=unique, allowed=allowed)
+
+
+def own_data(settings: Settings, own_session_dir: Path | None = None) -> OwnData:
+    """What `private_paths` reads from the disk for `settings` and `own_session_dir`."""
+    db = real_path(settings.db_path)
+    hidden = (
+        real_path(settings.data_dir),
+        db,
+        *(db.with_name(db.name + side) for side in DB_SIDES),
+        *_config_paths(real_path(settings.config_path)),
+        real_path(Path(os.environ.get("XDG_CONFIG_HOME") or "~/.config") / "navi"),
+    )
+    own = None if own_session_dir is None else real_path(own_session_dir)
+    return OwnData(hidden=hidden, own=own)
+
+
 def private_paths(
     settings: Settings,
     own_session_dir: Path | None = None,
@@ -75,21 +126,4 @@ def private_paths(
 
     With `config`, the SSH identity files it names are hidden too.
     """
-    db = real_path(settings.db_path)
-    hidden = [
-        real_path(settings.data_dir),
-        db,
-        *(db.with_name(db.name + side) for side in DB_SIDES),
-        *_config_paths(real_path(settings.config_path)),
-        real_path(Path(os.environ.get("XDG_CONFIG_HOME") or "~/.config") / "navi"),
-    ]
-    if config is not None and config.ssh is not None:
-        hidden += [real_path(Path(h.identity_file)) for h in config.ssh.hosts.values()]
-    unique = tuple(dict.fromkeys(hidden))
-    allowed: tuple[Path, ...] = ()
-    if own_session_dir is not None:
-        own = real_path(own_session_dir)
-        # A session folder turned into a link to the data folder (or above) allows nothing.
-        if not any(within(h, own) for h in unique):
-            allowed = (own,)
-    return PrivatePaths(hidden=unique, allowed=allowed)
+    return own_data(settings, own_session_dir).paths(config)

@@ -7,6 +7,7 @@ planning prompts read again, so an edit reaches the very next model call.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from navi_trio.core.turn.planning import PlanningPrompts
 from navi_trio.profiles import ConfigSource, NaviConfig
 
 Signature = tuple[tuple[str, int, int], ...]
+_NO_FILE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP})
 
 
 class LiveConfig:
@@ -22,6 +24,8 @@ class LiveConfig:
         self.source = source
         self._builder = builder
         self._generation = source.generation
+        # The prompt files a config names, and its prompts folder: made once per config.
+        self._named: tuple[NaviConfig | None, list[str], str] = (None, [], "")
         self._signature = self._files_signature()
         self.planning_prompts = PlanningPrompts.load(self.prompts_dir)
 
@@ -41,17 +45,23 @@ class LiveConfig:
         return self.source.current
 
     def _files_signature(self) -> Signature:
-        """(path, mtime, size) of every file the config is read from: a cheap stat each."""
+        """(path, mtime, size) of every file the config is read from: a cheap stat each.
+
+        Asked at every turn, so on plain strings: the files a config names and its
+        prompts folder are worked out once per config; the folder is listed each time."""
         cfg = self.source.current
-        files = {self.source.path, *_prompt_files(cfg), *_listed(self.prompts_dir)}
+        if self._named[0] is not cfg:
+            named = [os.fspath(p) for p in (self.source.path, *_prompt_files(cfg))]
+            self._named = (cfg, named, os.fspath(self.prompts_dir))
+        _, named, prompts = self._named
         out = []
-        for path in sorted(files):
+        for path in sorted({*named, *_listed(prompts)}):
             try:
                 st = os.stat(path)
             except OSError:
-                out.append((str(path), -1, -1))
+                out.append((path, -1, -1))
             else:
-                out.append((str(path), st.st_mtime_ns, st.st_size))
+                out.append((path, st.st_mtime_ns, st.st_size))
         return tuple(out)
 
 
@@ -62,8 +72,21 @@ def _prompt_files(cfg: NaviConfig) -> list[Path]:
     return [cfg.resolve_path(n) for n in names if n]
 
 
-def _listed(folder: Path) -> list[Path]:
+def _listed(folder: str) -> list[str]:
+    """The files in `folder` (links to files too), by path; none when it cannot be read."""
     try:
-        return [p for p in folder.iterdir() if p.is_file()]
+        with os.scandir(folder) as entries:
+            return [e.path for e in entries if _is_file(e)]
     except OSError:
         return []
+
+
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    """``Path.is_file``'s answer: an entry that is gone, a dangling link or a loop is
+    no file; any other error (a permission) leaves the folder unread."""
+    try:
+        return entry.is_file()
+    except OSError as exc:
+        if exc.errno in _NO_FILE:
+            return False
+        raise

@@ -18,7 +18,7 @@ from navi_trio.errors import RequestError, RootChangedError
 from navi_trio.events import WarningEvent
 from navi_trio.project import Places, ProjectView, Reader, folder_chain, gather, user_folder
 from navi_trio.settings import Settings
-from navi_trio.tools.private import private_paths, real_path
+from navi_trio.tools.private import PrivatePaths, private_paths, real_path
 from navi_trio.tools.roots import Root
 from navi_trio.tools.runas import run_as
 
@@ -39,10 +39,12 @@ async def project_view(
     cwd: Root | None,
     check: CwdCheck | None,
     session_dir: Path | None = None,
+    private: PrivatePaths | None = None,
 ) -> ProjectView:
     """The instruction files and skills for a run in the held `cwd` (None: the run has
     none, only navi's own folders count), the folders above it held when `check`
-    passes them."""
+    passes them. `private`: the paths not gathered, when the caller has them already
+    (else those of `settings` with `session_dir` visible)."""
     chain = None
     parents: list[Root] = []
     try:
@@ -59,7 +61,7 @@ async def project_view(
         places = Places(
             chain,
             () if cwd is None else (cwd, *parents),
-            private_paths(settings, session_dir),
+            private_paths(settings, session_dir) if private is None else private,
             run_as(settings.tool_user),
             user_folder(),
             real_path(settings.config_path).parent,
@@ -91,9 +93,12 @@ async def read_project(parts: LoopParts, turn: Turn) -> ProjectView:
         config=parts.config.source,
         store=parts.store,
     )
-    session_dir = parts.settings.session_dir(turn.todo_session())
     view = await project_view(
-        parts.settings, parts.project_files, cwd=cwd, check=check, session_dir=session_dir
+        parts.settings,
+        parts.project_files,
+        cwd=cwd,
+        check=check,
+        private=turn.private_paths(parts.settings),
     )
     if not turn.subagent:
         for skipped in view.skipped:

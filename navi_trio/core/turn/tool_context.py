@@ -23,7 +23,6 @@ from navi_trio.events import WarningEvent
 from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.project import narrowed
 from navi_trio.tools.base import ToolContext
-from navi_trio.tools.private import private_paths
 from navi_trio.tools.roots import RunRoots
 from navi_trio.tools.services import (
     ProcessService,
@@ -216,7 +215,7 @@ def make_tool_context(
             turn.mode,
             session_dir,
             cwd,
-            private_paths(parts.settings, session_dir, config=turn.config),
+            turn.private_paths(parts.settings, turn.config),
             tmp_max_bytes=parts.settings.sandbox_tmp_max_bytes,
         ),
     )

@@ -7,6 +7,7 @@ Turn, so the shielded clean-up finds it wherever the cancel landed.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import attrs
 
@@ -29,6 +30,7 @@ from navi_trio.project import ProjectView, Reader
 from navi_trio.settings import Settings
 from navi_trio.store.base import SessionStore
 from navi_trio.tools.base import ToolContext, ToolRegistry, ToolResult
+from navi_trio.tools.private import OwnData, PrivatePaths, own_data
 from navi_trio.tools.roots import RunRoots
 
 Emit = Callable[[AgentEvent], None]
@@ -91,6 +93,8 @@ class Turn:
     # The run's hooks, loaded at its first event; how it ended.
     hooks: TurnHooks | None = None
     end_reason: str = ""
+    # What `private_paths` read from the disk for the run's session folder: once a run.
+    own_data: tuple[Path, OwnData] | None = None
 
     @property
     def limit(self) -> int:
@@ -104,6 +108,17 @@ class Turn:
     def todo_session(self) -> str:
         """Session-aware tools of a sub-agent work on the parent session's data."""
         return self.parent_session_id or self.state.id
+
+    def private_paths(self, settings: Settings, config: NaviConfig | None = None) -> PrivatePaths:
+        """What this run's tools may not see (`tools/private.py`), its session folder
+        excepted, and with `config` the SSH keys it names. The disk is read at the first
+        call of the run (the project's files, then the tools' context take the same
+        reading, as the tools keep their context for the whole run); the config's part
+        is added at each call."""
+        session_dir = settings.session_dir(self.todo_session())
+        if self.own_data is None or self.own_data[0] != session_dir:
+            self.own_data = (session_dir, own_data(settings, session_dir))
+        return self.own_data[1].paths(config)
 
     def count(self, prompt_tokens: int, completion_tokens: int) -> None:
         """One LLM call's usage: this run's totals (and its parent's), and its budget."""
