@@ -36,6 +36,11 @@ pytestmark = pytest.mark.slow
 START = 90  # daemon start + model load, on a loaded 2-core machine
 ERROR_CARD = "✗ error"
 ANSWER = 300  # a whole answer of the 135M model when 8 processes share 2 cores
+# The message of the answering tests: a greeting the shipped `local` profile answers in
+# words (its tool choice is `message`), so the run reads its prompt once and writes a
+# few tokens. "Say hello." made the model call a tool and then answer that tool's error:
+# two more steps, about a third of the test's time.
+HELLO = "Hello!"
 
 
 def _free_port() -> int:
@@ -121,7 +126,7 @@ def test_navi_chat_local_answers_in_a_terminal(tmp_path: Path) -> None:
         assert "--local" in argv  # passed on, not chosen again by the daemon
         token = (tmp_path / "data" / TOKEN_FILE).read_text().strip()
         assert trio.run(daemon_backend, url, token) == "local"
-        child.sendline("Say hello.")
+        child.sendline(HELLO)
         # The run's end: the status line names the model and the context it used.
         child.expect(STATUS, timeout=ANSWER)
         shown = child.before or ""
@@ -172,7 +177,7 @@ def test_navi_run_local_answers_with_the_local_profile(tmp_path: Path) -> None:
     env.update(NAVI_DB=str(tmp_path / "navi.db"), NAVI_DATA_DIR=str(tmp_path / "data"),
                PYTHONPATH=str(REPO_ROOT), NAVI_LOCAL_THREADS=str(THREADS))  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, "-m", "navi_trio", "run", "--local", "Say hello."],
+        [sys.executable, "-m", "navi_trio", "run", "--local", HELLO],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=ANSWER, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

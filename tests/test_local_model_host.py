@@ -299,7 +299,8 @@ async def main():
                                  num_ctx=2048, llm_backend="local", local_threads={THREADS})
     async with open_runtime(settings) as rt:
         await rt.store.create_session("s1", profile_id="local")
-        async with rt.agent.run_stream("s1", "Say hello.") as stream:
+        # A greeting the shipped profile answers in words: one read of its prompt.
+        async with rt.agent.run_stream("s1", "Hello!") as stream:
             ends = [e async for e in stream][-1]
     print(type(ends).__name__, ends.reason, "llama_cpp" in sys.modules)
 
