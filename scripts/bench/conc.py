@@ -26,6 +26,16 @@ ms before every chunk, the first included): `--words` words of text, then the on
 daemon's CPU over the rounds: the cost of a round once waiting is no part of it).
 ``--transport`` picks the daemon's LLM transport (NAVI_LLM_TRANSPORT; default: the
 setting's default).
+
+The gaps in flow are of two kinds that a user sees differently, each with its p99 beside
+the whole one: in a stream (a text delta after a text delta: the answer as it is
+typed) and at a round's end (every other gap: the end of the model's stream, the
+round's saves, the tool, the next request and the model's wait before its first word).
+
+``--phases`` (realistic pace, bench only): the daemon notes the collector's passes,
+how late its trio loop runs and each round's parts (conc_parts.py `Probe`); reported
+under "phases": the collector's pauses per generation, their share of the gaps in flow
+over ``--limit-ms``, and a round end split into its parts (p50 / p99 of each).
 """
 
 from __future__ import annotations
@@ -157,6 +167,131 @@ def _pcts(gaps: list[float]) -> dict[str, float]:
     }  # fmt: skip
 
 
+def _p(values: list[float], q: float) -> float | None:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(len(s) * q))] if s else None
+
+
+def _in_stream(kinds: list[str], i: int) -> bool:
+    """Whether gap `i` is inside a streamed answer: a text delta after a text delta."""
+    return kinds[i] == kinds[i - 1] == "text_delta"
+
+
+def _flow_kinds(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The gaps in flow split in two: in a stream (a text delta after a text delta) and
+    at a round's end (every other gap); the p99 and count of each."""
+    stream: list[float] = []
+    ends: list[float] = []
+    for r in results:
+        for gaps, kinds in zip(r["gaps_ms"], r["kinds"], strict=True):
+            for i in range(1, len(gaps)):
+                (stream if _in_stream(kinds, i) else ends).append(gaps[i])
+    return {
+        "p99_gap_in_stream_ms": _p(stream, 0.99), "p99_gap_round_end_ms": _p(ends, 0.99),
+        "gaps_in_stream": len(stream), "gaps_round_end": len(ends),
+    }  # fmt: skip
+
+
+def _overlap(spans: list[tuple[float, float]], a: float, b: float) -> float:
+    """Seconds of [a, b] that `spans` (sorted (start, end), disjoint) cover."""
+    return sum(max(0.0, min(e, b) - max(s, a)) for s, e in spans if s < b and e > a)
+
+
+def _phases(results: list[dict[str, Any]], probe: dict[str, Any], t0: float, t1: float,
+            limit_ms: float) -> dict[str, Any]:  # fmt: skip
+    """`--phases`: the collector's pauses in the measured time, their share of the gaps
+    in flow over `limit_ms`, and each round end's parts (see the module's doc)."""
+    gcs = [g for g in probe["gc"] if t0 <= g[0] <= t1]
+    per_gen: dict[str, Any] = {}
+    for gen in (0, 1, 2):
+        ms = [1000 * g[1] for g in gcs if g[2] == gen]
+        cpu = [1000 * g[5] for g in gcs if g[2] == gen]
+        per_gen[str(gen)] = {
+            "count": len(ms), "total_ms": sum(ms), "p50_ms": _p(ms, 0.5), "max_ms": _p(ms, 1),
+            "cpu_ms": sum(cpu), "p50_cpu_ms": _p(cpu, 0.5), "max_cpu_ms": _p(cpu, 1),
+            "freed": sum(g[3] for g in gcs if g[2] == gen),
+        }  # fmt: skip
+    gc_spans = sorted((g[0], g[0] + g[1]) for g in gcs)
+    full_spans = sorted((g[0], g[0] + g[1]) for g in gcs if g[2] == 2)
+    late = [(w - s, w) for w, s in probe["late"] if t0 <= w <= t1]
+    long_gaps: list[tuple[float, float, bool]] = []  # start, end, at a round end
+    for r in results:
+        for gaps, kinds, at in zip(r["gaps_ms"], r["kinds"], r["at"], strict=True):
+            for i in range(1, len(gaps)):
+                if gaps[i] > limit_ms:
+                    long_gaps.append((at[i] - gaps[i] / 1000, at[i], not _in_stream(kinds, i)))
+    with_gc = [g for g in long_gaps if _overlap(gc_spans, g[0], g[1]) > 0]
+    in_full = [g for g in long_gaps if _overlap(full_spans, g[0], g[1]) > 0]
+    long_s = sum(b - a for a, b, _ in long_gaps)
+    gc_in_long = sum(_overlap(gc_spans, a, b) for a, b, _ in long_gaps)
+    late_in_long = sum(_overlap(late, a, b) for a, b, _ in long_gaps)
+    return {
+        "gc": per_gen, "gc_ms_per_s": 1000 * sum(g[1] for g in gcs) / (t1 - t0),
+        "gc_cpu_ms_per_s": 1000 * sum(g[5] for g in gcs) / (t1 - t0),
+        "gc_not_in_trio_thread": sum(not g[4] for g in gcs),
+        "gc_threshold": probe["gc_threshold"], "gc_frozen": probe["gc_frozen"],
+        "gc_objects_at_end": probe["gc_objects"],
+        "gc_objects_at_listen": probe["gc_objects_at_listen"],
+        "gc_old_types": probe["gc_old_types"],
+        "loop_late_ms": {"count": len(late), "total_ms": 1000 * sum(e - s for s, e in late),
+                         "max_ms": 1000 * max((e - s for s, e in late), default=0.0)},
+        "gaps_over_limit": len(long_gaps),
+        "gaps_over_limit_at_round_end": sum(g[2] for g in long_gaps),
+        "gaps_over_limit_with_gc": len(with_gc),
+        "gaps_over_limit_with_a_full_pass": len(in_full),
+        "gc_share_of_gaps_over_limit": gc_in_long / long_s if long_s else None,
+        "late_share_of_gaps_over_limit": late_in_long / long_s if long_s else None,
+        "round_end_ms": _round_ends(results, probe),
+    }  # fmt: skip
+
+
+ROUND_END_PARTS = (
+    "stream_tail",  # the client's last word of a round -> the daemon has the stream's end
+    "to_tool",  # -> the echo tool runs (the call parsed, the answer saved)
+    "tool",  # the tool's own run
+    "to_request",  # -> the next LLM request starts (the result saved, the context built)
+    "to_first_chunk",  # -> its first chunk is read (the model's 20 ms wait in it)
+    "relay_first",  # -> the client has the first word
+    "whole",  # the client's last word of a round -> its first word of the next
+)
+
+
+def _round_ends(results: list[dict[str, Any]], probe: dict[str, Any]) -> dict[str, Any]:
+    """Each round end of every session, split at the daemon's notes: p50 / p99 of each
+    part in ms (see `ROUND_END_PARTS`). A session's k-th LLM call matches its k-th run
+    of text deltas on the client."""
+    calls: dict[str, list[tuple[float, float | None, float]]] = {}
+    for sid, start, first, end in probe["calls"]:
+        calls.setdefault(sid, []).append((start, first, end))
+    tools: dict[str, list[tuple[float, float]]] = {}
+    for sid, start, end in probe["tools"]:
+        tools.setdefault(sid, []).append((start, end))
+    parts: dict[str, list[float]] = {k: [] for k in ROUND_END_PARTS}
+    for r in results:
+        for sid, kinds, at in zip(r.get("sids", []), r["kinds"], r["at"], strict=True):
+            runs: list[tuple[float, float]] = []  # each run of text deltas: first, last
+            for i, k in enumerate(kinds):
+                if k != "text_delta":
+                    continue
+                if i and kinds[i - 1] == "text_delta":
+                    runs[-1] = (runs[-1][0], at[i])
+                else:
+                    runs.append((at[i], at[i]))
+            cs, ts = sorted(calls.get(sid, [])), sorted(tools.get(sid, []))
+            for k in range(min(len(runs), len(cs), len(ts) + 1) - 1):
+                first = cs[k + 1][1]
+                if first is None:
+                    continue
+                marks = [runs[k][1], cs[k][2], ts[k][0], ts[k][1], cs[k + 1][0], first,
+                         runs[k + 1][0]]  # fmt: skip
+                for name, a, b in zip(ROUND_END_PARTS, marks, marks[1:], strict=False):
+                    parts[name].append(1000 * (b - a))
+                parts["whole"].append(1000 * (marks[-1] - marks[0]))
+    return {k: {"p50": _p(v, 0.5), "p99": _p(v, 0.99)} for k, v in parts.items()} | {
+        "rounds": len(parts["whole"])
+    }
+
+
 def _py_spy(a: argparse.Namespace, pid: int) -> subprocess.Popen[bytes] | None:
     """`--py-spy OUT`: sample process `pid` (collapsed stacks, every thread) from now."""
     if not a.py_spy:
@@ -191,12 +326,15 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         llm_url = _line(fake, 30, "the fake LLM server").split("listening on", 1)[1].strip()
         daemon_args = ["conc.py", "daemon", "--url", llm_url, "--users", str(a.sessions + 1)]
         daemon_args += _daemon_pace(a)
+        probe = tmp / "probe.json"
+        daemon_args += [f"--probe={probe}"] if a.phases else []
         daemon = _spawn(daemon_args + ([f"--sync={a.sync}"] if a.sync else []))
         procs.append(daemon)
         hello = json.loads(_line(daemon, 60, "the daemon"))
         tokens = tmp / "tokens.json"
         tokens.write_text(json.dumps(hello["tokens"]))
         common = ["conc.py", "clients", "--ws", hello["ws"], "--tokens", str(tokens)]
+        common += ["--phases"] if a.phases else []
 
         # Warm-up: the first connection and the first LLM call, not measured.
         warm = _spawn([*common, "--first", str(a.sessions), "--count", "1"])
@@ -219,11 +357,12 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         cpu0 = {"daemon": _cpu_s(daemon.pid), "llm": _cpu_s(fake.pid)}
         main0 = _main_thread_s(daemon.pid)
         load0 = os.getloadavg()[0]
-        t0 = time.monotonic()
+        t0 = time.perf_counter()  # CLOCK_MONOTONIC, as the clients' and the daemon's
         for c in clients:
             _tell(c, "go")
         results = [json.loads(_line(c, a.timeout, "a client process")) for c in clients]
-        wall = time.monotonic() - t0
+        t1 = time.perf_counter()
+        wall = t1 - t0
         cpu = {k: _cpu_s(p.pid) - cpu0[k] for k, p in (("daemon", daemon), ("llm", fake))}
         cpu["daemon_main_thread"] = _main_thread_s(daemon.pid) - main0
         cpu["clients"] = sum(r["cpu_s"] for r in results)
@@ -234,11 +373,16 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         # when every session asks at once): what a session in full flow sees.
         flow = [g for r in results for one in r["gaps_ms"] for g in one[1:]]
         rounds = sum(r["rounds"] for r in results)
+        phases: dict[str, Any] = {}
+        if a.phases:
+            stop_all(procs)  # the daemon writes its notes as it ends
+            figures = json.loads(probe.read_text())
+            phases = {"phases": _phases(results, figures, t0, t1, a.limit_ms)}
         return {
             "sessions": a.sessions, "client_procs": len(clients), "rounds": rounds,
             "seconds": wall, "rounds_per_s": rounds / wall, **_pcts(gaps),
-            "p99_gap_in_flow_ms": _pcts(flow)["p99_gap_ms"],
-            "cpu_s": cpu, "cpu_util": {k: v / wall for k, v in cpu.items()},
+            "p99_gap_in_flow_ms": _pcts(flow)["p99_gap_ms"], **_flow_kinds(results),
+            **phases, "cpu_s": cpu, "cpu_util": {k: v / wall for k, v in cpu.items()},
             "rss_start_kb": rss0, "rss_peak_kb": peak, "loadavg_start": load0,
             "loadavg_end": os.getloadavg()[0], "errors": [e for r in results for e in r["errors"]],
             **_pace_figures(a, rounds, cpu),
@@ -336,6 +480,9 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--py-spy", default="", metavar="OUT")
     p.add_argument("--sync", default="", help="what-if: the store's synchronous= (OFF, NORMAL)")
+    p.add_argument("--phases", action="store_true", help="the daemon's GC and round parts")
+    p.add_argument("--limit-ms", type=float, default=50.0, help="--phases: a long gap")
+    p.add_argument("--probe", default="")  # daemon (internal): where its notes go
     _pace_args(p)
     # daemon / clients (internal)
     p.add_argument("--url", default="")
