@@ -65,6 +65,15 @@ class Client:
     async def until_end(self, session_id: str) -> Frame:
         return await self.until_type("stream_end", session_id=session_id, is_subagent=False)
 
+    async def idle(self, session_id: str) -> None:
+        """Until the session's run has wholly ended: its stream ends a moment before the
+        run has saved and settled, and a message sent in between is queued (position 0)
+        behind it. The daemon says so in its session list."""
+        while True:
+            listed = await self.request({"type": "sessions", "action": "list"})
+            if not next(s["busy"] for s in listed["sessions"] if s["session_id"] == session_id):
+                return
+
 
 @attrs.define(eq=False)
 class Daemon:

@@ -51,17 +51,8 @@ async def turn(s: Served, client: Client, replies: list[dict[str, Any]], text: s
     s.fake.add_replies(*replies)
     session = str((await send(client, text, sid, **fields))["session_id"])
     await client.until_end(session)
-    await idle(client, session)
+    await client.idle(session)
     return session
-
-
-async def idle(client: Client, sid: str) -> None:
-    """Until the session's run has wholly ended (a rewind is refused before): its stream
-    ends a moment before. The daemon says so in its session list."""
-    while True:
-        listed = await client.request({"type": "sessions", "action": "list"})
-        if not next(s["busy"] for s in listed["sessions"] if s["session_id"] == sid):
-            return
 
 
 async def test_a_files_rewind_keeps_the_persons_files_and_shows_the_conflict_everywhere(

@@ -172,6 +172,7 @@ async def test_a_message_for_a_session_whose_holder_died_here_runs_here_at_once(
             async with connect_as(a.url, token) as on_a:
                 sid = (await on_a.request({"type": "message", "content": "one"}))["session_id"]
                 assert (await on_a.until_end(sid))["reason"] == "complete"
+                await on_a.idle(sid)  # else "two" may queue behind the run still settling
                 gone = await trio.lowlevel.open_process(["true"])  # a process that ended:
                 await gone.wait()  # its pid, reaped, is dead
                 sql(pg_url, "UPDATE leases SET owner = %s, pid = %s, host = %s, expires_at ="
