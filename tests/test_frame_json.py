@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from navi_trio.api.protocol import EventFrame, encode, event_frame
+from navi_trio.api.protocol import SHOWN_AS_IS, EventFrame, encode, event_frame, for_user
 from navi_trio.events import TextDelta, ThinkingDelta, event_to_dict
 from navi_trio.text import clean_json, has_lone_surrogate
 
@@ -68,3 +68,23 @@ def test_a_tokens_frame_is_the_frame_the_general_way_makes(
     assert isinstance(frame, EventFrame)
     assert list(frame.items()) == list(want.items())
     assert encode(frame) == _dumps_as_before(want)
+
+
+_ADDRESSES = st.sampled_from(["http://user:pw@10.0.0.5:11434/api", "10.0.0.5:11434", "x"])
+
+
+@given(
+    st.sampled_from(sorted(SHOWN_AS_IS)),
+    st.dictionaries(
+        st.sampled_from(["message", "error", "output", "result_excerpt", "ok", "text", "task"]),
+        _ADDRESSES | _VALUES | st.dictionaries(st.sampled_from(["error", "result"]), _ADDRESSES),
+        max_size=5,
+    ),
+    st.booleans(),
+)
+def test_the_frames_a_connection_sends_as_they_are_are_those_for_user_leaves_alone(
+    kind: str, fields: dict[str, Any], admin: bool
+) -> None:
+    # A connection skips `for_user` for these types (a token's frame): it must be a no-op.
+    frame = {**fields, "type": kind}
+    assert for_user(frame, admin=admin) is frame

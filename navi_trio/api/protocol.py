@@ -410,6 +410,8 @@ _ADDRESS = re.compile(
 _CREDENTIALS = re.compile(r"(?<=://)[^/\s'\"<>@]+@")
 ADDRESS_HIDDEN = "[address hidden]"
 _NAMING_ENDPOINTS = frozenset({ErrorEvent.type, WarningEvent.type, wire.ERROR})
+# Frame types `for_user` returns as they are, whoever the user (a token's: asked first).
+SHOWN_AS_IS = frozenset({TextDelta.type, ThinkingDelta.type})
 _TASKS = "tasks"
 
 
