@@ -51,6 +51,7 @@ class _Guarded(trio.abc.ReceiveChannel[LLMChunk]):
         self._later = later
         self._first = True
         self.scope = trio.CancelScope()
+        self._now = trio.lowlevel.current_clock().current_time  # trio.current_time's
 
     async def receive(self) -> LLMChunk:
         try:
@@ -62,7 +63,7 @@ class _Guarded(trio.abc.ReceiveChannel[LLMChunk]):
         # The receive itself, for ``async for`` (the turn's loop): one coroutine less a
         # chunk than trio's ``__anext__`` around ``receive``.
         scope = self.scope
-        scope.deadline = trio.current_time() + self._limit
+        scope.deadline = self._now() + self._limit
         try:
             chunk = await self._chunks.receive()
         except trio.EndOfChannel:
