@@ -97,10 +97,10 @@ async def guarded_stream(
 
     Each wait is measured from when the consumer asks for the next chunk, so time the
     consumer spends on a chunk never counts against the model, as long as it does not
-    wait between receives (a wait there is under the last receive's deadline). No task of its own: a
-    receive is the backend's receive under the stream's cancel scope. A timeout cancels
-    the consumer's body and comes out of the ``async with`` as the timeout's error,
-    inside the backend's (which closes the connection as for any error).
+    wait between receives (a wait there is under the last receive's deadline). No task
+    of its own: a receive is the backend's receive under the stream's cancel scope. A
+    timeout cancels the consumer's body and comes out of the ``async with`` as the
+    timeout's error, inside the backend's (which closes the connection as for any error).
     """
     async with backend.stream_chat(request) as chunks:
         guarded = _Guarded(chunks, first_chunk_timeout, chunk_timeout)
