@@ -22,13 +22,18 @@ REQUEST = ChatRequest(messages=[{"role": "user", "content": "hi"}], model="m")
 LIMIT = 60
 
 
-async def drain(backend: LLMBackend, first: float = 90, chunk: float = 60) -> list[LLMChunk]:
+async def drain(
+    backend: LLMBackend, first: float = 90, chunk: float = 60, pause: float = 0
+) -> list[LLMChunk]:
+    """The stream's chunks; with `pause`, the consumer waits that long after each."""
     got: list[LLMChunk] = []
     async with guarded_stream(
         backend, REQUEST, first_chunk_timeout=first, chunk_timeout=chunk
     ) as chunks:
         async for c in chunks:
             got.append(c)
+            if pause:
+                await trio.sleep(pause)
     return got
 
 
@@ -86,6 +91,8 @@ async def test_chunks_slower_than_first_timeout_but_within_chunk_timeout_pass(
 async def test_time_the_consumer_spends_on_a_chunk_does_not_count(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
+    # The turn's loop works on a chunk without waiting; its time (here 100 s jumped
+    # between two receives) is not the model's.
     with trio.fail_after(LIMIT * 10):
         async with served([{"text": "a b"}]) as (_server, backend):
             texts = []
@@ -93,10 +100,23 @@ async def test_time_the_consumer_spends_on_a_chunk_does_not_count(
                 backend, REQUEST, first_chunk_timeout=5, chunk_timeout=5
             ) as chunks:
                 async for c in chunks:
-                    await trio.sleep(100)  # e.g. a slow subscriber
+                    autojump_clock.jump(100)  # e.g. a long synchronous step
                     if isinstance(c, TextChunk):
                         texts.append(c.text)
             assert texts == ["a ", "b"]
+
+
+async def test_a_consumer_that_waits_between_receives_waits_under_the_chunk_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A receive leaves its deadline in place (one move a chunk, not two): a consumer
+    # that waits between receives is bounded by the chunk timeout too.
+    with trio.fail_after(LIMIT * 10):
+        async with served([{"text": "a b"}]) as (_server, backend):
+            start = trio.current_time()
+            with pytest.raises(LLMChunkTimeout):
+                await drain(backend, first=5, chunk=5, pause=100)
+            assert trio.current_time() - start < 100
 
 
 async def test_cancelling_from_outside_during_prefill_closes_the_connection(

@@ -48,6 +48,7 @@ from navi_trio.api.commands import Commands
 from navi_trio.api.limits import TokenBucket
 from navi_trio.api.outbox import Outbox
 from navi_trio.api.protocol import (
+    SHOWN_AS_IS,
     Approval,
     Frame,
     Hello,
@@ -122,6 +123,7 @@ class Connection:
         self.server = server
         self.ws = ws
         self._wire = wire  # the stream under `ws`, for a frame written at once
+        self._proto: WSConnection | None = None  # `ws`'s wsproto state, once asked for
         self.peer = peer
         self._on_hello = on_hello  # the server's: no longer a connection without a hello
         self.user: User | None = None
@@ -366,7 +368,7 @@ class Connection:
                 and outbox.may_send_at_once(text)
                 and wire.can_write_now()
                 and self.ws.closed is None
-                and _wsproto(self.ws).state is ConnectionState.OPEN
+                and (self._proto or self._wsproto()).state is ConnectionState.OPEN
             ):
                 if not wire.write_now(text_frame(text)):
                     outbox.wake()
@@ -379,8 +381,12 @@ class Connection:
         except Exception:  # the pump meets it again in its own task, where it belongs
             return False
 
+    def _wsproto(self) -> WSConnection:
+        self._proto = _wsproto(self.ws)  # the same object for the connection's life
+        return self._proto
+
     def _text(self, frame: Frame) -> str:
-        if self.user is not None:
+        if self.user is not None and frame.get("type") not in SHOWN_AS_IS:
             frame = for_user(frame, admin=self.user.is_admin)
         return encode(frame)
 

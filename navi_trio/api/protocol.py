@@ -297,24 +297,68 @@ class EventFrame(dict[str, Any]):
         try:
             return self._text
         except AttributeError:
-            text = _dumps(self)
+            text = self._json()
             if len(text) <= KEEP_MAX_CHARS:
                 self._text: str = text
             return text
+
+    def _json(self) -> str:
+        return _dumps(self)
+
+
+class _TokenFrame(EventFrame):
+    """A text or thinking delta's frame, as `event_frame` makes it (its keys in that
+    order, never changed): its JSON is a template of the fields a source's deltas share
+    (`_token_parts`), its seq, and its text quoted; the bytes of the general encoder."""
+
+    __slots__ = ()
+
+    def _json(self) -> str:
+        text, seq, sub = self["text"], self["seq"], self["is_subagent"]
+        # Only what the template is sure for (1 is a key equal to True, but not its JSON).
+        if type(text) is not str or type(sub) is not bool or not (seq is None or type(seq) is int):
+            return _dumps(self)
+        key = (self["type"], self["session_id"], self.get("epoch"), sub, self["agent_id"])
+        try:
+            head, middle = _TOKEN_PARTS.get(key) or _token_parts(key, self)
+        except TypeError:  # a field that is no key: the general path
+            return _dumps(self)
+        json_text = head + ("null" if seq is None else str(seq)) + middle + _QUOTE(text) + "}"
+        return _dumps(self) if has_lone_surrogate(json_text) else json_text
+
+
+# A token frame's JSON around its seq and its text, by the fields its source's deltas
+# share; emptied when full (one entry a session's source, made again at its next delta).
+_TOKEN_PARTS: dict[tuple[Any, ...], tuple[str, str]] = {}
+TOKEN_PARTS_MAX = 1024
+
+
+def _token_parts(key: tuple[Any, ...], frame: Frame) -> tuple[str, str]:
+    """The JSON of `frame` before its seq, and between its seq and its text's quote."""
+    head = _FRAME_JSON({"type": frame["type"], "session_id": frame["session_id"]})
+    rest: Frame = {k: frame[k] for k in ("epoch", "is_subagent", "agent_id") if k in frame}
+    parts = (head[:-1] + ',"seq":', "," + _FRAME_JSON(rest)[1:-1] + ',"text":')
+    if len(_TOKEN_PARTS) >= TOKEN_PARTS_MAX:
+        _TOKEN_PARTS.clear()
+    _TOKEN_PARTS[key] = parts
+    return parts
 
 
 def event_frame(
     event: AgentEvent, session_id: str, seq: int | None, epoch: str | None = None
 ) -> Frame:
     """An AgentEvent as a session frame: type, session_id, seq (and epoch), then fields."""
+    if type(event) is TextDelta or type(event) is ThinkingDelta:  # a token: no cattrs
+        token = _TokenFrame(type=type(event).type, session_id=session_id, seq=seq)
+        if epoch is not None:
+            token["epoch"] = epoch
+        token["is_subagent"] = event.is_subagent
+        token["agent_id"] = event.agent_id
+        token["text"] = event.text
+        return token
     frame = EventFrame(type=type(event).type, session_id=session_id, seq=seq)
     if epoch is not None:
         frame["epoch"] = epoch
-    if type(event) is TextDelta or type(event) is ThinkingDelta:  # a token: no cattrs
-        frame["is_subagent"] = event.is_subagent
-        frame["agent_id"] = event.agent_id
-        frame["text"] = event.text
-        return frame
     body = event_to_dict(event)
     del body["type"]
     frame.update(body)
@@ -410,6 +454,8 @@ _ADDRESS = re.compile(
 _CREDENTIALS = re.compile(r"(?<=://)[^/\s'\"<>@]+@")
 ADDRESS_HIDDEN = "[address hidden]"
 _NAMING_ENDPOINTS = frozenset({ErrorEvent.type, WarningEvent.type, wire.ERROR})
+# Frame types `for_user` returns as they are, whoever the user (a token's: asked first).
+SHOWN_AS_IS = frozenset({TextDelta.type, ThinkingDelta.type})
 _TASKS = "tasks"
 
 
@@ -505,6 +551,7 @@ def _frame_json() -> typing.Callable[[Frame], str]:
 
 
 _FRAME_JSON = _frame_json()
+_QUOTE = json.encoder.encode_basestring  # a string's JSON, as the encoder above quotes it
 
 
 def _dumps(frame: Frame) -> str:

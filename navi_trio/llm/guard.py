@@ -34,9 +34,13 @@ class _Guarded(trio.abc.ReceiveChannel[LLMChunk]):
     """The backend's channel, each receive bounded by the first-chunk or chunk timeout.
 
     One cancel scope for the whole stream (a scope a receive would cost more than the
-    rest of the guard): a receive moves its deadline to now + the limit, and back to
-    never while the consumer works on what it got (or on an error or the end). So
-    receive in the task that entered the stream, or in a task it started inside.
+    rest of the guard): a receive moves its deadline to now + the limit, and an error or
+    the end moves it back to never. A chunk received leaves it where it is: a consumer
+    that works on the chunk without waiting (the turn's stream loop only emits, a plain
+    call) meets no checkpoint before its next receive moves the deadline again, so
+    that time never counts; a consumer that waits between receives waits under the
+    deadline of the receive before. So receive in the task that entered the stream, or
+    in a task it started inside.
     """
 
     def __init__(
@@ -47,14 +51,27 @@ class _Guarded(trio.abc.ReceiveChannel[LLMChunk]):
         self._later = later
         self._first = True
         self.scope = trio.CancelScope()
+        self._now = trio.lowlevel.current_clock().current_time  # trio.current_time's
 
     async def receive(self) -> LLMChunk:
+        try:
+            return await self.__anext__()
+        except StopAsyncIteration:
+            raise trio.EndOfChannel from None
+
+    async def __anext__(self) -> LLMChunk:
+        # The receive itself, for ``async for`` (the turn's loop): one coroutine less a
+        # chunk than trio's ``__anext__`` around ``receive``.
         scope = self.scope
-        scope.deadline = trio.current_time() + self._limit
+        scope.deadline = self._now() + self._limit
         try:
             chunk = await self._chunks.receive()
-        finally:  # an error or the end of the stream leaves no deadline behind either
+        except trio.EndOfChannel:
+            scope.deadline = math.inf  # the end leaves no deadline behind, nor an error
+            raise StopAsyncIteration from None
+        except BaseException:
             scope.deadline = math.inf
+            raise
         if self._first and not isinstance(chunk, WorkingChunk):  # work restarts the wait
             self._limit = self._later
             self._first = False
@@ -79,10 +96,11 @@ async def guarded_stream(
     """``async with guarded_stream(...) as chunks:`` — the backend's stream, with timeouts.
 
     Each wait is measured from when the consumer asks for the next chunk, so time the
-    consumer spends on a chunk never counts against the model. No task of its own: a
-    receive is the backend's receive under the stream's cancel scope. A timeout cancels
-    the consumer's body and comes out of the ``async with`` as the timeout's error,
-    inside the backend's (which closes the connection as for any error).
+    consumer spends on a chunk never counts against the model, as long as it does not
+    wait between receives (a wait there is under the last receive's deadline). No task
+    of its own: a receive is the backend's receive under the stream's cancel scope. A
+    timeout cancels the consumer's body and comes out of the ``async with`` as the
+    timeout's error, inside the backend's (which closes the connection as for any error).
     """
     async with backend.stream_chat(request) as chunks:
         guarded = _Guarded(chunks, first_chunk_timeout, chunk_timeout)

@@ -59,7 +59,7 @@ import attrs
 import trio
 
 from navi_trio.core.turn import MERGE_MAX_CHARS as MERGE_MAX_CHARS
-from navi_trio.core.turn import MergeCount, MergingSender, merged_frame, open_frame_channel
+from navi_trio.core.turn import MergeCount, MergingSender, frames_merge, open_frame_channel
 from navi_trio.core.turn import frame_size as frame_size
 from navi_trio.events import AgentEvent
 
@@ -90,22 +90,39 @@ _FRAME_OVERHEAD = 64
 
 @attrs.define
 class _Entry:
-    frame: Frame
+    """One replay entry: a frame, or consecutive deltas merged (the one rule).
+
+    A merged entry keeps its deltas' texts and its newest frame, and makes the merged
+    frame only when read (a replay is rare; a delta merged in costs no new frame and no
+    copy of the text so far)."""
+
+    last: Frame  # the newest frame in it: every field of the merged frame but its text
     first_seq: int
     size: int
     # For a merged delta: (seq, end offset in "text") of each delta merged into it.
     cuts: list[tuple[int, int]] | None = None
+    texts: list[str] | None = None  # for a merged delta: its deltas' texts, in order
+
+    @property
+    def frame(self) -> Frame:
+        texts = self.texts
+        if texts is None:
+            return self.last
+        if len(texts) > 1:
+            texts[:] = ["".join(texts)]
+        return {**self.last, "text": texts[0]}
 
     @property
     def seq(self) -> int:
-        return int(self.frame["seq"])
+        return int(self.last["seq"])
 
     def after(self, last_seq: int) -> Frame:
         """The part of this frame a client that saw `last_seq` has not seen."""
+        frame = self.frame
         if self.first_seq > last_seq or self.cuts is None:
-            return self.frame
+            return frame
         start = next(end for seq, end in self.cuts if seq == last_seq)
-        return {**self.frame, "text": self.frame["text"][start:]}
+        return {**frame, "text": frame["text"][start:]}
 
 
 class ReplayBuffer:
@@ -136,19 +153,32 @@ class ReplayBuffer:
         """Add the frame with the next seq (seqs arrive strictly increasing by one)."""
         seq = int(frame["seq"])
         last = self._entries[-1] if self._entries else None
-        merged = merged_frame(last.frame, frame) if last is not None else None
-        if last is not None and merged is not None:
-            if last.cuts is None:
-                last.cuts = [(last.seq, len(last.frame["text"]))]
-            last.cuts.append((seq, len(merged["text"])))
-            last.frame = merged
-            self.chars += len(frame["text"])
-            last.size += len(frame["text"])
-            self.merged += 1
-        else:
-            size = frame_size(frame) + _FRAME_OVERHEAD
-            self._entries.append(_Entry(frame=frame, first_seq=seq, size=size))
-            self.chars += size
+        # The rule asked of the entry's newest frame: its fields are the merged frame's,
+        # and the merged text's length is the last cut's end.
+        if last is not None and frames_merge(last.last, frame):
+            text = frame["text"]
+            cuts, texts = last.cuts, last.texts
+            end = (cuts[-1][1] if cuts else len(last.last["text"])) + len(text)
+            if end <= MERGE_MAX_CHARS:
+                if cuts is None or texts is None:
+                    first = last.last["text"]
+                    last.cuts = cuts = [(last.seq, len(first))]
+                    last.texts = texts = [first]
+                cuts.append((seq, end))
+                texts.append(text)
+                last.last = frame
+                self.chars += len(text)
+                last.size += len(text)
+                self.merged += 1
+                if self.chars > self.max_chars:  # (a merge adds no entry)
+                    self._trim()
+                return
+        size = frame_size(frame) + _FRAME_OVERHEAD
+        self._entries.append(_Entry(last=frame, first_seq=seq, size=size))
+        self.chars += size
+        self._trim()
+
+    def _trim(self) -> None:
         while len(self._entries) > self.max_frames or (
             self.chars > self.max_chars and len(self._entries) > 1
         ):
@@ -250,7 +280,9 @@ class Follower:
         assert self._hand is not None
         if not self._hand(frame):
             return False
-        self._seen(frame)
+        seq = frame.get("seq")  # `_seen`, written out: this runs for every delta
+        if isinstance(seq, int):
+            self.last_seq = seq
         return True
 
     def _seen(self, frame: Frame) -> None:
@@ -388,12 +420,20 @@ class LocalBroadcast:
 
     def _fan_out(self, frame: Frame) -> None:
         for send in list(self._subscribers):
-            self._offer(send, frame)
+            try:  # `_offer`, written out: this runs for every delta
+                send.send_nowait(frame)
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError) as exc:
+                self._refused(send, frame, exc)
 
     def _offer(self, send: MergingSender[Frame], frame: Frame) -> None:
         try:
             send.send_nowait(frame)
-        except trio.WouldBlock:
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError) as exc:
+            self._refused(send, frame, exc)
+
+    def _refused(self, send: MergingSender[Frame], frame: Frame, exc: Exception) -> None:
+        """`send` refused `frame`: a full queue is cut off (lagged), a closed one forgotten."""
+        if isinstance(exc, trio.WouldBlock):
             sub = self._subscribers.pop(send, None)
             seq = frame["seq"] if isinstance(frame.get("seq"), int) else self._seq
             if sub is not None:
@@ -402,7 +442,6 @@ class LocalBroadcast:
                 "session %s: a subscriber fell behind at seq %s; cut off", self.session_id, seq
             )
             send.close()
-            self._on_change()
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
+        else:
             self._subscribers.pop(send, None)
-            self._on_change()
+        self._on_change()

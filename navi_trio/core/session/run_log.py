@@ -7,7 +7,14 @@ import logging
 import trio
 
 from navi_trio.core.turn import UserMessage
-from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, ToolResultEvent
+from navi_trio.events import (
+    AgentEvent,
+    ErrorEvent,
+    StreamEnd,
+    TextDelta,
+    ThinkingDelta,
+    ToolResultEvent,
+)
 
 # The session actor's logger: operators filter on it (and the tests read it).
 log = logging.getLogger("navi_trio.core.session.session_actor")
@@ -28,6 +35,8 @@ class RunLog:
 
     def event(self, event: AgentEvent) -> None:
         # Called for every event of the run, deltas included: only these three are read.
+        if type(event) is TextDelta or type(event) is ThinkingDelta:  # a token: none of them
+            return
         if isinstance(event, ToolResultEvent):
             log.info(
                 "%s: tool %s %s in %d ms (user %s)",

@@ -17,6 +17,7 @@ from .channel import MERGE_MAX_CHARS as MERGE_MAX_CHARS
 from .channel import MergeCount as MergeCount
 from .channel import MergingSender as MergingSender
 from .channel import frame_size as frame_size
+from .channel import frames_merge as frames_merge
 from .channel import merged_frame as merged_frame
 from .channel import open_frame_channel as open_frame_channel
 from .checkpointing import PRUNED_SCOPE as PRUNED_SCOPE

@@ -262,6 +262,14 @@ class MergingReceiver(trio.abc.ReceiveChannel[T]):
         raise trio.WouldBlock
 
     async def receive(self) -> T:
+        try:
+            return await self.__anext__()
+        except StopAsyncIteration:
+            raise trio.EndOfChannel from None
+
+    async def __anext__(self) -> T:
+        # The receive itself, for ``async for`` (the session actor's loop): one
+        # coroutine less an item than trio's ``__anext__`` around ``receive``.
         await trio.lowlevel.checkpoint_if_cancelled()
         q = self._q
         waited = False
@@ -279,7 +287,7 @@ class MergingReceiver(trio.abc.ReceiveChannel[T]):
                     await trio.lowlevel.cancel_shielded_checkpoint()
                 return value
             if q.send_closed:
-                raise trio.EndOfChannel
+                raise StopAsyncIteration
             await q.wait()
             waited = True
 
@@ -357,9 +365,9 @@ class EventQueue(MergingQueue[AgentEvent]):
         self.progress = 0
 
     def put(self, event: AgentEvent) -> bool:
-        if self.merge_into_tail(event, merged_event):
+        if self.items and self.merge_into_tail(event, merged_event):
             return False  # the reader already has one waiting
-        if not is_progress(event):
+        if not isinstance(event, PROGRESS_TYPES):
             self.items.append(event)
         elif self.progress < self.max_progress:
             self.items.append(event)
@@ -417,7 +425,7 @@ class EventQueue(MergingQueue[AgentEvent]):
 
     def take(self) -> AgentEvent:
         event = self.items.popleft()
-        if is_progress(event):
+        if isinstance(event, PROGRESS_TYPES):
             self.progress -= 1
         return event
 
