@@ -60,8 +60,18 @@ async def test_each_frame_is_encoded_once_for_all_subscribers(
     real = protocol._dumps
 
     def counting(frame: dict[str, Any]) -> str:
-        encoded[frame.get("session_id"), frame.get("seq")] += 1
+        if not isinstance(frame, protocol.EventFrame):  # (an event frame's count is its _json's)
+            encoded[frame.get("session_id"), frame.get("seq")] += 1
         return real(frame)
+
+    def counted(cls: type[protocol.EventFrame]) -> Any:
+        made = cls._json  # a token's from its template, any other's by the encoder
+
+        def _json(frame: protocol.EventFrame) -> str:
+            encoded[frame.get("session_id"), frame.get("seq")] += 1
+            return made(frame)
+
+        return _json
 
     call = {"name": "no_such_tool", "arguments": {"text": "ünïcode"}}
     replies = [{"text": "first"}, {"tool_calls": [call]}, {"text": "second"}]
@@ -75,6 +85,8 @@ async def test_each_frame_is_encoded_once_for_all_subscribers(
                     ok = await other.request({"type": "subscribe", "session_id": sid})
                     assert ok["type"] == "ok", ok
                 monkeypatch.setattr(protocol, "_dumps", counting)
+                for cls in (protocol.EventFrame, protocol._TokenFrame):
+                    monkeypatch.setattr(cls, "_json", counted(cls))
                 await a.request({"type": "message", "session_id": sid, "content": "again"})
                 ends = [await x.until_end(sid) for x in (a, b, c)]
     assert len({e["seq"] for e in ends}) == 1
