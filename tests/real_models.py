@@ -40,7 +40,8 @@ N_CTX = 2048
 # One llama.cpp thread per model process in the tests. Its threads meet at a barrier
 # after each step and spin there: two of them on two cores shared with other work (a
 # second pytest worker, the daemon, other models) wait on each other for whole time
-# slices. One thread does the same work, in less CPU and less real time under load.
+# slices. One thread does the same work, in less CPU and less real time under load. For
+# prompts too (n_threads_batch): llama-cpp-python's default there is one per CPU.
 THREADS = 1
 
 
@@ -97,8 +98,8 @@ class LlamaServer:
         # chatml-function-calling: the format llama-cpp-python documents for tool calls.
         args = [sys.executable, "-m", "llama_cpp.server", "--model", str(model),
                 "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(n_ctx),
-                "--n_threads", str(threads), "--chat_format", "chatml-function-calling",
-                "--seed", "0"]  # fmt: skip
+                "--n_threads", str(threads), "--n_threads_batch", str(threads),
+                "--chat_format", "chatml-function-calling", "--seed", "0"]  # fmt: skip
         self.proc = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,

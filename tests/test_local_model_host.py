@@ -13,6 +13,7 @@ absolute timeout.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -312,3 +313,18 @@ trio.run(main)
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["StreamEnd", "complete", "False"], done.stdout
+
+
+def test_the_model_reads_prompts_with_the_threads_it_is_given() -> None:
+    # llama-cpp-python reads a prompt with one thread per CPU unless told: on a shared
+    # machine their barriers spin, and reading took several times longer than one thread.
+    from navi_trio.llm.host_wire import read_frame_sync
+    from navi_trio.llm.model_host import Host
+
+    threads = 1 if os.cpu_count() != 1 else 2  # never the CPU count, the default
+    out = io.BytesIO()
+    load = {"model_file": str(default_model_file()), "n_ctx": 512, "threads": threads}
+    Host(load, out, None).load()
+    ready = read_frame_sync(io.BytesIO(out.getvalue()))
+    assert ready is not None and ready["type"] == "ready", ready
+    assert ready["threads"] == [threads, threads], ready

@@ -11,7 +11,7 @@ with a ``type``). The daemon writes to the child's stdin::
 and reads from its stdout::
 
     probing {}             loaded with extra buffer types; a one-token probe runs now
-    ready   {model, extra_buffers, llama_cpp, system_info, load_s}
+    ready   {model, extra_buffers, threads, llama_cpp, system_info, load_s}
     fatal   {message}      the model cannot load (then the child exits 1)
     working {id, step, tokens}   a step that streams nothing goes on (choosing a tool,
                            writing its arguments): progress, outside the window

@@ -181,10 +181,15 @@ class Host:
         extra = bool(self.spec.get("extra_buffers", True))
         if not extra:
             extra_buffers_off()
+        threads = int(self.spec.get("threads", 2))
         self.llama = llama_cpp.Llama(
             model_path=str(self.spec["model_file"]),
             n_ctx=int(self.spec.get("n_ctx", 4096)),
-            n_threads=int(self.spec.get("threads", 2)),
+            n_threads=threads,
+            # Prompts too: left out, llama-cpp-python reads them with one thread per CPU,
+            # whose barriers spin against other work on a shared machine (prompt reading
+            # 2-10 times slower than one thread under load, for twice the CPU).
+            n_threads_batch=threads,
             seed=int(self.spec.get("seed", 0)),
             verbose=False,
         )
@@ -202,6 +207,7 @@ class Host:
                 "type": "ready",
                 "model": self.model_name,
                 "extra_buffers": extra,
+                "threads": [self.llama.n_threads, self.llama.n_threads_batch],
                 "llama_cpp": getattr(llama_cpp, "__version__", "?"),
                 "system_info": llama_cpp.llama_print_system_info().decode(errors="replace"),
                 "load_s": round(time.monotonic() - started, 3),
