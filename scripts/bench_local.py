@@ -113,7 +113,8 @@ def alone(
         extra_buffers_off()
     spec = backend.host.spec
     llama: Any = Llama(model_path=str(spec.model_file), n_ctx=spec.n_ctx,  # untyped use
-                       n_threads=spec.threads, seed=spec.seed, verbose=False)  # fmt: skip
+                       n_threads=spec.threads, n_threads_batch=spec.threads,  # as navi's host
+                       seed=spec.seed, verbose=False)  # fmt: skip
     messages = local_messages(request.messages)
     params = sampling(request.options, spec.seed)
     rates, firsts = [], []
