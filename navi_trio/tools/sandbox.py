@@ -40,7 +40,7 @@ from navi_trio.errors import ConfigError, ToolInputError
 from navi_trio.errors import SandboxUnavailableError as SandboxUnavailableError
 from navi_trio.tools.private import PrivatePaths, real_path, within
 from navi_trio.tools.roots import Root
-from navi_trio.tools.runas import RunAs, closed_to, drop_argv
+from navi_trio.tools.runas import RunAs, closed_to, drop_argv, may
 
 PROBE_TIMEOUT_SEC = 10.0
 # Where the host keeps its sockets (docker, dbus, systemd, a database's): masked whole.
@@ -496,11 +496,7 @@ def _searchable(folder: Path, user: RunAs) -> bool:
         st = os.stat(folder)
     except OSError:
         return True  # nothing there: bwrap makes it, or says why not
-    if st.st_uid == user.uid:
-        return bool(st.st_mode & stat.S_IXUSR)
-    if st.st_gid == user.gid:
-        return bool(st.st_mode & stat.S_IXGRP)
-    return bool(st.st_mode & stat.S_IXOTH)
+    return may(st, os.X_OK, user)
 
 
 def _is_folder(path: Path, roots: Sequence[Root]) -> bool:
