@@ -71,8 +71,13 @@ class Client:
         behind it. The daemon says so in its session list."""
         while True:
             listed = await self.request({"type": "sessions", "action": "list"})
+            assert listed["type"] == "sessions", listed  # (asked within the frame rate: below)
             if not next(s["busy"] for s in listed["sessions"] if s["session_id"] == session_id):
                 return
+            # The daemon tells no one when a run has settled, so ask again, at a pace far
+            # below NAVI_WS_FRAMES_PER_SEC (20): asked at once, a slow settle (a loaded
+            # machine) ran this past the burst, and the answer was `rate_limited`.
+            await trio.sleep(0.1)
 
 
 @attrs.define(eq=False)

@@ -392,8 +392,10 @@ async def test_a_changed_hook_file_is_no_longer_trusted(tmp_path: Path) -> None:
 async def test_a_hook_reads_a_long_result_cut_to_its_bound(tmp_path: Path) -> None:
     hooks = {"post_tool": [{"command": recorder(tmp_path)}]}
     source = config(tmp_path, hooks, rules=ALLOW_TERMINAL)
-    await one_call(tmp_path, source, "yes x | head -c 30000")
-    (seen,) = recorded(tmp_path)
+    frames, _ = await one_call(tmp_path, source, "yes x | head -c 30000")
+    seen_all = recorded(tmp_path)
+    assert len(seen_all) == 1, [f for f in frames if f["type"] in ("error", "warning")]
+    (seen,) = seen_all
     output = seen["result"]["output"]
     assert output.startswith("x\nx\n") and output.endswith("characters cut]")
     assert len(output) < 8100

@@ -154,9 +154,15 @@ async def test_a_client_on_one_daemon_drives_and_follows_a_session_run_by_anothe
                 assert (ok["type"], ok["queued"]) == ("ok", True), ok
                 # C only follows.
                 await on_c.request({"type": "subscribe", "session_id": sid})
-                for client in (on_a, on_c, on_b):
-                    first = await client.until_end(sid)
-                    second = await client.until_end(sid)
+                for name, client in (("A", on_a), ("C", on_c), ("B", on_b)):
+                    with trio.move_on_at(trio.current_effective_deadline() - 10) as waited:
+                        first = await client.until_end(sid)
+                        second = await client.until_end(sid)
+                    assert not waited.cancelled_caught, (
+                        f"{name} saw no two ends; its frames: "
+                        f"{[(f['type'], f.get('seq')) for f in client.frames][-40:]}; "
+                        f"requests to the LLM: {len(llm.requests)}; logs: {log_tails(tmp_path)}"
+                    )
                     assert (first["reason"], second["reason"]) == ("complete", "complete")
                 # A saw B's second run whole, once: its text deltas make the answer.
                 texts = [f["text"] for f in on_a.frames if f["type"] == "text_delta"]
