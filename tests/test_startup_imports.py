@@ -168,11 +168,8 @@ async def test_navi_run_builds_its_http_client_in_a_thread_and_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from navi_trio.cli import run as cli_run
-    from navi_trio.cli.common import config_source
-    from navi_trio.cli.runner import RunRequest
     from navi_trio.llm.factory import make_client as real
     from navi_trio.settings import Settings
-    from navi_trio.testing.fake_llm import open_fake_llm
 
     on_main_thread: list[bool] = []
 
@@ -181,6 +178,19 @@ async def test_navi_run_builds_its_http_client_in_a_thread_and_answers(
         return real(settings)
 
     monkeypatch.setattr(cli_run, "make_client", recording)
+    assert await _run_embedded_hi(tmp_path) == "hello\n"
+    assert on_main_thread == [False], "the client was not built by run_embedded's thread"
+
+
+async def _run_embedded_hi(tmp_path: Path) -> str:
+    """`navi run hi` in a private daemon of this process (the fake LLM answering
+    "hello"), as `cmd_run` runs it; what it printed. The run must complete."""
+    from navi_trio.cli import run as cli_run
+    from navi_trio.cli.common import config_source
+    from navi_trio.cli.runner import RunRequest
+    from navi_trio.settings import Settings
+    from navi_trio.testing.fake_llm import open_fake_llm
+
     out, err = io.StringIO(), io.StringIO()
     with trio.fail_after(TIMEOUT):
         async with open_fake_llm([{"text": "hello"}]) as llm:
@@ -193,9 +203,35 @@ async def test_navi_run_builds_its_http_client_in_a_thread_and_answers(
             req = RunRequest("s-start", "hi", tmp_path, None, False)
             source = config_source(settings)
             outcome = await cli_run.run_embedded(settings, source, req, out, err)
-    assert on_main_thread == [False], "the client was not built by run_embedded's thread"
     assert outcome.end is not None and outcome.end.reason == "complete", err.getvalue()
-    assert out.getvalue() == "hello\n"
+    return out.getvalue()
+
+
+async def test_navi_run_probes_the_sandbox_once_as_its_runtime_checks_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The thread's probe asks what the runtime's check asks (as root: as the tool user),
+    # so the runtime finds the answer cached instead of waiting for a probe of its own.
+    import functools
+
+    from navi_trio import runtime
+    from navi_trio.cli import run as cli_run
+    from navi_trio.tools import sandbox
+    from navi_trio.tools.runas import RunAs
+
+    probed: list[tuple[Path | None, RunAs | None]] = []
+
+    @functools.lru_cache(maxsize=8)
+    def probe(bwrap: Path | None, user: RunAs | None = None) -> tuple[bool, str]:
+        probed.append((bwrap, user))
+        return True, "bwrap works"
+
+    tool_user = RunAs(54321, 54321, "tools")  # whom a root navi runs its tools as
+    monkeypatch.setattr(sandbox, "_probe", probe)
+    monkeypatch.setattr(runtime, "run_as", lambda setting: tool_user)
+    monkeypatch.setattr(cli_run, "run_as", lambda setting: tool_user, raising=False)
+    assert await _run_embedded_hi(tmp_path) == "hello\n"
+    assert probed == [(sandbox.find_bwrap(None), tool_user)]
 
 
 def test_the_acp_agent_and_its_sdk_stay_out_of_every_other_command() -> None:
