@@ -37,6 +37,7 @@ import sys
 import threading
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -105,19 +106,27 @@ def test_the_store_and_core_are_imported_while_the_http_client_builds() -> None:
 async def test_navi_run_on_a_current_database_leaves_sqlite_utils_out(tmp_path: Path) -> None:
     # sqlite-utils (with click, pluggy and dateutil) makes the tables: the first `navi run`
     # on a machine loads it to make the database, a later one only reads its schema.
-    from navi_trio.testing.fake_llm import open_fake_llm
-
     code = (
         "import json, sys\nfrom navi_trio.cli import main\ncode = main(['run', 'hi'])\n"
         "print(json.dumps([code, *(n in sys.modules for n in ('sqlite_utils', 'click', 'numpy'))]))"
     )
+    seen = await _runs_of(code, tmp_path, ["made", "read"])
+    # numpy stays out either way: sqlite-utils imports it when installed (imports.py).
+    assert seen == [("made", [0, True, True, False]), ("read", [0, False, False, False])]
+
+
+async def _runs_of(code: str, tmp_path: Path, answers: list[str]) -> list[tuple[str, Any]]:
+    """`code` run in a fresh interpreter once per answer of the fake LLM, all on one
+    database in `tmp_path`: each run's first line of output and its last (JSON)."""
+    from navi_trio.testing.fake_llm import open_fake_llm
+
     seen = []
     with trio.fail_after(TIMEOUT):
-        async with open_fake_llm([{"text": "made"}, {"text": "read"}]) as llm:
+        async with open_fake_llm([{"text": text} for text in answers]) as llm:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("NAVI_", "OLLAMA_"))}
             env.update(OLLAMA_HOST=llm.url, NAVI_LLM_BACKEND="ollama")
             env.update(NAVI_DB=str(tmp_path / "navi.db"), NAVI_DATA_DIR=str(tmp_path / "data"))
-            for _ in range(2):
+            for _ in answers:
                 done = await trio.run_process(
                     [sys.executable, "-c", code], env=env, cwd=tmp_path,
                     capture_stdout=True, capture_stderr=True, check=False,
@@ -125,8 +134,26 @@ async def test_navi_run_on_a_current_database_leaves_sqlite_utils_out(tmp_path: 
                 assert done.returncode == 0, done.stderr.decode()
                 lines = done.stdout.decode().splitlines()
                 seen.append((lines[0], json.loads(lines[-1])))
-    # numpy stays out either way: sqlite-utils imports it when installed (imports.py).
-    assert seen == [("made", [0, True, True, False]), ("read", [0, False, False, False])]
+    return seen
+
+
+async def test_navi_run_collects_no_garbage_before_its_runtime_freezes_start_up(
+    tmp_path: Path,
+) -> None:
+    # Each pass over start-up's young objects costs a few ms and frees little: from the
+    # start-up block's opening to the runtime's freeze there is none. The block opens
+    # before attrs is imported (the module holding it imports only the standard library).
+    assert imported_by("import navi_trio.imports", ("attrs", "attr")) == []
+    code = (
+        "import gc, json, sys\nseen = []\nfound = gc.get_threshold()\n"
+        "def spy(phase, info):\n"  # in the block (its threshold) and before the freeze
+        "    if phase == 'start' and gc.get_threshold() != found and not gc.get_freeze_count():\n"
+        "        seen.append(info['generation'])\n"
+        "gc.callbacks.append(spy)\nsys.argv = ['navi', 'run', 'hi']\n"
+        "from navi_trio.__main__ import main\ncode = main()\n"
+        "print(json.dumps([code, gc.get_freeze_count() > 0, seen]))"
+    )
+    assert await _runs_of(code, tmp_path, ["hello"]) == [("hello", [0, True, []])]
 
 
 def test_a_module_hidden_from_sqlite_utils_is_importable_afterwards() -> None:
@@ -357,7 +384,7 @@ def test_the_start_up_collections_put_back_the_thresholds_they_found(
     own: tuple[int, int, int],
 ) -> None:
     """A process's own thresholds come back after `start_up_over` and after the block,
-    even its own young threshold of 20,000 (not taken for an open block)."""
+    even its own young threshold of the start-up's (not taken for an open block)."""
     before = gc.get_threshold()
     try:
         gc.set_threshold(*own)
