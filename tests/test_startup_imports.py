@@ -37,13 +37,16 @@ import sys
 import threading
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 import trio
 
 from navi_trio.imports import START_UP_GC_THRESHOLD, start_up_collections, start_up_over
+
+if TYPE_CHECKING:
+    from navi_trio.settings import Settings
 
 pytestmark = pytest.mark.slow  # its tests start processes
 
@@ -196,7 +199,6 @@ async def test_navi_run_builds_its_http_client_in_a_thread_and_answers(
 ) -> None:
     from navi_trio.cli import run as cli_run
     from navi_trio.llm.factory import make_client as real
-    from navi_trio.settings import Settings
 
     on_main_thread: list[bool] = []
 
@@ -359,16 +361,22 @@ def test_the_console_script_imports_the_cli_under_the_start_up_threshold() -> No
     assert scripts["project"]["scripts"]["navi"] == "navi_trio.__main__:main"
 
 
+def _settings_without_llm(tmp_path: Path) -> Settings:
+    """A runtime's settings in `tmp_path`, its LLM nowhere (no request is made)."""
+    from navi_trio.settings import Settings
+
+    return Settings.from_env(
+        {}, db_path=tmp_path / "navi.db", data_dir=tmp_path / "data", llm_url="http://127.0.0.1:9"
+    )
+
+
 async def test_a_runtime_ends_the_start_up_collections_once_it_has_frozen_start_up(
     tmp_path: Path,
 ) -> None:
     from navi_trio.runtime import open_runtime
-    from navi_trio.settings import Settings
 
     before = gc.get_threshold()
-    settings = Settings.from_env(
-        {}, db_path=tmp_path / "navi.db", data_dir=tmp_path / "data", llm_url="http://127.0.0.1:9"
-    )
+    settings = _settings_without_llm(tmp_path)
     with start_up_collections(), trio.fail_after(TIMEOUT):
         with start_up_collections():  # an inner block leaves the start-up to the outer one
             assert gc.get_threshold()[0] == START_UP_GC_THRESHOLD
@@ -377,6 +385,26 @@ async def test_a_runtime_ends_the_start_up_collections_once_it_has_frozen_start_
             assert gc.get_threshold() == before
         assert gc.get_threshold() == before
     assert gc.get_threshold() == before
+
+
+async def test_a_client_ends_the_start_up_collections_once_it_is_connected(
+    tmp_path: Path,
+) -> None:
+    # A command that opens no runtime (a client of a daemon) may run for hours: its
+    # young collections come back with its connection, not at its end.
+    from navi_trio.api.daemon_client import open_daemon
+    from navi_trio.cli.common import config_source
+    from navi_trio.cli.serve import serve_privately
+
+    before = gc.get_threshold()
+    settings = _settings_without_llm(tmp_path)
+    with trio.fail_after(TIMEOUT):
+        async with serve_privately(settings, config_source(settings)) as daemon:
+            with start_up_collections():
+                assert gc.get_threshold()[0] == START_UP_GC_THRESHOLD
+                async with open_daemon(daemon.url, daemon.token, own_listener=True):
+                    assert gc.get_threshold() == before
+            assert gc.get_threshold() == before
 
 
 @pytest.mark.parametrize("own", [(1000, 10, 10), (START_UP_GC_THRESHOLD, 10, 10)])
