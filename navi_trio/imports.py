@@ -11,13 +11,13 @@ raises the young threshold for the `navi` command (`navi_trio.__main__.main`, th
 console script, before the cli's own imports; cli `main` for a caller of it) above
 what a start-up allocates, so no collection runs while it imports; `start_up_over`
 ends it (the runtime, once it has frozen start-up's objects out of every later
-collection), and so does the end of the block: both put back the thresholds the block
-found (Python's 700, or the process's own). What the imports dropped in cycles
+collection; a client, once its connection to a daemon is open), and so does the end
+of the block: each puts back the thresholds the block found (Python's 700, or the
+process's own). What the imports dropped in cycles
 (~10,000 objects, ~3 MB: mostly the classes attrs replaces with slotted ones) is
 frozen with the rest and stays for the life of the process: a walk to free it costs
 as much as the ~4 passes it took at 20,000 allocations (~8% of the start-up). A
-command that opens no runtime (a client of a daemon) keeps the threshold: a young
-collection every 200,000 allocations, the older generations by Python's rules.
+command that neither opens a runtime nor connects keeps the threshold to its end.
 This module imports nothing of its own beyond the standard library, so that the
 block opens before attrs is imported.
 
