@@ -8,13 +8,18 @@ functions). At Python's threshold of 700 allocations the collector walks them in
 passes (~130 young, ~12 middle, one full), ~45 ms of a ~450 ms start-up on a loaded
 machine, and frees only what the imports dropped on the way. `start_up_collections`
 raises the young threshold for the `navi` command (`navi_trio.__main__.main`, the
-console script, before the cli's own imports; cli `main` for a caller of it), so the
-same garbage is found in a few passes over the young objects and the full pass is not
-reached; `start_up_over` ends it (the runtime, once it has frozen
-start-up's objects out of every later collection), and so does the end of the block:
-both put back the thresholds the block found (Python's 700, or the process's own).
-A command that opens no runtime (a client of a daemon) keeps it: a young collection
-every 20,000 allocations, the older generations by Python's rules.
+console script, before the cli's own imports; cli `main` for a caller of it) above
+what a start-up allocates, so no collection runs while it imports; `start_up_over`
+ends it (the runtime, once it has frozen start-up's objects out of every later
+collection; a client, once its connection to a daemon is open), and so does the end
+of the block: each puts back the thresholds the block found (Python's 700, or the
+process's own). What the imports dropped in cycles
+(~10,000 objects, ~3 MB: mostly the classes attrs replaces with slotted ones) is
+frozen with the rest and stays for the life of the process: a walk to free it costs
+as much as the ~4 passes it took at 20,000 allocations (~8% of the start-up). A
+command that neither opens a runtime nor connects keeps the threshold to its end.
+This module imports nothing of its own beyond the standard library, so that the
+block opens before attrs is imported.
 
 Two dependencies import heavy optional modules at import time that navi never uses:
 
@@ -42,18 +47,20 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
 
-import attrs
+# Young-generation allocations between collections: above a start-up's (`navi run`
+# ~100,000 up to its runtime's freeze).
+START_UP_GC_THRESHOLD = 200_000
 
-START_UP_GC_THRESHOLD = 20_000  # young-generation allocations between collections
 
-
-@attrs.define
 class _StartUp:
     """The outermost `start_up_collections` block's state: the thresholds it found on
     entry (None when no block is open), and whether `start_up_over` has put them back."""
 
-    found: tuple[int, int, int] | None = None
-    over: bool = False
+    __slots__ = ("found", "over")
+
+    def __init__(self) -> None:
+        self.found: tuple[int, int, int] | None = None
+        self.over = False
 
 
 # The collector's thresholds are the process's, so the block that changed them is too:

@@ -110,11 +110,11 @@ def freeze_start_up_objects() -> None:
 
     A full collection walks every tracked object: without this, each one in a long tool
     loop costs ~15-20 ms, nearly all of it start-up objects. Done once per process (the
-    first runtime; `gc.freeze` is process-wide), without a collection first: start-up
-    leaves little cyclic garbage (at most what the young generation holds, under
-    `navi`'s start-up threshold ~20,000 allocations: a few hundred KB), and collecting
-    it would cost the start-up path that full pass. Then the thresholds start-up found
-    again (`start_up_over`): from here young objects are the runs'.
+    first runtime; `gc.freeze` is process-wide), without a collection first: the cyclic
+    garbage start-up left (under `navi`'s start-up threshold all of it, ~3 MB) stays
+    frozen with the rest, as collecting it would cost the start-up path a full pass.
+    Then the thresholds start-up found again (`start_up_over`): from here young objects
+    are the runs'.
     """
     if gc.get_freeze_count() == 0:
         gc.freeze()

@@ -37,12 +37,16 @@ import sys
 import threading
 import tomllib
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 import trio
 
 from navi_trio.imports import START_UP_GC_THRESHOLD, start_up_collections, start_up_over
+
+if TYPE_CHECKING:
+    from navi_trio.settings import Settings
 
 pytestmark = pytest.mark.slow  # its tests start processes
 
@@ -105,19 +109,27 @@ def test_the_store_and_core_are_imported_while_the_http_client_builds() -> None:
 async def test_navi_run_on_a_current_database_leaves_sqlite_utils_out(tmp_path: Path) -> None:
     # sqlite-utils (with click, pluggy and dateutil) makes the tables: the first `navi run`
     # on a machine loads it to make the database, a later one only reads its schema.
-    from navi_trio.testing.fake_llm import open_fake_llm
-
     code = (
         "import json, sys\nfrom navi_trio.cli import main\ncode = main(['run', 'hi'])\n"
         "print(json.dumps([code, *(n in sys.modules for n in ('sqlite_utils', 'click', 'numpy'))]))"
     )
+    seen = await _runs_of(code, tmp_path, ["made", "read"])
+    # numpy stays out either way: sqlite-utils imports it when installed (imports.py).
+    assert seen == [("made", [0, True, True, False]), ("read", [0, False, False, False])]
+
+
+async def _runs_of(code: str, tmp_path: Path, answers: list[str]) -> list[tuple[str, Any]]:
+    """`code` run in a fresh interpreter once per answer of the fake LLM, all on one
+    database in `tmp_path`: each run's first line of output and its last (JSON)."""
+    from navi_trio.testing.fake_llm import open_fake_llm
+
     seen = []
     with trio.fail_after(TIMEOUT):
-        async with open_fake_llm([{"text": "made"}, {"text": "read"}]) as llm:
+        async with open_fake_llm([{"text": text} for text in answers]) as llm:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("NAVI_", "OLLAMA_"))}
             env.update(OLLAMA_HOST=llm.url, NAVI_LLM_BACKEND="ollama")
             env.update(NAVI_DB=str(tmp_path / "navi.db"), NAVI_DATA_DIR=str(tmp_path / "data"))
-            for _ in range(2):
+            for _ in answers:
                 done = await trio.run_process(
                     [sys.executable, "-c", code], env=env, cwd=tmp_path,
                     capture_stdout=True, capture_stderr=True, check=False,
@@ -125,8 +137,26 @@ async def test_navi_run_on_a_current_database_leaves_sqlite_utils_out(tmp_path: 
                 assert done.returncode == 0, done.stderr.decode()
                 lines = done.stdout.decode().splitlines()
                 seen.append((lines[0], json.loads(lines[-1])))
-    # numpy stays out either way: sqlite-utils imports it when installed (imports.py).
-    assert seen == [("made", [0, True, True, False]), ("read", [0, False, False, False])]
+    return seen
+
+
+async def test_navi_run_collects_no_garbage_before_its_runtime_freezes_start_up(
+    tmp_path: Path,
+) -> None:
+    # Each pass over start-up's young objects costs a few ms and frees little: from the
+    # start-up block's opening to the runtime's freeze there is none. The block opens
+    # before attrs is imported (the module holding it imports only the standard library).
+    assert imported_by("import navi_trio.imports", ("attrs", "attr")) == []
+    code = (
+        "import gc, json, sys\nseen = []\nfound = gc.get_threshold()\n"
+        "def spy(phase, info):\n"  # in the block (its threshold) and before the freeze
+        "    if phase == 'start' and gc.get_threshold() != found and not gc.get_freeze_count():\n"
+        "        seen.append(info['generation'])\n"
+        "gc.callbacks.append(spy)\nsys.argv = ['navi', 'run', 'hi']\n"
+        "from navi_trio.__main__ import main\ncode = main()\n"
+        "print(json.dumps([code, gc.get_freeze_count() > 0, seen]))"
+    )
+    assert await _runs_of(code, tmp_path, ["hello"]) == [("hello", [0, True, []])]
 
 
 def test_a_module_hidden_from_sqlite_utils_is_importable_afterwards() -> None:
@@ -168,11 +198,7 @@ async def test_navi_run_builds_its_http_client_in_a_thread_and_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from navi_trio.cli import run as cli_run
-    from navi_trio.cli.common import config_source
-    from navi_trio.cli.runner import RunRequest
     from navi_trio.llm.factory import make_client as real
-    from navi_trio.settings import Settings
-    from navi_trio.testing.fake_llm import open_fake_llm
 
     on_main_thread: list[bool] = []
 
@@ -181,6 +207,19 @@ async def test_navi_run_builds_its_http_client_in_a_thread_and_answers(
         return real(settings)
 
     monkeypatch.setattr(cli_run, "make_client", recording)
+    assert await _run_embedded_hi(tmp_path) == "hello\n"
+    assert on_main_thread == [False], "the client was not built by run_embedded's thread"
+
+
+async def _run_embedded_hi(tmp_path: Path) -> str:
+    """`navi run hi` in a private daemon of this process (the fake LLM answering
+    "hello"), as `cmd_run` runs it; what it printed. The run must complete."""
+    from navi_trio.cli import run as cli_run
+    from navi_trio.cli.common import config_source
+    from navi_trio.cli.runner import RunRequest
+    from navi_trio.settings import Settings
+    from navi_trio.testing.fake_llm import open_fake_llm
+
     out, err = io.StringIO(), io.StringIO()
     with trio.fail_after(TIMEOUT):
         async with open_fake_llm([{"text": "hello"}]) as llm:
@@ -193,9 +232,35 @@ async def test_navi_run_builds_its_http_client_in_a_thread_and_answers(
             req = RunRequest("s-start", "hi", tmp_path, None, False)
             source = config_source(settings)
             outcome = await cli_run.run_embedded(settings, source, req, out, err)
-    assert on_main_thread == [False], "the client was not built by run_embedded's thread"
     assert outcome.end is not None and outcome.end.reason == "complete", err.getvalue()
-    assert out.getvalue() == "hello\n"
+    return out.getvalue()
+
+
+async def test_navi_run_probes_the_sandbox_once_as_its_runtime_checks_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The thread's probe asks what the runtime's check asks (as root: as the tool user),
+    # so the runtime finds the answer cached instead of waiting for a probe of its own.
+    import functools
+
+    from navi_trio import runtime
+    from navi_trio.cli import run as cli_run
+    from navi_trio.tools import sandbox
+    from navi_trio.tools.runas import RunAs
+
+    probed: list[tuple[Path | None, RunAs | None]] = []
+
+    @functools.lru_cache(maxsize=8)
+    def probe(bwrap: Path | None, user: RunAs | None = None) -> tuple[bool, str]:
+        probed.append((bwrap, user))
+        return True, "bwrap works"
+
+    tool_user = RunAs(54321, 54321, "tools")  # whom a root navi runs its tools as
+    monkeypatch.setattr(sandbox, "_probe", probe)
+    monkeypatch.setattr(runtime, "run_as", lambda setting: tool_user)
+    monkeypatch.setattr(cli_run, "run_as", lambda setting: tool_user, raising=False)
+    assert await _run_embedded_hi(tmp_path) == "hello\n"
+    assert probed == [(sandbox.find_bwrap(None), tool_user)]
 
 
 def test_the_acp_agent_and_its_sdk_stay_out_of_every_other_command() -> None:
@@ -296,16 +361,22 @@ def test_the_console_script_imports_the_cli_under_the_start_up_threshold() -> No
     assert scripts["project"]["scripts"]["navi"] == "navi_trio.__main__:main"
 
 
+def _settings_without_llm(tmp_path: Path) -> Settings:
+    """A runtime's settings in `tmp_path`, its LLM nowhere (no request is made)."""
+    from navi_trio.settings import Settings
+
+    return Settings.from_env(
+        {}, db_path=tmp_path / "navi.db", data_dir=tmp_path / "data", llm_url="http://127.0.0.1:9"
+    )
+
+
 async def test_a_runtime_ends_the_start_up_collections_once_it_has_frozen_start_up(
     tmp_path: Path,
 ) -> None:
     from navi_trio.runtime import open_runtime
-    from navi_trio.settings import Settings
 
     before = gc.get_threshold()
-    settings = Settings.from_env(
-        {}, db_path=tmp_path / "navi.db", data_dir=tmp_path / "data", llm_url="http://127.0.0.1:9"
-    )
+    settings = _settings_without_llm(tmp_path)
     with start_up_collections(), trio.fail_after(TIMEOUT):
         with start_up_collections():  # an inner block leaves the start-up to the outer one
             assert gc.get_threshold()[0] == START_UP_GC_THRESHOLD
@@ -316,12 +387,32 @@ async def test_a_runtime_ends_the_start_up_collections_once_it_has_frozen_start_
     assert gc.get_threshold() == before
 
 
+async def test_a_client_ends_the_start_up_collections_once_it_is_connected(
+    tmp_path: Path,
+) -> None:
+    # A command that opens no runtime (a client of a daemon) may run for hours: its
+    # young collections come back with its connection, not at its end.
+    from navi_trio.api.daemon_client import open_daemon
+    from navi_trio.cli.common import config_source
+    from navi_trio.cli.serve import serve_privately
+
+    before = gc.get_threshold()
+    settings = _settings_without_llm(tmp_path)
+    with trio.fail_after(TIMEOUT):
+        async with serve_privately(settings, config_source(settings)) as daemon:
+            with start_up_collections():
+                assert gc.get_threshold()[0] == START_UP_GC_THRESHOLD
+                async with open_daemon(daemon.url, daemon.token, own_listener=True):
+                    assert gc.get_threshold() == before
+            assert gc.get_threshold() == before
+
+
 @pytest.mark.parametrize("own", [(1000, 10, 10), (START_UP_GC_THRESHOLD, 10, 10)])
 def test_the_start_up_collections_put_back_the_thresholds_they_found(
     own: tuple[int, int, int],
 ) -> None:
     """A process's own thresholds come back after `start_up_over` and after the block,
-    even its own young threshold of 20,000 (not taken for an open block)."""
+    even its own young threshold of the start-up's (not taken for an open block)."""
     before = gc.get_threshold()
     try:
         gc.set_threshold(*own)

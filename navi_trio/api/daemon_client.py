@@ -60,6 +60,7 @@ from navi_trio import wire
 from navi_trio.api.our_run import Accepted as Accepted
 from navi_trio.api.our_run import OurRun as OurRun
 from navi_trio.errors import DaemonUnreachableError, RemoteError
+from navi_trio.imports import start_up_over
 from navi_trio.wire import Frame
 
 if TYPE_CHECKING:  # trio_websocket is imported on use: an embedded `navi run` never needs it
@@ -434,6 +435,9 @@ async def open_daemon(
                     await _check_other_end(ws, url, accounts)
                 await daemon._hello(token, hello_timeout)
                 phase = "open"
+                # A client's start-up ends here: the collections it put off are its
+                # session's again (a private daemon's runtime has ended it already).
+                start_up_over()
                 yield daemon
                 phase = "closing"
                 bounds.deadline = trio.current_time() + close_timeout

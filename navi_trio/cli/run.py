@@ -57,6 +57,7 @@ from navi_trio.llm.factory import make_backend, make_client
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
 from navi_trio.text import TerminalStream, terminal_safe
+from navi_trio.tools.runas import run_as
 from navi_trio.tools.sandbox import sandbox_available
 from navi_trio.wire import Frame
 
@@ -319,6 +320,17 @@ class _BackgroundWait:
             await daemon.send(wire.tasks("cancel", self.session_id, task_id))
 
 
+def probe_sandbox(settings: Settings) -> None:
+    """Probe bwrap as the runtime will (as the tool user when navi runs as root), so
+    that its check finds the answer cached instead of waiting for a probe of its own. A
+    setting naming no one is left for the runtime to refuse, at its place in the start."""
+    try:
+        user = run_as(settings.tool_user)
+    except ConfigError:
+        return
+    sandbox_available(settings.bwrap_path, user)
+
+
 @asynccontextmanager
 async def serve_run(
     settings: Settings, source: Callable[[], ConfigSource]
@@ -328,7 +340,7 @@ async def serve_run(
     (imported here so `navi --help` and `navi doctor` stay light)."""
     local = settings.llm_backend.strip().lower() == "local"
     building = None if local else InThread(make_client, settings)
-    probing = InThread(sandbox_available, settings.bwrap_path)
+    probing = InThread(probe_sandbox, settings)
     config = source()
     from navi_trio.api import daemon_client  # noqa: F401 - loaded here, beside the threads
     from navi_trio.cli import serve  # noqa: F401
