@@ -250,6 +250,7 @@ async def open_runtime(
                     agent.leases,
                     settings.lease_ttl_sec,
                     queue_max=settings.message_queue_max,
+                    ask_timeout=settings.cluster_ask_timeout_sec,
                 )
             notices = UserNotices()
 

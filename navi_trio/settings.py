@@ -225,6 +225,11 @@ class Settings:
     # A session's lease (core/turn/lease.py) lasts this long unless renewed (every third of
     # it): a daemon that dies or hangs loses its sessions to another daemon after this.
     lease_ttl_sec: float = attrs.field(default=30.0, metadata=_env("NAVI_LEASE_TTL_SEC"))
+    # In a cluster, a stop, an approval or a task cancel asked of the daemon that owns
+    # the turn, call or job is told as unanswered (ask again) after this.
+    cluster_ask_timeout_sec: float = attrs.field(
+        default=10.0, metadata=_env("NAVI_CLUSTER_ASK_TIMEOUT_SEC")
+    )
     spawn_timeout_sec: float = attrs.field(default=300.0, metadata=_env("NAVI_SPAWN_TIMEOUT_SEC"))
     # The WebSocket daemon (`navi serve`): limits per connection and per user.
     ws_frame_max_bytes: int = attrs.field(default=1 << 20, metadata=_env("NAVI_WS_FRAME_MAX_BYTES"))

@@ -342,6 +342,26 @@ async def test_the_asking_daemon_keeps_nothing_of_an_ask_once_it_is_answered(
             assert asker._asked == {}
 
 
+async def test_an_unanswered_ask_ends_after_the_clusters_ask_timeout(
+    autojump_clock: Any,
+) -> None:
+    """The ask timeout is the cluster's setting: a stop nobody answers is an error after
+    that long, which names it (NAVI_CLUSTER_ASK_TIMEOUT_SEC reaches it through Cluster)."""
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            bus = LoopBus(nursery)
+            bus.deaf = True
+            leases = cast(SessionLeases, SimpleNamespace(owner="asker"))
+            cluster = Cluster(
+                cast(ClusterBus, bus), cast(SessionStore, MemoryKV()), leases, 60.0,
+                ask_timeout=2.5,
+            )  # fmt: skip
+            before = trio.current_time()
+            with pytest.raises(UnavailableError, match=r"did not answer within 2\.5 s"):
+                await cluster.calls.stop("owner", "s-1")
+            assert trio.current_time() - before == pytest.approx(2.5)
+
+
 class _SlowFollowsBus:
     """What the cluster's resume reads of the bus: `follows` waits for `gate`, then
     gives the rows it had when asked (older than what was said meanwhile)."""

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import trio
 
-from navi_trio.core.cluster.owner_calls import Answers, OwnerCalls
+from navi_trio.core.cluster.owner_calls import ASK_TIMEOUT_SEC, Answers, OwnerCalls
 from navi_trio.core.session import Dropped, to_row
 from navi_trio.core.turn import SessionLeases, UserMessage
 from navi_trio.errors import NaviError, StoreError
@@ -96,6 +96,7 @@ class Cluster:
         ttl: float,
         *,
         queue_max: int | None = None,
+        ask_timeout: float = ASK_TIMEOUT_SEC,
     ) -> None:
         self.bus = bus
         self.store = store
@@ -106,7 +107,7 @@ class Cluster:
         self.registry: ClusterRegistry | None = None
         self.jobs: LostJobs | None = None
         # Approvals and task cancels answered by the daemon that holds them.
-        self.calls = OwnerCalls(bus, store, self.owner, daemon_channel)
+        self.calls = OwnerCalls(bus, store, self.owner, daemon_channel, ask_timeout)
         self._tag = secrets.token_hex(4)  # marks the frames this daemon publishes
         self._scan_soon = trio.Event()  # a daemon here died, the listener is back
         self._watched: set[str] = set()  # daemons of this machine watched (pidfds)

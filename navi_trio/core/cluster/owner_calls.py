@@ -10,8 +10,9 @@ does not run the turn, the call or the job. The api layer checks who asks; then 
 owner is asked on its channel (``nd_…``) with a request id and the asker's owner id (for
 an approval, the answering user too: the owner's broker checks it is the run's starter),
 and it notifies the outcome back. The client's reply waits for it (at most
-`ASK_TIMEOUT_SEC`) and says what happened, as on one daemon. Asked while the listener is
-down, it is refused at once (``storage``). Compact is a bare `Cluster.tell`.
+`ask_timeout`: NAVI_CLUSTER_ASK_TIMEOUT_SEC, 10 s by default) and says what happened,
+as on one daemon. Asked while the listener is down, it is refused at once
+(``storage``). Compact is a bare `Cluster.tell`.
 
 Jobs other daemons run are read from their running markers (kv ``task_running``),
 matched by (pid, host) to the live ``daemons`` rows. Every payload is checked field by
@@ -77,6 +78,7 @@ class OwnerCalls:
     store: SessionStore
     owner: str
     channel: Callable[[str], str]  # owner id -> its channel (cluster.py daemon_channel)
+    ask_timeout: float = ASK_TIMEOUT_SEC  # an ask unanswered this long is UnavailableError
     approvals: Answers | None = attrs.field(default=None, init=False)
     jobs: Cancels | None = attrs.field(default=None, init=False)
     stops: Callable[[str], bool] | None = attrs.field(default=None, init=False)  # stop a turn
@@ -139,14 +141,14 @@ class OwnerCalls:
         payload = {"k": kind, "s": session_id, "r": rid, "o": self.owner, **fields}
         try:
             await self.bus.notify([(self.channel(owner), json.dumps(payload))])
-            with trio.move_on_after(ASK_TIMEOUT_SEC):
+            with trio.move_on_after(self.ask_timeout):
                 await asked.done.wait()
         finally:
             del self._asked[rid]
         if not asked.done.is_set():
             raise UnavailableError(
                 f"the daemon running session {session_id!r} did not answer within "
-                f"{ASK_TIMEOUT_SEC:g} s; try again"
+                f"{self.ask_timeout:g} s; try again"
             )
         error = asked.answer.get("e")
         if asked.answer.get("nf"):
