@@ -190,6 +190,32 @@ async def test_a_client_leaving_a_stalled_stream_is_recorded_as_a_disconnect() -
     assert server.completed == 0
 
 
+ROUNDS = 20  # the ending races the server's last step: each round is a fresh try
+
+
+@pytest.mark.parametrize(
+    ("path", "stream"),
+    [("/api/chat", True), ("/v1/chat/completions", False)],
+    ids=["ndjson", "whole"],
+)
+@pytest.mark.parametrize("who_ends", ["server", "client"])
+async def test_an_answer_the_client_read_to_its_end_is_completed_whoever_ends_first(
+    path: str, stream: bool, who_ends: str
+) -> None:
+    """Read to its end, an answer counts in `completed` and never as a disconnect,
+    whether the server is shut down or the client hangs up right after."""
+    body = {**CHAT, "stream": stream}
+    with trio.fail_after(TIMEOUT):
+        for _ in range(ROUNDS):
+            async with httpx.AsyncClient() as client:
+                async with open_fake_llm([{"text": "a b"}]) as server:
+                    resp = await client.post(server.url + path, json=body)
+                    assert resp.status_code == 200 and "b" in resp.text
+                    if who_ends == "client":
+                        await client.aclose()
+            assert (server.completed, server.disconnects) == (1, [])
+
+
 async def test_drop_after_cuts_the_body_and_is_not_a_client_disconnect() -> None:
     with trio.fail_after(TIMEOUT):
         async with open_fake_llm([{"text": "a b c", "drop_after": 1}]) as server:

@@ -7,7 +7,8 @@ leaves the writer blocked on the socket; the outbox then fills and whoever sends
 waits for room: the reader (so the client's next requests stay unread in its socket,
 where they cost the daemon nothing), a subscription's pump (its session then cuts that
 subscription off: ``lagged``). Two bounds: `max_frames`
-texts, and `max_bytes` of them in memory (`sys.getsizeof`, what the text really holds).
+texts, and `max_bytes` of them in memory (`sys.getsizeof`, what the text really holds,
+measured once as it comes in and kept beside it).
 A text bigger than `max_bytes` alone still goes, when nothing else waits: it was built
 already, and the daemon bounds each frame where it is made (a history reply is a page).
 
@@ -34,7 +35,7 @@ class Outbox:
         self.max_bytes = max_bytes
         self.who = who
         self._stalled = False  # a sender waited since the outbox was last empty
-        self._texts: collections.deque[str] = collections.deque()
+        self._texts: collections.deque[tuple[str, int]] = collections.deque()  # with sizes
         self.bytes = 0
         self._turn = trio.Lock()  # the sender whose turn it is waits for room, alone
         self._room = trio.lowlevel.ParkingLot()  # that sender, parked
@@ -66,10 +67,12 @@ class Outbox:
     def put_nowait(self, text: str) -> bool:
         """Queue `text` now if nobody waits for room and it fits (no turn to take: a
         turn costs each frame a trip through the scheduler); False when it must wait."""
-        size = sys.getsizeof(text)
+        return self._put_now(text, sys.getsizeof(text))
+
+    def _put_now(self, text: str, size: int) -> bool:
         if self._turn.locked() or self._closed or not self._fits(size):
             return False
-        self._texts.append(text)
+        self._texts.append((text, size))
         self.bytes += size
         if self._ready:  # unpark_all on an empty lot costs most of a microsecond
             self._ready.unpark_all()
@@ -78,9 +81,9 @@ class Outbox:
     async def put(self, text: str) -> None:
         """Queue `text` for the writer, once there is room for it."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        if self.put_nowait(text):
-            return
         size = sys.getsizeof(text)
+        if self._put_now(text, size):
+            return
         async with self._turn:
             while not self._fits(size):
                 if self._closed:
@@ -97,7 +100,7 @@ class Outbox:
                 await self._room.park()
             if self._closed:
                 raise trio.ClosedResourceError("the connection's outbox is closed")
-            self._texts.append(text)
+            self._texts.append((text, size))
             self.bytes += size
             self._ready.unpark_all()
 
@@ -141,8 +144,8 @@ class Outbox:
             await self._ready.park()
             self._at_once = self._at_once_bytes = 0
             waited = True
-        text = self._texts.popleft()
-        self.bytes -= sys.getsizeof(text)
+        text, size = self._texts.popleft()
+        self.bytes -= size
         if not self._texts:
             self._stalled = False
         if self._room:

@@ -52,6 +52,7 @@ from navi_trio.api.command_frames import Tasks as Tasks
 from navi_trio.api.command_frames import Unsubscribe as Unsubscribe
 from navi_trio.api.command_frames import Usage as Usage
 from navi_trio.api.frame_fields import shown
+from navi_trio.caches import remember
 from navi_trio.errors import FrameTooLargeError, ProtocolError, RequestError, UnknownTypeError
 from navi_trio.events import (
     AgentEvent,
@@ -338,10 +339,7 @@ def _token_parts(key: tuple[Any, ...], frame: Frame) -> tuple[str, str]:
     head = _FRAME_JSON({"type": frame["type"], "session_id": frame["session_id"]})
     rest: Frame = {k: frame[k] for k in ("epoch", "is_subagent", "agent_id") if k in frame}
     parts = (head[:-1] + ',"seq":', "," + _FRAME_JSON(rest)[1:-1] + ',"text":')
-    if len(_TOKEN_PARTS) >= TOKEN_PARTS_MAX:
-        _TOKEN_PARTS.clear()
-    _TOKEN_PARTS[key] = parts
-    return parts
+    return remember(_TOKEN_PARTS, key, parts, TOKEN_PARTS_MAX)
 
 
 def event_frame(

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from navi_trio.caches import remember
 from navi_trio.llm.http import json_text as _text
 
 Convert = Callable[[dict[str, Any]], dict[str, Any]]
@@ -97,9 +98,7 @@ class BodyCache:
         if head is None:
             head = _text({"model": model})[:-1]
             if isinstance(model, str):
-                if len(self._models) >= MAX_MODELS:
-                    self._models.clear()
-                self._models[model] = head
+                remember(self._models, model, head, MAX_MODELS)
         # The rest as json.dumps writes a dict (", " between items): a list of tools
         # joined from their kept JSON, what is before and after it encoded as it comes.
         rest = keys[2:]

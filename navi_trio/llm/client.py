@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from navi_trio.caches import remember
+
 # Templates kept per client: one per (URL, extra headers); a caller varying its headers
 # per request (no backend does) only costs a rebuild once this many are kept.
 MAX_TEMPLATES = 32
@@ -63,11 +65,8 @@ class LLMClient(httpx.AsyncClient):
         key = (url, tuple(headers.items()) if headers else ())
         template = self._templates.get(key)
         if template is None:
-            if len(self._templates) >= MAX_TEMPLATES:
-                self._templates.clear()
             model = self.build_request("POST", url, headers={**(headers or {}), **JSON_TYPE})
-            template = _Template(model)
-            self._templates[key] = template
+            template = remember(self._templates, key, _Template(model), MAX_TEMPLATES)
         # The headers httpx would make for `content` (the template's, then the body's
         # Content-Length) given whole, with the body as a stream: httpx then neither
         # looks the headers up again nor copies them into a new set.

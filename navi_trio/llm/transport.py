@@ -44,6 +44,8 @@ import h11
 import httpx
 import trio
 
+from navi_trio.caches import remember
+
 MAX_CONNECTIONS = 1024  # in use at once per origin (ShardedClient had no cap at all)
 MAX_IDLE = 512  # idle keep-alive connections kept per origin
 KEEPALIVE_EXPIRY = 4.0  # idle seconds kept: under the 5 s after which uvicorn and llama.cpp close
@@ -142,9 +144,7 @@ class RequestHeads:
             method = request.method.encode("ascii")
             return h11.Request(method=method, target=target, headers=raw, _parsed=True)
         event = h11.Request(method=request.method, target=target, headers=raw)
-        if len(self._checked) >= self._max_sets:
-            self._checked.clear()
-        self._checked[rest] = None
+        remember(self._checked, rest, None, self._max_sets)
         return event
 
 

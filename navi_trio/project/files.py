@@ -17,6 +17,7 @@ from pathlib import Path
 
 import attrs
 
+from navi_trio.caches import remember
 from navi_trio.errors import RootChangedError
 from navi_trio.tools._beneath import (
     Beneath,
@@ -122,9 +123,7 @@ class Reader:
                 return kept[1][: cap + 1], st.st_size
             data = fh.read(cap + 1)
             self.reads += 1
-        if len(self._kept) >= CACHE_MAX:
-            self._kept.clear()
-        self._kept[path] = (stamp, data)
+        remember(self._kept, path, (stamp, data), CACHE_MAX)
         return data, st.st_size
 
 

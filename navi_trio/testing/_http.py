@@ -41,11 +41,12 @@ async def read_request(
 async def send_whole(
     stream: trio.SocketStream, conn: h11.Connection, status: int, data: bytes, ctype: str
 ) -> bool:
-    """A response with a Content-Length; True (the connection may be kept)."""
+    """A response with a Content-Length, in one write; True (the connection may be kept).
+    Not a write per part: the last, empty one would be a cancel point after the client has
+    the whole answer, where shutting the server down loses the answer's `completed`."""
     headers = [("Content-Type", ctype), ("Content-Length", str(len(data)))]
-    await stream.send_all(conn.send(h11.Response(status_code=status, headers=headers)))
-    await stream.send_all(conn.send(h11.Data(data=data)))
-    await stream.send_all(conn.send(h11.EndOfMessage()))
+    events = [h11.Response(status_code=status, headers=headers), h11.Data(data=data)]
+    await stream.send_all(b"".join(conn.send(e) or b"" for e in [*events, h11.EndOfMessage()]))
     return True
 
 

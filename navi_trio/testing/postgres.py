@@ -9,6 +9,11 @@ As root it runs as ``nobody`` (initdb and postgres refuse root). `fast=True` (te
 turns off fsync; benchmarks use `fast=False`, as in production. `PgUnavailable` says
 why no server could be had. ``NAVI_TEST_STORE=postgres`` makes `open_harness` run on a
 fresh database of one such server per test process.
+
+A small watcher process beside each server stops it (fast shutdown) and removes its
+folder when the process that started it dies, however it dies (SIGKILL included): it
+waits for EOF on a pipe whose write end only that process holds. Not PR_SET_PDEATHSIG:
+that fires when the starting *thread* ends, and servers are started from worker threads.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import uuid
@@ -30,6 +36,19 @@ START_SEC = 60.0  # only a broken start waits this long
 TRIES = 3  # another process may take the free port before postgres binds it
 USER = "navi"  # the cluster's superuser, trusted on 127.0.0.1
 _READY = "database system is ready to accept connections"
+# The watcher (argv: the server's pid, its folder; stdin: the lifeline's read end). A
+# pidfd, taken while the server is still its starter's child, names it even after the
+# starter is gone; the server ending first ends the watcher.
+_WATCH = """\
+import os, select, shutil, signal, sys
+server = os.pidfd_open(int(sys.argv[1]))
+if server not in select.select([0, server], [], [])[0]:
+    signal.pidfd_send_signal(server, signal.SIGINT)
+    if not select.select([server], [], [], 30)[0]:
+        signal.pidfd_send_signal(server, signal.SIGKILL)
+        select.select([server], [], [])
+    shutil.rmtree(sys.argv[2], ignore_errors=True)
+"""
 
 
 class PgUnavailable(Exception):
@@ -90,15 +109,15 @@ class PgServer:
         self,
         folder: Path,
         port: int,
-        process: subprocess.Popen[bytes],
-        log: _Log,
+        running: _Running,
         argv: list[str],
         ids: tuple[int | None, int | None],
+        lifeline: _Lifeline,
     ) -> None:
         self.folder = folder
         self.port = port
-        self.process = process
-        self._log = log
+        self._running = running
+        self._lifeline = lifeline
         self._argv = argv  # how it was started (port included): `resume` starts it so again
         self._ids = ids
         self._icu = True
@@ -114,6 +133,7 @@ class PgServer:
             )
         run_as = _unprivileged_user()
         folder = Path(tempfile.mkdtemp(prefix="navi-pg-"))
+        lifeline = _Lifeline()
         try:
             if run_as is not None:
                 os.chown(folder, run_as.pw_uid, run_as.pw_gid)
@@ -132,14 +152,20 @@ class PgServer:
             if init.returncode != 0:
                 said = (init.stderr or init.stdout).strip().splitlines()[-3:]
                 raise PgUnavailable(f"initdb failed (exit {init.returncode}): {' | '.join(said)}")
-            return cls._listen(bin_dir, folder, fast, ids)
+            return cls._listen(bin_dir, folder, fast, ids, lifeline)
         except BaseException:
+            lifeline.close()
             shutil.rmtree(folder, ignore_errors=True)
             raise
 
     @classmethod
     def _listen(
-        cls, bin_dir: Path, folder: Path, fast: bool, ids: tuple[int | None, int | None]
+        cls,
+        bin_dir: Path,
+        folder: Path,
+        fast: bool,
+        ids: tuple[int | None, int | None],
+        lifeline: _Lifeline,
     ) -> PgServer:
         why = "no attempt"
         settings = ["-c", "listen_addresses=127.0.0.1", "-k", str(folder)]
@@ -150,28 +176,32 @@ class PgServer:
             port = _free_port()
             data = str(folder / "data")
             argv = [str(bin_dir / "postgres"), "-D", data, "-p", str(port), *settings]
-            process, log = _spawn(argv, folder, ids)
-            if log.ready:
-                return cls(folder, port, process, log, argv, ids)
-            _stop(process)
-            log.join()
-            why = f"postgres did not start (try {attempt + 1}): " + " | ".join(log.lines[-4:])
+            running = _Running(argv, folder, ids, lifeline)
+            if running.log.ready:
+                return cls(folder, port, running, argv, ids, lifeline)
+            running.stop()
+            said = " | ".join(running.log.lines[-4:])
+            why = f"postgres did not start (try {attempt + 1}): {said}"
         raise PgUnavailable(why)
 
     def halt(self) -> None:
         """Stop the server as a restart does (fast shutdown: every client is cut off),
         keeping its data; `resume` starts it again."""
-        _stop(self.process)
-        self._log.join()
+        self._running.stop()
 
     def resume(self) -> None:
         """Start the halted server again, on the same port and data."""
-        process, log = _spawn(self._argv, self.folder, self._ids)
-        if not log.ready:
-            _stop(process)
-            log.join()
-            raise PgUnavailable("postgres did not start again: " + " | ".join(log.lines[-4:]))
-        self.process, self._log = process, log
+        running = _Running(self._argv, self.folder, self._ids, self._lifeline)
+        if not running.log.ready:
+            running.stop()
+            said = " | ".join(running.log.lines[-4:])
+            raise PgUnavailable(f"postgres did not start again: {said}")
+        self._running = running
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        """The postgres process running now."""
+        return self._running.process
 
     def url(self, dbname: str = "postgres") -> str:
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{dbname}"
@@ -207,29 +237,60 @@ class PgServer:
 
     def stop(self) -> None:
         """Fast shutdown (clients are disconnected), then the folder is removed."""
-        _stop(self.process)
-        self._log.join()
+        self._running.stop()
+        self._lifeline.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _spawn(
-    argv: list[str], folder: Path, ids: tuple[int | None, int | None]
-) -> tuple[subprocess.Popen[bytes], _Log]:
-    """Start postgres; it is ready, or has given up, when this returns (`log.ready`)."""
-    process = subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        cwd=folder,
-        user=ids[0],
-        group=ids[1],
-    )
-    assert process.stderr is not None
-    log = _Log(process.stderr, folder / "postgres.log")
-    log.settled.wait(START_SEC)
-    return process, log
+class _Lifeline:
+    """A pipe whose write end only this process holds (a pipe's ends are not inherited
+    through exec): a watcher reading the other end sees EOF once this process is gone."""
+
+    def __init__(self) -> None:
+        self.read, self._write = os.pipe()
+
+    def close(self) -> None:
+        os.close(self.read)
+        os.close(self._write)
+
+
+class _Running:
+    """One postgres process, started here: ready, or given up, once this returns
+    (`log.ready`); its stderr drained into the log, and its watcher beside it."""
+
+    def __init__(
+        self, argv: list[str], folder: Path, ids: tuple[int | None, int | None], lifeline: _Lifeline
+    ) -> None:
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C at the terminal leaves it to the clean-up
+            cwd=folder,
+            user=ids[0],
+            group=ids[1],
+        )
+        try:
+            self.watcher = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _WATCH, str(self.process.pid), str(folder)],
+                stdin=lifeline.read,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd="/",
+            )
+        except BaseException:
+            _stop(self.process)
+            raise
+        assert self.process.stderr is not None
+        self.log = _Log(self.process.stderr, folder / "postgres.log")
+        self.log.settled.wait(START_SEC)
+
+    def stop(self) -> None:
+        """Fast shutdown; its watcher, seeing it end, ends too."""
+        _stop(self.process)
+        self.log.join()
+        self.watcher.wait(timeout=10)
 
 
 def _unprivileged_user() -> pwd.struct_passwd | None:

@@ -677,21 +677,24 @@ class SessionActor:
             return True
         return True
 
-    def _surely_publishes(self, msg: UserMessage, control: RunControl) -> bool:
-        """`_may_publish` when its answer is yes with nothing to wait for, as it is for
-        nearly every event: no coroutine for each token. False: ask `_may_publish`."""
+    def _surely_publishes(self, msg: UserMessage, control: RunControl) -> bool | None:
+        """Whether this event of the run goes out: not once another daemon took the session over
+        under it, nor a refusal of a message handed to the daemon that runs the session now.
+        None when the lease must be asked (`_may_publish`); nearly every event gets its
+        answer here, with no coroutine for each token."""
         if control.fenced or (self._hand_over is not None and _taken(msg, control)):
             return False
         lease = control.lease
-        return lease is None or lease.surely_held()
+        return True if lease is None or lease.surely_held() else None
 
     async def _may_publish(self, msg: UserMessage, control: RunControl) -> bool:
-        """Whether this event of the run goes out: not once another daemon took the session over
-        under it, nor a refusal of a message handed to the daemon that runs the session now."""
-        if control.fenced or (self._hand_over is not None and _taken(msg, control)):
-            return False
-        lease = control.lease
-        if lease is None or await lease.held():
+        """`_surely_publishes`, asking the lease when that cannot say: a lease lost fences
+        the run."""
+        surely = self._surely_publishes(msg, control)
+        if surely is not None:
+            return surely
+        assert control.lease is not None  # (no lease: surely)
+        if await control.lease.held():
             return True
         control.fenced = True
         control.stop()

@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 import trio
 
+from navi_trio.caches import remember
 from navi_trio.core.jobs import Job, TaskSupervisor
 from navi_trio.core.turn.approvals import ApprovalBroker
 from navi_trio.core.turn.checkpointing import RoundCheckpoints
@@ -110,10 +111,8 @@ class ToolExecutor:
             key = (tool.name, tool.description, id(params), shown, background)
             made = self._made.get(key)
             if made is None or made[0] is not params:
-                if len(self._made) >= MAX_SCHEMAS:
-                    self._made.clear()
                 made = (params, self._schema(tool, kept, background))
-                self._made[key] = made
+                remember(self._made, key, made, MAX_SCHEMAS)
             out.append(made[1])
         return out
 
