@@ -15,10 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from agent_tools import EchoTool, call, of_type, seed, toolset, with_tools
 
-from navi_trio.core.turn.compression import SUMMARY_PREFIX
+from navi_trio.core.turn import turn_state
+from navi_trio.core.turn.compression import SUMMARY_PREFIX, Compressor
 from navi_trio.testing import open_harness
 
 TIMEOUT = 30
@@ -328,3 +330,32 @@ async def test_a_session_stuck_on_huge_recent_messages_recovers_after_compact(
             # The display history keeps every word.
             messages = await h.runtime.store.load_messages("s1")
             assert any(m["content"] == huge for m in messages)
+
+
+async def test_rounds_under_the_threshold_make_no_compressor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every round after the first asks whether the context reached the threshold; under
+    it, the round goes on without a Compressor made for the answer."""
+    made: list[object] = []
+
+    class Counted(Compressor):
+        def __init__(self, *args: Any) -> None:
+            made.append(self)
+            super().__init__(*args)
+
+    monkeypatch.setattr(turn_state, "Compressor", Counted)
+    with trio.fail_after(TIMEOUT):
+        replies = [call("echo", text="a"), call("echo", text="b"), {"text": "done"}]
+        async with open_harness(
+            tmp_path,
+            replies=replies,
+            num_ctx=NUM_CTX,
+            tools=toolset(EchoTool()),
+            profiles={"general": with_tools(["echo"])},
+        ) as h:
+            await seed(h)
+            frames = await h.turn("s1", TASK)
+            assert frames[-1]["text"] == "done" and frames[-1]["iterations"] == 3
+            assert not of_type(frames, "compression_started")
+            assert made == []

@@ -6,16 +6,19 @@ No process is started here."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from navi_trio.core.turn.hook_answers import HookAnswer, HookFailed, claude_answer, navi_answer
-from navi_trio.core.turn.hook_files import parse_claude
-from navi_trio.core.turn.hooks import STDIN_MAX_BYTES, _bounded
+from navi_trio.core.turn.hook_files import Hook, parse_claude
+from navi_trio.core.turn.hooks import STDIN_MAX_BYTES, TurnHooks, _bounded
+from navi_trio.core.turn.policy import CallFacts
 from navi_trio.errors import ConfigError
 from navi_trio.profiles import CallPattern, HookConfig, parse_config
 from navi_trio.settings import default_config_path
+from navi_trio.tools.base import ToolContext
 
 
 def _parse(**top: Any) -> Any:
@@ -144,3 +147,29 @@ def test_the_stdin_of_a_hook_is_bounded_in_bytes() -> None:
     assert "truncated" in cut["arguments"]
     small = _bounded({"event": "post_tool", "arguments": {"text": "y" * 9000}})
     assert small["arguments"]["text"].endswith("characters cut]")
+
+
+async def test_an_event_without_hooks_has_no_opinion_and_looks_at_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tool call fires pre_tool and post_tool whatever the config: with no hook for
+    the event the answer is no opinion, and neither the call's facts nor its arguments
+    are looked at (a hook of another event does not count)."""
+
+    def no_facts(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the call's facts were worked out")
+
+    monkeypatch.setattr(CallFacts, "of", no_facts)
+    other = Hook("user_message", "/bin/false", CallPattern(tool="*"), 5.0, "config.json")
+    ctx = ToolContext(
+        session_id="s",
+        session_dir=tmp_path,
+        kv=cast(Any, None),
+        settings=cast(Any, None),
+        profile=cast(Any, None),
+        config=cast(Any, None),
+    )
+    for hooks in (TurnHooks(), TurnHooks((other,))):
+        for event in ("pre_tool", "post_tool", "permission_request"):
+            answer = await hooks.fire(event, ctx, tool="terminal", arguments={"command": "ls"})
+            assert answer == HookAnswer()

@@ -14,6 +14,7 @@ import trio
 import trio.testing
 
 from navi_trio.store import _input
+from navi_trio.store.fence import Fence, fenced
 from navi_trio.store.sqlite import SQLiteStore
 
 
@@ -103,3 +104,53 @@ async def test_a_group_commit_is_flushed_when_any_of_its_appends_must_be(tmp_pat
     relaxed = await _batch_statements(tmp_path / "relaxed", [False, False])
     # Relaxed for the batch, back to FULL for the next job (the load that follows).
     assert relaxed == ["PRAGMA synchronous=NORMAL", "COMMIT", "PRAGMA synchronous=FULL"]
+
+
+async def test_a_rounds_two_fenced_appends_run_six_and_five_statements(tmp_path: Path) -> None:
+    """The call message (renewing the lease) and the result, each one transaction: the
+    renewal (the fence's check), the session's touch (fenced, when nothing was renewed)
+    and one INSERT per row, its position read in it. Before, each read the fence, the
+    session and both tables' last positions apart: 12 and 9 statements."""
+    seen: list[str] = []
+
+    def tracing(on: bool, db: Any) -> None:
+        db.set_trace_callback(seen.append if on else None)
+
+    async with SQLiteStore.open(tmp_path / "navi.db") as store:
+        await store.create_session("s1", profile_id="p")
+        held = await store.claim_lease("s1", owner="a", pid=1, host="h", ttl=60)
+        call = {"role": "assistant", "content": "", "tool_calls": [{"name": "echo"}]}
+        result = {"role": "tool", "content": "ping", "name": "echo"}
+        await store.run_raw_for_tests("trace", partial(tracing, True))
+        with fenced(Fence("s1", "a", held.generation)):
+            await store.append("s1", messages=[call], context=[call], renew=60, durable=False)
+            first = list(seen)
+            seen.clear()
+            await store.append("s1", messages=[result], context=[result])
+        await store.run_raw_for_tests("trace", partial(tracing, False))
+        statements = [s for s in seen if not s.startswith("PRAGMA")]
+        first = [s for s in first if not s.startswith("PRAGMA")]
+        assert [s.split()[0] for s in first] == [
+            "BEGIN",
+            "UPDATE",
+            "UPDATE",
+            "INSERT",
+            "INSERT",
+            "COMMIT",
+        ]
+        assert [s.split()[0] for s in statements] == [
+            "BEGIN",
+            "UPDATE",
+            "INSERT",
+            "INSERT",
+            "COMMIT",
+        ]
+        assert await store.load_messages("s1") == [call, result]
+        assert await store.load_context("s1") == [call, result]
+        positions = await store.run_raw_for_tests(
+            "positions",
+            lambda db: db.execute("SELECT position FROM context ORDER BY id").fetchall(),
+        )
+        assert [p[0] for p in positions] == [1.0, 2.0]
+        lease = await store.claim_lease("s1", owner="b", pid=1, host="h", ttl=60)
+        assert lease.owner == "a"  # renewed by the first append, still held

@@ -18,8 +18,13 @@ import trio.testing
 
 from navi_trio.errors import StoreError
 from navi_trio.store import SQLiteStore, open_store
+from navi_trio.store._schema import _write_tx
 
 TIMEOUT = 10
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
 
 
 def _count_commits(store: SQLiteStore, commits: list[str]) -> Any:
@@ -121,3 +126,92 @@ async def test_a_write_does_not_ask_for_the_page_count_while_no_full_disk_is_rep
             await store.append(sid, messages=[{"role": "assistant", "content": "yo"}])
             assert [m["content"] for m in await store.load_messages(sid)] == ["hi", "yo"]
     assert asked == []
+
+
+async def test_a_batched_append_shares_its_jobs_savepoint_and_a_failed_one_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """In a group commit each job runs under its own savepoint; an append's write opens
+    no second one inside it. One that fails after a first insert (the context refuses
+    its row) leaves neither row, and the batch's other appends land."""
+    started, gate = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    def hold(db: Any) -> bool:
+        started.set()
+        return gate.wait(5)
+
+    def trace(db: Any) -> None:
+        db.set_trace_callback(seen.append)
+
+    async def both(store: SQLiteStore, sid: str, text: str) -> None:
+        await store.append(sid, messages=[user(text)], context=[user(text)])
+
+    async def refused(store: SQLiteStore, sid: str) -> None:
+        with pytest.raises(StoreError, match="context is frozen"):
+            await store.append(sid, messages=[user("lost")], context=[user("lost")])
+
+    with trio.fail_after(TIMEOUT):
+        async with open_store(tmp_path / "n.db") as store:
+            a, b = [(await store.create_session(profile_id="p")).id for _ in range(2)]
+            await store.run_raw_for_tests(
+                "freeze b",
+                lambda db: db.execute(
+                    "CREATE TRIGGER navi_frozen BEFORE INSERT ON context WHEN"
+                    f" NEW.session_id = '{b}' BEGIN SELECT RAISE(ABORT, 'context is frozen'); END"
+                ),
+            )
+            await store.run_raw_for_tests("trace", trace)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(store.run_raw_for_tests, "hold", hold)
+                await trio.to_thread.run_sync(started.wait, 5)
+                nursery.start_soon(both, store, a, "a1")
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(refused, store, b)
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(both, store, a, "a2")
+                await trio.testing.wait_all_tasks_blocked()
+                gate.set()
+            assert [m["content"] for m in await store.load_messages(a)] == ["a1", "a2"]
+            assert [m["content"] for m in await store.load_context(a)] == ["a1", "a2"]
+            assert await store.load_messages(b) == []
+            assert await store.load_context(b) == []
+    batch = seen[seen.index("BEGIN IMMEDIATE") :]
+    assert batch.count("SAVEPOINT navi_job") == 3
+    assert not any("navi_write" in sql for sql in batch)
+    assert batch.count("COMMIT") == 1
+
+
+async def test_a_batched_job_that_survives_its_failed_write_keeps_only_what_came_after(
+    tmp_path: Path,
+) -> None:
+    """A job of a group commit whose first write fails, and which goes on (it caught the
+    error), keeps only what it wrote after: the failed write is undone by itself."""
+    started, gate = threading.Event(), threading.Event()
+
+    def hold(db: Any) -> bool:
+        started.set()
+        return gate.wait(5)
+
+    def job(db: Any) -> None:
+        try:
+            with _write_tx(db):
+                db.execute("INSERT INTO kv VALUES ('t', 'undone', '1', 0)")
+                raise ValueError("the write fails after its first statement")
+        except ValueError:
+            pass
+        db.execute("INSERT INTO kv VALUES ('t', 'kept', '2', 0)")
+
+    def keys(db: Any) -> list[str]:
+        return [r[0] for r in db.execute("SELECT key FROM kv WHERE scope = 't' ORDER BY key")]
+
+    with trio.fail_after(TIMEOUT):
+        async with open_store(tmp_path / "n.db") as store:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(store.run_raw_for_tests, "hold", hold)
+                await trio.to_thread.run_sync(started.wait, 5)
+                nursery.start_soon(store.run_raw_for_tests, "job", job)
+                nursery.start_soon(store.run_raw_for_tests, "job", keys)
+                await trio.testing.wait_all_tasks_blocked()
+                gate.set()
+            assert await store.run_raw_for_tests("keys", keys) == ["kept"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from typing import NoReturn
 
 from navi_trio.store._input import (
     _Row,
@@ -35,13 +36,6 @@ def _insert_history(
     )
 
 
-def _next_positions(db: sqlite3.Connection, table: str, sid: str, count: int) -> list[float]:
-    top = db.execute(
-        f"SELECT COALESCE(MAX(position), 0) FROM {table} WHERE session_id = ?", [sid]
-    ).fetchone()[0]
-    return [float(top) + i for i in range(1, count + 1)]
-
-
 def _append(
     db: sqlite3.Connection,
     sid: str,
@@ -54,16 +48,66 @@ def _append(
     durable: bool = True,
     renew: float | None = None,
 ) -> None:
+    """The append of a round, in few statements: the lease's renewal (when asked) is the
+    fence's check, the session's ``updated_at`` its presence (and, without a renewal, the
+    fence's check too), and each row takes its position in its own INSERT. Only when one
+    of them finds nothing are the lease and the session read, to say which was missing."""
     # `durable` is the worker's: it commits without the fsync (store/sqlite.py).
     with _write_tx(db):
-        SQLITE.check_fence(db, fence)
-        if renew is not None and fence is not None:  # the row is the fence's: just checked
-            SQLITE.renew_lease(db, sid, fence.owner, renew, fence.generation, now)
-        SQLITE.require_session(db, sid)
+        if renew is not None and fence is not None:
+            if not _renewed(db, fence, renew, now):
+                _refuse(db, sid, fence)
+            fence = None  # checked: the renewal matched its owner and generation
+        if not _touched(db, sid, fence, now):
+            _refuse(db, sid, fence)
         if dequeue is not None and not _claim(db, sid, dequeue):
             raise not_queued(sid, dequeue)
         for table, rows in (("messages", msg_rows), ("context", ctx_rows)):
             if rows:
-                positions = _next_positions(db, table, sid, len(rows))
-                _insert_history(db, table, sid, rows, positions, now)
-        db.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", [now, sid])
+                _insert_next(db, table, sid, rows, now)
+
+
+def _renewed(db: sqlite3.Connection, fence: Fence, ttl: float, now: float) -> bool:
+    """The fence's lease renewed to `ttl` s from `now`: False when its row is no longer
+    the fence's (`renew_lease` naming the generation, without its own savepoint)."""
+    cursor = db.execute(
+        "UPDATE leases SET expires_at = ? + ? WHERE session_id = ? AND owner = ?"
+        " AND generation = ?",
+        [now, ttl, fence.session_id, fence.owner, fence.generation],
+    )
+    return cursor.rowcount == 1
+
+
+def _touched(db: sqlite3.Connection, sid: str, fence: Fence | None, now: float) -> bool:
+    """The session's ``updated_at`` set to `now`; False when it is not there or (with
+    `fence`) its lease is not the fence's."""
+    if fence is None:
+        sql, params = "UPDATE sessions SET updated_at = ? WHERE id = ?", [now, sid]
+    else:
+        sql = (
+            "UPDATE sessions SET updated_at = ? WHERE id = ? AND EXISTS (SELECT 1 FROM leases"
+            " WHERE session_id = ? AND owner = ? AND generation = ?)"
+        )
+        params = [now, sid, fence.session_id, fence.owner, fence.generation]
+    return db.execute(sql, params).rowcount == 1
+
+
+def _refuse(db: sqlite3.Connection, sid: str, fence: Fence | None) -> NoReturn:
+    """Why a write found no row: the lease lost (LeaseLostError) before no session
+    (StoreError), as the checks one by one would say."""
+    SQLITE.check_fence(db, fence)
+    SQLITE.require_session(db, sid)
+    raise AssertionError(f"session {sid!r}: a write matched no row, yet both checks pass")
+
+
+def _insert_next(
+    db: sqlite3.Connection, table: str, sid: str, rows: Sequence[_Row], now: float
+) -> None:
+    """`rows` after the session's last in `table`, at the next whole positions: each
+    INSERT reads the position the one before it wrote."""
+    db.executemany(
+        f"INSERT INTO {table} (session_id, position, role, content, is_plan, data, created_at)"
+        f" SELECT ?, COALESCE(MAX(position), 0) + 1.0, ?, ?, ?, ?, ? FROM {table}"
+        " WHERE session_id = ?",
+        [(sid, r.role, r.content, int(r.is_plan), r.data, now, sid) for r in rows],
+    )

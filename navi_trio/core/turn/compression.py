@@ -100,6 +100,16 @@ class CompressionOutcome:
     messages_summarised: int
 
 
+def threshold(settings: Settings) -> int:
+    """The estimated prompt size at which a context is compressed."""
+    return int(settings.num_ctx * settings.compression_threshold)
+
+
+def over_threshold(settings: Settings, tokens: int) -> bool:
+    """Whether `tokens` reach the threshold: asked every round, with no Compressor made."""
+    return tokens >= threshold(settings)
+
+
 class Compressor:
     def __init__(
         self, settings: Settings, counter: TokenCounter, complete: Complete, prompts_dir: Path
@@ -110,10 +120,10 @@ class Compressor:
         self._prompts_dir = Path(prompts_dir)
 
     def threshold(self) -> int:
-        return int(self._settings.num_ctx * self._settings.compression_threshold)
+        return threshold(self._settings)
 
     def over_threshold(self, tokens: int) -> bool:
-        return tokens >= self.threshold()
+        return over_threshold(self._settings, tokens)
 
     def keep_recent(self, profile: AgentProfile) -> int:
         value = profile.compression_keep_recent

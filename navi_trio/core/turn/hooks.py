@@ -39,6 +39,9 @@ STDERR_MAX_CHARS = 2000
 Publish = Callable[[AgentEvent], None]
 
 
+NO_OPINION = HookAnswer()
+
+
 @attrs.frozen
 class TurnHooks:
     """The hooks of one run, by event."""
@@ -73,7 +76,10 @@ class TurnHooks:
         **fields: Any,
     ) -> HookAnswer:
         """Run the event's hooks (for a tool event, the matching ones) and combine their
-        answers; a failed one is an ErrorEvent on `ctx.publish` and the event's default."""
+        answers; a failed one is an ErrorEvent on `ctx.publish` and the event's default.
+        No hook for the event (a tool call's usual case): no opinion, nothing looked at."""
+        if all(h.event != event for h in self.hooks):
+            return NO_OPINION
         args = dict(arguments or {})
         facts = CallFacts.of(tool, args) if tool is not None else None
         chosen = [

@@ -20,6 +20,7 @@ from typing import Any
 import trio
 
 from navi_trio.core.turn import planning
+from navi_trio.core.turn.compression import over_threshold
 from navi_trio.core.turn.file_agents import agents_note, read_file_agents
 from navi_trio.core.turn.hooks import TurnHooks
 from navi_trio.core.turn.llm_call import StreamedReply, chat_request, output_cap, stream_reply
@@ -176,9 +177,9 @@ class TurnRunner:
     async def compress(self, reason: str, tokens: int, *, force: bool = False) -> bool:
         """Compress when over the threshold (or `force`) and would_compress() agrees."""
         t = self.turn
-        compressor = self.parts.compressor(self.complete)
-        if not force and not compressor.over_threshold(tokens):
+        if not force and not over_threshold(self.settings, tokens):
             return False
+        compressor = self.parts.compressor(self.complete)
         if not compressor.would_compress(t.state.context, profile=t.profile, shrink=force):
             return False
         t.emit(CompressionStarted(reason=reason, tokens_before=tokens))
@@ -258,9 +259,7 @@ class TurnRunner:
             return
         # Pre-turn compression, from the real context (not a stored count). While the
         # encoding still loads, a bound under the threshold settles it without waiting.
-        if counter.loaded or self.parts.compressor(self.complete).over_threshold(
-            counter.bound_messages(context)
-        ):
+        if counter.loaded or over_threshold(self.settings, counter.bound_messages(context)):
             await counter.preload()
             await self.compress("pre_turn", counter.estimate_messages(context))
         wants_plan = planning.should_plan(
