@@ -63,27 +63,6 @@ def _connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Conne
         raise
 
 
-# A group commit runs each job under this savepoint (store/_worker.py); while the job has
-# written nothing under it, its connection's `total_changes` is here, by the connection's
-# id, and a `_write_tx` opened then takes the job's savepoint as its own (two statements
-# fewer a job; `total_changes` counts rows, so a job's DDL before it would be undone with
-# a failed write the job then caught: no job does both). Only the worker thread of that
-# connection reads or writes its entry.
-JOB_SAVEPOINT = "navi_job"
-_JOB_FRESH: dict[int, int] = {}
-
-
-@contextmanager
-def job_savepoint(db: sqlite3.Connection) -> Iterator[None]:
-    """A group commit's job runs inside: its savepoint, which a first `_write_tx` shares."""
-    db.execute(f"SAVEPOINT {JOB_SAVEPOINT}")
-    _JOB_FRESH[id(db)] = db.total_changes
-    try:
-        yield
-    finally:
-        _JOB_FRESH.pop(id(db), None)
-
-
 @contextmanager
 def _write_tx(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """One write transaction that takes the write lock first: ``BEGIN IMMEDIATE``.
@@ -93,19 +72,9 @@ def _write_tx(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     process committed in between, the upgrade fails at once with "database is locked"
     (SQLITE_BUSY_SNAPSHOT) and the busy timeout is never consulted. Taking the lock at
     BEGIN makes every writer wait its turn for up to the busy timeout instead. Nested
-    inside an open transaction (a job of a group commit), this is a savepoint: the job's
-    own when nothing was written under it yet (`job_savepoint`).
+    inside an open transaction (a job of a group commit), this is a savepoint.
     """
     if db.in_transaction:
-        if _JOB_FRESH.pop(id(db), None) == db.total_changes:
-            # First thing in a group commit's job: its savepoint is this write's.
-            try:
-                yield db
-            except BaseException:
-                if db.in_transaction:
-                    db.execute(f"ROLLBACK TO {JOB_SAVEPOINT}")
-                raise
-            return
         db.execute("SAVEPOINT navi_write")
         try:
             yield db

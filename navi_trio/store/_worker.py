@@ -29,7 +29,7 @@ from typing import Any, Generic, TypeVar
 import trio
 
 from navi_trio.errors import StoreError
-from navi_trio.store._schema import JOB_SAVEPOINT, _connect, job_savepoint
+from navi_trio.store._schema import _connect
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -174,15 +174,15 @@ def _run_batch(conn: sqlite3.Connection, batch: list[_Job[Any]]) -> None:
             raise sqlite3.OperationalError("a transaction is already open")
         conn.execute("BEGIN IMMEDIATE")
         for job in batch:
-            with job_savepoint(conn):
-                job.execute(conn, None)
+            conn.execute("SAVEPOINT navi_job")
+            job.execute(conn, None)
             # Jobs never commit themselves (`_write_tx` nests as a savepoint); a transaction
             # gone here was rolled back by an error, so nothing of the batch is on disk.
             if not conn.in_transaction:
                 raise sqlite3.OperationalError("a job ended the group transaction")
             if job.error is not None:
-                conn.execute(f"ROLLBACK TO {JOB_SAVEPOINT}")
-            conn.execute(f"RELEASE {JOB_SAVEPOINT}")
+                conn.execute("ROLLBACK TO navi_job")
+            conn.execute("RELEASE navi_job")
         conn.execute("COMMIT")
     except BaseException:  # noqa: B036 - nothing committed: every job runs again alone
         if conn.in_transaction:
