@@ -99,8 +99,9 @@ async def test_the_child_answers_what_llama_cpp_python_answers_in_this_process()
     def in_process() -> tuple[str, dict[str, int]]:
         # Any: the messages go in as the plain dicts the child sends, not llama's TypedDicts.
         llama: Any = Llama(
-            model_path=str(backend.model_file), n_ctx=2048, n_threads=THREADS, seed=0, verbose=False
-        )
+            model_path=str(backend.model_file), n_ctx=2048, n_threads=THREADS,
+            n_threads_batch=THREADS, seed=0, verbose=False,
+        )  # fmt: skip
         reply = llama.create_chat_completion(
             local_messages(request.messages), **sampling(dict(request.options), 0)
         )
@@ -161,7 +162,7 @@ async def test_arguments_cut_short_become_an_answer_not_a_broken_call() -> None:
     request = _request("Use the echo tool to repeat: banana", tools=[ECHO], max_tokens=20)
     with trio.fail_after(TIMEOUT):
         async with (
-            open_local_backend(n_ctx=2048, args_max_tokens=2) as backend,
+            open_local_backend(n_ctx=2048, threads=THREADS, args_max_tokens=2) as backend,
             backend.stream_chat(request) as chunks,
         ):
             got = [c async for c in chunks]
@@ -205,7 +206,7 @@ async def test_a_tool_round_trip_through_the_agent_loop(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
         async with open_runtime(
             settings, config=config, tools=toolset(EchoTool()),
-            backend=LocalBackend(n_ctx=2048),
+            backend=LocalBackend(n_ctx=2048, threads=THREADS),
         ) as rt:  # fmt: skip
             # Not the session's first message: no planning calls, just the loop.
             await rt.store.create_session("s1", profile_id="general")

@@ -63,6 +63,12 @@ def _settings(tmp_path: Path) -> Settings:
     )  # fmt: skip
 
 
+def _backend(data: Path, **options: Any) -> LocalBackend:
+    """The embedded model on the tests' one llama.cpp thread (tests/real_models.py says
+    why: two threads on a shared machine took several times as long)."""
+    return LocalBackend(n_ctx=2048, threads=THREADS, data_dir=data, **options)
+
+
 def _config(answer_max_tokens: int = 32) -> Any:
     # The shipped `local` profile without tools (so a reply is one plain generation), and
     # the same for a session on the fake server. Short answers: the tests are about ends.
@@ -102,7 +108,7 @@ async def test_a_child_that_dies_mid_generation_gives_one_error_and_the_session_
     sig: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(CRASH, f"{sig}:after=4:starts=1")  # the first process only
-    backend = LocalBackend(n_ctx=2048, data_dir=tmp_path / "data", extra_buffers=False)
+    backend = _backend(tmp_path / "data", extra_buffers=False)
     with trio.fail_after(TIMEOUT):
         async with _open(tmp_path, backend) as rt:
             await rt.store.create_session("s1", profile_id="local")
@@ -134,7 +140,7 @@ async def test_a_crash_while_loading_fails_that_message_and_the_next_one_is_answ
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(CRASH, "SIGSEGV:load:starts=1")  # once, during loading
-    backend = LocalBackend(n_ctx=2048, data_dir=tmp_path / "data", extra_buffers=False)
+    backend = _backend(tmp_path / "data", extra_buffers=False)
     with trio.fail_after(TIMEOUT):
         async with _open(tmp_path, backend) as rt:
             await rt.store.create_session("s1", profile_id="local")
@@ -176,7 +182,7 @@ async def test_another_session_keeps_streaming_while_the_local_model_dies(tmp_pa
     # tokens, seconds) answer, stops after its first word until the child is dead: both
     # stream when it dies, and the rest of b's words come after.
     reply = {"text": " ".join(words)}
-    local = LocalBackend(n_ctx=2048, data_dir=tmp_path / "data", extra_buffers=False)
+    local = _backend(tmp_path / "data", extra_buffers=False)
     seen: dict[str, list[tuple[float, AgentEvent]]] = {"a": [], "b": []}
     with trio.fail_after(TIMEOUT):
         async with (
@@ -234,7 +240,7 @@ async def test_five_real_crashes_at_start_up_mark_the_backend_broken(
         return await host_process.spawn_process(argv, env)
 
     data = tmp_path / "data"
-    backend = LocalBackend(n_ctx=2048, data_dir=data, extra_buffers=False, spawn=counting)
+    backend = _backend(data, extra_buffers=False, spawn=counting)
     with trio.fail_after(TIMEOUT):
         async with _open(tmp_path, backend) as rt:
             await rt.store.create_session("s1", profile_id="local")
@@ -261,7 +267,7 @@ async def test_extra_buffer_types_that_crash_the_probe_are_turned_off_and_rememb
     monkeypatch.setenv(CRASH, "SIGILL:extra")
     data = tmp_path / "data"
     with trio.fail_after(TIMEOUT):
-        backend = LocalBackend(n_ctx=2048, data_dir=data)  # auto: probe, remember
+        backend = _backend(data)  # auto: probe, remember
         async with _open(tmp_path, backend) as rt:
             await rt.store.create_session("s1", profile_id="local")
             events = await _run(rt, "s1", "Say hello.")
@@ -278,7 +284,7 @@ async def test_extra_buffer_types_that_crash_the_probe_are_turned_off_and_rememb
             starts.append(env)
             return await host_process.spawn_process(argv, env)
 
-        again = LocalBackend(n_ctx=2048, data_dir=data, spawn=counting)
+        again = _backend(data, spawn=counting)
         async with _open(tmp_path, again) as rt:
             events = await _run(rt, "s1", "Say hello again.")
             assert not _errors(events)
