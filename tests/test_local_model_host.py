@@ -69,9 +69,11 @@ def _backend(data: Path, **options: Any) -> LocalBackend:
     return LocalBackend(n_ctx=2048, threads=THREADS, data_dir=data, **options)
 
 
-def _config(answer_max_tokens: int = 32) -> Any:
+def _config(answer_max_tokens: int = 8) -> Any:
     # The shipped `local` profile without tools (so a reply is one plain generation), and
-    # the same for a session on the fake server. Short answers: the tests are about ends.
+    # the same for a session on the fake server. Short answers (8 tokens: more than the 4
+    # a crash mid-answer waits for): the tests are about ends, and assert only that an
+    # answer has words.
     local = with_tools([], answer_max_tokens=answer_max_tokens)
     shipped = json.loads(default_config_path().read_text(encoding="utf-8"))["profiles"]["local"]
     remote = {**shipped, **local, "model": FAKE_MODEL}  # a copy of it: no planning call either
@@ -79,7 +81,7 @@ def _config(answer_max_tokens: int = 32) -> Any:
 
 
 def _open(
-    tmp_path: Path, backend: LLMBackend, answer_max_tokens: int = 32
+    tmp_path: Path, backend: LLMBackend, answer_max_tokens: int = 8
 ) -> AbstractAsyncContextManager[Runtime]:
     config = _config(answer_max_tokens)
     return open_runtime(_settings(tmp_path), backend=backend, config=config, tools=toolset())
@@ -299,14 +301,18 @@ from pathlib import Path
 from navi_trio.llm.local import LocalBackend
 from navi_trio.runtime import open_runtime
 from navi_trio.settings import Settings
+from navi_trio.testing.harness import test_config
 
 async def main():
     tmp = Path({str(tmp_path)!r})
     settings = Settings.from_env({{}}, db_path=tmp / "navi.db", data_dir=tmp / "data",
                                  num_ctx=2048, llm_backend="local", local_threads={THREADS})
-    async with open_runtime(settings) as rt:
+    # The shipped profile without tools: one plain generation, no choice of a tool
+    # (whose prompt, the tools' descriptions, is most of the time of a run here).
+    config = test_config({{"local": {{"tools": {{"agent": [], "subagent": []}},
+                                      "answer_max_tokens": 8}}}})
+    async with open_runtime(settings, config=config) as rt:
         await rt.store.create_session("s1", profile_id="local")
-        # A greeting the shipped profile answers in words: one read of its prompt.
         async with rt.agent.run_stream("s1", "Hello!") as stream:
             ends = [e async for e in stream][-1]
     print(type(ends).__name__, ends.reason, "llama_cpp" in sys.modules)
