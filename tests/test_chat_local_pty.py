@@ -2,8 +2,10 @@
 
 Skipped, with the reason printed, when llama-cpp-python or the model package is not
 installed (the `local` extra). No Ollama and no backend in the environment: the chat
-starts a daemon with ``--local`` (checked through the daemon's welcome), a message gets
-an answer from the model. Every wait is bounded; the daemon the chat started (detached,
+starts a daemon with ``--local`` (checked through the daemon's welcome); the model's
+process crashes once (its test switch), which the chat shows as an error card, and the
+next message gets an answer from the model in the same session of the same daemon.
+`navi run --local` answers too. Every wait is bounded; the daemon the chat started (detached,
 as it is for a user) is found by its command line and ended in `finally`.
 """
 
@@ -115,17 +117,27 @@ def _spawn_chat(tmp_path: Path, url: str, **extra_env: str) -> Any:
 STATUS = r"model SmolLM2-135M-Instruct\S* · context \d+ tokens"  # the run's end
 
 
-def test_navi_chat_local_answers_in_a_terminal(tmp_path: Path) -> None:
+def test_navi_chat_local_answers_in_a_terminal_and_a_model_crash_is_an_error_card(
+    tmp_path: Path,
+) -> None:
+    # One chat, one daemon, one session: the model's process kills itself with SIGILL
+    # after 3 tokens, in its first start only (llm/model_host.py's test switch); the
+    # daemon, the chat and the session go on, and the next message is answered.
     port = _free_port()
     url = f"ws://127.0.0.1:{port}"
-    child = _spawn_chat(tmp_path, url)
+    child = _spawn_chat(tmp_path, url, NAVI_MODEL_HOST_CRASH="SIGILL:after=3:starts=1")
     try:
         child.expect(f"started a navi daemon in the background on 127.0.0.1:{port}")
         child.expect("connected to navi_trio")
-        (argv,) = _daemon_argvs(port).values()
+        ((daemon, argv),) = _daemon_argvs(port).items()
         assert "--local" in argv  # passed on, not chosen again by the daemon
         token = (tmp_path / "data" / TOKEN_FILE).read_text().strip()
         assert trio.run(daemon_backend, url, token) == "local"
+        # A message that makes the model choose a tool: the crash is in its first step.
+        child.sendline("Say hello.")
+        child.expect(ERROR_CARD, timeout=ANSWER)
+        child.expect(r"session s-\w+ · profile \w+ · model", timeout=ANSWER)  # the run's end
+        assert "SIGILL" in (child.before or ""), child.before
         child.sendline(HELLO)
         # The run's end: the status line names the model and the context it used.
         child.expect(STATUS, timeout=ANSWER)
@@ -135,33 +147,7 @@ def test_navi_chat_local_answers_in_a_terminal(tmp_path: Path) -> None:
         assert ERROR_CARD not in shown, shown
         answer = trio.run(_last_answer, tmp_path / "navi.db")
         assert answer.strip(), "the model's answer is empty"
-        child.sendline("/quit")
-        child.expect(pexpect.EOF, timeout=30)
-    finally:
-        if child.isalive():
-            child.terminate(force=True)
-        for pid in _daemon_argvs(port):
-            _end(pid)
-
-
-def test_a_crash_of_the_local_model_is_an_error_card_and_the_chat_goes_on(
-    tmp_path: Path,
-) -> None:
-    # The model's process kills itself with SIGILL after 3 tokens, in its first start only
-    # (llm/model_host.py's test switch): the daemon, the chat and the session go on.
-    port = _free_port()
-    url = f"ws://127.0.0.1:{port}"
-    child = _spawn_chat(tmp_path, url, NAVI_MODEL_HOST_CRASH="SIGILL:after=3:starts=1")
-    try:
-        child.expect("connected to navi_trio")
-        child.sendline("Say hello.")
-        child.expect(ERROR_CARD, timeout=ANSWER)
-        child.expect(r"session s-\w+ · profile \w+ · model", timeout=ANSWER)  # the run's end
-        assert "SIGILL" in (child.before or ""), child.before
-        child.sendline("Say hello again.")
-        child.expect(STATUS, timeout=ANSWER)
-        assert ERROR_CARD not in (child.before or ""), child.before
-        (argv,) = _daemon_argvs(port).values()  # the same daemon answered both
+        assert list(_daemon_argvs(port)) == [daemon]  # the same daemon answered both
         child.sendline("/quit")
         child.expect(pexpect.EOF, timeout=30)
     finally:

@@ -8,15 +8,12 @@ installed; `.ci/run` installs both, so CI runs these. Each test has an absolute 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from agent_tools import EchoTool, toolset, with_tools
 from real_models import THREADS
 
-from navi_trio.events import StreamEnd
 from navi_trio.llm.base import ChatRequest, DoneChunk, TextChunk, ToolCallsChunk, WorkingChunk
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the `local` extra)")
@@ -30,10 +27,6 @@ from navi_trio.llm.local_prompt import (  # noqa: E402
     sampling,
     tool_rounds,
 )
-from navi_trio.profiles import ConfigSource  # noqa: E402
-from navi_trio.runtime import open_runtime  # noqa: E402
-from navi_trio.settings import Settings  # noqa: E402
-from navi_trio.testing.harness import test_config as make_config  # noqa: E402
 
 pytestmark = pytest.mark.slow  # its tests start processes
 
@@ -99,8 +92,9 @@ async def test_the_child_answers_what_llama_cpp_python_answers_in_this_process()
     def in_process() -> tuple[str, dict[str, int]]:
         # Any: the messages go in as the plain dicts the child sends, not llama's TypedDicts.
         llama: Any = Llama(
-            model_path=str(backend.model_file), n_ctx=2048, n_threads=THREADS, seed=0, verbose=False
-        )
+            model_path=str(backend.model_file), n_ctx=2048, n_threads=THREADS,
+            n_threads_batch=THREADS, seed=0, verbose=False,
+        )  # fmt: skip
         reply = llama.create_chat_completion(
             local_messages(request.messages), **sampling(dict(request.options), 0)
         )
@@ -161,7 +155,7 @@ async def test_arguments_cut_short_become_an_answer_not_a_broken_call() -> None:
     request = _request("Use the echo tool to repeat: banana", tools=[ECHO], max_tokens=20)
     with trio.fail_after(TIMEOUT):
         async with (
-            open_local_backend(n_ctx=2048, args_max_tokens=2) as backend,
+            open_local_backend(n_ctx=2048, threads=THREADS, args_max_tokens=2) as backend,
             backend.stream_chat(request) as chunks,
         ):
             got = [c async for c in chunks]
@@ -192,44 +186,3 @@ def test_history_is_sent_in_plain_roles() -> None:
     assert not any(m["role"] == "assistant" for m in local_messages(messages))
     assert tool_rounds(messages) == 1
     assert tool_rounds(messages[:2]) == 0
-
-
-async def test_a_tool_round_trip_through_the_agent_loop(tmp_path: Path) -> None:
-    settings = Settings.from_env(
-        {}, db_path=tmp_path / "navi.db", data_dir=tmp_path / "data", num_ctx=2048,
-        llm_backend="local", local_threads=THREADS,
-    )  # fmt: skip
-    config: ConfigSource = make_config(
-        {"general": with_tools(["echo"], think_enabled=False, max_iterations=4)}
-    )
-    with trio.fail_after(TIMEOUT):
-        async with open_runtime(
-            settings, config=config, tools=toolset(EchoTool()),
-            backend=LocalBackend(n_ctx=2048),
-        ) as rt:  # fmt: skip
-            # Not the session's first message: no planning calls, just the loop.
-            await rt.store.create_session("s1", profile_id="general")
-            await rt.store.append(
-                "s1",
-                messages=[
-                    {"role": "user", "content": "hi"},
-                    {"role": "assistant", "content": "Hi!"},
-                ],
-                context=[
-                    {"role": "user", "content": "hi"},
-                    {"role": "assistant", "content": "Hi!"},
-                ],
-            )
-            events = []
-            async with rt.agent.run_stream("s1", "Use the echo tool to repeat: banana") as stream:
-                async for event in stream:
-                    events.append(event)
-            history = await rt.store.load_messages("s1")
-    types = [type(e).type for e in events]
-    assert "tool_started" in types and "tool_result" in types, events
-    end = events[-1]
-    assert isinstance(end, StreamEnd) and end.reason == "complete"
-    assert end.text.strip()  # the model answered in words after the tool result
-    roles = [m["role"] for m in history]
-    assert roles[-3:] == ["assistant", "tool", "assistant"]
-    assert history[-3]["tool_calls"][0]["name"] == "echo"

@@ -56,6 +56,12 @@ SIGNALS = {
 FAKE_MODEL = "fake-remote"
 
 
+@pytest.fixture(autouse=True)
+def short_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crashed process starts again after 0.01 s, not 0.5 s: the waits here are real."""
+    monkeypatch.setattr(host_module, "BACKOFF_FIRST", 0.01)
+
+
 def _settings(tmp_path: Path) -> Settings:
     return Settings.from_env(
         {}, db_path=tmp_path / "navi.db", data_dir=tmp_path / "data", num_ctx=2048,
@@ -63,9 +69,17 @@ def _settings(tmp_path: Path) -> Settings:
     )  # fmt: skip
 
 
-def _config(answer_max_tokens: int = 32) -> Any:
+def _backend(data: Path, **options: Any) -> LocalBackend:
+    """The embedded model on the tests' one llama.cpp thread (tests/real_models.py says
+    why: two threads on a shared machine took several times as long)."""
+    return LocalBackend(n_ctx=2048, threads=THREADS, data_dir=data, **options)
+
+
+def _config(answer_max_tokens: int = 8) -> Any:
     # The shipped `local` profile without tools (so a reply is one plain generation), and
-    # the same for a session on the fake server. Short answers: the tests are about ends.
+    # the same for a session on the fake server. Short answers (8 tokens: more than the 4
+    # a crash mid-answer waits for): the tests are about ends, and assert only that an
+    # answer has words.
     local = with_tools([], answer_max_tokens=answer_max_tokens)
     shipped = json.loads(default_config_path().read_text(encoding="utf-8"))["profiles"]["local"]
     remote = {**shipped, **local, "model": FAKE_MODEL}  # a copy of it: no planning call either
@@ -73,7 +87,7 @@ def _config(answer_max_tokens: int = 32) -> Any:
 
 
 def _open(
-    tmp_path: Path, backend: LLMBackend, answer_max_tokens: int = 32
+    tmp_path: Path, backend: LLMBackend, answer_max_tokens: int = 8
 ) -> AbstractAsyncContextManager[Runtime]:
     config = _config(answer_max_tokens)
     return open_runtime(_settings(tmp_path), backend=backend, config=config, tools=toolset())
@@ -102,7 +116,7 @@ async def test_a_child_that_dies_mid_generation_gives_one_error_and_the_session_
     sig: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(CRASH, f"{sig}:after=4:starts=1")  # the first process only
-    backend = LocalBackend(n_ctx=2048, data_dir=tmp_path / "data", extra_buffers=False)
+    backend = _backend(tmp_path / "data", extra_buffers=False)
     with trio.fail_after(TIMEOUT):
         async with _open(tmp_path, backend) as rt:
             await rt.store.create_session("s1", profile_id="local")
@@ -134,7 +148,7 @@ async def test_a_crash_while_loading_fails_that_message_and_the_next_one_is_answ
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(CRASH, "SIGSEGV:load:starts=1")  # once, during loading
-    backend = LocalBackend(n_ctx=2048, data_dir=tmp_path / "data", extra_buffers=False)
+    backend = _backend(tmp_path / "data", extra_buffers=False)
     with trio.fail_after(TIMEOUT):
         async with _open(tmp_path, backend) as rt:
             await rt.store.create_session("s1", profile_id="local")
@@ -176,7 +190,7 @@ async def test_another_session_keeps_streaming_while_the_local_model_dies(tmp_pa
     # tokens, seconds) answer, stops after its first word until the child is dead: both
     # stream when it dies, and the rest of b's words come after.
     reply = {"text": " ".join(words)}
-    local = LocalBackend(n_ctx=2048, data_dir=tmp_path / "data", extra_buffers=False)
+    local = _backend(tmp_path / "data", extra_buffers=False)
     seen: dict[str, list[tuple[float, AgentEvent]]] = {"a": [], "b": []}
     with trio.fail_after(TIMEOUT):
         async with (
@@ -225,7 +239,6 @@ async def test_five_real_crashes_at_start_up_mark_the_backend_broken(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv(CRASH, "SIGILL:load")
-    monkeypatch.setattr(host_module, "BACKOFF_FIRST", 0.01)  # real time here: keep it short
     caplog.set_level(logging.WARNING, logger=host_module.__name__)
     starts: list[int] = []
 
@@ -234,7 +247,7 @@ async def test_five_real_crashes_at_start_up_mark_the_backend_broken(
         return await host_process.spawn_process(argv, env)
 
     data = tmp_path / "data"
-    backend = LocalBackend(n_ctx=2048, data_dir=data, extra_buffers=False, spawn=counting)
+    backend = _backend(data, extra_buffers=False, spawn=counting)
     with trio.fail_after(TIMEOUT):
         async with _open(tmp_path, backend) as rt:
             await rt.store.create_session("s1", profile_id="local")
@@ -261,7 +274,7 @@ async def test_extra_buffer_types_that_crash_the_probe_are_turned_off_and_rememb
     monkeypatch.setenv(CRASH, "SIGILL:extra")
     data = tmp_path / "data"
     with trio.fail_after(TIMEOUT):
-        backend = LocalBackend(n_ctx=2048, data_dir=data)  # auto: probe, remember
+        backend = _backend(data)  # auto: probe, remember
         async with _open(tmp_path, backend) as rt:
             await rt.store.create_session("s1", profile_id="local")
             events = await _run(rt, "s1", "Say hello.")
@@ -278,7 +291,7 @@ async def test_extra_buffer_types_that_crash_the_probe_are_turned_off_and_rememb
             starts.append(env)
             return await host_process.spawn_process(argv, env)
 
-        again = LocalBackend(n_ctx=2048, data_dir=data, spawn=counting)
+        again = _backend(data, spawn=counting)
         async with _open(tmp_path, again) as rt:
             events = await _run(rt, "s1", "Say hello again.")
             assert not _errors(events)
@@ -293,14 +306,18 @@ from pathlib import Path
 from navi_trio.llm.local import LocalBackend
 from navi_trio.runtime import open_runtime
 from navi_trio.settings import Settings
+from navi_trio.testing.harness import test_config
 
 async def main():
     tmp = Path({str(tmp_path)!r})
     settings = Settings.from_env({{}}, db_path=tmp / "navi.db", data_dir=tmp / "data",
                                  num_ctx=2048, llm_backend="local", local_threads={THREADS})
-    async with open_runtime(settings) as rt:
+    # The shipped profile without tools: one plain generation, no choice of a tool
+    # (whose prompt, the tools' descriptions, is most of the time of a run here).
+    config = test_config({{"local": {{"tools": {{"agent": [], "subagent": []}},
+                                      "answer_max_tokens": 8}}}})
+    async with open_runtime(settings, config=config) as rt:
         await rt.store.create_session("s1", profile_id="local")
-        # A greeting the shipped profile answers in words: one read of its prompt.
         async with rt.agent.run_stream("s1", "Hello!") as stream:
             ends = [e async for e in stream][-1]
     print(type(ends).__name__, ends.reason, "llama_cpp" in sys.modules)
