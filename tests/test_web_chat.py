@@ -12,12 +12,19 @@ from typing import Any
 
 import pytest
 import trio
-from web_browser import Site, answer_text, browser, needs_browser, send, shot, site
+from web_browser import Site, answer_text, browser, needs_browser, send, shared, shared_site, shot
 
 from navi_trio.llm.script import split_words
 
-__all__ = ["browser", "site"]  # fixtures
+__all__ = ["browser", "shared", "shared_site"]  # fixtures
 pytestmark = [pytest.mark.slow, needs_browser]  # a browser, a daemon
+
+
+@pytest.fixture
+def site(shared_site: Site) -> Site:
+    """The module's shared daemon, a new user of the test's own (tests/web_browser.py)."""
+    return shared_site
+
 
 PLAN = """Complexity: simple
 Milestones:
@@ -52,8 +59,8 @@ def test_login_then_a_streamed_markdown_answer_and_its_session(site: Site) -> No
     page.wait_for_selector("#login-token")
     shot(page, "login")
     site.login(page)
-    assert page.evaluate("sessionStorage.getItem('navi.token')") == site.daemon.admin_token()
-    assert site.daemon.admin_token() not in page.url
+    assert page.evaluate("sessionStorage.getItem('navi.token')") == site.token
+    assert site.token not in page.url
     # Before any session exists, the profile box offers the daemon's profiles (welcome).
     page.wait_for_selector("#conn-state.up")
     page.wait_for_selector("#profile option[value='general']", state="attached")
@@ -274,6 +281,7 @@ def test_a_phone_sized_screen_is_usable(site: Site) -> None:
     page.click("#toggle-sessions")
     page.wait_for_selector("#sidebar .session")
     shot(page, "phone-sessions")
-    page.click("#sidebar .session-open")
+    sid = page.evaluate("location.hash.slice(1)")
+    page.click(f"#sidebar .session[data-sid='{sid}'] .session-open")
     page.locator("#sidebar").wait_for(state="hidden")
     page.wait_for_selector(".lane.main .answer >> text=narrow")

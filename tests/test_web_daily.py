@@ -16,10 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from web_browser import Site, browser, needs_browser, send, shot, site
+from web_browser import Site, browser, needs_browser, own_site, send, shared, shared_site, shot
 
-__all__ = ["browser", "site"]  # fixtures
+__all__ = ["browser", "own_site", "shared", "shared_site"]  # fixtures
 pytestmark = [pytest.mark.slow, needs_browser]  # a browser, a daemon
+
+
+@pytest.fixture
+def site(shared_site: Site) -> Site:
+    """The module's shared daemon, a new user of the test's own (tests/web_browser.py)."""
+    return shared_site
+
 
 EMOJI_STATUS = "⏳✔✗■☐▸✓✅❌"
 
@@ -255,7 +262,7 @@ def test_remember_on_this_browser_only_when_chosen(site: Site) -> None:
     tab.wait_for_selector("#login-token")  # a new tab asks again
     # Chosen: a new tab signs in by itself; Sign out forgets it.
     page = site.page()
-    page.fill("#login-token", site.daemon.admin_token())
+    page.fill("#login-token", site.token)
     page.check("#login-remember")
     page.click("#login-submit")
     page.wait_for_selector("#conn-state.up")
@@ -277,7 +284,8 @@ def _navi_web(site: Site, url: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_the_one_time_link_of_navi_web_signs_in_once(site: Site) -> None:
+def test_the_one_time_link_of_navi_web_signs_in_once(own_site: Site) -> None:
+    site = own_site
     done = _navi_web(site, f"ws://127.0.0.1:{site.daemon.port}/")
     assert done.returncode == 0, done.stderr
     link = done.stdout.strip()

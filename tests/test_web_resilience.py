@@ -16,14 +16,31 @@ from typing import Any
 
 import pytest
 import trio
-from web_browser import Daemon, Site, answer_text, browser, needs_browser, send, shot, site
+from web_browser import (
+    Daemon,
+    Site,
+    answer_text,
+    browser,
+    needs_browser,
+    own_site,
+    send,
+    shared,
+    shared_site,
+    shot,
+)
 
 from navi_trio import wire
 from navi_trio.api.daemon_client import open_daemon
 from navi_trio.store.sqlite import SQLiteStore
 
-__all__ = ["browser", "site"]  # fixtures
+__all__ = ["browser", "own_site", "shared", "shared_site"]  # fixtures
 pytestmark = [pytest.mark.slow, needs_browser]  # a browser, a daemon
+
+
+@pytest.fixture
+def site(shared_site: Site) -> Site:
+    """The module's shared daemon, a new user of the test's own (tests/web_browser.py)."""
+    return shared_site
 
 
 def _words(n: int, prefix: str = "w") -> list[str]:
@@ -108,7 +125,8 @@ async def _end_the_task(daemon: Daemon, sid: str, gate: Path) -> dict[str, Any]:
     raise AssertionError("the connection ended before the task did")
 
 
-def test_a_restarted_daemon_shows_the_retrying_banner_then_resyncs(site: Site) -> None:
+def test_a_restarted_daemon_shows_the_retrying_banner_then_resyncs(own_site: Site) -> None:
+    site = own_site
     site.loop.add_replies({"text": " ".join(_words(400)), "delay_chunk": 0.03})
     page = site.page()
     site.login(page)
@@ -255,10 +273,10 @@ def test_a_wrong_token_and_a_rotated_one_go_back_to_the_login(site: Site) -> Non
     assert page.locator("#app").is_hidden()
     assert page.evaluate("sessionStorage.getItem('navi.token')") is None
     shot(page, "wrong-token")
-    bob = site.daemon.add_user("bob")
-    site.login(page, bob)
-    assert page.evaluate("sessionStorage.getItem('navi.token')") == bob
-    site.daemon.rotate("bob")  # bob's old token no longer works
+    ann = site.daemon.add_user("ann")
+    site.login(page, ann)
+    assert page.evaluate("sessionStorage.getItem('navi.token')") == ann
+    site.daemon.rotate("ann")  # ann's old token no longer works
     site.loop.call(proxy.cut)  # the page reconnects with it
     page.wait_for_selector("#login-error >> text=refused the token")
     assert page.locator("#login").is_visible()
@@ -291,7 +309,8 @@ WebSocket.prototype.send = function (data) {
 """
 
 
-def test_a_long_history_comes_in_pages_and_the_page_shows_all_of_it(site: Site) -> None:
+def test_a_long_history_comes_in_pages_and_the_page_shows_all_of_it(own_site: Site) -> None:
+    site = own_site
     # A burst of two frames and one more a second: the page's sessions list and first page
     # take the burst, the next pages are refused (rate_limited) and asked for again.
     site.daemon.stop()

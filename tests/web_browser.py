@@ -8,6 +8,10 @@ no outside host; a fresh profile per context; every wait has its own timeout and
 test an absolute deadline (`DEADLINE`, enforced by `deadline`); every process is ended
 at the end. Where Chromium or Playwright cannot be had, the tests skip saying why.
 
+A module whose tests need no fresh process shares one daemon and fake LLM among them
+(`shared_site`): each test gets a new admin user of its own and a fake LLM with no
+script, and a test that leaves a run going hands the next one a fresh daemon.
+
 Screenshots of each state go to tests/artifacts/ (ignored by git).
 """
 
@@ -30,7 +34,11 @@ import attrs
 import pytest
 import trio
 
+from navi_trio import wire
+from navi_trio.api.auth import new_token
+from navi_trio.api.daemon_client import open_daemon
 from navi_trio.settings import REPO_ROOT, Settings
+from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing import FakeLLMServer
 
 CHROMIUM = os.environ.get("NAVI_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -200,6 +208,17 @@ class Loop:
         self.run(begin)
         return proxy
 
+    def forget(self) -> None:
+        """The fake LLM as new (no script, no gate, no hold, no requests seen), on its
+        port still: what one test scripted never reaches the next."""
+
+        def renew() -> None:
+            host, port = self.llm.host, self.llm.port
+            FakeLLMServer.__init__(self.llm)
+            self.llm.host, self.llm.port = host, port
+
+        self.call(renew)
+
     def stop(self) -> None:
         if self._stop is not None and self._thread.is_alive():
             self.call(self._stop.set)
@@ -336,6 +355,11 @@ class Site:
     browser: Any
     contexts: list[Any] = attrs.field(factory=list)
     dialogs: list[str] = attrs.field(factory=list)
+    user: str | None = None  # the token of the test's own user (None: the local admin's)
+
+    @property
+    def token(self) -> str:
+        return self.user or self.daemon.admin_token()
 
     def page(self, url: str | None = None, *, phone: bool = False, **options: Any) -> Any:
         size = {"width": 390, "height": 844} if phone else {"width": 1280, "height": 860}
@@ -353,7 +377,7 @@ class Site:
         return page
 
     def login(self, page: Any, token: str | None = None) -> None:
-        page.fill("#login-token", token or self.daemon.admin_token())
+        page.fill("#login-token", token or self.token)
         page.click("#login-submit")
         page.wait_for_selector("#conn-state.up")
 
@@ -364,6 +388,13 @@ class Site:
 
 @pytest.fixture
 def site(tmp_path: Path, browser: Any) -> Iterator[Site]:
+    yield from running_site(tmp_path, browser)
+
+
+@pytest.fixture
+def own_site(tmp_path: Path, browser: Any) -> Iterator[Site]:
+    """In a module of `shared_site`s, a daemon of the test's own: for a test that stops
+    or restarts it, or needs the local admin's token."""
     yield from running_site(tmp_path, browser)
 
 
@@ -383,6 +414,91 @@ def running_site(tmp_path: Path, browser: Any, **env: str) -> Iterator[Site]:
     finally:
         daemon.stop()
         loop.stop()
+    took = time.monotonic() - started
+    assert took < DEADLINE, f"the test took {took:.0f}s (limit {DEADLINE:.0f}s)"
+
+
+class Shared:
+    """One daemon and fake LLM for the tests of a module, started when a test first asks
+    and again after a test that left a run going (`stop` at its end)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.loop: Loop | None = None
+        self.daemon: Daemon | None = None
+        self.starts = 0
+        self.users = 0
+
+    def ready(self) -> tuple[Loop, Daemon]:
+        if self.loop is None or self.daemon is None:
+            self.starts += 1
+            home = self.folder / f"daemon{self.starts}"
+            home.mkdir()
+            self.loop = Loop().start()
+            self.daemon = Daemon(home, self.loop.llm.url)
+            self.daemon.start()
+        return self.loop, self.daemon
+
+    def new_user(self) -> str:
+        """The token of a new admin user (admin: the tests' modes and approvals are the
+        local admin's)."""
+        loop, daemon = self.ready()
+        self.users += 1
+        name, token = f"tester{self.users}", new_token()
+
+        async def create() -> None:
+            async with SQLiteStore.open(daemon.db) as store:
+                await store.create_user(name, token, "admin")
+
+        loop.run(create)
+        return token
+
+    def idle(self) -> bool:
+        """No session of the daemon has a run going (an admin lists every session)."""
+        loop, daemon = self.ready()
+
+        async def busy() -> list[str]:
+            with trio.fail_after(30):
+                async with open_daemon(f"ws://127.0.0.1:{daemon.port}/", daemon.admin_token()) as d:
+                    listed = await d.request(wire.sessions_list())
+            return [s["session_id"] for s in listed["sessions"] if s["busy"]]
+
+        return not loop.run(busy)
+
+    def stop(self) -> None:
+        if self.daemon is not None:
+            self.daemon.stop()
+        if self.loop is not None:
+            self.loop.stop()
+        self.loop = self.daemon = None
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    """The module's one daemon (one per xdist worker that runs the module's tests)."""
+    s = Shared(tmp_path_factory.mktemp("shared"))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def shared_site(shared: Shared, browser: Any) -> Iterator[Site]:
+    """A `Site` on the module's daemon: a new admin user of the test's own (its sessions
+    are its own), the fake LLM forgotten (`Loop.forget`), a fresh browser context per
+    page. A daemon with a run still going at the end is stopped, so that run cannot take
+    the next test's replies."""
+    started = time.monotonic()
+    loop, daemon = shared.ready()
+    loop.forget()
+    s = Site(loop, daemon, browser, user=shared.new_user())
+    try:
+        yield s
+    finally:
+        s.close()
+        if daemon.proc is None or daemon.proc.poll() is not None or not shared.idle():
+            shared.stop()
     took = time.monotonic() - started
     assert took < DEADLINE, f"the test took {took:.0f}s (limit {DEADLINE:.0f}s)"
 
