@@ -150,6 +150,7 @@ class SessionActor:
         # started it); a look holds until something of the session ends here (`_done`).
         self._dead_turn = dead_turn
         self.dead_turn_checked = dead_turn is None
+        self._asking_dead_turn = False  # `_end_dead_turn` waits for the cluster's answer
         self._on_run_end = on_run_end
         self._hand_over = hand_over
         self._adopt = adopt
@@ -381,7 +382,9 @@ class SessionActor:
         """A frame of this session another daemon published; ignored while this daemon runs the
         session (only a replaced owner's late frames can arrive then)."""
         relay = getattr(self.broadcast, "relay", None)
-        if not self.busy and relay is not None:
+        # While this daemon only asks whether a dead daemon's turn is its to end, the
+        # daemon that won it may already be ending it: its frames are the session's.
+        if (not self.busy or self._asking_dead_turn) and relay is not None:
             relay(frame)
             self.dead_turn_checked = self._dead_turn is None  # another daemon runs it
 
@@ -397,7 +400,11 @@ class SessionActor:
         first) and end its turn; not again until another daemon runs the session."""
         assert self._dead_turn is not None
         try:
-            generation = await self._dead_turn(self.session_id)
+            self._asking_dead_turn = True
+            try:
+                generation = await self._dead_turn(self.session_id)
+            finally:
+                self._asking_dead_turn = False
             events = []
             if generation is not None:
                 events = await self.parts.end_dead_turn(self.session_id, generation)
