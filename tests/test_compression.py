@@ -17,6 +17,7 @@ from navi_trio.core.turn.compression import (
     SUMMARY_PREFIX,
     Compressor,
     is_summary,
+    over_threshold,
     split_index,
 )
 from navi_trio.errors import ConfigError, LLMError, NothingToCompactError
@@ -72,10 +73,10 @@ def long_context(turns: int = 5) -> list[dict[str, Any]]:
 
 
 def test_threshold_comes_from_the_model_window() -> None:
-    comp = compressor(FakeLLM(), num_ctx=10000, compression_threshold=0.75)
-    assert comp.threshold() == 7500
-    assert not comp.over_threshold(7499)
-    assert comp.over_threshold(7500)
+    window = Settings(num_ctx=10000, compression_threshold=0.75)
+    assert Compressor(window, COUNTER, FakeLLM(), PROMPTS).threshold() == 7500
+    assert not over_threshold(window, 7499)
+    assert over_threshold(window, 7500)
 
 
 def test_nothing_to_compress_in_a_short_context() -> None:

@@ -122,9 +122,6 @@ class Compressor:
     def threshold(self) -> int:
         return threshold(self._settings)
 
-    def over_threshold(self, tokens: int) -> bool:
-        return over_threshold(self._settings, tokens)
-
     def keep_recent(self, profile: AgentProfile) -> int:
         value = profile.compression_keep_recent
         return self._settings.compression_keep_recent if value is None else value
