@@ -40,6 +40,7 @@ from navi_trio.core.checkpoints import (
     Skipped,
     _apply,
 )
+from navi_trio.tools import runas
 from navi_trio.tools.roots import Root
 
 
@@ -515,6 +516,57 @@ async def test_an_engine_opened_while_another_restores_does_not_replay_its_journ
                     resume.set()
             assert tree_of(work) == tree_before
             assert not list(journal.glob("*.json"))
+
+
+class _Killed(Exception):
+    """The restore's process dying at one step (the journal is left, as by SIGKILL)."""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root daemon acts as the tool user")
+async def test_a_root_restore_killed_before_a_made_folder_was_given_is_completed_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A root daemon's restore makes a folder and then gives it to the owner of the
+    folder it is in. Killed between the two, the next open replays the journal with the
+    tool user's rights: a folder left as root's 0700 would refuse every file the replay
+    puts in it (the folder stayed empty: a half restore). The folder appears only once
+    it is theirs."""
+    settings = make_settings(tmp_path)
+    work = users_own(real_dir(tmp_path / "work"))
+    private = private_for(settings)
+    (work / "d" / "e").mkdir(parents=True)
+    for name in ("d/f.txt", "d/e/g.txt", "top.txt"):
+        (work / name).write_text(name)
+    users_own(work)
+    journal = settings.data_dir / "checkpoints" / "journal"
+    give = runas.inherit
+    calls = 0
+
+    def dies_at_the_first_gift(fd: int, folder_fd: int) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise _Killed
+        give(fd, folder_fd)
+
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            first = await snap(engine, "s", [work], private)
+            tree = tree_of(work)
+            shutil.rmtree(work / "d")
+            (work / "top.txt").write_text("changed")
+            monkeypatch.setattr(_apply, "inherit", dies_at_the_first_gift)
+            with pytest.raises(_Killed):
+                await engine.restore("s", first, private=private)
+            monkeypatch.setattr(_apply, "inherit", give)
+        assert len(list(journal.glob("*.json"))) == 1
+        async with engine_for(settings):  # the next open completes the journal
+            pass
+    assert tree_of(work) == tree, diff(tree, tree_of(work))
+    assert not list(journal.glob("*.json"))
+    owner = work.stat().st_uid
+    for path in (work / "d", work / "d" / "e", work / "d" / "e" / "g.txt"):
+        assert path.lstat().st_uid == owner, path
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only a root daemon acts as the tool user")

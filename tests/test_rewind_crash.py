@@ -31,7 +31,7 @@ import trio
 from rewind_kit import FULL, PROFILES, calls, run, say, tree_of, turn, write
 from test_api_daemon import client, serve
 from test_checkpoints_crash import _state_a
-from test_checkpoints_support import users_own
+from test_checkpoints_support import diff, users_own
 
 from navi_trio.testing import FakeLLMServer, open_harness
 
@@ -126,7 +126,8 @@ async def test_a_daemon_killed_mid_rewind_leaves_the_workspace_before_or_after(
                     await proc.wait()
             async with serve(environ, "http://127.0.0.1:9") as proc:
                 now = tree_of(work)
-                assert now in (before, after), f"round {n}: half restored"
+                left = sorted(diff(after, now).items())
+                assert now in (before, after), f"round {n}: half restored {left[:10]}"
                 if journaled:
                     assert now == after, f"round {n}: a written journal was not completed"
                 assert not [k for k in now if "navi-restore" in k]

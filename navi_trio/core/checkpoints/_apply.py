@@ -4,10 +4,11 @@ A root cannot be swapped whole (other programs hold it open, it may be a mount p
 so a restore is a **journal rolled forward**: the whole plan (every digest it needs
 checked present) is written to ``journal/ID.json`` and fsynced under an flock, with the
 owner it restores for; the operations run in order, each by fd and idempotent (a file
-is written to a temp name in its folder and renamed over its path); the journal is
-removed. Killed in between, the next `CheckpointEngine` to open runs the journal again
-from the start (`recover`), which completes it; the flock keeps a recovery away from a
-restore still running in another process.
+or a folder is made under a temp name in its folder and renamed to its path, so it
+appears whole and with its owner); the journal is removed. Killed in between, the next
+`CheckpointEngine` to open runs the journal again from the start (`recover`), which
+completes it; the flock keeps a recovery away from a restore still running in another
+process.
 
 When the daemon runs as root, a restore acts with the tool user's rights too (`who`):
 it passes, makes, replaces or removes an entry only where that user may (the sticky bit
@@ -254,18 +255,7 @@ def _one(
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             os.rmdir(name, dir_fd=folder)
     elif kind == "mkdir":
-        try:
-            os.mkdir(name, 0o700, dir_fd=folder)
-        except FileExistsError:
-            st = os.stat(name, dir_fd=folder, follow_symlinks=False)
-            if not stat.S_ISDIR(st.st_mode):
-                raise
-            return
-        made = os.open(name, MADE, dir_fd=folder)
-        try:
-            inherit(made, folder)
-        finally:
-            os.close(made)
+        _make_folder(folder, name, tmp)
     elif kind == "put":
         dst = os.open(tmp, _WRITE, 0o600, dir_fd=folder)
         try:
@@ -285,6 +275,37 @@ def _one(
         _rename_into(folder, tmp, name)
     else:
         raise OSError(errno.EINVAL, f"unknown restore step {kind!r}")
+
+
+def _make_folder(folder: int, name: str, tmp: str) -> None:
+    """The folder `name` made whole: under `tmp`, given to the owner of `folder`, then
+    renamed to `name`. Killed in between, `name` is missing or already theirs: a folder
+    left as the daemon's would shut the tool user out of what the replay puts in it."""
+    try:
+        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISDIR(st.st_mode):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), name)
+        return  # there already
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(tmp, dir_fd=folder)  # what a killed attempt left (empty)
+    os.mkdir(tmp, 0o700, dir_fd=folder)
+    made = os.open(tmp, MADE, dir_fd=folder)
+    try:
+        inherit(made, folder)
+    finally:
+        os.close(made)
+    try:
+        os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except OSError as exc:
+        os.rmdir(tmp, dir_fd=folder)
+        # made meanwhile: a folder there is what was asked for
+        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+            raise
+        if not stat.S_ISDIR(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
+            raise
 
 
 def check_op(fds: Folders, op: Op) -> None:
