@@ -40,9 +40,9 @@ import attrs
 
 from navi_trio.core.checkpoints._fsops import (
     DIR,
-    MADE,
     Folders,
     chmod_at,
+    make_folder,
     make_root,
     open_root,
     parent_of,
@@ -255,7 +255,7 @@ def _one(
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             os.rmdir(name, dir_fd=folder)
     elif kind == "mkdir":
-        _make_folder(folder, name, tmp)
+        make_folder(folder, name, tmp)
     elif kind == "put":
         dst = os.open(tmp, _WRITE, 0o600, dir_fd=folder)
         try:
@@ -275,37 +275,6 @@ def _one(
         _rename_into(folder, tmp, name)
     else:
         raise OSError(errno.EINVAL, f"unknown restore step {kind!r}")
-
-
-def _make_folder(folder: int, name: str, tmp: str) -> None:
-    """The folder `name` made whole: under `tmp`, given to the owner of `folder`, then
-    renamed to `name`. Killed in between, `name` is missing or already theirs: a folder
-    left as the daemon's would shut the tool user out of what the replay puts in it."""
-    try:
-        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
-    except FileNotFoundError:
-        pass
-    else:
-        if not stat.S_ISDIR(st.st_mode):
-            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), name)
-        return  # there already
-    with contextlib.suppress(FileNotFoundError):
-        os.rmdir(tmp, dir_fd=folder)  # what a killed attempt left (empty)
-    os.mkdir(tmp, 0o700, dir_fd=folder)
-    made = os.open(tmp, MADE, dir_fd=folder)
-    try:
-        inherit(made, folder)
-    finally:
-        os.close(made)
-    try:
-        os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
-    except OSError as exc:
-        os.rmdir(tmp, dir_fd=folder)
-        # made meanwhile: a folder there is what was asked for
-        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-            raise
-        if not stat.S_ISDIR(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
-            raise
 
 
 def check_op(fds: Folders, op: Op) -> None:

@@ -10,6 +10,8 @@ a folder was is an error for that path, never a way out of the root.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import stat
 from collections.abc import Iterable
@@ -74,14 +76,41 @@ def make_root(root: Path, who: RunAs | None) -> None:
         if who is not None and not may(os.fstat(up.fd), os.W_OK | os.X_OK, who):
             raise denied()
         try:
-            os.mkdir(root.name, 0o777, dir_fd=up.fd)
+            make_folder(up.fd, root.name, f".{root.name}.navi-restore-root", 0o777)
         except FileExistsError:
-            return  # made meanwhile, or something else there: open_root says which
-        made = os.open(root.name, MADE, dir_fd=up.fd)
-        try:
-            inherit(made, up.fd)
-        finally:
-            os.close(made)
+            return  # something else there: open_root says what
+
+
+def make_folder(folder: int, name: str, tmp: str, mode: int = 0o700) -> None:
+    """The folder `name` of the open folder `folder` made whole: under `tmp`, given to
+    the owner of `folder` (`inherit`), then renamed to `name`. Killed in between, `name`
+    is missing or already theirs: a folder left as the daemon's would shut the tool user
+    out of what a replay of the restore puts in it."""
+    try:
+        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISDIR(st.st_mode):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), name)
+        return  # there already
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(tmp, dir_fd=folder)  # what a killed attempt left (empty)
+    os.mkdir(tmp, mode, dir_fd=folder)
+    made = os.open(tmp, MADE, dir_fd=folder)
+    try:
+        inherit(made, folder)
+    finally:
+        os.close(made)
+    try:
+        os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except OSError as exc:
+        os.rmdir(tmp, dir_fd=folder)
+        # made meanwhile: a folder there is what was asked for
+        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+            raise
+        if not stat.S_ISDIR(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
+            raise
 
 
 def identities(paths: Iterable[Path]) -> frozenset[tuple[int, int]]:
