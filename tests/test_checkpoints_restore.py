@@ -525,15 +525,22 @@ class _Killed(BaseException):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only a root daemon acts as the tool user")
-@pytest.mark.parametrize("gone", ["work/d", "work"])
+@pytest.mark.parametrize(
+    ("gone", "theirs", "dies_at"),
+    [("work/d", True, 1), ("work", True, 1), ("work/d", False, 3)],
+    ids=["a-folder", "the-root", "in-someone-elses-folder"],
+)
 async def test_a_root_restore_killed_before_a_made_folder_was_given_is_completed_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gone: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gone: str, theirs: bool, dies_at: int
 ) -> None:
     """A root daemon's restore makes a folder (one in the root, or the root itself) and
     then gives it to the owner of the folder it is in. Killed between the two, the next
     open replays the journal with the tool user's rights: a folder left as root's would
     refuse every file the replay puts in it (it stayed empty: a half restore). The
-    folder appears only once it is theirs."""
+    folder appears only once it is theirs. In a folder of someone else's that the tool
+    user may write in (0777), a made folder is that someone's, 0700 until the restore's
+    last step: killed after it was made (`dies_at` the first file), the replay counts
+    it as its own making, as the first attempt did."""
     settings = make_settings(tmp_path)
     home = users_own(real_dir(tmp_path / "home"))
     work = real_dir(home / "work")
@@ -542,6 +549,12 @@ async def test_a_root_restore_killed_before_a_made_folder_was_given_is_completed
     for name in ("d/f.txt", "d/e/g.txt", "top.txt"):
         (work / name).write_text(name)
     users_own(home)
+    if not theirs:
+        for up, dirs, files in os.walk(home):
+            for name in [up, *(os.path.join(up, n) for n in dirs + files)]:
+                os.chown(name, 4242, 4343)
+        for path in (home, work):
+            os.chmod(path, 0o777)
     journal = settings.data_dir / "checkpoints" / "journal"
     give = runas.inherit
     calls = 0
@@ -549,7 +562,7 @@ async def test_a_root_restore_killed_before_a_made_folder_was_given_is_completed
     def dies_at_the_first_gift(fd: int, folder_fd: int) -> None:
         nonlocal calls
         calls += 1
-        if calls == 1:
+        if calls == dies_at:
             raise _Killed
         give(fd, folder_fd)
 

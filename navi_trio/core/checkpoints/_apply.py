@@ -231,7 +231,7 @@ def _one(
     objects: ObjectStore, fds: Folders, root_fd: int, op: Op, tmp: str, recovering: bool
 ) -> None:
     kind, rel = op[0], op[1]
-    check_op(fds, op)
+    check_op(fds, op, recovering=recovering)
     if kind in ("unlock", "dirmode") and rel == "":
         os.fchmod(root_fd, op[2])
         return
@@ -277,13 +277,15 @@ def _one(
         raise OSError(errno.EINVAL, f"unknown restore step {kind!r}")
 
 
-def check_op(fds: Folders, op: Op) -> None:
+def check_op(fds: Folders, op: Op, *, recovering: bool = False) -> None:
     """PermissionError unless `fds.who` (None: no check) may do `op`, as the kernel
     would judge a process of theirs: a mode only on what they own; making, replacing or
     removing an entry with write and search in its folder (and with the folder's sticky
     bit, on an entry or in a folder of theirs). What is gone already needs nothing. A
     folder unlocked as its owner or made by the restore is theirs to change whole
-    (`Folders.free`): the check runs before each step, and also alone (`refused`)."""
+    (`Folders.free`): the check runs before each step, and also alone (`refused`). A
+    replay (`recovering`) counts a folder it finds where it makes one, with the owner a
+    made one takes, as made by its first attempt."""
     who, kind, rel = fds.who, op[0], op[1]
     if who is None:
         return
@@ -309,9 +311,12 @@ def check_op(fds: Folders, op: Op) -> None:
         return
     if st is None and kind in ("rm", "rmdir"):
         return
-    if st is not None and kind == "mkdir" and stat.S_ISDIR(st.st_mode):
-        return  # there already: nothing to make
     folder = os.fstat(fds.get(up))
+    if st is not None and kind == "mkdir" and stat.S_ISDIR(st.st_mode):
+        made = (st.st_uid, st.st_gid) == (folder.st_uid, folder.st_gid)
+        if recovering and made and may(folder, os.W_OK | os.X_OK, who):
+            fds.free.add(rel)  # as the first attempt had it
+        return  # there already: nothing to make
     if not (may(folder, os.W_OK | os.X_OK, who) if st is None else may_remove(folder, st, who)):
         raise denied()
     if kind == "mkdir":
