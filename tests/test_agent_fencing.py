@@ -35,6 +35,7 @@ from agent_tools import EchoTool, GateTool, with_tools
 from realtime import held, paced, real_time_limit
 
 from navi_trio.core.turn.agent import DEAD_TURN
+from navi_trio.core.turn.session_state import last_turn_open
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing import open_harness, virtual_wall
 from navi_trio.testing.harness import Harness
@@ -282,6 +283,16 @@ async def test_frames_wait_for_the_lease_and_a_run_taken_over_meanwhile_publishe
             ]  # the answer was not saved either
 
 
+def two_daemons(tmp_path: Any) -> dict[str, Any]:
+    """The settings of two runtimes on one SQLite file as two daemons: leases of 3 s,
+    no other deadline in the way."""
+    return {
+        "lease_ttl_sec": 3.0, "first_chunk_timeout": FAR, "chunk_timeout": FAR,
+        "session_idle_sec": FAR, "llm_connect_timeout": FAR, "profiles": profile(),
+        "db_path": tmp_path / "navi.db",  # SQLite's leases: judged by the store's clock
+    }  # fmt: skip
+
+
 @asynccontextmanager
 async def a_paused_and_b(
     tmp_path: Any, b_replies: list[dict[str, Any]]
@@ -290,11 +301,7 @@ async def a_paused_and_b(
     daemons, with leases of 3 s: A's model takes its time, and A's lease renewals go
     unanswered (a paused daemon) until the event is set. (A, B, that event, the wall.)"""
     wall = virtual_wall()
-    knobs: dict[str, Any] = {
-        "lease_ttl_sec": 3.0, "first_chunk_timeout": FAR, "chunk_timeout": FAR,
-        "session_idle_sec": FAR, "llm_connect_timeout": FAR, "profiles": profile(),
-        "db_path": tmp_path / "navi.db",  # SQLite's leases: judged by the store's clock
-    }  # fmt: skip
+    knobs = two_daemons(tmp_path)
     slow = {"text": "late answer from A", "delay_first": 10.0}
     async with (
         open_harness(tmp_path, replies=[slow], wall_clock=wall, **knobs) as a,
@@ -423,3 +430,64 @@ async def test_a_turn_left_by_a_runtime_paused_past_its_lease_is_ended_by_a_late
         ("user", "one", None), ("assistant", "", DEAD_TURN),
         ("user", "two", None), ("assistant", "two done", None),
     ]  # fmt: skip
+
+
+async def test_a_daemon_dead_after_its_turns_last_save_leaves_no_turn_to_end(
+    tmp_path: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A answered and died before it released its lease (the last thing its run does, after
+    the stream_end): the lease row stays unreleased and runs out, as a dead daemon's. B's
+    next message takes that lease over and finds A's turn ended in the history: it ends
+    nothing (no dead-turn mark, no daemon_died frames) and runs."""
+    wall = virtual_wall()
+    knobs = two_daemons(tmp_path)
+    async with (
+        paced(autojump_clock, TIMEOUT),
+        open_harness(tmp_path, replies=[{"text": "one done"}], wall_clock=wall, **knobs) as a,
+        open_harness(tmp_path, replies=[{"text": "two done"}], wall_clock=wall, **knobs) as b,
+    ):
+        died = trio.Event()
+
+        async def dies(session_id: str, *, owner: str) -> None:
+            died.set()  # A is killed here: its lease is never released
+
+        a.runtime.store.release_lease = dies  # type: ignore[method-assign]
+        looks = AbandonedLeases(b, wall)
+        b.runtime.sessions.dead_turn = looks.dead_turn
+        assert (await a.turn("s1", "one"))[-1]["text"] == "one done"
+        await died.wait()
+        await trio.sleep(3.5)  # A's lease runs out on the wall clock
+        frames = await b.turn("s1", "two")
+        assert said(frames) == [("stream_end", None)], said(frames)
+        assert frames[-1]["text"] == "two done"
+        assert len(looks.taken) == 1  # A's lease, taken over as a dead daemon's
+        saved = await b.runtime.store.load_messages("s1")
+    assert [(m["role"], m["content"], m.get("error")) for m in saved] == [
+        ("user", "one", None), ("assistant", "one done", None),
+        ("user", "two", None), ("assistant", "two done", None),
+    ]  # fmt: skip
+
+
+USER = {"role": "user", "content": "q"}
+ANSWER = {"role": "assistant", "content": "a"}
+CALL = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1"}]}
+RESULT = {"role": "tool", "tool_call_id": "c1", "content": "r"}
+
+
+@pytest.mark.parametrize(
+    ("messages", "open_"),
+    [
+        ([], False),
+        ([USER], True),
+        ([USER, CALL, RESULT], True),
+        ([USER, {"role": "assistant", "content": "plan", "is_plan": True}], True),
+        ([USER, CALL, RESULT, {"role": "user", "content": "s", "steered": True}], True),
+        ([USER, ANSWER, {"role": "system", "content": "note", "wake": True}], True),
+        ([USER, CALL, RESULT, ANSWER], False),
+        ([USER, {"role": "assistant", "content": "", "error": DEAD_TURN}], False),
+    ],
+)
+def test_the_last_turn_is_open_until_an_answer_or_an_end_notice_follows_its_start(
+    messages: list[dict[str, Any]], open_: bool
+) -> None:
+    assert last_turn_open(messages) is open_

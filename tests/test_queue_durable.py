@@ -361,10 +361,11 @@ class DyingOwner:
 async def owner_dies_when_handed(
     tmp_path: Path, replies: list[dict[str, Any]]
 ) -> AsyncIterator[tuple[Harness, DyingOwner]]:
-    """Session s1, its lease held by another live daemon; a harness whose cluster hooks
-    are a `DyingOwner`'s."""
+    """Session s1, its lease held by another live daemon whose turn has saved its message
+    "A"; a harness whose cluster hooks are a `DyingOwner`'s."""
     async with SQLiteStore.open(tmp_path / "navi.db") as seed:
         await seed.create_session("s1", profile_id="general")
+        await seed.append("s1", messages=[{"role": "user", "content": "A"}])
         await seed.claim_lease("s1", owner="another-daemon", pid=os.getpid(), host=HOST,
                                ttl=300)  # fmt: skip
     no_plan = {"general": {"planning_first_message": False}}
@@ -404,8 +405,9 @@ async def test_a_kept_message_whose_new_owner_died_ends_the_dead_turn_before_it_
             assert (await s.until_end())[-1]["text"] == "B done"
             assert len(owner.taken) == 1
             saved = await h.runtime.store.load_messages("s1")
-            assert [(m["role"], m.get("error"), m["content"]) for m in saved[:3]] == [
-                ("assistant", DEAD_TURN, ""), ("user", None, "B"), ("assistant", None, "B done")
+            assert [(m["role"], m.get("error"), m["content"]) for m in saved[:4]] == [
+                ("user", None, "A"), ("assistant", DEAD_TURN, ""),
+                ("user", None, "B"), ("assistant", None, "B done"),
             ]  # fmt: skip
 
 
@@ -427,7 +429,7 @@ async def test_a_new_message_whose_owner_died_before_the_hand_over_ends_the_dead
             assert len(owner.taken) == 1
             saved = await h.runtime.store.load_messages("s1")
             assert [(m["role"], m.get("error")) for m in saved] == [
-                ("assistant", DEAD_TURN), ("user", None), ("assistant", None)
+                ("user", None), ("assistant", DEAD_TURN), ("user", None), ("assistant", None)
             ]  # fmt: skip
 
 

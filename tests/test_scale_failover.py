@@ -156,12 +156,14 @@ async def test_a_daemon_killed_on_the_same_machine_is_taken_over_before_its_leas
             assert never_two_owners(pg_url, frozenset({b.pid})) >= 2
 
 
+@pytest.mark.parametrize("saved", [True, False], ids=["its-message-saved", "after-its-answer"])
 async def test_a_message_for_a_session_whose_holder_died_here_runs_here_at_once(
-    tmp_path: Path, pg_url: str
+    tmp_path: Path, pg_url: str, saved: bool
 ) -> None:
     """A process of this machine that kept no daemon row (an embedded `navi run`) died
     holding the session's lease: a message to it is not handed to that dead pid, it runs
-    here at once, after the dead turn's end."""
+    here at once, after the dead turn's end when its turn's message was saved; when it
+    died after its turn's answer, before its release, there is no turn to end."""
     replies: list[dict[str, Any]] = [{"text": "answer one"}, {"text": "answer two"}]
     with trio.fail_after(TIMEOUT):
         async with (
@@ -180,8 +182,19 @@ async def test_a_message_for_a_session_whose_holder_died_here_runs_here_at_once(
                             " generation + 1 WHERE session_id = %s",
                     (f"{socket.gethostname()}:{gone.pid}:run", gone.pid, socket.gethostname(),
                      sid))  # fmt: skip
+                dead: list[tuple[str, str]] = []
+                if saved:  # the row its save wrote
+                    sql(pg_url, "INSERT INTO messages (session_id, position, role, content,"
+                                " is_plan, data, created_at) SELECT %s, max(position) + 1, 'user',"
+                                " 'run', false, %s, 0 FROM messages WHERE session_id = %s",
+                        (sid, json.dumps({"role": "user", "content": "run"}), sid))  # fmt: skip
+                    dead = [("user", "run"), ("assistant", "")]  # its turn, ended here
                 ok = await on_a.request({"type": "message", "session_id": sid, "content": "two"})
                 assert (ok["type"], ok["queued"]) == ("ok", False), ok
-                reasons = [(await on_a.until_end(sid))["reason"] for _ in range(2)]
-                assert reasons == ["error", "complete"], reasons
-            assert history(pg_url, sid)[-1] == ("assistant", "answer two")
+                ends = ["error", "complete"] if saved else ["complete"]
+                reasons = [(await on_a.until_end(sid))["reason"] for _ in ends]
+                assert reasons == ends, reasons
+            assert history(pg_url, sid) == [
+                ("user", "one"), ("assistant", "answer one"), *dead,
+                ("user", "two"), ("assistant", "answer two"),
+            ]  # fmt: skip

@@ -33,7 +33,13 @@ from navi_trio.core.turn.lease import HeldLease, SessionLeases
 from navi_trio.core.turn.live_config import LiveConfig
 from navi_trio.core.turn.observe import NoObserver, Observer, continue_trace
 from navi_trio.core.turn.policy import effective_mode
-from navi_trio.core.turn.session_state import SessionCache, SessionState, new_message_id, open_turn
+from navi_trio.core.turn.session_state import (
+    SessionCache,
+    SessionState,
+    last_turn_open,
+    new_message_id,
+    open_turn,
+)
 from navi_trio.core.turn.steering import DEFAULT_ON_BUSY
 from navi_trio.core.turn.subagent import run_ephemeral
 from navi_trio.core.turn.tokens import TokenCounter
@@ -483,7 +489,8 @@ class Agent:
     async def end_dead_turn(self, session_id: str, generation: int) -> list[AgentEvent]:
         """End the turn of an owner that died holding the lease this runtime took over (at
         `generation`), in the history and in the events returned; nothing when another runtime
-        holds it now or took it over since."""
+        holds it now or took it over since, or when the history shows no turn open: the owner
+        died after its turn's last save (its answer, its error), before its lease's release."""
         try:
             async with self.leases.hold(session_id):
                 if self.leases.generation(session_id) != generation:
@@ -491,6 +498,11 @@ class Agent:
                 if await self.store.get_session(session_id) is None:
                     return []  # deleted meanwhile: nothing to end
                 state = await self.cache.get(session_id)
+                if not last_turn_open(state.messages):
+                    log.info(
+                        "session %s: a dead daemon's lease freed: its turn had ended", session_id
+                    )
+                    return []  # the lease is released as the hold ends
                 # Display only, as a context-too-large notice: the model sees the
                 # question without an answer, the person sees why.
                 state.add(

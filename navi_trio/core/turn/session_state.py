@@ -42,6 +42,15 @@ def open_turn(messages: list[dict[str, Any]], user_id: str) -> bool | None:
     return None
 
 
+def last_turn_open(messages: list[dict[str, Any]]) -> bool:
+    """Whether the display history's last turn is still open: the last message that starts
+    or ends a turn starts one (a user message, a wake-up's note). False with no turn."""
+    for message in reversed(messages):
+        if _ends_turn(message):
+            return bool(message.get("role") != "assistant")
+    return False
+
+
 def _ends_turn(message: dict[str, Any]) -> bool:
     """A display message that a turn ends with, or another turn starts with: not a
     steered message, a tool call or its result, a plan."""
