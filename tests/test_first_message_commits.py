@@ -1,9 +1,9 @@
 """What a new session's first message waits for the disk for before its run starts.
 
 The message itself is saved with an fsync before its ok, as every message is. The
-session row, the folder remembered for the folder picker and the title are committed
-without one: the message's own fsync'd save flushes SQLite's log behind them, and a
-title or a picker entry lost to a power cut costs only itself.
+session row, the folder remembered for the folder picker, the run's lease and the
+title are committed without one: the message's own fsync'd save flushes SQLite's log
+behind them, and a title or a picker entry lost to a power cut costs only itself.
 
 Rules: a real daemon on 127.0.0.1 port 0, real SQLite, the fake LLM over real HTTP, an
 absolute timeout, no sleeps.
@@ -26,7 +26,7 @@ from navi_trio.store import _worker
 from navi_trio.store._worker import _Job
 
 
-async def test_a_new_sessions_first_message_waits_for_one_fsync_besides_its_lease(
+async def test_a_new_sessions_first_message_waits_for_one_fsync_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     projects = (tmp_path / "projects").resolve()
@@ -53,7 +53,7 @@ async def test_a_new_sessions_first_message_waits_for_one_fsync_besides_its_leas
     assert writes[: first + 1] == [
         ("create session", False),
         ("kv set recent_folders", False),
-        ("claim lease of", True),
+        ("claim lease of", False),
         ("append to session", True),
     ], writes
     assert [w for w in writes if w[0] == "update session"] == [("update session", False)]

@@ -491,6 +491,11 @@ class StoreMethods:
         return await self._run(
             f"claim lease of {sid!r}",
             lambda c: self.sql.claim_lease(c, sid, owner, pid, host, ttl, now),
+            # Committed, not flushed: what a run does under it that must last (its
+            # message, its round's results) is a durable write, which flushes the log
+            # behind the claim. A claim lost to a power cut leaves the row as it was,
+            # and the fence (owner and generation) refuses the claimer's writes.
+            durable=False,
         )
 
     async def renew_lease(
