@@ -2,17 +2,20 @@
 
 The command's own modules are imported inside the start-up's fewer garbage collections
 (navi_trio/imports.py), as the rest of its start-up: imported before them, they made
-~80 young and ~6 middle collections of their own.
+~80 young and ~6 middle collections of their own. The code attrs writes for their
+classes comes from the last process's when it can (navi_trio/class_code.py).
 """
 
 import sys
 
+from navi_trio import class_code
 from navi_trio.imports import start_up_collections
 
 
 def main() -> int:
     """The ``navi`` command, from the import of its modules to its exit code."""
     with start_up_collections():
+        class_code.install()  # attrs' methods from the kept code (navi_trio/class_code.py)
         from navi_trio.cli import main as navi
 
         return navi()

@@ -18,8 +18,8 @@ process's own). What the imports dropped in cycles
 frozen with the rest and stays for the life of the process: a walk to free it costs
 as much as the ~4 passes it took at 20,000 allocations (~8% of the start-up). A
 command that neither opens a runtime nor connects keeps the threshold to its end.
-This module imports nothing of its own beyond the standard library, so that the
-block opens before attrs is imported.
+This module imports nothing beyond the standard library (and `class_code`, which
+imports only that), so that the block opens before attrs is imported.
 
 Two dependencies import heavy optional modules at import time that navi never uses:
 
@@ -46,6 +46,8 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
+
+from navi_trio import class_code
 
 # Young-generation allocations between collections: above a start-up's (`navi run`
 # ~100,000 up to its runtime's freeze).
@@ -87,15 +89,21 @@ def start_up_collections() -> Iterator[None]:
                 if not _start_up.over:
                     gc.set_threshold(*found)
                 _start_up.found = None
+            class_code.save()
 
 
 def start_up_over() -> None:
     """The thresholds the open `start_up_collections` block found, once; nothing
-    without one (a threshold the process set itself stays)."""
+    without one (a threshold the process set itself stays). The code attrs compiled
+    for start-up's classes is kept for the next process (`class_code`, when the
+    command installed it)."""
     with _lock:
         if _start_up.found is not None and not _start_up.over:
             gc.set_threshold(*_start_up.found)
             _start_up.over = True
+        else:
+            return
+    class_code.save()
 
 
 def import_hiding(name: str, hidden: Iterable[str]) -> ModuleType:

@@ -149,7 +149,11 @@ class Commands:
             raise ForbiddenError(f"session {session_id!r} belongs to another user")
         return row
 
-    async def _create(self, session_id: str | None, profile: str | None) -> SessionRow:
+    async def _create(
+        self, session_id: str | None, profile: str | None, *, durable: bool = True
+    ) -> SessionRow:
+        """A new session of this user; `durable=False` when a durable write of its own
+        (a message's save) follows before anyone is told it is done."""
         self._check_profile(profile)
         cfg = self.rt.config.current
         if profile is None and not cfg.may_use(self.user.role, cfg.default_profile):
@@ -157,7 +161,11 @@ class Commands:
         if session_id is not None and not self.user.is_admin:
             await self._check_chosen_id(session_id)
         row = await self.rt.session_service.create(
-            session_id, user_id=self.user.id, user_name=self.user.name, profile_id=profile
+            session_id,
+            user_id=self.user.id,
+            user_name=self.user.name,
+            profile_id=profile,
+            durable=durable,
         )
         log.info("session %s created by %s", row.id, self.user.name)
         return row

@@ -49,7 +49,8 @@ class SessionMessages:
             cwd = await self.c.cwd_check(cmd.session_id).check(cmd.cwd)
         row = await self.c.rt.store.get_session(cmd.session_id) if cmd.session_id else None
         if row is None:
-            row = await self.c._create(cmd.session_id, cmd.profile)
+            # Not waited to the disk: the message's durable save (before its ok) flushes it.
+            row = await self.c._create(cmd.session_id, cmd.profile, durable=False)
             await self.c.conn.send(reply(rid, "session", session_id=row.id, created=True))
         else:
             row = await self.c._owned(row.id)

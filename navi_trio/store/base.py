@@ -21,8 +21,9 @@ Contract every implementation keeps:
   transaction and returns the rows it dropped, oldest first; `release_queued` hands a
   process's rows to whoever runs the session (pid `HANDED_PID`: anyone's), and
   `adopt_queued` takes those, a dead process's and the caller's own.
-- `append(durable=False)` may skip the flush to stable storage, never the commit: it
-  survives a killed process; the next durable write makes it survive power loss too.
+- `durable=False` (`append`, `create_session`, `update_session`, `kv_set`) may skip the
+  flush to stable storage, never the commit: the write survives a killed process; the
+  next durable write makes it survive power loss too.
 - `load_session` pairs every dangling assistant tool call with a placeholder result
   (`repair_dangling_tool_calls`) and persists the placeholders, so it is idempotent.
 - `claim_lease` returns the lease's holder after the attempt: the claimer's own row
@@ -284,9 +285,10 @@ class SessionStore(Protocol):
         user_id: str = "local",
         meta: dict[str, Any] | None = None,
         sessions_max: int | None = None,
+        durable: bool = True,
     ) -> SessionRow:
         """A new session row; with `sessions_max`, `LimitError` when `user_id` has that
-        many already (counted in the same transaction)."""
+        many already (counted in the same transaction). `durable=False` as an append's."""
         ...
 
     async def get_session(self, session_id: str) -> SessionRow | None: ...
@@ -298,6 +300,7 @@ class SessionStore(Protocol):
         profile_id: str | None = None,
         title: str | None = None,
         meta: dict[str, Any] | None = None,
+        durable: bool = True,
     ) -> None: ...
     async def delete_session(self, session_id: str) -> bool: ...
 
@@ -362,7 +365,7 @@ class SessionStore(Protocol):
 
     # kv: JSON values under (scope, key)
     async def kv_get(self, scope: str, key: str) -> Any | None: ...
-    async def kv_set(self, scope: str, key: str, value: Any) -> None: ...
+    async def kv_set(self, scope: str, key: str, value: Any, *, durable: bool = True) -> None: ...
     async def kv_delete(self, scope: str, key: str) -> None: ...
     async def kv_list(self, scope: str, prefix: str = "") -> list[tuple[str, Any]]: ...
 

@@ -138,6 +138,7 @@ class StoreMethods:
         user_id: str = "local",
         meta: dict[str, Any] | None = None,
         sessions_max: int | None = None,
+        durable: bool = True,
     ) -> SessionRow:
         sid = check_session_id(session_id) if session_id is not None else new_session_id()
         most = check_sessions_max(sessions_max)
@@ -153,7 +154,9 @@ class StoreMethods:
         )
         meta_json = _dump(row.meta, "session meta")
         full = await self._run(
-            f"create session {sid!r}", lambda c: self.sql.insert_session(c, row, meta_json, most)
+            f"create session {sid!r}",
+            lambda c: self.sql.insert_session(c, row, meta_json, most),
+            durable=durable,
         )
         if full is not None and most is not None:
             raise LimitError(sessions_full(full, most))
@@ -179,6 +182,7 @@ class StoreMethods:
         profile_id: str | None = None,
         title: str | None = None,
         meta: dict[str, Any] | None = None,
+        durable: bool = True,
     ) -> None:
         """Change the given fields (meta is replaced whole) and bump updated_at."""
         sid = check_session_id(session_id)
@@ -193,6 +197,7 @@ class StoreMethods:
         await self._run(
             f"update session {sid!r}",
             self._fenced(fence, lambda c: self.sql.update_session(c, sid, changes, fence)),
+            durable=durable,
         )
 
     async def delete_session(self, session_id: str) -> bool:
@@ -388,7 +393,7 @@ class StoreMethods:
             f"kv get {scope}/{key}", lambda c: self.sql.kv_get(c, scope, key), write=False
         )
 
-    async def kv_set(self, scope: str, key: str, value: Any) -> None:
+    async def kv_set(self, scope: str, key: str, value: Any, *, durable: bool = True) -> None:
         """Set the value; inside a run, fenced by its lease (store/fence.py)."""
         _check_text(scope, "kv scope")
         _check_text(key, "kv key", allow_empty=True)
@@ -398,6 +403,7 @@ class StoreMethods:
         await self._run(
             f"kv set {scope}/{key}",
             self._fenced(fence, lambda c: self.sql.kv_set(c, scope, key, data, now, fence)),
+            durable=durable,
         )
 
     async def kv_delete(self, scope: str, key: str) -> None:
@@ -485,6 +491,11 @@ class StoreMethods:
         return await self._run(
             f"claim lease of {sid!r}",
             lambda c: self.sql.claim_lease(c, sid, owner, pid, host, ttl, now),
+            # Committed, not flushed: what a run does under it that must last (its
+            # message, its round's results) is a durable write, which flushes the log
+            # behind the claim. A claim lost to a power cut leaves the row as it was,
+            # and the fence (owner and generation) refuses the claimer's writes.
+            durable=False,
         )
 
     async def renew_lease(

@@ -27,7 +27,7 @@ class MemoryKV:
         raw = self.data.get((scope, key))
         return None if raw is None else json.loads(raw)
 
-    async def kv_set(self, scope: str, key: str, value: Any) -> None:
+    async def kv_set(self, scope: str, key: str, value: Any, *, durable: bool = True) -> None:
         await trio.lowlevel.checkpoint()
         self._check("kv_set", scope)
         self.data[(scope, key)] = json.dumps(value)

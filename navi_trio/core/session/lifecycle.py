@@ -45,9 +45,16 @@ class SessionService:
     processes: ProcessPool | None = None
 
     async def create(
-        self, session_id: str | None, *, user_id: str, user_name: str, profile_id: str | None
+        self,
+        session_id: str | None,
+        *,
+        user_id: str,
+        user_name: str,
+        profile_id: str | None,
+        durable: bool = True,
     ) -> SessionRow:
-        """A new session of `user_id`, unless they already have as many as allowed."""
+        """A new session of `user_id`, unless they already have as many as allowed.
+        `durable=False`: not waited to the disk (a message's durable save follows)."""
         limit = self.settings.sessions_per_user
         try:
             # Counted in the transaction that creates it: parallel creations (other
@@ -57,6 +64,7 @@ class SessionService:
                 profile_id=profile_id or self.config.current.default_profile,
                 user_id=user_id,
                 sessions_max=limit,
+                durable=durable,
             )
         except LimitError:
             raise LimitError(
@@ -66,12 +74,13 @@ class SessionService:
 
     async def title(self, session_id: str, first_message: str) -> None:
         """Title a session by its first stored message's first line (the session list
-        shows it); a title that cannot be saved costs only the title."""
+        shows it); a title that cannot be saved costs only the title, so it is not waited
+        to the disk (the turn's next durable save flushes it)."""
         title = title_from(first_message)
         if not title:
             return
         try:
-            await self.store.update_session(session_id, title=title)
+            await self.store.update_session(session_id, title=title, durable=False)
         except NaviError as exc:
             log.warning("session %s: the title was not saved: %s", session_id, exc)
 

@@ -32,7 +32,7 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 class KV(Protocol):
     async def kv_get(self, scope: str, key: str) -> Any | None: ...
-    async def kv_set(self, scope: str, key: str, value: Any) -> None: ...
+    async def kv_set(self, scope: str, key: str, value: Any, *, durable: bool = True) -> None: ...
 
 
 @attrs.frozen
@@ -149,8 +149,10 @@ async def recent_folders(store: KV, check: CwdCheck) -> list[str]:
 
 
 async def remember_folder(store: KV, user_id: str, folder: Path) -> None:
-    """`folder` (a real path a message was checked at) first among the user's last."""
+    """`folder` (a real path a message was checked at) first among the user's last.
+    Not waited to the disk: it only feeds the folder picker, and the message's own
+    durable save follows it."""
     kept = await store.kv_get(RECENT_SCOPE, user_id)
     paths = [str(p) for p in kept if isinstance(p, str)] if isinstance(kept, list) else []
     paths = [str(folder)] + [p for p in paths if p != str(folder)]
-    await store.kv_set(RECENT_SCOPE, user_id, paths[:RECENT_MAX])
+    await store.kv_set(RECENT_SCOPE, user_id, paths[:RECENT_MAX], durable=False)
