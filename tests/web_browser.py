@@ -40,6 +40,7 @@ from navi_trio.api.daemon_client import open_daemon
 from navi_trio.settings import REPO_ROOT, Settings
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing import FakeLLMServer
+from navi_trio.testing.lifeline import REAP_SEC, watch
 
 CHROMIUM = os.environ.get("NAVI_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -267,6 +268,7 @@ class Daemon:
         self.extra = extra
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
+        self.watcher: subprocess.Popen[bytes] | None = None
         self.log = tmp_path / "serve.log"
 
     @property
@@ -281,6 +283,7 @@ class Daemon:
             args, env=self.env, stdout=subprocess.PIPE, stderr=log, start_new_session=True
         )
         log.close()
+        self.watcher = watch(self.proc.pid)  # it stops the daemon if this process dies
         assert self.proc.stdout is not None
         line = _readline(self.proc, 60)
         found = re.search(r"listening on ws://127\.0\.0\.1:(\d+)/", line)
@@ -290,14 +293,16 @@ class Daemon:
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(sig)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        watcher, self.watcher = self.watcher, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        if watcher is not None:  # it ends with the daemon
+            watcher.wait(REAP_SEC)
 
     def admin_token(self) -> str:
         return (self.data / "local-token").read_text().strip()
