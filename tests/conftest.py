@@ -23,7 +23,6 @@ clients), tests/agent_tools.py (tools and fake-LLM replies for the agent), ...
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Generator, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -37,6 +36,7 @@ from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from slow_guard import refusing_processes
 from store_backends import backend as backend
+from tool_user import open_to_tools
 
 from navi_trio.settings import Settings
 from navi_trio.tools.runas import run_as
@@ -84,21 +84,12 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 @pytest.fixture
 def tmp_path(tmp_path: Path) -> Iterator[Path]:
-    """pytest's own, opened to the tool user when the suite runs as root.
-
-    A root daemon runs its tool processes as NAVI_TOOL_USER, else nobody
-    (tools/runas.py), and the folders they work in must be open to that user, as an
-    admin opens a workspace. So here, as root: the test's folder is writable by anyone,
-    pytest's folders above it passable, and what the test makes (umask 0) open too.
-    """
+    """pytest's own, opened to the tool user when the suite runs as root
+    (tests/tool_user.py), and what the test makes (umask 0) open too."""
     if os.geteuid() != 0:
         yield tmp_path
         return
-    tmp_path.chmod(0o777)
-    for folder in tmp_path.parents:
-        if folder == Path(tempfile.gettempdir()):
-            break
-        folder.chmod(folder.stat().st_mode | 0o111)
+    open_to_tools(tmp_path)
     mask = os.umask(0)
     try:
         yield tmp_path

@@ -31,6 +31,7 @@ from navi_trio.llm.base import LLMBackend
 from navi_trio.llm.factory import make_backend, make_client
 from navi_trio.llm.local import LocalBackend, open_local_backend
 from navi_trio.settings import Settings
+from navi_trio.testing.lifeline import REAP_SEC, watch
 from navi_trio.tools.base import ToolContext, ToolResult
 
 START_TIMEOUT = 120  # loading the 98 MB model takes about a second; a loaded CI, longer
@@ -108,6 +109,7 @@ class LlamaServer:
             start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
+        self.watcher = watch(self.proc.pid)  # it stops the server if this process dies
         assert self.proc.stdout is not None
         self.log = ServerLog(self.proc.stdout)
         if self.log.wait_for("Uvicorn running on", timeout=START_TIMEOUT) is None:
@@ -127,6 +129,7 @@ class LlamaServer:
             except subprocess.TimeoutExpired:
                 continue
         self.proc.wait(STOP_TIMEOUT)
+        self.watcher.wait(REAP_SEC)  # it ends with the server
 
 
 class Subject(Protocol):

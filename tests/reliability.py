@@ -24,6 +24,7 @@ from trio_websocket import open_websocket_url
 
 from navi_trio.api.auth import read_local_token
 from navi_trio.settings import Settings
+from navi_trio.testing.lifeline import watching
 
 START_LIMIT = 60  # real seconds for a daemon to print its port (2 busy cores)
 
@@ -118,26 +119,27 @@ async def navi_serve(
             stdout=subprocess.PIPE, stderr=subprocess.PIPE if watch_log else err, env=env,
         )  # fmt: skip
     assert proc.stdout is not None
-    try:
-        async with trio.open_nursery() as nursery:
-            lines = None
-            if watch_log:
-                assert proc.stderr is not None
-                lines = LogLines()
-                nursery.start_soon(lines.pump, proc.stderr, log)
-            with trio.fail_after(START_LIMIT):
-                line = await _first_line(proc.stdout, log)
-            assert line.startswith("navi: listening on ws://127.0.0.1:"), line
-            yield Daemon(proc, line.split()[-1], Path(env["NAVI_DATA_DIR"]), lines)
-            nursery.cancel_scope.cancel()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        with trio.CancelScope(shield=True), trio.move_on_after(10):
-            await proc.wait()
-            await proc.stdout.aclose()
-            if proc.stderr is not None:
-                await proc.stderr.aclose()
+    async with watching(proc.pid):  # it stops the daemon if this process dies
+        try:
+            async with trio.open_nursery() as nursery:
+                lines = None
+                if watch_log:
+                    assert proc.stderr is not None
+                    lines = LogLines()
+                    nursery.start_soon(lines.pump, proc.stderr, log)
+                with trio.fail_after(START_LIMIT):
+                    line = await _first_line(proc.stdout, log)
+                assert line.startswith("navi: listening on ws://127.0.0.1:"), line
+                yield Daemon(proc, line.split()[-1], Path(env["NAVI_DATA_DIR"]), lines)
+                nursery.cancel_scope.cancel()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await proc.wait()
+                await proc.stdout.aclose()
+                if proc.stderr is not None:
+                    await proc.stderr.aclose()
 
 
 # -- /proc measurements ------------------------------------------------------------------

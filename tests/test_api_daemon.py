@@ -25,6 +25,7 @@ from test_cli import _read_until, fake_llm, messages, navi, unused_port
 from trio_websocket import open_websocket_url
 
 from navi_trio.api.auth import read_local_token
+from navi_trio.testing.lifeline import watching
 
 pytestmark = pytest.mark.slow
 DEADLINE = 60
@@ -40,17 +41,18 @@ async def serve(env: dict[str, str], llm: str, *extra: str) -> AsyncIterator[Any
         env=env,
     )
     assert proc.stdout is not None
-    try:
-        with trio.fail_after(DEADLINE):
-            line = (await _read_until(proc.stdout, b"/\n")).decode().strip()
-        assert line.startswith("navi: listening on ws://127.0.0.1:"), line
-        proc.url = line.split()[-1]  # type: ignore[attr-defined]
-        yield proc
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        with trio.CancelScope(shield=True), trio.move_on_after(10):
-            await proc.wait()
+    async with watching(proc.pid):  # it stops the daemon if this process dies
+        try:
+            with trio.fail_after(DEADLINE):
+                line = (await _read_until(proc.stdout, b"/\n")).decode().strip()
+            assert line.startswith("navi: listening on ws://127.0.0.1:"), line
+            proc.url = line.split()[-1]  # type: ignore[attr-defined]
+            yield proc
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await proc.wait()
 
 
 @asynccontextmanager

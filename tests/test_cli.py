@@ -28,6 +28,7 @@ from navi_trio.errors import ConfigError, LLMConnectionError
 from navi_trio.events import StreamEnd, TextDelta, event_from_dict
 from navi_trio.settings import REPO_ROOT
 from navi_trio.store.sqlite import SQLiteStore
+from navi_trio.testing.lifeline import watching
 
 pytestmark = pytest.mark.slow  # its tests start processes
 
@@ -91,16 +92,17 @@ async def fake_llm(tmp_path: Path, replies: Sequence[dict[str, Any]]) -> AsyncIt
         stderr=subprocess.DEVNULL,
     )
     assert proc.stdout is not None
-    try:
-        with trio.fail_after(DEADLINE):
-            first = (await _read_until(proc.stdout, b"\n")).decode().splitlines()[0]
-        assert first.startswith("listening on http://127.0.0.1:"), first
-        yield first.split()[-1]
-    finally:
-        proc.kill()
-        with trio.CancelScope(shield=True), trio.move_on_after(10):
-            await proc.wait()
-            await proc.stdout.aclose()
+    async with watching(proc.pid):  # it stops the server if this process dies
+        try:
+            with trio.fail_after(DEADLINE):
+                first = (await _read_until(proc.stdout, b"\n")).decode().splitlines()[0]
+            assert first.startswith("listening on http://127.0.0.1:"), first
+            yield first.split()[-1]
+        finally:
+            proc.kill()
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await proc.wait()
+                await proc.stdout.aclose()
 
 
 def unused_port() -> int:

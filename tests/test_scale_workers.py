@@ -39,6 +39,7 @@ from trio_websocket import open_websocket_url
 from navi_trio.api.auth import read_local_token
 from navi_trio.cli import workers
 from navi_trio.testing import open_fake_llm
+from navi_trio.testing.lifeline import watching
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 180
@@ -83,29 +84,30 @@ async def supervisor(env: dict[str, str], llm_url: str, log: Path) -> AsyncItera
         )  # fmt: skip
     assert proc.stdout is not None
     workers: set[int] = set()
-    try:
-        lines = Lines(proc.stdout)
-        line = await lines.next()
-        assert line.startswith("navi: listening on ws://127.0.0.1:"), line
-        assert line.endswith("(2 workers)"), line
-        workers = children(proc.pid)
-        yield proc, lines, line.split()[3]
-    finally:
-        workers |= children(proc.pid) if proc.returncode is None else set()
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)  # the supervisor stops its workers
-        with trio.CancelScope(shield=True):
-            with trio.move_on_after(60):
-                await proc.wait()
+    async with watching(proc.pid):  # it stops the supervisor if this process dies
+        try:
+            lines = Lines(proc.stdout)
+            line = await lines.next()
+            assert line.startswith("navi: listening on ws://127.0.0.1:"), line
+            assert line.endswith("(2 workers)"), line
+            workers = children(proc.pid)
+            yield proc, lines, line.split()[3]
+        finally:
+            workers |= children(proc.pid) if proc.returncode is None else set()
             if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            for pid in workers:  # never left behind, whatever happened above
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            await proc.stdout.aclose()
+                proc.send_signal(signal.SIGTERM)  # the supervisor stops its workers
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(60):
+                    await proc.wait()
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+                for pid in workers:  # never left behind, whatever happened above
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                await proc.stdout.aclose()
 
 
 @asynccontextmanager

@@ -10,27 +10,34 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 from project_repo import FIXTURE
 from test_project_commands import EXPANSIONS
-from web_browser import Site, browser, needs_browser, running_site, send
+from web_browser import Shared, Site, browser, needs_browser, send, shared_site, sharing
 
-__all__ = ["browser"]  # fixtures
+__all__ = ["browser", "shared_site"]  # fixtures
 pytestmark = [pytest.mark.slow, needs_browser]  # a browser, a daemon
 
 
-@pytest.fixture
-def site(tmp_path: Path, browser: Any) -> Iterator[Site]:
-    """tests/web_browser.py's site, its daemon's user holding the fixture's commands."""
-    home = tmp_path / "config-home"
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    """The module's daemon (tests/web_browser.py), its user holding the fixture's
+    commands."""
+    home = tmp_path_factory.mktemp("config-home")
     folder = home / "navi" / "commands"
     folder.parent.mkdir(parents=True)
     shutil.copytree(FIXTURE / ".claude" / "commands", folder)
     shutil.copy(FIXTURE / ".navi" / "commands" / "help.md", folder / "help.md")
-    yield from running_site(tmp_path, browser, XDG_CONFIG_HOME=str(home))
+    yield from sharing(
+        tmp_path_factory, lambda daemon: daemon.env.update(XDG_CONFIG_HOME=str(home))
+    )
+
+
+@pytest.fixture
+def site(shared_site: Site) -> Site:
+    """The module's shared daemon, a new user of the test's own."""
+    return shared_site
 
 
 def test_the_page_lists_the_users_commands_and_sends_one_with_its_words(site: Site) -> None:

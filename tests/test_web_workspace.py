@@ -12,50 +12,70 @@ tests/artifacts/. Rules and helpers: tests/web_browser.py.
 from __future__ import annotations
 
 import json
-import time
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_web_resilience import XSS
-from web_browser import DEADLINE, Daemon, Loop, Site, browser, needs_browser, send, shot
+from tool_user import open_to_tools
+from web_browser import (
+    Daemon,
+    Shared,
+    Site,
+    browser,
+    needs_browser,
+    send,
+    shared_site,
+    sharing,
+    shot,
+)
 
-__all__ = ["browser"]  # fixture
+__all__ = ["browser", "shared_site"]  # fixtures
 pytestmark = [pytest.mark.slow, needs_browser]  # a browser, a daemon
 
 MARKUP = "<img src=x onerror=alert(1)>"
 
 
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The admin's one workspace root, for the module's daemon, open to its tool user."""
+    root = (tmp_path_factory.mktemp("work") / "projects").resolve()
+    root.mkdir()
+    open_to_tools(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, root: Path) -> Iterator[Shared]:
+    """The module's daemon (tests/web_browser.py), its config giving the admin role
+    (every test's user) the one workspace root."""
+
+    def with_root(daemon: Daemon) -> None:
+        cfg = json.loads(daemon.config.read_text())
+        cfg["workspace_roots"] = {"admin": [str(root)]}
+        daemon.config.write_text(json.dumps(cfg))
+
+    yield from sharing(tmp_path_factory, with_root)
+
+
 @pytest.fixture
-def work(tmp_path: Path) -> Path:
-    """The admin's one workspace root, with a folder named with markup in it."""
-    root = (tmp_path / "projects").resolve()
-    (root / "app").mkdir(parents=True)
+def work(root: Path, tmp_path: Path) -> Path:
+    """The workspace root as new for each test (the same folder: the daemon pinned it):
+    an ``app`` folder and a folder named with markup, nothing else (made as the test's
+    own files are, under `tmp_path`'s umask)."""
+    for entry in root.iterdir():
+        shutil.rmtree(entry)
+    (root / "app").mkdir()
     (root / MARKUP).mkdir()
     return root
 
 
 @pytest.fixture
-def site(tmp_path: Path, browser: Any, work: Path) -> Iterator[Site]:
-    started = time.monotonic()
-    loop = Loop().start()
-    daemon = Daemon(tmp_path, loop.llm.url)
-    cfg = json.loads(daemon.config.read_text())
-    cfg["workspace_roots"] = {"admin": [str(work)]}
-    daemon.config.write_text(json.dumps(cfg))
-    try:
-        daemon.start()
-        s = Site(loop, daemon, browser)
-        try:
-            yield s
-        finally:
-            s.close()
-    finally:
-        daemon.stop()
-        loop.stop()
-    took = time.monotonic() - started
-    assert took < DEADLINE, f"the test took {took:.0f}s (limit {DEADLINE:.0f}s)"
+def site(shared_site: Site) -> Site:
+    """The module's shared daemon, a new user of the test's own."""
+    return shared_site
 
 
 def tool(name: str, **arguments: Any) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from navi_trio.api.daemon_client import open_daemon
 from navi_trio.settings import REPO_ROOT, Settings
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing import FakeLLMServer
+from navi_trio.testing.lifeline import REAP_SEC, watch
 
 CHROMIUM = os.environ.get("NAVI_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -267,6 +268,7 @@ class Daemon:
         self.extra = extra
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
+        self.watcher: subprocess.Popen[bytes] | None = None
         self.log = tmp_path / "serve.log"
 
     @property
@@ -277,10 +279,15 @@ class Daemon:
         args = [sys.executable, "-m", "navi_trio", "serve", "--port", str(self.port)]
         args += ["--llm-url", self.llm_url, "--config", str(self.config), *self.extra]
         log = open(self.log, "ab")  # noqa: SIM115 - the child holds it
+        # As root, what the daemon makes is open to its tool user, as the tests' own files
+        # are (tests/tool_user.py): whenever it starts, not only inside a test's tmp_path.
+        umask = 0 if os.geteuid() == 0 else -1
         self.proc = subprocess.Popen(
-            args, env=self.env, stdout=subprocess.PIPE, stderr=log, start_new_session=True
-        )
+            args, env=self.env, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+            umask=umask,
+        )  # fmt: skip
         log.close()
+        self.watcher = watch(self.proc.pid)  # it stops the daemon if this process dies
         assert self.proc.stdout is not None
         line = _readline(self.proc, 60)
         found = re.search(r"listening on ws://127\.0\.0\.1:(\d+)/", line)
@@ -290,14 +297,16 @@ class Daemon:
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(sig)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        watcher, self.watcher = self.watcher, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        if watcher is not None:  # it ends with the daemon
+            watcher.wait(REAP_SEC)
 
     def admin_token(self) -> str:
         return (self.data / "local-token").read_text().strip()
@@ -398,12 +407,11 @@ def own_site(tmp_path: Path, browser: Any) -> Iterator[Site]:
     yield from running_site(tmp_path, browser)
 
 
-def running_site(tmp_path: Path, browser: Any, **env: str) -> Iterator[Site]:
-    """The site of the `site` fixture, its daemon's environment with `env` too."""
+def running_site(tmp_path: Path, browser: Any) -> Iterator[Site]:
+    """The site of the `site` and `own_site` fixtures: a daemon of the test's own."""
     started = time.monotonic()
     loop = Loop().start()
     daemon = Daemon(tmp_path, loop.llm.url)
-    daemon.env.update(env)
     try:
         daemon.start()
         s = Site(loop, daemon, browser)
@@ -422,8 +430,9 @@ class Shared:
     """One daemon and fake LLM for the tests of a module, started when a test first asks
     and again after a test that left a run going (`stop` at its end)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, prepare: Callable[[Daemon], None] = lambda d: None) -> None:
         self.folder = folder
+        self.prepare = prepare  # what a module gives its daemon before it starts
         self.loop: Loop | None = None
         self.daemon: Daemon | None = None
         self.starts = 0
@@ -436,6 +445,7 @@ class Shared:
             home.mkdir()
             self.loop = Loop().start()
             self.daemon = Daemon(home, self.loop.llm.url)
+            self.prepare(self.daemon)
             self.daemon.start()
         return self.loop, self.daemon
 
@@ -476,7 +486,15 @@ class Shared:
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
     """The module's one daemon (one per xdist worker that runs the module's tests)."""
-    s = Shared(tmp_path_factory.mktemp("shared"))
+    yield from sharing(tmp_path_factory)
+
+
+def sharing(
+    tmp_path_factory: pytest.TempPathFactory, prepare: Callable[[Daemon], None] = lambda d: None
+) -> Iterator[Shared]:
+    """The `shared` fixture's body, for a module whose daemon needs `prepare` (its config
+    or environment changed) before each start: that module defines `shared` with it."""
+    s = Shared(tmp_path_factory.mktemp("shared"), prepare)
     try:
         yield s
     finally:

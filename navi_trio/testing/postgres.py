@@ -10,10 +10,8 @@ turns off fsync; benchmarks use `fast=False`, as in production. `PgUnavailable` 
 why no server could be had. ``NAVI_TEST_STORE=postgres`` makes `open_harness` run on a
 fresh database of one such server per test process.
 
-A small watcher process beside each server stops it (fast shutdown) and removes its
-folder when the process that started it dies, however it dies (SIGKILL included): it
-waits for EOF on a pipe whose write end only that process holds. Not PR_SET_PDEATHSIG:
-that fires when the starting *thread* ends, and servers are started from worker threads.
+A watcher beside each server (navi_trio/testing/lifeline.py) stops it (fast shutdown)
+and removes its folder when the process that started it dies, however it dies.
 """
 
 from __future__ import annotations
@@ -25,30 +23,18 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import uuid
 from pathlib import Path
 from typing import IO
 
+from navi_trio.testing.lifeline import Lifeline, watch
+
 START_SEC = 60.0  # only a broken start waits this long
 TRIES = 3  # another process may take the free port before postgres binds it
 USER = "navi"  # the cluster's superuser, trusted on 127.0.0.1
 _READY = "database system is ready to accept connections"
-# The watcher (argv: the server's pid, its folder; stdin: the lifeline's read end). A
-# pidfd, taken while the server is still its starter's child, names it even after the
-# starter is gone; the server ending first ends the watcher.
-_WATCH = """\
-import os, select, shutil, signal, sys
-server = os.pidfd_open(int(sys.argv[1]))
-if server not in select.select([0, server], [], [])[0]:
-    signal.pidfd_send_signal(server, signal.SIGINT)
-    if not select.select([server], [], [], 30)[0]:
-        signal.pidfd_send_signal(server, signal.SIGKILL)
-        select.select([server], [], [])
-    shutil.rmtree(sys.argv[2], ignore_errors=True)
-"""
 
 
 class PgUnavailable(Exception):
@@ -112,7 +98,7 @@ class PgServer:
         running: _Running,
         argv: list[str],
         ids: tuple[int | None, int | None],
-        lifeline: _Lifeline,
+        lifeline: Lifeline,
     ) -> None:
         self.folder = folder
         self.port = port
@@ -133,7 +119,7 @@ class PgServer:
             )
         run_as = _unprivileged_user()
         folder = Path(tempfile.mkdtemp(prefix="navi-pg-"))
-        lifeline = _Lifeline()
+        lifeline = Lifeline()
         try:
             if run_as is not None:
                 os.chown(folder, run_as.pw_uid, run_as.pw_gid)
@@ -165,7 +151,7 @@ class PgServer:
         folder: Path,
         fast: bool,
         ids: tuple[int | None, int | None],
-        lifeline: _Lifeline,
+        lifeline: Lifeline,
     ) -> PgServer:
         why = "no attempt"
         settings = ["-c", "listen_addresses=127.0.0.1", "-k", str(folder)]
@@ -242,24 +228,12 @@ class PgServer:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-class _Lifeline:
-    """A pipe whose write end only this process holds (a pipe's ends are not inherited
-    through exec): a watcher reading the other end sees EOF once this process is gone."""
-
-    def __init__(self) -> None:
-        self.read, self._write = os.pipe()
-
-    def close(self) -> None:
-        os.close(self.read)
-        os.close(self._write)
-
-
 class _Running:
     """One postgres process, started here: ready, or given up, once this returns
     (`log.ready`); its stderr drained into the log, and its watcher beside it."""
 
     def __init__(
-        self, argv: list[str], folder: Path, ids: tuple[int | None, int | None], lifeline: _Lifeline
+        self, argv: list[str], folder: Path, ids: tuple[int | None, int | None], lifeline: Lifeline
     ) -> None:
         self.process = subprocess.Popen(
             argv,
@@ -272,12 +246,8 @@ class _Running:
             group=ids[1],
         )
         try:
-            self.watcher = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _WATCH, str(self.process.pid), str(folder)],
-                stdin=lifeline.read,
-                stdout=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd="/",
+            self.watcher = watch(
+                self.process.pid, stop=signal.SIGINT, remove=folder, lifeline=lifeline
             )
         except BaseException:
             _stop(self.process)
