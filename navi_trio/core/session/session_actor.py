@@ -150,7 +150,6 @@ class SessionActor:
         # started it); a look holds until something of the session ends here (`_done`).
         self._dead_turn = dead_turn
         self.dead_turn_checked = dead_turn is None
-        self._asking_dead_turn = False  # `_end_dead_turn` waits for the cluster's answer
         self._on_run_end = on_run_end
         self._hand_over = hand_over
         self._adopt = adopt
@@ -379,14 +378,25 @@ class SessionActor:
         return self.broadcast.publish(event)
 
     def relay(self, frame: Frame) -> None:
-        """A frame of this session another daemon published; ignored while this daemon runs the
-        session (only a replaced owner's late frames can arrive then)."""
+        """A frame of this session another daemon published: passed on to this daemon's
+        subscribers, unless a run here surely holds the session's lease now (then it can
+        only be a late frame of an owner this run replaced). Busy is not enough: a run that
+        has not claimed the lease yet, found it held elsewhere and hands its message over,
+        or was taken over, and a rewind, fork or dead daemon's turn looked at here, all
+        leave the session's frames to whoever runs it."""
         relay = getattr(self.broadcast, "relay", None)
-        # While this daemon only asks whether a dead daemon's turn is its to end, the
-        # daemon that won it may already be ending it: its frames are the session's.
-        if (not self.busy or self._asking_dead_turn) and relay is not None:
+        if relay is not None and not self._holds_lease():
             relay(frame)
             self.dead_turn_checked = self._dead_turn is None  # another daemon runs it
+
+    def _holds_lease(self) -> bool:
+        """A run here holds the session's lease, surely, now: not before its claim, nor after
+        its hold ended, nor once it was taken over (or might have been: `surely_held`)."""
+        control = self._control
+        lease = control.lease if control is not None else None
+        if lease is None or control is None or control.fenced or lease.released:
+            return False
+        return lease.surely_held()
 
     async def take_over(self) -> None:
         """End the turn a dead daemon left running here, unless something of the session runs
@@ -400,11 +410,7 @@ class SessionActor:
         first) and end its turn; not again until another daemon runs the session."""
         assert self._dead_turn is not None
         try:
-            self._asking_dead_turn = True
-            try:
-                generation = await self._dead_turn(self.session_id)
-            finally:
-                self._asking_dead_turn = False
+            generation = await self._dead_turn(self.session_id)
             events = []
             if generation is not None:
                 events = await self.parts.end_dead_turn(self.session_id, generation)
