@@ -21,6 +21,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from agent_tools import GateTool
@@ -128,12 +129,15 @@ async def relaying(h: Harness) -> SessionActor:
     return await h.runtime.sessions.get("s1")
 
 
+@pytest.mark.parametrize("stop", [False, True])
 async def test_the_owners_end_reaches_this_daemons_clients_while_a_run_here_hands_its_message_over(
-    tmp_path: Path,
+    tmp_path: Path, stop: bool
 ) -> None:
     """A message sent here finds, at its claim, the session run by another daemon: the actor
     is busy while it stores the message and hands it over, and the other daemon's turn may
-    end just then. That end is the session's: this daemon's clients get it."""
+    end just then. That end is the session's: this daemon's clients get it. A stop asked
+    here meanwhile finds the run here (it says stopped) but the message goes over all the
+    same, and the other daemon's turn is not stopped: its frames still come."""
     asked, answered = trio.Event(), trio.Event()
     handed: list[list[str]] = []
 
@@ -157,6 +161,8 @@ async def test_the_owners_end_reaches_this_daemons_clients_while_a_run_here_hand
             actor.send_message(msg)
             await asked.wait()
             assert actor.busy and actor.running is not None  # its run hands the message over
+            if stop:
+                assert actor.stop()  # the run here is stopped, as far as it can tell
             owners_end(actor)
             answered.set()
             await actor.idle.wait()
