@@ -379,24 +379,24 @@ class SessionActor:
 
     def relay(self, frame: Frame) -> None:
         """A frame of this session another daemon published: passed on to this daemon's
-        subscribers, unless a run here surely holds the session's lease now (then it can
-        only be a late frame of an owner this run replaced). Busy is not enough: a run that
-        has not claimed the lease yet, found it held elsewhere and hands its message over,
-        or was taken over, and a rewind, fork or dead daemon's turn looked at here, all
-        leave the session's frames to whoever runs it."""
+        subscribers unless a run here has the session's lease (`_run_has_lease`). Busy is
+        not enough: a run that has not claimed the lease yet, or found it held elsewhere and
+        hands its message over, and a rewind, fork or dead daemon's turn looked at here,
+        all leave the session's frames to whoever runs it."""
         relay = getattr(self.broadcast, "relay", None)
-        if relay is not None and not self._holds_lease():
+        if relay is not None and not self._run_has_lease():
             relay(frame)
             self.dead_turn_checked = self._dead_turn is None  # another daemon runs it
 
-    def _holds_lease(self) -> bool:
-        """A run here holds the session's lease, surely, now: not before its claim, nor after
-        its hold ended, nor once it was taken over (or might have been: `surely_held`)."""
+    def _run_has_lease(self) -> bool:
+        """A run here claimed the session's lease and has not let go of it cleanly. While it
+        holds the lease, another daemon's frame can only be a late one of an owner it
+        replaced; once taken over (or while it cannot tell), its clients hear the end of
+        its turn from it alone (``session_busy``), not a second time from the new owner
+        (who ends the turn too): the new owner's next frames come after, as a resync."""
         control = self._control
         lease = control.lease if control is not None else None
-        if lease is None or control is None or control.fenced or lease.released:
-            return False
-        return lease.surely_held()
+        return lease is not None and control is not None and (control.fenced or not lease.released)
 
     async def take_over(self) -> None:
         """End the turn a dead daemon left running here, unless something of the session runs
