@@ -127,6 +127,20 @@ def relayed_end(frames: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     ]
 
 
+class HeldHandOver:
+    """The cluster's hand-over of queued messages to the daemon that runs the session: it
+    waits, once asked (`asked`), until the test lets it answer (`answered`)."""
+
+    def __init__(self) -> None:
+        self.asked, self.answered = trio.Event(), trio.Event()
+        self.handed: list[list[str]] = []  # the queue keys of each hand-over
+
+    async def __call__(self, session_id: str, keys: list[str]) -> None:
+        self.handed.append(keys)
+        self.asked.set()
+        await self.answered.wait()
+
+
 async def relaying(h: Harness) -> SessionActor:
     h.runtime.sessions.broadcast_class = RelayBroadcast
     return await h.runtime.sessions.get("s1")
@@ -141,18 +155,11 @@ async def test_the_owners_end_reaches_this_daemons_clients_while_a_run_here_hand
     end just then. That end is the session's: this daemon's clients get it. A stop asked
     here meanwhile finds the run here (it says stopped) but the message goes over all the
     same, and the other daemon's turn is not stopped: its frames still come."""
-    asked, answered = trio.Event(), trio.Event()
-    handed: list[list[str]] = []
-
-    async def hand_over(session_id: str, keys: list[str]) -> None:
-        handed.append(keys)
-        asked.set()
-        await answered.wait()
-
+    hand = HeldHandOver()
     no_plan = {"general": {"planning_first_message": False}}
     with trio.fail_after(10):
         async with open_harness(tmp_path, replies=[], profiles=no_plan) as h:
-            h.runtime.sessions.hand_over = hand_over
+            h.runtime.sessions.hand_over = hand
             store = h.runtime.store
             await store.create_session("s1", profile_id="general")
             await store.claim_lease(
@@ -162,14 +169,14 @@ async def test_the_owners_end_reaches_this_daemons_clients_while_a_run_here_hand
             sub = actor.subscribe()
             msg = UserMessage("for the other daemon")
             actor.send_message(msg)
-            await asked.wait()
+            await hand.asked.wait()
             assert actor.busy and actor.running is not None  # its run hands the message over
             if stop:
                 assert actor.stop()  # the run here is stopped, as far as it can tell
             owners_end(actor)
-            answered.set()
+            hand.answered.set()
             await actor.idle.wait()
-            assert msg.accepted.queued and len(handed) == 1
+            assert msg.accepted.queued and len(hand.handed) == 1
             got = drained(sub)
     assert [f["type"] for f in got] == ["resync", "text_delta", "stream_end"], got
     assert relayed_end(got) == [("text_delta", 5), ("stream_end", 6)]
@@ -215,6 +222,47 @@ async def test_a_run_taken_over_here_ends_once_for_its_clients_then_the_new_owne
         ("resync", None), ("thinking_delta", None),
     ], said  # fmt: skip
     assert relayed_end(got) == [("thinking_delta", 7)], said
+
+
+async def test_the_owners_end_reaches_this_daemons_clients_while_a_queued_message_is_handed_back(
+    tmp_path: Path,
+) -> None:
+    """A message queued here behind a run finds, at its own claim, that another daemon took
+    the session in between: the actor is busy while it leaves that message to the other
+    daemon, whose turn may end just then. That end reaches this daemon's clients."""
+    hand = HeldHandOver()
+    with trio.fail_after(10):
+        async with open_harness(
+            tmp_path, replies=[{"text": "ours", "stall": True}], profiles=profile()
+        ) as h:
+            h.runtime.sessions.hand_over = hand
+            store = h.runtime.store
+            claim, stopped = store.claim_lease, trio.Event()
+
+            async def taken_first(session_id: str, **kw: Any) -> Any:
+                if stopped.is_set():  # the other daemon claims between the two runs here
+                    await claim(session_id, **{**kw, "owner": "another-daemon", "host": HOST})
+                return await claim(session_id, **kw)
+
+            store.claim_lease = taken_first  # type: ignore[method-assign]
+            actor = await relaying(h)
+            s = await h.session("s1")
+            s.send("first")
+            await s.until_type("text_delta")
+            queued = UserMessage("queued here", on_busy="enqueue")
+            assert actor.send_message(queued) == "enqueue"
+            await queued.accepted.wait()
+            stopped.set()  # the first run holds the lease: the next claim is the queued one's
+            s.stop()
+            await s.until_end()
+            await hand.asked.wait()
+            assert actor.busy  # its run leaves the queued message to the other daemon
+            owners_end(actor)
+            hand.answered.set()
+            await actor.idle.wait()
+            assert [len(keys) for keys in hand.handed] == [1]  # the queued message, handed over
+            got = drained(s.subscription)
+    assert relayed_end(got) == [("text_delta", 5), ("stream_end", 6)], got
 
 
 async def test_another_daemons_frames_reach_this_daemons_clients_during_a_rewind_or_fork_here(
