@@ -144,16 +144,23 @@ async def test_a_client_on_one_daemon_drives_and_follows_a_session_run_by_anothe
         ):
             sql(pg_url, LEASE_LOG)
             sid = "admin.shared"
+            # B's first answer stops mid-way until A and C follow: on a loaded machine it
+            # could end before C's subscribe, and C would never see two ends.
+            release = llm.hold_after(2, reply=0)
             async with b.connect() as on_b, a.connect() as on_a, c.connect() as on_c:
                 assert (await message(on_b, sid, "one"))["type"] == "session"
-                await llm.wait_requests(1)  # B runs it now
+                await llm.wait_held(1)  # B runs it now
                 # A follows it and sends the next message while B runs: handed to B.
                 sub = await on_a.request({"type": "subscribe", "session_id": sid})
                 assert sub["type"] == "ok", sub
                 ok = await message(on_a, sid, "two")
                 assert (ok["type"], ok["queued"]) == ("ok", True), ok
+                # B took it in, and published that to A: B knows A follows (A's note to
+                # follow came before its hand-over's), so the rest of B's frames go out.
+                await on_a.until(lambda f: f["type"] == "message_queued" and f["text"] == "two")
                 # C only follows.
                 await on_c.request({"type": "subscribe", "session_id": sid})
+                release.set()
                 for name, client in (("A", on_a), ("C", on_c), ("B", on_b)):
                     with trio.move_on_at(trio.current_effective_deadline() - 10) as waited:
                         first = await client.until_end(sid)

@@ -150,7 +150,6 @@ class SessionActor:
         # started it); a look holds until something of the session ends here (`_done`).
         self._dead_turn = dead_turn
         self.dead_turn_checked = dead_turn is None
-        self._asking_dead_turn = False  # `_end_dead_turn` waits for the cluster's answer
         self._on_run_end = on_run_end
         self._hand_over = hand_over
         self._adopt = adopt
@@ -379,14 +378,25 @@ class SessionActor:
         return self.broadcast.publish(event)
 
     def relay(self, frame: Frame) -> None:
-        """A frame of this session another daemon published; ignored while this daemon runs the
-        session (only a replaced owner's late frames can arrive then)."""
+        """A frame of this session another daemon published: passed on to this daemon's
+        subscribers unless a run here has the session's lease (`_run_has_lease`). Busy is
+        not enough: a run that has not claimed the lease yet, or found it held elsewhere and
+        hands its message over, and a rewind, fork or dead daemon's turn looked at here,
+        all leave the session's frames to whoever runs it."""
         relay = getattr(self.broadcast, "relay", None)
-        # While this daemon only asks whether a dead daemon's turn is its to end, the
-        # daemon that won it may already be ending it: its frames are the session's.
-        if (not self.busy or self._asking_dead_turn) and relay is not None:
+        if relay is not None and not self._run_has_lease():
             relay(frame)
             self.dead_turn_checked = self._dead_turn is None  # another daemon runs it
+
+    def _run_has_lease(self) -> bool:
+        """A run here claimed the session's lease and has not let go of it cleanly. While it
+        holds the lease, another daemon's frame can only be a late one of an owner it
+        replaced; once taken over (or while it cannot tell), its clients hear the end of
+        its turn from it alone (``session_busy``), not a second time from the new owner
+        (who ends the turn too): the new owner's next frames come after, as a resync."""
+        control = self._control
+        lease = control.lease if control is not None else None
+        return lease is not None and control is not None and (control.fenced or not lease.released)
 
     async def take_over(self) -> None:
         """End the turn a dead daemon left running here, unless something of the session runs
@@ -400,11 +410,7 @@ class SessionActor:
         first) and end its turn; not again until another daemon runs the session."""
         assert self._dead_turn is not None
         try:
-            self._asking_dead_turn = True
-            try:
-                generation = await self._dead_turn(self.session_id)
-            finally:
-                self._asking_dead_turn = False
+            generation = await self._dead_turn(self.session_id)
             events = []
             if generation is not None:
                 events = await self.parts.end_dead_turn(self.session_id, generation)
