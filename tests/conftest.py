@@ -23,6 +23,8 @@ clients), tests/agent_tools.py (tools and fake-LLM replies for the agent), ...
 from __future__ import annotations
 
 import os
+import stat
+import tempfile
 from collections.abc import Generator, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -32,6 +34,7 @@ import hypothesis
 import pytest
 import quick_run
 import workers
+from _pytest.pathlib import LOCK_TIMEOUT, make_numbered_dir_with_cleanup
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from slow_guard import refusing_processes
@@ -56,6 +59,35 @@ def pytest_configure(config: pytest.Config) -> None:
         default = hypothesis.settings().max_examples
         hypothesis.settings.register_profile("quick", max_examples=quick_run.examples(default))
         hypothesis.settings.load_profile("quick")
+    open_base_temp(config)
+
+
+def open_base_temp(config: pytest.Config) -> None:
+    """As root, the run's temporary folders go under TMPDIR/navi-tests-of-root (0o711),
+    not pytest's pytest-of-root: every pytest run that starts as root takes the group and
+    other bits off pytest-of-root, and the tool user of a test running meanwhile could
+    no longer reach the test's folder (a hook's record, an MCP server's marker missing).
+    Numbered, locked and cleaned up like pytest's own; an explicit --basetemp, and an
+    xdist worker (given its controller's), are left as they are."""
+    if os.geteuid() != 0 or config.option.basetemp or hasattr(config, "workerinput"):
+        return
+    root = Path(tempfile.gettempdir()).resolve() / "navi-tests-of-root"
+    root.mkdir(mode=0o711, exist_ok=True)
+    mode = root.lstat()
+    if stat.S_ISLNK(mode.st_mode) or mode.st_uid != 0:
+        raise OSError(f"{root} is not a folder of root's own")
+    root.chmod(0o711)
+    cleanups = ExitStack()
+    config.add_cleanup(cleanups.close)
+    run = make_numbered_dir_with_cleanup(
+        root=root,
+        prefix="run-",
+        mode=0o711,
+        keep=int(config.getini("tmp_path_retention_count")),
+        lock_timeout=LOCK_TIMEOUT,
+        register=cleanups.callback,
+    )
+    config.option.basetemp = str(run / "base")
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
