@@ -29,12 +29,13 @@ from typing import Any
 import pytest
 import trio
 from acp_shared import AGENT, CLIENT, Lines, SharedAgent
-from daemons import add_user, no_plan_config
+from daemons import no_plan_config
 from test_api_daemon import serve
-from test_cli import messages
+from test_cli import fake_llm_here, messages
 from test_mcp_client import ServerEvents, http_server
 
-from navi_trio.testing import open_fake_llm
+from navi_trio.api.auth import new_token
+from navi_trio.store.sqlite import SQLiteStore
 
 pytestmark = pytest.mark.slow
 DEADLINE = 90
@@ -63,13 +64,6 @@ def agent(shared: SharedAgent, env: dict[str, str], tmp_path: Path) -> SharedAge
     """The module's agent, ready for a test, its sessions in tmp_path/work: the DB is
     `agent.db`, not the test's."""
     return shared.ready(env, tmp_path / "work")
-
-
-@asynccontextmanager
-async def llm_server(replies: Sequence[dict[str, Any]]) -> AsyncIterator[str]:
-    """The fake LLM in the test's own trio loop, cycling through `replies`: its URL."""
-    async with open_fake_llm(replies, loop=True) as server:
-        yield server.url
 
 
 async def sdk_client(
@@ -283,7 +277,7 @@ async def test_modes_and_the_profile_go_with_the_next_prompt(
     (failed,) = [u for u in prompt["updates"] if u.get("status") == "failed"]
     assert failed["sessionUpdate"] == "tool_call_update"
     assert bad["error"]["code"] == -32602 and "sideways" in bad["error"]["message"]
-    async with await _store(agent.db) as store:
+    async with SQLiteStore.open(agent.db) as store:
         row = await store.get_session(new["result"]["sessionId"])
     assert row is not None and row.profile_id == "coder"
 
@@ -312,17 +306,11 @@ async def test_a_test_cut_short_hands_the_next_one_a_fresh_agent(
     assert said(prompt) == "fresh"
 
 
-async def _store(db: Path) -> Any:
-    from navi_trio.store.sqlite import SQLiteStore
-
-    return SQLiteStore.open(db)
-
-
 async def test_a_session_loaded_in_a_new_process_replays_its_conversation(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     replies: list[dict[str, Any]] = [{"text": "first answer"}, {"text": "second answer"}]
-    async with llm_server(replies) as llm:
+    async with fake_llm_here(replies) as llm:
         with trio.fail_after(DEADLINE):
             _, new, _ = await sdk_client(
                 env,
@@ -429,7 +417,7 @@ async def test_bad_input_gets_errors_naming_the_problem_and_the_agent_goes_on(
 async def test_through_a_running_daemon_the_session_is_the_daemons(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    async with llm_server([{"text": "from the daemon"}]) as llm:
+    async with fake_llm_here([{"text": "from the daemon"}]) as llm:
         with trio.fail_after(DEADLINE):
             async with serve(env, llm) as daemon:
                 _, new, prompt = await sdk_client(
@@ -445,6 +433,15 @@ async def test_through_a_running_daemon_the_session_is_the_daemons(
     assert f"session {sid}: run started".encode() in daemon_log  # the daemon ran it
     saved = await messages(tmp_path / "navi.db", new["result"]["sessionId"])
     assert [m["content"] for m in saved] == ["hi", "from the daemon"]
+
+
+async def new_user(env: dict[str, str], name: str) -> str:
+    """A user written to the store of `env`, as `navi users add` writes one (that
+    command's own test: test_api_daemon's): their token."""
+    token = new_token()
+    async with SQLiteStore.open(Path(env["NAVI_DB"])) as store:
+        await store.create_user(name, token, "user")
+    return token
 
 
 def set_roots(
@@ -473,10 +470,10 @@ async def test_a_user_s_cwd_outside_their_roots_is_refused_at_session_new(
         {"op": "prompt", "text": "hi"},
         {"op": "set_mode", "mode": "full"},
     ]
-    async with llm_server([{"text": "in the root"}]) as llm:
+    async with fake_llm_here([{"text": "in the root"}]) as llm:
         with trio.fail_after(DEADLINE):
             async with serve(env, llm) as daemon:
-                token = await add_user(env, "ann")
+                token = await new_user(env, "ann")
                 _, out, in_data, a_file, new, prompt, full = await sdk_client(
                     env, tmp_path, steps, "--url", daemon.url, "--token", token
                 )
@@ -492,7 +489,7 @@ async def test_a_user_s_cwd_outside_their_roots_is_refused_at_session_new(
     ]  # fmt: skip
     assert said(prompt) == "in the root"
     assert full["error"]["code"] == -32602 and "full" in full["error"]["message"]
-    async with await _store(tmp_path / "navi.db") as store:
+    async with SQLiteStore.open(tmp_path / "navi.db") as store:
         rows = await store.list_sessions(None)
     assert [r.id for r in rows] == [new["result"]["sessionId"]]  # no session for a refusal
 
@@ -513,10 +510,10 @@ async def test_the_editor_sees_the_mode_navi_clamped_to_and_the_profile_the_agen
         {"op": "prompt", "text": "switch"},
         {"op": "prompt", "text": "again"},
     ]
-    async with llm_server(replies) as llm:
+    async with fake_llm_here(replies) as llm:
         with trio.fail_after(DEADLINE):
             async with serve(env, llm) as daemon:
-                token = await add_user(env, "ann")
+                token = await new_user(env, "ann")
                 _, new, first, second = await sdk_client(
                     env, tmp_path, steps, "--url", daemon.url, "--token", token
                 )
@@ -527,7 +524,7 @@ async def test_the_editor_sees_the_mode_navi_clamped_to_and_the_profile_the_agen
     assert said(first) == "coding now"
     assert second["result"]["stopReason"] == "end_turn"
     assert "config_option_update" not in kinds(second)
-    async with await _store(tmp_path / "navi.db") as store:
+    async with SQLiteStore.open(tmp_path / "navi.db") as store:
         row = await store.get_session(new["result"]["sessionId"])
     assert row is not None and row.profile_id == "coder"  # the next prompt kept it
 
@@ -591,7 +588,7 @@ async def test_stdin_closed_mid_run_stops_it_and_exits_0(
             "params": {"cwd": str(work), "mcpServers": []},
         },
     ]
-    async with llm_server([{"text": "partial answer", "stall": True}]) as llm:
+    async with fake_llm_here([{"text": "partial answer", "stall": True}]) as llm:
         with trio.fail_after(DEADLINE):
             proc = await trio.lowlevel.open_process(
                 [*AGENT, "--llm-url", llm],
@@ -645,7 +642,7 @@ async def test_sigterm_ends_the_agent_as_a_closed_stdin_does(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}
-    async with llm_server([{"text": "hi"}]) as llm:
+    async with fake_llm_here([{"text": "hi"}]) as llm:
         with trio.fail_after(DEADLINE):
             proc = await trio.lowlevel.open_process(
                 [*AGENT, "--llm-url", llm], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -680,7 +677,7 @@ async def test_each_editor_snippet_of_the_docs_starts_an_agent_that_answers(
     snippets = editor_snippets()
     assert len(snippets) == 3
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}
-    async with llm_server([{"text": "hi"}]) as llm:
+    async with fake_llm_here([{"text": "hi"}]) as llm:
         for _, argv in snippets:
             assert argv[0] == "navi"  # as the editor starts it, with this venv's navi
             command = [sys.executable, "-m", "navi_trio", *argv[1:], "--llm-url", llm]
