@@ -1,11 +1,14 @@
 """`navi acp` driven end to end by the official ACP Python SDK's client.
 
 The client (tests/acp_sdk_client.py, asyncio) runs in a process of its own and spawns
-``python -m navi_trio acp`` with its environment pointing at the fake LLM (its own
-process) and a private DB and data folder: the agent then runs its sessions in a daemon
-of its own process, or, with --url, in a real `navi serve`. What a test asserts comes
-from the protocol (replies, updates, permission requests) and from the store and the
-files the runs left.
+``python -m navi_trio acp`` with its environment pointing at the fake LLM and a private
+DB and data folder: the agent then runs its sessions in a daemon of its own process,
+or, with --url, in a real `navi serve`. What a test asserts comes from the protocol
+(replies, updates, permission requests) and from the store and the files the runs left.
+
+The tests that need no fresh agent share one (`agent`, tests/acp_shared.py): sessions
+and a working folder of their own, the fake LLM made new for each. Those that start,
+stop, configure or crash the agent, or need a daemon, start their own.
 
 Rules: loopback only, port 0, real processes, an absolute deadline on every test;
 nothing sleeps: a cancel is sent once the update it waits for came.
@@ -18,22 +21,24 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from daemons import add_user, no_plan_config
+from acp_shared import AGENT, CLIENT, Lines, SharedAgent
+from daemons import no_plan_config
 from test_api_daemon import serve
-from test_cli import fake_llm, messages
+from test_cli import fake_llm_here, messages
 from test_mcp_client import ServerEvents, http_server
+
+from navi_trio.api.auth import new_token
+from navi_trio.store.sqlite import SQLiteStore
 
 pytestmark = pytest.mark.slow
 DEADLINE = 90
-CLIENT = Path(__file__).with_name("acp_sdk_client.py")
-AGENT = [sys.executable, "-m", "navi_trio", "acp"]
 WRITE_NOTES = {
     "name": "filesystem",
     "arguments": {"action": "write", "path": "notes.txt", "content": "hello\n"},
@@ -47,6 +52,20 @@ def env(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     return {**env, "NAVI_CONFIG": str(no_plan_config(tmp_path))}
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedAgent]:
+    """The module's agent and fake LLM (one per xdist worker that runs its tests)."""
+    with closing(SharedAgent(tmp_path_factory.mktemp("acp"))) as agent:
+        yield agent
+
+
+@pytest.fixture
+def agent(shared: SharedAgent, env: dict[str, str], tmp_path: Path) -> SharedAgent:
+    """The module's agent, ready for a test, its sessions in tmp_path/work: the DB is
+    `agent.db`, not the test's."""
+    return shared.ready(env, tmp_path / "work")
+
+
 async def sdk_client(
     env: dict[str, str],
     tmp_path: Path,
@@ -55,8 +74,8 @@ async def sdk_client(
     llm: str | None = None,
     name: str = "scenario",
 ) -> list[dict[str, Any]]:
-    """Run the SDK's client on `steps` (with `llm`: `navi acp --llm-url llm`); one dict
-    per step, the initialize's first."""
+    """Run the SDK's client on `steps` with an agent of its own (with `llm`: `navi acp
+    --llm-url llm`); one dict per step, the initialize's first."""
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     path = tmp_path / f"{name}.json"
@@ -85,20 +104,16 @@ def said(step: dict[str, Any], kind: str = "agent_message_chunk") -> str:
 
 
 async def test_a_prompt_streams_text_and_a_write_is_an_edit_with_its_diff(
-    env: dict[str, str], tmp_path: Path
+    agent: SharedAgent, tmp_path: Path
 ) -> None:
     replies: list[dict[str, Any]] = [
         {"text": "Writing it.", "tool_calls": [WRITE_NOTES]},
         {"text": "Wrote the notes"},
     ]
-    async with fake_llm(tmp_path, replies) as llm:
-        with trio.fail_after(DEADLINE):
-            init, new, prompt = await sdk_client(
-                env,
-                tmp_path,
-                [{"op": "new"}, {"op": "prompt", "text": "write notes"}],
-                llm=llm,
-            )
+    with trio.fail_after(DEADLINE):
+        init, new, prompt = await agent.run(
+            [{"op": "new"}, {"op": "prompt", "text": "write notes"}], replies
+        )
     caps = init["result"]["agentCapabilities"]
     assert init["result"]["protocolVersion"] == 1 and caps["loadSession"] is True
     assert caps["promptCapabilities"]["embeddedContext"] is True
@@ -122,19 +137,18 @@ async def test_a_prompt_streams_text_and_a_write_is_an_edit_with_its_diff(
     assert change == {"type": "diff", "path": target, "newText": "hello\n"}
     assert (tmp_path / "work" / "notes.txt").read_text() == "hello\n"
     assert "available_commands_update" in kinds(prompt) + kinds(new)
-    saved = await messages(tmp_path / "navi.db", sid)
+    saved = await messages(agent.db, sid)
     assert saved[0]["role"] == "user" and saved[0]["content"] == "write notes"
 
 
-async def test_the_todo_list_is_the_editors_plan(env: dict[str, str], tmp_path: Path) -> None:
+async def test_the_todo_list_is_the_editors_plan(agent: SharedAgent, tmp_path: Path) -> None:
     add = {"name": "todo", "arguments": {"action": "replace", "texts": ["read", "fix"]}}
     start = {"name": "todo", "arguments": {"action": "update", "index": 1, "status": "in_progress"}}
     replies: list[dict[str, Any]] = [{"tool_calls": [add]}, {"tool_calls": [start]}, {"text": "ok"}]
-    async with fake_llm(tmp_path, replies) as llm:
-        with trio.fail_after(DEADLINE):
-            _, _, prompt = await sdk_client(
-                env, tmp_path, [{"op": "new"}, {"op": "prompt", "text": "plan it"}], llm=llm
-            )
+    with trio.fail_after(DEADLINE):
+        _, _, prompt = await agent.run(
+            [{"op": "new"}, {"op": "prompt", "text": "plan it"}], replies
+        )
     plans = [u["entries"] for u in prompt["updates"] if u["sessionUpdate"] == "plan"]
     assert [[(e["content"], e["status"]) for e in p] for p in plans] == [
         [("read", "pending"), ("fix", "pending")],
@@ -145,7 +159,7 @@ async def test_the_todo_list_is_the_editors_plan(env: dict[str, str], tmp_path: 
 
 
 async def test_the_rewind_command_undoes_the_last_message_chat_and_files(
-    env: dict[str, str], tmp_path: Path
+    agent: SharedAgent, tmp_path: Path
 ) -> None:
     replies: list[dict[str, Any]] = [
         {"text": "kept"},
@@ -158,9 +172,8 @@ async def test_the_rewind_command_undoes_the_last_message_chat_and_files(
         {"op": "prompt", "text": "write notes"},
         {"op": "prompt", "text": "/rewind"},
     ]
-    async with fake_llm(tmp_path, replies) as llm:
-        with trio.fail_after(DEADLINE):
-            _, new, first, wrote, rewound = await sdk_client(env, tmp_path, steps, llm=llm)
+    with trio.fail_after(DEADLINE):
+        _, new, first, wrote, rewound = await agent.run(steps, replies)
     names = [
         c["name"]
         for u in new["updates"] + first["updates"] + wrote["updates"]
@@ -171,7 +184,7 @@ async def test_the_rewind_command_undoes_the_last_message_chat_and_files(
     assert rewound["result"]["stopReason"] == "end_turn"
     assert said(rewound).startswith("navi: rewound to before 'write notes'"), said(rewound)
     assert not (tmp_path / "work" / "notes.txt").exists()
-    saved = await messages(tmp_path / "navi.db", new["result"]["sessionId"])
+    saved = await messages(agent.db, new["result"]["sessionId"])
     assert [m["content"] for m in saved] == ["first", "kept"]
 
 
@@ -183,7 +196,7 @@ def touch(marker: Path) -> dict[str, Any]:
 
 
 async def test_permission_requests_answered_allow_reject_and_cancelled(
-    env: dict[str, str], tmp_path: Path
+    agent: SharedAgent, tmp_path: Path
 ) -> None:
     allowed, rejected, cancelled = tmp_path / "allowed", tmp_path / "rejected", tmp_path / "c"
     replies: list[dict[str, Any]] = [
@@ -193,15 +206,14 @@ async def test_permission_requests_answered_allow_reject_and_cancelled(
     ]  # fmt: skip
     steps: list[dict[str, Any]] = [
         {"op": "new"},
+        {"op": "set_mode", "mode": "full"},  # (`navi acp --mode full`: test_acp_acpx)
         {"op": "prompt", "text": "one", "permission": "allow_once"},
         {"op": "prompt", "text": "two", "permission": "reject_once"},
         {"op": "prompt", "text": "three", "permission": "cancelled"},
     ]
-    async with fake_llm(tmp_path, replies) as llm:
-        with trio.fail_after(DEADLINE):
-            _, _, first, second, third = await sdk_client(
-                env, tmp_path, steps, "--mode", "full", llm=llm
-            )
+    with trio.fail_after(DEADLINE):
+        _, _, full, first, second, third = await agent.run(steps, replies)
+    assert "error" not in full, full
     (asked,) = first["permissions"]
     assert [o["kind"] for o in asked["options"]] == [
         "allow_once", "allow_always", "reject_once", "reject_always"
@@ -222,25 +234,24 @@ async def test_permission_requests_answered_allow_reject_and_cancelled(
 
 
 async def test_cancel_mid_stream_answers_cancelled_within_a_second_and_saves_the_partial(
-    env: dict[str, str], tmp_path: Path
+    agent: SharedAgent, tmp_path: Path
 ) -> None:
     replies: list[dict[str, Any]] = [{"text": "partial answer", "stall": True}]
     steps: list[dict[str, Any]] = [
         {"op": "new"},
         {"op": "prompt", "text": "go", "cancel_on": "agent_message_chunk"},
     ]
-    async with fake_llm(tmp_path, replies) as llm:
-        with trio.fail_after(DEADLINE):
-            _, new, prompt = await sdk_client(env, tmp_path, steps, llm=llm)
+    with trio.fail_after(DEADLINE):
+        _, new, prompt = await agent.run(steps, replies)
     assert prompt["result"]["stopReason"] == "cancelled"
     assert prompt["answered_at"] - prompt["cancelled_at"] < 1.0
-    saved = await messages(tmp_path / "navi.db", new["result"]["sessionId"])
+    saved = await messages(agent.db, new["result"]["sessionId"])
     assert [m["role"] for m in saved] == ["user", "assistant"]
     assert saved[1]["content"].startswith("partial")
 
 
 async def test_modes_and_the_profile_go_with_the_next_prompt(
-    env: dict[str, str], tmp_path: Path
+    agent: SharedAgent, tmp_path: Path
 ) -> None:
     write = {
         "name": "filesystem",
@@ -258,31 +269,48 @@ async def test_modes_and_the_profile_go_with_the_next_prompt(
         {"op": "prompt", "text": "write x"},
         {"op": "set_mode", "mode": "sideways"},
     ]
-    async with fake_llm(tmp_path, replies) as llm:
-        with trio.fail_after(DEADLINE):
-            _, new, mode, profile, prompt, bad = await sdk_client(env, tmp_path, steps, llm=llm)
+    with trio.fail_after(DEADLINE):
+        _, new, mode, profile, prompt, bad = await agent.run(steps, replies)
     assert "error" not in mode, mode
     assert profile["result"]["configOptions"][0]["currentValue"] == "coder", profile
     assert not (tmp_path / "work" / "x.txt").exists()
     (failed,) = [u for u in prompt["updates"] if u.get("status") == "failed"]
     assert failed["sessionUpdate"] == "tool_call_update"
     assert bad["error"]["code"] == -32602 and "sideways" in bad["error"]["message"]
-    async with await _store(tmp_path) as store:
+    async with SQLiteStore.open(agent.db) as store:
         row = await store.get_session(new["result"]["sessionId"])
     assert row is not None and row.profile_id == "coder"
 
 
-async def _store(tmp_path: Path) -> Any:
-    from navi_trio.store.sqlite import SQLiteStore
-
-    return SQLiteStore.open(tmp_path / "navi.db")
+async def test_a_test_cut_short_hands_the_next_one_a_fresh_agent(
+    agent: SharedAgent, env: dict[str, str], tmp_path: Path
+) -> None:
+    """The sharing itself: a test that stops mid-scenario (here while the fake LLM holds
+    its reply) leaves the agent in doubt; the next test gets a new one, which answers."""
+    assert agent.loop is not None
+    llm = agent.loop.llm
+    with trio.fail_after(DEADLINE):
+        await trio.to_thread.run_sync(agent.loop.call, llm.hold_after, 0)
+        async with trio.open_nursery() as nursery:
+            steps = [{"op": "new"}, {"op": "prompt", "text": "go"}]
+            nursery.start_soon(agent.run, steps, [{"text": "never seen"}])
+            await trio.to_thread.run_sync(agent.loop.run, llm.wait_held, 1)
+            nursery.cancel_scope.cancel()
+        assert agent.dirty
+        starts = agent.starts
+        await trio.to_thread.run_sync(agent.ready, env, tmp_path / "work")
+        assert agent.starts == starts + 1 and agent.loop.llm is not llm
+        _, _, prompt = await agent.run(
+            [{"op": "new"}, {"op": "prompt", "text": "hi"}], [{"text": "fresh"}]
+        )
+    assert said(prompt) == "fresh"
 
 
 async def test_a_session_loaded_in_a_new_process_replays_its_conversation(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     replies: list[dict[str, Any]] = [{"text": "first answer"}, {"text": "second answer"}]
-    async with fake_llm(tmp_path, replies) as llm:
+    async with fake_llm_here(replies) as llm:
         with trio.fail_after(DEADLINE):
             _, new, _ = await sdk_client(
                 env,
@@ -312,7 +340,7 @@ async def test_a_session_loaded_in_a_new_process_replays_its_conversation(
 
 
 async def test_a_fork_continues_from_the_history_and_resume_reopens_without_replay(
-    env: dict[str, str], tmp_path: Path
+    agent: SharedAgent, tmp_path: Path
 ) -> None:
     replies: list[dict[str, Any]] = [{"text": "first answer"}, {"text": "in the fork"}]
     steps: list[dict[str, Any]] = [
@@ -322,17 +350,16 @@ async def test_a_fork_continues_from_the_history_and_resume_reopens_without_repl
         {"op": "prompt", "text": "question two"},
         {"op": "resume"},
     ]
-    async with fake_llm(tmp_path, replies) as llm:
-        with trio.fail_after(DEADLINE):
-            init, new, _, fork, _, resumed = await sdk_client(env, tmp_path, steps, llm=llm)
+    with trio.fail_after(DEADLINE):
+        init, new, _, fork, _, resumed = await agent.run(steps, replies)
     caps = init["result"]["agentCapabilities"]["sessionCapabilities"]
     assert "fork" in caps and "resume" in caps
     source, forked = new["result"]["sessionId"], fork["result"]["sessionId"]
     assert forked != source and "modes" in fork["result"]
-    assert [m["content"] for m in await messages(tmp_path / "navi.db", source)] == [
+    assert [m["content"] for m in await messages(agent.db, source)] == [
         "question one", "first answer"
     ]  # fmt: skip
-    assert [m["content"] for m in await messages(tmp_path / "navi.db", forked)] == [
+    assert [m["content"] for m in await messages(agent.db, forked)] == [
         "question one", "first answer", "question two", "in the fork"
     ]  # fmt: skip
     assert "error" not in resumed and "modes" in resumed["result"]
@@ -340,7 +367,7 @@ async def test_a_fork_continues_from_the_history_and_resume_reopens_without_repl
 
 
 async def test_bad_input_gets_errors_naming_the_problem_and_the_agent_goes_on(
-    env: dict[str, str], tmp_path: Path
+    agent: SharedAgent, tmp_path: Path
 ) -> None:
     steps: list[dict[str, Any]] = [
         {"op": "raw", "method": "session/teleport", "params": {}},
@@ -371,11 +398,10 @@ async def test_bad_input_gets_errors_naming_the_problem_and_the_agent_goes_on(
             "mcp": [{"name": "broken", "command": "/nonexistent/mcp", "args": [], "env": []}],
         },
     ]
-    async with fake_llm(tmp_path, [{"text": "yes"}]) as llm:
-        with trio.fail_after(DEADLINE):
-            _, unknown, typed, relative, nobody, _, image, big, last, broken = await sdk_client(
-                env, tmp_path, steps, llm=llm
-            )
+    with trio.fail_after(DEADLINE):
+        _, unknown, typed, relative, nobody, _, image, big, last, broken = await agent.run(
+            steps, [{"text": "yes"}]
+        )
     assert unknown["error"]["code"] == -32601 and "session/teleport" in unknown["error"]["message"]
     assert typed["error"]["code"] == -32602 and "cwd" in typed["error"]["message"]
     assert relative["error"]["code"] == -32602 and "absolute" in relative["error"]["message"]
@@ -391,7 +417,7 @@ async def test_bad_input_gets_errors_naming_the_problem_and_the_agent_goes_on(
 async def test_through_a_running_daemon_the_session_is_the_daemons(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    async with fake_llm(tmp_path, [{"text": "from the daemon"}]) as llm:
+    async with fake_llm_here([{"text": "from the daemon"}]) as llm:
         with trio.fail_after(DEADLINE):
             async with serve(env, llm) as daemon:
                 _, new, prompt = await sdk_client(
@@ -407,6 +433,15 @@ async def test_through_a_running_daemon_the_session_is_the_daemons(
     assert f"session {sid}: run started".encode() in daemon_log  # the daemon ran it
     saved = await messages(tmp_path / "navi.db", new["result"]["sessionId"])
     assert [m["content"] for m in saved] == ["hi", "from the daemon"]
+
+
+async def new_user(env: dict[str, str], name: str) -> str:
+    """A user written to the store of `env`, as `navi users add` writes one (that
+    command's own test: test_api_daemon's): their token."""
+    token = new_token()
+    async with SQLiteStore.open(Path(env["NAVI_DB"])) as store:
+        await store.create_user(name, token, "user")
+    return token
 
 
 def set_roots(
@@ -435,10 +470,10 @@ async def test_a_user_s_cwd_outside_their_roots_is_refused_at_session_new(
         {"op": "prompt", "text": "hi"},
         {"op": "set_mode", "mode": "full"},
     ]
-    async with fake_llm(tmp_path, [{"text": "in the root"}]) as llm:
+    async with fake_llm_here([{"text": "in the root"}]) as llm:
         with trio.fail_after(DEADLINE):
             async with serve(env, llm) as daemon:
-                token = await add_user(env, "ann")
+                token = await new_user(env, "ann")
                 _, out, in_data, a_file, new, prompt, full = await sdk_client(
                     env, tmp_path, steps, "--url", daemon.url, "--token", token
                 )
@@ -454,7 +489,7 @@ async def test_a_user_s_cwd_outside_their_roots_is_refused_at_session_new(
     ]  # fmt: skip
     assert said(prompt) == "in the root"
     assert full["error"]["code"] == -32602 and "full" in full["error"]["message"]
-    async with await _store(tmp_path) as store:
+    async with SQLiteStore.open(tmp_path / "navi.db") as store:
         rows = await store.list_sessions(None)
     assert [r.id for r in rows] == [new["result"]["sessionId"]]  # no session for a refusal
 
@@ -475,10 +510,10 @@ async def test_the_editor_sees_the_mode_navi_clamped_to_and_the_profile_the_agen
         {"op": "prompt", "text": "switch"},
         {"op": "prompt", "text": "again"},
     ]
-    async with fake_llm(tmp_path, replies) as llm:
+    async with fake_llm_here(replies) as llm:
         with trio.fail_after(DEADLINE):
             async with serve(env, llm) as daemon:
-                token = await add_user(env, "ann")
+                token = await new_user(env, "ann")
                 _, new, first, second = await sdk_client(
                     env, tmp_path, steps, "--url", daemon.url, "--token", token
                 )
@@ -489,7 +524,7 @@ async def test_the_editor_sees_the_mode_navi_clamped_to_and_the_profile_the_agen
     assert said(first) == "coding now"
     assert second["result"]["stopReason"] == "end_turn"
     assert "config_option_update" not in kinds(second)
-    async with await _store(tmp_path) as store:
+    async with SQLiteStore.open(tmp_path / "navi.db") as store:
         row = await store.get_session(new["result"]["sessionId"])
     assert row is not None and row.profile_id == "coder"  # the next prompt kept it
 
@@ -509,7 +544,7 @@ async def editor_server(transport: str, events: ServerEvents) -> AsyncIterator[d
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_an_mcp_server_of_session_new_runs_here_and_serves_that_session_alone(
-    env: dict[str, str], tmp_path: Path, transport: str
+    agent: SharedAgent, tmp_path: Path, transport: str
 ) -> None:
     echo = {"name": "mcp__editor-demo__echo", "arguments": {"text": "hi"}}
     replies: list[dict[str, Any]] = [
@@ -517,7 +552,7 @@ async def test_an_mcp_server_of_session_new_runs_here_and_serves_that_session_al
         {"tool_calls": [echo]}, {"text": "no such tool"},
     ]  # fmt: skip
     events = ServerEvents()
-    async with fake_llm(tmp_path, replies) as llm, editor_server(transport, events) as demo:
+    async with editor_server(transport, events) as demo:
         steps: list[dict[str, Any]] = [
             {"op": "new", "mcp": [demo]},
             {"op": "prompt", "text": "echo hi", "permission": "allow_once"},
@@ -525,7 +560,7 @@ async def test_an_mcp_server_of_session_new_runs_here_and_serves_that_session_al
             {"op": "prompt", "text": "echo hi here", "permission": "allow_once"},
         ]
         with trio.fail_after(DEADLINE):
-            init, _, with_demo, _, without = await sdk_client(env, tmp_path, steps, llm=llm)
+            init, _, with_demo, _, without = await agent.run(steps, replies)
     assert init["result"]["agentCapabilities"]["mcpCapabilities"]["http"] is True
     (asked,) = with_demo["permissions"]  # an MCP tool asks, as the daemon's own do
     assert asked["toolCall"]["title"] == "mcp__editor-demo__echo"
@@ -553,7 +588,7 @@ async def test_stdin_closed_mid_run_stops_it_and_exits_0(
             "params": {"cwd": str(work), "mcpServers": []},
         },
     ]
-    async with fake_llm(tmp_path, [{"text": "partial answer", "stall": True}]) as llm:
+    async with fake_llm_here([{"text": "partial answer", "stall": True}]) as llm:
         with trio.fail_after(DEADLINE):
             proc = await trio.lowlevel.open_process(
                 [*AGENT, "--llm-url", llm],
@@ -607,7 +642,7 @@ async def test_sigterm_ends_the_agent_as_a_closed_stdin_does(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}
-    async with fake_llm(tmp_path, [{"text": "hi"}]) as llm:
+    async with fake_llm_here([{"text": "hi"}]) as llm:
         with trio.fail_after(DEADLINE):
             proc = await trio.lowlevel.open_process(
                 [*AGENT, "--llm-url", llm], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -620,29 +655,6 @@ async def test_sigterm_ends_the_agent_as_a_closed_stdin_does(
             assert await proc.wait() == 0
             err = await proc.stderr.receive_some(1 << 20)
     assert b"Traceback" not in err and b"error" not in err, err
-
-
-class Lines:
-    """JSON lines off a stream."""
-
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
-        self.stream = stream
-        self.buf = b""
-
-    async def next(self) -> dict[str, Any]:
-        while b"\n" not in self.buf:
-            data = await self.stream.receive_some(65536)
-            assert data, "the agent closed stdout"
-            self.buf += data
-        line, self.buf = self.buf.split(b"\n", 1)
-        message: dict[str, Any] = json.loads(line)
-        return message
-
-    async def until(self, match: Any) -> dict[str, Any]:
-        while True:
-            message = await self.next()
-            if match(message):
-                return message
 
 
 def editor_snippets() -> list[tuple[str, list[str]]]:
@@ -665,7 +677,7 @@ async def test_each_editor_snippet_of_the_docs_starts_an_agent_that_answers(
     snippets = editor_snippets()
     assert len(snippets) == 3
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}
-    async with fake_llm(tmp_path, [{"text": "hi"}]) as llm:
+    async with fake_llm_here([{"text": "hi"}]) as llm:
         for _, argv in snippets:
             assert argv[0] == "navi"  # as the editor starts it, with this venv's navi
             command = [sys.executable, "-m", "navi_trio", *argv[1:], "--llm-url", llm]

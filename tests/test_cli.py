@@ -28,6 +28,7 @@ from navi_trio.errors import ConfigError, LLMConnectionError
 from navi_trio.events import StreamEnd, TextDelta, event_from_dict
 from navi_trio.settings import REPO_ROOT
 from navi_trio.store.sqlite import SQLiteStore
+from navi_trio.testing import open_fake_llm
 from navi_trio.testing.lifeline import watching
 
 pytestmark = pytest.mark.slow  # its tests start processes
@@ -103,6 +104,14 @@ async def fake_llm(tmp_path: Path, replies: Sequence[dict[str, Any]]) -> AsyncIt
             with trio.CancelScope(shield=True), trio.move_on_after(10):
                 await proc.wait()
                 await proc.stdout.aclose()
+
+
+@asynccontextmanager
+async def fake_llm_here(replies: Sequence[dict[str, Any]]) -> AsyncIterator[str]:
+    """The fake LLM of `fake_llm` in the test's own trio loop, no process to start: for a
+    test whose loop stays free while the processes it started ask the LLM."""
+    async with open_fake_llm(replies, loop=True) as server:
+        yield server.url
 
 
 def unused_port() -> int:

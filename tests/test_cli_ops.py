@@ -2,9 +2,9 @@
 stop signals, background jobs, and odd input.
 
 Rules as in tests/test_cli.py: real ``python -m navi_trio`` subprocesses, the fake LLM
-in its own process on 127.0.0.1 (port 0), the DB under tmp_path, an absolute deadline
-on every test, no sleeps: the tests wait for markers on the CLI's output, read PIDs
-from FIFOs the tool's shell writes, and observe deaths through pidfds.
+on 127.0.0.1 (port 0) in the test's own trio loop, the DB under tmp_path, an absolute
+deadline on every test, no sleeps: the tests wait for markers on the CLI's output, read
+PIDs from FIFOs the tool's shell writes, and observe deaths through pidfds.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from test_cli import (
     DEADLINE,
     _one_error_line,
     _read_until,
-    fake_llm,
+    fake_llm_here,
     messages,
     navi,
 )
@@ -119,7 +119,7 @@ async def test_runs_of_different_sessions_in_parallel_processes_all_succeed(
 ) -> None:
     count = 6
     results: dict[str, Any] = {}
-    async with fake_llm(tmp_path, [{"text": ANSWER}]) as url:
+    async with fake_llm_here([{"text": ANSWER}]) as url:
 
         async def one(sid: str) -> None:
             results[sid] = await navi("run", "--session", sid, "--llm-url", url, "hi",
@@ -141,7 +141,7 @@ async def test_a_second_process_on_a_running_session_is_told_it_is_busy(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     replies: list[dict[str, Any]] = [{"text": "partial answer", "stall": True}, {"text": ANSWER}]
-    async with fake_llm(tmp_path, replies) as url:
+    async with fake_llm_here(replies) as url:
         first = await start_navi("run", "--session", "s-busy", "--llm-url", url, "hi",
                                  env=env, cwd=tmp_path)  # fmt: skip
         assert first.stdout is not None
@@ -172,7 +172,7 @@ async def test_a_crashed_owner_does_not_block_its_session(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     replies: list[dict[str, Any]] = [{"text": "partial answer", "stall": True}, {"text": ANSWER}]
-    async with fake_llm(tmp_path, replies) as url:
+    async with fake_llm_here(replies) as url:
         first = await start_navi("run", "--session", "s-crash", "--llm-url", url, "hi",
                                  env=env, cwd=tmp_path)  # fmt: skip
         assert first.stdout is not None
@@ -205,7 +205,7 @@ async def test_a_stop_signal_kills_the_tools_processes_and_saves_the_stopped_tur
         {"text": "Running it.", "tool_calls": [{"name": "terminal", "arguments": call}]},
         {"text": "never asked"},
     ]
-    async with fake_llm(tmp_path, replies) as url:
+    async with fake_llm_here(replies) as url:
         proc = await start_navi("run", "--session", "s-sig", "--llm-url", url, *FULL_ARGS, "go",
                                 env=env, cwd=tmp_path)  # fmt: skip
         try:
@@ -234,7 +234,7 @@ async def test_sighup_after_the_terminal_is_gone_still_stops_cleanly(
 ) -> None:
     # A hang-up usually means the terminal went away: writing the rest of the answer
     # fails. The run must still stop cleanly, save the partial answer and exit 129.
-    async with fake_llm(tmp_path, [{"text": "partial answer", "stall": True}]) as url:
+    async with fake_llm_here([{"text": "partial answer", "stall": True}]) as url:
         proc = await start_navi("run", "--session", "s-hup", "--llm-url", url, "hi",
                                 env=env, cwd=tmp_path)  # fmt: skip
         assert proc.stdout is not None and proc.stderr is not None
@@ -269,7 +269,7 @@ async def test_run_waits_for_its_background_task_and_keeps_its_note(
     go = tmp_path / "go"
     os.mkfifo(go)
     replies = [background_call(f"read x < {go}; echo bg-result-$x"), {"text": "Started it."}]
-    async with fake_llm(tmp_path, replies) as url:
+    async with fake_llm_here(replies) as url:
         proc = await start_navi("run", "--session", "s-bg", "--llm-url", url, "go",
                                 env=env, cwd=tmp_path)  # fmt: skip
         assert proc.stderr is not None
@@ -301,7 +301,7 @@ async def test_a_stop_signal_while_waiting_cancels_the_background_tasks(
     fifo = tmp_path / "pids"
     os.mkfifo(fifo)
     replies = [background_call(spawner(fifo)), {"text": "Started it."}]
-    async with fake_llm(tmp_path, replies) as url:
+    async with fake_llm_here(replies) as url:
         proc = await start_navi("run", "--session", "s-bgc", "--llm-url", url, *FULL_ARGS, "go",
                                 env=env, cwd=tmp_path)  # fmt: skip
         assert proc.stderr is not None
@@ -366,7 +366,7 @@ def test_an_unusable_llm_url_is_refused_naming_it(given: str) -> None:
 
 
 async def test_a_bare_ollama_host_reaches_the_server(env: dict[str, str], tmp_path: Path) -> None:
-    async with fake_llm(tmp_path, [{"text": ANSWER}]) as url:
+    async with fake_llm_here([{"text": ANSWER}]) as url:
         bare = url.removeprefix("http://")
         done = await navi("run", "hi", env={**env, "OLLAMA_HOST": bare}, cwd=tmp_path)
     assert done.code == 0 and done.out == ANSWER + "\n", done

@@ -1,7 +1,7 @@
 """`navi mcp serve` driven by the MCP SDK's own stdio client (issue 13, the server half).
 
 The client spawns ``python -m navi_trio mcp serve`` with its environment pointing at the
-fake LLM (its own process) and a private DB and data dir; through a daemon, a real
+fake LLM (in the test's own trio loop) and a private DB and data dir; through a daemon, a real
 `navi serve` on port 0 runs the turns. What a test asserts comes from the protocol (tool
 lists, results, progress notifications) and from the store the runs saved to.
 
@@ -31,7 +31,7 @@ from mcp.client.session import ClientRequestContext, ElicitationFnT
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult, ElicitRequestParams, ElicitResult
 from test_api_daemon import serve
-from test_cli import fake_llm, messages, unused_port
+from test_cli import fake_llm_here, messages, unused_port
 
 from navi_trio.cli.mcp_ask import LINE_MAX, ProgressPump
 from navi_trio.store.sqlite import SQLiteStore
@@ -127,7 +127,7 @@ async def test_the_tools_are_ask_and_sessions_with_their_schemas(
 async def test_ask_answers_with_progress_and_the_session_id_continues_it(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    async with fake_llm(tmp_path, [{"text": ANSWER}, {"text": "Second answer"}]) as llm:
+    async with fake_llm_here([{"text": ANSWER}, {"text": "Second answer"}]) as llm:
         env = {**env, "OLLAMA_HOST": llm}
         with trio.fail_after(DEADLINE):
             async with mcp_serve(env, tmp_path) as client:
@@ -158,7 +158,7 @@ async def test_a_tool_call_shows_in_progress_and_stdout_carries_only_json_rpc(
     # makes navi log every run, which must all go to stderr.
     wire = tmp_path / "stdout.log"
     serve_cmd = f"{sys.executable} -m navi_trio mcp serve | tee {wire}"
-    async with fake_llm(tmp_path, [TOOL_CALL, {"text": ANSWER}]) as llm:
+    async with fake_llm_here([TOOL_CALL, {"text": ANSWER}]) as llm:
         env = {**env, "OLLAMA_HOST": llm, "NAVI_DEBUG": "1"}
         with trio.fail_after(DEADLINE):
             async with mcp_serve(env, tmp_path, command=["sh", "-c", serve_cmd]) as client:
@@ -181,7 +181,7 @@ async def test_a_call_that_needs_approval_is_denied_with_a_note(
         {"text": "", "tool_calls": [call]},
         {"text": "It was denied, so I stop."},
     ]
-    async with fake_llm(tmp_path, replies) as llm:
+    async with fake_llm_here(replies) as llm:
         env = {**env, "OLLAMA_HOST": llm}
         with trio.fail_after(DEADLINE):
             async with mcp_serve(env, tmp_path, "--mode", "full") as client:
@@ -234,7 +234,7 @@ async def _ask_elicited(
 ) -> CallToolResult:
     """One ask in `full` mode by a client with `elicitor`; by default on the initialize
     handshake's protocol versions, where a server may ask its client during a call."""
-    async with fake_llm(tmp_path, replies) as llm:
+    async with fake_llm_here(replies) as llm:
         env = {**env, "OLLAMA_HOST": llm}
         with trio.fail_after(DEADLINE):
             async with mcp_serve(
@@ -307,7 +307,7 @@ async def test_two_asks_at_once_in_one_session_each_get_their_own_answer(
         {"text": "Answer one", "delay_chunk": 0.2},
         {"text": "Answer two"},
     ]
-    async with fake_llm(tmp_path, replies) as llm:
+    async with fake_llm_here(replies) as llm:
         env = {**env, "OLLAMA_HOST": llm}
         with trio.fail_after(DEADLINE):
             async with mcp_serve(env, tmp_path) as client:
@@ -354,7 +354,7 @@ async def test_cancelling_an_ask_stops_the_run_and_saves_the_stopped_turn(
         {"text": "partial answer", "stall": True},
         {"text": "continued"},
     ]
-    async with fake_llm(tmp_path, replies) as llm:
+    async with fake_llm_here(replies) as llm:
         env = {**env, "OLLAMA_HOST": llm}
         with trio.fail_after(DEADLINE):
             async with mcp_serve(env, tmp_path) as client:
@@ -376,7 +376,7 @@ async def test_sigterm_mid_ask_saves_the_stopped_turn_and_ends_the_server(
 ) -> None:
     pid_file = tmp_path / "pid"
     serve_cmd = f"echo $$ > {pid_file}; exec {sys.executable} -m navi_trio mcp serve"
-    async with fake_llm(tmp_path, [{"text": "partial answer", "stall": True}]) as llm:
+    async with fake_llm_here([{"text": "partial answer", "stall": True}]) as llm:
         env = {**env, "OLLAMA_HOST": llm}
         with trio.fail_after(DEADLINE):
             async with mcp_serve(env, tmp_path, command=["sh", "-c", serve_cmd]) as client:
@@ -407,7 +407,7 @@ async def test_through_a_running_daemon_ask_deny_sessions_and_cancel(
     touch = {"name": "terminal", "arguments": {"action": "run", "command": f"touch {marker}"}}
     replies: list[dict[str, Any]] = [{"text": "", "tool_calls": [touch]}, {"text": ANSWER},
                {"text": "partial answer", "stall": True}, {"text": "continued"}]  # fmt: skip
-    async with fake_llm(tmp_path, replies) as llm:
+    async with fake_llm_here(replies) as llm:
         with trio.fail_after(DEADLINE):
             async with serve(env, llm) as daemon:
                 daemon_log = b""
