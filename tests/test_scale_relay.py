@@ -16,10 +16,14 @@ from typing import Any
 
 import pytest
 import trio
+from api_ws import Client
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from test_broadcast_relay import drained
+from trio_websocket import open_websocket_url
 
+from navi_trio.api.auth import new_token
+from navi_trio.api.server import ApiServer
 from navi_trio.core.session import Frame
 from navi_trio.core.turn import UserMessage
 from navi_trio.runtime import Runtime, open_runtime
@@ -106,3 +110,60 @@ async def test_the_owners_end_reaches_a_daemon_whose_run_hands_its_message_over_
     assert ends == ["stopped", "complete"], [(f["type"], f.get("reason")) for f in got]
     texts = [f["text"] for f in got if f["type"] == "text_delta"]
     assert "".join(texts).endswith("two answered"), texts
+
+
+async def test_a_stop_sent_while_this_daemon_hands_its_message_over_stops_the_owners_turn(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """B runs the session; a message sent on A is handed to B. A stop a client sends to A
+    meanwhile is for the session's running turn, which is B's: it is asked there and B's
+    turn stops (before, A's run said "stopped" and B's turn went on). The handed message
+    then runs on B, as a queued message does after a stop."""
+    replies: list[dict[str, Any]] = [{"text": "one", "stall": True}, {"text": "two answered"}]
+    with trio.fail_after(TIMEOUT):
+        async with daemon(tmp_path / "a", pg_url, []) as a, trio.open_nursery() as nursery:
+            assert a.cluster is not None
+            token = new_token()
+            alice = await a.store.create_user("alice", token)
+            server = ApiServer(a, host="127.0.0.1", port=0)
+            port = await nursery.start(server.run)
+            async with daemon(tmp_path / "b", pg_url, replies) as b:
+                await b.store.create_session("s1", profile_id="general", user_id=alice["id"])
+                b_actor = await b.sessions.get("s1")
+                on_b = b_actor.subscribe()
+                b_actor.send_message(UserMessage("one", user_id=alice["id"]))
+                async for frame in on_b.frames:
+                    if frame["type"] == "text_delta":
+                        break  # B holds the lease
+                handing, stop_answered = trio.Event(), trio.Event()
+                release = a.store.release_queued
+
+                async def after_the_stop(*args: Any, **kwargs: Any) -> int:
+                    handing.set()
+                    await stop_answered.wait()  # the stop arrives while A hands over
+                    return await release(*args, **kwargs)
+
+                a.store.release_queued = after_the_stop  # type: ignore[method-assign]
+                actor = await a.sessions.get("s1")
+                msg = UserMessage("two", user_id=alice["id"])
+                actor.send_message(msg)
+                await handing.wait()
+                assert actor.busy and actor.handing_over
+                async with open_websocket_url(f"ws://127.0.0.1:{port}/") as ws:
+                    c = Client(ws)
+                    await c.send({"type": "hello", "token": token})
+                    assert (await c.next())["type"] == "welcome"
+                    answer = await c.request({"type": "stop", "session_id": "s1"})
+                stop_answered.set()
+                assert answer["stopped"] is True, answer
+                ends = []
+                with trio.move_on_after(20):  # (only a failure waits: B's stalled turn)
+                    async for frame in on_b.frames:
+                        if frame["type"] == "stream_end":
+                            ends.append(frame["reason"])
+                            if len(ends) == 2:
+                                break
+                await actor.idle.wait()
+                assert msg.accepted.queued
+            nursery.cancel_scope.cancel()
+    assert ends == ["stopped", "complete"], ends

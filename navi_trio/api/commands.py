@@ -211,8 +211,9 @@ class Commands:
         return actor
 
     async def _owner_elsewhere(self, session_id: str, actor: SessionActor | None) -> str | None:
-        """The other daemon running the session now (never when it runs here)."""
-        if self.rt.cluster is None or (actor is not None and actor.busy):
+        """The other daemon running the session now (never when it runs here: a busy actor
+        runs it, unless its run only hands a message to the daemon that does)."""
+        if self.rt.cluster is None or (actor is not None and actor.busy and not actor.handing_over):
             return None
         return await self.rt.cluster.owner_elsewhere(session_id)
 

@@ -177,6 +177,8 @@ class SessionActor:
         # steered ones the turn never took in): they run before what waits here.
         self._jumped: set[str | None] = set()
         self.busy = False
+        # A run here found the session run by another daemon and hands its message there.
+        self.handing_over = False
         self.idle = trio.Event()
         self.idle.set()
         self._stop_asked: float | None = None  # when a stop of the running turn was asked
@@ -323,8 +325,10 @@ class SessionActor:
             self._control.stop()
 
     def stop(self) -> bool:
-        """Stop the running turn (queued messages stay queued). False when idle."""
-        if self._control is None:
+        """Stop the running turn (queued messages stay queued). False when idle, and while
+        this daemon's run hands its message to the daemon that runs the session: the turn
+        to stop is that daemon's (`handing_over`; the API asks it there)."""
+        if self._control is None or self.handing_over:
             return False
         if self._stop_asked is None:
             self._stop_asked = trio.current_time()
@@ -675,20 +679,23 @@ class SessionActor:
         to hand it to (it is refused then)."""
         if self._hand_over is None or self._nursery is None:
             return False
-        msg.accepted.queued = True
-        queued = self.queue.keep(self._nursery, msg, self._stored)
-        await self.queue.written(queued)
-        if queued.accepted.failed or queued.queue_key is None:
-            return True  # refused: its sender has the write's error
+        self.handing_over = True
         try:
-            await self._hand_over(self.session_id, [queued.queue_key])
-        except NaviError:  # nobody else runs it now, or the store did not answer
-            # The daemon that took it may have died mid-turn: its turn ends first.
-            self.dead_turn_checked = self._dead_turn is None
-            self.pending.appendleft(queued)
-            self._say_queued(queued, 0)  # runs next, here (this run says nothing)
+            msg.accepted.queued = True
+            queued = self.queue.keep(self._nursery, msg, self._stored)
+            await self.queue.written(queued)
+            if queued.accepted.failed or queued.queue_key is None:
+                return True  # refused: its sender has the write's error
+            try:
+                await self._hand_over(self.session_id, [queued.queue_key])
+            except NaviError:  # nobody else runs it now, or the store did not answer
+                # The daemon that took it may have died mid-turn: its turn ends first.
+                self.dead_turn_checked = self._dead_turn is None
+                self.pending.appendleft(queued)
+                self._say_queued(queued, 0)  # runs next, here (this run says nothing)
             return True
-        return True
+        finally:
+            self.handing_over = False
 
     def _surely_publishes(self, msg: UserMessage, control: RunControl) -> bool | None:
         """Whether this event of the run goes out: not once another daemon took the session over
@@ -734,16 +741,24 @@ class SessionActor:
         if self._hand_over is None:
             return False
         handed = [msg, *self.pending]
-        for queued in handed:
-            await self.queue.written(queued)  # each row is in before it is handed on
-        keys = [m.queue_key for m in handed if m.queue_key is not None and not m.accepted.failed]
+        self.handing_over = True
         try:
-            await self._hand_over(self.session_id, keys)
-        except NaviError as exc:
-            log.warning(
-                "session %s: leaving its queue to its new owner failed: %s", self.session_id, exc
-            )
-            return False
+            for queued in handed:
+                await self.queue.written(queued)  # each row is in before it is handed on
+            keys = [
+                m.queue_key for m in handed if m.queue_key is not None and not m.accepted.failed
+            ]
+            try:
+                await self._hand_over(self.session_id, keys)
+            except NaviError as exc:
+                log.warning(
+                    "session %s: leaving its queue to its new owner failed: %s",
+                    self.session_id,
+                    exc,
+                )
+                return False
+        finally:
+            self.handing_over = False
         gone = {id(m) for m in handed}
         self.pending = collections.deque(m for m in self.pending if id(m) not in gone)
         log.info(
