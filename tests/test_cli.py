@@ -74,8 +74,17 @@ async def _read_until(stream: trio.abc.ReceiveStream, marker: bytes) -> bytes:
 
 
 @asynccontextmanager
-async def fake_llm(tmp_path: Path, replies: Sequence[dict[str, Any]]) -> AsyncIterator[str]:
-    """The fake LLM server in its own process; yields its base URL."""
+async def fake_llm(
+    tmp_path: Path, replies: Sequence[dict[str, Any]], *, process: bool = False
+) -> AsyncIterator[str]:
+    """The fake LLM server, cycling through `replies`; yields its base URL. In the test's
+    own trio loop (`fake_llm_here`: no process to start, the test awaits the processes
+    that ask it), or with `process` in its own, as `python -m navi_trio.testing.fake_llm`
+    runs it."""
+    if not process:
+        async with fake_llm_here(replies) as url:
+            yield url
+        return
     script = tmp_path / "script.json"
     script.write_text(json.dumps(list(replies)), encoding="utf-8")
     proc = await trio.lowlevel.open_process(
@@ -259,7 +268,8 @@ async def test_doctor_against_the_fake_llm_lists_its_models(
 async def test_run_prints_the_answer_and_a_new_session_id(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    async with fake_llm(tmp_path, [{"text": ANSWER}]) as url:
+    # The fake LLM as its own process here, as the docs run it (the others: in the loop).
+    async with fake_llm(tmp_path, [{"text": ANSWER}], process=True) as url:
         done = await navi("run", "--llm-url", url, "hi", env=env, cwd=tmp_path)
         piped = await navi("run", "--llm-url", url, "-", env=env, cwd=tmp_path, stdin=b"hello")
     assert done.code == 0, done
