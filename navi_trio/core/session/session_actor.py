@@ -21,8 +21,8 @@ from __future__ import annotations
 import collections
 import logging
 import math
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
@@ -399,8 +399,9 @@ class SessionActor:
         its turn from it alone (``session_busy``), not a second time from the new owner
         (who ends the turn too): the new owner's next frames come after, as a resync."""
         control = self._control
-        lease = control.lease if control is not None else None
-        return lease is not None and control is not None and (control.fenced or not lease.released)
+        if control is None or control.lease is None:
+            return False
+        return control.fenced or not control.lease.released
 
     async def take_over(self) -> None:
         """End the turn a dead daemon left running here, unless something of the session runs
@@ -679,8 +680,7 @@ class SessionActor:
         to hand it to (it is refused then)."""
         if self._hand_over is None or self._nursery is None:
             return False
-        self.handing_over = True
-        try:
+        with self._handing():
             msg.accepted.queued = True
             queued = self.queue.keep(self._nursery, msg, self._stored)
             await self.queue.written(queued)
@@ -694,6 +694,14 @@ class SessionActor:
                 self.pending.appendleft(queued)
                 self._say_queued(queued, 0)  # runs next, here (this run says nothing)
             return True
+
+    @contextmanager
+    def _handing(self) -> Iterator[None]:
+        """While a run here hands messages to the daemon that runs the session
+        (`handing_over`: a stop is for that daemon's turn)."""
+        self.handing_over = True
+        try:
+            yield
         finally:
             self.handing_over = False
 
@@ -741,8 +749,7 @@ class SessionActor:
         if self._hand_over is None:
             return False
         handed = [msg, *self.pending]
-        self.handing_over = True
-        try:
+        with self._handing():
             for queued in handed:
                 await self.queue.written(queued)  # each row is in before it is handed on
             keys = [
@@ -757,8 +764,6 @@ class SessionActor:
                     exc,
                 )
                 return False
-        finally:
-            self.handing_over = False
         gone = {id(m) for m in handed}
         self.pending = collections.deque(m for m in self.pending if id(m) not in gone)
         log.info(
