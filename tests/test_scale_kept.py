@@ -225,9 +225,11 @@ async def test_a_kept_turn_another_daemon_ended_is_not_run_again_by_its_daemon(
                     # B ends m1's turn once A's lease and daemon row ran out (its scan,
                     # every half TTL). Not before m2 comes: a message that arrives while
                     # the turn is being ended waits behind that (queued). Its end is
-                    # said as B's session goes idle again.
+                    # said while B still holds the lease it took: m2 goes once B's
+                    # session is idle again.
                     died = await on_b.until_type("error", code="daemon_died", session_id=sid)
                     assert died["message"] == DEAD_TURN, died
+                    await on_b.idle(sid)
                     ok = await say(on_b, sid, "m2")
                     assert (ok["type"], ok["queued"]) == ("ok", False), ok
                     end = await on_b.until(

@@ -16,7 +16,9 @@ one daemon and no Cluster. docs/pages/scaling.md describes the whole; the rules 
 - A daemon with clients on a session it does not run follows it (a ``follows`` row and a
   LISTEN on ``ns_…``). The owner publishes those frames in batches, each carrying the
   run's lease fence, checked in the statement that notifies: a run taken over reaches
-  no other daemon's clients. A break in the seqs or another epoch is a ``resync``.
+  no other daemon's clients. A lease is let go only once the frames published so far
+  are sent (`sent`): none goes out after another daemon claimed the session. A break in
+  the seqs or another epoch is a ``resync``.
 - While the listener is down, what needs it is refused (``storage``); once back, every
   followed session is told ``resync`` and the failover scan runs at once.
 - Failover: a lease is live while unexpired and, on this machine, its pid lives (watched
@@ -120,6 +122,13 @@ class Cluster:
         # started at once take their turns, one round trip after another, for 30 s).
         self._follow_locks: dict[str, trio.Lock] = {}
         self._out_send, self._out_recv = trio.open_memory_channel[Outgoing](INBOX_MAX)
+        # Frames put in the outbox, and those of them the publisher is done with (sent or
+        # dropped): a lease is released only once its hold's frames are out (`sent`).
+        self._queued = 0
+        self._done = 0
+        self._done_news = trio.Event()
+        self._publishing = False
+        leases.before_release = self.sent
         self._in_send, self._in_recv = trio.open_memory_channel[tuple[str, str]](INBOX_MAX)
         self._nursery: trio.Nursery | None = None
         # Told of each committed change of the users table (core/session/user_watch.py).
@@ -441,25 +450,46 @@ class Cluster:
                 fence = actor.frame_fence() if actor is not None else None
                 try:
                     self._out_send.send_nowait((session_channel(session_id), payload, fence))
+                    self._queued += 1
                 except trio.WouldBlock:
                     self.dropped += 1  # the followers see a gap: a resync
             return frame
 
         return encode_and_publish
 
+    async def sent(self) -> None:
+        """Until the frames published so far are through the bus (or dropped): before a
+        lease's release, so that a frame of its hold is never sent after another daemon
+        claimed the session (its fence would refuse it there, or that daemon's run would
+        take it for a replaced owner's late frame)."""
+        target = self._queued
+        while self._publishing and self._done < target:
+            await self._done_news.wait()
+
     async def _publisher(self) -> None:
-        async for first in self._out_recv:
-            batch = [first]
-            while len(batch) < BATCH_MAX:
+        self._publishing = True
+        try:
+            async for first in self._out_recv:
+                batch = [first]
+                while len(batch) < BATCH_MAX:
+                    try:
+                        batch.append(self._out_recv.receive_nowait())
+                    except trio.WouldBlock:
+                        break
                 try:
-                    batch.append(self._out_recv.receive_nowait())
-                except trio.WouldBlock:
-                    break
-            try:
-                await self.bus.notify([(c, p) for c, p, _ in batch], [f for _, _, f in batch])
-            except StoreError as exc:
-                self.dropped += len(batch)
-                log.warning("publishing %d frame(s) failed: %s", len(batch), exc)
+                    await self.bus.notify([(c, p) for c, p, _ in batch], [f for _, _, f in batch])
+                except StoreError as exc:
+                    self.dropped += len(batch)
+                    log.warning("publishing %d frame(s) failed: %s", len(batch), exc)
+                self._done += len(batch)
+                self._tell_done()
+        finally:
+            self._publishing = False
+            self._tell_done()
+
+    def _tell_done(self) -> None:
+        news, self._done_news = self._done_news, trio.Event()
+        news.set()
 
     def _received(self, channel: str, payload: str) -> None:
         """From the bus's thread (through the trio token): queue it for the handler."""

@@ -251,9 +251,17 @@ class Rewinder:
         return Scope(conflicts=target.conflicts, roots=roots), left_out
 
     async def apply(
-        self, session_id: str, target: Target, confirm: str, asker: Asker | None = None
+        self,
+        session_id: str,
+        target: Target,
+        confirm: str,
+        asker: Asker | None = None,
+        *,
+        publish: Callable[[Rewound], None] | None = None,
     ) -> Rewound:
-        """Do what the preview with token `confirm` showed; the `rewound` event."""
+        """Do what the preview with token `confirm` showed; the `rewound` event, given to
+        `publish` while the lease is still held (a daemon that runs the session next has
+        it before its run)."""
         digest, _, files_token = confirm.partition(".")
         running = self.jobs(session_id)
         if running:
@@ -282,7 +290,10 @@ class Rewinder:
                     )
             undo = await self._save(session_id, target, plan, restored)
             self.forget(session_id)
-        return _event(target, plan, restored, undo)
+            event = _event(target, plan, restored, undo)
+            if publish is not None:
+                publish(event)
+        return event
 
     async def _save(
         self, session_id: str, target: Target, plan: _Plan, restored: Restored | None

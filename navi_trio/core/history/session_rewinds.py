@@ -3,9 +3,9 @@
 `SessionRewinds` runs the rewinder and the forker in the session actor's exclusive
 section, so nothing else of the session runs meanwhile (a message sent then is queued
 and runs on what the rewind left), and tells the session's subscribers: ``rewound`` then
-``resync`` (the history they show is gone), or ``forked``. Who may do it is the caller's
-check; which folders it may touch is checked here, against the asker (`Asker`) as they
-are now.
+``resync`` (the history they show is gone), while the rewind still holds the session's
+lease, or ``forked``. Who may do it is the caller's check; which folders it may touch is
+checked here, against the asker (`Asker`) as they are now.
 """
 
 from __future__ import annotations
@@ -104,15 +104,16 @@ class SessionRewinds:
     ) -> Rewound:
         actor = await self.sessions.get(session_id)
 
+        def publish(event: Rewound) -> None:
+            actor.publish(event)
+            if event.messages_removed or event.messages_restored or target.chat:
+                actor.resync()
+
         async def work() -> Rewound:
             await self.checkpoints.wait_pruned()
-            return await self.rewinder.apply(session_id, target, confirm, asker)
+            return await self.rewinder.apply(session_id, target, confirm, asker, publish=publish)
 
-        event = await actor.exclusive(work)
-        actor.publish(event)
-        if event.messages_removed or event.messages_restored or target.chat:
-            actor.resync()
-        return event
+        return await actor.exclusive(work)
 
     async def fork(
         self,

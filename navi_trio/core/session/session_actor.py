@@ -84,9 +84,9 @@ class RunStream(Protocol):
     ) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[AgentEvent]]: ...
 
 
-# `Agent.end_dead_turn`: (session_id, the generation of the lease taken over) -> the events
-# that end its turn (none when another runtime ended it, or it was not dead).
-EndDeadTurn = Callable[[str, int], Awaitable[list[AgentEvent]]]
+# `Agent.end_dead_turn`: (session_id, the generation of the lease taken over, publish) ->
+# whether it ended a turn; the events that end it are published under the lease.
+EndDeadTurn = Callable[[str, int, Callable[[list[AgentEvent]], None]], Awaitable[bool]]
 # The cluster's take-over of a lease a dead owner left: its new generation, else None.
 DeadTurn = Callable[[str], Awaitable["int | None"]]
 # `Agent.compact_stream`: a forced compaction's events.
@@ -416,17 +416,22 @@ class SessionActor:
         assert self._dead_turn is not None
         try:
             generation = await self._dead_turn(self.session_id)
-            events = []
             if generation is not None:
-                events = await self.parts.end_dead_turn(self.session_id, generation)
+                await self.parts.end_dead_turn(self.session_id, generation, self._say_dead_end)
         except NaviError as exc:
             log.warning("session %s: ending a dead daemon's turn failed: %s", self.session_id, exc)
             return
         self.dead_turn_checked = True
-        said = self._end_said  # the dead turn's end is not the running run's
+
+    def _say_dead_end(self, events: list[AgentEvent]) -> None:
+        """The end of a dead daemon's turn, published while its lease is held here (a daemon
+        that claims it next hears it before its run). Before a run here it is not that
+        run's end; on its own it is the end a message queued now no longer waits for."""
+        said = self._end_said
         for event in events:
             self.publish(event)
-        self._end_said = said
+        if self._control is not None:
+            self._end_said = said
 
     async def adopt_handed(self) -> int:
         """Take the session's queued rows nobody else runs (handed over by another

@@ -129,6 +129,9 @@ class SessionLeases:
         self.host = socket.gethostname() or "localhost"
         self.owner = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:12]}"
         self._holds: dict[str, _Holds] = {}  # session id -> its holds in this runtime
+        # Awaited before a lease is released (the cluster: until the frames published
+        # so far are on its bus, so the daemon that claims the lease next has them).
+        self.before_release: Callable[[], Awaitable[None]] | None = None
 
     @asynccontextmanager
     async def hold(self, session_id: str) -> AsyncIterator[HeldLease]:
@@ -256,6 +259,9 @@ class SessionLeases:
             return
 
     async def _release(self, session_id: str) -> None:
+        if self.before_release is not None:
+            with trio.move_on_after(RELEASE_DEADLINE_SEC, shield=True):
+                await self.before_release()
         with trio.move_on_after(RELEASE_DEADLINE_SEC, shield=True):
             try:
                 await self._store.release_lease(session_id, owner=self.owner)
