@@ -7,6 +7,7 @@ so concurrent read-modify-write sequences really interleave.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -46,11 +47,18 @@ class Recorder:
                 out.extend(d["text"].split("\n"))
         return out
 
-    async def wait_lines(self, prefix: str, count: int) -> list[str]:
-        """Wait until `count` output lines start with `prefix`; return them."""
-        while len(found := [ln for ln in self.lines() if ln.startswith(prefix)]) < count:
-            await self._changed.wait()
-        return found
+    async def wait_lines(self, prefix: str, count: int, within: float = math.inf) -> list[str]:
+        """Wait until `count` output lines start with `prefix`; return them. Fails after
+        `within` seconds naming the lines that did come: a line split or garbled on its
+        way shows there, where a bare timeout says nothing."""
+        with trio.move_on_after(within):
+            while len(found := [ln for ln in self.lines() if ln.startswith(prefix)]) < count:
+                await self._changed.wait()
+            return found
+        raise AssertionError(
+            f"{count} lines starting {prefix!r} did not come within {within:g} s; "
+            f"the output lines were {self.lines()!r}"
+        )
 
 
 T = TypeVar("T")

@@ -96,19 +96,23 @@ async def test_missing_or_bad_arguments_name_the_argument(tmp_path: Path) -> Non
 async def test_cancel_kills_every_process_the_code_started(tmp_path: Path) -> None:
     rec = Recorder()
     ctx = make_ctx(tmp_path, recorder=rec)
+    # The sh child prints while the snippet does: each line goes out in one write. A
+    # print() under `python -u` is several (b"pid", b" ", b"4100", b"\n"), and the
+    # child's line landing between them left "pidpid 4101" and " 4100": 2 of 4 lines.
     code = (
         "import os, subprocess, time\n"
-        "print('pid', os.getpid())\n"
+        "def say(pid): os.write(1, f'pid {pid}\\n'.encode())\n"
+        "say(os.getpid())\n"
         "kid = subprocess.Popen(['sleep', '300'])\n"
-        "print('pid', kid.pid)\n"
+        "say(kid.pid)\n"
         "sh = subprocess.Popen(['sh', '-c', 'sleep 300 & echo pid $!; wait'])\n"
-        "print('pid', sh.pid)\n"
+        "say(sh.pid)\n"
         "time.sleep(300)\n"
     )
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(CodeExecTool().execute, {"code": code}, ctx)
-            pids = pids_in(await rec.wait_lines("pid ", 4))
+            pids = pids_in(await rec.wait_lines("pid ", 4, within=15))
             watch = PidWatch(pids)
             assert not any(is_gone(p) for p in pids)
             nursery.cancel_scope.cancel()
