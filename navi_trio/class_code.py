@@ -64,8 +64,8 @@ def _read(path: Path) -> dict[bytes, CodeType]:
         st = os.fstat(f.fileno())
         if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
             return {}
-        try:
-            data = marshal.load(f)
+        try:  # whole: marshal.load(f) reads a file object in small pieces, ~4x the CPU
+            data = marshal.loads(f.read())
         except (EOFError, ValueError, TypeError):
             return {}
     if not isinstance(data, dict):
