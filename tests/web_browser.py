@@ -12,7 +12,7 @@ A module whose tests need no fresh process shares one daemon and fake LLM among 
 (`shared_site`): each test gets a new admin user of its own and a fake LLM with no
 script, and a test that leaves a run going hands the next one a fresh daemon.
 
-Screenshots of each state go to tests/artifacts/ (ignored by git).
+With NAVI_TEST_SHOTS=1, screenshots of each state go to tests/artifacts/ (ignored by git).
 """
 
 from __future__ import annotations
@@ -76,8 +76,11 @@ MISSING = _missing()
 needs_browser = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
 
 
-def shot(page: Any, name: str) -> Path:
-    """A screenshot of the page's state, kept as a test artifact."""
+def shot(page: Any, name: str) -> Path | None:
+    """A screenshot of the page's state, kept as a test artifact when NAVI_TEST_SHOTS is
+    set (0.1 to 0.3 s each, 45 of them: no test reads them)."""
+    if not os.environ.get("NAVI_TEST_SHOTS"):
+        return None
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path))
