@@ -522,7 +522,12 @@ def sharing(
 
 @pytest.fixture
 def shared_site(shared: Shared, browser: Any) -> Iterator[Site]:
-    """A `Site` on the module's daemon: a new admin user of the test's own (its sessions
+    """A `Site` on the module's daemon (`on_shared`)."""
+    yield from on_shared(shared, browser)
+
+
+def on_shared(shared: Shared, browser: Any) -> Iterator[Site]:
+    """A `Site` on a shared daemon: a new admin user of the test's own (its sessions
     are its own), the fake LLM forgotten (`Loop.forget`), a fresh browser context per
     page. A daemon with a run still going at the end is stopped, so that run cannot take
     the next test's replies."""
