@@ -8,6 +8,8 @@
   for the contract suite (defined in tests/store_backends.py). Registered here, once, so
   the whole session shares one server (a session fixture imported into several modules
   is a separate fixture in each, and would start a server per module).
+- `chromium`, `web_shared`: the browser tests' one Chromium and one shared daemon per
+  worker process (defined in tests/web_worker.py), registered here for the same reason.
 
 Hooks: a test not marked ``slow`` that starts a process fails (tests/slow_guard.py), so
 that `python -m pytest -m "not slow"` stays the quick run; that run imports no module
@@ -40,6 +42,8 @@ from pg_server import pg_url as pg_url
 from slow_guard import refusing_processes
 from store_backends import backend as backend
 from tool_user import open_to_tools
+from web_worker import chromium as chromium
+from web_worker import web_shared as web_shared
 
 from navi_trio.settings import Settings
 from navi_trio.tools.runas import run_as

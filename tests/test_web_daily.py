@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from web_browser import Site, browser, needs_browser, own_site, send, shared, shared_site, shot
+from pg_server import closed_port
+from web_browser import Site, browser, needs_browser, send, shared, shared_site, shot
 
-__all__ = ["browser", "own_site", "shared", "shared_site"]  # fixtures
+__all__ = ["browser", "shared", "shared_site"]  # fixtures
 pytestmark = [pytest.mark.slow, needs_browser]  # a browser, a daemon
 
 
@@ -284,8 +285,8 @@ def _navi_web(site: Site, url: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_the_one_time_link_of_navi_web_signs_in_once(own_site: Site) -> None:
-    site = own_site
+def test_the_one_time_link_of_navi_web_signs_in_once(site: Site) -> None:
+    """On the shared daemon: `navi web` signs in as its local admin, whoever else uses it."""
     done = _navi_web(site, f"ws://127.0.0.1:{site.daemon.port}/")
     assert done.returncode == 0, done.stderr
     link = done.stdout.strip()
@@ -307,8 +308,8 @@ def test_the_one_time_link_of_navi_web_signs_in_once(own_site: Site) -> None:
     assert "navi web" in used.locator("#login-error").inner_text()
     assert "signin" not in used.url
     shot(used, "link-used-twice")
-    # No daemon there: said plainly.
-    site.daemon.stop()
-    gone = _navi_web(site, f"ws://127.0.0.1:{site.daemon.port}/")
+    # No daemon there (nothing listens on the port): said plainly.
+    with closed_port() as port:
+        gone = _navi_web(site, f"ws://127.0.0.1:{port}/")
     assert gone.returncode == 1 and gone.stdout == ""
     assert "no navi daemon answers" in gone.stderr and "navi serve" in gone.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from web_browser import (
     browser,
     needs_browser,
     own_site,
+    running_site,
     send,
     shared,
     shared_site,
@@ -125,10 +127,13 @@ async def _end_the_task(daemon: Daemon, sid: str, gate: Path) -> dict[str, Any]:
     raise AssertionError("the connection ended before the task did")
 
 
+BACKOFF_MAX_MS = 8000  # the page's longest wait between two tries (wire.js)
+
+
 def test_a_restarted_daemon_shows_the_retrying_banner_then_resyncs(own_site: Site) -> None:
     site = own_site
     site.loop.add_replies({"text": " ".join(_words(400)), "delay_chunk": 0.03})
-    page = site.page()
+    page = site.page(clock=True)
     site.login(page)
     send(page, "a long one")
     page.wait_for_selector(".lane.main .answer >> text=w20")
@@ -139,6 +144,9 @@ def test_a_restarted_daemon_shows_the_retrying_banner_then_resyncs(own_site: Sit
     shot(page, "daemon-unreachable")
     site.loop.add_replies({"text": "after the restart"})
     site.daemon.start()  # the same port: the page finds it again
+    # At its next try, due in up to 8 s (the backoff doubles while the daemon starts):
+    # the page's clock jumps there rather than the test waiting it out.
+    page.clock.fast_forward(BACKOFF_MAX_MS)
     page.wait_for_selector("#conn-state.up")
     page.wait_for_selector(".line.notice >> text=history reloaded")
     assert page.locator("#banner").is_hidden()
@@ -309,13 +317,16 @@ WebSocket.prototype.send = function (data) {
 """
 
 
-def test_a_long_history_comes_in_pages_and_the_page_shows_all_of_it(own_site: Site) -> None:
-    site = own_site
-    # A burst of two frames and one more a second: the page's sessions list and first page
-    # take the burst, the next pages are refused (rate_limited) and asked for again.
-    site.daemon.stop()
-    site.daemon.env.update(NAVI_WS_FRAMES_BURST="2", NAVI_WS_FRAMES_PER_SEC="1")
-    site.daemon.start()
+@pytest.fixture
+def paced_site(tmp_path: Path, browser: Any) -> Iterator[Site]:
+    """A daemon of the test's own that takes a burst of two frames from a connection and
+    one more a second: the page's sessions list and first page take the burst, the next
+    pages are refused (rate_limited) and asked for again."""
+    yield from running_site(tmp_path, browser, NAVI_WS_FRAMES_BURST="2", NAVI_WS_FRAMES_PER_SEC="1")
+
+
+def test_a_long_history_comes_in_pages_and_the_page_shows_all_of_it(paced_site: Site) -> None:
+    site = paced_site
     messages: list[dict[str, Any]] = []
     for i in range(3):  # 600 kB each: one to a page of about 1 MB
         messages.append({"role": "user", "content": f"asked {i} " + "q" * 600_000 + f" end{i}"})

@@ -10,11 +10,21 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from project_repo import FIXTURE
 from test_project_commands import EXPANSIONS
-from web_browser import Shared, Site, browser, needs_browser, send, shared_site, sharing
+from web_browser import (
+    Shared,
+    Site,
+    browser,
+    needs_browser,
+    on_shared,
+    send,
+    shared_site,
+    sharing,
+)
 
 __all__ = ["browser", "shared_site"]  # fixtures
 pytestmark = [pytest.mark.slow, needs_browser]  # a browser, a daemon
@@ -55,8 +65,15 @@ def test_the_page_lists_the_users_commands_and_sends_one_with_its_words(site: Si
     ]
 
 
-def test_the_pages_expansion_is_navi_chats(site: Site) -> None:
-    page = site.page()
+@pytest.fixture
+def plain_site(web_shared: Shared, browser: Any) -> Iterator[Site]:
+    """The worker's plain daemon (tests/web_worker.py): a test that needs only the page's
+    scripts needs no daemon with commands, nor its start on a worker that has none."""
+    yield from on_shared(web_shared, browser)
+
+
+def test_the_pages_expansion_is_navi_chats(plain_site: Site) -> None:
+    page = plain_site.page()
     page.wait_for_selector("#login-token")
     got = page.evaluate(
         "async (cases) => { const m = await import('/slash.js');"

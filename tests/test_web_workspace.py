@@ -5,7 +5,7 @@ tools run; a rewind with files shows the daemon's preview, puts the files and th
 back and the message into the input box, and the branch list undoes it; a fork opens in
 a new tab; the changed-files panel shows a filesystem edit and a terminal ``sed -i`` as
 diffs, and an edit's tool card its diff. Folder names, file names and diff content
-with markup in them are shown as text. Screenshots of each state go to
+with markup in them are shown as text. Screenshots of each state (NAVI_TEST_SHOTS=1) go to
 tests/artifacts/. Rules and helpers: tests/web_browser.py.
 """
 

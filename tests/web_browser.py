@@ -12,7 +12,7 @@ A module whose tests need no fresh process shares one daemon and fake LLM among 
 (`shared_site`): each test gets a new admin user of its own and a fake LLM with no
 script, and a test that leaves a run going hands the next one a fresh daemon.
 
-Screenshots of each state go to tests/artifacts/ (ignored by git).
+With NAVI_TEST_SHOTS=1, screenshots of each state go to tests/artifacts/ (ignored by git).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +76,11 @@ MISSING = _missing()
 needs_browser = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
 
 
-def shot(page: Any, name: str) -> Path:
-    """A screenshot of the page's state, kept as a test artifact."""
+def shot(page: Any, name: str) -> Path | None:
+    """A screenshot of the page's state, kept as a test artifact when NAVI_TEST_SHOTS is
+    set (0.1 to 0.3 s each, 45 of them: no test reads them)."""
+    if not os.environ.get("NAVI_TEST_SHOTS"):
+        return None
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path))
@@ -311,18 +314,23 @@ class Daemon:
     def admin_token(self) -> str:
         return (self.data / "local-token").read_text().strip()
 
-    def users(self, *args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "navi_trio", "users", *args],
-            env=self.env, capture_output=True, text=True, timeout=60, check=True,
-        )  # fmt: skip
-        return done.stdout
-
-    def add_user(self, name: str) -> str:
-        return self.users("add", name).strip().splitlines()[-1]
+    def add_user(self, name: str, role: str = "user") -> str:
+        """A new user's token. Written to the daemon's SQLite file as `navi users add`
+        writes it (the store's users marker tells the running daemon), without the
+        second of a CLI process's start."""
+        token = new_token()
+        trio.run(self._in_store, lambda store: store.create_user(name, token, role))
+        return token
 
     def rotate(self, name: str) -> str:
-        return self.users("rotate", name).strip().splitlines()[-1]
+        """The user's new token (the old one refused from now on), as `navi users rotate`."""
+        token = new_token()
+        trio.run(self._in_store, lambda store: store.rotate_user_token(name, token))
+        return token
+
+    async def _in_store(self, change: Callable[[SQLiteStore], Awaitable[Any]]) -> None:
+        async with SQLiteStore.open(self.db) as store:
+            await change(store)
 
 
 def _readline(proc: subprocess.Popen[bytes], timeout: float) -> str:
@@ -337,12 +345,9 @@ def _readline(proc: subprocess.Popen[bytes], timeout: float) -> str:
 # -- the browser ----------------------------------------------------------------------------
 
 
-# One Chromium per test module: each module that imports this fixture gets its own
-# fixture definition, and Playwright's sync API runs one instance per thread at a time
-# (its event loop stays current between calls), so a session-wide scope would start a
-# second one beside the first.
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def launched() -> Iterator[Any]:
+    """Playwright and one headless Chromium, closed at the end (the `chromium` fixture
+    of tests/web_worker.py: one per worker process, for every browser module)."""
     if MISSING is not None:
         pytest.skip(MISSING)
     from playwright.sync_api import sync_playwright
@@ -353,6 +358,16 @@ def browser() -> Iterator[Any]:
         )
         yield b
         b.close()
+
+
+@pytest.fixture(scope="module")
+def browser(chromium: Any) -> Any:
+    """The worker's one Chromium (its start and Playwright's were 2 to 3 s a module).
+    Playwright's sync API runs one instance per thread at a time, so it is defined once,
+    in tests/web_worker.py, not here: a session fixture imported into each module would
+    be a fixture of each, a second instance started beside the first. Each page still
+    gets a fresh context (`Site.page`): nothing of one test's pages reaches the next."""
+    return chromium
 
 
 @attrs.define
@@ -370,10 +385,16 @@ class Site:
     def token(self) -> str:
         return self.user or self.daemon.admin_token()
 
-    def page(self, url: str | None = None, *, phone: bool = False, **options: Any) -> Any:
+    def page(
+        self, url: str | None = None, *, phone: bool = False, clock: bool = False, **options: Any
+    ) -> Any:
+        """A page in a fresh context. `clock`: the page's timers on Playwright's clock,
+        which runs at real speed until the test jumps it (`page.clock.fast_forward`)."""
         size = {"width": 390, "height": 844} if phone else {"width": 1280, "height": 860}
         context = self.browser.new_context(viewport=size, **options)
         context.set_default_timeout(WAIT_MS)
+        if clock:
+            context.clock.install()
         self.contexts.append(context)
         page = context.new_page()
 
@@ -407,11 +428,13 @@ def own_site(tmp_path: Path, browser: Any) -> Iterator[Site]:
     yield from running_site(tmp_path, browser)
 
 
-def running_site(tmp_path: Path, browser: Any) -> Iterator[Site]:
-    """The site of the `site` and `own_site` fixtures: a daemon of the test's own."""
+def running_site(tmp_path: Path, browser: Any, **env: str) -> Iterator[Site]:
+    """The site of the `site` and `own_site` fixtures: a daemon of the test's own, with
+    `env` added to its environment."""
     started = time.monotonic()
     loop = Loop().start()
     daemon = Daemon(tmp_path, loop.llm.url)
+    daemon.env.update(env)
     try:
         daemon.start()
         s = Site(loop, daemon, browser)
@@ -452,16 +475,9 @@ class Shared:
     def new_user(self) -> str:
         """The token of a new admin user (admin: the tests' modes and approvals are the
         local admin's)."""
-        loop, daemon = self.ready()
+        _, daemon = self.ready()
         self.users += 1
-        name, token = f"tester{self.users}", new_token()
-
-        async def create() -> None:
-            async with SQLiteStore.open(daemon.db) as store:
-                await store.create_user(name, token, "admin")
-
-        loop.run(create)
-        return token
+        return daemon.add_user(f"tester{self.users}", "admin")
 
     def idle(self) -> bool:
         """No session of the daemon has a run going (an admin lists every session)."""
@@ -484,16 +500,19 @@ class Shared:
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
-    """The module's one daemon (one per xdist worker that runs the module's tests)."""
-    yield from sharing(tmp_path_factory)
+def shared(web_shared: Shared) -> Shared:
+    """The daemon of the modules with the plain test config: one per worker process for
+    all of them (`web_shared` of tests/web_worker.py), as each test has its own user,
+    sessions and fake LLM script already (`shared_site`)."""
+    return web_shared
 
 
 def sharing(
     tmp_path_factory: pytest.TempPathFactory, prepare: Callable[[Daemon], None] = lambda d: None
 ) -> Iterator[Shared]:
-    """The `shared` fixture's body, for a module whose daemon needs `prepare` (its config
-    or environment changed) before each start: that module defines `shared` with it."""
+    """The body of a `shared` fixture: the worker's (`web_shared`), or that of a module
+    whose daemon needs `prepare` (its config or environment changed) before each start:
+    that module defines `shared` with it."""
     s = Shared(tmp_path_factory.mktemp("shared"), prepare)
     try:
         yield s
@@ -503,7 +522,12 @@ def sharing(
 
 @pytest.fixture
 def shared_site(shared: Shared, browser: Any) -> Iterator[Site]:
-    """A `Site` on the module's daemon: a new admin user of the test's own (its sessions
+    """A `Site` on the module's daemon (`on_shared`)."""
+    yield from on_shared(shared, browser)
+
+
+def on_shared(shared: Shared, browser: Any) -> Iterator[Site]:
+    """A `Site` on a shared daemon: a new admin user of the test's own (its sessions
     are its own), the fake LLM forgotten (`Loop.forget`), a fresh browser context per
     page. A daemon with a run still going at the end is stopped, so that run cannot take
     the next test's replies."""
