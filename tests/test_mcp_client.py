@@ -33,13 +33,14 @@ from navi_trio.profiles import ConfigSource, parse_config
 from navi_trio.settings import Settings, default_config_path
 from navi_trio.testing import open_harness
 from navi_trio.tools.base import ToolContext
-from navi_trio.tools.mcp import McpServers
+from navi_trio.tools.mcp import McpServers, connection
 
 pytestmark = pytest.mark.slow  # its tests start processes
 
 TIMEOUT = 60
 STALL = 30  # real seconds of nothing to do before a mock clock moves on its own
 DEMO = Path(__file__).parent / "mcp_servers" / "demo.py"
+PLAIN = Path(__file__).parent / "mcp_servers" / "plain.py"
 ALLOW = {"rules": [{"tool": "mcp__demo__*", "decision": "allow"}]}
 
 
@@ -70,6 +71,13 @@ class _ToEvents(logging.Handler):
         self.events.add(record.getMessage())
 
 
+@pytest.fixture(autouse=True)
+def quick_restarts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restart waits 0.01 s, not 0.5: these tests see that a server comes back, and
+    the backoff's own rule is checked on a MockClock (test_mcp_failures.py)."""
+    monkeypatch.setattr(connection, "BACKOFF_FIRST", 0.01)
+
+
 @pytest.fixture
 def events() -> Iterator[ServerEvents]:
     """The stdio server's stderr, as navi logs it."""
@@ -84,8 +92,18 @@ def events() -> Iterator[ServerEvents]:
 
 
 def stdio_entry(**extra: Any) -> dict[str, Any]:
+    """The SDK's demo server over stdio (`extra`: more of the entry; env values as text)."""
+    return _entry([str(DEMO)], extra)
+
+
+def plain_entry(**extra: Any) -> dict[str, Any]:
+    """The hand-written stand-in with the demo's tools, for tests about navi's side."""
+    return _entry(["-S", str(PLAIN)], extra)
+
+
+def _entry(args: list[str], extra: dict[str, Any]) -> dict[str, Any]:
     env = {k: str(v) for k, v in extra.pop("env", {}).items()}
-    return {"command": sys.executable, "args": [str(DEMO)], "env": env, **extra}
+    return {"command": sys.executable, "args": args, "env": env, **extra}
 
 
 @asynccontextmanager
@@ -278,7 +296,7 @@ async def test_a_long_output_is_capped_like_other_tools(
         async with open_harness(
             tmp_path,
             replies=[call("mcp__demo__echo", text=long), {"text": "read it"}],
-            config=mcp_config({"demo": stdio_entry()}),
+            config=mcp_config({"demo": plain_entry()}),
             tool_output_max_chars=120,
         ) as h:
             frames = await h.turn("s1", "say a lot")
@@ -294,7 +312,7 @@ async def test_non_text_content_comes_back_as_references(
         async with open_harness(
             tmp_path,
             replies=[call("mcp__demo__media"), {"text": "seen"}],
-            config=mcp_config({"demo": stdio_entry()}),
+            config=mcp_config({"demo": plain_entry()}),
         ) as h:
             frames = await h.turn("s1", "show me")
             [(ok, text)] = results(frames)
@@ -310,7 +328,7 @@ async def test_non_text_content_comes_back_as_references(
 
 
 async def test_allow_list_and_a_schema_too_large(tmp_path: Path, events: ServerEvents) -> None:
-    entry = stdio_entry(env={"DEMO_BIG_SCHEMA": 40_000}, tools=["echo", "huge", "missing"])
+    entry = plain_entry(env={"DEMO_BIG_SCHEMA": 40_000}, tools=["echo", "huge", "missing"])
     with trio.fail_after(TIMEOUT):
         async with open_harness(
             tmp_path,
@@ -338,7 +356,7 @@ async def test_a_crashed_server_restarts_and_its_tools_say_so_meanwhile(
     tmp_path: Path, events: ServerEvents
 ) -> None:
     marker = tmp_path / "crashed-once"
-    entry = stdio_entry(env={"DEMO_CRASH_ONCE": marker})
+    entry = plain_entry(env={"DEMO_CRASH_ONCE": marker})
     with trio.fail_after(TIMEOUT):
         async with open_harness(
             tmp_path,
@@ -371,7 +389,7 @@ async def test_a_server_killed_between_calls_is_noticed_and_restarted(
             tmp_path,
             replies=[call("mcp__demo__spawn"), {"text": "pid"},
                      call("mcp__demo__echo", text="back"), {"text": "ok"}],
-            config=mcp_config({"demo": stdio_entry()}),
+            config=mcp_config({"demo": plain_entry()}),
         ) as h:  # fmt: skip
             [(ok, out)] = results(await h.turn("s1", "your pid?"))
             server = json.loads(out)["server"]
@@ -499,7 +517,7 @@ async def test_an_mcp_call_asks_by_default_then_runs_or_is_denied(
                 call("mcp__demo__echo", text="approved"), {"text": "ran"},
                 call("mcp__demo__echo", text="denied"), {"text": "refused"},
             ],
-            config=mcp_config({"demo": stdio_entry()}, policy={}),
+            config=mcp_config({"demo": plain_entry()}, policy={}),
         ) as h:  # fmt: skip
             s = await h.session("s1")
             for approve, text in ((True, "approved"), (False, "denied")):
@@ -523,7 +541,7 @@ async def test_an_mcp_call_asks_by_default_then_runs_or_is_denied(
 async def test_a_server_with_background_true_offers_background_calls(
     tmp_path: Path, events: ServerEvents
 ) -> None:
-    servers = {"demo": stdio_entry(background=True), "fg": stdio_entry()}
+    servers = {"demo": plain_entry(background=True), "fg": plain_entry()}
     with trio.fail_after(TIMEOUT):
         async with open_harness(
             tmp_path,
@@ -559,7 +577,7 @@ async def test_shutdown_kills_the_server_and_what_it_started(
         async with open_harness(
             tmp_path,
             replies=[call("mcp__demo__spawn"), {"text": "spawned"}],
-            config=mcp_config({"demo": stdio_entry()}),
+            config=mcp_config({"demo": plain_entry()}),
         ) as h:
             frames = await h.turn("s1", "start something")
             [(ok, out)] = results(frames)
@@ -598,9 +616,9 @@ async def test_a_changed_entry_gets_a_new_actor_and_a_disabled_one_no_tools(
     events: ServerEvents,
 ) -> None:
     configs = [
-        mcp_config({"demo": stdio_entry(tools=["echo"])}).current,
-        mcp_config({"demo": stdio_entry(tools=["shout"])}).current,
-        mcp_config({"demo": stdio_entry(tools=["shout"], enabled=False)}).current,
+        mcp_config({"demo": plain_entry(tools=["echo"])}).current,
+        mcp_config({"demo": plain_entry(tools=["shout"])}).current,
+        mcp_config({"demo": plain_entry(tools=["shout"], enabled=False)}).current,
     ]
     current = [configs[0]]
     mcp = McpServers(lambda: current[0])
@@ -675,7 +693,7 @@ def _config_dir(tmp_path: Path, servers: dict[str, Any]) -> Path:
 
 
 SERVERS = {
-    "demo": stdio_entry(),
+    "demo": plain_entry(),
     "broken": {"command": "/nonexistent/mcp-server", "timeout_sec": 10},
     "off": {"command": "/nonexistent/other", "enabled": False},
 }
