@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import selectors
 import shutil
 import signal
 import subprocess
@@ -117,16 +118,7 @@ async def http_server(events: ServerEvents, port: int = 0, **env: Any) -> AsyncI
             stderr=subprocess.PIPE,
         )
         assert proc.stdout is not None and proc.stderr is not None
-        stderr = proc.stderr
-
-        async def read_stderr() -> None:
-            buffer = b""
-            async for chunk in stderr:
-                *lines, buffer = (buffer + chunk).split(b"\n")
-                for line in lines:
-                    events.add(line.decode(errors="replace"))
-
-        nursery.start_soon(read_stderr)
+        nursery.start_soon(_feed, proc.stderr, events)
         first = b""
         while b"\n" not in first:
             chunk = await proc.stdout.receive_some(100)
@@ -140,6 +132,80 @@ async def http_server(events: ServerEvents, port: int = 0, **env: Any) -> AsyncI
             with trio.CancelScope(shield=True):
                 await proc.wait()
             nursery.cancel_scope.cancel()
+
+
+async def _feed(stderr: trio.abc.ReceiveStream, events: ServerEvents) -> None:
+    """A server's stderr, line by line, into `events`."""
+    buffer = b""
+    async for chunk in stderr:
+        *lines, buffer = (buffer + chunk).split(b"\n")
+        for line in lines:
+            events.add(line.decode(errors="replace"))
+
+
+class SharedHttpDemo:
+    """One demo server over HTTP for the tests that only call it (one per module and
+    worker; a fresh one if it died). Sharing is safe: the server keeps no state between
+    calls, each run opens its own MCP session, and the EVENT labels the tests wait for
+    differ from test to test, so a line left from the test before matches nothing."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def ready(self) -> SharedHttpDemo:
+        if self.proc is None or self.proc.poll() is not None:
+            self.stop()
+            self.proc = subprocess.Popen(
+                [sys.executable, str(DEMO), "--http"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            assert self.proc.stdout is not None
+            with selectors.DefaultSelector() as sel:
+                sel.register(self.proc.stdout, selectors.EVENT_READ)
+                assert sel.select(TIMEOUT), "the HTTP server did not listen in time"
+            first = self.proc.stdout.readline()
+            assert first.startswith(b"PORT "), "the HTTP server exited before it listened"
+            self.url = f"http://127.0.0.1:{int(first.split()[1])}/mcp"
+        return self
+
+    @asynccontextmanager
+    async def feeding(self, events: ServerEvents) -> AsyncIterator[str]:
+        """The URL, with the server's stderr going to `events` meanwhile."""
+        assert self.proc is not None and self.proc.stderr is not None
+        async with trio.open_nursery() as nursery:
+            stderr = trio.lowlevel.FdStream(os.dup(self.proc.stderr.fileno()))
+            nursery.start_soon(_feed, stderr, events)
+            try:
+                yield self.url
+            finally:
+                nursery.cancel_scope.cancel()
+        await stderr.aclose()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            for pipe in (self.proc.stdout, self.proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+
+
+@pytest.fixture(scope="module")
+def shared_http_demo() -> Iterator[SharedHttpDemo]:
+    demo = SharedHttpDemo()
+    yield demo
+    demo.stop()
+
+
+@pytest.fixture
+def http_demo(transport: str, request: pytest.FixtureRequest) -> SharedHttpDemo | None:
+    """The module's shared HTTP demo server for a test over HTTP; None over stdio."""
+    if transport != "http":
+        return None
+    shared: SharedHttpDemo = request.getfixturevalue("shared_http_demo")
+    return shared.ready()
 
 
 def mcp_config(servers: dict[str, Any], **profile: Any) -> ConfigSource:
@@ -171,13 +237,14 @@ def call(name: str, **arguments: Any) -> dict[str, Any]:
 
 @asynccontextmanager
 async def demo_servers(
-    transport: str, events: ServerEvents, **entry: Any
+    http: SharedHttpDemo | None, events: ServerEvents, **entry: Any
 ) -> AsyncIterator[dict[str, Any]]:
-    """The `mcp_servers` config naming the demo server as "demo" over `transport`."""
-    if transport == "stdio":
+    """The `mcp_servers` config naming the demo server as "demo": the shared one over
+    HTTP when `http` is given, else a child over stdio."""
+    if http is None:
         yield {"demo": stdio_entry(**entry)}
     else:
-        async with http_server(events) as url:
+        async with http.feeding(events) as url:
             yield {"demo": {"url": url, **entry}}
 
 
@@ -242,11 +309,11 @@ def test_a_policy_rule_may_name_mcp_tools_of_a_configured_server() -> None:
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_list_and_call_through_a_run(
-    tmp_path: Path, transport: str, events: ServerEvents
+    tmp_path: Path, transport: str, events: ServerEvents, http_demo: SharedHttpDemo | None
 ) -> None:
     with trio.fail_after(TIMEOUT):
         async with (
-            demo_servers(transport, events) as servers,
+            demo_servers(http_demo, events) as servers,
             open_harness(
                 tmp_path,
                 replies=[call("mcp__demo__echo", text="hi"), {"text": "done"}],
@@ -269,11 +336,11 @@ async def test_list_and_call_through_a_run(
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_a_tool_error_is_a_failed_result(
-    tmp_path: Path, transport: str, events: ServerEvents
+    tmp_path: Path, transport: str, events: ServerEvents, http_demo: SharedHttpDemo | None
 ) -> None:
     with trio.fail_after(TIMEOUT):
         async with (
-            demo_servers(transport, events) as servers,
+            demo_servers(http_demo, events) as servers,
             open_harness(
                 tmp_path,
                 replies=[call("mcp__demo__fail", reason="bad disk"), {"text": "it failed"}],
@@ -433,11 +500,11 @@ async def test_an_http_server_that_crashed_is_reconnected_once_it_is_back(
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_stop_mid_call_cancels_the_request_on_the_server(
-    tmp_path: Path, transport: str, events: ServerEvents
+    tmp_path: Path, transport: str, events: ServerEvents, http_demo: SharedHttpDemo | None
 ) -> None:
     with trio.fail_after(TIMEOUT):
         async with (
-            demo_servers(transport, events) as servers,
+            demo_servers(http_demo, events) as servers,
             open_harness(
                 tmp_path,
                 replies=[call("mcp__demo__hang", label="s1"), {"text": "after"}],
@@ -457,13 +524,17 @@ async def test_stop_mid_call_cancels_the_request_on_the_server(
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_a_call_past_timeout_sec_fails_and_the_server_is_told(
-    tmp_path: Path, transport: str, events: ServerEvents, mock_clock: trio.testing.MockClock
+    tmp_path: Path,
+    transport: str,
+    events: ServerEvents,
+    http_demo: SharedHttpDemo | None,
+    mock_clock: trio.testing.MockClock,
 ) -> None:
     """The clock moves only after STALL real seconds with nothing to do (so the
     absolute timeout still guards each wait on real I/O), and at once while the call
     hangs: the 5 s timeout passes in no real time."""
     mock_clock.autojump_threshold = STALL
-    async with demo_servers(transport, events, timeout_sec=5) as servers:
+    async with demo_servers(http_demo, events, timeout_sec=5) as servers:
         await _time_out(tmp_path, servers, events, mock_clock)
 
 
