@@ -174,14 +174,13 @@ class SharedHttpDemo:
     async def feeding(self, events: ServerEvents) -> AsyncIterator[str]:
         """The URL, with the server's stderr going to `events` meanwhile."""
         assert self.proc is not None and self.proc.stderr is not None
-        async with trio.open_nursery() as nursery:
-            stderr = trio.lowlevel.FdStream(os.dup(self.proc.stderr.fileno()))
+        stderr = trio.lowlevel.FdStream(os.dup(self.proc.stderr.fileno()))
+        async with stderr, trio.open_nursery() as nursery:
             nursery.start_soon(_feed, stderr, events)
             try:
                 yield self.url
             finally:
                 nursery.cancel_scope.cancel()
-        await stderr.aclose()
 
     def stop(self) -> None:
         if self.proc is not None:
