@@ -32,7 +32,7 @@ from acp_shared import AGENT, CLIENT, Lines, SharedAgent
 from daemons import no_plan_config
 from test_api_daemon import serve
 from test_cli import fake_llm_here, messages
-from test_mcp_client import ServerEvents, http_server
+from test_mcp_client import PLAIN, ServerEvents, http_server
 
 from navi_trio.api.auth import new_token
 from navi_trio.store.sqlite import SQLiteStore
@@ -529,14 +529,12 @@ async def test_the_editor_sees_the_mode_navi_clamped_to_and_the_profile_the_agen
     assert row is not None and row.profile_id == "coder"  # the next prompt kept it
 
 
-DEMO = Path(__file__).parent / "mcp_servers" / "demo.py"
-
-
 @asynccontextmanager
 async def editor_server(transport: str, events: ServerEvents) -> AsyncIterator[dict[str, Any]]:
-    """The demo MCP server as an editor passes it at session/new (ACP's shape)."""
+    """The demo MCP server as an editor passes it at session/new (ACP's shape); over
+    stdio its hand-written stand-in, which starts at once (the subject is the agent)."""
     if transport == "stdio":
-        yield {"name": "demo", "command": sys.executable, "args": [str(DEMO)], "env": []}
+        yield {"name": "demo", "command": sys.executable, "args": ["-S", str(PLAIN)], "env": []}
     else:
         async with http_server(events) as url:
             yield {"type": "http", "name": "demo", "url": url, "headers": []}

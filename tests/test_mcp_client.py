@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import selectors
 import shutil
 import signal
 import subprocess
@@ -33,13 +34,14 @@ from navi_trio.profiles import ConfigSource, parse_config
 from navi_trio.settings import Settings, default_config_path
 from navi_trio.testing import open_harness
 from navi_trio.tools.base import ToolContext
-from navi_trio.tools.mcp import McpServers
+from navi_trio.tools.mcp import McpServers, connection
 
 pytestmark = pytest.mark.slow  # its tests start processes
 
 TIMEOUT = 60
 STALL = 30  # real seconds of nothing to do before a mock clock moves on its own
 DEMO = Path(__file__).parent / "mcp_servers" / "demo.py"
+PLAIN = Path(__file__).parent / "mcp_servers" / "plain.py"
 ALLOW = {"rules": [{"tool": "mcp__demo__*", "decision": "allow"}]}
 
 
@@ -70,6 +72,13 @@ class _ToEvents(logging.Handler):
         self.events.add(record.getMessage())
 
 
+@pytest.fixture(autouse=True)
+def quick_restarts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restart waits 0.01 s, not 0.5: these tests see that a server comes back, and
+    the backoff's own rule is checked on a MockClock (test_mcp_failures.py)."""
+    monkeypatch.setattr(connection, "BACKOFF_FIRST", 0.01)
+
+
 @pytest.fixture
 def events() -> Iterator[ServerEvents]:
     """The stdio server's stderr, as navi logs it."""
@@ -84,8 +93,18 @@ def events() -> Iterator[ServerEvents]:
 
 
 def stdio_entry(**extra: Any) -> dict[str, Any]:
+    """The SDK's demo server over stdio (`extra`: more of the entry; env values as text)."""
+    return _entry([str(DEMO)], extra)
+
+
+def plain_entry(**extra: Any) -> dict[str, Any]:
+    """The hand-written stand-in with the demo's tools, for tests about navi's side."""
+    return _entry(["-S", str(PLAIN)], extra)
+
+
+def _entry(args: list[str], extra: dict[str, Any]) -> dict[str, Any]:
     env = {k: str(v) for k, v in extra.pop("env", {}).items()}
-    return {"command": sys.executable, "args": [str(DEMO)], "env": env, **extra}
+    return {"command": sys.executable, "args": args, "env": env, **extra}
 
 
 @asynccontextmanager
@@ -99,16 +118,7 @@ async def http_server(events: ServerEvents, port: int = 0, **env: Any) -> AsyncI
             stderr=subprocess.PIPE,
         )
         assert proc.stdout is not None and proc.stderr is not None
-        stderr = proc.stderr
-
-        async def read_stderr() -> None:
-            buffer = b""
-            async for chunk in stderr:
-                *lines, buffer = (buffer + chunk).split(b"\n")
-                for line in lines:
-                    events.add(line.decode(errors="replace"))
-
-        nursery.start_soon(read_stderr)
+        nursery.start_soon(_feed, proc.stderr, events)
         first = b""
         while b"\n" not in first:
             chunk = await proc.stdout.receive_some(100)
@@ -122,6 +132,79 @@ async def http_server(events: ServerEvents, port: int = 0, **env: Any) -> AsyncI
             with trio.CancelScope(shield=True):
                 await proc.wait()
             nursery.cancel_scope.cancel()
+
+
+async def _feed(stderr: trio.abc.ReceiveStream, events: ServerEvents) -> None:
+    """A server's stderr, line by line, into `events`."""
+    buffer = b""
+    async for chunk in stderr:
+        *lines, buffer = (buffer + chunk).split(b"\n")
+        for line in lines:
+            events.add(line.decode(errors="replace"))
+
+
+class SharedHttpDemo:
+    """One demo server over HTTP for the tests that only call it (one per module and
+    worker; a fresh one if it died). Sharing is safe: the server keeps no state between
+    calls, each run opens its own MCP session, and the EVENT labels the tests wait for
+    differ from test to test, so a line left from the test before matches nothing."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def ready(self) -> SharedHttpDemo:
+        if self.proc is None or self.proc.poll() is not None:
+            self.stop()
+            self.proc = subprocess.Popen(
+                [sys.executable, str(DEMO), "--http"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            assert self.proc.stdout is not None
+            with selectors.DefaultSelector() as sel:
+                sel.register(self.proc.stdout, selectors.EVENT_READ)
+                assert sel.select(TIMEOUT), "the HTTP server did not listen in time"
+            first = self.proc.stdout.readline()
+            assert first.startswith(b"PORT "), "the HTTP server exited before it listened"
+            self.url = f"http://127.0.0.1:{int(first.split()[1])}/mcp"
+        return self
+
+    @asynccontextmanager
+    async def feeding(self, events: ServerEvents) -> AsyncIterator[str]:
+        """The URL, with the server's stderr going to `events` meanwhile."""
+        assert self.proc is not None and self.proc.stderr is not None
+        stderr = trio.lowlevel.FdStream(os.dup(self.proc.stderr.fileno()))
+        async with stderr, trio.open_nursery() as nursery:
+            nursery.start_soon(_feed, stderr, events)
+            try:
+                yield self.url
+            finally:
+                nursery.cancel_scope.cancel()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            for pipe in (self.proc.stdout, self.proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+
+
+@pytest.fixture(scope="module")
+def shared_http_demo() -> Iterator[SharedHttpDemo]:
+    demo = SharedHttpDemo()
+    yield demo
+    demo.stop()
+
+
+@pytest.fixture
+def http_demo(transport: str, request: pytest.FixtureRequest) -> SharedHttpDemo | None:
+    """The module's shared HTTP demo server for a test over HTTP; None over stdio."""
+    if transport != "http":
+        return None
+    shared: SharedHttpDemo = request.getfixturevalue("shared_http_demo")
+    return shared.ready()
 
 
 def mcp_config(servers: dict[str, Any], **profile: Any) -> ConfigSource:
@@ -153,13 +236,14 @@ def call(name: str, **arguments: Any) -> dict[str, Any]:
 
 @asynccontextmanager
 async def demo_servers(
-    transport: str, events: ServerEvents, **entry: Any
+    http: SharedHttpDemo | None, events: ServerEvents, **entry: Any
 ) -> AsyncIterator[dict[str, Any]]:
-    """The `mcp_servers` config naming the demo server as "demo" over `transport`."""
-    if transport == "stdio":
+    """The `mcp_servers` config naming the demo server as "demo": the shared one over
+    HTTP when `http` is given, else a child over stdio."""
+    if http is None:
         yield {"demo": stdio_entry(**entry)}
     else:
-        async with http_server(events) as url:
+        async with http.feeding(events) as url:
             yield {"demo": {"url": url, **entry}}
 
 
@@ -224,11 +308,11 @@ def test_a_policy_rule_may_name_mcp_tools_of_a_configured_server() -> None:
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_list_and_call_through_a_run(
-    tmp_path: Path, transport: str, events: ServerEvents
+    tmp_path: Path, transport: str, events: ServerEvents, http_demo: SharedHttpDemo | None
 ) -> None:
     with trio.fail_after(TIMEOUT):
         async with (
-            demo_servers(transport, events) as servers,
+            demo_servers(http_demo, events) as servers,
             open_harness(
                 tmp_path,
                 replies=[call("mcp__demo__echo", text="hi"), {"text": "done"}],
@@ -251,11 +335,11 @@ async def test_list_and_call_through_a_run(
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_a_tool_error_is_a_failed_result(
-    tmp_path: Path, transport: str, events: ServerEvents
+    tmp_path: Path, transport: str, events: ServerEvents, http_demo: SharedHttpDemo | None
 ) -> None:
     with trio.fail_after(TIMEOUT):
         async with (
-            demo_servers(transport, events) as servers,
+            demo_servers(http_demo, events) as servers,
             open_harness(
                 tmp_path,
                 replies=[call("mcp__demo__fail", reason="bad disk"), {"text": "it failed"}],
@@ -278,7 +362,7 @@ async def test_a_long_output_is_capped_like_other_tools(
         async with open_harness(
             tmp_path,
             replies=[call("mcp__demo__echo", text=long), {"text": "read it"}],
-            config=mcp_config({"demo": stdio_entry()}),
+            config=mcp_config({"demo": plain_entry()}),
             tool_output_max_chars=120,
         ) as h:
             frames = await h.turn("s1", "say a lot")
@@ -294,7 +378,7 @@ async def test_non_text_content_comes_back_as_references(
         async with open_harness(
             tmp_path,
             replies=[call("mcp__demo__media"), {"text": "seen"}],
-            config=mcp_config({"demo": stdio_entry()}),
+            config=mcp_config({"demo": plain_entry()}),
         ) as h:
             frames = await h.turn("s1", "show me")
             [(ok, text)] = results(frames)
@@ -310,7 +394,7 @@ async def test_non_text_content_comes_back_as_references(
 
 
 async def test_allow_list_and_a_schema_too_large(tmp_path: Path, events: ServerEvents) -> None:
-    entry = stdio_entry(env={"DEMO_BIG_SCHEMA": 40_000}, tools=["echo", "huge", "missing"])
+    entry = plain_entry(env={"DEMO_BIG_SCHEMA": 40_000}, tools=["echo", "huge", "missing"])
     with trio.fail_after(TIMEOUT):
         async with open_harness(
             tmp_path,
@@ -338,7 +422,7 @@ async def test_a_crashed_server_restarts_and_its_tools_say_so_meanwhile(
     tmp_path: Path, events: ServerEvents
 ) -> None:
     marker = tmp_path / "crashed-once"
-    entry = stdio_entry(env={"DEMO_CRASH_ONCE": marker})
+    entry = plain_entry(env={"DEMO_CRASH_ONCE": marker})
     with trio.fail_after(TIMEOUT):
         async with open_harness(
             tmp_path,
@@ -371,7 +455,7 @@ async def test_a_server_killed_between_calls_is_noticed_and_restarted(
             tmp_path,
             replies=[call("mcp__demo__spawn"), {"text": "pid"},
                      call("mcp__demo__echo", text="back"), {"text": "ok"}],
-            config=mcp_config({"demo": stdio_entry()}),
+            config=mcp_config({"demo": plain_entry()}),
         ) as h:  # fmt: skip
             [(ok, out)] = results(await h.turn("s1", "your pid?"))
             server = json.loads(out)["server"]
@@ -415,11 +499,11 @@ async def test_an_http_server_that_crashed_is_reconnected_once_it_is_back(
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_stop_mid_call_cancels_the_request_on_the_server(
-    tmp_path: Path, transport: str, events: ServerEvents
+    tmp_path: Path, transport: str, events: ServerEvents, http_demo: SharedHttpDemo | None
 ) -> None:
     with trio.fail_after(TIMEOUT):
         async with (
-            demo_servers(transport, events) as servers,
+            demo_servers(http_demo, events) as servers,
             open_harness(
                 tmp_path,
                 replies=[call("mcp__demo__hang", label="s1"), {"text": "after"}],
@@ -439,13 +523,17 @@ async def test_stop_mid_call_cancels_the_request_on_the_server(
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_a_call_past_timeout_sec_fails_and_the_server_is_told(
-    tmp_path: Path, transport: str, events: ServerEvents, mock_clock: trio.testing.MockClock
+    tmp_path: Path,
+    transport: str,
+    events: ServerEvents,
+    http_demo: SharedHttpDemo | None,
+    mock_clock: trio.testing.MockClock,
 ) -> None:
     """The clock moves only after STALL real seconds with nothing to do (so the
     absolute timeout still guards each wait on real I/O), and at once while the call
     hangs: the 5 s timeout passes in no real time."""
     mock_clock.autojump_threshold = STALL
-    async with demo_servers(transport, events, timeout_sec=5) as servers:
+    async with demo_servers(http_demo, events, timeout_sec=5) as servers:
         await _time_out(tmp_path, servers, events, mock_clock)
 
 
@@ -499,7 +587,7 @@ async def test_an_mcp_call_asks_by_default_then_runs_or_is_denied(
                 call("mcp__demo__echo", text="approved"), {"text": "ran"},
                 call("mcp__demo__echo", text="denied"), {"text": "refused"},
             ],
-            config=mcp_config({"demo": stdio_entry()}, policy={}),
+            config=mcp_config({"demo": plain_entry()}, policy={}),
         ) as h:  # fmt: skip
             s = await h.session("s1")
             for approve, text in ((True, "approved"), (False, "denied")):
@@ -523,7 +611,7 @@ async def test_an_mcp_call_asks_by_default_then_runs_or_is_denied(
 async def test_a_server_with_background_true_offers_background_calls(
     tmp_path: Path, events: ServerEvents
 ) -> None:
-    servers = {"demo": stdio_entry(background=True), "fg": stdio_entry()}
+    servers = {"demo": plain_entry(background=True), "fg": plain_entry()}
     with trio.fail_after(TIMEOUT):
         async with open_harness(
             tmp_path,
@@ -559,7 +647,7 @@ async def test_shutdown_kills_the_server_and_what_it_started(
         async with open_harness(
             tmp_path,
             replies=[call("mcp__demo__spawn"), {"text": "spawned"}],
-            config=mcp_config({"demo": stdio_entry()}),
+            config=mcp_config({"demo": plain_entry()}),
         ) as h:
             frames = await h.turn("s1", "start something")
             [(ok, out)] = results(frames)
@@ -598,9 +686,9 @@ async def test_a_changed_entry_gets_a_new_actor_and_a_disabled_one_no_tools(
     events: ServerEvents,
 ) -> None:
     configs = [
-        mcp_config({"demo": stdio_entry(tools=["echo"])}).current,
-        mcp_config({"demo": stdio_entry(tools=["shout"])}).current,
-        mcp_config({"demo": stdio_entry(tools=["shout"], enabled=False)}).current,
+        mcp_config({"demo": plain_entry(tools=["echo"])}).current,
+        mcp_config({"demo": plain_entry(tools=["shout"])}).current,
+        mcp_config({"demo": plain_entry(tools=["shout"], enabled=False)}).current,
     ]
     current = [configs[0]]
     mcp = McpServers(lambda: current[0])
@@ -675,7 +763,7 @@ def _config_dir(tmp_path: Path, servers: dict[str, Any]) -> Path:
 
 
 SERVERS = {
-    "demo": stdio_entry(),
+    "demo": plain_entry(),
     "broken": {"command": "/nonexistent/mcp-server", "timeout_sec": 10},
     "off": {"command": "/nonexistent/other", "enabled": False},
 }
