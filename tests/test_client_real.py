@@ -3,8 +3,8 @@
 Rules: loopback only; the daemon is `navi serve` with its own NAVI_DB and NAVI_DATA_DIR
 under tmp_path (the chat finds its local-token file there), and the chat `navi chat` on
 a terminal of its own, both forked from the warm fork server (tests/navi_forks.py) but
-where a new interpreter is the point (the restarted daemon, the daemon started in the
-background, and its chat: ``python -m navi_trio``); the fake LLM server runs in this
+where a new interpreter is the point (the daemon a chat starts in the background, and
+that chat: ``python -m navi_trio``); the fake LLM server runs in this
 test's trio loop with replies added step by step; the blocking pexpect calls run in
 worker threads. Every expect has its own timeout, every test an absolute deadline, and
 every process is killed at the end. Nothing sleeps: each step waits for what the screen,
@@ -28,7 +28,6 @@ import navi_forks
 import pexpect
 import pytest
 import trio
-from test_api_daemon import serve
 from test_cli import forked, messages, unused_port
 
 from navi_trio.client.daemon import log_file, pid_file
@@ -437,7 +436,10 @@ async def test_a_restarted_daemon_makes_the_chat_resync_and_go_on(
     try:
         with trio.fail_after(DEADLINE):
             async with fake_llm(*replies) as llm:
-                async with serve(env, llm.url, "--port", str(port)) as daemon:
+                # Both daemons forked (each a process of its own, the first killed for
+                # real): the chat gives up after six reconnects (23.5 s), and a new
+                # interpreter's start took longer than that at load 30.
+                async with navi_forks.serving(env, llm.url, "--port", str(port)) as daemon:
                     url = daemon.url.rstrip("/")
                     async with forked_chat(env, tmp_path, "--url", url) as c:
                         await c.expect("connected to")
@@ -449,7 +451,7 @@ async def test_a_restarted_daemon_makes_the_chat_resync_and_go_on(
                         daemon.kill()  # SIGKILL mid-run
                         await daemon.wait()
                         await c.expect(r"connection lost")
-                        async with serve(env, llm.url, "--port", str(port)):
+                        async with navi_forks.serving(env, llm.url, "--port", str(port)):
                             await c.expect(r"reconnected")
                             await c.expect(r"missed part of the stream: reloading the history")
                             await c.expect(r"› look at the fifo")
