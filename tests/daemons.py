@@ -11,7 +11,9 @@ third process would.
 Users made as an operator makes them: `navi_users(env, "add", "bob")` runs `navi users`
 in a process of its own (on the database `env` names: `cli_env`, on a daemon's machine or
 on one of the operator's own) and `add_user` returns the token it printed;
-`connect_as(url, token)` is a WebSocket client past its hello.
+`connect_as(url, token)` is a WebSocket client past its hello. Where `navi users` is not
+the subject: `store_user` writes the user to the store as the command does (no process),
+and `forked_users` runs the command forked from the warm fork server (tests/navi_forks.py).
 """
 
 from __future__ import annotations
@@ -24,13 +26,16 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import navi_forks
 import trio
 from api_ws import Client
 from pg_server import sql
 from reliability import Daemon, clean_env, navi_serve
 from trio_websocket import open_websocket_url
 
-from navi_trio.settings import default_config_path
+from navi_trio.api.auth import new_token
+from navi_trio.settings import Settings, default_config_path
+from navi_trio.store.factory import open_store
 
 CLI_LIMIT = 60  # real seconds for one `navi users` (a Python start on 2 busy cores)
 
@@ -105,6 +110,26 @@ async def add_user(env: dict[str, str], name: str, role: str = "user") -> str:
 async def rotate_user(env: dict[str, str], name: str) -> str:
     """`navi users rotate NAME`; the new token it printed."""
     return (await navi_users(env, "rotate", name)).strip().splitlines()[-1]
+
+
+async def store_user(env: dict[str, str], name: str, role: str = "user") -> str:
+    """A new user written to the store `env` names, as `navi users add` writes one, in
+    this process (that command's own test: test_api_daemon's
+    test_users_add_list_rotate_remove); their token."""
+    token = new_token()
+    async with open_store(Settings.from_env(env)) as store:
+        await store.create_user(name, token, role)
+    return token
+
+
+async def forked_users(env: dict[str, str], *args: str) -> str:
+    """`navi_users`, forked from the warm fork server: a process of its own, without a
+    new interpreter's start."""
+    with trio.fail_after(CLI_LIMIT):
+        proc = await navi_forks.start("users", *args, env=env, cwd=Path.cwd())
+        code, out, err = await navi_forks.communicate(proc)
+    assert code == 0, (args, out, err)
+    return out.decode()
 
 
 @asynccontextmanager

@@ -1,9 +1,13 @@
-"""The ``navi`` command, run as a real subprocess (``python -m navi_trio``).
+"""The ``navi`` command, run as a real subprocess: forked from the warm fork server
+(`forked`, tests/navi_forks.py: a process of its own without a new interpreter's start)
+where the test is about what the command does; ``python -m navi_trio`` itself (`navi`)
+for `--help` and `--version`, the docs' `navi run` and the Ctrl-C test.
 
-Rules: loopback only, port 0; the fake LLM is its own process
-(``python -m navi_trio.testing.fake_llm --port 0``), killed at the end; every test has
-an absolute 60 s deadline; the DB and data dir live under tmp_path. Nothing sleeps:
-the Ctrl-C test waits for the partial answer on the CLI's stdout before signalling.
+Rules: loopback only, port 0; the fake LLM in the test's loop (one test: its own
+process, ``python -m navi_trio.testing.fake_llm --port 0``), killed at the end; every
+test has an absolute 60 s deadline; the DB and data dir live under tmp_path. Nothing
+sleeps: the Ctrl-C test waits for the partial answer on the CLI's stdout before
+signalling.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import navi_forks
 import pytest
 import trio
 
@@ -61,6 +66,15 @@ async def navi(*args: str, env: dict[str, str], cwd: Path, stdin: bytes = b"") -
             cwd=cwd,
         )
     return Done(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
+
+
+async def forked(*args: str, env: dict[str, str], cwd: Path, stdin: bytes = b"") -> Done:
+    """`navi` as a child of the warm fork server (tests/navi_forks.py) instead of a new
+    interpreter: for a test of what a command does, not of how Python starts it."""
+    with trio.fail_after(DEADLINE):
+        proc = await navi_forks.start(*args, env=env, cwd=cwd)
+        code, out, err = await navi_forks.communicate(proc, stdin)
+    return Done(code, out.decode(), err.decode())
 
 
 async def _read_until(stream: trio.abc.ReceiveStream, marker: bytes) -> bytes:
@@ -151,10 +165,10 @@ def _one_error_line(done: Done) -> str:
 
 
 async def test_help_and_version(env: dict[str, str], tmp_path: Path) -> None:
-    for flag in ("--help", "-h"):
-        done = await navi(flag, env=env, cwd=tmp_path)
+    for flag, command in (("--help", navi), ("-h", forked)):  # one new interpreter is enough
+        done = await command(flag, env=env, cwd=tmp_path)
         assert done.code == 0 and "doctor" in done.out and "run" in done.out
-    done = await navi("run", "--help", env=env, cwd=tmp_path)
+    done = await forked("run", "--help", env=env, cwd=tmp_path)
     assert done.code == 0 and "--events" in done.out and "--session" in done.out
     done = await navi("--version", env=env, cwd=tmp_path)
     assert done.code == 0 and done.out.strip() == "navi 0.1.0"
@@ -169,7 +183,7 @@ async def test_bad_arguments_exit_1_with_one_line(env: dict[str, str], tmp_path:
         (("run", "--cwd", str(tmp_path / "nowhere"), "hi"), "not a directory"),
         (("run", "   "), "empty"),
     ):
-        done = await navi(*args, env=env, cwd=tmp_path)
+        done = await forked(*args, env=env, cwd=tmp_path)
         assert done.code == 1, (args, done)
         assert done.err_lines == [_one_error_line(done)] and words in done.err, (args, done.err)
 
@@ -181,7 +195,7 @@ async def test_doctor_with_the_llm_down_warns_and_exits_0(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     url = f"http://127.0.0.1:{unused_port()}"
-    done = await navi("doctor", "--llm-url", url, env=env, cwd=tmp_path)
+    done = await forked("doctor", "--llm-url", url, env=env, cwd=tmp_path)
     assert done.code == 0, done
     assert str(REPO_ROOT / "config" / "config.json") in done.out
     for pid in PROFILES:
@@ -193,7 +207,7 @@ async def test_doctor_with_the_llm_down_warns_and_exits_0(
 
     async with SQLiteStore.open(tmp_path / "navi.db"):
         pass
-    done = await navi("doctor", "--llm-url", url, "--json", env=env, cwd=tmp_path)
+    done = await forked("doctor", "--llm-url", url, "--json", env=env, cwd=tmp_path)
     report = json.loads(done.out)
     assert done.code == 0 and report["ok"] is True
     assert report["db"]["existed"] is True and report["db"]["tables"]["sessions"] == 0
@@ -206,13 +220,13 @@ async def test_doctor_says_whether_navi_serve_traces_and_where_to(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     url = f"http://127.0.0.1:{unused_port()}"
-    done = await navi("doctor", "--llm-url", url, env=env, cwd=tmp_path)
+    done = await forked("doctor", "--llm-url", url, env=env, cwd=tmp_path)
     assert "traces       off (OTEL_EXPORTER_OTLP_ENDPOINT not set)" in done.out, done.out
     traced = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318/"}
-    done = await navi("doctor", "--llm-url", url, env=traced, cwd=tmp_path)
+    done = await forked("doctor", "--llm-url", url, env=traced, cwd=tmp_path)
     line = "traces       on: OTLP/HTTP to http://127.0.0.1:4318/v1/traces (no message content)"
     assert line in done.out, done.out
-    done = await navi("doctor", "--llm-url", url, "--json", env=traced, cwd=tmp_path)
+    done = await forked("doctor", "--llm-url", url, "--json", env=traced, cwd=tmp_path)
     report = json.loads(done.out)["tracing"]
     assert report == {
         "endpoint": "http://127.0.0.1:4318/v1/traces", "content": False, "sdk": True,
@@ -230,7 +244,7 @@ async def test_doctor_with_a_broken_config_exits_1_naming_file_and_key(
     cfg = tmp_path / "broken.json"
     cfg.write_text(json.dumps({"default_profile": "p", "profiles": {"p": profile}}))
     url = f"http://127.0.0.1:{unused_port()}"
-    done = await navi("doctor", "--config", str(cfg), "--llm-url", url, env=env, cwd=tmp_path)
+    done = await forked("doctor", "--config", str(cfg), "--llm-url", url, env=env, cwd=tmp_path)
     assert done.code == 1
     line = _one_error_line(done)
     assert str(cfg) in line and key in line
@@ -241,11 +255,11 @@ async def test_doctor_against_the_fake_llm_lists_its_models(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     async with fake_llm(tmp_path, [{"text": "unused"}]) as url:
-        done = await navi("doctor", "--llm-url", url, env=env, cwd=tmp_path)
+        done = await forked("doctor", "--llm-url", url, env=env, cwd=tmp_path)
         assert done.code == 0 and "OK: models fake-model" in done.out
         # The configured model is not on this server: said, not fatal.
         assert "qwen3:8b" in done.out and "not listed" in done.out
-        done = await navi(
+        done = await forked(
             "doctor",
             "--llm-url",
             url,
@@ -291,11 +305,11 @@ async def test_a_session_of_run_without_a_daemon_is_the_folders_local_admins(
     nothing is written to make an admin."""
     data = Path(env["NAVI_DATA_DIR"])
     async with fake_llm(tmp_path, [{"text": ANSWER}]) as url:
-        before = await navi("run", "--llm-url", url, "before any daemon", env=env, cwd=tmp_path)
+        before = await forked("run", "--llm-url", url, "before any daemon", env=env, cwd=tmp_path)
         async with SQLiteStore.open(tmp_path / "navi.db") as store:
             assert not (data / "local-token").exists()
             await ensure_local_token(store, data)  # as `navi serve` does at its start
-        done = await navi("run", "--llm-url", url, "tidy the <b>notes</b>", env=env, cwd=tmp_path)
+        done = await forked("run", "--llm-url", url, "tidy the <b>notes</b>", env=env, cwd=tmp_path)
     assert before.code == 0 and done.code == 0, (before, done)
     token = (data / "local-token").read_text().strip()
     async with SQLiteStore.open(tmp_path / "navi.db") as store:
@@ -310,7 +324,7 @@ async def test_a_session_of_run_without_a_daemon_is_the_folders_local_admins(
 
 async def test_run_events_prints_wire_json_lines(env: dict[str, str], tmp_path: Path) -> None:
     async with fake_llm(tmp_path, [{"text": ANSWER}]) as url:
-        done = await navi("run", "--events", "--llm-url", url, "hi", env=env, cwd=tmp_path)
+        done = await forked("run", "--events", "--llm-url", url, "hi", env=env, cwd=tmp_path)
     assert done.code == 0, done
     frames = [json.loads(line) for line in done.out.splitlines()]
     session = _session_of(done)
@@ -326,7 +340,7 @@ async def test_run_events_prints_wire_json_lines(env: dict[str, str], tmp_path: 
 
 async def test_run_with_session_continues_it(env: dict[str, str], tmp_path: Path) -> None:
     async with fake_llm(tmp_path, [{"text": "first answer"}, {"text": "second answer"}]) as url:
-        one = await navi(
+        one = await forked(
             "run",
             "--session",
             "s-cli-1",
@@ -338,14 +352,14 @@ async def test_run_with_session_continues_it(env: dict[str, str], tmp_path: Path
             env=env,
             cwd=tmp_path,
         )
-        two = await navi(
+        two = await forked(
             "run", "--session", "s-cli-1", "--llm-url", url, "thanks", env=env, cwd=tmp_path
         )
         async with SQLiteStore.open(tmp_path / "navi.db") as store:
             row = await store.get_session("s-cli-1")
         assert row is not None and row.profile_id == "coder"
         # --profile on an existing session switches it.
-        three = await navi(
+        three = await forked(
             "run",
             "--session",
             "s-cli-1",
@@ -378,10 +392,10 @@ async def test_run_with_the_llm_down_exits_1_with_one_line(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     url = f"http://127.0.0.1:{unused_port()}"
-    done = await navi("run", "--llm-url", url, "hi", env=env, cwd=tmp_path)
+    done = await forked("run", "--llm-url", url, "hi", env=env, cwd=tmp_path)
     assert done.code == 1 and done.out == ""
     assert url in _one_error_line(done)
-    done = await navi("run", "--events", "--llm-url", url, "hi", env=env, cwd=tmp_path)
+    done = await forked("run", "--events", "--llm-url", url, "hi", env=env, cwd=tmp_path)
     assert done.code == 1 and url in _one_error_line(done)
     assert json.loads(done.out.splitlines()[-1])["reason"] == "error"
 
@@ -389,7 +403,7 @@ async def test_run_with_the_llm_down_exits_1_with_one_line(
 async def test_run_with_an_unknown_profile_names_the_profiles(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    done = await navi("run", "--profile", "poet", "hi", env=env, cwd=tmp_path)
+    done = await forked("run", "--profile", "poet", "hi", env=env, cwd=tmp_path)
     assert done.code == 1
     line = _one_error_line(done)
     assert "poet" in line and all(p in line for p in PROFILES)
@@ -398,14 +412,14 @@ async def test_run_with_an_unknown_profile_names_the_profiles(
 async def test_run_with_a_broken_config_or_env_exits_1(env: dict[str, str], tmp_path: Path) -> None:
     cfg = tmp_path / "c.json"
     cfg.write_text("{not json")
-    done = await navi("run", "--config", str(cfg), "hi", env=env, cwd=tmp_path)
+    done = await forked("run", "--config", str(cfg), "hi", env=env, cwd=tmp_path)
     assert done.code == 1 and str(cfg) in _one_error_line(done)
-    done = await navi("run", "hi", env={**env, "OLLAMA_NUM_CTX": "big"}, cwd=tmp_path)
+    done = await forked("run", "hi", env={**env, "OLLAMA_NUM_CTX": "big"}, cwd=tmp_path)
     assert done.code == 1 and "OLLAMA_NUM_CTX" in _one_error_line(done)
-    done = await navi("run", "--session", "bad id!", "hi", env=env, cwd=tmp_path)
+    done = await forked("run", "--session", "bad id!", "hi", env=env, cwd=tmp_path)
     assert done.code == 1 and "bad id!" in _one_error_line(done)
     # NAVI_DEBUG=1 adds the traceback.
-    done = await navi(
+    done = await forked(
         "run", "--config", str(cfg), "hi", env={**env, "NAVI_DEBUG": "1"}, cwd=tmp_path
     )
     assert done.code == 1 and "Traceback" in done.err and "ConfigError" in done.err

@@ -2,7 +2,7 @@
 "Safety"); with no terminal to ask on, `navi run` denies it at once with a line saying so, the model
 reads the denial and goes on; `--mode` is refused when unknown.
 
-Rules: see tests/test_cli.py (real processes, the fake LLM in its own process).
+Rules: see tests/test_cli.py (real processes, forked from the warm fork server).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import fake_llm, messages, navi
+from test_cli import fake_llm, forked, messages
 
 pytestmark = pytest.mark.slow  # its tests start processes
 
@@ -26,8 +26,8 @@ async def test_without_a_terminal_a_call_that_asks_is_denied_and_the_run_goes_on
         {"text": "It was denied, so I stop."},
     ]
     async with fake_llm(tmp_path, replies) as url:
-        done = await navi("run", "--session", "s-ask", "--llm-url", url, "--mode", "full",
-                          "hi", env=env, cwd=tmp_path)  # fmt: skip
+        done = await forked("run", "--session", "s-ask", "--llm-url", url, "--mode", "full",
+                            "hi", env=env, cwd=tmp_path)  # fmt: skip
     assert done.code == 0, done.err
     assert done.out.strip() == "It was denied, so I stop."
     assert "navi: denied terminal" in done.err and "no terminal to ask" in done.err
@@ -38,5 +38,5 @@ async def test_without_a_terminal_a_call_that_asks_is_denied_and_the_run_goes_on
 
 
 async def test_an_unknown_mode_is_refused(env: dict[str, str], tmp_path: Path) -> None:
-    done = await navi("run", "--mode", "godmode", "hi", env=env, cwd=tmp_path)
+    done = await forked("run", "--mode", "godmode", "hi", env=env, cwd=tmp_path)
     assert done.code == 1 and "--mode" in done.err and "godmode" in done.err

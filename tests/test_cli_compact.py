@@ -1,7 +1,7 @@
 """``navi compact --session ID``: the way out of context_too_large from the shell.
 
-Rules: as tests/test_cli.py (real subprocesses, the fake LLM in its own process on
-127.0.0.1, port 0, an absolute deadline per command, the DB under tmp_path).
+Rules: as tests/test_cli.py (real subprocesses forked from the warm fork server, the
+fake LLM on 127.0.0.1, port 0, an absolute deadline per command, the DB under tmp_path).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_cli import ANSWER, _one_error_line, fake_llm, messages, navi
+from test_cli import ANSWER, _one_error_line, fake_llm, forked, messages
 
 from navi_trio.store.sqlite import SQLiteStore
 
@@ -32,15 +32,15 @@ async def test_a_stuck_session_is_compacted_from_the_cli_and_works_again(
     await _seed(db, "s-stuck")
     async with fake_llm(tmp_path, [{"text": ANSWER}]) as url:
         opts = ("--llm-url", url)
-        done = await navi("run", *opts, "--session", "s-stuck", huge, env=env, cwd=tmp_path)
+        done = await forked("run", *opts, "--session", "s-stuck", huge, env=env, cwd=tmp_path)
         assert done.code == 1, done
         assert "navi compact --session s-stuck" in done.out
 
-        done = await navi("compact", *opts, "--session", "s-stuck", env=env, cwd=tmp_path)
+        done = await forked("compact", *opts, "--session", "s-stuck", env=env, cwd=tmp_path)
         assert done.code == 0, done
         assert "compacted: 0 older messages summarised" in done.out and " -> ~" in done.out
 
-        done = await navi("run", *opts, "--session", "s-stuck", "go on", env=env, cwd=tmp_path)
+        done = await forked("run", *opts, "--session", "s-stuck", "go on", env=env, cwd=tmp_path)
         assert done.code == 0, done
         assert done.out.strip() == ANSWER
     history = await messages(db, "s-stuck")
@@ -54,13 +54,13 @@ async def test_compact_names_an_unknown_session_and_nothing_to_compact(
     await _seed(db, "s-short")
     async with fake_llm(tmp_path, [{"text": ANSWER}]) as url:
         opts = ("--llm-url", url)
-        done = await navi("compact", *opts, "--session", "s-nope", env=env, cwd=tmp_path)
+        done = await forked("compact", *opts, "--session", "s-nope", env=env, cwd=tmp_path)
         assert done.code == 1
         assert f"unknown session 's-nope' (in {db})" in _one_error_line(done)
 
-        done = await navi("compact", *opts, "--session", "s-short", env=env, cwd=tmp_path)
+        done = await forked("compact", *opts, "--session", "s-short", env=env, cwd=tmp_path)
         assert done.code == 1
         assert "nothing to compact" in _one_error_line(done)
 
-        done = await navi("compact", *opts, env=env, cwd=tmp_path)
+        done = await forked("compact", *opts, env=env, cwd=tmp_path)
         assert done.code == 1 and "--session" in _one_error_line(done)

@@ -1,9 +1,10 @@
 """What the `navi` command says when something is wrong: one line naming the problem and
 the next step, never an internal code or a traceback.
 
-Rules as in tests/test_cli.py: real ``python -m navi_trio`` subprocesses where the output
-of the command is the point, the fake LLM on 127.0.0.1 (port 0), the DB and the data
-folder under tmp_path, an absolute deadline on every test, nothing sleeps.
+Rules as in tests/test_cli.py: real `navi` processes (forked from the warm fork server,
+tests/navi_forks.py) where the output of the command is the point, the fake LLM on
+127.0.0.1 (port 0), the DB and the data folder under tmp_path, an absolute deadline on
+every test, nothing sleeps.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import navi_forks
 import pytest
 import trio
 from daemons import no_plan_config
-from test_api_daemon import serve
-from test_cli import ANSWER, PROFILES, _one_error_line, fake_llm, navi
+from test_cli import ANSWER, PROFILES, _one_error_line, fake_llm, forked
 
 from navi_trio.cli.doctor import collect_doctor, print_doctor
 from navi_trio.errors import ConfigError
@@ -56,7 +57,7 @@ async def test_a_run_ended_by_its_budget_says_which_budget(
     (tmp_path / "a.txt").write_text("hi\n")
     read = {"name": "filesystem", "arguments": {"action": "read", "path": "a.txt"}}
     async with fake_llm(tmp_path, [{"tool_calls": [read]}]) as url:  # again and again
-        done = await navi(
+        done = await forked(
             "run", "--llm-url", url, "--backend", "ollama", "--config", str(config),
             "read a.txt", env=env, cwd=tmp_path,
         )  # fmt: skip
@@ -70,11 +71,14 @@ async def test_the_daemons_refusals_are_its_words_and_what_to_do(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     data = Path(env["NAVI_DATA_DIR"])
-    async with fake_llm(tmp_path, [{"text": ANSWER}]) as llm, serve(env, llm) as daemon:
+    async with (
+        fake_llm(tmp_path, [{"text": ANSWER}]) as llm,
+        navi_forks.serving(env, llm) as daemon,
+    ):
         url = daemon.url
 
         async def said(*args: str) -> str:
-            done = await navi(*args, "--url", url, env=env, cwd=tmp_path)
+            done = await forked(*args, "--url", url, env=env, cwd=tmp_path)
             assert done.code == 1 and done.out == "", done
             line = _one_error_line(done)
             assert done.err_lines == [line], done.err  # no `session: s-…` of a refused run
@@ -83,7 +87,7 @@ async def test_the_daemons_refusals_are_its_words_and_what_to_do(
         # Empty lists say so.
         for args, text in ((("tasks",), "no tasks"), (("schedule", "list"), "no schedules"),
                            (("sessions",), "no sessions")):  # fmt: skip
-            done = await navi(*args, "--url", url, env=env, cwd=tmp_path)
+            done = await forked(*args, "--url", url, env=env, cwd=tmp_path)
             assert (done.code, done.out, done.err) == (0, text + "\n", ""), done
         # The daemon's words, without its wire code.
         assert await said("schedule", "add", "--new", "--every", "10", "hi") == (

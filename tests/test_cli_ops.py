@@ -1,10 +1,12 @@
 """`navi run` as a real process among others: one database shared by several processes,
 stop signals, background jobs, and odd input.
 
-Rules as in tests/test_cli.py: real ``python -m navi_trio`` subprocesses, the fake LLM
-on 127.0.0.1 (port 0) in the test's own trio loop, the DB under tmp_path, an absolute
-deadline on every test, no sleeps: the tests wait for markers on the CLI's output, read
-PIDs from FIFOs the tool's shell writes, and observe deaths through pidfds.
+Rules as in tests/test_cli.py: real `navi` processes, forked from the warm fork server
+(tests/navi_forks.py) but for the owner killed mid-run and the SIGHUP test (which reads
+what Python says at its exit): ``python -m navi_trio``. The fake LLM on 127.0.0.1 (port
+0) in the test's own trio loop, the DB under tmp_path, an absolute deadline on every
+test, no sleeps: the tests wait for markers on the CLI's output, read PIDs from FIFOs
+the tool's shell writes, and observe deaths through pidfds.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import navi_forks
 import pytest
 import trio
 from kvfake import PidWatch, is_gone
@@ -27,8 +30,8 @@ from test_cli import (
     _one_error_line,
     _read_until,
     fake_llm_here,
+    forked,
     messages,
-    navi,
 )
 from test_no_orphans import spawner
 from unsandboxed import FULL_ARGS, unsandboxed_config
@@ -49,7 +52,7 @@ async def start_navi(*args: str, env: dict[str, str], cwd: Path) -> trio.Process
     )  # fmt: skip
 
 
-async def finish(proc: trio.Process) -> tuple[int, str, str]:
+async def finish(proc: trio.Process | navi_forks.Forked) -> tuple[int, str, str]:
     """Wait for the exit; everything left on stdout and stderr."""
     assert proc.stdout is not None and proc.stderr is not None
     code = await proc.wait()
@@ -64,7 +67,7 @@ async def finish(proc: trio.Process) -> tuple[int, str, str]:
 PIDS_SEC = DEADLINE * 3 / 4  # the last quarter of the test's limit is for the stop itself
 
 
-async def tool_pids(proc: trio.Process, fifo: Path, count: int) -> list[int]:
+async def tool_pids(proc: trio.Process | navi_forks.Forked, fifo: Path, count: int) -> list[int]:
     """The pids the tool's spawner writes to `fifo`. A navi that exits first fails the
     test at once with what it printed: its tool never opens the FIFO then, and the read
     would wait to the test's limit saying nothing of why (seen once in CI). A tool that
@@ -96,7 +99,7 @@ async def tool_pids(proc: trio.Process, fifo: Path, count: int) -> list[int]:
     return pids
 
 
-async def reap(proc: trio.Process) -> None:
+async def reap(proc: trio.Process | navi_forks.Forked) -> None:
     proc.kill()
     with trio.CancelScope(shield=True):
         await proc.wait()
@@ -122,8 +125,8 @@ async def test_runs_of_different_sessions_in_parallel_processes_all_succeed(
     async with fake_llm_here([{"text": ANSWER}]) as url:
 
         async def one(sid: str) -> None:
-            results[sid] = await navi("run", "--session", sid, "--llm-url", url, "hi",
-                                      env=env, cwd=tmp_path)  # fmt: skip
+            results[sid] = await forked("run", "--session", sid, "--llm-url", url, "hi",
+                                        env=env, cwd=tmp_path)  # fmt: skip
 
         with trio.fail_after(DEADLINE * 2):
             async with trio.open_nursery() as nursery:
@@ -142,18 +145,18 @@ async def test_a_second_process_on_a_running_session_is_told_it_is_busy(
 ) -> None:
     replies: list[dict[str, Any]] = [{"text": "partial answer", "stall": True}, {"text": ANSWER}]
     async with fake_llm_here(replies) as url:
-        first = await start_navi("run", "--session", "s-busy", "--llm-url", url, "hi",
-                                 env=env, cwd=tmp_path)  # fmt: skip
+        first = await navi_forks.start("run", "--session", "s-busy", "--llm-url", url, "hi",
+                                       env=env, cwd=tmp_path)  # fmt: skip
         assert first.stdout is not None
         try:
             with trio.fail_after(DEADLINE):
                 await _read_until(first.stdout, b"partial answer")  # it holds the session
-                second = await navi("run", "--session", "s-busy", "--llm-url", url, "me too",
-                                    env=env, cwd=tmp_path)  # fmt: skip
+                second = await forked("run", "--session", "s-busy", "--llm-url", url, "me too",
+                                      env=env, cwd=tmp_path)  # fmt: skip
                 first.send_signal(signal.SIGINT)
                 code, _, err = await finish(first)
-                third = await navi("run", "--session", "s-busy", "--llm-url", url, "now",
-                                   env=env, cwd=tmp_path)  # fmt: skip
+                third = await forked("run", "--session", "s-busy", "--llm-url", url, "now",
+                                     env=env, cwd=tmp_path)  # fmt: skip
         finally:
             await reap(first)
     assert second.code == 1 and second.out == ""
@@ -181,8 +184,8 @@ async def test_a_crashed_owner_does_not_block_its_session(
                 await _read_until(first.stdout, b"partial answer")
                 first.kill()  # SIGKILL: no clean-up, the lease row stays behind
                 await first.wait()
-                again = await navi("run", "--session", "s-crash", "--llm-url", url, "again",
-                                   env=env, cwd=tmp_path)  # fmt: skip
+                again = await forked("run", "--session", "s-crash", "--llm-url", url, "again",
+                                     env=env, cwd=tmp_path)  # fmt: skip
         finally:
             await reap(first)
     assert again.code == 0 and again.out == ANSWER + "\n", again
@@ -206,8 +209,8 @@ async def test_a_stop_signal_kills_the_tools_processes_and_saves_the_stopped_tur
         {"text": "never asked"},
     ]
     async with fake_llm_here(replies) as url:
-        proc = await start_navi("run", "--session", "s-sig", "--llm-url", url, *FULL_ARGS, "go",
-                                env=env, cwd=tmp_path)  # fmt: skip
+        proc = await navi_forks.start("run", "--session", "s-sig", "--llm-url", url,
+                                      *FULL_ARGS, "go", env=env, cwd=tmp_path)  # fmt: skip
         try:
             with trio.fail_after(DEADLINE):
                 pids = await tool_pids(proc, fifo, 4)  # the shell, its children, a grandchild
@@ -270,8 +273,8 @@ async def test_run_waits_for_its_background_task_and_keeps_its_note(
     os.mkfifo(go)
     replies = [background_call(f"read x < {go}; echo bg-result-$x"), {"text": "Started it."}]
     async with fake_llm_here(replies) as url:
-        proc = await start_navi("run", "--session", "s-bg", "--llm-url", url, "go",
-                                env=env, cwd=tmp_path)  # fmt: skip
+        proc = await navi_forks.start("run", "--session", "s-bg", "--llm-url", url, "go",
+                                      env=env, cwd=tmp_path)  # fmt: skip
         assert proc.stderr is not None
         try:
             with trio.fail_after(DEADLINE):
@@ -302,8 +305,8 @@ async def test_a_stop_signal_while_waiting_cancels_the_background_tasks(
     os.mkfifo(fifo)
     replies = [background_call(spawner(fifo)), {"text": "Started it."}]
     async with fake_llm_here(replies) as url:
-        proc = await start_navi("run", "--session", "s-bgc", "--llm-url", url, *FULL_ARGS, "go",
-                                env=env, cwd=tmp_path)  # fmt: skip
+        proc = await navi_forks.start("run", "--session", "s-bgc", "--llm-url", url,
+                                      *FULL_ARGS, "go", env=env, cwd=tmp_path)  # fmt: skip
         assert proc.stderr is not None
         try:
             with trio.fail_after(DEADLINE):
@@ -330,10 +333,10 @@ async def test_a_stop_signal_while_waiting_cancels_the_background_tasks(
 async def test_an_empty_or_overlong_session_id_is_refused_in_one_short_line(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    done = await navi("run", "--session", "", "hi", env=env, cwd=tmp_path)
+    done = await forked("run", "--session", "", "hi", env=env, cwd=tmp_path)
     assert done.code == 1 and "--session: the session id is empty" in _one_error_line(done)
     long_id = "x" * 5000 + "!"
-    done = await navi("run", "--session", long_id, "hi", env=env, cwd=tmp_path)
+    done = await forked("run", "--session", long_id, "hi", env=env, cwd=tmp_path)
     line = _one_error_line(done)
     assert done.code == 1 and "invalid session id 'xxxx" in line and "5001 characters" in line
     assert len(line) < 300, len(line)
@@ -368,7 +371,7 @@ def test_an_unusable_llm_url_is_refused_naming_it(given: str) -> None:
 async def test_a_bare_ollama_host_reaches_the_server(env: dict[str, str], tmp_path: Path) -> None:
     async with fake_llm_here([{"text": ANSWER}]) as url:
         bare = url.removeprefix("http://")
-        done = await navi("run", "hi", env={**env, "OLLAMA_HOST": bare}, cwd=tmp_path)
+        done = await forked("run", "hi", env={**env, "OLLAMA_HOST": bare}, cwd=tmp_path)
     assert done.code == 0 and done.out == ANSWER + "\n", done
 
 
@@ -382,7 +385,7 @@ async def test_doctor_reads_an_existing_database_without_writing_it(
 ) -> None:
     db = tmp_path / "navi.db"
     down = "http://127.0.0.1:9"
-    done = await navi("doctor", "--llm-url", down, "--json", env=env, cwd=tmp_path)
+    done = await forked("doctor", "--llm-url", down, "--json", env=env, cwd=tmp_path)
     report = json.loads(done.out)
     assert done.code == 0 and report["db"] == {"path": str(db), "existed": False, "ok": True,
                                                "tables": None}  # fmt: skip
@@ -390,7 +393,7 @@ async def test_doctor_reads_an_existing_database_without_writing_it(
     async with SQLiteStore.open(db) as store:
         await store.create_session("s-1", profile_id="general")
     before = files(tmp_path)
-    done = await navi("doctor", "--llm-url", down, env=env, cwd=tmp_path)
+    done = await forked("doctor", "--llm-url", down, env=env, cwd=tmp_path)
     assert done.code == 0 and "sessions=1" in done.out, done
     assert files(tmp_path) == before
     # While a writer has it open: the database and its log stay as they were (the -shm
@@ -398,15 +401,15 @@ async def test_doctor_reads_an_existing_database_without_writing_it(
     async with SQLiteStore.open(db) as store:
         await store.create_session("s-2", profile_id="general")
         before = files(tmp_path)
-        done = await navi("doctor", "--llm-url", down, env=env, cwd=tmp_path)
+        done = await forked("doctor", "--llm-url", down, env=env, cwd=tmp_path)
         assert done.code == 0 and "sessions=2" in done.out, done
         after = files(tmp_path)
         assert {n: after[n] for n in ("navi.db", "navi.db-wal")} == {
             n: before[n] for n in ("navi.db", "navi.db-wal")
         }
     (tmp_path / "other.db").write_bytes(b"")  # an empty file is no navi database
-    done = await navi("doctor", "--db", str(tmp_path / "other.db"), "--llm-url", down,
-                      env=env, cwd=tmp_path)  # fmt: skip
+    done = await forked("doctor", "--db", str(tmp_path / "other.db"), "--llm-url", down,
+                        env=env, cwd=tmp_path)  # fmt: skip
     assert done.code == 1 and "not a navi database" in _one_error_line(done)
 
 

@@ -11,10 +11,11 @@ privately and speaks the same WebSocket protocol to that server.
 - `navi compact` goes to the daemon when one answers, and is told a session is busy
   when another process runs it.
 
-Rules: real ``python -m navi_trio`` subprocesses where the command is the point, real
-WebSocket connections on 127.0.0.1 (port 0), the fake LLM on 127.0.0.1, the DB under
-tmp_path, an absolute deadline on every test, no sleeps (the busy test waits for the
-partial answer on the first process's stdout).
+Rules: real `navi` processes where the command is the point (forked from the warm fork
+server, tests/navi_forks.py; `navi mcp serve`: ``python -m navi_trio``), real WebSocket
+connections on 127.0.0.1 (port 0), the fake LLM on 127.0.0.1, the DB under tmp_path, an
+absolute deadline on every test, no sleeps (the busy test waits for the partial answer
+on the first process's stdout).
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import navi_forks
 import pytest
 import trio
-from test_api_daemon import serve
-from test_cli import ANSWER, _one_error_line, _read_until, fake_llm, navi
-from test_cli_ops import finish, reap, start_navi
+from test_cli import ANSWER, _one_error_line, _read_until, fake_llm, forked
+from test_cli_ops import finish, reap
 from test_mcp_serve import mcp_serve
 
 from navi_trio import wire
@@ -113,12 +114,12 @@ async def test_every_verb_without_a_daemon_connects_to_its_private_server(
     debug = {**env, "NAVI_DEBUG": "1"}
     with trio.fail_after(DEADLINE):
         async with fake_llm(tmp_path, [{"text": ANSWER}]) as url:
-            ran = await navi("run", "--session", "s-verb", "--llm-url", url, "hi",
-                             env=debug, cwd=tmp_path)  # fmt: skip
+            ran = await forked("run", "--session", "s-verb", "--llm-url", url, "hi",
+                               env=debug, cwd=tmp_path)  # fmt: skip
             done = []
             for verb, code, said in VERBS:
                 llm = ("--llm-url", url) if verb[0] == "compact" else ()  # never Ollama's
-                done.append((verb, code, said, await navi(*verb, *llm, env=debug, cwd=tmp_path)))
+                done.append((verb, code, said, await forked(*verb, *llm, env=debug, cwd=tmp_path)))
     assert ran.code == 0 and ran.out == ANSWER + "\n", ran
     for verb, code, said, got in [(("run",), 0, ANSWER, ran), *done]:
         assert got.code == code, (verb, got)
@@ -134,12 +135,12 @@ async def test_sessions_and_tasks_without_a_daemon_read_the_local_database(
 ) -> None:
     with trio.fail_after(DEADLINE):
         async with fake_llm(tmp_path, [{"text": ANSWER}]) as url:
-            ran = await navi("run", "--session", "s-here", "--llm-url", url, "hello there",
-                             env=env, cwd=tmp_path)  # fmt: skip
-        listed = await navi("sessions", "--json", env=env, cwd=tmp_path)
-        history = await navi("sessions", "history", "s-here", env=env, cwd=tmp_path)
-        tasks = await navi("tasks", env=env, cwd=tmp_path)
-        gone = await navi("sessions", "delete", "s-here", env=env, cwd=tmp_path)
+            ran = await forked("run", "--session", "s-here", "--llm-url", url, "hello there",
+                               env=env, cwd=tmp_path)  # fmt: skip
+        listed = await forked("sessions", "--json", env=env, cwd=tmp_path)
+        history = await forked("sessions", "history", "s-here", env=env, cwd=tmp_path)
+        tasks = await forked("tasks", env=env, cwd=tmp_path)
+        gone = await forked("sessions", "delete", "s-here", env=env, cwd=tmp_path)
     assert ran.code == 0, ran
     assert listed.code == 0, listed
     (row,) = json.loads(listed.out)["sessions"]
@@ -155,9 +156,9 @@ async def test_schedule_add_without_a_daemon_is_refused_in_one_line(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        added = await navi("schedule", "add", "--new", "--every", "10m", "hi",
-                           env=env, cwd=tmp_path)  # fmt: skip
-        listed = await navi("schedule", "list", env=env, cwd=tmp_path)
+        added = await forked("schedule", "add", "--new", "--every", "10m", "hi",
+                             env=env, cwd=tmp_path)  # fmt: skip
+        listed = await forked("schedule", "list", env=env, cwd=tmp_path)
     assert added.code == 1 and added.out == ""
     line = _one_error_line(added)
     assert "a schedule runs in a daemon, as one of its users" in line and "navi serve" in line
@@ -168,11 +169,14 @@ async def test_compact_goes_to_the_daemon_that_answers(env: dict[str, str], tmp_
     env = {**env, "OLLAMA_NUM_CTX": "1024"}
     huge = "START " + "word " * 1500 + "END"
     with trio.fail_after(DEADLINE):
-        async with fake_llm(tmp_path, [{"text": ANSWER}]) as llm, serve(env, llm) as daemon:
+        async with (
+            fake_llm(tmp_path, [{"text": ANSWER}]) as llm,
+            navi_forks.serving(env, llm) as daemon,
+        ):
             url = ("--url", daemon.url)
-            stuck = await navi("run", *url, "--session", "s-big", huge, env=env, cwd=tmp_path)
-            done = await navi("compact", *url, "--session", "s-big", env=env, cwd=tmp_path)
-            again = await navi("run", *url, "--session", "s-big", "go on", env=env, cwd=tmp_path)
+            stuck = await forked("run", *url, "--session", "s-big", huge, env=env, cwd=tmp_path)
+            done = await forked("compact", *url, "--session", "s-big", env=env, cwd=tmp_path)
+            again = await forked("run", *url, "--session", "s-big", "go on", env=env, cwd=tmp_path)
             log = (await daemon.stderr.receive_some(1 << 20)).decode()
     assert stuck.code == 1 and "navi compact --session s-big" in stuck.out, stuck
     assert done.code == 0, done
@@ -185,17 +189,17 @@ async def test_compact_of_a_session_another_process_runs_is_refused_and_the_daem
     env: dict[str, str], tmp_path: Path
 ) -> None:
     replies: list[dict[str, Any]] = [{"text": "partial answer", "stall": True}]
-    async with fake_llm(tmp_path, replies) as llm, serve(env, llm) as daemon:
-        first = await start_navi("run", "--session", "s-held", "--llm-url", llm, "hi",
-                                 env=env, cwd=tmp_path)  # fmt: skip
+    async with fake_llm(tmp_path, replies) as llm, navi_forks.serving(env, llm) as daemon:
+        first = await navi_forks.start("run", "--session", "s-held", "--llm-url", llm, "hi",
+                                       env=env, cwd=tmp_path)  # fmt: skip
         assert first.stdout is not None
         try:
             with trio.fail_after(DEADLINE):
                 await _read_until(first.stdout, b"partial answer")  # it holds the session
                 url = ("--url", daemon.url)
-                compact = await navi("compact", *url, "--session", "s-held",
-                                     env=env, cwd=tmp_path)  # fmt: skip
-                listed = await navi("sessions", *url, env=env, cwd=tmp_path)
+                compact = await forked("compact", *url, "--session", "s-held",
+                                       env=env, cwd=tmp_path)  # fmt: skip
+                listed = await forked("sessions", *url, env=env, cwd=tmp_path)
                 first.send_signal(signal.SIGINT)
                 code, _, err = await finish(first)
         finally:

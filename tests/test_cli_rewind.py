@@ -3,9 +3,9 @@ daemon (the frames, the token's user checked) and in a runtime of their own on t
 database when no daemon is there; the preview first, nothing changed without a yes, the
 undo it prints works, a fork prints the new session.
 
-Rules: real ``python -m navi_trio`` subprocesses; the daemon (tests/api_ws.py) and the
-fake LLM in this process on 127.0.0.1; the DB and folders under tmp_path; an absolute
-deadline on every test; no sleeps.
+Rules: real `navi` processes (forked from the warm fork server, tests/navi_forks.py);
+the daemon (tests/api_ws.py) and the fake LLM in this process on 127.0.0.1; the DB and
+folders under tmp_path; an absolute deadline on every test; no sleeps.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import trio
 from api_ws import Daemon, open_daemon
 from rewind_kit import PROFILES, TIMEOUT, calls, say, tree_of, turn, write
 from test_api_rewind import REPLIES, idle, message
-from test_cli import navi
+from test_cli import forked
 
 from navi_trio.testing import open_harness
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow  # its tests start processes
 async def cli(d: Daemon, user: str, *args: str, environ: dict[str, str], cwd: Path) -> tuple[
     int, str, str
 ]:  # fmt: skip
-    done = await navi(*args, "--url", d.url, "--token", d.tokens[user], env=environ, cwd=cwd)
+    done = await forked(*args, "--url", d.url, "--token", d.tokens[user], env=environ, cwd=cwd)
     return done.code, done.out, done.err
 
 
@@ -105,14 +105,14 @@ async def test_navi_rewind_and_fork_work_on_the_local_database_without_a_daemon(
             await turn(h, "s-local", "change it", cwd=work, user_role="admin")
         assert (work / "a.txt").read_text() == "v1\n"
         args = ("--session", "s-local", "--db", str(tmp_path / "navi.db"))
-        done = await navi("rewind", *args, "--to", "1", "--restore", "files", "--yes",
-                          env=env, cwd=tmp_path)  # fmt: skip
+        done = await forked("rewind", *args, "--to", "1", "--restore", "files", "--yes",
+                            env=env, cwd=tmp_path)  # fmt: skip
         assert done.code == 0, done.err
         assert (work / "a.txt").read_text() == "v0\n"
         assert "undo it with: navi rewind --session s-local --branch b-" in done.out
-        done = await navi("fork", *args, "--new", "s-copy", env=env, cwd=tmp_path)
+        done = await forked("fork", *args, "--new", "s-copy", env=env, cwd=tmp_path)
         assert done.code == 0, done.err
         assert "forked s-local into s-copy (4 message(s))" in done.out
-        done = await navi("rewind", "--session", "s-nope", "--db", str(tmp_path / "navi.db"),
-                          "--list", env=env, cwd=tmp_path)  # fmt: skip
+        done = await forked("rewind", "--session", "s-nope", "--db", str(tmp_path / "navi.db"),
+                            "--list", env=env, cwd=tmp_path)  # fmt: skip
         assert done.code == 1 and f"no session 's-nope' (in {tmp_path / 'navi.db'})" in done.err

@@ -6,7 +6,8 @@ the `navi run` process and their note reaches the next turn after the client has
 and Ctrl-C stops the daemon's run. Failures are one line.
 
 Rules: see tests/test_api_daemon.py (loopback, port 0, real processes, absolute
-deadlines, no sleeps: the tests wait for output or frames).
+deadlines, no sleeps: the tests wait for output or frames); the daemon and the `navi`
+commands are forked from the warm fork server (tests/navi_forks.py).
 """
 
 from __future__ import annotations
@@ -14,15 +15,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+import navi_forks
 import pytest
 import trio
-from test_api_daemon import SLOW, client, serve
-from test_cli import _read_until, fake_llm, messages, navi, unused_port
+from test_api_daemon import SLOW, client
+from test_cli import _read_until, fake_llm, forked, messages, unused_port
 from test_cli_ops import background_call, finish, reap
 
 from navi_trio.store.sqlite import SQLiteStore
@@ -61,18 +61,20 @@ async def test_the_same_run_gives_the_same_output_with_and_without_a_daemon(
         async with fake_llm(tmp_path, [{"text": ANSWER}]) as llm:
             env = {**env, "OLLAMA_HOST": llm}
             # No daemon ever ran here (no local token): in this process.
-            alone = await navi("run", "hi", env=env, cwd=tmp_path)
-            alone_ev = await navi("run", "--events", "hi", env=env, cwd=tmp_path)
+            alone = await forked("run", "hi", env=env, cwd=tmp_path)
+            alone_ev = await forked("run", "--events", "hi", env=env, cwd=tmp_path)
             # In this process too, the run is a session actor's (its log says so).
-            traced = await navi("run", "hi", env={**env, "NAVI_DEBUG": "1"}, cwd=tmp_path)
-            async with serve(env, llm) as proc:
+            traced = await forked("run", "hi", env={**env, "NAVI_DEBUG": "1"}, cwd=tmp_path)
+            async with navi_forks.serving(env, llm) as proc:
                 url = proc.url
-                daemon = await navi("run", "--url", url, "hi", env=env, cwd=tmp_path)
-                daemon_ev = await navi("run", "--url", url, "--events", "hi", env=env, cwd=tmp_path)
-                listed = await navi("sessions", "--url", url, "--json", env=env, cwd=tmp_path)
+                daemon = await forked("run", "--url", url, "hi", env=env, cwd=tmp_path)
+                daemon_ev = await forked(
+                    "run", "--url", url, "--events", "hi", env=env, cwd=tmp_path
+                )
+                listed = await forked("sessions", "--url", url, "--json", env=env, cwd=tmp_path)
                 sid = _session(daemon.err)
-                history = await navi("sessions", "history", sid, "--url", url, "--json",
-                                     env=env, cwd=tmp_path)  # fmt: skip
+                history = await forked("sessions", "history", sid, "--url", url, "--json",
+                                       env=env, cwd=tmp_path)  # fmt: skip
                 busy = [s for s in json.loads(listed.out)["sessions"] if s["busy"]]
             daemon_log = (await proc.stderr.receive_some(1 << 20)).decode()
     for done in (alone, alone_ev, daemon, daemon_ev):
@@ -103,9 +105,9 @@ async def test_a_background_job_outlives_navi_run_and_its_note_reaches_the_next_
                {"text": "Noted."}]  # fmt: skip
     data = Path(env["NAVI_DATA_DIR"])
     with trio.fail_after(DEADLINE):
-        async with fake_llm(tmp_path, replies) as llm, serve(env, llm) as proc:
-            first = await navi("run", "--url", proc.url, "--session", "s-bg", "hi",
-                               env=env, cwd=tmp_path)  # fmt: skip
+        async with fake_llm(tmp_path, replies) as llm, navi_forks.serving(env, llm) as proc:
+            first = await forked("run", "--url", proc.url, "--session", "s-bg", "hi",
+                                 env=env, cwd=tmp_path)  # fmt: skip
             # navi run is gone; the job still waits on the fifo, in the daemon.
             assert first.code == 0 and first.out == "Started it.\n", first
             assert "waiting for" not in first.err
@@ -120,8 +122,8 @@ async def test_a_background_job_outlives_navi_run_and_its_note_reaches_the_next_
 
                 await trio.to_thread.run_sync(release)
                 await c.until_type("task_update", session_id="s-bg", status="completed")
-            second = await navi("run", "--url", proc.url, "--session", "s-bg", "thanks",
-                                env=env, cwd=tmp_path)  # fmt: skip
+            second = await forked("run", "--url", proc.url, "--session", "s-bg", "thanks",
+                                  env=env, cwd=tmp_path)  # fmt: skip
             assert second.code == 0 and second.out == "Noted.\n", second
             async with SQLiteStore.open(Path(env["NAVI_DB"])) as store:
                 context = await store.load_context("s-bg")
@@ -131,12 +133,9 @@ async def test_a_background_job_outlives_navi_run_and_its_note_reaches_the_next_
 
 async def test_ctrl_c_stops_the_daemons_run(env: dict[str, str], tmp_path: Path) -> None:
     with trio.fail_after(DEADLINE):
-        async with fake_llm(tmp_path, [SLOW]) as llm, serve(env, llm) as daemon:
-            proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "navi_trio", "run", "--url", daemon.url, "--session",
-                 "s-stop", "hi"],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path,
-            )  # fmt: skip
+        async with fake_llm(tmp_path, [SLOW]) as llm, navi_forks.serving(env, llm) as daemon:
+            proc = await navi_forks.start("run", "--url", daemon.url, "--session", "s-stop",
+                                          "hi", env=env, cwd=tmp_path)  # fmt: skip
             assert proc.stdout is not None
             try:
                 out = await _read_until(proc.stdout, b"word3 ")
@@ -155,14 +154,14 @@ async def test_ctrl_c_stops_the_daemons_run(env: dict[str, str], tmp_path: Path)
 async def test_daemon_failures_are_one_line(env: dict[str, str], tmp_path: Path) -> None:
     closed = f"ws://127.0.0.1:{unused_port()}/"
     with trio.fail_after(DEADLINE):
-        none = await navi("run", "--url", closed, "--token", "t", "hi", env=env, cwd=tmp_path)
-        both = await navi("run", "--url", closed, "--db", "x.db", "hi", env=env, cwd=tmp_path)
-        no_token = await navi("run", "--url", closed, "hi", env=env, cwd=tmp_path)
-        async with fake_llm(tmp_path, [{"text": "x"}]) as llm, serve(env, llm) as proc:
-            bad = await navi("run", "--url", proc.url, "--token", "wrong", "hi",
-                             env=env, cwd=tmp_path)  # fmt: skip
-            profile = await navi("run", "--url", proc.url, "--profile", "nope", "hi",
-                                 env=env, cwd=tmp_path)  # fmt: skip
+        none = await forked("run", "--url", closed, "--token", "t", "hi", env=env, cwd=tmp_path)
+        both = await forked("run", "--url", closed, "--db", "x.db", "hi", env=env, cwd=tmp_path)
+        no_token = await forked("run", "--url", closed, "hi", env=env, cwd=tmp_path)
+        async with fake_llm(tmp_path, [{"text": "x"}]) as llm, navi_forks.serving(env, llm) as proc:
+            bad = await forked("run", "--url", proc.url, "--token", "wrong", "hi",
+                               env=env, cwd=tmp_path)  # fmt: skip
+            profile = await forked("run", "--url", proc.url, "--profile", "nope", "hi",
+                                   env=env, cwd=tmp_path)  # fmt: skip
     for done, words in (
         (none, f"no daemon answers at {closed}"),
         (both, "--url runs the turn in the daemon"),

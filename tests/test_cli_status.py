@@ -1,10 +1,11 @@
 """`navi status` and `navi stop` on real daemons, each port with its own pid file, and
 `navi serve` on a port that is taken.
 
-Rules as in tests/test_cli.py: real ``python -m navi_trio`` processes on 127.0.0.1, the
-fake LLM in its own process, the DBs and the data folder under tmp_path, an absolute
-deadline on every test; nothing sleeps: `navi stop` itself waits for the daemon's exit,
-and the test reaps it. Every daemon is killed at the end.
+Rules as in tests/test_cli.py: real `navi` processes on 127.0.0.1, forked from the warm
+fork server (tests/navi_forks.py), the fake LLM in the test's loop, the DBs and the data
+folder under tmp_path, an absolute deadline on every test; nothing sleeps: `navi stop`
+itself waits for the daemon's exit, and the test reaps it. Every daemon is killed at the
+end.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import navi_forks
 import pytest
 import trio
-from test_api_daemon import serve
-from test_cli import ANSWER, DEADLINE, _one_error_line, fake_llm, navi
+from test_cli import ANSWER, DEADLINE, _one_error_line, fake_llm, forked
 
 from navi_trio.client.daemon import pid_file
 
@@ -42,11 +43,14 @@ async def test_status_names_each_daemon_and_stop_waits_for_the_one_asked(
 ) -> None:
     data = Path(env["NAVI_DATA_DIR"])
     async with fake_llm(tmp_path, [{"text": ANSWER}]) as llm:
-        async with serve(env, llm) as a, serve(env, llm) as b:  # one data folder, two ports
+        async with (
+            navi_forks.serving(env, llm) as a,
+            navi_forks.serving(env, llm) as b,
+        ):  # one data folder, two ports
             ports = {port_of(a): a.pid, port_of(b): b.pid}
             for port, pid in ports.items():  # each its own pid file, written once listening
                 assert pid_file(data, port).read_text() == f"{pid}\n"
-            status = await navi("status", "--port", quiet_port, env=env, cwd=tmp_path)
+            status = await forked("status", "--port", quiet_port, env=env, cwd=tmp_path)
             assert status.code == 0 and status.err == "", status
             lines = status.out.splitlines()
             assert len(lines) == 2, status.out
@@ -54,9 +58,9 @@ async def test_status_names_each_daemon_and_stop_waits_for_the_one_asked(
                 assert line.startswith(f"ws://127.0.0.1:{port}/  pid {pid}  since "), line
                 assert line.endswith("backend ollama  log: its terminal (navi serve)"), line
 
-            many = await navi("stop", env=env, cwd=tmp_path)
+            many = await forked("stop", env=env, cwd=tmp_path)
             assert many.code == 1 and "say which with --port" in _one_error_line(many)
-            stop = await navi("stop", "--port", str(port_of(a)), env=env, cwd=tmp_path)
+            stop = await forked("stop", "--port", str(port_of(a)), env=env, cwd=tmp_path)
             assert stop.code == 0, stop
             assert stop.out.splitlines() == [
                 f"stopping the navi daemon on port {port_of(a)} (pid {a.pid})…",
@@ -65,7 +69,7 @@ async def test_status_names_each_daemon_and_stop_waits_for_the_one_asked(
             with trio.fail_after(DEADLINE):
                 assert await a.wait() == 0  # it had exited: its clean shutdown
             assert not pid_file(data, port_of(a)).exists()  # removed on its way out
-            status = await navi("status", "--port", quiet_port, env=env, cwd=tmp_path)
+            status = await forked("status", "--port", quiet_port, env=env, cwd=tmp_path)
             assert [ln.split("  ")[:2] for ln in status.out.splitlines()] == [
                 [b.url, f"pid {b.pid}"]
             ]
@@ -74,12 +78,12 @@ async def test_status_names_each_daemon_and_stop_waits_for_the_one_asked(
             b.kill()
             with trio.fail_after(DEADLINE):
                 await b.wait()
-            status = await navi("status", "--port", quiet_port, env=env, cwd=tmp_path)
+            status = await forked("status", "--port", quiet_port, env=env, cwd=tmp_path)
             assert status.code == 1
             assert status.out.splitlines()[0] == (
                 f"port {port_of(b)}: the daemon of pid {b.pid} is gone (a stale pid file)"
             )
-            stale = await navi("stop", "--port", str(port_of(b)), env=env, cwd=tmp_path)
+            stale = await forked("stop", "--port", str(port_of(b)), env=env, cwd=tmp_path)
             assert stale.code == 0 and "its stale pid file is removed" in stale.out
             assert not pid_file(data, port_of(b)).exists()
 
@@ -87,8 +91,8 @@ async def test_status_names_each_daemon_and_stop_waits_for_the_one_asked(
 async def test_a_start_that_fails_writes_no_pid_file(env: dict[str, str], tmp_path: Path) -> None:
     bad = tmp_path / "config.json"
     bad.write_text("{\n}\n,")
-    done = await navi("serve", "--port", "0", "--config", str(bad), "--llm-url",
-                      "http://127.0.0.1:9", env=env, cwd=tmp_path)  # fmt: skip
+    done = await forked("serve", "--port", "0", "--config", str(bad), "--llm-url",
+                        "http://127.0.0.1:9", env=env, cwd=tmp_path)  # fmt: skip
     assert done.code == 1 and "config.json" in _one_error_line(done)
     assert not list(Path(env["NAVI_DATA_DIR"]).glob("*.pid"))  # noqa: ASYNC240
 
@@ -96,10 +100,13 @@ async def test_a_start_that_fails_writes_no_pid_file(env: dict[str, str], tmp_pa
 async def test_a_port_in_use_names_who_answers_there_before_anything_else(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    async with fake_llm(tmp_path, [{"text": ANSWER}]) as llm, serve(env, llm) as daemon:
+    async with (
+        fake_llm(tmp_path, [{"text": ANSWER}]) as llm,
+        navi_forks.serving(env, llm) as daemon,
+    ):
         port = port_of(daemon)
         # Nothing configured: the backend would be chosen and said first; the port comes first.
-        done = await navi("serve", "--port", str(port), env=env, cwd=tmp_path)
+        done = await forked("serve", "--port", str(port), env=env, cwd=tmp_path)
         assert done.code == 1 and done.out == ""
         assert done.err_lines == [
             f"navi: error: port {port} (127.0.0.1) is in use: a navi daemon of this data folder "
@@ -108,7 +115,7 @@ async def test_a_port_in_use_names_who_answers_there_before_anything_else(
         ]
         # Another data folder's daemon: it refuses this folder's token.
         elsewhere = {**env, "NAVI_DATA_DIR": str(tmp_path / "elsewhere")}
-        done = await navi("serve", "--port", str(port), env=elsewhere, cwd=tmp_path)
+        done = await forked("serve", "--port", str(port), env=elsewhere, cwd=tmp_path)
         assert _one_error_line(done) == (
             f"navi: error: port {port} (127.0.0.1) is in use: a navi daemon of another data "
             f"folder (no pid file of it in {tmp_path / 'elsewhere'}), or another WebSocket "
@@ -118,7 +125,7 @@ async def test_a_port_in_use_names_who_answers_there_before_anything_else(
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        done = await navi("serve", "--port", str(port), env=env, cwd=tmp_path)
+        done = await forked("serve", "--port", str(port), env=env, cwd=tmp_path)
     assert done.err_lines == [
         f"navi: error: port {port} (127.0.0.1) is in use by a program that is not a navi "
         "daemon: choose another port with --port"
@@ -134,7 +141,7 @@ async def test_stop_never_signals_a_process_that_is_no_navi_daemon(
     other = await trio.lowlevel.open_process(["sleep", "60"])
     try:
         pid_file(data, 9999).write_text(f"{other.pid}\n")
-        done = await navi("stop", "--port", "9999", env=env, cwd=tmp_path)
+        done = await forked("stop", "--port", "9999", env=env, cwd=tmp_path)
         assert done.code == 0 and "is gone already: its stale pid file is removed" in done.out
         assert other.returncode is None and other.poll() is None  # not signalled
         assert not pid_file(data, 9999).exists()
@@ -166,9 +173,9 @@ async def test_a_program_on_the_port_never_gets_the_local_token(
     async with trio.open_nursery() as nursery:
         server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
         port = str(server.port)
-        done = await navi("serve", "--port", port, env=env, cwd=tmp_path)
+        done = await forked("serve", "--port", port, env=env, cwd=tmp_path)
         assert "or another WebSocket server, answers there" in _one_error_line(done)
-        status = await navi("status", "--port", port, env=env, cwd=tmp_path)
+        status = await forked("status", "--port", port, env=env, cwd=tmp_path)
         assert status.out.splitlines()[0] == (
             f"ws://127.0.0.1:{port}/  a navi daemon of another data folder, or another "
             "WebSocket server"

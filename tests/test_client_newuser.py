@@ -5,23 +5,22 @@ after /resume), /compact on a short session, a tool call stopped with Ctrl+C, an
 exit code of a piped chat whose answer failed.
 
 Rules: those of tests/test_client_real.py, whose helpers these are: loopback only, the
-daemon with its own NAVI_DB and NAVI_DATA_DIR under tmp_path, the fake LLM server in the
-test's trio loop, blocking pexpect calls in worker threads, a timeout on every expect
-and an absolute deadline on every test. Nothing sleeps.
+daemon (forked, as the chats are) with its own NAVI_DB and NAVI_DATA_DIR under tmp_path,
+the fake LLM server in the test's trio loop, blocking pexpect calls in worker threads, a
+timeout on every expect and an absolute deadline on every test. Nothing sleeps.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
+import navi_forks
 import pytest
 import trio
-from test_api_daemon import serve
-from test_cli import unused_port
-from test_client_real import DEADLINE, chat, env, fake_llm
+from test_cli import forked, unused_port
+from test_client_real import DEADLINE, env, fake_llm, forked_chat
 
 pytestmark = pytest.mark.slow
 __all__ = ["env"]  # the fixture, imported for pytest
@@ -40,9 +39,9 @@ async def test_the_status_line_names_the_sessions_profile_and_model_also_after_r
         {"text": "third answer", "model": MODEL},
     ]
     with trio.fail_after(DEADLINE):
-        async with fake_llm(*replies) as llm, serve(env, llm.url) as daemon:
+        async with fake_llm(*replies) as llm, navi_forks.serving(env, llm.url) as daemon:
             url = daemon.url.rstrip("/")
-            async with chat(env, tmp_path, "--url", url) as c:
+            async with forked_chat(env, tmp_path, "--url", url) as c:
                 await c.expect("connected to")
                 await c.line("hi")
                 await c.expect("first answer")
@@ -55,7 +54,7 @@ async def test_the_status_line_names_the_sessions_profile_and_model_also_after_r
                 await c.expect(rf"{sid} general · ")
                 assert await c.quit() == 0
             # A second chat resumes it: the next answer's line still knows both.
-            async with chat(env, tmp_path, "--url", url) as c:
+            async with forked_chat(env, tmp_path, "--url", url) as c:
                 await c.expect("connected to")
                 await c.line(f"/resume {sid}")
                 await c.expect(rf"resumed session {sid}")
@@ -77,8 +76,8 @@ async def test_the_status_line_names_the_sessions_profile_and_model_also_after_r
 async def test_compact_on_a_short_session_says_so_once(env: dict[str, str], tmp_path: Path) -> None:
     with trio.fail_after(DEADLINE):
         async with fake_llm({"text": "short"}) as llm:
-            async with serve(env, llm.url) as daemon:
-                async with chat(env, tmp_path, "--url", daemon.url.rstrip("/")) as c:
+            async with navi_forks.serving(env, llm.url) as daemon:
+                async with forked_chat(env, tmp_path, "--url", daemon.url.rstrip("/")) as c:
                     await c.expect("connected to")
                     await c.line("hi")
                     await c.expect(STATUS)
@@ -98,8 +97,8 @@ async def test_a_tool_call_stopped_with_ctrl_c_says_stopped_not_failed(
     call = {"name": "terminal", "arguments": {"action": "run", "command": "echo up; sleep 60"}}
     replies: list[dict[str, Any]] = [{"text": "DIRECT"}, {"tool_calls": [call]}]
     with trio.fail_after(DEADLINE):
-        async with fake_llm(*replies) as llm, serve(env, llm.url) as daemon:
-            async with chat(env, tmp_path, "--url", daemon.url.rstrip("/")) as c:
+        async with fake_llm(*replies) as llm, navi_forks.serving(env, llm.url) as daemon:
+            async with forked_chat(env, tmp_path, "--url", daemon.url.rstrip("/")) as c:
                 await c.expect("connected to")
                 await c.line("wait a minute")
                 await c.expect(r"│ up")
@@ -115,16 +114,9 @@ async def test_a_piped_chat_whose_answer_failed_exits_1(
 ) -> None:
     dead_llm = f"http://127.0.0.1:{unused_port()}"
     with trio.fail_after(DEADLINE):
-        async with serve(env, dead_llm) as daemon:
-            done = await trio.run_process(
-                [sys.executable, "-m", "navi_trio", "chat", "--url", daemon.url.rstrip("/")],
-                stdin=b"hi\n",
-                capture_stdout=True,
-                capture_stderr=True,
-                env=env,
-                cwd=tmp_path,
-                check=False,
-            )
-    out = done.stdout.decode()
+        async with navi_forks.serving(env, dead_llm) as daemon:
+            done = await forked("chat", "--url", daemon.url.rstrip("/"), stdin=b"hi\n",
+                                env=env, cwd=tmp_path)  # fmt: skip
+    out = done.out
     assert "✗ error [llm_connection]" in out, out
-    assert done.returncode == 1, (out, done.stderr.decode())
+    assert done.code == 1, (out, done.err)

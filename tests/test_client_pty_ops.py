@@ -2,9 +2,10 @@
 matters (what lands on it, and when), and what the chat says while it waits.
 
 Rules: those of tests/test_client_real.py, whose helpers this uses (loopback only, the
-fake LLM in this test's loop, pexpect in worker threads, an expect timeout on every
-step and an absolute deadline on every test, every process killed at the end). Nothing
-sleeps: each step waits for what the screen, the fake LLM or the daemon shows.
+daemon and the chat forked from the warm fork server, the fake LLM in this test's loop,
+pexpect in worker threads, an expect timeout on every step and an absolute deadline on
+every test, every process killed at the end). Nothing sleeps: each step waits for what
+the screen, the fake LLM or the daemon shows.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import navi_forks
 import pytest
 import trio
 from daemons import no_plan_config
-from test_api_daemon import serve
 from test_cli import messages
-from test_client_real import DEADLINE, Chat, _cat, _release, chat, fake_llm
+from test_client_real import DEADLINE, Chat, _cat, _release, fake_llm, forked_chat
 from test_client_real import env as env
 
 pytestmark = pytest.mark.slow
@@ -44,8 +45,8 @@ async def first_turn(
     answered (the first of `replies`): the chat and its session id."""
     async with (
         fake_llm(*replies) as llm,
-        serve(env, llm.url) as daemon,
-        chat(env, tmp_path, "--url", daemon.url.rstrip("/")) as c,
+        navi_forks.serving(env, llm.url) as daemon,
+        forked_chat(env, tmp_path, "--url", daemon.url.rstrip("/")) as c,
     ):
         await c.expect("connected to")
         await c.line(text)
@@ -88,8 +89,8 @@ async def test_a_refused_message_comes_back_on_the_prompt_and_a_bad_profile_is_r
         with trio.fail_after(DEADLINE):
             async with (
                 fake_llm(*replies) as llm,
-                serve(busy, llm.url) as daemon,
-                chat(busy, tmp_path, "--url", daemon.url.rstrip("/")) as c,
+                navi_forks.serving(busy, llm.url) as daemon,
+                forked_chat(busy, tmp_path, "--url", daemon.url.rstrip("/")) as c,
             ):
                 await c.expect("connected to")
                 await c.line("/profile nosuch")

@@ -1,11 +1,14 @@
 """`navi chat` in a pseudo-terminal (pexpect) against a REAL `navi serve` subprocess.
 
-Rules: loopback only; the daemon is `python -m navi_trio serve` with its own NAVI_DB and
-NAVI_DATA_DIR under tmp_path (the chat finds its local-token file there); the fake LLM
-server runs in this test's trio loop with replies added step by step; the blocking
-pexpect calls run in worker threads. Every expect has its own timeout, every test an
-absolute deadline, and every process is killed at the end. Nothing sleeps: each step
-waits for what the screen, the fake LLM or the daemon shows.
+Rules: loopback only; the daemon is `navi serve` with its own NAVI_DB and NAVI_DATA_DIR
+under tmp_path (the chat finds its local-token file there), and the chat `navi chat` on
+a terminal of its own, both forked from the warm fork server (tests/navi_forks.py) but
+where a new interpreter is the point (the daemon a chat starts in the background, and
+that chat: ``python -m navi_trio``); the fake LLM server runs in this
+test's trio loop with replies added step by step; the blocking pexpect calls run in
+worker threads. Every expect has its own timeout, every test an absolute deadline, and
+every process is killed at the end. Nothing sleeps: each step waits for what the screen,
+the fake LLM or the daemon shows.
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import navi_forks
 import pexpect
 import pytest
 import trio
-from test_api_daemon import serve
-from test_cli import messages, unused_port
+from test_cli import forked, messages, unused_port
 
 from navi_trio.client.daemon import log_file, pid_file
 from navi_trio.settings import REPO_ROOT
@@ -128,6 +131,8 @@ class Chat:
     async def eof(self) -> int:
         await trio.to_thread.run_sync(self._expect, None)
         await trio.to_thread.run_sync(self.child.close)
+        if isinstance(self.child, navi_forks.Terminal):
+            return await self.child.proc.wait()
         return int(self.child.exitstatus)
 
     async def line(self, text: str) -> None:
@@ -161,6 +166,18 @@ async def chat(env: dict[str, str], cwd: Path, *args: str) -> AsyncIterator[Chat
             child.terminate(force=True)
 
 
+@asynccontextmanager
+async def forked_chat(env: dict[str, str], cwd: Path, *args: str) -> AsyncIterator[Chat]:
+    """`chat`, forked from the warm fork server (tests/navi_forks.py) onto a terminal of
+    its own instead of a new interpreter: for a test of what the chat does."""
+    child = await navi_forks.on_terminal("chat", *args, env=env, cwd=cwd, rows=50, cols=160)
+    try:
+        yield Chat(child)
+    finally:
+        await child.proc.end()
+        child.close()
+
+
 async def test_a_chat_with_the_real_daemon(env: dict[str, str], tmp_path: Path) -> None:
     """Plan, tool cards, queue + Ctrl+C stop, /sessions, /tasks, a background task,
     /compact, an unknown command, quit; then /resume in a second chat replays it all."""
@@ -177,9 +194,9 @@ async def test_a_chat_with_the_real_daemon(env: dict[str, str], tmp_path: Path) 
             {"tool_calls": [_todo(2)]},
             {"text": "The terminal said **hi-from-echo**.\n\nBoth steps are done."},
         ]
-        async with fake_llm(*first_turn) as llm, serve(env, llm.url) as daemon:
+        async with fake_llm(*first_turn) as llm, navi_forks.serving(env, llm.url) as daemon:
             url = daemon.url.rstrip("/")
-            async with chat(env, tmp_path, "--url", url) as c:
+            async with forked_chat(env, tmp_path, "--url", url) as c:
                 await c.expect(f"connected to navi_trio .* at {url} as local-admin")
                 await c.line("echo something in the terminal and tell me what it said")
                 sid = (await c.expect(r"session (s-[0-9a-f]+)")).group(1)
@@ -241,7 +258,7 @@ async def test_a_chat_with_the_real_daemon(env: dict[str, str], tmp_path: Path) 
             assert any(m.get("content") == "and then summarise it" for m in saved)
 
             # A second chat resumes the session: its history is replayed.
-            async with chat(env, tmp_path, "--url", url) as c:
+            async with forked_chat(env, tmp_path, "--url", url) as c:
                 await c.expect("connected to")
                 await c.line(f"/resume {sid}")
                 await c.expect(r"› echo something in the terminal")
@@ -257,12 +274,12 @@ async def test_a_bad_token_and_an_unreachable_llm_are_one_line_each(
 ) -> None:
     with trio.fail_after(DEADLINE):
         dead_llm = f"http://127.0.0.1:{unused_port()}"
-        async with serve(env, dead_llm) as daemon:
+        async with navi_forks.serving(env, dead_llm) as daemon:
             url = daemon.url.rstrip("/")
-            async with chat(env, tmp_path, "--url", url, "--token", "nope") as c:
+            async with forked_chat(env, tmp_path, "--url", url, "--token", "nope") as c:
                 await c.expect(r"navi: error: the daemon refused the token .*NAVI_TOKEN")
                 assert await c.eof() == 1
-            async with chat(env, tmp_path, "--url", url) as c:
+            async with forked_chat(env, tmp_path, "--url", url) as c:
                 await c.expect("connected to")
                 await c.line("hi")
                 await c.expect(r"✗ error \[\w+\]: [^\n]*127\.0\.0\.1[^\n]*\n")
@@ -376,12 +393,12 @@ async def test_a_connection_cut_mid_run_is_resumed_without_gap_or_duplicate(
         {"text": words},
     ]
     with trio.fail_after(DEADLINE):
-        async with fake_llm(*replies) as llm, serve(env, llm.url) as daemon:
+        async with fake_llm(*replies) as llm, navi_forks.serving(env, llm.url) as daemon:
             port = int(daemon.url.rstrip("/").rsplit(":", 1)[1])
             async with trio.open_nursery() as nursery:
                 proxy = await nursery.start(Proxy(port).serve)
                 url = f"ws://127.0.0.1:{proxy.port}"
-                async with chat(env, tmp_path, "--url", url) as c:
+                async with forked_chat(env, tmp_path, "--url", url) as c:
                     await c.expect("connected to")
                     await c.line("hi")
                     await c.expect("hello there")
@@ -419,9 +436,12 @@ async def test_a_restarted_daemon_makes_the_chat_resync_and_go_on(
     try:
         with trio.fail_after(DEADLINE):
             async with fake_llm(*replies) as llm:
-                async with serve(env, llm.url, "--port", str(port)) as daemon:
+                # Both daemons forked (each a process of its own, the first killed for
+                # real): the chat gives up after six reconnects (23.5 s), and a new
+                # interpreter's start took longer than that at load 30.
+                async with navi_forks.serving(env, llm.url, "--port", str(port)) as daemon:
                     url = daemon.url.rstrip("/")
-                    async with chat(env, tmp_path, "--url", url) as c:
+                    async with forked_chat(env, tmp_path, "--url", url) as c:
                         await c.expect("connected to")
                         await c.line("hi")
                         sid = (await c.expect(r"session (s-[0-9a-f]+)")).group(1)
@@ -431,7 +451,7 @@ async def test_a_restarted_daemon_makes_the_chat_resync_and_go_on(
                         daemon.kill()  # SIGKILL mid-run
                         await daemon.wait()
                         await c.expect(r"connection lost")
-                        async with serve(env, llm.url, "--port", str(port)):
+                        async with navi_forks.serving(env, llm.url, "--port", str(port)):
                             await c.expect(r"reconnected")
                             await c.expect(r"missed part of the stream: reloading the history")
                             await c.expect(r"› look at the fifo")
@@ -455,19 +475,15 @@ async def test_piped_lines_go_to_one_session_and_each_gets_its_answer(
 ) -> None:
     replies = [{"text": "DIRECT"}, {"text": "first answer"}, {"text": "second answer"}]
     with trio.fail_after(DEADLINE):
-        async with fake_llm(*replies) as llm, serve(env, llm.url) as daemon:
-            done = await trio.run_process(
-                [sys.executable, "-m", "navi_trio", "chat", "--url", daemon.url.rstrip("/")],
+        async with fake_llm(*replies) as llm, navi_forks.serving(env, llm.url) as daemon:
+            done = await forked(
+                "chat", "--url", daemon.url.rstrip("/"),
                 # The second line is read before the daemon has named the new session.
                 stdin=b"what can you do for me?\nand what else?\n",
-                capture_stdout=True,
-                capture_stderr=True,
-                env=env,
-                cwd=tmp_path,
-                check=False,
-            )
-    out = done.stdout.decode()
-    assert done.returncode == 0, done.stderr.decode()
+                env=env, cwd=tmp_path,
+            )  # fmt: skip
+    out = done.out
+    assert done.code == 0, done.err
     assert "first answer" in out and "second answer" in out, out
     assert len(set(re.findall(r"session (s-[0-9a-f]+)", out))) == 1, out
 
@@ -485,8 +501,8 @@ async def test_a_full_mode_terminal_call_asks_and_y_lets_it_run(
         {"text": "The marker is there."},
     ]
     with trio.fail_after(DEADLINE):
-        async with fake_llm(*replies) as llm, serve(env, llm.url) as daemon:
-            async with chat(env, tmp_path, "--url", daemon.url.rstrip("/")) as c:
+        async with fake_llm(*replies) as llm, navi_forks.serving(env, llm.url) as daemon:
+            async with forked_chat(env, tmp_path, "--url", daemon.url.rstrip("/")) as c:
                 await c.expect("connected to")
                 await c.line("/mode full")
                 await c.expect(r"mode full: asked for in your next messages")

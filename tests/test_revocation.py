@@ -7,10 +7,12 @@ afterwards is read. A removed user's running turn stops, their schedules and que
 messages go with them, and their sessions stay. A rotated user is still a user: a new
 connection with the new token goes on with their sessions.
 
-Real `navi serve` processes on 127.0.0.1 port 0, users made with `navi users add`, their
-tokens on real WebSocket clients, the fake LLM over real HTTP. On SQLite one daemon (the
-CLI writes the file from another process); on PostgreSQL two daemons with separate data
-folders. No sleeps: every wait is for a frame (or a process), under an absolute limit.
+Real `navi serve` processes on 127.0.0.1 port 0, users written to the store as `navi
+users add` writes them (that command's own test is test_api_daemon's), their tokens on
+real WebSocket clients, `navi users` forked from the warm fork server
+(tests/navi_forks.py), the fake LLM over real HTTP. On SQLite one daemon (the CLI writes
+the file from another process); on PostgreSQL two daemons with separate data folders.
+No sleeps: every wait is for a frame (or a process), under an absolute limit.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import pytest
 import trio
 from agent_tools import system_notes
 from api_ws import Client
-from daemons import add_user, connect_as, navi_users, no_plan_config, pg_daemons, rotate_user
+from daemons import connect_as, forked_users, no_plan_config, pg_daemons, store_user
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from pg_server import sql
@@ -53,6 +55,11 @@ async def one_daemon(
     async with open_fake_llm(replies) as llm:
         async with navi_serve(env, llm.url, tmp_path / "daemon.log") as daemon:
             yield daemon, env, llm
+
+
+async def rotate(env: dict[str, str], name: str) -> str:
+    """`navi users rotate NAME`; the new token it printed."""
+    return (await forked_users(env, "rotate", name)).strip().splitlines()[-1]
 
 
 async def refused_for(c: Client, why: str) -> dict[str, Any]:
@@ -96,11 +103,11 @@ async def test_rotate_closes_the_old_tokens_connection_and_the_new_token_goes_on
     replies = [{"text": "hi bob"}, {"text": "still yours"}]
     with trio.fail_after(LIMIT):
         async with one_daemon(tmp_path, replies) as (daemon, env, _llm):
-            old_token = await add_user(env, "bob")
+            old_token = await store_user(env, "bob")
             async with connect_as(daemon.url, old_token) as old:
                 sid = await started(old, "hello")
                 await old.until_end(sid)
-                new_token = await rotate_user(env, "bob")
+                new_token = await rotate(env, "bob")
                 err = await refused_for(old, "the token of user bob was replaced")
                 assert "navi users rotate" in err["message"]
                 # The old connection reads nothing more: a message sent now is lost to it.
@@ -122,8 +129,8 @@ async def test_remove_closes_the_connection_stops_the_run_and_drops_the_schedule
     replies = [{"text": "hi bob"}, STALL]
     with trio.fail_after(LIMIT):
         async with one_daemon(tmp_path, replies) as (daemon, env, llm):
-            admin = await add_user(env, "alice", "admin")
-            bob_token = await add_user(env, "bob")
+            admin = await store_user(env, "alice", "admin")
+            bob_token = await store_user(env, "bob")
             async with (
                 connect_as(daemon.url, bob_token) as bob,
                 connect_as(daemon.url, admin) as alice,
@@ -144,7 +151,7 @@ async def test_remove_closes_the_connection_stops_the_run_and_drops_the_schedule
                 ok = await alice.request({"type": "subscribe", "session_id": sid})
                 assert ok["type"] == "ok", ok
                 assert schedules(tmp_path / "navi.db") == 2
-                out = await navi_users(env, "remove", "bob")
+                out = await forked_users(env, "remove", "bob")
                 assert "removed" in out
                 await refused_for(bob, "user bob was removed")
                 # The turn bob started stops (the admin follows his session).
@@ -180,12 +187,12 @@ async def test_on_postgresql_every_daemon_closes_the_revoked_tokens_connections(
             pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True) as (a, b),
         ):
             assert a.data_dir != b.data_dir
-            admin = await add_user(env, "alice", "admin")
-            first = await add_user(env, "bob")
+            admin = await store_user(env, "alice", "admin")
+            first = await store_user(env, "bob")
             async with connect_as(a.url, first) as on_a, connect_as(b.url, first) as on_b:
                 sid = await started(on_b, "hello")
                 await on_b.until_end(sid)
-                token = await rotate_user(env, "bob")
+                token = await rotate(env, "bob")
                 for c in (on_a, on_b):
                     await refused_for(c, "the token of user bob was replaced")
             async with (
@@ -201,7 +208,7 @@ async def test_on_postgresql_every_daemon_closes_the_revoked_tokens_connections(
                 await started(on_b, "think long", session_id=sid)  # B runs the turn
                 ok = await alice.request({"type": "subscribe", "session_id": sid})
                 assert ok["type"] == "ok", ok
-                await navi_users(env, "remove", "bob")
+                await forked_users(env, "remove", "bob")
                 for c in (on_a, on_b):
                     await refused_for(c, "user bob was removed")
                 # B stopped the turn; alice, on A, follows it there.
@@ -224,8 +231,8 @@ async def test_a_removed_users_background_job_is_cancelled_at_the_removal(
     replies: list[dict[str, Any]] = [job, {"text": "started it"}]
     with trio.fail_after(LIMIT):
         async with one_daemon(tmp_path, replies) as (daemon, env, llm):
-            admin = await add_user(env, "alice", "admin")
-            bob_token = await add_user(env, "bob")
+            admin = await store_user(env, "alice", "admin")
+            bob_token = await store_user(env, "bob")
             async with (
                 connect_as(daemon.url, bob_token) as bob,
                 connect_as(daemon.url, admin) as alice,
@@ -237,7 +244,7 @@ async def test_a_removed_users_background_job_is_cancelled_at_the_removal(
                 assert task["status"] == "running", task
                 ok = await alice.request({"type": "subscribe", "session_id": sid})
                 assert ok["type"] == "ok", ok
-                await navi_users(env, "remove", "bob")
+                await forked_users(env, "remove", "bob")
                 ended = await alice.until_type("task_update", session_id=sid)
                 assert ended["task_id"] == task["task_id"], json.dumps(ended)
                 assert ended["status"] == "cancelled", json.dumps(ended)
@@ -254,8 +261,8 @@ async def test_a_removed_users_session_is_never_woken_after_a_restart(tmp_path: 
     replies = [{"text": "hi bob"}, {"text": "the admin is answered"}]
     with trio.fail_after(LIMIT):
         async with open_fake_llm(replies) as llm:
-            admin = await add_user(env, "alice", "admin")
-            bob_token = await add_user(env, "bob")
+            admin = await store_user(env, "alice", "admin")
+            bob_token = await store_user(env, "bob")
             async with (
                 navi_serve(env, llm.url, tmp_path / "daemon.log") as daemon,
                 connect_as(daemon.url, bob_token) as bob,
@@ -267,7 +274,7 @@ async def test_a_removed_users_session_is_never_woken_after_a_restart(tmp_path: 
                           "args_summary": "make test", "is_spawn": False, "pid": dead_pid(),
                           "host": socket.gethostname()}  # fmt: skip
                 await store.kv_set(RUNNING_SCOPE, f"{sid}:bt-gone", marker)
-            await navi_users(env, "remove", "bob")
+            await forked_users(env, "remove", "bob")
             async with (
                 navi_serve(env, llm.url, tmp_path / "daemon.log") as daemon,
                 connect_as(daemon.url, admin) as alice,
@@ -301,8 +308,8 @@ async def test_on_postgresql_the_daemon_running_a_removed_users_job_cancels_it(
             open_fake_llm(replies) as llm,
             pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True) as (a, b),
         ):
-            admin = await add_user(env, "alice", "admin")
-            bob_token = await add_user(env, "bob")
+            admin = await store_user(env, "alice", "admin")
+            bob_token = await store_user(env, "bob")
             async with connect_as(b.url, bob_token) as bob, connect_as(a.url, admin) as alice:
                 sid = await started(bob, "start the helper")
                 await bob.until_type("task_update", session_id=sid, status="running")
@@ -311,7 +318,7 @@ async def test_on_postgresql_the_daemon_running_a_removed_users_job_cancels_it(
                 listed = await alice.request({"type": "tasks", "action": "list"})
                 (task,) = listed["tasks"]
                 assert (task["tool"], task["status"]) == ("spawn_agent", "running"), task
-                await navi_users(env, "remove", "bob")
+                await forked_users(env, "remove", "bob")
                 with trio.fail_after(30):  # the job would run for hours without the cancel
                     ended = await alice.until_type("task_update", session_id=sid,
                                                    status="cancelled")  # fmt: skip
