@@ -10,7 +10,8 @@ third process would.
 
 Users made as an operator makes them: `navi_users(env, "add", "bob")` runs `navi users`
 in a process of its own (on the database `env` names: `cli_env`, on a daemon's machine or
-on one of the operator's own) and `add_user` returns the token it printed;
+on one of the operator's own) and `add_user` returns the token it printed; `store_user`
+writes one to a server's database as that command does, with no process of its own;
 `connect_as(url, token)` is a WebSocket client past its hello.
 """
 
@@ -30,6 +31,7 @@ from pg_server import sql
 from reliability import Daemon, clean_env, navi_serve
 from trio_websocket import open_websocket_url
 
+from navi_trio.api.auth import new_token
 from navi_trio.settings import default_config_path
 
 CLI_LIMIT = 60  # real seconds for one `navi users` (a Python start on 2 busy cores)
@@ -105,6 +107,18 @@ async def add_user(env: dict[str, str], name: str, role: str = "user") -> str:
 async def rotate_user(env: dict[str, str], name: str) -> str:
     """`navi users rotate NAME`; the new token it printed."""
     return (await navi_users(env, "rotate", name)).strip().splitlines()[-1]
+
+
+async def store_user(pg_url: str, name: str, role: str = "user") -> str:
+    """A new user written to the database at `pg_url` as `navi users add` writes one
+    (that command's own test on a server's database is in test_store_postgres.py);
+    their token. No process: a test that only needs a user saves a Python start."""
+    from navi_trio.store.postgres import PostgresStore  # (psycopg: only where a test uses it)
+
+    token = new_token()
+    async with PostgresStore.open(pg_url) as store:
+        await store.create_user(name, token, role)
+    return token
 
 
 @asynccontextmanager
