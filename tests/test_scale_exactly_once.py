@@ -1,8 +1,10 @@
 """An ``ok`` means the message is stored and runs exactly once, on whichever daemon:
 real `navi serve` processes on one PostgreSQL, each with a data folder of its own (as
-machines have), clients connected as a user made with ``navi users add``.
+machines have), clients connected as a user written to the database as ``navi users add``
+writes one.
 
-- Sends interleaved by hypothesis over two and three daemons, several clients on each:
+- Sends interleaved by hypothesis over two and over three daemons (the two clusters at
+  once, each on a database of its own), several clients on each:
   every acknowledged message is in the history once, was sent to the model once (or,
   paused between its save and its model call, had its turn ended by the daemon that
   took the session over, as a dead turn is), and
@@ -34,7 +36,7 @@ import pytest
 import trio
 import trio.lowlevel
 from api_ws import Client
-from daemons import add_user, cli_env, connect_as, history, lease, pg_daemons
+from daemons import connect_as, history, lease, pg_daemons, store_user
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from pg_server import pg_server as pg_server
@@ -46,6 +48,7 @@ from test_scale_fencing import end_of, wait_lease_expired
 from navi_trio.core.turn.agent import DEAD_TURN
 from navi_trio.testing import open_fake_llm
 from navi_trio.testing.fake_llm import FakeLLMServer
+from navi_trio.testing.postgres import PgServer
 
 pytestmark = pytest.mark.slow
 
@@ -152,12 +155,12 @@ async def machines(
     tmp_path: Path, pg_url: str, replies: list[dict[str, Any]], n: int = 2, **env: str
 ) -> AsyncIterator[tuple[FakeLLMServer, list[Daemon], str]]:
     """The fake LLM playing `replies`, `n` daemons with data folders of their own, and
-    the token of alice, a user made with the CLI."""
+    the token of alice, a user written to the database as `navi users add` writes one."""
     async with (
         open_fake_llm(replies) as llm,
         pg_daemons(tmp_path, pg_url, llm.url, n, separate=True, **env) as procs,
     ):
-        yield llm, procs, await add_user(cli_env(tmp_path, pg_url), "alice")
+        yield llm, procs, await store_user(pg_url, "alice")
 
 
 async def say(client: Client, sid: str, text: str) -> dict[str, Any]:
@@ -292,36 +295,49 @@ def _in_thread(fn: Callable[[list[tuple[int, str]]], Any], clients: int) -> Call
     return run
 
 
-@pytest.mark.parametrize("daemons", [2, 3])
 async def test_interleaved_sends_on_several_daemons_run_each_acknowledged_message_once_in_order(
-    tmp_path: Path, pg_url: str, daemons: int
+    tmp_path: Path, pg_server: PgServer, pg_url: str
 ) -> None:
+    """Both topologies at once, each a cluster of its own (its database, daemons and fake
+    LLM): one's waits for a paused daemon's lease to run out are the other's time to run."""
+    second = pg_server.create_database()
+    try:
+        with trio.fail_after(TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(interleavings, tmp_path / "two", pg_url, 2)
+                nursery.start_soon(interleavings, tmp_path / "three", second, 3)
+    finally:
+        pg_server.drop_database(second.rsplit("/", 1)[1])
+
+
+async def interleavings(tmp_path: Path, pg_url: str, daemons: int) -> None:
+    """EXAMPLES plans of sends over `daemons` daemons on the database at `pg_url`."""
+    await trio.Path(tmp_path).mkdir()
     tally = Tally()
-    with trio.fail_after(TIMEOUT):
-        async with (
-            open_fake_llm([REPLY], loop=True) as llm,
-            pg_daemons(
-                tmp_path,
-                pg_url,
-                llm.url,
-                daemons,
-                separate=True,
-                NAVI_MESSAGE_QUEUE_MAX="1000",
-                NAVI_LEASE_TTL_SEC=TTL,
-            ) as procs,  # fmt: skip
-        ):
-            token = await add_user(cli_env(tmp_path, pg_url), "alice")
+    async with (
+        open_fake_llm([REPLY], loop=True) as llm,
+        pg_daemons(
+            tmp_path,
+            pg_url,
+            llm.url,
+            daemons,
+            separate=True,
+            NAVI_MESSAGE_QUEUE_MAX="1000",
+            NAVI_LEASE_TTL_SEC=TTL,
+        ) as procs,  # fmt: skip
+    ):
+        token = await store_user(pg_url, "alice")
 
-            sessions = itertools.count()
+        sessions = itertools.count()
 
-            async def example(plan: list[tuple[int, str]]) -> None:
-                sid = f"alice.x{next(sessions)}"  # a new one each time (a retried plan too)
-                # (hypothesis runs this on the trio thread outside the test's scope)
-                with trio.fail_after(EXAMPLE_LIMIT):
-                    await play(llm, pg_url, procs, token, sid, plan, tally)
+        async def example(plan: list[tuple[int, str]]) -> None:
+            sid = f"alice.x{next(sessions)}"  # a new one each time (a retried plan too)
+            # (hypothesis runs this on the trio thread outside the test's scope)
+            with trio.fail_after(EXAMPLE_LIMIT):
+                await play(llm, pg_url, procs, token, sid, plan, tally)
 
-            clients = daemons * CLIENTS_PER_DAEMON
-            await trio.to_thread.run_sync(_in_thread(example, clients))
+        clients = daemons * CLIENTS_PER_DAEMON
+        await trio.to_thread.run_sync(_in_thread(example, clients))
     print(
         f"\n{daemons} daemons: {tally.examples} interleavings ({tally.pauses} with a daemon "
         f"paused past its lease), {tally.sends} sends, "

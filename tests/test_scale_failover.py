@@ -4,9 +4,10 @@ follower gets ``resync`` before frames of another epoch, and on the same machine
 happens at once, not when the lease runs out.
 
 Real `navi serve` processes with data folders of their own on one PostgreSQL, a user
-added through one daemon's CLI, a fake LLM over real HTTP. Waits are for frames and
-processes; the lease TTL is set far above the tests' limits, so a takeover that waited
-for it could not pass. Every test under `trio.fail_after`; every process is killed.
+written to the database as `navi users add` writes one, a fake LLM over real HTTP. Waits
+are for frames and processes; the lease TTL is set far above the tests' limits, so a
+takeover that waited for it could not pass. Every test under `trio.fail_after`; every
+process is killed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 import trio
 from api_ws import Client
-from daemons import add_user, cli_env, connect_as, history, pg_daemons
+from daemons import connect_as, history, pg_daemons, store_user
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from pg_server import sql
@@ -77,7 +78,7 @@ async def test_a_turn_killed_with_its_daemon_is_ended_and_every_follower_resyncs
             ) as (a, b, c),
             AsyncExitStack() as stack,
         ):
-            token = await add_user(cli_env(tmp_path, pg_url, a), "alice")
+            token = await store_user(pg_url, "alice")
             on_a = await stack.enter_async_context(connect_as(a.url, token))
             made = await on_a.request({"type": "message", "content": "one"})
             sid = made["session_id"]
@@ -127,7 +128,7 @@ async def test_a_daemon_killed_on_the_same_machine_is_taken_over_before_its_leas
             ),
         ):
             sql(pg_url, LEASE_LOG)
-            token = await add_user(cli_env(tmp_path, pg_url, a), "alice")
+            token = await store_user(pg_url, "alice")
             async with connect_as(b.url, token) as on_b, connect_as(a.url, token) as on_a:
                 sid = (await on_b.request({"type": "message", "content": "one"}))["session_id"]
                 await llm.wait_requests(1)  # B runs it
@@ -170,7 +171,7 @@ async def test_a_message_for_a_session_whose_holder_died_here_runs_here_at_once(
             open_fake_llm(replies) as llm,
             pg_daemons(tmp_path, pg_url, llm.url, 1, separate=True, NAVI_LEASE_TTL_SEC=TTL) as (a,),
         ):
-            token = await add_user(cli_env(tmp_path, pg_url, a), "alice")
+            token = await store_user(pg_url, "alice")
             async with connect_as(a.url, token) as on_a:
                 sid = (await on_a.request({"type": "message", "content": "one"}))["session_id"]
                 assert (await on_a.until_end(sid))["reason"] == "complete"

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import trio
-from daemons import add_user, cli_env, connect_as, history, lease, pg_daemons
+from daemons import connect_as, history, lease, pg_daemons, store_user
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from pg_server import sql
@@ -131,7 +131,7 @@ async def test_a_paused_daemon_runs_no_call_writes_nothing_and_publishes_nothing
                 tmp_path, pg_url, llm.url, 3, separate=True, NAVI_LEASE_TTL_SEC=str(TTL)
             ) as (a, b, c),  # fmt: skip
         ):
-            token = await add_user(cli_env(tmp_path, pg_url), "alice")
+            token = await store_user(pg_url, "alice")
             sid = "alice.fenced"
             folder = a.data_dir / "sessions" / sid  # A's machine
             async with connect_as(a.url, token) as on_a, connect_as(b.url, token) as on_b:

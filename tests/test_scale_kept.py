@@ -1,7 +1,7 @@
 """A message kept after a storage failure still runs exactly once, on whichever daemon.
 
 Through real `navi serve` processes on PostgreSQL (data folders of their own, a user made
-with ``navi users add``):
+as ``navi users add`` writes one):
 
 - a write whose commit landed but whose answer was lost (the connection cut as the
   commit came back: tests/pg_cut.py) is not done again: a turn whose answer was saved
@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import trio
 from api_ws import Client
-from daemons import add_user, cli_env, connect_as, lease, pg_daemons
+from daemons import connect_as, lease, pg_daemons, store_user
 from pg_cut import CutProxy, cut_proxy
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
@@ -73,13 +73,13 @@ async def behind_a_cut(
     tmp_path: Path, pg_url: str, replies: list[dict[str, Any]]
 ) -> AsyncIterator[tuple[FakeLLMServer, CutProxy, Client]]:
     """The fake LLM playing `replies`, one daemon reaching PostgreSQL through a cut
-    proxy, and a client of alice (a user made with the CLI) on it."""
+    proxy, and a client of alice (a user written to the database) on it."""
     async with (
         open_fake_llm(replies) as llm,
         cut_proxy(pg_url) as proxy,
         pg_daemons(tmp_path, proxy.url, llm.url, 1, separate=True) as (a,),
     ):
-        token = await add_user(cli_env(tmp_path, pg_url), "alice")
+        token = await store_user(pg_url, "alice")
         async with connect_as(a.url, token) as client:
             yield llm, proxy, client
 
@@ -178,7 +178,7 @@ async def test_a_kept_turn_keeps_its_session_and_the_messages_of_other_daemons_w
             open_fake_llm(replies) as llm,
             pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True) as (a, b),
         ):
-            token = await add_user(cli_env(tmp_path, pg_url), "alice")
+            token = await store_user(pg_url, "alice")
             sql(pg_url, FAIL_ONCE)
             async with connect_as(a.url, token) as on_a, connect_as(b.url, token) as on_b:
                 assert (await say(on_a, sid, "m1"))["type"] == "session"
@@ -211,7 +211,7 @@ async def test_a_kept_turn_another_daemon_ended_is_not_run_again_by_its_daemon(
             pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True,
                        NAVI_LEASE_TTL_SEC="1.5") as (a, b),
         ):  # fmt: skip
-            token = await add_user(cli_env(tmp_path, pg_url), "alice")
+            token = await store_user(pg_url, "alice")
             sql(pg_url, FAIL_ONCE)
             async with connect_as(a.url, token) as on_a, connect_as(b.url, token) as on_b:
                 assert (await say(on_a, sid, "m1"))["type"] == "session"

@@ -8,8 +8,9 @@ another daemon is ``stopped: true`` only when the turn stopped.
 
 Real PostgreSQL: a server of the test's own where the test halts and resumes it (the
 session's shared server for the rest); real `navi serve` processes with data folders of
-their own, a user added through one daemon's CLI. Waits are for notifications, the
-bus's own events and frames, never sleeps; every test under `trio.fail_after`.
+their own, a user written to the database as `navi users add` writes one. Waits are for
+notifications, the bus's own events and frames, never sleeps; every test under
+`trio.fail_after`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 import trio
 from api_ws import Client
-from daemons import add_user, cli_env, connect_as, history, pg_daemons
+from daemons import connect_as, history, pg_daemons, store_user
 from pg_server import own_pg as own_pg
 from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
@@ -178,11 +179,11 @@ async def next_delta(c: Client, sid: str) -> None:
 
 @asynccontextmanager
 async def followed_mid_turn(
-    env: dict[str, str], a: Daemon, b: Daemon
+    url: str, a: Daemon, b: Daemon
 ) -> AsyncIterator[tuple[Client, Client, str]]:
-    """Alice (added through A's CLI, `env`) sends a message on A, and follows its turn
+    """Alice (written to the database at `url`) sends a message on A, and follows its turn
     from B: her two clients and the session, once B's client has a frame of the turn."""
-    token = await add_user(env, "alice")
+    token = await store_user(url, "alice")
     async with connect_as(a.url, token) as on_a, connect_as(b.url, token) as on_b:
         sid = (await on_a.request({"type": "message", "content": "one"}))["session_id"]
         assert (await on_b.request({"type": "subscribe", "session_id": sid}))["type"] == "ok"
@@ -212,7 +213,7 @@ async def test_a_follower_on_another_daemon_sees_a_turn_through_a_server_restart
         async with (
             open_fake_llm(replies) as llm,
             pg_daemons(tmp_path, url, llm.url, 2, separate=True) as (a, b),
-            followed_mid_turn(cli_env(tmp_path, url, a), a, b) as (on_a, on_b, sid),
+            followed_mid_turn(url, a, b) as (on_a, on_b, sid),
         ):
             release = await held_mid_turn(llm)
             await trio.to_thread.run_sync(server.halt)
@@ -247,7 +248,7 @@ async def test_a_daemons_connections_cut_mid_turn_come_back_and_a_stop_is_told_t
             pg_daemons(
                 tmp_path, pg_url, llm.url, 2, separate=True, NAVI_CLUSTER_ASK_TIMEOUT_SEC=ASK
             ) as (a, b),
-            followed_mid_turn(cli_env(tmp_path, pg_url, a), a, b) as (on_a, on_b, sid),
+            followed_mid_turn(pg_url, a, b) as (on_a, on_b, sid),
         ):
             release = await held_mid_turn(llm)
             cut_connections_of(pg_url, b)

@@ -36,6 +36,7 @@ from navi_trio.testing.postgres import PgServer
 pytestmark = pytest.mark.slow  # its tests start processes
 
 TIMEOUT = 30
+CLI_LIMIT = 60  # real seconds for one `navi` command (a Python start on 2 busy cores)
 
 
 # -- migrations -------------------------------------------------------------------------
@@ -226,7 +227,9 @@ async def test_navi_doctor_names_the_server_and_never_its_password(
         with trio.fail_after(TIMEOUT):
             async with PostgresStore.open(pg_url):
                 pass
+        with trio.fail_after(CLI_LIMIT):
             text = await trio.run_process(argv, env=env, capture_stdout=True, capture_stderr=True)
+        with trio.fail_after(CLI_LIMIT):
             as_json = await trio.run_process(
                 [*argv, "--json"], env=env, capture_stdout=True, capture_stderr=True
             )
@@ -245,7 +248,7 @@ async def test_navi_users_writes_to_the_server_navi_db_names(pg_url: str, tmp_pa
 
     env = {**os.environ, "NAVI_DB": pg_url, "XDG_DATA_HOME": str(tmp_path)}
     env.pop("NAVI_DATA_DIR", None)
-    with trio.fail_after(TIMEOUT):
+    with trio.fail_after(CLI_LIMIT):
         added = await trio.run_process(
             [sys.executable, "-m", "navi_trio", "users", "add", "carol"],
             env=env, capture_stdout=True, capture_stderr=True,
@@ -263,7 +266,7 @@ async def test_db_option_takes_a_server_url_as_navi_db_does(pg_url: str, tmp_pat
 
     env = {k: v for k, v in os.environ.items() if k not in ("NAVI_DB", "NAVI_DATA_DIR")}
     env["XDG_DATA_HOME"] = str(tmp_path)
-    with trio.fail_after(TIMEOUT):
+    with trio.fail_after(CLI_LIMIT):
         added = await trio.run_process(
             [sys.executable, "-m", "navi_trio", "users", "add", "dave", "--db", pg_url],
             env=env, capture_stdout=True, capture_stderr=True,
