@@ -84,9 +84,9 @@ class RunStream(Protocol):
     ) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[AgentEvent]]: ...
 
 
-# `Agent.end_dead_turn`: (session_id, the generation of the lease taken over, publish) ->
-# whether it ended a turn; the events that end it are published under the lease.
-EndDeadTurn = Callable[[str, int, Callable[[list[AgentEvent]], None]], Awaitable[bool]]
+# `Agent.end_dead_turn`: (session_id, the generation of the lease taken over, publish); the
+# events that end its turn, if it ends one, are published under the lease.
+EndDeadTurn = Callable[[str, int, Callable[[list[AgentEvent]], None]], Awaitable[None]]
 # The cluster's take-over of a lease a dead owner left: its new generation, else None.
 DeadTurn = Callable[[str], Awaitable["int | None"]]
 # `Agent.compact_stream`: a forced compaction's events.

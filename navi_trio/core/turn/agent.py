@@ -488,25 +488,25 @@ class Agent:
 
     async def end_dead_turn(
         self, session_id: str, generation: int, publish: Callable[[list[AgentEvent]], None]
-    ) -> bool:
+    ) -> None:
         """End the turn of an owner that died holding the lease this runtime took over (at
         `generation`): in the history, and to the session's clients through `publish`, while
         the lease is still held, so a daemon that runs the session next has them before its
-        claim. False, with nothing published, when another runtime holds it now or took it
+        claim. It ends and publishes nothing when another runtime holds it now or took it
         over since, or when the history shows no turn open: the owner died after its turn's
         last save (its answer, its error), before its lease's release."""
         try:
             async with self.leases.hold(session_id):
                 if self.leases.generation(session_id) != generation:
-                    return False
+                    return
                 if await self.store.get_session(session_id) is None:
-                    return False  # deleted meanwhile: nothing to end
+                    return  # deleted meanwhile: nothing to end
                 state = await self.cache.get(session_id)
                 if not last_turn_open(state.messages):
                     log.info(
                         "session %s: a dead daemon's lease freed: its turn had ended", session_id
                     )
-                    return False  # the lease is released as the hold ends
+                    return  # the lease is released as the hold ends
                 # Display only, as a context-too-large notice: the model sees the
                 # question without an answer, the person sees why.
                 state.add(
@@ -518,9 +518,8 @@ class Agent:
                 publish(
                     [ErrorEvent(message=DEAD_TURN, code="daemon_died"), StreamEnd(reason="error")]
                 )
-                return True
         except SessionBusyError:
-            return False  # a live owner holds it: its turn is not dead
+            return  # a live owner holds it: its turn is not dead
 
     @asynccontextmanager
     async def compact_stream(self, session_id: str) -> AsyncIterator[EventReceiver]:
