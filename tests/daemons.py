@@ -113,11 +113,11 @@ async def rotate_user(env: dict[str, str], name: str) -> str:
 
 
 async def store_user(where: dict[str, str] | str, name: str, role: str = "user") -> str:
-    """A new user written to the store an environment names (or the database at a URL),
-    as `navi users add` writes one, in this process (that command's own tests:
-    test_api_daemon's test_users_add_list_rotate_remove, and test_store_postgres on a
-    server's database); their token. No process: a test that only needs a user saves a
-    Python start."""
+    """A new user written to the store an environment names (or a NAVI_DB value: a
+    SQLite file, a database URL), as `navi users add` writes one, in this process (that
+    command's own tests: test_api_daemon's test_users_add_list_rotate_remove, and
+    test_store_postgres on a server's database); their token. No process: a test that
+    only needs a user saves a Python start."""
     env = {"NAVI_DB": where} if isinstance(where, str) else where
     token = new_token()
     async with open_store(Settings.from_env(env)) as store:

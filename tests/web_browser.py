@@ -33,6 +33,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+from daemons import store_user
 
 from navi_trio import wire
 from navi_trio.api.auth import new_token
@@ -318,9 +319,7 @@ class Daemon:
         """A new user's token. Written to the daemon's SQLite file as `navi users add`
         writes it (the store's users marker tells the running daemon), without the
         second of a CLI process's start."""
-        token = new_token()
-        trio.run(self._in_store, lambda store: store.create_user(name, token, role))
-        return token
+        return trio.run(store_user, str(self.db), name, role)
 
     def rotate(self, name: str) -> str:
         """The user's new token (the old one refused from now on), as `navi users rotate`."""
