@@ -89,6 +89,58 @@ async def claim(store: SQLiteStore, sid: str, owner: str) -> Any:
     return await store.claim_lease(sid, owner=owner, pid=1, host=HOST, ttl=60)
 
 
+def _rollback_mode_database_locked_by_another(path: Path) -> sqlite3.Connection:
+    """A new database still in rollback mode, and another connection holding its write
+    lock: what a process opening the file meets while another makes it WAL."""
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("CREATE TABLE t (x)")
+    other.execute("BEGIN IMMEDIATE")
+    return other
+
+
+def test_a_new_database_being_made_wal_by_another_process_is_waited_for(tmp_path: Path) -> None:
+    """SQLite refuses the switch to WAL at once, without its busy handler, while another
+    connection holds the write lock: `navi run`s started side by side on a new data folder
+    failed "open store … database is locked". The open tries again until the lock goes
+    (here the other side commits at the first wait: no real time passes)."""
+    path = tmp_path / "navi.db"
+    other = _rollback_mode_database_locked_by_another(path)
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        other.execute("COMMIT")
+
+    conn = _connect(path, "FULL", 30.0, sleep=sleep)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert len(waits) == 1 and 0 < waits[0] <= 0.1
+    finally:
+        conn.close()
+        other.close()
+
+
+def test_a_wal_switch_still_refused_after_the_busy_timeout_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "navi.db"
+    other = _rollback_mode_database_locked_by_another(path)
+    waits: list[float] = []
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            _connect(path, "FULL", 0.0, sleep=waits.append)
+        assert waits == []  # no time left: the first refusal is the answer
+    finally:
+        other.close()
+
+
+def test_a_file_that_is_not_a_database_fails_the_open_without_waiting(tmp_path: Path) -> None:
+    path = tmp_path / "navi.db"
+    path.write_bytes(b"this is not an SQLite database, only text" * 100)
+    waits: list[float] = []
+    with pytest.raises(sqlite3.DatabaseError, match="not a database"):
+        _connect(path, "FULL", 30.0, sleep=waits.append)
+    assert waits == []
+
+
 async def test_a_live_lease_is_refused_to_another_owner_and_released_by_its_own(
     tmp_path: Path,
 ) -> None:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
+from navi_trio.backoff import backoff_delay
 from navi_trio.errors import StoreError
 from navi_trio.store.fence import Fence, lost
 from navi_trio.store.modes import PRIVATE_DIR, private_database
@@ -42,7 +44,13 @@ _ADDED_COLUMNS = (
 )
 
 
-def _connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Connection:
+def _connect(
+    path: Path,
+    synchronous: str,
+    busy_timeout: float,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+) -> sqlite3.Connection:
     """The store's connection. SQLite's own autocommit (``isolation_level=None``): a
     statement outside `_write_tx` commits by itself, as sqlite-utils' ``execute`` made it
     do, and the module never opens a transaction of its own."""
@@ -50,7 +58,7 @@ def _connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Conne
     private_database(path)  # before SQLite makes its -wal and -shm: they take its mode
     conn = sqlite3.connect(str(path), timeout=busy_timeout, isolation_level=None)
     try:
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        mode = _wal_mode(conn, busy_timeout, sleep)
         if str(mode).lower() != "wal":
             raise StoreError(f"{path}: SQLite refused WAL journal mode (got {mode!r})")
         conn.execute(f"PRAGMA synchronous={synchronous}")
@@ -61,6 +69,27 @@ def _connect(path: Path, synchronous: str, busy_timeout: float) -> sqlite3.Conne
     except BaseException:
         conn.close()
         raise
+
+
+def _wal_mode(conn: sqlite3.Connection, busy_timeout: float, sleep: Callable[[float], None]) -> str:
+    """``PRAGMA journal_mode=WAL``, tried again while another connection holds the lock.
+
+    Switching a new database (still in rollback mode) to WAL upgrades the statement's read
+    lock to a write lock, and SQLite answers ``SQLITE_BUSY`` at once, without its busy
+    handler, when another connection holds the write lock meanwhile: several processes
+    opening one new database (``navi run`` side by side) would fail "database is locked".
+    Once the file is WAL the statement takes no lock and answers at once."""
+    deadline = time.monotonic() + busy_timeout
+    attempt = 0
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            busy = getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
+            if not busy or time.monotonic() >= deadline:
+                raise
+        attempt += 1
+        sleep(backoff_delay(attempt, base=0.002, cap=0.1, jitter=0.5))
 
 
 @contextmanager
