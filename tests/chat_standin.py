@@ -8,13 +8,19 @@ by its content:
   output, a todo list that ticks, stream_end;
 - ``wait``  : a first delta, then nothing until ``stop`` arrives (then stream_end stopped);
   a message arriving meanwhile gets ``message_queued`` and runs after it, as in the daemon;
+- ``cross`` : a first delta, then nothing until the next message arrives: the run ends
+  (stream_end) before that message is taken, which then runs at once (not queued), as
+  when a message crosses the end of the run before it on the wire;
 - ``ask``   : an ``approval_request`` for a terminal call, then nothing until an
   ``approve``/``deny`` for it arrives (recorded), then ``approval_decided`` and the end;
   a ``subscribe`` meanwhile lists it in its ``ok`` (``approvals``), as the daemon does;
 - anything else: an echo ``you said: …`` and stream_end.
 
-Every frame a client sends is recorded in `received`; `drop()` closes the live
-connections (the server goes on) to test reconnects.
+A message is answered ``ok`` (``queued``, and the session's ``seq`` before it was taken,
+as the daemon does) before its first frame, or with `ok_last` once its run has ended.
+A message that runs at once waits for `hold` when one is given. Every frame a client
+sends is recorded in `received`; `drop()` closes the live connections (the server goes
+on) to test reconnects.
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ class Session:
     waiting: list[str] = attrs.field(factory=list)  # queued messages, run in order after
     asking: dict[str, Frame] = attrs.field(factory=dict)  # approval requests waiting
     answered: trio.Event = attrs.field(factory=trio.Event)
+    crossing: bool = False  # a ``cross`` run waits for the next message (`crossed`)
+    crossed: trio.Event = attrs.field(factory=trio.Event)
+    idle: trio.Event = attrs.field(factory=trio.Event)  # set when a run ends
+    waiting_oks: list[Frame | None] = attrs.field(factory=list)  # with `ok_last`: theirs
 
 
 @attrs.define(eq=False)
@@ -60,6 +70,8 @@ class StandIn:
     history_page: int = 0
     # False: an older daemon, which answers a ``commands`` request unknown_type.
     knows_commands: bool = True
+    ok_last: bool = False  # a message's ok comes after its run's end, not before its start
+    hold: trio.Event | None = None  # set: a message that runs at once starts only then
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -139,8 +151,19 @@ class StandIn:
             session = self.sessions.setdefault(sid, Session(sid))
             if frame.get("profile"):  # the daemon switches a session to a message's profile
                 session.profile = str(frame["profile"])
+            if session.busy and session.crossing:
+                session.crossing = False
+                session.crossed.set()  # a ``cross`` run ends now, before this is taken
+                await session.idle.wait()
+            ok = {"type": "ok", "session_id": sid, "seq": session.seq, "epoch": EPOCH}
+            if "id" in frame:
+                ok["id"] = frame["id"]
             if session.busy:
                 session.waiting.append(str(frame["content"]))
+                ok["queued"] = True
+                if not self.ok_last:
+                    await self._send(ws, ok)
+                session.waiting_oks.append(ok if self.ok_last else None)
                 await self._publish(
                     ws,
                     session,
@@ -151,7 +174,9 @@ class StandIn:
                     },
                 )
                 return
-            nursery.start_soon(self._run, ws, session, str(frame["content"]))
+            ok["queued"] = False
+            session.busy = True  # taken: a message after it is queued
+            nursery.start_soon(self._held_run, ws, session, str(frame["content"]), ok)
         elif kind == "stop":
             session = self.sessions[frame["session_id"]]
             session.stop.set()
@@ -299,8 +324,20 @@ class StandIn:
         session.frames.append(frame)
         await self._send(ws, frame)
 
-    async def _run(self, ws: WebSocketConnection, session: Session, content: str) -> None:
+    async def _held_run(
+        self, ws: WebSocketConnection, session: Session, content: str, ok: Frame
+    ) -> None:
+        if self.hold is not None:
+            await self.hold.wait()
+        if not self.ok_last:
+            await self._send(ws, ok)
+        await self._run(ws, session, content, ok if self.ok_last else None)
+
+    async def _run(
+        self, ws: WebSocketConnection, session: Session, content: str, ok: Frame | None
+    ) -> None:
         session.busy = True
+        session.idle = trio.Event()
         session.stop = trio.Event()
         pub = self._publish
         await pub(ws, session, {"type": "model_info", "model": "stand-in-model"})
@@ -380,6 +417,11 @@ class StandIn:
             }
             await pub(ws, session, decided)
             await pub(ws, session, {"type": "stream_end", "text": "asked", "prompt_tokens": 7})
+        elif content == "cross":
+            session.crossing, session.crossed = True, trio.Event()
+            await pub(ws, session, {"type": "text_delta", "text": "Crossing"})
+            await session.crossed.wait()
+            await pub(ws, session, {"type": "stream_end", "text": "Crossing", "prompt_tokens": 9})
         elif content == "wait":
             await pub(ws, session, {"type": "text_delta", "text": "Working on it"})
             await session.stop.wait()
@@ -392,6 +434,9 @@ class StandIn:
                 session,
                 {"type": "stream_end", "text": f"you said: {content}", "prompt_tokens": 42},
             )
+        if ok is not None:
+            await self._send(ws, ok)
         session.busy = False
+        session.idle.set()
         if session.waiting:  # as the daemon does: the queue drains in order after the run
-            await self._run(ws, session, session.waiting.pop(0))
+            await self._run(ws, session, session.waiting.pop(0), session.waiting_oks.pop(0))

@@ -28,7 +28,7 @@ import navi_forks
 import pexpect
 import pytest
 import trio
-from test_cli import messages, unused_port
+from test_cli import forked, messages, unused_port
 
 from navi_trio.client.daemon import log_file, pid_file
 from navi_trio.settings import REPO_ROOT
@@ -476,21 +476,17 @@ async def test_piped_lines_go_to_one_session_and_each_gets_its_answer(
     replies = [{"text": "DIRECT"}, {"text": "first answer"}, {"text": "second answer"}]
     with trio.fail_after(DEADLINE):
         async with fake_llm(*replies) as llm, navi_forks.serving(env, llm.url) as daemon:
-            # A new interpreter, not forked: a forked chat, quicker to its first line,
-            # met more often the chat's race at the end of its input (it can quit while
-            # its second message's ok is still on its way: noted, not fixed yet).
-            done = await trio.run_process(
-                [sys.executable, "-m", "navi_trio", "chat", "--url", daemon.url.rstrip("/")],
+            # Forked (quick to its first line): the second line goes out while the first
+            # run streams, and the daemon may take it after that run ended, with its ok
+            # on the way after the run's first frames; the chat waits for its answer.
+            done = await forked(
+                "chat", "--url", daemon.url.rstrip("/"),
                 # The second line is read before the daemon has named the new session.
                 stdin=b"what can you do for me?\nand what else?\n",
-                capture_stdout=True,
-                capture_stderr=True,
-                env=env,
-                cwd=tmp_path,
-                check=False,
-            )
-    out = done.stdout.decode()
-    assert done.returncode == 0, done.stderr.decode()
+                env=env, cwd=tmp_path,
+            )  # fmt: skip
+    out = done.out
+    assert done.code == 0, done.err
     assert "first answer" in out and "second answer" in out, out
     assert len(set(re.findall(r"session (s-[0-9a-f]+)", out))) == 1, out
 

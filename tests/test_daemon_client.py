@@ -282,6 +282,40 @@ async def test_our_run_is_followed_behind_the_runs_queued_ahead_of_it(tmp_path: 
     assert not run.running and run.ended
 
 
+async def test_the_ok_names_the_seq_after_which_the_messages_own_frames_come(
+    tmp_path: Path,
+) -> None:
+    """The ok to a message carries the session's seq (and epoch) when the daemon took it:
+    what the session published before is not the message's; its message_queued, or its
+    run, comes after. So a client that gets the ok after those frames tells them apart."""
+    gate = GateTool()
+    frames: list[Frame] = []
+    with trio.fail_after(TIMEOUT):
+        async with (
+            _gated(tmp_path, gate, ["first done", "second done", "third done"]) as d,
+            open_daemon(d.url, d.tokens["alice"]) as c,
+        ):
+            first = await c.send_message("hi", session_id="alice.seq")
+            await gate.entered.wait()
+            second = await c.send_message("and then", session_id="alice.seq")
+            gate.gate.set()
+            run = OurRun.of(second, "and then")
+            while not run.ended:
+                frames.append(await c.receive())
+                run.ours(frames[-1])
+            third = await c.send_message("last", session_id="alice.seq")
+            ours = await _until_end(c, OurRun.of(third, "last"))
+    assert first.seq == 0 and second.queued and not third.queued
+    seqs = [f["seq"] for f in frames if wire.is_session_frame(f)]
+    before = [f for f in frames if wire.is_session_frame(f) and f["seq"] <= (second.seq or 0)]
+    assert before and "tool_started" in [f["type"] for f in before]  # the first run's
+    after = next(f for f in frames if wire.is_session_frame(f) and f["seq"] > (second.seq or 0))
+    assert after["type"] == "message_queued" and after["text"] == "and then"
+    assert after["epoch"] == second.epoch == third.epoch
+    assert third.seq is not None and third.seq >= max(seqs)  # after the second run
+    assert ours[0]["seq"] == third.seq + 1 and ours[-1]["text"] == "third done"
+
+
 def test_a_follower_counts_a_message_dropped_ahead_and_ends_when_its_own_is_dropped() -> None:
     """The queue's cap drops the oldest waiting message: one run fewer ends before
     ours; when the warning names ours, our message never runs and the follow ends."""

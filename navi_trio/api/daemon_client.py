@@ -327,14 +327,10 @@ class DaemonConnection:
         `trace`: the W3C trace context its run continues (``traceparent``, ``tracestate``)."""
         frame = wire.message(content, session_id, profile, cwd, mode, on_busy, trace)
         replies = await self._exchange(frame, timeout)
-        ok = replies[-1]
-        if ok["type"] != wire.OK or not isinstance(ok.get("session_id"), str):
-            raise RemoteError("bad_frame", f"expected an ok to the message, got {ok}"[:300])
-        created = any(r["type"] == wire.SESSION and r.get("created") for r in replies)
-        applied = ok.get("on_busy")
-        strategy = applied if isinstance(applied, str) else None
-        mode = ok.get("mode") if isinstance(ok.get("mode"), str) else None
-        return Accepted(ok["session_id"], created, bool(ok.get("queued")), strategy, mode)
+        try:
+            return Accepted.of(replies)
+        except ValueError as exc:
+            raise RemoteError("bad_frame", str(exc)) from None
 
     async def stop(self, session_id: str, *, timeout: float = REPLY_TIMEOUT) -> bool:  # noqa: ASYNC109
         """Stop the session's running turn; False when none was running."""

@@ -89,6 +89,10 @@ class SessionMessages:
         if owner is not None:  # another daemon runs it: queued there (core/cluster/cluster.py)
             await self._hand_over(rid, owner, row, message)
             return
+        # Read with no checkpoint before the message goes in: every frame of its run (and
+        # its message_queued) comes after this seq, so a client tells them from the
+        # frames before, whichever of them and the ok it gets first.
+        taken_at = {"seq": actor.seq, "epoch": actor.epoch}
         try:
             strategy = actor.send_message(message)
         except RuntimeError:
@@ -105,7 +109,9 @@ class SessionMessages:
         mode = effective_mode(profile.policy, self.c.user.role, asked, own_session=own)
         await self.c.conn.defer(
             rid,
-            lambda: self._accepted(rid, row.id, message, strategy, untitled=untitled, mode=mode),
+            lambda: self._accepted(
+                rid, row.id, message, strategy, untitled=untitled, mode=mode, taken_at=taken_at
+            ),
         )
 
     def _trace(self, cmd: SendMessage) -> dict[str, str] | None:
@@ -126,6 +132,7 @@ class SessionMessages:
         *,
         untitled: bool = False,
         mode: str | None = None,
+        taken_at: dict[str, Any] | None = None,
     ) -> None:
         timeout = self.c.rt.settings.message_accept_timeout_sec
 
@@ -158,6 +165,7 @@ class SessionMessages:
             fields["on_busy"] = strategy
         if mode is not None and strategy != "steer":  # a steer joins a run with its own
             fields["mode"] = mode
+        fields.update(taken_at or {})
         await self.c.conn.send(reply(rid, "ok", **fields))
 
     async def _hand_over(

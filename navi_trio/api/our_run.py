@@ -1,11 +1,11 @@
 """A message of ours and its run: the daemon's ``ok`` (`Accepted`), then `OurRun`: the one
 place that counts the runs queued ahead of our message, over the frames `open_daemon`
-hands on.
+hands on (`navi run`, ACP, a peer daemon) or the chat's connection passes it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -24,6 +24,31 @@ class Accepted:
     # enqueue / interrupt (queued), steer (it joins the running turn); None: it runs now.
     on_busy: str | None = None
     mode: str | None = None  # the mode its run gets (the asked one clamped to the role)
+    # The session's last seq (and its epoch) before the daemon took the message: every
+    # frame of its run, and its ``message_queued``, come after it. None: an older daemon,
+    # or a message handed to the daemon that runs the session.
+    seq: int | None = None
+    epoch: str | None = None
+
+    @classmethod
+    def of(cls, replies: Sequence[Frame]) -> Accepted:
+        """From the daemon's replies to a message: a ``session`` one (it made the session),
+        then the ``ok``; `ValueError` when the last is no ok."""
+        ok = replies[-1]
+        if ok.get("type") != wire.OK or not isinstance(ok.get("session_id"), str):
+            raise ValueError(f"expected an ok to the message, got {ok}"[:300])
+        created = any(r.get("type") == wire.SESSION and r.get("created") for r in replies)
+
+        def text(key: str) -> str | None:
+            value = ok.get(key)
+            return value if isinstance(value, str) else None
+
+        seq = ok.get("seq")
+        seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else None
+        queued = bool(ok.get("queued"))
+        return cls(
+            ok["session_id"], created, queued, text("on_busy"), text("mode"), seq, text("epoch")
+        )
 
 
 @attrs.define(eq=False)
@@ -42,6 +67,10 @@ class OurRun:
     A steered one (`Accepted.on_busy` ``steer``) joins the running turn: its ``steered``
     frame (our text) makes the rest of that run ours. When that run ends without taking
     it in, it runs next, announced by a ``message_queued`` frame as a queued one is.
+
+    A frame at or before `after` (the seq the ``ok`` names, same `epoch`) came before the
+    daemon took our message: never ours, never counted. Without it (an older daemon),
+    the frames are ours from the first handed on, as described above.
     """
 
     session_id: str
@@ -53,6 +82,8 @@ class OurRun:
     ended: bool = False  # our top-level stream_end was seen (or our message was dropped)
     dropped: bool = False  # the queue's cap dropped our message: it never runs
     steered: bool = False  # sent with on_busy steer: waiting for its `steered` frame
+    after: int | None = None  # the session's seq before our message was taken
+    epoch: str | None = None  # the epoch `after` counts in
 
     def __attrs_post_init__(self) -> None:
         self.started = not self.queued and not self.steered
@@ -62,7 +93,15 @@ class OurRun:
         cls, accepted: Accepted, text: str, on_queued: Callable[[int], object] = lambda n: None
     ) -> OurRun:
         steered = accepted.on_busy == "steer"
-        return cls(accepted.session_id, text, accepted.queued, on_queued, steered=steered)
+        return cls(
+            accepted.session_id,
+            text,
+            accepted.queued,
+            on_queued,
+            steered=steered,
+            after=accepted.seq,
+            epoch=accepted.epoch,
+        )
 
     @property
     def running(self) -> bool:
@@ -71,8 +110,10 @@ class OurRun:
 
     def ours(self, frame: Frame) -> bool:
         """Whether `frame` belongs to our run (counting the runs ahead of it on the way)."""
-        if frame.get("session_id") != self.session_id or not isinstance(frame.get("seq"), int):
+        if frame.get("session_id") != self.session_id or not wire.is_session_frame(frame):
             return False  # another session's, a reply, an out-of-band task_update, lagged
+        if self._before_ours(frame):
+            return False
         if not self.started:
             if self.steered and self.ahead is None:
                 if frame.get("type") == wire.STEERED and frame.get("text") == self.text:
@@ -97,3 +138,21 @@ class OurRun:
             self.started = True
         self.ended = self.ended or wire.is_top_end(frame)
         return True
+
+    def _before_ours(self, frame: Frame) -> bool:
+        """`frame` was published before the daemon took our message."""
+        if self.after is None or frame["seq"] > self.after:
+            return False
+        epoch = frame.get("epoch")
+        return self.epoch is None or not isinstance(epoch, str) or epoch == self.epoch
+
+    @staticmethod
+    def counts(frame: Frame) -> bool:
+        """Whether `frame` can move a run towards its end: what a client keeps of the
+        frames that came before the ``ok`` (fed these, a run ends where it would have)."""
+        kind = frame.get("type")
+        return (
+            kind in (wire.MESSAGE_QUEUED, wire.STEERED)
+            or wire.is_top_end(frame)
+            or wire.dropped_by_the_cap(frame)
+        )

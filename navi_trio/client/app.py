@@ -20,6 +20,7 @@ import attrs
 import trio
 
 from navi_trio import wire
+from navi_trio.client.awaited import Awaited
 from navi_trio.client.commands import ANSWERS, SlashCommands
 from navi_trio.client.connection import BACKOFF_FIRST, RETRIES, TOKEN_HINT, Connection
 from navi_trio.client.profile import ProfileAsk
@@ -29,16 +30,6 @@ from navi_trio.client.rewind import RewindFlow
 from navi_trio.errors import DaemonUnreachableError
 from navi_trio.text import usage_table
 from navi_trio.wire import Frame
-
-
-@attrs.frozen
-class Unanswered:
-    """A message of ours the daemon has not answered: its text, and whether a run of
-    ours was going when it was sent (a refusal leaves things as they were)."""
-
-    text: str
-    busy: bool
-
 
 COMMANDS_ID = "chat-commands"  # the id of our request for the commands kept as files
 
@@ -53,13 +44,13 @@ class ChatOptions:
     token_hint: str = TOKEN_HINT  # what to do when the daemon refuses the token
     retries: int = RETRIES  # reconnects before giving up
     backoff: float = BACKOFF_FIRST  # first reconnect delay, doubled each time (capped)
-    # End of input (a script piped in) waits for the run to finish before quitting;
-    # Ctrl-D at a terminal quits at once.
+    # End of input (a script piped in) waits, before quitting, for the answer to every
+    # message sent (client/awaited.py) and for the run going; Ctrl-D at a terminal quits
+    # at once.
     finish_runs_on_eof: bool = False
 
 
 MESSAGE_ID = "chat-message-"  # the ids of our messages (their replies echo them)
-UNANSWERED_MAX = 64
 
 
 class ChatApp:
@@ -92,9 +83,14 @@ class ChatApp:
         self._profile = ProfileAsk()
         self._conn: Connection | None = None
         self.profiles: list[str] | None = None  # the daemon's, from its welcome
-        # Our messages the daemon has not answered yet (request id -> text): a refused
-        # one goes back on the prompt, never lost.
-        self._unanswered: dict[str, Unanswered] = {}
+        # Our messages the daemon has not answered yet (a refused one goes back on the
+        # prompt, never lost), and the runs of those it took, until their end.
+        self._awaited = Awaited()
+        # A reconnect under way: from the drop to the reply to the subscribe that resumes
+        # the session, and then (`_catch_up`) until its replay reached the seq that
+        # reply names. Until then what is going on in the session is not known here.
+        self._away = False
+        self._catch_up: int | None = None
         self._message_ids = itertools.count(1)
         self._quit = trio.CancelScope()
         self.rewinds = RewindFlow(self)  # /rewind, /fork (client/rewind.py)
@@ -253,9 +249,7 @@ class ChatApp:
         cwd = self.run_cwd()
         frame = wire.message(text, self.session_id, self.profile, cwd, self.mode, on_busy)
         frame["id"] = f"{MESSAGE_ID}{next(self._message_ids)}"
-        self._unanswered[frame["id"]] = Unanswered(text, self.renderer.busy)
-        while len(self._unanswered) > UNANSWERED_MAX:  # answers lost to a dropped connection
-            del self._unanswered[next(iter(self._unanswered))]
+        self._awaited.sent(frame["id"], text, self.renderer.busy)
         if self.session_id and self.profile and self.profile != self.renderer.status.profile:
             self._profile.due = True  # the daemon switches the session to it for this run
         if self.session_id is None:
@@ -265,7 +259,7 @@ class ChatApp:
             if not self.renderer.status.activity:
                 self.renderer.status.activity = WAITING  # until the run shows something
             return
-        self._unanswered.pop(frame["id"], None)
+        self._awaited.refused(frame["id"])
         self.prefill(text)  # not sent: back on the prompt
         if self.session_id is None:
             self._creation_over()
@@ -308,6 +302,9 @@ class ChatApp:
             or self._queued > 0
             or self.resuming is not None
             or self._profile.waiting is not None  # a run's status line waits for it
+            or self._awaited.waiting
+            or self._away
+            or self._catch_up is not None
         )
 
     async def _wait_settled(self) -> None:
@@ -321,11 +318,11 @@ class ChatApp:
         if isinstance(profiles, list):
             self.profiles = [str(p) for p in profiles]
 
-    def _answered(self, frame: Frame) -> None:
-        """A reply to a message of ours: taken (ok, session), or refused (back on the
-        prompt, to send again as it is or edited)."""
-        sent = self._unanswered.pop(str(frame.get("id")), None)
-        if sent is not None and frame.get("type") == "error":
+    def _refused(self, frame: Frame) -> None:
+        """A message of ours refused: back on the prompt, to send again as it is or
+        edited."""
+        sent = self._awaited.refused(str(frame.get("id")))
+        if sent is not None:
             if not sent.busy:  # no run of ours goes on after all
                 self.renderer.busy = False
                 self.renderer.status.activity = ""
@@ -346,6 +343,8 @@ class ChatApp:
             self._approvals.clear()
             self._profile.forget()
             self.rewinds.reset()
+            self._awaited.forget_runs()  # their frames no longer come here
+            self._catch_up = None
         self.session_id = self.renderer.status.session_id = session_id
 
     def on_frame(self, frame: Frame) -> list[Frame]:
@@ -380,26 +379,35 @@ class ChatApp:
             if frame.get("code") != "unknown_type":
                 r.notice(f"commands kept as files are not offered: {frame.get('message')}")
             return []
-        if str(frame.get("id")) in self._unanswered and kind in ("ok", "session", "error"):
-            if kind == "error":
-                r.frame(frame)  # the refusal first, then the message back on the prompt
-            self._answered(frame)
-            if kind == "error":
-                if self._creating and self.session_id is None:
-                    self._creation_over()  # the new session's message was refused
+        if str(frame.get("id")) in self._awaited.unanswered and kind in ("ok", "error"):
+            if kind == "ok":
+                self._awaited.taken(str(frame["id"]), frame, self.session_id)
                 return []
+            r.frame(frame)  # the refusal first, then the message back on the prompt
+            self._refused(frame)
+            if self._creating and self.session_id is None:
+                self._creation_over()  # the new session's message was refused
+            return []
         if kind == "_disconnected":
             if self._creating:
                 self._creation_over()  # its session frame may be lost: stop waiting for it
             if self._profile.waiting is not None:  # its reply is lost: ask again once back
                 self._profile.lost()
+            lost = self._awaited.lost()
+            self._away = True
             r.release_status()
             r.status.connected = False
             r.warning(
                 f"connection lost ({frame.get('reason')}); reconnecting in "
                 f"{frame.get('retry_in')}s (try {frame.get('attempt')})…"
             )
+            if lost:
+                r.notice(
+                    f"{lost} message(s) sent had no answer yet: whether the daemon took them "
+                    "is not known here (the session's history will tell)"
+                )
         elif kind == "_reconnected":
+            self._away = self.session_id is not None  # until the subscribe's reply
             r.status.connected = True
             self.welcomed(frame.get("welcome") or {})
             r.notice("reconnected")
@@ -426,6 +434,8 @@ class ChatApp:
                 self.epoch = frame.get("epoch")
                 self.last_seq = frame.get("seq")
                 r.reset()  # a run half-shown may be gone (a restarted daemon): drop its text
+                self._awaited.forget_runs()  # frames are missing: their ends may be too
+                self._away, self._catch_up = False, None  # the live frames go on from here
                 if not self._rewound:
                     r.frame(frame)  # a rewind's own reload is no fault: nothing to say
                 self._rewound = False
@@ -440,6 +450,8 @@ class ChatApp:
             self._profile.wanted = False  # refused (rate limit…): the line shows what we know
             self._on_profile(frame)
         elif kind == "error" and not isinstance(frame.get("seq"), int):
+            if frame.get("session_id") in (None, self.session_id):
+                self._away = False  # the resuming subscribe refused, maybe: no replay comes
             # A refused request (never a run's error, those have a seq): always shown,
             # also when it names a session we are not on (/resume of a wrong id).
             if self.resuming is not None and frame.get("session_id") in (None, self.resuming):
@@ -474,6 +486,9 @@ class ChatApp:
         self.last_seq = int(frame["seq"])
         epoch = frame.get("epoch")
         self.epoch = epoch if isinstance(epoch, str) else self.epoch
+        self._awaited.frame(frame)
+        if self._catch_up is not None and self.last_seq >= self._catch_up:
+            self._catch_up = None  # the replay is in: what goes on shows from here
         if frame["type"] == "approval_request":
             if str(frame.get("call_id")) in self._approvals:
                 return  # already shown from the subscribe reply
@@ -504,6 +519,11 @@ class ChatApp:
         waiting = frame.get("approvals")
         if frame.get("session_id") != self.session_id or not isinstance(waiting, list):
             return
+        seq = frame.get("seq")
+        if self._away:  # back: the replay runs from our last seq to (at least) this one
+            self._away = False
+            if self.last_seq is not None and isinstance(seq, int) and seq > self.last_seq:
+                self._catch_up = seq
         # The daemon's list is the truth: one decided while we were away is gone from it.
         self._approvals.clear()
         for request in waiting:

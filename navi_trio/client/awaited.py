@@ -1,0 +1,100 @@
+"""`Awaited`: the chat's messages still to be answered, from the send to their run's end.
+
+The end of a piped script waits on these. A message sent waits for the daemon's reply:
+an error (refused: nothing runs), or ``ok`` (taken: its run is then followed by an
+`OurRun`, api/our_run.py, which counts the runs queued ahead of it). The ``ok`` and the
+first frames of the run, even its end, can come in either order, so the frames that move
+a run towards its end (`OurRun.counts`) are kept while a message is unanswered and fed
+to its run when the ok comes; the ok's seq tells which of them are that run's.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import attrs
+
+from navi_trio.api.our_run import Accepted, OurRun
+from navi_trio.wire import Frame
+
+UNANSWERED_MAX = 64  # messages waiting for their reply (more: the oldest is let go)
+KEPT_MAX = 1000  # frames kept for runs whose ok has not come (a few per run ahead)
+
+
+@attrs.frozen
+class Sent:
+    """A message of ours the daemon has not answered: its text, and whether a run of
+    ours was going when it was sent (a refusal leaves things as they were)."""
+
+    text: str
+    busy: bool
+
+
+class Awaited:
+    def __init__(self) -> None:
+        self.unanswered: dict[str, Sent] = {}  # request id -> the message
+        self.runs: list[OurRun] = []  # the runs of our messages taken, not ended yet
+        self._kept: collections.deque[Frame] = collections.deque(maxlen=KEPT_MAX)
+
+    @property
+    def waiting(self) -> bool:
+        """A message of ours is unanswered, or its run has not ended."""
+        return bool(self.unanswered or self.runs)
+
+    def sent(self, rid: str, text: str, busy: bool) -> None:
+        self.unanswered[rid] = Sent(text, busy)
+        while len(self.unanswered) > UNANSWERED_MAX:
+            del self.unanswered[next(iter(self.unanswered))]
+
+    def refused(self, rid: str) -> Sent | None:
+        """The message `rid` was refused (or never went out): nothing to wait for."""
+        sent = self.unanswered.pop(rid, None)
+        self._settle()
+        return sent
+
+    def taken(self, rid: str, ok: Frame, session_id: str | None) -> None:
+        """The daemon's ``ok`` to message `rid`: its run is followed from the frames kept,
+        unless it runs in a session the chat has left (none of its frames come here)."""
+        sent = self.unanswered.pop(rid, None)
+        try:
+            accepted = Accepted.of([ok])
+        except ValueError:
+            accepted = None
+        if sent is not None and accepted is not None and accepted.session_id == session_id:
+            run = OurRun.of(accepted, sent.text)
+            for frame in self._kept:
+                run.ours(frame)
+            if not run.ended:
+                self.runs.append(run)
+        self._settle()
+
+    def frame(self, frame: Frame) -> None:
+        """A frame of the session the chat follows."""
+        if self.runs:
+            for run in self.runs:
+                run.ours(frame)
+            self.runs = [run for run in self.runs if not run.ended]
+        if self.unanswered and OurRun.counts(frame):
+            self._kept.append(frame)
+
+    def lost(self) -> int:
+        """The connection dropped: the replies not come are gone with it (whether those
+        messages were taken is unknown: they are not waited for); how many. The runs
+        go on being followed: the reconnect's replay has every frame since the last."""
+        count = len(self.unanswered)
+        self.unanswered.clear()
+        self._settle()
+        return count
+
+    def forget_runs(self) -> None:
+        """The runs can no longer be followed (the chat moved to another session, or the
+        daemon's stream of the session had a gap: resync)."""
+        self.runs.clear()
+        self._kept.clear()
+
+    def _settle(self) -> None:
+        if not self.unanswered:
+            self._kept.clear()
+
+
+__all__ = ["Awaited", "Sent"]
