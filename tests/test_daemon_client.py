@@ -303,6 +303,9 @@ async def test_the_ok_names_the_seq_after_which_the_messages_own_frames_come(
             while not run.ended:
                 frames.append(await c.receive())
                 run.ours(frames[-1])
+            # The run said its end and still saves: wait until the session is idle, so
+            # the third message runs at once (else it queues, at position 0).
+            await d.harness.runtime.sessions.actor("alice.seq").idle.wait()
             third = await c.send_message("last", session_id="alice.seq")
             ours = await _until_end(c, OurRun.of(third, "last"))
     assert first.seq == 0 and second.queued and not third.queued
