@@ -223,3 +223,29 @@ async def test_a_message_sent_after_the_dead_turns_end_waits_for_no_other_end(
         ("message_queued", 0),
     ], got
     assert [r for t, r in got if t == "stream_end"] == ["error", "complete"], got
+
+
+async def test_a_failed_runs_end_reaches_a_daemon_whose_run_claims_the_lease_at_its_release(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A's run fails after its message was saved (an internal error out of the turn); B's run
+    claims the lease as A's run releases it: B's client gets A's run's ``error`` and its
+    ``stream_end``, once, before B's own run (before, A said them after its release and B's
+    run, then holding the lease, turned them away)."""
+
+    async def test(a: Runtime, b_actor: SessionActor, sub: Subscription) -> None:
+        def broken(request: object) -> Any:
+            raise RuntimeError("the model's client broke")
+
+        a.agent.parts.backend.stream_chat = broken  # type: ignore[method-assign]
+        a_actor = await a.sessions.get(SID)
+        order = ClaimAfterRelease(a, b_actor, "error")
+        order.armed = True
+        a_actor.send_message(UserMessage("one"))
+        await a_actor.idle.wait()  # (its release returned once B's run held the lease)
+        got = await order.then_b_stops(sub)
+        ends = [g for g in got if g[0] in ("error", "stream_end")]
+        assert ends == [("error", "internal"), ("stream_end", "error"), ("stream_end", "stopped")]
+        assert order.on_bus_at_release, "the failed run's end was sent after the release"
+
+    await two_daemons(tmp_path, pg_url, [STALLED], test)
