@@ -29,6 +29,7 @@ from test_scale_relay import TIMEOUT, daemon
 from navi_trio.core.history.rewind import Target
 from navi_trio.core.session import Frame, SessionActor, Subscription
 from navi_trio.core.turn import UserMessage
+from navi_trio.errors import SessionBusyError
 from navi_trio.runtime import Runtime
 from navi_trio.store.fence import Fence
 
@@ -249,3 +250,46 @@ async def test_a_failed_runs_end_reaches_a_daemon_whose_run_claims_the_lease_at_
         assert order.on_bus_at_release, "the failed run's end was sent after the release"
 
     await two_daemons(tmp_path, pg_url, [STALLED], test)
+
+
+async def test_a_fork_of_a_session_another_daemons_run_holds_is_refused_as_busy(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """B's run holds the session's lease; a fork of it on A is refused (``session_busy``), as
+    on one daemon while a run is active. Before, A forked the half-written turn, and its
+    ``forked`` never reached B's clients: B's run took it for a replaced owner's late frame."""
+
+    async def test(a: Runtime, b_actor: SessionActor, sub: Subscription) -> None:
+        b_actor.send_message(UserMessage("two"))
+        async for frame in sub.frames:
+            if frame["type"] == "text_delta":
+                break  # B's run holds the lease
+        await a.store.create_session("s2", profile_id="general")
+        with pytest.raises(SessionBusyError):
+            await a.rewinds.fork(SID, "s2")
+        assert await a.store.get_session("s2") is None  # nothing left of it
+        b_actor.stop()
+        await b_actor.idle.wait()
+
+    await two_daemons(tmp_path, pg_url, [STALLED], test)
+
+
+async def test_a_forks_forked_reaches_a_daemon_whose_run_claims_the_lease_at_its_release(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A forks the session B ran; B's run of the next message claims the lease as the fork
+    lets it go: B's client gets ``forked`` once, ahead of its run."""
+
+    async def test(a: Runtime, b_actor: SessionActor, sub: Subscription) -> None:
+        b_actor.send_message(UserMessage("one"))
+        await b_actor.idle.wait()
+        await a.store.create_session("s2", profile_id="general")
+        order = ClaimAfterRelease(a, b_actor, "forked")
+        order.armed = True
+        await a.rewinds.fork(SID, "s2")
+        got = await order.then_b_stops(sub)
+        assert got.count(("forked", None)) == 1, got
+        assert [r for t, r in got if t == "stream_end"] == ["complete", "stopped"], got
+        assert order.on_bus_at_release, "the fork's forked was sent after the release"
+
+    await two_daemons(tmp_path, pg_url, [{"text": "answer one"}, STALLED], test)
