@@ -49,9 +49,12 @@ class ClaimAfterRelease:
     returns once that run streams: it holds the lease. Whatever A sends after its release
     reaches B meanwhile."""
 
-    def __init__(self, a: Runtime, b_actor: SessionActor, kind: str) -> None:
+    def __init__(
+        self, a: Runtime, b_actor: SessionActor, kind: str, *, heard_first: bool = True
+    ) -> None:
         assert a.cluster is not None
         self.b_actor = b_actor
+        self.heard_first = heard_first  # B's run starts once B heard A's frame
         self.armed = False
         self.ending = trio.Event()  # A's hold of the lease ends: its frames may go out
         self.on_bus = trio.Event()  # A's frame of `kind` was sent on the bus
@@ -99,7 +102,7 @@ class ClaimAfterRelease:
         b_actor.relay = hearing  # type: ignore[method-assign]
 
     async def _b_claims(self) -> None:
-        if self.on_bus_at_release:
+        if self.on_bus_at_release and self.heard_first:
             await self.heard.wait()
         self.b_actor.send_message(UserMessage("two"))
         async for frame in self.watch.frames:
@@ -293,3 +296,44 @@ async def test_a_forks_forked_reaches_a_daemon_whose_run_claims_the_lease_at_its
         assert order.on_bus_at_release, "the fork's forked was sent after the release"
 
     await two_daemons(tmp_path, pg_url, [{"text": "answer one"}, STALLED], test)
+
+
+async def test_a_runs_end_heard_late_by_the_daemon_claiming_at_its_release_still_reaches_it(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A's run ends and lets the lease go, its ``stream_end`` on the bus first; B's run claims
+    the lease at once, and B's listener hands that frame on only after B's claim returned
+    (nothing orders the listener's connection against the claim's). B's claim waits until
+    what was sent before it is handed to its actor: B's client gets A's end, before its
+    own run (before, B's run held the lease by then and turned it away)."""
+    with trio.fail_after(TIMEOUT):
+        async with daemon(tmp_path / "b", pg_url, [STALLED]) as b:
+            assert b.cluster is not None
+            await b.store.create_session(SID, profile_id="general")
+            await b.cluster.follow(SID)
+            b_actor = await b.sessions.get(SID)
+            sub = b_actor.subscribe()
+            claim, handle, claimed = b.store.claim_lease, b.cluster._handle, trio.Event()
+
+            async def claiming(session_id: str, **kwargs: Any) -> Any:
+                holder = await claim(session_id, **kwargs)
+                claimed.set()
+                return holder
+
+            async def handling(channel: str, payload: str) -> None:
+                if '"stream_end"' in payload:
+                    await claimed.wait()  # the listener late: B's claim is back first
+                await handle(channel, payload)
+
+            b.store.claim_lease = claiming  # type: ignore[method-assign]
+            b.cluster._handle = handling  # type: ignore[method-assign]
+            async with daemon(tmp_path / "a", pg_url, [{"text": "one done"}]) as a:
+                a_actor = await a.sessions.get(SID)
+                order = ClaimAfterRelease(a, b_actor, "stream_end", heard_first=False)
+                order.armed = True
+                a_actor.send_message(UserMessage("one"))
+                await a_actor.idle.wait()
+                got = await order.then_b_stops(sub)
+    ends = [r for t, r in got if t == "stream_end"]
+    assert ends == ["complete", "stopped"], got
+    assert order.on_bus_at_release, "A's end was sent after the release"
