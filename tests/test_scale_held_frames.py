@@ -119,7 +119,11 @@ class ClaimAfterRelease:
 
 
 async def two_daemons(
-    tmp_path: Path, pg_url: str, replies: list[dict[str, Any]], test: Callable[..., Awaitable[None]]
+    tmp_path: Path,
+    pg_url: str,
+    replies: list[dict[str, Any]],
+    test: Callable[..., Awaitable[None]],
+    a_replies: list[dict[str, Any]] | None = None,
 ) -> None:
     """B, with a client following the session, then A (it reads B's follow at its start)."""
     with trio.fail_after(TIMEOUT):
@@ -129,7 +133,7 @@ async def two_daemons(
             await b.cluster.follow(SID)
             b_actor = await b.sessions.get(SID)
             sub = b_actor.subscribe()
-            async with daemon(tmp_path / "a", pg_url, []) as a:
+            async with daemon(tmp_path / "a", pg_url, a_replies or []) as a:
                 await test(a, b_actor, sub)
 
 
@@ -296,6 +300,37 @@ async def test_a_forks_forked_reaches_a_daemon_whose_run_claims_the_lease_at_its
         assert order.on_bus_at_release, "the fork's forked was sent after the release"
 
     await two_daemons(tmp_path, pg_url, [{"text": "answer one"}, STALLED], test)
+
+
+async def test_a_runs_end_its_daemon_publishes_late_still_goes_out_before_its_release(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A's actor publishes what A's run says from its own task, after the run said it; here
+    each event a few scheduling rounds late (it asks the lease first). A's run lets the
+    lease go only once its actor is done with its events: its end is on the bus before B's
+    run claims the lease at the release, and B's client gets it (before, the run's hold
+    ended first, its end went out after the release, and B's run turned it away)."""
+
+    async def test(a: Runtime, b_actor: SessionActor, sub: Subscription) -> None:
+        a_actor = await a.sessions.get(SID)
+        may_publish = a_actor._may_publish
+
+        async def late(msg: UserMessage, control: Any) -> bool:
+            for _ in range(20):  # far more rounds than the hold's end takes to its release
+                await trio.lowlevel.checkpoint()
+            return await may_publish(msg, control)
+
+        a_actor._surely_publishes = lambda msg, control: None  # type: ignore[method-assign]
+        a_actor._may_publish = late  # type: ignore[method-assign]
+        order = ClaimAfterRelease(a, b_actor, "stream_end")
+        order.armed = True
+        a_actor.send_message(UserMessage("one"))
+        await a_actor.idle.wait()
+        got = await order.then_b_stops(sub)
+        assert [r for t, r in got if t == "stream_end"] == ["complete", "stopped"], got
+        assert order.on_bus_at_release, "A's end was sent after the release"
+
+    await two_daemons(tmp_path, pg_url, [STALLED], test, a_replies=[{"text": "one done"}])
 
 
 async def test_a_runs_end_heard_late_by_the_daemon_claiming_at_its_release_still_reaches_it(

@@ -29,7 +29,7 @@ from navi_trio.core.turn.channel import EventReceiver, EventSender, emitter, ope
 from navi_trio.core.turn.checkpointing import RoundCheckpoints
 from navi_trio.core.turn.context import ContextBuilder
 from navi_trio.core.turn.injections import Injections
-from navi_trio.core.turn.lease import HeldLease, SessionLeases
+from navi_trio.core.turn.lease import RELEASE_DEADLINE_SEC, HeldLease, SessionLeases
 from navi_trio.core.turn.live_config import LiveConfig
 from navi_trio.core.turn.observe import NoObserver, Observer, continue_trace
 from navi_trio.core.turn.policy import effective_mode
@@ -261,6 +261,10 @@ class Agent:
                         # that claims the session at its release has them before its run.
                         said = True
                         self._say_failed(session_id, msg, control, emit, exc)
+                    # The reader (the session actor) publishes what the run said: done
+                    # before the lease is let go, so the release's flush sends it.
+                    with trio.move_on_after(RELEASE_DEADLINE_SEC):
+                        await send.settled()
             except Exception as exc:
                 if said:
                     log.warning("session %s: its lease was lost as its run failed", session_id)
