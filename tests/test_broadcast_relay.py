@@ -33,7 +33,7 @@ from navi_trio.api.protocol import event_frame, resync_frame
 from navi_trio.core.cluster import RelayBroadcast
 from navi_trio.core.session import SessionActor
 from navi_trio.core.turn import UserMessage
-from navi_trio.events import ErrorEvent, StreamEnd, TextDelta, ThinkingDelta
+from navi_trio.events import ErrorEvent, StreamEnd, TaskUpdate, TextDelta, ThinkingDelta
 from navi_trio.testing import open_harness
 from navi_trio.testing.harness import Harness
 
@@ -290,7 +290,9 @@ async def test_a_replaced_owners_late_frames_are_dropped_while_a_run_here_holds_
 ) -> None:
     """While a run here holds the lease, a frame of another daemon can only be one it sent
     before this run took the session: turned away, the run's frames go on in their epoch.
-    Once the run is over, the other daemon's frames are relayed again."""
+    Not a frame sent out of band, with no seq (a background job the other daemon started
+    says how it went): no run's, it is passed on. Once the run is over, the other daemon's
+    frames are relayed again."""
     with trio.fail_after(10):
         async with open_harness(tmp_path, replies=[{"text": "ours", "stall": True}]) as h:
             actor = await relaying(h)
@@ -298,11 +300,13 @@ async def test_a_replaced_owners_late_frames_are_dropped_while_a_run_here_holds_
             s.send("hi")
             await s.until_type("text_delta")  # the run holds the lease
             owners_end(actor)
+            update = TaskUpdate(task_id="t1", tool="bash", status="completed")
+            actor.relay(event_frame(update, "s1", None, "e9"))
             s.stop()
             frames = await s.until_end()
             assert frames[-1]["reason"] == "stopped", frames[-1]
             assert [f for f in frames if f["type"] == "resync"] == [], frames
-            assert relayed_end(frames) == []
+            assert relayed_end(frames) == [("task_update", None)]  # of the other's, that only
             await actor.idle.wait()
             owners_end(actor)
             got = drained(s.subscription)

@@ -29,6 +29,7 @@ from test_scale_relay import TIMEOUT, daemon
 from navi_trio.core.history.rewind import Target
 from navi_trio.core.session import Frame, SessionActor, Subscription
 from navi_trio.core.turn import UserMessage
+from navi_trio.errors import SessionBusyError
 from navi_trio.runtime import Runtime
 from navi_trio.store.fence import Fence
 
@@ -48,9 +49,12 @@ class ClaimAfterRelease:
     returns once that run streams: it holds the lease. Whatever A sends after its release
     reaches B meanwhile."""
 
-    def __init__(self, a: Runtime, b_actor: SessionActor, kind: str) -> None:
+    def __init__(
+        self, a: Runtime, b_actor: SessionActor, kind: str, *, heard_first: bool = True
+    ) -> None:
         assert a.cluster is not None
         self.b_actor = b_actor
+        self.heard_first = heard_first  # B's run starts once B heard A's frame
         self.armed = False
         self.ending = trio.Event()  # A's hold of the lease ends: its frames may go out
         self.on_bus = trio.Event()  # A's frame of `kind` was sent on the bus
@@ -98,7 +102,7 @@ class ClaimAfterRelease:
         b_actor.relay = hearing  # type: ignore[method-assign]
 
     async def _b_claims(self) -> None:
-        if self.on_bus_at_release:
+        if self.on_bus_at_release and self.heard_first:
             await self.heard.wait()
         self.b_actor.send_message(UserMessage("two"))
         async for frame in self.watch.frames:
@@ -115,7 +119,11 @@ class ClaimAfterRelease:
 
 
 async def two_daemons(
-    tmp_path: Path, pg_url: str, replies: list[dict[str, Any]], test: Callable[..., Awaitable[None]]
+    tmp_path: Path,
+    pg_url: str,
+    replies: list[dict[str, Any]],
+    test: Callable[..., Awaitable[None]],
+    a_replies: list[dict[str, Any]] | None = None,
 ) -> None:
     """B, with a client following the session, then A (it reads B's follow at its start)."""
     with trio.fail_after(TIMEOUT):
@@ -125,7 +133,7 @@ async def two_daemons(
             await b.cluster.follow(SID)
             b_actor = await b.sessions.get(SID)
             sub = b_actor.subscribe()
-            async with daemon(tmp_path / "a", pg_url, []) as a:
+            async with daemon(tmp_path / "a", pg_url, a_replies or []) as a:
                 await test(a, b_actor, sub)
 
 
@@ -223,3 +231,144 @@ async def test_a_message_sent_after_the_dead_turns_end_waits_for_no_other_end(
         ("message_queued", 0),
     ], got
     assert [r for t, r in got if t == "stream_end"] == ["error", "complete"], got
+
+
+async def test_a_failed_runs_end_reaches_a_daemon_whose_run_claims_the_lease_at_its_release(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A's run fails after its message was saved (an internal error out of the turn); B's run
+    claims the lease as A's run releases it: B's client gets A's run's ``error`` and its
+    ``stream_end``, once, before B's own run (before, A said them after its release and B's
+    run, then holding the lease, turned them away)."""
+
+    async def test(a: Runtime, b_actor: SessionActor, sub: Subscription) -> None:
+        def broken(request: object) -> Any:
+            raise RuntimeError("the model's client broke")
+
+        a.agent.parts.backend.stream_chat = broken  # type: ignore[method-assign]
+        a_actor = await a.sessions.get(SID)
+        order = ClaimAfterRelease(a, b_actor, "error")
+        order.armed = True
+        a_actor.send_message(UserMessage("one"))
+        await a_actor.idle.wait()  # (its release returned once B's run held the lease)
+        got = await order.then_b_stops(sub)
+        ends = [g for g in got if g[0] in ("error", "stream_end")]
+        assert ends == [("error", "internal"), ("stream_end", "error"), ("stream_end", "stopped")]
+        assert order.on_bus_at_release, "the failed run's end was sent after the release"
+
+    await two_daemons(tmp_path, pg_url, [STALLED], test)
+
+
+async def test_a_fork_of_a_session_another_daemons_run_holds_is_refused_as_busy(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """B's run holds the session's lease; a fork of it on A is refused (``session_busy``), as
+    on one daemon while a run is active. Before, A forked the half-written turn, and its
+    ``forked`` never reached B's clients: B's run took it for a replaced owner's late frame."""
+
+    async def test(a: Runtime, b_actor: SessionActor, sub: Subscription) -> None:
+        b_actor.send_message(UserMessage("two"))
+        async for frame in sub.frames:
+            if frame["type"] == "text_delta":
+                break  # B's run holds the lease
+        await a.store.create_session("s2", profile_id="general")
+        with pytest.raises(SessionBusyError):
+            await a.rewinds.fork(SID, "s2")
+        assert await a.store.get_session("s2") is None  # nothing left of it
+        b_actor.stop()
+        await b_actor.idle.wait()
+
+    await two_daemons(tmp_path, pg_url, [STALLED], test)
+
+
+async def test_a_forks_forked_reaches_a_daemon_whose_run_claims_the_lease_at_its_release(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A forks the session B ran; B's run of the next message claims the lease as the fork
+    lets it go: B's client gets ``forked`` once, ahead of its run."""
+
+    async def test(a: Runtime, b_actor: SessionActor, sub: Subscription) -> None:
+        b_actor.send_message(UserMessage("one"))
+        await b_actor.idle.wait()
+        await a.store.create_session("s2", profile_id="general")
+        order = ClaimAfterRelease(a, b_actor, "forked")
+        order.armed = True
+        await a.rewinds.fork(SID, "s2")
+        got = await order.then_b_stops(sub)
+        assert got.count(("forked", None)) == 1, got
+        assert [r for t, r in got if t == "stream_end"] == ["complete", "stopped"], got
+        assert order.on_bus_at_release, "the fork's forked was sent after the release"
+
+    await two_daemons(tmp_path, pg_url, [{"text": "answer one"}, STALLED], test)
+
+
+async def test_a_runs_end_its_daemon_publishes_late_still_goes_out_before_its_release(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A's actor publishes what A's run says from its own task, after the run said it; here
+    each event a few scheduling rounds late (it asks the lease first). A's run lets the
+    lease go only once its actor is done with its events: its end is on the bus before B's
+    run claims the lease at the release, and B's client gets it (before, the run's hold
+    ended first, its end went out after the release, and B's run turned it away)."""
+
+    async def test(a: Runtime, b_actor: SessionActor, sub: Subscription) -> None:
+        a_actor = await a.sessions.get(SID)
+        may_publish = a_actor._may_publish
+
+        async def late(msg: UserMessage, control: Any) -> bool:
+            for _ in range(20):  # far more rounds than the hold's end takes to its release
+                await trio.lowlevel.checkpoint()
+            return await may_publish(msg, control)
+
+        a_actor._surely_publishes = lambda msg, control: None  # type: ignore[method-assign]
+        a_actor._may_publish = late  # type: ignore[method-assign]
+        order = ClaimAfterRelease(a, b_actor, "stream_end")
+        order.armed = True
+        a_actor.send_message(UserMessage("one"))
+        await a_actor.idle.wait()
+        got = await order.then_b_stops(sub)
+        assert [r for t, r in got if t == "stream_end"] == ["complete", "stopped"], got
+        assert order.on_bus_at_release, "A's end was sent after the release"
+
+    await two_daemons(tmp_path, pg_url, [STALLED], test, a_replies=[{"text": "one done"}])
+
+
+async def test_a_runs_end_heard_late_by_the_daemon_claiming_at_its_release_still_reaches_it(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A's run ends and lets the lease go, its ``stream_end`` on the bus first; B's run claims
+    the lease at once, and B's listener hands that frame on only after B's claim returned
+    (nothing orders the listener's connection against the claim's). B's claim waits until
+    what was sent before it is handed to its actor: B's client gets A's end, before its
+    own run (before, B's run held the lease by then and turned it away)."""
+    with trio.fail_after(TIMEOUT):
+        async with daemon(tmp_path / "b", pg_url, [STALLED]) as b:
+            assert b.cluster is not None
+            await b.store.create_session(SID, profile_id="general")
+            await b.cluster.follow(SID)
+            b_actor = await b.sessions.get(SID)
+            sub = b_actor.subscribe()
+            claim, handle, claimed = b.store.claim_lease, b.cluster._handle, trio.Event()
+
+            async def claiming(session_id: str, **kwargs: Any) -> Any:
+                holder = await claim(session_id, **kwargs)
+                claimed.set()
+                return holder
+
+            async def handling(channel: str, payload: str) -> None:
+                if '"stream_end"' in payload:
+                    await claimed.wait()  # the listener late: B's claim is back first
+                await handle(channel, payload)
+
+            b.store.claim_lease = claiming  # type: ignore[method-assign]
+            b.cluster._handle = handling  # type: ignore[method-assign]
+            async with daemon(tmp_path / "a", pg_url, [{"text": "one done"}]) as a:
+                a_actor = await a.sessions.get(SID)
+                order = ClaimAfterRelease(a, b_actor, "stream_end", heard_first=False)
+                order.armed = True
+                a_actor.send_message(UserMessage("one"))
+                await a_actor.idle.wait()
+                got = await order.then_b_stops(sub)
+    ends = [r for t, r in got if t == "stream_end"]
+    assert ends == ["complete", "stopped"], got
+    assert order.on_bus_at_release, "A's end was sent after the release"

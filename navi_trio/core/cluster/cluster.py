@@ -17,8 +17,9 @@ one daemon and no Cluster. docs/pages/scaling.md describes the whole; the rules 
   LISTEN on ``ns_…``). The owner publishes those frames in batches, each carrying the
   run's lease fence, checked in the statement that notifies: a run taken over reaches
   no other daemon's clients. A lease is let go only once the frames published so far
-  are sent (`sent`): none goes out after another daemon claimed the session. A break in
-  the seqs or another epoch is a ``resync``.
+  are sent (`sent`): none goes out after another daemon claimed the session, and that
+  daemon's claim waits until they are handed to the session here (`caught_up`). A break
+  in the seqs or another epoch is a ``resync``.
 - While the listener is down, what needs it is refused (``storage``); once back, every
   followed session is told ``resync`` and the failover scan runs at once.
 - Failover: a lease is live while unexpired and, on this machine, its pid lives (watched
@@ -67,6 +68,7 @@ BATCH_MAX = 500  # frames per NOTIFY transaction
 WATCH_MAX = 256  # daemons of this machine watched through pidfds
 DROPPED_SAID = 20  # dropped rows named in one hand-over note (NOTIFY's 8000 bytes)
 DROPPED_CHARS = 200  # what a note carries of each one's text
+CAUGHT_UP_SEC = 5.0  # the longest a claim waits for the frames sent before it
 
 
 def session_channel(session_id: str) -> str:
@@ -129,6 +131,10 @@ class Cluster:
         self._done_news = trio.Event()
         self._publishing = False
         leases.before_release = self.sent
+        leases.after_claim = self.caught_up
+        self._marks: dict[int, trio.Event] = {}  # this daemon's marks on its own channel
+        self._marked = 0
+        self._handling = False
         self._in_send, self._in_recv = trio.open_memory_channel[tuple[str, str]](INBOX_MAX)
         self._nursery: trio.Nursery | None = None
         # Told of each committed change of the users table (core/session/user_watch.py).
@@ -466,6 +472,28 @@ class Cluster:
         while self._publishing and self._done < target:
             await self._done_news.wait()
 
+    async def caught_up(self, session_id: str) -> None:
+        """Until the session's frames other daemons sent before now are handed to its actor:
+        after a claim of its lease, so that this daemon's run takes none of them for a
+        replaced owner's late frame. A mark sent on this daemon's own channel comes back
+        through the listener behind every notification committed before it, and the
+        handler takes them in order. Only for a session followed here, while the listener
+        is up (down, what is sent meanwhile is lost anyway: a resync); bounded."""
+        if session_id not in self._following or not self._handling or not self.bus.up:
+            return
+        self._marked += 1
+        mark, back = self._marked, trio.Event()
+        self._marks[mark] = back
+        try:
+            with trio.move_on_after(CAUGHT_UP_SEC):
+                payload = json.dumps({"k": "mark", "n": mark})
+                await self.bus.notify([(daemon_channel(self.owner), payload)])
+                await back.wait()
+        except StoreError as exc:
+            log.info("session %s: its frames sent before the claim: %s", session_id, exc)
+        finally:
+            del self._marks[mark]
+
     async def _publisher(self) -> None:
         self._publishing = True
         try:
@@ -502,11 +530,15 @@ class Cluster:
             self.dropped += 1
 
     async def _handler(self) -> None:
-        async for channel, payload in self._in_recv:
-            try:
-                await self._handle(channel, payload)
-            except NaviError as exc:
-                log.warning("a cluster notification on %s failed: %s", channel, exc)
+        self._handling = True
+        try:
+            async for channel, payload in self._in_recv:
+                try:
+                    await self._handle(channel, payload)
+                except NaviError as exc:
+                    log.warning("a cluster notification on %s failed: %s", channel, exc)
+        finally:
+            self._handling = False
 
     async def _handle(self, channel: str, payload: str) -> None:
         data = _load(payload)
@@ -525,6 +557,12 @@ class Cluster:
                 self._watch([(who, pid, host)])
             return
         if channel == daemon_channel(self.owner):
+            if data.get("k") == "mark":  # (`caught_up`)
+                mark = data.get("n")
+                back = self._marks.get(mark) if isinstance(mark, int) else None
+                if back is not None:
+                    back.set()
+                return
             if await self.calls.received(data):  # approvals, tasks (core/cluster/owner_calls.py)
                 return
             await self._command(str(data.get("k")), str(data.get("s")), data)

@@ -6,7 +6,8 @@ same profile and mode, and (optionally) a copy of its files as of that message.
 `at` names a user message: the new session holds what a rewind to it would leave;
 without `at`, the whole session. The caller makes the new session's row (and checks the
 user's session limit); the fork fills it: profile, ``meta`` (``forked_from``,
-``forked_at``, ``mode``), display history and context.
+``forked_at``, ``mode``), display history and context. It holds the source's lease
+meanwhile, as a rewind does: no daemon runs the source while it is copied.
 
 With `files`, the writable folders are copied as the checkpoint of `at` holds them (the
 folders as they are now when no checkpoint came after it): the session folder into the
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +98,26 @@ class Forker:
         files: bool = False,
         folder: Path | NewFolder | None = None,
         asker: Asker | None = None,
+        publish: Callable[[Forked], object] | None = None,
+    ) -> Forked:
+        """Fill `new_id` from `source` under the source's lease, as a rewind is: refused
+        (`SessionBusyError`) while another daemon runs it, as while a run is active here,
+        so the copy never holds half a turn; the `forked` event is given to `publish`
+        before the lease is let go, so a daemon that runs the source next has it first."""
+        async with self.rewinder.leases.hold(source):
+            event = await self._fork(source, new_id, at, files, folder, asker)
+            if publish is not None:
+                publish(event)
+        return event
+
+    async def _fork(
+        self,
+        source: str,
+        new_id: str,
+        at: str | None,
+        files: bool,
+        folder: Path | NewFolder | None,
+        asker: Asker | None,
     ) -> Forked:
         messages, context = await self.rewinder.history(source)
         row = await self.store.get_session(source)

@@ -2,10 +2,10 @@
 
 `SessionRewinds` runs the rewinder and the forker in the session actor's exclusive
 section, so nothing else of the session runs meanwhile (a message sent then is queued
-and runs on what the rewind left), and tells the session's subscribers: ``rewound`` then
-``resync`` (the history they show is gone), while the rewind still holds the session's
-lease, or ``forked``. Who may do it is the caller's check; which folders it may touch is
-checked here, against the asker (`Asker`) as they are now.
+and runs on what the rewind left), and tells the session's subscribers, while the rewind
+or the fork still holds the session's lease: ``rewound`` then ``resync`` (the history
+they show is gone), or ``forked``. Who may do it is the caller's check; which folders it
+may touch is checked here, against the asker (`Asker`) as they are now.
 """
 
 from __future__ import annotations
@@ -131,17 +131,21 @@ class SessionRewinds:
         it was checked; the caller closes it)."""
         try:
             actor = await self.sessions.get(session_id)
-            event = await actor.exclusive(
+            return await actor.exclusive(
                 lambda: self.forker.fork(
-                    session_id, new_id, at=at, files=files, folder=folder, asker=asker
+                    session_id,
+                    new_id,
+                    at=at,
+                    files=files,
+                    folder=folder,
+                    asker=asker,
+                    publish=actor.publish,
                 )
             )
         except BaseException:
             with trio.CancelScope(shield=True):
                 await self.forker.discard(new_id, [])
             raise
-        actor.publish(event)
-        return event
 
 
 def _point(point: Point, checkpoint: str | None) -> dict[str, Any]:

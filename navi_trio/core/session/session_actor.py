@@ -386,11 +386,16 @@ class SessionActor:
         subscribers unless a run here has the session's lease (`_run_has_lease`). Busy is
         not enough: a run that has not claimed the lease yet, or found it held elsewhere and
         hands its message over, and a rewind, fork or dead daemon's turn looked at here,
-        all leave the session's frames to whoever runs it."""
+        all leave the session's frames to whoever runs it. An out-of-band frame (no seq: a
+        background job's ``task_update``) is no run's: it is always passed on."""
         relay = getattr(self.broadcast, "relay", None)
-        if relay is not None and not self._run_has_lease():
+        if relay is None:
+            return
+        if not self._run_has_lease():
             relay(frame)
             self.dead_turn_checked = self._dead_turn is None  # another daemon runs it
+        elif frame.get("seq") is None:
+            relay(frame)
 
     def _run_has_lease(self) -> bool:
         """A run here claimed the session's lease and has not let go of it cleanly. While it

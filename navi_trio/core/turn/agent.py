@@ -29,7 +29,7 @@ from navi_trio.core.turn.channel import EventReceiver, EventSender, emitter, ope
 from navi_trio.core.turn.checkpointing import RoundCheckpoints
 from navi_trio.core.turn.context import ContextBuilder
 from navi_trio.core.turn.injections import Injections
-from navi_trio.core.turn.lease import HeldLease, SessionLeases
+from navi_trio.core.turn.lease import RELEASE_DEADLINE_SEC, HeldLease, SessionLeases
 from navi_trio.core.turn.live_config import LiveConfig
 from navi_trio.core.turn.observe import NoObserver, Observer, continue_trace
 from navi_trio.core.turn.policy import effective_mode
@@ -241,6 +241,7 @@ class Agent:
     ) -> None:
         async with send:
             emit = emitter(send)
+            said = False  # the failure was said inside the hold: nothing more to say
             try:
                 async with self.leases.hold(session_id) as lease:
                     control.lease = lease
@@ -249,33 +250,52 @@ class Agent:
                             control.skipped = True  # queued behind what came first
                         else:
                             await self._run_turn(session_id, msg, emit, control)
-                    except StorageError:
-                        # Its message runs again here: the session stays ours meanwhile,
-                        # so messages sent elsewhere are handed here, behind it.
-                        lease.keep = True
-                        raise
+                    except LeaseLostError:
+                        raise  # taken over under it: it says nothing more (below)
+                    except Exception as exc:
+                        if isinstance(exc, StorageError):
+                            # Its message runs again here: the session stays ours meanwhile,
+                            # so messages sent elsewhere are handed here, behind it.
+                            lease.keep = True
+                        # Said while the lease is held, as a turn's own end is: a daemon
+                        # that claims the session at its release has them before its run.
+                        said = True
+                        self._say_failed(session_id, msg, control, emit, exc)
+                    # The reader (the session actor) publishes what the run said: done
+                    # before the lease is let go, so the release's flush sends it.
+                    with trio.move_on_after(RELEASE_DEADLINE_SEC):
+                        await send.settled()
             except Exception as exc:
+                if said:
+                    log.warning("session %s: its lease was lost as its run failed", session_id)
+                    return
                 if await _sent_elsewhere(exc, control):
                     control.skipped = True
                     return
-                # Before the save (lease, load, the save itself) this refuses the message;
-                # after it, the ok stands and only the events say what went wrong.
-                msg.accepted.fail(exc)
                 if isinstance(exc, LeaseLostError):
                     control.fenced = True  # taken over under it: it says nothing more
-                if not control.saved:
-                    control.refused = exc
-                else:
-                    control.failed = exc
-                if not isinstance(exc, RequestError):  # session_busy, storage: expected
-                    log.exception("run of session %s failed", session_id)
-                told = client_error(exc)
-                emit(ErrorEvent(message=str(told), code=told.code))
-                emit(StreamEnd(reason="error"))
+                self._say_failed(session_id, msg, control, emit, exc)
             finally:
                 # Cancelled before the save (the runtime is shutting down): not stored.
                 msg.accepted.fail(stopped_before_saving())
                 control.finished.set()
+
+    @staticmethod
+    def _say_failed(
+        session_id: str, msg: UserMessage, control: RunControl, emit: Any, exc: Exception
+    ) -> None:
+        """The run failed: before the save (lease, load, the save itself) this refuses the
+        message; after it, the ok stands and only the events say what went wrong."""
+        msg.accepted.fail(exc)
+        if not control.saved:
+            control.refused = exc
+        else:
+            control.failed = exc
+        if not isinstance(exc, RequestError):  # session_busy, storage: expected
+            log.exception("run of session %s failed", session_id, exc_info=exc)
+        told = client_error(exc)
+        emit(ErrorEvent(message=str(told), code=told.code))
+        emit(StreamEnd(reason="error"))
 
     async def _run_turn(
         self, session_id: str, msg: UserMessage, emit: Any, control: RunControl

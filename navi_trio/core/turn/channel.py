@@ -151,6 +151,7 @@ class MergingQueue(Generic[T]):
         self.recv_closed = False
         self._waiter = trio.Event()
         self.reader_waits = False  # the reader is parked in `wait`, nothing left to take
+        self._idle: trio.Event | None = None  # set when the reader parks (`settled`)
         # The reader's synchronous hand (`MergingReceiver.take_inline`), or None.
         self.inline: Callable[[T], bool] | None = None
 
@@ -178,11 +179,25 @@ class MergingQueue(Generic[T]):
 
     def wake(self) -> None:
         self._waiter.set()
+        if self.recv_closed and self._idle is not None:
+            self._idle.set()
+
+    async def settled(self) -> None:
+        """Until the reader has taken every item sent so far and waits for more (so it is
+        done with them), or has left."""
+        try:
+            while not self.recv_closed and (self.items or not self.reader_waits):
+                self._idle = trio.Event()
+                await self._idle.wait()
+        finally:
+            self._idle = None
 
     async def wait(self) -> None:
         if self._waiter.is_set():  # an unset one is as good as new, and costs nothing
             self._waiter = trio.Event()
         self.reader_waits = True
+        if self._idle is not None:
+            self._idle.set()
         try:
             await self._waiter.wait()
         finally:
@@ -212,6 +227,10 @@ class MergingSender(trio.abc.SendChannel[T]):
     async def send(self, value: T) -> None:
         await trio.lowlevel.checkpoint()
         self.send_nowait(value)
+
+    async def settled(self) -> None:
+        """Until the reader is done with every value sent so far (`MergingQueue.settled`)."""
+        await self._q.settled()
 
     def close(self) -> None:
         self._q.send_closed = True

@@ -132,6 +132,10 @@ class SessionLeases:
         # Awaited before a lease is released (the cluster: until the frames published
         # so far are on its bus, so the daemon that claims the lease next has them).
         self.before_release: Callable[[], Awaitable[None]] | None = None
+        # Awaited once a claim won a lease another runtime held last (or one not held here
+        # before), before the block starts: the cluster, until the session's frames other
+        # daemons sent before the claim are handed to its actor.
+        self.after_claim: Callable[[str], Awaitable[None]] | None = None
 
     @asynccontextmanager
     async def hold(self, session_id: str) -> AsyncIterator[HeldLease]:
@@ -152,6 +156,8 @@ class SessionLeases:
                 self._generations[session_id] = holder.generation
                 if self.on_takeover is not None and entry.count == 1:
                     self.on_takeover(session_id)
+                if self.after_claim is not None:
+                    await self.after_claim(session_id)
             fence = Fence(session_id, self.owner, holder.generation)
             lease = entry.lease
             if lease is None or lease.fence != fence or lease.lost:
