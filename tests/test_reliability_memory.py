@@ -19,6 +19,7 @@ import trio
 from api_ws import Client
 from reliability import clean_env, navi_serve, peak_rss_mb
 
+from navi_trio import wire
 from navi_trio.settings import default_config_path
 from navi_trio.testing import open_fake_llm
 
@@ -53,7 +54,7 @@ async def _turn(
     sid = str(got["session_id"])
     frames: list[dict[str, Any]] = []
     while True:
-        f = await c.until(lambda f: f.get("session_id") == sid and "seq" in f)
+        f = await c.until(lambda f: f.get("session_id") == sid and wire.is_session_frame(f))
         frames.append(f)
         if f["type"] == "stream_end" and not f["is_subagent"]:
             return sid, frames

@@ -28,6 +28,7 @@ from pg_server import pg_server as pg_server
 from pg_server import pg_url as pg_url
 from pg_server import sql
 
+from navi_trio import wire
 from navi_trio.testing import open_fake_llm
 
 pytestmark = pytest.mark.slow  # its tests start processes
@@ -80,7 +81,8 @@ def seqs_in_order(frames: list[dict[str, Any]], sid: str) -> None:
     epoch, seq = None, None
     left: set[str] = set()
     for f in frames:
-        if f.get("session_id") != sid or not isinstance(f.get("seq"), int) or "epoch" not in f:
+        # A reply (a message's ok names the seq it was taken at) is no frame of the stream.
+        if f.get("session_id") != sid or not wire.is_session_frame(f) or "epoch" not in f:
             continue
         if f["epoch"] != epoch:
             assert f["epoch"] not in left, (left, f)
