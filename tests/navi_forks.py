@@ -64,9 +64,9 @@ _PR_SET_PDEATHSIG = 1
 # ---------------------------------------------------------------- the fork server
 
 
-def _serve(path: str) -> list[str]:
-    """Import, listen at `path`, and fork for each request. Returns only in a child,
-    once it is the process asked for: the arguments of its `navi` command."""
+def _serve(path: str, warm: list[str]) -> list[str]:
+    """Import (WARM and `warm`), listen at `path`, and fork for each request. Returns
+    only in a child, once it is the process asked for: its `navi` command's arguments."""
     import importlib
 
     from navi_trio import class_code
@@ -74,7 +74,7 @@ def _serve(path: str) -> list[str]:
 
     with start_up_collections():
         class_code.install()  # as navi_trio.__main__ does before the cli's imports
-        for name in WARM:
+        for name in [*WARM, *warm]:
             importlib.import_module(name)
     _load_token_encoding()
     assert threading.active_count() == 1, "a fork server must have no other thread"
@@ -274,30 +274,84 @@ def _run_navi(args: list[str]) -> None:
 
 
 class _Server:
-    """This process's fork server, started on first use."""
+    """This process's fork server, started on first use: one per set of extra modules
+    to import (`warm`), each with its own socket."""
 
     lock = threading.Lock()
-    proc: subprocess.Popen[bytes] | None = None
-    path = ""
+    procs: dict[tuple[str, ...], subprocess.Popen[bytes]] = {}
+    paths: dict[tuple[str, ...], str] = {}
 
     @classmethod
-    def started(cls) -> str:
+    def started(cls, warm: tuple[str, ...] = ()) -> str:
         with cls.lock:
-            if cls.proc is None or cls.proc.poll() is not None:
+            proc = cls.procs.get(warm)
+            if proc is None or proc.poll() is not None:
                 folder = tempfile.mkdtemp(prefix="navi-forks-")
-                cls.path = os.path.join(folder, "s")
+                cls.paths[warm] = path = os.path.join(folder, "s")
                 env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
                 # "navi_trio" in its command line, which its children share: `navi
                 # status` and `navi stop` tell a navi process by it (cli/daemons.py).
-                cls.proc = subprocess.Popen(
-                    [sys.executable, __file__, cls.path, "navi_trio"],
+                cls.procs[warm] = proc = subprocess.Popen(
+                    [sys.executable, __file__, path, "navi_trio", *warm],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                 )  # fmt: skip
-                assert cls.proc.stdout is not None
-                line = cls.proc.stdout.readline()
+                assert proc.stdout is not None
+                line = proc.stdout.readline()
                 assert line == b"ready\n", line
-                atexit.register(cls.proc.stdin.close)  # type: ignore[union-attr]
-            return cls.path
+                atexit.register(proc.stdin.close)  # type: ignore[union-attr]
+            return cls.paths[warm]
+
+
+def attach_command(*args: str, warm: tuple[str, ...] = ()) -> list[str]:
+    """A command line that runs `navi ARGS` forked, for a caller that must spawn a
+    command itself (an SDK's stdio client): a small `python -I -S` process (~0.02 s) hands
+    its own stdin, stdout and stderr, environment and working folder to the fork server
+    (with `warm` imported there too), passes on SIGTERM, SIGINT and SIGHUP, and exits
+    with the forked command's exit code (or its signal). Blocking: call it on a thread
+    the first time, or after `start` with the same `warm`."""
+    path = _Server.started(warm)
+    return [sys.executable, "-I", "-S", __file__, "attach", path, *args]
+
+
+def _attach(path: str, args: list[str]) -> None:
+    """`attach_command`'s process: ask the server at `path` to fork `navi ARGS` on this
+    process's stdio, and end as it ends."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(OSError):  # it has just ended: its exit code is on the way
+            conn.send(b"%d\n" % signum)
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    request = json.dumps({
+        "args": args, "env": dict(os.environ), "cwd": os.getcwd(), "umask": mask, "tty": False,
+    }).encode()  # fmt: skip
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    socket.send_fds(conn, [_HEADER.pack(len(request)) + request], [0, 1, 2])
+    devnull = os.open(os.devnull, os.O_RDWR)  # the forked command alone holds the pipes
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+    buffer = b""
+    while True:
+        while b"\n" not in buffer:
+            chunk = conn.recv(4096)
+            if not chunk:
+                os._exit(1)  # the server went away
+            buffer += chunk
+        line, buffer = buffer.split(b"\n", 1)
+        said = json.loads(line)
+        if "code" in said:
+            break
+    code = int(said["code"])
+    if code < 0:  # ended by a signal: end by it too, as the caller would see the command end
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code)
 
 
 class Forked:
@@ -366,13 +420,14 @@ async def start(
     cwd: Path | str,
     stdio: tuple[int, int, int] | None = None,
     tty: bool = False,
+    warm: tuple[str, ...] = (),
 ) -> Forked:
     """`python -m navi_trio ARGS`, forked: with pipes for stdin, stdout and stderr (trio
     streams on the returned `Forked`), or the given fds (kept open here; a terminal's
     slave with `tty`)."""
     import trio
 
-    path = await trio.to_thread.run_sync(_Server.started)
+    path = await trio.to_thread.run_sync(_Server.started, warm)
     ours: list[Any] = [None, None, None]
     if stdio is None:
         pipes = [os.pipe() for _ in range(3)]
@@ -435,12 +490,15 @@ async def communicate(proc: Forked, stdin: bytes = b"") -> tuple[int, bytes, byt
 
 
 @asynccontextmanager
-async def serving(env: Mapping[str, str], llm: str, *extra: str) -> AsyncIterator[Forked]:
-    """`navi serve --port 0 --llm-url LLM EXTRA`, forked, once it listens (its `url`);
-    killed and reaped on the way out."""
+async def serving(
+    env: Mapping[str, str], llm: str, *extra: str, warm: tuple[str, ...] = ()
+) -> AsyncIterator[Forked]:
+    """`navi serve --port 0 --llm-url LLM EXTRA`, forked (by the server with `warm`), once
+    it listens (its `url`); killed and reaped on the way out."""
     import trio
 
-    proc = await start("serve", "--port", "0", "--llm-url", llm, *extra, env=env, cwd=os.getcwd())
+    args = ("serve", "--port", "0", "--llm-url", llm, *extra)
+    proc = await start(*args, env=env, cwd=os.getcwd(), warm=warm)
     try:
         with trio.fail_after(START_LIMIT):
             said = b""
@@ -520,5 +578,7 @@ async def on_terminal(
 
 
 if __name__ == "__main__":
-    command = _serve(sys.argv[1])
+    if sys.argv[1] == "attach":
+        _attach(sys.argv[2], sys.argv[3:])
+    command = _serve(sys.argv[1], sys.argv[3:])
     _run_navi(command)
