@@ -64,9 +64,10 @@ _PR_SET_PDEATHSIG = 1
 # ---------------------------------------------------------------- the fork server
 
 
-def _serve(path: str, warm: list[str]) -> list[str]:
+def _serve(path: str, warm: list[str]) -> tuple[str, list[str]]:
     """Import (WARM and `warm`), listen at `path`, and fork for each request. Returns
-    only in a child, once it is the process asked for: its `navi` command's arguments."""
+    only in a child, once it is the process asked for: the script it runs ("": navi)
+    and its arguments."""
     import importlib
 
     from navi_trio import class_code
@@ -182,7 +183,7 @@ def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return json.loads(data[_HEADER.size :]), list(fds)
 
 
-def _child(request: dict[str, Any], fds: list[int], done: int) -> list[str]:
+def _child(request: dict[str, Any], fds: list[int], done: int) -> tuple[str, list[str]]:
     """In the forked child: become the requested process, up to running navi; then
     close `done`, on which the server waits."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -198,10 +199,12 @@ def _child(request: dict[str, Any], fds: list[int], done: int) -> list[str]:
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     os.umask(request["umask"])
-    sys.path[0] = request["cwd"]  # as `python -m` puts its working folder first
+    script = str(request.get("script") or "")
+    # As Python puts the script's folder first, or with `-m` the working folder.
+    sys.path[0] = os.path.dirname(script) if script else request["cwd"]
     _stdio()
     os.close(done)
-    return list(request["args"])
+    return script, list(request["args"])
 
 
 def _stdio() -> None:
@@ -229,18 +232,22 @@ def _stdio() -> None:
         setattr(sys, f"__{name}__", stream)
 
 
-def _run_navi(args: list[str]) -> None:
-    """`python -m navi_trio ARGS` in this process, then exit as Python would."""
+def _run_navi(args: list[str], script: str = "") -> None:
+    """`python -m navi_trio ARGS` (or `python SCRIPT ARGS`) in this process, then exit as
+    Python would."""
     import runpy
     import traceback
 
     import navi_trio
 
-    sys.argv = [str(Path(navi_trio.__file__).parent / "__main__.py"), *args]
+    sys.argv = [script or str(Path(navi_trio.__file__).parent / "__main__.py"), *args]
     code: int = 0
     interrupted = False
     try:
-        runpy.run_module("navi_trio", run_name="__main__", alter_sys=True)
+        if script:  # `python SCRIPT ARGS`
+            runpy.run_path(script, run_name="__main__")
+        else:
+            runpy.run_module("navi_trio", run_name="__main__", alter_sys=True)
     except SystemExit as exit_:
         if exit_.code is None:
             code = 0
@@ -302,20 +309,21 @@ class _Server:
             return cls.paths[warm]
 
 
-def attach_command(*args: str, warm: tuple[str, ...] = ()) -> list[str]:
+def attach_command(*args: str, warm: tuple[str, ...] = (), script: str = "") -> list[str]:
     """A command line that runs `navi ARGS` forked, for a caller that must spawn a
     command itself (an SDK's stdio client): a small `python -I -S` process (~0.02 s) hands
     its own stdin, stdout and stderr, environment and working folder to the fork server
     (with `warm` imported there too), passes on SIGTERM, SIGINT and SIGHUP, and exits
-    with the forked command's exit code (or its signal). Blocking: call it on a thread
-    the first time, or after `start` with the same `warm`."""
+    with the forked command's exit code (or its signal). With `script`, the command is
+    `python SCRIPT ARGS` (a test's helper program that imports what `warm` names).
+    Blocking: call it on a thread the first time, or after `start` with the same `warm`."""
     path = _Server.started(warm)
-    return [sys.executable, "-I", "-S", __file__, "attach", path, *args]
+    return [sys.executable, "-I", "-S", __file__, "attach", path, script, *args]
 
 
-def _attach(path: str, args: list[str]) -> None:
-    """`attach_command`'s process: ask the server at `path` to fork `navi ARGS` on this
-    process's stdio, and end as it ends."""
+def _attach(path: str, script: str, args: list[str]) -> None:
+    """`attach_command`'s process: ask the server at `path` to fork `navi ARGS` (or
+    `python SCRIPT ARGS`) on this process's stdio, and end as it ends."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(path)
 
@@ -327,6 +335,7 @@ def _attach(path: str, args: list[str]) -> None:
     os.umask(mask)
     request = json.dumps({
         "args": args, "env": dict(os.environ), "cwd": os.getcwd(), "umask": mask, "tty": False,
+        "script": script,
     }).encode()  # fmt: skip
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
@@ -579,6 +588,6 @@ async def on_terminal(
 
 if __name__ == "__main__":
     if sys.argv[1] == "attach":
-        _attach(sys.argv[2], sys.argv[3:])
-    command = _serve(sys.argv[1], sys.argv[3:])
-    _run_navi(command)
+        _attach(sys.argv[2], sys.argv[3], sys.argv[4:])
+    script, command = _serve(sys.argv[1], sys.argv[3:])
+    _run_navi(command, script)
