@@ -10,10 +10,16 @@ terminal, passed over a Unix socket), environment, working folder and umask; it 
 ``navi_trio.__main__`` as ``python -m navi_trio`` does, and ends as Python ends (threads
 joined, atexit, streams flushed). Its command line is the server's, which ends in
 "navi_trio" as `python -m navi_trio`'s does. What differs from a new interpreter: the
-modules are already imported (a test of start-up or of what gets imported needs `python
--m navi_trio` itself), `sys.flags` are the fork server's, and so is what
-/proc/PID/environ shows (the environment a process started with; `os.environ`, and what
-the child passes on, are the caller's).
+modules are already imported and the token encoding loaded (a test of start-up, of
+what gets imported or of the encoding's load needs `python -m navi_trio` itself),
+`sys.flags` are the fork server's, and so is what /proc/PID/environ shows (the
+environment a process started with; `os.environ`, and what the child passes on, are the
+caller's).
+
+A caller that must spawn the command itself (an SDK's stdio client) gets
+`attach_command`: a small process that hands its own stdio to the server and passes
+signals on. A server with more modules imported (`warm`, e.g. the MCP server's) is a
+server of its own; it can also run a test's helper script (`python SCRIPT ARGS`).
 
 Lifetimes: the server ends when the test process that started it does (end of file on
 its stdin); a child is killed when its request's connection closes (the test process

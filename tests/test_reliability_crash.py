@@ -1,5 +1,10 @@
 """Reliability: a real `navi serve` killed with SIGKILL at many points (issue 11).
 
+Each daemon is forked from the tests' warm process (`navi_serve(forked=True)`,
+tests/navi_forks.py): a process of its own, SIGKILLed and restarted on the same
+database, that listens in a few tenths of a second instead of a new interpreter's second
+or two.
+
 The fake LLM (in this process, real HTTP on 127.0.0.1) plays multi-tool conversations
 with small delays, cycling: a todo call, two parallel calls, a final answer. Each round
 starts the daemon on the same DB, sends a few messages to a few sessions, and kills the
