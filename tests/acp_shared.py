@@ -28,8 +28,7 @@ from web_browser import Loop
 
 CLIENT = Path(__file__).with_name("acp_sdk_client.py")
 AGENT = [sys.executable, "-m", "navi_trio", "acp"]
-# Imported by the fork server of the agents and clients: the agent, and the SDK's client.
-ACP_WARM = ("navi_trio.acp.serve", "navi_trio.acp.backend", "acp_sdk_client")
+ACP_WARM = navi_forks.AGENTS_WARM  # the fork server that has imported the agent and client
 
 
 def navi_command(*args: str) -> list[str]:

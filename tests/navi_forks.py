@@ -62,6 +62,14 @@ WARM = (
     "navi_trio.web",
     "navi_trio.client.app",
 )
+# One server for the agents' tests (MCP server, ACP agent and the ACP SDK's client
+# script): a server started for each set would cost a start each on every worker.
+AGENTS_WARM = (
+    "navi_trio.cli.mcp_server",
+    "navi_trio.acp.serve",
+    "navi_trio.acp.backend",
+    "acp_sdk_client",
+)
 START_LIMIT = 120  # real seconds for the server's imports (a busy 2-core machine)
 _HEADER = struct.Struct("!I")
 _PR_SET_PDEATHSIG = 1

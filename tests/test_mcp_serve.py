@@ -43,7 +43,7 @@ from navi_trio.store.sqlite import SQLiteStore
 
 pytestmark = pytest.mark.slow
 DEADLINE = 60
-MCP_WARM = ("navi_trio.cli.mcp_server",)  # imported once by this module's fork server
+MCP_WARM = navi_forks.AGENTS_WARM  # the fork server that has imported `navi mcp serve`
 ANSWER = "Hello from the fake model"
 TOOL_CALL = {
     "text": "Running it.",
