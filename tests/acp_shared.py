@@ -21,12 +21,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import navi_forks
 import trio
 from daemons import no_plan_config
 from web_browser import Loop
 
 CLIENT = Path(__file__).with_name("acp_sdk_client.py")
 AGENT = [sys.executable, "-m", "navi_trio", "acp"]
+ACP_WARM = navi_forks.AGENTS_WARM  # the fork server that has imported the agent and client
+
+
+def navi_command(*args: str) -> list[str]:
+    """`navi ARGS` forked (tests/navi_forks.py) by a fork server that has imported the
+    agent: a process of its own on its caller's stdio, which gets its signals, started in
+    a fraction of `AGENT`'s time (a new interpreter). Blocking: the first call starts the
+    server."""
+    return navi_forks.attach_command(*args, warm=ACP_WARM)
+
+
+def client_command(*args: str) -> list[str]:
+    """`python tests/acp_sdk_client.py ARGS`, forked as `navi_command` forks an agent:
+    the SDK's import (~0.7 s of CPU) done once. Blocking, as `navi_command`."""
+    return navi_forks.attach_command(*args, warm=ACP_WARM, script=str(CLIENT))
 
 
 class Lines:
@@ -102,12 +118,12 @@ class SharedAgent:
             "NAVI_DATA_DIR": str(self.home / "data"),
             "NAVI_CONFIG": str(no_plan_config(self.home)),
         }
-        agent = [*AGENT, "--llm-url", self.loop.llm.url]
+        agent = navi_command("acp", "--llm-url", self.loop.llm.url)
         path = self.home / "agent.json"
         path.write_text(json.dumps({"agent": agent, "env": env, "cwd": str(self.home)}))
         with open(self.home / "err.log", "ab") as errlog:
             self.proc = subprocess.Popen(
-                [sys.executable, str(CLIENT), "--serve", str(path)],
+                client_command("--serve", str(path)),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=errlog,

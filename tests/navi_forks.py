@@ -10,10 +10,16 @@ terminal, passed over a Unix socket), environment, working folder and umask; it 
 ``navi_trio.__main__`` as ``python -m navi_trio`` does, and ends as Python ends (threads
 joined, atexit, streams flushed). Its command line is the server's, which ends in
 "navi_trio" as `python -m navi_trio`'s does. What differs from a new interpreter: the
-modules are already imported (a test of start-up or of what gets imported needs `python
--m navi_trio` itself), `sys.flags` are the fork server's, and so is what
-/proc/PID/environ shows (the environment a process started with; `os.environ`, and what
-the child passes on, are the caller's).
+modules are already imported and the token encoding loaded (a test of start-up, of
+what gets imported or of the encoding's load needs `python -m navi_trio` itself),
+`sys.flags` are the fork server's, and so is what /proc/PID/environ shows (the
+environment a process started with; `os.environ`, and what the child passes on, are the
+caller's).
+
+A caller that must spawn the command itself (an SDK's stdio client) gets
+`attach_command`: a small process that hands its own stdio to the server and passes
+signals on. A server with more modules imported (`warm`, e.g. the MCP server's) is a
+server of its own; it can also run a test's helper script (`python SCRIPT ARGS`).
 
 Lifetimes: the server ends when the test process that started it does (end of file on
 its stdin); a child is killed when its request's connection closes (the test process
@@ -51,7 +57,18 @@ WARM = (
     "navi_trio.cli.doctor",
     "navi_trio.cli.daemons",
     "navi_trio.store.sqlite",
+    "navi_trio.store._sqlite_utils",  # a new database's migrations
+    "navi_trio.api.metrics",
+    "navi_trio.web",
     "navi_trio.client.app",
+)
+# One server for the agents' tests (MCP server, ACP agent and the ACP SDK's client
+# script): a server started for each set would cost a start each on every worker.
+AGENTS_WARM = (
+    "navi_trio.cli.mcp_server",
+    "navi_trio.acp.serve",
+    "navi_trio.acp.backend",
+    "acp_sdk_client",
 )
 START_LIMIT = 120  # real seconds for the server's imports (a busy 2-core machine)
 _HEADER = struct.Struct("!I")
@@ -61,9 +78,10 @@ _PR_SET_PDEATHSIG = 1
 # ---------------------------------------------------------------- the fork server
 
 
-def _serve(path: str) -> list[str]:
-    """Import, listen at `path`, and fork for each request. Returns only in a child,
-    once it is the process asked for: the arguments of its `navi` command."""
+def _serve(path: str, warm: list[str]) -> tuple[str, list[str]]:
+    """Import (WARM and `warm`), listen at `path`, and fork for each request. Returns
+    only in a child, once it is the process asked for: the script it runs ("": navi)
+    and its arguments."""
     import importlib
 
     from navi_trio import class_code
@@ -71,9 +89,11 @@ def _serve(path: str) -> list[str]:
 
     with start_up_collections():
         class_code.install()  # as navi_trio.__main__ does before the cli's imports
-        for name in WARM:
+        for name in [*WARM, *warm]:
             importlib.import_module(name)
+    _load_token_encoding()
     assert threading.active_count() == 1, "a fork server must have no other thread"
+    assert os.listdir("/proc/self/task") == [str(os.getpid())], "nor a native one"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
@@ -154,6 +174,18 @@ def _serve(path: str) -> list[str]:
                         pass  # it has just ended: its exit code is on the way
 
 
+def _load_token_encoding() -> None:
+    """Load the token encoding once, here: tiktoken keeps it per process, so a forked
+    daemon's start-up load (0.7 s of a forked `navi serve`'s 1.3 s, measured on a busy
+    machine) finds it ready. A start that has to load it is test_api_daemon's, on a new
+    interpreter."""
+    import tiktoken
+
+    from navi_trio.core.turn.tokens import ENCODING_NAME
+
+    tiktoken.get_encoding(ENCODING_NAME)
+
+
 def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     """One request: a length, then its JSON, with the child's stdio fds beside it."""
     data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
@@ -165,7 +197,7 @@ def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return json.loads(data[_HEADER.size :]), list(fds)
 
 
-def _child(request: dict[str, Any], fds: list[int], done: int) -> list[str]:
+def _child(request: dict[str, Any], fds: list[int], done: int) -> tuple[str, list[str]]:
     """In the forked child: become the requested process, up to running navi; then
     close `done`, on which the server waits."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -181,10 +213,12 @@ def _child(request: dict[str, Any], fds: list[int], done: int) -> list[str]:
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     os.umask(request["umask"])
-    sys.path[0] = request["cwd"]  # as `python -m` puts its working folder first
+    script = str(request.get("script") or "")
+    # As Python puts the script's folder first, or with `-m` the working folder.
+    sys.path[0] = os.path.dirname(script) if script else request["cwd"]
     _stdio()
     os.close(done)
-    return list(request["args"])
+    return script, list(request["args"])
 
 
 def _stdio() -> None:
@@ -212,18 +246,22 @@ def _stdio() -> None:
         setattr(sys, f"__{name}__", stream)
 
 
-def _run_navi(args: list[str]) -> None:
-    """`python -m navi_trio ARGS` in this process, then exit as Python would."""
+def _run_navi(args: list[str], script: str = "") -> None:
+    """`python -m navi_trio ARGS` (or `python SCRIPT ARGS`) in this process, then exit as
+    Python would."""
     import runpy
     import traceback
 
     import navi_trio
 
-    sys.argv = [str(Path(navi_trio.__file__).parent / "__main__.py"), *args]
+    sys.argv = [script or str(Path(navi_trio.__file__).parent / "__main__.py"), *args]
     code: int = 0
     interrupted = False
     try:
-        runpy.run_module("navi_trio", run_name="__main__", alter_sys=True)
+        if script:  # `python SCRIPT ARGS`
+            runpy.run_path(script, run_name="__main__")
+        else:
+            runpy.run_module("navi_trio", run_name="__main__", alter_sys=True)
     except SystemExit as exit_:
         if exit_.code is None:
             code = 0
@@ -257,30 +295,86 @@ def _run_navi(args: list[str]) -> None:
 
 
 class _Server:
-    """This process's fork server, started on first use."""
+    """This process's fork server, started on first use: one per set of extra modules
+    to import (`warm`), each with its own socket."""
 
     lock = threading.Lock()
-    proc: subprocess.Popen[bytes] | None = None
-    path = ""
+    procs: dict[tuple[str, ...], subprocess.Popen[bytes]] = {}
+    paths: dict[tuple[str, ...], str] = {}
 
     @classmethod
-    def started(cls) -> str:
+    def started(cls, warm: tuple[str, ...] = ()) -> str:
         with cls.lock:
-            if cls.proc is None or cls.proc.poll() is not None:
+            proc = cls.procs.get(warm)
+            if proc is None or proc.poll() is not None:
                 folder = tempfile.mkdtemp(prefix="navi-forks-")
-                cls.path = os.path.join(folder, "s")
+                cls.paths[warm] = path = os.path.join(folder, "s")
                 env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
                 # "navi_trio" in its command line, which its children share: `navi
                 # status` and `navi stop` tell a navi process by it (cli/daemons.py).
-                cls.proc = subprocess.Popen(
-                    [sys.executable, __file__, cls.path, "navi_trio"],
+                cls.procs[warm] = proc = subprocess.Popen(
+                    [sys.executable, __file__, path, "navi_trio", *warm],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                 )  # fmt: skip
-                assert cls.proc.stdout is not None
-                line = cls.proc.stdout.readline()
+                assert proc.stdout is not None
+                line = proc.stdout.readline()
                 assert line == b"ready\n", line
-                atexit.register(cls.proc.stdin.close)  # type: ignore[union-attr]
-            return cls.path
+                atexit.register(proc.stdin.close)  # type: ignore[union-attr]
+            return cls.paths[warm]
+
+
+def attach_command(*args: str, warm: tuple[str, ...] = (), script: str = "") -> list[str]:
+    """A command line that runs `navi ARGS` forked, for a caller that must spawn a
+    command itself (an SDK's stdio client): a small `python -I -S` process (~0.02 s) hands
+    its own stdin, stdout and stderr, environment and working folder to the fork server
+    (with `warm` imported there too), passes on SIGTERM, SIGINT and SIGHUP, and exits
+    with the forked command's exit code (or its signal). With `script`, the command is
+    `python SCRIPT ARGS` (a test's helper program that imports what `warm` names).
+    Blocking: call it on a thread the first time, or after `start` with the same `warm`."""
+    path = _Server.started(warm)
+    return [sys.executable, "-I", "-S", __file__, "attach", path, script, *args]
+
+
+def _attach(path: str, script: str, args: list[str]) -> None:
+    """`attach_command`'s process: ask the server at `path` to fork `navi ARGS` (or
+    `python SCRIPT ARGS`) on this process's stdio, and end as it ends."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(OSError):  # it has just ended: its exit code is on the way
+            conn.send(b"%d\n" % signum)
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    request = json.dumps({
+        "args": args, "env": dict(os.environ), "cwd": os.getcwd(), "umask": mask, "tty": False,
+        "script": script,
+    }).encode()  # fmt: skip
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    socket.send_fds(conn, [_HEADER.pack(len(request)) + request], [0, 1, 2])
+    devnull = os.open(os.devnull, os.O_RDWR)  # the forked command alone holds the pipes
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+    buffer = b""
+    while True:
+        while b"\n" not in buffer:
+            chunk = conn.recv(4096)
+            if not chunk:
+                os._exit(1)  # the server went away
+            buffer += chunk
+        line, buffer = buffer.split(b"\n", 1)
+        said = json.loads(line)
+        if "code" in said:
+            break
+    code = int(said["code"])
+    if code < 0:  # ended by a signal: end by it too, as the caller would see the command end
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code)
 
 
 class Forked:
@@ -349,13 +443,14 @@ async def start(
     cwd: Path | str,
     stdio: tuple[int, int, int] | None = None,
     tty: bool = False,
+    warm: tuple[str, ...] = (),
 ) -> Forked:
     """`python -m navi_trio ARGS`, forked: with pipes for stdin, stdout and stderr (trio
     streams on the returned `Forked`), or the given fds (kept open here; a terminal's
     slave with `tty`)."""
     import trio
 
-    path = await trio.to_thread.run_sync(_Server.started)
+    path = await trio.to_thread.run_sync(_Server.started, warm)
     ours: list[Any] = [None, None, None]
     if stdio is None:
         pipes = [os.pipe() for _ in range(3)]
@@ -418,12 +513,15 @@ async def communicate(proc: Forked, stdin: bytes = b"") -> tuple[int, bytes, byt
 
 
 @asynccontextmanager
-async def serving(env: Mapping[str, str], llm: str, *extra: str) -> AsyncIterator[Forked]:
-    """`navi serve --port 0 --llm-url LLM EXTRA`, forked, once it listens (its `url`);
-    killed and reaped on the way out."""
+async def serving(
+    env: Mapping[str, str], llm: str, *extra: str, warm: tuple[str, ...] = ()
+) -> AsyncIterator[Forked]:
+    """`navi serve --port 0 --llm-url LLM EXTRA`, forked (by the server with `warm`), once
+    it listens (its `url`); killed and reaped on the way out."""
     import trio
 
-    proc = await start("serve", "--port", "0", "--llm-url", llm, *extra, env=env, cwd=os.getcwd())
+    args = ("serve", "--port", "0", "--llm-url", llm, *extra)
+    proc = await start(*args, env=env, cwd=os.getcwd(), warm=warm)
     try:
         with trio.fail_after(START_LIMIT):
             said = b""
@@ -503,5 +601,7 @@ async def on_terminal(
 
 
 if __name__ == "__main__":
-    command = _serve(sys.argv[1])
-    _run_navi(command)
+    if sys.argv[1] == "attach":
+        _attach(sys.argv[2], sys.argv[3], sys.argv[4:])
+    script, command = _serve(sys.argv[1], sys.argv[3:])
+    _run_navi(command, script)

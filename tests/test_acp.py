@@ -1,10 +1,13 @@
 """`navi acp` driven end to end by the official ACP Python SDK's client.
 
 The client (tests/acp_sdk_client.py, asyncio) runs in a process of its own and spawns
-``python -m navi_trio acp`` with its environment pointing at the fake LLM and a private
-DB and data folder: the agent then runs its sessions in a daemon of its own process,
-or, with --url, in a real `navi serve`. What a test asserts comes from the protocol
-(replies, updates, permission requests) and from the store and the files the runs left.
+`navi acp` with its environment pointing at the fake LLM and a private DB and data
+folder: the agent then runs its sessions in a daemon of its own process, or, with --url,
+in a real `navi serve`. The clients, agents and daemons are forked by tests/navi_forks.py
+from a process that has imported them (`client_command`, `navi_command`): each is a
+process of its own on its caller's pipes and gets its signals, without a new
+interpreter's start. What a test asserts comes from the protocol (replies, updates,
+permission requests) and from the store and the files the runs left.
 
 The tests that need no fresh agent share one (`agent`, tests/acp_shared.py): sessions
 and a working folder of their own, the fake LLM made new for each. Those that start,
@@ -23,14 +26,15 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, closing
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import navi_forks
 import pytest
 import trio
-from acp_shared import AGENT, CLIENT, Lines, SharedAgent
+from acp_shared import ACP_WARM, Lines, SharedAgent, client_command, navi_command
 from daemons import no_plan_config
-from test_api_daemon import serve
 from test_cli import fake_llm_here, messages
 from test_mcp_client import PLAIN, ServerEvents, http_server
 
@@ -80,11 +84,13 @@ async def sdk_client(
     work.mkdir(exist_ok=True)
     path = tmp_path / f"{name}.json"
     args = (*args, "--llm-url", llm) if llm is not None else args
-    scenario = {"agent": [*AGENT, *args], "env": env, "cwd": str(work), "steps": list(steps)}
+    agent = await trio.to_thread.run_sync(partial(navi_command, "acp", *args))
+    scenario = {"agent": agent, "env": env, "cwd": str(work), "steps": list(steps)}
     path.write_text(json.dumps(scenario), encoding="utf-8")
     with open(tmp_path / "err.log", "ab") as errlog:  # noqa: ASYNC230
+        client = await trio.to_thread.run_sync(client_command, str(path))
         done = await trio.run_process(
-            [sys.executable, str(CLIENT), str(path)],
+            client,
             capture_stdout=True,
             stderr=errlog,
             check=False,
@@ -419,7 +425,7 @@ async def test_through_a_running_daemon_the_session_is_the_daemons(
 ) -> None:
     async with fake_llm_here([{"text": "from the daemon"}]) as llm:
         with trio.fail_after(DEADLINE):
-            async with serve(env, llm) as daemon:
+            async with navi_forks.serving(env, llm, warm=ACP_WARM) as daemon:
                 _, new, prompt = await sdk_client(
                     env,
                     tmp_path,
@@ -472,7 +478,7 @@ async def test_a_user_s_cwd_outside_their_roots_is_refused_at_session_new(
     ]
     async with fake_llm_here([{"text": "in the root"}]) as llm:
         with trio.fail_after(DEADLINE):
-            async with serve(env, llm) as daemon:
+            async with navi_forks.serving(env, llm, warm=ACP_WARM) as daemon:
                 token = await new_user(env, "ann")
                 _, out, in_data, a_file, new, prompt, full = await sdk_client(
                     env, tmp_path, steps, "--url", daemon.url, "--token", token
@@ -512,7 +518,7 @@ async def test_the_editor_sees_the_mode_navi_clamped_to_and_the_profile_the_agen
     ]
     async with fake_llm_here(replies) as llm:
         with trio.fail_after(DEADLINE):
-            async with serve(env, llm) as daemon:
+            async with navi_forks.serving(env, llm, warm=ACP_WARM) as daemon:
                 token = await new_user(env, "ann")
                 _, new, first, second = await sdk_client(
                     env, tmp_path, steps, "--url", daemon.url, "--token", token
@@ -588,8 +594,9 @@ async def test_stdin_closed_mid_run_stops_it_and_exits_0(
     ]
     async with fake_llm_here([{"text": "partial answer", "stall": True}]) as llm:
         with trio.fail_after(DEADLINE):
+            agent = await trio.to_thread.run_sync(navi_command, "acp", "--llm-url", llm)
             proc = await trio.lowlevel.open_process(
-                [*AGENT, "--llm-url", llm],
+                agent,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
@@ -626,8 +633,11 @@ async def test_a_line_that_is_not_json_is_an_error_and_the_agent_goes_on(
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}
     lines = b'{"jsonrpc": "2.0", "id": 7, "meth\n[1, 2]\n' + (json.dumps(init) + "\n").encode()
     with trio.fail_after(DEADLINE):
+        agent = await trio.to_thread.run_sync(
+            navi_command, "acp", "--llm-url", "http://127.0.0.1:9"
+        )
         done = await trio.run_process(
-            [*AGENT, "--llm-url", "http://127.0.0.1:9"], stdin=lines, capture_stdout=True,
+            agent, stdin=lines, capture_stdout=True,
             capture_stderr=True, env=env,
         )  # fmt: skip
     replies = [json.loads(line) for line in done.stdout.decode().splitlines()]
@@ -642,8 +652,9 @@ async def test_sigterm_ends_the_agent_as_a_closed_stdin_does(
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}
     async with fake_llm_here([{"text": "hi"}]) as llm:
         with trio.fail_after(DEADLINE):
+            agent = await trio.to_thread.run_sync(navi_command, "acp", "--llm-url", llm)
             proc = await trio.lowlevel.open_process(
-                [*AGENT, "--llm-url", llm], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                agent, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, env=env,
             )  # fmt: skip
             assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
@@ -678,7 +689,9 @@ async def test_each_editor_snippet_of_the_docs_starts_an_agent_that_answers(
     async with fake_llm_here([{"text": "hi"}]) as llm:
         for _, argv in snippets:
             assert argv[0] == "navi"  # as the editor starts it, with this venv's navi
-            command = [sys.executable, "-m", "navi_trio", *argv[1:], "--llm-url", llm]
+            command = await trio.to_thread.run_sync(
+                partial(navi_command, *argv[1:], "--llm-url", llm)
+            )
             with trio.fail_after(DEADLINE):
                 done = await trio.run_process(
                     command, stdin=(json.dumps(init) + "\n").encode(), capture_stdout=True,

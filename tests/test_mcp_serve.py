@@ -1,9 +1,12 @@
 """`navi mcp serve` driven by the MCP SDK's own stdio client (issue 13, the server half).
 
-The client spawns ``python -m navi_trio mcp serve`` with its environment pointing at the
-fake LLM (in the test's own trio loop) and a private DB and data dir; through a daemon, a real
-`navi serve` on port 0 runs the turns. What a test asserts comes from the protocol (tool
-lists, results, progress notifications) and from the store the runs saved to.
+The client spawns `navi mcp serve`, forked by tests/navi_forks.py from a process that has
+imported it (`mcp_serve_command`: a process of its own on the client's pipes, which gets
+its signals), with its environment pointing at the fake LLM (in the test's own trio loop)
+and a private DB and data dir; through a daemon, a forked `navi serve` on port 0 runs
+the turns. What a test asserts comes from the protocol (tool lists, results, progress
+notifications) and from the store the runs saved to. That `navi run` does not import the
+SDK is checked on a new interpreter.
 
 Rules: see tests/test_cli.py (loopback only, port 0, real processes, an absolute
 deadline on every test; nothing sleeps: a test waits for a progress notification
@@ -14,15 +17,18 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
 import attrs
+import navi_forks
 import pytest
 import trio
 import trio.testing
@@ -30,7 +36,6 @@ from mcp import Client, MCPError
 from mcp.client.session import ClientRequestContext, ElicitationFnT
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult, ElicitRequestParams, ElicitResult
-from test_api_daemon import serve
 from test_cli import fake_llm_here, messages, unused_port
 
 from navi_trio.cli.mcp_ask import LINE_MAX, ProgressPump
@@ -38,6 +43,7 @@ from navi_trio.store.sqlite import SQLiteStore
 
 pytestmark = pytest.mark.slow
 DEADLINE = 60
+MCP_WARM = navi_forks.AGENTS_WARM  # the fork server that has imported `navi mcp serve`
 ANSWER = "Hello from the fake model"
 TOOL_CALL = {
     "text": "Running it.",
@@ -65,6 +71,13 @@ class Progress:
             await event.wait()
 
 
+def mcp_serve_command(*args: str) -> list[str]:
+    """`navi mcp serve ARGS` forked (tests/navi_forks.py) by a server that has imported
+    it: a process of its own on the client's pipes, started in a fraction of a new
+    interpreter's time. Blocking (the first call starts the server)."""
+    return navi_forks.attach_command("mcp", "serve", *args, warm=MCP_WARM)
+
+
 def _errlog(tmp_path: Path) -> TextIO:
     return open(tmp_path / "err.log", "a", encoding="utf-8")
 
@@ -81,7 +94,9 @@ async def mcp_serve(
     """The SDK's client on a `navi mcp serve` it spawned; its stderr goes to err.log.
     `elicitation`: the client's answer to an elicitation (None: it declares none);
     `mode`: how it picks the protocol version (the SDK's `Client.mode`)."""
-    argv = command or [sys.executable, "-m", "navi_trio", "mcp", "serve", *args]
+    argv = command
+    if argv is None:
+        argv = await trio.to_thread.run_sync(partial(mcp_serve_command, *args))
     params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=tmp_path)
     with _errlog(tmp_path) as errlog:
         transport = stdio_client(params, errlog=errlog)
@@ -157,7 +172,8 @@ async def test_a_tool_call_shows_in_progress_and_stdout_carries_only_json_rpc(
     # The server's stdout is copied to a file on its way to the client; NAVI_DEBUG=1
     # makes navi log every run, which must all go to stderr.
     wire = tmp_path / "stdout.log"
-    serve_cmd = f"{sys.executable} -m navi_trio mcp serve | tee {wire}"
+    command = await trio.to_thread.run_sync(mcp_serve_command)
+    serve_cmd = f"{shlex.join(command)} | tee {wire}"
     async with fake_llm_here([TOOL_CALL, {"text": ANSWER}]) as llm:
         env = {**env, "OLLAMA_HOST": llm, "NAVI_DEBUG": "1"}
         with trio.fail_after(DEADLINE):
@@ -375,7 +391,9 @@ async def test_sigterm_mid_ask_saves_the_stopped_turn_and_ends_the_server(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     pid_file = tmp_path / "pid"
-    serve_cmd = f"echo $$ > {pid_file}; exec {sys.executable} -m navi_trio mcp serve"
+    # The pid is the attaching process's: it passes the SIGTERM on to the forked server.
+    command = await trio.to_thread.run_sync(mcp_serve_command)
+    serve_cmd = f"echo $$ > {pid_file}; exec {shlex.join(command)}"
     async with fake_llm_here([{"text": "partial answer", "stall": True}]) as llm:
         env = {**env, "OLLAMA_HOST": llm}
         with trio.fail_after(DEADLINE):
@@ -409,7 +427,7 @@ async def test_through_a_running_daemon_ask_deny_sessions_and_cancel(
                {"text": "partial answer", "stall": True}, {"text": "continued"}]  # fmt: skip
     async with fake_llm_here(replies) as llm:
         with trio.fail_after(DEADLINE):
-            async with serve(env, llm) as daemon:
+            async with navi_forks.serving(env, llm, warm=MCP_WARM) as daemon:
                 daemon_log = b""
                 # In `full` mode the terminal call asks: over MCP it is denied.
                 args = ("--url", daemon.url, "--mode", "full")

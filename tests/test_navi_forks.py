@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+from functools import partial
 from pathlib import Path
 
 import navi_forks
@@ -78,3 +80,34 @@ async def test_a_forked_command_reads_its_stdin_and_says_its_exit_code(
         proc = await navi_forks.start("fly", env=env, cwd=tmp_path)
         code, out, err = await navi_forks.communicate(proc)
     assert code == 1 and out == b"" and err.startswith(b"navi: error: ")
+
+
+async def test_an_attached_command_runs_on_the_callers_stdio_and_gets_its_signals(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    # For a caller that spawns a command itself (an SDK's stdio client).
+    def command(*args: str) -> list[str]:
+        return navi_forks.attach_command(*args)
+
+    with trio.fail_after(LIMIT):
+        async with fake_llm_here([{"text": "piped"}]) as llm:
+            run = await trio.to_thread.run_sync(command, "run", "--llm-url", llm, "-")
+            done = await trio.run_process(
+                run, stdin=b"from stdin", capture_stdout=True, capture_stderr=True,
+                env=env, cwd=tmp_path, check=False,
+            )  # fmt: skip
+            assert (done.returncode, done.stdout) == (0, b"piped\n"), done.stderr
+            fly = await trio.run_process(
+                command("fly"), capture_stdout=True, capture_stderr=True, env=env, check=False
+            )
+            assert fly.returncode == 1 and fly.stderr.startswith(b"navi: error: ")
+            serve = command("serve", "--port", "0", "--llm-url", llm)
+            async with trio.open_nursery() as nursery:
+                proc = await nursery.start(partial(trio.run_process, serve, env=env, check=False,
+                                                   stdout=subprocess.PIPE))  # fmt: skip
+                said = b""
+                while b"/\n" not in said:
+                    said += await proc.stdout.receive_some()
+                assert said.startswith(b"navi: listening on ws://127.0.0.1:")
+                proc.send_signal(signal.SIGTERM)  # passed on: the daemon's clean exit
+                assert await proc.wait() == 0

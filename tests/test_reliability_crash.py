@@ -1,5 +1,10 @@
 """Reliability: a real `navi serve` killed with SIGKILL at many points (issue 11).
 
+Each daemon is forked from the tests' warm process (`navi_serve(forked=True)`,
+tests/navi_forks.py): a process of its own, SIGKILLed and restarted on the same
+database, that listens in a few tenths of a second instead of a new interpreter's second
+or two.
+
 The fake LLM (in this process, real HTTP on 127.0.0.1) plays multi-tool conversations
 with small delays, cycling: a todo call, two parallel calls, a final answer. Each round
 starts the daemon on the same DB, sends a few messages to a few sessions, and kills the
@@ -311,7 +316,10 @@ async def test_sigkill_at_many_points_loses_no_acknowledged_message(
     async def live(life: _Life, llm_url: str) -> None:
         with log.open("a") as out:
             out.write(f"--- life {life.life}: {life.plan}, kill after {life.kill_at} frames\n")
-        async with navi_serve(env, llm_url, log, log_level="info") as d, d.connect() as c:
+        async with (
+            navi_serve(env, llm_url, log, log_level="info", forked=True) as d,
+            d.connect() as c,
+        ):
             r = _Round(c, life.kill_at)
             if life.kill_at is None:  # not killed: every session answers normally
                 await book.converse(r, life.plan, life.life)
@@ -379,7 +387,10 @@ async def test_a_queued_acknowledged_message_survives_sigkill(tmp_path: Path) ->
     with trio.fail_after(60):
         # The first answer never comes: the run holds the session while B, C are queued.
         async with open_fake_llm([{"text": "slow", "delay_first": 3600}]) as llm:
-            async with navi_serve(env, llm.url, tmp_path / "serve.log") as d, d.connect() as c:
+            async with (
+                navi_serve(env, llm.url, tmp_path / "serve.log", forked=True) as d,
+                d.connect() as c,
+            ):
                 r = _Round(c, None)
                 sid, queued = await r.send(None, "A runs")
                 assert not queued
@@ -395,7 +406,10 @@ async def test_a_queued_acknowledged_message_survives_sigkill(tmp_path: Path) ->
         assert _queued_rows(db, sid) == ["B is queued", "C is queued"]
         replies = [{"text": f"answer {n}"} for n in "BCD"]
         async with open_fake_llm(replies) as llm:
-            async with navi_serve(env, llm.url, tmp_path / "serve.log") as d, d.connect() as c:
+            async with (
+                navi_serve(env, llm.url, tmp_path / "serve.log", forked=True) as d,
+                d.connect() as c,
+            ):
                 await c.request({"type": "subscribe", "session_id": sid, "last_seq": 0})
                 await _Round(c, None).send(sid, "D after the restart")
                 for _ in range(3):
@@ -428,7 +442,7 @@ async def test_messages_a_kill_left_queued_count_toward_the_cap_after_the_restar
     texts = [f"queued {n}" for n in range(1, 6)]
     with trio.fail_after(90):
         async with open_fake_llm(held) as llm:
-            async with navi_serve(env, llm.url, log) as d, d.connect() as c:
+            async with navi_serve(env, llm.url, log, forked=True) as d, d.connect() as c:
                 r = _Round(c, None)
                 sid, _ = await r.send(None, "runs first")
                 await llm.wait_requests(1)
@@ -438,7 +452,7 @@ async def test_messages_a_kill_left_queued_count_toward_the_cap_after_the_restar
                 await d.proc.wait()
         assert _queued_rows(db, sid) == texts
         async with open_fake_llm(held) as llm:
-            async with navi_serve(env, llm.url, log) as d, d.connect() as c:
+            async with navi_serve(env, llm.url, log, forked=True) as d, d.connect() as c:
                 await c.request({"type": "subscribe", "session_id": sid, "last_seq": 0})
                 await llm.wait_requests(1)  # 'queued 1' runs: saved, off the queue
                 for text in ("after 1", "after 2"):  # 4 + 1 waiting, then one more

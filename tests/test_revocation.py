@@ -53,7 +53,7 @@ async def one_daemon(
     """The fake LLM and one `navi serve` on SQLite; the env the CLI shares with it."""
     env = clean_env(tmp_path, NAVI_CONFIG=str(no_plan_config(tmp_path)))
     async with open_fake_llm(replies) as llm:
-        async with navi_serve(env, llm.url, tmp_path / "daemon.log") as daemon:
+        async with navi_serve(env, llm.url, tmp_path / "daemon.log", forked=True) as daemon:
             yield daemon, env, llm
 
 
@@ -264,7 +264,7 @@ async def test_a_removed_users_session_is_never_woken_after_a_restart(tmp_path: 
             admin = await store_user(env, "alice", "admin")
             bob_token = await store_user(env, "bob")
             async with (
-                navi_serve(env, llm.url, tmp_path / "daemon.log") as daemon,
+                navi_serve(env, llm.url, tmp_path / "daemon.log", forked=True) as daemon,
                 connect_as(daemon.url, bob_token) as bob,
             ):
                 sid = await started(bob, "hello")
@@ -276,7 +276,7 @@ async def test_a_removed_users_session_is_never_woken_after_a_restart(tmp_path: 
                 await store.kv_set(RUNNING_SCOPE, f"{sid}:bt-gone", marker)
             await forked_users(env, "remove", "bob")
             async with (
-                navi_serve(env, llm.url, tmp_path / "daemon.log") as daemon,
+                navi_serve(env, llm.url, tmp_path / "daemon.log", forked=True) as daemon,
                 connect_as(daemon.url, admin) as alice,
             ):
                 ok = await alice.request({"type": "subscribe", "session_id": sid})
