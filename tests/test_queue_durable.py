@@ -27,7 +27,7 @@ import trio.testing
 from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import open_daemon
 
-from navi_trio.core.session.queued import deliver
+from navi_trio.core.session.queued import DurableQueue, deliver
 from navi_trio.core.turn import UserMessage
 from navi_trio.core.turn.agent import DEAD_TURN
 from navi_trio.errors import NaviError, StorageError, StoreError
@@ -523,16 +523,19 @@ async def test_a_message_whose_queue_write_failed_never_runs(
     with trio.fail_after(TIMEOUT):
         gate = GateTool()
         async with _gated(tmp_path, gate, [{"text": "1"}, {"text": "2"}]) as h:
-            actor = await h.runtime.sessions.get("s1")
-            actor.send_message("hi")
+            s = await h.session("s1")
+            s.send("hi")
             await gate.entered.wait()
-            actor.send_message("refused")
-            actor.send_message("kept")
-            refused, kept = actor.pending
+            s.send("refused")
+            s.send("kept")
+            refused, kept = s.actor.pending
             await kept.accepted.wait()
             assert refused.accepted.failed  # its sender got the error
             gate.gate.set()
-            await actor.idle.wait()
+            ends = [(await s.until_end())[-1]["text"] for _ in range(2)]
+            assert ends == ["1", "2"]  # no run of its own, not even one that fails
+            await s.idle()
+            assert not [f for f in s.frames if f["type"] == "error"]
             assert await _users(h.runtime.store) == ["hi", "kept"]
             assert len(h.chat_requests) == 3  # hi (two rounds), kept
 
@@ -620,3 +623,33 @@ async def test_a_message_the_store_queued_reaches_a_live_actor(tmp_path: Path) -
             assert actor.busy
             await actor.idle.wait()
             assert await _users(h.runtime.store) == ["hi", "woken"]
+
+
+async def test_a_queue_write_cancelled_before_it_started_refuses_its_message(
+    tmp_path: Path,
+) -> None:
+    """A shutdown while a message's row waits for the write before it: that message was
+    never stored, and its sender hears so (not silence); the write under way lands."""
+    entered, gate = trio.Event(), trio.Event()
+    with trio.fail_after(TIMEOUT):
+        async with SQLiteStore.open(tmp_path / "navi.db") as store:
+            await store.create_session("s1", profile_id="general")
+            enqueue = store.enqueue
+
+            async def held(*args: Any, **kwargs: Any) -> Any:
+                entered.set()
+                await gate.wait()
+                return await enqueue(*args, **kwargs)
+
+            store.enqueue = held  # type: ignore[method-assign]
+            queue = DurableQueue("s1", store, pid=os.getpid(), host=HOST)
+            async with trio.open_nursery() as nursery:
+                first = queue.keep(nursery, UserMessage("first"))
+                second = queue.keep(nursery, UserMessage("second"))
+                await entered.wait()  # the first row's write is in the store's hands
+                nursery.cancel_scope.cancel()
+                gate.set()
+            assert first.accepted.settled and not first.accepted.failed
+            assert second.accepted.failed
+            assert "not saved" in str(second.accepted.error)
+            assert [k for _, k in _queued(tmp_path / "navi.db")] == [first.queue_key]

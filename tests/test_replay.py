@@ -251,7 +251,8 @@ def test_merged_deltas_count_against_the_character_bound() -> None:
     """Each delta merged into an entry adds its characters: a long answer pushes older
     frames out as it grows, though it adds no entry."""
     buf = ReplayBuffer(max_chars=2000)
-    frames = _frames([("tool_started", None, "")] + [("text_delta", None, "y" * 100)] * 30)
+    specs: list[tuple[str, str | None, str]] = [("tool_started", None, "")]
+    frames = _frames(specs + [("text_delta", None, "y" * 100)] * 30)
     for f in frames:
         buf.append(f)
     assert len(buf) == 1 and buf.first_seq == 2  # the merged answer alone: 3000 characters

@@ -227,6 +227,7 @@ async def test_an_actor_with_a_subscriber_a_run_or_a_queue_does_not_retire(
     async with _gated(tmp_path, gate, [{"text": "done"}], session_idle_sec=60) as h:
         s = await h.session("s1")
         actor = s.actor
+        await trio.testing.wait_all_tasks_blocked()  # the actor saw the subscriber come
         mock_clock.jump(600)  # subscribed: stays
         await trio.testing.wait_all_tasks_blocked()
         assert not actor.retired.is_set()
