@@ -491,3 +491,49 @@ def test_the_last_turn_is_open_until_an_answer_or_an_end_notice_follows_its_star
     messages: list[dict[str, Any]], open_: bool
 ) -> None:
     assert last_turn_open(messages) is open_
+
+
+async def test_frames_after_a_runs_clean_release_carry_no_fence(tmp_path: Any) -> None:
+    """The run's frames carry its lease's fence to other daemons while it holds the lease;
+    once the hold ended cleanly (the run's end, before the actor is idle), what it still
+    publishes is not the hold's: a daemon that claimed the session since must get it."""
+    seen: list[tuple[bool, object]] = []
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=[{"text": "done"}]) as h:
+            sessions = h.runtime.sessions
+            before = sessions.on_run_end
+
+            def ended(session_id: str, msg: Any, last: Any) -> None:
+                actor = sessions.actor(session_id)
+                assert actor is not None
+                seen.append((actor.running is not None, actor.frame_fence()))
+                if before is not None:
+                    before(session_id, msg, last)
+
+            sessions.on_run_end = ended
+            await h.turn("s1", "hi")
+            actor = sessions.actor("s1")
+            assert actor is not None
+            await actor.idle.wait()
+    assert seen == [(True, None)]
+
+
+async def test_a_dead_turn_is_ended_only_under_the_generation_taken_over(tmp_path: Any) -> None:
+    """`end_dead_turn` ends the turn under the lease generation this runtime took over;
+    its hold finding another one (another daemon took the lease and let it go since)
+    means that daemon dealt with the turn: nothing is ended or said here."""
+    said: list[list[Any]] = []
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=[]) as h:
+            store = h.runtime.store
+            await store.create_session("s1", profile_id="general")
+            await store.append("s1", messages=[USER], context=[USER])  # a turn left open
+            await h.runtime.agent.end_dead_turn("s1", 99, said.append)
+            assert said == [] and await store.load_messages("s1") == [USER]
+            # Its hold just took generation 1 and let it go: under it, the turn ends.
+            await h.runtime.agent.end_dead_turn("s1", 1, said.append)
+            assert [[type(e).__name__ for e in events] for events in said] == [
+                ["ErrorEvent", "StreamEnd"]
+            ]
+            saved = await store.load_messages("s1")
+            assert [m.get("error") for m in saved] == [None, DEAD_TURN]

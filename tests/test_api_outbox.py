@@ -113,3 +113,36 @@ async def test_close_drops_what_waits_and_refuses_the_waiting_senders(
             await outbox.get()
         with pytest.raises(trio.ClosedResourceError):
             await outbox.put("after")
+
+
+async def test_the_byte_bound_is_reached_not_passed(autojump_clock: trio.testing.MockClock) -> None:
+    a, b = _text(1, "a"), _text(1, "b")
+    outbox = Outbox(max_frames=100, max_bytes=_bytes(a, b))
+    with trio.fail_after(LIMIT):
+        await outbox.put(a)
+        assert outbox.put_nowait(b)  # exactly at the bound: it fits
+        assert not outbox.put_nowait("c")
+        assert outbox.bytes == outbox.max_bytes
+
+
+async def test_frames_sent_at_once_count_their_bytes_until_the_writer_runs(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    text = _text(10)
+    outbox = Outbox(max_frames=100, max_bytes=_bytes(text, text))
+    got: list[str | None] = []
+    with trio.fail_after(LIMIT):
+        async with trio.open_nursery() as nursery:
+
+            async def writer() -> None:
+                got.append(await outbox.next())
+
+            nursery.start_soon(writer)
+            await trio.testing.wait_all_tasks_blocked()
+            for _ in range(2):
+                assert outbox.may_send_at_once(text)
+                outbox.sent_at_once(text)
+            assert not outbox.may_send_at_once(text)  # the bytes, not the frames, are full
+            outbox.wake()
+        assert got == [None]
+        assert outbox.put_nowait(text) and outbox.put_nowait(text)  # the writer ran: room

@@ -82,6 +82,33 @@ def test_its_own_frames_after_relayed_ones_start_an_epoch_announced_by_a_resync(
     assert (first["seq"], frame["seq"]) == (7, 8)  # above every seq it held
 
 
+def test_a_gap_in_one_epochs_seqs_is_a_resync_and_the_replay_starts_after_it() -> None:
+    b = RelayBroadcast("s1", encode=event_frame, resync=resync_frame)
+    sub = b.subscribe()
+    b.relay(relayed("e1", 1, "a"))
+    b.relay(relayed("e1", 2, "b"))
+    b.relay(relayed("e1", 5, "c"))  # 3 and 4 never reached this daemon
+    got = [(f["type"], f["seq"]) for f in drained(sub)]
+    assert got == [
+        ("resync", 0), ("text_delta", 1), ("thinking_delta", 2), ("resync", 4), ("text_delta", 5),
+    ]  # fmt: skip
+    # A client back from before the gap reloads; one from just before 5 misses nothing.
+    assert [f["type"] for f in drained(b.subscribe(2, "e1"))] == ["resync"]
+    assert [f["seq"] for f in drained(b.subscribe(4, "e1"))] == [5]
+
+
+def test_its_own_frames_start_above_every_seq_held_though_the_last_epochs_were_lower() -> None:
+    b = RelayBroadcast("s1", encode=event_frame, resync=resync_frame)
+    b.relay(relayed("e1", 9, "a"))
+    b.relay(relayed("e2", 3, "b"))  # another daemon's life: its seqs start again
+    sub = b.subscribe()
+    b.publish(ThinkingDelta("ours"))
+    first, frame = drained(sub)
+    assert first["type"] == "resync" and first["epoch"] == frame["epoch"] not in ("e1", "e2")
+    assert (first["seq"], frame["seq"]) == (9, 10)
+    assert b.seq_floor == 10
+
+
 async def test_a_dead_turns_end_relayed_while_this_daemon_asks_for_it_reaches_its_clients(
     tmp_path: Path,
 ) -> None:

@@ -127,3 +127,18 @@ async def test_a_replay_bigger_than_the_size_bound_still_reaches_its_subscriber_
         last = await follower.__anext__()
         assert not isinstance(last, Lagged) and last["seq"] == 31
         follower.close()
+
+
+async def test_a_replay_longer_than_the_frame_bound_still_reaches_its_subscriber_whole() -> None:
+    """A backlog of more frames than a subscriber's queue holds (the replay keeps more)
+    is room made for, not a cut-off: every frame, once, and no `Lagged`."""
+    b, _ = _broadcast()
+    total = SUBSCRIBER_BUFFER + 500
+    with trio.fail_after(TIMEOUT):
+        for event in _alternating(total):
+            b.publish(event)
+        follower = Follower(b.subscribe, lambda: b.epoch, last_seq=0, last_epoch=b.epoch)
+        got = await _read(follower, total)
+        assert not [item for item in got if isinstance(item, Lagged)]
+        assert [f["seq"] for f in got if not isinstance(f, Lagged)] == list(range(1, total + 1))
+        follower.close()

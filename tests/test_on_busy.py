@@ -325,3 +325,27 @@ async def test_a_message_queued_after_the_runs_end_was_said_has_no_run_before_it
             gate.gate.set()
             assert (await c.until_end(sid))["text"] == "first"
             assert (await c.until_end(sid))["text"] == "second"
+
+
+async def test_steers_the_turn_never_took_run_next_in_their_order_ahead_of_the_queue(
+    tmp_path: Path,
+) -> None:
+    replies = [{"text": "long answer", "stall": True}, *({"text": t} for t in ("1", "2", "3"))]
+    with trio.fail_after(TIMEOUT):
+        async with open_daemon(
+            tmp_path, replies=replies, profiles=profiles()
+        ) as d, d.connect("alice") as c:  # fmt: skip
+            ok = await send(c, "talk")
+            sid = ok["session_id"]
+            await c.until_type("text_delta", session_id=sid)
+            for text, on_busy in (("queued", "enqueue"), ("first", "steer"), ("second", "steer")):
+                ok = await send(c, text, **{"session_id": sid, "on_busy": on_busy})
+                assert ok["on_busy"] == on_busy
+            stop = await c.request({"type": "stop", "session_id": sid})
+            assert stop["stopped"] is True
+            assert (await c.until_end(sid))["reason"] == "stopped"
+            ends = [(await c.until_end(sid))["text"] for _ in range(3)]
+            assert ends == ["1", "2", "3"]
+            hist = await history(c, sid)
+            users = [m["content"] for m in hist if m["role"] == "user"]
+            assert users == ["talk", "first", "second", "queued"]

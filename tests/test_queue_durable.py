@@ -27,9 +27,10 @@ import trio.testing
 from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import open_daemon
 
+from navi_trio.core.session.queued import DurableQueue, deliver
 from navi_trio.core.turn import UserMessage
 from navi_trio.core.turn.agent import DEAD_TURN
-from navi_trio.errors import NaviError, StoreError
+from navi_trio.errors import NaviError, StorageError, StoreError
 from navi_trio.store import SessionStore, SQLiteStore
 from navi_trio.store.base import HANDED_HOST, HANDED_PID
 from navi_trio.testing import open_harness
@@ -487,3 +488,168 @@ async def test_an_interrupting_message_still_runs_before_those_queued_here(
             await actor.idle.wait()
             assert await _users(h.runtime.store) == ["A", "C", "B"]
         assert _queued(tmp_path / "navi.db") == []
+
+
+async def test_the_rows_an_actor_holds_are_not_adopted_again(tmp_path: Path) -> None:
+    """A hand-over note makes the actor read the queue while its own messages wait in it:
+    their rows are the process's own, and adoptable, but it holds them already."""
+    with trio.fail_after(TIMEOUT):
+        gate = GateTool()
+        async with _gated(tmp_path, gate, [{"text": "1"}, {"text": "2"}]) as h:
+            actor = await h.runtime.sessions.get("s1")
+            actor.send_message("hi")
+            await gate.entered.wait()
+            actor.send_message("queued")
+            (queued,) = actor.pending
+            await queued.accepted.wait()  # its row is in, under this process's pid
+            assert await actor.adopt_handed() == 0
+            assert [m.text for m in actor.pending] == ["queued"]
+            gate.gate.set()
+            await actor.idle.wait()
+            assert await _users(h.runtime.store) == ["hi", "queued"]
+
+
+async def test_a_message_whose_queue_write_failed_never_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    enqueue = SQLiteStore.enqueue
+
+    async def failing(self: SQLiteStore, sid: str, key: str, row: Any, **kw: Any) -> Any:
+        if row["text"] == "refused":
+            raise StorageError("the disk is full")
+        return await enqueue(self, sid, key, row, **kw)
+
+    monkeypatch.setattr(SQLiteStore, "enqueue", failing)
+    with trio.fail_after(TIMEOUT):
+        gate = GateTool()
+        async with _gated(tmp_path, gate, [{"text": "1"}, {"text": "2"}]) as h:
+            s = await h.session("s1")
+            s.send("hi")
+            await gate.entered.wait()
+            s.send("refused")
+            s.send("kept")
+            refused, kept = s.actor.pending
+            await kept.accepted.wait()
+            assert refused.accepted.failed  # its sender got the error
+            gate.gate.set()
+            ends = [(await s.until_end())[-1]["text"] for _ in range(2)]
+            assert ends == ["1", "2"]  # no run of its own, not even one that fails
+            await s.idle()
+            assert not [f for f in s.frames if f["type"] == "error"]
+            assert await _users(h.runtime.store) == ["hi", "kept"]
+            assert len(h.chat_requests) == 3  # hi (two rounds), kept
+
+
+async def test_queue_writes_go_out_one_at_a_time_in_the_order_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tasks started in one tick run in no fixed order: each row's write waits for the
+    one before it to land, so the rows' order is the messages'."""
+    enqueue = SQLiteStore.enqueue
+    writing: list[str] = []
+    most = 0
+
+    async def counted(self: SQLiteStore, sid: str, key: str, row: Any, **kw: Any) -> Any:
+        nonlocal most
+        writing.append(key)
+        most = max(most, len(writing))
+        try:
+            return await enqueue(self, sid, key, row, **kw)
+        finally:
+            writing.remove(key)
+
+    monkeypatch.setattr(SQLiteStore, "enqueue", counted)
+    db = tmp_path / "navi.db"
+    with trio.fail_after(TIMEOUT):
+        gate = GateTool()
+        async with _gated(tmp_path, gate, [{"text": "1"}] * 6) as h:
+            actor = await h.runtime.sessions.get("s1")
+            actor.send_message("hi")
+            await gate.entered.wait()
+            for n in range(5):
+                actor.send_message(f"m{n}")
+            for msg in list(actor.pending):
+                await msg.accepted.wait()
+            assert most == 1
+            assert [k for _, k in _queued(db)] == [m.queue_key for m in actor.pending]
+            gate.gate.set()
+            await actor.idle.wait()
+            assert await _users(h.runtime.store) == ["hi", "m0", "m1", "m2", "m3", "m4"]
+
+
+async def test_a_queued_message_refused_when_its_turn_comes_leaves_no_row(tmp_path: Path) -> None:
+    """Refused before its save (here: its profile is unknown), an acknowledged message's
+    row goes with it: a restart must not run it."""
+    db = tmp_path / "navi.db"
+    with trio.fail_after(TIMEOUT):
+        gate = GateTool()
+        async with _gated(tmp_path, gate, [{"text": "1"}]) as h:
+            actor = await h.runtime.sessions.get("s1")
+            sub = actor.subscribe()
+            actor.send_message("hi")
+            await gate.entered.wait()
+            actor.send_message(UserMessage("nope", profile_id="no-such-profile"))
+            (queued,) = actor.pending
+            await queued.accepted.wait()
+            assert len(_queued(db)) == 1
+            gate.gate.set()
+            await actor.idle.wait()
+            assert _queued(db) == []
+            assert await _users(h.runtime.store) == ["hi"]
+            frames = []
+            while True:
+                try:
+                    frames.append(sub.frames.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            assert [f["type"] for f in frames][-2:] == ["error", "stream_end"]
+            sub.close()
+
+
+async def test_a_message_the_store_queued_reaches_a_live_actor(tmp_path: Path) -> None:
+    """`deliver` (a wake-up, a scheduled run) on a daemon whose actors adopt at start: an
+    actor already there is handed the message, not merely looked up."""
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=[{"text": "1"}, {"text": "2"}]) as h:
+            await h.turn("s1", "hi")
+            sessions = h.runtime.sessions
+            actor = sessions.actor("s1")
+            assert actor is not None
+            await actor.idle.wait()
+            sessions.adopt = True
+            row = _row("woken")
+            await h.runtime.store.enqueue("s1", "w-1", row, pid=os.getpid(), host=HOST)
+            await deliver(sessions, "s1", "w-1", row)
+            assert actor.busy
+            await actor.idle.wait()
+            assert await _users(h.runtime.store) == ["hi", "woken"]
+
+
+async def test_a_queue_write_cancelled_before_it_started_refuses_its_message(
+    tmp_path: Path,
+) -> None:
+    """A shutdown while a message's row waits for the write before it: that message was
+    never stored, and its sender hears so (not silence); the write under way lands."""
+    entered, gate = trio.Event(), trio.Event()
+    with trio.fail_after(TIMEOUT):
+        async with SQLiteStore.open(tmp_path / "navi.db") as store:
+            await store.create_session("s1", profile_id="general")
+            enqueue = store.enqueue
+
+            async def held(*args: Any, **kwargs: Any) -> Any:
+                entered.set()
+                await gate.wait()
+                return await enqueue(*args, **kwargs)
+
+            store.enqueue = held  # type: ignore[method-assign]
+            queue = DurableQueue("s1", store, pid=os.getpid(), host=HOST)
+            async with trio.open_nursery() as nursery:
+                first = queue.keep(nursery, UserMessage("first"))
+                second = queue.keep(nursery, UserMessage("second"))
+                await entered.wait()  # the first row's write is in the store's hands
+                nursery.cancel_scope.cancel()
+                gate.set()
+            assert first.accepted.settled and not first.accepted.failed
+            assert second.accepted.failed
+            assert "not saved" in str(second.accepted.error)
+            assert [k for _, k in _queued(tmp_path / "navi.db")] == [first.queue_key]

@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from quick_run import examples
 
-from navi_trio.core.session import ReplayBuffer
+from navi_trio.api.protocol import event_frame, resync_frame
+from navi_trio.core.session import LocalBroadcast, ReplayBuffer
 from navi_trio.core.session.broadcast import SUBSCRIBER_BUFFER
 from navi_trio.core.turn import MERGE_MAX_CHARS
 from navi_trio.events import TextDelta, ThinkingDelta
@@ -232,3 +233,49 @@ async def test_a_subscriber_that_falls_behind_is_told_what_it_missed(tmp_path: P
                     except trio.WouldBlock:
                         break
             assert _atoms(got + rest) == _atoms(frames)
+
+
+def test_a_frame_bigger_than_the_bound_alone_is_still_replayed() -> None:
+    """The character bound drops older frames, never the newest: a huge tool output
+    stays replayable alone (no resync for the subscriber that just missed it)."""
+    buf = ReplayBuffer(max_chars=1000)
+    frames = _frames([("tool_event", None, "a" * 10), ("tool_event", None, "y" * 5000)])
+    for f in frames:
+        buf.append(f)
+    assert [f["seq"] for f in buf] == [2]
+    assert buf.since(1, 2) == [frames[1]]
+    assert buf.since(0, 2) is None  # seq 1 is gone
+
+
+def test_merged_deltas_count_against_the_character_bound() -> None:
+    """Each delta merged into an entry adds its characters: a long answer pushes older
+    frames out as it grows, though it adds no entry."""
+    buf = ReplayBuffer(max_chars=2000)
+    specs: list[tuple[str, str | None, str]] = [("tool_started", None, "")]
+    frames = _frames(specs + [("text_delta", None, "y" * 100)] * 30)
+    for f in frames:
+        buf.append(f)
+    assert len(buf) == 1 and buf.first_seq == 2  # the merged answer alone: 3000 characters
+    assert buf.since(1, 31) == [{**frames[-1], "text": "y" * 3000}]
+    assert buf.since(0, 31) is None
+
+
+async def test_a_resync_drops_the_replay_for_every_subscriber_now_and_later() -> None:
+    """After a rewind the frames kept are another history's: the subscribers of the moment
+    get ``resync``, and one back later from an older seq gets it too, never those frames."""
+    b = LocalBroadcast("s1", encode=event_frame, resync=resync_frame)
+    with trio.fail_after(TIMEOUT):
+        for i in range(3):
+            b.publish((ThinkingDelta, TextDelta)[i % 2](f"w{i}"))
+        with b.subscribe() as live:
+            b.resync()
+            now = await live.frames.receive()
+            assert (now["type"], now["seq"], now["epoch"]) == ("resync", 3, b.epoch)
+        assert b.replay(1) is None
+        assert b.replay(3) == []  # nothing missed since: nothing to reload
+        with b.subscribe(1, b.epoch) as back:
+            first = await back.frames.receive()
+            assert (first["type"], first["seq"]) == ("resync", 3)
+            b.publish(TextDelta("after"))
+            nxt = await back.frames.receive()
+            assert (nxt["type"], nxt["seq"], nxt["text"]) == ("text_delta", 4, "after")

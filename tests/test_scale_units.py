@@ -31,9 +31,9 @@ from navi_trio.core.cluster.cluster import session_channel
 from navi_trio.core.cluster.owner_calls import ASK_TIMEOUT_SEC, OwnerCalls
 from navi_trio.core.jobs import NOTES_SCOPE, RUNNING_SCOPE, Job, TaskSupervisor
 from navi_trio.core.turn import SessionLeases
-from navi_trio.errors import NotFoundError, StorageError, UnavailableError
+from navi_trio.errors import NaviError, NotFoundError, StorageError, UnavailableError
 from navi_trio.settings import Settings
-from navi_trio.store.base import ClusterBus, SessionStore
+from navi_trio.store.base import ClusterBus, LeaseRow, SessionStore
 from navi_trio.store.fence import Fence
 from navi_trio.store.postgres import PostgresStore
 from navi_trio.store.postgres._bus import NOTIFY_MAX, PgBus
@@ -389,3 +389,71 @@ async def test_follow_notes_heard_while_the_listener_resumes_are_not_lost() -> N
             await cluster._handle("navi_follow", json.dumps({"s": "s-new", "o": "d-4", "on": True}))
             bus.gate.set()
         assert cluster._followers == {"s-old": {"d-2"}, "s-new": {"d-4"}}
+
+
+class _LeaseBus:
+    """What `lease_state` reads of the bus: the session's lease row and the server's now."""
+
+    def __init__(self, lease: LeaseRow | None, now: float = 1000.0) -> None:
+        self.found = None if lease is None else (lease, now)
+
+    async def lease(self, session_id: str) -> tuple[LeaseRow, float] | None:
+        return self.found
+
+
+class _Releases:
+    """A store that notes the rows handed on (`release_queued`)."""
+
+    def __init__(self) -> None:
+        self.released: list[list[str]] = []
+
+    async def release_queued(self, session_id: str, keys: list[str], *, pid: int, host: str) -> int:
+        self.released.append(keys)
+        return len(keys)
+
+
+def _cluster(bus: Any, store: Any = None) -> Cluster:
+    host = socket.gethostname() or "localhost"
+    leases = cast(SessionLeases, SimpleNamespace(owner="d-1", pid=os.getpid(), host=host))
+    return Cluster(cast(ClusterBus, bus), cast(SessionStore, store), leases, 60.0)
+
+
+async def test_a_released_lease_is_nobodys_and_no_dead_daemons_turn() -> None:
+    """A lease let go (expired at 0) says nobody runs the session and no turn was left
+    open; one unreleased past its time is a dead owner's; a live one names its owner."""
+    host = socket.gethostname() or "localhost"
+    released = LeaseRow("s1", "d-2", os.getpid(), host, 0.0, 3)
+    ran_out = LeaseRow("s1", "d-2", os.getpid(), host, 999.0, 3)
+    live = LeaseRow("s1", "d-2", os.getpid(), host, 1060.0, 3)
+    with trio.fail_after(TIMEOUT):
+        assert await _cluster(_LeaseBus(released)).lease_state("s1") == (None, None)
+        assert await _cluster(_LeaseBus(ran_out)).lease_state("s1") == (None, ran_out)
+        assert await _cluster(_LeaseBus(live)).lease_state("s1") == ("d-2", None)
+        assert await _cluster(_LeaseBus(None)).lease_state("s1") == (None, None)
+
+
+async def test_a_hand_back_with_nobody_else_running_the_session_keeps_the_rows() -> None:
+    """`hand_back` leaves the rows to the daemon that runs the session now; with none (the
+    lease released, or a dead owner's), it refuses and hands nothing on."""
+    host = socket.gethostname() or "localhost"
+    store = _Releases()
+    released = LeaseRow("s1", "d-2", os.getpid(), host, 0.0, 3)
+    with trio.fail_after(TIMEOUT):
+        with pytest.raises(NaviError, match="no other daemon runs it"):
+            await _cluster(_LeaseBus(released), store).hand_back("s1", ["k1"])
+        assert store.released == []
+
+
+async def test_a_daemons_own_frames_heard_back_are_not_relayed_to_its_clients() -> None:
+    """A daemon listens to the sessions it runs too: a frame it published itself comes
+    back on the channel and is not passed on a second time; another daemon's is."""
+    relayed: list[dict[str, Any]] = []
+    cluster = _cluster(SimpleNamespace())
+    actor = SimpleNamespace(relay=relayed.append)
+    cluster.registry = cast(Any, SimpleNamespace(actor=lambda session_id: actor))
+    frame = {"type": "text_delta", "session_id": "s1", "seq": 1, "epoch": "e1", "text": "a"}
+    with trio.fail_after(TIMEOUT):
+        await cluster._handle(session_channel("s1"), json.dumps({"f": frame, "d": cluster._tag}))
+        assert relayed == []
+        await cluster._handle(session_channel("s1"), json.dumps({"f": frame, "d": "other"}))
+        assert relayed == [frame]

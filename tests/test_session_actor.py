@@ -227,6 +227,7 @@ async def test_an_actor_with_a_subscriber_a_run_or_a_queue_does_not_retire(
     async with _gated(tmp_path, gate, [{"text": "done"}], session_idle_sec=60) as h:
         s = await h.session("s1")
         actor = s.actor
+        await trio.testing.wait_all_tasks_blocked()  # the actor saw the subscriber come
         mock_clock.jump(600)  # subscribed: stays
         await trio.testing.wait_all_tasks_blocked()
         assert not actor.retired.is_set()
@@ -242,3 +243,28 @@ async def test_an_actor_with_a_subscriber_a_run_or_a_queue_does_not_retire(
         mock_clock.jump(61)  # now idle and alone: retires
         await trio.testing.wait_all_tasks_blocked()
         assert actor.retired.is_set()
+
+
+async def test_a_steer_the_queues_cap_dropped_never_joins_the_turn(tmp_path: Path) -> None:
+    with trio.fail_after(TIMEOUT):
+        gate = GateTool()
+        replies = [{"text": "first done"}, {"text": "kept done"}]
+        async with _gated(tmp_path, gate, replies, message_queue_max=1) as h:
+            s = await h.session("s1")
+            s.send("hi")
+            await gate.entered.wait()
+            s.send("steered", on_busy="steer")
+            s.send("kept", on_busy="enqueue")  # the cap (1) drops the steer's row
+            (dropped,) = (await s.until_type("warning"))[-1:]
+            assert dropped["code"] == "message_dropped" and "'steered'" in dropped["message"]
+            gate.gate.set()
+            ends = [(await s.until_end())[-1]["text"] for _ in range(2)]
+            assert ends == ["first done", "kept done"]
+            await s.idle()
+            assert await _users(h) == ["hi", "kept"]
+            # The round after the gate asked the model without it.
+            last_user = [
+                [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
+                for body in h.chat_requests
+            ]
+            assert last_user == ["hi", "hi", "kept"]

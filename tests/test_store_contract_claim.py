@@ -192,3 +192,18 @@ async def test_the_holder_of_the_lease_adopts_every_queued_row_in_order(backend:
             assert [k for k, _ in got] == ["a", "b", "c"]
             # Another process holding it adopts nothing (the rows are ours now anyway).
             assert await store.adopt_queued("s1", pid=alive, host=HOST) == []
+
+
+async def test_an_expired_lease_runs_no_queue_but_what_nobody_else_runs(
+    backend: Backend,
+) -> None:
+    """Its holder runs the whole queue only while the lease is live: once it expired, the
+    rows of a live process stay that process's."""
+    alive = os.getppid()
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as store:
+            await store.create_session("s1", profile_id="general")
+            await store.enqueue("s1", "a", _row("live one's"), pid=alive, host=HOST)
+            await store.enqueue("s1", "b", _row("handed"), pid=0, host="*")
+            await store.claim_lease("s1", owner="me", pid=ME, host=HOST, ttl=-1)
+            assert [k for k, _ in await store.adopt_queued("s1", pid=ME, host=HOST)] == ["b"]

@@ -22,7 +22,8 @@ from store_backends import Backend
 from store_backends import backend as backend
 
 from navi_trio.errors import LeaseLostError, SessionBusyError, StoreError
-from navi_trio.store.fence import Fence, fenced, unfenced
+from navi_trio.store.base import LeaseRow
+from navi_trio.store.fence import Fence, fenced, takeover, unfenced
 
 TIMEOUT = 30
 HOST = socket.gethostname() or "localhost"
@@ -178,3 +179,36 @@ async def test_a_replaced_owners_kv_writes_are_refused_whatever_their_key(
             # Outside any run, nothing is checked.
             await a.kv_delete("scratchpad", "s-1")
             assert await b.kv_get("scratchpad", "s-1") is None
+
+
+def test_a_lease_that_expires_this_instant_is_taken_over() -> None:
+    """Live means unexpired: at its `expires_at` the lease is another owner's to take (the
+    cluster's `lease_state` and PostgreSQL's live-holder check count it so too)."""
+    held = LeaseRow("s-1", "a", ME, HOST, 100.0, 3)
+    assert takeover(held, "b", HOST, 99.5) is None
+    assert takeover(held, "b", HOST, 100.0) == 4
+    assert takeover(held, "a", HOST, 99.5) == 3  # its own: the same generation
+
+
+async def test_an_older_generation_of_the_same_owner_is_refused(backend: Backend) -> None:
+    """A daemon whose session was taken over and then taken back by itself has a new
+    generation: a write of its first hold (a run paused past its lease) is refused, with
+    or without a renewal in its transaction, though the owner is the same."""
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as a, backend.open() as b:
+            await a.create_session("s-1", profile_id="general")
+            first = await a.claim_lease("s-1", owner="a", pid=ME, host=HOST, ttl=-1)
+            await b.claim_lease("s-1", owner="b", pid=ME, host=HOST, ttl=-1)
+            back = await a.claim_lease("s-1", owner="a", pid=ME, host=HOST, ttl=60)
+            assert back.generation == first.generation + 2
+            with fenced(Fence("s-1", "a", first.generation)):
+                with pytest.raises(LeaseLostError, match="taken over"):
+                    await a.append("s-1", messages=[user("stale")], context=[user("stale")])
+                with pytest.raises(LeaseLostError, match="taken over"):
+                    await a.append("s-1", messages=[user("stale")], renew=60)
+                with pytest.raises(LeaseLostError, match="taken over"):
+                    await a.kv_set("scratchpad", "s-1", {"text": "stale"})
+            with fenced(Fence("s-1", "a", back.generation)):
+                await a.append("s-1", messages=[user("mine")], renew=60)
+            assert await a.load_messages("s-1") == [user("mine")]
+            assert await a.kv_get("scratchpad", "s-1") is None
