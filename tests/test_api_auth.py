@@ -4,6 +4,9 @@ NAVI_TOKEN, then the file)."""
 
 from __future__ import annotations
 
+import base64
+import fcntl
+import os
 from pathlib import Path
 
 import pytest
@@ -11,10 +14,12 @@ import trio
 
 from navi_trio.api.auth import (
     LOCAL_ADMIN,
+    _lock_folder,
     authenticate,
     ensure_local_token,
     folder_admin_name,
     is_loopback,
+    new_token,
     read_local_token,
     resolve_token,
 )
@@ -115,3 +120,25 @@ def test_only_localhost_and_loopback_addresses_count_as_this_machine(
 ) -> None:
     # `navi serve --host` and the daemon's own names both ask this one question.
     assert is_loopback(host) is local
+
+
+def test_a_token_is_256_random_bits() -> None:
+    tokens = {new_token() for _ in range(100)}
+    assert len(tokens) == 100
+    for token in tokens:
+        assert token.startswith("navi_")
+        assert len(base64.urlsafe_b64decode(token.removeprefix("navi_") + "=")) == 32
+
+
+def test_one_worker_of_a_folder_writes_its_token_file_at_a_time(tmp_path: Path) -> None:
+    # Workers of one data folder write the token file under the folder's lock: while
+    # one holds it, another can take it in no way, not even to share it.
+    held = _lock_folder(tmp_path)
+    other = os.open(tmp_path / "local-token.lock", os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        os.close(held)
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free once the first is done
+    finally:
+        os.close(other)

@@ -17,9 +17,9 @@ import trio.testing
 from api_ws import Daemon, open_daemon
 from trio_websocket import open_websocket_url
 
-from navi_trio.api.signin import CODE_TTL_SEC, CODES_MAX
+from navi_trio.api.signin import CODE_TTL_SEC, CODES_MAX, SigninCodes
 from navi_trio.cli.web import page_address
-from navi_trio.errors import UsageError
+from navi_trio.errors import AuthError, UsageError
 
 TIMEOUT = 30
 
@@ -115,6 +115,18 @@ async def test_a_sign_in_code_expires_after_its_minute_and_few_wait(
             assert over["code"] == "limit" and f"{CODES_MAX} sign-in codes" in over["message"]
             real_rate_clock.jump(CODE_TTL_SEC)
             assert (await a.request({"type": "signin_code"}))["type"] == "signin_code"
+
+
+def test_a_sign_in_code_is_good_for_its_minute_and_not_at_its_end() -> None:
+    now = [100.0]
+    codes = SigninCodes(clock=lambda: now[0])
+    kept, late = codes.issue("TOKEN-1"), codes.issue("TOKEN-2")
+    now[0] = 100.0 + CODE_TTL_SEC - 0.5
+    assert codes.redeem(kept) == "TOKEN-1"
+    now[0] = 100.0 + CODE_TTL_SEC  # its minute is over, to the instant
+    with pytest.raises(AuthError, match="used or expired"):
+        codes.redeem(late)
+    assert len(codes) == 0
 
 
 def test_the_page_address_navi_web_prints() -> None:

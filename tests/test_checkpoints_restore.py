@@ -610,6 +610,10 @@ async def test_a_root_daemons_restore_leaves_what_the_tool_user_may_not_change(
     (shared / "root.txt").write_text("r1")
     os.chmod(shared / "root.txt", 0o644)  # readable: checkpointed, but not theirs
     (work / "roots.txt").write_text("in the user's folder, but root's")
+    tool = runas.run_as(settings.tool_user)
+    assert tool is not None
+    os.chown(work / "roots.txt", 0, tool.gid)  # their group's: its mode is still root's
+    os.chmod(work / "roots.txt", 0o644)
     with trio.fail_after(DEADLINE):
         async with engine_for(settings) as engine:
             first = await snap(engine, "s", [work], private)
@@ -617,7 +621,7 @@ async def test_a_root_daemons_restore_leaves_what_the_tool_user_may_not_change(
             (closed / "new.txt").write_text("root's own")
             (shared / "root.txt").write_text("r2")
             (shared / "later.txt").write_text("root's too")
-            os.chmod(work / "roots.txt", 0o604)  # its mode: only its owner may change it
+            os.chmod(work / "roots.txt", 0o640)  # its mode: only its owner may change it
             (work / "own.txt").write_text("o2")
             os.unlink(work / "gone.txt")
             (work / "added.txt").write_text("a")
@@ -636,7 +640,7 @@ async def test_a_root_daemons_restore_leaves_what_the_tool_user_may_not_change(
     assert (closed / "new.txt").read_text() == "root's own"
     assert (shared / "root.txt").read_text() == "r2"
     assert (shared / "later.txt").read_text() == "root's too"
-    assert (work / "roots.txt").stat().st_mode & 0o7777 == 0o604
+    assert (work / "roots.txt").stat().st_mode & 0o7777 == 0o640
     assert (work / "own.txt").read_text() == "o1"
     assert (work / "gone.txt").read_text() == "g1"
     assert not (work / "added.txt").exists()
@@ -677,3 +681,50 @@ async def test_a_root_daemon_never_reads_a_gitignore_the_tool_user_may_not_read(
     assert [(item.path, item.reason) for item in info.left_out] == [
         (".gitignore", "the tool user may not read it (permission denied)")
     ]
+
+
+def test_a_folder_swapped_for_a_link_is_never_opened_through_it(tmp_path: Path) -> None:
+    # What a scan or a restore opens below a root is opened from its parent's fd without
+    # following a link: a folder swapped for one since it was listed is an error there.
+    work = real_dir(tmp_path / "work")
+    outside = real_dir(tmp_path / "outside")
+    (work / "sub").mkdir()
+    root_fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
+    fds = _fsops.Folders(root_fd)
+    try:
+        (work / "sub").rmdir()
+        os.symlink(outside, work / "sub")
+        with pytest.raises(OSError):
+            fds.get("sub")
+    finally:
+        fds.close()
+        os.close(root_fd)
+
+
+def test_a_folder_inside_navis_data_is_no_root_of_a_checkpoint(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    inside = real_dir(settings.data_dir / "checkpoints" / "objects")
+    with pytest.raises(_fsops.RootUnusableError):
+        _fsops.open_root(inside, private_for(settings))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root daemon acts as the tool user")
+async def test_a_root_daemon_makes_no_missing_root_where_the_tool_user_may_not(
+    tmp_path: Path,
+) -> None:
+    # The user's folder lies in one of root's (0755): gone, it is not made again, as the
+    # tool user could not make it; the restore names it.
+    settings = make_settings(tmp_path)
+    above = real_dir(tmp_path / "roots")
+    above.chmod(0o755)
+    work = real_dir(above / "work")
+    (work / "f.txt").write_text("f1")
+    users_own(work)
+    private = private_for(settings)
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            first = await snap(engine, "s", [work], private)
+            shutil.rmtree(work)
+            done = await engine.restore("s", first, private=private)
+    assert not work.exists()
+    assert [k.path for k in done.failed] == [str(work)]

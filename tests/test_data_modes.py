@@ -26,6 +26,7 @@ from api_ws import open_daemon
 
 from navi_trio.settings import Settings
 from navi_trio.testing import open_harness
+from navi_trio.tools.roots import RunRoots
 from navi_trio.tools.runas import session_owner
 
 TIMEOUT = 30
@@ -78,6 +79,9 @@ async def test_an_old_install_readable_to_others_is_fixed_at_start_and_logged(
     data, db = tmp_path / "data", tmp_path / "navi.db"
     folder = data / "sessions" / "s-0123456789ab"
     folder.mkdir(parents=True)
+    grouped = data / "sessions" / "s-0123456789ac"  # open to its group only
+    grouped.mkdir(mode=0o750)
+    grouped.chmod(0o750)
     conn = sqlite3.connect(db)  # as SQLite makes them under umask 022: 0644
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("CREATE TABLE t (x)")
@@ -90,12 +94,13 @@ async def test_an_old_install_readable_to_others_is_fixed_at_start_and_logged(
         with trio.fail_after(TIMEOUT):
             async with open_harness(tmp_path, data_dir=data, db_path=db):
                 assert mode(data) == mode(data / "sessions") == mode(folder) == 0o700
+                assert mode(grouped) == 0o700
                 assert mode(db) == mode(Path(f"{db}-wal")) == mode(Path(f"{db}-shm")) == 0o600
     finally:
         conn.close()
     said = [r.getMessage() for r in caplog.records if "made private" in r.getMessage()]
     assert any(str(data) in line and "was 0755" in line for line in said), said
-    assert any("1 session folder(s)" in line for line in said), said
+    assert any("2 session folder(s)" in line for line in said), said
     assert any("navi.db (was 0644)" in line and "navi.db-wal (was 0644)" in line for line in said)
 
 
@@ -125,3 +130,17 @@ async def test_a_session_folder_a_fork_makes_is_private_and_its_tool_users(
             assert mode(folder_b) == mode(folder_c) == mode(data / "sessions") == 0o700
             st = os.stat(folder_b)
             assert (st.st_uid, st.st_gid) == (owner or (os.geteuid(), os.getegid()))
+
+
+def test_a_tool_driven_alone_makes_the_session_folders_private(
+    tmp_path: Path, umask_022: None
+) -> None:
+    # No runtime made the data folder private first (a tool driven without a run): the
+    # session folder and `sessions` above it are made 0700 all the same.
+    folder = tmp_path / "data" / "sessions" / "s-1"
+    roots = RunRoots.open(folder, None)
+    try:
+        assert roots.error is None, roots.error
+    finally:
+        roots.close()
+    assert mode(folder) == mode(folder.parent) == 0o700

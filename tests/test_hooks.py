@@ -399,3 +399,57 @@ async def test_a_hook_reads_a_long_result_cut_to_its_bound(tmp_path: Path) -> No
     output = seen["result"]["output"]
     assert output.startswith("x\nx\n") and output.endswith("characters cut]")
     assert len(output) < 8100
+
+
+async def test_a_hook_answer_over_its_bound_is_a_failed_hook(tmp_path: Path) -> None:
+    # Well-formed JSON, but more than a hook may say (64 KiB): a failed hook, so the call
+    # is denied, and the error names the bound.
+    padding = "x" * 70_000
+    body = f"""cat > /dev/null; printf '{{"decision": "allow", "context": "{padding}"}}'"""
+    hooks = {"pre_tool": [{"command": script(tmp_path, "long.sh", body)}]}
+    marker = tmp_path / "ran"
+    source = config(tmp_path, hooks, rules=ALLOW_TERMINAL)
+    frames, result = await one_call(tmp_path, source, f"touch {marker}")
+    (error,) = of_type(frames, "error")
+    assert error["code"] == "hook_failed", error
+    assert "over 65536 characters" in error["message"], error
+    assert "a pre_tool hook failed" in result and not marker.exists()
+
+
+def trusted_files(path: Path, text: bytes) -> dict[str, Any]:
+    entry = {"path": str(path), "sha256": hashlib.sha256(text).hexdigest()}
+    return {"read": ["claude"], "trusted": [entry]}
+
+
+@pytest.mark.parametrize("linked", ["file", "folder"])
+async def test_a_hook_file_reached_through_a_link_is_not_read(tmp_path: Path, linked: str) -> None:
+    # The hook file, or its folder, is a link to one elsewhere whose content the admin
+    # trusts at that path: read only without following a link, so nothing of it runs.
+    elsewhere = tmp_path / "elsewhere"
+    text = claude_file(elsewhere, recorder(tmp_path))
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    if linked == "file":
+        (repo / ".claude").mkdir()
+        (repo / ".claude" / "settings.json").symlink_to(elsewhere / ".claude" / "settings.json")
+    else:
+        (repo / ".claude").symlink_to(elsewhere / ".claude")
+    files = trusted_files(repo / ".claude" / "settings.json", text)
+    source = config(tmp_path, {}, rules=ALLOW_TERMINAL, hook_files=files)
+    frames, _ = await one_call(tmp_path, source, "echo x", cwd=repo)
+    (warning,) = [f for f in of_type(frames, "warning") if f["code"] == "hook_file_untrusted"]
+    assert "cannot be read" in warning["message"], warning
+    assert recorded(tmp_path) == []
+
+
+async def test_a_hook_file_over_its_bound_is_not_read(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    text = claude_file(repo, recorder(tmp_path))
+    path = repo / ".claude" / "settings.json"
+    text = text[:-1] + b" " * (256 * 1024 + 1 - len(text)) + text[-1:]
+    path.write_bytes(text)
+    source = config(tmp_path, {}, rules=ALLOW_TERMINAL, hook_files=trusted_files(path, text))
+    frames, _ = await one_call(tmp_path, source, "echo x", cwd=repo)
+    (warning,) = [f for f in of_type(frames, "warning") if f["code"] == "hook_file_untrusted"]
+    assert f"larger than {256 * 1024} bytes" in warning["message"], warning
+    assert recorded(tmp_path) == []

@@ -267,6 +267,23 @@ async def test_a_workspace_root_turned_into_a_link_to_slash_opens_nothing(base: 
                 await turn(s, alice, [say("fine")], "in proj", cwd=str(ws / "proj"))
 
 
+async def test_a_workspace_root_replaced_by_another_folder_opens_nothing(base: Path) -> None:
+    # A root is the folder found when the config took effect: another folder made at its
+    # path since (the first one moved away) is not it, and nothing in it is a cwd.
+    ws = base / "ws"
+    (ws / "proj").mkdir(parents=True)
+    async with served(base, roots={"user": [str(ws)]}) as s:
+        ws.rename(base / "ws.old")
+        (ws / "proj").mkdir(parents=True)
+        with trio.fail_after(TIMEOUT):
+            async with s.connect("alice") as alice:
+                for cwd in (ws, ws / "proj"):
+                    refused = await alice.request(
+                        {"type": "message", "content": "x", "cwd": str(cwd)}
+                    )
+                    assert refused["code"] == "forbidden", (cwd, refused)
+
+
 async def test_a_nested_workspace_root_swapped_from_its_parent_root_opens_nothing(
     base: Path,
 ) -> None:

@@ -9,10 +9,12 @@ on a MockClock moved by hand once the command printed (`jump_after_line`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -381,3 +383,54 @@ async def test_an_open_process_and_its_setsid_grandchild_die_at_shutdown(
             await watch.wait_exited()
         finally:
             watch.close()
+
+
+STARTER = """
+import subprocess, sys
+from contextlib import ExitStack
+from pathlib import Path
+from navi_trio.tools.sandbox import SandboxSpec, bwrap_argv, find_bwrap
+
+with ExitStack() as stack:
+    bwrap = find_bwrap()
+    assert bwrap is not None
+    argv = ["sh", "-c", "echo started; exec sleep 600"]
+    cmd = bwrap_argv(bwrap, SandboxSpec(), argv, Path(sys.argv[1]), stack=stack)
+    child = subprocess.Popen(
+        cmd.argv, pass_fds=cmd.fds, cwd="/", start_new_session=True, stdout=subprocess.PIPE
+    )
+assert child.stdout is not None and child.stdout.readline() == b"started\\n"
+print(child.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+async def test_a_sandbox_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    # A daemon killed with SIGKILL runs no clean-up: its sandboxes (in sessions of their
+    # own, so no group kill reaches them) end with it all the same, once they run (bwrap
+    # killed as it starts may not: containers/bubblewrap#633).
+    script = tmp_path / "starter.py"
+    script.write_text(STARTER)
+    with trio.fail_after(TIMEOUT):
+        starter = await trio.lowlevel.open_process(
+            [sys.executable, str(script), str(tmp_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        try:
+            assert starter.stdout is not None
+            said = b""
+            while not said.endswith(b"\n"):
+                said += await starter.stdout.receive_some()
+            bwrap = int(said)
+            watch = PidWatch([bwrap])
+            try:
+                starter.kill()
+                await watch.wait_exited()
+            finally:
+                watch.close()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(bwrap, signal.SIGKILL)  # its own group: all it started
+        finally:
+            starter.kill()
+            await starter.wait()

@@ -255,3 +255,28 @@ async def test_a_sandboxed_command_reaches_no_host_socket_by_its_path(
     for path in hidden:
         assert f"refused {path}" in inside.output, inside.output
     assert f"connected {own}" in inside.output, inside.output
+
+
+@needs_sandbox
+async def test_a_sandboxed_command_sees_run_empty(tmp_path: Path) -> None:
+    """/run holds the host's sockets, some bound in another network namespace (which
+    /proc/net/unix does not list, so no /dev/null covers them one by one), and its pid
+    and lock files: a sandboxed command finds it empty."""
+    if not os.access("/run", os.W_OK):
+        pytest.skip("nothing of ours can be put in /run here")
+    ctx = make_ctx(tmp_path)
+    ctx.session_dir.mkdir(parents=True)
+    private = private_paths(ctx.settings, ctx.session_dir)
+    sandbox = SandboxSpec(writable=(ctx.session_dir,), private=private)
+    mark = Path("/run") / f"navi-test-{secrets.token_hex(4)}"
+    mark.mkdir()
+    try:
+        with trio.fail_after(TIMEOUT):
+            inside = await TerminalTool().execute(
+                {"action": "run", "command": "ls -A /run /var/run"},
+                attrs.evolve(ctx, sandbox=sandbox),
+            )
+    finally:
+        mark.rmdir()
+    assert inside.ok, inside.error
+    assert inside.output.split() == ["/run:", "/var/run:", "[exit", "code", "0]"], inside.output

@@ -30,9 +30,11 @@ from rewind_kit import call, calls, run, say, write
 from served import results, send, served
 
 from navi_trio.cli.doctor import collect_doctor, print_doctor
+from navi_trio.core.turn.policy import sandbox_for
 from navi_trio.errors import ConfigError
 from navi_trio.settings import Settings
-from navi_trio.tools.runas import NOBODY, parse
+from navi_trio.tools.procs import run_command
+from navi_trio.tools.runas import NOBODY, RunAs, parse
 from navi_trio.tools.sandbox import sandbox_available
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="only a daemon running as root drops")
@@ -113,6 +115,45 @@ async def test_a_root_daemons_tool_processes_never_run_as_root(base: Path) -> No
     # The session folder is theirs; what the filesystem tool made there too.
     for made in (folder, folder / "fs.txt", folder / "d"):
         assert (made.stat().st_uid, made.stat().st_gid) == (NOBODY, NOBODY), made
+
+
+PROBE = "id -G; grep -E '^(Cap(Prm|Eff|Amb)|NoNewPrivs):' /proc/self/status"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["sandboxed", "without-bwrap"])
+async def test_a_tool_process_keeps_no_group_and_no_capability_of_roots(
+    base: Path, where: str
+) -> None:
+    # Root's supplementary groups (gid 0) and capabilities stay with the daemon: the
+    # command, in the sandbox or started without bwrap, has only the tool user's group
+    # and no capability. (bwrap as root leaves its command every capability until the
+    # drop; the drop's setuid empties these sets, and in the sandbox no_new_privs keeps
+    # an exec from gaining any from the inheritable set, which a setuid leaves full.)
+    if where == "sandboxed" and not sandbox_available()[0]:
+        pytest.skip("no sandbox here")
+    spec = sandbox_for("read-only", base, None) if where == "sandboxed" else None
+    no_bwrap = base / "no-bwrap" if where == "without-bwrap" else None
+    groups_before = os.getgroups()
+    os.setgroups([0])  # this process, as a daemon of root's often is: in group root
+    try:
+        with trio.fail_after(TIMEOUT):
+            done = await run_command(
+                PROBE,
+                cwd=base,
+                time_limit=TIMEOUT,
+                sandbox=spec,
+                bwrap_path=no_bwrap,
+                user=RunAs(NOBODY, NOBODY, "nobody"),
+            )
+    finally:
+        os.setgroups(groups_before)
+    groups, *lines = done.output.splitlines()
+    assert groups.split() == [str(NOBODY)], done.output
+    caps = {name: int(value, 16) for name, value in (line.split(":") for line in lines)}
+    assert caps["CapEff"] == caps["CapPrm"] == caps["CapAmb"] == 0, done.output
+    if where == "sandboxed":
+        assert caps["NoNewPrivs"] == 1, done.output
 
 
 @pytest.mark.slow

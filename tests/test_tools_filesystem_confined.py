@@ -11,6 +11,7 @@ bounded by `trio.fail_after`.
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,11 @@ import trio
 from kvfake import make_ctx
 
 from navi_trio.errors import ToolInputError
+from navi_trio.tools._beneath import MAX_HOPS, Beneath, PrivateError
 from navi_trio.tools.base import ToolContext, ToolResult
 from navi_trio.tools.filesystem import FilesystemTool, resolve_dir
+from navi_trio.tools.private import PrivatePaths
+from navi_trio.tools.roots import CWD, Root
 
 # (action, extra arguments) for every action; "list" twice: flat and recursive.
 ACTIONS: list[tuple[str, dict[str, Any]]] = [
@@ -235,6 +239,38 @@ async def test_symlinks_that_stay_inside_keep_working_and_loops_end(tmp_path: Pa
     os.symlink("loop-a", root / "loop-b")
     looped = await fs(ctx, action="read", path="loop-a")
     assert refused(looped, "loop-a", "more than 40 symlinks"), looped
+
+
+async def test_a_call_follows_as_many_symlinks_as_linux_and_no_more(tmp_path: Path) -> None:
+    # A chain of links inside the roots: 40 in a row are followed, as the kernel would;
+    # one more is refused, so a maze of links costs one call a bounded walk.
+    ctx = make_ctx(tmp_path)
+    root = ctx.session_dir
+    root.mkdir(parents=True)
+    (root / "end.txt").write_text("the end")
+    previous = "end.txt"
+    for k in range(MAX_HOPS + 1):
+        os.symlink(previous, root / f"link{k}")
+        previous = f"link{k}"
+    last_followed, one_more = f"link{MAX_HOPS - 1}", f"link{MAX_HOPS}"
+    assert (await fs(ctx, action="read", path=last_followed)).output == "the end"
+    refused_read = await fs(ctx, action="read", path=one_more)
+    assert refused(refused_read, one_more, f"more than {MAX_HOPS} symlinks"), refused_read
+
+
+def test_what_lies_in_navis_data_is_private_because_the_folder_is(tmp_path: Path) -> None:
+    # navi's data folder is known by its identity too: renamed while a call walks (after
+    # the call read where navi's data is), a file in it is refused through the folder,
+    # not only by its path.
+    work = tmp_path.resolve() / "work"
+    data = work / "data"
+    data.mkdir(parents=True)
+    (data / "local-token").write_text("TOKEN")
+    with Root.open(work, CWD) as held, ExitStack() as stack:
+        beneath = Beneath([held], PrivatePaths(hidden=(data,)), stack)
+        data.rename(work / "moved")
+        with pytest.raises(PrivateError):
+            beneath.open_file(work / "moved" / "local-token", os.O_RDONLY)
 
 
 async def unblock_after(seconds: float, fifo: Path) -> None:
