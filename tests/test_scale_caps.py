@@ -120,7 +120,9 @@ async def test_the_connection_limit_of_a_user_holds_across_daemons(
     with trio.fail_after(TIMEOUT * 2):
         async with (
             open_fake_llm([]) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 2, NAVI_WS_CONNECTIONS_PER_USER="2") as (a, b),
+            pg_daemons(
+                tmp_path, pg_url, llm.url, 2, NAVI_WS_CONNECTIONS_PER_USER="2", forked=True
+            ) as (a, b),
         ):
             token = read_local_token(a.data_dir)
             hello = f'{{"type": "hello", "token": "{token}"}}'

@@ -158,7 +158,7 @@ async def machines(
     the token of alice, a user written to the database as `navi users add` writes one."""
     async with (
         open_fake_llm(replies) as llm,
-        pg_daemons(tmp_path, pg_url, llm.url, n, separate=True, **env) as procs,
+        pg_daemons(tmp_path, pg_url, llm.url, n, separate=True, **env, forked=True) as procs,
     ):
         yield llm, procs, await store_user(pg_url, "alice")
 
@@ -324,6 +324,7 @@ async def interleavings(tmp_path: Path, pg_url: str, daemons: int) -> None:
             separate=True,
             NAVI_MESSAGE_QUEUE_MAX="1000",
             NAVI_LEASE_TTL_SEC=TTL,
+            forked=True,
         ) as procs,  # fmt: skip
     ):
         token = await store_user(pg_url, "alice")

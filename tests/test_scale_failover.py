@@ -75,6 +75,7 @@ async def test_a_turn_killed_with_its_daemon_is_ended_and_every_follower_resyncs
                 3,
                 NAVI_LEASE_TTL_SEC=TTL,
                 NAVI_WS_CONNECTIONS_PER_USER="64",
+                forked=True,
             ) as (a, b, c),
             AsyncExitStack() as stack,
         ):
@@ -122,7 +123,9 @@ async def test_a_daemon_killed_on_the_same_machine_is_taken_over_before_its_leas
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm(killed_then_two(600)) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True, NAVI_LEASE_TTL_SEC=TTL) as (
+            pg_daemons(
+                tmp_path, pg_url, llm.url, 2, separate=True, NAVI_LEASE_TTL_SEC=TTL, forked=True
+            ) as (
                 a,
                 b,
             ),
@@ -169,7 +172,9 @@ async def test_a_message_for_a_session_whose_holder_died_here_runs_here_at_once(
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm(replies) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 1, separate=True, NAVI_LEASE_TTL_SEC=TTL) as (a,),
+            pg_daemons(
+                tmp_path, pg_url, llm.url, 1, separate=True, NAVI_LEASE_TTL_SEC=TTL, forked=True
+            ) as (a,),
         ):
             token = await store_user(pg_url, "alice")
             async with connect_as(a.url, token) as on_a:

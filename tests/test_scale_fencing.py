@@ -62,7 +62,10 @@ async def test_a_paused_daemons_late_writes_are_refused_after_a_takeover(
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm(replies) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 2, NAVI_LEASE_TTL_SEC=str(TTL)) as (a, b),
+            pg_daemons(tmp_path, pg_url, llm.url, 2, NAVI_LEASE_TTL_SEC=str(TTL), forked=True) as (
+                a,
+                b,
+            ),
         ):
             async with a.connect() as on_a, b.connect() as on_b:
                 sid = "admin.fenced"
@@ -128,7 +131,13 @@ async def test_a_paused_daemon_runs_no_call_writes_nothing_and_publishes_nothing
         async with (
             open_fake_llm(replies) as llm,
             pg_daemons(
-                tmp_path, pg_url, llm.url, 3, separate=True, NAVI_LEASE_TTL_SEC=str(TTL)
+                tmp_path,
+                pg_url,
+                llm.url,
+                3,
+                separate=True,
+                NAVI_LEASE_TTL_SEC=str(TTL),
+                forked=True,
             ) as (a, b, c),  # fmt: skip
         ):
             token = await store_user(pg_url, "alice")

@@ -47,9 +47,9 @@ async def test_a_client_that_joins_on_another_daemon_mid_run_gets_resync_and_the
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm(replies) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True) as (a, b),
+            pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True, forked=True) as (a, b),
         ):
-            token = await add_user(cli_env(tmp_path, pg_url, a), "alice")
+            token = await add_user(cli_env(tmp_path, pg_url, a), "alice", forked=True)
             async with connect_as(a.url, token) as on_a, connect_as(b.url, token) as on_b:
                 made = await on_a.request({"type": "message", "content": "first"})
                 sid = made["session_id"]

@@ -212,7 +212,7 @@ async def test_a_follower_on_another_daemon_sees_a_turn_through_a_server_restart
     with trio.fail_after(TIMEOUT * 2):
         async with (
             open_fake_llm(replies) as llm,
-            pg_daemons(tmp_path, url, llm.url, 2, separate=True) as (a, b),
+            pg_daemons(tmp_path, url, llm.url, 2, separate=True, forked=True) as (a, b),
             followed_mid_turn(url, a, b) as (on_a, on_b, sid),
         ):
             release = await held_mid_turn(llm)
@@ -246,7 +246,13 @@ async def test_a_daemons_connections_cut_mid_turn_come_back_and_a_stop_is_told_t
         async with (
             open_fake_llm(replies) as llm,
             pg_daemons(
-                tmp_path, pg_url, llm.url, 2, separate=True, NAVI_CLUSTER_ASK_TIMEOUT_SEC=ASK
+                tmp_path,
+                pg_url,
+                llm.url,
+                2,
+                separate=True,
+                NAVI_CLUSTER_ASK_TIMEOUT_SEC=ASK,
+                forked=True,
             ) as (a, b),
             followed_mid_turn(pg_url, a, b) as (on_a, on_b, sid),
         ):

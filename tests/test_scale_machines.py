@@ -38,7 +38,7 @@ async def test_each_folders_local_token_opens_every_daemon_across_restarts(
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm([{"text": "hi"}], loop=True) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True) as (a, b),
+            pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True, forked=True) as (a, b),
         ):
             tokens = [read_local_token(d.data_dir) for d in (a, b)]
             assert None not in tokens and tokens[0] != tokens[1], tokens

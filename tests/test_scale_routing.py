@@ -73,7 +73,10 @@ async def test_a_client_on_another_daemon_answers_approvals_only_its_own(
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm(replies) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 2, NAVI_CONFIG=config(tmp_path)) as (a, b),
+            pg_daemons(tmp_path, pg_url, llm.url, 2, NAVI_CONFIG=config(tmp_path), forked=True) as (
+                a,
+                b,
+            ),
         ):
             tokens = await add_users(pg_url, "bob", "carol")
             async with (
@@ -131,7 +134,10 @@ async def test_tasks_on_another_daemon_are_listed_and_cancelled_there(
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm(replies) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 2, NAVI_CONFIG=config(tmp_path)) as (a, b),
+            pg_daemons(tmp_path, pg_url, llm.url, 2, NAVI_CONFIG=config(tmp_path), forked=True) as (
+                a,
+                b,
+            ),
         ):
             tokens = await add_users(pg_url, "bob")
             async with (
