@@ -40,7 +40,7 @@ from daemons import connect_as, history, lease, pg_daemons, store_user
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 from reliability import Daemon
 from test_scale_fencing import end_of, wait_lease_expired
@@ -300,7 +300,7 @@ async def test_interleaved_sends_on_several_daemons_run_each_acknowledged_messag
 ) -> None:
     """Both topologies at once, each a cluster of its own (its database, daemons and fake
     LLM): one's waits for a paused daemon's lease to run out are the other's time to run."""
-    second = pg_server.create_database()
+    second = pg_server.schema_database()
     try:
         with trio.fail_after(TIMEOUT):
             async with trio.open_nursery() as nursery:

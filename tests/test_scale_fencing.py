@@ -21,7 +21,7 @@ import pytest
 import trio
 from daemons import connect_as, history, lease, pg_daemons, store_user
 from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 
 from navi_trio.store.repair import PLACEHOLDER_CONTENT

@@ -14,7 +14,7 @@ import pytest
 import trio
 from daemons import connect_as, no_plan_config, pg_daemons
 from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from reliability import Daemon, clean_env, navi_serve
 
 from navi_trio.api.auth import read_local_token
