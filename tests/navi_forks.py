@@ -51,6 +51,7 @@ WARM = (
     "navi_trio.cli.doctor",
     "navi_trio.cli.daemons",
     "navi_trio.store.sqlite",
+    "navi_trio.store.postgres",  # psycopg: the cluster tests' daemons (tests/daemons.py)
     "navi_trio.client.app",
 )
 START_LIMIT = 120  # real seconds for the server's imports (a busy 2-core machine)
