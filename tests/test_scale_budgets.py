@@ -23,7 +23,6 @@ import trio
 from api_ws import Client
 from budget_race import race
 from daemons import add_user, cli_env, pg_daemons
-from pg_server import pg_server as pg_server
 from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 from trio_websocket import open_websocket_url

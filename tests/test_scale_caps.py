@@ -18,7 +18,6 @@ import psycopg
 import pytest
 import trio
 from daemons import pg_daemons
-from pg_server import pg_server as pg_server
 from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 from trio_websocket import open_websocket_url

@@ -24,7 +24,6 @@ import pytest
 import trio
 from api_ws import Client
 from daemons import history, no_plan_config, pg_daemons
-from pg_server import pg_server as pg_server
 from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 

@@ -39,7 +39,6 @@ from api_ws import Client
 from daemons import connect_as, history, lease, pg_daemons, store_user
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from pg_server import pg_server as pg_server
 from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 from reliability import Daemon

@@ -24,7 +24,6 @@ import pytest
 import trio
 from api_ws import Client
 from daemons import connect_as, history, pg_daemons, store_user
-from pg_server import pg_server as pg_server
 from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 from test_scale_cluster import LEASE_LOG, killed_then_two, never_two_owners

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 import trio
 from daemons import connect_as, history, lease, pg_daemons, store_user
-from pg_server import pg_server as pg_server
 from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 

@@ -16,7 +16,6 @@ import pytest
 import trio
 from api_ws import Client
 from daemons import add_user, cli_env, connect_as, pg_daemons
-from pg_server import pg_server as pg_server
 from pg_server import pg_url_with_schema as pg_url_with_schema
 
 from navi_trio.testing import open_fake_llm

@@ -30,7 +30,6 @@ import trio
 from api_ws import Client
 from daemons import connect_as, lease, pg_daemons, store_user
 from pg_cut import CutProxy, cut_proxy
-from pg_server import pg_server as pg_server
 from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 

@@ -25,7 +25,6 @@ import trio
 from api_ws import Client
 from daemons import connect_as, history, pg_daemons, store_user
 from pg_server import own_pg as own_pg
-from pg_server import pg_server as pg_server
 from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 from reliability import Daemon
@@ -135,7 +134,8 @@ async def test_the_listener_connects_again_when_its_backend_is_terminated(pg_url
     with trio.fail_after(TIMEOUT):
         async with listening(pg_url) as (_, other, heard, back):
             ended = sql(pg_url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                                " WHERE application_name LIKE 'navi bus %%'")  # fmt: skip
+                                " WHERE application_name LIKE 'navi bus %%'"
+                                " AND datname = current_database()")  # fmt: skip
             assert ended == [(True,)], ended
             await back.wait()
             await other.notify([("ns_kept", "heard")])

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import trio
 from daemons import connect_as, no_plan_config, pg_daemons
-from pg_server import pg_server as pg_server
 from pg_server import pg_url_with_schema as pg_url_with_schema
 from reliability import Daemon, clean_env, navi_serve
 

@@ -21,7 +21,6 @@ import trio
 from agent_tools import call
 from api_ws import Client
 from daemons import connect_as, no_plan_config, pg_daemons
-from pg_server import pg_server as pg_server
 from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 
