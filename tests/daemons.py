@@ -4,13 +4,17 @@
 (each on 127.0.0.1 port 0, the same data folder, so one local token opens all of them,
 and the shipped config without first-message plans) and kills every one on the way out
 (tests/reliability.py `navi_serve`); with `separate=True` each has a data folder of its
-own, as daemons on several machines do. `history(url, sid)` reads a session's display
-history straight from the database, and `lease(url, sid)` its lease row, the way a
-third process would.
+own, as daemons on several machines do; with `forked=True` each is forked from the warm
+fork server (tests/navi_forks.py): the same command, a process of its own, without a
+new interpreter's start and imports (3 s of a 5 s start at load 11), for tests whose
+subject is what daemons do together, not how one starts. `history(url, sid)` reads a
+session's display history straight from the database, and `lease(url, sid)` its lease
+row, the way a third process would.
 
 Users made as an operator makes them: `navi_users(env, "add", "bob")` runs `navi users`
 in a process of its own (on the database `env` names: `cli_env`, on a daemon's machine or
-on one of the operator's own) and `add_user` returns the token it printed;
+on one of the operator's own) and `add_user` returns the token it printed (`forked=True`:
+the command forked, `forked_users`);
 `connect_as(url, token)` is a WebSocket client past its hello. Where `navi users` is not
 the subject: `store_user` writes the user to the store as the command does (no process),
 and `forked_users` runs the command forked from the warm fork server (tests/navi_forks.py).
@@ -19,18 +23,19 @@ and `forked_users` runs the command forked from the warm fork server (tests/navi
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import navi_forks
 import trio
 from api_ws import Client
 from pg_server import sql
-from reliability import Daemon, clean_env, navi_serve
+from reliability import START_LIMIT, Daemon, _first_line, clean_env, navi_serve
 from trio_websocket import open_websocket_url
 
 from navi_trio.api.auth import new_token
@@ -53,7 +58,14 @@ def no_plan_config(tmp_path: Path, **general: Any) -> Path:
 
 @asynccontextmanager
 async def pg_daemons(
-    tmp_path: Path, pg_url: str, llm_url: str, n: int, *, separate: bool = False, **env: str
+    tmp_path: Path,
+    pg_url: str,
+    llm_url: str,
+    n: int,
+    *,
+    separate: bool = False,
+    forked: bool = False,
+    **env: str,
 ) -> AsyncIterator[list[Daemon]]:
     if "NAVI_CONFIG" not in env:  # (setdefault would write tmp_path/config even when given)
         env["NAVI_CONFIG"] = str(no_plan_config(tmp_path))
@@ -63,7 +75,8 @@ async def pg_daemons(
     async def start(nursery: trio.Nursery, i: int) -> None:
         own = {"NAVI_DATA_DIR": str(tmp_path / f"data{i}")} if separate else {}
         log = tmp_path / f"daemon{i}.log"
-        started[i] = await nursery.start(_serving, {**base, **own}, llm_url, log)
+        serving = _forked_serving if forked else _serving
+        started[i] = await nursery.start(serving, {**base, **own}, llm_url, log)
 
     async with trio.open_nursery() as nursery:
         async with trio.open_nursery() as starting:  # at once: a start is mostly waiting
@@ -80,6 +93,39 @@ async def _serving(
     async with navi_serve(env, llm_url, log) as daemon:
         task_status.started(daemon)
         await trio.sleep_forever()
+
+
+async def _forked_serving(
+    env: dict[str, str], llm_url: str, log: Path, *, task_status: trio.TaskStatus[Daemon]
+) -> None:
+    """`_serving`, forked from the warm fork server (tests/navi_forks.py): the same
+    `navi serve` command line, log and environment, a process of its own (its pid takes
+    SIGSTOP and SIGKILL), without a new interpreter's start and imports."""
+    read, write = os.pipe()
+    async with trio.lowlevel.FdStream(read) as stdout:
+        theirs = (
+            os.open(os.devnull, os.O_RDONLY),
+            write,
+            os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND),
+        )
+        try:
+            proc = await navi_forks.start(
+                "serve", "--port", "0", "--llm-url", llm_url, "--log-level", "warning",
+                env=env, cwd=Path.cwd(), stdio=theirs,
+            )  # fmt: skip
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        try:
+            with trio.fail_after(START_LIMIT):
+                line = await _first_line(stdout, log)
+            assert line.startswith("navi: listening on ws://127.0.0.1:"), line
+            # What tests take of a Daemon's process (pid, kill, wait), a Forked has too.
+            url, data = line.split()[-1], Path(env["NAVI_DATA_DIR"])
+            task_status.started(Daemon(cast(trio.Process, proc), url, data))
+            await trio.sleep_forever()
+        finally:
+            await proc.end()
 
 
 def cli_env(tmp_path: Path, pg_url: str, daemon: Daemon | None = None) -> dict[str, str]:
@@ -101,9 +147,12 @@ async def navi_users(env: dict[str, str], *args: str) -> str:
     return done.stdout.decode()
 
 
-async def add_user(env: dict[str, str], name: str, role: str = "user") -> str:
-    """A new user made with `navi users add`; the token it printed (once)."""
-    out = await navi_users(env, "add", name, "--role", role)
+async def add_user(
+    env: dict[str, str], name: str, role: str = "user", *, forked: bool = False
+) -> str:
+    """A new user made with `navi users add` (`forked`: forked from the warm fork server,
+    `forked_users`); the token it printed (once)."""
+    out = await (forked_users if forked else navi_users)(env, "add", name, "--role", role)
     return out.strip().splitlines()[-1]
 
 

@@ -60,6 +60,7 @@ WARM = (
     "navi_trio.store._sqlite_utils",  # a new database's migrations
     "navi_trio.api.metrics",
     "navi_trio.web",
+    "navi_trio.store.postgres",  # psycopg: the cluster tests' daemons (tests/daemons.py)
     "navi_trio.client.app",
 )
 # One server for the agents' tests (MCP server, ACP agent and the ACP SDK's client

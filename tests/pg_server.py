@@ -4,7 +4,9 @@
 session shares it): it starts one cluster (`navi_trio.testing.postgres.PgServer`: initdb
 in a temp folder, postgres on a free 127.0.0.1 port, as ``nobody`` when we are root) and
 stops it at the end of the session.
-`pg_url` gives each test a fresh, empty database on it (dropped afterwards).
+`pg_url` gives each test a fresh, empty database on it (dropped afterwards);
+`pg_url_with_schema`, imported by a module, makes its `pg_url` a fresh database with
+navi's schema already in.
 `own_pg` is a server of the test's own, with a database: (server, url), for a test that
 halts and resumes the server (a restart, an outage) under its clients. `sql` runs
 one statement on a connection of its own, `cut_connections` ends every other connection
@@ -42,6 +44,18 @@ def pg_server() -> Iterator[PgServer]:
 def pg_url(pg_server: PgServer) -> Iterator[str]:
     """A fresh database of the session's server: its postgresql:// URL."""
     url = pg_server.create_database()
+    try:
+        yield url
+    finally:
+        pg_server.drop_database(url.rsplit("/", 1)[1])
+
+
+@pytest.fixture(name="pg_url")
+def pg_url_with_schema(pg_server: PgServer) -> Iterator[str]:
+    """`pg_url` with navi's schema already in (a copy of a database migrated once per
+    server), for a module whose subject is not the migration: it imports this fixture,
+    which then stands for `pg_url` there. Saves a migration per test."""
+    url = pg_server.schema_database()
     try:
         yield url
     finally:

@@ -23,8 +23,7 @@ import trio
 from api_ws import Client
 from budget_race import race
 from daemons import add_user, cli_env, pg_daemons
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 from trio_websocket import open_websocket_url
 
@@ -62,10 +61,12 @@ def budget_config(tmp_path: Path) -> Path:
 async def test_a_users_daily_budget_holds_across_two_daemons(tmp_path: Path, pg_url: str) -> None:
     config = budget_config(tmp_path)
     with trio.fail_after(TIMEOUT):
-        token = await add_user(cli_env(tmp_path, pg_url), "alice")
+        token = await add_user(cli_env(tmp_path, pg_url), "alice", forked=True)
         async with (
             open_fake_llm([ANSWER], loop=True) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True, NAVI_CONFIG=str(config)) as (
+            pg_daemons(
+                tmp_path, pg_url, llm.url, 2, separate=True, NAVI_CONFIG=str(config), forked=True
+            ) as (
                 a,
                 b,
             ),

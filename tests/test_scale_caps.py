@@ -18,8 +18,7 @@ import psycopg
 import pytest
 import trio
 from daemons import pg_daemons
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 from trio_websocket import open_websocket_url
 
@@ -120,7 +119,9 @@ async def test_the_connection_limit_of_a_user_holds_across_daemons(
     with trio.fail_after(TIMEOUT * 2):
         async with (
             open_fake_llm([]) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 2, NAVI_WS_CONNECTIONS_PER_USER="2") as (a, b),
+            pg_daemons(
+                tmp_path, pg_url, llm.url, 2, NAVI_WS_CONNECTIONS_PER_USER="2", forked=True
+            ) as (a, b),
         ):
             token = read_local_token(a.data_dir)
             hello = f'{{"type": "hello", "token": "{token}"}}'

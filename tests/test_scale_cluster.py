@@ -24,8 +24,7 @@ import pytest
 import trio
 from api_ws import Client
 from daemons import history, no_plan_config, pg_daemons
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 
 from navi_trio import wire
@@ -142,7 +141,11 @@ async def test_a_client_on_one_daemon_drives_and_follows_a_session_run_by_anothe
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm(replies) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 3, NAVI_LEASE_TTL_SEC=TTL) as (a, b, c),
+            pg_daemons(tmp_path, pg_url, llm.url, 3, NAVI_LEASE_TTL_SEC=TTL, forked=True) as (
+                a,
+                b,
+                c,
+            ),
         ):
             sql(pg_url, LEASE_LOG)
             sid = "admin.shared"
@@ -203,7 +206,7 @@ async def test_a_profile_that_rejects_refuses_a_message_for_a_turn_on_another_da
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm(replies) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 2, NAVI_CONFIG=rejecting) as (a, b),
+            pg_daemons(tmp_path, pg_url, llm.url, 2, NAVI_CONFIG=rejecting, forked=True) as (a, b),
         ):
             sid = "admin.rejecting"
             async with b.connect() as on_b, a.connect() as on_a:
@@ -234,7 +237,11 @@ async def test_a_daemon_killed_mid_run_loses_no_acknowledged_message(
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm(killed_then_two(60)) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 3, NAVI_LEASE_TTL_SEC=TTL) as (a, b, c),
+            pg_daemons(tmp_path, pg_url, llm.url, 3, NAVI_LEASE_TTL_SEC=TTL, forked=True) as (
+                a,
+                b,
+                c,
+            ),
         ):
             sql(pg_url, LEASE_LOG)
             sid = "admin.failover"

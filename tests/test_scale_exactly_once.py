@@ -39,8 +39,7 @@ from api_ws import Client
 from daemons import connect_as, history, lease, pg_daemons, store_user
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 from reliability import Daemon
 from test_scale_fencing import end_of, wait_lease_expired
@@ -158,7 +157,7 @@ async def machines(
     the token of alice, a user written to the database as `navi users add` writes one."""
     async with (
         open_fake_llm(replies) as llm,
-        pg_daemons(tmp_path, pg_url, llm.url, n, separate=True, **env) as procs,
+        pg_daemons(tmp_path, pg_url, llm.url, n, separate=True, **env, forked=True) as procs,
     ):
         yield llm, procs, await store_user(pg_url, "alice")
 
@@ -300,7 +299,7 @@ async def test_interleaved_sends_on_several_daemons_run_each_acknowledged_messag
 ) -> None:
     """Both topologies at once, each a cluster of its own (its database, daemons and fake
     LLM): one's waits for a paused daemon's lease to run out are the other's time to run."""
-    second = pg_server.create_database()
+    second = pg_server.schema_database()
     try:
         with trio.fail_after(TIMEOUT):
             async with trio.open_nursery() as nursery:
@@ -324,6 +323,7 @@ async def interleavings(tmp_path: Path, pg_url: str, daemons: int) -> None:
             separate=True,
             NAVI_MESSAGE_QUEUE_MAX="1000",
             NAVI_LEASE_TTL_SEC=TTL,
+            forked=True,
         ) as procs,  # fmt: skip
     ):
         token = await store_user(pg_url, "alice")

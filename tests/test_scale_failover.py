@@ -24,8 +24,7 @@ import pytest
 import trio
 from api_ws import Client
 from daemons import connect_as, history, pg_daemons, store_user
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 from test_scale_cluster import LEASE_LOG, killed_then_two, never_two_owners
 
@@ -75,6 +74,7 @@ async def test_a_turn_killed_with_its_daemon_is_ended_and_every_follower_resyncs
                 3,
                 NAVI_LEASE_TTL_SEC=TTL,
                 NAVI_WS_CONNECTIONS_PER_USER="64",
+                forked=True,
             ) as (a, b, c),
             AsyncExitStack() as stack,
         ):
@@ -122,7 +122,9 @@ async def test_a_daemon_killed_on_the_same_machine_is_taken_over_before_its_leas
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm(killed_then_two(600)) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True, NAVI_LEASE_TTL_SEC=TTL) as (
+            pg_daemons(
+                tmp_path, pg_url, llm.url, 2, separate=True, NAVI_LEASE_TTL_SEC=TTL, forked=True
+            ) as (
                 a,
                 b,
             ),
@@ -169,7 +171,9 @@ async def test_a_message_for_a_session_whose_holder_died_here_runs_here_at_once(
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm(replies) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 1, separate=True, NAVI_LEASE_TTL_SEC=TTL) as (a,),
+            pg_daemons(
+                tmp_path, pg_url, llm.url, 1, separate=True, NAVI_LEASE_TTL_SEC=TTL, forked=True
+            ) as (a,),
         ):
             token = await store_user(pg_url, "alice")
             async with connect_as(a.url, token) as on_a:

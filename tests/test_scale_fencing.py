@@ -20,8 +20,7 @@ from typing import Any
 import pytest
 import trio
 from daemons import connect_as, history, lease, pg_daemons, store_user
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 
 from navi_trio.store.repair import PLACEHOLDER_CONTENT
@@ -62,7 +61,10 @@ async def test_a_paused_daemons_late_writes_are_refused_after_a_takeover(
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm(replies) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 2, NAVI_LEASE_TTL_SEC=str(TTL)) as (a, b),
+            pg_daemons(tmp_path, pg_url, llm.url, 2, NAVI_LEASE_TTL_SEC=str(TTL), forked=True) as (
+                a,
+                b,
+            ),
         ):
             async with a.connect() as on_a, b.connect() as on_b:
                 sid = "admin.fenced"
@@ -128,7 +130,13 @@ async def test_a_paused_daemon_runs_no_call_writes_nothing_and_publishes_nothing
         async with (
             open_fake_llm(replies) as llm,
             pg_daemons(
-                tmp_path, pg_url, llm.url, 3, separate=True, NAVI_LEASE_TTL_SEC=str(TTL)
+                tmp_path,
+                pg_url,
+                llm.url,
+                3,
+                separate=True,
+                NAVI_LEASE_TTL_SEC=str(TTL),
+                forked=True,
             ) as (a, b, c),  # fmt: skip
         ):
             token = await store_user(pg_url, "alice")

@@ -16,8 +16,7 @@ import pytest
 import trio
 from api_ws import Client
 from daemons import add_user, cli_env, connect_as, pg_daemons
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 
 from navi_trio.testing import open_fake_llm
 
@@ -47,9 +46,9 @@ async def test_a_client_that_joins_on_another_daemon_mid_run_gets_resync_and_the
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm(replies) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True) as (a, b),
+            pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True, forked=True) as (a, b),
         ):
-            token = await add_user(cli_env(tmp_path, pg_url, a), "alice")
+            token = await add_user(cli_env(tmp_path, pg_url, a), "alice", forked=True)
             async with connect_as(a.url, token) as on_a, connect_as(b.url, token) as on_b:
                 made = await on_a.request({"type": "message", "content": "first"})
                 sid = made["session_id"]

@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 import trio
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 from test_broadcast_relay import drained
 from test_scale_relay import TIMEOUT, daemon

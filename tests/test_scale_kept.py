@@ -30,8 +30,7 @@ import trio
 from api_ws import Client
 from daemons import connect_as, lease, pg_daemons, store_user
 from pg_cut import CutProxy, cut_proxy
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 
 from navi_trio.core.turn.agent import DEAD_TURN
@@ -77,7 +76,7 @@ async def behind_a_cut(
     async with (
         open_fake_llm(replies) as llm,
         cut_proxy(pg_url) as proxy,
-        pg_daemons(tmp_path, proxy.url, llm.url, 1, separate=True) as (a,),
+        pg_daemons(tmp_path, proxy.url, llm.url, 1, separate=True, forked=True) as (a,),
     ):
         token = await store_user(pg_url, "alice")
         async with connect_as(a.url, token) as client:
@@ -176,7 +175,7 @@ async def test_a_kept_turn_keeps_its_session_and_the_messages_of_other_daemons_w
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm(replies) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True) as (a, b),
+            pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True, forked=True) as (a, b),
         ):
             token = await store_user(pg_url, "alice")
             sql(pg_url, FAIL_ONCE)
@@ -209,7 +208,7 @@ async def test_a_kept_turn_another_daemon_ended_is_not_run_again_by_its_daemon(
         async with (
             open_fake_llm(replies) as llm,
             pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True,
-                       NAVI_LEASE_TTL_SEC="1.5") as (a, b),
+                       NAVI_LEASE_TTL_SEC="1.5", forked=True) as (a, b),
         ):  # fmt: skip
             token = await store_user(pg_url, "alice")
             sql(pg_url, FAIL_ONCE)

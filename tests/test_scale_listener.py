@@ -25,8 +25,7 @@ import trio
 from api_ws import Client
 from daemons import connect_as, history, pg_daemons, store_user
 from pg_server import own_pg as own_pg
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 from reliability import Daemon
 
@@ -135,7 +134,8 @@ async def test_the_listener_connects_again_when_its_backend_is_terminated(pg_url
     with trio.fail_after(TIMEOUT):
         async with listening(pg_url) as (_, other, heard, back):
             ended = sql(pg_url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                                " WHERE application_name LIKE 'navi bus %%'")  # fmt: skip
+                                " WHERE application_name LIKE 'navi bus %%'"
+                                " AND datname = current_database()")  # fmt: skip
             assert ended == [(True,)], ended
             await back.wait()
             await other.notify([("ns_kept", "heard")])
@@ -212,7 +212,7 @@ async def test_a_follower_on_another_daemon_sees_a_turn_through_a_server_restart
     with trio.fail_after(TIMEOUT * 2):
         async with (
             open_fake_llm(replies) as llm,
-            pg_daemons(tmp_path, url, llm.url, 2, separate=True) as (a, b),
+            pg_daemons(tmp_path, url, llm.url, 2, separate=True, forked=True) as (a, b),
             followed_mid_turn(url, a, b) as (on_a, on_b, sid),
         ):
             release = await held_mid_turn(llm)
@@ -246,7 +246,13 @@ async def test_a_daemons_connections_cut_mid_turn_come_back_and_a_stop_is_told_t
         async with (
             open_fake_llm(replies) as llm,
             pg_daemons(
-                tmp_path, pg_url, llm.url, 2, separate=True, NAVI_CLUSTER_ASK_TIMEOUT_SEC=ASK
+                tmp_path,
+                pg_url,
+                llm.url,
+                2,
+                separate=True,
+                NAVI_CLUSTER_ASK_TIMEOUT_SEC=ASK,
+                forked=True,
             ) as (a, b),
             followed_mid_turn(pg_url, a, b) as (on_a, on_b, sid),
         ):

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 from daemons import connect_as, no_plan_config, pg_daemons
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from reliability import Daemon, clean_env, navi_serve
 
 from navi_trio.api.auth import read_local_token
@@ -38,7 +37,7 @@ async def test_each_folders_local_token_opens_every_daemon_across_restarts(
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm([{"text": "hi"}], loop=True) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True) as (a, b),
+            pg_daemons(tmp_path, pg_url, llm.url, 2, separate=True, forked=True) as (a, b),
         ):
             tokens = [read_local_token(d.data_dir) for d in (a, b)]
             assert None not in tokens and tokens[0] != tokens[1], tokens

@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 import trio
 from api_ws import Client
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from test_broadcast_relay import drained
 from trio_websocket import open_websocket_url
 

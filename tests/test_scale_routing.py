@@ -21,8 +21,7 @@ import trio
 from agent_tools import call
 from api_ws import Client
 from daemons import connect_as, no_plan_config, pg_daemons
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 
 from navi_trio.core.cluster.owner_calls import OwnerCalls
@@ -73,7 +72,10 @@ async def test_a_client_on_another_daemon_answers_approvals_only_its_own(
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm(replies) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 2, NAVI_CONFIG=config(tmp_path)) as (a, b),
+            pg_daemons(tmp_path, pg_url, llm.url, 2, NAVI_CONFIG=config(tmp_path), forked=True) as (
+                a,
+                b,
+            ),
         ):
             tokens = await add_users(pg_url, "bob", "carol")
             async with (
@@ -131,7 +133,10 @@ async def test_tasks_on_another_daemon_are_listed_and_cancelled_there(
     with trio.fail_after(TIMEOUT):
         async with (
             open_fake_llm(replies) as llm,
-            pg_daemons(tmp_path, pg_url, llm.url, 2, NAVI_CONFIG=config(tmp_path)) as (a, b),
+            pg_daemons(tmp_path, pg_url, llm.url, 2, NAVI_CONFIG=config(tmp_path), forked=True) as (
+                a,
+                b,
+            ),
         ):
             tokens = await add_users(pg_url, "bob")
             async with (

@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 import trio
 from daemons import no_plan_config
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from reliability import clean_env
 from test_scale_workers import children, supervisor
 

@@ -22,8 +22,7 @@ import pytest
 import trio
 import trio.testing
 from kvfake_tasks import MemoryKV
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 
 from navi_trio.core.cluster import Cluster

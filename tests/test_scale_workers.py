@@ -30,8 +30,7 @@ import pytest
 import trio
 from api_ws import Client
 from daemons import history, no_plan_config
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from pg_server import sql
 from reliability import clean_env
 from trio_websocket import open_websocket_url

@@ -22,6 +22,7 @@ import trio
 from builders import assistant, call, result, user
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from quick_run import examples
 from store_backends import Backend
 

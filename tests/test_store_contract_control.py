@@ -19,6 +19,7 @@ from typing import Any, cast
 import attrs
 import pytest
 import trio
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from store_backends import Backend
 
 from navi_trio.errors import LimitError, StoreError

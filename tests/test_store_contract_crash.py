@@ -14,6 +14,7 @@ import signal
 
 import pytest
 import trio
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from store_backends import Backend
 from store_contract_child import QUEUED, queued_message
 from store_writer_child import DANGLING, numbered

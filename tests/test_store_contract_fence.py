@@ -16,8 +16,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 import trio
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from store_backends import Backend
 from store_backends import backend as backend
 

@@ -17,6 +17,7 @@ import pytest
 import trio
 import trio.testing
 from builders import user
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from store_backends import Backend
 
 from navi_trio.errors import StoreError

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import trio
 from builders import user
+from pg_server import pg_url_with_schema as pg_url_with_schema
 from store_backends import Backend
 
 from navi_trio.errors import StoreError

@@ -23,6 +23,7 @@ import trio
 import trio.testing
 from builders import user
 from pg_server import closed_port, sql
+from test_cli import forked
 from test_startup_imports import imported_by
 
 from navi_trio.errors import ConfigError, StoreError
@@ -36,7 +37,6 @@ from navi_trio.testing.postgres import PgServer
 pytestmark = pytest.mark.slow  # its tests start processes
 
 TIMEOUT = 30
-CLI_LIMIT = 60  # real seconds for one `navi` command (a Python start on 2 busy cores)
 
 
 # -- migrations -------------------------------------------------------------------------
@@ -211,69 +211,49 @@ async def test_navi_doctor_names_the_server_and_never_its_password(
 ) -> None:
     import json
     import os
-    import sys
 
     secret_url = pg_url.replace("navi@", "navi:not-needed-secret@")  # trust: ignored
     env = {**os.environ, "NAVI_DB": secret_url, "XDG_DATA_HOME": str(tmp_path)}
     with closed_port() as port:
-        argv = [
-            sys.executable,
-            "-m",
-            "navi_trio",
-            "doctor",
-            "--llm-url",
-            f"http://127.0.0.1:{port}",
-        ]
+        argv = ["doctor", "--llm-url", f"http://127.0.0.1:{port}"]
         with trio.fail_after(TIMEOUT):
             async with PostgresStore.open(pg_url):
                 pass
-        with trio.fail_after(CLI_LIMIT):
-            text = await trio.run_process(argv, env=env, capture_stdout=True, capture_stderr=True)
-        with trio.fail_after(CLI_LIMIT):
-            as_json = await trio.run_process(
-                [*argv, "--json"], env=env, capture_stdout=True, capture_stderr=True
-            )
-    out = text.stdout.decode()
+        text = await forked(*argv, env=env, cwd=Path.cwd())
+        as_json = await forked(*argv, "--json", env=env, cwd=Path.cwd())
+    out = text.out
     assert f"{pg_url} (PostgreSQL 1" in out and "(exists)" in out, out
     assert "rows: context=0, kv=0, messages=0, sessions=0, users=0" in out
-    report = json.loads(as_json.stdout)
+    report = json.loads(as_json.out)
     assert report["db"]["ok"] is True and report["settings"]["db_url"] == pg_url
-    for said in (out, as_json.stdout.decode(), text.stderr.decode()):
+    for said in (out, as_json.out, text.err):
         assert "not-needed-secret" not in said
 
 
 async def test_navi_users_writes_to_the_server_navi_db_names(pg_url: str, tmp_path: Path) -> None:
     import os
-    import sys
 
     env = {**os.environ, "NAVI_DB": pg_url, "XDG_DATA_HOME": str(tmp_path)}
     env.pop("NAVI_DATA_DIR", None)
-    with trio.fail_after(CLI_LIMIT):
-        added = await trio.run_process(
-            [sys.executable, "-m", "navi_trio", "users", "add", "carol"],
-            env=env, capture_stdout=True, capture_stderr=True,
-        )  # fmt: skip
+    added = await forked("users", "add", "carol", env=env, cwd=Path.cwd())
+    with trio.fail_after(TIMEOUT):
         async with PostgresStore.open(pg_url) as store:
             carol = await store.get_user_by_name("carol")
-    assert added.returncode == 0, added.stderr
+    assert added.code == 0, added.err
     assert carol is not None and carol["role"] == "user"
     assert not (tmp_path / "navi" / "navi.db").exists()  # no SQLite file on the side
 
 
 async def test_db_option_takes_a_server_url_as_navi_db_does(pg_url: str, tmp_path: Path) -> None:
     import os
-    import sys
 
     env = {k: v for k, v in os.environ.items() if k not in ("NAVI_DB", "NAVI_DATA_DIR")}
     env["XDG_DATA_HOME"] = str(tmp_path)
-    with trio.fail_after(CLI_LIMIT):
-        added = await trio.run_process(
-            [sys.executable, "-m", "navi_trio", "users", "add", "dave", "--db", pg_url],
-            env=env, capture_stdout=True, capture_stderr=True,
-        )  # fmt: skip
+    added = await forked("users", "add", "dave", "--db", pg_url, env=env, cwd=Path.cwd())
+    with trio.fail_after(TIMEOUT):
         async with PostgresStore.open(pg_url) as store:
             dave = await store.get_user_by_name("dave")
-    assert added.returncode == 0, added.stderr
+    assert added.code == 0, added.err
     assert dave is not None
     assert not (tmp_path / "navi" / "navi.db").exists()
 

@@ -2,6 +2,7 @@
 
     server = PgServer.start()            # initdb in a temp folder, postgres on a free port
     url = server.create_database()       # a fresh, empty database: its postgresql:// URL
+    url = server.schema_database()       # a fresh one with navi's schema already in
     server.halt(); server.resume()       # a restart: clients cut off, the data kept
     server.stop()                        # fast shutdown, the folder removed
 
@@ -107,6 +108,8 @@ class PgServer:
         self._argv = argv  # how it was started (port included): `resume` starts it so again
         self._ids = ids
         self._icu = True
+        self._schema: str | None = None  # the migrated database schema_database copies
+        self._schema_lock = threading.Lock()
 
     @classmethod
     def start(cls, *, fast: bool = True) -> PgServer:
@@ -216,6 +219,24 @@ class PgServer:
             except psycopg.Error:
                 self._icu = False  # a server built without ICU
         self.admin(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def schema_database(self) -> str:
+        """A new database with navi's migrations already applied, as a store's first open
+        leaves it: a copy (CREATE DATABASE ... TEMPLATE) of one migrated once per server,
+        for tests whose subject is not the migration; its URL."""
+        import psycopg
+
+        from navi_trio.store.postgres._migrate import migrate
+
+        with self._schema_lock:
+            if self._schema is None:
+                url = self.create_database("navi_schema")
+                with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+                    migrate(conn, url)
+                self._schema = "navi_schema"
+        name = "t_" + uuid.uuid4().hex[:12]
+        self.admin(f'CREATE DATABASE "{name}" TEMPLATE "{self._schema}"')
         return self.url(name)
 
     def drop_database(self, name: str) -> None:
