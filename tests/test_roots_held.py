@@ -1,8 +1,10 @@
 """A run's roots are resolved once and then held: swapping a folder for a symlink after
 its check leads nowhere (issue 28, items 1 and 2).
 
-Through a real ``navi serve`` with two users added by ``navi users add`` (tests/served.py),
-the fake LLM scripted for each step, terminal commands in the real bwrap sandbox:
+Through a real ``navi serve`` with two users (tests/served.py, forked: the users written
+to its database, the daemon forked from the warm fork server, since none of these tests
+is about how a command or the daemon starts), the fake LLM scripted for each step,
+terminal commands in the real bwrap sandbox:
 
 - a cwd checked when its message arrives and swapped for a link before the queued run
   starts: the run's commands and its filesystem tool write nothing through the link;
@@ -112,7 +114,7 @@ async def test_a_cwd_swapped_for_a_link_while_its_message_waits_is_never_followe
     base: Path,
 ) -> None:
     target = victim(base)
-    async with served(base) as s:
+    async with served(base, forked=True) as s:
         with trio.fail_after(TIMEOUT):
             async with s.connect("alice") as alice:
                 sid = await turn(s, alice, [calls(run("mkdir -p sub")), say("made")], "make sub")
@@ -159,7 +161,7 @@ async def test_a_workspace_folder_swapped_by_another_session_mid_run_refuses_the
     for folder in (ws, ws / "proj", sub):
         folder.chmod(0o777)
     gate = Gate(sub / "gate")
-    async with served(base, roots={"user": [str(ws)]}) as s:
+    async with served(base, roots={"user": [str(ws)]}, forked=True) as s:
         with trio.fail_after(TIMEOUT):
             async with s.connect("alice") as alice, s.connect("bob") as bob:
                 s.fake.add_replies(calls(run("head -c1 gate")))
@@ -197,7 +199,7 @@ async def test_a_rewind_after_the_cwd_became_a_link_touches_nothing_behind_it(
     (target / "sub").mkdir()
     (target / "sub" / "deep.txt").write_text("deep\n")
     before = sorted(str(p.relative_to(target)) for p in target.rglob("*"))
-    async with served(base) as s:
+    async with served(base, forked=True) as s:
         with trio.fail_after(TIMEOUT):
             async with s.connect("alice") as alice:
                 sid = await turn(s, alice, [calls(run("mkdir -p sub")), say("made")], "make sub")
@@ -224,7 +226,7 @@ async def test_a_rewind_after_the_cwd_became_a_link_touches_nothing_behind_it(
 
 
 async def test_another_of_ones_own_session_folders_is_refused_as_a_cwd(base: Path) -> None:
-    async with served(base) as s:
+    async with served(base, forked=True) as s:
         with trio.fail_after(TIMEOUT):
             async with s.connect("alice") as alice, s.connect("bob") as bob:
                 first = await turn(s, alice, [say("one")], "first")
@@ -254,7 +256,7 @@ async def test_a_workspace_root_turned_into_a_link_to_slash_opens_nothing(base: 
     ws, linked, outside = base / "ws", base / "linked", base / "outside"
     for folder in (ws / "proj", linked, outside):
         folder.mkdir(parents=True)
-    async with served(base, roots={"user": [str(ws), str(linked)]}) as s:
+    async with served(base, roots={"user": [str(ws), str(linked)]}, forked=True) as s:
         linked.rmdir()
         linked.symlink_to("/")  # after the config was loaded and checked
         with trio.fail_after(TIMEOUT):
@@ -294,7 +296,7 @@ async def test_a_nested_workspace_root_swapped_from_its_parent_root_opens_nothin
     (ws / "inner").mkdir(parents=True)
     for folder in (ws, ws / "inner"):
         folder.chmod(0o777)
-    async with served(base, roots={"user": [str(ws), str(ws / "inner")]}) as s:
+    async with served(base, roots={"user": [str(ws), str(ws / "inner")]}, forked=True) as s:
         with trio.fail_after(TIMEOUT):
             async with s.connect("alice") as alice:
                 swap = f"mv inner inner.old && ln -s {target} inner"
@@ -316,7 +318,7 @@ async def test_the_user_config_folder_stays_hidden_when_the_config_lives_elsewhe
     (xdg / "navi" / "secret.json").write_text('{"token": "TOPSECRET"}')
     secret = xdg / "navi" / "secret.json"
     env = {"XDG_CONFIG_HOME": str(xdg)}
-    async with served(base, roots={"user": [str(base)]}, env=env) as s:
+    async with served(base, roots={"user": [str(base)]}, env=env, forked=True) as s:
         assert not str(s.data_dir).startswith(str(xdg))  # the config folder: base/config
         with trio.fail_after(TIMEOUT):
             async with s.connect("alice") as alice:
@@ -339,7 +341,7 @@ async def test_the_user_config_folder_stays_hidden_when_the_config_lives_elsewhe
 async def test_a_session_folder_turned_into_a_link_to_the_data_folder_shows_nothing_of_it(
     base: Path,
 ) -> None:
-    async with served(base) as s:
+    async with served(base, forked=True) as s:
         with trio.fail_after(TIMEOUT):
             async with s.connect("alice") as alice:
                 sid = await turn(s, alice, [say("one")], "first")

@@ -16,6 +16,7 @@ import json
 import os
 import secrets
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,21 @@ def with_token(token: str) -> dict[int, str]:
         if token in cmdline:
             found[int(entry.name)] = cmdline
     return found
+
+
+def _settled_cmdline(pid: int) -> str:
+    path = Path(f"/proc/{pid}/cmdline")
+    while not (cmdline := path.read_bytes().replace(b"\0", b" ").decode()):
+        time.sleep(0.001)  # an exec in progress: a few microseconds of CPU
+    return cmdline
+
+
+async def runs_with(pid: int, token: str) -> None:
+    """`pid`'s command line holds `token`. The remote shell writes its pid, then execs the
+    sleep: read in the middle of that exec, /proc gives an empty command line (the new
+    program's arguments are not in place yet), and only then is it read again."""
+    cmdline = await trio.to_thread.run_sync(_settled_cmdline, pid, abandon_on_cancel=True)
+    assert token in cmdline, cmdline
 
 
 async def wait_gone(pid: int) -> None:
@@ -170,6 +186,7 @@ async def test_stop_mid_command_leaves_neither_the_local_ssh_nor_the_remote_comm
         async with trio.open_nursery() as nursery:
             nursery.start_soon(SshExecTool().execute, args, ctx)
             (remote,) = pids_in(await rec.wait_lines("pid ", 1))
+            await runs_with(remote, token)
             running = with_token(token)
             # Both ends are up: the local ssh (its argv holds the command) and the
             # remote shell, which becomes the sleep.
@@ -350,7 +367,7 @@ async def test_background_true_runs_through_the_task_supervisor(
             # The remote shell writes its pid into the fifo: reading it waits for that.
             text = await trio.to_thread.run_sync(fifo.read_text, abandon_on_cancel=True)
             remote = int(text)
-            assert remote in with_token(token)
+            await runs_with(remote, token)
             assert h.runtime.supervisor.cancel("s1", second.task_id)
             await second.done.wait()
             await wait_gone(remote)
@@ -374,7 +391,7 @@ async def test_stop_of_the_run_ends_an_inline_remote_command(
             driver.send("sleep there", profile_id="remote")
             await driver.until_type("tool_started")
             remote = int(await trio.to_thread.run_sync(fifo.read_text, abandon_on_cancel=True))
-            assert remote in with_token(token)
+            await runs_with(remote, token)
             assert driver.stop()
             frames = await driver.until_end()
             await wait_gone(remote)

@@ -1,8 +1,9 @@
 """Tool processes never run as root (tools/runas.py): a daemon running as root runs them
 as NAVI_TOOL_USER, else nobody.
 
-Through a real ``navi serve`` (tests/served.py: users added by ``navi users add``, the
-fake LLM scripted for each step) on this machine, which runs as root: what a terminal
+Through a real ``navi serve`` (tests/served.py, forked: users written to its database,
+the daemon a root process forked from the warm fork server; the fake LLM scripted for
+each step) on this machine, which runs as root: what a terminal
 command, a persistent process, code_exec, a full-mode command and an MCP server started
 for a session see of their own ids, and what the host sees (the owner of what they
 make, a root-only file they cannot read). A uid mapping in a user namespace alone would
@@ -76,7 +77,7 @@ async def test_a_root_daemons_tool_processes_never_run_as_root(base: Path) -> No
     # One line, so that a read of an open process gets all of it at once.
     probe = f'echo made > mine.txt; echo "ids $(id -u) $(id -g): $(cat {secret} 2>&1)"'
     python = "import os; print('ids', os.getuid(), os.getgid()); open('py.txt', 'w')"
-    async with served(base, edit=with_demo_mcp, admins=("root",)) as s:
+    async with served(base, edit=with_demo_mcp, admins=("root",), forked=True) as s:
         with trio.fail_after(TIMEOUT):
             async with s.connect("alice") as alice, s.connect("root") as admin:
                 s.fake.add_replies(
@@ -159,7 +160,7 @@ async def test_a_tool_process_keeps_no_group_and_no_capability_of_roots(
 @pytest.mark.slow
 @needs_sandbox
 async def test_navi_tool_user_names_whom_they_run_as(base: Path) -> None:
-    async with served(base, env={"NAVI_TOOL_USER": "4242:4343"}) as s:
+    async with served(base, env={"NAVI_TOOL_USER": "4242:4343"}, forked=True) as s:
         with trio.fail_after(TIMEOUT):
             async with s.connect("alice") as alice:
                 s.fake.add_replies(calls(run('echo "ids $(id -u) $(id -g)"')), say("done"))
