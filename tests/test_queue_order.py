@@ -21,8 +21,6 @@ from typing import Any
 
 import pytest
 import trio
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
 from test_queue_durable import HOST, _row, _users
 
 from navi_trio.core.session.queued import from_row

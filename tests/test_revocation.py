@@ -30,8 +30,6 @@ import trio
 from agent_tools import system_notes
 from api_ws import Client
 from daemons import connect_as, forked_users, no_plan_config, pg_daemons, store_user
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
 from pg_server import sql
 from reliability import Daemon, clean_env, navi_serve
 from test_store_sharing import dead_pid

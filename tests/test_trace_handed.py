@@ -21,8 +21,6 @@ import trio
 from daemons import pg_daemons
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
-from pg_server import pg_server as pg_server
-from pg_server import pg_url as pg_url
 
 from navi_trio.testing import open_fake_llm
 from navi_trio.testing._http import MAX_BODY, read_request, send_whole
