@@ -108,6 +108,11 @@ async def test_each_metric_moves_with_what_the_daemon_does(tmp_path: Path) -> No
                 assert stopped.get("stopped") is True, stopped
                 end = await alice.until_end(sid)
                 assert end["reason"] == "stopped", end
+                # The run said its end and still lets its lease go: it counts as active
+                # until the session is idle.
+                actor = d.harness.runtime.sessions.actor(sid)
+                assert actor is not None
+                await actor.idle.wait()
                 after = await scrape(d)
     model = (("model", "qwen3:8b"),)
     assert during[("navi_runs_active", ())] == 1
