@@ -55,6 +55,7 @@ import psycopg
 import trio
 from psycopg.conninfo import conninfo_to_dict
 
+from navi_trio.backoff import backoff_delay
 from navi_trio.errors import StorageError, StoreError
 from navi_trio.store.base import LeaseRow
 from navi_trio.store.fence import Fence
@@ -235,7 +236,11 @@ class PgBus:
         """The actor: connect, hand on notifications until the connection fails, again."""
         link = await self._open()
         task_status.started()
-        delay = RECONNECT_FIRST_S
+        tries = 0  # since the last connection that lasted STABLE_S
+
+        def delay(attempt: int) -> float:
+            return backoff_delay(attempt, base=RECONNECT_FIRST_S, cap=RECONNECT_MAX_S)
+
         try:
             while True:
                 await link.lost.wait()
@@ -245,14 +250,15 @@ class PgBus:
                     link.error or "ended",
                 )
                 if trio.current_time() - link.began >= STABLE_S:
-                    delay = RECONNECT_FIRST_S
+                    tries = 0
                 while self._link is None:
-                    await trio.sleep(delay)
-                    delay = min(delay * 2, RECONNECT_MAX_S)
+                    tries += 1
+                    await trio.sleep(delay(tries))
                     try:
                         link = await self._open()
                     except StoreError as exc:
-                        log.info("the cluster's listener: %s; next try in %g s", exc, delay)
+                        next_in = delay(tries + 1)
+                        log.info("the cluster's listener: %s; next try in %g s", exc, next_in)
                 self.reconnects += 1
                 log.warning("the cluster's listener is connected again")
                 self._on_reconnect()
