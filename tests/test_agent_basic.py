@@ -109,6 +109,7 @@ async def test_model_info_at_each_runs_first_answer_and_when_it_changes(
             {"text": "one", "model": "m-a"},
             {"text": "two", "model": "m-a"},  # a new run: told again
             {**call("echo", text="x"), "model": "m-a"},
+            {**call("echo", text="y"), "model": "m-a"},  # the same model: not told again
             {"text": "three", "model": "m-b"},  # changed mid-turn
         ]
         async with open_harness(

@@ -443,3 +443,18 @@ async def test_a_parallel_batch_over_the_budget_runs_what_fits_and_says_why_not_
     assert [f["error"] for f in frames] == [f"not run: {spent}"] * 2
     assert not any(f.get("stopped") for f in messages_of(c, sid, "tool_result"))
     assert tool.started == 3
+
+
+async def test_a_prompt_that_leaves_no_token_for_the_answer_is_refused() -> None:
+    """A model call needs room for at least one answer token: a prompt that takes all the
+    tokens left is refused before it is sent, one token less gets a cap of 1."""
+    from navi_trio.core.turn.budgets import Budget, Meter
+    from navi_trio.errors import BudgetExhaustedError
+    from navi_trio.profiles import BudgetConfig, BudgetLimits
+
+    turn = BudgetLimits(tokens=1000)
+    budget = Budget(None, [Meter("turn", turn)], budgets=BudgetConfig(turn=turn), wall_owner=True)
+    assert await budget.before_llm(999, 50) == 1
+    budget.release()
+    with pytest.raises(BudgetExhaustedError):
+        await budget.before_llm(1000, 50)

@@ -190,6 +190,21 @@ def test_budget_setting_overrides_the_automatic_one(
     assert counter.estimate_message(view) <= 100
 
 
+def test_a_message_of_exactly_the_budget_is_sent_whole(
+    counter: TokenCounter, config: NaviConfig
+) -> None:
+    """agent-loop.md, "Per-message view truncation": only a message whose size *exceeds*
+    CONTEXT_MESSAGE_TOKEN_BUDGET is cut; one at the budget goes whole."""
+    msg = {"role": "tool", "tool_call_id": "c", "content": "word " * 500}
+    size = counter.estimate_message(msg)
+    at = ContextBuilder(Settings(num_ctx=8192, context_message_token_budget=size), counter)
+    assert at.build(config=config, profile=GENERAL, context=[msg])[1] == msg
+    over = ContextBuilder(Settings(num_ctx=8192, context_message_token_budget=size - 1), counter)
+    assert (
+        "[…truncated ~" in over.build(config=config, profile=GENERAL, context=[msg])[1]["content"]
+    )
+
+
 def test_check_context_size_raises_when_it_will_not_fit(
     builder: ContextBuilder, counter: TokenCounter, config: NaviConfig
 ) -> None:

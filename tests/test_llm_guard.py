@@ -7,15 +7,26 @@ no real time); every test has an absolute timeout.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import pytest
 import trio
 import trio.testing
 from llm_served import served
 
 from navi_trio.errors import LLMChunkTimeout, LLMFirstChunkTimeout, LLMStatusError
-from navi_trio.llm.base import ChatRequest, DoneChunk, LLMBackend, LLMChunk, TextChunk
+from navi_trio.llm.base import (
+    ChatRequest,
+    DoneChunk,
+    LLMBackend,
+    LLMChunk,
+    TextChunk,
+    WorkingChunk,
+)
 from navi_trio.llm.guard import guarded_stream
 from navi_trio.llm.scripted import ScriptedBackend
+from navi_trio.settings import Settings
 
 REQUEST = ChatRequest(messages=[{"role": "user", "content": "hi"}], model="m")
 # Virtual seconds: far longer than any real test could wait.
@@ -249,3 +260,48 @@ async def test_a_guarded_stream_enters_one_cancel_scope_however_many_chunks_it_c
             assert len([c for c in got if isinstance(c, TextChunk)]) == words
             scopes.append(entered)
     assert scopes[0] == scopes[1]
+
+
+def test_the_default_timeouts_are_the_specs() -> None:
+    """agent-loop.md, "Streaming guard wrapper": LLM_STREAM_FIRST_CHUNK_TIMEOUT defaults to
+    90 s and LLM_STREAM_CHUNK_TIMEOUT to 60 s."""
+    settings = Settings.from_env({})
+    assert (settings.first_chunk_timeout, settings.chunk_timeout) == (90.0, 60.0)
+
+
+class _WorksThenAnswers:
+    """A backend that reports work at once, then is silent `gap` seconds, then answers."""
+
+    def __init__(self, gap: float) -> None:
+        self.gap = gap
+
+    @asynccontextmanager
+    async def stream_chat(
+        self, request: ChatRequest
+    ) -> AsyncIterator[trio.abc.ReceiveChannel[LLMChunk]]:
+        send, receive = trio.open_memory_channel[LLMChunk](0)
+
+        async def produce() -> None:
+            async with send:
+                await send.send(WorkingChunk("choosing a tool"))
+                await trio.sleep(self.gap)
+                await send.send(TextChunk("done"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(produce)
+            async with receive:
+                yield receive
+            nursery.cancel_scope.cancel()
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_work_before_the_first_output_keeps_the_first_chunk_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Work is not output: after a WorkingChunk the first text is still awaited under the
+    first-chunk timeout (90 s here), not the shorter gap between chunks (60 s)."""
+    with trio.fail_after(LIMIT * 10):
+        got = await drain(_WorksThenAnswers(gap=80), first=90, chunk=60)
+    assert [c.text for c in got if isinstance(c, TextChunk)] == ["done"]

@@ -235,6 +235,27 @@ def test_whole_tool_calls_in_one_chunk_without_ids_get_ids() -> None:
     assert all(c.id for c in calls.calls)
 
 
+def test_fragments_without_an_index_follow_their_id_or_the_call_opened_last() -> None:
+    # Servers that send no index: a new id opens the next call even at position 0, and a
+    # fragment with neither id nor index continues the call opened last.
+    parser = OpenAIParser("m")
+    frags = [
+        {"id": "a", "function": {"name": "f", "arguments": '{"p": '}},
+        {"function": {"arguments": "1}"}},
+        {"id": "b", "function": {"name": "g", "arguments": '{"q": '}},
+        {"function": {"arguments": "2}"}},
+    ]
+    for frag in frags:
+        assert parser.feed(sse({"choices": [{"delta": {"tool_calls": [frag]}}]})) == []
+    parser.feed(sse({"choices": [{"delta": {}, "finish_reason": "tool_calls"}]}))
+    calls, _done = parser.feed("data: [DONE]")
+    assert isinstance(calls, ToolCallsChunk)
+    assert [(c.id, c.name, c.arguments) for c in calls.calls] == [
+        ("a", "f", {"p": 1}),
+        ("b", "g", {"q": 2}),
+    ]
+
+
 def test_a_finish_reason_without_done_marker_still_completes() -> None:
     parser = OpenAIParser("m")
     parser.feed(

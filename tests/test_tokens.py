@@ -149,6 +149,16 @@ def test_truncate_middle_keeps_head_and_tail_with_a_marker(counter: TokenCounter
     assert counter.truncate_middle("short", 300) == ("short", 0)
 
 
+def test_truncate_middle_gives_the_head_two_thirds(counter: TokenCounter) -> None:
+    # The start of an output usually says what it is: it gets the larger share.
+    text = " ".join(f"w{i}" for i in range(3000))
+    cut, _ = counter.truncate_middle(text, 300)
+    head, rest = cut.split("\n[…truncated ~")
+    tail = rest.split("tokens…]\n")[1]
+    assert abs(counter.count_text(head) - 200) <= 3
+    assert abs(counter.count_text(tail) - 100) <= 3
+
+
 # Baseline --------------------------------------------------------------------------
 
 
