@@ -18,7 +18,7 @@ run an earlier scenario left going). The client exits when stdin closes. Steps:
 - ``{"op": "new", "cwd": DIR?, "mcp": [SERVER...]?}`` / ``{"op": "load", "id": SESSION_ID}``
   / ``{"op": "fork"}`` / ``{"op": "resume"}`` / ``{"op": "list"}``; the steps after them
   work on the session they made or loaded;
-- ``{"op": "prompt", "text": T, "session": N?, "permission": OPTION_ID | "cancelled",
+- ``{"op": "prompt", "text": T, "session": N?, "permission": OPTION_ID | "cancelled" | "error",
   "cancel_on": UPDATE_KIND?}``: with ``cancel_on``, ``session/cancel`` is sent once an
   update of that kind came;
 - ``{"op": "set_mode", "mode": M}``, ``{"op": "raw", "method": M, "params": P}`` (the
@@ -67,6 +67,8 @@ class Recorder:
         )
         if self.answer == "cancelled":
             return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+        if self.answer == "error":  # the SDK sends the editor's error reply
+            raise RuntimeError("the editor failed to ask")
         return RequestPermissionResponse(
             outcome=AllowedOutcome(outcome="selected", option_id=self.answer)
         )

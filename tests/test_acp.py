@@ -205,10 +205,12 @@ async def test_permission_requests_answered_allow_reject_and_cancelled(
     agent: SharedAgent, tmp_path: Path
 ) -> None:
     allowed, rejected, cancelled = tmp_path / "allowed", tmp_path / "rejected", tmp_path / "c"
+    errored = tmp_path / "errored"
     replies: list[dict[str, Any]] = [
         touch(allowed), {"text": "ran it"},
         touch(rejected), {"text": "it was refused"},
         touch(cancelled), {"text": "not asked again"},
+        touch(errored), {"text": "the editor failed"},
     ]  # fmt: skip
     steps: list[dict[str, Any]] = [
         {"op": "new"},
@@ -216,9 +218,10 @@ async def test_permission_requests_answered_allow_reject_and_cancelled(
         {"op": "prompt", "text": "one", "permission": "allow_once"},
         {"op": "prompt", "text": "two", "permission": "reject_once"},
         {"op": "prompt", "text": "three", "permission": "cancelled"},
+        {"op": "prompt", "text": "four", "permission": "error"},  # an error reply denies
     ]
     with trio.fail_after(DEADLINE):
-        _, _, full, first, second, third = await agent.run(steps, replies)
+        _, _, full, first, second, third, fourth = await agent.run(steps, replies)
     assert "error" not in full, full
     (asked,) = first["permissions"]
     assert [o["kind"] for o in asked["options"]] == [
@@ -231,12 +234,13 @@ async def test_permission_requests_answered_allow_reject_and_cancelled(
     assert f"? ask: touch {allowed} (outside the workspace: {allowed})" in texts[-1]
     assert '"Allow always" allows: `touch` with any arguments on any path' in texts[-1]
     assert allowed.exists() and said(first) == "ran it"
-    for step, marker in ((second, rejected), (third, cancelled)):
+    for step, marker in ((second, rejected), (third, cancelled), (fourth, errored)):
         assert len(step["permissions"]) == 1
         assert not marker.exists()
         (failed,) = [u for u in step["updates"] if u.get("status") == "failed"]
         assert failed["sessionUpdate"] == "tool_call_update"
     assert said(second) == "it was refused" and said(third) == "not asked again"
+    assert said(fourth) == "the editor failed"
 
 
 async def test_cancel_mid_stream_answers_cancelled_within_a_second_and_saves_the_partial(

@@ -218,6 +218,19 @@ def test_a_long_text_is_cut() -> None:
     assert len(chunk["content"][0]["content"]["text"]) == up.TEXT_MAX
 
 
+def test_a_long_result_and_a_long_write_are_cut_too() -> None:
+    big = "x" * (up.TEXT_MAX + 10)
+    args = {"action": "write", "path": "a.txt", "content": big}
+    *_, done = of([
+        {"type": "tool_started", "call_id": "c1", "name": "filesystem", "arguments": args},
+        {"type": "tool_result", "call_id": "c1", "name": "filesystem", "ok": True, "output": big},
+    ])  # fmt: skip
+    result, change = done["content"]
+    assert len(result["content"]["text"]) == up.TEXT_MAX
+    assert len(change["newText"]) == up.TEXT_MAX and change["newText"].endswith("…")
+    assert len(done["rawOutput"]["output"]) == up.TEXT_MAX
+
+
 async def test_a_line_over_the_limit_is_skipped_and_the_next_one_read() -> None:
     send, receive = trio.testing.memory_stream_pair()
     reader = LineReader(receive, limit=100)
@@ -261,3 +274,19 @@ async def test_requests_past_the_bound_are_refused_and_a_notification_still_gets
         refused["id"] == jsonrpc.MAX_RUNNING and "requests at once" in refused["error"]["message"]
     )
     assert sorted(r["id"] for r in answered) == list(range(jsonrpc.MAX_RUNNING))
+
+
+async def test_our_requests_waiting_for_the_editor_are_bounded() -> None:
+    from navi_trio.acp import jsonrpc
+
+    _, agent_in = trio.testing.memory_stream_pair()
+    agent_out, _from_agent = trio.testing.memory_stream_pair()
+    peer = jsonrpc.Peer(LineReader(agent_in), agent_out, {}, {})
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            for _ in range(jsonrpc.MAX_WAITING):  # the editor answers none of them
+                nursery.start_soon(peer.request, "session/request_permission", {})
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(jsonrpc.RpcError, match="more than 64 requests to the editor"):
+                await peer.request("session/request_permission", {})
+            nursery.cancel_scope.cancel()

@@ -402,6 +402,23 @@ async def test_parallel_sub_agents_never_pass_a_shared_token_budget() -> None:
     assert "turn budget of 1000 tokens" in str(refused[0])
 
 
+async def test_a_model_calls_output_cap_is_cut_to_what_the_budget_has_left() -> None:
+    from navi_trio.core.turn.budgets import Budget, Meter
+    from navi_trio.errors import BudgetExhaustedError
+    from navi_trio.profiles import BudgetConfig, BudgetLimits
+
+    turn = BudgetLimits(tokens=1000)
+    budget = Budget(None, [Meter("turn", turn)], budgets=BudgetConfig(turn=turn),
+                    wall_owner=True)  # fmt: skip
+    with trio.fail_after(TIMEOUT):
+        assert await budget.before_llm(400, 500) == 500  # room for the whole cap
+        budget.charge_tokens(400 + 500)
+        assert await budget.before_llm(60, 500) == 40  # 100 left, 60 of them the prompt
+        budget.charge_tokens(100)
+        with pytest.raises(BudgetExhaustedError, match="turn budget of 1000 tokens"):
+            await budget.before_llm(1, 500)
+
+
 class Together:
     """Each call waits until `n` calls have started: they ran side by side."""
 

@@ -4,6 +4,7 @@ call fails naming the tool; only the declaring user's runs in that session get t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, cast
 
@@ -13,6 +14,7 @@ import trio.testing
 from api_ws import open_daemon
 from test_mcp_client import mcp_config, stdio_entry
 
+from navi_trio.api import command_frames
 from navi_trio.api.client_tools import CALL_TIMEOUT_SEC, ClientTools
 from navi_trio.core.turn import runvars
 from navi_trio.profiles import AgentProfile
@@ -150,3 +152,20 @@ async def test_the_frames_are_the_session_owners_alone_and_keep_off_the_daemons_
                 async with d.connect(who) as other:
                     err = await other.request(declare)
                     assert err["code"] == "forbidden" and why in err["message"], (who, err)
+
+
+def test_at_most_64_tools_of_at_most_64_kib_of_schema_each() -> None:
+    def spec(i: int, schema: dict[str, Any] | None = None) -> command_frames.ClientToolSpec:
+        return command_frames.ClientToolSpec(f"mcp__ed__t{i}", "d", schema or {"type": "object"})
+
+    most = command_frames.CLIENT_TOOLS_MAX
+    assert most == 64
+    command_frames.ClientTools("s-alice", tuple(spec(i) for i in range(most)))
+    with pytest.raises(ValueError, match="65 tools, more than 64"):
+        command_frames.ClientTools("s-alice", tuple(spec(i) for i in range(most + 1)))
+    bound = command_frames.CLIENT_TOOL_SCHEMA_MAX_BYTES
+    assert bound == 64 * 1024
+    empty = len(json.dumps({"type": "object", "description": ""}).encode())
+    spec(0, {"type": "object", "description": "x" * (bound - empty)})  # the bound to the byte
+    with pytest.raises(ValueError, match=f"{bound + 1} bytes, more than {bound}"):
+        spec(0, {"type": "object", "description": "x" * (bound - empty + 1)})

@@ -35,6 +35,7 @@ from navi_trio.settings import Settings, default_config_path
 from navi_trio.testing import open_harness
 from navi_trio.tools.base import ToolContext
 from navi_trio.tools.mcp import McpServers, connection
+from navi_trio.tools.mcp.schema import check_schema
 
 pytestmark = pytest.mark.slow  # its tests start processes
 
@@ -418,6 +419,17 @@ async def test_allow_list_and_a_schema_too_large(tmp_path: Path, events: ServerE
             assert not ok and "unknown tool 'mcp__demo__shout'" in text
 
 
+def test_a_schema_whose_names_alone_are_too_large_becomes_an_open_object() -> None:
+    # Names and types are all a cut schema keeps; when even they pass the bound, the
+    # model is offered an open object rather than the server's bytes.
+    props = {f"p{i:05d}_" + "n" * 40: {"type": "string"} for i in range(1000)}
+    offered, warning = check_schema({"type": "object", "properties": props}, max_chars=16_000)
+    assert offered == {"type": "object", "properties": {}, "additionalProperties": True}
+    assert "cut to names and types" in warning
+    small = {"type": "object", "properties": {"a": {"type": "string"}}}
+    assert check_schema(small, max_chars=16_000) == (small, "")
+
+
 async def test_a_crashed_server_restarts_and_its_tools_say_so_meanwhile(
     tmp_path: Path, events: ServerEvents
 ) -> None:
@@ -747,6 +759,38 @@ async def test_stderr_is_logged_line_by_line_within_bounds(
     assert infos[1] == "[s] line 0"
     [dropped] = [m.getMessage() for m in caplog.records if m.levelno == logging.WARNING]
     assert f"{401 - LINES_PER_MINUTE} stderr lines not logged" in dropped
+
+
+@pytest.fixture
+def manual_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock()
+
+
+async def test_stderr_logs_again_in_the_next_minute_and_cuts_a_line_with_no_end(
+    caplog: pytest.LogCaptureFixture, manual_clock: trio.testing.MockClock
+) -> None:
+    from navi_trio.tools.mcp.stderr import LINE_MAX, LINES_PER_MINUTE, log_lines
+
+    r, w = os.pipe()
+    logger = logging.getLogger("navi_trio.mcp.stderr")
+    # the clock moves only when jumped, by 61 s once
+    with trio.fail_after(TIMEOUT + 61), caplog.at_level(logging.INFO, logger=logger.name):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(log_lines, trio.lowlevel.FdStream(r), logger, "s")
+            async with trio.lowlevel.FdStream(w) as writer:
+                lines = "".join(f"line {i}\n" for i in range(LINES_PER_MINUTE + 1))
+                await writer.send_all(lines.encode())
+                await trio.testing.wait_all_tasks_blocked()
+                manual_clock.jump(61)  # the next minute: logged again
+                await writer.send_all(b"x" * (LINE_MAX * 5))  # no end yet: its head logged
+                await trio.testing.wait_all_tasks_blocked()
+                await writer.send_all(b"after\n")
+    infos = [m.getMessage() for m in caplog.records if m.levelno == logging.INFO]
+    assert len(infos) == LINES_PER_MINUTE + 2
+    assert infos[-2].startswith("[s] xxx") and "characters cut" in infos[-2]
+    assert infos[-1] == "[s] after"
+    [dropped] = [m.getMessage() for m in caplog.records if m.levelno == logging.WARNING]
+    assert "1 stderr lines not logged" in dropped
 
 
 # -- navi mcp list and navi doctor -------------------------------------------------------

@@ -33,7 +33,7 @@ from navi_trio.profiles import McpServerConfig
 from navi_trio.settings import Settings
 from navi_trio.tools.base import ToolContext
 from navi_trio.tools.mcp import McpServers
-from navi_trio.tools.mcp.connection import BACKOFF_FIRST, McpConnection
+from navi_trio.tools.mcp.connection import BACKOFF_FIRST, MAX_FAILURES, McpConnection
 
 __all__ = ["events"]  # the fixture, imported for pytest
 SCRIPTED = Path(__file__).parent / "mcp_servers" / "scripted.py"
@@ -195,6 +195,24 @@ async def test_backoff_doubles_while_starts_fail_and_resets_after_a_ready_start(
             ticker.cancel_scope.cancel()
     assert events.lines[:2] == ["start 1 fail", "start 2 fail"]
     assert "start 4 ready-crash" in events.lines and "crash" in events.lines
+
+
+async def test_a_server_failing_its_start_five_times_in_a_row_is_left_failed(
+    tmp_path: Path, events: ServerEvents, mock_clock: trio.testing.MockClock
+) -> None:
+    # It would get ready at its 6th start: only a run needing it (`retry`) starts it again.
+    assert MAX_FAILURES == 5
+    plan = ",".join(["fail"] * MAX_FAILURES + ["ready"])
+    with real_time_limit(LIMIT):
+        async with trio.open_nursery() as ticker:
+            await ticker.start(_tick)
+            async with running(tmp_path, plan, mock_clock, timeout_sec=1e6) as actor:
+                mock_clock.autojump_threshold = IDLE  # (as in the backoff test above)
+                await actor.until("failed", starts=MAX_FAILURES)
+                assert actor.starts == MAX_FAILURES
+                actor.retry()
+                await actor.until("ready", starts=MAX_FAILURES + 1)
+            ticker.cancel_scope.cancel()
 
 
 NOT_OBJECTS = [

@@ -24,6 +24,7 @@ from navi_trio.client.context_view import context_lines
 from navi_trio.core.turn.project_files import SKIPPED_CODE, project_view
 from navi_trio.profiles import ConfigSource
 from navi_trio.project import Reader
+from navi_trio.project.files import CHAIN_MAX, folder_chain
 from navi_trio.project.skills import SKILL_MAX_BYTES
 from navi_trio.settings import Settings
 from navi_trio.testing import open_harness
@@ -154,7 +155,8 @@ async def test_a_profile_without_the_skill_tool_gets_no_skill_list(
 async def test_every_cut_is_marked_and_the_nearest_file_keeps_its_room(
     tmp_path: Path, repo: Path
 ) -> None:
-    (repo / "docs" / "api" / "AGENTS.md").write_text("API-AGENTS " + "a" * 500 + "\n")
+    # one byte over its bound: the cut of a single byte is marked too
+    (repo / "docs" / "api" / "AGENTS.md").write_text("API-AGENTS " + "a" * 289 + "\n")
     (repo / "AGENTS.md").write_text("ROOT-AGENTS " + "r" * 500 + "\n")
     with trio.fail_after(TIMEOUT):
         async with open_harness(
@@ -169,7 +171,7 @@ async def test_every_cut_is_marked_and_the_nearest_file_keeps_its_room(
             system = system_of(h.chat_requests[0])
     api = system[system.index(f"## {repo / 'docs' / 'api' / 'AGENTS.md'}") :]
     assert "API-AGENTS " + "a" * 289 in api  # its 300 bytes, all of them
-    assert "[… cut here: this file is 512 bytes, only its first 300 are read " in api
+    assert "[… cut here: this file is 301 bytes, only its first 300 are read " in api
     assert "(instructions_file_max_bytes)]" in api
     # 100 bytes were left for the farther ones, nearest first: the docs' file (59) whole,
     # the root's first 41, and nothing of the user's file (the farthest).
@@ -369,3 +371,16 @@ async def test_a_skill_linked_in_from_the_project_is_found_and_one_linked_out_is
     notices = [f["message"] for f in of_type(frames, "warning") if f.get("code") == SKIPPED_CODE]
     evil = f"{repo / '.claude' / 'skills' / 'evil'}: a symlink to {tmp_path / 'evil'}, outside"
     assert any(n.startswith(evil) for n in notices), notices
+
+
+def test_the_folders_walked_up_to_the_repository_are_bounded(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    assert CHAIN_MAX == 64  # the bound docs/security.md names
+    near = repo.joinpath(*["d"] * (CHAIN_MAX - 1))  # the root is the 64th folder looked at
+    near.mkdir(parents=True)
+    chain = folder_chain(near, tmp_path)
+    assert chain.repo == repo and len(chain.folders) == CHAIN_MAX
+    far = near / "d"  # one more: the root is not reached, only the cwd is read
+    far.mkdir()
+    assert folder_chain(far, tmp_path) == type(chain)((far,), None)

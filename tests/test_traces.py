@@ -27,8 +27,8 @@ from test_peer import TOKEN_ENV, ask, to_b
 from test_peer import config as peer_config
 
 from navi_trio.api.metrics import DaemonMetrics
-from navi_trio.api.traces import CONTENT_BYTES, TraceObserver, WithTraceIds
-from navi_trio.api.tracing import TRACESTATE_MAX_CHARS, trace_carrier
+from navi_trio.api.traces import CONTENT_BYTES, OPEN_MAX, TraceObserver, WithTraceIds
+from navi_trio.api.tracing import TRACESTATE_MAX_CHARS, content_recorded, trace_carrier
 from navi_trio.cli.daemon import _JsonLines
 from navi_trio.core.session import to_row
 from navi_trio.core.turn import Observers, UserMessage
@@ -156,6 +156,34 @@ async def test_content_is_recorded_only_when_asked_and_bounded(tmp_path: Path) -
     spans = exporter.get_finished_spans()
     [turn] = by_name(spans, "navi.turn")
     assert (turn.attributes or {})["navi.turn.answer"] == "all done"
+
+
+def test_content_is_recorded_only_when_navi_otel_content_is_1() -> None:
+    assert content_recorded({"NAVI_OTEL_CONTENT": "1"})
+    assert content_recorded({"NAVI_OTEL_CONTENT": " 1 "})
+    for off in ({}, {"NAVI_OTEL_CONTENT": ""}, {"NAVI_OTEL_CONTENT": "0"}):
+        assert not content_recorded(off)
+    for other in ("true", "yes", "2"):
+        assert not content_recorded({"NAVI_OTEL_CONTENT": other})
+
+
+def test_the_remote_parents_waiting_for_a_turn_are_capped_oldest_dropped() -> None:
+    # Each message's trace context waits for its session's next turn; a client sending
+    # to many sessions that never run keeps at most OPEN_MAX of them.
+    provider, exporter = tracer()
+    obs = TraceObserver(provider.get_tracer("t"))
+    for i in range(OPEN_MAX + 1):
+        obs.continue_trace(f"s{i}", {"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-01"})
+    for sid in ("s0", "s1", f"s{OPEN_MAX}"):
+        obs.event(sid, StreamEnd(text="answer"))
+    turns = {
+        (s.attributes or {})["navi.session_id"]: s
+        for s in by_name(exporter.get_finished_spans(), "navi.turn")
+    }
+    assert turns["s0"].parent is None  # the oldest, dropped: a trace of its own
+    for i in (1, OPEN_MAX):
+        parent = turns[f"s{i}"].parent
+        assert parent is not None and parent.is_remote and parent.trace_id == i + 1
 
 
 def test_plan_subagent_approval_and_job_spans_hang_where_they_belong() -> None:
