@@ -29,7 +29,6 @@ from agent_tools import (
 )
 
 from navi_trio.events import TodoStep
-from navi_trio.profiles import AgentProfile
 from navi_trio.testing import open_harness
 from navi_trio.tools.todo import load_todo
 
@@ -302,21 +301,3 @@ async def test_anti_stall_warning_survives_a_mid_turn_compression(tmp_path: Path
             assert of_type(frames, "compression_started")[0]["reason"] == "mid_turn"
             assert [f["code"] for f in of_type(frames, "warning")] == ["anti_stall"]
             assert _warned(h.chat_requests) == [2]
-
-
-def test_the_thinking_flags_default_as_the_spec_says() -> None:
-    """agent-loop.md, "Thinking mechanics": every flag's default in the table."""
-    spec = {
-        "think_enabled": True,
-        "iteration_budget_enabled": True,
-        "planning_phase2_enabled": False,
-        "goal_anchoring_enabled": True,
-        "goal_anchoring_interval": 5,
-        "anti_stall_enabled": True,
-        "anti_stall_threshold": 8,
-        "step_validation_enabled": False,
-        "adaptive_replan_enabled": False,
-        "subagent_planning_enabled": False,
-    }
-    profile = AgentProfile()
-    assert {name: getattr(profile, name) for name in spec} == spec

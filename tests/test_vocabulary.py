@@ -27,7 +27,7 @@ from quick_run import examples
 from navi_trio import errors, events
 from navi_trio.errors import ConfigError, LLMError, LLMTimeoutError, NaviError
 from navi_trio.events import EVENT_CLASSES, event_from_dict, event_to_dict, event_types
-from navi_trio.profiles import ConfigSource, load_config
+from navi_trio.profiles import AgentProfile, ConfigSource, load_config
 from navi_trio.settings import REPO_ROOT, Settings
 from navi_trio.strict import describe, strict_converter
 
@@ -253,6 +253,11 @@ SPEC_FLAG_DEFAULTS = {
     "adaptive_replan_enabled": False,
     "subagent_planning_enabled": False,
 }
+
+
+def test_a_profile_that_says_nothing_gets_the_spec_flag_defaults() -> None:
+    profile = AgentProfile()
+    assert {flag: getattr(profile, flag) for flag in SPEC_FLAG_DEFAULTS} == SPEC_FLAG_DEFAULTS
 
 
 def test_the_shipped_config_loads_with_the_spec_flag_defaults() -> None:
