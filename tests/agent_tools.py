@@ -8,11 +8,13 @@ state tools the loop tests need (todo, memory, switch_profile) plus the test too
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from navi_trio.core.turn import runvars
+from navi_trio.testing import open_harness
 from navi_trio.tools.base import Tool, ToolContext, ToolResult
 from navi_trio.tools.memory import MemoryTool
 from navi_trio.tools.switch_profile import SwitchProfileTool
@@ -130,6 +132,17 @@ def with_tools(names: Iterable[str], **flags: Any) -> dict[str, Any]:
 def call(name: str, **arguments: Any) -> dict[str, Any]:
     """A fake-LLM reply that makes one tool call."""
     return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+def gated_harness(tmp_path: Path, gate: GateTool, replies: list[dict[str, Any]], **kw: Any) -> Any:
+    """A harness whose first LLM reply calls `gate` (the turn waits in it), then `replies`."""
+    return open_harness(
+        tmp_path,
+        replies=[call("gate"), *replies],
+        tools=toolset(gate),
+        profiles={"general": with_tools(["gate"])},
+        **kw,
+    )
 
 
 def of_type(frames: Sequence[Mapping[str, Any]], type_: str) -> list[Mapping[str, Any]]:

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from agent_tools import GateTool, call, toolset, with_tools
+from agent_tools import GateTool, call, gated_harness, toolset, with_tools
 from api_ws import open_daemon
 
 from navi_trio.core.session.queued import DurableQueue, deliver
@@ -114,13 +114,6 @@ async def test_only_the_rows_of_a_dead_process_are_adopted_in_order(tmp_path: Pa
                 await store.enqueue("../x", "f", _row("x"), pid=me, host=HOST)
 
 
-def _gated(tmp_path: Path, gate: GateTool, replies: list[dict[str, Any]], **kw: Any) -> Any:
-    return open_harness(
-        tmp_path, replies=[call("gate"), *replies], tools=toolset(gate),
-        profiles={"general": with_tools(["gate"])}, **kw,
-    )  # fmt: skip
-
-
 async def _users(store: SessionStore, sid: str = "s1") -> list[str]:
     return [m["content"] for m in await store.load_messages(sid) if m["role"] == "user"]
 
@@ -131,7 +124,7 @@ async def test_a_message_is_stored_before_it_is_acknowledged_and_leaves_when_it_
     db = tmp_path / "navi.db"
     with trio.fail_after(TIMEOUT):
         gate = GateTool()
-        async with _gated(tmp_path, gate, [{"text": "1"}, {"text": "2"}],
+        async with gated_harness(tmp_path, gate, [{"text": "1"}, {"text": "2"}],
                           message_queue_max=1) as h:  # fmt: skip
             actor = await h.runtime.sessions.get("s1")
             actor.send_message("hi")
@@ -189,7 +182,7 @@ async def test_after_a_crash_two_queued_messages_run_in_order_before_a_new_one(
 async def test_a_graceful_shutdown_keeps_the_queue_for_the_next_start(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
         gate = GateTool()
-        async with _gated(tmp_path, gate, [{"text": "never"}]) as h:
+        async with gated_harness(tmp_path, gate, [{"text": "never"}]) as h:
             s = await h.session("s1")
             s.send("hi")
             await gate.entered.wait()
@@ -495,7 +488,7 @@ async def test_the_rows_an_actor_holds_are_not_adopted_again(tmp_path: Path) -> 
     their rows are the process's own, and adoptable, but it holds them already."""
     with trio.fail_after(TIMEOUT):
         gate = GateTool()
-        async with _gated(tmp_path, gate, [{"text": "1"}, {"text": "2"}]) as h:
+        async with gated_harness(tmp_path, gate, [{"text": "1"}, {"text": "2"}]) as h:
             actor = await h.runtime.sessions.get("s1")
             actor.send_message("hi")
             await gate.entered.wait()
@@ -522,7 +515,7 @@ async def test_a_message_whose_queue_write_failed_never_runs(
     monkeypatch.setattr(SQLiteStore, "enqueue", failing)
     with trio.fail_after(TIMEOUT):
         gate = GateTool()
-        async with _gated(tmp_path, gate, [{"text": "1"}, {"text": "2"}]) as h:
+        async with gated_harness(tmp_path, gate, [{"text": "1"}, {"text": "2"}]) as h:
             s = await h.session("s1")
             s.send("hi")
             await gate.entered.wait()
@@ -562,7 +555,7 @@ async def test_queue_writes_go_out_one_at_a_time_in_the_order_asked(
     db = tmp_path / "navi.db"
     with trio.fail_after(TIMEOUT):
         gate = GateTool()
-        async with _gated(tmp_path, gate, [{"text": "1"}] * 6) as h:
+        async with gated_harness(tmp_path, gate, [{"text": "1"}] * 6) as h:
             actor = await h.runtime.sessions.get("s1")
             actor.send_message("hi")
             await gate.entered.wait()
@@ -583,7 +576,7 @@ async def test_a_queued_message_refused_when_its_turn_comes_leaves_no_row(tmp_pa
     db = tmp_path / "navi.db"
     with trio.fail_after(TIMEOUT):
         gate = GateTool()
-        async with _gated(tmp_path, gate, [{"text": "1"}]) as h:
+        async with gated_harness(tmp_path, gate, [{"text": "1"}]) as h:
             actor = await h.runtime.sessions.get("s1")
             sub = actor.subscribe()
             actor.send_message("hi")

@@ -13,21 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from agent_tools import GateTool, call, of_type, seed, toolset, with_tools
+from agent_tools import GateTool, gated_harness, of_type, seed
 
 from navi_trio.testing import open_harness
 
 TIMEOUT = 30
-
-
-def _gated(tmp_path: Path, gate: GateTool, replies: list[dict[str, Any]], **kw: Any) -> Any:
-    return open_harness(
-        tmp_path,
-        replies=[call("gate"), *replies],
-        tools=toolset(gate),
-        profiles={"general": with_tools(["gate"])},
-        **kw,
-    )
 
 
 async def _users(h: Any) -> list[str]:
@@ -38,7 +28,7 @@ async def test_messages_queue_while_a_run_is_active(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
         gate = GateTool()
         replies = [{"text": "first done"}, {"text": "B done"}, {"text": "C done"}]
-        async with _gated(tmp_path, gate, replies, message_queue_max=2) as h:
+        async with gated_harness(tmp_path, gate, replies, message_queue_max=2) as h:
             s = await h.session("s1")
             s.send("hi")
             await gate.entered.wait()
@@ -71,7 +61,7 @@ async def test_messages_queue_while_a_run_is_active(tmp_path: Path) -> None:
 async def test_queue_drains_with_nobody_connected(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
         gate = GateTool()
-        async with _gated(tmp_path, gate, [{"text": "1"}, {"text": "2"}]) as h:
+        async with gated_harness(tmp_path, gate, [{"text": "1"}, {"text": "2"}]) as h:
             actor = await h.runtime.sessions.get("s1")
             actor.send_message("hi")
             await gate.entered.wait()
@@ -85,7 +75,7 @@ async def test_queue_drains_with_nobody_connected(tmp_path: Path) -> None:
 async def test_stop_ends_the_run_and_keeps_the_queue(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
         gate = GateTool()
-        async with _gated(tmp_path, gate, [{"text": "queued answer"}]) as h:
+        async with gated_harness(tmp_path, gate, [{"text": "queued answer"}]) as h:
             s = await h.session("s1")
             s.send("hi")
             await gate.entered.wait()
@@ -132,7 +122,7 @@ async def test_compact_twice_gives_nothing_to_compact(tmp_path: Path) -> None:
 async def test_compact_while_a_run_is_active_is_refused(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
         gate = GateTool()
-        async with _gated(tmp_path, gate, [{"text": "done"}]) as h:
+        async with gated_harness(tmp_path, gate, [{"text": "done"}]) as h:
             s = await h.session("s1")
             s.send("hi")
             await gate.entered.wait()
@@ -164,7 +154,7 @@ async def test_a_subscriber_replays_what_it_missed(tmp_path: Path) -> None:
 async def test_shutdown_with_a_run_active_and_messages_queued(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
         gate = GateTool()
-        async with _gated(tmp_path, gate, [{"text": "never"}]) as h:
+        async with gated_harness(tmp_path, gate, [{"text": "never"}]) as h:
             s = await h.session("s1")
             s.send("hi")
             await gate.entered.wait()
@@ -224,7 +214,7 @@ async def test_an_actor_with_a_subscriber_a_run_or_a_queue_does_not_retire(
     tmp_path: Path, mock_clock: trio.testing.MockClock
 ) -> None:
     gate = GateTool()
-    async with _gated(tmp_path, gate, [{"text": "done"}], session_idle_sec=60) as h:
+    async with gated_harness(tmp_path, gate, [{"text": "done"}], session_idle_sec=60) as h:
         s = await h.session("s1")
         actor = s.actor
         await trio.testing.wait_all_tasks_blocked()  # the actor saw the subscriber come
@@ -249,7 +239,7 @@ async def test_a_steer_the_queues_cap_dropped_never_joins_the_turn(tmp_path: Pat
     with trio.fail_after(TIMEOUT):
         gate = GateTool()
         replies = [{"text": "first done"}, {"text": "kept done"}]
-        async with _gated(tmp_path, gate, replies, message_queue_max=1) as h:
+        async with gated_harness(tmp_path, gate, replies, message_queue_max=1) as h:
             s = await h.session("s1")
             s.send("hi")
             await gate.entered.wait()
