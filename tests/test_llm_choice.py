@@ -48,7 +48,11 @@ def extra(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return state
 
 
-async def test_ollama_is_used_when_it_answers(extra: list[bool]) -> None:
+async def test_ollama_is_used_when_it_answers(
+    extra: list[bool], mock_clock: trio.testing.MockClock
+) -> None:
+    # A clock that stands still: the fake server answers over a real socket, and the
+    # probe's 0.5 s bound cannot run out on a loaded machine (it did once, at load 14).
     async with open_fake_llm() as server:
         settings = Settings(llm_url=server.url)
         choice = await choose_backend(settings, {}, configured=False)
