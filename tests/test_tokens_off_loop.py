@@ -64,10 +64,15 @@ def gate(h: Harness) -> GatedLoad:
 
 @asynccontextmanager
 async def held(
-    tmp_path: Path, replies: list[dict[str, Any]], text: str, **flags: Any
+    tmp_path: Path, replies: list[dict[str, Any]], text: str, requests: int, **flags: Any
 ) -> AsyncIterator[tuple[Harness, GatedLoad, SessionDriver]]:
     """A fresh runtime with the load held at the gate, `text` sent to session s1, and
-    every task waiting: the turn stands where it needs the encoding, off the loop."""
+    every task waiting: the turn stands where it needs the encoding, off the loop, once
+    the fake LLM has had `requests` requests.
+
+    All tasks blocked is not enough alone: a task waiting for a worker thread (a name
+    look-up on the way to the fake LLM) counts as blocked, and on a loaded machine the
+    cushion ran out before the first request came (seen once at load ~15)."""
     profiles = {"general": with_tools(["echo"], planning_first_message=False, **flags)}
     async with open_harness(
         tmp_path, replies=replies, tools=toolset(EchoTool()), profiles=profiles
@@ -75,7 +80,12 @@ async def held(
         gated = gate(h)
         s = await h.session("s1")
         s.send(text)
+        assert h.fake is not None
         await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+        while not gated.on_trio and (
+            not gated.waited.is_set() or len(h.fake.chat_requests) < requests
+        ):
+            await trio.testing.wait_all_tasks_blocked(cushion=0.05)
         assert gated.on_trio == [], gated.on_trio[0]
         yield h, gated, s
 
@@ -87,7 +97,7 @@ async def test_a_turn_waits_for_the_load_off_the_loop_and_goes_on_when_it_is_don
     # needs counts, and waits for them without holding the trio thread.
     replies = [call("echo", text="one"), {"text": "done"}]
     with trio.fail_after(TIMEOUT):
-        async with held(tmp_path, replies, "echo one") as (h, gated, s):
+        async with held(tmp_path, replies, "echo one", 1) as (h, gated, s):
             assert h.fake is not None and len(h.fake.chat_requests) == 1
             assert gated.waited.is_set() and not loaded(h)
             gated.gate.set()
@@ -106,7 +116,7 @@ async def test_an_active_budget_counts_the_prompt_after_the_load_not_during_it(
     replies = [{"text": "done", "prompt_tokens": 50, "completion_tokens": 5}]
     budgets = {"turn": {"tokens": 100000}}
     with trio.fail_after(TIMEOUT):
-        async with held(tmp_path, replies, "hello", budgets=budgets) as (h, gated, s):
+        async with held(tmp_path, replies, "hello", 0, budgets=budgets) as (h, gated, s):
             assert h.fake is not None and h.fake.chat_requests == []  # waits to count
             gated.gate.set()
             frames = await s.until_end()
@@ -118,7 +128,7 @@ async def test_an_active_budget_counts_the_prompt_after_the_load_not_during_it(
 async def test_a_stop_while_the_turn_waits_for_the_load_ends_it_at_once(tmp_path: Path) -> None:
     replies = [call("echo", text="one"), {"text": "never asked"}]
     with trio.fail_after(TIMEOUT):
-        async with held(tmp_path, replies, "echo one") as (h, gated, s):
+        async with held(tmp_path, replies, "echo one", 1) as (h, gated, s):
             assert gated.waited.is_set() and not gated.gate.is_set()
             assert s.stop() is True
             frames = await s.until_end()  # with the gate still shut
