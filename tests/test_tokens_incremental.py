@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -71,14 +71,15 @@ def test_a_changed_tool_call_list_is_a_new_list_and_counts_anew() -> None:
 
 
 class _CountingJson:
-    """Stands in for the `json` module inside tokens.py and counts dumps calls."""
+    """Stands in for tokens.py's JSON encoder (`_KEYED_JSON`) and counts its calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, real: Callable[[Any], str]) -> None:
+        self.real = real
         self.dumps_calls = 0
 
-    def dumps(self, *args: Any, **kwargs: Any) -> str:
+    def __call__(self, value: Any) -> str:
         self.dumps_calls += 1
-        return json.dumps(*args, **kwargs)
+        return self.real(value)
 
 
 def _round(i: int) -> list[dict[str, Any]]:
@@ -89,9 +90,8 @@ def _round(i: int) -> list[dict[str, Any]]:
     ]
 
 
-def _round_work(history_rounds: int, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
-    """(json.dumps calls, texts encoded) of one tool-loop round after `history_rounds`."""
-    counter = TokenCounter()
+def _recording(counter: TokenCounter, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The texts `counter` encodes from now on, in order."""
     encoded: list[str] = []
     real_encode = counter.encode
 
@@ -100,13 +100,20 @@ def _round_work(history_rounds: int, monkeypatch: pytest.MonkeyPatch) -> tuple[i
         return real_encode(text)
 
     monkeypatch.setattr(counter, "encode", encode)
+    return encoded
+
+
+def _round_work(history_rounds: int, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
+    """(json.dumps calls, texts encoded) of one tool-loop round after `history_rounds`."""
+    counter = TokenCounter()
+    encoded = _recording(counter, monkeypatch)
     builder = ContextBuilder(Settings(), counter)
     profile = AgentProfile(id="p", system_prompt="Help.")
     config = NaviConfig(persona="Navi.", default_profile="p", profiles={"p": profile})
     context: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
     baseline = Baseline()
-    spy = _CountingJson()
-    monkeypatch.setattr(tokens_module, "json", spy)
+    spy = _CountingJson(tokens_module._KEYED_JSON)
+    monkeypatch.setattr(tokens_module, "_KEYED_JSON", spy)
 
     def one_round(i: int) -> None:
         built = builder.build(config=config, profile=profile, context=context)
@@ -129,3 +136,19 @@ def test_a_rounds_counting_work_does_not_grow_with_history(
     long = _round_work(200, monkeypatch)
     assert long == short
     assert short[0] <= 2  # the new round's tool calls only
+
+
+def test_a_role_and_a_tool_name_are_encoded_once_a_counter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    counter = TokenCounter()
+    encoded = _recording(counter, monkeypatch)
+    long_name = "n" * 100  # a name the model made long is counted, not kept
+    messages = [
+        {"role": "tool", "content": f"out {i}", "name": name, "tool_call_id": f"c{i}"}
+        for i, name in enumerate(["echo", "echo", long_name, long_name])
+    ]
+    estimates = [counter.estimate_message(m) for m in messages]
+    assert encoded.count("tool") == 1 and encoded.count("echo") == 1
+    assert encoded.count(long_name) == 2
+    assert estimates == [TokenCounter().estimate_message(m) for m in messages]

@@ -64,6 +64,7 @@ from navi_trio.events import (
     WarningEvent,
     event_to_dict,
 )
+from navi_trio.jsonenc import dumps_with
 from navi_trio.notices import Notice
 from navi_trio.profiles import BudgetConfig, parse_budgets
 from navi_trio.strict import (
@@ -520,35 +521,9 @@ def encode(frame: Frame) -> str:
     return _dumps(frame)
 
 
-def _frame_json() -> typing.Callable[[Frame], str]:
-    """``json.dumps(frame, ensure_ascii=False, separators=(",", ":"))`` with its C
-    encoder made once: ``json.dumps`` makes one a call, which is most of the time a
-    small frame (a token's) takes. No check for a circular frame (a frame is a tree).
-    Without the C encoder, or if its (undocumented) signature changed, json.dumps."""
-
-    def slow(frame: Frame) -> str:
-        return json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
-
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:
-        return slow
-    default = json.JSONEncoder().default  # the TypeError json.dumps raises
-    # (markers, default, string encoder, indent, key and item separators, sort_keys,
-    # skipkeys, allow_nan): what JSONEncoder.iterencode passes for json.dumps's arguments
-    quote = json.encoder.encode_basestring
-    try:
-        encoder = make(None, default, quote, None, ":", ",", False, False, True)
-
-        def fast(frame: Frame) -> str:
-            return "".join(encoder(frame, 0))
-
-        probe: Frame = {"a": [1, 2.5, None, True, float("nan")], "\u00e9": '\u2028"\\'}
-        return fast if fast(probe) == slow(probe) else slow
-    except TypeError:
-        return slow
-
-
-_FRAME_JSON = _frame_json()
+# A frame's JSON text: ``json.dumps(frame, ensure_ascii=False, separators=(",", ":"))``
+# with its encoder made once (a token's frame is small: making one was most of its time).
+_FRAME_JSON = dumps_with(ensure_ascii=False, separators=(",", ":"))
 _QUOTE = json.encoder.encode_basestring  # a string's JSON, as the encoder above quotes it
 
 
@@ -557,5 +532,5 @@ def _dumps(frame: Frame) -> str:
     if has_lone_surrogate(text):
         # UTF-8 cannot carry it, and a JSON escape would hand it to the client, whose
         # terminal or store fails the same way: it goes out as U+FFFD.
-        text = json.dumps(clean_json(frame), ensure_ascii=False, separators=(",", ":"))
+        text = _FRAME_JSON(clean_json(frame))
     return text

@@ -38,6 +38,7 @@ from navi_trio.errors import (
     LLMMalformedStreamError,
     LLMStatusError,
 )
+from navi_trio.jsonenc import dumps_with
 from navi_trio.llm.base import DoneChunk, LLMChunk, ToolCall
 from navi_trio.llm.client import LLMClient
 from navi_trio.llm.lines import LINE_MAX_BYTES, LineSplitter
@@ -355,10 +356,13 @@ def json_text(value: Any) -> str:
     as U+FFFD. Either way the session keeps working.
     """
     try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        text = _BODY_JSON(value)
     except ValueError:
-        text = json.dumps(finite_only(value), ensure_ascii=False, allow_nan=False)
+        text = _BODY_JSON(finite_only(value))
     return clean_text(text)
+
+
+_BODY_JSON = dumps_with(ensure_ascii=False, allow_nan=False)
 
 
 def json_body(body: dict[str, Any]) -> bytes:

