@@ -1,7 +1,8 @@
 """A SIGKILL in the middle of a restore or a snapshot leaves the folder before or after.
 
 A child process (forked from this file run as a script, which imported the engine once
-for the test) opens the engine on the test's data folder and restores (or snapshots);
+for the test) opens the engine on the test's data folder and restores (or snapshots),
+each restore to the other of two trees (A to B, B to A: no restore back between kills);
 the test kills it with SIGKILL at a random moment, then
 opens the engine itself, which completes any journal the child left. The folder must
 then be exactly the tree before or the tree after, and exactly after when the child
@@ -193,27 +194,26 @@ async def test_a_restore_killed_at_random_points_is_completed_by_the_next_open(
             users_own(work)
             b = await snap(engine, "s", [work], private)
             tree_b = tree_of(work)
-            await engine.restore("s", a, private=private)
-            assert tree_of(work) == tree_a
+        trees = {a: tree_a, b: tree_b}
 
         async with _warm(tmp_path, work) as warm:
-            # Calibrate: how long the apply takes when nothing kills it.
-            child = await warm.child("restore", b)
+            # Calibrate: how long the apply takes when nothing kills it (B back to A).
+            child = await warm.child("restore", a)
             await _wait_line(child, "ready")
             assert await _journal_appears(journal, child)
             started = time.monotonic()
             assert await child.wait() == 0
             apply_sec = time.monotonic() - started
             now = tree_of(work)
-            assert now == tree_b
+            assert now == tree_a
 
             mid_apply = torn = 0
             for run in range(RUNS):
-                if now != tree_a:  # back to A (a kill before the restore began left A)
-                    async with engine_for(settings) as engine:
-                        await engine.restore("s", a, private=private)
-                    assert tree_of(work) == tree_a
-                child = await warm.child("restore", b)
+                # To the other tree: A to B, B to A (a kill before the restore began left
+                # the folder where it was, and the next run restores the same way again).
+                before, target = (tree_a, b) if now == tree_a else (tree_b, a)
+                after = trees[target]
+                child = await warm.child("restore", target)
                 await _wait_line(child, "ready")
                 if run % 2:  # during the apply, at a random point
                     if await _journal_appears(journal, child):
@@ -228,9 +228,9 @@ async def test_a_restore_killed_at_random_points_is_completed_by_the_next_open(
                 async with engine_for(settings):  # the next open completes the journal
                     pass
                 now = tree_of(work)
-                assert now in (tree_a, tree_b), diff(tree_b, now)
+                assert now in (before, after), diff(after, now)
                 if journaled:
-                    assert now == tree_b, f"run {run}: a journal was left, the restore must finish"
+                    assert now == after, f"run {run}: a journal was left, the restore must finish"
                 assert not _journals(journal) and _leftovers(now) == []
         assert mid_apply >= RUNS // 4, f"only {mid_apply} kills landed mid-apply"
         assert torn >= 1, "no kill left a half-restored folder: the test proved nothing"

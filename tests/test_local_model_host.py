@@ -54,6 +54,7 @@ SIGNALS = {
     "SIGKILL": "SIGKILL, killed",
 }
 FAKE_MODEL = "fake-remote"
+SHORT_PROMPT = {"system_prompt": "Answer briefly.", "system_prompt_file": None}
 
 
 @pytest.fixture(autouse=True)
@@ -79,11 +80,13 @@ def _config(answer_max_tokens: int = 8) -> Any:
     # The shipped `local` profile without tools (so a reply is one plain generation), and
     # the same for a session on the fake server. Short answers (8 tokens: more than the 4
     # a crash mid-answer waits for): the tests are about ends, and assert only that an
-    # answer has words.
-    local = with_tools([], answer_max_tokens=answer_max_tokens)
+    # answer has words. A one-line system prompt and no persona: the model reads every
+    # prompt token at about the speed it writes one, and the shipped texts were ~110 of
+    # the ~130 tokens of each prompt, read again after each crash.
+    local = with_tools([], answer_max_tokens=answer_max_tokens, **SHORT_PROMPT)
     shipped = json.loads(default_config_path().read_text(encoding="utf-8"))["profiles"]["local"]
     remote = {**shipped, **local, "model": FAKE_MODEL}  # a copy of it: no planning call either
-    return make_config({"local": local, "remote": remote})
+    return make_config({"local": local, "remote": remote}, persona="")
 
 
 def _open(
@@ -313,9 +316,11 @@ async def main():
     settings = Settings.from_env({{}}, db_path=tmp / "navi.db", data_dir=tmp / "data",
                                  num_ctx=2048, llm_backend="local", local_threads={THREADS})
     # The shipped profile without tools: one plain generation, no choice of a tool
-    # (whose prompt, the tools' descriptions, is most of the time of a run here).
+    # (whose prompt, the tools' descriptions, is most of the time of a run here); a
+    # one-line prompt and no persona, as the tests in this file have (`_config`).
     config = test_config({{"local": {{"tools": {{"agent": [], "subagent": []}},
-                                      "answer_max_tokens": 8}}}})
+                                      "answer_max_tokens": 8, **{SHORT_PROMPT!r}}}}},
+                         persona="")
     async with open_runtime(settings, config=config) as rt:
         await rt.store.create_session("s1", profile_id="local")
         async with rt.agent.run_stream("s1", "Hello!") as stream:

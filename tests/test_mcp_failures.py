@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -213,6 +214,28 @@ async def test_a_server_failing_its_start_five_times_in_a_row_is_left_failed(
                 actor.retry()
                 await actor.until("ready", starts=MAX_FAILURES + 1)
             ticker.cancel_scope.cancel()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root daemon looks for the program first")
+async def test_a_program_that_is_not_there_fails_its_start_with_no_wait(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    """A root daemon looks for the program before it starts it as the tool user: when
+    it is not there, nothing ran, so the attempt ends at once. The clock moves only by
+    hand here: a wait for the child's stderr to close (STOP_GRACE, the pipe's write end
+    left open) would never end (the real-time limit would fail the test)."""
+    missing = tmp_path / "no-such-program"
+    actor = McpConnection("missing", McpServerConfig(command=str(missing), timeout_sec=60.0))
+    mock_clock.autojump_threshold = math.inf
+    start = trio.current_time()
+    with real_time_limit(LIMIT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(actor.run)
+            await actor.until("restarting")
+            nursery.cancel_scope.cancel()
+    assert trio.current_time() == start
+    assert actor.error is not None and "FileNotFoundError" in actor.error, actor.error
+    assert str(missing) in actor.error
 
 
 NOT_OBJECTS = [

@@ -140,9 +140,11 @@ def test_config(
     base: Path | None = None,
     default_profile: str | None = None,
     models: Mapping[str, Mapping[str, Any]] | None = None,
+    persona: str | None = None,
 ) -> ConfigSource:
     """A ConfigSource on the shipped config, with `profiles` merged over its profiles
-    (`{"general": {"think_enabled": False}}` changes one flag; a new id adds a profile).
+    (`{"general": {"think_enabled": False}}` changes one flag; a new id adds a profile);
+    `persona`: this text instead of the shipped persona file ("": none).
     """
     path = base or default_config_path()
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -150,6 +152,9 @@ def test_config(
         data["profiles"][pid] = {**data["profiles"].get(pid, {}), **changes}
     if default_profile:
         data["default_profile"] = default_profile
+    if persona is not None:
+        data.pop("persona_file", None)
+        data["persona"] = persona
     if models is not None:
         data["models"] = dict(models)
     return ConfigSource(path, initial=parse_config(data, path))

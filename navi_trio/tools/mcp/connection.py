@@ -302,24 +302,25 @@ class McpConnection:
         # Runs after the SDK's shutdown (the stack unwinds in reverse).
         stack.push_async_callback(_end_strays, tag, errread, drained, leaf)
         command, args, env = cfg.command, list(cfg.args), {**cfg.env, TAG_VAR: tag}
-        user = run_as(self.tool_user)  # never root (tools/runas.py)
-        if user is not None or leaf is not None:
-            # Started through a drop or bash, a missing program would only be a closed pipe.
-            path = env.get("PATH") or os.environ.get("PATH")
-            if shutil.which(command, path=path) is None:
-                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
-        if user is not None:
-            command, *args = await dropped_argv(user, command, args, self.bwrap_path, path=path)
-            env = {**user.env(), "HOME": user.home, **env}  # what the entry sets wins
-        if leaf is not None:  # in its cgroup before it runs anything of the server
-            command, *args = leaf.self_entry_argv([command, *args])
-        params = StdioServerParameters(command=command, args=args, env=env, cwd=cfg.cwd)
-        try:
+        # The child has its own copy of `errlog`: EOF comes when the last holder exits. Ours
+        # is closed whatever happens here: `_end_strays` waits for that EOF (STOP_GRACE at
+        # most), so a program that never started would otherwise cost that wait each time.
+        with errlog:
+            user = run_as(self.tool_user)  # never root (tools/runas.py)
+            if user is not None or leaf is not None:
+                # Started through a drop or bash, a missing program would only be a closed pipe.
+                path = env.get("PATH") or os.environ.get("PATH")
+                if shutil.which(command, path=path) is None:
+                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
+            if user is not None:
+                command, *args = await dropped_argv(user, command, args, self.bwrap_path, path=path)
+                env = {**user.env(), "HOME": user.home, **env}  # what the entry sets wins
+            if leaf is not None:  # in its cgroup before it runs anything of the server
+                command, *args = leaf.self_entry_argv([command, *args])
+            params = StdioServerParameters(command=command, args=args, env=env, cwd=cfg.cwd)
             streams: tuple[Any, Any] = await stack.enter_async_context(
                 stdio_client(params, errlog=errlog)
             )
-        finally:
-            errlog.close()  # the child has its own copy: EOF comes when the last holder exits
         return streams
 
     def _open_leaf(self) -> CommandGroup | None:
