@@ -20,6 +20,9 @@ one daemon and no Cluster. docs/pages/scaling.md describes the whole; the rules 
   are sent (`sent`): none goes out after another daemon claimed the session, and that
   daemon's claim waits until they are handed to the session here (`caught_up`). A break
   in the seqs or another epoch is a ``resync``.
+- A user's notice (``navi_notices``, every daemon listens) goes out through the same
+  outbox, after the frames published before it; each daemon hands another's to its own
+  clients of the user (`share_notices`).
 - While the listener is down, what needs it is refused (``storage``); once back, every
   followed session is told ``resync`` and the failover scan runs at once.
 - Failover: a lease is live while unexpired and, on this machine, its pid lives (watched
@@ -46,6 +49,7 @@ from navi_trio.core.session import Dropped, to_row
 from navi_trio.core.turn import SessionLeases, UserMessage
 from navi_trio.errors import NaviError, StoreError
 from navi_trio.events import AgentEvent
+from navi_trio.notices import Notice, UserNotices, notice_data, notice_of
 from navi_trio.store.base import (
     HANDED_HOST,
     HANDED_PID,
@@ -63,6 +67,7 @@ Outgoing = tuple[str, str, Fence | None]  # channel, payload, the fence it must 
 Encode = Callable[[AgentEvent, str, "int | None", "str | None"], Frame]
 FOLLOW_CHANNEL = "navi_follow"
 DAEMONS_CHANNEL = "navi_daemons"  # a daemon started: (owner, pid, host), to be watched
+NOTICES_CHANNEL = "navi_notices"  # a user's notice (a scheduled run ended), for every daemon
 INBOX_MAX = 20_000  # notifications waiting for the handler; past it, dropped (a resync)
 BATCH_MAX = 500  # frames per NOTIFY transaction
 WATCH_MAX = 256  # daemons of this machine watched through pidfds
@@ -139,6 +144,7 @@ class Cluster:
         self._nursery: trio.Nursery | None = None
         # Told of each committed change of the users table (core/session/user_watch.py).
         self.users_changed: Callable[[], None] = lambda: None
+        self.notices: UserNotices | None = None  # this daemon's clients' (`share_notices`)
         self.dropped = 0  # notifications dropped (inbox or outbox full)
 
     def attach(
@@ -158,6 +164,7 @@ class Cluster:
                 await self.bus.listen(FOLLOW_CHANNEL)
                 await self.bus.listen(USERS_CHANNEL)
                 await self.bus.listen(DAEMONS_CHANNEL)
+                await self.bus.listen(NOTICES_CHANNEL)
                 for sid, owner in await self.bus.follows():
                     if owner != self.owner:
                         self._followers.setdefault(sid, set()).add(owner)
@@ -443,6 +450,24 @@ class Cluster:
             note = json.dumps({"s": session_id, "o": self.owner, "on": False})
             await self.bus.notify([(FOLLOW_CHANNEL, note)])
 
+    def share_notices(self, notices: UserNotices) -> None:
+        """The users' notices published here reach their clients on the other daemons, and
+        theirs the clients here. They go out through the same outbox as the frames, so a
+        notice that follows a run's end (a scheduled run's ``schedule_run``) reaches
+        another daemon after that end, as it does here."""
+        self.notices = notices
+        notices.elsewhere = self._publish_notice
+
+    def _publish_notice(self, user_id: str, notice: Notice) -> None:
+        data = {"u": user_id, "n": notice_data(notice), "d": self._tag}
+        payload = json.dumps(data, ensure_ascii=False)
+        try:
+            self._out_send.send_nowait((NOTICES_CHANNEL, payload, None))
+            self._queued += 1
+        except trio.WouldBlock:
+            self.dropped += 1
+            log.warning("a notice for user %s was not passed to the other daemons", user_id)
+
     def tap(self, encode: Encode) -> Encode:
         """`encode`, and every frame it makes for a session followed elsewhere published."""
 
@@ -573,12 +598,23 @@ class Cluster:
             data = _load(text) if text is not None else None
             if data is None:
                 return
+        if channel == NOTICES_CHANNEL:
+            self._notice(data)
+            return
         frame = data.get("f")
         if not isinstance(frame, dict) or self.registry is None or data.get("d") == self._tag:
             return  # not a frame, or our own (we follow what we run too)
         actor = self.registry.actor(str(frame.get("session_id")))
         if actor is not None:
             actor.relay(frame)
+
+    def _notice(self, data: dict[str, Any]) -> None:
+        """A user's notice another daemon published: to the user's clients here."""
+        user_id, notice = data.get("u"), notice_of(data.get("n"))
+        if self.notices is None or data.get("d") == self._tag:
+            return  # ours: its clients here had it when it was published
+        if isinstance(user_id, str) and notice is not None:
+            self.notices.publish_here(user_id, notice)
 
     @staticmethod
     def _follow_note(followers: dict[str, set[str]], sid: str, owner: str, on: bool) -> None:
