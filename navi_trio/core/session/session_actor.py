@@ -53,7 +53,6 @@ from navi_trio.core.turn import (
 from navi_trio.errors import (
     AuthError,
     NaviError,
-    NothingToCompactError,
     RequestError,
     SessionBusyError,
     StorageError,
@@ -829,8 +828,6 @@ class SessionActor:
             async with self.parts.compact_stream(self.session_id) as events:
                 async for event in events:
                     self.publish(event)
-        except NothingToCompactError as exc:
-            self.publish(ErrorEvent(message=str(exc), code="nothing_to_compact"))
         except NaviError as exc:  # its lease held elsewhere, the store: said, not raised
             code = exc.code if isinstance(exc, RequestError) else "error"
             self.publish(ErrorEvent(message=str(exc), code=code))

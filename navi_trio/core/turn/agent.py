@@ -51,7 +51,6 @@ from navi_trio.core.turn.workspace import hold_roots
 from navi_trio.errors import (
     LeaseLostError,
     LLMError,
-    NothingToCompactError,
     NotQueuedError,
     RequestError,
     SessionBusyError,
@@ -70,6 +69,7 @@ from navi_trio.tools.services import SpawnRequest
 
 log = logging.getLogger(__name__)
 
+NOTHING_TO_COMPACT = "nothing to compact: the context is already short or already a summary"
 DEAD_TURN = "the daemon running this turn died (or stopped answering past its lease)"
 
 
@@ -544,9 +544,10 @@ class Agent:
     @asynccontextmanager
     async def compact_stream(self, session_id: str) -> AsyncIterator[EventReceiver]:
         """Forced compression: CompressionStarted + ContextCompressed, on the same kind of
-        bounded channel as a run's events.
-
-        Raises NothingToCompactError on entry when there is nothing (new) to compress.
+        bounded channel as a run's events; when there is nothing (new) to compress, one
+        ErrorEvent (``nothing_to_compact``) instead. Like a run's end (`_say_failed`), it
+        is on the channel, read and published while the lease is held: a daemon that
+        claims the session at its release has it before its run, none gets it later.
         """
         # Another process must not run the session while its context is rewritten.
         async with self.leases.hold(session_id):
@@ -562,15 +563,15 @@ class Agent:
                 emit=emitter(send),
             )
             runner = TurnRunner(self.parts, turn)
-            if not self.parts.compressor(runner.complete).would_compress(
+            nothing = not self.parts.compressor(runner.complete).would_compress(
                 state.context, profile=turn.profile, shrink=True
-            ):
-                raise NothingToCompactError(
-                    "nothing to compact: the context is already short or already a summary"
-                )
+            )
 
             async def compact() -> None:
                 async with send:
+                    if nothing:
+                        turn.emit(ErrorEvent(message=NOTHING_TO_COMPACT, code="nothing_to_compact"))
+                        return
                     await self.parts.counter.preload()
                     tokens = self.parts.counter.estimate_messages(state.context)
                     try:
