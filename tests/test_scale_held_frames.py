@@ -25,6 +25,8 @@ from pg_server import sql
 from test_broadcast_relay import drained
 from test_scale_relay import TIMEOUT, daemon
 
+from navi_trio.core.cluster import cluster as cluster_module
+from navi_trio.core.cluster.cluster import session_channel
 from navi_trio.core.history.rewind import Target
 from navi_trio.core.session import Frame, SessionActor, Subscription
 from navi_trio.core.turn import UserMessage
@@ -371,3 +373,73 @@ async def test_a_runs_end_heard_late_by_the_daemon_claiming_at_its_release_still
     ends = [r for t, r in got if t == "stream_end"]
     assert ends == ["complete", "stopped"], got
     assert order.on_bus_at_release, "A's end was sent after the release"
+
+
+async def stuck_on(b: Runtime, session_id: str) -> tuple[trio.Event, trio.Event]:
+    """B's handler takes a notification of `session_id` and stays on it until the second
+    event is set; the first is set once it is stuck there."""
+    assert b.cluster is not None
+    handle, stuck, gate = b.cluster._handle, trio.Event(), trio.Event()
+
+    async def handling(channel: str, payload: str) -> None:
+        if channel == session_channel(session_id) and not gate.is_set():
+            stuck.set()
+            await gate.wait()
+        await handle(channel, payload)
+
+    b.cluster._handle = handling  # type: ignore[method-assign]
+    note = json.dumps({"f": {"type": "x", "session_id": session_id}, "d": "another"})
+    await b.cluster.bus.notify([(session_channel(session_id), note)])
+    await stuck.wait()
+    return stuck, gate
+
+
+async def test_a_claims_catch_up_waits_for_no_other_sessions_backlog(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B's handler is stuck on a notification of session s2; the catch-up of a claim of s1
+    (which B follows too) is back at once: nothing of s1's waits. Before, its mark waited
+    behind the handler's whole backlog, up to its bound (made endless here)."""
+    monkeypatch.setattr(cluster_module, "CAUGHT_UP_SEC", 3600.0)
+    with trio.fail_after(TIMEOUT):
+        async with daemon(tmp_path / "b", pg_url, []) as b:
+            assert b.cluster is not None
+            await b.cluster.follow(SID)
+            await b.cluster.follow("s2")
+            _, gate = await stuck_on(b, "s2")
+            await b.cluster.caught_up(SID)
+            gate.set()
+
+
+async def test_a_claims_catch_up_still_waits_for_its_own_sessions_earlier_frames(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B's handler is stuck on a notification of s1 sent before the claim: the claim's
+    catch-up comes back only once that one is handled, though its mark came back first."""
+    monkeypatch.setattr(cluster_module, "CAUGHT_UP_SEC", 3600.0)
+    with trio.fail_after(TIMEOUT):
+        async with daemon(tmp_path / "b", pg_url, []) as b:
+            assert b.cluster is not None
+            cluster = b.cluster
+            await cluster.follow(SID)
+            _, gate = await stuck_on(b, SID)
+            mark_back, said = cluster._mark_back, trio.Event()
+            order: list[str] = []
+
+            def back(payload: str) -> None:
+                mark_back(payload)
+                said.set()
+
+            cluster._mark_back = back  # type: ignore[method-assign]
+            async with trio.open_nursery() as nursery:
+
+                async def catch_up() -> None:
+                    await cluster.caught_up(SID)
+                    order.append("caught up")
+
+                nursery.start_soon(catch_up)
+                await said.wait()  # the mark is back, the session's frame not handled
+                await trio.testing.wait_all_tasks_blocked()
+                order.append("released")
+                gate.set()
+    assert order == ["released", "caught up"]

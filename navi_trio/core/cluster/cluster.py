@@ -137,8 +137,14 @@ class Cluster:
         self._publishing = False
         leases.before_release = self.sent
         leases.after_claim = self.caught_up
-        self._marks: dict[int, trio.Event] = {}  # this daemon's marks on its own channel
+        # This daemon's marks on its own channel (`caught_up`): the session channel each
+        # waits for, and the event set once that channel's earlier notifications are handled.
+        self._marks: dict[int, tuple[str, trio.Event]] = {}
         self._marked = 0
+        # Per channel with notifications in the inbox: [queued, handled] so far, and the
+        # marks that wait until `handled` reaches a count.
+        self._inbox: dict[str, list[int]] = {}
+        self._waits: dict[str, list[tuple[int, trio.Event]]] = {}
         self._handling = False
         self._in_send, self._in_recv = trio.open_memory_channel[tuple[str, str]](INBOX_MAX)
         self._nursery: trio.Nursery | None = None
@@ -502,13 +508,15 @@ class Cluster:
         after a claim of its lease, so that this daemon's run takes none of them for a
         replaced owner's late frame. A mark sent on this daemon's own channel comes back
         through the listener behind every notification committed before it, and the
-        handler takes them in order. Only for a session followed here, while the listener
-        is up (down, what is sent meanwhile is lost anyway: a resync); bounded."""
+        handler takes them in order; once it is back, this waits only for the session's own
+        notifications that came before it, not for the handler's backlog of other sessions
+        (`_mark_back`). Only for a session followed here, while the listener is up (down,
+        what is sent meanwhile is lost anyway: a resync); bounded."""
         if session_id not in self._following or not self._handling or not self.bus.up:
             return
         self._marked += 1
         mark, back = self._marked, trio.Event()
-        self._marks[mark] = back
+        self._marks[mark] = (session_channel(session_id), back)
         try:
             with trio.move_on_after(CAUGHT_UP_SEC):
                 payload = json.dumps({"k": "mark", "n": mark})
@@ -549,10 +557,46 @@ class Cluster:
         if channel == USERS_CHANNEL:  # never dropped behind a full inbox of frames
             self.users_changed()
             return
+        if channel == daemon_channel(self.owner) and payload.startswith('{"k": "mark"'):
+            self._mark_back(payload)  # (`caught_up`) not behind the inbox either
+            return
         try:
             self._in_send.send_nowait((channel, payload))
         except trio.WouldBlock:
             self.dropped += 1
+            return
+        self._inbox.setdefault(channel, [0, 0])[0] += 1
+
+    def _mark_back(self, payload: str) -> None:
+        """A mark of `caught_up` came back: every notification committed before it has come
+        too. Its wait ends once those of its session's channel are handled (now, when none
+        waits in the inbox)."""
+        data = _load(payload)
+        mark = data.get("n") if data is not None else None
+        entry = self._marks.get(mark) if isinstance(mark, int) else None
+        if entry is None:
+            return
+        channel, back = entry
+        count = self._inbox.get(channel)
+        if count is None:
+            back.set()
+        else:
+            self._waits.setdefault(channel, []).append((count[0], back))
+
+    def _handled(self, channel: str) -> None:
+        """One notification of `channel` handled: the marks waiting for it are back."""
+        count = self._inbox.get(channel)
+        if count is None:
+            return
+        count[1] += 1
+        waits = self._waits.get(channel, [])
+        for target, back in waits:
+            if target <= count[1]:
+                back.set()
+        waits[:] = [(target, back) for target, back in waits if target > count[1]]
+        if count[1] >= count[0]:  # none left in the inbox (nor a mark waiting for one)
+            del self._inbox[channel]
+            self._waits.pop(channel, None)
 
     async def _handler(self) -> None:
         self._handling = True
@@ -562,6 +606,8 @@ class Cluster:
                     await self._handle(channel, payload)
                 except NaviError as exc:
                     log.warning("a cluster notification on %s failed: %s", channel, exc)
+                finally:
+                    self._handled(channel)
         finally:
             self._handling = False
 
@@ -582,12 +628,6 @@ class Cluster:
                 self._watch([(who, pid, host)])
             return
         if channel == daemon_channel(self.owner):
-            if data.get("k") == "mark":  # (`caught_up`)
-                mark = data.get("n")
-                back = self._marks.get(mark) if isinstance(mark, int) else None
-                if back is not None:
-                    back.set()
-                return
             if await self.calls.received(data):  # approvals, tasks (core/cluster/owner_calls.py)
                 return
             await self._command(str(data.get("k")), str(data.get("s")), data)
