@@ -443,3 +443,73 @@ async def test_a_claims_catch_up_still_waits_for_its_own_sessions_earlier_frames
                 order.append("released")
                 gate.set()
     assert order == ["released", "caught up"]
+
+
+async def died_after_its_answer(a: Runtime, pg_url: str, frames: list[Frame]) -> None:
+    """A daemon of this machine saved its turn's answer and died holding the lease, its
+    `frames` (its epoch "dead") heard by the daemons following the session."""
+    await died_mid_turn(a, pg_url)
+    sql(pg_url, "INSERT INTO messages (session_id, position, role, content, is_plan, data,"
+                " created_at) VALUES (%s, 1, 'assistant', 'the answer', false, %s, 0)",
+        (SID, json.dumps({"role": "assistant", "content": "the answer"})))  # fmt: skip
+    assert a.cluster is not None
+    notes = [(session_channel(SID), json.dumps({"f": f, "d": "dead"})) for f in frames]
+    await a.cluster.bus.notify(notes)
+
+
+def dead_frame(seq: int, type_: str, **fields: Any) -> Frame:
+    return {"type": type_, "session_id": SID, "seq": seq, "epoch": "dead", **fields}
+
+
+async def dead_turn_heard_on_b(
+    tmp_path: Path, pg_url: str, frames: list[Frame], *, b_takes_it: bool
+) -> list[tuple[Any, ...]]:
+    """A dead daemon's turn, its answer saved and `frames` of it heard on B, whose client
+    follows the session: taken over (twice) by B, or else by A. What B's client gets."""
+    with trio.fail_after(TIMEOUT):
+        async with daemon(tmp_path / "b", pg_url, []) as b:
+            assert b.cluster is not None
+            await b.store.create_session(SID, profile_id="general")
+            await b.cluster.follow(SID)
+            sub = (await b.sessions.get(SID)).subscribe()
+            async with daemon(tmp_path / "a", pg_url, []) as a:
+                await died_after_its_answer(a, pg_url, frames)
+                await b.cluster.caught_up(SID)  # B heard the dead daemon's frames
+                finder = b if b_takes_it else a
+                actor = await finder.sessions.get(SID)
+                await actor.take_over()
+                await actor.take_over()  # (again: nothing more to end)
+                await b.cluster.caught_up(SID)  # and what A said before its release
+                return [(f["type"], f.get("reason"), f.get("text")) for f in drained(sub)]
+
+
+async def test_a_dead_daemons_turn_saved_but_never_ended_is_ended_by_the_daemon_taking_it(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A daemon saved its turn's answer and died before its ``stream_end`` went out. B's
+    client heard the turn's text, then nothing: A, which takes the dead lease over, says
+    that turn's end, once, as the history has it (before, nobody said it: a client
+    waiting for the end, `navi run`, waited for ever)."""
+    text = dead_frame(1, "text_delta", text="the answer")
+    got = await dead_turn_heard_on_b(tmp_path, pg_url, [text], b_takes_it=False)
+    assert got == [
+        ("resync", None, None),  # the dead daemon's epoch, new to B
+        ("text_delta", None, "the answer"),
+        ("resync", None, None),
+        ("stream_end", "complete", "the answer"),
+    ], got
+
+
+async def test_a_dead_daemons_turn_ended_on_this_daemon_is_not_ended_again(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """Its ``stream_end`` went out before it died: B heard it, and B, taking the lease
+    over, says no second one."""
+    text = dead_frame(1, "text_delta", text="the answer")
+    end = dead_frame(2, "stream_end", reason="complete", text="the answer")
+    got = await dead_turn_heard_on_b(tmp_path, pg_url, [text, end], b_takes_it=True)
+    assert got == [
+        ("resync", None, None),  # the dead daemon's epoch, new to B
+        ("text_delta", None, "the answer"),
+        ("stream_end", "complete", "the answer"),
+    ], got
