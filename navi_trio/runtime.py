@@ -253,6 +253,8 @@ async def open_runtime(
                     ask_timeout=settings.cluster_ask_timeout_sec,
                 )
             notices = UserNotices()
+            if joined is not None:
+                joined.share_notices(notices)
 
             def run_ended(sid: str, msg: UserMessage, end: StreamEnd) -> None:
                 notify_schedule_run(notices, sid, msg, end, wall())

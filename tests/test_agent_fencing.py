@@ -438,7 +438,8 @@ async def test_a_daemon_dead_after_its_turns_last_save_leaves_no_turn_to_end(
     """A answered and died before it released its lease (the last thing its run does, after
     the stream_end): the lease row stays unreleased and runs out, as a dead daemon's. B's
     next message takes that lease over and finds A's turn ended in the history: it ends
-    nothing (no dead-turn mark, no daemon_died frames) and runs."""
+    nothing (no dead-turn mark, no daemon_died frames), says that turn's end as saved (B
+    cannot tell whether A said it before it died: nothing of A's reached B), and runs."""
     wall = virtual_wall()
     knobs = two_daemons(tmp_path)
     async with (
@@ -457,9 +458,14 @@ async def test_a_daemon_dead_after_its_turns_last_save_leaves_no_turn_to_end(
         assert (await a.turn("s1", "one"))[-1]["text"] == "one done"
         await died.wait()
         await trio.sleep(3.5)  # A's lease runs out on the wall clock
-        frames = await b.turn("s1", "two")
-        assert said(frames) == [("stream_end", None)], said(frames)
-        assert frames[-1]["text"] == "two done"
+        on_b = await b.session("s1")
+        on_b.send("two")
+        ends = [await on_b.until_end(), await on_b.until_end()]
+        assert [said(frames) for frames in ends] == [[("stream_end", None)]] * 2, ends
+        assert [(f[-1]["text"], f[-1]["reason"]) for f in ends] == [
+            ("one done", "complete"),
+            ("two done", "complete"),
+        ]
         assert len(looks.taken) == 1  # A's lease, taken over as a dead daemon's
         saved = await b.runtime.store.load_messages("s1")
     assert [(m["role"], m["content"], m.get("error")) for m in saved] == [

@@ -33,7 +33,16 @@ from navi_trio.api.protocol import event_frame, resync_frame
 from navi_trio.core.cluster import RelayBroadcast
 from navi_trio.core.session import SessionActor
 from navi_trio.core.turn import UserMessage
-from navi_trio.events import ErrorEvent, StreamEnd, TaskUpdate, TextDelta, ThinkingDelta
+from navi_trio.core.turn.agent import _end_as_saved
+from navi_trio.events import (
+    CompressionStarted,
+    ErrorEvent,
+    MessageQueued,
+    StreamEnd,
+    TaskUpdate,
+    TextDelta,
+    ThinkingDelta,
+)
 from navi_trio.testing import open_harness
 from navi_trio.testing.harness import Harness
 
@@ -52,6 +61,47 @@ def drained(sub: Any) -> list[dict[str, Any]]:
             out.append(sub.frames.receive_nowait())
         except trio.WouldBlock:  # nothing more now
             return out
+
+
+def test_a_turns_end_is_the_last_word_until_a_turns_frame_comes_own_or_relayed() -> None:
+    """`ended_last`: what a daemon taking a dead daemon's lease over asks before it says the
+    end of a turn the history shows ended (`SessionActor._say_dead_end`)."""
+    b = RelayBroadcast("s1", encode=event_frame, resync=resync_frame)
+    steps: list[bool] = [b.ended_last]
+    b.relay(relayed("e1", 1, "a"))
+    steps.append(b.ended_last)
+    b.relay(event_frame(StreamEnd(text="a"), "s1", 2, "e1"))
+    steps.append(b.ended_last)
+    b.relay(event_frame(MessageQueued(text="next", position=0), "s1", 3, "e1"))
+    b.relay(event_frame(CompressionStarted(reason="forced", tokens_before=9), "s1", 4, "e1"))
+    b.relay({"type": "task_update", "session_id": "s1"})  # out of band
+    steps.append(b.ended_last)  # between turns: still the end
+    b.relay(event_frame(CompressionStarted(reason="pre_turn", tokens_before=9), "s1", 5, "e1"))
+    steps.append(b.ended_last)  # a run's: its turn is on
+    b.publish(StreamEnd(text="own"))
+    steps.append(b.ended_last)
+    b.publish(StreamEnd(text="sub", is_subagent=True))
+    b.publish(TextDelta("x"))
+    steps.append(b.ended_last)
+    assert steps == [False, False, True, True, False, True, False]
+
+
+def test_the_end_said_for_a_turn_the_history_shows_ended_is_as_saved() -> None:
+    said = [
+        _end_as_saved(m)
+        for m in (
+            {"role": "assistant", "content": "done"},
+            {"role": "assistant", "content": "half", "partial": True, "stopped": True},
+            {"role": "assistant", "content": "so far", "partial": True, "budget": "spent"},
+            {"role": "assistant", "content": "", "error": "the model failed"},
+        )
+    ]
+    assert [(e.reason, e.text, e.stopped) for e in said] == [
+        ("complete", "done", False),
+        ("stopped", "half", True),
+        ("budget_exhausted", "so far", False),
+        ("error", "", False),
+    ]
 
 
 def test_a_new_epoch_whose_seq_follows_the_last_is_still_a_resync_and_taken() -> None:

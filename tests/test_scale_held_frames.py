@@ -25,6 +25,8 @@ from pg_server import sql
 from test_broadcast_relay import drained
 from test_scale_relay import TIMEOUT, daemon
 
+from navi_trio.core.cluster import cluster as cluster_module
+from navi_trio.core.cluster.cluster import session_channel
 from navi_trio.core.history.rewind import Target
 from navi_trio.core.session import Frame, SessionActor, Subscription
 from navi_trio.core.turn import UserMessage
@@ -371,3 +373,143 @@ async def test_a_runs_end_heard_late_by_the_daemon_claiming_at_its_release_still
     ends = [r for t, r in got if t == "stream_end"]
     assert ends == ["complete", "stopped"], got
     assert order.on_bus_at_release, "A's end was sent after the release"
+
+
+async def stuck_on(b: Runtime, session_id: str) -> tuple[trio.Event, trio.Event]:
+    """B's handler takes a notification of `session_id` and stays on it until the second
+    event is set; the first is set once it is stuck there."""
+    assert b.cluster is not None
+    handle, stuck, gate = b.cluster._handle, trio.Event(), trio.Event()
+
+    async def handling(channel: str, payload: str) -> None:
+        if channel == session_channel(session_id) and not gate.is_set():
+            stuck.set()
+            await gate.wait()
+        await handle(channel, payload)
+
+    b.cluster._handle = handling  # type: ignore[method-assign]
+    note = json.dumps({"f": {"type": "x", "session_id": session_id}, "d": "another"})
+    await b.cluster.bus.notify([(session_channel(session_id), note)])
+    await stuck.wait()
+    return stuck, gate
+
+
+async def test_a_claims_catch_up_waits_for_no_other_sessions_backlog(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B's handler is stuck on a notification of session s2; the catch-up of a claim of s1
+    (which B follows too) is back at once: nothing of s1's waits. Before, its mark waited
+    behind the handler's whole backlog, up to its bound (made endless here)."""
+    monkeypatch.setattr(cluster_module, "CAUGHT_UP_SEC", 3600.0)
+    with trio.fail_after(TIMEOUT):
+        async with daemon(tmp_path / "b", pg_url, []) as b:
+            assert b.cluster is not None
+            await b.cluster.follow(SID)
+            await b.cluster.follow("s2")
+            _, gate = await stuck_on(b, "s2")
+            await b.cluster.caught_up(SID)
+            gate.set()
+
+
+async def test_a_claims_catch_up_still_waits_for_its_own_sessions_earlier_frames(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B's handler is stuck on a notification of s1 sent before the claim: the claim's
+    catch-up comes back only once that one is handled, though its mark came back first."""
+    monkeypatch.setattr(cluster_module, "CAUGHT_UP_SEC", 3600.0)
+    with trio.fail_after(TIMEOUT):
+        async with daemon(tmp_path / "b", pg_url, []) as b:
+            assert b.cluster is not None
+            cluster = b.cluster
+            await cluster.follow(SID)
+            _, gate = await stuck_on(b, SID)
+            mark_back, said = cluster._mark_back, trio.Event()
+            order: list[str] = []
+
+            def back(payload: str) -> None:
+                mark_back(payload)
+                said.set()
+
+            cluster._mark_back = back  # type: ignore[method-assign]
+            async with trio.open_nursery() as nursery:
+
+                async def catch_up() -> None:
+                    await cluster.caught_up(SID)
+                    order.append("caught up")
+
+                nursery.start_soon(catch_up)
+                await said.wait()  # the mark is back, the session's frame not handled
+                await trio.testing.wait_all_tasks_blocked()
+                order.append("released")
+                gate.set()
+    assert order == ["released", "caught up"]
+
+
+async def died_after_its_answer(a: Runtime, pg_url: str, frames: list[Frame]) -> None:
+    """A daemon of this machine saved its turn's answer and died holding the lease, its
+    `frames` (its epoch "dead") heard by the daemons following the session."""
+    await died_mid_turn(a, pg_url)
+    sql(pg_url, "INSERT INTO messages (session_id, position, role, content, is_plan, data,"
+                " created_at) VALUES (%s, 1, 'assistant', 'the answer', false, %s, 0)",
+        (SID, json.dumps({"role": "assistant", "content": "the answer"})))  # fmt: skip
+    assert a.cluster is not None
+    notes = [(session_channel(SID), json.dumps({"f": f, "d": "dead"})) for f in frames]
+    await a.cluster.bus.notify(notes)
+
+
+def dead_frame(seq: int, type_: str, **fields: Any) -> Frame:
+    return {"type": type_, "session_id": SID, "seq": seq, "epoch": "dead", **fields}
+
+
+async def dead_turn_heard_on_b(
+    tmp_path: Path, pg_url: str, frames: list[Frame], *, b_takes_it: bool
+) -> list[tuple[Any, ...]]:
+    """A dead daemon's turn, its answer saved and `frames` of it heard on B, whose client
+    follows the session: taken over (twice) by B, or else by A. What B's client gets."""
+    with trio.fail_after(TIMEOUT):
+        async with daemon(tmp_path / "b", pg_url, []) as b:
+            assert b.cluster is not None
+            await b.store.create_session(SID, profile_id="general")
+            await b.cluster.follow(SID)
+            sub = (await b.sessions.get(SID)).subscribe()
+            async with daemon(tmp_path / "a", pg_url, []) as a:
+                await died_after_its_answer(a, pg_url, frames)
+                await b.cluster.caught_up(SID)  # B heard the dead daemon's frames
+                finder = b if b_takes_it else a
+                actor = await finder.sessions.get(SID)
+                await actor.take_over()
+                await actor.take_over()  # (again: nothing more to end)
+                await b.cluster.caught_up(SID)  # and what A said before its release
+                return [(f["type"], f.get("reason"), f.get("text")) for f in drained(sub)]
+
+
+async def test_a_dead_daemons_turn_saved_but_never_ended_is_ended_by_the_daemon_taking_it(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A daemon saved its turn's answer and died before its ``stream_end`` went out. B's
+    client heard the turn's text, then nothing: A, which takes the dead lease over, says
+    that turn's end, once, as the history has it (before, nobody said it: a client
+    waiting for the end, `navi run`, waited for ever)."""
+    text = dead_frame(1, "text_delta", text="the answer")
+    got = await dead_turn_heard_on_b(tmp_path, pg_url, [text], b_takes_it=False)
+    assert got == [
+        ("resync", None, None),  # the dead daemon's epoch, new to B
+        ("text_delta", None, "the answer"),
+        ("resync", None, None),
+        ("stream_end", "complete", "the answer"),
+    ], got
+
+
+async def test_a_dead_daemons_turn_ended_on_this_daemon_is_not_ended_again(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """Its ``stream_end`` went out before it died: B heard it, and B, taking the lease
+    over, says no second one."""
+    text = dead_frame(1, "text_delta", text="the answer")
+    end = dead_frame(2, "stream_end", reason="complete", text="the answer")
+    got = await dead_turn_heard_on_b(tmp_path, pg_url, [text, end], b_takes_it=True)
+    assert got == [
+        ("resync", None, None),  # the dead daemon's epoch, new to B
+        ("text_delta", None, "the answer"),
+        ("stream_end", "complete", "the answer"),
+    ], got

@@ -119,6 +119,30 @@ async def test_compact_twice_gives_nothing_to_compact(tmp_path: Path) -> None:
             assert len(h.chat_requests) == 1
 
 
+async def test_nothing_to_compact_is_said_before_the_compactions_hold_of_the_lease_ends(
+    tmp_path: Path,
+) -> None:
+    """As a run's end is: a daemon that claims the session at the release has it before
+    its own run (docs/pages/scaling.md), and no daemon gets it late, behind that run's
+    frames. The seq the session had when the lease was let go covers the error."""
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=[]) as h:
+            await seed(h)
+            s = await h.session("s1")
+            leases = h.runtime.agent.leases
+            released: list[int] = []
+
+            async def note_the_seq() -> None:
+                released.append(s.actor.seq)
+
+            leases.before_release = note_the_seq
+            s.compact()
+            err = (await s.until_type("error"))[-1]
+            await s.idle()
+    assert err["code"] == "nothing_to_compact", err
+    assert len(released) == 1 and err["seq"] <= released[0], (err["seq"], released)
+
+
 async def test_compact_while_a_run_is_active_is_refused(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
         gate = GateTool()

@@ -20,6 +20,9 @@ one daemon and no Cluster. docs/pages/scaling.md describes the whole; the rules 
   are sent (`sent`): none goes out after another daemon claimed the session, and that
   daemon's claim waits until they are handed to the session here (`caught_up`). A break
   in the seqs or another epoch is a ``resync``.
+- A user's notice (``navi_notices``, every daemon listens) goes out through the same
+  outbox, after the frames published before it; each daemon hands another's to its own
+  clients of the user (`share_notices`).
 - While the listener is down, what needs it is refused (``storage``); once back, every
   followed session is told ``resync`` and the failover scan runs at once.
 - Failover: a lease is live while unexpired and, on this machine, its pid lives (watched
@@ -46,6 +49,7 @@ from navi_trio.core.session import Dropped, to_row
 from navi_trio.core.turn import SessionLeases, UserMessage
 from navi_trio.errors import NaviError, StoreError
 from navi_trio.events import AgentEvent
+from navi_trio.notices import Notice, UserNotices, notice_data, notice_of
 from navi_trio.store.base import (
     HANDED_HOST,
     HANDED_PID,
@@ -63,6 +67,7 @@ Outgoing = tuple[str, str, Fence | None]  # channel, payload, the fence it must 
 Encode = Callable[[AgentEvent, str, "int | None", "str | None"], Frame]
 FOLLOW_CHANNEL = "navi_follow"
 DAEMONS_CHANNEL = "navi_daemons"  # a daemon started: (owner, pid, host), to be watched
+NOTICES_CHANNEL = "navi_notices"  # a user's notice (a scheduled run ended), for every daemon
 INBOX_MAX = 20_000  # notifications waiting for the handler; past it, dropped (a resync)
 BATCH_MAX = 500  # frames per NOTIFY transaction
 WATCH_MAX = 256  # daemons of this machine watched through pidfds
@@ -132,13 +137,20 @@ class Cluster:
         self._publishing = False
         leases.before_release = self.sent
         leases.after_claim = self.caught_up
-        self._marks: dict[int, trio.Event] = {}  # this daemon's marks on its own channel
+        # This daemon's marks on its own channel (`caught_up`): the session channel each
+        # waits for, and the event set once that channel's earlier notifications are handled.
+        self._marks: dict[int, tuple[str, trio.Event]] = {}
         self._marked = 0
+        # Per channel with notifications in the inbox: [queued, handled] so far, and the
+        # marks that wait until `handled` reaches a count.
+        self._inbox: dict[str, list[int]] = {}
+        self._waits: dict[str, list[tuple[int, trio.Event]]] = {}
         self._handling = False
         self._in_send, self._in_recv = trio.open_memory_channel[tuple[str, str]](INBOX_MAX)
         self._nursery: trio.Nursery | None = None
         # Told of each committed change of the users table (core/session/user_watch.py).
         self.users_changed: Callable[[], None] = lambda: None
+        self.notices: UserNotices | None = None  # this daemon's clients' (`share_notices`)
         self.dropped = 0  # notifications dropped (inbox or outbox full)
 
     def attach(
@@ -158,6 +170,7 @@ class Cluster:
                 await self.bus.listen(FOLLOW_CHANNEL)
                 await self.bus.listen(USERS_CHANNEL)
                 await self.bus.listen(DAEMONS_CHANNEL)
+                await self.bus.listen(NOTICES_CHANNEL)
                 for sid, owner in await self.bus.follows():
                     if owner != self.owner:
                         self._followers.setdefault(sid, set()).add(owner)
@@ -443,6 +456,24 @@ class Cluster:
             note = json.dumps({"s": session_id, "o": self.owner, "on": False})
             await self.bus.notify([(FOLLOW_CHANNEL, note)])
 
+    def share_notices(self, notices: UserNotices) -> None:
+        """The users' notices published here reach their clients on the other daemons, and
+        theirs the clients here. They go out through the same outbox as the frames, so a
+        notice that follows a run's end (a scheduled run's ``schedule_run``) reaches
+        another daemon after that end, as it does here."""
+        self.notices = notices
+        notices.elsewhere = self._publish_notice
+
+    def _publish_notice(self, user_id: str, notice: Notice) -> None:
+        data = {"u": user_id, "n": notice_data(notice), "d": self._tag}
+        payload = json.dumps(data, ensure_ascii=False)
+        try:
+            self._out_send.send_nowait((NOTICES_CHANNEL, payload, None))
+            self._queued += 1
+        except trio.WouldBlock:
+            self.dropped += 1
+            log.warning("a notice for user %s was not passed to the other daemons", user_id)
+
     def tap(self, encode: Encode) -> Encode:
         """`encode`, and every frame it makes for a session followed elsewhere published."""
 
@@ -477,13 +508,15 @@ class Cluster:
         after a claim of its lease, so that this daemon's run takes none of them for a
         replaced owner's late frame. A mark sent on this daemon's own channel comes back
         through the listener behind every notification committed before it, and the
-        handler takes them in order. Only for a session followed here, while the listener
-        is up (down, what is sent meanwhile is lost anyway: a resync); bounded."""
+        handler takes them in order; once it is back, this waits only for the session's own
+        notifications that came before it, not for the handler's backlog of other sessions
+        (`_mark_back`). Only for a session followed here, while the listener is up (down,
+        what is sent meanwhile is lost anyway: a resync); bounded."""
         if session_id not in self._following or not self._handling or not self.bus.up:
             return
         self._marked += 1
         mark, back = self._marked, trio.Event()
-        self._marks[mark] = back
+        self._marks[mark] = (session_channel(session_id), back)
         try:
             with trio.move_on_after(CAUGHT_UP_SEC):
                 payload = json.dumps({"k": "mark", "n": mark})
@@ -524,10 +557,46 @@ class Cluster:
         if channel == USERS_CHANNEL:  # never dropped behind a full inbox of frames
             self.users_changed()
             return
+        if channel == daemon_channel(self.owner) and payload.startswith('{"k": "mark"'):
+            self._mark_back(payload)  # (`caught_up`) not behind the inbox either
+            return
         try:
             self._in_send.send_nowait((channel, payload))
         except trio.WouldBlock:
             self.dropped += 1
+            return
+        self._inbox.setdefault(channel, [0, 0])[0] += 1
+
+    def _mark_back(self, payload: str) -> None:
+        """A mark of `caught_up` came back: every notification committed before it has come
+        too. Its wait ends once those of its session's channel are handled (now, when none
+        waits in the inbox)."""
+        data = _load(payload)
+        mark = data.get("n") if data is not None else None
+        entry = self._marks.get(mark) if isinstance(mark, int) else None
+        if entry is None:
+            return
+        channel, back = entry
+        count = self._inbox.get(channel)
+        if count is None:
+            back.set()
+        else:
+            self._waits.setdefault(channel, []).append((count[0], back))
+
+    def _handled(self, channel: str) -> None:
+        """One notification of `channel` handled: the marks waiting for it are back."""
+        count = self._inbox.get(channel)
+        if count is None:
+            return
+        count[1] += 1
+        waits = self._waits.get(channel, [])
+        for target, back in waits:
+            if target <= count[1]:
+                back.set()
+        waits[:] = [(target, back) for target, back in waits if target > count[1]]
+        if count[1] >= count[0]:  # none left in the inbox (nor a mark waiting for one)
+            del self._inbox[channel]
+            self._waits.pop(channel, None)
 
     async def _handler(self) -> None:
         self._handling = True
@@ -537,6 +606,8 @@ class Cluster:
                     await self._handle(channel, payload)
                 except NaviError as exc:
                     log.warning("a cluster notification on %s failed: %s", channel, exc)
+                finally:
+                    self._handled(channel)
         finally:
             self._handling = False
 
@@ -557,12 +628,6 @@ class Cluster:
                 self._watch([(who, pid, host)])
             return
         if channel == daemon_channel(self.owner):
-            if data.get("k") == "mark":  # (`caught_up`)
-                mark = data.get("n")
-                back = self._marks.get(mark) if isinstance(mark, int) else None
-                if back is not None:
-                    back.set()
-                return
             if await self.calls.received(data):  # approvals, tasks (core/cluster/owner_calls.py)
                 return
             await self._command(str(data.get("k")), str(data.get("s")), data)
@@ -573,12 +638,23 @@ class Cluster:
             data = _load(text) if text is not None else None
             if data is None:
                 return
+        if channel == NOTICES_CHANNEL:
+            self._notice(data)
+            return
         frame = data.get("f")
         if not isinstance(frame, dict) or self.registry is None or data.get("d") == self._tag:
             return  # not a frame, or our own (we follow what we run too)
         actor = self.registry.actor(str(frame.get("session_id")))
         if actor is not None:
             actor.relay(frame)
+
+    def _notice(self, data: dict[str, Any]) -> None:
+        """A user's notice another daemon published: to the user's clients here."""
+        user_id, notice = data.get("u"), notice_of(data.get("n"))
+        if self.notices is None or data.get("d") == self._tag:
+            return  # ours: its clients here had it when it was published
+        if isinstance(user_id, str) and notice is not None:
+            self.notices.publish_here(user_id, notice)
 
     @staticmethod
     def _follow_note(followers: dict[str, set[str]], sid: str, owner: str, on: bool) -> None:

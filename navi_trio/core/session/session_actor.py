@@ -53,7 +53,6 @@ from navi_trio.core.turn import (
 from navi_trio.errors import (
     AuthError,
     NaviError,
-    NothingToCompactError,
     RequestError,
     SessionBusyError,
     StorageError,
@@ -431,7 +430,12 @@ class SessionActor:
     def _say_dead_end(self, events: list[AgentEvent]) -> None:
         """The end of a dead daemon's turn, published while its lease is held here (a daemon
         that claims it next hears it before its run). Before a run here it is not that
-        run's end; on its own it is the end a message queued now no longer waits for."""
+        run's end; on its own it is the end a message queued now no longer waits for. A
+        turn that ended in the history is said a ``stream_end`` alone: left out when the
+        session's last word here was a turn's end (the dead daemon's own, which then reached
+        every daemon that followed the session, or one said here before it took over)."""
+        if len(events) == 1 and getattr(self.broadcast, "ended_last", False):
+            return
         said = self._end_said
         for event in events:
             self.publish(event)
@@ -829,8 +833,6 @@ class SessionActor:
             async with self.parts.compact_stream(self.session_id) as events:
                 async for event in events:
                     self.publish(event)
-        except NothingToCompactError as exc:
-            self.publish(ErrorEvent(message=str(exc), code="nothing_to_compact"))
         except NaviError as exc:  # its lease held elsewhere, the store: said, not raised
             code = exc.code if isinstance(exc, RequestError) else "error"
             self.publish(ErrorEvent(message=str(exc), code=code))

@@ -36,6 +36,7 @@ from navi_trio.core.turn.policy import effective_mode
 from navi_trio.core.turn.session_state import (
     SessionCache,
     SessionState,
+    last_turn_end,
     last_turn_open,
     new_message_id,
     open_turn,
@@ -51,7 +52,6 @@ from navi_trio.core.turn.workspace import hold_roots
 from navi_trio.errors import (
     LeaseLostError,
     LLMError,
-    NothingToCompactError,
     NotQueuedError,
     RequestError,
     SessionBusyError,
@@ -70,6 +70,7 @@ from navi_trio.tools.services import SpawnRequest
 
 log = logging.getLogger(__name__)
 
+NOTHING_TO_COMPACT = "nothing to compact: the context is already short or already a summary"
 DEAD_TURN = "the daemon running this turn died (or stopped answering past its lease)"
 
 
@@ -513,8 +514,11 @@ class Agent:
         `generation`): in the history, and to the session's clients through `publish`, while
         the lease is still held, so a daemon that runs the session next has them before its
         claim. It ends and publishes nothing when another runtime holds it now or took it
-        over since, or when the history shows no turn open: the owner died after its turn's
-        last save (its answer, its error), before its lease's release."""
+        over since. When the history shows no turn open (the owner died after its turn's
+        last save, its answer or its error, before its lease's release), it adds nothing and
+        publishes that turn's ``stream_end`` as the history has it: the owner may have died
+        before saying it, and a client following the turn waits for it (the session actor
+        leaves it out when its daemon heard that end: `SessionActor._say_dead_end`)."""
         try:
             async with self.leases.hold(session_id):
                 if self.leases.generation(session_id) != generation:
@@ -526,6 +530,9 @@ class Agent:
                     log.info(
                         "session %s: a dead daemon's lease freed: its turn had ended", session_id
                     )
+                    ended = last_turn_end(state.messages)
+                    if ended is not None:
+                        publish([_end_as_saved(ended)])
                     return  # the lease is released as the hold ends
                 # Display only, as a context-too-large notice: the model sees the
                 # question without an answer, the person sees why.
@@ -544,9 +551,10 @@ class Agent:
     @asynccontextmanager
     async def compact_stream(self, session_id: str) -> AsyncIterator[EventReceiver]:
         """Forced compression: CompressionStarted + ContextCompressed, on the same kind of
-        bounded channel as a run's events.
-
-        Raises NothingToCompactError on entry when there is nothing (new) to compress.
+        bounded channel as a run's events; when there is nothing (new) to compress, one
+        ErrorEvent (``nothing_to_compact``) instead. Like a run's end (`_say_failed`), it
+        is on the channel, read and published while the lease is held: a daemon that
+        claims the session at its release has it before its run, none gets it later.
         """
         # Another process must not run the session while its context is rewritten.
         async with self.leases.hold(session_id):
@@ -562,15 +570,15 @@ class Agent:
                 emit=emitter(send),
             )
             runner = TurnRunner(self.parts, turn)
-            if not self.parts.compressor(runner.complete).would_compress(
+            nothing = not self.parts.compressor(runner.complete).would_compress(
                 state.context, profile=turn.profile, shrink=True
-            ):
-                raise NothingToCompactError(
-                    "nothing to compact: the context is already short or already a summary"
-                )
+            )
 
             async def compact() -> None:
                 async with send:
+                    if nothing:
+                        turn.emit(ErrorEvent(message=NOTHING_TO_COMPACT, code="nothing_to_compact"))
+                        return
                     await self.parts.counter.preload()
                     tokens = self.parts.counter.estimate_messages(state.context)
                     try:
@@ -595,6 +603,19 @@ class Agent:
         if outcome.backend_error is not None:
             raise outcome.backend_error
         return outcome.text, outcome.completed
+
+
+def _end_as_saved(message: dict[str, Any]) -> StreamEnd:
+    """The ``stream_end`` of a turn that ended with `message` (its answer, as saved)."""
+    reason = "complete"
+    if message.get("error"):
+        reason = "error"
+    elif message.get("stopped"):
+        reason = "stopped"
+    elif message.get("budget"):
+        reason = "budget_exhausted"
+    return StreamEnd(text=str(message.get("content") or ""), stopped=reason == "stopped",
+                     reason=reason)  # fmt: skip
 
 
 async def _sent_elsewhere(exc: Exception, control: RunControl) -> bool:

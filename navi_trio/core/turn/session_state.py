@@ -51,6 +51,15 @@ def last_turn_open(messages: list[dict[str, Any]]) -> bool:
     return False
 
 
+def last_turn_end(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The assistant message that ended the display history's last turn (None: that turn
+    is open, or there is none)."""
+    for message in reversed(messages):
+        if _ends_turn(message):
+            return message if message.get("role") == "assistant" else None
+    return None
+
+
 def _ends_turn(message: dict[str, Any]) -> bool:
     """A display message that a turn ends with, or another turn starts with: not a
     steered message, a tool call or its result, a plan."""
