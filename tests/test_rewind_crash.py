@@ -1,16 +1,14 @@
 """A SIGKILL of the daemon in the middle of a rewind or of a run's checkpoint leaves the
 workspace before or after, never half-restored (issue 22, "Tests").
 
-A session is built once with real runs (the fake LLM over HTTP, a real SQLite file, a
-workspace of 1,000 files that the second message's run changed in bulk with a terminal
-command: 600 files changed, 250 deleted, 300 new in new folders, 100 modes: a rewind puts
-back only what navi's own calls changed) and copied whole (`cp -a`: contents, modes,
-owners, times). Each round starts from that copy, put back in the same place (the
-session's folders are absolute), starts a real `navi serve` on it, asks for a rewind of
-chat and files to the first message (its restore is the whole change back), and kills
-the daemon with SIGKILL at a random moment after the confirm went out; half the kills
-are timed from the moment the restore's journal appears, so the apply phase is always
-hit. A second `navi serve` then starts
+Each round builds its own session with real runs (the fake LLM over HTTP, a real SQLite
+file, a workspace of 1,000 files that the second message's run changed in bulk with a
+terminal command: 600 files changed, 250 deleted, 300 new in new folders, 100 modes: a
+rewind puts back only what navi's own calls changed), then starts a real
+`navi serve` on it, asks for a rewind of chat and files to the first message (its
+restore is the whole change back), and kills the daemon with SIGKILL at a random moment
+after the confirm went out; half the kills are timed from the moment the restore's
+journal appears, so the apply phase is always hit. A second `navi serve` then starts
 (the checkpoint engine completes what the journal holds before anything runs): the
 workspace is exactly the tree before or the tree after, and exactly after when the
 journal was written; the history is the one before or the one after. A kill during a
@@ -116,17 +114,10 @@ async def test_a_daemon_killed_mid_rewind_leaves_the_workspace_before_or_after(
     rng = random.Random(22)
     seen: list[str] = []
     with trio.fail_after(DEADLINE):
-        # The session's runs are the same every round: built once, copied back each round.
-        base, saved = tmp_path / "round", tmp_path / "saved"
-        work, data, environ = _paths(base, env)
-        before, after = await _session(base, work)
-        assert before != after
-        await trio.run_process(["cp", "-a", str(base), str(saved)])
         for n in range(ROUNDS):
-            if n:
-                await trio.run_process(["rm", "-rf", str(base)])
-                await trio.run_process(["cp", "-a", str(saved), str(base)])
-                assert tree_of(work) == before
+            work, data, environ = _paths(tmp_path / f"round{n}", env)
+            before, after = await _session(tmp_path / f"round{n}", work)
+            assert before != after
             journaled = False
             async with navi_forks.serving(environ, "http://127.0.0.1:9") as proc:
                 async with client(proc.url, data) as c:
