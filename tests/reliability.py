@@ -166,7 +166,6 @@ async def _forked_serve(
             with trio.fail_after(START_LIMIT):
                 line = await _first_line(proc.stdout, log)
             assert line.startswith("navi: listening on ws://127.0.0.1:"), line
-            print("LISTENING", trio.current_time())
             data_dir = Path(env["NAVI_DATA_DIR"])
             yield Daemon(proc, line.split()[-1], data_dir, lines if watch_log else None)
             nursery.cancel_scope.cancel()

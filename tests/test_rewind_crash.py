@@ -14,8 +14,10 @@ workspace is exactly the tree before or the tree after, and exactly after when t
 journal was written; the history is the one before or the one after. A kill during a
 run's checkpoint leaves the workspace as it was and only checkpoints that restore.
 
-Real processes and real time (the daemon is a real process): the waits for the journal
-poll its folder every half millisecond, bounded; the number of rounds is fixed.
+Real processes and real time (the daemon is a real process, forked from the tests'
+warm process by tests/navi_forks.py: its work after a kill is the subject, not its
+interpreter's start): the waits for the journal poll its folder every half millisecond,
+bounded; the number of rounds is fixed.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import navi_forks
 import pytest
 import trio
 from rewind_kit import FULL, PROFILES, calls, run, say, tree_of, turn, write
-from test_api_daemon import client, serve
+from test_api_daemon import client
 from test_checkpoints_crash import _state_a
 from test_checkpoints_support import diff, users_own
 
@@ -80,13 +83,23 @@ async def _session(base: Path, work: Path) -> tuple[dict[str, Any], dict[str, An
     return now, after
 
 
-async def _journal(data: Path, proc: trio.Process) -> bool:
+async def _journal(data: Path, proc: navi_forks.Forked) -> bool:
+    """Whether the restore's journal appeared before the daemon ended."""
     folder = data / "checkpoints" / "journal"
-    while not list(folder.glob("*.json")):
-        if proc.poll() is not None:
-            return False
-        await trio.sleep(0.0005)
-    return True
+    ended = False
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            nonlocal ended
+            await proc.wait()
+            ended = True
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch)
+        while not list(folder.glob("*.json")):  # noqa: ASYNC110 - another process writes it
+            await trio.sleep(0.0005)
+        nursery.cancel_scope.cancel()
+    return not ended
 
 
 async def _users(url: str, data: Path) -> list[str]:
@@ -106,7 +119,7 @@ async def test_a_daemon_killed_mid_rewind_leaves_the_workspace_before_or_after(
             before, after = await _session(tmp_path / f"round{n}", work)
             assert before != after
             journaled = False
-            async with serve(environ, "http://127.0.0.1:9") as proc:
+            async with navi_forks.serving(environ, "http://127.0.0.1:9") as proc:
                 async with client(proc.url, data) as c:
                     listed = await c.request({"type": "checkpoints", "session_id": SID})
                     ask = {
@@ -124,7 +137,7 @@ async def test_a_daemon_killed_mid_rewind_leaves_the_workspace_before_or_after(
                         await trio.sleep(rng.uniform(0, 0.4))
                     proc.kill()
                     await proc.wait()
-            async with serve(environ, "http://127.0.0.1:9") as proc:
+            async with navi_forks.serving(environ, "http://127.0.0.1:9") as proc:
                 now = tree_of(work)
                 left = sorted(diff(after, now).items())
                 assert now in (before, after), f"round {n}: half restored {left[:10]}"
@@ -148,7 +161,7 @@ async def test_a_daemon_killed_mid_checkpoint_leaves_the_workspace_and_whole_che
             for n in range(2):
                 work, data, environ = _paths(tmp_path / f"round{n}", env)
                 before = _first_tree(work)
-                async with serve(environ, fake.url) as proc:
+                async with navi_forks.serving(environ, fake.url) as proc:
                     async with client(proc.url, data) as c:
                         await c.request(
                             {"type": "message", "content": "go", "session_id": SID,
@@ -159,7 +172,10 @@ async def test_a_daemon_killed_mid_checkpoint_leaves_the_workspace_and_whole_che
                         await proc.wait()
                 (work / "x.txt").unlink(missing_ok=True)  # the call may have run
                 assert tree_of(work) == before
-                async with serve(environ, fake.url) as proc, client(proc.url, data) as c:
+                async with (
+                    navi_forks.serving(environ, fake.url) as proc,
+                    client(proc.url, data) as c,
+                ):
                     listed = await c.request({"type": "checkpoints", "session_id": SID})
                     for point in listed.get("messages") or []:
                         if point["checkpoint"]:

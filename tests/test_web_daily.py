@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+import navi_forks
 import pytest
 from pg_server import closed_port
 from web_browser import Site, browser, needs_browser, send, shared, shared_site, shot
@@ -234,7 +234,8 @@ def test_a_refused_message_leaves_the_transcript_and_returns_to_the_box(site: Si
     send(page, "a short one")
     page.wait_for_selector(".lane.main .answer >> text=a fine answer")
     _turn_ends(page)
-    big = "x" * (1024 * 1024 + 100)  # over the daemon's frame limit: refused
+    limit = int(site.daemon.env["NAVI_WS_FRAME_MAX_BYTES"])  # small on the shared daemon
+    big = "x" * (limit + 100)  # over the daemon's frame limit: refused
     page.fill("#input", big)
     page.press("#input", "Enter")
     page.wait_for_selector("#errors .line.error")
@@ -279,8 +280,9 @@ def test_remember_on_this_browser_only_when_chosen(site: Site) -> None:
 
 
 def _navi_web(site: Site, url: str) -> subprocess.CompletedProcess[str]:
+    """`navi web --url URL`, forked from the tests' warm process (tests/navi_forks.py)."""
     return subprocess.run(
-        [sys.executable, "-m", "navi_trio", "web", "--url", url],
+        navi_forks.attach_command("web", "--url", url),
         env=site.daemon.env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import navi_forks
 import pytest
 import trio
 from daemons import store_user
@@ -261,15 +262,20 @@ def test_config(tmp_path: Path) -> Path:
 
 
 class Daemon:
-    """`python -m navi_trio serve` on a loopback port, with the fake LLM server."""
+    """`python -m navi_trio serve` on a loopback port, with the fake LLM server.
+    `forked`: the same command forked from the tests' warm process (tests/navi_forks.py's
+    `attach_command`: a process of its own that gets this one's signals, listening in a
+    few tenths of a second instead of a second or two), for the tests whose subject is
+    what the daemon serves, not how its interpreter starts or what a killed test leaves."""
 
-    def __init__(self, tmp_path: Path, llm_url: str, *extra: str) -> None:
+    def __init__(self, tmp_path: Path, llm_url: str, *extra: str, forked: bool = False) -> None:
         self.env = clean_env(tmp_path)
         self.data = Path(self.env["NAVI_DATA_DIR"])
         self.db = Path(self.env["NAVI_DB"])
         self.config = test_config(tmp_path)
         self.llm_url = llm_url
         self.extra = extra
+        self.forked = forked
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.watcher: subprocess.Popen[bytes] | None = None
@@ -280,8 +286,12 @@ class Daemon:
         return f"http://127.0.0.1:{self.port}/"
 
     def start(self) -> Daemon:
-        args = [sys.executable, "-m", "navi_trio", "serve", "--port", str(self.port)]
-        args += ["--llm-url", self.llm_url, "--config", str(self.config), *self.extra]
+        args = ["serve", "--port", str(self.port), "--llm-url", self.llm_url]
+        args += ["--config", str(self.config), *self.extra]
+        if self.forked:
+            args = navi_forks.attach_command(*args)
+        else:
+            args = [sys.executable, "-m", "navi_trio", *args]
         log = open(self.log, "ab")  # noqa: SIM115 - the child holds it
         # As root, what the daemon makes is open to its tool user, as the tests' own files
         # are (tests/tool_user.py): whenever it starts, not only inside a test's tmp_path.
@@ -432,7 +442,7 @@ def running_site(tmp_path: Path, browser: Any, **env: str) -> Iterator[Site]:
     `env` added to its environment."""
     started = time.monotonic()
     loop = Loop().start()
-    daemon = Daemon(tmp_path, loop.llm.url)
+    daemon = Daemon(tmp_path, loop.llm.url, forked=True)
     daemon.env.update(env)
     try:
         daemon.start()
@@ -466,7 +476,7 @@ class Shared:
             home = self.folder / f"daemon{self.starts}"
             home.mkdir()
             self.loop = Loop().start()
-            self.daemon = Daemon(home, self.loop.llm.url)
+            self.daemon = Daemon(home, self.loop.llm.url, forked=True)
             self.prepare(self.daemon)
             self.daemon.start()
         return self.loop, self.daemon
@@ -496,6 +506,16 @@ class Shared:
         if self.loop is not None:
             self.loop.stop()
         self.loop = self.daemon = None
+
+
+# The frame limit of the worker's shared daemon (the shipped one is 1 MiB): a test of a
+# frame over it types this much into the page, which 1 MiB made seconds of work.
+SHARED_FRAME_MAX = 64 * 1024
+
+
+def small_frames(daemon: Daemon) -> None:
+    """The worker's shared daemon takes frames of `SHARED_FRAME_MAX` bytes at most."""
+    daemon.env["NAVI_WS_FRAME_MAX_BYTES"] = str(SHARED_FRAME_MAX)
 
 
 @pytest.fixture(scope="module")

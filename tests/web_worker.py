@@ -29,7 +29,7 @@ def chromium() -> Iterator[Any]:
 def web_shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
     """The daemon and fake LLM that test_web_chat, test_web_daily and test_web_resilience
     share (tests/web_browser.py's `Shared`): started when a test first asks for it, again
-    after a test that left a run going."""
-    from web_browser import sharing
+    after a test that left a run going. Its frame limit is small (`small_frames`)."""
+    from web_browser import sharing, small_frames
 
-    yield from sharing(tmp_path_factory)
+    yield from sharing(tmp_path_factory, small_frames)
