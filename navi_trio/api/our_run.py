@@ -29,6 +29,9 @@ class Accepted:
     # or a message handed to the daemon that runs the session.
     seq: int | None = None
     epoch: str | None = None
+    # Its client key was taken already, by a message sent before with it: this one does
+    # not run; the fields are that message's (its run may have ended already).
+    duplicate: bool = False
 
     @classmethod
     def of(cls, replies: Sequence[Frame]) -> Accepted:
@@ -47,7 +50,14 @@ class Accepted:
         seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else None
         queued = bool(ok.get("queued"))
         return cls(
-            ok["session_id"], created, queued, text("on_busy"), text("mode"), seq, text("epoch")
+            ok["session_id"],
+            created,
+            queued,
+            text("on_busy"),
+            text("mode"),
+            seq,
+            text("epoch"),
+            bool(ok.get("duplicate")),
         )
 
 
