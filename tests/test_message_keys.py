@@ -16,13 +16,17 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import Client, Daemon
 from api_ws import open_daemon as open_test_daemon
+from test_client_app import Chat, QueueReader, Screen
 
 from navi_trio.api.server import ApiServer
+from navi_trio.client.app import ChatApp, ChatOptions
+from navi_trio.client.render import Renderer
 from navi_trio.testing import open_harness
 
 TIMEOUT = 30
@@ -148,3 +152,101 @@ async def test_a_bad_key_is_refused_naming_the_field_and_its_bound(
             refused = await c.request({"type": "message", "content": "x", "key": key})
     assert (refused["type"], refused["code"]) == ("error", "bad_frame"), refused
     assert "'key'" in refused["message"] and why in refused["message"], refused
+
+
+# -- navi chat through a dropped connection ----------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Link:
+    """A TCP forwarder between the chat and the daemon. `deaf`: what the chat sends is
+    dropped (a message lost on its way); `mute`: what the daemon sends is dropped (an ok
+    lost); `cut()` closes every connection through it for real (the daemon goes on)."""
+
+    target: int
+    port: int = 0
+    deaf: bool = False
+    mute: bool = False
+    dropped: trio.Event = attrs.field(factory=trio.Event)  # something was dropped
+    live: set[trio.CancelScope] = attrs.field(factory=set)
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[_Link] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started(self)
+        await trio.serve_listeners(self._handle, listeners)
+
+    def cut(self) -> None:
+        self.deaf = self.mute = False  # the connections after it go through whole
+        for scope in self.live:
+            scope.cancel()
+
+    async def _handle(self, chat: trio.SocketStream) -> None:
+        async with chat:
+            with trio.CancelScope() as scope:
+                self.live.add(scope)
+                daemon = await trio.open_tcp_stream("127.0.0.1", self.target)
+                async with daemon, trio.open_nursery() as nursery:
+                    nursery.start_soon(self._pipe, chat, daemon, "deaf", scope)
+                    nursery.start_soon(self._pipe, daemon, chat, "mute", scope)
+
+    async def _pipe(
+        self, src: trio.SocketStream, dst: trio.SocketStream, drop: str, done: trio.CancelScope
+    ) -> None:
+        try:
+            async for data in src:
+                if getattr(self, drop):
+                    self.dropped.set()
+                    continue
+                await dst.send_all(data)
+        except trio.BrokenResourceError:
+            pass
+        done.cancel()
+
+
+@pytest.mark.parametrize("lost", ["the message", "its ok"])
+async def test_a_piped_chat_through_a_dropped_connection_shows_each_answer_once(
+    tmp_path: Path, lost: str
+) -> None:
+    """The second line's frame (or the daemon's ok to it) is lost with the connection;
+    the chat, at the end of its input, reconnects and sends it again with its key: it
+    runs once, its answer shows once, and the chat ends. Red before: a message lost on
+    its way was never sent again (its answer never came), and one sent again without a
+    key would have run twice."""
+    replies = [{"text": "first answer"}, {"text": "second answer"}, {"text": "a third run"}]
+    with trio.fail_after(TIMEOUT):
+        async with open_test_daemon(tmp_path, replies=replies) as d, trio.open_nursery() as n:
+            link = await n.start(_Link(d.port).serve)
+            reader, screen = QueueReader(), Screen()
+            url, token = f"ws://127.0.0.1:{link.port}", d.tokens["alice"]
+            options = ChatOptions(url=url, token=token, backoff=0, finish_runs_on_eof=True)
+            chat = Chat(ChatApp(options, Renderer(screen.console), reader), reader, screen)
+            n.start_soon(chat.run)
+            await screen.wait_for("connected to")
+            reader.type("hi")
+            await screen.wait_for("first answer")
+            sid = str(chat.app.session_id)
+            async with d.connect("alice") as watch:
+                await watch.idle(sid)
+                await watch.request({"type": "subscribe", "session_id": sid})
+                if lost == "its ok":
+                    link.mute = True
+                else:
+                    link.deaf = True
+                reader.type("again")
+                reader.press("eof")  # the chat waits for the answer to "again"
+                if lost == "its ok":  # taken and run while the chat hears nothing
+                    await watch.until_type("stream_end", session_id=sid, text="second answer")
+                    await watch.idle(sid)
+                else:
+                    await link.dropped.wait()
+                link.cut()
+                await chat.done.wait()
+                assert await _users(watch, sid) == ["hi", "again"]
+            n.cancel_scope.cancel()
+    assert chat.error is None
+    assert screen.text.count("second answer") == 1, screen.text
+    assert "a third run" not in screen.text
+    assert "sent again once reconnected" in screen.text
