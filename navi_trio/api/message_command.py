@@ -97,6 +97,12 @@ class SessionMessages:
         )
         self.c._check_profile(cmd.profile)  # a new session's was checked by _create
         if owner is not None:  # another daemon runs it: queued there (core/cluster/cluster.py)
+            # This daemon's view of the session (the owner's frames relayed here, or its
+            # own seq): at or below the owner's seq when the message is handed over, so
+            # every frame of its run comes after it, and frames at or before it are not
+            # its own. Read before the queued row is written, as the owner takes it
+            # from there only.
+            message.taken.update(seq=actor.seq, epoch=actor.epoch)
             try:
                 await self._hand_over(rid, owner, row, message)
             except DuplicateMessageError:
@@ -203,9 +209,10 @@ class SessionMessages:
                 session_id=row.id,
             )
         message.taken["on_busy"] = strategy  # kept with its key, if it has one
+        taken = dict(message.taken)  # (its seq and epoch: read before the hand-over)
         await self.c.rt.cluster.hand_over(owner, row.id, message)
         log.info("session %s: message from %s handed to %s", row.id, self.c.user.name, owner)
-        await self.c.conn.send(reply(rid, "ok", session_id=row.id, queued=True, on_busy=strategy))
+        await self.c.conn.send(reply(rid, "ok", session_id=row.id, queued=True, **taken))
 
     async def _duplicate(
         self, rid: RequestId, session_id: str, key: str | None, first: dict[str, Any] | None = None
