@@ -11,6 +11,7 @@ absolute `trio.fail_after`; nothing sleeps for real.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,6 +28,8 @@ from test_client_app import Chat, QueueReader, Screen
 from navi_trio.api.server import ApiServer
 from navi_trio.client.app import ChatApp, ChatOptions
 from navi_trio.client.render import Renderer
+from navi_trio.core.turn import UserMessage
+from navi_trio.errors import DuplicateMessageError
 from navi_trio.testing import open_harness
 
 TIMEOUT = 30
@@ -116,6 +119,34 @@ async def test_a_resend_while_the_first_still_runs_is_not_run_and_keeps_its_fiel
     assert dup["duplicate"] is True and not dup["queued"]
     assert (dup["seq"], dup["epoch"]) == (first["seq"], first["epoch"])
     assert end["text"] == "done once"
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
+async def test_two_messages_with_one_key_on_their_way_at_once_run_once(
+    tmp_path: Path, busy: bool
+) -> None:
+    """Neither was stored when the other came, so no look-up could tell: the store's
+    claim lets one in (saved to run, or queued behind it) and refuses the other, which
+    is stored nowhere and never runs; which of the two is the store's to say."""
+    replies = [{"text": "an answer"}] * 3
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=replies) as h:
+            await h.runtime.store.create_session("s1", profile_id="general")
+            actor = await h.runtime.sessions.get("s1")
+            if busy:
+                actor.send_message("before")
+            both = [UserMessage("do it", key="k"), UserMessage("do it", key="k")]
+            for message in both:
+                actor.send_message(message)
+            for message in both:
+                with contextlib.suppress(DuplicateMessageError):
+                    await message.accepted.wait()
+            await actor.idle.wait()
+            saved = await h.runtime.store.load_messages("s1")
+            users = [m["content"] for m in saved if m["role"] == "user"]
+    refused = [m.accepted.error for m in both if m.accepted.failed]
+    assert len(refused) == 1 and isinstance(refused[0], DuplicateMessageError), refused
+    assert users == (["before"] if busy else []) + ["do it"]
 
 
 async def test_a_key_is_the_sessions_own(tmp_path: Path) -> None:
