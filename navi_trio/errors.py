@@ -108,6 +108,12 @@ class NotQueuedError(StoreError):
     Nothing of the append was stored; the message runs (or ran) once, elsewhere."""
 
 
+class DuplicateMessageError(StoreError):
+    """A message came with a client key (the ``message`` frame's ``key``) that another
+    message of its session took first: nothing of it was stored, and it does not run.
+    Its sender gets the first one's ``ok`` again, marked ``duplicate``."""
+
+
 class ContextTooLargeError(NaviError):
     """The built context does not fit the model's window even after compression."""
 

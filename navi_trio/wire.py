@@ -186,8 +186,13 @@ def message(
     mode: str | None = None,
     on_busy: str | None = None,
     trace: Mapping[str, str] | None = None,
+    key: str | None = None,
 ) -> Frame:
+    """A user message; `key`: the client's key for it (sent again with the same key, it
+    is not run twice: docs/pages/protocol.md)."""
     frame: Frame = {"type": MESSAGE, "content": content}
+    if key:
+        frame["key"] = key
     for key in ("traceparent", "tracestate"):  # the W3C trace context, when tracing
         if trace and trace.get(key):
             frame[key] = trace[key]

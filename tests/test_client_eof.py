@@ -175,24 +175,58 @@ BACK: Frame = {"type": "_reconnected", "welcome": {}}
 
 async def test_through_a_reconnect_the_chat_waits_for_the_replay_of_what_went_on() -> None:
     """The connection drops after the first run's end and before the second message's
-    ok: that ok is gone (the chat says so), and whether the message runs shows only in
-    the replay after the reconnect, up to the seq the resubscribe's reply names. Red
+    ok: that ok is gone, so the reconnect sends the message again, with its id and its
+    key (the daemon runs it once); the replay after the subscribe shows its run, and the
+    resend's ok (the first one's again: ``duplicate``) says which frames are its. Red
     before: nothing seemed to go on at the drop, and a piped chat quit there."""
     screen = Screen()
-    app, _ = await _chat_with_a_run_going(screen)
+    app, conn = await _chat_with_a_run_going(screen)
     await app.line("second")
+    sent = conn.frames[-1]
+    assert sent["key"] and sent["key"] != conn.frames[0]["key"]  # a key of its own
+    frames = [_end(3, "the first answer"), LOST, BACK, _subscribed(6)]
+    assert _running_after_each(app, frames) == [True] * 4
+    resume = app.resume()
+    assert [f["type"] for f in resume] == ["subscribe", "tasks", "message"]
+    assert resume[-1] == sent  # the same frame: its id and key
     frames = [
-        _end(3, "the first answer"),
-        LOST,
-        BACK,
-        _subscribed(6),
         _frame(4, "model_info", model="m"),  # the replay: the second message ran
         _frame(5, "text_delta", text="the second answer"),
         _end(6, "the second answer"),
+        {**_ok(conn, 3, queued=False), "duplicate": True},
     ]
-    assert _running_after_each(app, frames) == [True] * 6 + [False]
-    assert "1 message(s) sent had no answer yet" in screen.text
-    assert "the second answer" in screen.text
+    assert _running_after_each(app, frames) == [True, True, True, False]
+    assert "1 message(s) sent had no answer yet: sent again" in screen.text
+    assert screen.text.count("the second answer") == 1
+
+
+async def test_a_resent_message_the_daemon_took_before_a_restart_is_not_followed() -> None:
+    """After a restart (a resync, a new epoch) the resend's ok is the first one's, of the
+    daemon's earlier life: its run's frames are not in this stream (its turn is in the
+    history the chat reloads), so the chat does not wait for them."""
+    app, conn = await _chat_with_a_run_going()
+    await app.line("second")
+    resync = {"type": "resync", "session_id": SID, "seq": 0, "epoch": "e2"}
+    frames = [LOST, BACK, resync, {**_ok(conn, 2, queued=True), "duplicate": True}]
+    assert _running_after_each(app, frames)[-1] is False
+
+
+async def test_a_new_sessions_first_message_is_sent_again_once_its_session_is_named() -> None:
+    """Its key is the session's: without the session (its ``session`` reply lost too) it
+    is let go, as before; once the daemon named the session, it goes there again."""
+    app = ChatApp(
+        ChatOptions(url="ws://127.0.0.1:9", token=""), Renderer(Screen().console), QueueReader()
+    )
+    conn = _Sent()
+    app._conn = conn  # type: ignore[assignment]
+    await app.line("make it")
+    rid = conn.frames[0]["id"]
+    assert app._awaited.resend(None) == []  # no session named yet: nothing to send again
+    app.on_frame({"type": "session", "session_id": SID, "created": True, "id": rid})
+    app.on_frame(LOST)
+    resent = app._awaited.resend(SID)
+    assert [f["content"] for f in resent] == ["make it"]
+    assert resent[0]["session_id"] == SID and resent[0]["key"] == conn.frames[0]["key"]
 
 
 async def test_a_reconnect_to_a_session_where_nothing_went_on_ends_the_wait() -> None:

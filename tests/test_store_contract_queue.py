@@ -20,7 +20,9 @@ from builders import user
 from pg_server import pg_url_with_schema as pg_url_with_schema
 from store_backends import Backend
 
-from navi_trio.errors import StoreError
+from navi_trio.errors import DuplicateMessageError, StoreError
+from navi_trio.store import statements
+from navi_trio.store.base import KeyClaim
 
 TIMEOUT = 30
 HOST = socket.gethostname() or "localhost"
@@ -219,3 +221,52 @@ async def test_a_write_waiting_for_a_lock_keeps_trio_running_and_lands_though_ca
 async def _append_expecting_cancel(store: Any, sid: str) -> None:
     await store.append(sid, messages=[user("queued")])
     pytest.fail("the append should have been cancelled while it waited")
+
+
+# -- client message keys ----------------------------------------------------------------
+
+
+async def test_a_message_key_is_taken_once_with_its_message_and_kept_across_stores(
+    backend: Backend,
+) -> None:
+    """The key goes in with the message that takes it (saved or queued): another message
+    with it is refused, nothing of it stored; the same message saved again passes; a
+    second store on the same database (a restarted daemon, another daemon) sees it."""
+    first = KeyClaim("k-1", "m-1", {"seq": 4, "epoch": "e", "queued": False})
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as store:
+            await store.create_session("s1", profile_id="general")
+            assert await store.message_key("s1", "k-1") is None
+            await store.append("s1", messages=[user("A")], context=[user("A")], claim=first)
+            other = KeyClaim("k-1", "m-2", {"seq": 9})
+            with pytest.raises(DuplicateMessageError, match="'k-1'"):
+                await store.enqueue("s1", "q1", _row("again"), pid=1, host=HOST, claim=other)
+            with pytest.raises(DuplicateMessageError):
+                await store.append("s1", messages=[user("again")], claim=other)
+            assert await store.load_messages("s1") == [user("A")]
+            assert await backend.query("SELECT key FROM queued") == []
+            # The same message again (a queued one's save, a retried one): it is its own.
+            await store.append("s1", messages=[user("B")], claim=first)
+            # Keys are per session: another session's k-1 is free.
+            await store.create_session("s2", profile_id="general")
+            await store.enqueue("s2", "q2", _row("C"), pid=1, host=HOST, claim=other)
+        async with backend.open() as again:
+            assert await again.message_key("s1", "k-1") == first.reply
+            assert await again.message_key("s2", "k-1") == {"seq": 9}
+            assert await again.message_key("s1", "k-2") is None
+            assert await again.delete_session("s1")
+            assert await again.message_key("s1", "k-1") is None
+
+
+async def test_a_session_keeps_its_newest_message_keys_only(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(statements, "KEYS_KEPT", 3)
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as store:
+            await store.create_session("s1", profile_id="general")
+            for n in range(5):
+                claim = KeyClaim(f"k{n}", f"m{n}", {"seq": n})
+                await store.append("s1", messages=[user(str(n))], claim=claim)
+            kept = [n for n in range(5) if await store.message_key("s1", f"k{n}") is not None]
+    assert kept == [2, 3, 4]

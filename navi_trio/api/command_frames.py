@@ -56,6 +56,9 @@ class SendMessage:
     # here, checked by api/tracing.py `trace_carrier`; a bad one is dropped, not refused.
     traceparent: Any = None
     tracestate: Any = None
+    # The client's key for this message: a second message of the session with the same
+    # key does not run; its ok repeats the first one's, with ``duplicate: true``.
+    key: str | None = attrs.field(default=None, validator=check.message_key)
 
 
 @attrs.frozen

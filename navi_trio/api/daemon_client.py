@@ -321,11 +321,13 @@ class DaemonConnection:
         mode: str | None = None,
         on_busy: str | None = None,
         trace: Mapping[str, str] | None = None,
+        key: str | None = None,
         timeout: float = REPLY_TIMEOUT,  # noqa: ASYNC109
     ) -> Accepted:
         """Send a user message and wait until the daemon stored it (its ``ok``);
-        `trace`: the W3C trace context its run continues (``traceparent``, ``tracestate``)."""
-        frame = wire.message(content, session_id, profile, cwd, mode, on_busy, trace)
+        `trace`: the W3C trace context its run continues (``traceparent``, ``tracestate``);
+        `key`: the message's client key (the ok of a key taken already: `duplicate`)."""
+        frame = wire.message(content, session_id, profile, cwd, mode, on_busy, trace, key)
         replies = await self._exchange(frame, timeout)
         try:
             return Accepted.of(replies)

@@ -71,6 +71,13 @@ session_id = matching(
 )
 
 
+MESSAGE_KEY_MAX_CHARS = 64  # a message's client key (api/message_command.py)
+message_key = matching(
+    rf"[\x21-\x7e]{{1,{MESSAGE_KEY_MAX_CHARS}}}",
+    f"1-{MESSAGE_KEY_MAX_CHARS} printable ASCII characters, no spaces",
+)
+
+
 def not_blank(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
     if not value.strip():
         raise ValueError(f"field {attr.name!r} must not be empty")

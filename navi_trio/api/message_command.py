@@ -23,6 +23,7 @@ from navi_trio.core.turn import (
     remember_folder,
 )
 from navi_trio.errors import (
+    DuplicateMessageError,
     ForbiddenError,
     RequestError,
     SessionBusyError,
@@ -48,6 +49,7 @@ class SessionMessages:
         if cmd.cwd is not None:
             cwd = await self.c.cwd_check(cmd.session_id).check(cmd.cwd)
         row = await self.c.rt.store.get_session(cmd.session_id) if cmd.session_id else None
+        created = row is None
         if row is None:
             # Not waited to the disk: the message's durable save (before its ok) flushes it.
             row = await self.c._create(cmd.session_id, cmd.profile, durable=False)
@@ -73,6 +75,13 @@ class SessionMessages:
         owner = await self.c._owner_elsewhere(row.id, actor)
         if not self.c.conn.subscribed(row.id):
             self.c.conn.subscribe(actor, None, None)
+        if cmd.key is not None and not created:
+            # Its key taken already (a resend after a lost ok): it does not run again.
+            # Only the session's owner (or an admin) gets here: keys are per session.
+            first = await self.c.rt.store.message_key(row.id, cmd.key)
+            if first is not None:
+                await self._duplicate(rid, row.id, cmd.key, first)
+                return
         message = UserMessage(
             cmd.content,
             cwd=cwd,
@@ -84,15 +93,32 @@ class SessionMessages:
             on_busy=cmd.on_busy,
             budget=cmd.budget,
             trace=self._trace(cmd),
+            key=cmd.key,
         )
         self.c._check_profile(cmd.profile)  # a new session's was checked by _create
         if owner is not None:  # another daemon runs it: queued there (core/cluster/cluster.py)
-            await self._hand_over(rid, owner, row, message)
+            # This daemon's view of the session (the owner's frames relayed here, or its
+            # own seq): at or below the owner's seq when the message is handed over, so
+            # every frame of its run comes after it, and frames at or before it are not
+            # its own. Read before the queued row is written, as the owner takes it
+            # from there only.
+            message.taken.update(seq=actor.seq, epoch=actor.epoch)
+            try:
+                await self._hand_over(rid, owner, row, message)
+            except DuplicateMessageError:
+                await self._duplicate(rid, row.id, cmd.key)
             return
+        # The mode its run gets, as the agent computes it at the turn's start: a client
+        # that asked for more than the role allows learns what it got.
+        profile = self.c.rt.config.current.profile(cmd.profile or row.profile_id)
+        asked = cmd.mode or row.meta.get("mode")
+        own = row.user_id == self.c.user.id
+        mode = effective_mode(profile.policy, self.c.user.role, asked, own_session=own)
         # Read with no checkpoint before the message goes in: every frame of its run (and
         # its message_queued) comes after this seq, so a client tells them from the
         # frames before, whichever of them and the ok it gets first.
         taken_at = {"seq": actor.seq, "epoch": actor.epoch}
+        message.taken.update(taken_at, mode=mode)  # kept with its key, if it has one
         try:
             strategy = actor.send_message(message)
         except RuntimeError:
@@ -101,12 +127,6 @@ class SessionMessages:
         # crash after the ok cannot lose it; else the error that refused it. The wait
         # runs beside the connection's reader: the frames behind this one go on.
         untitled = not row.title
-        # The mode its run gets, as the agent computes it at the turn's start: a client
-        # that asked for more than the role allows learns what it got.
-        profile = self.c.rt.config.current.profile(cmd.profile or row.profile_id)
-        asked = cmd.mode or row.meta.get("mode")
-        own = row.user_id == self.c.user.id
-        mode = effective_mode(profile.policy, self.c.user.role, asked, own_session=own)
         await self.c.conn.defer(
             rid,
             lambda: self._accepted(
@@ -146,6 +166,10 @@ class SessionMessages:
 
         try:
             await message.accepted.wait(timeout, too_slow)
+        except DuplicateMessageError:
+            # A message with its key was taken first (on its way when this one came).
+            await self._duplicate(rid, session_id, message.key)
+            return
         except RequestError as exc:
             exc.session_id = exc.session_id or session_id
             raise
@@ -184,6 +208,32 @@ class SessionMessages:
                 " reject): send again later, or with on_busy enqueue",
                 session_id=row.id,
             )
+        message.taken["on_busy"] = strategy  # kept with its key, if it has one
+        taken = dict(message.taken)  # (its seq and epoch: read before the hand-over)
         await self.c.rt.cluster.hand_over(owner, row.id, message)
         log.info("session %s: message from %s handed to %s", row.id, self.c.user.name, owner)
-        await self.c.conn.send(reply(rid, "ok", session_id=row.id, queued=True, on_busy=strategy))
+        await self.c.conn.send(reply(rid, "ok", session_id=row.id, queued=True, **taken))
+
+    async def _duplicate(
+        self, rid: RequestId, session_id: str, key: str | None, first: dict[str, Any] | None = None
+    ) -> None:
+        """The ok to a message whose client key another message of the session took: the
+        first one's ok again (its seq and epoch when it had them), ``duplicate: true``.
+        Nothing of this one was stored and it does not run."""
+        if first is None and key is not None:
+            first = await self.c.rt.store.message_key(session_id, key)
+        first = first or {}
+        log.info(
+            "session %s: message from %s with key %r, taken already: not run again",
+            session_id,
+            self.c.user.name,
+            key,
+        )
+        fields: dict[str, Any] = {"session_id": session_id, "duplicate": True}
+        fields["queued"] = bool(first.get("queued"))
+        for name in ("on_busy", "mode", "seq", "epoch"):
+            if first.get(name) is not None:
+                fields[name] = first[name]
+        if fields.get("on_busy") == "steer":  # a steer joins a run with its own mode
+            fields.pop("mode", None)
+        await self.c.conn.send(reply(rid, "ok", **fields))

@@ -24,11 +24,15 @@ class Accepted:
     # enqueue / interrupt (queued), steer (it joins the running turn); None: it runs now.
     on_busy: str | None = None
     mode: str | None = None  # the mode its run gets (the asked one clamped to the role)
-    # The session's last seq (and its epoch) before the daemon took the message: every
-    # frame of its run, and its ``message_queued``, come after it. None: an older daemon,
-    # or a message handed to the daemon that runs the session.
+    # The session's last seq (and its epoch) before the daemon took the message (handed
+    # to the daemon that runs the session: as the daemon it was sent to saw it then, at
+    # or below): every frame of its run, and its ``message_queued``, come after it.
+    # None: an older daemon.
     seq: int | None = None
     epoch: str | None = None
+    # Its client key was taken already, by a message sent before with it: this one does
+    # not run; the fields are that message's (its run may have ended already).
+    duplicate: bool = False
 
     @classmethod
     def of(cls, replies: Sequence[Frame]) -> Accepted:
@@ -47,7 +51,14 @@ class Accepted:
         seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else None
         queued = bool(ok.get("queued"))
         return cls(
-            ok["session_id"], created, queued, text("on_busy"), text("mode"), seq, text("epoch")
+            ok["session_id"],
+            created,
+            queued,
+            text("on_busy"),
+            text("mode"),
+            seq,
+            text("epoch"),
+            bool(ok.get("duplicate")),
         )
 
 

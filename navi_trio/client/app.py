@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 import signal
 from collections.abc import AsyncIterator
 
@@ -139,6 +140,8 @@ class ChatApp:
         return [
             wire.subscribe(self.session_id, self.last_seq, self.epoch),
             wire.tasks_list(self.session_id),
+            # After the subscribe: the replay shows the runs of those the daemon took.
+            *self._awaited.resend(self.session_id),
         ]
 
     def _welcome(self, welcome: Frame) -> None:
@@ -247,9 +250,11 @@ class ChatApp:
             # not to a second new session.
             await self._created.wait()
         cwd = self.run_cwd()
-        frame = wire.message(text, self.session_id, self.profile, cwd, self.mode, on_busy)
+        # Its key makes sending it again after a reconnect safe: the daemon runs it once.
+        key = secrets.token_urlsafe(12)
+        frame = wire.message(text, self.session_id, self.profile, cwd, self.mode, on_busy, key=key)
         frame["id"] = f"{MESSAGE_ID}{next(self._message_ids)}"
-        self._awaited.sent(frame["id"], text, self.renderer.busy)
+        self._awaited.sent(frame["id"], text, self.renderer.busy, frame)
         if self.session_id and self.profile and self.profile != self.renderer.status.profile:
             self._profile.due = True  # the daemon switches the session to it for this run
         if self.session_id is None:
@@ -381,7 +386,7 @@ class ChatApp:
             return []
         if str(frame.get("id")) in self._awaited.unanswered and kind in ("ok", "error"):
             if kind == "ok":
-                self._awaited.taken(str(frame["id"]), frame, self.session_id)
+                self._awaited.taken(str(frame["id"]), frame, self.session_id, self.epoch)
                 return []
             r.frame(frame)  # the refusal first, then the message back on the prompt
             self._refused(frame)
@@ -393,7 +398,7 @@ class ChatApp:
                 self._creation_over()  # its session frame may be lost: stop waiting for it
             if self._profile.waiting is not None:  # its reply is lost: ask again once back
                 self._profile.lost()
-            lost = self._awaited.lost()
+            again, lost = self._awaited.lost()
             self._away = True
             r.release_status()
             r.status.connected = False
@@ -401,6 +406,11 @@ class ChatApp:
                 f"connection lost ({frame.get('reason')}); reconnecting in "
                 f"{frame.get('retry_in')}s (try {frame.get('attempt')})…"
             )
+            if again:
+                r.notice(
+                    f"{again} message(s) sent had no answer yet: sent again once reconnected "
+                    "(the daemon runs each once)"
+                )
             if lost:
                 r.notice(
                     f"{lost} message(s) sent had no answer yet: whether the daemon took them "
@@ -412,6 +422,7 @@ class ChatApp:
             self.welcomed(frame.get("welcome") or {})
             r.notice("reconnected")
         elif kind == "session":
+            self._awaited.in_session(str(frame.get("id")), str(frame["session_id"]))
             if self.session_id is None:
                 self._adopt(str(frame["session_id"]))
         elif kind == "sessions" and self._profile.is_ask(frame):

@@ -15,6 +15,7 @@ from navi_trio.store._input import (
 )
 from navi_trio.store._queue import _claim
 from navi_trio.store._schema import SQLITE, _write_tx
+from navi_trio.store.base import KeyClaim
 from navi_trio.store.fence import Fence
 
 
@@ -47,6 +48,7 @@ def _append(
     *,
     durable: bool = True,
     renew: float | None = None,
+    claim: KeyClaim | None = None,
 ) -> None:
     """The append of a round, in few statements: the lease's renewal (when asked) is the
     fence's check, the session's ``updated_at`` its presence (and, without a renewal, the
@@ -62,6 +64,8 @@ def _append(
             _refuse(db, sid, fence)
         if dequeue is not None and not _claim(db, sid, dequeue):
             raise not_queued(sid, dequeue)
+        if claim is not None:
+            SQLITE.claim_key(db, sid, claim, now)
         for table, rows in (("messages", msg_rows), ("context", ctx_rows)):
             if rows:
                 _insert_next(db, table, sid, rows, now)

@@ -24,8 +24,8 @@ import sqlite3
 from typing import Any
 
 from navi_trio.store._lease import pid_alive
-from navi_trio.store._schema import _write_tx
-from navi_trio.store.base import HANDED_PID
+from navi_trio.store._schema import SQLITE, _write_tx
+from navi_trio.store.base import HANDED_PID, KeyClaim
 
 
 def _enqueue(
@@ -37,8 +37,11 @@ def _enqueue(
     host: str,
     now: float,
     keep: int | None,
+    claim: KeyClaim | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
     with _write_tx(db):
+        if claim is not None:
+            SQLITE.claim_key(db, sid, claim, now)
         db.execute(
             "INSERT INTO queued (key, session_id, pid, host, data, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?)",

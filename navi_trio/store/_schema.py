@@ -34,7 +34,7 @@ _SCHEMA_NAMES = frozenset(
         *("leases", "queued", "wakes", "usage", "schedules", "usage_holds", "run_usage"),
         *("sessions_user", "messages_order", "context_order", "users_token"),
         *("queued_session", "wakes_session", "schedules_user", "usage_holds_key"),
-        *("run_usage_user", "run_usage_session"),
+        *("run_usage_user", "run_usage_session", "message_keys", "message_keys_order"),
     }
 )
 _ADDED_COLUMNS = (
@@ -291,6 +291,14 @@ def _create(conn: sqlite3.Connection) -> None:
         )
         db.execute("CREATE INDEX IF NOT EXISTS run_usage_user ON run_usage (user_id, at)")
         db.execute("CREATE INDEX IF NOT EXISTS run_usage_session ON run_usage (session_id, at)")
+        # The client keys of a session's messages (store/statements.py `claim_key`).
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS message_keys (session_id TEXT NOT NULL,"
+            " key TEXT NOT NULL, message_id TEXT NOT NULL, reply TEXT NOT NULL,"
+            " at FLOAT NOT NULL, PRIMARY KEY (session_id, key))"
+        )
+        # (An index holds the rowid: the session's keys in the order they were taken.)
+        db.execute("CREATE INDEX IF NOT EXISTS message_keys_order ON message_keys (session_id)")
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 

@@ -21,6 +21,12 @@ Contract every implementation keeps:
   transaction and returns the rows it dropped, oldest first; `release_queued` hands a
   process's rows to whoever runs the session (pid `HANDED_PID`: anyone's), and
   `adopt_queued` takes those, a dead process's and the caller's own.
+- `append(claim=…)` and `enqueue(claim=…)` take a client's message key (`KeyClaim`) in
+  the transaction that stores the message: a key of the session that another message
+  took already raises `DuplicateMessageError` and stores nothing (the same message
+  claiming it again, a retried save, passes). `message_key` reads what the taker's
+  ``ok`` said. The session keeps its newest `KEYS_KEPT` keys (older ones go with the
+  next claim) and loses them with itself.
 - `durable=False` (`append`, `create_session`, `update_session`, `kv_set`) may skip the
   flush to stable storage, never the commit: the write survives a killed process; the
   next durable write makes it survive power loss too.
@@ -178,6 +184,21 @@ class QueuedRow:
     host: str
 
 
+KEYS_KEPT = 1000  # client message keys a session remembers (the newest; docs/pages/protocol.md)
+
+
+@attrs.frozen
+class KeyClaim:
+    """A client's key for one message of a session (the ``message`` frame's ``key``),
+    taken in the transaction that stores the message: `message_id` is the message's
+    own (the same on every try of its save), `reply` the fields of the ok its sender got
+    (seq, epoch, queued, on_busy): a second sender of the key gets them again."""
+
+    key: str
+    message_id: str
+    reply: dict[str, Any] = attrs.field(factory=dict, hash=False)
+
+
 @attrs.frozen
 class NewSession:
     """A session to create in the same transaction as a schedule's claim."""
@@ -314,7 +335,13 @@ class SessionStore(Protocol):
         durable: bool = True,
         dequeue: str | None = None,
         renew: float | None = None,
+        claim: KeyClaim | None = None,
     ) -> None: ...
+    async def message_key(self, session_id: str, key: str) -> dict[str, Any] | None:
+        """The ok's fields of the message of the session that took client key `key`;
+        None when no message did (or it is older than the newest `KEYS_KEPT`)."""
+        ...
+
     async def load_messages(self, session_id: str) -> list[dict[str, Any]]: ...
     async def load_messages_page(
         self, session_id: str, *, after: float | None = None, limit: int, max_bytes: int
@@ -353,6 +380,7 @@ class SessionStore(Protocol):
         pid: int,
         host: str,
         keep: int | None = None,
+        claim: KeyClaim | None = None,
     ) -> list[tuple[str, dict[str, Any]]]: ...
     async def unqueue(self, key: str) -> bool: ...
     async def release_queued(

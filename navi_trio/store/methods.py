@@ -53,6 +53,7 @@ from navi_trio.store.base import (
     USAGE_GROUPS,
     Claimed,
     HistoryPage,
+    KeyClaim,
     LeaseRow,
     LoadedSession,
     NewSession,
@@ -222,6 +223,7 @@ class StoreMethods:
         durable: bool = True,
         dequeue: str | None = None,
         renew: float | None = None,
+        claim: KeyClaim | None = None,
     ) -> None:
         """Append new display messages and context entries in one transaction.
 
@@ -230,14 +232,17 @@ class StoreMethods:
         key of the queued message being appended; its queued row goes in the same
         transaction (it is never both queued and in history). `renew`: a fenced write
         also extends its lease to `renew` s from now in that transaction, as
-        `renew_lease` naming the generation would (without a fence: nothing)."""
+        `renew_lease` naming the generation would (without a fence: nothing). `claim`: the
+        client key of the user message appended, taken in that transaction (`claim_key`)."""
         sid = check_session_id(session_id)
         msg_rows = _prepare(messages, "messages")
         # Both lists usually hold the same dicts: each is serialised once. (`messages` is
         # still referenced here, so the ids cannot be reused while this runs.)
         done = {id(m): row for m, row in zip(messages, msg_rows, strict=True)}
         ctx_rows = _prepare(context, "context", done)
-        if not msg_rows and not ctx_rows and dequeue is None:
+        if claim is not None:
+            _check_text(claim.key, "message key")
+        if not msg_rows and not ctx_rows and dequeue is None and claim is None:
             return
         now = self._now()
         fence = fence_for(sid)
@@ -247,13 +252,31 @@ class StoreMethods:
             self._fenced(
                 fence,
                 lambda c: self.sql.append(
-                    c, sid, msg_rows, ctx_rows, now, dequeue, fence, durable=durable, renew=ttl
+                    c,
+                    sid,
+                    msg_rows,
+                    ctx_rows,
+                    now,
+                    dequeue,
+                    fence,
+                    durable=durable,
+                    renew=ttl,
+                    claim=claim,
                 ),
             ),
             durable=durable,
-            # Without a dequeue or a renewal an engine may make it one statement, its own
-            # transaction.
-            transaction=dequeue is not None or ttl is not None,
+            # Without a dequeue, a claim or a renewal an engine may make it one
+            # statement, its own transaction.
+            transaction=dequeue is not None or ttl is not None or claim is not None,
+        )
+
+    async def message_key(self, session_id: str, key: str) -> dict[str, Any] | None:
+        sid = check_session_id(session_id)
+        _check_text(key, "message key")
+        return await self._run(
+            f"read message key of {sid!r}",
+            lambda c: self.sql.message_key(c, sid, key),
+            write=False,
         )
 
     async def load_messages(self, session_id: str) -> list[dict[str, Any]]:
@@ -340,6 +363,7 @@ class StoreMethods:
         pid: int,
         host: str,
         keep: int | None = None,
+        claim: KeyClaim | None = None,
     ) -> Queued:
         """Keep a queued user message until its run appends it (`append(dequeue=key)`);
         with `keep`, the session's oldest rows beyond the newest `keep` go: (key, message)
@@ -351,7 +375,7 @@ class StoreMethods:
         now = self._now()
         return await self._run(
             f"queue a message in {sid!r}",
-            lambda c: self.sql.enqueue(c, sid, key, data, pid, host, now, cap),
+            lambda c: self.sql.enqueue(c, sid, key, data, pid, host, now, cap, claim),
         )
 
     async def release_queued(

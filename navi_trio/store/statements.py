@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from navi_trio.errors import SessionExistsError, StoreError
+from navi_trio.errors import DuplicateMessageError, SessionExistsError, StoreError
 from navi_trio.store._control_input import (
     SCHEDULE_COLS,
     by_key,
@@ -29,9 +29,11 @@ from navi_trio.store._input import _prepare, _Rewrite, _Row, page_end
 from navi_trio.store.base import (
     HANDED_HOST,
     HANDED_PID,
+    KEYS_KEPT,
     USAGE_KINDS,
     Claimed,
     HistoryPage,
+    KeyClaim,
     LeaseRow,
     LoadedSession,
     RunUsage,
@@ -99,7 +101,8 @@ class Engine:
 
     # (conn, table, sid, rows, positions, now): the rows at those positions, one statement
     insert_history: Callable[[Any, str, str, Sequence[_Row], Sequence[float], float], None]
-    enqueue: Callable[[Any, str, str, str, int, str, float, int | None], Queued]
+    # (conn, sid, key, data, pid, host, now, keep, claim)
+    enqueue: Callable[[Any, str, str, str, int, str, float, int | None, KeyClaim | None], Queued]
     adopt: Callable[[Any, str, int, str, float], Queued]  # sid, pid, host, now
     kv_list: Callable[[Any, str, str], list[tuple[str, Any]]]
     claim_lease: Callable[[Any, str, str, int, str, float, float], LeaseRow]
@@ -117,9 +120,11 @@ class Engine:
         *,
         durable: bool,
         renew: float | None,
+        claim: KeyClaim | None = None,
     ) -> None:
-        """New history rows, with the queued row `dequeue` taken off the queue; with
-        `renew`, the fence's lease extended to `renew` s from now."""
+        """New history rows, with the queued row `dequeue` taken off the queue (and the
+        client key `claim` taken: `claim_key`); with `renew`, the fence's lease extended
+        to `renew` s from now."""
         raise NotImplementedError
 
     mark = "?"
@@ -230,7 +235,7 @@ class Engine:
         usage, schedules, and the kv rows `sid` / `sid:…` (even of a session gone)."""
         with self.write(conn):
             there = self.session_there(conn, sid)
-            for table in ("messages", "context", "queued", "wakes", "schedules"):
+            for table in ("messages", "context", "queued", "wakes", "schedules", "message_keys"):
                 conn.execute(self.q(f"DELETE FROM {table} WHERE session_id = ?"), [sid])
             for table in ("usage", "usage_holds"):
                 conn.execute(self.q(f"DELETE FROM {table} WHERE key = ?"), [f"session:{sid}"])
@@ -346,6 +351,43 @@ class Engine:
                 loaded[table] = fixed
                 repaired += len(inserted)
         return LoadedSession(session_from(row), loaded["messages"], loaded["context"], repaired)
+
+    def claim_key(self, conn: Any, sid: str, claim: KeyClaim, now: float) -> None:
+        """Inside the write that stores a message: the session's client key `claim.key`
+        is its message's now, or was already (the same message saved again); another
+        message's raises `DuplicateMessageError`, which rolls the whole write back. The
+        session's keys older than its newest `KEYS_KEPT` go."""
+        added = conn.execute(
+            self.q(
+                "INSERT INTO message_keys (session_id, key, message_id, reply, at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id, key) DO NOTHING"
+            ),
+            [sid, claim.key, claim.message_id, json.dumps(claim.reply), now],
+        ).rowcount
+        if not added:
+            row = conn.execute(
+                self.q("SELECT message_id FROM message_keys WHERE session_id = ? AND key = ?"),
+                [sid, claim.key],
+            ).fetchone()
+            if row is None or row[0] != claim.message_id:
+                raise DuplicateMessageError(
+                    f"session {sid!r}: a message with key {claim.key!r} was taken already"
+                )
+            return
+        conn.execute(
+            self.q(
+                f"DELETE FROM message_keys WHERE session_id = ? AND {self.seq} < (SELECT"
+                f" {self.seq} FROM message_keys WHERE session_id = ? ORDER BY {self.seq} DESC"
+                " LIMIT 1 OFFSET ?)"
+            ),
+            [sid, sid, KEYS_KEPT - 1],
+        )
+
+    def message_key(self, conn: Any, sid: str, key: str) -> dict[str, Any] | None:
+        row = conn.execute(
+            self.q("SELECT reply FROM message_keys WHERE session_id = ? AND key = ?"), [sid, key]
+        ).fetchone()
+        return None if row is None else dict(json.loads(row[0]))
 
     def insert_queued(self, conn: Any, values: tuple[Any, ...], now: float) -> None:
         conn.execute(

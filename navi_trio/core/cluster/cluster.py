@@ -358,7 +358,13 @@ class Cluster:
         not (the failover finds the row within half a TTL)."""
         key = f"h-{self.owner.rsplit(':', 1)[-1]}-{trio.current_time():.6f}-{id(msg):x}"
         dropped = await self.store.enqueue(
-            session_id, key, to_row(msg), pid=HANDED_PID, host=HANDED_HOST, keep=self.queue_max
+            session_id,
+            key,
+            to_row(msg),
+            pid=HANDED_PID,
+            host=HANDED_HOST,
+            keep=self.queue_max,
+            claim=msg.key_claim(),
         )
         msg.accepted.ok()
         said = [[k, _said(row)] for k, row in dropped[-DROPPED_SAID:]]

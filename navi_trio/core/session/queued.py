@@ -21,7 +21,7 @@ import trio
 
 from navi_trio import wire
 from navi_trio.core.turn import UserMessage, stopped_before_saving, trace_carrier
-from navi_trio.errors import NaviError, StorageError
+from navi_trio.errors import DuplicateMessageError, NaviError, StorageError
 from navi_trio.events import WarningEvent
 from navi_trio.profiles import BudgetConfig
 from navi_trio.profiles._control import budgets_dict, parse_budgets
@@ -235,11 +235,13 @@ class DurableQueue:
                         pid=self.pid,
                         host=self.host,
                         keep=self.cap,
+                        claim=msg.key_claim(),
                     )
                     written = True
                 except NaviError as exc:
                     # A storage failure is logged once by the store; the sender gets it.
-                    say = log.info if isinstance(exc, StorageError) else log.warning
+                    quiet = isinstance(exc, (StorageError, DuplicateMessageError))
+                    say = log.info if quiet else log.warning
                     say("session %s: queue write failed: %s", self.session_id, exc)
                     acceptance.fail(exc)
             if written:

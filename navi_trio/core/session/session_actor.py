@@ -257,6 +257,7 @@ class SessionActor:
             strategy = "enqueue"  # the profile's default: it waits its turn instead
         if strategy == "reject":
             raise refusal(self.session_id, control)
+        msg.taken["on_busy"] = strategy  # what its ok (and its key's) says
         # Stored before it is acknowledged: `msg.accepted` is ok once its row is in.
         if strategy == "steer" and control is not None:
             check_steer(msg.text, control)

@@ -50,6 +50,7 @@ from navi_trio.core.turn.turn import TurnRunner, shielded
 from navi_trio.core.turn.turn_state import LoopParts, Turn
 from navi_trio.core.turn.workspace import hold_roots
 from navi_trio.errors import (
+    DuplicateMessageError,
     LeaseLostError,
     LLMError,
     NotQueuedError,
@@ -62,7 +63,7 @@ from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, WarningEvent, Wo
 from navi_trio.llm.base import LLMBackend
 from navi_trio.profiles import BudgetConfig, ConfigSource, NaviConfig, OnBusy
 from navi_trio.settings import Settings
-from navi_trio.store.base import SessionStore
+from navi_trio.store.base import KeyClaim, SessionStore
 from navi_trio.tools.base import ToolContext, ToolRegistry
 from navi_trio.tools.procs import ProcessPool
 from navi_trio.tools.roots import RunRoots
@@ -102,6 +103,21 @@ class UserMessage:
     retried: bool = attrs.field(default=False, eq=False)
     # The W3C trace context it came with (checked); kept in its queued row while it waits.
     trace: Mapping[str, str] | None = attrs.field(default=None, eq=False, repr=False)
+    # Its client's key (the ``message`` frame's ``key``): taken in the write that stores it
+    # (its save, or its queued row), so that another message with the key never runs.
+    # `taken`: the fields of the ok its sender gets (seq, epoch, mode; the `on_busy`
+    # applied), kept with the key for a second sender of it.
+    key: str | None = attrs.field(default=None, eq=False)
+    taken: dict[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
+
+    def key_claim(self) -> KeyClaim | None:
+        """Its key as the store takes it, with the ok's fields (queued as `_accepted`
+        says it: waiting for a run of its own); None without a key."""
+        if self.key is None:
+            return None
+        on_busy = self.taken.get("on_busy")
+        queued = self.accepted.queued or on_busy in ("enqueue", "interrupt")
+        return KeyClaim(self.key, self.message_id, {**self.taken, "queued": queued})
 
 
 class RunControl:
@@ -484,7 +500,18 @@ class Agent:
             state.add(user)
         try:
             # Shielded inside: lands even when cancelled.
-            await self.cache.save(state, dequeue=None if resumed else msg.queue_key)
+            await self.cache.save(
+                state,
+                dequeue=None if resumed else msg.queue_key,
+                claim=None if resumed or user is None else msg.key_claim(),
+            )
+        except DuplicateMessageError as exc:
+            # Another message with its client key was taken first (a resend that came
+            # while the first was on its way): it does not run; its sender is told so.
+            state.undo(mark)
+            msg.accepted.fail(exc)
+            control.skipped = True
+            return
         except NotQueuedError:
             # Taken by another daemon first, or dropped by the cap (announced there):
             # this run has nothing to do. Acknowledged already, unless its queue write

@@ -18,7 +18,7 @@ import trio
 
 from navi_trio.core.turn.tokens import Baseline
 from navi_trio.errors import StorageError
-from navi_trio.store.base import SessionRow, SessionStore
+from navi_trio.store.base import KeyClaim, SessionRow, SessionStore
 
 
 def new_message_id() -> str:
@@ -171,12 +171,15 @@ class SessionCache:
         durable: bool = True,
         dequeue: str | None = None,
         renew: float | None = None,
+        claim: KeyClaim | None = None,
     ) -> bool:
         """Append what is new in both lists, in one store transaction; whether there was.
 
         `durable=False`: committed, not flushed yet; `dequeue`: the queued message leaves the
-        queue in that transaction; `renew`: the lease is renewed in it. A storage failure leaves
-        the state `unsure` and further saves refused: the failed write may have landed."""
+        queue in that transaction; `renew`: the lease is renewed in it; `claim`: the user
+        message's client key is taken in it (`DuplicateMessageError`: nothing stored). A
+        storage failure leaves the state `unsure` and further saves refused: the failed
+        write may have landed."""
         new_messages = state.messages[state.saved_messages :]
         new_context = state.context[state.saved_context :]
         if not new_messages and not new_context:
@@ -189,6 +192,7 @@ class SessionCache:
                 durable=durable,
                 dequeue=dequeue,
                 renew=renew,
+                claim=claim,
             )
             state.saved_messages += len(new_messages)
             state.saved_context += len(new_context)

@@ -16,6 +16,7 @@ from psycopg import sql
 
 from navi_trio.errors import StoreError
 from navi_trio.store._input import _Row, not_queued
+from navi_trio.store.base import KeyClaim
 from navi_trio.store.fence import Fence
 from navi_trio.store.postgres import _tables as t
 from navi_trio.store.postgres._tables import check_fence
@@ -74,6 +75,7 @@ def append(
     *,
     durable: bool = True,
     renew: float | None = None,
+    claim: KeyClaim | None = None,
 ) -> None:
     """navi_append (migrations/0005): it fences, locks the session's row and inserts
     after the last rows; one statement, its own transaction (an autocommit job). With
@@ -82,7 +84,8 @@ def append(
     (NotQueuedError, nothing stored, when another daemon took it first or the cap
     dropped it), then navi_append. With `renew` (and a fence), the lease's expiry is
     extended first, in the same transaction: the row it names stays locked to the
-    commit, and a lease that is not the fence's is left alone and refused by the fence."""
+    commit, and a lease that is not the fence's is left alone and refused by the fence.
+    With `claim`, the client key is taken before navi_append, in the same transaction."""
     owner, generation = (fence.owner, fence.generation) if fence is not None else (None, None)
     try:
         if renew is not None and fence is not None:
@@ -95,6 +98,8 @@ def append(
             ).fetchone()
             if taken is None:
                 raise not_queued(sid, dequeue)
+        if claim is not None:
+            t.PG.claim_key(conn, sid, claim, now)
         conn.execute(
             "SELECT navi_append(%s, %s, %s, %s, %s, %s, %s::text[], %s::text[], %s::bool[],"
             " %s::text[], %s::text[], %s::text[], %s::bool[], %s::text[])",

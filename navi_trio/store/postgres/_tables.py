@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from navi_trio.errors import StoreError
-from navi_trio.store.base import HANDED_PID, USAGE_KINDS, USERS_CHANNEL, LeaseRow
+from navi_trio.store.base import HANDED_PID, USAGE_KINDS, USERS_CHANNEL, KeyClaim, LeaseRow
 from navi_trio.store.fence import Fence, lost, pid_alive, takeover
 from navi_trio.store.postgres._workers import Conn
 from navi_trio.store.statements import LEASE_COLS, Engine, lease_from
@@ -174,14 +174,18 @@ def enqueue(
     host: str,
     now: float,
     keep: int | None,
+    claim: KeyClaim | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
-    """Insert the row; with `keep`, drop the session's oldest rows beyond the newest
-    `keep` and return them. One enqueuer of a session at a time (an advisory lock for
-    the transaction): two daemons queueing at once never both stay under the cap."""
+    """Insert the row (and take the client key `claim`); with `keep`, drop the session's
+    oldest rows beyond the newest `keep` and return them. One enqueuer of a session at a
+    time (an advisory lock for the transaction): two daemons queueing at once never both
+    stay under the cap."""
     # Locks the session row against a delete (KEY SHARE); a missing session is named.
     if conn.execute("SELECT 1 FROM sessions WHERE id = %s FOR KEY SHARE", [sid]).fetchone() is None:
         raise StoreError(f"no session {sid!r} in the store")
     conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 11))", [sid])
+    if claim is not None:
+        PG.claim_key(conn, sid, claim, now)
     inserted = conn.execute(
         "INSERT INTO queued (key, session_id, pid, host, data, created_at)"
         " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (key) DO NOTHING RETURNING 1",
