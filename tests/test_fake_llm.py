@@ -362,6 +362,11 @@ async def test_shell_entry_point_serves_the_script_in_a_loop_until_ctrl_c(tmp_pa
         str(script),
         "--loop",
     ]
+    # Started with SIGINT ignored, as a script's background job (`… &`) is (exec keeps
+    # it): Ctrl-C stops it all the same.
+    ignoring = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    ignoring += "os.execv(sys.executable, sys.argv[1:])"
+    cmd = [sys.executable, "-c", ignoring, *cmd]
     proc = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE, env=env, cwd=str(REPO))
     try:
         with trio.fail_after(30):
