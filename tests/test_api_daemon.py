@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import trio
 from api_ws import Client
-from test_cli import _read_until, fake_llm, messages, navi, unused_port
+from test_cli import _read_until, fake_llm, forked, messages, navi, unused_port
 from trio_websocket import open_websocket_url
 
 from navi_trio.api.auth import read_local_token
@@ -107,14 +107,18 @@ async def test_sigkill_mid_stream_leaves_the_session_loadable_after_restart(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     data = Path(env["NAVI_DATA_DIR"])
+    # A deadline per daemon (each start is a new interpreter's, what load stretches most:
+    # serve bounds it on its own), not one for the whole; the CLI commands are forked
+    # (what they do is the subject, not Python's start), each under its own.
     with trio.fail_after(DEADLINE):
         async with fake_llm(tmp_path, [SLOW]) as llm, serve(env, llm) as proc:
             async with client(proc.url, data) as c:
                 sid = await _mid_stream(c)
                 proc.kill()
                 await proc.wait()
-        async with fake_llm(tmp_path, [{"text": "after the crash"}]) as llm:
-            async with serve(env, llm) as proc, client(proc.url, data) as c:
+    async with fake_llm(tmp_path, [{"text": "after the crash"}]) as llm, serve(env, llm) as proc:
+        with trio.fail_after(DEADLINE):
+            async with client(proc.url, data) as c:
                 history = await c.request(
                     {"type": "sessions", "action": "history", "session_id": sid}
                 )
@@ -123,17 +127,13 @@ async def test_sigkill_mid_stream_leaves_the_session_loadable_after_restart(
                 assert ok["type"] == "ok"
                 end = await c.until_end(sid)
                 assert end["text"] == "after the crash"
-                # The CLI lists it too, through the daemon.
-                done = await navi("sessions", "--url", proc.url, env=env, cwd=tmp_path)
-                assert done.code == 0 and sid in done.out, done
-                done = await navi("doctor", "--url", proc.url, "--llm-url", llm, "--json",
-                                  env=env, cwd=tmp_path)  # fmt: skip
-                daemon = json.loads(done.out)["daemon"]
-                assert (daemon["url"], daemon["ok"], daemon["ready"]["ready"]) == (
-                    proc.url,
-                    True,
-                    True,
-                )
+        # The CLI lists it too, through the daemon.
+        done = await forked("sessions", "--url", proc.url, env=env, cwd=tmp_path)
+        assert done.code == 0 and sid in done.out, done
+        done = await forked("doctor", "--url", proc.url, "--llm-url", llm, "--json",
+                            env=env, cwd=tmp_path)  # fmt: skip
+        daemon = json.loads(done.out)["daemon"]
+        assert (daemon["url"], daemon["ok"], daemon["ready"]["ready"]) == (proc.url, True, True)
     saved = await messages(Path(env["NAVI_DB"]), sid)
     assert [m["content"] for m in saved] == ["hi", "hello?", "after the crash"]
 

@@ -372,3 +372,31 @@ def test_the_models_silent_work_shows_in_the_toolbar_not_in_the_answer() -> None
     _feed(r, [{"type": "text_delta", "text": "Hi"}])
     assert r.status.activity == "answering… 1 words"
     assert "working" not in out.getvalue()  # the scrollback keeps only the answer
+
+
+def test_an_answer_printed_block_by_block_is_not_printed_again_at_its_end() -> None:
+    r, out = _renderer()
+    _feed(r, [{"type": "text_delta", "text": "Para one.\n\nPara two.\n\n"},
+              {"type": "stream_end", "text": "Para one.\n\nPara two."}])  # fmt: skip
+    assert out.getvalue().count("Para two.") == 1
+
+
+def test_a_sub_agents_end_leaves_the_run_going_and_its_text_apart_from_the_answer() -> None:
+    r, out = _renderer()
+    sub = {"is_subagent": True, "agent_id": "sub-7"}
+    _feed(r, [{"type": "text_delta", "text": "Main answer"},
+              {"type": "text_delta", "text": "from the sub-agent", **sub},
+              {"type": "stream_end", "text": "from the sub-agent", **sub}])  # fmt: skip
+    assert r.busy  # the top-level run goes on
+    _feed(r, [{"type": "stream_end", "text": "Main answer"}])
+    lines = out.getvalue().splitlines()
+    assert any(ln.startswith("Main answer") for ln in lines), lines
+    assert any(ln.startswith("    ") and "from the sub-agent" in ln for ln in lines), lines
+    assert not any("Main answer" in ln and "sub-agent" in ln for ln in lines), lines
+
+
+def test_a_run_ended_for_the_reason_stopped_says_so() -> None:
+    r, out = _renderer()
+    _feed(r, [{"type": "text_delta", "text": "partial"},
+              {"type": "stream_end", "reason": "stopped"}])  # fmt: skip
+    assert "■ stopped" in out.getvalue()

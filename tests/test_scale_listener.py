@@ -164,9 +164,9 @@ async def resynced(c: Client, sid: str, n: int) -> None:
 
 
 async def held_mid_turn(llm: FakeLLMServer) -> trio.Event:
-    """The turn's reply stopped where it is (mid-stream) until the event is set; then
-    the rest of it comes at once."""
-    release = llm.hold_after(0)
+    """The turn's reply (the script's first) stopped where it is (mid-stream) until the
+    event is set; then the rest of it comes at once. Other replies are not held."""
+    release = llm.hold_after(0, reply=0)
     await llm.wait_held()
     return release
 
@@ -206,6 +206,7 @@ async def test_a_follower_on_another_daemon_sees_a_turn_through_a_server_restart
     answer = words(60)
     replies: list[dict[str, Any]] = [
         {"text": answer, "delay_chunk": 0.1},
+        {"text": "idle"},
         {"text": "after"},
         {"text": "new session"},
     ]
@@ -216,9 +217,17 @@ async def test_a_follower_on_another_daemon_sees_a_turn_through_a_server_restart
             followed_mid_turn(url, a, b) as (on_a, on_b, sid),
         ):
             release = await held_mid_turn(llm)
+            # A session idle on A that A's client follows: A's listener tells it resync
+            # when it is back (the busy one it runs is not told).
+            idle = (await on_a.request({"type": "message", "content": "i"}))["session_id"]
+            assert (await on_a.until_end(idle))["text"] == "idle"
+            assert not any(f["type"] == "resync" for f in on_a.frames)
             await trio.to_thread.run_sync(server.halt)
             await trio.to_thread.run_sync(server.resume)
-            await resynced(on_b, sid, 2)  # B's listener is back: the one of the restart
+            # Both listeners are back, each on its own backoff: B's for its follower, A's
+            # before B runs the next turn, whose frames reach A's client only through it.
+            await resynced(on_b, sid, 2)
+            await resynced(on_a, idle, 1)
             release.set()
             await follow_across(on_b, sid, answer)
             # B listens again: a message sent there to this session, and a new one.

@@ -55,6 +55,9 @@ from pathlib import Path
 from navi_trio.testing.lifeline import watch
 folder = Path(sys.argv[1]) / "removed"
 folder.mkdir()
+# The child must end on SIGINT: not left ignored by whoever started the tests (a
+# script's background job starts with SIGINT ignored, and exec keeps that).
+signal.signal(signal.SIGINT, signal.SIG_DFL)
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 watcher = watch(child.pid, stop=signal.SIGINT, remove=folder)
 print(child.pid, watcher.pid, flush=True)
@@ -65,6 +68,19 @@ sys.stdin.read()
 
 async def ended(pidfd: int) -> None:
     await trio.lowlevel.wait_readable(pidfd)
+
+
+def signal_state(pid: int) -> str:
+    """What process `pid` blocks, ignores and catches (/proc's masks, hex: SIGINT is bit
+    1, 0x2), for a failure saying why a stop signal did not end it."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            lines = [
+                x.strip() for x in status if x.startswith(("State", "SigBlk", "SigIgn", "SigCgt"))
+            ]
+    except OSError as exc:
+        return f"pid {pid}: {exc}"
+    return f"pid {pid}: " + ", ".join(" ".join(x.split()) for x in lines)
 
 
 @pytest.mark.parametrize("starter", sorted(STARTERS))
@@ -89,10 +105,15 @@ async def test_what_a_killed_starter_started_stops(starter: str, tmp_path: Path)
                     for pidfd in pids:
                         await ended(pidfd)
                 if waited.cancelled_caught:  # clean up after it, then say so
+                    # What the processes block, ignore and catch: a SIGINT ignored or
+                    # blocked where a stop signal was expected to end one says why.
+                    states = "; ".join(signal_state(int(pid)) for pid in said.split())
                     for pidfd in pids:
                         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
                         await ended(pidfd)
-                    pytest.fail(f"what {starter} started outlived the process that started it")
+                    pytest.fail(
+                        f"what {starter} started outlived the process that started it ({states})"
+                    )
             finally:
                 for pidfd in pids:
                     os.close(pidfd)

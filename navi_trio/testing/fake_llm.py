@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -360,6 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"fake_llm: {exc}", file=sys.stderr)
         return 2
+    # Ctrl-C (SIGINT) stops it even when it was started with SIGINT ignored, as a
+    # script's background job (`… &`) is: Python would leave it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         server = FakeLLMServer(replies, loop=args.loop, n_ctx=args.n_ctx)
         trio.run(_run, server, args.host, args.port)
