@@ -229,6 +229,19 @@ async def test_a_new_sessions_first_message_is_sent_again_once_its_session_is_na
     assert resent[0]["session_id"] == SID and resent[0]["key"] == conn.frames[0]["key"]
 
 
+async def test_a_new_sessions_first_message_unnamed_at_the_drop_is_let_go() -> None:
+    """Its ``session`` reply lost with the connection: whether it was taken is unknown and
+    it cannot be sent again (its key is a session's), so the chat does not wait for it."""
+    app = ChatApp(
+        ChatOptions(url="ws://127.0.0.1:9", token=""), Renderer(Screen().console), QueueReader()
+    )
+    app._conn = _Sent()  # type: ignore[assignment]
+    await app.line("make it")
+    assert app._awaited.waiting
+    app.on_frame(LOST)
+    assert not app._awaited.waiting and app._awaited.resend(SID) == []
+
+
 async def test_a_reconnect_to_a_session_where_nothing_went_on_ends_the_wait() -> None:
     app, _ = await _chat_with_a_run_going()
     frames = [_end(3, "the first answer"), LOST, BACK, _subscribed(3)]
