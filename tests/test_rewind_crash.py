@@ -1,18 +1,26 @@
 """A SIGKILL of the daemon in the middle of a rewind or of a run's checkpoint leaves the
 workspace before or after, never half-restored (issue 22, "Tests").
 
-Each round builds its own session with real runs (the fake LLM over HTTP, a real SQLite
-file, a workspace of 1,000 files that the second message's run changed in bulk with a
-terminal command: 600 files changed, 250 deleted, 300 new in new folders, 100 modes: a
-rewind puts back only what navi's own calls changed), then starts a real
-`navi serve` on it, asks for a rewind of chat and files to the first message (its
-restore is the whole change back), and kills the daemon with SIGKILL at a random moment
-after the confirm went out; half the kills are timed from the moment the restore's
-journal appears, so the apply phase is always hit. A second `navi serve` then starts
-(the checkpoint engine completes what the journal holds before anything runs): the
-workspace is exactly the tree before or the tree after, and exactly after when the
-journal was written; the history is the one before or the one after. A kill during a
-run's checkpoint leaves the workspace as it was and only checkpoints that restore.
+A session is built once with real runs (the fake LLM over HTTP, a real SQLite file, a
+workspace of 1,000 files that the second message's run changed in bulk with a terminal
+command: 600 files changed, 250 deleted, 300 new in new folders, 100 modes: a rewind puts
+back only what navi's own calls changed) and copied whole (`cp -a`: contents, modes,
+owners, times). Each round after the first starts from that copy, put back in the same
+place (the session's folders are absolute), starts a real `navi serve` on it, asks for a
+rewind of chat and files to the first message (its restore is the whole change back),
+and kills the daemon with SIGKILL at a random moment after the confirm went out; half
+the kills are timed from the moment the restore's journal appears, so the apply phase
+is always hit. A second `navi serve` then starts (the checkpoint engine completes what
+the journal holds before anything runs): the workspace is exactly the tree before or the
+tree after, and exactly after when the journal was written; the history is the one
+before or the one after. A kill during a run's checkpoint leaves the workspace as it was
+and only checkpoints that restore.
+
+A copy's files have new inodes and change times, which navi reads as edits it did not
+see (a file navi changed keeps the stamp its call left: size, times, inode): in a copy,
+every file the runs changed is a conflict, which a plain rewind keeps. So the rewind
+asks `"conflicts": "restore"`, and each round's preview must plan what the first
+round's (on the files the runs left, no conflict) planned: the same restore.
 
 Real processes and real time (the daemon is a real process, forked from the tests'
 warm process by tests/navi_forks.py: its work after a kill is the subject, not its
@@ -102,6 +110,12 @@ async def _journal(data: Path, proc: navi_forks.Forked) -> bool:
     return not ended
 
 
+def _plan(preview: dict[str, Any]) -> list[tuple[str, list[int]]]:
+    """What a rewind's preview says its restore does, per folder (conflicts aside)."""
+    counts = ("restored", "created", "deleted", "modes", "dirs_created", "dirs_deleted")
+    return [(r["root"], [r[k] for k in (*counts, "bytes")]) for r in preview["files"]["roots"]]
+
+
 async def _users(url: str, data: Path) -> list[str]:
     async with client(url, data) as c:
         history = await c.request({"type": "sessions", "action": "history", "session_id": SID})
@@ -113,11 +127,19 @@ async def test_a_daemon_killed_mid_rewind_leaves_the_workspace_before_or_after(
 ) -> None:
     rng = random.Random(22)
     seen: list[str] = []
+    plans: list[list[tuple[str, list[int]]]] = []
     with trio.fail_after(DEADLINE):
+        # The session's runs are the same every round: built once, copied back each round.
+        base, saved = tmp_path / "round", tmp_path / "saved"
+        work, data, environ = _paths(base, env)
+        before, after = await _session(base, work)
+        assert before != after
+        await trio.run_process(["cp", "-a", str(base), str(saved)])
         for n in range(ROUNDS):
-            work, data, environ = _paths(tmp_path / f"round{n}", env)
-            before, after = await _session(tmp_path / f"round{n}", work)
-            assert before != after
+            if n:
+                await trio.run_process(["rm", "-rf", str(base)])
+                await trio.run_process(["cp", "-a", str(saved), str(base)])
+                assert tree_of(work) == before
             journaled = False
             async with navi_forks.serving(environ, "http://127.0.0.1:9") as proc:
                 async with client(proc.url, data) as c:
@@ -126,9 +148,12 @@ async def test_a_daemon_killed_mid_rewind_leaves_the_workspace_before_or_after(
                         "type": "rewind",
                         "session_id": SID,
                         "to": listed["messages"][0]["message_id"],
+                        "conflicts": "restore",  # a copy's files are all conflicts
                     }
                     preview = await c.request(ask)
                     assert preview["action"] == "preview", preview
+                    plans.append(_plan(preview))
+                    assert plans[n] == plans[0], f"round {n}: another restore planned"
                     await c.send({**ask, "confirm": preview["token"], "id": "go"})
                     if n % 2:
                         journaled = await _journal(data, proc)
