@@ -143,6 +143,35 @@ async def test_nothing_to_compact_is_said_before_the_compactions_hold_of_the_lea
     assert len(released) == 1 and err["seq"] <= released[0], (err["seq"], released)
 
 
+async def test_a_message_sent_during_a_compaction_waits_for_no_run_end(
+    tmp_path: Path,
+) -> None:
+    """A compaction (or a rewind, a fork) says no ``stream_end``: a message queued behind
+    it has no run ahead (position 0). Red before: position 1, so a client following its
+    message (api/our_run.py) took its own run's end for the one ahead and waited on."""
+    with trio.fail_after(TIMEOUT):
+        async with open_harness(tmp_path, replies=[{"text": "the answer"}]) as h:
+            await seed(h)
+            s = await h.session("s1")
+            holding, go = trio.Event(), trio.Event()
+
+            async def hold_the_first() -> None:
+                if not holding.is_set():
+                    holding.set()
+                    await go.wait()
+
+            h.runtime.agent.leases.before_release = hold_the_first
+            s.compact()
+            await holding.wait()  # the compaction holds the session
+            s.send("sent while it compacts")
+            queued = (await s.until_type("message_queued"))[-1]
+            assert queued["text"] == "sent while it compacts"
+            assert queued["position"] == 0, queued
+            go.set()
+            assert (await s.until_end())[-1]["text"] == "the answer"
+            await s.idle()
+
+
 async def test_compact_while_a_run_is_active_is_refused(tmp_path: Path) -> None:
     with trio.fail_after(TIMEOUT):
         gate = GateTool()

@@ -286,11 +286,13 @@ class SessionActor:
         self, msg: UserMessage, position: int | None = None, *, running: bool = True
     ) -> None:
         """`message_queued`: `position` is how many runs end before it (by default, those
-        queued ahead of it here, and the running one when `running`)."""
+        queued ahead of it here, and the running one when `running`). A compaction, a
+        rewind or a fork holding the session is no run: it says no ``stream_end``."""
         if position is None:
             keys = [m.queue_key for m in self.pending]
             ahead = keys.index(msg.queue_key) if msg.queue_key in keys else 0
-            position = ahead + (1 if running and not self._end_said else 0)
+            a_run = running and self._control is not None and not self._end_said
+            position = ahead + (1 if a_run else 0)
         self.publish(
             MessageQueued(text=msg.text, position=position, dropped_total=self.dropped_total)
         )
