@@ -12,7 +12,9 @@ lists which of the heavy modules an import pulled in:
 - trio_websocket: `navi run` loads it (and the server) when it runs, beside the threads
   building its HTTP client, not when its module is imported;
 - sqlite_utils (with click, pluggy, dateutil): it makes the database's tables, so it
-  loads when there is something to make, not for a run on a current database.
+  loads when there is something to make, not for a run on a current database;
+- the browser page's files and importlib.resources' reader: read at the first request
+  for a page; difflib: imported with the first diff.
 
 The garbage collector runs less often while `navi` starts (navi_trio/imports.py): its
 start-up threshold holds from the command's start (before the cli's own imports) until a
@@ -116,6 +118,18 @@ async def test_navi_run_on_a_current_database_leaves_sqlite_utils_out(tmp_path: 
     seen = await _runs_of(code, tmp_path, ["made", "read"])
     # numpy stays out either way: sqlite-utils imports it when installed (imports.py).
     assert seen == [("made", [0, True, True, False]), ("read", [0, False, False, False])]
+
+
+async def test_navi_run_reads_no_page_file_and_makes_no_diff(tmp_path: Path) -> None:
+    # Its private server reads the browser page's files at the first request for one
+    # (none in a run), the shipped folders are found without importlib.resources'
+    # reader (`importlib.readers`, which reading the page's files imports), and difflib
+    # comes with the first diff.
+    code = (
+        "import json, sys\nfrom navi_trio.cli import main\ncode = main(['run', 'hi'])\n"
+        "print(json.dumps([code, *(n in sys.modules for n in ('importlib.readers', 'difflib'))]))"
+    )
+    assert await _runs_of(code, tmp_path, ["hello"]) == [("hello", [0, False, False])]
 
 
 async def _runs_of(code: str, tmp_path: Path, answers: list[str]) -> list[tuple[str, Any]]:
