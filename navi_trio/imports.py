@@ -35,6 +35,15 @@ then makes them importable again: llama-cpp-python still gets numpy when the loc
 backend loads. A hidden module that is already imported is left alone. Meant for import
 time (store/__init__.py, llm/__init__.py): another thread importing a hidden module at
 that very moment would find it "not installed".
+
+One imports a heavy module for one small answer: trio-websocket asks
+``importlib.metadata.version("trio")`` at import (to tell a trio older than 0.22
+apart), and importlib.metadata with its csv, zipfile and resource modules, and the
+search of every installed distribution for trio's, is ~40% of trio-websocket's import
+(~8 ms of a quiet `navi run`). `import_standing_in` imports it while a stand-in module
+answers those names (trio's own ``__version__``, the version its distribution states);
+should it ask the stand-in for anything else, it is imported again with the real
+module (api/_trio_websocket.py).
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
+from typing import Any
 
 from navi_trio import class_code
 
@@ -120,6 +130,27 @@ def import_hiding(name: str, hidden: Iterable[str]) -> ModuleType:
         for h in hiding:
             if h in sys.modules and sys.modules[h] is None:
                 del sys.modules[h]
+
+
+def import_standing_in(name: str, module: str, **names: Any) -> ModuleType:
+    """Import `name` (once) while `module` is a stand-in holding `names` (when it is not
+    imported yet); imported as it is, with the real `module`, when the stand-in does
+    not serve it. Meant for import time, as `import_hiding`."""
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        return loaded
+    if module not in sys.modules:
+        stand_in = ModuleType(module)
+        stand_in.__dict__.update(names)
+        sys.modules[module] = stand_in
+        try:
+            return importlib.import_module(name)
+        except (ImportError, AttributeError):
+            pass  # it wants more of `module` than the stand-in has: the real one, below
+        finally:
+            if sys.modules.get(module) is stand_in:
+                del sys.modules[module]
+    return importlib.import_module(name)
 
 
 SQLITE_UTILS_HIDDEN = ("numpy", "pandas")

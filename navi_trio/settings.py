@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,9 @@ import attrs
 from navi_trio.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# The package's folder, as importlib.resources names it for a package on disk (without
+# the resource reader it would import for this alone).
+PACKAGE_DIR = Path(__file__).parent
 DEFAULT_BACKGROUNDABLE = ("terminal", "ssh_exec", "peer", "spawn_agent", "code_exec")
 # Left out of every checkpoint wherever they appear (fnmatch patterns on one name; .git
 # always): folders tools rebuild, caches, virtual environments.
@@ -78,8 +80,8 @@ def shipped_dir(top_level: str) -> Path:
     ``navi_trio/_manuals`` (pyproject.toml maps the top-level folders there); a source
     checkout and an editable install use the top-level folder itself.
     """
-    installed = resources.files("navi_trio") / f"_{top_level}"
-    if isinstance(installed, Path) and installed.is_dir():
+    installed = PACKAGE_DIR / f"_{top_level}"
+    if installed.is_dir():
         return installed
     return REPO_ROOT / top_level
 

@@ -66,11 +66,11 @@ def test_a_source_checkout_uses_the_top_level_folders() -> None:
 def test_an_installed_wheel_uses_its_package_data(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # What importlib.resources answers for navi_trio inside site-packages.
+    # navi_trio's folder inside site-packages.
     installed = tmp_path / "site-packages" / "navi_trio"
     (installed / "_config").mkdir(parents=True)
     (installed / "_manuals").mkdir()
-    monkeypatch.setattr("navi_trio.settings.resources.files", lambda package: installed)
+    monkeypatch.setattr("navi_trio.settings.PACKAGE_DIR", installed)
     assert Settings().config_path == installed / "_config" / "config.json"
     assert Settings().manuals_dir == installed / "_manuals"
     (installed / "_manuals").rmdir()  # a folder that is not there: the checkout's

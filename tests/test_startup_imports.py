@@ -12,7 +12,10 @@ lists which of the heavy modules an import pulled in:
 - trio_websocket: `navi run` loads it (and the server) when it runs, beside the threads
   building its HTTP client, not when its module is imported;
 - sqlite_utils (with click, pluggy, dateutil): it makes the database's tables, so it
-  loads when there is something to make, not for a run on a current database.
+  loads when there is something to make, not for a run on a current database;
+- the browser page's files and importlib.resources' reader: read at the first request
+  for a page; difflib: imported with the first diff;
+- importlib.metadata: trio-websocket's one question to it answered by trio.
 
 The garbage collector runs less often while `navi` starts (navi_trio/imports.py): its
 start-up threshold holds from the command's start (before the cli's own imports) until a
@@ -118,6 +121,28 @@ async def test_navi_run_on_a_current_database_leaves_sqlite_utils_out(tmp_path: 
     assert seen == [("made", [0, True, True, False]), ("read", [0, False, False, False])]
 
 
+async def test_navi_run_reads_no_page_file_and_makes_no_diff(tmp_path: Path) -> None:
+    # Its private server reads the browser page's files at the first request for one
+    # (none in a run), the shipped folders are found without importlib.resources'
+    # reader (`importlib.readers`, which reading the page's files imports), and difflib
+    # comes with the first diff.
+    code = (
+        "import json, sys\nfrom navi_trio.cli import main\ncode = main(['run', 'hi'])\n"
+        "print(json.dumps([code, *(n in sys.modules for n in ('importlib.readers', 'difflib'))]))"
+    )
+    assert await _runs_of(code, tmp_path, ["hello"]) == [("hello", [0, False, False])]
+
+
+async def test_navi_run_leaves_importlib_metadata_out(tmp_path: Path) -> None:
+    # trio-websocket's one question to it is answered by trio (api/_trio_websocket.py).
+    code = (
+        "import json, sys\nfrom navi_trio.cli import main\ncode = main(['run', 'hi'])\n"
+        "print(json.dumps([code, 'trio_websocket' in sys.modules, "
+        "'importlib.metadata' in sys.modules]))"
+    )
+    assert await _runs_of(code, tmp_path, ["hello"]) == [("hello", [0, True, False])]
+
+
 async def _runs_of(code: str, tmp_path: Path, answers: list[str]) -> list[tuple[str, Any]]:
     """`code` run in a fresh interpreter once per answer of the fake LLM, all on one
     database in `tmp_path`: each run's first line of output and its last (JSON)."""
@@ -164,6 +189,37 @@ def test_a_module_hidden_from_sqlite_utils_is_importable_afterwards() -> None:
     pytest.importorskip("numpy")
     statement = "import navi_trio.store._sqlite_utils, numpy"
     assert imported_by(statement, ("numpy", "sqlite_utils")) == ["numpy", "sqlite_utils"]
+
+
+def test_trio_websocket_is_imported_with_trios_own_version() -> None:
+    # It asks importlib.metadata for trio's version at import: trio.__version__ answers
+    # (the same), and importlib.metadata is the real one for whoever imports it later.
+    statement = (
+        "import navi_trio.api._trio_websocket, trio, trio_websocket._impl as impl\n"
+        "assert impl._IS_TRIO_MULTI_ERROR is False and 'importlib.metadata' not in sys.modules\n"
+        "import importlib.metadata\n"
+        "assert importlib.metadata.version('trio') == trio.__version__"
+    )
+    assert imported_by(statement, ("trio_websocket", "importlib.metadata")) == [
+        "trio_websocket",
+        "importlib.metadata",
+    ]
+
+
+def test_a_stand_in_that_does_not_serve_gives_way_to_the_real_module(tmp_path: Path) -> None:
+    (tmp_path / "wants_more.py").write_text(
+        "from importlib.metadata import distribution\nNAME = distribution('trio').name\n"
+    )
+    statement = (
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from navi_trio.imports import import_standing_in\n"
+        "module = import_standing_in('wants_more', 'importlib.metadata', version=str)\n"
+        "assert module.NAME == 'trio', module.NAME"
+    )
+    assert imported_by(statement, ("wants_more", "importlib.metadata")) == [
+        "wants_more",
+        "importlib.metadata",
+    ]
 
 
 def test_httpx_works_without_its_command_line_client() -> None:

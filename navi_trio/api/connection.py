@@ -39,10 +39,10 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
-from trio_websocket import CloseReason, ConnectionClosed, WebSocketConnection
 from wsproto import WSConnection
 from wsproto.connection import ConnectionState
 
+from navi_trio.api._trio_websocket import CloseReason, ConnectionClosed, WebSocketConnection
 from navi_trio.api.auth import Tokens, User
 from navi_trio.api.commands import Commands
 from navi_trio.api.limits import TokenBucket

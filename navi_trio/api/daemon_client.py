@@ -64,7 +64,7 @@ from navi_trio.imports import start_up_over
 from navi_trio.wire import Frame
 
 if TYPE_CHECKING:  # trio_websocket is imported on use: an embedded `navi run` never needs it
-    from trio_websocket import WebSocketConnection
+    from navi_trio.api._trio_websocket import WebSocketConnection
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def _reason(exc: BaseException) -> str:
 
 def _drops() -> tuple[type[BaseException], ...]:
     """What trio-websocket raises when a connection cannot be made or is lost."""
-    from trio_websocket import ConnectionClosed, HandshakeError
+    from navi_trio.api._trio_websocket import ConnectionClosed, HandshakeError
 
     return (OSError, HandshakeError, ConnectionClosed)
 
@@ -141,7 +141,7 @@ class DaemonConnection:
     async def send(self, frame: Frame) -> None:
         """Send one frame (built with `navi_trio.wire`); a lost connection is
         `DaemonUnreachableError`."""
-        from trio_websocket import ConnectionClosed
+        from navi_trio.api._trio_websocket import ConnectionClosed
 
         kind, sid = frame.get("type"), frame.get("session_id")
         if kind in (wire.SUBSCRIBE, wire.UNSUBSCRIBE) and isinstance(sid, str):
@@ -190,7 +190,7 @@ class DaemonConnection:
 
     async def _read(self) -> Frame:
         """The next frame off the wire, decoded."""
-        from trio_websocket import ConnectionClosed
+        from navi_trio.api._trio_websocket import ConnectionClosed
 
         try:
             text = await self._ws.get_message()
@@ -415,7 +415,7 @@ async def open_daemon(
     timeouts leave its reader task waiting on a peer that keeps the socket open without
     answering, and the whole `async with` with it.
     """
-    from trio_websocket import open_websocket_url
+    from navi_trio.api._trio_websocket import open_websocket_url
 
     phase = "connecting"
     bounds = trio.CancelScope(deadline=trio.current_time() + connect_timeout)
@@ -483,7 +483,7 @@ def _with_id(frame: Frame, rid: Any) -> Frame:
 async def daemon_answers(url: str, timeout: float = 2.0) -> bool:  # noqa: ASYNC109
     """True when a WebSocket handshake at `url` succeeds within `timeout` seconds (no
     hello: a probe needs no token)."""
-    from trio_websocket import open_websocket_url
+    from navi_trio.api._trio_websocket import open_websocket_url
 
     with trio.move_on_after(timeout):
         try:

@@ -35,14 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 import h11
 import trio
-from trio_websocket import (
+
+from navi_trio.api import web
+from navi_trio.api._trio_websocket import (
     ConnectionClosed,
     WebSocketConnection,
     WebSocketRequest,
     wrap_server_stream,
 )
-
-from navi_trio.api import web
 from navi_trio.api.auth import StoreTokens, Tokens, User, WebAccess
 from navi_trio.api.connection import MESSAGE_TOO_BIG, Connection
 from navi_trio.api.limits import Pending

@@ -9,7 +9,6 @@ of each side, the bytes of one diff and of all; a binary file is named, not show
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 import attrs
@@ -123,6 +122,8 @@ def _text(data: bytes | None) -> str | None:
 
 
 def _unified(path: str, before: str, after: str, limit: int) -> tuple[str, bool]:
+    import difflib  # on use: no run needs it before its first request (~1 ms to import)
+
     lines = difflib.unified_diff(
         before.splitlines(keepends=True),
         after.splitlines(keepends=True),
