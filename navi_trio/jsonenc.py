@@ -37,9 +37,13 @@ def dumps_with(
 
     def slow(value: Any) -> str:
         return json.dumps(
-            value, ensure_ascii=ensure_ascii, separators=separators, sort_keys=sort_keys,
-            allow_nan=allow_nan, default=default,
-        )  # fmt: skip
+            value,
+            ensure_ascii=ensure_ascii,
+            separators=separators,
+            sort_keys=sort_keys,
+            allow_nan=allow_nan,
+            default=default,
+        )
 
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:
@@ -50,9 +54,16 @@ def dumps_with(
     # No markers: no look for a circular value (see `fast`).
     try:
         encoder = make(
-            None, default or json.JSONEncoder().default, quote, None, key_separator,
-            item_separator, sort_keys, False, allow_nan,
-        )  # fmt: skip
+            None,
+            default or json.JSONEncoder().default,
+            quote,
+            None,
+            key_separator,
+            item_separator,
+            sort_keys,
+            False,
+            allow_nan,
+        )
     except TypeError:
         return slow
 

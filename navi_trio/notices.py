@@ -60,8 +60,9 @@ def notice_of(data: object) -> Notice | None:
         return None
     if not (session is None or isinstance(session, str)) or not isinstance(at, int | float):
         return None
-    return ScheduleRun(sid[:100], session and session[:128], reason[:40], text[:TEXT_MAX_CHARS],
-                       float(at))  # fmt: skip
+    return ScheduleRun(
+        sid[:100], session and session[:128], reason[:40], text[:TEXT_MAX_CHARS], float(at)
+    )
 
 
 class UserNotices:

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "navi_trio"
 # From the bottom up. The vocabulary may import each other; nothing else imports sideways.
 VOCABULARY = frozenset({
     "__init__", "actor", "approval_text", "backoff", "caches", "class_code", "command_text",
-    "errors", "events", "imports", "notices", "patterns",
+    "errors", "events", "imports", "jsonenc", "notices", "patterns",
     "profiles", "settings", "strict", "text", "wire",
 })  # fmt: skip
 RANKS: dict[str, int] = {name: 0 for name in VOCABULARY} | {

@@ -88,7 +88,8 @@ class RunStream(Protocol):
 EndDeadTurn = Callable[[str, int, Callable[[list[AgentEvent]], None]], Awaitable[None]]
 # The cluster's take-over of a lease a dead owner left: its new generation, else None.
 DeadTurn = Callable[[str], Awaitable["int | None"]]
-# `Agent.compact_stream`: a forced compaction's events.
+# `Agent.compact_stream` with `nothing_as_event`: a forced compaction's events, nothing to
+# compact among them (said inside the lease's hold).
 CompactStream = Callable[[str], AbstractAsyncContextManager[trio.abc.ReceiveChannel[AgentEvent]]]
 # Makes a session's broadcast: (session_id, on_change: a subscriber came or went).
 BroadcastFactory = Callable[[str, Callable[[], None]], SessionBroadcast]
@@ -121,7 +122,7 @@ class SessionParts:
             host=agent.leases.host,
             config=agent.config,
             run_stream=agent.run_stream,
-            compact_stream=agent.compact_stream,
+            compact_stream=partial(agent.compact_stream, nothing_as_event=True),
             end_dead_turn=agent.end_dead_turn,
             forget=agent.cache.forget,
             observer=agent.parts.observer,

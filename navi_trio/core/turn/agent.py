@@ -53,6 +53,7 @@ from navi_trio.errors import (
     DuplicateMessageError,
     LeaseLostError,
     LLMError,
+    NothingToCompactError,
     NotQueuedError,
     RequestError,
     SessionBusyError,
@@ -576,12 +577,16 @@ class Agent:
             return  # a live owner holds it: its turn is not dead
 
     @asynccontextmanager
-    async def compact_stream(self, session_id: str) -> AsyncIterator[EventReceiver]:
+    async def compact_stream(
+        self, session_id: str, *, nothing_as_event: bool = False
+    ) -> AsyncIterator[EventReceiver]:
         """Forced compression: CompressionStarted + ContextCompressed, on the same kind of
-        bounded channel as a run's events; when there is nothing (new) to compress, one
-        ErrorEvent (``nothing_to_compact``) instead. Like a run's end (`_say_failed`), it
-        is on the channel, read and published while the lease is held: a daemon that
-        claims the session at its release has it before its run, none gets it later.
+        bounded channel as a run's events. When there is nothing (new) to compress, it
+        raises NothingToCompactError on entry (the spec's call); with `nothing_as_event`
+        (the session actor), one ErrorEvent (``nothing_to_compact``) on the channel
+        instead: like a run's end (`_say_failed`), read and published while the lease is
+        held, so a daemon that claims the session at its release has it before its run,
+        and none gets it later.
         """
         # Another process must not run the session while its context is rewritten.
         async with self.leases.hold(session_id):
@@ -600,6 +605,8 @@ class Agent:
             nothing = not self.parts.compressor(runner.complete).would_compress(
                 state.context, profile=turn.profile, shrink=True
             )
+            if nothing and not nothing_as_event:
+                raise NothingToCompactError(NOTHING_TO_COMPACT)
 
             async def compact() -> None:
                 async with send:
@@ -641,8 +648,9 @@ def _end_as_saved(message: dict[str, Any]) -> StreamEnd:
         reason = "stopped"
     elif message.get("budget"):
         reason = "budget_exhausted"
-    return StreamEnd(text=str(message.get("content") or ""), stopped=reason == "stopped",
-                     reason=reason)  # fmt: skip
+    return StreamEnd(
+        text=str(message.get("content") or ""), stopped=reason == "stopped", reason=reason
+    )
 
 
 async def _sent_elsewhere(exc: Exception, control: RunControl) -> bool:
