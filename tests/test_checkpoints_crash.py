@@ -13,8 +13,10 @@ before or after. A few kills at random moments add what the chosen points miss, 
 only the asserts that hold wherever they land. Real time is used (the children are
 real processes), but no assert depends on it.
 
-A killed snapshot leaves no record that does not restore, and nothing in ``tmp/``
-once the next engine has opened.
+A killed snapshot (killed by itself as its pack is to be published, before or after
+its record is written; and a few at random moments) leaves no record that does not
+restore, its record only when it was written, and nothing in ``tmp/`` once the next
+engine has opened.
 """
 
 from __future__ import annotations
@@ -45,13 +47,14 @@ from test_checkpoints_support import (
     users_own,
 )
 
-from navi_trio.core.checkpoints import _apply, open_checkpoints
+from navi_trio.core.checkpoints import _apply, _records, open_checkpoints
 from navi_trio.core.checkpoints._objects import write_atomic
+from navi_trio.core.checkpoints._result import ScanResult
 
 pytestmark = pytest.mark.slow  # its tests start processes
 
 RANDOM_RUNS = 3
-SNAPSHOT_RUNS = 4
+SNAPSHOT_RUNS = 2
 
 
 def _state_a(work: Path) -> None:
@@ -255,11 +258,21 @@ async def test_a_restore_killed_at_each_point_is_completed_by_the_next_open(
                 assert not _journals(journal) and _leftovers(now) == []
 
 
-async def test_a_snapshot_killed_at_random_points_leaves_only_whole_checkpoints(
+# Where a snapshot's child kills itself (`_kill_at`); then whether tmp/ holds what it
+# was writing (its pack, not yet published) and whether its record was written.
+SNAPSHOT_POINTS = [
+    ("scan:finish", True, False),  # everything stored in the pack, in tmp/
+    ("record:before", False, False),  # the pack published, no record naming it
+    ("record:after", False, True),
+]
+
+
+async def test_a_snapshot_killed_at_each_point_leaves_only_whole_checkpoints(
     tmp_path: Path,
 ) -> None:
     settings = make_settings(tmp_path)
     work = real_dir(tmp_path / "work")
+    tmp = settings.data_dir / "checkpoints" / "tmp"
     rng = random.Random(2323)
     with trio.fail_after(DEADLINE * 4):
         _state_a(work)
@@ -272,21 +285,30 @@ async def test_a_snapshot_killed_at_random_points_leaves_only_whole_checkpoints(
             async with engine_for(settings) as engine:
                 assert await engine.delete_all("s") == 1
             seen = []  # the trees the folder had when a child snapshotted it
-            for run in range(SNAPSHOT_RUNS):
+            points = SNAPSHOT_POINTS + [("random", None, None)] * SNAPSHOT_RUNS
+            for run, (point, tmp_left, recorded) in enumerate(points):
                 (work / "d00" / "f00.txt").write_text(f"run {run}\n")  # something new each time
                 seen.append(tree_of(work))
-                child = await warm.child("snapshot", "-")
-                await _wait_line(child, "ready")
-                await trio.sleep(rng.uniform(0, snapshot_sec))
-                child.send_signal(signal.SIGKILL)
-                await child.wait()
+                if point == "random":  # wherever it lands, what follows holds
+                    child = await warm.child("snapshot", "-")
+                    await _wait_line(child, "ready")
+                    await trio.sleep(rng.uniform(0, snapshot_sec))
+                    child.send_signal(signal.SIGKILL)
+                    await child.wait()
+                else:
+                    await _kill_itself(warm, "snapshot", "-", point)
+                    assert bool(os.listdir(tmp)) == tmp_left, f"run {run}: {point}"
                 async with engine_for(settings) as engine:
-                    assert os.listdir(engine.folder / "tmp") == []
+                    assert os.listdir(tmp) == []
                     # Every checkpoint there is whole: it restores one of those trees.
+                    restored = []
                     for k, info in enumerate(await engine.checkpoints("s")):
                         copy = tmp_path / f"copy-{run}-{k}"
                         assert await export(engine, "s", info.id, work, copy) == []
-                        assert tree_of(copy) in seen
+                        restored.append(tree_of(copy))
+                    assert all(tree in seen for tree in restored)
+                    if recorded is not None:
+                        assert (seen[-1] in restored) == recorded, f"run {run}: {point}"
 
 
 def _die() -> None:
@@ -297,19 +319,22 @@ def _kill_at(point: str) -> None:
     """Make this child (only: it is a fork) SIGKILL itself at `point` of a restore's
     apply or of a recovery: ``journal:before`` / ``journal:after`` its journal is
     written, ``step:1`` / ``step:half`` / ``step:last`` after the first, the middle or
-    the all-but-last step of its plan; ``-``: nowhere. The engine's own functions are
-    wrapped, so the steps are the product's."""
+    the all-but-last step of its plan; of a snapshot: ``scan:finish`` as its pack is to
+    be published, ``record:before`` / ``record:after`` its record is written; ``-``:
+    nowhere. The engine's own functions are wrapped, so the steps are the product's."""
     where, _, at = point.partition(":")
     patch = pytest.MonkeyPatch()  # never undone: the child ends with os._exit
-    if where == "journal":
+    if where in ("journal", "record"):
 
-        def journal_write(path: Path, data: bytes, *, sync: bool = False) -> None:
+        def written(path: Path, data: bytes, *, sync: bool = False) -> None:
             if at == "before":
                 _die()
             write_atomic(path, data, sync=sync)
             _die()
 
-        patch.setattr(_apply, "write_atomic", journal_write)
+        patch.setattr(_apply if where == "journal" else _records, "write_atomic", written)
+    elif point == "scan:finish":
+        patch.setattr(ScanResult, "finish", lambda self: _die())
     elif where == "step":
         apply_ops, one = _apply.apply_ops, _apply._one
         steps = {"done": 0, "stop": 0}
