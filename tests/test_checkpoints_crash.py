@@ -2,29 +2,34 @@
 
 A child process (forked from this file run as a script, which imported the engine once
 for the test) opens the engine on the test's data folder and restores (or snapshots),
-each restore to the other of two trees (A to B, B to A: no restore back between kills);
-the test kills it with SIGKILL at a random moment, then
-opens the engine itself, which completes any journal the child left. The folder must
-then be exactly the tree before or the tree after, and exactly after when the child
-died with its journal written (mid-apply). Half the kills are timed from the moment the
-journal appears, so the test always hits the apply phase; the count is bounded and
-each wait has a deadline. Real time is used: the child is a real process.
+each restore to the other of two trees (A to B, B to A: no restore back between kills).
+The restore's child kills itself at a point the test chose (`_kill_at` wraps, in the
+child only, the engine's journal write or its per-step apply): before its journal is
+written, right after, after the first, the middle or the all-but-last step of the apply;
+and, for some, the next open's recovery of that journal is killed the same way. Each
+run asserts what its point must leave: the journal or not, the folder half restored or
+not, and after the test's own open (which completes any journal) exactly the tree
+before or after. A few kills at random moments add what the chosen points miss, with
+only the asserts that hold wherever they land. Real time is used (the children are
+real processes), but no assert depends on it.
 
-A killed snapshot leaves no record that does not restore, and nothing in ``tmp/``
-once the next engine has opened.
+A killed snapshot (killed by itself as its pack is to be published, before or after
+its record is written; and a few at random moments) leaves no record that does not
+restore, its record only when it was written, and nothing in ``tmp/`` once the next
+engine has opened.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import select
 import signal
 import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -42,12 +47,14 @@ from test_checkpoints_support import (
     users_own,
 )
 
-from navi_trio.core.checkpoints import open_checkpoints
+from navi_trio.core.checkpoints import _apply, _records, open_checkpoints
+from navi_trio.core.checkpoints._objects import write_atomic
+from navi_trio.core.checkpoints._result import ScanResult
 
 pytestmark = pytest.mark.slow  # its tests start processes
 
-RUNS = 6
-SNAPSHOT_RUNS = 4
+RANDOM_RUNS = 2
+SNAPSHOT_RUNS = 2
 
 
 def _state_a(work: Path) -> None:
@@ -120,9 +127,9 @@ class Warm:
             *done, self.buffer = self.buffer.split(b"\n")
             self.lines += [line.decode() for line in done]
 
-    async def child(self, mode: str, checkpoint: str) -> Child:
+    async def child(self, mode: str, checkpoint: str, kill_at: str = "-") -> Child:
         self.lines.clear()
-        await self.stdin.send_all(f"{mode} {checkpoint}\n".encode())
+        await self.stdin.send_all(f"{mode} {checkpoint} {kill_at}\n".encode())
         pid = int((await self.until("pid ")).split()[1])
         return Child(self, pid, os.pidfd_open(pid))
 
@@ -132,10 +139,6 @@ class Child:
 
     def __init__(self, warm: Warm, pid: int, pidfd: int) -> None:
         self.warm, self.pid, self.pidfd = warm, pid, pidfd
-
-    def poll(self) -> int | None:
-        """None while it runs (its pidfd turns readable when it ends)."""
-        return 0 if select.select([self.pidfd], [], [], 0)[0] else None
 
     def send_signal(self, sig: int) -> None:
         os.kill(self.pid, sig)  # not reaped before `wait`: the pid is still its own
@@ -167,16 +170,24 @@ async def _wait_line(child: Child, word: str) -> None:
     await child.warm.until(word)
 
 
-async def _journal_appears(journal: Path, process: Child) -> bool:
-    """Wait (bounded) until the child's journal exists; False when it ended first."""
-    while not _journals(journal):
-        if process.poll() is not None:
-            return False
-        await trio.sleep(0.0005)
-    return True
+# Where a restore's child kills itself (`_kill_at`), and where the next open's recovery
+# kills itself too ("-": it completes); what the folder must be after the first kill:
+# the journal left or not, and half restored (neither tree) or not.
+POINTS = [
+    ("journal:before", "-", False, False),  # the undo checkpoint made, nothing else
+    ("journal:after", "-", True, False),  # the plan on disk, no file touched yet
+    ("step:1", "-", True, True),
+    ("step:half", "step:1", True, True),  # the recovery killed too, at its first step
+    ("step:last", "step:last", True, True),  # all but the last step, and the same again
+]
 
 
-async def test_a_restore_killed_at_random_points_is_completed_by_the_next_open(
+async def _kill_itself(warm: Warm, mode: str, target: str, point: str) -> None:
+    child = await warm.child(mode, target, point)
+    assert await child.wait() == -signal.SIGKILL, f"{mode} never reached {point}"
+
+
+async def test_a_restore_killed_at_each_point_is_completed_by_the_next_open(
     tmp_path: Path,
 ) -> None:
     settings = make_settings(tmp_path)
@@ -196,51 +207,70 @@ async def test_a_restore_killed_at_random_points_is_completed_by_the_next_open(
             tree_b = tree_of(work)
         trees = {a: tree_a, b: tree_b}
 
-        async with _warm(tmp_path, work) as warm:
-            # Calibrate: how long the apply takes when nothing kills it (B back to A).
-            child = await warm.child("restore", a)
-            await _wait_line(child, "ready")
-            assert await _journal_appears(journal, child)
-            started = time.monotonic()
-            assert await child.wait() == 0
-            apply_sec = time.monotonic() - started
-            now = tree_of(work)
-            assert now == tree_a
+        def way(now: Tree) -> tuple[Tree, str, Tree]:
+            """To the other tree: A to B, B to A (a run that left the folder where it
+            was restores the same way again)."""
+            target = b if now == tree_a else a
+            return now, target, trees[target]
 
-            mid_apply = torn = 0
-            for run in range(RUNS):
-                # To the other tree: A to B, B to A (a kill before the restore began left
-                # the folder where it was, and the next run restores the same way again).
-                before, target = (tree_a, b) if now == tree_a else (tree_b, a)
-                after = trees[target]
+        now = tree_b
+        apply_sec = 0.0  # how long a whole apply takes (for the random kills)
+        async with _warm(tmp_path, work) as warm:
+            for run, (point, again, journaled, torn) in enumerate(POINTS):
+                before, target, after = way(now)
+                await _kill_itself(warm, "restore", target, point)
+                assert bool(_journals(journal)) == journaled, f"run {run}: {point}"
+                now = tree_of(work)
+                assert (now not in (before, after)) == torn, f"run {run}: {point}"
+                assert now == before or torn, diff(before, now)
+                if again != "-":  # the next open dies in its recovery, with the journal
+                    await _kill_itself(warm, "open", "-", again)
+                    assert _journals(journal), f"run {run}: {again}"
+                    assert tree_of(work) not in (before, after), f"run {run}: {again}"
+                started = time.monotonic()
+                async with engine_for(settings):  # the next open completes the journal
+                    pass
+                if point == "journal:after":  # the whole apply, by the recovery
+                    apply_sec = time.monotonic() - started
+                now = tree_of(work)
+                expected = after if journaled else before
+                assert now == expected, f"run {run}: {point}, {again}: {diff(expected, now)}"
+                assert not _journals(journal) and _leftovers(now) == []
+
+            # Kills at random moments too (the scan, the undo checkpoint, the apply):
+            # wherever one lands, the next open leaves one tree or the other.
+            for run in range(RANDOM_RUNS):
+                before, target, after = way(now)
                 child = await warm.child("restore", target)
                 await _wait_line(child, "ready")
-                if run % 2:  # during the apply, at a random point
-                    if await _journal_appears(journal, child):
-                        await trio.sleep(rng.uniform(0, apply_sec * 0.8))
-                else:  # anywhere from the start (the scan, the undo checkpoint, the apply)
-                    await trio.sleep(rng.uniform(0, apply_sec * 3))
+                await trio.sleep(rng.uniform(0, apply_sec * 3))
                 child.send_signal(signal.SIGKILL)
                 await child.wait()
-                journaled = bool(_journals(journal))
-                mid_apply += journaled
-                torn += tree_of(work) not in (tree_a, tree_b)  # half done until the next open
-                async with engine_for(settings):  # the next open completes the journal
+                left = bool(_journals(journal))
+                async with engine_for(settings):
                     pass
                 now = tree_of(work)
                 assert now in (before, after), diff(after, now)
-                if journaled:
-                    assert now == after, f"run {run}: a journal was left, the restore must finish"
+                if left:
+                    assert now == after, f"random run {run}: a journal was left"
                 assert not _journals(journal) and _leftovers(now) == []
-        assert mid_apply >= RUNS // 4, f"only {mid_apply} kills landed mid-apply"
-        assert torn >= 1, "no kill left a half-restored folder: the test proved nothing"
 
 
-async def test_a_snapshot_killed_at_random_points_leaves_only_whole_checkpoints(
+# Where a snapshot's child kills itself (`_kill_at`); then whether tmp/ holds what it
+# was writing (its pack, not yet published) and whether its record was written.
+SNAPSHOT_POINTS = [
+    ("scan:finish", True, False),  # everything stored in the pack, in tmp/
+    ("record:before", False, False),  # the pack published, no record naming it
+    ("record:after", False, True),
+]
+
+
+async def test_a_snapshot_killed_at_each_point_leaves_only_whole_checkpoints(
     tmp_path: Path,
 ) -> None:
     settings = make_settings(tmp_path)
     work = real_dir(tmp_path / "work")
+    tmp = settings.data_dir / "checkpoints" / "tmp"
     rng = random.Random(2323)
     with trio.fail_after(DEADLINE * 4):
         _state_a(work)
@@ -253,38 +283,99 @@ async def test_a_snapshot_killed_at_random_points_leaves_only_whole_checkpoints(
             async with engine_for(settings) as engine:
                 assert await engine.delete_all("s") == 1
             seen = []  # the trees the folder had when a child snapshotted it
-            for run in range(SNAPSHOT_RUNS):
+            points = SNAPSHOT_POINTS + [("random", None, None)] * SNAPSHOT_RUNS
+            for run, (point, tmp_left, recorded) in enumerate(points):
                 (work / "d00" / "f00.txt").write_text(f"run {run}\n")  # something new each time
                 seen.append(tree_of(work))
-                child = await warm.child("snapshot", "-")
-                await _wait_line(child, "ready")
-                await trio.sleep(rng.uniform(0, snapshot_sec))
-                child.send_signal(signal.SIGKILL)
-                await child.wait()
+                if point == "random":  # wherever it lands, what follows holds
+                    child = await warm.child("snapshot", "-")
+                    await _wait_line(child, "ready")
+                    await trio.sleep(rng.uniform(0, snapshot_sec))
+                    child.send_signal(signal.SIGKILL)
+                    await child.wait()
+                else:
+                    await _kill_itself(warm, "snapshot", "-", point)
+                    assert bool(os.listdir(tmp)) == tmp_left, f"run {run}: {point}"
                 async with engine_for(settings) as engine:
-                    assert os.listdir(engine.folder / "tmp") == []
+                    assert os.listdir(tmp) == []
                     # Every checkpoint there is whole: it restores one of those trees.
+                    restored = []
                     for k, info in enumerate(await engine.checkpoints("s")):
                         copy = tmp_path / f"copy-{run}-{k}"
                         assert await export(engine, "s", info.id, work, copy) == []
-                        assert tree_of(copy) in seen
+                        restored.append(tree_of(copy))
+                    assert all(tree in seen for tree in restored)
+                    if recorded is not None:
+                        assert (seen[-1] in restored) == recorded, f"run {run}: {point}"
 
 
-async def _child_main(mode: str, base: Path, work: Path, checkpoint: str) -> None:
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _kill_at(point: str) -> None:
+    """Make this child (only: it is a fork) SIGKILL itself at `point` of a restore's
+    apply or of a recovery: ``journal:before`` / ``journal:after`` its journal is
+    written, ``step:1`` / ``step:half`` / ``step:last`` after the first, the middle or
+    the all-but-last step of its plan; of a snapshot: ``scan:finish`` as its pack is to
+    be published, ``record:before`` / ``record:after`` its record is written; ``-``:
+    nowhere. The engine's own functions are wrapped, so the steps are the product's."""
+    where, _, at = point.partition(":")
+    patch = pytest.MonkeyPatch()  # never undone: the child ends with os._exit
+    if where in ("journal", "record"):
+
+        def written(path: Path, data: bytes, *, sync: bool = False) -> None:
+            if at == "before":
+                _die()
+            write_atomic(path, data, sync=sync)
+            _die()
+
+        patch.setattr(_apply if where == "journal" else _records, "write_atomic", written)
+    elif point == "scan:finish":
+        patch.setattr(ScanResult, "finish", lambda self: _die())
+    elif where == "step":
+        apply_ops, one = _apply.apply_ops, _apply._one
+        steps = {"done": 0, "stop": 0}
+
+        def counted_ops(
+            objects: Any, root_fd: int, ops: list[Any], jid: str, **kw: Any
+        ) -> list[Any]:
+            steps["done"] = 0
+            steps["stop"] = {"1": 1, "half": len(ops) // 2, "last": len(ops) - 1}[at]
+            result: list[Any] = apply_ops(objects, root_fd, ops, jid, **kw)
+            return result
+
+        def counted_one(*args: Any) -> None:
+            try:
+                one(*args)
+            finally:  # a step that failed is done too (the apply reports it, goes on)
+                steps["done"] += 1
+                if steps["done"] == steps["stop"]:
+                    _die()
+
+        patch.setattr(_apply, "apply_ops", counted_ops)
+        patch.setattr(_apply, "_one", counted_one)
+    else:
+        assert point == "-", point
+
+
+async def _child_main(mode: str, base: Path, work: Path, checkpoint: str, point: str) -> None:
     settings = make_settings(base)
     private = private_for(settings)
+    _kill_at(point)
     async with open_checkpoints(settings) as engine:
         print("ready", flush=True)
         if mode == "restore":
             await engine.restore("s", checkpoint, private=private)
-        else:
+        elif mode == "snapshot":
             await engine.snapshot("s", [work], private=private)
     print("done", flush=True)
 
 
 def _warm_main(base: Path, work: Path) -> None:
-    """`Warm`'s process: a line ``MODE CHECKPOINT`` forks a child that runs it; ``wait``
-    reaps the last child and says how it ended."""
+    """`Warm`'s process: a line ``MODE CHECKPOINT KILL_AT`` forks a child that runs it
+    (MODE ``open``: only opens the engine, which recovers); ``wait`` reaps the last child
+    and says how it ended."""
     pid = 0
     while line := sys.stdin.readline():
         words = line.split()
@@ -296,7 +387,7 @@ def _warm_main(base: Path, work: Path) -> None:
         if pid == 0:
             code = 1
             try:
-                trio.run(_child_main, words[0], base, work, words[1])
+                trio.run(_child_main, words[0], base, work, words[1], words[2])
                 code = 0
             finally:
                 sys.stdout.flush()
