@@ -35,6 +35,7 @@ from test_checkpoints_support import (
 )
 
 from navi_trio.core.checkpoints import Created, Skipped
+from navi_trio.core.checkpoints._objects import FileLock
 from navi_trio.testing import open_harness
 
 
@@ -340,3 +341,31 @@ async def test_snapshots_running_at_once_cannot_pass_a_total_together(
             assert sorted(started) == sorted(folders)
             assert sorted(said.values()) == [["checkpoint_created"], ["checkpoint_skipped"]], said
             assert FILE <= await engine.stored_bytes() <= 100_000
+
+
+async def test_what_killed_restores_left_beside_the_journals_goes_at_the_next_open(
+    tmp_path: Path,
+) -> None:
+    """A kill while a journal was being written leaves its temp file; one before the
+    journal (or between its removal and its lock's) leaves the lock alone. Nothing read
+    them again, and they stayed for ever. The next open with no restore anywhere removes
+    them; one while another process restores (the store's lock held shared) keeps them."""
+    settings = make_settings(tmp_path)
+    journal = settings.data_dir / "checkpoints" / "journal"
+    left = [".0123456789abcdef.json.deadbeef.tmp", "0123456789abcdef.lock"]
+    with trio.fail_after(DEADLINE):
+        async with engine_for(settings) as engine:
+            folder = engine.folder
+        for name in left:
+            (journal / name).write_bytes(b"{")
+        restoring = FileLock(folder / "lock")
+        restoring.acquire(exclusive=False)  # a restore going on in another process
+        try:
+            async with engine_for(settings):
+                pass
+            assert sorted(os.listdir(journal)) == sorted(left)
+        finally:
+            restoring.release()
+        async with engine_for(settings):
+            pass
+        assert os.listdir(journal) == []

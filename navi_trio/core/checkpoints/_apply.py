@@ -88,6 +88,27 @@ class Journal:
         except FileNotFoundError:
             return []
 
+    def clean_stale(self) -> int:
+        """With no restore anywhere (the store's lock held exclusive): remove what killed
+        restores left besides their journals, the temp file of a journal being written
+        and the lock of a restore that died before its journal was written (or after it
+        was removed); how many files."""
+        try:
+            entries = list(os.scandir(self.folder))
+        except FileNotFoundError:
+            return 0
+        removed = 0
+        for entry in entries:
+            name = entry.name
+            stale_tmp = name.startswith(".") and name.endswith(".tmp")
+            stale_lock = name.endswith(".lock") and not os.path.exists(
+                self.folder / f"{name.removesuffix('.lock')}.json"
+            )
+            if stale_tmp or stale_lock:
+                Path(entry.path).unlink(missing_ok=True)
+                removed += 1
+        return removed
+
     def read(self, jid: str) -> dict[str, Any] | None:
         try:
             data = json.loads((self.folder / f"{jid}.json").read_bytes())

@@ -573,6 +573,7 @@ class CheckpointEngine:
         if lock.acquire(exclusive=True, wait=False):
             try:
                 self.objects.clean_tmp()  # no writer anywhere: what is there is dead
+                self.journal.clean_stale()
             finally:
                 lock.release()
         with hold_files(self.folder, []):
