@@ -182,6 +182,7 @@ async def test_steer_during_a_tool_joins_the_turn_after_the_round(tmp_path: Path
             sid = await start_gated(c, gate)
             ok = await send(c, "use tabs", **{"session_id": sid, "on_busy": "steer"})
             assert ok["type"] == "ok" and ok["queued"] is False and ok["on_busy"] == "steer"
+            assert "mode" not in ok, ok  # it joins a run that has its own
             gate.gate.set()
             end = await c.until_end(sid)
             assert end["text"] == "steered answer"

@@ -117,8 +117,8 @@ class SessionMessages:
         # Read with no checkpoint before the message goes in: every frame of its run (and
         # its message_queued) comes after this seq, so a client tells them from the
         # frames before, whichever of them and the ok it gets first.
-        taken_at = {"seq": actor.seq, "epoch": actor.epoch}
-        message.taken.update(taken_at, mode=mode)  # kept with its key, if it has one
+        # Kept for its ok (`_ok_fields`) and with its key, if it has one.
+        message.taken.update(seq=actor.seq, epoch=actor.epoch, mode=mode)
         try:
             strategy = actor.send_message(message)
         except RuntimeError:
@@ -129,9 +129,7 @@ class SessionMessages:
         untitled = not row.title
         await self.c.conn.defer(
             rid,
-            lambda: self._accepted(
-                rid, row.id, message, strategy, untitled=untitled, mode=mode, taken_at=taken_at
-            ),
+            lambda: self._accepted(rid, row.id, message, strategy, untitled=untitled),
         )
 
     def _trace(self, cmd: SendMessage) -> dict[str, str] | None:
@@ -151,8 +149,6 @@ class SessionMessages:
         strategy: str | None,
         *,
         untitled: bool = False,
-        mode: str | None = None,
-        taken_at: dict[str, Any] | None = None,
     ) -> None:
         timeout = self.c.rt.settings.message_accept_timeout_sec
 
@@ -184,13 +180,8 @@ class SessionMessages:
         )
         if untitled:  # before the ok: a list after it shows the title
             await self.c.rt.session_service.title(session_id, message.text)
-        fields: dict[str, Any] = {"session_id": session_id, "queued": queued}
-        if strategy is not None:
-            fields["on_busy"] = strategy
-        if mode is not None and strategy != "steer":  # a steer joins a run with its own
-            fields["mode"] = mode
-        fields.update(taken_at or {})
-        await self.c.conn.send(reply(rid, "ok", **fields))
+        # (`message.taken` holds its on_busy too: the strategy, when the session was busy.)
+        await self.c.conn.send(reply(rid, "ok", **_ok_fields(session_id, message.taken, queued)))
 
     async def _hand_over(
         self, rid: RequestId, owner: str, row: SessionRow, message: UserMessage
@@ -212,7 +203,7 @@ class SessionMessages:
         taken = dict(message.taken)  # (its seq and epoch: read before the hand-over)
         await self.c.rt.cluster.hand_over(owner, row.id, message)
         log.info("session %s: message from %s handed to %s", row.id, self.c.user.name, owner)
-        await self.c.conn.send(reply(rid, "ok", session_id=row.id, queued=True, **taken))
+        await self.c.conn.send(reply(rid, "ok", **_ok_fields(row.id, taken, True)))
 
     async def _duplicate(
         self, rid: RequestId, session_id: str, key: str | None, first: dict[str, Any] | None = None
@@ -229,11 +220,17 @@ class SessionMessages:
             self.c.user.name,
             key,
         )
-        fields: dict[str, Any] = {"session_id": session_id, "duplicate": True}
-        fields["queued"] = bool(first.get("queued"))
-        for name in ("on_busy", "mode", "seq", "epoch"):
-            if first.get(name) is not None:
-                fields[name] = first[name]
-        if fields.get("on_busy") == "steer":  # a steer joins a run with its own mode
-            fields.pop("mode", None)
-        await self.c.conn.send(reply(rid, "ok", **fields))
+        fields = _ok_fields(session_id, first, bool(first.get("queued")))
+        await self.c.conn.send(reply(rid, "ok", duplicate=True, **fields))
+
+
+def _ok_fields(session_id: str, taken: dict[str, Any], queued: bool) -> dict[str, Any]:
+    """The fields of a message's ``ok`` from what was noted when it was taken
+    (`UserMessage.taken`, kept with its key: its on_busy, mode, seq and epoch)."""
+    fields: dict[str, Any] = {"session_id": session_id, "queued": queued}
+    for name in ("on_busy", "mode", "seq", "epoch"):
+        if taken.get(name) is not None:
+            fields[name] = taken[name]
+    if fields.get("on_busy") == "steer":  # a steer joins a run with its own mode
+        fields.pop("mode", None)
+    return fields
