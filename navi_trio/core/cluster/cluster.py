@@ -66,6 +66,9 @@ Frame = dict[str, Any]
 Outgoing = tuple[str, str, Fence | None]  # channel, payload, the fence it must pass
 Encode = Callable[[AgentEvent, str, "int | None", "str | None"], Frame]
 FOLLOW_CHANNEL = "navi_follow"
+# How a mark of `caught_up` on this daemon's own channel starts, as json.dumps makes it:
+# told apart from the other notifications as it arrives, without parsing each.
+MARK_PREFIX = json.dumps({"k": "mark", "n": 0})[: -len("0}")]
 DAEMONS_CHANNEL = "navi_daemons"  # a daemon started: (owner, pid, host), to be watched
 NOTICES_CHANNEL = "navi_notices"  # a user's notice (a scheduled run ended), for every daemon
 INBOX_MAX = 20_000  # notifications waiting for the handler; past it, dropped (a resync)
@@ -525,7 +528,7 @@ class Cluster:
         self._marks[mark] = (session_channel(session_id), back)
         try:
             with trio.move_on_after(CAUGHT_UP_SEC):
-                payload = json.dumps({"k": "mark", "n": mark})
+                payload = json.dumps({"k": "mark", "n": mark})  # starts with MARK_PREFIX
                 await self.bus.notify([(daemon_channel(self.owner), payload)])
                 await back.wait()
         except StoreError as exc:
@@ -563,7 +566,7 @@ class Cluster:
         if channel == USERS_CHANNEL:  # never dropped behind a full inbox of frames
             self.users_changed()
             return
-        if channel == daemon_channel(self.owner) and payload.startswith('{"k": "mark"'):
+        if channel == daemon_channel(self.owner) and payload.startswith(MARK_PREFIX):
             self._mark_back(payload)  # (`caught_up`) not behind the inbox either
             return
         try:
