@@ -10,6 +10,8 @@ walk each time), so the two ways of noticing changes are held to the same answer
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import os
 import random
 import shutil
@@ -522,6 +524,38 @@ async def test_an_engine_opened_while_another_restores_does_not_replay_its_journ
 class _Killed(BaseException):
     """The restore's process dying at one step (the journal is left, as by SIGKILL;
     nothing catches it as a failed path)."""
+
+
+async def test_a_replayed_journal_reports_only_the_steps_it_could_not_do(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A journal run again after a crash that came late in its restore: the files and
+    folders inside a folder its first run removed are gone, which is what those steps
+    want, so they are done, not failures; a step that truly fails (a folder that is a
+    file now) is logged with its path and why."""
+    settings = make_settings(tmp_path)
+    work = real_dir(tmp_path / "w")
+    (work / "kept.txt").write_text("a file, not a folder\n")
+    journal = settings.data_dir / "checkpoints" / "journal"
+    journal.mkdir(parents=True)
+    ops = [
+        ["rm", "gone/a.txt"],
+        ["rm", "gone/sub/b.txt"],
+        ["rmdir", "gone/sub"],
+        ["rmdir", "gone"],
+        ["rm", "kept.txt/c.txt"],
+    ]
+    body = {"v": 1, "id": "j1", "checkpoint": "c", "owner": "", "after": "", "roots": []}
+    body["roots"] = [{"path": str(work), "ops": ops}]
+    (journal / "j1.json").write_text(json.dumps(body))
+    with caplog.at_level(logging.WARNING, logger="navi_trio.core.checkpoints.engine"):
+        async with engine_for(settings):
+            pass
+    said = [r.getMessage() for r in caplog.records if "completed after a crash" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "left 1 path(s)" in said[0] and f"{work}/kept.txt/c.txt (Not a directory)" in said[0]
+    assert not list(journal.glob("*.json"))
+    assert sorted(p.name for p in work.iterdir()) == ["kept.txt"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only a root daemon acts as the tool user")

@@ -252,6 +252,8 @@ def _one(
     objects: ObjectStore, fds: Folders, root_fd: int, op: Op, tmp: str, recovering: bool
 ) -> None:
     kind, rel = op[0], op[1]
+    if kind in ("rm", "rmdir") and rel and _folder_gone(fds, rel):
+        return  # what held it is gone, and so is it (a replay after an earlier rmdir)
     check_op(fds, op, recovering=recovering)
     if kind in ("unlock", "dirmode") and rel == "":
         os.fchmod(root_fd, op[2])
@@ -296,6 +298,16 @@ def _one(
         _rename_into(folder, tmp, name)
     else:
         raise OSError(errno.EINVAL, f"unknown restore step {kind!r}")
+
+
+def _folder_gone(fds: Folders, rel: str) -> bool:
+    """Whether the folder that holds `rel` is gone (only that: a folder `who` may not
+    pass, or one that is a file or a symlink now, still fails the step)."""
+    try:
+        fds.get(parent_of(rel)[0])
+    except FileNotFoundError:
+        return True
+    return False
 
 
 def check_op(fds: Folders, op: Op, *, recovering: bool = False) -> None:

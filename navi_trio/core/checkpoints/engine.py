@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -67,6 +68,7 @@ from navi_trio.tools.private import PrivatePaths
 from navi_trio.tools.roots import Root
 from navi_trio.tools.runas import run_as
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 Held = dict[Path, Root]  # the folders of a checkpoint that exist now, held open
 
@@ -577,7 +579,17 @@ class CheckpointEngine:
             finally:
                 lock.release()
         with hold_files(self.folder, []):
-            return [jid for jid, _ in self.journal.recover(self.objects, self._recovered)]
+            done = self.journal.recover(self.objects, self._recovered)
+        for jid, failed in done:
+            if failed:
+                log.warning(
+                    "checkpoints: the restore %s, completed after a crash, left %d path(s)"
+                    " as they were: %s",
+                    jid,
+                    len(failed),
+                    "; ".join(f"{k.path} ({k.why})" for k in failed[:5]),
+                )
+        return [jid for jid, _ in done]
 
     def _recovered(self, journal: dict[str, Any]) -> None:
         """A restore completed from its journal: what it wrote is its owner's."""
