@@ -430,7 +430,7 @@ async def test_a_restarted_daemon_makes_the_chat_resync_and_go_on(
     port = unused_port()
     fifo = tmp_path / "never"
     os.mkfifo(fifo)
-    # The killed run streamed "Let me look first." (held until the answer ends) and
+    # The killed run streamed "Let me look first." (shown as its tool starts) and
     # started a tool that waits forever.
     replies = [{"text": "hello there"}, _cat(fifo, "Let me look first."), {"text": "after it"}]
     try:
@@ -460,9 +460,12 @@ async def test_a_restarted_daemon_makes_the_chat_resync_and_go_on(
                             await c.line("and now?")
                             await c.expect(r"after it")
                             await c.expect(rf"session {sid} · ")
-                            # The killed run's held text came back once, from the history,
-                            # and is not glued to the next answer.
-                            assert c.screen.count("Let me look first.") == 1
+                            # The killed run's text: shown before its tool's card, then once
+                            # more with its turn from the history, never glued to the next
+                            # answer.
+                            screen = c.screen
+                            assert screen.count("Let me look first.") == 2, screen
+                            assert screen.index("Let me look first.") < screen.index("⏺ terminal(")
                             shown = [ln for ln in c.screen.splitlines() if "after it" in ln]
                             assert [ln.strip() for ln in shown] == ["after it"], c.screen
                             assert await c.quit() == 0

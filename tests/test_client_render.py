@@ -381,6 +381,23 @@ def test_an_answer_printed_block_by_block_is_not_printed_again_at_its_end() -> N
     assert out.getvalue().count("Para two.") == 1
 
 
+def test_the_text_before_a_tool_call_comes_before_its_card_and_apart_from_the_next() -> None:
+    r, out = _renderer()
+    call = {"call_id": "c1", "name": "filesystem", "arguments": {"op": "write"}}
+    _feed(r, [{"type": "text_delta", "text": "I'll write the file."},
+              {"type": "tool_started", **call},
+              {"type": "tool_result", **call, "ok": True, "output": "written", "duration_ms": 5},
+              {"type": "text_delta", "text": "Wrote notes.txt."},
+              {"type": "stream_end", "text": "Wrote notes.txt."}])  # fmt: skip
+    lines = out.getvalue().splitlines()
+    first = next(i for i, ln in enumerate(lines) if "I'll write the file." in ln)
+    card = next(i for i, ln in enumerate(lines) if "filesystem" in ln)
+    then = next(i for i, ln in enumerate(lines) if "Wrote notes.txt." in ln)
+    assert first < card < then, lines
+    assert out.getvalue().count("I'll write the file.") == 1
+    assert out.getvalue().count("Wrote notes.txt.") == 1
+
+
 def test_a_sub_agents_end_leaves_the_run_going_and_its_text_apart_from_the_answer() -> None:
     r, out = _renderer()
     sub = {"is_subagent": True, "agent_id": "sub-7"}

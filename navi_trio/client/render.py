@@ -158,6 +158,17 @@ class Renderer:
             self.markdown(done, who)
             stream.printed = True
 
+    def _on_tool_started(self, frame: Frame, who: str) -> None:
+        """The text the model wrote before this call comes first, as a paragraph of its
+        own: the next round's text starts a new one (the page closes its answer too)."""
+        stream = self._stream(frame)
+        self._end_thinking(stream, who)
+        text, stream.text = stream.text, ""
+        if text.strip():
+            self.markdown(text, who)
+            stream.printed = True
+        self.cards.on_tool_started(frame, who)
+
     def _on_thinking_delta(self, frame: Frame, who: str) -> None:
         self.mark_busy(frame)
         stream = self._stream(frame)
