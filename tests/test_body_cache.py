@@ -61,6 +61,10 @@ def test_a_joined_body_is_the_plain_body(
         (OPENAI, lambda r: openai_body(r, stream=stream)),
     ]
     later = attrs.evolve(request, messages=[*request.messages, *added])
+    # What the backends hand the cache: the body without its messages, made directly.
+    empty = attrs.evolve(request, messages=[])
+    assert ollama_body(request, "30m", messages=False) == ollama_body(empty, "30m")
+    assert openai_body(request, stream=stream, messages=False) == openai_body(empty, stream=stream)
     for cache, body in dialects:
         for req in (request, later, later):  # new, partly kept, all kept
             assert _cached(cache, body, req) == json_body(body(req))
@@ -136,3 +140,57 @@ def test_each_tool_schema_is_encoded_once_while_it_is_offered(
         assert _cached(cache, lambda r: ollama_body(r, "30m"), req) == expected
     assert [v for v in encoded if carried(v, schema)] == [schema]
     assert [v for v in encoded if carried(v, other)] == [other]
+
+
+def test_a_round_joins_only_its_new_messages_onto_the_last_rounds() -> None:
+    looked: list[str] = []
+
+    class Counting(BodyCache):
+        def message(self, msg: dict[str, Any]) -> str:
+            looked.append(msg["content"])
+            return super().message(msg)
+
+    cache = Counting(to_ollama_message)
+
+    def sent(messages: list[dict[str, Any]]) -> list[str]:
+        looked.clear()
+        empty = ChatRequest(messages=[], model="m")
+        body = cache.body(ollama_body(empty, ""), messages)
+        assert body == json_body(ollama_body(attrs.evolve(empty, messages=messages), ""))
+        return list(looked)
+
+    def note(text: str) -> dict[str, Any]:
+        return {"role": "system", "content": text}
+
+    system = note("s")
+    history = [system, {"role": "user", "content": "u"}]
+    assert sent([*history, note("n1")]) == ["s", "u", "n1"]
+    history.append({"role": "assistant", "content": "a"})
+    # The round's note is not kept: the next round's differs.
+    assert sent([*history, note("n2")]) == ["a", "n2"]
+    assert sent(history) == []
+    history[1] = {"role": "user", "content": "u2"}  # replaced in the middle: all again
+    assert sent(history) == ["s", "u2", "a"]
+    assert sent(history[:2]) == ["s", "u2"]  # a shorter list: not the kept one
+    # Another conversation whose first message is equal, not the same dict: its own.
+    assert sent([dict(system), {"role": "user", "content": "x"}]) == ["s", "x"]
+    assert sent([note("only"), note("notes")]) == ["only", "notes"]
+    assert sent([]) == []
+
+
+def test_the_kept_joins_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import navi_trio.llm.body_cache as body_cache
+
+    monkeypatch.setattr(body_cache, "MAX_PREFIXES", 2)
+    cache = BodyCache(to_ollama_message, max_chars=200)
+    empty = ChatRequest(messages=[], model="m")
+    for i in range(5):  # five conversations: never more than two kept
+        history = [{"role": "user", "content": f"{i}"}, {"role": "tool", "content": "x" * 20}]
+        for _ in range(2):
+            body = cache.body(ollama_body(empty, ""), history)
+            assert body == json_body(ollama_body(attrs.evolve(empty, messages=history), ""))
+        assert len(cache._prefixes) <= 2 and 0 < cache.prefix_chars <= 200
+    big = [{"role": "tool", "content": "y" * 300}]  # its join alone is over the bound
+    body = cache.body(ollama_body(empty, ""), big)
+    assert body == json_body(ollama_body(attrs.evolve(empty, messages=big), ""))
+    assert cache.prefix_chars <= 200

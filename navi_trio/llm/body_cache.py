@@ -6,6 +6,12 @@ context builder hands the same message dicts to every call (core/turn/context.py
 each round was most of a long loop's per-round cost; here each message is converted and
 encoded once, and the body is joined from the kept pieces.
 
+The messages' part of the body is kept too, per conversation: a round's history is the
+last round's with a few messages added, so the body joins the new messages onto the
+last round's joined text instead of looking every message up again (a long history
+cost a lookup per message per round). Trailing ``system`` messages (a round's notes,
+which change from round to round) are left out of what is kept.
+
 The tool schemas sent with every call are kept the same way (the turn hands the same
 schema dicts to every call while the tools offered stay the same: ToolExecutor.schemas),
 and so is the model's part of the body: a few dozen tools are kilobytes of JSON a round.
@@ -18,6 +24,7 @@ them). The bytes are exactly `json_body` of the dict body the dialect builds.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,6 +37,7 @@ Convert = Callable[[dict[str, Any]], dict[str, Any]]
 MAX_ENTRIES = 50_000
 MAX_CHARS = 64 << 20
 MAX_MODELS = 64  # model names whose body opening is kept
+MAX_PREFIXES = 1024  # conversations whose joined messages are kept
 
 
 class BodyCache:
@@ -52,6 +60,11 @@ class BodyCache:
         # that a dict is never taken for the other kind.
         self._tools: dict[int, tuple[dict[str, Any], str]] = {}
         self._models: dict[str, str] = {}  # model name -> the body's opening
+        # id(a conversation's first message) -> (the messages joined, their joined JSON).
+        # The list keeps the first message alive, so its id is not reused while kept;
+        # bounded by MAX_PREFIXES entries and `max_chars` characters of its own.
+        self._prefixes: dict[int, tuple[list[dict[str, Any]], str]] = {}
+        self._prefix_chars = 0
 
     def __len__(self) -> int:
         return len(self._json) + len(self._tools)
@@ -60,6 +73,11 @@ class BodyCache:
     def chars(self) -> int:
         """Characters of JSON kept (the bound on the memory the cache holds)."""
         return self._chars
+
+    @property
+    def prefix_chars(self) -> int:
+        """Characters of the conversations' joined JSON kept (bounded by `max_chars` too)."""
+        return self._prefix_chars
 
     def message(self, msg: dict[str, Any]) -> str:
         """The JSON of `msg` in the dialect's shape (converted and encoded once)."""
@@ -112,8 +130,49 @@ class BodyCache:
                 members.append(_members({"tools": tools}))
             members.append(_members({k: body[k] for k in rest[at + 1 :]}))
         tail = "".join(", " + m for m in members if m) + "}"
-        parts = ", ".join([self.message(m) for m in messages])
-        return f'{head}, "messages": [{parts}]{tail}'.encode()
+        return f'{head}, "messages": [{self._joined(messages)}]{tail}'.encode()
+
+    def _joined(self, messages: Sequence[dict[str, Any]]) -> str:
+        """``", ".join`` of the messages' JSON: the new ones joined onto the text kept
+        for the same conversation when its messages begin `messages` (the same objects)."""
+        if not messages:
+            return ""
+        first = messages[0]
+        kept = self._prefixes.get(id(first))
+        start, text = 0, ""
+        if kept is not None:
+            done, joined = kept
+            # Identity, not equality: equal dicts with their keys in another order
+            # are other JSON. `map` stops at the shorter list, hence the length first.
+            if len(done) <= len(messages) and all(map(operator.is_, done, messages)):
+                start, text = len(done), joined
+        # What is kept next: up to the last message that is not a system note.
+        end = len(messages)
+        while end > start and messages[end - 1].get("role") == "system":
+            end -= 1
+        if end > start:
+            new = ", ".join(map(self.message, messages[start:end]))
+            text = f"{text}, {new}" if text else new
+            self._keep_prefix(first, messages[:end], text)
+        if end == len(messages):
+            return text
+        rest = ", ".join(map(self.message, messages[end:]))
+        return f"{text}, {rest}" if text else rest
+
+    def _keep_prefix(
+        self, first: dict[str, Any], done: Sequence[dict[str, Any]], text: str
+    ) -> None:
+        """Keep `text` as the joined JSON of `done`, the conversation's that `first` begins."""
+        old = self._prefixes.pop(id(first), None)
+        if old is not None:
+            self._prefix_chars -= len(old[1])
+        if len(text) > self._max_chars:
+            return  # too big to keep
+        if len(self._prefixes) >= MAX_PREFIXES or self._prefix_chars + len(text) > self._max_chars:
+            self._prefixes.clear()  # navi's caches' rule: emptied when full (caches.py)
+            self._prefix_chars = 0
+        self._prefixes[id(first)] = (done if isinstance(done, list) else list(done), text)
+        self._prefix_chars += len(text)
 
 
 def _members(value: dict[Any, Any]) -> str:

@@ -20,7 +20,6 @@ from collections.abc import AsyncGenerator
 from contextlib import AbstractAsyncContextManager, aclosing
 from typing import Any
 
-import attrs
 import httpx
 import trio
 
@@ -76,10 +75,12 @@ def to_ollama_message(msg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def ollama_body(request: ChatRequest, keep_alive: str) -> dict[str, Any]:
+def ollama_body(request: ChatRequest, keep_alive: str, *, messages: bool = True) -> dict[str, Any]:
+    """The chat body of `request`; `messages=False`: with an empty ``"messages"`` (the
+    backend's `BodyCache` adds their kept JSON)."""
     body: dict[str, Any] = {
         "model": request.model,
-        "messages": [to_ollama_message(m) for m in request.messages],
+        "messages": [to_ollama_message(m) for m in request.messages] if messages else [],
         "stream": True,
     }
     if request.tools:
@@ -193,7 +194,7 @@ class OllamaBackend:
     @inline_chunk_channel
     async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
         parser = OllamaParser(request.model, self.url)
-        rest = ollama_body(attrs.evolve(request, messages=[]), self.keep_alive)
+        rest = ollama_body(request, self.keep_alive, messages=False)
         body = self._bodies.body(rest, request.messages)
         async with aclosing(stream_chunks(self._client, self.url, body, parser)) as chunks:
             async for chunk in chunks:

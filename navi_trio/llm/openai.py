@@ -25,7 +25,6 @@ from collections.abc import AsyncGenerator
 from contextlib import AbstractAsyncContextManager, aclosing
 from typing import Any
 
-import attrs
 import httpx
 import trio
 
@@ -96,10 +95,14 @@ def to_openai_message(msg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def openai_body(request: ChatRequest, *, stream: bool = True) -> dict[str, Any]:
+def openai_body(
+    request: ChatRequest, *, stream: bool = True, messages: bool = True
+) -> dict[str, Any]:
+    """The chat body of `request`; `messages=False`: with an empty ``"messages"`` (the
+    backend's `BodyCache` adds their kept JSON)."""
     body: dict[str, Any] = {
         "model": request.model,
-        "messages": [to_openai_message(m) for m in request.messages],
+        "messages": [to_openai_message(m) for m in request.messages] if messages else [],
         "stream": stream,
     }
     if stream:
@@ -417,7 +420,7 @@ class OpenAIBackend:
 
     def _body(self, request: ChatRequest, *, stream: bool) -> bytes:
         """`openai_body` as JSON, each message's JSON kept for the next call."""
-        rest = openai_body(attrs.evolve(request, messages=[]), stream=stream)
+        rest = openai_body(request, stream=stream, messages=False)
         return self._bodies.body(rest, request.messages)
 
     async def aclose(self) -> None:

@@ -110,16 +110,17 @@ class CallFacts:
     ) -> CallFacts:
         """The facts of a call of `tool` with `args`, run with the folders `roots` and the
         working directory `cwd` (None: the first root)."""
-        facts = cls._of(tool, args)
         if not roots:
-            return facts
+            return cls._of(tool, args)
         base = str(cwd if cwd is not None else roots[0])
         asked = args.get("cwd") if tool == "terminal" else None
         here = os.path.normpath(os.path.join(base, asked)) if isinstance(asked, str) else base
-        return attrs.evolve(facts, cwd=here, roots=tuple(str(r) for r in roots))
+        return cls._of(tool, args, here, tuple(str(r) for r in roots))
 
     @classmethod
-    def _of(cls, tool: str, args: dict[str, Any]) -> CallFacts:
+    def _of(
+        cls, tool: str, args: dict[str, Any], cwd: str = "", roots: tuple[str, ...] = ()
+    ) -> CallFacts:
         action = args.get("action")
         action = action if isinstance(action, str) else ""
         if tool == "code_exec":
@@ -133,7 +134,7 @@ class CallFacts:
         key = {"terminal": "command", "code_exec": "code", "filesystem": "path"}.get(tool)
         key = {REMOTE_TOOL: "command", PEER_TOOL: "message"}.get(tool, key)
         target = args.get(key) if key else None
-        return cls(tool, action, target if isinstance(target, str) else "")
+        return cls(tool, action, target if isinstance(target, str) else "", cwd, roots)
 
     @property
     def runs_code(self) -> bool:
