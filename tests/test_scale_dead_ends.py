@@ -4,9 +4,11 @@ it (docs/pages/scaling.md, "Failover"), so every client hears one end per turn, 
 for a hold that was no run (a compaction).
 
 Real `navi serve` processes forked from the warm server, on one PostgreSQL, a fake LLM
-over real HTTP. The moment of death is chosen, not waited for: a trigger holds A's
-release of the lease (on an advisory lock the test holds) once A's frames are out, A is
-killed there and its connections ended, so the release never lands. C, whose client
+over real HTTP. The moment of death is chosen, not waited for: a trigger holds A's write
+of the lease row (its release once its frames are out, or the commit that sends its
+turn's end) on an advisory lock the test holds, and ends the test's waiting connection
+to say A is there; A is killed there and its connections ended, so that write never
+lands. C, whose client
 follows, is paused meanwhile (SIGSTOP), so B, which follows nothing, is the one that
 takes the session over (as a daemon started later, or busy, would be). The lease TTL is
 far above the tests' limit: B takes over because A's pid is gone. Every test under
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -41,36 +43,57 @@ TTL = "600"  # far above TIMEOUT: nothing here may wait for a lease to run out
 GATE = 0x64656164  # the advisory lock A's release waits for ("dead")
 ONE, TWO = "the answer to one", "the answer to two"
 
-# A's release of a lease waits for GATE, which the test holds: A dies there, unreleased.
-HOLD_RELEASE = """
-CREATE FUNCTION hold_release() RETURNS trigger LANGUAGE plpgsql AS $$
+# A's write of a lease row that `when` names waits for GATE, which the test holds: A dies
+# there, its transaction never committed. Its arrival ends the test's waiting connection.
+HOLD = """
+CREATE TABLE hold_waiter (pid integer);
+CREATE FUNCTION hold_a() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF position(':{pid}:' in OLD.owner) > 0 THEN
+        PERFORM pg_terminate_backend(w.pid) FROM hold_waiter w;
         PERFORM pg_advisory_lock({gate});
     END IF;
     RETURN NEW;
 END $$;
-CREATE TRIGGER hold_release BEFORE UPDATE ON leases FOR EACH ROW
-    WHEN (NEW.expires_at = 0 AND OLD.expires_at <> 0) EXECUTE FUNCTION hold_release();
+CREATE TRIGGER hold_a BEFORE UPDATE ON leases FOR EACH ROW WHEN ({when})
+    EXECUTE FUNCTION hold_a();
 """
+RELEASE = "NEW.expires_at = 0 AND OLD.expires_at <> 0"  # A lets the lease go
+END_SENT = "OLD.end_owed AND NOT NEW.end_owed"  # A's commit that sends its turn's end
 
 
 @contextmanager
-def release_held(url: str, a: Daemon) -> Iterator[None]:
-    """A's releases of leases wait, for as long as the block lasts."""
-    with psycopg.connect(url, autocommit=True) as lock:
+def a_held(url: str, a: Daemon, when: str) -> Iterator[Callable[[], Awaitable[None]]]:
+    """A's writes of `when` wait, for as long as the block lasts; what it gives waits
+    until A is there."""
+    with (
+        psycopg.connect(url, autocommit=True) as lock,
+        psycopg.connect(url, autocommit=True) as waiter,
+    ):
         lock.execute("SELECT pg_advisory_lock(%s)", [GATE])
-        sql(url, HOLD_RELEASE.format(pid=a.pid, gate=GATE))
-        yield
+        sql(url, HOLD.format(pid=a.pid, gate=GATE, when=when))
+        sql(url, "INSERT INTO hold_waiter VALUES (%s)", (waiter.info.backend_pid,))
+
+        def wait() -> None:
+            try:
+                waiter.execute("SELECT pg_sleep(%s)", [TIMEOUT])
+            except psycopg.OperationalError:
+                return  # ended by A's arrival
+            raise AssertionError("A never came to the hold")
+
+        async def arrived() -> None:
+            await trio.to_thread.run_sync(wait, abandon_on_cancel=True)
+
+        yield arrived
 
 
 async def b_takes_over(url: str, llm: FakeLLMServer, a: Daemon, c: Daemon, requests: int) -> None:
-    """A dies (its release held: the lease stays A's) while C is paused; B takes the
+    """A dies (held: the lease stays A's) while C is paused; B takes the
     session over and runs the message waiting there (the model's `requests`th request)."""
     os.kill(c.pid, signal.SIGSTOP)
     try:
         os.kill(a.pid, signal.SIGKILL)
-        # Its connections end with it: the release they hold never commits.
+        # Its connections end with it: what they hold never commits.
         sql(url, "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
                  " WHERE application_name IN (%s, %s)",
             (f"navi {a.pid}", f"navi bus {a.pid}"))  # fmt: skip
@@ -98,6 +121,21 @@ async def three_daemons(
             yield llm, a, c, on_a, on_c
 
 
+async def two_behind_one(llm: FakeLLMServer, on_a: Client, on_c: Client) -> tuple[str, trio.Event]:
+    """A runs "one", its answer held half-way (until the event is set); C's client
+    follows the session and queued "two" behind it (handed to A): (the session, the
+    event)."""
+    answer = llm.hold_after(1, reply=0)
+    sid = (await on_a.request({"type": "message", "content": "one"}))["session_id"]
+    await llm.wait_held(1)
+    assert (await on_c.request({"type": "subscribe", "session_id": sid}))["type"] == "ok"
+    ok = await on_c.request({"type": "message", "session_id": sid, "content": "two"})
+    assert (ok["type"], ok["queued"]) == ("ok", True), ok  # handed to A
+    queued = await on_c.until_type("message_queued", session_id=sid, text="two")
+    assert queued["position"] == 1, queued  # behind A's run of "one"
+    return sid, answer
+
+
 async def ends_until(client: Client, sid: str, last: str) -> list[str]:
     """The texts of the session's turn ends the client gets, up to the one saying `last`."""
     ends: list[str] = []
@@ -121,15 +159,8 @@ async def test_a_turns_end_heard_before_its_daemon_died_is_not_said_again_elsewh
     run` waiting on C for "two" took it for its own run's end)."""
     with trio.fail_after(TIMEOUT):
         async with three_daemons(tmp_path, pg_url) as (llm, a, c, on_a, on_c):
-            answer = llm.hold_after(1, reply=0)
-            sid = (await on_a.request({"type": "message", "content": "one"}))["session_id"]
-            await llm.wait_held(1)  # A runs "one", half-way through its answer
-            assert (await on_c.request({"type": "subscribe", "session_id": sid}))["type"] == "ok"
-            ok = await on_c.request({"type": "message", "session_id": sid, "content": "two"})
-            assert (ok["type"], ok["queued"]) == ("ok", True), ok  # handed to A
-            queued = await on_c.until_type("message_queued", session_id=sid, text="two")
-            assert queued["position"] == 1, queued  # behind A's run of "one"
-            with release_held(pg_url, a):
+            sid, answer = await two_behind_one(llm, on_a, on_c)
+            with a_held(pg_url, a, RELEASE):
                 answer.set()
                 assert (await on_c.until_end(sid))["text"] == ONE  # A's end reached C
                 await b_takes_over(pg_url, llm, a, c, 2)
@@ -154,7 +185,7 @@ async def test_a_compaction_whose_daemon_died_holding_the_lease_ends_no_turn(
             assert (await on_a.until_end(sid))["text"] == ONE
             await on_a.idle(sid)  # its lease released
             assert (await on_c.request({"type": "subscribe", "session_id": sid}))["type"] == "ok"
-            with release_held(pg_url, a):
+            with a_held(pg_url, a, RELEASE):
                 assert (await on_a.request({"type": "compact", "session_id": sid}))["type"] == "ok"
                 said = await on_c.until_type("error", session_id=sid)
                 assert said["code"] == "nothing_to_compact", said  # said under A's hold
@@ -164,6 +195,27 @@ async def test_a_compaction_whose_daemon_died_holding_the_lease_ends_no_turn(
                 assert queued["position"] == 0, queued  # a compaction is no run
                 await b_takes_over(pg_url, llm, a, c, 2)
                 assert await ends_until(on_c, sid, TWO) == [TWO]
+        assert turns(pg_url, sid) == [
+            ("user", "one"), ("assistant", ONE), ("user", "two"), ("assistant", TWO)
+        ]  # fmt: skip
+
+
+async def test_a_turns_end_its_daemon_died_before_sending_is_said_once_by_the_next(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A runs "one" and saves its answer; the commit that would send its end to C (and
+    clear the lease's debt) is held, and A dies there. B takes the session over: the
+    lease still owes the end, so B says it, as saved, and runs "two". C's client gets
+    each end once (the case the stop before this one fixed: without the debt, C's
+    client would wait for "one"'s end for ever)."""
+    with trio.fail_after(TIMEOUT):
+        async with three_daemons(tmp_path, pg_url) as (llm, a, c, on_a, on_c):
+            sid, answer = await two_behind_one(llm, on_a, on_c)
+            with a_held(pg_url, a, END_SENT) as arrived:
+                answer.set()
+                await arrived()  # A's end is on its way, uncommitted
+                await b_takes_over(pg_url, llm, a, c, 2)
+                assert await ends_until(on_c, sid, TWO) == [ONE, TWO]
         assert turns(pg_url, sid) == [
             ("user", "one"), ("assistant", ONE), ("user", "two"), ("assistant", TWO)
         ]  # fmt: skip
