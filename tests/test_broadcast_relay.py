@@ -35,9 +35,7 @@ from navi_trio.core.session import SessionActor
 from navi_trio.core.turn import UserMessage
 from navi_trio.core.turn.agent import _end_as_saved
 from navi_trio.events import (
-    CompressionStarted,
     ErrorEvent,
-    MessageQueued,
     StreamEnd,
     TaskUpdate,
     TextDelta,
@@ -61,29 +59,6 @@ def drained(sub: Any) -> list[dict[str, Any]]:
             out.append(sub.frames.receive_nowait())
         except trio.WouldBlock:  # nothing more now
             return out
-
-
-def test_a_turns_end_is_the_last_word_until_a_turns_frame_comes_own_or_relayed() -> None:
-    """`ended_last`: what a daemon taking a dead daemon's lease over asks before it says the
-    end of a turn the history shows ended (`SessionActor._say_dead_end`)."""
-    b = RelayBroadcast("s1", encode=event_frame, resync=resync_frame)
-    steps: list[bool] = [b.ended_last]
-    b.relay(relayed("e1", 1, "a"))
-    steps.append(b.ended_last)
-    b.relay(event_frame(StreamEnd(text="a"), "s1", 2, "e1"))
-    steps.append(b.ended_last)
-    b.relay(event_frame(MessageQueued(text="next", position=0), "s1", 3, "e1"))
-    b.relay(event_frame(CompressionStarted(reason="forced", tokens_before=9), "s1", 4, "e1"))
-    b.relay({"type": "task_update", "session_id": "s1"})  # out of band
-    steps.append(b.ended_last)  # between turns: still the end
-    b.relay(event_frame(CompressionStarted(reason="pre_turn", tokens_before=9), "s1", 5, "e1"))
-    steps.append(b.ended_last)  # a run's: its turn is on
-    b.publish(StreamEnd(text="own"))
-    steps.append(b.ended_last)
-    b.publish(StreamEnd(text="sub", is_subagent=True))
-    b.publish(TextDelta("x"))
-    steps.append(b.ended_last)
-    assert steps == [False, False, True, True, False, True, False]
 
 
 def test_the_end_said_for_a_turn_the_history_shows_ended_is_as_saved() -> None:

@@ -82,12 +82,14 @@ class ClaimAfterRelease:
             await release(session_id, **kwargs)
 
         async def notifying(
-            items: Sequence[tuple[str, str]], fences: Sequence[Fence | None] | None = None
+            items: Sequence[tuple[str, str]],
+            fences: Sequence[Fence | None] | None = None,
+            ended: Sequence[Fence] = (),
         ) -> None:
             ours = any(json.loads(p).get("f", {}).get("type") == kind for _, p in items)
             if ours:
                 await self.ending.wait()
-            await notify(items, fences)
+            await notify(items, fences, ended)
             if ours:
                 self.on_bus.set()
 
@@ -138,16 +140,20 @@ async def two_daemons(
                 await test(a, b_actor, sub)
 
 
-async def died_mid_turn(a: Runtime, pg_url: str) -> None:
-    """A daemon of this machine saved its turn's message and died holding the lease."""
+async def died_mid_turn(a: Runtime, pg_url: str) -> Fence:
+    """A daemon of this machine saved its turn's message and died holding the lease (its
+    save left the lease owing the turn's end, as `append(owes_end=True)` does); its
+    lease's fence."""
     gone = await trio.lowlevel.open_process(["true"])
     await gone.wait()  # its pid, reaped, is dead
     host = socket.gethostname() or "localhost"
-    await a.store.claim_lease(SID, owner=f"{host}:{gone.pid}:dead", pid=gone.pid, host=host,
-                              ttl=600)  # fmt: skip
+    lease = await a.store.claim_lease(SID, owner=f"{host}:{gone.pid}:dead", pid=gone.pid,
+                                      host=host, ttl=600)  # fmt: skip
     sql(pg_url, "INSERT INTO messages (session_id, position, role, content, is_plan, data,"
                 " created_at) VALUES (%s, 0, 'user', 'run', false, %s, 0)",
         (SID, json.dumps({"role": "user", "content": "run"})))  # fmt: skip
+    sql(pg_url, "UPDATE leases SET end_owed = true WHERE session_id = %s", (SID,))
+    return Fence(SID, lease.owner, lease.generation)
 
 
 async def test_a_dead_turns_end_reaches_a_daemon_whose_run_claims_the_lease_at_its_release(
@@ -447,14 +453,17 @@ async def test_a_claims_catch_up_still_waits_for_its_own_sessions_earlier_frames
 
 async def died_after_its_answer(a: Runtime, pg_url: str, frames: list[Frame]) -> None:
     """A daemon of this machine saved its turn's answer and died holding the lease, its
-    `frames` (its epoch "dead") heard by the daemons following the session."""
-    await died_mid_turn(a, pg_url)
+    `frames` (its epoch "dead") heard by the daemons following the session: sent as its
+    publisher sends them, its end (if among them) clearing its lease's debt in their
+    commit."""
+    fence = await died_mid_turn(a, pg_url)
     sql(pg_url, "INSERT INTO messages (session_id, position, role, content, is_plan, data,"
                 " created_at) VALUES (%s, 1, 'assistant', 'the answer', false, %s, 0)",
         (SID, json.dumps({"role": "assistant", "content": "the answer"})))  # fmt: skip
     assert a.cluster is not None
     notes = [(session_channel(SID), json.dumps({"f": f, "d": "dead"})) for f in frames]
-    await a.cluster.bus.notify(notes)
+    ended = [fence] if any(f["type"] == "stream_end" for f in frames) else []
+    await a.cluster.bus.notify(notes, [fence] * len(notes), ended)
 
 
 def dead_frame(seq: int, type_: str, **fields: Any) -> Frame:
@@ -500,14 +509,16 @@ async def test_a_dead_daemons_turn_saved_but_never_ended_is_ended_by_the_daemon_
     ], got
 
 
+@pytest.mark.parametrize("b_takes_it", [True, False], ids=["b-takes-it", "a-takes-it"])
 async def test_a_dead_daemons_turn_ended_on_this_daemon_is_not_ended_again(
-    tmp_path: Path, pg_url: str
+    tmp_path: Path, pg_url: str, b_takes_it: bool
 ) -> None:
-    """Its ``stream_end`` went out before it died: B heard it, and B, taking the lease
-    over, says no second one."""
+    """Its ``stream_end`` went out before it died: B heard it, and the daemon taking the
+    lease over says no second one: B, or A, which did not follow the session and heard
+    nothing (before, A said it again, and B's client got a second end after a resync)."""
     text = dead_frame(1, "text_delta", text="the answer")
     end = dead_frame(2, "stream_end", reason="complete", text="the answer")
-    got = await dead_turn_heard_on_b(tmp_path, pg_url, [text, end], b_takes_it=True)
+    got = await dead_turn_heard_on_b(tmp_path, pg_url, [text, end], b_takes_it=b_takes_it)
     assert got == [
         ("resync", None, None),  # the dead daemon's epoch, new to B
         ("text_delta", None, "the answer"),

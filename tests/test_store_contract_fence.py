@@ -134,6 +134,39 @@ async def test_a_fenced_append_can_renew_its_lease_in_its_own_transaction(
             assert [m["content"] for m in await a.load_context("s-1")] == ["one", "two"]
 
 
+async def test_a_turns_start_leaves_its_lease_owing_the_end_past_a_takeover_to_the_release(
+    backend: Backend,
+) -> None:
+    """`append(owes_end=True)`, fenced: from its commit the lease owes the session a turn's
+    end (`end_owed`); a claim by its holder and a takeover by another owner keep the debt
+    (the new holder says that end), a fence no longer the lease's adds none, a release
+    clears it, and a plain save or one outside a fence owes nothing."""
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as a, backend.open() as b:
+            await a.create_session("s-1", profile_id="general")
+            assert not await a.end_owed("s-1")  # no lease yet
+            held = await a.claim_lease("s-1", owner="a", pid=ME, host=HOST, ttl=-1)
+            fence_a = Fence("s-1", "a", held.generation)
+            with fenced(fence_a):
+                await a.append("s-1", messages=[user("zero")])
+                assert not await a.end_owed("s-1")  # a save that starts no turn
+                await a.append("s-1", messages=[user("one")], owes_end=True)
+            assert await a.end_owed("s-1")
+            await a.claim_lease("s-1", owner="a", pid=ME, host=HOST, ttl=-1)  # a nested hold
+            assert await b.end_owed("s-1")
+            took = await b.claim_lease("s-1", owner="b", pid=ME, host=HOST, ttl=60)
+            assert (took.owner, took.generation) == ("b", held.generation + 1)
+            assert await b.end_owed("s-1")  # a's debt is b's now
+            await b.release_lease("s-1", owner="b")
+            assert not await a.end_owed("s-1")
+            with fenced(fence_a), pytest.raises(LeaseLostError):
+                await a.append("s-1", messages=[user("late")], owes_end=True)
+            with unfenced():
+                await a.append("s-1", messages=[user("two")], owes_end=True)
+            assert not await a.end_owed("s-1")
+            assert [m["content"] for m in await a.load_messages("s-1")] == ["zero", "one", "two"]
+
+
 async def test_a_fence_whose_lease_expired_untaken_still_writes(backend: Backend) -> None:
     """Expiry alone takes nothing away: no other owner wrote, so nothing can collide."""
     with trio.fail_after(TIMEOUT):

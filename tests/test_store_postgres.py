@@ -52,9 +52,9 @@ async def test_migrations_are_applied_once_and_recorded(pg_url: str) -> None:
     assert rows == [(m.version, m.name) for m in migrations()]
     assert rows == [
         (1, "init"), (2, "lease_generation"), (3, "cluster"), (4, "control"), (5, "append"),
-        (6, "limits"), (7, "accounts"), (8, "message_keys"),
+        (6, "limits"), (7, "accounts"), (8, "message_keys"), (9, "lease_end_owed"),
     ]  # fmt: skip
-    assert SCHEMA_VERSION == 8
+    assert SCHEMA_VERSION == 9
 
 
 async def test_daemons_starting_together_apply_each_migration_once(pg_url: str) -> None:
@@ -200,7 +200,7 @@ async def test_the_doctor_report_says_which_server_and_whether_it_answers(
             await store.create_session("s1", profile_id="p")
         used = await store_report(Settings(db_url=pg_url))
         assert (used["ok"], used["existed"], used["schema"]) == (
-            True, True, {"applied": [1, 2, 3, 4, 5, 6, 7, 8], "known": 8}
+            True, True, {"applied": [1, 2, 3, 4, 5, 6, 7, 8, 9], "known": 9}
         )  # fmt: skip
         assert used["tables"]["sessions"] == 1
         errors: list[str] = []

@@ -49,12 +49,14 @@ def _append(
     durable: bool = True,
     renew: float | None = None,
     claim: KeyClaim | None = None,
+    owes_end: bool = False,
 ) -> None:
     """The append of a round, in few statements: the lease's renewal (when asked) is the
     fence's check, the session's ``updated_at`` its presence (and, without a renewal, the
     fence's check too), and each row takes its position in its own INSERT. Only when one
     of them finds nothing are the lease and the session read, to say which was missing."""
     # `durable` is the worker's: it commits without the fsync (store/sqlite.py).
+    held = fence
     with _write_tx(db):
         if renew is not None and fence is not None:
             if not _renewed(db, fence, renew, now):
@@ -62,6 +64,8 @@ def _append(
             fence = None  # checked: the renewal matched its owner and generation
         if not _touched(db, sid, fence, now):
             _refuse(db, sid, fence)
+        if owes_end and held is not None:
+            SQLITE.owe_end(db, held)
         if dequeue is not None and not _claim(db, sid, dequeue):
             raise not_queued(sid, dequeue)
         if claim is not None:

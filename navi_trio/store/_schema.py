@@ -39,6 +39,7 @@ _SCHEMA_NAMES = frozenset(
 )
 _ADDED_COLUMNS = (
     ("leases", "generation"),
+    ("leases", "end_owed"),
     ("schedules", "last_skip"),
     ("schedules", "last_skip_at"),
 )
@@ -234,14 +235,19 @@ def _create(conn: sqlite3.Connection) -> None:
                 "host": str,
                 "expires_at": float,
                 "generation": int,
+                "end_owed": int,
             },
             pk="session_id",
-            not_null=["owner", "pid", "host", "expires_at", "generation"],
-            defaults={"generation": 0},
+            not_null=["owner", "pid", "host", "expires_at", "generation", "end_owed"],
+            defaults={"generation": 0, "end_owed": 0},
             if_not_exists=True,
         )
-        if "generation" not in db.table("leases").columns_dict:  # a version 1 database
+        have = db.table("leases").columns_dict
+        if "generation" not in have:  # a version 1 database
             db.execute("ALTER TABLE leases ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
+        # Whether the holder owes the session a turn's end (postgres/migrations/0009).
+        if "end_owed" not in have:
+            db.execute("ALTER TABLE leases ADD COLUMN end_owed INTEGER NOT NULL DEFAULT 0")
         # Queued user messages (store/_queue.py): `id` is the order they were queued in.
         db.execute(
             "CREATE TABLE IF NOT EXISTS queued (id INTEGER PRIMARY KEY AUTOINCREMENT,"

@@ -42,6 +42,11 @@ Contract every implementation keeps:
   that another daemon replaced cannot write to the session any more. `kv_set` and
   `kv_delete` made inside any `fenced` block carry its fence the same way, whatever
   their key. `renew_lease(generation=G)` renews only while the row still holds G.
+- `append(owes_end=True)`, fenced, marks the lease as owing the session a turn's end
+  (`end_owed`) in the transaction that stores the turn's start; what clears it is the
+  release, and on PostgreSQL the commit that sends that turn's ``stream_end`` to the
+  other daemons (`ClusterBus.notify`'s `ended`). A claim and a takeover keep it: a dead
+  owner's debt passes to whoever takes its lease over.
 - `enqueue_wake` stores a background job's note and, unless the session was woken
   `limit` times in the last `per` seconds, a queued wake-up and its count, in one
   transaction: the note and its wake-up land together or not at all.
@@ -336,6 +341,7 @@ class SessionStore(Protocol):
         dequeue: str | None = None,
         renew: float | None = None,
         claim: KeyClaim | None = None,
+        owes_end: bool = False,
     ) -> None: ...
     async def message_key(self, session_id: str, key: str) -> dict[str, Any] | None:
         """The ok's fields of the message of the session that took client key `key`;
@@ -415,6 +421,7 @@ class SessionStore(Protocol):
         self, session_id: str, *, owner: str, ttl: float, generation: int | None = None
     ) -> bool: ...
     async def release_lease(self, session_id: str, *, owner: str) -> None: ...
+    async def end_owed(self, session_id: str) -> bool: ...
 
     # wake-ups: a background job's note, and a queued turn that reads it (core/triggers/wake.py)
     async def enqueue_wake(
@@ -488,7 +495,10 @@ class ClusterBus(Protocol):
     async def listen(self, channel: str) -> None: ...
     async def unlisten(self, channel: str) -> None: ...
     async def notify(
-        self, items: Sequence[tuple[str, str]], fences: Sequence[Fence | None] | None = None
+        self,
+        items: Sequence[tuple[str, str]],
+        fences: Sequence[Fence | None] | None = None,
+        ended: Sequence[Fence] = (),
     ) -> None: ...
     async def fetch_frame(self, ref: int) -> str | None: ...
     async def heartbeat(self, owner: str, pid: int, host: str, ttl: float) -> None: ...

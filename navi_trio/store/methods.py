@@ -224,6 +224,7 @@ class StoreMethods:
         dequeue: str | None = None,
         renew: float | None = None,
         claim: KeyClaim | None = None,
+        owes_end: bool = False,
     ) -> None:
         """Append new display messages and context entries in one transaction.
 
@@ -233,7 +234,9 @@ class StoreMethods:
         transaction (it is never both queued and in history). `renew`: a fenced write
         also extends its lease to `renew` s from now in that transaction, as
         `renew_lease` naming the generation would (without a fence: nothing). `claim`: the
-        client key of the user message appended, taken in that transaction (`claim_key`)."""
+        client key of the user message appended, taken in that transaction (`claim_key`).
+        `owes_end`: the save starts a turn (or ends a dead one): the fenced lease owes the
+        session that turn's ``stream_end`` from that commit on (`end_owed`)."""
         sid = check_session_id(session_id)
         msg_rows = _prepare(messages, "messages")
         # Both lists usually hold the same dicts: each is serialised once. (`messages` is
@@ -247,6 +250,7 @@ class StoreMethods:
         now = self._now()
         fence = fence_for(sid)
         ttl = renew if fence is not None else None
+        owes = owes_end and fence is not None
         await self._run(
             f"append to session {sid!r}",
             self._fenced(
@@ -262,12 +266,13 @@ class StoreMethods:
                     durable=durable,
                     renew=ttl,
                     claim=claim,
+                    owes_end=owes,
                 ),
             ),
             durable=durable,
-            # Without a dequeue, a claim or a renewal an engine may make it one
+            # Without a dequeue, a claim, a renewal or a debt an engine may make it one
             # statement, its own transaction.
-            transaction=dequeue is not None or ttl is not None or claim is not None,
+            transaction=dequeue is not None or ttl is not None or claim is not None or owes,
         )
 
     async def message_key(self, session_id: str, key: str) -> dict[str, Any] | None:
@@ -539,6 +544,13 @@ class StoreMethods:
         sid = check_session_id(session_id)
         await self._run(
             f"release lease of {sid!r}", lambda c: self.sql.release_lease(c, sid, owner)
+        )
+
+    async def end_owed(self, session_id: str) -> bool:
+        """Whether the session's lease owes it a turn's end (see base)."""
+        sid = check_session_id(session_id)
+        return await self._run(
+            f"read the lease of {sid!r}", lambda c: self.sql.end_owed(c, sid), write=False
         )
 
     async def enqueue_wake(

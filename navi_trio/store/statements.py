@@ -121,10 +121,12 @@ class Engine:
         durable: bool,
         renew: float | None,
         claim: KeyClaim | None = None,
+        owes_end: bool = False,
     ) -> None:
         """New history rows, with the queued row `dequeue` taken off the queue (and the
         client key `claim` taken: `claim_key`); with `renew`, the fence's lease extended
-        to `renew` s from now."""
+        to `renew` s from now; with `owes_end`, the fence's lease marked as owing the
+        session a turn's end (`owe_end`)."""
         raise NotImplementedError
 
     mark = "?"
@@ -533,10 +535,30 @@ class Engine:
     def release_lease(self, conn: Any, sid: str, owner: str) -> None:
         with self.write(conn):
             # Expired, not deleted: the generation must never go back (store/fence.py).
+            # Released, it owes no turn's end: what its hold said was sent before.
             conn.execute(
-                self.q("UPDATE leases SET expires_at = 0 WHERE session_id = ? AND owner = ?"),
-                [sid, owner],
+                self.q(
+                    "UPDATE leases SET expires_at = 0, end_owed = ? WHERE session_id = ?"
+                    " AND owner = ?"
+                ),
+                [self.flag(False), sid, owner],
             )
+
+    def owe_end(self, conn: Any, fence: Fence) -> None:
+        """Inside a write: the fence's lease owes the session a turn's end (`append`'s
+        `owes_end`); nothing when its row is no longer the fence's."""
+        conn.execute(
+            self.q(
+                "UPDATE leases SET end_owed = ? WHERE session_id = ? AND owner = ?"
+                " AND generation = ?"
+            ),
+            [self.flag(True), fence.session_id, fence.owner, fence.generation],
+        )
+
+    def end_owed(self, conn: Any, sid: str) -> bool:
+        row = conn.execute(self.q("SELECT end_owed FROM leases WHERE session_id = ?"), [sid])
+        found = row.fetchone()
+        return found is not None and bool(found[0])
 
     def get_schedule(self, conn: Any, sid: str) -> ScheduleRow | None:
         sql = self.q(f"SELECT {', '.join(SCHEDULE_COLS)} FROM schedules WHERE id = ?")

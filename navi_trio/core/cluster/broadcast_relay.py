@@ -16,9 +16,6 @@ from navi_trio.events import AgentEvent
 
 class RelayBroadcast(LocalBroadcast):
     relayed = False  # the last frames came from another daemon
-    # The last word of the session held here (own or relayed) is a turn's end: no turn's
-    # frames came after it (`SessionActor._say_dead_end`).
-    ended_last = False
 
     @property
     def seq_floor(self) -> int:
@@ -31,9 +28,7 @@ class RelayBroadcast(LocalBroadcast):
             self._epoch = new_epoch()
             self._seq = self.seq_floor
             self.resync()
-        frame = super().publish(event)
-        self._note_end(frame)
-        return frame
+        return super().publish(event)
 
     def relay(self, frame: Frame) -> None:
         seq, epoch = frame.get("seq"), frame.get("epoch")
@@ -46,22 +41,6 @@ class RelayBroadcast(LocalBroadcast):
             self._epoch, self._seq = epoch, seq - 1
             self._fan_out(self._resync(self.session_id, self._seq, self._epoch))
         self.relayed = True
-        self._note_end(frame)
         self._seq = seq
         self.buffer.append(frame)
         self._fan_out(frame)
-
-    def _note_end(self, frame: Frame) -> None:
-        kind = frame.get("type")
-        if kind == "stream_end" and not frame.get("is_subagent"):
-            self.ended_last = True
-        elif not _between_turns(frame):
-            self.ended_last = False
-
-
-def _between_turns(frame: Frame) -> bool:
-    """A frame said between turns, not by one: it leaves the last turn's end the last word."""
-    kind = frame.get("type")
-    if kind in ("message_queued", "rewound", "forked"):
-        return True
-    return kind in ("compression_started", "context_compressed") and frame.get("reason") == "forced"

@@ -19,7 +19,9 @@ one daemon and no Cluster. docs/pages/scaling.md describes the whole; the rules 
   no other daemon's clients. A lease is let go only once the frames published so far
   are sent (`sent`): none goes out after another daemon claimed the session, and that
   daemon's claim waits until they are handed to the session here (`caught_up`). A break
-  in the seqs or another epoch is a ``resync``.
+  in the seqs or another epoch is a ``resync``. A turn's ``stream_end`` clears its
+  lease's debt (store/base.py `end_owed`) in the commit that sends it, followed or not:
+  a daemon taking a dead owner's lease over says that end only if nobody had it.
 - A user's notice (``navi_notices``, every daemon listens) goes out through the same
   outbox, after the frames published before it; each daemon hands another's to its own
   clients of the user (`share_notices`).
@@ -48,7 +50,7 @@ from navi_trio.core.cluster.owner_calls import ASK_TIMEOUT_SEC, Answers, OwnerCa
 from navi_trio.core.session import Dropped, to_row
 from navi_trio.core.turn import SessionLeases, UserMessage
 from navi_trio.errors import NaviError, StoreError
-from navi_trio.events import AgentEvent
+from navi_trio.events import AgentEvent, StreamEnd
 from navi_trio.notices import Notice, UserNotices, notice_data, notice_of
 from navi_trio.store.base import (
     HANDED_HOST,
@@ -58,12 +60,14 @@ from navi_trio.store.base import (
     LeaseRow,
     SessionStore,
 )
-from navi_trio.store.fence import Fence, pid_alive
+from navi_trio.store.fence import Fence, current_fence, pid_alive
 
 log = logging.getLogger(__name__)
 
 Frame = dict[str, Any]
-Outgoing = tuple[str, str, Fence | None]  # channel, payload, the fence it must pass
+# (channel, payload, the fence it must pass, whether it ends its fence's turn): no
+# channel for a turn's end that no other daemon follows (its lease's debt only).
+Outgoing = tuple["str | None", str, Fence | None, bool]
 Encode = Callable[[AgentEvent, str, "int | None", "str | None"], Frame]
 FOLLOW_CHANNEL = "navi_follow"
 # How a mark of `caught_up` on this daemon's own channel starts, as json.dumps makes it:
@@ -476,32 +480,54 @@ class Cluster:
     def _publish_notice(self, user_id: str, notice: Notice) -> None:
         data = {"u": user_id, "n": notice_data(notice), "d": self._tag}
         payload = json.dumps(data, ensure_ascii=False)
-        try:
-            self._out_send.send_nowait((NOTICES_CHANNEL, payload, None))
-            self._queued += 1
-        except trio.WouldBlock:
-            self.dropped += 1
+        if not self._out((NOTICES_CHANNEL, payload, None, False)):
             log.warning("a notice for user %s was not passed to the other daemons", user_id)
 
+    def _out(self, item: Outgoing) -> bool:
+        """Into the outbox, unless it is full (then counted as dropped): whether it went."""
+        try:
+            self._out_send.send_nowait(item)
+        except trio.WouldBlock:
+            self.dropped += 1
+            return False
+        self._queued += 1
+        return True
+
     def tap(self, encode: Encode) -> Encode:
-        """`encode`, and every frame it makes for a session followed elsewhere published."""
+        """`encode`, and every frame it makes for a session followed elsewhere published. A
+        turn's end said under a lease goes through the outbox in any case: its commit clears
+        that lease's debt (`_publisher`), with the frame when another daemon follows."""
 
         def encode_and_publish(
             event: AgentEvent, session_id: str, seq: int | None, epoch: str | None
         ) -> Frame:
             frame = encode(event, session_id, seq, epoch)
-            if session_id in self._followers:
+            followed = session_id in self._followers
+            ends = type(event) is StreamEnd and not event.is_subagent
+            if not followed and not ends:
+                return frame
+            fence = self._frame_fence(session_id, ends)
+            if followed:
                 payload = json.dumps({"f": frame, "d": self._tag}, ensure_ascii=False)
-                actor = self.registry.actor(session_id) if self.registry is not None else None
-                fence = actor.frame_fence() if actor is not None else None
-                try:
-                    self._out_send.send_nowait((session_channel(session_id), payload, fence))
-                    self._queued += 1
-                except trio.WouldBlock:
-                    self.dropped += 1  # the followers see a gap: a resync
+                # Dropped (a full outbox): the followers see a gap (a resync), and the
+                # lease still owes the end: a daemon taking it over says it.
+                self._out((session_channel(session_id), payload, fence, ends))
+            elif fence is not None:
+                self._out((None, "", fence, True))
             return frame
 
         return encode_and_publish
+
+    def _frame_fence(self, session_id: str, ends: bool) -> Fence | None:
+        """The fence a frame of the session published now passes: the running run's
+        (`SessionActor.frame_fence`), else, for a turn's end, the lease held where it is
+        said (a dead owner's turn ended under the lease taken over)."""
+        actor = self.registry.actor(session_id) if self.registry is not None else None
+        fence = actor.frame_fence() if actor is not None else None
+        if fence is None and ends:
+            held = current_fence()
+            fence = held if held is not None and held.session_id == session_id else None
+        return fence
 
     async def sent(self) -> None:
         """Until the frames published so far are through the bus (or dropped): before a
@@ -546,8 +572,11 @@ class Cluster:
                         batch.append(self._out_recv.receive_nowait())
                     except trio.WouldBlock:
                         break
+                frames = [(c, p) for c, p, _, _ in batch if c is not None]
+                fences = [f for c, _, f, _ in batch if c is not None]
+                ended = [f for _, _, f, end in batch if end and f is not None]
                 try:
-                    await self.bus.notify([(c, p) for c, p, _ in batch], [f for _, _, f in batch])
+                    await self.bus.notify(frames, fences, ended)
                 except StoreError as exc:
                     self.dropped += len(batch)
                     log.warning("publishing %d frame(s) failed: %s", len(batch), exc)

@@ -434,12 +434,8 @@ class SessionActor:
     def _say_dead_end(self, events: list[AgentEvent]) -> None:
         """The end of a dead daemon's turn, published while its lease is held here (a daemon
         that claims it next hears it before its run). Before a run here it is not that
-        run's end; on its own it is the end a message queued now no longer waits for. A
-        turn that ended in the history is said a ``stream_end`` alone: left out when the
-        session's last word here was a turn's end (the dead daemon's own, which then reached
-        every daemon that followed the session, or one said here before it took over)."""
-        if len(events) == 1 and getattr(self.broadcast, "ended_last", False):
-            return
+        run's end; on its own it is the end a message queued now no longer waits for. Only
+        an end nobody had is said (`Agent.end_dead_turn`): each client hears it once."""
         said = self._end_said
         for event in events:
             self.publish(event)

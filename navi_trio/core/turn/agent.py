@@ -505,6 +505,7 @@ class Agent:
                 state,
                 dequeue=None if resumed else msg.queue_key,
                 claim=None if resumed or user is None else msg.key_claim(),
+                owes_end=True,  # the turn starts: its end is owed until it goes out
             )
         except DuplicateMessageError as exc:
             # Another message with its client key was taken first (a resend that came
@@ -543,10 +544,14 @@ class Agent:
         the lease is still held, so a daemon that runs the session next has them before its
         claim. It ends and publishes nothing when another runtime holds it now or took it
         over since. When the history shows no turn open (the owner died after its turn's
-        last save, its answer or its error, before its lease's release), it adds nothing and
-        publishes that turn's ``stream_end`` as the history has it: the owner may have died
-        before saying it, and a client following the turn waits for it (the session actor
-        leaves it out when its daemon heard that end: `SessionActor._say_dead_end`)."""
+        last save, its answer or its error, before its lease's release; or its hold was no
+        run's: a compaction, a rewind, a fork), it adds nothing, and publishes that turn's
+        ``stream_end`` as the history has it only when the lease still owes it
+        (`SessionStore.end_owed`): the owner died before its end reached the other
+        daemons, and a client following the turn waits for it. Once it went out, every
+        daemon following the session had it in that commit, and a second would count as
+        one more run's end. Its own end is owed in turn until it goes out: a runtime that
+        dies before that leaves it to the next one."""
         try:
             async with self.leases.hold(session_id):
                 if self.leases.generation(session_id) != generation:
@@ -559,7 +564,7 @@ class Agent:
                         "session %s: a dead daemon's lease freed: its turn had ended", session_id
                     )
                     ended = last_turn_end(state.messages)
-                    if ended is not None:
+                    if ended is not None and await self.store.end_owed(session_id):
                         publish([_end_as_saved(ended)])
                     return  # the lease is released as the hold ends
                 # Display only, as a context-too-large notice: the model sees the
@@ -568,7 +573,7 @@ class Agent:
                     {"role": "assistant", "content": "", "error": DEAD_TURN, "synthetic": True},
                     context=False,
                 )
-                await self.cache.save(state)
+                await self.cache.save(state, owes_end=True)
                 log.warning("session %s: the turn of a dead daemon ended here", session_id)
                 publish(
                     [ErrorEvent(message=DEAD_TURN, code="daemon_died"), StreamEnd(reason="error")]

@@ -172,12 +172,14 @@ class SessionCache:
         dequeue: str | None = None,
         renew: float | None = None,
         claim: KeyClaim | None = None,
+        owes_end: bool = False,
     ) -> bool:
         """Append what is new in both lists, in one store transaction; whether there was.
 
         `durable=False`: committed, not flushed yet; `dequeue`: the queued message leaves the
         queue in that transaction; `renew`: the lease is renewed in it; `claim`: the user
-        message's client key is taken in it (`DuplicateMessageError`: nothing stored). A
+        message's client key is taken in it (`DuplicateMessageError`: nothing stored);
+        `owes_end`: the lease owes the session this turn's end from then on (store/base.py). A
         storage failure leaves the state `unsure` and further saves refused: the failed
         write may have landed."""
         new_messages = state.messages[state.saved_messages :]
@@ -193,6 +195,7 @@ class SessionCache:
                 dequeue=dequeue,
                 renew=renew,
                 claim=claim,
+                owes_end=owes_end,
             )
             state.saved_messages += len(new_messages)
             state.saved_context += len(new_context)

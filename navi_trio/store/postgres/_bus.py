@@ -339,25 +339,33 @@ class PgBus:
         await self._command("UNLISTEN", channel)
 
     async def notify(
-        self, items: Sequence[tuple[str, str]], fences: Sequence[Fence | None] | None = None
+        self,
+        items: Sequence[tuple[str, str]],
+        fences: Sequence[Fence | None] | None = None,
+        ended: Sequence[Fence] = (),
     ) -> None:
         """Send every (channel, payload) in one transaction, in order, each with a fence
-        only while its lease holds (see the module)."""
+        only while its lease holds (see the module). `ended`: the leases whose turn's end
+        is among them (or went to no other daemon): each owes it no more, in the same
+        transaction, while it is still the fence's (store/base.py `end_owed`)."""
         held: list[Fence | None] = list(fences) if fences is not None else [None] * len(items)
+        said = list(ended)
         small = all(len(p) <= NOTIFY_MAX // 4 or len(p.encode()) <= NOTIFY_MAX for _, p in items)
         if small:
             channels, payloads = [c for c, _ in items], [p for _, p in items]
-            await self._store._run(
-                "notify the cluster",
-                lambda c: _notify(c, channels, payloads, held),
-                durable=False,
-            )
+
+            def send(conn: Conn) -> None:
+                _notify(conn, channels, payloads, held)
+                _ends_said(conn, said)
+
+            await self._store._run("notify the cluster", send, durable=False)
             return
-        await self._store._run(
-            "notify the cluster (large frames)",
-            lambda c: _notify_large(c, items, held),
-            durable=False,
-        )
+
+        def send_large(conn: Conn) -> None:
+            _notify_large(conn, items, held)
+            _ends_said(conn, said)
+
+        await self._store._run("notify the cluster (large frames)", send_large, durable=False)
 
     async def fetch_frame(self, ref: int) -> str | None:
         return await self._store._run(
@@ -456,6 +464,22 @@ def _notify(
             text_array(f.session_id if f else None for f in fences),
             text_array(f.owner if f else None for f in fences),
             text_array(str(f.generation) if f else None for f in fences),
+        ],
+    )
+
+
+def _ends_said(conn: Conn, fences: list[Fence]) -> None:
+    """These leases' turns' ends are said: none of them owes its end any more."""
+    if not fences:
+        return
+    conn.execute(
+        "UPDATE leases l SET end_owed = false FROM unnest(%s::text[], %s::text[],"
+        " %s::bigint[]) AS t(s, o, g) WHERE l.session_id = t.s AND l.owner = t.o"
+        " AND l.generation = t.g AND l.end_owed",
+        [
+            text_array(f.session_id for f in fences),
+            text_array(f.owner for f in fences),
+            text_array(str(f.generation) for f in fences),
         ],
     )
 

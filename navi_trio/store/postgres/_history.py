@@ -76,6 +76,7 @@ def append(
     durable: bool = True,
     renew: float | None = None,
     claim: KeyClaim | None = None,
+    owes_end: bool = False,
 ) -> None:
     """navi_append (migrations/0005): it fences, locks the session's row and inserts
     after the last rows; one statement, its own transaction (an autocommit job). With
@@ -85,11 +86,15 @@ def append(
     dropped it), then navi_append. With `renew` (and a fence), the lease's expiry is
     extended first, in the same transaction: the row it names stays locked to the
     commit, and a lease that is not the fence's is left alone and refused by the fence.
-    With `claim`, the client key is taken before navi_append, in the same transaction."""
+    With `claim`, the client key is taken before navi_append, in the same transaction.
+    With `owes_end` (and a fence), the lease is marked as owing a turn's end first, as
+    the renewal (a lease that is not the fence's is left alone and refused by the fence)."""
     owner, generation = (fence.owner, fence.generation) if fence is not None else (None, None)
     try:
         if renew is not None and fence is not None:
             t.PG.renew_lease(conn, sid, fence.owner, renew, fence.generation, now)
+        if owes_end and fence is not None:  # (the lease row first, as the renewal)
+            t.PG.owe_end(conn, fence)
         if dequeue is not None:
             check_fence(conn, fence)
             t.PG.lock_session(conn, sid)
