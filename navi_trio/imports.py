@@ -44,12 +44,22 @@ search of every installed distribution for trio's, is ~40% of trio-websocket's i
 answers those names (trio's own ``__version__``, the version its distribution states);
 should it ask the stand-in for anything else, it is imported again with the real
 module (api/_trio_websocket.py).
+
+And one runs a program for an answer the C library already has: trio, to name its worker
+threads, asks ``ctypes.util.find_library("pthread")``, which on Linux forks and execs
+``/sbin/ldconfig -p`` and reads its whole cache (2-14 ms of wall time at every start).
+On glibc the answer is always glibc's own soname, ``libpthread.so.0`` (the library
+before glibc 2.34, a stub that loads from libc since; `dlopen` finds it without the
+cache). `import_answering_pthread` imports trio while `find_library` gives that answer
+for "pthread" and asks the real one for any other name (the `navi` command,
+`navi_trio.__main__`). Elsewhere (musl, macOS) nothing changes.
 """
 
 from __future__ import annotations
 
 import gc
 import importlib
+import os
 import sys
 import threading
 from collections.abc import Iterable, Iterator
@@ -155,3 +165,38 @@ def import_standing_in(name: str, module: str, **names: Any) -> ModuleType:
 
 SQLITE_UTILS_HIDDEN = ("numpy", "pandas")
 HTTPX_HIDDEN = ("httpx._main",)
+
+
+# What `ctypes.util.find_library("pthread")` answers on glibc (its `ldconfig -p` cache).
+GLIBC_PTHREAD = "libpthread.so.0"
+
+
+def _glibc() -> bool:
+    try:
+        return bool(os.confstr("CS_GNU_LIBC_VERSION"))
+    except (ValueError, OSError):  # not a name here, or not glibc
+        return False
+
+
+def import_answering_pthread(name: str) -> ModuleType:
+    """Import `name` (once) while, on glibc, ``ctypes.util.find_library("pthread")``
+    answers glibc's soname without running ``ldconfig -p``; any other name is asked of
+    the real one. Meant for import time, as `import_hiding`."""
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        return loaded
+    if not sys.platform.startswith("linux") or not _glibc():
+        return importlib.import_module(name)
+    import ctypes.util
+
+    real = ctypes.util.find_library
+
+    def find_library(library: str) -> str | None:
+        return GLIBC_PTHREAD if library == "pthread" else real(library)
+
+    ctypes.util.find_library = find_library  # type: ignore[assignment]  # (its parameter's name)
+    try:
+        return importlib.import_module(name)
+    finally:
+        if ctypes.util.find_library is find_library:
+            ctypes.util.find_library = real

@@ -15,7 +15,8 @@ lists which of the heavy modules an import pulled in:
   loads when there is something to make, not for a run on a current database;
 - the browser page's files and importlib.resources' reader: read at the first request
   for a page; difflib: imported with the first diff;
-- importlib.metadata: trio-websocket's one question to it answered by trio.
+- importlib.metadata: trio-websocket's one question to it answered by trio;
+- `ldconfig -p`, which trio's import runs to find libpthread: answered on glibc.
 
 The garbage collector runs less often while `navi` starts (navi_trio/imports.py): its
 start-up threshold holds from the command's start (before the cli's own imports) until a
@@ -182,6 +183,50 @@ async def test_navi_run_collects_no_garbage_before_its_runtime_freezes_start_up(
         "print(json.dumps([code, gc.get_freeze_count() > 0, seen]))"
     )
     assert await _runs_of(code, tmp_path, ["hello"]) == [("hello", [0, True, []])]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ldconfig: Linux only")
+async def test_navi_run_runs_no_ldconfig_and_trio_still_names_its_threads(
+    tmp_path: Path,
+) -> None:
+    # trio asks ctypes.util.find_library("pthread") at import, which runs `ldconfig -p`;
+    # on glibc the `navi` command answers it with glibc's soname (navi_trio/imports.py).
+    # The answer works: trio's worker threads still carry their names.
+    import ctypes.util
+
+    from navi_trio.imports import GLIBC_PTHREAD, _glibc
+
+    if not _glibc():
+        pytest.skip("not glibc: find_library is asked as it is")
+    assert ctypes.util.find_library("pthread") == GLIBC_PTHREAD  # what ldconfig answers here
+    code = (
+        "import json, os, sys, ctypes.util\nran = []\nreal = ctypes.util.find_library\n"
+        "def spy(event, args):\n"
+        "    if event == 'subprocess.Popen':\n"
+        "        ran.append(os.path.basename(os.fsdecode(args[0])))\n"
+        "sys.addaudithook(spy)\nsys.argv = ['navi', 'run', 'hi']\n"
+        "from navi_trio.__main__ import main\ncode = main()\nimport trio\n"
+        "def comm():\n    return open('/proc/thread-self/comm').read().strip()\n"
+        "name = trio.run(trio.to_thread.run_sync, comm)\n"  # the OS's name of a worker
+        "print(json.dumps([code, 'ldconfig' in ran, ctypes.util.find_library is real,\n"
+        "                  name != comm()]))"
+    )
+    assert await _runs_of(code, tmp_path, ["hello"]) == [("hello", [0, False, True, True])]
+
+
+def test_find_library_answers_pthread_only_while_trio_imports() -> None:
+    statement = (
+        "import ctypes.util\nreal = ctypes.util.find_library\nasked = []\n"
+        "ctypes.util.find_library = lambda name: asked.append(name) or real(name)\n"
+        "spy = ctypes.util.find_library\n"
+        "from navi_trio.imports import import_answering_pthread\n"
+        "import_answering_pthread('trio')\n"
+        "from navi_trio.imports import _glibc\n"
+        "assert asked == ([] if _glibc() else ['pthread']), asked\n"
+        "assert ctypes.util.find_library is spy\n"
+        "ctypes.util.find_library('c')\nassert asked[-1:] == ['c'], asked"
+    )
+    assert imported_by(statement, ("trio",)) == ["trio"]
 
 
 def test_a_module_hidden_from_sqlite_utils_is_importable_afterwards() -> None:
