@@ -81,9 +81,10 @@ def test_a_turns_end_is_the_last_word_until_a_turns_frame_comes_own_or_relayed()
     b.publish(StreamEnd(text="own"))
     steps.append(b.ended_last)
     b.publish(StreamEnd(text="sub", is_subagent=True))
+    steps.append(b.ended_last)  # a sub-agent's end is said inside a turn: one is on
     b.publish(TextDelta("x"))
     steps.append(b.ended_last)
-    assert steps == [False, False, True, True, False, True, False]
+    assert steps == [False, False, True, True, False, True, False, False]
 
 
 def test_the_end_said_for_a_turn_the_history_shows_ended_is_as_saved() -> None:
