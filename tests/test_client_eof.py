@@ -242,6 +242,24 @@ async def test_a_new_sessions_first_message_unnamed_at_the_drop_is_let_go() -> N
     assert not app._awaited.waiting and app._awaited.resend(SID) == []
 
 
+@pytest.mark.parametrize("now_in", ["s-2", None], ids=["resumed", "new"])
+async def test_a_message_to_a_session_the_chat_left_is_let_go_at_the_reconnect(
+    now_in: str | None,
+) -> None:
+    """Sent to s-1 and unanswered when the chat moved to s-2 (or to a new session, not
+    named yet), then the connection dropped: it is not sent again (its run would not be
+    followed here), and no longer waited for (its ok cannot come now: the end of the
+    input would wait for it for ever)."""
+    app, conn = await _chat_with_a_run_going()
+    await app.line("second")
+    app.set_session(now_in)
+    app.on_frame(LOST)
+    assert app._awaited.waiting  # (sent to a session: kept to send again)
+    again = app.on_frame(BACK) + app.resume()
+    assert [f for f in again if f["type"] == "message"] == []
+    assert not app._awaited.waiting
+
+
 async def test_a_reconnect_to_a_session_where_nothing_went_on_ends_the_wait() -> None:
     app, _ = await _chat_with_a_run_going()
     frames = [_end(3, "the first answer"), LOST, BACK, _subscribed(3)]

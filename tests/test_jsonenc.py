@@ -72,3 +72,24 @@ def test_the_encoder_is_made_once(monkeypatch: pytest.MonkeyPatch) -> None:
     before = len(made)
     assert [dumps({"n": i}) for i in range(3)] == ['{"n":0}', '{"n":1}', '{"n":2}']
     assert len(made) == before  # none made by the calls
+
+
+@pytest.mark.parametrize("options", _OPTIONS)
+def test_an_encoder_that_does_not_make_json_dumps_text_is_not_used(
+    monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+) -> None:
+    """Should the C encoder's (undocumented) arguments come to mean something else, the
+    made encoder writes other text: the probe tells, and json.dumps is used instead."""
+    real = getattr(json.encoder, "c_make_encoder", None)
+    assert real is not None
+
+    def skewed(markers: Any, *args: Any) -> Any:
+        encoder = real(markers, *args)
+        if markers is not None:  # json.dumps's own use (it looks for circular values)
+            return encoder
+        return lambda value, level: [text.replace(":", "=") for text in encoder(value, level)]
+
+    monkeypatch.setattr(json.encoder, "c_make_encoder", skewed)
+    dumps = dumps_with(**options)
+    value = {"a": [1, "b"], "c": None}
+    assert dumps(value) == json.dumps(value, **options)

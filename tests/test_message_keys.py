@@ -23,6 +23,7 @@ import trio
 from agent_tools import GateTool, call, toolset, with_tools
 from api_ws import Client, Daemon
 from api_ws import open_daemon as open_test_daemon
+from test_broadcast_relay import drained
 from test_client_app import Chat, QueueReader, Screen
 
 from navi_trio.api.server import ApiServer
@@ -53,6 +54,17 @@ def _message(text: str, key: str | None, session_id: str = SID) -> Frame:
     if key is not None:
         frame["key"] = key
     return frame
+
+
+def _gated(*answers: str) -> tuple[GateTool, dict[str, Any]]:
+    """A `gate` tool the first run waits in, then `answers`: `open_test_daemon`'s options."""
+    gate = GateTool()
+    replies = [call("gate"), *({"text": text} for text in answers)]
+    return gate, {
+        "replies": replies,
+        "tools": toolset(gate),
+        "profiles": {"general": with_tools(["gate"])},
+    }
 
 
 async def _send(c: Client, frame: Frame) -> Frame:
@@ -103,11 +115,9 @@ async def test_a_resend_while_the_first_still_runs_is_not_run_and_keeps_its_fiel
 ) -> None:
     """The first run held open (gate): a second connection sends the same key; the ok
     says duplicate with the first's seq, and the session runs one turn."""
-    gate = GateTool()
-    replies = [call("gate"), {"text": "done once"}, {"text": "never"}]
-    tools = {"tools": toolset(gate), "profiles": {"general": with_tools(["gate"])}}
+    gate, held = _gated("done once", "never")
     with trio.fail_after(TIMEOUT):
-        async with open_test_daemon(tmp_path, replies=replies, **tools) as d:
+        async with open_test_daemon(tmp_path, **held) as d:
             async with d.connect("alice") as c, d.connect("alice") as c2:
                 first = await _send(c, _message("hi", "k-run"))
                 await gate.entered.wait()
@@ -121,18 +131,70 @@ async def test_a_resend_while_the_first_still_runs_is_not_run_and_keeps_its_fiel
     assert end["text"] == "done once"
 
 
+async def test_a_resend_gets_its_duplicate_ok_alone_and_is_never_queued_whatever_its_on_busy(
+    tmp_path: Path,
+) -> None:
+    """The first run held open: the resend asks ``on_busy: reject`` (an ``enqueue`` alike).
+    Its key answers it before its on_busy applies: one reply, the duplicate ok (no
+    ``session_busy``, no second reply), and no ``message_queued`` for it on either
+    connection (a client counting the runs before its message would wait for one more)."""
+    gate, held = _gated("done once", "never")
+    with trio.fail_after(TIMEOUT):
+        async with open_test_daemon(tmp_path, **held) as d:
+            async with d.connect("alice") as c, d.connect("alice") as c2:
+                await _send(c, _message("hi", "k-run"))
+                await gate.entered.wait()
+                refusing = await _send(c2, {**_message("hi", "k-run"), "on_busy": "reject"})
+                queuing = await _send(c2, {**_message("hi", "k-run"), "on_busy": "enqueue"})
+                gate.gate.set()
+                await c.until_end(SID)
+                await c2.until_end(SID)
+                await c.idle(SID)
+                await c2.idle(SID)  # a reply to the resends after their ok came before this
+                assert await _users(c) == ["hi"]
+    for dup in (refusing, queuing):
+        assert (dup["type"], dup.get("duplicate")) == ("ok", True), dup
+        assert [f for f in c2.frames if f.get("id") == dup["id"]] == [dup]
+    for client in (c, c2):
+        assert [f for f in client.frames if f["type"] == "message_queued"] == []
+
+
+async def test_the_duplicate_ok_of_an_interrupt_says_queued_as_its_own_ok_did(
+    tmp_path: Path,
+) -> None:
+    """An interrupt waits for a run of its own (``queued: true`` in its ok) though it is
+    not queued behind the others; its resend after the run gets that ok again."""
+    gate, held = _gated("interrupted to say this", "never")
+    with trio.fail_after(TIMEOUT):
+        async with open_test_daemon(tmp_path, **held) as d:
+            async with d.connect("alice") as c:
+                await _send(c, _message("hi", None))
+                await gate.entered.wait()
+                first = await _send(c, {**_message("now this", "k-int"), "on_busy": "interrupt"})
+                gate.gate.set()
+                await c.until(lambda f: f.get("text") == "interrupted to say this")
+                await c.idle(SID)
+                again = await _send(c, _message("now this", "k-int"))
+                assert await _users(c) == ["hi", "now this"]
+    assert (first["on_busy"], first["queued"]) == ("interrupt", True), first
+    assert again["duplicate"] is True, again
+    assert {k: again[k] for k in ("on_busy", "queued")} == {"on_busy": "interrupt", "queued": True}
+
+
 @pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
 async def test_two_messages_with_one_key_on_their_way_at_once_run_once(
     tmp_path: Path, busy: bool
 ) -> None:
     """Neither was stored when the other came, so no look-up could tell: the store's
     claim lets one in (saved to run, or queued behind it) and refuses the other, which
-    is stored nowhere and never runs; which of the two is the store's to say."""
-    replies = [{"text": "an answer"}] * 3
+    is stored nowhere and never runs (its clients see no run of it, not even a failed
+    one); which of the two is the store's to say."""
+    replies = [{"text": "an answer"}] * 8  # (the plan phases take some)
     with trio.fail_after(TIMEOUT):
         async with open_harness(tmp_path, replies=replies) as h:
             await h.runtime.store.create_session("s1", profile_id="general")
             actor = await h.runtime.sessions.get("s1")
+            sub = actor.subscribe()
             if busy:
                 actor.send_message("before")
             both = [UserMessage("do it", key="k"), UserMessage("do it", key="k")]
@@ -144,7 +206,11 @@ async def test_two_messages_with_one_key_on_their_way_at_once_run_once(
             await actor.idle.wait()
             saved = await h.runtime.store.load_messages("s1")
             users = [m["content"] for m in saved if m["role"] == "user"]
+            said = drained(sub)
     refused = [m.accepted.error for m in both if m.accepted.failed]
+    ends = [f["reason"] for f in said if f["type"] == "stream_end" and not f.get("is_subagent")]
+    assert ends == ["complete"] * len(users), said
+    assert [f for f in said if f["type"] == "error"] == []
     assert len(refused) == 1 and isinstance(refused[0], DuplicateMessageError), refused
     assert users == (["before"] if busy else []) + ["do it"]
 

@@ -30,7 +30,7 @@ from navi_trio.core.cluster.cluster import session_channel
 from navi_trio.core.history.rewind import Target
 from navi_trio.core.session import Frame, SessionActor, Subscription
 from navi_trio.core.turn import UserMessage
-from navi_trio.errors import SessionBusyError
+from navi_trio.errors import SessionBusyError, StoreError
 from navi_trio.runtime import Runtime
 from navi_trio.store.fence import Fence
 
@@ -400,6 +400,18 @@ async def stuck_on(b: Runtime, session_id: str) -> tuple[trio.Event, trio.Event]
     return stuck, gate
 
 
+def marks_heard(cluster: Any) -> trio.Event:
+    """Set once a mark of `caught_up` came back to `cluster` (its wait may go on)."""
+    mark_back, said = cluster._mark_back, trio.Event()
+
+    def back(payload: str) -> None:
+        mark_back(payload)
+        said.set()
+
+    cluster._mark_back = back
+    return said
+
+
 async def test_a_claims_catch_up_waits_for_no_other_sessions_backlog(
     tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -429,14 +441,8 @@ async def test_a_claims_catch_up_still_waits_for_its_own_sessions_earlier_frames
             cluster = b.cluster
             await cluster.follow(SID)
             _, gate = await stuck_on(b, SID)
-            mark_back, said = cluster._mark_back, trio.Event()
+            said = marks_heard(cluster)
             order: list[str] = []
-
-            def back(payload: str) -> None:
-                mark_back(payload)
-                said.set()
-
-            cluster._mark_back = back  # type: ignore[method-assign]
             async with trio.open_nursery() as nursery:
 
                 async def catch_up() -> None:
@@ -451,15 +457,92 @@ async def test_a_claims_catch_up_still_waits_for_its_own_sessions_earlier_frames
     assert order == ["released", "caught up"]
 
 
-async def died_after_its_answer(a: Runtime, pg_url: str, frames: list[Frame]) -> None:
-    """A daemon of this machine saved its turn's answer and died holding the lease, its
-    `frames` (its epoch "dead") heard by the daemons following the session: sent as its
-    publisher sends them, its end (if among them) clearing its lease's debt in their
-    commit."""
+async def test_a_claims_catch_up_waits_for_every_earlier_frame_of_its_session(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two notifications of s1 sent before the claim, B's handler stuck on each in turn:
+    the claim's catch-up comes back once both are handled, not once the first is."""
+    monkeypatch.setattr(cluster_module, "CAUGHT_UP_SEC", 3600.0)
+    with trio.fail_after(TIMEOUT):
+        async with daemon(tmp_path / "b", pg_url, []) as b:
+            assert b.cluster is not None
+            cluster = b.cluster
+            await cluster.follow(SID)
+            handle, said = cluster._handle, marks_heard(cluster)
+            names = ("first", "second")
+            gates = {name: trio.Event() for name in names}
+            stuck = {name: trio.Event() for name in names}
+
+            async def holding(channel: str, payload: str) -> None:
+                for name in names:
+                    if f'"{name}"' in payload:
+                        stuck[name].set()
+                        await gates[name].wait()
+                await handle(channel, payload)
+
+            cluster._handle = holding  # type: ignore[method-assign]
+            notes = [
+                (session_channel(SID), json.dumps({"f": {"type": "x", "n": name}, "d": "x"}))
+                for name in names
+            ]
+            await cluster.bus.notify(notes)
+            await stuck["first"].wait()
+            order: list[str] = []
+            async with trio.open_nursery() as nursery:
+
+                async def catch_up() -> None:
+                    await cluster.caught_up(SID)
+                    order.append("caught up")
+
+                nursery.start_soon(catch_up)
+                await said.wait()  # the mark is back, neither frame handled
+                gates["first"].set()
+                await stuck["second"].wait()
+                await trio.testing.wait_all_tasks_blocked()
+                order.append("the second released")
+                gates["second"].set()
+    assert order == ["the second released", "caught up"]
+
+
+async def test_a_claims_catch_up_is_not_held_by_its_sessions_notification_that_failed(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B's handling of a notification of s1 fails (a store error, logged): it is handled
+    all the same, and the catch-up of a claim of s1 does not wait for it (its bound made
+    endless here)."""
+    monkeypatch.setattr(cluster_module, "CAUGHT_UP_SEC", 3600.0)
+    with trio.fail_after(TIMEOUT):
+        async with daemon(tmp_path / "b", pg_url, []) as b:
+            assert b.cluster is not None
+            cluster = b.cluster
+            await cluster.follow(SID)
+            handle, failed = cluster._handle, trio.Event()
+
+            async def failing(channel: str, payload: str) -> None:
+                if channel == session_channel(SID) and not failed.is_set():
+                    failed.set()
+                    raise StoreError("the store did not answer")
+                await handle(channel, payload)
+
+            cluster._handle = failing  # type: ignore[method-assign]
+            note = json.dumps({"f": {"type": "x", "session_id": SID}, "d": "another"})
+            await cluster.bus.notify([(session_channel(SID), note)])
+            await failed.wait()
+            await cluster.caught_up(SID)
+
+
+async def died_after_its_answer(
+    a: Runtime, pg_url: str, frames: list[Frame], *, answered: bool = True
+) -> None:
+    """A daemon of this machine saved its turn's answer (unless not `answered`) and died
+    holding the lease, its `frames` (its epoch "dead") heard by the daemons following the
+    session: sent as its publisher sends them, its end (if among them) clearing its
+    lease's debt in their commit."""
     fence = await died_mid_turn(a, pg_url)
-    sql(pg_url, "INSERT INTO messages (session_id, position, role, content, is_plan, data,"
-                " created_at) VALUES (%s, 1, 'assistant', 'the answer', false, %s, 0)",
-        (SID, json.dumps({"role": "assistant", "content": "the answer"})))  # fmt: skip
+    if answered:
+        sql(pg_url, "INSERT INTO messages (session_id, position, role, content, is_plan,"
+                    " data, created_at) VALUES (%s, 1, 'assistant', 'the answer', false, %s, 0)",
+            (SID, json.dumps({"role": "assistant", "content": "the answer"})))  # fmt: skip
     assert a.cluster is not None
     notes = [(session_channel(SID), json.dumps({"f": f, "d": "dead"})) for f in frames]
     ended = [fence] if any(f["type"] == "stream_end" for f in frames) else []
@@ -471,7 +554,7 @@ def dead_frame(seq: int, type_: str, **fields: Any) -> Frame:
 
 
 async def dead_turn_heard_on_b(
-    tmp_path: Path, pg_url: str, frames: list[Frame], *, b_takes_it: bool
+    tmp_path: Path, pg_url: str, frames: list[Frame], *, b_takes_it: bool, answered: bool = True
 ) -> list[tuple[Any, ...]]:
     """A dead daemon's turn, its answer saved and `frames` of it heard on B, whose client
     follows the session: taken over (twice) by B, or else by A. What B's client gets."""
@@ -482,7 +565,7 @@ async def dead_turn_heard_on_b(
             await b.cluster.follow(SID)
             sub = (await b.sessions.get(SID)).subscribe()
             async with daemon(tmp_path / "a", pg_url, []) as a:
-                await died_after_its_answer(a, pg_url, frames)
+                await died_after_its_answer(a, pg_url, frames, answered=answered)
                 await b.cluster.caught_up(SID)  # B heard the dead daemon's frames
                 finder = b if b_takes_it else a
                 actor = await finder.sessions.get(SID)
@@ -523,4 +606,22 @@ async def test_a_dead_daemons_turn_ended_on_this_daemon_is_not_ended_again(
         ("resync", None, None),  # the dead daemon's epoch, new to B
         ("text_delta", None, "the answer"),
         ("stream_end", "complete", "the answer"),
+    ], got
+
+
+async def test_a_dead_daemons_open_turn_is_ended_though_its_turn_before_was_heard_ended(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """B heard the end of the dead daemon's turn before; of its next turn it saved the
+    message, and died before any frame of it went out. B, taking the lease over, ends
+    that open turn (its error, its end) though B's last word was a turn's end: only the
+    end of a turn the history shows ended is left out when heard."""
+    end = dead_frame(1, "stream_end", reason="complete", text="an earlier answer")
+    got = await dead_turn_heard_on_b(tmp_path, pg_url, [end], b_takes_it=True, answered=False)
+    assert got == [
+        ("resync", None, None),  # the dead daemon's epoch, new to B
+        ("stream_end", "complete", "an earlier answer"),
+        ("resync", None, None),  # B's own frames
+        ("error", None, None),  # the dead turn's: daemon_died
+        ("stream_end", "error", ""),
     ], got

@@ -21,6 +21,7 @@ import trio
 from api_ws import Client
 from daemons import history, pg_daemons
 from pg_server import pg_url_with_schema as pg_url_with_schema
+from store_backends import PostgresBackend
 
 from navi_trio.testing import open_fake_llm
 
@@ -88,3 +89,50 @@ async def test_a_resend_on_the_other_daemon_is_not_run_again(tmp_path: Path, pg_
     for dup in (three_on_b, three_on_a, one_on_a):
         assert dup["duplicate"] is True, dup
     assert three_on_b["queued"] and three_on_a["queued"] and not one_on_a["queued"]
+
+
+async def test_a_resend_whose_first_was_still_on_its_way_gets_the_first_ones_ok(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """Both on their way at once: the session busy (its turn held at the LLM), so each is
+    queued; the session's row locked by another connection, so neither queued row is
+    written when the other's key is looked up (each is said ``message_queued`` after its
+    look-up). Let go, the store lets one in and refuses the other, whose ok is the first
+    one's again (its seq, epoch, queued, on_busy), ``duplicate``; it runs once."""
+    replies: list[dict[str, Any]] = [{"text": f"answer {n}"} for n in range(1, 4)]
+    sid = "admin.race"
+
+    def queued_two(f: dict[str, Any]) -> bool:
+        return f["type"] == "message_queued" and f.get("text") == "two"
+
+    with trio.fail_after(TIMEOUT):
+        async with (
+            open_fake_llm(replies) as llm,
+            pg_daemons(tmp_path, pg_url, llm.url, 1, forked=True) as (a,),
+        ):
+            release = llm.hold_after(0)  # the first turn runs until it is set
+            async with a.connect() as one, a.connect() as other:
+                await say(one, sid, "one", "k-1")
+                await llm.wait_held()
+                async with PostgresBackend(pg_url).holding(sid):
+                    two = {"type": "message", "session_id": sid, "content": "two", "key": "k-2"}
+                    await one.send({**two, "id": "on-one"})
+                    await other.send({**two, "id": "on-other"})
+                    await one.until(queued_two)
+                    await one.until(queued_two)
+                oks = [await one.until(lambda f: f.get("id") == "on-one")]
+                oks.append(await other.until(lambda f: f.get("id") == "on-other"))
+                release.set()
+                for _ in range(2):
+                    assert (await one.until_end(sid))["reason"] == "complete"
+                await one.idle(sid)
+            assert history(pg_url, sid) == [
+                ("user", "one"), ("assistant", "answer 1"),
+                ("user", "two"), ("assistant", "answer 2"),
+            ]  # fmt: skip
+    dups = [ok for ok in oks if ok.get("duplicate")]
+    assert len(dups) == 1 and all(ok["type"] == "ok" for ok in oks), oks
+    first = next(ok for ok in oks if not ok.get("duplicate"))
+    assert first["queued"] is True and isinstance(first["seq"], int), first
+    fields = ("seq", "epoch", "queued", "on_busy")
+    assert {k: dups[0].get(k) for k in fields} == {k: first[k] for k in fields}

@@ -41,13 +41,19 @@ import sys
 import threading
 import tomllib
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 import trio
 
-from navi_trio.imports import START_UP_GC_THRESHOLD, start_up_collections, start_up_over
+from navi_trio.imports import (
+    START_UP_GC_THRESHOLD,
+    import_standing_in,
+    start_up_collections,
+    start_up_over,
+)
 
 if TYPE_CHECKING:
     from navi_trio.settings import Settings
@@ -251,10 +257,19 @@ def test_trio_websocket_is_imported_with_trios_own_version() -> None:
     ]
 
 
-def test_a_stand_in_that_does_not_serve_gives_way_to_the_real_module(tmp_path: Path) -> None:
-    (tmp_path / "wants_more.py").write_text(
-        "from importlib.metadata import distribution\nNAME = distribution('trio').name\n"
-    )
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from importlib.metadata import distribution\nNAME = distribution('trio').name\n",
+        # (a name asked of the module, not imported from it: an AttributeError)
+        "import importlib.metadata as md\nNAME = md.distribution('trio').name\n",
+    ],
+    ids=["imported", "asked"],
+)
+def test_a_stand_in_that_does_not_serve_gives_way_to_the_real_module(
+    tmp_path: Path, source: str
+) -> None:
+    (tmp_path / "wants_more.py").write_text(source)
     statement = (
         f"sys.path.insert(0, {str(tmp_path)!r})\n"
         "from navi_trio.imports import import_standing_in\n"
@@ -265,6 +280,24 @@ def test_a_stand_in_that_does_not_serve_gives_way_to_the_real_module(tmp_path: P
         "wants_more",
         "importlib.metadata",
     ]
+
+
+def test_a_module_imported_already_is_not_stood_in_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stand-in is only for a module not imported yet: one that is stays itself, for
+    the importer and for everyone after."""
+    (tmp_path / "uses_target.py").write_text("import standin_target\nKIND = standin_target.KIND\n")
+    real = ModuleType("standin_target")
+    real.KIND = "real"  # type: ignore[attr-defined]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "standin_target", real)
+    try:
+        module = import_standing_in("uses_target", "standin_target", KIND="stand-in")
+        assert module.KIND == "real"
+        assert sys.modules["standin_target"] is real
+    finally:
+        sys.modules.pop("uses_target", None)
 
 
 def test_httpx_works_without_its_command_line_client() -> None:

@@ -20,9 +20,10 @@ from builders import user
 from pg_server import pg_url_with_schema as pg_url_with_schema
 from store_backends import Backend
 
-from navi_trio.errors import DuplicateMessageError, StoreError
+from navi_trio.errors import DuplicateMessageError, LeaseLostError, StoreError
 from navi_trio.store import statements
 from navi_trio.store.base import KeyClaim
+from navi_trio.store.fence import Fence, fenced
 
 TIMEOUT = 30
 HOST = socket.gethostname() or "localhost"
@@ -270,3 +271,26 @@ async def test_a_session_keeps_its_newest_message_keys_only(
                 await store.append("s1", messages=[user(str(n))], claim=claim)
             kept = [n for n in range(5) if await store.message_key("s1", f"k{n}") is not None]
     assert kept == [2, 3, 4]
+
+
+async def test_a_key_goes_in_only_with_its_message_an_append_its_fence_refuses_takes_none(
+    backend: Backend,
+) -> None:
+    """The key is taken in the append's transaction: a replaced owner's late save of a
+    message with a key stores nothing, the key neither (on PostgreSQL an append without
+    a claim may be one statement, its own transaction: with a claim it may not)."""
+    late = KeyClaim("k-1", "m-late", {"seq": 1})
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as a, backend.open() as b:
+            await a.create_session("s1", profile_id="general")
+            held = await a.claim_lease("s1", owner="a", pid=os.getpid(), host=HOST, ttl=-1)
+            took = await b.claim_lease("s1", owner="b", pid=os.getpid(), host=HOST, ttl=60)
+            assert took.owner == "b"
+            with fenced(Fence("s1", "a", held.generation)), pytest.raises(LeaseLostError):
+                await a.append("s1", messages=[user("late")], claim=late)
+            assert await b.message_key("s1", "k-1") is None
+            ours = KeyClaim("k-1", "m-b", {"seq": 2})
+            with fenced(Fence("s1", "b", took.generation)):
+                await b.append("s1", messages=[user("taken over")], claim=ours)
+            assert await b.message_key("s1", "k-1") == {"seq": 2}
+            assert await b.load_messages("s1") == [user("taken over")]

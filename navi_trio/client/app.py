@@ -135,6 +135,7 @@ class ChatApp:
         the tasks list (task updates are out-of-band: the ones sent while we were away
         are gone)."""
         if self.session_id is None:
+            self._awaited.resend(None)  # (lets go those sent to the session left)
             return []
         self._quiet_tasks = True
         return [

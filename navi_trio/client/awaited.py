@@ -111,7 +111,17 @@ class Awaited:
 
     def resend(self, session_id: str | None) -> list[Frame]:
         """The frames to send again once reconnected: our messages to `session_id` still
-        unanswered, each with its id and key as it first went."""
+        unanswered, each with its id and key as it first went. Those to another session
+        (the chat moved on after sending them: `/new`, `/resume`) are let go: their runs
+        are not followed here, and their ok, lost with the connection, would be waited
+        for for ever. (A new session's first message, not named yet, is `lost`'s.)"""
+        kept = (session_id, None)
+        self.unanswered = {
+            rid: sent
+            for rid, sent in self.unanswered.items()
+            if sent.frame.get("session_id") in kept
+        }
+        self._settle()
         if session_id is None:
             return []
         return [
