@@ -4,9 +4,10 @@ driven by Playwright's sync API from the (plain, synchronous) test functions.
 
 Rules: loopback only; Debian's /usr/bin/chromium (Playwright's own browser download
 cannot work here) with the background-networking switches off, so that it reaches for
-no outside host; a fresh profile per context; every wait has its own timeout and every
-test an absolute deadline (`DEADLINE`, enforced by `deadline`); every process is ended
-at the end. Where Chromium or Playwright cannot be had, the tests skip saying why.
+no outside host; one context per worker, each test's pages closed at its end, and a
+fresh context for a test that needs one (`Site.page`); every wait has its own timeout
+and every test an absolute deadline (`DEADLINE`, enforced by `deadline`); every process
+is ended at the end. Where Chromium or Playwright cannot be had, the tests skip saying why.
 
 A module whose tests need no fresh process shares one daemon and fake LLM among them
 (`shared_site`): each test gets a new admin user of its own and a fake LLM with no
@@ -362,11 +363,10 @@ class Chromium:
     """The worker's headless Chromium (a Playwright Browser) and its one shared context.
 
     A page of a test opens in the shared context unless it needs a context of its own
-    (`Site.page`): a fresh context, with its first page, cost about a fifth of a
-    CPU-second more than a page in the shared one (its renderer start, Playwright's setup
-    of it), and a page's own state (its sessionStorage, where the page keeps the token,
-    its scripts, its WebSocket) is the page's anyway. What a context holds beyond that
-    (localStorage, permissions, a clock) a test that uses it gets in a context of its own."""
+    (`Site.page`): a fresh context costs Chromium more than a page in a shared one, and a
+    page's own state (its sessionStorage, where the page keeps the token, its scripts,
+    its WebSocket) is the page's anyway. What a context holds beyond that (localStorage,
+    permissions, a clock) a test that uses it gets in a context of its own."""
 
     def __init__(self, browser: Any) -> None:
         self.browser = browser
