@@ -131,8 +131,7 @@ def test_plan_ticks_tool_card_sub_agent_lane_and_a_background_task(site: Site) -
         return release
 
     first = hold(2)
-    page = site.page()
-    site.login(page)
+    page = site.page(signed_in=True)
     page.select_option("#profile", "planner")
     send(page, "echo something, then ask a helper")
     plan = page.locator(".plan")
@@ -180,8 +179,7 @@ def test_a_session_grant_is_listed_on_the_page_and_revoked(site: Site, tmp_path:
     site.loop.add_replies(
         {"tool_calls": [touch("one")]}, {"tool_calls": [touch("two")]}, {"text": "Both."}
     )
-    page = site.page()
-    site.login(page)
+    page = site.page(signed_in=True)
     page.select_option("#mode", "full")
     send(page, "touch twice")
     page.locator(".approval.waiting button[data-scope='session']").click()
@@ -207,8 +205,7 @@ def test_approve_once_runs_the_call_and_deny_refuses_the_next(site: Site, tmp_pa
     site.loop.add_replies(
         {"tool_calls": [touch(first)]}, {"tool_calls": [touch(second)]}, {"text": "One of two."}
     )
-    page = site.page()
-    site.login(page)
+    page = site.page(signed_in=True)
     page.select_option("#mode", "full")  # the local token is admin: terminal asks in full
     send(page, "create the markers")
     card = page.locator(".approval.waiting")
@@ -237,8 +234,7 @@ def test_approve_once_runs_the_call_and_deny_refuses_the_next(site: Site, tmp_pa
 def test_stop_by_button_then_by_esc_and_the_queue_shown(site: Site) -> None:
     endless = {"text": "more words", "endless": True, "delay_chunk": 0.02}
     site.loop.add_replies(endless, endless)
-    page = site.page()
-    site.login(page)
+    page = site.page(signed_in=True)
     send(page, "tell me a long story")
     page.wait_for_selector(".lane.main .answer >> text=more")
     send(page, "and then another")
@@ -262,8 +258,7 @@ def test_a_phone_sized_screen_is_usable(site: Site) -> None:
     wide = "A narrow answer. " + "x" * 300 + "\n\n```python\nx = '" + "long " * 60 + "'\n```\n\n"
     wide += "| a | b |\n| --- | --- |\n| " + "cell " * 30 + " | 2 |"
     site.loop.add_replies({"text": wide})
-    page = site.page(phone=True)
-    site.login(page)
+    page = site.page(phone=True, signed_in=True)
     send(page, "hi from the phone")
     page.wait_for_selector(".lane.main .answer >> text=narrow")
     page.wait_for_selector("#stop:disabled")

@@ -43,9 +43,7 @@ def test_the_wait_for_the_first_word_shows_its_time_and_the_planning_phase(site:
         {"text": "Complexity: simple\nSteps:\n1. Answer — SELF\n"},
         {"text": "Planned and answered."},
     )
-    page = site.page()
-    site.login(page)
-    page.clock.install()  # the page's timers: moved by the test, not waited for
+    page = site.page(clock=True, signed_in=True)  # its timers moved, never waited for
     site.loop.hold()
     send(page, "hello?")
     waiting = page.locator(".lane.main .line.waiting")
@@ -77,8 +75,7 @@ def test_the_wait_for_the_first_word_shows_its_time_and_the_planning_phase(site:
 def test_copy_a_message_and_a_code_block(site: Site) -> None:
     answer = "Run this:\n\n```sh\necho 'copied <b>as is</b>'\n```\n\nThen **look**."
     site.loop.add_replies({"text": answer})
-    page = site.page(permissions=["clipboard-read", "clipboard-write"])
-    site.login(page)
+    page = site.page(permissions=["clipboard-read", "clipboard-write"], signed_in=True)
     send(page, "how do I echo?")
     page.wait_for_selector(".lane.main .answer >> text=look")
     _turn_ends(page)
@@ -104,8 +101,7 @@ def test_copy_a_message_and_a_code_block(site: Site) -> None:
 
 def test_rename_a_session_and_search_the_list(site: Site) -> None:
     site.loop.add_replies({"text": "one"}, {"text": "two"})
-    page = site.page()
-    site.login(page)
+    page = site.page(signed_in=True)
     send(page, "the first topic")
     page.wait_for_selector(".lane.main .answer >> text=one")
     _turn_ends(page)
@@ -149,8 +145,7 @@ def test_rename_a_session_and_search_the_list(site: Site) -> None:
 
 
 def test_the_profile_is_a_list_and_the_default_mode_is_named(site: Site) -> None:
-    page = site.page()
-    site.login(page)
+    page = site.page(signed_in=True)
     options = page.locator("#profile option")
     page.wait_for_selector("#profile option[value='planner']", state="attached")
     values = [o.get_attribute("value") for o in options.all()]
@@ -180,8 +175,7 @@ def test_icons_plan_and_approval_order(site: Site, tmp_path: Path) -> None:
         {"tool_calls": [touch]},
         {"text": "Done.\n\n" + "\n\n".join(f"w{i}" for i in range(400))},  # long: it scrolls
     )
-    page = site.page()
-    site.login(page)
+    page = site.page(signed_in=True)
     page.select_option("#profile", "planner")
     page.select_option("#mode", "full")  # the local admin is asked before a terminal call
     send(page, "count, then touch")
@@ -229,8 +223,7 @@ def test_icons_plan_and_approval_order(site: Site, tmp_path: Path) -> None:
 
 def test_a_refused_message_leaves_the_transcript_and_returns_to_the_box(site: Site) -> None:
     site.loop.add_replies({"text": "a fine answer"})
-    page = site.page()
-    site.login(page)
+    page = site.page(signed_in=True)
     send(page, "a short one")
     page.wait_for_selector(".lane.main .answer >> text=a fine answer")
     _turn_ends(page)
@@ -252,7 +245,7 @@ def test_a_refused_message_leaves_the_transcript_and_returns_to_the_box(site: Si
 
 
 def test_remember_on_this_browser_only_when_chosen(site: Site) -> None:
-    page = site.page()
+    page = site.page(own=True)  # a context of its own: a browser profile's localStorage
     page.wait_for_selector("#login-token")
     assert not page.is_checked("#login-remember")  # off by default
     note = page.locator(".login-box").inner_text()
@@ -263,7 +256,8 @@ def test_remember_on_this_browser_only_when_chosen(site: Site) -> None:
     tab.goto(site.daemon.url)
     tab.wait_for_selector("#login-token")  # a new tab asks again
     # Chosen: a new tab signs in by itself; Sign out forgets it.
-    page = site.page()
+    page = page.context.new_page()
+    page.goto(site.daemon.url)
     page.fill("#login-token", site.token)
     page.check("#login-remember")
     page.click("#login-submit")

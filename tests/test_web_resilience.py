@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import trio
 from web_browser import (
+    Chromium,
     Daemon,
     Site,
     answer_text,
@@ -56,8 +57,7 @@ def test_a_cut_socket_reconnects_and_every_frame_shows_once(site: Site) -> None:
     # The answer stops after w10 (the tool call's reply is shorter) until the page is back.
     release = site.loop.call(site.loop.llm.hold_after, 10)
     proxy = site.loop.proxy(site.daemon.port)
-    page = site.page(f"http://127.0.0.1:{proxy.port}/")
-    site.login(page)
+    page = site.page(f"http://127.0.0.1:{proxy.port}/", signed_in=True)
     send(page, "count to eighty")
     page.wait_for_selector(".lane.main .answer >> text=w10")
     assert site.loop.call(proxy.cut) >= 1  # the page's WebSocket (and any kept-alive GET)
@@ -83,8 +83,7 @@ def test_a_task_that_ends_while_the_page_is_away_shows_ended_after_the_reconnect
     the page is cut off (its update goes to nobody): back, the page shows it ended."""
     site.loop.add_replies({"text": "hello"})
     proxy = site.loop.proxy(site.daemon.port)
-    page = site.page(f"http://127.0.0.1:{proxy.port}/")
-    site.login(page)
+    page = site.page(f"http://127.0.0.1:{proxy.port}/", signed_in=True)
     send(page, "hi")
     page.wait_for_selector(".lane.main .answer >> text=hello")
     sid = page.evaluate("decodeURIComponent(location.hash.slice(1))")
@@ -133,8 +132,7 @@ BACKOFF_MAX_MS = 8000  # the page's longest wait between two tries (wire.js)
 def test_a_restarted_daemon_shows_the_retrying_banner_then_resyncs(own_site: Site) -> None:
     site = own_site
     site.loop.add_replies({"text": " ".join(_words(400)), "delay_chunk": 0.03})
-    page = site.page(clock=True)
-    site.login(page)
+    page = site.page(clock=True, signed_in=True)
     send(page, "a long one")
     page.wait_for_selector(".lane.main .answer >> text=w20")
     sid = page.evaluate("location.hash.slice(1)")
@@ -181,9 +179,7 @@ def test_html_in_model_and_tool_text_is_shown_as_text_and_never_runs(site: Site)
         {"thinking": XSS[0], "tool_calls": [tool]},
         {"text": payload + "\n\n**bold** `" + XSS[1] + "`\n\n```html\n" + XSS[0] + "\n```"},
     )
-    page = site.page(bypass_csp=True)
-    page.add_init_script("window.__pwned = undefined;")
-    site.login(page)
+    page = site.page(bypass_csp=True, signed_in=True, script="window.__pwned = undefined;")
     send(page, XSS[0])
     page.wait_for_selector(".lane.main .answer >> text=bold")
     page.wait_for_selector("#stop:disabled")
@@ -215,15 +211,13 @@ def test_html_in_model_and_tool_text_is_shown_as_text_and_never_runs(site: Site)
 
 def test_another_users_session_is_refused_by_url_and_by_frame(site: Site) -> None:
     site.loop.add_replies({"text": "SECRET-OF-ADMIN"})
-    admin = site.page()
-    site.login(admin)
+    admin = site.page(signed_in=True)
     send(admin, "keep this to yourself")
     admin.wait_for_selector(".answer >> text=SECRET-OF-ADMIN")
     sid = admin.evaluate("location.hash.slice(1)")
     bob = site.daemon.add_user("bob")
     # By URL: bob opens the admin's session by its fragment.
-    page = site.page(site.daemon.url + "#" + sid)
-    site.login(page, bob)
+    page = site.page(site.daemon.url + "#" + sid, signed_in=bob)
     page.wait_for_selector(".line.error >> text=forbidden")
     assert "belongs to another user" in page.locator("#transcript .line.error").inner_text()
     assert "SECRET" not in page.locator("body").inner_text()
@@ -318,7 +312,7 @@ WebSocket.prototype.send = function (data) {
 
 
 @pytest.fixture
-def paced_site(tmp_path: Path, browser: Any) -> Iterator[Site]:
+def paced_site(tmp_path: Path, browser: Chromium) -> Iterator[Site]:
     """A daemon of the test's own that takes a burst of two frames from a connection and
     one more a second: the page's sessions list and first page take the burst, the next
     pages are refused (rate_limited) and asked for again."""
@@ -332,10 +326,7 @@ def test_a_long_history_comes_in_pages_and_the_page_shows_all_of_it(paced_site: 
         messages.append({"role": "user", "content": f"asked {i} " + "q" * 600_000 + f" end{i}"})
         messages.append({"role": "assistant", "content": f"answer number {i}"})
     _write_session(site.daemon.db, site.daemon.admin_token(), "root.paged", messages)
-    page = site.page(site.daemon.url + "#root.paged")
-    page.add_init_script(RECORD_SENT)
-    page.reload()
-    site.login(page)
+    page = site.page(site.daemon.url + "#root.paged", signed_in=True, script=RECORD_SENT)
     page.wait_for_selector(".answer >> text=answer number 2")
     assert page.locator(".user").count() == 3
     assert page.locator(".answer").all_inner_texts() == [f"answer number {i}" for i in range(3)]
@@ -357,8 +348,7 @@ def test_model_links_show_their_address_on_hover_and_mark_other_sites(site: Site
         {"text": "See [the guide](https://docs.example.org/guide?x=1#top), "
                  "[your bank](https://b\u0430nk.example/login) and [mail](mailto:a@b.example)."}
     )  # fmt: skip
-    page = site.page()
-    site.login(page)
+    page = site.page(signed_in=True)
     send(page, "links please")
     page.wait_for_selector(".answer a >> text=mail")
     links = page.locator(".answer a")

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from project_repo import FIXTURE
 from test_project_commands import EXPANSIONS
 from web_browser import (
+    Chromium,
     Shared,
     Site,
     browser,
@@ -52,8 +52,7 @@ def site(shared_site: Site) -> Site:
 
 def test_the_page_lists_the_users_commands_and_sends_one_with_its_words(site: Site) -> None:
     site.loop.add_replies({"text": "reviewed it"})
-    page = site.page()
-    site.login(page)
+    page = site.page(signed_in=True)
     send(page, "/help")
     page.wait_for_selector(".line.notice >> text=/review FILE — Review the changes in a file")
     page.wait_for_selector(".line.notice >> text=/help is a built-in command")
@@ -66,7 +65,7 @@ def test_the_page_lists_the_users_commands_and_sends_one_with_its_words(site: Si
 
 
 @pytest.fixture
-def plain_site(web_shared: Shared, browser: Any) -> Iterator[Site]:
+def plain_site(web_shared: Shared, browser: Chromium) -> Iterator[Site]:
     """The worker's plain daemon (tests/web_worker.py): a test that needs only the page's
     scripts needs no daemon with commands, nor its start on a worker that has none."""
     yield from on_shared(web_shared, browser)

@@ -15,8 +15,7 @@ def test_the_usage_panel_draws_the_days_bars_and_the_models_table(site: Site) ->
         {"text": "first answer", "prompt_tokens": 400, "completion_tokens": 20},
         {"text": "second answer", "prompt_tokens": 600, "completion_tokens": 30},
     )
-    page = site.page()
-    site.login(page)
+    page = site.page(signed_in=True)
     send(page, "one")
     page.wait_for_selector(".lane.main .answer >> text=first answer")
     send(page, "two")

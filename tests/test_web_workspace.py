@@ -101,8 +101,7 @@ def test_a_folder_picked_is_where_the_tools_run(site: Site, work: Path) -> None:
         {"tool_calls": [tool("filesystem", action="write", path="made.txt", content="here\n")]},
         {"text": "done"},
     )
-    page = site.page()
-    site.login(page)
+    page = site.page(signed_in=True)
     assert page.locator("#session-folder").inner_text() == "in a new session folder"
     page.click("#folder-button")
     page.wait_for_selector(".side-panel .starts .folder-entry")
@@ -150,8 +149,7 @@ TURN_2: list[dict[str, Any]] = [
 def test_changes_rewind_undo_and_fork(site: Site, work: Path) -> None:
     site.loop.add_replies(*TURN_1, *TURN_2, {"text": "the fork goes on"})
     notes = work / "app" / "notes.txt"
-    page = site.page()
-    site.login(page)
+    page = site.page(signed_in=True)
     pick_folder(page, work, "app")
     page.click(".folder-use")
     send(page, "write the notes")
@@ -250,9 +248,7 @@ def test_markup_in_folder_names_file_names_and_diffs_is_shown_as_text(
         },
         {"text": "second"},
     )
-    page = site.page(bypass_csp=True)
-    page.add_init_script("window.__pwned = undefined;")
-    site.login(page)
+    page = site.page(bypass_csp=True, signed_in=True, script="window.__pwned = undefined;")
     pick_folder(page, work, "app")
     names = page.locator(".children .folder-entry").all_inner_texts()
     assert sorted(names) == sorted([f"{XSS[0]}/", f"{SVG}/"]), names

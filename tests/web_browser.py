@@ -4,9 +4,10 @@ driven by Playwright's sync API from the (plain, synchronous) test functions.
 
 Rules: loopback only; Debian's /usr/bin/chromium (Playwright's own browser download
 cannot work here) with the background-networking switches off, so that it reaches for
-no outside host; a fresh profile per context; every wait has its own timeout and every
-test an absolute deadline (`DEADLINE`, enforced by `deadline`); every process is ended
-at the end. Where Chromium or Playwright cannot be had, the tests skip saying why.
+no outside host; one context per worker, each test's pages closed at its end, and a
+fresh context for a test that needs one (`Site.page`); every wait has its own timeout
+and every test an absolute deadline (`DEADLINE`, enforced by `deadline`); every process
+is ended at the end. Where Chromium or Playwright cannot be had, the tests skip saying why.
 
 A module whose tests need no fresh process shares one daemon and fake LLM among them
 (`shared_site`): each test gets a new admin user of its own and a fake LLM with no
@@ -354,7 +355,41 @@ def _readline(proc: subprocess.Popen[bytes], timeout: float) -> str:
 # -- the browser ----------------------------------------------------------------------------
 
 
-def launched() -> Iterator[Any]:
+DESKTOP = {"width": 1280, "height": 860}
+PHONE = {"width": 390, "height": 844}
+
+
+class Chromium:
+    """The worker's headless Chromium (a Playwright Browser) and its one shared context.
+
+    A page of a test opens in the shared context unless it needs a context of its own
+    (`Site.page`): a fresh context costs Chromium more than a page in a shared one, and a
+    page's own state (its sessionStorage, where the page keeps the token, its scripts,
+    its WebSocket) is the page's anyway. What a context holds beyond that (localStorage,
+    permissions, a clock) a test that uses it gets in a context of its own."""
+
+    def __init__(self, browser: Any) -> None:
+        self.browser = browser
+        self._shared: Any = None
+
+    def new_context(self, **options: Any) -> Any:
+        context = self.browser.new_context(**options)
+        context.set_default_timeout(WAIT_MS)
+        return context
+
+    def shared(self) -> Any:
+        if self._shared is None:
+            self._shared = self.new_context(viewport=DESKTOP)
+        return self._shared
+
+    def clear_shared(self) -> None:
+        """Close every page of the shared context (a test's, and the tabs it opened)."""
+        if self._shared is not None:
+            for page in list(self._shared.pages):
+                page.close()
+
+
+def launched() -> Iterator[Chromium]:
     """Playwright and one headless Chromium, closed at the end (the `chromium` fixture
     of tests/web_worker.py: one per worker process, for every browser module)."""
     if MISSING is not None:
@@ -365,18 +400,22 @@ def launched() -> Iterator[Any]:
         b = p.chromium.launch(
             executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS, timeout=60_000
         )
-        yield b
+        yield Chromium(b)
         b.close()
 
 
 @pytest.fixture(scope="module")
-def browser(chromium: Any) -> Any:
+def browser(chromium: Chromium) -> Chromium:
     """The worker's one Chromium (its start and Playwright's were 2 to 3 s a module).
     Playwright's sync API runs one instance per thread at a time, so it is defined once,
     in tests/web_worker.py, not here: a session fixture imported into each module would
-    be a fixture of each, a second instance started beside the first. Each page still
-    gets a fresh context (`Site.page`): nothing of one test's pages reaches the next."""
+    be a fixture of each, a second instance started beside the first. Nothing of one
+    test's pages reaches the next (`Site.page`, `Site.close`)."""
     return chromium
+
+
+# Before the page's own scripts: the token kept in the tab, as the sign-in form keeps it.
+SIGNED_IN = "sessionStorage.setItem('navi.token', %s);"
 
 
 @attrs.define
@@ -385,7 +424,7 @@ class Site:
 
     loop: Loop
     daemon: Daemon
-    browser: Any
+    browser: Chromium
     contexts: list[Any] = attrs.field(factory=list)
     dialogs: list[str] = attrs.field(factory=list)
     user: str | None = None  # the token of the test's own user (None: the local admin's)
@@ -395,16 +434,34 @@ class Site:
         return self.user or self.daemon.admin_token()
 
     def page(
-        self, url: str | None = None, *, phone: bool = False, clock: bool = False, **options: Any
+        self,
+        url: str | None = None,
+        *,
+        signed_in: bool | str = False,
+        script: str | None = None,
+        phone: bool = False,
+        clock: bool = False,
+        own: bool = False,
+        **options: Any,
     ) -> Any:
-        """A page in a fresh context. `clock`: the page's timers on Playwright's clock,
-        which runs at real speed until the test jumps it (`page.clock.fast_forward`)."""
-        size = {"width": 390, "height": 844} if phone else {"width": 1280, "height": 860}
-        context = self.browser.new_context(viewport=size, **options)
-        context.set_default_timeout(WAIT_MS)
-        if clock:
-            context.clock.install()
-        self.contexts.append(context)
+        """A new page at the daemon's page (or `url`). `signed_in`: it starts signed in,
+        with the test's user's token (True) or the one given: the token is in the tab
+        before the page's scripts run, as a sign-in and a reload leave it, and the page
+        is connected when this returns (for the tests whose subject is not the sign-in
+        form; `login` fills that in, as a user does). `script` runs before the page's own
+        scripts at each load of the page.
+
+        The page opens in the worker's shared context, unless it needs a context of its
+        own: `own` (a test of what a context keeps: localStorage), `phone`-sized, `clock`
+        (the page's timers on Playwright's clock, which runs at real speed until the
+        test jumps it: `page.clock.fast_forward`), or other context `options`."""
+        if own or phone or clock or options:
+            context = self.browser.new_context(viewport=PHONE if phone else DESKTOP, **options)
+            if clock:
+                context.clock.install()
+            self.contexts.append(context)
+        else:
+            context = self.browser.shared()
         page = context.new_page()
 
         def on_dialog(dialog: Any) -> None:  # a playwright Dialog
@@ -412,7 +469,15 @@ class Site:
             dialog.dismiss()
 
         page.on("dialog", on_dialog)
-        page.goto(url or self.daemon.url)
+        if script is not None:
+            page.add_init_script(script)
+        if not signed_in:
+            page.goto(url or self.daemon.url)
+            return page
+        token = self.token if signed_in is True else signed_in
+        with page.add_init_script(SIGNED_IN % json.dumps(token)):  # this load only
+            page.goto(url or self.daemon.url)
+        page.wait_for_selector("#conn-state.up")
         return page
 
     def login(self, page: Any, token: str | None = None) -> None:
@@ -421,23 +486,24 @@ class Site:
         page.wait_for_selector("#conn-state.up")
 
     def close(self) -> None:
+        self.browser.clear_shared()
         for context in self.contexts:
             context.close()
 
 
 @pytest.fixture
-def site(tmp_path: Path, browser: Any) -> Iterator[Site]:
+def site(tmp_path: Path, browser: Chromium) -> Iterator[Site]:
     yield from running_site(tmp_path, browser)
 
 
 @pytest.fixture
-def own_site(tmp_path: Path, browser: Any) -> Iterator[Site]:
+def own_site(tmp_path: Path, browser: Chromium) -> Iterator[Site]:
     """In a module of `shared_site`s, a daemon of the test's own: for a test that stops
     or restarts it, or needs the local admin's token."""
     yield from running_site(tmp_path, browser)
 
 
-def running_site(tmp_path: Path, browser: Any, **env: str) -> Iterator[Site]:
+def running_site(tmp_path: Path, browser: Chromium, **env: str) -> Iterator[Site]:
     """The site of the `site` and `own_site` fixtures: a daemon of the test's own, with
     `env` added to its environment."""
     started = time.monotonic()
@@ -540,12 +606,12 @@ def sharing(
 
 
 @pytest.fixture
-def shared_site(shared: Shared, browser: Any) -> Iterator[Site]:
+def shared_site(shared: Shared, browser: Chromium) -> Iterator[Site]:
     """A `Site` on the module's daemon (`on_shared`)."""
     yield from on_shared(shared, browser)
 
 
-def on_shared(shared: Shared, browser: Any) -> Iterator[Site]:
+def on_shared(shared: Shared, browser: Chromium) -> Iterator[Site]:
     """A `Site` on a shared daemon: a new admin user of the test's own (its sessions
     are its own), the fake LLM forgotten (`Loop.forget`), a fresh browser context per
     page. A daemon with a run still going at the end is stopped, so that run cannot take

@@ -9,17 +9,18 @@ a browser test asks for one, not by every run's conftest.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 if TYPE_CHECKING:
-    from web_browser import Shared
+    from web_browser import Chromium, Shared
 
 
 @pytest.fixture(scope="session")
-def chromium() -> Iterator[Any]:
-    """The worker's headless Chromium (a Playwright Browser), closed at the session's end."""
+def chromium() -> Iterator[Chromium]:
+    """The worker's headless Chromium (tests/web_browser.py's `Chromium`: a Playwright
+    Browser and its shared context), closed at the session's end."""
     from web_browser import launched
 
     yield from launched()
