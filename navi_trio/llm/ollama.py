@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator
-from contextlib import AbstractAsyncContextManager, aclosing
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import attrs
@@ -191,13 +191,12 @@ class OllamaBackend:
         return self._stream(request)
 
     @inline_chunk_channel
-    async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
+    def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
+        # The stream's own generator, not one around it: a layer less at every chunk.
         parser = OllamaParser(request.model, self.url)
         rest = ollama_body(attrs.evolve(request, messages=[]), self.keep_alive)
         body = self._bodies.body(rest, request.messages)
-        async with aclosing(stream_chunks(self._client, self.url, body, parser)) as chunks:
-            async for chunk in chunks:
-                yield chunk
+        return stream_chunks(self._client, self.url, body, parser)
 
     async def aclose(self) -> None:
         await self._client.aclose()
