@@ -93,12 +93,17 @@ class _InlineChannel(trio.abc.ReceiveChannel[T]):
         self._agen = agen
 
     async def receive(self) -> T:
-        # A stop lands here too, not only where the generator next waits for the socket.
-        await trio.lowlevel.checkpoint_if_cancelled()
         try:
-            return await self._agen.__anext__()
+            return await self.__anext__()
         except StopAsyncIteration:
             raise trio.EndOfChannel from None
+
+    async def __anext__(self) -> T:
+        # The receive itself, for the guard and ``async for``: one coroutine less a
+        # chunk than trio's ``__anext__`` around ``receive``. A stop lands here too,
+        # not only where the generator next waits for the socket.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return await self._agen.__anext__()
 
     async def aclose(self) -> None:
         await self._agen.aclose()

@@ -114,9 +114,10 @@ class OllamaParser:
         self.received = False  # any line at all (an empty body says something else)
 
     def feed(self, line: str) -> list[LLMChunk]:
-        if line.strip():
-            self.received = True
-        if not line.strip() or self.done:
+        if not line.strip():
+            return []
+        self.received = True
+        if self.done:
             return []
         obj = parse_json_object(line)
         if "error" in obj:
