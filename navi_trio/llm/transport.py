@@ -144,22 +144,32 @@ class _Conn:
             self.h11.receive_data(cast(bytes, data))  # a bytearray does as well
 
     async def _read(self) -> bytes | bytearray:
-        """The socket's next bytes (b"" at EOF). A plain TCP socket is read directly:
-        one wait until it is readable, then one read. trio's ``receive_some`` tries the
-        read first, and a socket not readable yet (a streamed answer's every chunk)
-        costs it an error raised and caught through an async context manager each
-        time. The same errors (`OSError`, `trio.ClosedResourceError` once closed) and
-        the same checkpoint (the wait)."""
+        """The socket's next bytes (b"" at EOF): trio's ``receive_some`` on a plain TCP
+        socket, without its layers (a stream's checks, a generator context manager
+        translating its errors, an async one around the read that raises and catches
+        `BlockingIOError` through it whenever the socket is not readable yet, as at
+        every chunk of a paced answer). The same steps: no read once cancelled, a read
+        tried at once (then a checkpoint, that nothing cancels, so the bytes are not
+        lost), else a wait until readable; the same errors (`OSError`, and
+        `trio.ClosedResourceError` once closed). A TLS stream reads through trio."""
         if not self.plain:
             return await self.stream.receive_some(READ_SIZE)
+        fd = self.sock.fileno()  # -1 once closed: never another file's number
+        if fd < 0:
+            raise trio.ClosedResourceError("the connection was closed")
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            data = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            pass
+        else:  # a fast stream's bytes were there already: a turn for the others first
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return data
         while True:
-            fd = self.sock.fileno()  # -1 once closed: never another file's number
-            if fd < 0:
-                raise trio.ClosedResourceError("the connection was closed")
             await trio.lowlevel.wait_readable(fd)
             try:
                 return os.read(fd, READ_SIZE)
-            except BlockingIOError:  # readable, then not (another reader): wait again
+            except BlockingIOError:  # readable, then not: wait again
                 continue
 
 
