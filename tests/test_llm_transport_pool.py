@@ -26,7 +26,7 @@ import trio
 import trio.testing
 
 from navi_trio.llm.client import LLMClient
-from navi_trio.llm.transport import MAX_HEAD_BYTES, H11Transport, direct_body
+from navi_trio.llm.transport import MAX_HEAD_BYTES, H11Transport, _Conn, direct_body
 from navi_trio.testing.fake_llm import FakeLLMServer, open_fake_llm
 
 TIMEOUT = 20
@@ -238,6 +238,26 @@ async def test_a_body_read_straight_from_its_connection_is_aiter_raws_and_keeps_
             response = await other.send(other.build_request("GET", url), stream=True)
             assert direct_body(response) is None
             await response.aclose()
+
+
+async def test_a_plain_connection_reads_what_is_there_and_nothing_once_cancelled() -> None:
+    """The direct read of a plain TCP connection keeps trio's steps: a read cancelled
+    before it starts takes nothing (the bytes wait for the next), bytes already there
+    come at once, and a closed connection is an error, not a read of another file."""
+    ours, theirs = trio.socket.socketpair()
+    with ours, theirs:
+        conn = _Conn(trio.SocketStream(ours), ours, (b"http", "127.0.0.1", 1))
+        await theirs.send(b"abc")
+        with trio.CancelScope() as stop:
+            stop.cancel()
+            await conn._read()
+        assert stop.cancelled_caught
+        assert await conn._read() == b"abc"
+        await theirs.send(b"def")
+        assert await conn._read() == b"def"
+        conn.close()
+        with pytest.raises(trio.ClosedResourceError):
+            await conn._read()
 
 
 # --- TLS ---------------------------------------------------------------------------------
