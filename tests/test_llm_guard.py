@@ -7,7 +7,7 @@ no real time); every test has an absolute timeout.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
@@ -25,6 +25,7 @@ from navi_trio.llm.base import (
     WorkingChunk,
 )
 from navi_trio.llm.guard import guarded_stream
+from navi_trio.llm.http import inline_chunk_channel
 from navi_trio.llm.scripted import ScriptedBackend
 from navi_trio.settings import Settings
 
@@ -305,3 +306,30 @@ async def test_work_before_the_first_output_keeps_the_first_chunk_timeout(
     with trio.fail_after(LIMIT * 10):
         got = await drain(_WorksThenAnswers(gap=80), first=90, chunk=60)
     assert [c.text for c in got if isinstance(c, TextChunk)] == ["done"]
+
+
+async def test_a_stop_lands_at_the_next_chunk_of_an_http_stream_that_never_waits() -> None:
+    """An HTTP backend's channel (`inline_chunk_channel`) runs its generator in the
+    consumer's task; when one read brought many lines the generator yields chunk after
+    chunk without waiting, and a Stop must still land at the next receive, whether
+    through ``receive`` or ``async for`` (the guard's)."""
+
+    async def ready() -> AsyncGenerator[LLMChunk, None]:  # every chunk there already
+        for word in ("one", "two", "three"):
+            yield TextChunk(word)
+
+    @inline_chunk_channel
+    def stream() -> AsyncGenerator[LLMChunk, None]:
+        return ready()
+
+    with trio.fail_after(LIMIT):
+        for how in ("receive", "anext"):
+            async with stream() as chunks:
+                assert await chunks.receive() == TextChunk("one")
+                with trio.CancelScope() as stop:
+                    stop.cancel()
+                    await (chunks.receive() if how == "receive" else chunks.__anext__())
+                    pytest.fail(f"{how}: the stop did not land")
+                assert stop.cancelled_caught
+                # Nothing was taken by the receive the stop ended.
+                assert [c async for c in chunks] == [TextChunk("two"), TextChunk("three")]

@@ -26,7 +26,7 @@ import trio
 import trio.testing
 
 from navi_trio.llm.client import LLMClient
-from navi_trio.llm.transport import MAX_HEAD_BYTES, H11Transport
+from navi_trio.llm.transport import MAX_HEAD_BYTES, H11Transport, _Conn, direct_body
 from navi_trio.testing.fake_llm import FakeLLMServer, open_fake_llm
 
 TIMEOUT = 20
@@ -57,12 +57,13 @@ async def raw_server(handler: Handler) -> AsyncIterator[tuple[str, list[int]]]:
 
 
 async def read_head(stream: trio.abc.Stream, conn: h11.Connection) -> None:
-    """Read one whole request (head and body) from `stream`."""
+    """Read one whole request (head and body) from `stream`, or until the client closes
+    (h11 then says so at every call: no busy loop for a test that failed)."""
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
             conn.receive_data(bytes(await stream.receive_some(65536)))
-        elif type(event) is h11.EndOfMessage:
+        elif type(event) is h11.EndOfMessage or type(event) is h11.ConnectionClosed:
             return
 
 
@@ -201,6 +202,62 @@ async def test_a_body_ended_by_the_close_is_read_whole() -> None:
                 assert await post(client, url) == b'{"a": 1}'
                 assert await post(client, url) == b'{"a": 1}'
             assert accepted[0] == 2  # never kept: the server said close
+
+
+async def test_a_body_read_straight_from_its_connection_is_aiter_raws_and_keeps_it() -> None:
+    """`direct_body` (how `stream_chunks` reads this transport's answers): each read as
+    ``aiter_raw`` gives it, the body read once only, and the connection kept for the
+    next request once the response is closed. Another transport's response has none."""
+
+    async def in_two_parts(stream: trio.abc.Stream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        for _ in range(2):
+            await read_head(stream, conn)
+            head = h11.Response(status_code=200, headers=[("Transfer-Encoding", "chunked")])
+            await stream.send_all(conn.send(head) + conn.send(h11.Data(data=b'{"a": ')))
+            await trio.testing.wait_all_tasks_blocked()  # the client waits for more
+            await stream.send_all(conn.send(h11.Data(data=b"1}")) + conn.send(h11.EndOfMessage()))
+            conn.start_next_cycle()
+
+    with trio.fail_after(TIMEOUT):
+        async with raw_server(in_two_parts) as (url, accepted):
+            transport = H11Transport()
+            async with LLMClient(transport=transport) as client:
+                for _ in range(2):
+                    request = client.build_request("POST", f"{url}/api/chat", json=BODY)
+                    response = await client.send(request, stream=True)
+                    reads = direct_body(response)
+                    assert reads is not None
+                    assert [part async for part in reads] == [b'{"a": ', b"1}"]
+                    with pytest.raises(httpx.StreamConsumed):
+                        direct_body(response)
+                    await response.aclose()
+            assert (accepted[0], transport.connections_made) == (1, 1)
+        mock = httpx.MockTransport(lambda request: httpx.Response(200, content=b"{}"))
+        async with httpx.AsyncClient(transport=mock) as other:
+            response = await other.send(other.build_request("GET", url), stream=True)
+            assert direct_body(response) is None
+            await response.aclose()
+
+
+async def test_a_plain_connection_reads_what_is_there_and_nothing_once_cancelled() -> None:
+    """The direct read of a plain TCP connection keeps trio's steps: a read cancelled
+    before it starts takes nothing (the bytes wait for the next), bytes already there
+    come at once, and a closed connection is an error, not a read of another file."""
+    ours, theirs = trio.socket.socketpair()
+    with ours, theirs:
+        conn = _Conn(trio.SocketStream(ours), ours, (b"http", "127.0.0.1", 1))
+        await theirs.send(b"abc")
+        with trio.CancelScope() as stop:
+            stop.cancel()
+            await conn._read()
+        assert stop.cancelled_caught
+        assert await conn._read() == b"abc"
+        await theirs.send(b"def")
+        assert await conn._read() == b"def"
+        conn.close()
+        with pytest.raises(trio.ClosedResourceError):
+            await conn._read()
 
 
 # --- TLS ---------------------------------------------------------------------------------

@@ -65,10 +65,12 @@ class _Guarded(trio.abc.ReceiveChannel[LLMChunk]):
         scope = self.scope
         scope.deadline = self._now() + self._limit
         try:
-            chunk = await self._chunks.receive()
-        except trio.EndOfChannel:
+            # The channel's ``__anext__``: the HTTP backends' is their receive itself
+            # (`inline_chunk_channel`), trio's own calls ``receive``.
+            chunk = await self._chunks.__anext__()
+        except StopAsyncIteration:
             scope.deadline = math.inf  # the end leaves no deadline behind, nor an error
-            raise StopAsyncIteration from None
+            raise
         except BaseException:
             scope.deadline = math.inf
             raise

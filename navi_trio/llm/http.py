@@ -42,6 +42,7 @@ from navi_trio.jsonenc import dumps_with
 from navi_trio.llm.base import DoneChunk, LLMChunk, ToolCall
 from navi_trio.llm.client import LLMClient
 from navi_trio.llm.lines import LINE_MAX_BYTES, LineSplitter
+from navi_trio.llm.transport import direct_body
 from navi_trio.text import clean_text, clip, loads_clean
 
 EXCERPT = 200
@@ -92,12 +93,17 @@ class _InlineChannel(trio.abc.ReceiveChannel[T]):
         self._agen = agen
 
     async def receive(self) -> T:
-        # A stop lands here too, not only where the generator next waits for the socket.
-        await trio.lowlevel.checkpoint_if_cancelled()
         try:
-            return await self._agen.__anext__()
+            return await self.__anext__()
         except StopAsyncIteration:
             raise trio.EndOfChannel from None
+
+    async def __anext__(self) -> T:
+        # The receive itself, for the guard and ``async for``: one coroutine less a
+        # chunk than trio's ``__anext__`` around ``receive``. A stop lands here too,
+        # not only where the generator next waits for the socket.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return await self._agen.__anext__()
 
     async def aclose(self) -> None:
         await self._agen.aclose()
@@ -167,7 +173,10 @@ async def stream_chunks(
             # The body's bytes as they came, unless the server compressed them: no
             # text decoder, line decoder and two more generators around each read.
             raw = "content-encoding" not in response.headers
-            async for data in response.aiter_raw() if raw else response.aiter_bytes():
+            reads = direct_body(response) if raw else None
+            if reads is None:
+                reads = response.aiter_raw() if raw else response.aiter_bytes()
+            async for data in reads:
                 for chunk in _parsed(parser, lines.feed(data), encoding, done):
                     yield chunk
             for chunk in _parsed(parser, lines.finish(), encoding, done):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator
-from contextlib import AbstractAsyncContextManager, aclosing
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx
@@ -115,9 +115,10 @@ class OllamaParser:
         self.received = False  # any line at all (an empty body says something else)
 
     def feed(self, line: str) -> list[LLMChunk]:
-        if line.strip():
-            self.received = True
-        if not line.strip() or self.done:
+        if not line.strip():
+            return []
+        self.received = True
+        if self.done:
             return []
         obj = parse_json_object(line)
         if "error" in obj:
@@ -192,13 +193,12 @@ class OllamaBackend:
         return self._stream(request)
 
     @inline_chunk_channel
-    async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
+    def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
+        # The stream's own generator, not one around it: a layer less at every chunk.
         parser = OllamaParser(request.model, self.url)
         rest = ollama_body(request, self.keep_alive, messages=False)
         body = self._bodies.body(rest, request.messages)
-        async with aclosing(stream_chunks(self._client, self.url, body, parser)) as chunks:
-            async for chunk in chunks:
-                yield chunk
+        return stream_chunks(self._client, self.url, body, parser)
 
     async def aclose(self) -> None:
         await self._client.aclose()

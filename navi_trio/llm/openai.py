@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator
-from contextlib import AbstractAsyncContextManager, aclosing
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx
@@ -403,20 +403,23 @@ class OpenAIBackend:
         return self._stream(request)
 
     @inline_chunk_channel
-    async def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
+    def _stream(self, request: ChatRequest) -> AsyncGenerator[LLMChunk, None]:
+        # The stream's own generator, not one around it: a layer less at every chunk.
         names = tool_names(request)
         if request.tools and not self.tool_stream:
-            body = self._body(request, stream=False)
-            data = await fetch_whole(self._client, self.url, body, self._headers)
-            for chunk in parse_completion(data, request.model, self.url, names):
-                yield chunk
-            return
+            return self._whole(request, names)
         parser = OpenAIParser(request.model, self.url, names)
         body = self._body(request, stream=True)
-        stream = stream_chunks(self._client, self.url, body, parser, self._headers)
-        async with aclosing(stream) as chunks:
-            async for chunk in chunks:
-                yield chunk
+        return stream_chunks(self._client, self.url, body, parser, self._headers)
+
+    async def _whole(
+        self, request: ChatRequest, names: frozenset[str]
+    ) -> AsyncGenerator[LLMChunk, None]:
+        """A request with tools to a server that cannot stream them: asked whole."""
+        body = self._body(request, stream=False)
+        data = await fetch_whole(self._client, self.url, body, self._headers)
+        for chunk in parse_completion(data, request.model, self.url, names):
+            yield chunk
 
     def _body(self, request: ChatRequest, *, stream: bool) -> bytes:
         """`openai_body` as JSON, each message's JSON kept for the next call."""

@@ -32,6 +32,7 @@ backend's client keeps httpx's own transport (llm/factory.py).
 
 from __future__ import annotations
 
+import os
 import select
 import ssl
 import urllib.request
@@ -57,6 +58,30 @@ DISCONNECTED = "Server disconnected without sending a response."
 Origin = tuple[bytes, str, int]
 
 
+def _httpx_error(
+    exc: BaseException, error: type[httpx.TransportError], timeout: type[httpx.TimeoutException]
+) -> BaseException | None:
+    """trio's and h11's `exc` as httpx's error (`_mapped`'s rule, for a hot loop's
+    ``try``), or None: not one of theirs. Its ``__cause__`` is what to raise it from
+    (None for a timeout)."""
+    new: BaseException
+    if isinstance(exc, trio.TooSlowError):
+        return timeout(f"timed out ({timeout.__name__})")
+    if isinstance(exc, h11.RemoteProtocolError):
+        new = httpx.RemoteProtocolError(str(exc))
+    elif isinstance(exc, h11.LocalProtocolError):
+        new = httpx.LocalProtocolError(str(exc))
+    elif isinstance(exc, OSError | trio.BrokenResourceError | trio.ClosedResourceError):
+        # trio's BrokenResourceError carries the reason (an ssl.SSLError: a certificate
+        # not trusted …) as its cause: say that.
+        cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else None
+        new = error(str(cause or exc) or type(exc).__name__)
+    else:
+        return None
+    new.__cause__ = exc
+    return new
+
+
 @contextmanager
 def _mapped(
     error: type[httpx.TransportError], timeout: type[httpx.TimeoutException]
@@ -65,27 +90,22 @@ def _mapped(
     a deadline passed, RemoteProtocolError for a server breaking HTTP/1.1."""
     try:
         yield
-    except trio.TooSlowError:
-        raise timeout(f"timed out ({timeout.__name__})") from None
-    except h11.RemoteProtocolError as exc:
-        raise httpx.RemoteProtocolError(str(exc)) from exc
-    except h11.LocalProtocolError as exc:
-        raise httpx.LocalProtocolError(str(exc)) from exc
-    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-        # trio's BrokenResourceError carries the reason (an ssl.SSLError: a certificate
-        # not trusted …) as its cause: say that.
-        cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else None
-        raise error(str(cause or exc) or type(exc).__name__) from exc
+    except Exception as exc:
+        mapped = _httpx_error(exc, error, timeout)
+        if mapped is None:
+            raise
+        raise mapped from mapped.__cause__  # (None for a timeout: `from None`)
 
 
 class _Conn:
     """One socket and its h11 state machine."""
 
-    __slots__ = ("stream", "sock", "h11", "origin", "idle_since", "used", "busy")
+    __slots__ = ("stream", "sock", "plain", "h11", "origin", "idle_since", "used", "busy")
 
     def __init__(self, stream: trio.abc.Stream, sock: trio.socket.SocketType, origin: Origin):
         self.stream = stream
         self.sock = sock
+        self.plain = isinstance(stream, trio.SocketStream)  # no TLS: `_read` reads `sock`
         self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
         self.origin = origin
         self.idle_since = 0.0
@@ -114,11 +134,43 @@ class _Conn:
             event = self.h11.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            with _deadline(read_timeout):
-                data = await self.stream.receive_some(READ_SIZE)
+            if read_timeout is None:  # the backends' (the stream guard times a stream)
+                data = await self._read()
+            else:
+                with trio.fail_after(read_timeout):
+                    data = await self._read()
             if not data and self.h11.their_state is h11.SEND_RESPONSE:
                 raise httpx.RemoteProtocolError(DISCONNECTED)
             self.h11.receive_data(cast(bytes, data))  # a bytearray does as well
+
+    async def _read(self) -> bytes | bytearray:
+        """The socket's next bytes (b"" at EOF): trio's ``receive_some`` on a plain TCP
+        socket, without its layers (a stream's checks, a generator context manager
+        translating its errors, an async one around the read that raises and catches
+        `BlockingIOError` through it whenever the socket is not readable yet, as at
+        every chunk of a paced answer). The same steps: no read once cancelled, a read
+        tried at once (then a checkpoint, that nothing cancels, so the bytes are not
+        lost), else a wait until readable; the same errors (`OSError`, and
+        `trio.ClosedResourceError` once closed). A TLS stream reads through trio."""
+        if not self.plain:
+            return await self.stream.receive_some(READ_SIZE)
+        fd = self.sock.fileno()  # -1 once closed: never another file's number
+        if fd < 0:
+            raise trio.ClosedResourceError("the connection was closed")
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            data = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            pass
+        else:  # a fast stream's bytes were there already: a turn for the others first
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return data
+        while True:
+            await trio.lowlevel.wait_readable(fd)
+            try:
+                return os.read(fd, READ_SIZE)
+            except BlockingIOError:  # readable, then not: wait again
+                continue
 
 
 class RequestHeads:
@@ -148,6 +200,24 @@ class RequestHeads:
         return event
 
 
+BODY = "navi_trio.body"  # a response's extension: its `_Body` (`direct_body`)
+
+
+def direct_body(response: httpx.Response) -> AsyncIterator[bytes] | None:
+    """`response`'s body as ``aiter_raw`` gives it, read straight from its connection
+    when this transport made the response (else None): without the two async
+    generators httpx puts around each read (``aiter_raw``'s and its client's, which
+    count the bytes and add the request to an error). Closing the response closes the
+    body as before (its connection back to the pool if the exchange finished)."""
+    body = response.extensions.get(BODY)
+    if not isinstance(body, _Body):
+        return None
+    if response.is_stream_consumed:
+        raise httpx.StreamConsumed()
+    response.is_stream_consumed = True
+    return body.__aiter__()
+
+
 class _Body(httpx.AsyncByteStream):
     """A response body read from its connection as the caller iterates; `aclose`
     gives the connection back only if the exchange finished cleanly."""
@@ -161,10 +231,16 @@ class _Body(httpx.AsyncByteStream):
         conn = self._conn
         if conn is None:
             raise httpx.StreamClosed()
+        read_timeout = self._read_timeout
         try:
             while True:
-                with _mapped(httpx.ReadError, httpx.ReadTimeout):
-                    event = await conn.receive(self._read_timeout)
+                try:  # `_mapped`, written out: this runs for every read of a stream
+                    event = await conn.receive(read_timeout)
+                except Exception as exc:
+                    mapped = _httpx_error(exc, httpx.ReadError, httpx.ReadTimeout)
+                    if mapped is None:
+                        raise
+                    raise mapped from mapped.__cause__
                 if type(event) is h11.Data:
                     yield bytes(event.data)
                 elif type(event) is h11.EndOfMessage:
@@ -328,11 +404,16 @@ class H11Transport(httpx.AsyncBaseTransport):
             else:
                 self._discard(conn)
             raise
+        body = _Body(self, conn, timeouts.get("read"))
         return httpx.Response(
             status_code=head.status_code,
             headers=head.headers.raw_items(),
-            stream=_Body(self, conn, timeouts.get("read")),
-            extensions={"http_version": b"HTTP/" + head.http_version, "reason_phrase": head.reason},
+            stream=body,
+            extensions={
+                "http_version": b"HTTP/" + head.http_version,
+                "reason_phrase": head.reason,
+                BODY: body,
+            },
         )
 
     async def _exchange(
