@@ -201,44 +201,38 @@ def last_user(body: dict[str, Any]) -> str:
 async def play(
     llm: FakeLLMServer,
     db: str,
-    procs: list[Daemon],
-    token: str,
+    senders: list[Sender],
     sid: str,
     plan: list[tuple[int, str]],
     tally: Tally,
 ) -> None:
     """One interleaving: `plan` is (client, then what to wait for) per send."""
     base = len(llm.chat_requests)
-    async with trio.open_nursery() as conns:
-        senders: list[Sender] = []
-        for n in range(len(procs) * CLIENTS_PER_DAEMON):
-            proc = procs[n % len(procs)]
-            client = await conns.start(_hold_connection, proc.url, token)
-            senders.append(Sender(client, f"c{n}", proc))
-        made = await senders[0].client.request(
-            {"type": "sessions", "action": "create", "session_id": sid}
-        )
-        assert made["type"] != "error", made
-        async with trio.open_nursery() as sends:
-            for step, (who, barrier) in enumerate(plan):
-                sender = senders[who % len(senders)]
-                # A client sends its next message once the last one was answered.
-                await sender.start(sends, sid, f"{sid} {sender.name} m{step}")
-                if barrier == "reply":
-                    await sender.idle()
-                elif barrier == "runs":  # every message acknowledged so far has started
-                    await sender.idle()
-                    so_far = [t for s in senders for t in s.acked]
-                    with trio.move_on_after(RUNS_LIMIT):
-                        await each_run_or_ended(llm, db, sid, base, so_far)
-                elif barrier == "pause":
-                    await pause_the_owner(db, sid, senders, f"{sid} p{step}", tally)
-        acked = [t for s in senders for t in s.acked]
-        refused = [t for s in senders for t in s.refused]
-        # Every acknowledged message runs: the model is asked once for each.
-        with trio.move_on_after(RUNS_LIMIT):
-            await each_run_or_ended(llm, db, sid, base, acked)
-        conns.cancel_scope.cancel()
+    for sender in senders:  # this example's sends
+        sender.sent, sender.acked, sender.refused = [], [], []
+    made = await senders[0].client.request(
+        {"type": "sessions", "action": "create", "session_id": sid}
+    )
+    assert made["type"] != "error", made
+    async with trio.open_nursery() as sends:
+        for step, (who, barrier) in enumerate(plan):
+            sender = senders[who % len(senders)]
+            # A client sends its next message once the last one was answered.
+            await sender.start(sends, sid, f"{sid} {sender.name} m{step}")
+            if barrier == "reply":
+                await sender.idle()
+            elif barrier == "runs":  # every message acknowledged so far has started
+                await sender.idle()
+                so_far = [t for s in senders for t in s.acked]
+                with trio.move_on_after(RUNS_LIMIT):
+                    await each_run_or_ended(llm, db, sid, base, so_far)
+            elif barrier == "pause":
+                await pause_the_owner(db, sid, senders, f"{sid} p{step}", tally)
+    acked = [t for s in senders for t in s.acked]
+    refused = [t for s in senders for t in s.refused]
+    # Every acknowledged message runs: the model is asked once for each.
+    with trio.move_on_after(RUNS_LIMIT):
+        await each_run_or_ended(llm, db, sid, base, acked)
     users = [content for role, content in history(db, sid) if role == "user"]
     ended = ended_by_takeover(db, sid)
     asked = [last_user(r["body"]) for r in llm.chat_requests[base:]]
@@ -335,17 +329,23 @@ async def interleavings(tmp_path: Path, pg_url: str, daemons: int) -> None:
         ) as procs,  # fmt: skip
     ):
         token = await store_user(pg_url, "alice")
-
         sessions = itertools.count()
+        # The clients, connected once: each example is a session of its own.
+        async with trio.open_nursery() as conns:
+            senders: list[Sender] = []
+            for n in range(daemons * CLIENTS_PER_DAEMON):
+                proc = procs[n % daemons]
+                client = await conns.start(_hold_connection, proc.url, token)
+                senders.append(Sender(client, f"c{n}", proc))
 
-        async def example(plan: list[tuple[int, str]]) -> None:
-            sid = f"alice.x{next(sessions)}"  # a new one each time (a retried plan too)
-            # (hypothesis runs this on the trio thread outside the test's scope)
-            with trio.fail_after(EXAMPLE_LIMIT):
-                await play(llm, pg_url, procs, token, sid, plan, tally)
+            async def example(plan: list[tuple[int, str]]) -> None:
+                sid = f"alice.x{next(sessions)}"  # a new one each time (a retried plan too)
+                # (hypothesis runs this on the trio thread outside the test's scope)
+                with trio.fail_after(EXAMPLE_LIMIT):
+                    await play(llm, pg_url, senders, sid, plan, tally)
 
-        clients = daemons * CLIENTS_PER_DAEMON
-        await trio.to_thread.run_sync(_in_thread(example, clients))
+            await trio.to_thread.run_sync(_in_thread(example, len(senders)))
+            conns.cancel_scope.cancel()
     print(
         f"\n{daemons} daemons: {tally.examples} interleavings ({tally.pauses} with a daemon "
         f"paused past its lease, {tally.taken} taken over then), {tally.sends} sends, "
