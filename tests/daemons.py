@@ -9,7 +9,8 @@ fork server (tests/navi_forks.py): the same command, a process of its own, witho
 new interpreter's start and imports (3 s of a 5 s start at load 11), for tests whose
 subject is what daemons do together, not how one starts. `history(url, sid)` reads a
 session's display history straight from the database, and `lease(url, sid)` its lease
-row, the way a third process would.
+row, the way a third process would; `run_out(url, owner)` expires a paused daemon's
+leases and its row there, as a pause past its TTL would.
 
 Users made as an operator makes them: `navi_users(env, "add", "bob")` runs `navi users`
 in a process of its own (on the database `env` names: `cli_env`, on a daemon's machine or
@@ -207,3 +208,15 @@ def lease(url: str, sid: str) -> tuple[Any, ...] | None:
                     " extract(epoch FROM clock_timestamp()) FROM leases"
                     " WHERE session_id = %s", (sid,))  # fmt: skip
     return rows[0] if rows else None
+
+
+def run_out(url: str, owner: str) -> None:
+    """What a pause of daemon `owner` past its TTL leaves in the database, without the
+    wait: the leases it holds (not released) and its own row expire now, by the server's
+    clock, in one transaction. Its own clock has not run out: on resuming, what it does
+    in those sessions is fenced by the database alone. Waits for a row lock the paused
+    daemon's open transaction holds until the server ends that (its idle timeout)."""
+    now = "extract(epoch FROM clock_timestamp())"
+    sql(url, f"WITH l AS (UPDATE leases SET expires_at = {now} WHERE owner = %s"
+             f" AND expires_at > {now}) UPDATE daemons SET expires_at = {now}"
+             f" WHERE owner = %s AND expires_at > {now}", (owner, owner))  # fmt: skip

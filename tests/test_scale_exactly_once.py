@@ -11,14 +11,17 @@ writes one.
   each client's messages are in the order it sent them; a refused one is nowhere. What
   the plans vary is which client sends when, what the test waits for in between
   (nothing, the reply, the runs to start), and whether the daemon running the session
-  is paused past its lease meanwhile (SIGSTOP) while a message through another daemon
-  takes it over: the checks hold whatever the timing.
+  is paused past its lease meanwhile (SIGSTOP, its lease and its row expired in the
+  database rather than waited out: `run_out`) while a message through another daemon
+  takes it over: the checks hold whatever the timing. Its own clock has not run out, so
+  what it does on resuming is stopped by the database's fence alone (test_scale_fencing.py
+  pauses a daemon for a whole TTL, for what it publishes and calls after a takeover).
 - A daemon that finds its session taken by another one leaves its acknowledged queued
   messages to that daemon, which runs them: none is dropped.
 
 The waits are for frames, replies and the fake LLM's requests; the one wait for time is
-for a lease to run out (by the database's clock). Every test under `trio.fail_after`;
-every process is killed on the way out.
+for a lease to run out (by the database's clock), in the test of a paused daemon's
+queue. Every test under `trio.fail_after`; every process is killed on the way out.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import pytest
 import trio
 import trio.lowlevel
 from api_ws import Client
-from daemons import connect_as, history, lease, pg_daemons, store_user
+from daemons import connect_as, history, lease, pg_daemons, run_out, store_user
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from pg_server import pg_url_with_schema as pg_url_with_schema
@@ -57,7 +60,7 @@ CLIENTS_PER_DAEMON = 2
 # A run lasts a little (its model waits 20 ms before answering): sends overlap runs.
 REPLY = {"text": "ok", "delay_first": 0.02}
 BARRIERS = ("none", "none", "reply", "runs", "pause")
-TTL = "1.5"  # NAVI_LEASE_TTL_SEC: a paused daemon loses its lease this fast
+TTL = "1.5"  # NAVI_LEASE_TTL_SEC: renewed every third of it, the peers sweep every half
 # Bounds that only a lost message reaches (each run takes ~30 ms): the checks then
 # name what is missing, instead of the test hanging.
 RUNS_LIMIT = 30.0
@@ -113,6 +116,7 @@ class Tally:
     refused: int = 0
     sends: int = 0
     pauses: int = 0
+    taken: int = 0  # pauses in which the session was taken over from the paused daemon
     ended: int = 0  # acked messages never asked: their turn ended by the takeover
 
 
@@ -128,25 +132,29 @@ def ended_by_takeover(db: str, sid: str) -> set[str]:
     return ended
 
 
-async def pause_the_owner(db: str, sid: str, senders: list[Sender], text: str) -> int:
-    """The daemon holding the session's lease is paused (SIGSTOP) until the lease has
-    run out, and a client of another daemon sends `text` meanwhile (it takes the session
-    over); then it goes on. 0 when nobody holds the lease now (nothing to pause)."""
+async def pause_the_owner(
+    db: str, sid: str, senders: list[Sender], text: str, tally: Tally
+) -> None:
+    """The daemon holding the session's lease is paused (SIGSTOP) past its lease, by the
+    database's clock (`run_out`: not waited for), and a client of another daemon sends
+    `text` meanwhile (it takes the session over, unless a peer's sweep took it first);
+    then it goes on. Nothing when nobody holds the lease now (nothing to pause)."""
     row = lease(db, sid)
     owner = next((s.daemon for s in senders if row is not None and s.daemon.pid == row[1]), None)
     other = next((s for s in senders if s.daemon is not owner), None)
     if row is None or owner is None or other is None or float(row[2]) <= float(row[4]):
-        return 0
+        return
     os.kill(owner.pid, signal.SIGSTOP)
     try:
-        # Read again, paused: it may have let the lease go (and another taken it) since.
-        row = lease(db, sid)
-        if row is not None and row[1] == owner.pid:
-            await trio.sleep(max(0.0, float(row[2]) - float(row[4])) + 0.2)
+        # Paused, whatever it still holds runs out (not what it let go meanwhile, nor
+        # what another took).
+        run_out(db, str(row[0]))
         await other.send(sid, text.replace(" p", f" {other.name} p", 1))
+        now = lease(db, sid)
+        tally.taken += now is not None and now[3] > row[3]
     finally:
         os.kill(owner.pid, signal.SIGCONT)
-    return 1
+    tally.pauses += 1
 
 
 @asynccontextmanager
@@ -193,44 +201,38 @@ def last_user(body: dict[str, Any]) -> str:
 async def play(
     llm: FakeLLMServer,
     db: str,
-    procs: list[Daemon],
-    token: str,
+    senders: list[Sender],
     sid: str,
     plan: list[tuple[int, str]],
     tally: Tally,
 ) -> None:
     """One interleaving: `plan` is (client, then what to wait for) per send."""
     base = len(llm.chat_requests)
-    async with trio.open_nursery() as conns:
-        senders: list[Sender] = []
-        for n in range(len(procs) * CLIENTS_PER_DAEMON):
-            proc = procs[n % len(procs)]
-            client = await conns.start(_hold_connection, proc.url, token)
-            senders.append(Sender(client, f"c{n}", proc))
-        made = await senders[0].client.request(
-            {"type": "sessions", "action": "create", "session_id": sid}
-        )
-        assert made["type"] != "error", made
-        async with trio.open_nursery() as sends:
-            for step, (who, barrier) in enumerate(plan):
-                sender = senders[who % len(senders)]
-                # A client sends its next message once the last one was answered.
-                await sender.start(sends, sid, f"{sid} {sender.name} m{step}")
-                if barrier == "reply":
-                    await sender.idle()
-                elif barrier == "runs":  # every message acknowledged so far has started
-                    await sender.idle()
-                    so_far = [t for s in senders for t in s.acked]
-                    with trio.move_on_after(RUNS_LIMIT):
-                        await each_run_or_ended(llm, db, sid, base, so_far)
-                elif barrier == "pause":
-                    tally.pauses += await pause_the_owner(db, sid, senders, f"{sid} p{step}")
-        acked = [t for s in senders for t in s.acked]
-        refused = [t for s in senders for t in s.refused]
-        # Every acknowledged message runs: the model is asked once for each.
-        with trio.move_on_after(RUNS_LIMIT):
-            await each_run_or_ended(llm, db, sid, base, acked)
-        conns.cancel_scope.cancel()
+    for sender in senders:  # this example's sends
+        sender.sent, sender.acked, sender.refused = [], [], []
+    made = await senders[0].client.request(
+        {"type": "sessions", "action": "create", "session_id": sid}
+    )
+    assert made["type"] != "error", made
+    async with trio.open_nursery() as sends:
+        for step, (who, barrier) in enumerate(plan):
+            sender = senders[who % len(senders)]
+            # A client sends its next message once the last one was answered.
+            await sender.start(sends, sid, f"{sid} {sender.name} m{step}")
+            if barrier == "reply":
+                await sender.idle()
+            elif barrier == "runs":  # every message acknowledged so far has started
+                await sender.idle()
+                so_far = [t for s in senders for t in s.acked]
+                with trio.move_on_after(RUNS_LIMIT):
+                    await each_run_or_ended(llm, db, sid, base, so_far)
+            elif barrier == "pause":
+                await pause_the_owner(db, sid, senders, f"{sid} p{step}", tally)
+    acked = [t for s in senders for t in s.acked]
+    refused = [t for s in senders for t in s.refused]
+    # Every acknowledged message runs: the model is asked once for each.
+    with trio.move_on_after(RUNS_LIMIT):
+        await each_run_or_ended(llm, db, sid, base, acked)
     users = [content for role, content in history(db, sid) if role == "user"]
     ended = ended_by_takeover(db, sid)
     asked = [last_user(r["body"]) for r in llm.chat_requests[base:]]
@@ -265,7 +267,7 @@ async def _hold_connection(
 
 
 def _one_pause(plan: list[tuple[int, str]]) -> list[tuple[int, str]]:
-    """At most one pause per plan: each costs a lease's TTL of real time."""
+    """At most one pause per plan: a few, not most, of a plan's sends see a takeover."""
     seen = False
     out = []
     for who, barrier in plan:
@@ -327,20 +329,26 @@ async def interleavings(tmp_path: Path, pg_url: str, daemons: int) -> None:
         ) as procs,  # fmt: skip
     ):
         token = await store_user(pg_url, "alice")
-
         sessions = itertools.count()
+        # The clients, connected once: each example is a session of its own.
+        async with trio.open_nursery() as conns:
+            senders: list[Sender] = []
+            for n in range(daemons * CLIENTS_PER_DAEMON):
+                proc = procs[n % daemons]
+                client = await conns.start(_hold_connection, proc.url, token)
+                senders.append(Sender(client, f"c{n}", proc))
 
-        async def example(plan: list[tuple[int, str]]) -> None:
-            sid = f"alice.x{next(sessions)}"  # a new one each time (a retried plan too)
-            # (hypothesis runs this on the trio thread outside the test's scope)
-            with trio.fail_after(EXAMPLE_LIMIT):
-                await play(llm, pg_url, procs, token, sid, plan, tally)
+            async def example(plan: list[tuple[int, str]]) -> None:
+                sid = f"alice.x{next(sessions)}"  # a new one each time (a retried plan too)
+                # (hypothesis runs this on the trio thread outside the test's scope)
+                with trio.fail_after(EXAMPLE_LIMIT):
+                    await play(llm, pg_url, senders, sid, plan, tally)
 
-        clients = daemons * CLIENTS_PER_DAEMON
-        await trio.to_thread.run_sync(_in_thread(example, clients))
+            await trio.to_thread.run_sync(_in_thread(example, len(senders)))
+            conns.cancel_scope.cancel()
     print(
         f"\n{daemons} daemons: {tally.examples} interleavings ({tally.pauses} with a daemon "
-        f"paused past its lease), {tally.sends} sends, "
+        f"paused past its lease, {tally.taken} taken over then), {tally.sends} sends, "
         f"{tally.acked} acknowledged (each stored once, run once, in order; "
         f"{tally.ended} of them ended with the paused daemon's turn), "
         f"{tally.refused} refused (stored nowhere)"
