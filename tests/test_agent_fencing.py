@@ -31,11 +31,12 @@ import pytest
 import rewind_kit as kit
 import trio
 import trio.testing
-from agent_tools import EchoTool, GateTool, with_tools
+from agent_tools import EchoTool, GateTool, call, toolset, with_tools
 from realtime import held, paced, real_time_limit
 
 from navi_trio.core.turn.agent import DEAD_TURN
 from navi_trio.core.turn.session_state import last_turn_open
+from navi_trio.errors import StorageError
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing import open_harness, virtual_wall
 from navi_trio.testing.harness import Harness
@@ -543,3 +544,69 @@ async def test_a_dead_turn_is_ended_only_under_the_generation_taken_over(tmp_pat
             ]
             saved = await store.load_messages("s1")
             assert [m.get("error") for m in saved] == [None, DEAD_TURN]
+
+
+async def test_a_queued_message_run_again_after_its_save_landed_unheard_owes_its_end(
+    tmp_path: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A queued message's save (its turn's start, which sets the lease's end debt) lands
+    but the store's answer is lost: the run ends in error, and that end, sent, pays the
+    debt (on PostgreSQL the commit that sends it to the other daemons clears it; SQLite has
+    no such commit, so the test clears it where that commit would have, before the retry
+    reads the session). The message, acknowledged, runs again; the history has it already,
+    so its retry has nothing new to save, yet its turn starts again: its lease must owe
+    that turn's end as the first try's did (store/base.py `end_owed`), or a daemon that
+    died before that end went out would leave the clients following the session on
+    another daemon waiting for ever. The run's release finds its turn's end owed."""
+    gate = GateTool()
+    replies = [call("gate"), {"text": "first done"}, {"text": "queued done"}]
+    async with (
+        paced(autojump_clock, TIMEOUT),
+        open_harness(tmp_path, replies=replies, tools=toolset(gate), profiles=profile("gate")) as h,
+    ):
+        store = h.runtime.store
+        assert isinstance(store, SQLiteStore)
+        append, load, release = store.append, store.load_session, store.release_lease
+        lost: list[str] = []
+        paid: list[bool] = []
+        owed: list[bool] = []
+
+        async def answer_lost(session_id: str, **kwargs: Any) -> None:
+            await append(session_id, **kwargs)
+            if kwargs.get("dequeue") is not None and not lost:
+                lost.append(kwargs["dequeue"])  # landed: only its answer is lost
+                raise StorageError("the store's answer was lost", session_id=session_id)
+
+        def pay(db: Any) -> None:
+            db.execute("UPDATE leases SET end_owed = 0 WHERE session_id = 's1'")
+
+        async def loaded(session_id: str) -> Any:
+            if lost and not paid:  # the retry reads the session: the failed end went out
+                paid.append(await store.end_owed(session_id))
+                await store.run_raw_for_tests("the failed try's end sent", pay)
+            return await load(session_id)
+
+        async def released(session_id: str, *, owner: str) -> None:
+            owed.append(await store.end_owed(session_id))
+            await release(session_id, owner=owner)
+
+        store.append = answer_lost  # type: ignore[method-assign]
+        store.load_session = loaded  # type: ignore[method-assign]
+        store.release_lease = released  # type: ignore[method-assign]
+        s = await h.session("s1")
+        s.send("first")
+        await gate.entered.wait()
+        s.send("queued")
+        await s.actor.pending[0].accepted.wait()  # stored in the queue: acknowledged
+        gate.gate.set()
+        assert (await s.until_end())[-1]["text"] == "first done"
+        assert (await s.until_end())[-1]["reason"] == "error"  # its save "failed"
+        assert (await s.until_end())[-1]["text"] == "queued done"  # run again: once
+        await s.idle()
+        saved = await store.load_messages("s1")
+    assert paid == [True]  # the first try's start owed its end
+    assert [(m["role"], m.get("content")) for m in saved][-2:] == [
+        ("user", "queued"), ("assistant", "queued done"),
+    ]  # fmt: skip
+    assert [m.get("content") for m in saved].count("queued") == 1
+    assert owed[-1], owed  # the retry's turn owed its end to its release

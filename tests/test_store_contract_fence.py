@@ -167,6 +167,36 @@ async def test_a_turns_start_leaves_its_lease_owing_the_end_past_a_takeover_to_t
             assert [m["content"] for m in await a.load_messages("s-1")] == ["zero", "one", "two"]
 
 
+async def test_a_turn_started_again_with_nothing_to_append_owes_its_end(
+    backend: Backend,
+) -> None:
+    """A turn run again on a message stored already (its first try's end sent, which paid
+    that debt) appends nothing, yet starts a turn: `append(owes_end=True)` with no rows,
+    fenced, marks the lease owing its end, in its own commit, and adds no row; refused
+    when the fence is no longer the lease's, a no-op without a fence or without the debt."""
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as a, backend.open() as b:
+            await a.create_session("s-1", profile_id="general")
+            held = await a.claim_lease("s-1", owner="a", pid=ME, host=HOST, ttl=-1)
+            fence_a = Fence("s-1", "a", held.generation)
+            with fenced(fence_a):
+                await a.append("s-1", messages=[user("one")], context=[user("one")])
+                await a.append("s-1")  # nothing to write
+                assert not await a.end_owed("s-1")
+                await a.append("s-1", owes_end=True)
+            assert await b.end_owed("s-1")
+            with unfenced():
+                await b.release_lease("s-1", owner="a")
+                await a.append("s-1", owes_end=True)  # no fence: no lease to owe
+            assert not await a.end_owed("s-1")
+            await b.claim_lease("s-1", owner="b", pid=ME, host=HOST, ttl=60)
+            with fenced(fence_a), pytest.raises(LeaseLostError):
+                await a.append("s-1", owes_end=True)
+            assert not await b.end_owed("s-1")
+            assert [m["content"] for m in await a.load_messages("s-1")] == ["one"]
+            assert [m["content"] for m in await a.load_context("s-1")] == ["one"]
+
+
 async def test_a_fence_whose_lease_expired_untaken_still_writes(backend: Backend) -> None:
     """Expiry alone takes nothing away: no other owner wrote, so nothing can collide."""
     with trio.fail_after(TIMEOUT):

@@ -43,7 +43,8 @@ Contract every implementation keeps:
   `kv_delete` made inside any `fenced` block carry its fence the same way, whatever
   their key. `renew_lease(generation=G)` renews only while the row still holds G.
 - `append(owes_end=True)`, fenced, marks the lease as owing the session a turn's end
-  (`end_owed`) in the transaction that stores the turn's start; what clears it is the
+  (`end_owed`) in the transaction that stores the turn's start (with nothing to append
+  too: a turn run again on a message stored already owes its end); what clears it is the
   release, and on PostgreSQL the commit that sends that turn's ``stream_end`` to the
   other daemons (`ClusterBus.notify`'s `ended`). A claim and a takeover keep it: a dead
   owner's debt passes to whoever takes its lease over.

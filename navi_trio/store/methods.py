@@ -236,7 +236,8 @@ class StoreMethods:
         `renew_lease` naming the generation would (without a fence: nothing). `claim`: the
         client key of the user message appended, taken in that transaction (`claim_key`).
         `owes_end`: the save starts a turn (or ends a dead one): the fenced lease owes the
-        session that turn's ``stream_end`` from that commit on (`end_owed`)."""
+        session that turn's ``stream_end`` from that commit on (`end_owed`); with nothing
+        new to append too (a turn started again on a message saved already)."""
         sid = check_session_id(session_id)
         msg_rows = _prepare(messages, "messages")
         # Both lists usually hold the same dicts: each is serialised once. (`messages` is
@@ -245,12 +246,12 @@ class StoreMethods:
         ctx_rows = _prepare(context, "context", done)
         if claim is not None:
             _check_text(claim.key, "message key")
-        if not msg_rows and not ctx_rows and dequeue is None and claim is None:
+        fence = fence_for(sid)
+        owes = owes_end and fence is not None
+        if not msg_rows and not ctx_rows and dequeue is None and claim is None and not owes:
             return
         now = self._now()
-        fence = fence_for(sid)
         ttl = renew if fence is not None else None
-        owes = owes_end and fence is not None
         await self._run(
             f"append to session {sid!r}",
             self._fenced(

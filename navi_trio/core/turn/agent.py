@@ -432,7 +432,8 @@ class Agent:
 
         A wake-up has no user message: its notes start the turn (`control.woken`), and with
         none left it only leaves the queue. A resumed message is saved already: only new notes
-        are. A queued message gone from the queue is skipped, saying nothing."""
+        are, and its turn's end debt (the first try's end may have paid the one its save
+        set). A queued message gone from the queue is skipped, saying nothing."""
         # The id names it for a rewind or a fork; cwd and mode are what a fork keeps.
         user: dict[str, Any] | None = None
         turn_open = open_turn(state.messages, msg.message_id) if msg.retried else None
@@ -458,9 +459,7 @@ class Agent:
             # user message is never dropped; the notes stay stored for the next turn.
             # Unless its sender was already told it was refused (its wait timed out).
             if not msg.accepted.failed:
-                if resumed and notes is None:
-                    control.saved = True  # its message is in the history already
-                elif user is None and notes is None:
+                if user is None and notes is None and not resumed:
                     if msg.queue_key is not None:  # nothing to wake for: off the queue
                         await self.store.unqueue(msg.queue_key)
                     control.skipped = True

@@ -174,17 +174,18 @@ class SessionCache:
         claim: KeyClaim | None = None,
         owes_end: bool = False,
     ) -> bool:
-        """Append what is new in both lists, in one store transaction; whether there was.
+        """Append what is new in both lists, in one store transaction; whether it wrote.
 
         `durable=False`: committed, not flushed yet; `dequeue`: the queued message leaves the
         queue in that transaction; `renew`: the lease is renewed in it; `claim`: the user
         message's client key is taken in it (`DuplicateMessageError`: nothing stored);
-        `owes_end`: the lease owes the session this turn's end from then on (store/base.py). A
+        `owes_end`: the lease owes the session this turn's end from then on (store/base.py),
+        written even with nothing new: a turn started again on a message saved already. A
         storage failure leaves the state `unsure` and further saves refused: the failed
         write may have landed."""
         new_messages = state.messages[state.saved_messages :]
         new_context = state.context[state.saved_context :]
-        if not new_messages and not new_context:
+        if not new_messages and not new_context and not owes_end:
             return False
         with _writing(state):
             await self._store.append(
