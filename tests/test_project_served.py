@@ -21,10 +21,10 @@ import pytest
 import trio
 from agent_tools import call, with_tools
 from daemons import connect_as
+from reliability import navi_serve
 from served import config_file
-from test_api_daemon import serve
-from test_cli import navi
-from test_client_real import chat
+from test_cli import forked
+from test_client_real import forked_chat
 from web_browser import Daemon, Loop, browser, needs_browser
 
 from navi_trio.testing import open_harness
@@ -70,16 +70,19 @@ async def test_navi_run_navi_chat_and_the_context_frame_see_the_same_files(
     with trio.fail_after(DEADLINE):
         async with trio.open_nursery() as nursery:
             llm = await nursery.start(FakeLLMServer([{"text": "ok"}], loop=True).serve)
-            async with serve(env, llm.url) as daemon:
+            # Forked from the warm fork server (tests/navi_forks.py): the subject is what
+            # the daemon and the commands see, not how Python starts them.
+            log = tmp_path / "daemon.log"
+            async with navi_serve(env, llm.url, log, forked=True) as daemon:
                 url = daemon.url.rstrip("/")
-                done = await navi("run", "--url", url, "hi", env=env, cwd=cwd)
+                done = await forked("run", "--url", url, "hi", env=env, cwd=cwd)
                 assert done.code == 0, done
-                doctor = await navi("doctor", "--cwd", str(cwd), "--json", env=env, cwd=tmp_path)
+                doctor = await forked("doctor", "--cwd", str(cwd), "--json", env=env, cwd=tmp_path)
                 system = llm.chat_requests[-1]["body"]["messages"][0]["content"]
                 token = (Path(env["NAVI_DATA_DIR"]) / "local-token").read_text().strip()
                 async with connect_as(url, token) as client:
                     listing = await client.request({"type": "context", "cwd": str(cwd)})
-                async with chat(env, cwd, "--url", url) as c:
+                async with forked_chat(env, cwd, "--url", url) as c:
                     await c.line("/context")
                     for f in listing["files"]:
                         tail = "/".join(Path(f["path"]).parts[-2:])

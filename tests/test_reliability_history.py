@@ -1,7 +1,8 @@
 """Reliability: clients that ask for a long history and do not read cost bounded memory.
 
-A real `navi serve` subprocess; an ordinary user added through the CLI, whose session of
-30 messages of 1 MB is written into the SQLite file before the daemon starts. Four
+A real `navi serve` subprocess; an ordinary user written to the store as `navi users add`
+writes one (no process to start), whose session of 30 messages of 1 MB is written into
+the SQLite file before the daemon starts. Four
 connections of that user each send 30 ``sessions history`` requests at once and never
 read a byte. Each connection's outbox fills (the daemon logs it), and the daemon stops
 taking its requests: its resident set grows by a bounded amount, whatever the number of
@@ -25,7 +26,7 @@ from pathlib import Path
 import pytest
 import trio
 import wsproto
-from daemons import add_user
+from daemons import store_user
 from reliability import clean_env, navi_serve, peak_rss_mb, rss_mb
 from wsproto.events import AcceptConnection, Request, TextMessage
 
@@ -86,7 +87,7 @@ async def test_clients_pipelining_history_without_reading_cost_bounded_memory_gi
 ) -> None:
     env = clean_env(tmp_path)
     with trio.fail_after(120):
-        token = await add_user(env, "mallory")
+        token = await store_user(env, "mallory")
         await _write_session(Path(env["NAVI_DB"]), "mallory")
         async with (
             open_fake_llm([]) as llm,

@@ -3,10 +3,13 @@
 A schedule due while its daemon was down (killed with SIGKILL) runs once when the next
 daemon starts, and never again after another restart; `navi schedule` adds, lists,
 pauses and removes through the daemon, one line each. Real daemon processes, loopback
-only, port 0, absolute deadlines. No wait on the wall clock: the due time that passes
-while no daemon runs is written into the stopped daemon's database (the schedule's row
-is all a daemon knows of it), and the model holds its answer behind a gate until the
-restarted daemon's client is there to hear the notice.
+only, port 0, absolute deadlines. The daemon that crashes is a new interpreter; the ones
+started after it, and the `navi schedule` commands, are forked from the warm fork server
+(tests/navi_forks.py): their subject is what the daemon and the command do, not how
+Python starts them. No wait on the wall clock: the due time that passes while no daemon
+runs is written into the stopped daemon's database (the schedule's row is all a daemon
+knows of it), and the model holds its answer behind a gate until the restarted daemon's
+client is there to hear the notice.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from typing import Any
 
 import pytest
 import trio
+from reliability import navi_serve
 from test_api_daemon import client, serve
-from test_cli import fake_llm, messages, navi
+from test_cli import fake_llm, forked, messages
 
 from navi_trio.store.sqlite import SQLiteStore
 from navi_trio.testing import open_fake_llm
@@ -52,15 +56,20 @@ async def test_a_due_time_missed_while_the_daemon_was_down_runs_once_after_the_r
             # The model holds its answer until the restarted daemon's client is there
             # to hear the notice.
             llm.gate = trio.Event()
-            async with serve(env, llm.url) as proc, client(proc.url, data) as c:
+            log = tmp_path / "daemon.log"
+            async with (
+                navi_serve(env, llm.url, log, forked=True) as proc,
+                client(proc.url, data) as c,
+            ):
                 llm.gate.set()
                 done = await c.until_type("schedule_run", schedule_id=sid)
                 assert (done["reason"], done["text"]) == ("complete", "good morning to you")
-                listed = await navi("schedule", "list", "--json", "--url", proc.url, env=env,
-                                    cwd=tmp_path)  # fmt: skip
-            async with serve(env, llm.url) as proc:  # and again: nothing runs twice
-                again = await navi("schedule", "list", "--json", "--url", proc.url, env=env,
-                                   cwd=tmp_path)  # fmt: skip
+                listed = await forked("schedule", "list", "--json", "--url", proc.url, env=env,
+                                      cwd=tmp_path)  # fmt: skip
+            # And again: nothing runs twice.
+            async with navi_serve(env, llm.url, log, forked=True) as proc:
+                again = await forked("schedule", "list", "--json", "--url", proc.url, env=env,
+                                     cwd=tmp_path)  # fmt: skip
             assert len(llm.chat_requests) == 1
     (row,) = json.loads(listed.out)["schedules"]
     assert (row["runs"], row["last_session_id"]) == (1, done["session_id"])
@@ -76,11 +85,14 @@ async def test_navi_schedule_adds_lists_pauses_and_removes_in_one_line_each(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        async with fake_llm(tmp_path, [{"text": "x"}]) as llm, serve(env, llm) as proc:
+        async with (
+            fake_llm(tmp_path, [{"text": "x"}]) as llm,
+            navi_serve(env, llm, tmp_path / "daemon.log", forked=True) as proc,
+        ):
             url = ("--url", proc.url)
 
             async def run(*args: str) -> Any:
-                return await navi("schedule", *args, *url, env=env, cwd=tmp_path)
+                return await forked("schedule", *args, *url, env=env, cwd=tmp_path)
 
             added = await run("add", "--new", "--every", "2h", "--no-catch-up",
                               "--budget", '{"turn": {"tokens": 20000}}', "tidy up")  # fmt: skip
