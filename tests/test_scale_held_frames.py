@@ -26,7 +26,7 @@ from test_broadcast_relay import drained
 from test_scale_relay import TIMEOUT, daemon
 
 from navi_trio.core.cluster import cluster as cluster_module
-from navi_trio.core.cluster.cluster import session_channel
+from navi_trio.core.cluster.cluster import MARK_PREFIX, session_channel
 from navi_trio.core.history.rewind import Target
 from navi_trio.core.session import Frame, SessionActor, Subscription
 from navi_trio.core.turn import UserMessage
@@ -401,14 +401,27 @@ async def stuck_on(b: Runtime, session_id: str) -> tuple[trio.Event, trio.Event]
 
 
 def marks_heard(cluster: Any) -> trio.Event:
-    """Set once a mark of `caught_up` came back to `cluster` (its wait may go on)."""
-    mark_back, said = cluster._mark_back, trio.Event()
+    """Set once a mark of `caught_up` came back to `cluster` and the NOTIFY that sent it
+    has returned: the catch-up is then at its wait (or past it), never still in the
+    store's thread, where a test's `wait_all_tasks_blocked` would count it as blocked."""
+    mark_back, notify = cluster._mark_back, cluster.bus.notify
+    heard, sent, said = trio.Event(), trio.Event(), trio.Event()
 
     def back(payload: str) -> None:
         mark_back(payload)
-        said.set()
+        heard.set()
+        if sent.is_set():
+            said.set()
+
+    async def notify_then_say(items: Any, *args: Any, **kwargs: Any) -> None:
+        await notify(items, *args, **kwargs)
+        if any(str(payload).startswith(MARK_PREFIX) for _, payload in items):
+            sent.set()
+            if heard.is_set():
+                said.set()
 
     cluster._mark_back = back
+    cluster.bus.notify = notify_then_say
     return said
 
 
