@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -425,6 +426,23 @@ def marks_heard(cluster: Any) -> trio.Event:
     return said
 
 
+@asynccontextmanager
+async def catching_up(cluster: Any, order: list[str]) -> AsyncIterator[None]:
+    """A claim's catch-up of SID under way, entered once its mark is back and its NOTIFY
+    returned (`marks_heard`); "caught up" goes into `order` when it returns, and the
+    block's end waits for that."""
+    said = marks_heard(cluster)
+    async with trio.open_nursery() as nursery:
+
+        async def catch_up() -> None:
+            await cluster.caught_up(SID)
+            order.append("caught up")
+
+        nursery.start_soon(catch_up)
+        await said.wait()
+        yield
+
+
 async def test_a_claims_catch_up_waits_for_no_other_sessions_backlog(
     tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -454,16 +472,8 @@ async def test_a_claims_catch_up_still_waits_for_its_own_sessions_earlier_frames
             cluster = b.cluster
             await cluster.follow(SID)
             _, gate = await stuck_on(b, SID)
-            said = marks_heard(cluster)
             order: list[str] = []
-            async with trio.open_nursery() as nursery:
-
-                async def catch_up() -> None:
-                    await cluster.caught_up(SID)
-                    order.append("caught up")
-
-                nursery.start_soon(catch_up)
-                await said.wait()  # the mark is back, the session's frame not handled
+            async with catching_up(cluster, order):  # the session's frame not handled
                 await trio.testing.wait_all_tasks_blocked()
                 order.append("released")
                 gate.set()
@@ -481,7 +491,7 @@ async def test_a_claims_catch_up_waits_for_every_earlier_frame_of_its_session(
             assert b.cluster is not None
             cluster = b.cluster
             await cluster.follow(SID)
-            handle, said = cluster._handle, marks_heard(cluster)
+            handle = cluster._handle
             names = ("first", "second")
             gates = {name: trio.Event() for name in names}
             stuck = {name: trio.Event() for name in names}
@@ -501,14 +511,7 @@ async def test_a_claims_catch_up_waits_for_every_earlier_frame_of_its_session(
             await cluster.bus.notify(notes)
             await stuck["first"].wait()
             order: list[str] = []
-            async with trio.open_nursery() as nursery:
-
-                async def catch_up() -> None:
-                    await cluster.caught_up(SID)
-                    order.append("caught up")
-
-                nursery.start_soon(catch_up)
-                await said.wait()  # the mark is back, neither frame handled
+            async with catching_up(cluster, order):  # neither frame handled
                 gates["first"].set()
                 await stuck["second"].wait()
                 await trio.testing.wait_all_tasks_blocked()

@@ -351,21 +351,16 @@ class PgBus:
         held: list[Fence | None] = list(fences) if fences is not None else [None] * len(items)
         said = list(ended)
         small = all(len(p) <= NOTIFY_MAX // 4 or len(p.encode()) <= NOTIFY_MAX for _, p in items)
-        if small:
-            channels, payloads = [c for c, _ in items], [p for _, p in items]
 
-            def send(conn: Conn) -> None:
-                _notify(conn, channels, payloads, held)
-                _ends_said(conn, said)
-
-            await self._store._run("notify the cluster", send, durable=False)
-            return
-
-        def send_large(conn: Conn) -> None:
-            _notify_large(conn, items, held)
+        def send(conn: Conn) -> None:
+            if small:
+                _notify(conn, [c for c, _ in items], [p for _, p in items], held)
+            else:
+                _notify_large(conn, items, held)
             _ends_said(conn, said)
 
-        await self._store._run("notify the cluster (large frames)", send_large, durable=False)
+        what = "notify the cluster" if small else "notify the cluster (large frames)"
+        await self._store._run(what, send, durable=False)
 
     async def fetch_frame(self, ref: int) -> str | None:
         return await self._store._run(
