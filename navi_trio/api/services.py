@@ -26,7 +26,8 @@ from navi_trio.core.turn import ApprovalBroker, CwdCheck
 from navi_trio.notices import UserNotices
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
-from navi_trio.store.base import SessionRow, SessionStore
+from navi_trio.store.base import SessionRow
+from navi_trio.store.methods import SessionStore
 
 
 class DaemonCore(Protocol):
