@@ -217,7 +217,7 @@ async def open_runtime(
             # Finished jobs' notes, and the turns they start (wake_on_task_done).
             waker = Waker(store, settings, lambda: config.current, lambda: sessions)
             await nursery.start(waker.run)
-            supervisor = TaskSupervisor(settings, store, publish, notes=waker)
+            supervisor = TaskSupervisor(settings, store, publish, notes=waker.record)
             # A store several daemons share offers a bus (PostgreSQL); SQLite has none.
             make_bus: Callable[[], ClusterBus] | None = getattr(store, "bus", None)
             make_bus = make_bus if cluster else None
