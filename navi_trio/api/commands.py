@@ -5,7 +5,7 @@ deletes only their own sessions and tasks; an admin may touch all. The work itse
 the core's, reached through the `DaemonCore` protocol; nothing of the agent loop is
 here. Every refusal is a `RequestError` with its wire code. The frames with a module of
 their own (message, checkpoints, rewind, fork, folders, changes, schedule) check
-ownership through this class (`CommandHost`).
+ownership through this class.
 """
 
 from __future__ import annotations
