@@ -11,15 +11,13 @@ several daemons on one database, the cluster — and nothing of how they are wir
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from navi_trio.api.client_tools import ClientTools
-from navi_trio.api.protocol import Frame, RequestId
 from navi_trio.core.cluster import Cluster
 from navi_trio.core.history import SessionRewinds
 from navi_trio.core.jobs import TaskSupervisor
-from navi_trio.core.session import SessionActor, SessionRegistry, SessionService, UserWatch
+from navi_trio.core.session import SessionRegistry, SessionService, UserWatch
 from navi_trio.core.triggers import Scheduler
 from navi_trio.core.turn import ApprovalBroker
 from navi_trio.notices import UserNotices
@@ -61,14 +59,3 @@ class DaemonCore(Protocol):
     def llm_status(self) -> dict[str, Any] | None:
         """The embedded model's process, as its host reports it; None for an endpoint."""
         ...
-
-
-class ClientLink(Protocol):
-    """What a command needs of its connection (`Connection`)."""
-
-    async def send(self, frame: Frame) -> None: ...
-    def subscribed(self, session_id: str) -> bool: ...
-    def subscribe(self, actor: SessionActor, last_seq: int | None, epoch: str | None) -> None: ...
-    def unsubscribe(self, session_id: str) -> bool: ...
-    async def defer(self, rid: RequestId, work: Callable[[], Awaitable[None]]) -> None: ...
-    def signin_code(self) -> tuple[str, float]: ...
