@@ -50,8 +50,9 @@ from navi_trio.notices import UserNotices
 from navi_trio.profiles import BUILTIN_TOOL_NAMES, ConfigSource
 from navi_trio.project.skill_tool import SkillTool
 from navi_trio.settings import Settings
-from navi_trio.store.base import ClusterBus, SessionStore
+from navi_trio.store.base import ClusterBus
 from navi_trio.store.factory import open_store
+from navi_trio.store.methods import SessionStore
 from navi_trio.store.modes import private_data
 from navi_trio.tools.base import Tool, ToolRegistry
 from navi_trio.tools.builtin import builtin_tools
@@ -216,7 +217,7 @@ async def open_runtime(
             # Finished jobs' notes, and the turns they start (wake_on_task_done).
             waker = Waker(store, settings, lambda: config.current, lambda: sessions)
             await nursery.start(waker.run)
-            supervisor = TaskSupervisor(settings, store, publish, notes=waker)
+            supervisor = TaskSupervisor(settings, store, publish, notes=waker.record)
             # A store several daemons share offers a bus (PostgreSQL); SQLite has none.
             make_bus: Callable[[], ClusterBus] | None = getattr(store, "bus", None)
             make_bus = make_bus if cluster else None

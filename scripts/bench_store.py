@@ -29,7 +29,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from navi_trio.store.base import SessionStore  # noqa: E402
+from navi_trio.store.methods import SessionStore  # noqa: E402
 from navi_trio.store.postgres import PostgresStore  # noqa: E402
 from navi_trio.store.sqlite import SQLiteStore  # noqa: E402
 from navi_trio.testing.postgres import PgServer, PgUnavailable  # noqa: E402

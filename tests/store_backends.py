@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import trio
 
-from navi_trio.store.base import SessionStore
+from navi_trio.store.methods import SessionStore
 from navi_trio.store.sqlite import SQLiteStore
 
 TIMEOUT = 20

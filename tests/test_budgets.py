@@ -355,7 +355,7 @@ async def test_spending_the_store_failed_to_record_is_written_at_the_next_flush(
             assert refused and refused[0][f"session:{sid}"]["tokens"] == 110
             day = f"user:{d.ids['alice']}:{time.strftime('%Y-%m-%d', time.gmtime())}"
             usage = await store.get_usage([f"session:{sid}", day])
-            holds = await store.run_raw_for_tests(  # type: ignore[attr-defined]
+            holds = await store.run_raw_for_tests(
                 "holds", lambda db: db.execute("SELECT count(*) FROM usage_holds").fetchone()
             )
     for key in (f"session:{sid}", day):

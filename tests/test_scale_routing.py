@@ -26,7 +26,8 @@ from pg_server import sql
 
 from navi_trio.core.cluster.owner_calls import OwnerCalls
 from navi_trio.errors import ForbiddenError, NotFoundError
-from navi_trio.store.base import ClusterBus, SessionStore
+from navi_trio.store.base import ClusterBus
+from navi_trio.store.methods import SessionStore
 from navi_trio.store.postgres import PostgresStore
 from navi_trio.testing import open_fake_llm
 

@@ -32,8 +32,9 @@ from navi_trio.core.jobs import NOTES_SCOPE, RUNNING_SCOPE, Job, TaskSupervisor
 from navi_trio.core.turn import SessionLeases
 from navi_trio.errors import NaviError, NotFoundError, StorageError, UnavailableError
 from navi_trio.settings import Settings
-from navi_trio.store.base import ClusterBus, LeaseRow, SessionStore
+from navi_trio.store.base import ClusterBus, LeaseRow
 from navi_trio.store.fence import Fence
+from navi_trio.store.methods import SessionStore
 from navi_trio.store.postgres import PostgresStore
 from navi_trio.store.postgres._bus import NOTIFY_MAX, PgBus
 from navi_trio.tools.base import ToolResult

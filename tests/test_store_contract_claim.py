@@ -27,7 +27,7 @@ from pg_server import pg_url_with_schema as pg_url_with_schema
 from store_backends import Backend
 
 from navi_trio.errors import NotQueuedError, StoreError
-from navi_trio.store.base import SessionStore
+from navi_trio.store.methods import SessionStore
 
 TIMEOUT = 30
 HOST = socket.gethostname() or "localhost"

@@ -22,7 +22,8 @@ from pg_server import pg_url_with_schema as pg_url_with_schema
 from store_backends import Backend
 
 from navi_trio.errors import StoreError
-from navi_trio.store.base import HistoryPage, SessionStore
+from navi_trio.store.base import HistoryPage
+from navi_trio.store.methods import SessionStore
 
 TIMEOUT = 20
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
@@ -35,6 +35,7 @@ from navi_trio.store._input import _prepare
 from navi_trio.store._lease import pid_alive
 from navi_trio.store._schema import SQLITE, _connect, _init_schema
 from navi_trio.store.base import SessionRow
+from navi_trio.store.methods import SessionStore
 from navi_trio.store.sqlite import SQLiteStore
 
 pytestmark = pytest.mark.slow  # its tests start processes
@@ -200,7 +201,8 @@ async def wait_real(event: trio.Event, what: str, seconds: float = TIMEOUT) -> N
 
 
 class RenewSpy:
-    """The store, with an event per lease renewal (the renewer runs in the background)."""
+    """The store, with an event per lease renewal (the renewer runs in the background);
+    a stand-in for the store, whose other methods it passes on."""
 
     def __init__(self, store: SQLiteStore) -> None:
         self.store = store
@@ -223,7 +225,7 @@ async def test_holds_nest_in_one_runtime_renew_while_held_and_refuse_another_run
     # A MockClock that only moves when told: the store's thread makes autojump race.
     async with SQLiteStore.open(tmp_path / "navi.db") as store:
         spy = RenewSpy(store)
-        ours, theirs = SessionLeases(spy, ttl=30), SessionLeases(store, ttl=30)
+        ours, theirs = SessionLeases(cast(SessionStore, spy), ttl=30), SessionLeases(store, ttl=30)
         async with ours.hold("s-1"):
             async with ours.hold("s-1"):  # a second run of this runtime: shares it
                 pass

@@ -260,7 +260,7 @@ async def test_stop_leaves_background_jobs_running_only_tasks_cancel_ends_them(
 async def test_notes_stay_pending_until_the_turn_that_carries_them_is_saved(
     tmp_path: Path,
 ) -> None:
-    from navi_trio.core.jobs import record_note
+    from navi_trio.core.jobs import JobNote, record_note
 
     kit = make_kit()
     with trio.fail_after(TIMEOUT):
@@ -271,10 +271,9 @@ async def test_notes_stay_pending_until_the_turn_that_carries_them_is_saved(
                 rt.store,
                 rt.settings,
                 "s1",
-                task_id="bt-00000001",
-                tool="terminal",
-                status="completed",
-                summary="PASS 3/3",
+                JobNote(
+                    task_id="bt-00000001", tool="terminal", status="completed", summary="PASS 3/3"
+                ),
             )
             real_save = rt.agent.cache.save
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import trio
 from kvfake_tasks import MemoryKV
 
-from navi_trio.core.jobs import NOTES_SCOPE, record_note
+from navi_trio.core.jobs import NOTES_SCOPE, JobNote, record_note
 from navi_trio.core.jobs.task_notes import FOOTER, HEADER, drain_notes, pending_notes
 from navi_trio.settings import Settings
 
@@ -23,11 +23,13 @@ async def _record(
         kv,
         SETTINGS,
         session,
-        task_id=task_id,
-        tool=str(kw.pop("tool", "terminal")),
-        status=str(kw.pop("status", "completed")),
-        summary=summary,
-        tokens=int(kw.pop("tokens", 0)),  # type: ignore[call-overload]
+        JobNote(
+            task_id=task_id,
+            tool=str(kw.pop("tool", "terminal")),
+            status=str(kw.pop("status", "completed")),
+            summary=summary,
+            tokens=int(kw.pop("tokens", 0)),  # type: ignore[call-overload]
+        ),
     )
 
 
@@ -145,10 +147,7 @@ async def test_settings_change_the_caps() -> None:
             kv,
             settings,
             "s1",
-            task_id=f"bt-{i:08x}",
-            tool="code_exec",
-            status="completed",
-            summary="ok",
+            JobNote(task_id=f"bt-{i:08x}", tool="code_exec", status="completed", summary="ok"),
         )
     text = await drain_notes(kv, settings, "s1")
     assert text is not None

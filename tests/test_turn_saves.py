@@ -14,7 +14,7 @@ import pytest
 import trio
 from agent_tools import EchoTool, call, seed, system_notes, toolset, with_tools
 
-from navi_trio.store.base import SessionStore
+from navi_trio.store.methods import SessionStore
 from navi_trio.testing import open_harness
 from navi_trio.tools.base import ToolContext, ToolResult
 from navi_trio.tools.todo import SCOPE as TODO_SCOPE

@@ -34,7 +34,7 @@ import trio
 from navi_trio.errors import AuthError, ConfigError
 
 if TYPE_CHECKING:  # `navi run` reads the token file before it needs the store
-    from navi_trio.store.base import SessionStore
+    from navi_trio.store.methods import SessionStore
 
 ROLES = ("admin", "user")
 LOCAL_TOKEN_FILE = "local-token"

@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from navi_trio.api.protocol import Checkpoints, Fork, RequestId, Rewind, reply
-from navi_trio.api.services import CommandHost
 from navi_trio.core.checkpoints import NOT_COVERED, Preview
 from navi_trio.core.history import Asker, NewFolder, Overview, RewindPreview, Target
 from navi_trio.errors import ExistsError, ProtocolError
 from navi_trio.events import Rewound
+
+if TYPE_CHECKING:  # commands imports this module
+    from navi_trio.api.commands import Commands
 
 CHANGES_LISTED = 50
 KEPT_LISTED = 20
@@ -105,7 +107,7 @@ def done_fields(event: Rewound) -> dict[str, Any]:
 class CheckpointCommands:
     """The three frames, for one connection's `Commands` (its user, its runtime)."""
 
-    def __init__(self, commands: CommandHost) -> None:
+    def __init__(self, commands: Commands) -> None:
         self.c = commands
 
     async def overview(self, rid: RequestId, cmd: Checkpoints) -> None:

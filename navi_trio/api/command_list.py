@@ -9,17 +9,21 @@ admins only; without a `cwd`, only those. Every client expands a command itself.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import trio
 
 from navi_trio.api.protocol import CommandList, RequestId, reply
-from navi_trio.api.services import CommandHost
 from navi_trio.project import find_commands, user_commands_folder
 from navi_trio.tools.private import private_paths
 from navi_trio.tools.roots import Root
 from navi_trio.tools.runas import run_as
 
+if TYPE_CHECKING:  # commands imports this module
+    from navi_trio.api.commands import Commands
 
-async def list_commands(host: CommandHost, rid: RequestId, cmd: CommandList) -> None:
+
+async def list_commands(host: Commands, rid: RequestId, cmd: CommandList) -> None:
     rt, user = host.rt, host.user
     if cmd.session_id is not None:
         await host._owned(cmd.session_id)

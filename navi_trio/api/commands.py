@@ -5,7 +5,7 @@ deletes only their own sessions and tasks; an admin may touch all. The work itse
 the core's, reached through the `DaemonCore` protocol; nothing of the agent loop is
 here. Every refusal is a `RequestError` with its wire code. The frames with a module of
 their own (message, checkpoints, rewind, fork, folders, changes, schedule) check
-ownership through this class (`CommandHost`).
+ownership through this class.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import re
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -53,7 +53,7 @@ from navi_trio.api.protocol import (
     reply,
 )
 from navi_trio.api.schedule_commands import handle_schedule
-from navi_trio.api.services import ClientLink, DaemonCore
+from navi_trio.api.services import DaemonCore
 from navi_trio.api.usage_commands import usage_report
 from navi_trio.api.workspace_frames import WorkspaceCommands
 from navi_trio.core.jobs import Job, task_info
@@ -72,6 +72,9 @@ from navi_trio.events import event_to_dict
 from navi_trio.store.base import SessionRow
 from navi_trio.text import title_from
 
+if TYPE_CHECKING:  # connection imports this module
+    from navi_trio.api.connection import Connection
+
 log = logging.getLogger(__name__)
 
 
@@ -87,7 +90,7 @@ RANDOM_ID = re.compile(r"s-[0-9a-f]{12}")
 
 
 class Commands:
-    def __init__(self, runtime: DaemonCore, conn: ClientLink, user: User) -> None:
+    def __init__(self, runtime: DaemonCore, conn: Connection, user: User) -> None:
         self.rt = runtime
         self.conn = conn
         self.user = user

@@ -14,7 +14,6 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from navi_trio.api.protocol import RequestId, SendMessage, reply
-from navi_trio.api.services import CommandHost
 from navi_trio.api.tracing import trace_carrier
 from navi_trio.core.turn import (
     UserMessage,
@@ -31,7 +30,8 @@ from navi_trio.errors import (
     UnavailableError,
 )
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # commands imports this module
+    from navi_trio.api.commands import Commands
     from navi_trio.store.base import SessionRow
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 class SessionMessages:
     """The ``message`` frames of one connection's `Commands` (its user, its runtime)."""
 
-    def __init__(self, commands: CommandHost) -> None:
+    def __init__(self, commands: Commands) -> None:
         self.c = commands
 
     async def send(self, rid: RequestId, cmd: SendMessage) -> None:

@@ -9,16 +9,19 @@ was skipped with why (at most `SKIPPED_LISTED`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from navi_trio.api.protocol import Context, RequestId, reply
-from navi_trio.api.services import CommandHost
 from navi_trio.core.turn import project_view
 from navi_trio.project import Reader
+
+if TYPE_CHECKING:  # commands imports this module
+    from navi_trio.api.commands import Commands
 
 SKIPPED_LISTED = 100
 
 
-async def handle_context(host: CommandHost, rid: RequestId, cmd: Context) -> None:
+async def handle_context(host: Commands, rid: RequestId, cmd: Context) -> None:
     if cmd.session_id is not None:
         await host._owned(cmd.session_id)
     rt = host.rt

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from navi_trio.api.auth import User
 from navi_trio.api.protocol import RequestId, Schedule, reply
-from navi_trio.api.services import ClientLink
 from navi_trio.core.triggers import Scheduler, ScheduleSpec
 from navi_trio.errors import ForbiddenError, ProtocolError
 from navi_trio.store.base import ScheduleRow, SessionRow
+
+if TYPE_CHECKING:  # connection imports this module (through commands)
+    from navi_trio.api.connection import Connection
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,7 @@ async def handle_schedule(
     scheduler: Scheduler,
     user: User,
     owned: Callable[[str], Awaitable[SessionRow]],
-    conn: ClientLink,
+    conn: Connection,
     rid: RequestId,
     cmd: Schedule,
 ) -> None:

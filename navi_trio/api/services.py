@@ -11,22 +11,19 @@ several daemons on one database, the cluster — and nothing of how they are wir
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from navi_trio.api.auth import User
 from navi_trio.api.client_tools import ClientTools
-from navi_trio.api.protocol import Frame, RequestId
 from navi_trio.core.cluster import Cluster
 from navi_trio.core.history import SessionRewinds
 from navi_trio.core.jobs import TaskSupervisor
-from navi_trio.core.session import SessionActor, SessionRegistry, SessionService, UserWatch
+from navi_trio.core.session import SessionRegistry, SessionService, UserWatch
 from navi_trio.core.triggers import Scheduler
-from navi_trio.core.turn import ApprovalBroker, CwdCheck
+from navi_trio.core.turn import ApprovalBroker
 from navi_trio.notices import UserNotices
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
-from navi_trio.store.base import SessionRow, SessionStore
+from navi_trio.store.methods import SessionStore
 
 
 class DaemonCore(Protocol):
@@ -62,35 +59,3 @@ class DaemonCore(Protocol):
     def llm_status(self) -> dict[str, Any] | None:
         """The embedded model's process, as its host reports it; None for an endpoint."""
         ...
-
-
-class ClientLink(Protocol):
-    """What a command needs of its connection (`Connection`)."""
-
-    async def send(self, frame: Frame) -> None: ...
-    def subscribed(self, session_id: str) -> bool: ...
-    def subscribe(self, actor: SessionActor, last_seq: int | None, epoch: str | None) -> None: ...
-    def unsubscribe(self, session_id: str) -> bool: ...
-    async def defer(self, rid: RequestId, work: Callable[[], Awaitable[None]]) -> None: ...
-    def signin_code(self) -> tuple[str, float]: ...
-
-
-class CommandHost(Protocol):
-    """What a frame's handler needs of its connection's `Commands`: its runtime,
-    connection and user, its ownership checks and session maker."""
-
-    @property
-    def rt(self) -> DaemonCore: ...
-    @property
-    def conn(self) -> ClientLink: ...
-    @property
-    def user(self) -> User: ...
-
-    def cwd_check(self, session_id: str | None) -> CwdCheck: ...
-    async def _owned(self, session_id: str) -> SessionRow: ...
-    async def _create(
-        self, session_id: str | None, profile: str | None, *, durable: bool = True
-    ) -> SessionRow: ...
-    def _check_profile(self, profile: str | None) -> None: ...
-    async def _actor(self, session_id: str) -> SessionActor: ...
-    async def _owner_elsewhere(self, session_id: str, actor: SessionActor | None) -> str | None: ...

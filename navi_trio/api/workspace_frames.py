@@ -18,14 +18,14 @@ from navi_trio.core.history import Asker, session_changes
 from navi_trio.core.turn import list_folders, recent_folders, start_folders
 from navi_trio.tools.private import real_path
 
-if TYPE_CHECKING:
-    from navi_trio.api.services import CommandHost
+if TYPE_CHECKING:  # commands imports this module
+    from navi_trio.api.commands import Commands
 
 
 class WorkspaceCommands:
     """The two frames, for one connection's `Commands` (its user, its runtime)."""
 
-    def __init__(self, commands: CommandHost) -> None:
+    def __init__(self, commands: Commands) -> None:
         self.c = commands
 
     async def folders(self, rid: RequestId, cmd: Folders) -> None:

@@ -29,7 +29,7 @@ from navi_trio.cli.common import DEBUG_HINT as _DEBUG_HINT
 from navi_trio.cli.common import EXIT_ERROR as EXIT_ERROR
 from navi_trio.cli.common import EXIT_INTERRUPTED as EXIT_INTERRUPTED
 from navi_trio.cli.common import EXIT_OK as EXIT_OK
-from navi_trio.cli.common import Command, lazy_command, llm_given
+from navi_trio.cli.common import Command, add_token_option, lazy_command, llm_given
 from navi_trio.cli.common import UsageError as UsageError
 from navi_trio.cli.common import config_source as config_source
 from navi_trio.cli.common import llm_settings as llm_settings
@@ -116,7 +116,7 @@ def _add_run(sub: Any) -> None:
         "--events", action="store_true", help="print every event as one JSON line instead"
     )
     run.add_argument("--url", help=f"run it in this daemon (default: {DEFAULT_URL} if it answers)")
-    run.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
+    add_token_option(run)
     run.add_argument(
         "--mode",
         choices=("read-only", "workspace", "full"),
@@ -143,7 +143,7 @@ def _add_compact(sub: Any) -> None:
     compact.add_argument(
         "--url", help=f"compact it in this daemon (default: {DEFAULT_URL} if it answers)"
     )
-    compact.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
+    add_token_option(compact)
     _add_endpoint_options(compact)
 
 
@@ -157,7 +157,7 @@ def _add_chat(sub: Any) -> None:
     chat.add_argument("--url", default="ws://127.0.0.1:8765", help="daemon WebSocket URL")
     chat.add_argument("--session", metavar="ID", help="resume this session (default: new)")
     chat.add_argument("--profile", metavar="P", help="profile for new messages")
-    chat.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
+    add_token_option(chat)
     _add_local_options(chat)
 
 
@@ -170,7 +170,7 @@ def _add_web(sub: Any) -> None:
         "the token itself is never in the link.",
     )
     web.add_argument("--url", help=f"the daemon (default: {DEFAULT_URL})")
-    web.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
+    add_token_option(web)
 
 
 _OWN_PARSERS: dict[str, Callable[[Any], None]] = {

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Generic, TextIO, TypeVar
 import attrs
 import trio
 
+from navi_trio.api.remote import DEFAULT_URL
 from navi_trio.errors import ConfigError
 from navi_trio.errors import UsageError as UsageError
 from navi_trio.llm.factory import (
@@ -40,6 +41,18 @@ EXIT_INTERRUPTED = 130
 DEBUG_HINT = "(run with NAVI_DEBUG=1 for the traceback)"
 
 Command = Callable[[argparse.Namespace, TextIO, TextIO], int]
+
+
+def add_token_option(p: argparse.ArgumentParser) -> None:
+    """--token of a command that speaks to a daemon."""
+    p.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
+
+
+def add_client_options(p: argparse.ArgumentParser) -> None:
+    """--url, --token and --json of a command that asks a daemon and prints its reply."""
+    p.add_argument("--url", help=f"the daemon (default: {DEFAULT_URL} if it answers)")
+    add_token_option(p)
+    p.add_argument("--json", action="store_true", help="print the daemon's replies as JSON")
 
 
 def lazy_command(module: str, name: str) -> Command:

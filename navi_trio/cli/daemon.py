@@ -19,10 +19,11 @@ import trio
 
 from navi_trio import wire
 from navi_trio.api.auth import is_loopback, new_token
-from navi_trio.api.remote import DEFAULT_URL, request
+from navi_trio.api.remote import request
 from navi_trio.cli.common import (
     Command,
     UsageError,
+    add_client_options,
     config_source,
     lazy_command,
     llm_settings,
@@ -92,13 +93,13 @@ def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], 
         "action", nargs="?", default="list", choices=("list", "history", "delete")
     )
     sessions.add_argument("session_id", nargs="?", metavar="ID")
-    _client_options(sessions)
+    add_client_options(sessions)
 
     tasks = sub.add_parser("tasks", help="list, check or cancel background tasks (via the daemon)")
     tasks.add_argument("action", nargs="?", default="list", choices=("list", "check", "cancel"))
     tasks.add_argument("task_id", nargs="?", metavar="ID")
     tasks.add_argument("--session", metavar="ID", help="only this session's tasks")
-    _client_options(tasks)
+    add_client_options(tasks)
 
     usage = sub.add_parser(
         "usage",
@@ -117,14 +118,14 @@ def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], 
         choices=("model", "profile", "day", "session", "user"),
         help="one line per (default: model)",
     )
-    _client_options(usage)
+    add_client_options(usage)
     grants = sub.add_parser(
         "approvals",
         help="list or revoke the approvals granted for a session or always (via the daemon)",
     )
     grants.add_argument("action", nargs="?", default="list", choices=("list", "revoke"))
     grants.add_argument("grant_id", nargs="?", metavar="ID")
-    _client_options(grants)
+    add_client_options(grants)
 
     sched = sub.add_parser(
         "schedule",
@@ -151,19 +152,13 @@ def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], 
     add.add_argument(
         "--budget", metavar="JSON", help='lower the run\'s budgets: {"turn": {"tokens": 20000}}'
     )
-    _client_options(add)
-    _client_options(actions.add_parser("list", help="list your schedules"))
+    add_client_options(add)
+    add_client_options(actions.add_parser("list", help="list your schedules"))
     for name, what in (("remove", "remove"), ("pause", "pause"), ("resume", "resume")):
         one = actions.add_parser(name, help=f"{what} a schedule")
         one.add_argument("rest", metavar="ID", help="the schedule's id")
-        _client_options(one)
-    _client_options(sched)  # `navi schedule` alone lists
-
-
-def _client_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", help=f"the daemon (default: {DEFAULT_URL} if it answers)")
-    p.add_argument("--token", help="your token (env NAVI_TOKEN; default: the local token file)")
-    p.add_argument("--json", action="store_true", help="print the daemon's reply as JSON")
+        add_client_options(one)
+    add_client_options(sched)  # `navi schedule` alone lists
 
 
 class _JsonLines(logging.Formatter):

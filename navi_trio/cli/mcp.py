@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from navi_trio.api.remote import DEFAULT_URL
+from navi_trio.cli.common import add_token_option
 from navi_trio.text import terminal_safe
 
 
@@ -55,7 +56,7 @@ def add_mcp_parser(
 def add_target_options(p: argparse.ArgumentParser, mode_help: str) -> None:
     """--url, --token, --profile and --mode of a command that serves navi on stdio."""
     p.add_argument("--url", help=f"run in this daemon (default: {DEFAULT_URL} if it answers)")
-    p.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
+    add_token_option(p)
     p.add_argument("--profile", metavar="P", help="profile for new sessions")
     p.add_argument("--mode", choices=("read-only", "workspace", "full"), help=mode_help)
 

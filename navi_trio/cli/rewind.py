@@ -19,7 +19,13 @@ from typing import Any, TextIO
 import trio
 
 from navi_trio.api.endpoint import open_endpoint
-from navi_trio.cli.common import EXIT_OK, config_source, load_settings, run_target
+from navi_trio.cli.common import (
+    EXIT_OK,
+    add_client_options,
+    config_source,
+    load_settings,
+    run_target,
+)
 from navi_trio.cli.rewinds import Rewinds, resolve_point
 from navi_trio.cli.runner import private_endpoint
 from navi_trio.client.rewind_text import (
@@ -54,7 +60,8 @@ def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], 
         "(without it they are kept as they are)",
     )
     rewind.add_argument("--yes", action="store_true", help="apply the preview without asking")
-    _client_options(rewind, endpoint_options)
+    add_client_options(rewind)
+    endpoint_options(rewind)
 
     fork = sub.add_parser(
         "fork",
@@ -69,16 +76,8 @@ def add_parsers(sub: Any, endpoint_options: Callable[[argparse.ArgumentParser], 
     fork.add_argument("--files", action="store_true", help="copy the files as of that message")
     fork.add_argument("--folder", metavar="DIR", help="a new folder for the working folder's copy")
     fork.add_argument("--new", metavar="ID", help="the new session's id (default: a new one)")
-    _client_options(fork, endpoint_options)
-
-
-def _client_options(
-    p: argparse.ArgumentParser, endpoint_options: Callable[[argparse.ArgumentParser], None]
-) -> None:
-    p.add_argument("--url", help="the daemon (default: the local one if it answers)")
-    p.add_argument("--token", metavar="T", help="token (env NAVI_TOKEN, else local-token)")
-    p.add_argument("--json", action="store_true", help="print the replies as JSON")
-    endpoint_options(p)
+    add_client_options(fork)
+    endpoint_options(fork)
 
 
 @asynccontextmanager

@@ -29,7 +29,7 @@ from navi_trio.store._health import (
 )
 from navi_trio.store._schema import _TABLES, _init_schema
 from navi_trio.store._worker import _Job, _Worker
-from navi_trio.store.methods import StoreMethods
+from navi_trio.store.methods import SessionStore
 
 logger = logging.getLogger("navi_trio.store.sqlite")
 
@@ -37,7 +37,7 @@ T = TypeVar("T")
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
-class _Core(StoreMethods):
+class _Core(SessionStore):
     """The worker, open and close and `_run` (see the module docstring)."""
 
     def __init__(self, path: Path, *, synchronous: str = "FULL") -> None:

@@ -20,8 +20,8 @@ import trio
 
 from navi_trio.errors import ConfigError, NaviError
 from navi_trio.settings import Settings, is_db_url
-from navi_trio.store.base import SessionStore
 from navi_trio.store.db_url import describe
+from navi_trio.store.methods import SessionStore
 
 REPORT_TIMEOUT_S = 5  # navi doctor waits this long for the server
 

@@ -1,16 +1,86 @@
-"""The session store's methods, written once for both engines (SQLite and PostgreSQL).
+"""`SessionStore`: the session store's methods, written once for both engines (SQLite and
+PostgreSQL), and the contract they keep. Everything above the store layer uses this class.
 
-Every method of the `SessionStore` contract (store/base.py) is the same three steps on
-either engine: check and serialise the input on the caller's side (`_input`,
-`_control_input`: a bad argument fails before any job is queued, and the worker gets a
-snapshot the caller cannot change), name the operation (the label every `StoreError`
-carries), and run one statement function on the engine's worker threads (`_run`).
+Every method is the same three steps on either engine: check and serialise the input on
+the caller's side (`_input`, `_control_input`: a bad argument fails before any job is
+queued, and the worker gets a snapshot the caller cannot change), name the operation
+(the label every `StoreError` carries), and run one statement function on the engine's
+worker threads (`_run`).
 A write to a session made inside a `fenced` block carries that fence (store/fence.py).
 
 What an engine brings: its statements (`sql`, an `Engine` of store/statements.py:
 those both engines share, over its placeholder and write transaction, and its own
 where the SQL differs), each run on a worker thread with the engine's connection, and
 `_run` (its thread runner and its error mapping).
+
+The contract both engines keep (tests/test_store_contract*.py hold them to it):
+- Messages are plain JSON-able dicts (the internal shape of `navi_trio.llm.base` plus
+  display keys such as ``is_plan``); ``load_*`` returns exactly what was appended.
+- A save appends what is new. Only `replace_context` (compression) and
+  `rewrite_history` (a rewind, a branch brought back) rewrite anything; a rewrite is one
+  transaction: a crash leaves the history, the context and its kv rows before or after.
+- `append(dequeue=key)` takes that queued message off the queue in the same
+  transaction, compare and set: when its row is no longer there (another daemon took
+  it first, the cap dropped it) the append raises `NotQueuedError` and stores nothing.
+  A queued message is in the queue or in the history at every commit, never both,
+  never neither, and is appended at most once.
+- `enqueue(keep=N)` holds the session's queue to its newest N rows in the insert's
+  transaction and returns the rows it dropped, oldest first; `release_queued` hands a
+  process's rows to whoever runs the session (pid `HANDED_PID`: anyone's), and
+  `adopt_queued` takes those, a dead process's and the caller's own.
+- `append(claim=…)` and `enqueue(claim=…)` take a client's message key (`KeyClaim`) in
+  the transaction that stores the message: a key of the session that another message
+  took already raises `DuplicateMessageError` and stores nothing (the same message
+  claiming it again, a retried save, passes). `message_key` reads what the taker's
+  ``ok`` said. The session keeps its newest `KEYS_KEPT` keys (older ones go with the
+  next claim) and loses them with itself.
+- `durable=False` (`append`, `create_session`, `update_session`, `kv_set`) may skip the
+  flush to stable storage, never the commit: the write survives a killed process; the
+  next durable write makes it survive power loss too.
+- `load_session` pairs every dangling assistant tool call with a placeholder result
+  (`repair_dangling_tool_calls`) and persists the placeholders, so it is idempotent.
+- `claim_lease` returns the lease's holder after the attempt: the claimer's own row
+  when it won; the live holder's when not. A claim takes over an expired lease, and
+  a lease whose process (same host) is gone. A takeover by another owner bumps the
+  lease's `generation`; a release expires the row but keeps it (generations never go
+  back). `append`, `replace_context`, `update_session` and `load_session`'s repair,
+  made inside `store.fence.fenced(...)`, are refused with `LeaseLostError` (nothing
+  stored) unless the lease row still names that owner and generation: a paused owner
+  that another daemon replaced cannot write to the session any more. `kv_set` and
+  `kv_delete` made inside any `fenced` block carry its fence the same way, whatever
+  their key. `renew_lease(generation=G)` renews only while the row still holds G.
+- `append(owes_end=True)`, fenced, marks the lease as owing the session a turn's end
+  (`end_owed`) in the transaction that stores the turn's start (with nothing to append
+  too: a turn run again on a message stored already owes its end); what clears it is the
+  release, and on PostgreSQL the commit that sends that turn's ``stream_end`` to the
+  other daemons (`ClusterBus.notify`'s `ended`). A claim and a takeover keep it: a dead
+  owner's debt passes to whoever takes its lease over.
+- `enqueue_wake` stores a background job's note and, unless the session was woken
+  `limit` times in the last `per` seconds, a queued wake-up and its count, in one
+  transaction: the note and its wake-up land together or not at all.
+- `add_usage` adds to counters under keys (a session's, a user's day's) in one
+  transaction; several daemons adding at once never lose an increment.
+- `reserve_usage` checks and takes in one transaction, counting what other runs hold:
+  for each key, its counters plus its live holds (not expired; on this host, not of a
+  dead process) stay within its limits, or nothing is taken and the reply names the
+  key and kind that refused. What it grants is spent at once (no `hold`) or held under
+  the hold's id until `settle_usage` adds what was really used and drops the hold,
+  in one transaction; a hold nobody settles stops counting when it expires.
+- `create_session(sessions_max=n)` and `claim_schedule(sessions_max=n)` count the
+  user's sessions in the transaction that creates one: at most `n`, across daemons.
+- `claim_schedule` moves a schedule from the due time it was read at to the next one
+  only if nobody moved it meanwhile (compare and set), and in the same transaction
+  creates the run's session when asked and queues its message: a due time is claimed
+  once, by one daemon, and its run survives a crash as a queued message.
+- `remove_user` removes the user's schedules and queued messages in the same
+  transaction (their sessions stay). Every committed change of the users table (add,
+  remove, rotate) is signalled to the daemons on the database: PostgreSQL notifies
+  ``navi_users`` with the commit; SQLite rewrites its users marker after it
+  (store/_users_signal.py, watched by `SQLiteStore.watch_users`).
+- Failures raise `navi_trio.errors.StoreError` naming the operation (and the session);
+  when the file itself is the problem, its subclasses say which: `StorageFullError`
+  (the disk is full) or `StorageError` (read-only, an I/O error, damaged). Nothing of
+  a failed operation is stored.
 """
 
 from __future__ import annotations
@@ -72,8 +142,9 @@ from navi_trio.store.statements import Engine, Queued
 T = TypeVar("T")
 
 
-class StoreMethods:
-    """The `SessionStore` methods over an engine's statements (`sql`) and its `_run`."""
+class SessionStore:
+    """Sessions, their display history and LLM context, kv values, users, leases, the queue,
+    usage and schedules: the methods over an engine's statements (`sql`) and its `_run`."""
 
     sql: ClassVar[Engine]  # the engine's statements
     _last_now = 0.0
@@ -114,6 +185,10 @@ class StoreMethods:
         one statement, its own transaction."""
         raise NotImplementedError
 
+    async def stats(self) -> dict[str, int]:
+        """Row count per table (the engine's own statement)."""
+        raise NotImplementedError
+
     async def run_raw_for_tests(
         self, op: str, fn: Callable[[Any], T], *, durable: bool = True
     ) -> T:
@@ -141,6 +216,8 @@ class StoreMethods:
         sessions_max: int | None = None,
         durable: bool = True,
     ) -> SessionRow:
+        """A new session row; with `sessions_max`, `LimitError` when `user_id` has that
+        many already (counted in the same transaction). `durable=False` as an append's."""
         sid = check_session_id(session_id) if session_id is not None else new_session_id()
         most = check_sessions_max(sessions_max)
         now = self._now()
@@ -277,6 +354,8 @@ class StoreMethods:
         )
 
     async def message_key(self, session_id: str, key: str) -> dict[str, Any] | None:
+        """The ok's fields of the message of the session that took client key `key`;
+        None when no message did (or it is older than the newest `KEYS_KEPT`)."""
         sid = check_session_id(session_id)
         _check_text(key, "message key")
         return await self._run(
@@ -296,7 +375,9 @@ class StoreMethods:
     async def load_messages_page(
         self, session_id: str, *, after: float | None = None, limit: int, max_bytes: int
     ) -> HistoryPage:
-        """One page of the display history (SessionStore.load_messages_page)."""
+        """The display messages after position `after` (from the first without): at most
+        `limit`, and no more than `max_bytes` of stored JSON in all, except that a page
+        holds one message at least, however big. Only that page is read into memory."""
         sid = check_session_id(session_id)
         check_page(limit, max_bytes)
         return await self._run(
@@ -334,8 +415,9 @@ class StoreMethods:
         kv_set: Sequence[tuple[str, str, Any]] = (),
         kv_delete: Sequence[tuple[str, str]] = (),
     ) -> None:
-        """Keep the first `keep` display messages, append `messages`, replace the context
-        and set / delete kv rows, in one transaction (SessionStore.rewrite_history)."""
+        """Keep the first `keep` display messages (StoreError when there are fewer),
+        append `messages` after them, replace the whole context with `context`, and set
+        ``(scope, key, value)`` / delete ``(scope, key)`` kv rows: one transaction."""
         sid = check_session_id(session_id)
         job = _prepare_rewrite(keep, messages, context, kv_set, kv_delete)
         now = self._now()
@@ -652,7 +734,8 @@ class StoreMethods:
     async def settle_usage(
         self, adds: dict[str, dict[str, float]], *, release: Sequence[str] = ()
     ) -> dict[str, dict[str, float]]:
-        """Add each key's amounts and drop the holds named, in one transaction."""
+        """Add each key's amounts and drop the holds `release` names, in one transaction;
+        the counters of the keys of `adds` after it."""
         amounts = check_adds(adds)
         holds = check_release(release)
         now = self._now()

@@ -58,9 +58,9 @@ from navi_trio.store.base import (
     USERS_CHANNEL,
     ClusterBus,
     LeaseRow,
-    SessionStore,
 )
 from navi_trio.store.fence import Fence, current_fence, pid_alive
+from navi_trio.store.methods import SessionStore
 
 log = logging.getLogger(__name__)
 

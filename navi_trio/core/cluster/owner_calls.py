@@ -40,7 +40,8 @@ from navi_trio.errors import (
     StorageError,
     UnavailableError,
 )
-from navi_trio.store.base import ClusterBus, SessionStore
+from navi_trio.store.base import ClusterBus
+from navi_trio.store.methods import SessionStore
 
 log = logging.getLogger(__name__)
 

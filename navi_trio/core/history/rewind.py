@@ -69,7 +69,7 @@ from navi_trio.errors import (
 from navi_trio.events import Rewound
 from navi_trio.profiles import ConfigSource, NaviConfig
 from navi_trio.settings import Settings
-from navi_trio.store.base import SessionStore
+from navi_trio.store.methods import SessionStore
 from navi_trio.tools.private import PrivatePaths, private_paths, real_path, within
 
 FAILED_LISTED = 20

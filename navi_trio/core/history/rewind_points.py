@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 
 from navi_trio.core.checkpoints import CheckpointInfo
 from navi_trio.core.turn import PRUNED_SCOPE, message_id
 from navi_trio.errors import NotFoundError
+from navi_trio.tools.base import KVStore
 
 BRANCH_SCOPE = "branches"
 BRANCHES_MAX = 20  # a session keeps its newest branches; older ones go
@@ -31,11 +32,6 @@ TEXT_SHOWN = 200  # characters of a message shown in a list
 RESTORES = ("chat", "files", "both")
 
 Message = dict[str, Any]
-
-
-class KV(Protocol):
-    async def kv_get(self, scope: str, key: str) -> Any | None: ...
-    async def kv_list(self, scope: str, prefix: str = "") -> list[tuple[str, Any]]: ...
 
 
 def new_branch_id() -> str:
@@ -107,7 +103,7 @@ def message_at(messages: Sequence[Message], created: float) -> Point | None:
 
 
 async def files_checkpoint(
-    kv: KV, infos: Sequence[CheckpointInfo], session_id: str, since: float
+    kv: KVStore, infos: Sequence[CheckpointInfo], session_id: str, since: float
 ) -> CheckpointInfo | None:
     """The first checkpoint at or after `since` (None: no file changed since); a refusal
     when the one that would be it was pruned."""
@@ -120,14 +116,14 @@ async def files_checkpoint(
     return next((info for info in infos if info.created >= since), None)
 
 
-async def branches(kv: KV, session_id: str) -> list[dict[str, Any]]:
+async def branches(kv: KVStore, session_id: str) -> list[dict[str, Any]]:
     """The session's branches, oldest first."""
     rows = await kv.kv_list(BRANCH_SCOPE, f"{session_id}:")
     found = [value for _, value in rows if isinstance(value, dict)]
     return sorted(found, key=lambda b: float(b.get("created_at", 0.0)))
 
 
-async def get_branch(kv: KV, session_id: str, branch_id: str) -> dict[str, Any]:
+async def get_branch(kv: KVStore, session_id: str, branch_id: str) -> dict[str, Any]:
     value = await kv.kv_get(BRANCH_SCOPE, f"{session_id}:{branch_id}")
     if not isinstance(value, dict):
         shown = branch_id if len(branch_id) <= 64 else branch_id[:63] + "…"

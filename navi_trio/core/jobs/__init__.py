@@ -6,6 +6,7 @@ stop; its result reaches the agent's next turn as a note.
 
 from .task_jobs import task_info as task_info
 from .task_notes import NOTES_SCOPE as NOTES_SCOPE
+from .task_notes import JobNote as JobNote
 from .task_notes import collect_notes as collect_notes
 from .task_notes import note_entry as note_entry
 from .task_notes import record_note as record_note

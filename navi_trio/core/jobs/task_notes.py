@@ -43,37 +43,34 @@ _DELETE_DEADLINE_SEC = 10.0
 log = logging.getLogger(__name__)
 
 
-async def record_note(
-    kv: KVStore,
-    settings: Settings,
-    session_id: str,
-    *,
-    task_id: str,
-    tool: str,
-    status: str,
-    summary: str,
-    tokens: int = 0,
-) -> None:
+@attrs.frozen
+class JobNote:
+    """What a finished background job tells its session's next turn."""
+
+    task_id: str
+    tool: str
+    status: str
+    summary: str
+    tokens: int = 0
+
+
+async def record_note(kv: KVStore, settings: Settings, session_id: str, note: JobNote) -> None:
     """Store a completion note; keep at most `task_notes_max_pending` (oldest dropped)."""
-    key, value = note_entry(
-        session_id, task_id=task_id, tool=tool, status=status, summary=summary, tokens=tokens
-    )
+    key, value = note_entry(session_id, note)
     await kv.kv_set(NOTES_SCOPE, key, value)
     await trim_notes(kv, settings, session_id)
 
 
-def note_entry(
-    session_id: str, *, task_id: str, tool: str, status: str, summary: str, tokens: int = 0
-) -> tuple[str, dict[str, Any]]:
+def note_entry(session_id: str, note: JobNote) -> tuple[str, dict[str, Any]]:
     """The kv key and value of a completion note (scope `NOTES_SCOPE`)."""
-    key = f"{session_id}:{time.time_ns():020d}:{task_id}"
+    key = f"{session_id}:{time.time_ns():020d}:{note.task_id}"
     value = {
         "session_id": session_id,
-        "task_id": task_id,
-        "tool": tool,
-        "status": status,
-        "summary": cap_text(summary, SUMMARY_STORED_MAX),
-        "tokens": int(tokens),
+        "task_id": note.task_id,
+        "tool": note.tool,
+        "status": note.status,
+        "summary": cap_text(note.summary, SUMMARY_STORED_MAX),
+        "tokens": int(note.tokens),
         "finished_at": time.time(),
     }
     return key, value

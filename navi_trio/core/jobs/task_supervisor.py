@@ -40,7 +40,7 @@ from navi_trio.core.jobs.task_jobs import (
     runs_in_another_process,
     summarize_args,
 )
-from navi_trio.core.jobs.task_notes import record_note
+from navi_trio.core.jobs.task_notes import JobNote, record_note
 from navi_trio.errors import TaskRejectedError
 from navi_trio.events import TaskUpdate
 from navi_trio.settings import Settings
@@ -54,19 +54,8 @@ KV_DEADLINE_SEC = 10.0
 log = logging.getLogger(__name__)
 
 
-class NoteSink(Protocol):
-    """Takes a finished job's note (core/triggers/wake.py `Waker`; else the store's kv)."""
-
-    async def record(
-        self,
-        session_id: str,
-        *,
-        task_id: str,
-        tool: str,
-        status: str,
-        summary: str,
-        tokens: int = 0,
-    ) -> None: ...
+# Takes a finished job's note (core/triggers/wake.py `Waker.record`; else the store's kv).
+NoteSink = Callable[[str, JobNote], Awaitable[None]]
 
 
 @attrs.define(eq=False)
@@ -123,10 +112,12 @@ class TaskSupervisor(NurseryHolder):
                 # wakes on a finished job is woken by a lost one too.
                 await self._note_sink()(
                     session_id,
-                    task_id=task_id,
-                    tool=str(info.get("tool") or "?"),
-                    status="failed",
-                    summary=f"{LOST_SUMMARY} {args}".strip(),
+                    JobNote(
+                        task_id=task_id,
+                        tool=str(info.get("tool") or "?"),
+                        status="failed",
+                        summary=f"{LOST_SUMMARY} {args}".strip(),
+                    ),
                 )
                 await self._kv.kv_delete(RUNNING_SCOPE, key)
             except Exception:
@@ -365,10 +356,10 @@ class TaskSupervisor(NurseryHolder):
                 job.error = None if result.ok else (result.error or "failed")
         await self._finish(job, marker_key)
 
-    def _note_sink(self) -> Callable[..., Awaitable[None]]:
+    def _note_sink(self) -> NoteSink:
         """Where a job's note goes: the waker (it may wake the session), else the store."""
         if self._notes is not None:
-            return self._notes.record
+            return self._notes
         return partial(record_note, self._kv, self._settings)
 
     async def _finish(self, job: Job, marker_key: str) -> None:
@@ -378,11 +369,7 @@ class TaskSupervisor(NurseryHolder):
             await self._kv_quietly(
                 note(
                     job.session_id,
-                    task_id=job.task_id,
-                    tool=job.tool,
-                    status=job.status,
-                    summary=job_summary(job),
-                    tokens=job.tokens,
+                    JobNote(job.task_id, job.tool, job.status, job_summary(job), job.tokens),
                 )
             )
             self._notify(job)

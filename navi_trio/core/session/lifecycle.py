@@ -22,7 +22,8 @@ from navi_trio.core.turn import ApprovalBroker
 from navi_trio.errors import LimitError, NaviError, SessionBusyError
 from navi_trio.profiles import ConfigSource
 from navi_trio.settings import Settings
-from navi_trio.store.base import SessionRow, SessionStore
+from navi_trio.store.base import SessionRow
+from navi_trio.store.methods import SessionStore
 from navi_trio.text import title_from
 from navi_trio.tools.procs import ProcessPool
 

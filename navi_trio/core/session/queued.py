@@ -25,7 +25,7 @@ from navi_trio.errors import DuplicateMessageError, NaviError, StorageError
 from navi_trio.events import WarningEvent
 from navi_trio.profiles import BudgetConfig
 from navi_trio.profiles._control import budgets_dict, parse_budgets
-from navi_trio.store.base import SessionStore
+from navi_trio.store.methods import SessionStore
 
 log = logging.getLogger(__name__)
 

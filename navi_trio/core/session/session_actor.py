@@ -59,8 +59,8 @@ from navi_trio.errors import (
 )
 from navi_trio.events import AgentEvent, ErrorEvent, MessageQueued, StreamEnd, WarningEvent
 from navi_trio.profiles import NaviConfig, OnBusy
-from navi_trio.store.base import SessionStore
 from navi_trio.store.fence import Fence
+from navi_trio.store.methods import SessionStore
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import trio
 
 from navi_trio.errors import NaviError
-from navi_trio.store.base import SessionStore
+from navi_trio.store.methods import SessionStore
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,8 @@ from navi_trio.events import StreamEnd
 from navi_trio.notices import ScheduleRun, UserNotices
 from navi_trio.profiles import BudgetConfig, NaviConfig, budgets_dict, parse_budgets
 from navi_trio.settings import Settings
-from navi_trio.store.base import NewSession, QueuedRow, ScheduleRow, SessionStore
+from navi_trio.store.base import NewSession, QueuedRow, ScheduleRow
+from navi_trio.store.methods import SessionStore
 from navi_trio.text import clip
 
 if TYPE_CHECKING:

@@ -26,13 +26,14 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from navi_trio.actor import NurseryHolder
-from navi_trio.core.jobs import NOTES_SCOPE, note_entry, record_note, trim_notes
+from navi_trio.core.jobs import NOTES_SCOPE, JobNote, note_entry, record_note, trim_notes
 from navi_trio.core.session import deliver, role_now, to_row
 from navi_trio.core.turn import RunControl, UserMessage
 from navi_trio.errors import NaviError
 from navi_trio.profiles import NaviConfig
 from navi_trio.settings import Settings
-from navi_trio.store.base import QueuedRow, SessionRow, SessionStore
+from navi_trio.store.base import QueuedRow, SessionRow
+from navi_trio.store.methods import SessionStore
 
 if TYPE_CHECKING:
     from navi_trio.core.session import SessionRegistry
@@ -57,16 +58,7 @@ class Waker(NurseryHolder):
     pid: int = attrs.field(factory=os.getpid, init=False)
     host: str = attrs.field(factory=socket.gethostname, init=False)
 
-    async def record(
-        self,
-        session_id: str,
-        *,
-        task_id: str,
-        tool: str,
-        status: str,
-        summary: str,
-        tokens: int = 0,
-    ) -> None:
+    async def record(self, session_id: str, note: JobNote) -> None:
         """A background job ended: keep its note, and wake the session when asked to."""
         row = await self._store.get_session(session_id)
         registry = self._registry()
@@ -75,24 +67,13 @@ class Waker(NurseryHolder):
         # No registry yet (a job lost by a previous process, reported at start-up): the
         # wake-up is queued all the same, and runs when the daemon starts its actors.
         if row is None or not self._wakes(row) or control is not None:
-            await record_note(
-                self._store,
-                self._settings,
-                session_id,
-                task_id=task_id,
-                tool=tool,
-                status=status,
-                summary=summary,
-                tokens=tokens,
-            )
+            await record_note(self._store, self._settings, session_id, note)
             if row is not None and control is not None and self._wakes(row):
                 # Into the running turn at its next LLM call; a wake-up if it makes none.
                 control.injections.notes()
                 self.nursery.start_soon(self._after_run, control, row)
             return
-        key, value = note_entry(
-            session_id, task_id=task_id, tool=tool, status=status, summary=summary, tokens=tokens
-        )
+        key, value = note_entry(session_id, note)
         await self._wake(row, (NOTES_SCOPE, key, value))
 
     def _wakes(self, row: SessionRow) -> bool:

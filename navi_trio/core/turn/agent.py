@@ -64,7 +64,8 @@ from navi_trio.events import AgentEvent, ErrorEvent, StreamEnd, WarningEvent, Wo
 from navi_trio.llm.base import LLMBackend
 from navi_trio.profiles import BudgetConfig, ConfigSource, NaviConfig, OnBusy
 from navi_trio.settings import Settings
-from navi_trio.store.base import KeyClaim, SessionStore
+from navi_trio.store.base import KeyClaim
+from navi_trio.store.methods import SessionStore
 from navi_trio.tools.base import ToolContext, ToolRegistry
 from navi_trio.tools.procs import ProcessPool
 from navi_trio.tools.roots import RunRoots

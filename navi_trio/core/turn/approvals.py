@@ -24,7 +24,7 @@ from navi_trio.core.turn.policy import CallFacts, Verdict, headless_allows
 from navi_trio.errors import ForbiddenError, NotFoundError
 from navi_trio.events import AgentEvent, ApprovalDecided, ApprovalRequest
 from navi_trio.profiles import AgentProfile
-from navi_trio.store.base import SessionStore
+from navi_trio.store.methods import SessionStore
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,8 @@ from navi_trio.errors import BudgetExhaustedError, StoreError
 from navi_trio.events import BudgetLine, BudgetReport
 from navi_trio.profiles import NO_BUDGETS, BudgetConfig, BudgetLimits, NaviConfig
 from navi_trio.profiles._control import KINDS
-from navi_trio.store.base import SessionStore, UsageAsk, UsageGrant, UsageRequest
+from navi_trio.store.base import UsageAsk, UsageGrant, UsageRequest
+from navi_trio.store.methods import SessionStore
 
 log = logging.getLogger(__name__)
 

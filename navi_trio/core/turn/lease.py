@@ -27,8 +27,9 @@ import trio
 
 from navi_trio.errors import LeaseLostError, SessionBusyError, StorageError, StoreError
 from navi_trio.store._lease import pid_alive as pid_alive
-from navi_trio.store.base import LeaseRow, SessionStore
+from navi_trio.store.base import LeaseRow
 from navi_trio.store.fence import Fence, current_fence, fenced
+from navi_trio.store.methods import SessionStore
 
 log = logging.getLogger(__name__)
 

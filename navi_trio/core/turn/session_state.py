@@ -18,7 +18,8 @@ import trio
 
 from navi_trio.core.turn.tokens import Baseline
 from navi_trio.errors import StorageError
-from navi_trio.store.base import KeyClaim, SessionRow, SessionStore
+from navi_trio.store.base import KeyClaim, SessionRow
+from navi_trio.store.methods import SessionStore
 
 
 def new_message_id() -> str:

@@ -28,7 +28,7 @@ from navi_trio.llm.base import LLMBackend, ToolCall
 from navi_trio.profiles import AgentProfile, NaviConfig
 from navi_trio.project import ProjectView, Reader
 from navi_trio.settings import Settings
-from navi_trio.store.base import SessionStore
+from navi_trio.store.methods import SessionStore
 from navi_trio.tools.base import ToolContext, ToolRegistry, ToolResult
 from navi_trio.tools.private import OwnData, PrivatePaths, own_data
 from navi_trio.tools.roots import RunRoots

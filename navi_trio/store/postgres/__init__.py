@@ -1,6 +1,6 @@
 """The PostgreSQL session store (`NAVI_DB=postgresql://…`): several daemons, one database.
 
-`PostgresStore` (store.py) implements the `SessionStore` protocol with psycopg 3 and a
+`PostgresStore` (store.py) is a `SessionStore` with psycopg 3 and a
 psycopg_pool pool on worker threads; the schema is the numbered migrations in
 ``migrations/`` (_migrate.py). Imported only when NAVI_DB names a server
 (store/factory.py): psycopg stays out of a start-up on a SQLite file.

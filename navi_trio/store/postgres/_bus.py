@@ -48,7 +48,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import psycopg
@@ -63,23 +63,8 @@ from navi_trio.store.postgres._errors import failure
 from navi_trio.store.postgres._tables import text_array
 from navi_trio.store.postgres._workers import Conn
 
-T = TypeVar("T")
-
-
-class _Jobs(Protocol):
-    """What the bus needs of its store (`PostgresStore._run`): a job on its workers."""
-
-    where: str
-
-    async def _run(
-        self,
-        op: str,
-        fn: Callable[[Conn], T],
-        *,
-        durable: bool = True,
-        write: bool = True,
-        transaction: bool = True,
-    ) -> T: ...
+if TYPE_CHECKING:  # _core imports this module
+    from navi_trio.store.postgres._core import _Core
 
 
 log = logging.getLogger(__name__)
@@ -200,7 +185,7 @@ class _Link:
 class PgBus:
     """LISTEN / NOTIFY for one daemon, over `store`'s database (see the module)."""
 
-    def __init__(self, store: _Jobs, url: str) -> None:
+    def __init__(self, store: _Core, url: str) -> None:
         self._store = store
         self._url = url
         self._wake = "nw_" + secrets.token_hex(10)

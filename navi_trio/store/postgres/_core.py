@@ -25,7 +25,7 @@ from psycopg.conninfo import conninfo_to_dict
 from navi_trio.errors import StorageError, StoreError
 from navi_trio.store.db_url import describe
 from navi_trio.store.fence import Fence
-from navi_trio.store.methods import StoreMethods
+from navi_trio.store.methods import SessionStore
 from navi_trio.store.postgres import _tables as t
 from navi_trio.store.postgres._bus import PgBus
 from navi_trio.store.postgres._errors import failure
@@ -55,7 +55,7 @@ def check_url(url: str) -> str:
     return url
 
 
-class _Core(StoreMethods):
+class _Core(SessionStore):
     """The pool, its workers, open and close and `_run` (see the module)."""
 
     def __init__(self, url: str, *, pool_size: int = POOL_SIZE) -> None:

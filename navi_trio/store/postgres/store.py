@@ -1,4 +1,4 @@
-"""The PostgreSQL session store: the `SessionStore` protocol for several daemons.
+"""The PostgreSQL session store: `SessionStore` for several daemons.
 
     async with PostgresStore.open("postgresql://navi@db.example/navi") as store:
         row = await store.create_session(profile_id="default")
