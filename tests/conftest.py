@@ -59,9 +59,19 @@ def pytest_configure(config: pytest.Config) -> None:
     for name in ("COLUMNS", "LINES"):
         os.environ.pop(name, None)
     quick_run.quick = quick_run.is_quick_run(config.getoption("markexpr"))
+    # Hypothesis's two clocks (an example's 200 ms deadline, the too-slow check on
+    # drawing inputs) are measures of the machine, not of the code: on a loaded CI
+    # machine they failed tests whose property held. A test that is about time says so
+    # with a clock of its own.
+    hypothesis.settings.register_profile(
+        "navi", deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow]
+    )
+    hypothesis.settings.load_profile("navi")
     if quick_run.quick:  # a property test that names no count: a fifth of the default
         default = hypothesis.settings().max_examples
-        hypothesis.settings.register_profile("quick", max_examples=quick_run.examples(default))
+        hypothesis.settings.register_profile(
+            "quick", hypothesis.settings(), max_examples=quick_run.examples(default)
+        )
         hypothesis.settings.load_profile("quick")
     open_base_temp(config)
 
