@@ -26,6 +26,7 @@ import trio.testing
 from api_ws import Client
 from api_ws import open_daemon as open_test_daemon
 from realtime import paced
+from test_client_app import Chat, QueueReader, Screen
 
 from navi_trio.acp.agent import Agent
 from navi_trio.acp.backend import Backend
@@ -33,6 +34,8 @@ from navi_trio.api.peer_link import WsPeerLink
 from navi_trio.api.redial import RETRIES
 from navi_trio.cli.run import run_remote
 from navi_trio.cli.runner import RunRequest
+from navi_trio.client.app import ChatApp, ChatOptions
+from navi_trio.client.render import Renderer
 from navi_trio.errors import DaemonUnreachableError
 
 TIMEOUT = 60
@@ -58,6 +61,10 @@ class _Cutter:
     live: set[trio.CancelScope] = attrs.field(factory=set)
     connections: int = 0
     closed: bool = False  # new connections are closed at once (the daemon is gone)
+    # What the client sends that is lost on its way (None: nothing), and how many were.
+    swallow: Callable[[Frame], bool] | None = None
+    swallowed: int = 0
+    swallowing: trio.Event = attrs.field(factory=trio.Event)  # set at each one swallowed
 
     async def serve(
         self, *, task_status: trio.TaskStatus[_Cutter] = trio.TASK_STATUS_IGNORED
@@ -93,9 +100,17 @@ class _Cutter:
     async def _pipe(
         self, src: trio.SocketStream, dst: trio.SocketStream, done: trio.CancelScope
     ) -> None:
+        """What the client sends, but the frames `swallow` matches (counted)."""
+        frames = _Frames()
         try:
             async for data in src:
-                await dst.send_all(data)
+                for raw, text in frames.feed(data):
+                    if self.swallow is not None and text is not None:
+                        if self.swallow(json.loads(text)):
+                            self.swallowed += 1
+                            self.swallowing.set()
+                            continue
+                    await dst.send_all(raw)
         except trio.BrokenResourceError:
             pass
         done.cancel()
@@ -103,20 +118,11 @@ class _Cutter:
     async def _frames(
         self, src: trio.SocketStream, dst: trio.SocketStream, done: trio.CancelScope, watched: bool
     ) -> None:
-        buf = bytearray()
-        handshake = True
+        frames = _Frames()
         losing = False
         try:
             async for data in src:
-                buf += data
-                if handshake:
-                    end = buf.find(b"\r\n\r\n")
-                    if end < 0:
-                        continue
-                    await dst.send_all(bytes(buf[: end + 4]))
-                    del buf[: end + 4]
-                    handshake = False
-                for raw, text in _split(buf):
+                for raw, text in frames.feed(data):
                     if watched and not losing and text is not None and self.lose(json.loads(text)):
                         losing = True
                         self.lost.set()
@@ -127,9 +133,30 @@ class _Cutter:
         done.cancel()
 
 
+@attrs.define
+class _Frames:
+    """One direction of a WebSocket connection, cut into its HTTP handshake (no text)
+    and its frames."""
+
+    buf: bytearray = attrs.field(factory=bytearray)
+    handshake: bool = True
+
+    def feed(self, data: bytes | bytearray) -> list[tuple[bytes, str | None]]:
+        self.buf += data
+        head: list[tuple[bytes, str | None]] = []
+        if self.handshake:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return []
+            head = [(bytes(self.buf[: end + 4]), None)]
+            del self.buf[: end + 4]
+            self.handshake = False
+        return head + _split(self.buf)
+
+
 def _split(buf: bytearray) -> list[tuple[bytes, str | None]]:
     """The whole WebSocket frames at the start of `buf` (taken out of it): each one's
-    bytes, and its text when it is a whole text frame."""
+    bytes, and its text when it is a whole text frame (a client's unmasked)."""
     frames: list[tuple[bytes, str | None]] = []
     while len(buf) >= 2:
         size, at = buf[1] & 0x7F, 2
@@ -141,10 +168,16 @@ def _split(buf: bytearray) -> list[tuple[bytes, str | None]]:
             if len(buf) < 10:
                 break
             size, at = int.from_bytes(buf[2:10], "big"), 10
+        mask = b""
+        if buf[1] & 0x80:
+            mask, at = bytes(buf[at : at + 4]), at + 4
         if len(buf) < at + size:
             break
         raw = bytes(buf[: at + size])
-        text = raw[at:].decode("utf-8") if buf[0] == 0x81 else None  # FIN + text
+        payload = raw[at:]
+        if mask:
+            payload = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        text = payload.decode("utf-8") if buf[0] == 0x81 else None  # FIN + text
         del buf[: at + size]
         frames.append((raw, text))
     return frames
@@ -300,3 +333,48 @@ async def test_an_editors_prompt_through_a_lost_ok_runs_once_and_its_answer_arri
     assert editor.said().count("the editor's answer") == 1, editor.updates
     assert "a second run" not in editor.said()
     assert users == ["hello"]
+
+
+async def test_a_chat_sends_more_than_a_burst_of_unanswered_messages_again_within_the_limit(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """45 messages typed are lost on their way, more than the daemon's burst of 40
+    frames; the connection is cut; the chat reconnects and sends them all again, paced
+    (client/connection.py `RESUME_BURST`), so none is refused as ``rate_limited``: each
+    runs once. Red with the pacing taken out (the last ones refused)."""
+    lines = [f"line {n}" for n in range(45)]
+    async with paced(autojump_clock, TIMEOUT):
+        async with (
+            open_test_daemon(
+                tmp_path, replies=[{"text": "an answer"}], loop=True, message_queue_max=64
+            ) as d,
+            trio.open_nursery() as n,
+        ):
+            cutter = await n.start(_Cutter(d.port, lose=lambda f: False).serve)
+            reader, screen = QueueReader(), Screen()
+            options = ChatOptions(
+                url=cutter.url, token=d.tokens["alice"], backoff=0, finish_runs_on_eof=True
+            )
+            chat = Chat(ChatApp(options, Renderer(screen.console), reader), reader, screen)
+            n.start_soon(chat.run)
+            await screen.wait_for("connected to")
+            reader.type("hi")
+            await screen.wait_for("an answer")
+            sid = str(chat.app.session_id)
+            cutter.swallow = lambda f: f.get("type") == "message"
+            for line in lines:
+                reader.type(line)
+            while cutter.swallowed < len(lines):
+                cutter.swallowing = trio.Event()
+                await cutter.swallowing.wait()
+            cutter.swallow = None
+            cutter.cut()
+            reader.press("eof")  # the chat waits for the answers to all of them
+            await chat.done.wait()
+            async with d.connect("alice") as watch:
+                await watch.idle(sid)
+                users = await _users(watch, sid)
+            n.cancel_scope.cancel()
+    assert chat.error is None, chat.error
+    assert "rate_limited" not in screen.text and "frames per second" not in screen.text
+    assert users == ["hi", *lines]
