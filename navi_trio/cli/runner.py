@@ -178,9 +178,12 @@ async def follow(
             if after is not None and not ours.dropped:
                 await after(daemon)
         except DaemonUnreachableError as exc:
+            history = f"`navi sessions history {sid}`"
+            if history in str(exc):
+                raise
             raise DaemonUnreachableError(
-                f"{exc}; the run was not followed to its end: "
-                f"`navi sessions history {sid}` shows what the daemon saved",
+                f"{exc}; the run was not followed to its end: {history} shows what the "
+                "daemon saved",
                 reason=exc.reason,
             ) from None
         nursery.cancel_scope.cancel()
