@@ -28,6 +28,7 @@ from api_ws import open_daemon as open_test_daemon
 from realtime import paced
 from test_client_app import Chat, QueueReader, Screen
 
+from navi_trio import wire
 from navi_trio.acp.agent import Agent
 from navi_trio.acp.backend import Backend
 from navi_trio.api.peer_link import WsPeerLink
@@ -36,6 +37,7 @@ from navi_trio.cli.run import run_remote
 from navi_trio.cli.runner import RunRequest
 from navi_trio.client.app import ChatApp, ChatOptions
 from navi_trio.client.render import Renderer
+from navi_trio.core.session.broadcast import ReplayBuffer
 from navi_trio.errors import DaemonUnreachableError
 
 TIMEOUT = 60
@@ -193,18 +195,24 @@ async def _cut_when_lost(cutter: _Cutter) -> None:
     cutter.cut()
 
 
-async def test_navi_run_through_a_lost_ok_runs_its_message_once_and_prints_its_answer(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+def _top_end(frame: Frame) -> bool:
+    return frame.get("type") == "stream_end" and not frame.get("is_subagent")
+
+
+@pytest.mark.parametrize("lost", ["its ok", "its end"])
+async def test_navi_run_through_a_drop_runs_its_message_once_and_prints_its_answer(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, lost: str
 ) -> None:
-    """`navi run`'s message is taken and runs while its ok is lost; the connection is
-    cut; `navi run` dials again, sends the message again with its key and prints the
-    run's answer, followed from the replay. Red with the key left out of the message
-    (the resend runs it a second time) and with the redial taken out (the drop is an
-    error)."""
+    """`navi run`'s message is taken and runs while its ok (or, the ok come, its run's
+    end) is lost; the connection is cut; `navi run` dials again, sends the message again
+    with its key (the ok lost) and prints the run's answer, followed from the replay.
+    Red with the key left out of the message (the ok lost: the resend runs it a second
+    time) and with the redial taken out (the drop is an error)."""
     replies = [{"text": "the one answer"}, {"text": "a second run"}]
+    lose = _message_ok if lost == "its ok" else _top_end
     async with paced(autojump_clock, TIMEOUT):
         async with open_test_daemon(tmp_path, replies=replies) as d, trio.open_nursery() as n:
-            cutter = await n.start(_Cutter(d.port).serve)
+            cutter = await n.start(_Cutter(d.port, lose=lose).serve)
             n.start_soon(_cut_when_lost, cutter)
             req = RunRequest("s-0123456789ab", "hello", tmp_path, None, False, cwd_given=False)
             out, err = io.StringIO(), io.StringIO()
@@ -218,6 +226,48 @@ async def test_navi_run_through_a_lost_ok_runs_its_message_once_and_prints_its_a
     assert out.getvalue().count("the one answer") == 1, out.getvalue()
     assert "a second run" not in out.getvalue()
     assert users == ["hello"]
+
+
+async def test_navi_run_is_replayed_from_its_sessions_seq_not_from_the_start(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session whose replay no longer holds its first frames (a replay of 4 frames
+    here, 2000 by default): `navi run` subscribes to the session before its message
+    goes, so when the ok and every frame of the run are lost and the connection cut
+    after the run's end, it is replayed from the session's seq then (from 0 the replay
+    is gone: a resync, and the run's end with it). Red with that first subscribe taken
+    out (`navi run` waits for an end that never comes)."""
+    monkeypatch.setattr(
+        ReplayBuffer.__init__, "__kwdefaults__", {"max_frames": 4, "max_chars": 10**6}
+    )
+    sid = "alice.replayed"
+    replies = [{"text": "before"}, {"text": "after"}]
+    async with paced(autojump_clock, TIMEOUT):
+        async with open_test_daemon(tmp_path, replies=replies) as d, trio.open_nursery() as n:
+            # Lost from the ok or the run's first frame, whichever comes first: no mark.
+            lose = lambda f: _message_ok(f) or wire.is_session_frame(f)  # noqa: E731
+            cutter = await n.start(_Cutter(d.port, lose=lose).serve)
+            async with d.connect("alice") as watch:
+                await watch.request({"type": "message", "content": "hi", "session_id": sid})
+                await watch.until_end(sid)
+                await watch.idle(sid)
+
+                async def cut_after_the_end() -> None:
+                    await cutter.lost.wait()
+                    await watch.until_end(sid)  # the run ended unseen: only a replay has it
+                    cutter.cut()
+
+                n.start_soon(cut_after_the_end)
+                req = RunRequest(sid, "hello", tmp_path, None, False, cwd_given=False)
+                out, err = io.StringIO(), io.StringIO()
+                outcome = await run_remote(cutter.url, d.tokens["alice"], req, out, err)
+                await watch.idle(sid)
+                users = await _users(watch, sid)
+            n.cancel_scope.cancel()
+    assert cutter.lost.is_set()
+    assert outcome.end is not None and outcome.end.reason == "complete", err.getvalue()
+    assert out.getvalue().count("after") == 1, out.getvalue()
+    assert users == ["hi", "hello"]
 
 
 async def test_navi_run_whose_daemon_stays_gone_says_so_after_its_tries(
